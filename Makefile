@@ -1,0 +1,45 @@
+# Brook's developer entry points. Every target bootstraps its own virtualenv, so a
+# fresh machine with Python 3.11+ (and Java 17+ for Spark) needs nothing else.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: venv test test-fast demo proto lint soak bench-storage bench-metadata bench-produce bench-consume bench-spark clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	@touch $(STAMP)
+
+## The whole test suite (what CI runs).
+test: venv
+	$(PY) -m pytest -q tests
+
+## Unit tests only (no multi-process clusters, no Spark): seconds, for the edit loop.
+test-fast: venv
+	$(PY) -m pytest -q tests -m 'not slow and not spark'
+
+## Local 3-node cluster + topic + produce + Spark streaming job over it.
+demo: venv
+	$(PY) -m deploy.local.demo
+
+## Regenerate the Python gRPC modules from proto/*.proto.
+proto: venv
+	$(PY) -m proto.generate
+
+lint: venv
+	$(PY) -m ruff check .
+
+## Long soak / chaos runs, kept out of the suite.
+soak: venv
+	$(PY) -m pytest -q tests -m soak -p no:cacheprovider -o addopts=''
+
+bench-storage: venv
+	$(VENV)/bin/brook perf storage
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""Local N-node cluster launcher."""

@@ -1,0 +1,1 @@
+"""Brook: metadata_quorum."""

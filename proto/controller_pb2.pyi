@@ -1,0 +1,513 @@
+from proto import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ControllerRedirect(_message.Message):
+    __slots__ = ("leader_id", "leader")
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    leader_id: int
+    leader: _common_pb2.Endpoint
+    def __init__(self, leader_id: _Optional[int] = ..., leader: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ...) -> None: ...
+
+class BrokerRecord(_message.Message):
+    __slots__ = ("node_id", "incarnation_id", "broker_epoch", "endpoints", "rack", "fenced", "in_controlled_shutdown")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    FENCED_FIELD_NUMBER: _ClassVar[int]
+    IN_CONTROLLED_SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    incarnation_id: str
+    broker_epoch: int
+    endpoints: _containers.RepeatedCompositeFieldContainer[_common_pb2.Endpoint]
+    rack: str
+    fenced: bool
+    in_controlled_shutdown: bool
+    def __init__(self, node_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., broker_epoch: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[_common_pb2.Endpoint, _Mapping]]] = ..., rack: _Optional[str] = ..., fenced: _Optional[bool] = ..., in_controlled_shutdown: _Optional[bool] = ...) -> None: ...
+
+class TopicRecord(_message.Message):
+    __slots__ = ("name", "topic_id", "configs", "partition_count")
+    class ConfigsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    topic_id: str
+    configs: _containers.ScalarMap[str, str]
+    partition_count: int
+    def __init__(self, name: _Optional[str] = ..., topic_id: _Optional[str] = ..., configs: _Optional[_Mapping[str, str]] = ..., partition_count: _Optional[int] = ...) -> None: ...
+
+class PartitionRecord(_message.Message):
+    __slots__ = ("topic", "topic_id", "partition", "replicas", "isr", "leader", "leader_epoch", "partition_epoch")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    topic_id: str
+    partition: int
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    isr: _containers.RepeatedScalarFieldContainer[int]
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., topic_id: _Optional[str] = ..., partition: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., isr: _Optional[_Iterable[int]] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ...) -> None: ...
+
+class WatchMetadataRequest(_message.Message):
+    __slots__ = ("broker_id", "since_version")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    since_version: int
+    def __init__(self, broker_id: _Optional[int] = ..., since_version: _Optional[int] = ...) -> None: ...
+
+class MetadataUpdate(_message.Message):
+    __slots__ = ("version", "is_snapshot", "cluster_id", "active_controller_id", "brokers", "topics", "partitions", "deleted_topic_ids", "unregistered_broker_ids")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    IS_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    DELETED_TOPIC_IDS_FIELD_NUMBER: _ClassVar[int]
+    UNREGISTERED_BROKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    is_snapshot: bool
+    cluster_id: str
+    active_controller_id: int
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerRecord]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicRecord]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionRecord]
+    deleted_topic_ids: _containers.RepeatedScalarFieldContainer[str]
+    unregistered_broker_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, version: _Optional[int] = ..., is_snapshot: _Optional[bool] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ..., deleted_topic_ids: _Optional[_Iterable[str]] = ..., unregistered_broker_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RegisterBrokerRequest(_message.Message):
+    __slots__ = ("node_id", "incarnation_id", "endpoints", "rack", "cluster_id")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    incarnation_id: str
+    endpoints: _containers.RepeatedCompositeFieldContainer[_common_pb2.Endpoint]
+    rack: str
+    cluster_id: str
+    def __init__(self, node_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[_common_pb2.Endpoint, _Mapping]]] = ..., rack: _Optional[str] = ..., cluster_id: _Optional[str] = ...) -> None: ...
+
+class RegisterBrokerResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "broker_epoch")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    broker_epoch: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., broker_epoch: _Optional[int] = ...) -> None: ...
+
+class BrokerHeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "broker_epoch", "current_metadata_version", "want_fence", "want_shutdown")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WANT_FENCE_FIELD_NUMBER: _ClassVar[int]
+    WANT_SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    broker_epoch: int
+    current_metadata_version: int
+    want_fence: bool
+    want_shutdown: bool
+    def __init__(self, node_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., current_metadata_version: _Optional[int] = ..., want_fence: _Optional[bool] = ..., want_shutdown: _Optional[bool] = ...) -> None: ...
+
+class BrokerHeartbeatResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "is_fenced", "should_shutdown", "heartbeat_interval_ms")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    IS_FENCED_FIELD_NUMBER: _ClassVar[int]
+    SHOULD_SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    is_fenced: bool
+    should_shutdown: bool
+    heartbeat_interval_ms: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., is_fenced: _Optional[bool] = ..., should_shutdown: _Optional[bool] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
+
+class ControlledShutdownRequest(_message.Message):
+    __slots__ = ("node_id", "broker_epoch")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    broker_epoch: int
+    def __init__(self, node_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ...) -> None: ...
+
+class ControlledShutdownResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "remaining_leaderships")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_LEADERSHIPS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    remaining_leaderships: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., remaining_leaderships: _Optional[int] = ...) -> None: ...
+
+class AlterPartitionRequest(_message.Message):
+    __slots__ = ("broker_id", "broker_epoch", "items")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    broker_epoch: int
+    items: _containers.RepeatedCompositeFieldContainer[AlterPartitionItem]
+    def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[AlterPartitionItem, _Mapping]]] = ...) -> None: ...
+
+class AlterPartitionItem(_message.Message):
+    __slots__ = ("topic", "partition", "leader_epoch", "partition_epoch", "new_isr")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NEW_ISR_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    leader_epoch: int
+    partition_epoch: int
+    new_isr: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., new_isr: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AlterPartitionResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "results")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    results: _containers.RepeatedCompositeFieldContainer[AlterPartitionResult]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., results: _Optional[_Iterable[_Union[AlterPartitionResult, _Mapping]]] = ...) -> None: ...
+
+class AlterPartitionResult(_message.Message):
+    __slots__ = ("topic", "partition", "error_code", "error_message", "partition_state")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_STATE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    partition_state: PartitionRecord
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., partition_state: _Optional[_Union[PartitionRecord, _Mapping]] = ...) -> None: ...
+
+class CreatableTopic(_message.Message):
+    __slots__ = ("name", "num_partitions", "replication_factor", "configs", "assignments")
+    class ConfigsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    num_partitions: int
+    replication_factor: int
+    configs: _containers.ScalarMap[str, str]
+    assignments: _containers.RepeatedCompositeFieldContainer[ReplicaList]
+    def __init__(self, name: _Optional[str] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ..., configs: _Optional[_Mapping[str, str]] = ..., assignments: _Optional[_Iterable[_Union[ReplicaList, _Mapping]]] = ...) -> None: ...
+
+class ReplicaList(_message.Message):
+    __slots__ = ("replicas",)
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, replicas: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CreateTopicsRequest(_message.Message):
+    __slots__ = ("topics", "validate_only", "timeout_ms")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[CreatableTopic]
+    validate_only: bool
+    timeout_ms: int
+    def __init__(self, topics: _Optional[_Iterable[_Union[CreatableTopic, _Mapping]]] = ..., validate_only: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class TopicResult(_message.Message):
+    __slots__ = ("name", "topic_id", "error_code", "error_message", "num_partitions", "replication_factor")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    topic_id: str
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    num_partitions: int
+    replication_factor: int
+    def __init__(self, name: _Optional[str] = ..., topic_id: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ...) -> None: ...
+
+class CreateTopicsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "results")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    results: _containers.RepeatedCompositeFieldContainer[TopicResult]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., results: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ...) -> None: ...
+
+class DeleteTopicsRequest(_message.Message):
+    __slots__ = ("names", "timeout_ms")
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    timeout_ms: int
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class DeleteTopicsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "results")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    results: _containers.RepeatedCompositeFieldContainer[TopicResult]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., results: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ...) -> None: ...
+
+class CreatePartitionsRequest(_message.Message):
+    __slots__ = ("topics", "validate_only", "timeout_ms")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[CreatePartitionsTopic]
+    validate_only: bool
+    timeout_ms: int
+    def __init__(self, topics: _Optional[_Iterable[_Union[CreatePartitionsTopic, _Mapping]]] = ..., validate_only: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class CreatePartitionsTopic(_message.Message):
+    __slots__ = ("name", "count", "assignments")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count: int
+    assignments: _containers.RepeatedCompositeFieldContainer[ReplicaList]
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[ReplicaList, _Mapping]]] = ...) -> None: ...
+
+class CreatePartitionsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "results")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    results: _containers.RepeatedCompositeFieldContainer[TopicResult]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., results: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ...) -> None: ...
+
+class AlterConfigsRequest(_message.Message):
+    __slots__ = ("resources", "validate_only")
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    resources: _containers.RepeatedCompositeFieldContainer[AlterConfigsResource]
+    validate_only: bool
+    def __init__(self, resources: _Optional[_Iterable[_Union[AlterConfigsResource, _Mapping]]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class AlterConfigsResource(_message.Message):
+    __slots__ = ("topic", "set", "delete")
+    class SetEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SET_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    set: _containers.ScalarMap[str, str]
+    delete: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topic: _Optional[str] = ..., set: _Optional[_Mapping[str, str]] = ..., delete: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AlterConfigsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "results")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    results: _containers.RepeatedCompositeFieldContainer[TopicResult]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., results: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ...) -> None: ...
+
+class DescribeConfigsRequest(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ConfigEntry(_message.Message):
+    __slots__ = ("name", "value", "is_default", "documentation")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTATION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    is_default: bool
+    documentation: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ..., is_default: _Optional[bool] = ..., documentation: _Optional[str] = ...) -> None: ...
+
+class DescribeConfigsResult(_message.Message):
+    __slots__ = ("topic", "error_code", "error_message", "entries")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    entries: _containers.RepeatedCompositeFieldContainer[ConfigEntry]
+    def __init__(self, topic: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[ConfigEntry, _Mapping]]] = ...) -> None: ...
+
+class DescribeConfigsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "results")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    results: _containers.RepeatedCompositeFieldContainer[DescribeConfigsResult]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., results: _Optional[_Iterable[_Union[DescribeConfigsResult, _Mapping]]] = ...) -> None: ...
+
+class DescribeClusterRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeClusterResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "cluster_id", "active_controller_id", "metadata_version", "brokers", "topics", "partitions")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    cluster_id: str
+    active_controller_id: int
+    metadata_version: int
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerRecord]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicRecord]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionRecord]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., metadata_version: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ...) -> None: ...
+
+class DescribeQuorumRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class QuorumVoter(_message.Message):
+    __slots__ = ("node_id", "raft_address", "log_end_index", "lag", "last_contact_ms_ago", "is_leader")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    LAST_CONTACT_MS_AGO_FIELD_NUMBER: _ClassVar[int]
+    IS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    raft_address: str
+    log_end_index: int
+    lag: int
+    last_contact_ms_ago: int
+    is_leader: bool
+    def __init__(self, node_id: _Optional[int] = ..., raft_address: _Optional[str] = ..., log_end_index: _Optional[int] = ..., lag: _Optional[int] = ..., last_contact_ms_ago: _Optional[int] = ..., is_leader: _Optional[bool] = ...) -> None: ...
+
+class DescribeQuorumResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "leader_id", "term", "commit_index", "metadata_version", "voters")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    leader_id: int
+    term: int
+    commit_index: int
+    metadata_version: int
+    voters: _containers.RepeatedCompositeFieldContainer[QuorumVoter]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., metadata_version: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[QuorumVoter, _Mapping]]] = ...) -> None: ...
+
+class AllocateProducerIdsRequest(_message.Message):
+    __slots__ = ("broker_id", "broker_epoch")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    broker_epoch: int
+    def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ...) -> None: ...
+
+class AllocateProducerIdsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "producer_id_start", "producer_id_len")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_START_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_LEN_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    producer_id_start: int
+    producer_id_len: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., producer_id_start: _Optional[int] = ..., producer_id_len: _Optional[int] = ...) -> None: ...

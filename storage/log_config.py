@@ -1,0 +1,134 @@
+"""Topic-level configuration: the keys, their defaults, types and validation.
+
+Keys use Apache Kafka's names so an operator's knowledge carries over. This module is
+the single source of truth for topic configs: the controller validates CreateTopics /
+AlterConfigs against it, the storage layer builds a ``LogConfig`` from it, and the CLI
+documents it. It is pure: no I/O, no clocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from proto.errors import InvalidConfigError
+
+COMPRESSION_TYPES = ("producer", "none", "gzip", "snappy", "lz4", "zstd")
+CLEANUP_POLICIES = ("delete", "compact")
+TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+
+_INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class ConfigDef:
+    name: str
+    kind: str  # "int", "long", "bool", "string", "list"
+    default: str
+    doc: str
+    check: Callable[[object], str | None] | None = None  # returns an error text or None
+
+
+def _at_least(low: int) -> Callable[[object], str | None]:
+    return lambda v: None if v >= low else f"must be at least {low}"  # type: ignore[operator]
+
+
+def _at_least_or_minus_one(low: int) -> Callable[[object], str | None]:
+    return lambda v: None if v == -1 or v >= low else f"must be -1 or at least {low}"  # type: ignore[operator]
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[object], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+def _cleanup_policy(v: object) -> str | None:
+    parts = v if isinstance(v, list) else [v]
+    if not parts or any(p not in CLEANUP_POLICIES for p in parts):
+        return "must be delete, compact, or compact,delete"
+    return None
+
+
+_DEFS = [
+    ConfigDef("cleanup.policy", "list", "delete", "delete (retention), compact, or both: compact,delete",
+              _cleanup_policy),
+    ConfigDef("compression.type", "string", "producer",
+              "Codec the log stores: producer keeps the producer's codec.", _one_of(COMPRESSION_TYPES)),
+    ConfigDef("delete.retention.ms", "long", str(24 * 3600 * 1000),
+              "How long compaction keeps tombstones.", _at_least(0)),
+    ConfigDef("file.delete.delay.ms", "long", "60000", "Delay before a deleted segment's files are removed.",
+              _at_least(0)),
+    ConfigDef("flush.messages", "long", str(_INT64_MAX), "fsync after this many messages.", _at_least(1)),
+    ConfigDef("flush.ms", "long", str(_INT64_MAX), "fsync at least this often.", _at_least(0)),
+    ConfigDef("index.interval.bytes", "int", "4096", "Bytes between offset-index entries.", _at_least(0)),
+    ConfigDef("max.compaction.lag.ms", "long", str(_INT64_MAX), "Longest a record may stay uncompacted.",
+              _at_least(1)),
+    ConfigDef("max.message.bytes", "int", str(1024 * 1024 + 12), "Largest record batch accepted.",
+              _at_least(0)),
+    ConfigDef("message.timestamp.type", "string", "CreateTime", "CreateTime or LogAppendTime.",
+              _one_of(TIMESTAMP_TYPES)),
+    ConfigDef("min.cleanable.dirty.ratio", "double", "0.5", "Dirty ratio that triggers compaction.",
+              lambda v: None if 0 <= v <= 1 else "must be between 0 and 1"),  # type: ignore[operator]
+    ConfigDef("min.compaction.lag.ms", "long", "0", "Shortest a record stays uncompacted.", _at_least(0)),
+    ConfigDef("min.insync.replicas", "int", "1", "Smallest ISR that acks=all accepts.", _at_least(1)),
+    ConfigDef("retention.bytes", "long", "-1", "Size bound of a partition's log (-1: none).",
+              _at_least_or_minus_one(0)),
+    ConfigDef("retention.ms", "long", str(7 * 24 * 3600 * 1000), "Age bound of a partition's log (-1: none).",
+              _at_least_or_minus_one(0)),
+    ConfigDef("segment.bytes", "int", str(1024 * 1024 * 1024), "Roll a segment at this size.", _at_least(14)),
+    ConfigDef("segment.index.bytes", "int", str(10 * 1024 * 1024), "Largest index file.", _at_least(8)),
+    ConfigDef("segment.ms", "long", str(7 * 24 * 3600 * 1000), "Roll a segment at this age.", _at_least(1)),
+    ConfigDef("unclean.leader.election.enable", "bool", "false",
+              "Allow an out-of-sync replica to become leader (may lose data)."),
+]
+
+TOPIC_CONFIGS: Mapping[str, ConfigDef] = {d.name: d for d in _DEFS}
+
+
+def parse_value(name: str, raw: str) -> object:
+    """Parse and validate one topic config value; raise InvalidConfigError naming the key."""
+    d = TOPIC_CONFIGS.get(name)
+    if d is None:
+        raise InvalidConfigError(f"unknown topic config '{name}'")
+    text = str(raw).strip()
+    try:
+        if d.kind in ("int", "long"):
+            value: object = int(text)
+            bound = _INT32_MAX if d.kind == "int" else _INT64_MAX
+            if not -bound - 1 <= value <= bound:  # type: ignore[operator]
+                raise ValueError
+        elif d.kind == "double":
+            value = float(text)
+        elif d.kind == "bool":
+            if text.lower() not in ("true", "false"):
+                raise ValueError
+            value = text.lower() == "true"
+        elif d.kind == "list":
+            value = [p.strip() for p in text.split(",") if p.strip()]
+        else:
+            value = text
+    except ValueError:
+        raise InvalidConfigError(f"invalid value '{raw}' for topic config '{name}': expected {d.kind}") from None
+    if d.check is not None:
+        problem = d.check(value)
+        if problem:
+            raise InvalidConfigError(f"invalid value '{raw}' for topic config '{name}': {problem}")
+    return value
+
+
+def validate(overrides: Mapping[str, str]) -> dict[str, str]:
+    """Validate a set of overrides; return them normalised as strings. Raises on the first bad key."""
+    out: dict[str, str] = {}
+    for name, raw in overrides.items():
+        parse_value(name, raw)
+        out[name] = str(raw).strip()
+    return out
+
+
+def effective(overrides: Mapping[str, str], broker_defaults: Mapping[str, str] | None = None) -> dict[str, object]:
+    """Every topic config with its parsed value: topic override > broker default > built-in."""
+    merged: dict[str, object] = {}
+    for name, d in TOPIC_CONFIGS.items():
+        raw = overrides.get(name, (broker_defaults or {}).get(name, d.default))
+        merged[name] = parse_value(name, raw)
+    return merged
