@@ -39,7 +39,7 @@ soak: venv
 	$(PY) -m pytest -q tests -m soak -p no:cacheprovider -o addopts=''
 
 bench-storage: venv
-	$(VENV)/bin/brook perf storage
+	$(PY) -m storage.perf
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
