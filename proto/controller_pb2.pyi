@@ -81,7 +81,7 @@ class WatchMetadataRequest(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., since_version: _Optional[int] = ...) -> None: ...
 
 class MetadataUpdate(_message.Message):
-    __slots__ = ("version", "is_snapshot", "cluster_id", "active_controller_id", "brokers", "topics", "partitions", "deleted_topic_ids", "unregistered_broker_ids")
+    __slots__ = ("version", "is_snapshot", "cluster_id", "active_controller_id", "brokers", "topics", "partitions", "deleted_topic_ids", "unregistered_broker_ids", "error_code", "error_message", "redirect")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     IS_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,9 @@ class MetadataUpdate(_message.Message):
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     DELETED_TOPIC_IDS_FIELD_NUMBER: _ClassVar[int]
     UNREGISTERED_BROKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
     version: int
     is_snapshot: bool
     cluster_id: str
@@ -100,7 +103,10 @@ class MetadataUpdate(_message.Message):
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionRecord]
     deleted_topic_ids: _containers.RepeatedScalarFieldContainer[str]
     unregistered_broker_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, version: _Optional[int] = ..., is_snapshot: _Optional[bool] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ..., deleted_topic_ids: _Optional[_Iterable[str]] = ..., unregistered_broker_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    def __init__(self, version: _Optional[int] = ..., is_snapshot: _Optional[bool] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ..., deleted_topic_ids: _Optional[_Iterable[str]] = ..., unregistered_broker_ids: _Optional[_Iterable[int]] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
     __slots__ = ("node_id", "incarnation_id", "endpoints", "rack", "cluster_id")
@@ -455,23 +461,25 @@ class DescribeQuorumRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class QuorumVoter(_message.Message):
-    __slots__ = ("node_id", "raft_address", "log_end_index", "lag", "last_contact_ms_ago", "is_leader")
+    __slots__ = ("node_id", "raft_address", "log_end_index", "lag", "last_contact_ms_ago", "is_leader", "connected")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LOG_END_INDEX_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
     LAST_CONTACT_MS_AGO_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     raft_address: str
     log_end_index: int
     lag: int
     last_contact_ms_ago: int
     is_leader: bool
-    def __init__(self, node_id: _Optional[int] = ..., raft_address: _Optional[str] = ..., log_end_index: _Optional[int] = ..., lag: _Optional[int] = ..., last_contact_ms_ago: _Optional[int] = ..., is_leader: _Optional[bool] = ...) -> None: ...
+    connected: bool
+    def __init__(self, node_id: _Optional[int] = ..., raft_address: _Optional[str] = ..., log_end_index: _Optional[int] = ..., lag: _Optional[int] = ..., last_contact_ms_ago: _Optional[int] = ..., is_leader: _Optional[bool] = ..., connected: _Optional[bool] = ...) -> None: ...
 
 class DescribeQuorumResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "redirect", "leader_id", "term", "commit_index", "metadata_version", "voters")
+    __slots__ = ("error_code", "error_message", "redirect", "leader_id", "term", "commit_index", "metadata_version", "voters", "last_applied")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
@@ -480,6 +488,7 @@ class DescribeQuorumResponse(_message.Message):
     COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
     METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
     VOTERS_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     redirect: ControllerRedirect
@@ -488,7 +497,8 @@ class DescribeQuorumResponse(_message.Message):
     commit_index: int
     metadata_version: int
     voters: _containers.RepeatedCompositeFieldContainer[QuorumVoter]
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., metadata_version: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[QuorumVoter, _Mapping]]] = ...) -> None: ...
+    last_applied: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., metadata_version: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[QuorumVoter, _Mapping]]] = ..., last_applied: _Optional[int] = ...) -> None: ...
 
 class AllocateProducerIdsRequest(_message.Message):
     __slots__ = ("broker_id", "broker_epoch")
