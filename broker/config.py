@@ -1,0 +1,647 @@
+"""Node configuration: one TOML file per node, overridable by environment and flags.
+
+Keys use Apache Kafka's names wherever the concept is the same, so an operator's
+knowledge carries over. The file may use quoted dotted keys (``"log.dirs" = ...``),
+nested tables (``[log] dirs = ...``) or a mix; both flatten to the same dotted key.
+
+Precedence, lowest to highest: built-in default < file < environment
+(``BROOK_LOG_DIRS`` for ``log.dirs``: dots become underscores, upper case) < flags
+(``--override log.dirs=/data``). Only known keys are read from the environment, so
+unrelated ``BROOK_*`` variables (e.g. the CLI's ``BROOK_BOOTSTRAP``) are ignored.
+
+Invalid or contradictory config is refused at start with a ``ConfigError`` naming the
+key. Nothing here starts anything; ``NodeConfig`` builds the settings objects the
+roles take (``ControllerSettings``, ``BrokerSettings``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from proto.errors import InvalidConfigError
+from storage import log_config
+
+ROLE_BROKER = "broker"
+ROLE_CONTROLLER = "controller"
+LISTENER_BROKER = "BROKER"
+LISTENER_CONTROLLER = "CONTROLLER"
+ENV_PREFIX = "BROOK_"
+
+_INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
+
+
+class ConfigError(InvalidConfigError):  # type: ignore[misc, valid-type]
+    """Invalid node configuration; ``key`` is the offending key (always in the message)."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        self.problem = problem
+        super().__init__(f"config key '{key}': {problem}")
+
+
+@dataclass(frozen=True)
+class KeyDef:
+    name: str
+    kind: str  # "int", "long", "bool", "string", "list", "double", "password"
+    default: str | None  # None: no default (required where the roles need it)
+    doc: str
+    topic_key: str | None = None  # the topic config this broker key is the cluster default of
+    check: Callable[[Any], str | None] | None = None  # returns a problem text or None
+    roles: tuple[str, ...] = (ROLE_BROKER, ROLE_CONTROLLER)  # roles that read it (documentation)
+
+
+def _at_least(low: int) -> Callable[[Any], str | None]:
+    return lambda v: None if v >= low else f"must be at least {low}"
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+def _host_port_or_empty(v: str) -> str | None:
+    if v == "":
+        return None
+    try:
+        _split_host_port(v)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+_B = (ROLE_BROKER,)
+_C = (ROLE_CONTROLLER,)
+_DAY_MS = 24 * 3600 * 1000
+
+# Node identity, listeners and quorum. Checks here are per value; cross-key rules are
+# in ``_validate_cross``.
+_CORE = [
+    KeyDef("process.roles", "list", None, "broker, controller, or controller,broker (combined)."),
+    KeyDef("node.id", "int", None, "Unique id of this node (controller voter id and/or broker id).",
+           check=_at_least(0)),
+    KeyDef("cluster.id", "string", None, "Cluster name; nodes refuse to join another cluster."),
+    KeyDef("listeners", "list", None,
+           "NAME://host:port,... with BROKER (client/replica gRPC) and/or CONTROLLER (controller gRPC)."),
+    KeyDef("controller.quorum.voters", "list", None,
+           "id@host:grpc_port:raft_port,... of every controller voter (brokers use the gRPC ports)."),
+    KeyDef("controller.quorum.password", "password", "",
+           "Shared secret encrypting the Raft (pysyncobj) traffic between controllers.", roles=_C),
+    KeyDef("controller.quorum.password.required", "bool", "true",
+           "Refuse to start a controller without a quorum password. Set false only for dev clusters.",
+           roles=_C),
+    KeyDef("log.dirs", "list", None, "Comma-separated directories holding partition logs.", roles=_B),
+    KeyDef("metadata.log.dir", "string", None,
+           "Directory of the controller's Raft journal and snapshots.", roles=_C),
+    KeyDef("metrics.listener", "string", "127.0.0.1:9100",
+           "host:port serving Prometheus /metrics; empty disables.", check=_host_port_or_empty),
+    KeyDef("broker.rack", "string", "", "Rack (failure domain) of this broker, for replica placement.",
+           roles=_B),
+    KeyDef("logging.level", "string", "INFO", "Log level on stderr: DEBUG, INFO, WARNING, ERROR.",
+           check=_one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")),
+]
+
+# Broker and controller behaviour (Kafka's names and defaults).
+_BEHAVIOUR = [
+    KeyDef("num.partitions", "int", "1", "Partitions of a topic created without a count.", check=_at_least(1)),
+    KeyDef("default.replication.factor", "int", "1", "Replication factor of a topic created without one.",
+           check=_at_least(1)),
+    KeyDef("auto.create.topics.enable", "bool", "true", "Create a topic on first metadata request/produce."),
+    KeyDef("delete.topic.enable", "bool", "true", "Allow deleting topics."),
+    KeyDef("replica.lag.time.max.ms", "long", "30000",
+           "A follower that has not caught up for this long leaves the ISR.", check=_at_least(1), roles=_B),
+    KeyDef("replica.fetch.wait.max.ms", "int", "500", "Longest a follower fetch waits for data.",
+           check=_at_least(0), roles=_B),
+    KeyDef("replica.fetch.max.bytes", "int", "1048576", "Bytes per partition a follower fetch asks for.",
+           check=_at_least(1), roles=_B),
+    KeyDef("replica.fetch.response.max.bytes", "int", "10485760", "Bytes per follower fetch response.",
+           check=_at_least(1), roles=_B),
+    KeyDef("num.replica.fetchers", "int", "1", "Fetcher threads per source broker.", check=_at_least(1),
+           roles=_B),
+    KeyDef("replica.high.watermark.checkpoint.interval.ms", "long", "5000",
+           "How often high watermarks are checkpointed.", check=_at_least(1), roles=_B),
+    KeyDef("broker.session.timeout.ms", "int", "9000",
+           "A broker that has not heartbeated the controller for this long is fenced.", check=_at_least(1)),
+    KeyDef("broker.heartbeat.interval.ms", "int", "2000", "Broker to controller heartbeat period.",
+           check=_at_least(1)),
+    KeyDef("controlled.shutdown.enable", "bool", "true",
+           "On SIGTERM move leaderships away before stopping.", roles=_B),
+    KeyDef("controlled.shutdown.timeout.ms", "long", "30000",
+           "Longest a controlled shutdown waits for leaderships to move.", check=_at_least(0), roles=_B),
+    KeyDef("socket.request.max.bytes", "int", "104857600", "Largest gRPC request accepted.",
+           check=_at_least(1024)),
+    KeyDef("offsets.topic.replication.factor", "int", "3", "Replication factor of __consumer_offsets.",
+           check=_at_least(1), roles=_B),
+    KeyDef("offsets.topic.num.partitions", "int", "50", "Partitions of __consumer_offsets.",
+           check=_at_least(1), roles=_B),
+    KeyDef("offsets.topic.segment.bytes", "int", str(100 * 1024 * 1024), "segment.bytes of __consumer_offsets.",
+           check=_at_least(14), roles=_B),
+    KeyDef("offsets.retention.minutes", "int", "10080", "Committed offsets of an empty group expire after.",
+           check=_at_least(1), roles=_B),
+    KeyDef("group.initial.rebalance.delay.ms", "int", "3000",
+           "Wait for more members before the first rebalance of a new group.", check=_at_least(0), roles=_B),
+    KeyDef("group.min.session.timeout.ms", "int", "6000", "Smallest consumer session timeout accepted.",
+           check=_at_least(1), roles=_B),
+    KeyDef("group.max.session.timeout.ms", "int", "1800000", "Largest consumer session timeout accepted.",
+           check=_at_least(1), roles=_B),
+    KeyDef("log.flush.scheduler.interval.ms", "long", "1000", "How often the flusher checks logs.",
+           check=_at_least(1), roles=_B),
+    KeyDef("log.retention.check.interval.ms", "long", "300000", "How often retention runs.",
+           check=_at_least(1), roles=_B),
+    KeyDef("log.cleaner.enable", "bool", "true", "Run the log cleaner (compaction).", roles=_B),
+    KeyDef("log.cleaner.threads", "int", "1", "Log cleaner threads.", check=_at_least(0), roles=_B),
+]
+
+# Cluster defaults of topic configs, with Kafka's broker-level names. Value syntax and
+# checks come from storage/log_config.py (the topic config schema).
+_TOPIC_DEFAULTS = [
+    ("log.segment.bytes", "segment.bytes"),
+    ("log.roll.ms", "segment.ms"),
+    ("log.index.size.max.bytes", "segment.index.bytes"),
+    ("log.index.interval.bytes", "index.interval.bytes"),
+    ("log.retention.ms", "retention.ms"),
+    ("log.retention.bytes", "retention.bytes"),
+    ("log.cleanup.policy", "cleanup.policy"),
+    ("log.flush.interval.messages", "flush.messages"),
+    ("log.flush.interval.ms", "flush.ms"),
+    ("log.segment.delete.delay.ms", "file.delete.delay.ms"),
+    ("log.cleaner.delete.retention.ms", "delete.retention.ms"),
+    ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms"),
+    ("log.cleaner.max.compaction.lag.ms", "max.compaction.lag.ms"),
+    ("log.cleaner.min.cleanable.ratio", "min.cleanable.dirty.ratio"),
+    ("log.message.timestamp.type", "message.timestamp.type"),
+    ("message.max.bytes", "max.message.bytes"),
+    ("compression.type", "compression.type"),
+    ("min.insync.replicas", "min.insync.replicas"),
+    ("unclean.leader.election.enable", "unclean.leader.election.enable"),
+]
+# Coarser-unit spellings Kafka accepts; the finer one wins when several are set.
+_COARSE_UNITS = {
+    "log.retention.hours": ("log.retention.ms", 3600 * 1000),
+    "log.retention.minutes": ("log.retention.ms", 60 * 1000),
+    "log.roll.hours": ("log.roll.ms", 3600 * 1000),
+}
+
+
+def _topic_key_defs() -> list[KeyDef]:
+    out = []
+    for broker_key, topic_key in _TOPIC_DEFAULTS:
+        d = log_config.TOPIC_CONFIGS[topic_key]
+        out.append(KeyDef(broker_key, "topic", None, f"Cluster default of topic config {topic_key}: {d.doc}",
+                          topic_key=topic_key, roles=(ROLE_BROKER, ROLE_CONTROLLER)))
+    for coarse, (fine, _) in _COARSE_UNITS.items():
+        out.append(KeyDef(coarse, "long", None, f"{fine} in coarser units ({fine} wins if both are set).",
+                          check=_at_least(-1)))
+    return out
+
+
+KEYS: Mapping[str, KeyDef] = {d.name: d for d in [*_CORE, *_BEHAVIOUR, *_topic_key_defs()]}
+
+
+def env_var(key: str) -> str:
+    """Environment variable overriding ``key``: ``log.dirs`` -> ``BROOK_LOG_DIRS``."""
+    return ENV_PREFIX + key.replace(".", "_").replace("-", "_").upper()
+
+
+# ----------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class Listener:
+    name: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Voter:
+    node_id: int
+    host: str
+    grpc_port: int
+    raft_port: int
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """A validated node configuration. ``values`` holds every known key, typed."""
+
+    values: Mapping[str, Any]
+    explicit: frozenset[str]  # keys set by file, environment or flag (not defaults)
+    source: Path | None = None
+    listeners: Mapping[str, Listener] = field(default_factory=dict)
+    voters: Mapping[int, Voter] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    @property
+    def node_id(self) -> int:
+        return int(self.values["node.id"])
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(self.values["process.roles"])
+
+    @property
+    def is_broker(self) -> bool:
+        return ROLE_BROKER in self.roles
+
+    @property
+    def is_controller(self) -> bool:
+        return ROLE_CONTROLLER in self.roles
+
+    @property
+    def cluster_id(self) -> str:
+        return str(self.values["cluster.id"])
+
+    @property
+    def log_dirs(self) -> list[Path]:
+        return [Path(p) for p in self.values["log.dirs"] or []]
+
+    @property
+    def metadata_log_dir(self) -> Path | None:
+        v = self.values["metadata.log.dir"]
+        return Path(v) if v else None
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        v = self.values["metrics.listener"]
+        return _split_host_port(v) if v else None
+
+    @property
+    def controller_endpoints(self) -> list[tuple[str, int]]:
+        return [(v.host, v.grpc_port) for v in sorted(self.voters.values(), key=lambda v: v.node_id)]
+
+    @property
+    def quorum_password(self) -> str | None:
+        return self.values["controller.quorum.password"] or None
+
+    def topic_defaults(self) -> dict[str, str]:
+        """Cluster defaults of topic configs, by topic config name (``segment.bytes``)."""
+        out: dict[str, str] = {}
+        for d in KEYS.values():
+            if d.topic_key is not None and self.values.get(d.name) is not None:
+                out[d.topic_key] = str(self.values[d.name])
+        return out
+
+    def defaults(self) -> dict[str, str]:
+        """The ``defaults`` of the settings objects: every behaviour key by its Kafka broker
+        name (``num.partitions``, ``replica.lag.time.max.ms``, ``log.segment.bytes``, ...) plus
+        the topic defaults by topic config name (``segment.bytes``), all as strings."""
+        structural = {d.name for d in _CORE}
+        out: dict[str, str] = {}
+        for name, value in self.values.items():
+            if name in structural or value is None or name in _COARSE_UNITS:
+                continue
+            out[name] = _to_text(value)
+        out.update(self.topic_defaults())
+        return out
+
+    def controller_settings(self) -> Any:
+        """metadata_quorum.node.ControllerSettings for this node (controller role)."""
+        from metadata_quorum.node import ControllerSettings, VoterAddress
+
+        if self.metadata_log_dir is None:  # validated already; keeps type checkers honest
+            raise ConfigError("metadata.log.dir", "required for the controller role")
+        voters = {v.node_id: VoterAddress(v.host, v.grpc_port, v.raft_port) for v in self.voters.values()}
+        return ControllerSettings(
+            node_id=self.node_id,
+            voters=voters,
+            data_dir=self.metadata_log_dir,
+            cluster_id=self.cluster_id,
+            password=self.quorum_password,
+            broker_session_timeout_ms=int(self.values["broker.session.timeout.ms"]),
+            broker_heartbeat_interval_ms=int(self.values["broker.heartbeat.interval.ms"]),
+            defaults=self.defaults(),
+        )
+
+    def broker_settings(self) -> Any:
+        """broker.server.BrokerSettings for this node (broker role)."""
+        from broker.server import BrokerSettings
+
+        listener = self.listeners[LISTENER_BROKER]
+        return BrokerSettings(
+            node_id=self.node_id,
+            host=listener.host,
+            port=listener.port,
+            rack=str(self.values["broker.rack"]),
+            log_dirs=self.log_dirs,
+            cluster_id=self.cluster_id,
+            controller_endpoints=self.controller_endpoints,
+            defaults=self.defaults(),
+        )
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_config(
+    path: str | Path | None,
+    overrides: Iterable[str] | Mapping[str, str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+) -> NodeConfig:
+    """Read, merge and validate a node config; raise ConfigError naming the bad key."""
+    raw: dict[str, tuple[Any, str]] = {}  # key -> (value, where it came from)
+    if path is not None:
+        for key, value in read_toml(Path(path)).items():
+            raw[key] = (value, f"file {path}")
+    environ = os.environ if env is None else env
+    for key in KEYS:
+        var = env_var(key)
+        if var in environ:
+            raw[key] = (environ[var], f"environment {var}")
+    for key, value in _parse_overrides(overrides).items():
+        raw[key] = (value, "--override")
+    return build_config(raw, source=Path(path) if path is not None else None)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file and flatten it to dotted keys."""
+    try:
+        with path.open("rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError("--config", f"file {path} does not exist") from None
+    except OSError as e:
+        raise ConfigError("--config", f"cannot read {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("--config", f"{path} is not valid TOML: {e}{_quote_line(path, str(e))}") from None
+    return flatten(doc)
+
+
+def _quote_line(path: Path, message: str) -> str:
+    """The offending line, so a duplicate or malformed key is named, not just numbered."""
+    match = re.search(r"at line (\d+)", message)
+    if match is None:
+        return ""
+    lines = path.read_text(errors="replace").splitlines()
+    n = int(match.group(1))
+    return f": {lines[n - 1].strip()!r}" if 0 < n <= len(lines) else ""
+
+
+def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"log": {"dirs": x}, "log.retention.ms": y}`` -> ``{"log.dirs": x, "log.retention.ms": y}``."""
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        key = f"{prefix}{k}"
+        items = flatten(v, key + ".") if isinstance(v, dict) else {key: v}
+        for fk, fv in items.items():
+            if fk in out:
+                raise ConfigError(fk, "set twice in the file (as a dotted key and in a table)")
+            out[fk] = fv
+    return out
+
+
+def _parse_overrides(overrides: Iterable[str] | Mapping[str, str]) -> dict[str, str]:
+    if isinstance(overrides, Mapping):
+        return {str(k).strip(): str(v) for k, v in overrides.items()}
+    out: dict[str, str] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(item, "an override must look like key=value")
+        out[key.strip()] = value
+    return out
+
+
+def build_config(raw: Mapping[str, tuple[Any, str]], *, source: Path | None = None) -> NodeConfig:
+    """Type, default and validate merged raw values (key -> (value, origin))."""
+    values: dict[str, Any] = {}
+    for key, (value, origin) in raw.items():
+        d = KEYS.get(key)
+        if d is None:
+            raise ConfigError(key, f"unknown key (from {origin}){_suggest(key)}")
+        values[key] = _coerce(d, value, origin)
+    _apply_coarse_units(values)
+    explicit = frozenset(values)
+    for key, d in KEYS.items():
+        if key not in values:
+            values[key] = None if d.default is None else _coerce(d, d.default, "default")
+    listeners, voters = _validate_cross(values)
+    return NodeConfig(values=values, explicit=explicit, source=source, listeners=listeners, voters=voters)
+
+
+def _suggest(key: str) -> str:
+    close = difflib.get_close_matches(key, list(KEYS), n=1, cutoff=0.75)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _to_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _coerce(d: KeyDef, value: Any, origin: str) -> Any:
+    """Type one value: TOML natives are taken as they are; strings (env, flags) are parsed."""
+    where = f" (from {origin})"
+    if isinstance(value, dict) or (isinstance(value, list) and d.kind not in ("list", "topic")):
+        raise ConfigError(d.name, f"expected a {d.kind} value, got a TOML {type(value).__name__}{where}")
+    if isinstance(value, list):  # TOML array for a list key
+        if not all(isinstance(x, str | int) for x in value):
+            raise ConfigError(d.name, f"expected a list of strings{where}")
+        value = ",".join(str(x) for x in value)
+    kind = d.kind
+    try:
+        if kind == "topic":
+            assert d.topic_key is not None
+            text = _to_text(value)
+            log_config.parse_value(d.topic_key, text)
+            result: Any = text.strip()
+        elif kind in ("int", "long"):
+            if isinstance(value, bool) or isinstance(value, float):
+                raise ValueError
+            result = int(str(value).strip()) if isinstance(value, str) else int(value)
+            bound = _INT32_MAX if kind == "int" else _INT64_MAX
+            if not -bound - 1 <= result <= bound:
+                raise ValueError
+        elif kind == "double":
+            if isinstance(value, bool):
+                raise ValueError
+            result = float(value)
+        elif kind == "bool":
+            if isinstance(value, bool):
+                result = value
+            elif isinstance(value, str) and value.strip().lower() in ("true", "false"):
+                result = value.strip().lower() == "true"
+            else:
+                raise ValueError
+        elif kind == "list":
+            if not isinstance(value, str):
+                raise ValueError
+            result = [p.strip() for p in value.split(",") if p.strip()]
+        else:  # string, password
+            if not isinstance(value, str):
+                raise ValueError
+            result = value.strip() if kind == "string" else value
+    except InvalidConfigError as e:
+        problem = getattr(e, "message", str(e))
+        raise ConfigError(d.name, f"{problem}{where}") from None
+    except ValueError:
+        shown = "***" if kind == "password" else repr(value)
+        raise ConfigError(d.name, f"invalid value {shown}: expected {_kind_text(kind)}{where}") from None
+    if d.check is not None:
+        problem = d.check(result)
+        if problem:
+            raise ConfigError(d.name, f"invalid value {result!r}: {problem}{where}")
+    return result
+
+
+def _kind_text(kind: str) -> str:
+    return {"int": "an integer", "long": "an integer", "bool": "true or false", "double": "a number",
+            "list": "a comma-separated list"}.get(kind, "a string")
+
+
+def _apply_coarse_units(values: dict[str, Any]) -> None:
+    for coarse, (fine, factor) in _COARSE_UNITS.items():
+        if coarse in values and fine not in values:
+            n = int(values[coarse])
+            values[fine] = "-1" if n == -1 else str(n * factor)
+            log_config.parse_value(KEYS[fine].topic_key or fine, values[fine])
+
+
+def _split_host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"'{text}' is not host:port")
+    host = host.strip("[]")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"'{text}' has no valid port (0-65535)")
+    return host, int(port)
+
+
+def _parse_listeners(items: list[str]) -> dict[str, Listener]:
+    out: dict[str, Listener] = {}
+    for item in items:
+        name, sep, rest = item.partition("://")
+        if not sep:
+            raise ConfigError("listeners", f"'{item}' must look like NAME://host:port")
+        name = name.strip().upper()
+        if name not in (LISTENER_BROKER, LISTENER_CONTROLLER):
+            raise ConfigError("listeners", f"unknown listener name '{name}' (BROKER or CONTROLLER)")
+        if name in out:
+            raise ConfigError("listeners", f"listener {name} is given twice")
+        try:
+            host, port = _split_host_port(rest)
+        except ValueError as e:
+            raise ConfigError("listeners", str(e)) from None
+        if port == 0:
+            raise ConfigError("listeners", f"listener {name} needs a fixed port, not 0")
+        out[name] = Listener(name, host, port)
+    return out
+
+
+def _parse_voters(items: list[str]) -> dict[int, Voter]:
+    key = "controller.quorum.voters"
+    out: dict[int, Voter] = {}
+    for item in items:
+        node, sep, rest = item.partition("@")
+        parts = rest.rsplit(":", 2)
+        if not sep or len(parts) != 3 or not node.strip().isdigit():
+            raise ConfigError(key, f"'{item}' must look like id@host:grpc_port:raft_port")
+        host, grpc_port, raft_port = parts
+        if not (grpc_port.isdigit() and raft_port.isdigit()) or not host:
+            raise ConfigError(key, f"'{item}' must look like id@host:grpc_port:raft_port")
+        voter = Voter(int(node), host.strip("[]"), int(grpc_port), int(raft_port))
+        if not (0 < voter.grpc_port <= 65535 and 0 < voter.raft_port <= 65535):
+            raise ConfigError(key, f"'{item}': ports must be 1-65535")
+        if voter.grpc_port == voter.raft_port:
+            raise ConfigError(key, f"'{item}': the gRPC and Raft ports must differ")
+        if voter.node_id in out:
+            raise ConfigError(key, f"voter id {voter.node_id} is given twice")
+        out[voter.node_id] = voter
+    return out
+
+
+def _validate_cross(values: dict[str, Any]) -> tuple[dict[str, Listener], dict[int, Voter]]:
+    """Rules spanning keys: required-by-role, listeners vs roles, voters vs node id."""
+    for key in ("process.roles", "node.id", "cluster.id", "listeners", "controller.quorum.voters"):
+        if not values.get(key):
+            if key == "node.id" and values.get(key) == 0:
+                continue
+            raise ConfigError(key, "is required")
+    roles = values["process.roles"]
+    bad = [r for r in roles if r not in (ROLE_BROKER, ROLE_CONTROLLER)]
+    if bad or len(set(roles)) != len(roles):
+        raise ConfigError("process.roles", f"invalid value {','.join(roles)!r}: must be broker, controller, "
+                                           "or controller,broker")
+    listeners = _parse_listeners(values["listeners"])
+    voters = _parse_voters(values["controller.quorum.voters"])
+    node_id = values["node.id"]
+    if ROLE_BROKER in roles:
+        if LISTENER_BROKER not in listeners:
+            raise ConfigError("listeners", "the broker role needs a BROKER://host:port listener")
+        if not values["log.dirs"]:
+            raise ConfigError("log.dirs", "is required for the broker role")
+    elif LISTENER_BROKER in listeners:
+        raise ConfigError("listeners", "a BROKER listener is given but process.roles has no broker")
+    if ROLE_CONTROLLER in roles:
+        _validate_controller(values, listeners, voters, node_id)
+    elif LISTENER_CONTROLLER in listeners:
+        raise ConfigError("listeners", "a CONTROLLER listener is given but process.roles has no controller")
+    elif node_id in voters:
+        raise ConfigError("node.id", f"{node_id} is a voter in controller.quorum.voters but process.roles "
+                                     "has no controller")
+    _validate_ports(values, listeners, voters, node_id)
+    _validate_relations(values)
+    return listeners, voters
+
+
+def _validate_controller(values: dict[str, Any], listeners: dict[str, Listener], voters: dict[int, Voter],
+                         node_id: int) -> None:
+    if LISTENER_CONTROLLER not in listeners:
+        raise ConfigError("listeners", "the controller role needs a CONTROLLER://host:port listener")
+    me = voters.get(node_id)
+    if me is None:
+        raise ConfigError("controller.quorum.voters", f"node.id {node_id} is not among the voters "
+                                                      f"({', '.join(str(v) for v in sorted(voters))})")
+    ctl = listeners[LISTENER_CONTROLLER]
+    if (ctl.host, ctl.port) != (me.host, me.grpc_port):
+        raise ConfigError("controller.quorum.voters", f"voter {node_id} is {me.host}:{me.grpc_port} but the "
+                                                      f"CONTROLLER listener is {ctl.host}:{ctl.port}")
+    if not values["metadata.log.dir"]:
+        raise ConfigError("metadata.log.dir", "is required for the controller role")
+    if values["controller.quorum.password.required"] and not values["controller.quorum.password"]:
+        raise ConfigError("controller.quorum.password",
+                          "is required for a controller (set controller.quorum.password.required = false "
+                          "only for dev clusters)")
+
+
+def _validate_ports(values: dict[str, Any], listeners: dict[str, Listener], voters: dict[int, Voter],
+                    node_id: int) -> None:
+    used: dict[int, str] = {}
+
+    def claim(port: int, key: str, what: str) -> None:
+        if port in used and port != 0:
+            raise ConfigError(key, f"port {port} of {what} is also used by {used[port]}")
+        used[port] = what
+
+    for listener in listeners.values():
+        claim(listener.port, "listeners", f"listener {listener.name}")
+    if ROLE_CONTROLLER in values["process.roles"]:
+        claim(voters[node_id].raft_port, "controller.quorum.voters", "this node's Raft port")
+    if values["metrics.listener"]:
+        claim(_split_host_port(values["metrics.listener"])[1], "metrics.listener", "metrics.listener")
+
+
+def _validate_relations(values: dict[str, Any]) -> None:
+    if values["broker.heartbeat.interval.ms"] >= values["broker.session.timeout.ms"]:
+        raise ConfigError("broker.heartbeat.interval.ms",
+                          f"{values['broker.heartbeat.interval.ms']} must be below broker.session.timeout.ms "
+                          f"({values['broker.session.timeout.ms']})")
+    if values["group.min.session.timeout.ms"] > values["group.max.session.timeout.ms"]:
+        raise ConfigError("group.min.session.timeout.ms", "must not exceed group.max.session.timeout.ms")
+    rf = values["default.replication.factor"]
+    mir = values.get("min.insync.replicas")
+    if mir is not None and int(mir) > rf:
+        raise ConfigError("min.insync.replicas", f"{mir} exceeds default.replication.factor ({rf}): "
+                                                 "acks=all produce would always fail")
