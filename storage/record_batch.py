@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from crc32c import crc32c
 
 from proto import errors
+from storage import compression
 
 logger = logging.getLogger(__name__)
 
@@ -286,3 +287,452 @@ def set_log_append_time(buf: bytearray | memoryview, pos: int, timestamp_ms: int
     with memoryview(buf) as view:
         crc = crc32c(view[pos + CRC_START : end])
     _UINT32.pack_into(buf, pos + 17, crc)
+
+
+# ---------------------------------------------------------------------------------------
+# Records: varint helpers, builder and decoder (per-record work: producers, consumers,
+# the log cleaner; never the broker's produce/replicate/fetch path).
+
+# Zigzag varints (protobuf sint): 0, -1, 1, -2 ... encode as 0, 1, 2, 3 ... so small
+# magnitudes of either sign take one byte.
+_ENC_TABLE_SIZE = 1 << 14  # lengths and offset deltas below this come straight from the table
+_MAX_VARINT_BYTES = 10  # a varlong; longer is malformed
+
+
+def _encode_varint(value: int) -> bytes:
+    """Zigzag + base-128 encoding of a signed 64-bit integer."""
+    if not -(2**63) <= value < 2**63:
+        raise errors.InvalidRecordError(f"value {value} does not fit a varlong")
+    z = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+_ENC: list[bytes] = [_encode_varint(v) for v in range(_ENC_TABLE_SIZE)]
+_ENC_NULL = _encode_varint(-1)  # b"\x01": a null key, value or header value
+# One-byte zigzag decode: raw byte (< 0x80) -> signed value.
+_DEC1: list[int] = [(b >> 1) ^ -(b & 1) for b in range(0x80)]
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """Decode the zigzag varint at ``pos``: (value, position after it). The slow, general path."""
+    shift = 0
+    raw = 0
+    for i in range(pos, pos + _MAX_VARINT_BYTES):
+        b = data[i]  # IndexError on a truncated varint: the caller reports it
+        raw |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (raw >> 1) ^ -(raw & 1), i + 1
+        shift += 7
+    raise errors.InvalidRecordError(f"varint at record position {pos} is longer than {_MAX_VARINT_BYTES} bytes")
+
+
+@dataclass(slots=True)
+class Record:
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+def _encode_headers(headers: Iterable[tuple[str, bytes | None]]) -> bytes:
+    items = headers if isinstance(headers, list | tuple) else list(headers)
+    parts = [_encode_varint(len(items))]
+    for key, value in items:
+        key_bytes = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+        parts.append(_encode_varint(len(key_bytes)))
+        parts.append(key_bytes)
+        if value is None:
+            parts.append(_ENC_NULL)
+        else:
+            value = bytes(value)
+            parts.append(_encode_varint(len(value)))
+            parts.append(value)
+    return b"".join(parts)
+
+
+class RecordBatchBuilder:
+    """Accumulate records and build one RecordBatch v2.
+
+    Offsets are base_offset + append order (the broker rewrites the base offset); the
+    first record's timestamp is the base timestamp. Records are kept as encoded pieces
+    and joined once in ``build``; compression, when asked, covers the records section.
+    """
+
+    __slots__ = (
+        "_codec",
+        "_attributes",
+        "_producer_id",
+        "_producer_epoch",
+        "_base_sequence",
+        "_partition_leader_epoch",
+        "_base_offset",
+        "_parts",
+        "_count",
+        "_base_ts",
+        "_max_ts",
+        "_size",
+        "_built",
+    )
+
+    def __init__(
+        self,
+        compression: int = CODEC_NONE,
+        *,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = NO_PRODUCER_EPOCH,
+        base_sequence: int = NO_SEQUENCE,
+        timestamp_type: int = TIMESTAMP_CREATE_TIME,
+        is_transactional: bool = False,
+        partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+        base_offset: int = 0,
+        is_control: bool = False,
+    ) -> None:
+        if compression not in (CODEC_NONE, CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4, CODEC_ZSTD):
+            raise errors.InvalidRecordError(f"unknown compression codec {compression}")
+        if timestamp_type not in (TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME):
+            raise errors.InvalidRecordError(f"unknown timestamp type {timestamp_type}")
+        self._codec = compression
+        self._attributes = (
+            compression
+            | (ATTR_TIMESTAMP_TYPE if timestamp_type == TIMESTAMP_LOG_APPEND_TIME else 0)
+            | (ATTR_TRANSACTIONAL if is_transactional else 0)
+            | (ATTR_CONTROL if is_control else 0)
+        )
+        self._producer_id = producer_id
+        self._producer_epoch = producer_epoch
+        self._base_sequence = base_sequence
+        self._partition_leader_epoch = partition_leader_epoch
+        self._base_offset = base_offset
+        self._parts: list[bytes] = []
+        self._count = 0
+        self._base_ts = NO_TIMESTAMP
+        self._max_ts = NO_TIMESTAMP
+        self._size = BATCH_HEADER_SIZE
+        self._built = False
+
+    @property
+    def record_count(self) -> int:
+        return self._count
+
+    @property
+    def size_estimate(self) -> int:
+        """Size of the batch if built now without compression (an upper bound for most data)."""
+        return self._size
+
+    @property
+    def compression(self) -> int:
+        return self._codec
+
+    def append(
+        self,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Iterable[tuple[str, bytes | None]] = (),
+    ) -> int:
+        """Add one record; returns its offset delta. Hot path: keep it flat."""
+        if self._built:
+            raise errors.InvalidRecordError("batch already built")
+        offset_delta = self._count
+        if offset_delta == 0:
+            self._base_ts = self._max_ts = timestamp_ms
+        elif offset_delta >= MAX_RECORDS_PER_BATCH:
+            raise errors.InvalidRecordError(f"a batch holds at most {MAX_RECORDS_PER_BATCH} records")
+        elif timestamp_ms > self._max_ts:
+            self._max_ts = timestamp_ms
+        enc = _ENC
+        ts_delta = timestamp_ms - self._base_ts
+        ts_b = enc[ts_delta] if 0 <= ts_delta < _ENC_TABLE_SIZE else _encode_varint(ts_delta)
+        od_b = enc[offset_delta] if offset_delta < _ENC_TABLE_SIZE else _encode_varint(offset_delta)
+        if key is None:
+            key_b = _ENC_NULL
+            key = b""
+        else:
+            if key.__class__ is not bytes:
+                key = bytes(key)  # a caller's bytearray could change before build
+            n = len(key)
+            key_b = enc[n] if n < _ENC_TABLE_SIZE else _encode_varint(n)
+        if value is None:
+            value_b = _ENC_NULL
+            value = b""
+        else:
+            if value.__class__ is not bytes:
+                value = bytes(value)
+            n = len(value)
+            value_b = enc[n] if n < _ENC_TABLE_SIZE else _encode_varint(n)
+        headers_b = _encode_headers(headers) if headers else b"\x00"
+        body_len = (
+            1 + len(ts_b) + len(od_b) + len(key_b) + len(key) + len(value_b) + len(value) + len(headers_b)
+        )
+        len_b = enc[body_len] if body_len < _ENC_TABLE_SIZE else _encode_varint(body_len)
+        # length, attributes (always 0), deltas, key, value, headers: joined once in build().
+        self._parts += (len_b, b"\x00", ts_b, od_b, key_b, key, value_b, value, headers_b)
+        self._size += len(len_b) + body_len
+        self._count = offset_delta + 1
+        return offset_delta
+
+    def build(self) -> bytes:
+        """The complete batch: header, CRC-32C, records (compressed as configured)."""
+        if self._count == 0:
+            raise errors.InvalidRecordError("cannot build a batch with no records")
+        self._built = True
+        records = b"".join(self._parts)
+        self._parts = []
+        if self._codec != CODEC_NONE:
+            records = compression.compress(self._codec, records)
+        after_crc = _HEADER_AFTER_CRC.pack(
+            self._attributes,
+            self._count - 1,
+            self._base_ts,
+            self._max_ts,
+            self._producer_id,
+            self._producer_epoch,
+            self._base_sequence,
+            self._count,
+        )
+        crc = crc32c(records, crc32c(after_crc))
+        before_crc = _HEADER_BEFORE_CRC.pack(
+            self._base_offset, MIN_BATCH_LENGTH + len(records), self._partition_leader_epoch, MAGIC
+        )
+        return b"".join((before_crc, _UINT32.pack(crc), after_crc, records))
+
+
+# Control records (transaction markers): key = int16 version 0 + int16 type; value =
+# int16 version 0 + int32 coordinator epoch (Kafka's EndTransactionMarker).
+CONTROL_TYPE_ABORT, CONTROL_TYPE_COMMIT = 0, 1
+_CONTROL_KEY = struct.Struct(">hh")
+_END_TXN_MARKER = struct.Struct(">hi")
+
+
+def build_control_batch(
+    commit: bool,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    timestamp_ms: int,
+    coordinator_epoch: int = 0,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    base_offset: int = 0,
+) -> bytes:
+    """A transactional control batch holding one COMMIT or ABORT marker."""
+    builder = RecordBatchBuilder(
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        is_transactional=True,
+        is_control=True,
+        partition_leader_epoch=partition_leader_epoch,
+        base_offset=base_offset,
+    )
+    builder.append(
+        timestamp_ms,
+        _CONTROL_KEY.pack(0, CONTROL_TYPE_COMMIT if commit else CONTROL_TYPE_ABORT),
+        _END_TXN_MARKER.pack(0, coordinator_epoch),
+    )
+    return builder.build()
+
+
+def parse_control_record(record: Record) -> tuple[int, int]:
+    """(control type, coordinator epoch) of a record from a control batch."""
+    if record.key is None or len(record.key) < _CONTROL_KEY.size:
+        raise errors.InvalidRecordError("control record key is missing or short")
+    _version, control_type = _CONTROL_KEY.unpack_from(record.key)
+    coordinator_epoch = -1
+    if record.value is not None and len(record.value) >= _END_TXN_MARKER.size:
+        coordinator_epoch = _END_TXN_MARKER.unpack_from(record.value)[1]
+    return control_type, coordinator_epoch
+
+
+def decode_batch(
+    buf: Buffer,
+    pos: int = 0,
+    *,
+    verify_crc: bool = True,
+    max_decompressed_bytes: int = compression.DEFAULT_MAX_OUTPUT_BYTES,
+) -> tuple[BatchHeader, list[Record]]:
+    """Decompress and decode the batch at ``pos`` into its header and records.
+
+    CRC mismatch, truncation, a record count that does not match the records present
+    -> CorruptMessageError; a malformed record (bad varint, lengths that overrun the
+    record, invalid UTF-8 header key) -> InvalidRecordError.
+    """
+    if verify_crc:
+        h = validate_batch(buf, pos)
+    else:
+        h = read_header(buf, pos)
+        _check_header(h, pos, None, True)
+        if pos + h.batch_length + LOG_OVERHEAD > len(buf):
+            raise errors.CorruptMessageError(f"truncated batch at position {pos}")
+    end = pos + h.batch_length + LOG_OVERHEAD
+    data = bytes(memoryview(buf)[pos + BATCH_HEADER_SIZE : end])
+    codec = h.attributes & ATTR_CODEC_MASK
+    if codec != CODEC_NONE:
+        data = compression.decompress(codec, data, max_output_bytes=max_decompressed_bytes)
+    log_append_ts = h.max_timestamp if h.attributes & ATTR_TIMESTAMP_TYPE else None
+    return h, _decode_records(data, h.record_count, h.base_offset, h.base_timestamp, log_append_ts, pos)
+
+
+def _decode_records(
+    data: bytes, count: int, base_offset: int, base_ts: int, log_append_ts: int | None, batch_pos: int
+) -> list[Record]:
+    """The per-record loop, flat on purpose: varints of one or two bytes are decoded inline."""
+    records: list[Record] = []
+    append = records.append
+    dec1 = _DEC1
+    read_varint = _read_varint
+    n = len(data)
+    p = 0
+    i = 0
+    try:
+        while i < count:
+            if p >= n:
+                raise errors.CorruptMessageError(
+                    f"batch at position {batch_pos} declares {count} records but holds {i}"
+                )
+            # record length
+            b = data[p]
+            if b < 0x80:
+                length = dec1[b]
+                p += 1
+            else:
+                b2 = data[p + 1]
+                if b2 < 0x80:
+                    z = (b & 0x7F) | (b2 << 7)
+                    length = (z >> 1) ^ -(z & 1)
+                    p += 2
+                else:
+                    length, p = read_varint(data, p)
+            rec_end = p + length
+            if length < 6 or rec_end > n:
+                raise errors.InvalidRecordError(
+                    f"record {i} of batch at position {batch_pos} has length {length}, "
+                    f"{n - p} bytes remain"
+                )
+            p += 1  # record attributes: unused in v2
+            # timestamp delta
+            b = data[p]
+            if b < 0x80:
+                ts_delta = dec1[b]
+                p += 1
+            else:
+                ts_delta, p = read_varint(data, p)
+            # offset delta
+            b = data[p]
+            if b < 0x80:
+                offset_delta = dec1[b]
+                p += 1
+            else:
+                b2 = data[p + 1]
+                if b2 < 0x80:
+                    z = (b & 0x7F) | (b2 << 7)
+                    offset_delta = (z >> 1) ^ -(z & 1)
+                    p += 2
+                else:
+                    offset_delta, p = read_varint(data, p)
+            # key
+            b = data[p]
+            if b < 0x80:
+                kl = dec1[b]
+                p += 1
+            else:
+                kl, p = read_varint(data, p)
+            if kl >= 0:
+                key: bytes | None = data[p : p + kl]
+                p += kl
+            elif kl == -1:
+                key = None
+            else:
+                raise errors.InvalidRecordError(f"record {i}: key length {kl}")
+            # value
+            b = data[p]
+            if b < 0x80:
+                vl = dec1[b]
+                p += 1
+            else:
+                b2 = data[p + 1]
+                if b2 < 0x80:
+                    z = (b & 0x7F) | (b2 << 7)
+                    vl = (z >> 1) ^ -(z & 1)
+                    p += 2
+                else:
+                    vl, p = read_varint(data, p)
+            if vl >= 0:
+                value: bytes | None = data[p : p + vl]
+                p += vl
+            elif vl == -1:
+                value = None
+            else:
+                raise errors.InvalidRecordError(f"record {i}: value length {vl}")
+            # headers
+            if data[p] == 0:
+                headers: list[tuple[str, bytes | None]] = []
+                p += 1
+            else:
+                headers, p = _decode_headers(data, p, rec_end)
+            if p != rec_end:
+                raise errors.InvalidRecordError(
+                    f"record {i} of batch at position {batch_pos}: fields end at {p}, length says {rec_end}"
+                )
+            append(
+                Record(
+                    base_offset + offset_delta,
+                    base_ts + ts_delta if log_append_ts is None else log_append_ts,
+                    key,
+                    value,
+                    headers,
+                )
+            )
+            i += 1
+    except IndexError:
+        raise errors.InvalidRecordError(
+            f"record {i} of batch at position {batch_pos} is truncated (ends past its length)"
+        ) from None
+    if p != n:
+        raise errors.CorruptMessageError(
+            f"batch at position {batch_pos} declares {count} records but {n - p} bytes of records remain"
+        )
+    return records
+
+
+def _decode_headers(data: bytes, p: int, rec_end: int) -> tuple[list[tuple[str, bytes | None]], int]:
+    count, p = _read_varint(data, p)
+    # Each header takes at least 2 bytes: a larger count is malformed (and must not drive a long loop).
+    if count < 0 or count * 2 > rec_end - p:
+        raise errors.InvalidRecordError(f"record has an invalid header count {count}")
+    headers: list[tuple[str, bytes | None]] = []
+    for _ in range(count):
+        kl, p = _read_varint(data, p)
+        if kl < 0 or p + kl > rec_end:
+            raise errors.InvalidRecordError(f"header key length {kl} is invalid")
+        try:
+            key = data[p : p + kl].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise errors.InvalidRecordError(f"header key is not valid UTF-8: {exc}") from None
+        p += kl
+        vl, p = _read_varint(data, p)
+        if vl >= 0:
+            if p + vl > rec_end:
+                raise errors.InvalidRecordError(f"header value length {vl} overruns the record")
+            headers.append((key, data[p : p + vl]))
+            p += vl
+        elif vl == -1:
+            headers.append((key, None))
+        else:
+            raise errors.InvalidRecordError(f"header value length {vl} is invalid")
+    return headers, p
+
+
+def decode_records(buf: Buffer) -> Iterator[Record]:
+    """Records of every complete batch in ``buf`` (CRC-checked), skipping control batches.
+
+    A torn tail (as a fetch cut at max_bytes leaves) is ignored, as Kafka consumers do.
+    """
+    for pos, h in iter_batches(buf):
+        if h.attributes & ATTR_CONTROL:
+            continue
+        yield from decode_batch(buf, pos)[1]
