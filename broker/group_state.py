@@ -1,0 +1,433 @@
+"""The consumer-group state machine (Kafka's classic rebalance protocol), pure.
+
+One ``Group`` per group id. It never reads a clock, a socket or a disk: every
+operation takes ``now_ms``, timers fire from ``tick(now_ms)``, and answers that must
+wait (a JoinGroup until the join phase ends, a follower's SyncGroup until the leader
+hands in the assignment) are delivered through the callback the caller passed in.
+The coordinator (broker/group_coordinator.py) serialises calls with its lock, feeds it
+time, and persists what ``persist_needed`` says changed.
+
+States (Kafka's names)::
+
+    Empty --join--> PreparingRebalance --all joined / deadline--> CompletingRebalance
+      ^                  ^    |                                      | leader's SyncGroup
+      |                  |    +--no member left--> Empty             v
+      +--last member leaves / expires------------------------------ Stable
+    Dead: deleted or unloaded; every call answers COORDINATOR_NOT_AVAILABLE.
+
+Generations fence stale members: every completed join phase bumps ``generation_id``,
+and SyncGroup, Heartbeat and OffsetCommit carrying another generation get
+ILLEGAL_GENERATION.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from client.types import TopicPartition
+from proto.common_pb2 import ErrorCode
+
+log = logging.getLogger(__name__)
+
+MEMBERS_MAX = 10_000  # bound on one group's size (GROUP_MAX_SIZE_REACHED beyond)
+
+
+class GroupState(enum.StrEnum):
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    error_code: int
+    member_id: str = ""
+    generation_id: int = -1
+    protocol_name: str = ""
+    leader: str = ""
+    members: tuple[tuple[str, bytes, str], ...] = ()  # (member id, metadata, client id), leader only
+    error_message: str = ""
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    error_code: int
+    protocol_name: str = ""
+    assignment: bytes = b""
+    error_message: str = ""
+
+
+JoinCallback = Callable[[JoinResult], None]
+SyncCallback = Callable[[SyncResult], None]
+
+
+@dataclass
+class Member:
+    member_id: str
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocols: list[tuple[str, bytes]]  # (assignor name, metadata), in preference order
+    last_heartbeat_ms: int
+    assignment: bytes = b""
+    join_callback: JoinCallback | None = None
+    sync_callback: SyncCallback | None = None
+
+    def fail_waiters(self, error_code: int) -> None:
+        """Answer a JoinGroup or SyncGroup this member is blocked in with an error."""
+        join_cb, self.join_callback = self.join_callback, None
+        sync_cb, self.sync_callback = self.sync_callback, None
+        if join_cb is not None:
+            join_cb(JoinResult(error_code, self.member_id))
+        if sync_cb is not None:
+            sync_cb(SyncResult(error_code))
+
+    def metadata_for(self, protocol: str) -> bytes:
+        for name, metadata in self.protocols:
+            if name == protocol:
+                return metadata
+        return b""
+
+
+@dataclass
+class OffsetEntry:
+    offset: int
+    leader_epoch: int
+    metadata: str
+    commit_timestamp_ms: int
+    log_offset: int = -1  # where the commit record sits in __consumer_offsets (orders racing commits)
+
+
+@dataclass
+class Group:
+    group_id: str
+    state: GroupState = GroupState.EMPTY
+    generation_id: int = 0
+    protocol_type: str = ""
+    protocol_name: str = ""
+    leader_id: str = ""
+    state_timestamp_ms: int = 0  # when the state last changed (empty-since, for offset retention)
+    initial_rebalance_delay_ms: int = 3000
+    members: dict[str, Member] = field(default_factory=dict)
+    # Member ids handed out with MEMBER_ID_REQUIRED, valid until the deadline (ms).
+    pending_members: dict[str, int] = field(default_factory=dict)
+    offsets: dict[TopicPartition, OffsetEntry] = field(default_factory=dict)
+    join_deadline_ms: int = 0
+    join_deadline_max_ms: int = 0  # cap on initial-delay extensions
+    initial_join: bool = False  # this rebalance started from Empty: wait for the delay
+    sync_deadline_ms: int = 0
+    persist_needed: bool = False  # group metadata changed in a way that must be written
+    new_member_id: Callable[[str], str] = field(default=lambda client_id: f"{client_id or 'member'}-{uuid.uuid4()}")
+
+    # ---- queries ----
+    def is_empty(self) -> bool:
+        return not self.members
+
+    def has_member(self, member_id: str) -> bool:
+        return member_id in self.members
+
+    def _candidate_protocols(self, extra: Sequence[str] = ()) -> set[str]:
+        sets = [{name for name, _ in m.protocols} for m in self.members.values()]
+        if extra:
+            sets.append(set(extra))
+        if not sets:
+            return set()
+        result = set(sets[0])
+        for s in sets[1:]:
+            result &= s
+        return result
+
+    def select_protocol(self) -> str:
+        """The protocol every member supports, by most first-preference votes."""
+        candidates = self._candidate_protocols()
+        votes: dict[str, int] = {}
+        for m in sorted(self.members.values(), key=lambda m: m.member_id):
+            first = next(name for name, _ in m.protocols if name in candidates)
+            votes[first] = votes.get(first, 0) + 1
+        leader = self.members.get(self.leader_id)
+        order = [name for name, _ in leader.protocols] if leader else sorted(candidates)
+        return max(sorted(votes), key=lambda name: (votes[name], -order.index(name) if name in order else 0))
+
+    # ---- transitions ----
+    def _transition(self, state: GroupState, now_ms: int) -> None:
+        log.debug("group %s: %s -> %s (generation %d)", self.group_id, self.state, state, self.generation_id)
+        self.state = state
+        self.state_timestamp_ms = now_ms
+
+    def join(
+        self,
+        *,
+        member_id: str,
+        client_id: str,
+        client_host: str,
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        protocol_type: str,
+        protocols: list[tuple[str, bytes]],
+        callback: JoinCallback,
+        now_ms: int,
+    ) -> None:
+        if self.state == GroupState.DEAD:
+            callback(JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id, error_message="group is dead"))
+            return
+        if not protocols or not protocol_type:
+            callback(JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id,
+                                error_message="protocol_type and at least one protocol are required"))
+            return
+        if self.members and (
+            protocol_type != self.protocol_type or not self._candidate_protocols([n for n, _ in protocols])
+        ):
+            callback(JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id,
+                                error_message=f"group uses {self.protocol_type} with protocols "
+                                f"{sorted(self._candidate_protocols())}"))
+            return
+        if not member_id:
+            if len(self.members) + len(self.pending_members) >= MEMBERS_MAX:
+                callback(JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED, error_message=f"{MEMBERS_MAX} members"))
+                return
+            # KIP-394: hand out an id and make the member come back with it, so a client
+            # that loses this response does not leave a ghost member behind.
+            new_id = self.new_member_id(client_id)
+            self.pending_members[new_id] = now_ms + session_timeout_ms
+            callback(JoinResult(ErrorCode.MEMBER_ID_REQUIRED, new_id))
+            return
+        member = self.members.get(member_id)
+        if member is None:
+            if member_id not in self.pending_members:
+                callback(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member_id, error_message="unknown member id"))
+                return
+            del self.pending_members[member_id]
+            member = Member(member_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
+                            list(protocols), now_ms)
+            self.members[member_id] = member
+            if not self.protocol_type:
+                self.protocol_type = protocol_type
+            member.join_callback = callback
+            self._prepare_rebalance(now_ms, f"member {member_id} joined", new_member=True)
+            self._maybe_complete_join(now_ms)
+            return
+        self._rejoin(member, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
+                     protocols, callback, now_ms)
+
+    def _rejoin(self, member: Member, client_id: str, client_host: str, session_timeout_ms: int,
+                rebalance_timeout_ms: int, protocols: list[tuple[str, bytes]], callback: JoinCallback,
+                now_ms: int) -> None:
+        changed = list(protocols) != member.protocols
+        if member.join_callback is not None:
+            # A second join while the first still waits: the first is superseded.
+            member.join_callback(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member.member_id,
+                                            error_message="superseded by a newer JoinGroup"))
+        member.client_id, member.client_host = client_id, client_host
+        member.session_timeout_ms, member.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
+        member.protocols = list(protocols)
+        member.last_heartbeat_ms = now_ms
+        member.join_callback = callback
+        if self.state == GroupState.COMPLETING_REBALANCE and not changed:
+            # The member lost our JoinGroup answer: give it again.
+            member.join_callback = None
+            callback(self._join_result_for(member))
+            return
+        if self.state != GroupState.PREPARING_REBALANCE:
+            self._prepare_rebalance(now_ms, f"member {member.member_id} rejoined")
+        self._maybe_complete_join(now_ms)
+
+    def _prepare_rebalance(self, now_ms: int, reason: str, *, new_member: bool = False) -> None:
+        if self.state == GroupState.PREPARING_REBALANCE:
+            if self.initial_join and new_member:
+                # group.initial.rebalance.delay.ms: each newcomer extends the wait a little,
+                # so a fleet starting together lands in one generation.
+                self.join_deadline_ms = min(self.join_deadline_max_ms,
+                                            max(self.join_deadline_ms, now_ms + self.initial_rebalance_delay_ms))
+            return
+        if self.state == GroupState.COMPLETING_REBALANCE:
+            # Members waiting in SyncGroup must rejoin the new round.
+            for m in self.members.values():
+                if m.sync_callback is not None:
+                    m.sync_callback(SyncResult(ErrorCode.REBALANCE_IN_PROGRESS))
+                    m.sync_callback = None
+                    m.last_heartbeat_ms = now_ms  # it was waiting on us: alive until now
+        log.info("group %s: preparing rebalance (generation %d): %s", self.group_id, self.generation_id, reason)
+        rebalance_timeout_ms = max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+        self.initial_join = self.state == GroupState.EMPTY and self.initial_rebalance_delay_ms > 0
+        if self.initial_join:
+            self.join_deadline_ms = now_ms + self.initial_rebalance_delay_ms
+            self.join_deadline_max_ms = now_ms + max(rebalance_timeout_ms, self.initial_rebalance_delay_ms)
+        else:
+            self.join_deadline_ms = now_ms + rebalance_timeout_ms
+        self._transition(GroupState.PREPARING_REBALANCE, now_ms)
+
+    def _maybe_complete_join(self, now_ms: int) -> None:
+        if self.state != GroupState.PREPARING_REBALANCE:
+            return
+        all_joined = all(m.join_callback is not None for m in self.members.values())
+        if (all_joined and not self.initial_join and not self.pending_members) or now_ms >= self.join_deadline_ms:
+            self._complete_join(now_ms)
+
+    def _complete_join(self, now_ms: int) -> None:
+        for m in [m for m in self.members.values() if m.join_callback is None]:
+            log.info("group %s: removing member %s that did not rejoin in time", self.group_id, m.member_id)
+            del self.members[m.member_id]
+        self.generation_id += 1
+        self.initial_join = False
+        if not self.members:
+            self.protocol_name = ""
+            self.leader_id = ""
+            self._transition(GroupState.EMPTY, now_ms)
+            self.persist_needed = True
+            return
+        if self.leader_id not in self.members:
+            self.leader_id = min(self.members)
+        self.protocol_name = self.select_protocol()
+        self._transition(GroupState.COMPLETING_REBALANCE, now_ms)
+        self.sync_deadline_ms = now_ms + max(m.rebalance_timeout_ms for m in self.members.values())
+        log.info("group %s: generation %d with %d members, leader %s, protocol %s", self.group_id,
+                 self.generation_id, len(self.members), self.leader_id, self.protocol_name)
+        for m in self.members.values():
+            m.assignment = b""
+            m.last_heartbeat_ms = now_ms
+            callback, m.join_callback = m.join_callback, None
+            assert callback is not None
+            callback(self._join_result_for(m))
+
+    def _join_result_for(self, member: Member) -> JoinResult:
+        members: tuple[tuple[str, bytes, str], ...] = ()
+        if member.member_id == self.leader_id:
+            members = tuple((m.member_id, m.metadata_for(self.protocol_name), m.client_id)
+                            for m in sorted(self.members.values(), key=lambda m: m.member_id))
+        return JoinResult(ErrorCode.NONE, member.member_id, self.generation_id, self.protocol_name,
+                          self.leader_id, members)
+
+    def _check_member(self, member_id: str, generation_id: int) -> int:
+        if self.state == GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if member_id not in self.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if generation_id != self.generation_id:
+            return ErrorCode.ILLEGAL_GENERATION
+        return ErrorCode.NONE
+
+    def sync(self, *, member_id: str, generation_id: int, assignments: dict[str, bytes],
+             callback: SyncCallback, now_ms: int) -> None:
+        error = self._check_member(member_id, generation_id)
+        if error != ErrorCode.NONE:
+            callback(SyncResult(error))
+            return
+        if self.state == GroupState.PREPARING_REBALANCE:
+            callback(SyncResult(ErrorCode.REBALANCE_IN_PROGRESS))
+            return
+        member = self.members[member_id]
+        member.last_heartbeat_ms = now_ms
+        if self.state == GroupState.STABLE:
+            callback(SyncResult(ErrorCode.NONE, self.protocol_name, member.assignment))
+            return
+        member.sync_callback = callback
+        if member_id == self.leader_id:
+            for mid, m in self.members.items():
+                m.assignment = assignments.get(mid, b"")
+            self._transition(GroupState.STABLE, now_ms)
+            self.persist_needed = True
+            for m in self.members.values():
+                cb, m.sync_callback = m.sync_callback, None
+                if cb is not None:
+                    cb(SyncResult(ErrorCode.NONE, self.protocol_name, m.assignment))
+
+    def heartbeat(self, *, member_id: str, generation_id: int, now_ms: int) -> int:
+        error = self._check_member(member_id, generation_id)
+        if error != ErrorCode.NONE:
+            return error
+        self.members[member_id].last_heartbeat_ms = now_ms
+        if self.state == GroupState.PREPARING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    def leave(self, member_id: str, now_ms: int) -> int:
+        if self.state == GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if member_id in self.pending_members:
+            del self.pending_members[member_id]
+            self._maybe_complete_join(now_ms)
+            return ErrorCode.NONE
+        if member_id not in self.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        self._remove_member(member_id, now_ms, "left the group")
+        return ErrorCode.NONE
+
+    def _remove_member(self, member_id: str, now_ms: int, reason: str) -> None:
+        member = self.members.pop(member_id)
+        member.fail_waiters(ErrorCode.UNKNOWN_MEMBER_ID)
+        if self.leader_id == member_id:
+            self.leader_id = min(self.members) if self.members else ""
+        log.info("group %s: member %s %s", self.group_id, member_id, reason)
+        if self.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            if self.members:
+                self._prepare_rebalance(now_ms, f"member {member_id} {reason}")
+            else:
+                self.generation_id += 1
+                self.protocol_name = ""
+                self._transition(GroupState.EMPTY, now_ms)
+                self.persist_needed = True
+        elif self.state == GroupState.PREPARING_REBALANCE:
+            self._maybe_complete_join(now_ms)
+
+    def tick(self, now_ms: int) -> None:
+        """Fire due timers: pending ids, sessions, the join deadline, the sync deadline."""
+        for pending_id, deadline_ms in list(self.pending_members.items()):
+            if now_ms >= deadline_ms:
+                del self.pending_members[pending_id]
+        for m in list(self.members.values()):
+            waiting = m.join_callback is not None or m.sync_callback is not None
+            if not waiting and now_ms - m.last_heartbeat_ms >= m.session_timeout_ms:
+                self._remove_member(m.member_id, now_ms, f"missed its session timeout ({m.session_timeout_ms} ms)")
+        if self.state == GroupState.PREPARING_REBALANCE:
+            self._maybe_complete_join(now_ms)
+        elif self.state == GroupState.COMPLETING_REBALANCE and now_ms >= self.sync_deadline_ms:
+            # The leader never handed in an assignment: drop whoever has not synced.
+            for m in [m for m in self.members.values() if m.sync_callback is None]:
+                self._remove_member(m.member_id, now_ms, "did not sync in time")
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest time ``tick`` has something to do (None: nothing scheduled)."""
+        deadlines = list(self.pending_members.values())
+        deadlines += [m.last_heartbeat_ms + m.session_timeout_ms for m in self.members.values()]
+        if self.state == GroupState.PREPARING_REBALANCE:
+            deadlines.append(self.join_deadline_ms)
+        if self.state == GroupState.COMPLETING_REBALANCE:
+            deadlines.append(self.sync_deadline_ms)
+        return min(deadlines) if deadlines else None
+
+    # ---- offsets ----
+    def validate_commit(self, member_id: str, generation_id: int, now_ms: int) -> int:
+        """May this commit go ahead? (Kafka: a commit is also a heartbeat.)"""
+        if self.state == GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if generation_id < 0 and not member_id and not self.members:
+            return ErrorCode.NONE  # commit from outside group management (assign(), admin)
+        if self.state == GroupState.COMPLETING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        error = self._check_member(member_id, generation_id)
+        if error == ErrorCode.NONE:
+            self.members[member_id].last_heartbeat_ms = now_ms
+        return error
+
+    def apply_offset(self, tp: TopicPartition, entry: OffsetEntry | None) -> None:
+        """Apply a commit (or a tombstone with None) read back from or written to the log.
+        Racing commits to one partition keep the one later in the log."""
+        current = self.offsets.get(tp)
+        if entry is None:
+            self.offsets.pop(tp, None)
+            return
+        if current is not None and entry.log_offset >= 0 and current.log_offset > entry.log_offset:
+            return
+        self.offsets[tp] = entry
+
+    def mark_dead(self, now_ms: int) -> None:
+        for m in self.members.values():
+            m.fail_waiters(ErrorCode.NOT_COORDINATOR)
+        self._transition(GroupState.DEAD, now_ms)

@@ -1,0 +1,263 @@
+"""The pure group state machine, scenario by scenario (time is passed in, no sleeps)."""
+
+from __future__ import annotations
+
+import itertools
+
+from broker.group_state import Group, GroupState, JoinResult, OffsetEntry, SyncResult
+from client.types import TopicPartition as TP
+from proto.common_pb2 import ErrorCode
+
+SESSION_MS = 10_000
+REBALANCE_MS = 30_000
+
+
+class Harness:
+    """Drives one Group like a set of clients would, recording every answer."""
+
+    def __init__(self, delay_ms: int = 0) -> None:
+        ids = itertools.count(1)
+        self.group = Group("g", initial_rebalance_delay_ms=delay_ms, new_member_id=lambda c: f"{c}-{next(ids)}")
+        self.joins: dict[str, list[JoinResult]] = {}
+        self.syncs: dict[str, list[SyncResult]] = {}
+        self.now_ms = 1_000
+
+    def join(self, client: str, member_id: str = "", protocols=(("range", b"sub"),), ptype="consumer") -> str:
+        """First join: MEMBER_ID_REQUIRED then a join with the id. Returns the member id."""
+        results: list[JoinResult] = []
+        self.group.join(member_id=member_id, client_id=client, client_host="h", session_timeout_ms=SESSION_MS,
+                        rebalance_timeout_ms=REBALANCE_MS, protocol_type=ptype, protocols=list(protocols),
+                        callback=results.append, now_ms=self.now_ms)
+        if not member_id:
+            assert results and results[0].error_code == ErrorCode.MEMBER_ID_REQUIRED, results
+            member_id = results[0].member_id
+            results.clear()
+            self.group.join(member_id=member_id, client_id=client, client_host="h",
+                            session_timeout_ms=SESSION_MS, rebalance_timeout_ms=REBALANCE_MS,
+                            protocol_type=ptype, protocols=list(protocols), callback=results.append,
+                            now_ms=self.now_ms)
+        self.joins[member_id] = results
+        return member_id
+
+    def sync(self, member_id: str, generation: int, assignments: dict[str, bytes] | None = None) -> list:
+        results: list[SyncResult] = []
+        self.group.sync(member_id=member_id, generation_id=generation, assignments=assignments or {},
+                        callback=results.append, now_ms=self.now_ms)
+        self.syncs[member_id] = results
+        return results
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+        self.group.tick(self.now_ms)
+
+    def rebalance(self, members: list[str]) -> int:
+        """All members answered; leader syncs an assignment naming each member."""
+        gen = self.group.generation_id
+        leader = self.group.leader_id
+        assert self.group.state == GroupState.COMPLETING_REBALANCE, self.group.state
+        for m in members:
+            if m != leader:
+                assert self.sync(m, gen) == []  # followers wait for the leader
+        self.sync(leader, gen, {m: m.encode() for m in members})
+        assert self.group.state == GroupState.STABLE
+        for m in members:
+            assert self.syncs[m] == [SyncResult(ErrorCode.NONE, "range", m.encode())], self.syncs[m]
+        return gen
+
+
+def test_first_join_requires_member_id_and_unknown_ids_are_refused() -> None:
+    h = Harness()
+    out: list[JoinResult] = []
+    h.group.join(member_id="made-up", client_id="c", client_host="h", session_timeout_ms=SESSION_MS,
+                 rebalance_timeout_ms=REBALANCE_MS, protocol_type="consumer", protocols=[("range", b"")],
+                 callback=out.append, now_ms=h.now_ms)
+    assert out[0].error_code == ErrorCode.UNKNOWN_MEMBER_ID
+    m = h.join("c")
+    assert m == "c-1"
+    assert h.joins[m][0].error_code == ErrorCode.NONE and h.joins[m][0].generation_id == 1
+    assert h.group.state == GroupState.COMPLETING_REBALANCE
+
+
+def test_two_members_join_sync_and_get_their_assignments() -> None:
+    h = Harness()
+    a = h.join("a")
+    assert h.group.state == GroupState.COMPLETING_REBALANCE and h.group.leader_id == a
+    h.rebalance([a])
+    b = h.join("b")
+    # b's join starts a rebalance; it waits for a (which learns from its heartbeat).
+    assert h.joins[b] == [] and h.group.state == GroupState.PREPARING_REBALANCE
+    assert h.group.heartbeat(member_id=a, generation_id=1, now_ms=h.now_ms) == ErrorCode.REBALANCE_IN_PROGRESS
+    h.join("a", a)
+    ja, jb = h.joins[a][0], h.joins[b][0]
+    assert ja.generation_id == jb.generation_id == 2
+    assert ja.leader == jb.leader == a
+    assert [m[0] for m in ja.members] == sorted([a, b]) and jb.members == ()
+    h.rebalance([a, b])
+    assert h.group.heartbeat(member_id=b, generation_id=2, now_ms=h.now_ms) == ErrorCode.NONE
+
+
+def test_stale_generation_is_fenced() -> None:
+    h = Harness()
+    a = h.join("a")
+    h.rebalance([a])
+    b = h.join("b")
+    h.join("a", a)
+    h.rebalance([a, b])
+    assert h.group.heartbeat(member_id=a, generation_id=1, now_ms=h.now_ms) == ErrorCode.ILLEGAL_GENERATION
+    assert h.sync(a, 1) == [SyncResult(ErrorCode.ILLEGAL_GENERATION)]
+    assert h.group.validate_commit(a, 1, h.now_ms) == ErrorCode.ILLEGAL_GENERATION
+    assert h.group.validate_commit(a, 2, h.now_ms) == ErrorCode.NONE
+    assert h.group.validate_commit("ghost", 2, h.now_ms) == ErrorCode.UNKNOWN_MEMBER_ID
+
+
+def test_session_expiry_removes_member_and_rebalances() -> None:
+    h = Harness()
+    a = h.join("a")
+    h.rebalance([a])
+    b = h.join("b")
+    h.join("a", a)
+    h.rebalance([a, b])
+    # Only a keeps heartbeating.
+    for _ in range(3):
+        h.advance(SESSION_MS // 3)
+        h.group.heartbeat(member_id=a, generation_id=2, now_ms=h.now_ms)
+    h.advance(SESSION_MS // 3)
+    assert not h.group.has_member(b), "b should have expired"
+    assert h.group.state == GroupState.PREPARING_REBALANCE
+    h.join("a", a)
+    assert h.joins[a][0].generation_id == 3 and h.group.state == GroupState.COMPLETING_REBALANCE
+
+
+def test_member_blocked_in_join_is_not_expired_but_silent_one_is_dropped_at_deadline() -> None:
+    h = Harness()
+    a = h.join("a")
+    h.rebalance([a])
+    b = h.join("b")
+    # a never rejoins: the join phase ends at the rebalance timeout without it.
+    h.advance(REBALANCE_MS)
+    assert not h.group.has_member(a)
+    assert h.joins[b][0].error_code == ErrorCode.NONE and h.joins[b][0].leader == b
+
+
+def test_leave_of_last_member_empties_group_and_requests_persist() -> None:
+    h = Harness()
+    a = h.join("a")
+    h.rebalance([a])
+    h.group.persist_needed = False
+    assert h.group.leave(a, h.now_ms) == ErrorCode.NONE
+    assert h.group.state == GroupState.EMPTY and h.group.persist_needed
+    assert h.group.generation_id == 2
+    assert h.group.leave(a, h.now_ms) == ErrorCode.UNKNOWN_MEMBER_ID
+    # Commits from outside group management are allowed only now that it is empty.
+    assert h.group.validate_commit("", -1, h.now_ms) == ErrorCode.NONE
+
+
+def test_leave_during_completing_rebalance_fails_waiting_syncs_and_restarts() -> None:
+    h = Harness()
+    a = h.join("a")
+    h.rebalance([a])
+    b = h.join("b")
+    h.join("a", a)
+    assert h.sync(b, 2) == []
+    assert h.group.validate_commit(b, 2, h.now_ms) == ErrorCode.REBALANCE_IN_PROGRESS
+    h.group.leave(a, h.now_ms)
+    assert h.syncs[b] == [SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)]
+    assert h.group.state == GroupState.PREPARING_REBALANCE
+    h.join("b", b)
+    assert h.joins[b][-1].generation_id == 3 and h.joins[b][-1].leader == b
+
+
+def test_commit_with_old_generation_allowed_while_preparing_rebalance() -> None:
+    # Commit-before-revoke: a member commits in on_partitions_revoked before it rejoins.
+    h = Harness()
+    a = h.join("a")
+    h.rebalance([a])
+    h.join("b")
+    assert h.group.state == GroupState.PREPARING_REBALANCE
+    assert h.group.validate_commit(a, 1, h.now_ms) == ErrorCode.NONE
+
+
+def test_initial_rebalance_delay_gathers_members_into_one_generation() -> None:
+    h = Harness(delay_ms=3000)
+    a = h.join("a")
+    assert h.joins[a] == [] and h.group.state == GroupState.PREPARING_REBALANCE
+    h.advance(2000)
+    b = h.join("b")
+    h.advance(2000)  # the newcomer extended the wait to 5000 after b
+    assert h.joins[a] == []
+    h.advance(1000)
+    assert h.joins[a][0].generation_id == h.joins[b][0].generation_id == 1
+
+
+def test_sync_deadline_drops_members_when_leader_never_syncs() -> None:
+    h = Harness()
+    a = h.join("a")
+    h.rebalance([a])
+    b = h.join("b")
+    h.join("a", a)
+    leader = h.group.leader_id
+    follower = b if leader == a else a
+    h.sync(follower, 2)
+    h.advance(SESSION_MS - 1)  # the follower waits in SyncGroup: alive; the leader is silent
+    assert h.group.has_member(leader) and h.syncs[follower] == []
+    h.advance(1)
+    assert not h.group.has_member(leader)
+    assert h.syncs[follower] == [SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)]
+    assert h.group.state == GroupState.PREPARING_REBALANCE
+
+
+def test_inconsistent_protocols_are_refused() -> None:
+    h = Harness()
+    h.join("a")
+    out: list[JoinResult] = []
+    h.group.join(member_id="", client_id="b", client_host="h", session_timeout_ms=SESSION_MS,
+                 rebalance_timeout_ms=REBALANCE_MS, protocol_type="consumer", protocols=[("roundrobin", b"")],
+                 callback=out.append, now_ms=h.now_ms)
+    assert out[0].error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+
+
+def test_protocol_selection_prefers_common_first_choice() -> None:
+    h = Harness()
+    both = (("cooperative-sticky", b"x"), ("range", b"y"))
+    a = h.join("a", protocols=both)
+    h.group.leave(a, h.now_ms)
+    a = h.join("a", protocols=both)
+    assert h.joins[a][0].protocol_name == "cooperative-sticky"
+    assert h.joins[a][0].members[0][1] == b"x"
+
+
+def test_stable_member_rejoin_lost_join_answer_is_replayed() -> None:
+    h = Harness()
+    a = h.join("a")
+    # Still CompletingRebalance: the same join again gets the same answer.
+    first = h.joins[a][0]
+    h.join("a", a)
+    assert h.joins[a][0] == first
+
+
+def test_offsets_keep_latest_log_position() -> None:
+    g = Group("g")
+    tp = TP("t", 0)
+    g.apply_offset(tp, OffsetEntry(10, -1, "", 1, log_offset=5))
+    g.apply_offset(tp, OffsetEntry(7, -1, "", 1, log_offset=4))  # a slower, older append
+    assert g.offsets[tp].offset == 10
+    g.apply_offset(tp, None)
+    assert tp not in g.offsets
+
+
+def test_dead_group_refuses_everything_and_fails_waiters() -> None:
+    h = Harness()
+    a = h.join("a")
+    h.rebalance([a])
+    b = h.join("b")
+    h.group.mark_dead(h.now_ms)
+    assert h.joins[b][-1].error_code == ErrorCode.NOT_COORDINATOR
+    assert h.group.heartbeat(member_id=a, generation_id=1, now_ms=h.now_ms) == ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert h.group.validate_commit("", -1, h.now_ms) == ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+def test_next_deadline_tracks_sessions() -> None:
+    h = Harness()
+    a = h.join("a")
+    h.rebalance([a])
+    assert h.group.next_deadline_ms() == h.now_ms + SESSION_MS
