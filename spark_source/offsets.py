@@ -1,0 +1,134 @@
+"""Driver side: which partitions a query reads and where their offsets stand right now.
+
+Everything is asked of the cluster through ``client.cluster.ClusterClient``: metadata for
+partition discovery, ListOffsets -2 (log start), -1 (high watermark: the end of committed
+data) and timestamps. The high watermark is the only "latest" ever used, so a plan never
+reaches past committed data.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from client.cluster import ClusterClient
+from client.types import TopicPartition
+from proto import errors
+from spark_source.options import EARLIEST, LATEST, OffsetSpec, ReadOptions, Subscription
+from spark_source.planning import TP, PartitionOffsets
+
+logger = logging.getLogger(__name__)
+
+
+class OffsetReader:
+    """Partition discovery and offset lookups for one query (driver only)."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self.client = ClusterClient(
+            options.bootstrap_servers, request_timeout_ms=options.fetch.request_timeout_ms
+        )
+
+    def close(self) -> None:
+        self.client.close()
+
+    # ---- discovery ----
+    def partitions(self) -> set[TP]:
+        """The partitions the subscription covers now (fresh metadata every call)."""
+        sub = self.options.subscription
+        return self._with_retries(lambda: self._discover(sub), "discover partitions")
+
+    def _discover(self, sub: Subscription) -> set[TP]:
+        if sub.kind == "assign":
+            topics = sorted({t for t, _ in sub.assigned})
+            meta = self.client.metadata(topics, refresh=True)
+            present = {(t, p) for t in topics for p in (meta.partitions_for(t) or [])}
+            missing = sorted(set(sub.assigned) - present)
+            if missing:
+                logger.warning("assigned partitions do not exist (yet): %s", missing)
+            return set(sub.assigned) & present
+        if sub.kind == "subscribe":
+            meta = self.client.metadata(list(sub.topics), refresh=True)
+            topics = list(sub.topics)
+        else:
+            meta = self.client.metadata(None, refresh=True)
+            topics = [t for t, info in meta.topics.items() if not info.is_internal and sub.matches(t)]
+        out: set[TP] = set()
+        for topic in topics:
+            for p in meta.partitions_for(topic) or []:
+                out.add((topic, p))
+        return out
+
+    # ---- offsets ----
+    def earliest(self, tps: Iterable[TP]) -> PartitionOffsets:
+        return self._list({tp: EARLIEST for tp in tps})
+
+    def latest(self, tps: Iterable[TP]) -> PartitionOffsets:
+        """High watermarks: the end (exclusive) of committed data."""
+        return self._list({tp: LATEST for tp in tps})
+
+    def _list(self, asks: dict[TP, int]) -> PartitionOffsets:
+        if not asks:
+            return {}
+        res = self._with_retries(
+            lambda: self.client.list_offsets({TopicPartition(*tp): ts for tp, ts in asks.items()}),
+            "list offsets",
+        )
+        return {(tp.topic, tp.partition): off for tp, (off, _) in res.items()}
+
+    def resolve(self, spec: OffsetSpec, tps: set[TP], *, what: str) -> PartitionOffsets:
+        """Concrete offsets for ``tps`` from a startingOffsets/endingOffsets spec."""
+        if spec.kind == "earliest":
+            return self.earliest(tps)
+        if spec.kind == "latest":
+            return self.latest(tps)
+        if spec.kind == "offsets":
+            return self._resolve_specific(spec, tps, what)
+        stamps = spec.timestamps if spec.kind == "timestamps" else {tp: spec.timestamp for tp in tps}
+        if spec.kind == "timestamps":
+            self._check_named_all(set(stamps), tps, what)
+        return self._resolve_timestamps(stamps)
+
+    def _check_named_all(self, named: set[TP], tps: set[TP], what: str) -> None:
+        # As Spark's Kafka source: per-partition JSON must cover exactly the partitions read,
+        # so a typo'd or forgotten partition is an error instead of a silent default.
+        if named != tps:
+            raise errors.InvalidConfigError(
+                f"option '{what}': must name every partition read, and only those. "
+                f"Named: {sorted(named)}; partitions read: {sorted(tps)}. Use -2 for earliest, -1 for latest."
+            )
+
+    def _resolve_specific(self, spec: OffsetSpec, tps: set[TP], what: str) -> PartitionOffsets:
+        self._check_named_all(set(spec.offsets), tps, what)
+        need_earliest = {tp for tp, off in spec.offsets.items() if off == EARLIEST}
+        need_latest = {tp for tp, off in spec.offsets.items() if off == LATEST}
+        out = {tp: off for tp, off in spec.offsets.items() if off >= 0}
+        out.update(self.earliest(need_earliest))
+        out.update(self.latest(need_latest))
+        return out
+
+    def _resolve_timestamps(self, stamps: dict[TP, int]) -> PartitionOffsets:
+        found = self._list(stamps)
+        missing = sorted(tp for tp, off in found.items() if off < 0)
+        if missing:
+            if self.options.starting_timestamp_strategy == "error":
+                raise errors.OffsetNotAvailableError(
+                    f"no record at or after the requested timestamp in {missing}; set "
+                    "startingOffsetsByTimestampStrategy=latest to start those at the latest offset"
+                )
+            found.update(self.latest(missing))
+        return found
+
+    def _with_retries(self, fn, what: str):  # type: ignore[no-untyped-def]
+        """fetchOffset.numRetries / fetchOffset.retryIntervalMs around one driver lookup."""
+        attempts = self.options.fetch_offset_num_retries + 1
+        for attempt in range(attempts):
+            try:
+                return fn()
+            except errors.BrookError as exc:
+                if not exc.retriable or attempt == attempts - 1:
+                    raise
+                logger.warning("%s failed (%s); retry %d of %d", what, exc, attempt + 1, attempts - 1)
+                time.sleep(self.options.fetch_offset_retry_interval_ms / 1000)
+        raise AssertionError("unreachable")

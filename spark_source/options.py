@@ -1,0 +1,406 @@
+"""Options of the ``brook`` Spark data source: parsing and validation.
+
+The option names and their meaning follow Spark's built-in Kafka source so that jobs port
+over by changing ``format("kafka")`` to ``format("brook")``. Everything is checked when the
+query starts (in the driver); a wrong or contradictory option raises
+``errors.InvalidConfigError`` whose message names the option. Spark hands option keys to a
+Python data source lower-cased, so every lookup here is by the lower-cased name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from proto import errors
+
+EARLIEST = -2  # the JSON forms of startingOffsets/endingOffsets use Kafka's sentinels
+LATEST = -1
+
+# Spark-generic options that reach the data source from DataFrameReader/Writer and mean
+# nothing to Brook; accepted and ignored.
+_SPARK_GENERIC = frozenset({"path", "checkpointlocation", "queryname"})
+
+# Kafka consumer/producer settings that Spark's Kafka source refuses because the source
+# manages them itself; the message says what to use instead.
+_REFUSED = {
+    "group.id": "the source does not use consumer groups; offsets live in the checkpoint",
+    "auto.offset.reset": "set the source option 'startingOffsets' instead",
+    "enable.auto.commit": "offsets live in the checkpoint; nothing is committed to the cluster",
+    "key.deserializer": "keys are always binary; cast or use DataFrame operations",
+    "value.deserializer": "values are always binary; cast or use DataFrame operations",
+    "key.serializer": "write a binary or string 'key' column",
+    "value.serializer": "write a binary or string 'value' column",
+    "interceptor.classes": "interceptors are not supported",
+}
+
+READ_OPTIONS = frozenset(
+    {
+        "bootstrap.servers",
+        "subscribe",
+        "subscribepattern",
+        "assign",
+        "startingoffsets",
+        "startingoffsetsbytimestamp",
+        "startingoffsetsbytimestampstrategy",
+        "startingtimestamp",
+        "endingoffsets",
+        "maxoffsetspertrigger",
+        "minpartitions",
+        "maxrecordsperpartition",
+        "failondataloss",
+        "includeheaders",
+        "fetch.max.bytes",
+        "max.partition.fetch.bytes",
+        "fetch.max.wait.ms",
+        "request.timeout.ms",
+        "kafkaconsumer.polltimeoutms",
+        "fetchoffset.numretries",
+        "fetchoffset.retryintervalms",
+    }
+)
+
+WRITE_OPTIONS = frozenset(
+    {
+        "bootstrap.servers",
+        "topic",
+        "acks",
+        "linger.ms",
+        "batch.size",
+        "compression.type",
+        "request.timeout.ms",
+        "delivery.timeout.ms",
+        "enable.idempotence",
+    }
+)
+
+# Upper bounds: every buffer and wait has one (a typo of extra zeros fails loudly).
+_MAX_FETCH_BYTES = 256 * 1024 * 1024
+_MAX_TIMEOUT_MS = 3_600_000
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """Which partitions the query reads: exactly one of the three kinds."""
+
+    kind: Literal["subscribe", "subscribePattern", "assign"]
+    topics: tuple[str, ...] = ()  # subscribe
+    pattern: str = ""  # subscribePattern (Python ``re`` syntax, matched in full like Java's)
+    assigned: tuple[tuple[str, int], ...] = ()  # assign
+
+    def matches(self, topic: str) -> bool:
+        if self.kind == "subscribe":
+            return topic in self.topics
+        if self.kind == "subscribePattern":
+            return re.fullmatch(self.pattern, topic) is not None
+        return any(t == topic for t, _ in self.assigned)
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where reading starts or ends.
+
+    ``kind`` is "earliest", "latest", "offsets" (``offsets`` per (topic, partition), each an
+    offset or EARLIEST/LATEST), "timestamps" (``timestamps`` per partition), or "timestamp"
+    (one ``timestamp`` for every partition).
+    """
+
+    kind: Literal["earliest", "latest", "offsets", "timestamps", "timestamp"]
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    timestamps: dict[tuple[str, int], int] = field(default_factory=dict)
+    timestamp: int = -1
+
+
+@dataclass(frozen=True)
+class FetchSettings:
+    """What an executor task needs to fetch: shipped inside every input partition."""
+
+    bootstrap_servers: str
+    max_partition_fetch_bytes: int = 8 * 1024 * 1024
+    fetch_max_wait_ms: int = 500
+    request_timeout_ms: int = 30_000
+    poll_timeout_ms: int = 120_000  # give up on a partition that yields nothing this long
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    subscription: Subscription
+    starting: OffsetSpec
+    ending: OffsetSpec | None  # batch only
+    starting_timestamp_strategy: Literal["error", "latest"]
+    max_offsets_per_trigger: int | None
+    min_partitions: int | None
+    max_records_per_partition: int | None
+    fetch_offset_num_retries: int
+    fetch_offset_retry_interval_ms: int
+    fetch: FetchSettings
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.fetch.bootstrap_servers
+
+    @property
+    def fail_on_data_loss(self) -> bool:
+        return self.fetch.fail_on_data_loss
+
+    @property
+    def include_headers(self) -> bool:
+        return self.fetch.include_headers
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    bootstrap_servers: str
+    topic: str | None
+    linger_ms: int
+    batch_size: int
+    compression_type: str
+    request_timeout_ms: int
+    delivery_timeout_ms: int
+
+
+def _bad(name: str, why: str) -> errors.BrookError:
+    return errors.InvalidConfigError(f"option '{name}': {why}")
+
+
+def _normalize(options: dict[str, str], known: frozenset[str]) -> dict[str, str]:
+    """Lower-case keys, drop the "kafka." prefix Spark's Kafka source uses, refuse unknowns."""
+    out: dict[str, str] = {}
+    for raw_key, value in options.items():
+        key = raw_key.lower()
+        if key in _SPARK_GENERIC:
+            continue
+        if key.startswith("kafka."):
+            key = key[len("kafka.") :]
+        if key in _REFUSED:
+            raise _bad(raw_key, f"not supported: {_REFUSED[key]}")
+        if key not in known:
+            raise _bad(raw_key, f"unknown option; known options: {', '.join(sorted(known))}")
+        if key in out:
+            raise _bad(raw_key, "given twice (with and without the 'kafka.' prefix)")
+        out[key] = str(value)
+    return out
+
+
+def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
+    raw = opts.get(name)
+    if raw is None:
+        return default
+    low = raw.strip().lower()
+    if low not in ("true", "false"):
+        raise _bad(name, f"must be true or false, got {raw!r}")
+    return low == "true"
+
+
+def _int(opts: dict[str, str], name: str, default: int | None, *, lo: int, hi: int) -> int | None:
+    raw = opts.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise _bad(name, f"must be an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise _bad(name, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _json_object(name: str, raw: str) -> dict:
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise _bad(name, f"not valid JSON ({exc.msg} at char {exc.pos}): {raw!r}") from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise _bad(name, f"must be a non-empty JSON object, got {raw!r}")
+    return parsed
+
+
+def _partition_map(name: str, raw: str) -> dict[tuple[str, int], int]:
+    """``{"topicA":{"0":23,"1":-1}}`` -> {("topicA", 0): 23, ("topicA", 1): -1}."""
+    out: dict[tuple[str, int], int] = {}
+    for topic, per_partition in _json_object(name, raw).items():
+        if not isinstance(per_partition, dict) or not per_partition:
+            raise _bad(name, f"topic {topic!r} must map to an object of partition -> value")
+        for part, value in per_partition.items():
+            try:
+                partition = int(part)
+            except ValueError:
+                raise _bad(name, f"partition {part!r} of topic {topic!r} is not an integer") from None
+            if partition < 0 or isinstance(value, bool) or not isinstance(value, int):
+                raise _bad(name, f"{topic}-{part}: need a partition >= 0 and an integer value, got {value!r}")
+            out[(topic, partition)] = value
+    return out
+
+
+def _subscription(opts: dict[str, str]) -> Subscription:
+    given = [k for k in ("subscribe", "subscribepattern", "assign") if k in opts]
+    if len(given) != 1:
+        raise _bad(
+            "subscribe/subscribePattern/assign",
+            f"exactly one must be given, got {given or 'none'}",
+        )
+    kind = given[0]
+    raw = opts[kind]
+    if kind == "subscribe":
+        topics = tuple(t.strip() for t in raw.split(",") if t.strip())
+        if not topics:
+            raise _bad("subscribe", "no topic named")
+        return Subscription("subscribe", topics=topics)
+    if kind == "subscribepattern":
+        if not raw.strip():
+            raise _bad("subscribePattern", "empty pattern")
+        try:
+            re.compile(raw)
+        except re.error as exc:
+            raise _bad("subscribePattern", f"not a valid regular expression: {exc}") from None
+        return Subscription("subscribePattern", pattern=raw)
+    assigned: list[tuple[str, int]] = []
+    for topic, parts in _json_object("assign", raw).items():
+        if not isinstance(parts, list) or not parts:
+            raise _bad("assign", f"topic {topic!r} must map to a non-empty list of partitions")
+        for p in parts:
+            if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+                raise _bad("assign", f"partition {p!r} of topic {topic!r} is not an integer >= 0")
+            assigned.append((topic, p))
+    return Subscription("assign", assigned=tuple(sorted(set(assigned))))
+
+
+def _offset_spec(opts: dict[str, str], name: str, default: str, *, ending: bool) -> OffsetSpec:
+    raw = opts.get(name, default).strip()
+    display = "endingOffsets" if ending else "startingOffsets"
+    low = raw.lower()
+    if low == "earliest":
+        if ending:
+            raise _bad(display, "'earliest' is not allowed as an ending offset")
+        return OffsetSpec("earliest")
+    if low == "latest":
+        return OffsetSpec("latest")
+    if not raw.startswith("{"):
+        raise _bad(display, f"must be 'earliest', 'latest' or a JSON object, got {raw!r}")
+    offsets = _partition_map(display, raw)
+    for (topic, part), off in offsets.items():
+        if off < EARLIEST or (ending and off == EARLIEST):
+            allowed = "-1 (latest) or an offset >= 0" if ending else "-2 (earliest), -1 (latest) or >= 0"
+            raise _bad(display, f"{topic}-{part}: {off} is not {allowed}")
+    return OffsetSpec("offsets", offsets=offsets)
+
+
+def _starting(opts: dict[str, str], *, streaming: bool) -> OffsetSpec:
+    given = [
+        k for k in ("startingoffsets", "startingoffsetsbytimestamp", "startingtimestamp") if k in opts
+    ]
+    if len(given) > 1:
+        raise _bad("startingOffsets/startingOffsetsByTimestamp/startingTimestamp", f"give at most one, got {given}")
+    if "startingtimestamp" in opts:
+        ts = _int(opts, "startingtimestamp", None, lo=0, hi=2**63 - 1)
+        return OffsetSpec("timestamp", timestamp=int(ts or 0))
+    if "startingoffsetsbytimestamp" in opts:
+        stamps = _partition_map("startingOffsetsByTimestamp", opts["startingoffsetsbytimestamp"])
+        for (topic, part), ts in stamps.items():
+            if ts < 0:
+                raise _bad("startingOffsetsByTimestamp", f"{topic}-{part}: timestamp {ts} < 0")
+        return OffsetSpec("timestamps", timestamps=stamps)
+    spec = _offset_spec(opts, "startingoffsets", "latest" if streaming else "earliest", ending=False)
+    if not streaming and (spec.kind == "latest" or LATEST in spec.offsets.values()):
+        raise _bad("startingOffsets", "'latest' (-1) is not allowed for batch queries")
+    return spec
+
+
+def parse_read_options(options: dict[str, str], *, streaming: bool) -> ReadOptions:
+    """Validate everything a read needs; raises ``InvalidConfigError`` naming the option."""
+    opts = _normalize(options, READ_OPTIONS)
+    servers = opts.get("bootstrap.servers", "").strip()
+    if not servers:
+        raise _bad("bootstrap.servers", "required (host:port[,host:port...])")
+    for hp in servers.split(","):
+        host, _, port = hp.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise _bad("bootstrap.servers", f"{hp!r} is not host:port")
+    sub = _subscription(opts)
+    starting = _starting(opts, streaming=streaming)
+    ending: OffsetSpec | None = None
+    if "endingoffsets" in opts:
+        if streaming:
+            raise _bad("endingOffsets", "only for batch queries (spark.read), not for streaming queries")
+        ending = _offset_spec(opts, "endingoffsets", "latest", ending=True)
+    elif not streaming:
+        ending = OffsetSpec("latest")
+    strategy = opts.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise _bad("startingOffsetsByTimestampStrategy", f"must be 'error' or 'latest', got {strategy!r}")
+    if "maxoffsetspertrigger" in opts and not streaming:
+        raise _bad("maxOffsetsPerTrigger", "only for streaming queries")
+    if sub.kind == "assign":
+        _check_assigned_covered(sub, starting, ending)
+    fetch = FetchSettings(
+        bootstrap_servers=servers,
+        max_partition_fetch_bytes=_int(
+            opts, "max.partition.fetch.bytes", opts_fetch_default(opts), lo=1024, hi=_MAX_FETCH_BYTES
+        ),
+        fetch_max_wait_ms=_int(opts, "fetch.max.wait.ms", 500, lo=0, hi=_MAX_TIMEOUT_MS),
+        request_timeout_ms=_int(opts, "request.timeout.ms", 30_000, lo=100, hi=_MAX_TIMEOUT_MS),
+        poll_timeout_ms=_int(opts, "kafkaconsumer.polltimeoutms", 120_000, lo=100, hi=_MAX_TIMEOUT_MS),
+        fail_on_data_loss=_bool(opts, "failondataloss", True),
+        include_headers=_bool(opts, "includeheaders", False),
+    )
+    return ReadOptions(
+        subscription=sub,
+        starting=starting,
+        ending=ending,
+        starting_timestamp_strategy=strategy,  # type: ignore[arg-type]
+        max_offsets_per_trigger=_int(opts, "maxoffsetspertrigger", None, lo=1, hi=2**62),
+        min_partitions=_int(opts, "minpartitions", None, lo=1, hi=1_000_000),
+        max_records_per_partition=_int(opts, "maxrecordsperpartition", None, lo=1, hi=2**62),
+        fetch_offset_num_retries=_int(opts, "fetchoffset.numretries", 3, lo=0, hi=100),
+        fetch_offset_retry_interval_ms=_int(opts, "fetchoffset.retryintervalms", 1000, lo=0, hi=_MAX_TIMEOUT_MS),
+        fetch=fetch,
+    )
+
+
+def opts_fetch_default(opts: dict[str, str]) -> int:
+    """max.partition.fetch.bytes defaults to fetch.max.bytes when only that one is given."""
+    value = _int(opts, "fetch.max.bytes", 8 * 1024 * 1024, lo=1024, hi=_MAX_FETCH_BYTES)
+    return int(value or 0)
+
+
+def _check_assigned_covered(sub: Subscription, starting: OffsetSpec, ending: OffsetSpec | None) -> None:
+    """With ``assign``, per-partition offsets may only name assigned partitions."""
+    assigned = set(sub.assigned)
+    for name, spec in (("startingOffsets", starting), ("endingOffsets", ending)):
+        if spec is None:
+            continue
+        named = set(spec.offsets) | set(spec.timestamps)
+        extra = sorted(named - assigned)
+        if extra:
+            raise _bad(name, f"names partitions that are not assigned: {extra}")
+
+
+def parse_write_options(options: dict[str, str]) -> WriteOptions:
+    opts = _normalize(options, WRITE_OPTIONS)
+    servers = opts.get("bootstrap.servers", "").strip()
+    if not servers:
+        raise _bad("bootstrap.servers", "required (host:port[,host:port...])")
+    acks = opts.get("acks", "all").strip().lower()
+    if acks not in ("all", "-1"):
+        raise _bad("acks", f"the brook sink always writes with acks=all, got {acks!r}")
+    if not _bool(opts, "enable.idempotence", True):
+        raise _bad("enable.idempotence", "the brook sink always uses the idempotent producer")
+    compression = opts.get("compression.type", "none").strip().lower()
+    if compression not in ("none", "gzip", "snappy", "lz4", "zstd"):
+        raise _bad("compression.type", f"must be none, gzip, snappy, lz4 or zstd, got {compression!r}")
+    topic = opts.get("topic")
+    if topic is not None and not topic.strip():
+        raise _bad("topic", "empty topic name")
+    return WriteOptions(
+        bootstrap_servers=servers,
+        topic=topic.strip() if topic else None,
+        linger_ms=int(_int(opts, "linger.ms", 5, lo=0, hi=_MAX_TIMEOUT_MS) or 0),
+        batch_size=int(_int(opts, "batch.size", 256 * 1024, lo=1024, hi=_MAX_FETCH_BYTES) or 0),
+        compression_type=compression,
+        request_timeout_ms=int(_int(opts, "request.timeout.ms", 30_000, lo=100, hi=_MAX_TIMEOUT_MS) or 0),
+        delivery_timeout_ms=int(_int(opts, "delivery.timeout.ms", 120_000, lo=100, hi=_MAX_TIMEOUT_MS) or 0),
+    )

@@ -1,0 +1,241 @@
+"""The ``brook`` Spark data source: batch read, stream read, batch and stream write.
+
+Driver side (``reader``/``streamReader`` objects): options are validated, partitions
+discovered, offsets resolved and planned into ranges. Executor side (``read``): each task
+rebuilds its own client from the pickled ``BrookInputPartition`` and fetches its range
+from the partition leader (``fetcher.read_range``), yielding Arrow record batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from proto import errors
+from spark_source.columns import spark_schema
+from spark_source.fetcher import RangeTask, data_loss, read_range
+from spark_source.offsets import OffsetReader
+from spark_source.options import FetchSettings, ReadOptions, parse_read_options
+from spark_source.planning import (
+    TP,
+    OffsetRange,
+    PartitionOffsets,
+    from_json_offsets,
+    plan_ranges,
+    rate_limit,
+    to_json_offsets,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class BrookInputPartition(InputPartition):
+    """One Spark task: a range of one partition plus everything needed to fetch it."""
+
+    def __init__(self, task: RangeTask) -> None:
+        super().__init__(task)
+        self.task = task
+
+    def __repr__(self) -> str:
+        t = self.task
+        return f"BrookInputPartition({t.topic}-{t.partition} [{t.from_offset}, {t.until_offset}))"
+
+
+def _input_partitions(ranges: Sequence[OffsetRange], fetch: FetchSettings) -> list[BrookInputPartition]:
+    return [
+        BrookInputPartition(RangeTask(r.topic, r.partition, r.from_offset, r.until_offset, fetch)) for r in ranges
+    ]
+
+
+def _check_ranges(start: PartitionOffsets, end: PartitionOffsets, options: ReadOptions) -> PartitionOffsets:
+    """Clamp ranges whose end lies before their start (offsets went backwards: data loss)."""
+    fixed = dict(start)
+    for tp, until in end.items():
+        frm = start[tp]
+        if until < frm:
+            data_loss(f"{tp[0]}-{tp[1]}: end offset {until} is before start offset {frm}", options.fetch)
+            fixed[tp] = until
+    return fixed
+
+
+class BrookDataSource(DataSource):
+    """``spark.read/readStream.format("brook")`` and ``df.write/writeStream.format("brook")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "brook"
+
+    def schema(self) -> StructType:
+        include = str(self.options.get("includeheaders", "false")).strip().lower() == "true"
+        return spark_schema(include)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BrookBatchReader(parse_read_options(dict(self.options), streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return BrookStreamReader(parse_read_options(dict(self.options), streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from spark_source.sink import BrookBatchWriter
+
+        return BrookBatchWriter(dict(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from spark_source.sink import BrookStreamWriter
+
+        return BrookStreamWriter(dict(self.options), schema)
+
+
+class BrookBatchReader(DataSourceReader):
+    """``spark.read``: startingOffsets (default earliest) to endingOffsets (default latest = HW)."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        assert self.options.ending is not None
+        reader = OffsetReader(self.options)
+        try:
+            tps = reader.partitions()
+            start = reader.resolve(self.options.starting, tps, what="startingOffsets")
+            end = reader.resolve(self.options.ending, tps, what="endingOffsets")
+        finally:
+            reader.close()
+        start = _check_ranges(start, end, self.options)
+        ranges = plan_ranges(
+            start,
+            end,
+            min_partitions=self.options.min_partitions,
+            max_records_per_partition=self.options.max_records_per_partition,
+        )
+        logger.info("batch read of %d partitions planned as %d tasks", len(tps), len(ranges))
+        return _input_partitions(ranges, self.options.fetch)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, BrookInputPartition), type(partition)
+        yield from read_range(partition.task)
+
+
+class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream``: micro-batches over committed data with admission control.
+
+    Lives in one long-lived Python process on the driver for the whole query, so it keeps
+    a client and what it learnt between calls; the checkpoint holds only offsets.
+    """
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._reader: OffsetReader | None = None
+        self._target: PartitionOffsets | None = None  # Trigger.AvailableNow: HWs at start
+        self._new_starts: PartitionOffsets = {}  # where partitions found after the start begin
+        self._latest_seen: PartitionOffsets = {}
+
+    @property
+    def reader(self) -> OffsetReader:
+        if self._reader is None:
+            self._reader = OffsetReader(self.options)
+        return self._reader
+
+    def initialOffset(self) -> dict:
+        tps = self.reader.partitions()
+        start = self.reader.resolve(self.options.starting, tps, what="startingOffsets")
+        logger.info("new query starts at %s", start)
+        return to_json_offsets(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        tps = self.reader.partitions()
+        self._target = self.reader.latest(tps)
+        logger.info("Trigger.AvailableNow: reading up to the high watermarks %s", self._target)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = from_json_offsets(start)
+        current = self.reader.partitions()
+        if self._target is not None:
+            current &= set(self._target)
+        gone = sorted(set(begin) - current)
+        if gone and self._target is None:
+            data_loss(f"partitions {gone} no longer exist", self.options.fetch)
+        latest = self.reader.latest(current)
+        if self._target is not None:
+            latest = {tp: min(off, self._target[tp]) for tp, off in latest.items()}
+        self._latest_seen = dict(latest)
+        new = sorted(tp for tp in current if tp not in begin)
+        if new:
+            # Partitions that appeared after the query started: read them from their start.
+            fresh = self.reader.earliest(tp for tp in new if tp not in self._new_starts)
+            self._new_starts.update(fresh)
+            logger.info("picked up new partitions %s", new)
+        full_start = {tp: begin[tp] if tp in begin else self._new_starts[tp] for tp in current}
+        full_start = _check_ranges(full_start, latest, self.options)
+        if isinstance(limit, ReadMaxRows):
+            end = rate_limit(full_start, latest, limit.max_rows)
+        else:
+            end = dict(latest)
+        # Partitions that vanished keep their last offset only while they still exist.
+        return to_json_offsets(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        return to_json_offsets(self._latest_seen) if self._latest_seen else None
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        begin = from_json_offsets(start)
+        until = from_json_offsets(end)
+        missing = [tp for tp in until if tp not in begin and tp not in self._new_starts]
+        if missing:  # a restarted query replaying a planned batch: resolve as when planned
+            self._new_starts.update(self.reader.earliest(missing))
+        frm: dict[TP, int] = {tp: begin.get(tp, self._new_starts.get(tp, 0)) for tp in until}
+        frm = _check_ranges(frm, until, self.options)
+        ranges = plan_ranges(
+            frm,
+            until,
+            min_partitions=self.options.min_partitions,
+            max_records_per_partition=self.options.max_records_per_partition,
+        )
+        return _input_partitions(ranges, self.options.fetch)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, BrookInputPartition), type(partition)
+        yield from read_range(partition.task)
+
+    def commit(self, end: dict) -> None:
+        # Offsets live in Spark's checkpoint; nothing is committed to the cluster. Starts
+        # of new partitions at or below the committed end are no longer needed.
+        done = from_json_offsets(end)
+        for tp in [tp for tp in self._new_starts if tp in done]:
+            del self._new_starts[tp]
+
+    def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
+def register(spark) -> None:  # type: ignore[no-untyped-def]
+    """Make ``format("brook")`` available in ``spark``."""
+    spark.dataSource.register(BrookDataSource)
+
+
+__all__ = ["BrookDataSource", "BrookInputPartition", "register", "errors"]
