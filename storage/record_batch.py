@@ -316,6 +316,8 @@ _ENC: list[bytes] = [_encode_varint(v) for v in range(_ENC_TABLE_SIZE)]
 _ENC_NULL = _encode_varint(-1)  # b"\x01": a null key, value or header value
 # One-byte zigzag decode: raw byte (< 0x80) -> signed value.
 _DEC1: list[int] = [(b >> 1) ^ -(b & 1) for b in range(0x80)]
+# Two-byte zigzag decode, indexed by the 14 payload bits (low byte's 7 bits | high byte << 7).
+_DEC2: list[int] = [(z >> 1) ^ -(z & 1) for z in range(1 << 14)]
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -584,12 +586,13 @@ def _decode_records(
     records: list[Record] = []
     append = records.append
     dec1 = _DEC1
+    dec2 = _DEC2
     read_varint = _read_varint
     n = len(data)
     p = 0
     i = 0
     try:
-        while i < count:
+        for i in range(count):  # noqa: B007 - i names the record in error messages
             if p >= n:
                 raise errors.CorruptMessageError(
                     f"batch at position {batch_pos} declares {count} records but holds {i}"
@@ -602,8 +605,7 @@ def _decode_records(
             else:
                 b2 = data[p + 1]
                 if b2 < 0x80:
-                    z = (b & 0x7F) | (b2 << 7)
-                    length = (z >> 1) ^ -(z & 1)
+                    length = dec2[(b & 0x7F) | (b2 << 7)]
                     p += 2
                 else:
                     length, p = read_varint(data, p)
@@ -620,7 +622,12 @@ def _decode_records(
                 ts_delta = dec1[b]
                 p += 1
             else:
-                ts_delta, p = read_varint(data, p)
+                b2 = data[p + 1]
+                if b2 < 0x80:
+                    ts_delta = dec2[(b & 0x7F) | (b2 << 7)]
+                    p += 2
+                else:
+                    ts_delta, p = read_varint(data, p)
             # offset delta
             b = data[p]
             if b < 0x80:
@@ -629,8 +636,7 @@ def _decode_records(
             else:
                 b2 = data[p + 1]
                 if b2 < 0x80:
-                    z = (b & 0x7F) | (b2 << 7)
-                    offset_delta = (z >> 1) ^ -(z & 1)
+                    offset_delta = dec2[(b & 0x7F) | (b2 << 7)]
                     p += 2
                 else:
                     offset_delta, p = read_varint(data, p)
@@ -656,8 +662,7 @@ def _decode_records(
             else:
                 b2 = data[p + 1]
                 if b2 < 0x80:
-                    z = (b & 0x7F) | (b2 << 7)
-                    vl = (z >> 1) ^ -(z & 1)
+                    vl = dec2[(b & 0x7F) | (b2 << 7)]
                     p += 2
                 else:
                     vl, p = read_varint(data, p)
@@ -687,7 +692,6 @@ def _decode_records(
                     headers,
                 )
             )
-            i += 1
     except IndexError:
         raise errors.InvalidRecordError(
             f"record {i} of batch at position {batch_pos} is truncated (ends past its length)"
