@@ -1,0 +1,384 @@
+"""Prometheus metrics of a Brook node.
+
+Pull model: the roles keep plain counters and expose ``stats()`` snapshots (see
+CONTRACTS.md "Stats for metrics"); the collectors here read them at scrape time and turn
+them into metric families, so nothing outside this module imports prometheus_client.
+The one push-style family is per-RPC request counts and latency, recorded by a gRPC
+server interceptor that wraps every handler of every gRPC server in the process.
+
+Names follow Prometheus conventions: ``brook_`` prefix, ``_total`` for counters,
+base units ``_seconds`` and ``_bytes``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import start_http_server
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+# Latency buckets for RPCs: sub-millisecond in-memory calls up to long-poll fetches.
+RPC_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                         10.0, 30.0)
+
+
+# ----------------------------------------------------------------------------- RPC interceptor
+
+
+class RpcMetrics:
+    """Per-RPC counters and latency histograms, registered on one registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter("brook_rpc_requests", "gRPC requests handled, by method and status code.",
+                                ["service", "method", "code"], registry=registry)
+        self.latency = Histogram("brook_rpc_request_duration_seconds",
+                                 "Time from request arrival to the last response message, by method.",
+                                 ["service", "method"], buckets=RPC_LATENCY_BUCKETS_S, registry=registry)
+        self.in_flight = Gauge("brook_rpc_in_flight_requests", "gRPC requests being handled now.",
+                               ["service", "method"], registry=registry)
+
+    def record(self, service: str, method: str, code: str, elapsed_s: float) -> None:
+        self.requests.labels(service, method, code).inc()
+        self.latency.labels(service, method).observe(elapsed_s)
+
+
+def _split_method(full: str) -> tuple[str, str]:
+    # "/brook.BrokerService/Produce" -> ("brook.BrokerService", "Produce")
+    _, _, rest = full.partition("/")
+    service, _, method = rest.partition("/")
+    return service or "unknown", method or "unknown"
+
+
+def _code_of(context: grpc.ServicerContext, error: BaseException | None) -> str:
+    code = context.code() if hasattr(context, "code") else None
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if error is not None:
+        return grpc.StatusCode.UNKNOWN.name
+    return grpc.StatusCode.OK.name
+
+
+class MetricsInterceptor(grpc.ServerInterceptor):
+    """Wraps each handler to count requests by status code and time them.
+
+    Unary responses are timed to the return; streamed responses to the last message, so a
+    long-lived stream (WatchMetadata) records its whole life once, when it ends.
+    """
+
+    def __init__(self, metrics: RpcMetrics) -> None:
+        self._metrics = metrics
+
+    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        service, method = _split_method(handler_call_details.method)
+        m = self._metrics
+        if handler.response_streaming:
+            inner = handler.unary_stream or handler.stream_stream
+
+            def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                started = time.perf_counter()
+                gauge = m.in_flight.labels(service, method)
+                gauge.inc()
+                error: BaseException | None = None
+                try:
+                    yield from inner(request, context)
+                except BaseException as e:  # re-raised; only observed for the status label
+                    error = e
+                    raise
+                finally:
+                    gauge.dec()
+                    m.record(service, method, _code_of(context, error), time.perf_counter() - started)
+
+            wrapped = streaming
+        else:
+            inner = handler.unary_unary or handler.stream_unary
+
+            def unary(request: Any, context: grpc.ServicerContext) -> Any:
+                started = time.perf_counter()
+                gauge = m.in_flight.labels(service, method)
+                gauge.inc()
+                error: BaseException | None = None
+                try:
+                    return inner(request, context)
+                except BaseException as e:  # re-raised; only observed for the status label
+                    error = e
+                    raise
+                finally:
+                    gauge.dec()
+                    m.record(service, method, _code_of(context, error), time.perf_counter() - started)
+
+            wrapped = unary
+        return _replace_behaviour(handler, wrapped)
+
+
+def _replace_behaviour(handler: Any, behaviour: Callable[..., Any]) -> Any:
+    kinds = (handler.request_streaming, handler.response_streaming)
+    make = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[kinds]
+    return make(behaviour, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+
+# ----------------------------------------------------------------------------- stats collectors
+
+
+def _get(obj: Any, name: str, default: Any = 0) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def _num(value: Any) -> float:
+    if isinstance(value, list | tuple | set | frozenset | dict):
+        return float(len(value))
+    if value is None:
+        return 0.0
+    return float(value)
+
+
+class _SafeCollector(Collector):
+    """A collector that never fails a scrape: a role's stats() error drops its families only."""
+
+    name = "stats"
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            return list(self._collect())
+        except Exception:  # a broken stats() must not take the whole /metrics page down
+            log.exception("metrics: collecting %s stats failed", self.name)
+            return []
+
+    def _collect(self) -> Iterable[Metric]:
+        raise NotImplementedError
+
+
+class BrokerCollector(_SafeCollector):
+    """Partition-level and per-topic families from ``ReplicaManager.stats()``."""
+
+    name = "broker"
+
+    def __init__(self, replica_manager: Callable[[], Any], log_dirs: Sequence[Path] = ()) -> None:
+        self._replica_manager = replica_manager
+        self._log_dirs = list(log_dirs)
+
+    def _collect(self) -> Iterable[Metric]:
+        rm = self._replica_manager()
+        parts: list[Any] = list(rm.stats()) if rm is not None else []
+        by_topic: dict[str, dict[str, float]] = {}
+        size = GaugeMetricFamily("brook_log_size_bytes", "Bytes on disk of a partition's log.",
+                                 labels=["topic", "partition"])
+        leo = GaugeMetricFamily("brook_log_end_offset", "Log end offset of a partition replica.",
+                                labels=["topic", "partition"])
+        lso = GaugeMetricFamily("brook_log_start_offset", "Log start offset of a partition replica.",
+                                labels=["topic", "partition"])
+        hw = GaugeMetricFamily("brook_partition_high_watermark", "High watermark of a partition replica.",
+                               labels=["topic", "partition"])
+        isr = GaugeMetricFamily("brook_partition_isr_size", "ISR size of a partition this broker leads.",
+                                labels=["topic", "partition"])
+        leaders = under = under_min = shrinks = expands = 0.0
+        for p in parts:
+            topic, partition = str(_get(p, "topic", "")), str(_get(p, "partition", 0))
+            size.add_metric([topic, partition], _num(_get(p, "size_bytes")))
+            leo.add_metric([topic, partition], _num(_get(p, "leo")))
+            lso.add_metric([topic, partition], _num(_get(p, "log_start")))
+            hw.add_metric([topic, partition], _num(_get(p, "hw")))
+            t = by_topic.setdefault(topic, {"msgs": 0.0, "in": 0.0, "out": 0.0})
+            t["msgs"] += _num(_get(p, "messages_in_total"))
+            t["in"] += _num(_get(p, "bytes_in_total"))
+            t["out"] += _num(_get(p, "bytes_out_total"))
+            shrinks += _num(_get(p, "isr_shrinks_total"))
+            expands += _num(_get(p, "isr_expands_total"))
+            if _get(p, "is_leader", False):
+                leaders += 1
+                isr.add_metric([topic, partition], _num(_get(p, "isr", ())))
+                under += 1 if _get(p, "under_replicated", False) else 0
+                under_min += 1 if _get(p, "under_min_isr", False) else 0
+        msgs = CounterMetricFamily("brook_topic_messages_in", "Records appended to partitions this broker leads.",
+                                   labels=["topic"])
+        bin_ = CounterMetricFamily("brook_topic_bytes_in", "Record batch bytes appended as leader.",
+                                   labels=["topic"])
+        bout = CounterMetricFamily("brook_topic_bytes_out", "Record batch bytes served to consumers and followers.",
+                                   labels=["topic"])
+        for topic, t in sorted(by_topic.items()):
+            msgs.add_metric([topic], t["msgs"])
+            bin_.add_metric([topic], t["in"])
+            bout.add_metric([topic], t["out"])
+        yield from (msgs, bin_, bout, size, leo, lso, hw, isr)
+        yield GaugeMetricFamily("brook_partitions", "Partition replicas hosted by this broker.", value=len(parts))
+        yield GaugeMetricFamily("brook_leader_partitions", "Partitions this broker leads.", value=leaders)
+        yield GaugeMetricFamily("brook_under_replicated_partitions",
+                                "Led partitions whose ISR is smaller than the replica set.", value=under)
+        yield GaugeMetricFamily("brook_under_min_isr_partitions",
+                                "Led partitions whose ISR is below min.insync.replicas.", value=under_min)
+        yield CounterMetricFamily("brook_isr_shrinks", "Replicas removed from ISRs of led partitions.",
+                                  value=shrinks)
+        yield CounterMetricFamily("brook_isr_expands", "Replicas added back to ISRs of led partitions.",
+                                  value=expands)
+        yield from self._disk()
+
+    def _disk(self) -> Iterable[Metric]:
+        free = GaugeMetricFamily("brook_log_dir_free_bytes", "Free bytes on a log directory's filesystem.",
+                                 labels=["dir"])
+        total = GaugeMetricFamily("brook_log_dir_capacity_bytes", "Size of a log directory's filesystem.",
+                                  labels=["dir"])
+        for d in self._log_dirs:
+            try:
+                usage = shutil.disk_usage(d)
+            except OSError:
+                continue  # a missing or failed dir shows as an absent series, which alerts via absent()
+            free.add_metric([str(d)], usage.free)
+            total.add_metric([str(d)], usage.total)
+        yield free
+        yield total
+
+
+class ControllerCollector(_SafeCollector):
+    """Quorum and cluster families from ``ControllerNode.stats()``."""
+
+    name = "controller"
+
+    def __init__(self, controller: Callable[[], Any]) -> None:
+        self._controller = controller
+
+    def _collect(self) -> Iterable[Metric]:
+        node = self._controller()
+        if node is None:
+            return
+        s = node.stats()
+        gauges = [
+            ("brook_controller_active", "1 when this node is the active controller (Raft leader).", "is_active"),
+            ("brook_raft_leader_id", "Node id of the Raft leader this controller knows (-1 none).", "leader_id"),
+            ("brook_raft_term", "Current Raft term.", "term"),
+            ("brook_raft_commit_index", "Raft commit index.", "commit_index"),
+            ("brook_raft_last_applied", "Last Raft log index applied to the metadata state.", "last_applied"),
+            ("brook_metadata_version", "Version of the metadata state (bumped per applied command).",
+             "metadata_version"),
+            ("brook_fenced_brokers", "Registered brokers that are fenced.", "fenced_brokers"),
+            ("brook_offline_partitions", "Partitions without a leader.", "offline_partitions"),
+            ("brook_cluster_brokers", "Registered brokers.", "brokers"),
+            ("brook_cluster_topics", "Topics in the cluster.", "topics"),
+            ("brook_cluster_partitions", "Partitions in the cluster.", "partitions"),
+        ]
+        for name, doc, attr in gauges:
+            default = -1 if attr == "leader_id" else 0
+            yield GaugeMetricFamily(name, doc, value=_num(_get(s, attr, default)))
+
+
+class GroupCollector(_SafeCollector):
+    """Consumer group families from ``GroupCoordinator.stats()``.
+
+    Accepts ``groups_by_state`` (mapping state -> count) and ``offsets`` (iterable of records
+    with group, topic, partition, committed_offset, lag); the names tolerate the usual variants.
+    """
+
+    name = "groups"
+
+    def __init__(self, coordinator: Callable[[], Any]) -> None:
+        self._coordinator = coordinator
+
+    def _collect(self) -> Iterable[Metric]:
+        coord = self._coordinator()
+        if coord is None:
+            return
+        s = coord.stats()
+        states = GaugeMetricFamily("brook_consumer_groups", "Consumer groups this broker coordinates, by state.",
+                                   labels=["state"])
+        by_state = _get(s, "groups_by_state", None) or _get(s, "groups", {}) or {}
+        if isinstance(by_state, dict):
+            for state, count in sorted(by_state.items()):
+                states.add_metric([str(state)], _num(count))
+        yield states
+        committed = GaugeMetricFamily("brook_consumer_group_committed_offset",
+                                      "Committed offset of a group on a partition.",
+                                      labels=["group", "topic", "partition"])
+        lag = GaugeMetricFamily("brook_consumer_group_lag", "High watermark minus committed offset (records).",
+                                labels=["group", "topic", "partition"])
+        rows = _get(s, "offsets", None) or _get(s, "partitions", None) or []
+        for row in rows:
+            labels = [str(_get(row, "group", "")), str(_get(row, "topic", "")), str(_get(row, "partition", 0))]
+            committed.add_metric(labels, _num(_get(row, "committed_offset", _get(row, "offset", 0))))
+            lag.add_metric(labels, _num(_get(row, "lag", 0)))
+        yield committed
+        yield lag
+
+
+class NodeInfoCollector(Collector):
+    def __init__(self, node_id: int, roles: Sequence[str], cluster_id: str) -> None:
+        self._labels = [str(node_id), ",".join(roles), cluster_id]
+
+    def collect(self) -> Iterable[Metric]:
+        info = GaugeMetricFamily("brook_node_info", "Constant 1, labelled with this node's identity.",
+                                 labels=["node_id", "roles", "cluster_id"])
+        info.add_metric(self._labels, 1)
+        yield info
+
+
+# ----------------------------------------------------------------------------- the node's metrics
+
+
+@dataclass
+class NodeMetrics:
+    """The registry of one node, its RPC interceptor, and the /metrics HTTP server."""
+
+    registry: CollectorRegistry
+    rpc: RpcMetrics
+    interceptor: MetricsInterceptor
+    _httpd: Any = None
+    _thread: threading.Thread | None = None
+
+    @classmethod
+    def create(cls, node_id: int, roles: Sequence[str], cluster_id: str) -> NodeMetrics:
+        registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+        registry.register(NodeInfoCollector(node_id, roles, cluster_id))
+        rpc = RpcMetrics(registry)
+        return cls(registry=registry, rpc=rpc, interceptor=MetricsInterceptor(rpc))
+
+    def add(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve /metrics on host:port (0 picks a free port); returns the bound port."""
+        self._httpd, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        bound = int(self._httpd.server_address[1])
+        log.info("metrics: serving /metrics on http://%s:%d/metrics", host, bound)
+        return bound
+
+    def close(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+def stats_as_dict(stats: Any) -> dict[str, Any]:
+    """A dataclass stats snapshot as a plain dict (for logging and tests)."""
+    if is_dataclass(stats) and not isinstance(stats, type):
+        return {f.name: getattr(stats, f.name) for f in fields(stats)}
+    return dict(stats) if isinstance(stats, dict) else {}

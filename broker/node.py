@@ -1,0 +1,376 @@
+"""``brook-server``: one Brook node process (controller, broker, or both).
+
+    brook-server --config node.toml [--override key=value ...] [--log-level DEBUG]
+
+Starts the roles named by ``process.roles`` (the controller first, so a combined node's
+broker can register with it), the Prometheus ``/metrics`` server, and on every gRPC
+server of the process the standard health service (SERVING once its role is up) and
+server reflection (so ``grpcurl`` works). Every gRPC server also gets the metrics
+interceptor (per-RPC counts and latency).
+
+Shutdown: the first SIGTERM or SIGINT is a controlled shutdown — health goes
+NOT_SERVING, the broker moves its leaderships away, finishes in-flight requests, flushes
+its logs and writes its checkpoints (``BrokerServer.stop(controlled=True)``), then the
+controller stops. A second SIGTERM/SIGINT exits at once; storage is crash-safe, so that
+loses nothing acknowledged.
+
+Exit codes: 0 clean stop, 1 failure while running or starting, 2 invalid config or
+usage, 3 forced exit on a second signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from broker.config import ConfigError, NodeConfig, load_config
+from broker.metrics import BrokerCollector, ControllerCollector, GroupCollector, NodeMetrics
+
+log = logging.getLogger("brook.node")
+
+LOG_FORMAT = "%(asctime)s %(levelname)-5s [%(threadName)s] %(name)s: %(message)s"
+EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_FORCED = 0, 1, 2, 3
+# Bound on the whole controlled shutdown beyond the configured leadership-move timeout:
+# a stop that hangs must not keep the process alive forever.
+SHUTDOWN_MARGIN_S = 30.0
+PARENT_PID_ENV = "BROOK_LOCAL_PARENT_PID"  # set by deploy.local.cluster for nodes it owns
+
+
+# ----------------------------------------------------------------------------- gRPC servers
+
+
+@dataclass
+class ServerHooks:
+    """Health and reflection attached to one gRPC server created by a role."""
+
+    role: str
+    server: grpc.Server
+    health: health.HealthServicer
+    service_names: list[str] = field(default_factory=list)
+    reflection_on: bool = False
+
+    def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ["", *self.service_names]:
+            self.health.set(name, status)
+
+    def enable_reflection(self) -> None:
+        if self.reflection_on:
+            return
+        names = [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+        # Adding a handler after start is fine in grpcio: handlers are looked up per call.
+        reflection.enable_server_reflection(names, self.server)
+        self.reflection_on = True
+
+
+class GrpcInstrumentation:
+    """Gives every gRPC server the roles create in this process the metrics interceptor and a
+    health service, and records which services each registers (for reflection).
+
+    The roles build their own servers with ``grpc.server(...)``; interceptors can only be set
+    at construction, so for the life of the node process ``grpc.server`` is wrapped. That keeps
+    the roles free of any metrics or health code (CONTRACTS.md: "no change in other code").
+    """
+
+    def __init__(self, interceptor: grpc.ServerInterceptor) -> None:
+        self._interceptor = interceptor
+        self._original: Callable[..., grpc.Server] | None = None
+        self._role = "node"
+        self._lock = threading.Lock()
+        self.servers: list[ServerHooks] = []
+
+    @contextlib.contextmanager
+    def role(self, name: str) -> Iterator[None]:
+        """Servers created inside this block belong to role ``name``."""
+        with self._lock:
+            previous, self._role = self._role, name
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._role = previous
+
+    def install(self) -> None:
+        if self._original is not None:
+            return
+        self._original = grpc.server
+        grpc.server = self._make_server  # type: ignore[assignment]
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            grpc.server = self._original  # type: ignore[assignment]
+            self._original = None
+
+    def _make_server(self, *args: Any, **kwargs: Any) -> grpc.Server:
+        assert self._original is not None
+        interceptors = list(kwargs.pop("interceptors", None) or ())
+        server = self._original(*args, interceptors=[self._interceptor, *interceptors], **kwargs)
+        hooks = ServerHooks(role=self._role, server=server, health=health.HealthServicer())
+        health_pb2_grpc.add_HealthServicer_to_server(hooks.health, server)
+        hooks.set_serving(False)
+        self._record_services(server, hooks)
+        with self._lock:
+            self.servers.append(hooks)
+        return server
+
+    @staticmethod
+    def _record_services(server: grpc.Server, hooks: ServerHooks) -> None:
+        add_generic = server.add_generic_rpc_handlers
+        add_registered = getattr(server, "add_registered_method_handlers", None)
+
+        def generic(handlers: Sequence[Any]) -> None:
+            for h in handlers:
+                name_of = getattr(h, "service_name", None)
+                name = name_of() if callable(name_of) else None
+                if name and name not in hooks.service_names and name != health.SERVICE_NAME:
+                    hooks.service_names.append(name)
+            add_generic(handlers)
+
+        server.add_generic_rpc_handlers = generic  # type: ignore[method-assign]
+        if add_registered is not None:
+            def registered(service_name: str, method_handlers: Any) -> None:
+                if service_name not in hooks.service_names and service_name != health.SERVICE_NAME:
+                    hooks.service_names.append(service_name)
+                add_registered(service_name, method_handlers)
+
+            server.add_registered_method_handlers = registered  # type: ignore[method-assign]
+
+    def role_up(self, role: str) -> None:
+        for hooks in self._of(role):
+            hooks.enable_reflection()
+            hooks.set_serving(True)
+            log.info("%s: gRPC health SERVING for %s", role, ", ".join(hooks.service_names) or "(no services)")
+
+    def role_down(self, role: str) -> None:
+        for hooks in self._of(role):
+            hooks.set_serving(False)
+
+    def all_down(self) -> None:
+        for hooks in list(self.servers):
+            hooks.health.enter_graceful_shutdown()
+
+    def _of(self, role: str) -> list[ServerHooks]:
+        with self._lock:
+            return [h for h in self.servers if h.role == role]
+
+
+# ----------------------------------------------------------------------------- the node
+
+
+def _broker_extensions() -> list[Callable[[Any], object]]:
+    """Plugins the broker runs at start (GROUPS' coordinator), when their module is present."""
+    try:
+        from broker import group_coordinator
+    except ImportError:
+        log.warning("broker.group_coordinator is not available: consumer groups are disabled")
+        return []
+    install = getattr(group_coordinator, "install", None)
+    if install is None:
+        log.warning("broker.group_coordinator has no install(broker) entry point: consumer groups are disabled")
+        return []
+    return [install]
+
+
+class Node:
+    """The roles of one node plus metrics; ``start`` then ``stop`` (once)."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.metrics = NodeMetrics.create(config.node_id, config.roles, config.cluster_id)
+        self.grpc = GrpcInstrumentation(self.metrics.interceptor)
+        self.controller: Any = None
+        self.broker: Any = None
+        self.group_coordinator: Any = None
+        self.metrics_port: int | None = None
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        cfg = self.config
+        self.grpc.install()
+        if cfg.is_controller:
+            cfg.metadata_log_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+            from metadata_quorum.node import ControllerNode
+
+            with self.grpc.role("controller"):
+                self.controller = ControllerNode(cfg.controller_settings())
+                self.controller.start()
+            self.metrics.add(ControllerCollector(lambda: self.controller))
+            self.grpc.role_up("controller")
+            log.info("controller %d started (voters %s)", cfg.node_id, sorted(cfg.voters))
+        if cfg.is_broker:
+            for d in cfg.log_dirs:
+                d.mkdir(parents=True, exist_ok=True)
+            from broker.server import BrokerServer
+
+            extensions = [*_broker_extensions(), self._remember_coordinator]
+            with self.grpc.role("broker"):
+                self.broker = _make_broker(BrokerServer, cfg.broker_settings(), extensions)
+                self.broker.start()
+            self.metrics.add(BrokerCollector(lambda: getattr(self.broker, "replica_manager", None), cfg.log_dirs))
+            self.metrics.add(GroupCollector(lambda: self.group_coordinator))
+            self.grpc.role_up("broker")
+            log.info("broker %d started on %s", cfg.node_id, cfg.listeners["BROKER"])
+        addr = cfg.metrics_address
+        if addr is not None:
+            self.metrics_port = self.metrics.serve(*addr)
+        log.info("node %d up: roles %s, cluster %s", cfg.node_id, ",".join(cfg.roles), cfg.cluster_id)
+
+    def _remember_coordinator(self, broker: Any) -> object:
+        """Broker extension run last: finds the group coordinator the GROUPS extension attached."""
+        self.group_coordinator = getattr(broker, "group_coordinator", None)
+        return self.group_coordinator
+
+    def stop(self, controlled: bool = True) -> None:
+        """Broker first (its controlled shutdown needs the quorum), then the controller."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.grpc.role_down("broker")
+        if self.broker is not None:
+            log.info("broker %d: %s shutdown", self.config.node_id, "controlled" if controlled else "immediate")
+            _stop_quietly("broker", lambda: self.broker.stop(controlled=controlled))
+        self.grpc.role_down("controller")
+        if self.controller is not None:
+            log.info("controller %d: stopping", self.config.node_id)
+            _stop_quietly("controller", self.controller.stop)
+        self.grpc.all_down()
+        self.metrics.close()
+        self.grpc.uninstall()
+        log.info("node %d stopped", self.config.node_id)
+
+
+def _make_broker(cls: Any, settings: Any, extensions: list[Callable[[Any], object]]) -> Any:
+    try:
+        return cls(settings, extensions=extensions)
+    except TypeError:
+        # A BrokerServer without the extensions hook (CONTRACTS.md has it): run without groups.
+        log.warning("BrokerServer takes no extensions: consumer groups are disabled")
+        return cls(settings)
+
+
+def _stop_quietly(what: str, fn: Callable[[], object]) -> None:
+    try:
+        fn()
+    except Exception:  # shutdown goes on: the next role still needs stopping
+        log.exception("%s: error while stopping", what)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="brook-server",
+        description="Run one Brook node (controller, broker or both, per process.roles).",
+        epilog="Environment: BROOK_<KEY> overrides a key (log.dirs -> BROOK_LOG_DIRS). Precedence: "
+               "file < environment < --override. Example: brook-server --config node.toml "
+               "--override log.retention.hours=24",
+    )
+    p.add_argument("--config", "-c", required=True, help="node TOML file")
+    p.add_argument("--override", "-o", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config key (repeatable)")
+    p.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="log level on stderr (default: logging.level from the config, INFO)")
+    p.add_argument("--check", action="store_true", help="validate the config and exit")
+    return p.parse_args(argv)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level), format=LOG_FORMAT, force=True)
+    logging.Formatter.converter = time.gmtime  # UTC timestamps: nodes on several hosts line up
+    # grpc's and pysyncobj's own loggers are chatty at DEBUG; keep them at WARNING unless asked.
+    if level != "DEBUG":
+        for noisy in ("grpc", "pysyncobj"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class _Signals:
+    """First SIGTERM/SIGINT asks for a controlled stop; the second exits at once."""
+
+    def __init__(self) -> None:
+        self.stop_requested = threading.Event()
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.stop_requested.is_set():
+            log.warning("%s again: exiting now without waiting for the controlled shutdown", name)
+            logging.shutdown()
+            os._exit(EXIT_FORCED)
+        log.info("%s: controlled shutdown (send again to exit at once)", name)
+        self.stop_requested.set()
+
+
+def _watch_parent(signals: _Signals) -> None:
+    """Local clusters (deploy/local) pass their pid: stop when that process is gone, so a
+    crashed test run leaves no orphan nodes behind."""
+    raw = os.environ.get(PARENT_PID_ENV, "")
+    if not raw.isdigit():
+        return
+    parent = int(raw)
+
+    def watch() -> None:
+        while not signals.stop_requested.wait(1.0):
+            if os.getppid() != parent:
+                log.warning("parent process %d is gone: controlled shutdown", parent)
+                signals.stop_requested.set()
+                return
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = load_config(args.config, args.override)
+    except ConfigError as e:
+        print(f"brook-server: invalid config: {e.message}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.check:
+        print(f"brook-server: {args.config} is valid (node {config.node_id}, roles {','.join(config.roles)})")
+        return EXIT_OK
+    setup_logging(args.log_level or config["logging.level"])
+    threading.current_thread().name = f"node-{config.node_id}"
+    signals = _Signals()
+    signals.install()
+    _watch_parent(signals)
+    node = Node(config)
+    try:
+        node.start()
+    except Exception as e:
+        log.exception("node %d failed to start: %s", config.node_id, e)
+        node.stop(controlled=False)
+        return EXIT_FAILURE
+    # Signal handlers run on the main thread between waits; poll so they are never delayed.
+    while not signals.stop_requested.wait(0.5):
+        pass
+    timeout_s = config["controlled.shutdown.timeout.ms"] / 1000 + SHUTDOWN_MARGIN_S
+    stopper = threading.Thread(target=node.stop, name="shutdown", daemon=True)
+    stopper.start()
+    stopper.join(timeout_s)
+    if stopper.is_alive():
+        log.error("shutdown did not finish within %.0f s: exiting anyway", timeout_s)
+        logging.shutdown()
+        os._exit(EXIT_FAILURE)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,544 @@
+"""LocalCluster: a real multi-process Brook cluster on 127.0.0.1, for tests, demos and dev.
+
+Every node is a real ``brook-server`` subprocess with its own config, data and log
+under ``base_dir/node-<id>/``. Ports are chosen free at first start and kept (in
+``base_dir/cluster.json``) so a restarted node comes back on the same addresses.
+
+Modes:
+- ``combined``: ``nodes`` nodes, ids 1..N, each ``controller,broker``;
+- ``split``: ``nodes`` brokers (ids 1..N) plus ``controllers`` (default 3, or 1 for a
+  single broker) controller-only nodes with ids 1001, 1002, ...
+
+Broker ids are 1..N in both modes, so ``kill_node(2)`` means "broker 2" everywhere.
+
+    with LocalCluster(tmp_path, nodes=3) as cluster:   # start + wait_ready
+        cluster.bootstrap_servers                      # "127.0.0.1:p1,127.0.0.1:p2,..."
+        cluster.kill_node(2)                           # SIGKILL
+        cluster.restart_node(2)
+
+Processes are started in their own session (a Ctrl-C in the caller's terminal does not
+reach them). Unless ``detach=True`` (the background launcher), each node is told its
+parent's pid (``BROOK_LOCAL_PARENT_PID``) and shuts itself down when that process is
+gone: no orphans after a crashed test run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from proto import controller_pb2, controller_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "cluster.json"
+PARENT_PID_ENV = "BROOK_LOCAL_PARENT_PID"  # read by broker/node.py
+CONTROLLER_ID_BASE = 1000
+DEFAULT_CONTROLLERS = 3
+STOP_TIMEOUT_S = 60.0
+POLL_INTERVAL_S = 0.2
+RPC_TIMEOUT_S = 2.0
+# Dev-friendly defaults a local cluster starts with (callers' overrides win): quick
+# first rebalance, a small offsets topic, fast failure detection.
+LOCAL_DEFAULTS = {
+    "controller.quorum.password.required": "false",
+    "group.initial.rebalance.delay.ms": "0",
+    "offsets.topic.num.partitions": "4",
+    "broker.session.timeout.ms": "6000",
+    "broker.heartbeat.interval.ms": "500",
+    "replica.lag.time.max.ms": "10000",
+    "log.retention.check.interval.ms": "5000",
+    "controlled.shutdown.timeout.ms": "15000",
+}
+
+
+class ClusterError(RuntimeError):
+    """A local cluster could not be started, found, or brought to the asked state."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class NodeSpec:
+    """What a node is and where it listens; persisted in cluster.json."""
+
+    node_id: int
+    roles: list[str]
+    broker_port: int | None
+    controller_port: int | None
+    raft_port: int | None
+    metrics_port: int
+
+    @property
+    def is_broker(self) -> bool:
+        return "broker" in self.roles
+
+    @property
+    def is_controller(self) -> bool:
+        return "controller" in self.roles
+
+
+@dataclass
+class ClusterState:
+    mode: str
+    cluster_id: str
+    nodes: list[NodeSpec]
+    overrides: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> ClusterState:
+        data = json.loads(path.read_text())
+        return cls(mode=data["mode"], cluster_id=data["cluster_id"], overrides=data.get("overrides", {}),
+                   nodes=[NodeSpec(**n) for n in data["nodes"]])
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, path)
+
+
+def _pid_is_brook_server(pid: int) -> bool:
+    """True if ``pid`` runs brook-server (guards against pid reuse in pid files)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state != "Z" and b"broker.node" in cmdline
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        base_dir: str | Path,
+        nodes: int = 3,
+        mode: str = "combined",
+        overrides: Mapping[str, str] | None = None,
+        *,
+        controllers: int | None = None,
+        cluster_id: str = "brook-local",
+        detach: bool = False,
+        python: str | None = None,
+    ) -> None:
+        if mode not in ("combined", "split"):
+            raise ValueError(f"mode must be combined or split, not {mode!r}")
+        if nodes < 1:
+            raise ValueError("nodes must be at least 1")
+        self.base_dir = Path(base_dir).resolve()
+        self.mode = mode
+        self.detach = detach
+        self.python = python or sys.executable
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._paused: set[int] = set()
+        state_path = self.base_dir / STATE_FILE
+        if state_path.exists():
+            # An existing cluster directory: same ids and ports (so data and quorum stay valid).
+            self.state = ClusterState.load(state_path)
+            if overrides:
+                self.state.overrides.update({k: str(v) for k, v in overrides.items()})
+            self.mode = self.state.mode
+        else:
+            n_ctl = controllers if controllers is not None else (1 if nodes == 1 else DEFAULT_CONTROLLERS)
+            self.state = ClusterState(mode=mode, cluster_id=cluster_id,
+                                      overrides={k: str(v) for k, v in (overrides or {}).items()},
+                                      nodes=self._plan(nodes, mode, n_ctl))
+
+    @classmethod
+    def open(cls, base_dir: str | Path, **kwargs: Any) -> LocalCluster:
+        """An existing cluster directory (made by start()); raises ClusterError if there is none."""
+        if not (Path(base_dir) / STATE_FILE).exists():
+            raise ClusterError(f"no local cluster in {base_dir} (no {STATE_FILE}); start one first")
+        return cls(base_dir, **kwargs)
+
+    # ------------------------------------------------------------------ layout
+
+    @staticmethod
+    def _plan(nodes: int, mode: str, controllers: int) -> list[NodeSpec]:
+        specs: list[NodeSpec] = []
+        if mode == "combined":
+            for i in range(1, nodes + 1):
+                specs.append(NodeSpec(i, ["controller", "broker"], free_port(), free_port(), free_port(),
+                                      free_port()))
+            return specs
+        for i in range(1, controllers + 1):
+            specs.append(NodeSpec(CONTROLLER_ID_BASE + i, ["controller"], None, free_port(), free_port(),
+                                  free_port()))
+        for i in range(1, nodes + 1):
+            specs.append(NodeSpec(i, ["broker"], free_port(), None, None, free_port()))
+        return specs
+
+    @property
+    def node_ids(self) -> list[int]:
+        return [n.node_id for n in self.state.nodes]
+
+    @property
+    def broker_ids(self) -> list[int]:
+        return [n.node_id for n in self.state.nodes if n.is_broker]
+
+    @property
+    def controller_ids(self) -> list[int]:
+        return [n.node_id for n in self.state.nodes if n.is_controller]
+
+    def spec(self, node_id: int) -> NodeSpec:
+        for n in self.state.nodes:
+            if n.node_id == node_id:
+                return n
+        raise ClusterError(f"no node {node_id} in this cluster (nodes: {self.node_ids})")
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"127.0.0.1:{n.broker_port}" for n in self.state.nodes if n.is_broker)
+
+    @property
+    def controller_endpoints(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", int(n.controller_port)) for n in self.state.nodes if n.is_controller]
+
+    def broker_address(self, node_id: int) -> str:
+        return f"127.0.0.1:{self.spec(node_id).broker_port}"
+
+    def metrics_url(self, node_id: int) -> str:
+        return f"http://127.0.0.1:{self.spec(node_id).metrics_port}/metrics"
+
+    def node_dir(self, node_id: int) -> Path:
+        return self.base_dir / f"node-{node_id}"
+
+    def node_log(self, node_id: int) -> Path:
+        return self.node_dir(node_id) / "server.log"
+
+    def config_path(self, node_id: int) -> Path:
+        return self.node_dir(node_id) / "node.toml"
+
+    def pid_path(self, node_id: int) -> Path:
+        return self.node_dir(node_id) / "server.pid"
+
+    def _voters(self) -> str:
+        return ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}:{n.raft_port}"
+                        for n in self.state.nodes if n.is_controller)
+
+    def _write_config(self, n: NodeSpec) -> Path:
+        d = self.node_dir(n.node_id)
+        d.mkdir(parents=True, exist_ok=True)
+        listeners = []
+        if n.is_broker:
+            listeners.append(f"BROKER://127.0.0.1:{n.broker_port}")
+        if n.is_controller:
+            listeners.append(f"CONTROLLER://127.0.0.1:{n.controller_port}")
+        n_brokers = len(self.broker_ids)
+        keys: dict[str, Any] = {
+            "process.roles": ",".join(n.roles),
+            "node.id": n.node_id,
+            "cluster.id": self.state.cluster_id,
+            "listeners": ",".join(listeners),
+            "controller.quorum.voters": self._voters(),
+            "metrics.listener": f"127.0.0.1:{n.metrics_port}",
+            **LOCAL_DEFAULTS,
+            "offsets.topic.replication.factor": str(min(3, n_brokers)),
+        }
+        if n.is_broker:
+            keys["log.dirs"] = str(d / "data")
+        if n.is_controller:
+            keys["metadata.log.dir"] = str(d / "meta")
+        keys.update(self.state.overrides)
+        lines = ["# Written by deploy.local.cluster.LocalCluster; edits are lost on the next start."]
+        for k, v in keys.items():
+            lines.append(f"{json.dumps(k)} = {_toml_value(v)}")
+        path = self.config_path(n.node_id)
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    # ------------------------------------------------------------------ processes
+
+    def start(self) -> None:
+        """Write configs and start every node that is not running (does not wait; see wait_ready)."""
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.state.save(self.base_dir / STATE_FILE)
+        for n in self._start_order():
+            if not self.is_running(n.node_id):
+                self.start_node(n.node_id)
+
+    def _start_order(self) -> list[NodeSpec]:
+        return sorted(self.state.nodes, key=lambda n: (not n.is_controller, n.node_id))
+
+    def start_node(self, node_id: int) -> None:
+        n = self.spec(node_id)
+        if self.is_running(node_id):
+            raise ClusterError(f"node {node_id} is already running (pid {self.pid(node_id)})")
+        config = self._write_config(n)
+        logf = self.node_log(node_id).open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for k in [k for k in env if k.startswith("BROOK_")]:
+            del env[k]  # a stray BROOK_<KEY> in the caller's environment must not change the nodes
+        if not self.detach:
+            env[PARENT_PID_ENV] = str(os.getpid())
+        try:
+            proc = subprocess.Popen(
+                [self.python, "-m", "broker.node", "--config", str(config)],
+                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                cwd=str(self.node_dir(node_id)), start_new_session=True,
+            )
+        finally:
+            logf.close()
+        self._procs[node_id] = proc
+        self._paused.discard(node_id)
+        self.pid_path(node_id).write_text(f"{proc.pid}\n")
+        log.info("started node %d (pid %d), log %s", node_id, proc.pid, self.node_log(node_id))
+
+    def pid(self, node_id: int) -> int | None:
+        proc = self._procs.get(node_id)
+        if proc is not None:
+            return proc.pid if proc.poll() is None else None
+        try:
+            pid = int(self.pid_path(node_id).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if _pid_is_brook_server(pid) else None
+
+    def is_running(self, node_id: int) -> bool:
+        return self.pid(node_id) is not None
+
+    def returncode(self, node_id: int) -> int | None:
+        proc = self._procs.get(node_id)
+        return None if proc is None else proc.poll()
+
+    def _signal(self, node_id: int, sig: int) -> bool:
+        pid = self.pid(node_id)
+        if pid is None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        return True
+
+    def _wait_exit(self, node_id: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        proc = self._procs.get(node_id)
+        while time.monotonic() < deadline:
+            if proc is not None:
+                try:
+                    proc.wait(timeout=POLL_INTERVAL_S)
+                    return True
+                except subprocess.TimeoutExpired:
+                    continue
+            if not self.is_running(node_id):
+                return True
+            time.sleep(POLL_INTERVAL_S)
+        return not self.is_running(node_id)
+
+    def stop_node(self, node_id: int, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """Controlled stop (SIGTERM); SIGKILL if it has not exited within timeout_s. Returns the exit code
+        when this object started the process."""
+        if node_id in self._paused:
+            self.resume_node(node_id)
+        if self._signal(node_id, signal.SIGTERM) and not self._wait_exit(node_id, timeout_s):
+            log.warning("node %d did not stop within %.0f s: SIGKILL", node_id, timeout_s)
+            self.kill_node(node_id)
+        return self.returncode(node_id)
+
+    def kill_node(self, node_id: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (SIGKILL by default: a crash); waits for the exit when it is SIGKILL."""
+        self._signal(node_id, sig)
+        if sig == signal.SIGKILL:
+            self._wait_exit(node_id, 10.0)
+            self._paused.discard(node_id)
+
+    def pause_node(self, node_id: int) -> None:
+        """SIGSTOP: the process is alive but silent (a hung node, a GC pause, a partition)."""
+        if self._signal(node_id, signal.SIGSTOP):
+            self._paused.add(node_id)
+
+    def resume_node(self, node_id: int) -> None:
+        if self._signal(node_id, signal.SIGCONT):
+            self._paused.discard(node_id)
+
+    def restart_node(self, node_id: int, *, controlled: bool = True, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        if self.is_running(node_id):
+            if controlled:
+                self.stop_node(node_id, timeout_s)
+            else:
+                self.kill_node(node_id)
+        self.start_node(node_id)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Controlled stop of every node: brokers first (their shutdown needs the quorum), then
+        controllers; anything still alive after timeout_s is killed."""
+        for n in self.state.nodes:
+            if n.node_id in self._paused:
+                self.resume_node(n.node_id)
+        brokers = [n.node_id for n in self.state.nodes if n.is_broker and not n.is_controller]
+        combined = [n.node_id for n in self.state.nodes if n.is_broker and n.is_controller]
+        controllers = [n.node_id for n in self.state.nodes if n.is_controller and not n.is_broker]
+        for group in (brokers, combined, controllers):
+            for node_id in group:  # signal the whole group first so they shut down in parallel
+                self._signal(node_id, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            for node_id in group:
+                if not self._wait_exit(node_id, max(0.0, deadline - time.monotonic())):
+                    log.warning("node %d did not stop within %.0f s: SIGKILL", node_id, timeout_s)
+                    self.kill_node(node_id)
+
+    def teardown(self) -> None:
+        """Kill everything now (test cleanup)."""
+        for node_id in self.node_ids:
+            self.kill_node(node_id)
+
+    close = stop
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            self.start()
+            self.wait_ready()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.stop(timeout_s=20.0)
+        self.teardown()
+
+    # ------------------------------------------------------------------ readiness and status
+
+    def health(self, node_id: int) -> dict[str, str]:
+        """gRPC health of each listener of a running node: {"BROKER": "SERVING", ...}."""
+        n = self.spec(node_id)
+        out: dict[str, str] = {}
+        for name, port in (("CONTROLLER", n.controller_port), ("BROKER", n.broker_port)):
+            if port is None:
+                continue
+            out[name] = check_health(f"127.0.0.1:{port}")
+        return out
+
+    def describe_cluster(self, timeout_s: float = RPC_TIMEOUT_S) -> controller_pb2.DescribeClusterResponse:
+        """DescribeCluster from the active controller (asks each controller until one answers)."""
+        last = "no controller answered"
+        for host, port in self.controller_endpoints:
+            try:
+                with grpc.insecure_channel(f"{host}:{port}") as ch:
+                    resp = controller_pb2_grpc.ControllerServiceStub(ch).DescribeCluster(
+                        controller_pb2.DescribeClusterRequest(), timeout=timeout_s)
+            except grpc.RpcError as e:
+                last = f"{host}:{port}: {e.code().name}"
+                continue
+            if resp.error_code == 0:
+                return resp
+            last = f"{host}:{port}: error {resp.error_code} {resp.error_message}"
+        raise ClusterError(last)
+
+    def not_ready_reason(self) -> str | None:
+        """None when every node that should run is up, healthy, and every broker is registered
+        and unfenced with the active controller; else what is missing."""
+        for node_id in self.node_ids:
+            if not self.is_running(node_id):
+                code = self.returncode(node_id)
+                return f"node {node_id} is not running" + (f" (exit code {code})" if code is not None else "")
+            for listener, status in self.health(node_id).items():
+                if status != "SERVING":
+                    return f"node {node_id} {listener} health is {status}"
+        try:
+            desc = self.describe_cluster()
+        except ClusterError as e:
+            return f"no active controller: {e}"
+        registered = {b.node_id: b for b in desc.brokers}
+        for broker_id in self.broker_ids:
+            b = registered.get(broker_id)
+            if b is None:
+                return f"broker {broker_id} is not registered"
+            if b.fenced:
+                return f"broker {broker_id} is fenced"
+        return None
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Poll until ready (see not_ready_reason); raise ClusterError with the reason and the
+        tail of the failing node's log at the deadline or when a node died."""
+        deadline = time.monotonic() + timeout_s
+        reason: str | None = "not checked"
+        while time.monotonic() < deadline:
+            reason = self.not_ready_reason()
+            if reason is None:
+                return
+            dead = [i for i in self.node_ids if self.returncode(i) is not None]
+            if dead:
+                break
+            time.sleep(POLL_INTERVAL_S)
+        dead = [i for i in self.node_ids if not self.is_running(i)]
+        tails = "".join(f"\n--- node {i} log tail ---\n{self.log_tail(i)}" for i in (dead or self.node_ids[:1]))
+        raise ClusterError(f"cluster not ready after {timeout_s:.0f} s: {reason}{tails}")
+
+    def wait_for(self, condition: Any, timeout_s: float = 30.0, what: str = "condition") -> Any:
+        """Poll ``condition()`` until truthy; returns its value; ClusterError at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = condition()
+            if value:
+                return value
+            time.sleep(POLL_INTERVAL_S)
+        raise ClusterError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+    def log_tail(self, node_id: int, lines: int = 30) -> str:
+        try:
+            text = self.node_log(node_id).read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def status(self) -> list[dict[str, Any]]:
+        """One row per node: id, roles, pid, running, health per listener, addresses."""
+        rows = []
+        for n in self.state.nodes:
+            pid = self.pid(n.node_id)
+            running = pid is not None
+            rows.append({
+                "node_id": n.node_id,
+                "roles": ",".join(n.roles),
+                "pid": pid,
+                "running": running,
+                "paused": n.node_id in self._paused,
+                "health": self.health(n.node_id) if running else {},
+                "broker": f"127.0.0.1:{n.broker_port}" if n.broker_port else "",
+                "controller": f"127.0.0.1:{n.controller_port}" if n.controller_port else "",
+                "metrics": self.metrics_url(n.node_id),
+                "log": str(self.node_log(n.node_id)),
+            })
+        return rows
+
+
+def check_health(target: str, timeout_s: float = RPC_TIMEOUT_S, service: str = "") -> str:
+    """Standard gRPC health check; the status name, or UNREACHABLE / the gRPC error code."""
+    try:
+        with grpc.insecure_channel(target) as ch:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
+                                                        timeout=timeout_s)
+    except grpc.RpcError as e:
+        code = e.code()
+        return "UNREACHABLE" if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) \
+            else code.name
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    return json.dumps(str(v))  # a JSON string literal is a valid TOML basic string
