@@ -217,6 +217,10 @@ class ClusterClient:
             return self._meta
         return self._refresh(topics)
 
+    def metadata_snapshot(self) -> ClusterMetadata:
+        """The cached metadata as it is now, never a network call (a new object after every refresh)."""
+        return self._meta
+
     def request_update(self) -> None:
         """Mark metadata stale so the next ``metadata()`` asks a broker (after NOT_LEADER etc.)."""
         self._stale = True

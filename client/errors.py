@@ -30,3 +30,22 @@ def __getattr__(name: str) -> object:
     # The per-code classes are created dynamically in proto.errors; resolve any that
     # the star import could not name statically.
     return getattr(_errors, name)
+
+
+class BufferExhaustedError(_errors.RequestTimedOutError):
+    """send() waited ``max.block.ms`` for ``buffer.memory`` to free up (Kafka's BufferExhaustedException)."""
+
+
+class ProducerClosedError(_errors.InvalidRequestError):
+    """send() on a producer that is closing or closed."""
+
+
+class ConsumerClosedError(_errors.InvalidRequestError):
+    """A call on a consumer that is closed."""
+
+
+class NoOffsetForPartitionError(_errors.OffsetOutOfRangeError):
+    """No committed offset and ``auto.offset.reset=none`` (or the position fell out of range)."""
+
+
+__all__ += ["BufferExhaustedError", "ProducerClosedError", "ConsumerClosedError", "NoOffsetForPartitionError"]

@@ -1,0 +1,380 @@
+"""The producer's record accumulator: per-partition batches, lightweight futures, buffer memory.
+
+``send()`` appends a record to the open batch of its partition (a
+``storage.record_batch.RecordBatchBuilder``) and gets back a ``RecordFuture``: a
+small object pointing at the batch and the record's offset delta, so there is one
+completion (event, error, base offset) per batch rather than per record. The sender
+thread drains ready batches (full, lingered long enough, or flushed) and completes
+them from broker responses.
+
+Memory: every record reserves its estimated size against ``buffer.memory`` until its
+batch completes; ``append`` blocks up to ``max.block.ms`` when the buffer is full.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from client import errors
+from client.types import RecordMetadata, TopicPartition
+from storage.record_batch import BATCH_HEADER_SIZE, RecordBatchBuilder
+
+log = logging.getLogger(__name__)
+
+RECORD_OVERHEAD_BYTES = 21  # Kafka's upper bound for a record's varints and attributes
+Headers = Sequence[tuple[str, bytes | None]]
+DeliveryCallback = Callable[[RecordMetadata | None, BaseException | None], None]
+
+
+def estimate_record_bytes(key: bytes | None, value: bytes | None, headers: Headers) -> int:
+    size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
+    for hkey, hvalue in headers:
+        size += 10 + len(hkey) + (len(hvalue) if hvalue else 0)
+    return size
+
+
+class BatchCompletion:
+    """The outcome of one batch, shared by the futures of all its records."""
+
+    __slots__ = ("event", "error", "base_offset", "log_append_time_ms", "callbacks", "lock", "topic", "partition")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.event = threading.Event()
+        self.error: BaseException | None = None
+        self.base_offset = -1
+        self.log_append_time_ms = -1
+        self.callbacks: list[tuple[RecordFuture, Callable[[RecordFuture], Any]]] | None = None
+        self.lock = threading.Lock()
+
+    def add_callback(self, future: RecordFuture, fn: Callable[[RecordFuture], Any]) -> None:
+        with self.lock:
+            if not self.event.is_set():
+                if self.callbacks is None:
+                    self.callbacks = []
+                self.callbacks.append((future, fn))
+                return
+        _run_callback(fn, future)
+
+    def complete(self, base_offset: int, log_append_time_ms: int, error: BaseException | None) -> None:
+        with self.lock:
+            if self.event.is_set():
+                return
+            self.base_offset = base_offset
+            self.log_append_time_ms = log_append_time_ms
+            self.error = error
+            self.event.set()
+            callbacks, self.callbacks = self.callbacks, None
+        for future, fn in callbacks or ():
+            _run_callback(fn, future)
+
+
+def _run_callback(fn: Callable[[RecordFuture], Any], future: RecordFuture) -> None:
+    try:
+        fn(future)
+    except Exception:  # a user callback must not kill the sender thread
+        log.exception("producer callback %r raised", fn)
+
+
+class RecordFuture:
+    """Future of one record's RecordMetadata (concurrent.futures-like, plus kafka-python's get())."""
+
+    __slots__ = ("_completion", "_delta", "_timestamp", "_key_size", "_value_size")
+
+    def __init__(self, completion: BatchCompletion, delta: int, timestamp: int, key_size: int, value_size: int):
+        self._completion = completion
+        self._delta = delta
+        self._timestamp = timestamp
+        self._key_size = key_size
+        self._value_size = value_size
+
+    def done(self) -> bool:
+        return self._completion.event.is_set()
+
+    def cancel(self) -> bool:
+        return False  # records already handed to the accumulator cannot be taken back
+
+    def cancelled(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return not self.done()
+
+    def _wait(self, timeout: float | None) -> BatchCompletion:
+        c = self._completion
+        if not c.event.wait(timeout):
+            raise errors.RequestTimedOutError(f"record not acknowledged within {timeout} s")
+        return c
+
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        c = self._wait(timeout)
+        if c.error is not None:
+            raise c.error
+        return self._metadata(c)
+
+    get = result  # kafka-python's spelling
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._wait(timeout).error
+
+    def _metadata(self, c: BatchCompletion) -> RecordMetadata:
+        offset = c.base_offset + self._delta if c.base_offset >= 0 else -1
+        timestamp = c.log_append_time_ms if c.log_append_time_ms >= 0 else self._timestamp
+        return RecordMetadata(c.topic, c.partition, offset, timestamp, self._key_size, self._value_size)
+
+    def add_done_callback(self, fn: Callable[[RecordFuture], Any]) -> None:
+        self._completion.add_callback(self, fn)
+
+    def add_callback(self, fn: Callable[[RecordMetadata], Any]) -> RecordFuture:
+        """kafka-python style: ``fn(metadata)`` on success."""
+        self.add_done_callback(lambda f: f._completion.error is None and fn(f._metadata(f._completion)))
+        return self
+
+    def add_errback(self, fn: Callable[[BaseException], Any]) -> RecordFuture:
+        """kafka-python style: ``fn(exception)`` on failure."""
+        self.add_done_callback(lambda f: f._completion.error is not None and fn(f._completion.error))
+        return self
+
+    def add_delivery_callback(self, fn: DeliveryCallback) -> RecordFuture:
+        """confluent-kafka style: ``fn(metadata_or_None, error_or_None)``."""
+
+        def deliver(f: RecordFuture) -> None:
+            c = f._completion
+            fn(None, c.error) if c.error is not None else fn(f._metadata(c), None)
+
+        self.add_done_callback(deliver)
+        return self
+
+
+def failed_future(tp: TopicPartition, error: BaseException) -> RecordFuture:
+    completion = BatchCompletion(tp.topic, tp.partition)
+    completion.complete(-1, -1, error)
+    return RecordFuture(completion, 0, -1, -1, -1)
+
+
+class ProducerBatch:
+    """An open (appendable) or closed batch of one partition, plus its send/retry state."""
+
+    __slots__ = (
+        "tp", "builder", "completion", "created", "deadline", "size_bytes", "record_count", "closed",
+        "attempts", "last_attempt", "retry", "base_sequence", "producer_id", "producer_epoch", "payload",
+    )
+
+    def __init__(self, tp: TopicPartition, builder: RecordBatchBuilder, now: float, delivery_timeout_s: float):
+        self.tp = tp
+        self.builder = builder
+        self.completion = BatchCompletion(tp.topic, tp.partition)
+        self.created = now
+        self.deadline = now + delivery_timeout_s
+        self.size_bytes = BATCH_HEADER_SIZE  # reserved against buffer.memory until completion
+        self.record_count = 0
+        self.closed = False
+        self.attempts = 0
+        self.last_attempt = 0.0
+        self.retry = False
+        self.base_sequence = -1
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.payload: bytes | None = None  # built bytes, kept for retries
+
+    def build(self) -> bytes:
+        if self.payload is None:
+            self.closed = True
+            self.payload = self.builder.build()
+            self.builder = None  # type: ignore[assignment]  # free the record buffers
+        return self.payload
+
+
+class RecordAccumulator:
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        linger_ms: int,
+        buffer_memory: int,
+        compression: int,
+        max_block_ms: int,
+        delivery_timeout_ms: int,
+        retry_backoff_ms: int = 100,
+    ) -> None:
+        self.batch_size = batch_size
+        self.linger_s = linger_ms / 1000.0
+        self.buffer_memory = buffer_memory
+        self.compression = compression
+        self.max_block_s = max_block_ms / 1000.0
+        self.delivery_timeout_s = delivery_timeout_ms / 1000.0
+        self.retry_backoff_s = retry_backoff_ms / 1000.0
+        self.lock = threading.Lock()
+        self.wakeup = threading.Condition(self.lock)  # the sender waits here
+        self.space = threading.Condition(self.lock)  # send() waits here for buffer memory
+        self.batches: dict[TopicPartition, deque[ProducerBatch]] = {}
+        self.incomplete: set[ProducerBatch] = set()
+        self.used_bytes = 0
+        self.space_waiters = 0
+        self.flushes_in_progress = 0
+        self.closing = False
+
+    # ---- append (application threads) ----
+    def append(
+        self,
+        tp: TopicPartition,
+        timestamp: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        size: int,
+        *,
+        allow_new_batch: bool = True,
+    ) -> RecordFuture | None:
+        """Append one record; None when ``allow_new_batch`` is False and a new batch would be needed."""
+        with self.lock:
+            if self.closing:
+                raise errors.ProducerClosedError("producer is closed")
+            dq = self.batches.get(tp)
+            batch = dq[-1] if dq else None
+            if batch is None or batch.closed or (
+                batch.record_count and batch.size_bytes + size > self.batch_size
+            ):
+                if batch is not None and not batch.closed:
+                    batch.closed = True  # full: ready for the sender regardless of linger
+                    self.wakeup.notify()
+                if not allow_new_batch:
+                    return None
+                self._reserve(size + BATCH_HEADER_SIZE)
+                batch = self._new_batch(tp)
+            else:
+                self._reserve(size)
+            delta = batch.builder.append(timestamp, key, value, headers)
+            batch.size_bytes += size
+            batch.record_count += 1
+            if batch.size_bytes >= self.batch_size:
+                batch.closed = True
+                self.wakeup.notify()
+            return RecordFuture(
+                batch.completion, delta, timestamp, len(key) if key is not None else -1,
+                len(value) if value is not None else -1,
+            )
+
+    def _reserve(self, size: int) -> None:
+        if self.used_bytes + size <= self.buffer_memory:
+            self.used_bytes += size
+            return
+        deadline = time.monotonic() + self.max_block_s
+        self.space_waiters += 1
+        self.wakeup.notify()  # drain now rather than after linger: someone is blocked
+        try:
+            while self.used_bytes + size > self.buffer_memory:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.closing:
+                    raise errors.BufferExhaustedError(
+                        f"failed to allocate {size} bytes within max.block.ms={int(self.max_block_s * 1000)} "
+                        f"(buffer.memory={self.buffer_memory}, in use {self.used_bytes})"
+                    )
+                self.space.wait(remaining)
+            self.used_bytes += size
+        finally:
+            self.space_waiters -= 1
+
+    def _new_batch(self, tp: TopicPartition) -> ProducerBatch:
+        builder = RecordBatchBuilder(self.compression)
+        batch = ProducerBatch(tp, builder, time.monotonic(), self.delivery_timeout_s)
+        dq = self.batches.get(tp)
+        if dq is None:
+            dq = self.batches[tp] = deque()
+        dq.append(batch)
+        self.incomplete.add(batch)
+        if len(dq) == 1:
+            self.wakeup.notify()  # the sender must start this batch's linger clock
+        return batch
+
+    # ---- sender side ----
+    def ready(self, now: float, in_flight_tps: Iterable[TopicPartition]) -> tuple[list[TopicPartition], float]:
+        """Partitions whose head batch may be sent now, and seconds until the next one may be.
+
+        Caller holds ``lock``. A partition with a batch being retried waits until none of
+        its batches is in flight, so retries never overtake or get overtaken.
+        """
+        busy = set(in_flight_tps)
+        urgent = self.flushes_in_progress > 0 or self.closing or self.space_waiters > 0
+        ready: list[TopicPartition] = []
+        next_s = 1.0
+        for tp, dq in self.batches.items():
+            if not dq:
+                continue
+            head = dq[0]
+            if head.retry:
+                if tp in busy:
+                    continue
+                wait = head.last_attempt + self.retry_backoff_s - now
+                if wait > 0:
+                    next_s = min(next_s, wait)
+                    continue
+                ready.append(tp)
+                continue
+            if head.closed or len(dq) > 1 or urgent:
+                ready.append(tp)
+                continue
+            wait = head.created + self.linger_s - now
+            if wait <= 0:
+                ready.append(tp)
+            else:
+                next_s = min(next_s, wait)
+        return ready, max(0.0, next_s)
+
+    def pop_head(self, tp: TopicPartition) -> ProducerBatch:
+        """Caller holds ``lock``."""
+        batch = self.batches[tp].popleft()
+        batch.closed = True
+        return batch
+
+    def reenqueue(self, batch: ProducerBatch) -> None:
+        """Put a batch back for a retry, before newer batches of its partition, in sequence order."""
+        with self.lock:
+            batch.retry = True
+            dq = self.batches.setdefault(batch.tp, deque())
+            index = 0
+            while index < len(dq) and dq[index].retry and dq[index].base_sequence < batch.base_sequence:
+                index += 1
+            dq.insert(index, batch)
+            self.wakeup.notify()
+
+    def expired(self, now: float) -> list[ProducerBatch]:
+        """Remove and return queued batches past delivery.timeout.ms. Caller holds ``lock``."""
+        out: list[ProducerBatch] = []
+        for dq in self.batches.values():
+            while dq and dq[0].deadline <= now:
+                out.append(dq.popleft())
+        return out
+
+    def complete(self, batch: ProducerBatch, base_offset: int, log_append_time_ms: int,
+                 error: BaseException | None) -> None:
+        """Finish a batch: release its memory, then resolve its futures and callbacks."""
+        with self.lock:
+            if batch in self.incomplete:
+                self.incomplete.discard(batch)
+                self.used_bytes -= batch.size_bytes
+                self.space.notify_all()
+                self.wakeup.notify()
+        batch.completion.complete(base_offset, log_append_time_ms, error)
+
+    def has_unsent(self) -> bool:
+        with self.lock:
+            return any(self.batches.values())
+
+    def incomplete_batches(self) -> list[ProducerBatch]:
+        with self.lock:
+            return list(self.incomplete)
+
+    def abort_all(self, error: BaseException) -> None:
+        with self.lock:
+            pending = list(self.incomplete)
+            for dq in self.batches.values():
+                dq.clear()
+        for batch in pending:
+            self.complete(batch, -1, -1, error)

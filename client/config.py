@@ -1,0 +1,70 @@
+"""Config handling shared by Producer, Consumer and Admin.
+
+Keys may be given with Kafka's dotted names (``{"batch.size": 65536}``, as
+confluent-kafka does) or as keyword arguments with underscores (``batch_size=65536``,
+as kafka-python does); both normalize to the underscore form. Unknown keys are an
+error rather than silently ignored, so a typo cannot go unnoticed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from client import errors
+
+COMPRESSION_CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def normalize(config: Mapping[str, Any] | None, kwargs: Mapping[str, Any], known: Mapping[str, Any],
+              *, what: str) -> dict[str, Any]:
+    """Merge ``config`` and ``kwargs`` over the defaults in ``known``; reject unknown keys."""
+    merged = dict(known)
+    for source in (config or {}, kwargs):
+        for key, value in source.items():
+            name = key.replace(".", "_").replace("-", "_")
+            if name not in known:
+                raise errors.InvalidConfigError(f"unknown {what} config {key!r}")
+            merged[name] = value
+    return merged
+
+
+def parse_acks(value: Any) -> int:
+    if value in ("all", "-1", -1):
+        return -1
+    if value in (0, 1, "0", "1"):
+        return int(value)
+    raise errors.InvalidConfigError(f"acks must be 0, 1 or all, got {value!r}")
+
+
+def parse_codec(value: Any) -> int:
+    name = "none" if value is None else str(value).lower()
+    if name not in COMPRESSION_CODECS:
+        raise errors.InvalidConfigError(
+            f"compression.type must be one of {sorted(COMPRESSION_CODECS)}, got {value!r}")
+    return COMPRESSION_CODECS[name]
+
+
+def require_int(cfg: Mapping[str, Any], name: str, *, minimum: int = 0, maximum: int | None = None) -> int:
+    value = cfg[name]
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise errors.InvalidConfigError(f"{name.replace('_', '.')} must be an integer, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError as exc:
+        raise errors.InvalidConfigError(f"{name.replace('_', '.')} must be an integer, got {value!r}") from exc
+    if number < minimum or (maximum is not None and number > maximum):
+        bound = f">= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+        raise errors.InvalidConfigError(f"{name.replace('_', '.')} must be {bound}, got {number}")
+    return number
+
+
+def parse_bool(cfg: Mapping[str, Any], name: str) -> bool:
+    value = cfg[name]
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "1", "yes"):
+        return True
+    if str(value).lower() in ("false", "0", "no"):
+        return False
+    raise errors.InvalidConfigError(f"{name.replace('_', '.')} must be true or false, got {value!r}")

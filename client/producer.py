@@ -1,0 +1,314 @@
+"""Producer: kafka-python / confluent-kafka shaped, built on a batching accumulator and a sender thread.
+
+    with Producer(bootstrap_servers="127.0.0.1:9092", acks="all", linger_ms=5) as p:
+        future = p.send("events", b"payload", key=b"user-1")
+        print(future.get(timeout=10))   # RecordMetadata(topic, partition, offset, timestamp, ...)
+        p.flush()
+
+``send()`` chooses the partition (explicit, custom partitioner, murmur2 of the key
+like Kafka's default partitioner, or KIP-480 sticky for keyless records), appends
+the record to the partition's open batch and returns at once with a future; the
+sender thread ships batches to partition leaders. See ``PRODUCER_DEFAULTS`` for
+every config key (Kafka's names, dots or underscores).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from client import errors
+from client.accumulator import RecordAccumulator, RecordFuture, estimate_record_bytes, failed_future
+from client.cluster import ClusterClient
+from client.config import normalize, parse_acks, parse_bool, parse_codec, require_int
+from client.partitioner import Partitioner, StickyPartitionCache, murmur2, to_positive
+from client.sender import Sender, SenderConfig
+from client.types import ClusterMetadata, TopicPartition
+
+log = logging.getLogger(__name__)
+
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "bootstrap_servers": "127.0.0.1:9092",
+    "client_id": "brook-producer",
+    "acks": "all",
+    "compression_type": "none",
+    "batch_size": 16384,
+    "linger_ms": 5,
+    "buffer_memory": 32 * 1024 * 1024,
+    "max_block_ms": 60000,
+    "max_request_size": 1048576,
+    "request_timeout_ms": 30000,
+    "delivery_timeout_ms": 120000,
+    "retries": 2147483647,
+    "retry_backoff_ms": 100,
+    "retry_backoff_max_ms": 1000,
+    "max_in_flight_requests_per_connection": 5,
+    "enable_idempotence": None,  # None = on unless acks/retries/in-flight rule it out (Kafka 3 behaviour)
+    "partitioner": None,
+    "key_serializer": None,
+    "value_serializer": None,
+    "metadata_max_age_ms": 300000,
+    "allow_auto_create_topics": True,
+}
+
+Serializer = Callable[[Any], bytes | None]
+
+
+def _to_bytes(data: Any, what: str) -> bytes | None:
+    if data is None or isinstance(data, bytes):
+        return data
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    raise TypeError(f"{what} must be bytes, str or None (or set {what}_serializer), got {type(data).__name__}")
+
+
+def _headers(headers: Any) -> list[tuple[str, bytes | None]]:
+    if not headers:
+        return []
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return [(str(k), _to_bytes(v, "header value")) for k, v in items]
+
+
+class Producer:
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        cfg = normalize(config, kwargs, PRODUCER_DEFAULTS, what="producer")
+        self.config = cfg
+        self.acks = parse_acks(cfg["acks"])
+        codec = parse_codec(cfg["compression_type"])
+        batch_size = require_int(cfg, "batch_size", minimum=1)
+        linger_ms = require_int(cfg, "linger_ms")
+        buffer_memory = require_int(cfg, "buffer_memory", minimum=1)
+        self.max_block_ms = require_int(cfg, "max_block_ms")
+        self.max_request_size = require_int(cfg, "max_request_size", minimum=1)
+        request_timeout_ms = require_int(cfg, "request_timeout_ms", minimum=1)
+        delivery_timeout_ms = require_int(cfg, "delivery_timeout_ms", minimum=1)
+        retries = require_int(cfg, "retries")
+        retry_backoff_ms = require_int(cfg, "retry_backoff_ms")
+        max_in_flight = require_int(cfg, "max_in_flight_requests_per_connection", minimum=1)
+        if delivery_timeout_ms < linger_ms + request_timeout_ms:
+            raise errors.InvalidConfigError(
+                f"delivery.timeout.ms ({delivery_timeout_ms}) must be >= linger.ms + request.timeout.ms "
+                f"({linger_ms + request_timeout_ms})")
+        self.idempotent = self._idempotence(cfg["enable_idempotence"], max_in_flight, retries)
+        partitioner = cfg["partitioner"]
+        if partitioner is not None and not callable(partitioner):
+            raise errors.InvalidConfigError("partitioner must be callable(key_bytes, all_partitions, available)")
+        self._partitioner: Partitioner | None = partitioner
+        self._key_serializer: Serializer | None = cfg["key_serializer"]
+        self._value_serializer: Serializer | None = cfg["value_serializer"]
+        self._sticky = StickyPartitionCache()
+        self._partition_cache: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._cache_meta: ClusterMetadata | None = None
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+        self.cluster = ClusterClient(
+            cfg["bootstrap_servers"],
+            request_timeout_ms=request_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms,
+            retry_backoff_max_ms=require_int(cfg, "retry_backoff_max_ms"),
+            metadata_max_age_ms=require_int(cfg, "metadata_max_age_ms", minimum=1),
+            allow_auto_topic_creation=parse_bool(cfg, "allow_auto_create_topics"),
+        )
+        self._accumulator = RecordAccumulator(
+            batch_size=batch_size,
+            linger_ms=linger_ms,
+            buffer_memory=buffer_memory,
+            compression=codec,
+            max_block_ms=self.max_block_ms,
+            delivery_timeout_ms=delivery_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms,
+        )
+        self._sender = Sender(
+            self.cluster,
+            self._accumulator,
+            SenderConfig(
+                acks=self.acks,
+                request_timeout_ms=request_timeout_ms,
+                max_request_size=self.max_request_size,
+                max_in_flight=max_in_flight,
+                retries=retries,
+                retry_backoff_ms=retry_backoff_ms,
+                idempotent=self.idempotent,
+            ),
+            name=f"{cfg['client_id']}-sender",
+        )
+        self._sender.start()
+
+    def _idempotence(self, setting: Any, max_in_flight: int, retries: int) -> bool:
+        conflicts = []
+        if self.acks != -1:
+            conflicts.append("acks must be all")
+        if max_in_flight > 5:
+            conflicts.append("max.in.flight.requests.per.connection must be <= 5")
+        if retries == 0:
+            conflicts.append("retries must be > 0")
+        if setting is None:
+            return not conflicts  # Kafka 3: on by default, quietly off when other configs rule it out
+        enabled = parse_bool({"enable_idempotence": setting}, "enable_idempotence")
+        if enabled and conflicts:
+            raise errors.InvalidConfigError("enable.idempotence=true requires: " + "; ".join(conflicts))
+        return enabled
+
+    # ---- send ----
+    def send(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        headers: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        *,
+        on_delivery: Callable[[Any, BaseException | None], Any] | None = None,
+    ) -> RecordFuture:
+        """Queue one record; returns a future of its RecordMetadata.
+
+        ``timestamp`` is milliseconds since the epoch (default: now). Blocks only
+        while waiting for the topic's metadata or for buffer memory, up to
+        ``max.block.ms``. Raises ProducerClosedError after close().
+        """
+        if self._closed:
+            raise errors.ProducerClosedError("send() after close()")
+        key_bytes = self._key_serializer(key) if self._key_serializer else _to_bytes(key, "key")
+        value_bytes = self._value_serializer(value) if self._value_serializer else _to_bytes(value, "value")
+        header_list = _headers(headers)
+        all_parts, available = self._partitions(topic)
+        size = estimate_record_bytes(key_bytes, value_bytes, header_list)
+        if timestamp is None:
+            timestamp = int(time.time() * 1000)
+        if partition is not None:
+            if partition not in all_parts:
+                raise errors.UnknownTopicOrPartitionError(
+                    f"partition {partition} of topic {topic!r} does not exist (it has {len(all_parts)})")
+        elif self._partitioner is not None:
+            partition = self._partitioner(key_bytes, all_parts, available)
+        elif key_bytes is not None:
+            partition = all_parts[to_positive(murmur2(key_bytes)) % len(all_parts)]
+        tp = TopicPartition(topic, partition if partition is not None else -1)
+        if size > self.max_request_size or size > self._accumulator.buffer_memory:
+            future = failed_future(tp, errors.MessageTooLargeError(
+                f"the record is {size} bytes when serialized, larger than max.request.size "
+                f"({self.max_request_size}) or buffer.memory ({self._accumulator.buffer_memory})"))
+        elif partition is not None:
+            future = self._accumulator.append(tp, timestamp, key_bytes, value_bytes, header_list, size)
+        else:
+            future = self._append_sticky(topic, all_parts, available, timestamp, key_bytes, value_bytes,
+                                         header_list, size)
+        assert future is not None
+        if on_delivery is not None:
+            future.add_delivery_callback(on_delivery)
+        return future
+
+    def _append_sticky(self, topic, all_parts, available, timestamp, key, value, headers, size) -> RecordFuture:
+        sticky = self._sticky.partition(topic, all_parts, available)
+        future = self._accumulator.append(TopicPartition(topic, sticky), timestamp, key, value, headers, size,
+                                          allow_new_batch=False)
+        if future is not None:
+            return future
+        # KIP-480: the sticky partition's batch is full or gone; move on before starting a new one.
+        sticky = self._sticky.next_partition(topic, all_parts, available, sticky)
+        future = self._accumulator.append(TopicPartition(topic, sticky), timestamp, key, value, headers, size)
+        assert future is not None
+        return future
+
+    def _partitions(self, topic: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(all partitions, partitions with a leader) of ``topic``; waits up to max.block.ms for metadata."""
+        meta = self.cluster.metadata_snapshot()
+        if meta is not self._cache_meta:
+            self._partition_cache = {}
+            self._cache_meta = meta
+        cached = self._partition_cache.get(topic)
+        if cached is not None:
+            return cached
+        deadline = time.monotonic() + self.max_block_ms / 1000
+        refresh = False
+        while True:
+            try:
+                meta = self.cluster.metadata([topic], refresh=refresh)
+                info = meta.topics.get(topic)
+                if info is not None and info.error_code == errors.ErrorCode.NONE and info.partitions:
+                    break
+                err: errors.BrookError = (errors.error_for(info.error_code, info.error_message)
+                                          if info is not None and info.error_code else
+                                          errors.UnknownTopicOrPartitionError(f"topic {topic!r} has no partitions"))
+                if not err.retriable:
+                    raise err
+            except errors.BrookError as exc:
+                if not exc.retriable:
+                    raise
+                err = exc
+            if time.monotonic() >= deadline:
+                raise errors.error_for(err.code, f"topic {topic!r} not present in metadata after "
+                                                 f"max.block.ms={self.max_block_ms}: {err.message}")
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            refresh = True
+        parts = tuple(sorted(info.partitions))
+        available = tuple(p for p in parts if info.partitions[p].leader >= 0)
+        self._partition_cache[topic] = (parts, available)
+        self._cache_meta = self.cluster.metadata_snapshot()
+        return parts, available
+
+    def partitions_for(self, topic: str) -> list[int]:
+        return list(self._partitions(topic)[0])
+
+    # ---- flush / close ----
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything queued now and wait for it to complete (success or failure)."""
+        acc = self._accumulator
+        with acc.lock:
+            acc.flushes_in_progress += 1
+            acc.wakeup.notify()
+        try:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for batch in acc.incomplete_batches():
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not batch.completion.event.wait(remaining):
+                    raise errors.RequestTimedOutError(f"flush() did not complete within {timeout} s")
+        finally:
+            with acc.lock:
+                acc.flushes_in_progress -= 1
+
+    def close(self, timeout: float | None = None) -> None:
+        """Send what is queued (waiting up to ``timeout`` s, default forever), then release everything.
+
+        Records still unsent when the timeout runs out fail with ProducerClosedError.
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        acc = self._accumulator
+        with acc.lock:
+            acc.closing = True
+            self._sender.running = False
+            acc.wakeup.notify_all()
+            acc.space.notify_all()
+        self._sender.join(timeout)
+        if self._sender.is_alive():
+            self._sender.force_close = True
+            self._sender.wakeup()
+            self._sender.join(5)
+        acc.abort_all(errors.ProducerClosedError("producer closed before the record was acknowledged"))
+        self.cluster.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def metrics(self) -> dict[str, Any]:
+        acc = self._accumulator
+        with acc.lock:
+            return {
+                "buffer_used_bytes": acc.used_bytes,
+                "incomplete_batches": len(acc.incomplete),
+                "queued_batches": sum(len(d) for d in acc.batches.values()),
+                "idempotent": self.idempotent,
+            }

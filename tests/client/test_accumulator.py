@@ -1,0 +1,178 @@
+"""RecordAccumulator: batching by size and linger, futures, buffer.memory blocking, retry order."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from client import errors
+from client.accumulator import RecordAccumulator, estimate_record_bytes
+from client.producer import Producer
+from client.types import TopicPartition
+from storage.record_batch import decode_batch
+
+TP = TopicPartition("t", 0)
+
+
+def make_acc(**overrides) -> RecordAccumulator:
+    params = dict(batch_size=1000, linger_ms=50, buffer_memory=1 << 20, compression=0, max_block_ms=200,
+                  delivery_timeout_ms=60000, retry_backoff_ms=10)
+    params.update(overrides)
+    return RecordAccumulator(**params)
+
+
+def append(acc: RecordAccumulator, value: bytes, tp: TopicPartition = TP, **kw):
+    size = estimate_record_bytes(None, value, [])
+    return acc.append(tp, 1000, None, value, [], size, **kw)
+
+
+def test_batches_split_at_batch_size_and_full_batch_is_ready_before_linger() -> None:
+    acc = make_acc()
+    for _ in range(25):  # 25 * (100 + 21) bytes > 1000: several batches
+        append(acc, b"x" * 100)
+    dq = acc.batches[TP]
+    assert len(dq) == 4, [b.record_count for b in dq]
+    assert all(b.size_bytes <= 1000 for b in dq)
+    assert sum(b.record_count for b in dq) == 25
+    with acc.lock:
+        ready, _ = acc.ready(time.monotonic(), ())
+    assert ready == [TP], "a full batch must be ready without waiting for linger"
+
+
+def test_open_batch_waits_for_linger() -> None:
+    acc = make_acc(linger_ms=50)
+    append(acc, b"v")
+    with acc.lock:
+        ready, wait_s = acc.ready(time.monotonic(), ())
+    assert ready == [] and 0 < wait_s <= 0.05
+    with acc.lock:
+        ready, _ = acc.ready(time.monotonic() + 0.06, ())
+    assert ready == [TP]
+
+
+def test_flush_makes_open_batches_ready() -> None:
+    acc = make_acc(linger_ms=10_000)
+    append(acc, b"v")
+    acc.flushes_in_progress += 1
+    with acc.lock:
+        ready, _ = acc.ready(time.monotonic(), ())
+    assert ready == [TP]
+
+
+def test_futures_resolve_with_per_record_offsets_and_callbacks() -> None:
+    acc = make_acc()
+    futures = [append(acc, b"r%d" % i) for i in range(3)]
+    seen = []
+    futures[2].add_callback(lambda md: seen.append(md.offset))
+    with acc.lock:
+        batch = acc.pop_head(TP)
+    header, records = decode_batch(batch.build())
+    assert [r.value for r in records] == [b"r0", b"r1", b"r2"]
+    acc.complete(batch, 40, -1, None)
+    assert [f.get(timeout=1).offset for f in futures] == [40, 41, 42]
+    assert seen == [42]
+    assert acc.used_bytes == 0, "completed batch must release its buffer memory"
+
+
+def test_failed_batch_fails_every_future_with_the_error() -> None:
+    acc = make_acc()
+    futures = [append(acc, b"a"), append(acc, b"b")]
+    errs = []
+    futures[0].add_errback(errs.append)
+    with acc.lock:
+        batch = acc.pop_head(TP)
+    acc.complete(batch, -1, -1, errors.InvalidTopicException("bad topic name"))
+    for f in futures:
+        with pytest.raises(errors.InvalidTopicException, match="bad topic name"):
+            f.result(timeout=1)
+    assert len(errs) == 1 and isinstance(errs[0], errors.InvalidTopicException)
+
+
+def test_buffer_memory_blocks_then_raises_after_max_block_ms() -> None:
+    acc = make_acc(buffer_memory=500, max_block_ms=150, batch_size=10_000)
+    while acc.used_bytes + 121 + 61 <= 500:
+        append(acc, b"x" * 100)
+    start = time.monotonic()
+    with pytest.raises(errors.BufferExhaustedError):
+        append(acc, b"x" * 100)
+    waited = time.monotonic() - start
+    assert waited >= 0.14, f"send returned after {waited:.3f}s, before max.block.ms"
+
+
+def test_buffer_memory_unblocks_when_a_batch_completes() -> None:
+    acc = make_acc(buffer_memory=400, max_block_ms=5000, batch_size=10_000)
+    append(acc, b"x" * 200)
+    result: list[object] = []
+    t = threading.Thread(target=lambda: result.append(append(acc, b"y" * 200, TopicPartition("t", 1))))
+    t.start()
+    deadline = time.monotonic() + 2
+    while acc.space_waiters == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert acc.space_waiters == 1 and not result, "second append should be blocked on buffer memory"
+    with acc.lock:
+        batch = acc.pop_head(TP)
+    acc.complete(batch, 0, -1, None)
+    t.join(2)
+    assert result and result[0] is not None, "blocked append did not resume after memory was freed"
+
+
+def test_reenqueue_puts_retries_first_in_sequence_order() -> None:
+    acc = make_acc(batch_size=130)
+    for i in range(4):
+        append(acc, b"x" * 100 + bytes([i]))
+    with acc.lock:
+        b0, b1 = acc.pop_head(TP), acc.pop_head(TP)
+    b0.base_sequence, b1.base_sequence = 0, 1
+    acc.reenqueue(b1)
+    acc.reenqueue(b0)
+    order = list(acc.batches[TP])
+    assert order[0] is b0 and order[1] is b1 and not order[2].retry
+
+
+def test_retry_waits_for_backoff_and_for_in_flight_batches() -> None:
+    acc = make_acc()
+    append(acc, b"a")
+    with acc.lock:
+        batch = acc.pop_head(TP)
+    now = time.monotonic()
+    batch.last_attempt = now
+    acc.reenqueue(batch)
+    with acc.lock:
+        assert acc.ready(now, ())[0] == []
+        assert acc.ready(now + 0.02, [TP])[0] == [], "retry must wait while the partition has a batch in flight"
+        assert acc.ready(now + 0.02, ())[0] == [TP]
+
+
+def test_expired_batches_are_removed() -> None:
+    acc = make_acc(delivery_timeout_ms=10)
+    append(acc, b"a")
+    with acc.lock:
+        assert acc.expired(time.monotonic()) == []
+        assert len(acc.expired(time.monotonic() + 1)) == 1
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"acks": 2}, "acks"),
+        ({"compression.type": "brotli"}, "compression.type"),
+        ({"batch.sise": 1}, "unknown producer config"),
+        ({"linger.ms": -1}, "linger.ms"),
+        ({"enable.idempotence": True, "acks": 1}, "acks must be all"),
+        ({"enable.idempotence": True, "max.in.flight.requests.per.connection": 6}, "<= 5"),
+        ({"delivery.timeout.ms": 1000, "request.timeout.ms": 30000}, "delivery.timeout.ms"),
+    ],
+)
+def test_producer_config_validation(config: dict, match: str) -> None:
+    with pytest.raises(errors.InvalidConfigError, match=match):
+        Producer(config, bootstrap_servers="127.0.0.1:1")
+
+
+def test_idempotence_defaults_follow_kafka() -> None:
+    p = Producer(bootstrap_servers="127.0.0.1:1", acks=1, max_block_ms=100)
+    try:
+        assert p.idempotent is False, "acks=1 turns default idempotence off quietly"
+    finally:
+        p.close(timeout=1)
