@@ -1,0 +1,629 @@
+"""ReplicaManager: the partitions this broker hosts, and everything that reads or writes them.
+
+It turns metadata into roles (leader / follower per partition, fetchers to follow), runs
+the produce path (append as leader, acks=all waiting in the produce purgatory until the
+high watermark passes the batch), the fetch path (consumers below the HW, followers to
+the log end, long polling woken by appends), ISR maintenance (shrink on lag, expand on
+catch-up, both through the controller's AlterPartition) and the internal API other
+broker components use (group coordinator: append_records, read_committed, leadership
+listeners, ensure_internal_topic).
+
+No per-record work here: batches are checked and stamped by the storage layer from
+their headers, and fetch responses are the log's bytes as they are.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from broker.metadata_cache import MetadataCache, MetadataDelta, PartitionInfo, TopicInfo
+from proto import broker_pb2, common_pb2, controller_pb2, errors
+from proto.errors import ErrorCode
+from replication.fetcher import FetcherConfig, ReplicaFetcherManager
+from replication.partition import IsrProposal, Partition, Role
+from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
+
+log = logging.getLogger(__name__)
+
+LeadershipListener = Callable[[str, int, bool, int], None]
+
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3
+DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
+DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
+MAX_TIMESTAMP_SCAN_BYTES = 256 * 1024 * 1024  # bound on the header scan for ListOffsets(-3)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class AppendResult:
+    topic: str
+    partition: int
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int
+    log_start_offset: int
+    duplicate: bool = False
+
+
+@dataclass(slots=True)
+class PartitionStats:
+    topic: str
+    partition: int
+    is_leader: bool
+    leader_epoch: int
+    isr: list[int]
+    replicas: list[int]
+    hw: int
+    leo: int
+    log_start: int
+    size_bytes: int
+    messages_in_total: int
+    bytes_in_total: int
+    bytes_out_total: int
+    isr_shrinks_total: int
+    isr_expands_total: int
+    under_replicated: bool
+    under_min_isr: bool
+
+
+class DelayedProduce(DelayedOperation):
+    """acks=all: done when the HW reaches ``required_offset`` (or leadership moves, or the timeout)."""
+
+    def __init__(self, partition: Partition, leader_epoch: int, result: AppendResult,
+                 future: concurrent.futures.Future, deadline_s: float) -> None:
+        super().__init__(deadline_s)
+        self.partition = partition
+        self.leader_epoch = leader_epoch
+        self.required_offset = result.last_offset + 1
+        self.result = result
+        self.future = future
+
+    def _try_complete(self) -> bool:
+        p = self.partition
+        if p.role is not Role.LEADER or p.leader_epoch != self.leader_epoch:
+            self.future.set_exception(errors.NotLeaderOrFollowerError(
+                f"leadership of {p.topic}-{p.partition} moved before the batch was committed"))
+            return True
+        if p.log.high_watermark >= self.required_offset:
+            min_isr = p.min_insync_replicas()
+            if len(p.isr) < min_isr:
+                self.future.set_exception(errors.error_class(ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND)(
+                    f"ISR {list(p.isr)} shrank below min.insync.replicas={min_isr} after the append"))
+            else:
+                self.future.set_result(self.result)
+            return True
+        return False
+
+    def _on_expire(self) -> None:
+        self.future.set_exception(errors.RequestTimedOutError(
+            f"{self.partition.topic}-{self.partition.partition}: acks=all not reached by the ISR in time "
+            f"(HW {self.partition.log.high_watermark} < {self.required_offset})"))
+
+
+class _DataWaiter(DelayedOperation):
+    """A long-polling fetch: woken when any watched partition appends or moves its HW."""
+
+    def __init__(self, seqs: dict[Partition, int]) -> None:
+        super().__init__(None)
+        self.seqs = seqs
+        self.event = threading.Event()
+
+    def _try_complete(self) -> bool:
+        if any(p.change_seq != s for p, s in self.seqs.items()):
+            self.event.set()
+            return True
+        return False
+
+    def _on_expire(self) -> None:
+        self.event.set()
+
+
+class ReplicaManager:
+    def __init__(self, node_id: int, log_manager: Any, metadata_cache: MetadataCache, controller_client: Any,
+                 *, defaults: Mapping[str, str], broker_epoch: Callable[[], int],
+                 lease_valid: Callable[[], bool] = lambda: True,
+                 fetcher_config: FetcherConfig | None = None) -> None:
+        self.node_id = node_id
+        self.log_manager = log_manager
+        self.metadata_cache = metadata_cache
+        self.controller_client = controller_client
+        self.defaults = dict(defaults)
+        self._broker_epoch = broker_epoch
+        self._lease_valid = lease_valid
+        self.replica_lag_time_max_ms = int(self.defaults.get("replica.lag.time.max.ms", "30000"))
+        self._partitions: dict[tuple[str, int], Partition] = {}
+        self._role_lock = threading.RLock()
+        self._fetch_targets: dict[tuple[str, int], tuple[int, str, int]] = {}
+        self._listeners: list[LeadershipListener] = []
+        self.produce_purgatory = DelayedOperationPurgatory("produce")
+        self.fetch_purgatory = DelayedOperationPurgatory("fetch")
+        self.fetchers = ReplicaFetcherManager(node_id, broker_epoch, fetcher_config or FetcherConfig())
+        self._alter = _AlterPartitionSender(self)
+        self._stopped = threading.Event()
+        self._isr_thread = threading.Thread(target=self._isr_loop, name=f"isr-expiration-{node_id}", daemon=True)
+
+    # ---- lifecycle ----
+    def start(self) -> None:
+        self._alter.start()
+        self._isr_thread.start()
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        self.fetchers.shutdown()
+        self._alter.stop()
+        with self._role_lock:
+            for p in self._partitions.values():
+                p.make_offline()
+                self._complete_delayed(p.key)
+        self.produce_purgatory.shutdown()
+        self.fetch_purgatory.shutdown()
+        if self._isr_thread.is_alive():
+            self._isr_thread.join(timeout=5)
+
+    def add_leadership_listener(self, cb: LeadershipListener) -> None:
+        self._listeners.append(cb)
+
+    def partition(self, topic: str, partition: int) -> Partition | None:
+        return self._partitions.get((topic, partition))
+
+    def hosted_partitions(self) -> list[Partition]:
+        return list(self._partitions.values())
+
+    # ---- metadata -> roles ----
+    def apply_metadata_delta(self, delta: MetadataDelta) -> None:
+        with self._role_lock:
+            for topic in delta.deleted_topics:
+                self._remove_topic(topic)
+            for topic in delta.changed_topics:
+                if any(k[0] == topic.name for k in self._partitions):
+                    try:
+                        self.log_manager.update_topic_config(topic.name, topic.configs)
+                    except Exception:
+                        log.exception("updating config of topic %s failed", topic.name)
+            seen: set[tuple[str, int]] = set()
+            for info in delta.changed_partitions:
+                seen.add((info.topic, info.partition))
+                try:
+                    self._apply_partition(info)
+                except Exception:
+                    log.exception("applying metadata for %s-%d failed", info.topic, info.partition)
+            if delta.is_snapshot:
+                self._remove_unknown_logs(seen)
+            self._reconcile_fetchers()
+
+    def _apply_partition(self, info: PartitionInfo) -> None:
+        key = (info.topic, info.partition)
+        p = self._partitions.get(key)
+        if self.node_id not in info.replicas:
+            if p is not None:
+                self._stop_replica(p, delete=True)
+            return
+        if p is not None and p.topic_id != info.topic_id:
+            self._stop_replica(p, delete=True)
+            p = None
+        if p is None:
+            topic = self.metadata_cache.topic(info.topic)
+            overrides = topic.configs if topic is not None else {}
+            lg = self.log_manager.get_or_create_log(info.topic, info.partition, topic_id=info.topic_id,
+                                                    overrides=overrides)
+            p = Partition(info.topic, info.partition, info.topic_id, lg, self.node_id,
+                          broker_usable=self.metadata_cache.is_broker_usable)
+            self._partitions[key] = p
+        if info.leader == self.node_id:
+            self.fetchers.remove_partitions([key])
+            self._fetch_targets.pop(key, None)
+            if p.make_leader(info.replicas, info.isr, info.leader_epoch, info.partition_epoch, now_ms()):
+                log.info("%s-%d: leader at epoch %d, ISR %s, LEO %d, HW %d", info.topic, info.partition,
+                         info.leader_epoch, list(info.isr), p.log.log_end_offset, p.log.high_watermark)
+                self._notify_listeners(info.topic, info.partition, True, info.leader_epoch)
+            self._complete_delayed(key)
+            return
+        was_leader = p.is_leader
+        if info.leader < 0:
+            p.make_offline()
+            p.leader_epoch = info.leader_epoch
+        elif p.make_follower(info.leader, info.replicas, info.isr, info.leader_epoch, info.partition_epoch):
+            log.info("%s-%d: follower of %d at epoch %d", info.topic, info.partition, info.leader,
+                     info.leader_epoch)
+        self._complete_delayed(key)
+        if was_leader:
+            self._notify_listeners(info.topic, info.partition, False, info.leader_epoch)
+
+    def _reconcile_fetchers(self) -> None:
+        """Every follower partition fetches from its leader's current endpoint at its current epoch."""
+        for key, p in self._partitions.items():
+            if p.role is not Role.FOLLOWER:
+                if key in self._fetch_targets:
+                    self.fetchers.remove_partitions([key])
+                    del self._fetch_targets[key]
+                continue
+            b = self.metadata_cache.broker(p.leader_id)
+            if b is None or b.port <= 0:
+                continue
+            target = (p.leader_id, f"{b.host}:{b.port}", p.leader_epoch)
+            if self._fetch_targets.get(key) != target:
+                self.fetchers.add_partition(p, target[0], target[1], target[2])
+                self._fetch_targets[key] = target
+
+    def _stop_replica(self, p: Partition, *, delete: bool) -> None:
+        was_leader = p.is_leader
+        self.fetchers.remove_partitions([p.key])
+        self._fetch_targets.pop(p.key, None)
+        p.make_offline()
+        self._complete_delayed(p.key)
+        self._partitions.pop(p.key, None)
+        if was_leader:
+            self._notify_listeners(p.topic, p.partition, False, p.leader_epoch)
+        if delete:
+            log.info("%s-%d: no longer hosted here; deleting the log", p.topic, p.partition)
+            self.log_manager.delete_log(p.topic, p.partition)
+
+    def _remove_topic(self, topic: TopicInfo) -> None:
+        for key, p in list(self._partitions.items()):
+            if key[0] == topic.name and p.topic_id == topic.topic_id:
+                self._stop_replica(p, delete=True)
+
+    def _remove_unknown_logs(self, seen: set[tuple[str, int]]) -> None:
+        for key, p in list(self._partitions.items()):
+            if key not in seen:
+                self._stop_replica(p, delete=True)
+        for (topic, part) in list(self.log_manager.all_logs()):
+            info = self.metadata_cache.partition(topic, part)
+            if (topic, part) not in self._partitions and (info is None or self.node_id not in info.replicas):
+                log.info("%s-%d: log on disk for a partition not assigned here; deleting", topic, part)
+                self.log_manager.delete_log(topic, part)
+
+    def _notify_listeners(self, topic: str, partition: int, is_leader: bool, epoch: int) -> None:
+        for cb in list(self._listeners):
+            try:
+                cb(topic, partition, is_leader, epoch)
+            except Exception:
+                log.exception("leadership listener failed for %s-%d", topic, partition)
+
+    def _complete_delayed(self, key: tuple[str, int]) -> None:
+        self.produce_purgatory.check_and_complete(key)
+        self.fetch_purgatory.check_and_complete(key)
+
+    # ---- lookup helpers ----
+    def _current_leader(self, topic: str, partition: int) -> common_pb2.LeaderIdAndEpoch:
+        return self.metadata_cache.leader_and_epoch(topic, partition)
+
+    def leader_partition(self, topic: str, partition: int) -> Partition:
+        """The partition if this broker leads it; else the specific error."""
+        p = self._partitions.get((topic, partition))
+        if p is None:
+            if self.metadata_cache.partition(topic, partition) is None:
+                raise errors.UnknownTopicOrPartitionError(f"unknown partition {topic}-{partition}")
+            raise errors.NotLeaderOrFollowerError(f"broker {self.node_id} does not host {topic}-{partition}")
+        p.check_leader()
+        return p
+
+    # ---- produce ----
+    def append_records(self, topic: str, partition: int, records: bytes, *, acks: int,
+                       timeout_ms: int) -> concurrent.futures.Future:
+        """Append as leader. The future resolves to an AppendResult, or raises the BrookError.
+
+        acks=0/1 resolve once the leader appended; acks=-1 once the HW passes the batch,
+        with REQUEST_TIMED_OUT after ``timeout_ms`` (the data stays appended, as in Kafka).
+        """
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            if acks not in (0, 1, -1):
+                raise errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), not {acks}")
+            if not records:
+                raise errors.CorruptMessageError("empty record set")
+            p = self.leader_partition(topic, partition)
+            if not self._lease_valid():
+                raise errors.NotLeaderOrFollowerError(
+                    f"broker {self.node_id} lost its controller session; not accepting writes")
+            with p.lock:
+                epoch = p.leader_epoch
+                info = p.append_as_leader(records, acks)
+            result = AppendResult(topic, partition, info.first_offset, info.last_offset,
+                                  info.log_append_time_ms, p.log.log_start_offset,
+                                  bool(getattr(info, "duplicate", False)))
+        except errors.BrookError as e:
+            fut.set_exception(e)
+            return fut
+        self.fetch_purgatory.check_and_complete(p.key)
+        if acks != -1:
+            fut.set_result(result)
+            return fut
+        op = DelayedProduce(p, epoch, result, fut, time.monotonic() + max(0, timeout_ms) / 1000)
+        self.produce_purgatory.watch(op, [p.key])
+        return fut
+
+    # ---- fetch ----
+    def fetch(self, req: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
+        deadline = time.monotonic() + max(0, req.max_wait_ms) / 1000
+        keys = [(fp.topic, fp.partition) for fp in req.partitions]
+        while True:
+            seqs = {p: p.change_seq for k in keys if (p := self._partitions.get(k)) is not None}
+            resp, total_bytes, must_answer = self._read_once(req)
+            remaining_s = deadline - time.monotonic()
+            if must_answer or total_bytes >= req.min_bytes or remaining_s <= 0 or not seqs:
+                return resp
+            waiter = _DataWaiter(seqs)
+            if not self.fetch_purgatory.watch(waiter, [p.key for p in seqs]):
+                waiter.event.wait(remaining_s)
+            waiter.cancel()
+            if self._stopped.is_set():
+                return resp
+
+    def _read_once(self, req: broker_pb2.FetchRequest) -> tuple[broker_pb2.FetchResponse, int, bool]:
+        resp = broker_pb2.FetchResponse()
+        remaining = req.max_bytes if req.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
+        total = 0
+        must_answer = False
+        is_follower = req.replica_id >= 0
+        now = now_ms()
+        for fp in req.partitions:
+            out = resp.partitions.add(topic=fp.topic, partition=fp.partition, high_watermark=-1,
+                                      log_start_offset=-1, log_end_offset=-1)
+            try:
+                if fp.partition_max_bytes < 0:
+                    raise errors.error_class(ErrorCode.INVALID_FETCH_SIZE)(
+                        f"partition_max_bytes {fp.partition_max_bytes} < 0")
+                p = self._partitions.get((fp.topic, fp.partition))
+                if p is None:
+                    self.leader_partition(fp.topic, fp.partition)  # raises the right error
+                    raise errors.NotLeaderOrFollowerError(f"{fp.topic}-{fp.partition} not hosted")
+                limit = min(fp.partition_max_bytes or DEFAULT_PARTITION_MAX_BYTES, max(0, remaining))
+                first = total == 0
+                if is_follower:
+                    r = p.fetch_for_follower(req.replica_id, fp.fetch_offset, fp.log_start_offset,
+                                             fp.last_fetched_epoch, fp.current_leader_epoch, limit, first, now)
+                    records = r.records
+                    out.high_watermark, out.log_start_offset, out.log_end_offset = (
+                        r.high_watermark, r.log_start_offset, r.log_end_offset)
+                    if r.diverging_epoch is not None:
+                        out.diverging_epoch.epoch, out.diverging_epoch.end_offset = r.diverging_epoch
+                        must_answer = True
+                    if r.hw_changed:
+                        self._complete_delayed(p.key)
+                    if r.isr_proposal is not None:
+                        self._alter.submit(r.isr_proposal)
+                else:
+                    data = p.read_for_consumer(fp.fetch_offset, limit, fp.current_leader_epoch, first) \
+                        if (limit > 0 or first) else None
+                    records = data.records if data is not None else b""
+                    lg = p.log
+                    out.high_watermark, out.log_start_offset, out.log_end_offset = (
+                        lg.high_watermark, lg.log_start_offset, lg.log_end_offset)
+                out.records = records
+                total += len(records)
+                remaining -= len(records)
+            except errors.BrookError as e:
+                must_answer = True
+                out.error_code, out.error_message = e.code, e.message
+                self._fill_error_context(out, fp.topic, fp.partition, e.code)
+        return resp, total, must_answer
+
+    def _fill_error_context(self, out: Any, topic: str, partition: int, code: int) -> None:
+        if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
+                    ErrorCode.UNKNOWN_LEADER_EPOCH):
+            out.current_leader.CopyFrom(self._current_leader(topic, partition))
+        p = self._partitions.get((topic, partition))
+        if p is not None and hasattr(out, "log_end_offset"):
+            out.high_watermark = p.log.high_watermark
+            out.log_start_offset = p.log.log_start_offset
+            out.log_end_offset = p.log.log_end_offset
+
+    def read_committed(self, topic: str, partition: int, start_offset: int, max_bytes: int) -> Any:
+        """Committed data (below the HW) of a partition this broker leads: a storage FetchData."""
+        p = self.leader_partition(topic, partition)
+        return p.read_for_consumer(start_offset, max_bytes, -1, True)
+
+    # ---- list offsets / epochs ----
+    def list_offsets(self, req: broker_pb2.ListOffsetsRequest) -> broker_pb2.ListOffsetsResponse:
+        resp = broker_pb2.ListOffsetsResponse()
+        for lp in req.partitions:
+            out = resp.partitions.add(topic=lp.topic, partition=lp.partition, timestamp=-1, offset=-1,
+                                      leader_epoch=-1)
+            try:
+                p = self.leader_partition(lp.topic, lp.partition)
+                p.check_leader(lp.current_leader_epoch)
+                out.offset, out.timestamp = self._offset_for(p, lp.timestamp, req.replica_id >= 0)
+                out.leader_epoch = p.leader_epoch
+            except errors.BrookError as e:
+                out.error_code, out.error_message = e.code, e.message
+                if e.code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
+                              ErrorCode.UNKNOWN_LEADER_EPOCH):
+                    out.current_leader.CopyFrom(self._current_leader(lp.topic, lp.partition))
+        return resp
+
+    def _offset_for(self, p: Partition, ts: int, from_replica: bool) -> tuple[int, int]:
+        lg = p.log
+        bound = lg.log_end_offset if from_replica else lg.high_watermark
+        if ts == EARLIEST_TIMESTAMP:
+            return lg.log_start_offset, -1
+        if ts == LATEST_TIMESTAMP:
+            return bound, -1
+        if ts == MAX_TIMESTAMP:
+            return _max_timestamp_offset(lg, bound)
+        if ts < 0:
+            raise errors.InvalidRequestError(f"invalid ListOffsets timestamp {ts}")
+        found = lg.offset_for_timestamp(ts)
+        if found is None or found[0] >= bound:
+            return -1, -1
+        return found[0], found[1]
+
+    def offsets_for_leader_epoch(self, req: broker_pb2.OffsetsForLeaderEpochRequest
+                                 ) -> broker_pb2.OffsetsForLeaderEpochResponse:
+        resp = broker_pb2.OffsetsForLeaderEpochResponse()
+        for op in req.partitions:
+            out = resp.partitions.add(topic=op.topic, partition=op.partition, leader_epoch=-1, end_offset=-1)
+            try:
+                p = self.leader_partition(op.topic, op.partition)
+                p.check_leader(op.current_leader_epoch)
+                out.leader_epoch, out.end_offset = p.log.end_offset_for_epoch(op.leader_epoch)
+            except errors.BrookError as e:
+                out.error_code, out.error_message = e.code, e.message
+        return resp
+
+    # ---- ISR maintenance ----
+    def _isr_loop(self) -> None:
+        interval_s = max(0.05, self.replica_lag_time_max_ms / 2000)
+        while not self._stopped.wait(interval_s):
+            now = now_ms()
+            for p in list(self._partitions.values()):
+                try:
+                    proposal = p.maybe_shrink_isr(now, self.replica_lag_time_max_ms)
+                except Exception:
+                    log.exception("ISR check of %s-%d failed", p.topic, p.partition)
+                    continue
+                if proposal is not None:
+                    self._alter.submit(proposal)
+
+    def apply_alter_result(self, result: controller_pb2.AlterPartitionResult) -> None:
+        p = self._partitions.get((result.topic, result.partition))
+        if p is None:
+            return
+        if result.error_code != ErrorCode.NONE:
+            log.info("%s-%d: AlterPartition refused: %s %s", result.topic, result.partition,
+                     errors.code_name(result.error_code), result.error_message)
+            p.clear_pending_isr()
+            return
+        st = result.partition_state
+        if p.apply_committed_state(tuple(st.isr), st.leader_epoch, st.partition_epoch):
+            self._complete_delayed(p.key)
+        else:
+            self._complete_delayed(p.key)  # ISR size changed: waiting acks=all re-check min ISR
+
+    # ---- internal topics ----
+    def ensure_internal_topic(self, name: str, partitions: int, replication_factor: int,
+                              configs: Mapping[str, str], *, timeout_s: float = 15.0) -> None:
+        if self.metadata_cache.topic(name) is None:
+            req = controller_pb2.CreateTopicsRequest(topics=[controller_pb2.CreatableTopic(
+                name=name, num_partitions=partitions, replication_factor=replication_factor,
+                configs=dict(configs))], timeout_ms=int(timeout_s * 1000))
+            resp = self.controller_client.call("CreateTopics", req, timeout_s=timeout_s)
+            for r in resp.results:
+                if r.error_code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+                    errors.raise_for(r.error_code, r.error_message)
+        if not self.metadata_cache.wait_for(lambda c: c.topic(name) is not None, timeout_s):
+            raise errors.RequestTimedOutError(f"topic {name} did not appear in metadata within {timeout_s}s")
+
+    # ---- stats ----
+    def stats(self) -> list[PartitionStats]:
+        out = []
+        for p in list(self._partitions.values()):
+            lg = p.log
+            out.append(PartitionStats(
+                p.topic, p.partition, p.is_leader, p.leader_epoch, list(p.isr), list(p.replicas),
+                lg.high_watermark, lg.log_end_offset, lg.log_start_offset, lg.size_bytes,
+                p.messages_in_total, p.bytes_in_total, p.bytes_out_total, p.isr_shrinks_total,
+                p.isr_expands_total, p.under_replicated, p.under_min_isr))
+        return out
+
+
+def _max_timestamp_offset(lg: Any, bound: int) -> tuple[int, int]:
+    """Offset and timestamp of the record with the largest timestamp below ``bound``.
+
+    Walks batch headers only; decodes the one winning batch to find the record inside it.
+    """
+    from storage import record_batch as rb
+
+    best_ts, best_pos_batch = -1, None
+    pos = lg.log_start_offset
+    scanned = 0
+    while pos < bound and scanned < MAX_TIMESTAMP_SCAN_BYTES:
+        data = lg.read(pos, DEFAULT_PARTITION_MAX_BYTES, max_offset=bound, min_one_batch=True)
+        if not data.records:
+            break
+        last_next = pos
+        for off, h in rb.iter_batches(data.records):
+            if h.max_timestamp > best_ts and not h.is_control:
+                best_ts = h.max_timestamp
+                best_pos_batch = data.records[off:off + h.size]
+            last_next = h.next_offset
+        scanned += len(data.records)
+        if last_next <= pos:
+            break
+        pos = last_next
+    if best_pos_batch is None:
+        return -1, -1
+    header, records = rb.decode_batch(best_pos_batch)
+    for r in records:
+        if r.timestamp == best_ts:
+            return r.offset, r.timestamp
+    return header.last_offset, best_ts
+
+
+class _AlterPartitionSender:
+    """Sends ISR proposals to the controller, batched; one in flight per partition (the Partition's pending_isr)."""
+
+    def __init__(self, rm: ReplicaManager) -> None:
+        self._rm = rm
+        self._cond = threading.Condition()
+        self._pending: dict[tuple[str, int], IsrProposal] = {}
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name=f"alter-partition-{rm.node_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def submit(self, proposal: IsrProposal) -> None:
+        with self._cond:
+            self._pending[(proposal.topic, proposal.partition)] = proposal
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                batch = list(self._pending.values())[:1000]
+                for pr in batch:
+                    del self._pending[(pr.topic, pr.partition)]
+            req = controller_pb2.AlterPartitionRequest(
+                broker_id=self._rm.node_id, broker_epoch=self._rm._broker_epoch(),
+                items=[controller_pb2.AlterPartitionItem(topic=pr.topic, partition=pr.partition,
+                                                         leader_epoch=pr.leader_epoch,
+                                                         partition_epoch=pr.partition_epoch,
+                                                         new_isr=list(pr.new_isr)) for pr in batch])
+            try:
+                resp = self._rm.controller_client.call("AlterPartition", req, timeout_s=10)
+            except Exception as e:
+                log.warning("AlterPartition of %d partitions failed: %s; will re-propose", len(batch), e)
+                for pr in batch:
+                    p = self._rm.partition(pr.topic, pr.partition)
+                    if p is not None:
+                        p.clear_pending_isr()
+                with self._cond:
+                    self._cond.wait(timeout=0.5)
+                continue
+            if resp.error_code != ErrorCode.NONE:
+                log.warning("AlterPartition refused: %s %s", errors.code_name(resp.error_code), resp.error_message)
+            answered = {(r.topic, r.partition) for r in resp.results}
+            for pr in batch:
+                if (pr.topic, pr.partition) not in answered:
+                    p = self._rm.partition(pr.topic, pr.partition)
+                    if p is not None:
+                        p.clear_pending_isr()
+            for result in resp.results:
+                try:
+                    self._rm.apply_alter_result(result)
+                except Exception:
+                    log.exception("applying AlterPartition result for %s-%d failed", result.topic,
+                                  result.partition)

@@ -1,0 +1,280 @@
+"""BrokerServer: one broker — gRPC service, partition logs, replication, and its bond to the quorum.
+
+Lifecycle: open the logs, serve gRPC, register with the active controller (getting a
+broker epoch), heartbeat every ``broker.heartbeat.interval.ms``, follow metadata with
+``WatchMetadata`` and turn each change into leader/follower roles (ReplicaManager).
+``stop(controlled=True)`` first asks the controller to move this broker's leaderships
+away (KRaft controlled shutdown), then stops serving, fetchers and logs in that order.
+
+Safety: a broker that has not heard back from the controller for a whole session
+(``broker.session.timeout.ms``) assumes it has been fenced and stops accepting writes
+as leader until a heartbeat succeeds again — by then metadata names its successor.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from broker.metadata_cache import MetadataCache
+from broker.producer_ids import ProducerIdManager
+from broker.replica_manager import ReplicaManager
+from broker.service import BrokerService
+from proto import broker_pb2_grpc, common_pb2, controller_pb2, errors
+from proto.errors import ErrorCode
+from replication.fetcher import FetcherConfig
+
+log = logging.getLogger(__name__)
+
+GRPC_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+GRPC_WORKERS = 64  # long-polling fetches hold a worker each: followers (one per source) and consumers
+REGISTER_TIMEOUT_S = 60.0
+FIRST_METADATA_WAIT_S = 30.0
+CONTROLLED_SHUTDOWN_TIMEOUT_S = 30.0
+
+
+@dataclass
+class BrokerSettings:
+    node_id: int
+    host: str
+    port: int
+    rack: str
+    log_dirs: list[Path]
+    cluster_id: str
+    controller_endpoints: list[tuple[str, int]]
+    defaults: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class BrokerStats:
+    node_id: int
+    broker_epoch: int
+    registered: bool
+    fenced: bool
+    lease_valid: bool
+    metadata_version: int
+    partitions: int
+    leaders: int
+    followers: int
+    fetchers: int
+
+
+class BrokerServer:
+    def __init__(self, settings: BrokerSettings, *,
+                 extensions: list[Callable[[BrokerServer], object]] | None = None) -> None:
+        self.settings = settings
+        self.node_id = settings.node_id
+        d = settings.defaults
+        self.heartbeat_interval_ms = int(d.get("broker.heartbeat.interval.ms", "2000"))
+        self.session_timeout_ms = int(d.get("broker.session.timeout.ms", "9000"))
+        self._extensions = list(extensions or [])
+        self._servicer_fns: list[Callable[[grpc.Server], None]] = []
+        self.incarnation_id = uuid.uuid4().hex
+        self.broker_epoch = -1
+        self.fenced = True
+        self._last_heartbeat_ok = 0.0
+        self._stopping = threading.Event()
+        self._want_shutdown = False
+        self._should_shutdown = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._started = False
+        self.port = settings.port
+        self.grpc_server: grpc.Server | None = None
+        self.log_manager: Any = None
+        self.controller_client: Any = None
+        self.metadata_cache = MetadataCache(settings.node_id)
+        self.replica_manager: ReplicaManager | None = None
+        self.extension_objects: list[object] = []
+
+    # ---- hooks ----
+    def add_servicer(self, fn: Callable[[grpc.Server], None]) -> None:
+        """Register an extra gRPC service (e.g. GroupCoordinatorService) on the broker's server."""
+        if self.grpc_server is not None and not self._started:
+            fn(self.grpc_server)
+        elif self._started:
+            raise RuntimeError("add_servicer after start: gRPC services must be added before serving")
+        else:
+            self._servicer_fns.append(fn)
+
+    def lease_valid(self) -> bool:
+        return time.monotonic() - self._last_heartbeat_ok < self.session_timeout_ms / 1000
+
+    # ---- start ----
+    def start(self) -> None:
+        from storage.log_manager import LogManager
+
+        from metadata_quorum.client import ControllerClient
+
+        s = self.settings
+        self.log_manager = LogManager(list(s.log_dirs), s.defaults)
+        self.log_manager.startup()
+        self.controller_client = ControllerClient(list(s.controller_endpoints), timeout_s=10)
+        fetcher_cfg = FetcherConfig(
+            max_wait_ms=int(s.defaults.get("replica.fetch.wait.max.ms", "500")),
+            max_bytes=int(s.defaults.get("replica.fetch.response.max.bytes", str(16 * 1024 * 1024))),
+            partition_max_bytes=int(s.defaults.get("replica.fetch.max.bytes", str(1024 * 1024))),
+            backoff_ms=int(s.defaults.get("replica.fetch.backoff.ms", "200")))
+        self.replica_manager = ReplicaManager(
+            s.node_id, self.log_manager, self.metadata_cache, self.controller_client, defaults=s.defaults,
+            broker_epoch=lambda: self.broker_epoch, lease_valid=self.lease_valid, fetcher_config=fetcher_cfg)
+        producer_ids = ProducerIdManager(s.node_id, self.controller_client, lambda: self.broker_epoch)
+        self.grpc_server = grpc.server(
+            concurrent.futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix=f"broker-{s.node_id}"),
+            options=[("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+                     ("grpc.so_reuseport", 0)])
+        broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerService(
+            s.node_id, self.replica_manager, self.metadata_cache, self.controller_client, producer_ids,
+            defaults=s.defaults, controller_endpoints=s.controller_endpoints), self.grpc_server)
+        for fn in self._servicer_fns:
+            fn(self.grpc_server)
+        bound = self.grpc_server.add_insecure_port(f"{s.host}:{s.port}")
+        if bound == 0:
+            raise OSError(f"broker {s.node_id}: cannot listen on {s.host}:{s.port}")
+        self.port = bound
+        for ext in self._extensions:
+            self.extension_objects.append(ext(self))
+        self.grpc_server.start()
+        self._started = True
+        self.log_manager.start_background()
+        self.replica_manager.start()
+        self._register(REGISTER_TIMEOUT_S)
+        self._spawn(self._watch_loop, "metadata-watch")
+        self._spawn(self._heartbeat_loop, "heartbeat")
+        if not self.metadata_cache.wait_for(lambda c: c.version > 0, FIRST_METADATA_WAIT_S):
+            log.warning("broker %d: no metadata from the controller after %.0fs; serving anyway",
+                        s.node_id, FIRST_METADATA_WAIT_S)
+        log.info("broker %d started on %s:%d (epoch %d)", s.node_id, s.host, self.port, self.broker_epoch)
+
+    def _spawn(self, fn: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=fn, name=f"{name}-{self.node_id}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _register(self, timeout_s: float) -> None:
+        s = self.settings
+        req = controller_pb2.RegisterBrokerRequest(
+            node_id=s.node_id, incarnation_id=self.incarnation_id, rack=s.rack, cluster_id=s.cluster_id,
+            endpoints=[common_pb2.Endpoint(name="BROKER", host=s.host, port=self.port)])
+        deadline = time.monotonic() + timeout_s
+        while not self._stopping.is_set():
+            try:
+                resp = self.controller_client.call("RegisterBroker", req, timeout_s=max(1.0, deadline - time.monotonic()))
+                self.broker_epoch = resp.broker_epoch
+                self._last_heartbeat_ok = time.monotonic()
+                log.info("broker %d registered with epoch %d", s.node_id, self.broker_epoch)
+                return
+            except errors.BrookError as e:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("broker %d: registration failed (%s); retrying", s.node_id, e)
+                self._stopping.wait(0.5)
+
+    # ---- background loops ----
+    def _watch_loop(self) -> None:
+        assert self.replica_manager is not None
+        while not self._stopping.is_set():
+            try:
+                for update in self.controller_client.watch(self.metadata_cache.version, broker_id=self.node_id):
+                    delta = self.metadata_cache.apply(update)
+                    self.replica_manager.apply_metadata_delta(delta)
+                    me = self.metadata_cache.broker(self.node_id)
+                    if me is not None and me.broker_epoch == self.broker_epoch:
+                        self.fenced = me.fenced
+                    if self._stopping.is_set():
+                        return
+            except errors.BrookError as e:
+                if self._stopping.is_set():
+                    return
+                log.warning("broker %d: metadata watch ended (%s); resubscribing", self.node_id, e)
+            except Exception:
+                if self._stopping.is_set():
+                    return
+                log.exception("broker %d: metadata watch failed; resubscribing", self.node_id)
+            self._stopping.wait(0.2)
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stopping.wait(self.heartbeat_interval_ms / 1000):
+            self.heartbeat_once()
+
+    def heartbeat_once(self) -> None:
+        req = controller_pb2.BrokerHeartbeatRequest(
+            node_id=self.node_id, broker_epoch=self.broker_epoch,
+            current_metadata_version=self.metadata_cache.version, want_shutdown=self._want_shutdown)
+        try:
+            resp = self.controller_client.call("BrokerHeartbeat", req,
+                                               timeout_s=max(0.5, self.heartbeat_interval_ms / 1000))
+        except errors.BrookError as e:
+            if e.code in (ErrorCode.STALE_BROKER_EPOCH, ErrorCode.BROKER_ID_NOT_REGISTERED):
+                log.warning("broker %d: controller forgot epoch %d (%s); registering again", self.node_id,
+                            self.broker_epoch, e.name)
+                try:
+                    self._register(self.session_timeout_ms / 1000)
+                except errors.BrookError as e2:
+                    log.warning("broker %d: re-registration failed: %s", self.node_id, e2)
+            elif not self._stopping.is_set():
+                log.info("broker %d: heartbeat failed: %s", self.node_id, e)
+            return
+        self._last_heartbeat_ok = time.monotonic()
+        if self.fenced != resp.is_fenced:
+            log.info("broker %d is now %s", self.node_id, "fenced" if resp.is_fenced else "unfenced")
+        self.fenced = resp.is_fenced
+        if resp.should_shutdown:
+            self._should_shutdown.set()
+
+    # ---- stop ----
+    def stop(self, controlled: bool = True) -> None:
+        if self._stopping.is_set():
+            return
+        if controlled and self._started and self.broker_epoch >= 0:
+            self._controlled_shutdown(CONTROLLED_SHUTDOWN_TIMEOUT_S)
+        self._stopping.set()
+        if self.grpc_server is not None:
+            self.grpc_server.stop(grace=1.0).wait(5)
+        if self.controller_client is not None:
+            self.controller_client.close()
+        if self.replica_manager is not None:
+            self.replica_manager.shutdown()
+        for t in self._threads:
+            t.join(timeout=5)
+        if self.log_manager is not None:
+            self.log_manager.shutdown()
+        log.info("broker %d stopped", self.node_id)
+
+    def _controlled_shutdown(self, timeout_s: float) -> None:
+        """Ask the controller to move our leaderships away before we stop serving (bounded)."""
+        self._want_shutdown = True
+        deadline = time.monotonic() + timeout_s
+        req = controller_pb2.ControlledShutdownRequest(node_id=self.node_id, broker_epoch=self.broker_epoch)
+        while time.monotonic() < deadline and not self._should_shutdown.is_set():
+            try:
+                resp = self.controller_client.call("ControlledShutdown", req,
+                                                   timeout_s=max(0.5, deadline - time.monotonic()))
+                if resp.remaining_leaderships == 0:
+                    log.info("broker %d: controlled shutdown complete", self.node_id)
+                    return
+            except errors.BrookError as e:
+                log.warning("broker %d: controlled shutdown request failed: %s", self.node_id, e)
+            self.heartbeat_once()
+            self._should_shutdown.wait(0.2)
+        if not self._should_shutdown.is_set():
+            log.warning("broker %d: controlled shutdown did not finish in %.0fs; stopping anyway",
+                        self.node_id, timeout_s)
+
+    # ---- stats ----
+    def stats(self) -> BrokerStats:
+        rm = self.replica_manager
+        parts = rm.hosted_partitions() if rm is not None else []
+        return BrokerStats(self.node_id, self.broker_epoch, self.broker_epoch >= 0, self.fenced, self.lease_valid(),
+                           self.metadata_cache.version, len(parts), sum(1 for p in parts if p.is_leader),
+                           sum(1 for p in parts if p.role.value == "follower"),
+                           rm.fetchers.fetcher_count() if rm is not None else 0)

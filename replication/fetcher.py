@@ -1,0 +1,262 @@
+"""Follower side of replication: one ReplicaFetcher thread per source (leader) broker.
+
+Each fetcher sends one Fetch for all the partitions it follows from that broker, from
+each partition's log end offset, with the partition's last epoch (KIP-320). The leader
+answers with whole batches (appended as they came, offsets already assigned), its high
+watermark, or a *diverging epoch* when this replica's log forked from the leader's —
+then the replica truncates to the end of the last epoch both share before fetching on
+(KIP-101/279). Out-of-range answers truncate to the leader's log end or restart the log
+at the leader's log start.
+
+Role changes remove a partition from its fetcher *before* the partition changes role;
+responses are processed under the fetcher's lock, so once ``remove_partitions`` returns
+no fetcher will append to that log again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import grpc
+
+from proto import broker_pb2, broker_pb2_grpc, errors
+from proto.errors import ErrorCode
+from replication import isr as isr_rules
+from replication.partition import Partition
+
+log = logging.getLogger(__name__)
+
+_RETRY_LATER = {
+    ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.REPLICA_NOT_AVAILABLE,
+}
+
+
+@dataclass(slots=True)
+class FetcherConfig:
+    max_wait_ms: int = 500
+    min_bytes: int = 1
+    max_bytes: int = 16 * 1024 * 1024
+    partition_max_bytes: int = 1024 * 1024
+    backoff_ms: int = 200
+    max_truncation_rounds: int = 64  # bound on repeated divergence answers per partition
+
+
+@dataclass(slots=True)
+class _FetchState:
+    partition: Partition
+    leader_epoch: int
+    delayed_until_s: float = 0.0
+    truncation_rounds: int = 0
+
+
+class ReplicaFetcher:
+    def __init__(self, local_id: int, source_id: int, address: str, broker_epoch: Callable[[], int],
+                 config: FetcherConfig) -> None:
+        self.local_id = local_id
+        self.source_id = source_id
+        self.address = address
+        self._broker_epoch = broker_epoch
+        self.config = config
+        self._lock = threading.Condition()
+        self._states: dict[tuple[str, int], _FetchState] = {}
+        self._stopped = False
+        self._channel = grpc.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", config.max_bytes + 4 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ])
+        self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)
+        self._thread = threading.Thread(target=self._run, name=f"replica-fetcher-{local_id}-from-{source_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    # ---- partition set ----
+    def add(self, partition: Partition, leader_epoch: int) -> None:
+        with self._lock:
+            self._states[partition.key] = _FetchState(partition, leader_epoch)
+            self._lock.notify_all()
+
+    def remove(self, keys: Iterable[tuple[str, int]]) -> None:
+        with self._lock:
+            for k in keys:
+                self._states.pop(k, None)
+
+    def partition_count(self) -> int:
+        with self._lock:
+            return len(self._states)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._states.clear()
+            self._lock.notify_all()
+        self._channel.close()  # cancels an in-flight long poll
+        self._thread.join(timeout=5)
+
+    # ---- loop ----
+    def _run(self) -> None:
+        backoff_s = self.config.backoff_ms / 1000
+        while True:
+            with self._lock:
+                if self._stopped:
+                    return
+                request, epochs = self._build_request()
+                if request is None:
+                    self._lock.wait(timeout=backoff_s)
+                    continue
+            try:
+                response = self._stub.Fetch(request, timeout=self.config.max_wait_ms / 1000 + 10)
+            except grpc.RpcError as e:
+                if self._stopped:
+                    return
+                log.info("fetcher %d<-%d (%s): fetch failed: %s", self.local_id, self.source_id, self.address,
+                         e.code() if hasattr(e, "code") else e)
+                with self._lock:
+                    self._lock.wait(timeout=backoff_s)
+                continue
+            except ValueError:  # channel closed under us during shutdown
+                return
+            with self._lock:
+                if self._stopped:
+                    return
+                for pr in response.partitions:
+                    key = (pr.topic, pr.partition)
+                    st = self._states.get(key)
+                    if st is None or epochs.get(key) != st.leader_epoch:
+                        continue  # removed or re-added at another epoch while the request was out
+                    try:
+                        self._process(st, pr)
+                    except errors.BrookError as e:
+                        log.warning("fetcher %d<-%d: %s-%d: %s; backing off", self.local_id, self.source_id,
+                                    pr.topic, pr.partition, e)
+                        st.delayed_until_s = time.monotonic() + backoff_s
+                    except Exception:
+                        log.exception("fetcher %d<-%d: %s-%d: unexpected failure; backing off",
+                                      self.local_id, self.source_id, pr.topic, pr.partition)
+                        st.delayed_until_s = time.monotonic() + backoff_s
+
+    def _build_request(self) -> tuple[broker_pb2.FetchRequest | None, dict[tuple[str, int], int]]:
+        now = time.monotonic()
+        parts = []
+        epochs: dict[tuple[str, int], int] = {}
+        for key, st in self._states.items():
+            if st.delayed_until_s > now:
+                continue
+            lg = st.partition.log
+            parts.append(broker_pb2.FetchPartition(
+                topic=key[0], partition=key[1], fetch_offset=lg.log_end_offset,
+                partition_max_bytes=self.config.partition_max_bytes, current_leader_epoch=st.leader_epoch,
+                last_fetched_epoch=lg.latest_epoch, log_start_offset=lg.log_start_offset))
+            epochs[key] = st.leader_epoch
+        if not parts:
+            return None, epochs
+        return broker_pb2.FetchRequest(
+            replica_id=self.local_id, replica_epoch=self._broker_epoch(), max_wait_ms=self.config.max_wait_ms,
+            min_bytes=self.config.min_bytes, max_bytes=self.config.max_bytes, partitions=parts), epochs
+
+    def _process(self, st: _FetchState, pr: broker_pb2.FetchPartitionResponse) -> None:
+        lg = st.partition.log
+        if pr.error_code == ErrorCode.NONE:
+            if pr.HasField("diverging_epoch"):
+                self._truncate_diverged(st, pr.diverging_epoch.epoch, pr.diverging_epoch.end_offset)
+                return
+            st.truncation_rounds = 0
+            if pr.records:
+                lg.append_as_follower(pr.records)
+            lg.update_high_watermark(min(pr.high_watermark, lg.log_end_offset))
+            return
+        if pr.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            self._handle_out_of_range(st, pr)
+            return
+        if pr.error_code not in _RETRY_LATER:
+            log.warning("fetcher %d<-%d: %s-%d: %s %s", self.local_id, self.source_id, pr.topic, pr.partition,
+                        errors.code_name(pr.error_code), pr.error_message)
+        st.delayed_until_s = time.monotonic() + self.config.backoff_ms / 1000
+
+    def _truncate_diverged(self, st: _FetchState, epoch: int, end_offset: int) -> None:
+        lg = st.partition.log
+        st.truncation_rounds += 1
+        if st.truncation_rounds > self.config.max_truncation_rounds:
+            raise errors.KafkaStorageError(f"no convergence after {self.config.max_truncation_rounds} truncations")
+        target = isr_rules.truncation_offset(epoch, end_offset, lg.end_offset_for_epoch(epoch) if epoch >= 0
+                                             else (-1, -1), lg.log_end_offset, lg.high_watermark)
+        log.info("%s-%d: diverged from leader %d at epoch %d end %d; truncating %d -> %d",
+                 st.partition.topic, st.partition.partition, self.source_id, epoch, end_offset,
+                 lg.log_end_offset, target)
+        if target < lg.log_end_offset:
+            lg.truncate_to(target)
+        elif epoch >= 0 and lg.latest_epoch > epoch:
+            # Nothing to cut but our epoch cache is ahead of the shared history; cutting at the
+            # end drops cache entries past it so the next fetch reports the shared epoch.
+            lg.truncate_to(target)
+
+    def _handle_out_of_range(self, st: _FetchState, pr: broker_pb2.FetchPartitionResponse) -> None:
+        lg = st.partition.log
+        leo = lg.log_end_offset
+        if 0 <= pr.log_end_offset < leo:
+            log.warning("%s-%d: our end %d is past leader %d's end %d; truncating", pr.topic, pr.partition,
+                        leo, self.source_id, pr.log_end_offset)
+            lg.truncate_to(pr.log_end_offset)
+        elif pr.log_start_offset > leo:
+            log.warning("%s-%d: our end %d is before leader %d's log start %d; restarting the log there",
+                        pr.topic, pr.partition, leo, self.source_id, pr.log_start_offset)
+            lg.truncate_fully_and_start_at(pr.log_start_offset)
+        else:
+            st.delayed_until_s = time.monotonic() + self.config.backoff_ms / 1000
+
+
+class ReplicaFetcherManager:
+    """Owns the fetcher threads, one per source broker endpoint."""
+
+    def __init__(self, local_id: int, broker_epoch: Callable[[], int], config: FetcherConfig | None = None) -> None:
+        self.local_id = local_id
+        self._broker_epoch = broker_epoch
+        self.config = config or FetcherConfig()
+        self._lock = threading.Lock()
+        self._fetchers: dict[tuple[int, str], ReplicaFetcher] = {}
+        self._where: dict[tuple[str, int], tuple[int, str]] = {}
+
+    def add_partition(self, partition: Partition, leader_id: int, address: str, leader_epoch: int) -> None:
+        with self._lock:
+            fkey = (leader_id, address)
+            old = self._where.get(partition.key)
+            if old is not None and old != fkey:
+                self._fetchers[old].remove([partition.key])
+            f = self._fetchers.get(fkey)
+            if f is None:
+                f = ReplicaFetcher(self.local_id, leader_id, address, self._broker_epoch, self.config)
+                self._fetchers[fkey] = f
+            f.add(partition, leader_epoch)
+            self._where[partition.key] = fkey
+        self._close_idle()
+
+    def remove_partitions(self, keys: Iterable[tuple[str, int]]) -> None:
+        with self._lock:
+            for k in keys:
+                fkey = self._where.pop(k, None)
+                if fkey is not None:
+                    self._fetchers[fkey].remove([k])
+        self._close_idle()
+
+    def _close_idle(self) -> None:
+        with self._lock:
+            idle = [k for k, f in self._fetchers.items() if f.partition_count() == 0]
+            closing = [self._fetchers.pop(k) for k in idle]
+        for f in closing:
+            f.shutdown()
+
+    def fetcher_count(self) -> int:
+        with self._lock:
+            return len(self._fetchers)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            fetchers = list(self._fetchers.values())
+            self._fetchers.clear()
+            self._where.clear()
+        for f in fetchers:
+            f.shutdown()

@@ -1,0 +1,295 @@
+"""One hosted partition replica: its log, its role, and (as leader) its followers' progress.
+
+The partition is leader or follower exactly as the latest metadata says. As leader it
+takes appends stamped with its leader epoch, tracks each follower's log end offset from
+their fetches, moves the high watermark (HW) over the maximal ISR, and proposes ISR
+changes — which it only *believes* once the controller has committed them. As follower
+it is written only by the replica fetcher (replication/fetcher.py).
+
+Thread-safety: every state change and every leader append happens under ``self.lock``;
+reads of the log go straight to the (thread-safe) Log.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from proto import errors
+from replication import isr as isr_rules
+from replication.isr import FollowerProgress
+
+log = logging.getLogger(__name__)
+
+
+class Role(enum.Enum):
+    NONE = "none"
+    LEADER = "leader"
+    FOLLOWER = "follower"
+
+
+@dataclass(frozen=True, slots=True)
+class IsrProposal:
+    topic: str
+    partition: int
+    leader_epoch: int
+    partition_epoch: int
+    new_isr: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class FollowerFetchResult:
+    records: bytes
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+    diverging_epoch: tuple[int, int] | None
+    hw_changed: bool
+    isr_proposal: IsrProposal | None
+
+
+class Partition:
+    def __init__(self, topic: str, partition: int, topic_id: str, log_: Any, local_id: int, *,
+                 broker_usable: Callable[[int], bool]) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.topic_id = topic_id
+        self.log = log_
+        self.local_id = local_id
+        self._broker_usable = broker_usable
+        self.lock = threading.RLock()
+        self.role = Role.NONE
+        self.leader_id = -1
+        self.leader_epoch = -1
+        self.partition_epoch = -1
+        self.replicas: tuple[int, ...] = ()
+        self.isr: tuple[int, ...] = ()
+        self.pending_isr: tuple[int, ...] | None = None  # in-flight AlterPartition
+        self.leader_epoch_start_offset = 0
+        self.followers: dict[int, FollowerProgress] = {}
+        # Bumped on every append and HW move: long-polling fetches compare it to know
+        # whether anything happened while they were registering.
+        self.change_seq = 0
+        self.messages_in_total = 0
+        self.bytes_in_total = 0
+        self.bytes_out_total = 0
+        self.isr_shrinks_total = 0
+        self.isr_expands_total = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role is Role.LEADER
+
+    def maximal_isr(self) -> tuple[int, ...]:
+        if self.pending_isr is None:
+            return self.isr
+        return tuple(sorted(set(self.isr) | set(self.pending_isr)))
+
+    # ---- role changes (from metadata) ----
+    def make_leader(self, replicas: tuple[int, ...], isr: tuple[int, ...], leader_epoch: int,
+                    partition_epoch: int, now_ms: int) -> bool:
+        """Become (or stay) leader. True if this is a new leadership (new epoch)."""
+        with self.lock:
+            new_term = self.role is not Role.LEADER or leader_epoch != self.leader_epoch
+            if not new_term and partition_epoch <= self.partition_epoch:
+                return False  # nothing newer than what we hold (an AlterPartition may be in flight)
+            self.role = Role.LEADER
+            self.leader_id = self.local_id
+            self.replicas = replicas
+            if not new_term and self.is_leader and set(isr) != set(self.isr):
+                self.isr_shrinks_total += 1 if set(self.isr) - set(isr) else 0
+                self.isr_expands_total += 1 if set(isr) - set(self.isr) else 0
+            self.isr = isr
+            self.partition_epoch = partition_epoch
+            self.pending_isr = None
+            if new_term:
+                self.leader_epoch = leader_epoch
+                leo = self.log.log_end_offset
+                if self.log.latest_epoch < leader_epoch:
+                    self.log.assign_epoch_start_offset(leader_epoch, leo)
+                self.leader_epoch_start_offset = leo
+                self.followers = {}
+            for rid in replicas:
+                if rid != self.local_id and rid not in self.followers:
+                    f = FollowerProgress(rid)
+                    f.reset(now_ms, rid in isr)
+                    self.followers[rid] = f
+            for rid in [r for r in self.followers if r not in replicas]:
+                del self.followers[rid]
+            self._maybe_increment_hw()
+            self.change_seq += 1
+            return new_term
+
+    def make_follower(self, leader_id: int, replicas: tuple[int, ...], isr: tuple[int, ...],
+                      leader_epoch: int, partition_epoch: int) -> bool:
+        """Become (or stay) follower. True if the leader or its epoch changed (fetcher must restart)."""
+        with self.lock:
+            changed = (self.role is not Role.FOLLOWER or leader_id != self.leader_id
+                       or leader_epoch != self.leader_epoch)
+            self.role = Role.FOLLOWER
+            self.leader_id = leader_id
+            self.leader_epoch = leader_epoch
+            self.partition_epoch = partition_epoch
+            self.replicas = replicas
+            self.isr = isr
+            self.pending_isr = None
+            self.followers = {}
+            self.change_seq += 1
+            return changed
+
+    def make_offline(self) -> None:
+        with self.lock:
+            self.role = Role.NONE
+            self.leader_id = -1
+            self.followers = {}
+            self.pending_isr = None
+            self.change_seq += 1
+
+    def apply_committed_state(self, isr: tuple[int, ...], leader_epoch: int, partition_epoch: int) -> bool:
+        """A committed ISR change for the current leadership. True if the HW moved."""
+        with self.lock:
+            if leader_epoch != self.leader_epoch or partition_epoch < self.partition_epoch:
+                return False
+            if partition_epoch == self.partition_epoch and self.pending_isr is None:
+                return False
+            old = self.isr
+            self.isr = isr
+            self.partition_epoch = partition_epoch
+            self.pending_isr = None
+            if self.is_leader:
+                shrunk = set(old) - set(isr)
+                grown = set(isr) - set(old)
+                self.isr_shrinks_total += 1 if shrunk else 0
+                self.isr_expands_total += 1 if grown else 0
+                if shrunk or grown:
+                    log.info("%s-%d ISR %s -> %s (partition epoch %d)", self.topic, self.partition,
+                             list(old), list(isr), partition_epoch)
+                return self._maybe_increment_hw()
+            return False
+
+    def clear_pending_isr(self) -> None:
+        with self.lock:
+            self.pending_isr = None
+
+    # ---- leader: appends ----
+    def check_leader(self, current_leader_epoch: int = -1) -> None:
+        """Raise unless this replica leads at ``current_leader_epoch`` (-1 = any)."""
+        if self.role is not Role.LEADER:
+            raise errors.NotLeaderOrFollowerError(
+                f"broker {self.local_id} is not the leader of {self.topic}-{self.partition}")
+        if current_leader_epoch >= 0:
+            if current_leader_epoch < self.leader_epoch:
+                raise errors.FencedLeaderEpochError(
+                    f"leader epoch {current_leader_epoch} is older than {self.leader_epoch}")
+            if current_leader_epoch > self.leader_epoch:
+                raise errors.error_class(errors.ErrorCode.UNKNOWN_LEADER_EPOCH)(
+                    f"leader epoch {current_leader_epoch} is newer than {self.leader_epoch}")
+
+    def min_insync_replicas(self) -> int:
+        return int(getattr(self.log.config, "min_insync_replicas", 1))
+
+    def append_as_leader(self, records: bytes, acks: int) -> Any:
+        """Append as leader; all-or-nothing. Raises before appending if acks=all and the ISR is too small."""
+        with self.lock:
+            self.check_leader()
+            min_isr = self.min_insync_replicas()
+            if acks == -1 and len(self.isr) < min_isr:
+                raise errors.NotEnoughReplicasError(
+                    f"{self.topic}-{self.partition}: ISR {list(self.isr)} is smaller than "
+                    f"min.insync.replicas={min_isr}")
+            info = self.log.append_as_leader(records, self.leader_epoch)
+            if not getattr(info, "duplicate", False):
+                self.messages_in_total += info.num_records
+                self.bytes_in_total += len(records)
+            self.change_seq += 1
+            self._maybe_increment_hw()
+            return info
+
+    # ---- leader: follower progress ----
+    def fetch_for_follower(self, replica_id: int, fetch_offset: int, follower_log_start: int,
+                           last_fetched_epoch: int, current_leader_epoch: int, max_bytes: int,
+                           min_one_batch: bool, now_ms: int) -> FollowerFetchResult:
+        with self.lock:
+            self.check_leader(current_leader_epoch)
+            if replica_id not in self.followers:
+                raise errors.NotLeaderOrFollowerError(
+                    f"broker {replica_id} is not a replica of {self.topic}-{self.partition}")
+        lg = self.log
+        if last_fetched_epoch >= 0:
+            div = isr_rules.diverging_epoch(last_fetched_epoch, fetch_offset,
+                                            lg.end_offset_for_epoch(last_fetched_epoch))
+            if div is not None:
+                return FollowerFetchResult(b"", lg.high_watermark, lg.log_start_offset, lg.log_end_offset,
+                                           div, False, None)
+        leo = lg.log_end_offset
+        data = lg.read(fetch_offset, max_bytes, max_offset=None, min_one_batch=min_one_batch)
+        with self.lock:
+            if not self.is_leader or replica_id not in self.followers:
+                raise errors.NotLeaderOrFollowerError(f"leadership of {self.topic}-{self.partition} moved")
+            self.followers[replica_id].record_fetch(fetch_offset, follower_log_start, leo, now_ms)
+            hw_changed = self._maybe_increment_hw()
+            proposal = self._maybe_expand_isr(replica_id)
+            return FollowerFetchResult(data.records, lg.high_watermark, lg.log_start_offset,
+                                       lg.log_end_offset, None, hw_changed, proposal)
+
+    def _maybe_increment_hw(self) -> bool:
+        if not self.is_leader:
+            return False
+        lg = self.log
+        hw = isr_rules.high_watermark(self.local_id, lg.log_end_offset, self.maximal_isr(), self.followers)
+        if hw > lg.high_watermark:
+            lg.update_high_watermark(hw)
+            self.change_seq += 1
+            return True
+        return False
+
+    def _maybe_expand_isr(self, replica_id: int) -> IsrProposal | None:
+        if self.pending_isr is not None or replica_id in self.isr:
+            return None
+        f = self.followers[replica_id]
+        if not isr_rules.can_join_isr(f, self.log.high_watermark, self.leader_epoch_start_offset,
+                                      self._broker_usable):
+            return None
+        new_isr = isr_rules.expanded_isr(self.isr, replica_id)
+        self.pending_isr = new_isr
+        log.info("%s-%d proposing ISR expansion %s -> %s", self.topic, self.partition,
+                 list(self.isr), list(new_isr))
+        return IsrProposal(self.topic, self.partition, self.leader_epoch, self.partition_epoch, new_isr)
+
+    def maybe_shrink_isr(self, now_ms: int, lag_max_ms: int) -> IsrProposal | None:
+        with self.lock:
+            if not self.is_leader or self.pending_isr is not None:
+                return None
+            out = isr_rules.out_of_sync_replicas(self.local_id, self.isr, self.followers, now_ms, lag_max_ms)
+            if not out:
+                return None
+            new_isr = isr_rules.shrunk_isr(self.isr, out)
+            self.pending_isr = new_isr
+            log.info("%s-%d proposing ISR shrink %s -> %s (out of sync: %s)", self.topic, self.partition,
+                     list(self.isr), list(new_isr), sorted(out))
+            return IsrProposal(self.topic, self.partition, self.leader_epoch, self.partition_epoch, new_isr)
+
+    # ---- reads ----
+    def read_for_consumer(self, fetch_offset: int, max_bytes: int, current_leader_epoch: int,
+                          min_one_batch: bool) -> Any:
+        self.check_leader(current_leader_epoch)
+        lg = self.log
+        data = lg.read(fetch_offset, max_bytes, max_offset=lg.high_watermark, min_one_batch=min_one_batch)
+        self.bytes_out_total += len(data.records)
+        return data
+
+    @property
+    def under_replicated(self) -> bool:
+        return self.is_leader and len(self.isr) < len(self.replicas)
+
+    @property
+    def under_min_isr(self) -> bool:
+        return self.is_leader and len(self.isr) < self.min_insync_replicas()
