@@ -1,0 +1,973 @@
+"""The group coordinator: consumer groups and their committed offsets, on every broker.
+
+A group belongs to partition ``abs(java_hash(group_id)) % offsets.topic.num.partitions``
+of the compacted internal topic ``__consumer_offsets``; the broker leading that partition
+is the group's coordinator. Commits and group metadata are records in that partition,
+written with ``ReplicaManager.append_records(acks=-1)``: they are replicated like any
+data and survive the loss of the coordinator's broker; the Raft quorum never sees them.
+
+When this broker becomes leader of an offsets partition it reads the partition from the
+start and rebuilds the groups (answering COORDINATOR_LOAD_IN_PROGRESS meanwhile); when
+it stops leading it drops them (NOT_COORDINATOR). The rebalance protocol itself lives in
+the pure ``broker.group_state.Group``; this module feeds it time and requests, persists
+what it decides, runs the timers (sessions, join/sync deadlines, offset retention) and
+serves ``GroupCoordinatorService``.
+
+Entry point for the broker: ``install(broker_server)`` (the ``extensions`` hook).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from broker import group_records as records
+from broker.group_records import OFFSETS_TOPIC, GroupRecord, OffsetRecord, partition_for_group
+from broker.group_state import Group, GroupState, JoinResult, OffsetEntry, SyncResult
+from client.types import TopicPartition
+from proto import broker_pb2, broker_pb2_grpc, errors, group_pb2, group_pb2_grpc
+from proto.common_pb2 import ErrorCode
+from storage.record_batch import RecordBatchBuilder, decode_batch, iter_batches
+
+log = logging.getLogger(__name__)
+
+TICK_INTERVAL_S = 0.1
+LOAD_READ_BYTES = 4 * 1024 * 1024
+LOAD_BATCHES_MAX = 10_000_000  # bound on one partition load loop
+RECORDS_PER_BATCH_MAX = 1000  # commits of many partitions are split into batches of this many
+RPC_TIMEOUT_S = 10.0
+LIST_OFFSETS_LATEST, LIST_OFFSETS_EARLIEST = -1, -2
+CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    offsets_topic_num_partitions: int = 50
+    offsets_topic_replication_factor: int = 3
+    offsets_topic_segment_bytes: int = 100 * 1024 * 1024
+    offsets_retention_minutes: int = 10080
+    offsets_retention_check_interval_ms: int = 600_000
+    offsets_commit_timeout_ms: int = 5000
+    offset_metadata_max_bytes: int = 4096
+    group_initial_rebalance_delay_ms: int = 3000
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1_800_000
+    lag_refresh_interval_ms: int = 10_000
+
+    @classmethod
+    def from_defaults(cls, defaults: dict[str, str]) -> CoordinatorConfig:
+        """From the broker's defaults (Kafka key names)."""
+        def get(key: str, fallback: int) -> int:
+            raw = defaults.get(key)
+            try:
+                return int(raw) if raw not in (None, "") else fallback
+            except ValueError as exc:
+                raise errors.InvalidConfigError(f"{key}={raw!r} is not an integer") from exc
+
+        base = cls()
+        return cls(
+            offsets_topic_num_partitions=get("offsets.topic.num.partitions", base.offsets_topic_num_partitions),
+            offsets_topic_replication_factor=get("offsets.topic.replication.factor",
+                                                 base.offsets_topic_replication_factor),
+            offsets_topic_segment_bytes=get("offsets.topic.segment.bytes", base.offsets_topic_segment_bytes),
+            offsets_retention_minutes=get("offsets.retention.minutes", base.offsets_retention_minutes),
+            offsets_retention_check_interval_ms=get("offsets.retention.check.interval.ms",
+                                                    base.offsets_retention_check_interval_ms),
+            offsets_commit_timeout_ms=get("offsets.commit.timeout.ms", base.offsets_commit_timeout_ms),
+            offset_metadata_max_bytes=get("offset.metadata.max.bytes", base.offset_metadata_max_bytes),
+            group_initial_rebalance_delay_ms=get("group.initial.rebalance.delay.ms",
+                                                 base.group_initial_rebalance_delay_ms),
+            group_min_session_timeout_ms=get("group.min.session.timeout.ms", base.group_min_session_timeout_ms),
+            group_max_session_timeout_ms=get("group.max.session.timeout.ms", base.group_max_session_timeout_ms),
+        )
+
+
+@dataclass(frozen=True)
+class GroupOffsetStats:
+    group: str
+    topic: str
+    partition: int
+    committed_offset: int
+    log_end_offset: int  # -1 when not known yet
+    lag: int  # -1 when not known yet
+
+
+@dataclass(frozen=True)
+class GroupCoordinatorStats:
+    groups_by_state: dict[str, int]
+    offsets: list[GroupOffsetStats]
+    loaded_partitions: int
+    loading_partitions: int
+
+
+@dataclass
+class _PartitionLoad:
+    leader_epoch: int
+    loaded: bool = False
+
+
+@dataclass
+class _Waiter:
+    """A gRPC handler thread blocked until the group machine answers."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+
+    def __call__(self, result: Any) -> None:
+        self.result = result
+        self.event.set()
+
+
+class CoordinatorError(errors.BrookError):
+    """Carries the code a group request is answered with (NOT_COORDINATOR, ...)."""
+
+
+class GroupCoordinator:
+    """Owns the groups of the ``__consumer_offsets`` partitions this broker leads."""
+
+    def __init__(self, *, node_id: int, replica_manager: Any, metadata_cache: Any, config: CoordinatorConfig,
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+        self.node_id = node_id
+        self.replica_manager = replica_manager
+        self.metadata_cache = metadata_cache
+        self.config = config
+        self.clock_ms = clock_ms
+        self._lock = threading.RLock()
+        self._groups: dict[str, Group] = {}
+        self._partitions: dict[int, _PartitionLoad] = {}
+        self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="group-loader")
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._ensure_lock = threading.Lock()
+        self._ensure_inflight = False
+        self._channels: dict[str, grpc.Channel] = {}
+        self._end_offsets: dict[TopicPartition, int] = {}
+        self._writes: set[concurrent.futures.Future] = set()
+        self._writes_max = 10_000
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self.replica_manager.add_leadership_listener(self.on_leadership_change)
+        self._ticker = threading.Thread(target=self._run_timers, name="group-timers", daemon=True)
+        self._ticker.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+        self._loader.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            now = self.clock_ms()
+            for g in self._groups.values():
+                g.mark_dead(now)
+            self._groups.clear()
+            self._partitions.clear()
+            channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            ch.close()
+
+    # ------------------------------------------------------------------ leadership
+    def on_leadership_change(self, topic: str, partition: int, is_leader: bool, leader_epoch: int) -> None:
+        if topic != OFFSETS_TOPIC:
+            return
+        with self._lock:
+            current = self._partitions.get(partition)
+            if is_leader:
+                if current is not None and current.leader_epoch == leader_epoch:
+                    return
+                self._unload_locked(partition)
+                self._partitions[partition] = _PartitionLoad(leader_epoch)
+            else:
+                self._unload_locked(partition)
+                return
+        if not self._stop.is_set():
+            log.info("loading groups of %s-%d (leader epoch %d)", OFFSETS_TOPIC, partition, leader_epoch)
+            try:
+                self._loader.submit(self._load_partition, partition, leader_epoch)
+            except RuntimeError:
+                log.debug("loader stopped; not loading %s-%d", OFFSETS_TOPIC, partition)
+
+    def _unload_locked(self, partition: int) -> None:
+        if self._partitions.pop(partition, None) is None:
+            return
+        now = self.clock_ms()
+        n = self.config.offsets_topic_num_partitions
+        for gid in [g for g in self._groups if partition_for_group(g, n) == partition]:
+            self._groups.pop(gid).mark_dead(now)
+        log.info("unloaded groups of %s-%d", OFFSETS_TOPIC, partition)
+
+    def _still_leader(self, partition: int, leader_epoch: int) -> bool:
+        state = self._partitions.get(partition)
+        return state is not None and state.leader_epoch == leader_epoch
+
+    def _load_partition(self, partition: int, leader_epoch: int) -> None:
+        """Replay the partition into fresh groups, then publish them (all at once)."""
+        try:
+            loaded = self._read_partition(partition, leader_epoch)
+        except errors.BrookError as exc:
+            log.warning("loading %s-%d failed: %s; will retry on the next leadership change",
+                        OFFSETS_TOPIC, partition, exc)
+            with self._lock:
+                if self._still_leader(partition, leader_epoch):
+                    self._partitions.pop(partition, None)
+            return
+        if loaded is None:
+            return
+        with self._lock:
+            if not self._still_leader(partition, leader_epoch):
+                return
+            for gid, g in loaded.items():
+                self._groups[gid] = g
+            self._partitions[partition].loaded = True
+        log.info("loaded %d groups from %s-%d", len(loaded), OFFSETS_TOPIC, partition)
+
+    def _read_partition(self, partition: int, leader_epoch: int) -> dict[str, Group] | None:
+        """Read the partition from its log start to the log end offset it had at election.
+
+        The leader's log is authoritative (a leader never truncates), so the load reads up
+        to the log end, not the HW: a commit acked by the old ISR may sit above this
+        leader's HW until its followers fetch again, and must not be lost (as in Kafka)."""
+        hosted = self.replica_manager.partition(OFFSETS_TOPIC, partition)
+        if hosted is None or not hosted.is_leader:
+            return None
+        lg = hosted.log
+        groups: dict[str, Group] = {}
+        now = self.clock_ms()
+        offset, target = lg.log_start_offset, lg.log_end_offset
+        for _ in range(LOAD_BATCHES_MAX):
+            if offset >= target:
+                break
+            with self._lock:
+                if self._stop.is_set() or not self._still_leader(partition, leader_epoch):
+                    return None
+            try:
+                data = lg.read(offset, LOAD_READ_BYTES, max_offset=target)
+            except errors.OffsetOutOfRangeError:
+                offset = lg.log_start_offset  # retention/compaction moved the start meanwhile
+                continue
+            if not data.records:
+                break
+            offset = self._apply_batches(data.records, groups, now, offset)
+        return groups
+
+    def _apply_batches(self, buf: bytes, groups: dict[str, Group], now_ms: int, offset: int) -> int:
+        for pos, header in iter_batches(buf):
+            offset = header.next_offset
+            if header.is_control:
+                continue
+            _, recs = decode_batch(buf, pos)
+            for rec in recs:
+                parsed = records.parse_record(rec.key, rec.value, rec.offset)
+                if isinstance(parsed, OffsetRecord):
+                    g = groups.get(parsed.group_id)
+                    if g is None:
+                        if parsed.entry is None:
+                            continue
+                        g = groups[parsed.group_id] = self._new_group(parsed.group_id)
+                    g.apply_offset(parsed.tp, parsed.entry)
+                elif isinstance(parsed, GroupRecord):
+                    if parsed.value is None:
+                        groups.pop(parsed.group_id, None)
+                        continue
+                    g = groups.get(parsed.group_id) or self._new_group(parsed.group_id)
+                    groups[parsed.group_id] = g
+                    records.restore_group(g, parsed.value, now_ms)
+        return offset
+
+    def _new_group(self, group_id: str) -> Group:
+        return Group(group_id, initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms,
+                     state_timestamp_ms=self.clock_ms())
+
+    # ------------------------------------------------------------------ lookup
+    def partition_for(self, group_id: str) -> int:
+        return partition_for_group(group_id, self.config.offsets_topic_num_partitions)
+
+    def _check_owner_locked(self, group_id: str) -> int:
+        if not group_id:
+            raise CoordinatorError("group id must not be empty", code=ErrorCode.INVALID_GROUP_ID)
+        p = self.partition_for(group_id)
+        state = self._partitions.get(p)
+        if state is None:
+            raise CoordinatorError(f"broker {self.node_id} does not lead {OFFSETS_TOPIC}-{p}",
+                                   code=ErrorCode.NOT_COORDINATOR)
+        if not state.loaded:
+            raise CoordinatorError(f"loading {OFFSETS_TOPIC}-{p}", code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        return p
+
+    def _group_locked(self, group_id: str, *, create: bool) -> Group | None:
+        self._check_owner_locked(group_id)
+        g = self._groups.get(group_id)
+        if g is None and create:
+            g = self._groups[group_id] = self._new_group(group_id)
+        return g
+
+    # ------------------------------------------------------------------ FindCoordinator
+    def find_coordinator(self, group_id: str) -> tuple[int, str, int]:
+        if not group_id:
+            raise errors.error_for(ErrorCode.INVALID_GROUP_ID, "group id must not be empty")
+        p = self.partition_for(group_id)
+        info = self.metadata_cache.partition(OFFSETS_TOPIC, p)
+        if info is None:
+            self._ensure_offsets_topic()
+            raise errors.error_for(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"creating {OFFSETS_TOPIC}")
+        broker = self.metadata_cache.broker(info.leader) if info.leader >= 0 else None
+        if broker is None:
+            raise errors.error_for(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{OFFSETS_TOPIC}-{p} has no leader")
+        return broker.node_id, broker.host, broker.port
+
+    def _ensure_offsets_topic(self) -> None:
+        """Create ``__consumer_offsets`` in the background (one attempt in flight)."""
+        with self._ensure_lock:
+            if self._ensure_inflight:
+                return
+            self._ensure_inflight = True
+        threading.Thread(target=self._ensure_offsets_topic_now, name="offsets-topic-create", daemon=True).start()
+
+    def _ensure_offsets_topic_now(self) -> None:
+        try:
+            live = [b for b in self.metadata_cache.brokers() if not b.fenced]
+            rf = max(1, min(self.config.offsets_topic_replication_factor, len(live)))
+            self.replica_manager.ensure_internal_topic(
+                OFFSETS_TOPIC, self.config.offsets_topic_num_partitions, rf,
+                {"cleanup.policy": "compact", "segment.bytes": str(self.config.offsets_topic_segment_bytes),
+                 "compression.type": "producer"})
+            log.info("ensured %s (%d partitions, replication factor %d)", OFFSETS_TOPIC,
+                     self.config.offsets_topic_num_partitions, rf)
+        except errors.BrookError as exc:
+            log.warning("could not create %s: %s", OFFSETS_TOPIC, exc)
+        finally:
+            with self._ensure_lock:
+                self._ensure_inflight = False
+
+    # ------------------------------------------------------------------ membership
+    def _validate_session(self, session_timeout_ms: int) -> None:
+        low, high = self.config.group_min_session_timeout_ms, self.config.group_max_session_timeout_ms
+        if not low <= session_timeout_ms <= high:
+            raise CoordinatorError(f"session timeout {session_timeout_ms} ms is outside [{low}, {high}]",
+                                   code=ErrorCode.INVALID_SESSION_TIMEOUT)
+
+    def join_group(self, req: group_pb2.JoinGroupRequest, wait_s: float) -> JoinResult:
+        self._validate_session(req.session_timeout_ms)
+        rebalance_timeout_ms = req.rebalance_timeout_ms if req.rebalance_timeout_ms > 0 else req.session_timeout_ms
+        waiter = _Waiter()
+        with self._lock:
+            g = self._group_locked(req.group_id, create=True)
+            assert g is not None
+            g.join(member_id=req.member_id, client_id=req.client_id, client_host=req.client_host,
+                   session_timeout_ms=req.session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,
+                   protocol_type=req.protocol_type, protocols=[(p.name, p.metadata) for p in req.protocols],
+                   callback=waiter, now_ms=self.clock_ms())
+            self._after_change_locked(g)
+        if not waiter.event.wait(timeout=max(0.0, wait_s)):
+            return JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, req.member_id,
+                              error_message="join phase did not end before the request deadline")
+        return waiter.result
+
+    def sync_group(self, req: group_pb2.SyncGroupRequest, wait_s: float) -> SyncResult:
+        waiter = _Waiter()
+        with self._lock:
+            g = self._group_locked(req.group_id, create=False)
+            if g is None:
+                return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID, error_message="no such group")
+            g.sync(member_id=req.member_id, generation_id=req.generation_id,
+                   assignments={a.member_id: a.assignment for a in req.assignments},
+                   callback=waiter, now_ms=self.clock_ms())
+            self._after_change_locked(g)
+        if not waiter.event.wait(timeout=max(0.0, wait_s)):
+            return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS, error_message="leader did not sync in time")
+        return waiter.result
+
+    def heartbeat(self, group_id: str, member_id: str, generation_id: int) -> int:
+        with self._lock:
+            g = self._group_locked(group_id, create=False)
+            if g is None:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            return g.heartbeat(member_id=member_id, generation_id=generation_id, now_ms=self.clock_ms())
+
+    def leave_group(self, group_id: str, member_ids: Iterable[str]) -> list[tuple[str, int]]:
+        with self._lock:
+            g = self._group_locked(group_id, create=False)
+            if g is None:
+                return [(m, ErrorCode.UNKNOWN_MEMBER_ID) for m in member_ids]
+            out = [(m, g.leave(m, self.clock_ms())) for m in member_ids]
+            self._after_change_locked(g)
+            return out
+
+    def _after_change_locked(self, g: Group) -> None:
+        """Persist group metadata the machine marked as changed (best effort, ordered)."""
+        if not g.persist_needed:
+            return
+        g.persist_needed = False
+        value = records.encode_group_value(g)
+        self._append_async(self.partition_for(g.group_id), [(records.group_key(g.group_id), value)],
+                           f"group {g.group_id} generation {g.generation_id}")
+
+    def _append_async(self, partition: int, kvs: list[tuple[bytes, bytes | None]], what: str) -> None:
+        try:
+            fut = self._append(partition, kvs)
+        except errors.BrookError as exc:
+            log.warning("writing %s failed: %s", what, exc)
+            return
+        if len(self._writes) >= self._writes_max:
+            log.warning("too many group metadata writes in flight; not tracking %s", what)
+            return
+        self._writes.add(fut)
+
+        def done(f: concurrent.futures.Future) -> None:
+            self._writes.discard(f)
+            if f.exception() is not None:
+                log.warning("writing %s failed: %s", what, f.exception())
+
+        fut.add_done_callback(done)
+
+    def _append(self, partition: int, kvs: list[tuple[bytes, bytes | None]]) -> concurrent.futures.Future:
+        now = self.clock_ms()
+        builder = RecordBatchBuilder()
+        for key, value in kvs:
+            builder.append(now, key, value)
+        return self.replica_manager.append_records(OFFSETS_TOPIC, partition, builder.build(), acks=-1,
+                                                   timeout_ms=self.config.offsets_commit_timeout_ms)
+
+    def _append_and_wait(self, partition: int, kvs: list[tuple[bytes, bytes | None]]) -> int:
+        """Append (in batches) with acks=all; returns the base offset of the last batch."""
+        base = -1
+        for i in range(0, len(kvs), RECORDS_PER_BATCH_MAX):
+            chunk = kvs[i : i + RECORDS_PER_BATCH_MAX]
+            fut = self._append(partition, chunk)
+            try:
+                result = fut.result(timeout=self.config.offsets_commit_timeout_ms / 1000 + 5)
+            except concurrent.futures.TimeoutError as exc:
+                raise CoordinatorError("offsets append timed out", code=ErrorCode.REQUEST_TIMED_OUT) from exc
+            except errors.BrookError as exc:
+                raise CoordinatorError(str(exc), code=_commit_error(exc.code)) from exc
+            base = _base_offset(result)
+        return base
+
+    # ------------------------------------------------------------------ offsets
+    def commit_offsets(self, req: group_pb2.OffsetCommitRequest) -> list[tuple[str, int, int, str]]:
+        """Validate, write with acks=all, then make visible. Returns per-partition errors."""
+        now = self.clock_ms()
+        results: list[tuple[str, int, int, str]] = []
+        kvs: list[tuple[bytes, bytes | None]] = []
+        entries: list[tuple[TopicPartition, OffsetEntry]] = []
+        with self._lock:
+            g = self._group_locked(req.group_id, create=req.generation_id < 0 and not req.member_id)
+            if g is None:
+                raise CoordinatorError("unknown group", code=ErrorCode.UNKNOWN_MEMBER_ID)
+            code = g.validate_commit(req.member_id, req.generation_id, now)
+            if code != ErrorCode.NONE:
+                raise CoordinatorError(f"commit refused for member {req.member_id!r} generation "
+                                       f"{req.generation_id} (group generation {g.generation_id}, {g.state})",
+                                       code=code)
+            p = self.partition_for(req.group_id)
+            epoch = self._partitions[p].leader_epoch
+        for part in req.partitions:
+            tp = TopicPartition(part.topic, part.partition)
+            if len(part.metadata.encode()) > self.config.offset_metadata_max_bytes:
+                results.append((tp.topic, tp.partition, ErrorCode.OFFSET_METADATA_TOO_LARGE, "metadata too large"))
+                continue
+            if part.offset < 0 or not part.topic or part.partition < 0:
+                results.append((tp.topic, tp.partition, ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+                                f"bad offset {part.offset} for {tp}"))
+                continue
+            entry = OffsetEntry(part.offset, part.leader_epoch, part.metadata, now)
+            entries.append((tp, entry))
+            kvs.append((records.offset_key(req.group_id, tp), records.encode_offset_value(entry)))
+        if kvs:
+            self._write_offsets(req.group_id, p, epoch, entries, kvs)
+        results += [(tp.topic, tp.partition, ErrorCode.NONE, "") for tp, _ in entries]
+        return results
+
+    def _write_offsets(self, group_id: str, partition: int, epoch: int,
+                       entries: list[tuple[TopicPartition, OffsetEntry | None]],
+                       kvs: list[tuple[bytes, bytes | None]]) -> None:
+        base = self._append_and_wait(partition, kvs)
+        with self._lock:
+            if not self._still_leader(partition, epoch):
+                raise CoordinatorError("coordinator moved during the commit", code=ErrorCode.NOT_COORDINATOR)
+            g = self._groups.get(group_id)
+            if g is None:
+                if all(e is None for _, e in entries):
+                    return
+                g = self._groups[group_id] = self._new_group(group_id)
+            last_chunk_start = ((len(entries) - 1) // RECORDS_PER_BATCH_MAX) * RECORDS_PER_BATCH_MAX
+            for i, (tp, entry) in enumerate(entries):
+                if entry is not None and i >= last_chunk_start and base >= 0:
+                    entry.log_offset = base + (i - last_chunk_start)
+                g.apply_offset(tp, entry)
+
+    def fetch_offsets(self, group_id: str, tps: list[TopicPartition]) -> list[tuple[TopicPartition, OffsetEntry | None]]:
+        with self._lock:
+            g = self._group_locked(group_id, create=False)
+            if g is None:
+                return [(tp, None) for tp in tps]
+            if not tps:
+                return sorted(g.offsets.items())
+            return [(tp, g.offsets.get(tp)) for tp in tps]
+
+    # ------------------------------------------------------------------ admin
+    def list_groups(self, states: set[str]) -> list[Group]:
+        with self._lock:
+            loaded = [g for g in self._groups.values()
+                      if self._partitions.get(self.partition_for(g.group_id), _PartitionLoad(-1)).loaded]
+            return [g for g in loaded if not states or g.state.value in states]
+
+    def describe_group(self, group_id: str, include_offsets: bool) -> group_pb2.DescribedGroup:
+        with self._lock:
+            try:
+                g = self._group_locked(group_id, create=False)
+            except CoordinatorError as exc:
+                return group_pb2.DescribedGroup(error_code=exc.code, error_message=exc.message, group_id=group_id)
+            if g is None:
+                return group_pb2.DescribedGroup(group_id=group_id, state=GroupState.DEAD.value,
+                                                coordinator_id=self.node_id)
+            out = group_pb2.DescribedGroup(
+                group_id=group_id, state=g.state.value, protocol_type=g.protocol_type,
+                protocol_name=g.protocol_name, generation_id=g.generation_id, leader=g.leader_id,
+                coordinator_id=self.node_id)
+            owner: dict[TopicPartition, str] = {}
+            for m in sorted(g.members.values(), key=lambda m: m.member_id):
+                dm = group_pb2.DescribedMember(
+                    member_id=m.member_id, client_id=m.client_id, client_host=m.client_host,
+                    metadata=m.metadata_for(g.protocol_name), assignment=m.assignment,
+                    session_timeout_ms=m.session_timeout_ms, rebalance_timeout_ms=m.rebalance_timeout_ms)
+                if g.protocol_type == "consumer":
+                    _decode_consumer_member(dm)
+                    for ref in dm.assigned_partitions:
+                        owner[TopicPartition(ref.topic, ref.partition)] = m.member_id
+                out.members.append(dm)
+            offsets = sorted(g.offsets.items())
+        if include_offsets:
+            tps = sorted(set(owner) | {tp for tp, _ in offsets})
+            ends = self._resolve_offsets({tp: LIST_OFFSETS_LATEST for tp in tps})
+            committed = dict(offsets)
+            for tp in tps:
+                entry = committed.get(tp)
+                end = ends.get(tp, (-1, ""))[0]
+                c = entry.offset if entry is not None else -1
+                out.offsets.append(group_pb2.GroupPartitionOffset(
+                    topic=tp.topic, partition=tp.partition, committed_offset=c, log_end_offset=end,
+                    lag=max(0, end - c) if end >= 0 and c >= 0 else -1, member_id=owner.get(tp, ""),
+                    metadata=entry.metadata if entry is not None else ""))
+        return out
+
+    def delete_group(self, group_id: str) -> None:
+        with self._lock:
+            g = self._group_locked(group_id, create=False)
+            if g is None or g.state == GroupState.DEAD:
+                raise CoordinatorError(f"group {group_id} does not exist", code=ErrorCode.GROUP_ID_NOT_FOUND)
+            if g.members:
+                raise CoordinatorError(f"group {group_id} has {len(g.members)} members ({g.state})",
+                                       code=ErrorCode.NON_EMPTY_GROUP)
+            p = self.partition_for(group_id)
+            epoch = self._partitions[p].leader_epoch
+            tps = sorted(g.offsets)
+        kvs: list[tuple[bytes, bytes | None]] = [(records.offset_key(group_id, tp), None) for tp in tps]
+        kvs.append((records.group_key(group_id), None))
+        self._append_and_wait(p, kvs)
+        with self._lock:
+            if not self._still_leader(p, epoch):
+                raise CoordinatorError("coordinator moved during the delete", code=ErrorCode.NOT_COORDINATOR)
+            g = self._groups.get(group_id)
+            if g is not None and not g.members:
+                self._groups.pop(group_id).mark_dead(self.clock_ms())
+
+    def delete_offsets(self, group_id: str, tps: list[TopicPartition]) -> list[tuple[TopicPartition, int]]:
+        with self._lock:
+            g = self._group_locked(group_id, create=False)
+            if g is None:
+                raise CoordinatorError(f"group {group_id} does not exist", code=ErrorCode.GROUP_ID_NOT_FOUND)
+            subscribed = _subscribed_topics(g)
+            p = self.partition_for(group_id)
+            epoch = self._partitions[p].leader_epoch
+        results: list[tuple[TopicPartition, int]] = []
+        to_delete: list[TopicPartition] = []
+        for tp in tps:
+            if tp.topic in subscribed:
+                results.append((tp, ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC))
+            else:
+                to_delete.append(tp)
+                results.append((tp, ErrorCode.NONE))
+        if to_delete:
+            self._write_offsets(group_id, p, epoch, [(tp, None) for tp in to_delete],
+                                [(records.offset_key(group_id, tp), None) for tp in to_delete])
+        return results
+
+    def alter_offsets(self, req: group_pb2.AlterGroupOffsetsRequest) -> list[group_pb2.ResolvedOffset]:
+        """Reset committed offsets of an empty group (Kafka's kafka-consumer-groups --reset-offsets)."""
+        with self._lock:
+            g = self._group_locked(req.group_id, create=False)
+            if g is not None and g.members:
+                raise CoordinatorError(f"group {req.group_id} is {g.state} with {len(g.members)} members; "
+                                       "stop its consumers first", code=ErrorCode.NON_EMPTY_GROUP)
+            previous = {tp: e.offset for tp, e in g.offsets.items()} if g is not None else {}
+            p = self.partition_for(req.group_id)
+            epoch = self._partitions[p].leader_epoch
+        specs = self._expand_specs(req.specs, previous)
+        tps = sorted(specs)
+        earliest = self._resolve_offsets({tp: LIST_OFFSETS_EARLIEST for tp in tps})
+        latest = self._resolve_offsets({tp: LIST_OFFSETS_LATEST for tp in tps})
+        by_ts = self._resolve_offsets({tp: s.value for tp, s in specs.items()
+                                       if s.kind == group_pb2.RESET_TIMESTAMP})
+        out: list[group_pb2.ResolvedOffset] = []
+        entries: list[tuple[TopicPartition, OffsetEntry | None]] = []
+        kvs: list[tuple[bytes, bytes | None]] = []
+        now = self.clock_ms()
+        for tp in tps:
+            spec = specs[tp]
+            low, low_err = earliest.get(tp, (-1, "no answer"))
+            high, high_err = latest.get(tp, (-1, "no answer"))
+            res = group_pb2.ResolvedOffset(topic=tp.topic, partition=tp.partition,
+                                           previous_offset=previous.get(tp, -1))
+            if low < 0 or high < 0:
+                res.error_code, res.error_message = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, low_err or high_err
+                out.append(res)
+                continue
+            target = _reset_target(spec, low, high, previous.get(tp, -1), by_ts.get(tp, (-1, ""))[0])
+            res.offset = min(max(target, low), high)
+            out.append(res)
+            entry = OffsetEntry(res.offset, -1, "", now)
+            entries.append((tp, entry))
+            kvs.append((records.offset_key(req.group_id, tp), records.encode_offset_value(entry)))
+        if kvs and not req.dry_run:
+            with self._lock:
+                g = self._groups.get(req.group_id)
+                if g is not None and g.members:
+                    raise CoordinatorError("a member joined while resetting", code=ErrorCode.NON_EMPTY_GROUP)
+            self._write_offsets(req.group_id, p, epoch, entries, kvs)
+        return out
+
+    def _expand_specs(self, specs: Iterable[group_pb2.OffsetResetSpec],
+                      previous: dict[TopicPartition, int]) -> dict[TopicPartition, group_pb2.OffsetResetSpec]:
+        out: dict[TopicPartition, group_pb2.OffsetResetSpec] = {}
+        for spec in specs:
+            if spec.partition >= 0:
+                out[TopicPartition(spec.topic, spec.partition)] = spec
+                continue
+            parts = self.metadata_cache.partitions_of(spec.topic)
+            if not parts:
+                raise CoordinatorError(f"unknown topic {spec.topic!r}", code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            for info in parts:
+                out[TopicPartition(spec.topic, info.partition)] = spec
+        return out
+
+    def _resolve_offsets(self, wanted: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, str]]:
+        """ListOffsets at the partition leaders: tp -> (offset or -1, error text)."""
+        by_leader: dict[int, list[TopicPartition]] = {}
+        out: dict[TopicPartition, tuple[int, str]] = {}
+        for tp in wanted:
+            info = self.metadata_cache.partition(tp.topic, tp.partition)
+            if info is None or info.leader < 0:
+                out[tp] = (-1, f"{tp.topic}-{tp.partition} is unknown or has no leader")
+                continue
+            by_leader.setdefault(info.leader, []).append(tp)
+        for leader, tps in by_leader.items():
+            broker = self.metadata_cache.broker(leader)
+            if broker is None:
+                out.update({tp: (-1, f"leader {leader} unknown") for tp in tps})
+                continue
+            req = broker_pb2.ListOffsetsRequest(replica_id=-1, partitions=[
+                broker_pb2.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, timestamp=wanted[tp],
+                                                current_leader_epoch=-1) for tp in tps])
+            try:
+                resp = self._stub(broker.host, broker.port).ListOffsets(req, timeout=RPC_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                out.update({tp: (-1, f"ListOffsets to broker {leader}: {exc.code()}") for tp in tps})
+                continue
+            for r in resp.partitions:
+                tp = TopicPartition(r.topic, r.partition)
+                out[tp] = (r.offset, "") if r.error_code == ErrorCode.NONE else (-1, r.error_message)
+        return out
+
+    def _stub(self, host: str, port: int) -> broker_pb2_grpc.BrokerServiceStub:
+        address = f"{host}:{port}"
+        with self._lock:
+            ch = self._channels.get(address)
+            if ch is None:
+                ch = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return broker_pb2_grpc.BrokerServiceStub(ch)
+
+    # ------------------------------------------------------------------ timers
+    def _run_timers(self) -> None:
+        next_retention = time.monotonic() + self.config.offsets_retention_check_interval_ms / 1000
+        next_lag = time.monotonic()
+        while not self._stop.wait(TICK_INTERVAL_S):
+            try:
+                self.tick()
+                if time.monotonic() >= next_retention:
+                    next_retention = time.monotonic() + self.config.offsets_retention_check_interval_ms / 1000
+                    self.expire_offsets()
+                if time.monotonic() >= next_lag:
+                    next_lag = time.monotonic() + self.config.lag_refresh_interval_ms / 1000
+                    self._refresh_end_offsets()
+            except errors.BrookError as exc:
+                log.warning("group timers: %s", exc)
+            except Exception:  # a timer bug must not stop every group's sessions
+                log.exception("group timers failed; continuing")
+
+    def tick(self) -> None:
+        with self._lock:
+            now = self.clock_ms()
+            for g in list(self._groups.values()):
+                deadline = g.next_deadline_ms()
+                if deadline is not None and deadline <= now:
+                    g.tick(now)
+                    self._after_change_locked(g)
+
+    def expire_offsets(self) -> int:
+        """offsets.retention.minutes: an empty group's offsets expire that long after it
+        became empty (a group never managed by the protocol: per commit timestamp).
+        Writes tombstones; an empty group left without offsets is removed for good."""
+        retention_ms = self.config.offsets_retention_minutes * 60_000
+        now = self.clock_ms()
+        expired_total = 0
+        plan: list[tuple[str, int, list[TopicPartition], bool]] = []
+        with self._lock:
+            for gid, g in self._groups.items():
+                if g.state != GroupState.EMPTY or not self._partitions.get(self.partition_for(gid), _PartitionLoad(-1)).loaded:
+                    continue
+                if g.protocol_type:
+                    expired = sorted(g.offsets) if now - g.state_timestamp_ms >= retention_ms else []
+                else:
+                    expired = sorted(tp for tp, e in g.offsets.items() if now - e.commit_timestamp_ms >= retention_ms)
+                remove_group = len(expired) == len(g.offsets)
+                if expired or remove_group:
+                    plan.append((gid, self.partition_for(gid), expired, remove_group))
+        for gid, p, expired, remove_group in plan:
+            kvs: list[tuple[bytes, bytes | None]] = [(records.offset_key(gid, tp), None) for tp in expired]
+            if remove_group:
+                kvs.append((records.group_key(gid), None))
+            try:
+                self._append_and_wait(p, kvs)
+            except errors.BrookError as exc:
+                log.warning("expiring offsets of group %s failed: %s", gid, exc)
+                continue
+            with self._lock:
+                g = self._groups.get(gid)
+                if g is None or g.state != GroupState.EMPTY:
+                    continue
+                for tp in expired:
+                    g.offsets.pop(tp, None)
+                if remove_group and not g.offsets:
+                    self._groups.pop(gid).mark_dead(now)
+            expired_total += len(expired)
+            log.info("group %s: expired %d committed offsets%s", gid, len(expired),
+                     " and removed the empty group" if remove_group else "")
+        return expired_total
+
+    def _refresh_end_offsets(self) -> None:
+        with self._lock:
+            tps = {tp for g in self._groups.values() for tp in g.offsets}
+        if not tps:
+            self._end_offsets = {}
+            return
+        resolved = self._resolve_offsets({tp: LIST_OFFSETS_LATEST for tp in sorted(tps)[:10_000]})
+        self._end_offsets = {tp: off for tp, (off, _) in resolved.items() if off >= 0}
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> GroupCoordinatorStats:
+        by_state = {s.value: 0 for s in GroupState if s != GroupState.DEAD}
+        rows: list[GroupOffsetStats] = []
+        ends = self._end_offsets
+        with self._lock:
+            for g in self._groups.values():
+                by_state[g.state.value] = by_state.get(g.state.value, 0) + 1
+                for tp, e in sorted(g.offsets.items()):
+                    end = ends.get(tp, -1)
+                    rows.append(GroupOffsetStats(g.group_id, tp.topic, tp.partition, e.offset, end,
+                                                 max(0, end - e.offset) if end >= 0 else -1))
+            loaded = sum(1 for s in self._partitions.values() if s.loaded)
+            loading = len(self._partitions) - loaded
+        return GroupCoordinatorStats(by_state, rows, loaded, loading)
+
+
+# ---------------------------------------------------------------------- helpers
+def _commit_error(code: int) -> int:
+    """Kafka's mapping of append errors to what a committing client should do."""
+    if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.KAFKA_STORAGE_ERROR):
+        return ErrorCode.NOT_COORDINATOR
+    if code in (ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                ErrorCode.REQUEST_TIMED_OUT):
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if code in (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE, ErrorCode.INVALID_FETCH_SIZE):
+        return ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+    return ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+def _base_offset(result: Any) -> int:
+    for name in ("base_offset", "first_offset"):
+        value = getattr(result, name, None)
+        if isinstance(value, int):
+            return value
+    return -1
+
+
+def _reset_target(spec: group_pb2.OffsetResetSpec, low: int, high: int, current: int, at_ts: int) -> int:
+    if spec.kind == group_pb2.RESET_EARLIEST:
+        return low
+    if spec.kind == group_pb2.RESET_LATEST:
+        return high
+    if spec.kind == group_pb2.RESET_TIMESTAMP:
+        return at_ts if at_ts >= 0 else high  # nothing that late: the end, as Kafka does
+    if spec.kind == group_pb2.RESET_SHIFT_BY:
+        return (current if current >= 0 else low) + spec.value
+    return spec.value
+
+
+def _decode_consumer_member(dm: group_pb2.DescribedMember) -> None:
+    try:
+        sub = group_pb2.ConsumerSubscription.FromString(dm.metadata)
+        dm.subscribed_topics.extend(sub.topics)
+        if dm.assignment:
+            dm.assigned_partitions.extend(group_pb2.ConsumerAssignment.FromString(dm.assignment).partitions)
+    except Exception as exc:  # noqa: BLE001 - a client's bytes; describe must not fail on them
+        log.debug("undecodable consumer metadata of %s: %s", dm.member_id, exc)
+
+
+def _subscribed_topics(g: Group) -> set[str]:
+    if g.protocol_type != "consumer":
+        return set()
+    topics: set[str] = set()
+    for m in g.members.values():
+        try:
+            topics.update(group_pb2.ConsumerSubscription.FromString(m.metadata_for(g.protocol_name)).topics)
+        except Exception:  # noqa: BLE001 - undecodable client bytes: treat as no topics
+            continue
+    return topics
+
+
+# ---------------------------------------------------------------------- gRPC service
+class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
+    def __init__(self, coordinator: GroupCoordinator) -> None:
+        self.c = coordinator
+
+    @staticmethod
+    def _wait_s(context: grpc.ServicerContext, wanted_ms: int) -> float:
+        remaining = context.time_remaining() if context is not None else None
+        wait = wanted_ms / 1000 + 5
+        return min(wait, max(0.0, remaining - 0.5)) if remaining is not None else wait
+
+    def FindCoordinator(self, request, context):  # noqa: N802
+        try:
+            node_id, host, port = self.c.find_coordinator(request.group_id)
+        except errors.BrookError as exc:
+            return group_pb2.FindCoordinatorResponse(error_code=exc.code, error_message=exc.message, node_id=-1)
+        return group_pb2.FindCoordinatorResponse(node_id=node_id, host=host, port=port)
+
+    def JoinGroup(self, request, context):  # noqa: N802
+        try:
+            wanted = max(request.rebalance_timeout_ms, request.session_timeout_ms,
+                         self.c.config.group_initial_rebalance_delay_ms)
+            r = self.c.join_group(request, self._wait_s(context, wanted))
+        except errors.BrookError as exc:
+            return group_pb2.JoinGroupResponse(error_code=exc.code, error_message=exc.message,
+                                               member_id=request.member_id, generation_id=-1)
+        return group_pb2.JoinGroupResponse(
+            error_code=r.error_code, error_message=r.error_message, generation_id=r.generation_id,
+            protocol_name=r.protocol_name, leader=r.leader, member_id=r.member_id,
+            members=[group_pb2.JoinGroupMember(member_id=m, metadata=md, client_id=cid) for m, md, cid in r.members])
+
+    def SyncGroup(self, request, context):  # noqa: N802
+        try:
+            r = self.c.sync_group(request, self._wait_s(context, 300_000))
+        except errors.BrookError as exc:
+            return group_pb2.SyncGroupResponse(error_code=exc.code, error_message=exc.message)
+        return group_pb2.SyncGroupResponse(error_code=r.error_code, error_message=r.error_message,
+                                           protocol_name=r.protocol_name, assignment=r.assignment)
+
+    def Heartbeat(self, request, context):  # noqa: N802
+        try:
+            code = self.c.heartbeat(request.group_id, request.member_id, request.generation_id)
+        except errors.BrookError as exc:
+            return group_pb2.HeartbeatResponse(error_code=exc.code, error_message=exc.message)
+        return group_pb2.HeartbeatResponse(error_code=code)
+
+    def LeaveGroup(self, request, context):  # noqa: N802
+        try:
+            results = self.c.leave_group(request.group_id, list(request.member_ids))
+        except errors.BrookError as exc:
+            return group_pb2.LeaveGroupResponse(error_code=exc.code, error_message=exc.message)
+        return group_pb2.LeaveGroupResponse(members=[
+            group_pb2.LeaveGroupMemberResponse(member_id=m, error_code=c) for m, c in results])
+
+    def OffsetCommit(self, request, context):  # noqa: N802
+        try:
+            results = self.c.commit_offsets(request)
+        except errors.BrookError as exc:
+            return group_pb2.OffsetCommitResponse(error_code=exc.code, error_message=exc.message)
+        return group_pb2.OffsetCommitResponse(partitions=[
+            group_pb2.PartitionError(topic=t, partition=p, error_code=c, error_message=m) for t, p, c, m in results])
+
+    def OffsetFetch(self, request, context):  # noqa: N802
+        tps = [TopicPartition(p.topic, p.partition) for p in request.partitions]
+        try:
+            found = self.c.fetch_offsets(request.group_id, tps)
+        except errors.BrookError as exc:
+            return group_pb2.OffsetFetchResponse(error_code=exc.code, error_message=exc.message)
+        resp = group_pb2.OffsetFetchResponse()
+        for tp, e in found:
+            if e is None:
+                resp.partitions.append(group_pb2.CommittedOffset(topic=tp.topic, partition=tp.partition,
+                                                                 offset=-1, leader_epoch=-1))
+            else:
+                resp.partitions.append(group_pb2.CommittedOffset(
+                    topic=tp.topic, partition=tp.partition, offset=e.offset, leader_epoch=e.leader_epoch,
+                    metadata=e.metadata, commit_timestamp_ms=e.commit_timestamp_ms))
+        return resp
+
+    def ListGroups(self, request, context):  # noqa: N802
+        groups = self.c.list_groups(set(request.states))
+        return group_pb2.ListGroupsResponse(groups=[
+            group_pb2.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type, state=g.state.value,
+                                  coordinator_id=self.c.node_id) for g in sorted(groups, key=lambda g: g.group_id)])
+
+    def DescribeGroups(self, request, context):  # noqa: N802
+        return group_pb2.DescribeGroupsResponse(groups=[
+            self.c.describe_group(gid, request.include_offsets) for gid in request.group_ids])
+
+    def DeleteGroups(self, request, context):  # noqa: N802
+        out = group_pb2.DeleteGroupsResponse()
+        for gid in request.group_ids:
+            try:
+                self.c.delete_group(gid)
+                out.results.append(group_pb2.GroupResult(group_id=gid))
+            except errors.BrookError as exc:
+                out.results.append(group_pb2.GroupResult(group_id=gid, error_code=exc.code,
+                                                         error_message=exc.message))
+        return out
+
+    def OffsetDelete(self, request, context):  # noqa: N802
+        tps = [TopicPartition(p.topic, p.partition) for p in request.partitions]
+        try:
+            results = self.c.delete_offsets(request.group_id, tps)
+        except errors.BrookError as exc:
+            return group_pb2.OffsetDeleteResponse(error_code=exc.code, error_message=exc.message)
+        return group_pb2.OffsetDeleteResponse(partitions=[
+            group_pb2.PartitionError(topic=tp.topic, partition=tp.partition, error_code=c) for tp, c in results])
+
+    def AlterGroupOffsets(self, request, context):  # noqa: N802
+        try:
+            resolved = self.c.alter_offsets(request)
+        except errors.BrookError as exc:
+            return group_pb2.AlterGroupOffsetsResponse(error_code=exc.code, error_message=exc.message)
+        return group_pb2.AlterGroupOffsetsResponse(partitions=resolved)
+
+
+def install(broker: Any) -> GroupCoordinator:
+    """BrokerServer extension: create the coordinator, serve it on the broker's gRPC server."""
+    config = CoordinatorConfig.from_defaults(dict(getattr(broker.settings, "defaults", {}) or {}))
+    coordinator = GroupCoordinator(node_id=broker.settings.node_id, replica_manager=broker.replica_manager,
+                                   metadata_cache=broker.metadata_cache, config=config)
+    servicer = GroupCoordinatorServicer(coordinator)
+    broker.add_servicer(lambda server: group_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(servicer, server))
+    coordinator.start()
+    broker.group_coordinator = coordinator
+    return coordinator
