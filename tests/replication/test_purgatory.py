@@ -1,0 +1,108 @@
+"""The delayed-operation purgatory: completion on key checks, expiry on deadlines, exactly once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
+
+
+class Waiter(DelayedOperation):
+    def __init__(self, state: dict[str, int], need: int, deadline_s: float | None) -> None:
+        super().__init__(deadline_s)
+        self.state, self.need = state, need
+        self.outcome: list[str] = []
+        self.finished = threading.Event()
+
+    def _try_complete(self) -> bool:
+        if self.state["hw"] >= self.need:
+            self.outcome.append("completed")
+            self.finished.set()
+            return True
+        return False
+
+    def _on_expire(self) -> None:
+        self.outcome.append("expired")
+        self.finished.set()
+
+
+@pytest.fixture
+def purgatory() -> Iterator[DelayedOperationPurgatory]:
+    p = DelayedOperationPurgatory("test")
+    yield p
+    p.shutdown()
+
+
+def test_completes_immediately_when_condition_already_holds(purgatory: DelayedOperationPurgatory) -> None:
+    op = Waiter({"hw": 5}, 3, time.monotonic() + 10)
+    assert purgatory.watch(op, ["p0"])
+    assert op.outcome == ["completed"]
+    assert purgatory.watched("p0") == 0
+
+
+def test_completes_on_check_of_its_key_only(purgatory: DelayedOperationPurgatory) -> None:
+    state = {"hw": 0}
+    op = Waiter(state, 3, time.monotonic() + 10)
+    assert not purgatory.watch(op, ["p0"])
+    state["hw"] = 3
+    assert purgatory.check_and_complete("p1") == 0
+    assert op.outcome == []
+    assert purgatory.check_and_complete("p0") == 1
+    assert op.outcome == ["completed"]
+    assert purgatory.check_and_complete("p0") == 0  # exactly once
+
+
+def test_not_yet_satisfied_stays_watched(purgatory: DelayedOperationPurgatory) -> None:
+    state = {"hw": 0}
+    op = Waiter(state, 3, None)
+    purgatory.watch(op, ["p0"])
+    state["hw"] = 2
+    assert purgatory.check_and_complete("p0") == 0
+    assert purgatory.watched("p0") == 1
+    state["hw"] = 3
+    assert purgatory.check_and_complete("p0") == 1
+
+
+def test_expires_at_deadline_without_polling(purgatory: DelayedOperationPurgatory) -> None:
+    op = Waiter({"hw": 0}, 3, time.monotonic() + 0.2)
+    purgatory.watch(op, ["p0"])
+    assert op.finished.wait(5), "operation never expired"
+    assert op.outcome == ["expired"]
+    assert purgatory.check_and_complete("p0") == 0
+
+
+def test_expired_then_completed_races_resolve_once(purgatory: DelayedOperationPurgatory) -> None:
+    state = {"hw": 0}
+    ops = [Waiter(state, 1, time.monotonic() + 0.05) for _ in range(200)]
+    for op in ops:
+        purgatory.watch(op, ["p0"])
+    time.sleep(0.04)
+    state["hw"] = 1
+    purgatory.check_and_complete("p0")
+    for op in ops:
+        assert op.finished.wait(5)
+    time.sleep(0.1)
+    assert all(len(op.outcome) == 1 for op in ops), [op.outcome for op in ops if len(op.outcome) != 1]
+
+
+def test_complete_all_forces_an_outcome(purgatory: DelayedOperationPurgatory) -> None:
+    op = Waiter({"hw": 0}, 3, time.monotonic() + 10)
+    purgatory.watch(op, ["p0"])
+    seen: list[DelayedOperation] = []
+    assert purgatory.complete_all("p0", seen.append) == 1
+    assert seen == [op] and op.is_done
+    assert not op.expire()
+
+
+def test_one_operation_watching_many_keys(purgatory: DelayedOperationPurgatory) -> None:
+    state = {"hw": 0}
+    op = Waiter(state, 1, None)
+    purgatory.watch(op, ["p0", "p1", "p2"])
+    state["hw"] = 1
+    assert purgatory.check_and_complete("p2") == 1
+    assert purgatory.check_and_complete("p0") == 0
+    assert op.outcome == ["completed"]
