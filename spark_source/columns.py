@@ -151,7 +151,7 @@ def _decode_records(
     until_offset: int,
     want_headers: bool,
 ) -> int:
-    """The per-record walk; fast paths inline for one-byte varints (the common case)."""
+    """The per-record walk; one- and two-byte varints (the common case) are decoded inline."""
     keys, values, offsets = cols.keys, cols.values, cols.offsets
     stamps, types = cols.timestamps_ms, cols.timestamp_types
     headers = cols.headers
@@ -166,18 +166,41 @@ def _decode_records(
                 length = (x >> 1) ^ -(x & 1)
                 p += 1
             else:
-                length, p = slow(b, p)
+                y = b[p + 1]
+                if y < 0x80:
+                    u = (x & 0x7F) | (y << 7)
+                    length = (u >> 1) ^ -(u & 1)
+                    p += 2
+                else:
+                    length, p = slow(b, p)
             rec_end = p + length
             if length < 6 or rec_end > end:
                 raise errors.CorruptMessageError(f"record length {length} at {p} overruns the batch ({end} bytes)")
             p += 1  # attributes (unused in v2)
-            ts_delta, p = slow(b, p)
+            x = b[p]
+            if x < 0x80:
+                ts_delta = (x >> 1) ^ -(x & 1)
+                p += 1
+            else:
+                y = b[p + 1]
+                if y < 0x80:
+                    u = (x & 0x7F) | (y << 7)
+                    ts_delta = (u >> 1) ^ -(u & 1)
+                    p += 2
+                else:
+                    ts_delta, p = slow(b, p)
             x = b[p]
             if x < 0x80:
                 off_delta = (x >> 1) ^ -(x & 1)
                 p += 1
             else:
-                off_delta, p = slow(b, p)
+                y = b[p + 1]
+                if y < 0x80:
+                    u = (x & 0x7F) | (y << 7)
+                    off_delta = (u >> 1) ^ -(u & 1)
+                    p += 2
+                else:
+                    off_delta, p = slow(b, p)
             offset = base_offset + off_delta
             if offset < from_offset or offset >= until_offset:
                 p = rec_end
@@ -187,7 +210,13 @@ def _decode_records(
                 klen = (x >> 1) ^ -(x & 1)
                 p += 1
             else:
-                klen, p = slow(b, p)
+                y = b[p + 1]
+                if y < 0x80:
+                    u = (x & 0x7F) | (y << 7)
+                    klen = (u >> 1) ^ -(u & 1)
+                    p += 2
+                else:
+                    klen, p = slow(b, p)
             if klen < 0:
                 key = None
             else:
@@ -198,7 +227,13 @@ def _decode_records(
                 vlen = (x >> 1) ^ -(x & 1)
                 p += 1
             else:
-                vlen, p = slow(b, p)
+                y = b[p + 1]
+                if y < 0x80:
+                    u = (x & 0x7F) | (y << 7)
+                    vlen = (u >> 1) ^ -(u & 1)
+                    p += 2
+                else:
+                    vlen, p = slow(b, p)
             if vlen < 0:
                 value = None
             else:

@@ -18,6 +18,7 @@ def spark() -> Iterator[object]:
     # Executors' Python workers must be this interpreter (with Brook installed), not "python3".
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # nothing may listen beyond loopback
     session = (
         SparkSession.builder.master("local[2]")
         .appName("brook-spark-tests")

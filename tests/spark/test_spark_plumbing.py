@@ -42,3 +42,20 @@ def test_bad_batch_option_fails_at_start(spark) -> None:  # type: ignore[no-unty
     with pytest.raises(Exception) as info:
         df.count()
     assert "startingOffsets" in str(info.value), str(info.value)[:2000]
+
+
+@pytest.mark.parametrize(
+    ("select", "opts", "named"),
+    [
+        ("CAST(id AS STRING) AS key", {"topic": "t"}, "value"),
+        ("id AS value", {"topic": "t"}, "value"),
+        ("CAST(id AS STRING) AS value", {}, "topic"),
+        ("CAST(id AS STRING) AS value|'x' AS partition", {"topic": "t"}, "partition"),
+        ("CAST(id AS STRING) AS value", {"topic": "t", "acks": "1"}, "acks"),
+    ],
+)
+def test_bad_write_fails_before_any_task(spark, select, opts, named) -> None:  # type: ignore[no-untyped-def]
+    df = spark.range(3).selectExpr(*select.split("|"))
+    with pytest.raises(Exception) as info:
+        df.write.format("brook").option("bootstrap.servers", "127.0.0.1:1").options(**opts).mode("append").save()
+    assert named in str(info.value), str(info.value)[:2000]
