@@ -132,3 +132,64 @@ def effective(overrides: Mapping[str, str], broker_defaults: Mapping[str, str] |
         raw = overrides.get(name, (broker_defaults or {}).get(name, d.default))
         merged[name] = parse_value(name, raw)
     return merged
+
+
+# --- LogConfig: the typed view the storage layer works with (added by STORAGE) ---------------
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Effective topic config of one partition log, parsed once (see ``effective``)."""
+
+    segment_bytes: int = int(TOPIC_CONFIGS["segment.bytes"].default)
+    segment_ms: int = int(TOPIC_CONFIGS["segment.ms"].default)
+    segment_index_bytes: int = int(TOPIC_CONFIGS["segment.index.bytes"].default)
+    index_interval_bytes: int = int(TOPIC_CONFIGS["index.interval.bytes"].default)
+    max_message_bytes: int = int(TOPIC_CONFIGS["max.message.bytes"].default)
+    flush_messages: int = int(TOPIC_CONFIGS["flush.messages"].default)
+    flush_ms: int = int(TOPIC_CONFIGS["flush.ms"].default)
+    retention_ms: int = int(TOPIC_CONFIGS["retention.ms"].default)
+    retention_bytes: int = int(TOPIC_CONFIGS["retention.bytes"].default)
+    cleanup_policy: tuple[str, ...] = ("delete",)
+    delete_retention_ms: int = int(TOPIC_CONFIGS["delete.retention.ms"].default)
+    min_compaction_lag_ms: int = int(TOPIC_CONFIGS["min.compaction.lag.ms"].default)
+    min_cleanable_dirty_ratio: float = float(TOPIC_CONFIGS["min.cleanable.dirty.ratio"].default)
+    message_timestamp_type: str = "CreateTime"
+    file_delete_delay_ms: int = int(TOPIC_CONFIGS["file.delete.delay.ms"].default)
+    compression_type: str = "producer"
+    min_insync_replicas: int = 1
+    unclean_leader_election_enable: bool = False
+
+    @classmethod
+    def from_overrides(cls, overrides: Mapping[str, str],
+                       broker_defaults: Mapping[str, str] | None = None) -> LogConfig:
+        """Topic overrides > broker defaults > built-in defaults; raises InvalidConfigError."""
+        v = effective(overrides, broker_defaults)
+        return cls(
+            segment_bytes=v["segment.bytes"],  # type: ignore[arg-type]
+            segment_ms=v["segment.ms"],  # type: ignore[arg-type]
+            segment_index_bytes=v["segment.index.bytes"],  # type: ignore[arg-type]
+            index_interval_bytes=v["index.interval.bytes"],  # type: ignore[arg-type]
+            max_message_bytes=v["max.message.bytes"],  # type: ignore[arg-type]
+            flush_messages=v["flush.messages"],  # type: ignore[arg-type]
+            flush_ms=v["flush.ms"],  # type: ignore[arg-type]
+            retention_ms=v["retention.ms"],  # type: ignore[arg-type]
+            retention_bytes=v["retention.bytes"],  # type: ignore[arg-type]
+            cleanup_policy=tuple(v["cleanup.policy"]),  # type: ignore[arg-type]
+            delete_retention_ms=v["delete.retention.ms"],  # type: ignore[arg-type]
+            min_compaction_lag_ms=v["min.compaction.lag.ms"],  # type: ignore[arg-type]
+            min_cleanable_dirty_ratio=v["min.cleanable.dirty.ratio"],  # type: ignore[arg-type]
+            message_timestamp_type=v["message.timestamp.type"],  # type: ignore[arg-type]
+            file_delete_delay_ms=v["file.delete.delay.ms"],  # type: ignore[arg-type]
+            compression_type=v["compression.type"],  # type: ignore[arg-type]
+            min_insync_replicas=v["min.insync.replicas"],  # type: ignore[arg-type]
+            unclean_leader_election_enable=v["unclean.leader.election.enable"],  # type: ignore[arg-type]
+        )
+
+    @property
+    def compact(self) -> bool:
+        return "compact" in self.cleanup_policy
+
+    @property
+    def delete(self) -> bool:
+        return "delete" in self.cleanup_policy

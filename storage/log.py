@@ -1,0 +1,700 @@
+"""Log: one partition's log, a sequence of segments (Kafka's UnifiedLog, local part).
+
+Threading: one writer lock serialises appends, truncation, rolls, retention and segment
+swaps. Readers never take it: they read an immutable snapshot of the segment list
+(replaced copy-on-write) and the published log end offset, and each segment publishes
+its size only after the bytes are written. A segment removed while a reader still uses
+it is renamed ``.deleted`` and closed only after ``file.delete.delay.ms``.
+
+Append path (leader): validate headers + CRC of every batch (no record decoding),
+producer-state checks, rewrite base offsets and the leader epoch in place, one pwrite.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from proto import errors
+from storage.checkpoints import fsync_dir
+from storage.leader_epoch_cache import LeaderEpochFileCache
+from storage.log_config import LogConfig
+from storage.producer_state import ProducerEntry, ProducerStateManager
+from storage.record_batch import (
+    ATTR_TIMESTAMP_TYPE,
+    BatchHeader,
+    assign_offsets,
+    iter_batches,
+    set_log_append_time,
+    validate_batches,
+)
+from storage.segment import (
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    LogSegment,
+    segment_file_name,
+)
+
+__all__ = ["AppendInfo", "FetchData", "Log", "LogConfig", "UnexpectedAppendOffsetError"]
+
+log = logging.getLogger(__name__)
+
+EARLIEST_TIMESTAMP = -2  # ListOffsets sentinels, as in Kafka
+LATEST_TIMESTAMP = -1
+_READ_ATTEMPTS = 3  # a reader racing a segment deletion retries on a fresh snapshot
+
+
+class UnexpectedAppendOffsetError(errors.InvalidRecordError):  # type: ignore[misc,valid-type]
+    """A follower append whose first offset is not the log end offset."""
+
+
+@dataclass
+class AppendInfo:
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    log_append_time_ms: int  # -1 if CreateTime
+    num_records: int
+    num_batches: int
+    valid_bytes: int
+    duplicate: bool = False
+
+
+@dataclass
+class FetchData:
+    records: bytes  # whole batches
+    first_offset: int  # -1 if empty
+    log_end_offset: int
+    log_start_offset: int
+
+
+def _now_ms(now_ms: int | None) -> int:
+    return int(time.time() * 1000) if now_ms is None else now_ms
+
+
+def parse_partition_dir(name: str) -> tuple[str, int]:
+    topic, sep, part = name.rpartition("-")
+    if not sep or not topic or not part.isdigit():
+        raise ValueError(f"not a partition directory name: {name!r}")
+    return topic, int(part)
+
+
+class Log:
+    def __init__(self, directory: Path, config: LogConfig) -> None:
+        self.dir = directory
+        self.topic, self.partition = parse_partition_dir(directory.name)
+        self._config = config
+        self._lock = threading.RLock()
+        self._flush_lock = threading.Lock()
+        self._segments: tuple[LogSegment, ...] = ()
+        self._bases: tuple[int, ...] = ()
+        self._view: tuple[tuple[int, ...], tuple[LogSegment, ...]] = ((), ())
+        self._log_start_offset = 0
+        self._log_end_offset = 0
+        self._high_watermark = 0
+        self._recovery_point = 0
+        self._unflushed_records = 0
+        self._last_flush_ms = _now_ms(None)
+        self._pending_deletes: list[tuple[int, LogSegment]] = []
+        self.epoch_cache = LeaderEpochFileCache(directory)
+        self.producer_state = ProducerStateManager()
+        self.closed = False
+
+    # ------------------------------------------------------------------ opening / recovery
+    @classmethod
+    def open(cls, dir: Path, config: LogConfig, *, recovery_point: int = 0, log_start_offset: int | None = None,
+             now_ms: int | None = None, high_watermark: int | None = None, clean_shutdown: bool = False,
+             full_recovery: bool = False) -> Log:
+        """Open (or create) the partition log in ``dir`` and recover it.
+
+        Segments from the one holding ``recovery_point`` onward are rescanned with CRC
+        checks; the first torn or corrupt batch truncates the log there (WARNING logged)
+        and every later segment is deleted. ``clean_shutdown`` skips the rescan (the last
+        shutdown flushed everything); ``full_recovery`` rescans every segment.
+        """
+        dir.mkdir(parents=True, exist_ok=True)
+        self = cls(dir, config)
+        with self._lock:
+            self._load(recovery_point, log_start_offset, _now_ms(now_ms), clean_shutdown, full_recovery)
+            if high_watermark is not None:
+                self.update_high_watermark(high_watermark)
+        return self
+
+    def _new_segment(self, base_offset: int, *, writable: bool, suffix: str = "",
+                     now_ms: int | None = None) -> LogSegment:
+        c = self._config
+        return LogSegment(self.dir, base_offset, index_bytes=c.segment_index_bytes,
+                          index_interval_bytes=c.index_interval_bytes, writable=writable, suffix=suffix,
+                          created_ms=now_ms)
+
+    def _load(self, recovery_point: int, log_start_offset: int | None, now_ms: int, clean_shutdown: bool,
+              full_recovery: bool) -> None:
+        self._remove_temp_files()
+        self._complete_swaps()
+        bases = sorted(int(p.name[: -len(LOG_SUFFIX)]) for p in self.dir.glob("*" + LOG_SUFFIX)
+                       if p.name[: -len(LOG_SUFFIX)].isdigit())
+        segments = [self._new_segment(b, writable=False) for b in bases]
+        if log_start_offset is None:
+            log_start_offset = bases[0] if bases else 0
+        scan_all = full_recovery or not clean_shutdown
+        first_recover = len(segments)
+        if scan_all:
+            # The segment holding the recovery point and every later one; all if forced.
+            first_recover = 0 if full_recovery else max(0, bisect.bisect_right(bases, recovery_point) - 1)
+        for seg in segments[:first_recover]:
+            seg.load_without_recovery()
+        kept = self._recover_segments(segments, first_recover)
+        self._rebuild_producer_state(kept)
+        if not kept:
+            kept = [self._new_segment(log_start_offset, writable=True, now_ms=now_ms)]
+        last = kept[-1]
+        last.on_become_active()
+        self._set_segments(kept)
+        self._log_end_offset = last.next_offset
+        self._log_start_offset = min(max(log_start_offset, kept[0].base_offset), self._log_end_offset)
+        self.epoch_cache.truncate_from_end(self._log_end_offset)
+        self.epoch_cache.truncate_from_start(self._log_start_offset)
+        if first_recover < len(segments):
+            for seg in kept[first_recover:]:
+                seg.flush()  # recovered bytes are now durable: the recovery point may pass them
+            self._recovery_point = self._log_end_offset
+        else:
+            self._recovery_point = min(max(recovery_point, self._log_start_offset), self._log_end_offset)
+        self._high_watermark = self._log_start_offset
+        log.info("opened log %s: start %d, end %d, %d segments, recovery point %d", self.dir,
+                 self._log_start_offset, self._log_end_offset, len(kept), self._recovery_point)
+
+    def _remove_temp_files(self) -> None:
+        for p in self.dir.iterdir():
+            if p.name.endswith((CLEANED_SUFFIX, DELETED_SUFFIX, ".tmp")):
+                log.info("removing leftover file %s", p)
+                p.unlink(missing_ok=True)
+            elif p.name.endswith(SWAP_SUFFIX) and not p.name.endswith(LOG_SUFFIX + SWAP_SUFFIX):
+                p.unlink(missing_ok=True)  # index swaps: indexes of swapped segments are rebuilt
+
+    def _complete_swaps(self) -> None:
+        """Finish a compaction swap interrupted by a crash (the .swap log is complete and fsynced)."""
+        for swap in sorted(self.dir.glob("*" + LOG_SUFFIX + SWAP_SUFFIX)):
+            base = int(swap.name[: -len(LOG_SUFFIX + SWAP_SUFFIX)])
+            seg = self._new_segment(base, writable=True, suffix=SWAP_SUFFIX)
+            seg.recover(None, lambda h: None, base)
+            end = seg.next_offset
+            seg.close()
+            for p in list(self.dir.glob("*" + LOG_SUFFIX)):
+                other = int(p.name[: -len(LOG_SUFFIX)])
+                if base <= other < max(end, base + 1):
+                    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                        (self.dir / segment_file_name(other, suffix)).unlink(missing_ok=True)
+            os.replace(swap, self.dir / segment_file_name(base, LOG_SUFFIX))
+            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                (self.dir / (segment_file_name(base, suffix) + SWAP_SUFFIX)).unlink(missing_ok=True)
+                (self.dir / segment_file_name(base, suffix)).unlink(missing_ok=True)  # rebuilt on load
+            log.warning("completed interrupted compaction swap of %s (offsets %d..%d)", self.dir, base, end)
+
+    def _recover_segments(self, segments: list[LogSegment], first: int) -> list[LogSegment]:
+        """CRC-scan segments[first:]; cut at the first bad batch and drop everything after it."""
+        kept = list(segments[:first])
+        expected = kept[-1].next_offset if kept else 0
+        cut = False
+        for seg in segments[first:]:
+            if cut or seg.base_offset < expected:
+                if not cut:
+                    log.warning("recovery of %s: segment %s overlaps the previous one, deleted", self.dir, seg)
+                seg.delete_files()
+                continue
+            cut = seg.recover(None, self._recovery_epoch_observer, expected)
+            if seg.size == 0 and kept:
+                seg.delete_files()  # empty non-first segment: nothing to keep
+                continue
+            kept.append(seg)
+            expected = seg.next_offset
+        for seg in kept[:-1]:
+            if seg.index.writable:
+                seg.on_become_inactive()
+        return kept
+
+    def _recovery_epoch_observer(self, h: BatchHeader) -> None:
+        if h.partition_leader_epoch > self.epoch_cache.latest_epoch:
+            self.epoch_cache.assign(h.partition_leader_epoch, h.base_offset)
+
+    def _rebuild_producer_state(self, segments: list[LogSegment]) -> None:
+        """Idempotent-producer state from batch headers (no record decoding)."""
+        self.producer_state.clear()
+        for seg in segments:
+            for _pos, h in seg.iter_headers(0):
+                if h.producer_id >= 0:
+                    self.producer_state.update(h, h.base_offset)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._log_end_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @property
+    def recovery_point(self) -> int:
+        return self._recovery_point
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def latest_epoch(self) -> int:
+        return self.epoch_cache.latest_epoch
+
+    def segments(self) -> tuple[LogSegment, ...]:
+        """Snapshot of the segment list (oldest first; the last one is active)."""
+        return self._segments
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    def _set_segments(self, segments: list[LogSegment]) -> None:
+        # Readers use (bases, segments) pairs; publish both as one tuple swap.
+        self._view = (tuple(s.base_offset for s in segments), tuple(segments))
+        self._bases, self._segments = self._view
+
+    # ------------------------------------------------------------------ append
+    def append_as_leader(self, records: bytes, leader_epoch: int, *, now_ms: int | None = None) -> AppendInfo:
+        """Validate, assign offsets, stamp the epoch, write. All-or-nothing."""
+        buf = bytearray(records)
+        headers = validate_batches(buf, max_batch_bytes=self._config.max_message_bytes, allow_empty=False)
+        if len(buf) > self._config.segment_bytes:
+            raise errors.RecordListTooLargeError(
+                f"append of {len(buf)} bytes exceeds segment.bytes {self._config.segment_bytes}")
+        now = _now_ms(now_ms)
+        with self._lock:
+            self._ensure_open()
+            dup = self._check_producers(headers)
+            if dup is not None:
+                return dup
+            offset = first_offset = self._log_end_offset
+            log_append = self._config.message_timestamp_type == "LogAppendTime"
+            pos = 0
+            assigned: list[BatchHeader] = []
+            for h in headers:
+                assign_offsets(buf, pos, offset, leader_epoch)
+                if log_append:
+                    set_log_append_time(buf, pos, now)
+                assigned.append(_with_offsets(h, offset, leader_epoch, now if log_append else None))
+                offset += h.last_offset_delta + 1
+                pos += h.size
+            if leader_epoch > self.epoch_cache.latest_epoch:
+                self.epoch_cache.assign(leader_epoch, first_offset)
+            self._write(buf, assigned, now)
+            return self._append_info(assigned, len(buf), now if log_append else -1)
+
+    def _check_producers(self, headers: list[BatchHeader]) -> AppendInfo | None:
+        """Producer-state checks for every batch; a sole duplicate batch returns its original info."""
+        pending: dict[int, ProducerEntry] = {}
+        offset = self._log_end_offset
+        for h in headers:
+            if h.producer_id < 0:
+                offset += h.last_offset_delta + 1
+                continue
+            dup = self.producer_state.check_leader_append(h, pending)
+            if dup is not None:
+                if len(headers) != 1:
+                    raise errors.DuplicateSequenceNumberError(  # type: ignore[attr-defined]
+                        f"producer {h.producer_id}: duplicate batch (sequence {h.base_sequence}) in a multi-batch append")
+                count = dup.last_offset - dup.first_offset + 1
+                return AppendInfo(dup.first_offset, dup.last_offset, dup.max_timestamp, -1, count, 1, 0,
+                                  duplicate=True)
+            ProducerStateManager.apply_to(pending, self.producer_state.entry(h.producer_id), h, offset)
+            offset += h.last_offset_delta + 1
+        return None
+
+    def append_as_follower(self, records: bytes) -> AppendInfo:
+        """Append the leader's batches as they are (offsets and epochs already assigned)."""
+        headers = validate_batches(records)
+        with self._lock:
+            self._ensure_open()
+            expected = self._log_end_offset
+            if headers[0].base_offset != expected:
+                raise UnexpectedAppendOffsetError(
+                    f"{self.topic}-{self.partition}: follower append starts at {headers[0].base_offset}, "
+                    f"log end offset is {expected}")
+            for h in headers:
+                if h.base_offset < expected:
+                    raise UnexpectedAppendOffsetError(
+                        f"{self.topic}-{self.partition}: batch at {h.base_offset} overlaps offsets below {expected}")
+                expected = h.next_offset
+            now = _now_ms(None)
+            for h in headers:
+                if h.partition_leader_epoch > self.epoch_cache.latest_epoch:
+                    self.epoch_cache.assign(h.partition_leader_epoch, h.base_offset)
+            self._write(records, headers, now)
+            return self._append_info(headers, len(records), -1)
+
+    def _write(self, data: bytes | bytearray, headers: list[BatchHeader], now: int) -> None:
+        seg = self._maybe_roll(len(data), headers, now)
+        seg.append(data, headers)
+        for h in headers:
+            self.producer_state.update(h, h.base_offset)
+        self._log_end_offset = headers[-1].next_offset
+        self._unflushed_records += sum(h.record_count for h in headers)
+        if (self._unflushed_records >= self._config.flush_messages
+                or now - self._last_flush_ms >= self._config.flush_ms):
+            self.flush()
+
+    @staticmethod
+    def _append_info(headers: list[BatchHeader], size: int, log_append_time_ms: int) -> AppendInfo:
+        max_ts = max(h.max_timestamp for h in headers)
+        return AppendInfo(headers[0].base_offset, headers[-1].last_offset, max_ts, log_append_time_ms,
+                          sum(h.record_count for h in headers), len(headers), size)
+
+    def _maybe_roll(self, size: int, headers: list[BatchHeader], now: int) -> LogSegment:
+        seg = self._segments[-1]
+        c = self._config
+        reason = ""
+        if seg.size > 0:
+            if seg.size + size > c.segment_bytes:
+                reason = f"size {seg.size} + {size} > segment.bytes {c.segment_bytes}"
+            elif now - seg.rolling_base_ms() > c.segment_ms:
+                reason = f"age {now - seg.rolling_base_ms()} ms > segment.ms {c.segment_ms}"
+            elif seg.index.is_full() or seg.time_index.is_full():
+                reason = "index full"
+            elif not seg.can_hold_offset(headers[-1].last_offset):
+                reason = "offset too far from segment base"
+        if not reason:
+            return seg
+        log.debug("rolling %s: %s", self.dir, reason)
+        return self._roll(headers[0].base_offset, now)
+
+    def _roll(self, base_offset: int, now: int) -> LogSegment:
+        old = self._segments[-1]
+        if old.size == 0 and old.base_offset == base_offset:
+            return old
+        old.on_become_inactive()
+        new = self._new_segment(base_offset, writable=True, now_ms=now)
+        self._set_segments(list(self._segments) + [new])
+        return new
+
+    def roll(self, now_ms: int | None = None) -> None:
+        with self._lock:
+            self._ensure_open()
+            self._roll(self._log_end_offset, _now_ms(now_ms))
+
+    def _ensure_open(self) -> None:
+        if self.closed:
+            raise errors.KafkaStorageError(f"log {self.dir} is closed")
+
+    # ------------------------------------------------------------------ read
+    def read(self, start_offset: int, max_bytes: int, *, max_offset: int | None = None,
+             min_one_batch: bool = True) -> FetchData:
+        for attempt in range(_READ_ATTEMPTS):
+            try:
+                return self._read_once(start_offset, max_bytes, max_offset, min_one_batch)
+            except (OSError, ValueError) as exc:
+                # A segment deleted or closed under us (retention, truncation, close): try
+                # again on a fresh snapshot; the offset checks then give the right answer.
+                if attempt == _READ_ATTEMPTS - 1:
+                    raise errors.KafkaStorageError(f"read of {self.dir} at {start_offset} failed: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _read_once(self, start_offset: int, max_bytes: int, max_offset: int | None,
+                   min_one_batch: bool) -> FetchData:
+        bases, segments = self._view
+        start, end = self._log_start_offset, self._log_end_offset
+        if start_offset < start or start_offset > end:
+            raise errors.OffsetOutOfRangeError(
+                f"offset {start_offset} out of range [{start}, {end}] for {self.topic}-{self.partition}")
+        bound = end if max_offset is None else min(max_offset, end)
+        empty = FetchData(b"", -1, end, start)
+        if start_offset >= bound:
+            return empty
+        i = max(0, bisect.bisect_right(bases, start_offset) - 1)
+        for seg in segments[i:]:
+            got = seg.read(start_offset, max(max_bytes, 0), bound, min_one_batch)
+            if got is None:
+                continue  # nothing at or after start_offset here (compacted away): next segment
+            data, first = got
+            return FetchData(data, first, end, start) if data else empty
+        return empty
+
+    def iter_batches_from(self, start_offset: int, max_offset: int | None = None,
+                          chunk_bytes: int = 1024 * 1024) -> Iterator[bytes]:
+        """Whole-batch chunks from ``start_offset`` to ``max_offset`` (default LEO); bounded reads."""
+        offset = start_offset
+        while True:
+            data = self.read(offset, chunk_bytes, max_offset=max_offset)
+            if not data.records:
+                return
+            last_next = offset
+            for _pos, h in iter_batches(data.records, 0):
+                last_next = h.next_offset
+            yield data.records
+            offset = max(last_next, offset + 1)
+            if offset > self._log_end_offset:
+                return
+
+    # ------------------------------------------------------------------ offsets and epochs
+    def update_high_watermark(self, hw: int) -> int:
+        with self._lock:
+            self._high_watermark = min(max(hw, self._log_start_offset), self._log_end_offset)
+            return self._high_watermark
+
+    def assign_epoch_start_offset(self, epoch: int, start_offset: int) -> None:
+        with self._lock:
+            self.epoch_cache.assign(epoch, start_offset)
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        with self._lock:
+            return self.epoch_cache.end_offset_for(epoch, self._log_end_offset)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first batch whose max timestamp >= ``timestamp_ms``.
+
+        Sentinels as in Kafka's ListOffsets: -2 -> (log start, -1), -1 -> (log end, -1).
+        """
+        _bases, segments = self._view
+        start = self._log_start_offset
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return start, -1
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return self._log_end_offset, -1
+        for seg in segments:
+            if seg.next_offset <= start or seg.max_timestamp < timestamp_ms:
+                continue
+            found = seg.find_offset_by_timestamp(timestamp_ms, start)
+            if found is not None:
+                return found
+        return None
+
+    # ------------------------------------------------------------------ truncation
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch at or after ``offset`` (a batch spanning it goes whole)."""
+        with self._lock:
+            self._ensure_open()
+            if offset >= self._log_end_offset:
+                return
+            if offset < self._log_start_offset:
+                self.truncate_fully_and_start_at(offset)
+                return
+            keep = [s for s in self._segments if s.base_offset <= offset]
+            doomed = [s for s in self._segments if s.base_offset > offset]
+            if not keep:
+                self.truncate_fully_and_start_at(offset)
+                return
+            self._set_segments(keep)
+            for seg in doomed:
+                self._schedule_delete(seg)
+            last = keep[-1]
+            last.truncate_to(offset)
+            last.on_become_active()
+            self._after_truncation(last.next_offset)
+            log.info("truncated %s to %d (log end now %d)", self.dir, offset, self._log_end_offset)
+
+    def _after_truncation(self, new_end: int) -> None:
+        self._log_end_offset = new_end
+        self.epoch_cache.truncate_from_end(new_end)
+        self.producer_state.truncate_from(new_end)
+        self._high_watermark = min(self._high_watermark, new_end)
+        self._recovery_point = min(self._recovery_point, new_end)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete everything; the log restarts empty at ``offset``."""
+        with self._lock:
+            self._ensure_open()
+            for seg in self._segments:
+                self._schedule_delete(seg)  # renamed first, so the new segment's names are free
+            self._set_segments([self._new_segment(offset, writable=True, now_ms=_now_ms(None))])
+            self.epoch_cache.clear()
+            self.producer_state.clear()
+            self._log_start_offset = self._log_end_offset = offset
+            self._high_watermark = self._recovery_point = offset
+            log.info("truncated %s fully, restarting at %d", self.dir, offset)
+
+    # ------------------------------------------------------------------ flush
+    def flush(self) -> None:
+        """fsync the unflushed segments; the recovery point moves to the log end."""
+        with self._lock:
+            target = self._log_end_offset
+            bases, segments = self._view
+            self._unflushed_records = 0
+            self._last_flush_ms = _now_ms(None)
+        with self._flush_lock:
+            first = max(0, bisect.bisect_right(bases, self._recovery_point) - 1)
+            for seg in segments[first:]:
+                try:
+                    seg.flush()
+                except (OSError, ValueError):
+                    if not seg.closed:
+                        raise
+            with self._lock:
+                self._recovery_point = max(self._recovery_point, min(target, self._log_end_offset))
+
+    def maybe_flush(self, now_ms: int | None = None) -> bool:
+        """Background flusher: flush when flush.ms has passed since the last flush."""
+        now = _now_ms(now_ms)
+        if self._unflushed_records and now - self._last_flush_ms >= self._config.flush_ms:
+            self.flush()
+            return True
+        return False
+
+    # ------------------------------------------------------------------ retention
+    def delete_old_segments(self, now_ms: int | None = None) -> int:
+        """Retention: whole closed segments fully below the high watermark, by time then size."""
+        now = _now_ms(now_ms)
+        with self._lock:
+            self._ensure_open()
+            self._delete_pending(now)
+            c = self._config
+            segments = self._segments
+            candidates: list[LogSegment] = []
+            for i, seg in enumerate(segments[:-1]):
+                if segments[i + 1].base_offset > self._high_watermark:
+                    break
+                candidates.append(seg)
+            doomed = 0
+            # Segments entirely below the log start offset go first (start moved by other means).
+            while doomed < len(candidates) and segments[doomed + 1].base_offset <= self._log_start_offset:
+                doomed += 1
+            if c.delete and c.retention_ms >= 0:
+                while doomed < len(candidates) and now - candidates[doomed].largest_timestamp > c.retention_ms:
+                    doomed += 1
+            if c.delete and c.retention_bytes >= 0:
+                excess = sum(s.size for s in segments) - c.retention_bytes
+                excess -= sum(s.size for s in candidates[:doomed])
+                while doomed < len(candidates) and excess - candidates[doomed].size >= 0:
+                    excess -= candidates[doomed].size
+                    doomed += 1
+            if doomed == 0:
+                return 0
+            victims = list(segments[:doomed])
+            self._set_segments(list(segments[doomed:]))
+            new_start = max(self._log_start_offset, self._segments[0].base_offset)
+            self._log_start_offset = new_start
+            self._recovery_point = max(self._recovery_point, new_start)
+            self.epoch_cache.truncate_from_start(new_start)
+            for seg in victims:
+                self._schedule_delete(seg, now)
+            log.info("retention deleted %d segments of %s; log start now %d", doomed, self.dir, new_start)
+            self._delete_pending(now)
+            return doomed
+
+    def _schedule_delete(self, seg: LogSegment, now: int | None = None) -> None:
+        """Rename to .deleted now (off the segment list), close and unlink after file.delete.delay.ms."""
+        try:
+            seg.change_suffix(DELETED_SUFFIX)
+        except OSError as exc:
+            log.warning("could not rename %s for deletion: %s", seg, exc)
+        self._pending_deletes.append((_now_ms(now) + self._config.file_delete_delay_ms, seg))
+        if self._config.file_delete_delay_ms == 0:
+            self._delete_pending(_now_ms(now))
+
+    def _delete_pending(self, now: int, force: bool = False) -> None:
+        still: list[tuple[int, LogSegment]] = []
+        for deadline, seg in self._pending_deletes:
+            if force or deadline <= now:
+                seg.delete_files()
+            else:
+                still.append((deadline, seg))
+        self._pending_deletes = still
+
+    def delete_pending_segments(self, now_ms: int | None = None) -> None:
+        with self._lock:
+            self._delete_pending(_now_ms(now_ms))
+
+    def set_log_start_offset(self, offset: int) -> None:
+        """Move the log start forward (DeleteRecords-like); segments below go at the next retention run."""
+        with self._lock:
+            if offset > self._high_watermark:
+                raise errors.OffsetOutOfRangeError(f"log start {offset} above high watermark {self._high_watermark}")
+            if offset > self._log_start_offset:
+                self._log_start_offset = offset
+                self.epoch_cache.truncate_from_start(offset)
+
+    # ------------------------------------------------------------------ compaction support
+    def replace_segments(self, new: LogSegment, old: list[LogSegment]) -> bool:
+        """Swap a cleaned segment (files ``*.cleaned``) in for ``old``; False if the log moved on.
+
+        Crash safety: the cleaned files are renamed ``.swap`` (a complete, fsynced
+        replacement, finished by ``_complete_swaps`` on the next open), the old segments
+        are renamed ``.deleted``, then the swap files take their final names.
+        """
+        with self._lock:
+            if self.closed:
+                return False
+            current = self._segments
+            try:
+                i = current.index(old[0])
+            except ValueError:
+                return False
+            if tuple(current[i:i + len(old)]) != tuple(old) or i + len(old) >= len(current):
+                return False  # truncation or retention changed these segments meanwhile
+            new.change_suffix(SWAP_SUFFIX)
+            fsync_dir(self.dir)
+            for seg in old:
+                self._schedule_delete(seg)
+            new.change_suffix("")
+            fsync_dir(self.dir)
+            self._set_segments(list(current[:i]) + [new] + list(current[i + len(old):]))
+            return True
+
+    # ------------------------------------------------------------------ lifecycle
+    def update_config(self, config: LogConfig) -> None:
+        with self._lock:
+            self._config = config
+
+    def close(self) -> None:
+        """Flush, write the final index entries, release files. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self.flush()
+            active = self._segments[-1]
+            active.on_become_inactive()
+            active.flush()
+            self.closed = True
+            for seg in self._segments:
+                seg.close()
+            self._delete_pending(0, force=True)
+
+    def close_without_flush(self) -> None:
+        """Release files as a crash would leave them (tests, and deletion of the whole log)."""
+        with self._lock:
+            self.closed = True
+            for seg in self._segments:
+                seg.close()
+            self._delete_pending(0, force=True)
+
+    def delete(self) -> None:
+        with self._lock:
+            self.close_without_flush()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"Log({self.topic}-{self.partition}, start={self._log_start_offset}, end={self._log_end_offset})"
+
+
+def _with_offsets(h: BatchHeader, base_offset: int, epoch: int, log_append_time_ms: int | None) -> BatchHeader:
+    """The header as written: assigned base offset, stamped epoch, LogAppendTime if set."""
+    if log_append_time_ms is None:
+        return replace(h, base_offset=base_offset, partition_leader_epoch=epoch)
+    return replace(h, base_offset=base_offset, partition_leader_epoch=epoch, max_timestamp=log_append_time_ms,
+                   attributes=h.attributes | ATTR_TIMESTAMP_TYPE)

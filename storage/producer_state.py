@@ -1,0 +1,160 @@
+"""ProducerStateManager: idempotent-producer bookkeeping of one partition log.
+
+For every producer id it keeps the producer epoch and the metadata of its last five
+batches (base/last sequence, first/last offset, max timestamp), taken from batch
+HEADERS only. The leader checks each produced batch against it:
+
+* same (epoch, base_seq, last_seq) as one of the last five -> duplicate, not appended;
+  the caller answers with the original offsets (a retried produce is idempotent);
+* an older epoch -> InvalidProducerEpochError (a zombie producer is fenced);
+* a newer epoch must start at sequence 0; the same epoch must continue at last_seq + 1
+  (int32 wrap-around) -> otherwise OutOfOrderSequenceNumberError.
+
+Followers apply the leader's batches without checks. The state is rebuilt on open by
+scanning batch headers. The number of tracked producers is bounded (least recently
+active is forgotten first); a forgotten producer is treated as new.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from proto import errors
+from storage.record_batch import NO_SEQUENCE, BatchHeader
+
+log = logging.getLogger(__name__)
+
+NUM_BATCHES_TO_RETAIN = 5
+DEFAULT_MAX_PRODUCERS = 100_000
+_SEQ_MODULUS = 2**31
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMetadata:
+    base_seq: int
+    last_seq: int
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+
+
+@dataclass(slots=True)
+class ProducerEntry:
+    producer_id: int
+    epoch: int
+    batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=NUM_BATCHES_TO_RETAIN))
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1].last_seq if self.batches else NO_SEQUENCE
+
+    def find_duplicate(self, base_seq: int, last_seq: int) -> BatchMetadata | None:
+        for b in self.batches:
+            if b.base_seq == base_seq and b.last_seq == last_seq:
+                return b
+        return None
+
+
+def _in_sequence(last_seq: int, next_seq: int) -> bool:
+    return next_seq == (last_seq + 1) % _SEQ_MODULUS
+
+
+class ProducerStateManager:
+    """Not thread-safe by itself: the owning Log calls it under its writer lock."""
+
+    def __init__(self, max_producers: int = DEFAULT_MAX_PRODUCERS) -> None:
+        self.max_producers = max_producers
+        self._producers: OrderedDict[int, ProducerEntry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._producers)
+
+    def entry(self, producer_id: int) -> ProducerEntry | None:
+        return self._producers.get(producer_id)
+
+    def check_leader_append(
+        self, h: BatchHeader, pending: dict[int, ProducerEntry] | None = None
+    ) -> BatchMetadata | None:
+        """Validate one produced batch; return the original's metadata if it is a duplicate.
+
+        ``pending`` holds the state as updated by earlier batches of the same append call
+        (checked but not yet written), so several batches of one producer in one call chain.
+        """
+        pid = h.producer_id
+        if pid < 0:
+            return None
+        current = (pending or {}).get(pid) or self._producers.get(pid)
+        if current is None:
+            return None  # new (or forgotten) producer: any sequence starts its history
+        if h.producer_epoch < current.epoch:
+            raise errors.InvalidProducerEpochError(
+                f"producer {pid} epoch {h.producer_epoch} is older than current epoch {current.epoch}"
+            )
+        if h.base_sequence == NO_SEQUENCE:
+            return None
+        if h.producer_epoch > current.epoch:
+            if h.base_sequence != 0:
+                raise errors.OutOfOrderSequenceNumberError(
+                    f"producer {pid} new epoch {h.producer_epoch} must start at sequence 0, got {h.base_sequence}"
+                )
+            return None
+        dup = current.find_duplicate(h.base_sequence, h.last_sequence)
+        if dup is not None:
+            return dup
+        if current.last_seq != NO_SEQUENCE and not _in_sequence(current.last_seq, h.base_sequence):
+            raise errors.OutOfOrderSequenceNumberError(
+                f"producer {pid} epoch {h.producer_epoch}: expected sequence "
+                f"{(current.last_seq + 1) % _SEQ_MODULUS}, got {h.base_sequence}"
+            )
+        return None
+
+    @staticmethod
+    def apply_to(state: dict[int, ProducerEntry], base: ProducerEntry | None, h: BatchHeader,
+                 first_offset: int) -> None:
+        """Record batch ``h`` (written at ``first_offset``) into ``state`` (copy-on-write of base)."""
+        pid = h.producer_id
+        entry = state.get(pid)
+        if entry is None:
+            entry = ProducerEntry(pid, h.producer_epoch)
+            if base is not None and base.epoch == h.producer_epoch:
+                entry.batches.extend(base.batches)
+            state[pid] = entry
+        if h.producer_epoch > entry.epoch:
+            entry.epoch = h.producer_epoch
+            entry.batches.clear()
+        if h.base_sequence != NO_SEQUENCE:
+            entry.batches.append(BatchMetadata(
+                h.base_sequence, h.last_sequence, first_offset, first_offset + h.last_offset_delta, h.max_timestamp
+            ))
+
+    def update(self, h: BatchHeader, first_offset: int) -> None:
+        """Apply one written batch (leader after checks, follower and recovery without)."""
+        if h.producer_id < 0:
+            return
+        staged: dict[int, ProducerEntry] = {}
+        self.apply_to(staged, self._producers.get(h.producer_id), h, first_offset)
+        self.commit(staged)
+
+    def commit(self, staged: dict[int, ProducerEntry]) -> None:
+        for pid, entry in staged.items():
+            self._producers[pid] = entry
+            self._producers.move_to_end(pid)
+        while len(self._producers) > self.max_producers:
+            pid, _ = self._producers.popitem(last=False)
+            log.debug("forgetting least recently active producer %d (cap %d)", pid, self.max_producers)
+
+    def truncate_from(self, offset: int) -> None:
+        """Forget batches at or after ``offset`` (log truncated). Producers left empty are dropped."""
+        for pid in list(self._producers):
+            entry = self._producers[pid]
+            kept = [b for b in entry.batches if b.last_offset < offset]
+            if len(kept) != len(entry.batches):
+                if not kept:
+                    del self._producers[pid]
+                else:
+                    entry.batches = deque(kept, maxlen=NUM_BATCHES_TO_RETAIN)
+
+    def clear(self) -> None:
+        self._producers.clear()
