@@ -1,0 +1,515 @@
+"""The client side of the consumer group protocol, used by ``client.consumer.Consumer``.
+
+``GroupMembership`` joins a group, runs the configured assignor when it is the group
+leader, keeps the session alive with a background heartbeat thread and tells a
+listener which partitions it gained or lost. Everything that changes what the consumer
+owns happens in the caller's thread, inside ``poll()`` (as in Kafka, rebalance
+callbacks run in ``Consumer.poll``); the heartbeat thread only sets flags.
+
+Rebalance protocols:
+
+- eager (range, roundrobin): before every join the member revokes everything it owns
+  (``on_partitions_revoked``), then gets its new share (``on_partitions_assigned``).
+- cooperative (cooperative-sticky, KIP-429): the member keeps its partitions through the
+  join and reports them as ``owned_partitions``; afterwards it revokes only what it lost
+  and, if it lost any, joins once more so the leader can hand them to their new owner.
+
+A member that the coordinator fenced (session expired, stale generation) loses its
+partitions without the chance to commit (``on_partitions_lost``) and joins afresh.
+
+It also rejoins when the partition count of a subscribed topic changes or, with a
+pattern subscription, when the set of matching topics changes (checked every
+``metadata_max_age_ms`` from ``poll``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from client import errors
+from client.assignors import (
+    COOPERATIVE,
+    Assignor,
+    Subscription,
+    get_assignors,
+    rebalance_protocol,
+)
+from client.cluster import ClusterClient
+from client.coordinator import GroupCoordinatorClient
+from client.types import OffsetAndMetadata, TopicPartition
+from proto import group_pb2
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_TYPE = "consumer"
+JOIN_ATTEMPTS_MAX = 100  # bound on join/sync round trips within one ensure_active call
+HEARTBEAT_RETRY_BACKOFF_S = 0.1
+ErrorCode = errors.ErrorCode
+
+
+class CommitFailedError(errors.BrookError):
+    """The group rebalanced (or fenced this member) before the commit: the partitions may
+    belong to another member now, so the commit was refused (Kafka's CommitFailedException)."""
+
+    code = ErrorCode.ILLEGAL_GENERATION
+
+
+class RebalanceListener(Protocol):
+    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None: ...
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None: ...
+    def on_partitions_lost(self, lost: set[TopicPartition]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Generation:
+    generation_id: int
+    member_id: str
+    protocol_name: str
+
+    @property
+    def is_valid(self) -> bool:
+        return self.generation_id >= 0 and bool(self.member_id)
+
+
+NO_GENERATION = Generation(-1, "", "")
+
+
+def encode_subscription(topics: Iterable[str], owned: Iterable[TopicPartition] = (), generation_id: int = -1,
+                        user_data: bytes = b"") -> bytes:
+    return group_pb2.ConsumerSubscription(
+        version=0, topics=sorted(set(topics)), user_data=user_data, generation_id=generation_id,
+        owned_partitions=[group_pb2.TopicPartitionRef(topic=t, partition=p) for t, p in sorted(owned)],
+    ).SerializeToString()
+
+
+def decode_subscription(raw: bytes) -> Subscription:
+    msg = group_pb2.ConsumerSubscription.FromString(raw)
+    return Subscription(tuple(msg.topics), tuple(TopicPartition(r.topic, r.partition) for r in msg.owned_partitions),
+                        msg.generation_id, msg.user_data)
+
+
+def encode_assignment(partitions: Iterable[TopicPartition]) -> bytes:
+    return group_pb2.ConsumerAssignment(version=0, partitions=[
+        group_pb2.TopicPartitionRef(topic=t, partition=p) for t, p in sorted(partitions)]).SerializeToString()
+
+
+def decode_assignment(raw: bytes) -> set[TopicPartition]:
+    if not raw:
+        return set()
+    return {TopicPartition(r.topic, r.partition) for r in group_pb2.ConsumerAssignment.FromString(raw).partitions}
+
+
+class GroupMembership:
+    def __init__(
+        self,
+        cluster: ClusterClient,
+        group_id: str,
+        *,
+        listener: RebalanceListener | None = None,
+        assignors: str | list[str] = "range,cooperative-sticky",
+        session_timeout_ms: int = 45_000,
+        heartbeat_interval_ms: int = 3000,
+        max_poll_interval_ms: int = 300_000,
+        rebalance_timeout_ms: int | None = None,
+        metadata_max_age_ms: int = 5000,
+        client_id: str = "brook-consumer",
+        coordinator: GroupCoordinatorClient | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if heartbeat_interval_ms <= 0 or heartbeat_interval_ms >= session_timeout_ms:
+            raise errors.InvalidConfigError(
+                f"heartbeat.interval.ms ({heartbeat_interval_ms}) must be > 0 and < session.timeout.ms "
+                f"({session_timeout_ms})")
+        self.cluster = cluster
+        self.group_id = group_id
+        self.coordinator = coordinator or GroupCoordinatorClient(cluster, group_id)
+        self.listener = listener
+        self.assignors: list[Assignor] = get_assignors(assignors)
+        self.protocol = rebalance_protocol(self.assignors)
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.max_poll_interval_ms = max_poll_interval_ms
+        # Kafka: the rebalance timeout is max.poll.interval.ms (time to finish a poll loop
+        # iteration, i.e. revocation callbacks, before the member is dropped).
+        self.rebalance_timeout_ms = rebalance_timeout_ms or max_poll_interval_ms
+        self.metadata_max_age_ms = metadata_max_age_ms
+        self.client_id = client_id
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._topics: set[str] = set()
+        self._pattern: re.Pattern[str] | None = None
+        self._generation = NO_GENERATION
+        self._member_id = ""
+        self._owned: set[TopicPartition] = set()
+        self._rejoin_reason: str | None = "initial join"
+        self._lost = False  # fenced: owned partitions must be dropped without commit
+        self._stable = False
+        self._partition_counts: dict[str, int] = {}  # topics this member watches -> count at assignment
+        self._last_metadata_check = 0.0
+        self._last_poll = clock()
+        self._closed = False
+        self._stop = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
+        self.rebalances_total = 0
+
+    # ------------------------------------------------------------------ subscription
+    def subscribe(self, topics: Iterable[str] | None = None, pattern: str | re.Pattern[str] | None = None) -> None:
+        if (topics is None) == (pattern is None):
+            raise errors.InvalidConfigError("subscribe to either a list of topics or a pattern")
+        with self._lock:
+            if pattern is not None:
+                self._pattern = re.compile(pattern) if isinstance(pattern, str) else pattern
+                self._topics = self._matching_topics()
+            else:
+                names = {str(t) for t in topics or ()}
+                if not names or any(not t for t in names):
+                    raise errors.InvalidTopicException(f"bad topic list {sorted(names)}")
+                self._pattern = None
+                self._topics = names
+            self.request_rejoin("subscription changed")
+
+    def subscription(self) -> set[str]:
+        with self._lock:
+            return set(self._topics)
+
+    def _matching_topics(self) -> set[str]:
+        assert self._pattern is not None
+        meta = self.cluster.metadata(refresh=True)
+        return {t for t, info in meta.topics.items() if not info.is_internal and self._pattern.fullmatch(t)}
+
+    # ------------------------------------------------------------------ state
+    def assignment(self) -> set[TopicPartition]:
+        with self._lock:
+            return set(self._owned)
+
+    def generation(self) -> Generation:
+        with self._lock:
+            return self._generation
+
+    @property
+    def member_id(self) -> str:
+        with self._lock:
+            return self._member_id
+
+    def request_rejoin(self, reason: str) -> None:
+        with self._lock:
+            if self._rejoin_reason is None:
+                log.info("group %s: rejoin requested: %s", self.group_id, reason)
+                self._rejoin_reason = reason
+
+    def needs_rejoin(self) -> bool:
+        with self._lock:
+            return self._rejoin_reason is not None or self._lost
+
+    # ------------------------------------------------------------------ poll-driven work
+    def poll(self, timeout_s: float = 0.0) -> bool:
+        """Called from ``Consumer.poll``: notes liveness, watches metadata, (re)joins when
+        needed and runs the listener callbacks. True when the member holds a current
+        assignment. A join in progress may block up to the coordinator's join phase."""
+        if self._closed:
+            raise errors.error_for(ErrorCode.INVALID_REQUEST, "group membership is closed")
+        self._last_poll = self.clock()
+        self._start_heartbeat_thread()
+        self._maybe_check_metadata()
+        if self.needs_rejoin():
+            return self.ensure_active(timeout_s)
+        return True
+
+    def ensure_active(self, timeout_s: float) -> bool:
+        deadline = self.clock() + max(0.0, timeout_s)
+        for _ in range(JOIN_ATTEMPTS_MAX):
+            if not self.needs_rejoin():
+                return True
+            self._handle_lost()
+            try:
+                if self._join_and_sync():
+                    continue  # a cooperative follow-up may be needed: loop re-checks
+            except errors.BrookError as exc:
+                if not exc.retriable:
+                    raise
+                log.info("group %s: join failed (%s); retrying", self.group_id, exc)
+                self.coordinator.forget()
+                time.sleep(min(1.0, max(0.05, deadline - self.clock())))
+            if self.clock() >= deadline:
+                return not self.needs_rejoin()
+        return not self.needs_rejoin()
+
+    def _handle_lost(self) -> None:
+        with self._lock:
+            if not self._lost:
+                return
+            lost, self._owned = set(self._owned), set()
+            self._lost = False
+        if lost:
+            log.warning("group %s: lost %d partitions (fenced by the coordinator)", self.group_id, len(lost))
+            if self.listener is not None:
+                self.listener.on_partitions_lost(lost)
+
+    def _prepare_join(self) -> None:
+        """Eager protocol: give everything up before joining (the commit-before-revoke point)."""
+        if self.protocol == COOPERATIVE:
+            return
+        with self._lock:
+            revoked, self._owned = set(self._owned), set()
+        if revoked and self.listener is not None:
+            self.listener.on_partitions_revoked(revoked)
+
+    def _join_and_sync(self) -> bool:
+        """One join + sync round. True when it completed (an assignment was installed)."""
+        with self._lock:
+            if self._pattern is not None:
+                self._topics = self._matching_topics()
+            topics = set(self._topics)
+            reason = self._rejoin_reason or "rejoin"
+            self._stable = False
+        self._prepare_join()
+        join = self._send_join(topics, reason)
+        if join is None:
+            return False
+        assignments: dict[str, bytes] = {}
+        if join.leader == join.member_id:
+            assignments = self._lead(join)
+        sync = self.coordinator.call("SyncGroup", group_pb2.SyncGroupRequest(
+            group_id=self.group_id, generation_id=join.generation_id, member_id=join.member_id,
+            protocol_type=PROTOCOL_TYPE, protocol_name=join.protocol_name,
+            assignments=[group_pb2.SyncGroupAssignment(member_id=m, assignment=a) for m, a in assignments.items()]),
+            timeout_ms=self.rebalance_timeout_ms + 10_000, check=False)
+        if sync.error_code != ErrorCode.NONE:
+            self._on_group_error(sync.error_code, sync.error_message, "SyncGroup")
+            return False
+        self._install(join, decode_assignment(sync.assignment), topics)
+        return True
+
+    def _send_join(self, topics: set[str], reason: str) -> group_pb2.JoinGroupResponse | None:
+        for _ in range(3):  # first contact: MEMBER_ID_REQUIRED, then the real join
+            with self._lock:
+                owned = set(self._owned) if self.protocol == COOPERATIVE else set()
+                gen = self._generation.generation_id
+                member_id = self._member_id
+            protocols = [group_pb2.GroupProtocol(name=a.name, metadata=encode_subscription(topics, owned, gen))
+                         for a in self.assignors]
+            resp = self.coordinator.call("JoinGroup", group_pb2.JoinGroupRequest(
+                group_id=self.group_id, session_timeout_ms=self.session_timeout_ms,
+                rebalance_timeout_ms=self.rebalance_timeout_ms, member_id=member_id, protocol_type=PROTOCOL_TYPE,
+                protocols=protocols, client_id=self.client_id, reason=reason),
+                timeout_ms=self.rebalance_timeout_ms + 10_000, check=False)
+            if resp.error_code == ErrorCode.MEMBER_ID_REQUIRED:
+                with self._lock:
+                    self._member_id = resp.member_id
+                continue
+            if resp.error_code != ErrorCode.NONE:
+                self._on_group_error(resp.error_code, resp.error_message, "JoinGroup")
+                return None
+            with self._lock:
+                self._member_id = resp.member_id
+            return resp
+        return None
+
+    def _on_group_error(self, code: int, message: str, what: str) -> None:
+        """Handle an error answer to JoinGroup/SyncGroup/Heartbeat; raise when fatal."""
+        if code in (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION):
+            with self._lock:
+                if code == ErrorCode.UNKNOWN_MEMBER_ID:
+                    self._member_id = ""
+                self._generation = NO_GENERATION
+                self._lost = bool(self._owned)
+                self._rejoin_reason = self._rejoin_reason or f"{what}: {errors.code_name(code)}"
+            return
+        if code == ErrorCode.REBALANCE_IN_PROGRESS:
+            self.request_rejoin(f"{what}: rebalance in progress")
+            return
+        err = errors.error_for(code, message or what)
+        if err.retriable:
+            self.coordinator.forget()
+        raise err
+
+    def _lead(self, join: group_pb2.JoinGroupResponse) -> dict[str, bytes]:
+        """As group leader: compute every member's share with the chosen assignor."""
+        assignor = next((a for a in self.assignors if a.name == join.protocol_name), None)
+        if assignor is None:
+            raise errors.InconsistentGroupProtocolError(f"coordinator chose unknown assignor {join.protocol_name}")
+        subs = {m.member_id: decode_subscription(m.metadata) for m in join.members}
+        all_topics = sorted({t for s in subs.values() for t in s.topics})
+        meta = self.cluster.metadata(all_topics, refresh=True) if all_topics else None
+        counts = {t: len(meta.partitions_for(t) or []) for t in all_topics} if meta else {}
+        result = assignor.assign(counts, subs)
+        log.info("group %s generation %d: leader assigned with %s: %s", self.group_id, join.generation_id,
+                 assignor.name, {m: len(ps) for m, ps in result.items()})
+        with self._lock:
+            self._partition_counts = dict(counts)  # the leader watches every group topic
+        return {m: encode_assignment(ps) for m, ps in result.items()}
+
+    def _install(self, join: group_pb2.JoinGroupResponse, assigned: set[TopicPartition], topics: set[str]) -> None:
+        with self._lock:
+            previous = set(self._owned)
+            self._generation = Generation(join.generation_id, join.member_id, join.protocol_name)
+            self._rejoin_reason = None
+            self.rebalances_total += 1
+            if join.leader != join.member_id:
+                meta = self.cluster.metadata_snapshot()
+                self._partition_counts = {t: len(meta.partitions_for(t) or []) for t in topics}
+        revoked = previous - assigned
+        added = assigned - previous
+        log.info("group %s generation %d: member %s owns %d partitions (+%d -%d)", self.group_id,
+                 join.generation_id, join.member_id, len(assigned), len(added), len(revoked))
+        if revoked:
+            # Cooperative: give up only what moved, then rejoin so it can be handed over.
+            if self.listener is not None:
+                self.listener.on_partitions_revoked(revoked)
+            with self._lock:
+                self._owned -= revoked
+            self.request_rejoin(f"revoked {len(revoked)} partitions")
+        with self._lock:
+            self._owned |= added
+            self._stable = True
+        if self.listener is not None:
+            self.listener.on_partitions_assigned(added)
+
+    def _maybe_check_metadata(self) -> None:
+        now = self.clock()
+        if now - self._last_metadata_check < self.metadata_max_age_ms / 1000:
+            return
+        self._last_metadata_check = now
+        with self._lock:
+            if not self._stable:
+                return
+            watched = dict(self._partition_counts)
+            pattern = self._pattern
+            topics = set(self._topics)
+        try:
+            if pattern is not None:
+                with self._lock:
+                    matched = self._matching_topics()
+                if matched != topics:
+                    self.request_rejoin(f"pattern now matches {sorted(matched)}")
+                    return
+            meta = self.cluster.metadata(sorted(watched), refresh=True) if watched else None
+        except errors.BrookError as exc:
+            log.debug("group %s: metadata check failed: %s", self.group_id, exc)
+            return
+        for topic, count in watched.items():
+            now_count = len(meta.partitions_for(topic) or []) if meta else 0
+            if now_count != count:
+                self.request_rejoin(f"topic {topic} has {now_count} partitions (was {count})")
+                return
+
+    # ------------------------------------------------------------------ heartbeats
+    def _start_heartbeat_thread(self) -> None:
+        with self._lock:
+            if self._heartbeat_thread is not None or self._closed:
+                return
+            self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
+                                                      name=f"heartbeat-{self.group_id}")
+            self._heartbeat_thread.start()
+
+    def _heartbeat_loop(self) -> None:
+        interval_s = self.heartbeat_interval_ms / 1000
+        wait_s = interval_s
+        while not self._stop.wait(wait_s):
+            wait_s = interval_s
+            with self._lock:
+                gen, stable = self._generation, self._stable and self._rejoin_reason is None
+            if not stable or not gen.is_valid:
+                wait_s = min(interval_s, HEARTBEAT_RETRY_BACKOFF_S * 5)
+                continue
+            if self.clock() - self._last_poll > self.max_poll_interval_ms / 1000:
+                log.warning("group %s: poll() not called for max.poll.interval.ms (%d ms); leaving the group",
+                            self.group_id, self.max_poll_interval_ms)
+                self._leave("max.poll.interval.ms exceeded")
+                with self._lock:
+                    self._lost = bool(self._owned)
+                    self._rejoin_reason = self._rejoin_reason or "max.poll.interval.ms exceeded"
+                continue
+            try:
+                resp = self.coordinator.call("Heartbeat", group_pb2.HeartbeatRequest(
+                    group_id=self.group_id, generation_id=gen.generation_id, member_id=gen.member_id),
+                    timeout_ms=max(1000, self.heartbeat_interval_ms), check=False)
+            except errors.BrookError as exc:
+                log.debug("group %s: heartbeat failed: %s", self.group_id, exc)
+                self.coordinator.forget()
+                wait_s = HEARTBEAT_RETRY_BACKOFF_S
+                continue
+            if resp.error_code == ErrorCode.NONE:
+                continue
+            with self._lock:
+                if self._generation != gen:
+                    continue  # a rejoin completed meanwhile: this answer is about the old one
+            try:
+                self._on_group_error(resp.error_code, resp.error_message, "Heartbeat")
+            except errors.BrookError as exc:
+                log.debug("group %s: heartbeat: %s", self.group_id, exc)
+                wait_s = HEARTBEAT_RETRY_BACKOFF_S
+
+    # ------------------------------------------------------------------ offsets
+    def commit_offsets(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int], *,
+                       timeout_ms: int | None = None) -> None:
+        """Commit as the current generation; CommitFailedError if the group moved on."""
+        with self._lock:
+            gen = self._generation
+        parts = []
+        for tp, om in offsets.items():
+            om = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
+            if om.offset < 0:
+                raise errors.InvalidCommitOffsetSizeError(f"cannot commit negative offset {om.offset} for {tp}")
+            parts.append(group_pb2.OffsetCommitPartition(topic=tp[0], partition=tp[1], offset=om.offset,
+                                                         leader_epoch=-1, metadata=om.metadata))
+        if not parts:
+            return
+        resp = self.coordinator.call("OffsetCommit", group_pb2.OffsetCommitRequest(
+            group_id=self.group_id, generation_id=gen.generation_id, member_id=gen.member_id, partitions=parts),
+            timeout_ms=timeout_ms, check=False)
+        code = resp.error_code
+        if code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.REBALANCE_IN_PROGRESS):
+            if code != ErrorCode.REBALANCE_IN_PROGRESS:
+                self._on_group_error(code, resp.error_message, "OffsetCommit")
+            else:
+                self.request_rejoin("commit saw a rebalance")
+            raise CommitFailedError(f"commit refused ({errors.code_name(code)}): the group rebalanced; "
+                                    f"{resp.error_message}")
+        errors.raise_for(code, resp.error_message)
+        for p in resp.partitions:
+            errors.raise_for(p.error_code, p.error_message or f"commit {p.topic}-{p.partition}")
+
+    def fetch_committed(self, tps: Iterable[TopicPartition] | None = None, *, timeout_ms: int | None = None
+                        ) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        return self.coordinator.committed(tps, timeout_ms=timeout_ms)
+
+    # ------------------------------------------------------------------ leaving
+    def _leave(self, reason: str) -> None:
+        with self._lock:
+            member_id = self._member_id
+            self._generation = NO_GENERATION
+            self._member_id = ""
+            self._stable = False
+        if not member_id:
+            return
+        try:
+            self.coordinator.call("LeaveGroup", group_pb2.LeaveGroupRequest(
+                group_id=self.group_id, member_ids=[member_id], reason=reason), timeout_ms=5000, check=False)
+        except errors.BrookError as exc:
+            log.info("group %s: LeaveGroup failed (%s); the session timeout will remove us", self.group_id, exc)
+
+    def close(self, *, leave: bool = True, revoke: bool = True) -> None:
+        """Stop heartbeating; revoke what we own (commit point) and leave so the group
+        rebalances now instead of after a session timeout."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.join(timeout=max(1.0, self.heartbeat_interval_ms / 1000 + 1))
+        with self._lock:
+            owned, self._owned = set(self._owned), set()
+        if revoke and owned and self.listener is not None:
+            try:
+                self.listener.on_partitions_revoked(owned)
+            except Exception:  # the consumer is closing: leave anyway
+                log.exception("group %s: on_partitions_revoked failed during close", self.group_id)
+        if leave:
+            self._leave("consumer closed")
