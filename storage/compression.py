@@ -4,11 +4,13 @@ Codec ids are the RecordBatch attribute values: 0 none, 1 gzip, 2 snappy, 3 lz4,
 
 - gzip: RFC 1952 members (several concatenated members are accepted, as Java's
   GZIPInputStream does).
-- snappy: Kafka (Java) writes xerial's stream framing: an 16-byte header (magic
+- snappy: Kafka (Java) writes xerial's stream framing: a 16-byte header (magic
   ``\\x82SNAPPY\\x00``, version 1, compatible version 1) then blocks of int32 length +
   raw snappy. We write that framing and read both it and a bare raw snappy block.
 - lz4: the standard LZ4 frame format with independent blocks (Kafka's v2 batches).
-- zstd: a standard zstd frame.
+- zstd: standard zstd frames (one per batch as Kafka writes; several and skippable
+  frames are accepted). Frames without a declared content size (Java's streaming
+  writer) are bounded by walking their block headers before decompressing.
 
 Every decompressor refuses to produce more than ``max_output_bytes`` (a zip bomb in a
 small batch must not exhaust a broker's or a consumer's memory) and reports damaged or
@@ -206,34 +208,105 @@ def _lz4_decompress(data: bytes | bytearray | memoryview, limit: int) -> bytes:
     raise errors.CorruptMessageError(f"lz4 data has more than {_MAX_MEMBERS} frames")
 
 
+_ZSTD_MAGIC = 0xFD2FB528
+_ZSTD_SKIPPABLE_MASK, _ZSTD_SKIPPABLE_MAGIC = 0xFFFFFFF0, 0x184D2A50
+_ZSTD_BLOCK_MAX = 128 * 1024  # a compressed block regenerates at most this much (RFC 8878)
+_ZSTD_MAX_BLOCKS = 1 << 20  # bounds the block walk; a frame of this many blocks is far past any limit
+_ZSTD_DID_SIZES = (0, 1, 2, 4)
+_ZSTD_FCS_SIZES = (0, 2, 4, 8)
+_UINT32_LE = struct.Struct("<I")
+
+
+def _zstd_frame_extent(data: memoryview) -> tuple[int, int, bool]:
+    """Walk one zstd frame's block headers (RFC 8878) without decompressing.
+
+    Returns (frame length in bytes, upper bound of its output, skippable?). Structure
+    errors and truncation raise CorruptMessageError. The output bound is exact for raw
+    and RLE blocks and 128 KiB per compressed block, which lets a frame whose header
+    does not declare its size be decompressed with a cap, and frames be split exactly.
+    """
+    size = len(data)
+    if size < 4:
+        raise errors.CorruptMessageError("zstd frame is truncated (no magic)")
+    (magic,) = _UINT32_LE.unpack_from(data, 0)
+    if magic & _ZSTD_SKIPPABLE_MASK == _ZSTD_SKIPPABLE_MAGIC:
+        if size < 8:
+            raise errors.CorruptMessageError("zstd skippable frame is truncated")
+        end = 8 + _UINT32_LE.unpack_from(data, 4)[0]
+        if end > size:
+            raise errors.CorruptMessageError("zstd skippable frame is truncated")
+        return end, 0, True
+    if magic != _ZSTD_MAGIC:
+        raise errors.CorruptMessageError(f"not a zstd frame (magic {magic:#010x})")
+    if size < 5:
+        raise errors.CorruptMessageError("zstd frame header is truncated")
+    descriptor = data[4]
+    single_segment = (descriptor >> 5) & 1
+    fcs_flag = descriptor >> 6
+    fcs_size = _ZSTD_FCS_SIZES[fcs_flag] if fcs_flag or not single_segment else 1
+    pos = 5 + (0 if single_segment else 1) + _ZSTD_DID_SIZES[descriptor & 3] + fcs_size
+    checksum_size = 4 if descriptor & 0x04 else 0
+    bound = 0
+    for _ in range(_ZSTD_MAX_BLOCKS):
+        if pos + 3 > size:
+            raise errors.CorruptMessageError("zstd frame is truncated (block header)")
+        header = data[pos] | (data[pos + 1] << 8) | (data[pos + 2] << 16)
+        pos += 3
+        block_type = (header >> 1) & 3
+        block_size = header >> 3
+        if block_type == 0:  # raw
+            pos += block_size
+            bound += block_size
+        elif block_type == 1:  # RLE: one byte repeated block_size times
+            pos += 1
+            bound += block_size
+        elif block_type == 2:  # compressed
+            pos += block_size
+            bound += _ZSTD_BLOCK_MAX
+        else:
+            raise errors.CorruptMessageError("zstd frame has a reserved block type")
+        if pos > size:
+            raise errors.CorruptMessageError("zstd frame is truncated (block data)")
+        if header & 1:  # last block
+            pos += checksum_size
+            if pos > size:
+                raise errors.CorruptMessageError("zstd frame is truncated (checksum)")
+            return pos, bound, False
+    raise errors.CorruptMessageError(f"zstd frame has more than {_ZSTD_MAX_BLOCKS} blocks")
+
+
 def _zstd_decompress(data: bytes | bytearray | memoryview, limit: int) -> bytes:
     out: list[bytes] = []
     total = 0
-    rest: bytes = bytes(data)
+    view = memoryview(data)
+    pos = 0
     for _ in range(_MAX_MEMBERS):
-        declared = zstandard.frame_content_size(rest)
-        if declared < 0:
-            # Streaming writers (Java's zstd-jni, as Kafka uses) leave the size out. Then the
-            # one-shot call with an output cap is the bounded path; it also fails on a
-            # truncated frame. Kafka writes one frame per batch, so this frame is the last
-            # (extra frames would show up as a record-count mismatch in the decoder).
-            chunk = _zstd_decompressor.decompress(rest, max_output_size=limit - total)
-            out.append(chunk)
-            break
-        if total + declared > limit:
+        if pos >= len(view):
+            return out[0] if len(out) == 1 else b"".join(out)
+        frame_len, bound, skippable = _zstd_frame_extent(view[pos:])
+        frame = view[pos : pos + frame_len]
+        pos += frame_len
+        if skippable:
+            continue
+        budget = limit - total
+        declared = zstandard.frame_content_size(frame)
+        if declared >= 0:
+            # zstd checks the declared size against what the frame produces.
+            if declared > budget:
+                raise _too_large(CODEC_ZSTD, limit)
+            chunk = _zstd_decompressor.decompress(frame)
+        elif bound <= budget:
+            chunk = _zstd_decompressor.decompress(frame, max_output_size=max(bound, 1))
+        else:
+            # The structural bound is above the budget; the real output may still fit.
+            try:
+                chunk = _zstd_decompressor.decompress(frame, max_output_size=budget)
+            except zstandard.ZstdError as exc:
+                raise errors.CorruptMessageError(
+                    f"zstd data decompresses to more than {limit} bytes or is corrupt: {exc}"
+                ) from exc
+        total += len(chunk)
+        if total > limit:
             raise _too_large(CODEC_ZSTD, limit)
-        # The declared size bounds what this frame may produce, so an unbounded call is safe.
-        obj = _zstd_decompressor.decompressobj()
-        chunk = obj.decompress(rest)
-        if not obj.eof:
-            raise errors.CorruptMessageError("zstd frame is truncated")
-        if len(chunk) != declared:
-            raise errors.CorruptMessageError(f"zstd frame declared {declared} bytes, produced {len(chunk)}")
-        total += declared
         out.append(chunk)
-        rest = obj.unused_data
-        if not rest:
-            break
-    else:
-        raise errors.CorruptMessageError(f"zstd data has more than {_MAX_MEMBERS} frames")
-    return out[0] if len(out) == 1 else b"".join(out)
+    raise errors.CorruptMessageError(f"zstd data has more than {_MAX_MEMBERS} frames")
