@@ -1,0 +1,548 @@
+"""Consumer: kafka-python shaped, with pipelined fetches and Kafka's offset semantics.
+
+    with Consumer(bootstrap_servers="127.0.0.1:9092", group_id="app", auto_offset_reset="earliest") as c:
+        c.assign([TopicPartition("events", 0)])       # or c.subscribe(["events"])
+        for tp, records in c.poll(timeout_ms=1000).items():
+            for r in records:
+                handle(r.offset, r.key, r.value)
+        c.commit()
+
+Only committed data (below the high watermark) is ever returned: the broker serves
+nothing else to consumers. Positions are "the next offset to read"; committed
+offsets have the same meaning. Group membership (``subscribe``) comes from
+``client.group_membership``; manual ``assign`` needs no coordinator except for
+commits and committed().
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from client import errors
+from client.cluster import REFRESH_CODES, ClusterClient
+from client.config import normalize, parse_bool, require_int
+from client.coordinator import GroupCoordinatorClient
+from client.fetcher import CompletedFetch, Fetcher, PartitionRecords, PartitionState
+from client.types import ConsumerRecord, OffsetAndMetadata, TopicPartition
+
+log = logging.getLogger(__name__)
+
+CONSUMER_DEFAULTS: dict[str, Any] = {
+    "bootstrap_servers": "127.0.0.1:9092",
+    "client_id": "brook-consumer",
+    "group_id": None,
+    "auto_offset_reset": "latest",
+    "enable_auto_commit": True,
+    "auto_commit_interval_ms": 5000,
+    "max_poll_records": 500,
+    "fetch_min_bytes": 1,
+    "fetch_max_wait_ms": 500,
+    "fetch_max_bytes": 52428800,
+    "max_partition_fetch_bytes": 1048576,
+    "session_timeout_ms": 45000,
+    "heartbeat_interval_ms": 3000,
+    "max_poll_interval_ms": 300000,
+    "request_timeout_ms": 30000,
+    "retry_backoff_ms": 100,
+    "metadata_max_age_ms": 300000,
+    "key_deserializer": None,
+    "value_deserializer": None,
+    "consumer_timeout_ms": None,  # iteration: stop after this long without records (None = forever)
+    "partition_assignment_strategy": ("range", "cooperative-sticky"),
+    "exclude_internal_topics": True,
+}
+_RESETS = {"earliest": -2, "latest": -1, "none": None}
+EARLIEST, LATEST = -2, -1
+
+CommitCallback = Callable[[dict[TopicPartition, OffsetAndMetadata], BaseException | None], Any]
+
+
+class ConsumerRebalanceListener:
+    """Override to act when partitions are taken away (commit here) or handed over (seek here)."""
+
+    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        pass
+
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        pass
+
+    def on_partitions_lost(self, lost: set[TopicPartition]) -> None:
+        self.on_partitions_revoked(lost)
+
+
+class Consumer:
+    def __init__(self, *topics: str, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        cfg = normalize(config, kwargs, CONSUMER_DEFAULTS, what="consumer")
+        self.config = cfg
+        reset = str(cfg["auto_offset_reset"]).lower()
+        if reset not in _RESETS:
+            raise errors.InvalidConfigError(f"auto.offset.reset must be earliest, latest or none, got {reset!r}")
+        self._reset = _RESETS[reset]
+        self.group_id: str | None = cfg["group_id"] or None
+        self._auto_commit = parse_bool(cfg, "enable_auto_commit") and self.group_id is not None
+        self._auto_commit_s = require_int(cfg, "auto_commit_interval_ms", minimum=1) / 1000
+        self._max_poll_records = require_int(cfg, "max_poll_records", minimum=1)
+        request_timeout_ms = require_int(cfg, "request_timeout_ms", minimum=1)
+        self._retry_backoff_ms = require_int(cfg, "retry_backoff_ms")
+        session_timeout_ms = require_int(cfg, "session_timeout_ms", minimum=1)
+        heartbeat_ms = require_int(cfg, "heartbeat_interval_ms", minimum=1)
+        if heartbeat_ms >= session_timeout_ms:
+            raise errors.InvalidConfigError(
+                f"heartbeat.interval.ms ({heartbeat_ms}) must be lower than session.timeout.ms ({session_timeout_ms})")
+        require_int(cfg, "max_poll_interval_ms", minimum=1)
+        self._key_des = cfg["key_deserializer"]
+        self._value_des = cfg["value_deserializer"]
+        self.cluster = ClusterClient(cfg["bootstrap_servers"], request_timeout_ms=request_timeout_ms,
+                                     retry_backoff_ms=self._retry_backoff_ms,
+                                     metadata_max_age_ms=require_int(cfg, "metadata_max_age_ms", minimum=1))
+        self._fetcher = Fetcher(
+            self.cluster,
+            fetch_min_bytes=require_int(cfg, "fetch_min_bytes"),
+            fetch_max_wait_ms=require_int(cfg, "fetch_max_wait_ms"),
+            fetch_max_bytes=require_int(cfg, "fetch_max_bytes", minimum=1),
+            max_partition_fetch_bytes=require_int(cfg, "max_partition_fetch_bytes", minimum=1),
+            request_timeout_ms=request_timeout_ms,
+            retry_backoff_ms=self._retry_backoff_ms,
+        )
+        self._coordinator = GroupCoordinatorClient(self.cluster, self.group_id) if self.group_id else None
+        self._assignment: dict[TopicPartition, PartitionState] = {}
+        self._buffered: dict[TopicPartition, PartitionRecords] = {}
+        self._subscription: set[str] | None = None
+        self._pattern: re.Pattern[str] | None = None
+        self._listener: ConsumerRebalanceListener | None = None
+        self._membership: Any = None
+        self._manual = False
+        self._pending_error: BaseException | None = None
+        self._next_auto_commit = time.monotonic() + self._auto_commit_s
+        self._commit_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = False
+        self._iter_buffer: list[ConsumerRecord] = []
+        if topics:
+            self.subscribe(list(topics))
+
+    # ---- assignment / subscription ----
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Manually take these partitions (no group rebalancing); replaces any previous assignment."""
+        self._ensure_open()
+        if self._subscription is not None or self._pattern is not None:
+            raise errors.InvalidRequestError("assign() cannot be mixed with subscribe(); unsubscribe() first")
+        wanted = {TopicPartition(*tp) for tp in partitions}
+        self._manual = bool(wanted)
+        self._set_assignment(wanted)
+
+    def _set_assignment(self, wanted: set[TopicPartition]) -> None:
+        for tp in list(self._assignment):
+            if tp not in wanted:
+                del self._assignment[tp]
+                self._buffered.pop(tp, None)
+        for tp in wanted:
+            self._assignment.setdefault(tp, PartitionState())
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._assignment)
+
+    def subscribe(self, topics: Iterable[str] | None = None, pattern: str | None = None,
+                  listener: ConsumerRebalanceListener | None = None) -> None:
+        """Join ``group.id`` for these topics (or every topic matching ``pattern``)."""
+        self._ensure_open()
+        if self._manual:
+            raise errors.InvalidRequestError("subscribe() cannot be mixed with assign(); unsubscribe() first")
+        if not self.group_id:
+            raise errors.InvalidGroupIdError("subscribe() needs group.id")
+        if (topics is None) == (pattern is None):
+            raise errors.InvalidRequestError("subscribe() takes topics or pattern, not both")
+        if isinstance(topics, str):
+            topics = [topics]
+        self._subscription = set(topics) if topics is not None else None
+        self._pattern = re.compile(pattern) if pattern is not None else None
+        self._listener = listener
+        self._membership = self._membership or self._make_membership()
+        self._membership.subscribe(sorted(self._subscribed_topics()))
+
+    def _make_membership(self) -> Any:
+        try:
+            from client.group_membership import GroupMembership
+        except ImportError as exc:
+            raise errors.UnsupportedVersionError(
+                "group membership (client/group_membership.py) is not available; use assign()") from exc
+        return GroupMembership(self, self.cluster, self._coordinator, self.config)
+
+    def _subscribed_topics(self) -> set[str]:
+        if self._pattern is None:
+            return set(self._subscription or ())
+        meta = self.cluster.metadata()
+        internal = self.config["exclude_internal_topics"]
+        return {name for name, t in meta.topics.items()
+                if self._pattern.fullmatch(name) and not (internal and t.is_internal)}
+
+    def subscription(self) -> set[str]:
+        if self._pattern is not None:
+            return self._subscribed_topics()
+        return set(self._subscription or ())
+
+    def unsubscribe(self) -> None:
+        if self._membership is not None:
+            self._membership.leave("unsubscribe")
+            self._membership = None
+        self._subscription = None
+        self._pattern = None
+        self._manual = False
+        self._set_assignment(set())
+
+    # Called by group membership when the coordinator hands out a new assignment.
+    def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        if self._listener is not None and revoked:
+            self._listener.on_partitions_revoked(set(revoked))
+        for tp in revoked:
+            self._assignment.pop(tp, None)
+            self._buffered.pop(tp, None)
+
+    def _on_lost(self, lost: set[TopicPartition]) -> None:
+        if self._listener is not None and lost:
+            self._listener.on_partitions_lost(set(lost))
+        for tp in lost:
+            self._assignment.pop(tp, None)
+            self._buffered.pop(tp, None)
+
+    def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        for tp in assigned:
+            self._assignment.setdefault(tp, PartitionState())
+        if self._listener is not None and assigned:
+            self._listener.on_partitions_assigned(set(assigned))
+
+    # ---- poll ----
+    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Records fetched since the last poll, per partition; waits up to ``timeout_ms`` for some."""
+        self._ensure_open()
+        limit = max_records or self._max_poll_records
+        deadline = time.monotonic() + timeout_ms / 1000
+        self._maybe_auto_commit()
+        while True:
+            self._group_poll()
+            self._raise_pending()
+            self._update_positions()
+            self._process_completed()
+            self._raise_pending()
+            records = self._drain(limit)
+            self._fetcher.send_fetches(self._assignment, self._buffered)  # prefetch while the app works
+            if records:
+                return records
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return {}
+            self._fetcher.wait(min(remaining, self._idle_wait_s()))
+
+    def _idle_wait_s(self) -> float:
+        if self._membership is not None:
+            return 0.1  # keep heartbeats and rebalances moving
+        return 1.0 if self._fetcher.in_flight else self._retry_backoff_ms / 1000 or 0.01
+
+    def _group_poll(self) -> None:
+        if self._membership is not None:
+            self._membership.poll()
+
+    def _drain(self, limit: int) -> dict[TopicPartition, list[ConsumerRecord]]:
+        out: dict[TopicPartition, list[ConsumerRecord]] = {}
+        count = 0
+        for tp in list(self._buffered):
+            if count >= limit:
+                break
+            state = self._assignment.get(tp)
+            part = self._buffered[tp]
+            if state is None or state.position is None:
+                del self._buffered[tp]
+                continue
+            if state.paused:
+                continue
+            records = part.take(state, limit - count, self._key_des, self._value_des)
+            if part.exhausted():
+                del self._buffered[tp]
+            if records:
+                out[tp] = records
+                count += len(records)
+        return out
+
+    def _process_completed(self) -> None:
+        for done in self._fetcher.take_completed():
+            self._handle_fetch(done)
+
+    def _handle_fetch(self, done: CompletedFetch) -> None:
+        now = time.monotonic()
+        backoff_until = now + self._retry_backoff_ms / 1000
+        answered: set[TopicPartition] = set()
+        if done.response is not None:
+            for p in done.response.partitions:
+                tp = TopicPartition(p.topic, p.partition)
+                answered.add(tp)
+                state = self._assignment.get(tp)
+                if state is None or not state.in_flight:
+                    continue
+                state.in_flight = False
+                if state.position != done.offsets.get(tp):
+                    continue  # seek() since the request: the answer is for an old position
+                self._handle_partition(tp, state, p, backoff_until)
+        elif done.error is not None:
+            log.debug("fetch from broker %d failed: %s", done.node, done.error)
+            self.cluster.request_update()
+        for tp in done.offsets:
+            state = self._assignment.get(tp)
+            if tp not in answered and state is not None and state.in_flight:
+                state.in_flight = False
+                state.backoff_until = backoff_until
+
+    def _handle_partition(self, tp: TopicPartition, state: PartitionState, p: Any, backoff_until: float) -> None:
+        code = p.error_code
+        if code == errors.ErrorCode.NONE:
+            state.high_watermark = p.high_watermark
+            state.log_start_offset = p.log_start_offset
+            if p.records:
+                self._buffered[tp] = PartitionRecords(tp, p.records)
+            return
+        if code == errors.ErrorCode.OFFSET_OUT_OF_RANGE:
+            if self._reset is None:
+                self._pending_error = errors.NoOffsetForPartitionError(
+                    f"offset {state.position} is out of range for {tp.topic}-{tp.partition} "
+                    f"and auto.offset.reset=none: {p.error_message}")
+            else:
+                log.info("offset %s out of range for %s, resetting (%s)", state.position, tp, self._reset)
+                state.position = None
+                state.reset_to = self._reset
+            return
+        err = errors.error_for(code, p.error_message)
+        if err.retriable or code in REFRESH_CODES:
+            self.cluster.request_update()
+            state.backoff_until = backoff_until
+            return
+        self._pending_error = err
+
+    def _raise_pending(self) -> None:
+        if self._pending_error is not None:
+            err, self._pending_error = self._pending_error, None
+            raise err
+
+    # ---- positions ----
+    def _update_positions(self) -> None:
+        missing = [tp for tp, st in self._assignment.items() if st.position is None]
+        if not missing:
+            return
+        to_reset: dict[TopicPartition, int] = {}
+        need_committed = []
+        for tp in missing:
+            st = self._assignment[tp]
+            if st.reset_to is not None:
+                to_reset[tp] = st.reset_to
+            elif self._coordinator is not None:
+                need_committed.append(tp)
+            elif self._reset is not None:
+                to_reset[tp] = self._reset
+            else:
+                raise errors.NoOffsetForPartitionError(
+                    f"no position for {tp.topic}-{tp.partition}: no group.id to read a committed offset "
+                    f"from and auto.offset.reset=none")
+        if need_committed:
+            assert self._coordinator is not None
+            for tp, om in self._coordinator.committed(need_committed).items():
+                if tp not in self._assignment:
+                    continue
+                if om is not None:
+                    self._assignment[tp].position = om.offset
+                elif self._reset is not None:
+                    to_reset[tp] = self._reset
+                else:
+                    raise errors.NoOffsetForPartitionError(
+                        f"no committed offset for {tp.topic}-{tp.partition} in group {self.group_id!r} "
+                        f"and auto.offset.reset=none")
+        if to_reset:
+            for tp, (offset, _ts) in self.cluster.list_offsets(to_reset).items():
+                st = self._assignment.get(tp)
+                if st is not None and st.position is None:
+                    st.position = offset
+                    st.reset_to = None
+
+    def _state(self, tp: TopicPartition) -> PartitionState:
+        state = self._assignment.get(TopicPartition(*tp))
+        if state is None:
+            raise errors.InvalidRequestError(f"{tp} is not assigned to this consumer")
+        return state
+
+    def position(self, tp: TopicPartition) -> int:
+        """The offset of the next record poll() will return for ``tp`` (resolved now if unknown)."""
+        state = self._state(tp)
+        if state.position is None:
+            self._update_positions()
+        assert state.position is not None
+        return state.position
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        if offset < 0:
+            raise errors.InvalidRequestError(f"seek offset must be >= 0, got {offset}")
+        state = self._state(tp)
+        state.position = offset
+        state.reset_to = None
+        self._buffered.pop(TopicPartition(*tp), None)
+
+    def _seek_reset(self, tps: Iterable[TopicPartition] | None, target: int) -> None:
+        for tp in (tps if tps else list(self._assignment)):
+            state = self._state(tp)
+            state.position = None
+            state.reset_to = target
+            self._buffered.pop(TopicPartition(*tp), None)
+
+    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        """Move to the log start offset (evaluated at the next poll() or position())."""
+        self._seek_reset(partitions, EARLIEST)
+
+    def seek_to_end(self, *partitions: TopicPartition) -> None:
+        """Move to the high watermark (evaluated at the next poll() or position())."""
+        self._seek_reset(partitions, LATEST)
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        for tp in partitions:
+            self._state(tp).paused = True
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        for tp in partitions:
+            self._state(tp).paused = False
+
+    def paused(self) -> set[TopicPartition]:
+        return {tp for tp, st in self._assignment.items() if st.paused}
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """The high watermark seen in the last fetch of ``tp`` (None before one)."""
+        hw = self._state(tp).high_watermark
+        return hw if hw >= 0 else None
+
+    def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: o for tp, (o, _) in self.cluster.list_offsets(dict.fromkeys(partitions, EARLIEST)).items()}
+
+    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: o for tp, (o, _) in self.cluster.list_offsets(dict.fromkeys(partitions, LATEST)).items()}
+
+    def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int] | None]:
+        """{tp: ms} -> {tp: (offset, timestamp)} of the first record at or after it (None if none)."""
+        found = self.cluster.list_offsets(timestamps)
+        return {tp: (o, ts) if o >= 0 else None for tp, (o, ts) in found.items()}
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return set(self.cluster.partitions_for(topic))
+
+    def topics(self) -> set[str]:
+        return set(self.cluster.metadata(refresh=True).topics)
+
+    # ---- commits ----
+    def _current_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
+        return {tp: OffsetAndMetadata(st.position) for tp, st in self._assignment.items()
+                if st.position is not None}
+
+    def _generation(self) -> tuple[int, str]:
+        if self._membership is not None:
+            return self._membership.generation()
+        return -1, ""
+
+    def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None = None,
+               timeout_ms: int | None = None) -> None:
+        """Commit ``offsets`` (default: the current positions) and wait for the coordinator's answer."""
+        self._ensure_open()
+        if self._coordinator is None:
+            raise errors.InvalidGroupIdError("commit() needs group.id")
+        chosen = self._current_offsets() if offsets is None else dict(offsets)
+        generation, member = self._generation()
+        self._coordinator.commit(chosen, generation_id=generation, member_id=member, timeout_ms=timeout_ms)
+
+    def commit_async(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None = None,
+                     callback: CommitCallback | None = None) -> concurrent.futures.Future[None]:
+        """Commit in the background; ``callback(offsets, error_or_None)`` runs when it is done."""
+        self._ensure_open()
+        if self._coordinator is None:
+            raise errors.InvalidGroupIdError("commit_async() needs group.id")
+        chosen = self._current_offsets() if offsets is None else dict(offsets)
+        generation, member = self._generation()
+        if self._commit_executor is None:
+            # One worker: commits are applied in the order they were asked for.
+            self._commit_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="brook-commit")
+        coordinator = self._coordinator
+
+        def run() -> None:
+            try:
+                coordinator.commit(chosen, generation_id=generation, member_id=member)
+            except BaseException as exc:
+                if callback is not None:
+                    callback(chosen, exc)
+                raise
+            if callback is not None:
+                callback(chosen, None)
+
+        return self._commit_executor.submit(run)
+
+    def committed(self, partitions: TopicPartition | Iterable[TopicPartition], timeout_ms: int | None = None
+                  ) -> OffsetAndMetadata | None | dict[TopicPartition, OffsetAndMetadata | None]:
+        """The group's committed offset of one partition (None if none), or a dict for several."""
+        if self._coordinator is None:
+            raise errors.InvalidGroupIdError("committed() needs group.id")
+        if isinstance(partitions, TopicPartition):
+            return self._coordinator.committed([partitions], timeout_ms=timeout_ms).get(partitions)
+        return self._coordinator.committed(list(partitions), timeout_ms=timeout_ms)
+
+    def _maybe_auto_commit(self) -> None:
+        if not self._auto_commit or time.monotonic() < self._next_auto_commit:
+            return
+        self._next_auto_commit = time.monotonic() + self._auto_commit_s
+        offsets = self._current_offsets()
+        if offsets:
+            self.commit_async(offsets, callback=_log_auto_commit_failure)
+
+    # ---- iteration / lifecycle ----
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        return self
+
+    def __next__(self) -> ConsumerRecord:
+        if not self._iter_buffer:
+            limit_ms = self.config["consumer_timeout_ms"]
+            deadline = None if limit_ms is None else time.monotonic() + int(limit_ms) / 1000
+            while not self._iter_buffer:
+                remaining = 1000 if deadline is None else int((deadline - time.monotonic()) * 1000)
+                if remaining <= 0:
+                    raise StopIteration
+                for records in self.poll(timeout_ms=min(remaining, 1000)).values():
+                    self._iter_buffer.extend(records)
+            self._iter_buffer.reverse()
+        return self._iter_buffer.pop()
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise errors.ConsumerClosedError("consumer is closed")
+
+    def close(self, autocommit: bool = True, timeout_ms: int = 30000) -> None:
+        """Commit (if auto commit is on), leave the group, stop fetching and release connections."""
+        if self._closed:
+            return
+        try:
+            if autocommit and self._auto_commit and self._current_offsets():
+                try:
+                    self.commit(timeout_ms=timeout_ms)
+                except errors.BrookError as exc:
+                    log.warning("final auto commit failed: %s", exc)
+            if self._membership is not None:
+                self._membership.leave("consumer closed")
+        finally:
+            self._closed = True
+            self._fetcher.close()
+            if self._commit_executor is not None:
+                self._commit_executor.shutdown(wait=True)
+            self.cluster.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _log_auto_commit_failure(offsets: dict[TopicPartition, OffsetAndMetadata], exc: BaseException | None) -> None:
+    if exc is not None:
+        log.warning("auto commit of %d partition(s) failed: %s", len(offsets), exc)

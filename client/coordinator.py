@@ -1,0 +1,127 @@
+"""Talking to a consumer group's coordinator (proto/group.proto): discovery, offsets, admin calls.
+
+The coordinator of a group is the leader of its ``__consumer_offsets`` partition; any
+broker answers FindCoordinator. Calls that come back NOT_COORDINATOR,
+COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS or fail to connect forget the
+cached coordinator, look it up again and retry with backoff until the deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import grpc
+
+from client import errors
+from client.cluster import ClusterClient, rpc_error
+from client.types import OffsetAndMetadata, TopicPartition
+from proto import group_pb2, group_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_COORDINATOR_MOVED = frozenset(
+    {
+        errors.ErrorCode.NOT_COORDINATOR,
+        errors.ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        errors.ErrorCode.NETWORK_EXCEPTION,
+        errors.ErrorCode.REQUEST_TIMED_OUT,
+    }
+)
+
+
+def group_stub(cluster: ClusterClient, address: str) -> group_pb2_grpc.GroupCoordinatorServiceStub:
+    return group_pb2_grpc.GroupCoordinatorServiceStub(cluster.channel_for_address(address))
+
+
+class GroupCoordinatorClient:
+    def __init__(self, cluster: ClusterClient, group_id: str, *, request_timeout_ms: int | None = None) -> None:
+        if not group_id:
+            raise errors.InvalidGroupIdError("group.id must be a non-empty string")
+        self.cluster = cluster
+        self.group_id = group_id
+        self.request_timeout_ms = request_timeout_ms or cluster.request_timeout_ms
+        self._lock = threading.Lock()
+        self._address: str | None = None
+        self.node_id = -1
+
+    def find_coordinator(self, timeout_s: float) -> str:
+        with self._lock:
+            if self._address is not None:
+                return self._address
+        request = group_pb2.FindCoordinatorRequest(group_id=self.group_id)
+        channel = self.cluster.any_broker_channel()
+        response = group_pb2_grpc.GroupCoordinatorServiceStub(channel).FindCoordinator(request, timeout=timeout_s)
+        errors.raise_for(response.error_code, response.error_message)
+        address = f"{response.host}:{response.port}"
+        with self._lock:
+            self._address = address
+            self.node_id = response.node_id
+        return address
+
+    def forget(self) -> None:
+        with self._lock:
+            self._address = None
+            self.node_id = -1
+
+    def call(self, method: str, request: Any, *, timeout_ms: int | None = None, check: bool = True) -> Any:
+        """Send ``method`` to the coordinator; retries while the coordinator moves or loads."""
+
+        def attempt(timeout_s: float) -> Any:
+            try:
+                address = self.find_coordinator(timeout_s)
+                response = getattr(group_stub(self.cluster, address), method)(request, timeout=timeout_s)
+            except grpc.RpcError as exc:
+                self.forget()
+                raise rpc_error(exc, f"{method} for group {self.group_id!r}") from exc
+            code = getattr(response, "error_code", errors.ErrorCode.NONE)
+            if check and code != errors.ErrorCode.NONE:
+                err = errors.error_for(code, response.error_message)
+                if code in _COORDINATOR_MOVED:
+                    self.forget()
+                raise err
+            return response
+
+        return self.cluster.with_retries(attempt, timeout_ms=timeout_ms or self.request_timeout_ms)
+
+    # ---- offsets ----
+    def commit(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata | int],
+        *,
+        generation_id: int = -1,
+        member_id: str = "",
+        timeout_ms: int | None = None,
+    ) -> None:
+        parts = []
+        for tp, om in offsets.items():
+            om = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
+            if om.offset < 0:
+                raise errors.InvalidCommitOffsetSizeError(f"cannot commit negative offset {om.offset} for {tp}")
+            parts.append(group_pb2.OffsetCommitPartition(topic=tp[0], partition=tp[1], offset=om.offset,
+                                                         leader_epoch=-1, metadata=om.metadata))
+        if not parts:
+            return
+        request = group_pb2.OffsetCommitRequest(group_id=self.group_id, generation_id=generation_id,
+                                                member_id=member_id, partitions=parts)
+        response = self.call("OffsetCommit", request, timeout_ms=timeout_ms)
+        for p in response.partitions:
+            errors.raise_for(p.error_code, p.error_message or f"commit {p.topic}-{p.partition}")
+
+    def committed(self, tps: Iterable[TopicPartition] | None = None, *, timeout_ms: int | None = None
+                  ) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        """Committed offsets (None where nothing is committed); ``tps=None`` = every committed partition."""
+        wanted = None if tps is None else [TopicPartition(*tp) for tp in tps]
+        request = group_pb2.OffsetFetchRequest(
+            group_id=self.group_id,
+            partitions=[group_pb2.TopicPartitionRef(topic=t, partition=p) for t, p in wanted or []],
+        )
+        response = self.call("OffsetFetch", request, timeout_ms=timeout_ms)
+        result: dict[TopicPartition, OffsetAndMetadata | None] = dict.fromkeys(wanted or [])
+        for p in response.partitions:
+            errors.raise_for(p.error_code, f"offset fetch {p.topic}-{p.partition}")
+            tp = TopicPartition(p.topic, p.partition)
+            result[tp] = OffsetAndMetadata(p.offset, p.metadata) if p.offset >= 0 else None
+        return result

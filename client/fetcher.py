@@ -1,0 +1,212 @@
+"""The consumer's fetcher: pipelined Fetch requests (one in flight per broker, many partitions each)
+and lazily decoded partition record buffers.
+
+Requests are sent with gRPC futures; their completions land in a queue that the
+consumer's thread drains in ``poll()``. Right after handing records to the
+application the consumer sends the next fetches, so the brokers work while the
+application processes (prefetch).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from client import errors
+from client.cluster import ClusterClient, rpc_error
+from client.types import ConsumerRecord, TopicPartition
+from proto import broker_pb2
+from storage.record_batch import ATTR_CONTROL, ATTR_TIMESTAMP_TYPE, decode_batch, iter_batches
+
+log = logging.getLogger(__name__)
+
+Deserializer = Callable[[bytes | None], Any]
+
+
+@dataclass
+class PartitionState:
+    position: int | None = None  # next offset to hand to the application; None = to be resolved
+    reset_to: int | None = None  # pending seek_to_beginning (-2) / seek_to_end (-1)
+    paused: bool = False
+    in_flight: bool = False
+    backoff_until: float = 0.0
+    high_watermark: int = -1
+    log_start_offset: int = -1
+
+
+class PartitionRecords:
+    """Whole batches fetched for one partition, decoded one batch at a time as the app consumes."""
+
+    __slots__ = ("tp", "data", "batches", "current", "index", "ts_type")
+
+    def __init__(self, tp: TopicPartition, data: bytes) -> None:
+        self.tp = tp
+        self.data = data
+        self.batches = iter_batches(data)
+        self.current: list[Any] = []
+        self.index = 0
+        self.ts_type = 0
+
+    def take(self, state: PartitionState, limit: int, key_des: Deserializer | None,
+             value_des: Deserializer | None) -> list[ConsumerRecord]:
+        """Up to ``limit`` records at or after the position; advances the position past them."""
+        out: list[ConsumerRecord] = []
+        topic, partition = self.tp
+        while len(out) < limit:
+            if self.index >= len(self.current):
+                if not self._next_batch(state):
+                    break
+                continue
+            position = state.position
+            assert position is not None
+            end = min(len(self.current), self.index + limit - len(out))
+            chunk = self.current[self.index:end]
+            self.index = end
+            ts_type = self.ts_type
+            if key_des is None and value_des is None:
+                out.extend([ConsumerRecord(topic, partition, r.offset, r.timestamp, ts_type, r.key, r.value,
+                                           r.headers) for r in chunk if r.offset >= position])
+            else:
+                for r in chunk:
+                    if r.offset >= position:
+                        out.append(ConsumerRecord(
+                            topic, partition, r.offset, r.timestamp, ts_type,
+                            key_des(r.key) if key_des else r.key,
+                            value_des(r.value) if value_des else r.value, r.headers))
+            if out:
+                state.position = max(position, out[-1].offset + 1)
+        return out
+
+    def _next_batch(self, state: PartitionState) -> bool:
+        # Finishing a batch moves the position past its last offset: compacted-away
+        # offsets and control batches are not records to wait for.
+        if self.current:
+            last = self.current[-1].offset
+            if state.position is not None and state.position <= last:
+                state.position = last + 1
+        self.current, self.index = [], 0
+        for pos, header in self.batches:
+            if state.position is not None and header.next_offset <= state.position:
+                continue  # wholly before the position (e.g. fetched from inside a batch)
+            if header.attributes & ATTR_CONTROL:
+                state.position = max(state.position or 0, header.next_offset)
+                continue
+            self.ts_type = 1 if header.attributes & ATTR_TIMESTAMP_TYPE else 0
+            _, records = decode_batch(self.data, pos)
+            self.current = records
+            if not records:
+                state.position = max(state.position or 0, header.next_offset)
+                continue
+            return True
+        self.data = b""
+        return False
+
+    def exhausted(self) -> bool:
+        return not self.data and self.index >= len(self.current)
+
+
+@dataclass
+class CompletedFetch:
+    node: int
+    offsets: dict[TopicPartition, int]  # what was asked, to drop answers made stale by seek()
+    response: broker_pb2.FetchResponse | None
+    error: errors.BrookError | None
+
+
+class Fetcher:
+    def __init__(self, cluster: ClusterClient, *, fetch_min_bytes: int, fetch_max_wait_ms: int,
+                 fetch_max_bytes: int, max_partition_fetch_bytes: int, request_timeout_ms: int,
+                 retry_backoff_ms: int) -> None:
+        self.cluster = cluster
+        self.fetch_min_bytes = fetch_min_bytes
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_max_bytes = fetch_max_bytes
+        self.max_partition_fetch_bytes = max_partition_fetch_bytes
+        self.request_timeout_ms = request_timeout_ms
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.cond = threading.Condition()
+        self.completed: deque[CompletedFetch] = deque()
+        self.in_flight: dict[int, grpc.Future] = {}
+
+    def send_fetches(self, assignment: dict[TopicPartition, PartitionState],
+                     buffered: dict[TopicPartition, PartitionRecords]) -> None:
+        now = time.monotonic()
+        by_node: dict[int, list[TopicPartition]] = {}
+        for tp, st in assignment.items():
+            if st.position is None or st.paused or st.in_flight or tp in buffered or now < st.backoff_until:
+                continue
+            try:
+                node = self.cluster.leader_for(tp)
+            except errors.BrookError as exc:
+                if not exc.retriable:
+                    raise
+                self.cluster.request_update()
+                st.backoff_until = now + self.retry_backoff_s
+                continue
+            if node not in self.in_flight:
+                by_node.setdefault(node, []).append(tp)
+        for node, tps in by_node.items():
+            self._send(node, tps, assignment)
+
+    def _send(self, node: int, tps: list[TopicPartition], assignment: dict[TopicPartition, PartitionState]) -> None:
+        offsets = {tp: assignment[tp].position for tp in tps}
+        request = broker_pb2.FetchRequest(
+            replica_id=-1, replica_epoch=-1, max_wait_ms=self.fetch_max_wait_ms, min_bytes=self.fetch_min_bytes,
+            max_bytes=self.fetch_max_bytes,
+            partitions=[broker_pb2.FetchPartition(
+                topic=tp.topic, partition=tp.partition, fetch_offset=offset,
+                partition_max_bytes=self.max_partition_fetch_bytes, current_leader_epoch=-1,
+                last_fetched_epoch=-1, log_start_offset=-1) for tp, offset in offsets.items()],
+        )
+        try:
+            stub = self.cluster.broker_stub(node)
+        except errors.BrookError as exc:
+            self._complete(CompletedFetch(node, offsets, None, exc))  # type: ignore[arg-type]
+            return
+        for tp in tps:
+            assignment[tp].in_flight = True
+        timeout_s = (self.request_timeout_ms + self.fetch_max_wait_ms) / 1000
+        future = stub.Fetch.future(request, timeout=timeout_s)
+        self.in_flight[node] = future
+        future.add_done_callback(lambda f: self._on_done(node, offsets, f))  # type: ignore[arg-type]
+
+    def _on_done(self, node: int, offsets: dict[TopicPartition, int], future: grpc.Future) -> None:
+        try:
+            response = future.result()
+        except grpc.RpcError as exc:
+            self._complete(CompletedFetch(node, offsets, None, rpc_error(exc, f"Fetch from broker {node}")))
+        except Exception as exc:  # cancelled on close
+            self._complete(CompletedFetch(node, offsets, None, errors.error_for(
+                errors.ErrorCode.NETWORK_EXCEPTION, f"Fetch from broker {node}: {exc!r}")))
+        else:
+            self._complete(CompletedFetch(node, offsets, response, None))
+
+    def _complete(self, done: CompletedFetch) -> None:
+        with self.cond:
+            self.completed.append(done)
+            self.cond.notify_all()
+
+    def wait(self, timeout_s: float) -> None:
+        with self.cond:
+            if not self.completed and timeout_s > 0:
+                self.cond.wait(timeout_s)
+
+    def take_completed(self) -> list[CompletedFetch]:
+        with self.cond:
+            done = list(self.completed)
+            self.completed.clear()
+        for c in done:
+            self.in_flight.pop(c.node, None)
+        return done
+
+    def close(self) -> None:
+        for future in list(self.in_flight.values()):
+            future.cancel()
+        self.in_flight.clear()
