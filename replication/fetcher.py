@@ -189,10 +189,10 @@ class ReplicaFetcher:
                  lg.log_end_offset, target)
         if target < lg.log_end_offset:
             lg.truncate_to(target)
-        elif epoch >= 0 and lg.latest_epoch > epoch:
-            # Nothing to cut but our epoch cache is ahead of the shared history; cutting at the
-            # end drops cache entries past it so the next fetch reports the shared epoch.
-            lg.truncate_to(target)
+        elif lg.latest_epoch > epoch:
+            # No data to cut, but our epoch cache holds epochs past the shared history (a
+            # leadership that appended nothing): drop them so the next fetch reports the shared one.
+            lg.epoch_cache.truncate_from_end(target)
 
     def _handle_out_of_range(self, st: _FetchState, pr: broker_pb2.FetchPartitionResponse) -> None:
         lg = st.partition.log

@@ -1,0 +1,165 @@
+"""Partition leader/follower behaviour over real storage Logs (no network).
+
+A tiny in-process "fetch" moves bytes from the leader Partition to follower logs exactly
+as the replica fetcher does (append_as_follower + HW from the response), so HW, ISR and
+divergence rules are checked against the real epoch caches and offsets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proto import errors
+from replication import isr as isr_rules
+from replication.partition import Partition, Role
+from storage.log import Log
+from storage.log_config import LogConfig
+from storage.record_batch import RecordBatchBuilder
+
+
+def batch(*values: bytes) -> bytes:
+    b = RecordBatchBuilder()
+    for v in values:
+        b.append(1_700_000_000_000, None, v)
+    return b.build()
+
+
+def open_log(tmp: Path, name: str, **overrides: str) -> Log:
+    return Log.open(tmp / name / "t-0", LogConfig.from_overrides(overrides))
+
+
+def all_bytes(lg: Log) -> bytes:
+    """The whole log (a read returns batches of one segment at most)."""
+    return b"".join(lg.iter_batches_from(lg.log_start_offset))
+
+
+def leader_of(tmp: Path, *, isr: tuple[int, ...] = (1, 2, 3), epoch: int = 1, **overrides: str) -> Partition:
+    p = Partition("t", 0, "T1", open_log(tmp, "b1", **overrides), 1, broker_usable=lambda b: True)
+    p.make_leader((1, 2, 3), isr, epoch, epoch, now_ms=0)
+    return p
+
+
+def follow(leader: Partition, replica_id: int, flog: Log, now_ms: int) -> isr_rules.IsrProposal | None:
+    """One follower fetch round trip, as replication/fetcher.py processes it."""
+    r = leader.fetch_for_follower(replica_id, flog.log_end_offset, flog.log_start_offset, flog.latest_epoch,
+                                  leader.leader_epoch, 1 << 20, True, now_ms)
+    if r.diverging_epoch is not None:
+        ep, end = r.diverging_epoch
+        target = isr_rules.truncation_offset(ep, end, flog.end_offset_for_epoch(ep), flog.log_end_offset,
+                                             flog.high_watermark)
+        flog.truncate_to(target)
+        return None
+    if r.records:
+        flog.append_as_follower(r.records)
+    flog.update_high_watermark(min(r.high_watermark, flog.log_end_offset))
+    return r.isr_proposal
+
+
+def test_hw_advances_only_when_every_isr_member_has_the_data(tmp_path: Path) -> None:
+    p = leader_of(tmp_path)
+    f2, f3 = open_log(tmp_path, "b2"), open_log(tmp_path, "b3")
+    info = p.append_as_leader(batch(b"a", b"b", b"c"), acks=-1)
+    assert (info.first_offset, info.last_offset) == (0, 2)
+    assert p.log.high_watermark == 0
+    follow(p, 2, f2, 10)
+    assert p.log.high_watermark == 0, "follower 3 has nothing yet"
+    follow(p, 3, f3, 10)
+    assert p.log.high_watermark == 0, "follower LEOs are learned at their next fetch"
+    follow(p, 2, f2, 20)
+    follow(p, 3, f3, 20)
+    assert p.log.high_watermark == 3
+    follow(p, 2, f2, 30)
+    assert f2.high_watermark == 3 and f2.log_end_offset == 3
+    # followers got byte-identical batches
+    assert all_bytes(f2) == all_bytes(p.log)
+
+
+def test_acks_all_refused_below_min_isr_and_nothing_appended(tmp_path: Path) -> None:
+    p = leader_of(tmp_path, isr=(1,), **{"min.insync.replicas": "2"})
+    with pytest.raises(errors.NotEnoughReplicasError):
+        p.append_as_leader(batch(b"x"), acks=-1)
+    assert p.log.log_end_offset == 0
+    info = p.append_as_leader(batch(b"x"), acks=1)
+    assert info.first_offset == 0 and p.log.high_watermark == 1  # ISR = leader only
+
+
+def test_lagging_follower_is_proposed_out_then_back_in(tmp_path: Path) -> None:
+    p = leader_of(tmp_path)
+    f2, f3 = open_log(tmp_path, "b2"), open_log(tmp_path, "b3")
+    p.append_as_leader(batch(b"a"), acks=1)
+    follow(p, 2, f2, 100)
+    follow(p, 3, f3, 100)
+    assert p.maybe_shrink_isr(now_ms=1000, lag_max_ms=2000) is None
+    for t in (1500, 2500, 3500):  # 3 stops fetching; 2 keeps up
+        p.append_as_leader(batch(b"more"), acks=1)
+        follow(p, 2, f2, t)
+        follow(p, 2, f2, t)
+    prop = p.maybe_shrink_isr(now_ms=3500, lag_max_ms=2000)
+    assert prop is not None and prop.new_isr == (1, 2) and prop.partition_epoch == 1
+    assert p.isr == (1, 2, 3), "not believed until the controller commits it"
+    assert p.maybe_shrink_isr(now_ms=3600, lag_max_ms=2000) is None, "one proposal in flight"
+    assert p.apply_committed_state((1, 2), 1, 2)  # HW no longer waits for 3
+    assert p.log.high_watermark == p.log.log_end_offset
+    # 3 comes back and catches up: proposed back in once its LEO reaches the HW
+    prop = None
+    for t in (4000, 4100, 4200):
+        prop = follow(p, 3, f3, t) or prop
+    assert prop is not None and prop.new_isr == (1, 2, 3)
+    assert p.maximal_isr() == (1, 2, 3)
+    p.apply_committed_state((1, 2, 3), 1, 3)
+    assert p.isr == (1, 2, 3) and p.isr_shrinks_total == 1 and p.isr_expands_total == 1
+
+
+def test_stale_alter_result_is_ignored(tmp_path: Path) -> None:
+    p = leader_of(tmp_path, epoch=4)
+    assert not p.apply_committed_state((1,), leader_epoch=3, partition_epoch=9)
+    assert p.isr == (1, 2, 3)
+
+
+def test_former_leader_truncates_unreplicated_tail(tmp_path: Path) -> None:
+    # Broker 1 leads epoch 1; 0..2 replicate to 2; 3..5 never do.
+    a = leader_of(tmp_path)
+    b_log = open_log(tmp_path, "b2")
+    a.append_as_leader(batch(b"0", b"1", b"2"), acks=1)
+    follow(a, 2, b_log, 10)
+    a.append_as_leader(batch(b"3", b"4", b"5"), acks=1)
+    assert a.log.log_end_offset == 6 and b_log.log_end_offset == 3
+    # Broker 2 becomes leader at epoch 2 and takes new writes at 3..4.
+    b = Partition("t", 0, "T1", b_log, 2, broker_usable=lambda x: True)
+    b.make_leader((1, 2, 3), (2,), 2, 2, now_ms=20)
+    b.append_as_leader(batch(b"B3", b"B4"), acks=1)
+    a.make_follower(2, (1, 2, 3), (2,), 2, 2)
+    assert a.role is Role.FOLLOWER
+    with pytest.raises(errors.NotLeaderOrFollowerError):
+        a.append_as_leader(batch(b"late"), acks=1)
+    follow(b, 1, a.log, 30)  # divergence: cut to 3
+    assert a.log.log_end_offset == 3
+    follow(b, 1, a.log, 40)
+    follow(b, 1, a.log, 50)
+    assert all_bytes(a.log) == all_bytes(b.log)
+    assert a.log.log_end_offset == 5
+
+
+def test_fenced_and_unknown_leader_epochs(tmp_path: Path) -> None:
+    p = leader_of(tmp_path, epoch=5)
+    p.check_leader(5)
+    with pytest.raises(errors.FencedLeaderEpochError):
+        p.check_leader(4)
+    with pytest.raises(errors.BrookError) as e:
+        p.check_leader(6)
+    assert e.value.name == "UNKNOWN_LEADER_EPOCH"
+
+
+def test_consumer_read_stops_at_hw(tmp_path: Path) -> None:
+    p = leader_of(tmp_path)
+    p.append_as_leader(batch(b"a"), acks=1)
+    assert p.read_for_consumer(0, 1 << 20, -1, True).records == b""
+    f2, f3 = open_log(tmp_path, "b2"), open_log(tmp_path, "b3")
+    for t in (1, 2):
+        follow(p, 2, f2, t)
+        follow(p, 3, f3, t)
+    assert p.read_for_consumer(0, 1 << 20, -1, True).records == p.log.read(0, 1 << 20).records
+    with pytest.raises(errors.OffsetOutOfRangeError):
+        p.read_for_consumer(5, 1 << 20, -1, True)
