@@ -264,7 +264,11 @@ class GroupCoordinator:
                 continue
             _, recs = decode_batch(buf, pos)
             for rec in recs:
-                parsed = records.parse_record(rec.key, rec.value, rec.offset)
+                try:
+                    parsed = records.parse_record(rec.key, rec.value, rec.offset)
+                except errors.CorruptMessageError as exc:
+                    log.warning("skipping: %s", exc)
+                    continue
                 if isinstance(parsed, OffsetRecord):
                     g = groups.get(parsed.group_id)
                     if g is None:

@@ -19,6 +19,8 @@ import logging
 import struct
 from dataclasses import dataclass
 
+from google.protobuf.message import DecodeError
+
 from broker.group_state import Group, GroupState, Member, OffsetEntry
 from client.types import TopicPartition
 from proto import errors, group_pb2
@@ -110,7 +112,15 @@ class GroupRecord:
 
 
 def parse_record(key: bytes | None, value: bytes | None, log_offset: int) -> OffsetRecord | GroupRecord | None:
-    """Decode one record read back from the log; None for kinds this version does not know."""
+    """Decode one record read back from the log; None for kinds this version does not know.
+    Malformed bytes raise CorruptMessageError (the loader skips such a record)."""
+    try:
+        return _parse_record(key, value, log_offset)
+    except (struct.error, UnicodeDecodeError, DecodeError) as exc:
+        raise errors.CorruptMessageError(f"malformed {OFFSETS_TOPIC} record at offset {log_offset}: {exc}") from exc
+
+
+def _parse_record(key: bytes | None, value: bytes | None, log_offset: int) -> OffsetRecord | GroupRecord | None:
     if key is None or len(key) < 2:
         log.warning("skipping a keyless record at offset %d of %s", log_offset, OFFSETS_TOPIC)
         return None
