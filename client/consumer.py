@@ -162,15 +162,27 @@ class Consumer:
         self._pattern = re.compile(pattern) if pattern is not None else None
         self._listener = listener
         self._membership = self._membership or self._make_membership()
-        self._membership.subscribe(sorted(self._subscribed_topics()))
+        if pattern is not None:
+            self._membership.subscribe(pattern=self._pattern)
+        else:
+            self._membership.subscribe(topics=sorted(self._subscription or ()))
 
     def _make_membership(self) -> Any:
-        try:
-            from client.group_membership import GroupMembership
-        except ImportError as exc:
-            raise errors.UnsupportedVersionError(
-                "group membership (client/group_membership.py) is not available; use assign()") from exc
-        return GroupMembership(self, self.cluster, self._coordinator, self.config)
+        from client.group_membership import GroupMembership
+
+        strategy = self.config["partition_assignment_strategy"]
+        cfg = self.config
+        return GroupMembership(
+            self.cluster,
+            self.group_id or "",
+            listener=_MembershipListener(self),
+            assignors=strategy if isinstance(strategy, str) else list(strategy),
+            session_timeout_ms=require_int(cfg, "session_timeout_ms", minimum=1),
+            heartbeat_interval_ms=require_int(cfg, "heartbeat_interval_ms", minimum=1),
+            max_poll_interval_ms=require_int(cfg, "max_poll_interval_ms", minimum=1),
+            client_id=str(cfg["client_id"]),
+            coordinator=self._coordinator,
+        )
 
     def _subscribed_topics(self) -> set[str]:
         if self._pattern is None:
@@ -187,7 +199,7 @@ class Consumer:
 
     def unsubscribe(self) -> None:
         if self._membership is not None:
-            self._membership.leave("unsubscribe")
+            self._membership.close(leave=True, revoke=True)
             self._membership = None
         self._subscription = None
         self._pattern = None
@@ -223,7 +235,7 @@ class Consumer:
         deadline = time.monotonic() + timeout_ms / 1000
         self._maybe_auto_commit()
         while True:
-            self._group_poll()
+            self._group_poll(max(0.0, deadline - time.monotonic()))
             self._raise_pending()
             self._update_positions()
             self._process_completed()
@@ -242,9 +254,9 @@ class Consumer:
             return 0.1  # keep heartbeats and rebalances moving
         return 1.0 if self._fetcher.in_flight else self._retry_backoff_ms / 1000 or 0.01
 
-    def _group_poll(self) -> None:
+    def _group_poll(self, timeout_s: float = 0.0) -> None:
         if self._membership is not None:
-            self._membership.poll()
+            self._membership.poll(timeout_s)
 
     def _drain(self, limit: int) -> dict[TopicPartition, list[ConsumerRecord]]:
         out: dict[TopicPartition, list[ConsumerRecord]] = {}
@@ -439,10 +451,13 @@ class Consumer:
         return {tp: OffsetAndMetadata(st.position) for tp, st in self._assignment.items()
                 if st.position is not None}
 
-    def _generation(self) -> tuple[int, str]:
+    def _commit_now(self, offsets: dict[TopicPartition, OffsetAndMetadata | int], timeout_ms: int | None) -> None:
         if self._membership is not None:
-            return self._membership.generation()
-        return -1, ""
+            # Generation-fenced: CommitFailedError if the group moved on (partitions may be elsewhere now).
+            self._membership.commit_offsets(offsets, timeout_ms=timeout_ms)
+        else:
+            assert self._coordinator is not None
+            self._coordinator.commit(offsets, generation_id=-1, member_id="", timeout_ms=timeout_ms)
 
     def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None = None,
                timeout_ms: int | None = None) -> None:
@@ -451,8 +466,7 @@ class Consumer:
         if self._coordinator is None:
             raise errors.InvalidGroupIdError("commit() needs group.id")
         chosen = self._current_offsets() if offsets is None else dict(offsets)
-        generation, member = self._generation()
-        self._coordinator.commit(chosen, generation_id=generation, member_id=member, timeout_ms=timeout_ms)
+        self._commit_now(chosen, timeout_ms)
 
     def commit_async(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None = None,
                      callback: CommitCallback | None = None) -> concurrent.futures.Future[None]:
@@ -461,15 +475,13 @@ class Consumer:
         if self._coordinator is None:
             raise errors.InvalidGroupIdError("commit_async() needs group.id")
         chosen = self._current_offsets() if offsets is None else dict(offsets)
-        generation, member = self._generation()
         if self._commit_executor is None:
             # One worker: commits are applied in the order they were asked for.
             self._commit_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="brook-commit")
-        coordinator = self._coordinator
 
         def run() -> None:
             try:
-                coordinator.commit(chosen, generation_id=generation, member_id=member)
+                self._commit_now(chosen, None)
             except BaseException as exc:
                 if callback is not None:
                     callback(chosen, exc)
@@ -528,7 +540,7 @@ class Consumer:
                 except errors.BrookError as exc:
                     log.warning("final auto commit failed: %s", exc)
             if self._membership is not None:
-                self._membership.leave("consumer closed")
+                self._membership.close(leave=True, revoke=True)
         finally:
             self._closed = True
             self._fetcher.close()
@@ -541,6 +553,22 @@ class Consumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _MembershipListener:
+    """Keeps the consumer's assignment in step with the group, around the user's listener."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+
+    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.consumer._on_revoked(revoked)
+
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.consumer._on_assigned(assigned)
+
+    def on_partitions_lost(self, lost: set[TopicPartition]) -> None:
+        self.consumer._on_lost(lost)
 
 
 def _log_auto_commit_failure(offsets: dict[TopicPartition, OffsetAndMetadata], exc: BaseException | None) -> None:
