@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 import zlib
 
 import cramjam
@@ -57,8 +58,23 @@ _INT32 = struct.Struct(">i")
 # pathological inputs from turning into long loops.
 _MAX_MEMBERS = 1 << 16
 
-_zstd_compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-_zstd_decompressor = zstandard.ZstdDecompressor()
+# zstandard's (de)compressor objects must not be used by two threads at once (producer
+# sender threads, consumers and the cleaner share this module): one pair per thread.
+_zstd_local = threading.local()
+
+
+def _zstd_compressor() -> zstandard.ZstdCompressor:
+    obj = getattr(_zstd_local, "compressor", None)
+    if obj is None:
+        obj = _zstd_local.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    return obj
+
+
+def _zstd_decompressor() -> zstandard.ZstdDecompressor:
+    obj = getattr(_zstd_local, "decompressor", None)
+    if obj is None:
+        obj = _zstd_local.decompressor = zstandard.ZstdDecompressor()
+    return obj
 
 
 def codec_for_name(name: str) -> int:
@@ -82,7 +98,7 @@ def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
     if codec == CODEC_LZ4:
         return lz4.frame.compress(data, block_linked=False, store_size=False)
     if codec == CODEC_ZSTD:
-        return _zstd_compressor.compress(data)
+        return _zstd_compressor().compress(data)
     raise errors.CorruptMessageError(f"unknown compression codec {codec}")
 
 
@@ -280,6 +296,7 @@ def _zstd_decompress(data: bytes | bytearray | memoryview, limit: int) -> bytes:
     total = 0
     view = memoryview(data)
     pos = 0
+    dctx = _zstd_decompressor()
     for _ in range(_MAX_MEMBERS):
         if pos >= len(view):
             return out[0] if len(out) == 1 else b"".join(out)
@@ -294,13 +311,13 @@ def _zstd_decompress(data: bytes | bytearray | memoryview, limit: int) -> bytes:
             # zstd checks the declared size against what the frame produces.
             if declared > budget:
                 raise _too_large(CODEC_ZSTD, limit)
-            chunk = _zstd_decompressor.decompress(frame)
+            chunk = dctx.decompress(frame)
         elif bound <= budget:
-            chunk = _zstd_decompressor.decompress(frame, max_output_size=max(bound, 1))
+            chunk = dctx.decompress(frame, max_output_size=max(bound, 1))
         else:
             # The structural bound is above the budget; the real output may still fit.
             try:
-                chunk = _zstd_decompressor.decompress(frame, max_output_size=budget)
+                chunk = dctx.decompress(frame, max_output_size=budget)
             except zstandard.ZstdError as exc:
                 raise errors.CorruptMessageError(
                     f"zstd data decompresses to more than {limit} bytes or is corrupt: {exc}"

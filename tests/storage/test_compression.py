@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import cramjam
 import lz4.frame
@@ -176,3 +177,15 @@ def test_zstd_frame_walk_reports_structure_damage() -> None:
     frame = struct.pack("<I", 0xFD2FB528) + bytes([0x20, 0x05]) + bytes([0x07, 0x00, 0x00])
     with pytest.raises(errors.CorruptMessageError, match="reserved"):
         c.decompress(c.CODEC_ZSTD, frame)
+
+
+@pytest.mark.parametrize("codec", COMPRESSED)
+def test_codecs_are_safe_from_many_threads(codec: int) -> None:
+    # Producers, consumers and the cleaner compress/decompress concurrently in one process.
+    inputs = [os.urandom(2000) + bytes([i]) * (20_000 + i) for i in range(16)]
+
+    def work(data: bytes) -> bool:
+        return all(c.decompress(codec, c.compress(codec, data)) == data for _ in range(5))
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert all(pool.map(work, inputs))
