@@ -328,6 +328,8 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
         b = data[i]  # IndexError on a truncated varint: the caller reports it
         raw |= (b & 0x7F) << shift
         if b < 0x80:
+            if raw >> 64:
+                raise errors.InvalidRecordError(f"varint at record position {pos} overflows 64 bits")
             return (raw >> 1) ^ -(raw & 1), i + 1
         shift += 7
     raise errors.InvalidRecordError(f"varint at record position {pos} is longer than {_MAX_VARINT_BYTES} bytes")
@@ -571,7 +573,8 @@ def decode_batch(
         if pos + h.batch_length + LOG_OVERHEAD > len(buf):
             raise errors.CorruptMessageError(f"truncated batch at position {pos}")
     end = pos + h.batch_length + LOG_OVERHEAD
-    data = bytes(memoryview(buf)[pos + BATCH_HEADER_SIZE : end])
+    with memoryview(buf) as view:
+        data = bytes(view[pos + BATCH_HEADER_SIZE : end])
     codec = h.attributes & ATTR_CODEC_MASK
     if codec != CODEC_NONE:
         data = compression.decompress(codec, data, max_output_bytes=max_decompressed_bytes)

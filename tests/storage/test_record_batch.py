@@ -83,8 +83,10 @@ def test_varint_fast_path_tables_match_general_decoder() -> None:
 def test_varint_out_of_range_and_overlong_are_invalid_record() -> None:
     with pytest.raises(errors.InvalidRecordError):
         rb._encode_varint(2**63)
-    with pytest.raises(errors.InvalidRecordError):
+    with pytest.raises(errors.InvalidRecordError, match="longer"):
         rb._read_varint(b"\xff" * 11, 0)
+    with pytest.raises(errors.InvalidRecordError, match="overflows"):
+        rb._read_varint(b"\xff" * 9 + b"\x02", 0)  # a 10th byte above 1 carries bit 64
 
 
 def test_extreme_timestamp_deltas_round_trip() -> None:
