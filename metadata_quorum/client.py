@@ -1,0 +1,257 @@
+"""ControllerClient: talk to whichever controller is active right now.
+
+Brokers, the admin client and the operators' tools all reach the quorum through this
+class. Every controller serves ``ControllerService``, but only the active one (the
+Raft leader) answers; the others reply ``NOT_CONTROLLER`` with a redirect. The client
+remembers the active controller, follows redirects, and retries retriable errors with
+a bounded exponential backoff until the caller's timeout.
+
+Finding the leader uses a cheap probe (``DescribeQuorum``, answered without a quorum
+round-trip) with a short deadline, so a frozen controller (SIGSTOP, a hung host) costs
+one probe timeout instead of the whole call budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from proto import controller_pb2 as pb
+from proto import controller_pb2_grpc as pb_grpc
+from proto import errors
+from proto.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+Endpoint = tuple[str, int]
+
+_BACKOFF_MIN_S = 0.05
+_BACKOFF_MAX_S = 1.0
+_PROBE_TIMEOUT_S = 1.5
+# Channel keepalive: a watch stream to a frozen controller fails within ~10 s instead
+# of hanging forever (the controller's server permits pings this frequent).
+_CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 5000),
+    ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+]
+# gRPC transport failures that mean "try another controller".
+_TRANSPORT_RETRY = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+    }
+)
+
+
+def _backoff_s(attempt: int) -> float:
+    base = min(_BACKOFF_MAX_S, _BACKOFF_MIN_S * (2 ** min(attempt, 10)))
+    return base * (0.5 + random.random() / 2)  # jitter: peers retrying together spread out
+
+
+class ControllerClient:
+    """Calls the active controller of a quorum; thread-safe."""
+
+    def __init__(self, endpoints: list[tuple[str, int]], *, timeout_s: float = 10.0) -> None:
+        if not endpoints:
+            raise errors.InvalidRequestError("ControllerClient needs at least one controller endpoint")
+        self._endpoints: list[Endpoint] = [(str(h), int(p)) for h, p in endpoints]
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._channels: dict[Endpoint, grpc.Channel] = {}
+        self._stubs: dict[Endpoint, pb_grpc.ControllerServiceStub] = {}
+        self._leader: Endpoint | None = None
+        self._active_calls: set[Any] = set()
+        self._closed = False
+
+    # ---- public API ----
+    @property
+    def active_controller(self) -> Endpoint | None:
+        """The endpoint last seen answering as the active controller (None if unknown)."""
+        return self._leader
+
+    def call(self, method: str, request: Any, *, timeout_s: float | None = None) -> Any:
+        """Send ``request`` to the active controller's ``method``; return the response.
+
+        Raises the ``BrookError`` subclass of the response's error code when it is not
+        retriable, or ``RequestTimedOutError`` (with the last error seen) on timeout.
+        """
+        budget_s = self._timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget_s
+        last_error = "no controller answered"
+        attempt = 0
+        while True:
+            self._check_open()
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                raise errors.RequestTimedOutError(
+                    f"{method}: no result from the active controller within {budget_s:.1f}s "
+                    f"(last error: {last_error})"
+                )
+            target = self._leader or self._find_leader(min(remaining_s, _PROBE_TIMEOUT_S))
+            if target is None:
+                last_error = "no active controller found (election in progress or quorum unreachable)"
+                self._sleep_before_retry(attempt, deadline)
+                attempt += 1
+                continue
+            try:
+                response = getattr(self._stub(target), method)(request, timeout=remaining_s)
+            except grpc.RpcError as exc:
+                status = exc.code() if hasattr(exc, "code") else None
+                last_error = f"{target[0]}:{target[1]}: {status} {exc.details() if hasattr(exc, 'details') else exc}"
+                if status not in _TRANSPORT_RETRY:
+                    raise errors.UnknownServerError(f"{method}: {last_error}") from None
+                self._forget_leader(target)
+                self._sleep_before_retry(attempt, deadline)
+                attempt += 1
+                continue
+            code = response.error_code
+            if code == ErrorCode.NONE:
+                self._leader = target
+                return response
+            last_error = f"{errors.code_name(code)}: {response.error_message}"
+            if code == ErrorCode.NOT_CONTROLLER:
+                self._follow_redirect(target, response.redirect)
+                if self._leader is None:
+                    self._sleep_before_retry(attempt, deadline)
+                attempt += 1
+                continue
+            if code in errors.RETRIABLE:
+                self._sleep_before_retry(attempt, deadline)
+                attempt += 1
+                continue
+            raise errors.error_for(code, response.error_message)
+
+    def watch(
+        self, since_version: int = 0, broker_id: int = -1, *, give_up_after_s: float = 120.0
+    ) -> Iterator[pb.MetadataUpdate]:
+        """Follow metadata changes after ``since_version`` from the active controller.
+
+        Yields ``MetadataUpdate`` messages (a snapshot first when the controller says so).
+        Reconnects to the new active controller after a failover and resumes from the
+        last version received. Ends when ``close()`` is called; raises
+        ``RequestTimedOutError`` after ``give_up_after_s`` without any controller serving.
+        """
+        version = since_version
+        last_served = time.monotonic()
+        attempt = 0
+        while not self._closed:
+            if time.monotonic() - last_served > give_up_after_s:
+                raise errors.RequestTimedOutError(
+                    f"WatchMetadata: no active controller served the stream for {give_up_after_s:.0f}s"
+                )
+            target = self._leader or self._find_leader(_PROBE_TIMEOUT_S)
+            if target is None:
+                time.sleep(_backoff_s(attempt))
+                attempt += 1
+                continue
+            stream = self._stub(target).WatchMetadata(
+                pb.WatchMetadataRequest(broker_id=broker_id, since_version=version)
+            )
+            with self._lock:
+                self._active_calls.add(stream)
+            try:
+                for update in stream:
+                    if update.error_code != ErrorCode.NONE:
+                        log.info("watch on %s:%d ended: %s %s", target[0], target[1],
+                                 errors.code_name(update.error_code), update.error_message)
+                        if update.error_code == ErrorCode.NOT_CONTROLLER:
+                            self._follow_redirect(target, update.redirect)
+                        break
+                    self._leader = target
+                    version = update.version
+                    last_served = time.monotonic()
+                    attempt = 0
+                    yield update
+            except grpc.RpcError as exc:
+                if self._closed:
+                    return
+                log.info("watch on %s:%d broke: %s", target[0], target[1], exc.code())
+                self._forget_leader(target)
+            finally:
+                with self._lock:
+                    self._active_calls.discard(stream)
+                stream.cancel()
+            if not self._closed:
+                time.sleep(_backoff_s(attempt))
+                attempt += 1
+
+    def close(self) -> None:
+        """Cancel open watch streams and close every channel."""
+        with self._lock:
+            self._closed = True
+            calls = list(self._active_calls)
+            channels = list(self._channels.values())
+            self._channels.clear()
+            self._stubs.clear()
+        for stream in calls:
+            stream.cancel()
+        for channel in channels:
+            channel.close()
+
+    def __enter__(self) -> ControllerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals ----
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.InvalidRequestError("ControllerClient is closed")
+
+    def _stub(self, endpoint: Endpoint) -> pb_grpc.ControllerServiceStub:
+        with self._lock:
+            if self._closed:
+                raise errors.InvalidRequestError("ControllerClient is closed")
+            stub = self._stubs.get(endpoint)
+            if stub is None:
+                channel = grpc.insecure_channel(f"{endpoint[0]}:{endpoint[1]}", options=_CHANNEL_OPTIONS)
+                self._channels[endpoint] = channel
+                stub = self._stubs[endpoint] = pb_grpc.ControllerServiceStub(channel)
+            return stub
+
+    def _forget_leader(self, endpoint: Endpoint) -> None:
+        if self._leader == endpoint:
+            self._leader = None
+
+    def _follow_redirect(self, source: Endpoint, redirect: pb.ControllerRedirect) -> None:
+        if redirect.leader_id >= 0 and redirect.leader.port > 0:
+            target = (redirect.leader.host, redirect.leader.port)
+            self._leader = None if target == source else target
+        else:
+            self._forget_leader(source)
+
+    def _find_leader(self, probe_timeout_s: float) -> Endpoint | None:
+        """Ask the known controllers, in random order, which one is active."""
+        candidates = list(self._endpoints)
+        random.shuffle(candidates)
+        for endpoint in candidates:
+            try:
+                response = self._stub(endpoint).DescribeQuorum(pb.DescribeQuorumRequest(),
+                                                               timeout=probe_timeout_s)
+            except grpc.RpcError:
+                continue
+            if response.error_code == ErrorCode.NONE:
+                self._leader = endpoint
+                return endpoint
+            redirect = response.redirect
+            if response.error_code == ErrorCode.NOT_CONTROLLER and redirect.leader_id >= 0 \
+                    and redirect.leader.port > 0:
+                self._leader = (redirect.leader.host, redirect.leader.port)
+                return self._leader
+        return None
+
+    def _sleep_before_retry(self, attempt: int, deadline: float) -> None:
+        time.sleep(max(0.0, min(_backoff_s(attempt), deadline - time.monotonic())))

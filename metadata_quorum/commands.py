@@ -1,0 +1,190 @@
+"""The commands that change cluster metadata, and their wire form in the Raft log.
+
+Every change to ``MetadataState`` is one of these dataclasses. The active controller
+fills in everything that needs a clock, a socket or a random source (topic ids,
+replica assignments, broker epochs come from the state itself) *before* proposing, so
+applying a command is a pure function of the state and the command.
+
+In the Raft log a command travels as a plain dict of builtins (``to_dict``), never as a
+pickled class: pysyncobj pickles its traffic, and a dict of str/int/list/dict is the
+smallest surface to trust. ``from_dict`` rebuilds and type-checks the dataclass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from proto import errors
+
+
+@dataclass(frozen=True, slots=True)
+class ActivateController:
+    """Written by a newly elected Raft leader; it becomes active once this is applied."""
+
+    node_id: int
+    term: int
+    unclean_leader_election_default: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterBroker:
+    node_id: int
+    incarnation_id: str
+    endpoints: list[list[Any]]  # [listener name, host, port]
+    rack: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FenceBroker:
+    node_id: int
+    broker_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnfenceBroker:
+    node_id: int
+    broker_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class BeginControlledShutdown:
+    node_id: int
+    broker_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnregisterBroker:
+    node_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopic:
+    name: str
+    topic_id: str
+    configs: dict[str, str]
+    assignments: list[list[int]]  # replicas per partition, in partition order
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopic:
+    name: str
+    topic_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitions:
+    name: str
+    topic_id: str
+    expected_count: int  # today's count the assignments were computed for (compare-and-set)
+    assignments: list[list[int]]  # the new partitions only
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigs:
+    name: str
+    topic_id: str
+    set: dict[str, str] = field(default_factory=dict)
+    delete: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionChangeItem:
+    """One partition's change; ``partition_epoch`` is the compare-and-set guard.
+
+    ``leader_epoch`` -1 skips the leader-epoch check (controller-made changes).
+    ``new_isr`` None keeps the ISR; ``new_leader`` None keeps the leader.
+    """
+
+    topic: str
+    partition: int
+    partition_epoch: int
+    leader_epoch: int = -1
+    new_isr: list[int] | None = None
+    new_leader: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChangePartition:
+    """ISR changes from partition leaders (broker_id >= 0) or leader moves by the controller (-1)."""
+
+    items: list[PartitionChangeItem]
+    broker_id: int = -1
+    broker_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class AllocateProducerIds:
+    broker_id: int
+    broker_epoch: int
+    block_size: int = 1000
+
+
+Command = (
+    ActivateController | RegisterBroker | FenceBroker | UnfenceBroker | BeginControlledShutdown
+    | UnregisterBroker | CreateTopic | DeleteTopic | CreatePartitions | AlterConfigs | ChangePartition
+    | AllocateProducerIds
+)
+
+COMMAND_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        ActivateController, RegisterBroker, FenceBroker, UnfenceBroker, BeginControlledShutdown,
+        UnregisterBroker, CreateTopic, DeleteTopic, CreatePartitions, AlterConfigs, ChangePartition,
+        AllocateProducerIds,
+    )
+}
+
+def _plain(value: Any) -> Any:
+    """Deep copy into builtins only (lists, dicts with str keys, scalars)."""
+    if isinstance(value, bool | int | str | float) or value is None:
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, PartitionChangeItem):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    raise errors.InvalidRequestError(f"command field of type {type(value).__name__} is not plain data")
+
+
+def to_dict(cmd: Command) -> dict[str, Any]:
+    """The command as a dict of builtins, tagged with its type name."""
+    out: dict[str, Any] = {"type": type(cmd).__name__}
+    for f in fields(cmd):  # type: ignore[arg-type]
+        out[f.name] = _plain(getattr(cmd, f.name))
+    return out
+
+
+def from_dict(data: Any) -> Command:
+    """Rebuild a command from its dict form; InvalidRequestError if it is not one."""
+    if not isinstance(data, dict):
+        raise errors.InvalidRequestError(f"command must be a dict, got {type(data).__name__}")
+    cls = COMMAND_TYPES.get(data.get("type", ""))
+    if cls is None:
+        raise errors.InvalidRequestError(f"unknown command type {data.get('type')!r}")
+    kwargs = {k: v for k, v in data.items() if k != "type"}
+    names = {f.name for f in fields(cls)}
+    unknown = set(kwargs) - names
+    if unknown:
+        raise errors.InvalidRequestError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+    if cls is ChangePartition:
+        items = kwargs.get("items", [])
+        if not isinstance(items, list):
+            raise errors.InvalidRequestError("ChangePartition.items must be a list")
+        kwargs["items"] = [_item_from_dict(i) for i in items]
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise errors.InvalidRequestError(f"{cls.__name__}: {exc}") from None
+
+
+def _item_from_dict(data: Any) -> PartitionChangeItem:
+    if isinstance(data, PartitionChangeItem):
+        return data
+    if not isinstance(data, dict):
+        raise errors.InvalidRequestError("partition change item must be a dict")
+    try:
+        return PartitionChangeItem(**data)
+    except TypeError as exc:
+        raise errors.InvalidRequestError(f"PartitionChangeItem: {exc}") from None

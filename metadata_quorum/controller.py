@@ -1,0 +1,567 @@
+"""QuorumController: the active controller's decisions.
+
+Everything that needs a clock, liveness or randomness is decided here, on the Raft
+leader, *before* a command is proposed: broker session leases (fence on expiry),
+unfencing once a broker has caught up, controlled shutdown, topic ids and replica
+placement, periodic preferred-leader elections. The ``MetadataState`` then applies
+the resulting commands deterministically on every voter.
+
+The controller is active only after its own ``ActivateController`` command (carrying
+its Raft term) has been applied: by then the state holds every command committed by
+earlier leaders, so no decision is made on stale metadata. On activation every broker
+gets a fresh session lease (as Kafka does), so a failover never fences healthy
+brokers that were heartbeating the previous controller.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from metadata_quorum import commands as c
+from metadata_quorum.election import can_move_to_preferred
+from metadata_quorum.placement import BrokerLoad, place_replicas
+from metadata_quorum.raft import MetadataRaft, PendingProposal
+from metadata_quorum.state import (
+    BrokerState,
+    ItemResult,
+    MetadataState,
+    PartitionState,
+    TopicState,
+    validate_topic_name,
+)
+from proto import common_pb2, errors
+from proto import controller_pb2 as pb
+from proto.errors import ErrorCode
+from storage import log_config
+
+log = logging.getLogger(__name__)
+
+# Topic config -> the broker-level key Kafka uses for its default.
+BROKER_DEFAULT_KEYS: Mapping[str, str] = {
+    "cleanup.policy": "log.cleanup.policy",
+    "compression.type": "compression.type",
+    "delete.retention.ms": "log.cleaner.delete.retention.ms",
+    "file.delete.delay.ms": "log.segment.delete.delay.ms",
+    "flush.messages": "log.flush.interval.messages",
+    "flush.ms": "log.flush.interval.ms",
+    "index.interval.bytes": "log.index.interval.bytes",
+    "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+    "max.message.bytes": "message.max.bytes",
+    "message.timestamp.type": "log.message.timestamp.type",
+    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+    "min.insync.replicas": "min.insync.replicas",
+    "retention.bytes": "log.retention.bytes",
+    "retention.ms": "log.retention.ms",
+    "segment.bytes": "log.segment.bytes",
+    "segment.index.bytes": "log.index.size.max.bytes",
+    "segment.ms": "log.roll.ms",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
+}
+
+MAX_TOPICS_PER_REQUEST = 1000
+MAX_REBALANCE_MOVES_PER_ROUND = 1000
+PRODUCER_ID_BLOCK_SIZE = 1000
+
+
+@dataclass
+class ControllerConfig:
+    node_id: int
+    cluster_id: str
+    broker_session_timeout_ms: int = 9000
+    broker_heartbeat_interval_ms: int = 2000
+    request_timeout_ms: int = 30000
+    defaults: Mapping[str, str] | None = None
+
+    def default(self, key: str, fallback: str) -> str:
+        return str((self.defaults or {}).get(key, fallback))
+
+    @property
+    def leader_imbalance_check_interval_s(self) -> float:
+        return float(self.default("leader.imbalance.check.interval.seconds", "300"))
+
+    @property
+    def auto_leader_rebalance_enable(self) -> bool:
+        return self.default("auto.leader.rebalance.enable", "true").lower() == "true"
+
+    @property
+    def unclean_leader_election_default(self) -> bool:
+        return self.default("unclean.leader.election.enable", "false").lower() == "true"
+
+    def topic_default(self, name: str) -> str | None:
+        """The cluster default of a topic config (node file), or None for the built-in one."""
+        defaults = self.defaults or {}
+        broker_key = BROKER_DEFAULT_KEYS.get(name)
+        if broker_key is not None and broker_key in defaults:
+            return str(defaults[broker_key])
+        return str(defaults[name]) if name in defaults else None
+
+
+def partition_record(topic: TopicState, index: int, p: PartitionState) -> pb.PartitionRecord:
+    return pb.PartitionRecord(topic=topic.name, topic_id=topic.topic_id, partition=index, replicas=p.replicas,
+                              isr=p.isr, leader=p.leader, leader_epoch=p.leader_epoch,
+                              partition_epoch=p.partition_epoch)
+
+
+def broker_record(b: BrokerState) -> pb.BrokerRecord:
+    return pb.BrokerRecord(
+        node_id=b.node_id, incarnation_id=b.incarnation_id, broker_epoch=b.broker_epoch,
+        endpoints=[common_pb2.Endpoint(name=n, host=h, port=p) for n, h, p in b.endpoints],
+        rack=b.rack, fenced=b.fenced, in_controlled_shutdown=b.in_controlled_shutdown)
+
+
+def topic_record(t: TopicState) -> pb.TopicRecord:
+    return pb.TopicRecord(name=t.name, topic_id=t.topic_id, configs=t.configs, partition_count=len(t.partitions))
+
+
+class QuorumController:
+    """Decisions of the active controller. Every public method may be called from any gRPC thread."""
+
+    def __init__(self, config: ControllerConfig, raft: MetadataRaft,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.raft = raft
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._leases: dict[int, float] = {}  # broker id -> monotonic time of the last heartbeat
+        self._active_term = -1  # the term whose activation this node has completed
+        self._activating: PendingProposal | None = None
+        self._activating_term = -1
+        self._fencing: dict[int, PendingProposal] = {}
+        self._next_rebalance_at = 0.0
+        self._rebalancing: PendingProposal | None = None
+
+    # ---- activity ----
+    def is_active(self) -> bool:
+        """Raft leader, and our ActivateController for the current term has been applied."""
+        if not self.raft.is_leader():
+            return False
+        term = self.raft.term
+        if self._active_term != term:
+            return False
+        return self.raft.read(lambda s: s.active_controller_id == self.config.node_id
+                              and s.controller_epoch == term)
+
+    def tick(self) -> None:
+        """Called periodically by the node: activation, lease expiry, rebalancing."""
+        if not self.raft.is_leader():
+            if self._active_term != -1:
+                log.info("controller %d is no longer active", self.config.node_id)
+            self._active_term = -1
+            self._activating = None
+            return
+        term = self.raft.term
+        if self._active_term != term:
+            self._try_activate(term)
+            return
+        self._expire_sessions()
+        self._maybe_rebalance()
+
+    def _try_activate(self, term: int) -> None:
+        if self._activating is not None and self._activating_term == term:
+            pending = self._activating
+            try:
+                pending.wait(0)
+            except errors.RequestTimedOutError:
+                return  # not committed yet
+            except errors.BrookError as exc:
+                log.info("activation for term %d failed: %s", term, exc)
+                self._activating = None
+                return
+            self._activating = None
+            applied = self.raft.read(lambda s: (s.active_controller_id, s.controller_epoch))
+            if applied != (self.config.node_id, term):
+                return
+            now = self._clock()
+            with self._lock:
+                brokers = self.raft.read(lambda s: list(s.brokers))
+                self._leases = {b: now for b in brokers}
+                self._fencing.clear()
+            self._next_rebalance_at = now + self.config.leader_imbalance_check_interval_s
+            self._active_term = term
+            log.info("controller %d is active (term %d, metadata version %d)", self.config.node_id, term,
+                     self.raft.version)
+            return
+        self._activating_term = term
+        self._activating = self.raft.submit(c.ActivateController(
+            self.config.node_id, term, self.config.unclean_leader_election_default))
+
+    # ---- broker lifecycle ----
+    def _broker(self, state: MetadataState, node_id: int, broker_epoch: int) -> BrokerState:
+        broker = state.brokers.get(node_id)
+        if broker is None:
+            raise errors.error_class(ErrorCode.BROKER_ID_NOT_REGISTERED)(f"broker {node_id} is not registered")
+        if broker.broker_epoch != broker_epoch:
+            raise errors.error_class(ErrorCode.STALE_BROKER_EPOCH)(
+                f"broker {node_id}: epoch {broker_epoch} is stale, the registered epoch is {broker.broker_epoch}")
+        return broker
+
+    def register_broker(self, req: pb.RegisterBrokerRequest, timeout_s: float) -> pb.RegisterBrokerResponse:
+        if req.cluster_id and req.cluster_id != self.config.cluster_id:
+            raise errors.InvalidRequestError(
+                f"broker {req.node_id} belongs to cluster '{req.cluster_id}', this is '{self.config.cluster_id}'")
+        if req.node_id < 0:
+            raise errors.InvalidRequestError(f"broker id must be >= 0, got {req.node_id}")
+        if not req.incarnation_id:
+            raise errors.InvalidRequestError("incarnation_id is required")
+        if not req.endpoints:
+            raise errors.InvalidRequestError(f"broker {req.node_id} registered without endpoints")
+        endpoints = [[e.name, e.host, e.port] for e in req.endpoints]
+        result = self.raft.propose(c.RegisterBroker(req.node_id, req.incarnation_id, endpoints, req.rack), timeout_s)
+        result.raise_for_error()
+        with self._lock:
+            self._leases[req.node_id] = self._clock()
+        log.info("broker %d registered (epoch %d, incarnation %s)", req.node_id, result.value, req.incarnation_id)
+        return pb.RegisterBrokerResponse(broker_epoch=result.value)
+
+    def heartbeat(self, req: pb.BrokerHeartbeatRequest, timeout_s: float) -> pb.BrokerHeartbeatResponse:
+        broker = self.raft.read(lambda s: self._broker(s, req.node_id, req.broker_epoch))
+        with self._lock:
+            self._leases[req.node_id] = self._clock()
+        response = pb.BrokerHeartbeatResponse(heartbeat_interval_ms=self.config.broker_heartbeat_interval_ms)
+        if req.want_shutdown:
+            if not broker.fenced:
+                self._finish_or_begin_shutdown(broker, timeout_s)
+            broker = self.raft.read(lambda s: s.brokers[req.node_id])
+            remaining = self.raft.read(lambda s: s.leadership_count(req.node_id))
+            response.should_shutdown = broker.fenced or remaining == 0
+        elif req.want_fence and not broker.fenced:
+            self.raft.propose(c.FenceBroker(req.node_id, req.broker_epoch), timeout_s).raise_for_error()
+        elif broker.fenced and not req.want_fence and req.current_metadata_version >= broker.broker_epoch:
+            # Caught up with metadata at least to its own registration: safe to serve.
+            self.raft.propose(c.UnfenceBroker(req.node_id, req.broker_epoch), timeout_s).raise_for_error()
+            log.info("broker %d unfenced (metadata version %d)", req.node_id, req.current_metadata_version)
+        response.is_fenced = self.raft.read(lambda s: s.brokers[req.node_id].fenced)
+        return response
+
+    def _finish_or_begin_shutdown(self, broker: BrokerState, timeout_s: float) -> None:
+        if not broker.in_controlled_shutdown:
+            self.raft.propose(c.BeginControlledShutdown(broker.node_id, broker.broker_epoch),
+                              timeout_s).raise_for_error()
+        remaining = self.raft.read(lambda s: s.leadership_count(broker.node_id))
+        if remaining == 0:
+            # Leaderships moved: fence now instead of waiting for the lease to run out.
+            self.raft.propose(c.FenceBroker(broker.node_id, broker.broker_epoch), timeout_s).raise_for_error()
+            log.info("broker %d finished controlled shutdown", broker.node_id)
+
+    def controlled_shutdown(self, req: pb.ControlledShutdownRequest,
+                            timeout_s: float) -> pb.ControlledShutdownResponse:
+        broker = self.raft.read(lambda s: self._broker(s, req.node_id, req.broker_epoch))
+        with self._lock:
+            self._leases[req.node_id] = self._clock()
+        if not broker.fenced and not broker.in_controlled_shutdown:
+            self.raft.propose(c.BeginControlledShutdown(req.node_id, req.broker_epoch), timeout_s).raise_for_error()
+        remaining = self.raft.read(lambda s: s.leadership_count(req.node_id))
+        return pb.ControlledShutdownResponse(remaining_leaderships=remaining)
+
+    def _expire_sessions(self) -> None:
+        now = self._clock()
+        timeout_s = self.config.broker_session_timeout_ms / 1000.0
+        live = self.raft.read(lambda s: [(b.node_id, b.broker_epoch) for b in s.brokers.values() if not b.fenced])
+        with self._lock:
+            for node_id, pending in list(self._fencing.items()):
+                try:
+                    pending.wait(0)
+                except errors.RequestTimedOutError:
+                    continue  # still in flight
+                except errors.BrookError as exc:
+                    log.warning("fencing broker %d failed: %s", node_id, exc)
+                del self._fencing[node_id]
+            for node_id, epoch in live:
+                last = self._leases.setdefault(node_id, now)
+                if now - last > timeout_s and node_id not in self._fencing:
+                    log.warning("broker %d missed its session (%.1fs without heartbeat): fencing", node_id,
+                                now - last)
+                    self._fencing[node_id] = self.raft.submit(c.FenceBroker(node_id, epoch))
+
+    def _maybe_rebalance(self) -> None:
+        if not self.config.auto_leader_rebalance_enable:
+            return
+        now = self._clock()
+        if now < self._next_rebalance_at:
+            return
+        self._next_rebalance_at = now + self.config.leader_imbalance_check_interval_s
+        self.submit_preferred_elections()
+
+    def submit_preferred_elections(self) -> int:
+        """Propose moving leadership back to preferred replicas that are in sync and live; returns how many."""
+
+        def plan(s: MetadataState) -> list[c.PartitionChangeItem]:
+            eligible = {b.node_id for b in s.brokers.values() if b.eligible}
+            items = []
+            for topic in s.topics.values():
+                for index, p in enumerate(topic.partitions):
+                    if can_move_to_preferred(p.replicas, p.isr, p.leader, eligible):
+                        items.append(c.PartitionChangeItem(topic.name, index, p.partition_epoch,
+                                                           new_leader=p.replicas[0]))
+                        if len(items) >= MAX_REBALANCE_MOVES_PER_ROUND:
+                            return items
+            return items
+
+        items = self.raft.read(plan)
+        if items:
+            log.info("preferred leader election for %d partitions", len(items))
+            self._rebalancing = self.raft.submit(c.ChangePartition(items))
+        return len(items)
+
+    # ---- partitions ----
+    def alter_partition(self, req: pb.AlterPartitionRequest, timeout_s: float) -> pb.AlterPartitionResponse:
+        items = [c.PartitionChangeItem(i.topic, i.partition, i.partition_epoch, i.leader_epoch, list(i.new_isr))
+                 for i in req.items]
+        result = self.raft.propose(c.ChangePartition(items, req.broker_id, req.broker_epoch), timeout_s)
+        result.raise_for_error()
+        response = pb.AlterPartitionResponse()
+        for item in result.value:
+            response.results.append(self._item_result(item))
+        return response
+
+    def _item_result(self, item: ItemResult) -> pb.AlterPartitionResult:
+        out = pb.AlterPartitionResult(topic=item.topic, partition=item.partition, error_code=item.error_code,
+                                      error_message=item.error_message)
+        if item.state is not None:
+            topic_id = self.raft.read(lambda s: s.topics[item.topic].topic_id if item.topic in s.topics else "")
+            p = item.state
+            out.partition_state.CopyFrom(pb.PartitionRecord(
+                topic=item.topic, topic_id=topic_id, partition=item.partition, replicas=p.replicas, isr=p.isr,
+                leader=p.leader, leader_epoch=p.leader_epoch, partition_epoch=p.partition_epoch))
+        return out
+
+    # ---- topics ----
+    def _loads(self, s: MetadataState) -> list[BrokerLoad]:
+        replicas: dict[int, int] = {b.node_id: 0 for b in s.brokers.values() if b.eligible}
+        leaders = dict.fromkeys(replicas, 0)
+        for topic in s.topics.values():
+            for p in topic.partitions:
+                for r in p.replicas:
+                    if r in replicas:
+                        replicas[r] += 1
+                if p.replicas and p.replicas[0] in leaders:
+                    leaders[p.replicas[0]] += 1
+        return [BrokerLoad(b, s.brokers[b].rack, replicas[b], leaders[b]) for b in sorted(replicas)]
+
+    def create_topics(self, req: pb.CreateTopicsRequest, timeout_s: float) -> pb.CreateTopicsResponse:
+        if len(req.topics) > MAX_TOPICS_PER_REQUEST:
+            raise errors.InvalidRequestError(f"at most {MAX_TOPICS_PER_REQUEST} topics per request")
+        response = pb.CreateTopicsResponse()
+        names = [t.name for t in req.topics]
+        pending: list[tuple[pb.TopicResult, PendingProposal]] = []
+        loads: list[BrokerLoad] | None = None
+        for topic in req.topics:
+            result = response.results.add(name=topic.name)
+            try:
+                if names.count(topic.name) > 1:
+                    raise errors.InvalidRequestError(f"topic '{topic.name}' appears more than once in the request")
+                if loads is None:
+                    loads = self.raft.read(self._loads)
+                cmd, loads = self._plan_topic(topic, loads)
+                result.num_partitions = len(cmd.assignments)
+                result.replication_factor = len(cmd.assignments[0])
+                result.topic_id = cmd.topic_id
+                if not req.validate_only:
+                    pending.append((result, self.raft.submit(cmd)))
+            except errors.BrookError as exc:
+                result.error_code, result.error_message = exc.code, exc.message
+                result.topic_id = ""
+        self._collect(pending, timeout_s)
+        return response
+
+    def _collect(self, pending: list[tuple[Any, PendingProposal]], timeout_s: float) -> None:
+        """Wait for submitted proposals (one shared deadline); record each outcome in its result message."""
+        deadline = time.monotonic() + timeout_s
+        for result, proposal in pending:
+            try:
+                outcome = proposal.wait(deadline - time.monotonic())
+                if not outcome.ok and hasattr(result, "topic_id"):
+                    result.topic_id = ""
+                result.error_code, result.error_message = outcome.error_code, outcome.error_message
+            except errors.BrookError as exc:
+                result.error_code, result.error_message = exc.code, exc.message
+
+    def _plan_topic(self, topic: pb.CreatableTopic,
+                    loads: list[BrokerLoad]) -> tuple[c.CreateTopic, list[BrokerLoad]]:
+        validate_topic_name(topic.name)
+        exists = self.raft.read(lambda s: topic.name in s.topics)
+        if exists:
+            raise errors.TopicAlreadyExistsError(f"topic '{topic.name}' already exists")
+        configs = log_config.validate(dict(topic.configs))
+        if topic.assignments:
+            if topic.num_partitions not in (-1, 0, len(topic.assignments)):
+                raise errors.InvalidRequestError("give either num_partitions or explicit assignments, not both")
+            assignments = [list(a.replicas) for a in topic.assignments]
+            self._check_manual_assignment(assignments)
+        else:
+            num_partitions = topic.num_partitions if topic.num_partitions not in (-1, 0) else \
+                int(self.config.default("num.partitions", "1"))
+            rf = topic.replication_factor if topic.replication_factor not in (-1, 0) else \
+                int(self.config.default("default.replication.factor", "1"))
+            if num_partitions < 1:
+                raise errors.InvalidPartitionsError(f"number of partitions must be at least 1, got {num_partitions}")
+            if rf < 1:
+                raise errors.InvalidReplicationFactorError(f"replication factor must be at least 1, got {rf}")
+            if rf > len(loads):
+                raise errors.InvalidReplicationFactorError(
+                    f"replication factor {rf} is larger than the {len(loads)} live (unfenced) brokers")
+            assignments = place_replicas(loads, num_partitions, rf, start_index=random.randrange(1 << 16))
+        return c.CreateTopic(topic.name, uuid.uuid4().hex, configs, assignments), _add_load(loads, assignments)
+
+    def _check_manual_assignment(self, assignments: list[list[int]]) -> None:
+        rf = len(assignments[0])
+        registered = self.raft.read(lambda s: set(s.brokers))
+        for index, replicas in enumerate(assignments):
+            if len(replicas) != rf:
+                raise errors.InvalidReplicationFactorError(
+                    f"partition {index} has {len(replicas)} replicas, partition 0 has {rf}")
+            if len(set(replicas)) != len(replicas) or not replicas:
+                raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
+                    f"partition {index}: replicas {replicas} must be distinct and non-empty")
+            unknown = [r for r in replicas if r not in registered]
+            if unknown:
+                raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
+                    f"partition {index} names unregistered brokers {unknown}")
+
+    def delete_topics(self, req: pb.DeleteTopicsRequest, timeout_s: float) -> pb.DeleteTopicsResponse:
+        response = pb.DeleteTopicsResponse()
+        pending = []
+        for name in req.names:
+            result = response.results.add(name=name)
+            topic_id = self.raft.read(lambda s, n=name: s.topics[n].topic_id if n in s.topics else None)
+            if topic_id is None:
+                result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                result.error_message = f"topic '{name}' does not exist"
+                continue
+            result.topic_id = topic_id
+            pending.append((result, self.raft.submit(c.DeleteTopic(name, topic_id))))
+        self._collect(pending, timeout_s)
+        return response
+
+    def create_partitions(self, req: pb.CreatePartitionsRequest,
+                          timeout_s: float) -> pb.CreatePartitionsResponse:
+        response = pb.CreatePartitionsResponse()
+        pending = []
+        for item in req.topics:
+            result = response.results.add(name=item.name)
+            try:
+                cmd = self._plan_partitions(item)
+                result.topic_id = cmd.topic_id
+                result.num_partitions = item.count
+                result.replication_factor = len(cmd.assignments[0])
+                if not req.validate_only:
+                    pending.append((result, self.raft.submit(cmd)))
+            except errors.BrookError as exc:
+                result.error_code, result.error_message = exc.code, exc.message
+        self._collect(pending, timeout_s)
+        return response
+
+    def _plan_partitions(self, item: pb.CreatePartitionsTopic) -> c.CreatePartitions:
+        def snapshot(s: MetadataState) -> tuple[str, int, int, list[BrokerLoad]]:
+            topic = s.topics.get(item.name)
+            if topic is None:
+                raise errors.UnknownTopicOrPartitionError(f"topic '{item.name}' does not exist")
+            return topic.topic_id, len(topic.partitions), len(topic.partitions[0].replicas), self._loads(s)
+
+        topic_id, current, rf, loads = self.raft.read(snapshot)
+        if item.count <= current:
+            raise errors.InvalidPartitionsError(
+                f"topic '{item.name}' has {current} partitions; the count can only be increased (asked {item.count})")
+        new = item.count - current
+        if item.assignments:
+            assignments = [list(a.replicas) for a in item.assignments]
+            if len(assignments) != new:
+                raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
+                    f"{len(assignments)} assignments given for {new} new partitions")
+            self._check_manual_assignment(assignments)
+            if len(assignments[0]) != rf:
+                raise errors.InvalidReplicationFactorError(
+                    f"new partitions have {len(assignments[0])} replicas, the topic has {rf}")
+        else:
+            if rf > len(loads):
+                raise errors.InvalidReplicationFactorError(
+                    f"replication factor {rf} is larger than the {len(loads)} live (unfenced) brokers")
+            assignments = place_replicas(loads, new, rf, start_index=random.randrange(1 << 16))
+        return c.CreatePartitions(item.name, topic_id, current, assignments)
+
+    # ---- configs ----
+    def alter_configs(self, req: pb.AlterConfigsRequest, timeout_s: float) -> pb.AlterConfigsResponse:
+        response = pb.AlterConfigsResponse()
+        pending = []
+        for resource in req.resources:
+            result = response.results.add(name=resource.topic)
+            try:
+                topic_id = self.raft.read(
+                    lambda s, n=resource.topic: s.topics[n].topic_id if n in s.topics else None)
+                if topic_id is None:
+                    raise errors.UnknownTopicOrPartitionError(f"topic '{resource.topic}' does not exist")
+                to_set = log_config.validate(dict(resource.set))
+                unknown = [k for k in resource.delete if k not in log_config.TOPIC_CONFIGS]
+                if unknown:
+                    raise errors.InvalidConfigError(f"cannot delete unknown topic configs {unknown}")
+                result.topic_id = topic_id
+                if not req.validate_only:
+                    cmd = c.AlterConfigs(resource.topic, topic_id, to_set, list(resource.delete))
+                    pending.append((result, self.raft.submit(cmd)))
+            except errors.BrookError as exc:
+                result.error_code, result.error_message = exc.code, exc.message
+        self._collect(pending, timeout_s)
+        return response
+
+    def describe_configs(self, req: pb.DescribeConfigsRequest) -> pb.DescribeConfigsResponse:
+        response = pb.DescribeConfigsResponse()
+        for name in req.topics:
+            result = response.results.add(topic=name)
+            overrides = self.raft.read(lambda s, n=name: dict(s.topics[n].configs) if n in s.topics else None)
+            if overrides is None:
+                result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                result.error_message = f"topic '{name}' does not exist"
+                continue
+            for key, definition in log_config.TOPIC_CONFIGS.items():
+                if key in overrides:
+                    value, is_default = overrides[key], False
+                else:
+                    cluster_default = self.config.topic_default(key)
+                    value, is_default = (cluster_default if cluster_default is not None else definition.default), True
+                result.entries.add(name=key, value=value, is_default=is_default, documentation=definition.doc)
+        return response
+
+    # ---- producer ids ----
+    def allocate_producer_ids(self, req: pb.AllocateProducerIdsRequest,
+                              timeout_s: float) -> pb.AllocateProducerIdsResponse:
+        result = self.raft.propose(c.AllocateProducerIds(req.broker_id, req.broker_epoch, PRODUCER_ID_BLOCK_SIZE),
+                                   timeout_s)
+        result.raise_for_error()
+        start, length = result.value
+        return pb.AllocateProducerIdsResponse(producer_id_start=start, producer_id_len=length)
+
+    # ---- cluster ----
+    def describe_cluster(self) -> pb.DescribeClusterResponse:
+        def build(s: MetadataState) -> pb.DescribeClusterResponse:
+            return pb.DescribeClusterResponse(
+                cluster_id=self.config.cluster_id, active_controller_id=s.active_controller_id,
+                metadata_version=s.version, brokers=[broker_record(b) for b in s.brokers.values()],
+                topics=[topic_record(t) for t in s.topics.values()],
+                partitions=[partition_record(t, i, p) for t in s.topics.values() for i, p in enumerate(t.partitions)])
+
+        return self.raft.read(build)
+
+    def lease_ages_s(self) -> dict[int, float]:
+        now = self._clock()
+        with self._lock:
+            return {b: now - t for b, t in self._leases.items()}
+
+
+def _add_load(loads: list[BrokerLoad], assignments: list[list[int]]) -> list[BrokerLoad]:
+    """The loads after ``assignments`` are placed (so one request's topics spread too)."""
+    extra_replicas: dict[int, int] = {}
+    extra_leaders: dict[int, int] = {}
+    for replicas in assignments:
+        for r in replicas:
+            extra_replicas[r] = extra_replicas.get(r, 0) + 1
+        extra_leaders[replicas[0]] = extra_leaders.get(replicas[0], 0) + 1
+    return [BrokerLoad(b.node_id, b.rack, b.replicas + extra_replicas.get(b.node_id, 0),
+                       b.leaders + extra_leaders.get(b.node_id, 0)) for b in loads]

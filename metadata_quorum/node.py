@@ -1,0 +1,253 @@
+"""ControllerNode: one controller voter, as ``brook-server`` runs it.
+
+It joins the Raft quorum (pysyncobj on ``raft_port``), serves ``ControllerService``
+on ``grpc_port``, and runs the active controller's periodic work (session leases,
+activation after an election, preferred-leader rebalancing) on a thread of its own.
+
+Data directory layout (``data_dir``):
+- ``meta.properties``: cluster.id and node.id; a mismatch refuses to start, so a
+  controller never joins another cluster's quorum with its old journal;
+- ``quorum.journal``: pysyncobj's Raft journal (every entry, term and vote);
+- ``quorum.snapshot``: the full dump written at log compaction (the metadata snapshot).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from metadata_quorum.controller import ControllerConfig, QuorumController
+from metadata_quorum.raft import DUMP_FILE, MetadataRaft, RaftTiming
+from metadata_quorum.service import ControllerService
+from proto import common_pb2, errors
+from proto import controller_pb2 as pb
+from proto import controller_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+TICK_INTERVAL_S = 0.1
+GRPC_MAX_WORKERS = 96  # watch streams hold a worker each; MAX_WATCHERS of them at most
+_SERVER_OPTIONS = [
+    # Clients ping every 5 s so a frozen controller is noticed; allow it.
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+]
+
+
+@dataclass(frozen=True)
+class VoterAddress:
+    host: str
+    grpc_port: int
+    raft_port: int
+
+    @property
+    def raft_address(self) -> str:
+        return f"{self.host}:{self.raft_port}"
+
+
+def parse_voters(text: str) -> dict[int, VoterAddress]:
+    """Parse ``controller.quorum.voters``: ``id@host:grpc_port:raft_port,...``."""
+    voters: dict[int, VoterAddress] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            node, address = part.split("@", 1)
+            host, grpc_port, raft_port = address.rsplit(":", 2)
+            voters[int(node)] = VoterAddress(host, int(grpc_port), int(raft_port))
+        except ValueError:
+            raise errors.InvalidConfigError(
+                f"controller.quorum.voters entry '{part}' is not id@host:grpc_port:raft_port") from None
+    if not voters:
+        raise errors.InvalidConfigError("controller.quorum.voters is empty")
+    return voters
+
+
+@dataclass
+class ControllerSettings:
+    node_id: int
+    voters: dict[int, VoterAddress]
+    data_dir: Path
+    cluster_id: str
+    password: str | None
+    broker_session_timeout_ms: int = 9000
+    broker_heartbeat_interval_ms: int = 2000
+    defaults: dict[str, str] = field(default_factory=dict)
+    request_timeout_ms: int = 30000
+    raft_timing: RaftTiming = field(default_factory=RaftTiming)
+
+
+@dataclass(frozen=True)
+class ControllerStats:
+    is_active: bool
+    leader_id: int
+    term: int
+    commit_index: int
+    last_applied: int
+    metadata_version: int
+    fenced_brokers: int
+    offline_partitions: int
+    brokers: int
+    topics: int
+    partitions: int
+
+
+class ControllerNode:
+    def __init__(self, settings: ControllerSettings) -> None:
+        if settings.node_id not in settings.voters:
+            raise errors.InvalidConfigError(
+                f"node.id {settings.node_id} is not among controller.quorum.voters {sorted(settings.voters)}")
+        self.settings = settings
+        self._raft: MetadataRaft | None = None
+        self._controller: QuorumController | None = None
+        self._service: ControllerService | None = None
+        self._server: grpc.Server | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle ----
+    def start(self) -> None:
+        """Join the quorum and serve; returns once both ports are bound."""
+        self._check_meta_properties()
+        if not self.settings.password:
+            log.warning("controller.quorum.password is empty: quorum traffic is NOT encrypted (dev mode only); "
+                        "quorum ports must stay on a private network")
+        # pysyncobj's tick thread stops when the thread that built the SyncObj ends, so
+        # the quorum is built on (and owned by) the node's own long-lived thread.
+        self._thread = threading.Thread(target=self._run, name=f"controller-{self.settings.node_id}", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            self._thread.join(timeout=5)
+            raise errors.KafkaStorageError(f"controller {self.settings.node_id} failed to start: "
+                                           f"{self._start_error}") from self._start_error
+        self._start_grpc()
+        me = self.settings.voters[self.settings.node_id]
+        log.info("controller %d serving gRPC on %s:%d, quorum on %s", self.settings.node_id, me.host,
+                 me.grpc_port, me.raft_address)
+
+    def stop(self) -> None:
+        if self._service is not None:
+            self._service.shutdown()
+        if self._server is not None:
+            self._server.stop(grace=1.0).wait(timeout=3.0)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def is_active(self) -> bool:
+        return self._controller is not None and self._controller.is_active()
+
+    def wait_active(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.is_active():
+                return True
+            time.sleep(0.02)
+        return False
+
+    @property
+    def raft(self) -> MetadataRaft:
+        assert self._raft is not None, "node not started"
+        return self._raft
+
+    @property
+    def controller(self) -> QuorumController:
+        assert self._controller is not None, "node not started"
+        return self._controller
+
+    def snapshot_path(self) -> Path:
+        return self.settings.data_dir / DUMP_FILE
+
+    # ---- internals ----
+    def _check_meta_properties(self) -> None:
+        data_dir = self.settings.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = data_dir / "meta.properties"
+        expected = {"cluster.id": self.settings.cluster_id, "node.id": str(self.settings.node_id)}
+        if path.exists():
+            found = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+            for key, value in expected.items():
+                if found.get(key) != value:
+                    raise errors.InvalidConfigError(
+                        f"{path}: {key} is '{found.get(key)}', this node is configured with '{value}'")
+            return
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(f"{k}={v}\n" for k, v in expected.items()))
+        tmp.replace(path)
+
+    def _run(self) -> None:
+        settings = self.settings
+        me = settings.voters[settings.node_id]
+        partners = [v.raft_address for n, v in sorted(settings.voters.items()) if n != settings.node_id]
+        try:
+            self._raft = MetadataRaft(me.raft_address, partners, settings.data_dir, password=settings.password,
+                                      timing=settings.raft_timing)
+            self._raft.wait_bound()
+            config = ControllerConfig(settings.node_id, settings.cluster_id, settings.broker_session_timeout_ms,
+                                      settings.broker_heartbeat_interval_ms, settings.request_timeout_ms,
+                                      dict(settings.defaults))
+            self._controller = QuorumController(config, self._raft)
+        except Exception as exc:  # surfaced to start()'s caller
+            self._start_error = exc
+            if self._raft is not None:
+                self._raft.destroy()
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while not self._stop.wait(TICK_INTERVAL_S):
+                try:
+                    self._controller.tick()
+                except Exception:  # keep the controller loop alive; the next tick retries
+                    log.exception("controller tick failed")
+        finally:
+            self._raft.destroy_synchronous()
+
+    def _start_grpc(self) -> None:
+        settings = self.settings
+        me = settings.voters[settings.node_id]
+        voter_ids = {v.raft_address: n for n, v in settings.voters.items()}
+        self._service = ControllerService(self.controller, self.raft, self._redirect, cluster_id=settings.cluster_id,
+                                          voter_ids=voter_ids, default_timeout_s=settings.request_timeout_ms / 1000)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_MAX_WORKERS,
+                                                        thread_name_prefix=f"controller-{settings.node_id}-grpc"),
+                             options=_SERVER_OPTIONS)
+        pb_grpc.add_ControllerServiceServicer_to_server(self._service, server)
+        bound = server.add_insecure_port(f"{me.host}:{me.grpc_port}")
+        if bound == 0:
+            self._stop.set()
+            raise errors.KafkaStorageError(f"cannot bind the controller gRPC port {me.host}:{me.grpc_port}")
+        server.start()
+        self._server = server
+
+    def _redirect(self) -> pb.ControllerRedirect:
+        leader = self.raft.leader_address()
+        for node_id, voter in self.settings.voters.items():
+            if voter.raft_address == leader:
+                return pb.ControllerRedirect(leader_id=node_id, leader=common_pb2.Endpoint(
+                    name="CONTROLLER", host=voter.host, port=voter.grpc_port))
+        return pb.ControllerRedirect(leader_id=-1)
+
+    def stats(self) -> ControllerStats:
+        raft = self.raft
+
+        def counts(s):  # type: ignore[no-untyped-def]
+            return (s.version, sum(1 for b in s.brokers.values() if b.fenced), s.offline_partitions(),
+                    len(s.brokers), len(s.topics), s.partition_count())
+
+        version, fenced, offline, brokers, topics, partitions = raft.read(counts)
+        leader = self._redirect().leader_id
+        return ControllerStats(self.is_active(), leader, raft.term, raft.commit_index, raft.last_applied, version,
+                               fenced, offline, brokers, topics, partitions)

@@ -1,0 +1,75 @@
+"""Replica placement for new topics and partitions: balanced and rack-aware.
+
+A pure function of the live brokers, the load they already carry and a start index
+the controller draws at random before proposing: the same inputs give the same
+assignment, so a proposal can be replayed and tested.
+
+Greedy, partition by partition:
+- the first replica (the preferred leader) goes to the broker leading the fewest
+  partitions so far (then carrying the fewest replicas), so leaders spread evenly;
+- every further replica goes to a broker on a rack this partition does not use yet
+  (while such racks remain), then to the one carrying the fewest replicas;
+- ties rotate with the start index and the partition number, like Kafka's striping,
+  so equal brokers take turns instead of the lowest id winning every tie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from proto import errors
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerLoad:
+    node_id: int
+    rack: str = ""
+    replicas: int = 0  # partitions it already holds a replica of
+    leaders: int = 0  # partitions it is already the preferred leader of
+
+
+def place_replicas(
+    brokers: Sequence[BrokerLoad], num_partitions: int, replication_factor: int, *, start_index: int = 0
+) -> list[list[int]]:
+    """Replica lists for ``num_partitions`` new partitions (first = preferred leader)."""
+    if num_partitions < 1:
+        raise errors.InvalidPartitionsError(f"number of partitions must be at least 1, got {num_partitions}")
+    if replication_factor < 1:
+        raise errors.InvalidReplicationFactorError(
+            f"replication factor must be at least 1, got {replication_factor}")
+    if replication_factor > len(brokers):
+        raise errors.InvalidReplicationFactorError(
+            f"replication factor {replication_factor} is larger than the {len(brokers)} available brokers")
+    ordered = sorted(brokers, key=lambda b: b.node_id)
+    ids = [b.node_id for b in ordered]
+    rack_of: Mapping[int, str] = {b.node_id: b.rack for b in ordered}
+    replica_load = {b.node_id: b.replicas for b in ordered}
+    leader_load = {b.node_id: b.leaders for b in ordered}
+    racks_total = len(set(rack_of.values()))
+    n = len(ids)
+    position = {node: i for i, node in enumerate(ids)}
+
+    assignments: list[list[int]] = []
+    for p in range(num_partitions):
+        offset = start_index + p
+
+        def turn(node: int, _offset: int = offset) -> int:
+            return (position[node] - _offset) % n
+
+        leader = min(ids, key=lambda b: (leader_load[b], replica_load[b], turn(b)))
+        chosen = [leader]
+        used_racks = {rack_of[leader]}
+        for _ in range(replication_factor - 1):
+            need_new_rack = len(used_racks) < racks_total
+            follower = min(
+                (b for b in ids if b not in chosen),
+                key=lambda b: (need_new_rack and rack_of[b] in used_racks, replica_load[b], turn(b)),
+            )
+            chosen.append(follower)
+            used_racks.add(rack_of[follower])
+        leader_load[leader] += 1
+        for b in chosen:
+            replica_load[b] += 1
+        assignments.append(chosen)
+    return assignments

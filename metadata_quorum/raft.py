@@ -1,0 +1,319 @@
+"""The Raft quorum (pysyncobj) that replicates MetadataState.
+
+``MetadataRaft`` owns one pysyncobj ``SyncObj`` whose only consumer holds the
+``MetadataState``. A command becomes true only once a majority of voters has it in
+their journals and it is applied; ``propose`` waits for exactly that (callback +
+``threading.Event``) and gives up with REQUEST_TIMED_OUT after its timeout.
+
+pysyncobj hazards handled here:
+- ``useFork=False``: compaction would fork the process, which gRPC does not survive.
+- journal (``journalFile``) and full dump (``fullDumpFile``) live under the
+  controller's data directory, so a full restart of every voter loses nothing.
+- ``password`` turns on pysyncobj's encryption. Its traffic is pickled: quorum ports
+  belong on a private network whatever the password.
+- Commands travel as dicts of builtins (``commands.to_dict``), never as pickled classes.
+
+Reads of the state happen under ``lock``; pysyncobj applies commands on its tick
+thread, under the same lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+
+from metadata_quorum import commands as c
+from metadata_quorum.state import ApplyResult, MetadataState
+from proto import errors
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+JOURNAL_FILE = "quorum.journal"
+DUMP_FILE = "quorum.snapshot"
+_STATUS_SAMPLE_INTERVAL_S = 0.1
+
+_FAIL_NAMES = {
+    getattr(FAIL_REASON, name): name
+    for name in dir(FAIL_REASON) if name.isupper()
+}
+
+
+@dataclass(frozen=True)
+class RaftTiming:
+    """pysyncobj timing. Defaults favour fast failover on a LAN."""
+
+    election_timeout_min_s: float = 0.6
+    election_timeout_max_s: float = 1.5
+    append_entries_period_s: float = 0.1
+    # A leader that has not heard from a majority for this long steps down, so a
+    # partitioned ex-leader stops serving (as non-leader it only redirects).
+    leader_fallback_timeout_s: float = 2.0
+    connection_timeout_s: float = 3.5
+    connection_retry_s: float = 1.0
+    snapshot_min_entries: int = 5000
+    snapshot_min_interval_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class VoterStatus:
+    address: str
+    is_self: bool
+    connected: bool
+    match_index: int  # -1 unknown (not the leader)
+    last_caught_up_ago_s: float | None
+
+
+@dataclass(frozen=True)
+class QuorumStatus:
+    is_leader: bool
+    leader_address: str | None
+    term: int
+    commit_index: int
+    last_applied: int
+    voters: list[VoterStatus]
+
+
+class _MetadataConsumer(SyncObjConsumer):
+    """The replicated object: the state plus the one method the Raft log calls."""
+
+    def __init__(self, state: MetadataState, lock: threading.RLock,
+                 on_applied: Callable[[int], None]) -> None:
+        super().__init__()
+        self.state = state
+        self.lock = lock
+        self.on_applied = on_applied
+
+    @replicated
+    def apply_command(self, payload: dict[str, Any]) -> ApplyResult:
+        with self.lock:
+            result = self.state.apply(payload)
+            version = self.state.version
+        self.on_applied(version)
+        return result
+
+    @replicated
+    def barrier(self) -> int:
+        """A no-op through the log: its commit proves this node still leads a majority."""
+        with self.lock:
+            return self.state.version
+
+    def _serialize(self) -> dict[str, Any]:
+        with self.lock:
+            return {"metadata": self.state.to_snapshot()}
+
+    def _deserialize(self, data: dict[str, Any]) -> None:
+        with self.lock:
+            self.state.restore(data["metadata"])
+            version = self.state.version
+        log.info("metadata restored from the quorum snapshot at version %d", version)
+        self.on_applied(version)
+
+
+class PendingProposal:
+    """A command handed to pysyncobj; its callback fires once committed and applied (or failed)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: int | None = None
+
+    def on_result(self, result: Any, error: int) -> None:  # pysyncobj's tick thread
+        self._result, self._error = result, error
+        self._done.set()
+
+    def wait(self, timeout_s: float) -> Any:
+        if not self._done.wait(max(0.0, timeout_s)):
+            raise errors.RequestTimedOutError(
+                f"{self.what}: the controller quorum did not commit it within {timeout_s:.1f}s "
+                f"(fewer than a majority of controllers reachable?); it was not acknowledged, and "
+                f"takes effect entirely or not at all if the quorum commits it later")
+        if self._error == FAIL_REASON.SUCCESS:
+            return self._result
+        name = _FAIL_NAMES.get(self._error, str(self._error))
+        if self._error == FAIL_REASON.QUEUE_FULL:
+            raise errors.error_class(errors.ErrorCode.THROTTLING_QUOTA_EXCEEDED)(
+                f"{self.what}: the quorum's command queue is full, retry later")
+        raise errors.NotControllerError(f"{self.what}: not committed, leadership changed ({name})")
+
+
+class MetadataRaft:
+    """One voter of the metadata quorum."""
+
+    def __init__(
+        self,
+        self_address: str,
+        partner_addresses: list[str],
+        data_dir: Path,
+        *,
+        password: str | None = None,
+        timing: RaftTiming | None = None,
+        on_applied: Callable[[int], None] | None = None,
+        on_state_changed: Callable[[], None] | None = None,
+    ) -> None:
+        self.self_address = self_address
+        self.partner_addresses = list(partner_addresses)
+        self.lock = threading.RLock()
+        self.state = MetadataState()
+        self._on_applied_cb = on_applied
+        self._on_state_changed_cb = on_state_changed
+        self._version_cond = threading.Condition()
+        self._published_version = 0
+        timing = timing or RaftTiming()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        conf = SyncObjConf(
+            password=password or None,
+            useFork=False,
+            journalFile=str(data_dir / JOURNAL_FILE),
+            fullDumpFile=str(data_dir / DUMP_FILE),
+            raftMinTimeout=timing.election_timeout_min_s,
+            raftMaxTimeout=timing.election_timeout_max_s,
+            appendEntriesPeriod=timing.append_entries_period_s,
+            leaderFallbackTimeout=timing.leader_fallback_timeout_s,
+            connectionTimeout=timing.connection_timeout_s,
+            connectionRetryTime=timing.connection_retry_s,
+            appendEntriesUseBatch=False,  # send each proposal at once: lower commit latency
+            logCompactionMinEntries=timing.snapshot_min_entries,
+            logCompactionMinTime=timing.snapshot_min_interval_s,
+            commandsWaitLeader=True,
+            maxBindRetries=20,
+            onStateChanged=self._on_raft_state_changed,
+        )
+        self._consumer = _MetadataConsumer(self.state, self.lock, self._publish_version)
+        self._status_lock = threading.Lock()
+        self._status: dict[str, Any] = {}
+        self._caught_up_at: dict[str, float] = {}
+        self._last_sample = 0.0
+        self._syncobj = SyncObj(self_address, self.partner_addresses, conf, consumers=[self._consumer])
+        self._syncobj.addOnTickCallback(self._sample_status)
+
+    # ---- lifecycle ----
+    def wait_bound(self) -> None:
+        """Raise SyncObjException('BindError') if the quorum port cannot be bound."""
+        self._syncobj.waitBinded()
+
+    def destroy(self) -> None:
+        self._syncobj.destroy()
+
+    def destroy_synchronous(self, timeout_s: float = 5.0) -> None:
+        self._syncobj.destroy()
+        deadline = time.monotonic() + timeout_s
+        while self._syncobj.tick_thread_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    # ---- proposals ----
+    def submit(self, cmd: c.Command) -> PendingProposal:
+        """Hand ``cmd`` to the quorum without waiting; ``wait`` on the result."""
+        pending = PendingProposal(type(cmd).__name__)
+        self._consumer.apply_command(c.to_dict(cmd), callback=pending.on_result)
+        return pending
+
+    def propose(self, cmd: c.Command, timeout_s: float) -> ApplyResult:
+        """Replicate and apply ``cmd``; return its result once the quorum committed it.
+
+        Raises NotControllerError when leadership was lost before the commit, and
+        RequestTimedOutError when no commit happened within ``timeout_s``. A command is
+        atomic: it is applied entirely or not at all, on every voter alike.
+        """
+        return self.submit(cmd).wait(timeout_s)
+
+    def barrier(self, timeout_s: float) -> int:
+        """Wait until a no-op commits; afterwards this node's state is at least as new as any acknowledged write."""
+        pending = PendingProposal("read barrier")
+        self._consumer.barrier(callback=pending.on_result)
+        return pending.wait(timeout_s)
+
+    # ---- reads ----
+    def read(self, fn: Callable[[MetadataState], T]) -> T:
+        with self.lock:
+            return fn(self.state)
+
+    @property
+    def version(self) -> int:
+        return self._published_version
+
+    def wait_for_version_beyond(self, version: int, timeout_s: float) -> int:
+        """Block until the applied metadata version exceeds ``version`` (or timeout); return the newest."""
+        with self._version_cond:
+            self._version_cond.wait_for(lambda: self._published_version > version, timeout=timeout_s)
+            return self._published_version
+
+    def _publish_version(self, version: int) -> None:
+        with self._version_cond:
+            self._published_version = version
+            self._version_cond.notify_all()
+        if self._on_applied_cb is not None:
+            self._on_applied_cb(version)
+
+    # ---- Raft status ----
+    def is_leader(self) -> bool:
+        return bool(self._syncobj._isLeader())
+
+    def leader_address(self) -> str | None:
+        leader = self._syncobj._getLeader()
+        return None if leader is None else str(leader.id)
+
+    @property
+    def term(self) -> int:
+        return int(self._syncobj.raftCurrentTerm)
+
+    @property
+    def commit_index(self) -> int:
+        return int(self._syncobj.raftCommitIndex)
+
+    @property
+    def last_applied(self) -> int:
+        return int(self._syncobj.raftLastApplied)
+
+    def force_snapshot(self) -> None:
+        """Ask pysyncobj to write a full dump (and trim the journal) on its next tick."""
+        self._syncobj.forceLogCompaction()
+
+    def status(self) -> QuorumStatus:
+        with self._status_lock:
+            status = dict(self._status)
+            caught_up = dict(self._caught_up_at)
+        now = time.monotonic()
+        is_leader = self.is_leader()
+        # One consistent sample (taken on the tick thread) for indexes: live values
+        # mixed with an older sample would show lag that never existed.
+        commit_index = int(status.get("commit_idx", self.commit_index))
+        last_applied = int(status.get("last_applied", self.last_applied))
+        voters = [VoterStatus(self.self_address, True, True, commit_index if is_leader else -1,
+                              0.0 if is_leader else None)]
+        for address in self.partner_addresses:
+            at = caught_up.get(address)
+            voters.append(VoterStatus(
+                address, False, status.get(f"partner_node_status_server_{address}", 0) == 2,
+                status.get(f"match_idx_server_{address}", -1) if is_leader else -1,
+                None if at is None or not is_leader else now - at))
+        return QuorumStatus(is_leader, self.leader_address(), self.term, commit_index, last_applied, voters)
+
+    def _sample_status(self) -> None:
+        """Runs on pysyncobj's tick thread, where reading its status is race-free."""
+        now = time.monotonic()
+        if now - self._last_sample < _STATUS_SAMPLE_INTERVAL_S:
+            return
+        self._last_sample = now
+        status = self._syncobj.getStatus()
+        commit = status.get("commit_idx", 0)
+        with self._status_lock:
+            self._status = status
+            for address in self.partner_addresses:
+                if status.get(f"match_idx_server_{address}", -1) >= commit:
+                    self._caught_up_at[address] = now
+
+    def _on_raft_state_changed(self, old: int, new: int) -> None:
+        log.info("raft state of %s: %s -> %s (term %d)", self.self_address, old, new,
+                 self._syncobj.raftCurrentTerm if hasattr(self, "_syncobj") else -1)
+        if self._on_state_changed_cb is not None:
+            self._on_state_changed_cb()

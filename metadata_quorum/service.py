@@ -1,0 +1,235 @@
+"""ControllerService: the gRPC face of a controller node.
+
+Only the active controller answers. Any other controller replies NOT_CONTROLLER with
+a redirect to the Raft leader's gRPC endpoint (when one is known), never with its own
+possibly stale metadata. Reads that must be current (DescribeCluster,
+DescribeConfigs) first commit a no-op through the quorum, so a deposed leader that
+has not noticed yet times out instead of answering from an old state.
+
+WatchMetadata computes each update from the state's changelog (current values of the
+entities changed since the watcher's version), so nothing queues up per stream: a
+slow watcher just gets a larger, coalesced update. A watcher that falls further
+behind than the changelog window is cut off with REQUEST_TIMED_OUT and a clear
+message; it reconnects with its last version and receives a snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from metadata_quorum.controller import QuorumController, broker_record, partition_record, topic_record
+from metadata_quorum.raft import MetadataRaft
+from metadata_quorum.state import MetadataDelta
+from proto import common_pb2, errors
+from proto import controller_pb2 as pb
+from proto import controller_pb2_grpc as pb_grpc
+from proto.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+MAX_WATCHERS = 64
+WATCH_POLL_S = 1.0
+_DEADLINE_MARGIN_S = 0.2  # answer before the caller's deadline so it sees our error, not its own
+
+
+class ControllerService(pb_grpc.ControllerServiceServicer):
+    def __init__(self, controller: QuorumController, raft: MetadataRaft,
+                 redirect: Callable[[], pb.ControllerRedirect], *, cluster_id: str,
+                 voter_ids: dict[str, int], default_timeout_s: float, max_watchers: int = MAX_WATCHERS) -> None:
+        self._controller = controller
+        self._raft = raft
+        self._redirect = redirect
+        self._cluster_id = cluster_id
+        self._voter_ids = dict(voter_ids)  # raft address "host:port" -> node id
+        self._default_timeout_s = default_timeout_s
+        self._watch_slots = threading.BoundedSemaphore(max_watchers)
+        self._max_watchers = max_watchers
+        self._stopping = threading.Event()
+
+    def shutdown(self) -> None:
+        """End open watch streams (they answer NOT_CONTROLLER)."""
+        self._stopping.set()
+
+    # ---- plumbing ----
+    def _timeout_s(self, context: grpc.ServicerContext, timeout_ms: int = 0) -> float:
+        timeout_s = timeout_ms / 1000.0 if timeout_ms > 0 else self._default_timeout_s
+        remaining = context.time_remaining() if context is not None else None
+        if remaining is not None:
+            timeout_s = min(timeout_s, max(0.05, remaining - _DEADLINE_MARGIN_S))
+        return timeout_s
+
+    def _serve(self, response_cls: type[R], context: grpc.ServicerContext, fn: Callable[[], R]) -> R:
+        if not self._controller.is_active() or self._stopping.is_set():
+            response = response_cls()
+            response.error_code = ErrorCode.NOT_CONTROLLER  # type: ignore[attr-defined]
+            response.error_message = "this controller is not the active controller"  # type: ignore[attr-defined]
+            response.redirect.CopyFrom(self._redirect())  # type: ignore[attr-defined]
+            return response
+        try:
+            return fn()
+        except errors.BrookError as exc:
+            response = response_cls()
+            response.error_code = exc.code  # type: ignore[attr-defined]
+            response.error_message = exc.message  # type: ignore[attr-defined]
+            if exc.code == ErrorCode.NOT_CONTROLLER:
+                response.redirect.CopyFrom(self._redirect())  # type: ignore[attr-defined]
+            return response
+        except Exception as exc:  # a bug must not kill the server thread; the caller gets a code + message
+            log.exception("controller request failed")
+            response = response_cls()
+            response.error_code = ErrorCode.UNKNOWN_SERVER_ERROR  # type: ignore[attr-defined]
+            response.error_message = f"internal error: {type(exc).__name__}: {exc}"  # type: ignore[attr-defined]
+            return response
+
+    def _barrier(self, context: grpc.ServicerContext) -> None:
+        self._raft.barrier(self._timeout_s(context))
+        if not self._controller.is_active():
+            raise errors.NotControllerError("leadership moved during the read")
+
+    # ---- broker lifecycle ----
+    def RegisterBroker(self, request: pb.RegisterBrokerRequest, context: Any) -> pb.RegisterBrokerResponse:
+        return self._serve(pb.RegisterBrokerResponse, context,
+                           lambda: self._controller.register_broker(request, self._timeout_s(context)))
+
+    def BrokerHeartbeat(self, request: pb.BrokerHeartbeatRequest, context: Any) -> pb.BrokerHeartbeatResponse:
+        return self._serve(pb.BrokerHeartbeatResponse, context,
+                           lambda: self._controller.heartbeat(request, self._timeout_s(context)))
+
+    def ControlledShutdown(self, request: pb.ControlledShutdownRequest,
+                           context: Any) -> pb.ControlledShutdownResponse:
+        return self._serve(pb.ControlledShutdownResponse, context,
+                           lambda: self._controller.controlled_shutdown(request, self._timeout_s(context)))
+
+    def AlterPartition(self, request: pb.AlterPartitionRequest, context: Any) -> pb.AlterPartitionResponse:
+        return self._serve(pb.AlterPartitionResponse, context,
+                           lambda: self._controller.alter_partition(request, self._timeout_s(context)))
+
+    # ---- topics and configs ----
+    def CreateTopics(self, request: pb.CreateTopicsRequest, context: Any) -> pb.CreateTopicsResponse:
+        return self._serve(pb.CreateTopicsResponse, context, lambda: self._controller.create_topics(
+            request, self._timeout_s(context, request.timeout_ms)))
+
+    def DeleteTopics(self, request: pb.DeleteTopicsRequest, context: Any) -> pb.DeleteTopicsResponse:
+        return self._serve(pb.DeleteTopicsResponse, context, lambda: self._controller.delete_topics(
+            request, self._timeout_s(context, request.timeout_ms)))
+
+    def CreatePartitions(self, request: pb.CreatePartitionsRequest, context: Any) -> pb.CreatePartitionsResponse:
+        return self._serve(pb.CreatePartitionsResponse, context, lambda: self._controller.create_partitions(
+            request, self._timeout_s(context, request.timeout_ms)))
+
+    def AlterConfigs(self, request: pb.AlterConfigsRequest, context: Any) -> pb.AlterConfigsResponse:
+        return self._serve(pb.AlterConfigsResponse, context,
+                           lambda: self._controller.alter_configs(request, self._timeout_s(context)))
+
+    def DescribeConfigs(self, request: pb.DescribeConfigsRequest, context: Any) -> pb.DescribeConfigsResponse:
+        def run() -> pb.DescribeConfigsResponse:
+            self._barrier(context)
+            return self._controller.describe_configs(request)
+
+        return self._serve(pb.DescribeConfigsResponse, context, run)
+
+    def DescribeCluster(self, request: pb.DescribeClusterRequest, context: Any) -> pb.DescribeClusterResponse:
+        def run() -> pb.DescribeClusterResponse:
+            self._barrier(context)
+            return self._controller.describe_cluster()
+
+        return self._serve(pb.DescribeClusterResponse, context, run)
+
+    def AllocateProducerIds(self, request: pb.AllocateProducerIdsRequest,
+                            context: Any) -> pb.AllocateProducerIdsResponse:
+        return self._serve(pb.AllocateProducerIdsResponse, context,
+                           lambda: self._controller.allocate_producer_ids(request, self._timeout_s(context)))
+
+    # ---- quorum ----
+    def DescribeQuorum(self, request: pb.DescribeQuorumRequest, context: Any) -> pb.DescribeQuorumResponse:
+        # Answered from the leader's view without a quorum round-trip: it is the
+        # diagnostic an operator needs exactly when the quorum is unhealthy.
+        return self._serve(pb.DescribeQuorumResponse, context, self.describe_quorum)
+
+    def describe_quorum(self) -> pb.DescribeQuorumResponse:
+        status = self._raft.status()
+        voters_by_address = self._voter_ids
+        leader_end = max([status.commit_index] + [v.match_index for v in status.voters])
+        response = pb.DescribeQuorumResponse(
+            leader_id=voters_by_address.get(status.leader_address or "", -1), term=status.term,
+            commit_index=status.commit_index, metadata_version=self._raft.version,
+            last_applied=status.last_applied)
+        for voter in status.voters:
+            end = leader_end if voter.is_self else voter.match_index
+            response.voters.add(
+                node_id=voters_by_address.get(voter.address, -1), raft_address=voter.address,
+                log_end_index=end, lag=max(0, leader_end - end) if end >= 0 else -1,
+                last_contact_ms_ago=-1 if voter.last_caught_up_ago_s is None
+                else int(voter.last_caught_up_ago_s * 1000),
+                is_leader=voter.is_self and status.is_leader, connected=voter.connected)
+        return response
+
+    # ---- metadata stream ----
+    def WatchMetadata(self, request: pb.WatchMetadataRequest, context: Any) -> Iterator[pb.MetadataUpdate]:
+        if not self._controller.is_active():
+            yield self._error_update(ErrorCode.NOT_CONTROLLER, "this controller is not the active controller")
+            return
+        if not self._watch_slots.acquire(blocking=False):
+            yield self._error_update(ErrorCode.THROTTLING_QUOTA_EXCEEDED,
+                                     f"this controller already serves {self._max_watchers} metadata watchers")
+            return
+        try:
+            yield from self._watch(request, context)
+        finally:
+            self._watch_slots.release()
+
+    def _watch(self, request: pb.WatchMetadataRequest, context: Any) -> Iterator[pb.MetadataUpdate]:
+        version = request.since_version
+        first = True
+        while context.is_active():
+            if self._stopping.is_set() or not self._controller.is_active():
+                yield self._error_update(ErrorCode.NOT_CONTROLLER, "this controller is no longer active")
+                return
+            update = self._raft.read(
+                lambda s, v=version, f=first: self._next_update(s, v, f, request.since_version))
+            if update is None:
+                yield self._error_update(
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    f"watcher (broker {request.broker_id}) fell behind the metadata changelog at version "
+                    f"{version}; reconnect with since_version={version} to receive a snapshot")
+                return
+            if first or update.version != version:
+                yield update
+                version = update.version
+            first = False
+            self._raft.wait_for_version_beyond(version, WATCH_POLL_S)
+
+    def _next_update(self, state: Any, version: int, first: bool, asked: int) -> pb.MetadataUpdate | None:
+        delta = None if (first and asked <= 0) else state.changes_since(version)
+        if delta is None:
+            if not first:
+                return None
+            delta = state.full_delta()
+        return self._to_update(delta, state.active_controller_id)
+
+    def _to_update(self, delta: MetadataDelta, active_controller_id: int) -> pb.MetadataUpdate:
+        return pb.MetadataUpdate(
+            version=delta.version, is_snapshot=delta.is_snapshot, cluster_id=self._cluster_id,
+            active_controller_id=active_controller_id,
+            brokers=[broker_record(b) for b in delta.brokers],
+            topics=[topic_record(t) for t in delta.topics],
+            partitions=[partition_record(t, i, p) for t, i, p in delta.partitions],
+            deleted_topic_ids=delta.deleted_topic_ids,
+            unregistered_broker_ids=delta.unregistered_broker_ids)
+
+    def _error_update(self, code: int, message: str) -> pb.MetadataUpdate:
+        update = pb.MetadataUpdate(version=self._raft.version, cluster_id=self._cluster_id,
+                                   error_code=code, error_message=message)
+        update.redirect.CopyFrom(self._redirect())
+        return update
+
+
+def no_redirect() -> pb.ControllerRedirect:
+    return pb.ControllerRedirect(leader_id=-1, leader=common_pb2.Endpoint())

@@ -1,0 +1,608 @@
+"""MetadataState: all cluster metadata as one deterministic, replayable state machine.
+
+Brokers, topics and partitions change only through ``apply(command)``. Applying reads
+nothing but the state and the command (no clock, socket, file or random source), so
+every controller that applies the same Raft log ends in the same state, and a journal
+replay after a restart rebuilds it exactly.
+
+Every successful command bumps ``version`` by one. A refused command (bad input, a
+stale compare-and-set) changes nothing, not even the version, and returns its error.
+
+A bounded changelog remembers which entities each version touched, so a watcher that
+has version V gets the *current* values of everything changed since V; a watcher older
+than the changelog window gets a snapshot instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from metadata_quorum import commands as c
+from metadata_quorum.election import NO_LEADER, elect_leader, isr_without
+from proto import errors
+from proto.errors import ErrorCode
+from storage import log_config
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FORMAT = 1
+MAX_TOPIC_NAME_CHARS = 249
+MAX_PARTITIONS_PER_TOPIC = 100_000
+MAX_PRODUCER_ID_BLOCK = 1_000_000
+DEFAULT_CHANGELOG_MAX_KEYS = 250_000
+_TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
+
+# Changelog keys: which entity a version touched.
+BrokerKey = tuple[str, int]  # ("B", node_id)
+TopicKey = tuple[str, str]  # ("T", topic_id)
+PartitionKey = tuple[str, str, int]  # ("P", topic_id, partition)
+
+
+@dataclass(slots=True)
+class BrokerState:
+    node_id: int
+    incarnation_id: str
+    broker_epoch: int  # the metadata version that registered this incarnation
+    endpoints: list[tuple[str, str, int]]  # (listener name, host, port)
+    rack: str = ""
+    fenced: bool = True
+    in_controlled_shutdown: bool = False
+
+    @property
+    def eligible(self) -> bool:
+        """May lead or join an ISR."""
+        return not self.fenced and not self.in_controlled_shutdown
+
+
+@dataclass(slots=True)
+class PartitionState:
+    replicas: list[int]
+    isr: list[int]
+    leader: int
+    leader_epoch: int = 0
+    partition_epoch: int = 0
+
+
+@dataclass(slots=True)
+class TopicState:
+    name: str
+    topic_id: str
+    configs: dict[str, str]
+    partitions: list[PartitionState] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    error_code: int = ErrorCode.NONE
+    error_message: str = ""
+    value: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error_code == ErrorCode.NONE
+
+    def raise_for_error(self) -> None:
+        errors.raise_for(self.error_code, self.error_message)
+
+
+@dataclass(slots=True)
+class ItemResult:
+    """Per-partition outcome of a ChangePartition item."""
+
+    error_code: int
+    error_message: str
+    topic: str
+    partition: int
+    state: PartitionState | None  # a copy of the state after (or as it is, on refusal)
+
+
+@dataclass(slots=True)
+class MetadataDelta:
+    """What a watcher needs to go from ``since_version`` to ``version``."""
+
+    version: int
+    is_snapshot: bool
+    brokers: list[BrokerState]
+    topics: list[TopicState]
+    partitions: list[tuple[TopicState, int, PartitionState]]
+    deleted_topic_ids: list[str]
+    unregistered_broker_ids: list[int]
+
+
+def validate_topic_name(name: str) -> None:
+    """Kafka's rules: [a-zA-Z0-9._-]{1,249}, not '.' or '..'."""
+    if not name:
+        raise errors.InvalidTopicException("topic name is empty")
+    if name in (".", ".."):
+        raise errors.InvalidTopicException(f"topic name cannot be '{name}'")
+    if len(name) > MAX_TOPIC_NAME_CHARS:
+        raise errors.InvalidTopicException(
+            f"topic name is {len(name)} characters, the limit is {MAX_TOPIC_NAME_CHARS}")
+    if not _TOPIC_NAME_RE.match(name):
+        raise errors.InvalidTopicException(
+            f"topic name '{name}' is illegal: only ASCII letters, digits, '.', '_' and '-' are allowed")
+
+
+def _copy_partition(p: PartitionState) -> PartitionState:
+    return PartitionState(list(p.replicas), list(p.isr), p.leader, p.leader_epoch, p.partition_epoch)
+
+
+class MetadataState:
+    """The cluster metadata; mutate only through ``apply``. Not thread-safe: the owner locks."""
+
+    def __init__(self, *, changelog_max_keys: int = DEFAULT_CHANGELOG_MAX_KEYS) -> None:
+        self.version = 0
+        self.active_controller_id = -1
+        self.controller_epoch = 0  # the Raft term of the last activation
+        self.unclean_leader_election_default = False
+        self.next_producer_id = 0
+        self.brokers: dict[int, BrokerState] = {}
+        self.topics: dict[str, TopicState] = {}  # by name
+        self.topics_by_id: dict[str, TopicState] = {}
+        self._changelog_max_keys = changelog_max_keys
+        self._changelog: deque[tuple[int, tuple[Any, ...]]] = deque()
+        self._changelog_keys = 0
+        self._changelog_floor = 0  # deltas are exact for since_version >= this
+        self._touched: list[Any] = []
+        self._handlers: dict[type, Callable[[Any], ApplyResult]] = {
+            c.ActivateController: self._activate_controller,
+            c.RegisterBroker: self._register_broker,
+            c.FenceBroker: self._fence_broker,
+            c.UnfenceBroker: self._unfence_broker,
+            c.BeginControlledShutdown: self._begin_controlled_shutdown,
+            c.UnregisterBroker: self._unregister_broker,
+            c.CreateTopic: self._create_topic,
+            c.DeleteTopic: self._delete_topic,
+            c.CreatePartitions: self._create_partitions,
+            c.AlterConfigs: self._alter_configs,
+            c.ChangePartition: self._change_partition,
+            c.AllocateProducerIds: self._allocate_producer_ids,
+        }
+
+    # ---- applying commands ----
+    def apply(self, cmd: c.Command | dict[str, Any]) -> ApplyResult:
+        """Apply one command; returns its result. Never raises for bad input."""
+        try:
+            command = c.from_dict(cmd) if isinstance(cmd, dict) else cmd
+            handler = self._handlers.get(type(command))
+            if handler is None:
+                raise errors.InvalidRequestError(f"not a metadata command: {type(command).__name__}")
+            self._touched = []
+            result = handler(command)
+        except errors.BrookError as exc:
+            self._touched = []
+            return ApplyResult(exc.code, exc.message)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+            # Malformed fields (validated before any mutation, so nothing changed).
+            self._touched = []
+            log.warning("refused malformed command %r: %s", cmd, exc)
+            return ApplyResult(ErrorCode.INVALID_REQUEST, f"malformed command: {exc}")
+        if result.ok and self._touched:
+            self.version += 1
+            self._record_changes(self.version, self._touched)
+        self._touched = []
+        return result
+
+    def _touch(self, key: Any) -> None:
+        self._touched.append(key)
+
+    def _activate_controller(self, cmd: c.ActivateController) -> ApplyResult:
+        self.active_controller_id = cmd.node_id
+        self.controller_epoch = cmd.term
+        self.unclean_leader_election_default = bool(cmd.unclean_leader_election_default)
+        self._touch(("C",))
+        return ApplyResult(value=cmd.term)
+
+    # -- brokers --
+    def _register_broker(self, cmd: c.RegisterBroker) -> ApplyResult:
+        if cmd.node_id < 0:
+            raise errors.InvalidRequestError(f"broker id must be >= 0, got {cmd.node_id}")
+        endpoints = [(str(e[0]), str(e[1]), int(e[2])) for e in cmd.endpoints]
+        old = self.brokers.get(cmd.node_id)
+        if old is not None and old.incarnation_id == cmd.incarnation_id:
+            # The same process registering again (a retried request): idempotent.
+            return ApplyResult(value=old.broker_epoch)
+        if old is not None and old.eligible:
+            # A new incarnation means the old process is gone: its replicas may have lost
+            # unflushed data, so it leaves every ISR and its leaderships move.
+            self._remove_from_partitions(old.node_id)
+        epoch = self.version + 1
+        self.brokers[cmd.node_id] = BrokerState(cmd.node_id, cmd.incarnation_id, epoch, endpoints, cmd.rack)
+        self._touch(("B", cmd.node_id))
+        return ApplyResult(value=epoch)
+
+    def _broker_with_epoch(self, node_id: int, broker_epoch: int) -> BrokerState:
+        broker = self.brokers.get(node_id)
+        if broker is None:
+            raise errors.error_class(ErrorCode.BROKER_ID_NOT_REGISTERED)(f"broker {node_id} is not registered")
+        if broker.broker_epoch != broker_epoch:
+            raise errors.error_class(ErrorCode.STALE_BROKER_EPOCH)(
+                f"broker {node_id}: epoch {broker_epoch} is stale, the registered epoch is {broker.broker_epoch}")
+        return broker
+
+    def _fence_broker(self, cmd: c.FenceBroker) -> ApplyResult:
+        broker = self._broker_with_epoch(cmd.node_id, cmd.broker_epoch)
+        if broker.fenced:
+            return ApplyResult()
+        broker.fenced = True
+        broker.in_controlled_shutdown = False
+        self._touch(("B", broker.node_id))
+        self._remove_from_partitions(broker.node_id)
+        return ApplyResult()
+
+    def _unfence_broker(self, cmd: c.UnfenceBroker) -> ApplyResult:
+        broker = self._broker_with_epoch(cmd.node_id, cmd.broker_epoch)
+        if not broker.fenced:
+            return ApplyResult()
+        broker.fenced = False
+        broker.in_controlled_shutdown = False
+        self._touch(("B", broker.node_id))
+        self._elect_offline_partitions(lambda topic, p: broker.node_id in p.replicas)
+        return ApplyResult()
+
+    def _begin_controlled_shutdown(self, cmd: c.BeginControlledShutdown) -> ApplyResult:
+        broker = self._broker_with_epoch(cmd.node_id, cmd.broker_epoch)
+        if broker.fenced or broker.in_controlled_shutdown:
+            return ApplyResult(value=self.leadership_count(broker.node_id))
+        broker.in_controlled_shutdown = True
+        self._touch(("B", broker.node_id))
+        self._remove_from_partitions(broker.node_id)
+        return ApplyResult(value=self.leadership_count(broker.node_id))
+
+    def _unregister_broker(self, cmd: c.UnregisterBroker) -> ApplyResult:
+        broker = self.brokers.get(cmd.node_id)
+        if broker is None:
+            raise errors.error_class(ErrorCode.BROKER_ID_NOT_REGISTERED)(f"broker {cmd.node_id} is not registered")
+        if broker.eligible:
+            self._remove_from_partitions(broker.node_id)
+        del self.brokers[cmd.node_id]
+        self._touch(("B", cmd.node_id))
+        return ApplyResult()
+
+    def _eligible_ids(self) -> set[int]:
+        return {b.node_id for b in self.brokers.values() if b.eligible}
+
+    def _unclean_allowed(self, topic: TopicState) -> bool:
+        raw = topic.configs.get("unclean.leader.election.enable")
+        if raw is None:
+            return self.unclean_leader_election_default
+        return raw.strip().lower() == "true"
+
+    def _remove_from_partitions(self, broker_id: int) -> None:
+        """A broker can no longer serve: drop it from every ISR and move its leaderships."""
+        eligible = self._eligible_ids()
+        eligible.discard(broker_id)
+        for topic in self.topics.values():
+            unclean = None
+            for index, p in enumerate(topic.partitions):
+                if broker_id not in p.replicas:
+                    continue
+                new_isr = isr_without(p.isr, broker_id) if broker_id in p.isr else p.isr
+                new_leader, new_isr_final = p.leader, new_isr
+                if p.leader == broker_id or p.leader == NO_LEADER:
+                    if unclean is None:
+                        unclean = self._unclean_allowed(topic)
+                    chosen = elect_leader(p.replicas, new_isr, eligible, unclean_allowed=unclean)
+                    new_leader, new_isr_final = chosen.leader, chosen.isr
+                self._set_partition(topic, index, p, new_leader, new_isr_final)
+
+    def _elect_offline_partitions(self, where: Callable[[TopicState, PartitionState], bool],
+                                  topics: Iterable[TopicState] | None = None) -> None:
+        eligible = self._eligible_ids()
+        for topic in list(self.topics.values()) if topics is None else topics:
+            unclean = None
+            for index, p in enumerate(topic.partitions):
+                if p.leader != NO_LEADER or not where(topic, p):
+                    continue
+                if unclean is None:
+                    unclean = self._unclean_allowed(topic)
+                chosen = elect_leader(p.replicas, p.isr, eligible, unclean_allowed=unclean)
+                if chosen.leader != NO_LEADER:
+                    self._set_partition(topic, index, p, chosen.leader, chosen.isr)
+
+    def _set_partition(self, topic: TopicState, index: int, p: PartitionState,
+                       leader: int, isr: list[int]) -> bool:
+        """Change leader/ISR; bump the leader epoch on a leader change and the partition epoch on any change."""
+        if leader == p.leader and isr == p.isr:
+            return False
+        if leader != p.leader:
+            p.leader_epoch += 1
+            p.leader = leader
+        p.isr = list(isr)
+        p.partition_epoch += 1
+        self._touch(("P", topic.topic_id, index))
+        return True
+
+    def leadership_count(self, broker_id: int) -> int:
+        return sum(1 for t in self.topics.values() for p in t.partitions if p.leader == broker_id)
+
+    # -- topics --
+    def _validate_assignments(self, assignments: list[list[int]], replication_factor: int | None) -> None:
+        if not assignments:
+            raise errors.InvalidPartitionsError("a topic needs at least 1 partition")
+        if len(assignments) > MAX_PARTITIONS_PER_TOPIC:
+            raise errors.InvalidPartitionsError(
+                f"{len(assignments)} partitions is more than the limit of {MAX_PARTITIONS_PER_TOPIC}")
+        rf = replication_factor if replication_factor is not None else len(assignments[0])
+        for index, replicas in enumerate(assignments):
+            if not replicas:
+                raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(f"partition {index} has no replicas")
+            if len(set(replicas)) != len(replicas):
+                raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
+                    f"partition {index} lists a broker twice: {replicas}")
+            if len(replicas) != rf:
+                raise errors.InvalidReplicationFactorError(
+                    f"partition {index} has {len(replicas)} replicas, the topic's replication factor is {rf}")
+            unknown = [r for r in replicas if r not in self.brokers]
+            if unknown:
+                raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
+                    f"partition {index} names unregistered brokers {unknown}")
+            if not any(self.brokers[r].eligible for r in replicas):
+                raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
+                    f"every broker of partition {index} {replicas} is fenced or shutting down")
+
+    def _new_partition(self, replicas: list[int], eligible: set[int]) -> PartitionState:
+        isr = [r for r in replicas if r in eligible]
+        leader = isr[0] if isr else NO_LEADER
+        return PartitionState(list(replicas), isr, leader, 0, 0)
+
+    def _create_topic(self, cmd: c.CreateTopic) -> ApplyResult:
+        validate_topic_name(cmd.name)
+        if cmd.name in self.topics:
+            raise errors.TopicAlreadyExistsError(f"topic '{cmd.name}' already exists")
+        if not cmd.topic_id or cmd.topic_id in self.topics_by_id:
+            raise errors.InvalidRequestError(f"topic id '{cmd.topic_id}' is empty or already used")
+        configs = log_config.validate(cmd.configs)
+        self._validate_assignments(cmd.assignments, None)
+        eligible = self._eligible_ids()
+        topic = TopicState(cmd.name, cmd.topic_id, configs,
+                           [self._new_partition(r, eligible) for r in cmd.assignments])
+        self.topics[cmd.name] = topic
+        self.topics_by_id[cmd.topic_id] = topic
+        self._touch(("T", topic.topic_id))
+        for index in range(len(topic.partitions)):
+            self._touch(("P", topic.topic_id, index))
+        return ApplyResult(value=topic.topic_id)
+
+    def _topic(self, name: str, topic_id: str) -> TopicState:
+        topic = self.topics.get(name)
+        if topic is None or (topic_id and topic.topic_id != topic_id):
+            raise errors.UnknownTopicOrPartitionError(f"topic '{name}' does not exist"
+                                                      + (f" with id {topic_id}" if topic and topic_id else ""))
+        return topic
+
+    def _delete_topic(self, cmd: c.DeleteTopic) -> ApplyResult:
+        topic = self._topic(cmd.name, cmd.topic_id)
+        del self.topics[topic.name]
+        del self.topics_by_id[topic.topic_id]
+        self._touch(("T", topic.topic_id))
+        return ApplyResult(value=topic.topic_id)
+
+    def _create_partitions(self, cmd: c.CreatePartitions) -> ApplyResult:
+        topic = self._topic(cmd.name, cmd.topic_id)
+        current = len(topic.partitions)
+        if cmd.expected_count != current:
+            raise errors.InvalidPartitionsError(
+                f"topic '{topic.name}' has {current} partitions, the request was planned for {cmd.expected_count}")
+        if current + len(cmd.assignments) > MAX_PARTITIONS_PER_TOPIC:
+            raise errors.InvalidPartitionsError(f"more than {MAX_PARTITIONS_PER_TOPIC} partitions")
+        self._validate_assignments(cmd.assignments, len(topic.partitions[0].replicas))
+        eligible = self._eligible_ids()
+        for replicas in cmd.assignments:
+            topic.partitions.append(self._new_partition(replicas, eligible))
+            self._touch(("P", topic.topic_id, len(topic.partitions) - 1))
+        self._touch(("T", topic.topic_id))
+        return ApplyResult(value=len(topic.partitions))
+
+    def _alter_configs(self, cmd: c.AlterConfigs) -> ApplyResult:
+        topic = self._topic(cmd.name, cmd.topic_id)
+        to_set = log_config.validate(cmd.set)
+        unknown = [k for k in cmd.delete if k not in log_config.TOPIC_CONFIGS]
+        if unknown:
+            raise errors.InvalidConfigError(f"cannot delete unknown topic configs {unknown}")
+        configs = dict(topic.configs)
+        for key in cmd.delete:
+            configs.pop(key, None)
+        configs.update(to_set)
+        if configs == topic.configs:
+            return ApplyResult()
+        topic.configs = configs
+        self._touch(("T", topic.topic_id))
+        if self._unclean_allowed(topic):
+            # Kafka elects offline partitions as soon as unclean election is enabled.
+            self._elect_offline_partitions(lambda t, p: True, [topic])
+        return ApplyResult()
+
+    # -- partitions --
+    def _change_partition(self, cmd: c.ChangePartition) -> ApplyResult:
+        if cmd.broker_id >= 0:
+            broker = self._broker_with_epoch(cmd.broker_id, cmd.broker_epoch)
+            if broker.fenced:
+                raise errors.error_class(ErrorCode.STALE_BROKER_EPOCH)(f"broker {cmd.broker_id} is fenced")
+        eligible = self._eligible_ids()
+        results = []
+        for item in cmd.items:
+            try:
+                results.append(self._change_one(cmd.broker_id, item, eligible))
+            except errors.BrookError as exc:
+                topic = self.topics.get(item.topic)
+                current = None
+                if topic is not None and 0 <= item.partition < len(topic.partitions):
+                    current = _copy_partition(topic.partitions[item.partition])
+                results.append(ItemResult(exc.code, exc.message, item.topic, item.partition, current))
+        return ApplyResult(value=results)
+
+    def _change_one(self, broker_id: int, item: c.PartitionChangeItem, eligible: set[int]) -> ItemResult:
+        topic = self.topics.get(item.topic)
+        if topic is None or not 0 <= item.partition < len(topic.partitions):
+            raise errors.UnknownTopicOrPartitionError(f"{item.topic}-{item.partition} does not exist")
+        p = topic.partitions[item.partition]
+        if item.leader_epoch >= 0 and item.leader_epoch != p.leader_epoch:
+            code = ErrorCode.FENCED_LEADER_EPOCH if item.leader_epoch < p.leader_epoch \
+                else ErrorCode.UNKNOWN_LEADER_EPOCH
+            raise errors.error_class(code)(
+                f"{item.topic}-{item.partition}: leader epoch {item.leader_epoch}, current is {p.leader_epoch}")
+        if broker_id >= 0 and p.leader != broker_id:
+            raise errors.NotLeaderOrFollowerError(
+                f"{item.topic}-{item.partition}: broker {broker_id} is not the leader (leader is {p.leader})")
+        if item.partition_epoch != p.partition_epoch:
+            raise errors.InvalidUpdateVersionError(
+                f"{item.topic}-{item.partition}: partition epoch {item.partition_epoch} is stale, "
+                f"current is {p.partition_epoch}")
+        leader = p.leader if item.new_leader is None else item.new_leader
+        isr = list(p.isr) if item.new_isr is None else list(item.new_isr)
+        self._check_change(item, p, leader, isr, eligible)
+        self._set_partition(topic, item.partition, p, leader, isr)
+        return ItemResult(ErrorCode.NONE, "", item.topic, item.partition, _copy_partition(p))
+
+    @staticmethod
+    def _check_change(item: c.PartitionChangeItem, p: PartitionState, leader: int, isr: list[int],
+                      eligible: set[int]) -> None:
+        name = f"{item.topic}-{item.partition}"
+        if not isr or len(set(isr)) != len(isr) or any(r not in p.replicas for r in isr):
+            raise errors.InvalidRequestError(f"{name}: ISR {isr} must be distinct replicas of {p.replicas}")
+        if leader not in isr:
+            raise errors.InvalidRequestError(f"{name}: leader {leader} must be in the ISR {isr}")
+        added = [r for r in isr if r not in p.isr and r not in eligible]
+        if added or (leader != p.leader and leader not in eligible):
+            raise errors.error_class(ErrorCode.INELIGIBLE_REPLICA)(
+                f"{name}: brokers {added or [leader]} are fenced or shutting down")
+
+    def _allocate_producer_ids(self, cmd: c.AllocateProducerIds) -> ApplyResult:
+        self._broker_with_epoch(cmd.broker_id, cmd.broker_epoch)
+        if not 1 <= cmd.block_size <= MAX_PRODUCER_ID_BLOCK:
+            raise errors.InvalidRequestError(f"producer id block size must be 1..{MAX_PRODUCER_ID_BLOCK}")
+        start = self.next_producer_id
+        self.next_producer_id += cmd.block_size
+        self._touch(("PID",))
+        return ApplyResult(value=(start, cmd.block_size))
+
+    # ---- queries ----
+    def partition_count(self) -> int:
+        return sum(len(t.partitions) for t in self.topics.values())
+
+    def offline_partitions(self) -> int:
+        return sum(1 for t in self.topics.values() for p in t.partitions if p.leader == NO_LEADER)
+
+    def live_brokers(self) -> list[BrokerState]:
+        return [b for b in self.brokers.values() if b.eligible]
+
+    def effective_unclean(self, topic: TopicState) -> bool:
+        return self._unclean_allowed(topic)
+
+    # ---- changelog / deltas ----
+    def _record_changes(self, version: int, keys: list[Any]) -> None:
+        entry = tuple(dict.fromkeys(keys))  # dedupe, keep order
+        self._changelog.append((version, entry))
+        self._changelog_keys += len(entry)
+        while self._changelog_keys > self._changelog_max_keys and len(self._changelog) > 1:
+            old_version, old_keys = self._changelog.popleft()
+            self._changelog_keys -= len(old_keys)
+            self._changelog_floor = old_version
+
+    @property
+    def changelog_floor(self) -> int:
+        return self._changelog_floor
+
+    def changes_since(self, since_version: int) -> MetadataDelta | None:
+        """Current values of everything changed after ``since_version``; None if a snapshot is needed."""
+        if since_version < self._changelog_floor or since_version > self.version:
+            return None
+        keys: dict[Any, None] = {}
+        for version, entry in reversed(self._changelog):
+            if version <= since_version:
+                break
+            for key in entry:
+                keys[key] = None
+        delta = MetadataDelta(self.version, False, [], [], [], [], [])
+        for key in keys:
+            kind = key[0]
+            if kind == "B":
+                broker = self.brokers.get(key[1])
+                if broker is None:
+                    delta.unregistered_broker_ids.append(key[1])
+                else:
+                    delta.brokers.append(broker)
+            elif kind == "T":
+                topic = self.topics_by_id.get(key[1])
+                if topic is None:
+                    delta.deleted_topic_ids.append(key[1])
+                else:
+                    delta.topics.append(topic)
+            elif kind == "P":
+                topic = self.topics_by_id.get(key[1])
+                if topic is not None and key[2] < len(topic.partitions):
+                    delta.partitions.append((topic, key[2], topic.partitions[key[2]]))
+        return delta
+
+    def full_delta(self) -> MetadataDelta:
+        """Everything, as a snapshot delta."""
+        partitions = [(t, i, p) for t in self.topics.values() for i, p in enumerate(t.partitions)]
+        return MetadataDelta(self.version, True, list(self.brokers.values()), list(self.topics.values()),
+                             partitions, [], [])
+
+    # ---- snapshot / restore ----
+    def to_snapshot(self) -> dict[str, Any]:
+        """The whole state as builtins (what the quorum's full dump stores)."""
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "version": self.version,
+            "active_controller_id": self.active_controller_id,
+            "controller_epoch": self.controller_epoch,
+            "unclean_leader_election_default": self.unclean_leader_election_default,
+            "next_producer_id": self.next_producer_id,
+            "brokers": [
+                [b.node_id, b.incarnation_id, b.broker_epoch, [list(e) for e in b.endpoints], b.rack,
+                 b.fenced, b.in_controlled_shutdown]
+                for b in sorted(self.brokers.values(), key=lambda b: b.node_id)
+            ],
+            "topics": [
+                [t.name, t.topic_id, dict(sorted(t.configs.items())),
+                 [[list(p.replicas), list(p.isr), p.leader, p.leader_epoch, p.partition_epoch]
+                  for p in t.partitions]]
+                for t in sorted(self.topics.values(), key=lambda t: t.name)
+            ],
+        }
+
+    @classmethod
+    def from_snapshot(cls, data: dict[str, Any], *,
+                      changelog_max_keys: int = DEFAULT_CHANGELOG_MAX_KEYS) -> MetadataState:
+        if data.get("format") != SNAPSHOT_FORMAT:
+            raise errors.InvalidRequestError(f"unsupported metadata snapshot format {data.get('format')}")
+        state = cls(changelog_max_keys=changelog_max_keys)
+        state.restore(data)
+        return state
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """Replace the whole state with a snapshot; deltas start again from its version."""
+        self.version = int(data["version"])
+        self.active_controller_id = int(data["active_controller_id"])
+        self.controller_epoch = int(data["controller_epoch"])
+        self.unclean_leader_election_default = bool(data["unclean_leader_election_default"])
+        self.next_producer_id = int(data["next_producer_id"])
+        self.brokers = {}
+        for node_id, inc, epoch, endpoints, rack, fenced, shutting in data["brokers"]:
+            self.brokers[node_id] = BrokerState(node_id, inc, epoch, [(e[0], e[1], e[2]) for e in endpoints],
+                                                rack, fenced, shutting)
+        self.topics = {}
+        self.topics_by_id = {}
+        for name, topic_id, configs, partitions in data["topics"]:
+            topic = TopicState(name, topic_id, dict(configs),
+                               [PartitionState(list(r), list(i), ld, le, pe) for r, i, ld, le, pe in partitions])
+            self.topics[name] = topic
+            self.topics_by_id[topic_id] = topic
+        self._changelog.clear()
+        self._changelog_keys = 0
+        self._changelog_floor = self.version
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MetadataState):
+            return NotImplemented
+        return self.to_snapshot() == other.to_snapshot()
+
+    __hash__ = None  # type: ignore[assignment]
