@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -38,3 +39,99 @@ def spark() -> Iterator[object]:
         yield session
     finally:
         session.stop()
+
+
+class BrookTestCluster:
+    """A real 3-node local cluster plus the few admin/produce helpers the Spark tests need."""
+
+    def __init__(self, cluster: object) -> None:
+        from metadata_quorum.client import ControllerClient
+
+        self.cluster = cluster
+        self.bootstrap: str = cluster.bootstrap_servers  # type: ignore[attr-defined]
+        self.controller = ControllerClient(cluster.controller_endpoints, timeout_s=30)  # type: ignore[attr-defined]
+
+    def create_topic(self, name: str, partitions: int, rf: int = 3, configs: dict[str, str] | None = None) -> None:
+        from proto import controller_pb2
+
+        req = controller_pb2.CreateTopicsRequest(
+            topics=[controller_pb2.CreatableTopic(
+                name=name, num_partitions=partitions, replication_factor=rf, configs=configs or {})],
+            timeout_ms=30_000,
+        )
+        resp = self.controller.call("CreateTopics", req)
+        for r in resp.results:
+            assert r.error_code == 0, (r.name, r.error_code, r.error_message)
+        self.wait_partitions(name, partitions)
+
+    def add_partitions(self, name: str, total: int) -> None:
+        from proto import controller_pb2
+
+        req = controller_pb2.CreatePartitionsRequest(
+            topics=[controller_pb2.CreatePartitionsTopic(name=name, count=total)], timeout_ms=30_000)
+        resp = self.controller.call("CreatePartitions", req)
+        for r in resp.results:
+            assert r.error_code == 0, (r.name, r.error_code, r.error_message)
+        self.wait_partitions(name, total)
+
+    def wait_partitions(self, name: str, count: int, timeout_s: float = 30.0) -> None:
+        """Until every broker's metadata shows ``count`` partitions with leaders."""
+        from client.cluster import ClusterClient
+
+        deadline = time.monotonic() + timeout_s
+        seen: object = None
+        with ClusterClient(self.bootstrap) as client:
+            while time.monotonic() < deadline:
+                meta = client.metadata([name], refresh=True)
+                info = meta.topics.get(name)
+                seen = None if info is None else {p: m.leader for p, m in info.partitions.items()}
+                if info is not None and len(info.partitions) == count and all(
+                        m.leader >= 0 for m in info.partitions.values()):
+                    return
+                time.sleep(0.1)
+        raise AssertionError(f"topic {name} did not get {count} led partitions in {timeout_s} s; saw {seen}")
+
+    def producer(self, **config: object):  # type: ignore[no-untyped-def]
+        from client.producer import Producer
+
+        return Producer(bootstrap_servers=self.bootstrap, **{"acks": "all", "linger_ms": 2, **config})
+
+    def produce(self, topic: str, values: list[bytes], *, partition: int | None = None,
+                keys: list[bytes | None] | None = None) -> dict[tuple[int, int], bytes]:
+        """Produce with acks=all; returns {(partition, offset): value} of the acknowledged records."""
+        with self.producer() as p:
+            futures = [p.send(topic, v, key=(keys[i] if keys else None), partition=partition)
+                       for i, v in enumerate(values)]
+            p.flush(timeout=60)
+            out = {}
+            for v, f in zip(values, futures, strict=True):
+                md = f.result(timeout=60)
+                out[(md.partition, md.offset)] = v
+        return out
+
+    def high_watermarks(self, topic: str) -> dict[int, int]:
+        from client.cluster import ClusterClient
+        from client.types import TopicPartition
+
+        with ClusterClient(self.bootstrap) as client:
+            parts = client.partitions_for(topic, refresh=True)
+            res = client.list_offsets({TopicPartition(topic, p): -1 for p in parts})
+        return {tp.partition: off for tp, (off, _) in res.items()}
+
+    def close(self) -> None:
+        self.controller.close()
+
+
+@pytest.fixture(scope="session")
+def brook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrookTestCluster]:
+    """One 3-node cluster for the Spark suite (topics are per test)."""
+    from deploy.local.cluster import LocalCluster
+
+    # Followers stay in the ISR through short pauses, so a test can hold the HW below the LEO.
+    overrides = {"replica.lag.time.max.ms": "30000", "log.retention.check.interval.ms": "1000"}
+    with LocalCluster(tmp_path_factory.mktemp("brook-spark"), nodes=3, overrides=overrides) as cluster:
+        helper = BrookTestCluster(cluster)
+        try:
+            yield helper
+        finally:
+            helper.close()

@@ -1,0 +1,236 @@
+"""The brook source against a real 3-node cluster: streaming and batch reads, limits, discovery."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def wait_until(cond: Callable[[], object], timeout_s: float, what: Callable[[], str] | str) -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what() if callable(what) else what}")
+
+
+def stream(spark, brook, **options: str):  # type: ignore[no-untyped-def]
+    reader = spark.readStream.format("brook").option("bootstrap.servers", brook.bootstrap)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def end_offsets(progress: dict) -> dict[str, dict[str, int]]:
+    end = progress["sources"][0]["endOffset"]
+    return json.loads(end) if isinstance(end, str) else end
+
+
+class BackgroundProducer:
+    """Produces chunks with acks=all until stopped; remembers every acknowledged record."""
+
+    def __init__(self, brook, topic: str, *, chunks: int, chunk: int = 100, pause_s: float = 0.05) -> None:  # type: ignore[no-untyped-def]
+        self.acked: dict[tuple[int, int], bytes] = {}
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(brook, topic, chunks, chunk, pause_s), daemon=True)
+
+    def start(self) -> BackgroundProducer:
+        self._thread.start()
+        return self
+
+    def _run(self, brook, topic: str, chunks: int, chunk: int, pause_s: float) -> None:  # type: ignore[no-untyped-def]
+        try:
+            with brook.producer() as p:
+                for c in range(chunks):
+                    if self._stop.is_set():
+                        return
+                    values = [f"{topic}-{c:04d}-{i:04d}".encode() for i in range(chunk)]
+                    futures = [p.send(topic, v, key=f"k{i % 7}".encode()) for i, v in enumerate(values)]
+                    p.flush(timeout=60)
+                    for v, f in zip(values, futures, strict=True):
+                        md = f.result(timeout=60)
+                        self.acked[(md.partition, md.offset)] = v
+                    time.sleep(pause_s)
+        except BaseException as exc:  # surfaced by join()
+            self.error = exc
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout_s: float = 120) -> dict[tuple[int, int], bytes]:
+        self._stop.set()
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "producer thread did not finish"
+        assert self.error is None, f"producer failed: {self.error!r}"
+        return dict(self.acked)
+
+    def finish(self, timeout_s: float = 120) -> dict[tuple[int, int], bytes]:
+        """Let it produce every chunk, then return what was acknowledged."""
+        self._thread.join(timeout_s)
+        return self.join(1)
+
+
+def test_stream_exactly_once_into_parquet_across_restart(spark, brook, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    topic = "eo-parquet"
+    brook.create_topic(topic, 3)
+    out, cp = str(tmp_path / "out"), str(tmp_path / "cp")
+    producer = BackgroundProducer(brook, topic, chunks=30).start()
+
+    def start_query():  # type: ignore[no-untyped-def]
+        df = stream(spark, brook, subscribe=topic, startingOffsets="earliest").select("partition", "offset", "value")
+        return (df.writeStream.format("parquet").option("path", out).option("checkpointLocation", cp)
+                .trigger(processingTime="300 milliseconds").start())
+
+    def parquet_count() -> int:
+        try:
+            return spark.read.parquet(out).count()
+        except Exception:  # no committed file yet
+            return 0
+
+    query = start_query()
+    try:
+        wait_until(lambda: parquet_count() > 0, 90, "first rows in the parquet sink")
+    finally:
+        query.stop()
+    assert producer.running, "the producer should still be producing when the query restarts"
+    query = start_query()
+    try:
+        acked = producer.finish()
+        wait_until(lambda: parquet_count() >= len(acked), 90,
+                   lambda: f"{len(acked)} rows in the sink, have {parquet_count()}")
+    finally:
+        query.stop()
+    assert query.exception() is None, query.exception()
+    rows = spark.read.parquet(out).collect()
+    keys = [(r["partition"], r["offset"]) for r in rows]
+    assert len(keys) == len(set(keys)), f"{len(keys) - len(set(keys))} duplicate rows"
+    got = {(r["partition"], r["offset"]): bytes(r["value"]) for r in rows}
+    assert got == acked, f"missing {len(set(acked) - set(got))}, unexpected {len(set(got) - set(acked))}"
+
+
+def test_max_offsets_per_trigger_caps_every_micro_batch(spark, brook, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    topic = "capped"
+    brook.create_topic(topic, 2)
+    acked = brook.produce(topic, [b"c%d" % i for i in range(1000)])
+    df = stream(spark, brook, subscribe=topic, startingOffsets="earliest", maxOffsetsPerTrigger="150")
+    query = (df.select("partition", "offset").writeStream.format("memory").queryName("capped_rows")
+             .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
+    assert query.awaitTermination(120), "AvailableNow query did not finish"
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sizes and max(sizes) <= 150, sizes
+    assert sum(sizes) == 1000 and len(sizes) == 7, sizes
+    rows = {(r["partition"], r["offset"]) for r in spark.sql("SELECT * FROM capped_rows").collect()}
+    assert rows == set(acked)
+
+
+def test_available_now_reads_what_was_committed_at_start_and_stops(spark, brook, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    topic = "avail-now"
+    brook.create_topic(topic, 2)
+    brook.produce(topic, [b"a%d" % i for i in range(600)])
+    before = brook.high_watermarks(topic)
+    producer = BackgroundProducer(brook, topic, chunks=400, chunk=50, pause_s=0.05).start()
+    wait_until(lambda: sum(brook.high_watermarks(topic).values()) > 600, 30, "background production")
+    df = stream(spark, brook, subscribe=topic, startingOffsets="earliest")
+    query = (df.select("partition", "offset").writeStream.format("memory").queryName("avail_rows")
+             .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
+    finished = query.awaitTermination(120)
+    still_producing = producer.running
+    producer.join()
+    assert finished, "AvailableNow query did not stop"
+    assert still_producing, "producer stopped first: the test proves nothing"
+    end = {int(p): off for p, off in end_offsets(query.lastProgress)[topic].items()}
+    rows = [(r["partition"], r["offset"]) for r in spark.sql("SELECT * FROM avail_rows").collect()]
+    assert len(rows) == len(set(rows)), "duplicates"
+    assert set(rows) == {(p, o) for p, e in end.items() for o in range(e)}, "not exactly [0, end) per partition"
+    assert all(end[p] >= before[p] for p in before), (end, before)
+    after = brook.high_watermarks(topic)
+    assert sum(after.values()) > sum(end.values()), "records committed later were read"
+
+
+def test_min_partitions_yields_that_many_tasks(spark, brook) -> None:  # type: ignore[no-untyped-def]
+    topic = "min-parts"
+    brook.create_topic(topic, 2)
+    acked = brook.produce(topic, [b"m%d" % i for i in range(300)])
+    df = (spark.read.format("brook").option("bootstrap.servers", brook.bootstrap).option("subscribe", topic)
+          .option("minPartitions", "5").load())
+    assert df.rdd.getNumPartitions() == 5
+    rows = df.select("partition", "offset", "value").collect()
+    assert {(r["partition"], r["offset"]): bytes(r["value"]) for r in rows} == acked
+    assert len(rows) == len(acked)
+
+
+def test_new_partitions_and_new_matching_topics_are_picked_up(spark, brook, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    brook.create_topic("grow-a", 1)
+    expected = {("grow-a", p, o) for (p, o) in brook.produce("grow-a", [b"g%d" % i for i in range(50)])}
+    df = stream(spark, brook, subscribePattern="grow-.*", startingOffsets="earliest")
+    query = (df.select("topic", "partition", "offset").writeStream.format("memory").queryName("grow_rows")
+             .option("checkpointLocation", str(tmp_path / "cp")).trigger(processingTime="300 milliseconds").start())
+
+    def seen() -> set:
+        return {(r["topic"], r["partition"], r["offset"]) for r in spark.sql("SELECT * FROM grow_rows").collect()}
+
+    try:
+        wait_until(lambda: seen() == expected, 60, lambda: f"first 50 rows, have {len(seen())}")
+        brook.add_partitions("grow-a", 3)
+        brook.create_topic("grow-b", 2)
+        brook.create_topic("other-c", 1)  # does not match the pattern
+        for p in (1, 2):
+            expected |= {("grow-a", pp, o) for (pp, o) in brook.produce("grow-a", [b"n%d" % i for i in range(20)],
+                                                                        partition=p)}
+        expected |= {("grow-b", p, o) for (p, o) in brook.produce("grow-b", [b"b%d" % i for i in range(30)])}
+        brook.produce("other-c", [b"x"])
+        wait_until(lambda: seen() == expected, 60,
+                   lambda: f"{len(expected)} rows; missing {sorted(expected - seen())[:5]}, extra {sorted(seen() - expected)[:5]}")
+    finally:
+        query.stop()
+    assert query.exception() is None, query.exception()
+
+
+def test_never_reads_above_the_high_watermark(spark, brook, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from client.cluster import ClusterClient
+    from client.types import TopicPartition
+
+    topic = "hw-bound"
+    brook.create_topic(topic, 1, rf=3)
+    brook.produce(topic, [b"c%d" % i for i in range(100)])
+    tp = TopicPartition(topic, 0)
+    with ClusterClient(brook.bootstrap) as client:
+        part = client.metadata([topic], refresh=True).topics[topic].partitions[0]
+        active = brook.cluster.describe_cluster().active_controller_id
+        follower = next(r for r in part.replicas if r != part.leader and r != active)
+        brook.cluster.pause_node(follower)
+        try:
+            # acks=1: the leader appends, but the HW cannot pass what the paused ISR member has.
+            with brook.producer(acks=1, enable_idempotence=False) as p:
+                for i in range(50):
+                    p.send(topic, b"u%d" % i, partition=0)
+                p.flush(timeout=30)
+            res = wait_until(lambda: (r := client.fetch(tp, 0, 1 << 20)).log_end_offset == 150 and r, 20,
+                             "leader LEO 150")
+            assert res.high_watermark == 100, f"precondition: HW {res.high_watermark} should stay 100"
+            batch = (spark.read.format("brook").option("bootstrap.servers", brook.bootstrap)
+                     .option("subscribe", topic).load().select("offset").collect())
+            query = (stream(spark, brook, subscribe=topic, startingOffsets="earliest").select("offset")
+                     .writeStream.format("memory").queryName("hw_rows")
+                     .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
+            assert query.awaitTermination(60)
+            streamed = spark.sql("SELECT offset FROM hw_rows").collect()
+            hw_after = client.fetch(tp, 0, 1024).high_watermark
+        finally:
+            brook.cluster.resume_node(follower)
+    assert hw_after == 100, f"HW moved during the test ({hw_after}); the check below would prove nothing"
+    assert sorted(r["offset"] for r in batch) == list(range(100))
+    assert sorted(r["offset"] for r in streamed) == list(range(100))
+    wait_until(lambda: brook.high_watermarks(topic)[0] == 150, 60, "HW to reach 150 after resume")
+    again = spark.read.format("brook").option("bootstrap.servers", brook.bootstrap).option("subscribe", topic).load()
+    assert again.count() == 150
