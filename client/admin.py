@@ -1,0 +1,379 @@
+"""Admin: topics, partitions, configs, cluster and quorum, offsets, consumer groups.
+
+    with Admin(bootstrap_servers="127.0.0.1:9092") as admin:
+        admin.create_topics([NewTopic("events", num_partitions=6, replication_factor=3)])
+        admin.describe_topics(["events"])
+        admin.alter_configs("events", set={"retention.ms": "86400000"})
+
+Topic and config changes go to the active controller (through
+``metadata_quorum.client.ControllerClient``; its endpoints come from the brokers'
+Metadata answer), group operations to each group's coordinator
+(``proto/group.proto``). Every failure is the typed ``BrookError`` for the server's
+error code, carrying the server's message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from client import errors
+from client.cluster import ClusterClient, rpc_error
+from client.coordinator import GroupCoordinatorClient, group_stub
+from client.types import BrokerMetadata, OffsetAndMetadata, TopicMetadata, TopicPartition
+from proto import controller_pb2, group_pb2
+
+log = logging.getLogger(__name__)
+
+OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
+
+
+@dataclass
+class NewTopic:
+    name: str
+    num_partitions: int = -1  # -1 = the cluster's num.partitions
+    replication_factor: int = -1  # -1 = default.replication.factor
+    configs: dict[str, str] = field(default_factory=dict)
+    replica_assignments: list[list[int]] | None = None  # explicit replicas per partition
+
+
+@dataclass(frozen=True)
+class ConfigEntry:
+    name: str
+    value: str
+    is_default: bool
+    documentation: str = ""
+
+
+@dataclass(frozen=True)
+class ClusterDescription:
+    cluster_id: str
+    controller_id: int
+    metadata_version: int
+    brokers: list[BrokerMetadata]
+    topics: int
+    partitions: int
+    fenced_brokers: list[int]
+
+
+@dataclass(frozen=True)
+class QuorumVoter:
+    node_id: int
+    raft_address: str
+    log_end_index: int
+    lag: int
+    last_contact_ms_ago: int
+    is_leader: bool
+
+
+@dataclass(frozen=True)
+class QuorumDescription:
+    leader_id: int
+    term: int
+    commit_index: int
+    metadata_version: int
+    voters: list[QuorumVoter]
+
+
+@dataclass(frozen=True)
+class GroupListing:
+    group_id: str
+    protocol_type: str
+    state: str
+    coordinator_id: int
+
+
+@dataclass(frozen=True)
+class MemberDescription:
+    member_id: str
+    client_id: str
+    client_host: str
+    subscribed_topics: list[str]
+    assignment: list[TopicPartition]
+
+
+@dataclass(frozen=True)
+class GroupOffset:
+    committed_offset: int
+    log_end_offset: int
+    lag: int
+    member_id: str
+    metadata: str
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    group_id: str
+    state: str
+    protocol_type: str
+    protocol_name: str
+    generation_id: int
+    leader: str
+    coordinator_id: int
+    members: list[MemberDescription]
+    offsets: dict[TopicPartition, GroupOffset]
+
+
+class Admin:
+    def __init__(self, bootstrap_servers: str | list[str] = "127.0.0.1:9092", *, request_timeout_ms: int = 30000,
+                 controller_endpoints: list[tuple[str, int]] | None = None) -> None:
+        self.request_timeout_ms = request_timeout_ms
+        self.cluster = ClusterClient(bootstrap_servers, request_timeout_ms=request_timeout_ms)
+        self._controller_endpoints = controller_endpoints
+        self._controller: Any = None
+
+    # ---- plumbing ----
+    @property
+    def controller(self) -> Any:
+        """The ControllerClient (created on first use from the brokers' controller endpoints)."""
+        if self._controller is None:
+            from metadata_quorum.client import ControllerClient
+
+            endpoints = self._controller_endpoints or self.cluster.metadata().controllers
+            if not endpoints:
+                raise errors.BrokerNotAvailableError("the brokers advertise no controller endpoints")
+            self._controller = ControllerClient(list(endpoints), timeout_s=self.request_timeout_ms / 1000)
+        return self._controller
+
+    def _call(self, method: str, request: Any, timeout_ms: int | None = None) -> Any:
+        timeout_s = (timeout_ms or self.request_timeout_ms) / 1000
+        return self.controller.call(method, request, timeout_s=timeout_s)
+
+    @staticmethod
+    def _check_results(results: Iterable[Any], raise_on_error: bool) -> dict[str, errors.BrookError | None]:
+        out: dict[str, errors.BrookError | None] = {}
+        for r in results:
+            out[r.name] = errors.error_for(r.error_code, r.error_message) if r.error_code else None
+        if raise_on_error:
+            for err in out.values():
+                if err is not None:
+                    raise err
+        return out
+
+    # ---- topics ----
+    def create_topics(self, topics: Iterable[NewTopic], *, validate_only: bool = False,
+                      timeout_ms: int | None = None, raise_on_error: bool = True,
+                      wait_for_leaders: bool = True) -> dict[str, errors.BrookError | None]:
+        """Create topics; {name: None or the error}. Waits (by default) until every partition has a leader."""
+        topics = list(topics)
+        request = controller_pb2.CreateTopicsRequest(
+            validate_only=validate_only, timeout_ms=timeout_ms or self.request_timeout_ms,
+            topics=[controller_pb2.CreatableTopic(
+                name=t.name, num_partitions=t.num_partitions, replication_factor=t.replication_factor,
+                configs={k: str(v) for k, v in t.configs.items()},
+                assignments=[controller_pb2.ReplicaList(replicas=r) for r in t.replica_assignments or []])
+                for t in topics])
+        response = self._call("CreateTopics", request, timeout_ms)
+        result = self._check_results(response.results, raise_on_error)
+        if wait_for_leaders and not validate_only:
+            created = [name for name, err in result.items() if err is None]
+            self.wait_for_topics(created, timeout_ms=timeout_ms)
+        return result
+
+    def create_topic(self, name: str, num_partitions: int = -1, replication_factor: int = -1,
+                     configs: Mapping[str, str] | None = None) -> None:
+        self.create_topics([NewTopic(name, num_partitions, replication_factor, dict(configs or {}))])
+
+    def wait_for_topics(self, names: Iterable[str], *, timeout_ms: int | None = None) -> None:
+        """Poll broker metadata until each topic is known with a leader for every partition."""
+        names = list(names)
+        deadline = time.monotonic() + (timeout_ms or self.request_timeout_ms) / 1000
+        while names:
+            meta = self.cluster.metadata(names, refresh=True)
+            names = [n for n in names if n not in meta.topics or meta.topics[n].error_code
+                     or not meta.topics[n].partitions
+                     or any(p.leader < 0 for p in meta.topics[n].partitions.values())]
+            if not names:
+                return
+            if time.monotonic() >= deadline:
+                raise errors.RequestTimedOutError(f"topics {names} have no leader for every partition yet")
+            time.sleep(0.05)
+
+    def delete_topics(self, names: Iterable[str], *, timeout_ms: int | None = None,
+                      raise_on_error: bool = True) -> dict[str, errors.BrookError | None]:
+        request = controller_pb2.DeleteTopicsRequest(names=list(names), timeout_ms=timeout_ms or self.request_timeout_ms)
+        response = self._call("DeleteTopics", request, timeout_ms)
+        self.cluster.request_update()
+        return self._check_results(response.results, raise_on_error)
+
+    def create_partitions(self, new_totals: Mapping[str, int], *, validate_only: bool = False,
+                          timeout_ms: int | None = None, raise_on_error: bool = True
+                          ) -> dict[str, errors.BrookError | None]:
+        """Grow topics to ``{name: new total partition count}``."""
+        request = controller_pb2.CreatePartitionsRequest(
+            validate_only=validate_only, timeout_ms=timeout_ms or self.request_timeout_ms,
+            topics=[controller_pb2.CreatePartitionsTopic(name=n, count=c) for n, c in new_totals.items()])
+        response = self._call("CreatePartitions", request, timeout_ms)
+        self.cluster.request_update()
+        return self._check_results(response.results, raise_on_error)
+
+    def list_topics(self, *, include_internal: bool = False) -> list[str]:
+        meta = self.cluster.metadata(refresh=True)
+        return sorted(n for n, t in meta.topics.items() if include_internal or not t.is_internal)
+
+    def describe_topics(self, names: Iterable[str] | None = None) -> dict[str, TopicMetadata]:
+        """Partitions with leader, epoch, replicas and ISR; raises the error of an unknown topic."""
+        wanted = None if names is None else list(names)
+        meta = self.cluster.metadata(wanted, refresh=True)
+        if wanted is None:
+            return dict(meta.topics)
+        out = {}
+        for name in wanted:
+            info = meta.topics.get(name)
+            if info is None or info.error_code:
+                code = info.error_code if info else errors.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                raise errors.error_for(code, (info.error_message if info else "") or f"topic {name!r}")
+            out[name] = info
+        return out
+
+    # ---- configs ----
+    def describe_configs(self, topics: Iterable[str]) -> dict[str, dict[str, ConfigEntry]]:
+        response = self._call("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=list(topics)))
+        out: dict[str, dict[str, ConfigEntry]] = {}
+        for r in response.results:
+            errors.raise_for(r.error_code, r.error_message or f"topic {r.topic!r}")
+            out[r.topic] = {e.name: ConfigEntry(e.name, e.value, e.is_default, e.documentation) for e in r.entries}
+        return out
+
+    def alter_configs(self, topic: str, *, set: Mapping[str, str] | None = None,  # noqa: A002 - Kafka's word
+                      delete: Iterable[str] = (), validate_only: bool = False) -> None:
+        """Incrementally set and/or reset (to default) topic configs."""
+        request = controller_pb2.AlterConfigsRequest(validate_only=validate_only, resources=[
+            controller_pb2.AlterConfigsResource(topic=topic, set={k: str(v) for k, v in (set or {}).items()},
+                                                delete=list(delete))])
+        response = self._call("AlterConfigs", request)
+        self._check_results(response.results, True)
+
+    # ---- cluster / quorum ----
+    def describe_cluster(self) -> ClusterDescription:
+        r = self._call("DescribeCluster", controller_pb2.DescribeClusterRequest())
+        brokers = []
+        for b in r.brokers:
+            endpoint = next((e for e in b.endpoints if e.name == "BROKER"), b.endpoints[0] if b.endpoints else None)
+            brokers.append(BrokerMetadata(b.node_id, endpoint.host if endpoint else "", endpoint.port if endpoint else -1,
+                                          b.rack, b.fenced))
+        return ClusterDescription(r.cluster_id, r.active_controller_id, r.metadata_version, brokers,
+                                  len(r.topics), len(r.partitions), [b.node_id for b in r.brokers if b.fenced])
+
+    def describe_quorum(self) -> QuorumDescription:
+        r = self._call("DescribeQuorum", controller_pb2.DescribeQuorumRequest())
+        voters = [QuorumVoter(v.node_id, v.raft_address, v.log_end_index, v.lag, v.last_contact_ms_ago, v.is_leader)
+                  for v in r.voters]
+        return QuorumDescription(r.leader_id, r.term, r.commit_index, r.metadata_version, voters)
+
+    # ---- offsets ----
+    def list_offsets(self, specs: Mapping[TopicPartition, str | int]) -> dict[TopicPartition, tuple[int, int]]:
+        """{tp: "earliest"|"latest"|"max_timestamp"|timestamp_ms} -> {tp: (offset, timestamp)}."""
+        timestamps = {}
+        for tp, spec in specs.items():
+            if isinstance(spec, str):
+                if spec not in OFFSET_SPECS:
+                    raise errors.InvalidRequestError(f"offset spec must be one of {sorted(OFFSET_SPECS)} or ms")
+                timestamps[TopicPartition(*tp)] = OFFSET_SPECS[spec]
+            else:
+                timestamps[TopicPartition(*tp)] = int(spec)
+        return self.cluster.list_offsets(timestamps)
+
+    # ---- groups ----
+    def list_groups(self, states: Iterable[str] = ()) -> list[GroupListing]:
+        """Groups of every broker's coordinator, merged."""
+        request = group_pb2.ListGroupsRequest(states=list(states))
+        found: dict[str, GroupListing] = {}
+        for broker in self.cluster.metadata(refresh=True).brokers.values():
+            try:
+                r = group_stub(self.cluster, broker.address).ListGroups(request, timeout=self.request_timeout_ms / 1000)
+            except grpc.RpcError as exc:
+                raise rpc_error(exc, f"ListGroups on broker {broker.node_id}") from exc
+            errors.raise_for(r.error_code, r.error_message)
+            for g in r.groups:
+                found[g.group_id] = GroupListing(g.group_id, g.protocol_type, g.state, g.coordinator_id)
+        return sorted(found.values(), key=lambda g: g.group_id)
+
+    def _group(self, group_id: str) -> GroupCoordinatorClient:
+        return GroupCoordinatorClient(self.cluster, group_id, request_timeout_ms=self.request_timeout_ms)
+
+    def describe_groups(self, group_ids: Iterable[str], *, include_offsets: bool = True
+                        ) -> dict[str, GroupDescription]:
+        out = {}
+        for gid in group_ids:
+            r = self._group(gid).call("DescribeGroups", group_pb2.DescribeGroupsRequest(
+                group_ids=[gid], include_offsets=include_offsets), check=False)
+            for g in r.groups:
+                errors.raise_for(g.error_code, g.error_message or f"group {g.group_id!r}")
+                out[g.group_id] = _group_description(g)
+        return out
+
+    def delete_groups(self, group_ids: Iterable[str], *, raise_on_error: bool = True
+                      ) -> dict[str, errors.BrookError | None]:
+        out: dict[str, errors.BrookError | None] = {}
+        for gid in group_ids:
+            r = self._group(gid).call("DeleteGroups", group_pb2.DeleteGroupsRequest(group_ids=[gid]), check=False)
+            for res in r.results:
+                out[res.group_id] = errors.error_for(res.error_code, res.error_message) if res.error_code else None
+        if raise_on_error:
+            for err in out.values():
+                if err is not None:
+                    raise err
+        return out
+
+    def list_group_offsets(self, group_id: str) -> dict[TopicPartition, OffsetAndMetadata]:
+        found = self._group(group_id).committed(None)
+        return {tp: om for tp, om in found.items() if om is not None}
+
+    def alter_group_offsets(self, group_id: str, offsets: Mapping[TopicPartition, int]) -> None:
+        """Set committed offsets of an (empty) group explicitly."""
+        self.reset_group_offsets(group_id, [(tp.topic, tp.partition, "offset", o) for tp, o in offsets.items()])
+
+    def reset_group_offsets(self, group_id: str, specs: Iterable[tuple[str, int, str, int]], *,
+                            dry_run: bool = False) -> dict[TopicPartition, tuple[int, int]]:
+        """specs: (topic, partition or -1 for all, kind, value) with kind in
+        earliest | latest | timestamp (value ms) | offset (value) | shift (value added).
+        Returns {tp: (previous offset, new offset)}."""
+        kinds = {"offset": group_pb2.RESET_EXPLICIT, "earliest": group_pb2.RESET_EARLIEST,
+                 "latest": group_pb2.RESET_LATEST, "timestamp": group_pb2.RESET_TIMESTAMP,
+                 "shift": group_pb2.RESET_SHIFT_BY}
+        pb_specs = []
+        for topic, partition, kind, value in specs:
+            if kind not in kinds:
+                raise errors.InvalidRequestError(f"reset kind must be one of {sorted(kinds)}, got {kind!r}")
+            pb_specs.append(group_pb2.OffsetResetSpec(topic=topic, partition=partition, kind=kinds[kind],
+                                                      value=int(value)))
+        r = self._group(group_id).call("AlterGroupOffsets", group_pb2.AlterGroupOffsetsRequest(
+            group_id=group_id, specs=pb_specs, dry_run=dry_run))
+        out = {}
+        for p in r.partitions:
+            errors.raise_for(p.error_code, p.error_message or f"{p.topic}-{p.partition}")
+            out[TopicPartition(p.topic, p.partition)] = (p.previous_offset, p.offset)
+        return out
+
+    def delete_group_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
+        r = self._group(group_id).call("OffsetDelete", group_pb2.OffsetDeleteRequest(
+            group_id=group_id, partitions=[group_pb2.TopicPartitionRef(topic=t, partition=p) for t, p in partitions]))
+        for p in r.partitions:
+            errors.raise_for(p.error_code, p.error_message or f"{p.topic}-{p.partition}")
+
+    def close(self) -> None:
+        if self._controller is not None:
+            self._controller.close()
+        self.cluster.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _group_description(g: group_pb2.DescribedGroup) -> GroupDescription:
+    members = [MemberDescription(m.member_id, m.client_id, m.client_host, list(m.subscribed_topics),
+                                 [TopicPartition(r.topic, r.partition) for r in m.assigned_partitions])
+               for m in g.members]
+    offsets = {TopicPartition(o.topic, o.partition): GroupOffset(o.committed_offset, o.log_end_offset, o.lag,
+                                                                 o.member_id, o.metadata) for o in g.offsets}
+    return GroupDescription(g.group_id, g.state, g.protocol_type, g.protocol_name, g.generation_id, g.leader,
+                            g.coordinator_id, members, offsets)
