@@ -41,7 +41,8 @@ def estimate_record_bytes(key: bytes | None, value: bytes | None, headers: Heade
 class BatchCompletion:
     """The outcome of one batch, shared by the futures of all its records."""
 
-    __slots__ = ("event", "error", "base_offset", "log_append_time_ms", "callbacks", "lock", "topic", "partition")
+    __slots__ = ("event", "error", "base_offset", "log_append_time_ms", "callbacks", "lock", "topic", "partition",
+                 "completed_at")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -52,6 +53,7 @@ class BatchCompletion:
         self.log_append_time_ms = -1
         self.callbacks: list[tuple[RecordFuture, Callable[[RecordFuture], Any]]] | None = None
         self.lock = threading.Lock()
+        self.completed_at = 0.0  # time.monotonic() at completion (perf tools measure latency with it)
 
     def add_callback(self, future: RecordFuture, fn: Callable[[RecordFuture], Any]) -> None:
         with self.lock:
@@ -69,6 +71,7 @@ class BatchCompletion:
             self.base_offset = base_offset
             self.log_append_time_ms = log_append_time_ms
             self.error = error
+            self.completed_at = time.monotonic()
             self.event.set()
             callbacks, self.callbacks = self.callbacks, None
         for future, fn in callbacks or ():
@@ -122,6 +125,11 @@ class RecordFuture:
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         return self._wait(timeout).error
+
+    @property
+    def completed_at(self) -> float:
+        """time.monotonic() when the record's batch completed (0.0 while pending)."""
+        return self._completion.completed_at
 
     def _metadata(self, c: BatchCompletion) -> RecordMetadata:
         offset = c.base_offset + self._delta if c.base_offset >= 0 else -1

@@ -153,6 +153,7 @@ class ClusterClient:
         retry_backoff_max_ms: int = 1000,
         metadata_max_age_ms: int = 300_000,
         allow_auto_topic_creation: bool = False,
+        interceptors: list[Any] | None = None,
     ) -> None:
         if request_timeout_ms <= 0:
             raise errors.InvalidConfigError(f"request_timeout_ms must be > 0, got {request_timeout_ms}")
@@ -162,6 +163,8 @@ class ClusterClient:
         self.retry_backoff_max_ms = retry_backoff_max_ms
         self.metadata_max_age_ms = metadata_max_age_ms
         self.allow_auto_topic_creation = allow_auto_topic_creation
+        # gRPC client interceptors on every channel (tracing, auth, fault injection in tests).
+        self.interceptors = list(interceptors or [])
         self._lock = threading.RLock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
@@ -178,6 +181,8 @@ class ClusterClient:
             stub = self._stubs.get(address)
             if stub is None:
                 channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                if self.interceptors:
+                    channel = grpc.intercept_channel(channel, *self.interceptors)
                 self._channels[address] = channel
                 stub = broker_pb2_grpc.BrokerServiceStub(channel)
                 self._stubs[address] = stub

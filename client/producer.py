@@ -52,6 +52,7 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "value_serializer": None,
     "metadata_max_age_ms": 300000,
     "allow_auto_create_topics": True,
+    "interceptors": None,  # gRPC client interceptors for every broker channel
 }
 
 Serializer = Callable[[Any], bytes | None]
@@ -114,6 +115,7 @@ class Producer:
             retry_backoff_max_ms=require_int(cfg, "retry_backoff_max_ms"),
             metadata_max_age_ms=require_int(cfg, "metadata_max_age_ms", minimum=1),
             allow_auto_topic_creation=parse_bool(cfg, "allow_auto_create_topics"),
+            interceptors=cfg["interceptors"],
         )
         self._accumulator = RecordAccumulator(
             batch_size=batch_size,

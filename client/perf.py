@@ -1,0 +1,231 @@
+"""Perf tools in the spirit of Kafka's producer/consumer perf tests (wired as `brook perf produce|consume`).
+
+    python -m client.perf produce --bootstrap-servers 127.0.0.1:9092 --topic perf \
+        --num-records 1000000 --record-size 100 --acks all --throughput -1
+    python -m client.perf consume --bootstrap-servers 127.0.0.1:9092 --topic perf --num-records 1000000
+
+A progress line goes to stderr every second; the summary goes to stdout. Produce
+latency is send() -> acknowledgement, measured on a sample of records (at most
+``LATENCY_SAMPLES_MAX``) so measuring does not cost per-record work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from client import errors
+from client.admin import Admin, NewTopic
+from client.consumer import Consumer
+from client.producer import Producer
+from client.types import TopicPartition
+
+LATENCY_SAMPLES_MAX = 200_000
+DEFAULT_BOOTSTRAP = os.environ.get("BROOK_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+
+
+@dataclass
+class PerfResult:
+    records: int
+    bytes: int
+    elapsed_s: float
+    latencies_ms: list[float]
+    errors: int = 0
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / (1024 * 1024) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies_ms:
+            return float("nan")
+        data = sorted(self.latencies_ms)
+        return data[min(len(data) - 1, int(q * len(data)))]
+
+    def summary(self, what: str) -> str:
+        lat = self.latencies_ms
+        avg = sum(lat) / len(lat) if lat else float("nan")
+        return (f"{self.records} records {what}, {self.records_per_s:.1f} records/sec "
+                f"({self.mb_per_s:.2f} MB/sec), {avg:.2f} ms avg latency, "
+                f"{max(lat) if lat else float('nan'):.2f} ms max latency, "
+                f"{self.percentile(0.5):.2f} ms 50th, {self.percentile(0.99):.2f} ms 99th, "
+                f"{self.percentile(0.999):.2f} ms 99.9th, {self.errors} errors, {self.elapsed_s:.2f} s")
+
+
+def _config_pairs(items: Sequence[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"config {item!r} is not key=value")
+        out[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    return out
+
+
+class Progress:
+    """One stderr line per interval: rate since the last line and the running total."""
+
+    def __init__(self, what: str, interval_s: float = 1.0, stream: Any = sys.stderr) -> None:
+        self.what = what
+        self.interval_s = interval_s
+        self.stream = stream
+        self.start = self.last = time.monotonic()
+        self.last_count = 0
+
+    def maybe_print(self, count: int, extra: str = "") -> None:
+        now = time.monotonic()
+        if now - self.last < self.interval_s:
+            return
+        rate = (count - self.last_count) / (now - self.last)
+        self.stream.write(f"{count} records {self.what}, {rate:.1f} records/sec{extra}\n")
+        self.stream.flush()
+        self.last, self.last_count = now, count
+
+
+def ensure_topic(bootstrap: str, topic: str, partitions: int, replication_factor: int) -> None:
+    with Admin(bootstrap) as admin:
+        try:
+            admin.create_topics([NewTopic(topic, partitions, replication_factor)])
+        except errors.TopicAlreadyExistsError:
+            admin.wait_for_topics([topic])
+
+
+def run_produce(producer: Producer, topic: str, num_records: int, record_size: int, throughput: float,
+                progress: Progress | None = None) -> PerfResult:
+    payload = bytes(random.Random(0).randrange(65, 91) for _ in range(record_size))  # Kafka's A-Z payload
+    sample_every = max(1, num_records // LATENCY_SAMPLES_MAX)
+    samples: list[tuple[float, Any]] = []
+    send = producer.send
+    now = time.monotonic
+    start = now()
+    interval = 1.0 / throughput if throughput > 0 else 0.0
+    for i in range(num_records):
+        if interval and i % 16 == 0:
+            ahead = start + i * interval - now()
+            if ahead > 0.001:
+                time.sleep(ahead)
+        if i % sample_every == 0:
+            t = now()
+            samples.append((t, send(topic, payload)))
+            if progress is not None:
+                progress.maybe_print(i)
+        else:
+            send(topic, payload)
+    producer.flush()
+    elapsed = now() - start
+    latencies = []
+    failures = 0
+    for sent, future in samples:
+        if future.exception(timeout=0) is not None:
+            failures += 1
+            continue
+        latencies.append((future.completed_at - sent) * 1000)
+    return PerfResult(num_records, num_records * record_size, elapsed, latencies, failures)
+
+
+def produce_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="brook perf produce", description="Producer throughput and latency")
+    parser.add_argument("--bootstrap-servers", default=DEFAULT_BOOTSTRAP)
+    parser.add_argument("--topic", default="brook-perf")
+    parser.add_argument("--num-records", type=int, default=1_000_000)
+    parser.add_argument("--record-size", type=int, default=100)
+    parser.add_argument("--throughput", type=float, default=-1, help="records/s cap; -1 = unlimited")
+    parser.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"])
+    parser.add_argument("--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"])
+    parser.add_argument("--partitions", type=int, default=6, help="partitions when the topic is created")
+    parser.add_argument("--replication-factor", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=512 * 1024)
+    parser.add_argument("--linger-ms", type=int, default=5)
+    parser.add_argument("--producer-config", nargs="*", metavar="KEY=VALUE", help="any other producer config")
+    args = parser.parse_args(argv)
+    if args.num_records <= 0 or args.record_size <= 0:
+        parser.error("--num-records and --record-size must be positive")
+    ensure_topic(args.bootstrap_servers, args.topic, args.partitions, args.replication_factor)
+    config: dict[str, Any] = {
+        "bootstrap_servers": args.bootstrap_servers, "acks": args.acks, "compression_type": args.compression,
+        "batch_size": args.batch_size, "linger_ms": args.linger_ms,
+        "buffer_memory": max(64 * 1024 * 1024, 8 * args.batch_size),
+        "max_request_size": max(4 * 1024 * 1024, 2 * args.batch_size),
+    }
+    config.update(_config_pairs(args.producer_config))
+    with Producer(config) as producer:
+        result = run_produce(producer, args.topic, args.num_records, args.record_size, args.throughput,
+                             Progress("sent"))
+    print(result.summary("sent"))
+    return 0 if result.errors == 0 else 1
+
+
+def run_consume(consumer: Consumer, num_records: int, timeout_ms: int, progress: Progress | None = None
+                ) -> PerfResult:
+    count = 0
+    size = 0
+    poll_ms: list[float] = []
+    start = last_data = time.monotonic()
+    while count < num_records:
+        t = time.monotonic()
+        batch = consumer.poll(timeout_ms=100, max_records=max(500, min(100_000, num_records - count)))
+        now = time.monotonic()
+        if not batch:
+            if (now - last_data) * 1000 > timeout_ms:
+                break
+            continue
+        if len(poll_ms) < LATENCY_SAMPLES_MAX:
+            poll_ms.append((now - t) * 1000)
+        last_data = now
+        for records in batch.values():
+            count += len(records)
+            size += sum(len(r.value or b"") for r in records)
+        if progress is not None:
+            progress.maybe_print(count)
+    return PerfResult(count, size, last_data - start, poll_ms)
+
+
+def consume_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="brook perf consume", description="Consumer throughput")
+    parser.add_argument("--bootstrap-servers", default=DEFAULT_BOOTSTRAP)
+    parser.add_argument("--topic", default="brook-perf")
+    parser.add_argument("--num-records", type=int, default=1_000_000)
+    parser.add_argument("--group", default=None, help="consume as this group (subscribe); default: assign all")
+    parser.add_argument("--timeout-ms", type=int, default=10_000, help="stop after this long without records")
+    parser.add_argument("--fetch-max-bytes", type=int, default=64 * 1024 * 1024)
+    parser.add_argument("--max-partition-fetch-bytes", type=int, default=8 * 1024 * 1024)
+    parser.add_argument("--consumer-config", nargs="*", metavar="KEY=VALUE", help="any other consumer config")
+    args = parser.parse_args(argv)
+    config: dict[str, Any] = {
+        "bootstrap_servers": args.bootstrap_servers, "auto_offset_reset": "earliest",
+        "fetch_max_bytes": args.fetch_max_bytes, "max_partition_fetch_bytes": args.max_partition_fetch_bytes,
+        "group_id": args.group, "enable_auto_commit": False, "max_poll_records": 100_000,
+    }
+    config.update(_config_pairs(args.consumer_config))
+    with Consumer(config=config) as consumer:
+        if args.group:
+            consumer.subscribe([args.topic])
+        else:
+            parts = consumer.partitions_for_topic(args.topic)
+            consumer.assign([TopicPartition(args.topic, p) for p in sorted(parts)])
+            consumer.seek_to_beginning()
+        result = run_consume(consumer, args.num_records, args.timeout_ms, Progress("consumed"))
+    print(result.summary("consumed").replace("latency", "poll latency"))
+    return 0 if result.records >= args.num_records else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("produce", "consume"):
+        print("usage: python -m client.perf produce|consume [options]", file=sys.stderr)
+        return 2
+    return produce_main(argv[1:]) if argv[0] == "produce" else consume_main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
