@@ -5,23 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from clientkit import KAFKA_MURMUR2
 
 from client.partitioner import StickyPartitionCache, default_partition, murmur2, to_positive
-
-# Published by Kafka's own UtilsTest.testMurmur2 (and the Java implementation's users).
-KAFKA_MURMUR2 = {
-    b"21": -973932308,
-    b"foobar": -790332482,
-    b"a-little-bit-long-string": -985981536,
-    b"a-little-bit-longer-string": -1486304829,
-    b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
-    b"abc": 479470107,
-    b"1": -1993445489,
-    b"12": 126087238,
-    b"123": -267702483,
-    b"1234": -1614185708,
-    b"12345": -1188365604,
-}
 
 
 @pytest.mark.parametrize(("key", "expected"), sorted(KAFKA_MURMUR2.items()))
