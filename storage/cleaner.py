@@ -1,0 +1,426 @@
+"""LogCleaner: log compaction for ``cleanup.policy=compact`` (and ``compact,delete``).
+
+A pass over one log (Kafka's algorithm, simplified):
+
+1. The *dirty* section runs from the cleaner checkpoint (first dirty offset) to the first
+   uncleanable offset: the active segment's base, the high watermark, or the first
+   segment younger than ``min.compaction.lag.ms``, whichever is smallest. The active
+   segment is never touched.
+2. An offset map ``hash(key) -> last offset`` is built over whole dirty segments. Its
+   size is capped (``max_map_entries``): when full, the pass stops at the last segment
+   that fit, so memory is bounded whatever the log size.
+3. Every segment from the log start to the end of the mapped range is rewritten, in
+   groups that fit one segment: a record is kept when no later record has its key; a
+   tombstone (null value) is kept until its segment is older than
+   ``delete.retention.ms``. Offsets never change: kept records stay in batches whose
+   offsets are contiguous runs of the original batch (base offset = first kept offset),
+   with the original codec, timestamps and producer fields.
+4. The rewritten group is written as ``*.cleaned``, fsynced, and swapped in by
+   ``Log.replace_segments`` (``.swap`` rename protocol, finished on open after a crash).
+
+Reads and writes are throttled to ``io_bytes_per_sec``. Background threads pick the log
+with the highest dirty ratio above ``min.cleanable.dirty.ratio``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from proto import errors
+from storage.log import Log
+from storage.record_batch import (
+    ATTR_CONTROL,
+    ATTR_TIMESTAMP_TYPE,
+    ATTR_TRANSACTIONAL,
+    BATCH_HEADER_SIZE,
+    NO_SEQUENCE,
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    BatchHeader,
+    Record,
+    RecordBatchBuilder,
+    decode_batch,
+    read_header,
+    validate_batches,
+)
+from storage.segment import (
+    CLEANED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SCAN_CHUNK_BYTES,
+    TIME_INDEX_SUFFIX,
+    LogSegment,
+    segment_file_name,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MAP_ENTRIES = 200_000  # ~30 MB of Python dict with 16-byte digests
+DEFAULT_IO_BYTES_PER_SEC = 64 * 1024 * 1024
+DEFAULT_BACKOFF_MS = 15_000
+_WRITE_BUFFER_BYTES = 1024 * 1024  # cleaned batches are written in chunks of about this size
+_INT32_MAX = 2**31 - 1
+
+TopicPartitionKey = tuple[str, int]
+
+
+def key_digest(key: bytes) -> bytes:
+    return hashlib.blake2b(key, digest_size=16).digest()
+
+
+class OffsetMap:
+    """Bounded ``digest(key) -> latest offset`` map."""
+
+    def __init__(self, max_entries: int) -> None:
+        if max_entries <= 0:
+            raise ValueError("offset map needs room for at least one key")
+        self.max_entries = max_entries
+        self._map: dict[bytes, int] = {}
+        self.latest_offset = -1
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def put(self, key: bytes, offset: int) -> bool:
+        """Record ``key`` at ``offset``; False (and nothing stored) when a new key does not fit."""
+        digest = key_digest(key)
+        if digest not in self._map and len(self._map) >= self.max_entries:
+            return False
+        self._map[digest] = offset
+        self.latest_offset = max(self.latest_offset, offset)
+        return True
+
+    def get(self, key: bytes) -> int | None:
+        return self._map.get(key_digest(key))
+
+
+class Throttler:
+    """Keeps the average I/O rate under ``bytes_per_sec``; sleeps are interruptible."""
+
+    def __init__(self, bytes_per_sec: float, stop: threading.Event | None = None) -> None:
+        self.bytes_per_sec = bytes_per_sec
+        self._stop = stop or threading.Event()
+        self._start = time.monotonic()
+        self._bytes = 0
+
+    def account(self, n: int) -> None:
+        if self.bytes_per_sec <= 0:
+            return
+        self._bytes += n
+        ahead_s = self._bytes / self.bytes_per_sec - (time.monotonic() - self._start)
+        if ahead_s > 0:
+            self._stop.wait(min(ahead_s, 5.0))
+
+
+@dataclass
+class CleanerStats:
+    segments_cleaned: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_read: int = 0
+    records_kept: int = 0
+    tombstones_dropped: int = 0
+    first_dirty_offset: int = 0
+    end_offset: int = 0
+
+
+class CleanerAborted(Exception):
+    """The cleaner was stopped mid-pass; nothing was swapped in for the current group."""
+
+
+class LogCleaner:
+    def __init__(self, logs: Callable[[], dict[TopicPartitionKey, Log]], *, threads: int = 1,
+                 max_map_entries: int = DEFAULT_MAX_MAP_ENTRIES,
+                 io_bytes_per_sec: float = DEFAULT_IO_BYTES_PER_SEC, backoff_ms: int = DEFAULT_BACKOFF_MS,
+                 checkpoints: dict[TopicPartitionKey, int] | None = None) -> None:
+        self._logs = logs
+        self.threads = threads
+        self.max_map_entries = max_map_entries
+        self.io_bytes_per_sec = io_bytes_per_sec
+        self.backoff_ms = backoff_ms
+        self._lock = threading.Lock()
+        self._first_dirty: dict[TopicPartitionKey, int] = dict(checkpoints or {})
+        self._in_progress: set[TopicPartitionKey] = set()
+        self._stop = threading.Event()
+        self._workers: list[threading.Thread] = []
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def checkpoints(self) -> dict[TopicPartitionKey, int]:
+        with self._lock:
+            return dict(self._first_dirty)
+
+    def forget(self, tp: TopicPartitionKey) -> None:
+        with self._lock:
+            self._first_dirty.pop(tp, None)
+
+    def first_dirty_offset(self, lg: Log) -> int:
+        with self._lock:
+            return max(self._first_dirty.get((lg.topic, lg.partition), 0), lg.log_start_offset)
+
+    # -- choosing work ---------------------------------------------------------------------
+    def _uncleanable_from(self, lg: Log, now_ms: int) -> int:
+        segments = lg.segments()
+        bound = min(segments[-1].base_offset, lg.high_watermark)
+        lag = lg.config.min_compaction_lag_ms
+        if lag > 0:
+            for seg in segments[:-1]:
+                if now_ms - seg.largest_timestamp < lag:
+                    bound = min(bound, seg.base_offset)
+                    break
+        return bound
+
+    def dirty_ratio(self, lg: Log, now_ms: int | None = None) -> float:
+        now = _now_ms(now_ms)
+        first_dirty = self.first_dirty_offset(lg)
+        bound = self._uncleanable_from(lg, now)
+        segments = lg.segments()
+        closed = segments[:-1]
+        total = sum(s.size for s in closed)
+        dirty = sum(s.size for i, s in enumerate(closed)
+                    if s.base_offset >= first_dirty and _next_base_of(segments, i) <= bound)
+        return dirty / total if total else 0.0
+
+    def grab_filthiest(self, now_ms: int | None = None) -> Log | None:
+        best: tuple[float, Log] | None = None
+        for tp, lg in self._logs().items():
+            if not lg.config.compact or lg.closed:
+                continue
+            with self._lock:
+                if tp in self._in_progress:
+                    continue
+            ratio = self.dirty_ratio(lg, now_ms)
+            if ratio > 0 and ratio >= lg.config.min_cleanable_dirty_ratio and (best is None or ratio > best[0]):
+                best = (ratio, lg)
+        if best is None:
+            return None
+        with self._lock:
+            tp = (best[1].topic, best[1].partition)
+            if tp in self._in_progress:
+                return None
+            self._in_progress.add(tp)
+        return best[1]
+
+    # -- one pass ----------------------------------------------------------------------------
+    def clean_log(self, lg: Log, now_ms: int | None = None) -> CleanerStats:
+        """Compact ``lg`` once (callers: the background threads, tests, admin tools)."""
+        now = _now_ms(now_ms)
+        stats = CleanerStats()
+        first_dirty = self.first_dirty_offset(lg)
+        stats.first_dirty_offset = first_dirty
+        bound = self._uncleanable_from(lg, now)
+        throttler = Throttler(self.io_bytes_per_sec, self._stop)
+        offset_map = OffsetMap(self.max_map_entries)
+        end = self._build_offset_map(lg, first_dirty, bound, offset_map, throttler, stats)
+        stats.end_offset = end
+        if end <= first_dirty:
+            return stats
+        segments = lg.segments()
+        to_clean = [s for i, s in enumerate(segments[:-1]) if _next_base_of(segments, i) <= end]
+        for group in self._group_segments(to_clean, lg.config.segment_bytes):
+            self._clean_group(lg, group, offset_map, now, throttler, stats)
+        with self._lock:
+            self._first_dirty[(lg.topic, lg.partition)] = end
+        log.info("cleaned %s: %d segments, %d -> %d bytes, kept %d of %d records, dirty up to %d",
+                 lg.dir, stats.segments_cleaned, stats.bytes_read, stats.bytes_written, stats.records_kept,
+                 stats.records_read, end)
+        return stats
+
+    def _build_offset_map(self, lg: Log, first_dirty: int, bound: int, offset_map: OffsetMap,
+                          throttler: Throttler, stats: CleanerStats) -> int:
+        """Map keys of whole dirty segments below ``bound``; return the end of the mapped range."""
+        segments = lg.segments()
+        end = first_dirty
+        for i, seg in enumerate(segments[:-1]):
+            seg_end = _next_base_of(segments, i)
+            if seg_end <= first_dirty:
+                continue
+            if seg_end > bound:
+                break
+            full = False
+            for h, batch in _iter_batches(seg, throttler, self._stop):
+                if h.attributes & ATTR_CONTROL:
+                    continue
+                for rec in decode_batch(batch)[1]:
+                    if rec.key is not None and not offset_map.put(rec.key, rec.offset):
+                        full = True
+                        break
+                if full:
+                    break
+            if full:
+                if end == first_dirty:
+                    log.warning("cleaner offset map (%d keys) cannot hold one segment of %s; "
+                                "raise max_map_entries", offset_map.max_entries, lg.dir)
+                break
+            end = seg_end
+        return end
+
+    @staticmethod
+    def _group_segments(segments: list[LogSegment], max_bytes: int) -> Iterator[list[LogSegment]]:
+        group: list[LogSegment] = []
+        size = 0
+        for seg in segments:
+            if group and (size + seg.size > max_bytes or seg.next_offset - group[0].base_offset > _INT32_MAX):
+                yield group
+                group, size = [], 0
+            group.append(seg)
+            size += seg.size
+        if group:
+            yield group
+
+    def _clean_group(self, lg: Log, group: list[LogSegment], offset_map: OffsetMap, now: int,
+                     throttler: Throttler, stats: CleanerStats) -> None:
+        c = lg.config
+        base = group[0].base_offset
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):  # leftovers of an aborted pass
+            (lg.dir / (segment_file_name(base, suffix) + CLEANED_SUFFIX)).unlink(missing_ok=True)
+        target = LogSegment(lg.dir, base, index_bytes=c.segment_index_bytes,
+                            index_interval_bytes=c.index_interval_bytes, writable=True, suffix=CLEANED_SUFFIX,
+                            created_ms=group[-1].created_ms)
+        try:
+            pending = bytearray()
+            for seg in group:
+                drop_tombstones = now - seg.largest_timestamp > c.delete_retention_ms
+                for h, batch in _iter_batches(seg, throttler, self._stop):
+                    stats.bytes_read += h.size
+                    pending += self._filter_batch(h, batch, offset_map, drop_tombstones, stats)
+                    if len(pending) >= _WRITE_BUFFER_BYTES:
+                        self._write(target, pending, throttler, stats)
+                        pending = bytearray()
+            if pending:
+                self._write(target, pending, throttler, stats)
+            target.on_become_inactive()
+            target.flush()
+            if lg.replace_segments(target, group):
+                stats.segments_cleaned += len(group)
+                return
+            log.info("log %s changed during cleaning; dropping the cleaned copy", lg.dir)
+        except BaseException:
+            target.delete_files()
+            raise
+        target.delete_files()
+
+    @staticmethod
+    def _write(target: LogSegment, data: bytearray, throttler: Throttler, stats: CleanerStats) -> None:
+        headers = validate_batches(data)  # assert right before it goes to disk
+        target.append(data, headers)
+        stats.bytes_written += len(data)
+        throttler.account(len(data))
+
+    @staticmethod
+    def _filter_batch(h: BatchHeader, batch: memoryview, offset_map: OffsetMap, drop_tombstones: bool,
+                      stats: CleanerStats) -> bytes:
+        """The batch's kept records, re-batched in runs of consecutive offsets."""
+        if h.attributes & (ATTR_CONTROL | ATTR_TRANSACTIONAL):
+            return bytes(batch)  # transactions are not compacted here: keep as written
+        _h, records = decode_batch(batch)
+        stats.records_read += len(records)
+        kept: list[Record] = []
+        for rec in records:
+            if rec.key is not None:
+                latest = offset_map.get(rec.key)
+                if latest is not None and rec.offset < latest:
+                    continue  # a later record has this key
+                if rec.value is None and drop_tombstones:
+                    stats.tombstones_dropped += 1
+                    continue
+            kept.append(rec)
+        stats.records_kept += len(kept)
+        if len(kept) == len(records):
+            return bytes(batch)  # nothing removed: keep the original bytes
+        out = bytearray()
+        run: list[Record] = []
+        for rec in kept:
+            if run and rec.offset != run[-1].offset + 1:
+                out += _build_run(h, run)
+                run = []
+            run.append(rec)
+        if run:
+            out += _build_run(h, run)
+        return bytes(out)
+
+    # -- background threads ----------------------------------------------------------------
+    def start(self) -> None:
+        self._stop.clear()
+        for i in range(self.threads):
+            t = threading.Thread(target=self._run, name=f"log-cleaner-{i}", daemon=True)
+            t.start()
+            self._workers.append(t)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            lg = self.grab_filthiest()
+            if lg is None:
+                self._stop.wait(self.backoff_ms / 1000)
+                continue
+            tp = (lg.topic, lg.partition)
+            try:
+                self.clean_log(lg)
+            except CleanerAborted:
+                return
+            except (errors.BrookError, OSError, ValueError) as exc:
+                # One bad log must not stop compaction of the others; it is retried after backoff.
+                log.error("cleaning %s failed: %s", lg.dir, exc)
+                self._stop.wait(self.backoff_ms / 1000)
+            finally:
+                with self._lock:
+                    self._in_progress.discard(tp)
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        for t in self._workers:
+            t.join(timeout_s)
+        self._workers = []
+
+
+def _build_run(h: BatchHeader, run: list[Record]) -> bytes:
+    """One batch of consecutive kept records with the original batch's codec and producer fields."""
+    first_delta = run[0].offset - h.base_offset
+    base_seq = NO_SEQUENCE if h.base_sequence == NO_SEQUENCE else (h.base_sequence + first_delta) % 2**31
+    ts_type = TIMESTAMP_LOG_APPEND_TIME if h.attributes & ATTR_TIMESTAMP_TYPE else TIMESTAMP_CREATE_TIME
+    b = RecordBatchBuilder(h.compression, producer_id=h.producer_id, producer_epoch=h.producer_epoch,
+                           base_sequence=base_seq, timestamp_type=ts_type,
+                           partition_leader_epoch=h.partition_leader_epoch, base_offset=run[0].offset)
+    for rec in run:
+        b.append(rec.timestamp, rec.key, rec.value, rec.headers)
+    return b.build()
+
+
+def _iter_batches(seg: LogSegment, throttler: Throttler, stop: threading.Event
+                  ) -> Iterator[tuple[BatchHeader, memoryview]]:
+    """Every batch of ``seg`` as bytes, read in bounded chunks (throttled, stoppable)."""
+    pos, end = 0, seg.size
+    fd = seg._fd  # noqa: SLF001 - the cleaner is the segment's sibling reader
+    while end - pos > 0:
+        if stop.is_set():
+            raise CleanerAborted()
+        chunk = os.pread(fd, min(SCAN_CHUNK_BYTES, end - pos), pos)
+        throttler.account(len(chunk))
+        view = memoryview(chunk)
+        rel = 0
+        while len(chunk) - rel >= BATCH_HEADER_SIZE:
+            h = read_header(chunk, rel)
+            if rel + h.size > len(chunk):
+                break
+            yield h, view[rel:rel + h.size]
+            rel += h.size
+        if rel == 0:
+            h = read_header(chunk, 0)
+            whole = os.pread(fd, h.size, pos)
+            throttler.account(len(whole))
+            yield h, memoryview(whole)
+            rel = h.size
+        pos += rel
+
+
+def _next_base_of(segments: tuple[LogSegment, ...] | list[LogSegment], i: int) -> int:
+    return segments[i + 1].base_offset if i + 1 < len(segments) else segments[i].next_offset
+
+
+def _now_ms(now_ms: int | None) -> int:
+    return int(time.time() * 1000) if now_ms is None else now_ms

@@ -1,0 +1,334 @@
+"""LogManager: every partition log of a broker, across one or more data directories.
+
+Per data directory it keeps Kafka's checkpoint files (``recovery-point-offset-checkpoint``,
+``replication-offset-checkpoint`` = high watermarks, ``log-start-offset-checkpoint``,
+``cleaner-offset-checkpoint``) and a clean-shutdown marker (``.brook_clean_shutdown``):
+present at startup, it means every log was flushed and closed, so no segment needs a
+rescan; absent (crash), each log rescans from its checkpointed recovery point.
+
+Background threads (each bounded by its interval, each stopped by ``shutdown``):
+flusher (``flush.ms``), retention (``retention.ms``/``retention.bytes`` and delayed file
+deletion), checkpointer, and the log cleaner (compaction).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from proto import errors
+from storage.checkpoints import (
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
+    OffsetCheckpointFile,
+    fsync_dir,
+    write_atomically,
+)
+from storage.cleaner import DEFAULT_IO_BYTES_PER_SEC, DEFAULT_MAX_MAP_ENTRIES, LogCleaner
+from storage.log import Log, parse_partition_dir
+from storage.log_config import LogConfig
+
+log = logging.getLogger(__name__)
+
+CLEAN_SHUTDOWN_FILE = ".brook_clean_shutdown"
+PARTITION_METADATA_FILE = "partition.metadata"
+DELETE_DIR_SUFFIX = "-delete"
+
+TopicPartitionKey = tuple[str, int]
+
+
+def read_partition_metadata(partition_dir: Path) -> str | None:
+    """The topic id stored in ``partition.metadata`` (Kafka's format), or None."""
+    try:
+        text = (partition_dir / PARTITION_METADATA_FILE).read_text(encoding="utf-8")
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "topic_id":
+            return value.strip()
+    return None
+
+
+def write_partition_metadata(partition_dir: Path, topic_id: str) -> None:
+    write_atomically(partition_dir / PARTITION_METADATA_FILE, f"version: 0\ntopic_id: {topic_id}\n".encode())
+
+
+class LogManager:
+    def __init__(self, log_dirs: list[Path], broker_defaults: Mapping[str, str] | None = None, *,
+                 flush_check_ms: int = 1000, retention_check_ms: int = 300_000, cleaner_threads: int = 1,
+                 checkpoint_interval_ms: int = 60_000, recovery_full_scan: bool = False,
+                 cleaner_max_map_entries: int = DEFAULT_MAX_MAP_ENTRIES,
+                 cleaner_io_bytes_per_sec: float = DEFAULT_IO_BYTES_PER_SEC,
+                 cleaner_backoff_ms: int = 15_000) -> None:
+        if not log_dirs:
+            raise ValueError("at least one log dir is needed")
+        self.log_dirs = [Path(d) for d in log_dirs]
+        self.broker_defaults = dict(broker_defaults or {})
+        self.flush_check_ms = flush_check_ms
+        self.retention_check_ms = retention_check_ms
+        self.checkpoint_interval_ms = checkpoint_interval_ms
+        self.recovery_full_scan = recovery_full_scan
+        self._lock = threading.RLock()
+        self._logs: dict[TopicPartitionKey, Log] = {}
+        self._log_dir_of: dict[TopicPartitionKey, Path] = {}
+        self._topic_ids: dict[TopicPartitionKey, str] = {}
+        self._overrides: dict[str, dict[str, str]] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._started = False
+        self._shut_down = False
+        self.cleaner = LogCleaner(self.all_logs, threads=cleaner_threads, max_map_entries=cleaner_max_map_entries,
+                                  io_bytes_per_sec=cleaner_io_bytes_per_sec, backoff_ms=cleaner_backoff_ms)
+
+    # ------------------------------------------------------------------ startup
+    def startup(self) -> None:
+        """Open every partition directory of every log dir (recovering after unclean stops)."""
+        cleaner_checkpoints: dict[TopicPartitionKey, int] = {}
+        for d in self.log_dirs:
+            d.mkdir(parents=True, exist_ok=True)
+            marker = d / CLEAN_SHUTDOWN_FILE
+            clean = marker.exists() and not self.recovery_full_scan
+            recovery = OffsetCheckpointFile(d / RECOVERY_POINT_CHECKPOINT).read_or_empty()
+            hws = OffsetCheckpointFile(d / REPLICATION_OFFSET_CHECKPOINT).read_or_empty()
+            starts = OffsetCheckpointFile(d / LOG_START_OFFSET_CHECKPOINT).read_or_empty()
+            cleaner_checkpoints.update(OffsetCheckpointFile(d / CLEANER_OFFSET_CHECKPOINT).read_or_empty())
+            log.info("loading logs in %s (%s shutdown)", d, "clean" if clean else "unclean")
+            for child in sorted(d.iterdir()):
+                if not child.is_dir():
+                    continue
+                if child.name.endswith(DELETE_DIR_SUFFIX):
+                    shutil.rmtree(child, ignore_errors=True)  # a deletion interrupted by a stop
+                    continue
+                try:
+                    tp = parse_partition_dir(child.name)
+                except ValueError:
+                    continue
+                self._open_existing(d, child, tp, clean, recovery.get(tp, 0), hws.get(tp), starts.get(tp))
+            # From now on a crash is an unclean shutdown: the marker goes until the next clean stop.
+            if marker.exists():
+                marker.unlink()
+                fsync_dir(d)
+        with self.cleaner._lock:  # noqa: SLF001 - seeding the cleaner's state at startup
+            self.cleaner._first_dirty.update(cleaner_checkpoints)  # noqa: SLF001
+        self._started = True
+
+    def _open_existing(self, d: Path, child: Path, tp: TopicPartitionKey, clean: bool, recovery_point: int,
+                       hw: int | None, start: int | None) -> None:
+        with self._lock:
+            if tp in self._logs:
+                log.error("partition %s-%d found in both %s and %s; keeping the first", tp[0], tp[1],
+                          self._log_dir_of[tp], d)
+                return
+        config = LogConfig.from_overrides({}, self.broker_defaults)
+        lg = Log.open(child, config, recovery_point=recovery_point, log_start_offset=start,
+                      high_watermark=hw, clean_shutdown=clean, full_recovery=self.recovery_full_scan)
+        with self._lock:
+            self._logs[tp] = lg
+            self._log_dir_of[tp] = d
+            self._topic_ids[tp] = read_partition_metadata(child) or ""
+
+    # ------------------------------------------------------------------ access
+    def get_log(self, topic: str, partition: int) -> Log | None:
+        with self._lock:
+            return self._logs.get((topic, partition))
+
+    def all_logs(self) -> dict[TopicPartitionKey, Log]:
+        with self._lock:
+            return dict(self._logs)
+
+    def topic_id(self, topic: str, partition: int) -> str | None:
+        with self._lock:
+            return self._topic_ids.get((topic, partition))
+
+    def log_dir_of(self, topic: str, partition: int) -> Path | None:
+        with self._lock:
+            return self._log_dir_of.get((topic, partition))
+
+    def get_or_create_log(self, topic: str, partition: int, *, topic_id: str,
+                          overrides: Mapping[str, str] | None = None) -> Log:
+        """The log of ``topic-partition``, created on the least-used log dir if missing.
+
+        A directory with the same name but another topic id is an old incarnation of a
+        deleted topic: it is deleted and the log created fresh.
+        """
+        tp = (topic, partition)
+        overrides = dict(overrides or {})
+        config = LogConfig.from_overrides(overrides, self.broker_defaults)  # bad configs refused first
+        with self._lock:
+            self._overrides[topic] = overrides
+            lg = self._logs.get(tp)
+            if lg is not None:
+                known = self._topic_ids.get(tp, "")
+                if not known or known == topic_id:
+                    if not known and topic_id:
+                        write_partition_metadata(lg.dir, topic_id)
+                        self._topic_ids[tp] = topic_id
+                    if lg.config != config:
+                        lg.update_config(config)
+                    return lg
+                log.warning("%s-%d: on-disk topic id %s differs from %s: deleting the old incarnation",
+                            topic, partition, known, topic_id)
+                self.delete_log(topic, partition)
+            d = self._least_used_dir()
+            path = d / f"{topic}-{partition}"
+            if path.exists():
+                shutil.rmtree(path)  # stray directory not loaded at startup (e.g. another topic id)
+            path.mkdir(parents=True)
+            write_partition_metadata(path, topic_id)
+            fsync_dir(d)
+            lg = Log.open(path, config)
+            self._logs[tp] = lg
+            self._log_dir_of[tp] = d
+            self._topic_ids[tp] = topic_id
+            log.info("created log %s-%d in %s", topic, partition, d)
+            return lg
+
+    def _least_used_dir(self) -> Path:
+        """Fewest partitions first, then fewest bytes, then configuration order (Kafka's rule + size)."""
+        counts = {d: 0 for d in self.log_dirs}
+        sizes = {d: 0 for d in self.log_dirs}
+        for tp, d in self._log_dir_of.items():
+            counts[d] = counts.get(d, 0) + 1
+            sizes[d] = sizes.get(d, 0) + self._logs[tp].size_bytes
+        return min(self.log_dirs, key=lambda d: (counts[d], sizes[d], self.log_dirs.index(d)))
+
+    def delete_log(self, topic: str, partition: int) -> None:
+        tp = (topic, partition)
+        with self._lock:
+            lg = self._logs.pop(tp, None)
+            self._log_dir_of.pop(tp, None)
+            self._topic_ids.pop(tp, None)
+        if lg is None:
+            return
+        self.cleaner.forget(tp)
+        lg.close_without_flush()
+        # Rename first so a crash mid-delete leaves a '-delete' dir (removed at startup), not a log.
+        doomed = lg.dir.with_name(f"{lg.dir.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+        try:
+            os.replace(lg.dir, doomed)
+            fsync_dir(doomed.parent)
+        except OSError as exc:
+            log.warning("could not rename %s for deletion: %s", lg.dir, exc)
+            doomed = lg.dir
+        shutil.rmtree(doomed, ignore_errors=True)
+        log.info("deleted log %s-%d", topic, partition)
+
+    def update_topic_config(self, topic: str, overrides: Mapping[str, str]) -> None:
+        config = LogConfig.from_overrides(overrides, self.broker_defaults)
+        with self._lock:
+            self._overrides[topic] = dict(overrides)
+            for (t, _p), lg in self._logs.items():
+                if t == topic:
+                    lg.update_config(config)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _by_dir(self) -> dict[Path, dict[TopicPartitionKey, Log]]:
+        with self._lock:
+            out: dict[Path, dict[TopicPartitionKey, Log]] = {d: {} for d in self.log_dirs}
+            for tp, lg in self._logs.items():
+                out[self._log_dir_of[tp]][tp] = lg
+            return out
+
+    def checkpoint_high_watermarks(self) -> None:
+        for d, logs in self._by_dir().items():
+            OffsetCheckpointFile(d / REPLICATION_OFFSET_CHECKPOINT).write(
+                {tp: lg.high_watermark for tp, lg in logs.items()})
+
+    def checkpoint_recovery_points(self) -> None:
+        for d, logs in self._by_dir().items():
+            OffsetCheckpointFile(d / RECOVERY_POINT_CHECKPOINT).write(
+                {tp: lg.recovery_point for tp, lg in logs.items()})
+
+    def checkpoint_log_start_offsets(self) -> None:
+        for d, logs in self._by_dir().items():
+            OffsetCheckpointFile(d / LOG_START_OFFSET_CHECKPOINT).write(
+                {tp: lg.log_start_offset for tp, lg in logs.items()})
+
+    def checkpoint_cleaner_offsets(self) -> None:
+        dirty = self.cleaner.checkpoints()
+        for d, logs in self._by_dir().items():
+            OffsetCheckpointFile(d / CLEANER_OFFSET_CHECKPOINT).write(
+                {tp: dirty[tp] for tp in logs if tp in dirty})
+
+    def checkpoint_all(self) -> None:
+        self.checkpoint_recovery_points()
+        self.checkpoint_high_watermarks()
+        self.checkpoint_log_start_offsets()
+        self.checkpoint_cleaner_offsets()
+
+    # ------------------------------------------------------------------ background work
+    def flush_due_logs(self, now_ms: int | None = None) -> None:
+        for lg in self.all_logs().values():
+            self._guard(lg, lambda lg=lg: lg.maybe_flush(now_ms))
+
+    def run_retention(self, now_ms: int | None = None) -> int:
+        deleted = 0
+        for lg in self.all_logs().values():
+            deleted += self._guard(lg, lambda lg=lg: lg.delete_old_segments(now_ms)) or 0
+        return deleted
+
+    @staticmethod
+    def _guard(lg: Log, fn: Callable[[], object]) -> object:
+        """Run one log's housekeeping; a failure is logged and does not stop the others."""
+        try:
+            if not lg.closed:
+                return fn()
+        except (errors.BrookError, OSError, ValueError) as exc:
+            if not lg.closed:  # a log deleted meanwhile is not an error
+                log.error("housekeeping of %s failed: %s", lg.dir, exc)
+        return None
+
+    def start_background(self) -> None:
+        if self._threads:
+            return
+        self._stop.clear()
+        jobs = [("log-flusher", self.flush_check_ms, self.flush_due_logs),
+                ("log-retention", self.retention_check_ms, self.run_retention),
+                ("log-checkpointer", self.checkpoint_interval_ms, self.checkpoint_all)]
+        for name, interval_ms, job in jobs:
+            t = threading.Thread(target=self._loop, args=(name, interval_ms, job), name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        self.cleaner.start()
+
+    def _loop(self, name: str, interval_ms: int, job: Callable[[], object]) -> None:
+        while not self._stop.wait(max(interval_ms, 1) / 1000):
+            started = time.monotonic()
+            try:
+                job()
+            except (errors.BrookError, OSError, ValueError) as exc:
+                log.error("%s failed: %s", name, exc)
+            log.debug("%s took %.3f s", name, time.monotonic() - started)
+
+    def shutdown(self) -> None:
+        """Stop background work, flush and close every log, write checkpoints and the clean marker."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self._stop.set()
+        self.cleaner.shutdown()
+        for t in self._threads:
+            t.join(30)
+        self._threads = []
+        failed = False
+        for lg in self.all_logs().values():
+            try:
+                lg.close()
+            except (errors.BrookError, OSError) as exc:
+                failed = True
+                log.error("closing %s failed: %s", lg.dir, exc)
+        self.checkpoint_all()
+        if failed:
+            return  # no clean marker: the next start rescans from the recovery points
+        for d in self.log_dirs:
+            write_atomically(d / CLEAN_SHUTDOWN_FILE, b"")
+        log.info("log manager shut down cleanly")

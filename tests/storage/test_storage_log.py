@@ -1,0 +1,278 @@
+"""Partition Log: append/read, bad input, rolling, indexes, timestamps, truncation, followers, producers."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+from storage_testlib import batch_bases, make_batch, now_ms, offsets_of, read_all
+
+from proto import errors
+from storage.log import Log, UnexpectedAppendOffsetError
+from storage.log_config import LogConfig
+from storage.record_batch import TIMESTAMP_LOG_APPEND_TIME, iter_batches, read_header
+
+
+def open_log(tmp_path: Path, **cfg) -> Log:
+    return Log.open(tmp_path / "t-0", LogConfig(**cfg))
+
+
+def test_append_assigns_offsets_and_reads_back(tmp_path: Path) -> None:
+    lg = open_log(tmp_path)
+    infos = [lg.append_as_leader(make_batch(3), leader_epoch=4) for _ in range(5)]
+    assert [(i.first_offset, i.last_offset) for i in infos] == [(0, 2), (3, 5), (6, 8), (9, 11), (12, 14)]
+    assert lg.log_end_offset == 15 and lg.log_start_offset == 0
+    data = lg.read(0, 1 << 20).records
+    assert offsets_of(data) == list(range(15))
+    assert {h.partition_leader_epoch for _p, h in iter_batches(data)} == {4}
+    # start in the middle of a batch: the whole batch comes back
+    got = lg.read(4, 1 << 20)
+    assert got.first_offset == 3 and batch_bases(got.records)[0] == 3
+    lg.close()
+
+
+def test_read_bounds_and_out_of_range(tmp_path: Path) -> None:
+    lg = open_log(tmp_path)
+    for _ in range(4):
+        lg.append_as_leader(make_batch(2), 0)
+    assert batch_bases(lg.read(0, 1 << 20, max_offset=4).records) == [0, 2]
+    assert lg.read(4, 1 << 20, max_offset=4).records == b""
+    assert lg.read(8, 1 << 20).records == b""  # at the log end: empty, not an error
+    with pytest.raises(errors.OffsetOutOfRangeError):
+        lg.read(9, 100)
+    with pytest.raises(errors.OffsetOutOfRangeError):
+        lg.read(-1, 100)
+    one = lg.read(0, 10)  # max_bytes below one batch: still one whole batch
+    assert batch_bases(one.records) == [0]
+    assert lg.read(0, 10, min_one_batch=False).records == b""
+    size = len(make_batch(2))
+    assert batch_bases(lg.read(0, size * 2 + 5).records) == [0, 2]  # whole batches only
+    lg.close()
+
+
+@pytest.mark.parametrize("kind", ["crc", "magic", "length", "count", "truncated", "too_large", "trailing"])
+def test_bad_input_refused_and_nothing_appended(tmp_path: Path, kind: str) -> None:
+    lg = open_log(tmp_path, max_message_bytes=2000)
+    lg.append_as_leader(make_batch(2), 0)
+    good = make_batch(2)
+    bad = bytearray(good)
+    expected: type[errors.BrookError] = errors.CorruptMessageError
+    if kind == "crc":
+        bad[-1] ^= 0xFF
+    elif kind == "magic":
+        bad[16] = 1
+    elif kind == "length":
+        struct.pack_into(">i", bad, 8, len(bad) - 12 + 40)
+    elif kind == "count":
+        struct.pack_into(">i", bad, 57, 7)
+    elif kind == "truncated":
+        bad = bad[:-5]
+    elif kind == "too_large":
+        bad = bytearray(make_batch(1, value_size=3000))
+        expected = errors.MessageTooLargeError
+    elif kind == "trailing":
+        bad = bytearray(good) + b"\x00" * 20
+    before = (lg.log_end_offset, lg.size_bytes)
+    # a good batch first: the call is all-or-nothing
+    with pytest.raises(expected):
+        lg.append_as_leader(good + bytes(bad), 0)
+    assert (lg.log_end_offset, lg.size_bytes) == before
+    assert lg.append_as_leader(good, 0).first_offset == 2
+    lg.close()
+
+
+def test_empty_append_refused(tmp_path: Path) -> None:
+    lg = open_log(tmp_path)
+    with pytest.raises(errors.CorruptMessageError):
+        lg.append_as_leader(b"", 0)
+    assert lg.log_end_offset == 0
+    lg.close()
+
+
+def test_roll_by_size_and_index_entries(tmp_path: Path) -> None:
+    size = len(make_batch(3))
+    lg = open_log(tmp_path, segment_bytes=size * 4, index_interval_bytes=size)
+    for _ in range(10):
+        lg.append_as_leader(make_batch(3), 0)
+    segs = lg.segments()
+    assert [s.base_offset for s in segs] == [0, 12, 24]
+    assert all(s.size <= size * 4 for s in segs)
+    names = sorted(p.name for p in (tmp_path / "t-0").iterdir() if p.suffix == ".log")
+    assert names == ["00000000000000000000.log", "00000000000000000012.log", "00000000000000000024.log"]
+    first = segs[0]
+    assert first.index.entries >= 1 and first.index.lookup(7).offset <= 7
+    # every offset is readable through the indexes
+    for off in range(30):
+        got = lg.read(off, 1)
+        assert got.first_offset <= off < got.first_offset + 3, (off, got.first_offset)
+    lg.close()
+
+
+def test_roll_by_time(tmp_path: Path) -> None:
+    lg = open_log(tmp_path, segment_ms=1000)
+    t0 = now_ms()
+    lg.append_as_leader(make_batch(1, ts=t0), 0, now_ms=t0)
+    lg.append_as_leader(make_batch(1, ts=t0), 0, now_ms=t0 + 500)
+    assert len(lg.segments()) == 1
+    lg.append_as_leader(make_batch(1, ts=t0), 0, now_ms=t0 + 1500)
+    assert [s.base_offset for s in lg.segments()] == [0, 2]
+    lg.close()
+
+
+def test_roll_when_index_full(tmp_path: Path) -> None:
+    lg = open_log(tmp_path, segment_index_bytes=8 * 4, index_interval_bytes=0)
+    for _ in range(12):
+        lg.append_as_leader(make_batch(1), 0)
+    assert len(lg.segments()) > 2
+    assert all(s.index.entries <= 4 for s in lg.segments())
+    assert offsets_of(read_all(lg)) == list(range(12))
+    lg.close()
+
+
+def test_offset_for_timestamp(tmp_path: Path) -> None:
+    size = len(make_batch(2))
+    lg = open_log(tmp_path, segment_bytes=size * 3, index_interval_bytes=1)
+    base = now_ms() - 100_000
+    for i in range(10):
+        lg.append_as_leader(make_batch(2, ts=base + i * 1000), 0)  # batch i: ts base+1000i, +1
+    assert lg.offset_for_timestamp(base) == (0, base + 1)
+    assert lg.offset_for_timestamp(base + 4500) == (10, base + 5001)
+    assert lg.offset_for_timestamp(base + 9001) == (18, base + 9001)
+    assert lg.offset_for_timestamp(base + 9002) is None
+    assert lg.offset_for_timestamp(-2) == (0, -1)
+    assert lg.offset_for_timestamp(-1) == (20, -1)
+    lg.close()
+    lg = Log.open(tmp_path / "t-0", lg.config, clean_shutdown=True)  # from the persisted time indexes
+    assert lg.offset_for_timestamp(base + 4500) == (10, base + 5001)
+    lg.close()
+
+
+def test_log_append_time(tmp_path: Path) -> None:
+    lg = open_log(tmp_path, message_timestamp_type="LogAppendTime")
+    info = lg.append_as_leader(make_batch(2, ts=5), 0, now_ms=1_700_000_000_000)
+    assert info.log_append_time_ms == 1_700_000_000_000 and info.max_timestamp == 1_700_000_000_000
+    h = read_header(lg.read(0, 1000).records)
+    assert h.timestamp_type == TIMESTAMP_LOG_APPEND_TIME and h.max_timestamp == 1_700_000_000_000
+    lg.close()
+
+
+def test_truncation_and_epoch_cache(tmp_path: Path) -> None:
+    size = len(make_batch(2))
+    lg = open_log(tmp_path, segment_bytes=size * 2)
+    for epoch in (1, 1, 2, 2, 3, 3):
+        lg.append_as_leader(make_batch(2), epoch)
+    assert [(e.epoch, e.start_offset) for e in lg.epoch_cache.entries()] == [(1, 0), (2, 4), (3, 8)]
+    assert lg.end_offset_for_epoch(1) == (1, 4)
+    assert lg.end_offset_for_epoch(2) == (2, 8)
+    assert lg.end_offset_for_epoch(3) == (3, 12)
+    assert lg.end_offset_for_epoch(0) == (0, 0)
+    assert lg.end_offset_for_epoch(4) == (-1, -1)
+    lg.update_high_watermark(100)
+    assert lg.high_watermark == 12
+    lg.truncate_to(6)
+    assert lg.log_end_offset == 6 and lg.high_watermark == 6
+    assert [(e.epoch, e.start_offset) for e in lg.epoch_cache.entries()] == [(1, 0), (2, 4)]
+    assert offsets_of(read_all(lg)) == list(range(6))
+    with pytest.raises(errors.OffsetOutOfRangeError):
+        lg.read(7, 100)
+    lg.append_as_leader(make_batch(2), 5)
+    assert lg.end_offset_for_epoch(2) == (2, 6) and lg.latest_epoch == 5
+    # the truncation is durable: the checkpoint file and the log agree after a reopen
+    lg.close()
+    lg = Log.open(tmp_path / "t-0", lg.config)
+    assert lg.log_end_offset == 8
+    assert [(e.epoch, e.start_offset) for e in lg.epoch_cache.entries()] == [(1, 0), (2, 4), (5, 6)]
+    lg.truncate_fully_and_start_at(50)
+    assert (lg.log_start_offset, lg.log_end_offset, lg.latest_epoch) == (50, 50, -1)
+    assert lg.append_as_leader(make_batch(1), 6).first_offset == 50
+    lg.close()
+
+
+def test_follower_append_rules(tmp_path: Path) -> None:
+    leader = Log.open(tmp_path / "a-0", LogConfig())
+    follower = Log.open(tmp_path / "b-0", LogConfig())
+    leader.append_as_leader(make_batch(2), 3)
+    leader.append_as_leader(make_batch(2), 4)
+    data = leader.read(0, 1 << 20).records
+    info = follower.append_as_follower(data)
+    assert (info.first_offset, info.last_offset) == (0, 3)
+    assert follower.read(0, 1 << 20).records == data  # byte-identical replica
+    assert [(e.epoch, e.start_offset) for e in follower.epoch_cache.entries()] == [(3, 0), (4, 2)]
+    with pytest.raises(UnexpectedAppendOffsetError):
+        follower.append_as_follower(data)  # offsets 0.. again: not at the log end
+    with pytest.raises(errors.CorruptMessageError):
+        follower.append_as_follower(data[:-3])
+    assert follower.log_end_offset == 4
+    leader.close()
+    follower.close()
+
+
+def test_producer_state_duplicates_gaps_and_fencing(tmp_path: Path) -> None:
+    lg = open_log(tmp_path)
+    first = lg.append_as_leader(make_batch(3, producer_id=7, producer_epoch=0, base_sequence=0), 0)
+    lg.append_as_leader(make_batch(3, producer_id=7, producer_epoch=0, base_sequence=3), 0)
+    dup = lg.append_as_leader(make_batch(3, producer_id=7, producer_epoch=0, base_sequence=0), 0)
+    assert dup.duplicate and (dup.first_offset, dup.last_offset) == (first.first_offset, first.last_offset)
+    assert lg.log_end_offset == 6
+    with pytest.raises(errors.OutOfOrderSequenceNumberError):
+        lg.append_as_leader(make_batch(3, producer_id=7, producer_epoch=0, base_sequence=10), 0)
+    bumped = lg.append_as_leader(make_batch(1, producer_id=7, producer_epoch=1, base_sequence=0), 0)
+    assert bumped.first_offset == 6
+    with pytest.raises(errors.InvalidProducerEpochError):
+        lg.append_as_leader(make_batch(1, producer_id=7, producer_epoch=0, base_sequence=6), 0)
+    with pytest.raises(errors.OutOfOrderSequenceNumberError):
+        lg.append_as_leader(make_batch(1, producer_id=7, producer_epoch=2, base_sequence=5), 0)
+    assert lg.log_end_offset == 7
+    # the state is rebuilt from batch headers after a reopen
+    lg.close()
+    lg = Log.open(tmp_path / "t-0", lg.config)
+    again = lg.append_as_leader(make_batch(1, producer_id=7, producer_epoch=1, base_sequence=0), 0)
+    assert again.duplicate and again.first_offset == 6
+    with pytest.raises(errors.OutOfOrderSequenceNumberError):
+        lg.append_as_leader(make_batch(1, producer_id=7, producer_epoch=1, base_sequence=2), 0)
+    lg.close()
+
+
+def test_flush_policy_moves_recovery_point(tmp_path: Path) -> None:
+    lg = open_log(tmp_path, flush_messages=4)
+    lg.append_as_leader(make_batch(3), 0)
+    assert lg.recovery_point == 0
+    lg.append_as_leader(make_batch(3), 0)
+    assert lg.recovery_point == 6
+    lg.close()
+    lg = open_log(tmp_path, flush_ms=1000)
+    t0 = now_ms()
+    lg.append_as_leader(make_batch(1), 0, now_ms=t0)
+    assert not lg.maybe_flush(now_ms=t0 - 1000 + 10)  # flush.ms not yet passed
+    assert lg.maybe_flush(now_ms=t0 + 5000) and lg.recovery_point == lg.log_end_offset
+    lg.close()
+
+
+def test_reopen_after_clean_close_keeps_everything(tmp_path: Path) -> None:
+    size = len(make_batch(4))
+    lg = open_log(tmp_path, segment_bytes=size * 3, index_interval_bytes=size)
+    for _ in range(10):
+        lg.append_as_leader(make_batch(4), 2)
+    before = read_all(lg)
+    lg.close()
+    lg2 = Log.open(tmp_path / "t-0", lg.config, clean_shutdown=True)
+    assert lg2.log_end_offset == 40 and read_all(lg2) == before
+    assert lg2.append_as_leader(make_batch(1), 2).first_offset == 40
+    lg2.close()
+
+
+def test_missing_index_rebuilt(tmp_path: Path) -> None:
+    size = len(make_batch(2))
+    lg = open_log(tmp_path, segment_bytes=size * 3, index_interval_bytes=1)
+    for _ in range(9):
+        lg.append_as_leader(make_batch(2), 0)
+    before = read_all(lg)
+    lg.close()
+    (tmp_path / "t-0" / "00000000000000000000.index").unlink()
+    (tmp_path / "t-0" / "00000000000000000006.timeindex").write_bytes(b"\x01" * 7)
+    lg = Log.open(tmp_path / "t-0", lg.config, clean_shutdown=True)
+    assert read_all(lg) == before
+    assert lg.segments()[0].index.entries == 2
+    assert lg.read(4, 1).first_offset == 4
+    lg.close()
