@@ -1,0 +1,130 @@
+"""Producer retries under real faults: lost responses (idempotent dedupe) and a SIGKILLed leader."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from clientkit import consume_all
+
+from client.admin import Admin, NewTopic
+from client.producer import Producer
+from deploy.local.cluster import LocalCluster
+
+pytestmark = pytest.mark.slow
+
+
+class _LostResponse(grpc.RpcError):
+    """What the producer sees when a connection dies after the broker answered."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "response dropped by the test"
+
+    def result(self, timeout: float | None = None) -> None:
+        raise self
+
+    def exception(self, timeout: float | None = None) -> BaseException:
+        return self
+
+    def done(self) -> bool:
+        return True
+
+    def add_done_callback(self, fn) -> None:
+        fn(self)
+
+    def cancel(self) -> bool:
+        return False
+
+
+class DropProduceResponses(grpc.UnaryUnaryClientInterceptor):
+    """Lets chosen Produce requests reach the broker and be written, then throws the answer away."""
+
+    def __init__(self, drop_requests: set[int]) -> None:
+        self.drop_requests = drop_requests
+        self.seen = 0
+        self.dropped = 0
+        self.lock = threading.Lock()
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        call = continuation(client_call_details, request)
+        if not client_call_details.method.endswith("/Produce"):
+            return call
+        with self.lock:
+            index = self.seen
+            self.seen += 1
+        if index not in self.drop_requests:
+            return call
+        call.result()  # the broker has appended (and answered): only the answer is lost
+        with self.lock:
+            self.dropped += 1
+        return _LostResponse()
+
+
+def test_idempotent_retry_after_lost_responses_writes_each_record_once_in_order(cluster, new_topic) -> None:
+    topic = new_topic(partitions=1)
+    dropper = DropProduceResponses({0, 2, 5})
+    n = 400
+    with Producer(bootstrap_servers=cluster.bootstrap_servers, interceptors=[dropper], linger_ms=2,
+                  batch_size=2000, retry_backoff_ms=20) as producer:
+        assert producer.idempotent
+        futures = [producer.send(topic, b"%06d" % i) for i in range(n)]
+        producer.flush()
+        metas = [f.get(timeout=20) for f in futures]
+    assert dropper.dropped == 3, f"fault not injected: {dropper.dropped} responses dropped of {dropper.seen}"
+    got = consume_all(cluster.bootstrap_servers, topic, 1, n)[0]
+    values = [r.value for r in got]
+    assert values == [b"%06d" % i for i in range(n)], (
+        f"{len(values)} records stored for {n} sent; duplicates: {len(values) - len(set(values))}")
+    reported = [m.offset for m in metas if m.offset >= 0]
+    assert reported == sorted(reported) and len(set(reported)) == len(reported)
+    by_offset = {r.offset: r.value for r in got}
+    assert all(by_offset[m.offset] == b"%06d" % i for i, m in enumerate(metas) if m.offset >= 0)
+
+
+@pytest.fixture(scope="module")
+def fault_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("client-faults"), nodes=3) as c:
+        yield c
+
+
+def test_producer_rides_out_leader_sigkill_without_loss_or_duplicates(fault_cluster: LocalCluster) -> None:
+    topic = "leader-kill"
+    with Admin(fault_cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic, 1, 3)])
+        leader = admin.describe_topics([topic])[topic].partitions[0].leader
+    n = 3000
+    acked = [0]
+    with Producer(bootstrap_servers=fault_cluster.bootstrap_servers, linger_ms=5, request_timeout_ms=3000,
+                  delivery_timeout_ms=60000, retry_backoff_ms=50) as producer:
+        def on_ack(md, err):
+            if err is None:
+                acked[0] += 1
+
+        futures = []
+        start = time.monotonic()
+        for i in range(n):
+            futures.append(producer.send(topic, b"%06d" % i, on_delivery=on_ack))
+            if i == n // 3:
+                deadline = time.monotonic() + 20
+                while acked[0] < n // 4:
+                    assert time.monotonic() < deadline, "no acks before the kill"
+                    time.sleep(0.01)
+                fault_cluster.kill_node(leader)
+            if i % 50 == 0:
+                time.sleep(max(0.0, start + i / 2000 - time.monotonic()))  # ~2000 records/s
+        producer.flush()
+        failures = [f.exception(timeout=0) for f in futures if f.exception(timeout=0) is not None]
+    assert not failures, f"{len(failures)} sends failed, first: {failures[0]!r}"
+    with Admin(fault_cluster.bootstrap_servers) as admin:
+        new_leader = admin.describe_topics([topic])[topic].partitions[0].leader
+    assert new_leader not in (leader, -1), f"leadership did not move off the killed broker {leader}"
+    got = consume_all(fault_cluster.bootstrap_servers, topic, 1, n, timeout_s=30)[0]
+    values = [r.value for r in got]
+    assert values == [b"%06d" % i for i in range(n)], (
+        f"{len(values)} records stored for {n} sent, {len(values) - len(set(values))} duplicates")
