@@ -1,0 +1,196 @@
+"""Retention (time, size, only below the HW) and compaction (last value per key, tombstones, swaps)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from storage_testlib import make_batch, now_ms, read_all
+
+from storage.cleaner import LogCleaner
+from storage.log import Log
+from storage.log_config import LogConfig
+from storage.record_batch import decode_records, iter_batches
+
+
+def _fill(lg: Log, batches: int, ts: int, count: int = 2) -> None:
+    for i in range(batches):
+        lg.append_as_leader(make_batch(count, ts=ts + i), 0)
+
+
+def test_retention_by_time_only_closed_segments_below_hw(tmp_path: Path) -> None:
+    size = len(make_batch(2))
+    cfg = LogConfig(segment_bytes=size * 2, retention_ms=60_000, file_delete_delay_ms=0)
+    lg = Log.open(tmp_path / "t-0", cfg)
+    old = now_ms() - 3_600_000
+    _fill(lg, 6, old)  # three old segments: [0,4) [4,8) [8,12)
+    _fill(lg, 2, now_ms())  # a fresh one [12,16) and the active one
+    assert [s.base_offset for s in lg.segments()] == [0, 4, 8, 12]
+    assert lg.delete_old_segments() == 0  # HW is 0: nothing is below it
+    lg.update_high_watermark(6)
+    assert lg.delete_old_segments() == 1  # only [0,4) lies fully below the HW
+    assert lg.log_start_offset == 4
+    lg.update_high_watermark(lg.log_end_offset)
+    assert lg.delete_old_segments() == 2
+    assert lg.log_start_offset == 12 and [s.base_offset for s in lg.segments()] == [12]
+    assert not any(p.name.startswith("00000000000000000000") for p in (tmp_path / "t-0").iterdir())
+    assert read_all(lg)  # the fresh data is still served
+    lg.close()
+
+
+def test_retention_by_size_and_delayed_file_delete(tmp_path: Path) -> None:
+    size = len(make_batch(2))
+    cfg = LogConfig(segment_bytes=size * 2, retention_bytes=size * 5, retention_ms=-1, file_delete_delay_ms=60_000)
+    lg = Log.open(tmp_path / "t-0", cfg)
+    _fill(lg, 9, now_ms())  # segments of 2 batches: sizes 2,2,2,2,1
+    lg.update_high_watermark(lg.log_end_offset)
+    t = now_ms()
+    assert lg.delete_old_segments(now_ms=t) == 2
+    assert lg.size_bytes <= size * 5 and lg.log_start_offset == 8
+    deleted = [p for p in (tmp_path / "t-0").iterdir() if p.name.endswith(".deleted")]
+    assert len(deleted) == 6  # renamed now, removed after file.delete.delay.ms
+    lg.delete_pending_segments(now_ms=t + 60_001)
+    assert not [p for p in (tmp_path / "t-0").iterdir() if p.name.endswith(".deleted")]
+    lg.close()
+
+
+def test_compact_policy_does_not_delete_by_retention(tmp_path: Path) -> None:
+    size = len(make_batch(2))
+    cfg = LogConfig(segment_bytes=size * 2, retention_ms=1, cleanup_policy=("compact",))
+    lg = Log.open(tmp_path / "t-0", cfg)
+    _fill(lg, 6, now_ms() - 100_000)
+    lg.update_high_watermark(lg.log_end_offset)
+    assert lg.delete_old_segments() == 0
+    lg.close()
+
+
+def _compacted_log(tmp_path: Path, **extra) -> Log:
+    size = len(make_batch(1, key=b"key-00", value_size=20))
+    cfg = LogConfig(segment_bytes=size * 8, cleanup_policy=("compact",), file_delete_delay_ms=0, **extra)
+    return Log.open(tmp_path / "c-0", cfg)
+
+
+def _put(lg: Log, key: str, value: bytes | None, ts: int) -> int:
+    return lg.append_as_leader(make_batch(1, ts=ts, keys=[key.encode()], values=[value]), 0).first_offset
+
+
+def _latest(lg: Log) -> dict[bytes, tuple[int, bytes | None]]:
+    return {r.key: (r.offset, r.value) for r in decode_records(read_all(lg))}
+
+
+def test_compaction_keeps_last_value_per_key_and_offsets(tmp_path: Path) -> None:
+    lg = _compacted_log(tmp_path)
+    ts = now_ms()
+    expected: dict[bytes, tuple[int, bytes | None]] = {}
+    for i in range(60):
+        key = f"key-{i % 7:02d}"
+        value = f"value-{i:04d}".encode()
+        expected[key.encode()] = (_put(lg, key, value, ts), value)
+    active_before = lg.segments()[-1]
+    active_bytes = active_before.size
+    lg.update_high_watermark(lg.log_end_offset)
+    before = lg.size_bytes
+    stats = LogCleaner(lambda: {("c", 0): lg}).clean_log(lg)
+    assert stats.segments_cleaned >= 1 and lg.size_bytes < before
+    records = list(decode_records(read_all(lg)))
+    offsets = [r.offset for r in records]
+    assert offsets == sorted(offsets)
+    # every key's latest value survives with its original offset
+    latest = {r.key: (r.offset, r.value) for r in records}
+    assert latest == expected
+    # closed segments hold one record per key at most; the active segment is untouched
+    active = lg.segments()[-1]
+    assert active is active_before and active.size == active_bytes
+    closed_keys = [r.key for r in records if r.offset < active.base_offset]
+    assert len(closed_keys) == len(set(closed_keys))
+    assert lg.log_end_offset == 60
+    # reading works from any offset, including compacted-away ones
+    got = lg.read(1, 1 << 20)
+    assert got.first_offset >= 1 and got.records
+    lg.close()
+    lg = Log.open(tmp_path / "c-0", lg.config)  # full rescan: the cleaned segments are valid
+    assert _latest(lg) == expected
+    lg.close()
+
+
+def test_tombstones_dropped_after_delete_retention(tmp_path: Path) -> None:
+    lg = _compacted_log(tmp_path, delete_retention_ms=60_000)
+    old = now_ms() - 3_600_000
+    for i in range(20):
+        _put(lg, f"key-{i % 4:02d}", b"v", old + i)
+    _put(lg, "key-01", None, old + 100)  # tombstone, in an old segment
+    for i in range(8):
+        _put(lg, f"fill-{i:02d}", b"x", old + 200 + i)
+    fresh = now_ms()
+    _put(lg, "key-02", None, fresh)  # a recent tombstone
+    for i in range(9):
+        _put(lg, f"late-{i:02d}", b"y", fresh + i)
+    lg.update_high_watermark(lg.log_end_offset)
+    cleaner = LogCleaner(lambda: {("c", 0): lg})
+    cleaner.clean_log(lg)
+    latest = _latest(lg)
+    assert b"key-01" not in latest  # tombstone older than delete.retention.ms: gone
+    assert latest[b"key-02"][1] is None  # recent tombstone kept
+    assert latest[b"key-00"][1] == b"v" and latest[b"key-03"][1] == b"v"
+    assert cleaner.checkpoints()[("c", 0)] > 0
+    lg.close()
+
+
+def test_min_compaction_lag_and_hw_bound_the_dirty_section(tmp_path: Path) -> None:
+    lg = _compacted_log(tmp_path)
+    ts = now_ms()
+    for i in range(40):
+        _put(lg, "same", f"{i}".encode(), ts)
+    cleaner = LogCleaner(lambda: {("c", 0): lg})
+    assert cleaner.clean_log(lg).segments_cleaned == 0  # HW 0: nothing committed to clean
+    lg.update_high_watermark(lg.log_end_offset)
+    assert cleaner.dirty_ratio(lg) > 0.5
+    assert cleaner.grab_filthiest() is lg
+    lg.close()
+
+
+def test_offset_map_bound_limits_one_pass(tmp_path: Path) -> None:
+    lg = _compacted_log(tmp_path)
+    ts = now_ms()
+    for i in range(48):
+        _put(lg, f"key-{i:02d}", b"v", ts)  # all distinct keys: 6 closed segments of 8
+    lg.update_high_watermark(lg.log_end_offset)
+    bases = [s.base_offset for s in lg.segments()]
+    assert len(bases) >= 4
+    cleaner = LogCleaner(lambda: {("c", 0): lg}, max_map_entries=20)
+    stats = cleaner.clean_log(lg)
+    # only whole segments whose keys fit in 20 map entries are cleaned in one pass
+    assert stats.end_offset == max(b for b in bases if b <= 20) > 0
+    second = cleaner.clean_log(lg)  # the next pass continues from there
+    assert second.first_dirty_offset == stats.end_offset and second.end_offset > stats.end_offset
+    assert len(_latest(lg)) == 48
+    lg.close()
+
+
+def test_crash_mid_swap_is_completed_on_open(tmp_path: Path) -> None:
+    lg = _compacted_log(tmp_path)
+    ts = now_ms()
+    expected = {}
+    for i in range(40):
+        key = f"key-{i % 3:02d}"
+        expected[key.encode()] = (_put(lg, key, f"{i}".encode(), ts), f"{i}".encode())
+    lg.update_high_watermark(lg.log_end_offset)
+    d = tmp_path / "c-0"
+
+    # Simulate a crash after the cleaned segment was renamed .swap but before the old
+    # segments were replaced: clean, then put the old files back beside the swap file.
+    saved = {p.name: p.read_bytes() for p in d.iterdir() if p.suffix == ".log"}
+    LogCleaner(lambda: {("c", 0): lg}).clean_log(lg)
+    cleaned = (d / "00000000000000000000.log").read_bytes()
+    lg.close_without_flush()
+    for name, data in saved.items():
+        (d / name).write_bytes(data)
+    (d / "00000000000000000000.log.swap").write_bytes(cleaned)
+    (d / "00000000000000000008.log.cleaned").write_bytes(b"partial garbage")
+    lg = Log.open(d, lg.config)
+    assert not [p for p in d.iterdir() if p.name.endswith((".swap", ".cleaned"))]
+    assert _latest(lg) == expected
+    bases = [h.base_offset for _p, h in iter_batches(read_all(lg))]
+    assert bases == sorted(set(bases))
+    lg.close()
+    os.sync()
