@@ -316,6 +316,8 @@ class GroupCollector(_SafeCollector):
                                 labels=["group", "topic", "partition"])
         rows = _get(s, "offsets", None) or _get(s, "partitions", None) or []
         for row in rows:
+            if _num(_get(row, "lag", 0)) < 0:
+                continue  # the partition's end offset is not known yet: no lag to report
             labels = [str(_get(row, "group", "")), str(_get(row, "topic", "")), str(_get(row, "partition", 0))]
             committed.add_metric(labels, _num(_get(row, "committed_offset", _get(row, "offset", 0))))
             lag.add_metric(labels, _num(_get(row, "lag", 0)))

@@ -1,0 +1,172 @@
+"""``brook cluster``: info, health, quorum."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from admin_cli.common import BootstrapOpt, OutputOpt, out, print_json, show, state, table
+from proto import controller_pb2, errors
+
+app = typer.Typer(help="Cluster overview, health checks and the metadata quorum.", no_args_is_help=True)
+
+DEFAULT_MAX_QUORUM_LAG = 1000  # Raft entries a voter may trail the commit index by and still count as healthy
+DEFAULT_MAX_CONTACT_MS = 10_000
+
+
+# ----------------------------------------------------------------------------- health (pure)
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class HealthReport:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def add(self, name: str, ok: bool, detail: str) -> None:
+        self.checks.append(Check(name, ok, detail))
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(str(i) for i in sorted(ids))
+
+
+def assess_health(cluster: controller_pb2.DescribeClusterResponse | None,
+                  quorum: controller_pb2.DescribeQuorumResponse | None, *, cluster_error: str = "",
+                  quorum_error: str = "", max_quorum_lag: int = DEFAULT_MAX_QUORUM_LAG,
+                  max_contact_ms: int = DEFAULT_MAX_CONTACT_MS) -> HealthReport:
+    """Judge a cluster from DescribeCluster and DescribeQuorum (either may be missing)."""
+    r = HealthReport()
+    if cluster is None:
+        r.add("active controller", False, cluster_error or "no answer from the controllers")
+    else:
+        active = cluster.active_controller_id
+        r.add("active controller", active >= 0, f"node {active}" if active >= 0 else "none elected")
+        fenced = [b.node_id for b in cluster.brokers if b.fenced]
+        r.add("fenced brokers", not fenced,
+              f"{len(fenced)} fenced: broker {_ids(fenced)}" if fenced
+              else f"none ({len(cluster.brokers)} brokers registered)")
+        offline = [f"{p.topic}-{p.partition}" for p in cluster.partitions if p.leader < 0]
+        r.add("offline partitions", not offline,
+              f"{len(offline)}: {', '.join(sorted(offline)[:10])}{' ...' if len(offline) > 10 else ''}"
+              if offline else f"none ({len(cluster.partitions)} partitions)")
+        under = [f"{p.topic}-{p.partition}" for p in cluster.partitions if len(p.isr) < len(p.replicas)]
+        r.add("under-replicated partitions", not under,
+              f"{len(under)}: {', '.join(sorted(under)[:10])}{' ...' if len(under) > 10 else ''}"
+              if under else "none")
+    if quorum is None:
+        r.add("quorum", False, quorum_error or "no answer from the controllers")
+        return r
+    problems = []
+    worst_lag = 0
+    for v in quorum.voters:
+        if v.is_leader:
+            continue
+        worst_lag = max(worst_lag, v.lag)
+        if not v.connected:
+            problems.append(f"voter {v.node_id} not connected")
+        elif v.lag > max_quorum_lag:
+            problems.append(f"voter {v.node_id} lags by {v.lag}")
+        elif v.last_contact_ms_ago < 0 or v.last_contact_ms_ago > max_contact_ms:
+            ago = "never" if v.last_contact_ms_ago < 0 else f"{v.last_contact_ms_ago} ms ago"
+            problems.append(f"voter {v.node_id} last caught up {ago}")
+    n = len(quorum.voters)
+    r.add("quorum", not problems,
+          "; ".join(problems) if problems else f"{n} voters in sync (leader {quorum.leader_id}, max lag {worst_lag})")
+    return r
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _quiet(fn: Any) -> tuple[Any, str]:
+    try:
+        return fn(), ""
+    except errors.BrookError as e:
+        return None, str(e)
+
+
+@app.command(epilog="Examples:  brook cluster info  |  BROOK_BOOTSTRAP=host:9092 brook cluster info -o json")
+def info(ctx: typer.Context, bootstrap: BootstrapOpt = None, output: OutputOpt = None) -> None:
+    """Cluster id, active controller, metadata version, brokers and controllers."""
+    st = state(ctx, bootstrap, output)
+    meta = st.backend.metadata()
+    desc = st.backend.describe_cluster()
+    brokers = [{"node_id": b.node_id, "endpoints": [f"{e.host}:{e.port}" for e in b.endpoints], "rack": b.rack,
+                "fenced": b.fenced, "epoch": b.broker_epoch, "in_controlled_shutdown": b.in_controlled_shutdown}
+               for b in sorted(desc.brokers, key=lambda b: b.node_id)]
+    internal = {n for n, t in meta.topics.items() if t.is_internal}
+    data = {"cluster_id": desc.cluster_id, "active_controller_id": desc.active_controller_id,
+            "metadata_version": desc.metadata_version, "brokers": brokers,
+            "controllers": [f"{h}:{p}" for h, p in meta.controllers],
+            "topics": len([t for t in desc.topics if t.name not in internal]), "partitions": len(desc.partitions)}
+    summary = table(f"Cluster {desc.cluster_id}", ["ACTIVE CONTROLLER", "METADATA VERSION", "TOPICS", "PARTITIONS",
+                                                   "CONTROLLERS"],
+                    [[desc.active_controller_id, desc.metadata_version, data["topics"], data["partitions"],
+                      data["controllers"]]])
+    btable = table("Brokers", ["ID", "ADDRESS", "RACK", "STATE", "EPOCH"],
+                   [[b["node_id"], b["endpoints"], b["rack"] or "-",
+                     Text("fenced", style="red") if b["fenced"] else Text("active", style="green"), b["epoch"]]
+                    for b in brokers])
+    show(st, data, summary, btable)
+
+
+@app.command(epilog="Examples:  brook cluster health && echo ok  |  brook cluster health -o json")
+def health(
+    ctx: typer.Context,
+    max_quorum_lag: Annotated[int, typer.Option(help="Raft entries a voter may trail by.")] = DEFAULT_MAX_QUORUM_LAG,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Check offline and under-replicated partitions, fenced brokers, quorum lag and the active controller.
+
+    Exit code 0 when healthy, 1 when any check fails.
+    """
+    st = state(ctx, bootstrap, output)
+    backend = st.backend
+    desc, desc_err = _quiet(backend.describe_cluster)
+    quorum, quorum_err = _quiet(backend.describe_quorum)
+    report = assess_health(desc, quorum, cluster_error=desc_err, quorum_error=quorum_err,
+                           max_quorum_lag=max_quorum_lag)
+    if st.json:
+        print_json({"healthy": report.healthy, "checks": [asdict(c) for c in report.checks]})
+    else:
+        out.print(table(None, ["CHECK", "STATUS", "DETAIL"],
+                        [[c.name, Text("ok", style="green") if c.ok else Text("FAIL", style="bold red"), c.detail]
+                         for c in report.checks]))
+        verdict = Text("healthy", style="bold green") if report.healthy else Text("UNHEALTHY", style="bold red")
+        out.print(Text("cluster is ") + verdict)
+    if not report.healthy:
+        raise typer.Exit(1)
+
+
+@app.command(epilog="Examples:  brook cluster quorum  |  brook cluster quorum -o json")
+def quorum(ctx: typer.Context, bootstrap: BootstrapOpt = None, output: OutputOpt = None) -> None:
+    """The Raft metadata quorum: leader, term, commit index and each voter's lag."""
+    st = state(ctx, bootstrap, output)
+    q = st.backend.describe_quorum()
+    voters = [{"node_id": v.node_id, "raft_address": v.raft_address, "log_end_index": v.log_end_index,
+               "lag": v.lag, "last_contact_ms_ago": v.last_contact_ms_ago, "connected": v.connected,
+               "is_leader": v.is_leader} for v in sorted(q.voters, key=lambda v: v.node_id)]
+    data = {"leader_id": q.leader_id, "term": q.term, "commit_index": q.commit_index,
+            "last_applied": q.last_applied, "metadata_version": q.metadata_version, "voters": voters}
+    summary = table("Metadata quorum", ["LEADER", "TERM", "COMMIT INDEX", "LAST APPLIED", "METADATA VERSION"],
+                    [[q.leader_id, q.term, q.commit_index, q.last_applied, q.metadata_version]])
+    vtable = table("Voters", ["ID", "RAFT ADDRESS", "ROLE", "LOG END", "LAG", "LAST CONTACT", "CONNECTED"],
+                   [[v["node_id"], v["raft_address"], "leader" if v["is_leader"] else "follower",
+                     v["log_end_index"], v["lag"],
+                     "-" if v["last_contact_ms_ago"] < 0 else f"{v['last_contact_ms_ago']} ms ago",
+                     "yes" if v["connected"] or v["is_leader"] else Text("no", style="red")] for v in voters])
+    show(st, data, summary, vtable)

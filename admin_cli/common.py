@@ -1,0 +1,144 @@
+"""Shared pieces of the ``brook`` commands: options, connection, output, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from admin_cli.backend import Backend
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+BOOTSTRAP_ENV = "BROOK_BOOTSTRAP"
+DEFAULT_TIMEOUT_S = 15.0
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit code ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+# Options every leaf command takes (they may also come before the command: `brook -o json topic list`).
+BootstrapOpt = Annotated[str | None, typer.Option(
+    "--bootstrap", "-b", help=f"Brokers host:port,... [env {BOOTSTRAP_ENV}; default {DEFAULT_BOOTSTRAP}]",
+    show_default=False)]
+OutputOpt = Annotated[Output | None, typer.Option("--output", "-o", help="table (default) or json.",
+                                                  show_default=False)]
+
+
+@dataclass
+class State:
+    bootstrap: str = ""
+    output: Output = Output.table
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    _backend: Backend | None = field(default=None, repr=False)
+
+    @property
+    def json(self) -> bool:
+        return self.output == Output.json
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = Backend(self.bootstrap, self.timeout_s)
+        return self._backend
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+
+def state(ctx: typer.Context, bootstrap: str | None = None, output: Output | None = None) -> State:
+    """The command's State: root options, overridden by the leaf's own --bootstrap/--output."""
+    root = ctx.find_root()
+    st = root.obj if isinstance(root.obj, State) else None
+    if st is None:
+        st = State(bootstrap=os.environ.get(BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP))
+        root.obj = st
+    if bootstrap:
+        st.bootstrap = bootstrap
+    if output is not None:
+        st.output = output
+    return st
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def print_json(data: Any) -> None:
+    # Plain print through rich without markup/highlighting: scripts get exactly this JSON.
+    out.print(json.dumps(data, indent=2, sort_keys=False, default=str), markup=False, highlight=False)
+
+
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*[_cell(v) for v in r])
+    return t
+
+
+def _cell(v: Any) -> str | Text:
+    if isinstance(v, Text):
+        return v
+    if isinstance(v, list | tuple):
+        return Text(",".join(str(x) for x in v))
+    if v is None:
+        return Text("-")
+    return Text(str(v))
+
+
+def show(st: State, data: Any, *tables: Table, note: str | None = None) -> None:
+    """JSON for scripts, tables (and an optional note line) for people."""
+    if st.json:
+        print_json(data)
+        return
+    for t in tables:
+        out.print(t)
+    if note:
+        out.print(note, markup=False, highlight=False)
+
+
+def ok(st: State, message: str, data: dict[str, Any] | None = None) -> None:
+    if st.json:
+        print_json({"ok": True, "message": message, **(data or {})})
+    else:
+        out.print(Text("✔ ", style="green") + Text(message), highlight=False)
+
+
+def error_line(message: str) -> None:
+    one_line = " ".join(message.split())
+    err.print(Text("error: ", style="bold red") + Text(one_line), highlight=False)
+
+
+def parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:
+    """["k=v", ...] -> {k: v}; a malformed item is a usage error naming it."""
+    out_: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"{what} {item!r} must look like key=value", code=2)
+        out_[key.strip()] = value.strip()
+    return out_

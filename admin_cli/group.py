@@ -1,0 +1,136 @@
+"""``brook group``: list, describe, seek (reset offsets), delete consumer groups."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from admin_cli.common import BootstrapOpt, CliError, OutputOpt, ok, show, state, table
+from admin_cli.timeparse import parse_timestamp_ms
+from proto import group_pb2
+
+app = typer.Typer(help="Inspect consumer groups and move their committed offsets.", no_args_is_help=True)
+
+
+@app.command("list", epilog="Examples:  brook group list  |  brook group list --state Stable -o json")
+def list_(
+    ctx: typer.Context,
+    state_: Annotated[list[str] | None, typer.Option("--state", help="Only groups in this state (repeatable): "
+                                                     "Empty, Stable, PreparingRebalance, CompletingRebalance.")]
+    = None,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """List consumer groups with their state and coordinator."""
+    st = state(ctx, bootstrap, output)
+    groups = st.backend.list_groups(state_ or [])
+    rows = [{"group": g.group_id, "state": g.state, "protocol_type": g.protocol_type,
+             "coordinator": g.coordinator_id} for g in groups]
+    show(st, rows, table(None, ["GROUP", "STATE", "PROTOCOL", "COORDINATOR"],
+                         [[r["group"], r["state"], r["protocol_type"], r["coordinator"]] for r in rows]),
+         note=None if rows else "no groups")
+
+
+@app.command(epilog="Examples:  brook group describe billing  |  brook group describe billing -o json")
+def describe(
+    ctx: typer.Context,
+    group: Annotated[str, typer.Argument(help="Group id.")],
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Members, assignments, committed offsets and lag of a group."""
+    st = state(ctx, bootstrap, output)
+    g = st.backend.describe_group(group)
+    members = [{"member_id": m.member_id, "client_id": m.client_id, "host": m.client_host,
+                "assigned": [f"{p.topic}-{p.partition}" for p in m.assigned_partitions]} for m in g.members]
+    offsets = [{"topic": o.topic, "partition": o.partition, "committed_offset": o.committed_offset,
+                "log_end_offset": o.log_end_offset, "lag": o.lag, "member_id": o.member_id}
+               for o in sorted(g.offsets, key=lambda o: (o.topic, o.partition))]
+    total_lag = sum(o["lag"] for o in offsets if o["lag"] >= 0)
+    data = {"group": g.group_id, "state": g.state, "protocol_type": g.protocol_type, "protocol": g.protocol_name,
+            "generation": g.generation_id, "leader": g.leader, "coordinator": g.coordinator_id,
+            "members": members, "offsets": offsets, "total_lag": total_lag}
+    summary = table(f"Group {g.group_id}", ["STATE", "PROTOCOL", "GENERATION", "MEMBERS", "COORDINATOR", "TOTAL LAG"],
+                    [[g.state, g.protocol_name or "-", g.generation_id, len(members), g.coordinator_id, total_lag]])
+    mtable = table("Members", ["MEMBER", "CLIENT", "HOST", "PARTITIONS"],
+                   [[m["member_id"], m["client_id"], m["host"], m["assigned"] or "-"] for m in members])
+    otable = table("Offsets", ["TOPIC", "PARTITION", "COMMITTED", "END", "LAG", "MEMBER"],
+                   [[o["topic"], o["partition"], o["committed_offset"], _unknown(o["log_end_offset"]),
+                     _unknown(o["lag"]), o["member_id"] or "-"] for o in offsets])
+    show(st, data, summary, mtable, otable)
+
+
+def _unknown(v: int) -> str:
+    return "?" if v < 0 else str(v)
+
+
+@app.command(epilog="Examples:  brook group seek billing --topic orders --to-earliest  |  "
+                    "brook group seek billing --topic orders --partition 0 --to-offset 42 --dry-run  |  "
+                    "brook group seek billing --topic orders --to-timestamp 2026-01-31T12:00:00Z  |  "
+                    "brook group seek billing --topic orders --shift-by -100")
+def seek(
+    ctx: typer.Context,
+    group: Annotated[str, typer.Argument(help="Group id (must have no active members).")],
+    topic: Annotated[str, typer.Option("--topic", "-t", help="Topic whose offsets move.")],
+    partition: Annotated[int | None, typer.Option("--partition", "-p", help="Only this partition (default: all).")]
+    = None,
+    to_earliest: Annotated[bool, typer.Option(help="To the log start offset.")] = False,
+    to_latest: Annotated[bool, typer.Option(help="To the high watermark (skip everything).")] = False,
+    to_offset: Annotated[int | None, typer.Option(help="To this offset.")] = None,
+    to_timestamp: Annotated[str | None, typer.Option(
+        help="To the first offset at/after this time: ms since epoch or ISO 8601.")] = None,
+    shift_by: Annotated[int | None, typer.Option(help="Move by N (negative: back).")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Show the result; change nothing.")] = False,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Reset a group's committed offsets (like kafka-consumer-groups --reset-offsets)."""
+    st = state(ctx, bootstrap, output)
+    chosen = [(n, v) for n, v in (("--to-earliest", to_earliest or None), ("--to-latest", to_latest or None),
+                                  ("--to-offset", to_offset), ("--to-timestamp", to_timestamp),
+                                  ("--shift-by", shift_by)) if v is not None]
+    if len(chosen) != 1:
+        raise CliError("give exactly one of --to-earliest, --to-latest, --to-offset, --to-timestamp, --shift-by",
+                       code=2)
+    if partition is not None and partition < 0:
+        raise CliError(f"--partition must be >= 0, got {partition}", code=2)
+    if to_offset is not None and to_offset < 0:
+        raise CliError(f"--to-offset must be >= 0, got {to_offset}", code=2)
+    if to_earliest:
+        kind, value = group_pb2.RESET_EARLIEST, 0
+    elif to_latest:
+        kind, value = group_pb2.RESET_LATEST, 0
+    elif to_offset is not None:
+        kind, value = group_pb2.RESET_EXPLICIT, to_offset
+    elif to_timestamp is not None:
+        kind, value = group_pb2.RESET_TIMESTAMP, parse_timestamp_ms(to_timestamp, "--to-timestamp")
+    else:
+        kind, value = group_pb2.RESET_SHIFT_BY, int(shift_by or 0)
+    topic_meta = st.backend.topic(topic)
+    if partition is not None and partition not in topic_meta.partitions:
+        raise CliError(f"UNKNOWN_TOPIC_OR_PARTITION: topic '{topic}' has no partition {partition}")
+    spec = group_pb2.OffsetResetSpec(topic=topic, partition=-1 if partition is None else partition, kind=kind,
+                                     value=value)
+    resolved = st.backend.alter_group_offsets(group, [spec], dry_run=dry_run)
+    rows = [{"topic": r.topic, "partition": r.partition, "previous_offset": r.previous_offset, "offset": r.offset}
+            for r in sorted(resolved, key=lambda r: (r.topic, r.partition))]
+    verb = "would move" if dry_run else "moved"
+    show(st, {"group": group, "dry_run": dry_run, "offsets": rows},
+         table(f"Group {group}: {verb} offsets", ["TOPIC", "PARTITION", "FROM", "TO"],
+               [[r["topic"], r["partition"], _unknown(r["previous_offset"]), r["offset"]] for r in rows]))
+
+
+@app.command(epilog="Examples:  brook group delete billing  |  brook group delete old-1 old-2")
+def delete(
+    ctx: typer.Context,
+    groups: Annotated[list[str], typer.Argument(help="Group id(s); each must have no active members.")],
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Delete consumer groups and their committed offsets."""
+    st = state(ctx, bootstrap, output)
+    for g in groups:  # all must exist before any is deleted
+        st.backend.describe_group(g)
+    st.backend.delete_groups(groups)
+    ok(st, f"deleted group{'s' if len(groups) != 1 else ''} {', '.join(groups)}", {"deleted": groups})

@@ -1,0 +1,138 @@
+"""``brook``: the Brook admin and console CLI.
+
+    brook topic create orders -p 6 -r 3
+    brook cluster health
+    brook produce orders < lines.txt
+    brook consume orders --from-beginning -e
+
+Every command takes ``--bootstrap``/``-b`` (or ``BROOK_BOOTSTRAP``) and ``--output``/``-o``
+``table|json``. Every failure is one line on stderr and a non-zero exit: 1 for a refused
+or failed operation, 2 for bad usage, 130 for Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Annotated
+
+import grpc
+import typer
+from typer import main as typer_main
+from typer._click import exceptions as click_exceptions
+
+from admin_cli import cluster, group, perf, topic
+from admin_cli.backend import Unreachable
+from admin_cli.common import (
+    BOOTSTRAP_ENV,
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_TIMEOUT_S,
+    CliError,
+    Output,
+    State,
+    error_line,
+)
+from admin_cli.console import consume, produce
+from proto import errors
+
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+app = typer.Typer(
+    name="brook",
+    help="Administer a Brook cluster: topics, consumer groups, health, console produce/consume, benchmarks.",
+    epilog="Examples:  brook topic list  |  brook -o json cluster info  |  "
+           "BROOK_BOOTSTRAP=10.0.0.5:9092 brook cluster health",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(topic.app, name="topic")
+app.add_typer(cluster.app, name="cluster")
+app.add_typer(group.app, name="group")
+app.add_typer(perf.app, name="perf")
+app.command("produce", epilog="Examples:  echo hello | brook produce orders  |  "
+                              "brook produce orders -K : -H source=cli < keyed.txt  |  "
+                              "brook produce orders -v '{\"id\":1}' --value-format json")(produce)
+app.command("consume", epilog="Examples:  brook consume orders --from-beginning -e  |  "
+                              "brook consume orders -g billing -n 10  |  "
+                              "brook consume orders -p 0 --offset 42 -F '%p:%o %k=%v\\n'  |  "
+                              "brook consume orders --from-timestamp -15m -o json")(consume)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    bootstrap: Annotated[str, typer.Option("--bootstrap", "-b", envvar=BOOTSTRAP_ENV,
+                                           help="Brokers host:port,...")] = DEFAULT_BOOTSTRAP,
+    output: Annotated[Output, typer.Option("--output", "-o", help="table or json.")] = Output.table,
+    timeout: Annotated[float, typer.Option(help="Seconds each operation may take.", min=0.1)] = DEFAULT_TIMEOUT_S,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Log client internals to stderr.")] = False,
+) -> None:
+    """Administer a Brook cluster."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.CRITICAL, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    st = State(bootstrap=bootstrap, output=output, timeout_s=timeout)
+    ctx.obj = st
+    ctx.call_on_close(st.close)
+
+
+def _describe_rpc_error(e: grpc.RpcError) -> str:
+    code = e.code() if hasattr(e, "code") else None
+    details = e.details() if hasattr(e, "details") else str(e)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return f"cannot reach the cluster ({code.name}: {details})"
+    return f"{code.name if code else 'RPC failed'}: {details}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the exit code (and exits with it when run as a script)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = typer_main.get_command(app)
+    try:
+        code = command.main(args=args, prog_name="brook", standalone_mode=False)
+    except click_exceptions.UsageError as e:
+        hint = f" (see: {e.ctx.command_path} --help)" if e.ctx is not None else ""
+        error_line(f"{e.format_message()}{hint}")
+        code = EXIT_USAGE
+    except click_exceptions.ClickException as e:
+        error_line(e.format_message())
+        code = e.exit_code
+    except CliError as e:
+        error_line(e.message)
+        code = e.code
+    except Unreachable as e:
+        error_line(str(e))
+        code = EXIT_FAILED
+    except errors.BrookError as e:
+        error_line(str(e))
+        code = EXIT_FAILED
+    except grpc.RpcError as e:
+        error_line(_describe_rpc_error(e))
+        code = EXIT_FAILED
+    except (KeyboardInterrupt, typer.Abort):
+        error_line("interrupted")
+        code = EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `brook consume ... | head`: the reader went away; that is a normal end.
+        _stdout_broken()
+        code = 0
+    except OSError as e:
+        error_line(f"{e.strerror or e}")
+        code = EXIT_FAILED
+    if not isinstance(code, int):
+        code = 0
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+def _stdout_broken() -> None:
+    # Python flushes stdout at exit; after a broken pipe that flush would print a traceback.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""``brook topic``: create, list, describe, alter-config, add-partitions, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from admin_cli.common import BootstrapOpt, CliError, OutputOpt, ok, parse_pairs, show, state, table
+from proto import errors
+from storage import log_config
+
+app = typer.Typer(help="Create, inspect, change and delete topics.", no_args_is_help=True)
+
+ConfigOpt = Annotated[list[str] | None, typer.Option(
+    "--config", "-c", help="Topic config key=value (repeatable), e.g. retention.ms=86400000.")]
+
+
+def _validate_topic_configs(configs: dict[str, str]) -> None:
+    """Check keys and values locally first: the message names the key and nothing is sent."""
+    try:
+        log_config.validate(configs)
+    except errors.BrookError as e:
+        raise CliError(e.message, code=2) from None
+
+
+@app.command(epilog="Examples:  brook topic create orders -p 6 -r 3 -c retention.ms=86400000 -c cleanup.policy=compact")
+def create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    partitions: Annotated[int, typer.Option("--partitions", "-p", help="Partition count (-1: num.partitions).")]
+    = -1,
+    replication_factor: Annotated[int, typer.Option(
+        "--replication-factor", "-r", help="Replicas per partition (-1: default.replication.factor).")] = -1,
+    config: ConfigOpt = None,
+    if_not_exists: Annotated[bool, typer.Option(help="Succeed if the topic already exists.")] = False,
+    validate_only: Annotated[bool, typer.Option(help="Check the request; create nothing.")] = False,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Create a topic."""
+    st = state(ctx, bootstrap, output)
+    if partitions == 0 or partitions < -1:
+        raise CliError(f"--partitions must be at least 1, got {partitions}", code=2)
+    if replication_factor == 0 or replication_factor < -1:
+        raise CliError(f"--replication-factor must be at least 1, got {replication_factor}", code=2)
+    configs = parse_pairs(config or [], "--config")
+    _validate_topic_configs(configs)
+    try:
+        result = st.backend.create_topic(name, partitions, replication_factor, configs, validate_only=validate_only)
+    except errors.BrookError as e:
+        if if_not_exists and e.code == errors.ErrorCode.TOPIC_ALREADY_EXISTS:
+            ok(st, f"topic '{name}' already exists", {"topic": name, "created": False})
+            return
+        raise
+    if validate_only:
+        ok(st, f"topic '{name}' would be created with {result.num_partitions} partitions, "
+               f"replication factor {result.replication_factor}", {"topic": name, "created": False})
+        return
+    ready = st.backend.wait_for_leaders(name, result.num_partitions or None)
+    note = "" if ready else " (partition leaders not elected yet)"
+    ok(st, f"created topic '{name}' with {result.num_partitions} partitions, replication factor "
+           f"{result.replication_factor}{note}",
+       {"topic": name, "topic_id": result.topic_id, "partitions": result.num_partitions,
+        "replication_factor": result.replication_factor, "created": True})
+
+
+@app.command("list", epilog="Examples:  brook topic list  |  brook topic list --internal -o json")
+def list_(
+    ctx: typer.Context,
+    internal: Annotated[bool, typer.Option(help="Include internal topics (__consumer_offsets).")] = False,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """List topics with partition counts and replication factors."""
+    st = state(ctx, bootstrap, output)
+    meta = st.backend.metadata()
+    rows = []
+    for name, t in sorted(meta.topics.items()):
+        if t.error_code or (t.is_internal and not internal):
+            continue
+        parts = list(t.partitions.values())
+        rf = max((len(p.replicas) for p in parts), default=0)
+        offline = sum(1 for p in parts if p.leader < 0)
+        under = sum(1 for p in parts if len(p.isr) < len(p.replicas))
+        rows.append({"name": name, "topic_id": t.topic_id, "partitions": len(parts), "replication_factor": rf,
+                     "internal": t.is_internal, "offline_partitions": offline, "under_replicated_partitions": under})
+    show(st, rows, table(None, ["NAME", "PARTITIONS", "REPLICAS", "OFFLINE", "UNDER-REPLICATED"],
+                         [[r["name"], r["partitions"], r["replication_factor"], r["offline_partitions"],
+                           r["under_replicated_partitions"]] for r in rows]),
+         note=None if rows else "no topics")
+
+
+@app.command(epilog="Examples:  brook topic describe orders  |  brook topic describe orders --all-configs -o json")
+def describe(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    all_configs: Annotated[bool, typer.Option(help="Show every config, not only the overrides.")] = False,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Describe a topic: partitions (leader, epoch, replicas, ISR) and configs."""
+    st = state(ctx, bootstrap, output)
+    t = st.backend.topic(name)
+    entries = st.backend.describe_configs(name)
+    configs = [{"name": e.name, "value": e.value, "is_default": e.is_default} for e in entries
+               if all_configs or not e.is_default]
+    parts = [{"partition": p.partition, "leader": p.leader, "leader_epoch": p.leader_epoch,
+              "replicas": list(p.replicas), "isr": list(p.isr), "offline_replicas": list(p.offline_replicas)}
+             for _, p in sorted(t.partitions.items())]
+    data = {"name": name, "topic_id": t.topic_id, "internal": t.is_internal, "partitions": parts,
+            "configs": configs}
+    summary = table(f"Topic {name}", ["ID", "PARTITIONS", "REPLICATION FACTOR", "INTERNAL"],
+                    [[t.topic_id, len(parts), max((len(p["replicas"]) for p in parts), default=0),
+                      t.is_internal]])
+    ptable = table("Partitions", ["PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "OFFLINE"],
+                   [[p["partition"], p["leader"] if p["leader"] >= 0 else "none", p["leader_epoch"],
+                     p["replicas"], p["isr"], p["offline_replicas"] or "-"] for p in parts])
+    ctable = table("Configs" + ("" if all_configs else " (overrides; --all-configs for every key)"),
+                   ["KEY", "VALUE", "SOURCE"],
+                   [[c["name"], c["value"], "default" if c["is_default"] else "topic"] for c in configs])
+    show(st, data, summary, ptable, ctable)
+
+
+@app.command("alter-config", epilog="Examples:  brook topic alter-config orders --set retention.ms=3600000 "
+                                    "--delete cleanup.policy")
+def alter_config(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="key=value to set (repeatable).")] = None,
+    delete: Annotated[list[str] | None, typer.Option("--delete", "-d", help="Key to reset to its default.")]
+    = None,
+    validate_only: Annotated[bool, typer.Option(help="Check the change; apply nothing.")] = False,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Set or reset topic configs (dynamic: brokers apply them without a restart)."""
+    st = state(ctx, bootstrap, output)
+    changes = parse_pairs(set_ or [], "--set")
+    deletes = list(delete or [])
+    if not changes and not deletes:
+        raise CliError("nothing to change: give --set key=value and/or --delete key", code=2)
+    _validate_topic_configs(changes)
+    for key in deletes:
+        if key not in log_config.TOPIC_CONFIGS:
+            raise CliError(f"unknown topic config '{key}'", code=2)
+    both = set(changes) & set(deletes)
+    if both:
+        raise CliError(f"config '{sorted(both)[0]}' is both set and deleted", code=2)
+    st.backend.topic(name)  # a clear UNKNOWN_TOPIC error before anything is sent
+    st.backend.alter_configs(name, changes, deletes, validate_only=validate_only)
+    verb = "would change" if validate_only else "changed"
+    ok(st, f"{verb} configs of topic '{name}'" + (f": set {', '.join(f'{k}={v}' for k, v in changes.items())}"
+                                                  if changes else "")
+       + (f"; reset {', '.join(deletes)}" if deletes else ""), {"topic": name, "set": changes, "deleted": deletes})
+
+
+@app.command("add-partitions", epilog="Examples:  brook topic add-partitions orders --count 12")
+def add_partitions(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    count: Annotated[int, typer.Option("--count", "-n", help="The new total partition count.")],
+    validate_only: Annotated[bool, typer.Option(help="Check the change; apply nothing.")] = False,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Grow a topic to --count partitions (partitions can only be added)."""
+    st = state(ctx, bootstrap, output)
+    current = len(st.backend.topic(name).partitions)
+    if count <= current:
+        raise CliError(f"--count {count} must be larger than the current partition count ({current})", code=2)
+    st.backend.create_partitions(name, count, validate_only=validate_only)
+    if validate_only:
+        ok(st, f"topic '{name}' would grow from {current} to {count} partitions", {"topic": name})
+        return
+    st.backend.wait_for_leaders(name, count)
+    ok(st, f"topic '{name}' now has {count} partitions (was {current})",
+       {"topic": name, "partitions": count, "previous": current})
+
+
+@app.command(epilog="Examples:  brook topic delete orders  |  brook topic delete a b c")
+def delete(
+    ctx: typer.Context,
+    names: Annotated[list[str], typer.Argument(help="Topic name(s).")],
+    if_exists: Annotated[bool, typer.Option(help="Skip topics that do not exist.")] = False,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Delete topics and all their data."""
+    st = state(ctx, bootstrap, output)
+    existing = {n for n, t in st.backend.metadata().topics.items() if t.error_code == 0}
+    missing = [n for n in names if n not in existing]
+    if missing and not if_exists:
+        # Checked before deleting anything: a typo in one name must not delete the others.
+        raise CliError(f"UNKNOWN_TOPIC_OR_PARTITION: topic '{missing[0]}' does not exist; nothing deleted")
+    targets = [n for n in names if n in existing]
+    if targets:
+        st.backend.delete_topics(targets)
+        st.backend.wait_for_deletion(targets)
+    ok(st, f"deleted topic{'s' if len(targets) != 1 else ''} {', '.join(targets) or '(none)'}",
+       {"deleted": targets, "missing": missing})
