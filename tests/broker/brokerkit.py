@@ -23,9 +23,14 @@ from storage.record_batch import RecordBatchBuilder, decode_records, iter_batche
 FAST_FAILURE_DETECTION = {
     "broker.session.timeout.ms": "3000",
     "broker.heartbeat.interval.ms": "300",
-    "replica.lag.time.max.ms": "2000",
+    "replica.lag.time.max.ms": "2500",
     "replica.fetch.wait.max.ms": "300",
 }
+
+
+# Time for a paused follower's in-flight long-poll fetch to be answered (into its socket
+# buffer): after this, nothing the leader appends reaches it until it resumes.
+FETCH_DRAIN_S = 2 * int(FAST_FAILURE_DETECTION["replica.fetch.wait.max.ms"]) / 1000 + 0.2
 
 
 def make_batch(*values: bytes, timestamp_ms: int | None = None) -> bytes:
@@ -93,19 +98,18 @@ class Kit:
         return len(self.state(topic, partition).isr)
 
     def broker_knows_leader(self, topic: str, partition: int = 0) -> bool:
-        """The leader's own metadata says it leads (produce would be accepted)."""
+        """The controller's leader has taken over the partition at the current epoch (serves requests)."""
         st = self.state(topic, partition)
         if st.leader < 0:
             return False
         try:
-            md = self.stub(st.leader).Metadata(broker_pb2.MetadataRequest(topics=[topic]), timeout=2)
+            resp = self.stub(st.leader).ListOffsets(broker_pb2.ListOffsetsRequest(
+                replica_id=-1, partitions=[broker_pb2.ListOffsetsPartition(
+                    topic=topic, partition=partition, timestamp=-1, current_leader_epoch=st.leader_epoch)]),
+                timeout=2)
         except grpc.RpcError:
             return False
-        for t in md.topics:
-            for p in t.partitions:
-                if p.partition == partition and p.leader == st.leader and p.leader_epoch == st.leader_epoch:
-                    return True
-        return False
+        return resp.partitions[0].error_code == ErrorCode.NONE
 
     def heal(self) -> None:
         """Every node running and unpaused; the cluster ready again."""

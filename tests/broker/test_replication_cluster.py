@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from brokerkit import FAST_FAILURE_DETECTION, Kit, make_batch, replica_log_bytes, wait_until
+from brokerkit import FAST_FAILURE_DETECTION, FETCH_DRAIN_S, Kit, make_batch, replica_log_bytes, wait_until
 
 from deploy.local.cluster import LocalCluster
 from proto.errors import ErrorCode
@@ -206,10 +206,11 @@ def test_unclean_election_off_stays_offline_on_brings_back(healed: Kit) -> None:
     kit.cluster.kill_node(leader, signal.SIGKILL)
     for f in others:
         kit.cluster.start_node(f)
-    wait_until(lambda: all(b.node_id not in (others) or not b.fenced
-                           for b in kit.cluster.describe_cluster().brokers)
-               and {b.node_id for b in kit.cluster.describe_cluster().brokers} >= set(others), 60,
-               "the out-of-sync replicas registered and unfenced")
+    def others_up_leader_fenced() -> bool:
+        brokers = {b.node_id: b for b in kit.cluster.describe_cluster().brokers}
+        return (all(f in brokers and not brokers[f].fenced for f in others)
+                and (leader not in brokers or brokers[leader].fenced) and kit.state(topic).leader < 0)
+    wait_until(others_up_leader_fenced, 60, "old leader fenced, out-of-sync replicas registered and unfenced")
     # With unclean election off nothing may elect them: watch that it stays offline for a while.
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
@@ -265,6 +266,7 @@ def test_consumer_never_sees_offsets_later_truncated(healed: Kit) -> None:
         # Followers freeze; the leader takes acks=1 writes only it has, then dies.
         for f in followers:
             kit.cluster.pause_node(f)
+        time.sleep(FETCH_DRAIN_S)  # their pending fetches answered: the next appends cannot reach them
         for i in range(10):
             kit.produce(topic, 0, make_batch(f"doomed-{i}".encode()), acks=1, node_id=st.leader)
         kit.cluster.kill_node(st.leader, signal.SIGKILL)
@@ -297,6 +299,7 @@ def test_former_leader_truncates_unreplicated_tail_on_rejoin(healed: Kit) -> Non
     followers = [r for r in st.replicas if r != old_leader]
     for f in followers:
         kit.cluster.pause_node(f)
+    time.sleep(FETCH_DRAIN_S)  # their pending fetches answered: the tail cannot reach them
     tail = kit.produce(topic, 0, make_batch(b"tail-1", b"tail-2", b"tail-3"), acks=1, node_id=old_leader)
     assert tail.error_code == ErrorCode.NONE, tail
     kit.cluster.kill_node(old_leader, signal.SIGKILL)
