@@ -1,0 +1,163 @@
+"""LogManager: placement, topic ids, checkpoints round trip, clean/unclean restarts, background threads."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from storage_testlib import make_batch, now_ms, read_all
+
+from proto import errors
+from storage.checkpoints import (
+    RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
+    CorruptCheckpointError,
+    OffsetCheckpointFile,
+)
+from storage.log_manager import CLEAN_SHUTDOWN_FILE, LogManager, read_partition_metadata
+
+
+def _wait_for(cond, timeout_s: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_new_logs_go_to_least_used_dir(tmp_path: Path) -> None:
+    dirs = [tmp_path / "d1", tmp_path / "d2", tmp_path / "d3"]
+    lm = LogManager(dirs)
+    lm.startup()
+    for p in range(6):
+        lm.get_or_create_log("orders", p, topic_id="T1", overrides={})
+    counts = {d: sum(1 for c in d.iterdir() if c.is_dir()) for d in dirs}
+    assert set(counts.values()) == {2}, counts
+    lm.get_or_create_log("big", 0, topic_id="T2", overrides={}).append_as_leader(make_batch(50), 0)
+    placed = lm.log_dir_of("big", 0)
+    # equal partition counts: the emptier directories win the next placements
+    nxt = lm.get_or_create_log("x", 0, topic_id="T3", overrides={})
+    assert lm.log_dir_of("x", 0) != placed and nxt.dir.parent != placed
+    assert read_partition_metadata(nxt.dir) == "T3"
+    lm.shutdown()
+
+
+def test_checkpoints_round_trip_and_clean_restart(tmp_path: Path) -> None:
+    dirs = [tmp_path / "d1", tmp_path / "d2"]
+    lm = LogManager(dirs, {"segment.bytes": "2000"})
+    lm.startup()
+    logs = {p: lm.get_or_create_log("t", p, topic_id="T", overrides={"retention.ms": "-1"}) for p in range(4)}
+    for p, lg in logs.items():
+        for _ in range(10 + p):
+            lg.append_as_leader(make_batch(2), 1)
+        lg.update_high_watermark(5 + p)
+    logs[0].update_high_watermark(logs[0].log_end_offset)
+    logs[0].set_log_start_offset(4)
+    contents = {p: read_all(lg) for p, lg in logs.items()}
+    lm.shutdown()
+    for d in dirs:
+        assert (d / CLEAN_SHUTDOWN_FILE).exists()
+        hws = OffsetCheckpointFile(d / REPLICATION_OFFSET_CHECKPOINT).read()
+        assert all(t == "t" for t, _p in hws)
+    lm2 = LogManager(dirs, {"segment.bytes": "2000"})
+    lm2.startup()
+    for d in dirs:
+        assert not (d / CLEAN_SHUTDOWN_FILE).exists()  # a crash from now on is unclean
+    for p in range(4):
+        lg = lm2.get_log("t", p)
+        assert lg is not None
+        assert lg.log_end_offset == 2 * (10 + p)
+        assert lg.high_watermark == (lg.log_end_offset if p == 0 else 5 + p)
+        assert lg.recovery_point == lg.log_end_offset
+        assert read_all(lg) == contents[p]
+    assert lm2.get_log("t", 0).log_start_offset == 4
+    assert lm2.topic_id("t", 1) == "T"
+    lm2.shutdown()
+
+
+def test_unclean_restart_recovers_from_recovery_point(tmp_path: Path, caplog) -> None:
+    lm = LogManager([tmp_path / "d"], {"segment.bytes": "1500"})
+    lm.startup()
+    lg = lm.get_or_create_log("t", 0, topic_id="T", overrides={})
+    for _ in range(20):
+        lg.append_as_leader(make_batch(2), 1)
+    lg.flush()
+    lm.checkpoint_all()
+    rp = lg.recovery_point
+    lg.append_as_leader(make_batch(2), 1)  # not flushed, but in the page cache: survives a process crash
+    active = lg.segments()[-1]
+    lg.close_without_flush()  # the "crash": no shutdown, no marker
+    with open(active.log_path, "ab") as f:
+        f.write(b"\x00\x00\x00\x00\x00\x00\x00\x2a\x00\x00\x01")  # torn tail
+    lm2 = LogManager([tmp_path / "d"], {"segment.bytes": "1500"})
+    with caplog.at_level("WARNING"):
+        lm2.startup()
+    lg2 = lm2.get_log("t", 0)
+    assert lg2.log_end_offset == 42 and rp == 40
+    assert any("truncating" in r.getMessage() and active.log_path.name in r.getMessage() for r in caplog.records)
+    lm2.shutdown()
+
+
+def test_old_incarnation_replaced_and_delete_log(tmp_path: Path) -> None:
+    lm = LogManager([tmp_path / "d"])
+    lm.startup()
+    lg = lm.get_or_create_log("t", 0, topic_id="OLD", overrides={})
+    lg.append_as_leader(make_batch(3), 0)
+    same = lm.get_or_create_log("t", 0, topic_id="OLD", overrides={"segment.bytes": "5000"})
+    assert same is lg and lg.config.segment_bytes == 5000
+    fresh = lm.get_or_create_log("t", 0, topic_id="NEW", overrides={})
+    assert fresh is not lg and fresh.log_end_offset == 0 and read_partition_metadata(fresh.dir) == "NEW"
+    lm.delete_log("t", 0)
+    assert lm.get_log("t", 0) is None and not (tmp_path / "d" / "t-0").exists()
+    with pytest.raises(errors.InvalidConfigError):
+        lm.get_or_create_log("t", 1, topic_id="X", overrides={"segment.bytes": "tiny"})
+    lm.shutdown()
+
+
+def test_update_topic_config_and_background_retention_and_flush(tmp_path: Path) -> None:
+    lm = LogManager([tmp_path / "d"], flush_check_ms=20, retention_check_ms=20, checkpoint_interval_ms=20)
+    lm.startup()
+    size = len(make_batch(2))
+    lg = lm.get_or_create_log("t", 0, topic_id="T", overrides={"segment.bytes": str(size * 2)})
+    old = now_ms() - 3_600_000
+    for i in range(8):
+        lg.append_as_leader(make_batch(2, ts=old + i), 0)
+    lg.update_high_watermark(lg.log_end_offset)
+    lm.start_background()
+    lm.update_topic_config("t", {"segment.bytes": str(size * 2), "retention.ms": "1000",
+                                 "file.delete.delay.ms": "0", "flush.ms": "10"})
+    _wait_for(lambda: lg.log_start_offset == 12, what="retention to delete the old segments")
+    _wait_for(lambda: lg.recovery_point == lg.log_end_offset, what="flush.ms flush")
+    cp = tmp_path / "d" / RECOVERY_POINT_CHECKPOINT
+    _wait_for(lambda: cp.exists() and OffsetCheckpointFile(cp).read().get(("t", 0)) == 16,
+              what="checkpointer")
+    lm.shutdown()
+
+
+def test_background_cleaner_compacts(tmp_path: Path) -> None:
+    lm = LogManager([tmp_path / "d"], cleaner_backoff_ms=20)
+    lm.startup()
+    lg = lm.get_or_create_log("c", 0, topic_id="C", overrides={
+        "cleanup.policy": "compact", "segment.bytes": "1200", "file.delete.delay.ms": "0"})
+    for i in range(60):
+        lg.append_as_leader(make_batch(1, keys=[b"k%d" % (i % 3)], values=[b"v%d" % i]), 0)
+    lg.update_high_watermark(lg.log_end_offset)
+    before = lg.size_bytes
+    lm.start_background()
+    _wait_for(lambda: lg.size_bytes < before / 2, what="background compaction")
+    lm.shutdown()
+    cleaner_cp = OffsetCheckpointFile(tmp_path / "d" / "cleaner-offset-checkpoint").read()
+    assert cleaner_cp.get(("c", 0), 0) > 0
+
+
+def test_corrupt_checkpoint_reported(tmp_path: Path) -> None:
+    path = tmp_path / "cp"
+    path.write_text("0\n3\nt 0 1\n")
+    with pytest.raises(CorruptCheckpointError):
+        OffsetCheckpointFile(path).read()
+    assert OffsetCheckpointFile(path).read_or_empty() == {}
+    OffsetCheckpointFile(path).write({("a", 1): 5, ("b", 0): 7})
+    assert OffsetCheckpointFile(path).read() == {("a", 1): 5, ("b", 0): 7}
+    assert not (tmp_path / "cp.tmp").exists()
