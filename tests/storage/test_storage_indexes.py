@@ -115,7 +115,7 @@ def test_producer_state_rules() -> None:
     ps.truncate_from(21)
     assert ps.entry(3) is None and ps.entry(2) is not None
     ps.update(_h(2, 0, 2**31 - 1), 30)
-    assert ps.check_leader_append(_h(2, 0, 0)) is None  # sequence wraps at int32
+    assert ps.check_leader_append(_h(2, 0, 0, 2)) is None  # sequence wraps at int32
 
 
 def test_offset_map_bounded() -> None:
