@@ -116,6 +116,8 @@ def show(st: State, data: Any, *tables: Table, note: str | None = None) -> None:
         print_json(data)
         return
     for t in tables:
+        if note and t.row_count == 0 and len(tables) == 1:
+            break  # an empty listing: the note says so better than an empty frame
         out.print(t)
     if note:
         out.print(note, markup=False, highlight=False)

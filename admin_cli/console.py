@@ -293,5 +293,5 @@ def _print_record(as_json: bool, rec: ConsumerRecord, fmt: str, key_format: Form
         line = json.dumps(record_json(rec, key_format, value_format), separators=(",", ":"))
     else:
         line = render(rec, fmt, key_format, value_format)
-    sys.stdout.write(line + "\n")
+    sys.stdout.write(line if line.endswith("\n") else line + "\n")
     sys.stdout.flush()

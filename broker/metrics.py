@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.gc_collector import GCCollector
@@ -351,6 +351,8 @@ class NodeMetrics:
 
     @classmethod
     def create(cls, node_id: int, roles: Sequence[str], cluster_id: str) -> NodeMetrics:
+        # Counters' *_created series double the page size for no operational use.
+        disable_created_metrics()
         registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)

@@ -142,7 +142,9 @@ def status(
             table.add_column(col, overflow="fold")
         for r in rows:
             state = "paused" if r["paused"] else ("running" if r["running"] else "[red]stopped[/red]")
-            health = ", ".join(f"{k}={v}" for k, v in r["health"].items()) or "-"
+            statuses = r["health"]
+            health = "-" if not statuses else "ok" if all(v == "SERVING" for v in statuses.values()) \
+                else ", ".join(f"{k}={v}" for k, v in statuses.items())
             table.add_row(str(r["node_id"]), r["roles"], str(r["pid"] or "-"), state, health, r["broker"],
                           r["controller"])
         out.print(table)
