@@ -61,7 +61,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         if req.acks not in (0, 1, -1):
             return _produce_error_all(req, ErrorCode.INVALID_REQUIRED_ACKS,
                                       f"acks must be 0, 1 or -1 (all), not {req.acks}")
-        self._maybe_auto_create({pd.topic for pd in req.partitions})
+        self._maybe_auto_create({pd.topic for pd in req.partitions}, wait=True)
         futures: list[concurrent.futures.Future] = [
             self.rm.append_records(pd.topic, pd.partition, pd.records, acks=req.acks, timeout_ms=req.timeout_ms)
             for pd in req.partitions]

@@ -71,9 +71,13 @@ class Kit:
 
     # ---- controller side ----
     def create_topic(self, name: str, *, partitions: int = 1, rf: int = 3, configs: dict[str, str] | None = None,
-                     timeout_s: float = 20) -> None:
-        resp = self.cc.call("CreateTopics", controller_pb2.CreateTopicsRequest(topics=[controller_pb2.CreatableTopic(
-            name=name, num_partitions=partitions, replication_factor=rf, configs=configs or {})]))
+                     timeout_s: float = 20, assignments: list[list[int]] | None = None) -> None:
+        topic = controller_pb2.CreatableTopic(name=name, num_partitions=partitions, replication_factor=rf,
+                                              configs=configs or {})
+        if assignments:
+            topic.num_partitions, topic.replication_factor = -1, -1
+            topic.assignments.extend(controller_pb2.ReplicaList(replicas=a) for a in assignments)
+        resp = self.cc.call("CreateTopics", controller_pb2.CreateTopicsRequest(topics=[topic]))
         assert resp.results[0].error_code == ErrorCode.NONE, resp
         for p in range(partitions):
             wait_until(lambda p=p: self.isr_size(name, p) == rf and self.broker_knows_leader(name, p),
