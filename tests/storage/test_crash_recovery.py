@@ -1,0 +1,167 @@
+"""Real crashes (SIGKILL of a writer process) and on-disk corruption, then recovery."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from storage_testlib import make_batch, read_all
+
+from storage.log import Log
+from storage.log_config import LogConfig
+from storage.log_manager import LogManager
+from storage.record_batch import iter_batches, validate_batches
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+
+
+def _batches_by_base(data: bytes) -> dict[int, bytes]:
+    return {h.base_offset: data[p:p + h.size] for p, h in iter_batches(data)}
+
+
+class Writer:
+    """The crash_writer child with a thread collecting its report lines."""
+
+    def __init__(self, directory: Path, seed: int, segment_bytes: int) -> None:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "crash_writer.py"), str(directory), str(seed), str(segment_bytes)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            if raw.endswith(b"\n"):  # a line cut by the kill is not a report
+                self.lines.append(raw.decode().strip())
+
+    def wait_for_reports(self, count: int, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.lines) < count + 1:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                raise AssertionError(f"writer exited with {self.proc.returncode}: {err[-2000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"writer reported only {len(self.lines)} lines in {timeout_s}s")
+            time.sleep(0.005)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._reader.join(10)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.mark.slow
+def test_sigkill_during_appends_loses_no_flushed_batch(tmp_path: Path) -> None:
+    rng = random.Random(20261122)
+    directory = tmp_path / "crash-0"
+    segment_bytes = 64 * 1024  # small: kills also land around segment rolls
+    reported: dict[int, tuple[int, str]] = {}
+    for round_no in range(4):
+        writer = Writer(directory, seed=round_no, segment_bytes=segment_bytes)
+        try:
+            writer.wait_for_reports(rng.randint(5, 60))
+            time.sleep(rng.uniform(0.0, 0.3))  # the kill lands at a random point of an append
+        finally:
+            writer.kill()
+        assert writer.lines and writer.lines[0].startswith("ready"), writer.lines[:1]
+        for line in writer.lines[1:]:
+            base, nxt, digest = line.split()
+            reported[int(base)] = (int(nxt), digest)
+
+        lg = Log.open(directory, LogConfig(segment_bytes=segment_bytes))
+        try:
+            data = read_all(lg)
+            if data:
+                validate_batches(data)  # everything served is whole and CRC-valid
+            stored = _batches_by_base(data)
+            for base, (_nxt, digest) in reported.items():
+                assert base in stored, f"round {round_no}: flushed batch at {base} lost (log end {lg.log_end_offset})"
+                assert hashlib.sha256(stored[base]).hexdigest() == digest, f"batch at {base} changed"
+            assert lg.log_end_offset >= max(n for n, _ in reported.values())
+            # appends continue after the crash
+            info = lg.append_as_leader(make_batch(2), 9)
+            assert info.first_offset == lg.log_end_offset - 2
+            last = lg.read(info.first_offset, 1 << 20)
+            assert last.first_offset == info.first_offset and validate_batches(last.records)
+            reported[info.first_offset] = (info.last_offset + 1,
+                                           hashlib.sha256(last.records).hexdigest())
+        finally:
+            lg.close()
+    assert len(reported) > 20
+
+
+def _flip_middle_byte(path: Path, position: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ 0x5A]))
+
+
+def _corrupt_batch_in_middle(log_path: Path) -> int:
+    """Flip a byte in the records of the batch at the middle of ``log_path``; return its base offset."""
+    data = log_path.read_bytes()
+    middle = len(data) // 2
+    for pos, h in iter_batches(data):
+        if pos <= middle < pos + h.size:
+            _flip_middle_byte(log_path, pos + 61 + (h.size - 61) // 2)
+            return h.base_offset
+    raise AssertionError(f"no batch spans the middle of {log_path}")
+
+
+@pytest.mark.parametrize("mode", ["recovery_point_behind", "full_scan"])
+def test_corruption_in_closed_and_active_segment_truncates_at_first_bad_batch(
+        tmp_path: Path, caplog, mode: str) -> None:
+    dirs = [tmp_path / "data"]
+    lm = LogManager(dirs, {"segment.bytes": "2000"})
+    lm.startup()
+    lg = lm.get_or_create_log("t", 0, topic_id="T", overrides={})
+    for _ in range(6):
+        lg.append_as_leader(make_batch(3, value_size=40), 1)
+    if mode == "recovery_point_behind":
+        lg.flush()
+        lm.checkpoint_all()  # recovery point here; what follows is only in the page cache
+    for _ in range(40):
+        lg.append_as_leader(make_batch(3, value_size=40), 1)
+    if mode == "full_scan":
+        lg.flush()
+        lm.checkpoint_all()  # recovery point at the end: only a forced full scan finds the damage
+    segments = lg.segments()
+    assert len(segments) >= 4
+    before = _batches_by_base(read_all(lg))
+    closed, active = segments[2], segments[-1]
+    lg.close_without_flush()  # crash: no clean-shutdown marker
+    bad_offset = _corrupt_batch_in_middle(closed.log_path)
+    _corrupt_batch_in_middle(active.log_path)
+
+    lm2 = LogManager(dirs, {"segment.bytes": "2000"}, recovery_full_scan=(mode == "full_scan"))
+    with caplog.at_level(logging.WARNING, logger="storage.segment"):
+        lm2.startup()
+    lg2 = lm2.get_log("t", 0)
+    assert lg2.log_end_offset == bad_offset, (lg2.log_end_offset, bad_offset)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(closed.log_path.name in w and f"offset {bad_offset}" in w for w in warnings), warnings
+    data = read_all(lg2)
+    validate_batches(data)
+    after = _batches_by_base(data)
+    assert after == {b: v for b, v in before.items() if b < bad_offset}  # intact up to the bad batch
+    assert not (tmp_path / "data" / "t-0" / active.log_path.name).exists()  # nothing after it is kept
+    assert lg2.append_as_leader(make_batch(1), 2).first_offset == bad_offset
+    lm2.shutdown()
