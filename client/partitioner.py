@@ -78,8 +78,8 @@ class StickyPartitionCache:
 
     def partition(self, topic: str, all_partitions: Sequence[int], available: Sequence[int]) -> int:
         current = self._sticky.get(topic)
-        if current is None or current not in all_partitions:
-            return self.next_partition(topic, all_partitions, available, current)
+        if current is None:
+            return self.next_partition(topic, all_partitions, available, None)
         return current
 
     def next_partition(

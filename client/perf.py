@@ -26,7 +26,7 @@ from client.consumer import Consumer
 from client.producer import Producer
 from client.types import TopicPartition
 
-LATENCY_SAMPLES_MAX = 200_000
+LATENCY_SAMPLES_MAX = 50_000
 DEFAULT_BOOTSTRAP = os.environ.get("BROOK_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 
 

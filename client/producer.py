@@ -18,10 +18,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from time import time as _time
 from typing import Any
 
 from client import errors
-from client.accumulator import RecordAccumulator, RecordFuture, estimate_record_bytes, failed_future
+from client.accumulator import (
+    RECORD_OVERHEAD_BYTES,
+    RecordAccumulator,
+    RecordFuture,
+    estimate_record_bytes,
+    failed_future,
+)
 from client.cluster import ClusterClient
 from client.config import normalize, parse_acks, parse_bool, parse_codec, require_int
 from client.partitioner import Partitioner, StickyPartitionCache, murmur2, to_positive
@@ -103,7 +110,7 @@ class Producer:
         self._key_serializer: Serializer | None = cfg["key_serializer"]
         self._value_serializer: Serializer | None = cfg["value_serializer"]
         self._sticky = StickyPartitionCache()
-        self._partition_cache: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._partition_cache: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[int, TopicPartition]]] = {}
         self._cache_meta: ClusterMetadata | None = None
         self._closed = False
         self._close_lock = threading.Lock()
@@ -177,57 +184,65 @@ class Producer:
         """
         if self._closed:
             raise errors.ProducerClosedError("send() after close()")
-        key_bytes = self._key_serializer(key) if self._key_serializer else _to_bytes(key, "key")
-        value_bytes = self._value_serializer(value) if self._value_serializer else _to_bytes(value, "value")
-        header_list = _headers(headers)
-        all_parts, available = self._partitions(topic)
-        size = estimate_record_bytes(key_bytes, value_bytes, header_list)
+        # Hot path: no per-record work beyond what the record needs (see client/perf.py).
+        if self._key_serializer is not None:
+            key = self._key_serializer(key)
+        elif key is not None and key.__class__ is not bytes:
+            key = _to_bytes(key, "key")
+        if self._value_serializer is not None:
+            value = self._value_serializer(value)
+        elif value is not None and value.__class__ is not bytes:
+            value = _to_bytes(value, "value")
+        key_size = -1 if key is None else len(key)
+        value_size = -1 if value is None else len(value)
+        size = RECORD_OVERHEAD_BYTES + (key_size if key_size > 0 else 0) + (value_size if value_size > 0 else 0)
+        if headers:
+            header_list = _headers(headers)
+            size = estimate_record_bytes(key, value, header_list)
+        else:
+            header_list = ()
+        cached = self._partition_cache.get(topic) if self.cluster.metadata_snapshot() is self._cache_meta else None
+        if cached is None:
+            cached = self._partitions(topic)
+        all_parts, available, tps = cached
         if timestamp is None:
-            timestamp = int(time.time() * 1000)
+            timestamp = int(_time() * 1000)
         if partition is not None:
             if partition not in all_parts:
                 raise errors.UnknownTopicOrPartitionError(
                     f"partition {partition} of topic {topic!r} does not exist (it has {len(all_parts)})")
         elif self._partitioner is not None:
-            partition = self._partitioner(key_bytes, all_parts, available)
-        elif key_bytes is not None:
-            partition = all_parts[to_positive(murmur2(key_bytes)) % len(all_parts)]
-        tp = TopicPartition(topic, partition if partition is not None else -1)
+            partition = self._partitioner(key, all_parts, available)
+        elif key is not None:
+            partition = all_parts[to_positive(murmur2(key)) % len(all_parts)]
         if size > self.max_request_size or size > self._accumulator.buffer_memory:
-            future = failed_future(tp, errors.MessageTooLargeError(
+            future = failed_future(TopicPartition(topic, -1 if partition is None else partition),
+                                   errors.MessageTooLargeError(
                 f"the record is {size} bytes when serialized, larger than max.request.size "
                 f"({self.max_request_size}) or buffer.memory ({self._accumulator.buffer_memory})"))
         elif partition is not None:
-            future = self._accumulator.append(tp, timestamp, key_bytes, value_bytes, header_list, size)
+            tp = tps.get(partition) or TopicPartition(topic, partition)
+            future = self._accumulator.append(tp, timestamp, key, value, header_list, size, key_size, value_size)
         else:
-            future = self._append_sticky(topic, all_parts, available, timestamp, key_bytes, value_bytes,
-                                         header_list, size)
+            # KIP-480: stick to one partition until its batch fills (or is sent), then move on.
+            sticky = self._sticky.partition(topic, all_parts, available)
+            tp = tps.get(sticky)
+            future = None if tp is None else self._accumulator.append(
+                tp, timestamp, key, value, header_list, size, key_size, value_size, allow_new_batch=False)
+            if future is None:
+                sticky = self._sticky.next_partition(topic, all_parts, available, sticky)
+                future = self._accumulator.append(tps[sticky], timestamp, key, value, header_list, size,
+                                                  key_size, value_size)
         assert future is not None
         if on_delivery is not None:
             future.add_delivery_callback(on_delivery)
         return future
 
-    def _append_sticky(self, topic, all_parts, available, timestamp, key, value, headers, size) -> RecordFuture:
-        sticky = self._sticky.partition(topic, all_parts, available)
-        future = self._accumulator.append(TopicPartition(topic, sticky), timestamp, key, value, headers, size,
-                                          allow_new_batch=False)
-        if future is not None:
-            return future
-        # KIP-480: the sticky partition's batch is full or gone; move on before starting a new one.
-        sticky = self._sticky.next_partition(topic, all_parts, available, sticky)
-        future = self._accumulator.append(TopicPartition(topic, sticky), timestamp, key, value, headers, size)
-        assert future is not None
-        return future
+    def _partitions(self, topic: str) -> tuple[tuple[int, ...], tuple[int, ...], dict[int, TopicPartition]]:
+        """(all partitions, partitions with a leader, {p: TopicPartition}) of ``topic``.
 
-    def _partitions(self, topic: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(all partitions, partitions with a leader) of ``topic``; waits up to max.block.ms for metadata."""
-        meta = self.cluster.metadata_snapshot()
-        if meta is not self._cache_meta:
-            self._partition_cache = {}
-            self._cache_meta = meta
-        cached = self._partition_cache.get(topic)
-        if cached is not None:
-            return cached
+        Waits up to max.block.ms for the topic to appear in metadata.
+        """
         deadline = time.monotonic() + self.max_block_ms / 1000
         refresh = False
         while True:
@@ -252,9 +267,13 @@ class Producer:
             refresh = True
         parts = tuple(sorted(info.partitions))
         available = tuple(p for p in parts if info.partitions[p].leader >= 0)
-        self._partition_cache[topic] = (parts, available)
-        self._cache_meta = self.cluster.metadata_snapshot()
-        return parts, available
+        snapshot = self.cluster.metadata_snapshot()
+        if snapshot is not self._cache_meta:
+            self._partition_cache = {}
+            self._cache_meta = snapshot
+        entry = (parts, available, {p: TopicPartition(topic, p) for p in parts})
+        self._partition_cache[topic] = entry
+        return entry
 
     def partitions_for(self, topic: str) -> list[int]:
         return list(self._partitions(topic)[0])
