@@ -218,7 +218,7 @@ class BrokerCollector(_SafeCollector):
                                    labels=["topic"])
         bin_ = CounterMetricFamily("brook_topic_bytes_in", "Record batch bytes appended as leader.",
                                    labels=["topic"])
-        bout = CounterMetricFamily("brook_topic_bytes_out", "Record batch bytes served to consumers and followers.",
+        bout = CounterMetricFamily("brook_topic_bytes_out", "Record batch bytes served to consumers (follower fetches excluded, as in Kafka).",
                                    labels=["topic"])
         for topic, t in sorted(by_topic.items()):
             msgs.add_metric([topic], t["msgs"])
