@@ -29,9 +29,11 @@ from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.replica_manager import ReplicaManager
 from broker.service import BrokerService
+from metadata_quorum.client import ControllerClient
 from proto import broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig
+from storage.log_manager import LogManager
 
 log = logging.getLogger(__name__)
 
@@ -106,14 +108,12 @@ class BrokerServer:
             self._servicer_fns.append(fn)
 
     def lease_valid(self) -> bool:
-        return time.monotonic() - self._last_heartbeat_ok < self.session_timeout_ms / 1000
+        """Heard from the controller within a session and not fenced: may act as a leader."""
+        return (not self.fenced
+                and time.monotonic() - self._last_heartbeat_ok < self.session_timeout_ms / 1000)
 
     # ---- start ----
     def start(self) -> None:
-        from storage.log_manager import LogManager
-
-        from metadata_quorum.client import ControllerClient
-
         s = self.settings
         self.log_manager = LogManager(list(s.log_dirs), s.defaults)
         self.log_manager.startup()

@@ -172,10 +172,13 @@ class ReplicaFetcher:
         if pr.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
             self._handle_out_of_range(st, pr)
             return
-        if pr.error_code not in _RETRY_LATER:
+        backoff_ms = self.config.backoff_ms
+        if pr.error_code == ErrorCode.UNKNOWN_LEADER_EPOCH:
+            backoff_ms = max(10, backoff_ms // 4)  # the leader is about to apply the same metadata
+        elif pr.error_code not in _RETRY_LATER:
             log.warning("fetcher %d<-%d: %s-%d: %s %s", self.local_id, self.source_id, pr.topic, pr.partition,
                         errors.code_name(pr.error_code), pr.error_message)
-        st.delayed_until_s = time.monotonic() + self.config.backoff_ms / 1000
+        st.delayed_until_s = time.monotonic() + backoff_ms / 1000
 
     def _truncate_diverged(self, st: _FetchState, epoch: int, end_offset: int) -> None:
         lg = st.partition.log

@@ -235,6 +235,7 @@ class Partition:
             if not self.is_leader or replica_id not in self.followers:
                 raise errors.NotLeaderOrFollowerError(f"leadership of {self.topic}-{self.partition} moved")
             self.followers[replica_id].record_fetch(fetch_offset, follower_log_start, leo, now_ms)
+            self.bytes_out_total += len(data.records)
             hw_changed = self._maybe_increment_hw()
             proposal = self._maybe_expand_isr(replica_id)
             return FollowerFetchResult(data.records, lg.high_watermark, lg.log_start_offset,

@@ -234,3 +234,20 @@ def test_idempotent_retry_is_not_appended_twice(kit: Kit) -> None:
     assert again.base_offset == first.base_offset
     values, _raw, _hw = kit.consume_all("idem")
     assert list(values.values()) == [b"once"]
+
+
+def test_deleted_then_recreated_topic_starts_empty(kit: Kit) -> None:
+    from brokerkit import wait_until
+
+    from proto import controller_pb2
+    kit.create_topic("reborn", rf=3)
+    for i in range(3):
+        assert kit.produce("reborn", 0, make_batch(f"old-{i}".encode()), acks=-1).error_code == ErrorCode.NONE
+    kit.cc.call("DeleteTopics", controller_pb2.DeleteTopicsRequest(names=["reborn"]))
+    wait_until(lambda: not any((kit.cluster.node_dir(n) / "data" / "reborn-0").exists()
+                               for n in kit.cluster.broker_ids), 20, "partition dirs removed on every broker")
+    kit.create_topic("reborn", rf=3)
+    r = kit.produce("reborn", 0, make_batch(b"new"), acks=-1)
+    assert (r.error_code, r.base_offset) == (ErrorCode.NONE, 0), r
+    values, _raw, _hw = kit.consume_all("reborn")
+    assert values == {0: b"new"}

@@ -317,3 +317,25 @@ def test_former_leader_truncates_unreplicated_tail_on_rejoin(healed: Kit) -> Non
                "former leader's log identical to the new leader's")
     old_log = replica_log_bytes(kit.cluster, old_leader, topic, 0, 1 << 62)
     assert b"tail-1" not in old_log, "the unreplicated tail is still on the former leader"
+
+
+def test_controlled_shutdown_moves_leadership_before_stopping(healed: Kit) -> None:
+    kit = healed
+    topic = "controlled"
+    kit.create_topic(topic, rf=3, configs={"min.insync.replicas": "2"})
+    with AckedProducer(kit, topic) as producer:
+        producer.wait_acks(20, 30)
+        leader = kit.leader(topic)
+        kit.cluster.stop_node(leader, timeout_s=30)
+        assert kit.cluster.returncode(leader) == 0, kit.cluster.log_tail(leader)
+        st = kit.state(topic)
+        assert st.leader not in (leader, -1) and leader not in st.isr, st
+        producer.wait_acks(20, 30)
+        kit.cluster.start_node(leader)
+        wait_until(lambda: kit.isr_size(topic) == 3, 60, "restarted broker back in the ISR")
+        producer.wait_acks(10, 30)
+    values, _raw, _hw = kit.consume_all(topic)
+    lost = {o: v for o, v in producer.acked.items() if values.get(o) != v}
+    assert not lost, f"acked records lost across a controlled restart: {list(lost.items())[:5]}"
+    log_text = kit.cluster.node_log(leader).read_text(errors="replace")
+    assert "controlled shutdown complete" in log_text
