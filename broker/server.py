@@ -115,7 +115,14 @@ class BrokerServer:
     # ---- start ----
     def start(self) -> None:
         s = self.settings
-        self.log_manager = LogManager(list(s.log_dirs), s.defaults)
+        d = s.defaults
+        self.log_manager = LogManager(
+            list(s.log_dirs), d,
+            flush_check_ms=int(d.get("log.flush.scheduler.interval.ms", "1000")),
+            retention_check_ms=int(d.get("log.retention.check.interval.ms", "300000")),
+            checkpoint_interval_ms=int(d.get("replica.high.watermark.checkpoint.interval.ms", "5000")),
+            cleaner_threads=(int(d.get("log.cleaner.threads", "1"))
+                             if d.get("log.cleaner.enable", "true").strip().lower() == "true" else 0))
         self.log_manager.startup()
         self.controller_client = ControllerClient(list(s.controller_endpoints), timeout_s=10)
         fetcher_cfg = FetcherConfig(
@@ -129,7 +136,8 @@ class BrokerServer:
         producer_ids = ProducerIdManager(s.node_id, self.controller_client, lambda: self.broker_epoch)
         self.grpc_server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix=f"broker-{s.node_id}"),
-            options=[("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+            options=[("grpc.max_receive_message_length",
+                      int(s.defaults.get("socket.request.max.bytes", str(GRPC_MAX_MESSAGE_BYTES)))),
                      ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
                      ("grpc.so_reuseport", 0)])
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerService(
@@ -235,8 +243,11 @@ class BrokerServer:
     def stop(self, controlled: bool = True) -> None:
         if self._stopping.is_set():
             return
-        if controlled and self._started and self.broker_epoch >= 0:
-            self._controlled_shutdown(CONTROLLED_SHUTDOWN_TIMEOUT_S)
+        d = self.settings.defaults
+        enabled = d.get("controlled.shutdown.enable", "true").strip().lower() == "true"
+        if controlled and enabled and self._started and self.broker_epoch >= 0:
+            timeout_ms = int(d.get("controlled.shutdown.timeout.ms", str(int(CONTROLLED_SHUTDOWN_TIMEOUT_S * 1000))))
+            self._controlled_shutdown(timeout_ms / 1000)
         self._stopping.set()
         if self.grpc_server is not None:
             self.grpc_server.stop(grace=1.0).wait(5)

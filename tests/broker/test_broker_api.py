@@ -251,3 +251,22 @@ def test_deleted_then_recreated_topic_starts_empty(kit: Kit) -> None:
     assert (r.error_code, r.base_offset) == (ErrorCode.NONE, 0), r
     values, _raw, _hw = kit.consume_all("reborn")
     assert values == {0: b"new"}
+
+
+def test_offsets_for_leader_epoch(kit: Kit) -> None:
+    kit.create_topic("epochs", rf=3)
+    for i in range(4):
+        assert kit.produce("epochs", 0, make_batch(f"e{i}".encode()), acks=-1).error_code == ErrorCode.NONE
+    st = kit.state("epochs")
+    follower = next(r for r in st.replicas if r != st.leader)
+
+    def ask(node: int, epoch: int, current: int = -1) -> broker_pb2.OffsetForLeaderPartitionResult:
+        return kit.stub(node).OffsetsForLeaderEpoch(broker_pb2.OffsetsForLeaderEpochRequest(
+            replica_id=follower, partitions=[broker_pb2.OffsetForLeaderPartition(
+                topic="epochs", partition=0, current_leader_epoch=current, leader_epoch=epoch)])).partitions[0]
+
+    r = ask(st.leader, st.leader_epoch, st.leader_epoch)
+    assert (r.error_code, r.leader_epoch, r.end_offset) == (ErrorCode.NONE, st.leader_epoch, 4), r
+    assert ask(st.leader, st.leader_epoch + 5).end_offset == -1  # an epoch the leader never had
+    assert ask(follower, st.leader_epoch).error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert ask(st.leader, 0, st.leader_epoch + 1).error_code == ErrorCode.UNKNOWN_LEADER_EPOCH
