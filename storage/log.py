@@ -26,7 +26,7 @@ from proto import errors
 from storage.checkpoints import fsync_dir
 from storage.leader_epoch_cache import LeaderEpochFileCache
 from storage.log_config import LogConfig
-from storage.producer_state import ProducerEntry, ProducerStateManager
+from storage.producer_state import SNAPSHOT_FILE, ProducerEntry, ProducerStateManager
 from storage.record_batch import (
     ATTR_TIMESTAMP_TYPE,
     BatchHeader,
@@ -229,12 +229,22 @@ class Log:
             self.epoch_cache.assign(h.partition_leader_epoch, h.base_offset)
 
     def _rebuild_producer_state(self, segments: list[LogSegment]) -> None:
-        """Idempotent-producer state from batch headers (no record decoding)."""
+        """Idempotent-producer state from the snapshot (if still valid) plus batch headers after it."""
         self.producer_state.clear()
+        end = segments[-1].next_offset if segments else 0
+        snapshot = self.dir / SNAPSHOT_FILE
+        since = self.producer_state.load_snapshot(snapshot)
+        if since is None or since > end:
+            self.producer_state.clear()  # the log lost data the snapshot knows: rebuild from scratch
+            since = 0
         for seg in segments:
+            if seg.next_offset <= since:
+                continue
             for _pos, h in seg.iter_headers(0):
-                if h.producer_id >= 0:
+                if h.producer_id >= 0 and h.base_offset >= since:
                     self.producer_state.update(h, h.base_offset)
+        # A later crash must not trust a snapshot the log may be truncated below: remove it now.
+        snapshot.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -667,6 +677,7 @@ class Log:
             if self.closed:
                 return
             self.flush()
+            self.producer_state.write_snapshot(self.dir / SNAPSHOT_FILE, self._log_end_offset)
             active = self._segments[-1]
             active.on_become_inactive()
             active.flush()

@@ -11,8 +11,10 @@ HEADERS only. The leader checks each produced batch against it:
   (int32 wrap-around) -> otherwise OutOfOrderSequenceNumberError.
 
 Followers apply the leader's batches without checks. The state is rebuilt on open by
-scanning batch headers. The number of tracked producers is bounded (least recently
-active is forgotten first); a forgotten producer is treated as new.
+scanning batch headers; a snapshot written at clean close (``producer-state-snapshot``,
+valid up to the offset it names) lets the next open scan only what follows it. The
+number of tracked producers is bounded (least recently active is forgotten first); a
+forgotten producer is treated as new.
 """
 
 from __future__ import annotations
@@ -20,13 +22,17 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from proto import errors
+from storage.checkpoints import write_atomically
 from storage.record_batch import NO_SEQUENCE, BatchHeader
 
 log = logging.getLogger(__name__)
 
 NUM_BATCHES_TO_RETAIN = 5
+SNAPSHOT_FILE = "producer-state-snapshot"
+_SNAPSHOT_VERSION = 0
 DEFAULT_MAX_PRODUCERS = 100_000
 _SEQ_MODULUS = 2**31
 
@@ -158,3 +164,40 @@ class ProducerStateManager:
 
     def clear(self) -> None:
         self._producers.clear()
+
+    # -- snapshot ------------------------------------------------------------------------
+    def write_snapshot(self, path: Path, offset: int) -> None:
+        """Persist the state as of ``offset`` (the log end at a clean close)."""
+        lines = [str(_SNAPSHOT_VERSION), str(offset), str(len(self._producers))]
+        for pid, e in self._producers.items():
+            fields = [str(pid), str(e.epoch), str(len(e.batches))]
+            for b in e.batches:
+                fields += [str(b.base_seq), str(b.last_seq), str(b.first_offset), str(b.last_offset),
+                           str(b.max_timestamp)]
+            lines.append(" ".join(fields))
+        write_atomically(path, ("\n".join(lines) + "\n").encode())
+
+    def load_snapshot(self, path: Path) -> int | None:
+        """Replace the state with the snapshot's; return its offset, or None (absent or unreadable)."""
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+            if len(lines) < 3 or int(lines[0]) != _SNAPSHOT_VERSION or int(lines[2]) != len(lines) - 3:
+                raise ValueError("bad header")
+            offset = int(lines[1])
+            producers: OrderedDict[int, ProducerEntry] = OrderedDict()
+            for line in lines[3:]:
+                f = [int(x) for x in line.split()]
+                pid, epoch, n = f[0], f[1], f[2]
+                if n > NUM_BATCHES_TO_RETAIN or len(f) != 3 + 5 * n:
+                    raise ValueError(f"bad entry {line!r}")
+                entry = ProducerEntry(pid, epoch)
+                for i in range(n):
+                    entry.batches.append(BatchMetadata(*f[3 + 5 * i: 8 + 5 * i]))
+                producers[pid] = entry
+        except FileNotFoundError:
+            return None
+        except (ValueError, UnicodeDecodeError) as exc:
+            log.warning("ignoring unreadable producer state snapshot %s: %s", path, exc)
+            return None
+        self._producers = producers
+        return offset

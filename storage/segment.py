@@ -165,6 +165,9 @@ class LogSegment:
                 break
             pos += consumed
             expected = self.next_offset
+        if self.first_batch_timestamp > 0:
+            # segment.ms counts from the first batch's time, not from this restart
+            self.created_ms = min(self.created_ms, self.first_batch_timestamp)
         if pos < size:
             log.warning("recovery of %s: truncating at position %d (offset %d, %d bytes dropped): %s",
                         self.log_path, pos, self.next_offset, size - pos, reason or "corrupt batch")

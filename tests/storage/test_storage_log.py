@@ -224,13 +224,21 @@ def test_producer_state_duplicates_gaps_and_fencing(tmp_path: Path) -> None:
     with pytest.raises(errors.OutOfOrderSequenceNumberError):
         lg.append_as_leader(make_batch(1, producer_id=7, producer_epoch=2, base_sequence=5), 0)
     assert lg.log_end_offset == 7
-    # the state is rebuilt from batch headers after a reopen
-    lg.close()
-    lg = Log.open(tmp_path / "t-0", lg.config)
-    again = lg.append_as_leader(make_batch(1, producer_id=7, producer_epoch=1, base_sequence=0), 0)
-    assert again.duplicate and again.first_offset == 6
-    with pytest.raises(errors.OutOfOrderSequenceNumberError):
-        lg.append_as_leader(make_batch(1, producer_id=7, producer_epoch=1, base_sequence=2), 0)
+    # the state survives a clean close (snapshot) and a crash (rebuilt from batch headers)
+    for crash in (False, True):
+        if crash:
+            lg.close_without_flush()
+            assert not (tmp_path / "t-0" / "producer-state-snapshot").exists()
+        else:
+            lg.close()
+            assert (tmp_path / "t-0" / "producer-state-snapshot").exists()
+        lg = Log.open(tmp_path / "t-0", lg.config)
+        again = lg.append_as_leader(make_batch(1, producer_id=7, producer_epoch=1, base_sequence=0), 0)
+        assert again.duplicate and again.first_offset == 6
+        with pytest.raises(errors.OutOfOrderSequenceNumberError):
+            lg.append_as_leader(make_batch(1, producer_id=7, producer_epoch=1, base_sequence=2), 0)
+        with pytest.raises(errors.InvalidProducerEpochError):
+            lg.append_as_leader(make_batch(1, producer_id=7, producer_epoch=0, base_sequence=6), 0)
     lg.close()
 
 
