@@ -39,6 +39,9 @@ MAX_TIMESTAMP = -3
 DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 MAX_TIMESTAMP_SCAN_BYTES = 256 * 1024 * 1024  # bound on the header scan for ListOffsets(-3)
+MAX_FETCH_WAIT_MS = 60_000  # longest long poll served, whatever the request says
+MAX_PRODUCE_TIMEOUT_MS = 300_000  # longest acks=all wait served
+CANCEL_CHECK_S = 1.0  # a parked long poll notices a cancelled RPC within this
 
 
 def now_ms() -> int:
@@ -340,13 +343,19 @@ class ReplicaManager:
         if acks != -1:
             fut.set_result(result)
             return fut
-        op = DelayedProduce(p, epoch, result, fut, time.monotonic() + max(0, timeout_ms) / 1000)
+        timeout_ms = min(max(0, timeout_ms), MAX_PRODUCE_TIMEOUT_MS)
+        op = DelayedProduce(p, epoch, result, fut, time.monotonic() + timeout_ms / 1000)
         self.produce_purgatory.watch(op, [p.key])
         return fut
 
     # ---- fetch ----
-    def fetch(self, req: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
-        deadline = time.monotonic() + max(0, req.max_wait_ms) / 1000
+    def fetch(self, req: broker_pb2.FetchRequest,
+              is_active: Callable[[], bool] = lambda: True) -> broker_pb2.FetchResponse:
+        """Read every requested partition; long-poll (woken by appends/HW moves) until min_bytes or max_wait_ms.
+
+        ``is_active`` tells whether the caller still waits (a cancelled RPC frees its worker thread).
+        """
+        deadline = time.monotonic() + min(max(0, req.max_wait_ms), MAX_FETCH_WAIT_MS) / 1000
         keys = [(fp.topic, fp.partition) for fp in req.partitions]
         while True:
             seqs = {p: p.change_seq for k in keys if (p := self._partitions.get(k)) is not None}
@@ -356,9 +365,12 @@ class ReplicaManager:
                 return resp
             waiter = _DataWaiter(seqs)
             if not self.fetch_purgatory.watch(waiter, [p.key for p in seqs]):
-                waiter.event.wait(remaining_s)
+                while not waiter.event.wait(min(remaining_s, CANCEL_CHECK_S)):
+                    remaining_s = deadline - time.monotonic()
+                    if remaining_s <= 0 or not is_active() or self._stopped.is_set():
+                        break
             waiter.cancel()
-            if self._stopped.is_set():
+            if self._stopped.is_set() or not is_active():
                 return resp
 
     def _read_once(self, req: broker_pb2.FetchRequest) -> tuple[broker_pb2.FetchResponse, int, bool]:

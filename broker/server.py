@@ -38,7 +38,7 @@ from storage.log_manager import LogManager
 log = logging.getLogger(__name__)
 
 GRPC_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
-GRPC_WORKERS = 64  # long-polling fetches hold a worker each: followers (one per source) and consumers
+GRPC_WORKERS = 128  # long-polling fetches hold a worker each: followers (one per source) and consumers
 REGISTER_TIMEOUT_S = 60.0
 FIRST_METADATA_WAIT_S = 30.0
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 30.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import re
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ import grpc
 
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
-from broker.replica_manager import AppendResult, ReplicaManager
+from broker.replica_manager import CANCEL_CHECK_S, MAX_PRODUCE_TIMEOUT_MS, AppendResult, ReplicaManager
 from proto import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 _LEADER_ERRORS = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH)
 AUTO_CREATE_WAIT_S = 5.0
-PRODUCE_WAIT_SLACK_S = 5.0  # the purgatory times acks=all out; this only guards a lost completion
+PRODUCE_WAIT_SLACK_S = 5.0
 
 
 class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
@@ -54,10 +55,11 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     # ---- Produce ----
     def Produce(self, request: broker_pb2.ProduceRequest, context: grpc.ServicerContext) -> Any:
-        return self._guard("Produce", request, lambda: self._produce(request),
+        return self._guard("Produce", request, lambda: self._produce(request, context.is_active),
                            lambda: _produce_error_all(request, ErrorCode.UNKNOWN_SERVER_ERROR, "internal error"))
 
-    def _produce(self, req: broker_pb2.ProduceRequest) -> broker_pb2.ProduceResponse:
+    def _produce(self, req: broker_pb2.ProduceRequest,
+                 is_active: Callable[[], bool] = lambda: True) -> broker_pb2.ProduceResponse:
         if req.acks not in (0, 1, -1):
             return _produce_error_all(req, ErrorCode.INVALID_REQUIRED_ACKS,
                                       f"acks must be 0, 1 or -1 (all), not {req.acks}")
@@ -66,7 +68,13 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             self.rm.append_records(pd.topic, pd.partition, pd.records, acks=req.acks, timeout_ms=req.timeout_ms)
             for pd in req.partitions]
         if req.acks == -1:
-            concurrent.futures.wait(futures, timeout=max(0, req.timeout_ms) / 1000 + PRODUCE_WAIT_SLACK_S)
+            # The purgatory times each wait out at timeout_ms; the slack only guards a lost completion.
+            # Waiting in slices lets a cancelled RPC give its worker thread back early.
+            deadline = time.monotonic() + min(max(0, req.timeout_ms), MAX_PRODUCE_TIMEOUT_MS) / 1000 \
+                + PRODUCE_WAIT_SLACK_S
+            pending = list(futures)
+            while pending and is_active() and (left := deadline - time.monotonic()) > 0:
+                pending = list(concurrent.futures.wait(pending, timeout=min(left, CANCEL_CHECK_S)).not_done)
         resp = broker_pb2.ProduceResponse()
         for pd, fut in zip(req.partitions, futures, strict=True):
             out = resp.partitions.add(topic=pd.topic, partition=pd.partition, base_offset=-1,
@@ -97,7 +105,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                                     error_message="internal error", high_watermark=-1, log_start_offset=-1,
                                     log_end_offset=-1)
             return resp
-        return self._guard("Fetch", request, lambda: self.rm.fetch(request), on_error)
+        return self._guard("Fetch", request, lambda: self.rm.fetch(request, context.is_active), on_error)
 
     # ---- ListOffsets / OffsetsForLeaderEpoch ----
     def ListOffsets(self, request: broker_pb2.ListOffsetsRequest, context: grpc.ServicerContext) -> Any:

@@ -270,3 +270,29 @@ def test_offsets_for_leader_epoch(kit: Kit) -> None:
     assert ask(st.leader, st.leader_epoch + 5).end_offset == -1  # an epoch the leader never had
     assert ask(follower, st.leader_epoch).error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
     assert ask(st.leader, 0, st.leader_epoch + 1).error_code == ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+def test_abandoned_long_polls_do_not_exhaust_the_broker(kit: Kit) -> None:
+    import grpc
+    kit.create_topic("abandon", rf=3)
+    leader = kit.leader("abandon")
+    stub = kit.stub(leader)
+    req = broker_pb2.FetchRequest(replica_id=-1, max_wait_ms=2**31 - 1, min_bytes=1 << 30, max_bytes=1 << 20,
+                                  partitions=[broker_pb2.FetchPartition(topic="abandon", partition=0, fetch_offset=0,
+                                                                        partition_max_bytes=1 << 20,
+                                                                        current_leader_epoch=-1)])
+    calls = [stub.Fetch.future(req, timeout=0.3) for _ in range(200)]  # more than the worker pool
+    for c in calls:
+        with pytest.raises(grpc.RpcError):
+            c.result()
+    # the broker frees the abandoned polls and keeps serving
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            r = kit.produce("abandon", 0, make_batch(b"still-alive"), acks=-1, timeout_ms=2000, node_id=leader)
+            if r.error_code == ErrorCode.NONE:
+                break
+        except grpc.RpcError:
+            pass
+        assert time.monotonic() < deadline, "broker still unresponsive 20s after abandoned long polls"
+        time.sleep(0.2)
