@@ -105,6 +105,7 @@ class Log:
         self._high_watermark = 0
         self._recovery_point = 0
         self._unflushed_records = 0
+        self._truncations = 0  # bumped by every truncation: a flush racing one keeps the recovery point
         self._last_flush_ms = _now_ms(None)
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         self.epoch_cache = LeaderEpochFileCache(directory)
@@ -520,6 +521,7 @@ class Log:
             log.info("truncated %s to %d (log end now %d)", self.dir, offset, self._log_end_offset)
 
     def _after_truncation(self, new_end: int) -> None:
+        self._truncations += 1
         self._log_end_offset = new_end
         self.epoch_cache.truncate_from_end(new_end)
         self.producer_state.truncate_from(new_end)
@@ -537,25 +539,33 @@ class Log:
             self.producer_state.clear()
             self._log_start_offset = self._log_end_offset = offset
             self._high_watermark = self._recovery_point = offset
+            self._truncations += 1
             log.info("truncated %s fully, restarting at %d", self.dir, offset)
 
     # ------------------------------------------------------------------ flush
     def flush(self) -> None:
-        """fsync the unflushed segments; the recovery point moves to the log end."""
+        """fsync the unflushed segments; the recovery point moves to the log end.
+
+        Lock order: the writer lock is never taken while the flush lock is held (appends
+        hold the writer lock and may flush), so the fsyncs of a background flush do not
+        block appends and no cycle is possible.
+        """
         with self._lock:
             target = self._log_end_offset
+            truncations = self._truncations
             bases, segments = self._view
+            first = max(0, bisect.bisect_right(bases, self._recovery_point) - 1)
             self._unflushed_records = 0
             self._last_flush_ms = _now_ms(None)
         with self._flush_lock:
-            first = max(0, bisect.bisect_right(bases, self._recovery_point) - 1)
             for seg in segments[first:]:
                 try:
                     seg.flush()
                 except (OSError, ValueError):
                     if not seg.closed:
                         raise
-            with self._lock:
+        with self._lock:
+            if truncations == self._truncations:  # else the flushed bytes may no longer be the log
                 self._recovery_point = max(self._recovery_point, min(target, self._log_end_offset))
 
     def maybe_flush(self, now_ms: int | None = None) -> bool:
