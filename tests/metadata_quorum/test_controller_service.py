@@ -1,0 +1,296 @@
+"""ControllerService + ControllerClient against three real ControllerNodes (one process, real sockets).
+
+The multi-process fault tests live in test_quorum_processes.py; these cover the RPC
+surface: validation errors, redirects, broker lifecycle, ISR changes, watch streams.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from quorum_helpers import create_topic, free_port, heartbeat_all, register_brokers, wait_for
+
+from metadata_quorum.client import ControllerClient
+from metadata_quorum.node import ControllerNode, ControllerSettings, VoterAddress, parse_voters
+from proto import common_pb2, errors
+from proto import controller_pb2 as pb
+from proto.errors import ErrorCode
+
+CLUSTER = "svc-test"
+
+
+@pytest.fixture(scope="module")
+def quorum(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ControllerNode]]:
+    base = tmp_path_factory.mktemp("quorum")
+    voters = {i: VoterAddress("127.0.0.1", free_port(), free_port()) for i in (1, 2, 3)}
+    nodes = [ControllerNode(ControllerSettings(
+        i, voters, base / f"c{i}", CLUSTER, "test-password", broker_session_timeout_ms=1500,
+        broker_heartbeat_interval_ms=300, defaults={"num.partitions": "2", "default.replication.factor": "2",
+                                                     "log.retention.ms": "12345"}))
+        for i in (1, 2, 3)]
+    try:
+        for n in nodes:
+            n.start()
+        wait_for(lambda: any(n.is_active() for n in nodes), 20, "an active controller")
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+@pytest.fixture(scope="module")
+def client(quorum: list[ControllerNode]) -> Iterator[ControllerClient]:
+    endpoints = [(n.settings.voters[n.settings.node_id].host, n.settings.voters[n.settings.node_id].grpc_port)
+                 for n in quorum]
+    with ControllerClient(endpoints, timeout_s=15) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def epochs(client: ControllerClient) -> dict[int, int]:
+    return register_brokers(client, [1, 2, 3], CLUSTER)
+
+
+def active(nodes: list[ControllerNode]) -> ControllerNode:
+    return wait_for(lambda: next((n for n in nodes if n.is_active()), None), 20, "an active controller")
+
+
+def test_parse_voters() -> None:
+    v = parse_voters("1@127.0.0.1:9093:9193, 2@h:1:2")
+    assert v == {1: VoterAddress("127.0.0.1", 9093, 9193), 2: VoterAddress("h", 1, 2)}
+    with pytest.raises(errors.InvalidConfigError):
+        parse_voters("1@127.0.0.1:9093")
+
+
+def test_followers_redirect_to_the_active_controller(quorum: list[ControllerNode]) -> None:
+    leader = active(quorum)
+    follower = next(n for n in quorum if n is not leader)
+    fv = follower.settings.voters[follower.settings.node_id]
+    with ControllerClient([(fv.host, fv.grpc_port)]) as c:
+        stub = c._stub((fv.host, fv.grpc_port))
+        r = stub.DescribeCluster(pb.DescribeClusterRequest(), timeout=5)
+        assert r.error_code == ErrorCode.NOT_CONTROLLER and not r.brokers, r
+        lv = leader.settings.voters[leader.settings.node_id]
+        assert (r.redirect.leader_id, r.redirect.leader.port) == (leader.settings.node_id, lv.grpc_port), r
+        # The client follows the redirect on its own.
+        assert c.call("DescribeCluster", pb.DescribeClusterRequest()).cluster_id == CLUSTER
+
+
+def test_create_topic_validation_errors(client: ControllerClient, epochs: dict[int, int]) -> None:
+    cases = [
+        (pb.CreatableTopic(name="bad name", num_partitions=1, replication_factor=1), ErrorCode.INVALID_TOPIC_EXCEPTION),
+        (pb.CreatableTopic(name="x" * 250, num_partitions=1, replication_factor=1), ErrorCode.INVALID_TOPIC_EXCEPTION),
+        (pb.CreatableTopic(name="rf", num_partitions=1, replication_factor=4), ErrorCode.INVALID_REPLICATION_FACTOR),
+        (pb.CreatableTopic(name="np", num_partitions=-5, replication_factor=1), ErrorCode.INVALID_PARTITIONS),
+        (pb.CreatableTopic(name="cfg", num_partitions=1, replication_factor=1, configs={"retention.ms": "x"}),
+         ErrorCode.INVALID_CONFIG),
+        (pb.CreatableTopic(name="asg", assignments=[pb.ReplicaList(replicas=[1, 9])]),
+         ErrorCode.INVALID_REPLICA_ASSIGNMENT),
+    ]
+    r = client.call("CreateTopics", pb.CreateTopicsRequest(topics=[t for t, _ in cases]))
+    for (topic, code), result in zip(cases, r.results, strict=True):
+        assert result.error_code == code, (topic.name, result)
+        assert result.error_message, result
+    names = {t.name for t in client.call("DescribeCluster", pb.DescribeClusterRequest()).topics}
+    assert not names & {t.name for t, _ in cases}
+
+
+def test_create_describe_alter_and_grow_a_topic(client: ControllerClient, epochs: dict[int, int]) -> None:
+    result = create_topic(client, "orders", -1, -1, configs={"cleanup.policy": "compact"})
+    assert result.error_code == ErrorCode.NONE, result
+    assert (result.num_partitions, result.replication_factor) == (2, 2)  # the node's defaults
+    again = create_topic(client, "orders", 1, 1)
+    assert again.error_code == ErrorCode.TOPIC_ALREADY_EXISTS
+    dry = client.call("CreateTopics", pb.CreateTopicsRequest(
+        validate_only=True, topics=[pb.CreatableTopic(name="dry", num_partitions=3, replication_factor=3)]))
+    assert dry.results[0].error_code == ErrorCode.NONE
+    cluster = client.call("DescribeCluster", pb.DescribeClusterRequest())
+    assert "dry" not in {t.name for t in cluster.topics}
+
+    configs = client.call("DescribeConfigs", pb.DescribeConfigsRequest(topics=["orders", "nope"]))
+    entries = {e.name: e for e in configs.results[0].entries}
+    assert (entries["cleanup.policy"].value, entries["cleanup.policy"].is_default) == ("compact", False)
+    assert (entries["retention.ms"].value, entries["retention.ms"].is_default) == ("12345", True)
+    assert configs.results[1].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+    altered = client.call("AlterConfigs", pb.AlterConfigsRequest(resources=[
+        pb.AlterConfigsResource(topic="orders", set={"retention.ms": "1000"}, delete=["cleanup.policy"]),
+        pb.AlterConfigsResource(topic="orders", set={"segment.bytes": "-1"})]))
+    assert altered.results[0].error_code == ErrorCode.NONE
+    assert altered.results[1].error_code == ErrorCode.INVALID_CONFIG
+    cluster = client.call("DescribeCluster", pb.DescribeClusterRequest())
+    topic = next(t for t in cluster.topics if t.name == "orders")
+    assert dict(topic.configs) == {"retention.ms": "1000"}
+
+    shrink = client.call("CreatePartitions", pb.CreatePartitionsRequest(
+        topics=[pb.CreatePartitionsTopic(name="orders", count=1)]))
+    assert shrink.results[0].error_code == ErrorCode.INVALID_PARTITIONS
+    grow = client.call("CreatePartitions", pb.CreatePartitionsRequest(
+        topics=[pb.CreatePartitionsTopic(name="orders", count=5)]))
+    assert grow.results[0].error_code == ErrorCode.NONE, grow
+    cluster = client.call("DescribeCluster", pb.DescribeClusterRequest())
+    parts = [p for p in cluster.partitions if p.topic == "orders"]
+    assert sorted(p.partition for p in parts) == [0, 1, 2, 3, 4]
+    assert all(len(p.replicas) == 2 and p.leader == p.replicas[0] for p in parts), parts
+
+    deleted = client.call("DeleteTopics", pb.DeleteTopicsRequest(names=["orders", "never"]))
+    assert [r.error_code for r in deleted.results] == [ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
+
+
+def test_alter_partition_compare_and_set(client: ControllerClient, epochs: dict[int, int]) -> None:
+    heartbeat_all(client, epochs)
+    assert create_topic(client, "isr", 1, 3).error_code == ErrorCode.NONE
+    cluster = client.call("DescribeCluster", pb.DescribeClusterRequest())
+    p = next(p for p in cluster.partitions if p.topic == "isr")
+    leader = p.leader
+    shrunk = [r for r in p.isr if r != p.replicas[-1]]
+    req = pb.AlterPartitionRequest(broker_id=leader, broker_epoch=epochs[leader], items=[pb.AlterPartitionItem(
+        topic="isr", partition=0, leader_epoch=p.leader_epoch, partition_epoch=p.partition_epoch, new_isr=shrunk)])
+    ok = client.call("AlterPartition", req)
+    assert ok.results[0].error_code == ErrorCode.NONE, ok
+    assert list(ok.results[0].partition_state.isr) == shrunk
+    assert ok.results[0].partition_state.partition_epoch == p.partition_epoch + 1
+    stale = client.call("AlterPartition", req)  # same base epoch again
+    assert stale.results[0].error_code == ErrorCode.INVALID_UPDATE_VERSION, stale
+    with pytest.raises(errors.BrookError) as info:
+        client.call("AlterPartition", pb.AlterPartitionRequest(broker_id=leader, broker_epoch=999999))
+    assert info.value.code == ErrorCode.STALE_BROKER_EPOCH
+
+
+def test_watch_sends_snapshot_then_deltas(client: ControllerClient, epochs: dict[int, int]) -> None:
+    stream = client.watch(0, broker_id=1)
+    first = next(stream)
+    assert first.is_snapshot and first.version > 0
+    assert {b.node_id for b in first.brokers} >= {1, 2, 3}
+    assert create_topic(client, "watched", 3, 2).error_code == ErrorCode.NONE
+    update = next(stream)
+    assert not update.is_snapshot and update.version > first.version
+    assert [t.name for t in update.topics] == ["watched"]
+    assert sorted(p.partition for p in update.partitions) == [0, 1, 2]
+    client.call("DeleteTopics", pb.DeleteTopicsRequest(names=["watched"]))
+    gone = next(stream)
+    assert list(gone.deleted_topic_ids) == [update.topics[0].topic_id]
+    # Resuming from a version gets just the changes after it.
+    with ControllerClient([client.active_controller]) as other:  # type: ignore[list-item]
+        resumed = next(other.watch(update.version))
+        assert not resumed.is_snapshot and list(resumed.deleted_topic_ids) == [update.topics[0].topic_id]
+
+
+def test_missed_heartbeats_fence_and_a_caught_up_broker_is_unfenced(client: ControllerClient,
+                                                                     epochs: dict[int, int]) -> None:
+    heartbeat_all(client, epochs)
+    assert create_topic(client, "lease", 1, 3).error_code == ErrorCode.NONE
+    stop = threading.Event()
+
+    def keep_alive() -> None:  # brokers 1 and 2 keep heartbeating; 3 goes silent
+        while not stop.wait(0.2):
+            heartbeat_all(client, {b: epochs[b] for b in (1, 2)})
+
+    t = threading.Thread(target=keep_alive, daemon=True)
+    t.start()
+    try:
+        def fenced_3() -> bool:
+            c = client.call("DescribeCluster", pb.DescribeClusterRequest())
+            return next(b for b in c.brokers if b.node_id == 3).fenced
+        wait_for(fenced_3, 15, "broker 3 fenced after its session expired")
+        c = client.call("DescribeCluster", pb.DescribeClusterRequest())
+        p = next(p for p in c.partitions if p.topic == "lease")
+        assert 3 not in p.isr and p.leader != 3, p
+        # Broker 3 heartbeats again with a caught-up metadata version: unfenced.
+        h = client.call("BrokerHeartbeat", pb.BrokerHeartbeatRequest(
+            node_id=3, broker_epoch=epochs[3], current_metadata_version=c.metadata_version))
+        assert not h.is_fenced, h
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_controlled_shutdown_then_reregistration(client: ControllerClient, epochs: dict[int, int]) -> None:
+    heartbeat_all(client, epochs)
+    assert create_topic(client, "cs", 6, 2).error_code == ErrorCode.NONE
+    r = client.call("BrokerHeartbeat", pb.BrokerHeartbeatRequest(node_id=2, broker_epoch=epochs[2],
+                                                                 want_shutdown=True))
+    assert r.should_shutdown, r
+    c = client.call("DescribeCluster", pb.DescribeClusterRequest())
+    assert all(p.leader != 2 for p in c.partitions), [(p.topic, p.partition, p.leader) for p in c.partitions]
+    # It comes back as a new incarnation: new epoch, fenced until caught up.
+    rr = client.call("RegisterBroker", pb.RegisterBrokerRequest(
+        node_id=2, incarnation_id="incarnation-2b", cluster_id=CLUSTER,
+        endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19002)]))
+    assert rr.broker_epoch > epochs[2]
+    stale = client.call("BrokerHeartbeat", pb.BrokerHeartbeatRequest(node_id=2, broker_epoch=rr.broker_epoch,
+                                                                     current_metadata_version=0))
+    assert stale.is_fenced  # not caught up yet
+    h = client.call("BrokerHeartbeat", pb.BrokerHeartbeatRequest(node_id=2, broker_epoch=rr.broker_epoch,
+                                                                 current_metadata_version=rr.broker_epoch))
+    assert not h.is_fenced
+    epochs[2] = rr.broker_epoch
+    with pytest.raises(errors.InvalidRequestError):
+        client.call("RegisterBroker", pb.RegisterBrokerRequest(node_id=7, incarnation_id="x", cluster_id="other",
+                                                               endpoints=[common_pb2.Endpoint(port=1)]))
+
+
+def test_producer_ids_and_describe_quorum(client: ControllerClient, epochs: dict[int, int],
+                                          quorum: list[ControllerNode]) -> None:
+    heartbeat_all(client, epochs)
+    a = client.call("AllocateProducerIds", pb.AllocateProducerIdsRequest(broker_id=1, broker_epoch=epochs[1]))
+    b = client.call("AllocateProducerIds", pb.AllocateProducerIdsRequest(broker_id=3, broker_epoch=epochs[3]))
+    assert b.producer_id_start >= a.producer_id_start + a.producer_id_len
+    leader = active(quorum)
+
+    def quorum_caught_up() -> pb.DescribeQuorumResponse | None:
+        q = client.call("DescribeQuorum", pb.DescribeQuorumRequest())
+        return q if all(v.lag == 0 for v in q.voters) else None
+
+    q = wait_for(quorum_caught_up, 10, "every voter caught up")
+    assert q.leader_id == leader.settings.node_id and q.term >= 1 and q.commit_index > 0
+    assert sorted(v.node_id for v in q.voters) == [1, 2, 3]
+    assert [v.is_leader for v in q.voters].count(True) == 1
+    assert all(v.connected and v.log_end_index == q.commit_index for v in q.voters), q
+    stats = leader.stats()
+    assert stats.is_active and stats.brokers == 3 and stats.leader_id == leader.settings.node_id
+    assert stats.metadata_version == q.metadata_version or stats.metadata_version > 0
+
+
+def test_preferred_leader_rebalance(client: ControllerClient, epochs: dict[int, int],
+                                    quorum: list[ControllerNode]) -> None:
+    heartbeat_all(client, epochs)
+    assert create_topic(client, "pref", 3, 3).error_code == ErrorCode.NONE
+    c = client.call("DescribeCluster", pb.DescribeClusterRequest())
+    p = next(p for p in c.partitions if p.topic == "pref" and p.partition == 0)
+    preferred = p.replicas[0]
+    # The preferred leader shuts down (leadership moves), re-registers and catches up...
+    r = client.call("ControlledShutdown", pb.ControlledShutdownRequest(node_id=preferred,
+                                                                       broker_epoch=epochs[preferred]))
+    assert r.remaining_leaderships == 0
+    rr = client.call("RegisterBroker", pb.RegisterBrokerRequest(
+        node_id=preferred, incarnation_id=f"pref-{time.monotonic()}", cluster_id=CLUSTER,
+        endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19000 + preferred)]))
+    epochs[preferred] = rr.broker_epoch
+    heartbeat_all(client, epochs)
+    c = client.call("DescribeCluster", pb.DescribeClusterRequest())
+    p = next(p for p in c.partitions if p.topic == "pref" and p.partition == 0)
+    assert p.leader != preferred
+    # ... the leader adds it back to the ISR, and the rebalancer moves leadership home.
+    client.call("AlterPartition", pb.AlterPartitionRequest(broker_id=p.leader, broker_epoch=epochs[p.leader], items=[
+        pb.AlterPartitionItem(topic="pref", partition=0, leader_epoch=p.leader_epoch,
+                              partition_epoch=p.partition_epoch, new_isr=list(p.isr) + [preferred])]))
+    assert active(quorum).controller.submit_preferred_elections() >= 1
+
+    def back_home() -> bool:
+        cl = client.call("DescribeCluster", pb.DescribeClusterRequest())
+        return next(x for x in cl.partitions if x.topic == "pref" and x.partition == 0).leader == preferred
+    wait_for(back_home, 10, "leadership back on the preferred replica")
+
+
+def test_restarted_single_node_data_dir_checks_cluster_id(tmp_path: Path) -> None:
+    voters = {1: VoterAddress("127.0.0.1", free_port(), free_port())}
+    node = ControllerNode(ControllerSettings(1, voters, tmp_path, "one", None))
+    node.start()
+    node.stop()
+    with pytest.raises(errors.InvalidConfigError):
+        ControllerNode(ControllerSettings(1, voters, tmp_path, "two", None)).start()
