@@ -332,7 +332,11 @@ class ReplicaManager:
                     f"broker {self.node_id} lost its controller session; not accepting writes")
             with p.lock:
                 epoch = p.leader_epoch
-                info = p.append_as_leader(records, acks)
+                try:
+                    info = p.append_as_leader(records, acks)
+                except OSError as e:
+                    log.error("append to %s-%d failed on disk: %s", topic, partition, e)
+                    raise errors.KafkaStorageError(f"{topic}-{partition}: {e}") from e
             result = AppendResult(topic, partition, info.first_offset, info.last_offset,
                                   info.log_append_time_ms, p.log.log_start_offset,
                                   bool(getattr(info, "duplicate", False)))

@@ -64,9 +64,16 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             return _produce_error_all(req, ErrorCode.INVALID_REQUIRED_ACKS,
                                       f"acks must be 0, 1 or -1 (all), not {req.acks}")
         self._maybe_auto_create({pd.topic for pd in req.partitions}, wait=True)
-        futures: list[concurrent.futures.Future] = [
-            self.rm.append_records(pd.topic, pd.partition, pd.records, acks=req.acks, timeout_ms=req.timeout_ms)
-            for pd in req.partitions]
+        futures: list[concurrent.futures.Future] = []
+        for pd in req.partitions:
+            if pd.topic.startswith("__"):
+                # Internal topics (__consumer_offsets) are written by the broker itself only.
+                fut: concurrent.futures.Future = concurrent.futures.Future()
+                fut.set_exception(errors.InvalidTopicException(f"cannot produce to internal topic {pd.topic}"))
+                futures.append(fut)
+                continue
+            futures.append(self.rm.append_records(pd.topic, pd.partition, pd.records, acks=req.acks,
+                                                  timeout_ms=req.timeout_ms))
         if req.acks == -1:
             # The purgatory times each wait out at timeout_ms; the slack only guards a lost completion.
             # Waiting in slices lets a cancelled RPC give its worker thread back early.

@@ -68,7 +68,12 @@ class ReplicaFetcher:
         self._channel = grpc.insecure_channel(address, options=[
             ("grpc.max_receive_message_length", config.max_bytes + 4 * 1024 * 1024),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            # a restarted leader is found again within a second, not after gRPC's default 2 min backoff
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
         ])
+        self._failures = 0
         self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)
         self._thread = threading.Thread(target=self._run, name=f"replica-fetcher-{local_id}-from-{source_id}",
                                         daemon=True)
@@ -113,13 +118,16 @@ class ReplicaFetcher:
             except grpc.RpcError as e:
                 if self._stopped:
                     return
-                log.info("fetcher %d<-%d (%s): fetch failed: %s", self.local_id, self.source_id, self.address,
-                         e.code() if hasattr(e, "code") else e)
+                self._failures += 1
+                if self._failures == 1 or self._failures % 50 == 0:  # one line per outage, not 5 per second
+                    log.info("fetcher %d<-%d (%s): fetch failed (%d in a row): %s", self.local_id, self.source_id,
+                             self.address, self._failures, e.code() if hasattr(e, "code") else e)
                 with self._lock:
                     self._lock.wait(timeout=backoff_s)
                 continue
             except ValueError:  # channel closed under us during shutdown
                 return
+            self._failures = 0
             with self._lock:
                 if self._stopped:
                     return

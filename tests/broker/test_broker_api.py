@@ -56,9 +56,11 @@ def test_produce_errors_append_nothing(kit: Kit) -> None:
 
     r = stub.Produce(produce_req("api", 0, good, acks=2)).partitions[0]
     assert r.error_code == ErrorCode.INVALID_REQUIRED_ACKS, r
-    r = stub.Produce(produce_req("__no_such_internal", 0, good)).partitions[0]
-    assert r.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, r  # internal names are never auto-created
+    r = stub.Produce(produce_req("__consumer_offsets", 0, good)).partitions[0]
+    assert r.error_code == ErrorCode.INVALID_TOPIC_EXCEPTION, r  # only the broker writes internal topics
     r = stub.Produce(produce_req("api", 7, good)).partitions[0]
+    assert r.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, r
+    r = stub.Produce(produce_req("api", -1, good)).partitions[0]
     assert r.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, r
     r = kit.stub(follower).Produce(produce_req("api", 0, good)).partitions[0]
     assert r.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER, r
