@@ -318,6 +318,7 @@ class ClusterClient:
 
     def leader_for(self, tp: TopicPartition, *, refresh: bool = False) -> int:
         """The leader's node id; raises UnknownTopicOrPartition / LeaderNotAvailable."""
+        tp = TopicPartition(*tp)
         meta = self.metadata([tp.topic], refresh=refresh)
         info = meta.topics.get(tp.topic)
         if info is None or info.error_code != errors.ErrorCode.NONE:

@@ -230,8 +230,20 @@ class Consumer:
     # ---- poll ----
     def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Records fetched since the last poll, per partition; waits up to ``timeout_ms`` for some."""
-        self._ensure_open()
         limit = max_records or self._max_poll_records
+        return self._poll(timeout_ms, lambda: self._drain(limit))
+
+    def poll_batches(self, timeout_ms: int = 0) -> dict[TopicPartition, bytes]:
+        """Whole fetched RecordBatch v2 batches per partition, undecoded (for columnar readers).
+
+        Positions move past the last batch returned. The first batch of a partition may
+        start before the position it was fetched from (a batch is indivisible): skip
+        records with lower offsets when decoding (``storage.record_batch.decode_batch``).
+        """
+        return self._poll(timeout_ms, self._drain_batches)
+
+    def _poll(self, timeout_ms: int, drain: Callable[[], dict[TopicPartition, Any]]) -> dict[TopicPartition, Any]:
+        self._ensure_open()
         deadline = time.monotonic() + timeout_ms / 1000
         self._maybe_auto_commit()
         while True:
@@ -240,14 +252,28 @@ class Consumer:
             self._update_positions()
             self._process_completed()
             self._raise_pending()
-            records = self._drain(limit)
+            out = drain()
             self._fetcher.send_fetches(self._assignment, self._buffered)  # prefetch while the app works
-            if records:
-                return records
+            if out:
+                return out
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return {}
             self._fetcher.wait(min(remaining, self._idle_wait_s()))
+
+    def _drain_batches(self) -> dict[TopicPartition, bytes]:
+        out: dict[TopicPartition, bytes] = {}
+        for tp in list(self._buffered):
+            state = self._assignment.get(tp)
+            if state is not None and state.paused:
+                continue
+            part = self._buffered.pop(tp)
+            if state is None or state.position is None or part.index < len(part.current):
+                continue  # decoding started (poll() used meanwhile): drop, it is fetched again
+            data = part.take_raw(state)
+            if data:
+                out[tp] = data
+        return out
 
     def _idle_wait_s(self) -> float:
         if self._membership is not None:

@@ -108,6 +108,19 @@ class PartitionRecords:
         self.data = b""
         return False
 
+    def take_raw(self, state: PartitionState) -> bytes:
+        """All complete batches not wholly before the position; moves the position past them."""
+        start = end = -1
+        for pos, header in self.batches:
+            if state.position is not None and header.next_offset <= state.position:
+                continue
+            if start < 0:
+                start = pos
+            end = pos + header.size
+            state.position = header.next_offset
+        data, self.data = self.data, b""
+        return data[start:end] if start >= 0 else b""
+
     def exhausted(self) -> bool:
         return not self.data and self.index >= len(self.current)
 

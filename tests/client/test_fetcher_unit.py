@@ -67,3 +67,15 @@ def test_stamp_producer_state_keeps_batch_valid() -> None:
     assert (header.producer_id, header.producer_epoch, header.base_sequence) == (42, 7, 1000)
     assert read_header(stamped).record_count == 3
     assert [r.value for r in decode_batch(stamped)[1]] == [b"v0", b"v1", b"v2"]
+
+
+def test_take_raw_returns_whole_batches_from_the_position() -> None:
+    data = batch(0, 5) + batch(5, 5) + batch(10, 5) + batch(15, 5)[:-3]
+    state = PartitionState(position=7)
+    part = PartitionRecords(TP, data)
+    raw = part.take_raw(state)
+    headers = [read_header(raw, 0)]
+    headers.append(read_header(raw, headers[0].size))
+    assert [h.base_offset for h in headers] == [5, 10] and len(raw) == headers[0].size + headers[1].size
+    assert state.position == 15, "the torn tail is not returned and the position stops before it"
+    assert part.exhausted()
