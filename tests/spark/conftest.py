@@ -127,8 +127,13 @@ def brook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrookTestCluster
     """One 3-node cluster for the Spark suite (topics are per test)."""
     from deploy.local.cluster import LocalCluster
 
-    # Followers stay in the ISR through short pauses, so a test can hold the HW below the LEO.
-    overrides = {"replica.lag.time.max.ms": "30000", "log.retention.check.interval.ms": "1000"}
+    # A paused follower stays registered and in the ISR for a while, so a test can hold the
+    # HW below the LEO.
+    overrides = {
+        "replica.lag.time.max.ms": "60000",
+        "broker.session.timeout.ms": "60000",
+        "log.retention.check.interval.ms": "1000",
+    }
     with LocalCluster(tmp_path_factory.mktemp("brook-spark"), nodes=3, overrides=overrides) as cluster:
         helper = BrookTestCluster(cluster)
         try:

@@ -74,17 +74,13 @@ class BackgroundProducer:
         assert self.error is None, f"producer failed: {self.error!r}"
         return dict(self.acked)
 
-    def finish(self, timeout_s: float = 120) -> dict[tuple[int, int], bytes]:
-        """Let it produce every chunk, then return what was acknowledged."""
-        self._thread.join(timeout_s)
-        return self.join(1)
-
 
 def test_stream_exactly_once_into_parquet_across_restart(spark, brook, tmp_path) -> None:  # type: ignore[no-untyped-def]
     topic = "eo-parquet"
     brook.create_topic(topic, 3)
     out, cp = str(tmp_path / "out"), str(tmp_path / "cp")
-    producer = BackgroundProducer(brook, topic, chunks=30).start()
+    # Runs until stopped (bounded by its chunk count): production spans both query runs.
+    producer = BackgroundProducer(brook, topic, chunks=3000, chunk=50, pause_s=0.1)
 
     def start_query():  # type: ignore[no-untyped-def]
         df = stream(spark, brook, subscribe=topic, startingOffsets="earliest").select("partition", "offset", "value")
@@ -98,14 +94,16 @@ def test_stream_exactly_once_into_parquet_across_restart(spark, brook, tmp_path)
             return 0
 
     query = start_query()
+    producer.start()
     try:
         wait_until(lambda: parquet_count() > 0, 90, "first rows in the parquet sink")
     finally:
         query.stop()
-    assert producer.running, "the producer should still be producing when the query restarts"
+    assert producer.running, f"the producer should still be producing at the restart (error: {producer.error!r})"
     query = start_query()
     try:
-        acked = producer.finish()
+        wait_until(lambda: any(p["numInputRows"] for p in query.recentProgress), 90, "rows after the restart")
+        acked = producer.join()
         wait_until(lambda: parquet_count() >= len(acked), 90,
                    lambda: f"{len(acked)} rows in the sink, have {parquet_count()}")
     finally:
@@ -208,19 +206,24 @@ def test_never_reads_above_the_high_watermark(spark, brook, tmp_path) -> None:  
         part = client.metadata([topic], refresh=True).topics[topic].partitions[0]
         active = brook.cluster.describe_cluster().active_controller_id
         follower = next(r for r in part.replicas if r != part.leader and r != active)
+        # Made before the pause: its metadata is cached, so no request goes to the hung node.
+        producer = brook.producer(acks=1, enable_idempotence=False)
+        producer.partitions_for(topic)
         brook.cluster.pause_node(follower)
         try:
             # acks=1: the leader appends, but the HW cannot pass what the paused ISR member has.
-            with brook.producer(acks=1, enable_idempotence=False) as p:
-                for i in range(50):
-                    p.send(topic, b"u%d" % i, partition=0)
-                p.flush(timeout=30)
+            for i in range(50):
+                producer.send(topic, b"u%d" % i, partition=0)
+            producer.flush(timeout=30)
             res = wait_until(lambda: (r := client.fetch(tp, 0, 1 << 20)).log_end_offset == 150 and r, 20,
                              "leader LEO 150")
             assert res.high_watermark == 100, f"precondition: HW {res.high_watermark} should stay 100"
+            # A hung node costs a metadata request its whole timeout: keep that short.
             batch = (spark.read.format("brook").option("bootstrap.servers", brook.bootstrap)
-                     .option("subscribe", topic).load().select("offset").collect())
-            query = (stream(spark, brook, subscribe=topic, startingOffsets="earliest").select("offset")
+                     .option("request.timeout.ms", "3000").option("subscribe", topic).load()
+                     .select("offset").collect())
+            query = (stream(spark, brook, subscribe=topic, startingOffsets="earliest", **{"request.timeout.ms": "3000"})
+                     .select("offset")
                      .writeStream.format("memory").queryName("hw_rows")
                      .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
             assert query.awaitTermination(60)
@@ -228,6 +231,7 @@ def test_never_reads_above_the_high_watermark(spark, brook, tmp_path) -> None:  
             hw_after = client.fetch(tp, 0, 1024).high_watermark
         finally:
             brook.cluster.resume_node(follower)
+            producer.close(timeout=10)
     assert hw_after == 100, f"HW moved during the test ({hw_after}); the check below would prove nothing"
     assert sorted(r["offset"] for r in batch) == list(range(100))
     assert sorted(r["offset"] for r in streamed) == list(range(100))
