@@ -12,6 +12,7 @@ from client.admin import Admin, NewTopic
 from client.consumer import Consumer
 from client.producer import Producer
 from client.types import OffsetAndMetadata, TopicPartition
+from storage.record_batch import decode_records
 
 pytestmark = pytest.mark.slow
 
@@ -238,3 +239,49 @@ def test_admin_group_operations(cluster, admin: Admin, new_topic) -> None:
     assert admin.list_group_offsets(group)[tp0].offset == 2
     admin.delete_groups([group])
     assert group not in {g.group_id for g in admin.list_groups()}
+
+
+@pytest.mark.parametrize("acks", ["0", "1"])
+def test_weaker_acks_still_deliver(cluster, new_topic, acks: str) -> None:
+    topic = new_topic(partitions=1)
+    with Producer(bootstrap_servers=cluster.bootstrap_servers, acks=acks) as producer:
+        assert not producer.idempotent, "idempotence needs acks=all"
+        futures = [producer.send(topic, b"%d" % i) for i in range(50)]
+        producer.flush()
+        assert all(f.exception(timeout=5) is None for f in futures)
+    got = consume_all(cluster.bootstrap_servers, topic, 1, 50)[0]
+    assert [r.value for r in got] == [b"%d" % i for i in range(50)]
+
+
+def test_poll_batches_iteration_commit_async_and_auto_commit(cluster, new_topic) -> None:
+    topic = new_topic(partitions=1)
+    tp = TopicPartition(topic, 0)
+    with Producer(bootstrap_servers=cluster.bootstrap_servers, linger_ms=50) as producer:
+        for i in range(100):
+            producer.send(topic, b"%d" % i)
+    bs = cluster.bootstrap_servers
+    with Consumer(bootstrap_servers=bs, auto_offset_reset="earliest") as raw:
+        raw.assign([tp])
+        raw.seek(tp, 10)
+        total = 0
+        first_offsets = []
+        deadline = time.monotonic() + 10
+        while raw.position(tp) < 100:
+            assert time.monotonic() < deadline, f"poll_batches stalled at {raw.position(tp)}"
+            for data in raw.poll_batches(timeout_ms=500).values():
+                records = list(decode_records(data))
+                first_offsets.append(records[0].offset)
+                total += sum(1 for r in records if r.offset >= 10)
+        assert total == 90 and first_offsets[0] <= 10
+    group = f"it-{topic}"
+    done = []
+    with Consumer(bootstrap_servers=bs, group_id=group, auto_offset_reset="earliest", consumer_timeout_ms=1500,
+                  enable_auto_commit=True, auto_commit_interval_ms=100) as consumer:
+        consumer.assign([tp])
+        values = [r.value for r in consumer]  # iteration ends after consumer_timeout_ms without records
+        assert values == [b"%d" % i for i in range(100)]
+        consumer.commit_async({tp: 42}, callback=lambda offsets, err: done.append(err)).result(timeout=10)
+        assert done == [None] and consumer.committed(tp).offset == 42
+    with Consumer(bootstrap_servers=bs, group_id=group) as again:
+        # close() of the first consumer committed its position (auto commit on close).
+        assert again.committed(tp).offset == 100
