@@ -316,6 +316,9 @@ class LocalCluster:
     def is_running(self, node_id: int) -> bool:
         return self.pid(node_id) is not None
 
+    def is_paused(self, node_id: int) -> bool:
+        return node_id in self._paused
+
     def returncode(self, node_id: int) -> int | None:
         proc = self._procs.get(node_id)
         return None if proc is None else proc.poll()

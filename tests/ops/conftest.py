@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,19 +58,3 @@ def brook(capsys: pytest.CaptureFixture[str], ops_cluster: LocalCluster, monkeyp
         return Result(code, captured.out, captured.err)
 
     return run
-
-
-def sample_values(text: str, name: str, **labels: str) -> list[float]:
-    """Values of the samples called ``name`` whose labels include ``labels`` in a /metrics page."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    found = []
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                found.append(s.value)
-    return found
-
-
-def describe(values: Sequence[float]) -> str:
-    return ", ".join(f"{v:g}" for v in values) or "(no samples)"

@@ -1,0 +1,178 @@
+"""A scrape after real traffic shows every metric family, with values that match what was done."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Callable
+
+import pytest
+from opskit import describe, sample_values
+
+from client.cluster import ClusterClient
+from client.consumer import Consumer
+from client.producer import Producer
+from deploy.local.cluster import LocalCluster
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "metered"
+RECORDS = 40
+GROUP = "metered-group"
+
+
+def scrape_all(cluster: LocalCluster) -> dict[int, str]:
+    pages = {}
+    for node_id in cluster.node_ids:
+        if cluster.is_running(node_id) and not cluster.is_paused(node_id):
+            with urllib.request.urlopen(cluster.metrics_url(node_id), timeout=5) as resp:
+                pages[node_id] = resp.read().decode()
+    return pages
+
+
+def total(pages: dict[int, str], name: str, **labels: str) -> float:
+    return sum(sum(sample_values(text, name, **labels)) for text in pages.values())
+
+
+def eventually(cluster: LocalCluster, check: Callable[[dict[int, str]], bool], what: str,
+               timeout_s: float = 30.0) -> dict[int, str]:
+    """Scrape until ``check(pages)`` holds: stats are read at scrape time and some lag the traffic."""
+    deadline = time.monotonic() + timeout_s
+    pages = scrape_all(cluster)
+    while not check(pages):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"metrics never showed {what}")
+        time.sleep(0.3)
+        pages = scrape_all(cluster)
+    return pages
+
+
+@pytest.fixture(scope="module")
+def traffic(ops_cluster: LocalCluster, brook_module) -> dict[str, int]:
+    brook_module("topic", "create", TOPIC, "-p", "3", "-r", "3", "--if-not-exists")
+    value_bytes = 0
+    with Producer(bootstrap_servers=ops_cluster.bootstrap_servers, acks="all") as producer:
+        futures = []
+        for i in range(RECORDS):
+            value = f"value-{i:04d}".encode()
+            value_bytes += len(value)
+            futures.append(producer.send(TOPIC, value, key=f"k{i % 7}".encode()))
+        producer.flush(30)
+        for f in futures:
+            f.result(30)
+    consumer = Consumer(bootstrap_servers=ops_cluster.bootstrap_servers, group_id=GROUP,
+                        auto_offset_reset="earliest", enable_auto_commit=False)
+    try:
+        consumer.subscribe([TOPIC])
+        got = 0
+        deadline = time.monotonic() + 60
+        while got < RECORDS and time.monotonic() < deadline:
+            got += sum(len(rs) for rs in consumer.poll(timeout_ms=500).values())
+        assert got == RECORDS, f"consumed {got} of {RECORDS}"
+        consumer.commit()
+    finally:
+        consumer.close()
+    return {"records": RECORDS, "value_bytes": value_bytes}
+
+
+@pytest.fixture(scope="module")
+def brook_module(ops_cluster: LocalCluster):
+    from admin_cli.main import main as brook_main
+
+    def run(*args: str) -> int:
+        code = brook_main(["-b", ops_cluster.bootstrap_servers, "-o", "json", *args])
+        assert code == 0, args
+        return code
+
+    return run
+
+
+def test_traffic_families_match_what_was_done(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:
+    n = traffic["records"]
+    pages = eventually(ops_cluster, lambda p: total(p, "brook_topic_messages_in_total", topic=TOPIC) == n,
+                       f"brook_topic_messages_in_total{{topic={TOPIC}}} == {n}")
+    bytes_in = total(pages, "brook_topic_bytes_in_total", topic=TOPIC)
+    bytes_out = total(pages, "brook_topic_bytes_out_total", topic=TOPIC)
+    assert bytes_in > traffic["value_bytes"], f"bytes in {bytes_in} <= payload {traffic['value_bytes']}"
+    assert bytes_out >= bytes_in, f"every record was consumed once: bytes out {bytes_out} < bytes in {bytes_in}"
+    # Each partition's replicas all reach the same end offset; the offsets add up to the records produced.
+    ends = []
+    for p in range(3):
+        per_replica = [v for text in pages.values() for v in sample_values(text, "brook_log_end_offset",
+                                                                          topic=TOPIC, partition=str(p))]
+        assert len(per_replica) == 3, f"partition {p}: replicas reporting {describe(per_replica)}"
+        ends.append(max(per_replica))
+    assert sum(ends) == n, f"log end offsets {ends} do not add up to {n}"
+    for p in range(3):
+        sizes = [v for text in pages.values() for v in sample_values(text, "brook_log_size_bytes", topic=TOPIC,
+                                                                    partition=str(p))]
+        assert sizes and all(s > 0 for s in sizes) == (ends[p] > 0), f"partition {p} sizes {sizes}"
+    # Leader and partition counts agree with the controller's view of the cluster.
+    cluster_partitions = max(v for text in pages.values() for v in sample_values(text, "brook_cluster_partitions"))
+    assert total(pages, "brook_leader_partitions") == cluster_partitions
+    assert total(pages, "brook_partitions") >= 3 * 3
+    assert total(pages, "brook_under_replicated_partitions") == 0
+    assert total(pages, "brook_under_min_isr_partitions") == 0
+    assert max(v for text in pages.values() for v in sample_values(text, "brook_offline_partitions")) == 0
+
+
+def test_rpc_and_quorum_families(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:
+    pages = scrape_all(ops_cluster)
+    assert total(pages, "brook_rpc_requests_total", method="Produce", code="OK") >= 1
+    assert total(pages, "brook_rpc_request_duration_seconds_count", method="Produce") == \
+        total(pages, "brook_rpc_requests_total", method="Produce")
+    assert total(pages, "brook_rpc_requests_total", method="Fetch", code="OK") >= 1
+    assert total(pages, "brook_rpc_requests_total", method="JoinGroup") >= 1
+    assert total(pages, "brook_controller_active") == 1
+    leaders = {v for text in pages.values() for v in sample_values(text, "brook_raft_leader_id")}
+    active = [node for node, text in pages.items() if sample_values(text, "brook_controller_active") == [1.0]]
+    assert leaders == {float(active[0])}, f"leader ids {leaders}, active {active}"
+    assert all(sample_values(t, "brook_raft_term")[0] >= 1 for t in pages.values())
+    assert all(sample_values(t, "brook_raft_commit_index")[0] > 0 for t in pages.values())
+    assert max(v for t in pages.values() for v in sample_values(t, "brook_fenced_brokers")) == 0
+    assert max(v for t in pages.values() for v in sample_values(t, "brook_cluster_brokers")) == 3
+    for node_id, text in pages.items():
+        free = sample_values(text, "brook_log_dir_free_bytes")
+        cap = sample_values(text, "brook_log_dir_capacity_bytes")
+        assert len(free) == 1 and 0 < free[0] <= cap[0], f"node {node_id}: free {free} capacity {cap}"
+
+
+def test_group_families_and_lag(ops_cluster: LocalCluster, traffic: dict[str, int], brook_module) -> None:
+    n = traffic["records"]
+    pages = eventually(ops_cluster, lambda p: total(p, "brook_consumer_group_committed_offset", group=GROUP) == n,
+                       f"committed offsets of {GROUP} adding up to {n}")
+    assert total(pages, "brook_consumer_group_lag", group=GROUP) == 0
+    assert total(pages, "brook_consumer_groups", state="Empty") >= 1
+    brook_module("group", "seek", GROUP, "-t", TOPIC, "--to-earliest")
+    # The coordinator refreshes end offsets periodically; lag follows the new commit.
+    eventually(ops_cluster, lambda p: total(p, "brook_consumer_group_lag", group=GROUP, topic=TOPIC) == n,
+               f"lag of {GROUP} == {n} after seeking to the beginning", timeout_s=40)
+
+
+def test_isr_shrink_and_expand_are_counted(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:
+    """Pause a follower past replica.lag.time.max.ms: leaders shrink the ISR; resume: it expands back."""
+    pages = scrape_all(ops_cluster)
+    shrinks0 = total(pages, "brook_isr_shrinks_total")
+    expands0 = total(pages, "brook_isr_expands_total")
+    active = [node for node, text in pages.items() if sample_values(text, "brook_controller_active") == [1.0]][0]
+    victim = next(i for i in ops_cluster.broker_ids if i != active)
+    with ClusterClient(ops_cluster.bootstrap_servers) as cc:
+        parts = cc.metadata([TOPIC], refresh=True).topics[TOPIC].partitions
+    followed = [p for p, m in parts.items() if m.leader != victim and victim in m.replicas]
+    assert followed, f"node {victim} follows no partition of {TOPIC}: {parts}"
+    # A write while the victim is paused makes its lag real (an idle follower is never out of sync).
+    ops_cluster.pause_node(victim)
+    try:
+        with Producer(bootstrap_servers=ops_cluster.bootstrap_servers, acks="1") as producer:
+            for p in followed:
+                producer.send(TOPIC, b"while-paused", partition=p)
+            producer.flush(20)
+        eventually(ops_cluster, lambda p: total(p, "brook_isr_shrinks_total") > shrinks0
+                   and total(p, "brook_under_replicated_partitions") > 0,
+                   "an ISR shrink while a follower is paused", timeout_s=30)
+    finally:
+        ops_cluster.resume_node(victim)
+    eventually(ops_cluster, lambda p: total(p, "brook_isr_expands_total") > expands0
+               and total(p, "brook_under_replicated_partitions") == 0,
+               "the ISR expanding back after resume", timeout_s=45)
+    ops_cluster.wait_ready(60)
