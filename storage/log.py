@@ -18,7 +18,6 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,7 +30,6 @@ from storage.record_batch import (
     ATTR_TIMESTAMP_TYPE,
     BatchHeader,
     assign_offsets,
-    iter_batches,
     set_log_append_time,
     validate_batches,
 )
@@ -446,22 +444,6 @@ class Log:
             data, first = got
             return FetchData(data, first, end, start) if data else empty
         return empty
-
-    def iter_batches_from(self, start_offset: int, max_offset: int | None = None,
-                          chunk_bytes: int = 1024 * 1024) -> Iterator[bytes]:
-        """Whole-batch chunks from ``start_offset`` to ``max_offset`` (default LEO); bounded reads."""
-        offset = start_offset
-        while True:
-            data = self.read(offset, chunk_bytes, max_offset=max_offset)
-            if not data.records:
-                return
-            last_next = offset
-            for _pos, h in iter_batches(data.records, 0):
-                last_next = h.next_offset
-            yield data.records
-            offset = max(last_next, offset + 1)
-            if offset > self._log_end_offset:
-                return
 
     # ------------------------------------------------------------------ offsets and epochs
     def update_high_watermark(self, hw: int) -> int:

@@ -178,10 +178,21 @@ class LogManager:
                 log.warning("%s-%d: on-disk topic id %s differs from %s: deleting the old incarnation",
                             topic, partition, known, topic_id)
                 self.delete_log(topic, partition)
+            stray = self._find_unloaded_dir(topic, partition)
+            if stray is not None:
+                on_disk = read_partition_metadata(stray)
+                if on_disk in (None, "", topic_id):
+                    # On disk but not loaded (created before startup ran): open it, rescanning all.
+                    lg = Log.open(stray, config, full_recovery=True)
+                    write_partition_metadata(stray, topic_id)
+                    self._logs[tp] = lg
+                    self._log_dir_of[tp] = stray.parent
+                    self._topic_ids[tp] = topic_id
+                    return lg
+                log.warning("deleting %s: topic id %s is an old incarnation (now %s)", stray, on_disk, topic_id)
+                shutil.rmtree(stray)
             d = self._least_used_dir()
             path = d / f"{topic}-{partition}"
-            if path.exists():
-                shutil.rmtree(path)  # stray directory not loaded at startup (e.g. another topic id)
             path.mkdir(parents=True)
             write_partition_metadata(path, topic_id)
             fsync_dir(d)
@@ -191,6 +202,13 @@ class LogManager:
             self._topic_ids[tp] = topic_id
             log.info("created log %s-%d in %s", topic, partition, d)
             return lg
+
+    def _find_unloaded_dir(self, topic: str, partition: int) -> Path | None:
+        for d in self.log_dirs:
+            path = d / f"{topic}-{partition}"
+            if path.is_dir():
+                return path
+        return None
 
     def _least_used_dir(self) -> Path:
         """Fewest partitions first, then fewest bytes, then configuration order (Kafka's rule + size)."""

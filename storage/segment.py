@@ -268,8 +268,18 @@ class LogSegment:
     def translate_offset(self, offset: int, max_position: int | None = None) -> tuple[int, BatchHeader] | None:
         """(position, header) of the first batch whose last offset >= ``offset``; None past the end."""
         end = self.size if max_position is None else max_position
-        start = self.index.lookup(offset).position
-        pos = start
+        entry = self.index.lookup(offset)
+        pos = entry.position
+        if pos > 0:
+            try:
+                at = self.read_header_at(pos) if pos + BATCH_HEADER_SIZE <= end else None
+            except errors.CorruptMessageError:
+                at = None
+            if at is None or at.base_offset != entry.offset:
+                # A damaged index must not send reads to the wrong bytes: scan from the start.
+                log.warning("%s: index entry %s does not point at its batch; scanning from the start",
+                            self.index.path, entry)
+                pos = 0
         while end - pos >= BATCH_HEADER_SIZE:
             h = self.read_header_at(pos)
             if h is None or pos + h.size > end:

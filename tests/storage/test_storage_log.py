@@ -284,3 +284,23 @@ def test_missing_index_rebuilt(tmp_path: Path) -> None:
     assert lg.segments()[0].index.entries == 2
     assert lg.read(4, 1).first_offset == 4
     lg.close()
+
+
+def test_damaged_index_entry_does_not_misdirect_reads(tmp_path: Path, caplog) -> None:
+    size = len(make_batch(2))
+    lg = open_log(tmp_path, segment_bytes=size * 5, index_interval_bytes=1)
+    t0 = now_ms()
+    for i in range(12):  # growing timestamps: the time index does not lead to the damaged entry
+        lg.append_as_leader(make_batch(2, ts=t0 + 10 * i), 0)
+    before = read_all(lg)
+    lg.close()
+    index = tmp_path / "t-0" / "00000000000000000000.index"
+    raw = bytearray(index.read_bytes())
+    struct.pack_into(">I", raw, 12, size * 2 + 7)  # 2nd entry: a position inside a batch (still ordered)
+    index.write_bytes(bytes(raw))
+    lg = Log.open(tmp_path / "t-0", lg.config, clean_shutdown=True)
+    with caplog.at_level("WARNING"):
+        assert read_all(lg) == before
+        assert lg.read(5, 1).first_offset == 4
+    assert any("does not point at its batch" in r.getMessage() for r in caplog.records)
+    lg.close()

@@ -161,3 +161,17 @@ def test_corrupt_checkpoint_reported(tmp_path: Path) -> None:
     OffsetCheckpointFile(path).write({("a", 1): 5, ("b", 0): 7})
     assert OffsetCheckpointFile(path).read() == {("a", 1): 5, ("b", 0): 7}
     assert not (tmp_path / "cp.tmp").exists()
+
+
+def test_partition_dir_on_disk_but_not_loaded(tmp_path: Path) -> None:
+    lm = LogManager([tmp_path / "a", tmp_path / "b"])
+    lm.startup()
+    lg = lm.get_or_create_log("t", 0, topic_id="T", overrides={})
+    lg.append_as_leader(make_batch(3), 0)
+    lm.shutdown()
+    fresh = LogManager([tmp_path / "a", tmp_path / "b"])  # startup() not called: nothing loaded
+    again = fresh.get_or_create_log("t", 0, topic_id="T", overrides={})
+    assert again.log_end_offset == 3  # the data is found, not wiped
+    other = fresh.get_or_create_log("u", 0, topic_id="U", overrides={})
+    assert other.dir.parent != again.dir.parent
+    fresh.shutdown()
