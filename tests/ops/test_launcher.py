@@ -1,0 +1,92 @@
+"""The background launcher: a cluster that passes `brook cluster health`, survives `stop` of one node
+with the health report saying so, and comes back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from admin_cli.main import main as brook_main
+from deploy.local.cluster import LocalCluster
+
+pytestmark = pytest.mark.slow
+
+
+def launcher(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deploy.local", *args], capture_output=True, text=True,
+                          timeout=180, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+
+
+def health(capsys: pytest.CaptureFixture[str], bootstrap: str) -> tuple[int, dict]:
+    capsys.readouterr()
+    code = brook_main(["-b", bootstrap, "-o", "json", "--timeout", "5", "cluster", "health"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else {}
+
+
+def wait_health(capsys: pytest.CaptureFixture[str], bootstrap: str, want_code: int, timeout_s: float,
+                also: str = "") -> dict:
+    deadline = time.monotonic() + timeout_s
+    code, report = health(capsys, bootstrap)
+    while not (code == want_code and also in json.dumps(report)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"health never exited {want_code} with {also!r}; last: {code} {report}")
+        time.sleep(0.5)
+        code, report = health(capsys, bootstrap)
+    return report
+
+
+def test_launcher_start_stop_one_node_and_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = tmp_path / "cluster"
+    try:
+        proc = launcher("start", "--dir", str(base), "--nodes", "3", "--timeout", "90")
+        assert proc.returncode == 0 and "ready" in proc.stdout, proc
+        cluster = LocalCluster.open(base)
+        bootstrap = cluster.bootstrap_servers
+        assert bootstrap in proc.stdout
+        report = wait_health(capsys, bootstrap, 0, 30)
+        assert all(c["ok"] for c in report["checks"])
+
+        capsys.readouterr()
+        assert brook_main(["-b", bootstrap, "topic", "create", "replicated", "-p", "3", "-r", "3"]) == 0
+
+        proc = launcher("status", "--dir", str(base))
+        assert proc.returncode == 0 and proc.stdout.count("running") == 3, proc
+
+        proc = launcher("stop", "--dir", str(base), "--node", "3")
+        assert proc.returncode == 0, proc
+        assert not cluster.is_running(3)
+        report = wait_health(capsys, bootstrap, 1, 45, also="broker 3")
+        failed = {c["name"]: c["detail"] for c in report["checks"] if not c["ok"]}
+        assert "broker 3" in failed.get("fenced brokers", ""), failed
+        assert "under-replicated partitions" in failed, failed
+        assert "voter 3" in failed.get("quorum", ""), failed
+
+        proc = launcher("status", "--dir", str(base))
+        assert proc.returncode == 1 and "stopped" in proc.stdout, proc
+
+        proc = launcher("start", "--dir", str(base), "--node", "3", "--timeout", "90")
+        assert proc.returncode == 0, proc
+        wait_health(capsys, bootstrap, 0, 60)
+
+        proc = launcher("stop", "--dir", str(base))
+        assert proc.returncode == 0, proc
+        assert not any(cluster.is_running(i) for i in cluster.node_ids)
+        log = cluster.node_log(1).read_text()
+        assert "controlled shutdown" in log and "node 1 stopped" in log, log[-2000:]
+    finally:
+        if (base / "cluster.json").exists():
+            LocalCluster.open(base).teardown()
+
+
+def test_launcher_errors_are_one_line(tmp_path: Path) -> None:
+    proc = launcher("status", "--dir", str(tmp_path / "none"))
+    assert proc.returncode == 1 and "no local cluster" in proc.stderr, proc
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    proc = launcher("start", "--dir", str(tmp_path), "--mode", "ring")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc
