@@ -133,6 +133,13 @@ class ControllerClient:
                 continue
             raise errors.error_for(code, response.error_message)
 
+    def call_endpoint(self, endpoint: tuple[str, int], method: str, request: Any, *, timeout_s: float) -> Any:
+        """One attempt at one given controller, no redirects or retries (diagnostics, tests).
+
+        Returns the response whatever its error code; gRPC failures raise ``grpc.RpcError``.
+        """
+        return getattr(self._stub((str(endpoint[0]), int(endpoint[1]))), method)(request, timeout=timeout_s)
+
     def watch(
         self, since_version: int = 0, broker_id: int = -1, *, give_up_after_s: float = 120.0
     ) -> Iterator[pb.MetadataUpdate]:

@@ -71,8 +71,7 @@ def test_followers_redirect_to_the_active_controller(quorum: list[ControllerNode
     follower = next(n for n in quorum if n is not leader)
     fv = follower.settings.voters[follower.settings.node_id]
     with ControllerClient([(fv.host, fv.grpc_port)]) as c:
-        stub = c._stub((fv.host, fv.grpc_port))
-        r = stub.DescribeCluster(pb.DescribeClusterRequest(), timeout=5)
+        r = c.call_endpoint((fv.host, fv.grpc_port), "DescribeCluster", pb.DescribeClusterRequest(), timeout_s=5)
         assert r.error_code == ErrorCode.NOT_CONTROLLER and not r.brokers, r
         lv = leader.settings.voters[leader.settings.node_id]
         assert (r.redirect.leader_id, r.redirect.leader.port) == (leader.settings.node_id, lv.grpc_port), r

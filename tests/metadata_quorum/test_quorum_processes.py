@@ -1,0 +1,139 @@
+"""Three real controller processes under real faults: SIGKILL, SIGSTOP, full restart.
+
+The module shares one quorum; each test leaves it with all three voters running.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from quorum_helpers import create_topic, register_brokers, wait_for
+
+from metadata_quorum.client import ControllerClient
+from metadata_quorum.local_quorum import LocalQuorum
+from proto import controller_pb2 as pb
+from proto import errors
+from proto.errors import ErrorCode
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def quorum(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalQuorum]:
+    # Fake brokers heartbeat only now and then: a long session keeps them unfenced.
+    q = LocalQuorum(tmp_path_factory.mktemp("procs"), extra_args=["--session-timeout-ms", "120000"])
+    try:
+        q.start()
+        yield q
+    finally:
+        q.stop()
+
+
+@pytest.fixture(scope="module")
+def client(quorum: LocalQuorum) -> Iterator[ControllerClient]:
+    with quorum.client(timeout_s=20) as c:
+        register_brokers(c, [1, 2, 3], quorum.cluster_id)
+        yield c
+
+
+def topics_of(client: ControllerClient) -> dict[str, tuple[str, int, dict[int, tuple[int, ...]]]]:
+    """name -> (topic id, partition count, partition -> replicas)."""
+    cluster = client.call("DescribeCluster", pb.DescribeClusterRequest())
+    out: dict[str, tuple[str, int, dict[int, tuple[int, ...]]]] = {
+        t.name: (t.topic_id, t.partition_count, {}) for t in cluster.topics}
+    for p in cluster.partitions:
+        out[p.topic][2][p.partition] = tuple(p.replicas)
+    return out
+
+
+def wait_all_caught_up(client: ControllerClient, timeout_s: float = 30) -> pb.DescribeQuorumResponse:
+    def caught_up() -> pb.DescribeQuorumResponse | None:
+        try:
+            q = client.call("DescribeQuorum", pb.DescribeQuorumRequest(), timeout_s=3)
+        except errors.BrookError:
+            return None
+        return q if len(q.voters) == 3 and all(v.connected and v.lag == 0 for v in q.voters) else None
+
+    return wait_for(caught_up, timeout_s, "all three voters connected and caught up")
+
+
+def test_kill_9_of_the_active_controller_elects_a_new_one_that_keeps_serving(
+        quorum: LocalQuorum, client: ControllerClient) -> None:
+    for i in range(5):
+        assert create_topic(client, f"before-{i}", 4, 3).error_code == ErrorCode.NONE
+    before = topics_of(client)
+    old = quorum.active_id()
+    killed_at = time.monotonic()
+    quorum.kill(old, signal.SIGKILL)
+    new = quorum.active_id(timeout_s=30, exclude={old})
+    elected_s = time.monotonic() - killed_at
+    result = create_topic(client, "after-failover", 2, 2)  # a write through the new controller
+    write_s = time.monotonic() - killed_at
+    assert result.error_code == ErrorCode.NONE, result
+    print(f"\ncontroller failover: controller {old} killed -> controller {new} active in {elected_s:.2f}s, "
+          f"first write committed after {write_s:.2f}s")
+    after = topics_of(client)
+    for name, value in before.items():
+        assert after.get(name) == value, f"committed topic {name} changed or vanished: {after.get(name)}"
+    quorum.start_node(old)
+    wait_all_caught_up(client)
+
+
+def test_writes_time_out_with_two_of_three_frozen_and_nothing_half_applied_appears(
+        quorum: LocalQuorum, client: ControllerClient) -> None:
+    assert create_topic(client, "doomed", 5, 3).error_code == ErrorCode.NONE
+    leader = quorum.active_id()
+    followers = [n for n in quorum.voters if n != leader]
+    for n in followers:
+        quorum.pause(n)
+    try:
+        request = pb.CreateTopicsRequest(timeout_ms=1500, topics=[
+            pb.CreatableTopic(name=f"frozen-{i}", num_partitions=50, replication_factor=3) for i in range(3)])
+        response = client.call_endpoint(quorum.endpoint(leader), "CreateTopics", request, timeout_s=10)
+        for r in response.results:
+            assert r.error_code == ErrorCode.REQUEST_TIMED_OUT, r
+            assert "did not commit" in r.error_message, r
+        # Through the client: either the per-topic result times out, or (once the lone leader
+        # has stepped down for lack of a majority) the client finds no active controller.
+        try:
+            deleted = client.call("DeleteTopics", pb.DeleteTopicsRequest(names=["doomed"], timeout_ms=1000),
+                                  timeout_s=3)
+            assert deleted.results[0].error_code == ErrorCode.REQUEST_TIMED_OUT, deleted
+        except errors.RequestTimedOutError as exc:
+            assert "within" in str(exc), exc
+    finally:
+        for n in followers:
+            quorum.resume(n)
+    wait_all_caught_up(client)
+    after = topics_of(client)
+    for i in range(3):
+        name = f"frozen-{i}"
+        if name in after:  # committed after the quorum came back: must be whole
+            _, count, parts = after[name]
+            assert count == 50 and sorted(parts) == list(range(50)), (name, count, sorted(parts))
+            assert all(len(r) == 3 for r in parts.values()), parts
+    if "doomed" in after:
+        assert after["doomed"][1] == 5 and sorted(after["doomed"][2]) == list(range(5)), after["doomed"]
+    # The quorum serves writes again.
+    assert create_topic(client, "after-thaw", 1, 3).error_code == ErrorCode.NONE
+
+
+def test_full_restart_of_all_three_keeps_every_topic(quorum: LocalQuorum, client: ControllerClient) -> None:
+    for i in range(3):
+        assert create_topic(client, f"durable-{i}", 3, 3).error_code == ErrorCode.NONE
+    before = topics_of(client)
+    version = client.call("DescribeCluster", pb.DescribeClusterRequest()).metadata_version
+    for n in quorum.voters:
+        quorum.kill(n, signal.SIGKILL)
+    started = time.monotonic()
+    quorum.start()
+    quorum.active_id(timeout_s=30)
+    after = topics_of(client)
+    restart_s = time.monotonic() - started
+    print(f"\nfull restart of 3 controllers (SIGKILL all): serving {len(after)} topics again after {restart_s:.2f}s")
+    assert after == before, (sorted(before), sorted(after))
+    assert client.call("DescribeCluster", pb.DescribeClusterRequest()).metadata_version >= version
+    assert create_topic(client, "after-restart", 1, 3).error_code == ErrorCode.NONE
