@@ -155,6 +155,11 @@ class LogCleaner:
         with self._lock:
             return dict(self._first_dirty)
 
+    def seed_checkpoints(self, checkpoints: dict[TopicPartitionKey, int]) -> None:
+        """First dirty offsets read from the cleaner-offset-checkpoint files at startup."""
+        with self._lock:
+            self._first_dirty.update(checkpoints)
+
     def forget(self, tp: TopicPartitionKey) -> None:
         with self._lock:
             self._first_dirty.pop(tp, None)

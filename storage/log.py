@@ -427,6 +427,8 @@ class Log:
 
     def _read_once(self, start_offset: int, max_bytes: int, max_offset: int | None,
                    min_one_batch: bool) -> FetchData:
+        if self.closed:
+            raise errors.KafkaStorageError(f"log {self.dir} is closed")
         bases, segments = self._view
         start, end = self._log_start_offset, self._log_end_offset
         if start_offset < start or start_offset > end:

@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from proto import errors
@@ -68,7 +69,7 @@ class LogManager:
                  checkpoint_interval_ms: int = 60_000, recovery_full_scan: bool = False,
                  cleaner_max_map_entries: int = DEFAULT_MAX_MAP_ENTRIES,
                  cleaner_io_bytes_per_sec: float = DEFAULT_IO_BYTES_PER_SEC,
-                 cleaner_backoff_ms: int = 15_000) -> None:
+                 cleaner_backoff_ms: int = 15_000, recovery_threads: int = 2) -> None:
         if not log_dirs:
             raise ValueError("at least one log dir is needed")
         self.log_dirs = [Path(d) for d in log_dirs]
@@ -77,6 +78,7 @@ class LogManager:
         self.retention_check_ms = retention_check_ms
         self.checkpoint_interval_ms = checkpoint_interval_ms
         self.recovery_full_scan = recovery_full_scan
+        self.recovery_threads = recovery_threads
         self._lock = threading.RLock()
         self._logs: dict[TopicPartitionKey, Log] = {}
         self._log_dir_of: dict[TopicPartitionKey, Path] = {}
@@ -102,6 +104,7 @@ class LogManager:
             starts = OffsetCheckpointFile(d / LOG_START_OFFSET_CHECKPOINT).read_or_empty()
             cleaner_checkpoints.update(OffsetCheckpointFile(d / CLEANER_OFFSET_CHECKPOINT).read_or_empty())
             log.info("loading logs in %s (%s shutdown)", d, "clean" if clean else "unclean")
+            jobs: list[tuple] = []
             for child in sorted(d.iterdir()):
                 if not child.is_dir():
                     continue
@@ -112,14 +115,29 @@ class LogManager:
                     tp = parse_partition_dir(child.name)
                 except ValueError:
                     continue
-                self._open_existing(d, child, tp, clean, recovery.get(tp, 0), hws.get(tp), starts.get(tp))
+                jobs.append((d, child, tp, clean, recovery.get(tp, 0), hws.get(tp), starts.get(tp)))
+            self._open_all(jobs)
             # From now on a crash is an unclean shutdown: the marker goes until the next clean stop.
             if marker.exists():
                 marker.unlink()
                 fsync_dir(d)
-        with self.cleaner._lock:  # noqa: SLF001 - seeding the cleaner's state at startup
-            self.cleaner._first_dirty.update(cleaner_checkpoints)  # noqa: SLF001
+        self.cleaner.seed_checkpoints(cleaner_checkpoints)
         self._started = True
+
+    def _open_all(self, jobs: list[tuple]) -> None:
+        """Open (and recover) the logs of one data dir with ``recovery_threads`` threads."""
+        if not jobs:
+            return
+        with ThreadPoolExecutor(max_workers=max(1, self.recovery_threads),
+                                thread_name_prefix="log-recovery") as pool:
+            futures = {pool.submit(self._open_existing, *job): job for job in jobs}
+            for fut, job in futures.items():
+                try:
+                    fut.result()
+                except (errors.BrookError, OSError, ValueError) as exc:
+                    # One unreadable partition must not keep the broker down; it stays unloaded
+                    # (get_or_create_log retries it with a full rescan).
+                    log.error("could not load %s: %s", job[1], exc)
 
     def _open_existing(self, d: Path, child: Path, tp: TopicPartitionKey, clean: bool, recovery_point: int,
                        hw: int | None, start: int | None) -> None:
@@ -132,6 +150,10 @@ class LogManager:
         lg = Log.open(child, config, recovery_point=recovery_point, log_start_offset=start,
                       high_watermark=hw, clean_shutdown=clean, full_recovery=self.recovery_full_scan)
         with self._lock:
+            if tp in self._logs:  # the same partition in two dirs, opened concurrently
+                log.error("partition %s-%d found twice; ignoring %s", tp[0], tp[1], child)
+                lg.close_without_flush()
+                return
             self._logs[tp] = lg
             self._log_dir_of[tp] = d
             self._topic_ids[tp] = read_partition_metadata(child) or ""
