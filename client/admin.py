@@ -179,14 +179,17 @@ class Admin:
                      configs: Mapping[str, str] | None = None) -> None:
         self.create_topics([NewTopic(name, num_partitions, replication_factor, dict(configs or {}))])
 
-    def wait_for_topics(self, names: Iterable[str], *, timeout_ms: int | None = None) -> None:
-        """Poll broker metadata until each topic is known with a leader for every partition."""
+    def wait_for_topics(self, names: Iterable[str], *, timeout_ms: int | None = None,
+                        min_partitions: Mapping[str, int] | None = None) -> None:
+        """Poll broker metadata until each topic is known with a leader for every partition
+        (and at least ``min_partitions[name]`` partitions, after create_partitions)."""
         names = list(names)
+        wanted = dict(min_partitions or {})
         deadline = time.monotonic() + (timeout_ms or self.request_timeout_ms) / 1000
         while names:
             meta = self.cluster.metadata(names, refresh=True)
             names = [n for n in names if n not in meta.topics or meta.topics[n].error_code
-                     or not meta.topics[n].partitions
+                     or len(meta.topics[n].partitions) < max(1, wanted.get(n, 1))
                      or any(p.leader < 0 for p in meta.topics[n].partitions.values())]
             if not names:
                 return
@@ -202,15 +205,19 @@ class Admin:
         return self._check_results(response.results, raise_on_error)
 
     def create_partitions(self, new_totals: Mapping[str, int], *, validate_only: bool = False,
-                          timeout_ms: int | None = None, raise_on_error: bool = True
-                          ) -> dict[str, errors.BrookError | None]:
-        """Grow topics to ``{name: new total partition count}``."""
+                          timeout_ms: int | None = None, raise_on_error: bool = True,
+                          wait_for_leaders: bool = True) -> dict[str, errors.BrookError | None]:
+        """Grow topics to ``{name: new total partition count}`` (waits until brokers serve them)."""
         request = controller_pb2.CreatePartitionsRequest(
             validate_only=validate_only, timeout_ms=timeout_ms or self.request_timeout_ms,
             topics=[controller_pb2.CreatePartitionsTopic(name=n, count=c) for n, c in new_totals.items()])
         response = self._call("CreatePartitions", request, timeout_ms)
         self.cluster.request_update()
-        return self._check_results(response.results, raise_on_error)
+        result = self._check_results(response.results, raise_on_error)
+        if wait_for_leaders and not validate_only:
+            grown = {n: c for n, c in new_totals.items() if result.get(n) is None}
+            self.wait_for_topics(list(grown), timeout_ms=timeout_ms, min_partitions=grown)
+        return result
 
     def list_topics(self, *, include_internal: bool = False) -> list[str]:
         meta = self.cluster.metadata(refresh=True)

@@ -184,6 +184,8 @@ class Producer:
         """
         if self._closed:
             raise errors.ProducerClosedError("send() after close()")
+        if self._sender.fatal_error is not None:
+            raise errors.ProducerClosedError(f"the sender thread failed: {self._sender.fatal_error!r}")
         # Hot path: no per-record work beyond what the record needs (see client/perf.py).
         if self._key_serializer is not None:
             key = self._key_serializer(key)

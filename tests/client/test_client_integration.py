@@ -202,7 +202,6 @@ def test_admin_topics_configs_and_errors(cluster, admin: Admin) -> None:
     with pytest.raises(errors.InvalidConfigError):
         admin.alter_configs(name, set={"no.such.config": "1"})
     admin.create_partitions({name: 4})
-    admin.wait_for_topics([name])
     assert sorted(admin.describe_topics([name])[name].partitions) == [0, 1, 2, 3]
     offsets = admin.list_offsets({TopicPartition(name, 0): "earliest", TopicPartition(name, 1): "latest"})
     assert offsets[TopicPartition(name, 0)][0] == 0 and offsets[TopicPartition(name, 1)][0] == 0
