@@ -6,6 +6,8 @@ A pass over one log (Kafka's algorithm, simplified):
    uncleanable offset: the active segment's base, the high watermark, or the first
    segment younger than ``min.compaction.lag.ms``, whichever is smallest. The active
    segment is never touched.
+   A log is picked when its dirty ratio reaches ``min.cleanable.dirty.ratio``, or
+   whatever the ratio when a dirty record is older than ``max.compaction.lag.ms``.
 2. An offset map ``hash(key) -> last offset`` is built over whole dirty segments. Its
    size is capped (``max_map_entries``): when full, the pass stops at the last segment
    that fit, so memory is bounded whatever the log size.
@@ -180,6 +182,16 @@ class LogCleaner:
                     break
         return bound
 
+    def _overdue(self, lg: Log, now_ms: int) -> bool:
+        """A dirty record older than max.compaction.lag.ms exists (first dirty segment's first batch)."""
+        lag = lg.config.max_compaction_lag_ms
+        first_dirty = self.first_dirty_offset(lg)
+        for seg in lg.segments()[:-1]:
+            if seg.next_offset > first_dirty:
+                ts = seg.first_batch_timestamp
+                return 0 < ts and now_ms - ts > lag
+        return False
+
     def dirty_ratio(self, lg: Log, now_ms: int | None = None) -> float:
         now = _now_ms(now_ms)
         first_dirty = self.first_dirty_offset(lg)
@@ -200,7 +212,11 @@ class LogCleaner:
                 if tp in self._in_progress:
                     continue
             ratio = self.dirty_ratio(lg, now_ms)
-            if ratio > 0 and ratio >= lg.config.min_cleanable_dirty_ratio and (best is None or ratio > best[0]):
+            if ratio <= 0:
+                continue
+            if self._overdue(lg, _now_ms(now_ms)):
+                ratio = float("inf")  # max.compaction.lag.ms passed: clean regardless of the ratio
+            if ratio >= lg.config.min_cleanable_dirty_ratio and (best is None or ratio > best[0]):
                 best = (ratio, lg)
         if best is None:
             return None

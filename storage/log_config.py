@@ -159,6 +159,7 @@ class LogConfig:
     compression_type: str = "producer"
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
+    max_compaction_lag_ms: int = int(TOPIC_CONFIGS["max.compaction.lag.ms"].default)
 
     @classmethod
     def from_overrides(cls, overrides: Mapping[str, str],
@@ -184,6 +185,7 @@ class LogConfig:
             compression_type=v["compression.type"],  # type: ignore[arg-type]
             min_insync_replicas=v["min.insync.replicas"],  # type: ignore[arg-type]
             unclean_leader_election_enable=v["unclean.leader.election.enable"],  # type: ignore[arg-type]
+            max_compaction_lag_ms=v["max.compaction.lag.ms"],  # type: ignore[arg-type]
         )
 
     @property

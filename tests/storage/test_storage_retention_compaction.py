@@ -194,3 +194,19 @@ def test_crash_mid_swap_is_completed_on_open(tmp_path: Path) -> None:
     assert bases == sorted(set(bases))
     lg.close()
     os.sync()
+
+
+def test_max_compaction_lag_forces_cleaning_below_the_ratio(tmp_path: Path) -> None:
+    lg = _compacted_log(tmp_path, min_cleanable_dirty_ratio=0.99, max_compaction_lag_ms=60_000)
+    old = now_ms() - 3_600_000
+    for i in range(30):
+        _put(lg, f"k{i % 2}", f"{i}".encode(), old + i)
+    lg.update_high_watermark(lg.log_end_offset)
+    cleaner = LogCleaner(lambda: {("c", 0): lg})
+    cleaner.clean_log(lg)  # now everything is clean
+    for i in range(10):
+        _put(lg, f"k{i % 2}", f"{i}".encode(), old + 100 + i)  # a little dirty data, already old
+    lg.update_high_watermark(lg.log_end_offset)
+    assert 0 < cleaner.dirty_ratio(lg) < 0.99
+    assert cleaner.grab_filthiest() is lg  # overdue by max.compaction.lag.ms
+    lg.close()
