@@ -339,3 +339,28 @@ def test_controlled_shutdown_moves_leadership_before_stopping(healed: Kit) -> No
     assert not lost, f"acked records lost across a controlled restart: {list(lost.items())[:5]}"
     log_text = kit.cluster.node_log(leader).read_text(errors="replace")
     assert "controlled shutdown complete" in log_text
+
+
+@pytest.mark.soak
+def test_soak_repeated_random_leader_and_follower_kills(healed: Kit) -> None:
+    """Ten rounds of SIGKILL on a random broker (leader or follower) while producing acks=all."""
+    import random
+    kit = healed
+    topic = "soak"
+    kit.create_topic(topic, rf=3, configs={"min.insync.replicas": "2"})
+    rng = random.Random(7)
+    with AckedProducer(kit, topic) as producer:
+        for _ in range(10):
+            producer.wait_acks(50, 60)
+            victim = rng.choice(kit.cluster.broker_ids)
+            kit.cluster.kill_node(victim, signal.SIGKILL)
+            producer.wait_acks(20, 60)
+            kit.cluster.start_node(victim)
+            wait_until(lambda: kit.isr_size(topic) == 3, 90, "restarted replica back in the ISR")
+    sentinel = kit.produce(topic, 0, make_batch(b"sentinel"), acks=-1)
+    assert sentinel.error_code == ErrorCode.NONE, sentinel
+    values, raw, hw = kit.consume_all(topic)
+    lost = {o: v for o, v in producer.acked.items() if values.get(o) != v}
+    assert not lost, f"{len(lost)} acked records lost, e.g. {list(lost.items())[:5]}"
+    wait_until(lambda: all(replica_log_bytes(kit.cluster, n, topic, 0, hw) == raw for n in kit.cluster.broker_ids),
+               30, "replicas byte-identical")
