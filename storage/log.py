@@ -18,6 +18,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from storage.record_batch import (
     ATTR_TIMESTAMP_TYPE,
     BatchHeader,
     assign_offsets,
+    iter_batches,
     set_log_append_time,
     validate_batches,
 )
@@ -50,7 +52,8 @@ log = logging.getLogger(__name__)
 
 EARLIEST_TIMESTAMP = -2  # ListOffsets sentinels, as in Kafka
 LATEST_TIMESTAMP = -1
-_READ_ATTEMPTS = 3  # a reader racing a segment deletion retries on a fresh snapshot
+_READ_ATTEMPTS = 3
+MAX_ITER_READS = 10_000_000  # bound of iter_batches_from (far beyond any real log)  # a reader racing a segment deletion retries on a fresh snapshot
 
 
 class UnexpectedAppendOffsetError(errors.InvalidRecordError):  # type: ignore[misc,valid-type]
@@ -446,6 +449,25 @@ class Log:
             data, first = got
             return FetchData(data, first, end, start) if data else empty
         return empty
+
+    def iter_batches_from(self, start_offset: int, max_offset: int | None = None,
+                          chunk_bytes: int = 1024 * 1024) -> Iterator[bytes]:
+        """Whole-batch chunks from ``start_offset`` up to ``max_offset`` (default: the log end).
+
+        Bounded reads of about ``chunk_bytes`` each; for tools, tests and internal scans.
+        """
+        offset = start_offset
+        for _ in range(MAX_ITER_READS):
+            data = self.read(offset, chunk_bytes, max_offset=max_offset)
+            if not data.records:
+                return
+            next_offset = offset
+            for _pos, h in iter_batches(data.records):
+                next_offset = h.next_offset
+            yield data.records
+            if next_offset <= offset:
+                return
+            offset = next_offset
 
     # ------------------------------------------------------------------ offsets and epochs
     def update_high_watermark(self, hw: int) -> int:

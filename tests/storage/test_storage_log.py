@@ -304,3 +304,13 @@ def test_damaged_index_entry_does_not_misdirect_reads(tmp_path: Path, caplog) ->
         assert lg.read(5, 1).first_offset == 4
     assert any("does not point at its batch" in r.getMessage() for r in caplog.records)
     lg.close()
+
+
+def test_iter_batches_from_spans_segments(tmp_path: Path) -> None:
+    size = len(make_batch(2))
+    lg = open_log(tmp_path, segment_bytes=size * 2)
+    for _ in range(7):
+        lg.append_as_leader(make_batch(2), 0)
+    assert offsets_of(b"".join(lg.iter_batches_from(0))) == list(range(14))
+    assert offsets_of(b"".join(lg.iter_batches_from(5, max_offset=10))) == list(range(4, 10))
+    lg.close()
