@@ -41,5 +41,8 @@ soak: venv
 bench-storage: venv
 	$(PY) -m storage.perf
 
+bench-metadata: venv
+	$(PY) -m metadata_quorum.bench
+
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
