@@ -8,7 +8,6 @@ import typer
 
 from admin_cli.common import BootstrapOpt, CliError, OutputOpt, ok, show, state, table
 from admin_cli.timeparse import parse_timestamp_ms
-from proto import group_pb2
 
 app = typer.Typer(help="Inspect consumer groups and move their committed offsets.", no_args_is_help=True)
 
@@ -43,10 +42,11 @@ def describe(
     st = state(ctx, bootstrap, output)
     g = st.backend.describe_group(group)
     members = [{"member_id": m.member_id, "client_id": m.client_id, "host": m.client_host,
-                "assigned": [f"{p.topic}-{p.partition}" for p in m.assigned_partitions]} for m in g.members]
-    offsets = [{"topic": o.topic, "partition": o.partition, "committed_offset": o.committed_offset,
+                "topics": m.subscribed_topics, "assigned": [f"{tp.topic}-{tp.partition}" for tp in m.assignment]}
+               for m in g.members]
+    offsets = [{"topic": tp.topic, "partition": tp.partition, "committed_offset": o.committed_offset,
                 "log_end_offset": o.log_end_offset, "lag": o.lag, "member_id": o.member_id}
-               for o in sorted(g.offsets, key=lambda o: (o.topic, o.partition))]
+               for tp, o in sorted(g.offsets.items())]
     total_lag = sum(o["lag"] for o in offsets if o["lag"] >= 0)
     data = {"group": g.group_id, "state": g.state, "protocol_type": g.protocol_type, "protocol": g.protocol_name,
             "generation": g.generation_id, "leader": g.leader, "coordinator": g.coordinator_id,
@@ -98,23 +98,22 @@ def seek(
     if to_offset is not None and to_offset < 0:
         raise CliError(f"--to-offset must be >= 0, got {to_offset}", code=2)
     if to_earliest:
-        kind, value = group_pb2.RESET_EARLIEST, 0
+        kind, value = "earliest", 0
     elif to_latest:
-        kind, value = group_pb2.RESET_LATEST, 0
+        kind, value = "latest", 0
     elif to_offset is not None:
-        kind, value = group_pb2.RESET_EXPLICIT, to_offset
+        kind, value = "offset", to_offset
     elif to_timestamp is not None:
-        kind, value = group_pb2.RESET_TIMESTAMP, parse_timestamp_ms(to_timestamp, "--to-timestamp")
+        kind, value = "timestamp", parse_timestamp_ms(to_timestamp, "--to-timestamp")
     else:
-        kind, value = group_pb2.RESET_SHIFT_BY, int(shift_by or 0)
+        kind, value = "shift", int(shift_by or 0)
     topic_meta = st.backend.topic(topic)
     if partition is not None and partition not in topic_meta.partitions:
         raise CliError(f"UNKNOWN_TOPIC_OR_PARTITION: topic '{topic}' has no partition {partition}")
-    spec = group_pb2.OffsetResetSpec(topic=topic, partition=-1 if partition is None else partition, kind=kind,
-                                     value=value)
-    resolved = st.backend.alter_group_offsets(group, [spec], dry_run=dry_run)
-    rows = [{"topic": r.topic, "partition": r.partition, "previous_offset": r.previous_offset, "offset": r.offset}
-            for r in sorted(resolved, key=lambda r: (r.topic, r.partition))]
+    resolved = st.backend.reset_group_offsets(group, topic, -1 if partition is None else partition, kind, value,
+                                              dry_run=dry_run)
+    rows = [{"topic": tp.topic, "partition": tp.partition, "previous_offset": prev, "offset": new}
+            for tp, (prev, new) in sorted(resolved.items())]
     verb = "would move" if dry_run else "moved"
     show(st, {"group": group, "dry_run": dry_run, "offsets": rows},
          table(f"Group {group}: {verb} offsets", ["TOPIC", "PARTITION", "FROM", "TO"],

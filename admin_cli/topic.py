@@ -47,22 +47,19 @@ def create(
     configs = parse_pairs(config or [], "--config")
     _validate_topic_configs(configs)
     try:
-        result = st.backend.create_topic(name, partitions, replication_factor, configs, validate_only=validate_only)
+        created = st.backend.create_topic(name, partitions, replication_factor, configs, validate_only=validate_only)
     except errors.BrookError as e:
         if if_not_exists and e.code == errors.ErrorCode.TOPIC_ALREADY_EXISTS:
             ok(st, f"topic '{name}' already exists", {"topic": name, "created": False})
             return
         raise
-    if validate_only:
-        ok(st, f"topic '{name}' would be created with {result.num_partitions} partitions, "
-               f"replication factor {result.replication_factor}", {"topic": name, "created": False})
+    if created is None:
+        ok(st, f"topic '{name}' is valid and would be created", {"topic": name, "created": False})
         return
-    ready = st.backend.wait_for_leaders(name, result.num_partitions or None)
-    note = "" if ready else " (partition leaders not elected yet)"
-    ok(st, f"created topic '{name}' with {result.num_partitions} partitions, replication factor "
-           f"{result.replication_factor}{note}",
-       {"topic": name, "topic_id": result.topic_id, "partitions": result.num_partitions,
-        "replication_factor": result.replication_factor, "created": True})
+    rf = max((len(p.replicas) for p in created.partitions.values()), default=0)
+    ok(st, f"created topic '{name}' with {len(created.partitions)} partitions, replication factor {rf}",
+       {"topic": name, "topic_id": created.topic_id, "partitions": len(created.partitions),
+        "replication_factor": rf, "created": True})
 
 
 @app.command("list", epilog="Examples:  brook topic list  |  brook topic list --internal -o json")
@@ -173,7 +170,6 @@ def add_partitions(
     if validate_only:
         ok(st, f"topic '{name}' would grow from {current} to {count} partitions", {"topic": name})
         return
-    st.backend.wait_for_leaders(name, count)
     ok(st, f"topic '{name}' now has {count} partitions (was {current})",
        {"topic": name, "partitions": count, "previous": current})
 
