@@ -203,7 +203,7 @@ class Producer:
             size = estimate_record_bytes(key, value, header_list)
         else:
             header_list = ()
-        cached = self._partition_cache.get(topic) if self.cluster.metadata_snapshot() is self._cache_meta else None
+        cached = self._partition_cache.get(topic) if self.cluster._meta is self._cache_meta else None
         if cached is None:
             cached = self._partitions(topic)
         all_parts, available, tps = cached

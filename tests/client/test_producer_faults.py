@@ -11,7 +11,9 @@ import pytest
 from clientkit import consume_all
 
 from client.admin import Admin, NewTopic
+from client.consumer import Consumer
 from client.producer import Producer
+from client.types import TopicPartition
 from deploy.local.cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
@@ -93,13 +95,23 @@ def fault_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
         yield c
 
 
-def test_producer_rides_out_leader_sigkill_without_loss_or_duplicates(fault_cluster: LocalCluster) -> None:
+def test_producer_and_consumer_ride_out_leader_sigkill(fault_cluster: LocalCluster) -> None:
     topic = "leader-kill"
+    tp = TopicPartition(topic, 0)
     with Admin(fault_cluster.bootstrap_servers) as admin:
         admin.create_topics([NewTopic(topic, 1, 3)])
         leader = admin.describe_topics([topic])[topic].partitions[0].leader
     n = 3000
     acked = [0]
+    consumed: list[bytes] = []
+    consumer = Consumer(bootstrap_servers=fault_cluster.bootstrap_servers, auto_offset_reset="earliest",
+                        request_timeout_ms=5000, fetch_max_wait_ms=100)
+    consumer.assign([tp])
+
+    def consume(timeout_ms: int) -> None:
+        for records in consumer.poll(timeout_ms=timeout_ms).values():
+            consumed.extend(r.value for r in records)
+
     with Producer(bootstrap_servers=fault_cluster.bootstrap_servers, linger_ms=5, request_timeout_ms=3000,
                   delivery_timeout_ms=60000, retry_backoff_ms=50) as producer:
         def on_ack(md, err):
@@ -115,8 +127,11 @@ def test_producer_rides_out_leader_sigkill_without_loss_or_duplicates(fault_clus
                 while acked[0] < n // 4:
                     assert time.monotonic() < deadline, "no acks before the kill"
                     time.sleep(0.01)
+                consume(1000)
+                assert consumed, "the consumer read nothing from the first leader"
                 fault_cluster.kill_node(leader)
             if i % 50 == 0:
+                consume(0)
                 time.sleep(max(0.0, start + i / 2000 - time.monotonic()))  # ~2000 records/s
         producer.flush()
         failures = [f.exception(timeout=0) for f in futures if f.exception(timeout=0) is not None]
@@ -124,7 +139,14 @@ def test_producer_rides_out_leader_sigkill_without_loss_or_duplicates(fault_clus
     with Admin(fault_cluster.bootstrap_servers) as admin:
         new_leader = admin.describe_topics([topic])[topic].partitions[0].leader
     assert new_leader not in (leader, -1), f"leadership did not move off the killed broker {leader}"
+    deadline = time.monotonic() + 30
+    while len(consumed) < n and time.monotonic() < deadline:
+        consume(500)
+    consumer.close()
+    expected = [b"%06d" % i for i in range(n)]
+    assert consumed == expected, (
+        f"the consumer saw {len(consumed)} records across the failover, {len(consumed) - len(set(consumed))} dup")
     got = consume_all(fault_cluster.bootstrap_servers, topic, 1, n, timeout_s=30)[0]
     values = [r.value for r in got]
-    assert values == [b"%06d" % i for i in range(n)], (
+    assert values == expected, (
         f"{len(values)} records stored for {n} sent, {len(values) - len(set(values))} duplicates")
