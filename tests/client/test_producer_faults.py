@@ -10,6 +10,7 @@ import grpc
 import pytest
 from clientkit import consume_all
 
+from client import errors
 from client.admin import Admin, NewTopic
 from client.consumer import Consumer
 from client.producer import Producer
@@ -93,6 +94,27 @@ def test_idempotent_retry_after_lost_responses_writes_each_record_once_in_order(
 def fault_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("client-faults"), nodes=3) as c:
         yield c
+
+
+def test_delivery_timeout_fails_records_while_the_leader_is_frozen(fault_cluster: LocalCluster) -> None:
+    topic = "frozen-leader"
+    with Admin(fault_cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic, 1, 3)])
+        leader = admin.describe_topics([topic])[topic].partitions[0].leader
+    with Producer(bootstrap_servers=fault_cluster.bootstrap_servers, linger_ms=0, request_timeout_ms=1000,
+                  delivery_timeout_ms=1500, retry_backoff_ms=50) as producer:
+        assert producer.send(topic, b"warm-up").get(timeout=10).offset == 0
+        fault_cluster.pause_node(leader)  # SIGSTOP: connections stay open, nothing answers
+        try:
+            start = time.monotonic()
+            futures = [producer.send(topic, b"%d" % i) for i in range(10)]
+            errors_seen = [f.exception(timeout=10) for f in futures]
+            elapsed = time.monotonic() - start
+        finally:
+            fault_cluster.resume_node(leader)
+    assert all(isinstance(e, errors.RequestTimedOutError) for e in errors_seen), errors_seen
+    # delivery.timeout.ms bounds it (plus one in-flight request timeout), well before the 6 s fencing.
+    assert elapsed < 5, f"records failed only after {elapsed:.1f} s"
 
 
 def test_producer_and_consumer_ride_out_leader_sigkill(fault_cluster: LocalCluster) -> None:
