@@ -329,7 +329,8 @@ class Consumer:
             self.cluster.request_update()
         for tp in done.offsets:
             state = self._assignment.get(tp)
-            if tp not in answered and state is not None and state.in_flight:
+            if tp not in answered and state is not None:
+                # No answer (transport error, or the broker left it out): retry after a backoff.
                 state.in_flight = False
                 state.backoff_until = backoff_until
 
