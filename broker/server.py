@@ -88,6 +88,7 @@ class BrokerServer:
         self._want_shutdown = False
         self._should_shutdown = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._metadata_lock = threading.RLock()  # cache + replica manager move together (see BrokerService)
         self._started = False
         self.port = settings.port
         self.grpc_server: grpc.Server | None = None
@@ -142,7 +143,8 @@ class BrokerServer:
                      ("grpc.so_reuseport", 0)])
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerService(
             s.node_id, self.replica_manager, self.metadata_cache, self.controller_client, producer_ids,
-            defaults=s.defaults, controller_endpoints=s.controller_endpoints), self.grpc_server)
+            defaults=s.defaults, controller_endpoints=s.controller_endpoints, metadata_lock=self._metadata_lock),
+            self.grpc_server)
         for fn in self._servicer_fns:
             fn(self.grpc_server)
         bound = self.grpc_server.add_insecure_port(f"{s.host}:{s.port}")
@@ -193,8 +195,9 @@ class BrokerServer:
         while not self._stopping.is_set():
             try:
                 for update in self.controller_client.watch(self.metadata_cache.version, broker_id=self.node_id):
-                    delta = self.metadata_cache.apply(update)
-                    self.replica_manager.apply_metadata_delta(delta)
+                    with self._metadata_lock:
+                        delta = self.metadata_cache.apply(update)
+                        self.replica_manager.apply_metadata_delta(delta)
                     me = self.metadata_cache.broker(self.node_id)
                     if me is not None and me.broker_epoch == self.broker_epoch:
                         self.fenced = me.fenced

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,7 +36,8 @@ PRODUCE_WAIT_SLACK_S = 5.0
 class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     def __init__(self, node_id: int, replica_manager: ReplicaManager, metadata_cache: MetadataCache,
                  controller_client: Any, producer_ids: ProducerIdManager, *, defaults: dict[str, str],
-                 controller_endpoints: Sequence[tuple[str, int]]) -> None:
+                 controller_endpoints: Sequence[tuple[str, int]],
+                 metadata_lock: threading.RLock | None = None) -> None:
         self.node_id = node_id
         self.rm = replica_manager
         self.cache = metadata_cache
@@ -44,6 +46,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         self.defaults = defaults
         self.controller_endpoints = list(controller_endpoints)
         self.auto_create = defaults.get("auto.create.topics.enable", "true").strip().lower() == "true"
+        # Held by the metadata thread while an update goes into the cache *and* the replica manager:
+        # a Metadata answer never names this broker leader of a partition it has not taken over yet.
+        self.metadata_lock = metadata_lock or threading.RLock()
 
     # ---- boundary ----
     def _guard(self, name: str, request: Any, work: Callable[[], Any], on_error: Callable[[], Any]) -> Any:
@@ -146,6 +151,11 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         create_errors: dict[str, errors.BrookError] = {}
         if not req.all_topics and req.allow_auto_topic_creation:
             create_errors = self._maybe_auto_create(set(req.topics), wait=True)
+        with self.metadata_lock:
+            return self._metadata_response(req, create_errors)
+
+    def _metadata_response(self, req: broker_pb2.MetadataRequest,
+                           create_errors: dict[str, errors.BrookError]) -> broker_pb2.MetadataResponse:
         resp = broker_pb2.MetadataResponse(cluster_id=self.cache.cluster_id, controller_id=self.cache.controller_id,
                                            metadata_version=self.cache.version)
         for b in self.cache.brokers():
