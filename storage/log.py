@@ -19,7 +19,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from proto import errors
@@ -28,10 +28,10 @@ from storage.leader_epoch_cache import LeaderEpochFileCache
 from storage.log_config import LogConfig
 from storage.producer_state import SNAPSHOT_FILE, ProducerEntry, ProducerStateManager
 from storage.record_batch import (
-    ATTR_TIMESTAMP_TYPE,
     BatchHeader,
     assign_offsets,
     iter_batches,
+    read_header,
     set_log_append_time,
     validate_batches,
 )
@@ -312,7 +312,7 @@ class Log:
                 assign_offsets(buf, pos, offset, leader_epoch)
                 if log_append:
                     set_log_append_time(buf, pos, now)
-                assigned.append(_with_offsets(h, offset, leader_epoch, now if log_append else None))
+                assigned.append(read_header(buf, pos))  # the header exactly as it will be on disk
                 offset += h.last_offset_delta + 1
                 pos += h.size
             if leader_epoch > self.epoch_cache.latest_epoch:
@@ -717,11 +717,3 @@ class Log:
 
     def __repr__(self) -> str:
         return f"Log({self.topic}-{self.partition}, start={self._log_start_offset}, end={self._log_end_offset})"
-
-
-def _with_offsets(h: BatchHeader, base_offset: int, epoch: int, log_append_time_ms: int | None) -> BatchHeader:
-    """The header as written: assigned base offset, stamped epoch, LogAppendTime if set."""
-    if log_append_time_ms is None:
-        return replace(h, base_offset=base_offset, partition_leader_epoch=epoch)
-    return replace(h, base_offset=base_offset, partition_leader_epoch=epoch, max_timestamp=log_append_time_ms,
-                   attributes=h.attributes | ATTR_TIMESTAMP_TYPE)

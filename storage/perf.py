@@ -1,6 +1,7 @@
 """Storage benchmark: partition-log append and read throughput next to a raw sequential write.
 
     python -m storage.perf [--dir DIR] [--total-mb 256] [--batch-kb 16,256,1024] [--record-bytes 100]
+                           [--repeat 3]
 
 For each batch size, one batch of 100-byte records is built once up front (CODEC's
 RecordBatchBuilder), then appended again and again to a fresh log until ``--total-mb``
@@ -8,7 +9,8 @@ is written, and the log is fsynced: that is the append figure. In the same run, 
 same number of bytes is written with plain sequential ``os.write`` calls of the same
 size to a file in the same directory and fsynced: that is the raw figure. The ratio
 append/raw shows what the log costs over the disk. Then the whole log is read back
-with 1 MiB fetches (whole batches, as a consumer or follower would).
+with 1 MiB fetches (whole batches, as a consumer or follower would). Each figure is the
+median of ``--repeat`` runs, raw and log interleaved.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -103,20 +106,34 @@ def _next_offset(records: bytes) -> int:
     return nxt
 
 
-def run(base_dir: Path, total_bytes: int, batch_sizes: list[int], record_bytes: int) -> list[Result]:
+def run(base_dir: Path, total_bytes: int, batch_sizes: list[int], record_bytes: int,
+        repeat: int = 1) -> list[Result]:
+    """Each measurement ``repeat`` times, raw and log alternating, keeping the median of each
+    (a shared machine is noisy; the median of interleaved runs compares like with like)."""
     results = []
     for size in batch_sizes:
         batch, per_batch = build_batch(size, record_bytes)
         count = max(1, total_bytes // len(batch))
-        raw_path = base_dir / f"raw-{size}.bin"
-        raw_s = raw_write(raw_path, batch, count)
-        raw_path.unlink()
-        log_dir = base_dir / f"perf-{size}"
-        append_s, lg = log_append(log_dir, batch, count)
-        read_s, read_bytes = log_read(lg)
-        lg.close()
-        shutil.rmtree(log_dir)
-        results.append(Result(size, len(batch), per_batch, count, append_s, raw_s, read_s, read_bytes))
+        raw_runs, append_runs, read_runs = [], [], []
+        read_bytes = 0
+        for i in range(repeat):
+            raw_path = base_dir / f"raw-{size}.bin"
+            log_dir = base_dir / f"perf-{size}-0"
+            if i % 2:  # alternate the order so neither side always runs on a warmer machine
+                append_s, lg = log_append(log_dir, batch, count)
+                raw_s = raw_write(raw_path, batch, count)
+            else:
+                raw_s = raw_write(raw_path, batch, count)
+                append_s, lg = log_append(log_dir, batch, count)
+            raw_path.unlink()
+            read_s, read_bytes = log_read(lg)
+            lg.close()
+            shutil.rmtree(log_dir)
+            raw_runs.append(raw_s)
+            append_runs.append(append_s)
+            read_runs.append(read_s)
+        results.append(Result(size, len(batch), per_batch, count, statistics.median(append_runs),
+                              statistics.median(raw_runs), statistics.median(read_runs), read_bytes))
     return results
 
 
@@ -140,15 +157,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--total-mb", type=int, default=256, help="bytes written per batch size, MiB")
     p.add_argument("--batch-kb", default="16,256,1024", help="batch sizes in KiB, comma-separated")
     p.add_argument("--record-bytes", type=int, default=100, help="value size of each record")
+    p.add_argument("--repeat", type=int, default=3, help="runs per measurement (median reported)")
     args = p.parse_args(argv)
     sizes = [int(s) * 1024 for s in args.batch_kb.split(",") if s.strip()]
-    if not sizes or args.total_mb <= 0 or args.record_bytes <= 0:
-        p.error("batch sizes, --total-mb and --record-bytes must be positive")
+    if not sizes or min(sizes + [args.total_mb, args.record_bytes, args.repeat]) <= 0:
+        p.error("batch sizes, --total-mb, --record-bytes and --repeat must be positive")
     base = Path(tempfile.mkdtemp(prefix="brook-perf-", dir=args.dir))
     try:
         print(f"storage benchmark in {base}: {args.total_mb} MiB per batch size, "
-              f"{args.record_bytes}-byte records, fsync at the end of each run")
-        results = run(base, args.total_mb * MIB, sizes, args.record_bytes)
+              f"{args.record_bytes}-byte records, fsync at the end of each run, "
+              f"median of {args.repeat} interleaved runs")
+        results = run(base, args.total_mb * MIB, sizes, args.record_bytes, args.repeat)
         print(format_results(results))
     finally:
         shutil.rmtree(base, ignore_errors=True)
