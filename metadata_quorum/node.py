@@ -25,6 +25,7 @@ import grpc
 from metadata_quorum.controller import ControllerConfig, QuorumController
 from metadata_quorum.raft import DUMP_FILE, MetadataRaft, RaftTiming
 from metadata_quorum.service import ControllerService
+from metadata_quorum.state import DEFAULT_CHANGELOG_MAX_KEYS
 from proto import common_pb2, errors
 from proto import controller_pb2 as pb
 from proto import controller_pb2_grpc as pb_grpc
@@ -84,6 +85,8 @@ class ControllerSettings:
     defaults: dict[str, str] = field(default_factory=dict)
     request_timeout_ms: int = 30000
     raft_timing: RaftTiming = field(default_factory=RaftTiming)
+    # How many changed-entity keys WatchMetadata can serve as deltas; older watchers get a snapshot.
+    metadata_changelog_max_keys: int = DEFAULT_CHANGELOG_MAX_KEYS
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,11 @@ class ControllerNode:
         assert self._controller is not None, "node not started"
         return self._controller
 
+    @property
+    def service(self) -> ControllerService:
+        assert self._service is not None, "node not started"
+        return self._service
+
     def snapshot_path(self) -> Path:
         return self.settings.data_dir / DUMP_FILE
 
@@ -193,7 +201,8 @@ class ControllerNode:
         partners = [v.raft_address for n, v in sorted(settings.voters.items()) if n != settings.node_id]
         try:
             self._raft = MetadataRaft(me.raft_address, partners, settings.data_dir, password=settings.password,
-                                      timing=settings.raft_timing)
+                                      timing=settings.raft_timing,
+                                      changelog_max_keys=settings.metadata_changelog_max_keys)
             self._raft.wait_bound()
             config = ControllerConfig(settings.node_id, settings.cluster_id, settings.broker_session_timeout_ms,
                                       settings.broker_heartbeat_interval_ms, settings.request_timeout_ms,

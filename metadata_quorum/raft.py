@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
 from metadata_quorum import commands as c
-from metadata_quorum.state import ApplyResult, MetadataState
+from metadata_quorum.state import DEFAULT_CHANGELOG_MAX_KEYS, ApplyResult, MetadataState
 from proto import errors
 
 log = logging.getLogger(__name__)
@@ -159,11 +159,12 @@ class MetadataRaft:
         timing: RaftTiming | None = None,
         on_applied: Callable[[int], None] | None = None,
         on_state_changed: Callable[[], None] | None = None,
+        changelog_max_keys: int = DEFAULT_CHANGELOG_MAX_KEYS,
     ) -> None:
         self.self_address = self_address
         self.partner_addresses = list(partner_addresses)
         self.lock = threading.RLock()
-        self.state = MetadataState()
+        self.state = MetadataState(changelog_max_keys=changelog_max_keys)
         self._on_applied_cb = on_applied
         self._on_state_changed_cb = on_state_changed
         self._version_cond = threading.Condition()
