@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -31,7 +32,7 @@ def produce(bootstrap: str, records: int) -> int:
     from client.producer import Producer
 
     started = time.monotonic()
-    with Producer(bootstrap_servers=bootstrap, acks="all", linger_ms=10, compression_type="lz4") as producer:
+    with Producer(bootstrap_servers=bootstrap, acks="all", linger_ms=10) as producer:
         futures = []
         for i in range(records):
             key = KEYS[i % len(KEYS)]
@@ -48,6 +49,10 @@ def produce(bootstrap: str, records: int) -> int:
 def spark_session():  # type: ignore[no-untyped-def]
     from pyspark.sql import SparkSession
 
+    # Spark's Python workers must run this interpreter (the venv with brook, pyarrow and pandas).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # nothing may listen beyond loopback
     spark = (SparkSession.builder.master("local[2]").appName("brook-demo")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
              .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
