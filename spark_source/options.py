@@ -73,6 +73,7 @@ WRITE_OPTIONS = frozenset(
         "request.timeout.ms",
         "delivery.timeout.ms",
         "enable.idempotence",
+        "max.block.ms",
     }
 )
 
@@ -161,6 +162,7 @@ class WriteOptions:
     compression_type: str
     request_timeout_ms: int
     delivery_timeout_ms: int
+    max_block_ms: int
 
 
 def _bad(name: str, why: str) -> errors.BrookError:
@@ -403,4 +405,5 @@ def parse_write_options(options: dict[str, str]) -> WriteOptions:
         compression_type=compression,
         request_timeout_ms=int(_int(opts, "request.timeout.ms", 30_000, lo=100, hi=_MAX_TIMEOUT_MS) or 0),
         delivery_timeout_ms=int(_int(opts, "delivery.timeout.ms", 120_000, lo=100, hi=_MAX_TIMEOUT_MS) or 0),
+        max_block_ms=int(_int(opts, "max.block.ms", 60_000, lo=0, hi=_MAX_TIMEOUT_MS) or 0),
     )

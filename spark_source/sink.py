@@ -102,6 +102,7 @@ def write_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> B
         compression_type=options.compression_type,
         request_timeout_ms=options.request_timeout_ms,
         delivery_timeout_ms=options.delivery_timeout_ms,
+        max_block_ms=options.max_block_ms,
         allow_auto_create_topics=False,
     )
     count = 0
