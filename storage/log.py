@@ -167,6 +167,8 @@ class Log:
         self._log_start_offset = min(max(log_start_offset, kept[0].base_offset), self._log_end_offset)
         self.epoch_cache.truncate_from_end(self._log_end_offset)
         self.epoch_cache.truncate_from_start(self._log_start_offset)
+        if self.epoch_cache.latest_entry() is None and self._log_end_offset > self._log_start_offset:
+            self._rebuild_epoch_cache(kept)
         if first_recover < len(segments):
             for seg in kept[first_recover:]:
                 seg.flush()  # recovered bytes are now durable: the recovery point may pass them
@@ -229,6 +231,14 @@ class Log:
     def _recovery_epoch_observer(self, h: BatchHeader) -> None:
         if h.partition_leader_epoch > self.epoch_cache.latest_epoch:
             self.epoch_cache.assign(h.partition_leader_epoch, h.base_offset)
+
+    def _rebuild_epoch_cache(self, segments: list[LogSegment]) -> None:
+        """The leader-epoch-checkpoint was lost or unreadable: rebuild it from batch headers."""
+        log.warning("%s: leader epoch cache empty for a non-empty log; rebuilding from batch headers", self.dir)
+        for seg in segments:
+            for _pos, h in seg.iter_headers(0):
+                if h.partition_leader_epoch > self.epoch_cache.latest_epoch and h.next_offset > self._log_start_offset:
+                    self.epoch_cache.assign(h.partition_leader_epoch, max(h.base_offset, self._log_start_offset))
 
     def _rebuild_producer_state(self, segments: list[LogSegment]) -> None:
         """Idempotent-producer state from the snapshot (if still valid) plus batch headers after it."""

@@ -314,3 +314,15 @@ def test_iter_batches_from_spans_segments(tmp_path: Path) -> None:
     assert offsets_of(b"".join(lg.iter_batches_from(0))) == list(range(14))
     assert offsets_of(b"".join(lg.iter_batches_from(5, max_offset=10))) == list(range(4, 10))
     lg.close()
+
+
+def test_lost_epoch_checkpoint_rebuilt_from_headers(tmp_path: Path) -> None:
+    lg = open_log(tmp_path)
+    for epoch in (1, 1, 3, 4):
+        lg.append_as_leader(make_batch(2), epoch)
+    lg.close()
+    (tmp_path / "t-0" / "leader-epoch-checkpoint").unlink()
+    lg = Log.open(tmp_path / "t-0", lg.config, clean_shutdown=True)
+    assert [(e.epoch, e.start_offset) for e in lg.epoch_cache.entries()] == [(1, 0), (3, 4), (4, 6)]
+    assert lg.end_offset_for_epoch(3) == (3, 6)
+    lg.close()
