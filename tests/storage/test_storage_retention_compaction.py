@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from storage_testlib import make_batch, now_ms, read_all
 
+from proto import errors
 from storage.cleaner import LogCleaner
 from storage.log import Log
 from storage.log_config import LogConfig
@@ -209,4 +211,21 @@ def test_max_compaction_lag_forces_cleaning_below_the_ratio(tmp_path: Path) -> N
     lg.update_high_watermark(lg.log_end_offset)
     assert 0 < cleaner.dirty_ratio(lg) < 0.99
     assert cleaner.grab_filthiest() is lg  # overdue by max.compaction.lag.ms
+    lg.close()
+
+
+def test_segments_below_a_moved_log_start_are_deleted(tmp_path: Path) -> None:
+    size = len(make_batch(2))
+    cfg = LogConfig(segment_bytes=size * 2, retention_ms=-1, retention_bytes=-1, file_delete_delay_ms=0)
+    lg = Log.open(tmp_path / "t-0", cfg)
+    _fill(lg, 6, now_ms())  # segments [0,4) [4,8) [8,12) + active
+    lg.update_high_watermark(lg.log_end_offset)
+    lg.set_log_start_offset(9)
+    with pytest.raises(errors.OffsetOutOfRangeError):
+        lg.read(8, 100)
+    assert lg.read(9, 100).first_offset == 8  # the batch holding offset 9
+    assert lg.delete_old_segments() == 2
+    assert [s.base_offset for s in lg.segments()][0] == 8 and lg.log_start_offset == 9
+    with pytest.raises(errors.OffsetOutOfRangeError):
+        lg.set_log_start_offset(100)  # above the high watermark
     lg.close()
