@@ -239,6 +239,7 @@ class Node:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        controlled = controlled and bool(self.config["controlled.shutdown.enable"])
         self.grpc.role_down("broker")
         if self.broker is not None:
             log.info("broker %d: %s shutdown", self.config.node_id, "controlled" if controlled else "immediate")
