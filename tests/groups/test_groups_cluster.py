@@ -1,0 +1,314 @@
+"""Consumer groups on a real 3-node cluster (brook-server processes, real sockets, SIGKILL).
+
+One cluster for the module (startup is the expensive part); each test uses its own
+topic and group. Consumers that must die by SIGKILL run as their own processes
+(tests/groups/group_worker.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client.cluster import ClusterClient
+from client.consumer import Consumer
+from client.coordinator import GroupCoordinatorClient
+from client.producer import Producer
+from client.types import TopicPartition as TP
+from deploy.local.cluster import LocalCluster
+from metadata_quorum.client import ControllerClient
+from proto import controller_pb2, errors, group_pb2, group_pb2_grpc
+
+pytestmark = pytest.mark.slow
+
+SESSION_MS = 3000
+WORKER = Path(__file__).with_name("group_worker.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last saw {last!r}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path_factory.mktemp("groups-cluster"), nodes=3,
+                     overrides={"group.min.session.timeout.ms": "1000", "offsets.topic.num.partitions": "4"})
+    c.start()
+    try:
+        c.wait_ready(90)
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cluster: LocalCluster) -> Iterator[ClusterClient]:
+    cl = ClusterClient(cluster.bootstrap_servers, request_timeout_ms=30_000)
+    yield cl
+    cl.close()
+
+
+def create_topic(cluster: LocalCluster, name: str, partitions: int) -> None:
+    with ControllerClient(cluster.controller_endpoints) as cc:
+        resp = cc.call("CreateTopics", controller_pb2.CreateTopicsRequest(topics=[
+            controller_pb2.CreatableTopic(name=name, num_partitions=partitions, replication_factor=3)]))
+    assert resp.results[0].error_code == 0, resp
+
+
+def produce(cluster: LocalCluster, topic: str, values: list[str], partitions: int) -> None:
+    with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all") as p:
+        futures = [p.send(topic, v.encode(), partition=i % partitions) for i, v in enumerate(values)]
+        p.flush(30)
+    for f in futures:
+        f.result(timeout=30)
+
+
+class Worker:
+    def __init__(self, cluster: LocalCluster, out: Path, name: str, group: str, topic: str,
+                 assignor: str = "range") -> None:
+        self.out, self.name = out, name
+        self.log = (out / f"{name}.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER), "--bootstrap", cluster.bootstrap_servers, "--group", group,
+             "--topic", topic, "--out", str(out), "--name", name, "--session-ms", str(SESSION_MS),
+             "--assignor", assignor],
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=str(REPO),
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    def assignment(self) -> set[tuple[str, int]] | None:
+        path = self.out / f"{self.name}.status.json"
+        if not path.exists():
+            return None
+        return {tuple(x) for x in json.loads(path.read_text())["assignment"]}
+
+    def processed(self) -> list[str]:
+        path = self.out / f"{self.name}.processed"
+        return path.read_text().split("\n")[:-1] if path.exists() else []
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+    def log_tail(self) -> str:
+        return (self.out / f"{self.name}.log").read_text()[-3000:]
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for w in started:
+        w.stop(signal.SIGKILL)
+
+
+def values_of(lines: list[str]) -> list[str]:
+    return [line.split(" ", 2)[2] for line in lines]
+
+
+def test_three_members_split_six_partitions_and_sigkilled_members_partitions_move(
+        cluster: LocalCluster, tmp_path: Path, workers: list[Worker]) -> None:
+    topic, group = "six", "g-six"
+    create_topic(cluster, topic, 6)
+    first = [f"a{i}" for i in range(300)]
+    produce(cluster, topic, first, 6)
+    workers += [Worker(cluster, tmp_path, f"w{i}", group, topic) for i in range(3)]
+
+    def balanced() -> list[set] | None:
+        a = [w.assignment() for w in workers]
+        if any(x is None or len(x) != 2 for x in a):
+            return None
+        return a if set().union(*a) == {(topic, p) for p in range(6)} else None
+
+    try:
+        wait_for(balanced, 60, "three members with two partitions each")
+    except AssertionError:
+        raise AssertionError("\n".join(w.log_tail() for w in workers)) from None
+    wait_for(lambda: set(first) <= set(values_of(sum((w.processed() for w in workers), []))), 30,
+             "all first-batch records consumed")
+
+    victim, survivors = workers[2], workers[:2]
+    killed_at = time.monotonic()
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+
+    def moved() -> bool:
+        a = [w.assignment() or set() for w in survivors]
+        return set().union(*a) == {(topic, p) for p in range(6)} and all(len(x) == 3 for x in a)
+
+    wait_for(moved, SESSION_MS / 1000 + 20, "the killed member's partitions to move to the survivors")
+    moved_after_s = time.monotonic() - killed_at
+    print(f"partitions of the SIGKILLed member moved after {moved_after_s:.2f}s (session timeout {SESSION_MS} ms)")
+    second = [f"b{i}" for i in range(300)]
+    produce(cluster, topic, second, 6)
+    wait_for(lambda: set(second) <= set(values_of(sum((w.processed() for w in survivors), []))), 30,
+             "records produced after the kill consumed by the survivors")
+    everything = values_of(sum((w.processed() for w in workers), []))
+    assert set(first + second) <= set(everything), "records lost"
+
+
+def test_commit_before_revoke_gives_exactly_once_across_clean_rebalances(
+        cluster: LocalCluster, tmp_path: Path, workers: list[Worker]) -> None:
+    topic, group = "clean", "g-clean"
+    create_topic(cluster, topic, 4)
+    produced: list[str] = []
+    stop = threading.Event()
+
+    def keep_producing() -> None:
+        with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=5) as p:
+            i = 0
+            while not stop.is_set() and i < 100_000:
+                v = f"r{i}"
+                p.send(topic, v.encode(), partition=i % 4).result(timeout=30)
+                produced.append(v)
+                i += 1
+                time.sleep(0.005)
+
+    producer = threading.Thread(target=keep_producing, daemon=True)
+    producer.start()
+    try:
+        a = Worker(cluster, tmp_path, "a", group, topic)
+        workers.append(a)
+        wait_for(lambda: a.assignment() and len(a.assignment()) == 4, 60, "a owns all four partitions")
+        b = Worker(cluster, tmp_path, "b", group, topic)
+        workers.append(b)
+        wait_for(lambda: (b.assignment() or set()) and len(b.assignment() or ()) == 2
+                 and len(a.assignment() or ()) == 2, 60, "a and b share the partitions")
+        time.sleep(1)  # let both consume under the new assignment while the producer runs
+        a.stop(signal.SIGTERM)  # clean: commit-before-revoke, then LeaveGroup
+        assert a.proc.returncode == 0, a.log_tail()
+        wait_for(lambda: len(b.assignment() or ()) == 4, 30, "b takes over a's partitions")
+        time.sleep(1)
+    finally:
+        stop.set()
+        producer.join(60)
+    expected = list(produced)
+    wait_for(lambda: set(expected) <= set(values_of(a.processed() + b.processed())), 30,
+             "every produced record consumed")
+    counts = Counter(values_of(a.processed() + b.processed()))
+    dups = {v: n for v, n in counts.items() if n > 1}
+    assert not dups, f"{len(dups)} records processed twice across clean rebalances, e.g. {list(dups)[:5]}"
+    assert len(expected) > 100, f"producer only wrote {len(expected)} records"
+
+
+def group_stub(cluster: LocalCluster, node_id: int, client: ClusterClient) -> group_pb2_grpc.GroupCoordinatorServiceStub:
+    return group_pb2_grpc.GroupCoordinatorServiceStub(client.channel_for_address(cluster.broker_address(node_id)))
+
+
+def test_list_describe_reset_and_delete_groups(cluster: LocalCluster, client: ClusterClient) -> None:
+    topic, group = "admin", "g-admin"
+    create_topic(cluster, topic, 2)
+    produce(cluster, topic, [f"v{i}" for i in range(40)], 2)
+    coord = GroupCoordinatorClient(client, group)
+    consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=group, auto_offset_reset="earliest",
+                        enable_auto_commit=False, session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500)
+    try:
+        consumer.subscribe([topic])
+        seen = 0
+        deadline = time.monotonic() + 30
+        while seen < 40 and time.monotonic() < deadline:
+            seen += sum(len(r) for r in consumer.poll(200).values())
+        assert seen == 40
+        consumer.commit({TP(topic, 0): 5, TP(topic, 1): 20})
+        desc = coord.call("DescribeGroups", group_pb2.DescribeGroupsRequest(group_ids=[group], include_offsets=True),
+                          check=False).groups[0]
+        assert desc.state == "Stable" and desc.protocol_type == "consumer" and len(desc.members) == 1, desc
+        member = desc.members[0]
+        assert list(member.subscribed_topics) == [topic]
+        assert {(p.topic, p.partition) for p in member.assigned_partitions} == {(topic, 0), (topic, 1)}
+        lag = {(o.topic, o.partition): (o.committed_offset, o.log_end_offset, o.lag) for o in desc.offsets}
+        assert lag == {(topic, 0): (5, 20, 15), (topic, 1): (20, 20, 0)}, lag
+        # Active group: no reset, no delete.
+        resp = coord.call("AlterGroupOffsets", group_pb2.AlterGroupOffsetsRequest(group_id=group, specs=[
+            group_pb2.OffsetResetSpec(topic=topic, partition=-1, kind=group_pb2.RESET_EARLIEST)]), check=False)
+        assert resp.error_code == errors.ErrorCode.NON_EMPTY_GROUP, resp
+        resp = coord.call("DeleteGroups", group_pb2.DeleteGroupsRequest(group_ids=[group]), check=False)
+        assert resp.results[0].error_code == errors.ErrorCode.NON_EMPTY_GROUP, resp
+    finally:
+        consumer.close()
+    wait_for(lambda: coord.call("DescribeGroups", group_pb2.DescribeGroupsRequest(group_ids=[group]),
+                                check=False).groups[0].state == "Empty", 15, "group empty after close")
+    listed = {}
+    for node in cluster.broker_ids:  # each broker lists the groups it coordinates
+        for g in group_stub(cluster, node, client).ListGroups(group_pb2.ListGroupsRequest(), timeout=10).groups:
+            listed[g.group_id] = g
+    assert listed[group].state == "Empty" and listed[group].coordinator_id == coord.node_id
+
+    def reset(kind: int, value: int = 0, partition: int = -1, dry_run: bool = False) -> dict:
+        r = coord.call("AlterGroupOffsets", group_pb2.AlterGroupOffsetsRequest(group_id=group, dry_run=dry_run,
+                       specs=[group_pb2.OffsetResetSpec(topic=topic, partition=partition, kind=kind, value=value)]))
+        assert all(p.error_code == 0 for p in r.partitions), r
+        return {p.partition: p.offset for p in r.partitions}
+
+    assert reset(group_pb2.RESET_EARLIEST, dry_run=True) == {0: 0, 1: 0}
+    assert coord.committed([TP(topic, 0)])[TP(topic, 0)].offset == 5, "dry run must not write"
+    assert reset(group_pb2.RESET_EARLIEST) == {0: 0, 1: 0}
+    assert reset(group_pb2.RESET_LATEST) == {0: 20, 1: 20}
+    assert reset(group_pb2.RESET_EXPLICIT, 7, partition=1) == {1: 7}
+    assert reset(group_pb2.RESET_SHIFT_BY, -3, partition=1) == {1: 4}
+    assert reset(group_pb2.RESET_EXPLICIT, 999, partition=0) == {0: 20}  # clamped to the log end
+    assert reset(group_pb2.RESET_TIMESTAMP, 0) == {0: 0, 1: 0}  # everything is after epoch 0
+    assert reset(group_pb2.RESET_TIMESTAMP, int(time.time() * 1000) + 3_600_000) == {0: 20, 1: 20}
+    committed = coord.committed([TP(topic, 0), TP(topic, 1)])
+    assert {tp.partition: om.offset for tp, om in committed.items()} == {0: 20, 1: 20}
+    resp = coord.call("DeleteGroups", group_pb2.DeleteGroupsRequest(group_ids=[group]), check=False)
+    assert resp.results[0].error_code == 0, resp
+    assert coord.committed([TP(topic, 0)])[TP(topic, 0)] is None
+    desc = coord.call("DescribeGroups", group_pb2.DescribeGroupsRequest(group_ids=[group]), check=False).groups[0]
+    assert desc.state == "Dead"
+    resp = coord.call("DeleteGroups", group_pb2.DeleteGroupsRequest(group_ids=[group]), check=False)
+    assert resp.results[0].error_code == errors.ErrorCode.GROUP_ID_NOT_FOUND
+
+
+def test_committed_offsets_survive_sigkill_of_the_coordinator(cluster: LocalCluster, client: ClusterClient) -> None:
+    topic, group = "durable", "g-durable"
+    create_topic(cluster, topic, 3)
+    coord = GroupCoordinatorClient(client, group)
+    offsets = {TP(topic, p): 100 + p for p in range(3)}
+    for i in range(5):  # several commits: the last one per partition must win after failover
+        coord.commit({tp: off + i for tp, off in offsets.items()})
+    want = {tp: off + 4 for tp, off in offsets.items()}
+    coord.find_coordinator(10)
+    victim = coord.node_id
+    assert victim in cluster.broker_ids
+    cluster.kill_node(victim, signal.SIGKILL)
+    try:
+        coord.forget()
+        got = wait_for(lambda: _committed_or_none(coord, list(want)), 60, "committed offsets from a new coordinator")
+        assert {tp: om.offset for tp, om in got.items()} == want
+        assert coord.node_id != victim, f"coordinator still reported as the killed broker {victim}"
+    finally:
+        cluster.start_node(victim)
+        cluster.wait_ready(90)
+
+
+def _committed_or_none(coord: GroupCoordinatorClient, tps: list[TP]) -> dict | None:
+    try:
+        got = coord.committed(tps, timeout_ms=5000)
+    except errors.BrookError:
+        return None
+    return got if all(v is not None for v in got.values()) else None
