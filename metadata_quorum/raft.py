@@ -58,7 +58,7 @@ class RaftTiming:
     # partitioned ex-leader stops serving (as non-leader it only redirects).
     leader_fallback_timeout_s: float = 2.0
     connection_timeout_s: float = 3.5
-    connection_retry_s: float = 1.0
+    connection_retry_s: float = 0.5
     snapshot_min_entries: int = 5000
     snapshot_min_interval_s: float = 300.0
 

@@ -293,3 +293,14 @@ def test_restarted_single_node_data_dir_checks_cluster_id(tmp_path: Path) -> Non
     node.stop()
     with pytest.raises(errors.InvalidConfigError):
         ControllerNode(ControllerSettings(1, voters, tmp_path, "two", None)).start()
+
+
+def test_client_without_any_reachable_controller_times_out_with_a_clear_error() -> None:
+    with ControllerClient([("127.0.0.1", free_port()), ("127.0.0.1", free_port())], timeout_s=1.0) as c:
+        started = time.monotonic()
+        with pytest.raises(errors.RequestTimedOutError) as info:
+            c.call("DescribeCluster", pb.DescribeClusterRequest())
+        assert time.monotonic() - started < 5
+        assert "no active controller" in str(info.value), info.value
+    with pytest.raises(errors.InvalidRequestError):
+        ControllerClient([])
