@@ -24,12 +24,15 @@ from pathlib import Path
 
 from proto import errors
 from storage.checkpoints import fsync_dir
+from storage.compression import CODEC_BY_NAME
 from storage.leader_epoch_cache import LeaderEpochFileCache
 from storage.log_config import LogConfig
 from storage.producer_state import SNAPSHOT_FILE, ProducerEntry, ProducerStateManager
 from storage.record_batch import (
     BatchHeader,
+    RecordBatchBuilder,
     assign_offsets,
+    decode_batch,
     iter_batches,
     read_header,
     set_log_append_time,
@@ -305,6 +308,10 @@ class Log:
         """Validate, assign offsets, stamp the epoch, write. All-or-nothing."""
         buf = bytearray(records)
         headers = validate_batches(buf, max_batch_bytes=self._config.max_message_bytes, allow_empty=False)
+        codec = CODEC_BY_NAME.get(self._config.compression_type)  # None: keep the producer's codec
+        if codec is not None and any(h.compression != codec and not h.is_control for h in headers):
+            buf = _recompress(buf, headers, codec)
+            headers = validate_batches(buf, max_batch_bytes=self._config.max_message_bytes, allow_empty=False)
         if len(buf) > self._config.segment_bytes:
             raise errors.RecordListTooLargeError(
                 f"append of {len(buf)} bytes exceeds segment.bytes {self._config.segment_bytes}")
@@ -727,3 +734,27 @@ class Log:
 
     def __repr__(self) -> str:
         return f"Log({self.topic}-{self.partition}, start={self._log_start_offset}, end={self._log_end_offset})"
+
+
+def _recompress(buf: bytearray, headers: list[BatchHeader], codec: int) -> bytearray:
+    """Re-encode batches with the topic's ``compression.type`` (Kafka's broker-side recompression).
+
+    The only per-record work on the append path, and only for topics that ask for a codec
+    other than ``producer``. Producer id/epoch/sequence, timestamps and headers are kept.
+    """
+    out = bytearray()
+    pos = 0
+    for h in headers:
+        if h.compression == codec or h.is_control:
+            out += buf[pos:pos + h.size]
+        else:
+            _h, records = decode_batch(buf, pos, verify_crc=False)  # CRC checked by validate_batches
+            b = RecordBatchBuilder(codec, producer_id=h.producer_id, producer_epoch=h.producer_epoch,
+                                   base_sequence=h.base_sequence, timestamp_type=h.timestamp_type,
+                                   is_transactional=h.is_transactional,
+                                   partition_leader_epoch=h.partition_leader_epoch, base_offset=h.base_offset)
+            for r in records:
+                b.append(r.timestamp, r.key, r.value, r.headers)
+            out += b.build()
+        pos += h.size
+    return out

@@ -11,7 +11,15 @@ from storage_testlib import batch_bases, make_batch, now_ms, offsets_of, read_al
 from proto import errors
 from storage.log import Log, UnexpectedAppendOffsetError
 from storage.log_config import LogConfig
-from storage.record_batch import TIMESTAMP_LOG_APPEND_TIME, iter_batches, read_header
+from storage.record_batch import (
+    CODEC_GZIP,
+    CODEC_NONE,
+    CODEC_ZSTD,
+    TIMESTAMP_LOG_APPEND_TIME,
+    decode_records,
+    iter_batches,
+    read_header,
+)
 
 
 def open_log(tmp_path: Path, **cfg) -> Log:
@@ -325,4 +333,19 @@ def test_lost_epoch_checkpoint_rebuilt_from_headers(tmp_path: Path) -> None:
     lg = Log.open(tmp_path / "t-0", lg.config, clean_shutdown=True)
     assert [(e.epoch, e.start_offset) for e in lg.epoch_cache.entries()] == [(1, 0), (3, 4), (4, 6)]
     assert lg.end_offset_for_epoch(3) == (3, 6)
+    lg.close()
+
+
+@pytest.mark.parametrize("topic_codec,expected", [("producer", CODEC_GZIP), ("zstd", CODEC_ZSTD),
+                                                  ("none", CODEC_NONE)])
+def test_compression_type_recompresses(tmp_path: Path, topic_codec: str, expected: int) -> None:
+    lg = open_log(tmp_path, compression_type=topic_codec)
+    sent = make_batch(5, compression=CODEC_GZIP, producer_id=3, producer_epoch=0, base_sequence=0)
+    info = lg.append_as_leader(sent, 2)
+    assert (info.first_offset, info.last_offset) == (0, 4)
+    stored = lg.read(0, 1 << 20).records
+    h = read_header(stored)
+    assert h.compression == expected and (h.producer_id, h.base_sequence, h.record_count) == (3, 0, 5)
+    assert [(r.key, r.value, r.timestamp) for r in decode_records(stored)] == \
+        [(r.key, r.value, r.timestamp) for r in decode_records(sent)]
     lg.close()
