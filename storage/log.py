@@ -358,15 +358,20 @@ class Log:
         return None
 
     def append_as_follower(self, records: bytes) -> AppendInfo:
-        """Append the leader's batches as they are (offsets and epochs already assigned)."""
+        """Append the leader's batches as they are (offsets and epochs already assigned).
+
+        The first batch must start at the log end offset, or after it: on a compacted
+        leader the batch following our log end may have lost its first offsets (Kafka
+        accepts that gap too). Starting below the log end is refused.
+        """
         headers = validate_batches(records)
         with self._lock:
             self._ensure_open()
             expected = self._log_end_offset
-            if headers[0].base_offset != expected:
+            if headers[0].base_offset < expected:
                 raise UnexpectedAppendOffsetError(
                     f"{self.topic}-{self.partition}: follower append starts at {headers[0].base_offset}, "
-                    f"log end offset is {expected}")
+                    f"below the log end offset {expected}")
             for h in headers:
                 if h.base_offset < expected:
                     raise UnexpectedAppendOffsetError(

@@ -212,6 +212,14 @@ def test_follower_append_rules(tmp_path: Path) -> None:
     with pytest.raises(errors.CorruptMessageError):
         follower.append_as_follower(data[:-3])
     assert follower.log_end_offset == 4
+    # a compacted leader may skip offsets: a gap after the log end is accepted, offsets kept
+    gap = make_batch(2, base_offset=10, epoch=4)
+    assert follower.append_as_follower(gap).first_offset == 10 and follower.log_end_offset == 12
+    assert follower.read(5, 1000).first_offset == 10
+    overlapping = make_batch(1, base_offset=20, epoch=4) + make_batch(1, base_offset=20, epoch=4)
+    with pytest.raises(UnexpectedAppendOffsetError):
+        follower.append_as_follower(overlapping)  # second batch overlaps the first
+    assert follower.log_end_offset == 12
     leader.close()
     follower.close()
 
