@@ -181,3 +181,13 @@ def test_cluster_info_quorum_and_health(brook, ops_cluster: LocalCluster) -> Non
     assert q["leader_id"] == info["active_controller_id"] and len(q["voters"]) == 3, q
     r = brook("cluster", "health")
     assert r.code == 0 and "healthy" in r.out, r
+
+
+def test_perf_commands_run_the_benchmarks(brook, tmp_path) -> None:
+    r = brook("perf", "storage", "--dir", str(tmp_path), "--total-mb", "1", "--repeat", "1")
+    assert r.code == 0 and "MB/s" in r.out, r
+    r = brook("perf", "produce", "--topic", "perf-cli", "--num-records", "300", "--record-size", "64",
+              "--partitions", "2", "--replication-factor", "3")
+    assert r.code == 0 and "records/s" in r.out + r.err, r
+    r = brook("perf", "consume", "--topic", "perf-cli", "--num-records", "300", "--timeout-ms", "5000")
+    assert r.code == 0 and "records/s" in r.out + r.err, r
