@@ -735,13 +735,10 @@ class GroupCoordinator:
         plan: list[tuple[str, int, list[TopicPartition], bool]] = []
         with self._lock:
             for gid, g in self._groups.items():
-                if g.state != GroupState.EMPTY or not self._partitions.get(self.partition_for(gid), _PartitionLoad(-1)).loaded:
+                load = self._partitions.get(self.partition_for(gid))
+                if load is None or not load.loaded:
                     continue
-                if g.protocol_type:
-                    expired = sorted(g.offsets) if now - g.state_timestamp_ms >= retention_ms else []
-                else:
-                    expired = sorted(tp for tp, e in g.offsets.items() if now - e.commit_timestamp_ms >= retention_ms)
-                remove_group = len(expired) == len(g.offsets)
+                expired, remove_group = g.expired_offsets(now, retention_ms)
                 if expired or remove_group:
                     plan.append((gid, self.partition_for(gid), expired, remove_group))
         for gid, p, expired, remove_group in plan:

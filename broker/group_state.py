@@ -427,6 +427,19 @@ class Group:
             return
         self.offsets[tp] = entry
 
+    def expired_offsets(self, now_ms: int, retention_ms: int) -> tuple[list[TopicPartition], bool]:
+        """offsets.retention.minutes (KIP-211): the offsets of a group that uses the protocol
+        expire together, ``retention_ms`` after the group became empty; offsets committed
+        outside group management (no protocol type) expire one by one, ``retention_ms``
+        after their commit. Returns (expired partitions, whether the group can go too)."""
+        if self.state != GroupState.EMPTY:
+            return [], False
+        if self.protocol_type:
+            expired = sorted(self.offsets) if now_ms - self.state_timestamp_ms >= retention_ms else []
+        else:
+            expired = sorted(tp for tp, e in self.offsets.items() if now_ms - e.commit_timestamp_ms >= retention_ms)
+        return expired, len(expired) == len(self.offsets)
+
     def mark_dead(self, now_ms: int) -> None:
         for m in self.members.values():
             m.fail_waiters(ErrorCode.NOT_COORDINATOR)

@@ -261,3 +261,24 @@ def test_next_deadline_tracks_sessions() -> None:
     a = h.join("a")
     h.rebalance([a])
     assert h.group.next_deadline_ms() == h.now_ms + SESSION_MS
+
+
+def test_offsets_of_an_empty_group_expire_together_after_retention() -> None:
+    h = Harness()
+    a = h.join("a")
+    h.rebalance([a])
+    h.group.apply_offset(TP("t", 0), OffsetEntry(5, -1, "", h.now_ms))
+    h.group.apply_offset(TP("t", 1), OffsetEntry(6, -1, "", h.now_ms))
+    assert h.group.expired_offsets(h.now_ms + 10**9, 1000) == ([], False), "active groups keep offsets"
+    h.group.leave(a, h.now_ms)
+    empty_since = h.now_ms
+    assert h.group.expired_offsets(empty_since + 999, 1000) == ([], False)
+    assert h.group.expired_offsets(empty_since + 1000, 1000) == ([TP("t", 0), TP("t", 1)], True)
+
+
+def test_standalone_commits_expire_one_by_one() -> None:
+    g = Group("g")  # never used the protocol: commits from assign()-style consumers
+    g.apply_offset(TP("t", 0), OffsetEntry(5, -1, "", 1000))
+    g.apply_offset(TP("t", 1), OffsetEntry(6, -1, "", 5000))
+    assert g.expired_offsets(6000, 4000) == ([TP("t", 0)], False)
+    assert g.expired_offsets(9000, 4000) == ([TP("t", 0), TP("t", 1)], True)
