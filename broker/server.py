@@ -252,6 +252,13 @@ class BrokerServer:
             timeout_ms = int(d.get("controlled.shutdown.timeout.ms", str(int(CONTROLLED_SHUTDOWN_TIMEOUT_S * 1000))))
             self._controlled_shutdown(timeout_ms / 1000)
         self._stopping.set()
+        for ext in self.extension_objects:  # e.g. the group coordinator: answer waiting joins, stop timers
+            stop_ext = getattr(ext, "stop", None)
+            if callable(stop_ext):
+                try:
+                    stop_ext()
+                except Exception:
+                    log.exception("broker %d: stopping extension %r failed", self.node_id, ext)
         if self.grpc_server is not None:
             self.grpc_server.stop(grace=1.0).wait(5)
         if self.controller_client is not None:
