@@ -138,6 +138,16 @@ class QuorumController:
         self._next_rebalance_at = 0.0
         self._rebalancing: PendingProposal | None = None
 
+    # ---- proposals: always stamped with the epoch this controller was activated in ----
+    def _submit(self, cmd: c.Command) -> PendingProposal:
+        epoch = self._active_term
+        if epoch < 0:
+            raise errors.NotControllerError("this controller is not active")
+        return self.raft.submit(cmd, epoch)
+
+    def _propose(self, cmd: c.Command, timeout_s: float) -> Any:
+        return self._submit(cmd).wait(timeout_s)
+
     # ---- activity ----
     def is_active(self) -> bool:
         """Raft leader, and our ActivateController for the current term has been applied."""
@@ -214,7 +224,7 @@ class QuorumController:
         if not req.endpoints:
             raise errors.InvalidRequestError(f"broker {req.node_id} registered without endpoints")
         endpoints = [[e.name, e.host, e.port] for e in req.endpoints]
-        result = self.raft.propose(c.RegisterBroker(req.node_id, req.incarnation_id, endpoints, req.rack), timeout_s)
+        result = self._propose(c.RegisterBroker(req.node_id, req.incarnation_id, endpoints, req.rack), timeout_s)
         result.raise_for_error()
         with self._lock:
             self._leases[req.node_id] = self._clock()
@@ -233,22 +243,22 @@ class QuorumController:
             remaining = self.raft.read(lambda s: s.leadership_count(req.node_id))
             response.should_shutdown = broker.fenced or remaining == 0
         elif req.want_fence and not broker.fenced:
-            self.raft.propose(c.FenceBroker(req.node_id, req.broker_epoch), timeout_s).raise_for_error()
+            self._propose(c.FenceBroker(req.node_id, req.broker_epoch), timeout_s).raise_for_error()
         elif broker.fenced and not req.want_fence and req.current_metadata_version >= broker.broker_epoch:
             # Caught up with metadata at least to its own registration: safe to serve.
-            self.raft.propose(c.UnfenceBroker(req.node_id, req.broker_epoch), timeout_s).raise_for_error()
+            self._propose(c.UnfenceBroker(req.node_id, req.broker_epoch), timeout_s).raise_for_error()
             log.info("broker %d unfenced (metadata version %d)", req.node_id, req.current_metadata_version)
         response.is_fenced = self.raft.read(lambda s: s.brokers[req.node_id].fenced)
         return response
 
     def _finish_or_begin_shutdown(self, broker: BrokerState, timeout_s: float) -> None:
         if not broker.in_controlled_shutdown:
-            self.raft.propose(c.BeginControlledShutdown(broker.node_id, broker.broker_epoch),
+            self._propose(c.BeginControlledShutdown(broker.node_id, broker.broker_epoch),
                               timeout_s).raise_for_error()
         remaining = self.raft.read(lambda s: s.leadership_count(broker.node_id))
         if remaining == 0:
             # Leaderships moved: fence now instead of waiting for the lease to run out.
-            self.raft.propose(c.FenceBroker(broker.node_id, broker.broker_epoch), timeout_s).raise_for_error()
+            self._propose(c.FenceBroker(broker.node_id, broker.broker_epoch), timeout_s).raise_for_error()
             log.info("broker %d finished controlled shutdown", broker.node_id)
 
     def controlled_shutdown(self, req: pb.ControlledShutdownRequest,
@@ -257,7 +267,7 @@ class QuorumController:
         with self._lock:
             self._leases[req.node_id] = self._clock()
         if not broker.fenced and not broker.in_controlled_shutdown:
-            self.raft.propose(c.BeginControlledShutdown(req.node_id, req.broker_epoch), timeout_s).raise_for_error()
+            self._propose(c.BeginControlledShutdown(req.node_id, req.broker_epoch), timeout_s).raise_for_error()
         remaining = self.raft.read(lambda s: s.leadership_count(req.node_id))
         return pb.ControlledShutdownResponse(remaining_leaderships=remaining)
 
@@ -279,7 +289,7 @@ class QuorumController:
                 if now - last > timeout_s and node_id not in self._fencing:
                     log.warning("broker %d missed its session (%.1fs without heartbeat): fencing", node_id,
                                 now - last)
-                    self._fencing[node_id] = self.raft.submit(c.FenceBroker(node_id, epoch))
+                    self._fencing[node_id] = self._submit(c.FenceBroker(node_id, epoch))
 
     def _maybe_rebalance(self) -> None:
         if not self.config.auto_leader_rebalance_enable:
@@ -308,14 +318,14 @@ class QuorumController:
         items = self.raft.read(plan)
         if items:
             log.info("preferred leader election for %d partitions", len(items))
-            self._rebalancing = self.raft.submit(c.ChangePartition(items))
+            self._rebalancing = self._submit(c.ChangePartition(items))
         return len(items)
 
     # ---- partitions ----
     def alter_partition(self, req: pb.AlterPartitionRequest, timeout_s: float) -> pb.AlterPartitionResponse:
         items = [c.PartitionChangeItem(i.topic, i.partition, i.partition_epoch, i.leader_epoch, list(i.new_isr))
                  for i in req.items]
-        result = self.raft.propose(c.ChangePartition(items, req.broker_id, req.broker_epoch), timeout_s)
+        result = self._propose(c.ChangePartition(items, req.broker_id, req.broker_epoch), timeout_s)
         result.raise_for_error()
         response = pb.AlterPartitionResponse()
         for item in result.value:
@@ -365,7 +375,7 @@ class QuorumController:
                 result.replication_factor = len(cmd.assignments[0])
                 result.topic_id = cmd.topic_id
                 if not req.validate_only:
-                    pending.append((result, self.raft.submit(cmd)))
+                    pending.append((result, self._submit(cmd)))
             except errors.BrookError as exc:
                 result.error_code, result.error_message = exc.code, exc.message
                 result.topic_id = ""
@@ -437,7 +447,7 @@ class QuorumController:
                 result.error_message = f"topic '{name}' does not exist"
                 continue
             result.topic_id = topic_id
-            pending.append((result, self.raft.submit(c.DeleteTopic(name, topic_id))))
+            pending.append((result, self._submit(c.DeleteTopic(name, topic_id))))
         self._collect(pending, timeout_s)
         return response
 
@@ -453,7 +463,7 @@ class QuorumController:
                 result.num_partitions = item.count
                 result.replication_factor = len(cmd.assignments[0])
                 if not req.validate_only:
-                    pending.append((result, self.raft.submit(cmd)))
+                    pending.append((result, self._submit(cmd)))
             except errors.BrookError as exc:
                 result.error_code, result.error_message = exc.code, exc.message
         self._collect(pending, timeout_s)
@@ -505,7 +515,7 @@ class QuorumController:
                 result.topic_id = topic_id
                 if not req.validate_only:
                     cmd = c.AlterConfigs(resource.topic, topic_id, to_set, list(resource.delete))
-                    pending.append((result, self.raft.submit(cmd)))
+                    pending.append((result, self._submit(cmd)))
             except errors.BrookError as exc:
                 result.error_code, result.error_message = exc.code, exc.message
         self._collect(pending, timeout_s)
@@ -532,7 +542,7 @@ class QuorumController:
     # ---- producer ids ----
     def allocate_producer_ids(self, req: pb.AllocateProducerIdsRequest,
                               timeout_s: float) -> pb.AllocateProducerIdsResponse:
-        result = self.raft.propose(c.AllocateProducerIds(req.broker_id, req.broker_epoch, PRODUCER_ID_BLOCK_SIZE),
+        result = self._propose(c.AllocateProducerIds(req.broker_id, req.broker_epoch, PRODUCER_ID_BLOCK_SIZE),
                                    timeout_s)
         result.raise_for_error()
         start, length = result.value

@@ -93,9 +93,9 @@ class _MetadataConsumer(SyncObjConsumer):
         self.on_applied = on_applied
 
     @replicated
-    def apply_command(self, payload: dict[str, Any]) -> ApplyResult:
+    def apply_command(self, payload: dict[str, Any], controller_epoch: int | None = None) -> ApplyResult:
         with self.lock:
-            result = self.state.apply(payload)
+            result = self.state.apply(payload, controller_epoch=controller_epoch)
             version = self.state.version
         self.on_applied(version)
         return result
@@ -212,20 +212,23 @@ class MetadataRaft:
             time.sleep(0.02)
 
     # ---- proposals ----
-    def submit(self, cmd: c.Command) -> PendingProposal:
-        """Hand ``cmd`` to the quorum without waiting; ``wait`` on the result."""
+    def submit(self, cmd: c.Command, controller_epoch: int | None = None) -> PendingProposal:
+        """Hand ``cmd`` to the quorum without waiting; ``wait`` on the result.
+
+        ``controller_epoch``: the proposer's activation term (see ``MetadataState.apply``).
+        """
         pending = PendingProposal(type(cmd).__name__)
-        self._consumer.apply_command(c.to_dict(cmd), callback=pending.on_result)
+        self._consumer.apply_command(c.to_dict(cmd), controller_epoch, callback=pending.on_result)
         return pending
 
-    def propose(self, cmd: c.Command, timeout_s: float) -> ApplyResult:
+    def propose(self, cmd: c.Command, timeout_s: float, controller_epoch: int | None = None) -> ApplyResult:
         """Replicate and apply ``cmd``; return its result once the quorum committed it.
 
         Raises NotControllerError when leadership was lost before the commit, and
         RequestTimedOutError when no commit happened within ``timeout_s``. A command is
         atomic: it is applied entirely or not at all, on every voter alike.
         """
-        return self.submit(cmd).wait(timeout_s)
+        return self.submit(cmd, controller_epoch).wait(timeout_s)
 
     def barrier(self, timeout_s: float) -> int:
         """Wait until a no-op commits; afterwards this node's state is at least as new as any acknowledged write."""

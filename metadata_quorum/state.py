@@ -165,13 +165,25 @@ class MetadataState:
         }
 
     # ---- applying commands ----
-    def apply(self, cmd: c.Command | dict[str, Any]) -> ApplyResult:
-        """Apply one command; returns its result. Never raises for bad input."""
+    def apply(self, cmd: c.Command | dict[str, Any], *, controller_epoch: int | None = None) -> ApplyResult:
+        """Apply one command; returns its result. Never raises for bad input.
+
+        ``controller_epoch`` is the Raft term in which the proposing controller became
+        active. A command from any other epoch is refused (NOT_CONTROLLER): it was
+        decided by a controller that has been replaced, e.g. one pysyncobj forwarded to
+        the new leader after the proposer lost leadership. None skips the check (tests,
+        tools replaying commands directly).
+        """
         try:
             command = c.from_dict(cmd) if isinstance(cmd, dict) else cmd
             handler = self._handlers.get(type(command))
             if handler is None:
                 raise errors.InvalidRequestError(f"not a metadata command: {type(command).__name__}")
+            if controller_epoch is not None and not isinstance(command, c.ActivateController) \
+                    and controller_epoch != self.controller_epoch:
+                raise errors.NotControllerError(
+                    f"{type(command).__name__} was proposed by the controller of epoch {controller_epoch}; "
+                    f"the active controller's epoch is {self.controller_epoch}")
             self._touched = []
             result = handler(command)
         except errors.BrookError as exc:
@@ -192,6 +204,10 @@ class MetadataState:
         self._touched.append(key)
 
     def _activate_controller(self, cmd: c.ActivateController) -> ApplyResult:
+        if cmd.term <= self.controller_epoch:
+            # A stale activation (e.g. forwarded by a deposed leader) must not roll the epoch back.
+            raise errors.NotControllerError(
+                f"activation for term {cmd.term} is stale: the controller epoch is already {self.controller_epoch}")
         self.active_controller_id = cmd.node_id
         self.controller_epoch = cmd.term
         self.unclean_leader_election_default = bool(cmd.unclean_leader_election_default)

@@ -434,3 +434,16 @@ def test_malformed_wire_commands_are_refused() -> None:
         result = s.apply(payload)  # type: ignore[arg-type]
         assert result.error_code == ErrorCode.INVALID_REQUEST, (payload, result)
     assert s.to_snapshot() == before
+
+
+def test_commands_from_a_replaced_controller_epoch_are_refused() -> None:
+    s = cluster(2)  # activated in term 1
+    assert s.apply(c.ActivateController(200, 3)).ok
+    before = s.to_snapshot()
+    stale = s.apply(c.CreateTopic("t", "id-t", {}, [[1]]), controller_epoch=1)
+    assert stale.error_code == ErrorCode.NOT_CONTROLLER, stale
+    # A deposed leader's activation forwarded late must not roll the epoch back.
+    assert s.apply(c.ActivateController(100, 2)).error_code == ErrorCode.NOT_CONTROLLER
+    assert s.to_snapshot() == before
+    assert s.apply(c.CreateTopic("t", "id-t", {}, [[1]]), controller_epoch=3).ok
+    assert s.active_controller_id == 200 and s.controller_epoch == 3
