@@ -219,6 +219,29 @@ def _topic_key_defs() -> list[KeyDef]:
 KEYS: Mapping[str, KeyDef] = {d.name: d for d in [*_CORE, *_BEHAVIOUR, *_topic_key_defs()]}
 
 
+_REQUIRED = ("process.roles", "node.id", "cluster.id", "listeners", "controller.quorum.voters")
+_REQUIRED_BY_ROLE = {"log.dirs": ROLE_BROKER, "metadata.log.dir": ROLE_CONTROLLER}
+
+
+def keys_markdown() -> str:
+    """Every node config key as a Markdown table (``brook-server --describe-config``)."""
+    rows = ["| key | type | default | roles | what it does |", "| --- | --- | --- | --- | --- |"]
+    for d in KEYS.values():
+        kind = "topic default" if d.kind == "topic" else d.kind
+        if d.topic_key is not None:
+            default = log_config.TOPIC_CONFIGS[d.topic_key].default
+        elif d.default is not None:
+            default = d.default or '""'
+        elif d.name in _REQUIRED:
+            default = "(required)"
+        elif d.name in _REQUIRED_BY_ROLE:
+            default = f"(required: {_REQUIRED_BY_ROLE[d.name]})"
+        else:
+            default = "(unset)"
+        rows.append(f"| `{d.name}` | {kind} | `{default}` | {','.join(d.roles)} | {d.doc} |")
+    return "\n".join(rows)
+
+
 def env_var(key: str) -> str:
     """Environment variable overriding ``key``: ``log.dirs`` -> ``BROOK_LOG_DIRS``."""
     return ENV_PREFIX + key.replace(".", "_").replace("-", "_").upper()
@@ -579,7 +602,7 @@ def _parse_voters(items: list[str]) -> dict[int, Voter]:
 
 def _validate_cross(values: dict[str, Any]) -> tuple[dict[str, Listener], dict[int, Voter]]:
     """Rules spanning keys: required-by-role, listeners vs roles, voters vs node id."""
-    for key in ("process.roles", "node.id", "cluster.id", "listeners", "controller.quorum.voters"):
+    for key in _REQUIRED:
         if not values.get(key):
             if key == "node.id" and values.get(key) == 0:
                 continue

@@ -37,7 +37,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from broker.config import ConfigError, NodeConfig, load_config
+from broker.config import ConfigError, NodeConfig, keys_markdown, load_config
 from broker.metrics import BrokerCollector, ControllerCollector, GroupCollector, NodeMetrics
 
 log = logging.getLogger("brook.node")
@@ -281,13 +281,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                "file < environment < --override. Example: brook-server --config node.toml "
                "--override log.retention.hours=24",
     )
-    p.add_argument("--config", "-c", required=True, help="node TOML file")
+    p.add_argument("--config", "-c", help="node TOML file (required to run)")
     p.add_argument("--override", "-o", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config key (repeatable)")
     p.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log level on stderr (default: logging.level from the config, INFO)")
     p.add_argument("--check", action="store_true", help="validate the config and exit")
-    return p.parse_args(argv)
+    p.add_argument("--describe-config", action="store_true",
+                   help="print every config key (type, default, doc) as a Markdown table and exit")
+    args = p.parse_args(argv)
+    if not args.config and not args.describe_config:
+        p.error("the following arguments are required: --config")
+    return args
 
 
 def setup_logging(level: str) -> None:
@@ -339,6 +344,9 @@ def _watch_parent(signals: _Signals) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.describe_config:
+        print(keys_markdown())
+        return EXIT_OK
     try:
         config = load_config(args.config, args.override)
     except ConfigError as e:
