@@ -115,6 +115,7 @@ class Log:
         self.epoch_cache = LeaderEpochFileCache(directory)
         self.producer_state = ProducerStateManager()
         self.closed = False
+        self._opened: list[LogSegment] | None = []  # segments opened by _load (closed if it fails)
 
     # ------------------------------------------------------------------ opening / recovery
     @classmethod
@@ -130,18 +131,37 @@ class Log:
         """
         dir.mkdir(parents=True, exist_ok=True)
         self = cls(dir, config)
-        with self._lock:
-            self._load(recovery_point, log_start_offset, _now_ms(now_ms), clean_shutdown, full_recovery)
-            if high_watermark is not None:
-                self.update_high_watermark(high_watermark)
+        try:
+            with self._lock:
+                self._load(recovery_point, log_start_offset, _now_ms(now_ms), clean_shutdown, full_recovery)
+        except errors.CorruptMessageError as exc:
+            # A header that cannot be walked in a segment we trusted (before the recovery
+            # point): distrust everything and CRC-scan the whole log instead of failing.
+            self._close_opened()
+            if full_recovery:
+                raise
+            log.warning("%s: %s while loading; falling back to a full recovery scan", dir, exc.message)
+            self = cls(dir, config)
+            with self._lock:
+                self._load(recovery_point, log_start_offset, _now_ms(now_ms), False, True)
+        if high_watermark is not None:
+            self.update_high_watermark(high_watermark)
         return self
+
+    def _close_opened(self) -> None:
+        for seg in self._opened or []:
+            seg.close()
+        self._opened = []
 
     def _new_segment(self, base_offset: int, *, writable: bool, suffix: str = "",
                      now_ms: int | None = None) -> LogSegment:
         c = self._config
-        return LogSegment(self.dir, base_offset, index_bytes=c.segment_index_bytes,
-                          index_interval_bytes=c.index_interval_bytes, writable=writable, suffix=suffix,
-                          created_ms=now_ms)
+        seg = LogSegment(self.dir, base_offset, index_bytes=c.segment_index_bytes,
+                         index_interval_bytes=c.index_interval_bytes, writable=writable, suffix=suffix,
+                         created_ms=now_ms)
+        if self._opened is not None:
+            self._opened.append(seg)
+        return seg
 
     def _load(self, recovery_point: int, log_start_offset: int | None, now_ms: int, clean_shutdown: bool,
               full_recovery: bool) -> None:
@@ -179,6 +199,7 @@ class Log:
         else:
             self._recovery_point = min(max(recovery_point, self._log_start_offset), self._log_end_offset)
         self._high_watermark = self._log_start_offset
+        self._opened = None  # loaded: segments are tracked by the segment list from now on
         log.info("opened log %s: start %d, end %d, %d segments, recovery point %d", self.dir,
                  self._log_start_offset, self._log_end_offset, len(kept), self._recovery_point)
 

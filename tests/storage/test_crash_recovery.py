@@ -184,3 +184,25 @@ def test_corruption_in_closed_and_active_segment_truncates_at_first_bad_batch(
     assert not (tmp_path / "data" / "t-0" / active.log_path.name).exists()  # nothing after it is kept
     assert lg2.append_as_leader(make_batch(1), 2).first_offset == bad_offset
     lm2.shutdown()
+
+
+def test_corrupt_header_before_the_recovery_point_falls_back_to_full_scan(tmp_path: Path, caplog) -> None:
+    size = len(make_batch(2))
+    cfg = LogConfig(segment_bytes=size * 4)
+    lg = Log.open(tmp_path / "t-0", cfg)
+    for _ in range(12):
+        lg.append_as_leader(make_batch(2), 1)
+    lg.flush()
+    rp = lg.recovery_point
+    before = _batches_by_base(read_all(lg))
+    first = lg.segments()[0]
+    lg.close_without_flush()  # crash: no producer-state snapshot
+    with open(first.log_path, "r+b") as f:
+        f.seek(size * 2 + 16)  # magic byte of the third batch
+        f.write(b"\x07")
+    with caplog.at_level(logging.WARNING):
+        lg = Log.open(tmp_path / "t-0", cfg, recovery_point=rp)  # segment 0 would not be rescanned
+    assert lg.log_end_offset == 4
+    assert _batches_by_base(read_all(lg)) == {b: v for b, v in before.items() if b < 4}
+    assert any("falling back to a full recovery scan" in r.getMessage() for r in caplog.records)
+    lg.close()
