@@ -139,7 +139,7 @@ def status(
     else:
         table = Table(title=f"Brook local cluster {cluster.base_dir}")
         for col in ("node", "roles", "pid", "state", "health", "broker", "controller"):
-            table.add_column(col, overflow="fold")
+            table.add_column(col, no_wrap=col in ("broker", "controller", "pid"), overflow="fold")
         for r in rows:
             state = "paused" if r["paused"] else ("running" if r["running"] else "[red]stopped[/red]")
             statuses = r["health"]

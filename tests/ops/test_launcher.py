@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,15 @@ def test_launcher_errors_are_one_line(tmp_path: Path) -> None:
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     proc = launcher("start", "--dir", str(tmp_path), "--mode", "ring")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc
+
+
+def test_split_mode_cluster_is_healthy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with LocalCluster(tmp_path / "split", nodes=2, mode="split") as cluster:
+        assert cluster.controller_ids == [1001, 1002, 1003] and cluster.broker_ids == [1, 2]
+        assert len(cluster.bootstrap_servers.split(",")) == 2
+        report = wait_health(capsys, cluster.bootstrap_servers, 0, 30)
+        assert "leader 100" in json.dumps(report), report  # the quorum is the dedicated controllers
+        with urllib.request.urlopen(cluster.metrics_url(1001), timeout=5) as resp:
+            controller_page = resp.read()
+        assert b"brook_raft_term" in controller_page and b"brook_topic_messages_in_total" not in controller_page
+    assert not any(cluster.is_running(i) for i in cluster.node_ids)
