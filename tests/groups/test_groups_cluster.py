@@ -312,3 +312,109 @@ def _committed_or_none(coord: GroupCoordinatorClient, tps: list[TP]) -> dict | N
     except errors.BrookError:
         return None
     return got if all(v is not None for v in got.values()) else None
+
+
+class ThreadedMember:
+    """An in-process consumer polling in its own thread (a blocked join must not stall the others)."""
+
+    def __init__(self, cluster: LocalCluster, group: str, topic: str, name: str) -> None:
+        self.name = name
+        self.revoked: list[set[TP]] = []
+        self.lock = threading.Lock()
+        self.owned: set[TP] = set()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        member = self
+
+        class Listener:
+            def on_partitions_revoked(self, revoked: set[TP]) -> None:
+                with member.lock:
+                    member.revoked.append(set(revoked))
+
+            def on_partitions_assigned(self, assigned: set[TP]) -> None:
+                pass
+
+            def on_partitions_lost(self, lost: set[TP]) -> None:
+                pass
+
+        self.consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=group, client_id=name,
+                                 auto_offset_reset="earliest", enable_auto_commit=False,
+                                 session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500,
+                                 max_poll_interval_ms=20_000, partition_assignment_strategy="cooperative-sticky")
+        self.consumer.subscribe([topic], listener=Listener())
+        self.thread = threading.Thread(target=self._run, daemon=True, name=name)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self.consumer.poll(100)
+                with self.lock:
+                    self.owned = set(self.consumer.assignment())
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+        finally:
+            self.consumer.close()
+
+    def assignment(self) -> set[TP]:
+        assert self.error is None, f"{self.name} failed: {self.error!r}"
+        with self.lock:
+            return set(self.owned)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def test_cooperative_sticky_rebalances_on_new_partitions_and_moves_only_what_it_must(
+        cluster: LocalCluster) -> None:
+    topic, group = "grow", "g-grow"
+    create_topic(cluster, topic, 2)
+    members: list[ThreadedMember] = []
+    try:
+        members += [ThreadedMember(cluster, group, topic, f"c{i}") for i in (1, 2)]
+
+        def shares(sizes: list[int], total: int) -> bool:
+            a = [m.assignment() for m in members]
+            union = set().union(*a)
+            return sorted(len(x) for x in a) == sizes and len(union) == total == sum(len(x) for x in a)
+
+        wait_for(lambda: shares([1, 1], 2), 60, "two members with one partition each")
+        before = {m.name: m.assignment() for m in members}
+        for m in members:
+            with m.lock:
+                m.revoked.clear()  # forget the start-up hand-over (c1 alone first, then c2)
+        with ControllerClient(cluster.controller_endpoints) as cc:
+            resp = cc.call("CreatePartitions", controller_pb2.CreatePartitionsRequest(
+                topics=[controller_pb2.CreatePartitionsTopic(name=topic, count=4)]))
+        assert all(r.error_code == 0 for r in getattr(resp, "results", [])), resp
+        wait_for(lambda: shares([2, 2], 4), 60, "the new partitions assigned after the topic grew")
+        for m in members:
+            assert before[m.name] <= m.assignment(), f"{m.name} lost a partition it owned: sticky violated"
+            assert not m.revoked, f"{m.name} revoked {m.revoked} although nothing had to move"
+        members.append(ThreadedMember(cluster, group, topic, "c3"))
+        wait_for(lambda: shares([1, 1, 2], 4), 60, "three members sharing four partitions")
+        revoked = [tp for m in members for r in m.revoked for tp in r]
+        assert len(revoked) == 1, f"cooperative rebalance should revoke exactly the moved partition, saw {revoked}"
+        assert members[2].assignment() == set(revoked)
+    finally:
+        for m in members:
+            m.close()
+
+
+def test_coordinator_exports_group_stats_to_metrics(cluster: LocalCluster, client: ClusterClient) -> None:
+    import urllib.request
+
+    topic, group = "metered", "g-metered"
+    create_topic(cluster, topic, 1)
+    coord = GroupCoordinatorClient(client, group)
+    coord.commit({TP(topic, 0): 0})
+    coord.find_coordinator(10)
+
+    def scraped() -> str | None:
+        with urllib.request.urlopen(cluster.metrics_url(coord.node_id), timeout=5) as r:
+            text = r.read().decode()
+        return text if f'group="{group}"' in text else None
+
+    text = wait_for(scraped, 30, "group offsets in the coordinator's metrics", poll_s=0.5)
+    assert "brook_consumer_group_committed_offset" in text and "brook_consumer_groups" in text
