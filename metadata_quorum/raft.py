@@ -19,7 +19,9 @@ thread, under the same lock.
 
 from __future__ import annotations
 
+import gzip
 import logging
+import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -116,6 +118,19 @@ class _MetadataConsumer(SyncObjConsumer):
             version = self.state.version
         log.info("metadata restored from the quorum snapshot at version %d", version)
         self.on_applied(version)
+
+
+def load_snapshot_file(path: Path) -> MetadataState:
+    """Read a voter's full dump (``quorum.snapshot``) offline: the metadata as of its last compaction.
+
+    The file is pysyncobj's format: gzip of a pickled (object data, last entry, previous
+    entry, cluster) tuple, where our consumer's data is ``{"metadata": snapshot dict}``.
+    Only open dumps from your own controllers: unpickling trusts the file.
+    """
+    with gzip.open(path, "rb") as f:
+        data = pickle.load(f)  # noqa: S301 - our own quorum's file
+    consumers = data[0][1:]
+    return MetadataState.from_snapshot(consumers[0]["metadata"])
 
 
 class PendingProposal:

@@ -15,7 +15,7 @@ from quorum_helpers import register_brokers, wait_for
 
 from metadata_quorum.client import ControllerClient
 from metadata_quorum.local_quorum import LocalQuorum
-from metadata_quorum.raft import DUMP_FILE
+from metadata_quorum.raft import DUMP_FILE, load_snapshot_file
 from proto import controller_pb2 as pb
 from proto.errors import ErrorCode
 
@@ -64,6 +64,9 @@ def test_ten_thousand_partitions(tmp_path: Path) -> None:
     try:
         with quorum.client(timeout_s=60) as client, quorum.client(timeout_s=60) as watch_client:
             register_brokers(client, [1, 2, 3], quorum.cluster_id)
+            # One voter is down during the creates: it must catch up from the leader's snapshot.
+            lagging = next(n for n in quorum.voters if n != quorum.active_id())
+            quorum.kill(lagging, signal.SIGKILL)
             follower = MetadataFollower(watch_client)
             follower.thread.start()
             started = time.monotonic()
@@ -90,6 +93,17 @@ def test_ten_thousand_partitions(tmp_path: Path) -> None:
 
             leader = quorum.active_id()
             dump = quorum.data_dir(leader) / DUMP_FILE
+            quorum.start_node(lagging)
+            lagging_dump = quorum.data_dir(lagging) / DUMP_FILE
+
+            def lagging_has_everything() -> bool:
+                if not lagging_dump.exists():
+                    return False
+                try:
+                    return load_snapshot_file(lagging_dump).partition_count() == TOPICS * PARTITIONS
+                except (OSError, EOFError, ValueError):  # being replaced right now
+                    return False
+            wait_for(lagging_has_everything, 30, f"voter {lagging} to receive the leader's snapshot")
             created_at = time.time()
             # Compaction runs at least every second here: wait for a dump written after the creates.
             wait_for(lambda: dump.exists() and dump.stat().st_mtime > created_at, 30, f"a fresh snapshot in {dump}")
