@@ -44,6 +44,7 @@ class AbstractIndex:
         self._length = 0
         self.writable = False
         self._zero = b"\x00" * self.entry_size
+        self._last_cache: object | None = None  # last entry, decoded; dropped on every change
         try:
             length = os.fstat(self._fd).st_size
             length -= length % self.entry_size  # a torn last entry is dropped
@@ -159,6 +160,7 @@ class AbstractIndex:
             self._mm[start : start + self.entry_size] = entry
             # Publish the entry only after its bytes are in place (lock-free readers).
             self._entries += 1
+            self._last_cache = None
 
     def truncate_to_entries(self, n: int) -> None:
         """Keep the first ``n`` entries; the rest becomes zero padding again."""
@@ -169,6 +171,7 @@ class AbstractIndex:
             assert self._mm is not None
             start, end = n * self.entry_size, self._entries * self.entry_size
             self._entries = n
+            self._last_cache = None
             self._mm[start:end] = b"\x00" * (end - start)
             if not self.writable:
                 self._resize(n * self.entry_size)

@@ -34,7 +34,9 @@ class OffsetIndex(AbstractIndex):
         with self._lock:
             if self._entries == 0:
                 return OffsetPosition(self.base_offset, 0)
-            return self.entry(self._entries - 1)
+            if self._last_cache is None:  # the append path asks on every index entry
+                self._last_cache = self.entry(self._entries - 1)
+            return self._last_cache  # type: ignore[return-value]
 
     def lookup(self, offset: int) -> OffsetPosition:
         """Largest entry with offset <= ``offset``; (base offset, 0) when there is none."""

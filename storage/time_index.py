@@ -35,7 +35,9 @@ class TimeIndex(AbstractIndex):
         with self._lock:
             if self._entries == 0:
                 return TimestampOffset(-1, self.base_offset)
-            return self.entry(self._entries - 1)
+            if self._last_cache is None:  # the append path asks on every index entry
+                self._last_cache = self.entry(self._entries - 1)
+            return self._last_cache  # type: ignore[return-value]
 
     def lookup(self, timestamp_ms: int) -> TimestampOffset:
         """Largest entry with timestamp <= ``timestamp_ms``; (-1, base offset) when none."""
