@@ -22,6 +22,7 @@ import logging
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -82,6 +83,13 @@ class Sender(threading.Thread):
         self.pid = ProducerIdState() if config.idempotent else None
         self.in_flight_requests: dict[int, int] = {}
         self.in_flight_batches: dict[TopicPartition, list[ProducerBatch]] = {}
+        # Per partition, every batch sent since the oldest one not yet completed, in send
+        # order. Its length bounds how many batches can be written after a batch whose
+        # answer is still outstanding: the broker remembers the last 5 batches of a
+        # producer, so a retry of that batch is recognised as a duplicate only if at most
+        # 4 were written after it. gRPC (unlike Kafka's one TCP connection) may complete
+        # requests out of order, so the per-broker request limit alone does not ensure it.
+        self.unsettled: dict[TopicPartition, deque[ProducerBatch]] = {}
         self.running = True
         self.force_close = False
         self._drain_start: dict[int, int] = {}
@@ -212,6 +220,9 @@ class Sender(threading.Thread):
         out: list[ProducerBatch] = []
         for tp in tps[start:] + tps[:start]:
             head = self.acc.batches[tp][0]
+            window = self._window(tp)
+            if not head.retry and len(window) >= self.config.max_in_flight:
+                continue  # wait until the oldest outstanding batch of this partition completes
             batch_bytes = len(head.payload) if head.payload is not None else head.size_bytes
             if out and size + batch_bytes > self.config.max_request_size:
                 break
@@ -223,8 +234,22 @@ class Sender(threading.Thread):
                 batch.producer_id, batch.producer_epoch = self.pid.producer_id, self.pid.epoch
                 self.pid.next_sequence[tp] = (seq + batch.record_count) % SEQUENCE_MODULUS
             self.in_flight_batches.setdefault(tp, []).append(batch)
+            if not batch.retry:
+                window.append(batch)
+                self.unsettled[tp] = window
             out.append(batch)
         return out
+
+    def _window(self, tp: TopicPartition) -> deque[ProducerBatch]:
+        """The partition's unsettled batches, trimmed of completed ones at the front. Caller holds the lock."""
+        window = self.unsettled.get(tp)
+        if window is None:
+            return deque()
+        while window and window[0].completion.event.is_set():
+            window.popleft()
+        if not window:
+            del self.unsettled[tp]
+        return window
 
     # ---- send / receive ----
     def _send(self, node: int, batches: list[ProducerBatch]) -> None:

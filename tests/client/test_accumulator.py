@@ -176,3 +176,28 @@ def test_idempotence_defaults_follow_kafka() -> None:
         assert p.idempotent is False, "acks=1 turns default idempotence off quietly"
     finally:
         p.close(timeout=1)
+
+
+def test_sender_window_bounds_batches_written_after_an_unanswered_one() -> None:
+    from client.cluster import ClusterClient
+    from client.sender import Sender, SenderConfig
+
+    acc = make_acc(batch_size=130)
+    for i in range(8):
+        append(acc, b"x" * 100 + bytes([i]))
+    cluster = ClusterClient("127.0.0.1:1", request_timeout_ms=100)
+    sender = Sender(cluster, acc, SenderConfig(acks=-1, request_timeout_ms=100, max_request_size=1 << 20,
+                                               max_in_flight=5, retries=3, retry_backoff_ms=10, idempotent=True))
+    sender.pid.producer_id, sender.pid.epoch, sender.pid.reset_needed = 9, 0, False
+    with acc.lock:
+        sent = [sender._drain_node(1, [TP]) for _ in range(6)]
+    assert [len(s) for s in sent] == [1, 1, 1, 1, 1, 0], "a 6th batch must wait for the oldest to complete"
+    assert [s[0].base_sequence for s in sent[:5]] == [0, 1, 2, 3, 4]
+    acc.complete(sent[1][0], 1, -1, None)  # a later answer does not open the window...
+    with acc.lock:
+        assert sender._drain_node(1, [TP]) == []
+    acc.complete(sent[0][0], 0, -1, None)  # ...the oldest one's does
+    with acc.lock:
+        nxt = sender._drain_node(1, [TP])
+    assert len(nxt) == 1 and nxt[0].base_sequence == 5
+    cluster.close()
