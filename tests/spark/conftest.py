@@ -97,9 +97,9 @@ class BrookTestCluster:
         return Producer(bootstrap_servers=self.bootstrap, **{"acks": "all", "linger_ms": 2, **config})
 
     def produce(self, topic: str, values: list[bytes], *, partition: int | None = None,
-                keys: list[bytes | None] | None = None) -> dict[tuple[int, int], bytes]:
+                keys: list[bytes | None] | None = None, **config: object) -> dict[tuple[int, int], bytes]:
         """Produce with acks=all; returns {(partition, offset): value} of the acknowledged records."""
-        with self.producer() as p:
+        with self.producer(**config) as p:
             futures = [p.send(topic, v, key=(keys[i] if keys else None), partition=partition)
                        for i, v in enumerate(values)]
             p.flush(timeout=60)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -72,3 +74,29 @@ def test_write_to_missing_topic_fails_the_job(spark, brook) -> None:  # type: ig
         df.write.format("brook").option("bootstrap.servers", brook.bootstrap).option("topic", "no-such-topic") \
             .option("max.block.ms", "3000").option("delivery.timeout.ms", "3000").option("request.timeout.ms", "2000").mode("append").save()
     assert "no-such-topic" in str(info.value) or "UNKNOWN_TOPIC" in str(info.value), str(info.value)[:3000]
+
+
+def test_offsets_removed_by_retention_fail_or_are_skipped(spark, brook) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from client.cluster import ClusterClient
+    from client.types import TopicPartition
+
+    topic = "retention-loss"
+    brook.create_topic(topic, 1, configs={"segment.bytes": "2048", "retention.ms": "500"})
+    brook.produce(topic, [b"r" * 100 + b"%d" % i for i in range(300)], batch_size=1024)
+    tp = TopicPartition(topic, 0)
+    deadline = time.monotonic() + 60
+    with ClusterClient(brook.bootstrap) as client:
+        while (earliest := client.list_offsets({tp: -2})[tp][0]) == 0:
+            assert time.monotonic() < deadline, "retention never removed a segment"
+            time.sleep(0.3)
+    start = json.dumps({topic: {"0": 0}})
+    with pytest.raises(Exception) as info:
+        _read(spark, brook, topic, startingOffsets=start).count()
+    assert "failOnDataLoss" in str(info.value), str(info.value)[:3000]
+    rows = _read(spark, brook, topic, startingOffsets=start, failOnDataLoss="false").select("offset").collect()
+    offsets = sorted(r["offset"] for r in rows)
+    hw = brook.high_watermarks(topic)[0]
+    assert hw == 300 and offsets and offsets[0] >= earliest, (offsets[:3], earliest)
+    assert offsets == list(range(offsets[0], 300)), "not the contiguous tail from the new log start"

@@ -1,0 +1,66 @@
+"""Run by test_executors_in_separate_processes: the brook source on Spark's local-cluster master.
+
+With ``local-cluster[2,1,1024]`` Spark starts a master, two workers and two executor JVMs
+as separate processes; tasks (and their Python workers) run there, never in the driver.
+Prints one JSON line: what was read, and the pids that read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+T0 = time.monotonic()
+
+
+def _mark(what: str) -> None:
+    print(f"{time.monotonic() - T0:7.1f} s  {what}", file=sys.stderr, flush=True)
+
+
+def main(bootstrap: str, topic: str, checkpoint: str) -> None:
+    from pyspark.sql import SparkSession
+
+    import spark_source
+
+    spark = (
+        SparkSession.builder.master("local-cluster[2,1,1024]")
+        .appName("brook-local-cluster")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    _mark("session up")
+    spark_source.register(spark)
+
+    try:
+        batch = (spark.read.format("brook").option("bootstrap.servers", bootstrap).option("subscribe", topic)
+                 .option("minPartitions", "4").load())
+        rows = batch.select("partition", "offset", "value").collect()
+        _mark("batch read done")
+        query = (spark.readStream.format("brook").option("bootstrap.servers", bootstrap).option("subscribe", topic)
+                 .option("startingOffsets", "earliest").load().select("partition", "offset")
+                 .writeStream.format("memory").queryName("lc_rows").option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        finished = query.awaitTermination(180)
+        _mark("stream done")
+        streamed = spark.sql("SELECT partition, offset FROM lc_rows").collect()
+        executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+    finally:
+        spark.stop()
+    print(json.dumps({
+        "driver_pid": os.getpid(),
+        "executors": executors,
+        "batch": sorted([r["partition"], r["offset"], bytes(r["value"]).decode()] for r in rows),
+        "stream_finished": finished,
+        "stream": sorted([r["partition"], r["offset"]] for r in streamed),
+    }))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
