@@ -464,6 +464,12 @@ class ReplicaManager:
         bound = lg.log_end_offset if from_replica else lg.high_watermark
         if ts == EARLIEST_TIMESTAMP:
             return lg.log_start_offset, -1
+        if not from_replica and lg.high_watermark < p.leader_epoch_start_offset:
+            # A new leader whose HW has not yet caught up with what the previous leader had
+            # committed (KIP-207): answering now could move "latest" backwards. Retriable.
+            raise errors.error_class(ErrorCode.OFFSET_NOT_AVAILABLE)(
+                f"{p.topic}-{p.partition}: leader's high watermark {lg.high_watermark} is still below its epoch "
+                f"start {p.leader_epoch_start_offset}")
         if ts == LATEST_TIMESTAMP:
             return bound, -1
         if ts == MAX_TIMESTAMP:
