@@ -283,6 +283,32 @@ class ControllerCollector(_SafeCollector):
         for name, doc, attr in gauges:
             default = -1 if attr == "leader_id" else 0
             yield GaugeMetricFamily(name, doc, value=_num(_get(s, attr, default)))
+        if _get(s, "is_active", False):
+            yield from self._voters(node)
+
+    @staticmethod
+    def _voters(node: Any) -> Iterable[Metric]:
+        """Per-voter replication state, as the Raft leader sees it (only the active controller knows)."""
+        service = getattr(node, "service", None)
+        describe = getattr(service, "describe_quorum", None)
+        if describe is None:
+            return
+        q = describe()
+        lag = GaugeMetricFamily("brook_raft_voter_lag", "Raft entries a voter trails the leader by.",
+                                labels=["voter"])
+        connected = GaugeMetricFamily("brook_raft_voter_connected",
+                                      "1 when the leader has a live quorum connection to the voter.", labels=["voter"])
+        caught_up = GaugeMetricFamily("brook_raft_voter_last_caught_up_seconds",
+                                      "Seconds since the voter was last caught up with the commit index (-1 never).",
+                                      labels=["voter"])
+        for v in q.voters:
+            label = [str(v.node_id)]
+            lag.add_metric(label, float(v.lag))
+            connected.add_metric(label, 1.0 if v.connected or v.is_leader else 0.0)
+            caught_up.add_metric(label, -1.0 if v.last_contact_ms_ago < 0 else v.last_contact_ms_ago / 1000)
+        yield lag
+        yield connected
+        yield caught_up
 
 
 class GroupCollector(_SafeCollector):

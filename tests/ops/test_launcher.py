@@ -42,6 +42,23 @@ def wait_health(capsys: pytest.CaptureFixture[str], bootstrap: str, want_code: i
     return report
 
 
+def wait_voter_disconnected(cluster: LocalCluster, voter: int, timeout_s: float) -> None:
+    """The active controller's /metrics says the stopped voter is not connected."""
+    deadline = time.monotonic() + timeout_s
+    pages: list[str] = []
+    while time.monotonic() < deadline:
+        pages = []
+        for node_id in cluster.node_ids:
+            if cluster.is_running(node_id):
+                with urllib.request.urlopen(cluster.metrics_url(node_id), timeout=5) as resp:
+                    pages.append(resp.read().decode())
+        if any(f'brook_raft_voter_connected{{voter="{voter}"}} 0.0' in p for p in pages):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no controller reported voter {voter} disconnected: "
+                         f"{[ln for p in pages for ln in p.splitlines() if 'voter_connected{' in ln]}")
+
+
 def test_launcher_start_stop_one_node_and_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = tmp_path / "cluster"
     try:
@@ -70,6 +87,7 @@ def test_launcher_start_stop_one_node_and_back(tmp_path: Path, capsys: pytest.Ca
 
         proc = launcher("status", "--dir", str(base))
         assert proc.returncode == 1 and "stopped" in proc.stdout, proc
+        wait_voter_disconnected(cluster, 3, 30)
 
         proc = launcher("start", "--dir", str(base), "--node", "3", "--timeout", "90")
         assert proc.returncode == 0, proc

@@ -30,6 +30,12 @@ def scrape_all(cluster: LocalCluster) -> dict[int, str]:
     return pages
 
 
+def _samples(text: str, name: str) -> list:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+
+
 def total(pages: dict[int, str], name: str, **labels: str) -> float:
     return sum(sum(sample_values(text, name, **labels)) for text in pages.values())
 
@@ -127,6 +133,10 @@ def test_rpc_and_quorum_families(ops_cluster: LocalCluster, traffic: dict[str, i
     leaders = {v for text in pages.values() for v in sample_values(text, "brook_raft_leader_id")}
     active = [node for node, text in pages.items() if sample_values(text, "brook_controller_active") == [1.0]]
     assert leaders == {float(active[0])}, f"leader ids {leaders}, active {active}"
+    voters = {int(v) for v in ops_cluster.controller_ids}
+    connected = [(s.labels["voter"], s.value) for s in _samples(pages[active[0]], "brook_raft_voter_connected")]
+    assert {int(v) for v, _ in connected} == voters and all(c == 1 for _, c in connected), connected
+    assert all(sample_values(t, "brook_raft_voter_lag") == [] for n, t in pages.items() if n != active[0])
     assert all(sample_values(t, "brook_raft_term")[0] >= 1 for t in pages.values())
     assert all(sample_values(t, "brook_raft_commit_index")[0] > 0 for t in pages.values())
     assert max(v for t in pages.values() for v in sample_values(t, "brook_fenced_brokers")) == 0
