@@ -461,20 +461,30 @@ class GroupMembership:
                                                          leader_epoch=-1, metadata=om.metadata))
         if not parts:
             return
-        resp = self.coordinator.call("OffsetCommit", group_pb2.OffsetCommitRequest(
-            group_id=self.group_id, generation_id=gen.generation_id, member_id=gen.member_id, partitions=parts),
-            timeout_ms=timeout_ms, check=False)
-        code = resp.error_code
-        if code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.REBALANCE_IN_PROGRESS):
-            if code != ErrorCode.REBALANCE_IN_PROGRESS:
-                self._on_group_error(code, resp.error_message, "OffsetCommit")
-            else:
-                self.request_rejoin("commit saw a rebalance")
-            raise CommitFailedError(f"commit refused ({errors.code_name(code)}): the group rebalanced; "
-                                    f"{resp.error_message}")
-        errors.raise_for(code, resp.error_message)
-        for p in resp.partitions:
-            errors.raise_for(p.error_code, p.error_message or f"commit {p.topic}-{p.partition}")
+        request = group_pb2.OffsetCommitRequest(group_id=self.group_id, generation_id=gen.generation_id,
+                                                member_id=gen.member_id, partitions=parts)
+
+        def attempt(timeout_s: float) -> None:
+            resp = self.coordinator.call("OffsetCommit", request, timeout_ms=max(1, int(timeout_s * 1000)),
+                                         check=False)
+            code = resp.error_code
+            if code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.REBALANCE_IN_PROGRESS):
+                if code != ErrorCode.REBALANCE_IN_PROGRESS:
+                    self._on_group_error(code, resp.error_message, "OffsetCommit")
+                else:
+                    self.request_rejoin("commit saw a rebalance")
+                # Not retriable: the partitions may belong to another member by now.
+                raise CommitFailedError(f"commit refused ({errors.code_name(code)}): the group rebalanced; "
+                                        f"{resp.error_message}")
+            if code != ErrorCode.NONE:
+                err = errors.error_for(code, resp.error_message)
+                if err.retriable:  # NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, ...: find it again
+                    self.coordinator.forget()
+                raise err
+            for p in resp.partitions:
+                errors.raise_for(p.error_code, p.error_message or f"commit {p.topic}-{p.partition}")
+
+        self.cluster.with_retries(attempt, timeout_ms=timeout_ms or self.coordinator.request_timeout_ms)
 
     def fetch_committed(self, tps: Iterable[TopicPartition] | None = None, *, timeout_ms: int | None = None
                         ) -> dict[TopicPartition, OffsetAndMetadata | None]:

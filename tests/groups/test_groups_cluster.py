@@ -418,3 +418,34 @@ def test_coordinator_exports_group_stats_to_metrics(cluster: LocalCluster, clien
 
     text = wait_for(scraped, 30, "group offsets in the coordinator's metrics", poll_s=0.5)
     assert "brook_consumer_group_committed_offset" in text and "brook_consumer_groups" in text
+
+
+def test_active_members_keep_consuming_when_the_coordinator_broker_is_sigkilled(
+        cluster: LocalCluster, client: ClusterClient, tmp_path: Path, workers: list[Worker]) -> None:
+    topic, group = "failover", "g-failover"
+    create_topic(cluster, topic, 4)
+    first = [f"x{i}" for i in range(200)]
+    produce(cluster, topic, first, 4)
+    workers += [Worker(cluster, tmp_path, f"f{i}", group, topic) for i in range(2)]
+    wait_for(lambda: all(len(w.assignment() or ()) == 2 for w in workers), 60, "two members, two partitions each")
+    wait_for(lambda: set(first) <= set(values_of(sum((w.processed() for w in workers), []))), 30, "first batch")
+    coord = GroupCoordinatorClient(client, group)
+    coord.find_coordinator(10)
+    victim = coord.node_id
+    cluster.kill_node(victim, signal.SIGKILL)
+    try:
+        second = [f"y{i}" for i in range(200)]
+        produce(cluster, topic, second, 4)
+        try:
+            wait_for(lambda: set(second) <= set(values_of(sum((w.processed() for w in workers), []))), 60,
+                     "records produced after the coordinator died consumed by the group")
+        except AssertionError:
+            raise AssertionError("\n".join(w.log_tail() for w in workers)) from None
+        assert all(w.proc.poll() is None for w in workers), "a member died with the coordinator"
+        coord.forget()
+        got = wait_for(lambda: _committed_or_none(coord, [TP(topic, p) for p in range(4)]), 30,
+                       "commits through the new coordinator")
+        assert sum(om.offset for om in got.values()) == 400, got
+    finally:
+        cluster.start_node(victim)
+        cluster.wait_ready(90)
