@@ -125,6 +125,10 @@ def test_real_console_script_typo_flag_and_help(ops_cluster: LocalCluster, brook
                           timeout=60, env={"BROOK_BOOTSTRAP": ops_cluster.bootstrap_servers, "PATH": "/usr/bin"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc
     assert len(proc.stderr.strip().splitlines()) == 1 and "--outptu" in proc.stderr, proc.stderr
+    proc = subprocess.run([brook_bin], capture_output=True, text=True, timeout=60,
+                          env={"_BROOK_COMPLETE": "complete_bash", "COMP_WORDS": "brook topic alt", "COMP_CWORD": "2",
+                               "PATH": "/usr/bin"})
+    assert proc.stdout.split() == ["alter-config"], proc  # shell completion of subcommands
     for cmd in (["topic", "create"], ["topic", "list"], ["topic", "describe"], ["topic", "alter-config"],
                 ["topic", "add-partitions"], ["topic", "delete"], ["cluster", "info"], ["cluster", "health"],
                 ["cluster", "quorum"], ["group", "list"], ["group", "describe"], ["group", "seek"],
