@@ -115,6 +115,15 @@ class Kit:
             return False
         return resp.partitions[0].error_code == ErrorCode.NONE
 
+    def isr_seen_by(self, node_id: int, topic: str, partition: int = 0) -> list[int]:
+        """The ISR as broker ``node_id`` currently applies it (its Metadata answer)."""
+        md = self.stub(node_id).Metadata(broker_pb2.MetadataRequest(topics=[topic]), timeout=2)
+        for t in md.topics:
+            for p in t.partitions:
+                if p.partition == partition:
+                    return list(p.isr)
+        return []
+
     def heal(self) -> None:
         """Every node running and unpaused; the cluster ready again."""
         for node_id in self.cluster.node_ids:

@@ -183,7 +183,8 @@ def test_acks_all_refused_below_min_isr_while_acks_1_works(healed: Kit) -> None:
     followers = [r for r in st.replicas if r != st.leader]
     for f in followers:
         kit.cluster.kill_node(f, signal.SIGKILL)
-    wait_until(lambda: list(kit.state(topic).isr) == [st.leader], 30, "ISR shrunk to the leader alone")
+    wait_until(lambda: kit.isr_seen_by(st.leader, topic) == [st.leader], 30,
+               "the leader applying an ISR of itself alone")
     r = kit.produce(topic, 0, make_batch(b"all"), acks=-1, node_id=st.leader)
     assert r.error_code == ErrorCode.NOT_ENOUGH_REPLICAS, r
     before = kit.fetch(st.leader, topic, 0, 0)
