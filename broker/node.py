@@ -200,6 +200,10 @@ class Node:
 
     def start(self) -> None:
         cfg = self.config
+        # Metrics first: a taken metrics port fails the start before any role joins the cluster.
+        addr = cfg.metrics_address
+        if addr is not None:
+            self.metrics_port = self.metrics.serve(*addr)
         self.grpc.install()
         if cfg.is_controller:
             cfg.metadata_log_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
@@ -224,9 +228,6 @@ class Node:
             self.metrics.add(GroupCollector(lambda: self.group_coordinator))
             self.grpc.role_up("broker")
             log.info("broker %d started on %s", cfg.node_id, cfg.listeners["BROKER"])
-        addr = cfg.metrics_address
-        if addr is not None:
-            self.metrics_port = self.metrics.serve(*addr)
         log.info("node %d up: roles %s, cluster %s", cfg.node_id, ",".join(cfg.roles), cfg.cluster_id)
 
     def _remember_coordinator(self, broker: Any) -> object:

@@ -116,3 +116,21 @@ def test_brook_server_check_flag_and_override(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "broker.node", "--config", str(cfg), "--check",
                            "--override", f"log.dirs={tmp_path}"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "is valid" in proc.stdout, proc
+
+
+def test_taken_metrics_port_fails_the_start_before_any_role(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = tmp_path / "node.toml"
+        cfg.write_text('"process.roles" = "broker"\n"node.id" = 4\n"cluster.id" = "c"\n'
+                       '"listeners" = "BROKER://127.0.0.1:1"\n"controller.quorum.voters" = "1@127.0.0.1:2:3"\n'
+                       f'"log.dirs" = "{tmp_path / "data"}"\n"metrics.listener" = "127.0.0.1:{port}"\n')
+        proc = subprocess.run([sys.executable, "-m", "broker.node", "--config", str(cfg)], capture_output=True,
+                              text=True, timeout=60)
+    assert proc.returncode == 1, proc
+    assert "failed to start" in proc.stderr and "Address already in use" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "data").exists(), "no role may start (log dirs untouched) when metrics cannot bind"
