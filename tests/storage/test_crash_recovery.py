@@ -80,12 +80,23 @@ def _reopen(directory: Path, segment_bytes: int, mode: str) -> tuple[Log, LogMan
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["log", "manager"])
 def test_sigkill_during_appends_loses_no_flushed_batch(tmp_path: Path, mode: str) -> None:
-    rng = random.Random(f"20261122-{mode}")
+    _crash_rounds(tmp_path, mode, rounds=3, seed=f"20261122-{mode}")
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("mode", ["log", "manager"])
+def test_sigkill_soak(tmp_path: Path, mode: str) -> None:
+    _crash_rounds(tmp_path, mode, rounds=40, seed=f"soak-{mode}")
+
+
+def _crash_rounds(tmp_path: Path, mode: str, *, rounds: int, seed: str) -> None:
+    """Kill a writer ``rounds`` times at random moments; after each kill, reopen and check."""
+    rng = random.Random(seed)
     directory = tmp_path / "data" / "crash-0"
     directory.parent.mkdir()
     segment_bytes = 64 * 1024  # small: kills also land around segment rolls
     reported: dict[int, tuple[int, str]] = {}
-    for round_no in range(3):
+    for round_no in range(rounds):
         writer = Writer(directory, seed=round_no, segment_bytes=segment_bytes, mode=mode)
         try:
             writer.wait_for_reports(rng.randint(5, 60))
