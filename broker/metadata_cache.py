@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from proto import common_pb2, controller_pb2
@@ -132,10 +133,10 @@ class MetadataCache:
             self._lock.notify_all()
             return delta
 
-    def wait_for(self, predicate, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
+    def wait_for(self, predicate: Callable[[MetadataCache], object], timeout_s: float) -> bool:
         """Block until ``predicate(self)`` holds (re-checked on each update) or the timeout."""
         with self._lock:
-            return self._lock.wait_for(lambda: predicate(self), timeout=timeout_s)
+            return bool(self._lock.wait_for(lambda: predicate(self), timeout=timeout_s))
 
     # ---- reads ----
     @property
