@@ -250,7 +250,9 @@ class ControllerNode:
         return pb.ControllerRedirect(leader_id=-1)
 
     def stats(self) -> ControllerStats:
-        raft = self.raft
+        raft = self._raft
+        if raft is None or self._controller is None:  # not started (or failed to): nothing to report yet
+            return ControllerStats(False, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
         def counts(s):  # type: ignore[no-untyped-def]
             return (s.version, sum(1 for b in s.brokers.values() if b.fenced), s.offline_partitions(),
