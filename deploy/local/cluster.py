@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -71,8 +72,42 @@ class ClusterError(RuntimeError):
     """A local cluster could not be started, found, or brought to the asked state."""
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_PORT_ATTEMPTS_MAX = 200
+_GIVEN_PORTS_MAX = 5000
+_given_ports: set[int] = set()  # never hand out the same port twice in one process (nodes bind later)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port that is free now, picked *below* the kernel's ephemeral range.
+
+    Ports the kernel hands out (bind to 0) are the same pool outgoing connections draw their
+    local ports from, so one could be taken by a client socket in the second before the node
+    binds it. Picking at random from below that range and checking with a bind avoids both.
+    """
+    low, _ = _ephemeral_range()
+    lo, hi = 15000, max(15001, low - 1)
+    for _ in range(_PORT_ATTEMPTS_MAX):
+        port = random.randint(lo, hi)
+        if port in _given_ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        if len(_given_ports) >= _GIVEN_PORTS_MAX:
+            _given_ports.clear()
+        _given_ports.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded machine: let the kernel pick
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
