@@ -28,7 +28,7 @@ def quorum(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Controller
     base = tmp_path_factory.mktemp("quorum")
     voters = {i: VoterAddress("127.0.0.1", free_port(), free_port()) for i in (1, 2, 3)}
     nodes = [ControllerNode(ControllerSettings(
-        i, voters, base / f"c{i}", CLUSTER, "test-password", broker_session_timeout_ms=1500,
+        i, voters, base / f"c{i}", CLUSTER, "test-password", broker_session_timeout_ms=4000,
         broker_heartbeat_interval_ms=300, defaults={"num.partitions": "2", "default.replication.factor": "2",
                                                      "log.retention.ms": "12345"}))
         for i in (1, 2, 3)]
