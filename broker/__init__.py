@@ -7,5 +7,5 @@
 - ``service.py``: the BrokerService gRPC servicer (thin; errors become codes here).
 - ``producer_ids.py``: producer id blocks for idempotent producers.
 - ``config.py``, ``node.py``, ``metrics.py``: node config, the ``brook-server`` main, Prometheus.
-- ``group_*.py``: the consumer group coordinator.
+- ``group_coordinator.py``, ``group_*.py``: the consumer group coordinator.
 """
