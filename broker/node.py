@@ -171,20 +171,6 @@ class GrpcInstrumentation:
 # ----------------------------------------------------------------------------- the node
 
 
-def _broker_extensions() -> list[Callable[[Any], object]]:
-    """Plugins the broker runs at start (GROUPS' coordinator), when their module is present."""
-    try:
-        from broker import group_coordinator
-    except ImportError:
-        log.warning("broker.group_coordinator is not available: consumer groups are disabled")
-        return []
-    install = getattr(group_coordinator, "install", None)
-    if install is None:
-        log.warning("broker.group_coordinator has no install(broker) entry point: consumer groups are disabled")
-        return []
-    return [install]
-
-
 class Node:
     """The roles of one node plus metrics; ``start`` then ``stop`` (once)."""
 
@@ -218,11 +204,14 @@ class Node:
         if cfg.is_broker:
             for d in cfg.log_dirs:
                 d.mkdir(parents=True, exist_ok=True)
+            from broker import group_coordinator
             from broker.server import BrokerServer
 
-            extensions = [*_broker_extensions(), self._remember_coordinator]
+            # GROUPS' coordinator is a broker extension: it registers its gRPC service on the
+            # broker's server at start; the last extension picks up the object for metrics.
+            extensions = [group_coordinator.install, self._remember_coordinator]
             with self.grpc.role("broker"):
-                self.broker = _make_broker(BrokerServer, cfg.broker_settings(), extensions)
+                self.broker = BrokerServer(cfg.broker_settings(), extensions=extensions)
                 self.broker.start()
             self.metrics.add(BrokerCollector(lambda: getattr(self.broker, "replica_manager", None), cfg.log_dirs))
             self.metrics.add(GroupCollector(lambda: self.group_coordinator))
@@ -253,15 +242,6 @@ class Node:
         self.metrics.close()
         self.grpc.uninstall()
         log.info("node %d stopped", self.config.node_id)
-
-
-def _make_broker(cls: Any, settings: Any, extensions: list[Callable[[Any], object]]) -> Any:
-    try:
-        return cls(settings, extensions=extensions)
-    except TypeError:
-        # A BrokerServer without the extensions hook (CONTRACTS.md has it): run without groups.
-        log.warning("BrokerServer takes no extensions: consumer groups are disabled")
-        return cls(settings)
 
 
 def _stop_quietly(what: str, fn: Callable[[], object]) -> None:
