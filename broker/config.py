@@ -96,6 +96,15 @@ _CORE = [
     KeyDef("controller.quorum.password.required", "bool", "true",
            "Refuse to start a controller without a quorum password. Set false only for dev clusters.",
            roles=_C),
+    KeyDef("controller.quorum.election.timeout.ms", "int", "600",
+           "Raft election timeout; elections start after a random wait between it and 2.5x it.",
+           check=_at_least(50), roles=_C),
+    KeyDef("controller.quorum.fetch.timeout.ms", "int", "2000",
+           "A Raft leader that has not heard from a majority for this long steps down.", check=_at_least(100),
+           roles=_C),
+    KeyDef("controller.quorum.request.timeout.ms", "int", "30000",
+           "Longest a controller request (e.g. CreateTopics) waits for the quorum to commit it.",
+           check=_at_least(100), roles=_C),
     KeyDef("log.dirs", "list", None, "Comma-separated directories holding partition logs.", roles=_B),
     KeyDef("metadata.log.dir", "string", None,
            "Directory of the controller's Raft journal and snapshots.", roles=_C),
@@ -354,7 +363,27 @@ class NodeConfig:
             broker_session_timeout_ms=int(self.values["broker.session.timeout.ms"]),
             broker_heartbeat_interval_ms=int(self.values["broker.heartbeat.interval.ms"]),
             defaults=self.defaults(),
+            **self._quorum_timing(),
         )
+
+    def _quorum_timing(self) -> dict[str, Any]:
+        """Only what the operator set: otherwise the quorum's own tuned defaults apply."""
+        from dataclasses import replace
+
+        from metadata_quorum.raft import RaftTiming
+
+        out: dict[str, Any] = {}
+        changes: dict[str, float] = {}
+        if "controller.quorum.election.timeout.ms" in self.explicit:
+            election_s = self.values["controller.quorum.election.timeout.ms"] / 1000
+            changes.update(election_timeout_min_s=election_s, election_timeout_max_s=2.5 * election_s)
+        if "controller.quorum.fetch.timeout.ms" in self.explicit:
+            changes["leader_fallback_timeout_s"] = self.values["controller.quorum.fetch.timeout.ms"] / 1000
+        if changes:
+            out["raft_timing"] = replace(RaftTiming(), **changes)
+        if "controller.quorum.request.timeout.ms" in self.explicit:
+            out["request_timeout_ms"] = int(self.values["controller.quorum.request.timeout.ms"])
+        return out
 
     def broker_settings(self) -> Any:
         """broker.server.BrokerSettings for this node (broker role)."""

@@ -233,3 +233,22 @@ def test_missing_or_broken_file(tmp_path: Path) -> None:
     assert "not valid TOML" in str(err)
     err = refused(tmp_path, COMBINED + '"node.id" = 2\n')
     assert "node.id" in str(err)  # TOML itself refuses duplicate keys; the message names it
+
+
+def test_settings_objects_carry_the_config(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, COMBINED), ["controller.quorum.election.timeout.ms=300",
+                                                  "log.segment.bytes=4096", "broker.rack=r1"], env={})
+    cs = cfg.controller_settings()
+    assert cs.node_id == 1 and cs.cluster_id == "test" and cs.password == "s3cret"
+    assert cs.voters[3].raft_port == 19197 and cs.voters[3].grpc_port == 19097
+    assert cs.data_dir == Path("/tmp/brook/meta")
+    assert cs.raft_timing.election_timeout_min_s == 0.3 and cs.raft_timing.election_timeout_max_s == 0.75
+    assert cs.defaults["segment.bytes"] == "4096"
+    bs = cfg.broker_settings()
+    assert (bs.host, bs.port, bs.rack) == ("127.0.0.1", 19092, "r1")
+    assert bs.log_dirs == [Path("/tmp/brook/a"), Path("/tmp/brook/b")]
+    assert bs.controller_endpoints == [("127.0.0.1", 19093), ("127.0.0.1", 19095), ("127.0.0.1", 19097)]
+    assert bs.defaults["log.segment.bytes"] == "4096" and bs.defaults["segment.bytes"] == "4096"
+    default_timing = load_config(write(tmp_path, COMBINED), env={}).controller_settings().raft_timing
+    from metadata_quorum.raft import RaftTiming
+    assert default_timing == RaftTiming(), "unset keys leave the quorum's own timing alone"
