@@ -402,14 +402,18 @@ class QuorumController:
             raise errors.TopicAlreadyExistsError(f"topic '{topic.name}' already exists")
         configs = log_config.validate(dict(topic.configs))
         if topic.assignments:
-            if topic.num_partitions not in (-1, 0, len(topic.assignments)):
-                raise errors.InvalidRequestError("give either num_partitions or explicit assignments, not both")
+            # With explicit assignments the counts may be left unset (0), -1, or agree with them.
+            if topic.num_partitions not in (-1, 0, len(topic.assignments)) or \
+                    topic.replication_factor not in (-1, 0, len(topic.assignments[0].replicas)):
+                raise errors.InvalidRequestError(
+                    "num_partitions / replication_factor disagree with the explicit assignments")
             assignments = [list(a.replicas) for a in topic.assignments]
             self._check_manual_assignment(assignments)
         else:
-            num_partitions = topic.num_partitions if topic.num_partitions not in (-1, 0) else \
+            # -1 means "the cluster default" (as in Kafka); 0 is invalid, not a default.
+            num_partitions = topic.num_partitions if topic.num_partitions != -1 else \
                 int(self.config.default("num.partitions", "1"))
-            rf = topic.replication_factor if topic.replication_factor not in (-1, 0) else \
+            rf = topic.replication_factor if topic.replication_factor != -1 else \
                 int(self.config.default("default.replication.factor", "1"))
             if num_partitions < 1:
                 raise errors.InvalidPartitionsError(f"number of partitions must be at least 1, got {num_partitions}")

@@ -85,9 +85,12 @@ def test_create_topic_validation_errors(client: ControllerClient, epochs: dict[i
         (pb.CreatableTopic(name="x" * 250, num_partitions=1, replication_factor=1), ErrorCode.INVALID_TOPIC_EXCEPTION),
         (pb.CreatableTopic(name="rf", num_partitions=1, replication_factor=4), ErrorCode.INVALID_REPLICATION_FACTOR),
         (pb.CreatableTopic(name="np", num_partitions=-5, replication_factor=1), ErrorCode.INVALID_PARTITIONS),
+        (pb.CreatableTopic(name="zero", num_partitions=0, replication_factor=1), ErrorCode.INVALID_PARTITIONS),
+        (pb.CreatableTopic(name="rf0", num_partitions=1, replication_factor=0), ErrorCode.INVALID_REPLICATION_FACTOR),
         (pb.CreatableTopic(name="cfg", num_partitions=1, replication_factor=1, configs={"retention.ms": "x"}),
          ErrorCode.INVALID_CONFIG),
-        (pb.CreatableTopic(name="asg", assignments=[pb.ReplicaList(replicas=[1, 9])]),
+        (pb.CreatableTopic(name="asg", num_partitions=-1, replication_factor=-1,
+                           assignments=[pb.ReplicaList(replicas=[1, 9])]),
          ErrorCode.INVALID_REPLICA_ASSIGNMENT),
     ]
     r = client.call("CreateTopics", pb.CreateTopicsRequest(topics=[t for t, _ in cases]))
