@@ -18,6 +18,7 @@ was in fact written.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import struct
 import threading
@@ -25,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from crc32c import crc32c
@@ -94,6 +96,11 @@ class Sender(threading.Thread):
         self.force_close = False
         self._drain_start: dict[int, int] = {}
         self.fatal_error: BaseException | None = None
+        # Requests run as blocking calls on these threads (grpc's future() API would start
+        # and stop a polling thread per request when traffic is light). The in-flight
+        # accounting bounds how many are queued here.
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(32, 4 * config.max_in_flight), thread_name_prefix=f"{name}-io")
 
     # ---- main loop ----
     def run(self) -> None:
@@ -106,6 +113,7 @@ class Sender(threading.Thread):
             log.exception("producer sender thread failed")
             self.fatal_error = exc
         finally:
+            self._pool.shutdown(wait=not self.force_close, cancel_futures=self.force_close)
             err = self.fatal_error or errors.ProducerClosedError("producer closed before the record was sent")
             self.acc.abort_all(err)
 
@@ -267,21 +275,20 @@ class Sender(threading.Thread):
         request = broker_pb2.ProduceRequest(acks=self.config.acks, timeout_ms=self.config.request_timeout_ms,
                                             partitions=parts)
         try:
-            call = self.cluster.broker_stub(node).Produce.future(
-                request, timeout=self.config.request_timeout_ms / 1000 + 1)
-        except (errors.BrookError, grpc.RpcError, ValueError) as exc:
-            err = exc if isinstance(exc, errors.BrookError) else errors.error_for(
-                errors.ErrorCode.NETWORK_EXCEPTION, f"Produce to broker {node}: {exc}")
-            self._on_done(node, batches, None, err)
+            stub = self.cluster.broker_stub(node)
+        except errors.BrookError as exc:
+            self._on_done(node, batches, None, exc)
             return
-        call.add_done_callback(lambda f: self._on_response(node, batches, f))
+        self._pool.submit(self._call_produce, node, batches, stub, request)
 
-    def _on_response(self, node: int, batches: list[ProducerBatch], call: grpc.Future) -> None:
+    def _call_produce(self, node: int, batches: list[ProducerBatch], stub: Any,
+                      request: broker_pb2.ProduceRequest) -> None:
+        """Runs on a pool thread: a blocking call keeps gRPC from starting a polling thread per request."""
         try:
-            response = call.result()
+            response = stub.Produce(request, timeout=self.config.request_timeout_ms / 1000 + 1)
         except grpc.RpcError as exc:
             self._on_done(node, batches, None, rpc_error(exc, f"Produce to broker {node}"))
-        except Exception as exc:  # e.g. cancelled on channel close
+        except Exception as exc:  # e.g. the channel was closed under us
             self._on_done(node, batches, None, errors.error_for(
                 errors.ErrorCode.NETWORK_EXCEPTION, f"Produce to broker {node}: {exc!r}"))
         else:
