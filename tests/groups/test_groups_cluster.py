@@ -33,6 +33,10 @@ from proto import controller_pb2, errors, group_pb2, group_pb2_grpc
 pytestmark = pytest.mark.slow
 
 SESSION_MS = 3000
+# Kafka's unit is minutes; 1 is the smallest. Every test finishes with its offsets well
+# inside a minute, and the expiry test (last) waits out the rest from module start.
+RETENTION_MINUTES = 1
+EXPIRING_GROUP = "g-expiring"
 WORKER = Path(__file__).with_name("group_worker.py")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,7 +55,9 @@ def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, poll_s: float
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     c = LocalCluster(tmp_path_factory.mktemp("groups-cluster"), nodes=3,
-                     overrides={"group.min.session.timeout.ms": "1000", "offsets.topic.num.partitions": "4"})
+                     overrides={"group.min.session.timeout.ms": "1000", "offsets.topic.num.partitions": "4",
+                                "offsets.retention.minutes": str(RETENTION_MINUTES),
+                                "offsets.retention.check.interval.ms": "1000"})
     c.start()
     try:
         c.wait_ready(90)
@@ -65,6 +71,13 @@ def client(cluster: LocalCluster) -> Iterator[ClusterClient]:
     cl = ClusterClient(cluster.bootstrap_servers, request_timeout_ms=30_000)
     yield cl
     cl.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def expiring_commit(cluster: LocalCluster, client: ClusterClient) -> float:
+    """Commit offsets outside group management at module start; the last test sees them expire."""
+    GroupCoordinatorClient(client, EXPIRING_GROUP).commit({TP("expiring", 0): 3})
+    return time.monotonic()
 
 
 def create_topic(cluster: LocalCluster, name: str, partitions: int) -> None:
@@ -446,6 +459,31 @@ def test_active_members_keep_consuming_when_the_coordinator_broker_is_sigkilled(
         got = wait_for(lambda: _committed_or_none(coord, [TP(topic, p) for p in range(4)]), 30,
                        "commits through the new coordinator")
         assert sum(om.offset for om in got.values()) == 400, got
+    finally:
+        cluster.start_node(victim)
+        cluster.wait_ready(90)
+
+
+def test_offsets_expire_after_retention_and_stay_gone_after_coordinator_failover(
+        cluster: LocalCluster, client: ClusterClient, expiring_commit: float) -> None:
+    coord = GroupCoordinatorClient(client, EXPIRING_GROUP)
+    tp = TP("expiring", 0)
+    retention_s = RETENTION_MINUTES * 60
+    if time.monotonic() - expiring_commit < retention_s - 5:
+        assert coord.committed([tp])[tp] is not None, "expired before offsets.retention.minutes"
+    wait_for(lambda: coord.committed([tp])[tp] is None,
+             max(0.0, retention_s - (time.monotonic() - expiring_commit)) + 20, "the offset to expire", poll_s=1)
+    desc = coord.call("DescribeGroups", group_pb2.DescribeGroupsRequest(group_ids=[EXPIRING_GROUP]),
+                      check=False).groups[0]
+    assert desc.state == "Dead", desc
+    # The expiry was written as tombstones: a new coordinator replaying the partition agrees.
+    coord.find_coordinator(10)
+    victim = coord.node_id
+    cluster.kill_node(victim, signal.SIGKILL)
+    try:
+        coord.forget()
+        assert coord.committed([tp], timeout_ms=60_000)[tp] is None
+        assert coord.node_id != victim, f"answer came from the killed broker {victim}"
     finally:
         cluster.start_node(victim)
         cluster.wait_ready(90)
