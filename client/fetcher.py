@@ -9,6 +9,7 @@ application processes (prefetch).
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -146,7 +147,8 @@ class Fetcher:
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.cond = threading.Condition()
         self.completed: deque[CompletedFetch] = deque()
-        self.in_flight: dict[int, grpc.Future] = {}
+        self.in_flight: dict[int, concurrent.futures.Future[None]] = {}  # one fetch per broker at a time
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="brook-fetch")
 
     def send_fetches(self, assignment: dict[TopicPartition, PartitionState],
                      buffered: dict[TopicPartition, PartitionRecords]) -> None:
@@ -186,13 +188,13 @@ class Fetcher:
         for tp in tps:
             assignment[tp].in_flight = True
         timeout_s = (self.request_timeout_ms + self.fetch_max_wait_ms) / 1000
-        future = stub.Fetch.future(request, timeout=timeout_s)
-        self.in_flight[node] = future
-        future.add_done_callback(lambda f: self._on_done(node, offsets, f))  # type: ignore[arg-type]
+        self.in_flight[node] = self._pool.submit(self._call_fetch, node, offsets, stub, request, timeout_s)
 
-    def _on_done(self, node: int, offsets: dict[TopicPartition, int], future: grpc.Future) -> None:
+    def _call_fetch(self, node: int, offsets: dict[TopicPartition, int], stub: Any,
+                    request: broker_pb2.FetchRequest, timeout_s: float) -> None:
+        """On a pool thread: blocking calls, so gRPC does not start a polling thread per fetch."""
         try:
-            response = future.result()
+            response = stub.Fetch(request, timeout=timeout_s)
         except grpc.RpcError as exc:
             self._complete(CompletedFetch(node, offsets, None, rpc_error(exc, f"Fetch from broker {node}")))
         except Exception as exc:  # cancelled on close
@@ -220,6 +222,6 @@ class Fetcher:
         return done
 
     def close(self) -> None:
-        for future in list(self.in_flight.values()):
-            future.cancel()
+        """Drop queued fetches; running ones end when the consumer closes its channels."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self.in_flight.clear()
