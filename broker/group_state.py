@@ -204,11 +204,11 @@ class Group:
                 callback(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member_id, error_message="unknown member id"))
                 return
             del self.pending_members[member_id]
+            if not self.members:
+                self.protocol_type = protocol_type  # an empty group takes the first member's type
             member = Member(member_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
                             list(protocols), now_ms)
             self.members[member_id] = member
-            if not self.protocol_type:
-                self.protocol_type = protocol_type
             member.join_callback = callback
             self._prepare_rebalance(now_ms, f"member {member_id} joined", new_member=True)
             self._maybe_complete_join(now_ms)

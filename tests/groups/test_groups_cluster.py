@@ -297,6 +297,53 @@ def test_list_describe_reset_and_delete_groups(cluster: LocalCluster, client: Cl
     assert resp.results[0].error_code == errors.ErrorCode.GROUP_ID_NOT_FOUND
 
 
+def test_protocol_errors_over_the_wire(cluster: LocalCluster, client: ClusterClient) -> None:
+    group = "g-wire"
+    coord = GroupCoordinatorClient(client, group)
+    coord.find_coordinator(10)
+    here = group_stub(cluster, coord.node_id, client)
+    other = next(n for n in cluster.broker_ids if n != coord.node_id)
+    elsewhere = group_stub(cluster, other, client)
+    sub = group_pb2.ConsumerSubscription(topics=["t"]).SerializeToString()
+
+    def join(stub: Any, member_id: str = "", session_ms: int = SESSION_MS) -> Any:
+        return stub.JoinGroup(group_pb2.JoinGroupRequest(
+            group_id=group, session_timeout_ms=session_ms, rebalance_timeout_ms=5000, member_id=member_id,
+            protocol_type="consumer", protocols=[group_pb2.GroupProtocol(name="range", metadata=sub)]), timeout=20)
+
+    assert join(elsewhere).error_code == errors.ErrorCode.NOT_COORDINATOR
+    assert join(here, session_ms=10).error_code == errors.ErrorCode.INVALID_SESSION_TIMEOUT
+    assert join(here, member_id="forged").error_code == errors.ErrorCode.UNKNOWN_MEMBER_ID
+    first = join(here)
+    assert first.error_code == errors.ErrorCode.MEMBER_ID_REQUIRED and first.member_id
+    joined = join(here, member_id=first.member_id)
+    assert joined.error_code == 0 and joined.leader == first.member_id and joined.generation_id >= 1
+    assert [m.member_id for m in joined.members] == [first.member_id]
+    assignment = group_pb2.ConsumerAssignment(partitions=[group_pb2.TopicPartitionRef(topic="t", partition=0)])
+    synced = here.SyncGroup(group_pb2.SyncGroupRequest(
+        group_id=group, generation_id=joined.generation_id, member_id=first.member_id, protocol_type="consumer",
+        protocol_name="range", assignments=[group_pb2.SyncGroupAssignment(
+            member_id=first.member_id, assignment=assignment.SerializeToString())]), timeout=20)
+    assert synced.error_code == 0 and synced.assignment == assignment.SerializeToString()
+
+    def beat(generation: int, member_id: str) -> int:
+        return here.Heartbeat(group_pb2.HeartbeatRequest(group_id=group, generation_id=generation,
+                                                         member_id=member_id), timeout=10).error_code
+
+    assert beat(joined.generation_id, first.member_id) == 0
+    assert beat(joined.generation_id - 1, first.member_id) == errors.ErrorCode.ILLEGAL_GENERATION
+    assert beat(joined.generation_id, "ghost") == errors.ErrorCode.UNKNOWN_MEMBER_ID
+    stale = here.OffsetCommit(group_pb2.OffsetCommitRequest(
+        group_id=group, generation_id=joined.generation_id + 7, member_id=first.member_id,
+        partitions=[group_pb2.OffsetCommitPartition(topic="t", partition=0, offset=1)]), timeout=10)
+    assert stale.error_code == errors.ErrorCode.ILLEGAL_GENERATION
+    left = here.LeaveGroup(group_pb2.LeaveGroupRequest(group_id=group, member_ids=[first.member_id]), timeout=10)
+    assert [m.error_code for m in left.members] == [0]
+    # Gone from the group: its next heartbeat is refused and the group is empty.
+    assert beat(joined.generation_id, first.member_id) == errors.ErrorCode.UNKNOWN_MEMBER_ID
+    desc = here.DescribeGroups(group_pb2.DescribeGroupsRequest(group_ids=[group]), timeout=10).groups[0]
+    assert desc.state == "Empty" and not desc.members
+
 def test_committed_offsets_survive_sigkill_of_the_coordinator(cluster: LocalCluster, client: ClusterClient) -> None:
     topic, group = "durable", "g-durable"
     create_topic(cluster, topic, 3)
