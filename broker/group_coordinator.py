@@ -150,6 +150,7 @@ class GroupCoordinator:
         self._channels: dict[str, grpc.Channel] = {}
         self._end_offsets: dict[TopicPartition, int] = {}
         self._writes: set[concurrent.futures.Future] = set()
+        self._group_writes: dict[str, tuple[int, concurrent.futures.Future]] = {}  # group -> (generation, write)
         self._writes_max = 10_000
 
     # ------------------------------------------------------------------ lifecycle
@@ -201,6 +202,7 @@ class GroupCoordinator:
         n = self.config.offsets_topic_num_partitions
         for gid in [g for g in self._groups if partition_for_group(g, n) == partition]:
             self._groups.pop(gid).mark_dead(now)
+            self._group_writes.pop(gid, None)
         log.info("unloaded groups of %s-%d", OFFSETS_TOPIC, partition)
 
     def _still_leader(self, partition: int, leader_epoch: int) -> bool:
@@ -386,7 +388,26 @@ class GroupCoordinator:
             self._after_change_locked(g)
         if not waiter.event.wait(timeout=max(0.0, wait_s)):
             return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS, error_message="leader did not sync in time")
-        return waiter.result
+        result: SyncResult = waiter.result
+        if result.error_code == ErrorCode.NONE:
+            result = self._await_group_write(req.group_id, req.generation_id, result)
+        return result
+
+    def _await_group_write(self, group_id: str, generation_id: int, result: SyncResult) -> SyncResult:
+        """Hand out an assignment only once its generation is durable: otherwise a new
+        coordinator could load the previous generation and issue the same number again,
+        and stale members would pass generation fencing."""
+        with self._lock:
+            pending = self._group_writes.get(group_id)
+        if pending is None or pending[0] != generation_id:
+            return result
+        try:
+            pending[1].result(timeout=self.config.offsets_commit_timeout_ms / 1000 + 5)
+        except Exception as exc:  # any failure of the write means: not durable
+            log.warning("group %s generation %d not persisted (%s): members must rejoin",
+                        group_id, generation_id, exc)
+            return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS, error_message="group metadata not persisted")
+        return result
 
     def heartbeat(self, group_id: str, member_id: str, generation_id: int) -> int:
         with self._lock:
@@ -410,18 +431,26 @@ class GroupCoordinator:
             return
         g.persist_needed = False
         value = records.encode_group_value(g)
-        self._append_async(self.partition_for(g.group_id), [(records.group_key(g.group_id), value)],
-                           f"group {g.group_id} generation {g.generation_id}")
+        fut = self._append_async(self.partition_for(g.group_id), [(records.group_key(g.group_id), value)],
+                                 f"group {g.group_id} generation {g.generation_id}")
+        if g.state == GroupState.STABLE:
+            # SyncGroup answers of this generation wait for this write (see sync_group).
+            self._group_writes[g.group_id] = (g.generation_id, fut)
 
-    def _append_async(self, partition: int, kvs: list[tuple[bytes, bytes | None]], what: str) -> None:
+    def _append_async(self, partition: int, kvs: list[tuple[bytes, bytes | None]],
+                      what: str) -> concurrent.futures.Future:
+        """Append without waiting (the record is in the leader's log, in call order, when this
+        returns); the future resolves once the ISR has it."""
         try:
             fut = self._append(partition, kvs)
         except errors.BrookError as exc:
             log.warning("writing %s failed: %s", what, exc)
-            return
+            failed: concurrent.futures.Future = concurrent.futures.Future()
+            failed.set_exception(exc)
+            return failed
         if len(self._writes) >= self._writes_max:
             log.warning("too many group metadata writes in flight; not tracking %s", what)
-            return
+            return fut
         self._writes.add(fut)
 
         def done(f: concurrent.futures.Future) -> None:
@@ -430,6 +459,7 @@ class GroupCoordinator:
                 log.warning("writing %s failed: %s", what, f.exception())
 
         fut.add_done_callback(done)
+        return fut
 
     def _append(self, partition: int, kvs: list[tuple[bytes, bytes | None]]) -> concurrent.futures.Future:
         now = self.clock_ms()
@@ -582,6 +612,7 @@ class GroupCoordinator:
             g = self._groups.get(group_id)
             if g is not None and not g.members:
                 self._groups.pop(group_id).mark_dead(self.clock_ms())
+                self._group_writes.pop(group_id, None)
 
     def delete_offsets(self, group_id: str, tps: list[TopicPartition]) -> list[tuple[TopicPartition, int]]:
         with self._lock:
@@ -758,6 +789,7 @@ class GroupCoordinator:
                     g.offsets.pop(tp, None)
                 if remove_group and not g.offsets:
                     self._groups.pop(gid).mark_dead(now)
+                    self._group_writes.pop(gid, None)
             expired_total += len(expired)
             log.info("group %s: expired %d committed offsets%s", gid, len(expired),
                      " and removed the empty group" if remove_group else "")
