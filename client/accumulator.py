@@ -172,6 +172,7 @@ class ProducerBatch:
     __slots__ = (
         "tp", "builder", "completion", "created", "deadline", "size_bytes", "record_count", "closed",
         "attempts", "last_attempt", "retry", "base_sequence", "producer_id", "producer_epoch", "payload",
+        "sent_behind",
     )
 
     def __init__(self, tp: TopicPartition, builder: RecordBatchBuilder, now: float, delivery_timeout_s: float):
@@ -190,6 +191,7 @@ class ProducerBatch:
         self.producer_id = -1
         self.producer_epoch = -1
         self.payload: bytes | None = None  # built bytes, kept for retries
+        self.sent_behind = False  # a lower-sequence batch was unanswered when this one was last sent
 
     def build(self) -> bytes:
         if self.payload is None:

@@ -61,7 +61,7 @@ class PerfResult:
                 f"({self.mb_per_s:.2f} MB/sec), {avg:.2f} ms avg latency, "
                 f"{max(lat) if lat else float('nan'):.2f} ms max latency, "
                 f"{self.percentile(0.5):.2f} ms 50th, {self.percentile(0.99):.2f} ms 99th, "
-                f"{self.percentile(0.999):.2f} ms 99.9th, {self.errors} errors, {self.elapsed_s:.2f} s, "
+                f"{self.percentile(0.999):.2f} ms 99.9th, {self.errors} errors (sampled), {self.elapsed_s:.2f} s, "
                 f"client CPU {self.cpu_s:.2f} s ({self.cpu_s / max(1, self.records) * 1e6:.2f} us/record)")
 
 
@@ -130,7 +130,10 @@ def run_produce(producer: Producer, topic: str, num_records: int, record_size: i
     latencies = []
     failures = 0
     for sent, future in samples:
-        if future.exception(timeout=0) is not None:
+        error = future.exception(timeout=0)
+        if error is not None:
+            if failures == 0:
+                sys.stderr.write(f"first failed send: {error!r}\n")
             failures += 1
             continue
         latencies.append((future.completed_at - sent) * 1000)

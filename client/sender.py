@@ -242,6 +242,10 @@ class Sender(threading.Thread):
                 batch.producer_id, batch.producer_epoch = self.pid.producer_id, self.pid.epoch
                 self.pid.next_sequence[tp] = (seq + batch.record_count) % SEQUENCE_MODULUS
             self.in_flight_batches.setdefault(tp, []).append(batch)
+            # Requests on one channel may be handled out of order by the broker, so a batch
+            # sent while an earlier one is unanswered can legitimately see OUT_OF_ORDER_SEQUENCE.
+            batch.sent_behind = any(b is not batch and 0 <= b.base_sequence < batch.base_sequence
+                                    and not b.completion.event.is_set() for b in window)
             if not batch.retry:
                 window.append(batch)
                 self.unsettled[tp] = window
@@ -334,7 +338,8 @@ class Sender(threading.Thread):
             return any(0 <= b.base_sequence < batch.base_sequence for b in pending)
 
     def _on_error(self, batch: ProducerBatch, err: errors.BrookError) -> None:
-        retriable = err.retriable or (err.code in _OUT_OF_ORDER and self._earlier_pending(batch))
+        retriable = err.retriable or (
+            err.code in _OUT_OF_ORDER and (batch.sent_behind or self._earlier_pending(batch)))
         now = time.monotonic()
         if retriable and batch.attempts <= self.config.retries and now < batch.deadline and self.running_or_flushing():
             if err.code in REFRESH_CODES:

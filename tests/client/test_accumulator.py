@@ -193,6 +193,9 @@ def test_sender_window_bounds_batches_written_after_an_unanswered_one() -> None:
         sent = [sender._drain_node(1, [TP]) for _ in range(6)]
     assert [len(s) for s in sent] == [1, 1, 1, 1, 1, 0], "a 6th batch must wait for the oldest to complete"
     assert [s[0].base_sequence for s in sent[:5]] == [0, 1, 2, 3, 4]
+    # Sent while batch 0 was unanswered: an OUT_OF_ORDER_SEQUENCE for them may be the broker
+    # handling requests out of order, hence retriable.
+    assert [s[0].sent_behind for s in sent[:5]] == [False, True, True, True, True]
     acc.complete(sent[1][0], 1, -1, None)  # a later answer does not open the window...
     with acc.lock:
         assert sender._drain_node(1, [TP]) == []
