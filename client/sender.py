@@ -358,5 +358,5 @@ class Sender(threading.Thread):
             # with a fresh producer id once nothing is in flight.
             with self.acc.lock:
                 self.pid.reset_needed = True
-        log.debug("failing batch %s: %s", batch.tp, err)
+        log.warning("failing %d record(s) of %s-%d: %r", batch.record_count, batch.tp.topic, batch.tp.partition, err)
         self.acc.complete(batch, -1, -1, err)
