@@ -121,3 +121,34 @@ def test_split_mode_cluster_is_healthy(tmp_path: Path, capsys: pytest.CaptureFix
             controller_page = resp.read()
         assert b"brook_raft_term" in controller_page and b"brook_topic_messages_in_total" not in controller_page
     assert not any(cluster.is_running(i) for i in cluster.node_ids)
+
+
+def test_nodes_do_not_outlive_a_killed_test_process(tmp_path: Path) -> None:
+    """A LocalCluster owner that dies by SIGKILL (a crashed test run) leaves no orphan nodes."""
+    import os
+    import signal
+
+    script = ("import sys, time\nfrom deploy.local.cluster import LocalCluster\n"
+              f"c = LocalCluster({str(tmp_path / 'orphan')!r}, nodes=1)\nc.start()\nc.wait_ready(60)\n"
+              "print(c.pid(1), flush=True)\ntime.sleep(300)\n")
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    node_pid = None
+    try:
+        assert owner.stdout is not None
+        node_pid = int(owner.stdout.readline().strip())
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(10)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{node_pid}").exists() and time.monotonic() < deadline:
+            status = Path(f"/proc/{node_pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+            if status == "Z":
+                break  # exited; only waiting to be reaped by init
+            time.sleep(0.2)
+        alive = Path(f"/proc/{node_pid}").exists() and \
+            Path(f"/proc/{node_pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+        assert not alive, f"node {node_pid} outlived its owner"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        if node_pid is not None and Path(f"/proc/{node_pid}").exists():
+            os.kill(node_pid, signal.SIGKILL)
