@@ -145,6 +145,7 @@ class GroupCoordinator:
         self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="group-loader")
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
+        self._maintenance: threading.Thread | None = None
         self._ensure_lock = threading.Lock()
         self._ensure_inflight = False
         self._channels: dict[str, grpc.Channel] = {}
@@ -158,11 +159,14 @@ class GroupCoordinator:
         self.replica_manager.add_leadership_listener(self.on_leadership_change)
         self._ticker = threading.Thread(target=self._run_timers, name="group-timers", daemon=True)
         self._ticker.start()
+        self._maintenance = threading.Thread(target=self._run_maintenance, name="group-maintenance", daemon=True)
+        self._maintenance.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._ticker is not None:
-            self._ticker.join(timeout=5)
+        for t in (self._ticker, self._maintenance):
+            if t is not None:
+                t.join(timeout=5)
         self._loader.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             now = self.clock_ms()
@@ -731,11 +735,20 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ timers
     def _run_timers(self) -> None:
-        next_retention = time.monotonic() + self.config.offsets_retention_check_interval_ms / 1000
-        next_lag = time.monotonic()
+        """Sessions and join/sync deadlines: fast and never blocked on I/O."""
         while not self._stop.wait(TICK_INTERVAL_S):
             try:
                 self.tick()
+            except Exception:  # a timer bug must not stop every group's sessions
+                log.exception("group timers failed; continuing")
+
+    def _run_maintenance(self) -> None:
+        """Offset retention and lag figures: these write and call other brokers, so they run
+        apart from the session timers (a slow write must not delay member expiry)."""
+        next_retention = time.monotonic() + self.config.offsets_retention_check_interval_ms / 1000
+        next_lag = time.monotonic()
+        while not self._stop.wait(TICK_INTERVAL_S * 5):
+            try:
                 if time.monotonic() >= next_retention:
                     next_retention = time.monotonic() + self.config.offsets_retention_check_interval_ms / 1000
                     self.expire_offsets()
@@ -743,9 +756,9 @@ class GroupCoordinator:
                     next_lag = time.monotonic() + self.config.lag_refresh_interval_ms / 1000
                     self._refresh_end_offsets()
             except errors.BrookError as exc:
-                log.warning("group timers: %s", exc)
-            except Exception:  # a timer bug must not stop every group's sessions
-                log.exception("group timers failed; continuing")
+                log.warning("group maintenance: %s", exc)
+            except Exception:  # keep retention running whatever one pass hit
+                log.exception("group maintenance failed; continuing")
 
     def tick(self) -> None:
         with self._lock:
