@@ -133,8 +133,9 @@ class Sender(threading.Thread):
             self._fail(batch, errors.RequestTimedOutError(
                 f"expiring {batch.record_count} record(s) for {batch.tp.topic}-{batch.tp.partition}: "
                 f"delivery.timeout.ms elapsed since batch creation"))
-        if self.pid is not None and self.pid.reset_needed:
+        if self.pid is not None and self.pid.reset_needed and self._has_work():
             # Nothing new goes out under the old id: wait for in-flight requests, then re-init.
+            # (Only once there is something to send: an idle producer makes no requests.)
             if self._requests_in_flight():
                 self._pause(0.01)
                 return
