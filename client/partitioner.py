@@ -9,6 +9,7 @@ key lands on the same partition number it would in Kafka.
 from __future__ import annotations
 
 import random
+import struct
 from collections.abc import Callable, Sequence
 
 _M = 0x5BD1E995
@@ -19,18 +20,33 @@ _MASK = 0xFFFFFFFF
 Partitioner = Callable[[bytes | None, Sequence[int], Sequence[int]], int]
 
 
+_WORDS: dict[int, struct.Struct] = {}  # little-endian uint32 unpackers by word count (bounded)
+_WORDS_CACHE_MAX = 512
+
+
+def _words(count: int) -> struct.Struct:
+    unpacker = _WORDS.get(count)
+    if unpacker is None:
+        unpacker = struct.Struct(f"<{count}I")
+        if len(_WORDS) < _WORDS_CACHE_MAX:
+            _WORDS[count] = unpacker
+    return unpacker
+
+
 def murmur2(data: bytes) -> int:
     """Kafka's 32-bit murmur2 of ``data`` as a signed Java int."""
     length = len(data)
     h = (_SEED ^ length) & _MASK
-    tail = length & ~3
-    for i in range(0, tail, 4):
-        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
-        k = (k * _M) & _MASK
-        k ^= k >> 24
-        k = (k * _M) & _MASK
-        h = (h * _M) & _MASK
-        h ^= k
+    count = length >> 2
+    m = _M
+    mask = _MASK
+    if count:
+        # Kafka reads each 4-byte block little-endian; one C-level unpack for all of them.
+        for k in _words(count).unpack_from(data):
+            k = (k * m) & mask
+            k ^= k >> 24
+            h = ((h * m) & mask) ^ ((k * m) & mask)
+    tail = count << 2
     rest = length & 3
     if rest == 3:
         h ^= data[tail + 2] << 16
@@ -38,9 +54,9 @@ def murmur2(data: bytes) -> int:
         h ^= data[tail + 1] << 8
     if rest >= 1:
         h ^= data[tail]
-        h = (h * _M) & _MASK
+        h = (h * m) & mask
     h ^= h >> 13
-    h = (h * _M) & _MASK
+    h = (h * m) & mask
     h ^= h >> 15
     return h - (1 << 32) if h & 0x80000000 else h
 
