@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from client.consumer import Consumer, ConsumerRebalanceListener
+from client.group_membership import CommitFailedError
 from client.types import TopicPartition
 
 stop = threading.Event()
@@ -75,7 +76,12 @@ def main() -> None:
                     sink.write(f"{r.partition} {r.offset} {r.value.decode()}\n")
             sink.flush()
             if batch:
-                consumer.commit()
+                try:
+                    consumer.commit()
+                except CommitFailedError as exc:
+                    # Fenced (e.g. a stall past the session timeout): the partitions went to
+                    # another member, which re-reads from the last good commit.
+                    logging.warning("commit failed: %s", exc)
             now = sorted(consumer.assignment())
             if now != last:
                 last = now
