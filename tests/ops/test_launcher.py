@@ -62,7 +62,9 @@ def wait_voter_disconnected(cluster: LocalCluster, voter: int, timeout_s: float)
 def test_launcher_start_stop_one_node_and_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = tmp_path / "cluster"
     try:
-        proc = launcher("start", "--dir", str(base), "--nodes", "3", "--timeout", "90")
+        # A short session timeout: the stopped broker is fenced (and reported) within seconds.
+        proc = launcher("start", "--dir", str(base), "--nodes", "3", "--timeout", "90",
+                        "--override", "broker.session.timeout.ms=3000")
         assert proc.returncode == 0 and "ready" in proc.stdout, proc
         cluster = LocalCluster.open(base)
         bootstrap = cluster.bootstrap_servers
