@@ -216,11 +216,15 @@ class ClusterClient:
         return self.channel_for_address(address)
 
     # ---- metadata ----
-    def metadata(self, topics: list[str] | None = None, *, refresh: bool = False) -> ClusterMetadata:
-        """Cluster metadata; cached unless ``refresh``, stale, or a named topic is unknown."""
+    def metadata(self, topics: list[str] | None = None, *, refresh: bool = False,
+                 timeout_ms: int | None = None) -> ClusterMetadata:
+        """Cluster metadata; cached unless ``refresh``, stale, or a named topic is unknown.
+
+        A refresh tries brokers until ``timeout_ms`` (default: request.timeout.ms).
+        """
         if not refresh and not self._needs_refresh(topics):
             return self._meta
-        return self._refresh(topics)
+        return self._refresh(topics, timeout_ms)
 
     def metadata_snapshot(self) -> ClusterMetadata:
         """The cached metadata as it is now, never a network call (a new object after every refresh)."""
@@ -247,13 +251,13 @@ class ClusterClient:
         seen: dict[str, None] = dict.fromkeys(known + boot)
         return list(seen)
 
-    def _refresh(self, topics: list[str] | None) -> ClusterMetadata:
+    def _refresh(self, topics: list[str] | None, timeout_ms: int | None = None) -> ClusterMetadata:
         req = broker_pb2.MetadataRequest(
             topics=topics or [],
             all_topics=topics is None,
             allow_auto_topic_creation=self.allow_auto_topic_creation,
         )
-        backoff = self._backoff()
+        backoff = self._backoff(timeout_ms)
         last: Exception | None = None
         while True:
             for address in self._metadata_candidates():
@@ -268,7 +272,7 @@ class ClusterClient:
             if not backoff.sleep():
                 raise errors.error_for(
                     errors.ErrorCode.NETWORK_EXCEPTION,
-                    f"no broker answered Metadata within {self.request_timeout_ms} ms "
+                    f"no broker answered Metadata within {timeout_ms or self.request_timeout_ms} ms "
                     f"(tried {self._metadata_candidates()}): {last}",
                 )
 

@@ -249,7 +249,8 @@ class Producer:
         refresh = False
         while True:
             try:
-                meta = self.cluster.metadata([topic], refresh=refresh)
+                remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                meta = self.cluster.metadata([topic], refresh=refresh, timeout_ms=remaining_ms)
                 info = meta.topics.get(topic)
                 if info is not None and info.error_code == errors.ErrorCode.NONE and info.partitions:
                     break

@@ -204,3 +204,18 @@ def test_sender_window_bounds_batches_written_after_an_unanswered_one() -> None:
         nxt = sender._drain_node(1, [TP])
     assert len(nxt) == 1 and nxt[0].base_sequence == 5
     cluster.close()
+
+
+def test_send_to_unreachable_cluster_fails_after_max_block_ms() -> None:
+    producer = Producer(bootstrap_servers="127.0.0.1:1", max_block_ms=300, retry_backoff_ms=20)
+    try:
+        start = time.monotonic()
+        with pytest.raises(errors.BrookError, match="max.block.ms=300") as info:
+            producer.send("t", b"v")
+        elapsed = time.monotonic() - start
+        assert info.value.retriable, f"an unreachable cluster is a retriable condition, got {info.value!r}"
+        assert elapsed < 5, f"send() blocked {elapsed:.1f}s with max.block.ms=300"
+    finally:
+        producer.close(timeout=1)
+    with pytest.raises(errors.ProducerClosedError):
+        producer.send("t", b"v")
