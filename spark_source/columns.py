@@ -70,26 +70,25 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
-@dataclass
-class Columns:
-    """Column lists for one Arrow batch of one partition."""
-
-    keys: list[bytes | None] = field(default_factory=list)
-    values: list[bytes | None] = field(default_factory=list)
-    offsets: list[int] = field(default_factory=list)
-    timestamps_ms: list[int] = field(default_factory=list)
-    timestamp_types: list[int] = field(default_factory=list)
-    headers: list[list[tuple[str, bytes | None]] | None] | None = None  # only with includeHeaders
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-
 @dataclass(frozen=True, slots=True)
 class DecodeResult:
     next_offset: int  # where the next fetch starts (past the last complete batch walked)
-    records: int  # rows appended to the columns
+    records: int  # rows in the Arrow batch
     batches: int  # complete batches walked (0: nothing complete in the buffer)
+
+
+@dataclass
+class _Bodies:
+    """Uncompressed record sections of a fetch response, joined, plus per-record batch facts."""
+
+    parts: list[bytes] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)  # record body start (after its length varint)
+    ends: list[int] = field(default_factory=list)  # record end (exclusive)
+    counts: list[int] = field(default_factory=list)  # records per batch (per-batch lists below)
+    base_offsets: list[int] = field(default_factory=list)
+    base_timestamps: list[int] = field(default_factory=list)
+    append_timestamps: list[int] = field(default_factory=list)  # -1 unless LogAppendTime
+    size: int = 0
 
 
 def _varint_slow(buf: bytes, pos: int) -> tuple[int, int]:
@@ -107,18 +106,40 @@ def _varint_slow(buf: bytes, pos: int) -> tuple[int, int]:
             raise errors.CorruptMessageError(f"varint longer than 10 bytes before position {pos}")
 
 
-def decode_into(
-    buf: bytes, cols: Columns, from_offset: int, until_offset: int, *, verify_crc: bool = True
-) -> DecodeResult:
-    """Append the records of ``buf``'s complete batches with from <= offset < until to ``cols``.
+def _walk_records(body: bytes, count: int, base: int, out: _Bodies) -> None:
+    """Find each record's extent from its length prefix: the only per-record Python loop."""
+    starts, ends = out.starts, out.ends
+    p = 0
+    end = len(body)
+    try:
+        for _ in range(count):
+            x = body[p]
+            if x < 0x80:
+                length = (x >> 1) ^ -(x & 1)
+                p += 1
+            else:
+                y = body[p + 1]
+                if y < 0x80:
+                    u = (x & 0x7F) | (y << 7)
+                    length = (u >> 1) ^ -(u & 1)
+                    p += 2
+                else:
+                    length, p = _varint_slow(body, p)
+            if length < 6 or p + length > end:  # attributes + 5 one-byte varints at least
+                raise errors.CorruptMessageError(f"record length {length} at {p} overruns its batch ({end} bytes)")
+            starts.append(base + p)
+            p += length
+            ends.append(base + p)
+    except IndexError:
+        raise errors.CorruptMessageError("batch ends inside a record length") from None
+    if p != end:
+        raise errors.CorruptMessageError(f"{end - p} bytes after the last of {count} records of a batch")
 
-    Control batches are skipped; a torn tail (a fetch cut at its byte bound) is left for the
-    next fetch. Raises CorruptMessageError on a bad CRC or a malformed record.
-    """
+
+def _collect(buf: bytes, from_offset: int, until_offset: int, verify_crc: bool) -> tuple[_Bodies, int, int]:
+    out = _Bodies()
     next_offset = from_offset
-    appended = 0
     walked = 0
-    want_headers = cols.headers is not None
     for pos, h in iter_batches(buf):
         walked += 1
         if verify_crc:
@@ -129,179 +150,163 @@ def decode_into(
         body: bytes = buf[pos + BATCH_HEADER_SIZE : pos + h.size]
         if h.compression != CODEC_NONE:
             body = compression.decompress(h.compression, body)
-        log_append = h.timestamp_type == 1
-        appended += _decode_records(
-            body, h.record_count, h.base_offset, h.base_timestamp, h.max_timestamp if log_append else -1,
-            int(log_append), cols, from_offset, until_offset, want_headers,
-        )
+        out.counts.append(h.record_count)
+        out.base_offsets.append(h.base_offset)
+        out.base_timestamps.append(h.base_timestamp)
+        out.append_timestamps.append(h.max_timestamp if h.timestamp_type == 1 else -1)
+        _walk_records(body, h.record_count, out.size, out)
+        out.parts.append(body)
+        out.size += len(body)
         if h.next_offset >= until_offset:
             break
-    return DecodeResult(next_offset, appended, walked)
+    return out, next_offset, walked
 
 
-def _decode_records(
-    b: bytes,
-    count: int,
-    base_offset: int,
-    base_ts: int,
-    log_append_ts: int,
-    ts_type: int,
-    cols: Columns,
+def _varints(data: np.ndarray, pos: np.ndarray, limit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Decode one zigzag varint at each position at once; returns (values, positions after)."""
+    if pos.size and int((pos >= limit).sum()):
+        raise errors.CorruptMessageError("a record field lies beyond its record")
+    byte = data[pos].astype(np.uint64)
+    value = byte & np.uint64(0x7F)
+    cont = byte >= 0x80
+    width = np.ones(pos.shape, dtype=np.int64)
+    for k in range(1, 10):
+        if not cont.any():
+            break
+        at = np.nonzero(cont)[0]
+        where = pos[at] + k
+        if int((where >= limit[at]).sum()):
+            raise errors.CorruptMessageError("a varint runs past the end of its record")
+        nxt = data[where].astype(np.uint64)
+        value[at] |= (nxt & np.uint64(0x7F)) << np.uint64(7 * k)
+        width[at] += 1
+        cont[at] = nxt >= 0x80
+    if cont.any():
+        raise errors.CorruptMessageError("varint longer than 10 bytes")
+    signed = (value >> np.uint64(1)).astype(np.int64) ^ -(value & np.uint64(1)).astype(np.int64)
+    return signed, pos + width
+
+
+def _binary_column(joined: bytes, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """A binary Arrow array of the (start, length) slices of ``joined``; length -1 is null.
+
+    Arrow's binary layout needs each value right after the previous one, so the slices are
+    described as the even elements of a zero-copy array over ``joined`` whose odd elements
+    are the gaps between them; ``take`` of the even elements then copies the bytes in C++.
+    """
+    n = starts.size
+    sizes = np.maximum(lengths, 0)
+    offsets = np.empty(2 * n + 1, dtype=np.int64)
+    offsets[0:-1:2] = starts
+    offsets[1::2] = starts + sizes
+    offsets[-1] = offsets[-2]
+    if n and (int(offsets[-1]) > np.iinfo(np.int32).max or bool((np.diff(offsets) < 0).any())):
+        raise errors.CorruptMessageError("record values out of order or beyond 2 GiB")
+    nulls = lengths < 0
+    null_count = int(nulls.sum())
+    validity = None
+    if null_count:
+        valid = np.ones(2 * n, dtype=bool)
+        valid[0::2] = ~nulls
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    spread = pa.Array.from_buffers(
+        pa.binary(), 2 * n, [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(joined)], null_count
+    )
+    return spread.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int64)))
+
+
+def decode_to_arrow(
+    buf: bytes,
+    topic: str,
+    partition: int,
     from_offset: int,
     until_offset: int,
-    want_headers: bool,
-) -> int:
-    """The per-record walk; one- and two-byte varints (the common case) are decoded inline."""
-    keys, values, offsets = cols.keys, cols.values, cols.offsets
-    stamps, types = cols.timestamps_ms, cols.timestamp_types
-    headers = cols.headers
-    slow = _varint_slow
-    p = 0
-    end = len(b)
-    appended = 0
-    try:
-        for _ in range(count):
-            x = b[p]
-            if x < 0x80:
-                length = (x >> 1) ^ -(x & 1)
-                p += 1
-            else:
-                y = b[p + 1]
-                if y < 0x80:
-                    u = (x & 0x7F) | (y << 7)
-                    length = (u >> 1) ^ -(u & 1)
-                    p += 2
-                else:
-                    length, p = slow(b, p)
-            rec_end = p + length
-            if length < 6 or rec_end > end:
-                raise errors.CorruptMessageError(f"record length {length} at {p} overruns the batch ({end} bytes)")
-            p += 1  # attributes (unused in v2)
-            x = b[p]
-            if x < 0x80:
-                ts_delta = (x >> 1) ^ -(x & 1)
-                p += 1
-            else:
-                y = b[p + 1]
-                if y < 0x80:
-                    u = (x & 0x7F) | (y << 7)
-                    ts_delta = (u >> 1) ^ -(u & 1)
-                    p += 2
-                else:
-                    ts_delta, p = slow(b, p)
-            x = b[p]
-            if x < 0x80:
-                off_delta = (x >> 1) ^ -(x & 1)
-                p += 1
-            else:
-                y = b[p + 1]
-                if y < 0x80:
-                    u = (x & 0x7F) | (y << 7)
-                    off_delta = (u >> 1) ^ -(u & 1)
-                    p += 2
-                else:
-                    off_delta, p = slow(b, p)
-            offset = base_offset + off_delta
-            if offset < from_offset or offset >= until_offset:
-                p = rec_end
-                continue
-            x = b[p]
-            if x < 0x80:
-                klen = (x >> 1) ^ -(x & 1)
-                p += 1
-            else:
-                y = b[p + 1]
-                if y < 0x80:
-                    u = (x & 0x7F) | (y << 7)
-                    klen = (u >> 1) ^ -(u & 1)
-                    p += 2
-                else:
-                    klen, p = slow(b, p)
-            if klen < 0:
-                key = None
-            else:
-                key = b[p : p + klen]
-                p += klen
-            x = b[p]
-            if x < 0x80:
-                vlen = (x >> 1) ^ -(x & 1)
-                p += 1
-            else:
-                y = b[p + 1]
-                if y < 0x80:
-                    u = (x & 0x7F) | (y << 7)
-                    vlen = (u >> 1) ^ -(u & 1)
-                    p += 2
-                else:
-                    vlen, p = slow(b, p)
-            if vlen < 0:
-                value = None
-            else:
-                value = b[p : p + vlen]
-                p += vlen
-            if p > rec_end:
-                raise errors.CorruptMessageError(f"record at offset {offset} overruns its length")
-            keys.append(key)
-            values.append(value)
-            offsets.append(offset)
-            stamps.append(log_append_ts if ts_type else base_ts + ts_delta)
-            types.append(ts_type)
-            if want_headers:
-                headers.append(_decode_headers(b, p, rec_end))  # type: ignore[union-attr]
-            appended += 1
-            p = rec_end
-    except IndexError:
-        raise errors.CorruptMessageError(f"batch at base offset {base_offset} ends inside a record") from None
-    return appended
+    schema: pa.Schema,
+    *,
+    verify_crc: bool = True,
+) -> tuple[pa.RecordBatch | None, DecodeResult]:
+    """The records of ``buf``'s complete batches with from <= offset < until, as one Arrow batch.
+
+    Control batches are skipped; a torn tail (a fetch cut at its byte bound) is left for the
+    next fetch. Raises CorruptMessageError on a bad CRC or a malformed record. Fields are
+    decoded column-wise with numpy across all records at once; only the walk over record
+    length prefixes is a Python loop.
+    """
+    bodies, next_offset, walked = _collect(buf, from_offset, until_offset, verify_crc)
+    if not bodies.starts:
+        return None, DecodeResult(next_offset, 0, walked)
+    joined = b"".join(bodies.parts)
+    data = np.frombuffer(joined, dtype=np.uint8)
+    pos = np.asarray(bodies.starts, dtype=np.int64) + 1  # past the attributes byte
+    ends = np.asarray(bodies.ends, dtype=np.int64)
+    batch_of = np.repeat(np.arange(len(bodies.counts), dtype=np.int64), bodies.counts)
+    ts_delta, pos = _varints(data, pos, ends)
+    off_delta, pos = _varints(data, pos, ends)
+    offsets = np.asarray(bodies.base_offsets, dtype=np.int64)[batch_of] + off_delta
+    keep = (offsets >= from_offset) & (offsets < until_offset)
+    if not keep.all():
+        pos, ends, batch_of, ts_delta, offsets = pos[keep], ends[keep], batch_of[keep], ts_delta[keep], offsets[keep]
+    key_len, pos = _varints(data, pos, ends)
+    key_start = pos
+    pos = pos + np.maximum(key_len, 0)
+    value_len, pos = _varints(data, pos, ends)
+    value_start = pos
+    pos = pos + np.maximum(value_len, 0)
+    if int((key_len < -1).sum()) or int((value_len < -1).sum()) or int((pos >= ends).sum()):
+        raise errors.CorruptMessageError("a record's key or value overruns the record")
+    append_ts = np.asarray(bodies.append_timestamps, dtype=np.int64)[batch_of]
+    base_ts = np.asarray(bodies.base_timestamps, dtype=np.int64)[batch_of]
+    log_append = append_ts >= 0
+    stamps_ms = np.where(log_append, append_ts, base_ts + ts_delta)
+    n = int(offsets.size)
+    topic_bytes = topic.encode("utf-8")
+    topic_offsets = np.arange(n + 1, dtype=np.int32) * len(topic_bytes)
+    arrays = [
+        _binary_column(joined, key_start, key_len),
+        _binary_column(joined, value_start, value_len),
+        pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(topic_offsets), pa.py_buffer(topic_bytes * n)]),
+        pa.array(np.full(n, partition, dtype=np.int32)),
+        pa.array(offsets),
+        pa.array(stamps_ms * 1000, type=pa.timestamp("us", tz="UTC")),
+        pa.array(log_append.astype(np.int32)),
+    ]
+    if len(schema) == 8:
+        arrays.append(_headers_column(joined, data, pos, ends))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema), DecodeResult(next_offset, n, walked)
 
 
-def _decode_headers(b: bytes, p: int, rec_end: int) -> list[tuple[str, bytes | None]] | None:
-    n, p = _varint_slow(b, p)
-    if n < 0 or n > rec_end - p:
+def _headers_column(raw: bytes, data: np.ndarray, pos: np.ndarray, ends: np.ndarray) -> pa.Array:
+    counts, after = _varints(data, pos, ends)
+    if int((counts < 0).sum()):
+        raise errors.CorruptMessageError("negative header count")
+    rows: list[list[dict[str, object]] | None] = []
+    for i in range(counts.size):
+        if counts[i] == 0:
+            rows.append(None)  # Spark's Kafka source gives null, not an empty array, for no headers
+            continue
+        rows.append(_decode_headers(raw, int(after[i]), int(counts[i]), int(ends[i])))
+    return pa.array(rows, type=_HEADERS_ARROW)
+
+
+def _decode_headers(b: bytes, p: int, n: int, rec_end: int) -> list[dict[str, object]]:
+    if n > rec_end - p:
         raise errors.CorruptMessageError(f"header count {n} is impossible")
-    if n == 0:
-        return None  # Spark's Kafka source gives null, not an empty array, for no headers
-    out: list[tuple[str, bytes | None]] = []
-    for _ in range(n):
-        klen, p = _varint_slow(b, p)
-        if klen < 0:
-            raise errors.CorruptMessageError("null header key")
-        hkey = b[p : p + klen].decode("utf-8", errors="replace")
-        p += klen
-        vlen, p = _varint_slow(b, p)
-        hval = None if vlen < 0 else b[p : p + vlen]
-        if vlen > 0:
-            p += vlen
-        out.append((hkey, hval))
-    if p > rec_end:
-        raise errors.CorruptMessageError("headers overrun their record")
+    out: list[dict[str, object]] = []
+    try:
+        for _ in range(n):
+            klen, p = _varint_slow(b, p)
+            if klen < 0:
+                raise errors.CorruptMessageError("null header key")
+            hkey = b[p : p + klen].decode("utf-8", errors="replace")
+            p += klen
+            vlen, p = _varint_slow(b, p)
+            hval = None if vlen < 0 else b[p : p + vlen]
+            p += max(vlen, 0)
+            out.append({"key": hkey, "value": hval})
+    except IndexError:
+        raise errors.CorruptMessageError("headers overrun their record") from None
+    if p != rec_end:
+        raise errors.CorruptMessageError("headers do not end where their record does")
     return out
 
 
-def to_record_batch(cols: Columns, topic: str, partition: int, schema: pa.Schema) -> pa.RecordBatch:
-    """Column lists -> one Arrow RecordBatch in ``schema`` (from ``arrow_schema``)."""
-    n = len(cols.offsets)
-    topic_bytes = topic.encode("utf-8")
-    topic_offsets = np.arange(n + 1, dtype=np.int32) * len(topic_bytes)
-    topic_arr = pa.Array.from_buffers(
-        pa.string(), n, [None, pa.py_buffer(topic_offsets), pa.py_buffer(topic_bytes * n)]
-    )
-    ts_us = np.asarray(cols.timestamps_ms, dtype=np.int64) * 1000
-    arrays = [
-        pa.array(cols.keys, type=pa.binary()),
-        pa.array(cols.values, type=pa.binary()),
-        topic_arr,
-        pa.array(np.full(n, partition, dtype=np.int32)),
-        pa.array(np.asarray(cols.offsets, dtype=np.int64)),
-        pa.array(ts_us, type=pa.timestamp("us", tz="UTC")),
-        pa.array(np.asarray(cols.timestamp_types, dtype=np.int32)),
-    ]
-    if len(schema) == 8:
-        headers = cols.headers if cols.headers is not None else [None] * n
-        arrays.append(
-            pa.array(
-                [None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers],
-                type=_HEADERS_ARROW,
-            )
-        )
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -21,7 +21,7 @@ import pyarrow as pa
 from client.cluster import ClusterClient
 from client.types import TopicPartition
 from proto import errors
-from spark_source.columns import Columns, arrow_schema, decode_into, to_record_batch
+from spark_source.columns import arrow_schema, decode_to_arrow
 from spark_source.options import FetchSettings
 
 logger = logging.getLogger(__name__)
@@ -91,15 +91,16 @@ def read_range(task: RangeTask) -> Iterator[pa.RecordBatch]:
             data_loss(f"{task.topic}-{task.partition}: offsets {offset}..{res.log_start_offset - 1} are gone", settings)
             offset = res.log_start_offset
             continue
-        cols = Columns(headers=[] if settings.include_headers else None)
-        result = decode_into(res.records, cols, offset, task.until_offset)
+        batch, result = decode_to_arrow(
+            res.records, task.topic, task.partition, offset, task.until_offset, schema
+        )
         if result.batches == 0:
             _check_stalled(task, offset, res.high_watermark, last_progress)
             continue
         offset = max(offset, result.next_offset)
         last_progress = time.monotonic()
-        if len(cols):
-            yield to_record_batch(cols, task.topic, task.partition, schema)
+        if batch is not None and batch.num_rows:
+            yield batch
 
 
 def _after_error(

@@ -1,20 +1,20 @@
-"""Record batches -> Arrow: values, offsets, ranges, compression, headers, schema."""
+"""Record batches -> Arrow: values, offsets, ranges, compression, headers, schema, corruption."""
 
 from __future__ import annotations
 
-import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from proto import errors
-from spark_source.columns import Columns, arrow_schema, decode_into, spark_schema, to_record_batch
+from spark_source.columns import arrow_schema, decode_to_arrow, spark_schema
 from storage.record_batch import (
     CODEC_LZ4,
     CODEC_NONE,
     CODEC_ZSTD,
     TIMESTAMP_LOG_APPEND_TIME,
     RecordBatchBuilder,
-    decode_batch,
+    build_control_batch,
+    decode_records,
     set_log_append_time,
 )
 
@@ -22,10 +22,15 @@ from storage.record_batch import (
 def _batch(base: int, n: int, codec: int = CODEC_NONE, headers: bool = False) -> bytes:
     b = RecordBatchBuilder(codec, base_offset=base)
     for i in range(n):
-        key = None if i % 3 == 0 else f"k{base + i}".encode()
+        key = None if i % 3 == 0 else f"k{base + i}".encode() * (1 + i % 40)
+        value = None if i == 7 else b"v" * (i % 200) + bytes([i % 256])
         hdrs = [("h", f"{i}".encode()), ("n", None)] if headers and i % 2 else []
-        b.append(1_700_000_000_000 + i * 300, key, b"v" * (i % 200) + bytes([i % 256]), hdrs)
+        b.append(1_700_000_000_000 + i * 300_000, key, value, hdrs)
     return b.build()
+
+
+def _decode(buf: bytes, frm: int, until: int, headers: bool = False):  # type: ignore[no-untyped-def]
+    return decode_to_arrow(buf, "tópic", 3, frm, until, arrow_schema(headers))
 
 
 @pytest.mark.parametrize("include_headers", [False, True])
@@ -35,39 +40,43 @@ def test_arrow_schema_is_what_spark_expects(include_headers: bool) -> None:
 
 
 @pytest.mark.parametrize("codec", [CODEC_NONE, CODEC_LZ4, CODEC_ZSTD])
-def test_decode_matches_reference_decoder(codec: int) -> None:
+@pytest.mark.parametrize("headers", [False, True])
+def test_decode_matches_reference_decoder(codec: int, headers: bool) -> None:
     buf = _batch(100, 150, codec, headers=True) + _batch(250, 40, codec, headers=True)
-    cols = Columns(headers=[])
-    res = decode_into(buf, cols, 100, 290)
+    rb, res = _decode(buf, 100, 290, headers)
     assert res.records == 190 and res.next_offset == 290 and res.batches == 2
-    reference = decode_batch(buf)[1] + decode_batch(buf, len(_batch(100, 150, codec, headers=True)))[1]
-    assert cols.offsets == [r.offset for r in reference]
-    assert cols.keys == [r.key for r in reference]
-    assert cols.values == [r.value for r in reference]
-    assert cols.timestamps_ms == [r.timestamp for r in reference]
-    assert cols.headers == [r.headers or None for r in reference]
-    rb = to_record_batch(cols, "tópic", 3, arrow_schema(True))
-    assert rb.schema.equals(arrow_schema(True))
+    reference = list(decode_records(buf))
+    assert rb is not None and rb.schema.equals(arrow_schema(headers))
+    assert rb.column("offset").to_pylist() == [r.offset for r in reference]
+    assert rb.column("key").to_pylist() == [r.key for r in reference]
+    assert rb.column("value").to_pylist() == [r.value for r in reference]
+    assert [int(t.timestamp() * 1000) for t in rb.column("timestamp").to_pylist()] == [r.timestamp for r in reference]
+    assert rb.column("timestampType").to_pylist() == [0] * 190
     assert rb.column("topic").to_pylist() == ["tópic"] * 190
     assert rb.column("partition").to_pylist() == [3] * 190
-    assert rb.column("offset").to_pylist() == list(range(100, 290))
-    assert rb.column("value").to_pylist() == [r.value for r in reference]
-    first_ts = rb.column("timestamp")[0].as_py()
-    assert int(first_ts.timestamp() * 1000) == reference[0].timestamp
-    assert rb.column("headers")[1].as_py() == [{"key": "h", "value": b"1"}, {"key": "n", "value": None}]
-    assert rb.column("headers")[0].as_py() is None
+    if headers:
+        want = [[{"key": k, "value": v} for k, v in r.headers] or None for r in reference]
+        assert rb.column("headers").to_pylist() == want
 
 
 def test_range_bounds_cut_inside_batches_and_torn_tail_is_left() -> None:
     whole = _batch(0, 10) + _batch(10, 10)
-    cols = Columns()
-    res = decode_into(whole, cols, 5, 13)
-    assert cols.offsets == list(range(5, 13)), cols.offsets
+    rb, res = _decode(whole, 5, 13)
+    assert rb is not None and rb.column("offset").to_pylist() == list(range(5, 13))
     assert res.next_offset == 20
-    torn = whole[:-7]
-    cols = Columns()
-    res = decode_into(torn, cols, 0, 20)
-    assert cols.offsets == list(range(10)) and res.next_offset == 10 and res.batches == 1
+    rb, res = _decode(whole[:-7], 0, 20)
+    assert rb is not None and rb.column("offset").to_pylist() == list(range(10))
+    assert res.next_offset == 10 and res.batches == 1
+    rb, res = _decode(whole[:30], 0, 20)
+    assert rb is None and res.batches == 0 and res.next_offset == 0
+
+
+def test_control_batches_are_skipped_but_advance_the_position() -> None:
+    control = build_control_batch(True, producer_id=5, producer_epoch=0, timestamp_ms=1, base_offset=10)
+    buf = _batch(0, 10) + control + _batch(11, 3)
+    rb, res = _decode(buf, 0, 100)
+    assert rb is not None and rb.column("offset").to_pylist() == list(range(10)) + [11, 12, 13]
+    assert res.next_offset == 14
 
 
 def test_log_append_time_uses_batch_max_timestamp() -> None:
@@ -76,18 +85,19 @@ def test_log_append_time_uses_batch_max_timestamp() -> None:
         b.append(1000 + i, None, b"x")
     buf = bytearray(b.build())
     set_log_append_time(buf, 0, 99_000)
-    cols = Columns()
-    decode_into(bytes(buf), cols, 0, 3)
-    assert cols.timestamps_ms == [99_000] * 3 and cols.timestamp_types == [TIMESTAMP_LOG_APPEND_TIME] * 3
+    rb, _ = _decode(bytes(buf), 0, 3)
+    assert rb is not None
+    assert [int(t.timestamp() * 1000) for t in rb.column("timestamp").to_pylist()] == [99_000] * 3
+    assert rb.column("timestampType").to_pylist() == [TIMESTAMP_LOG_APPEND_TIME] * 3
 
 
 def test_corruption_is_detected() -> None:
     buf = bytearray(_batch(0, 5))
     buf[-3] ^= 0xFF
     with pytest.raises(errors.CorruptMessageError):
-        decode_into(bytes(buf), Columns(), 0, 5)
-
-
-def test_empty_columns_make_an_empty_batch() -> None:
-    rb = to_record_batch(Columns(), "t", 0, arrow_schema(False))
-    assert rb.num_rows == 0 and isinstance(rb, pa.RecordBatch)
+        _decode(bytes(buf), 0, 5)
+    # A bad record inside a batch whose CRC is not checked still fails cleanly.
+    good = bytearray(_batch(0, 5))
+    good[61] = 0x7E  # first record's length varint: 63 -> overruns
+    with pytest.raises(errors.CorruptMessageError):
+        decode_to_arrow(bytes(good), "t", 0, 0, 5, arrow_schema(False), verify_crc=False)
