@@ -104,8 +104,13 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication_factor
 
 
 def run_produce(producer: Producer, topic: str, num_records: int, record_size: int, throughput: float,
-                progress: Progress | None = None) -> PerfResult:
+                progress: Progress | None = None, *, warmup_records: int = 0) -> PerfResult:
     payload = bytes(random.Random(0).randrange(65, 91) for _ in range(record_size))  # Kafka's A-Z payload
+    if warmup_records > 0:
+        # Connections, producer id, leaders and followers settle before the clock starts.
+        for _ in range(warmup_records):
+            producer.send(topic, payload)
+        producer.flush()
     sample_every = max(1, num_records // LATENCY_SAMPLES_MAX)
     samples: list[tuple[float, Any]] = []
     send = producer.send
@@ -154,6 +159,8 @@ def produce_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replication-factor", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=512 * 1024)
     parser.add_argument("--linger-ms", type=int, default=5)
+    parser.add_argument("--warmup-records", type=int, default=0,
+                        help="records sent (and acknowledged) before measuring starts")
     parser.add_argument("--producer-config", nargs="*", metavar="KEY=VALUE", help="any other producer config")
     args = parser.parse_args(argv)
     if args.num_records <= 0 or args.record_size <= 0:
@@ -168,7 +175,7 @@ def produce_main(argv: Sequence[str] | None = None) -> int:
     config.update(_config_pairs(args.producer_config))
     with Producer(config) as producer:
         result = run_produce(producer, args.topic, args.num_records, args.record_size, args.throughput,
-                             Progress("sent"))
+                             Progress("sent"), warmup_records=args.warmup_records)
     print(result.summary("sent"))
     return 0 if result.errors == 0 else 1
 
