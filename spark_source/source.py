@@ -146,6 +146,7 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: PartitionOffsets | None = None  # Trigger.AvailableNow: HWs at start
         self._new_starts: PartitionOffsets = {}  # where partitions found after the start begin
         self._latest_seen: PartitionOffsets = {}
+        self._reported_gone: set[TP] = set()  # data loss is reported once per partition
 
     @property
     def reader(self) -> OffsetReader:
@@ -171,12 +172,12 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = from_json_offsets(start)
-        current = self.reader.partitions()
-        if self._target is not None:
-            current &= set(self._target)
-        gone = sorted(set(begin) - current)
-        if gone and self._target is None:
+        present = self.reader.partitions()
+        gone = sorted(set(begin) - present)
+        if gone and not set(gone) <= self._reported_gone:
+            self._reported_gone |= set(gone)
             data_loss(f"partitions {gone} no longer exist", self.options.fetch)
+        current = present & set(self._target) if self._target is not None else present
         latest = self.reader.latest(current)
         if self._target is not None:
             latest = {tp: min(off, self._target[tp]) for tp, off in latest.items()}
@@ -193,7 +194,10 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = rate_limit(full_start, latest, limit.max_rows)
         else:
             end = dict(latest)
-        # Partitions that vanished keep their last offset only while they still exist.
+        # Partitions not read this time (gone from metadata, or outside the AvailableNow
+        # target) keep their offsets, so they are never mistaken for new ones and re-read.
+        for tp, off in begin.items():
+            end.setdefault(tp, off)
         return to_json_offsets(end)
 
     def reportLatestOffset(self) -> dict | None:
