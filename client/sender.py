@@ -72,6 +72,11 @@ class ProducerIdState:
     producer_id: int = -1
     epoch: int = -1
     next_sequence: dict[TopicPartition, int] = field(default_factory=dict)
+    # Partitions where the broker acknowledged a batch under this id. Until then a
+    # partition has one batch in flight: a broker takes the first sequence it sees from
+    # an unknown producer as the start of its history, and pipelined gRPC requests may
+    # reach it out of order.
+    acked: set[TopicPartition] = field(default_factory=set)
     reset_needed: bool = True  # no id yet
 
 
@@ -178,6 +183,7 @@ class Sender(threading.Thread):
         with self.acc.lock:
             self.pid.producer_id, self.pid.epoch = producer_id, epoch
             self.pid.next_sequence.clear()
+            self.pid.acked.clear()
             self.pid.reset_needed = False
             # Batches sequenced under the old id are sequenced again under the new one.
             for dq in self.acc.batches.values():
@@ -230,7 +236,10 @@ class Sender(threading.Thread):
         for tp in tps[start:] + tps[:start]:
             head = self.acc.batches[tp][0]
             window = self._window(tp)
-            if not head.retry and len(window) >= self.config.max_in_flight:
+            limit = self.config.max_in_flight
+            if self.pid is not None and tp not in self.pid.acked:
+                limit = 1
+            if not head.retry and len(window) >= limit:
                 continue  # wait until the oldest outstanding batch of this partition completes
             batch_bytes = len(head.payload) if head.payload is not None else head.size_bytes
             if out and size + batch_bytes > self.config.max_request_size:
@@ -323,11 +332,18 @@ class Sender(threading.Thread):
                 self._on_error(batch, errors.error_for(
                     errors.ErrorCode.NETWORK_EXCEPTION, f"Produce response from {node} lacks {batch.tp}"))
             elif part.error_code == errors.ErrorCode.NONE:
+                self._acked(batch)
                 self.acc.complete(batch, part.base_offset, part.log_append_time_ms, None)
             elif part.error_code == errors.ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
+                self._acked(batch)
                 self.acc.complete(batch, -1, -1, None)  # written before; offsets unknown (Kafka does the same)
             else:
                 self._on_error(batch, errors.error_for(part.error_code, part.error_message))
+
+    def _acked(self, batch: ProducerBatch) -> None:
+        if self.pid is not None and batch.producer_id == self.pid.producer_id:
+            with self.acc.lock:
+                self.pid.acked.add(batch.tp)
 
     def _earlier_pending(self, batch: ProducerBatch) -> bool:
         """Is a lower-sequence batch of this partition still in flight or waiting for a retry?"""

@@ -183,26 +183,32 @@ def test_sender_window_bounds_batches_written_after_an_unanswered_one() -> None:
     from client.sender import Sender, SenderConfig
 
     acc = make_acc(batch_size=130)
-    for i in range(8):
+    for i in range(9):
         append(acc, b"x" * 100 + bytes([i]))
     cluster = ClusterClient("127.0.0.1:1", request_timeout_ms=100)
     sender = Sender(cluster, acc, SenderConfig(acks=-1, request_timeout_ms=100, max_request_size=1 << 20,
                                                max_in_flight=5, retries=3, retry_backoff_ms=10, idempotent=True))
     sender.pid.producer_id, sender.pid.epoch, sender.pid.reset_needed = 9, 0, False
     with acc.lock:
+        first = sender._drain_node(1, [TP])
+        assert len(first) == 1 and sender._drain_node(1, [TP]) == [], (
+            "until the broker acknowledged one batch of this producer, a partition has one batch in flight")
+    sender._acked(first[0])
+    acc.complete(first[0], 0, -1, None)
+    with acc.lock:
         sent = [sender._drain_node(1, [TP]) for _ in range(6)]
     assert [len(s) for s in sent] == [1, 1, 1, 1, 1, 0], "a 6th batch must wait for the oldest to complete"
-    assert [s[0].base_sequence for s in sent[:5]] == [0, 1, 2, 3, 4]
-    # Sent while batch 0 was unanswered: an OUT_OF_ORDER_SEQUENCE for them may be the broker
+    assert [s[0].base_sequence for s in sent[:5]] == [1, 2, 3, 4, 5]
+    # Sent while batch 1 was unanswered: an OUT_OF_ORDER_SEQUENCE for them may be the broker
     # handling requests out of order, hence retriable.
     assert [s[0].sent_behind for s in sent[:5]] == [False, True, True, True, True]
-    acc.complete(sent[1][0], 1, -1, None)  # a later answer does not open the window...
+    acc.complete(sent[1][0], 2, -1, None)  # a later answer does not open the window...
     with acc.lock:
         assert sender._drain_node(1, [TP]) == []
-    acc.complete(sent[0][0], 0, -1, None)  # ...the oldest one's does
+    acc.complete(sent[0][0], 1, -1, None)  # ...the oldest one's does
     with acc.lock:
         nxt = sender._drain_node(1, [TP])
-    assert len(nxt) == 1 and nxt[0].base_sequence == 5
+    assert len(nxt) == 1 and nxt[0].base_sequence == 6
     cluster.close()
 
 
