@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from client.cluster import ClusterClient
 from client.types import TopicPartition
 from proto import errors
+from spark_source.columns import arrow_schema, decode_to_arrow
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, ReadOptions, Subscription
 from spark_source.planning import TP, PartitionOffsets
 
@@ -110,6 +111,9 @@ class OffsetReader:
 
     def _resolve_timestamps(self, stamps: dict[TP, int]) -> PartitionOffsets:
         found = self._list(stamps)
+        for tp, off in found.items():
+            if off >= 0:
+                found[tp] = self._first_at_or_after(tp, off, stamps[tp])
         missing = sorted(tp for tp, off in found.items() if off < 0)
         if missing:
             if self.options.starting_timestamp_strategy == "error":
@@ -119,6 +123,22 @@ class OffsetReader:
                 )
             found.update(self.latest(missing))
         return found
+
+    def _first_at_or_after(self, tp: TP, offset: int, timestamp_ms: int) -> int:
+        """Refine a batch-granular ListOffsets answer to the first record with ts >= the one asked.
+
+        A broker may answer with the start of the first batch whose max timestamp is late
+        enough (the batch holds the record); Kafka's meaning is the record's own offset.
+        """
+        res = self.client.fetch(TopicPartition(*tp), offset, self.options.fetch.max_partition_fetch_bytes)
+        if res.error is not None or not res.records:
+            return offset
+        batch, _ = decode_to_arrow(res.records, tp[0], tp[1], offset, 2**62, arrow_schema(False))
+        if batch is None:
+            return offset
+        stamps_us = batch.column("timestamp").cast("int64").to_numpy()
+        later = (stamps_us >= timestamp_ms * 1000).nonzero()[0]
+        return int(batch.column("offset")[int(later[0])].as_py()) if later.size else offset
 
     def _with_retries(self, fn, what: str):  # type: ignore[no-untyped-def]
         """fetchOffset.numRetries / fetchOffset.retryIntervalMs around one driver lookup."""

@@ -64,6 +64,14 @@ def _input_partitions(ranges: Sequence[OffsetRange], fetch: FetchSettings) -> li
     ]
 
 
+def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    if not isinstance(partition, BrookInputPartition):
+        # Spark plans one InputPartition(None) when partitions() found nothing to read.
+        assert partition.value is None, f"not a brook partition: {partition!r}"
+        return
+    yield from read_range(partition.task)
+
+
 def _check_ranges(start: PartitionOffsets, end: PartitionOffsets, options: ReadOptions) -> PartitionOffsets:
     """Clamp ranges whose end lies before their start (offsets went backwards: data loss)."""
     fixed = dict(start)
@@ -129,8 +137,7 @@ class BrookBatchReader(DataSourceReader):
         return _input_partitions(ranges, self.options.fetch)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, BrookInputPartition), type(partition)
-        yield from read_range(partition.task)
+        yield from _read(partition)
 
 
 class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -220,8 +227,7 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _input_partitions(ranges, self.options.fetch)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, BrookInputPartition), type(partition)
-        yield from read_range(partition.task)
+        yield from _read(partition)
 
     def commit(self, end: dict) -> None:
         # Offsets live in Spark's checkpoint; nothing is committed to the cluster. Starts

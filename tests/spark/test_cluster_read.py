@@ -237,3 +237,28 @@ def test_never_reads_above_the_high_watermark(spark, brook, tmp_path) -> None:  
     wait_until(lambda: brook.high_watermarks(topic)[0] == 150, 60, "HW to reach 150 after resume")
     again = spark.read.format("brook").option("bootstrap.servers", brook.bootstrap).option("subscribe", topic).load()
     assert again.count() == 150
+
+
+def test_starting_offsets_by_timestamp_and_ending_offsets(spark, brook) -> None:  # type: ignore[no-untyped-def]
+    topic = "by-time"
+    brook.create_topic(topic, 1)
+    base_ms = 1_700_000_000_000
+    with brook.producer() as p:
+        futures = [p.send(topic, b"t%d" % i, partition=0, timestamp=base_ms + i * 1000) for i in range(100)]
+        p.flush(timeout=30)
+        assert [f.result(timeout=30).offset for f in futures] == list(range(100))
+
+    def read(**options: str) -> list[int]:
+        reader = spark.read.format("brook").option("bootstrap.servers", brook.bootstrap).option("subscribe", topic)
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return sorted(r["offset"] for r in reader.load().select("offset").collect())
+
+    # The first record with timestamp >= base + 40.5 s is offset 41.
+    by_ts = json.dumps({topic: {"0": base_ms + 40_500}})
+    assert read(startingOffsetsByTimestamp=by_ts, endingOffsets=json.dumps({topic: {"0": 60}})) == list(range(41, 60))
+    assert read(startingTimestamp=str(base_ms + 98_000)) == [98, 99]
+    with pytest.raises(Exception) as info:
+        read(startingTimestamp=str(base_ms + 500_000))
+    assert "startingOffsetsByTimestampStrategy" in str(info.value), str(info.value)[:2000]
+    assert read(startingTimestamp=str(base_ms + 500_000), startingOffsetsByTimestampStrategy="latest") == []
