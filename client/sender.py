@@ -237,7 +237,9 @@ class Sender(threading.Thread):
             head = self.acc.batches[tp][0]
             window = self._window(tp)
             limit = self.config.max_in_flight
-            if self.pid is not None and tp not in self.pid.acked:
+            if self.pid is None or tp not in self.pid.acked:
+                # Without sequence numbers nothing would stop a broker from applying two
+                # pipelined batches of a partition out of order: one at a time keeps order.
                 limit = 1
             if not head.retry and len(window) >= limit:
                 continue  # wait until the oldest outstanding batch of this partition completes
