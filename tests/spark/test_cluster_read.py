@@ -262,3 +262,19 @@ def test_starting_offsets_by_timestamp_and_ending_offsets(spark, brook) -> None:
         read(startingTimestamp=str(base_ms + 500_000))
     assert "startingOffsetsByTimestampStrategy" in str(info.value), str(info.value)[:2000]
     assert read(startingTimestamp=str(base_ms + 500_000), startingOffsetsByTimestampStrategy="latest") == []
+
+
+def test_assign_with_per_partition_offsets(spark, brook) -> None:  # type: ignore[no-untyped-def]
+    topic = "assigned"
+    brook.create_topic(topic, 3)
+    acked = brook.produce(topic, [b"a%d" % i for i in range(90)])
+    size_1 = sum(1 for p, _ in acked if p == 1)
+    rows = (spark.read.format("brook").option("bootstrap.servers", brook.bootstrap)
+            .option("assign", json.dumps({topic: [1]})).option("startingOffsets", json.dumps({topic: {"1": 5}}))
+            .load().select("partition", "offset").collect())
+    assert sorted((r["partition"], r["offset"]) for r in rows) == [(1, o) for o in range(5, size_1)]
+    # With subscribe, per-partition JSON must name every partition read.
+    with pytest.raises(Exception) as info:
+        (spark.read.format("brook").option("bootstrap.servers", brook.bootstrap).option("subscribe", topic)
+         .option("startingOffsets", json.dumps({topic: {"0": -2}})).load().count())
+    assert "startingOffsets" in str(info.value) and "every partition" in str(info.value), str(info.value)[:2000]
