@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv test test-fast demo proto lint soak bench-storage bench-metadata bench-produce bench-consume bench-spark clean
+.PHONY: venv test test-fast demo proto lint soak bench bench-storage bench-codec bench-metadata bench-client bench-spark clean
 
 venv: $(STAMP)
 
@@ -43,6 +43,20 @@ bench-storage: venv
 
 bench-metadata: venv
 	$(PY) -m metadata_quorum.bench
+
+bench-codec: venv
+	$(PY) -m storage.codec_bench
+
+## Producer/consumer throughput and latency on a fresh local 3-node cluster (RF 3).
+bench-client: venv
+	$(PY) -m deploy.local.bench
+
+## Spark streaming read into a noop sink on a fresh local 3-node cluster.
+bench-spark: venv
+	$(PY) -m spark_source.bench
+
+## Every benchmark, one after the other.
+bench: bench-codec bench-storage bench-metadata bench-client bench-spark
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
