@@ -120,6 +120,9 @@ class Consumer:
         self._pending_error: BaseException | None = None
         self._next_auto_commit = time.monotonic() + self._auto_commit_s
         self._commit_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._last_async_commit: concurrent.futures.Future[None] | None = None
+        self._request_timeout_ms = request_timeout_ms
+        self._closing = False
         self._closed = False
         self._iter_buffer: list[ConsumerRecord] = []
         if topics:
@@ -208,6 +211,10 @@ class Consumer:
 
     # Called by group membership when the coordinator hands out a new assignment.
     def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        if revoked and not self._closing:
+            # close() has already committed everything; otherwise this is the last chance
+            # to commit these partitions before another member resumes from their commit.
+            self._auto_commit_before_revoke(revoked)
         if self._listener is not None and revoked:
             self._listener.on_partitions_revoked(set(revoked))
         for tp in revoked:
@@ -516,7 +523,20 @@ class Consumer:
             if callback is not None:
                 callback(chosen, None)
 
-        return self._commit_executor.submit(run)
+        future = self._commit_executor.submit(run)
+        self._last_async_commit = future
+        return future
+
+    def _wait_for_async_commits(self, timeout_ms: int) -> None:
+        """Let queued async commits land first: one finishing after a later synchronous commit
+        would move the committed offset back and records would be processed twice."""
+        pending = self._last_async_commit
+        if pending is None:
+            return
+        # One worker runs them in order, so the last one done means all are done.
+        done, _ = concurrent.futures.wait([pending], timeout=timeout_ms / 1000)
+        if not done:
+            log.warning("async commits still running after %d ms; committing anyway", timeout_ms)
 
     def committed(self, partitions: TopicPartition | Iterable[TopicPartition], timeout_ms: int | None = None
                   ) -> OffsetAndMetadata | None | dict[TopicPartition, OffsetAndMetadata | None]:
@@ -526,6 +546,25 @@ class Consumer:
         if isinstance(partitions, TopicPartition):
             return self._coordinator.committed([partitions], timeout_ms=timeout_ms).get(partitions)
         return self._coordinator.committed(list(partitions), timeout_ms=timeout_ms)
+
+    def _auto_commit_before_revoke(self, revoked: set[TopicPartition]) -> None:
+        """enable.auto.commit: commit the positions of ``revoked`` synchronously before they go
+        (Kafka's ConsumerCoordinator commits in onJoinPrepare), so their next owner starts
+        right after the last record poll() returned here. A refused commit (the group moved
+        on) is logged: the partitions are gone either way, as in Kafka."""
+        if not self._auto_commit:
+            return
+        offsets = {tp: om for tp, om in self._current_offsets().items() if tp in revoked}
+        if not offsets:
+            return
+        self._wait_for_async_commits(self._request_timeout_ms)
+        try:
+            self._commit_now(offsets, self._request_timeout_ms)
+        except errors.BrookError as exc:
+            log.warning("auto commit of %d revoked partition(s) failed: %s", len(offsets), exc)
+            return
+        self._next_auto_commit = time.monotonic() + self._auto_commit_s
+        log.debug("auto-committed %d partition(s) before revocation", len(offsets))
 
     def _maybe_auto_commit(self) -> None:
         if not self._auto_commit or time.monotonic() < self._next_auto_commit:
@@ -562,10 +601,14 @@ class Consumer:
             return
         try:
             if autocommit and self._auto_commit and self._current_offsets():
+                self._wait_for_async_commits(timeout_ms)
                 try:
                     self.commit(timeout_ms=timeout_ms)
                 except errors.BrookError as exc:
                     log.warning("final auto commit failed: %s", exc)
+            # Everything was committed just above (or the caller asked for no commit): the
+            # revocation in membership.close() must not commit again.
+            self._closing = True
             if self._membership is not None:
                 self._membership.close(leave=True, revoke=True)
         finally:

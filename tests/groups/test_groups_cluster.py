@@ -228,6 +228,109 @@ def test_commit_before_revoke_gives_exactly_once_across_clean_rebalances(
     assert len(expected) > 100, f"producer only wrote {len(expected)} records"
 
 
+
+class AutoCommitMember:
+    """A consumer with enable.auto.commit=true polling in its own thread. It "processes"
+    every record poll() returned before the next poll() and never commits by itself: the
+    periodic auto commit is set far beyond the test, so only the consumer's own
+    commit-before-revoke and commit-on-close can keep the next owner from re-reading."""
+
+    def __init__(self, cluster: LocalCluster, group: str, topic: str, name: str, assignor: str) -> None:
+        self.name = name
+        self.lock = threading.Lock()
+        self.processed: list[str] = []
+        self.owned: set[TP] = set()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=group, client_id=name,
+                                 auto_offset_reset="earliest", enable_auto_commit=True,
+                                 auto_commit_interval_ms=3_600_000, session_timeout_ms=SESSION_MS,
+                                 heartbeat_interval_ms=500, max_poll_interval_ms=20_000, max_poll_records=50,
+                                 partition_assignment_strategy=assignor)
+        self.consumer.subscribe([topic])
+        self.thread = threading.Thread(target=self._run, daemon=True, name=name)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                batch = self.consumer.poll(100)
+                with self.lock:
+                    self.processed += [r.value.decode() for recs in batch.values() for r in recs]
+                    self.owned = set(self.consumer.assignment())
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+        finally:
+            self.consumer.close()  # clean: commit (auto commit is on), then LeaveGroup
+
+    def assignment(self) -> set[TP]:
+        assert self.error is None, f"{self.name} failed: {self.error!r}"
+        with self.lock:
+            return set(self.owned)
+
+    def values(self) -> list[str]:
+        with self.lock:
+            return list(self.processed)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive(), f"{self.name} did not close"
+        assert self.error is None, f"{self.name} failed: {self.error!r}"
+
+
+@pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])
+def test_auto_commit_commits_before_revocation_so_a_clean_rebalance_delivers_each_record_once(
+        cluster: LocalCluster, assignor: str) -> None:
+    topic, group = f"autocommit-{assignor}", f"g-autocommit-{assignor}"
+    create_topic(cluster, topic, 4)
+    produced: list[str] = []
+    stop = threading.Event()
+
+    def keep_producing() -> None:
+        with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=5) as p:
+            i = 0
+            while not stop.is_set() and i < 20_000:
+                v = f"r{i}"
+                p.send(topic, v.encode(), partition=i % 4).result(timeout=30)
+                produced.append(v)
+                i += 1
+                time.sleep(0.005)
+
+    producer = threading.Thread(target=keep_producing, daemon=True)
+    producer.start()
+    members: list[AutoCommitMember] = []
+    try:
+        a = AutoCommitMember(cluster, group, topic, "a", assignor)
+        members.append(a)
+        wait_for(lambda: len(a.assignment()) == 4 and len(a.values()) > 50, 60, "a owns all four and consumes")
+        b = AutoCommitMember(cluster, group, topic, "b", assignor)  # joins: a's partitions move
+        members.append(b)
+        wait_for(lambda: len(a.assignment()) == 2 and len(b.assignment()) == 2, 60, "a and b share the partitions")
+        seen_b = len(b.values())
+        wait_for(lambda: len(b.values()) > seen_b + 20, 30, "b consuming what it took over")
+        b.close()  # leaves cleanly: its partitions go back to a
+        wait_for(lambda: len(a.assignment()) == 4, 30, "a takes b's partitions back")
+        seen_a = len(a.values())
+        wait_for(lambda: len(a.values()) > seen_a + 20, 30, "a consuming after the second rebalance")
+        stop.set()
+        producer.join(60)
+        expected = list(produced)
+        wait_for(lambda: set(expected) <= set(a.values() + b.values()), 30, "every produced record consumed")
+        a.close()
+    finally:
+        stop.set()
+        producer.join(60)
+        for m in members:
+            m.stop.set()
+            m.thread.join(60)
+    delivered = sum((m.values() for m in members), [])
+    dups = {v: n for v, n in Counter(delivered).items() if n > 1}
+    assert not dups, (f"{len(dups)} of {len(expected)} records delivered twice across clean rebalances with "
+                      f"enable.auto.commit, e.g. {sorted(dups)[:5]}")
+    assert set(expected) <= set(delivered), "records lost"
+    assert len(expected) > 100, f"producer only wrote {len(expected)} records"
+
 def group_stub(cluster: LocalCluster, node_id: int, client: ClusterClient) -> group_pb2_grpc.GroupCoordinatorServiceStub:
     return group_pb2_grpc.GroupCoordinatorServiceStub(client.channel_for_address(cluster.broker_address(node_id)))
 
