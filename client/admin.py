@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,11 @@ from proto import controller_pb2, group_pb2
 log = logging.getLogger(__name__)
 
 OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
+# Per-group answers that mean "ask the group's coordinator again": it moved (NOT_COORDINATOR),
+# is replaying its offsets partition (LOAD_IN_PROGRESS) or has none yet (NOT_AVAILABLE).
+_COORDINATOR_RETRY_CODES = frozenset({errors.ErrorCode.NOT_COORDINATOR, errors.ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                                      errors.ErrorCode.COORDINATOR_NOT_AVAILABLE})
+COORDINATOR_CACHE_MAX = 256  # bound on the groups whose coordinator an Admin remembers
 
 
 @dataclass
@@ -126,6 +131,7 @@ class Admin:
         self.cluster = ClusterClient(bootstrap_servers, request_timeout_ms=request_timeout_ms)
         self._controller_endpoints = controller_endpoints
         self._controller: Any = None
+        self._coordinators: dict[str, GroupCoordinatorClient] = {}
 
     # ---- plumbing ----
     @property
@@ -302,14 +308,41 @@ class Admin:
         return sorted(found.values(), key=lambda g: g.group_id)
 
     def _group(self, group_id: str) -> GroupCoordinatorClient:
-        return GroupCoordinatorClient(self.cluster, group_id, request_timeout_ms=self.request_timeout_ms)
+        """The coordinator client of ``group_id`` (remembered, so repeated calls skip FindCoordinator)."""
+        coord = self._coordinators.get(group_id)
+        if coord is None:
+            if len(self._coordinators) >= COORDINATOR_CACHE_MAX:
+                self._coordinators.pop(next(iter(self._coordinators)))  # oldest first
+            coord = GroupCoordinatorClient(self.cluster, group_id, request_timeout_ms=self.request_timeout_ms)
+            self._coordinators[group_id] = coord
+        return coord
+
+    def _group_call(self, group_id: str, method: str, request: Any, results: Callable[[Any], Iterable[Any]],
+                    timeout_ms: int | None = None) -> Any:
+        """Send a per-group request to ``group_id``'s coordinator. Transport and top-level errors are
+        retried by the coordinator client; a per-group NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS or
+        COORDINATOR_NOT_AVAILABLE in ``results(response)`` is retried here, finding the coordinator
+        again, with backoff, until the request timeout (then the last such error is raised)."""
+        coord = self._group(group_id)
+
+        def attempt(timeout_s: float) -> Any:
+            response = coord.call(method, request, timeout_ms=max(1, int(timeout_s * 1000)), check=False)
+            for r in results(response):
+                if r.error_code in _COORDINATOR_RETRY_CODES:
+                    if r.error_code != errors.ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+                        coord.forget()  # loading: same coordinator, just not ready yet
+                    log.debug("%s for group %r: %s; retrying", method, group_id, errors.code_name(r.error_code))
+                    raise errors.error_for(r.error_code, r.error_message or f"{method} for group {group_id!r}")
+            return response
+
+        return self.cluster.with_retries(attempt, timeout_ms=timeout_ms or self.request_timeout_ms)
 
     def describe_groups(self, group_ids: Iterable[str], *, include_offsets: bool = True
                         ) -> dict[str, GroupDescription]:
         out = {}
         for gid in group_ids:
-            r = self._group(gid).call("DescribeGroups", group_pb2.DescribeGroupsRequest(
-                group_ids=[gid], include_offsets=include_offsets), check=False)
+            r = self._group_call(gid, "DescribeGroups", group_pb2.DescribeGroupsRequest(
+                group_ids=[gid], include_offsets=include_offsets), lambda resp: resp.groups)
             for g in r.groups:
                 errors.raise_for(g.error_code, g.error_message or f"group {g.group_id!r}")
                 out[g.group_id] = _group_description(g)
@@ -319,7 +352,8 @@ class Admin:
                       ) -> dict[str, errors.BrookError | None]:
         out: dict[str, errors.BrookError | None] = {}
         for gid in group_ids:
-            r = self._group(gid).call("DeleteGroups", group_pb2.DeleteGroupsRequest(group_ids=[gid]), check=False)
+            r = self._group_call(gid, "DeleteGroups", group_pb2.DeleteGroupsRequest(group_ids=[gid]),
+                                 lambda resp: resp.results)
             for res in r.results:
                 out[res.group_id] = errors.error_for(res.error_code, res.error_message) if res.error_code else None
         if raise_on_error:

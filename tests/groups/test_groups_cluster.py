@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from client.admin import Admin
 from client.cluster import ClusterClient
 from client.consumer import Consumer
 from client.coordinator import GroupCoordinatorClient
@@ -468,6 +469,47 @@ def test_committed_offsets_survive_sigkill_of_the_coordinator(cluster: LocalClus
         cluster.start_node(victim)
         cluster.wait_ready(90)
 
+
+
+def test_admin_group_calls_find_the_coordinator_again_after_it_moves(cluster: LocalCluster) -> None:
+    topic, group = "admin-moves", "g-admin-moves"
+    create_topic(cluster, topic, 2)
+    want = {TP(topic, 0): 11, TP(topic, 1): 22}
+    with Admin(cluster.bootstrap_servers, request_timeout_ms=60_000) as admin:
+        coord = admin._group(group)
+        coord.commit(want)
+        victim = coord.node_id
+        assert victim in cluster.broker_ids
+
+        def offsets_of(desc: Any) -> dict[TP, int]:
+            return {tp: o.committed_offset for tp, o in desc.offsets.items()}
+
+        # A stale coordinator (as the cache holds after a move): the live broker it names
+        # answers NOT_COORDINATOR for the group, and the admin has to find the real one.
+        other = next(n for n in cluster.broker_ids if n != victim)
+        with coord._lock:
+            coord._address, coord.node_id = cluster.broker_address(other), other
+        desc = admin.describe_groups([group])[group]
+        assert desc.coordinator_id == victim and offsets_of(desc) == want, desc
+
+        # The coordinator's broker dies: describe at once; it succeeds once the offsets
+        # partition has a new leader that loaded the group (NOT_COORDINATOR,
+        # COORDINATOR_LOAD_IN_PROGRESS and dead-broker errors on the way are retried).
+        cluster.kill_node(victim, signal.SIGKILL)
+        try:
+            desc = admin.describe_groups([group])[group]
+            assert desc.coordinator_id != victim, f"answered by the killed broker {victim}: {desc}"
+            assert desc.state == "Empty" and offsets_of(desc) == want, desc
+            # Stale again (the surviving broker that is not the new coordinator), now for
+            # delete_groups, which goes through the same per-group retry.
+            stale = next(n for n in cluster.broker_ids if n not in (victim, desc.coordinator_id))
+            with coord._lock:
+                coord._address, coord.node_id = cluster.broker_address(stale), stale
+            assert admin.delete_groups([group]) == {group: None}
+            assert admin.describe_groups([group])[group].state == "Dead"
+        finally:
+            cluster.start_node(victim)
+            cluster.wait_ready(90)
 
 def _committed_or_none(coord: GroupCoordinatorClient, tps: list[TP]) -> dict | None:
     try:
