@@ -362,11 +362,12 @@ class Log:
         """Producer-state checks for every batch; a sole duplicate batch returns its original info."""
         pending: dict[int, ProducerEntry] = {}
         offset = self._log_end_offset
+        lost = self._producer_state_may_be_lost()
         for h in headers:
             if h.producer_id < 0:
                 offset += h.last_offset_delta + 1
                 continue
-            dup = self.producer_state.check_leader_append(h, pending)
+            dup = self.producer_state.check_leader_append(h, pending, state_may_be_lost=lost)
             if dup is not None:
                 if len(headers) != 1:
                     raise errors.DuplicateSequenceNumberError(  # type: ignore[attr-defined]
@@ -377,6 +378,17 @@ class Log:
             ProducerStateManager.apply_to(pending, self.producer_state.entry(h.producer_id), h, offset)
             offset += h.last_offset_delta + 1
         return None
+
+    def _producer_state_may_be_lost(self) -> bool:
+        """Evidence that producers once written here may no longer be tracked.
+
+        The log start moved (retention, DeleteRecords, a follower restarting above 0),
+        compaction may have removed every batch of a producer (the state is rebuilt from
+        the remaining batch headers on open), or the state manager dropped entries (the
+        producer cap, truncation). Without any of these an unknown producer is new.
+        """
+        return (self._log_start_offset > 0 or self._config.compact
+                or self.producer_state.forgot_producers)
 
     def append_as_follower(self, records: bytes) -> AppendInfo:
         """Append the leader's batches as they are (offsets and epochs already assigned).
@@ -585,7 +597,9 @@ class Log:
                 self._schedule_delete(seg)  # renamed first, so the new segment's names are free
             self._set_segments([self._new_segment(offset, writable=True, now_ms=_now_ms(None))])
             self.epoch_cache.clear()
+            dropped = len(self.producer_state) > 0
             self.producer_state.clear()
+            self.producer_state.forgot_producers = dropped
             self._log_start_offset = self._log_end_offset = offset
             self._high_watermark = self._recovery_point = offset
             self._truncations += 1

@@ -8,13 +8,23 @@ HEADERS only. The leader checks each produced batch against it:
   the caller answers with the original offsets (a retried produce is idempotent);
 * an older epoch -> InvalidProducerEpochError (a zombie producer is fenced);
 * a newer epoch must start at sequence 0; the same epoch must continue at last_seq + 1
-  (int32 wrap-around) -> otherwise OutOfOrderSequenceNumberError.
+  (int32 wrap-around) -> otherwise OutOfOrderSequenceNumberError;
+* a producer id with no state must start at sequence 0, as Kafka's brokers before
+  KIP-360 required. Accepting any first sequence would let a later batch that overtook
+  an earlier one (pipelined gRPC requests are handled concurrently) start the
+  producer's history, after which the earlier batch is refused and its records lost.
+  A non-zero first sequence is refused with OutOfOrderSequenceNumberError (nothing
+  appended; the client retries it after the earlier batches), or with
+  UnknownProducerIdError when the log has evidence that producer state may have been
+  lost (the caller says so: log start moved, compaction, truncation, the producer cap),
+  so the client can bump its epoch and restart that partition's sequences at 0.
 
 Followers apply the leader's batches without checks. The state is rebuilt on open by
 scanning batch headers; a snapshot written at clean close (``producer-state-snapshot``,
 valid up to the offset it names) lets the next open scan only what follows it. The
-number of tracked producers is bounded (least recently active is forgotten first); a
-forgotten producer is treated as new.
+number of tracked producers is bounded (least recently active is forgotten first);
+forgetting one (by the cap or by truncation) sets ``forgot_producers``, evidence the
+owning Log passes back as ``state_may_be_lost``.
 """
 
 from __future__ import annotations
@@ -73,6 +83,9 @@ class ProducerStateManager:
     def __init__(self, max_producers: int = DEFAULT_MAX_PRODUCERS) -> None:
         self.max_producers = max_producers
         self._producers: OrderedDict[int, ProducerEntry] = OrderedDict()
+        # Set once an entry was dropped (producer cap or truncation) while the log kept
+        # going: an unknown producer may then be one whose history we no longer have.
+        self.forgot_producers = False
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -81,19 +94,23 @@ class ProducerStateManager:
         return self._producers.get(producer_id)
 
     def check_leader_append(
-        self, h: BatchHeader, pending: dict[int, ProducerEntry] | None = None
+        self, h: BatchHeader, pending: dict[int, ProducerEntry] | None = None, *,
+        state_may_be_lost: bool = False,
     ) -> BatchMetadata | None:
         """Validate one produced batch; return the original's metadata if it is a duplicate.
 
         ``pending`` holds the state as updated by earlier batches of the same append call
         (checked but not yet written), so several batches of one producer in one call chain.
+        ``state_may_be_lost``: the log may once have held batches of producers it no longer
+        tracks; an unknown producer not starting at 0 then gets UnknownProducerIdError.
         """
         pid = h.producer_id
         if pid < 0:
             return None
         current = (pending or {}).get(pid) or self._producers.get(pid)
         if current is None:
-            return None  # new (or forgotten) producer: any sequence starts its history
+            self._check_first_sequence(h, state_may_be_lost)
+            return None
         if h.producer_epoch < current.epoch:
             raise errors.InvalidProducerEpochError(
                 f"producer {pid} epoch {h.producer_epoch} is older than current epoch {current.epoch}"
@@ -115,6 +132,19 @@ class ProducerStateManager:
                 f"{(current.last_seq + 1) % _SEQ_MODULUS}, got {h.base_sequence}"
             )
         return None
+
+    @staticmethod
+    def _check_first_sequence(h: BatchHeader, state_may_be_lost: bool) -> None:
+        """A producer this log has no state for must begin its history at sequence 0."""
+        if h.base_sequence in (0, NO_SEQUENCE):
+            return
+        if state_may_be_lost:
+            raise errors.UnknownProducerIdError(
+                f"no state for producer {h.producer_id} (epoch {h.producer_epoch}, sequence {h.base_sequence}); "
+                "its batches may have been removed by retention, compaction or truncation")
+        raise errors.OutOfOrderSequenceNumberError(
+            f"producer {h.producer_id} epoch {h.producer_epoch}: expected sequence 0 from a new producer, "
+            f"got {h.base_sequence}")
 
     @staticmethod
     def apply_to(state: dict[int, ProducerEntry], base: ProducerEntry | None, h: BatchHeader,
@@ -149,6 +179,7 @@ class ProducerStateManager:
             self._producers.move_to_end(pid)
         while len(self._producers) > self.max_producers:
             pid, _ = self._producers.popitem(last=False)
+            self.forgot_producers = True
             log.debug("forgetting least recently active producer %d (cap %d)", pid, self.max_producers)
 
     def truncate_from(self, offset: int) -> None:
@@ -159,11 +190,14 @@ class ProducerStateManager:
             if len(kept) != len(entry.batches):
                 if not kept:
                     del self._producers[pid]
+                    self.forgot_producers = True
                 else:
                     entry.batches = deque(kept, maxlen=NUM_BATCHES_TO_RETAIN)
 
     def clear(self) -> None:
+        """Empty state for a rebuild; a caller dropping live state sets ``forgot_producers`` itself."""
         self._producers.clear()
+        self.forgot_producers = False
 
     # -- snapshot ------------------------------------------------------------------------
     def write_snapshot(self, path: Path, offset: int) -> None:
