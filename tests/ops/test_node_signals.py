@@ -1,13 +1,23 @@
 """brook-server signals on a real cluster: SIGTERM is a controlled shutdown (leaderships move away,
-exit 0); a second signal exits at once (exit 3) and the node restarts with its acknowledged data."""
+exit 0); a second signal exits at once (exit 3) and the node restarts with its acknowledged data.
+
+The double-signal half must not depend on timing: a node that leads nothing can finish its
+controlled shutdown before the second signal lands (and then rightly exits 0). So the victim
+first leads partitions again, and its two peers are paused (SIGSTOP) while it stops: without
+a quorum its controlled shutdown cannot finish (it waits up to controlled.shutdown.timeout.ms),
+so the second signal, sent once the node logs that its controlled shutdown began, always
+arrives while that shutdown is still in progress."""
 
 from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from client.admin import Admin, NewTopic
 from client.cluster import ClusterClient
 from client.consumer import Consumer
 from client.producer import Producer
@@ -17,11 +27,23 @@ from deploy.local.cluster import LocalCluster
 pytestmark = pytest.mark.slow
 
 TOPIC = "signals"
+LED = "signals-led"  # pinned so that the restarted victim leads it
 
 
-def leaders(bootstrap: str) -> dict[int, int]:
+def leaders(bootstrap: str, topic: str = TOPIC) -> dict[int, int]:
     with ClusterClient(bootstrap) as cc:
-        return {p: m.leader for p, m in cc.metadata([TOPIC], refresh=True).topics[TOPIC].partitions.items()}
+        return {p: m.leader for p, m in cc.metadata([topic], refresh=True).topics[topic].partitions.items()}
+
+
+def wait_for(cond: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last saw {last!r}")
 
 
 def wait_exit(cluster: LocalCluster, node_id: int, timeout_s: float) -> int:
@@ -34,10 +56,10 @@ def wait_exit(cluster: LocalCluster, node_id: int, timeout_s: float) -> int:
     raise AssertionError(f"node {node_id} still running after {timeout_s} s")
 
 
-def count_records(bootstrap: str, partitions: int) -> int:
+def count_records(bootstrap: str, partitions: int, topic: str = TOPIC) -> int:
     consumer = Consumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:
-        tps = [TopicPartition(TOPIC, p) for p in range(partitions)]
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         ends = consumer.end_offsets(tps)
@@ -70,12 +92,42 @@ def test_sigterm_moves_leaderships_then_second_signal_exits_at_once(ops_cluster:
     # Two signals in a row: the second one exits at once, without waiting for the controlled stop.
     ops_cluster.start_node(victim)
     ops_cluster.wait_ready(90)
-    ops_cluster.kill_node(victim, signal.SIGTERM)
-    ops_cluster.kill_node(victim, signal.SIGINT)
-    assert wait_exit(ops_cluster, victim, 30) == 3
-    assert "exiting now" in ops_cluster.node_log(victim).read_text()
+    peers = [n for n in ops_cluster.broker_ids if n != victim]
+    with Admin(ops_cluster.bootstrap_servers) as admin:  # the victim is every partition's preferred leader
+        admin.create_topics([NewTopic(LED, replica_assignments=[[victim, *peers], [victim, *reversed(peers)]])])
+    wait_for(lambda: set(leaders(ops_cluster.bootstrap_servers, LED).values()) == {victim}, 30,
+             f"broker {victim} leading every partition of {LED}")
+    with Producer(bootstrap_servers=ops_cluster.bootstrap_servers, acks="all") as producer:
+        for i in range(20):
+            producer.send(LED, b"w%d" % i, partition=i % 2)
+        producer.flush(30)
+    node_log = ops_cluster.node_log(victim)
+    log_start = node_log.stat().st_size
+    begun = f"broker {victim}: controlled shutdown"
+
+    def new_log() -> str:
+        with node_log.open("rb") as f:
+            f.seek(log_start)
+            return f.read().decode(errors="replace")
+
+    for peer in peers:  # no quorum: the victim's controlled shutdown cannot complete
+        ops_cluster.pause_node(peer)
+    try:
+        ops_cluster.kill_node(victim, signal.SIGTERM)
+        wait_for(lambda: begun in new_log(), 15, f"{begun!r} in the victim's log")
+        ops_cluster.kill_node(victim, signal.SIGINT)
+        code = wait_exit(ops_cluster, victim, 30)
+    finally:
+        for peer in peers:
+            ops_cluster.resume_node(peer)
+    text = new_log()
+    assert code == 3, f"exit code {code} after a second signal; log:\n{text[-3000:]}"
+    assert "exiting now" in text and "controlled shutdown complete" not in text, text[-3000:]
 
     # Storage is crash-safe: the node comes back and every acknowledged record is still there.
     ops_cluster.start_node(victim)
     ops_cluster.wait_ready(90)
     assert count_records(ops_cluster.bootstrap_servers, 6) == 60
+    assert count_records(ops_cluster.bootstrap_servers, 2, LED) == 20
+    with Admin(ops_cluster.bootstrap_servers) as admin:
+        admin.delete_topics([LED])
