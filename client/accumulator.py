@@ -356,13 +356,18 @@ class RecordAccumulator:
     def reenqueue(self, batch: ProducerBatch) -> None:
         """Put a batch back for a retry, before newer batches of its partition, in sequence order."""
         with self.lock:
-            batch.retry = True
-            dq = self.batches.setdefault(batch.tp, deque())
-            index = 0
-            while index < len(dq) and dq[index].retry and dq[index].base_sequence < batch.base_sequence:
-                index += 1
-            dq.insert(index, batch)
-            self.wakeup.notify()
+            self.reenqueue_locked(batch)
+
+    def reenqueue_locked(self, batch: ProducerBatch) -> None:
+        """``reenqueue`` for a caller holding ``lock``."""
+        batch.retry = True
+        dq = self.batches.setdefault(batch.tp, deque())
+        index = 0
+        # Batches whose sequence was reset (-1) are sent in queue order after the sequenced ones.
+        while index < len(dq) and dq[index].retry and 0 <= dq[index].base_sequence < batch.base_sequence:
+            index += 1
+        dq.insert(index, batch)
+        self.wakeup.notify()
 
     def expired(self, now: float) -> list[ProducerBatch]:
         """Remove and return queued batches past delivery.timeout.ms. Caller holds ``lock``."""

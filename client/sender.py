@@ -13,7 +13,20 @@ message.
 Idempotence: every batch gets (producer id, epoch, base sequence) the first time it
 is drained; the bytes are stamped with them (and the CRC recomputed) so a retry is
 byte-identical and the broker's ProducerStateManager drops it if the first attempt
-was in fact written.
+was in fact written. A batch keeps its sequence for as long as any attempt of it may
+have been written.
+
+Brokers require a producer they have no state for to start at sequence 0, and the
+sequence to continue without gaps; gRPC may apply pipelined requests out of order, so
+a batch that overtook an earlier one is refused with OUT_OF_ORDER_SEQUENCE_NUMBER (or
+UNKNOWN_PRODUCER_ID on a log that may have lost producer state). Such a batch is
+retried, in sequence order, after the earlier ones. A refusal no earlier batch can
+explain means the partition's sequence is broken there (the broker lost the
+producer's state, or an earlier batch failed for good): nothing from that batch on
+can have been written under the partition's epoch, so once none of the partition's
+batches is in flight, its unacknowledged batches are sequenced again from 0 under a
+bumped epoch (KIP-360; InitProducerId with the current id and epoch). Other
+partitions keep their epoch and sequences.
 """
 
 from __future__ import annotations
@@ -48,6 +61,11 @@ SEQUENCE_MODULUS = 2**31  # sequences wrap like Kafka's
 _OUT_OF_ORDER = (errors.ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, errors.ErrorCode.UNKNOWN_PRODUCER_ID)
 
 
+def _precedes(a: ProducerBatch, b: ProducerBatch) -> bool:
+    """Was ``a`` sequenced before ``b`` under the same producer id and epoch?"""
+    return (a.producer_id, a.producer_epoch) == (b.producer_id, b.producer_epoch) and 0 <= a.base_sequence < b.base_sequence
+
+
 def stamp_producer_state(payload: bytes, producer_id: int, epoch: int, base_sequence: int) -> bytes:
     """Write producer id/epoch/base sequence into a built batch and fix its CRC-32C."""
     buf = bytearray(payload)
@@ -69,15 +87,16 @@ class SenderConfig:
 
 @dataclass
 class ProducerIdState:
-    producer_id: int = -1
+    producer_id: int = -1  # the newest (id, epoch) the cluster gave us
     epoch: int = -1
     next_sequence: dict[TopicPartition, int] = field(default_factory=dict)
-    # Partitions where the broker acknowledged a batch under this id. Until then a
-    # partition has one batch in flight: a broker takes the first sequence it sees from
-    # an unknown producer as the start of its history, and pipelined gRPC requests may
-    # reach it out of order.
-    acked: set[TopicPartition] = field(default_factory=set)
+    # The (id, epoch) each partition's sequences run under: a partition moves to a newer
+    # epoch only when its own sequence is reset, so the others never wait for it.
+    partition_ids: dict[TopicPartition, tuple[int, int]] = field(default_factory=dict)
+    # Partitions whose sequence broke: no batch goes out for them until it is reset.
+    resets: set[TopicPartition] = field(default_factory=set)
     reset_needed: bool = True  # no id yet
+    bump_needed: bool = False  # a reset partition already runs under the newest epoch
 
 
 class Sender(threading.Thread):
@@ -138,15 +157,16 @@ class Sender(threading.Thread):
             self._fail(batch, errors.RequestTimedOutError(
                 f"expiring {batch.record_count} record(s) for {batch.tp.topic}-{batch.tp.partition}: "
                 f"delivery.timeout.ms elapsed since batch creation"))
-        if self.pid is not None and self.pid.reset_needed and self._has_work():
-            # Nothing new goes out under the old id: wait for in-flight requests, then re-init.
-            # (Only once there is something to send: an idle producer makes no requests.)
-            if self._requests_in_flight():
-                self._pause(0.01)
-                return
-            if not self._init_producer_id():
-                self._pause(self.config.retry_backoff_ms / 1000)
-                return
+        if self.pid is not None:
+            with self.acc.lock:
+                self._reset_partitions()
+            # Only once there is something to send: an idle producer makes no requests.
+            if (self.pid.reset_needed or self.pid.bump_needed) and self._has_work():
+                if not self._init_producer_id():
+                    self._pause(self.config.retry_backoff_ms / 1000)
+                    return
+                with self.acc.lock:
+                    self._reset_partitions()
         leaders = self._leaders()
         with self.acc.lock:
             ready, wait_s = self.acc.ready(now, self.in_flight_batches.keys())
@@ -165,32 +185,48 @@ class Sender(threading.Thread):
     def _has_work_locked(self) -> bool:
         return any(self.acc.batches.values()) or any(self.in_flight_requests.values())
 
-    def _requests_in_flight(self) -> bool:
-        with self.acc.lock:
-            return any(self.in_flight_requests.values())
-
     def _pause(self, seconds: float) -> None:
         with self.acc.lock:
             self.acc.wakeup.wait(seconds)
 
     def _init_producer_id(self) -> bool:
+        """A first producer id, or (KIP-360) the current one with a bumped epoch."""
         assert self.pid is not None
+        current = (-1, -1) if self.pid.reset_needed else (self.pid.producer_id, self.pid.epoch)
         try:
-            producer_id, epoch = self.cluster.init_producer_id()
+            producer_id, epoch = self.cluster.init_producer_id(*current)
         except errors.BrookError as exc:
             log.warning("InitProducerId failed, will retry: %s", exc)
             return False
         with self.acc.lock:
             self.pid.producer_id, self.pid.epoch = producer_id, epoch
-            self.pid.next_sequence.clear()
-            self.pid.acked.clear()
-            self.pid.reset_needed = False
-            # Batches sequenced under the old id are sequenced again under the new one.
-            for dq in self.acc.batches.values():
-                for batch in dq:
-                    batch.base_sequence = -1
+            self.pid.reset_needed = self.pid.bump_needed = False
         log.info("producer id %d epoch %d", producer_id, epoch)
         return True
+
+    def _reset_partitions(self) -> None:
+        """Restart broken partitions at sequence 0 under the newest epoch. Caller holds acc.lock.
+
+        Waits per partition until none of its batches is in flight: then every batch of it
+        with a sequence is queued here and none of them can have been written (the broker
+        refused the first of them, and needs it before any later one), so sequencing them
+        again cannot write a record twice. Needs an epoch newer than the partition's.
+        """
+        assert self.pid is not None
+        newest = (self.pid.producer_id, self.pid.epoch)
+        for tp in list(self.pid.resets):
+            if self.in_flight_batches.get(tp):
+                continue
+            if self.pid.partition_ids.get(tp) == newest:
+                self.pid.bump_needed = True
+                continue
+            for batch in self.acc.batches.get(tp, ()):
+                batch.base_sequence = -1
+            self.pid.partition_ids.pop(tp, None)
+            self.pid.next_sequence.pop(tp, None)
+            self.pid.resets.discard(tp)
+            log.info("%s-%d: sequences restart at 0 under producer id %d epoch %d",
+                     tp.topic, tp.partition, *newest)
 
     def _leaders(self) -> dict[TopicPartition, int]:
         with self.acc.lock:
@@ -234,13 +270,15 @@ class Sender(threading.Thread):
         size = 0
         out: list[ProducerBatch] = []
         for tp in tps[start:] + tps[:start]:
+            if self.pid is not None and tp in self.pid.resets:
+                continue  # its sequence restarts first (see _reset_partitions)
             head = self.acc.batches[tp][0]
             window = self._window(tp)
-            limit = self.config.max_in_flight
-            if self.pid is None or tp not in self.pid.acked:
-                # Without sequence numbers nothing would stop a broker from applying two
-                # pipelined batches of a partition out of order: one at a time keeps order.
-                limit = 1
+            # Without sequence numbers nothing would stop a broker from applying two
+            # pipelined batches of a partition out of order: one at a time keeps order.
+            # With them the broker refuses a batch that overtook an earlier one, and it is
+            # retried after it.
+            limit = self.config.max_in_flight if self.pid is not None else 1
             if not head.retry and len(window) >= limit:
                 continue  # wait until the oldest outstanding batch of this partition completes
             batch_bytes = len(head.payload) if head.payload is not None else head.size_bytes
@@ -249,15 +287,16 @@ class Sender(threading.Thread):
             batch = self.acc.pop_head(tp)
             size += batch_bytes
             if self.pid is not None and batch.base_sequence < 0:
+                ids = self.pid.partition_ids.setdefault(tp, (self.pid.producer_id, self.pid.epoch))
                 seq = self.pid.next_sequence.get(tp, 0)
                 batch.base_sequence = seq
-                batch.producer_id, batch.producer_epoch = self.pid.producer_id, self.pid.epoch
+                batch.producer_id, batch.producer_epoch = ids
                 self.pid.next_sequence[tp] = (seq + batch.record_count) % SEQUENCE_MODULUS
             self.in_flight_batches.setdefault(tp, []).append(batch)
             # Requests on one channel may be handled out of order by the broker, so a batch
             # sent while an earlier one is unanswered can legitimately see OUT_OF_ORDER_SEQUENCE.
-            batch.sent_behind = any(b is not batch and 0 <= b.base_sequence < batch.base_sequence
-                                    and not b.completion.event.is_set() for b in window)
+            batch.sent_behind = any(b is not batch and _precedes(b, batch) and not b.completion.event.is_set()
+                                    for b in window)
             if not batch.retry:
                 window.append(batch)
                 self.unsettled[tp] = window
@@ -312,14 +351,11 @@ class Sender(threading.Thread):
 
     def _on_done(self, node: int, batches: list[ProducerBatch], response: broker_pb2.ProduceResponse | None,
                  transport_error: errors.BrookError | None) -> None:
+        # Each batch stays in in_flight_batches until it is completed or queued again, so
+        # that no other thread sees it as neither in flight nor pending (see _earlier_pending
+        # and _reset_partitions).
         with self.acc.lock:
             self.in_flight_requests[node] -= 1
-            for batch in batches:
-                lst = self.in_flight_batches.get(batch.tp)
-                if lst is not None:
-                    lst.remove(batch)
-                    if not lst:
-                        del self.in_flight_batches[batch.tp]
             self.acc.wakeup.notify()
         if transport_error is not None:
             self.cluster.request_update()
@@ -334,37 +370,58 @@ class Sender(threading.Thread):
                 self._on_error(batch, errors.error_for(
                     errors.ErrorCode.NETWORK_EXCEPTION, f"Produce response from {node} lacks {batch.tp}"))
             elif part.error_code == errors.ErrorCode.NONE:
-                self._acked(batch)
+                self._release(batch)
                 self.acc.complete(batch, part.base_offset, part.log_append_time_ms, None)
             elif part.error_code == errors.ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
-                self._acked(batch)
+                self._release(batch)
                 self.acc.complete(batch, -1, -1, None)  # written before; offsets unknown (Kafka does the same)
             else:
                 self._on_error(batch, errors.error_for(part.error_code, part.error_message))
 
-    def _acked(self, batch: ProducerBatch) -> None:
-        if self.pid is not None and batch.producer_id == self.pid.producer_id:
-            with self.acc.lock:
-                self.pid.acked.add(batch.tp)
+    def _release(self, batch: ProducerBatch) -> None:
+        with self.acc.lock:
+            self._release_locked(batch)
+
+    def _release_locked(self, batch: ProducerBatch) -> None:
+        lst = self.in_flight_batches.get(batch.tp)
+        if lst is not None and batch in lst:
+            lst.remove(batch)
+            if not lst:
+                del self.in_flight_batches[batch.tp]
+            self.acc.wakeup.notify()
 
     def _earlier_pending(self, batch: ProducerBatch) -> bool:
         """Is a lower-sequence batch of this partition still in flight or waiting for a retry?"""
         with self.acc.lock:
-            if self.pid is not None and self.pid.reset_needed:
-                return True
             pending: Iterable[ProducerBatch] = list(self.in_flight_batches.get(batch.tp, ())) + [
                 b for b in self.acc.batches.get(batch.tp, ()) if b.retry]
-            return any(0 <= b.base_sequence < batch.base_sequence for b in pending)
+            return any(_precedes(b, batch) for b in pending)
+
+    def _sequence_refused(self, batch: ProducerBatch) -> None:
+        """OUT_OF_ORDER_SEQUENCE_NUMBER / UNKNOWN_PRODUCER_ID: retry after the earlier batches, or reset."""
+        assert self.pid is not None
+        if not (batch.sent_behind or self._earlier_pending(batch)):
+            # No earlier batch can explain it: the partition's sequence is broken at this
+            # batch, which was not written. Restart the partition's sequences (KIP-360).
+            with self.acc.lock:
+                if self.pid.partition_ids.get(batch.tp) == (batch.producer_id, batch.producer_epoch):
+                    self.pid.resets.add(batch.tp)
+            log.info("%s-%d: sequence %d refused with nothing earlier pending; resetting the partition's "
+                     "sequences", batch.tp.topic, batch.tp.partition, batch.base_sequence)
 
     def _on_error(self, batch: ProducerBatch, err: errors.BrookError) -> None:
-        retriable = err.retriable or (
-            err.code in _OUT_OF_ORDER and (batch.sent_behind or self._earlier_pending(batch)))
+        retriable = err.retriable
+        if err.code in _OUT_OF_ORDER and self.pid is not None and batch.base_sequence >= 0:
+            self._sequence_refused(batch)
+            retriable = True  # refused, so not written: safe to send again (in order, or re-sequenced)
         now = time.monotonic()
         if retriable and batch.attempts <= self.config.retries and now < batch.deadline and self.running_or_flushing():
             if err.code in REFRESH_CODES:
                 self.cluster.request_update()
             log.debug("retrying %s after %s (attempt %d)", batch.tp, err, batch.attempts)
-            self.acc.reenqueue(batch)
+            with self.acc.lock:
+                self._release_locked(batch)
+                self.acc.reenqueue_locked(batch)
             return
         self._fail(batch, err)
 
@@ -372,10 +429,9 @@ class Sender(threading.Thread):
         return not self.force_close
 
     def _fail(self, batch: ProducerBatch, err: BaseException) -> None:
-        if self.pid is not None and batch.base_sequence >= 0:
-            # The broker never saw this sequence: later batches would hit a gap. Start over
-            # with a fresh producer id once nothing is in flight.
-            with self.acc.lock:
-                self.pid.reset_needed = True
+        # A sequenced batch failing for good may leave a gap (if it was not written): the
+        # next batch of the partition is then refused with nothing earlier pending, which
+        # resets the partition's sequences (see _sequence_refused).
+        self._release(batch)
         log.warning("failing %d record(s) of %s-%d: %r", batch.record_count, batch.tp.topic, batch.tp.partition, err)
         self.acc.complete(batch, -1, -1, err)

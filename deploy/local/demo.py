@@ -32,7 +32,9 @@ def produce(bootstrap: str, records: int) -> int:
     from client.producer import Producer
 
     started = time.monotonic()
-    with Producer(bootstrap_servers=bootstrap, acks="all", linger_ms=10) as producer:
+    # lz4 + pipelined idempotent batches: the path that once failed with OUT_OF_ORDER_SEQUENCE_NUMBER
+    # (brokers now refuse a batch that overtook an earlier one, and the producer retries it in order).
+    with Producer(bootstrap_servers=bootstrap, acks="all", linger_ms=10, compression_type="lz4") as producer:
         futures = []
         for i in range(records):
             key = KEYS[i % len(KEYS)]

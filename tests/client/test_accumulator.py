@@ -183,32 +183,92 @@ def test_sender_window_bounds_batches_written_after_an_unanswered_one() -> None:
     from client.sender import Sender, SenderConfig
 
     acc = make_acc(batch_size=130)
-    for i in range(9):
+    for i in range(8):
         append(acc, b"x" * 100 + bytes([i]))
     cluster = ClusterClient("127.0.0.1:1", request_timeout_ms=100)
     sender = Sender(cluster, acc, SenderConfig(acks=-1, request_timeout_ms=100, max_request_size=1 << 20,
                                                max_in_flight=5, retries=3, retry_backoff_ms=10, idempotent=True))
     sender.pid.producer_id, sender.pid.epoch, sender.pid.reset_needed = 9, 0, False
-    with acc.lock:
-        first = sender._drain_node(1, [TP])
-        assert len(first) == 1 and sender._drain_node(1, [TP]) == [], (
-            "until the broker acknowledged one batch of this producer, a partition has one batch in flight")
-    sender._acked(first[0])
-    acc.complete(first[0], 0, -1, None)
+    # Brokers refuse a batch that overtook an earlier one (a new producer must start at
+    # sequence 0), so up to max.in.flight batches go out from the first one on.
     with acc.lock:
         sent = [sender._drain_node(1, [TP]) for _ in range(6)]
     assert [len(s) for s in sent] == [1, 1, 1, 1, 1, 0], "a 6th batch must wait for the oldest to complete"
-    assert [s[0].base_sequence for s in sent[:5]] == [1, 2, 3, 4, 5]
-    # Sent while batch 1 was unanswered: an OUT_OF_ORDER_SEQUENCE for them may be the broker
+    assert [s[0].base_sequence for s in sent[:5]] == [0, 1, 2, 3, 4]
+    # Sent while batch 0 was unanswered: an OUT_OF_ORDER_SEQUENCE for them may be the broker
     # handling requests out of order, hence retriable.
     assert [s[0].sent_behind for s in sent[:5]] == [False, True, True, True, True]
-    acc.complete(sent[1][0], 2, -1, None)  # a later answer does not open the window...
+    acc.complete(sent[1][0], 1, -1, None)  # a later answer does not open the window...
     with acc.lock:
         assert sender._drain_node(1, [TP]) == []
-    acc.complete(sent[0][0], 1, -1, None)  # ...the oldest one's does
+    acc.complete(sent[0][0], 0, -1, None)  # ...the oldest one's does
     with acc.lock:
         nxt = sender._drain_node(1, [TP])
-    assert len(nxt) == 1 and nxt[0].base_sequence == 6
+    assert len(nxt) == 1 and nxt[0].base_sequence == 5
+    cluster.close()
+
+
+def _answer(sender, batch, code: int) -> None:
+    """Feed the sender a Produce response for one in-flight batch, as gRPC's thread would."""
+    from proto import broker_pb2
+
+    resp = broker_pb2.ProduceResponse()
+    resp.partitions.add(topic=batch.tp.topic, partition=batch.tp.partition, error_code=code,
+                        error_message=errors.code_name(code), base_offset=0 if code == 0 else -1,
+                        log_append_time_ms=-1, log_start_offset=0)
+    with sender.acc.lock:
+        sender.in_flight_requests[1] = sender.in_flight_requests.get(1, 0) + 1
+    sender._on_done(1, [batch], resp, None)
+
+
+def test_sender_retries_reordered_batches_in_sequence_order_and_resets_a_broken_partition() -> None:
+    from client.cluster import ClusterClient
+    from client.sender import Sender, SenderConfig
+
+    acc = make_acc(batch_size=130)
+    for i in range(4):
+        append(acc, b"x" * 100 + bytes([i]))
+    cluster = ClusterClient("127.0.0.1:1", request_timeout_ms=100)
+    sender = Sender(cluster, acc, SenderConfig(acks=-1, request_timeout_ms=100, max_request_size=1 << 20,
+                                               max_in_flight=5, retries=10, retry_backoff_ms=0, idempotent=True))
+    sender.pid.producer_id, sender.pid.epoch, sender.pid.reset_needed = 9, 0, False
+    oos, unknown = errors.ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, errors.ErrorCode.UNKNOWN_PRODUCER_ID
+    with acc.lock:
+        b0, b1, b2 = (sender._drain_node(1, [TP])[0] for _ in range(3))
+    # b2 and b1 overtook b0 on the broker: refused, queued again with their sequences, in order
+    _answer(sender, b2, oos)
+    _answer(sender, b1, unknown)
+    assert [(b.base_sequence, b.retry) for b in list(acc.batches[TP])[:2]] == [(1, True), (2, True)]
+    assert not sender.pid.resets and not b1.completion.event.is_set()
+    _answer(sender, b0, 0)
+    with acc.lock:
+        assert sender._drain_node(1, [TP]) == [b1] and b1.base_sequence == 1, "retries keep their sequence"
+    # b1's retry is refused although nothing earlier is pending: the broker lost the producer
+    _answer(sender, b1, unknown)
+    assert TP in sender.pid.resets
+    with acc.lock:
+        sender._reset_partitions()
+        assert sender.pid.bump_needed, "a reset needs an epoch newer than the partition's"
+        sender.pid.epoch, sender.pid.bump_needed = 1, False  # what InitProducerId(9, 0) answers
+        sender._reset_partitions()
+        assert not sender.pid.resets
+    # b1, b2 (refused, so never written) and the unsent batch go out under the new epoch from
+    # sequence 0; the former retries one at a time (acc.ready holds a retry while its
+    # partition has a batch in flight)
+    resent = []
+    for _ in range(3):
+        with acc.lock:
+            ready, _wait = acc.ready(time.monotonic() + 1, sender.in_flight_batches.keys())
+            assert ready == [TP], f"nothing ready with {len(acc.batches[TP])} batch(es) queued"
+            out = sender._drain_node(1, [TP])
+            ready_again, _wait = acc.ready(time.monotonic() + 1, sender.in_flight_batches.keys())
+        assert len(out) == 1 and (out[0] is b2 or ready_again == []), "a retry must not overtake"
+        resent.append(out[0])
+        _answer(sender, out[0], 0)
+    assert resent[:2] == [b1, b2]
+    assert [(b.producer_epoch, b.base_sequence) for b in resent] == [(1, 0), (1, 1), (1, 2)]
+    assert all(b.completion.event.is_set() and b.completion.error is None for b in [b0, *resent])
+    assert not acc.batches[TP]
     cluster.close()
 
 
