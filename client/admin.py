@@ -9,7 +9,9 @@ Topic and config changes go to the active controller (through
 ``metadata_quorum.client.ControllerClient``; its endpoints come from the brokers'
 Metadata answer), group operations to each group's coordinator
 (``proto/group.proto``). Every failure is the typed ``BrookError`` for the server's
-error code, carrying the server's message.
+error code, carrying the server's message. Group calls retry, with backoff within
+``request_timeout_ms``, while a group's coordinator moves, loads or is not available
+yet (also when only the per-group result says so), finding it again each time.
 """
 
 from __future__ import annotations

@@ -12,6 +12,11 @@ nothing else to consumers. Positions are "the next offset to read"; committed
 offsets have the same meaning. Group membership (``subscribe``) comes from
 ``client.group_membership``; manual ``assign`` needs no coordinator except for
 commits and committed().
+
+With ``enable.auto.commit`` the positions are committed in the background every
+``auto.commit.interval.ms``, and synchronously before partitions are revoked in a
+rebalance and on ``close()`` (as Kafka's ConsumerCoordinator does), so records that
+poll() returned are not handed to the next owner again after a clean rebalance.
 """
 
 from __future__ import annotations
