@@ -63,7 +63,8 @@ _OUT_OF_ORDER = (errors.ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, errors.ErrorCode
 
 def _precedes(a: ProducerBatch, b: ProducerBatch) -> bool:
     """Was ``a`` sequenced before ``b`` under the same producer id and epoch?"""
-    return (a.producer_id, a.producer_epoch) == (b.producer_id, b.producer_epoch) and 0 <= a.base_sequence < b.base_sequence
+    same_epoch = (a.producer_id, a.producer_epoch) == (b.producer_id, b.producer_epoch)
+    return same_epoch and 0 <= a.base_sequence < b.base_sequence
 
 
 def stamp_producer_state(payload: bytes, producer_id: int, epoch: int, base_sequence: int) -> bytes:

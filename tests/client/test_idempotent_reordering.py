@@ -23,6 +23,7 @@ from clientkit import consume_all
 from test_producer_faults import DropProduceResponses
 
 from client.producer import Producer
+from proto.errors import ErrorCode
 
 pytestmark = pytest.mark.slow
 
@@ -143,3 +144,32 @@ def test_pipelined_lz4_producers_with_lost_responses_write_each_record_once_in_s
             wrong = [(i, off) for i, part, off in sent[p]
                      if part == partition and off >= 0 and offsets.get(off) != b"p%d-%07d" % (p, i)]
             assert not wrong, f"partition {partition}: reported offsets hold other records, e.g. {wrong[:3]}"
+
+
+def test_broker_answers_an_overtaking_first_batch_with_out_of_order_sequence_and_writes_nothing(
+        cluster, new_topic, admin) -> None:
+    from client.cluster import ClusterClient
+    from proto import broker_pb2
+    from storage.record_batch import RecordBatchBuilder
+
+    topic = new_topic(partitions=1, replication_factor=3)
+    leader = admin.describe_topics([topic])[topic].partitions[0].leader
+    with ClusterClient(cluster.bootstrap_servers) as cc:
+        producer_id, epoch = cc.init_producer_id()
+
+        def produce(seq: int, count: int) -> broker_pb2.ProducePartitionResponse:
+            b = RecordBatchBuilder(producer_id=producer_id, producer_epoch=epoch, base_sequence=seq)
+            for i in range(count):
+                b.append(int(time.time() * 1000), None, b"seq-%d" % (seq + i))
+            req = broker_pb2.ProduceRequest(acks=-1, timeout_ms=10000, partitions=[
+                broker_pb2.ProducePartitionData(topic=topic, partition=0, records=b.build())])
+            return cc.broker_stub(leader).Produce(req, timeout=15).partitions[0]
+
+        refused = produce(3, 2)
+        assert refused.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, refused
+        assert "expected sequence 0" in refused.error_message, refused.error_message
+        first, second = produce(0, 3), produce(3, 2)
+        assert (first.error_code, first.base_offset, second.error_code, second.base_offset) == (0, 0, 0, 3), (
+            first, second)
+    got = consume_all(cluster.bootstrap_servers, topic, 1, 5)[0]
+    assert [r.value for r in got] == [b"seq-%d" % i for i in range(5)], "the refused batch left records behind"
