@@ -114,16 +114,27 @@ class DelayedProduce(DelayedOperation):
             f"(HW {self.partition.log.high_watermark} < {self.required_offset})"))
 
 
-class _DataWaiter(DelayedOperation):
-    """A long-polling fetch: woken when any watched partition appends or moves its HW."""
+def _wake_seq(p: Partition, for_follower: bool) -> int:
+    """The counter a long poll waits on: followers need new data (or a role change), consumers also HW moves."""
+    return p.data_seq if for_follower else p.change_seq
 
-    def __init__(self, seqs: dict[Partition, int]) -> None:
+
+class _DataWaiter(DelayedOperation):
+    """A long-polling fetch: woken when a watched partition changes in a way the fetcher can use.
+
+    Consumers: an append, HW move or role change. Followers: an append or role change only —
+    an acks=all commit moves the HW once per batch, and waking the other followers' parked
+    fetches for it would only make them re-read nothing and park again.
+    """
+
+    def __init__(self, seqs: dict[Partition, int], for_follower: bool) -> None:
         super().__init__(None)
         self.seqs = seqs
+        self.for_follower = for_follower
         self.event = threading.Event()
 
     def _try_complete(self) -> bool:
-        if any(p.change_seq != s for p, s in self.seqs.items()):
+        if any(_wake_seq(p, self.for_follower) != s for p, s in self.seqs.items()):
             self.event.set()
             return True
         return False
@@ -361,13 +372,14 @@ class ReplicaManager:
         """
         deadline = time.monotonic() + min(max(0, req.max_wait_ms), MAX_FETCH_WAIT_MS) / 1000
         keys = [(fp.topic, fp.partition) for fp in req.partitions]
+        for_follower = req.replica_id >= 0
         while True:
-            seqs = {p: p.change_seq for k in keys if (p := self._partitions.get(k)) is not None}
+            seqs = {p: _wake_seq(p, for_follower) for k in keys if (p := self._partitions.get(k)) is not None}
             resp, total_bytes, must_answer = self._read_once(req)
             remaining_s = deadline - time.monotonic()
             if must_answer or total_bytes >= req.min_bytes or remaining_s <= 0 or not seqs:
                 return resp
-            waiter = _DataWaiter(seqs)
+            waiter = _DataWaiter(seqs, for_follower)
             if not self.fetch_purgatory.watch(waiter, [p.key for p in seqs]):
                 while not waiter.event.wait(min(remaining_s, CANCEL_CHECK_S)):
                     remaining_s = deadline - time.monotonic()

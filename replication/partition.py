@@ -71,9 +71,13 @@ class Partition:
         self.pending_isr: tuple[int, ...] | None = None  # in-flight AlterPartition
         self.leader_epoch_start_offset = 0
         self.followers: dict[int, FollowerProgress] = {}
-        # Bumped on every append and HW move: long-polling fetches compare it to know
-        # whether anything happened while they were registering.
+        # Bumped on every append, HW move and role change: long-polling consumer fetches
+        # compare it to know whether anything happened while they were registering.
         self.change_seq = 0
+        # Bumped on appends and role changes only. A follower's long poll waits on this one:
+        # a HW move alone gives it nothing to replicate (it learns the HW with its next data),
+        # and waking it would cost a thread switch and a re-read on every acks=all commit.
+        self.data_seq = 0
         self.messages_in_total = 0
         self.bytes_in_total = 0
         self.bytes_out_total = 0
@@ -126,6 +130,7 @@ class Partition:
                 del self.followers[rid]
             self._maybe_increment_hw()
             self.change_seq += 1
+            self.data_seq += 1
             return new_term
 
     def make_follower(self, leader_id: int, replicas: tuple[int, ...], isr: tuple[int, ...],
@@ -143,6 +148,7 @@ class Partition:
             self.pending_isr = None
             self.followers = {}
             self.change_seq += 1
+            self.data_seq += 1
             return changed
 
     def make_offline(self) -> None:
@@ -152,6 +158,7 @@ class Partition:
             self.followers = {}
             self.pending_isr = None
             self.change_seq += 1
+            self.data_seq += 1
 
     def apply_committed_state(self, isr: tuple[int, ...], leader_epoch: int, partition_epoch: int) -> bool:
         """A committed ISR change for the current leadership. True if the HW moved."""
@@ -210,6 +217,7 @@ class Partition:
                 self.messages_in_total += info.num_records
                 self.bytes_in_total += len(records)
             self.change_seq += 1
+            self.data_seq += 1
             self._maybe_increment_hw()
             return info
 

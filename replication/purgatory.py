@@ -105,8 +105,13 @@ class DelayedOperationPurgatory:
                     lst[:] = [o for o in lst if not o.is_done]
                 lst.append(op)
             if op.deadline_s is not None:
+                while self._heap and self._heap[0][2].is_done:
+                    heapq.heappop(self._heap)  # keep the heap to live operations without the reaper's help
                 heapq.heappush(self._heap, (op.deadline_s, next(self._seq), op))
-                self._wake.notify()
+                if self._heap[0][2] is op:
+                    # Only a new earliest deadline shortens the reaper's sleep; waking it for
+                    # every acks=all produce would cost a thread switch per request.
+                    self._wake.notify()
         return op.try_complete()
 
     def check_and_complete(self, key: Hashable) -> int:

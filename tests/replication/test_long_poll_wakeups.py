@@ -1,0 +1,128 @@
+"""Who wakes a parked long-poll fetch, and who does not.
+
+A follower's long poll is woken by new data (an append) or a role change, never by a
+high-watermark move alone: each acks=all commit moves the HW, and waking every other
+follower's parked fetch for it only makes them re-read nothing. A consumer's long poll
+is woken by HW moves too (that is when data becomes visible to it). Real Partition, Log
+and purgatory; the waiters are the ones ReplicaManager.fetch parks on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.replica_manager import _DataWaiter, _wake_seq
+from replication.partition import Partition
+from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
+from storage.log import Log
+from storage.log_config import LogConfig
+from storage.record_batch import RecordBatchBuilder
+
+
+@pytest.fixture
+def purgatory() -> Iterator[DelayedOperationPurgatory]:
+    p = DelayedOperationPurgatory("fetch-test")
+    yield p
+    p.shutdown()
+
+
+def leader_of_three(tmp: Path) -> Partition:
+    lg = Log.open(tmp / "t-0", LogConfig.from_overrides({"min.insync.replicas": "2"}))
+    p = Partition("t", 0, "T", lg, 1, broker_usable=lambda b: True)
+    p.make_leader((1, 2, 3), (1, 2, 3), 3, 3, now_ms=0)
+    return p
+
+
+def append_one(p: Partition) -> None:
+    b = RecordBatchBuilder()
+    b.append(0, None, b"v")
+    p.append_as_leader(b.build(), acks=-1)
+
+
+def park(p: Partition, purgatory: DelayedOperationPurgatory, *, for_follower: bool) -> _DataWaiter:
+    waiter = _DataWaiter({p: _wake_seq(p, for_follower)}, for_follower)
+    assert not purgatory.watch(waiter, [p.key]), "nothing changed yet: the waiter must park"
+    return waiter
+
+
+def test_hw_move_wakes_consumers_but_not_caught_up_followers(tmp_path: Path,
+                                                             purgatory: DelayedOperationPurgatory) -> None:
+    p = leader_of_three(tmp_path)
+    append_one(p)
+    r2 = p.fetch_for_follower(2, 1, 0, 3, 3, 1 << 20, True, now_ms=1)  # follower 2 caught up to LEO 1
+    assert not r2.hw_changed, "follower 3 is still at 0, so the HW cannot move yet"
+    follower2 = park(p, purgatory, for_follower=True)
+    consumer = park(p, purgatory, for_follower=False)
+
+    r3 = p.fetch_for_follower(3, 1, 0, 3, 3, 1 << 20, True, now_ms=2)  # follower 3 catches up: HW 0 -> 1
+    assert r3.hw_changed and p.log.high_watermark == 1
+    purgatory.check_and_complete(p.key)
+
+    assert consumer.event.is_set(), "offset 0 became visible to consumers: their long poll must answer"
+    assert not follower2.event.is_set(), "a HW move gives a caught-up follower nothing to fetch"
+    assert purgatory.watched(p.key) == 1
+
+    append_one(p)
+    purgatory.check_and_complete(p.key)
+    assert follower2.event.is_set(), "new data must wake the follower's long poll"
+
+
+def test_role_change_wakes_a_parked_follower_fetch(tmp_path: Path, purgatory: DelayedOperationPurgatory) -> None:
+    p = leader_of_three(tmp_path)
+    follower2 = park(p, purgatory, for_follower=True)
+    p.make_follower(2, (1, 2, 3), (1, 2, 3), 4, 4)
+    purgatory.check_and_complete(p.key)
+    assert follower2.event.is_set(), "a parked follower fetch must answer NOT_LEADER once leadership moves"
+
+
+def test_change_racing_with_registration_is_not_lost(tmp_path: Path, purgatory: DelayedOperationPurgatory) -> None:
+    p = leader_of_three(tmp_path)
+    waiter = _DataWaiter({p: _wake_seq(p, True)}, True)
+    append_one(p)  # lands after the snapshot, before the waiter is watched
+    assert purgatory.watch(waiter, [p.key]), "the append after the snapshot must complete the waiter at once"
+    assert waiter.event.is_set()
+
+
+class _Deadline(DelayedOperation):
+    def __init__(self, deadline_s: float) -> None:
+        super().__init__(deadline_s)
+        self.expired = threading.Event()
+
+    def _try_complete(self) -> bool:
+        return False
+
+    def _on_expire(self) -> None:
+        self.expired.set()
+
+
+def wait_for(event: threading.Event, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if event.wait(0.05):
+            return True
+    return False
+
+
+def test_reaper_expires_an_earlier_deadline_registered_after_a_later_one(
+        purgatory: DelayedOperationPurgatory) -> None:
+    late = _Deadline(time.monotonic() + 600)
+    purgatory.watch(late, ["k"])
+    early = _Deadline(time.monotonic() + 0.2)
+    purgatory.watch(early, ["k"])
+    assert wait_for(early.expired, 10), "the reaper slept past a new earliest deadline"
+    assert not late.expired.is_set()
+
+
+def test_reaper_expires_operations_behind_a_completed_one(purgatory: DelayedOperationPurgatory) -> None:
+    first = _Deadline(time.monotonic() + 0.1)
+    purgatory.watch(first, ["k"])
+    first.cancel()  # done before its deadline, as most acks=all waits are
+    second = _Deadline(time.monotonic() + 0.3)
+    purgatory.watch(second, ["k"])  # registered without waking the reaper (not the earliest)
+    assert wait_for(second.expired, 10), "an operation queued behind a completed one never expired"
+    assert not first.expired.is_set(), "a completed operation must not expire"
