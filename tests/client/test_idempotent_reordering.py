@@ -16,13 +16,18 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 
 import grpc
 import pytest
 from clientkit import consume_all
 from test_producer_faults import DropProduceResponses
 
+from client.admin import Admin, NewTopic
+from client.cluster import ClusterClient
 from client.producer import Producer
+from client.types import TopicPartition
+from deploy.local.cluster import LocalCluster
 from proto.errors import ErrorCode
 
 pytestmark = pytest.mark.slow
@@ -148,7 +153,6 @@ def test_pipelined_lz4_producers_with_lost_responses_write_each_record_once_in_s
 
 def test_broker_answers_an_overtaking_first_batch_with_out_of_order_sequence_and_writes_nothing(
         cluster, new_topic, admin) -> None:
-    from client.cluster import ClusterClient
     from proto import broker_pb2
     from storage.record_batch import RecordBatchBuilder
 
@@ -173,3 +177,67 @@ def test_broker_answers_an_overtaking_first_batch_with_out_of_order_sequence_and
             first, second)
     got = consume_all(cluster.bootstrap_servers, topic, 1, 5)[0]
     assert [r.value for r in got] == [b"seq-%d" % i for i in range(5)], "the refused batch left records behind"
+
+
+@pytest.fixture(scope="module")
+def retention_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("lost-producer-state"), nodes=3,
+                      overrides={"log.retention.check.interval.ms": "200"}) as c:
+        yield c
+
+
+def test_producer_resets_its_sequence_when_the_broker_lost_its_state(retention_cluster: LocalCluster) -> None:
+    """KIP-360: retention removed every batch of the producer, then a crash dropped the state in
+    memory. Its next batch is refused with UNKNOWN_PRODUCER_ID; it bumps its epoch and starts
+    the partition again at sequence 0, without losing or repeating a record."""
+    topic, tp = "lost-state", TopicPartition("lost-state", 0)
+    bootstrap = retention_cluster.bootstrap_servers
+    with Admin(bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1, {"segment.bytes": "2048", "retention.bytes": "4096"})])
+        leader = admin.describe_topics([topic])[topic].partitions[0].leader
+    with Producer(bootstrap_servers=bootstrap, linger_ms=0, retry_backoff_ms=20, request_timeout_ms=5000) as mine:
+        assert mine.idempotent
+        first = [mine.send(topic, b"mine-%02d" % i).get(timeout=20) for i in range(10)]
+        with Producer(bootstrap_servers=bootstrap, linger_ms=5, batch_size=900) as other:
+            # pushes this producer's batches out through retention
+            pushed = [other.send(topic, b"other-%04d" % i + b"." * 60) for i in range(400)]
+            other.flush(30)
+            assert all(f.exception(timeout=0) is None for f in pushed), [f.exception(timeout=0) for f in pushed][:1]
+        with ClusterClient(bootstrap) as cc:
+            deadline = time.monotonic() + 20
+            while (start := cc.list_offsets({tp: -2})[tp][0]) <= first[-1].offset:
+                assert time.monotonic() < deadline, f"retention did not pass offset {first[-1].offset}: start {start}"
+                time.sleep(0.1)
+        retention_cluster.kill_node(leader)  # no clean close: the state is rebuilt from what is left
+        retention_cluster.start_node(leader)
+        retention_cluster.wait_ready(60)
+        with caplog_sender() as seen:
+            later = [mine.send(topic, b"mine-%02d" % i) for i in range(10, 20)]
+            mine.flush(60)
+            metas = [f.get(timeout=0) for f in later]
+    assert any("UNKNOWN_PRODUCER_ID" in m for m in seen), f"the broker did not lose the state? sender said {seen}"
+    got = consume_all(bootstrap, topic, 1, 10_000, timeout_s=5)[0]
+    mine_stored = [r.value for r in got if r.value.startswith(b"mine-")]
+    assert mine_stored == [b"mine-%02d" % i for i in range(10, 20)], mine_stored
+    by_offset = {r.offset: r.value for r in got}
+    assert [by_offset.get(m.offset) for m in metas] == mine_stored
+
+
+class caplog_sender:  # noqa: N801 - used as a context manager like a function
+    """Collects client.sender's messages (INFO and up) while active."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self._handler = logging.Handler(logging.DEBUG)
+        self._handler.emit = lambda record: self.messages.append(record.getMessage())  # type: ignore[method-assign]
+        self._log = logging.getLogger("client.sender")
+
+    def __enter__(self) -> list[str]:
+        self._old_level = self._log.level
+        self._log.setLevel(logging.DEBUG)
+        self._log.addHandler(self._handler)
+        return self.messages
+
+    def __exit__(self, *exc: object) -> None:
+        self._log.removeHandler(self._handler)
+        self._log.setLevel(self._old_level)
