@@ -28,6 +28,7 @@ from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig, ReplicaFetcherManager
 from replication.partition import IsrProposal, Partition, Role
 from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
+from storage.record_batch import read_header
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,11 @@ MAX_TIMESTAMP_SCAN_BYTES = 256 * 1024 * 1024  # bound on the header scan for Lis
 MAX_FETCH_WAIT_MS = 60_000  # longest long poll served, whatever the request says
 MAX_PRODUCE_TIMEOUT_MS = 300_000  # longest acks=all wait served
 CANCEL_CHECK_S = 1.0  # a parked long poll notices a cancelled RPC within this
+# An idempotent producer pipelines several batches of a partition, and gRPC may hand its
+# requests to our worker threads in any order: a batch that overtook its predecessor waits
+# this long for it before being refused with OUT_OF_ORDER_SEQUENCE_NUMBER.
+SEQUENCE_GAP_WAIT_S = 0.1
+_SEQUENCE_MODULUS = 2**31
 
 
 def now_ms() -> int:
@@ -117,6 +123,43 @@ class DelayedProduce(DelayedOperation):
 def _wake_seq(p: Partition, for_follower: bool) -> int:
     """The counter a long poll waits on: followers need new data (or a role change), consumers also HW moves."""
     return p.data_seq if for_follower else p.change_seq
+
+
+def _append_in_sequence(p: Partition, records: bytes, acks: int, max_wait_s: float) -> Any:
+    """``p.append_as_leader``, letting a batch that arrived ahead of its producer's next sequence wait.
+
+    Kafka reads a connection's requests in order; gRPC does not, so two pipelined Produce
+    requests of one producer can reach the partition lock swapped. Refusing the second
+    would cost the client a retry backoff for it and every batch behind it. Caller holds
+    ``p.lock``; the wait releases it and is woken by the partition's next append (or role
+    change), bounded by ``max_wait_s``.
+    """
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        try:
+            return p.append_as_leader(records, acks)
+        except errors.OutOfOrderSequenceNumberError:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0 or not _sequence_ahead(p, records):
+                raise
+            p.appended.wait(remaining_s)
+
+
+def _sequence_ahead(p: Partition, records: bytes) -> bool:
+    """Does the first batch skip sequences its producer has not written yet (a gap, not a replay)?"""
+    try:
+        h = read_header(records)
+    except errors.BrookError:
+        return False
+    if h.producer_id < 0 or h.base_sequence < 0:
+        return False
+    entry = p.log.producer_state.entry(h.producer_id)
+    if entry is None or not entry.batches:
+        return h.base_sequence > 0  # its first batch (sequence 0) has not arrived yet
+    if h.producer_epoch != entry.epoch:
+        return False
+    gap = (h.base_sequence - entry.last_seq - 1) % _SEQUENCE_MODULUS
+    return 0 < gap < _SEQUENCE_MODULUS // 2
 
 
 class _DataWaiter(DelayedOperation):
@@ -344,7 +387,7 @@ class ReplicaManager:
             with p.lock:
                 epoch = p.leader_epoch
                 try:
-                    info = p.append_as_leader(records, acks)
+                    info = _append_in_sequence(p, records, acks, min(SEQUENCE_GAP_WAIT_S, max(0, timeout_ms) / 1000))
                 except OSError as e:
                     log.error("append to %s-%d failed on disk: %s", topic, partition, e)
                     raise errors.KafkaStorageError(f"{topic}-{partition}: {e}") from e

@@ -151,8 +151,10 @@ class ReplicaFetcher:
         now = time.monotonic()
         parts = []
         epochs: dict[tuple[str, int], int] = {}
+        next_ready_s = float("inf")
         for key, st in self._states.items():
             if st.delayed_until_s > now:
+                next_ready_s = min(next_ready_s, st.delayed_until_s)
                 continue
             lg = st.partition.log
             parts.append(broker_pb2.FetchPartition(
@@ -162,8 +164,12 @@ class ReplicaFetcher:
             epochs[key] = st.leader_epoch
         if not parts:
             return None, epochs
+        # A partition in backoff is not in this request: do not let the long poll outlast its
+        # backoff, or it would sit out a whole max_wait (e.g. just after a leader change).
+        max_wait_ms = min(self.config.max_wait_ms, max(0, int((next_ready_s - now) * 1000) + 1)) \
+            if next_ready_s != float("inf") else self.config.max_wait_ms
         return broker_pb2.FetchRequest(
-            replica_id=self.local_id, replica_epoch=self._broker_epoch(), max_wait_ms=self.config.max_wait_ms,
+            replica_id=self.local_id, replica_epoch=self._broker_epoch(), max_wait_ms=max_wait_ms,
             min_bytes=self.config.min_bytes, max_bytes=self.config.max_bytes, partitions=parts), epochs
 
     def _process(self, st: _FetchState, pr: broker_pb2.FetchPartitionResponse) -> None:

@@ -62,6 +62,9 @@ class Partition:
         self.local_id = local_id
         self._broker_usable = broker_usable
         self.lock = threading.RLock()
+        # Notified on every leader append and role change (with ``lock`` held): an idempotent
+        # batch that arrived ahead of its predecessor waits on it (see ReplicaManager).
+        self.appended = threading.Condition(self.lock)
         self.role = Role.NONE
         self.leader_id = -1
         self.leader_epoch = -1
@@ -131,6 +134,7 @@ class Partition:
             self._maybe_increment_hw()
             self.change_seq += 1
             self.data_seq += 1
+            self.appended.notify_all()
             return new_term
 
     def make_follower(self, leader_id: int, replicas: tuple[int, ...], isr: tuple[int, ...],
@@ -149,6 +153,7 @@ class Partition:
             self.followers = {}
             self.change_seq += 1
             self.data_seq += 1
+            self.appended.notify_all()
             return changed
 
     def make_offline(self) -> None:
@@ -159,6 +164,7 @@ class Partition:
             self.pending_isr = None
             self.change_seq += 1
             self.data_seq += 1
+            self.appended.notify_all()
 
     def apply_committed_state(self, isr: tuple[int, ...], leader_epoch: int, partition_epoch: int) -> bool:
         """A committed ISR change for the current leadership. True if the HW moved."""
@@ -218,6 +224,7 @@ class Partition:
                 self.bytes_in_total += len(records)
             self.change_seq += 1
             self.data_seq += 1
+            self.appended.notify_all()
             self._maybe_increment_hw()
             return info
 

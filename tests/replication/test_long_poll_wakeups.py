@@ -1,10 +1,12 @@
-"""Who wakes a parked long-poll fetch, and who does not.
+"""Who wakes a parked long-poll fetch or a waiting append, and who does not.
 
 A follower's long poll is woken by new data (an append) or a role change, never by a
 high-watermark move alone: each acks=all commit moves the HW, and waking every other
 follower's parked fetch for it only makes them re-read nothing. A consumer's long poll
 is woken by HW moves too (that is when data becomes visible to it). Real Partition, Log
-and purgatory; the waiters are the ones ReplicaManager.fetch parks on.
+and purgatory; the waiters are the ones ReplicaManager.fetch parks on. Also: an
+idempotent batch that overtook its predecessor (pipelined gRPC requests run on any
+worker thread) waits for it, boundedly, instead of being refused at once.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.replica_manager import _DataWaiter, _wake_seq
+from broker.replica_manager import _append_in_sequence, _DataWaiter, _wake_seq
+from proto import errors
 from replication.partition import Partition
 from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
 from storage.log import Log
@@ -126,3 +129,66 @@ def test_reaper_expires_operations_behind_a_completed_one(purgatory: DelayedOper
     purgatory.watch(second, ["k"])  # registered without waking the reaper (not the earliest)
     assert wait_for(second.expired, 10), "an operation queued behind a completed one never expired"
     assert not first.expired.is_set(), "a completed operation must not expire"
+
+
+# ---- idempotent batches that overtook their predecessor (pipelined gRPC requests) ----
+
+def idempotent_batch(base_sequence: int, count: int, producer_id: int = 7) -> bytes:
+    b = RecordBatchBuilder(producer_id=producer_id, producer_epoch=0, base_sequence=base_sequence)
+    for i in range(count):
+        b.append(0, None, b"v%d" % (base_sequence + i))
+    return b.build()
+
+
+def append_async(p: Partition, records: bytes, max_wait_s: float) -> tuple[threading.Thread, list[object]]:
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            with p.lock:
+                out.append(_append_in_sequence(p, records, 1, max_wait_s))
+        except errors.BrookError as e:
+            out.append(e)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def wait_parked(p: Partition, t: threading.Thread) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and t.is_alive() and not p.appended._waiters:  # type: ignore[attr-defined]
+        time.sleep(0.01)
+    assert t.is_alive() and p.appended._waiters, "the overtaking batch should be waiting for its predecessor"  # type: ignore[attr-defined]
+
+
+def test_batch_ahead_of_its_predecessor_waits_for_it_and_lands_after_it(tmp_path: Path) -> None:
+    p = leader_of_three(tmp_path)
+    with p.lock, pytest.raises(errors.OutOfOrderSequenceNumberError):
+        _append_in_sequence(p, idempotent_batch(5, 5), 1, 0.0)  # no waiting allowed: refused as before
+    assert p.log.log_end_offset == 0
+    t, out = append_async(p, idempotent_batch(5, 5), 30)
+    wait_parked(p, t)
+    with p.lock:
+        first = _append_in_sequence(p, idempotent_batch(0, 5), 1, 30)
+    t.join(10)
+    assert not t.is_alive() and len(out) == 1 and not isinstance(out[0], Exception), out
+    assert (first.first_offset, out[0].first_offset) == (0, 5), (first, out)  # type: ignore[attr-defined]
+    assert p.log.log_end_offset == 10
+
+
+def test_missing_predecessor_is_refused_after_the_bounded_wait(tmp_path: Path) -> None:
+    p = leader_of_three(tmp_path)
+    with p.lock:
+        _append_in_sequence(p, idempotent_batch(0, 5), 1, 0.0)
+        with pytest.raises(errors.OutOfOrderSequenceNumberError):
+            _append_in_sequence(p, idempotent_batch(10, 5), 1, 0.2)  # sequences 5-9 never come
+    assert p.log.log_end_offset == 5, "a refused batch changes nothing"
+
+
+def test_leadership_loss_wakes_a_waiting_batch_with_not_leader(tmp_path: Path) -> None:
+    p = leader_of_three(tmp_path)
+    t, out = append_async(p, idempotent_batch(5, 5), 30)
+    wait_parked(p, t)
+    p.make_follower(2, (1, 2, 3), (1, 2, 3), 4, 4)
+    t.join(10)
+    assert not t.is_alive() and len(out) == 1 and isinstance(out[0], errors.NotLeaderOrFollowerError), out
