@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -171,7 +172,7 @@ class LocalCluster:
         overrides: Mapping[str, str] | None = None,
         *,
         controllers: int | None = None,
-        cluster_id: str = "brook-local",
+        cluster_id: str | None = None,
         detach: bool = False,
         python: str | None = None,
     ) -> None:
@@ -194,6 +195,9 @@ class LocalCluster:
             self.mode = self.state.mode
         else:
             n_ctl = controllers if controllers is not None else (1 if nodes == 1 else DEFAULT_CONTROLLERS)
+            # A fresh id per cluster: a node of another local cluster that reaches a reused
+            # port is refused by cluster.id instead of joining (seen with parallel test runs).
+            cluster_id = cluster_id or f"brook-local-{uuid.uuid4().hex[:8]}"
             self.state = ClusterState(mode=mode, cluster_id=cluster_id,
                                       overrides={k: str(v) for k, v in (overrides or {}).items()},
                                       nodes=self._plan(nodes, mode, n_ctl))
