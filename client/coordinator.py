@@ -36,6 +36,29 @@ def group_stub(cluster: ClusterClient, address: str) -> group_pb2_grpc.GroupCoor
     return group_pb2_grpc.GroupCoordinatorServiceStub(cluster.channel_for_address(address))
 
 
+def offset_commit_request(
+    group_id: str,
+    offsets: Mapping[TopicPartition, OffsetAndMetadata | int],
+    *,
+    generation_id: int = -1,
+    member_id: str = "",
+) -> group_pb2.OffsetCommitRequest | None:
+    """The OffsetCommit request for ``offsets`` (None when there is nothing to commit).
+
+    Negative offsets are refused here, before anything is sent."""
+    parts = []
+    for tp, om in offsets.items():
+        om = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
+        if om.offset < 0:
+            raise errors.InvalidCommitOffsetSizeError(f"cannot commit negative offset {om.offset} for {tp}")
+        parts.append(group_pb2.OffsetCommitPartition(topic=tp[0], partition=tp[1], offset=om.offset,
+                                                     leader_epoch=-1, metadata=om.metadata))
+    if not parts:
+        return None
+    return group_pb2.OffsetCommitRequest(group_id=group_id, generation_id=generation_id,
+                                         member_id=member_id, partitions=parts)
+
+
 class GroupCoordinatorClient:
     def __init__(self, cluster: ClusterClient, group_id: str, *, request_timeout_ms: int | None = None) -> None:
         if not group_id:
@@ -95,17 +118,9 @@ class GroupCoordinatorClient:
         member_id: str = "",
         timeout_ms: int | None = None,
     ) -> None:
-        parts = []
-        for tp, om in offsets.items():
-            om = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
-            if om.offset < 0:
-                raise errors.InvalidCommitOffsetSizeError(f"cannot commit negative offset {om.offset} for {tp}")
-            parts.append(group_pb2.OffsetCommitPartition(topic=tp[0], partition=tp[1], offset=om.offset,
-                                                         leader_epoch=-1, metadata=om.metadata))
-        if not parts:
+        request = offset_commit_request(self.group_id, offsets, generation_id=generation_id, member_id=member_id)
+        if request is None:
             return
-        request = group_pb2.OffsetCommitRequest(group_id=self.group_id, generation_id=generation_id,
-                                                member_id=member_id, partitions=parts)
         response = self.call("OffsetCommit", request, timeout_ms=timeout_ms)
         for p in response.partitions:
             errors.raise_for(p.error_code, p.error_message or f"commit {p.topic}-{p.partition}")

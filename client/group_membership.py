@@ -41,7 +41,7 @@ from client.assignors import (
     rebalance_protocol,
 )
 from client.cluster import ClusterClient
-from client.coordinator import GroupCoordinatorClient
+from client.coordinator import GroupCoordinatorClient, offset_commit_request
 from client.types import OffsetAndMetadata, TopicPartition
 from proto import group_pb2
 
@@ -452,17 +452,10 @@ class GroupMembership:
         """Commit as the current generation; CommitFailedError if the group moved on."""
         with self._lock:
             gen = self._generation
-        parts = []
-        for tp, om in offsets.items():
-            om = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
-            if om.offset < 0:
-                raise errors.InvalidCommitOffsetSizeError(f"cannot commit negative offset {om.offset} for {tp}")
-            parts.append(group_pb2.OffsetCommitPartition(topic=tp[0], partition=tp[1], offset=om.offset,
-                                                         leader_epoch=-1, metadata=om.metadata))
-        if not parts:
+        request = offset_commit_request(self.group_id, offsets, generation_id=gen.generation_id,
+                                        member_id=gen.member_id)
+        if request is None:
             return
-        request = group_pb2.OffsetCommitRequest(group_id=self.group_id, generation_id=gen.generation_id,
-                                                member_id=gen.member_id, partitions=parts)
 
         def attempt(timeout_s: float) -> None:
             resp = self.coordinator.call("OffsetCommit", request, timeout_ms=max(1, int(timeout_s * 1000)),

@@ -204,14 +204,6 @@ class QuorumController:
             self.config.node_id, term, self.config.unclean_leader_election_default))
 
     # ---- broker lifecycle ----
-    def _broker(self, state: MetadataState, node_id: int, broker_epoch: int) -> BrokerState:
-        broker = state.brokers.get(node_id)
-        if broker is None:
-            raise errors.error_class(ErrorCode.BROKER_ID_NOT_REGISTERED)(f"broker {node_id} is not registered")
-        if broker.broker_epoch != broker_epoch:
-            raise errors.error_class(ErrorCode.STALE_BROKER_EPOCH)(
-                f"broker {node_id}: epoch {broker_epoch} is stale, the registered epoch is {broker.broker_epoch}")
-        return broker
 
     def register_broker(self, req: pb.RegisterBrokerRequest, timeout_s: float) -> pb.RegisterBrokerResponse:
         if req.cluster_id and req.cluster_id != self.config.cluster_id:
@@ -232,7 +224,7 @@ class QuorumController:
         return pb.RegisterBrokerResponse(broker_epoch=result.value)
 
     def heartbeat(self, req: pb.BrokerHeartbeatRequest, timeout_s: float) -> pb.BrokerHeartbeatResponse:
-        broker = self.raft.read(lambda s: self._broker(s, req.node_id, req.broker_epoch))
+        broker = self.raft.read(lambda s: s.broker_with_epoch(req.node_id, req.broker_epoch))
         with self._lock:
             self._leases[req.node_id] = self._clock()
         response = pb.BrokerHeartbeatResponse(heartbeat_interval_ms=self.config.broker_heartbeat_interval_ms)
@@ -263,7 +255,7 @@ class QuorumController:
 
     def controlled_shutdown(self, req: pb.ControlledShutdownRequest,
                             timeout_s: float) -> pb.ControlledShutdownResponse:
-        broker = self.raft.read(lambda s: self._broker(s, req.node_id, req.broker_epoch))
+        broker = self.raft.read(lambda s: s.broker_with_epoch(req.node_id, req.broker_epoch))
         with self._lock:
             self._leases[req.node_id] = self._clock()
         if not broker.fenced and not broker.in_controlled_shutdown:

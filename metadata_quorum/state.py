@@ -232,7 +232,8 @@ class MetadataState:
         self._touch(("B", cmd.node_id))
         return ApplyResult(value=epoch)
 
-    def _broker_with_epoch(self, node_id: int, broker_epoch: int) -> BrokerState:
+    def broker_with_epoch(self, node_id: int, broker_epoch: int) -> BrokerState:
+        """The registered broker, if ``broker_epoch`` is its current one; raises the Kafka error otherwise."""
         broker = self.brokers.get(node_id)
         if broker is None:
             raise errors.error_class(ErrorCode.BROKER_ID_NOT_REGISTERED)(f"broker {node_id} is not registered")
@@ -242,7 +243,7 @@ class MetadataState:
         return broker
 
     def _fence_broker(self, cmd: c.FenceBroker) -> ApplyResult:
-        broker = self._broker_with_epoch(cmd.node_id, cmd.broker_epoch)
+        broker = self.broker_with_epoch(cmd.node_id, cmd.broker_epoch)
         if broker.fenced:
             return ApplyResult()
         broker.fenced = True
@@ -252,7 +253,7 @@ class MetadataState:
         return ApplyResult()
 
     def _unfence_broker(self, cmd: c.UnfenceBroker) -> ApplyResult:
-        broker = self._broker_with_epoch(cmd.node_id, cmd.broker_epoch)
+        broker = self.broker_with_epoch(cmd.node_id, cmd.broker_epoch)
         if not broker.fenced:
             return ApplyResult()
         broker.fenced = False
@@ -262,7 +263,7 @@ class MetadataState:
         return ApplyResult()
 
     def _begin_controlled_shutdown(self, cmd: c.BeginControlledShutdown) -> ApplyResult:
-        broker = self._broker_with_epoch(cmd.node_id, cmd.broker_epoch)
+        broker = self.broker_with_epoch(cmd.node_id, cmd.broker_epoch)
         if broker.fenced or broker.in_controlled_shutdown:
             return ApplyResult(value=self.leadership_count(broker.node_id))
         broker.in_controlled_shutdown = True
@@ -437,7 +438,7 @@ class MetadataState:
     # -- partitions --
     def _change_partition(self, cmd: c.ChangePartition) -> ApplyResult:
         if cmd.broker_id >= 0:
-            broker = self._broker_with_epoch(cmd.broker_id, cmd.broker_epoch)
+            broker = self.broker_with_epoch(cmd.broker_id, cmd.broker_epoch)
             if broker.fenced:
                 raise errors.error_class(ErrorCode.STALE_BROKER_EPOCH)(f"broker {cmd.broker_id} is fenced")
         eligible = self._eligible_ids()
@@ -490,7 +491,7 @@ class MetadataState:
                 f"{name}: brokers {added or [leader]} are fenced or shutting down")
 
     def _allocate_producer_ids(self, cmd: c.AllocateProducerIds) -> ApplyResult:
-        self._broker_with_epoch(cmd.broker_id, cmd.broker_epoch)
+        self.broker_with_epoch(cmd.broker_id, cmd.broker_epoch)
         if not 1 <= cmd.block_size <= MAX_PRODUCER_ID_BLOCK:
             raise errors.InvalidRequestError(f"producer id block size must be 1..{MAX_PRODUCER_ID_BLOCK}")
         start = self.next_producer_id
