@@ -387,8 +387,12 @@ class RecordAccumulator:
                 self.incomplete.discard(batch)
                 self.used_bytes -= batch.size_bytes
                 self.space.notify_all()
-                self.wakeup.notify()
         batch.completion.complete(base_offset, log_append_time_ms, error)
+        # Only now: the sender's per-partition window (Sender._window) counts a batch as
+        # outstanding until its completion is set, so a wakeup sent before that could find
+        # the window still full and sleep until the next linger or 1 s timeout.
+        with self.lock:
+            self.wakeup.notify()
 
     def has_unsent(self) -> bool:
         with self.lock:

@@ -285,3 +285,21 @@ def test_send_to_unreachable_cluster_fails_after_max_block_ms() -> None:
         producer.close(timeout=1)
     with pytest.raises(errors.ProducerClosedError):
         producer.send("t", b"v")
+
+
+def test_complete_wakes_the_sender_after_the_batch_counts_as_completed() -> None:
+    """The sender's window checks completion.event: a wakeup before it is set could be missed."""
+    acc = make_acc()
+    append(acc, b"v")
+    with acc.lock:
+        batch = acc.pop_head(TP)
+    seen: list[bool] = []
+
+    class Recording(threading.Condition):
+        def notify(self, n: int = 1) -> None:
+            seen.append(batch.completion.event.is_set())
+            super().notify(n)
+
+    acc.wakeup = Recording(acc.lock)
+    acc.complete(batch, 0, -1, None)
+    assert seen and seen[-1], "the last wakeup must come after the completion is set"

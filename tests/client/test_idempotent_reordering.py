@@ -167,7 +167,16 @@ def test_broker_answers_an_overtaking_first_batch_with_out_of_order_sequence_and
                 b.append(int(time.time() * 1000), None, b"seq-%d" % (seq + i))
             req = broker_pb2.ProduceRequest(acks=-1, timeout_ms=10000, partitions=[
                 broker_pb2.ProducePartitionData(topic=topic, partition=0, records=b.build())])
-            return cc.broker_stub(leader).Produce(req, timeout=15).partitions[0]
+            # The controller names the leader before that broker has applied the change; until
+            # then it answers NOT_LEADER_OR_FOLLOWER / LEADER_NOT_AVAILABLE and appends nothing,
+            # so asking again is safe.
+            deadline = time.monotonic() + 15
+            while True:
+                answer = cc.broker_stub(leader).Produce(req, timeout=15).partitions[0]
+                settling = answer.error_code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE)
+                if not settling or time.monotonic() > deadline:
+                    return answer
+                time.sleep(0.05)
 
         refused = produce(3, 2)
         assert refused.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, refused
