@@ -56,7 +56,7 @@ def spark_session():  # type: ignore[no-untyped-def]
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # nothing may listen beyond loopback
     spark = (SparkSession.builder.master("local[2]").appName("brook-demo")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
              .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
              .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
@@ -102,7 +102,7 @@ def _run(cluster: LocalCluster, args: argparse.Namespace) -> int:
     bootstrap = cluster.bootstrap_servers
     console.rule("[bold]2. create a topic")
     if brook(["-b", bootstrap, "topic", "create", TOPIC, "-p", "6", "-r", str(min(3, args.nodes)),
-              "-c", "retention.ms=3600000"]) != 0:
+              "-c", "retention.ms=3600000", "-c", f"min.insync.replicas={min(2, args.nodes)}"]) != 0:
         return 1
     console.rule("[bold]3. produce")
     produced = produce(bootstrap, args.records)
