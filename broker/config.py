@@ -152,9 +152,11 @@ _BEHAVIOUR = [
            check=_at_least(14), roles=_B),
     KeyDef("offsets.retention.minutes", "int", "10080", "Committed offsets of an empty group expire after.",
            check=_at_least(1), roles=_B),
-    KeyDef("offsets.retention.check.interval.ms", "long", "600000", "How often expired offsets are removed.",
+    KeyDef("offsets.retention.check.interval.ms", "long", "600000",
+           "How often the group coordinator expires old committed offsets.",
            check=_at_least(1), roles=_B),
-    KeyDef("offsets.commit.timeout.ms", "int", "5000", "Longest an offset commit waits for replication.",
+    KeyDef("offsets.commit.timeout.ms", "int", "5000",
+           "Longest an offset commit waits for the offsets topic replicas (acks=all).",
            check=_at_least(1), roles=_B),
     KeyDef("offset.metadata.max.bytes", "int", "4096", "Largest metadata string of a committed offset.",
            check=_at_least(0), roles=_B),
@@ -164,13 +166,6 @@ _BEHAVIOUR = [
            check=_at_least(1), roles=_B),
     KeyDef("group.max.session.timeout.ms", "int", "1800000", "Largest consumer session timeout accepted.",
            check=_at_least(1), roles=_B),
-    KeyDef("offsets.retention.check.interval.ms", "long", "600000",
-           "How often the group coordinator expires old committed offsets.", check=_at_least(1), roles=_B),
-    KeyDef("offsets.commit.timeout.ms", "int", "5000",
-           "Longest an offset commit waits for the offsets topic replicas (acks=all).",
-           check=_at_least(1), roles=_B),
-    KeyDef("offset.metadata.max.bytes", "int", "4096", "Largest metadata string of a committed offset.",
-           check=_at_least(0), roles=_B),
     KeyDef("log.flush.scheduler.interval.ms", "long", "1000", "How often the flusher checks logs.",
            check=_at_least(1), roles=_B),
     KeyDef("log.retention.check.interval.ms", "long", "300000", "How often retention runs.",
@@ -222,7 +217,17 @@ def _topic_key_defs() -> list[KeyDef]:
     return out
 
 
-KEYS: Mapping[str, KeyDef] = {d.name: d for d in [*_CORE, *_BEHAVIOUR, *_topic_key_defs()]}
+def _index(defs: list[KeyDef]) -> dict[str, KeyDef]:
+    """Name -> definition; a name defined twice is a programming error, not a silent override."""
+    index: dict[str, KeyDef] = {}
+    for d in defs:
+        if d.name in index:
+            raise AssertionError(f"node config key {d.name!r} is defined twice")
+        index[d.name] = d
+    return index
+
+
+KEYS: Mapping[str, KeyDef] = _index([*_CORE, *_BEHAVIOUR, *_topic_key_defs()])
 
 
 _REQUIRED = ("process.roles", "node.id", "cluster.id", "listeners", "controller.quorum.voters")
