@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -29,6 +29,9 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:  # annotations only: the roles import this module, not the other way round
+    from broker.replica_manager import PartitionStats
 
 log = logging.getLogger(__name__)
 
@@ -143,20 +146,6 @@ def _replace_behaviour(handler: Any, behaviour: Callable[..., Any]) -> Any:
 # ----------------------------------------------------------------------------- stats collectors
 
 
-def _get(obj: Any, name: str, default: Any = 0) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
-def _num(value: Any) -> float:
-    if isinstance(value, list | tuple | set | frozenset | dict):
-        return float(len(value))
-    if value is None:
-        return 0.0
-    return float(value)
-
-
 class _SafeCollector(Collector):
     """A collector that never fails a scrape: a role's stats() error drops its families only."""
 
@@ -184,7 +173,7 @@ class BrokerCollector(_SafeCollector):
 
     def _collect(self) -> Iterable[Metric]:
         rm = self._replica_manager()
-        parts: list[Any] = list(rm.stats()) if rm is not None else []
+        parts: list[PartitionStats] = list(rm.stats()) if rm is not None else []
         by_topic: dict[str, dict[str, float]] = {}
         size = GaugeMetricFamily("brook_log_size_bytes", "Bytes on disk of a partition's log.",
                                  labels=["topic", "partition"])
@@ -198,22 +187,22 @@ class BrokerCollector(_SafeCollector):
                                 labels=["topic", "partition"])
         leaders = under = under_min = shrinks = expands = 0.0
         for p in parts:
-            topic, partition = str(_get(p, "topic", "")), str(_get(p, "partition", 0))
-            size.add_metric([topic, partition], _num(_get(p, "size_bytes")))
-            leo.add_metric([topic, partition], _num(_get(p, "leo")))
-            lso.add_metric([topic, partition], _num(_get(p, "log_start")))
-            hw.add_metric([topic, partition], _num(_get(p, "hw")))
+            topic, partition = p.topic, str(p.partition)
+            size.add_metric([topic, partition], p.size_bytes)
+            leo.add_metric([topic, partition], p.leo)
+            lso.add_metric([topic, partition], p.log_start)
+            hw.add_metric([topic, partition], p.hw)
             t = by_topic.setdefault(topic, {"msgs": 0.0, "in": 0.0, "out": 0.0})
-            t["msgs"] += _num(_get(p, "messages_in_total"))
-            t["in"] += _num(_get(p, "bytes_in_total"))
-            t["out"] += _num(_get(p, "bytes_out_total"))
-            shrinks += _num(_get(p, "isr_shrinks_total"))
-            expands += _num(_get(p, "isr_expands_total"))
-            if _get(p, "is_leader", False):
+            t["msgs"] += p.messages_in_total
+            t["in"] += p.bytes_in_total
+            t["out"] += p.bytes_out_total
+            shrinks += p.isr_shrinks_total
+            expands += p.isr_expands_total
+            if p.is_leader:
                 leaders += 1
-                isr.add_metric([topic, partition], _num(_get(p, "isr", ())))
-                under += 1 if _get(p, "under_replicated", False) else 0
-                under_min += 1 if _get(p, "under_min_isr", False) else 0
+                isr.add_metric([topic, partition], len(p.isr))
+                under += p.under_replicated
+                under_min += p.under_min_isr
         msgs = CounterMetricFamily("brook_topic_messages_in", "Records appended to partitions this broker leads.",
                                    labels=["topic"])
         bin_ = CounterMetricFamily("brook_topic_bytes_in", "Record batch bytes appended as leader.",
@@ -281,9 +270,8 @@ class ControllerCollector(_SafeCollector):
             ("brook_cluster_partitions", "Partitions in the cluster.", "partitions"),
         ]
         for name, doc, attr in gauges:
-            default = -1 if attr == "leader_id" else 0
-            yield GaugeMetricFamily(name, doc, value=_num(_get(s, attr, default)))
-        if _get(s, "is_active", False):
+            yield GaugeMetricFamily(name, doc, value=float(getattr(s, attr)))
+        if s.is_active:
             yield from self._voters(node)
 
     @staticmethod
@@ -312,11 +300,7 @@ class ControllerCollector(_SafeCollector):
 
 
 class GroupCollector(_SafeCollector):
-    """Consumer group families from ``GroupCoordinator.stats()``.
-
-    Accepts ``groups_by_state`` (mapping state -> count) and ``offsets`` (iterable of records
-    with group, topic, partition, committed_offset, lag); the names tolerate the usual variants.
-    """
+    """Consumer group families from ``GroupCoordinator.stats()`` (``GroupCoordinatorStats``)."""
 
     name = "groups"
 
@@ -330,23 +314,20 @@ class GroupCollector(_SafeCollector):
         s = coord.stats()
         states = GaugeMetricFamily("brook_consumer_groups", "Consumer groups this broker coordinates, by state.",
                                    labels=["state"])
-        by_state = _get(s, "groups_by_state", None) or _get(s, "groups", {}) or {}
-        if isinstance(by_state, dict):
-            for state, count in sorted(by_state.items()):
-                states.add_metric([str(state)], _num(count))
+        for state, count in sorted(s.groups_by_state.items()):
+            states.add_metric([state], count)
         yield states
         committed = GaugeMetricFamily("brook_consumer_group_committed_offset",
                                       "Committed offset of a group on a partition.",
                                       labels=["group", "topic", "partition"])
         lag = GaugeMetricFamily("brook_consumer_group_lag", "High watermark minus committed offset (records).",
                                 labels=["group", "topic", "partition"])
-        rows = _get(s, "offsets", None) or _get(s, "partitions", None) or []
-        for row in rows:
-            if _num(_get(row, "lag", 0)) < 0:
+        for row in s.offsets:
+            if row.lag < 0:
                 continue  # the partition's end offset is not known yet: no lag to report
-            labels = [str(_get(row, "group", "")), str(_get(row, "topic", "")), str(_get(row, "partition", 0))]
-            committed.add_metric(labels, _num(_get(row, "committed_offset", _get(row, "offset", 0))))
-            lag.add_metric(labels, _num(_get(row, "lag", 0)))
+            labels = [row.group, row.topic, str(row.partition)]
+            committed.add_metric(labels, row.committed_offset)
+            lag.add_metric(labels, row.lag)
         yield committed
         yield lag
 
