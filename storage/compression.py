@@ -23,6 +23,8 @@ import logging
 import struct
 import threading
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 import cramjam
 import lz4.frame
@@ -133,25 +135,37 @@ def _too_large(codec: int, limit: int) -> errors.BrookError:
     )
 
 
-def _gzip_decompress(data: bytes | bytearray | memoryview, limit: int) -> bytes:
+def _decompress_members(data: bytes | bytearray | memoryview, limit: int, codec: int,
+                        new_decompressor: Callable[[], Any], next_magic: bytes | None) -> bytes:
+    """Decode concatenated members (gzip) or frames (lz4), never producing more than ``limit``.
+
+    Each decompressor is asked for at most one byte past what is left of the limit, so a
+    bomb is refused after ``limit + 1`` bytes of output rather than after inflating whole.
+    ``next_magic``, where given, must start every member after the first.
+    """
+    name = CODEC_NAMES[codec]
     out: list[bytes] = []
     total = 0
     rest: bytes | memoryview = memoryview(data)
     for _ in range(_MAX_MEMBERS):
-        obj = zlib.decompressobj(31)
-        chunk = obj.decompress(rest, limit - total + 1)
+        obj = new_decompressor()
+        chunk = obj.decompress(rest, max_length=limit - total + 1)
         total += len(chunk)
         if total > limit:
-            raise _too_large(CODEC_GZIP, limit)
+            raise _too_large(codec, limit)
         if not obj.eof:
-            raise errors.CorruptMessageError("gzip data is truncated")
+            raise errors.CorruptMessageError(f"{name} data is truncated")
         out.append(chunk)
         rest = obj.unused_data
         if not rest:
             return out[0] if len(out) == 1 else b"".join(out)
-        if rest[:2] != b"\x1f\x8b":
-            raise errors.CorruptMessageError(f"{len(rest)} bytes of garbage after the gzip data")
-    raise errors.CorruptMessageError(f"gzip data has more than {_MAX_MEMBERS} members")
+        if next_magic is not None and rest[:len(next_magic)] != next_magic:
+            raise errors.CorruptMessageError(f"{len(rest)} bytes of garbage after the {name} data")
+    raise errors.CorruptMessageError(f"{name} data has more than {_MAX_MEMBERS} members")
+
+
+def _gzip_decompress(data: bytes | bytearray | memoryview, limit: int) -> bytes:
+    return _decompress_members(data, limit, CODEC_GZIP, lambda: zlib.decompressobj(31), b"\x1f\x8b")
 
 
 def _snappy_xerial_compress(data: bytes | bytearray | memoryview) -> bytes:
@@ -206,22 +220,7 @@ def _snappy_decompress(data: bytes | bytearray | memoryview, limit: int) -> byte
 
 
 def _lz4_decompress(data: bytes | bytearray | memoryview, limit: int) -> bytes:
-    out: list[bytes] = []
-    total = 0
-    rest: bytes | memoryview = memoryview(data)
-    for _ in range(_MAX_MEMBERS):
-        obj = lz4.frame.LZ4FrameDecompressor()
-        chunk = obj.decompress(rest, max_length=limit - total + 1)
-        total += len(chunk)
-        if total > limit:
-            raise _too_large(CODEC_LZ4, limit)
-        if not obj.eof:
-            raise errors.CorruptMessageError("lz4 frame is truncated")
-        out.append(chunk)
-        rest = obj.unused_data
-        if not rest:
-            return out[0] if len(out) == 1 else b"".join(out)
-    raise errors.CorruptMessageError(f"lz4 data has more than {_MAX_MEMBERS} frames")
+    return _decompress_members(data, limit, CODEC_LZ4, lz4.frame.LZ4FrameDecompressor, None)
 
 
 _ZSTD_MAGIC = 0xFD2FB528
