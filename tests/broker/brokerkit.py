@@ -8,11 +8,10 @@ DescribeCluster; replica logs are read straight from each node's segment files.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import grpc
+from waiting import wait_for as wait_until
 
 from deploy.local.cluster import LocalCluster
 from metadata_quorum.client import ControllerClient
@@ -39,17 +38,6 @@ def make_batch(*values: bytes, timestamp_ms: int | None = None) -> bytes:
     for v in values:
         b.append(ts, None, v)
     return b.build()
-
-
-def wait_until(cond: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last value: {last!r}")
 
 
 class Kit:

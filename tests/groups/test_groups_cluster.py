@@ -15,11 +15,12 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from client.admin import Admin
 from client.cluster import ClusterClient
@@ -40,17 +41,6 @@ RETENTION_MINUTES = 1
 EXPIRING_GROUP = "g-expiring"
 WORKER = Path(__file__).with_name("group_worker.py")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last saw {last!r}")
 
 
 @pytest.fixture(scope="module")

@@ -3,33 +3,16 @@
 from __future__ import annotations
 
 import socket
-import time
-from collections.abc import Callable
-from typing import TypeVar
 
 from metadata_quorum.client import ControllerClient
 from proto import common_pb2
 from proto import controller_pb2 as pb
-
-T = TypeVar("T")
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], T], timeout_s: float, what: str) -> T:
-    """Poll ``condition`` until it returns something truthy; fail saying what was awaited."""
-    deadline = time.monotonic() + timeout_s
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last value: {last!r})")
 
 
 def register_brokers(client: ControllerClient, ids: list[int], cluster_id: str, *, rack: str = "") -> dict[int, int]:

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from quorum_helpers import create_topic, free_port, heartbeat_all, register_brokers, wait_for
+from quorum_helpers import create_topic, free_port, heartbeat_all, register_brokers
+from waiting import wait_for
 
 from metadata_quorum.client import ControllerClient
 from metadata_quorum.node import ControllerNode, ControllerSettings, VoterAddress, parse_voters

@@ -10,7 +10,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from quorum_helpers import create_topic, register_brokers, wait_for
+from quorum_helpers import create_topic, register_brokers
+from waiting import wait_for
 
 from metadata_quorum.client import ControllerClient
 from metadata_quorum.local_quorum import LocalQuorum

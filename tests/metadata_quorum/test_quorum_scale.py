@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from quorum_helpers import register_brokers, wait_for
+from quorum_helpers import register_brokers
+from waiting import wait_for
 
 from metadata_quorum.client import ControllerClient
 from metadata_quorum.local_quorum import LocalQuorum

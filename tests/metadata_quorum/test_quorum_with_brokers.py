@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from quorum_helpers import wait_for
+from waiting import wait_for
 
 from client.cluster import ClusterClient
 from deploy.local.cluster import LocalCluster

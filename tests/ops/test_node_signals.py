@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
-from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from client.admin import Admin, NewTopic
 from client.cluster import ClusterClient
@@ -33,17 +32,6 @@ LED = "signals-led"  # pinned so that the restarted victim leads it
 def leaders(bootstrap: str, topic: str = TOPIC) -> dict[int, int]:
     with ClusterClient(bootstrap) as cc:
         return {p: m.leader for p, m in cc.metadata([topic], refresh=True).topics[topic].partitions.items()}
-
-
-def wait_for(cond: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last saw {last!r}")
 
 
 def wait_exit(cluster: LocalCluster, node_id: int, timeout_s: float) -> int:

@@ -5,21 +5,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
+from waiting import wait_for as wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-
-def wait_until(cond: Callable[[], object], timeout_s: float, what: Callable[[], str] | str) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what() if callable(what) else what}")
 
 
 def stream(spark, brook, **options: str):  # type: ignore[no-untyped-def]

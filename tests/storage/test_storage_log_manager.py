@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 from storage_testlib import make_batch, now_ms, read_all
+from waiting import wait_for as _wait_for
 
 from proto import errors
 from storage.checkpoints import (
@@ -16,15 +16,6 @@ from storage.checkpoints import (
     OffsetCheckpointFile,
 )
 from storage.log_manager import CLEAN_SHUTDOWN_FILE, LogManager, read_partition_metadata
-
-
-def _wait_for(cond, timeout_s: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_new_logs_go_to_least_used_dir(tmp_path: Path) -> None:
