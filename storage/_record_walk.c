@@ -92,7 +92,13 @@ static int do_walk(const uint8_t *d, uint64_t n, int64_t count, int compact, res
     int64_t i = 0, v;
     int64_t min_delta = INT64_MAX, max_delta = INT64_MIN;
     int e;
-#define READ(out) do { e = read_varint(d, n, &p, &(out), &err_pos); \
+    /* One- and two-byte varints (nearly every length and delta) inline; the general reader otherwise. */
+#define READ(out) do { \
+        if (p < n && d[p] < 0x80) { uint8_t z_ = d[p++]; (out) = (int64_t)(z_ >> 1) ^ -(int64_t)(z_ & 1); break; } \
+        if (p + 1 < n && d[p + 1] < 0x80) { \
+            uint32_t z_ = (uint32_t)(d[p] & 0x7F) | ((uint32_t)d[p + 1] << 7); p += 2; \
+            (out) = (int64_t)(z_ >> 1) ^ -(int64_t)(z_ & 1); break; } \
+        e = read_varint(d, n, &p, &(out), &err_pos); \
         if (e) { r->kind = e; r->record = i; if (e != TRUNCATED) { r->a_pos = err_pos; r->a_is_pos = 1; } \
                  return 0; } } while (0)
     for (i = 0; i < count; i++) {
