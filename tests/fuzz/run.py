@@ -87,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.replay is not None:
         return _replay(args.replay)
+    try:
+        import atheris  # noqa: F401
+    except ImportError:
+        print("atheris is not installed (a dev dependency with wheels for Linux x86_64 only): "
+              "the bounded fuzz replay in tests/fuzz/test_fuzz_smoke.py still runs without it", file=sys.stderr)
+        return 2
     names = [t.strip() for t in args.targets.split(",") if t.strip()]
     unknown = sorted(set(names) - set(TARGET_NAMES))
     if unknown:
