@@ -19,7 +19,7 @@ from storage_testlib import read_all
 
 from proto import errors
 from proto.errors import ErrorCode
-from storage import compression
+from storage import compression, record_walk
 from storage import record_batch as rb
 from storage.log import Log
 from storage.log_config import LogConfig
@@ -28,6 +28,18 @@ from storage.log_validator import LogValidator, decompressed_limit
 CODECS = [rb.CODEC_GZIP, rb.CODEC_SNAPPY, rb.CODEC_LZ4, rb.CODEC_ZSTD]
 ALL_CODECS = [rb.CODEC_NONE, *CODECS]
 CORRUPT, INVALID = ErrorCode.CORRUPT_MESSAGE, ErrorCode.INVALID_RECORD
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def walk_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with the C walk and with the pure-Python fallback: same verdicts, same messages."""
+    if request.param == "compiled":
+        if record_walk.walk_c is None:
+            pytest.skip("storage._record_walk is not built (no C compiler at install time?)")
+        monkeypatch.setattr(record_walk, "walk", record_walk.walk_c)
+    else:
+        monkeypatch.setattr(record_walk, "walk", record_walk.walk_py)
+    return request.param
 
 
 @pytest.fixture
