@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv test test-fast demo proto lint soak bench bench-storage bench-codec bench-metadata bench-client bench-spark clean
+.PHONY: venv test test-fast demo proto lint soak fuzz bench bench-storage bench-codec bench-metadata bench-client bench-spark clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,11 @@ lint: venv
 ## Long soak / chaos runs, kept out of the suite.
 soak: venv
 	$(PY) -m pytest -q tests -m soak -p no:cacheprovider -o addopts=''
+
+## Coverage-guided fuzzing (atheris) of the batch parser, the record validator and the broker's
+## RPC handlers: FUZZ_SECONDS per target (default 20), FUZZ_RUNS, FUZZ_TARGETS to change it.
+fuzz: venv
+	$(PY) tests/fuzz/run.py
 
 bench-storage: venv
 	$(PY) -m storage.perf

@@ -192,10 +192,11 @@ class BrokerCollector(_SafeCollector):
             leo.add_metric([topic, partition], p.leo)
             lso.add_metric([topic, partition], p.log_start)
             hw.add_metric([topic, partition], p.hw)
-            t = by_topic.setdefault(topic, {"msgs": 0.0, "in": 0.0, "out": 0.0})
+            t = by_topic.setdefault(topic, {"msgs": 0.0, "in": 0.0, "out": 0.0, "invalid": 0.0})
             t["msgs"] += p.messages_in_total
             t["in"] += p.bytes_in_total
             t["out"] += p.bytes_out_total
+            t["invalid"] += p.invalid_appends_total
             shrinks += p.isr_shrinks_total
             expands += p.isr_expands_total
             if p.is_leader:
@@ -209,11 +210,16 @@ class BrokerCollector(_SafeCollector):
                                    labels=["topic"])
         bout = CounterMetricFamily("brook_topic_bytes_out", "Record batch bytes served to consumers (follower fetches excluded, as in Kafka).",
                                    labels=["topic"])
+        invalid = CounterMetricFamily(
+            "brook_topic_failed_produce_batches",
+            "Produce appends refused by record validation (CORRUPT_MESSAGE, INVALID_RECORD, MESSAGE_TOO_LARGE).",
+            labels=["topic"])
         for topic, t in sorted(by_topic.items()):
             msgs.add_metric([topic], t["msgs"])
             bin_.add_metric([topic], t["in"])
             bout.add_metric([topic], t["out"])
-        yield from (msgs, bin_, bout, size, leo, lso, hw, isr)
+            invalid.add_metric([topic], t["invalid"])
+        yield from (msgs, bin_, bout, invalid, size, leo, lso, hw, isr)
         yield GaugeMetricFamily("brook_partitions", "Partition replicas hosted by this broker.", value=len(parts))
         yield GaugeMetricFamily("brook_leader_partitions", "Partitions this broker leads.", value=leaders)
         yield GaugeMetricFamily("brook_under_replicated_partitions",

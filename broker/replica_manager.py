@@ -84,6 +84,7 @@ class PartitionStats:
     isr_expands_total: int
     under_replicated: bool
     under_min_isr: bool
+    invalid_appends_total: int = 0  # produce appends the log's validation refused (storage.log_validator)
 
 
 class DelayedProduce(DelayedOperation):
@@ -601,7 +602,8 @@ class ReplicaManager:
                 p.topic, p.partition, p.is_leader, p.leader_epoch, list(p.isr), list(p.replicas),
                 lg.high_watermark, lg.log_end_offset, lg.log_start_offset, lg.size_bytes,
                 p.messages_in_total, p.bytes_in_total, p.bytes_out_total, p.isr_shrinks_total,
-                p.isr_expands_total, p.under_replicated, p.under_min_isr))
+                p.isr_expands_total, p.under_replicated, p.under_min_isr,
+                invalid_appends_total=lg.invalid_appends_total))
         return out
 
 

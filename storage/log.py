@@ -6,8 +6,9 @@ swaps. Readers never take it: they read an immutable snapshot of the segment lis
 its size only after the bytes are written. A segment removed while a reader still uses
 it is renamed ``.deleted`` and closed only after ``file.delete.delay.ms``.
 
-Append path (leader): validate headers + CRC of every batch (no record decoding),
-producer-state checks, rewrite base offsets and the leader epoch in place, one pwrite.
+Append path (leader): validate headers + CRC of every batch, then every record of every
+batch (LogValidator: client bytes must be decodable by every consumer), producer-state
+checks, rewrite base offsets and the leader epoch in place, one pwrite.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from storage.checkpoints import fsync_dir
 from storage.compression import CODEC_BY_NAME
 from storage.leader_epoch_cache import LeaderEpochFileCache
 from storage.log_config import LogConfig
+from storage.log_validator import LogValidator
 from storage.producer_state import SNAPSHOT_FILE, ProducerEntry, ProducerStateManager
 from storage.record_batch import (
     BatchHeader,
@@ -56,6 +58,7 @@ log = logging.getLogger(__name__)
 EARLIEST_TIMESTAMP = -2  # ListOffsets sentinels, as in Kafka
 LATEST_TIMESTAMP = -1
 _READ_ATTEMPTS = 3
+_REFUSED_LOG_INTERVAL_S = 10.0
 MAX_ITER_READS = 10_000_000  # bound of iter_batches_from (far beyond any real log)  # a reader racing a segment deletion retries on a fresh snapshot
 
 
@@ -99,6 +102,9 @@ class Log:
         self.dir = directory
         self.topic, self.partition = parse_partition_dir(directory.name)
         self._config = config
+        self._validator = LogValidator(config)
+        self.invalid_appends_total = 0  # leader appends refused by validation (metrics read it)
+        self._refused_logged_s = -_REFUSED_LOG_INTERVAL_S
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
         self._segments: tuple[LogSegment, ...] = ()
@@ -326,9 +332,14 @@ class Log:
 
     # ------------------------------------------------------------------ append
     def append_as_leader(self, records: bytes, leader_epoch: int, *, now_ms: int | None = None) -> AppendInfo:
-        """Validate, assign offsets, stamp the epoch, write. All-or-nothing."""
+        """Validate (headers, CRCs, every record), assign offsets, stamp the epoch, write. All-or-nothing."""
         buf = bytearray(records)
-        headers = validate_batches(buf, max_batch_bytes=self._config.max_message_bytes, allow_empty=False)
+        try:
+            headers = validate_batches(buf, max_batch_bytes=self._config.max_message_bytes, allow_empty=False)
+            self._validator.validate(buf, headers)
+        except (errors.CorruptMessageError, errors.InvalidRecordError, errors.MessageTooLargeError) as exc:
+            self._note_refused(exc)
+            raise
         codec = CODEC_BY_NAME.get(self._config.compression_type)  # None: keep the producer's codec
         if codec is not None and any(h.compression != codec and not h.is_control for h in headers):
             buf = _recompress(buf, headers, codec)
@@ -357,6 +368,16 @@ class Log:
                 self.epoch_cache.assign(leader_epoch, first_offset)
             self._write(buf, assigned, now)
             return self._append_info(assigned, len(buf), now if log_append else -1)
+
+    def _note_refused(self, exc: errors.BrookError) -> None:
+        # A hostile client can send refused batches in a loop: one INFO line per interval, the rest DEBUG.
+        self.invalid_appends_total += 1
+        now = time.monotonic()
+        level = logging.INFO if now - self._refused_logged_s >= _REFUSED_LOG_INTERVAL_S else logging.DEBUG
+        if level == logging.INFO:
+            self._refused_logged_s = now
+        log.log(level, "%s-%d: produced batch refused (%d so far): %s", self.topic, self.partition,
+                self.invalid_appends_total, exc)
 
     def _check_producers(self, headers: list[BatchHeader]) -> AppendInfo | None:
         """Producer-state checks for every batch; a sole duplicate batch returns its original info."""
@@ -743,6 +764,7 @@ class Log:
     def update_config(self, config: LogConfig) -> None:
         with self._lock:
             self._config = config
+            self._validator = LogValidator(config)
 
     def close(self) -> None:
         """Flush, write the final index entries, release files. Idempotent."""

@@ -278,12 +278,25 @@ def set_log_append_time(buf: bytearray | memoryview, pos: int, timestamp_ms: int
     As in Kafka, only the attributes and max timestamp change; readers then report
     max_timestamp as every record's timestamp.
     """
+    _rewrite_after_crc(buf, pos, ATTR_TIMESTAMP_TYPE, timestamp_ms)
+
+
+def set_max_timestamp(buf: bytearray | memoryview, pos: int, timestamp_ms: int) -> None:
+    """Set the max timestamp of the (CreateTime) batch at ``pos`` and recompute its CRC.
+
+    The leader corrects a header whose max timestamp disagrees with its records, as
+    Kafka's LogValidator does: retention and the time index trust the header.
+    """
+    _rewrite_after_crc(buf, pos, 0, timestamp_ms)
+
+
+def _rewrite_after_crc(buf: bytearray | memoryview, pos: int, add_attributes: int, max_timestamp: int) -> None:
     h = read_header(buf, pos)
     end = pos + h.batch_length + LOG_OVERHEAD
     if end > len(buf):
         raise errors.CorruptMessageError(f"truncated batch at position {pos}")
-    _INT16.pack_into(buf, pos + 21, h.attributes | ATTR_TIMESTAMP_TYPE)
-    _INT64.pack_into(buf, pos + 35, timestamp_ms)
+    _INT16.pack_into(buf, pos + 21, h.attributes | add_attributes)
+    _INT64.pack_into(buf, pos + 35, max_timestamp)
     with memoryview(buf) as view:
         crc = crc32c(view[pos + CRC_START : end])
     _UINT32.pack_into(buf, pos + 17, crc)

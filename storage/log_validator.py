@@ -1,0 +1,180 @@
+"""LogValidator: the leader's check of every record of every produced batch (Kafka's name).
+
+``validate_batches`` (record_batch.py) checks what the header and the CRC can tell: a
+CRC only proves the bytes arrived as the client wrote them, not that a consumer can
+decode them. A client that writes a valid CRC over a batch whose records do not match
+its header would otherwise make the partition unreadable at that offset for every
+consumer, forever. So the leader decompresses (with a bound) and walks every record
+before anything is written, as Kafka's broker does on produce:
+
+- attributes: no control or transactional batch (Brook has no transactions: only the
+  broker could write markers), no delete-horizon flag (the cleaner's), no LogAppendTime
+  flag (the broker's), no undefined bits;
+- compressed records section decompresses within ``decompressed_bytes_max`` and
+  cleanly (no truncation, no trailing bytes after the frames);
+- exactly ``record_count`` records that consume the records section exactly: each
+  record's length, varints, key, value and headers consistent and consuming exactly its
+  length; offset deltas 0, 1, ... n-1 in order;
+- header keys are UTF-8 (consumers decode them as strings);
+- keys present on a compacted topic (a keyless record cannot be compacted);
+- CreateTime: record timestamps fit an int64; the header's max timestamp is recomputed
+  from the records and corrected in place if it lies (as Kafka does), since retention
+  and the time index trust it.
+
+Bytes that cannot be decoded raise CorruptMessageError (CORRUPT_MESSAGE); decodable
+records that are not allowed raise InvalidRecordError (INVALID_RECORD). The message
+names the batch and record. Follower appends are not re-validated: their bytes were
+validated by the leader that wrote them.
+
+Speed: this is the one per-record loop on the produce path: ``storage.record_walk``, a
+C extension built by ``pip install`` (a few ns per record, uncompressed batches walked in
+place) with a pure-Python fallback that gives identical results.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from proto import errors
+from storage import compression, record_walk
+from storage.log_config import LogConfig
+from storage.record_batch import (
+    ATTR_CODEC_MASK,
+    ATTR_CONTROL,
+    ATTR_DELETE_HORIZON,
+    ATTR_TIMESTAMP_TYPE,
+    ATTR_TRANSACTIONAL,
+    BATCH_HEADER_SIZE,
+    CODEC_NONE,
+    LOG_OVERHEAD,
+    BatchHeader,
+    Buffer,
+    set_max_timestamp,
+)
+
+__all__ = ["LogValidator", "decompressed_limit"]
+
+logger = logging.getLogger(__name__)
+
+# Legitimate batches compress 2-50x; a decompressed records section this many times the
+# topic's max.message.bytes is a bomb. Never above the consumers' own decode bound, so
+# anything accepted here is readable by every Brook consumer.
+DECOMPRESSION_RATIO_MAX = 32
+DECOMPRESSED_BYTES_FLOOR = 1024 * 1024  # a tiny max.message.bytes still allows 1 MiB of records
+DECOMPRESSED_BYTES_CAP = compression.DEFAULT_MAX_OUTPUT_BYTES
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# Bits a producer may set: the codec only. Timestamp type is the broker's (LogAppendTime
+# topics stamp it), transactional/control are transaction markers' (none in Brook), the
+# delete horizon is the cleaner's; bits 7.. are undefined.
+_CLIENT_ATTRIBUTES = ATTR_CODEC_MASK
+_ATTRIBUTE_NAMES = (
+    (ATTR_CONTROL, "control"),
+    (ATTR_TRANSACTIONAL, "transactional"),
+    (ATTR_TIMESTAMP_TYPE, "LogAppendTime timestamp type"),
+    (ATTR_DELETE_HORIZON, "delete-horizon"),
+)
+
+
+def decompressed_limit(max_message_bytes: int) -> int:
+    """Largest decompressed records section accepted for a topic's ``max.message.bytes``."""
+    return min(DECOMPRESSED_BYTES_CAP, max(DECOMPRESSED_BYTES_FLOOR, DECOMPRESSION_RATIO_MAX * max_message_bytes))
+
+
+@dataclass(frozen=True, slots=True)
+class _RecordsSummary:
+    max_timestamp: int
+
+
+class LogValidator:
+    """Validate produced batches for one log's config; see the module docstring for the rules."""
+
+    __slots__ = ("_compact", "_create_time", "_decompressed_max")
+
+    def __init__(self, config: LogConfig) -> None:
+        self._compact = config.compact
+        self._create_time = config.message_timestamp_type != "LogAppendTime"
+        self._decompressed_max = decompressed_limit(config.max_message_bytes)
+
+    @property
+    def decompressed_bytes_max(self) -> int:
+        return self._decompressed_max
+
+    def validate(self, buf: bytearray, headers: list[BatchHeader]) -> None:
+        """Check every batch of ``buf`` (headers from ``validate_batches``, CRCs already checked).
+
+        Raises before changing anything; once every batch passed, corrects lying max
+        timestamps in place (CreateTime topics), re-computing those batches' CRCs.
+        """
+        fixes: list[tuple[int, int]] = []
+        pos = 0
+        for h in headers:
+            summary = self.validate_batch(buf, pos, h)
+            if self._create_time and summary.max_timestamp != h.max_timestamp:
+                fixes.append((pos, summary.max_timestamp))
+            pos += h.batch_length + LOG_OVERHEAD
+        if pos != len(buf):  # validate_batches walked the same buffer: an internal invariant
+            raise AssertionError(f"headers cover {pos} bytes of {len(buf)}")
+        for fix_pos, max_ts in fixes:
+            logger.debug("batch at position %d: max timestamp corrected to %d", fix_pos, max_ts)
+            set_max_timestamp(buf, fix_pos, max_ts)
+
+    def validate_batch(self, buf: Buffer, pos: int, h: BatchHeader) -> _RecordsSummary:
+        """One batch: attributes, bounded decompression, then the record walk."""
+        disallowed = h.attributes & ~_CLIENT_ATTRIBUTES
+        if disallowed:
+            names = [name for bit, name in _ATTRIBUTE_NAMES if disallowed & bit] or [f"{disallowed:#06x}"]
+            raise errors.InvalidRecordError(
+                f"batch at position {pos}: attribute bits a producer may not set: {', '.join(names)}")
+        start = pos + BATCH_HEADER_SIZE
+        end = pos + h.batch_length + LOG_OVERHEAD
+        codec = h.attributes & ATTR_CODEC_MASK
+        if codec == CODEC_NONE:
+            return self._walk(buf, start, end, h, pos)  # in place: no copy
+        section = memoryview(buf)[start:end]
+        try:
+            data = compression.decompress(codec, section, max_output_bytes=self._decompressed_max)
+        except errors.CorruptMessageError as exc:
+            raise errors.CorruptMessageError(f"batch at position {pos}: {exc.message}") from None
+        finally:
+            section.release()  # the caller's bytearray must stay resizable
+        return self._walk(data, 0, len(data), h, pos)
+
+    def _walk(self, data: Buffer, start: int, end: int, h: BatchHeader, batch_pos: int) -> _RecordsSummary:
+        kind, i, a, b, min_delta, max_delta = record_walk.walk(data, start, end, h.record_count, self._compact)
+        if kind != record_walk.OK:
+            raise _walk_error(kind, i, a, b, h.record_count, batch_pos)
+        if not self._create_time:
+            return _RecordsSummary(h.max_timestamp)  # the broker stamps LogAppendTime itself
+        max_ts = h.base_timestamp + max_delta
+        if max_ts > _INT64_MAX or h.base_timestamp + min_delta < _INT64_MIN:
+            raise errors.InvalidRecordError(f"batch at position {batch_pos}: record timestamps overflow 64 bits")
+        return _RecordsSummary(max_ts)
+
+
+def _walk_error(kind: int, i: int, a: int, b: int, count: int, batch_pos: int) -> errors.BrookError:
+    """The exception for a failed walk: CORRUPT_MESSAGE unless the records decode but are not allowed."""
+    w = record_walk
+    rec = f"record {i} of batch at position {batch_pos}"
+    messages = {
+        w.COUNT_SHORT: f"batch at position {batch_pos} declares {count} records but holds {i}",
+        w.BAD_LENGTH: f"{rec} has length {a}, {b} bytes remain",
+        w.OFFSET_DELTA: f"{rec} has offset delta {a}, expected {i}",
+        w.KEY_LENGTH: f"{rec} has key length {a}",
+        w.NO_KEY: f"{rec} has no key; a compacted topic needs one",
+        w.VALUE_LENGTH: f"{rec} has value length {a}",
+        w.HEADER_COUNT: f"{rec} has an invalid header count {a}",
+        w.HEADER_KEY_LENGTH: f"{rec} has header key length {a}",
+        w.HEADER_KEY_UTF8: f"{rec} has a header key that is not UTF-8",
+        w.HEADER_VALUE_LENGTH: f"{rec} has header value length {a}",
+        w.FIELDS_END: f"{rec}: fields end at byte {a}, its length says {b}",
+        w.TRUNCATED: f"{rec} is truncated",
+        w.TRAILING: f"batch at position {batch_pos} declares {count} records but {a} bytes follow them",
+        w.VARINT_OVERFLOW: f"{rec}: varint at byte {a} of the records overflows 64 bits",
+        w.VARINT_TOO_LONG: f"{rec}: varint at byte {a} of the records is longer than 10 bytes",
+    }
+    message = messages.get(kind, f"{rec}: walk result {kind}")
+    if kind in (w.OFFSET_DELTA, w.NO_KEY, w.HEADER_KEY_UTF8):
+        return errors.InvalidRecordError(message)
+    return errors.CorruptMessageError(message)

@@ -1,0 +1,275 @@
+"""Fuzz targets: each takes arbitrary bytes and raises only when it finds a bug.
+
+- ``batch_header``: the header parser and every whole-buffer entry point consumers and
+  followers use on fetched bytes (validate_batches, iter_batches, decode_records);
+  anything but a BrookError is a crash.
+- ``records``: the LogValidator on a batch with a valid CRC around fuzzed records (the
+  fuzz input chooses codec, count, attributes, compaction), checked three ways: only
+  CORRUPT_MESSAGE / INVALID_RECORD / MESSAGE_TOO_LARGE may be raised; the compiled and
+  pure-Python walks agree exactly; and whatever the validator accepts, the consumer's
+  decoder must decode into exactly ``count`` records with offsets in order (and keys on a
+  compacted topic) — the property issue 11 is about.
+- ``rpc``: the broker's RPC handlers (BrokerService over a real ReplicaManager and
+  LogManager in a temporary directory, this broker leading every partition); the first
+  byte picks the handler, the rest is its serialized request. A crash is an exception
+  out of a handler, an UNKNOWN_SERVER_ERROR answer, or an error logged by the broker.
+
+Used by ``run.py`` (atheris, ``make fuzz``) and ``test_fuzz_smoke.py`` (pytest).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from crc32c import crc32c
+from google.protobuf.message import DecodeError
+
+from proto import errors
+from storage import compression, record_walk
+from storage import record_batch as rb
+from storage.log_config import LogConfig
+from storage.log_validator import LogValidator
+
+REFUSALS = (errors.CorruptMessageError, errors.InvalidRecordError, errors.MessageTooLargeError)
+_AFTER_CRC = struct.Struct(">hiqqqhii")
+_BEFORE_CRC = struct.Struct(">qiib")
+_FUZZ_MAX_MESSAGE_BYTES = 64 * 1024  # small limits keep bombs cheap to refuse (decompressed cap 2 MiB)
+
+_VALIDATORS = {
+    compact: LogValidator(LogConfig(max_message_bytes=_FUZZ_MAX_MESSAGE_BYTES,
+                                    cleanup_policy=("compact",) if compact else ("delete",)))
+    for compact in (False, True)
+}
+
+
+# ----------------------------------------------------------------------------- batch_header
+
+
+def batch_header(data: bytes) -> None:
+    try:
+        rb.validate_batches(data, max_batch_bytes=1 << 20, allow_empty=False)
+    except errors.BrookError:
+        pass
+    try:
+        for _pos, _h in rb.iter_batches(data):
+            pass
+    except errors.BrookError:
+        pass
+    try:
+        for _record in rb.decode_records(data):
+            pass
+    except errors.BrookError:
+        pass
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def forge_batch(data: bytes) -> tuple[bytes, bool]:
+    """A batch with a valid CRC around ``data``: (batch bytes, compacted topic?).
+
+    Byte 0: codec (bits 0-2, mod 5), compress the rest ourselves (bit 3), compacted (bit 4),
+    one client-forbidden attribute bit (bits 5-7 pick it, 0 = none). Bytes 1-2: record
+    count (big-endian). The rest: the records section.
+    """
+    if len(data) < 3:
+        data = data + b"\x00" * (3 - len(data))
+    flags = data[0]
+    codec = (flags & 7) % 5
+    section = data[3:]
+    if codec != rb.CODEC_NONE and flags & 8:
+        section = compression.compress(codec, section)
+    extra = (0, rb.ATTR_TRANSACTIONAL, rb.ATTR_CONTROL, rb.ATTR_TIMESTAMP_TYPE, rb.ATTR_DELETE_HORIZON, 0x80,
+             0, 0)[flags >> 5]
+    count = max(1, int.from_bytes(data[1:3], "big"))
+    after = _AFTER_CRC.pack(codec | extra, count - 1, 1_700_000_000_000, 1_700_000_000_000, -1, -1, -1, count)
+    crc = crc32c(section, crc32c(after))
+    before = _BEFORE_CRC.pack(0, rb.MIN_BATCH_LENGTH + len(section), -1, rb.MAGIC)
+    return before + struct.pack(">I", crc) + after + section, bool(flags & 16)
+
+
+def records(data: bytes) -> None:
+    buf, compact = forge_batch(data)
+    try:
+        headers = rb.validate_batches(buf, max_batch_bytes=_FUZZ_MAX_MESSAGE_BYTES, allow_empty=False)
+    except REFUSALS:
+        return
+    h = headers[0]
+    _check_walks_agree(buf, h, compact)
+    try:
+        _VALIDATORS[compact].validate(bytearray(buf), headers)
+    except REFUSALS:
+        return
+    # Accepted: every consumer must be able to read it.
+    decoded_h, recs = rb.decode_batch(buf, verify_crc=True)
+    if len(recs) != h.record_count or [r.offset for r in recs] != list(range(h.record_count)):
+        raise AssertionError(f"validator accepted a batch the decoder reads as {len(recs)} records")
+    if compact and any(r.key is None for r in recs):
+        raise AssertionError("validator accepted a keyless record on a compacted topic")
+
+
+def _check_walks_agree(buf: bytes, h: rb.BatchHeader, compact: bool) -> None:
+    if record_walk.walk_c is None:
+        return
+    codec = h.attributes & rb.ATTR_CODEC_MASK
+    section: bytes = buf[rb.BATCH_HEADER_SIZE:]
+    if codec != rb.CODEC_NONE:
+        try:
+            section = compression.decompress(codec, section, max_output_bytes=1 << 21)
+        except errors.CorruptMessageError:
+            return
+    args = (section, 0, len(section), h.record_count, compact)
+    py, c = record_walk.walk_py(*args), record_walk.walk_c(*args)
+    if py != c:
+        raise AssertionError(f"compiled walk {c} != Python walk {py}")
+
+
+# ----------------------------------------------------------------------------- rpc
+
+
+class _Context:
+    """The two ServicerContext calls the handlers make, for an in-process call."""
+
+    def is_active(self) -> bool:
+        return True
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:0"
+
+
+class _ErrorLog(logging.Handler):
+    """Collects ERROR records from the broker, replication and storage loggers."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.records) < 100:  # bounded: only the first few matter
+            self.records.append(record)
+
+
+def import_broker_modules() -> None:
+    """Import what RpcHarness uses (run.py does it under atheris' instrumentation)."""
+    import broker.metadata_cache  # noqa: F401
+    import broker.replica_manager  # noqa: F401
+    import broker.service  # noqa: F401
+    import storage.log_manager  # noqa: F401
+
+
+class RpcHarness:
+    """One broker's BrokerService, ReplicaManager and LogManager in a temporary directory.
+
+    Topics: ``t`` (3 partitions, delete) and ``c`` (1 partition, compacted), RF 1, led
+    here; no controller (auto-create off; InitProducerId, which needs the controller,
+    is not fuzzed). Rebuilt when its logs grow past ``max_log_bytes``.
+    """
+
+    def __init__(self, max_log_bytes: int = 64 << 20) -> None:
+        from broker.metadata_cache import MetadataCache
+        from broker.replica_manager import ReplicaManager
+        from broker.service import BrokerService
+        from proto import broker_pb2, common_pb2, controller_pb2
+        from storage.log_manager import LogManager
+
+        self.pb = broker_pb2
+        self.max_log_bytes = max_log_bytes
+        self.dir = Path(tempfile.mkdtemp(prefix="brook-fuzz-rpc-"))
+        defaults = {"auto.create.topics.enable": "false", "log.cleaner.enable": "false"}
+        self.log_manager = LogManager([self.dir], defaults, cleaner_threads=0)
+        self.log_manager.startup()
+        cache = MetadataCache(1)
+        self.rm = ReplicaManager(1, self.log_manager, cache, None, defaults=defaults, broker_epoch=lambda: 1)
+        update = controller_pb2.MetadataUpdate(version=1, is_snapshot=True, cluster_id="fuzz", active_controller_id=-1)
+        update.brokers.add(node_id=1, incarnation_id="x", broker_epoch=1,
+                           endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=1)])
+        update.topics.add(name="t", topic_id="t" * 32, partition_count=3)
+        update.topics.add(name="c", topic_id="c" * 32, partition_count=1, configs={"cleanup.policy": "compact"})
+        for p in range(3):
+            update.partitions.add(topic="t", topic_id="t" * 32, partition=p, replicas=[1], isr=[1], leader=1,
+                                  leader_epoch=0, partition_epoch=0)
+        update.partitions.add(topic="c", topic_id="c" * 32, partition=0, replicas=[1], isr=[1], leader=1,
+                              leader_epoch=0, partition_epoch=0)
+        self.rm.apply_metadata_delta(cache.apply(update))
+        self.service = BrokerService(1, self.rm, cache, None, None, defaults=defaults, controller_endpoints=[])
+        self.handlers: list[tuple[str, type, Any]] = [
+            ("Produce", broker_pb2.ProduceRequest, self.service.Produce),
+            ("Fetch", broker_pb2.FetchRequest, self.service.Fetch),
+            ("ListOffsets", broker_pb2.ListOffsetsRequest, self.service.ListOffsets),
+            ("OffsetsForLeaderEpoch", broker_pb2.OffsetsForLeaderEpochRequest, self.service.OffsetsForLeaderEpoch),
+            ("Metadata", broker_pb2.MetadataRequest, self.service.Metadata),
+        ]
+        self.errors = _ErrorLog()
+        for name in ("broker", "replication", "storage"):
+            logging.getLogger(name).addHandler(self.errors)
+
+    def close(self) -> None:
+        for name in ("broker", "replication", "storage"):
+            logging.getLogger(name).removeHandler(self.errors)
+        self.rm.shutdown()
+        self.log_manager.shutdown()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def size_bytes(self) -> int:
+        return sum(p.log.size_bytes for p in self.rm.hosted_partitions())
+
+    def call(self, data: bytes) -> None:
+        if not data:
+            return
+        name, request_type, handler = self.handlers[data[0] % len(self.handlers)]
+        request = request_type()
+        try:
+            request.ParseFromString(data[1:])
+        except (DecodeError, RecursionError):
+            return  # not a request gRPC would hand to the handler either
+        _bound_waits(request)
+        self.errors.records.clear()
+        response = handler(request, _Context())
+        text = str(response)
+        if "UNKNOWN_SERVER_ERROR" in text or self.errors.records:
+            logged = "; ".join(r.getMessage() + (f" [{r.exc_info[1]!r}]" if r.exc_info else "")
+                               for r in self.errors.records[:3])
+            raise AssertionError(f"{name} failed on broker: {logged or text[:500]}")
+
+
+def _bound_waits(request: Any) -> None:
+    """Long polls and acks=all waits would make each input take seconds: the harness checks
+    handling, not waiting, so they are cut to zero (the handlers' own caps are unit-tested)."""
+    if hasattr(request, "max_wait_ms"):
+        request.max_wait_ms = 0
+    if hasattr(request, "timeout_ms"):
+        request.timeout_ms = 0
+
+
+_harness: RpcHarness | None = None
+
+
+def _get_harness() -> RpcHarness:
+    global _harness
+    if _harness is not None and _harness.size_bytes() > _harness.max_log_bytes:
+        _harness.close()
+        _harness = None
+    if _harness is None:
+        _harness = RpcHarness()
+        atexit.register(_close_harness)
+    return _harness
+
+
+def _close_harness() -> None:
+    global _harness
+    if _harness is not None:
+        _harness.close()
+        _harness = None
+
+
+def rpc(data: bytes) -> None:
+    _get_harness().call(data)
+
+
+TARGETS = {"batch_header": batch_header, "records": records, "rpc": rpc}
