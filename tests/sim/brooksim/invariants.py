@@ -132,7 +132,12 @@ class Invariants:
         # with a shorter log leaves the committed ISR when it registers again, before the
         # leader hears of it.
         topic = self.sim.quorum.state.topics.get(key[0])
-        committed_isr = topic.partitions[key[1]].isr if topic is not None else []
+        if topic is None:
+            return
+        committed = topic.partitions[key[1]]
+        if committed.leader != leader.node_id or committed.leader_epoch != p.leader_epoch:
+            return  # a deposed leader that has not heard yet: its HW commits nothing new
+        committed_isr = committed.isr
         for rid in p.maximal_isr():
             if rid == leader.node_id or rid not in committed_isr or not self.current(rid):
                 continue
@@ -167,29 +172,30 @@ class Invariants:
                                   f"{'missing' if got is None else repr(got[1])} on ISR member {rid}")
 
     # ---- crashes ----
-    def after_crash(self, crashed: SimBroker) -> None:
-        """Acked records a power loss took from a replica are no longer promised.
+    def after_power_loss(self, crashed: SimBroker, key: tuple[str, int], end: int, end_before: int) -> None:
+        """Offsets a power loss took from a replica are no longer promised, acked before or after.
 
         acks=all promises survival across replica failures, not across the loss of
-        unflushed writes: a broker that lost them may still be the last ISR member, or be
-        elected before its session expires (Kafka's KIP-966 territory). Such records are
-        counted apart (``acked_at_risk_power_loss``) instead of being checked.
+        unflushed writes: the broker may still be the last ISR member, be elected before
+        its session expires, or the leader may count its last fetch position (Kafka's
+        KIP-966 territory). Acked records at those offsets are counted apart
+        (``acked_at_risk_power_loss``) instead of being checked.
         """
-        sim = self.sim
-        for key, acked in sim.acked.items():
-            lg = crashed.logs.get(key)
-            exempt = sim.lost_with_last_replica.setdefault(key, set())
-            for offset, value in acked.items():
-                if offset in exempt or lg is None:
-                    continue
-                got = lg.record_at(offset)
-                if got is None or got[1] != value:
-                    exempt.add(offset)
-                    sim.count("acked_at_risk_power_loss")
-                    sim.log(f"  acked {key[0]}-{key[1]}@{offset} {value!r} at risk: broker {crashed.node_id} "
-                            f"lost it unflushed")
+        if end >= end_before:
+            return
+        exempt = self.sim.lost_with_last_replica.setdefault(key, set())
+        exempt.update(range(end, end_before))
+        self.sim.log(f"  {key[0]}-{key[1]}: offsets {end}..{end_before - 1} at risk: broker {crashed.node_id} "
+                     f"lost them unflushed")
 
     # ---- liveness ----
+    def converged(self) -> bool:
+        try:
+            self.check_converged()
+        except InvariantError:
+            return False
+        return True
+
     def check_converged(self) -> None:
         sim = self.sim
         active = sim.active_controllers()

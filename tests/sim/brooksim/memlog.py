@@ -69,6 +69,7 @@ class MemoryLog:
         self.config = config
         self.epoch_cache = MemoryEpochCache()
         self.batches: list[Batch] = []
+        self._flat: list[tuple[int, str]] = []  # (epoch, value) per offset from log_start_offset: fast checks
         self.log_start_offset = 0
         self.log_end_offset = 0
         self.high_watermark = 0
@@ -106,8 +107,21 @@ class MemoryLog:
         return AppendInfo(batches[0].base_offset, expected - 1, -1, -1, n, len(batches), len(records))
 
     def _write(self, batches: list[Batch]) -> None:
-        self.batches.extend(batches)
-        self.log_end_offset = batches[-1].next_offset
+        for b in batches:
+            gap = b.base_offset - self.log_end_offset
+            if gap > 0:  # accepted as Log.append_as_follower does; the invariants will see the hole
+                self._flat.extend([(-1, "<gap>")] * gap)
+            self._flat.extend((b.epoch, v) for v in b.values)
+            self.batches.append(b)
+            self.log_end_offset = b.next_offset
+
+    def _reflat(self) -> None:
+        self._flat = []
+        end = self.log_start_offset
+        for b in self.batches:
+            self._flat.extend([(-1, "<gap>")] * (b.base_offset - end))
+            self._flat.extend((b.epoch, v) for v in b.values)
+            end = b.next_offset
 
     # ---- reads ----
     def read(self, start_offset: int, max_bytes: int, *, max_offset: int | None = None,
@@ -125,19 +139,14 @@ class MemoryLog:
 
     def record_at(self, offset: int) -> tuple[int, str] | None:
         """(epoch, value) of the record at ``offset``, or None."""
-        for b in self.batches:
-            if b.base_offset <= offset < b.next_offset:
-                return b.epoch, b.values[offset - b.base_offset]
-        return None
+        i = offset - self.log_start_offset
+        return self._flat[i] if 0 <= i < len(self._flat) else None
 
     def records(self, end: int | None = None) -> list[tuple[int, str]]:
         """(epoch, value) of every record below ``end`` (default: the log end), in offset order."""
-        out = []
-        for b in self.batches:
-            for i, v in enumerate(b.values):
-                if end is None or b.base_offset + i < end:
-                    out.append((b.epoch, v))
-        return out
+        if end is None:
+            return list(self._flat)
+        return self._flat[:max(0, end - self.log_start_offset)]
 
     # ---- offsets and epochs ----
     def update_high_watermark(self, hw: int) -> int:
@@ -158,12 +167,14 @@ class MemoryLog:
         self.batches = [b for b in self.batches if b.next_offset <= offset]
         new_end = self.batches[-1].next_offset if self.batches else self.log_start_offset
         self.log_end_offset = new_end
+        self._reflat()
         self.epoch_cache.truncate_from_end(new_end)
         self.high_watermark = min(self.high_watermark, new_end)
         self.recovery_point = min(self.recovery_point, new_end)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         self.batches = []
+        self._flat = []
         self.epoch_cache.clear()
         self.log_start_offset = self.log_end_offset = offset
         self.high_watermark = self.recovery_point = offset
@@ -179,6 +190,7 @@ class MemoryLog:
         self.batches = [b for b in self.batches if b.next_offset <= self.recovery_point]
         self.log_end_offset = self.batches[-1].next_offset if self.batches else self.log_start_offset
         self.recovery_point = self.log_end_offset
+        self._reflat()
         # Log.open rebuilds the epoch cache from the batch headers it kept.
         self.epoch_cache.clear()
         for b in self.batches:
