@@ -401,7 +401,12 @@ class SimCluster:
         if not b.serving or not b.fetching:
             return f"fetch {bid}: nothing to fetch"
         keys = sorted(b.fetching)
-        key = keys[index % len(keys)]
+        return self.fetch_partition(bid, keys[index % len(keys)], fault)
+
+    def fetch_partition(self, bid: int, key: tuple[str, int], fault: str = "") -> str:
+        b = self.brokers[bid]
+        if not b.serving or key not in b.fetching:
+            return f"fetch {bid} {key[0]}-{key[1]}: not following it"
         if any(f.key == key for f in b.in_flight):
             return f"fetch {bid} {key[0]}-{key[1]}: request in flight"
         leader_id, st = b.fetching[key]
@@ -495,9 +500,11 @@ class SimCluster:
 
     def ev_produce(self, bid: int, index: int, acks: int, count: int = 1) -> str:
         """A client sends ``count`` records to partition ``index`` (over all topics) on broker ``bid``."""
-        b = self.brokers.get(bid)
         keys = [(t.name, i) for t in self.quorum.state.topics.values() for i in range(len(t.partitions))]
-        key = keys[index % len(keys)]
+        return self.produce(bid, keys[index % len(keys)], acks, [f"v{self.produced + i}" for i in range(count)])
+
+    def produce(self, bid: int, key: tuple[str, int], acks: int, values: list[str]) -> str:
+        b = self.brokers.get(bid)
         if b is None or not b.serving or key not in b.partitions:
             return f"produce {bid}: not running" if b is None or not b.serving else \
                 f"produce {bid} {key[0]}-{key[1]}: not hosted"
@@ -505,8 +512,7 @@ class SimCluster:
             return f"produce {bid} {key[0]}-{key[1]}: NOT_LEADER_OR_FOLLOWER"
         if len(b.acks) >= MAX_PENDING_ACKS:
             return f"produce {bid}: too many in flight"
-        values = [f"v{self.produced + i}" for i in range(count)]
-        self.produced += count
+        self.produced += len(values)
         p = b.partitions[key]
         if not b.lease_valid(self.now_ms):
             return f"produce {bid} {key[0]}-{key[1]}: NOT_LEADER_OR_FOLLOWER (lost its controller session)"
@@ -622,7 +628,7 @@ class SimCluster:
             req = cpb.CreateTopicsRequest(topics=[cpb.CreatableTopic(
                 name=spec.name, num_partitions=-1, replication_factor=-1,
                 configs={"min.insync.replicas": str(spec.min_isr)},
-                assignments=[cpb.ReplicaAssignment(replicas=a) for a in assignments])])
+                assignments=[cpb.ReplicaList(replicas=a) for a in assignments])])
         resp = self._active_controller().create_topics(req, REQUEST_TIMEOUT_S)
         r = resp.results[0]
         line = f"create_topic {spec.name}: {errors.code_name(r.error_code)} {r.error_message}".rstrip()
