@@ -1,6 +1,6 @@
 """The deterministic simulator: thousands of seeds, exact replay, and proof that it catches bugs.
 
-Cost: about 8 ms of CPU per seed at 120 steps (2000 seeds: about 16 s of CPU; wall time
+Cost: about 10 ms of CPU per seed at 120 steps (2000 seeds: about 21 s of CPU; wall time
 grows with the machine's load). ``BROOK_SIM_SEEDS`` changes the count; long runs:
 ``make sim`` / ``python -m tests.sim.run --seeds 100000``.
 """

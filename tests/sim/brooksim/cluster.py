@@ -162,7 +162,7 @@ class SimCluster:
     def _new_controller(self, cid: int) -> QuorumController:
         config = ControllerConfig(node_id=cid, cluster_id="sim", broker_session_timeout_ms=SESSION_TIMEOUT_MS,
                                   defaults={"auto.leader.rebalance.enable": "true",
-                                            "leader.imbalance.check.interval.seconds": "30"})
+                                            "leader.imbalance.check.interval.seconds": "5"})
 
         def new_id() -> str:
             self.topic_ids += 1
@@ -635,7 +635,7 @@ class SimCluster:
         self.log(line)
         return line
 
-    def settle(self, rounds: int, until: Callable[[], bool] | None = None) -> None:
+    def settle(self, rounds: int, until: Callable[[], bool] | None = None, round_ms: int = 100) -> None:
         """Fault-free rounds in a fixed order: every component gets its turn each round.
 
         With ``until``, stop early once it holds (checked every round).
@@ -662,7 +662,7 @@ class SimCluster:
             for bid in self.brokers:
                 self.run_event(self.ev_isr_check, bid)
                 self.run_event(self.ev_alter, bid)
-            self.run_event(self.ev_advance, 100)
+            self.run_event(self.ev_advance, round_ms)
 
     # ================================================================ the scheduler
     def run_event(self, fn: Callable[..., str], *args: Any) -> str:
@@ -733,7 +733,9 @@ class SimCluster:
                 self.run_event(self.ev_restart, bid)
             if b.paused:
                 self.run_event(self.ev_resume, bid)
-        self.settle(self.config.heal_rounds, until=self.invariants.converged)
+        # 500 ms rounds: well inside the session and lag timeouts, and the preferred-leader
+        # election (every 5 s) gets its turn after a few rounds.
+        self.settle(self.config.heal_rounds, until=self.invariants.converged, round_ms=500)
         self.invariants.check_converged()
 
     def run(self) -> None:

@@ -18,8 +18,9 @@ Safety, always:
 (a restarted broker stays in the ISR until its new registration removes it).
 
 Liveness, after all faults end (``check_converged``): one active controller, every
-broker unfenced, every partition led by a replica with full ISR, all replicas of a
-partition identical with HW = LEO.
+broker unfenced, every partition led by its preferred replica with full ISR (the
+controller's periodic preferred-leader election), all replicas of a partition
+identical with HW = LEO.
 """
 
 from __future__ import annotations
@@ -212,7 +213,8 @@ class Invariants:
         for topic in state.topics.values():
             for index, ps in enumerate(topic.partitions):
                 key = (topic.name, index)
-                if ps.leader == -1 or sorted(ps.isr) != sorted(ps.replicas):
+                if ps.leader != ps.replicas[0] or sorted(ps.isr) != sorted(ps.replicas):
+                    # Leadership returns to the preferred replica (auto.leader.rebalance.enable).
                     self.fail(f"{key}: not healed: leader {ps.leader} ISR {ps.isr} replicas {ps.replicas}")
                 leader_log = sim.brokers[ps.leader].logs[key]
                 for rid in ps.replicas:
