@@ -154,9 +154,9 @@ class SimCluster:
         self._race_armed: int | None = None  # controller id whose next is_leader() is followed by an election
         self._ticking: int | None = None
         self.stats: dict[str, int] = {}
-        logging.getLogger("metadata_quorum").setLevel(logging.ERROR)
-        logging.getLogger("replication").setLevel(logging.ERROR)
-        logging.getLogger("storage").setLevel(logging.ERROR)
+        logging.getLogger("metadata_quorum").setLevel(logging.CRITICAL)
+        logging.getLogger("replication").setLevel(logging.CRITICAL)
+        logging.getLogger("storage").setLevel(logging.CRITICAL)
 
     # ---- wiring ----
     def _new_controller(self, cid: int) -> QuorumController:
@@ -261,6 +261,17 @@ class SimCluster:
         self.quorum.step_down(lambda e: bool(keep_mask >> (next(index) % 30) & 1), stale)
         return f"depose {old} (term {self.quorum.term}){' stale' if stale else ''}"
 
+    def ev_step_down(self) -> str:
+        """A leader that asked to step down (MetadataRaft.request_step_down) does so."""
+        q = self.quorum
+        requested = sorted(q.step_down_requested)
+        q.step_down_requested.clear()
+        if q.leader is None or q.leader not in requested:
+            return f"step_down: nothing to do (requested by {requested})"
+        old = q.leader
+        q.step_down(lambda e: True, stale=False)
+        return f"step_down {old} (term {q.term}) as it asked"
+
     def ev_learn_term(self, cid: int) -> str:
         self.quorum.learn_term(cid)
         return f"learn_term {cid}"
@@ -272,6 +283,8 @@ class SimCluster:
         return f"controller_crash {cid}"
 
     def ev_controller_restart(self, cid: int) -> str:
+        if self.quorum.up[cid]:
+            self.ev_controller_crash(cid)  # a process restart: it comes back as a Raft follower
         self.quorum.up[cid] = True
         self.controllers[cid] = self._new_controller(cid)  # a new process: nothing kept in memory
         return f"controller_restart {cid}"
@@ -646,6 +659,8 @@ class SimCluster:
             if self.quorum.leader is None and self.quorum.majority_up():
                 up = [c for c in self.controller_ids if self.quorum.up[c]]
                 self.run_event(self.ev_elect, up[0])
+            if self.quorum.step_down_requested:
+                self.run_event(self.ev_step_down)
             for cid in self.controller_ids:
                 self.run_event(self.ev_controller_tick, cid)
                 self.run_event(self.ev_learn_term, cid) if cid in self.quorum.stale_belief else None
@@ -700,6 +715,8 @@ class SimCluster:
         ]
         if self.quorum.leader is None:
             events.append((10, lambda: (self.ev_elect, (rng.choice(cids),))))
+        if self.quorum.step_down_requested:
+            events.append((5, lambda: (self.ev_step_down, ())))
         if self.config.faults:
             events += [
                 (1, lambda: (self.ev_crash, (rng.choice(bids), rng.random() < 0.3))),

@@ -81,6 +81,7 @@ class SimQuorum:
         self.waiting: deque[Entry] = deque()  # submitted while there was no leader
         self.on_is_leader: Callable[[int], None] | None = None
         self.on_commit: Callable[[Entry, ApplyResult], None] | None = None
+        self.step_down_requested: set[int] = set()
         self.commits = 0
 
     # ---- Raft events ----
@@ -157,6 +158,15 @@ class SimRaft:
     def __init__(self, quorum: SimQuorum, node_id: int) -> None:
         self.quorum = quorum
         self.node_id = node_id
+
+    def leadership(self) -> tuple[bool, int]:
+        """(is leader, term) read together: what the controller branch's MetadataRaft adds."""
+        q = self.quorum
+        return (q.up[self.node_id] and (q.leader == self.node_id or self.node_id in q.stale_belief)), self.term
+
+    def request_step_down(self) -> None:
+        """Ask to give up leadership; the scheduler honours it on a later step (``ev_step_down``)."""
+        self.quorum.step_down_requested.add(self.node_id)
 
     def is_leader(self) -> bool:
         q = self.quorum
