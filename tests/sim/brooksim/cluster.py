@@ -10,10 +10,11 @@ the decisions themselves are the product's code.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,9 +155,6 @@ class SimCluster:
         self._race_armed: int | None = None  # controller id whose next is_leader() is followed by an election
         self._ticking: int | None = None
         self.stats: dict[str, int] = {}
-        logging.getLogger("metadata_quorum").setLevel(logging.CRITICAL)
-        logging.getLogger("replication").setLevel(logging.CRITICAL)
-        logging.getLogger("storage").setLevel(logging.CRITICAL)
 
     # ---- wiring ----
     def _new_controller(self, cid: int) -> QuorumController:
@@ -762,11 +760,27 @@ class SimCluster:
         self.heal()
 
 
+@contextlib.contextmanager
+def quiet_logs() -> Iterator[None]:
+    """The product's log lines are noise at simulation speed (the trace says what happened);
+    restored afterwards so other tests in the same process see their usual levels."""
+    loggers = [logging.getLogger(name) for name in ("metadata_quorum", "replication", "storage")]
+    saved = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, saved, strict=True):
+            lg.setLevel(level)
+
+
 def run_seed(seed: int, config: SimConfig | None = None) -> SimCluster:
     """Run one seed; raises SimFailure (with the seed and the trace) on any violation."""
     sim = SimCluster(seed, config)
     try:
-        sim.run()
+        with quiet_logs():
+            sim.run()
     except InvariantError as exc:
         raise SimFailure(seed, str(exc), sim.trace) from exc
     except Exception as exc:  # a crash of the real code under simulation is a finding too

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from brooksim.cluster import SimCluster, SimConfig, TopicSpec
+from brooksim.cluster import SimCluster, SimConfig, TopicSpec, quiet_logs
 from brooksim.invariants import InvariantError
 from replication.partition import Role
 
@@ -94,6 +94,10 @@ class ScenarioRunner:
         return self.sim
 
     def run(self, command: str) -> str:
+        with quiet_logs():
+            return self._run(command)
+
+    def _run(self, command: str) -> str:
         name, *rest = command.split()
         args = dict(a.split("=", 1) for a in rest)
         quiet = args.pop("quiet", "false") == "true"
