@@ -34,6 +34,7 @@ def _failures(seeds: Iterable[int], config: SimConfig) -> list[SimFailure]:
     return out
 
 
+@pytest.mark.slow  # `make test` runs them; `make test-fast` keeps the edit loop quick
 @pytest.mark.parametrize("start", range(0, SEEDS, CHUNK), ids=lambda s: f"seeds{s}-{min(s + CHUNK, SEEDS) - 1}")
 def test_random_seeds_keep_every_invariant(start: int) -> None:
     failures = _failures(range(start, min(start + CHUNK, SEEDS)), SimConfig(steps=STEPS))

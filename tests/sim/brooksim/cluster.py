@@ -661,7 +661,8 @@ class SimCluster:
                 self.run_event(self.ev_step_down)
             for cid in self.controller_ids:
                 self.run_event(self.ev_controller_tick, cid)
-                self.run_event(self.ev_learn_term, cid) if cid in self.quorum.stale_belief else None
+                if cid in self.quorum.stale_belief:
+                    self.run_event(self.ev_learn_term, cid)
             while self.quorum.leader is not None and self.quorum.uncommitted:
                 self.run_event(self.ev_commit)
             for bid in self.brokers:
