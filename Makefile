@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv test test-fast demo proto lint soak fuzz bench bench-storage bench-codec bench-metadata bench-client bench-spark clean
+.PHONY: venv test test-fast demo proto lint soak fuzz sim bench bench-storage bench-codec bench-metadata bench-client bench-spark clean
 
 venv: $(STAMP)
 
@@ -33,6 +33,13 @@ proto: venv
 
 lint: venv
 	$(PY) -m ruff check .
+
+## Deterministic simulator, long run (the suite runs 2000 seeds): make sim SIM_SEEDS=100000 SIM_JOBS=2
+SIM_SEEDS ?= 100000
+SIM_JOBS  ?= 1
+SIM_ARGS  ?=
+sim: venv
+	$(PY) -m tests.sim.run --seeds $(SIM_SEEDS) --jobs $(SIM_JOBS) $(SIM_ARGS)
 
 ## Long soak / chaos runs, kept out of the suite.
 soak: venv

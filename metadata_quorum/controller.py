@@ -125,10 +125,15 @@ class QuorumController:
     """Decisions of the active controller. Every public method may be called from any gRPC thread."""
 
     def __init__(self, config: ControllerConfig, raft: MetadataRaft,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 rng: random.Random | None = None,
+                 new_topic_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> None:
         self.config = config
         self.raft = raft
+        # Injected so the deterministic simulator (tests/sim) can replay a seed exactly.
         self._clock = clock
+        self._rng = rng if rng is not None else random.Random()
+        self._new_topic_id = new_topic_id
         self._lock = threading.Lock()
         self._leases: dict[int, float] = {}  # broker id -> monotonic time of the last heartbeat
         self._active_term = -1  # the term whose activation this node has completed
@@ -376,10 +381,10 @@ class QuorumController:
 
     def _collect(self, pending: list[tuple[Any, PendingProposal]], timeout_s: float) -> None:
         """Wait for submitted proposals (one shared deadline); record each outcome in its result message."""
-        deadline = time.monotonic() + timeout_s
+        deadline = self._clock() + timeout_s
         for result, proposal in pending:
             try:
-                outcome = proposal.wait(deadline - time.monotonic())
+                outcome = proposal.wait(deadline - self._clock())
                 if not outcome.ok and hasattr(result, "topic_id"):
                     result.topic_id = ""
                 result.error_code, result.error_message = outcome.error_code, outcome.error_message
@@ -414,8 +419,8 @@ class QuorumController:
             if rf > len(loads):
                 raise errors.InvalidReplicationFactorError(
                     f"replication factor {rf} is larger than the {len(loads)} live (unfenced) brokers")
-            assignments = place_replicas(loads, num_partitions, rf, start_index=random.randrange(1 << 16))
-        return c.CreateTopic(topic.name, uuid.uuid4().hex, configs, assignments), _add_load(loads, assignments)
+            assignments = place_replicas(loads, num_partitions, rf, start_index=self._rng.randrange(1 << 16))
+        return c.CreateTopic(topic.name, self._new_topic_id(), configs, assignments), _add_load(loads, assignments)
 
     def _check_manual_assignment(self, assignments: list[list[int]]) -> None:
         rf = len(assignments[0])
@@ -490,7 +495,7 @@ class QuorumController:
             if rf > len(loads):
                 raise errors.InvalidReplicationFactorError(
                     f"replication factor {rf} is larger than the {len(loads)} live (unfenced) brokers")
-            assignments = place_replicas(loads, new, rf, start_index=random.randrange(1 << 16))
+            assignments = place_replicas(loads, new, rf, start_index=self._rng.randrange(1 << 16))
         return c.CreatePartitions(item.name, topic_id, current, assignments)
 
     # ---- configs ----
