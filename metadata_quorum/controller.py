@@ -67,6 +67,11 @@ BROKER_DEFAULT_KEYS: Mapping[str, str] = {
 }
 
 MAX_TOPICS_PER_REQUEST = 1000
+# An activation that did not commit (leadership changed under it) is proposed again, a
+# few times per term at most; an activation the state refused is never proposed again.
+MAX_ACTIVATION_ATTEMPTS = 3
+STEP_DOWN_RETRY_S = 1.0
+_ACTIVATION_TERMS_KEPT = 16
 MAX_REBALANCE_MOVES_PER_ROUND = 1000
 PRODUCER_ID_BLOCK_SIZE = 1000
 
@@ -134,6 +139,10 @@ class QuorumController:
         self._active_term = -1  # the term whose activation this node has completed
         self._activating: PendingProposal | None = None
         self._activating_term = -1
+        # term -> ActivateController proposals made in it (bounded: a few per term, few terms kept)
+        self.activation_attempts: dict[int, int] = {}
+        self._gave_up_terms: set[int] = set()  # terms whose activation was refused: never proposed again
+        self._last_step_down: float | None = None
         self._fencing: dict[int, PendingProposal] = {}
         self._next_rebalance_at = 0.0
         self._rebalancing: PendingProposal | None = None
@@ -161,13 +170,16 @@ class QuorumController:
 
     def tick(self) -> None:
         """Called periodically by the node: activation, lease expiry, rebalancing."""
-        if not self.raft.is_leader():
+        # One consistent (leader, term) read from pysyncobj's tick thread: the term is
+        # one this node really led, so an activation stamped with it can never claim a
+        # term that another voter won (the cluster-wide outage of a torn read).
+        is_leader, term = self.raft.leadership()
+        if not is_leader or not self.raft.is_leader():
             if self._active_term != -1:
                 log.info("controller %d is no longer active", self.config.node_id)
             self._active_term = -1
             self._activating = None
             return
-        term = self.raft.term
         if self._active_term != term:
             self._try_activate(term)
             return
@@ -175,19 +187,30 @@ class QuorumController:
         self._maybe_rebalance()
 
     def _try_activate(self, term: int) -> None:
+        """Propose ActivateController for ``term`` (at most MAX_ACTIVATION_ATTEMPTS times), then
+        become active once it is applied. Refused (another activation for this term or a later
+        one is in the log): this node cannot lead this term, so it hands leadership over
+        instead of proposing again."""
+        if term in self._gave_up_terms:
+            self._retry_step_down()
+            return
         if self._activating is not None and self._activating_term == term:
             pending = self._activating
             try:
-                pending.wait(0)
+                outcome = pending.wait(0)
             except errors.RequestTimedOutError:
                 return  # not committed yet
-            except errors.BrookError as exc:
+            except errors.BrookError as exc:  # not committed (leadership changed, queue full)
                 log.info("activation for term %d failed: %s", term, exc)
                 self._activating = None
                 return
             self._activating = None
             applied = self.raft.read(lambda s: (s.active_controller_id, s.controller_epoch))
-            if applied != (self.config.node_id, term):
+            if not outcome.ok or applied != (self.config.node_id, term):
+                log.error("controller %d: activation for term %d refused (%s; metadata says controller %d, "
+                          "epoch %d); stepping down so a new election can activate a controller",
+                          self.config.node_id, term, outcome.error_message or "superseded", applied[0], applied[1])
+                self._give_up_term(term)
                 return
             now = self._clock()
             with self._lock:
@@ -199,9 +222,36 @@ class QuorumController:
             log.info("controller %d is active (term %d, metadata version %d)", self.config.node_id, term,
                      self.raft.version)
             return
+        attempts = self.activation_attempts.get(term, 0)
+        if attempts >= MAX_ACTIVATION_ATTEMPTS:
+            log.error("controller %d: %d activation attempts for term %d did not commit; stepping down",
+                      self.config.node_id, attempts, term)
+            self._give_up_term(term)
+            return
+        if len(self.activation_attempts) >= _ACTIVATION_TERMS_KEPT:
+            self.activation_attempts.pop(next(iter(self.activation_attempts)))
+        self.activation_attempts[term] = attempts + 1
         self._activating_term = term
         self._activating = self.raft.submit(c.ActivateController(
             self.config.node_id, term, self.config.unclean_leader_election_default))
+
+    def _give_up_term(self, term: int) -> None:
+        if len(self._gave_up_terms) >= _ACTIVATION_TERMS_KEPT:
+            self._gave_up_terms.discard(min(self._gave_up_terms))
+        self._gave_up_terms.add(term)
+        self._last_step_down = None
+        self._retry_step_down()
+
+    def _retry_step_down(self) -> None:
+        """Ask Raft to hand leadership over, at most once per STEP_DOWN_RETRY_S (the transfer is
+        refused while no follower has caught up, so it may take a few)."""
+        now = self._clock()
+        if self._last_step_down is not None and now - self._last_step_down < STEP_DOWN_RETRY_S:
+            return
+        self._last_step_down = now
+        log.warning("controller %d steps down from Raft leadership (term %d)", self.config.node_id,
+                    self._activating_term)
+        self.raft.request_step_down()
 
     # ---- broker lifecycle ----
 

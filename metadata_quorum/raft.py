@@ -9,8 +9,15 @@ pysyncobj hazards handled here:
 - ``useFork=False``: compaction would fork the process, which gRPC does not survive.
 - journal (``journalFile``) and full dump (``fullDumpFile``) live under the
   controller's data directory, so a full restart of every voter loses nothing.
-- ``password`` turns on pysyncobj's encryption. Its traffic is pickled: quorum ports
-  belong on a private network whatever the password.
+- pysyncobj unpickles every frame it receives, so whoever can talk to the quorum port
+  unauthenticated can run code on the voter. ``password`` turns on pysyncobj's Fernet
+  encryption, whose HMAC is checked *before* anything is unpickled; ``quorum_security``
+  refuses to start a voter without a strong password unless every voter is on loopback,
+  and the port binds only the configured host (never 0.0.0.0).
+- leadership and term are read together on pysyncobj's tick thread (``leadership()``):
+  read from another thread they can be torn (pysyncobj sets the new term before it
+  leaves the leader state), which once made a deposed leader propose an activation
+  for a term it never led.
 - Commands travel as dicts of builtins (``commands.to_dict``), never as pickled classes.
 
 Reads of the state happen under ``lock``; pysyncobj applies commands on its tick
@@ -32,6 +39,7 @@ from typing import Any, TypeVar
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
 from metadata_quorum import commands as c
+from metadata_quorum.quorum_security import bind_address, check_quorum_protection
 from metadata_quorum.state import DEFAULT_CHANGELOG_MAX_KEYS, ApplyResult, MetadataState
 from proto import errors
 
@@ -186,8 +194,11 @@ class MetadataRaft:
         self._published_version = 0
         timing = timing or RaftTiming()
         data_dir.mkdir(parents=True, exist_ok=True)
+        check_quorum_protection(self_address, self.partner_addresses, password)
         conf = SyncObjConf(
             password=password or None,
+            # Bind exactly the configured host: pysyncobj's default is 0.0.0.0.
+            bindAddress=bind_address(self_address),
             useFork=False,
             journalFile=str(data_dir / JOURNAL_FILE),
             fullDumpFile=str(data_dir / DUMP_FILE),
@@ -209,8 +220,11 @@ class MetadataRaft:
         self._status: dict[str, Any] = {}
         self._caught_up_at: dict[str, float] = {}
         self._last_sample = 0.0
+        # (is leader, term) as one consistent read on the tick thread; see ``leadership``.
+        self._leadership: tuple[bool, int] = (False, 0)
+        self._step_down_requested = False
         self._syncobj = SyncObj(self_address, self.partner_addresses, conf, consumers=[self._consumer])
-        self._syncobj.addOnTickCallback(self._sample_status)
+        self._syncobj.addOnTickCallback(self._on_tick)
 
     # ---- lifecycle ----
     def wait_bound(self) -> None:
@@ -274,6 +288,24 @@ class MetadataRaft:
             self._on_applied_cb(version)
 
     # ---- Raft status ----
+    def leadership(self) -> tuple[bool, int]:
+        """(is leader, current term), read together on pysyncobj's tick thread.
+
+        Use this, not ``is_leader()`` and ``term`` one after the other, for anything
+        that is stamped with the term (ActivateController): a separate read can see the
+        new term of an election this node just lost while it still shows as leader.
+        ``(True, T)`` means this node *was* the leader of term T (there is one per term).
+        """
+        return self._leadership
+
+    def request_step_down(self) -> None:
+        """Give up leadership (Raft TimeoutNow to the most caught-up follower), on the next tick.
+
+        Used when this leader cannot become the active controller of its term; a new
+        election (higher term) lets another voter, or this one again, activate cleanly.
+        """
+        self._step_down_requested = True
+
     def is_leader(self) -> bool:
         return bool(self._syncobj._isLeader())
 
@@ -317,8 +349,24 @@ class MetadataRaft:
                 None if at is None or not is_leader else now - at))
         return QuorumStatus(is_leader, self.leader_address(), self.term, commit_index, last_applied, voters)
 
+    def _on_tick(self) -> None:
+        """Runs on pysyncobj's tick thread, where reading its state is race-free."""
+        syncobj = self._syncobj
+        self._leadership = (bool(syncobj._isLeader()), int(syncobj.raftCurrentTerm))
+        if self._step_down_requested:
+            self._step_down_requested = False
+            if self._leadership[0]:
+                syncobj.transferLeadership(None, callback=self._on_step_down_result)
+        self._sample_status()
+
+    def _on_step_down_result(self, _result: Any, error: int) -> None:
+        if error != FAIL_REASON.SUCCESS:
+            # No follower fully caught up yet: the controller asks again on a later tick.
+            log.warning("%s could not hand over leadership: %s", self.self_address, _FAIL_NAMES.get(error, error))
+        else:
+            log.warning("%s asked a follower to take over leadership", self.self_address)
+
     def _sample_status(self) -> None:
-        """Runs on pysyncobj's tick thread, where reading its status is race-free."""
         now = time.monotonic()
         if now - self._last_sample < _STATUS_SAMPLE_INTERVAL_S:
             return

@@ -6,6 +6,7 @@ surface: validation errors, redirects, broker lifecycle, ISR changes, watch stre
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from proto import controller_pb2 as pb
 from proto.errors import ErrorCode
 
 CLUSTER = "svc-test"
+QUORUM_PASSWORD = secrets.token_urlsafe(32)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,7 @@ def quorum(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Controller
     base = tmp_path_factory.mktemp("quorum")
     voters = {i: VoterAddress("127.0.0.1", free_port(), free_port()) for i in (1, 2, 3)}
     nodes = [ControllerNode(ControllerSettings(
-        i, voters, base / f"c{i}", CLUSTER, "test-password", broker_session_timeout_ms=4000,
+        i, voters, base / f"c{i}", CLUSTER, QUORUM_PASSWORD, broker_session_timeout_ms=4000,
         broker_heartbeat_interval_ms=300, defaults={"num.partitions": "2", "default.replication.factor": "2",
                                                      "log.retention.ms": "12345"}))
         for i in (1, 2, 3)]

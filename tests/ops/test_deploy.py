@@ -15,7 +15,7 @@ from broker.config import ConfigError, load_config
 yaml = pytest.importorskip("yaml", reason="PyYAML (dev dependency) is needed to parse the manifests")
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-PASSWORD_ENV = {"BROOK_CONTROLLER_QUORUM_PASSWORD": "test-secret"}
+PASSWORD_ENV = {"BROOK_CONTROLLER_QUORUM_PASSWORD": "test-secret-Xq83Lm-pW29zR"}
 
 
 def _promtool() -> str:
