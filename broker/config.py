@@ -119,6 +119,9 @@ _CORE = [
 # Broker and controller behaviour (Kafka's names and defaults).
 _BEHAVIOUR = [
     KeyDef("num.partitions", "int", "1", "Partitions of a topic created without a count.", check=_at_least(1)),
+    KeyDef("max.cluster.partitions", "int", "200000",
+           "Most partitions the cluster may hold; CreateTopics/CreatePartitions beyond it get POLICY_VIOLATION.",
+           check=_at_least(1), roles=_C),
     KeyDef("default.replication.factor", "int", "1", "Replication factor of a topic created without one.",
            check=_at_least(1)),
     KeyDef("auto.create.topics.enable", "bool", "true", "Create a topic on first metadata request/produce."),

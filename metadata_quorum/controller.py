@@ -29,6 +29,7 @@ from metadata_quorum.election import can_move_to_preferred
 from metadata_quorum.placement import BrokerLoad, place_replicas
 from metadata_quorum.raft import MetadataRaft, PendingProposal
 from metadata_quorum.state import (
+    MAX_PARTITIONS_PER_TOPIC,
     BrokerState,
     ItemResult,
     MetadataState,
@@ -66,7 +67,12 @@ BROKER_DEFAULT_KEYS: Mapping[str, str] = {
     "unclean.leader.election.enable": "unclean.leader.election.enable",
 }
 
+# Limits checked before anything is proposed to Raft (a refused request costs no journal
+# entry, no replication, no apply on the followers).
 MAX_TOPICS_PER_REQUEST = 1000
+MAX_PARTITIONS_PER_REQUEST = 100_000  # new partitions summed over a CreateTopics/CreatePartitions request
+MAX_CLUSTER_PARTITIONS = 200_000  # default of max.cluster.partitions
+MAX_PARTITION_CHANGES_PER_REQUEST = 10_000  # AlterPartition items
 # An activation that did not commit (leadership changed under it) is proposed again, a
 # few times per term at most; an activation the state refused is never proposed again.
 MAX_ACTIVATION_ATTEMPTS = 3
@@ -365,6 +371,9 @@ class QuorumController:
 
     # ---- partitions ----
     def alter_partition(self, req: pb.AlterPartitionRequest, timeout_s: float) -> pb.AlterPartitionResponse:
+        if len(req.items) > MAX_PARTITION_CHANGES_PER_REQUEST:
+            raise errors.PolicyViolationError(
+                f"{len(req.items)} partition changes in one request, the limit is {MAX_PARTITION_CHANGES_PER_REQUEST}")
         items = [c.PartitionChangeItem(i.topic, i.partition, i.partition_epoch, i.leader_epoch, list(i.new_isr))
                  for i in req.items]
         result = self._propose(c.ChangePartition(items, req.broker_id, req.broker_epoch), timeout_s)
@@ -399,12 +408,12 @@ class QuorumController:
         return [BrokerLoad(b, s.brokers[b].rack, replicas[b], leaders[b]) for b in sorted(replicas)]
 
     def create_topics(self, req: pb.CreateTopicsRequest, timeout_s: float) -> pb.CreateTopicsResponse:
-        if len(req.topics) > MAX_TOPICS_PER_REQUEST:
-            raise errors.InvalidRequestError(f"at most {MAX_TOPICS_PER_REQUEST} topics per request")
+        _check_request_size(len(req.topics))
         response = pb.CreateTopicsResponse()
         names = [t.name for t in req.topics]
         pending: list[tuple[pb.TopicResult, PendingProposal]] = []
         loads: list[BrokerLoad] | None = None
+        budget = _PartitionBudget(self.raft.read(lambda s: s.partition_count()), self.max_cluster_partitions)
         for topic in req.topics:
             result = response.results.add(name=topic.name)
             try:
@@ -412,7 +421,9 @@ class QuorumController:
                     raise errors.InvalidRequestError(f"topic '{topic.name}' appears more than once in the request")
                 if loads is None:
                     loads = self.raft.read(self._loads)
-                cmd, loads = self._plan_topic(topic, loads)
+                cmd, new_loads = self._plan_topic(topic, loads)
+                budget.take(len(cmd.assignments), f"topic '{topic.name}'")
+                loads = new_loads
                 result.num_partitions = len(cmd.assignments)
                 result.replication_factor = len(cmd.assignments[0])
                 result.topic_id = cmd.topic_id
@@ -444,6 +455,9 @@ class QuorumController:
             raise errors.TopicAlreadyExistsError(f"topic '{topic.name}' already exists")
         configs = log_config.validate(dict(topic.configs))
         if topic.assignments:
+            if len(topic.assignments) > MAX_PARTITIONS_PER_TOPIC:
+                raise errors.InvalidPartitionsError(
+                    f"{len(topic.assignments)} partitions is more than the limit of {MAX_PARTITIONS_PER_TOPIC}")
             # With explicit assignments the counts may be left unset (0), -1, or agree with them.
             if topic.num_partitions not in (-1, 0, len(topic.assignments)) or \
                     topic.replication_factor not in (-1, 0, len(topic.assignments[0].replicas)):
@@ -459,13 +473,39 @@ class QuorumController:
                 int(self.config.default("default.replication.factor", "1"))
             if num_partitions < 1:
                 raise errors.InvalidPartitionsError(f"number of partitions must be at least 1, got {num_partitions}")
+            if num_partitions > MAX_PARTITIONS_PER_TOPIC:
+                raise errors.InvalidPartitionsError(
+                    f"{num_partitions} partitions is more than the limit of {MAX_PARTITIONS_PER_TOPIC} per topic")
             if rf < 1:
                 raise errors.InvalidReplicationFactorError(f"replication factor must be at least 1, got {rf}")
             if rf > len(loads):
                 raise errors.InvalidReplicationFactorError(
                     f"replication factor {rf} is larger than the {len(loads)} live (unfenced) brokers")
+            self._check_min_insync(topic.name, configs, rf)
             assignments = place_replicas(loads, num_partitions, rf, start_index=random.randrange(1 << 16))
+            return c.CreateTopic(topic.name, uuid.uuid4().hex, configs, assignments), _add_load(loads, assignments)
+        self._check_min_insync(topic.name, configs, len(assignments[0]))
         return c.CreateTopic(topic.name, uuid.uuid4().hex, configs, assignments), _add_load(loads, assignments)
+
+    @property
+    def max_cluster_partitions(self) -> int:
+        return int(self.config.default("max.cluster.partitions", str(MAX_CLUSTER_PARTITIONS)))
+
+    def _check_min_insync(self, name: str, configs: Mapping[str, str], replication_factor: int) -> None:
+        """min.insync.replicas (the topic's, else the cluster default) must not exceed the replication
+        factor: otherwise every acks=all write would wait for replicas that do not exist and time out."""
+        raw = configs.get("min.insync.replicas")
+        source = "min.insync.replicas"
+        if raw is None:
+            raw = self.config.topic_default("min.insync.replicas")
+            source = "the cluster default min.insync.replicas"
+        if raw is None:
+            return
+        value = int(log_config.parse_value("min.insync.replicas", raw))  # type: ignore[call-overload]
+        if value > replication_factor:
+            raise errors.InvalidConfigError(
+                f"topic '{name}': {source}={value} is larger than the replication factor {replication_factor}; "
+                f"acks=all writes could never succeed")
 
     def _check_manual_assignment(self, assignments: list[list[int]]) -> None:
         rf = len(assignments[0])
@@ -483,6 +523,7 @@ class QuorumController:
                     f"partition {index} names unregistered brokers {unknown}")
 
     def delete_topics(self, req: pb.DeleteTopicsRequest, timeout_s: float) -> pb.DeleteTopicsResponse:
+        _check_request_size(len(req.names))
         response = pb.DeleteTopicsResponse()
         pending = []
         for name in req.names:
@@ -499,12 +540,15 @@ class QuorumController:
 
     def create_partitions(self, req: pb.CreatePartitionsRequest,
                           timeout_s: float) -> pb.CreatePartitionsResponse:
+        _check_request_size(len(req.topics))
         response = pb.CreatePartitionsResponse()
         pending = []
+        budget = _PartitionBudget(self.raft.read(lambda s: s.partition_count()), self.max_cluster_partitions)
         for item in req.topics:
             result = response.results.add(name=item.name)
             try:
                 cmd = self._plan_partitions(item)
+                budget.take(len(cmd.assignments), f"topic '{item.name}'")
                 result.topic_id = cmd.topic_id
                 result.num_partitions = item.count
                 result.replication_factor = len(cmd.assignments[0])
@@ -526,6 +570,9 @@ class QuorumController:
         if item.count <= current:
             raise errors.InvalidPartitionsError(
                 f"topic '{item.name}' has {current} partitions; the count can only be increased (asked {item.count})")
+        if item.count > MAX_PARTITIONS_PER_TOPIC:
+            raise errors.InvalidPartitionsError(
+                f"{item.count} partitions is more than the limit of {MAX_PARTITIONS_PER_TOPIC} per topic")
         new = item.count - current
         if item.assignments:
             assignments = [list(a.replicas) for a in item.assignments]
@@ -545,19 +592,25 @@ class QuorumController:
 
     # ---- configs ----
     def alter_configs(self, req: pb.AlterConfigsRequest, timeout_s: float) -> pb.AlterConfigsResponse:
+        _check_request_size(len(req.resources))
         response = pb.AlterConfigsResponse()
         pending = []
         for resource in req.resources:
             result = response.results.add(name=resource.topic)
             try:
-                topic_id = self.raft.read(
-                    lambda s, n=resource.topic: s.topics[n].topic_id if n in s.topics else None)
-                if topic_id is None:
+                found = self.raft.read(lambda s, n=resource.topic: (
+                    s.topics[n].topic_id, dict(s.topics[n].configs), len(s.topics[n].partitions[0].replicas))
+                    if n in s.topics else None)
+                if found is None:
                     raise errors.UnknownTopicOrPartitionError(f"topic '{resource.topic}' does not exist")
+                topic_id, current, rf = found
                 to_set = log_config.validate(dict(resource.set))
                 unknown = [k for k in resource.delete if k not in log_config.TOPIC_CONFIGS]
                 if unknown:
                     raise errors.InvalidConfigError(f"cannot delete unknown topic configs {unknown}")
+                after = {k: v for k, v in current.items() if k not in resource.delete}
+                after.update(to_set)
+                self._check_min_insync(resource.topic, after, rf)
                 result.topic_id = topic_id
                 if not req.validate_only:
                     cmd = c.AlterConfigs(resource.topic, topic_id, to_set, list(resource.delete))
@@ -609,6 +662,32 @@ class QuorumController:
         now = self._clock()
         with self._lock:
             return {b: now - t for b, t in self._leases.items()}
+
+
+def _check_request_size(count: int) -> None:
+    if count > MAX_TOPICS_PER_REQUEST:
+        raise errors.PolicyViolationError(
+            f"{count} topics in one request, the limit is {MAX_TOPICS_PER_REQUEST}: split the request")
+
+
+class _PartitionBudget:
+    """New partitions one request may still add: per request and cluster-wide."""
+
+    def __init__(self, existing: int, cluster_limit: int) -> None:
+        self._existing = existing
+        self._cluster_limit = cluster_limit
+        self._taken = 0
+
+    def take(self, count: int, what: str) -> None:
+        if self._taken + count > MAX_PARTITIONS_PER_REQUEST:
+            raise errors.PolicyViolationError(
+                f"{what}: the request would add {self._taken + count} partitions, the limit per request is "
+                f"{MAX_PARTITIONS_PER_REQUEST}")
+        if self._existing + self._taken + count > self._cluster_limit:
+            raise errors.PolicyViolationError(
+                f"{what}: the cluster would have {self._existing + self._taken + count} partitions, the limit is "
+                f"{self._cluster_limit} (max.cluster.partitions)")
+        self._taken += count
 
 
 def _add_load(loads: list[BrokerLoad], assignments: list[list[int]]) -> list[BrokerLoad]:
