@@ -431,9 +431,16 @@ class QuorumController:
                     pending.append((result, self._submit(cmd)))
             except errors.BrookError as exc:
                 result.error_code, result.error_message = exc.code, exc.message
-                result.topic_id = ""
+                result.topic_id = self._existing_id(topic.name, exc.code)
         self._collect(pending, timeout_s)
         return response
+
+    def _existing_id(self, name: str, code: int) -> str:
+        """The id of the topic a TOPIC_ALREADY_EXISTS is about, so an admin client retrying after an
+        unknown outcome can tell its own earlier attempt (same id) from someone else's topic."""
+        if code != ErrorCode.TOPIC_ALREADY_EXISTS:
+            return ""
+        return self.raft.read(lambda s: s.topics[name].topic_id if name in s.topics else "")
 
     def _collect(self, pending: list[tuple[Any, PendingProposal]], timeout_s: float) -> None:
         """Wait for submitted proposals (one shared deadline); record each outcome in its result message."""
@@ -442,7 +449,7 @@ class QuorumController:
             try:
                 outcome = proposal.wait(deadline - time.monotonic())
                 if not outcome.ok and hasattr(result, "topic_id"):
-                    result.topic_id = ""
+                    result.topic_id = self._existing_id(result.name, outcome.error_code)
                 result.error_code, result.error_message = outcome.error_code, outcome.error_message
             except errors.BrookError as exc:
                 result.error_code, result.error_message = exc.code, exc.message
@@ -652,6 +659,7 @@ class QuorumController:
         def build(s: MetadataState) -> pb.DescribeClusterResponse:
             return pb.DescribeClusterResponse(
                 cluster_id=self.config.cluster_id, active_controller_id=s.active_controller_id,
+                default_min_insync_replicas=int(self.config.topic_default("min.insync.replicas") or "1"),
                 metadata_version=s.version, brokers=[broker_record(b) for b in s.brokers.values()],
                 topics=[topic_record(t) for t in s.topics.values()],
                 partitions=[partition_record(t, i, p) for t in s.topics.values() for i, p in enumerate(t.partitions)])

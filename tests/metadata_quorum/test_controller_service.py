@@ -310,3 +310,35 @@ def test_client_without_any_reachable_controller_times_out_with_a_clear_error() 
         assert "no active controller" in str(info.value), info.value
     with pytest.raises(errors.InvalidRequestError):
         ControllerClient([])
+
+
+def test_describe_quorum_answers_from_any_voter_saying_who_answered(client: ControllerClient,
+                                                                    quorum: list[ControllerNode]) -> None:
+    leader = active(quorum)
+    leader_id = leader.settings.node_id
+    for node in quorum:
+        me = node.settings.voters[node.settings.node_id]
+        q = client.call_endpoint((me.host, me.grpc_port), "DescribeQuorum", pb.DescribeQuorumRequest(any_voter=True),
+                                 timeout_s=5)
+        assert q.error_code == ErrorCode.NONE, q
+        assert q.responder_id == node.settings.node_id
+        assert q.responder_is_active == (node is leader)
+        assert q.leader_id == leader_id and q.active_controller_id == leader_id and q.controller_epoch >= 1
+        assert [v.node_id for v in q.voters if v.is_leader] == [leader_id]
+        if node is not leader:
+            # Without any_voter a follower still refuses (clients use the call to find the leader).
+            plain = client.call_endpoint((me.host, me.grpc_port), "DescribeQuorum", pb.DescribeQuorumRequest(),
+                                         timeout_s=5)
+            assert plain.error_code == ErrorCode.NOT_CONTROLLER and plain.redirect.leader_id == leader_id
+            assert all(v.lag == -1 for v in q.voters), q  # a follower does not know the others' positions
+    q = client.describe_quorum(timeout_s=10)
+    assert q.responder_is_active and q.responder_id == leader_id
+
+
+def test_topic_already_exists_carries_the_existing_topic_id(client: ControllerClient,
+                                                             epochs: dict[int, int]) -> None:
+    """What lets the admin client recognise its own earlier attempt when it retries a CreateTopics."""
+    first = create_topic(client, "created-once", 1, 1)
+    assert first.error_code == ErrorCode.NONE and first.topic_id
+    again = create_topic(client, "created-once", 1, 1)
+    assert again.error_code == ErrorCode.TOPIC_ALREADY_EXISTS and again.topic_id == first.topic_id
