@@ -13,6 +13,7 @@ import pytest
 from quorum_helpers import create_topic, register_brokers
 from waiting import wait_for
 
+from client.admin import Admin, NewTopic
 from metadata_quorum.client import ControllerClient
 from metadata_quorum.local_quorum import LocalQuorum
 from proto import controller_pb2 as pb
@@ -120,6 +121,52 @@ def test_writes_time_out_with_two_of_three_frozen_and_nothing_half_applied_appea
         assert after["doomed"][1] == 5 and sorted(after["doomed"][2]) == list(range(5)), after["doomed"]
     # The quorum serves writes again.
     assert create_topic(client, "after-thaw", 1, 3).error_code == ErrorCode.NONE
+
+
+def wait_until(t: float) -> None:
+    """Let a fault (or an idle period) last until monotonic time ``t``."""
+    wait_for(lambda: time.monotonic() >= t, max(0.0, t - time.monotonic()) + 5, "the period to pass")
+
+
+FREEZE_S = 7.0  # as in the reported outage: the frozen leader resumes well after a new one took over
+
+
+def test_sigstop_of_the_active_controller_and_resume_leaves_one_active_controller(
+        quorum: LocalQuorum, client: ControllerClient) -> None:
+    """The activation race: a frozen leader that resumes, sees a higher term and used to propose an
+    activation for that term (which it never led), leaving no active controller for minutes. Each
+    round freezes the active controller, lets another take over, resumes it and immediately writes
+    through the admin client (which retries NOT_CONTROLLER / leadership-change answers)."""
+    register_brokers(client, [1, 2, 3], quorum.cluster_id)  # same incarnations: idempotent, re-unfenced
+    admin = Admin("127.0.0.1:1", controller_endpoints=quorum.endpoints, request_timeout_ms=60_000)
+    try:
+        for round_ in range(3):
+            old = quorum.active_id()
+            quorum.pause(old)
+            frozen_at = time.monotonic()
+            try:
+                new = quorum.active_id(timeout_s=30, exclude={old})
+                takeover_s = time.monotonic() - frozen_at
+                wait_until(frozen_at + FREEZE_S)
+            finally:
+                quorum.resume(old)
+            resumed_at = time.monotonic()
+            result = admin.create_topics([NewTopic(f"after-resume-{round_}", 1, 1)], wait_for_leaders=False)
+            write_s = time.monotonic() - resumed_at
+            assert result == {f"after-resume-{round_}": None}, result
+            active = quorum.active_id(timeout_s=20)
+            q = client.describe_quorum(timeout_s=10)
+            assert q.responder_is_active and q.active_controller_id == active, q
+            print(f"\nround {round_}: controller {old} frozen {FREEZE_S:.0f}s, controller {new} active after "
+                  f"{takeover_s:.2f}s; first admin write after resume took {write_s:.2f}s")
+            # No activation loop: idle, the journal barely moves (it grew by one entry per tick before).
+            start = client.describe_quorum(timeout_s=10).commit_index
+            wait_until(time.monotonic() + 3)
+            grown = client.describe_quorum(timeout_s=10).commit_index - start
+            assert grown < 15, f"the journal grew by {grown} entries in 3 idle seconds"
+    finally:
+        admin.close()
+    wait_all_caught_up(client)
 
 
 def test_full_restart_of_all_three_keeps_every_topic(quorum: LocalQuorum, client: ControllerClient) -> None:
