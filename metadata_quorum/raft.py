@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
 import pickle
 import threading
 import time
@@ -40,7 +41,12 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replic
 
 from metadata_quorum import commands as c
 from metadata_quorum.quorum_security import bind_address, check_quorum_protection
-from metadata_quorum.state import DEFAULT_CHANGELOG_MAX_KEYS, ApplyResult, MetadataState
+from metadata_quorum.state import (
+    DEFAULT_CHANGELOG_MAX_KEYS,
+    ApplyResult,
+    MetadataInvariantError,
+    MetadataState,
+)
 from proto import errors
 
 log = logging.getLogger(__name__)
@@ -96,17 +102,30 @@ class _MetadataConsumer(SyncObjConsumer):
     """The replicated object: the state plus the one method the Raft log calls."""
 
     def __init__(self, state: MetadataState, lock: threading.RLock,
-                 on_applied: Callable[[int], None]) -> None:
+                 on_applied: Callable[[int], None], on_fatal: Callable[[BaseException], None]) -> None:
         super().__init__()
         self.state = state
         self.lock = lock
         self.on_applied = on_applied
+        self.on_fatal = on_fatal
+        self.failed: BaseException | None = None
 
     @replicated
     def apply_command(self, payload: dict[str, Any], controller_epoch: int | None = None) -> ApplyResult:
-        with self.lock:
-            result = self.state.apply(payload, controller_epoch=controller_epoch)
-            version = self.state.version
+        if self.failed is not None:
+            # Fail-stop: after a broken invariant this voter applies nothing more (it is being halted).
+            return ApplyResult(errors.ErrorCode.UNKNOWN_SERVER_ERROR, "this controller stopped on an internal error")
+        try:
+            with self.lock:
+                result = self.state.apply(payload, controller_epoch=controller_epoch)
+                version = self.state.version
+        except MetadataInvariantError as exc:
+            # Raising into pysyncobj would make it retry this entry forever on its tick thread
+            # (a silent stall, possibly over a half-applied state). Like Kafka's controller, stop.
+            self.failed = exc
+            log.critical("metadata state machine failed on %r: %s", payload, exc, exc_info=exc)
+            self.on_fatal(exc)
+            return ApplyResult(errors.ErrorCode.UNKNOWN_SERVER_ERROR, f"internal error: {exc}")
         self.on_applied(version)
         return result
 
@@ -126,6 +145,13 @@ class _MetadataConsumer(SyncObjConsumer):
             version = self.state.version
         log.info("metadata restored from the quorum snapshot at version %d", version)
         self.on_applied(version)
+
+
+def _halt_process(exc: BaseException) -> None:
+    """Kafka's answer to a metadata invariant violation: the controller process exits."""
+    log.critical("halting: the metadata state machine is broken (%s)", exc)
+    logging.shutdown()
+    os._exit(70)  # EX_SOFTWARE; os._exit because pysyncobj's tick thread is calling us
 
 
 def load_snapshot_file(path: Path) -> MetadataState:
@@ -183,7 +209,11 @@ class MetadataRaft:
         on_applied: Callable[[int], None] | None = None,
         on_state_changed: Callable[[], None] | None = None,
         changelog_max_keys: int = DEFAULT_CHANGELOG_MAX_KEYS,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
+        """``on_fatal``: called (on pysyncobj's tick thread) when applying a committed command breaks
+        the state machine (``MetadataInvariantError``). The voter has already stopped applying and
+        leaves the quorum; the default halts the process, as Kafka does."""
         self.self_address = self_address
         self.partner_addresses = list(partner_addresses)
         self.lock = threading.RLock()
@@ -215,7 +245,8 @@ class MetadataRaft:
             maxBindRetries=20,
             onStateChanged=self._on_raft_state_changed,
         )
-        self._consumer = _MetadataConsumer(self.state, self.lock, self._publish_version)
+        self._on_fatal_cb = on_fatal or _halt_process
+        self._consumer = _MetadataConsumer(self.state, self.lock, self._publish_version, self._fatal)
         self._status_lock = threading.Lock()
         self._status: dict[str, Any] = {}
         self._caught_up_at: dict[str, float] = {}
@@ -227,6 +258,16 @@ class MetadataRaft:
         self._syncobj.addOnTickCallback(self._on_tick)
 
     # ---- lifecycle ----
+    @property
+    def failed(self) -> BaseException | None:
+        """The internal error that stopped this voter's state machine, if any."""
+        return self._consumer.failed
+
+    def _fatal(self, exc: BaseException) -> None:
+        # Leave the quorum at once: no votes, no leadership, no replication of a state we distrust.
+        self._syncobj.destroy()
+        self._on_fatal_cb(exc)
+
     def wait_bound(self) -> None:
         """Raise SyncObjException('BindError') if the quorum port cannot be bound."""
         self._syncobj.waitBinded()
