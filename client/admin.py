@@ -48,6 +48,7 @@ COORDINATOR_CACHE_MAX = 256  # bound on the groups whose coordinator an Admin re
 # Per-topic answers of a controller write that mean "send it again to the active controller".
 _CONTROLLER_RETRY_CODES = frozenset({errors.ErrorCode.NOT_CONTROLLER, errors.ErrorCode.REQUEST_TIMED_OUT})
 _RETRY_BACKOFF_S = (0.05, 1.0)
+_MIN_ATTEMPT_S = 0.2  # no retry is started with less time than this left
 
 
 @dataclass
@@ -178,10 +179,20 @@ class Admin:
         attempt = 0
         while pending:
             remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
-            response = self._call(method, build(pending, remaining_ms), remaining_ms)
+            try:
+                response = self._call(method, build(pending, remaining_ms), remaining_ms)
+            except errors.BrookError as exc:
+                if attempt == 0:
+                    raise
+                # A retry found no controller in time: the topics settled earlier keep their answers.
+                for name in pending:
+                    final[name] = controller_pb2.TopicResult(name=name, error_code=exc.code,
+                                                             error_message=exc.message)
+                break
             retry = []
             for r in response.results:
-                if r.error_code in _CONTROLLER_RETRY_CODES and time.monotonic() < deadline:
+                # Another attempt only with time left for it; else this answer is the final one.
+                if r.error_code in _CONTROLLER_RETRY_CODES and deadline - time.monotonic() > _MIN_ATTEMPT_S:
                     # A topic id in the answer: the proposal was made and may still commit.
                     if getattr(r, "topic_id", ""):
                         unknown.setdefault(r.name, r.topic_id)
@@ -195,7 +206,8 @@ class Admin:
                 # The controller that answered is not (or no longer) the active one: find it again.
                 self.controller.forget_active_controller()
                 low, high = _RETRY_BACKOFF_S
-                time.sleep(min(high, low * (2 ** min(attempt, 6)), max(0.0, deadline - time.monotonic())))
+                time.sleep(min(high, low * (2 ** min(attempt, 6)),
+                               max(0.0, deadline - time.monotonic() - _MIN_ATTEMPT_S)))
                 attempt += 1
         return final, unknown
 
