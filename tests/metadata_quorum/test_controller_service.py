@@ -294,11 +294,11 @@ def test_preferred_leader_rebalance(client: ControllerClient, epochs: dict[int, 
 
 def test_restarted_single_node_data_dir_checks_cluster_id(tmp_path: Path) -> None:
     voters = {1: VoterAddress("127.0.0.1", free_port(), free_port())}
-    node = ControllerNode(ControllerSettings(1, voters, tmp_path, "one", None))
+    node = ControllerNode(ControllerSettings(1, voters, tmp_path, "one", QUORUM_PASSWORD))
     node.start()
     node.stop()
     with pytest.raises(errors.InvalidConfigError):
-        ControllerNode(ControllerSettings(1, voters, tmp_path, "two", None)).start()
+        ControllerNode(ControllerSettings(1, voters, tmp_path, "two", QUORUM_PASSWORD)).start()
 
 
 def test_client_without_any_reachable_controller_times_out_with_a_clear_error() -> None:
