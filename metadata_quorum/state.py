@@ -5,6 +5,11 @@ nothing but the state and the command (no clock, socket, file or random source),
 every controller that applies the same Raft log ends in the same state, and a journal
 replay after a restart rebuilds it exactly.
 
+Because a restart replays the journal, what this state accepts must not become stricter
+between versions (a topic accepted before an upgrade would vanish on replay): new limits,
+such as min.insync.replicas <= replication factor, are checked by the active controller
+before it proposes a command.
+
 Every successful command bumps ``version`` by one. A refused command (bad input, a
 stale compare-and-set) changes nothing, not even the version, and returns its error.
 
@@ -141,15 +146,6 @@ def validate_topic_name(name: str) -> None:
 def _invariant(ok: bool, what: str) -> None:
     if not ok:
         raise MetadataInvariantError(f"metadata invariant violated: {what}")
-
-
-def _check_min_insync(name: str, configs: dict[str, str], replication_factor: int) -> None:
-    """A topic's own min.insync.replicas may not exceed its replication factor (the controller also
-    checks the cluster default before proposing; the state knows only the topic's value)."""
-    raw = configs.get("min.insync.replicas")
-    if raw is not None and int(raw) > replication_factor:
-        raise errors.InvalidConfigError(
-            f"topic '{name}': min.insync.replicas={raw} is larger than the replication factor {replication_factor}")
 
 
 def _copy_partition(p: PartitionState) -> PartitionState:
@@ -447,7 +443,6 @@ class MetadataState:
             raise errors.InvalidRequestError(f"topic id '{cmd.topic_id}' is empty or already used")
         configs = log_config.validate(cmd.configs)
         self._validate_assignments(cmd.assignments, None)
-        _check_min_insync(cmd.name, configs, len(cmd.assignments[0]))
         eligible = self._eligible_ids()
         topic = TopicState(cmd.name, cmd.topic_id, configs,
                            [self._new_partition(r, eligible) for r in cmd.assignments])
@@ -498,7 +493,6 @@ class MetadataState:
         for key in cmd.delete:
             configs.pop(key, None)
         configs.update(to_set)
-        _check_min_insync(topic.name, configs, len(topic.partitions[0].replicas))
         if configs == topic.configs:
             return ApplyResult()
         topic.configs = configs

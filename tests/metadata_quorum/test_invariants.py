@@ -24,17 +24,6 @@ from metadata_quorum.state import MetadataInvariantError
 from proto.errors import ErrorCode
 
 
-def test_min_insync_replicas_above_the_replication_factor_is_refused_by_the_state() -> None:
-    s = cluster(3)
-    before = s.to_snapshot()
-    r = s.apply(c.CreateTopic("t", "id-t", {"min.insync.replicas": "3"}, [[1, 2]]))
-    assert r.error_code == ErrorCode.INVALID_CONFIG and s.to_snapshot() == before, r
-    create(s, "t", [[1, 2]], {"min.insync.replicas": "2"})
-    before = s.to_snapshot()
-    r = s.apply(c.AlterConfigs("t", "id-t", {"min.insync.replicas": "3"}))
-    assert r.error_code == ErrorCode.INVALID_CONFIG and s.to_snapshot() == before, r
-
-
 def test_a_bug_in_a_handler_is_an_internal_error_not_invalid_request() -> None:
     s = cluster(3)
 
