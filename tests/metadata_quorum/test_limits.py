@@ -72,11 +72,19 @@ def refused_without_proposal(ctl: QuorumController, fn, code: int) -> str:  # ty
 
 
 def test_a_million_partitions_is_refused_before_raft(controller: QuorumController) -> None:
-    started = time.monotonic()
-    message = refused_without_proposal(controller, lambda: create(controller, pb.CreatableTopic(
-        name="huge", num_partitions=1_000_000, replication_factor=1)), ErrorCode.INVALID_PARTITIONS)
+    took: list[float] = []
+
+    def huge() -> list[pb.TopicResult]:
+        started = time.monotonic()
+        try:
+            return create(controller, pb.CreatableTopic(name="huge", num_partitions=1_000_000,
+                                                        replication_factor=1))
+        finally:
+            took.append(time.monotonic() - started)
+
+    message = refused_without_proposal(controller, huge, ErrorCode.INVALID_PARTITIONS)
     assert str(MAX_PARTITIONS_PER_TOPIC) in message
-    print(f"\n1,000,000-partition CreateTopics refused in {time.monotonic() - started:.3f}s")
+    print(f"\n1,000,000-partition CreateTopics refused in {took[0] * 1000:.1f} ms")
     refused_without_proposal(controller, lambda: list(controller.create_partitions(pb.CreatePartitionsRequest(
         topics=[pb.CreatePartitionsTopic(name="nope", count=5)]), 30).results), ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
 
