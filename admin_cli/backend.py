@@ -74,7 +74,9 @@ class Backend:
         return self.controller_call("DescribeCluster", controller_pb2.DescribeClusterRequest())
 
     def describe_quorum(self) -> controller_pb2.DescribeQuorumResponse:
-        return self.controller_call("DescribeQuorum", controller_pb2.DescribeQuorumRequest())
+        """From the active controller, or from any voter when none is active (responder_id says which)."""
+        self.metadata()
+        return self.admin.controller.describe_quorum(timeout_s=self.timeout_s)
 
     # ------------------------------------------------------------------ topics
 

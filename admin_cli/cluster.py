@@ -66,8 +66,23 @@ def assess_health(cluster: controller_pb2.DescribeClusterResponse | None,
         r.add("under-replicated partitions", not under,
               f"{len(under)}: {', '.join(sorted(under)[:10])}{' ...' if len(under) > 10 else ''}"
               if under else "none")
+        # Under min ISR: acks=all writes to these partitions fail (NOT_ENOUGH_REPLICAS) right now.
+        min_isr = _min_insync_by_topic(cluster)
+        under_min = [f"{p.topic}-{p.partition} (isr {len(p.isr)} < {min_isr.get(p.topic, 1)})"
+                     for p in cluster.partitions if p.leader >= 0 and len(p.isr) < min_isr.get(p.topic, 1)]
+        r.add("under-min-ISR partitions", not under_min,
+              f"{len(under_min)}, acks=all writes fail: {', '.join(sorted(under_min)[:10])}"
+              f"{' ...' if len(under_min) > 10 else ''}" if under_min else "none")
     if quorum is None:
         r.add("quorum", False, quorum_error or "no answer from the controllers")
+        return r
+    if not quorum.responder_is_active:
+        # No active controller answered: this is one follower's own view (voters' lag unknown).
+        leader = f"Raft leader {quorum.leader_id}" if quorum.leader_id >= 0 else "no Raft leader known"
+        r.add("quorum", False,
+              f"no active controller answered; voter {quorum.responder_id} reports: {leader}, term {quorum.term}, "
+              f"metadata says controller {quorum.active_controller_id} is active (epoch {quorum.controller_epoch}), "
+              f"its commit index {quorum.commit_index}")
         return r
     problems = []
     worst_lag = 0
@@ -86,6 +101,17 @@ def assess_health(cluster: controller_pb2.DescribeClusterResponse | None,
     r.add("quorum", not problems,
           "; ".join(problems) if problems else f"{n} voters in sync (leader {quorum.leader_id}, max lag {worst_lag})")
     return r
+
+
+def _min_insync_by_topic(cluster: controller_pb2.DescribeClusterResponse) -> dict[str, int]:
+    default = max(1, cluster.default_min_insync_replicas or 1)
+    out = {}
+    for t in cluster.topics:
+        try:
+            out[t.name] = int(t.configs.get("min.insync.replicas", default))
+        except ValueError:  # validated by the controller; never trust a display path to crash on it
+            out[t.name] = default
+    return out
 
 
 # ----------------------------------------------------------------------------- commands
@@ -130,7 +156,8 @@ def health(
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Check offline and under-replicated partitions, fenced brokers, quorum lag and the active controller.
+    """Check offline, under-replicated and under-min-ISR partitions, fenced brokers, quorum lag and the
+    active controller. The quorum part answers from any voter when no controller is active.
 
     Exit code 0 when healthy, 1 when any check fails.
     """
@@ -161,12 +188,17 @@ def quorum(ctx: typer.Context, bootstrap: BootstrapOpt = None, output: OutputOpt
                "lag": v.lag, "last_contact_ms_ago": v.last_contact_ms_ago, "connected": v.connected,
                "is_leader": v.is_leader} for v in sorted(q.voters, key=lambda v: v.node_id)]
     data = {"leader_id": q.leader_id, "term": q.term, "commit_index": q.commit_index,
-            "last_applied": q.last_applied, "metadata_version": q.metadata_version, "voters": voters}
-    summary = table("Metadata quorum", ["LEADER", "TERM", "COMMIT INDEX", "LAST APPLIED", "METADATA VERSION"],
-                    [[q.leader_id, q.term, q.commit_index, q.last_applied, q.metadata_version]])
+            "last_applied": q.last_applied, "metadata_version": q.metadata_version, "voters": voters,
+            "answered_by": q.responder_id, "answered_by_active_controller": q.responder_is_active,
+            "active_controller_id": q.active_controller_id, "controller_epoch": q.controller_epoch}
+    answered = f"{q.responder_id}" + ("" if q.responder_is_active else " (follower view: no active controller)")
+    summary = table("Metadata quorum", ["LEADER", "TERM", "COMMIT INDEX", "LAST APPLIED", "METADATA VERSION",
+                                        "ACTIVE CONTROLLER", "ANSWERED BY"],
+                    [[q.leader_id, q.term, q.commit_index, q.last_applied, q.metadata_version,
+                      f"{q.active_controller_id} (epoch {q.controller_epoch})", answered]])
     vtable = table("Voters", ["ID", "RAFT ADDRESS", "ROLE", "LOG END", "LAG", "LAST CONTACT", "CONNECTED"],
                    [[v["node_id"], v["raft_address"], "leader" if v["is_leader"] else "follower",
-                     v["log_end_index"], v["lag"],
+                     v["log_end_index"] if v["log_end_index"] >= 0 else "?", v["lag"] if v["lag"] >= 0 else "?",
                      "-" if v["last_contact_ms_ago"] < 0 else f"{v['last_contact_ms_ago']} ms ago",
                      "yes" if v["connected"] or v["is_leader"] else Text("no", style="red")] for v in voters])
     show(st, data, summary, vtable)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from metadata_quorum.quorum_security import check_quorum_protection
 from proto.errors import InvalidConfigError
 from storage import log_config
 
@@ -92,10 +93,9 @@ _CORE = [
     KeyDef("controller.quorum.voters", "list", None,
            "id@host:grpc_port:raft_port,... of every controller voter (brokers use the gRPC ports)."),
     KeyDef("controller.quorum.password", "password", "",
-           "Shared secret encrypting the Raft (pysyncobj) traffic between controllers.", roles=_C),
-    KeyDef("controller.quorum.password.required", "bool", "true",
-           "Refuse to start a controller without a quorum password. Set false only for dev clusters.",
-           roles=_C),
+           "Shared secret authenticating and encrypting the Raft (pysyncobj) traffic between controllers: "
+           "at least 16 characters, 8 distinct, ~72 bits (see metadata_quorum/quorum_security.py). Required "
+           "unless every voter is on a loopback address.", roles=_C),
     KeyDef("controller.quorum.election.timeout.ms", "int", "600",
            "Raft election timeout; elections start after a random wait between it and 2.5x it.",
            check=_at_least(50), roles=_C),
@@ -119,6 +119,9 @@ _CORE = [
 # Broker and controller behaviour (Kafka's names and defaults).
 _BEHAVIOUR = [
     KeyDef("num.partitions", "int", "1", "Partitions of a topic created without a count.", check=_at_least(1)),
+    KeyDef("max.cluster.partitions", "int", "200000",
+           "Most partitions the cluster may hold; CreateTopics/CreatePartitions beyond it get POLICY_VIOLATION.",
+           check=_at_least(1), roles=_C),
     KeyDef("default.replication.factor", "int", "1", "Replication factor of a topic created without one.",
            check=_at_least(1)),
     KeyDef("auto.create.topics.enable", "bool", "true", "Create a topic on first metadata request/produce."),
@@ -679,10 +682,11 @@ def _validate_controller(values: dict[str, Any], listeners: dict[str, Listener],
                                                       f"CONTROLLER listener is {ctl.host}:{ctl.port}")
     if not values["metadata.log.dir"]:
         raise ConfigError("metadata.log.dir", "is required for the controller role")
-    if values["controller.quorum.password.required"] and not values["controller.quorum.password"]:
-        raise ConfigError("controller.quorum.password",
-                          "is required for a controller (set controller.quorum.password.required = false "
-                          "only for dev clusters)")
+    partners = [f"{v.host}:{v.raft_port}" for n, v in voters.items() if n != node_id]
+    try:
+        check_quorum_protection(f"{me.host}:{me.raft_port}", partners, values["controller.quorum.password"] or None)
+    except InvalidConfigError as exc:
+        raise ConfigError("controller.quorum.password", exc.message) from None
 
 
 def _validate_ports(values: dict[str, Any], listeners: dict[str, Listener], voters: dict[int, Voter],

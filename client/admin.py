@@ -7,7 +7,14 @@
 
 Topic and config changes go to the active controller (through
 ``metadata_quorum.client.ControllerClient``; its endpoints come from the brokers'
-Metadata answer), group operations to each group's coordinator
+Metadata answer). As Kafka's admin client does, a topic whose result says the
+controller changed under it (NOT_CONTROLLER, "not committed, leadership changed") or
+REQUEST_TIMED_OUT is sent again, to the new active controller, until
+``request_timeout_ms``. A retried request may meet the effect of its own first attempt
+(which did commit after all): CreateTopics then sees TOPIC_ALREADY_EXISTS with the very
+topic id the first attempt proposed and reports success; DeleteTopics reports success
+when the topic it may already have deleted is gone; CreatePartitions when the topic
+already has the asked count. Any other TOPIC_ALREADY_EXISTS is reported as is. Group operations to each group's coordinator
 (``proto/group.proto``). Every failure is the typed ``BrookError`` for the server's
 error code, carrying the server's message. Group calls retry, with backoff within
 ``request_timeout_ms``, while a group's coordinator moves, loads or is not available
@@ -38,6 +45,10 @@ OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
 _COORDINATOR_RETRY_CODES = frozenset({errors.ErrorCode.NOT_COORDINATOR, errors.ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                                       errors.ErrorCode.COORDINATOR_NOT_AVAILABLE})
 COORDINATOR_CACHE_MAX = 256  # bound on the groups whose coordinator an Admin remembers
+# Per-topic answers of a controller write that mean "send it again to the active controller".
+_CONTROLLER_RETRY_CODES = frozenset({errors.ErrorCode.NOT_CONTROLLER, errors.ErrorCode.REQUEST_TIMED_OUT})
+_RETRY_BACKOFF_S = (0.05, 1.0)
+_MIN_ATTEMPT_S = 0.2  # no retry is started with less time than this left
 
 
 @dataclass
@@ -85,6 +96,8 @@ class QuorumDescription:
     commit_index: int
     metadata_version: int
     voters: list[QuorumVoter]
+    responder_id: int = -1  # the voter whose view this is
+    responder_is_active: bool = True  # False: no active controller answered; a follower's own view
 
 
 @dataclass(frozen=True)
@@ -152,6 +165,52 @@ class Admin:
         timeout_s = (timeout_ms or self.request_timeout_ms) / 1000
         return self.controller.call(method, request, timeout_s=timeout_s)
 
+    def _call_topics(self, method: str, names: list[str], build: Callable[[list[str], int], Any],
+                     timeout_ms: int | None) -> tuple[dict[str, Any], dict[str, str]]:
+        """Send a per-topic controller write, retrying the topics whose result is NOT_CONTROLLER or
+        REQUEST_TIMED_OUT until the request timeout. Returns ({name: final result},
+        {name: topic id of an earlier attempt whose outcome is unknown}): the caller decides
+        whether a later "already exists"/"does not exist" is that attempt's own effect."""
+        budget_ms = timeout_ms or self.request_timeout_ms
+        deadline = time.monotonic() + budget_ms / 1000
+        final: dict[str, Any] = {}
+        unknown: dict[str, str] = {}
+        pending = list(names)
+        attempt = 0
+        while pending:
+            remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            try:
+                response = self._call(method, build(pending, remaining_ms), remaining_ms)
+            except errors.BrookError as exc:
+                if attempt == 0:
+                    raise
+                # A retry found no controller in time: the topics settled earlier keep their answers.
+                for name in pending:
+                    final[name] = controller_pb2.TopicResult(name=name, error_code=exc.code,
+                                                             error_message=exc.message)
+                break
+            retry = []
+            for r in response.results:
+                # Another attempt only with time left for it; else this answer is the final one.
+                if r.error_code in _CONTROLLER_RETRY_CODES and deadline - time.monotonic() > _MIN_ATTEMPT_S:
+                    # A topic id in the answer: the proposal was made and may still commit.
+                    if getattr(r, "topic_id", ""):
+                        unknown.setdefault(r.name, r.topic_id)
+                    retry.append(r.name)
+                    log.info("%s %r: %s (%s); retrying against the active controller", method, r.name,
+                             errors.code_name(r.error_code), r.error_message)
+                else:
+                    final[r.name] = r
+            pending = [n for n in pending if n in retry]
+            if pending:
+                # The controller that answered is not (or no longer) the active one: find it again.
+                self.controller.forget_active_controller()
+                low, high = _RETRY_BACKOFF_S
+                time.sleep(min(high, low * (2 ** min(attempt, 6)),
+                               max(0.0, deadline - time.monotonic() - _MIN_ATTEMPT_S)))
+                attempt += 1
+        return final, unknown
+
     @staticmethod
     def _check_results(results: Iterable[Any], raise_on_error: bool) -> dict[str, errors.BrookError | None]:
         out: dict[str, errors.BrookError | None] = {}
@@ -168,16 +227,24 @@ class Admin:
                       timeout_ms: int | None = None, raise_on_error: bool = True,
                       wait_for_leaders: bool = True) -> dict[str, errors.BrookError | None]:
         """Create topics; {name: None or the error}. Waits (by default) until every partition has a leader."""
-        topics = list(topics)
-        request = controller_pb2.CreateTopicsRequest(
-            validate_only=validate_only, timeout_ms=timeout_ms or self.request_timeout_ms,
-            topics=[controller_pb2.CreatableTopic(
-                name=t.name, num_partitions=t.num_partitions, replication_factor=t.replication_factor,
-                configs={k: str(v) for k, v in t.configs.items()},
-                assignments=[controller_pb2.ReplicaList(replicas=r) for r in t.replica_assignments or []])
-                for t in topics])
-        response = self._call("CreateTopics", request, timeout_ms)
-        result = self._check_results(response.results, raise_on_error)
+        by_name = {t.name: t for t in topics}
+
+        def build(names: list[str], remaining_ms: int) -> controller_pb2.CreateTopicsRequest:
+            return controller_pb2.CreateTopicsRequest(
+                validate_only=validate_only, timeout_ms=remaining_ms,
+                topics=[controller_pb2.CreatableTopic(
+                    name=t.name, num_partitions=t.num_partitions, replication_factor=t.replication_factor,
+                    configs={k: str(v) for k, v in t.configs.items()},
+                    assignments=[controller_pb2.ReplicaList(replicas=r) for r in t.replica_assignments or []])
+                    for t in (by_name[n] for n in names)])
+
+        results, unknown = self._call_topics("CreateTopics", list(by_name), build, timeout_ms)
+        for name, r in results.items():
+            if r.error_code == errors.ErrorCode.TOPIC_ALREADY_EXISTS and name in unknown \
+                    and r.topic_id == unknown[name]:
+                log.info("CreateTopics %r: created by our own earlier attempt (topic id %s)", name, r.topic_id)
+                r.error_code, r.error_message = errors.ErrorCode.NONE, ""
+        result = self._check_results(results.values(), raise_on_error)
         if wait_for_leaders and not validate_only:
             created = [name for name, err in result.items() if err is None]
             self.wait_for_topics(created, timeout_ms=timeout_ms)
@@ -207,21 +274,33 @@ class Admin:
 
     def delete_topics(self, names: Iterable[str], *, timeout_ms: int | None = None,
                       raise_on_error: bool = True) -> dict[str, errors.BrookError | None]:
-        request = controller_pb2.DeleteTopicsRequest(names=list(names), timeout_ms=timeout_ms or self.request_timeout_ms)
-        response = self._call("DeleteTopics", request, timeout_ms)
+        results, unknown = self._call_topics(
+            "DeleteTopics", list(names),
+            lambda pending, remaining_ms: controller_pb2.DeleteTopicsRequest(names=pending, timeout_ms=remaining_ms),
+            timeout_ms)
+        for name, r in results.items():
+            if r.error_code == errors.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and name in unknown:
+                r.error_code, r.error_message = errors.ErrorCode.NONE, ""  # our earlier attempt deleted it
         self.cluster.request_update()
-        return self._check_results(response.results, raise_on_error)
+        return self._check_results(results.values(), raise_on_error)
 
     def create_partitions(self, new_totals: Mapping[str, int], *, validate_only: bool = False,
                           timeout_ms: int | None = None, raise_on_error: bool = True,
                           wait_for_leaders: bool = True) -> dict[str, errors.BrookError | None]:
         """Grow topics to ``{name: new total partition count}`` (waits until brokers serve them)."""
-        request = controller_pb2.CreatePartitionsRequest(
-            validate_only=validate_only, timeout_ms=timeout_ms or self.request_timeout_ms,
-            topics=[controller_pb2.CreatePartitionsTopic(name=n, count=c) for n, c in new_totals.items()])
-        response = self._call("CreatePartitions", request, timeout_ms)
+        totals = dict(new_totals)
+        results, unknown = self._call_topics(
+            "CreatePartitions", list(totals),
+            lambda pending, remaining_ms: controller_pb2.CreatePartitionsRequest(
+                validate_only=validate_only, timeout_ms=remaining_ms,
+                topics=[controller_pb2.CreatePartitionsTopic(name=n, count=totals[n]) for n in pending]),
+            timeout_ms)
+        for name, r in results.items():
+            if r.error_code == errors.ErrorCode.INVALID_PARTITIONS and name in unknown \
+                    and f"has {totals[name]} partitions;" in r.error_message:
+                r.error_code, r.error_message = errors.ErrorCode.NONE, ""  # our earlier attempt grew it
         self.cluster.request_update()
-        result = self._check_results(response.results, raise_on_error)
+        result = self._check_results(results.values(), raise_on_error)
         if wait_for_leaders and not validate_only:
             grown = {n: c for n, c in new_totals.items() if result.get(n) is None}
             self.wait_for_topics(list(grown), timeout_ms=timeout_ms, min_partitions=grown)
@@ -258,11 +337,13 @@ class Admin:
     def alter_configs(self, topic: str, *, set: Mapping[str, str] | None = None,  # noqa: A002 - Kafka's word
                       delete: Iterable[str] = (), validate_only: bool = False) -> None:
         """Incrementally set and/or reset (to default) topic configs."""
-        request = controller_pb2.AlterConfigsRequest(validate_only=validate_only, resources=[
-            controller_pb2.AlterConfigsResource(topic=topic, set={k: str(v) for k, v in (set or {}).items()},
-                                                delete=list(delete))])
-        response = self._call("AlterConfigs", request)
-        self._check_results(response.results, True)
+        to_set = {k: str(v) for k, v in (set or {}).items()}
+        to_delete = list(delete)
+        # Setting and deleting keys is idempotent: a retry after an unknown outcome is harmless.
+        results, _ = self._call_topics("AlterConfigs", [topic], lambda _p, _ms: controller_pb2.AlterConfigsRequest(
+            validate_only=validate_only, resources=[
+                controller_pb2.AlterConfigsResource(topic=topic, set=to_set, delete=to_delete)]), None)
+        self._check_results(results.values(), True)
 
     # ---- cluster / quorum ----
     def describe_cluster(self) -> ClusterDescription:
@@ -276,10 +357,12 @@ class Admin:
                                   len(r.topics), len(r.partitions), [b.node_id for b in r.brokers if b.fenced])
 
     def describe_quorum(self) -> QuorumDescription:
-        r = self._call("DescribeQuorum", controller_pb2.DescribeQuorumRequest())
+        """The quorum from the active controller, or (none active) from any voter that answers."""
+        r = self.controller.describe_quorum(timeout_s=self.request_timeout_ms / 1000)
         voters = [QuorumVoter(v.node_id, v.raft_address, v.log_end_index, v.lag, v.last_contact_ms_ago, v.is_leader)
                   for v in r.voters]
-        return QuorumDescription(r.leader_id, r.term, r.commit_index, r.metadata_version, voters)
+        return QuorumDescription(r.leader_id, r.term, r.commit_index, r.metadata_version, voters, r.responder_id,
+                                 r.responder_is_active)
 
     # ---- offsets ----
     def list_offsets(self, specs: Mapping[TopicPartition, str | int]) -> dict[TopicPartition, tuple[int, int]]:

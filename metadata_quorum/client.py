@@ -81,6 +81,10 @@ class ControllerClient:
         """The endpoint last seen answering as the active controller (None if unknown)."""
         return self._leader
 
+    def forget_active_controller(self) -> None:
+        """Find the active controller again on the next call (a per-item NOT_CONTROLLER said it moved)."""
+        self._leader = None
+
     def call(self, method: str, request: Any, *, timeout_s: float | None = None) -> Any:
         """Send ``request`` to the active controller's ``method``; return the response.
 
@@ -132,6 +136,52 @@ class ControllerClient:
                 attempt += 1
                 continue
             raise errors.error_for(code, response.error_message)
+
+    def describe_quorum(self, *, timeout_s: float | None = None) -> pb.DescribeQuorumResponse:
+        """The quorum as the active controller sees it, else as any reachable voter sees it.
+
+        Every voter answers (``any_voter``), so this works exactly when no controller is
+        active; ``responder_id`` / ``responder_is_active`` say whose view it is. Raises
+        RequestTimedOutError only if no voter answers at all within the timeout.
+        """
+        budget_s = self._timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget_s
+        request = pb.DescribeQuorumRequest(any_voter=True)
+        attempt = 0
+        last_error = "no controller answered"
+        while True:
+            self._check_open()
+            candidates = list(self._endpoints)
+            random.shuffle(candidates)
+            if self._leader in candidates:  # the known active controller first
+                candidates.remove(self._leader)
+                candidates.insert(0, self._leader)
+            fallback: pb.DescribeQuorumResponse | None = None
+            for endpoint in candidates:
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    break
+                try:
+                    response = self._stub(endpoint).DescribeQuorum(
+                        request, timeout=min(remaining_s, _PROBE_TIMEOUT_S))
+                except grpc.RpcError as exc:
+                    last_error = f"{endpoint[0]}:{endpoint[1]}: {exc.code()}"
+                    continue
+                if response.error_code != ErrorCode.NONE:
+                    last_error = f"{errors.code_name(response.error_code)}: {response.error_message}"
+                    continue
+                if response.responder_is_active:
+                    self._leader = endpoint
+                    return response
+                if fallback is None or (fallback.leader_id < 0 <= response.leader_id):
+                    fallback = response
+            if fallback is not None:
+                return fallback
+            if time.monotonic() >= deadline:
+                raise errors.RequestTimedOutError(
+                    f"DescribeQuorum: no controller answered within {budget_s:.1f}s (last error: {last_error})")
+            self._sleep_before_retry(attempt, deadline)
+            attempt += 1
 
     def call_endpoint(self, endpoint: tuple[str, int], method: str, request: Any, *, timeout_s: float) -> Any:
         """One attempt at one given controller, no redirects or retries (diagnostics, tests).

@@ -173,10 +173,43 @@ def from_dict(data: Any) -> Command:
         if not isinstance(items, list):
             raise errors.InvalidRequestError("ChangePartition.items must be a list")
         kwargs["items"] = [_item_from_dict(i) for i in items]
+    _check_types(cls, kwargs)
     try:
         return cls(**kwargs)
     except TypeError as exc:
         raise errors.InvalidRequestError(f"{cls.__name__}: {exc}") from None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# Field annotation (as written in this module) -> check of a wire value. A malformed command
+# is refused here, as INVALID_REQUEST, so the state machine never meets one: any exception
+# inside it is a programming error (see MetadataState.apply).
+_TYPE_CHECKS: dict[str, Any] = {
+    "int": _is_int,
+    "str": lambda v: isinstance(v, str),
+    "bool": lambda v: isinstance(v, bool),
+    "int | None": lambda v: v is None or _is_int(v),
+    "list[int] | None": lambda v: v is None or (isinstance(v, list) and all(_is_int(x) for x in v)),
+    "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "dict[str, str]": lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
+                                                            for k, x in v.items()),
+    "list[list[int]]": lambda v: isinstance(v, list) and all(
+        isinstance(r, list) and all(_is_int(x) for x in r) for r in v),
+    "list[PartitionChangeItem]": lambda v: isinstance(v, list) and all(isinstance(x, PartitionChangeItem) for x in v),
+}
+
+
+def _check_types(cls: type, kwargs: dict[str, Any]) -> None:
+    for f in fields(cls):
+        if f.name not in kwargs:
+            continue
+        check = _TYPE_CHECKS.get(str(f.type))
+        if check is not None and not check(kwargs[f.name]):
+            raise errors.InvalidRequestError(
+                f"{cls.__name__}.{f.name} must be {f.type}, got {type(kwargs[f.name]).__name__}")
 
 
 def _item_from_dict(data: Any) -> PartitionChangeItem:
@@ -185,6 +218,7 @@ def _item_from_dict(data: Any) -> PartitionChangeItem:
     if not isinstance(data, dict):
         raise errors.InvalidRequestError("partition change item must be a dict")
     try:
+        _check_types(PartitionChangeItem, data)
         return PartitionChangeItem(**data)
     except TypeError as exc:
         raise errors.InvalidRequestError(f"PartitionChangeItem: {exc}") from None

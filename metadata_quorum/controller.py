@@ -29,6 +29,7 @@ from metadata_quorum.election import can_move_to_preferred
 from metadata_quorum.placement import BrokerLoad, place_replicas
 from metadata_quorum.raft import MetadataRaft, PendingProposal
 from metadata_quorum.state import (
+    MAX_PARTITIONS_PER_TOPIC,
     BrokerState,
     ItemResult,
     MetadataState,
@@ -66,7 +67,17 @@ BROKER_DEFAULT_KEYS: Mapping[str, str] = {
     "unclean.leader.election.enable": "unclean.leader.election.enable",
 }
 
+# Limits checked before anything is proposed to Raft (a refused request costs no journal
+# entry, no replication, no apply on the followers).
 MAX_TOPICS_PER_REQUEST = 1000
+MAX_PARTITIONS_PER_REQUEST = 100_000  # new partitions summed over a CreateTopics/CreatePartitions request
+MAX_CLUSTER_PARTITIONS = 200_000  # default of max.cluster.partitions
+MAX_PARTITION_CHANGES_PER_REQUEST = 10_000  # AlterPartition items
+# An activation that did not commit (leadership changed under it) is proposed again, a
+# few times per term at most; an activation the state refused is never proposed again.
+MAX_ACTIVATION_ATTEMPTS = 3
+STEP_DOWN_RETRY_S = 1.0
+_ACTIVATION_TERMS_KEPT = 16
 MAX_REBALANCE_MOVES_PER_ROUND = 1000
 PRODUCER_ID_BLOCK_SIZE = 1000
 
@@ -139,6 +150,10 @@ class QuorumController:
         self._active_term = -1  # the term whose activation this node has completed
         self._activating: PendingProposal | None = None
         self._activating_term = -1
+        # term -> ActivateController proposals made in it (bounded: a few per term, few terms kept)
+        self.activation_attempts: dict[int, int] = {}
+        self._gave_up_terms: set[int] = set()  # terms whose activation was refused: never proposed again
+        self._last_step_down: float | None = None
         self._fencing: dict[int, PendingProposal] = {}
         self._next_rebalance_at = 0.0
         self._rebalancing: PendingProposal | None = None
@@ -166,13 +181,16 @@ class QuorumController:
 
     def tick(self) -> None:
         """Called periodically by the node: activation, lease expiry, rebalancing."""
-        if not self.raft.is_leader():
+        # One consistent (leader, term) read from pysyncobj's tick thread: the term is
+        # one this node really led, so an activation stamped with it can never claim a
+        # term that another voter won (the cluster-wide outage of a torn read).
+        is_leader, term = self.raft.leadership()
+        if not is_leader or not self.raft.is_leader():
             if self._active_term != -1:
                 log.info("controller %d is no longer active", self.config.node_id)
             self._active_term = -1
             self._activating = None
             return
-        term = self.raft.term
         if self._active_term != term:
             self._try_activate(term)
             return
@@ -180,19 +198,30 @@ class QuorumController:
         self._maybe_rebalance()
 
     def _try_activate(self, term: int) -> None:
+        """Propose ActivateController for ``term`` (at most MAX_ACTIVATION_ATTEMPTS times), then
+        become active once it is applied. Refused (another activation for this term or a later
+        one is in the log): this node cannot lead this term, so it hands leadership over
+        instead of proposing again."""
+        if term in self._gave_up_terms:
+            self._retry_step_down()
+            return
         if self._activating is not None and self._activating_term == term:
             pending = self._activating
             try:
-                pending.wait(0)
+                outcome = pending.wait(0)
             except errors.RequestTimedOutError:
                 return  # not committed yet
-            except errors.BrookError as exc:
+            except errors.BrookError as exc:  # not committed (leadership changed, queue full)
                 log.info("activation for term %d failed: %s", term, exc)
                 self._activating = None
                 return
             self._activating = None
             applied = self.raft.read(lambda s: (s.active_controller_id, s.controller_epoch))
-            if applied != (self.config.node_id, term):
+            if not outcome.ok or applied != (self.config.node_id, term):
+                log.error("controller %d: activation for term %d refused (%s; metadata says controller %d, "
+                          "epoch %d); stepping down so a new election can activate a controller",
+                          self.config.node_id, term, outcome.error_message or "superseded", applied[0], applied[1])
+                self._give_up_term(term)
                 return
             now = self._clock()
             with self._lock:
@@ -204,9 +233,36 @@ class QuorumController:
             log.info("controller %d is active (term %d, metadata version %d)", self.config.node_id, term,
                      self.raft.version)
             return
+        attempts = self.activation_attempts.get(term, 0)
+        if attempts >= MAX_ACTIVATION_ATTEMPTS:
+            log.error("controller %d: %d activation attempts for term %d did not commit; stepping down",
+                      self.config.node_id, attempts, term)
+            self._give_up_term(term)
+            return
+        if len(self.activation_attempts) >= _ACTIVATION_TERMS_KEPT:
+            self.activation_attempts.pop(next(iter(self.activation_attempts)))
+        self.activation_attempts[term] = attempts + 1
         self._activating_term = term
         self._activating = self.raft.submit(c.ActivateController(
             self.config.node_id, term, self.config.unclean_leader_election_default))
+
+    def _give_up_term(self, term: int) -> None:
+        if len(self._gave_up_terms) >= _ACTIVATION_TERMS_KEPT:
+            self._gave_up_terms.discard(min(self._gave_up_terms))
+        self._gave_up_terms.add(term)
+        self._last_step_down = None
+        self._retry_step_down()
+
+    def _retry_step_down(self) -> None:
+        """Ask Raft to hand leadership over, at most once per STEP_DOWN_RETRY_S (the transfer is
+        refused while no follower has caught up, so it may take a few)."""
+        now = self._clock()
+        if self._last_step_down is not None and now - self._last_step_down < STEP_DOWN_RETRY_S:
+            return
+        self._last_step_down = now
+        log.warning("controller %d steps down from Raft leadership (term %d)", self.config.node_id,
+                    self._activating_term)
+        self.raft.request_step_down()
 
     # ---- broker lifecycle ----
 
@@ -320,6 +376,9 @@ class QuorumController:
 
     # ---- partitions ----
     def alter_partition(self, req: pb.AlterPartitionRequest, timeout_s: float) -> pb.AlterPartitionResponse:
+        if len(req.items) > MAX_PARTITION_CHANGES_PER_REQUEST:
+            raise errors.PolicyViolationError(
+                f"{len(req.items)} partition changes in one request, the limit is {MAX_PARTITION_CHANGES_PER_REQUEST}")
         items = [c.PartitionChangeItem(i.topic, i.partition, i.partition_epoch, i.leader_epoch, list(i.new_isr))
                  for i in req.items]
         result = self._propose(c.ChangePartition(items, req.broker_id, req.broker_epoch), timeout_s)
@@ -354,12 +413,12 @@ class QuorumController:
         return [BrokerLoad(b, s.brokers[b].rack, replicas[b], leaders[b]) for b in sorted(replicas)]
 
     def create_topics(self, req: pb.CreateTopicsRequest, timeout_s: float) -> pb.CreateTopicsResponse:
-        if len(req.topics) > MAX_TOPICS_PER_REQUEST:
-            raise errors.InvalidRequestError(f"at most {MAX_TOPICS_PER_REQUEST} topics per request")
+        _check_request_size(len(req.topics))
         response = pb.CreateTopicsResponse()
         names = [t.name for t in req.topics]
         pending: list[tuple[pb.TopicResult, PendingProposal]] = []
         loads: list[BrokerLoad] | None = None
+        budget = _PartitionBudget(self.raft.read(lambda s: s.partition_count()), self.max_cluster_partitions)
         for topic in req.topics:
             result = response.results.add(name=topic.name)
             try:
@@ -367,7 +426,9 @@ class QuorumController:
                     raise errors.InvalidRequestError(f"topic '{topic.name}' appears more than once in the request")
                 if loads is None:
                     loads = self.raft.read(self._loads)
-                cmd, loads = self._plan_topic(topic, loads)
+                cmd, new_loads = self._plan_topic(topic, loads)
+                budget.take(len(cmd.assignments), f"topic '{topic.name}'")
+                loads = new_loads
                 result.num_partitions = len(cmd.assignments)
                 result.replication_factor = len(cmd.assignments[0])
                 result.topic_id = cmd.topic_id
@@ -375,9 +436,16 @@ class QuorumController:
                     pending.append((result, self._submit(cmd)))
             except errors.BrookError as exc:
                 result.error_code, result.error_message = exc.code, exc.message
-                result.topic_id = ""
+                result.topic_id = self._existing_id(topic.name, exc.code)
         self._collect(pending, timeout_s)
         return response
+
+    def _existing_id(self, name: str, code: int) -> str:
+        """The id of the topic a TOPIC_ALREADY_EXISTS is about, so an admin client retrying after an
+        unknown outcome can tell its own earlier attempt (same id) from someone else's topic."""
+        if code != ErrorCode.TOPIC_ALREADY_EXISTS:
+            return ""
+        return self.raft.read(lambda s: s.topics[name].topic_id if name in s.topics else "")
 
     def _collect(self, pending: list[tuple[Any, PendingProposal]], timeout_s: float) -> None:
         """Wait for submitted proposals (one shared deadline); record each outcome in its result message."""
@@ -386,7 +454,7 @@ class QuorumController:
             try:
                 outcome = proposal.wait(deadline - self._clock())
                 if not outcome.ok and hasattr(result, "topic_id"):
-                    result.topic_id = ""
+                    result.topic_id = self._existing_id(result.name, outcome.error_code)
                 result.error_code, result.error_message = outcome.error_code, outcome.error_message
             except errors.BrookError as exc:
                 result.error_code, result.error_message = exc.code, exc.message
@@ -399,6 +467,9 @@ class QuorumController:
             raise errors.TopicAlreadyExistsError(f"topic '{topic.name}' already exists")
         configs = log_config.validate(dict(topic.configs))
         if topic.assignments:
+            if len(topic.assignments) > MAX_PARTITIONS_PER_TOPIC:
+                raise errors.InvalidPartitionsError(
+                    f"{len(topic.assignments)} partitions is more than the limit of {MAX_PARTITIONS_PER_TOPIC}")
             # With explicit assignments the counts may be left unset (0), -1, or agree with them.
             if topic.num_partitions not in (-1, 0, len(topic.assignments)) or \
                     topic.replication_factor not in (-1, 0, len(topic.assignments[0].replicas)):
@@ -414,13 +485,39 @@ class QuorumController:
                 int(self.config.default("default.replication.factor", "1"))
             if num_partitions < 1:
                 raise errors.InvalidPartitionsError(f"number of partitions must be at least 1, got {num_partitions}")
+            if num_partitions > MAX_PARTITIONS_PER_TOPIC:
+                raise errors.InvalidPartitionsError(
+                    f"{num_partitions} partitions is more than the limit of {MAX_PARTITIONS_PER_TOPIC} per topic")
             if rf < 1:
                 raise errors.InvalidReplicationFactorError(f"replication factor must be at least 1, got {rf}")
             if rf > len(loads):
                 raise errors.InvalidReplicationFactorError(
                     f"replication factor {rf} is larger than the {len(loads)} live (unfenced) brokers")
+            self._check_min_insync(topic.name, configs, rf)
             assignments = place_replicas(loads, num_partitions, rf, start_index=self._rng.randrange(1 << 16))
+            return c.CreateTopic(topic.name, self._new_topic_id(), configs, assignments), _add_load(loads, assignments)
+        self._check_min_insync(topic.name, configs, len(assignments[0]))
         return c.CreateTopic(topic.name, self._new_topic_id(), configs, assignments), _add_load(loads, assignments)
+
+    @property
+    def max_cluster_partitions(self) -> int:
+        return int(self.config.default("max.cluster.partitions", str(MAX_CLUSTER_PARTITIONS)))
+
+    def _check_min_insync(self, name: str, configs: Mapping[str, str], replication_factor: int) -> None:
+        """min.insync.replicas (the topic's, else the cluster default) must not exceed the replication
+        factor: otherwise every acks=all write would wait for replicas that do not exist and time out."""
+        raw = configs.get("min.insync.replicas")
+        source = "min.insync.replicas"
+        if raw is None:
+            raw = self.config.topic_default("min.insync.replicas")
+            source = "the cluster default min.insync.replicas"
+        if raw is None:
+            return
+        value = int(log_config.parse_value("min.insync.replicas", raw))  # type: ignore[call-overload]
+        if value > replication_factor:
+            raise errors.InvalidConfigError(
+                f"topic '{name}': {source}={value} is larger than the replication factor {replication_factor}; "
+                f"acks=all writes could never succeed")
 
     def _check_manual_assignment(self, assignments: list[list[int]]) -> None:
         rf = len(assignments[0])
@@ -438,6 +535,7 @@ class QuorumController:
                     f"partition {index} names unregistered brokers {unknown}")
 
     def delete_topics(self, req: pb.DeleteTopicsRequest, timeout_s: float) -> pb.DeleteTopicsResponse:
+        _check_request_size(len(req.names))
         response = pb.DeleteTopicsResponse()
         pending = []
         for name in req.names:
@@ -454,12 +552,15 @@ class QuorumController:
 
     def create_partitions(self, req: pb.CreatePartitionsRequest,
                           timeout_s: float) -> pb.CreatePartitionsResponse:
+        _check_request_size(len(req.topics))
         response = pb.CreatePartitionsResponse()
         pending = []
+        budget = _PartitionBudget(self.raft.read(lambda s: s.partition_count()), self.max_cluster_partitions)
         for item in req.topics:
             result = response.results.add(name=item.name)
             try:
                 cmd = self._plan_partitions(item)
+                budget.take(len(cmd.assignments), f"topic '{item.name}'")
                 result.topic_id = cmd.topic_id
                 result.num_partitions = item.count
                 result.replication_factor = len(cmd.assignments[0])
@@ -481,6 +582,9 @@ class QuorumController:
         if item.count <= current:
             raise errors.InvalidPartitionsError(
                 f"topic '{item.name}' has {current} partitions; the count can only be increased (asked {item.count})")
+        if item.count > MAX_PARTITIONS_PER_TOPIC:
+            raise errors.InvalidPartitionsError(
+                f"{item.count} partitions is more than the limit of {MAX_PARTITIONS_PER_TOPIC} per topic")
         new = item.count - current
         if item.assignments:
             assignments = [list(a.replicas) for a in item.assignments]
@@ -500,19 +604,25 @@ class QuorumController:
 
     # ---- configs ----
     def alter_configs(self, req: pb.AlterConfigsRequest, timeout_s: float) -> pb.AlterConfigsResponse:
+        _check_request_size(len(req.resources))
         response = pb.AlterConfigsResponse()
         pending = []
         for resource in req.resources:
             result = response.results.add(name=resource.topic)
             try:
-                topic_id = self.raft.read(
-                    lambda s, n=resource.topic: s.topics[n].topic_id if n in s.topics else None)
-                if topic_id is None:
+                found = self.raft.read(lambda s, n=resource.topic: (
+                    s.topics[n].topic_id, dict(s.topics[n].configs), len(s.topics[n].partitions[0].replicas))
+                    if n in s.topics else None)
+                if found is None:
                     raise errors.UnknownTopicOrPartitionError(f"topic '{resource.topic}' does not exist")
+                topic_id, current, rf = found
                 to_set = log_config.validate(dict(resource.set))
                 unknown = [k for k in resource.delete if k not in log_config.TOPIC_CONFIGS]
                 if unknown:
                     raise errors.InvalidConfigError(f"cannot delete unknown topic configs {unknown}")
+                after = {k: v for k, v in current.items() if k not in resource.delete}
+                after.update(to_set)
+                self._check_min_insync(resource.topic, after, rf)
                 result.topic_id = topic_id
                 if not req.validate_only:
                     cmd = c.AlterConfigs(resource.topic, topic_id, to_set, list(resource.delete))
@@ -554,6 +664,7 @@ class QuorumController:
         def build(s: MetadataState) -> pb.DescribeClusterResponse:
             return pb.DescribeClusterResponse(
                 cluster_id=self.config.cluster_id, active_controller_id=s.active_controller_id,
+                default_min_insync_replicas=int(self.config.topic_default("min.insync.replicas") or "1"),
                 metadata_version=s.version, brokers=[broker_record(b) for b in s.brokers.values()],
                 topics=[topic_record(t) for t in s.topics.values()],
                 partitions=[partition_record(t, i, p) for t in s.topics.values() for i, p in enumerate(t.partitions)])
@@ -564,6 +675,32 @@ class QuorumController:
         now = self._clock()
         with self._lock:
             return {b: now - t for b, t in self._leases.items()}
+
+
+def _check_request_size(count: int) -> None:
+    if count > MAX_TOPICS_PER_REQUEST:
+        raise errors.PolicyViolationError(
+            f"{count} topics in one request, the limit is {MAX_TOPICS_PER_REQUEST}: split the request")
+
+
+class _PartitionBudget:
+    """New partitions one request may still add: per request and cluster-wide."""
+
+    def __init__(self, existing: int, cluster_limit: int) -> None:
+        self._existing = existing
+        self._cluster_limit = cluster_limit
+        self._taken = 0
+
+    def take(self, count: int, what: str) -> None:
+        if self._taken + count > MAX_PARTITIONS_PER_REQUEST:
+            raise errors.PolicyViolationError(
+                f"{what}: the request would add {self._taken + count} partitions, the limit per request is "
+                f"{MAX_PARTITIONS_PER_REQUEST}")
+        if self._existing + self._taken + count > self._cluster_limit:
+            raise errors.PolicyViolationError(
+                f"{what}: the cluster would have {self._existing + self._taken + count} partitions, the limit is "
+                f"{self._cluster_limit} (max.cluster.partitions)")
+        self._taken += count
 
 
 def _add_load(loads: list[BrokerLoad], assignments: list[list[int]]) -> list[BrokerLoad]:

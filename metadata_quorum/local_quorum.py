@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -37,10 +38,11 @@ def _free_port() -> int:
 
 class LocalQuorum:
     def __init__(self, base_dir: Path, *, voters: int = 3, cluster_id: str = "local-quorum",
-                 password: str = "local-quorum-password", extra_args: list[str] | None = None) -> None:
+                 password: str | None = None, extra_args: list[str] | None = None) -> None:
         self.base_dir = Path(base_dir)
         self.cluster_id = cluster_id
-        self.password = password
+        # A fresh strong password per quorum: voters refuse weak ones (the Raft port runs pickles).
+        self.password = password or secrets.token_urlsafe(32)
         self.extra_args = list(extra_args or [])
         self.voters = {i: VoterAddress("127.0.0.1", _free_port(), _free_port()) for i in range(1, voters + 1)}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}

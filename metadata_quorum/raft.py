@@ -9,8 +9,15 @@ pysyncobj hazards handled here:
 - ``useFork=False``: compaction would fork the process, which gRPC does not survive.
 - journal (``journalFile``) and full dump (``fullDumpFile``) live under the
   controller's data directory, so a full restart of every voter loses nothing.
-- ``password`` turns on pysyncobj's encryption. Its traffic is pickled: quorum ports
-  belong on a private network whatever the password.
+- pysyncobj unpickles every frame it receives, so whoever can talk to the quorum port
+  unauthenticated can run code on the voter. ``password`` turns on pysyncobj's Fernet
+  encryption, whose HMAC is checked *before* anything is unpickled; ``quorum_security``
+  refuses to start a voter without a strong password unless every voter is on loopback,
+  and the port binds only the configured host (never 0.0.0.0).
+- leadership and term are read together on pysyncobj's tick thread (``leadership()``):
+  read from another thread they can be torn (pysyncobj sets the new term before it
+  leaves the leader state), which once made a deposed leader propose an activation
+  for a term it never led.
 - Commands travel as dicts of builtins (``commands.to_dict``), never as pickled classes.
 
 Reads of the state happen under ``lock``; pysyncobj applies commands on its tick
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
 import pickle
 import threading
 import time
@@ -32,7 +40,13 @@ from typing import Any, TypeVar
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
 from metadata_quorum import commands as c
-from metadata_quorum.state import DEFAULT_CHANGELOG_MAX_KEYS, ApplyResult, MetadataState
+from metadata_quorum.quorum_security import bind_address, check_quorum_protection
+from metadata_quorum.state import (
+    DEFAULT_CHANGELOG_MAX_KEYS,
+    ApplyResult,
+    MetadataInvariantError,
+    MetadataState,
+)
 from proto import errors
 
 log = logging.getLogger(__name__)
@@ -88,17 +102,30 @@ class _MetadataConsumer(SyncObjConsumer):
     """The replicated object: the state plus the one method the Raft log calls."""
 
     def __init__(self, state: MetadataState, lock: threading.RLock,
-                 on_applied: Callable[[int], None]) -> None:
+                 on_applied: Callable[[int], None], on_fatal: Callable[[BaseException], None]) -> None:
         super().__init__()
         self.state = state
         self.lock = lock
         self.on_applied = on_applied
+        self.on_fatal = on_fatal
+        self.failed: BaseException | None = None
 
     @replicated
     def apply_command(self, payload: dict[str, Any], controller_epoch: int | None = None) -> ApplyResult:
-        with self.lock:
-            result = self.state.apply(payload, controller_epoch=controller_epoch)
-            version = self.state.version
+        if self.failed is not None:
+            # Fail-stop: after a broken invariant this voter applies nothing more (it is being halted).
+            return ApplyResult(errors.ErrorCode.UNKNOWN_SERVER_ERROR, "this controller stopped on an internal error")
+        try:
+            with self.lock:
+                result = self.state.apply(payload, controller_epoch=controller_epoch)
+                version = self.state.version
+        except MetadataInvariantError as exc:
+            # Raising into pysyncobj would make it retry this entry forever on its tick thread
+            # (a silent stall, possibly over a half-applied state). Like Kafka's controller, stop.
+            self.failed = exc
+            log.critical("metadata state machine failed on %r: %s", payload, exc, exc_info=exc)
+            self.on_fatal(exc)
+            return ApplyResult(errors.ErrorCode.UNKNOWN_SERVER_ERROR, f"internal error: {exc}")
         self.on_applied(version)
         return result
 
@@ -118,6 +145,13 @@ class _MetadataConsumer(SyncObjConsumer):
             version = self.state.version
         log.info("metadata restored from the quorum snapshot at version %d", version)
         self.on_applied(version)
+
+
+def _halt_process(exc: BaseException) -> None:
+    """Kafka's answer to a metadata invariant violation: the controller process exits."""
+    log.critical("halting: the metadata state machine is broken (%s)", exc)
+    logging.shutdown()
+    os._exit(70)  # EX_SOFTWARE; os._exit because pysyncobj's tick thread is calling us
 
 
 def load_snapshot_file(path: Path) -> MetadataState:
@@ -175,7 +209,11 @@ class MetadataRaft:
         on_applied: Callable[[int], None] | None = None,
         on_state_changed: Callable[[], None] | None = None,
         changelog_max_keys: int = DEFAULT_CHANGELOG_MAX_KEYS,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
+        """``on_fatal``: called (on pysyncobj's tick thread) when applying a committed command breaks
+        the state machine (``MetadataInvariantError``). The voter has already stopped applying and
+        leaves the quorum; the default halts the process, as Kafka does."""
         self.self_address = self_address
         self.partner_addresses = list(partner_addresses)
         self.lock = threading.RLock()
@@ -186,8 +224,11 @@ class MetadataRaft:
         self._published_version = 0
         timing = timing or RaftTiming()
         data_dir.mkdir(parents=True, exist_ok=True)
+        check_quorum_protection(self_address, self.partner_addresses, password)
         conf = SyncObjConf(
             password=password or None,
+            # Bind exactly the configured host: pysyncobj's default is 0.0.0.0.
+            bindAddress=bind_address(self_address),
             useFork=False,
             journalFile=str(data_dir / JOURNAL_FILE),
             fullDumpFile=str(data_dir / DUMP_FILE),
@@ -204,15 +245,29 @@ class MetadataRaft:
             maxBindRetries=20,
             onStateChanged=self._on_raft_state_changed,
         )
-        self._consumer = _MetadataConsumer(self.state, self.lock, self._publish_version)
+        self._on_fatal_cb = on_fatal or _halt_process
+        self._consumer = _MetadataConsumer(self.state, self.lock, self._publish_version, self._fatal)
         self._status_lock = threading.Lock()
         self._status: dict[str, Any] = {}
         self._caught_up_at: dict[str, float] = {}
         self._last_sample = 0.0
+        # (is leader, term) as one consistent read on the tick thread; see ``leadership``.
+        self._leadership: tuple[bool, int] = (False, 0)
+        self._step_down_requested = False
         self._syncobj = SyncObj(self_address, self.partner_addresses, conf, consumers=[self._consumer])
-        self._syncobj.addOnTickCallback(self._sample_status)
+        self._syncobj.addOnTickCallback(self._on_tick)
 
     # ---- lifecycle ----
+    @property
+    def failed(self) -> BaseException | None:
+        """The internal error that stopped this voter's state machine, if any."""
+        return self._consumer.failed
+
+    def _fatal(self, exc: BaseException) -> None:
+        # Leave the quorum at once: no votes, no leadership, no replication of a state we distrust.
+        self._syncobj.destroy()
+        self._on_fatal_cb(exc)
+
     def wait_bound(self) -> None:
         """Raise SyncObjException('BindError') if the quorum port cannot be bound."""
         self._syncobj.waitBinded()
@@ -274,6 +329,24 @@ class MetadataRaft:
             self._on_applied_cb(version)
 
     # ---- Raft status ----
+    def leadership(self) -> tuple[bool, int]:
+        """(is leader, current term), read together on pysyncobj's tick thread.
+
+        Use this, not ``is_leader()`` and ``term`` one after the other, for anything
+        that is stamped with the term (ActivateController): a separate read can see the
+        new term of an election this node just lost while it still shows as leader.
+        ``(True, T)`` means this node *was* the leader of term T (there is one per term).
+        """
+        return self._leadership
+
+    def request_step_down(self) -> None:
+        """Give up leadership (Raft TimeoutNow to the most caught-up follower), on the next tick.
+
+        Used when this leader cannot become the active controller of its term; a new
+        election (higher term) lets another voter, or this one again, activate cleanly.
+        """
+        self._step_down_requested = True
+
     def is_leader(self) -> bool:
         return bool(self._syncobj._isLeader())
 
@@ -317,8 +390,24 @@ class MetadataRaft:
                 None if at is None or not is_leader else now - at))
         return QuorumStatus(is_leader, self.leader_address(), self.term, commit_index, last_applied, voters)
 
+    def _on_tick(self) -> None:
+        """Runs on pysyncobj's tick thread, where reading its state is race-free."""
+        syncobj = self._syncobj
+        self._leadership = (bool(syncobj._isLeader()), int(syncobj.raftCurrentTerm))
+        if self._step_down_requested:
+            self._step_down_requested = False
+            if self._leadership[0]:
+                syncobj.transferLeadership(None, callback=self._on_step_down_result)
+        self._sample_status()
+
+    def _on_step_down_result(self, _result: Any, error: int) -> None:
+        if error != FAIL_REASON.SUCCESS:
+            # No follower fully caught up yet: the controller asks again on a later tick.
+            log.warning("%s could not hand over leadership: %s", self.self_address, _FAIL_NAMES.get(error, error))
+        else:
+            log.warning("%s asked a follower to take over leadership", self.self_address)
+
     def _sample_status(self) -> None:
-        """Runs on pysyncobj's tick thread, where reading its status is race-free."""
         now = time.monotonic()
         if now - self._last_sample < _STATUS_SAMPLE_INTERVAL_S:
             return

@@ -1,6 +1,7 @@
 """ControllerService: the gRPC face of a controller node.
 
-Only the active controller answers. Any other controller replies NOT_CONTROLLER with
+Only the active controller answers (DescribeQuorum with ``any_voter`` excepted: every
+voter answers it with its own view). Any other controller replies NOT_CONTROLLER with
 a redirect to the Raft leader's gRPC endpoint (when one is known), never with its own
 possibly stale metadata. Reads that must be current (DescribeCluster,
 DescribeConfigs) first commit a no-op through the quorum, so a deposed leader that
@@ -149,26 +150,43 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
 
     # ---- quorum ----
     def DescribeQuorum(self, request: pb.DescribeQuorumRequest, context: Any) -> pb.DescribeQuorumResponse:
-        # Answered from the leader's view without a quorum round-trip: it is the
-        # diagnostic an operator needs exactly when the quorum is unhealthy.
+        # Answered from this voter's view without a quorum round-trip: it is the diagnostic
+        # an operator needs exactly when the quorum is unhealthy. With any_voter unset only
+        # the active controller answers (clients use the call to find it).
+        if request.any_voter and not self._stopping.is_set():
+            try:
+                return self.describe_quorum()
+            except Exception as exc:  # a bug must not kill the server thread
+                log.exception("DescribeQuorum failed")
+                return pb.DescribeQuorumResponse(error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
+                                                 error_message=f"internal error: {type(exc).__name__}: {exc}")
         return self._serve(pb.DescribeQuorumResponse, context, self.describe_quorum)
 
     def describe_quorum(self) -> pb.DescribeQuorumResponse:
         status = self._raft.status()
         voters_by_address = self._voter_ids
+        is_active = self._controller.is_active()
+        # Followers know their own log, not the others': their voters' positions are unknown (-1).
         leader_end = max([status.commit_index] + [v.match_index for v in status.voters])
+        active_id, epoch = self._raft.read(lambda s: (s.active_controller_id, s.controller_epoch))
         response = pb.DescribeQuorumResponse(
             leader_id=voters_by_address.get(status.leader_address or "", -1), term=status.term,
             commit_index=status.commit_index, metadata_version=self._raft.version,
-            last_applied=status.last_applied)
+            last_applied=status.last_applied, responder_id=voters_by_address.get(self._raft.self_address, -1),
+            responder_is_active=is_active, active_controller_id=active_id, controller_epoch=epoch)
+        response.redirect.CopyFrom(self._redirect())
         for voter in status.voters:
-            end = leader_end if voter.is_self else voter.match_index
+            if status.is_leader:
+                end = leader_end if voter.is_self else voter.match_index
+            else:
+                end = status.last_applied if voter.is_self else -1
             response.voters.add(
                 node_id=voters_by_address.get(voter.address, -1), raft_address=voter.address,
-                log_end_index=end, lag=max(0, leader_end - end) if end >= 0 else -1,
+                log_end_index=end, lag=max(0, leader_end - end) if end >= 0 and status.is_leader else -1,
                 last_contact_ms_ago=-1 if voter.last_caught_up_ago_s is None
                 else int(voter.last_caught_up_ago_s * 1000),
-                is_leader=voter.is_self and status.is_leader, connected=voter.connected)
+                is_leader=voters_by_address.get(voter.address, -2) == response.leader_id,
+                connected=voter.connected)
         return response
 
     # ---- metadata stream ----

@@ -5,6 +5,11 @@ nothing but the state and the command (no clock, socket, file or random source),
 every controller that applies the same Raft log ends in the same state, and a journal
 replay after a restart rebuilds it exactly.
 
+Because a restart replays the journal, what this state accepts must not become stricter
+between versions (a topic accepted before an upgrade would vanish on replay): new limits,
+such as min.insync.replicas <= replication factor, are checked by the active controller
+before it proposes a command.
+
 Every successful command bumps ``version`` by one. A refused command (bad input, a
 stale compare-and-set) changes nothing, not even the version, and returns its error.
 
@@ -114,6 +119,16 @@ class MetadataDelta:
     unregistered_broker_ids: list[int]
 
 
+class MetadataInvariantError(Exception):
+    """A programming error: applying a command raised, or left the state breaking an invariant.
+
+    Deliberately not a ``BrookError``: it must never reach a client as a refusal (such
+    as INVALID_REQUEST). Like Kafka's controller on a metadata invariant violation, the
+    voter stops (``MetadataRaft`` halts it) rather than serve, or replicate, a state it
+    cannot trust.
+    """
+
+
 def validate_topic_name(name: str) -> None:
     """Kafka's rules: [a-zA-Z0-9._-]{1,249}, not '.' or '..'."""
     if not name:
@@ -126,6 +141,11 @@ def validate_topic_name(name: str) -> None:
     if not _TOPIC_NAME_RE.match(name):
         raise errors.InvalidTopicException(
             f"topic name '{name}' is illegal: only ASCII letters, digits, '.', '_' and '-' are allowed")
+
+
+def _invariant(ok: bool, what: str) -> None:
+    if not ok:
+        raise MetadataInvariantError(f"metadata invariant violated: {what}")
 
 
 def _copy_partition(p: PartitionState) -> PartitionState:
@@ -174,6 +194,7 @@ class MetadataState:
         the new leader after the proposer lost leadership. None skips the check (tests,
         tools replaying commands directly).
         """
+        name = type(cmd).__name__ if not isinstance(cmd, dict) else str(cmd.get("type"))
         try:
             command = c.from_dict(cmd) if isinstance(cmd, dict) else cmd
             handler = self._handlers.get(type(command))
@@ -187,18 +208,57 @@ class MetadataState:
             self._touched = []
             result = handler(command)
         except errors.BrookError as exc:
+            # Refused input: handlers validate before they mutate, so nothing changed.
             self._touched = []
             return ApplyResult(exc.code, exc.message)
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-            # Malformed fields (validated before any mutation, so nothing changed).
+        except MetadataInvariantError:
             self._touched = []
-            log.warning("refused malformed command %r: %s", cmd, exc)
-            return ApplyResult(ErrorCode.INVALID_REQUEST, f"malformed command: {exc}")
+            raise
+        except Exception as exc:
+            # Commands are type-checked on the way in (commands.from_dict): anything else is a bug,
+            # and the state may be half-changed. Never report it as the caller's fault.
+            self._touched = []
+            raise MetadataInvariantError(f"applying {name} failed: {type(exc).__name__}: {exc}") from exc
         if result.ok and self._touched:
+            self._check_invariants(self._touched)
             self.version += 1
             self._record_changes(self.version, self._touched)
         self._touched = []
         return result
+
+    def _check_invariants(self, touched: list[Any]) -> None:
+        """What must hold after every command, for the entities it touched (cheap: O(touched))."""
+        for key in dict.fromkeys(touched):
+            if key[0] == "P":
+                topic = self.topics_by_id.get(key[1])
+                if topic is None or key[2] >= len(topic.partitions):
+                    continue  # deleted in the same command
+                self._check_partition(topic, key[2], topic.partitions[key[2]])
+            elif key[0] == "T":
+                topic = self.topics_by_id.get(key[1])
+                if topic is not None:
+                    _invariant(self.topics.get(topic.name) is topic, f"topic {topic.name}: name and id maps disagree")
+                    _invariant(bool(topic.partitions), f"topic {topic.name} has no partitions")
+                    rf = len(topic.partitions[0].replicas)
+                    _invariant(all(len(p.replicas) == rf for p in topic.partitions),
+                               f"topic {topic.name}: partitions with different replication factors")
+            elif key[0] == "B":
+                broker = self.brokers.get(key[1])
+                if broker is not None:
+                    _invariant(broker.broker_epoch <= self.version + 1,
+                               f"broker {broker.node_id}: epoch {broker.broker_epoch} from the future")
+        _invariant(len(self.topics) == len(self.topics_by_id), "topic name and id maps differ in size")
+
+    @staticmethod
+    def _check_partition(topic: TopicState, index: int, p: PartitionState) -> None:
+        name = f"{topic.name}-{index}"
+        _invariant(bool(p.replicas) and len(set(p.replicas)) == len(p.replicas),
+                   f"{name}: replicas {p.replicas} must be distinct and non-empty")
+        _invariant(len(set(p.isr)) == len(p.isr) and set(p.isr) <= set(p.replicas),
+                   f"{name}: ISR {p.isr} must be distinct replicas of {p.replicas}")
+        _invariant(p.leader == NO_LEADER or p.leader in p.isr, f"{name}: leader {p.leader} is not in the ISR {p.isr}")
+        _invariant(p.leader_epoch >= 0 and p.partition_epoch >= 0,
+                   f"{name}: negative epochs ({p.leader_epoch}, {p.partition_epoch})")
 
     def _touch(self, key: Any) -> None:
         self._touched.append(key)
@@ -218,6 +278,10 @@ class MetadataState:
     def _register_broker(self, cmd: c.RegisterBroker) -> ApplyResult:
         if cmd.node_id < 0:
             raise errors.InvalidRequestError(f"broker id must be >= 0, got {cmd.node_id}")
+        if not isinstance(cmd.endpoints, list) or not all(
+                isinstance(e, list | tuple) and len(e) == 3 and isinstance(e[0], str) and isinstance(e[1], str)
+                and isinstance(e[2], int) for e in cmd.endpoints):
+            raise errors.InvalidRequestError(f"broker {cmd.node_id}: endpoints must be [name, host, port] lists")
         endpoints = [(str(e[0]), str(e[1]), int(e[2])) for e in cmd.endpoints]
         old = self.brokers.get(cmd.node_id)
         if old is not None and old.incarnation_id == cmd.incarnation_id:
@@ -327,11 +391,14 @@ class MetadataState:
         """Change leader/ISR; bump the leader epoch on a leader change and the partition epoch on any change."""
         if leader == p.leader and isr == p.isr:
             return False
+        old_epochs = (p.leader_epoch, p.partition_epoch)
         if leader != p.leader:
             p.leader_epoch += 1
             p.leader = leader
         p.isr = list(isr)
         p.partition_epoch += 1
+        _invariant(p.leader_epoch >= old_epochs[0] and p.partition_epoch > old_epochs[1],
+                   f"{topic.name}-{index}: epochs went from {old_epochs} to {(p.leader_epoch, p.partition_epoch)}")
         self._touch(("P", topic.topic_id, index))
         return True
 

@@ -435,7 +435,7 @@ class DescribeClusterRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeClusterResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "redirect", "cluster_id", "active_controller_id", "metadata_version", "brokers", "topics", "partitions")
+    __slots__ = ("error_code", "error_message", "redirect", "cluster_id", "active_controller_id", "metadata_version", "brokers", "topics", "partitions", "default_min_insync_replicas")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
@@ -445,6 +445,7 @@ class DescribeClusterResponse(_message.Message):
     BROKERS_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MIN_INSYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     redirect: ControllerRedirect
@@ -454,11 +455,14 @@ class DescribeClusterResponse(_message.Message):
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerRecord]
     topics: _containers.RepeatedCompositeFieldContainer[TopicRecord]
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionRecord]
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., metadata_version: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ...) -> None: ...
+    default_min_insync_replicas: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., metadata_version: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ..., default_min_insync_replicas: _Optional[int] = ...) -> None: ...
 
 class DescribeQuorumRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("any_voter",)
+    ANY_VOTER_FIELD_NUMBER: _ClassVar[int]
+    any_voter: bool
+    def __init__(self, any_voter: _Optional[bool] = ...) -> None: ...
 
 class QuorumVoter(_message.Message):
     __slots__ = ("node_id", "raft_address", "log_end_index", "lag", "last_contact_ms_ago", "is_leader", "connected")
@@ -479,7 +483,7 @@ class QuorumVoter(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., raft_address: _Optional[str] = ..., log_end_index: _Optional[int] = ..., lag: _Optional[int] = ..., last_contact_ms_ago: _Optional[int] = ..., is_leader: _Optional[bool] = ..., connected: _Optional[bool] = ...) -> None: ...
 
 class DescribeQuorumResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "redirect", "leader_id", "term", "commit_index", "metadata_version", "voters", "last_applied")
+    __slots__ = ("error_code", "error_message", "redirect", "leader_id", "term", "commit_index", "metadata_version", "voters", "last_applied", "responder_id", "responder_is_active", "active_controller_id", "controller_epoch")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
@@ -489,6 +493,10 @@ class DescribeQuorumResponse(_message.Message):
     METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
     VOTERS_FIELD_NUMBER: _ClassVar[int]
     LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    RESPONDER_ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONDER_IS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     redirect: ControllerRedirect
@@ -498,7 +506,11 @@ class DescribeQuorumResponse(_message.Message):
     metadata_version: int
     voters: _containers.RepeatedCompositeFieldContainer[QuorumVoter]
     last_applied: int
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., metadata_version: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[QuorumVoter, _Mapping]]] = ..., last_applied: _Optional[int] = ...) -> None: ...
+    responder_id: int
+    responder_is_active: bool
+    active_controller_id: int
+    controller_epoch: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., metadata_version: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[QuorumVoter, _Mapping]]] = ..., last_applied: _Optional[int] = ..., responder_id: _Optional[int] = ..., responder_is_active: _Optional[bool] = ..., active_controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ...) -> None: ...
 
 class AllocateProducerIdsRequest(_message.Message):
     __slots__ = ("broker_id", "broker_epoch")

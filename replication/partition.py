@@ -26,6 +26,14 @@ from replication.isr import FollowerProgress
 log = logging.getLogger(__name__)
 
 
+class ReplicationInvariantError(Exception):
+    """A programming error in the replication state (HW past the LEO, leader epoch going back).
+
+    Not a ``BrookError``: it is never a client's fault, and the caller must not clamp it
+    away or mistake it for a routine refusal.
+    """
+
+
 class Role(enum.Enum):
     NONE = "none"
     LEADER = "leader"
@@ -105,6 +113,12 @@ class Partition:
                     partition_epoch: int, now_ms: int) -> bool:
         """Become (or stay) leader. True if this is a new leadership (new epoch)."""
         with self.lock:
+            if leader_epoch < self.leader_epoch:
+                # Metadata is applied in version order and leader epochs only grow: an older epoch
+                # here is a bug upstream, not a new leadership to take on.
+                raise ReplicationInvariantError(
+                    f"{self.topic}-{self.partition}: asked to lead at epoch {leader_epoch}, "
+                    f"older than the current {self.leader_epoch}")
             new_term = self.role is not Role.LEADER or leader_epoch != self.leader_epoch
             if not new_term and partition_epoch <= self.partition_epoch:
                 return False  # nothing newer than what we hold (an AlterPartition may be in flight)
@@ -118,6 +132,7 @@ class Partition:
             self.partition_epoch = partition_epoch
             self.pending_isr = None
             if new_term:
+                self._check_hw()
                 self.leader_epoch = leader_epoch
                 leo = self.log.log_end_offset
                 if self.log.latest_epoch < leader_epoch:
@@ -213,6 +228,7 @@ class Partition:
         """Append as leader; all-or-nothing. Raises before appending if acks=all and the ISR is too small."""
         with self.lock:
             self.check_leader()
+            self._check_hw()
             min_isr = self.min_insync_replicas()
             if acks == -1 and len(self.isr) < min_isr:
                 raise errors.NotEnoughReplicasError(
@@ -260,12 +276,22 @@ class Partition:
         if not self.is_leader:
             return False
         lg = self.log
+        self._check_hw()
         hw = isr_rules.high_watermark(self.local_id, lg.log_end_offset, self.maximal_isr(), self.followers)
         if hw > lg.high_watermark:
             lg.update_high_watermark(hw)
             self.change_seq += 1
             return True
         return False
+
+    def _check_hw(self) -> None:
+        """A leader's HW never passes its LEO: the HW is the smallest LEO over the ISR, the leader's
+        included. If it does, the log or its truncation is broken; clamping would hide that and
+        serve consumers offsets that do not exist."""
+        hw, leo = self.log.high_watermark, self.log.log_end_offset
+        if hw > leo:
+            raise ReplicationInvariantError(
+                f"{self.topic}-{self.partition}: high watermark {hw} is past the log end offset {leo}")
 
     def _maybe_expand_isr(self, replica_id: int) -> IsrProposal | None:
         if self.pending_isr is not None or replica_id in self.isr:

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import random
+import secrets
 import signal
 import socket
 import subprocess
@@ -49,6 +50,7 @@ from proto import controller_pb2, controller_pb2_grpc
 log = logging.getLogger(__name__)
 
 STATE_FILE = "cluster.json"
+QUORUM_PASSWORD_FILE = "quorum.password"  # random per cluster, 0600: the quorum port runs pickles
 PARENT_PID_ENV = "BROOK_LOCAL_PARENT_PID"  # read by broker/node.py
 CONTROLLER_ID_BASE = 1000
 DEFAULT_CONTROLLERS = 3
@@ -58,7 +60,6 @@ RPC_TIMEOUT_S = 2.0
 # Dev-friendly defaults a local cluster starts with (callers' overrides win): quick
 # first rebalance, a small offsets topic, fast failure detection.
 LOCAL_DEFAULTS = {
-    "controller.quorum.password.required": "false",
     "group.initial.rebalance.delay.ms": "0",
     "offsets.topic.num.partitions": "4",
     "broker.session.timeout.ms": "6000",
@@ -274,6 +275,16 @@ class LocalCluster:
         return ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}:{n.raft_port}"
                         for n in self.state.nodes if n.is_controller)
 
+    def _quorum_password(self) -> str:
+        """The cluster's quorum password: generated once, kept (0600) in the cluster directory."""
+        path = self.base_dir / QUORUM_PASSWORD_FILE
+        if not path.exists():
+            self.base_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32))
+        return path.read_text().strip()
+
     def _write_config(self, n: NodeSpec) -> Path:
         d = self.node_dir(n.node_id)
         d.mkdir(parents=True, exist_ok=True)
@@ -297,6 +308,7 @@ class LocalCluster:
             keys["log.dirs"] = str(d / "data")
         if n.is_controller:
             keys["metadata.log.dir"] = str(d / "meta")
+            keys["controller.quorum.password"] = self._quorum_password()
         keys.update(self.state.overrides)
         lines = ["# Written by deploy.local.cluster.LocalCluster; edits are lost on the next start."]
         for k, v in keys.items():

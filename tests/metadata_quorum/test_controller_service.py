@@ -6,6 +6,7 @@ surface: validation errors, redirects, broker lifecycle, ISR changes, watch stre
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from proto import controller_pb2 as pb
 from proto.errors import ErrorCode
 
 CLUSTER = "svc-test"
+QUORUM_PASSWORD = secrets.token_urlsafe(32)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,7 @@ def quorum(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Controller
     base = tmp_path_factory.mktemp("quorum")
     voters = {i: VoterAddress("127.0.0.1", free_port(), free_port()) for i in (1, 2, 3)}
     nodes = [ControllerNode(ControllerSettings(
-        i, voters, base / f"c{i}", CLUSTER, "test-password", broker_session_timeout_ms=4000,
+        i, voters, base / f"c{i}", CLUSTER, QUORUM_PASSWORD, broker_session_timeout_ms=4000,
         broker_heartbeat_interval_ms=300, defaults={"num.partitions": "2", "default.replication.factor": "2",
                                                      "log.retention.ms": "12345"}))
         for i in (1, 2, 3)]
@@ -292,11 +294,11 @@ def test_preferred_leader_rebalance(client: ControllerClient, epochs: dict[int, 
 
 def test_restarted_single_node_data_dir_checks_cluster_id(tmp_path: Path) -> None:
     voters = {1: VoterAddress("127.0.0.1", free_port(), free_port())}
-    node = ControllerNode(ControllerSettings(1, voters, tmp_path, "one", None))
+    node = ControllerNode(ControllerSettings(1, voters, tmp_path, "one", QUORUM_PASSWORD))
     node.start()
     node.stop()
     with pytest.raises(errors.InvalidConfigError):
-        ControllerNode(ControllerSettings(1, voters, tmp_path, "two", None)).start()
+        ControllerNode(ControllerSettings(1, voters, tmp_path, "two", QUORUM_PASSWORD)).start()
 
 
 def test_client_without_any_reachable_controller_times_out_with_a_clear_error() -> None:
@@ -308,3 +310,35 @@ def test_client_without_any_reachable_controller_times_out_with_a_clear_error() 
         assert "no active controller" in str(info.value), info.value
     with pytest.raises(errors.InvalidRequestError):
         ControllerClient([])
+
+
+def test_describe_quorum_answers_from_any_voter_saying_who_answered(client: ControllerClient,
+                                                                    quorum: list[ControllerNode]) -> None:
+    leader = active(quorum)
+    leader_id = leader.settings.node_id
+    for node in quorum:
+        me = node.settings.voters[node.settings.node_id]
+        q = client.call_endpoint((me.host, me.grpc_port), "DescribeQuorum", pb.DescribeQuorumRequest(any_voter=True),
+                                 timeout_s=5)
+        assert q.error_code == ErrorCode.NONE, q
+        assert q.responder_id == node.settings.node_id
+        assert q.responder_is_active == (node is leader)
+        assert q.leader_id == leader_id and q.active_controller_id == leader_id and q.controller_epoch >= 1
+        assert [v.node_id for v in q.voters if v.is_leader] == [leader_id]
+        if node is not leader:
+            # Without any_voter a follower still refuses (clients use the call to find the leader).
+            plain = client.call_endpoint((me.host, me.grpc_port), "DescribeQuorum", pb.DescribeQuorumRequest(),
+                                         timeout_s=5)
+            assert plain.error_code == ErrorCode.NOT_CONTROLLER and plain.redirect.leader_id == leader_id
+            assert all(v.lag == -1 for v in q.voters), q  # a follower does not know the others' positions
+    q = client.describe_quorum(timeout_s=10)
+    assert q.responder_is_active and q.responder_id == leader_id
+
+
+def test_topic_already_exists_carries_the_existing_topic_id(client: ControllerClient,
+                                                             epochs: dict[int, int]) -> None:
+    """What lets the admin client recognise its own earlier attempt when it retries a CreateTopics."""
+    first = create_topic(client, "created-once", 1, 1)
+    assert first.error_code == ErrorCode.NONE and first.topic_id
+    again = create_topic(client, "created-once", 1, 1)
+    assert again.error_code == ErrorCode.TOPIC_ALREADY_EXISTS and again.topic_id == first.topic_id

@@ -3,6 +3,7 @@ and ControllerClient.watch recovers from it with a snapshot. Single-voter quorum
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +27,7 @@ class OpenContext:
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerNode]:
     voters = {1: VoterAddress("127.0.0.1", free_port(), free_port())}
-    n = ControllerNode(ControllerSettings(1, voters, Path(tmp_path_factory.mktemp("single")), "single", None,
+    n = ControllerNode(ControllerSettings(1, voters, Path(tmp_path_factory.mktemp("single")), "single", secrets.token_urlsafe(32),
                                           metadata_changelog_max_keys=40))
     n.start()
     try:

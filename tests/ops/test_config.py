@@ -15,7 +15,7 @@ COMBINED = """
 "cluster.id" = "test"
 "listeners" = "BROKER://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
 "controller.quorum.voters" = "1@127.0.0.1:19093:19193,2@127.0.0.1:19095:19195,3@127.0.0.1:19097:19197"
-"controller.quorum.password" = "s3cret"
+"controller.quorum.password" = "q7-Hv2pLx9-RtZ4mWc8NbK3s"
 "log.dirs" = "/tmp/brook/a,/tmp/brook/b"
 "metadata.log.dir" = "/tmp/brook/meta"
 "metrics.listener" = "127.0.0.1:19100"
@@ -31,7 +31,7 @@ id = 1
 id = "test"
 [controller.quorum]
 voters = ["1@127.0.0.1:19093:19193", "2@127.0.0.1:19095:19195", "3@127.0.0.1:19097:19197"]
-password = "s3cret"
+password = "q7-Hv2pLx9-RtZ4mWc8NbK3s"
 [log]
 dirs = ["/tmp/brook/a", "/tmp/brook/b"]
 segment.bytes = 1048576
@@ -66,7 +66,7 @@ def test_combined_file_parses_with_defaults(tmp_path: Path) -> None:
     assert cfg.controller_endpoints == [("127.0.0.1", 19093), ("127.0.0.1", 19095), ("127.0.0.1", 19097)]
     assert cfg["num.partitions"] == 1 and cfg["auto.create.topics.enable"] is True
     assert cfg.metrics_address == ("127.0.0.1", 19100)
-    assert cfg.quorum_password == "s3cret"
+    assert cfg.quorum_password == "q7-Hv2pLx9-RtZ4mWc8NbK3s"
 
 
 def test_nested_tables_and_arrays_equal_dotted_keys(tmp_path: Path) -> None:
@@ -164,7 +164,7 @@ CONTRADICTIONS = [
     ("listeners", '"BROKER://127.0.0.1:19092,CONTROLLER://127.0.0.1:19099"', "controller.quorum.voters"),
     ("listeners", '"BROKER://127.0.0.1:19092,ADMIN://127.0.0.1:19099"', "listeners"),
     ("listeners", '"BROKER://127.0.0.1:19093,CONTROLLER://127.0.0.1:19093"', "listeners"),
-    ("controller.quorum.password", None, "controller.quorum.password"),  # no password outside dev mode
+    ("controller.quorum.password", '"s3cret"', "controller.quorum.password"),  # a weak password
     ("metadata.log.dir", None, "metadata.log.dir"),
     ("process.roles", '"broker,zookeeper"', "process.roles"),
     ("process.roles", None, "process.roles"),
@@ -187,11 +187,19 @@ def test_contradictory_config_is_refused_naming_the_key(tmp_path: Path, key: str
     assert named in str(err)
 
 
-def test_dev_mode_allows_no_password(tmp_path: Path) -> None:
-    text = replace(COMBINED, "controller.quorum.password", None) + '"controller.quorum.password.required" = false\n'
+def test_loopback_only_quorum_allows_no_password(tmp_path: Path) -> None:
+    text = replace(COMBINED, "controller.quorum.password", None)
     p = tmp_path / "dev.toml"
     p.write_text(text)
     assert load_config(p, env={}).quorum_password is None
+
+
+def test_voters_off_loopback_need_a_password(tmp_path: Path) -> None:
+    text = replace(COMBINED, "controller.quorum.password", None)
+    text = replace(text, "controller.quorum.voters",
+                   '"1@127.0.0.1:19093:19193,2@10.0.0.2:19095:19195,3@10.0.0.3:19097:19197"')
+    err = refused(tmp_path, text)
+    assert err.key == "controller.quorum.password" and "10.0.0.2:19195" in str(err), str(err)
 
 
 def test_broker_only_node_needs_no_password(tmp_path: Path) -> None:
@@ -239,7 +247,7 @@ def test_settings_objects_carry_the_config(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, COMBINED), ["controller.quorum.election.timeout.ms=300",
                                                   "log.segment.bytes=4096", "broker.rack=r1"], env={})
     cs = cfg.controller_settings()
-    assert cs.node_id == 1 and cs.cluster_id == "test" and cs.password == "s3cret"
+    assert cs.node_id == 1 and cs.cluster_id == "test" and cs.password == "q7-Hv2pLx9-RtZ4mWc8NbK3s"
     assert cs.voters[3].raft_port == 19197 and cs.voters[3].grpc_port == 19097
     assert cs.data_dir == Path("/tmp/brook/meta")
     assert cs.raft_timing.election_timeout_min_s == 0.3 and cs.raft_timing.election_timeout_max_s == 0.75

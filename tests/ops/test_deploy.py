@@ -15,7 +15,7 @@ from broker.config import ConfigError, load_config
 yaml = pytest.importorskip("yaml", reason="PyYAML (dev dependency) is needed to parse the manifests")
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-PASSWORD_ENV = {"BROOK_CONTROLLER_QUORUM_PASSWORD": "test-secret"}
+PASSWORD_ENV = {"BROOK_CONTROLLER_QUORUM_PASSWORD": "test-secret-Xq83Lm-pW29zR"}
 
 
 def _promtool() -> str:
@@ -153,7 +153,7 @@ def test_compose_cluster_parses_and_each_node_config_is_valid(tmp_path: Path) ->
         for port in svc.get("ports", []):
             assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond localhost"
         env = {k: str(v) for k, v in svc["environment"].items()}
-        env["BROOK_CONTROLLER_QUORUM_PASSWORD"] = "x"  # compose takes it from the operator's shell
+        env.update(PASSWORD_ENV)  # compose takes it from the operator's shell
         cfg = load_config(DEPLOY / "docker" / "node.toml", env=env)
         assert cfg.node_id == int(name.split("-")[1]) and cfg.is_broker and cfg.is_controller
 

@@ -13,7 +13,7 @@ import pytest
 
 from proto import errors
 from replication import isr as isr_rules
-from replication.partition import Partition, Role
+from replication.partition import Partition, ReplicationInvariantError, Role
 from storage.log import Log
 from storage.log_config import LogConfig
 from storage.record_batch import RecordBatchBuilder
@@ -163,3 +163,26 @@ def test_consumer_read_stops_at_hw(tmp_path: Path) -> None:
     assert p.read_for_consumer(0, 1 << 20, -1, True).records == p.log.read(0, 1 << 20).records
     with pytest.raises(errors.OffsetOutOfRangeError):
         p.read_for_consumer(5, 1 << 20, -1, True)
+
+
+def test_a_lower_leader_epoch_is_a_bug_not_a_new_leadership(tmp_path: Path) -> None:
+    p = leader_of(tmp_path, epoch=5)
+    p.append_as_leader(batch(b"a"), acks=1)
+    with pytest.raises(ReplicationInvariantError, match="epoch 4, older than the current 5"):
+        p.make_leader((1, 2, 3), (1, 2, 3), 4, 9, now_ms=10)
+    assert p.leader_epoch == 5 and p.is_leader and p.log.latest_epoch == 5  # nothing changed
+    assert p.make_leader((1, 2, 3), (1, 2, 3), 6, 10, now_ms=10)  # a newer epoch is a new leadership
+
+
+def test_a_high_watermark_past_the_log_end_is_raised_not_clamped(tmp_path: Path) -> None:
+    p = leader_of(tmp_path, isr=(1,))
+    p.append_as_leader(batch(b"a", b"b"), acks=1)
+    assert p.log.high_watermark == p.log.log_end_offset == 2
+    # The broken state a buggy truncation would leave (the Log itself clamps every update, so the
+    # test reaches in): the leader must say so, not serve or acknowledge past its log.
+    p.log._high_watermark = 5
+    with pytest.raises(ReplicationInvariantError, match="high watermark 5 is past the log end offset 2"):
+        p.append_as_leader(batch(b"c"), acks=1)
+    assert p.log.log_end_offset == 2  # refused before appending
+    with pytest.raises(ReplicationInvariantError):
+        p.make_leader((1, 2, 3), (1,), 2, 2, now_ms=0)

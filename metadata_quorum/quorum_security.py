@@ -1,0 +1,89 @@
+"""When a voter may start: the quorum port must not be open to code execution.
+
+pysyncobj (the Raft library under ``MetadataRaft``) unpickles every frame it reads
+from the quorum port, so anyone who can send it an unauthenticated frame can run code
+on the voter (a 73-byte pickle is enough). Two things make the port safe:
+
+- a password: pysyncobj then wraps every frame in Fernet (AES-CBC + HMAC-SHA256, key
+  from PBKDF2 of the password) and checks the HMAC before it unpickles anything, so a
+  frame from someone without the password is dropped unread. pysyncobj derives the key
+  with a *fixed* salt, so a captured frame lets an attacker guess passwords offline:
+  the password must be strong, not merely present (``password_problem``);
+- or traffic that never leaves the host: every voter on a loopback address.
+
+Whoever holds the password can still run code on every voter (the frames are pickles):
+it is as sensitive as a root credential of the controller hosts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import string
+
+from proto import errors
+
+MIN_PASSWORD_CHARS = 16
+MIN_DISTINCT_CHARS = 8
+MIN_PASSWORD_BITS = 72  # estimated from length and character classes; a random 16-char password has ~95
+
+_CLASSES = (string.ascii_lowercase, string.ascii_uppercase, string.digits)
+
+
+def host_of(address: str) -> str:
+    """The host part of ``host:port`` (IPv6 in brackets or bare)."""
+    host = address.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a DNS name other than localhost: it may resolve anywhere
+        return False
+
+
+def bind_address(self_address: str) -> str:
+    """What pysyncobj should bind: exactly the configured ``host:port``, never 0.0.0.0."""
+    return self_address
+
+
+def password_problem(password: str) -> str | None:
+    """Why ``password`` is too weak for the quorum, or None if it is strong enough.
+
+    Strong means: at least 16 characters, at least 8 distinct ones, and an estimated
+    strength (length x log2 of the character classes used) of at least 72 bits. A
+    generated secret (``python -c 'import secrets; print(secrets.token_urlsafe(32))'``)
+    passes; ``x``, ``changeme`` or a word repeated do not.
+    """
+    if len(password) < MIN_PASSWORD_CHARS:
+        return f"it has {len(password)} characters, at least {MIN_PASSWORD_CHARS} are required"
+    if len(set(password)) < MIN_DISTINCT_CHARS:
+        return f"it uses only {len(set(password))} distinct characters, at least {MIN_DISTINCT_CHARS} are required"
+    pool = sum(len(cls) for cls in _CLASSES if any(ch in cls for ch in password))
+    if any(not any(ch in cls for cls in _CLASSES) for ch in password):
+        pool += 33  # punctuation, space and anything else
+    bits = len(password) * math.log2(pool)
+    if bits < MIN_PASSWORD_BITS:
+        return f"its estimated strength is {bits:.0f} bits, at least {MIN_PASSWORD_BITS} are required"
+    return None
+
+
+def check_quorum_protection(self_address: str, partner_addresses: list[str], password: str | None) -> None:
+    """Raise InvalidConfigError unless this voter's quorum traffic is protected (see the module doc)."""
+    if password:
+        problem = password_problem(password)
+        if problem is not None:
+            raise errors.InvalidConfigError(
+                f"controller.quorum.password is too weak: {problem}. The quorum port executes pickled frames, "
+                f"the password is what keeps strangers out (generate one, e.g. "
+                f"`python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
+        return
+    exposed = [a for a in [self_address, *partner_addresses] if not is_loopback_host(host_of(a))]
+    if exposed:
+        raise errors.InvalidConfigError(
+            f"controller.quorum.password is required: voters {exposed} are not on a loopback address, and "
+            f"without a password anyone who reaches a quorum port can run code on the voter (pysyncobj "
+            f"unpickles what it receives)")

@@ -1,0 +1,139 @@
+"""Metadata limits are checked by the active controller *before* anything goes to Raft.
+
+One real voter (pysyncobj on loopback) and its QuorumController, ticked by the test: no
+broker leases run out behind the test's back, so the Raft commit index moves only when
+something is proposed, and "nothing was proposed" is checked exactly.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+
+import pytest
+from quorum_helpers import free_port
+from waiting import wait_for
+
+from metadata_quorum.controller import MAX_TOPICS_PER_REQUEST, ControllerConfig, QuorumController
+from metadata_quorum.raft import MetadataRaft
+from metadata_quorum.state import MAX_PARTITIONS_PER_TOPIC
+from proto import common_pb2, errors
+from proto import controller_pb2 as pb
+from proto.errors import ErrorCode
+
+pytestmark = pytest.mark.slow
+
+DEFAULTS = {"min.insync.replicas": "2", "max.cluster.partitions": "60"}
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuorumController]:
+    raft = MetadataRaft(f"127.0.0.1:{free_port()}", [], tmp_path_factory.mktemp("limits"),
+                        password=secrets.token_urlsafe(24))
+    try:
+        raft.wait_bound()
+        ctl = QuorumController(ControllerConfig(1, "limits", defaults=DEFAULTS), raft)
+
+        def active() -> bool:
+            ctl.tick()
+            return ctl.is_active()
+
+        wait_for(active, 30, "the single voter to become the active controller")
+        for b in (1, 2, 3):
+            r = ctl.register_broker(pb.RegisterBrokerRequest(
+                node_id=b, incarnation_id=f"i{b}", cluster_id="limits",
+                endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19000 + b)]), 30)
+            ctl.heartbeat(pb.BrokerHeartbeatRequest(node_id=b, broker_epoch=r.broker_epoch,
+                                                    current_metadata_version=1 << 40), 30)
+        yield ctl
+    finally:
+        raft.destroy_synchronous()
+
+
+def create(ctl: QuorumController, *topics: pb.CreatableTopic) -> list[pb.TopicResult]:
+    return list(ctl.create_topics(pb.CreateTopicsRequest(topics=list(topics)), 30).results)
+
+
+def refused_without_proposal(ctl: QuorumController, fn, code: int) -> str:  # type: ignore[no-untyped-def]
+    """Run ``fn``; it must refuse with ``code`` (raised or per result) and commit nothing."""
+    before = ctl.raft.commit_index, ctl.raft.version
+    try:
+        results = fn()
+    except errors.BrookError as exc:
+        assert exc.code == code, exc
+        message = exc.message
+    else:
+        assert [r.error_code for r in results] == [code] * len(results), results
+        message = results[0].error_message
+    time.sleep(0.3)  # several pysyncobj ticks: anything proposed would have committed by now
+    assert (ctl.raft.commit_index, ctl.raft.version) == before, "something went through Raft"
+    return message
+
+
+def test_a_million_partitions_is_refused_before_raft(controller: QuorumController) -> None:
+    took: list[float] = []
+
+    def huge() -> list[pb.TopicResult]:
+        started = time.monotonic()
+        try:
+            return create(controller, pb.CreatableTopic(name="huge", num_partitions=1_000_000,
+                                                        replication_factor=1))
+        finally:
+            took.append(time.monotonic() - started)
+
+    message = refused_without_proposal(controller, huge, ErrorCode.INVALID_PARTITIONS)
+    assert str(MAX_PARTITIONS_PER_TOPIC) in message
+    print(f"\n1,000,000-partition CreateTopics refused in {took[0] * 1000:.1f} ms")
+    refused_without_proposal(controller, lambda: list(controller.create_partitions(pb.CreatePartitionsRequest(
+        topics=[pb.CreatePartitionsTopic(name="nope", count=5)]), 30).results), ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+
+
+def test_request_and_cluster_partition_limits(controller: QuorumController) -> None:
+    too_many = [pb.CreatableTopic(name=f"t{i}", num_partitions=1, replication_factor=1)
+                for i in range(MAX_TOPICS_PER_REQUEST + 1)]
+    refused_without_proposal(controller, lambda: create(controller, *too_many), ErrorCode.POLICY_VIOLATION)
+    # The cluster limit (max.cluster.partitions = 60) counts what exists plus the request.
+    assert create(controller, pb.CreatableTopic(name="forty", num_partitions=40, replication_factor=2))[0] \
+        .error_code == ErrorCode.NONE
+    message = refused_without_proposal(controller, lambda: create(controller, pb.CreatableTopic(
+        name="twentyone", num_partitions=21, replication_factor=2)), ErrorCode.POLICY_VIOLATION)
+    assert "max.cluster.partitions" in message
+    refused_without_proposal(controller, lambda: list(controller.create_partitions(pb.CreatePartitionsRequest(
+        topics=[pb.CreatePartitionsTopic(name="forty", count=61)]), 30).results), ErrorCode.POLICY_VIOLATION)
+
+
+def test_replication_factor_name_and_config_limits(controller: QuorumController) -> None:
+    refused_without_proposal(controller, lambda: create(controller, pb.CreatableTopic(
+        name="rf4", num_partitions=1, replication_factor=4)), ErrorCode.INVALID_REPLICATION_FACTOR)
+    refused_without_proposal(controller, lambda: create(controller, pb.CreatableTopic(
+        name="x" * 250, num_partitions=1, replication_factor=1)), ErrorCode.INVALID_TOPIC_EXCEPTION)
+    refused_without_proposal(controller, lambda: create(controller, pb.CreatableTopic(
+        name="badcfg", num_partitions=1, replication_factor=1, configs={"retention.ms": "soon"})),
+        ErrorCode.INVALID_CONFIG)
+
+
+def test_min_insync_replicas_cannot_exceed_the_replication_factor(controller: QuorumController) -> None:
+    # The topic's own value, at create.
+    message = refused_without_proposal(controller, lambda: create(controller, pb.CreatableTopic(
+        name="mir", num_partitions=1, replication_factor=2, configs={"min.insync.replicas": "3"})),
+        ErrorCode.INVALID_CONFIG)
+    assert "min.insync.replicas=3" in message and "replication factor 2" in message
+    # The cluster default (min.insync.replicas = 2) applies to a topic that sets none.
+    message = refused_without_proposal(controller, lambda: create(controller, pb.CreatableTopic(
+        name="mir", num_partitions=1, replication_factor=1)), ErrorCode.INVALID_CONFIG)
+    assert "cluster default" in message
+    # Explicit assignments count too.
+    refused_without_proposal(controller, lambda: create(controller, pb.CreatableTopic(
+        name="mir", configs={"min.insync.replicas": "2"}, assignments=[pb.ReplicaList(replicas=[1])])),
+        ErrorCode.INVALID_CONFIG)
+    assert create(controller, pb.CreatableTopic(name="mir", num_partitions=1, replication_factor=2))[0] \
+        .error_code == ErrorCode.NONE
+
+    def alter(**kw: object) -> list[pb.TopicResult]:
+        return list(controller.alter_configs(pb.AlterConfigsRequest(
+            resources=[pb.AlterConfigsResource(topic="mir", **kw)]), 30).results)  # type: ignore[arg-type]
+
+    refused_without_proposal(controller, lambda: alter(set={"min.insync.replicas": "3"}), ErrorCode.INVALID_CONFIG)
+    assert alter(set={"min.insync.replicas": "1"})[0].error_code == ErrorCode.NONE
+    assert alter(delete=["min.insync.replicas"])[0].error_code == ErrorCode.NONE  # back to the default 2 <= 2
