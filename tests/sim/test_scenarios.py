@@ -13,9 +13,6 @@ TESTDATA = Path(__file__).parent / "testdata"
 
 # Scenarios that show bugs in code this branch does not own; each names the fix.
 KNOWN_BUGS: dict[str, str] = {
-    "stale_controller_activation.txt":
-        "controller.py reads raft.is_leader() and raft.term separately; a stepping-down leader's "
-        "ActivateController for a term it never led commits first (fix: the `controller` engineer's branch)",
     "alter_partition_lost_response.txt":
         "replica_manager clears the pending ISR when the AlterPartition outcome is unknown, so the HW can "
         "pass a member that did join the ISR (see the report of the `sim` branch)",
