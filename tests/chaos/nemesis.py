@@ -1,0 +1,141 @@
+"""The nemesis: a seeded schedule of faults, and the loop that injects, heals and times them.
+
+The schedule (kinds, targets' roles, hold and gap times, which node of a role) comes from
+the seed alone, so a seed replays the same schedule; the concrete node a role resolves to
+("the active controller", "the leader of partition 2") is looked up at injection time.
+One fault at a time: inject, hold, heal, then measure how long until the cluster takes
+acks=all writes on every partition again (the recovery time), then a quiet gap.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from client import errors
+from client.admin import Admin
+from tests.chaos.netns import LoopbackNetwork, NamespaceNetwork
+from tests.chaos.nodes import ChaosCluster
+from tests.chaos.workload import History, Probe
+
+log = logging.getLogger(__name__)
+
+PROCESS_KINDS = ("kill", "pause")
+NETWORK_KINDS = ("isolate", "cut")
+TARGETS = ("random", "controller", "leader")
+SCHEDULE_MAX = 10_000
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # kill | pause | isolate | cut
+    target: str  # random | controller | leader (cut: the pair is chosen at random)
+    pick: int  # which node/partition among the candidates (modulo their number)
+    hold_s: float  # how long the fault lasts before it is healed
+    gap_s: float  # quiet time after recovery, before the next fault
+
+
+def schedule(seed: int, duration_s: float, kinds: tuple[str, ...], hold_s: tuple[float, float] = (1.0, 8.0),
+             gap_s: tuple[float, float] = (1.0, 5.0)) -> list[Fault]:
+    """Faults whose hold + gap time fills ``duration_s``; the same seed gives the same list."""
+    rng = random.Random(seed)
+    faults: list[Fault] = []
+    planned = 0.0
+    while planned < duration_s and len(faults) < SCHEDULE_MAX:
+        kind = rng.choice(kinds)
+        target = "random" if kind == "cut" else rng.choice(TARGETS)
+        fault = Fault(kind, target, rng.randrange(1 << 16), round(rng.uniform(*hold_s), 2),
+                      round(rng.uniform(*gap_s), 2))
+        faults.append(fault)
+        planned += fault.hold_s + fault.gap_s
+    return faults
+
+
+@dataclass
+class FaultResult:
+    index: int
+    kind: str
+    target: str
+    nodes: list[int]
+    recovery_s: float | None  # None: not writable again within the bound
+
+
+class Nemesis:
+    def __init__(self, cluster: ChaosCluster, network: NamespaceNetwork | LoopbackNetwork, topic: str,
+                 partitions: int, history: History, probe: Probe, recovery_bound_s: float,
+                 should_stop: Callable[[], bool]) -> None:
+        self.cluster = cluster
+        self.network = network
+        self.topic = topic
+        self.partitions = partitions
+        self.history = history
+        self.probe = probe
+        self.recovery_bound_s = recovery_bound_s
+        self.should_stop = should_stop
+        self.results: list[FaultResult] = []
+
+    # ---- target resolution (at injection time; falls back to the seeded random node)
+    def _resolve(self, fault: Fault) -> list[int]:
+        nodes = self.cluster.node_ids
+        fallback = nodes[fault.pick % len(nodes)]
+        if fault.kind == "cut":
+            a = fallback
+            others = [n for n in nodes if n != a]
+            return [a, others[(fault.pick >> 8) % len(others)]]
+        if fault.target == "random":
+            return [fallback]
+        try:
+            with Admin(self.cluster.bootstrap_servers, request_timeout_ms=3000) as admin:
+                if fault.target == "controller":
+                    node = admin.describe_cluster().controller_id
+                else:
+                    parts = admin.describe_topics([self.topic])[self.topic].partitions
+                    node = parts[fault.pick % self.partitions].leader
+        except errors.BrookError as exc:
+            log.info("could not resolve the %s (%r): node %d instead", fault.target, exc, fallback)
+            return [fallback]
+        return [node] if node in nodes else [fallback]
+
+    def _inject(self, fault: Fault, nodes: list[int]) -> None:
+        if fault.kind == "kill":
+            self.cluster.kill(nodes[0])
+        elif fault.kind == "pause":
+            self.cluster.pause(nodes[0])
+        elif fault.kind == "isolate":
+            self.network.isolate(nodes[0])
+        elif fault.kind == "cut":
+            self.network.cut(nodes[0], nodes[1])
+        else:
+            raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+    def heal(self) -> None:
+        """Undo every fault: restart killed nodes, resume paused ones, restore the network."""
+        self.network.heal()
+        for node_id in self.cluster.node_ids:
+            if node_id in self.cluster.paused:
+                self.cluster.resume(node_id)
+            if not self.cluster.is_running(node_id):
+                self.cluster.start_node(node_id)
+
+    def run(self, faults: list[Fault], deadline: float) -> None:
+        for index, fault in enumerate(faults):
+            if time.monotonic() >= deadline or self.should_stop():
+                break
+            nodes = self._resolve(fault)
+            log.info("fault %d: %s %s -> nodes %s for %.1f s", index, fault.kind, fault.target, nodes, fault.hold_s)
+            self.history.record(e="fault", i=index, nodes=nodes, **asdict(fault))
+            self._inject(fault, nodes)
+            time.sleep(fault.hold_s)  # the fault's duration is the point, not a wait for a condition
+            self.heal()
+            self.history.record(e="heal", i=index)
+            recovery = self.probe.writable_within(self.recovery_bound_s)
+            self.history.record(e="recovered", i=index, s=None if recovery is None else round(recovery, 3))
+            log.info("fault %d healed; writable again after %s s", index,
+                     f"more than {self.recovery_bound_s:.0f}" if recovery is None else f"{recovery:.1f}")
+            self.results.append(FaultResult(index, fault.kind, fault.target, nodes, recovery))
+            if recovery is None:
+                break  # the cluster did not recover: stop injecting, the run fails on liveness
+            time.sleep(fault.gap_s)
