@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv test test-fast demo proto lint soak bench bench-storage bench-codec bench-metadata bench-client bench-spark clean
+.PHONY: venv test test-fast demo proto lint soak chaos bench bench-storage bench-codec bench-metadata bench-client bench-spark clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,17 @@ lint: venv
 ## Long soak / chaos runs, kept out of the suite.
 soak: venv
 	$(PY) -m pytest -q tests -m soak -p no:cacheprovider -o addopts=''
+
+## Randomized fault run (tests/chaos): a 3-node cluster under idempotent acks=all writers while a
+## seeded nemesis kills, stops and partitions nodes; one summary line, non-zero exit on a violation.
+## CHAOS_DURATION (seconds of faults), CHAOS_SEED (replays a schedule; default: the clock),
+## CHAOS_ARGS (more flags, see `python -m tests.chaos.run --help`). Then the simulator, if present.
+CHAOS_DURATION ?= 600
+CHAOS_SEED ?= $(shell date +%s)
+CHAOS_ARGS ?=
+chaos: venv
+	$(PY) -m tests.chaos.run --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) $(CHAOS_ARGS)
+	@if grep -q '^sim:' $(firstword $(MAKEFILE_LIST)); then $(MAKE) sim; fi
 
 bench-storage: venv
 	$(PY) -m storage.perf

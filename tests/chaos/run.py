@@ -152,11 +152,12 @@ def replica_batches(data_dir: Path, partition: int, hw: int) -> list[bytes]:
     return out
 
 
-def compare_replicas(cluster: ChaosCluster, hws: dict[int, int]) -> list[str]:
+def compare_replicas(data_dirs: dict[int, Path], hws: dict[int, int]) -> list[str]:
+    """Where replicas differ below the high watermark (each node's data dir, {partition: hw})."""
     divergences = []
     for p, hw in sorted(hws.items()):
-        copies = {n: replica_batches(cluster.data_dir(n), p, hw) for n in cluster.node_ids}
-        reference_node = cluster.node_ids[0]
+        copies = {n: replica_batches(d, p, hw) for n, d in sorted(data_dirs.items())}
+        reference_node = min(copies)
         reference = copies[reference_node]
         for n, batches in copies.items():
             if batches != reference:
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         final_log, hws = read_final_log(cluster.bootstrap_servers, args.partitions)
         history.flush()
         cluster.stop()
-        divergences = compare_replicas(cluster, hws)
+        divergences = compare_replicas({n: cluster.data_dir(n) for n in cluster.node_ids}, hws)
         history.close()
         check(verdict, load_history(history.path), final_log, divergences, args.recovery_bound)
     except KeyboardInterrupt:
