@@ -28,10 +28,14 @@ import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 PREFIX = "bkc"
+# One file per live run, naming the pid that owns its namespaces: a later run deletes the
+# namespaces of runs whose process is gone (SIGKILLed harness, crashed machine session).
+OWNERS_DIR = Path("/run/brook-chaos")
 _CMD_TIMEOUT_S = 20.0
 _SUBNET_ATTEMPTS_MAX = 50
 
@@ -109,6 +113,9 @@ class NamespaceNetwork:
         self._faults = _Faults()
         self._closed = False
         atexit.register(self.close)
+        remove_stale_runs()
+        OWNERS_DIR.mkdir(parents=True, exist_ok=True)
+        (OWNERS_DIR / self.prefix).write_text(f"{os.getpid()}\n")
         try:
             self._build()
         except BaseException:
@@ -220,6 +227,41 @@ class NamespaceNetwork:
         if self._host_veth is not None:
             _run(["ip", "link", "del", "dev", self._host_veth], check=False)
         self._created_ns.clear()
+        (OWNERS_DIR / self.prefix).unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_runs() -> list[str]:
+    """Delete the namespaces and veth of earlier runs whose owning process is gone; their prefixes."""
+    if not OWNERS_DIR.is_dir():
+        return []
+    listed = _run(["ip", "netns", "list"], check=False).stdout.split()
+    removed = []
+    for owner in OWNERS_DIR.iterdir():
+        try:
+            pid = int(owner.read_text().strip())
+        except (OSError, ValueError):
+            pid = -1
+        if pid > 0 and _pid_alive(pid):
+            continue
+        prefix = owner.name
+        for name in listed:
+            if name.startswith(prefix):
+                _run(["ip", "netns", "del", name], check=False)
+        _run(["ip", "link", "del", "dev", f"{prefix}c0"], check=False)
+        owner.unlink(missing_ok=True)
+        removed.append(prefix)
+        log.warning("removed the network of a dead chaos run (%s, pid %d)", prefix, pid)
+    return removed
 
 
 def make_network(node_ids: list[int], want_netns: bool = True) -> tuple[NamespaceNetwork | LoopbackNetwork, str]:
