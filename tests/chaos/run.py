@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         probe = Probe(cluster.bootstrap_servers, TOPIC, args.partitions, history)
         if probe.writable_within(STARTUP_TIMEOUT_S) is None:
             raise RuntimeError("the fresh cluster took no writes")
-        workers: list[threading.Thread] = [
+        workers: list[Writer | Reader] = [
             Writer(f"w{i}", cluster.bootstrap_servers, TOPIC, args.partitions, args.rate, history, stop)
             for i in range(args.writers)]
         workers.append(Reader(cluster.bootstrap_servers, TOPIC, args.partitions, history, stop))
@@ -228,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
         for w in workers:
             w.join(WRITER_JOIN_S)
+            if w.is_alive() or w.crashed is not None:
+                raise RuntimeError(f"{w.name} {'did not stop' if w.is_alive() else f'crashed: {w.crashed!r}'}")
         probe.close()
         reason = _wait(lambda: unhealthy_reason(cluster.bootstrap_servers, node_ids, args.partitions),
                        args.health_bound)

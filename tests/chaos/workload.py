@@ -79,7 +79,23 @@ def load_history(path: Path) -> list[dict[str, Any]]:
     return events
 
 
-class Writer(threading.Thread):
+class _Worker(threading.Thread):
+    """A workload thread whose unexpected death is reported, not silently shrinking the load."""
+
+    crashed: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.work()
+        except Exception as exc:  # a harness bug: the run must not pass on a smaller workload
+            log.exception("%s crashed", self.name)
+            self.crashed = exc
+
+    def work(self) -> None:
+        raise NotImplementedError
+
+
+class Writer(_Worker):
     """One idempotent acks=all producer writing ``rate`` records/s round-robin over the partitions."""
 
     def __init__(self, name: str, bootstrap: str, topic: str, partitions: int, rate: float, history: History,
@@ -108,7 +124,7 @@ class Writer(threading.Thread):
                 self._cond.notify_all()
         return callback
 
-    def run(self) -> None:
+    def work(self) -> None:
         seq = 0
         next_at = time.monotonic()
         while not self.stop_event.is_set():
@@ -156,7 +172,7 @@ class Writer(threading.Thread):
             self.producer = None
 
 
-class Reader(threading.Thread):
+class Reader(_Worker):
     """A consumer on every partition from the beginning; records every record it is handed."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, history: History,
@@ -169,7 +185,7 @@ class Reader(threading.Thread):
         self.stop_event = stop
         self.errors = 0
 
-    def run(self) -> None:
+    def work(self) -> None:
         consumer = Consumer(bootstrap_servers=self.bootstrap, auto_offset_reset="earliest",
                             request_timeout_ms=5000, fetch_max_wait_ms=200)
         consumer.assign([TopicPartition(self.topic, p) for p in range(self.partitions)])
