@@ -3,8 +3,11 @@
 The schedule (kinds, targets' roles, hold and gap times, which node of a role) comes from
 the seed alone, so a seed replays the same schedule; the concrete node a role resolves to
 ("the active controller", "the leader of partition 2") is looked up at injection time.
-One fault at a time: inject, hold, heal, then measure how long until the cluster takes
-acks=all writes on every partition again (the recovery time), then a quiet gap.
+One step at a time: inject, hold, heal, then measure how long until the cluster takes
+acks=all writes on every partition again (the recovery time), then a quiet gap. A step is
+one fault, or with ``overlap`` > 0 sometimes two or three at once (two nodes down: no
+quorum and no ISR of 2; all three: a full outage), which only liveness after the heal,
+not availability during the step, can survive.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ PROCESS_KINDS = ("kill", "pause")
 NETWORK_KINDS = ("isolate", "cut")
 TARGETS = ("random", "controller", "leader")
 SCHEDULE_MAX = 10_000
+STEP_FAULTS_MAX = 3
 
 
 @dataclass(frozen=True)
@@ -36,30 +40,63 @@ class Fault:
     pick: int  # which node/partition among the candidates (modulo their number)
     hold_s: float  # how long the fault lasts before it is healed
     gap_s: float  # quiet time after recovery, before the next fault
+    with_next: bool = False  # the next fault is injected together with this one (same step)
 
 
 def schedule(seed: int, duration_s: float, kinds: tuple[str, ...], hold_s: tuple[float, float] = (1.0, 8.0),
-             gap_s: tuple[float, float] = (1.0, 5.0)) -> list[Fault]:
-    """Faults whose hold + gap time fills ``duration_s``; the same seed gives the same list."""
+             gap_s: tuple[float, float] = (1.0, 5.0), overlap: float = 0.0) -> list[Fault]:
+    """Faults whose hold + gap time fills ``duration_s``; the same seed gives the same list.
+
+    ``overlap`` is the chance that a fault shares its step with the next one (at most
+    STEP_FAULTS_MAX per step); a step lasts its longest hold.
+    """
     rng = random.Random(seed)
     faults: list[Fault] = []
     planned = 0.0
+    in_step = 0
     while planned < duration_s and len(faults) < SCHEDULE_MAX:
         kind = rng.choice(kinds)
         target = "random" if kind == "cut" else rng.choice(TARGETS)
+        in_step += 1
+        with_next = in_step < STEP_FAULTS_MAX and rng.random() < overlap
         fault = Fault(kind, target, rng.randrange(1 << 16), round(rng.uniform(*hold_s), 2),
-                      round(rng.uniform(*gap_s), 2))
+                      round(rng.uniform(*gap_s), 2), with_next)
         faults.append(fault)
-        planned += fault.hold_s + fault.gap_s
+        if not with_next:
+            in_step = 0
+            planned += max(f.hold_s for f in _last_step(faults)) + fault.gap_s
     return faults
 
 
+def _last_step(faults: list[Fault]) -> list[Fault]:
+    step = [faults[-1]]
+    for f in reversed(faults[:-1]):
+        if not f.with_next:
+            break
+        step.insert(0, f)
+    return step
+
+
+def steps(faults: list[Fault]) -> list[list[Fault]]:
+    """The schedule grouped into steps (faults injected together)."""
+    out: list[list[Fault]] = []
+    current: list[Fault] = []
+    for f in faults:
+        current.append(f)
+        if not f.with_next:
+            out.append(current)
+            current = []
+    if current:
+        out.append(current)
+    return out
+
+
 @dataclass
-class FaultResult:
+class StepResult:
     index: int
-    kind: str
-    target: str
-    nodes: list[int]
+    kinds: list[str]
+    targets: list[str]
+    nodes: list[list[int]]
     recovery_s: float | None  # None: not writable again within the bound
 
 
@@ -75,7 +112,7 @@ class Nemesis:
         self.probe = probe
         self.recovery_bound_s = recovery_bound_s
         self.should_stop = should_stop
-        self.results: list[FaultResult] = []
+        self.results: list[StepResult] = []
 
     # ---- target resolution (at injection time; falls back to the seeded random node)
     def _resolve(self, fault: Fault) -> list[int]:
@@ -121,21 +158,25 @@ class Nemesis:
                 self.cluster.start_node(node_id)
 
     def run(self, faults: list[Fault], deadline: float) -> None:
-        for index, fault in enumerate(faults):
+        for index, step in enumerate(steps(faults)):
             if time.monotonic() >= deadline or self.should_stop():
                 break
-            nodes = self._resolve(fault)
-            log.info("fault %d: %s %s -> nodes %s for %.1f s", index, fault.kind, fault.target, nodes, fault.hold_s)
-            self.history.record(e="fault", i=index, nodes=nodes, **asdict(fault))
-            self._inject(fault, nodes)
-            time.sleep(fault.hold_s)  # the fault's duration is the point, not a wait for a condition
+            hit: list[list[int]] = []
+            for fault in step:  # resolved one after the other: "the controller" after a kill is the new one
+                nodes = self._resolve(fault)
+                log.info("step %d: %s %s -> nodes %s for %.1f s", index, fault.kind, fault.target, nodes,
+                         fault.hold_s)
+                self.history.record(e="fault", i=index, nodes=nodes, **asdict(fault))
+                self._inject(fault, nodes)
+                hit.append(nodes)
+            time.sleep(max(f.hold_s for f in step))  # the fault's duration is the point, not a wait
             self.heal()
             self.history.record(e="heal", i=index)
             recovery = self.probe.writable_within(self.recovery_bound_s)
             self.history.record(e="recovered", i=index, s=None if recovery is None else round(recovery, 3))
-            log.info("fault %d healed; writable again after %s s", index,
+            log.info("step %d healed; writable again after %s s", index,
                      f"more than {self.recovery_bound_s:.0f}" if recovery is None else f"{recovery:.1f}")
-            self.results.append(FaultResult(index, fault.kind, fault.target, nodes, recovery))
+            self.results.append(StepResult(index, [f.kind for f in step], [f.target for f in step], hit, recovery))
             if recovery is None:
                 break  # the cluster did not recover: stop injecting, the run fails on liveness
-            time.sleep(fault.gap_s)
+            time.sleep(step[-1].gap_s)

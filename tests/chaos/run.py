@@ -61,6 +61,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="fault kinds to draw from (default kill,pause,isolate,cut)")
     ap.add_argument("--hold", default="1,8", help="min,max seconds a fault lasts (default 1,8)")
     ap.add_argument("--gap", default="1,5", help="min,max quiet seconds between faults (default 1,5)")
+    ap.add_argument("--overlap", type=float, default=0.0,
+                    help="chance (0-1) that a fault is injected together with the next one, up to 3 at once "
+                         "(default 0: one fault at a time)")
     ap.add_argument("--loopback", action="store_true", help="no network namespaces: process faults only")
     ap.add_argument("--dir", type=Path, default=None, help="run directory (default: a new temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the run directory even when the run passes")
@@ -193,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     if not network.supports_partitions:
         kinds = tuple(k for k in kinds if k in PROCESS_KINDS)
     network_label = network.mode if not fallback_reason else f"loopback({fallback_reason.replace(' ', '_')})"
-    faults = schedule(args.seed, args.duration, kinds or PROCESS_KINDS, _pair(args.hold), _pair(args.gap))
+    faults = schedule(args.seed, args.duration, kinds or PROCESS_KINDS, _pair(args.hold), _pair(args.gap),
+                      args.overlap)
     cluster = ChaosCluster(run_dir, network)
     history = History(run_dir / "history.jsonl")
     stop = threading.Event()
@@ -221,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         nemesis.run(faults, started + args.duration)
         for r in nemesis.results:
-            verdict.faults[r.kind] = verdict.faults.get(r.kind, 0) + 1
+            for kind in r.kinds:
+                verdict.faults[kind] = verdict.faults.get(kind, 0) + 1
+            if len(r.kinds) > 1:
+                verdict.faults["overlapping"] = verdict.faults.get("overlapping", 0) + 1
         nemesis.heal()
         verdict.final_recovery_s = probe.writable_within(args.recovery_bound)
         history.record(e="final", recovery_s=verdict.final_recovery_s)
@@ -254,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.teardown()
         network.close()
     (run_dir / "verdict.json").write_text(json.dumps({**asdict(verdict), "ok": verdict.ok,
-                                                      "faults_run": [asdict(r) for r in nemesis.results]}, indent=1))
+                                                      "steps": [asdict(r) for r in nemesis.results]}, indent=1))
     for example in verdict.examples:
         log.warning("%s", example)
     print(verdict.summary(), flush=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 from storage.record_batch import RecordBatchBuilder
 from tests.chaos.checker import Verdict, check
-from tests.chaos.nemesis import schedule
+from tests.chaos.nemesis import STEP_FAULTS_MAX, schedule, steps
 from tests.chaos.run import compare_replicas, replica_batches
 
 BOUND_S = 30.0
@@ -83,6 +83,14 @@ def test_the_schedule_is_a_function_of_the_seed() -> None:
     faults = schedule(7, 120, kinds)
     assert sum(f.hold_s + f.gap_s for f in faults[:-1]) < 120 <= sum(f.hold_s + f.gap_s for f in faults)
     assert {f.kind for f in schedule(3, 60, ("kill",))} == {"kill"}
+    assert all(len(step) == 1 for step in steps(faults))  # no overlap unless asked
+
+
+def test_overlapping_faults_share_a_step_of_at_most_three() -> None:
+    faults = schedule(11, 600, ("kill", "pause"), overlap=0.6)
+    assert faults == schedule(11, 600, ("kill", "pause"), overlap=0.6)
+    sizes = [len(step) for step in steps(faults)]
+    assert max(sizes) == STEP_FAULTS_MAX and min(sizes) == 1 and sum(sizes) == len(faults)
 
 
 def _batch(base_offset: int, values: list[bytes], epoch: int = 0) -> bytes:
