@@ -33,6 +33,7 @@ class Verdict:
     network: str
     faults: dict[str, int]
     acked: int = 0
+    failed: int = 0  # sends that failed or timed out: allowed, but they exercise the idempotent producer
     lost: int = 0
     misplaced: int = 0
     duplicated: int = 0
@@ -62,7 +63,7 @@ class Verdict:
             return "none" if v is None else f"{v:.1f}s"
 
         return (f"chaos: seed={self.seed} duration={self.duration_s:.0f}s network={self.network} "
-                f"faults={total} ({faults}) acked={self.acked} lost={self.lost} duplicated={self.duplicated} "
+                f"faults={total} ({faults}) acked={self.acked} failed={self.failed} lost={self.lost} duplicated={self.duplicated} "
                 f"unexpected={self.unexpected} misplaced={self.misplaced} reordered={self.reordered} "
                 f"phantom={self.phantom} diverged={self.diverged} max_recovery={secs(self.max_recovery_s)} "
                 f"final_recovery={secs(self.final_recovery_s)} VERDICT={'PASS' if self.ok else 'FAIL'}")
@@ -88,6 +89,8 @@ def check(verdict: Verdict, events: list[dict[str, Any]], final_log: dict[int, l
             sent[ev["id"]] = ev["p"]
         elif kind == "ack":
             acked[ev["id"]] = (ev["p"], ev["o"])
+        elif kind == "fail":
+            verdict.failed += 1
         elif kind == "consume":
             consumed.extend((ev["p"], o, v) for o, v in ev["recs"])
         elif kind == "recovered":

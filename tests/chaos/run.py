@@ -53,6 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=4, help="partitions of the topic (default 4)")
     ap.add_argument("--writers", type=int, default=2, help="idempotent producers (default 2)")
     ap.add_argument("--rate", type=float, default=50.0, help="records/s per writer (default 50)")
+    ap.add_argument("--delivery-timeout-ms", type=int, default=30000,
+                    help="writers' delivery.timeout.ms; lower it to make sends time out during faults (default 30000)")
     ap.add_argument("--recovery-bound", type=float, default=30.0,
                     help="seconds within which every partition must take acks=all writes after a heal (default 30)")
     ap.add_argument("--health-bound", type=float, default=60.0,
@@ -216,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         if probe.writable_within(STARTUP_TIMEOUT_S) is None:
             raise RuntimeError("the fresh cluster took no writes")
         workers: list[Writer | Reader] = [
-            Writer(f"w{i}", cluster.bootstrap_servers, TOPIC, args.partitions, args.rate, history, stop)
+            Writer(f"w{i}", cluster.bootstrap_servers, TOPIC, args.partitions, args.rate, history, stop,
+                   args.delivery_timeout_ms)
             for i in range(args.writers)]
         workers.append(Reader(cluster.bootstrap_servers, TOPIC, args.partitions, history, stop))
         for w in workers:

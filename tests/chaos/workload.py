@@ -99,7 +99,7 @@ class Writer(_Worker):
     """One idempotent acks=all producer writing ``rate`` records/s round-robin over the partitions."""
 
     def __init__(self, name: str, bootstrap: str, topic: str, partitions: int, rate: float, history: History,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, delivery_timeout_ms: int = PRODUCER_CONFIG["delivery_timeout_ms"]) -> None:
         super().__init__(name=f"chaos-{name}", daemon=True)
         self.writer = name
         self.bootstrap = bootstrap
@@ -108,6 +108,7 @@ class Writer(_Worker):
         self.interval_s = 1.0 / rate
         self.history = history
         self.stop_event = stop
+        self.delivery_timeout_ms = delivery_timeout_ms
         self.incarnation = 0
         self.outstanding = 0
         self._cond = threading.Condition()
@@ -130,7 +131,8 @@ class Writer(_Worker):
         while not self.stop_event.is_set():
             if self.producer is None:
                 self.incarnation += 1
-                self.producer = Producer(bootstrap_servers=self.bootstrap, client_id=self.writer, **PRODUCER_CONFIG)
+                self.producer = Producer(bootstrap_servers=self.bootstrap, client_id=self.writer,
+                                         **{**PRODUCER_CONFIG, "delivery_timeout_ms": self.delivery_timeout_ms})
                 seq = 0
             with self._cond:
                 while self.outstanding >= OUTSTANDING_MAX and not self.stop_event.is_set():
