@@ -43,6 +43,7 @@ class Verdict:
     diverged: int = 0
     max_recovery_s: float | None = 0.0
     final_recovery_s: float | None = 0.0
+    healthy_s: float | None = None  # from the final heal until every replica was back in the ISR
     liveness_failures: int = 0
     examples: list[str] = field(default_factory=list)
 
@@ -66,7 +67,7 @@ class Verdict:
                 f"faults={total} ({faults}) acked={self.acked} failed={self.failed} lost={self.lost} duplicated={self.duplicated} "
                 f"unexpected={self.unexpected} misplaced={self.misplaced} reordered={self.reordered} "
                 f"phantom={self.phantom} diverged={self.diverged} max_recovery={secs(self.max_recovery_s)} "
-                f"final_recovery={secs(self.final_recovery_s)} VERDICT={'PASS' if self.ok else 'FAIL'}")
+                f"final_recovery={secs(self.final_recovery_s)} in_sync={secs(self.healthy_s)} VERDICT={'PASS' if self.ok else 'FAIL'}")
 
 
 def _writer_seq(record_id: str) -> tuple[str, int] | None:

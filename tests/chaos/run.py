@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             if len(r.kinds) > 1:
                 verdict.faults["overlapping"] = verdict.faults.get("overlapping", 0) + 1
         nemesis.heal()
+        healed_at = time.monotonic()
         verdict.final_recovery_s = probe.writable_within(args.recovery_bound)
         history.record(e="final", recovery_s=verdict.final_recovery_s)
         stop.set()
@@ -241,11 +242,14 @@ def main(argv: list[str] | None = None) -> int:
             if w.is_alive() or w.crashed is not None:
                 raise RuntimeError(f"{w.name} {'did not stop' if w.is_alive() else f'crashed: {w.crashed!r}'}")
         probe.close()
+        # The bound runs from the final heal (writers stop within it unless the cluster is stuck).
         reason = _wait(lambda: unhealthy_reason(cluster.bootstrap_servers, node_ids, args.partitions),
-                       args.health_bound)
+                       max(1.0, args.health_bound - (time.monotonic() - healed_at)))
         if reason is not None:
             verdict.note(f"liveness: not healthy {args.health_bound:.0f} s after the final heal: {reason}")
             verdict.final_recovery_s = None
+        else:
+            verdict.healthy_s = time.monotonic() - healed_at
         final_log, hws = read_final_log(cluster.bootstrap_servers, args.partitions)
         history.flush()
         cluster.stop()
