@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
@@ -116,12 +117,12 @@ def unhealthy_reason(bootstrap: str, nodes: list[int], partitions: int) -> str |
     return None
 
 
-def _wait(cond_reason: object, timeout_s: float) -> str | None:
+def _wait(cond_reason: Callable[[], str | None], timeout_s: float) -> str | None:
     """Poll a reason-returning callable until it returns None; the last reason at the deadline."""
     deadline = time.monotonic() + timeout_s
     reason: str | None = "not checked"
     while time.monotonic() < deadline:
-        reason = cond_reason()  # type: ignore[operator]
+        reason = cond_reason()
         if reason is None:
             return None
         time.sleep(0.5)
