@@ -44,6 +44,7 @@ class Verdict:
     max_recovery_s: float | None = 0.0
     final_recovery_s: float | None = 0.0
     healthy_s: float | None = None  # from the final heal until every replica was back in the ISR
+    max_write_gap_s: float = 0.0  # longest time with no acknowledged write: unavailability during faults
     liveness_failures: int = 0
     examples: list[str] = field(default_factory=list)
 
@@ -67,7 +68,7 @@ class Verdict:
                 f"faults={total} ({faults}) acked={self.acked} failed={self.failed} lost={self.lost} duplicated={self.duplicated} "
                 f"unexpected={self.unexpected} misplaced={self.misplaced} reordered={self.reordered} "
                 f"phantom={self.phantom} diverged={self.diverged} max_recovery={secs(self.max_recovery_s)} "
-                f"final_recovery={secs(self.final_recovery_s)} in_sync={secs(self.healthy_s)} VERDICT={'PASS' if self.ok else 'FAIL'}")
+                f"final_recovery={secs(self.final_recovery_s)} max_write_gap={secs(self.max_write_gap_s)} in_sync={secs(self.healthy_s)} VERDICT={'PASS' if self.ok else 'FAIL'}")
 
 
 def _writer_seq(record_id: str) -> tuple[str, int] | None:
@@ -84,12 +85,15 @@ def check(verdict: Verdict, events: list[dict[str, Any]], final_log: dict[int, l
     acked: dict[str, tuple[int, int]] = {}
     consumed: list[tuple[int, int, str]] = []
     recoveries: list[float | None] = []
+    ack_times: list[float] = []
     for ev in events:
         kind = ev["e"]
         if kind == "send":
             sent[ev["id"]] = ev["p"]
         elif kind == "ack":
             acked[ev["id"]] = (ev["p"], ev["o"])
+            if "ts" in ev:
+                ack_times.append(ev["ts"])
         elif kind == "fail":
             verdict.failed += 1
         elif kind == "consume":
@@ -97,6 +101,8 @@ def check(verdict: Verdict, events: list[dict[str, Any]], final_log: dict[int, l
         elif kind == "recovered":
             recoveries.append(ev["s"])
     verdict.acked = len(acked)
+    ack_times.sort()
+    verdict.max_write_gap_s = max((b - a for a, b in zip(ack_times, ack_times[1:], strict=False)), default=0.0)
 
     where: dict[str, list[tuple[int, int]]] = defaultdict(list)
     at: dict[tuple[int, int], str] = {}

@@ -34,6 +34,11 @@ def test_a_clean_history_passes_and_unacknowledged_records_may_be_missing_or_pre
     v = check(_verdict(), events, {0: [(0, "w0.1:0"), (1, "w0.1:1"), (2, "w0.1:2")]}, [], BOUND_S)
     assert v.ok, v.examples
     assert v.acked == 2 and v.max_recovery_s == 1.5
+    timed = _history(("w0.1:0", 0, 0), ("w0.1:1", 0, 1), ("w0.1:2", 0, 2))
+    for ev, ts in zip([e for e in timed if e["e"] == "ack"], (10.0, 10.5, 14.0), strict=True):
+        ev["ts"] = ts
+    assert check(_verdict(), timed, {0: [(0, "w0.1:0"), (1, "w0.1:1"), (2, "w0.1:2")]}, [],
+                 BOUND_S).max_write_gap_s == 3.5
     assert "VERDICT=PASS" in v.summary() and "lost=0" in v.summary()
 
 
