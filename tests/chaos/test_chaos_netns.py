@@ -17,7 +17,8 @@ from waiting import wait_for
 from tests.chaos.netns import OWNERS_DIR, NamespaceNetwork, namespaces_unavailable_reason, remove_stale_runs
 
 _REASON = namespaces_unavailable_reason()
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"network namespaces unavailable: {_REASON}")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(_REASON is not None, reason=f"network namespaces unavailable: {_REASON}")]
 
 PORT = 9999
 CONNECT_TIMEOUT_S = 2.0
