@@ -203,8 +203,12 @@ class NamespaceNetwork:
         self._faults.isolated.add(node_id)
 
     def cut(self, a: int, b: int) -> None:
+        """Cut a from b both ways; a pair already cut (in either order) stays cut as it is."""
+        pair = (min(a, b), max(a, b))
+        if pair in self._faults.cuts:
+            return
+        self._faults.cuts.add(pair)  # before the routes: heal() removes whatever half got added
         _run(["ip", "-n", self.ns(a), "route", "add", "blackhole", f"{self.node_ip(b)}/32"])
-        self._faults.cuts.add((a, b))
         _run(["ip", "-n", self.ns(b), "route", "add", "blackhole", f"{self.node_ip(a)}/32"])
 
     def heal(self) -> None:
