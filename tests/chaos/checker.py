@@ -43,7 +43,7 @@ class Verdict:
     diverged: int = 0
     max_recovery_s: float | None = 0.0
     final_recovery_s: float | None = 0.0
-    healthy_s: float | None = None  # from the final heal until every replica was back in the ISR
+    healthy_s: float | None = 0.0  # from the final heal until every replica was back in the ISR; None: never
     max_write_gap_s: float = 0.0  # longest time with no acknowledged write: unavailability during faults
     liveness_failures: int = 0
     examples: list[str] = field(default_factory=list)
@@ -155,6 +155,8 @@ def check(verdict: Verdict, events: list[dict[str, Any]], final_log: dict[int, l
     if verdict.final_recovery_s is None or verdict.final_recovery_s > recovery_bound_s:
         failed += 1
         verdict.note(f"liveness: not writable on every partition within {recovery_bound_s:.0f} s after the final heal")
+    if verdict.healthy_s is None:
+        failed += 1
     if failed:
         verdict.note(f"liveness: {failed} recoveries missed the {recovery_bound_s:.0f} s bound")
     verdict.liveness_failures = failed

@@ -79,6 +79,9 @@ def test_liveness_fails_on_a_missed_recovery_and_on_a_slow_final_recovery() -> N
     slow = _verdict()
     slow.final_recovery_s = BOUND_S + 1
     assert check(slow, _history(), {}, [], BOUND_S).liveness_failures == 1
+    stuck = _verdict()
+    stuck.healthy_s = None  # replicas never back in sync after the final heal
+    assert check(stuck, _history(), {}, [], BOUND_S).liveness_failures == 1
 
 
 def test_the_schedule_is_a_function_of_the_seed() -> None:
