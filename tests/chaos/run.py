@@ -189,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Expired sends are expected under faults (they are in the history); the client would log each one.
     for noisy in ("client", "grpc"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+        logging.getLogger(noisy).setLevel(logging.ERROR)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     faults = schedule(args.seed, args.duration, kinds or PROCESS_KINDS, args.hold, args.gap, args.overlap)
     cluster = ChaosCluster(run_dir, network)
     history = History(run_dir / "history.jsonl")
+    history.record(e="schedule", seed=args.seed, faults=[asdict(f) for f in faults])
     stop = threading.Event()
     verdict = Verdict(seed=args.seed, duration_s=args.duration, network=network_label, faults={})
     try:
