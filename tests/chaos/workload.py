@@ -7,7 +7,8 @@ run still leaves what it saw):
     {"e": "ack",  "id": "w0.1:17", "p": 2, "o": 133}        acknowledged (acks=all) at offset 133
     {"e": "fail", "id": "w0.1:17", "p": 2, "err": "..."}    failed: it may or may not be in the log
     {"e": "consume", "p": 2, "recs": [[133, "w0.1:17"], ...]}
-    {"e": "fault", ...} / {"e": "heal", ...} / {"e": "recovered", ...}   from the nemesis
+    {"e": "schedule", ...} / {"e": "fault", ...} / {"e": "heal", ...} / {"e": "recovered", "s": 1.2}
+    {"e": "final", "recovery_s": 0.1}                        from the run and the nemesis
 
 A record's value is its id, ``<writer>.<incarnation>:<seq>``; a writer that has to replace
 its producer (fatal error) starts a new incarnation, i.e. a new producer id.
