@@ -21,11 +21,13 @@ Names carry a random per-run prefix (``bkc<6 hex>``) so parallel runs never coll
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ipaddress
 import logging
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,6 +262,10 @@ def remove_stale_runs() -> list[str]:
         prefix = owner.name
         for name in listed:
             if name.startswith(prefix):
+                # Nodes of a SIGKILLed harness stop on their own (parent watch), except SIGSTOPped ones.
+                for member in _run(["ip", "netns", "pids", name], check=False).stdout.split():
+                    with contextlib.suppress(ProcessLookupError, ValueError):
+                        os.kill(int(member), signal.SIGKILL)
                 _run(["ip", "netns", "del", name], check=False)
         _run(["ip", "link", "del", "dev", f"{prefix}c0"], check=False)
         owner.unlink(missing_ok=True)

@@ -5,11 +5,13 @@ Real namespaces, veths and sockets (root with iproute2; skipped otherwise, with 
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from waiting import wait_for
@@ -102,7 +104,15 @@ def test_close_and_stale_cleanup_remove_every_namespace() -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
     (OWNERS_DIR / crashed.prefix).write_text(f"{dead.pid}\n")
+    frozen = subprocess.Popen([*crashed.command_prefix(1), "sleep", "600"])  # a SIGSTOPped node of that run
+    wait_for(lambda: Path(f"/proc/{frozen.pid}/cmdline").read_bytes().startswith(b"sleep"), 20,
+             "the process to be inside the namespace")  # `ip netns exec` has done setns and exec
+    frozen.send_signal(signal.SIGSTOP)
     assert crashed.prefix in _listed()
-    assert crashed.prefix in remove_stale_runs()
-    assert crashed.prefix not in _listed()
-    crashed.close()
+    try:
+        assert crashed.prefix in remove_stale_runs()
+        assert crashed.prefix not in _listed()
+        assert frozen.wait(timeout=20) == -signal.SIGKILL
+    finally:
+        frozen.kill()
+        crashed.close()
