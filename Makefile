@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv test test-fast demo proto lint soak fuzz sim bench bench-storage bench-codec bench-metadata bench-client bench-spark clean
+.PHONY: venv test test-fast demo proto lint soak fuzz sim chaos bench bench-storage bench-codec bench-metadata bench-client bench-spark clean
 
 venv: $(STAMP)
 
@@ -49,6 +49,16 @@ soak: venv
 ## RPC handlers: FUZZ_SECONDS per target (default 20), FUZZ_RUNS, FUZZ_TARGETS to change it.
 fuzz: venv
 	$(PY) tests/fuzz/run.py
+## Randomized fault run (tests/chaos): a 3-node cluster under idempotent acks=all writers while a
+## seeded nemesis kills, stops and partitions nodes; one summary line, non-zero exit on a violation.
+## CHAOS_DURATION (seconds of faults), CHAOS_SEED (replays a schedule; default: the clock),
+## CHAOS_ARGS (more flags, see `python -m tests.chaos.run --help`). Then the simulator (`make sim`).
+CHAOS_DURATION ?= 600
+CHAOS_SEED ?= $(shell date +%s)
+CHAOS_ARGS ?=
+chaos: venv
+	$(PY) -m tests.chaos.run --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) $(CHAOS_ARGS)
+	$(MAKE) sim
 
 bench-storage: venv
 	$(PY) -m storage.perf

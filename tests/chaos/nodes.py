@@ -1,0 +1,195 @@
+"""The chaos harness's cluster: 3 combined ``brook-server`` nodes, each in its network namespace.
+
+deploy.local.cluster.LocalCluster binds every node to 127.0.0.1; here a node binds the
+address of its own namespace and is started through ``ip netns exec``, so the network
+between nodes can be cut. Configs use LocalCluster's dev defaults (fast fencing, no
+quorum password: the quorum ports live on the private chaos network).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy.local.cluster import LOCAL_DEFAULTS, PARENT_PID_ENV, check_health, free_port
+from tests.chaos.netns import LoopbackNetwork, NamespaceNetwork
+
+log = logging.getLogger(__name__)
+
+_EXIT_WAIT_S = 10.0
+_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class NodeAddr:
+    node_id: int
+    host: str
+    broker_port: int
+    controller_port: int
+    raft_port: int
+    metrics_port: int
+
+    @property
+    def broker(self) -> str:
+        return f"{self.host}:{self.broker_port}"
+
+    @property
+    def controller(self) -> str:
+        return f"{self.host}:{self.controller_port}"
+
+
+class ChaosCluster:
+    def __init__(self, base_dir: Path, network: NamespaceNetwork | LoopbackNetwork, nodes: int = 3,
+                 overrides: dict[str, str] | None = None) -> None:
+        self.base_dir = base_dir
+        self.network = network
+        self.cluster_id = f"brook-chaos-{uuid.uuid4().hex[:8]}"
+        self.overrides = dict(overrides or {})
+        self.addrs: dict[int, NodeAddr] = {}
+        for node_id in range(1, nodes + 1):
+            host = network.node_ip(node_id)
+            if isinstance(network, NamespaceNetwork):
+                # A namespace per node: the same well-known ports on every address.
+                ports = (9092, 9093, 9094, 9100)
+            else:
+                ports = (free_port(), free_port(), free_port(), free_port())
+            self.addrs[node_id] = NodeAddr(node_id, host, *ports)
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.paused: set[int] = set()
+
+    @property
+    def node_ids(self) -> list[int]:
+        return sorted(self.addrs)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(a.broker for a in self.addrs.values())
+
+    def node_dir(self, node_id: int) -> Path:
+        return self.base_dir / f"node-{node_id}"
+
+    def data_dir(self, node_id: int) -> Path:
+        return self.node_dir(node_id) / "data"
+
+    def _write_config(self, node_id: int) -> Path:
+        a = self.addrs[node_id]
+        d = self.node_dir(node_id)
+        d.mkdir(parents=True, exist_ok=True)
+        voters = ",".join(f"{x.node_id}@{x.host}:{x.controller_port}:{x.raft_port}" for x in self.addrs.values())
+        keys: dict[str, str | int] = {
+            "process.roles": "controller,broker",
+            "node.id": node_id,
+            "cluster.id": self.cluster_id,
+            "listeners": f"BROKER://{a.broker},CONTROLLER://{a.controller}",
+            "controller.quorum.voters": voters,
+            "metrics.listener": f"{a.host}:{a.metrics_port}",
+            "log.dirs": str(self.data_dir(node_id)),
+            "metadata.log.dir": str(d / "meta"),
+            **LOCAL_DEFAULTS,
+            "offsets.topic.replication.factor": "3",
+            **self.overrides,
+        }
+        path = d / "node.toml"
+        path.write_text("".join(f"{json.dumps(k)} = {json.dumps(v) if isinstance(v, str) else v}\n"
+                                for k, v in keys.items()))
+        return path
+
+    # ---- processes
+    def start(self) -> None:
+        for node_id in self.node_ids:
+            self.start_node(node_id)
+
+    def start_node(self, node_id: int) -> None:
+        if self.is_running(node_id):
+            return
+        config = self._write_config(node_id)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BROOK_")}
+        env["PYTHONUNBUFFERED"] = "1"
+        env[PARENT_PID_ENV] = str(os.getpid())  # nodes stop themselves if the harness dies
+        with (self.node_dir(node_id) / "server.log").open("ab") as logf:
+            # `ip netns exec` execs the command: the Popen pid is the node itself, so signals reach it.
+            proc = subprocess.Popen(
+                [*self.network.command_prefix(node_id), sys.executable, "-m", "broker.node", "--config", str(config)],
+                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                cwd=str(self.node_dir(node_id)), start_new_session=True)
+        self._procs[node_id] = proc
+        self.paused.discard(node_id)
+        log.info("node %d started (pid %d)", node_id, proc.pid)
+
+    def is_running(self, node_id: int) -> bool:
+        proc = self._procs.get(node_id)
+        return proc is not None and proc.poll() is None
+
+    def kill(self, node_id: int) -> None:
+        proc = self._procs.get(node_id)
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_EXIT_WAIT_S)
+        self.paused.discard(node_id)
+
+    def pause(self, node_id: int) -> None:
+        proc = self._procs.get(node_id)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGSTOP)
+            self.paused.add(node_id)
+
+    def resume(self, node_id: int) -> None:
+        proc = self._procs.get(node_id)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+        self.paused.discard(node_id)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Controlled stop of every node (SIGTERM), SIGKILL for any still alive at the deadline."""
+        for node_id in list(self.paused):
+            self.resume(node_id)
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for node_id, proc in self._procs.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("node %d did not stop within %.0f s: SIGKILL", node_id, timeout_s)
+                self.kill(node_id)
+
+    def teardown(self) -> None:
+        for node_id in self.node_ids:
+            if node_id in self.paused:
+                self.resume(node_id)
+            self.kill(node_id)
+
+    def unexpected_exits(self) -> dict[int, int]:
+        """Nodes that exited although the nemesis did not kill them: {node: exit code}."""
+        return {n: p.returncode for n, p in self._procs.items() if p.poll() is not None}
+
+    # ---- status
+    def all_serving(self) -> bool:
+        for a in self.addrs.values():
+            if not self.is_running(a.node_id):
+                return False
+            for target in (a.broker, a.controller):
+                if check_health(target) != "SERVING":
+                    return False
+        return True
+
+    def log_tail(self, node_id: int, lines: int = 20) -> str:
+        try:
+            text = (self.node_dir(node_id) / "server.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
