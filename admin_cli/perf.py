@@ -28,28 +28,29 @@ def _run(module: str, func: str, args: list[str]) -> int:
 
 
 def _with_bootstrap(ctx: typer.Context, args: list[str]) -> list[str]:
-    if any(a == "--bootstrap-servers" or a.startswith("--bootstrap-servers=") for a in args) or \
-            any(a in ("-h", "--help") for a in args):
+    given = any(a in ("-b", "--bootstrap", "--bootstrap-servers") or a.startswith(("--bootstrap=", "--bootstrap-servers="))
+                for a in args)
+    if given or any(a in ("-h", "--help") for a in args):
         return args
-    return ["--bootstrap-servers", state(ctx).bootstrap, *args]
+    return ["--bootstrap", state(ctx).bootstrap, *args]
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False,
-             epilog="Examples:  brook perf storage --help  |  brook perf storage")
+             epilog="Examples:\n\nbrook perf storage --help\n\nbrook perf storage")
 def storage(ctx: typer.Context) -> None:
     """Storage engine benchmark (append, read, recovery) on a temporary directory. Options: --help."""
     raise typer.Exit(_run("storage.perf", "main", list(ctx.args)))
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False,
-             epilog="Examples:  brook perf produce --num-records 100000 --record-size 1000 --acks all")
+             epilog="Examples:\n\nbrook perf produce -t perf -n 100000 --record-size 1000 --acks all")
 def produce(ctx: typer.Context) -> None:
     """Producer throughput and latency against the cluster (--bootstrap or BROOK_BOOTSTRAP). Options: --help."""
     raise typer.Exit(_run("client.perf", "produce_main", _with_bootstrap(ctx, list(ctx.args))))
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False,
-             epilog="Examples:  brook perf consume --num-records 100000 --group perf")
+             epilog="Examples:\n\nbrook perf consume -t perf -n 100000 -g perf")
 def consume(ctx: typer.Context) -> None:
     """Consumer throughput against the cluster (--bootstrap or BROOK_BOOTSTRAP). Options: --help."""
     raise typer.Exit(_run("client.perf", "consume_main", _with_bootstrap(ctx, list(ctx.args))))
