@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import typer
 
+from admin_cli.backend import probe_bootstrap
 from admin_cli.common import CliError, state
 
 app = typer.Typer(help="Benchmarks: storage engine, producer and consumer throughput and latency.",
@@ -28,11 +29,22 @@ def _run(module: str, func: str, args: list[str]) -> int:
 
 
 def _with_bootstrap(ctx: typer.Context, args: list[str]) -> list[str]:
-    given = any(a in ("-b", "--bootstrap", "--bootstrap-servers") or a.startswith(("--bootstrap=", "--bootstrap-servers="))
-                for a in args)
-    if given or any(a in ("-h", "--help") for a in args):
+    if any(a in ("-h", "--help") for a in args):
         return args
-    return ["--bootstrap", state(ctx).bootstrap, *args]
+    given = _given_bootstrap(args)
+    # An unreachable cluster is one line at once here too, not the benchmark's own 30 s of retries.
+    probe_bootstrap(given or state(ctx).bootstrap, min(state(ctx).timeout_s, 5.0))
+    return args if given else ["--bootstrap", state(ctx).bootstrap, *args]
+
+
+def _given_bootstrap(args: list[str]) -> str | None:
+    for i, a in enumerate(args):
+        if a in ("-b", "--bootstrap", "--bootstrap-servers"):
+            return args[i + 1] if i + 1 < len(args) else None
+        for prefix in ("--bootstrap=", "--bootstrap-servers="):
+            if a.startswith(prefix):
+                return a[len(prefix):]
+    return None
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False,

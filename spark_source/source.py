@@ -155,7 +155,7 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._new_starts: PartitionOffsets = {}  # where partitions found after the start begin
         self._latest_seen: PartitionOffsets = {}  # high watermarks at the last latestOffset (uncapped)
         self._reported_gone: set[TP] = set()  # data loss is reported once per partition
-        self._last_trigger_s = 0.0  # monotonic time of the last batch admitted (minOffsetsPerTrigger)
+        self._last_trigger_s: float | None = None  # monotonic time of the last batch admitted (minOffsetsPerTrigger)
 
     @property
     def reader(self) -> OffsetReader:
@@ -220,7 +220,7 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if low is None or self._target is not None:
             return False
         now = time.monotonic()
-        if (now - self._last_trigger_s) * 1000 >= self.options.max_trigger_delay_ms:
+        if self._last_trigger_s is None or (now - self._last_trigger_s) * 1000 >= self.options.max_trigger_delay_ms:
             self._last_trigger_s = now
             return False
         available = sum(max(0, latest[tp] - start.get(tp, latest[tp])) for tp in latest)

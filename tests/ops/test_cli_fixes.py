@@ -93,6 +93,17 @@ def test_refused_or_unresolvable_bootstrap_fails_at_once(bootstrap: str) -> None
     assert elapsed_s < 60, f"took {elapsed_s:.1f} s: the command waited for its --timeout"
 
 
+@pytest.mark.parametrize("argv", [["perf", "produce", "-n", "10"], ["perf", "consume", "-n", "10"],
+                                  ["consume", "orders", "-e"], ["produce", "orders", "-v", "x"]], ids=" ".join)
+def test_other_commands_fail_at_once_too(argv: list[str]) -> None:
+    started = time.monotonic()
+    proc = run_bin("-b", f"127.0.0.1:{free_port()}", "--timeout", "120", *argv, timeout_s=300)
+    elapsed_s = time.monotonic() - started
+    assert proc.returncode == 1 and "connection refused" in proc.stderr, proc
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert elapsed_s < 60, f"took {elapsed_s:.1f} s: the command waited for its --timeout"
+
+
 # ----------------------------------------------------------------------------- against the ops cluster
 
 
