@@ -248,16 +248,16 @@ def consume(
     count = 0
     stop = _StopSignals()
     try:
-        tps = [TopicPartition(topic, p) for p in wanted]
-        if group:
-            _note_group_start(consumer, group, topic, tps, from_beginning)
-            consumer.subscribe([topic])
-        else:
-            consumer.assign(tps)
-            _seek(consumer, tps, from_beginning, offset, ts_ms)
-        ends = consumer.end_offsets(tps) if exit_at_end else {}
-        last_record = time.monotonic()
-        with stop:
+        with stop:  # from here a signal ends the loop below (or prevents it) and the group is left cleanly
+            tps = [TopicPartition(topic, p) for p in wanted]
+            if group:
+                _note_group_start(consumer, group, topic, tps, from_beginning)
+                consumer.subscribe([topic])
+            else:
+                consumer.assign(tps)
+                _seek(consumer, tps, from_beginning, offset, ts_ms)
+            ends = consumer.end_offsets(tps) if exit_at_end else {}
+            last_record = time.monotonic()
             while stop.signum is None:
                 batch = consumer.poll(timeout_ms=POLL_MS,
                                       max_records=None if max_messages is None else max_messages - count)
@@ -273,8 +273,8 @@ def consume(
                     break
                 if idle_timeout_ms is not None and (time.monotonic() - last_record) * 1000 >= idle_timeout_ms:
                     break
-    except KeyboardInterrupt:  # Ctrl-C before the poll loop (or a second one): still commit and leave
-        stop.signum = signal.SIGINT
+    except KeyboardInterrupt:  # a second signal: stop waiting for the poll, still commit and leave
+        stop.signum = stop.signum or signal.SIGINT
     finally:
         if group:
             try:
@@ -293,7 +293,8 @@ class _StopSignals:
 
     The handler only records the signal: raising inside poll() could interrupt the client
     while it holds a lock, and close() (which sends LeaveGroup) must still work. A second
-    signal raises KeyboardInterrupt for a user who does not want to wait.
+    signal raises KeyboardInterrupt for a user who does not want to wait for the poll; the
+    handlers are restored before the final commit, so a third one interrupts that too.
     """
 
     def __init__(self) -> None:
