@@ -49,6 +49,7 @@ soak: venv
 ## RPC handlers: FUZZ_SECONDS per target (default 20), FUZZ_RUNS, FUZZ_TARGETS to change it.
 fuzz: venv
 	$(PY) tests/fuzz/run.py
+
 ## Randomized fault run (tests/chaos): a 3-node cluster under idempotent acks=all writers while a
 ## seeded nemesis kills, stops and partitions nodes; one summary line, non-zero exit on a violation.
 ## CHAOS_DURATION (seconds of faults), CHAOS_SEED (replays a schedule; default: the clock),

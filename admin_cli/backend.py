@@ -9,12 +9,13 @@ subclasses, or as ``Unreachable`` when no broker answers at all.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from client.admin import Admin, GroupDescription, GroupListing, NewTopic
-from client.cluster import ClusterClient
+from client.cluster import ClusterClient, parse_bootstrap
 from client.types import ClusterMetadata, TopicMetadata, TopicPartition
 from proto import controller_pb2, errors
 
@@ -22,8 +23,55 @@ _UNREACHABLE_CODES = (errors.ErrorCode.REQUEST_TIMED_OUT, errors.ErrorCode.NETWO
                       errors.ErrorCode.BROKER_NOT_AVAILABLE, errors.ErrorCode.UNKNOWN_SERVER_ERROR)
 
 
+PROBE_ADDRESSES_MAX = 4  # resolved addresses tried per bootstrap server (a name may map to many)
+
+
 class Unreachable(Exception):
     """No broker of the bootstrap list answered."""
+
+
+def _dial(address: str, timeout_s: float) -> str | None:
+    """None if something accepts TCP connections at ``address``, else why not ("refused", "unresolvable").
+
+    Only definite answers count as failures: a timeout or an unreachable network may be
+    transient, so it returns None and the normal retrying path decides within the deadline.
+    """
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        return f"cannot resolve host '{host}' ({e.strerror})"
+    refused = ""
+    for family, kind, proto, _, sockaddr in infos[:PROBE_ADDRESSES_MAX]:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.settimeout(timeout_s)
+                sock.connect(sockaddr)
+            return None
+        except ConnectionRefusedError:
+            refused = f"connection refused by {address}"
+        except OSError:
+            return None
+    return refused or None
+
+
+def probe_bootstrap(bootstrap: str, timeout_s: float) -> None:
+    """Fail at once, like kcat's "all brokers down", when no bootstrap server can even be dialled.
+
+    gRPC reports a refused connection and an unknown host as UNAVAILABLE, which the client
+    retries (correctly: a broker may be restarting) until the deadline; for a one-shot
+    command whose every bootstrap server refuses or does not resolve, waiting out --timeout
+    only delays the answer. Once any server accepts a connection, a broker that restarts
+    during the command is retried within --timeout as before.
+    """
+    reasons = []
+    for address in parse_bootstrap(bootstrap):
+        reason = _dial(address, timeout_s)
+        if reason is None:
+            return
+        reasons.append(reason)
+    raise Unreachable(f"cannot reach the cluster at {bootstrap}: {'; '.join(reasons)}")
 
 
 @dataclass(frozen=True)
@@ -38,6 +86,7 @@ class Backend:
         self.bootstrap = bootstrap
         self.timeout_s = timeout_s
         self._admin: Admin | None = None
+        self._probed = False
 
     # ------------------------------------------------------------------ connections
 
@@ -52,6 +101,9 @@ class Backend:
         return self.admin.cluster
 
     def metadata(self, topics: list[str] | None = None) -> ClusterMetadata:
+        if not self._probed:
+            probe_bootstrap(self.bootstrap, min(self.timeout_s, 5.0))
+            self._probed = True
         try:
             return self.cluster.metadata(topics, refresh=True)
         except errors.BrookError as e:

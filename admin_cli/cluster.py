@@ -124,7 +124,7 @@ def _quiet(fn: Any) -> tuple[Any, str]:
         return None, str(e)
 
 
-@app.command(epilog="Examples:  brook cluster info  |  BROOK_BOOTSTRAP=host:9092 brook cluster info -o json")
+@app.command(epilog="Examples:\n\nbrook cluster info\n\nBROOK_BOOTSTRAP=host:9092 brook cluster info -o json")
 def info(ctx: typer.Context, bootstrap: BootstrapOpt = None, output: OutputOpt = None) -> None:
     """Cluster id, active controller, metadata version, brokers and controllers."""
     st = state(ctx, bootstrap, output)
@@ -138,10 +138,11 @@ def info(ctx: typer.Context, bootstrap: BootstrapOpt = None, output: OutputOpt =
             "metadata_version": desc.metadata_version, "brokers": brokers,
             "controllers": [f"{h}:{p}" for h, p in meta.controllers],
             "topics": len([t for t in desc.topics if t.name not in internal]), "partitions": len(desc.partitions)}
-    summary = table(f"Cluster {desc.cluster_id}", ["ACTIVE CONTROLLER", "METADATA VERSION", "TOPICS", "PARTITIONS",
+    summary = table(f"Cluster {desc.cluster_id}", ["CONTROLLER", "METADATA VERSION", "TOPICS", "PARTITIONS",
                                                    "CONTROLLERS"],
+                    # one address per line: three host:port side by side would not fit 80 columns
                     [[desc.active_controller_id, desc.metadata_version, data["topics"], data["partitions"],
-                      data["controllers"]]])
+                      "\n".join(data["controllers"])]])
     btable = table("Brokers", ["ID", "ADDRESS", "RACK", "STATE", "EPOCH"],
                    [[b["node_id"], b["endpoints"], b["rack"] or "-",
                      Text("fenced", style="red") if b["fenced"] else Text("active", style="green"), b["epoch"]]
@@ -179,7 +180,7 @@ def health(
         raise typer.Exit(1)
 
 
-@app.command(epilog="Examples:  brook cluster quorum  |  brook cluster quorum -o json")
+@app.command(epilog="Examples:\n\nbrook cluster quorum\n\nbrook cluster quorum -o json")
 def quorum(ctx: typer.Context, bootstrap: BootstrapOpt = None, output: OutputOpt = None) -> None:
     """The Raft metadata quorum: leader, term, commit index and each voter's lag."""
     st = state(ctx, bootstrap, output)

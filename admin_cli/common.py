@@ -19,6 +19,13 @@ from admin_cli.backend import Backend
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 BOOTSTRAP_ENV = "BROOK_BOOTSTRAP"
 DEFAULT_TIMEOUT_S = 15.0
+MAX_TIMEOUT_S = 86_400.0  # a day: beyond it a deadline is a typo, and time.monotonic() arithmetic stays sane
+# Kafka's wire types: a partition count or id is an int32, an offset an int64. Options are
+# checked against these at parse time, so an out-of-range number is one usage error (exit 2)
+# instead of an overflow deep in the protobuf encoder.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+PORT_MAX = 65535
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -38,10 +45,24 @@ class CliError(Exception):
         self.code = code
 
 
+def check_bootstrap(value: str | None) -> str | None:
+    """Option callback: ``host:port,...`` with every port in 1..65535 (gRPC would wrap 70000 to 4464)."""
+    if value is None:
+        return None
+    from client.cluster import parse_bootstrap
+    from proto import errors
+
+    try:
+        parse_bootstrap(value)
+    except errors.BrookError as e:
+        raise typer.BadParameter(e.message) from None
+    return value
+
+
 # Options every leaf command takes (they may also come before the command: `brook -o json topic list`).
 BootstrapOpt = Annotated[str | None, typer.Option(
     "--bootstrap", "-b", help=f"Brokers host:port,... [env {BOOTSTRAP_ENV}; default {DEFAULT_BOOTSTRAP}]",
-    show_default=False)]
+    show_default=False, callback=check_bootstrap)]
 OutputOpt = Annotated[Output | None, typer.Option("--output", "-o", help="table (default) or json.",
                                                   show_default=False)]
 

@@ -5,20 +5,34 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any, TextIO
 
 import typer
 from rich.text import Text
 
-from admin_cli.common import BootstrapOpt, CliError, OutputOpt, err, ok, parse_pairs, state
+from admin_cli.common import (
+    INT32_MAX,
+    INT64_MAX,
+    BootstrapOpt,
+    CliError,
+    OutputOpt,
+    err,
+    ok,
+    parse_pairs,
+    state,
+)
 from admin_cli.timeparse import parse_timestamp_ms
 from client.types import ConsumerRecord, TopicPartition
 
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # 128 + signal number, what a shell reports for a killed process
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a bound on one input line (a record cannot exceed message.max.bytes anyway)
 POLL_MS = 200
 
@@ -86,7 +100,8 @@ def produce(
         "--key-separator", "-K", help="Split each line into key and value at the first SEP (kcat -K).")] = None,
     header: Annotated[list[str] | None, typer.Option("--header", "-H", help="Header key=value (repeatable).")]
     = None,
-    partition: Annotated[int | None, typer.Option("--partition", "-p", help="Write to this partition.")] = None,
+    partition: Annotated[int | None, typer.Option("--partition", "-p", help="Write to this partition.",
+                                                  min=0, max=INT32_MAX)] = None,
     key_format: Annotated[Format, typer.Option(help="How keys are given.")] = Format.text,
     value_format: Annotated[Format, typer.Option(help="How values are given.")] = Format.text,
     acks: Annotated[str, typer.Option(help="0, 1 or all.")] = "all",
@@ -183,17 +198,21 @@ def consume(
     topic: Annotated[str, typer.Argument(help="Topic to read.")],
     group: Annotated[str | None, typer.Option("--group", "-g", help="Consume as this group (commits offsets).")]
     = None,
-    partition: Annotated[list[int] | None, typer.Option("--partition", "-p", help="Only these partitions.")]
+    partition: Annotated[list[int] | None, typer.Option("--partition", "-p", help="Only these partitions.",
+                                                                   min=0, max=INT32_MAX)]
     = None,
     from_beginning: Annotated[bool, typer.Option("--from-beginning", help="Start at the oldest record.")] = False,
-    offset: Annotated[int | None, typer.Option("--offset", help="Start at this offset (each partition).")] = None,
+    offset: Annotated[int | None, typer.Option("--offset", help="Start at this offset (each partition).",
+                                                          min=0, max=INT64_MAX)] = None,
     from_timestamp: Annotated[str | None, typer.Option(
         "--from-timestamp", help="Start at the first record at/after this time: epoch ms, ISO 8601, -15m.")] = None,
-    max_messages: Annotated[int | None, typer.Option("--max-messages", "-n", help="Stop after N records.")]
+    max_messages: Annotated[int | None, typer.Option("--max-messages", "-n", help="Stop after N records.",
+                                                                min=1, max=INT64_MAX)]
     = None,
     exit_at_end: Annotated[bool, typer.Option("--exit", "-e",
                                               help="Stop at the end of the partitions (as of the start).")] = False,
-    idle_timeout_ms: Annotated[int | None, typer.Option(help="Stop after this long without records.")] = None,
+    idle_timeout_ms: Annotated[int | None, typer.Option(help="Stop after this long without records.", min=0,
+                                                        max=INT64_MAX)] = None,
     fmt: Annotated[str, typer.Option("--format", "-F", help="Line format: %t %p %o %T %k %v %h, \\n \\t.")]
     = DEFAULT_FORMAT,
     key_format: Annotated[Format, typer.Option(help="How keys are shown.")] = Format.text,
@@ -227,41 +246,91 @@ def consume(
                         auto_offset_reset="earliest" if from_beginning else "latest",
                         enable_auto_commit=bool(group), request_timeout_ms=int(st.timeout_s * 1000))
     count = 0
+    stop = _StopSignals()
     try:
-        tps = [TopicPartition(topic, p) for p in wanted]
-        if group:
-            consumer.subscribe([topic])
-        else:
-            consumer.assign(tps)
-            _seek(consumer, tps, from_beginning, offset, ts_ms)
-        ends = consumer.end_offsets(tps) if exit_at_end else {}
-        last_record = time.monotonic()
-        while True:
-            batch = consumer.poll(timeout_ms=POLL_MS,
-                                  max_records=None if max_messages is None else max_messages - count)
-            for _tp, records in sorted(batch.items()):
-                for rec in records:
-                    _print_record(st.json, rec, fmt, key_format, value_format)
-                    count += 1
-            if batch:
-                last_record = time.monotonic()
-            if max_messages is not None and count >= max_messages:
-                break
-            if exit_at_end and _at_end(consumer, ends):
-                break
-            if idle_timeout_ms is not None and (time.monotonic() - last_record) * 1000 >= idle_timeout_ms:
-                break
-    except KeyboardInterrupt:
-        pass
+        with stop:  # from here a signal ends the loop below (or prevents it) and the group is left cleanly
+            tps = [TopicPartition(topic, p) for p in wanted]
+            if group:
+                _note_group_start(consumer, group, topic, tps, from_beginning)
+                consumer.subscribe([topic])
+            else:
+                consumer.assign(tps)
+                _seek(consumer, tps, from_beginning, offset, ts_ms)
+            ends = consumer.end_offsets(tps) if exit_at_end else {}
+            last_record = time.monotonic()
+            while stop.signum is None:
+                batch = consumer.poll(timeout_ms=POLL_MS,
+                                      max_records=None if max_messages is None else max_messages - count)
+                for _tp, records in sorted(batch.items()):
+                    for rec in records:
+                        _print_record(st.json, rec, fmt, key_format, value_format)
+                        count += 1
+                if batch:
+                    last_record = time.monotonic()
+                if max_messages is not None and count >= max_messages:
+                    break
+                if exit_at_end and _at_end(consumer, ends):
+                    break
+                if idle_timeout_ms is not None and (time.monotonic() - last_record) * 1000 >= idle_timeout_ms:
+                    break
+    except KeyboardInterrupt:  # a second signal: stop waiting for the poll, still commit and leave
+        stop.signum = stop.signum or signal.SIGINT
     finally:
         if group:
             try:
                 consumer.commit()
             except Exception as e:  # the records are printed already; say why the commit failed and go on
                 err.print(Text(f"warning: final commit failed: {e}"), highlight=False)
-        consumer.close()
+        consumer.close()  # leaves the group at once: the next member need not wait out session.timeout.ms
     if not st.json:
         err.print(Text(f"consumed {count} record{'s' if count != 1 else ''}", style="dim"), highlight=False)
+    if stop.signum is not None:
+        raise typer.Exit(EXIT_SIGTERM if stop.signum == signal.SIGTERM else EXIT_SIGINT)
+
+
+class _StopSignals:
+    """SIGINT/SIGTERM during the poll loop: finish the current poll, commit, leave the group, exit 130/143.
+
+    The handler only records the signal: raising inside poll() could interrupt the client
+    while it holds a lock, and close() (which sends LeaveGroup) must still work. A second
+    signal raises KeyboardInterrupt for a user who does not want to wait for the poll; the
+    handlers are restored before the final commit, so a third one interrupts that too.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():  # signal handlers live on the main thread only
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+
+def _note_group_start(consumer: Any, group: str, topic: str, tps: list[TopicPartition],
+                      from_beginning: bool) -> None:
+    """Say where a group without committed offsets starts (auto.offset.reset), so an empty screen is explained."""
+    committed = consumer.committed(tps)
+    fresh = [tp.partition for tp in tps if committed.get(tp) is None]
+    if not fresh:
+        return
+    where = ("the earliest offset (--from-beginning)" if from_beginning
+             else "the latest offset: only records produced from now on (--from-beginning reads the older ones)")
+    which = "any partition" if len(fresh) == len(tps) else f"partition{'s' if len(fresh) > 1 else ''} " \
+        f"{','.join(map(str, fresh))}"
+    err.print(Text(f"note: group '{group}' has no committed offset on '{topic}' for {which}; starting at {where}",
+                   style="dim"), highlight=False)
 
 
 def _seek(consumer: Any, tps: list[TopicPartition], from_beginning: bool, offset: int | None,
@@ -269,8 +338,7 @@ def _seek(consumer: Any, tps: list[TopicPartition], from_beginning: bool, offset
     if from_beginning:
         consumer.seek_to_beginning(*tps)
     elif offset is not None:
-        for tp in tps:
-            consumer.seek(tp, offset)
+        _seek_offset(consumer, tps, offset)
     elif ts_ms is not None:
         found = consumer.offsets_for_times({tp: ts_ms for tp in tps})
         ends = consumer.end_offsets(tps)
@@ -279,6 +347,24 @@ def _seek(consumer: Any, tps: list[TopicPartition], from_beginning: bool, offset
             consumer.seek(tp, hit[0] if hit is not None else ends[tp])
     else:
         consumer.seek_to_end(*tps)
+
+
+def _seek_offset(consumer: Any, tps: list[TopicPartition], offset: int) -> None:
+    """--offset N, clamped to each partition's [log start, end] with a note: a position outside the log
+    would otherwise be reset silently and the user would not know why nothing (or other records) shows."""
+    starts = consumer.beginning_offsets(tps)
+    ends = consumer.end_offsets(tps)
+    for tp in tps:
+        start, end = starts[tp], ends[tp]
+        target = min(max(offset, start), end)
+        if offset > end:
+            err.print(Text(f"note: offset {offset} is past the end of {tp.topic}-{tp.partition} (end offset {end}); "
+                           f"starting at {end}, the next record produced", style="dim"), highlight=False)
+        elif offset < start:
+            err.print(Text(f"note: offset {offset} is before the start of {tp.topic}-{tp.partition} (log start "
+                           f"offset {start}: older records were deleted); starting at {start}", style="dim"),
+                      highlight=False)
+        consumer.seek(tp, target)
 
 
 def _at_end(consumer: Any, ends: dict[TopicPartition, int]) -> bool:

@@ -6,13 +6,13 @@ from typing import Annotated
 
 import typer
 
-from admin_cli.common import BootstrapOpt, CliError, OutputOpt, ok, show, state, table
+from admin_cli.common import INT32_MAX, INT64_MAX, BootstrapOpt, CliError, OutputOpt, ok, show, state, table
 from admin_cli.timeparse import parse_timestamp_ms
 
 app = typer.Typer(help="Inspect consumer groups and move their committed offsets.", no_args_is_help=True)
 
 
-@app.command("list", epilog="Examples:  brook group list  |  brook group list --state Stable -o json")
+@app.command("list", epilog="Examples:\n\nbrook group list\n\nbrook group list --state Stable -o json")
 def list_(
     ctx: typer.Context,
     state_: Annotated[list[str] | None, typer.Option("--state", help="Only groups in this state (repeatable): "
@@ -31,7 +31,7 @@ def list_(
          note=None if rows else "no groups")
 
 
-@app.command(epilog="Examples:  brook group describe billing  |  brook group describe billing -o json")
+@app.command(epilog="Examples:\n\nbrook group describe billing\n\nbrook group describe billing -o json")
 def describe(
     ctx: typer.Context,
     group: Annotated[str, typer.Argument(help="Group id.")],
@@ -65,22 +65,24 @@ def _unknown(v: int) -> str:
     return "?" if v < 0 else str(v)
 
 
-@app.command(epilog="Examples:  brook group seek billing --topic orders --to-earliest  |  "
-                    "brook group seek billing --topic orders --partition 0 --to-offset 42 --dry-run  |  "
-                    "brook group seek billing --topic orders --to-timestamp 2026-01-31T12:00:00Z  |  "
+@app.command(epilog="Examples:\n\nbrook group seek billing --topic orders --to-earliest\n\n"
+                    "brook group seek billing --topic orders --partition 0 --to-offset 42 --dry-run\n\n"
+                    "brook group seek billing --topic orders --to-timestamp 2026-01-31T12:00:00Z\n\n"
                     "brook group seek billing --topic orders --shift-by -100")
 def seek(
     ctx: typer.Context,
     group: Annotated[str, typer.Argument(help="Group id (must have no active members).")],
     topic: Annotated[str, typer.Option("--topic", "-t", help="Topic whose offsets move.")],
-    partition: Annotated[int | None, typer.Option("--partition", "-p", help="Only this partition (default: all).")]
+    partition: Annotated[int | None, typer.Option("--partition", "-p", help="Only this partition (default: all).",
+                                                               min=0, max=INT32_MAX)]
     = None,
     to_earliest: Annotated[bool, typer.Option(help="To the log start offset.")] = False,
     to_latest: Annotated[bool, typer.Option(help="To the high watermark (skip everything).")] = False,
-    to_offset: Annotated[int | None, typer.Option(help="To this offset.")] = None,
+    to_offset: Annotated[int | None, typer.Option(help="To this offset.", min=0, max=INT64_MAX)] = None,
     to_timestamp: Annotated[str | None, typer.Option(
         help="To the first offset at/after this time: ms since epoch or ISO 8601.")] = None,
-    shift_by: Annotated[int | None, typer.Option(help="Move by N (negative: back).")] = None,
+    shift_by: Annotated[int | None, typer.Option(help="Move by N (negative: back).", min=-INT64_MAX,
+                                                 max=INT64_MAX)] = None,
     dry_run: Annotated[bool, typer.Option(help="Show the result; change nothing.")] = False,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
@@ -120,7 +122,7 @@ def seek(
                [[r["topic"], r["partition"], _unknown(r["previous_offset"]), r["offset"]] for r in rows]))
 
 
-@app.command(epilog="Examples:  brook group delete billing  |  brook group delete old-1 old-2")
+@app.command(epilog="Examples:\n\nbrook group delete billing\n\nbrook group delete old-1 old-2")
 def delete(
     ctx: typer.Context,
     groups: Annotated[list[str], typer.Argument(help="Group id(s); each must have no active members.")],

@@ -29,9 +29,11 @@ from admin_cli.common import (
     BOOTSTRAP_ENV,
     DEFAULT_BOOTSTRAP,
     DEFAULT_TIMEOUT_S,
+    MAX_TIMEOUT_S,
     CliError,
     Output,
     State,
+    check_bootstrap,
     error_line,
 )
 from admin_cli.console import consume, produce
@@ -39,10 +41,25 @@ from proto import errors
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("brook")
+    except metadata.PackageNotFoundError:  # run from a source tree without an install
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"brook {_version()}")
+        raise typer.Exit(0)
+
 app = typer.Typer(
     name="brook",
     help="Administer a Brook cluster: topics, consumer groups, health, console produce/consume, benchmarks.",
-    epilog="Examples:  brook topic list  |  brook -o json cluster info  |  "
+    epilog="Examples:\n\nbrook topic list\n\nbrook -o json cluster info\n\n"
            "BROOK_BOOTSTRAP=10.0.0.5:9092 brook cluster health",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -52,12 +69,12 @@ app.add_typer(topic.app, name="topic")
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(group.app, name="group")
 app.add_typer(perf.app, name="perf")
-app.command("produce", epilog="Examples:  echo hello | brook produce orders  |  "
-                              "brook produce orders -K : -H source=cli < keyed.txt  |  "
+app.command("produce", epilog="Examples:\n\necho hello | brook produce orders\n\n"
+                              "brook produce orders -K : -H source=cli < keyed.txt\n\n"
                               "brook produce orders -v '{\"id\":1}' --value-format json")(produce)
-app.command("consume", epilog="Examples:  brook consume orders --from-beginning -e  |  "
-                              "brook consume orders -g billing -n 10  |  "
-                              "brook consume orders -p 0 --offset 42 -F '%p:%o %k=%v\\n'  |  "
+app.command("consume", epilog="Examples:\n\nbrook consume orders --from-beginning -e\n\n"
+                              "brook consume orders -g billing -n 10\n\n"
+                              "brook consume orders -p 0 --offset 42 -F '%p:%o %k=%v\\n'\n\n"
                               "brook consume orders --from-timestamp -15m -o json")(consume)
 
 
@@ -65,10 +82,14 @@ app.command("consume", epilog="Examples:  brook consume orders --from-beginning 
 def root(
     ctx: typer.Context,
     bootstrap: Annotated[str, typer.Option("--bootstrap", "-b", envvar=BOOTSTRAP_ENV,
-                                           help="Brokers host:port,...")] = DEFAULT_BOOTSTRAP,
+                                           help="Brokers host:port,...", callback=check_bootstrap)]
+    = DEFAULT_BOOTSTRAP,
     output: Annotated[Output, typer.Option("--output", "-o", help="table or json.")] = Output.table,
-    timeout: Annotated[float, typer.Option(help="Seconds each operation may take.", min=0.1)] = DEFAULT_TIMEOUT_S,
+    timeout: Annotated[float, typer.Option(help="Seconds each operation may take.", min=0.1, max=MAX_TIMEOUT_S)]
+    = DEFAULT_TIMEOUT_S,
     verbose: Annotated[bool, typer.Option("--verbose", help="Log client internals to stderr.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
+                                          callback=_print_version)] = False,
 ) -> None:
     """Administer a Brook cluster."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.CRITICAL, stream=sys.stderr,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import typer
 
+from admin_cli.backend import probe_bootstrap
 from admin_cli.common import CliError, state
 
 app = typer.Typer(help="Benchmarks: storage engine, producer and consumer throughput and latency.",
@@ -28,28 +29,40 @@ def _run(module: str, func: str, args: list[str]) -> int:
 
 
 def _with_bootstrap(ctx: typer.Context, args: list[str]) -> list[str]:
-    if any(a == "--bootstrap-servers" or a.startswith("--bootstrap-servers=") for a in args) or \
-            any(a in ("-h", "--help") for a in args):
+    if any(a in ("-h", "--help") for a in args):
         return args
-    return ["--bootstrap-servers", state(ctx).bootstrap, *args]
+    given = _given_bootstrap(args)
+    # An unreachable cluster is one line at once here too, not the benchmark's own 30 s of retries.
+    probe_bootstrap(given or state(ctx).bootstrap, min(state(ctx).timeout_s, 5.0))
+    return args if given else ["--bootstrap", state(ctx).bootstrap, *args]
+
+
+def _given_bootstrap(args: list[str]) -> str | None:
+    for i, a in enumerate(args):
+        if a in ("-b", "--bootstrap", "--bootstrap-servers"):
+            return args[i + 1] if i + 1 < len(args) else None
+        for prefix in ("--bootstrap=", "--bootstrap-servers="):
+            if a.startswith(prefix):
+                return a[len(prefix):]
+    return None
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False,
-             epilog="Examples:  brook perf storage --help  |  brook perf storage")
+             epilog="Examples:\n\nbrook perf storage --help\n\nbrook perf storage")
 def storage(ctx: typer.Context) -> None:
     """Storage engine benchmark (append, read, recovery) on a temporary directory. Options: --help."""
     raise typer.Exit(_run("storage.perf", "main", list(ctx.args)))
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False,
-             epilog="Examples:  brook perf produce --num-records 100000 --record-size 1000 --acks all")
+             epilog="Examples:\n\nbrook perf produce -t perf -n 100000 --record-size 1000 --acks all")
 def produce(ctx: typer.Context) -> None:
     """Producer throughput and latency against the cluster (--bootstrap or BROOK_BOOTSTRAP). Options: --help."""
     raise typer.Exit(_run("client.perf", "produce_main", _with_bootstrap(ctx, list(ctx.args))))
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False,
-             epilog="Examples:  brook perf consume --num-records 100000 --group perf")
+             epilog="Examples:\n\nbrook perf consume -t perf -n 100000 -g perf")
 def consume(ctx: typer.Context) -> None:
     """Consumer throughput against the cluster (--bootstrap or BROOK_BOOTSTRAP). Options: --help."""
     raise typer.Exit(_run("client.perf", "consume_main", _with_bootstrap(ctx, list(ctx.args))))

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from admin_cli.common import BootstrapOpt, CliError, OutputOpt, ok, parse_pairs, show, state, table
+from admin_cli.common import INT32_MAX, BootstrapOpt, CliError, OutputOpt, ok, parse_pairs, show, state, table
 from proto import errors
 from storage import log_config
 
@@ -24,14 +24,16 @@ def _validate_topic_configs(configs: dict[str, str]) -> None:
         raise CliError(e.message, code=2) from None
 
 
-@app.command(epilog="Examples:  brook topic create orders -p 6 -r 3 -c retention.ms=86400000 -c cleanup.policy=compact")
+@app.command(epilog="Examples:\n\nbrook topic create orders -p 6 -r 3 -c retention.ms=86400000 -c cleanup.policy=compact")
 def create(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Topic name.")],
-    partitions: Annotated[int, typer.Option("--partitions", "-p", help="Partition count (-1: num.partitions).")]
+    partitions: Annotated[int, typer.Option("--partitions", "-p", help="Partition count (-1: num.partitions).",
+                                             min=-1, max=INT32_MAX)]
     = -1,
     replication_factor: Annotated[int, typer.Option(
-        "--replication-factor", "-r", help="Replicas per partition (-1: default.replication.factor).")] = -1,
+        "--replication-factor", "-r", help="Replicas per partition (-1: default.replication.factor).",
+        min=-1, max=INT32_MAX)] = -1,
     config: ConfigOpt = None,
     if_not_exists: Annotated[bool, typer.Option(help="Succeed if the topic already exists.")] = False,
     validate_only: Annotated[bool, typer.Option(help="Check the request; create nothing.")] = False,
@@ -62,7 +64,7 @@ def create(
         "replication_factor": rf, "created": True})
 
 
-@app.command("list", epilog="Examples:  brook topic list  |  brook topic list --internal -o json")
+@app.command("list", epilog="Examples:\n\nbrook topic list\n\nbrook topic list --internal -o json")
 def list_(
     ctx: typer.Context,
     internal: Annotated[bool, typer.Option(help="Include internal topics (__consumer_offsets).")] = False,
@@ -88,7 +90,7 @@ def list_(
          note=None if rows else "no topics")
 
 
-@app.command(epilog="Examples:  brook topic describe orders  |  brook topic describe orders --all-configs -o json")
+@app.command(epilog="Examples:\n\nbrook topic describe orders\n\nbrook topic describe orders --all-configs -o json")
 def describe(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Topic name.")],
@@ -107,7 +109,7 @@ def describe(
              for _, p in sorted(t.partitions.items())]
     data = {"name": name, "topic_id": t.topic_id, "internal": t.is_internal, "partitions": parts,
             "configs": configs}
-    summary = table(f"Topic {name}", ["ID", "PARTITIONS", "REPLICATION FACTOR", "INTERNAL"],
+    summary = table(f"Topic {name}", ["ID", "PARTITIONS", "REPLICAS", "INTERNAL"],
                     [[t.topic_id, len(parts), max((len(p["replicas"]) for p in parts), default=0),
                       t.is_internal]])
     ptable = table("Partitions", ["PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "OFFLINE"],
@@ -119,7 +121,7 @@ def describe(
     show(st, data, summary, ptable, ctable)
 
 
-@app.command("alter-config", epilog="Examples:  brook topic alter-config orders --set retention.ms=3600000 "
+@app.command("alter-config", epilog="Examples:\n\nbrook topic alter-config orders --set retention.ms=3600000 "
                                     "--delete cleanup.policy")
 def alter_config(
     ctx: typer.Context,
@@ -152,11 +154,12 @@ def alter_config(
        + (f"; reset {', '.join(deletes)}" if deletes else ""), {"topic": name, "set": changes, "deleted": deletes})
 
 
-@app.command("add-partitions", epilog="Examples:  brook topic add-partitions orders --count 12")
+@app.command("add-partitions", epilog="Examples:\n\nbrook topic add-partitions orders --count 12")
 def add_partitions(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Topic name.")],
-    count: Annotated[int, typer.Option("--count", "-n", help="The new total partition count.")],
+    count: Annotated[int, typer.Option("--count", "-n", help="The new total partition count.",
+                                             min=1, max=INT32_MAX)],
     validate_only: Annotated[bool, typer.Option(help="Check the change; apply nothing.")] = False,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
@@ -174,7 +177,7 @@ def add_partitions(
        {"topic": name, "partitions": count, "previous": current})
 
 
-@app.command(epilog="Examples:  brook topic delete orders  |  brook topic delete a b c")
+@app.command(epilog="Examples:\n\nbrook topic delete orders\n\nbrook topic delete a b c")
 def delete(
     ctx: typer.Context,
     names: Annotated[list[str], typer.Argument(help="Topic name(s).")],

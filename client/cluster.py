@@ -69,14 +69,16 @@ def parse_bootstrap(servers: str | Iterable[str] | Iterable[tuple[str, int]]) ->
     for item in raw:
         if isinstance(item, tuple):
             host, port = item
-            items.append(f"{host}:{int(port)}")
-            continue
+            item = f"{host}:{int(port)}"
         text = str(item).strip()
         if not text:
             continue
         host, sep, port = text.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise errors.InvalidConfigError(f"bootstrap server {text!r} is not host:port")
+        if not 0 < int(port) <= 65535:
+            # gRPC would dial the port modulo 65536 (70000 -> 4464): refuse it instead.
+            raise errors.InvalidConfigError(f"bootstrap server {text!r}: port must be 1..65535")
         items.append(f"{host}:{int(port)}")
     if not items:
         raise errors.InvalidConfigError("bootstrap_servers is empty")

@@ -148,15 +148,16 @@ def run_produce(producer: Producer, topic: str, num_records: int, record_size: i
 
 def produce_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="brook perf produce", description="Producer throughput and latency")
-    parser.add_argument("--bootstrap-servers", default=DEFAULT_BOOTSTRAP)
-    parser.add_argument("--topic", default="brook-perf")
-    parser.add_argument("--num-records", type=int, default=1_000_000)
+    # The short and long names of the other `brook` commands (-b, -t, -n, -p, -r) work here too.
+    parser.add_argument("--bootstrap", "-b", "--bootstrap-servers", dest="bootstrap_servers", default=DEFAULT_BOOTSTRAP)
+    parser.add_argument("--topic", "-t", default="brook-perf")
+    parser.add_argument("--num-records", "-n", type=int, default=1_000_000)
     parser.add_argument("--record-size", type=int, default=100)
     parser.add_argument("--throughput", type=float, default=-1, help="records/s cap; -1 = unlimited")
     parser.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"])
     parser.add_argument("--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"])
-    parser.add_argument("--partitions", type=int, default=6, help="partitions when the topic is created")
-    parser.add_argument("--replication-factor", type=int, default=3)
+    parser.add_argument("--partitions", "-p", type=int, default=6, help="partitions when the topic is created")
+    parser.add_argument("--replication-factor", "-r", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=512 * 1024)
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--warmup-records", type=int, default=0,
@@ -217,10 +218,10 @@ def run_consume(consumer: Consumer, num_records: int, timeout_ms: int, progress:
 
 def consume_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="brook perf consume", description="Consumer throughput")
-    parser.add_argument("--bootstrap-servers", default=DEFAULT_BOOTSTRAP)
-    parser.add_argument("--topic", default="brook-perf")
-    parser.add_argument("--num-records", type=int, default=1_000_000)
-    parser.add_argument("--group", default=None, help="consume as this group (subscribe); default: assign all")
+    parser.add_argument("--bootstrap", "-b", "--bootstrap-servers", dest="bootstrap_servers", default=DEFAULT_BOOTSTRAP)
+    parser.add_argument("--topic", "-t", default="brook-perf")
+    parser.add_argument("--num-records", "-n", type=int, default=1_000_000)
+    parser.add_argument("--group", "-g", default=None, help="consume as this group (subscribe); default: assign all")
     parser.add_argument("--timeout-ms", type=int, default=10_000, help="stop after this long without records")
     parser.add_argument("--fetch-max-bytes", type=int, default=64 * 1024 * 1024)
     parser.add_argument("--max-partition-fetch-bytes", type=int, default=8 * 1024 * 1024)

@@ -35,23 +35,40 @@ class OffsetReader:
         self.client.close()
 
     # ---- discovery ----
-    def partitions(self) -> set[TP]:
-        """The partitions the subscription covers now (fresh metadata every call)."""
-        sub = self.options.subscription
-        return self._with_retries(lambda: self._discover(sub), "discover partitions")
+    def partitions(self, *, strict: bool = False) -> set[TP]:
+        """The partitions the subscription covers now (fresh metadata every call).
 
-    def _discover(self, sub: Subscription) -> set[TP]:
+        ``strict`` (a batch read, a new streaming query): a topic named by ``subscribe`` or a
+        partition named by ``assign`` that does not exist is an UNKNOWN_TOPIC_OR_PARTITION
+        error, as Spark's Kafka source fails on its admin client's describeTopics, instead
+        of a query that silently reads nothing. Later micro-batches are lenient: a topic
+        deleted mid-query is data loss, reported per failOnDataLoss.
+        """
+        sub = self.options.subscription
+        return self._with_retries(lambda: self._discover(sub, strict), "discover partitions")
+
+    def _discover(self, sub: Subscription, strict: bool = False) -> set[TP]:
         if sub.kind == "assign":
             topics = sorted({t for t, _ in sub.assigned})
             meta = self.client.metadata(topics, refresh=True)
             present = {(t, p) for t in topics for p in (meta.partitions_for(t) or [])}
             missing = sorted(set(sub.assigned) - present)
+            if missing and strict:
+                counts = {t: len(meta.partitions_for(t) or []) for t, _ in missing}
+                raise errors.UnknownTopicOrPartitionError(
+                    f"option 'assign': partitions {missing} do not exist "
+                    f"(partitions per topic now: {counts}; 0 means the topic does not exist)")
             if missing:
-                logger.warning("assigned partitions do not exist (yet): %s", missing)
+                logger.warning("assigned partitions do not exist (any more): %s", missing)
             return set(sub.assigned) & present
         if sub.kind == "subscribe":
             meta = self.client.metadata(list(sub.topics), refresh=True)
             topics = list(sub.topics)
+            unknown = [t for t in topics if meta.partitions_for(t) is None]
+            if unknown and strict:
+                raise errors.UnknownTopicOrPartitionError(
+                    f"option 'subscribe': topic{'s' if len(unknown) > 1 else ''} "
+                    f"{', '.join(repr(t) for t in unknown)} do{'' if len(unknown) > 1 else 'es'} not exist")
         else:
             meta = self.client.metadata(None, refresh=True)
             topics = [t for t, info in meta.topics.items() if not info.is_internal and sub.matches(t)]
@@ -89,7 +106,9 @@ class OffsetReader:
         stamps = spec.timestamps if spec.kind == "timestamps" else {tp: spec.timestamp for tp in tps}
         if spec.kind == "timestamps":
             self._check_named_all(set(stamps), tps, what)
-        return self._resolve_timestamps(stamps)
+        # Spark: an ending timestamp with no record at or after it ends at the latest offset;
+        # a starting one follows startingOffsetsByTimestampStrategy.
+        return self._resolve_timestamps(stamps, missing_to_latest=what == "endingOffsets")
 
     def _check_named_all(self, named: set[TP], tps: set[TP], what: str) -> None:
         # As Spark's Kafka source: per-partition JSON must cover exactly the partitions read,
@@ -109,14 +128,14 @@ class OffsetReader:
         out.update(self.latest(need_latest))
         return out
 
-    def _resolve_timestamps(self, stamps: dict[TP, int]) -> PartitionOffsets:
+    def _resolve_timestamps(self, stamps: dict[TP, int], *, missing_to_latest: bool = False) -> PartitionOffsets:
         found = self._list(stamps)
         for tp, off in found.items():
             if off >= 0:
                 found[tp] = self._first_at_or_after(tp, off, stamps[tp])
         missing = sorted(tp for tp, off in found.items() if off < 0)
         if missing:
-            if self.options.starting_timestamp_strategy == "error":
+            if self.options.starting_timestamp_strategy == "error" and not missing_to_latest:
                 raise errors.OffsetNotAvailableError(
                     f"no record at or after the requested timestamp in {missing}; set "
                     "startingOffsetsByTimestampStrategy=latest to start those at the latest offset"

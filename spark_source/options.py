@@ -10,11 +10,14 @@ Python data source lower-cased, so every lookup here is by the lower-cased name.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from proto import errors
+
+logger = logging.getLogger(__name__)
 
 EARLIEST = -2  # the JSON forms of startingOffsets/endingOffsets use Kafka's sentinels
 LATEST = -1
@@ -26,7 +29,6 @@ _SPARK_GENERIC = frozenset({"path", "checkpointlocation", "queryname"})
 # Kafka consumer/producer settings that Spark's Kafka source refuses because the source
 # manages them itself; the message says what to use instead.
 _REFUSED = {
-    "group.id": "the source does not use consumer groups; offsets live in the checkpoint",
     "auto.offset.reset": "set the source option 'startingOffsets' instead",
     "enable.auto.commit": "offsets live in the checkpoint; nothing is committed to the cluster",
     "key.deserializer": "keys are always binary; cast or use DataFrame operations",
@@ -47,7 +49,13 @@ READ_OPTIONS = frozenset(
         "startingoffsetsbytimestampstrategy",
         "startingtimestamp",
         "endingoffsets",
+        "endingoffsetsbytimestamp",
+        "endingtimestamp",
         "maxoffsetspertrigger",
+        "minoffsetspertrigger",
+        "maxtriggerdelay",
+        "groupidprefix",
+        "group.id",
         "minpartitions",
         "maxrecordsperpartition",
         "failondataloss",
@@ -139,6 +147,9 @@ class ReadOptions:
     fetch_offset_num_retries: int
     fetch_offset_retry_interval_ms: int
     fetch: FetchSettings
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60 * 1000  # Spark's default, 15m
+    group_id: str = ""  # kafka.group.id or groupIdPrefix + a unique suffix (logged; no group is joined)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -180,6 +191,9 @@ def _normalize(options: dict[str, str], known: frozenset[str]) -> dict[str, str]
             key = key[len("kafka.") :]
         if key in _REFUSED:
             raise _bad(raw_key, f"not supported: {_REFUSED[key]}")
+        if key not in known and raw_key.lower().startswith("kafka.") and key in KAFKA_CONSUMER_NOT_APPLICABLE:
+            _warn_not_applicable(raw_key)
+            continue
         if key not in known:
             raise _bad(raw_key, f"unknown option; known options: {', '.join(sorted(known))}")
         if key in out:
@@ -253,13 +267,7 @@ def _subscription(opts: dict[str, str]) -> Subscription:
             raise _bad("subscribe", "no topic named")
         return Subscription("subscribe", topics=topics)
     if kind == "subscribepattern":
-        if not raw.strip():
-            raise _bad("subscribePattern", "empty pattern")
-        try:
-            re.compile(raw)
-        except re.error as exc:
-            raise _bad("subscribePattern", f"not a valid regular expression: {exc}") from None
-        return Subscription("subscribePattern", pattern=raw)
+        return Subscription("subscribePattern", pattern=_java_pattern(raw))
     assigned: list[tuple[str, int]] = []
     for topic, parts in _json_object("assign", raw).items():
         if not isinstance(parts, list) or not parts:
@@ -324,18 +332,11 @@ def parse_read_options(options: dict[str, str], *, streaming: bool) -> ReadOptio
             raise _bad("bootstrap.servers", f"{hp!r} is not host:port")
     sub = _subscription(opts)
     starting = _starting(opts, streaming=streaming)
-    ending: OffsetSpec | None = None
-    if "endingoffsets" in opts:
-        if streaming:
-            raise _bad("endingOffsets", "only for batch queries (spark.read), not for streaming queries")
-        ending = _offset_spec(opts, "endingoffsets", "latest", ending=True)
-    elif not streaming:
-        ending = OffsetSpec("latest")
+    ending = _ending(opts, streaming=streaming)
     strategy = opts.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
     if strategy not in ("error", "latest"):
         raise _bad("startingOffsetsByTimestampStrategy", f"must be 'error' or 'latest', got {strategy!r}")
-    if "maxoffsetspertrigger" in opts and not streaming:
-        raise _bad("maxOffsetsPerTrigger", "only for streaming queries")
+    _warn_batch_only_ignored(opts, streaming=streaming)
     if sub.kind == "assign":
         _check_assigned_covered(sub, starting, ending)
     fetch = FetchSettings(
@@ -360,6 +361,8 @@ def parse_read_options(options: dict[str, str], *, streaming: bool) -> ReadOptio
         fetch_offset_num_retries=_int(opts, "fetchoffset.numretries", 3, lo=0, hi=100),
         fetch_offset_retry_interval_ms=_int(opts, "fetchoffset.retryintervalms", 1000, lo=0, hi=_MAX_TIMEOUT_MS),
         fetch=fetch,
+        **_trigger_options(opts, streaming=streaming),
+        group_id=_group_id(opts),
     )
 
 
@@ -367,6 +370,144 @@ def opts_fetch_default(opts: dict[str, str]) -> int:
     """max.partition.fetch.bytes defaults to fetch.max.bytes when only that one is given."""
     value = _int(opts, "fetch.max.bytes", 8 * 1024 * 1024, lo=1024, hi=_MAX_FETCH_BYTES)
     return int(value or 0)
+
+
+# ----------------------------------------------------------------------------- issue 13 options
+# endingOffsetsByTimestamp / endingTimestamp, minOffsetsPerTrigger / maxTriggerDelay,
+# groupIdPrefix / kafka.group.id and the kafka.* pass-through, with Spark's Kafka source meaning.
+
+# Kafka consumer settings Spark's Kafka source passes to its consumer that have no effect on
+# Brook's reader (it fetches offset ranges directly from the leaders: no group membership,
+# no background fetcher, gRPC connections). Given with the "kafka." prefix they are accepted
+# with a warning, as Kafka's consumer logs "supplied but isn't used"; anything else is an error.
+KAFKA_CONSUMER_NOT_APPLICABLE = frozenset({
+    "session.timeout.ms", "heartbeat.interval.ms", "max.poll.records", "max.poll.interval.ms",
+    "fetch.min.bytes", "receive.buffer.bytes", "send.buffer.bytes", "reconnect.backoff.ms",
+    "reconnect.backoff.max.ms", "retry.backoff.ms", "retry.backoff.max.ms", "metadata.max.age.ms",
+    "connections.max.idle.ms", "default.api.timeout.ms", "client.rack", "check.crcs", "isolation.level",
+    "exclude.internal.topics", "allow.auto.create.topics", "partition.assignment.strategy",
+    "group.instance.id", "client.dns.lookup", "socket.connection.setup.timeout.ms",
+    "socket.connection.setup.timeout.max.ms", "metrics.num.samples", "metrics.recording.level",
+    "metrics.sample.window.ms", "auto.commit.interval.ms", "client.id",
+})
+_DEFAULT_GROUP_ID_PREFIX = "spark-kafka-source"  # Spark's default groupIdPrefix
+
+
+def _warn_not_applicable(raw_key: str) -> None:
+    logger.warning("option '%s' is a Kafka consumer setting with no effect on the brook source; ignored", raw_key)
+
+
+def _warn_batch_only_ignored(opts: dict[str, str], *, streaming: bool) -> None:
+    """Spark's Kafka source logs, not fails, when a batch query gets streaming-only trigger options."""
+    if streaming:
+        return
+    for key, display in (("maxoffsetspertrigger", "maxOffsetsPerTrigger"),
+                         ("minoffsetspertrigger", "minOffsetsPerTrigger"),
+                         ("maxtriggerdelay", "maxTriggerDelay")):
+        if key in opts:
+            logger.warning("%s option ignored in batch queries", display)
+
+
+def _ending(opts: dict[str, str], *, streaming: bool) -> OffsetSpec | None:
+    """endingOffsets, endingOffsetsByTimestamp or endingTimestamp (batch only; at most one)."""
+    names = {"endingoffsets": "endingOffsets", "endingoffsetsbytimestamp": "endingOffsetsByTimestamp",
+             "endingtimestamp": "endingTimestamp"}
+    given = [k for k in names if k in opts]
+    if given and streaming:
+        raise _bad(names[given[0]], "only for batch queries (spark.read), not for streaming queries")
+    if streaming:
+        return None
+    if len(given) > 1:
+        raise _bad("endingOffsets/endingOffsetsByTimestamp/endingTimestamp", f"give at most one, got {given}")
+    if "endingtimestamp" in opts:
+        ts = _int(opts, "endingtimestamp", None, lo=0, hi=2**63 - 1)
+        return OffsetSpec("timestamp", timestamp=int(ts or 0))
+    if "endingoffsetsbytimestamp" in opts:
+        stamps = _partition_map("endingOffsetsByTimestamp", opts["endingoffsetsbytimestamp"])
+        for (topic, part), ts in stamps.items():
+            if ts < 0:
+                raise _bad("endingOffsetsByTimestamp", f"{topic}-{part}: timestamp {ts} < 0")
+        return OffsetSpec("timestamps", timestamps=stamps)
+    return _offset_spec(opts, "endingoffsets", "latest", ending=True)
+
+
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_ms(name: str, raw: str) -> int:
+    """Spark's duration strings ("30s", "5m", "15 minutes", "100ms"); a bare number is milliseconds."""
+    m = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", raw.lower())
+    unit = (m.group(2) if m else "") or "ms"
+    unit = {"second": "s", "seconds": "s", "sec": "s", "minute": "m", "minutes": "m", "hour": "h", "hours": "h",
+            "day": "d", "days": "d", "millisecond": "ms", "milliseconds": "ms"}.get(unit, unit)
+    if m is None or unit not in _DURATION_UNITS_MS:
+        raise _bad(name, f"must be a duration such as 30s, 5m or 100ms, got {raw!r}")
+    value = int(m.group(1)) * _DURATION_UNITS_MS[unit]
+    if value > 7 * 86_400_000:
+        raise _bad(name, f"at most 7 days, got {raw!r}")
+    return value
+
+
+def _trigger_options(opts: dict[str, str], *, streaming: bool) -> dict[str, int | None]:
+    """minOffsetsPerTrigger / maxTriggerDelay: wait for at least N new records, at most the delay."""
+    if not streaming:
+        return {}
+    low = _int(opts, "minoffsetspertrigger", None, lo=1, hi=2**62)
+    high = _int(opts, "maxoffsetspertrigger", None, lo=1, hi=2**62)
+    if low is not None and high is not None and low > high:
+        raise _bad("minOffsetsPerTrigger", f"({low}) must not exceed maxOffsetsPerTrigger ({high})")
+    delay = _duration_ms("maxTriggerDelay", opts["maxtriggerdelay"]) if "maxtriggerdelay" in opts \
+        else 15 * 60 * 1000
+    if "maxtriggerdelay" in opts and low is None:
+        logger.warning("maxTriggerDelay has no effect without minOffsetsPerTrigger")
+    return {"min_offsets_per_trigger": low, "max_trigger_delay_ms": delay}
+
+
+def _group_id(opts: dict[str, str]) -> str:
+    """kafka.group.id, else groupIdPrefix + a unique suffix, as Spark names its consumers.
+
+    Accepted so Kafka jobs port unchanged, but the brook source never joins a group and
+    commits nothing (offsets live in the checkpoint, as with Spark's Kafka source), so the
+    id is only validated and logged; no group appears in `brook group list`.
+    """
+    explicit = opts.get("group.id")
+    if explicit is not None:
+        if not explicit.strip():
+            raise _bad("kafka.group.id", "empty group id")
+        if "groupidprefix" in opts:
+            logger.warning("groupIdPrefix is ignored because kafka.group.id is set")
+        return explicit.strip()
+    prefix = opts.get("groupidprefix", _DEFAULT_GROUP_ID_PREFIX).strip()
+    if not prefix:
+        raise _bad("groupIdPrefix", "empty prefix")
+    import uuid
+
+    return f"{prefix}-{uuid.uuid4()}"
+
+
+_JAVA_ONLY = re.compile(r"\\[pP]\{|\\[QE]|\[\[|&&")  # \p{L}, \Q..\E quoting, [a&&[b]] class intersection
+
+
+def _java_pattern(raw: str) -> str:
+    r"""subscribePattern: a java.util.regex pattern, matched against the whole topic name (Matcher.matches()).
+
+    Python's ``re`` agrees with Java on the patterns topic names call for; Java's named
+    groups ``(?<name>...)`` are rewritten to Python's ``(?P<name>...)``, and the Java-only
+    constructs (\p{...} classes, \Q...\E quoting, class intersection) are refused by name
+    rather than silently meaning something else.
+    """
+    if not raw.strip():
+        raise _bad("subscribePattern", "empty pattern")
+    java_only = _JAVA_ONLY.search(raw)
+    if java_only:
+        raise _bad("subscribePattern", f"{java_only.group(0)!r} (java.util.regex only) is not supported; "
+                                       "use an equivalent Python re construct")
+    pattern = re.sub(r"\(\?<(?=[A-Za-z])", "(?P<", raw)
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise _bad("subscribePattern", f"not a valid regular expression: {exc}") from None
+    return pattern
 
 
 def _check_assigned_covered(sub: Subscription, starting: OffsetSpec, ending: OffsetSpec | None) -> None:

@@ -9,6 +9,7 @@ from the partition leader (``fetcher.read_range``), yielding Arrow record batche
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
@@ -121,7 +122,7 @@ class BrookBatchReader(DataSourceReader):
         assert self.options.ending is not None
         reader = OffsetReader(self.options)
         try:
-            tps = reader.partitions()
+            tps = reader.partitions(strict=True)
             start = reader.resolve(self.options.starting, tps, what="startingOffsets")
             end = reader.resolve(self.options.ending, tps, what="endingOffsets")
         finally:
@@ -152,8 +153,9 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._reader: OffsetReader | None = None
         self._target: PartitionOffsets | None = None  # Trigger.AvailableNow: HWs at start
         self._new_starts: PartitionOffsets = {}  # where partitions found after the start begin
-        self._latest_seen: PartitionOffsets = {}
+        self._latest_seen: PartitionOffsets = {}  # high watermarks at the last latestOffset (uncapped)
         self._reported_gone: set[TP] = set()  # data loss is reported once per partition
+        self._last_trigger_s: float | None = None  # monotonic time of the last batch admitted (minOffsetsPerTrigger)
 
     @property
     def reader(self) -> OffsetReader:
@@ -162,7 +164,7 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._reader
 
     def initialOffset(self) -> dict:
-        tps = self.reader.partitions()
+        tps = self.reader.partitions(strict=True)
         start = self.reader.resolve(self.options.starting, tps, what="startingOffsets")
         logger.info("new query starts at %s", start)
         return to_json_offsets(start)
@@ -186,9 +188,9 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             data_loss(f"partitions {gone} no longer exist", self.options.fetch)
         current = present & set(self._target) if self._target is not None else present
         latest = self.reader.latest(current)
+        self._latest_seen = dict(latest)
         if self._target is not None:
             latest = {tp: min(off, self._target[tp]) for tp, off in latest.items()}
-        self._latest_seen = dict(latest)
         new = sorted(tp for tp in current if tp not in begin)
         if new:
             # Partitions that appeared after the query started: read them from their start.
@@ -197,6 +199,9 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             logger.info("picked up new partitions %s", new)
         full_start = {tp: begin[tp] if tp in begin else self._new_starts[tp] for tp in current}
         full_start = _check_ranges(full_start, latest, self.options)
+        _log_behind(full_start, self._latest_seen)
+        if self._delay_batch(full_start, latest):
+            return start  # an unchanged offset: Spark runs no batch this trigger
         if isinstance(limit, ReadMaxRows):
             end = rate_limit(full_start, latest, limit.max_rows)
         else:
@@ -207,7 +212,30 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end.setdefault(tp, off)
         return to_json_offsets(end)
 
+    def _delay_batch(self, start: PartitionOffsets, latest: PartitionOffsets) -> bool:
+        """minOffsetsPerTrigger/maxTriggerDelay, as Spark's KafkaMicroBatchStream.delayBatch: hold the
+        batch back while fewer than the minimum new records are available, unless maxTriggerDelay
+        has passed since the last batch. Trigger.AvailableNow never waits (it would never end)."""
+        low = self.options.min_offsets_per_trigger
+        if low is None or self._target is not None:
+            return False
+        now = time.monotonic()
+        if self._last_trigger_s is None or (now - self._last_trigger_s) * 1000 >= self.options.max_trigger_delay_ms:
+            self._last_trigger_s = now
+            return False
+        available = sum(max(0, latest[tp] - start.get(tp, latest[tp])) for tp in latest)
+        if available < low:
+            logger.debug("delaying the batch: %d new records < minOffsetsPerTrigger %d", available, low)
+            return True
+        self._last_trigger_s = now
+        return False
+
     def reportLatestOffset(self) -> dict | None:
+        # The true high watermarks (not capped by maxOffsetsPerTrigger or the AvailableNow
+        # target): StreamingQueryProgress.sources[].latestOffset minus endOffset is then how
+        # far each partition is behind. Python data sources cannot report custom source
+        # metrics (Spark's Kafka source's min/avg/maxOffsetsBehindLatest): there is no
+        # metrics() hook in pyspark.sql.datasource.
         return to_json_offsets(self._latest_seen) if self._latest_seen else None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
@@ -240,6 +268,16 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+
+
+def _log_behind(start: PartitionOffsets, latest: PartitionOffsets) -> None:
+    """Offsets behind latest per partition, in the driver log (the progress shows latestOffset/endOffset)."""
+    if not latest or not logger.isEnabledFor(logging.INFO):
+        return
+    behind = {tp: max(0, off - start.get(tp, off)) for tp, off in latest.items()}
+    values = list(behind.values())
+    logger.info("offsets behind latest: min %d, avg %.1f, max %d (%d partitions)", min(values),
+                sum(values) / len(values), max(values), len(values))
 
 
 def register(spark) -> None:  # type: ignore[no-untyped-def]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from proto import errors
@@ -52,7 +54,14 @@ def test_kafka_prefix_and_case_are_accepted() -> None:
         ({"startingOffsets": "earliest", "startingOffsetsByTimestamp": '{"t":{"0":5}}'}, "startingOffsets"),
         ({"endingOffsets": "latest"}, "endingOffsets"),
         ({"auto.offset.reset": "earliest"}, "auto.offset.reset"),
-        ({"kafka.group.id": "g"}, "kafka.group.id"),
+        ({"kafka.group.id": " "}, "kafka.group.id"),
+        ({"groupIdPrefix": ""}, "groupIdPrefix"),
+        ({"kafka.no.such.setting": "1"}, "kafka.no.such.setting"),
+        ({"minOffsetsPerTrigger": "0"}, "minoffsetspertrigger"),
+        ({"minOffsetsPerTrigger": "10", "maxOffsetsPerTrigger": "5"}, "minOffsetsPerTrigger"),
+        ({"minOffsetsPerTrigger": "10", "maxTriggerDelay": "soon"}, "maxTriggerDelay"),
+        ({"endingTimestamp": "5"}, "endingTimestamp"),
+        ({"endingOffsetsByTimestamp": '{"t":{"0":5}}'}, "endingOffsetsByTimestamp"),
         ({"subscibe": "typo"}, "subscibe"),
         ({"startingOffsetsByTimestampStrategy": "skip"}, "startingOffsetsByTimestampStrategy"),
     ],
@@ -73,7 +82,6 @@ def test_batch_only_rules() -> None:
     assert "startingOffsets" in _read_error({**BASE, "startingOffsets": '{"t":{"0":-1}}'}, streaming=False)
     assert "endingOffsets" in _read_error({**BASE, "endingOffsets": "earliest"}, streaming=False)
     assert "endingOffsets" in _read_error({**BASE, "endingOffsets": '{"t":{"0":-2}}'}, streaming=False)
-    assert "maxOffsetsPerTrigger" in _read_error({**BASE, "maxOffsetsPerTrigger": "5"}, streaming=False)
     ok = parse_read_options({**BASE, "endingOffsets": '{"t":{"0":7,"1":-1}}'}, streaming=False)
     assert ok.ending is not None and ok.ending.offsets == {("t", 0): 7, ("t", 1): -1}
 
@@ -116,3 +124,79 @@ def test_write_options() -> None:
         assert named in str(info.value)
     with pytest.raises(errors.InvalidConfigError, match="bootstrap.servers"):
         parse_write_options({"topic": "x"})
+
+
+# ----------------------------------------------------------------------------- issue 13 options
+
+PATTERN_BASE = {"bootstrap.servers": "127.0.0.1:9092"}
+
+
+def test_maxoffsetspertrigger_in_a_batch_query_warns_as_spark_does(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="spark_source.options"):
+        opts = parse_read_options({**BASE, "maxOffsetsPerTrigger": "5", "minOffsetsPerTrigger": "2"}, streaming=False)
+    assert opts.max_offsets_per_trigger == 5  # parsed (and range-checked), then unused by the batch reader
+    assert "maxOffsetsPerTrigger option ignored in batch queries" in caplog.text
+    assert "minOffsetsPerTrigger option ignored in batch queries" in caplog.text
+
+
+def test_ending_by_timestamp_options() -> None:
+    one = parse_read_options({**BASE, "endingTimestamp": "1700000000000"}, streaming=False)
+    assert one.ending is not None and (one.ending.kind, one.ending.timestamp) == ("timestamp", 1700000000000)
+    per = parse_read_options({**BASE, "endingOffsetsByTimestamp": '{"t":{"0":5,"1":6}}'}, streaming=False)
+    assert per.ending is not None and per.ending.timestamps == {("t", 0): 5, ("t", 1): 6}
+    both = {**BASE, "endingTimestamp": "5", "endingOffsets": "latest"}
+    assert "give at most one" in _read_error(both, streaming=False)
+    assert "< 0" in _read_error({**BASE, "endingOffsetsByTimestamp": '{"t":{"0":-5}}'}, streaming=False)
+
+
+def test_min_offsets_and_trigger_delay() -> None:
+    opts = parse_read_options({**BASE, "minOffsetsPerTrigger": "100", "maxTriggerDelay": "30s"}, streaming=True)
+    assert (opts.min_offsets_per_trigger, opts.max_trigger_delay_ms) == (100, 30_000)
+    default = parse_read_options({**BASE, "minOffsetsPerTrigger": "100"}, streaming=True)
+    assert default.max_trigger_delay_ms == 15 * 60 * 1000  # Spark's default, 15m
+    for text, ms in (("250ms", 250), ("5m", 300_000), ("2 minutes", 120_000), ("1h", 3_600_000), ("400", 400)):
+        assert parse_read_options({**BASE, "minOffsetsPerTrigger": "1", "maxTriggerDelay": text},
+                                  streaming=True).max_trigger_delay_ms == ms, text
+
+
+def test_group_id_options(caplog: pytest.LogCaptureFixture) -> None:
+    assert parse_read_options({**BASE, "kafka.group.id": "billing"}, streaming=True).group_id == "billing"
+    a = parse_read_options({**BASE, "groupIdPrefix": "jobs"}, streaming=True).group_id
+    b = parse_read_options({**BASE, "groupIdPrefix": "jobs"}, streaming=True).group_id
+    assert a.startswith("jobs-") and b.startswith("jobs-") and a != b  # unique per query, as Spark's
+    assert parse_read_options(BASE, streaming=True).group_id.startswith("spark-kafka-source-")
+    with caplog.at_level(logging.WARNING, logger="spark_source.options"):
+        parse_read_options({**BASE, "kafka.group.id": "g", "groupIdPrefix": "p"}, streaming=True)
+    assert "groupIdPrefix is ignored" in caplog.text
+
+
+def test_kafka_consumer_settings_pass_through(caplog: pytest.LogCaptureFixture) -> None:
+    """kafka.* consumer settings that apply are used; those with no effect here are accepted with a warning."""
+    with caplog.at_level(logging.WARNING, logger="spark_source.options"):
+        opts = parse_read_options({**BASE, "kafka.fetch.max.wait.ms": "250", "kafka.request.timeout.ms": "5000",
+                                   "kafka.session.timeout.ms": "10000", "kafka.max.poll.records": "10"},
+                                  streaming=True)
+    assert (opts.fetch.fetch_max_wait_ms, opts.fetch.request_timeout_ms) == (250, 5000)
+    assert "kafka.session.timeout.ms" in caplog.text and "kafka.max.poll.records" in caplog.text
+    assert "session.timeout.ms" in _read_error({**BASE, "session.timeout.ms": "1"})  # without the prefix: unknown
+    assert "auto.offset.reset" in _read_error({**BASE, "kafka.auto.offset.reset": "earliest"})  # Spark refuses it too
+
+
+@pytest.mark.parametrize(("pattern", "topic", "matches"), [
+    ("orders", "orders", True),
+    ("orders", "orders-eu", False),  # the whole name must match (Java's Matcher.matches), not a prefix
+    ("orders", "old-orders", False),
+    ("orders.*", "orders-eu", True),
+    ("orders|payments", "payments", True),
+    ("(?<region>eu|us)-orders", "eu-orders", True),  # Java named group syntax
+    ("[a-z]+-\\d+", "topic-12", True),
+    (".*", "__consumer_offsets", True),  # matched here, then internal topics are skipped at discovery
+])
+def test_subscribe_pattern_matches_the_whole_name(pattern: str, topic: str, matches: bool) -> None:
+    sub = parse_read_options({**PATTERN_BASE, "subscribePattern": pattern}, streaming=True).subscription
+    assert sub.matches(topic) is matches
+
+
+@pytest.mark.parametrize("pattern", ["\\p{Lower}+", "\\Qa.b\\E", "[a-z&&[^x]]+", "(unclosed", " "])
+def test_subscribe_pattern_java_only_or_invalid_is_named(pattern: str) -> None:
+    assert "subscribePattern" in _read_error({**PATTERN_BASE, "subscribePattern": pattern})

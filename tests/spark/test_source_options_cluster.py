@@ -1,0 +1,153 @@
+"""Issue 13 (part 3) source options against a real cluster: unknown topics, subscribePattern,
+ending timestamps, minOffsetsPerTrigger/maxTriggerDelay, progress (latestOffset) reporting."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from waiting import wait_for
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def batch(spark, brook, **options: str):  # type: ignore[no-untyped-def]
+    reader = spark.read.format("brook").option("bootstrap.servers", brook.bootstrap)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def stream(spark, brook, **options: str):  # type: ignore[no-untyped-def]
+    reader = spark.readStream.format("brook").option("bootstrap.servers", brook.bootstrap)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def _offsets(doc: object) -> dict[str, dict[str, int]]:
+    return json.loads(doc) if isinstance(doc, str) else (doc or {})  # type: ignore[return-value]
+
+
+def _total(doc: object) -> int:
+    return sum(off for parts in _offsets(doc).values() for off in parts.values())
+
+
+def test_unknown_topic_fails_clearly_in_batch_and_stream(spark, brook, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    brook.create_topic("known-2p", 2)
+    with pytest.raises(Exception) as info:
+        batch(spark, brook, subscribe="known-2p,no-such-topic").collect()
+    text = str(info.value)
+    assert "UNKNOWN_TOPIC_OR_PARTITION" in text and "'no-such-topic' does not exist" in text, text[:2000]
+    with pytest.raises(Exception) as info:
+        batch(spark, brook, assign=json.dumps({"known-2p": [0, 5]})).collect()
+    text = str(info.value)
+    assert "UNKNOWN_TOPIC_OR_PARTITION" in text and "('known-2p', 5)" in text, text[:2000]
+
+    query = (stream(spark, brook, subscribe="no-such-topic").writeStream.format("memory").queryName("unknown_rows")
+             .option("checkpointLocation", str(tmp_path / "cp")).start())
+    try:
+        with pytest.raises(Exception) as info:
+            query.awaitTermination(120)
+        assert "'no-such-topic' does not exist" in str(info.value), str(info.value)[:2000]
+    finally:
+        query.stop()
+
+
+def test_subscribe_pattern_matches_whole_names_and_skips_internal_topics(spark, brook) -> None:  # type: ignore[no-untyped-def]
+    for name in ("pat-orders", "pat-orders-eu", "xpat-orders"):
+        brook.create_topic(name, 1)
+        brook.produce(name, [name.encode()])
+
+    def topics(pattern: str) -> set[str]:
+        return {r["topic"] for r in batch(spark, brook, subscribePattern=pattern).select("topic").collect()}
+
+    assert topics("pat-orders") == {"pat-orders"}  # not a search: "xpat-orders" and "pat-orders-eu" do not match
+    assert topics("pat-orders.*") == {"pat-orders", "pat-orders-eu"}
+    assert topics("(?<p>x?)pat-orders") == {"pat-orders", "xpat-orders"}  # Java named-group syntax
+    assert "__consumer_offsets" not in topics(".*")
+
+
+def test_ending_timestamp_options(spark, brook) -> None:  # type: ignore[no-untyped-def]
+    topic = "end-by-time"
+    brook.create_topic(topic, 1)
+    base_ms = 1_700_000_000_000
+    with brook.producer() as p:
+        futures = [p.send(topic, b"t%d" % i, partition=0, timestamp=base_ms + i * 1000) for i in range(100)]
+        p.flush(timeout=30)
+        assert [f.result(timeout=30).offset for f in futures] == list(range(100))
+
+    def offsets(**options: str) -> list[int]:
+        return sorted(r["offset"] for r in batch(spark, brook, subscribe=topic, **options).select("offset").collect())
+
+    # The ending offset (exclusive) is the first record with timestamp >= the one given: offset 41.
+    assert offsets(endingTimestamp=str(base_ms + 40_500)) == list(range(41))
+    assert offsets(startingOffsetsByTimestamp=json.dumps({topic: {"0": base_ms + 10_000}}),
+                   endingOffsetsByTimestamp=json.dumps({topic: {"0": base_ms + 20_000}})) == list(range(10, 20))
+    # No record at or after it: the ending offset is the latest (Spark's rule for ending timestamps).
+    assert offsets(endingTimestamp=str(base_ms + 10_000_000)) == list(range(100))
+    # Spark's group options are accepted; the read is the same.
+    assert offsets(endingTimestamp=str(base_ms + 5_000), **{"kafka.group.id": "reporting"}) == list(range(5))
+
+
+def _row_counts(query) -> list[int]:  # type: ignore[no-untyped-def]
+    return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+
+def test_min_offsets_per_trigger_holds_small_batches_back(spark, brook, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    topic = "min-trigger"
+    brook.create_topic(topic, 2)
+    brook.produce(topic, [b"a%d" % i for i in range(60)])
+    df = stream(spark, brook, subscribe=topic, startingOffsets="earliest", minOffsetsPerTrigger="100",
+                maxTriggerDelay="1h")
+    query = (df.writeStream.format("memory").queryName("min_trigger_rows").trigger(processingTime="500 milliseconds")
+             .option("checkpointLocation", str(tmp_path / "cp")).start())
+    try:
+        # The first trigger runs at once (as Spark's: the delay counts from the last batch, none yet).
+        wait_for(lambda: _row_counts(query) == [60], 120, lambda: f"the first batch; saw {_row_counts(query)}")
+        brook.produce(topic, [b"b%d" % i for i in range(50)])
+        # The source saw the 50 new records (progress reports its latest offset) and admitted no batch.
+        wait_for(lambda: any(_total(p["sources"][0]["latestOffset"]) == 110 for p in query.recentProgress),
+                 120, "a progress report showing the 50 new records as latest")
+        assert _row_counts(query) == [60], _row_counts(query)
+        brook.produce(topic, [b"c%d" % i for i in range(50)])  # 100 new records now: enough
+        wait_for(lambda: _row_counts(query) == [60, 100], 120, lambda: f"the second batch; saw {_row_counts(query)}")
+    finally:
+        query.stop()
+
+
+def test_max_trigger_delay_releases_a_small_batch(spark, brook, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    topic = "max-delay"
+    brook.create_topic(topic, 1)
+    brook.produce(topic, [b"a%d" % i for i in range(20)])
+    df = stream(spark, brook, subscribe=topic, startingOffsets="earliest", minOffsetsPerTrigger="1000000",
+                maxTriggerDelay="2s")
+    query = (df.writeStream.format("memory").queryName("max_delay_rows").trigger(processingTime="500 milliseconds")
+             .option("checkpointLocation", str(tmp_path / "cp")).start())
+    try:
+        wait_for(lambda: _row_counts(query) == [20], 120, lambda: f"the first batch; saw {_row_counts(query)}")
+        brook.produce(topic, [b"b%d" % i for i in range(7)])
+        wait_for(lambda: _row_counts(query) == [20, 7], 120,
+                 lambda: f"the delayed batch of 7 (far below minOffsetsPerTrigger); saw {_row_counts(query)}")
+    finally:
+        query.stop()
+
+
+def test_progress_reports_the_latest_offset_beyond_the_batch_end(spark, brook, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """sources[].latestOffset is the high watermark, so latestOffset - endOffset is how far behind each partition is."""
+    topic = "behind"
+    brook.create_topic(topic, 2)
+    acked = brook.produce(topic, [b"x%d" % i for i in range(400)])
+    hws = brook.high_watermarks(topic)
+    df = stream(spark, brook, subscribe=topic, startingOffsets="earliest", maxOffsetsPerTrigger="100")
+    query = (df.writeStream.format("memory").queryName("behind_rows").trigger(availableNow=True)
+             .option("checkpointLocation", str(tmp_path / "cp")).start())
+    assert query.awaitTermination(180), "AvailableNow query did not finish"
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    assert sum(p["numInputRows"] for p in progress) == len(acked)
+    first = progress[0]["sources"][0]
+    latest = {int(p): off for p, off in _offsets(first["latestOffset"])[topic].items()}
+    end = {int(p): off for p, off in _offsets(first["endOffset"])[topic].items()}
+    assert latest == hws, (latest, hws)
+    behind = {p: latest[p] - end[p] for p in latest}
+    assert sum(behind.values()) == len(acked) - 100, behind  # the first batch took 100 of 400
