@@ -235,10 +235,13 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 resp.partitions.add(topic=p.topic, partition=p.partition, error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
                                     error_message="internal error", leader_epoch=-1, end_offset=-1)
             return resp
-        # Followers ask this before fetching (truncation): replication capacity, no client bounds.
-        return await self._guard("OffsetsForLeaderEpoch", request,
-                                 lambda: self._replication_io(lambda: self.rm.offsets_for_leader_epoch(request)),
-                                 on_error)
+        if request.replica_id >= 0:  # a follower (truncation): replication capacity, no client bounds
+            return await self._guard("OffsetsForLeaderEpoch", request,
+                                     lambda: self._replication_io(lambda: self.rm.offsets_for_leader_epoch(request)),
+                                     on_error)
+        return await self._admitted(context, lambda client: self._guard(
+            "OffsetsForLeaderEpoch", request, lambda: self._io(lambda: self.rm.offsets_for_leader_epoch(request)),
+            on_error))
 
     # ---- Metadata ----
     async def Metadata(self, request: broker_pb2.MetadataRequest, context: grpc.aio.ServicerContext) -> Any:
