@@ -5,7 +5,9 @@ responses with error codes. The coordinator's calls block (JoinGroup and SyncGro
 the group answers, bounded by the rebalance timeout and the caller's deadline; commits
 until acks=all), so each handler runs its body on the servicer's own bounded executor,
 never on the broker's event loop and never on the client or replication executors: a
-rebalance storm cannot take the capacity fetches and produces need.
+rebalance storm cannot take the capacity fetches and produces need. JoinGroup and SyncGroup
+wait for the group as futures on the loop (the group machine's callback completes them),
+so a parked join holds no thread.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 import grpc
 
-from broker.group_coordinator import GroupCoordinator
+from broker.group_coordinator import GroupCoordinator, join_timed_out, sync_timed_out
+from broker.group_state import JoinResult, SyncResult
 from client.types import TopicPartition
 from proto import errors, group_pb2, group_pb2_grpc
 
@@ -38,6 +41,42 @@ class _CallDeadline:
         return None if self._deadline is None else self._deadline - time.monotonic()
 
 
+def _loop_callback() -> tuple[asyncio.Future[Any], Callable[[Any], None]]:
+    """A future on the running loop and a thread-safe callback that completes it (once)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any) -> None:
+        if not fut.done():
+            fut.set_result(result)
+
+    def callback(result: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(settle, result)
+        except RuntimeError:
+            pass  # the loop is closed: the broker is stopping and nobody waits any more
+    return fut, callback
+
+
+async def _wait_or(fut: asyncio.Future[Any], timeout_s: float, on_timeout: Callable[[], Any]) -> Any:
+    try:
+        return await asyncio.wait_for(fut, max(0.0, timeout_s))
+    except TimeoutError:
+        return on_timeout()
+
+
+def _join_response(r: JoinResult) -> group_pb2.JoinGroupResponse:
+    return group_pb2.JoinGroupResponse(
+        error_code=r.error_code, error_message=r.error_message, generation_id=r.generation_id,
+        protocol_name=r.protocol_name, leader=r.leader, member_id=r.member_id,
+        members=[group_pb2.JoinGroupMember(member_id=m, metadata=md, client_id=cid) for m, md, cid in r.members])
+
+
+def _sync_response(r: SyncResult) -> group_pb2.SyncGroupResponse:
+    return group_pb2.SyncGroupResponse(error_code=r.error_code, error_message=r.error_message,
+                                       protocol_name=r.protocol_name, assignment=r.assignment)
+
+
 class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
     def __init__(self, coordinator: GroupCoordinator,
                  executor: concurrent.futures.Executor | None = None) -> None:
@@ -53,10 +92,34 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return await self._run(self._find_coordinator, request, context)
 
     async def JoinGroup(self, request, context):  # noqa: N802
-        return await self._run(self._join_group, request, context)
+        # Registering takes the coordinator's lock (executor); the wait for the join phase to
+        # end is a future on the loop, completed by the group machine's callback: no thread.
+        wait_s = self._wait_s(_CallDeadline(context), max(request.rebalance_timeout_ms, request.session_timeout_ms,
+                                                          self.c.config.group_initial_rebalance_delay_ms))
+        fut, callback = _loop_callback()
+        try:
+            await self._in_executor(self.c.start_join, request, callback)
+            r = await _wait_or(fut, wait_s, lambda: join_timed_out(request))
+        except errors.BrookError as exc:
+            return group_pb2.JoinGroupResponse(error_code=exc.code, error_message=exc.message,
+                                               member_id=request.member_id, generation_id=-1)
+        return _join_response(r)
 
     async def SyncGroup(self, request, context):  # noqa: N802
-        return await self._run(self._sync_group, request, context)
+        wait_s = self._wait_s(_CallDeadline(context), 300_000)
+        fut, callback = _loop_callback()
+        try:
+            r = await self._in_executor(self.c.start_sync, request, callback)
+            if r is None:
+                r = await _wait_or(fut, wait_s, sync_timed_out)
+                # Handing out the assignment waits for the generation's write (acks=all): executor.
+                r = await self._in_executor(self.c.finish_sync, request, r)
+        except errors.BrookError as exc:
+            return group_pb2.SyncGroupResponse(error_code=exc.code, error_message=exc.message)
+        return _sync_response(r)
+
+    async def _in_executor(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def Heartbeat(self, request, context):  # noqa: N802
         return await self._run(self._heartbeat, request, context)
@@ -98,27 +161,6 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         except errors.BrookError as exc:
             return group_pb2.FindCoordinatorResponse(error_code=exc.code, error_message=exc.message, node_id=-1)
         return group_pb2.FindCoordinatorResponse(node_id=node_id, host=host, port=port)
-
-    def _join_group(self, request, context):
-        try:
-            wanted = max(request.rebalance_timeout_ms, request.session_timeout_ms,
-                         self.c.config.group_initial_rebalance_delay_ms)
-            r = self.c.join_group(request, self._wait_s(context, wanted))
-        except errors.BrookError as exc:
-            return group_pb2.JoinGroupResponse(error_code=exc.code, error_message=exc.message,
-                                               member_id=request.member_id, generation_id=-1)
-        return group_pb2.JoinGroupResponse(
-            error_code=r.error_code, error_message=r.error_message, generation_id=r.generation_id,
-            protocol_name=r.protocol_name, leader=r.leader, member_id=r.member_id,
-            members=[group_pb2.JoinGroupMember(member_id=m, metadata=md, client_id=cid) for m, md, cid in r.members])
-
-    def _sync_group(self, request, context):
-        try:
-            r = self.c.sync_group(request, self._wait_s(context, 300_000))
-        except errors.BrookError as exc:
-            return group_pb2.SyncGroupResponse(error_code=exc.code, error_message=exc.message)
-        return group_pb2.SyncGroupResponse(error_code=r.error_code, error_message=r.error_message,
-                                           protocol_name=r.protocol_name, assignment=r.assignment)
 
     def _heartbeat(self, request, context):
         try:
