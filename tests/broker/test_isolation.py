@@ -1,7 +1,7 @@
 """No client can stall a broker (real broker processes, real sockets).
 
-1. One client parks 1,100 long-poll fetches on one broker: the first 1,000 (its
-   ``max.waiting.fetches.per.ip``) wait, holding no thread; the rest are refused at once
+1. One client sends 1,100 long-poll fetches to one broker: 1,000 (its
+   ``max.waiting.fetches.per.ip``) park, holding no thread; the rest are refused at once
    with RESOURCE_EXHAUSTED, which the client library reads as a retriable throttle. Meanwhile
    a second client's Metadata, zero-wait Fetch, ListGroups and the gRPC health check answer
    within a liveness bound, acks=all produces still commit (replication runs on its own
@@ -33,10 +33,14 @@ from storage.record_batch import RecordBatchBuilder, iter_batches
 
 pytestmark = pytest.mark.slow
 
-LIVENESS_BOUND_S = 5.0  # generous: a liveness bound on a loaded machine, not a speed assert
+LIVENESS_BOUND_S = 10.0  # generous: a liveness bound on a loaded machine, not a speed assert (main stalled ~150 s)
 WAITING_MAX = 1000
 FLOOD = 1100
 FLOOD_HOLD_S = 3 * int(FAST_FAILURE_DETECTION["replica.lag.time.max.ms"]) / 1000
+POLL_WAIT_MS = 60_000  # the broker's longest long poll (MAX_FETCH_WAIT_MS)
+# A parked poll answers empty once POLL_WAIT_MS pass; "all still parked" is only checked
+# well within that, so a very slow machine cannot make the test fail spuriously.
+PARKED_CHECK_WITHIN_S = POLL_WAIT_MS / 1000 * 0.75
 
 
 def fetch_req(topic: str, partition: int, offset: int, *, max_wait_ms: int, min_bytes: int,
@@ -102,7 +106,8 @@ def test_long_poll_flood_does_not_stall_the_broker(kit: Kit) -> None:
     flood_channel = grpc.insecure_channel(address)
     try:
         stub = broker_pb2_grpc.BrokerServiceStub(flood_channel)
-        req = fetch_req(topic, 0, 0, max_wait_ms=60_000, min_bytes=1)
+        req = fetch_req(topic, 0, 0, max_wait_ms=POLL_WAIT_MS, min_bytes=1)
+        started = time.monotonic()
         polls = [stub.Fetch.future(req, timeout=120) for _ in range(FLOOD)]
 
         def refused() -> list[grpc.RpcError]:
@@ -113,21 +118,23 @@ def test_long_poll_flood_does_not_stall_the_broker(kit: Kit) -> None:
             assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
             err = rpc_error(exc, "Fetch")
             assert err.code == ErrorCode.THROTTLING_QUOTA_EXCEEDED and err.retriable, err
-        assert sum(1 for p in polls if not p.done()) == WAITING_MAX, "the polls within the bound must be parked"
+        assert len(refused()) == FLOOD - WAITING_MAX, "only the polls past the bound may be refused"
 
         # The flood holds for several replica.lag.time.max.ms: a stalled broker would shrink its ISRs.
         until = time.monotonic() + FLOOD_HOLD_S
         while time.monotonic() < until:
             second_client_round(address, kit, topic, node)
-        assert sum(1 for p in polls if not p.done()) == WAITING_MAX, "parked polls answered with nothing to read"
         assert full_isr_everywhere(kit) == [], "a follower fell out of the ISR during the flood"
 
         # One append to the watched partition wakes every parked poll, each with the record.
+        parked = [p for p in polls if not p.done()]
+        if time.monotonic() - started < PARKED_CHECK_WITHIN_S:
+            assert len(parked) == WAITING_MAX, "parked polls answered with nothing to read"
         assert kit.produce(topic, 0, make_batch(b"wake"), acks=-1, node_id=node).error_code == ErrorCode.NONE
         wait_for(lambda: all(p.done() for p in polls), 120, "every parked poll answered after the append")
-        answered = [p.result() for p in polls if p.exception() is None]
-        assert len(answered) == WAITING_MAX
-        assert all(r.partitions[0].error_code == ErrorCode.NONE and r.partitions[0].records for r in answered)
+        woken = [p.result() for p in parked]
+        assert woken and all(r.partitions[0].error_code == ErrorCode.NONE and r.partitions[0].records
+                             for r in woken), "a parked poll answered without the appended record"
     finally:
         flood_channel.close()
 
