@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,6 +80,17 @@ def full_isr_everywhere(kit: Kit) -> list[str]:
             for p in resp.partitions if len(p.isr) != len(p.replicas)]
 
 
+def refused_in_metrics(kit: Kit, node: int) -> float:
+    """brook_rpc_requests_total{method="Fetch",code="RESOURCE_EXHAUSTED"} from the node's /metrics."""
+    with urllib.request.urlopen(kit.cluster.metrics_url(node), timeout=LIVENESS_BOUND_S) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith("brook_rpc_requests_total{") and 'method="Fetch"' in line \
+                and 'code="RESOURCE_EXHAUSTED"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def second_client_round(address: str, kit: Kit, topic: str, node: int) -> None:
     """What another client needs from the flooded broker, each bounded by LIVENESS_BOUND_S."""
     with grpc.insecure_channel(address) as ch:
@@ -119,6 +131,7 @@ def test_long_poll_flood_does_not_stall_the_broker(kit: Kit) -> None:
             err = rpc_error(exc, "Fetch")
             assert err.code == ErrorCode.THROTTLING_QUOTA_EXCEEDED and err.retriable, err
         assert len(refused()) == FLOOD - WAITING_MAX, "only the polls past the bound may be refused"
+        assert refused_in_metrics(kit, node) >= FLOOD - WAITING_MAX, "refusals must show in brook_rpc_requests_total"
 
         # The flood holds for several replica.lag.time.max.ms: a stalled broker would shrink its ISRs.
         until = time.monotonic() + FLOOD_HOLD_S
