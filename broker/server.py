@@ -219,6 +219,8 @@ class BrokerServer:
         return grpc.aio.server(options=[
             ("grpc.max_receive_message_length", int(d.get("socket.request.max.bytes", str(GRPC_MAX_MESSAGE_BYTES)))),
             ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+            # HTTP/2's own per-connection bound: streams past it wait in the client, never reach us.
+            ("grpc.max_concurrent_streams", int(d.get("max.inflight.requests.per.ip", "2000"))),
             ("grpc.so_reuseport", 0)])
 
     def _stop_loop(self) -> None:
