@@ -167,9 +167,14 @@ def _sequence_ahead(p: Partition, records: bytes) -> bool:
     return 0 < gap < _SEQUENCE_MODULUS // 2
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
+# What a woken follower fetch read where it was woken: the wake counters taken just before
+# the read (the next park compares against them, so no change is lost) and _read_once's result.
+InlineRead = tuple[dict[Partition, int], tuple[broker_pb2.FetchResponse, int, bool]]
+
+
+def _resolve(fut: asyncio.Future[Any], result: Any) -> None:
     if not fut.done():
-        fut.set_result(None)
+        fut.set_result(result)
 
 
 class _AsyncDataWaiter(DelayedOperation):
@@ -178,31 +183,59 @@ class _AsyncDataWaiter(DelayedOperation):
     Woken when a watched partition changes in a way the fetcher can use. Consumers: an
     append, HW move or role change. Followers: an append or role change only — an acks=all
     commit moves the HW once per batch, and waking the other followers' parked fetches for
-    it would only make them re-read nothing and park again. Completed from whichever thread changes a watched partition (an append, a follower
-    fetch moving the HW, a role change): the completion only schedules the future's result
-    on the broker's event loop. The deadline is an asyncio timer, not the purgatory reaper.
+    it would only make them re-read nothing and park again.
+
+    Completed from whichever thread changes a watched partition (an append, a follower fetch
+    moving the HW, a role change). A follower's fetch is completed as Kafka's purgatory
+    does: that thread reads the new data itself (``read_inline``) and only hands the
+    finished read to the event loop, so the acks=all path costs no extra hop through an
+    executor. Anything else (and a wake on the loop thread itself, while registering) only
+    resolves the future, and the loop re-reads on its executor. The deadline is an asyncio
+    timer, not the purgatory reaper.
     """
 
     def __init__(self, seqs: dict[Partition, int], for_follower: bool, loop: asyncio.AbstractEventLoop,
-                 future: asyncio.Future[None]) -> None:
+                 future: asyncio.Future[Any], read_inline: Callable[[], InlineRead] | None = None) -> None:
         super().__init__(None)
         self.seqs = seqs
         self.for_follower = for_follower
         self._loop = loop
+        self._loop_thread = threading.get_ident()  # created on the loop
         self._future = future
+        self._read_inline = read_inline
+        self._fired = False  # set under the operation's lock by the one call that completes it
 
     def _try_complete(self) -> bool:
         if any(_wake_seq(p, self.for_follower) != s for p, s in self.seqs.items()):
-            self._wake()
+            self._fired = True
             return True
         return False
 
-    def _on_expire(self) -> None:
-        self._wake()
+    def try_complete(self) -> bool:
+        done = super().try_complete()
+        if done and self._fired:
+            with self._done_lock:  # deliver exactly once, and read outside the lock
+                fired, self._fired = self._fired, False
+            if fired:
+                self._deliver()
+        return done
 
-    def _wake(self) -> None:
+    def _on_expire(self) -> None:
+        self._hand_over(None)
+
+    def _deliver(self) -> None:
+        result: InlineRead | None = None
+        if self._read_inline is not None and threading.get_ident() != self._loop_thread \
+                and not self._future.done():
+            try:
+                result = self._read_inline()
+            except Exception:  # the loop re-reads on its executor instead
+                log.exception("reading for a woken follower fetch failed")
+        self._hand_over(result)
+
+    def _hand_over(self, result: InlineRead | None) -> None:
         try:
-            self._loop.call_soon_threadsafe(_resolve, self._future)
+            self._loop.call_soon_threadsafe(_resolve, self._future, result)
         except RuntimeError:
             pass  # the loop is closed: the broker is stopping and nobody waits any more
 
@@ -456,36 +489,53 @@ class ReplicaManager:
         keys = [(fp.topic, fp.partition) for fp in req.partitions]
         for_follower = req.replica_id >= 0
         cap = self.response_max_bytes(req)
+
+        def wake_seqs() -> dict[Partition, int]:
+            return {p: _wake_seq(p, for_follower) for k in keys if (p := self._partitions.get(k)) is not None}
+
+        def read_inline() -> InlineRead:
+            before = wake_seqs()
+            return before, self._read_once(req, cap)
+
+        inline: InlineRead | None = None
         while True:
-            seqs = {p: _wake_seq(p, for_follower) for k in keys if (p := self._partitions.get(k)) is not None}
-            granted = await reserve(cap)
-            try:
-                resp, total_bytes, must_answer = await run(lambda: self._read_once(req, cap))
-            except BaseException:
-                release(granted)
-                raise
+            if inline is None:
+                seqs = wake_seqs()  # before the read: a change racing with it wakes the park below
+                granted = await reserve(cap)
+                try:
+                    resp, total_bytes, must_answer = await run(lambda: self._read_once(req, cap))
+                except BaseException:
+                    release(granted)
+                    raise
+            else:  # a follower fetch read by the thread that woke it (replication: no byte budget)
+                granted = 0
+                seqs, (resp, total_bytes, must_answer) = inline
             remaining_s = deadline - loop.time()
             if must_answer or total_bytes >= req.min_bytes or remaining_s <= 0 or not seqs or self._stopped.is_set():
                 held = min(granted, total_bytes)
                 release(granted - held)
                 return resp, held
             release(granted)
-            await self._park(seqs, for_follower, remaining_s, on_park, on_unpark)
+            inline = await self._park(seqs, for_follower, remaining_s, on_park, on_unpark,
+                                      read_inline if for_follower else None)
             if self._stopped.is_set():
                 return resp, 0
 
     async def _park(self, seqs: dict[Partition, int], for_follower: bool, timeout_s: float,
-                    on_park: Callable[[], None], on_unpark: Callable[[], None]) -> None:
+                    on_park: Callable[[], None], on_unpark: Callable[[], None],
+                    read_inline: Callable[[], InlineRead] | None) -> InlineRead | None:
+        """Wait for a change; the waker's read of it when it did one (followers), else None."""
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        waiter = _AsyncDataWaiter(seqs, for_follower, loop, fut)
+        fut: asyncio.Future[InlineRead | None] = loop.create_future()
+        waiter = _AsyncDataWaiter(seqs, for_follower, loop, fut, read_inline)
         on_park()
         try:
             if not self.fetch_purgatory.watch(waiter, [p.key for p in seqs]):
                 try:
-                    await asyncio.wait_for(fut, timeout_s)
+                    return await asyncio.wait_for(fut, timeout_s)
                 except TimeoutError:
                     pass
+            return None
         finally:
             waiter.cancel()
             on_unpark()

@@ -217,3 +217,39 @@ def test_leadership_loss_wakes_a_waiting_batch_with_not_leader(tmp_path: Path) -
     p.make_follower(2, (1, 2, 3), (1, 2, 3), 4, 4)
     t.join(10)
     assert not t.is_alive() and len(out) == 1 and isinstance(out[0], errors.NotLeaderOrFollowerError), out
+
+
+# ---- a woken follower fetch is read where it was woken (Kafka's purgatory completion) ----
+
+def inline_waiter(p: Partition, loop: asyncio.AbstractEventLoop,
+                  reads: list[int]) -> tuple[_AsyncDataWaiter, asyncio.Future[object]]:
+    def read_inline() -> object:
+        reads.append(threading.get_ident())
+        return ({p: _wake_seq(p, True)}, ("read", p.log.log_end_offset))
+    fut: asyncio.Future[object] = loop.create_future()
+    return _AsyncDataWaiter({p: _wake_seq(p, True)}, True, loop, fut, read_inline), fut  # type: ignore[arg-type]
+
+
+def test_a_follower_fetch_is_read_by_the_thread_whose_append_wakes_it(
+        tmp_path: Path, purgatory: DelayedOperationPurgatory, loop: asyncio.AbstractEventLoop) -> None:
+    p = leader_of_three(tmp_path)
+    reads: list[int] = []
+    op, fut = inline_waiter(p, loop, reads)
+    assert not purgatory.watch(op, [p.key])
+    appender = threading.Thread(target=lambda: (append_one(p), purgatory.check_and_complete(p.key)))
+    appender.start()
+    appender.join(10)
+    loop.run_until_complete(asyncio.sleep(0))
+    assert fut.done() and fut.result()[1] == ("read", 1), "the loop must get the read, not only a wake-up"
+    assert reads == [appender.ident], "read once, by the appending thread (no hop through an executor)"
+
+
+def test_a_wake_on_the_loop_thread_reads_nothing_there(
+        tmp_path: Path, purgatory: DelayedOperationPurgatory, loop: asyncio.AbstractEventLoop) -> None:
+    p = leader_of_three(tmp_path)
+    reads: list[int] = []
+    op, fut = inline_waiter(p, loop, reads)
+    append_one(p)  # lands before registration: the loop thread itself completes it while watching
+    assert purgatory.watch(op, [p.key])
+    loop.run_until_complete(asyncio.sleep(0))
+    assert fut.done() and fut.result() is None and reads == [], "disk reads never run on the event loop"
