@@ -125,6 +125,15 @@ class _Waiter:
         self.event.set()
 
 
+def join_timed_out(req: group_pb2.JoinGroupRequest) -> JoinResult:
+    return JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, req.member_id,
+                      error_message="join phase did not end before the request deadline")
+
+
+def sync_timed_out() -> SyncResult:
+    return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS, error_message="leader did not sync in time")
+
+
 class CoordinatorError(errors.BrookError):
     """Carries the code a group request is answered with (NOT_COORDINATOR, ...)."""
 
@@ -364,35 +373,51 @@ class GroupCoordinator:
                                    code=ErrorCode.INVALID_SESSION_TIMEOUT)
 
     def join_group(self, req: group_pb2.JoinGroupRequest, wait_s: float) -> JoinResult:
+        waiter = _Waiter()
+        self.start_join(req, waiter)
+        if not waiter.event.wait(timeout=max(0.0, wait_s)):
+            return join_timed_out(req)
+        return waiter.result
+
+    def start_join(self, req: group_pb2.JoinGroupRequest, callback: Callable[[JoinResult], None]) -> None:
+        """Register a join; ``callback`` gets the JoinResult when the join phase ends (from whichever
+        thread ends it), so a caller can wait without holding a thread (broker/group_service.py)."""
         self._validate_session(req.session_timeout_ms)
         rebalance_timeout_ms = req.rebalance_timeout_ms if req.rebalance_timeout_ms > 0 else req.session_timeout_ms
-        waiter = _Waiter()
         with self._lock:
             g = self._group_locked(req.group_id, create=True)
             assert g is not None
             g.join(member_id=req.member_id, client_id=req.client_id, client_host=req.client_host,
                    session_timeout_ms=req.session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,
                    protocol_type=req.protocol_type, protocols=[(p.name, p.metadata) for p in req.protocols],
-                   callback=waiter, now_ms=self.clock_ms())
+                   callback=callback, now_ms=self.clock_ms())
             self._after_change_locked(g)
-        if not waiter.event.wait(timeout=max(0.0, wait_s)):
-            return JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, req.member_id,
-                              error_message="join phase did not end before the request deadline")
-        return waiter.result
 
     def sync_group(self, req: group_pb2.SyncGroupRequest, wait_s: float) -> SyncResult:
         waiter = _Waiter()
+        answered = self.start_sync(req, waiter)
+        if answered is not None:
+            return answered
+        if not waiter.event.wait(timeout=max(0.0, wait_s)):
+            return sync_timed_out()
+        return self.finish_sync(req, waiter.result)
+
+    def start_sync(self, req: group_pb2.SyncGroupRequest,
+                   callback: Callable[[SyncResult], None]) -> SyncResult | None:
+        """Register a sync; an immediate answer, or None and ``callback`` gets the result later
+        (then pass it through ``finish_sync``)."""
         with self._lock:
             g = self._group_locked(req.group_id, create=False)
             if g is None:
                 return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID, error_message="no such group")
             g.sync(member_id=req.member_id, generation_id=req.generation_id,
                    assignments={a.member_id: a.assignment for a in req.assignments},
-                   callback=waiter, now_ms=self.clock_ms())
+                   callback=callback, now_ms=self.clock_ms())
             self._after_change_locked(g)
-        if not waiter.event.wait(timeout=max(0.0, wait_s)):
-            return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS, error_message="leader did not sync in time")
-        result: SyncResult = waiter.result
+        return None
+
+    def finish_sync(self, req: group_pb2.SyncGroupRequest, result: SyncResult) -> SyncResult:
+        """The group's sync answer, once its generation is durable (blocks on the write)."""
         if result.error_code == ErrorCode.NONE:
             result = self._await_group_write(req.group_id, req.generation_id, result)
         return result

@@ -1,65 +1,175 @@
-"""GroupCoordinatorService (proto/group.proto) on the broker's gRPC server.
+"""GroupCoordinatorService (proto/group.proto) on the broker's gRPC (aio) server.
 
 Thin: turns requests into ``GroupCoordinator`` calls and results or ``BrookError``s into
-responses with error codes. JoinGroup and SyncGroup block their handler thread until
-the group answers, bounded by the rebalance timeout and the caller's deadline.
+responses with error codes. The coordinator's calls block (JoinGroup and SyncGroup until
+the group answers, bounded by the rebalance timeout and the caller's deadline; commits
+until acks=all), so each handler runs its body on the servicer's own bounded executor,
+never on the broker's event loop and never on the client or replication executors: a
+rebalance storm cannot take the capacity fetches and produces need. JoinGroup and SyncGroup
+wait for the group as futures on the loop (the group machine's callback completes them),
+so a parked join holds no thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Callable
+from typing import Any
+
 import grpc
 
-from broker.group_coordinator import GroupCoordinator
+from broker.group_coordinator import GroupCoordinator, join_timed_out, sync_timed_out
+from broker.group_state import JoinResult, SyncResult
 from client.types import TopicPartition
 from proto import errors, group_pb2, group_pb2_grpc
 
+# Threads for group RPC bodies; excess requests queue (each client's in-flight requests are
+# bounded by the broker's admission control, and groups rebalance one join per member).
+GROUP_WORKERS = 32
+
+
+class _CallDeadline:
+    """The caller's deadline, read on the loop and carried to the worker thread."""
+
+    def __init__(self, context: grpc.aio.ServicerContext | None) -> None:
+        remaining = context.time_remaining() if context is not None else None
+        self._deadline = time.monotonic() + remaining if remaining is not None else None
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else self._deadline - time.monotonic()
+
+
+def _loop_callback() -> tuple[asyncio.Future[Any], Callable[[Any], None]]:
+    """A future on the running loop and a thread-safe callback that completes it (once)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any) -> None:
+        if not fut.done():
+            fut.set_result(result)
+
+    def callback(result: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(settle, result)
+        except RuntimeError:
+            pass  # the loop is closed: the broker is stopping and nobody waits any more
+    return fut, callback
+
+
+async def _wait_or(fut: asyncio.Future[Any], timeout_s: float, on_timeout: Callable[[], Any]) -> Any:
+    try:
+        return await asyncio.wait_for(fut, max(0.0, timeout_s))
+    except TimeoutError:
+        return on_timeout()
+
+
+def _join_response(r: JoinResult) -> group_pb2.JoinGroupResponse:
+    return group_pb2.JoinGroupResponse(
+        error_code=r.error_code, error_message=r.error_message, generation_id=r.generation_id,
+        protocol_name=r.protocol_name, leader=r.leader, member_id=r.member_id,
+        members=[group_pb2.JoinGroupMember(member_id=m, metadata=md, client_id=cid) for m, md, cid in r.members])
+
+
+def _sync_response(r: SyncResult) -> group_pb2.SyncGroupResponse:
+    return group_pb2.SyncGroupResponse(error_code=r.error_code, error_message=r.error_message,
+                                       protocol_name=r.protocol_name, assignment=r.assignment)
+
 
 class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
-    def __init__(self, coordinator: GroupCoordinator) -> None:
+    def __init__(self, coordinator: GroupCoordinator,
+                 executor: concurrent.futures.Executor | None = None) -> None:
         self.c = coordinator
+        self._executor = executor or concurrent.futures.ThreadPoolExecutor(
+            max_workers=GROUP_WORKERS, thread_name_prefix=f"groups-{coordinator.node_id}")
 
+    async def _run(self, body: Callable[[Any, Any], Any], request: Any, context: Any) -> Any:
+        deadline = _CallDeadline(context)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, body, request, deadline)
+
+    async def FindCoordinator(self, request, context):  # noqa: N802
+        return await self._run(self._find_coordinator, request, context)
+
+    async def JoinGroup(self, request, context):  # noqa: N802
+        # Registering takes the coordinator's lock (executor); the wait for the join phase to
+        # end is a future on the loop, completed by the group machine's callback: no thread.
+        wait_s = self._wait_s(_CallDeadline(context), max(request.rebalance_timeout_ms, request.session_timeout_ms,
+                                                          self.c.config.group_initial_rebalance_delay_ms))
+        fut, callback = _loop_callback()
+        try:
+            await self._in_executor(self.c.start_join, request, callback)
+            r = await _wait_or(fut, wait_s, lambda: join_timed_out(request))
+        except errors.BrookError as exc:
+            return group_pb2.JoinGroupResponse(error_code=exc.code, error_message=exc.message,
+                                               member_id=request.member_id, generation_id=-1)
+        return _join_response(r)
+
+    async def SyncGroup(self, request, context):  # noqa: N802
+        wait_s = self._wait_s(_CallDeadline(context), 300_000)
+        fut, callback = _loop_callback()
+        try:
+            r = await self._in_executor(self.c.start_sync, request, callback)
+            if r is None:
+                r = await _wait_or(fut, wait_s, sync_timed_out)
+                # Handing out the assignment waits for the generation's write (acks=all): executor.
+                r = await self._in_executor(self.c.finish_sync, request, r)
+        except errors.BrookError as exc:
+            return group_pb2.SyncGroupResponse(error_code=exc.code, error_message=exc.message)
+        return _sync_response(r)
+
+    async def _in_executor(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def Heartbeat(self, request, context):  # noqa: N802
+        return await self._run(self._heartbeat, request, context)
+
+    async def LeaveGroup(self, request, context):  # noqa: N802
+        return await self._run(self._leave_group, request, context)
+
+    async def OffsetCommit(self, request, context):  # noqa: N802
+        return await self._run(self._offset_commit, request, context)
+
+    async def OffsetFetch(self, request, context):  # noqa: N802
+        return await self._run(self._offset_fetch, request, context)
+
+    async def ListGroups(self, request, context):  # noqa: N802
+        return await self._run(self._list_groups, request, context)
+
+    async def DescribeGroups(self, request, context):  # noqa: N802
+        return await self._run(self._describe_groups, request, context)
+
+    async def DeleteGroups(self, request, context):  # noqa: N802
+        return await self._run(self._delete_groups, request, context)
+
+    async def OffsetDelete(self, request, context):  # noqa: N802
+        return await self._run(self._offset_delete, request, context)
+
+    async def AlterGroupOffsets(self, request, context):  # noqa: N802
+        return await self._run(self._alter_group_offsets, request, context)
+
+    # ---- bodies (on the executor) ----
     @staticmethod
-    def _wait_s(context: grpc.ServicerContext, wanted_ms: int) -> float:
+    def _wait_s(context: _CallDeadline | None, wanted_ms: int) -> float:
         remaining = context.time_remaining() if context is not None else None
         wait = wanted_ms / 1000 + 5
         return min(wait, max(0.0, remaining - 0.5)) if remaining is not None else wait
 
-    def FindCoordinator(self, request, context):  # noqa: N802
+    def _find_coordinator(self, request, context):
         try:
             node_id, host, port = self.c.find_coordinator(request.group_id)
         except errors.BrookError as exc:
             return group_pb2.FindCoordinatorResponse(error_code=exc.code, error_message=exc.message, node_id=-1)
         return group_pb2.FindCoordinatorResponse(node_id=node_id, host=host, port=port)
 
-    def JoinGroup(self, request, context):  # noqa: N802
-        try:
-            wanted = max(request.rebalance_timeout_ms, request.session_timeout_ms,
-                         self.c.config.group_initial_rebalance_delay_ms)
-            r = self.c.join_group(request, self._wait_s(context, wanted))
-        except errors.BrookError as exc:
-            return group_pb2.JoinGroupResponse(error_code=exc.code, error_message=exc.message,
-                                               member_id=request.member_id, generation_id=-1)
-        return group_pb2.JoinGroupResponse(
-            error_code=r.error_code, error_message=r.error_message, generation_id=r.generation_id,
-            protocol_name=r.protocol_name, leader=r.leader, member_id=r.member_id,
-            members=[group_pb2.JoinGroupMember(member_id=m, metadata=md, client_id=cid) for m, md, cid in r.members])
-
-    def SyncGroup(self, request, context):  # noqa: N802
-        try:
-            r = self.c.sync_group(request, self._wait_s(context, 300_000))
-        except errors.BrookError as exc:
-            return group_pb2.SyncGroupResponse(error_code=exc.code, error_message=exc.message)
-        return group_pb2.SyncGroupResponse(error_code=r.error_code, error_message=r.error_message,
-                                           protocol_name=r.protocol_name, assignment=r.assignment)
-
-    def Heartbeat(self, request, context):  # noqa: N802
+    def _heartbeat(self, request, context):
         try:
             code = self.c.heartbeat(request.group_id, request.member_id, request.generation_id)
         except errors.BrookError as exc:
             return group_pb2.HeartbeatResponse(error_code=exc.code, error_message=exc.message)
         return group_pb2.HeartbeatResponse(error_code=code)
 
-    def LeaveGroup(self, request, context):  # noqa: N802
+    def _leave_group(self, request, context):
         try:
             results = self.c.leave_group(request.group_id, list(request.member_ids))
         except errors.BrookError as exc:
@@ -67,7 +177,7 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return group_pb2.LeaveGroupResponse(members=[
             group_pb2.LeaveGroupMemberResponse(member_id=m, error_code=c) for m, c in results])
 
-    def OffsetCommit(self, request, context):  # noqa: N802
+    def _offset_commit(self, request, context):
         try:
             results = self.c.commit_offsets(request)
         except errors.BrookError as exc:
@@ -75,7 +185,7 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return group_pb2.OffsetCommitResponse(partitions=[
             group_pb2.PartitionError(topic=t, partition=p, error_code=c, error_message=m) for t, p, c, m in results])
 
-    def OffsetFetch(self, request, context):  # noqa: N802
+    def _offset_fetch(self, request, context):
         tps = [TopicPartition(p.topic, p.partition) for p in request.partitions]
         try:
             found = self.c.fetch_offsets(request.group_id, tps)
@@ -92,17 +202,17 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
                     metadata=e.metadata, commit_timestamp_ms=e.commit_timestamp_ms))
         return resp
 
-    def ListGroups(self, request, context):  # noqa: N802
+    def _list_groups(self, request, context):
         groups = self.c.list_groups(set(request.states))
         return group_pb2.ListGroupsResponse(groups=[
             group_pb2.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type, state=g.state.value,
                                   coordinator_id=self.c.node_id) for g in sorted(groups, key=lambda g: g.group_id)])
 
-    def DescribeGroups(self, request, context):  # noqa: N802
+    def _describe_groups(self, request, context):
         return group_pb2.DescribeGroupsResponse(groups=[
             self.c.describe_group(gid, request.include_offsets) for gid in request.group_ids])
 
-    def DeleteGroups(self, request, context):  # noqa: N802
+    def _delete_groups(self, request, context):
         out = group_pb2.DeleteGroupsResponse()
         for gid in request.group_ids:
             try:
@@ -113,7 +223,7 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
                                                          error_message=exc.message))
         return out
 
-    def OffsetDelete(self, request, context):  # noqa: N802
+    def _offset_delete(self, request, context):
         tps = [TopicPartition(p.topic, p.partition) for p in request.partitions]
         try:
             results = self.c.delete_offsets(request.group_id, tps)
@@ -122,7 +232,7 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return group_pb2.OffsetDeleteResponse(partitions=[
             group_pb2.PartitionError(topic=tp.topic, partition=tp.partition, error_code=c) for tp, c in results])
 
-    def AlterGroupOffsets(self, request, context):  # noqa: N802
+    def _alter_group_offsets(self, request, context):
         try:
             resolved = self.c.alter_offsets(request)
         except errors.BrookError as exc:

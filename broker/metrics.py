@@ -12,6 +12,7 @@ base units ``_seconds`` and ``_bytes``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import threading
@@ -129,6 +130,43 @@ class MetricsInterceptor(grpc.ServerInterceptor):
 
             wrapped = unary
         return _replace_behaviour(handler, wrapped)
+
+
+class AioMetricsInterceptor(grpc.aio.ServerInterceptor):
+    """``MetricsInterceptor`` for grpc.aio servers (the broker's): times each unary coroutine handler.
+
+    Streaming handlers (health Watch, reflection) pass through untimed: the broker's own
+    RPCs are all unary.
+    """
+
+    def __init__(self, metrics: RpcMetrics) -> None:
+        self._metrics = metrics
+
+    async def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            return handler
+        inner = handler.unary_unary
+        if not asyncio.iscoroutinefunction(inner):
+            return handler
+        service, method = _split_method(handler_call_details.method)
+        m = self._metrics
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            started = time.perf_counter()
+            gauge = m.in_flight.labels(service, method)
+            gauge.inc()
+            error: BaseException | None = None
+            try:
+                return await inner(request, context)
+            except BaseException as e:  # re-raised; only observed for the status label
+                error = e
+                raise
+            finally:
+                gauge.dec()
+                m.record(service, method, _code_of(context, error), time.perf_counter() - started)
+
+        return _replace_behaviour(handler, unary)
 
 
 def _replace_behaviour(handler: Any, behaviour: Callable[..., Any]) -> Any:
@@ -359,6 +397,7 @@ class NodeMetrics:
     registry: CollectorRegistry
     rpc: RpcMetrics
     interceptor: MetricsInterceptor
+    aio_interceptor: AioMetricsInterceptor
     _httpd: Any = None
     _thread: threading.Thread | None = None
 
@@ -372,7 +411,8 @@ class NodeMetrics:
         GCCollector(registry=registry)
         registry.register(NodeInfoCollector(node_id, roles, cluster_id))
         rpc = RpcMetrics(registry)
-        return cls(registry=registry, rpc=rpc, interceptor=MetricsInterceptor(rpc))
+        return cls(registry=registry, rpc=rpc, interceptor=MetricsInterceptor(rpc),
+                   aio_interceptor=AioMetricsInterceptor(rpc))
 
     def add(self, collector: Collector) -> None:
         self.registry.register(collector)

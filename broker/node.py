@@ -21,6 +21,7 @@ usage, 3 forced exit on a second signal.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import os
@@ -53,20 +54,44 @@ PARENT_PID_ENV = "BROOK_LOCAL_PARENT_PID"  # set by deploy.local.cluster for nod
 # ----------------------------------------------------------------------------- gRPC servers
 
 
+HEALTH_SET_TIMEOUT_S = 5.0
+
+
 @dataclass
 class ServerHooks:
-    """Health and reflection attached to one gRPC server created by a role."""
+    """Health and reflection attached to one gRPC server created by a role.
+
+    A grpc.aio server (``loop`` set) gets the asyncio health servicer: it answers on the
+    server's event loop, so it needs no worker thread however busy the server is; its
+    status changes are scheduled onto that loop.
+    """
 
     role: str
-    server: grpc.Server
-    health: health.HealthServicer
+    server: Any  # grpc.Server or grpc.aio.Server
+    health: Any  # health.HealthServicer or health.aio.HealthServicer
     service_names: list[str] = field(default_factory=list)
     reflection_on: bool = False
+    loop: asyncio.AbstractEventLoop | None = None
+    pending: Any = None  # a status change scheduled on the loop at creation (kept so it is not collected)
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ["", *self.service_names]:
-            self.health.set(name, status)
+            self._call(self.health.set, name, status)
+
+    def enter_graceful_shutdown(self) -> None:
+        self._call(self.health.enter_graceful_shutdown)
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self.loop is None:
+            fn(*args)
+            return
+        if self.loop.is_closed() or not self.loop.is_running():
+            return  # the server's loop has stopped: nothing is served any more
+        try:
+            asyncio.run_coroutine_threadsafe(fn(*args), self.loop).result(HEALTH_SET_TIMEOUT_S)
+        except Exception:  # a stopping loop may drop the coroutine; health is then moot
+            log.warning("%s: health status change did not run", self.role, exc_info=True)
 
     def enable_reflection(self) -> None:
         if self.reflection_on:
@@ -81,14 +106,18 @@ class GrpcInstrumentation:
     """Gives every gRPC server the roles create in this process the metrics interceptor and a
     health service, and records which services each registers (for reflection).
 
-    The roles build their own servers with ``grpc.server(...)``; interceptors can only be set
-    at construction, so for the life of the node process ``grpc.server`` is wrapped. That keeps
-    the roles free of any metrics or health code (CONTRACTS.md: "no change in other code").
+    The roles build their own servers with ``grpc.server(...)`` (controller) or
+    ``grpc.aio.server(...)`` (broker, called on its event loop); interceptors can only be set
+    at construction, so for the life of the node process both are wrapped. That keeps the
+    roles free of any metrics or health code (CONTRACTS.md: "no change in other code").
     """
 
-    def __init__(self, interceptor: grpc.ServerInterceptor) -> None:
+    def __init__(self, interceptor: grpc.ServerInterceptor,
+                 aio_interceptor: grpc.aio.ServerInterceptor | None = None) -> None:
         self._interceptor = interceptor
+        self._aio_interceptor = aio_interceptor
         self._original: Callable[..., grpc.Server] | None = None
+        self._original_aio: Callable[..., grpc.aio.Server] | None = None
         self._role = "node"
         self._lock = threading.Lock()
         self.servers: list[ServerHooks] = []
@@ -109,11 +138,35 @@ class GrpcInstrumentation:
             return
         self._original = grpc.server
         grpc.server = self._make_server  # type: ignore[assignment]
+        self._original_aio = grpc.aio.server
+        grpc.aio.server = self._make_aio_server  # type: ignore[assignment]
 
     def uninstall(self) -> None:
         if self._original is not None:
             grpc.server = self._original  # type: ignore[assignment]
             self._original = None
+        if self._original_aio is not None:
+            grpc.aio.server = self._original_aio  # type: ignore[assignment]
+            self._original_aio = None
+
+    def _make_aio_server(self, *args: Any, **kwargs: Any) -> grpc.aio.Server:
+        """The grpc.aio twin of ``_make_server``; called on the loop that will run the server."""
+        assert self._original_aio is not None
+        interceptors = list(kwargs.pop("interceptors", None) or ())
+        if self._aio_interceptor is not None:
+            interceptors.insert(0, self._aio_interceptor)
+        server = self._original_aio(*args, interceptors=interceptors, **kwargs)
+        hooks = ServerHooks(role=self._role, server=server, health=health.aio.HealthServicer(),
+                            loop=asyncio.get_running_loop())
+        health_pb2_grpc.add_HealthServicer_to_server(hooks.health, server)
+        # NOT_SERVING until the role is up. We run on the loop (set_serving would wait on it):
+        # schedule the change; it runs before the server can start and answer a check.
+        hooks.pending = asyncio.get_running_loop().create_task(
+            hooks.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING))
+        self._record_services(server, hooks)
+        with self._lock:
+            self.servers.append(hooks)
+        return server
 
     def _make_server(self, *args: Any, **kwargs: Any) -> grpc.Server:
         assert self._original is not None
@@ -128,7 +181,7 @@ class GrpcInstrumentation:
         return server
 
     @staticmethod
-    def _record_services(server: grpc.Server, hooks: ServerHooks) -> None:
+    def _record_services(server: Any, hooks: ServerHooks) -> None:
         add_generic = server.add_generic_rpc_handlers
         add_registered = getattr(server, "add_registered_method_handlers", None)
 
@@ -161,7 +214,7 @@ class GrpcInstrumentation:
 
     def all_down(self) -> None:
         for hooks in list(self.servers):
-            hooks.health.enter_graceful_shutdown()
+            hooks.enter_graceful_shutdown()
 
     def _of(self, role: str) -> list[ServerHooks]:
         with self._lock:
@@ -177,7 +230,7 @@ class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.metrics = NodeMetrics.create(config.node_id, config.roles, config.cluster_id)
-        self.grpc = GrpcInstrumentation(self.metrics.interceptor)
+        self.grpc = GrpcInstrumentation(self.metrics.interceptor, self.metrics.aio_interceptor)
         self.controller: Any = None
         self.broker: Any = None
         self.group_coordinator: Any = None

@@ -14,11 +14,12 @@ their headers, and fetch responses are the log's bytes as they are.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,10 +40,14 @@ EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
 DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
+# Broker-side caps on what any Fetch may make the broker read, whatever the request asks
+# (``fetch.max.bytes`` / ``fetch.partition.max.bytes``). A single batch larger than the cap
+# is still returned whole when it is the first (as Kafka does), so a consumer never sticks.
+BROKER_FETCH_MAX_BYTES = 55 * 1024 * 1024
+BROKER_FETCH_PARTITION_MAX_BYTES = 10 * 1024 * 1024
 MAX_TIMESTAMP_SCAN_BYTES = 256 * 1024 * 1024  # bound on the header scan for ListOffsets(-3)
 MAX_FETCH_WAIT_MS = 60_000  # longest long poll served, whatever the request says
 MAX_PRODUCE_TIMEOUT_MS = 300_000  # longest acks=all wait served
-CANCEL_CHECK_S = 1.0  # a parked long poll notices a cancelled RPC within this
 # An idempotent producer pipelines several batches of a partition, and gRPC may hand its
 # requests to our worker threads in any order: a batch that overtook its predecessor waits
 # this long for it before being refused with OUT_OF_ORDER_SEQUENCE_NUMBER.
@@ -163,28 +168,77 @@ def _sequence_ahead(p: Partition, records: bytes) -> bool:
     return 0 < gap < _SEQUENCE_MODULUS // 2
 
 
-class _DataWaiter(DelayedOperation):
-    """A long-polling fetch: woken when a watched partition changes in a way the fetcher can use.
+# What a woken follower fetch read where it was woken: the wake counters taken just before
+# the read (the next park compares against them, so no change is lost) and _read_once's result.
+InlineRead = tuple[dict[Partition, int], tuple[broker_pb2.FetchResponse, int, bool]]
 
-    Consumers: an append, HW move or role change. Followers: an append or role change only —
-    an acks=all commit moves the HW once per batch, and waking the other followers' parked
-    fetches for it would only make them re-read nothing and park again.
+
+def _resolve(fut: asyncio.Future[Any], result: Any) -> None:
+    if not fut.done():
+        fut.set_result(result)
+
+
+class _AsyncDataWaiter(DelayedOperation):
+    """A long-polling fetch parked as an asyncio future: it holds no thread while it waits.
+
+    Woken when a watched partition changes in a way the fetcher can use. Consumers: an
+    append, HW move or role change. Followers: an append or role change only — an acks=all
+    commit moves the HW once per batch, and waking the other followers' parked fetches for
+    it would only make them re-read nothing and park again.
+
+    Completed from whichever thread changes a watched partition (an append, a follower fetch
+    moving the HW, a role change). A follower's fetch is completed as Kafka's purgatory
+    does: that thread reads the new data itself (``read_inline``) and only hands the
+    finished read to the event loop, so the acks=all path costs no extra hop through an
+    executor. Anything else (and a wake on the loop thread itself, while registering) only
+    resolves the future, and the loop re-reads on its executor. The deadline is an asyncio
+    timer, not the purgatory reaper.
     """
 
-    def __init__(self, seqs: dict[Partition, int], for_follower: bool) -> None:
+    def __init__(self, seqs: dict[Partition, int], for_follower: bool, loop: asyncio.AbstractEventLoop,
+                 future: asyncio.Future[Any], read_inline: Callable[[], InlineRead] | None = None) -> None:
         super().__init__(None)
         self.seqs = seqs
         self.for_follower = for_follower
-        self.event = threading.Event()
+        self._loop = loop
+        self._loop_thread = threading.get_ident()  # created on the loop
+        self._future = future
+        self._read_inline = read_inline
+        self._fired = False  # set under the operation's lock by the one call that completes it
 
     def _try_complete(self) -> bool:
         if any(_wake_seq(p, self.for_follower) != s for p, s in self.seqs.items()):
-            self.event.set()
+            self._fired = True
             return True
         return False
 
+    def try_complete(self) -> bool:
+        done = super().try_complete()
+        if done and self._fired:
+            with self._done_lock:  # deliver exactly once, and read outside the lock
+                fired, self._fired = self._fired, False
+            if fired:
+                self._deliver()
+        return done
+
     def _on_expire(self) -> None:
-        self.event.set()
+        self._hand_over(None)
+
+    def _deliver(self) -> None:
+        result: InlineRead | None = None
+        if self._read_inline is not None and threading.get_ident() != self._loop_thread \
+                and not self._future.done():
+            try:
+                result = self._read_inline()
+            except Exception:  # the loop re-reads on its executor instead
+                log.exception("reading for a woken follower fetch failed")
+        self._hand_over(result)
+
+    def _hand_over(self, result: InlineRead | None) -> None:
+        try:
+            self._loop.call_soon_threadsafe(_resolve, self._future, result)
+        except RuntimeError:
+            pass  # the loop is closed: the broker is stopping and nobody waits any more
 
 
 class ReplicaManager:
@@ -200,6 +254,9 @@ class ReplicaManager:
         self._broker_epoch = broker_epoch
         self._lease_valid = lease_valid
         self.replica_lag_time_max_ms = int(self.defaults.get("replica.lag.time.max.ms", "30000"))
+        self.fetch_max_bytes = int(self.defaults.get("fetch.max.bytes", str(BROKER_FETCH_MAX_BYTES)))
+        self.fetch_partition_max_bytes = int(self.defaults.get("fetch.partition.max.bytes",
+                                                               str(BROKER_FETCH_PARTITION_MAX_BYTES)))
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._role_lock = threading.RLock()
         self._fetch_targets: dict[tuple[str, int], tuple[int, str, int]] = {}
@@ -408,34 +465,86 @@ class ReplicaManager:
         return fut
 
     # ---- fetch ----
-    def fetch(self, req: broker_pb2.FetchRequest,
-              is_active: Callable[[], bool] = lambda: True) -> broker_pb2.FetchResponse:
-        """Read every requested partition; long-poll (woken by appends/HW moves) until min_bytes or max_wait_ms.
+    def response_max_bytes(self, req: broker_pb2.FetchRequest) -> int:
+        """The most a Fetch response may carry: the request's max_bytes, capped by ``fetch.max.bytes``."""
+        asked = req.max_bytes if req.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
+        per_partition = len(req.partitions) * self.fetch_partition_max_bytes
+        return max(0, min(asked, self.fetch_max_bytes, per_partition))
 
-        ``is_active`` tells whether the caller still waits (a cancelled RPC frees its worker thread).
+    async def fetch_async(self, req: broker_pb2.FetchRequest, *,
+                          run: Callable[[Callable[[], Any]], Awaitable[Any]],
+                          reserve: Callable[[int], Awaitable[int]], release: Callable[[int], None],
+                          on_park: Callable[[], None], on_unpark: Callable[[], None],
+                          ) -> tuple[broker_pb2.FetchResponse, int]:
+        """``fetch`` for the broker's event loop: reads run on ``run`` (an executor), a long poll
+        parks as a future in the fetch purgatory and holds no thread.
+
+        ``reserve(n)`` waits for up to ``n`` bytes of the broker's in-flight budget before a
+        read and returns the grant; the bytes the response really holds are returned with it
+        (the caller releases them once the response is handed to gRPC), the rest is released
+        here. ``on_park``/``on_unpark`` bracket a wait (per-client accounting; may raise to
+        refuse the wait). Cancelling the calling task (the RPC was cancelled) unparks at once.
         """
-        deadline = time.monotonic() + min(max(0, req.max_wait_ms), MAX_FETCH_WAIT_MS) / 1000
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(0, req.max_wait_ms), MAX_FETCH_WAIT_MS) / 1000
         keys = [(fp.topic, fp.partition) for fp in req.partitions]
         for_follower = req.replica_id >= 0
-        while True:
-            seqs = {p: _wake_seq(p, for_follower) for k in keys if (p := self._partitions.get(k)) is not None}
-            resp, total_bytes, must_answer = self._read_once(req)
-            remaining_s = deadline - time.monotonic()
-            if must_answer or total_bytes >= req.min_bytes or remaining_s <= 0 or not seqs:
-                return resp
-            waiter = _DataWaiter(seqs, for_follower)
-            if not self.fetch_purgatory.watch(waiter, [p.key for p in seqs]):
-                while not waiter.event.wait(min(remaining_s, CANCEL_CHECK_S)):
-                    remaining_s = deadline - time.monotonic()
-                    if remaining_s <= 0 or not is_active() or self._stopped.is_set():
-                        break
-            waiter.cancel()
-            if self._stopped.is_set() or not is_active():
-                return resp
+        cap = self.response_max_bytes(req)
 
-    def _read_once(self, req: broker_pb2.FetchRequest) -> tuple[broker_pb2.FetchResponse, int, bool]:
+        def wake_seqs() -> dict[Partition, int]:
+            return {p: _wake_seq(p, for_follower) for k in keys if (p := self._partitions.get(k)) is not None}
+
+        def read_inline() -> InlineRead:
+            before = wake_seqs()
+            return before, self._read_once(req, cap)
+
+        inline: InlineRead | None = None
+        while True:
+            if inline is None:
+                seqs = wake_seqs()  # before the read: a change racing with it wakes the park below
+                granted = await reserve(cap)
+                try:
+                    resp, total_bytes, must_answer = await run(lambda: self._read_once(req, cap))
+                except BaseException:
+                    release(granted)
+                    raise
+            else:  # a follower fetch read by the thread that woke it (replication: no byte budget)
+                granted = 0
+                seqs, (resp, total_bytes, must_answer) = inline
+            remaining_s = deadline - loop.time()
+            if must_answer or total_bytes >= req.min_bytes or remaining_s <= 0 or not seqs or self._stopped.is_set():
+                held = min(granted, total_bytes)
+                release(granted - held)
+                return resp, held
+            release(granted)
+            inline = await self._park(seqs, for_follower, remaining_s, on_park, on_unpark,
+                                      read_inline if for_follower else None)
+            if self._stopped.is_set():
+                return resp, 0
+
+    async def _park(self, seqs: dict[Partition, int], for_follower: bool, timeout_s: float,
+                    on_park: Callable[[], None], on_unpark: Callable[[], None],
+                    read_inline: Callable[[], InlineRead] | None) -> InlineRead | None:
+        """Wait for a change; the waker's read of it when it did one (followers), else None."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[InlineRead | None] = loop.create_future()
+        waiter = _AsyncDataWaiter(seqs, for_follower, loop, fut, read_inline)
+        on_park()
+        try:
+            if not self.fetch_purgatory.watch(waiter, [p.key for p in seqs]):
+                try:
+                    return await asyncio.wait_for(fut, timeout_s)
+                except TimeoutError:
+                    pass
+            return None
+        finally:
+            waiter.cancel()
+            on_unpark()
+
+    def _read_once(self, req: broker_pb2.FetchRequest,
+                   max_bytes: int | None = None) -> tuple[broker_pb2.FetchResponse, int, bool]:
         resp = broker_pb2.FetchResponse()
-        remaining = req.max_bytes if req.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
+        remaining = self.response_max_bytes(req) if max_bytes is None else max_bytes
         total = 0
         must_answer = False
         is_follower = req.replica_id >= 0
@@ -451,7 +560,8 @@ class ReplicaManager:
                 if p is None:
                     self.leader_partition(fp.topic, fp.partition)  # raises the right error
                     raise errors.NotLeaderOrFollowerError(f"{fp.topic}-{fp.partition} not hosted")
-                limit = min(fp.partition_max_bytes or DEFAULT_PARTITION_MAX_BYTES, max(0, remaining))
+                limit = min(fp.partition_max_bytes or DEFAULT_PARTITION_MAX_BYTES, self.fetch_partition_max_bytes,
+                            max(0, remaining))
                 first = total == 0
                 if is_follower:
                     r = p.fetch_for_follower(req.replica_id, fp.fetch_offset, fp.log_start_offset,

@@ -6,6 +6,13 @@ broker epoch), heartbeat every ``broker.heartbeat.interval.ms``, follow metadata
 ``stop(controlled=True)`` first asks the controller to move this broker's leaderships
 away (KRaft controlled shutdown), then stops serving, fetchers and logs in that order.
 
+Serving: the client-facing gRPC server is a grpc.aio server on one asyncio event loop
+thread per broker ("broker-N-loop"); handlers are coroutines that hold no thread while a
+request waits (see broker/service.py). Blocking work runs on bounded executors: ``io``
+(``num.io.threads``) for client requests, ``replication`` (``num.replica.io.threads``)
+for follower fetches; the group coordinator's service has its own (broker/group_service.py). The health service answers on
+the loop itself, so a client flood cannot make a liveness probe time out.
+
 Safety: a broker that has not heard back from the controller for a whole session
 (``broker.session.timeout.ms``) assumes it has been fenced and stops accepting writes
 as leader until a heartbeat succeeds again — by then metadata names its successor.
@@ -13,6 +20,7 @@ as leader until a heartbeat succeeds again — by then metadata names its succes
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import threading
@@ -25,10 +33,11 @@ from typing import Any
 
 import grpc
 
+from broker.admission import ByteBudget, ClientLimits
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.replica_manager import ReplicaManager
-from broker.service import BrokerService
+from broker.service import BrokerService, Capacity
 from metadata_quorum.client import ControllerClient
 from proto import broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
@@ -38,7 +47,8 @@ from storage.log_manager import LogManager
 log = logging.getLogger(__name__)
 
 GRPC_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
-GRPC_WORKERS = 128  # long-polling fetches hold a worker each: followers (one per source) and consumers
+LOOP_START_TIMEOUT_S = 10.0
+SERVER_STOP_GRACE_S = 1.0
 REGISTER_TIMEOUT_S = 60.0
 FIRST_METADATA_WAIT_S = 30.0
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 30.0
@@ -79,7 +89,7 @@ class BrokerServer:
         self.heartbeat_interval_ms = int(d.get("broker.heartbeat.interval.ms", "2000"))
         self.session_timeout_ms = int(d.get("broker.session.timeout.ms", "9000"))
         self._extensions = list(extensions or [])
-        self._servicer_fns: list[Callable[[grpc.Server], None]] = []
+        self._servicer_fns: list[Callable[[grpc.aio.Server], None]] = []
         self.incarnation_id = uuid.uuid4().hex
         self.broker_epoch = -1
         self.fenced = True
@@ -91,7 +101,10 @@ class BrokerServer:
         self._metadata_lock = threading.RLock()  # cache + replica manager move together (see BrokerService)
         self._started = False
         self.port = settings.port
-        self.grpc_server: grpc.Server | None = None
+        self.grpc_server: grpc.aio.Server | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self.capacity: Capacity | None = None
         self.log_manager: Any = None
         self.controller_client: Any = None
         self.metadata_cache = MetadataCache(settings.node_id)
@@ -99,8 +112,12 @@ class BrokerServer:
         self.extension_objects: list[object] = []
 
     # ---- hooks ----
-    def add_servicer(self, fn: Callable[[grpc.Server], None]) -> None:
-        """Register an extra gRPC service (e.g. GroupCoordinatorService) on the broker's server."""
+    def add_servicer(self, fn: Callable[[grpc.aio.Server], None]) -> None:
+        """Register an extra gRPC service (e.g. GroupCoordinatorService) on the broker's aio server.
+
+        Its handlers must be coroutines (they run on the broker's event loop); blocking work
+        goes to a bounded executor of its own, never on the loop.
+        """
         if self.grpc_server is not None and not self._started:
             fn(self.grpc_server)
         elif self._started:
@@ -135,25 +152,19 @@ class BrokerServer:
             s.node_id, self.log_manager, self.metadata_cache, self.controller_client, defaults=s.defaults,
             broker_epoch=lambda: self.broker_epoch, lease_valid=self.lease_valid, fetcher_config=fetcher_cfg)
         producer_ids = ProducerIdManager(s.node_id, self.controller_client, lambda: self.broker_epoch)
-        self.grpc_server = grpc.server(
-            concurrent.futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix=f"broker-{s.node_id}"),
-            options=[("grpc.max_receive_message_length",
-                      int(s.defaults.get("socket.request.max.bytes", str(GRPC_MAX_MESSAGE_BYTES)))),
-                     ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
-                     ("grpc.so_reuseport", 0)])
+        self.capacity = self._make_capacity(d)
+        self._start_loop()
+        self.grpc_server = self._on_loop(self._make_server(d))
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerService(
             s.node_id, self.replica_manager, self.metadata_cache, self.controller_client, producer_ids,
-            defaults=s.defaults, controller_endpoints=s.controller_endpoints, metadata_lock=self._metadata_lock),
-            self.grpc_server)
+            defaults=s.defaults, controller_endpoints=s.controller_endpoints, capacity=self.capacity,
+            metadata_lock=self._metadata_lock), self.grpc_server)
         for fn in self._servicer_fns:
             fn(self.grpc_server)
-        bound = self.grpc_server.add_insecure_port(f"{s.host}:{s.port}")
-        if bound == 0:
-            raise OSError(f"broker {s.node_id}: cannot listen on {s.host}:{s.port}")
-        self.port = bound
+        self.port = bind_listener(self.grpc_server, s.host, s.port, node_id=s.node_id)
         for ext in self._extensions:
             self.extension_objects.append(ext(self))
-        self.grpc_server.start()
+        self._on_loop(self.grpc_server.start())
         self._started = True
         self.log_manager.start_background()
         self.replica_manager.start()
@@ -164,6 +175,61 @@ class BrokerServer:
             log.warning("broker %d: no metadata from the controller after %.0fs; serving anyway",
                         s.node_id, FIRST_METADATA_WAIT_S)
         log.info("broker %d started on %s:%d (epoch %d)", s.node_id, s.host, self.port, self.broker_epoch)
+
+    # ---- the event loop and the aio server ----
+    def _make_capacity(self, d: dict[str, str]) -> Capacity:
+        nid = self.node_id
+        budget = int(d.get("queued.max.request.bytes", str(256 * 1024 * 1024)))
+        fetch_max = int(d.get("fetch.max.bytes", str(55 * 1024 * 1024)))
+        if fetch_max > budget:
+            log.warning("broker %d: fetch.max.bytes %d > queued.max.request.bytes %d: a fetch is cut to the budget",
+                        nid, fetch_max, budget)
+        return Capacity(
+            io=concurrent.futures.ThreadPoolExecutor(max_workers=int(d.get("num.io.threads", "8")),
+                                                     thread_name_prefix=f"broker-{nid}-io"),
+            replication=concurrent.futures.ThreadPoolExecutor(
+                max_workers=int(d.get("num.replica.io.threads", "4")), thread_name_prefix=f"broker-{nid}-replica"),
+            limits=ClientLimits(int(d.get("max.inflight.requests.per.ip", "2000")),
+                                int(d.get("max.waiting.fetches.per.ip", "1000"))),
+            budget=ByteBudget(budget))
+
+    def _start_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            loop.run_forever()
+            loop.close()
+
+        self._loop_thread = threading.Thread(target=run, name=f"broker-{self.node_id}-loop", daemon=True)
+        self._loop_thread.start()
+        if not ready.wait(LOOP_START_TIMEOUT_S):
+            raise RuntimeError(f"broker {self.node_id}: event loop did not start")
+        self.loop = loop
+
+    def _on_loop(self, coro: Any, timeout_s: float = 30.0) -> Any:
+        """Run a coroutine on the broker's loop from another thread and wait for its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    async def _make_server(self, d: dict[str, str]) -> grpc.aio.Server:
+        # Created on the loop: grpc.aio binds a server to the running loop.
+        return grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", int(d.get("socket.request.max.bytes", str(GRPC_MAX_MESSAGE_BYTES)))),
+            ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+            # HTTP/2's own per-connection bound: streams past it wait in the client, never reach us.
+            ("grpc.max_concurrent_streams", int(d.get("max.inflight.requests.per.ip", "2000"))),
+            ("grpc.so_reuseport", 0)])
+
+    def _stop_loop(self) -> None:
+        if self.loop is not None and self._loop_thread is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._loop_thread.join(timeout=5)
+        if self.capacity is not None:
+            self.capacity.io.shutdown(wait=False, cancel_futures=True)
+            self.capacity.replication.shutdown(wait=False, cancel_futures=True)
 
     def _spawn(self, fn: Callable[[], None], name: str) -> None:
         t = threading.Thread(target=fn, name=f"{name}-{self.node_id}", daemon=True)
@@ -259,14 +325,18 @@ class BrokerServer:
                     stop_ext()
                 except Exception:
                     log.exception("broker %d: stopping extension %r failed", self.node_id, ext)
-        if self.grpc_server is not None:
-            self.grpc_server.stop(grace=1.0).wait(5)
+        if self.grpc_server is not None and self.loop is not None:
+            try:
+                self._on_loop(self.grpc_server.stop(grace=SERVER_STOP_GRACE_S), timeout_s=SERVER_STOP_GRACE_S + 5)
+            except Exception:
+                log.exception("broker %d: stopping the gRPC server failed", self.node_id)
         if self.controller_client is not None:
             self.controller_client.close()
         if self.replica_manager is not None:
             self.replica_manager.shutdown()
         for t in self._threads:
             t.join(timeout=5)
+        self._stop_loop()
         if self.log_manager is not None:
             self.log_manager.shutdown()
         log.info("broker %d stopped", self.node_id)
@@ -299,3 +369,11 @@ class BrokerServer:
                            self.metadata_cache.version, len(parts), sum(1 for p in parts if p.is_leader),
                            sum(1 for p in parts if p.role.value == "follower"),
                            rm.fetchers.fetcher_count() if rm is not None else 0)
+
+
+def bind_listener(server: grpc.aio.Server, host: str, port: int, *, node_id: int) -> int:
+    """Bind the broker's listener; returns the bound port (the one place that knows how it is bound)."""
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"broker {node_id}: cannot listen on {host}:{port}")
+    return bound

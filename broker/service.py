@@ -1,27 +1,42 @@
-"""BrokerService: the gRPC servicer clients and replicas talk to.
+"""BrokerService: the gRPC servicer clients and replicas talk to (grpc.aio).
 
 Thin: each handler validates the request shape, hands the work to the ReplicaManager
 (produce, fetch, offsets) or the metadata cache (Metadata), and maps BrookErrors to
 per-partition error codes. Any unexpected exception is caught here, logged with the
 request's context and answered as UNKNOWN_SERVER_ERROR — no request can take the broker
 down.
+
+Threads: the handlers are coroutines on the broker's one event loop thread. Work that can
+block (disk reads and appends, the metadata lock, controller calls) runs on a bounded
+executor: ``io`` for clients, ``replication`` for follower fetches from other brokers, so
+a client flood never delays replication. Waiting costs no thread: a long-poll Fetch parks
+as a future in the fetch purgatory, an acks=all Produce awaits the purgatory's completion
+of its append futures; both are completed from the thread that moves the data or the HW.
+
+Admission (broker/admission.py): a client (peer IP) may have ``max.inflight.requests.per.ip``
+requests in flight and ``max.waiting.fetches.per.ip`` long polls parked; produce request
+bytes and fetch response bytes draw on ``queued.max.request.bytes``. Excess is answered
+with the gRPC status RESOURCE_EXHAUSTED (the client library backs off and retries).
+Follower fetches are exempt: their bound is the number of brokers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import re
 import threading
-import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 
+from broker.admission import ByteBudget, ClientLimits, Overloaded, peer_host
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
-from broker.replica_manager import CANCEL_CHECK_S, MAX_PRODUCE_TIMEOUT_MS, AppendResult, ReplicaManager
+from broker.replica_manager import MAX_PRODUCE_TIMEOUT_MS, AppendResult, ReplicaManager
 from proto import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 
@@ -31,12 +46,23 @@ _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 _LEADER_ERRORS = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH)
 AUTO_CREATE_WAIT_S = 5.0
 PRODUCE_WAIT_SLACK_S = 5.0
+T = TypeVar("T")
+
+
+@dataclass
+class Capacity:
+    """Where a BrokerService's work runs and what one client may hold (see the module doc)."""
+
+    io: concurrent.futures.Executor
+    replication: concurrent.futures.Executor
+    limits: ClientLimits
+    budget: ByteBudget
 
 
 class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     def __init__(self, node_id: int, replica_manager: ReplicaManager, metadata_cache: MetadataCache,
                  controller_client: Any, producer_ids: ProducerIdManager, *, defaults: dict[str, str],
-                 controller_endpoints: Sequence[tuple[str, int]],
+                 controller_endpoints: Sequence[tuple[str, int]], capacity: Capacity,
                  metadata_lock: threading.RLock | None = None) -> None:
         self.node_id = node_id
         self.rm = replica_manager
@@ -49,25 +75,77 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         # Held by the metadata thread while an update goes into the cache *and* the replica manager:
         # a Metadata answer never names this broker leader of a partition it has not taken over yet.
         self.metadata_lock = metadata_lock or threading.RLock()
+        self.capacity = capacity
 
     # ---- boundary ----
-    def _guard(self, name: str, request: Any, work: Callable[[], Any], on_error: Callable[[], Any]) -> Any:
+    async def _guard(self, name: str, request: Any, work: Callable[[], Awaitable[Any]],
+                     on_error: Callable[[], Any]) -> Any:
         try:
-            return work()
+            return await work()
+        except Overloaded:
+            raise  # answered with RESOURCE_EXHAUSTED by _admitted
         except Exception:
             log.exception("%s failed on broker %d; request: %.500s", name, self.node_id, request)
             return on_error()
 
-    # ---- Produce ----
-    def Produce(self, request: broker_pb2.ProduceRequest, context: grpc.ServicerContext) -> Any:
-        return self._guard("Produce", request, lambda: self._produce(request, context.is_active),
-                           lambda: _produce_error_all(request, ErrorCode.UNKNOWN_SERVER_ERROR, "internal error"))
+    async def _admitted(self, context: grpc.aio.ServicerContext, work: Callable[[str], Awaitable[T]]) -> T:
+        """Run a client request within its client's in-flight bound; refuse it with RESOURCE_EXHAUSTED."""
+        client = peer_host(context.peer() or "unknown")
+        limits = self.capacity.limits
+        try:
+            limits.enter(client)
+        except Overloaded as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        try:
+            return await work(client)
+        except Overloaded as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            raise  # abort raises; this only tells type checkers the path ends here
+        finally:
+            limits.leave(client)
 
-    def _produce(self, req: broker_pb2.ProduceRequest,
-                 is_active: Callable[[], bool] = lambda: True) -> broker_pb2.ProduceResponse:
+    async def _io(self, fn: Callable[[], T]) -> T:
+        """Blocking work of a client request, on the bounded client executor."""
+        return await asyncio.get_running_loop().run_in_executor(self.capacity.io, fn)
+
+    async def _replication_io(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.capacity.replication, fn)
+
+    # ---- Produce ----
+    async def Produce(self, request: broker_pb2.ProduceRequest, context: grpc.aio.ServicerContext) -> Any:
+        size = sum(len(pd.records) for pd in request.partitions)
+
+        async def work(client: str) -> Any:
+            budget = self.capacity.budget
+            # The request's bytes are already in memory; refusing (rather than queueing) lets
+            # them go at once, and the producer retries after its backoff.
+            if not budget.try_acquire(size):
+                raise Overloaded(f"broker {self.node_id} holds {budget.used_bytes} bytes of requests in flight "
+                                 f"(queued.max.request.bytes={budget.total_bytes})")
+            try:
+                return await self._guard("Produce", request, lambda: self._produce(request),
+                                         lambda: _produce_error_all(request, ErrorCode.UNKNOWN_SERVER_ERROR,
+                                                                    "internal error"))
+            finally:
+                budget.release(budget.clamp(size))
+        return await self._admitted(context, work)
+
+    async def _produce(self, req: broker_pb2.ProduceRequest) -> broker_pb2.ProduceResponse:
         if req.acks not in (0, 1, -1):
             return _produce_error_all(req, ErrorCode.INVALID_REQUIRED_ACKS,
                                       f"acks must be 0, 1 or -1 (all), not {req.acks}")
+        futures = await self._io(lambda: self._produce_append(req))
+        if req.acks == -1:
+            # The purgatory times each wait out at timeout_ms; the slack only guards a lost completion.
+            # Awaiting holds no thread: the purgatory's completion wakes this coroutine on the loop.
+            pending = [asyncio.wrap_future(f) for f in futures if not f.done()]
+            if pending:
+                timeout_s = min(max(0, req.timeout_ms), MAX_PRODUCE_TIMEOUT_MS) / 1000 + PRODUCE_WAIT_SLACK_S
+                await asyncio.wait(pending, timeout=timeout_s)
+        return self._produce_response(req, futures)
+
+    def _produce_append(self, req: broker_pb2.ProduceRequest) -> list[concurrent.futures.Future]:
+        """Append every partition's records (blocking: disk, and the auto-create wait)."""
         self._maybe_auto_create({pd.topic for pd in req.partitions}, wait=True)
         futures: list[concurrent.futures.Future] = []
         for pd in req.partitions:
@@ -79,14 +157,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 continue
             futures.append(self.rm.append_records(pd.topic, pd.partition, pd.records, acks=req.acks,
                                                   timeout_ms=req.timeout_ms))
-        if req.acks == -1:
-            # The purgatory times each wait out at timeout_ms; the slack only guards a lost completion.
-            # Waiting in slices lets a cancelled RPC give its worker thread back early.
-            deadline = time.monotonic() + min(max(0, req.timeout_ms), MAX_PRODUCE_TIMEOUT_MS) / 1000 \
-                + PRODUCE_WAIT_SLACK_S
-            pending = list(futures)
-            while pending and is_active() and (left := deadline - time.monotonic()) > 0:
-                pending = list(concurrent.futures.wait(pending, timeout=min(left, CANCEL_CHECK_S)).not_done)
+        return futures
+
+    def _produce_response(self, req: broker_pb2.ProduceRequest,
+                          futures: list[concurrent.futures.Future]) -> broker_pb2.ProduceResponse:
         resp = broker_pb2.ProduceResponse()
         for pd, fut in zip(req.partitions, futures, strict=True):
             out = resp.partitions.add(topic=pd.topic, partition=pd.partition, base_offset=-1,
@@ -109,7 +183,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         return resp
 
     # ---- Fetch ----
-    def Fetch(self, request: broker_pb2.FetchRequest, context: grpc.ServicerContext) -> Any:
+    async def Fetch(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> Any:
         def on_error() -> broker_pb2.FetchResponse:
             resp = broker_pb2.FetchResponse()
             for fp in request.partitions:
@@ -117,35 +191,65 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                                     error_message="internal error", high_watermark=-1, log_start_offset=-1,
                                     log_end_offset=-1)
             return resp
-        return self._guard("Fetch", request, lambda: self.rm.fetch(request, context.is_active), on_error)
+        if request.replica_id >= 0:
+            # Replication has its own executor and no client bounds: a client flood must not
+            # starve the followers (and so shrink the ISR).
+            return await self._guard("Fetch", request, lambda: self._fetch(request, None), on_error)
+        return await self._admitted(
+            context, lambda client: self._guard("Fetch", request, lambda: self._fetch(request, client), on_error))
+
+    async def _fetch(self, req: broker_pb2.FetchRequest, client: str | None) -> broker_pb2.FetchResponse:
+        """Read (and long-poll) through the ReplicaManager; ``client`` None for a follower fetch."""
+        budget, limits = self.capacity.budget, self.capacity.limits
+        if client is None:
+            async def no_reserve(n: int) -> int:
+                return 0
+            resp, _ = await self.rm.fetch_async(req, run=self._replication_io, reserve=no_reserve,
+                                                release=lambda n: None, on_park=lambda: None,
+                                                on_unpark=lambda: None)
+            return resp
+        resp, held = await self.rm.fetch_async(req, run=self._io, reserve=budget.acquire, release=budget.release,
+                                               on_park=lambda: limits.start_waiting(client),
+                                               on_unpark=lambda: limits.stop_waiting(client))
+        # The response's bytes stay reserved until gRPC has them; the next fetch waits for its share.
+        asyncio.get_running_loop().call_soon(budget.release, held)
+        return resp
 
     # ---- ListOffsets / OffsetsForLeaderEpoch ----
-    def ListOffsets(self, request: broker_pb2.ListOffsetsRequest, context: grpc.ServicerContext) -> Any:
+    async def ListOffsets(self, request: broker_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext) -> Any:
         def on_error() -> broker_pb2.ListOffsetsResponse:
             resp = broker_pb2.ListOffsetsResponse()
             for lp in request.partitions:
                 resp.partitions.add(topic=lp.topic, partition=lp.partition, error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
                                     error_message="internal error", offset=-1, timestamp=-1, leader_epoch=-1)
             return resp
-        return self._guard("ListOffsets", request, lambda: self.rm.list_offsets(request), on_error)
+        # A follower's ListOffsets (replica_id >= 0) is rare and short: it shares the client path.
+        return await self._admitted(context, lambda client: self._guard(
+            "ListOffsets", request, lambda: self._io(lambda: self.rm.list_offsets(request)), on_error))
 
-    def OffsetsForLeaderEpoch(self, request: broker_pb2.OffsetsForLeaderEpochRequest,
-                              context: grpc.ServicerContext) -> Any:
+    async def OffsetsForLeaderEpoch(self, request: broker_pb2.OffsetsForLeaderEpochRequest,
+                                    context: grpc.aio.ServicerContext) -> Any:
         def on_error() -> broker_pb2.OffsetsForLeaderEpochResponse:
             resp = broker_pb2.OffsetsForLeaderEpochResponse()
             for p in request.partitions:
                 resp.partitions.add(topic=p.topic, partition=p.partition, error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
                                     error_message="internal error", leader_epoch=-1, end_offset=-1)
             return resp
-        return self._guard("OffsetsForLeaderEpoch", request, lambda: self.rm.offsets_for_leader_epoch(request),
-                           on_error)
+        if request.replica_id >= 0:  # a follower (truncation): replication capacity, no client bounds
+            return await self._guard("OffsetsForLeaderEpoch", request,
+                                     lambda: self._replication_io(lambda: self.rm.offsets_for_leader_epoch(request)),
+                                     on_error)
+        return await self._admitted(context, lambda client: self._guard(
+            "OffsetsForLeaderEpoch", request, lambda: self._io(lambda: self.rm.offsets_for_leader_epoch(request)),
+            on_error))
 
     # ---- Metadata ----
-    def Metadata(self, request: broker_pb2.MetadataRequest, context: grpc.ServicerContext) -> Any:
-        return self._guard("Metadata", request, lambda: self._metadata(request),
-                           lambda: broker_pb2.MetadataResponse(topics=[broker_pb2.TopicMetadata(
-                               name=t, error_code=ErrorCode.UNKNOWN_SERVER_ERROR, error_message="internal error")
-                               for t in request.topics]))
+    async def Metadata(self, request: broker_pb2.MetadataRequest, context: grpc.aio.ServicerContext) -> Any:
+        return await self._admitted(context, lambda client: self._guard(
+            "Metadata", request, lambda: self._io(lambda: self._metadata(request)),
+            lambda: broker_pb2.MetadataResponse(topics=[broker_pb2.TopicMetadata(
+                name=t, error_code=ErrorCode.UNKNOWN_SERVER_ERROR, error_message="internal error")
+                for t in request.topics])))
 
     def _metadata(self, req: broker_pb2.MetadataRequest) -> broker_pb2.MetadataResponse:
         create_errors: dict[str, errors.BrookError] = {}
@@ -221,11 +325,13 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         return failures
 
     # ---- InitProducerId ----
-    def InitProducerId(self, request: broker_pb2.InitProducerIdRequest, context: grpc.ServicerContext) -> Any:
-        return self._guard("InitProducerId", request, lambda: self._init_producer_id(request),
-                           lambda: broker_pb2.InitProducerIdResponse(
-                               error_code=ErrorCode.UNKNOWN_SERVER_ERROR, error_message="internal error",
-                               producer_id=-1, producer_epoch=-1))
+    async def InitProducerId(self, request: broker_pb2.InitProducerIdRequest,
+                             context: grpc.aio.ServicerContext) -> Any:
+        return await self._admitted(context, lambda client: self._guard(
+            "InitProducerId", request, lambda: self._io(lambda: self._init_producer_id(request)),
+            lambda: broker_pb2.InitProducerIdResponse(error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
+                                                      error_message="internal error", producer_id=-1,
+                                                      producer_epoch=-1)))
 
     def _init_producer_id(self, req: broker_pb2.InitProducerIdRequest) -> broker_pb2.InitProducerIdResponse:
         try:

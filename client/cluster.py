@@ -60,6 +60,9 @@ REFRESH_CODES = frozenset(
     }
 )
 ATTEMPTS_MAX = 1000  # hard bound on any retry loop, beyond the deadline
+# How a broker's RESOURCE_EXHAUSTED refusal (broker/admission.py) begins, as opposed to
+# gRPC's own RESOURCE_EXHAUSTED (e.g. a message over the size limit), which is not retriable.
+BROKER_OVERLOADED_PREFIX = "broker overloaded:"
 
 
 def parse_bootstrap(servers: str | Iterable[str] | Iterable[tuple[str, int]]) -> list[str]:
@@ -93,6 +96,10 @@ def rpc_error(exc: grpc.RpcError, what: str) -> errors.BrookError:
         return errors.RequestTimedOutError(f"{what}: deadline exceeded ({details})")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
         return errors.error_for(errors.ErrorCode.NETWORK_EXCEPTION, f"{what}: {code} {details}")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and str(details).startswith(BROKER_OVERLOADED_PREFIX):
+        # The broker's admission control refused the request (too much in flight from us): a
+        # retriable throttle, so callers back off and retry instead of failing.
+        return errors.error_for(errors.ErrorCode.THROTTLING_QUOTA_EXCEEDED, f"{what}: {details}")
     return errors.UnknownServerError(f"{what}: {code} {details}")
 
 

@@ -4,13 +4,15 @@ A follower's long poll is woken by new data (an append) or a role change, never 
 high-watermark move alone: each acks=all commit moves the HW, and waking every other
 follower's parked fetch for it only makes them re-read nothing. A consumer's long poll
 is woken by HW moves too (that is when data becomes visible to it). Real Partition, Log
-and purgatory; the waiters are the ones ReplicaManager.fetch parks on. Also: an
+and purgatory; the waiters are the asyncio-future ones ReplicaManager.fetch_async parks
+(woken through the event loop, holding no thread). Also: an
 idempotent batch that overtook its predecessor (pipelined gRPC requests run on any
 worker thread) waits for it, boundedly, instead of being refused at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -18,13 +20,33 @@ from pathlib import Path
 
 import pytest
 
-from broker.replica_manager import _append_in_sequence, _DataWaiter, _wake_seq
+from broker.replica_manager import _append_in_sequence, _AsyncDataWaiter, _wake_seq
 from proto import errors
 from replication.partition import Partition
 from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
 from storage.log import Log
 from storage.log_config import LogConfig
 from storage.record_batch import RecordBatchBuilder
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+class Parked:
+    """A parked long poll as the broker's loop sees it: woken once its future has a result."""
+
+    def __init__(self, p: Partition, loop: asyncio.AbstractEventLoop, for_follower: bool) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
+        self.op = _AsyncDataWaiter({p: _wake_seq(p, for_follower)}, for_follower, loop, self.future)
+
+    def woken(self) -> bool:
+        self.loop.run_until_complete(asyncio.sleep(0))  # run the call_soon_threadsafe completions
+        return self.future.done()
 
 
 @pytest.fixture
@@ -47,48 +69,51 @@ def append_one(p: Partition) -> None:
     p.append_as_leader(b.build(), acks=-1)
 
 
-def park(p: Partition, purgatory: DelayedOperationPurgatory, *, for_follower: bool) -> _DataWaiter:
-    waiter = _DataWaiter({p: _wake_seq(p, for_follower)}, for_follower)
-    assert not purgatory.watch(waiter, [p.key]), "nothing changed yet: the waiter must park"
+def park(p: Partition, purgatory: DelayedOperationPurgatory, loop: asyncio.AbstractEventLoop, *,
+         for_follower: bool) -> Parked:
+    waiter = Parked(p, loop, for_follower)
+    assert not purgatory.watch(waiter.op, [p.key]), "nothing changed yet: the waiter must park"
     return waiter
 
 
-def test_hw_move_wakes_consumers_but_not_caught_up_followers(tmp_path: Path,
-                                                             purgatory: DelayedOperationPurgatory) -> None:
+def test_hw_move_wakes_consumers_but_not_caught_up_followers(tmp_path: Path, purgatory: DelayedOperationPurgatory,
+                                                             loop: asyncio.AbstractEventLoop) -> None:
     p = leader_of_three(tmp_path)
     append_one(p)
     r2 = p.fetch_for_follower(2, 1, 0, 3, 3, 1 << 20, True, now_ms=1)  # follower 2 caught up to LEO 1
     assert not r2.hw_changed, "follower 3 is still at 0, so the HW cannot move yet"
-    follower2 = park(p, purgatory, for_follower=True)
-    consumer = park(p, purgatory, for_follower=False)
+    follower2 = park(p, purgatory, loop, for_follower=True)
+    consumer = park(p, purgatory, loop, for_follower=False)
 
     r3 = p.fetch_for_follower(3, 1, 0, 3, 3, 1 << 20, True, now_ms=2)  # follower 3 catches up: HW 0 -> 1
     assert r3.hw_changed and p.log.high_watermark == 1
     purgatory.check_and_complete(p.key)
 
-    assert consumer.event.is_set(), "offset 0 became visible to consumers: their long poll must answer"
-    assert not follower2.event.is_set(), "a HW move gives a caught-up follower nothing to fetch"
+    assert consumer.woken(), "offset 0 became visible to consumers: their long poll must answer"
+    assert not follower2.woken(), "a HW move gives a caught-up follower nothing to fetch"
     assert purgatory.watched(p.key) == 1
 
     append_one(p)
     purgatory.check_and_complete(p.key)
-    assert follower2.event.is_set(), "new data must wake the follower's long poll"
+    assert follower2.woken(), "new data must wake the follower's long poll"
 
 
-def test_role_change_wakes_a_parked_follower_fetch(tmp_path: Path, purgatory: DelayedOperationPurgatory) -> None:
+def test_role_change_wakes_a_parked_follower_fetch(tmp_path: Path, purgatory: DelayedOperationPurgatory,
+                                                   loop: asyncio.AbstractEventLoop) -> None:
     p = leader_of_three(tmp_path)
-    follower2 = park(p, purgatory, for_follower=True)
+    follower2 = park(p, purgatory, loop, for_follower=True)
     p.make_follower(2, (1, 2, 3), (1, 2, 3), 4, 4)
     purgatory.check_and_complete(p.key)
-    assert follower2.event.is_set(), "a parked follower fetch must answer NOT_LEADER once leadership moves"
+    assert follower2.woken(), "a parked follower fetch must answer NOT_LEADER once leadership moves"
 
 
-def test_change_racing_with_registration_is_not_lost(tmp_path: Path, purgatory: DelayedOperationPurgatory) -> None:
+def test_change_racing_with_registration_is_not_lost(tmp_path: Path, purgatory: DelayedOperationPurgatory,
+                                                     loop: asyncio.AbstractEventLoop) -> None:
     p = leader_of_three(tmp_path)
-    waiter = _DataWaiter({p: _wake_seq(p, True)}, True)
+    waiter = Parked(p, loop, True)
     append_one(p)  # lands after the snapshot, before the waiter is watched
-    assert purgatory.watch(waiter, [p.key]), "the append after the snapshot must complete the waiter at once"
-    assert waiter.event.is_set()
+    assert purgatory.watch(waiter.op, [p.key]), "the append after the snapshot must complete the waiter at once"
+    assert waiter.woken()
 
 
 class _Deadline(DelayedOperation):
@@ -192,3 +217,39 @@ def test_leadership_loss_wakes_a_waiting_batch_with_not_leader(tmp_path: Path) -
     p.make_follower(2, (1, 2, 3), (1, 2, 3), 4, 4)
     t.join(10)
     assert not t.is_alive() and len(out) == 1 and isinstance(out[0], errors.NotLeaderOrFollowerError), out
+
+
+# ---- a woken follower fetch is read where it was woken (Kafka's purgatory completion) ----
+
+def inline_waiter(p: Partition, loop: asyncio.AbstractEventLoop,
+                  reads: list[int]) -> tuple[_AsyncDataWaiter, asyncio.Future[object]]:
+    def read_inline() -> object:
+        reads.append(threading.get_ident())
+        return ({p: _wake_seq(p, True)}, ("read", p.log.log_end_offset))
+    fut: asyncio.Future[object] = loop.create_future()
+    return _AsyncDataWaiter({p: _wake_seq(p, True)}, True, loop, fut, read_inline), fut  # type: ignore[arg-type]
+
+
+def test_a_follower_fetch_is_read_by_the_thread_whose_append_wakes_it(
+        tmp_path: Path, purgatory: DelayedOperationPurgatory, loop: asyncio.AbstractEventLoop) -> None:
+    p = leader_of_three(tmp_path)
+    reads: list[int] = []
+    op, fut = inline_waiter(p, loop, reads)
+    assert not purgatory.watch(op, [p.key])
+    appender = threading.Thread(target=lambda: (append_one(p), purgatory.check_and_complete(p.key)))
+    appender.start()
+    appender.join(10)
+    loop.run_until_complete(asyncio.sleep(0))
+    assert fut.done() and fut.result()[1] == ("read", 1), "the loop must get the read, not only a wake-up"
+    assert reads == [appender.ident], "read once, by the appending thread (no hop through an executor)"
+
+
+def test_a_wake_on_the_loop_thread_reads_nothing_there(
+        tmp_path: Path, purgatory: DelayedOperationPurgatory, loop: asyncio.AbstractEventLoop) -> None:
+    p = leader_of_three(tmp_path)
+    reads: list[int] = []
+    op, fut = inline_waiter(p, loop, reads)
+    append_one(p)  # lands before registration: the loop thread itself completes it while watching
+    assert purgatory.watch(op, [p.key])
+    loop.run_until_complete(asyncio.sleep(0))
+    assert fut.done() and fut.result() is None and reads == [], "disk reads never run on the event loop"

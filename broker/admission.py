@@ -1,0 +1,164 @@
+"""Admission control for the broker's client-facing requests: what one client may hold.
+
+Everything here lives on the broker's asyncio loop thread (broker/server.py) and is
+touched only from it, so it needs no lock. Two bounds:
+
+- ``ClientLimits``: per client address (the IP of ``context.peer()``), how many requests
+  it has in flight and how many of them are long polls parked in the fetch purgatory
+  (Kafka's ``max.connections.per.ip`` in spirit: gRPC multiplexes a client's requests on
+  few connections, so the request is the unit). Excess is refused at once with the gRPC
+  status RESOURCE_EXHAUSTED, which the client library retries after a backoff.
+- ``ByteBudget``: the bytes of fetch responses being built and of produce requests being
+  handled, across all clients (Kafka's ``queued.max.request.bytes``): N concurrent huge
+  fetches wait their turn instead of multiplying the broker's memory.
+
+Follower fetches from other brokers and health checks do not pass through here: they
+have their own capacity (server.py), so a client flood never starves replication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+# The client library (client/cluster.py BROKER_OVERLOADED_PREFIX) retries a RESOURCE_EXHAUSTED
+# whose details start with this; gRPC's own RESOURCE_EXHAUSTED (message too large) it does not.
+OVERLOADED_PREFIX = "broker overloaded:"
+
+
+class Overloaded(Exception):
+    """A request refused by admission control; answered with RESOURCE_EXHAUSTED."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{OVERLOADED_PREFIX} {message}")
+
+
+def peer_host(peer: str) -> str:
+    """The client address of a gRPC peer string: 'ipv4:1.2.3.4:5' -> '1.2.3.4', 'ipv6:[::1]:5' -> '::1'."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv6":
+        return rest.rsplit(":", 1)[0].strip("[]")
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    return peer  # unix sockets and the like: the whole string names the client
+
+
+@dataclass(slots=True)
+class _ClientUsage:
+    in_flight: int = 0
+    waiting: int = 0
+
+
+class ClientLimits:
+    """Per-client counts of in-flight requests and parked long polls (loop thread only)."""
+
+    def __init__(self, max_in_flight: int, max_waiting: int) -> None:
+        assert max_in_flight >= 1 and max_waiting >= 0
+        self.max_in_flight = max_in_flight
+        self.max_waiting = max_waiting
+        self._usage: dict[str, _ClientUsage] = {}
+        self.refused_total = 0
+
+    def enter(self, client: str) -> None:
+        u = self._usage.get(client)
+        if u is None:
+            u = self._usage[client] = _ClientUsage()
+        if u.in_flight >= self.max_in_flight:
+            self.refused_total += 1
+            raise Overloaded(f"client {client} has {u.in_flight} requests in flight "
+                             f"(max.inflight.requests.per.ip={self.max_in_flight})")
+        u.in_flight += 1
+
+    def leave(self, client: str) -> None:
+        u = self._usage[client]
+        u.in_flight -= 1
+        if u.in_flight == 0 and u.waiting == 0:
+            del self._usage[client]  # the table holds only clients with work here: bounded by them
+
+    def start_waiting(self, client: str) -> None:
+        u = self._usage[client]  # only called between enter() and leave()
+        if u.waiting >= self.max_waiting:
+            self.refused_total += 1
+            raise Overloaded(f"client {client} has {u.waiting} long polls waiting "
+                             f"(max.waiting.fetches.per.ip={self.max_waiting})")
+        u.waiting += 1
+
+    def stop_waiting(self, client: str) -> None:
+        self._usage[client].waiting -= 1
+
+    def usage(self, client: str) -> tuple[int, int]:
+        u = self._usage.get(client)
+        return (u.in_flight, u.waiting) if u is not None else (0, 0)
+
+    @property
+    def clients(self) -> int:
+        return len(self._usage)
+
+
+class ByteBudget:
+    """A pool of bytes granted first come, first served (loop thread only).
+
+    ``acquire`` waits (as a parked coroutine, no thread) until the bytes are free; a grant
+    larger than the whole budget is cut to the budget, so one request can always proceed
+    once it is alone. ``try_acquire`` never waits.
+    """
+
+    def __init__(self, total_bytes: int) -> None:
+        assert total_bytes >= 1
+        self.total_bytes = total_bytes
+        self.used_bytes = 0
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    def clamp(self, n: int) -> int:
+        return max(0, min(n, self.total_bytes))
+
+    def try_acquire(self, n: int) -> bool:
+        n = self.clamp(n)
+        if self._waiters or self.used_bytes + n > self.total_bytes:
+            return False
+        self.used_bytes += n
+        return True
+
+    async def acquire(self, n: int) -> int:
+        """Wait for ``n`` bytes (clamped to the budget); returns the bytes granted. Cancellable."""
+        n = self.clamp(n)
+        if not self._waiters and self.used_bytes + n <= self.total_bytes:
+            self.used_bytes += n
+            return n
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (n, fut)
+        self._waiters.append(entry)
+        try:
+            await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.used_bytes -= n  # granted just as we were cancelled: give it back
+                self._grant()
+            else:
+                if entry in self._waiters:
+                    self._waiters.remove(entry)
+                self._grant()
+            raise
+        return n
+
+    def release(self, n: int) -> None:
+        assert 0 <= n <= self.used_bytes, (n, self.used_bytes)
+        self.used_bytes -= n
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiters:
+            n, fut = self._waiters[0]
+            if fut.done():
+                self._waiters.popleft()
+                continue
+            if self.used_bytes + n > self.total_bytes:
+                return  # FIFO: a big grant is not starved by small ones behind it
+            self._waiters.popleft()
+            self.used_bytes += n
+            fut.set_result(None)

@@ -1,0 +1,82 @@
+"""Admission control (broker/admission.py): per-client bounds and the in-flight byte budget.
+
+Pure asyncio on a real event loop; the multi-process behaviour is in test_isolation.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker.admission import OVERLOADED_PREFIX, ByteBudget, ClientLimits, Overloaded, peer_host
+
+
+@pytest.mark.parametrize(("peer", "host"), [
+    ("ipv4:127.0.0.1:51234", "127.0.0.1"),
+    ("ipv6:[::1]:51234", "::1"),
+    ("unix:/tmp/sock", "unix:/tmp/sock"),
+])
+def test_peer_host_names_the_client_address_without_its_port(peer: str, host: str) -> None:
+    assert peer_host(peer) == host
+
+
+def test_client_limits_refuse_past_the_bound_and_forget_idle_clients() -> None:
+    limits = ClientLimits(max_in_flight=2, max_waiting=1)
+    limits.enter("a")
+    limits.enter("a")
+    with pytest.raises(Overloaded) as info:
+        limits.enter("a")
+    assert str(info.value).startswith(OVERLOADED_PREFIX)
+    limits.enter("b")  # another client is not affected by a's requests
+    limits.start_waiting("a")
+    with pytest.raises(Overloaded):
+        limits.start_waiting("a")
+    assert limits.usage("a") == (2, 1) and limits.refused_total == 2
+    limits.stop_waiting("a")
+    limits.leave("a")
+    limits.leave("a")
+    limits.leave("b")
+    assert limits.clients == 0, "a client with nothing in flight must not stay in the table"
+
+
+def test_byte_budget_grants_in_order_and_wakes_waiters_on_release() -> None:
+    async def scenario() -> list[str]:
+        budget = ByteBudget(100)
+        order: list[str] = []
+        assert await budget.acquire(60) == 60
+        assert not budget.try_acquire(50), "over the budget"
+
+        async def take(name: str, n: int) -> None:
+            await budget.acquire(n)
+            order.append(name)
+
+        big = asyncio.create_task(take("big", 80))
+        await asyncio.sleep(0)
+        small = asyncio.create_task(take("small", 10))
+        await asyncio.sleep(0)
+        assert order == [] and not budget.try_acquire(10), "FIFO: a waiter blocks later grants, even small ones"
+        budget.release(60)
+        await asyncio.wait_for(asyncio.gather(big, small), 5)
+        assert budget.used_bytes == 90
+        budget.release(90)
+        assert budget.used_bytes == 0
+        return order
+
+    assert asyncio.run(scenario()) == ["big", "small"]
+
+
+def test_byte_budget_cuts_a_grant_to_the_whole_budget_and_survives_cancellation() -> None:
+    async def scenario() -> None:
+        budget = ByteBudget(100)
+        assert await budget.acquire(10**9) == 100, "one huge request still proceeds when alone"
+        waiter = asyncio.create_task(budget.acquire(50))
+        await asyncio.sleep(0)
+        waiter.cancel()  # the RPC was cancelled while waiting for bytes
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        budget.release(100)
+        assert budget.used_bytes == 0, "a cancelled waiter must not keep bytes"
+        assert budget.try_acquire(100)
+
+    asyncio.run(scenario())
