@@ -19,7 +19,9 @@ Used by ``run.py`` (atheris, ``make fuzz``) and ``test_fuzz_smoke.py`` (pytest).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import concurrent.futures
 import logging
 import shutil
 import struct
@@ -134,13 +136,16 @@ def _check_walks_agree(buf: bytes, h: rb.BatchHeader, compact: bool) -> None:
 
 
 class _Context:
-    """The two ServicerContext calls the handlers make, for an in-process call."""
+    """The ServicerContext calls the handlers make, for an in-process call."""
 
     def is_active(self) -> bool:
         return True
 
     def peer(self) -> str:
         return "ipv4:127.0.0.1:0"
+
+    async def abort(self, code: Any, details: str) -> None:
+        raise AssertionError(f"handler aborted the call: {code} {details}")
 
 
 class _ErrorLog(logging.Handler):
@@ -172,9 +177,10 @@ class RpcHarness:
     """
 
     def __init__(self, max_log_bytes: int = 64 << 20) -> None:
+        from broker.admission import ByteBudget, ClientLimits
         from broker.metadata_cache import MetadataCache
         from broker.replica_manager import ReplicaManager
-        from broker.service import BrokerService
+        from broker.service import BrokerService, Capacity
         from proto import broker_pb2, common_pb2, controller_pb2
         from storage.log_manager import LogManager
 
@@ -197,7 +203,13 @@ class RpcHarness:
         update.partitions.add(topic="c", topic_id="c" * 32, partition=0, replicas=[1], isr=[1], leader=1,
                               leader_epoch=0, partition_epoch=0)
         self.rm.apply_metadata_delta(cache.apply(update))
-        self.service = BrokerService(1, self.rm, cache, None, None, defaults=defaults, controller_endpoints=[])
+        # The handlers are coroutines (grpc.aio): one private event loop runs each call to completion.
+        self.loop = asyncio.new_event_loop()
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="fuzz-io")
+        capacity = Capacity(io=self.executor, replication=self.executor, limits=ClientLimits(2000, 1000),
+                            budget=ByteBudget(256 << 20))
+        self.service = BrokerService(1, self.rm, cache, None, None, defaults=defaults, controller_endpoints=[],
+                                     capacity=capacity)
         self.handlers: list[tuple[str, type, Any]] = [
             ("Produce", broker_pb2.ProduceRequest, self.service.Produce),
             ("Fetch", broker_pb2.FetchRequest, self.service.Fetch),
@@ -214,6 +226,8 @@ class RpcHarness:
             logging.getLogger(name).removeHandler(self.errors)
         self.rm.shutdown()
         self.log_manager.shutdown()
+        self.executor.shutdown(wait=True)
+        self.loop.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def size_bytes(self) -> int:
@@ -230,7 +244,7 @@ class RpcHarness:
             return  # not a request gRPC would hand to the handler either
         _bound_waits(request)
         self.errors.records.clear()
-        response = handler(request, _Context())
+        response = self.loop.run_until_complete(handler(request, _Context()))
         text = str(response)
         if "UNKNOWN_SERVER_ERROR" in text or self.errors.records:
             logged = "; ".join(r.getMessage() + (f" [{r.exc_info[1]!r}]" if r.exc_info else "")

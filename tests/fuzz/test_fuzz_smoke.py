@@ -83,10 +83,10 @@ def test_rpc_harness_really_appends_and_refuses() -> None:
         builder.append(1, b"k", b"v")
         req = broker_pb2.ProduceRequest(acks=1, timeout_ms=100, partitions=[
             broker_pb2.ProducePartitionData(topic="t", partition=0, records=builder.build())])
-        resp = h.service.Produce(req, targets._Context())
+        resp = h.loop.run_until_complete(h.service.Produce(req, targets._Context()))
         assert resp.partitions[0].error_code == ErrorCode.NONE, resp
         req.partitions[0].records = req.partitions[0].records[:-1]  # one byte short: CRC / truncation
-        resp = h.service.Produce(req, targets._Context())
+        resp = h.loop.run_until_complete(h.service.Produce(req, targets._Context()))
         assert resp.partitions[0].error_code == ErrorCode.CORRUPT_MESSAGE, resp
         assert h.size_bytes() > 0
     finally:
