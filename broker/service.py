@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from broker import principal
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.replica_manager import CANCEL_CHECK_S, MAX_PRODUCE_TIMEOUT_MS, AppendResult, ReplicaManager
@@ -117,7 +118,17 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                                     error_message="internal error", high_watermark=-1, log_start_offset=-1,
                                     log_end_offset=-1)
             return resp
-        return self._guard("Fetch", request, lambda: self.rm.fetch(request, context.is_active), on_error)
+        def fetch() -> broker_pb2.FetchResponse:
+            if request.replica_id >= 0:  # a follower's fetch moves the HW: only that broker may send it
+                try:
+                    principal.require_node(context, request.replica_id)
+                except errors.BrookError as e:
+                    resp = on_error()
+                    for p in resp.partitions:
+                        p.error_code, p.error_message = e.code, e.message
+                    return resp
+            return self.rm.fetch(request, context.is_active)
+        return self._guard("Fetch", request, fetch, on_error)
 
     # ---- ListOffsets / OffsetsForLeaderEpoch ----
     def ListOffsets(self, request: broker_pb2.ListOffsetsRequest, context: grpc.ServicerContext) -> Any:
@@ -229,10 +240,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     def _init_producer_id(self, req: broker_pb2.InitProducerIdRequest) -> broker_pb2.InitProducerIdResponse:
         try:
-            if req.producer_id >= 0 and 0 <= req.producer_epoch < 32766:
-                # A known producer restarting: same id, next epoch fences its older incarnation.
-                return broker_pb2.InitProducerIdResponse(producer_id=req.producer_id,
-                                                         producer_epoch=req.producer_epoch + 1)
+            # As Kafka without a transactional id: a given producer id/epoch is ignored and a
+            # fresh id issued. Bumping the epoch of a caller-named id would let anyone fence
+            # any producer; an idempotent producer bumps its own epoch locally (KIP-360).
             return broker_pb2.InitProducerIdResponse(producer_id=self.producer_ids.next_id(), producer_epoch=0)
         except errors.BrookError as e:
             return broker_pb2.InitProducerIdResponse(error_code=e.code, error_message=e.message,
