@@ -27,6 +27,7 @@ from admin_cli import cluster, group, perf, topic
 from admin_cli.backend import Unreachable
 from admin_cli.common import (
     BOOTSTRAP_ENV,
+    COMMAND_CONFIG_ENV,
     DEFAULT_BOOTSTRAP,
     DEFAULT_TIMEOUT_S,
     CliError,
@@ -69,11 +70,15 @@ def root(
     output: Annotated[Output, typer.Option("--output", "-o", help="table or json.")] = Output.table,
     timeout: Annotated[float, typer.Option(help="Seconds each operation may take.", min=0.1)] = DEFAULT_TIMEOUT_S,
     verbose: Annotated[bool, typer.Option("--verbose", help="Log client internals to stderr.")] = False,
+    command_config: Annotated[str | None, typer.Option(
+        "--command-config", envvar=COMMAND_CONFIG_ENV,
+        help="Client properties file (security.protocol, ssl.*, sasl.*); BROOK_SECURITY_PROTOCOL, "
+             "BROOK_SSL_CA_LOCATION, ... work too.")] = None,
 ) -> None:
     """Administer a Brook cluster."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.CRITICAL, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    st = State(bootstrap=bootstrap, output=output, timeout_s=timeout)
+    st = State(bootstrap=bootstrap, output=output, timeout_s=timeout, command_config=command_config)
     ctx.obj = st
     ctx.call_on_close(st.close)
 

@@ -29,7 +29,7 @@ from client.producer import Producer
 from client.security import SecurityConfig, make_channel
 from deploy.local.certs import CertificateAuthority
 from deploy.local.cluster import LocalCluster
-from proto import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
+from proto import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc, errors
 from proto.errors import ErrorCode
 
 pytestmark = pytest.mark.slow
@@ -108,7 +108,7 @@ def test_unauthenticated_admin_cannot_delete_a_topic(cluster: LocalCluster) -> N
     plaintext = Admin(cluster.bootstrap_servers, request_timeout_ms=3000,
                       controller_endpoints=cluster.controller_endpoints)
     try:
-        with pytest.raises(Exception):
+        with pytest.raises(errors.BrookError):
             plaintext.delete_topics(["precious"])
     finally:
         plaintext.close()
