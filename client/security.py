@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ class SecurityConfig:
     ssl_endpoint_identification_algorithm: str = "https"
     sasl_mechanism: str = "SCRAM-SHA-256"
     sasl_username: str | None = None
-    sasl_password: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)  # never in logs or reprs
 
     def __post_init__(self) -> None:
         protocol = self.protocol.strip().upper()

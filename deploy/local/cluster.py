@@ -316,7 +316,6 @@ class LocalCluster:
                 ca.issue(self.tls_dir, f"node-{n.node_id}", hosts=("localhost", "127.0.0.1"))
         if not self.client_cert().cert.exists():
             ca.issue(self.tls_dir, CLIENT_CERT_NAME, hosts=(), server=False)
-        self._write_client_files()
 
     def _write_client_files(self) -> None:
         lines = ["# Client settings for this local cluster (brook --command-config FILE, or Kafka tools)."]
@@ -400,6 +399,7 @@ class LocalCluster:
         self.state.save(self.base_dir / STATE_FILE)
         if self.tls:
             self._ensure_certificates()
+        self._write_client_files()
         for n in self._start_order():
             if not self.is_running(n.node_id):
                 self.start_node(n.node_id)
