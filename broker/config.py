@@ -860,8 +860,7 @@ def _validate_ssl(values: dict[str, Any], listeners: dict[str, Listener]) -> Non
                             ("ssl.ca.location", ca)):
             if not value:
                 raise ConfigError(name, f"is required: {', '.join(ssl_names)} use TLS")
-            if not Path(value).is_file():
-                raise ConfigError(name, f"{value} is not a readable file")
+            # Existence is checked when the listener binds (files may be mounted later, e.g. k8s).
     try:
         principal.parse_mapping_rules(values["ssl.principal.mapping.rules"])
         fmt = values["broker.principal.format"]

@@ -5,14 +5,24 @@ certificate per node (``CN=node-<id>``, so it maps to the broker principal
 ``User:node-<id>``) and one client certificate (``CN=<client name>``). Every server
 certificate names ``localhost``, ``127.0.0.1`` and the node's host in its SAN, so
 clients verify the host as ``ssl.endpoint.identification.algorithm=https`` demands.
-Production deployments bring their own PKI; nothing here is meant for it.
+Production deployments should bring their own PKI; for small ones and examples:
+
+    python -m deploy.local.certs --dir /etc/brook/tls --node 1=brook-1 --node 2=brook-2 --client admin
+    python -m deploy.local.certs --dir /etc/brook/tls --node 1=broker-1.example,10.0.0.5 --out-name node
+
+makes (or reuses) ``ca.pem``/``ca.key`` in DIR and issues ``node-<id>.pem``/``.key``
+(``CN=node-<id>``, SAN: the given hosts plus localhost) and ``<client>.pem``/``.key``.
+``--out-name node`` writes a single node's files as ``node.pem``/``node.key`` (what
+the example configs read).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import ipaddress
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,3 +148,34 @@ def _write(path: Path, data: bytes, *, private: bool = False) -> None:
     with os.fdopen(fd, "wb") as f:
         f.write(data)
     tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m deploy.local.certs", description="Issue Brook node and client "
+                                "certificates from a local CA (made on first use).")
+    p.add_argument("--dir", type=Path, required=True, help="where ca.pem/ca.key live and certificates go")
+    p.add_argument("--node", action="append", default=[], metavar="ID=HOST[,HOST...]",
+                   help="a node certificate CN=node-<ID> for these host names / IPs")
+    p.add_argument("--client", action="append", default=[], metavar="NAME", help="a client certificate CN=NAME")
+    p.add_argument("--out-name", default=None, help="file name for a single --node (e.g. node)")
+    args = p.parse_args(argv)
+    if args.out_name and len(args.node) != 1:
+        p.error("--out-name goes with exactly one --node")
+    ca = CertificateAuthority.load_or_create(args.dir)
+    for spec in args.node:
+        node_id, sep, hosts = spec.partition("=")
+        if not sep or not node_id.isdigit():
+            p.error(f"--node {spec!r} must look like ID=HOST[,HOST...]")
+        names = [h.strip() for h in hosts.split(",") if h.strip()] + ["localhost", "127.0.0.1"]
+        files = ca.issue(args.dir, args.out_name or node_cert_name(int(node_id)),
+                         common_name=node_cert_name(int(node_id)), hosts=names)
+        print(f"node {node_id}: {files.cert} {files.key}")
+    for name in args.client:
+        files = ca.issue(args.dir, name, hosts=(), server=False)
+        print(f"client {name}: {files.cert} {files.key}")
+    print(f"CA: {ca.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

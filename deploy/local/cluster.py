@@ -49,14 +49,16 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client.security import SecurityConfig, env_var, make_channel
-from deploy.local.certs import CertFiles, CertificateAuthority
 from proto import controller_pb2, controller_pb2_grpc
+
+if TYPE_CHECKING:
+    from deploy.local.certs import CertFiles
 
 log = logging.getLogger(__name__)
 
@@ -288,10 +290,14 @@ class LocalCluster:
         return self.base_dir / TLS_DIR
 
     def node_cert(self, node_id: int) -> CertFiles:
+        from deploy.local.certs import CertFiles
+
         d = self.tls_dir
         return CertFiles(d / f"node-{node_id}.pem", d / f"node-{node_id}.key", d / "ca.pem")
 
     def client_cert(self) -> CertFiles:
+        from deploy.local.certs import CertFiles
+
         d = self.tls_dir
         return CertFiles(d / f"{CLIENT_CERT_NAME}.pem", d / f"{CLIENT_CERT_NAME}.key", d / "ca.pem")
 
@@ -310,6 +316,9 @@ class LocalCluster:
 
     def _ensure_certificates(self) -> None:
         """CA, node and client certificates under base_dir/tls (made once, kept across restarts)."""
+        # Imported here so `python -m deploy.local.certs` does not find itself half-imported.
+        from deploy.local.certs import CertificateAuthority
+
         ca = CertificateAuthority.load_or_create(self.tls_dir)
         for n in self.state.nodes:
             if not self.node_cert(n.node_id).cert.exists():
