@@ -321,7 +321,7 @@ class GroupCoordinator:
         return g
 
     # ------------------------------------------------------------------ FindCoordinator
-    def find_coordinator(self, group_id: str) -> tuple[int, str, int]:
+    def find_coordinator(self, group_id: str, listener: str = "BROKER") -> tuple[int, str, int]:
         if not group_id:
             raise errors.error_for(ErrorCode.INVALID_GROUP_ID, "group id must not be empty")
         p = self.partition_for(group_id)
@@ -332,7 +332,7 @@ class GroupCoordinator:
         broker = self.metadata_cache.broker(info.leader) if info.leader >= 0 else None
         if broker is None:
             raise errors.error_for(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{OFFSETS_TOPIC}-{p} has no leader")
-        return broker.node_id, broker.host, broker.port
+        return (broker.node_id, *broker.endpoint(listener))
 
     def _ensure_offsets_topic(self) -> None:
         """Create ``__consumer_offsets`` in the background (one attempt in flight)."""
@@ -901,6 +901,7 @@ def install(broker: Any) -> GroupCoordinator:
                                    metadata_cache=broker.metadata_cache, config=config)
     coordinator.security = getattr(broker.settings, "inter_broker_security", None) or SecurityConfig()
     servicer = GroupCoordinatorServicer(coordinator)
+    servicer.listener_by_tls = broker.listener_by_tls() if hasattr(broker, "listener_by_tls") else {}
     broker.add_servicer(lambda server: group_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(servicer, server))
     coordinator.start()
     broker.group_coordinator = coordinator

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import grpc
 
+from broker import principal
 from broker.group_coordinator import GroupCoordinator
 from client.types import TopicPartition
 from proto import errors, group_pb2, group_pb2_grpc
@@ -17,6 +18,8 @@ from proto import errors, group_pb2, group_pb2_grpc
 class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
     def __init__(self, coordinator: GroupCoordinator) -> None:
         self.c = coordinator
+        # As BrokerService.listener_by_tls: the coordinator's address on the caller's kind of listener.
+        self.listener_by_tls: dict[bool, str] = {}
 
     @staticmethod
     def _wait_s(context: grpc.ServicerContext, wanted_ms: int) -> float:
@@ -26,7 +29,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
 
     def FindCoordinator(self, request, context):  # noqa: N802
         try:
-            node_id, host, port = self.c.find_coordinator(request.group_id)
+            listener = self.listener_by_tls.get(principal.is_tls(context), "BROKER")
+            node_id, host, port = self.c.find_coordinator(request.group_id, listener)
         except errors.BrookError as exc:
             return group_pb2.FindCoordinatorResponse(error_code=exc.code, error_message=exc.message, node_id=-1)
         return group_pb2.FindCoordinatorResponse(node_id=node_id, host=host, port=port)

@@ -250,6 +250,15 @@ def authenticate(context: Any) -> Authentication:
     return Authentication(ANONYMOUS, AUTH_NONE, peer)
 
 
+def is_tls(context: Any) -> bool:
+    """Whether this request came over a TLS connection."""
+    try:
+        auth = context.auth_context() or {}
+    except Exception:
+        return False
+    return _auth_value(auth, "transport_security_type") == "ssl"
+
+
 def principal_of(context: Any) -> Principal:
     """The principal of this request (see the module doc for the order)."""
     return authenticate(context).principal

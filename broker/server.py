@@ -162,10 +162,11 @@ class BrokerServer:
                       int(s.defaults.get("socket.request.max.bytes", str(GRPC_MAX_MESSAGE_BYTES)))),
                      ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
                      ("grpc.so_reuseport", 0)])
-        broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerService(
+        service = BrokerService(
             s.node_id, self.replica_manager, self.metadata_cache, self.controller_client, producer_ids,
-            defaults=s.defaults, controller_endpoints=s.controller_endpoints, metadata_lock=self._metadata_lock),
-            self.grpc_server)
+            defaults=s.defaults, controller_endpoints=s.controller_endpoints, metadata_lock=self._metadata_lock)
+        service.listener_by_tls = self.listener_by_tls()
+        broker_pb2_grpc.add_BrokerServiceServicer_to_server(service, self.grpc_server)
         for fn in self._servicer_fns:
             fn(self.grpc_server)
         self._bind_listeners(self.grpc_server)
@@ -193,6 +194,14 @@ class BrokerServer:
         for lst in s.extra_listeners:
             if bind_port(server, lst.host, lst.port, lst.tls) == 0:
                 raise OSError(f"broker {s.node_id}: cannot listen on {lst.name} {lst.host}:{lst.port}")
+
+    def listener_by_tls(self) -> dict[bool, str]:
+        """Listener whose addresses Metadata gives to a TLS / plaintext caller: BROKER first, then the rest."""
+        s = self.settings
+        out = {s.tls is not None: "BROKER"}
+        for lst in s.extra_listeners:
+            out.setdefault(lst.tls is not None, lst.name)
+        return out
 
     def endpoints(self) -> list[common_pb2.Endpoint]:
         """What this broker registers: each listener's advertised address, BROKER first."""

@@ -50,6 +50,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         # Held by the metadata thread while an update goes into the cache *and* the replica manager:
         # a Metadata answer never names this broker leader of a partition it has not taken over yet.
         self.metadata_lock = metadata_lock or threading.RLock()
+        # Which listener's addresses a Metadata answer gives, by whether the request came over
+        # TLS (gRPC does not say which port it arrived on). Set by BrokerServer; BROKER otherwise.
+        self.listener_by_tls: dict[bool, str] = {}
 
     # ---- boundary ----
     def _guard(self, name: str, request: Any, work: Callable[[], Any], on_error: Callable[[], Any]) -> Any:
@@ -153,24 +156,26 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     # ---- Metadata ----
     def Metadata(self, request: broker_pb2.MetadataRequest, context: grpc.ServicerContext) -> Any:
-        return self._guard("Metadata", request, lambda: self._metadata(request),
+        listener = self.listener_by_tls.get(principal.is_tls(context), "BROKER")
+        return self._guard("Metadata", request, lambda: self._metadata(request, listener),
                            lambda: broker_pb2.MetadataResponse(topics=[broker_pb2.TopicMetadata(
                                name=t, error_code=ErrorCode.UNKNOWN_SERVER_ERROR, error_message="internal error")
                                for t in request.topics]))
 
-    def _metadata(self, req: broker_pb2.MetadataRequest) -> broker_pb2.MetadataResponse:
+    def _metadata(self, req: broker_pb2.MetadataRequest, listener: str = "BROKER") -> broker_pb2.MetadataResponse:
         create_errors: dict[str, errors.BrookError] = {}
         if not req.all_topics and req.allow_auto_topic_creation:
             create_errors = self._maybe_auto_create(set(req.topics), wait=True)
         with self.metadata_lock:
-            return self._metadata_response(req, create_errors)
+            return self._metadata_response(req, create_errors, listener)
 
-    def _metadata_response(self, req: broker_pb2.MetadataRequest,
-                           create_errors: dict[str, errors.BrookError]) -> broker_pb2.MetadataResponse:
+    def _metadata_response(self, req: broker_pb2.MetadataRequest, create_errors: dict[str, errors.BrookError],
+                           listener: str = "BROKER") -> broker_pb2.MetadataResponse:
         resp = broker_pb2.MetadataResponse(cluster_id=self.cache.cluster_id, controller_id=self.cache.controller_id,
                                            metadata_version=self.cache.version)
         for b in self.cache.brokers():
-            resp.brokers.add(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack, fenced=b.fenced)
+            host, port = b.endpoint(listener)
+            resp.brokers.add(node_id=b.node_id, host=host, port=port, rack=b.rack, fenced=b.fenced)
         for host, port in self.controller_endpoints:
             resp.controllers.add(name="CONTROLLER", host=host, port=port)
         names = [t.name for t in self.cache.topics()] if req.all_topics else list(dict.fromkeys(req.topics))
