@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from proto import errors
 
@@ -76,6 +78,9 @@ class ReloadingCertificates:
     def _load(self) -> Any:
         cert, key = _read(self.tls.cert), _read(self.tls.key)
         ca = _read(self.tls.ca) if self.tls.ca is not None else None
+        _check_pair(cert, key)
+        if ca is not None:
+            x509.load_pem_x509_certificates(ca)
         self.loads += 1
         return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
 
@@ -93,6 +98,20 @@ class ReloadingCertificates:
             self._stamps = stamps
             log.info("reloaded TLS certificate %s", self.tls.cert)
             return config
+
+
+def _check_pair(cert_pem: bytes, key_pem: bytes) -> None:
+    """ValueError unless the PEMs parse and the key belongs to the (first) certificate.
+
+    Catches a rotation caught half way (new certificate, old key) before gRPC sees it.
+    """
+    leaf = x509.load_pem_x509_certificates(cert_pem)[0]
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    ours = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    theirs = leaf.public_key().public_bytes(serialization.Encoding.DER,
+                                            serialization.PublicFormat.SubjectPublicKeyInfo)
+    if ours != theirs:
+        raise ValueError("the private key does not belong to the certificate")
 
 
 def server_credentials(tls: ServerTls) -> grpc.ServerCredentials:
