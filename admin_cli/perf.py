@@ -31,7 +31,10 @@ def _with_bootstrap(ctx: typer.Context, args: list[str]) -> list[str]:
     if any(a == "--bootstrap-servers" or a.startswith("--bootstrap-servers=") for a in args) or \
             any(a in ("-h", "--help") for a in args):
         return args
-    return ["--bootstrap-servers", state(ctx).bootstrap, *args]
+    st = state(ctx)
+    security = [] if st.command_config is None or "--command-config" in args else [
+        "--command-config", st.command_config]
+    return ["--bootstrap-servers", st.bootstrap, *security, *args]
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False,

@@ -24,7 +24,7 @@ from client import errors
 from client.admin import Admin, NewTopic
 from client.consumer import Consumer
 from client.producer import Producer
-from client.security import SecurityConfig
+from client.security import SecurityConfig, read_properties
 from client.types import TopicPartition
 from storage.record_batch import iter_batches
 
@@ -97,10 +97,10 @@ class Progress:
 
 
 def _security_pairs(command_config: str | None) -> dict[str, Any]:
-    """Client security keys from a Kafka-style properties file (--command-config), as config kwargs."""
-    if not command_config:
-        return {}
-    sec = SecurityConfig.from_properties(command_config)
+    """Client security (BROOK_SECURITY_PROTOCOL, BROOK_SSL_*, then the --command-config file) as config kwargs."""
+    sec = SecurityConfig.from_env()
+    if command_config:
+        sec = sec.merged(read_properties(command_config))
     return {k.replace(".", "_"): v for k, v in sec.to_config().items()}
 
 
