@@ -37,7 +37,7 @@ from proto import errors
 log = logging.getLogger(__name__)
 
 USER = "User"
-SESSION_METADATA_KEY = "brook-session"  # where a SASL session token travels (set by the acl client side)
+SESSION_METADATA_KEY = "x-brook-session"  # where a SASL session token travels (the acl package's SCRAM)
 DEFAULT_NODE_PRINCIPAL_FORMAT = "User:node-{id}"
 # Brook's default takes the CN (Kafka's DEFAULT alone would keep the whole DN), so
 # "CN=alice,O=Example" is User:alice and a node certificate "CN=node-1,..." is User:node-1.
@@ -162,7 +162,9 @@ class _Settings:
 
 _settings = _Settings()
 _settings_lock = threading.Lock()
-_session_resolver: Callable[[Mapping[str, str]], Principal | None] | None = None
+# fn(invocation metadata: the raw ((key, value), ...) of the call, or None) -> Principal | None
+SessionResolver = Callable[[Sequence[tuple[str, Any]] | None], "Principal | None"]
+_session_resolver: SessionResolver | None = None
 
 
 def configure(*, mapping_rules: str | Sequence[str] | None = None, node_principal_format: str | None = None,
@@ -180,7 +182,7 @@ def configure(*, mapping_rules: str | Sequence[str] | None = None, node_principa
         _settings = _Settings(rules, fmt, trust)
 
 
-def set_session_resolver(fn: Callable[[Mapping[str, str]], Principal | None] | None) -> None:
+def set_session_resolver(fn: SessionResolver | None) -> None:
     """Install (or with None remove) the SASL session resolver: invocation metadata -> Principal | None.
 
     Called for requests without a verified client certificate. It must be cheap and
@@ -241,9 +243,9 @@ def authenticate(context: Any) -> Authentication:
     resolver = _session_resolver
     if resolver is not None:
         try:
-            metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+            metadata = tuple(context.invocation_metadata() or ())
         except Exception:
-            metadata = {}
+            metadata = ()
         principal = resolver(metadata)
         if principal is not None:
             return Authentication(principal, AUTH_SASL, peer)

@@ -13,9 +13,9 @@ Configs use Kafka's client names so existing knowledge and property files carry 
 
 Every place that opens a channel (client, controller client, replica fetchers, group
 coordinator, launcher, CLI, Spark source) calls ``make_channel``, so TLS is never
-forgotten on one path. SASL itself is layered on by the interceptor factory installed
-with ``set_sasl_interceptor_factory`` (the acl package's SCRAM client); a SASL_*
-protocol without one installed is refused rather than silently sent unauthenticated.
+forgotten on one path. SASL itself is layered on by the channel wrapper installed with
+``set_sasl_channel_wrapper`` (the acl package's SCRAM client); a SASL_* protocol
+without one installed is refused rather than silently sent unauthenticated.
 Environment: ``SecurityConfig.from_env`` reads ``BROOK_SECURITY_PROTOCOL``,
 ``BROOK_SSL_CA_LOCATION``, ... (the key upper-cased, dots as underscores), next to
 the CLI's ``BROOK_BOOTSTRAP``.
@@ -189,14 +189,17 @@ def _read_pem(location: str, key: str) -> bytes:
 
 # ----------------------------------------------------------------------------- SASL hook
 
-SaslInterceptorFactory = Callable[[SecurityConfig, str], Sequence[Any]]
-_sasl_factory: SaslInterceptorFactory | None = None
+# fn(channel, security, address) -> the channel with SASL on it (e.g. the acl package's
+# ``scram_channel(address, ScramCredentials(...), raw=channel)``); the transport under
+# it is already TLS for SASL_SSL.
+SaslChannelWrapper = Callable[[grpc.Channel, SecurityConfig, str], grpc.Channel]
+_sasl_wrapper: SaslChannelWrapper | None = None
 
 
-def set_sasl_interceptor_factory(fn: SaslInterceptorFactory | None) -> None:
-    """Install the SASL client side: fn(security, address) -> gRPC client interceptors for that channel."""
-    global _sasl_factory
-    _sasl_factory = fn
+def set_sasl_channel_wrapper(fn: SaslChannelWrapper | None) -> None:
+    """Install (None: remove) the SASL client side used by make_channel for SASL_* protocols."""
+    global _sasl_wrapper
+    _sasl_wrapper = fn
 
 
 # ----------------------------------------------------------------------------- channels
@@ -212,14 +215,13 @@ def make_channel(address: str, security: SecurityConfig | None = None,
         channel = grpc.secure_channel(address, sec.channel_credentials(), options=opts)
     else:
         channel = grpc.insecure_channel(address, options=opts)
-    chain = list(interceptors)
     if sec.uses_sasl:
-        factory = _sasl_factory
-        if factory is None:
+        wrapper = _sasl_wrapper
+        if wrapper is None:
             channel.close()
             raise errors.InvalidConfigError(
                 f"security.protocol {sec.protocol} needs SASL support, which is not installed in this process")
-        chain = [*factory(sec, address), *chain]
-    if chain:
-        channel = grpc.intercept_channel(channel, *chain)
+        channel = wrapper(channel, sec, address)
+    if interceptors:
+        channel = grpc.intercept_channel(channel, *interceptors)
     return channel

@@ -98,3 +98,62 @@ def test_bad_client_security_configs_are_refused(config) -> None:
     with pytest.raises(errors.BrookError) as info:
         SecurityConfig.from_config(config)
     assert info.value.code == errors.ErrorCode.INVALID_CONFIG
+
+
+def test_sasl_protocols_need_the_installed_wrapper_and_use_it() -> None:
+    import grpc
+
+    from client import security
+
+    sec = SecurityConfig.from_config({"security.protocol": "SASL_PLAINTEXT", "sasl.username": "alice",
+                                      "sasl.password": "pw", "sasl.mechanism": "SCRAM-SHA-512"})
+    assert "pw" not in repr(sec)
+    with pytest.raises(errors.BrookError) as info:
+        security.make_channel("127.0.0.1:1", sec)
+    assert info.value.code == errors.ErrorCode.INVALID_CONFIG
+    seen: list[tuple[str, str]] = []
+
+    def wrap(channel: grpc.Channel, s: SecurityConfig, address: str) -> grpc.Channel:
+        seen.append((s.sasl_username or "", address))
+        return channel
+
+    security.set_sasl_channel_wrapper(wrap)
+    try:
+        security.make_channel("127.0.0.1:1", sec).close()
+    finally:
+        security.set_sasl_channel_wrapper(None)
+    assert seen == [("alice", "127.0.0.1:1")]
+
+
+def test_session_resolver_gets_the_raw_metadata_and_certificates_win() -> None:
+    class Ctx:
+        def __init__(self, subject: bytes | None) -> None:
+            self.subject = subject
+
+        def peer(self) -> str:
+            return "ipv4:10.1.2.3:5555"
+
+        def auth_context(self) -> dict:
+            return {"x509_subject": [self.subject]} if self.subject else {}
+
+        def invocation_metadata(self) -> tuple:
+            return (("x-brook-session", "tok"),)
+
+    principal.set_session_resolver(lambda md: Principal("User", "bob") if ("x-brook-session", "tok") in md else None)
+    try:
+        assert principal.authenticate(Ctx(None)) == principal.Authentication(Principal("User", "bob"), "sasl",
+                                                                             "ipv4:10.1.2.3:5555")
+        assert principal.principal_of(Ctx(b"CN=alice,O=x")) == Principal("User", "alice")
+        # A SASL user named like a node is not that node; a remote plaintext caller is nobody.
+        principal.set_session_resolver(lambda md: Principal("User", "node-1"))
+        with pytest.raises(errors.BrookError) as info:
+            principal.require_node(Ctx(None), 1)
+        assert info.value.code == errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        principal.set_session_resolver(None)
+        with pytest.raises(errors.BrookError):
+            principal.require_node(Ctx(None), 1)
+        assert principal.require_node(Ctx(b"CN=node-1,O=Brook"), 1) == Principal("User", "node-1")
+        with pytest.raises(errors.BrookError):
+            principal.require_node(Ctx(b"CN=node-2,O=Brook"), 1)
+    finally:
+        principal.set_session_resolver(None)
