@@ -17,6 +17,7 @@ roles take (``ControllerSettings``, ``BrokerSettings``).
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
 import tomllib
@@ -27,6 +28,8 @@ from typing import Any
 
 from proto.errors import InvalidConfigError
 from storage import log_config
+
+log = logging.getLogger(__name__)
 
 ROLE_BROKER = "broker"
 ROLE_CONTROLLER = "controller"
@@ -115,7 +118,8 @@ _CORE = [
            "ISR changes, replica fetches) are accepted only from it."),
     KeyDef("security.plaintext.loopback.trusted", "bool", "true",
            "Accept broker-only requests arriving in plaintext from 127.0.0.0/8 or ::1 (single-host dev "
-           "clusters). Over the network, broker-only requests always need the node's certificate."),
+           "clusters); ignored unless every plaintext listener is bound to loopback. Otherwise "
+           "broker-only requests need the node's certificate."),
     KeyDef("controller.quorum.voters", "list", None,
            "id@host:grpc_port:raft_port,... of every controller voter (brokers use the gRPC ports)."),
     KeyDef("controller.quorum.password", "password", "",
@@ -505,13 +509,29 @@ class NodeConfig:
                 "client_cafile": self.values["ssl.ca.location"] if required else None,
                 "client_auth_required": required}
 
-    def configure_principals(self) -> None:
-        """Install this node's principal rules in broker.principal (process-wide, at node start)."""
+    def plaintext_listeners_are_local(self) -> bool:
+        """Every plaintext listener of this node is bound to a loopback address (none reachable from outside)."""
         from broker import principal
 
+        return all(principal.is_loopback_host(lst.host) for lst in self.listeners.values() if not lst.uses_ssl)
+
+    def configure_principals(self) -> None:
+        """Install this node's principal rules in broker.principal (process-wide, at node start).
+
+        Plaintext callers are trusted as nodes only when the key allows it *and* every
+        plaintext listener is bound to loopback: a plaintext listener on the network
+        cannot tell a node from anyone else, so broker-only requests need certificates.
+        """
+        from broker import principal
+
+        trusted = bool(self.values["security.plaintext.loopback.trusted"])
+        if trusted and not self.plaintext_listeners_are_local():
+            log.warning("plaintext listeners are reachable beyond loopback: broker-only requests (registration, "
+                        "heartbeats, ISR changes, replica fetches) are accepted only with node certificates")
+            trusted = False
         principal.configure(mapping_rules=self.values["ssl.principal.mapping.rules"],
                             node_principal_format=self.values["broker.principal.format"],
-                            trust_loopback_plaintext=bool(self.values["security.plaintext.loopback.trusted"]))
+                            trust_loopback_plaintext=trusted)
 
 
 # ----------------------------------------------------------------------------- loading

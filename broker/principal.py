@@ -18,7 +18,8 @@ call ``require_node(context, node_id)``, which accepts only that node's certific
 principal. A SASL user can never act as a broker, whatever its name: broker identity
 comes from certificates only. The one exception is a plaintext caller on the loopback
 interface, trusted as any broker while ``configure(trust_loopback_plaintext=True)``
-(the default), so single-host dev clusters and the test suite run without TLS; a
+(the default; the node config turns it off when any plaintext listener is reachable
+beyond loopback), so single-host dev clusters and the test suite run without TLS; a
 caller reaching a node over the network must present a node certificate.
 """
 
@@ -264,6 +265,16 @@ def is_tls(context: Any) -> bool:
 def principal_of(context: Any) -> Principal:
     """The principal of this request (see the module doc for the order)."""
     return authenticate(context).principal
+
+
+def is_loopback_host(host: str) -> bool:
+    """A bind host that only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def is_loopback_peer(peer: str) -> bool:

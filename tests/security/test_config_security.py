@@ -72,3 +72,21 @@ def test_extra_named_listener_with_its_own_protocol_and_advertised_address() -> 
 ])
 def test_bad_security_config_is_refused_naming_the_key(overrides: dict[str, str], key: str) -> None:
     assert refused(overrides).key == key
+
+
+@pytest.mark.parametrize(("listeners", "trusted"), [
+    ("BROKER://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093", True),
+    ("BROKER://0.0.0.0:19092,CONTROLLER://127.0.0.1:19093", False),
+    ("BROKER://broker-1.example:19092,CONTROLLER://127.0.0.1:19093", False),
+    ("BROKER://localhost:19092,CONTROLLER://[::1]:19093", True),
+])
+def test_plaintext_trust_needs_every_plaintext_listener_on_loopback(listeners: str, trusted: bool) -> None:
+    from broker import principal
+
+    voters = "1@" + listeners.split("CONTROLLER://")[1].replace("[::1]", "::1") + ":19193"
+    c = load_config(None, {**BASE, "listeners": listeners, "controller.quorum.voters": voters}, env={})
+    try:
+        c.configure_principals()
+        assert principal._settings.trust_loopback_plaintext is trusted
+    finally:
+        principal.configure(trust_loopback_plaintext=True)
