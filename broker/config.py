@@ -872,6 +872,9 @@ def _validate_ssl(values: dict[str, Any], listeners: dict[str, Listener]) -> Non
     from broker import principal
 
     ssl_names = [lst.name for lst in listeners.values() if lst.uses_ssl]
+    protocols = _parse_protocol_map(values["listener.security.protocol.map"] or [])
+    if LISTENER_CONTROLLER not in listeners and protocols.get(LISTENER_CONTROLLER) == SSL:
+        ssl_names.append("the controllers' CONTROLLER listener")  # a broker-only node reaching them
     if values["metrics.ssl.enable"]:
         ssl_names.append("metrics (metrics.ssl.enable)")
     cert, key, ca = (values["ssl.certificate.location"], values["ssl.key.location"], values["ssl.ca.location"])

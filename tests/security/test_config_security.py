@@ -69,6 +69,9 @@ def test_extra_named_listener_with_its_own_protocol_and_advertised_address() -> 
     ({"ssl.principal.mapping.rules": "RULE:(/x/"}, "ssl.principal.mapping.rules"),
     ({"broker.principal.format": "User:broker"}, "broker.principal.format"),
     ({"ssl.client.auth": "sometimes"}, "ssl.client.auth"),
+    ({"process.roles": "broker", "listeners": "BROKER://127.0.0.1:19092",
+      "controller.quorum.voters": "1001@127.0.0.1:19093:19193",
+      "listener.security.protocol.map": "BROKER:PLAINTEXT,CONTROLLER:SSL"}, "ssl.certificate.location"),
 ])
 def test_bad_security_config_is_refused_naming_the_key(overrides: dict[str, str], key: str) -> None:
     assert refused(overrides).key == key
