@@ -178,7 +178,7 @@ def configure(*, mapping_rules: str | Sequence[str] | None = None, node_principa
         fmt = s.node_principal_format if node_principal_format is None else node_principal_format
         if "{id}" not in fmt:
             raise errors.InvalidConfigError(f"broker principal format {fmt!r} must contain {{id}}")
-        Principal.parse(fmt.format(id=0))
+        Principal.parse(fmt.replace("{id}", "0"))
         trust = s.trust_loopback_plaintext if trust_loopback_plaintext is None else trust_loopback_plaintext
         _settings = _Settings(rules, fmt, trust)
 
@@ -197,7 +197,7 @@ def set_session_resolver(fn: SessionResolver | None) -> None:
 
 def node_principal(node_id: int) -> Principal:
     """What broker/controller ``node_id``'s own certificate maps to (e.g. User:node-3)."""
-    return Principal.parse(_settings.node_principal_format.format(id=int(node_id)))
+    return Principal.parse(_settings.node_principal_format.replace("{id}", str(int(node_id))))
 
 
 def node_id_of(principal: Principal) -> int | None:
