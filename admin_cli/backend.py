@@ -16,6 +16,7 @@ from typing import Any
 
 from client.admin import Admin, GroupDescription, GroupListing, NewTopic
 from client.cluster import ClusterClient, parse_bootstrap
+from client.security import SecurityConfig
 from client.types import ClusterMetadata, TopicMetadata, TopicPartition
 from proto import controller_pb2, errors
 
@@ -82,9 +83,10 @@ class ConfigValue:
 
 
 class Backend:
-    def __init__(self, bootstrap: str, timeout_s: float) -> None:
+    def __init__(self, bootstrap: str, timeout_s: float, security: SecurityConfig | None = None) -> None:
         self.bootstrap = bootstrap
         self.timeout_s = timeout_s
+        self.security = security
         self._admin: Admin | None = None
         self._probed = False
 
@@ -93,7 +95,8 @@ class Backend:
     @property
     def admin(self) -> Admin:
         if self._admin is None:
-            self._admin = Admin(self.bootstrap, request_timeout_ms=int(self.timeout_s * 1000))
+            self._admin = Admin(self.bootstrap, request_timeout_ms=int(self.timeout_s * 1000),
+                                security=self.security)
         return self._admin
 
     @property

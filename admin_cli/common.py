@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, Any
@@ -15,9 +15,11 @@ from rich.table import Table
 from rich.text import Text
 
 from admin_cli.backend import Backend
+from client.security import SecurityConfig, read_properties
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 BOOTSTRAP_ENV = "BROOK_BOOTSTRAP"
+COMMAND_CONFIG_ENV = "BROOK_COMMAND_CONFIG"
 DEFAULT_TIMEOUT_S = 15.0
 MAX_TIMEOUT_S = 86_400.0  # a day: beyond it a deadline is a typo, and time.monotonic() arithmetic stays sane
 # Kafka's wire types: a partition count or id is an int32, an offset an int64. Options are
@@ -67,21 +69,42 @@ OutputOpt = Annotated[Output | None, typer.Option("--output", "-o", help="table 
                                                   show_default=False)]
 
 
+def security_config(command_config: str | None, environ: Mapping[str, str] | None = None) -> SecurityConfig:
+    """Client security from ``BROOK_SECURITY_PROTOCOL``/``BROOK_SSL_*``/``BROOK_SASL_*``, then the
+    ``--command-config`` properties file (Kafka's ``security.protocol=SSL`` lines) on top."""
+    sec = SecurityConfig.from_env(environ)
+    if command_config:
+        sec = sec.merged(read_properties(command_config))
+    return sec
+
+
 @dataclass
 class State:
     bootstrap: str = ""
     output: Output = Output.table
     timeout_s: float = DEFAULT_TIMEOUT_S
+    command_config: str | None = None
     _backend: Backend | None = field(default=None, repr=False)
+    _security: SecurityConfig | None = field(default=None, repr=False)
 
     @property
     def json(self) -> bool:
         return self.output == Output.json
 
     @property
+    def security(self) -> SecurityConfig:
+        if self._security is None:
+            self._security = security_config(self.command_config or os.environ.get(COMMAND_CONFIG_ENV))
+        return self._security
+
+    def client_config(self) -> dict[str, str]:
+        """Security keys as Producer/Consumer keyword arguments."""
+        return {k.replace(".", "_"): v for k, v in self.security.to_config().items()}
+
+    @property
     def backend(self) -> Backend:
         if self._backend is None:
-            self._backend = Backend(self.bootstrap, self.timeout_s)
+            self._backend = Backend(self.bootstrap, self.timeout_s, self.security)
         return self._backend
 
     def close(self) -> None:

@@ -133,7 +133,7 @@ def produce(
         source = _lines(sys.stdin)
     producer = Producer(bootstrap_servers=st.bootstrap, acks=acks, compression_type=compression,
                         client_id="brook-cli", allow_auto_create_topics=False,
-                        request_timeout_ms=int(st.timeout_s * 1000))
+                        request_timeout_ms=int(st.timeout_s * 1000), **st.client_config())
     futures = []
     try:
         for line in source:
@@ -244,7 +244,8 @@ def consume(
                            f"(it has {len(meta.partitions)})")
     consumer = Consumer(bootstrap_servers=st.bootstrap, group_id=group, client_id="brook-cli",
                         auto_offset_reset="earliest" if from_beginning else "latest",
-                        enable_auto_commit=bool(group), request_timeout_ms=int(st.timeout_s * 1000))
+                        enable_auto_commit=bool(group), request_timeout_ms=int(st.timeout_s * 1000),
+                        **st.client_config())
     count = 0
     stop = _StopSignals()
     try:

@@ -27,6 +27,7 @@ from admin_cli import cluster, group, perf, topic
 from admin_cli.backend import Unreachable
 from admin_cli.common import (
     BOOTSTRAP_ENV,
+    COMMAND_CONFIG_ENV,
     DEFAULT_BOOTSTRAP,
     DEFAULT_TIMEOUT_S,
     MAX_TIMEOUT_S,
@@ -90,11 +91,15 @@ def root(
     verbose: Annotated[bool, typer.Option("--verbose", help="Log client internals to stderr.")] = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
                                           callback=_print_version)] = False,
+    command_config: Annotated[str | None, typer.Option(
+        "--command-config", envvar=COMMAND_CONFIG_ENV,
+        help="Client properties file (security.protocol, ssl.*, sasl.*); BROOK_SECURITY_PROTOCOL, "
+             "BROOK_SSL_CA_LOCATION, ... work too.")] = None,
 ) -> None:
     """Administer a Brook cluster."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.CRITICAL, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    st = State(bootstrap=bootstrap, output=output, timeout_s=timeout)
+    st = State(bootstrap=bootstrap, output=output, timeout_s=timeout, command_config=command_config)
     ctx.obj = st
     ctx.call_on_close(st.close)
 

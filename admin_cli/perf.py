@@ -31,10 +31,13 @@ def _run(module: str, func: str, args: list[str]) -> int:
 def _with_bootstrap(ctx: typer.Context, args: list[str]) -> list[str]:
     if any(a in ("-h", "--help") for a in args):
         return args
+    st = state(ctx)
     given = _given_bootstrap(args)
     # An unreachable cluster is one line at once here too, not the benchmark's own 30 s of retries.
-    probe_bootstrap(given or state(ctx).bootstrap, min(state(ctx).timeout_s, 5.0))
-    return args if given else ["--bootstrap", state(ctx).bootstrap, *args]
+    probe_bootstrap(given or st.bootstrap, min(st.timeout_s, 5.0))
+    security = [] if st.command_config is None or "--command-config" in args else [
+        "--command-config", st.command_config]
+    return [*security, *args] if given else ["--bootstrap", st.bootstrap, *security, *args]
 
 
 def _given_bootstrap(args: list[str]) -> str | None:

@@ -17,6 +17,7 @@ roles take (``ControllerSettings``, ``BrokerSettings``).
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
 import tomllib
@@ -29,10 +30,15 @@ from metadata_quorum.quorum_security import check_quorum_protection
 from proto.errors import InvalidConfigError
 from storage import log_config
 
+log = logging.getLogger(__name__)
+
 ROLE_BROKER = "broker"
 ROLE_CONTROLLER = "controller"
 LISTENER_BROKER = "BROKER"
 LISTENER_CONTROLLER = "CONTROLLER"
+PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL = "PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"
+PROTOCOLS = (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)
+_LISTENER_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,31}$")
 ENV_PREFIX = "BROOK_"
 
 _INT32_MAX = 2**31 - 1
@@ -89,7 +95,32 @@ _CORE = [
            check=_at_least(0)),
     KeyDef("cluster.id", "string", None, "Cluster name; nodes refuse to join another cluster."),
     KeyDef("listeners", "list", None,
-           "NAME://host:port,... with BROKER (client/replica gRPC) and/or CONTROLLER (controller gRPC)."),
+           "NAME://host:port,...: BROKER (clients and replication; the inter-broker listener), CONTROLLER "
+           "(controller gRPC) and any extra client listeners of a broker, e.g. LOCAL://127.0.0.1:9192."),
+    KeyDef("advertised.listeners", "list", "",
+           "NAME://host:port,... clients and peers are told to use; a listener not named here advertises its "
+           "bind address.", roles=_B),
+    KeyDef("listener.security.protocol.map", "list", "BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT",
+           "NAME:PROTOCOL,... (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL). A listener named after a protocol "
+           "needs no entry. BROKER and CONTROLLER carry node-to-node traffic: PLAINTEXT or SSL only."),
+    KeyDef("ssl.certificate.location", "string", "",
+           "PEM certificate (chain) of this node: served on SSL listeners and presented to other nodes."),
+    KeyDef("ssl.key.location", "string", "", "PEM private key of ssl.certificate.location."),
+    KeyDef("ssl.ca.location", "string", "",
+           "PEM CA bundle: verifies client certificates on SSL listeners and the other nodes' certificates."),
+    KeyDef("ssl.client.auth", "string", "required",
+           "required (mTLS: SSL listeners refuse clients without a certificate from ssl.ca.location) or none.",
+           check=_one_of("required", "none")),
+    KeyDef("ssl.principal.mapping.rules", "string", "RULE:^CN=([^,]*)(,.*)?$/$1/,DEFAULT",
+           "Kafka's RULE:pattern/replacement/[LU],...,DEFAULT applied to a client certificate's subject DN; "
+           "the default keeps the CN (CN=alice,O=x is User:alice)."),
+    KeyDef("broker.principal.format", "string", "User:node-{id}",
+           "Principal a node's own certificate maps to; broker-only requests (registration, heartbeats, "
+           "ISR changes, replica fetches) are accepted only from it."),
+    KeyDef("security.plaintext.loopback.trusted", "bool", "true",
+           "Accept broker-only requests arriving in plaintext from 127.0.0.0/8 or ::1 (single-host dev "
+           "clusters); ignored unless every plaintext listener is bound to loopback. Otherwise "
+           "broker-only requests need the node's certificate."),
     KeyDef("controller.quorum.voters", "list", None,
            "id@host:grpc_port:raft_port,... of every controller voter (brokers use the gRPC ports)."),
     KeyDef("controller.quorum.password", "password", "",
@@ -110,6 +141,11 @@ _CORE = [
            "Directory of the controller's Raft journal and snapshots.", roles=_C),
     KeyDef("metrics.listener", "string", "127.0.0.1:9100",
            "host:port serving Prometheus /metrics; empty disables.", check=_host_port_or_empty),
+    KeyDef("metrics.ssl.enable", "bool", "false",
+           "Serve /metrics over HTTPS with ssl.certificate.location / ssl.key.location."),
+    KeyDef("metrics.ssl.client.auth", "string", "none",
+           "required: a /metrics scraper must present a certificate signed by ssl.ca.location.",
+           check=_one_of("required", "none")),
     KeyDef("broker.rack", "string", "", "Rack (failure domain) of this broker, for replica placement.",
            roles=_B),
     KeyDef("logging.level", "string", "INFO", "Log level on stderr: DEBUG, INFO, WARNING, ERROR.",
@@ -290,6 +326,17 @@ class Listener:
     name: str
     host: str
     port: int
+    protocol: str = "PLAINTEXT"
+    advertised_host: str = ""
+    advertised_port: int = 0
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        return (self.advertised_host or self.host, self.advertised_port or self.port)
+
+    @property
+    def uses_ssl(self) -> bool:
+        return self.protocol in (SSL, SASL_SSL)
 
 
 @dataclass(frozen=True)
@@ -389,6 +436,7 @@ class NodeConfig:
             data_dir=self.metadata_log_dir,
             cluster_id=self.cluster_id,
             password=self.quorum_password,
+            tls=self.server_tls(LISTENER_CONTROLLER),
             broker_session_timeout_ms=int(self.values["broker.session.timeout.ms"]),
             broker_heartbeat_interval_ms=int(self.values["broker.heartbeat.interval.ms"]),
             defaults=self.defaults(),
@@ -416,9 +464,11 @@ class NodeConfig:
 
     def broker_settings(self) -> Any:
         """broker.server.BrokerSettings for this node (broker role)."""
-        from broker.server import BrokerSettings
+        from broker.server import BrokerSettings, ListenerSpec
 
         listener = self.listeners[LISTENER_BROKER]
+        extra = [ListenerSpec(lst.name, lst.host, lst.port, self.server_tls(lst.name), lst.advertised, lst.protocol)
+                 for lst in self.listeners.values() if lst.name not in (LISTENER_BROKER, LISTENER_CONTROLLER)]
         return BrokerSettings(
             node_id=self.node_id,
             host=listener.host,
@@ -428,7 +478,84 @@ class NodeConfig:
             cluster_id=self.cluster_id,
             controller_endpoints=self.controller_endpoints,
             defaults=self.defaults(),
+            tls=self.server_tls(LISTENER_BROKER),
+            advertised=listener.advertised,
+            extra_listeners=extra,
+            inter_broker_security=self.node_security(LISTENER_BROKER),
+            controller_security=self.node_security(LISTENER_CONTROLLER),
         )
+
+    # ---- security ----
+    def listener_protocol(self, name: str) -> str:
+        """Protocol of listener ``name``; CONTROLLER on a broker-only node comes from the map."""
+        if name in self.listeners:
+            return self.listeners[name].protocol
+        protocols = _parse_protocol_map(self.values["listener.security.protocol.map"] or [])
+        return protocols.get(name, PLAINTEXT)
+
+    def server_tls(self, name: str) -> Any:
+        """broker.tls.ServerTls of listener ``name``, or None for a plaintext one."""
+        from broker.tls import CLIENT_AUTH_NONE, ServerTls
+
+        protocol = self.listener_protocol(name)
+        if protocol not in (SSL, SASL_SSL):
+            return None
+        # On SASL_SSL the password authenticates; a client certificate is not asked for.
+        client_auth = CLIENT_AUTH_NONE if protocol == SASL_SSL else str(self.values["ssl.client.auth"])
+        return ServerTls(Path(self.values["ssl.certificate.location"]), Path(self.values["ssl.key.location"]),
+                         Path(self.values["ssl.ca.location"]) if self.values["ssl.ca.location"] else None,
+                         client_auth)
+
+    def node_security(self, name: str) -> Any:
+        """client.security.SecurityConfig this node uses to reach listener ``name`` of other nodes."""
+        from client.security import SecurityConfig
+
+        protocol = self.listener_protocol(name)
+        if protocol == PLAINTEXT:
+            return SecurityConfig()
+        if protocol != SSL:
+            raise ConfigError("listener.security.protocol.map", f"{name} must be PLAINTEXT or SSL, not {protocol}")
+        v = self.values
+        if not (v["ssl.ca.location"] and v["ssl.certificate.location"] and v["ssl.key.location"]):
+            raise ConfigError("ssl.certificate.location", f"the {name} listener is SSL: this node needs "
+                                                          "ssl.certificate.location, ssl.key.location and "
+                                                          "ssl.ca.location to reach it")
+        return SecurityConfig(protocol=SSL, ssl_ca_location=v["ssl.ca.location"],
+                              ssl_certificate_location=v["ssl.certificate.location"],
+                              ssl_key_location=v["ssl.key.location"])
+
+    def metrics_tls(self) -> dict[str, Any] | None:
+        """Keyword arguments of NodeMetrics.serve for HTTPS, or None for plain HTTP."""
+        if not self.values["metrics.ssl.enable"]:
+            return None
+        required = self.values["metrics.ssl.client.auth"] == "required"
+        return {"certfile": self.values["ssl.certificate.location"], "keyfile": self.values["ssl.key.location"],
+                "client_cafile": self.values["ssl.ca.location"] if required else None,
+                "client_auth_required": required}
+
+    def plaintext_listeners_are_local(self) -> bool:
+        """Every plaintext listener of this node is bound to a loopback address (none reachable from outside)."""
+        from broker import principal
+
+        return all(principal.is_loopback_host(lst.host) for lst in self.listeners.values() if not lst.uses_ssl)
+
+    def configure_principals(self) -> None:
+        """Install this node's principal rules in broker.principal (process-wide, at node start).
+
+        Plaintext callers are trusted as nodes only when the key allows it *and* every
+        plaintext listener is bound to loopback: a plaintext listener on the network
+        cannot tell a node from anyone else, so broker-only requests need certificates.
+        """
+        from broker import principal
+
+        trusted = bool(self.values["security.plaintext.loopback.trusted"])
+        if trusted and not self.plaintext_listeners_are_local():
+            log.warning("plaintext listeners are reachable beyond loopback: broker-only requests (registration, "
+                        "heartbeats, ISR changes, replica fetches) are accepted only with node certificates")
+            trusted = False
+        principal.configure(mapping_rules=self.values["ssl.principal.mapping.rules"],
+                            node_principal_format=self.values["broker.principal.format"],
+                            trust_loopback_plaintext=trusted)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -612,24 +739,60 @@ def _split_host_port(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _parse_listeners(items: list[str]) -> dict[str, Listener]:
-    out: dict[str, Listener] = {}
+def _parse_endpoints(key: str, items: list[str]) -> dict[str, tuple[str, int]]:
+    out: dict[str, tuple[str, int]] = {}
     for item in items:
         name, sep, rest = item.partition("://")
         if not sep:
-            raise ConfigError("listeners", f"'{item}' must look like NAME://host:port")
+            raise ConfigError(key, f"'{item}' must look like NAME://host:port")
         name = name.strip().upper()
-        if name not in (LISTENER_BROKER, LISTENER_CONTROLLER):
-            raise ConfigError("listeners", f"unknown listener name '{name}' (BROKER or CONTROLLER)")
+        if not _LISTENER_NAME.match(name):
+            raise ConfigError(key, f"listener name '{name}' must be letters, digits and _ (e.g. BROKER)")
         if name in out:
-            raise ConfigError("listeners", f"listener {name} is given twice")
+            raise ConfigError(key, f"listener {name} is given twice")
         try:
             host, port = _split_host_port(rest)
         except ValueError as e:
-            raise ConfigError("listeners", str(e)) from None
+            raise ConfigError(key, str(e)) from None
         if port == 0:
-            raise ConfigError("listeners", f"listener {name} needs a fixed port, not 0")
-        out[name] = Listener(name, host, port)
+            raise ConfigError(key, f"listener {name} needs a fixed port, not 0")
+        out[name] = (host, port)
+    return out
+
+
+def _parse_protocol_map(items: list[str]) -> dict[str, str]:
+    key = "listener.security.protocol.map"
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, protocol = item.partition(":")
+        name, protocol = name.strip().upper(), protocol.strip().upper()
+        if not sep or not _LISTENER_NAME.match(name):
+            raise ConfigError(key, f"'{item}' must look like NAME:PROTOCOL")
+        if protocol not in PROTOCOLS:
+            raise ConfigError(key, f"'{item}': protocol must be one of {', '.join(PROTOCOLS)}")
+        out[name] = protocol
+    return out
+
+
+def _parse_listeners(values: dict[str, Any]) -> dict[str, Listener]:
+    bound = _parse_endpoints("listeners", values["listeners"])
+    advertised = _parse_endpoints("advertised.listeners", values["advertised.listeners"] or [])
+    protocols = _parse_protocol_map(values["listener.security.protocol.map"] or [])
+    for name in advertised:
+        if name not in bound:
+            raise ConfigError("advertised.listeners", f"listener {name} is not in listeners")
+    out: dict[str, Listener] = {}
+    for name, (host, port) in bound.items():
+        protocol = protocols.get(name) or (name if name in PROTOCOLS else None)
+        if protocol is None:
+            raise ConfigError("listener.security.protocol.map", f"listener {name} has no protocol: add "
+                                                                f"{name}:PLAINTEXT (or SSL, ...) to it")
+        if name in (LISTENER_BROKER, LISTENER_CONTROLLER) and protocol not in (PLAINTEXT, SSL):
+            # Nodes authenticate to each other with their certificates, never with SASL.
+            raise ConfigError("listener.security.protocol.map",
+                              f"{name} carries node-to-node traffic: PLAINTEXT or SSL, not {protocol}")
+        ad_host, ad_port = advertised.get(name, ("", 0))
+        out[name] = Listener(name, host, port, protocol, ad_host, ad_port)
     return out
 
 
@@ -667,7 +830,7 @@ def _validate_cross(values: dict[str, Any]) -> tuple[dict[str, Listener], dict[i
     if bad or len(set(roles)) != len(roles):
         raise ConfigError("process.roles", f"invalid value {','.join(roles)!r}: must be broker, controller, "
                                            "or controller,broker")
-    listeners = _parse_listeners(values["listeners"])
+    listeners = _parse_listeners(values)
     voters = _parse_voters(values["controller.quorum.voters"])
     node_id = values["node.id"]
     if ROLE_BROKER in roles:
@@ -675,8 +838,10 @@ def _validate_cross(values: dict[str, Any]) -> tuple[dict[str, Listener], dict[i
             raise ConfigError("listeners", "the broker role needs a BROKER://host:port listener")
         if not values["log.dirs"]:
             raise ConfigError("log.dirs", "is required for the broker role")
-    elif LISTENER_BROKER in listeners:
-        raise ConfigError("listeners", "a BROKER listener is given but process.roles has no broker")
+    else:
+        extra = [n for n in listeners if n != LISTENER_CONTROLLER]
+        if extra:
+            raise ConfigError("listeners", f"listener(s) {', '.join(extra)} given but process.roles has no broker")
     if ROLE_CONTROLLER in roles:
         _validate_controller(values, listeners, voters, node_id)
     elif LISTENER_CONTROLLER in listeners:
@@ -685,6 +850,7 @@ def _validate_cross(values: dict[str, Any]) -> tuple[dict[str, Listener], dict[i
         raise ConfigError("node.id", f"{node_id} is a voter in controller.quorum.voters but process.roles "
                                      "has no controller")
     _validate_ports(values, listeners, voters, node_id)
+    _validate_ssl(values, listeners)
     _validate_relations(values)
     return listeners, voters
 
@@ -725,6 +891,35 @@ def _validate_ports(values: dict[str, Any], listeners: dict[str, Listener], vote
         claim(voters[node_id].raft_port, "controller.quorum.voters", "this node's Raft port")
     if values["metrics.listener"]:
         claim(_split_host_port(values["metrics.listener"])[1], "metrics.listener", "metrics.listener")
+
+
+def _validate_ssl(values: dict[str, Any], listeners: dict[str, Listener]) -> None:
+    from broker import principal
+
+    ssl_names = [lst.name for lst in listeners.values() if lst.uses_ssl]
+    protocols = _parse_protocol_map(values["listener.security.protocol.map"] or [])
+    if LISTENER_CONTROLLER not in listeners and protocols.get(LISTENER_CONTROLLER) == SSL:
+        ssl_names.append("the controllers' CONTROLLER listener")  # a broker-only node reaching them
+    if values["metrics.ssl.enable"]:
+        ssl_names.append("metrics (metrics.ssl.enable)")
+    cert, key, ca = (values["ssl.certificate.location"], values["ssl.key.location"], values["ssl.ca.location"])
+    if ssl_names:
+        for name, value in (("ssl.certificate.location", cert), ("ssl.key.location", key),
+                            ("ssl.ca.location", ca)):
+            if not value:
+                raise ConfigError(name, f"is required: {', '.join(ssl_names)} use TLS")
+            # Existence is checked when the listener binds (files may be mounted later, e.g. k8s).
+    try:
+        principal.parse_mapping_rules(values["ssl.principal.mapping.rules"])
+        fmt = values["broker.principal.format"]
+        if "{id}" not in fmt:
+            raise ConfigError("broker.principal.format", f"{fmt!r} must contain {{id}}")
+        principal.Principal.parse(fmt.replace("{id}", "0"))
+    except InvalidConfigError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError("ssl.principal.mapping.rules" if "mapping" in str(e) else "broker.principal.format",
+                          getattr(e, "message", str(e))) from None
 
 
 def _validate_relations(values: dict[str, Any]) -> None:

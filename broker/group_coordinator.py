@@ -31,6 +31,7 @@ import grpc
 from broker import group_records as records
 from broker.group_records import OFFSETS_TOPIC, GroupRecord, OffsetRecord, partition_for_group
 from broker.group_state import Group, GroupState, JoinResult, OffsetEntry, SyncResult
+from client.security import SecurityConfig, make_channel
 from client.types import TopicPartition
 from proto import broker_pb2, broker_pb2_grpc, errors, group_pb2, group_pb2_grpc
 from proto.common_pb2 import ErrorCode
@@ -148,6 +149,7 @@ class GroupCoordinator:
         self.metadata_cache = metadata_cache
         self.config = config
         self.clock_ms = clock_ms
+        self.security = SecurityConfig()  # how to reach other brokers; install() sets the node's own
         self._lock = threading.RLock()
         self._groups: dict[str, Group] = {}
         self._partitions: dict[int, _PartitionLoad] = {}
@@ -328,7 +330,7 @@ class GroupCoordinator:
         return g
 
     # ------------------------------------------------------------------ FindCoordinator
-    def find_coordinator(self, group_id: str) -> tuple[int, str, int]:
+    def find_coordinator(self, group_id: str, listener: str = "BROKER") -> tuple[int, str, int]:
         if not group_id:
             raise errors.error_for(ErrorCode.INVALID_GROUP_ID, "group id must not be empty")
         p = self.partition_for(group_id)
@@ -339,7 +341,7 @@ class GroupCoordinator:
         broker = self.metadata_cache.broker(info.leader) if info.leader >= 0 else None
         if broker is None:
             raise errors.error_for(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{OFFSETS_TOPIC}-{p} has no leader")
-        return broker.node_id, broker.host, broker.port
+        return (broker.node_id, *broker.endpoint(listener))
 
     def _ensure_offsets_topic(self) -> None:
         """Create ``__consumer_offsets`` in the background (one attempt in flight)."""
@@ -755,7 +757,7 @@ class GroupCoordinator:
         with self._lock:
             ch = self._channels.get(address)
             if ch is None:
-                ch = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                ch = self._channels[address] = make_channel(address, self.security, options=CHANNEL_OPTIONS)
         return broker_pb2_grpc.BrokerServiceStub(ch)
 
     # ------------------------------------------------------------------ timers
@@ -922,7 +924,9 @@ def install(broker: Any) -> GroupCoordinator:
     config = CoordinatorConfig.from_defaults(dict(getattr(broker.settings, "defaults", {}) or {}))
     coordinator = GroupCoordinator(node_id=broker.settings.node_id, replica_manager=broker.replica_manager,
                                    metadata_cache=broker.metadata_cache, config=config)
+    coordinator.security = getattr(broker.settings, "inter_broker_security", None) or SecurityConfig()
     servicer = GroupCoordinatorServicer(coordinator)
+    servicer.listener_by_tls = broker.listener_by_tls() if hasattr(broker, "listener_by_tls") else {}
     broker.add_servicer(lambda server: group_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(servicer, server))
     coordinator.start()
     broker.group_coordinator = coordinator

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from broker import principal
 from broker.group_coordinator import GroupCoordinator, join_timed_out, sync_timed_out
 from broker.group_state import JoinResult, SyncResult
 from client.types import TopicPartition
@@ -31,11 +32,24 @@ GROUP_WORKERS = 32
 
 
 class _CallDeadline:
-    """The caller's deadline, read on the loop and carried to the worker thread."""
+    """The caller's deadline and identity (peer, TLS auth context, metadata), read on the loop and
+    carried to the worker thread; it answers the ServicerContext calls broker.principal makes."""
 
     def __init__(self, context: grpc.aio.ServicerContext | None) -> None:
         remaining = context.time_remaining() if context is not None else None
         self._deadline = time.monotonic() + remaining if remaining is not None else None
+        self._peer = context.peer() if context is not None else ""
+        self._auth = context.auth_context() if context is not None else {}
+        self._metadata = tuple(context.invocation_metadata() or ()) if context is not None else ()
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> Any:
+        return self._auth
+
+    def invocation_metadata(self) -> Any:
+        return self._metadata
 
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else self._deadline - time.monotonic()
@@ -83,6 +97,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         self.c = coordinator
         self._executor = executor or concurrent.futures.ThreadPoolExecutor(
             max_workers=GROUP_WORKERS, thread_name_prefix=f"groups-{coordinator.node_id}")
+        # As BrokerService.listener_by_tls: the coordinator's address on the caller's kind of listener.
+        self.listener_by_tls: dict[bool, str] = {}
 
     async def _run(self, body: Callable[[Any, Any], Any], request: Any, context: Any) -> Any:
         deadline = _CallDeadline(context)
@@ -157,7 +173,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
 
     def _find_coordinator(self, request, context):
         try:
-            node_id, host, port = self.c.find_coordinator(request.group_id)
+            listener = self.listener_by_tls.get(principal.is_tls(context), "BROKER")
+            node_id, host, port = self.c.find_coordinator(request.group_id, listener)
         except errors.BrookError as exc:
             return group_pb2.FindCoordinatorResponse(error_code=exc.code, error_message=exc.message, node_id=-1)
         return group_pb2.FindCoordinatorResponse(node_id=node_id, host=host, port=port)

@@ -30,6 +30,14 @@ class BrokerInfo:
     fenced: bool
     in_controlled_shutdown: bool
     broker_epoch: int
+    # Every registered listener: name -> (host, port); host/port above are BROKER's.
+    endpoints: tuple[tuple[str, str, int], ...] = ()
+
+    def endpoint(self, listener: str) -> tuple[str, int]:
+        for name, host, port in self.endpoints:
+            if name == listener:
+                return host, port
+        return self.host, self.port
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,4 +203,5 @@ def _broker_info(b: controller_pb2.BrokerRecord) -> BrokerInfo:
     for ep in b.endpoints:
         if ep.name == BROKER_LISTENER or (port < 0 and ep.name != "CONTROLLER"):
             host, port = ep.host, ep.port
-    return BrokerInfo(b.node_id, host, port, b.rack, b.fenced, b.in_controlled_shutdown, b.broker_epoch)
+    return BrokerInfo(b.node_id, host, port, b.rack, b.fenced, b.in_controlled_shutdown, b.broker_epoch,
+                      tuple((ep.name, ep.host, ep.port) for ep in b.endpoints))

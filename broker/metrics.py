@@ -417,11 +417,15 @@ class NodeMetrics:
     def add(self, collector: Collector) -> None:
         self.registry.register(collector)
 
-    def serve(self, host: str, port: int) -> int:
-        """Serve /metrics on host:port (0 picks a free port); returns the bound port."""
-        self._httpd, self._thread = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, host: str, port: int, tls: dict[str, Any] | None = None) -> int:
+        """Serve /metrics on host:port (0 picks a free port); returns the bound port.
+
+        ``tls``: certfile/keyfile (and client_cafile + client_auth_required for mTLS) of
+        prometheus_client's HTTPS server; None serves plain HTTP.
+        """
+        self._httpd, self._thread = start_http_server(port, addr=host, registry=self.registry, **(tls or {}))
         bound = int(self._httpd.server_address[1])
-        log.info("metrics: serving /metrics on http://%s:%d/metrics", host, bound)
+        log.info("metrics: serving /metrics on %s://%s:%d/metrics", "https" if tls else "http", host, bound)
         return bound
 
     def close(self) -> None:

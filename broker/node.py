@@ -242,7 +242,8 @@ class Node:
         # Metrics first: a taken metrics port fails the start before any role joins the cluster.
         addr = cfg.metrics_address
         if addr is not None:
-            self.metrics_port = self.metrics.serve(*addr)
+            self.metrics_port = self.metrics.serve(*addr, tls=cfg.metrics_tls())
+        cfg.configure_principals()
         self.grpc.install()
         if cfg.is_controller:
             cfg.metadata_log_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]

@@ -38,6 +38,8 @@ from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.replica_manager import ReplicaManager
 from broker.service import BrokerService, Capacity
+from broker.tls import ServerTls, bind_port
+from client.security import SecurityConfig
 from metadata_quorum.client import ControllerClient
 from proto import broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
@@ -54,6 +56,18 @@ FIRST_METADATA_WAIT_S = 30.0
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 30.0
 
 
+@dataclass(frozen=True)
+class ListenerSpec:
+    """An extra client listener of the broker (besides BROKER): where it binds, its TLS, what it advertises."""
+
+    name: str
+    host: str
+    port: int
+    tls: ServerTls | None = None
+    advertised: tuple[str, int] | None = None
+    protocol: str = "PLAINTEXT"
+
+
 @dataclass
 class BrokerSettings:
     node_id: int
@@ -64,6 +78,11 @@ class BrokerSettings:
     cluster_id: str
     controller_endpoints: list[tuple[str, int]]
     defaults: dict[str, str] = field(default_factory=dict)
+    tls: ServerTls | None = None  # the BROKER (inter-broker) listener's TLS; None = plaintext
+    advertised: tuple[str, int] | None = None  # BROKER's advertised host:port (None: the bound one)
+    extra_listeners: list[ListenerSpec] = field(default_factory=list)
+    inter_broker_security: SecurityConfig = field(default_factory=SecurityConfig)  # to other brokers
+    controller_security: SecurityConfig = field(default_factory=SecurityConfig)  # to the controllers
 
 
 @dataclass(slots=True)
@@ -142,12 +161,14 @@ class BrokerServer:
             cleaner_threads=(int(d.get("log.cleaner.threads", "1"))
                              if d.get("log.cleaner.enable", "true").strip().lower() == "true" else 0))
         self.log_manager.startup()
-        self.controller_client = ControllerClient(list(s.controller_endpoints), timeout_s=10)
+        self.controller_client = ControllerClient(list(s.controller_endpoints), timeout_s=10,
+                                                  security=s.controller_security)
         fetcher_cfg = FetcherConfig(
             max_wait_ms=int(s.defaults.get("replica.fetch.wait.max.ms", "500")),
             max_bytes=int(s.defaults.get("replica.fetch.response.max.bytes", str(16 * 1024 * 1024))),
             partition_max_bytes=int(s.defaults.get("replica.fetch.max.bytes", str(1024 * 1024))),
-            backoff_ms=int(s.defaults.get("replica.fetch.backoff.ms", "200")))
+            backoff_ms=int(s.defaults.get("replica.fetch.backoff.ms", "200")),
+            security=s.inter_broker_security)
         self.replica_manager = ReplicaManager(
             s.node_id, self.log_manager, self.metadata_cache, self.controller_client, defaults=s.defaults,
             broker_epoch=lambda: self.broker_epoch, lease_valid=self.lease_valid, fetcher_config=fetcher_cfg)
@@ -155,13 +176,15 @@ class BrokerServer:
         self.capacity = self._make_capacity(d)
         self._start_loop()
         self.grpc_server = self._on_loop(self._make_server(d))
-        broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerService(
+        service = BrokerService(
             s.node_id, self.replica_manager, self.metadata_cache, self.controller_client, producer_ids,
             defaults=s.defaults, controller_endpoints=s.controller_endpoints, capacity=self.capacity,
-            metadata_lock=self._metadata_lock), self.grpc_server)
+            metadata_lock=self._metadata_lock)
+        service.listener_by_tls = self.listener_by_tls()
+        broker_pb2_grpc.add_BrokerServiceServicer_to_server(service, self.grpc_server)
         for fn in self._servicer_fns:
             fn(self.grpc_server)
-        self.port = bind_listener(self.grpc_server, s.host, s.port, node_id=s.node_id)
+        self._bind_listeners(self.grpc_server)
         for ext in self._extensions:
             self.extension_objects.append(ext(self))
         self._on_loop(self.grpc_server.start())
@@ -231,6 +254,35 @@ class BrokerServer:
             self.capacity.io.shutdown(wait=False, cancel_futures=True)
             self.capacity.replication.shutdown(wait=False, cancel_futures=True)
 
+    def _bind_listeners(self, server: Any) -> None:
+        """Open BROKER and every extra listener on ``server`` (plaintext, SSL or mTLS per listener)."""
+        s = self.settings
+        bound = bind_port(server, s.host, s.port, s.tls)
+        if bound == 0:
+            raise OSError(f"broker {s.node_id}: cannot listen on {s.host}:{s.port}")
+        self.port = bound
+        for lst in s.extra_listeners:
+            if bind_port(server, lst.host, lst.port, lst.tls) == 0:
+                raise OSError(f"broker {s.node_id}: cannot listen on {lst.name} {lst.host}:{lst.port}")
+
+    def listener_by_tls(self) -> dict[bool, str]:
+        """Listener whose addresses Metadata gives to a TLS / plaintext caller: BROKER first, then the rest."""
+        s = self.settings
+        out = {s.tls is not None: "BROKER"}
+        for lst in s.extra_listeners:
+            out.setdefault(lst.tls is not None, lst.name)
+        return out
+
+    def endpoints(self) -> list[common_pb2.Endpoint]:
+        """What this broker registers: each listener's advertised address, BROKER first."""
+        s = self.settings
+        host, port = s.advertised or (s.host, self.port)
+        out = [common_pb2.Endpoint(name="BROKER", host=host, port=port or self.port)]
+        for lst in s.extra_listeners:
+            ad_host, ad_port = lst.advertised or (lst.host, lst.port)
+            out.append(common_pb2.Endpoint(name=lst.name, host=ad_host, port=ad_port))
+        return out
+
     def _spawn(self, fn: Callable[[], None], name: str) -> None:
         t = threading.Thread(target=fn, name=f"{name}-{self.node_id}", daemon=True)
         t.start()
@@ -240,7 +292,7 @@ class BrokerServer:
         s = self.settings
         req = controller_pb2.RegisterBrokerRequest(
             node_id=s.node_id, incarnation_id=self.incarnation_id, rack=s.rack, cluster_id=s.cluster_id,
-            endpoints=[common_pb2.Endpoint(name="BROKER", host=s.host, port=self.port)])
+            endpoints=self.endpoints())
         deadline = time.monotonic() + timeout_s
         while not self._stopping.is_set():
             try:
@@ -369,11 +421,3 @@ class BrokerServer:
                            self.metadata_cache.version, len(parts), sum(1 for p in parts if p.is_leader),
                            sum(1 for p in parts if p.role.value == "follower"),
                            rm.fetchers.fetcher_count() if rm is not None else 0)
-
-
-def bind_listener(server: grpc.aio.Server, host: str, port: int, *, node_id: int) -> int:
-    """Bind the broker's listener; returns the bound port (the one place that knows how it is bound)."""
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"broker {node_id}: cannot listen on {host}:{port}")
-    return bound

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from broker import principal
 from broker.admission import ByteBudget, ClientLimits, Overloaded, peer_host
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
@@ -76,6 +77,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         # a Metadata answer never names this broker leader of a partition it has not taken over yet.
         self.metadata_lock = metadata_lock or threading.RLock()
         self.capacity = capacity
+        # Which listener's addresses a Metadata answer gives, by whether the request came over
+        # TLS (gRPC does not say which port it arrived on). Set by BrokerServer; BROKER otherwise.
+        self.listener_by_tls: dict[bool, str] = {}
 
     # ---- boundary ----
     async def _guard(self, name: str, request: Any, work: Callable[[], Awaitable[Any]],
@@ -192,6 +196,14 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                                     log_end_offset=-1)
             return resp
         if request.replica_id >= 0:
+            # A follower's fetch moves the HW: only that broker may send it.
+            try:
+                principal.require_node(context, request.replica_id)
+            except errors.BrookError as e:
+                resp = on_error()
+                for p in resp.partitions:
+                    p.error_code, p.error_message = e.code, e.message
+                return resp
             # Replication has its own executor and no client bounds: a client flood must not
             # starve the followers (and so shrink the ISR).
             return await self._guard("Fetch", request, lambda: self._fetch(request, None), on_error)
@@ -245,25 +257,27 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     # ---- Metadata ----
     async def Metadata(self, request: broker_pb2.MetadataRequest, context: grpc.aio.ServicerContext) -> Any:
+        listener = self.listener_by_tls.get(principal.is_tls(context), "BROKER")
         return await self._admitted(context, lambda client: self._guard(
-            "Metadata", request, lambda: self._io(lambda: self._metadata(request)),
+            "Metadata", request, lambda: self._io(lambda: self._metadata(request, listener)),
             lambda: broker_pb2.MetadataResponse(topics=[broker_pb2.TopicMetadata(
                 name=t, error_code=ErrorCode.UNKNOWN_SERVER_ERROR, error_message="internal error")
                 for t in request.topics])))
 
-    def _metadata(self, req: broker_pb2.MetadataRequest) -> broker_pb2.MetadataResponse:
+    def _metadata(self, req: broker_pb2.MetadataRequest, listener: str = "BROKER") -> broker_pb2.MetadataResponse:
         create_errors: dict[str, errors.BrookError] = {}
         if not req.all_topics and req.allow_auto_topic_creation:
             create_errors = self._maybe_auto_create(set(req.topics), wait=True)
         with self.metadata_lock:
-            return self._metadata_response(req, create_errors)
+            return self._metadata_response(req, create_errors, listener)
 
-    def _metadata_response(self, req: broker_pb2.MetadataRequest,
-                           create_errors: dict[str, errors.BrookError]) -> broker_pb2.MetadataResponse:
+    def _metadata_response(self, req: broker_pb2.MetadataRequest, create_errors: dict[str, errors.BrookError],
+                           listener: str = "BROKER") -> broker_pb2.MetadataResponse:
         resp = broker_pb2.MetadataResponse(cluster_id=self.cache.cluster_id, controller_id=self.cache.controller_id,
                                            metadata_version=self.cache.version)
         for b in self.cache.brokers():
-            resp.brokers.add(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack, fenced=b.fenced)
+            host, port = b.endpoint(listener)
+            resp.brokers.add(node_id=b.node_id, host=host, port=port, rack=b.rack, fenced=b.fenced)
         for host, port in self.controller_endpoints:
             resp.controllers.add(name="CONTROLLER", host=host, port=port)
         names = [t.name for t in self.cache.topics()] if req.all_topics else list(dict.fromkeys(req.topics))
@@ -335,10 +349,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     def _init_producer_id(self, req: broker_pb2.InitProducerIdRequest) -> broker_pb2.InitProducerIdResponse:
         try:
-            if req.producer_id >= 0 and 0 <= req.producer_epoch < 32766:
-                # A known producer restarting: same id, next epoch fences its older incarnation.
-                return broker_pb2.InitProducerIdResponse(producer_id=req.producer_id,
-                                                         producer_epoch=req.producer_epoch + 1)
+            # As Kafka without a transactional id: a given producer id/epoch is ignored and a
+            # fresh id issued. Bumping the epoch of a caller-named id would let anyone fence
+            # any producer; an idempotent producer bumps its own epoch locally (KIP-360).
             return broker_pb2.InitProducerIdResponse(producer_id=self.producer_ids.next_id(), producer_epoch=0)
         except errors.BrookError as e:
             return broker_pb2.InitProducerIdResponse(error_code=e.code, error_message=e.message,

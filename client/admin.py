@@ -34,6 +34,7 @@ import grpc
 from client import errors
 from client.cluster import ClusterClient, rpc_error
 from client.coordinator import GroupCoordinatorClient, group_stub
+from client.security import SecurityConfig
 from client.types import BrokerMetadata, OffsetAndMetadata, TopicMetadata, TopicPartition
 from proto import controller_pb2, group_pb2
 
@@ -141,9 +142,11 @@ class GroupDescription:
 
 class Admin:
     def __init__(self, bootstrap_servers: str | list[str] = "127.0.0.1:9092", *, request_timeout_ms: int = 30000,
-                 controller_endpoints: list[tuple[str, int]] | None = None) -> None:
+                 controller_endpoints: list[tuple[str, int]] | None = None,
+                 security: SecurityConfig | None = None) -> None:
         self.request_timeout_ms = request_timeout_ms
-        self.cluster = ClusterClient(bootstrap_servers, request_timeout_ms=request_timeout_ms)
+        self.security = security or SecurityConfig()
+        self.cluster = ClusterClient(bootstrap_servers, request_timeout_ms=request_timeout_ms, security=self.security)
         self._controller_endpoints = controller_endpoints
         self._controller: Any = None
         self._coordinators: dict[str, GroupCoordinatorClient] = {}
@@ -158,7 +161,8 @@ class Admin:
             endpoints = self._controller_endpoints or self.cluster.metadata().controllers
             if not endpoints:
                 raise errors.BrokerNotAvailableError("the brokers advertise no controller endpoints")
-            self._controller = ControllerClient(list(endpoints), timeout_s=self.request_timeout_ms / 1000)
+            self._controller = ControllerClient(list(endpoints), timeout_s=self.request_timeout_ms / 1000,
+                                                security=self.security)
         return self._controller
 
     def _call(self, method: str, request: Any, timeout_ms: int | None = None) -> Any:

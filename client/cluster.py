@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from client.security import SecurityConfig, make_channel
 from client.types import (
     BrokerMetadata,
     ClusterMetadata,
@@ -163,6 +164,7 @@ class ClusterClient:
         metadata_max_age_ms: int = 300_000,
         allow_auto_topic_creation: bool = False,
         interceptors: list[Any] | None = None,
+        security: SecurityConfig | None = None,
     ) -> None:
         if request_timeout_ms <= 0:
             raise errors.InvalidConfigError(f"request_timeout_ms must be > 0, got {request_timeout_ms}")
@@ -174,6 +176,7 @@ class ClusterClient:
         self.allow_auto_topic_creation = allow_auto_topic_creation
         # gRPC client interceptors on every channel (tracing, auth, fault injection in tests).
         self.interceptors = list(interceptors or [])
+        self.security = security or SecurityConfig()
         self._lock = threading.RLock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
@@ -189,9 +192,8 @@ class ClusterClient:
                 raise errors.BrokerNotAvailableError("client is closed")
             stub = self._stubs.get(address)
             if stub is None:
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-                if self.interceptors:
-                    channel = grpc.intercept_channel(channel, *self.interceptors)
+                channel = make_channel(address, self.security, options=CHANNEL_OPTIONS,
+                                       interceptors=self.interceptors)
                 self._channels[address] = channel
                 stub = broker_pb2_grpc.BrokerServiceStub(channel)
                 self._stubs[address] = stub

@@ -15,6 +15,26 @@ from client import errors
 
 COMPRESSION_CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
+# Kafka's client security keys (underscore form), accepted by Producer, Consumer and
+# Admin and turned into a client.security.SecurityConfig.
+SECURITY_DEFAULTS: dict[str, Any] = {
+    "security_protocol": None,
+    "ssl_ca_location": None,
+    "ssl_certificate_location": None,
+    "ssl_key_location": None,
+    "ssl_endpoint_identification_algorithm": None,
+    "sasl_mechanism": None,
+    "sasl_username": None,
+    "sasl_password": None,
+}
+
+
+def security_config(cfg: Mapping[str, Any]) -> Any:
+    """The client.security.SecurityConfig of a normalized client config."""
+    from client.security import SecurityConfig
+
+    return SecurityConfig.from_config({k: v for k, v in cfg.items() if k in SECURITY_DEFAULTS})
+
 
 def normalize(config: Mapping[str, Any] | None, kwargs: Mapping[str, Any], known: Mapping[str, Any],
               *, what: str) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from client import errors
 from client.cluster import REFRESH_CODES, ClusterClient
-from client.config import normalize, parse_bool, require_int
+from client.config import SECURITY_DEFAULTS, normalize, parse_bool, require_int, security_config
 from client.coordinator import GroupCoordinatorClient
 from client.fetcher import CompletedFetch, Fetcher, PartitionRecords, PartitionState
 from client.types import ConsumerRecord, OffsetAndMetadata, TopicPartition
@@ -60,6 +60,7 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "consumer_timeout_ms": None,  # iteration: stop after this long without records (None = forever)
     "partition_assignment_strategy": ("range", "cooperative-sticky"),
     "exclude_internal_topics": True,
+    **SECURITY_DEFAULTS,
 }
 _RESETS = {"earliest": -2, "latest": -1, "none": None}
 EARLIEST, LATEST = -2, -1
@@ -103,6 +104,7 @@ class Consumer:
         self._key_des = cfg["key_deserializer"]
         self._value_des = cfg["value_deserializer"]
         self.cluster = ClusterClient(cfg["bootstrap_servers"], request_timeout_ms=request_timeout_ms,
+                                     security=security_config(cfg),
                                      retry_backoff_ms=self._retry_backoff_ms,
                                      metadata_max_age_ms=require_int(cfg, "metadata_max_age_ms", minimum=1))
         self._fetcher = Fetcher(

@@ -24,6 +24,7 @@ from client import errors
 from client.admin import Admin, NewTopic
 from client.consumer import Consumer
 from client.producer import Producer
+from client.security import SecurityConfig, read_properties
 from client.types import TopicPartition
 from storage.record_batch import iter_batches
 
@@ -95,8 +96,17 @@ class Progress:
         self.last, self.last_count = now, count
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int, replication_factor: int) -> None:
-    with Admin(bootstrap) as admin:
+def _security_pairs(command_config: str | None) -> dict[str, Any]:
+    """Client security (BROOK_SECURITY_PROTOCOL, BROOK_SSL_*, then the --command-config file) as config kwargs."""
+    sec = SecurityConfig.from_env()
+    if command_config:
+        sec = sec.merged(read_properties(command_config))
+    return {k.replace(".", "_"): v for k, v in sec.to_config().items()}
+
+
+def ensure_topic(bootstrap: str, topic: str, partitions: int, replication_factor: int,
+                 security: SecurityConfig | None = None) -> None:
+    with Admin(bootstrap, security=security) as admin:
         try:
             admin.create_topics([NewTopic(topic, partitions, replication_factor)])
         except errors.TopicAlreadyExistsError:
@@ -163,15 +173,19 @@ def produce_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup-records", type=int, default=0,
                         help="records sent (and acknowledged) before measuring starts")
     parser.add_argument("--producer-config", nargs="*", metavar="KEY=VALUE", help="any other producer config")
+    parser.add_argument("--command-config", default=None, help="client properties file (security.protocol, ssl.*)")
     args = parser.parse_args(argv)
     if args.num_records <= 0 or args.record_size <= 0:
         parser.error("--num-records and --record-size must be positive")
-    ensure_topic(args.bootstrap_servers, args.topic, args.partitions, args.replication_factor)
+    security = _security_pairs(args.command_config)
+    ensure_topic(args.bootstrap_servers, args.topic, args.partitions, args.replication_factor,
+                 SecurityConfig.from_config(security))
     config: dict[str, Any] = {
         "bootstrap_servers": args.bootstrap_servers, "acks": args.acks, "compression_type": args.compression,
         "batch_size": args.batch_size, "linger_ms": args.linger_ms,
         "buffer_memory": max(64 * 1024 * 1024, 8 * args.batch_size),
         "max_request_size": max(4 * 1024 * 1024, 2 * args.batch_size),
+        **security,
     }
     config.update(_config_pairs(args.producer_config))
     with Producer(config) as producer:
@@ -228,11 +242,13 @@ def consume_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--consumer-config", nargs="*", metavar="KEY=VALUE", help="any other consumer config")
     parser.add_argument("--batches", action="store_true",
                         help="poll_batches(): count records from batch headers, no per-record decode (MB/s = batch bytes)")
+    parser.add_argument("--command-config", default=None, help="client properties file (security.protocol, ssl.*)")
     args = parser.parse_args(argv)
     config: dict[str, Any] = {
         "bootstrap_servers": args.bootstrap_servers, "auto_offset_reset": "earliest",
         "fetch_max_bytes": args.fetch_max_bytes, "max_partition_fetch_bytes": args.max_partition_fetch_bytes,
         "group_id": args.group, "enable_auto_commit": False, "max_poll_records": 100_000,
+        **_security_pairs(args.command_config),
     }
     config.update(_config_pairs(args.consumer_config))
     with Consumer(config=config) as consumer:

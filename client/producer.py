@@ -30,7 +30,15 @@ from client.accumulator import (
     failed_future,
 )
 from client.cluster import ClusterClient
-from client.config import normalize, parse_acks, parse_bool, parse_codec, require_int
+from client.config import (
+    SECURITY_DEFAULTS,
+    normalize,
+    parse_acks,
+    parse_bool,
+    parse_codec,
+    require_int,
+    security_config,
+)
 from client.partitioner import Partitioner, StickyPartitionCache, murmur2, to_positive
 from client.sender import Sender, SenderConfig
 from client.types import ClusterMetadata, TopicPartition
@@ -60,6 +68,7 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "metadata_max_age_ms": 300000,
     "allow_auto_create_topics": True,
     "interceptors": None,  # gRPC client interceptors for every broker channel
+    **SECURITY_DEFAULTS,
 }
 
 Serializer = Callable[[Any], bytes | None]
@@ -123,6 +132,7 @@ class Producer:
             metadata_max_age_ms=require_int(cfg, "metadata_max_age_ms", minimum=1),
             allow_auto_topic_creation=parse_bool(cfg, "allow_auto_create_topics"),
             interceptors=cfg["interceptors"],
+            security=security_config(cfg),
         )
         self._accumulator = RecordAccumulator(
             batch_size=batch_size,

@@ -52,6 +52,8 @@ from proto import broker_pb2
 
 log = logging.getLogger(__name__)
 
+EPOCH_MAX = 32766  # producer epochs are int16; past this a fresh producer id is needed
+
 _PRODUCER_STATE = struct.Struct(">qhi")  # producer id, epoch, base sequence at byte 43
 _PRODUCER_STATE_POS = 43
 _CRC = struct.Struct(">I")
@@ -191,11 +193,21 @@ class Sender(threading.Thread):
             self.acc.wakeup.wait(seconds)
 
     def _init_producer_id(self) -> bool:
-        """A first producer id, or (KIP-360) the current one with a bumped epoch."""
+        """A first producer id, or (KIP-360) the current one with a bumped epoch.
+
+        The bump is local, as Kafka's idempotent producer does it: brokers no longer bump
+        the epoch of a producer id a caller names (anyone could fence anyone). Only an
+        exhausted epoch asks for a fresh id.
+        """
         assert self.pid is not None
-        current = (-1, -1) if self.pid.reset_needed else (self.pid.producer_id, self.pid.epoch)
+        if not self.pid.reset_needed and 0 <= self.pid.epoch < EPOCH_MAX:
+            with self.acc.lock:
+                self.pid.epoch += 1
+                self.pid.reset_needed = self.pid.bump_needed = False
+            log.info("producer id %d: epoch bumped to %d", self.pid.producer_id, self.pid.epoch)
+            return True
         try:
-            producer_id, epoch = self.cluster.init_producer_id(*current)
+            producer_id, epoch = self.cluster.init_producer_id()
         except errors.BrookError as exc:
             log.warning("InitProducerId failed, will retry: %s", exc)
             return False

@@ -1,6 +1,10 @@
 """Standard gRPC health check of one Brook listener, for container health checks and scripts.
 
     python -m deploy.healthcheck 127.0.0.1:9092 [--service brook.BrokerService] [--timeout 3]
+    python -m deploy.healthcheck localhost:9092 --command-config /etc/brook/probe.properties   # an mTLS listener
+
+TLS settings come from ``--command-config`` (``security.protocol=SSL``, ``ssl.*``) or
+``BROOK_SECURITY_PROTOCOL`` / ``BROOK_SSL_CA_LOCATION`` / ... in the environment.
 
 Exit 0 when the service is SERVING, 1 otherwise (the status is printed). Kubernetes uses
 its built-in gRPC probes instead; this is for Docker's HEALTHCHECK and for humans.
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from client.security import SecurityConfig, read_properties
 from deploy.local.cluster import check_health
 
 
@@ -19,8 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("target", help="host:port of a BROKER or CONTROLLER listener")
     p.add_argument("--service", default="", help="service name ('' = the whole server)")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds")
+    p.add_argument("--command-config", default=None, help="client properties file (security.protocol, ssl.*)")
     args = p.parse_args(argv)
-    status = check_health(args.target, timeout_s=args.timeout, service=args.service)
+    security = SecurityConfig.from_env()
+    if args.command_config:
+        security = security.merged(read_properties(args.command_config))
+    status = check_health(args.target, timeout_s=args.timeout, service=args.service, security=security)
     print(f"{args.target}: {status}")
     return 0 if status == "SERVING" else 1
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from client.security import SecurityConfig, make_channel
 from proto import controller_pb2 as pb
 from proto import controller_pb2_grpc as pb_grpc
 from proto import errors
@@ -63,11 +64,13 @@ def _backoff_s(attempt: int) -> float:
 class ControllerClient:
     """Calls the active controller of a quorum; thread-safe."""
 
-    def __init__(self, endpoints: list[tuple[str, int]], *, timeout_s: float = 10.0) -> None:
+    def __init__(self, endpoints: list[tuple[str, int]], *, timeout_s: float = 10.0,
+                 security: SecurityConfig | None = None) -> None:
         if not endpoints:
             raise errors.InvalidRequestError("ControllerClient needs at least one controller endpoint")
         self._endpoints: list[Endpoint] = [(str(h), int(p)) for h, p in endpoints]
         self._timeout_s = timeout_s
+        self._security = security or SecurityConfig()
         self._lock = threading.Lock()
         self._channels: dict[Endpoint, grpc.Channel] = {}
         self._stubs: dict[Endpoint, pb_grpc.ControllerServiceStub] = {}
@@ -274,7 +277,7 @@ class ControllerClient:
                 raise errors.InvalidRequestError("ControllerClient is closed")
             stub = self._stubs.get(endpoint)
             if stub is None:
-                channel = grpc.insecure_channel(f"{endpoint[0]}:{endpoint[1]}", options=_CHANNEL_OPTIONS)
+                channel = make_channel(f"{endpoint[0]}:{endpoint[1]}", self._security, options=_CHANNEL_OPTIONS)
                 self._channels[endpoint] = channel
                 stub = self._stubs[endpoint] = pb_grpc.ControllerServiceStub(channel)
             return stub

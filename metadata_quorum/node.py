@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 
+from broker.tls import ServerTls, bind_port
 from metadata_quorum.controller import ControllerConfig, QuorumController
 from metadata_quorum.raft import DUMP_FILE, MetadataRaft, RaftTiming
 from metadata_quorum.service import ControllerService
@@ -80,6 +81,7 @@ class ControllerSettings:
     data_dir: Path
     cluster_id: str
     password: str | None
+    tls: ServerTls | None = None  # the CONTROLLER listener's TLS (mTLS when client auth is required)
     broker_session_timeout_ms: int = 9000
     broker_heartbeat_interval_ms: int = 2000
     defaults: dict[str, str] = field(default_factory=dict)
@@ -234,7 +236,7 @@ class ControllerNode:
                                                         thread_name_prefix=f"controller-{settings.node_id}-grpc"),
                              options=_SERVER_OPTIONS)
         pb_grpc.add_ControllerServiceServicer_to_server(self._service, server)
-        bound = server.add_insecure_port(f"{me.host}:{me.grpc_port}")
+        bound = bind_port(server, me.host, me.grpc_port, settings.tls)
         if bound == 0:
             self._stop.set()
             raise errors.KafkaStorageError(f"cannot bind the controller gRPC port {me.host}:{me.grpc_port}")

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from broker import principal
 from metadata_quorum.controller import QuorumController, broker_record, partition_record, topic_record
 from metadata_quorum.raft import MetadataRaft
 from metadata_quorum.state import MetadataDelta
@@ -95,22 +96,32 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             raise errors.NotControllerError("leadership moved during the read")
 
     # ---- broker lifecycle ----
+    # Broker-only RPCs: accepted only from the named broker's own principal (its node
+    # certificate; see broker/principal.py), checked before anything is proposed.
     def RegisterBroker(self, request: pb.RegisterBrokerRequest, context: Any) -> pb.RegisterBrokerResponse:
-        return self._serve(pb.RegisterBrokerResponse, context,
-                           lambda: self._controller.register_broker(request, self._timeout_s(context)))
+        return self._serve(pb.RegisterBrokerResponse, context, lambda: self._as_node(
+            context, request.node_id, lambda: self._controller.register_broker(request, self._timeout_s(context))))
 
     def BrokerHeartbeat(self, request: pb.BrokerHeartbeatRequest, context: Any) -> pb.BrokerHeartbeatResponse:
-        return self._serve(pb.BrokerHeartbeatResponse, context,
-                           lambda: self._controller.heartbeat(request, self._timeout_s(context)))
+        return self._serve(pb.BrokerHeartbeatResponse, context, lambda: self._as_node(
+            context, request.node_id, lambda: self._controller.heartbeat(request, self._timeout_s(context))))
 
     def ControlledShutdown(self, request: pb.ControlledShutdownRequest,
                            context: Any) -> pb.ControlledShutdownResponse:
-        return self._serve(pb.ControlledShutdownResponse, context,
-                           lambda: self._controller.controlled_shutdown(request, self._timeout_s(context)))
+        return self._serve(pb.ControlledShutdownResponse, context, lambda: self._as_node(
+            context, request.node_id,
+            lambda: self._controller.controlled_shutdown(request, self._timeout_s(context))))
 
     def AlterPartition(self, request: pb.AlterPartitionRequest, context: Any) -> pb.AlterPartitionResponse:
-        return self._serve(pb.AlterPartitionResponse, context,
-                           lambda: self._controller.alter_partition(request, self._timeout_s(context)))
+        return self._serve(pb.AlterPartitionResponse, context, lambda: self._as_node(
+            context, request.broker_id,
+            lambda: self._controller.alter_partition(request, self._timeout_s(context))))
+
+    @staticmethod
+    def _as_node(context: Any, node_id: int, fn: Callable[[], R]) -> R:
+        if context is not None:  # in-process callers (tests of the controller itself) pass no context
+            principal.require_node(context, node_id)
+        return fn()
 
     # ---- topics and configs ----
     def CreateTopics(self, request: pb.CreateTopicsRequest, context: Any) -> pb.CreateTopicsResponse:
@@ -145,8 +156,9 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
 
     def AllocateProducerIds(self, request: pb.AllocateProducerIdsRequest,
                             context: Any) -> pb.AllocateProducerIdsResponse:
-        return self._serve(pb.AllocateProducerIdsResponse, context,
-                           lambda: self._controller.allocate_producer_ids(request, self._timeout_s(context)))
+        return self._serve(pb.AllocateProducerIdsResponse, context, lambda: self._as_node(
+            context, request.broker_id,
+            lambda: self._controller.allocate_producer_ids(request, self._timeout_s(context))))
 
     # ---- quorum ----
     def DescribeQuorum(self, request: pb.DescribeQuorumRequest, context: Any) -> pb.DescribeQuorumResponse:

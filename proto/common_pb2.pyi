@@ -36,6 +36,9 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_SESSION_TIMEOUT: _ClassVar[ErrorCode]
     REBALANCE_IN_PROGRESS: _ClassVar[ErrorCode]
     INVALID_COMMIT_OFFSET_SIZE: _ClassVar[ErrorCode]
+    TOPIC_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
+    GROUP_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
+    CLUSTER_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
     INVALID_TIMESTAMP: _ClassVar[ErrorCode]
     UNSUPPORTED_VERSION: _ClassVar[ErrorCode]
     TOPIC_ALREADY_EXISTS: _ClassVar[ErrorCode]
@@ -51,6 +54,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_PRODUCER_EPOCH: _ClassVar[ErrorCode]
     INVALID_PRODUCER_ID_MAPPING: _ClassVar[ErrorCode]
     KAFKA_STORAGE_ERROR: _ClassVar[ErrorCode]
+    SASL_AUTHENTICATION_FAILED: _ClassVar[ErrorCode]
     UNKNOWN_PRODUCER_ID: _ClassVar[ErrorCode]
     NON_EMPTY_GROUP: _ClassVar[ErrorCode]
     GROUP_ID_NOT_FOUND: _ClassVar[ErrorCode]
@@ -99,6 +103,9 @@ UNKNOWN_MEMBER_ID: ErrorCode
 INVALID_SESSION_TIMEOUT: ErrorCode
 REBALANCE_IN_PROGRESS: ErrorCode
 INVALID_COMMIT_OFFSET_SIZE: ErrorCode
+TOPIC_AUTHORIZATION_FAILED: ErrorCode
+GROUP_AUTHORIZATION_FAILED: ErrorCode
+CLUSTER_AUTHORIZATION_FAILED: ErrorCode
 INVALID_TIMESTAMP: ErrorCode
 UNSUPPORTED_VERSION: ErrorCode
 TOPIC_ALREADY_EXISTS: ErrorCode
@@ -114,6 +121,7 @@ DUPLICATE_SEQUENCE_NUMBER: ErrorCode
 INVALID_PRODUCER_EPOCH: ErrorCode
 INVALID_PRODUCER_ID_MAPPING: ErrorCode
 KAFKA_STORAGE_ERROR: ErrorCode
+SASL_AUTHENTICATION_FAILED: ErrorCode
 UNKNOWN_PRODUCER_ID: ErrorCode
 NON_EMPTY_GROUP: ErrorCode
 GROUP_ID_NOT_FOUND: ErrorCode

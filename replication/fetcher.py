@@ -19,10 +19,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
+from client.security import SecurityConfig, make_channel
 from proto import broker_pb2, broker_pb2_grpc, errors
 from proto.errors import ErrorCode
 from replication import isr as isr_rules
@@ -44,6 +45,8 @@ class FetcherConfig:
     partition_max_bytes: int = 1024 * 1024
     backoff_ms: int = 200
     max_truncation_rounds: int = 64  # bound on repeated divergence answers per partition
+    # How this broker reaches the leaders' inter-broker listener (its own node certificate on SSL).
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
 
 @dataclass(slots=True)
@@ -65,7 +68,7 @@ class ReplicaFetcher:
         self._lock = threading.Condition()
         self._states: dict[tuple[str, int], _FetchState] = {}
         self._stopped = False
-        self._channel = grpc.insecure_channel(address, options=[
+        self._channel = make_channel(address, config.security, options=[
             ("grpc.max_receive_message_length", config.max_bytes + 4 * 1024 * 1024),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
             # a restarted leader is found again within a second, not after gRPC's default 2 min backoff

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ def run_demo(
     checkpoint_dir: str | Path | None = None,
     timeout_s: float = 300.0,
     out: Any = None,
+    security: Mapping[str, str] | None = None,
 ) -> list[tuple[str | None, int, int]]:
     """Count records and value bytes per key of ``topic``; returns [(key, count, bytes)] sorted by key."""
     from pyspark.sql import functions as F
@@ -34,13 +36,15 @@ def run_demo(
     out = out or sys.stdout
     with tempfile.TemporaryDirectory(prefix="brook-demo-") as tmp:
         checkpoint = str(checkpoint_dir or Path(tmp) / "checkpoint")
-        events = (
+        reader = (
             spark.readStream.format("brook")
             .option("bootstrap.servers", bootstrap)
             .option("subscribe", topic)
             .option("startingOffsets", "earliest")
-            .load()
         )
+        for key, value in (security or {}).items():  # kafka.security.protocol, kafka.ssl.*, as Spark's Kafka source
+            reader = reader.option(f"kafka.{key}", value)
+        events = reader.load()
         counts = events.groupBy(F.col("key").cast("string").alias("key")).agg(
             F.count("*").alias("records"), F.sum(F.length("value")).alias("value_bytes")
         )

@@ -27,18 +27,19 @@ from spark_source.options import FetchSettings
 logger = logging.getLogger(__name__)
 
 _MAX_CACHED_CLIENTS = 4
-_clients: OrderedDict[tuple[str, int], ClusterClient] = OrderedDict()
+_clients: OrderedDict[tuple[str, int, object], ClusterClient] = OrderedDict()
 _clients_lock = threading.Lock()
 
 
 def _client(settings: FetchSettings) -> ClusterClient:
-    key = (settings.bootstrap_servers, settings.request_timeout_ms)
+    key = (settings.bootstrap_servers, settings.request_timeout_ms, settings.security)
     with _clients_lock:
         client = _clients.get(key)
         if client is not None:
             _clients.move_to_end(key)
             return client
-        client = ClusterClient(settings.bootstrap_servers, request_timeout_ms=settings.request_timeout_ms)
+        client = ClusterClient(settings.bootstrap_servers, request_timeout_ms=settings.request_timeout_ms,
+                               security=settings.security)
         _clients[key] = client
         while len(_clients) > _MAX_CACHED_CLIENTS:
             _, old = _clients.popitem(last=False)

@@ -28,7 +28,8 @@ class OffsetReader:
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self.client = ClusterClient(
-            options.bootstrap_servers, request_timeout_ms=options.fetch.request_timeout_ms
+            options.bootstrap_servers, request_timeout_ms=options.fetch.request_timeout_ms,
+            security=options.fetch.security,
         )
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from client.security import SecurityConfig
 from proto import errors
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,25 @@ _REFUSED = {
     "key.serializer": "write a binary or string 'key' column",
     "value.serializer": "write a binary or string 'value' column",
     "interceptor.classes": "interceptors are not supported",
+    "ssl.truststore.location": "Brook reads PEM files: set kafka.ssl.ca.location to the CA certificate",
+    "ssl.keystore.location": "Brook reads PEM files: set kafka.ssl.certificate.location and kafka.ssl.key.location",
 }
+
+# Spark's Kafka source passes kafka.security.protocol / kafka.ssl.* / kafka.sasl.* to its
+# consumer; Brook maps the same names onto client.security.SecurityConfig.
+SECURITY_OPTIONS = frozenset(
+    {
+        "security.protocol",
+        "ssl.ca.location",
+        "ssl.certificate.location",
+        "ssl.key.location",
+        "ssl.endpoint.identification.algorithm",
+        "sasl.mechanism",
+        "sasl.username",
+        "sasl.password",
+        "sasl.jaas.config",
+    }
+)
 
 READ_OPTIONS = frozenset(
     {
@@ -68,7 +87,7 @@ READ_OPTIONS = frozenset(
         "fetchoffset.numretries",
         "fetchoffset.retryintervalms",
     }
-)
+) | SECURITY_OPTIONS
 
 WRITE_OPTIONS = frozenset(
     {
@@ -83,7 +102,7 @@ WRITE_OPTIONS = frozenset(
         "enable.idempotence",
         "max.block.ms",
     }
-)
+) | SECURITY_OPTIONS
 
 # Upper bounds: every buffer and wait has one (a typo of extra zeros fails loudly).
 _MAX_FETCH_BYTES = 256 * 1024 * 1024
@@ -133,6 +152,7 @@ class FetchSettings:
     poll_timeout_ms: int = 120_000  # give up on a partition that yields nothing this long
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
 
 @dataclass(frozen=True)
@@ -174,6 +194,7 @@ class WriteOptions:
     request_timeout_ms: int
     delivery_timeout_ms: int
     max_block_ms: int
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
 
 def _bad(name: str, why: str) -> errors.BrookError:
@@ -200,6 +221,26 @@ def _normalize(options: dict[str, str], known: frozenset[str]) -> dict[str, str]
             raise _bad(raw_key, "given twice (with and without the 'kafka.' prefix)")
         out[key] = str(value)
     return out
+
+
+_JAAS_PAIR = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def _security(opts: dict[str, str]) -> SecurityConfig:
+    """kafka.security.protocol / kafka.ssl.* / kafka.sasl.* (incl. a ScramLoginModule jaas config)."""
+    config = {k: v for k, v in opts.items() if k in SECURITY_OPTIONS and k != "sasl.jaas.config"}
+    jaas = opts.get("sasl.jaas.config")
+    if jaas is not None:
+        if "ScramLoginModule" not in jaas:
+            raise _bad("kafka.sasl.jaas.config", "only org.apache.kafka.common.security.scram.ScramLoginModule "
+                                                 "is supported (or set kafka.sasl.username/password)")
+        pairs = {k: re.sub(r"\\(.)", r"\1", v) for k, v in _JAAS_PAIR.findall(jaas)}
+        config.setdefault("sasl.username", pairs.get("username", ""))
+        config.setdefault("sasl.password", pairs.get("password", ""))
+    try:
+        return SecurityConfig.from_config(config)
+    except errors.BrookError as e:
+        raise _bad("kafka.security.protocol", e.message) from None
 
 
 def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
@@ -349,6 +390,7 @@ def parse_read_options(options: dict[str, str], *, streaming: bool) -> ReadOptio
         poll_timeout_ms=_int(opts, "kafkaconsumer.polltimeoutms", 120_000, lo=100, hi=_MAX_TIMEOUT_MS),
         fail_on_data_loss=_bool(opts, "failondataloss", True),
         include_headers=_bool(opts, "includeheaders", False),
+        security=_security(opts),
     )
     return ReadOptions(
         subscription=sub,
@@ -547,4 +589,5 @@ def parse_write_options(options: dict[str, str]) -> WriteOptions:
         request_timeout_ms=int(_int(opts, "request.timeout.ms", 30_000, lo=100, hi=_MAX_TIMEOUT_MS) or 0),
         delivery_timeout_ms=int(_int(opts, "delivery.timeout.ms", 120_000, lo=100, hi=_MAX_TIMEOUT_MS) or 0),
         max_block_ms=int(_int(opts, "max.block.ms", 60_000, lo=0, hi=_MAX_TIMEOUT_MS) or 0),
+        security=_security(opts),
     )

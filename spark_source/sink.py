@@ -104,6 +104,7 @@ def write_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> B
         delivery_timeout_ms=options.delivery_timeout_ms,
         max_block_ms=options.max_block_ms,
         allow_auto_create_topics=False,
+        **{k.replace(".", "_"): v for k, v in options.security.to_config().items()},
     )
     count = 0
     topics: set[str] = set()

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from deploy.local.cluster import ClusterError, LocalCluster
+from deploy.local.cluster import CLIENT_PROPERTIES, ENV_FILE, ClusterError, LocalCluster
 
 app = typer.Typer(
     name="deploy.local",
@@ -69,6 +69,9 @@ def start(
     = [],  # noqa: B006  (typer reads the default; it is never mutated)
     timeout: Annotated[float, typer.Option(help="Seconds to wait until the cluster is ready.")] = 60.0,
     wait: Annotated[bool, typer.Option(help="Wait until ready (health + brokers registered).")] = True,
+    tls: Annotated[bool, typer.Option("--tls/--plaintext", help="mTLS on every listener with a CA made under "
+                                      "DIR/tls (default), or plaintext (dev only). Kept for an existing DIR.")]
+    = True,
 ) -> None:
     """Start the cluster (or one node) in the background and wait until it is ready.
 
@@ -76,7 +79,7 @@ def start(
     """
     try:
         cluster = LocalCluster(dir, nodes=nodes, mode=mode.value, overrides=_parse_overrides(override),
-                               controllers=controllers, detach=True)
+                               controllers=controllers, detach=True, tls=tls)
         if node is not None:
             if not (dir / "cluster.json").exists():
                 raise _fail(f"no cluster in {dir}: start the whole cluster first")
@@ -89,7 +92,13 @@ def start(
         raise _fail(str(e)) from None
     out.print(f"cluster in {cluster.base_dir} is {'ready' if wait else 'starting'}")
     out.print(f"bootstrap servers: {cluster.bootstrap_servers}")
-    out.print(f"try: BROOK_BOOTSTRAP={cluster.bootstrap_servers} brook cluster health")
+    env_file = cluster.base_dir / ENV_FILE
+    if cluster.tls:
+        out.print(f"mTLS on every listener; CA and certificates in {cluster.tls_dir}")
+        out.print(f"client settings: {cluster.base_dir / CLIENT_PROPERTIES} (brook --command-config FILE)")
+        out.print(f"try: . {env_file} && brook cluster health", highlight=False)
+    else:
+        out.print(f"try: BROOK_BOOTSTRAP={cluster.bootstrap_servers} brook cluster health")
 
 
 @app.command()

@@ -8,6 +8,9 @@ factor 3:
 2. ``brook perf consume`` of what was produced, decoding every record, then again
    counting from batch headers only (goal: 1,000,000 records/s);
 3. ``brook perf produce`` capped at 10,000 records/s with acks=all (goal: p99 < 10 ms).
+4. steps 1 and 2b again on a second cluster with mTLS on every listener (the default
+   of ``python -m deploy.local start``), then both throughputs side by side
+   (``--no-tls`` skips it).
 
 Each step prints the perf tool's own summary line. Figures depend on the machine and
 on what else runs on it; nothing here asserts on them.
@@ -18,12 +21,16 @@ on what else runs on it; nothing here asserts on them.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import re
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from client.perf import consume_main, produce_main
-from deploy.local.cluster import LocalCluster
+from deploy.local.cluster import CLIENT_PROPERTIES, LocalCluster
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,37 +38,83 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=1_000_000, help="records for the throughput runs")
     parser.add_argument("--latency-records", type=int, default=100_000, help="records for the 10k/s latency run")
     parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--no-tls", action="store_true", help="skip the TLS comparison (step 4)")
     args = parser.parse_args(argv)
     if args.records < 1 or args.latency_records < 1:
         parser.error("record counts must be positive")
 
+    steps: list[tuple[str, int]] = []
+    figures: dict[tuple[str, str], str] = {}  # (security, step) -> records/sec
     with tempfile.TemporaryDirectory(prefix="brook-bench-") as tmp, \
             LocalCluster(Path(tmp) / "cluster", nodes=3) as cluster:
         bootstrap = cluster.bootstrap_servers
         common = ["--bootstrap-servers", bootstrap, "--partitions", str(args.partitions),
                   "--replication-factor", "3", "--record-size", "100"]
-        steps: list[tuple[str, int]] = []
         print(f"== 1. produce {args.records} records, acks=all, RF=3, unthrottled", flush=True)
-        steps.append(("produce", produce_main([*common, "--topic", "bench-throughput", "--acks", "all",
-                                               "--num-records", str(args.records),
-                                               "--warmup-records", str(min(50_000, args.records))])))
+        steps.append(("produce", _measured(figures, ("plaintext", "produce"), produce_main, [
+            *common, "--topic", "bench-throughput", "--acks", "all", "--num-records", str(args.records),
+            "--warmup-records", str(min(50_000, args.records))])))
         consume = ["--bootstrap-servers", bootstrap, "--topic", "bench-throughput",
                    "--num-records", str(args.records)]
         print("== 2a. consume them, decoding every record", flush=True)
         steps.append(("consume", consume_main(consume)))
         print("== 2b. consume them, counting from batch headers (poll_batches)", flush=True)
-        steps.append(("consume --batches", consume_main([*consume, "--batches"])))
+        steps.append(("consume --batches", _measured(figures, ("plaintext", "consume --batches"), consume_main,
+                                                     [*consume, "--batches"])))
         print(f"== 3. produce {args.latency_records} records at 10,000 records/s, acks=all (latency)", flush=True)
         steps.append(("produce 10k/s", produce_main([*common, "--topic", "bench-latency", "--acks", "all",
                                                      "--throughput", "10000", "--batch-size", "16384",
                                                      "--linger-ms", "1",
                                                      "--num-records", str(args.latency_records),
                                                      "--warmup-records", "5000"])))
+    if not args.no_tls:
+        steps += _tls_steps(args, figures)
+        print("== plaintext vs mTLS (records/sec)", flush=True)
+        for step in ("produce", "consume --batches"):
+            print(f"  {step:<18} plaintext {figures.get(('plaintext', step), '-'):>12}   "
+                  f"mTLS {figures.get(('mTLS', step), '-'):>12}", flush=True)
     failed = [name for name, rc in steps if rc != 0]
     if failed:
         print(f"steps that did not complete: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _tls_steps(args: argparse.Namespace, figures: dict[tuple[str, str], str]) -> list[tuple[str, int]]:
+    """Steps 1 and 2b on a fresh cluster with mTLS on every listener."""
+    steps: list[tuple[str, int]] = []
+    with tempfile.TemporaryDirectory(prefix="brook-bench-tls-") as tmp, \
+            LocalCluster(Path(tmp) / "cluster", nodes=3, tls=True) as cluster:
+        security = ["--command-config", str(cluster.base_dir / CLIENT_PROPERTIES)]
+        bootstrap = cluster.bootstrap_servers
+        print(f"== 4a. mTLS: produce {args.records} records, acks=all, RF=3, unthrottled", flush=True)
+        steps.append(("mTLS produce", _measured(figures, ("mTLS", "produce"), produce_main, [
+            "--bootstrap-servers", bootstrap, "--partitions", str(args.partitions), "--replication-factor", "3",
+            "--record-size", "100", "--topic", "bench-throughput", "--acks", "all",
+            "--num-records", str(args.records), "--warmup-records", str(min(50_000, args.records)), *security])))
+        print("== 4b. mTLS: consume them, counting from batch headers (poll_batches)", flush=True)
+        steps.append(("mTLS consume --batches", _measured(figures, ("mTLS", "consume --batches"), consume_main, [
+            "--bootstrap-servers", bootstrap, "--topic", "bench-throughput", "--num-records", str(args.records),
+            "--batches", *security])))
+    return steps
+
+
+def _measured(figures: dict[tuple[str, str], str], key: tuple[str, str], fn: Callable[[list[str]], int],
+              argv: list[str]) -> int:
+    """Run a perf step, echo its output, and keep its records/sec figure for the comparison."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        rc = fn(argv)
+    text = buffer.getvalue()
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    match = _RATE.search(text)
+    if match:
+        figures[key] = match.group(1)
+    return rc
+
+
+_RATE = re.compile(r"records \w+, ([\d.]+) records/sec")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,15 @@ Modes:
 
 Broker ids are 1..N in both modes, so ``kill_node(2)`` means "broker 2" everywhere.
 
+Security: ``tls=True`` makes a CA under ``base_dir/tls`` (deploy/local/certs.py), a
+certificate per node (``CN=node-<id>``: the node's broker principal) and a client
+certificate (``CN=admin``); every gRPC listener (BROKER, CONTROLLER) is then mTLS,
+plaintext broker-only requests are refused even on loopback, and /metrics is HTTPS.
+``client_config`` / ``security`` give clients what they need, also written as
+``base_dir/client.properties`` and ``base_dir/env.sh`` (``export BROOK_...``). The
+launcher (``python -m deploy.local start``) and ``make demo`` turn it on by default;
+the class defaults to plaintext, which the test suite's in-process helpers use.
+
     with LocalCluster(tmp_path, nodes=3) as cluster:   # start + wait_ready
         cluster.bootstrap_servers                      # "127.0.0.1:p1,127.0.0.1:p2,..."
         cluster.kill_node(2)                           # SIGKILL
@@ -30,6 +39,7 @@ import logging
 import os
 import random
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -40,17 +50,25 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from client.security import SecurityConfig, env_var, make_channel
 from proto import controller_pb2, controller_pb2_grpc
+
+if TYPE_CHECKING:
+    from deploy.local.certs import CertFiles
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "cluster.json"
 QUORUM_PASSWORD_FILE = "quorum.password"  # random per cluster, 0600: the quorum port runs pickles
+TLS_DIR = "tls"
+CLIENT_CERT_NAME = "admin"  # the client certificate's CN: principal User:admin
+CLIENT_PROPERTIES = "client.properties"
+ENV_FILE = "env.sh"
 PARENT_PID_ENV = "BROOK_LOCAL_PARENT_PID"  # read by broker/node.py
 CONTROLLER_ID_BASE = 1000
 DEFAULT_CONTROLLERS = 3
@@ -140,12 +158,13 @@ class ClusterState:
     cluster_id: str
     nodes: list[NodeSpec]
     overrides: dict[str, str] = field(default_factory=dict)
+    tls: bool = False
 
     @classmethod
     def load(cls, path: Path) -> ClusterState:
         data = json.loads(path.read_text())
         return cls(mode=data["mode"], cluster_id=data["cluster_id"], overrides=data.get("overrides", {}),
-                   nodes=[NodeSpec(**n) for n in data["nodes"]])
+                   nodes=[NodeSpec(**n) for n in data["nodes"]], tls=bool(data.get("tls", False)))
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -176,6 +195,7 @@ class LocalCluster:
         cluster_id: str | None = None,
         detach: bool = False,
         python: str | None = None,
+        tls: bool = False,
     ) -> None:
         if mode not in ("combined", "split"):
             raise ValueError(f"mode must be combined or split, not {mode!r}")
@@ -201,7 +221,7 @@ class LocalCluster:
             cluster_id = cluster_id or f"brook-local-{uuid.uuid4().hex[:8]}"
             self.state = ClusterState(mode=mode, cluster_id=cluster_id,
                                       overrides={k: str(v) for k, v in (overrides or {}).items()},
-                                      nodes=self._plan(nodes, mode, n_ctl))
+                                      nodes=self._plan(nodes, mode, n_ctl), tls=tls)
 
     @classmethod
     def open(cls, base_dir: str | Path, **kwargs: Any) -> LocalCluster:
@@ -257,7 +277,81 @@ class LocalCluster:
         return f"127.0.0.1:{self.spec(node_id).broker_port}"
 
     def metrics_url(self, node_id: int) -> str:
-        return f"http://127.0.0.1:{self.spec(node_id).metrics_port}/metrics"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.spec(node_id).metrics_port}/metrics"
+
+    # ------------------------------------------------------------------ security
+
+    @property
+    def tls(self) -> bool:
+        return self.state.tls
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.base_dir / TLS_DIR
+
+    def node_cert(self, node_id: int) -> CertFiles:
+        from deploy.local.certs import CertFiles
+
+        d = self.tls_dir
+        return CertFiles(d / f"node-{node_id}.pem", d / f"node-{node_id}.key", d / "ca.pem")
+
+    def client_cert(self) -> CertFiles:
+        from deploy.local.certs import CertFiles
+
+        d = self.tls_dir
+        return CertFiles(d / f"{CLIENT_CERT_NAME}.pem", d / f"{CLIENT_CERT_NAME}.key", d / "ca.pem")
+
+    @property
+    def client_config(self) -> dict[str, str]:
+        """Kafka-named client security configs for this cluster (empty when plaintext)."""
+        if not self.tls:
+            return {}
+        c = self.client_cert()
+        return {"security.protocol": "SSL", "ssl.ca.location": str(c.ca),
+                "ssl.certificate.location": str(c.cert), "ssl.key.location": str(c.key)}
+
+    @property
+    def security(self) -> SecurityConfig:
+        return SecurityConfig.from_config(self.client_config)
+
+    def _ensure_certificates(self) -> None:
+        """CA, node and client certificates under base_dir/tls (made once, kept across restarts)."""
+        # Imported here so `python -m deploy.local.certs` does not find itself half-imported.
+        from deploy.local.certs import CertificateAuthority
+
+        ca = CertificateAuthority.load_or_create(self.tls_dir)
+        for n in self.state.nodes:
+            if not self.node_cert(n.node_id).cert.exists():
+                ca.issue(self.tls_dir, f"node-{n.node_id}", hosts=("localhost", "127.0.0.1"))
+        if not self.client_cert().cert.exists():
+            ca.issue(self.tls_dir, CLIENT_CERT_NAME, hosts=(), server=False)
+
+    def _write_client_files(self) -> None:
+        lines = ["# Client settings for this local cluster (brook --command-config FILE, or Kafka tools)."]
+        lines += [f"bootstrap.servers={self.bootstrap_servers}"]
+        lines += [f"{k}={v}" for k, v in self.client_config.items()]
+        (self.base_dir / CLIENT_PROPERTIES).write_text("\n".join(lines) + "\n")
+        exports = {"BROOK_BOOTSTRAP": self.bootstrap_servers}
+        exports.update({env_var(k): v for k, v in self.client_config.items()})
+        (self.base_dir / ENV_FILE).write_text(
+            "# source this file: the brook CLI reads these variables\n"
+            + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in exports.items()))
+
+    def _tls_keys(self, n: NodeSpec) -> dict[str, Any]:
+        if not self.tls:
+            return {}
+        c = self.node_cert(n.node_id)
+        return {
+            "listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL",
+            "ssl.certificate.location": str(c.cert),
+            "ssl.key.location": str(c.key),
+            "ssl.ca.location": str(c.ca),
+            "ssl.client.auth": "required",
+            # Every node talks mTLS: a plaintext caller is nobody, even on loopback.
+            "security.plaintext.loopback.trusted": "false",
+            "metrics.ssl.enable": "true",
+        }
 
     def node_dir(self, node_id: int) -> Path:
         return self.base_dir / f"node-{node_id}"
@@ -303,6 +397,7 @@ class LocalCluster:
             "metrics.listener": f"127.0.0.1:{n.metrics_port}",
             **LOCAL_DEFAULTS,
             "offsets.topic.replication.factor": str(min(3, n_brokers)),
+            **self._tls_keys(n),
         }
         if n.is_broker:
             keys["log.dirs"] = str(d / "data")
@@ -323,6 +418,9 @@ class LocalCluster:
         """Write configs and start every node that is not running (does not wait; see wait_ready)."""
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.state.save(self.base_dir / STATE_FILE)
+        if self.tls:
+            self._ensure_certificates()
+        self._write_client_files()
         for n in self._start_order():
             if not self.is_running(n.node_id):
                 self.start_node(n.node_id)
@@ -480,7 +578,7 @@ class LocalCluster:
         for name, port in (("CONTROLLER", n.controller_port), ("BROKER", n.broker_port)):
             if port is None:
                 continue
-            out[name] = check_health(f"127.0.0.1:{port}")
+            out[name] = check_health(f"127.0.0.1:{port}", security=self.security)
         return out
 
     def describe_cluster(self, timeout_s: float = RPC_TIMEOUT_S) -> controller_pb2.DescribeClusterResponse:
@@ -488,7 +586,7 @@ class LocalCluster:
         last = "no controller answered"
         for host, port in self.controller_endpoints:
             try:
-                with grpc.insecure_channel(f"{host}:{port}") as ch:
+                with make_channel(f"{host}:{port}", self.security) as ch:
                     resp = controller_pb2_grpc.ControllerServiceStub(ch).DescribeCluster(
                         controller_pb2.DescribeClusterRequest(), timeout=timeout_s)
             except grpc.RpcError as e:
@@ -577,10 +675,11 @@ class LocalCluster:
         return rows
 
 
-def check_health(target: str, timeout_s: float = RPC_TIMEOUT_S, service: str = "") -> str:
+def check_health(target: str, timeout_s: float = RPC_TIMEOUT_S, service: str = "",
+                 security: SecurityConfig | None = None) -> str:
     """Standard gRPC health check; the status name, or UNREACHABLE / the gRPC error code."""
     try:
-        with grpc.insecure_channel(target) as ch:
+        with make_channel(target, security) as ch:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
                                                         timeout=timeout_s)
     except grpc.RpcError as e:

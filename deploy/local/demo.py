@@ -28,13 +28,14 @@ KEYS = [f"sensor-{i}" for i in range(8)]
 console = Console()
 
 
-def produce(bootstrap: str, records: int) -> int:
+def produce(bootstrap: str, records: int, security: dict[str, str]) -> int:
     from client.producer import Producer
 
     started = time.monotonic()
     # lz4 + pipelined idempotent batches: the path that once failed with OUT_OF_ORDER_SEQUENCE_NUMBER
     # (brokers now refuse a batch that overtook an earlier one, and the producer retries it in order).
-    with Producer(bootstrap_servers=bootstrap, acks="all", linger_ms=10, compression_type="lz4") as producer:
+    with Producer(bootstrap_servers=bootstrap, acks="all", linger_ms=10, compression_type="lz4",
+                  **{k.replace(".", "_"): v for k, v in security.items()}) as producer:
         futures = []
         for i in range(records):
             key = KEYS[i % len(KEYS)]
@@ -70,11 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=10_000)
     p.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     p.add_argument("--no-spark", action="store_true", help="skip the Spark job")
+    p.add_argument("--plaintext", action="store_true", help="no TLS (default: mTLS everywhere, CA under DIR/tls)")
     args = p.parse_args(argv)
 
     if args.dir.exists():
         shutil.rmtree(args.dir)  # a demo starts from nothing: stale ports or data would confuse it
-    cluster = LocalCluster(args.dir, nodes=args.nodes, detach=args.keep)
+    cluster = LocalCluster(args.dir, nodes=args.nodes, detach=args.keep, tls=not args.plaintext)
     console.rule("[bold]1. start a local cluster")
     try:
         cluster.start()
@@ -85,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     console.print(f"  {args.nodes} combined nodes up; bootstrap servers {cluster.bootstrap_servers}")
     console.print(f"  logs and data under {cluster.base_dir}")
+    if cluster.tls:
+        console.print(f"  mTLS between nodes and for clients; CA and certificates in {cluster.tls_dir}")
+        console.print(f"  client settings: {cluster.base_dir / 'client.properties'}, or `. {cluster.base_dir}/env.sh`")
     try:
         return _run(cluster, args)
     finally:
@@ -100,14 +105,15 @@ def _run(cluster: LocalCluster, args: argparse.Namespace) -> int:
     from admin_cli.main import main as brook
 
     bootstrap = cluster.bootstrap_servers
+    cli = ["-b", bootstrap, "--command-config", str(cluster.base_dir / "client.properties")]
     console.rule("[bold]2. create a topic")
-    if brook(["-b", bootstrap, "topic", "create", TOPIC, "-p", "6", "-r", str(min(3, args.nodes)),
+    if brook([*cli, "topic", "create", TOPIC, "-p", "6", "-r", str(min(3, args.nodes)),
               "-c", "retention.ms=3600000", "-c", f"min.insync.replicas={min(2, args.nodes)}"]) != 0:
         return 1
     console.rule("[bold]3. produce")
-    produced = produce(bootstrap, args.records)
+    produced = produce(bootstrap, args.records, cluster.client_config)
     console.rule("[bold]4. cluster health")
-    brook(["-b", bootstrap, "cluster", "health"])
+    brook([*cli, "cluster", "health"])
     if args.no_spark:
         return 0
     console.rule("[bold]5. Spark Structured Streaming over the topic")
@@ -118,7 +124,7 @@ def _run(cluster: LocalCluster, args: argparse.Namespace) -> int:
 
     spark = spark_session()
     try:
-        result = run_demo(spark, bootstrap, TOPIC)
+        result = run_demo(spark, bootstrap, TOPIC, security=cluster.client_config)
     finally:
         spark.stop()
     counted = sum(c for _, c, _ in result)

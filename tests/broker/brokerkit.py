@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 from waiting import wait_for as wait_until
 
+from client.security import make_channel
 from deploy.local.cluster import LocalCluster
 from metadata_quorum.client import ControllerClient
 from proto import broker_pb2, broker_pb2_grpc, controller_pb2
@@ -43,7 +44,7 @@ def make_batch(*values: bytes, timestamp_ms: int | None = None) -> bytes:
 class Kit:
     def __init__(self, cluster: LocalCluster) -> None:
         self.cluster = cluster
-        self.cc = ControllerClient(cluster.controller_endpoints, timeout_s=15)
+        self.cc = ControllerClient(cluster.controller_endpoints, timeout_s=15, security=cluster.security)
         self._channels: dict[int, grpc.Channel] = {}
 
     def close(self) -> None:
@@ -54,7 +55,7 @@ class Kit:
     def stub(self, node_id: int) -> broker_pb2_grpc.BrokerServiceStub:
         ch = self._channels.get(node_id)
         if ch is None:
-            ch = self._channels[node_id] = grpc.insecure_channel(self.cluster.broker_address(node_id))
+            ch = self._channels[node_id] = make_channel(self.cluster.broker_address(node_id), self.cluster.security)
         return broker_pb2_grpc.BrokerServiceStub(ch)
 
     # ---- controller side ----

@@ -162,7 +162,8 @@ CONTRADICTIONS = [
     ("listeners", '"CONTROLLER://127.0.0.1:19093"', "listeners"),  # broker without BROKER listener
     ("listeners", '"BROKER://127.0.0.1:19092"', "listeners"),  # controller without CONTROLLER listener
     ("listeners", '"BROKER://127.0.0.1:19092,CONTROLLER://127.0.0.1:19099"', "controller.quorum.voters"),
-    ("listeners", '"BROKER://127.0.0.1:19092,ADMIN://127.0.0.1:19099"', "listeners"),
+    # Extra named listeners are allowed, but each needs a security protocol.
+    ("listeners", '"BROKER://127.0.0.1:19092,ADMIN://127.0.0.1:19099"', "listener.security.protocol.map"),
     ("listeners", '"BROKER://127.0.0.1:19093,CONTROLLER://127.0.0.1:19093"', "listeners"),
     ("controller.quorum.password", '"s3cret"', "controller.quorum.password"),  # a weak password
     ("metadata.log.dir", None, "metadata.log.dir"),

@@ -99,7 +99,10 @@ def test_k8s_manifests_parse_and_have_the_required_objects() -> None:
         if d["kind"] == "StatefulSet":
             c = d["spec"]["template"]["spec"]["containers"][0]
             for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-                assert "grpc" in c[probe], f"{d['metadata']['name']} {probe} is not a gRPC health probe"
+                # kubelet's gRPC probe cannot speak TLS: the gRPC health check runs as an exec probe.
+                command = c[probe].get("exec", {}).get("command", [])
+                assert command[:3] == ["python", "-m", "deploy.healthcheck"], \
+                    f"{d['metadata']['name']} {probe} is not a gRPC health check: {c[probe]}"
             assert d["spec"]["serviceName"] == d["metadata"]["name"]
     kustom = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
     for res in kustom["resources"]:
@@ -115,8 +118,10 @@ def _k8s_config(name: str) -> str:
 
 @pytest.mark.parametrize(("configmap", "overrides"), [
     ("brook-controller-config", ["node.id=1001",
-                                 "listeners=CONTROLLER://brook-controller-0.brook-controller.brook.svc.cluster.local:9093"]),
-    ("brook-broker-config", ["node.id=1", "listeners=BROKER://brook-broker-0.brook-broker.brook.svc.cluster.local:9092"]),
+                                 "listeners=CONTROLLER://brook-controller-0.brook-controller.brook.svc.cluster.local:9093",
+                                 "metrics.listener=brook-controller-0.brook-controller.brook.svc.cluster.local:9100"]),
+    ("brook-broker-config", ["node.id=1", "listeners=BROKER://brook-broker-0.brook-broker.brook.svc.cluster.local:9092",
+                             "metrics.listener=brook-broker-0.brook-broker.brook.svc.cluster.local:9100"]),
 ])
 def test_k8s_node_configs_are_valid_with_the_pod_overrides(tmp_path: Path, configmap: str,
                                                            overrides: list[str]) -> None:
@@ -124,12 +129,54 @@ def test_k8s_node_configs_are_valid_with_the_pod_overrides(tmp_path: Path, confi
     p.write_text(_k8s_config(configmap))
     cfg = load_config(p, overrides, env=PASSWORD_ENV)
     assert cfg.node_id in (1, 1001)
+    _assert_secured(cfg, configmap)
+    for d in k8s_docs():  # the pods pass the same overrides
+        if d["kind"] == "StatefulSet" and configmap.startswith(d["metadata"]["name"]):
+            args = " ".join(d["spec"]["template"]["spec"]["containers"][0]["args"])
+            assert "--override metrics.listener=${HOSTNAME}" in args
+
+
+def test_k8s_network_policy_guards_the_quorum_and_controller_ports() -> None:
+    policies = {d["metadata"]["name"]: d for d in k8s_docs() if d["kind"] == "NetworkPolicy"}
+    ctl = policies["brook-controller"]["spec"]
+    assert ctl["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "controller"
+    by_port = {rule["ports"][0]["port"]: rule for rule in ctl["ingress"]}
+    raft_from = by_port[9193]["from"]
+    assert raft_from == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "brook",
+                                                          "app.kubernetes.io/component": "controller"}}}]
+    assert by_port[9093]["from"], "the controller gRPC port must not be open to everyone"
+    assert set(by_port) == {9093, 9193, 9100}, "no other controller port may be reachable"
+
+
+def test_compose_and_k8s_keep_the_ca_key_out_of_the_nodes() -> None:
+    compose = (DEPLOY / "docker" / "compose.yaml").read_text()
+    assert "ca.key:" not in compose
+    for d in k8s_docs():
+        if d["kind"] == "StatefulSet":
+            spec = d["spec"]["template"]["spec"]
+            mounts = spec["containers"][0]["volumeMounts"]
+            assert "ca" not in {m["name"] for m in mounts}, "only the certs init container may see the CA key"
+            assert any(m["name"] == "ca" for m in spec["initContainers"][0]["volumeMounts"])
+
+
+def _assert_secured(cfg, where: str) -> None:
+    """mTLS on every listener, node identity enforced, /metrics over HTTPS and not on 0.0.0.0."""
+    for listener in cfg.listeners.values():
+        assert listener.protocol == "SSL", f"{where}: {listener.name} is {listener.protocol}"
+    assert cfg["ssl.client.auth"] == "required", where
+    assert cfg["security.plaintext.loopback.trusted"] is False, where
+    assert cfg["metrics.ssl.enable"] is True, where
+    host = (cfg.metrics_address or ("", 0))[0]
+    assert host not in ("0.0.0.0", "::", ""), f"{where}: /metrics binds {host!r}"
+    if cfg.is_broker:
+        assert cfg.node_security("CONTROLLER").protocol == "SSL", where
 
 
 @pytest.mark.parametrize("path", sorted((DEPLOY / "config").rglob("*.toml")), ids=lambda p: p.name)
 def test_example_node_configs_are_valid(path: Path) -> None:
     cfg = load_config(path, env=PASSWORD_ENV)
     assert cfg.cluster_id == "brook-prod"
+    _assert_secured(cfg, path.name)
     if cfg.is_controller:  # the examples ship without a password: refused until one is provided
         with pytest.raises(ConfigError) as info:
             load_config(path, env={})
@@ -156,6 +203,10 @@ def test_compose_cluster_parses_and_each_node_config_is_valid(tmp_path: Path) ->
         env.update(PASSWORD_ENV)  # compose takes it from the operator's shell
         cfg = load_config(DEPLOY / "docker" / "node.toml", env=env)
         assert cfg.node_id == int(name.split("-")[1]) and cfg.is_broker and cfg.is_controller
+        _assert_secured(cfg, name)
+        mounted = {v.split(":")[1] for v in svc["volumes"] if isinstance(v, str)}
+        for key in ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location"):
+            assert cfg[key] in mounted, f"{name}: {key} {cfg[key]} is not mounted"
 
 
 def test_dockerfile_and_systemd_unit_run_brook_server() -> None:

@@ -1,0 +1,322 @@
+"""Who is calling: the authenticated principal of a gRPC request.
+
+One answer for every service (broker, controller, group coordinator) and for both
+sync ``grpc`` and ``grpc.aio`` servicer contexts, in this order:
+
+1. a client certificate verified on an mTLS listener: its subject DN (RFC 2253,
+   ``CN=alice,O=Example``), rewritten by ``ssl.principal.mapping.rules`` (Kafka's
+   syntax; Brook's default keeps the CN, then falls back to the whole DN), becomes
+   ``User:<name>``;
+2. otherwise a SASL session: the resolver installed with ``set_session_resolver``
+   (the SCRAM code of the ``acl`` package) maps the request metadata to a principal;
+3. otherwise ``ANONYMOUS``.
+
+Broker identity: a broker's own certificate maps to ``node_principal(node_id)``
+(``User:node-<id>`` by default, from ``CN=node-<id>``). Broker-only RPCs
+(RegisterBroker, BrokerHeartbeat, ControlledShutdown, AlterPartition, replica fetches)
+call ``require_node(context, node_id)``, which accepts only that node's certificate
+principal. A SASL user can never act as a broker, whatever its name: broker identity
+comes from certificates only. The one exception is a plaintext caller on the loopback
+interface, trusted as any broker while ``configure(trust_loopback_plaintext=True)``
+(the default; the node config turns it off when any plaintext listener is reachable
+beyond loopback), so single-host dev clusters and the test suite run without TLS; a
+caller reaching a node over the network must present a node certificate.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proto import errors
+
+log = logging.getLogger(__name__)
+
+USER = "User"
+SESSION_METADATA_KEY = "x-brook-session"  # where a SASL session token travels (the acl package's SCRAM)
+DEFAULT_NODE_PRINCIPAL_FORMAT = "User:node-{id}"
+# Brook's default takes the CN (Kafka's DEFAULT alone would keep the whole DN), so
+# "CN=alice,O=Example" is User:alice and a node certificate "CN=node-1,..." is User:node-1.
+DEFAULT_MAPPING_RULES = "RULE:^CN=([^,]*)(,.*)?$/$1/,DEFAULT"
+RULES_MAX = 64  # bound on configured mapping rules
+
+AUTH_CERTIFICATE = "certificate"
+AUTH_SASL = "sasl"
+AUTH_NONE = "none"
+
+
+@dataclass(frozen=True)
+class Principal:
+    kind: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> Principal:
+        """``"User:alice"`` -> Principal("User", "alice")."""
+        kind, sep, name = text.partition(":")
+        if not sep or not kind or not name:
+            raise errors.InvalidConfigError(f"principal {text!r} must look like Kind:name, e.g. User:alice")
+        return cls(kind, name)
+
+
+ANONYMOUS = Principal(USER, "ANONYMOUS")
+
+
+@dataclass(frozen=True)
+class Authentication:
+    """A principal plus how it was established (certificate, sasl or none) and the peer address."""
+
+    principal: Principal
+    method: str
+    peer: str = ""
+
+
+# ----------------------------------------------------------------------------- mapping rules
+
+
+@dataclass(frozen=True)
+class MappingRule:
+    """One ``RULE:pattern/replacement/[LU]`` (or DEFAULT) of ``ssl.principal.mapping.rules``."""
+
+    pattern: re.Pattern[str] | None  # None: DEFAULT (the whole DN)
+    replacement: str = ""
+    case: str = ""  # "", "L" or "U"
+
+    def apply(self, dn: str) -> str | None:
+        if self.pattern is None:
+            return dn
+        match = self.pattern.fullmatch(dn)
+        if match is None:
+            return None
+        # Kafka writes back-references as $1; Python's are \1.
+        result = match.expand(re.sub(r"\$(\d+)", r"\\g<\1>", self.replacement.replace("\\", "\\\\")))
+        if self.case == "L":
+            result = result.lower()
+        elif self.case == "U":
+            result = result.upper()
+        return result
+
+
+_RULE_RE = re.compile(r"RULE:((?:\\.|[^/\\])*)/((?:\\.|[^/\\])*)/([LU]?)")
+
+
+def parse_mapping_rules(text: str | Sequence[str]) -> tuple[MappingRule, ...]:
+    """Parse Kafka's ``ssl.principal.mapping.rules``; a bad rule raises InvalidConfigError."""
+    source = text if isinstance(text, str) else ",".join(text)
+    source = source.strip()
+    if not source:
+        return (MappingRule(None),)
+    rules: list[MappingRule] = []
+    pos = 0
+    while pos < len(source):
+        rest = source[pos:].lstrip(" ,\n\t")
+        pos = len(source) - len(rest)
+        if not rest:
+            break
+        if rest.startswith("DEFAULT"):
+            rules.append(MappingRule(None))
+            pos += len("DEFAULT")
+        else:
+            match = _RULE_RE.match(rest)
+            if match is None:
+                raise errors.InvalidConfigError(
+                    f"ssl.principal.mapping.rules: cannot parse {rest[:60]!r}; expected RULE:pattern/replacement/"
+                    "[LU] or DEFAULT")
+            try:
+                pattern = re.compile(match.group(1).replace("\\/", "/"))
+            except re.error as e:
+                raise errors.InvalidConfigError(
+                    f"ssl.principal.mapping.rules: bad pattern {match.group(1)!r}: {e}") from None
+            rules.append(MappingRule(pattern, match.group(2).replace("\\/", "/"), match.group(3)))
+            pos += match.end()
+        if len(rules) > RULES_MAX:
+            raise errors.InvalidConfigError(f"ssl.principal.mapping.rules: more than {RULES_MAX} rules")
+    return tuple(rules)
+
+
+def map_subject(dn: str, rules: Sequence[MappingRule]) -> str | None:
+    """The first rule that matches the DN decides; no match -> None (the caller refuses the cert)."""
+    for rule in rules:
+        name = rule.apply(dn)
+        if name is not None:
+            return name
+    return None
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class _Settings:
+    rules: tuple[MappingRule, ...] = parse_mapping_rules(DEFAULT_MAPPING_RULES)
+    node_principal_format: str = DEFAULT_NODE_PRINCIPAL_FORMAT
+    trust_loopback_plaintext: bool = True
+
+
+_settings = _Settings()
+_settings_lock = threading.Lock()
+# fn(invocation metadata: the raw ((key, value), ...) of the call, or None) -> Principal | None
+SessionResolver = Callable[[Sequence[tuple[str, Any]] | None], "Principal | None"]
+_session_resolver: SessionResolver | None = None
+
+
+def configure(*, mapping_rules: str | Sequence[str] | None = None, node_principal_format: str | None = None,
+              trust_loopback_plaintext: bool | None = None) -> None:
+    """Set this process's principal rules (from the node config at start). Unset arguments keep their value."""
+    global _settings
+    with _settings_lock:
+        s = _settings
+        rules = s.rules if mapping_rules is None else parse_mapping_rules(mapping_rules)
+        fmt = s.node_principal_format if node_principal_format is None else node_principal_format
+        if "{id}" not in fmt:
+            raise errors.InvalidConfigError(f"broker principal format {fmt!r} must contain {{id}}")
+        Principal.parse(fmt.replace("{id}", "0"))
+        trust = s.trust_loopback_plaintext if trust_loopback_plaintext is None else trust_loopback_plaintext
+        _settings = _Settings(rules, fmt, trust)
+
+
+def set_session_resolver(fn: SessionResolver | None) -> None:
+    """Install (or with None remove) the SASL session resolver: invocation metadata -> Principal | None.
+
+    Called for requests without a verified client certificate. It must be cheap and
+    must not raise for bad input: an unknown or expired session returns None (the
+    caller is then ANONYMOUS) or raises ``BrookError(SASL_AUTHENTICATION_FAILED)``,
+    which ``authenticate`` lets through so the RPC fails with that code.
+    """
+    global _session_resolver
+    _session_resolver = fn
+
+
+def node_principal(node_id: int) -> Principal:
+    """What broker/controller ``node_id``'s own certificate maps to (e.g. User:node-3)."""
+    return Principal.parse(_settings.node_principal_format.replace("{id}", str(int(node_id))))
+
+
+def node_id_of(principal: Principal) -> int | None:
+    """The node id whose principal this is, or None (inverse of ``node_principal``)."""
+    fmt = _settings.node_principal_format
+    head, _, tail = fmt.partition("{id}")
+    text = str(principal)
+    if text.startswith(head) and text.endswith(tail):
+        middle = text[len(head):len(text) - len(tail)]
+        if middle.isdigit():
+            return int(middle)
+    return None
+
+
+# ----------------------------------------------------------------------------- per request
+
+
+def _auth_value(auth: Mapping[str, Sequence[bytes]], key: str) -> str | None:
+    values = auth.get(key) or ()
+    return values[0].decode("utf-8", "replace") if values else None
+
+
+def authenticate(context: Any) -> Authentication:
+    """The caller of this request, for sync grpc and grpc.aio ServicerContexts alike."""
+    peer = ""
+    try:
+        peer = str(context.peer())
+    except Exception:  # a test double or a closed call has no peer; not an identity anyway
+        peer = ""
+    auth: Mapping[str, Sequence[bytes]] = {}
+    try:
+        auth = context.auth_context() or {}
+    except Exception:
+        auth = {}
+    # gRPC sets x509_subject only for a client certificate it verified against the
+    # listener's CA (ssl_server_credentials with require_client_auth).
+    subject = _auth_value(auth, "x509_subject")
+    if subject:
+        name = map_subject(subject, _settings.rules)
+        if name is None:
+            raise errors.error_for(errors.ErrorCode.SASL_AUTHENTICATION_FAILED,
+                                   f"certificate subject {subject!r} matches no ssl.principal.mapping.rules")
+        return Authentication(Principal(USER, name), AUTH_CERTIFICATE, peer)
+    resolver = _session_resolver
+    if resolver is not None:
+        try:
+            metadata = tuple(context.invocation_metadata() or ())
+        except Exception:
+            metadata = ()
+        principal = resolver(metadata)
+        if principal is not None:
+            return Authentication(principal, AUTH_SASL, peer)
+    return Authentication(ANONYMOUS, AUTH_NONE, peer)
+
+
+def is_tls(context: Any) -> bool:
+    """Whether this request came over a TLS connection."""
+    try:
+        auth = context.auth_context() or {}
+    except Exception:
+        return False
+    return _auth_value(auth, "transport_security_type") == "ssl"
+
+
+def principal_of(context: Any) -> Principal:
+    """The principal of this request (see the module doc for the order)."""
+    return authenticate(context).principal
+
+
+def is_loopback_host(host: str) -> bool:
+    """A bind host that only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback_peer(peer: str) -> bool:
+    """``ipv4:127.0.0.1:5000`` / ``ipv6:[::1]:5000`` / ``unix:...`` -> whether it is this host."""
+    if peer.startswith("unix:"):
+        return True
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        host = rest.rpartition(":")[0]
+    elif kind == "ipv6":
+        host = rest.rpartition(":")[0].strip("[]")
+        host = host.split("%", 1)[0]
+    else:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def require_node(context: Any, node_id: int) -> Principal:
+    """Refuse (CLUSTER_AUTHORIZATION_FAILED) unless the caller is broker/controller ``node_id`` itself."""
+    auth = authenticate(context)
+    if auth.method == AUTH_CERTIFICATE and auth.principal == node_principal(node_id):
+        return auth.principal
+    if auth.method == AUTH_NONE and _settings.trust_loopback_plaintext and is_loopback_peer(auth.peer):
+        return node_principal(node_id)  # single-host plaintext cluster: documented trust of loopback
+    log.warning("refused a broker-only request for node %d from %s (%s, peer %s)", node_id, auth.principal,
+                auth.method, auth.peer)
+    raise errors.error_for(errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                           f"{auth.principal} may not act as node {node_id}: broker-only requests need that "
+                           f"node's certificate ({node_principal(node_id)})")
+
+
+def require_any_node(context: Any) -> int | None:
+    """Refuse unless the caller is some node; its id (None for a trusted loopback plaintext caller)."""
+    auth = authenticate(context)
+    if auth.method == AUTH_CERTIFICATE:
+        node = node_id_of(auth.principal)
+        if node is not None:
+            return node
+    elif auth.method == AUTH_NONE and _settings.trust_loopback_plaintext and is_loopback_peer(auth.peer):
+        return None
+    raise errors.error_for(errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                           f"{auth.principal} is not a cluster node")

@@ -1,0 +1,131 @@
+"""Server-side TLS: bind a gRPC port as PLAINTEXT, SSL or mTLS, with certificate reload.
+
+``bind_port(server, host, port, tls)`` is the one place a Brook gRPC server (broker,
+controller; sync ``grpc`` or ``grpc.aio``) opens a port. With TLS it uses gRPC's
+dynamic server credentials: before each new handshake gRPC asks ``ReloadingCertificates``
+for the current configuration, which re-reads the PEM files only when their size or
+mtime changed. So an operator (or cert-manager) replacing the files rotates the
+certificate or CA without a restart; connections already open keep their session.
+A half-written or mismatched new pair is logged and the previous one kept serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from proto import errors
+
+log = logging.getLogger(__name__)
+
+PEM_FILE_BYTES_MAX = 1024 * 1024
+
+CLIENT_AUTH_REQUIRED = "required"
+CLIENT_AUTH_NONE = "none"
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """PEM locations of one listener's certificate, key and the CA that client certificates must chain to."""
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+    client_auth: str = CLIENT_AUTH_REQUIRED  # "required" (mTLS) or "none" (server-only TLS)
+
+    def __post_init__(self) -> None:
+        if self.client_auth not in (CLIENT_AUTH_REQUIRED, CLIENT_AUTH_NONE):
+            raise errors.InvalidConfigError(f"ssl.client.auth {self.client_auth!r} must be required or none")
+        if self.client_auth == CLIENT_AUTH_REQUIRED and self.ca is None:
+            raise errors.InvalidConfigError("ssl.client.auth=required needs ssl.ca.location (the client CA)")
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_mtime_ns, st.st_size
+
+
+def _read(path: Path) -> bytes:
+    if os.stat(path).st_size > PEM_FILE_BYTES_MAX:
+        raise ValueError(f"{path} is larger than {PEM_FILE_BYTES_MAX} bytes")
+    return path.read_bytes()
+
+
+class ReloadingCertificates:
+    """gRPC certificate-configuration fetcher that follows the PEM files on disk."""
+
+    def __init__(self, tls: ServerTls) -> None:
+        self.tls = tls
+        self._lock = threading.Lock()
+        self._stamps = self._current_stamps()
+        self.loads = 0
+        self.initial = self._load()
+
+    def _paths(self) -> list[Path]:
+        return [p for p in (self.tls.cert, self.tls.key, self.tls.ca) if p is not None]
+
+    def _current_stamps(self) -> tuple[tuple[int, int], ...]:
+        return tuple(_stamp(p) for p in self._paths())
+
+    def _load(self) -> Any:
+        cert, key = _read(self.tls.cert), _read(self.tls.key)
+        ca = _read(self.tls.ca) if self.tls.ca is not None else None
+        _check_pair(cert, key)
+        if ca is not None:
+            x509.load_pem_x509_certificates(ca)
+        self.loads += 1
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def __call__(self) -> Any:
+        """None keeps the current configuration (gRPC's contract); a new one is used from this handshake on."""
+        with self._lock:
+            try:
+                stamps = self._current_stamps()
+                if stamps == self._stamps:
+                    return None
+                config = self._load()
+            except (OSError, ValueError) as e:
+                log.warning("TLS files of %s unreadable (%s); keeping the previous certificate", self.tls.cert, e)
+                return None
+            self._stamps = stamps
+            log.info("reloaded TLS certificate %s", self.tls.cert)
+            return config
+
+
+def _check_pair(cert_pem: bytes, key_pem: bytes) -> None:
+    """ValueError unless the PEMs parse and the key belongs to the (first) certificate.
+
+    Catches a rotation caught half way (new certificate, old key) before gRPC sees it.
+    """
+    leaf = x509.load_pem_x509_certificates(cert_pem)[0]
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    ours = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    theirs = leaf.public_key().public_bytes(serialization.Encoding.DER,
+                                            serialization.PublicFormat.SubjectPublicKeyInfo)
+    if ours != theirs:
+        raise ValueError("the private key does not belong to the certificate")
+
+
+def server_credentials(tls: ServerTls) -> grpc.ServerCredentials:
+    try:
+        fetcher = ReloadingCertificates(tls)
+    except (OSError, ValueError) as e:
+        raise errors.InvalidConfigError(f"cannot read TLS files for {tls.cert}: {e}") from None
+    return grpc.dynamic_ssl_server_credentials(
+        fetcher.initial, fetcher, require_client_authentication=tls.client_auth == CLIENT_AUTH_REQUIRED)
+
+
+def bind_port(server: Any, host: str, port: int, tls: ServerTls | None) -> int:
+    """Open ``host:port`` on a grpc or grpc.aio server; the bound port (0 if gRPC could not bind)."""
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if tls is None:
+        return int(server.add_insecure_port(address))
+    return int(server.add_secure_port(address, server_credentials(tls)))

@@ -1,0 +1,227 @@
+"""Client-side security: one ``SecurityConfig`` and one ``make_channel`` for every gRPC channel.
+
+Configs use Kafka's client names so existing knowledge and property files carry over:
+
+| key | values |
+| --- | --- |
+| ``security.protocol`` | PLAINTEXT (default), SSL, SASL_PLAINTEXT, SASL_SSL |
+| ``ssl.ca.location`` | PEM file of the CA(s) that signed the brokers' certificates |
+| ``ssl.certificate.location`` / ``ssl.key.location`` | this client's certificate and key (mTLS) |
+| ``ssl.endpoint.identification.algorithm`` | ``https`` (default): the server certificate must name the host |
+| ``sasl.mechanism`` | SCRAM-SHA-256 or SCRAM-SHA-512 |
+| ``sasl.username`` / ``sasl.password`` | the SCRAM user |
+
+Every place that opens a channel (client, controller client, replica fetchers, group
+coordinator, launcher, CLI, Spark source) calls ``make_channel``, so TLS is never
+forgotten on one path. SASL itself is layered on by the channel wrapper installed with
+``set_sasl_channel_wrapper`` (the acl package's SCRAM client); a SASL_* protocol
+without one installed is refused rather than silently sent unauthenticated.
+Environment: ``SecurityConfig.from_env`` reads ``BROOK_SECURITY_PROTOCOL``,
+``BROOK_SSL_CA_LOCATION``, ... (the key upper-cased, dots as underscores), next to
+the CLI's ``BROOK_BOOTSTRAP``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from proto import errors
+
+log = logging.getLogger(__name__)
+
+PLAINTEXT = "PLAINTEXT"
+SSL = "SSL"
+SASL_PLAINTEXT = "SASL_PLAINTEXT"
+SASL_SSL = "SASL_SSL"
+PROTOCOLS = (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)
+SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+ENV_PREFIX = "BROOK_"
+PEM_FILE_BYTES_MAX = 1024 * 1024  # a certificate chain is a few KB; refuse to read something else
+
+# Kafka config name -> SecurityConfig field.
+CONFIG_KEYS: Mapping[str, str] = {
+    "security.protocol": "protocol",
+    "ssl.ca.location": "ssl_ca_location",
+    "ssl.certificate.location": "ssl_certificate_location",
+    "ssl.key.location": "ssl_key_location",
+    "ssl.endpoint.identification.algorithm": "ssl_endpoint_identification_algorithm",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.username": "sasl_username",
+    "sasl.password": "sasl_password",
+}
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    protocol: str = PLAINTEXT
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_endpoint_identification_algorithm: str = "https"
+    sasl_mechanism: str = "SCRAM-SHA-256"
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)  # never in logs or reprs
+
+    def __post_init__(self) -> None:
+        protocol = self.protocol.strip().upper()
+        object.__setattr__(self, "protocol", protocol)
+        if protocol not in PROTOCOLS:
+            raise errors.InvalidConfigError(f"security.protocol {self.protocol!r} must be one of "
+                                            f"{', '.join(PROTOCOLS)}")
+        if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
+            raise errors.InvalidConfigError("ssl.certificate.location and ssl.key.location go together")
+        algorithm = self.ssl_endpoint_identification_algorithm.strip().lower()
+        if algorithm != "https":
+            # gRPC's TLS always checks the server name; turning that off would need a
+            # custom verifier. Certificates with the host in their SAN are the fix.
+            raise errors.InvalidConfigError(
+                f"ssl.endpoint.identification.algorithm {self.ssl_endpoint_identification_algorithm!r}: only "
+                "'https' is supported (the broker certificate must name the host you connect to)")
+        if self.uses_sasl:
+            if self.sasl_mechanism.upper() not in SASL_MECHANISMS:
+                raise errors.InvalidConfigError(f"sasl.mechanism {self.sasl_mechanism!r} must be one of "
+                                                f"{', '.join(SASL_MECHANISMS)}")
+            if not self.sasl_username or self.sasl_password is None:
+                raise errors.InvalidConfigError(f"security.protocol {protocol} needs sasl.username and "
+                                                "sasl.password")
+
+    # ---- construction ----
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | None) -> SecurityConfig:
+        """From Kafka-named keys (``security.protocol``, ``ssl.*``, ``sasl.*``); other keys are ignored.
+
+        Underscore spellings (``security_protocol``) are accepted too, as Python kwargs.
+        """
+        return PLAINTEXT_CONFIG.merged(config or {})
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SecurityConfig:
+        env = os.environ if environ is None else environ
+        return cls.from_config({key: env[env_var(key)] for key in CONFIG_KEYS if env_var(key) in env})
+
+    @classmethod
+    def from_properties(cls, path: str | Path) -> SecurityConfig:
+        """From a Kafka-style client properties file (``key=value`` lines, ``#`` comments)."""
+        return cls.from_config(read_properties(path))
+
+    def merged(self, overrides: Mapping[str, Any]) -> SecurityConfig:
+        """This config with the Kafka-named keys of ``overrides`` replacing ours."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key, value in overrides.items():
+            name = CONFIG_KEYS.get(str(key).replace("_", "."))
+            # An empty identification algorithm is meaningful (Kafka's "off"), so it is
+            # kept and refused; other empty values mean "not set".
+            if name is not None and value is not None and (
+                    str(value) != "" or name == "ssl_endpoint_identification_algorithm"):
+                values[name] = str(value)
+        return replace(self, **values)
+
+    def to_config(self) -> dict[str, str]:
+        """Back to Kafka-named keys (what a child process or Spark executor needs)."""
+        out: dict[str, str] = {}
+        for key, name in CONFIG_KEYS.items():
+            value = getattr(self, name)
+            if value is not None:
+                out[key] = str(value)
+        return out
+
+    # ---- properties ----
+    @property
+    def uses_ssl(self) -> bool:
+        return self.protocol in (SSL, SASL_SSL)
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.protocol in (SASL_PLAINTEXT, SASL_SSL)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """TLS credentials from the configured PEM files (read now: a rotated file is used by new channels)."""
+        ca = _read_pem(self.ssl_ca_location, "ssl.ca.location") if self.ssl_ca_location else None
+        cert = key = None
+        if self.ssl_certificate_location and self.ssl_key_location:
+            cert = _read_pem(self.ssl_certificate_location, "ssl.certificate.location")
+            key = _read_pem(self.ssl_key_location, "ssl.key.location")
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+PLAINTEXT_CONFIG = SecurityConfig()
+
+
+def env_var(key: str) -> str:
+    """``ssl.ca.location`` -> ``BROOK_SSL_CA_LOCATION``."""
+    return ENV_PREFIX + key.replace(".", "_").upper()
+
+
+def read_properties(path: str | Path) -> dict[str, str]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise errors.InvalidConfigError(f"cannot read client config {p}: {e.strerror}") from None
+    out: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise errors.InvalidConfigError(f"{p}:{number}: expected key=value, got {line!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _read_pem(location: str, key: str) -> bytes:
+    path = Path(location)
+    try:
+        if path.stat().st_size > PEM_FILE_BYTES_MAX:
+            raise errors.InvalidConfigError(f"{key} {path} is larger than {PEM_FILE_BYTES_MAX} bytes")
+        return path.read_bytes()
+    except OSError as e:
+        raise errors.InvalidConfigError(f"{key}: cannot read {path}: {e.strerror}") from None
+
+
+# ----------------------------------------------------------------------------- SASL hook
+
+# fn(channel, security, address) -> the channel with SASL on it (e.g. the acl package's
+# ``scram_channel(address, ScramCredentials(...), raw=channel)``); the transport under
+# it is already TLS for SASL_SSL.
+SaslChannelWrapper = Callable[[grpc.Channel, SecurityConfig, str], grpc.Channel]
+_sasl_wrapper: SaslChannelWrapper | None = None
+
+
+def set_sasl_channel_wrapper(fn: SaslChannelWrapper | None) -> None:
+    """Install (None: remove) the SASL client side used by make_channel for SASL_* protocols."""
+    global _sasl_wrapper
+    _sasl_wrapper = fn
+
+
+# ----------------------------------------------------------------------------- channels
+
+
+def make_channel(address: str, security: SecurityConfig | None = None,
+                 options: Sequence[tuple[str, Any]] | None = None,
+                 interceptors: Sequence[Any] = ()) -> grpc.Channel:
+    """A gRPC channel to ``address`` ("host:port") secured as ``security`` says."""
+    sec = security or PLAINTEXT_CONFIG
+    opts = list(options or [])
+    if sec.uses_ssl:
+        channel = grpc.secure_channel(address, sec.channel_credentials(), options=opts)
+    else:
+        channel = grpc.insecure_channel(address, options=opts)
+    if sec.uses_sasl:
+        wrapper = _sasl_wrapper
+        if wrapper is None:
+            channel.close()
+            raise errors.InvalidConfigError(
+                f"security.protocol {sec.protocol} needs SASL support, which is not installed in this process")
+        channel = wrapper(channel, sec, address)
+    if interceptors:
+        channel = grpc.intercept_channel(channel, *interceptors)
+    return channel

@@ -1,0 +1,159 @@
+"""Principal mapping rules, node principals and client SecurityConfig parsing (pure, fast)."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker import principal
+from broker.principal import ANONYMOUS, Principal, map_subject, parse_mapping_rules
+from client.security import SecurityConfig
+from proto import errors
+
+
+@pytest.fixture(autouse=True)
+def _default_rules():
+    yield
+    principal.configure(mapping_rules=principal.DEFAULT_MAPPING_RULES,
+                        node_principal_format=principal.DEFAULT_NODE_PRINCIPAL_FORMAT, trust_loopback_plaintext=True)
+
+
+def test_principal_text_and_parse() -> None:
+    assert str(Principal("User", "alice")) == "User:alice"
+    assert Principal.parse("User:CN=a,O=b") == Principal("User", "CN=a,O=b")
+    assert str(ANONYMOUS) == "User:ANONYMOUS"
+    with pytest.raises(errors.BrookError):
+        Principal.parse("alice")
+
+
+def test_kafka_rule_syntax_with_groups_and_case() -> None:
+    rules = parse_mapping_rules(
+        "RULE:^CN=(.*?),OU=ServiceUsers.*$/$1/,RULE:^CN=(.*?),OU=(.*?),O=(.*?)$/$1@$2/L,DEFAULT")
+    assert map_subject("CN=kafka1,OU=ServiceUsers,O=Org", rules) == "kafka1"
+    assert map_subject("CN=Duke,OU=JavaSoft,O=Sun", rules) == "duke@javasoft"
+    assert map_subject("CN=x,O=y", rules) == "CN=x,O=y"  # DEFAULT: the whole DN
+
+
+def test_upper_case_and_no_default_means_no_match() -> None:
+    rules = parse_mapping_rules("RULE:^CN=([^,]*),.*$/$1/U")
+    assert map_subject("CN=bob,O=z", rules) == "BOB"
+    assert map_subject("O=z", rules) is None
+
+
+def test_brook_default_takes_the_cn() -> None:
+    rules = parse_mapping_rules(principal.DEFAULT_MAPPING_RULES)
+    assert map_subject("CN=node-3,O=Brook", rules) == "node-3"
+    assert map_subject("CN=alice", rules) == "alice"
+    assert map_subject("O=NoCn", rules) == "O=NoCn"
+
+
+def test_bad_rules_are_config_errors() -> None:
+    for text in ("RULE:(/x/", "RULE:abc", "NOPE"):
+        with pytest.raises(errors.BrookError) as info:
+            parse_mapping_rules(text)
+        assert info.value.code == errors.ErrorCode.INVALID_CONFIG
+
+
+def test_node_principal_round_trip_and_format() -> None:
+    assert principal.node_principal(3) == Principal("User", "node-3")
+    assert principal.node_id_of(Principal("User", "node-3")) == 3
+    assert principal.node_id_of(Principal("User", "node-x")) is None
+    assert principal.node_id_of(Principal("User", "alice")) is None
+    principal.configure(node_principal_format="User:broker{id}.example")
+    assert str(principal.node_principal(7)) == "User:broker7.example"
+    assert principal.node_id_of(Principal("User", "broker7.example")) == 7
+    with pytest.raises(errors.BrookError):
+        principal.configure(node_principal_format="User:fixed")
+
+
+@pytest.mark.parametrize("peer,expected", [
+    ("ipv4:127.0.0.1:5000", True), ("ipv4:127.8.0.2:1", True), ("ipv6:[::1]:5000", True),
+    ("ipv4:10.0.0.1:5000", False), ("ipv6:[fe80::1]:1", False), ("", False), ("unix:/tmp/s", True),
+])
+def test_loopback_peers(peer: str, expected: bool) -> None:
+    assert principal.is_loopback_peer(peer) is expected
+
+
+def test_security_config_from_kafka_names_env_and_properties(tmp_path) -> None:
+    sec = SecurityConfig.from_config({"security.protocol": "ssl", "ssl.ca.location": "/ca.pem",
+                                      "ssl_certificate_location": "/c.pem", "ssl.key.location": "/k.pem",
+                                      "bootstrap.servers": "ignored:1"})
+    assert sec.protocol == "SSL" and sec.uses_ssl and not sec.uses_sasl
+    assert sec.ssl_certificate_location == "/c.pem"
+    env = {"BROOK_SECURITY_PROTOCOL": "SSL", "BROOK_SSL_CA_LOCATION": "/ca2.pem"}
+    assert SecurityConfig.from_env(env).ssl_ca_location == "/ca2.pem"
+    props = tmp_path / "client.properties"
+    props.write_text("# comment\nsecurity.protocol=SSL\nssl.ca.location = /ca3.pem\n")
+    assert SecurityConfig.from_properties(props).ssl_ca_location == "/ca3.pem"
+    assert SecurityConfig.from_config(sec.to_config()) == sec
+
+
+@pytest.mark.parametrize("config", [
+    {"security.protocol": "TLS"},
+    {"security.protocol": "SSL", "ssl.certificate.location": "/c.pem"},
+    {"security.protocol": "SSL", "ssl.endpoint.identification.algorithm": ""},
+    {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"},
+    {"security.protocol": "SASL_SSL"},
+])
+def test_bad_client_security_configs_are_refused(config) -> None:
+    with pytest.raises(errors.BrookError) as info:
+        SecurityConfig.from_config(config)
+    assert info.value.code == errors.ErrorCode.INVALID_CONFIG
+
+
+def test_sasl_protocols_need_the_installed_wrapper_and_use_it() -> None:
+    import grpc
+
+    from client import security
+
+    sec = SecurityConfig.from_config({"security.protocol": "SASL_PLAINTEXT", "sasl.username": "alice",
+                                      "sasl.password": "pw", "sasl.mechanism": "SCRAM-SHA-512"})
+    assert "pw" not in repr(sec)
+    with pytest.raises(errors.BrookError) as info:
+        security.make_channel("127.0.0.1:1", sec)
+    assert info.value.code == errors.ErrorCode.INVALID_CONFIG
+    seen: list[tuple[str, str]] = []
+
+    def wrap(channel: grpc.Channel, s: SecurityConfig, address: str) -> grpc.Channel:
+        seen.append((s.sasl_username or "", address))
+        return channel
+
+    security.set_sasl_channel_wrapper(wrap)
+    try:
+        security.make_channel("127.0.0.1:1", sec).close()
+    finally:
+        security.set_sasl_channel_wrapper(None)
+    assert seen == [("alice", "127.0.0.1:1")]
+
+
+def test_session_resolver_gets_the_raw_metadata_and_certificates_win() -> None:
+    class Ctx:
+        def __init__(self, subject: bytes | None) -> None:
+            self.subject = subject
+
+        def peer(self) -> str:
+            return "ipv4:10.1.2.3:5555"
+
+        def auth_context(self) -> dict:
+            return {"x509_subject": [self.subject]} if self.subject else {}
+
+        def invocation_metadata(self) -> tuple:
+            return (("x-brook-session", "tok"),)
+
+    principal.set_session_resolver(lambda md: Principal("User", "bob") if ("x-brook-session", "tok") in md else None)
+    try:
+        assert principal.authenticate(Ctx(None)) == principal.Authentication(Principal("User", "bob"), "sasl",
+                                                                             "ipv4:10.1.2.3:5555")
+        assert principal.principal_of(Ctx(b"CN=alice,O=x")) == Principal("User", "alice")
+        # A SASL user named like a node is not that node; a remote plaintext caller is nobody.
+        principal.set_session_resolver(lambda md: Principal("User", "node-1"))
+        with pytest.raises(errors.BrookError) as info:
+            principal.require_node(Ctx(None), 1)
+        assert info.value.code == errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        principal.set_session_resolver(None)
+        with pytest.raises(errors.BrookError):
+            principal.require_node(Ctx(None), 1)
+        assert principal.require_node(Ctx(b"CN=node-1,O=Brook"), 1) == Principal("User", "node-1")
+        with pytest.raises(errors.BrookError):
+            principal.require_node(Ctx(b"CN=node-2,O=Brook"), 1)
+    finally:
+        principal.set_session_resolver(None)

@@ -1,0 +1,106 @@
+"""Server TLS reload through broker.tls.bind_port, on real sockets.
+
+Replacing the CA bundle revokes every client certificate of the old CA for new
+connections (no restart, no CRL needed); a garbage or half-written certificate file is
+ignored and the previous certificate keeps serving; the principal of a verified client
+certificate follows the mapping rules.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from waiting import wait_for
+
+from broker import principal
+from broker.tls import ReloadingCertificates, ServerTls, bind_port
+from client.security import SecurityConfig, make_channel
+from deploy.local.certs import CertificateAuthority
+
+# A fresh connection per call: gRPC would otherwise reuse a subchannel (and its old handshake).
+FRESH = [("grpc.use_local_subchannel_pool", 1)]
+
+
+@pytest.fixture()
+def pki(tmp_path: Path) -> dict[str, object]:
+    ca1 = CertificateAuthority.create(tmp_path / "ca1", "CA one")
+    ca2 = CertificateAuthority.create(tmp_path / "ca2", "CA two")
+    server_dir = tmp_path / "server"
+    server = ca1.issue(server_dir, "node-1")
+    shutil.copy(ca1.path, server_dir / "clients-ca.pem")
+    return {"ca1": ca1, "ca2": ca2, "server": server, "clients_ca": server_dir / "clients-ca.pem",
+            "alice": ca1.issue(tmp_path / "alice", "alice", hosts=(), server=False),
+            "bob": ca2.issue(tmp_path / "bob", "bob", hosts=(), server=False)}
+
+
+@pytest.fixture()
+def server(pki: dict) -> Iterator[int]:
+    def whoami(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return str(principal.principal_of(context)).encode()
+
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "test.Who", {"Am": grpc.unary_unary_rpc_method_handler(whoami)}),))
+    files = pki["server"]
+    port = bind_port(srv, "127.0.0.1", 0, ServerTls(files.cert, files.key, pki["clients_ca"]))
+    srv.start()
+    try:
+        yield port
+    finally:
+        srv.stop(0)
+
+
+def _call(port: int, client, ca1: CertificateAuthority) -> str | grpc.StatusCode:  # type: ignore[no-untyped-def]
+    sec = SecurityConfig(protocol="SSL", ssl_ca_location=str(ca1.path), ssl_certificate_location=str(client.cert),
+                         ssl_key_location=str(client.key))
+    channel = make_channel(f"localhost:{port}", sec, options=FRESH)
+    try:
+        return channel.unary_unary("/test.Who/Am")(b"", timeout=5).decode()
+    except grpc.RpcError as e:
+        return e.code()
+    finally:
+        channel.close()
+
+
+def test_principal_of_a_verified_client_certificate(server: int, pki: dict) -> None:
+    assert _call(server, pki["alice"], pki["ca1"]) == "User:alice"
+    assert _call(server, pki["bob"], pki["ca1"]) == grpc.StatusCode.UNAVAILABLE  # another CA
+
+
+def test_replacing_the_ca_bundle_revokes_old_clients_without_restart(server: int, pki: dict) -> None:
+    assert _call(server, pki["alice"], pki["ca1"]) == "User:alice"
+    tmp = pki["clients_ca"].with_suffix(".tmp")
+    shutil.copy(pki["ca2"].path, tmp)
+    tmp.replace(pki["clients_ca"])  # only CA two's clients from now on
+    wait_for(lambda: _call(server, pki["bob"], pki["ca1"]) == "User:bob", 30, "bob accepted")
+    assert _call(server, pki["alice"], pki["ca1"]) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_broken_certificate_file_keeps_the_previous_one(server: int, pki: dict) -> None:
+    pki["server"].cert.write_text("-----BEGIN CERTIFICATE-----\nnot a certificate\n")
+    for _ in range(3):
+        assert _call(server, pki["alice"], pki["ca1"]) == "User:alice"
+
+
+def test_fetcher_reloads_only_when_files_change(pki: dict) -> None:
+    files = pki["server"]
+    fetcher = ReloadingCertificates(ServerTls(files.cert, files.key, pki["clients_ca"]))
+    assert fetcher() is None and fetcher.loads == 1
+    pki["ca1"].issue(files.cert.parent, "node-1")
+    assert fetcher() is not None and fetcher.loads == 2
+    assert fetcher() is None
+
+
+def test_half_rotated_pair_is_not_loaded_until_complete(pki: dict, tmp_path: Path) -> None:
+    files = pki["server"]
+    fetcher = ReloadingCertificates(ServerTls(files.cert, files.key, pki["clients_ca"]))
+    fresh = pki["ca1"].issue(tmp_path / "next", "node-1")
+    shutil.copy(fresh.cert, files.cert)  # new certificate, old key: mid-rotation
+    assert fetcher() is None and fetcher.loads == 1
+    shutil.copy(fresh.key, files.key)  # rotation complete
+    assert fetcher() is not None and fetcher.loads == 2
