@@ -164,6 +164,14 @@ class Authorizer:
     def may_describe_topic(self, principal: object, topic: str) -> bool:
         return self._decide(str(principal), principal, DESCRIBE, TOPIC, topic)
 
+    def may_write_some_topic(self, principal: object) -> bool:
+        """Kafka's InitProducerId rule: an ALLOW for WRITE on any topic (no DENY can cover every topic)."""
+        who = str(principal)
+        if not self.config.enabled or who in self.config.super_users or self._is_node_principal(principal):
+            return True
+        return any(b.resource_type == TOPIC and b.permission == "ALLOW" and b.operation in (WRITE, "ALL")
+                   and b.principal in (who, "User:*") for b in self._acls().bindings)
+
     def denied_total(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self.denied)

@@ -7,16 +7,34 @@ the group answers, bounded by the rebalance timeout and the caller's deadline.
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
+from broker import authorizer as authz
+from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.group_coordinator import GroupCoordinator
+from broker.sasl import principal_of
 from client.types import TopicPartition
 from proto import errors, group_pb2, group_pb2_grpc
 
 
 class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
-    def __init__(self, coordinator: GroupCoordinator) -> None:
+    def __init__(self, coordinator: GroupCoordinator, authorizer: Authorizer = ALLOW_ALL) -> None:
         self.c = coordinator
+        self.authz = authorizer  # Kafka's group ACLs: READ to join/commit, DESCRIBE to find/describe, DELETE
+
+    def _refused(self, context: Any, operation: str, group_id: str, response_cls: type) -> Any:
+        """The response refusing the call (GROUP_AUTHORIZATION_FAILED), or None when allowed."""
+        principal = principal_of(context)
+        if self.authz.authorize(principal, operation, authz.GROUP, group_id):
+            return None
+        exc = authz.denied_error(principal, operation, authz.GROUP, group_id)
+        return response_cls(error_code=exc.code, error_message=exc.message)
+
+    def _topic_denied(self, context: Any, operation: str, partitions: Any) -> tuple[set[str], Any]:
+        principal = principal_of(context)
+        return self.authz.denied_topics(principal, operation, {p.topic for p in partitions}), principal
 
     @staticmethod
     def _wait_s(context: grpc.ServicerContext, wanted_ms: int) -> float:
@@ -25,6 +43,10 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return min(wait, max(0.0, remaining - 0.5)) if remaining is not None else wait
 
     def FindCoordinator(self, request, context):  # noqa: N802
+        if (refused := self._refused(context, authz.DESCRIBE, request.group_id,
+                                     group_pb2.FindCoordinatorResponse)) is not None:
+            refused.node_id = -1
+            return refused
         try:
             node_id, host, port = self.c.find_coordinator(request.group_id)
         except errors.BrookError as exc:
@@ -32,6 +54,9 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return group_pb2.FindCoordinatorResponse(node_id=node_id, host=host, port=port)
 
     def JoinGroup(self, request, context):  # noqa: N802
+        if (refused := self._refused(context, authz.READ, request.group_id, group_pb2.JoinGroupResponse)) is not None:
+            refused.member_id, refused.generation_id = request.member_id, -1
+            return refused
         try:
             wanted = max(request.rebalance_timeout_ms, request.session_timeout_ms,
                          self.c.config.group_initial_rebalance_delay_ms)
@@ -45,6 +70,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
             members=[group_pb2.JoinGroupMember(member_id=m, metadata=md, client_id=cid) for m, md, cid in r.members])
 
     def SyncGroup(self, request, context):  # noqa: N802
+        if (refused := self._refused(context, authz.READ, request.group_id, group_pb2.SyncGroupResponse)) is not None:
+            return refused
         try:
             r = self.c.sync_group(request, self._wait_s(context, 300_000))
         except errors.BrookError as exc:
@@ -53,6 +80,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
                                            protocol_name=r.protocol_name, assignment=r.assignment)
 
     def Heartbeat(self, request, context):  # noqa: N802
+        if (refused := self._refused(context, authz.READ, request.group_id, group_pb2.HeartbeatResponse)) is not None:
+            return refused
         try:
             code = self.c.heartbeat(request.group_id, request.member_id, request.generation_id)
         except errors.BrookError as exc:
@@ -60,6 +89,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return group_pb2.HeartbeatResponse(error_code=code)
 
     def LeaveGroup(self, request, context):  # noqa: N802
+        if (refused := self._refused(context, authz.READ, request.group_id, group_pb2.LeaveGroupResponse)) is not None:
+            return refused
         try:
             results = self.c.leave_group(request.group_id, list(request.member_ids))
         except errors.BrookError as exc:
@@ -68,21 +99,47 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
             group_pb2.LeaveGroupMemberResponse(member_id=m, error_code=c) for m, c in results])
 
     def OffsetCommit(self, request, context):  # noqa: N802
+        if (refused := self._refused(context, authz.READ, request.group_id,
+                                     group_pb2.OffsetCommitResponse)) is not None:
+            return refused
+        denied, principal = self._topic_denied(context, authz.READ, request.partitions)
+        refusals = []
+        if denied:  # commit the partitions the member may read; refuse the others one by one
+            refusals = [(p.topic, p.partition, authz.denied_error(principal, authz.READ, authz.TOPIC, p.topic))
+                        for p in request.partitions if p.topic in denied]
+            allowed = group_pb2.OffsetCommitRequest()
+            allowed.CopyFrom(request)
+            del allowed.partitions[:]
+            allowed.partitions.extend(p for p in request.partitions if p.topic not in denied)
+            request = allowed
         try:
-            results = self.c.commit_offsets(request)
+            results = self.c.commit_offsets(request) if request.partitions or not refusals else []
         except errors.BrookError as exc:
             return group_pb2.OffsetCommitResponse(error_code=exc.code, error_message=exc.message)
+        results = list(results) + [(t, p, e.code, e.message) for t, p, e in refusals]
         return group_pb2.OffsetCommitResponse(partitions=[
             group_pb2.PartitionError(topic=t, partition=p, error_code=c, error_message=m) for t, p, c, m in results])
 
     def OffsetFetch(self, request, context):  # noqa: N802
+        if (refused := self._refused(context, authz.DESCRIBE, request.group_id,
+                                     group_pb2.OffsetFetchResponse)) is not None:
+            return refused
+        principal = principal_of(context)
         tps = [TopicPartition(p.topic, p.partition) for p in request.partitions]
         try:
             found = self.c.fetch_offsets(request.group_id, tps)
         except errors.BrookError as exc:
             return group_pb2.OffsetFetchResponse(error_code=exc.code, error_message=exc.message)
         resp = group_pb2.OffsetFetchResponse()
+        # Kafka leaves out (all partitions) or refuses (named ones) topics the caller may not DESCRIBE.
+        denied = self.authz.denied_topics(principal, authz.DESCRIBE, {tp.topic for tp, _ in found})
         for tp, e in found:
+            if tp.topic in denied:
+                if request.partitions:
+                    resp.partitions.append(group_pb2.CommittedOffset(
+                        topic=tp.topic, partition=tp.partition, offset=-1, leader_epoch=-1,
+                        error_code=authz.denied_code(authz.TOPIC)))
+                continue
             if e is None:
                 resp.partitions.append(group_pb2.CommittedOffset(topic=tp.topic, partition=tp.partition,
                                                                  offset=-1, leader_epoch=-1))
@@ -94,17 +151,31 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
 
     def ListGroups(self, request, context):  # noqa: N802
         groups = self.c.list_groups(set(request.states))
+        principal = principal_of(context)
+        if not self.authz.authorize(principal, authz.DESCRIBE, authz.CLUSTER):  # else: only describable groups
+            groups = [g for g in groups if self.authz.authorize(principal, authz.DESCRIBE, authz.GROUP, g.group_id)]
         return group_pb2.ListGroupsResponse(groups=[
             group_pb2.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type, state=g.state.value,
                                   coordinator_id=self.c.node_id) for g in sorted(groups, key=lambda g: g.group_id)])
 
     def DescribeGroups(self, request, context):  # noqa: N802
-        return group_pb2.DescribeGroupsResponse(groups=[
-            self.c.describe_group(gid, request.include_offsets) for gid in request.group_ids])
+        out = group_pb2.DescribeGroupsResponse()
+        for gid in request.group_ids:
+            refused = self._refused(context, authz.DESCRIBE, gid, group_pb2.DescribedGroup)
+            if refused is not None:
+                refused.group_id = gid
+                out.groups.append(refused)
+            else:
+                out.groups.append(self.c.describe_group(gid, request.include_offsets))
+        return out
 
     def DeleteGroups(self, request, context):  # noqa: N802
         out = group_pb2.DeleteGroupsResponse()
         for gid in request.group_ids:
+            if (refused := self._refused(context, authz.DELETE, gid, group_pb2.GroupResult)) is not None:
+                refused.group_id = gid
+                out.results.append(refused)
+                continue
             try:
                 self.c.delete_group(gid)
                 out.results.append(group_pb2.GroupResult(group_id=gid))
@@ -114,6 +185,13 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return out
 
     def OffsetDelete(self, request, context):  # noqa: N802
+        if (refused := self._refused(context, authz.DELETE, request.group_id,
+                                     group_pb2.OffsetDeleteResponse)) is not None:
+            return refused
+        denied, principal = self._topic_denied(context, authz.READ, request.partitions)
+        if denied:
+            exc = authz.denied_error(principal, authz.READ, authz.TOPIC, sorted(denied)[0])
+            return group_pb2.OffsetDeleteResponse(error_code=exc.code, error_message=exc.message)
         tps = [TopicPartition(p.topic, p.partition) for p in request.partitions]
         try:
             results = self.c.delete_offsets(request.group_id, tps)
@@ -123,6 +201,14 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
             group_pb2.PartitionError(topic=tp.topic, partition=tp.partition, error_code=c) for tp, c in results])
 
     def AlterGroupOffsets(self, request, context):  # noqa: N802
+        # Kafka: resetting offsets is an offset commit (READ on the group and on each topic).
+        if (refused := self._refused(context, authz.READ, request.group_id,
+                                     group_pb2.AlterGroupOffsetsResponse)) is not None:
+            return refused
+        denied, principal = self._topic_denied(context, authz.READ, request.specs)
+        if denied:
+            exc = authz.denied_error(principal, authz.READ, authz.TOPIC, sorted(denied)[0])
+            return group_pb2.AlterGroupOffsetsResponse(error_code=exc.code, error_message=exc.message)
         try:
             resolved = self.c.alter_offsets(request)
         except errors.BrookError as exc:
