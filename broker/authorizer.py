@@ -151,6 +151,15 @@ class Authorizer:
         allowing = _IMPLIED_BY.get(operation, {operation})
         return any(b.permission == "ALLOW" and (b.operation == "ALL" or b.operation in allowing) for b in mine)
 
+    def authorize_any(self, principal: object, operation: str, resources: Iterable[tuple[str, str]]) -> bool:
+        """Allowed on at least one of (resource type, name) (e.g. CREATE on the cluster or on the topic)."""
+        resources = list(resources)
+        who = str(principal)
+        if any(self._decide(who, principal, operation, rtype, name) for rtype, name in resources):
+            return True
+        rtype, name = resources[-1]
+        return self.authorize(principal, operation, rtype, name)  # counted (and logged) once
+
     # ---- helpers for the services: one short call per handler ----
     def check(self, principal: object, operation: str, resource_type: str, name: str = CLUSTER_NAME) -> None:
         """Raise the *_AUTHORIZATION_FAILED error when denied."""

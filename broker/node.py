@@ -38,7 +38,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from broker.config import ConfigError, NodeConfig, keys_markdown, load_config
-from broker.metrics import BrokerCollector, ControllerCollector, GroupCollector, NodeMetrics
+from broker.metrics import (
+    BrokerCollector,
+    ControllerCollector,
+    GroupCollector,
+    NodeMetrics,
+    SecurityCollector,
+)
+from broker.sasl import install_inter_node_credentials
 
 log = logging.getLogger("brook.node")
 
@@ -183,6 +190,7 @@ class Node:
         self.group_coordinator: Any = None
         self.metrics_port: int | None = None
         self._stopped = threading.Event()
+        self._inter_node_sasl: Callable[[], None] | None = None
 
     def start(self) -> None:
         cfg = self.config
@@ -191,6 +199,8 @@ class Node:
         if addr is not None:
             self.metrics_port = self.metrics.serve(*addr)
         self.grpc.install()
+        # Inter-node SCRAM until mTLS node principals exist (broker/sasl.py): every channel this node opens.
+        self._inter_node_sasl = install_inter_node_credentials(cfg.defaults())
         if cfg.is_controller:
             cfg.metadata_log_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
             from metadata_quorum.node import ControllerNode
@@ -199,6 +209,7 @@ class Node:
                 self.controller = ControllerNode(cfg.controller_settings())
                 self.controller.start()
             self.metrics.add(ControllerCollector(lambda: self.controller))
+            self.metrics.add(SecurityCollector("controller", lambda: getattr(self.controller, "_security", None)))
             self.grpc.role_up("controller")
             log.info("controller %d started (voters %s)", cfg.node_id, sorted(cfg.voters))
         if cfg.is_broker:
@@ -215,6 +226,7 @@ class Node:
                 self.broker.start()
             self.metrics.add(BrokerCollector(lambda: getattr(self.broker, "replica_manager", None), cfg.log_dirs))
             self.metrics.add(GroupCollector(lambda: self.group_coordinator))
+            self.metrics.add(SecurityCollector("broker", lambda: getattr(self.broker, "security", None)))
             self.grpc.role_up("broker")
             log.info("broker %d started on %s", cfg.node_id, cfg.listeners["BROKER"])
         log.info("node %d up: roles %s, cluster %s", cfg.node_id, ",".join(cfg.roles), cfg.cluster_id)
@@ -241,6 +253,8 @@ class Node:
         self.grpc.all_down()
         self.metrics.close()
         self.grpc.uninstall()
+        if self._inter_node_sasl is not None:
+            self._inter_node_sasl()
         log.info("node %d stopped", self.config.node_id)
 
 

@@ -78,7 +78,8 @@ class ScramAuthenticator:
         self.session_lifetime_ms = session_lifetime_ms
         self._clock = clock
         self._lock = threading.Lock()
-        self._exchanges: OrderedDict[str, tuple[Any, str, float]] = OrderedDict()  # id -> (server, user, deadline)
+        # id -> (server, user to rate-limit ("" if unknown), deadline, user as sent)
+        self._exchanges: OrderedDict[str, tuple[Any, str, float, str]] = OrderedDict()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._failures: dict[str, list[float]] = {}
         self._fake_secret = secrets.token_bytes(32)  # salts for unknown users: no user enumeration
@@ -101,10 +102,12 @@ class ScramAuthenticator:
             raise errors.error_class(ErrorCode.UNSUPPORTED_SASL_MECHANISM)(
                 f"SASL mechanism {mechanism!r} is not enabled; use one of {sorted(MECHANISMS)}")
         user_holder: list[str] = []
+        known: list[bool] = []
 
         def auth_fn(user: str) -> tuple[bytes, bytes, bytes, int]:
             user_holder.append(user)
             cred = self._lookup(user, mechanism)
+            known.append(cred is not None)
             if cred is None:
                 return self._fake_credential(user, mechanism)
             return cred.salt, cred.stored_key, cred.server_key, cred.iterations
@@ -116,12 +119,13 @@ class ScramAuthenticator:
         except (scramp.ScramException, UnicodeDecodeError, ValueError) as exc:
             raise errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)(f"bad client-first message: {exc}") from None
         user = user_holder[0] if user_holder else ""
-        if self._too_many_failures(user):
+        if known and known[0] and self._too_many_failures(user):
             raise errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)(
                 f"too many failed authentications for {user!r}; try again later")
         exchange_id = secrets.token_urlsafe(16)
         with self._lock:
-            self._exchanges[exchange_id] = (server, user, self._clock() + EXCHANGE_TIMEOUT_S)
+            self._exchanges[exchange_id] = (server, user if known and known[0] else "", self._clock() + EXCHANGE_TIMEOUT_S,
+                                            user)
             self._expire_locked()
             while len(self._exchanges) > MAX_EXCHANGES:
                 self._exchanges.popitem(last=False)
@@ -132,12 +136,14 @@ class ScramAuthenticator:
             entry = self._exchanges.pop(exchange_id, None)
         if entry is None or entry[2] < self._clock():
             raise errors.error_class(ErrorCode.ILLEGAL_SASL_STATE)("unknown or expired SASL exchange; start again")
-        server, user, _ = entry
+        server, limited_user, _, user = entry
         try:
             server.set_client_final(client_final.decode("utf-8"))
             server_final = server.get_server_final()
         except (scramp.ScramException, UnicodeDecodeError, ValueError):
-            self._record_failure(user)
+            # Only existing users are rate limited: guessing is only worth it against them, and a
+            # node retrying before its bootstrap user exists must not lock itself out.
+            self._record_failure(limited_user, user)
             raise errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)(
                 f"authentication failed for user {user!r}: invalid credentials") from None
         token = secrets.token_urlsafe(32)
@@ -168,10 +174,13 @@ class ScramAuthenticator:
                 self._failures.pop(user, None)
             return len(recent) >= MAX_FAILURES_PER_USER
 
-    def _record_failure(self, user: str) -> None:
+    def _record_failure(self, limited_user: str, user: str) -> None:
         with self._lock:
             self.failed_total += 1
-            times = self._failures.setdefault(user, [])
+            if not limited_user:
+                log.warning("SCRAM authentication failed for unknown user %r", user)
+                return
+            times = self._failures.setdefault(limited_user, [])
             times.append(self._clock())
             del times[:-MAX_FAILURES_PER_USER]
             if len(self._failures) > MAX_EXCHANGES:  # bounded: forget the oldest user's record
@@ -181,7 +190,7 @@ class ScramAuthenticator:
     def _expire_locked(self) -> None:
         now = self._clock()
         while self._exchanges:
-            first_id, (_, _, deadline) = next(iter(self._exchanges.items()))
+            first_id, (_, _, deadline, _) = next(iter(self._exchanges.items()))
             if deadline >= now:
                 break
             del self._exchanges[first_id]
@@ -267,3 +276,34 @@ class SessionInterceptor(grpc.ServerInterceptor):
                                                         handler.response_serializer)
         return grpc.unary_unary_rpc_method_handler(refuse, handler.request_deserializer,
                                                    handler.response_serializer)
+
+
+def install_inter_node_credentials(defaults: dict[str, str]) -> Callable[[], None] | None:
+    """Authenticate every gRPC channel this node process opens as ``inter.broker.sasl.username``.
+
+    Brokers talk to controllers (registration, heartbeats, WatchMetadata) and to each
+    other (replica fetches) over channels created in several modules; with an authorizer
+    those calls need CLUSTER_ACTION. Until mTLS gives every node its own principal
+    (broker/principal.py), a node can authenticate them with a SCRAM user listed in
+    ``super.users``: this wraps ``grpc.insecure_channel`` for the process, as
+    broker/node.py wraps ``grpc.server`` for metrics. Returns the undo function, or
+    None when no inter-node user is configured.
+    """
+    user = defaults.get("inter.broker.sasl.username", "").strip()
+    if not user:
+        return None
+    from client.sasl import ScramCredentials, scram_channel
+
+    creds = ScramCredentials(user, defaults.get("inter.broker.sasl.password", ""), "SCRAM-SHA-512")
+    original = grpc.insecure_channel
+
+    def authenticated_channel(target: str, options: Any = None, compression: Any = None) -> grpc.Channel:
+        raw = original(target, options=options, compression=compression)
+        return scram_channel(target, creds, raw=raw)
+
+    grpc.insecure_channel = authenticated_channel  # type: ignore[assignment]
+
+    def undo() -> None:
+        grpc.insecure_channel = original  # type: ignore[assignment]
+
+    return undo

@@ -28,6 +28,7 @@ import grpc
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.replica_manager import ReplicaManager
+from broker.security import NodeSecurity, broker_security
 from broker.service import BrokerService
 from metadata_quorum.client import ControllerClient
 from proto import broker_pb2_grpc, common_pb2, controller_pb2, errors
@@ -97,6 +98,9 @@ class BrokerServer:
         self.metadata_cache = MetadataCache(settings.node_id)
         self.replica_manager: ReplicaManager | None = None
         self.extension_objects: list[object] = []
+        # SCRAM sessions, ACL checks and quotas (broker/security.py); the group coordinator reads .authorizer.
+        self.security: NodeSecurity = broker_security(self.metadata_cache, settings.defaults)
+        self.authorizer = self.security.authorizer
 
     # ---- hooks ----
     def add_servicer(self, fn: Callable[[grpc.Server], None]) -> None:
@@ -140,11 +144,14 @@ class BrokerServer:
             options=[("grpc.max_receive_message_length",
                       int(s.defaults.get("socket.request.max.bytes", str(GRPC_MAX_MESSAGE_BYTES)))),
                      ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
-                     ("grpc.so_reuseport", 0)])
+                     ("grpc.so_reuseport", 0)],
+            interceptors=[self.security.interceptor])
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerService(
             s.node_id, self.replica_manager, self.metadata_cache, self.controller_client, producer_ids,
-            defaults=s.defaults, controller_endpoints=s.controller_endpoints, metadata_lock=self._metadata_lock),
+            defaults=s.defaults, controller_endpoints=s.controller_endpoints, metadata_lock=self._metadata_lock,
+            authorizer=self.security.authorizer, quotas=self.security.quotas),
             self.grpc_server)
+        self.security.add_service(self.grpc_server)  # SaslAuthenticate
         for fn in self._servicer_fns:
             fn(self.grpc_server)
         bound = self.grpc_server.add_insecure_port(f"{s.host}:{s.port}")
@@ -269,6 +276,7 @@ class BrokerServer:
             t.join(timeout=5)
         if self.log_manager is not None:
             self.log_manager.shutdown()
+        self.security.close()
         log.info("broker %d stopped", self.node_id)
 
     def _controlled_shutdown(self, timeout_s: float) -> None:

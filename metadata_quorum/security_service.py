@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import scramp
 
-from broker.authorizer import ALTER, ALTER_CONFIGS, CLUSTER, DESCRIBE, DESCRIBE_CONFIGS, Authorizer
+from broker.authorizer import ALTER, ALTER_CONFIGS, CLUSTER, DESCRIBE, DESCRIBE_CONFIGS, AclIndex, Authorizer
 from broker.sasl import ScramAuthenticator, principal_of
 from metadata_quorum import commands as c
 from metadata_quorum import security as sec
@@ -308,3 +308,49 @@ def parse_bootstrap_users(text: str) -> list[tuple[str, str]]:
 def _bounded(items: list[Any]) -> None:
     if len(items) > MAX_ITEMS_PER_REQUEST:
         raise errors.InvalidRequestError(f"at most {MAX_ITEMS_PER_REQUEST} items per request")
+
+
+class StateAclView:
+    """A controller's AclIndex over its MetadataState, rebuilt only when the ACL set changed."""
+
+    def __init__(self, raft: Any) -> None:
+        self._raft = raft
+        self._lock = threading.Lock()
+        self._version = -1
+        self._acls: frozenset[sec.AclBinding] = frozenset()
+        self._index = AclIndex()
+
+    def __call__(self) -> AclIndex:
+        version = self._raft.version
+        with self._lock:
+            if version != self._version:
+                acls = self._raft.read(lambda s: frozenset(s.acls))
+                if acls != self._acls:
+                    self._acls, self._index = acls, AclIndex(acls)
+                self._version = version
+            return self._index
+
+
+class BootstrapThread:
+    """Creates ``scram.bootstrap.users`` whenever this controller becomes active (bounded retries)."""
+
+    def __init__(self, admin: QuorumSecurityAdmin, name: str) -> None:
+        self._admin = admin
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(BOOTSTRAP_CHECK_S):
+            try:
+                self._admin.maybe_bootstrap()
+            except errors.BrookError as exc:  # leadership moved or the quorum is slow: next round retries
+                log.info("bootstrap users not created yet: %s", exc)
+            except Exception:
+                log.exception("bootstrap users failed")

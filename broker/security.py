@@ -1,0 +1,70 @@
+"""Wiring of authentication, authorization and quotas into a node's gRPC servers.
+
+One place builds, from the node config's defaults, what a broker or a controller needs:
+the SCRAM authenticator (its sessions resolve principals), the Authorizer (ACLs from
+the node's view of the quorum), the quota manager (brokers), the server interceptor
+refusing stale session tokens, and the SecurityService servicer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from broker.authorizer import AclIndex, Authorizer, AuthorizerConfig
+from broker.quotas import DEFAULT_WINDOW_NUM, QuotaManager
+from broker.sasl import DEFAULT_SESSION_LIFETIME_MS, ScramAuthenticator, SessionInterceptor
+from metadata_quorum.security import ScramCredential
+from proto import security_pb2_grpc
+
+_NODE_PRINCIPAL = re.compile(r"^User:node-[0-9]+$")
+
+
+def is_node_principal(principal: object) -> bool:
+    """A broker's own principal (broker/principal.py node_principal, from its mTLS certificate).
+
+    SCRAM users cannot take such names (metadata_quorum/security.py), so only a node's
+    certificate can carry one.
+    """
+    return bool(_NODE_PRINCIPAL.match(str(principal)))
+
+
+@dataclass
+class NodeSecurity:
+    authenticator: ScramAuthenticator
+    authorizer: Authorizer
+    interceptor: SessionInterceptor
+    quotas: QuotaManager | None = None
+
+    def add_service(self, server: grpc.Server, admin: Any = None) -> None:
+        from metadata_quorum.security_service import SecurityService
+
+        security_pb2_grpc.add_SecurityServiceServicer_to_server(
+            SecurityService(self.authenticator, self.authorizer, admin), server)
+
+    def close(self) -> None:
+        self.authenticator.uninstall()
+
+
+def node_security(defaults: dict[str, str], *, credentials: Callable[[str, str], ScramCredential | None],
+                  acls: Callable[[], AclIndex], quotas: Callable[[str], dict[str, float] | None] | None = None,
+                  ) -> NodeSecurity:
+    authenticator = ScramAuthenticator(
+        credentials, session_lifetime_ms=int(defaults.get("sasl.session.lifetime.ms",
+                                                          str(DEFAULT_SESSION_LIFETIME_MS))))
+    authenticator.install()
+    authorizer = Authorizer(AuthorizerConfig.from_defaults(defaults), acls, is_node_principal)
+    manager = None
+    if quotas is not None:
+        manager = QuotaManager(quotas, window_num=int(defaults.get("quota.window.num", str(DEFAULT_WINDOW_NUM))),
+                               window_size_s=float(defaults.get("quota.window.size.seconds", "1")))
+    return NodeSecurity(authenticator, authorizer, SessionInterceptor(authenticator), manager)
+
+
+def broker_security(cache: Any, defaults: dict[str, str]) -> NodeSecurity:
+    """A broker's: credentials, ACLs and quotas from its metadata cache."""
+    return node_security(defaults, credentials=cache.scram_credential, acls=cache.acl_index, quotas=cache.quotas)
