@@ -15,6 +15,7 @@ from typing import Any
 
 from client.admin import Admin, GroupDescription, GroupListing, NewTopic
 from client.cluster import ClusterClient
+from client.sasl import sasl_options_from_env
 from client.types import ClusterMetadata, TopicMetadata, TopicPartition
 from proto import controller_pb2, errors
 
@@ -44,7 +45,8 @@ class Backend:
     @property
     def admin(self) -> Admin:
         if self._admin is None:
-            self._admin = Admin(self.bootstrap, request_timeout_ms=int(self.timeout_s * 1000))
+            self._admin = Admin(self.bootstrap, request_timeout_ms=int(self.timeout_s * 1000),
+                                **sasl_options_from_env())
         return self._admin
 
     @property

@@ -154,6 +154,7 @@ class ClusterClient:
         metadata_max_age_ms: int = 300_000,
         allow_auto_topic_creation: bool = False,
         interceptors: list[Any] | None = None,
+        sasl: Any = None,
     ) -> None:
         if request_timeout_ms <= 0:
             raise errors.InvalidConfigError(f"request_timeout_ms must be > 0, got {request_timeout_ms}")
@@ -165,6 +166,7 @@ class ClusterClient:
         self.allow_auto_topic_creation = allow_auto_topic_creation
         # gRPC client interceptors on every channel (tracing, auth, fault injection in tests).
         self.interceptors = list(interceptors or [])
+        self.sasl = sasl  # client.sasl.ScramCredentials: every channel authenticates with SCRAM
         self._lock = threading.RLock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, broker_pb2_grpc.BrokerServiceStub] = {}
@@ -181,6 +183,10 @@ class ClusterClient:
             stub = self._stubs.get(address)
             if stub is None:
                 channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                if self.sasl is not None:
+                    from client.sasl import scram_channel
+
+                    channel = scram_channel(address, self.sasl, raw=channel)
                 if self.interceptors:
                     channel = grpc.intercept_channel(channel, *self.interceptors)
                 self._channels[address] = channel

@@ -33,6 +33,7 @@ from client.cluster import REFRESH_CODES, ClusterClient
 from client.config import normalize, parse_bool, require_int
 from client.coordinator import GroupCoordinatorClient
 from client.fetcher import CompletedFetch, Fetcher, PartitionRecords, PartitionState
+from client.sasl import credentials_from_config
 from client.types import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,11 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "consumer_timeout_ms": None,  # iteration: stop after this long without records (None = forever)
     "partition_assignment_strategy": ("range", "cooperative-sticky"),
     "exclude_internal_topics": True,
+    # Kafka's client security configs: SASL_PLAINTEXT / SASL_SSL authenticate with SCRAM (client/sasl.py).
+    "security_protocol": "PLAINTEXT",
+    "sasl_mechanism": "SCRAM-SHA-256",
+    "sasl_username": None,
+    "sasl_password": None,
 }
 _RESETS = {"earliest": -2, "latest": -1, "none": None}
 EARLIEST, LATEST = -2, -1
@@ -104,7 +110,9 @@ class Consumer:
         self._value_des = cfg["value_deserializer"]
         self.cluster = ClusterClient(cfg["bootstrap_servers"], request_timeout_ms=request_timeout_ms,
                                      retry_backoff_ms=self._retry_backoff_ms,
-                                     metadata_max_age_ms=require_int(cfg, "metadata_max_age_ms", minimum=1))
+                                     metadata_max_age_ms=require_int(cfg, "metadata_max_age_ms", minimum=1),
+                                     sasl=credentials_from_config(cfg["security_protocol"], cfg["sasl_mechanism"],
+                                                                  cfg["sasl_username"], cfg["sasl_password"]))
         self._fetcher = Fetcher(
             self.cluster,
             fetch_min_bytes=require_int(cfg, "fetch_min_bytes"),

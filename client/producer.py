@@ -32,6 +32,7 @@ from client.accumulator import (
 from client.cluster import ClusterClient
 from client.config import normalize, parse_acks, parse_bool, parse_codec, require_int
 from client.partitioner import Partitioner, StickyPartitionCache, murmur2, to_positive
+from client.sasl import credentials_from_config
 from client.sender import Sender, SenderConfig
 from client.types import ClusterMetadata, TopicPartition
 
@@ -60,6 +61,11 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "metadata_max_age_ms": 300000,
     "allow_auto_create_topics": True,
     "interceptors": None,  # gRPC client interceptors for every broker channel
+    # Kafka's client security configs: SASL_PLAINTEXT / SASL_SSL authenticate with SCRAM (client/sasl.py).
+    "security_protocol": "PLAINTEXT",
+    "sasl_mechanism": "SCRAM-SHA-256",
+    "sasl_username": None,
+    "sasl_password": None,
 }
 
 Serializer = Callable[[Any], bytes | None]
@@ -123,6 +129,8 @@ class Producer:
             metadata_max_age_ms=require_int(cfg, "metadata_max_age_ms", minimum=1),
             allow_auto_topic_creation=parse_bool(cfg, "allow_auto_create_topics"),
             interceptors=cfg["interceptors"],
+            sasl=credentials_from_config(cfg["security_protocol"], cfg["sasl_mechanism"], cfg["sasl_username"],
+                                         cfg["sasl_password"]),
         )
         self._accumulator = RecordAccumulator(
             batch_size=batch_size,

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,20 @@ def credentials_from_config(security_protocol: str | None, mechanism: str | None
     if protocol not in ("SASL_PLAINTEXT", "SASL_SSL"):
         raise errors.InvalidConfigError(f"security.protocol {security_protocol!r} is not supported here")
     return ScramCredentials(username or "", password or "", mechanism or "SCRAM-SHA-256")
+
+
+def sasl_options_from_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Admin/Producer/Consumer security options from BROOK_SASL_USERNAME / _PASSWORD / _MECHANISM.
+
+    The ``brook`` CLI uses this so a password never appears on a command line.
+    """
+    env = os.environ if env is None else env
+    username = env.get("BROOK_SASL_USERNAME", "")
+    if not username:
+        return {}
+    return {"security_protocol": env.get("BROOK_SECURITY_PROTOCOL", "SASL_PLAINTEXT"),
+            "sasl_mechanism": env.get("BROOK_SASL_MECHANISM", "SCRAM-SHA-256"),
+            "sasl_username": username, "sasl_password": env.get("BROOK_SASL_PASSWORD", "")}
 
 
 class ScramSession:

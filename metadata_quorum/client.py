@@ -63,11 +63,12 @@ def _backoff_s(attempt: int) -> float:
 class ControllerClient:
     """Calls the active controller of a quorum; thread-safe."""
 
-    def __init__(self, endpoints: list[tuple[str, int]], *, timeout_s: float = 10.0) -> None:
+    def __init__(self, endpoints: list[tuple[str, int]], *, timeout_s: float = 10.0, sasl: Any = None) -> None:
         if not endpoints:
             raise errors.InvalidRequestError("ControllerClient needs at least one controller endpoint")
         self._endpoints: list[Endpoint] = [(str(h), int(p)) for h, p in endpoints]
         self._timeout_s = timeout_s
+        self._sasl = sasl  # client.sasl.ScramCredentials: authenticate each controller channel with SCRAM
         self._lock = threading.Lock()
         self._channels: dict[Endpoint, grpc.Channel] = {}
         self._stubs: dict[Endpoint, pb_grpc.ControllerServiceStub] = {}
@@ -225,6 +226,10 @@ class ControllerClient:
             stub = self._stubs.get(endpoint)
             if stub is None:
                 channel = grpc.insecure_channel(f"{endpoint[0]}:{endpoint[1]}", options=_CHANNEL_OPTIONS)
+                if self._sasl is not None:
+                    from client.sasl import scram_channel
+
+                    channel = scram_channel(f"{endpoint[0]}:{endpoint[1]}", self._sasl, raw=channel)
                 self._channels[endpoint] = channel
                 stub = self._stubs[endpoint] = pb_grpc.ControllerServiceStub(channel)
             return stub
