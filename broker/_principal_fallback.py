@@ -37,11 +37,12 @@ def node_principal(node_id: int) -> Principal:
 
 def principal_of(context: Any) -> Principal:
     """The caller of an RPC: its SASL session's user, else ANONYMOUS."""
-    if context is None:
+    metadata = getattr(context, "invocation_metadata", None)
+    if metadata is None:  # no RPC context (direct calls in tools and tests)
         return ANONYMOUS
     resolver = _resolver
     if resolver is not None:
-        found = resolver(context.invocation_metadata())
+        found = resolver(metadata())
         if found is not None:
             return found
     return ANONYMOUS
