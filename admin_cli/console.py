@@ -17,6 +17,7 @@ from rich.text import Text
 
 from admin_cli.common import BootstrapOpt, CliError, OutputOpt, err, ok, parse_pairs, state
 from admin_cli.timeparse import parse_timestamp_ms
+from client.sasl import sasl_options_from_env
 from client.types import ConsumerRecord, TopicPartition
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a bound on one input line (a record cannot exceed message.max.bytes anyway)
@@ -118,7 +119,7 @@ def produce(
         source = _lines(sys.stdin)
     producer = Producer(bootstrap_servers=st.bootstrap, acks=acks, compression_type=compression,
                         client_id="brook-cli", allow_auto_create_topics=False,
-                        request_timeout_ms=int(st.timeout_s * 1000))
+                        request_timeout_ms=int(st.timeout_s * 1000), **sasl_options_from_env())
     futures = []
     try:
         for line in source:
@@ -225,7 +226,8 @@ def consume(
                            f"(it has {len(meta.partitions)})")
     consumer = Consumer(bootstrap_servers=st.bootstrap, group_id=group, client_id="brook-cli",
                         auto_offset_reset="earliest" if from_beginning else "latest",
-                        enable_auto_commit=bool(group), request_timeout_ms=int(st.timeout_s * 1000))
+                        enable_auto_commit=bool(group), request_timeout_ms=int(st.timeout_s * 1000),
+                        **sasl_options_from_env())
     count = 0
     try:
         tps = [TopicPartition(topic, p) for p in wanted]

@@ -27,6 +27,10 @@ def _entity(user: str | None, default: bool, *, required: bool = True) -> str:
     return ""
 
 
+def _number(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+
 @app.command("set", epilog="Examples:  brook quota set --user alice --producer-byte-rate 1048576  |  "
                            "brook quota set --default --consumer-byte-rate 10485760 --request-rate 100")
 def set_(
@@ -48,7 +52,7 @@ def set_(
     if not values:
         raise CliError("give at least one of --producer-byte-rate, --consumer-byte-rate, --request-rate", code=2)
     after = st.backend.admin.alter_client_quotas(entity, set=values)
-    ok(st, f"quotas of {entity}: " + ", ".join(f"{k}={v:g}" for k, v in sorted(after.items())),
+    ok(st, f"quotas of {entity}: " + ", ".join(f"{k}={_number(v)}" for k, v in sorted(after.items())),
        {"entity": entity, "quotas": after})
 
 
@@ -64,8 +68,9 @@ def describe(
     st = state(ctx, bootstrap, output)
     found = st.backend.admin.describe_client_quotas(_entity(user, default, required=False))
     rows = [{"entity": e, **{k: v.get(k) for k in QUOTA_KEYS}} for e, v in sorted(found.items())]
+    cells = [[r["entity"], *[None if r[k] is None else _number(r[k]) for k in QUOTA_KEYS]] for r in rows]
     show(st, rows, table(None, ["ENTITY", *[k.upper() for k in QUOTA_KEYS]],
-                         [[r["entity"], *[r[k] for k in QUOTA_KEYS]] for r in rows]),
+                         cells),
          note=None if rows else "no quotas")
 
 

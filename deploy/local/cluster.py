@@ -476,7 +476,7 @@ class LocalCluster:
         last = "no controller answered"
         for host, port in self.controller_endpoints:
             try:
-                with grpc.insecure_channel(f"{host}:{port}") as ch:
+                with self._probe_channel(f"{host}:{port}") as ch:
                     resp = controller_pb2_grpc.ControllerServiceStub(ch).DescribeCluster(
                         controller_pb2.DescribeClusterRequest(), timeout=timeout_s)
             except grpc.RpcError as e:
@@ -486,6 +486,16 @@ class LocalCluster:
                 return resp
             last = f"{host}:{port}: error {resp.error_code} {resp.error_message}"
         raise ClusterError(last)
+
+    def _probe_channel(self, target: str) -> grpc.Channel:
+        """With an authorizer, DescribeCluster needs a principal: probe as the nodes' inter-broker user."""
+        user = self.state.overrides.get("inter.broker.sasl.username", "")
+        if not user:
+            return grpc.insecure_channel(target)
+        from client.sasl import ScramCredentials, scram_channel
+
+        password = self.state.overrides.get("inter.broker.sasl.password", "")
+        return scram_channel(target, ScramCredentials(user, password, "SCRAM-SHA-512"))
 
     def not_ready_reason(self) -> str | None:
         """None when every node that should run is up, healthy, and every broker is registered
