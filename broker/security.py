@@ -8,6 +8,7 @@ refusing stale session tokens, and the SecurityService servicer.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from broker.quotas import DEFAULT_WINDOW_NUM, QuotaManager
 from broker.sasl import DEFAULT_SESSION_LIFETIME_MS, ScramAuthenticator, SessionInterceptor
 from metadata_quorum.security import ScramCredential
 from proto import security_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 _NODE_PRINCIPAL = re.compile(r"^User:node-[0-9]+$")
 
@@ -58,6 +61,9 @@ def node_security(defaults: dict[str, str], *, credentials: Callable[[str, str],
                                                           str(DEFAULT_SESSION_LIFETIME_MS))))
     authenticator.install()
     authorizer = Authorizer(AuthorizerConfig.from_defaults(defaults), acls, is_node_principal)
+    if authorizer.enabled and not defaults.get("inter.broker.sasl.username", "").strip():
+        log.warning("authorizer enabled without inter.broker.sasl.username: brokers need another principal "
+                    "allowed CLUSTER_ACTION (mTLS node certificates or super.users) to register and replicate")
     manager = None
     if quotas is not None:
         manager = QuotaManager(quotas, window_num=int(defaults.get("quota.window.num", str(DEFAULT_WINDOW_NUM))),

@@ -52,6 +52,8 @@ def test_producer_over_its_byte_rate_quota_is_throttled(secure_cluster: LocalClu
             throttled_ms = p._sender.throttle_time_ms_total
     finally:
         admin.alter_client_quotas("User:quinn", remove=["producer_byte_rate"])
+    print(f"producer: {total} B in {elapsed:.2f} s = {total / elapsed:.0f} B/s against {QUOTA_BPS} B/s, "
+          f"throttled {throttled_ms} ms in total")
     assert throttled_ms > 0
     allowance = WINDOWS_ALLOWANCE * QUOTA_BPS + IN_FLIGHT_BYTES_MAX
     assert total <= QUOTA_BPS * elapsed + allowance, (
@@ -84,6 +86,8 @@ def test_consumer_over_its_fetch_quota_is_throttled(secure_cluster: LocalCluster
             throttled_ms = c._fetcher.throttle_time_ms_total
     finally:
         admin.alter_client_quotas("User:fred", remove=["consumer_byte_rate"])
+    print(f"consumer: {got} B in {elapsed:.2f} s = {got / elapsed:.0f} B/s against {QUOTA_BPS} B/s, "
+          f"throttled {throttled_ms} ms in total")
     assert throttled_ms > 0
     assert got <= QUOTA_BPS * elapsed + WINDOWS_ALLOWANCE * QUOTA_BPS + 2 * 16_384
 
