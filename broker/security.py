@@ -30,10 +30,14 @@ _NODE_PRINCIPAL = re.compile(r"^User:node-[0-9]+$")
 def is_node_principal(principal: object) -> bool:
     """A broker's own principal (broker/principal.py node_principal, from its mTLS certificate).
 
-    SCRAM users cannot take such names (metadata_quorum/security.py), so only a node's
-    certificate can carry one.
+    SCRAM users cannot take the default ``node-<id>`` names (metadata_quorum/security.py),
+    so only a node's certificate can carry one.
     """
-    return bool(_NODE_PRINCIPAL.match(str(principal)))
+    try:  # the tls branch's broker/principal.py knows the configured node principal format
+        from broker.principal import node_id_of  # type: ignore[attr-defined]
+    except ImportError:
+        return bool(_NODE_PRINCIPAL.match(str(principal)))
+    return node_id_of(principal) is not None  # type: ignore[arg-type]
 
 
 @dataclass

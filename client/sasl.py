@@ -191,3 +191,21 @@ def scram_channel(address: str, credentials: ScramCredentials,
     """An (insecure transport) channel whose calls are authenticated with SCRAM."""
     base = raw if raw is not None else grpc.insecure_channel(address, options=list(options or ()))
     return grpc.intercept_channel(base, ScramInterceptor(ScramSession(base, credentials)))
+
+
+def sasl_channel_wrapper(channel: grpc.Channel, security: Any, address: str) -> grpc.Channel:
+    """client.security's SASL hook (tls branch): ``security`` carries Kafka's sasl.* configs."""
+    creds = ScramCredentials(security.sasl_username or "", security.sasl_password or "",
+                             str(security.sasl_mechanism).upper())
+    return scram_channel(address, creds, raw=channel)
+
+
+def _install_channel_wrapper() -> None:
+    try:  # client/security.py (make_channel) arrives with the TLS work; until then there is nothing to hook
+        from client.security import set_sasl_channel_wrapper  # type: ignore[import-not-found]
+    except ImportError:
+        return
+    set_sasl_channel_wrapper(sasl_channel_wrapper)
+
+
+_install_channel_wrapper()
