@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grpc
 import pytest
 from conftest import sasl
 from waiting import wait_for
@@ -12,7 +13,7 @@ from client.consumer import Consumer
 from client.producer import Producer
 from client.types import TopicPartition
 from deploy.local.cluster import LocalCluster
-from proto import errors
+from proto import broker_pb2, errors
 from proto.errors import ErrorCode
 
 pytestmark = pytest.mark.slow
@@ -115,3 +116,40 @@ def test_group_and_topic_acls_are_checked_on_the_group_path(secure_cluster: Loca
         assert caught.value.code == ErrorCode.GROUP_AUTHORIZATION_FAILED
     tp = TopicPartition("scram-grp", 0)
     assert admin.list_offsets({tp: "latest"})[tp][0] == 0
+
+
+def test_sessions_recover_after_a_node_restart(secure_cluster: LocalCluster, admin: Admin, grant) -> None:  # noqa: ANN001
+    """A restarted node has forgotten every session: the other nodes and the clients re-authenticate."""
+    admin.create_topic("scram-restart", 1, 3)
+    admin.create_user("rita", "rita-pw")
+    grant("User:rita", "WRITE", "TOPIC", "scram-restart")
+    with Producer(bootstrap_servers=secure_cluster.bootstrap_servers, **sasl("rita", "rita-pw")) as p:
+        p.send("scram-restart", b"before").get(60)
+        victim = admin.describe_topics(["scram-restart"])["scram-restart"].partitions[0].leader
+        secure_cluster.restart_node(victim)
+
+        def healthy() -> bool:
+            try:
+                desc = admin.describe_cluster()
+            except errors.BrookError:
+                return False
+            return len(desc.brokers) == 3 and not desc.fenced_brokers
+        wait_for(healthy, 120, f"node {victim} to rejoin the secured cluster")
+        p.send("scram-restart", b"after").get(120)
+    tp = TopicPartition("scram-restart", 0)
+    wait_for(lambda: admin.list_offsets({tp: "latest"})[tp][0] == 2, 60, "both records committed")
+    # The restarted node fetches again as a follower: it authenticated to the new leader.
+    wait_for(lambda: len(admin.describe_topics(["scram-restart"])["scram-restart"].partitions[0].isr) == 3, 120,
+             "the restarted node back in the ISR")
+    # The admin's own channel to the restarted node still carries the old token: the node
+    # answers UNAUTHENTICATED, the client re-authenticates once and the call succeeds.
+    stub = admin.cluster.stub_for_address(secure_cluster.broker_address(victim))
+
+    def metadata_code() -> int | None:
+        try:
+            return stub.Metadata(broker_pb2.MetadataRequest(topics=["scram-restart"]), timeout=30).topics[0].error_code
+        except grpc.RpcError as exc:  # the channel may still be in its reconnect back-off
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+            return None
+    assert wait_for(lambda: metadata_code() is not None, 60, "the restarted broker to answer") is not None
+    assert metadata_code() == ErrorCode.NONE
