@@ -74,8 +74,34 @@ def admin(secure_cluster: LocalCluster) -> Iterator[Admin]:
         yield a
 
 
+def metadata_version_of(address: str) -> int:
+    from client.sasl import ScramCredentials, scram_channel
+    from proto import broker_pb2, broker_pb2_grpc
+
+    with scram_channel(address, ScramCredentials("admin", ADMIN_PASSWORD)) as ch:
+        return broker_pb2_grpc.BrokerServiceStub(ch).Metadata(broker_pb2.MetadataRequest(), timeout=10).metadata_version
+
+
+@pytest.fixture(scope="session")
+def sync(secure_cluster: LocalCluster, admin: Admin) -> Callable[[], None]:
+    """Wait until every broker has applied the quorum's current metadata (users, ACLs, quotas).
+
+    Brokers learn security changes through the metadata stream like everything else, so
+    a user created a moment ago may not be known to every broker yet (as in Kafka).
+    """
+    from waiting import wait_for
+
+    def _sync() -> None:
+        target = admin.describe_cluster().metadata_version  # read through the quorum: the committed version
+        addresses = [secure_cluster.broker_address(b) for b in secure_cluster.broker_ids]
+        wait_for(lambda: all(metadata_version_of(a) >= target for a in addresses), 30,
+                 f"every broker to reach metadata version {target}")
+
+    return _sync
+
+
 @pytest.fixture
-def grant(admin: Admin) -> Iterator[Callable[..., None]]:
+def grant(admin: Admin, sync: Callable[[], None]) -> Iterator[Callable[..., None]]:
     """grant(principal, operation, resource_type, name, pattern="LITERAL", permission="ALLOW"); undone after."""
     made = []
 
@@ -84,6 +110,7 @@ def grant(admin: Admin) -> Iterator[Callable[..., None]]:
         binding = acl_binding([resource_type, name, pattern, principal, "*", operation, permission])
         admin.create_acls([binding])
         made.append(binding)
+        sync()
 
     yield _grant
     if made:

@@ -31,16 +31,16 @@ IN_FLIGHT_BYTES_MAX = 5 * 16_384 * 2  # max.in.flight x batch.size, doubled for 
 
 
 def test_producer_over_its_byte_rate_quota_is_throttled(secure_cluster: LocalCluster, admin: Admin,
-                                                        grant) -> None:  # noqa: ANN001
+                                                        grant, sync) -> None:  # noqa: ANN001
     admin.create_topic("quota-produce", 1, 3)
     admin.create_user("quinn", "quinn-pw")
     grant("User:quinn", "WRITE", "TOPIC", "quota-produce")
     admin.alter_client_quotas("User:quinn", set={"producer_byte_rate": QUOTA_BPS})
+    sync()  # the leader knows the quota before the first byte
     try:
         with Producer(bootstrap_servers=secure_cluster.bootstrap_servers, linger_ms=0, acks=1,
                       **sasl("quinn", "quinn-pw")) as p:
             p.send("quota-produce", b"warm-up").get(60)  # connect, authenticate, learn the leader
-            # The quota reaches the leader through the metadata stream: wait until it throttles.
             payload = b"x" * RECORD_BYTES
             total = 0
             start = time.monotonic()
@@ -61,7 +61,7 @@ def test_producer_over_its_byte_rate_quota_is_throttled(secure_cluster: LocalClu
 
 
 def test_consumer_over_its_fetch_quota_is_throttled(secure_cluster: LocalCluster, admin: Admin,
-                                                    grant) -> None:  # noqa: ANN001
+                                                    grant, sync) -> None:  # noqa: ANN001
     admin.create_topic("quota-fetch", 1, 3)
     admin.create_user("fred", "fred-pw")
     grant("User:fred", "READ", "TOPIC", "quota-fetch")
@@ -70,6 +70,7 @@ def test_consumer_over_its_fetch_quota_is_throttled(secure_cluster: LocalCluster
             p.send("quota-fetch", b"y" * RECORD_BYTES)
         p.flush(60)
     admin.alter_client_quotas("User:fred", set={"consumer_byte_rate": QUOTA_BPS})
+    sync()
     try:
         with Consumer(bootstrap_servers=secure_cluster.bootstrap_servers, auto_offset_reset="earliest",
                       max_partition_fetch_bytes=16_384, **sasl("fred", "fred-pw")) as c:
