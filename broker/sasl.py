@@ -263,7 +263,7 @@ class SessionInterceptor(grpc.ServerInterceptor):
             return handler  # re-authenticating with a stale token still attached
 
         def refuse(request: Any, context: grpc.ServicerContext) -> Any:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "SASL session expired or unknown; authenticate again")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSAL)
 
         def refuse_stream(request: Any, context: grpc.ServicerContext) -> Any:
             refuse(request, context)
@@ -277,6 +277,35 @@ class SessionInterceptor(grpc.ServerInterceptor):
         return grpc.unary_unary_rpc_method_handler(refuse, handler.request_deserializer,
                                                    handler.response_serializer)
 
+
+_REFUSAL = "SASL session expired or unknown; authenticate again"
+
+
+class AioSessionInterceptor(grpc.aio.ServerInterceptor):
+    """SessionInterceptor for grpc.aio servers (the broker's client-facing server is one)."""
+
+    def __init__(self, authenticator: ScramAuthenticator) -> None:
+        self._auth = authenticator
+
+    async def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        handler = await continuation(handler_call_details)
+        token = _token_of(handler_call_details.invocation_metadata)
+        if handler is None or not token or self._auth.session(token) is not None \
+                or handler_call_details.method.endswith("/SaslAuthenticate") or handler.request_streaming:
+            return handler
+
+        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSAL)
+
+        async def refuse_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSAL)
+            yield  # pragma: no cover - abort raised
+
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(refuse_stream, handler.request_deserializer,
+                                                        handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(refuse, handler.request_deserializer,
+                                                   handler.response_serializer)
 
 def install_inter_node_credentials(defaults: dict[str, str]) -> Callable[[], None] | None:
     """Authenticate every gRPC channel this node process opens as ``inter.broker.sasl.username``.

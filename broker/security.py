@@ -18,7 +18,12 @@ import grpc
 
 from broker.authorizer import AclIndex, Authorizer, AuthorizerConfig
 from broker.quotas import DEFAULT_WINDOW_NUM, QuotaManager
-from broker.sasl import DEFAULT_SESSION_LIFETIME_MS, ScramAuthenticator, SessionInterceptor
+from broker.sasl import (
+    DEFAULT_SESSION_LIFETIME_MS,
+    AioSessionInterceptor,
+    ScramAuthenticator,
+    SessionInterceptor,
+)
 from metadata_quorum.security import ScramCredential
 from proto import security_pb2_grpc
 
@@ -46,6 +51,10 @@ class NodeSecurity:
     authorizer: Authorizer
     interceptor: SessionInterceptor
     quotas: QuotaManager | None = None
+
+    def aio_interceptor(self) -> AioSessionInterceptor:
+        """The same session check for a grpc.aio server (the broker's, once it runs on asyncio)."""
+        return AioSessionInterceptor(self.authenticator)
 
     def add_service(self, server: grpc.Server, admin: Any = None) -> None:
         from metadata_quorum.security_service import SecurityService

@@ -151,3 +151,53 @@ def test_rfc7677_test_vector_against_a_stored_credential() -> None:
     server.set_client_final("c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
                             "p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
     assert server.get_server_final() == "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+
+
+def test_aio_server_refuses_stale_sessions_and_serves_live_ones() -> None:
+    """The grpc.aio flavour of the session check (the broker's client-facing server is aio)."""
+    import asyncio
+    import threading
+
+    from broker.sasl import AioSessionInterceptor
+
+    users = {("alice", "SCRAM-SHA-256"): salted_credential("alice", "SCRAM-SHA-256", "pencil")}
+    auth = ScramAuthenticator(lambda u, m: users.get((u, m)))
+    auth.install()
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    box: dict[str, object] = {}
+
+    async def serve() -> None:
+        server = grpc.aio.server(interceptors=[AioSessionInterceptor(auth)])
+
+        async def sasl(request: spb.SaslAuthenticateRequest, context: object) -> spb.SaslAuthenticateResponse:
+            return auth.authenticate(request)
+
+        async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            return str(principal_of(context)).encode()
+        server.add_generic_rpc_handlers([
+            grpc.method_handlers_generic_handler("brook.test.Echo", {"Who": grpc.unary_unary_rpc_method_handler(echo)}),
+            grpc.method_handlers_generic_handler("brook.SecurityService", {
+                "SaslAuthenticate": grpc.unary_unary_rpc_method_handler(
+                    sasl, spb.SaslAuthenticateRequest.FromString, spb.SaslAuthenticateResponse.SerializeToString)}),
+        ])
+        box["port"] = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        box["server"] = server
+        started.set()
+        await server.wait_for_termination()
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    address = f"127.0.0.1:{box['port']}"
+    try:
+        with scram_channel(address, ScramCredentials("alice", "pencil")) as ch:
+            assert who(ch) == "User:alice"
+        with grpc.insecure_channel(address) as plain, pytest.raises(grpc.RpcError) as caught:
+            plain.unary_unary(WHO)(b"", timeout=10, metadata=[("x-brook-session", "forged")])
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        asyncio.run_coroutine_threadsafe(box["server"].stop(0), loop).result(10)  # type: ignore[attr-defined]
+        thread.join(10)
+        auth.uninstall()
