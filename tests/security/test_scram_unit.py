@@ -164,10 +164,10 @@ def test_aio_server_refuses_stale_sessions_and_serves_live_ones() -> None:
     auth = ScramAuthenticator(lambda u, m: users.get((u, m)))
     auth.install()
     loop = asyncio.new_event_loop()
-    started = threading.Event()
-    box: dict[str, object] = {}
+    thread = threading.Thread(target=loop.run_forever, daemon=True)  # the test owns the loop: stop, then join
+    thread.start()
 
-    async def serve() -> None:
+    async def start() -> tuple[grpc.aio.Server, int]:
         server = grpc.aio.server(interceptors=[AioSessionInterceptor(auth)])
 
         async def sasl(request: spb.SaslAuthenticateRequest, context: object) -> spb.SaslAuthenticateResponse:
@@ -181,15 +181,12 @@ def test_aio_server_refuses_stale_sessions_and_serves_live_ones() -> None:
                 "SaslAuthenticate": grpc.unary_unary_rpc_method_handler(
                     sasl, spb.SaslAuthenticateRequest.FromString, spb.SaslAuthenticateResponse.SerializeToString)}),
         ])
-        box["port"] = server.add_insecure_port("127.0.0.1:0")
+        port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
-        box["server"] = server
-        started.set()
-        await server.wait_for_termination()
+        return server, port
 
-    thread = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
-    thread.start()
-    assert started.wait(10)
+    server, port = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    box: dict[str, object] = {"port": port}
     address = f"127.0.0.1:{box['port']}"
     try:
         with scram_channel(address, ScramCredentials("alice", "pencil")) as ch:
@@ -198,6 +195,8 @@ def test_aio_server_refuses_stale_sessions_and_serves_live_ones() -> None:
             plain.unary_unary(WHO)(b"", timeout=10, metadata=[("x-brook-session", "forged")])
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
-        asyncio.run_coroutine_threadsafe(box["server"].stop(0), loop).result(10)  # type: ignore[attr-defined]
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+        loop.close()
         auth.uninstall()
