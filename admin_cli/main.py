@@ -23,7 +23,7 @@ import typer
 from typer import main as typer_main
 from typer._click import exceptions as click_exceptions
 
-from admin_cli import cluster, group, perf, topic
+from admin_cli import acl, cluster, group, perf, quota, topic, user
 from admin_cli.backend import Unreachable
 from admin_cli.common import (
     BOOTSTRAP_ENV,
@@ -70,6 +70,9 @@ app.add_typer(topic.app, name="topic")
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(group.app, name="group")
 app.add_typer(perf.app, name="perf")
+app.add_typer(user.app, name="user")
+app.add_typer(acl.app, name="acl")
+app.add_typer(quota.app, name="quota")
 app.command("produce", epilog="Examples:\n\necho hello | brook produce orders\n\n"
                               "brook produce orders -K : -H source=cli < keyed.txt\n\n"
                               "brook produce orders -v '{\"id\":1}' --value-format json")(produce)

@@ -234,6 +234,28 @@ _BEHAVIOUR = [
     KeyDef("log.cleaner.threads", "int", "1", "Log cleaner threads.", check=_at_least(0), roles=_B),
 ]
 
+# Authentication, authorization and quotas (broker/authorizer.py, broker/sasl.py, broker/quotas.py).
+_SECURITY = [
+    KeyDef("authorizer.class.name", "string", "",
+           "StandardAuthorizer checks Kafka ACLs on every RPC; empty allows everything (no authorizer).",
+           check=_one_of("", "StandardAuthorizer", "org.apache.kafka.metadata.authorizer.StandardAuthorizer")),
+    KeyDef("super.users", "string", "",
+           "Principals allowed everything, ';'-separated (User:admin;User:ops). Brokers' own principals always are."),
+    KeyDef("allow.everyone.if.no.acl.found", "bool", "false",
+           "With an authorizer: allow an operation on a resource no ACL mentions at all."),
+    KeyDef("sasl.session.lifetime.ms", "long", "3600000",
+           "Lifetime of a SASL/SCRAM session token; the client re-authenticates after it.", check=_at_least(1000)),
+    KeyDef("scram.bootstrap.users", "password", "",
+           "user:password,... SCRAM users the active controller creates if missing (the first admin).", roles=_C),
+    KeyDef("inter.broker.sasl.username", "string", "",
+           "SCRAM user this node authenticates as to other nodes over PLAINTEXT BROKER/CONTROLLER listeners (list "
+           "it in super.users); on SSL ones the node certificate is the identity. Empty: none."),
+    KeyDef("inter.broker.sasl.password", "password", "", "Password of inter.broker.sasl.username."),
+    KeyDef("quota.window.num", "int", "11", "Samples a client quota's rate is measured over.", check=_at_least(2),
+           roles=_B),
+    KeyDef("quota.window.size.seconds", "int", "1", "Length of one quota sample.", check=_at_least(1), roles=_B),
+]
+
 # Cluster defaults of topic configs, with Kafka's broker-level names. Value syntax and
 # checks come from storage/log_config.py (the topic config schema).
 _TOPIC_DEFAULTS = [
@@ -287,7 +309,7 @@ def _index(defs: list[KeyDef]) -> dict[str, KeyDef]:
     return index
 
 
-KEYS: Mapping[str, KeyDef] = _index([*_CORE, *_BEHAVIOUR, *_topic_key_defs()])
+KEYS: Mapping[str, KeyDef] = _index([*_CORE, *_BEHAVIOUR, *_SECURITY, *_topic_key_defs()])
 
 
 _REQUIRED = ("process.roles", "node.id", "cluster.id", "listeners", "controller.quorum.voters")
@@ -512,6 +534,10 @@ class NodeConfig:
 
         protocol = self.listener_protocol(name)
         if protocol == PLAINTEXT:
+            user = str(self.values["inter.broker.sasl.username"] or "").strip()
+            if user:  # a plaintext cluster with an authorizer: the nodes' own (super) SCRAM user
+                return SecurityConfig(protocol=SASL_PLAINTEXT, sasl_mechanism="SCRAM-SHA-512", sasl_username=user,
+                                      sasl_password=str(self.values["inter.broker.sasl.password"] or ""))
             return SecurityConfig()
         if protocol != SSL:
             raise ConfigError("listener.security.protocol.map", f"{name} must be PLAINTEXT or SSL, not {protocol}")

@@ -919,13 +919,14 @@ def _subscribed_topics(g: Group) -> set[str]:
 
 def install(broker: Any) -> GroupCoordinator:
     """BrokerServer extension: create the coordinator, serve it on the broker's gRPC server."""
+    from broker.authorizer import ALLOW_ALL
     from broker.group_service import GroupCoordinatorServicer
 
     config = CoordinatorConfig.from_defaults(dict(getattr(broker.settings, "defaults", {}) or {}))
     coordinator = GroupCoordinator(node_id=broker.settings.node_id, replica_manager=broker.replica_manager,
                                    metadata_cache=broker.metadata_cache, config=config)
     coordinator.security = getattr(broker.settings, "inter_broker_security", None) or SecurityConfig()
-    servicer = GroupCoordinatorServicer(coordinator)
+    servicer = GroupCoordinatorServicer(coordinator, authorizer=getattr(broker, "authorizer", ALLOW_ALL))
     servicer.listener_by_tls = broker.listener_by_tls() if hasattr(broker, "listener_by_tls") else {}
     broker.add_servicer(lambda server: group_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(servicer, server))
     coordinator.start()

@@ -20,7 +20,9 @@ from typing import Any
 
 import grpc
 
+from broker import authorizer as authz
 from broker import principal
+from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.group_coordinator import GroupCoordinator, join_timed_out, sync_timed_out
 from broker.group_state import JoinResult, SyncResult
 from client.types import TopicPartition
@@ -93,12 +95,25 @@ def _sync_response(r: SyncResult) -> group_pb2.SyncGroupResponse:
 
 class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
     def __init__(self, coordinator: GroupCoordinator,
-                 executor: concurrent.futures.Executor | None = None) -> None:
+                 executor: concurrent.futures.Executor | None = None, authorizer: Authorizer = ALLOW_ALL) -> None:
         self.c = coordinator
+        self.authz = authorizer  # Kafka's group ACLs: READ to join/commit, DESCRIBE to find/describe, DELETE
         self._executor = executor or concurrent.futures.ThreadPoolExecutor(
             max_workers=GROUP_WORKERS, thread_name_prefix=f"groups-{coordinator.node_id}")
         # As BrokerService.listener_by_tls: the coordinator's address on the caller's kind of listener.
         self.listener_by_tls: dict[bool, str] = {}
+
+    def _refused(self, context: Any, operation: str, group_id: str, response_cls: type) -> Any:
+        """The response refusing the call (GROUP_AUTHORIZATION_FAILED), or None when allowed."""
+        caller = principal.principal_of(context)
+        if self.authz.authorize(caller, operation, authz.GROUP, group_id):
+            return None
+        exc = authz.denied_error(caller, operation, authz.GROUP, group_id)
+        return response_cls(error_code=exc.code, error_message=exc.message)
+
+    def _topic_denied(self, context: Any, operation: str, partitions: Any) -> tuple[set[str], Any]:
+        caller = principal.principal_of(context)
+        return self.authz.denied_topics(caller, operation, {p.topic for p in partitions}), caller
 
     async def _run(self, body: Callable[[Any, Any], Any], request: Any, context: Any) -> Any:
         deadline = _CallDeadline(context)
@@ -108,6 +123,9 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return await self._run(self._find_coordinator, request, context)
 
     async def JoinGroup(self, request, context):  # noqa: N802
+        if (refused := self._refused(context, authz.READ, request.group_id, group_pb2.JoinGroupResponse)) is not None:
+            refused.member_id, refused.generation_id = request.member_id, -1
+            return refused
         # Registering takes the coordinator's lock (executor); the wait for the join phase to
         # end is a future on the loop, completed by the group machine's callback: no thread.
         wait_s = self._wait_s(_CallDeadline(context), max(request.rebalance_timeout_ms, request.session_timeout_ms,
@@ -122,6 +140,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return _join_response(r)
 
     async def SyncGroup(self, request, context):  # noqa: N802
+        if (refused := self._refused(context, authz.READ, request.group_id, group_pb2.SyncGroupResponse)) is not None:
+            return refused
         wait_s = self._wait_s(_CallDeadline(context), 300_000)
         fut, callback = _loop_callback()
         try:
@@ -172,6 +192,10 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return min(wait, max(0.0, remaining - 0.5)) if remaining is not None else wait
 
     def _find_coordinator(self, request, context):
+        if (refused := self._refused(context, authz.DESCRIBE, request.group_id,
+                                     group_pb2.FindCoordinatorResponse)) is not None:
+            refused.node_id = -1
+            return refused
         try:
             listener = self.listener_by_tls.get(principal.is_tls(context), "BROKER")
             node_id, host, port = self.c.find_coordinator(request.group_id, listener)
@@ -180,6 +204,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return group_pb2.FindCoordinatorResponse(node_id=node_id, host=host, port=port)
 
     def _heartbeat(self, request, context):
+        if (refused := self._refused(context, authz.READ, request.group_id, group_pb2.HeartbeatResponse)) is not None:
+            return refused
         try:
             code = self.c.heartbeat(request.group_id, request.member_id, request.generation_id)
         except errors.BrookError as exc:
@@ -187,6 +213,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return group_pb2.HeartbeatResponse(error_code=code)
 
     def _leave_group(self, request, context):
+        if (refused := self._refused(context, authz.READ, request.group_id, group_pb2.LeaveGroupResponse)) is not None:
+            return refused
         try:
             results = self.c.leave_group(request.group_id, list(request.member_ids))
         except errors.BrookError as exc:
@@ -195,21 +223,47 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
             group_pb2.LeaveGroupMemberResponse(member_id=m, error_code=c) for m, c in results])
 
     def _offset_commit(self, request, context):
+        if (refused := self._refused(context, authz.READ, request.group_id,
+                                     group_pb2.OffsetCommitResponse)) is not None:
+            return refused
+        denied, caller = self._topic_denied(context, authz.READ, request.partitions)
+        refusals = []
+        if denied:  # commit the partitions the member may read; refuse the others one by one
+            refusals = [(p.topic, p.partition, authz.denied_error(caller, authz.READ, authz.TOPIC, p.topic))
+                        for p in request.partitions if p.topic in denied]
+            allowed = group_pb2.OffsetCommitRequest()
+            allowed.CopyFrom(request)
+            del allowed.partitions[:]
+            allowed.partitions.extend(p for p in request.partitions if p.topic not in denied)
+            request = allowed
         try:
-            results = self.c.commit_offsets(request)
+            results = self.c.commit_offsets(request) if request.partitions or not refusals else []
         except errors.BrookError as exc:
             return group_pb2.OffsetCommitResponse(error_code=exc.code, error_message=exc.message)
+        results = list(results) + [(t, p, e.code, e.message) for t, p, e in refusals]
         return group_pb2.OffsetCommitResponse(partitions=[
             group_pb2.PartitionError(topic=t, partition=p, error_code=c, error_message=m) for t, p, c, m in results])
 
     def _offset_fetch(self, request, context):
+        if (refused := self._refused(context, authz.DESCRIBE, request.group_id,
+                                     group_pb2.OffsetFetchResponse)) is not None:
+            return refused
+        caller = principal.principal_of(context)
         tps = [TopicPartition(p.topic, p.partition) for p in request.partitions]
         try:
             found = self.c.fetch_offsets(request.group_id, tps)
         except errors.BrookError as exc:
             return group_pb2.OffsetFetchResponse(error_code=exc.code, error_message=exc.message)
         resp = group_pb2.OffsetFetchResponse()
+        # Kafka leaves out (all partitions) or refuses (named ones) topics the caller may not DESCRIBE.
+        denied = self.authz.denied_topics(caller, authz.DESCRIBE, {tp.topic for tp, _ in found})
         for tp, e in found:
+            if tp.topic in denied:
+                if request.partitions:
+                    resp.partitions.append(group_pb2.CommittedOffset(
+                        topic=tp.topic, partition=tp.partition, offset=-1, leader_epoch=-1,
+                        error_code=authz.denied_code(authz.TOPIC)))
+                continue
             if e is None:
                 resp.partitions.append(group_pb2.CommittedOffset(topic=tp.topic, partition=tp.partition,
                                                                  offset=-1, leader_epoch=-1))
@@ -221,17 +275,31 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
 
     def _list_groups(self, request, context):
         groups = self.c.list_groups(set(request.states))
+        caller = principal.principal_of(context)
+        if not self.authz.authorize(caller, authz.DESCRIBE, authz.CLUSTER):  # else: only describable groups
+            groups = [g for g in groups if self.authz.authorize(caller, authz.DESCRIBE, authz.GROUP, g.group_id)]
         return group_pb2.ListGroupsResponse(groups=[
             group_pb2.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type, state=g.state.value,
                                   coordinator_id=self.c.node_id) for g in sorted(groups, key=lambda g: g.group_id)])
 
     def _describe_groups(self, request, context):
-        return group_pb2.DescribeGroupsResponse(groups=[
-            self.c.describe_group(gid, request.include_offsets) for gid in request.group_ids])
+        out = group_pb2.DescribeGroupsResponse()
+        for gid in request.group_ids:
+            refused = self._refused(context, authz.DESCRIBE, gid, group_pb2.DescribedGroup)
+            if refused is not None:
+                refused.group_id = gid
+                out.groups.append(refused)
+            else:
+                out.groups.append(self.c.describe_group(gid, request.include_offsets))
+        return out
 
     def _delete_groups(self, request, context):
         out = group_pb2.DeleteGroupsResponse()
         for gid in request.group_ids:
+            if (refused := self._refused(context, authz.DELETE, gid, group_pb2.GroupResult)) is not None:
+                refused.group_id = gid
+                out.results.append(refused)
+                continue
             try:
                 self.c.delete_group(gid)
                 out.results.append(group_pb2.GroupResult(group_id=gid))
@@ -241,6 +309,13 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return out
 
     def _offset_delete(self, request, context):
+        if (refused := self._refused(context, authz.DELETE, request.group_id,
+                                     group_pb2.OffsetDeleteResponse)) is not None:
+            return refused
+        denied, caller = self._topic_denied(context, authz.READ, request.partitions)
+        if denied:
+            exc = authz.denied_error(caller, authz.READ, authz.TOPIC, sorted(denied)[0])
+            return group_pb2.OffsetDeleteResponse(error_code=exc.code, error_message=exc.message)
         tps = [TopicPartition(p.topic, p.partition) for p in request.partitions]
         try:
             results = self.c.delete_offsets(request.group_id, tps)
@@ -250,6 +325,14 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
             group_pb2.PartitionError(topic=tp.topic, partition=tp.partition, error_code=c) for tp, c in results])
 
     def _alter_group_offsets(self, request, context):
+        # Kafka: resetting offsets is an offset commit (READ on the group and on each topic).
+        if (refused := self._refused(context, authz.READ, request.group_id,
+                                     group_pb2.AlterGroupOffsetsResponse)) is not None:
+            return refused
+        denied, caller = self._topic_denied(context, authz.READ, request.specs)
+        if denied:
+            exc = authz.denied_error(caller, authz.READ, authz.TOPIC, sorted(denied)[0])
+            return group_pb2.AlterGroupOffsetsResponse(error_code=exc.code, error_message=exc.message)
         try:
             resolved = self.c.alter_offsets(request)
         except errors.BrookError as exc:

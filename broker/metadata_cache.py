@@ -14,7 +14,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from proto import common_pb2, controller_pb2
+from broker.authorizer import EMPTY_INDEX, AclIndex
+from metadata_quorum import security as sec
+from proto import common_pb2, controller_pb2, security_pb2
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,10 @@ class MetadataCache:
         self._topics_by_id: dict[str, TopicInfo] = {}
         self._topic_ids: dict[str, str] = {}  # name -> id
         self._partitions: dict[tuple[str, int], PartitionInfo] = {}
+        # Security records from the quorum: SCRAM credentials, ACLs (indexed once per change), quotas.
+        self._credentials: dict[tuple[str, str], sec.ScramCredential] = {}
+        self._acl_index: AclIndex = EMPTY_INDEX
+        self._quotas: dict[str, dict[str, float]] = {}
 
     # ---- applying updates ----
     def apply(self, update: controller_pb2.MetadataUpdate) -> MetadataDelta:
@@ -101,6 +107,11 @@ class MetadataCache:
                 self._topics_by_id.clear()
                 self._topic_ids.clear()
                 self._partitions.clear()
+                self._credentials.clear()
+                self._acl_index = EMPTY_INDEX
+                self._quotas.clear()
+            if update.HasField("security"):
+                self._apply_security(update.security)
             if update.cluster_id:
                 self._cluster_id = update.cluster_id
             self._controller_id = update.active_controller_id
@@ -140,6 +151,21 @@ class MetadataCache:
             self._version = max(self._version, update.version) if not update.is_snapshot else update.version
             self._lock.notify_all()
             return delta
+
+    def _apply_security(self, delta: security_pb2.SecurityDelta) -> None:
+        for r in delta.credentials:
+            cred = sec.ScramCredential(r.user, r.mechanism, r.salt, r.stored_key, r.server_key, r.iterations)
+            self._credentials[(r.user, r.mechanism)] = cred
+        for item in delta.deleted_credentials:
+            self._credentials.pop((item.user, item.mechanism), None)
+        if delta.acls_changed:
+            self._acl_index = AclIndex(sec.AclBinding(a.resource_type, a.resource_name, a.pattern_type, a.principal,
+                                                      a.host, a.operation, a.permission) for a in delta.acls)
+        for q in delta.quotas:
+            if q.values:
+                self._quotas[q.entity] = dict(q.values)
+            else:
+                self._quotas.pop(q.entity, None)
 
     def wait_for(self, predicate: Callable[[MetadataCache], object], timeout_s: float) -> bool:
         """Block until ``predicate(self)`` holds (re-checked on each update) or the timeout."""
@@ -190,6 +216,16 @@ class MetadataCache:
                 return []
             out = [self._partitions.get((topic, p)) for p in range(t.partition_count)]
             return [p for p in out if p is not None]
+
+    # ---- security reads (no lock: each is one atomic dict/attribute read of immutable values) ----
+    def scram_credential(self, user: str, mechanism: str) -> sec.ScramCredential | None:
+        return self._credentials.get((user, mechanism))
+
+    def acl_index(self) -> AclIndex:
+        return self._acl_index
+
+    def quotas(self, entity: str) -> dict[str, float] | None:
+        return self._quotas.get(entity)
 
     def leader_and_epoch(self, topic: str, partition: int) -> common_pb2.LeaderIdAndEpoch:
         p = self._partitions.get((topic, partition))

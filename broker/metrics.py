@@ -376,6 +376,42 @@ class GroupCollector(_SafeCollector):
         yield lag
 
 
+class SecurityCollector(_SafeCollector):
+    """Authorization denials, SCRAM outcomes and quota throttling of one role (broker.security.NodeSecurity)."""
+
+    name = "security"
+
+    def __init__(self, role: str, security: Callable[[], Any]) -> None:
+        self._role = role
+        self._security = security
+
+    def _collect(self) -> Iterable[Metric]:
+        sec = self._security()
+        if sec is None:
+            return
+        denied = CounterMetricFamily("brook_authorization_denied", "Requests (or parts) refused by the authorizer.",
+                                     labels=["role", "resource_type", "operation"])
+        for (rtype, operation), count in sorted(sec.authorizer.denied_total().items()):
+            denied.add_metric([self._role, rtype, operation], count)
+        yield denied
+        auth = CounterMetricFamily("brook_sasl_authentications", "SASL/SCRAM exchanges, by result.",
+                                   labels=["role", "result"])
+        auth.add_metric([self._role, "success"], sec.authenticator.succeeded_total)
+        auth.add_metric([self._role, "failure"], sec.authenticator.failed_total)
+        yield auth
+        if sec.quotas is None:
+            return
+        throttled = CounterMetricFamily("brook_quota_throttled_responses", "Responses with throttle_time_ms > 0.",
+                                        labels=["quota"])
+        throttle_ms = CounterMetricFamily("brook_quota_throttle_time_ms", "Throttle time handed out (ms).",
+                                          labels=["quota"])
+        for kind, stats in sorted(sec.quotas.stats.items()):
+            throttled.add_metric([kind], stats.throttled_responses)
+            throttle_ms.add_metric([kind], stats.throttle_ms_total)
+        yield throttled
+        yield throttle_ms
+
+
 class NodeInfoCollector(Collector):
     def __init__(self, node_id: int, roles: Sequence[str], cluster_id: str) -> None:
         self._labels = [str(node_id), ",".join(roles), cluster_id]

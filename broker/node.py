@@ -39,7 +39,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from broker.config import ConfigError, NodeConfig, keys_markdown, load_config
-from broker.metrics import BrokerCollector, ControllerCollector, GroupCollector, NodeMetrics
+from broker.metrics import (
+    BrokerCollector,
+    ControllerCollector,
+    GroupCollector,
+    NodeMetrics,
+    SecurityCollector,
+)
 
 log = logging.getLogger("brook.node")
 
@@ -253,6 +259,7 @@ class Node:
                 self.controller = ControllerNode(cfg.controller_settings())
                 self.controller.start()
             self.metrics.add(ControllerCollector(lambda: self.controller))
+            self.metrics.add(SecurityCollector("controller", lambda: getattr(self.controller, "_security", None)))
             self.grpc.role_up("controller")
             log.info("controller %d started (voters %s)", cfg.node_id, sorted(cfg.voters))
         if cfg.is_broker:
@@ -269,6 +276,7 @@ class Node:
                 self.broker.start()
             self.metrics.add(BrokerCollector(lambda: getattr(self.broker, "replica_manager", None), cfg.log_dirs))
             self.metrics.add(GroupCollector(lambda: self.group_coordinator))
+            self.metrics.add(SecurityCollector("broker", lambda: getattr(self.broker, "security", None)))
             self.grpc.role_up("broker")
             log.info("broker %d started on %s", cfg.node_id, cfg.listeners["BROKER"])
         log.info("node %d up: roles %s, cluster %s", cfg.node_id, ",".join(cfg.roles), cfg.cluster_id)

@@ -300,8 +300,10 @@ def require_node(context: Any, node_id: int) -> Principal:
     auth = authenticate(context)
     if auth.method == AUTH_CERTIFICATE and auth.principal == node_principal(node_id):
         return auth.principal
-    if auth.method == AUTH_NONE and _settings.trust_loopback_plaintext and is_loopback_peer(auth.peer):
-        return node_principal(node_id)  # single-host plaintext cluster: documented trust of loopback
+    if auth.method != AUTH_CERTIFICATE and _settings.trust_loopback_plaintext and is_loopback_peer(auth.peer):
+        # Single-host plaintext cluster: documented trust of loopback. A SASL session there (the
+        # nodes' inter-broker SCRAM user, for the authorizer) is trusted no more than no session.
+        return node_principal(node_id)
     log.warning("refused a broker-only request for node %d from %s (%s, peer %s)", node_id, auth.principal,
                 auth.method, auth.peer)
     raise errors.error_for(errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
@@ -316,7 +318,7 @@ def require_any_node(context: Any) -> int | None:
         node = node_id_of(auth.principal)
         if node is not None:
             return node
-    elif auth.method == AUTH_NONE and _settings.trust_loopback_plaintext and is_loopback_peer(auth.peer):
+    elif _settings.trust_loopback_plaintext and is_loopback_peer(auth.peer):
         return None
     raise errors.error_for(errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
                            f"{auth.principal} is not a cluster node")

@@ -37,6 +37,7 @@ from broker.admission import ByteBudget, ClientLimits
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.replica_manager import ReplicaManager
+from broker.security import NodeSecurity, broker_security
 from broker.service import BrokerService, Capacity
 from broker.tls import ServerTls, bind_port
 from client.security import SecurityConfig
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 GRPC_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 LOOP_START_TIMEOUT_S = 10.0
+SECURITY_WORKERS = 4  # SecurityService handlers (SCRAM exchanges, ACL and user admin): short and rare
 SERVER_STOP_GRACE_S = 1.0
 REGISTER_TIMEOUT_S = 60.0
 FIRST_METADATA_WAIT_S = 30.0
@@ -124,11 +126,15 @@ class BrokerServer:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self.capacity: Capacity | None = None
+        self._security_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.log_manager: Any = None
         self.controller_client: Any = None
         self.metadata_cache = MetadataCache(settings.node_id)
         self.replica_manager: ReplicaManager | None = None
         self.extension_objects: list[object] = []
+        # SCRAM sessions, ACL checks and quotas (broker/security.py); the group coordinator reads .authorizer.
+        self.security: NodeSecurity = broker_security(self.metadata_cache, settings.defaults)
+        self.authorizer = self.security.authorizer
 
     # ---- hooks ----
     def add_servicer(self, fn: Callable[[grpc.aio.Server], None]) -> None:
@@ -179,9 +185,10 @@ class BrokerServer:
         service = BrokerService(
             s.node_id, self.replica_manager, self.metadata_cache, self.controller_client, producer_ids,
             defaults=s.defaults, controller_endpoints=s.controller_endpoints, capacity=self.capacity,
-            metadata_lock=self._metadata_lock)
+            metadata_lock=self._metadata_lock, authorizer=self.security.authorizer, quotas=self.security.quotas)
         service.listener_by_tls = self.listener_by_tls()
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(service, self.grpc_server)
+        self.security.add_service(self.grpc_server)  # SaslAuthenticate (sync handlers: the migration pool)
         for fn in self._servicer_fns:
             fn(self.grpc_server)
         self._bind_listeners(self.grpc_server)
@@ -239,7 +246,12 @@ class BrokerServer:
 
     async def _make_server(self, d: dict[str, str]) -> grpc.aio.Server:
         # Created on the loop: grpc.aio binds a server to the running loop.
-        return grpc.aio.server(options=[
+        # SecurityService (SCRAM exchanges, ACL/user admin) has sync handlers: they run on a small pool
+        # of their own. The session interceptor refuses calls with a stale SCRAM session token.
+        self._security_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=SECURITY_WORKERS, thread_name_prefix=f"broker-{self.node_id}-security")
+        return grpc.aio.server(migration_thread_pool=self._security_pool,
+                               interceptors=[self.security.aio_interceptor()], options=[
             ("grpc.max_receive_message_length", int(d.get("socket.request.max.bytes", str(GRPC_MAX_MESSAGE_BYTES)))),
             ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
             # HTTP/2's own per-connection bound: streams past it wait in the client, never reach us.
@@ -253,6 +265,8 @@ class BrokerServer:
         if self.capacity is not None:
             self.capacity.io.shutdown(wait=False, cancel_futures=True)
             self.capacity.replication.shutdown(wait=False, cancel_futures=True)
+        if self._security_pool is not None:
+            self._security_pool.shutdown(wait=False, cancel_futures=True)
 
     def _bind_listeners(self, server: Any) -> None:
         """Open BROKER and every extra listener on ``server`` (plaintext, SSL or mTLS per listener)."""
@@ -391,6 +405,7 @@ class BrokerServer:
         self._stop_loop()
         if self.log_manager is not None:
             self.log_manager.shutdown()
+        self.security.close()
         log.info("broker %d stopped", self.node_id)
 
     def _controlled_shutdown(self, timeout_s: float) -> None:

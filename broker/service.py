@@ -18,6 +18,12 @@ requests in flight and ``max.waiting.fetches.per.ip`` long polls parked; produce
 bytes and fetch response bytes draw on ``queued.max.request.bytes``. Excess is answered
 with the gRPC status RESOURCE_EXHAUSTED (the client library backs off and retries).
 Follower fetches are exempt: their bound is the number of brokers.
+
+Authorization (broker/authorizer.py, Kafka's ACL model): each handler resolves the caller's
+principal once (broker/principal.py: mTLS certificate or SCRAM session) and refuses the
+topics it may not touch with TOPIC_AUTHORIZATION_FAILED, serving the rest. Follower
+requests (``replica_id >= 0``) are accepted only from that broker itself
+(``principal.require_node``). Quotas (broker/quotas.py) set ``throttle_time_ms``.
 """
 
 from __future__ import annotations
@@ -33,10 +39,13 @@ from typing import Any, TypeVar
 
 import grpc
 
+from broker import authorizer as authz
 from broker import principal
 from broker.admission import ByteBudget, ClientLimits, Overloaded, peer_host
 from broker.metadata_cache import MetadataCache
+from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.producer_ids import ProducerIdManager
+from broker.quotas import QuotaManager
 from broker.replica_manager import MAX_PRODUCE_TIMEOUT_MS, AppendResult, ReplicaManager
 from proto import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
@@ -64,8 +73,11 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     def __init__(self, node_id: int, replica_manager: ReplicaManager, metadata_cache: MetadataCache,
                  controller_client: Any, producer_ids: ProducerIdManager, *, defaults: dict[str, str],
                  controller_endpoints: Sequence[tuple[str, int]], capacity: Capacity,
-                 metadata_lock: threading.RLock | None = None) -> None:
+                 metadata_lock: threading.RLock | None = None, authorizer: Authorizer = ALLOW_ALL,
+                 quotas: QuotaManager | None = None) -> None:
         self.node_id = node_id
+        self.authz = authorizer  # ACL checks; ALLOW_ALL when no authorizer is configured
+        self.quotas = quotas
         self.rm = replica_manager
         self.cache = metadata_cache
         self.controller_client = controller_client
@@ -91,6 +103,24 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         except Exception:
             log.exception("%s failed on broker %d; request: %.500s", name, self.node_id, request)
             return on_error()
+
+    @staticmethod
+    async def _caller(context: grpc.aio.ServicerContext) -> Any:
+        """The request's principal; a certificate no mapping rule accepts ends the call UNAUTHENTICATED."""
+        try:
+            return principal.principal_of(context)
+        except errors.BrookError as e:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, e.message)
+            raise  # abort raises; this only tells type checkers the path ends here
+
+    @staticmethod
+    def _as_replica(context: grpc.aio.ServicerContext, replica_id: int) -> errors.BrookError | None:
+        """None when the caller is broker ``replica_id`` itself, else the refusal to answer with."""
+        try:
+            principal.require_node(context, replica_id)
+        except errors.BrookError as e:
+            return e
+        return None
 
     async def _admitted(self, context: grpc.aio.ServicerContext, work: Callable[[str], Awaitable[T]]) -> T:
         """Run a client request within its client's in-flight bound; refuse it with RESOURCE_EXHAUSTED."""
@@ -118,6 +148,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     # ---- Produce ----
     async def Produce(self, request: broker_pb2.ProduceRequest, context: grpc.aio.ServicerContext) -> Any:
         size = sum(len(pd.records) for pd in request.partitions)
+        caller = await self._caller(context)
 
         async def work(client: str) -> Any:
             budget = self.capacity.budget
@@ -127,18 +158,20 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 raise Overloaded(f"broker {self.node_id} holds {budget.used_bytes} bytes of requests in flight "
                                  f"(queued.max.request.bytes={budget.total_bytes})")
             try:
-                return await self._guard("Produce", request, lambda: self._produce(request),
+                return await self._guard("Produce", request, lambda: self._produce(request, caller),
                                          lambda: _produce_error_all(request, ErrorCode.UNKNOWN_SERVER_ERROR,
                                                                     "internal error"))
             finally:
                 budget.release(budget.clamp(size))
         return await self._admitted(context, work)
 
-    async def _produce(self, req: broker_pb2.ProduceRequest) -> broker_pb2.ProduceResponse:
+    async def _produce(self, req: broker_pb2.ProduceRequest, caller: Any = principal.ANONYMOUS,
+                       ) -> broker_pb2.ProduceResponse:
         if req.acks not in (0, 1, -1):
             return _produce_error_all(req, ErrorCode.INVALID_REQUIRED_ACKS,
                                       f"acks must be 0, 1 or -1 (all), not {req.acks}")
-        futures = await self._io(lambda: self._produce_append(req))
+        denied = self.authz.denied_topics(caller, authz.WRITE, {pd.topic for pd in req.partitions})
+        futures = await self._io(lambda: self._produce_append(req, caller, denied))
         if req.acks == -1:
             # The purgatory times each wait out at timeout_ms; the slack only guards a lost completion.
             # Awaiting holds no thread: the purgatory's completion wakes this coroutine on the loop.
@@ -146,13 +179,23 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             if pending:
                 timeout_s = min(max(0, req.timeout_ms), MAX_PRODUCE_TIMEOUT_MS) / 1000 + PRODUCE_WAIT_SLACK_S
                 await asyncio.wait(pending, timeout=timeout_s)
-        return self._produce_response(req, futures)
+        resp = self._produce_response(req, futures)
+        if self.quotas is not None:
+            resp.throttle_time_ms = self.quotas.produce(caller, sum(
+                len(pd.records) for pd in req.partitions if pd.topic not in denied))
+        return resp
 
-    def _produce_append(self, req: broker_pb2.ProduceRequest) -> list[concurrent.futures.Future]:
+    def _produce_append(self, req: broker_pb2.ProduceRequest, caller: Any = principal.ANONYMOUS,
+                        denied: set[str] | frozenset[str] = frozenset()) -> list[concurrent.futures.Future]:
         """Append every partition's records (blocking: disk, and the auto-create wait)."""
-        self._maybe_auto_create({pd.topic for pd in req.partitions}, wait=True)
+        self._maybe_auto_create({pd.topic for pd in req.partitions} - set(denied), wait=True, caller=caller)
         futures: list[concurrent.futures.Future] = []
         for pd in req.partitions:
+            if pd.topic in denied:
+                refused: concurrent.futures.Future = concurrent.futures.Future()
+                refused.set_exception(authz.denied_error(caller, authz.WRITE, authz.TOPIC, pd.topic))
+                futures.append(refused)
+                continue
             if pd.topic.startswith("__"):
                 # Internal topics (__consumer_offsets) are written by the broker itself only.
                 fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -197,18 +240,28 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             return resp
         if request.replica_id >= 0:
             # A follower's fetch moves the HW: only that broker may send it.
-            try:
-                principal.require_node(context, request.replica_id)
-            except errors.BrookError as e:
-                resp = on_error()
-                for p in resp.partitions:
-                    p.error_code, p.error_message = e.code, e.message
-                return resp
+            if (refusal := self._as_replica(context, request.replica_id)) is not None:
+                return _partition_errors(broker_pb2.FetchResponse(), request.partitions, refusal,
+                                         high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
             # Replication has its own executor and no client bounds: a client flood must not
             # starve the followers (and so shrink the ISR).
             return await self._guard("Fetch", request, lambda: self._fetch(request, None), on_error)
-        return await self._admitted(
-            context, lambda client: self._guard("Fetch", request, lambda: self._fetch(request, client), on_error))
+        caller = await self._caller(context)
+        denied = self.authz.denied_topics(caller, authz.READ, {fp.topic for fp in request.partitions})
+
+        async def fetch(client: str) -> broker_pb2.FetchResponse:
+            allowed = _without_topics(request, denied)
+            resp = await self._fetch(allowed, client) if allowed.partitions or not denied \
+                else broker_pb2.FetchResponse()
+            for fp in request.partitions:
+                if fp.topic in denied:
+                    _partition_errors(resp, [fp], authz.denied_error(caller, authz.READ, authz.TOPIC, fp.topic),
+                                      high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+            if self.quotas is not None:
+                resp.throttle_time_ms = self.quotas.fetch(caller, sum(len(p.records) for p in resp.partitions))
+            return resp
+        return await self._admitted(context, lambda client: self._guard("Fetch", request, lambda: fetch(client),
+                                                                        on_error))
 
     async def _fetch(self, req: broker_pb2.FetchRequest, client: str | None) -> broker_pb2.FetchResponse:
         """Read (and long-poll) through the ReplicaManager; ``client`` None for a follower fetch."""
@@ -236,8 +289,19 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                                     error_message="internal error", offset=-1, timestamp=-1, leader_epoch=-1)
             return resp
         # A follower's ListOffsets (replica_id >= 0) is rare and short: it shares the client path.
+        caller = await self._caller(context)
         return await self._admitted(context, lambda client: self._guard(
-            "ListOffsets", request, lambda: self._io(lambda: self.rm.list_offsets(request)), on_error))
+            "ListOffsets", request, lambda: self._io(lambda: self._list_offsets(request, caller)), on_error))
+
+    def _list_offsets(self, req: broker_pb2.ListOffsetsRequest, caller: Any) -> broker_pb2.ListOffsetsResponse:
+        denied = self.authz.denied_topics(caller, authz.DESCRIBE, {p.topic for p in req.partitions})
+        allowed = _without_topics(req, denied)
+        resp = self.rm.list_offsets(allowed) if allowed.partitions or not denied else broker_pb2.ListOffsetsResponse()
+        for lp in req.partitions:
+            if lp.topic in denied:
+                _partition_errors(resp, [lp], authz.denied_error(caller, authz.DESCRIBE, authz.TOPIC, lp.topic),
+                                  offset=-1, timestamp=-1, leader_epoch=-1)
+        return resp
 
     async def OffsetsForLeaderEpoch(self, request: broker_pb2.OffsetsForLeaderEpochRequest,
                                     context: grpc.aio.ServicerContext) -> Any:
@@ -248,28 +312,57 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                                     error_message="internal error", leader_epoch=-1, end_offset=-1)
             return resp
         if request.replica_id >= 0:  # a follower (truncation): replication capacity, no client bounds
+            if (refusal := self._as_replica(context, request.replica_id)) is not None:
+                return _partition_errors(broker_pb2.OffsetsForLeaderEpochResponse(), request.partitions, refusal,
+                                         leader_epoch=-1, end_offset=-1)
             return await self._guard("OffsetsForLeaderEpoch", request,
                                      lambda: self._replication_io(lambda: self.rm.offsets_for_leader_epoch(request)),
                                      on_error)
+        caller = await self._caller(context)
         return await self._admitted(context, lambda client: self._guard(
-            "OffsetsForLeaderEpoch", request, lambda: self._io(lambda: self.rm.offsets_for_leader_epoch(request)),
+            "OffsetsForLeaderEpoch", request, lambda: self._io(lambda: self._offsets_for_leader_epoch(request, caller)),
             on_error))
+
+    def _offsets_for_leader_epoch(self, req: broker_pb2.OffsetsForLeaderEpochRequest,
+                                  caller: Any) -> broker_pb2.OffsetsForLeaderEpochResponse:
+        # A consumer validating its position (KIP-320) needs DESCRIBE on the topic.
+        denied = self.authz.denied_topics(caller, authz.DESCRIBE, {p.topic for p in req.partitions})
+        allowed = _without_topics(req, denied)
+        resp = (self.rm.offsets_for_leader_epoch(allowed) if allowed.partitions or not denied
+                else broker_pb2.OffsetsForLeaderEpochResponse())
+        for p in req.partitions:
+            if p.topic in denied:
+                _partition_errors(resp, [p], authz.denied_error(caller, authz.DESCRIBE, authz.TOPIC, p.topic),
+                                  leader_epoch=-1, end_offset=-1)
+        return resp
 
     # ---- Metadata ----
     async def Metadata(self, request: broker_pb2.MetadataRequest, context: grpc.aio.ServicerContext) -> Any:
         listener = self.listener_by_tls.get(principal.is_tls(context), "BROKER")
+        caller = await self._caller(context)
         return await self._admitted(context, lambda client: self._guard(
-            "Metadata", request, lambda: self._io(lambda: self._metadata(request, listener)),
+            "Metadata", request, lambda: self._io(lambda: self._metadata(request, listener, caller)),
             lambda: broker_pb2.MetadataResponse(topics=[broker_pb2.TopicMetadata(
                 name=t, error_code=ErrorCode.UNKNOWN_SERVER_ERROR, error_message="internal error")
                 for t in request.topics])))
 
-    def _metadata(self, req: broker_pb2.MetadataRequest, listener: str = "BROKER") -> broker_pb2.MetadataResponse:
+    def _metadata(self, req: broker_pb2.MetadataRequest, listener: str = "BROKER",
+                  caller: Any = principal.ANONYMOUS) -> broker_pb2.MetadataResponse:
         create_errors: dict[str, errors.BrookError] = {}
+        # Kafka: topics the caller may not DESCRIBE are left out of an all-topics answer and
+        # answered TOPIC_AUTHORIZATION_FAILED when named (and are never auto-created).
+        denied = set() if req.all_topics else self.authz.denied_topics(caller, authz.DESCRIBE, req.topics)
+        for name in denied:
+            create_errors[name] = authz.denied_error(caller, authz.DESCRIBE, authz.TOPIC, name)
         if not req.all_topics and req.allow_auto_topic_creation:
-            create_errors = self._maybe_auto_create(set(req.topics), wait=True)
+            create_errors.update(self._maybe_auto_create(set(req.topics) - denied, wait=True, caller=caller))
         with self.metadata_lock:
-            return self._metadata_response(req, create_errors, listener)
+            resp = self._metadata_response(req, create_errors, listener)
+        if req.all_topics and self.authz.enabled:
+            keep = [t for t in resp.topics if self.authz.may_describe_topic(caller, t.name)]
+            del resp.topics[:]
+            resp.topics.extend(keep)
+        return resp
 
     def _metadata_response(self, req: broker_pb2.MetadataRequest, create_errors: dict[str, errors.BrookError],
                            listener: str = "BROKER") -> broker_pb2.MetadataResponse:
@@ -287,6 +380,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     def _topic_metadata(self, out: broker_pb2.TopicMetadata, name: str, create_error: errors.BrookError | None) -> None:
         topic = self.cache.topic(name)
+        if create_error is not None and create_error.code == ErrorCode.TOPIC_AUTHORIZATION_FAILED:
+            out.error_code, out.error_message = create_error.code, create_error.message
+            return
         if topic is None:
             if create_error is not None:
                 out.error_code, out.error_message = create_error.code, create_error.message
@@ -308,18 +404,27 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         b = self.cache.broker(node_id)
         return b is not None and not b.fenced
 
-    def _maybe_auto_create(self, topics: set[str], *, wait: bool = False) -> dict[str, errors.BrookError]:
+    def _maybe_auto_create(self, topics: set[str], *, wait: bool = False,
+                           caller: Any = principal.ANONYMOUS) -> dict[str, errors.BrookError]:
         """Create unknown, legal topics through the controller when auto.create.topics.enable."""
         missing = sorted(t for t in topics if self.cache.topic(t) is None and _LEGAL_TOPIC.match(t)
                          and not t.startswith("__"))
         if not missing or not self.auto_create:
             return {}
+        refused: dict[str, errors.BrookError] = {}
+        if self.authz.enabled and not self.authz.authorize(caller, authz.CREATE, authz.CLUSTER):
+            # Kafka: auto-creation needs CREATE on the cluster or on the topic itself.
+            refused = {t: authz.denied_error(caller, authz.CREATE, authz.TOPIC, t)
+                       for t in self.authz.denied_topics(caller, authz.CREATE, missing)}
+            missing = [t for t in missing if t not in refused]
+            if not missing:
+                return refused
         parts = int(self.defaults.get("num.partitions", "1"))
         rf = int(self.defaults.get("default.replication.factor", "1"))
         req = controller_pb2.CreateTopicsRequest(
             topics=[controller_pb2.CreatableTopic(name=t, num_partitions=parts, replication_factor=rf)
                     for t in missing], timeout_ms=int(AUTO_CREATE_WAIT_S * 1000))
-        failures: dict[str, errors.BrookError] = {}
+        failures: dict[str, errors.BrookError] = dict(refused)
         try:
             resp = self.controller_client.call("CreateTopics", req, timeout_s=AUTO_CREATE_WAIT_S)
             for r in resp.results:
@@ -328,7 +433,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             log.info("auto-created topics %s (%d partitions, RF %d)", missing, parts, rf)
         except errors.BrookError as e:
             log.warning("auto-creating %s failed: %s", missing, e)
-            return dict.fromkeys(missing, e)
+            return {**refused, **dict.fromkeys(missing, e)}
         if wait:
             created = [t for t in missing if t not in failures]
 
@@ -341,14 +446,20 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     # ---- InitProducerId ----
     async def InitProducerId(self, request: broker_pb2.InitProducerIdRequest,
                              context: grpc.aio.ServicerContext) -> Any:
+        caller = await self._caller(context)
         return await self._admitted(context, lambda client: self._guard(
-            "InitProducerId", request, lambda: self._io(lambda: self._init_producer_id(request)),
+            "InitProducerId", request, lambda: self._io(lambda: self._init_producer_id(request, caller)),
             lambda: broker_pb2.InitProducerIdResponse(error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
                                                       error_message="internal error", producer_id=-1,
                                                       producer_epoch=-1)))
 
-    def _init_producer_id(self, req: broker_pb2.InitProducerIdRequest) -> broker_pb2.InitProducerIdResponse:
+    def _init_producer_id(self, req: broker_pb2.InitProducerIdRequest,
+                          caller: Any = principal.ANONYMOUS) -> broker_pb2.InitProducerIdResponse:
         try:
+            # Kafka >= 2.8: IDEMPOTENT_WRITE on the cluster, or WRITE on any topic.
+            if not (self.authz.authorize(caller, authz.IDEMPOTENT_WRITE, authz.CLUSTER)
+                    or self.authz.may_write_some_topic(caller)):
+                raise authz.denied_error(caller, authz.IDEMPOTENT_WRITE, authz.CLUSTER)
             # As Kafka without a transactional id: a given producer id/epoch is ignored and a
             # fresh id issued. Bumping the epoch of a caller-named id would let anyone fence
             # any producer; an idempotent producer bumps its own epoch locally (KIP-360).
@@ -364,4 +475,22 @@ def _produce_error_all(req: broker_pb2.ProduceRequest, code: int, message: str) 
         resp.partitions.add(topic=pd.topic, partition=pd.partition, error_code=code, error_message=message,
                             base_offset=-1, log_append_time_ms=-1, log_start_offset=-1,
                             current_leader=common_pb2.LeaderIdAndEpoch(leader_id=-1, leader_epoch=-1))
+    return resp
+
+
+def _without_topics(req: Any, denied: set[str]) -> Any:
+    """A copy of a partition-list request without the denied topics' partitions (the request itself if none)."""
+    if not denied:
+        return req
+    out = type(req)()
+    out.CopyFrom(req)
+    del out.partitions[:]
+    out.partitions.extend(p for p in req.partitions if p.topic not in denied)
+    return out
+
+
+def _partition_errors(resp: Any, partitions: Any, error: errors.BrookError, **fields: int) -> Any:
+    for p in partitions:
+        resp.partitions.add(topic=p.topic, partition=p.partition, error_code=error.code,
+                            error_message=error.message, **fields)
     return resp

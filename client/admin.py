@@ -34,9 +34,12 @@ import grpc
 from client import errors
 from client.cluster import ClusterClient, rpc_error
 from client.coordinator import GroupCoordinatorClient, group_stub
-from client.security import SecurityConfig
+from client.security import CONFIG_KEYS, SecurityConfig
 from client.types import BrokerMetadata, OffsetAndMetadata, TopicMetadata, TopicPartition
-from proto import controller_pb2, group_pb2
+from metadata_quorum.client import ControllerClient
+from metadata_quorum.security import AclBinding
+from proto import controller_pb2, group_pb2, security_pb2
+from proto import security_pb2_grpc as security_grpc
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +146,15 @@ class GroupDescription:
 class Admin:
     def __init__(self, bootstrap_servers: str | list[str] = "127.0.0.1:9092", *, request_timeout_ms: int = 30000,
                  controller_endpoints: list[tuple[str, int]] | None = None,
-                 security: SecurityConfig | None = None) -> None:
+                 security: SecurityConfig | None = None, **security_configs: Any) -> None:
+        """``security`` or Kafka's client security configs as keywords (``security_protocol="SASL_SSL"``,
+        ``ssl_ca_location=...``, ``sasl_username=...``), as Producer and Consumer take them."""
+        unknown = sorted(k for k in security_configs if CONFIG_KEYS.get(k.replace("_", ".")) is None)
+        if unknown:
+            raise errors.InvalidConfigError(f"unknown admin config {unknown[0]!r}")
         self.request_timeout_ms = request_timeout_ms
-        self.security = security or SecurityConfig()
+        self.security = (security or SecurityConfig()).merged(security_configs) if security_configs \
+            else security or SecurityConfig()
         self.cluster = ClusterClient(bootstrap_servers, request_timeout_ms=request_timeout_ms, security=self.security)
         self._controller_endpoints = controller_endpoints
         self._controller: Any = None
@@ -156,13 +165,11 @@ class Admin:
     def controller(self) -> Any:
         """The ControllerClient (created on first use from the brokers' controller endpoints)."""
         if self._controller is None:
-            from metadata_quorum.client import ControllerClient
-
             endpoints = self._controller_endpoints or self.cluster.metadata().controllers
             if not endpoints:
                 raise errors.BrokerNotAvailableError("the brokers advertise no controller endpoints")
-            self._controller = ControllerClient(list(endpoints), timeout_s=self.request_timeout_ms / 1000,
-                                                security=self.security)
+            self._controller = _SecurityControllerClient(list(endpoints), timeout_s=self.request_timeout_ms / 1000,
+                                                         security=self.security)
         return self._controller
 
     def _call(self, method: str, request: Any, timeout_ms: int | None = None) -> Any:
@@ -328,6 +335,61 @@ class Admin:
                 raise errors.error_for(code, (info.error_message if info else "") or f"topic {name!r}")
             out[name] = info
         return out
+
+    # ---- SCRAM users (Kafka's AlterUserScramCredentials / DescribeUserScramCredentials) ----
+    def create_user(self, user: str, password: str, *, mechanisms: Iterable[str] = ("SCRAM-SHA-256", "SCRAM-SHA-512"),
+                    iterations: int = 4096) -> None:
+        """Create a user or change its password. The password is salted here: only salt and keys travel."""
+        from metadata_quorum.security_service import credential_record, salted_credential
+
+        request = security_pb2.UpsertScramCredentialsRequest(credentials=[
+            credential_record(salted_credential(user, m, password, iterations)) for m in mechanisms])
+        self._raise_items(self._call("UpsertScramCredentials", request).results)
+
+    def delete_user(self, user: str, mechanism: str = "") -> None:
+        """Delete a user's credentials (every mechanism by default); RESOURCE_NOT_FOUND if it has none."""
+        request = security_pb2.DeleteScramCredentialsRequest(
+            items=[security_pb2.DeleteScramCredentialsRequest.Item(user=user, mechanism=mechanism)])
+        self._raise_items(self._call("DeleteScramCredentials", request).results)
+
+    def list_users(self, users: Iterable[str] = ()) -> dict[str, list[tuple[str, int]]]:
+        """user -> [(mechanism, iterations)]; passwords and keys are never returned."""
+        response = self._call("DescribeUsers", security_pb2.DescribeUsersRequest(users=list(users)))
+        return {u.user: [(m.mechanism, m.iterations) for m in u.mechanisms] for u in response.users}
+
+    @staticmethod
+    def _raise_items(results: Iterable[Any]) -> None:
+        for r in results:
+            errors.raise_for(r.error_code, r.error_message)
+
+    # ---- ACLs ----
+    def create_acls(self, bindings: Iterable[AclBinding]) -> None:
+        request = security_pb2.CreateAclsRequest(acls=[_acl_proto(b) for b in bindings])
+        self._call("CreateAcls", request)
+
+    def describe_acls(self, **filter_fields: str) -> list[AclBinding]:
+        """Bindings matching a filter (resource_type, resource_name, pattern_type incl. MATCH, principal, ...)."""
+        response = self._call("DescribeAcls", security_pb2.DescribeAclsRequest(
+            filter=security_pb2.AclFilter(**filter_fields)))
+        return [_acl_binding(a) for a in response.acls]
+
+    def delete_acls(self, filters: Iterable[Mapping[str, str]]) -> list[AclBinding]:
+        """Delete every binding matching any filter; returns the deleted ones."""
+        response = self._call("DeleteAcls", security_pb2.DeleteAclsRequest(
+            filters=[security_pb2.AclFilter(**dict(f)) for f in filters]))
+        return [_acl_binding(a) for a in response.acls]
+
+    # ---- client quotas ----
+    def alter_client_quotas(self, entity: str, *, set: Mapping[str, float] | None = None,  # noqa: A002
+                            remove: Iterable[str] = ()) -> dict[str, float]:
+        """Set/remove quotas of ``User:<name>`` or ``<default>``; returns the entity's quotas after."""
+        response = self._call("AlterClientQuotas", security_pb2.AlterClientQuotasRequest(
+            entity=entity, set={k: float(v) for k, v in (set or {}).items()}, remove=list(remove)))
+        return next((dict(q.values) for q in response.quotas), {})
+
+    def describe_client_quotas(self, entity: str = "") -> dict[str, dict[str, float]]:
+        response = self._call("DescribeClientQuotas", security_pb2.DescribeClientQuotasRequest(entity=entity))
+        return {q.entity: dict(q.values) for q in response.quotas}
 
     # ---- configs ----
     def describe_configs(self, topics: Iterable[str]) -> dict[str, dict[str, ConfigEntry]]:
@@ -507,3 +569,37 @@ def _group_description(g: group_pb2.DescribedGroup) -> GroupDescription:
                                                                  o.member_id, o.metadata) for o in g.offsets}
     return GroupDescription(g.group_id, g.state, g.protocol_type, g.protocol_name, g.generation_id, g.leader,
                             g.coordinator_id, members, offsets)
+
+
+def _acl_proto(b: AclBinding) -> security_pb2.AclBinding:
+    return security_pb2.AclBinding(resource_type=b.resource_type, resource_name=b.resource_name,
+                                   pattern_type=b.pattern_type, principal=b.principal, host=b.host,
+                                   operation=b.operation, permission=b.permission)
+
+
+def _acl_binding(a: security_pb2.AclBinding) -> AclBinding:
+    return AclBinding(a.resource_type, a.resource_name, a.pattern_type, a.principal, a.host, a.operation,
+                      a.permission)
+
+
+class _SecurityStub:
+    """ControllerService and SecurityService on one channel: ControllerClient's leader-following for both."""
+
+    def __init__(self, controller_stub: Any, security_stub: Any) -> None:
+        self._controller_stub = controller_stub
+        self._security_stub = security_stub
+
+    def __getattr__(self, name: str) -> Any:
+        if hasattr(self._security_stub, name):
+            return getattr(self._security_stub, name)
+        return getattr(self._controller_stub, name)
+
+
+class _SecurityControllerClient(ControllerClient):
+    """A ControllerClient that can also call SecurityService (users, ACLs, quotas) on the active controller."""
+
+    def _stub(self, endpoint: Any) -> Any:
+        controller_stub = super()._stub(endpoint)
+        with self._lock:
+            channel = self._channels[endpoint]
+        return _SecurityStub(controller_stub, security_grpc.SecurityServiceStub(channel))

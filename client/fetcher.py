@@ -148,6 +148,9 @@ class Fetcher:
         self.cond = threading.Condition()
         self.completed: deque[CompletedFetch] = deque()
         self.in_flight: dict[int, concurrent.futures.Future[None]] = {}  # one fetch per broker at a time
+        # Broker quotas (KIP-219): no fetch to a broker before its last throttle_time_ms has passed.
+        self.throttled_until: dict[int, float] = {}
+        self.throttle_time_ms_total = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="brook-fetch")
 
     def send_fetches(self, assignment: dict[TopicPartition, PartitionState],
@@ -165,7 +168,7 @@ class Fetcher:
                 self.cluster.request_update()
                 st.backoff_until = now + self.retry_backoff_s
                 continue
-            if node not in self.in_flight:
+            if node not in self.in_flight and now >= self.throttled_until.get(node, 0.0):
                 by_node.setdefault(node, []).append(tp)
         for node, tps in by_node.items():
             self._send(node, tps, assignment)
@@ -201,6 +204,9 @@ class Fetcher:
             self._complete(CompletedFetch(node, offsets, None, errors.error_for(
                 errors.ErrorCode.NETWORK_EXCEPTION, f"Fetch from broker {node}: {exc!r}")))
         else:
+            if response.throttle_time_ms > 0:
+                self.throttled_until[node] = time.monotonic() + response.throttle_time_ms / 1000
+                self.throttle_time_ms_total += response.throttle_time_ms
             self._complete(CompletedFetch(node, offsets, response, None))
 
     def _complete(self, done: CompletedFetch) -> None:

@@ -216,6 +216,8 @@ def make_channel(address: str, security: SecurityConfig | None = None,
     else:
         channel = grpc.insecure_channel(address, options=opts)
     if sec.uses_sasl:
+        if _sasl_wrapper is None:
+            import client.sasl  # noqa: F401  (installs its SCRAM channel wrapper on import)
         wrapper = _sasl_wrapper
         if wrapper is None:
             channel.close()

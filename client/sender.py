@@ -111,6 +111,10 @@ class Sender(threading.Thread):
         self.config = config
         self.pid = ProducerIdState() if config.idempotent else None
         self.in_flight_requests: dict[int, int] = {}
+        # Broker quotas (KIP-219): a response with throttle_time_ms mutes that broker until then.
+        self.throttled_until: dict[int, float] = {}
+        self._throttle_wait_s = 0.0
+        self.throttle_time_ms_total = 0  # summed throttle_time_ms of every response (for tests, metrics)
         self.in_flight_batches: dict[TopicPartition, list[ProducerBatch]] = {}
         # Per partition, every batch sent since the oldest one not yet completed, in send
         # order. Its length bounds how many batches can be written after a batch whose
@@ -177,6 +181,8 @@ class Sender(threading.Thread):
             if not requests:
                 if unknown:
                     wait_s = min(wait_s, self.config.retry_backoff_ms / 1000)
+                if self._throttle_wait_s > 0:
+                    wait_s = min(wait_s, self._throttle_wait_s) if wait_s > 0 else self._throttle_wait_s
                 if self.running or not self._has_work_locked():
                     self.acc.wakeup.wait(min(wait_s, 1.0) if wait_s > 0 else 0.001 if unknown else 1.0)
                 else:
@@ -267,8 +273,14 @@ class Sender(threading.Thread):
         if unknown:
             self.cluster.request_update()
         requests: dict[int, list[ProducerBatch]] = {}
+        now = time.monotonic()
+        self._throttle_wait_s = 0.0
         for node, tps in by_node.items():
             if self.in_flight_requests.get(node, 0) >= self.config.max_in_flight:
+                continue
+            throttled_s = self.throttled_until.get(node, 0.0) - now
+            if throttled_s > 0:
+                self._throttle_wait_s = max(self._throttle_wait_s, throttled_s)
                 continue
             batches = self._drain_node(node, tps)
             if batches:
@@ -369,6 +381,9 @@ class Sender(threading.Thread):
         # and _reset_partitions).
         with self.acc.lock:
             self.in_flight_requests[node] -= 1
+            if response is not None and response.throttle_time_ms > 0:
+                self.throttled_until[node] = time.monotonic() + response.throttle_time_ms / 1000
+                self.throttle_time_ms_total += response.throttle_time_ms
             self.acc.wakeup.notify()
         if transport_error is not None:
             self.cluster.request_update()

@@ -120,10 +120,46 @@ class AllocateProducerIds:
     block_size: int = 1000
 
 
+@dataclass(frozen=True, slots=True)
+class UpsertScramCredential:
+    """One user's salted SCRAM credential for one mechanism (hex strings; never the password)."""
+
+    user: str
+    mechanism: str
+    salt: str
+    stored_key: str
+    server_key: str
+    iterations: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteScramCredential:
+    user: str
+    mechanism: str = ""  # empty: every mechanism of the user
+
+
+@dataclass(frozen=True, slots=True)
+class CreateAcls:
+    acls: list[list[str]]  # 7 fields each, see metadata_quorum/security.py AclBinding
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteAcls:
+    acls: list[list[str]]  # exact bindings (the controller resolved the filters)
+
+
+@dataclass(frozen=True, slots=True)
+class AlterClientQuota:
+    entity: str  # "User:alice" or "<default>"
+    set: dict[str, float] = field(default_factory=dict)
+    remove: list[str] = field(default_factory=list)
+
+
 Command = (
     ActivateController | RegisterBroker | FenceBroker | UnfenceBroker | BeginControlledShutdown
     | UnregisterBroker | CreateTopic | DeleteTopic | CreatePartitions | AlterConfigs | ChangePartition
-    | AllocateProducerIds
+    | AllocateProducerIds | UpsertScramCredential | DeleteScramCredential | CreateAcls | DeleteAcls
+    | AlterClientQuota
 )
 
 COMMAND_TYPES: dict[str, type] = {
@@ -131,7 +167,8 @@ COMMAND_TYPES: dict[str, type] = {
     for cls in (
         ActivateController, RegisterBroker, FenceBroker, UnfenceBroker, BeginControlledShutdown,
         UnregisterBroker, CreateTopic, DeleteTopic, CreatePartitions, AlterConfigs, ChangePartition,
-        AllocateProducerIds,
+        AllocateProducerIds, UpsertScramCredential, DeleteScramCredential, CreateAcls, DeleteAcls,
+        AlterClientQuota,
     )
 }
 

@@ -19,6 +19,7 @@ import time
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -116,6 +117,8 @@ class ControllerNode:
         self._controller: QuorumController | None = None
         self._service: ControllerService | None = None
         self._server: grpc.Server | None = None
+        self._security: Any = None  # broker.security.NodeSecurity, built with the gRPC server
+        self._bootstrap: Any = None
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
@@ -143,6 +146,8 @@ class ControllerNode:
                  me.grpc_port, me.raft_address)
 
     def stop(self) -> None:
+        if self._bootstrap is not None:
+            self._bootstrap.stop()
         if self._service is not None:
             self._service.shutdown()
         if self._server is not None:
@@ -150,6 +155,8 @@ class ControllerNode:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._security is not None:
+            self._security.close()
 
     def is_active(self) -> bool:
         return self._controller is not None and self._controller.is_active()
@@ -230,18 +237,36 @@ class ControllerNode:
         settings = self.settings
         me = settings.voters[settings.node_id]
         voter_ids = {v.raft_address: n for n, v in settings.voters.items()}
+        self._security, admin = self._build_security()
         self._service = ControllerService(self.controller, self.raft, self._redirect, cluster_id=settings.cluster_id,
-                                          voter_ids=voter_ids, default_timeout_s=settings.request_timeout_ms / 1000)
+                                          voter_ids=voter_ids, default_timeout_s=settings.request_timeout_ms / 1000,
+                                          authorizer=self._security.authorizer)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_MAX_WORKERS,
                                                         thread_name_prefix=f"controller-{settings.node_id}-grpc"),
-                             options=_SERVER_OPTIONS)
+                             options=_SERVER_OPTIONS, interceptors=[self._security.interceptor])
         pb_grpc.add_ControllerServiceServicer_to_server(self._service, server)
+        self._security.add_service(server, admin)
         bound = bind_port(server, me.host, me.grpc_port, settings.tls)
         if bound == 0:
             self._stop.set()
             raise errors.KafkaStorageError(f"cannot bind the controller gRPC port {me.host}:{me.grpc_port}")
         server.start()
         self._server = server
+        self._bootstrap.start()
+
+    def _build_security(self) -> tuple[Any, Any]:
+        """SCRAM sessions and ACL checks over this controller's MetadataState; the security admin API."""
+        from broker.security import node_security
+        from metadata_quorum import security_service as ss
+
+        raft = self.raft
+        security = node_security(self.settings.defaults,
+                                 credentials=lambda u, m: raft.read(lambda s: s.scram.get((u, m))),
+                                 acls=ss.StateAclView(raft))
+        admin = ss.QuorumSecurityAdmin(self.controller, raft, self._redirect, ss.parse_bootstrap_users(
+            self.settings.defaults.get("scram.bootstrap.users", "")))
+        self._bootstrap = ss.BootstrapThread(admin, f"controller-{self.settings.node_id}-scram-bootstrap")
+        return security, admin
 
     def _redirect(self) -> pb.ControllerRedirect:
         leader = self.raft.leader_address()

@@ -24,8 +24,11 @@ from typing import Any, TypeVar
 import grpc
 
 from broker import principal
+from broker import authorizer as authz
+from broker.authorizer import ALLOW_ALL, Authorizer
 from metadata_quorum.controller import QuorumController, broker_record, partition_record, topic_record
 from metadata_quorum.raft import MetadataRaft
+from metadata_quorum.security_service import security_delta
 from metadata_quorum.state import MetadataDelta
 from proto import common_pb2, errors
 from proto import controller_pb2 as pb
@@ -44,7 +47,9 @@ _DEADLINE_MARGIN_S = 0.2  # answer before the caller's deadline so it sees our e
 class ControllerService(pb_grpc.ControllerServiceServicer):
     def __init__(self, controller: QuorumController, raft: MetadataRaft,
                  redirect: Callable[[], pb.ControllerRedirect], *, cluster_id: str,
-                 voter_ids: dict[str, int], default_timeout_s: float, max_watchers: int = MAX_WATCHERS) -> None:
+                 voter_ids: dict[str, int], default_timeout_s: float, max_watchers: int = MAX_WATCHERS,
+                 authorizer: Authorizer = ALLOW_ALL) -> None:
+        self._authz = authorizer  # Kafka's ACLs; the broker-only RPCs need CLUSTER_ACTION (brokers are super users)
         self._controller = controller
         self._raft = raft
         self._redirect = redirect
@@ -90,6 +95,45 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             response.error_message = f"internal error: {type(exc).__name__}: {exc}"  # type: ignore[attr-defined]
             return response
 
+    # ---- authorization ----
+    def _denied(self, context: Any, response_cls: type[R], operation: str) -> R | None:
+        """A refusal (CLUSTER_AUTHORIZATION_FAILED) when the caller may not ``operation`` the cluster."""
+        caller = principal.principal_of(context)
+        if self._authz.authorize(caller, operation, authz.CLUSTER):
+            return None
+        exc = authz.denied_error(caller, operation, authz.CLUSTER)
+        response = response_cls()
+        response.error_code, response.error_message = exc.code, exc.message  # type: ignore[attr-defined]
+        return response
+
+    def _per_topic(self, context: Any, request: Any, field: str, name_of: Callable[[Any], str],
+                   check: Callable[[Any, Any], None], call: Callable[[Any], Any], response_cls: type[R],
+                   result_key: str = "name") -> R:
+        """Run ``call`` on the topics ``check`` lets through; refuse the others in the results, one by one."""
+        caller = principal.principal_of(context)
+        refusals: dict[str, errors.BrookError] = {}
+        for item in getattr(request, field):
+            try:
+                check(caller, item)
+            except errors.BrookError as exc:
+                refusals[name_of(item)] = exc
+        if refusals:
+            allowed = type(request)()
+            allowed.CopyFrom(request)
+            del getattr(allowed, field)[:]
+            getattr(allowed, field).extend(i for i in getattr(request, field) if name_of(i) not in refusals)
+            request = allowed
+        response = call(request) if getattr(request, field) or not refusals else response_cls()
+        for name, exc in refusals.items():
+            response.results.add(**{result_key: name}, error_code=exc.code, error_message=exc.message)  # type: ignore[attr-defined]
+        return response
+
+    def _check_topic(self, operation: str) -> Callable[[Any, str], None]:
+        def check(who: Any, name: str) -> None:
+            if not self._authz.authorize(who, operation, authz.TOPIC, name):
+                raise authz.denied_error(who, operation, authz.TOPIC, name)
+        return check
+
     def _barrier(self, context: grpc.ServicerContext) -> None:
         self._raft.barrier(self._timeout_s(context))
         if not self._controller.is_active():
@@ -125,29 +169,53 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
 
     # ---- topics and configs ----
     def CreateTopics(self, request: pb.CreateTopicsRequest, context: Any) -> pb.CreateTopicsResponse:
-        return self._serve(pb.CreateTopicsResponse, context, lambda: self._controller.create_topics(
-            request, self._timeout_s(context, request.timeout_ms)))
+        def check(who: Any, topic: pb.CreatableTopic) -> None:  # Kafka: CREATE on the cluster or the topic
+            if not self._authz.authorize_any(who, authz.CREATE,
+                                             [(authz.CLUSTER, authz.CLUSTER_NAME), (authz.TOPIC, topic.name)]):
+                raise authz.denied_error(who, authz.CREATE, authz.TOPIC, topic.name)
+
+        return self._serve(pb.CreateTopicsResponse, context, lambda: self._per_topic(
+            context, request, "topics", lambda t: t.name, check, lambda r: self._controller.create_topics(
+                r, self._timeout_s(context, r.timeout_ms)), pb.CreateTopicsResponse))
 
     def DeleteTopics(self, request: pb.DeleteTopicsRequest, context: Any) -> pb.DeleteTopicsResponse:
-        return self._serve(pb.DeleteTopicsResponse, context, lambda: self._controller.delete_topics(
-            request, self._timeout_s(context, request.timeout_ms)))
+        def check(who: Any, name: str) -> None:
+            authz.check_internal_topic_change(name, delete=True)  # whoever asks, super users included
+            self._check_topic(authz.DELETE)(who, name)
+
+        return self._serve(pb.DeleteTopicsResponse, context, lambda: self._per_topic(
+            context, request, "names", lambda n: n, check, lambda r: self._controller.delete_topics(
+                r, self._timeout_s(context, r.timeout_ms)), pb.DeleteTopicsResponse))
 
     def CreatePartitions(self, request: pb.CreatePartitionsRequest, context: Any) -> pb.CreatePartitionsResponse:
-        return self._serve(pb.CreatePartitionsResponse, context, lambda: self._controller.create_partitions(
-            request, self._timeout_s(context, request.timeout_ms)))
+        check = self._check_topic(authz.ALTER)
+        return self._serve(pb.CreatePartitionsResponse, context, lambda: self._per_topic(
+            context, request, "topics", lambda t: t.name, lambda p, t: check(p, t.name),
+            lambda r: self._controller.create_partitions(r, self._timeout_s(context, r.timeout_ms)),
+            pb.CreatePartitionsResponse))
 
     def AlterConfigs(self, request: pb.AlterConfigsRequest, context: Any) -> pb.AlterConfigsResponse:
-        return self._serve(pb.AlterConfigsResponse, context,
-                           lambda: self._controller.alter_configs(request, self._timeout_s(context)))
+        def check(who: Any, resource: pb.AlterConfigsResource) -> None:
+            # No client may stop __consumer_offsets from being compacted (or delete it), super users included.
+            authz.check_internal_topic_change(resource.topic, config_keys=[*resource.set, *resource.delete])
+            self._check_topic(authz.ALTER_CONFIGS)(who, resource.topic)
+
+        return self._serve(pb.AlterConfigsResponse, context, lambda: self._per_topic(
+            context, request, "resources", lambda r: r.topic, check,
+            lambda r: self._controller.alter_configs(r, self._timeout_s(context)), pb.AlterConfigsResponse))
 
     def DescribeConfigs(self, request: pb.DescribeConfigsRequest, context: Any) -> pb.DescribeConfigsResponse:
-        def run() -> pb.DescribeConfigsResponse:
+        def run(allowed: pb.DescribeConfigsRequest) -> pb.DescribeConfigsResponse:
             self._barrier(context)
-            return self._controller.describe_configs(request)
+            return self._controller.describe_configs(allowed)
 
-        return self._serve(pb.DescribeConfigsResponse, context, run)
+        return self._serve(pb.DescribeConfigsResponse, context, lambda: self._per_topic(
+            context, request, "topics", lambda n: n, self._check_topic(authz.DESCRIBE_CONFIGS), run,
+            pb.DescribeConfigsResponse, result_key="topic"))
 
     def DescribeCluster(self, request: pb.DescribeClusterRequest, context: Any) -> pb.DescribeClusterResponse:
+        if (denied := self._denied(context, pb.DescribeClusterResponse, authz.DESCRIBE)) is not None:
+            return denied
         def run() -> pb.DescribeClusterResponse:
             self._barrier(context)
             return self._controller.describe_cluster()
@@ -203,6 +271,13 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
 
     # ---- metadata stream ----
     def WatchMetadata(self, request: pb.WatchMetadataRequest, context: Any) -> Iterator[pb.MetadataUpdate]:
+        # The stream carries SCRAM keys and ACLs: nodes only (a node certificate, or the documented
+        # loopback trust of a single-host plaintext cluster), whatever the ACLs say.
+        try:
+            principal.require_any_node(context)
+        except errors.BrookError as exc:
+            yield self._error_update(exc.code, exc.message)
+            return
         if not self._controller.is_active():
             yield self._error_update(ErrorCode.NOT_CONTROLLER, "this controller is not the active controller")
             return
@@ -252,7 +327,8 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             topics=[topic_record(t) for t in delta.topics],
             partitions=[partition_record(t, i, p) for t, i, p in delta.partitions],
             deleted_topic_ids=delta.deleted_topic_ids,
-            unregistered_broker_ids=delta.unregistered_broker_ids)
+            unregistered_broker_ids=delta.unregistered_broker_ids,
+            security=security_delta(delta))
 
     def _error_update(self, code: int, message: str) -> pb.MetadataUpdate:
         update = pb.MetadataUpdate(version=self._raft.version, cluster_id=self._cluster_id,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metadata_quorum import commands as c
+from metadata_quorum import security as sec
 from metadata_quorum.election import NO_LEADER, elect_leader, isr_without
 from proto import errors
 from proto.errors import ErrorCode
@@ -117,6 +118,12 @@ class MetadataDelta:
     partitions: list[tuple[TopicState, int, PartitionState]]
     deleted_topic_ids: list[str]
     unregistered_broker_ids: list[int]
+    # Security records: credentials upserted / deleted ((user, mechanism)), the whole ACL
+    # set when it changed (None = unchanged), quota entities with current values ({} = removed).
+    credentials: list[sec.ScramCredential] = field(default_factory=list)
+    deleted_credentials: list[tuple[str, str]] = field(default_factory=list)
+    acls: list[sec.AclBinding] | None = None
+    quotas: list[tuple[str, dict[str, float]]] = field(default_factory=list)
 
 
 class MetadataInvariantError(Exception):
@@ -164,6 +171,9 @@ class MetadataState:
         self.brokers: dict[int, BrokerState] = {}
         self.topics: dict[str, TopicState] = {}  # by name
         self.topics_by_id: dict[str, TopicState] = {}
+        self.scram: dict[tuple[str, str], sec.ScramCredential] = {}  # (user, mechanism)
+        self.acls: set[sec.AclBinding] = set()
+        self.quotas: dict[str, dict[str, float]] = {}  # entity -> quota values
         self._changelog_max_keys = changelog_max_keys
         self._changelog: deque[tuple[int, tuple[Any, ...]]] = deque()
         self._changelog_keys = 0
@@ -182,6 +192,11 @@ class MetadataState:
             c.AlterConfigs: self._alter_configs,
             c.ChangePartition: self._change_partition,
             c.AllocateProducerIds: self._allocate_producer_ids,
+            c.UpsertScramCredential: self._upsert_scram,
+            c.DeleteScramCredential: self._delete_scram,
+            c.CreateAcls: self._create_acls,
+            c.DeleteAcls: self._delete_acls,
+            c.AlterClientQuota: self._alter_client_quota,
         }
 
     # ---- applying commands ----
@@ -566,6 +581,65 @@ class MetadataState:
         self._touch(("PID",))
         return ApplyResult(value=(start, cmd.block_size))
 
+    # -- security: SCRAM credentials, ACLs, quotas --
+    def _upsert_scram(self, cmd: c.UpsertScramCredential) -> ApplyResult:
+        cred = sec.ScramCredential.from_plain([cmd.user, cmd.mechanism, cmd.salt, cmd.stored_key, cmd.server_key,
+                                               cmd.iterations])
+        key = (cred.user, cred.mechanism)
+        if key not in self.scram and len(self.scram) >= sec.MAX_CREDENTIALS:
+            raise errors.InvalidRequestError(f"the cluster already stores {sec.MAX_CREDENTIALS} SCRAM credentials")
+        self.scram[key] = cred
+        self._touch(("S", cred.user, cred.mechanism))
+        return ApplyResult()
+
+    def _delete_scram(self, cmd: c.DeleteScramCredential) -> ApplyResult:
+        keys = [k for k in self.scram if k[0] == cmd.user and cmd.mechanism in ("", k[1])]
+        if not keys:
+            raise errors.error_class(ErrorCode.RESOURCE_NOT_FOUND)(
+                f"user {cmd.user!r} has no {cmd.mechanism or 'SCRAM'} credential")
+        for key in sorted(keys):
+            del self.scram[key]
+            self._touch(("S", key[0], key[1]))
+        return ApplyResult(value=len(keys))
+
+    def _create_acls(self, cmd: c.CreateAcls) -> ApplyResult:
+        bindings = [sec.acl_binding(a) for a in cmd.acls]  # all validated before any change
+        new = set(bindings) - self.acls
+        if len(self.acls) + len(new) > sec.MAX_ACLS:
+            raise errors.InvalidRequestError(f"more than {sec.MAX_ACLS} ACL bindings")
+        if new:
+            self.acls |= new
+            self._touch(("ACL",))
+        return ApplyResult(value=len(new))
+
+    def _delete_acls(self, cmd: c.DeleteAcls) -> ApplyResult:
+        gone = {sec.acl_binding(a) for a in cmd.acls} & self.acls
+        if gone:
+            self.acls -= gone
+            self._touch(("ACL",))
+        return ApplyResult(value=sorted(gone))
+
+    def _alter_client_quota(self, cmd: c.AlterClientQuota) -> ApplyResult:
+        entity = sec.validate_quota_entity(cmd.entity)
+        to_set = sec.validate_quota_values(dict(cmd.set))
+        unknown = [k for k in cmd.remove if k not in sec.QUOTA_KEYS]
+        if unknown:
+            raise errors.InvalidRequestError(f"cannot remove unknown quotas {unknown}")
+        if entity not in self.quotas and len(self.quotas) >= sec.MAX_QUOTA_ENTITIES:
+            raise errors.InvalidRequestError(f"more than {sec.MAX_QUOTA_ENTITIES} quota entities")
+        values = dict(self.quotas.get(entity, {}))
+        for key in cmd.remove:
+            values.pop(key, None)
+        values.update(to_set)
+        if values == self.quotas.get(entity, {}):
+            return ApplyResult()
+        if values:
+            self.quotas[entity] = values
+        else:
+            self.quotas.pop(entity, None)
+        self._touch(("Q", entity))
+        return ApplyResult()
+
     # ---- queries ----
     def partition_count(self) -> int:
         return sum(len(t.partitions) for t in self.topics.values())
@@ -622,13 +696,28 @@ class MetadataState:
                 topic = self.topics_by_id.get(key[1])
                 if topic is not None and key[2] < len(topic.partitions):
                     delta.partitions.append((topic, key[2], topic.partitions[key[2]]))
+            elif kind in ("S", "ACL", "Q"):
+                self._security_change(delta, key)
         return delta
+
+    def _security_change(self, delta: MetadataDelta, key: tuple[Any, ...]) -> None:
+        if key[0] == "S":
+            cred = self.scram.get((key[1], key[2]))
+            if cred is None:
+                delta.deleted_credentials.append((key[1], key[2]))
+            else:
+                delta.credentials.append(cred)
+        elif key[0] == "ACL":
+            delta.acls = sorted(self.acls)
+        else:
+            delta.quotas.append((key[1], dict(self.quotas.get(key[1], {}))))
 
     def full_delta(self) -> MetadataDelta:
         """Everything, as a snapshot delta."""
         partitions = [(t, i, p) for t in self.topics.values() for i, p in enumerate(t.partitions)]
         return MetadataDelta(self.version, True, list(self.brokers.values()), list(self.topics.values()),
-                             partitions, [], [])
+                             partitions, [], [], credentials=list(self.scram.values()), acls=sorted(self.acls),
+                             quotas=[(e, dict(v)) for e, v in sorted(self.quotas.items())])
 
     # ---- snapshot / restore ----
     def to_snapshot(self) -> dict[str, Any]:
@@ -651,6 +740,11 @@ class MetadataState:
                   for p in t.partitions]]
                 for t in sorted(self.topics.values(), key=lambda t: t.name)
             ],
+            "security": {
+                "scram": [cred.to_plain() for _, cred in sorted(self.scram.items())],
+                "acls": [a.as_list() for a in sorted(self.acls)],
+                "quotas": [[e, dict(sorted(v.items()))] for e, v in sorted(self.quotas.items())],
+            },
         }
 
     @classmethod
@@ -680,6 +774,14 @@ class MetadataState:
                                [PartitionState(list(r), list(i), ld, le, pe) for r, i, ld, le, pe in partitions])
             self.topics[name] = topic
             self.topics_by_id[topic_id] = topic
+        # Snapshots written before security records existed have no "security" section.
+        security = data.get("security") or {}
+        self.scram = {}
+        for plain in security.get("scram", []):
+            cred = sec.ScramCredential.from_plain(plain)
+            self.scram[(cred.user, cred.mechanism)] = cred
+        self.acls = {sec.acl_binding(a) for a in security.get("acls", [])}
+        self.quotas = {str(e): {str(k): float(v) for k, v in values.items()} for e, values in security.get("quotas", [])}
         self._changelog.clear()
         self._changelog_keys = 0
         self._changelog_floor = self.version

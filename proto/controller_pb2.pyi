@@ -1,4 +1,5 @@
 from proto import common_pb2 as _common_pb2
+from proto import security_pb2 as _security_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -81,7 +82,7 @@ class WatchMetadataRequest(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., since_version: _Optional[int] = ...) -> None: ...
 
 class MetadataUpdate(_message.Message):
-    __slots__ = ("version", "is_snapshot", "cluster_id", "active_controller_id", "brokers", "topics", "partitions", "deleted_topic_ids", "unregistered_broker_ids", "error_code", "error_message", "redirect")
+    __slots__ = ("version", "is_snapshot", "cluster_id", "active_controller_id", "brokers", "topics", "partitions", "deleted_topic_ids", "unregistered_broker_ids", "error_code", "error_message", "redirect", "security")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     IS_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +95,7 @@ class MetadataUpdate(_message.Message):
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    SECURITY_FIELD_NUMBER: _ClassVar[int]
     version: int
     is_snapshot: bool
     cluster_id: str
@@ -106,7 +108,8 @@ class MetadataUpdate(_message.Message):
     error_code: _common_pb2.ErrorCode
     error_message: str
     redirect: ControllerRedirect
-    def __init__(self, version: _Optional[int] = ..., is_snapshot: _Optional[bool] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ..., deleted_topic_ids: _Optional[_Iterable[str]] = ..., unregistered_broker_ids: _Optional[_Iterable[int]] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ...) -> None: ...
+    security: _security_pb2.SecurityDelta
+    def __init__(self, version: _Optional[int] = ..., is_snapshot: _Optional[bool] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ..., deleted_topic_ids: _Optional[_Iterable[str]] = ..., unregistered_broker_ids: _Optional[_Iterable[int]] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., security: _Optional[_Union[_security_pb2.SecurityDelta, _Mapping]] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
     __slots__ = ("node_id", "incarnation_id", "endpoints", "rack", "cluster_id")

@@ -586,7 +586,7 @@ class LocalCluster:
         last = "no controller answered"
         for host, port in self.controller_endpoints:
             try:
-                with make_channel(f"{host}:{port}", self.security) as ch:
+                with make_channel(f"{host}:{port}", self._probe_security()) as ch:
                     resp = controller_pb2_grpc.ControllerServiceStub(ch).DescribeCluster(
                         controller_pb2.DescribeClusterRequest(), timeout=timeout_s)
             except grpc.RpcError as e:
@@ -596,6 +596,15 @@ class LocalCluster:
                 return resp
             last = f"{host}:{port}: error {resp.error_code} {resp.error_message}"
         raise ClusterError(last)
+
+    def _probe_security(self) -> SecurityConfig:
+        """How the launcher calls the controllers: the admin certificate on a TLS cluster; with an
+        authorizer on a plaintext one, DescribeCluster needs a principal: the nodes' inter-broker SCRAM user."""
+        user = self.state.overrides.get("inter.broker.sasl.username", "")
+        if self.security.uses_ssl or not user:
+            return self.security
+        return SecurityConfig(protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512", sasl_username=user,
+                              sasl_password=self.state.overrides.get("inter.broker.sasl.password", ""))
 
     def not_ready_reason(self) -> str | None:
         """None when every node that should run is up, healthy, and every broker is registered

@@ -1,0 +1,130 @@
+"""``brook acl``: Kafka-model ACLs stored in the metadata quorum."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from admin_cli.common import BootstrapOpt, CliError, OutputOpt, ok, show, state, table
+from metadata_quorum.security import CLUSTER_NAME, OPERATIONS, AclBinding, acl_binding
+from proto import errors
+
+app = typer.Typer(help="Create, list and delete ACLs (TOPIC, GROUP, CLUSTER resources).", no_args_is_help=True)
+
+TopicOpt = Annotated[str | None, typer.Option("--topic", help="Topic name, prefix, or * for every topic.")]
+GroupOpt = Annotated[str | None, typer.Option("--group", help="Group id, prefix, or * for every group.")]
+ClusterOpt = Annotated[bool, typer.Option("--cluster", help="The cluster resource.")]
+PatternOpt = Annotated[str, typer.Option("--resource-pattern-type", help="literal or prefixed.")]
+_COLUMNS = ["PRINCIPAL", "PERMISSION", "OPERATION", "RESOURCE", "PATTERN", "NAME"]
+
+
+def _resource(topic: str | None, group: str | None, cluster: bool) -> tuple[str, str]:
+    chosen = [(t, n) for t, n in (("TOPIC", topic), ("GROUP", group), ("CLUSTER", CLUSTER_NAME if cluster else None))
+              if n is not None]
+    if len(chosen) != 1:
+        raise CliError("name exactly one resource: --topic NAME, --group NAME or --cluster", code=2)
+    return chosen[0]
+
+
+def _row(b: AclBinding) -> dict[str, str]:
+    return {"principal": b.principal, "permission": b.permission, "operation": b.operation,
+            "resource_type": b.resource_type, "pattern_type": b.pattern_type, "resource_name": b.resource_name}
+
+
+def _show(st: object, bindings: list[AclBinding], note: str) -> None:
+    rows = [_row(b) for b in bindings]
+    show(st, rows, table(None, _COLUMNS, [[r["principal"], r["permission"], r["operation"], r["resource_type"],
+                                           r["pattern_type"], r["resource_name"]] for r in rows]),  # type: ignore[arg-type]
+         note=None if rows else note)
+
+
+@app.command(epilog="Examples:  brook acl create --allow-principal User:alice --operation WRITE --topic orders  |  "
+                    "brook acl create --allow-principal User:etl --operation READ --topic logs- "
+                    "--resource-pattern-type prefixed  |  brook acl create --allow-principal User:alice "
+                    "--operation READ --group billing")
+def create(
+    ctx: typer.Context,
+    allow_principal: Annotated[list[str] | None, typer.Option(help="User:<name> or User:* (repeatable).")] = None,
+    deny_principal: Annotated[list[str] | None, typer.Option(help="User:<name> or User:* (repeatable).")] = None,
+    operation: Annotated[list[str] | None, typer.Option(
+        help=f"One of {', '.join(OPERATIONS)} (repeatable).")] = None,
+    topic: TopicOpt = None,
+    group: GroupOpt = None,
+    cluster: ClusterOpt = False,
+    resource_pattern_type: PatternOpt = "literal",
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Add ALLOW and/or DENY bindings; DENY always wins over ALLOW."""
+    st = state(ctx, bootstrap, output)
+    rtype, name = _resource(topic, group, cluster)
+    if not operation or not (allow_principal or deny_principal):
+        raise CliError("give at least one --operation and one --allow-principal or --deny-principal", code=2)
+    try:
+        bindings = [acl_binding([rtype, name, resource_pattern_type, p, "*", op, perm])
+                    for perm, principals in (("ALLOW", allow_principal or []), ("DENY", deny_principal or []))
+                    for p in principals for op in operation]
+    except errors.BrookError as exc:
+        raise CliError(exc.message, code=2) from None
+    st.backend.admin.create_acls(bindings)
+    if st.json:
+        show(st, [_row(b) for b in bindings])
+    else:
+        ok(st, f"{len(bindings)} ACL binding(s) created")
+        _show(st, bindings, "")
+
+
+@app.command("list", epilog="Examples:  brook acl list  |  brook acl list --topic orders  |  "
+                            "brook acl list --principal User:alice -o json")
+def list_(
+    ctx: typer.Context,
+    topic: TopicOpt = None,
+    group: GroupOpt = None,
+    cluster: ClusterOpt = False,
+    principal: Annotated[str | None, typer.Option(help="Only bindings of this principal.")] = None,
+    resource_pattern_type: Annotated[str, typer.Option(
+        "--resource-pattern-type", help="literal, prefixed, or match (every binding that applies to the name).")]
+    = "match",
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """List ACL bindings (all, or those of a resource and/or principal)."""
+    st = state(ctx, bootstrap, output)
+    fields: dict[str, str] = {}
+    if topic is not None or group is not None or cluster:
+        rtype, name = _resource(topic, group, cluster)
+        fields.update(resource_type=rtype, resource_name=name, pattern_type=resource_pattern_type.upper())
+    if principal:
+        fields["principal"] = principal
+    _show(st, st.backend.admin.describe_acls(**fields), "no ACLs")
+
+
+@app.command(epilog="Examples:  brook acl delete --topic orders --principal User:alice  |  "
+                    "brook acl delete --group billing --operation READ")
+def delete(
+    ctx: typer.Context,
+    topic: TopicOpt = None,
+    group: GroupOpt = None,
+    cluster: ClusterOpt = False,
+    principal: Annotated[str | None, typer.Option(help="Only bindings of this principal.")] = None,
+    operation: Annotated[str | None, typer.Option(help="Only bindings of this operation.")] = None,
+    resource_pattern_type: PatternOpt = "literal",
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Delete the bindings of one resource (optionally only a principal's / an operation's)."""
+    st = state(ctx, bootstrap, output)
+    rtype, name = _resource(topic, group, cluster)
+    fields = {"resource_type": rtype, "resource_name": name, "pattern_type": resource_pattern_type.upper()}
+    if principal:
+        fields["principal"] = principal
+    if operation:
+        fields["operation"] = operation.upper()
+    deleted = st.backend.admin.delete_acls([fields])
+    if st.json:
+        show(st, [_row(b) for b in deleted])
+        return
+    ok(st, f"{len(deleted)} ACL binding(s) deleted")
+    if deleted:
+        _show(st, deleted, "")

@@ -1,0 +1,189 @@
+"""Authorizer: may this principal do this operation on this resource? Kafka's StandardAuthorizer.
+
+ACL bindings come from the metadata quorum (brokers: their metadata cache; controllers:
+MetadataState). The decision, for a principal P, operation O and resource R:
+
+1. P is a super user (``super.users``, or a broker's own node principal): allowed.
+2. The bindings that apply to R: LITERAL with R's name, LITERAL ``*``, and PREFIXED
+   whose prefix starts R's name; of those, the ones for P (or ``User:*``).
+3. A DENY for O (or ALL) among them: denied. DENY always wins.
+4. An ALLOW for O, for ALL, or for an operation that implies O (READ, WRITE, DELETE
+   and ALTER imply DESCRIBE; ALTER_CONFIGS implies DESCRIBE_CONFIGS): allowed.
+5. No binding at all applies to R, for anyone: ``allow.everyone.if.no.acl.found``
+   (default false). Otherwise denied.
+
+Enabled by ``authorizer.class.name = "StandardAuthorizer"``; empty (the default for a
+bare node config) allows everything, as Kafka without an authorizer. Whatever the
+authorizer, internal topics (names starting with ``__``) can never be deleted or have
+``cleanup.policy`` changed by a client (``check_internal_topic_change``).
+
+Every denial is counted (``stats``) and logged at debug level; the services answer
+TOPIC_/GROUP_/CLUSTER_AUTHORIZATION_FAILED.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from metadata_quorum.security import CLUSTER_NAME, WILDCARD, AclBinding
+from proto import errors
+from proto.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+TOPIC, GROUP, CLUSTER = "TOPIC", "GROUP", "CLUSTER"
+READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE = "READ", "WRITE", "CREATE", "DELETE", "ALTER", "DESCRIBE"
+CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS = "CLUSTER_ACTION", "DESCRIBE_CONFIGS", "ALTER_CONFIGS"
+IDEMPOTENT_WRITE = "IDEMPOTENT_WRITE"
+AUTHORIZER_NAMES = ("", "StandardAuthorizer", "org.apache.kafka.metadata.authorizer.StandardAuthorizer")
+_IMPLIED_BY = {  # operation -> operations whose ALLOW also allows it
+    DESCRIBE: {DESCRIBE, READ, WRITE, DELETE, ALTER},
+    DESCRIBE_CONFIGS: {DESCRIBE_CONFIGS, ALTER_CONFIGS},
+}
+_DENIED_CODE = {TOPIC: ErrorCode.TOPIC_AUTHORIZATION_FAILED, GROUP: ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                CLUSTER: ErrorCode.CLUSTER_AUTHORIZATION_FAILED}
+
+
+def denied_code(resource_type: str) -> int:
+    return _DENIED_CODE[resource_type]
+
+
+def denied_error(principal: object, operation: str, resource_type: str, name: str = CLUSTER_NAME) -> errors.BrookError:
+    what = "the cluster" if resource_type == CLUSTER else f"{resource_type.lower()} '{name}'"
+    return errors.error_class(_DENIED_CODE[resource_type])(f"{principal} is not authorized to {operation} {what}")
+
+
+def is_internal_topic(name: str) -> bool:
+    return name.startswith("__")
+
+
+def check_internal_topic_change(topic: str, *, delete: bool = False, config_keys: Iterable[str] = ()) -> None:
+    """Internal topics (``__consumer_offsets``) lose committed offsets if deleted or no longer compacted."""
+    if not is_internal_topic(topic):
+        return
+    if delete:
+        raise errors.error_class(ErrorCode.TOPIC_AUTHORIZATION_FAILED)(
+            f"internal topic '{topic}' cannot be deleted")
+    if "cleanup.policy" in set(config_keys):
+        raise errors.error_class(ErrorCode.TOPIC_AUTHORIZATION_FAILED)(
+            f"cleanup.policy of internal topic '{topic}' cannot be changed")
+
+
+@dataclass(frozen=True)
+class AuthorizerConfig:
+    enabled: bool = False
+    super_users: frozenset[str] = frozenset()
+    allow_everyone_if_no_acl_found: bool = False
+
+    @staticmethod
+    def from_defaults(defaults: dict[str, str]) -> AuthorizerConfig:
+        name = defaults.get("authorizer.class.name", "").strip()
+        if name not in AUTHORIZER_NAMES:
+            raise errors.InvalidConfigError(f"authorizer.class.name {name!r} is not one of {AUTHORIZER_NAMES}")
+        supers = frozenset(s.strip() for s in defaults.get("super.users", "").split(";") if s.strip())
+        allow = defaults.get("allow.everyone.if.no.acl.found", "false").strip().lower() == "true"
+        return AuthorizerConfig(bool(name), supers, allow)
+
+
+class AclIndex:
+    """ACL bindings by resource type, split by pattern for lookups proportional to the matches."""
+
+    def __init__(self, bindings: Iterable[AclBinding] = ()) -> None:
+        self.bindings = tuple(sorted(set(bindings)))
+        self._literal: dict[tuple[str, str], list[AclBinding]] = {}
+        self._prefixed: dict[str, list[AclBinding]] = {}
+        for b in self.bindings:
+            if b.pattern_type == "LITERAL":
+                self._literal.setdefault((b.resource_type, b.resource_name), []).append(b)
+            else:
+                self._prefixed.setdefault(b.resource_type, []).append(b)
+
+    def matching(self, resource_type: str, name: str) -> list[AclBinding]:
+        out = list(self._literal.get((resource_type, name), ()))
+        if name != WILDCARD:
+            out += self._literal.get((resource_type, WILDCARD), ())
+        out += [b for b in self._prefixed.get(resource_type, ()) if name.startswith(b.resource_name)]
+        return out
+
+    def __len__(self) -> int:
+        return len(self.bindings)
+
+
+EMPTY_INDEX = AclIndex()
+
+
+class Authorizer:
+    """Decides; thread-safe. ``acls()`` returns the current AclIndex (cheap: prebuilt)."""
+
+    def __init__(self, config: AuthorizerConfig, acls: Callable[[], AclIndex],
+                 is_node_principal: Callable[[object], bool] = lambda p: False) -> None:
+        self.config = config
+        self._acls = acls
+        self._is_node_principal = is_node_principal
+        self._lock = threading.Lock()
+        self.denied: Counter[tuple[str, str]] = Counter()  # (resource type, operation) -> denials
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
+    def authorize(self, principal: object, operation: str, resource_type: str, name: str = CLUSTER_NAME) -> bool:
+        allowed = self._decide(str(principal), principal, operation, resource_type, name)
+        if not allowed:
+            with self._lock:
+                self.denied[(resource_type, operation)] += 1
+            log.debug("denied %s %s on %s '%s'", principal, operation, resource_type, name)
+        return allowed
+
+    def _decide(self, who: str, principal: object, operation: str, resource_type: str, name: str) -> bool:
+        if not self.config.enabled or who in self.config.super_users or self._is_node_principal(principal):
+            return True
+        applicable = self._acls().matching(resource_type, name)
+        if not applicable:
+            return self.config.allow_everyone_if_no_acl_found
+        mine = [b for b in applicable if b.principal in (who, "User:*")]
+        if any(b.permission == "DENY" and b.operation in (operation, "ALL") for b in mine):
+            return False
+        allowing = _IMPLIED_BY.get(operation, {operation})
+        return any(b.permission == "ALLOW" and (b.operation == "ALL" or b.operation in allowing) for b in mine)
+
+    def authorize_any(self, principal: object, operation: str, resources: Iterable[tuple[str, str]]) -> bool:
+        """Allowed on at least one of (resource type, name) (e.g. CREATE on the cluster or on the topic)."""
+        resources = list(resources)
+        who = str(principal)
+        if any(self._decide(who, principal, operation, rtype, name) for rtype, name in resources):
+            return True
+        rtype, name = resources[-1]
+        return self.authorize(principal, operation, rtype, name)  # counted (and logged) once
+
+    # ---- helpers for the services: one short call per handler ----
+    def check(self, principal: object, operation: str, resource_type: str, name: str = CLUSTER_NAME) -> None:
+        """Raise the *_AUTHORIZATION_FAILED error when denied."""
+        if not self.authorize(principal, operation, resource_type, name):
+            raise denied_error(principal, operation, resource_type, name)
+
+    def denied_topics(self, principal: object, operation: str, topics: Iterable[str]) -> set[str]:
+        """The topics of ``topics`` the principal may not ``operation`` (each decided once)."""
+        return {t for t in set(topics) if not self.authorize(principal, operation, TOPIC, t)}
+
+    def may_describe_topic(self, principal: object, topic: str) -> bool:
+        return self._decide(str(principal), principal, DESCRIBE, TOPIC, topic)
+
+    def may_write_some_topic(self, principal: object) -> bool:
+        """Kafka's InitProducerId rule: an ALLOW for WRITE on any topic (no DENY can cover every topic)."""
+        who = str(principal)
+        if not self.config.enabled or who in self.config.super_users or self._is_node_principal(principal):
+            return True
+        return any(b.resource_type == TOPIC and b.permission == "ALLOW" and b.operation in (WRITE, "ALL")
+                   and b.principal in (who, "User:*") for b in self._acls().bindings)
+
+    def denied_total(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self.denied)
+
+
+ALLOW_ALL = Authorizer(AuthorizerConfig(enabled=False), lambda: EMPTY_INDEX)

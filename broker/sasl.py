@@ -1,0 +1,304 @@
+"""Server side of SASL/SCRAM over gRPC: the exchange, session tokens, and who is calling.
+
+A client proves its password once per channel with SCRAM (RFC 5802, SCRAM-SHA-256 and
+SCRAM-SHA-512 as RFC 7677, via the ``scramp`` library) through the ``SaslAuthenticate``
+RPC, in two round trips. The answering node then hands out a random session token with
+a lifetime (``sasl.session.lifetime.ms``); the client sends it as ``x-brook-session``
+metadata on every call. Tokens are per node: each broker and controller the client
+talks to runs its own exchange (as a Kafka client authenticates each connection).
+
+Bounds: half-finished exchanges and live sessions are capped (oldest dropped first),
+and failed exchanges per user name are rate limited, so a password-guessing client
+gets SASL_AUTHENTICATION_FAILED quickly and cheaply and cannot grow memory.
+
+A call that carries a token this node does not know (expired, or issued before a
+restart) is refused with gRPC status UNAUTHENTICATED by ``SessionInterceptor``; the
+client library re-authenticates once and retries. A call without a token is from the
+ANONYMOUS principal (or from its mTLS certificate's principal, once TLS is in place).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import scramp
+
+from metadata_quorum.security import MECHANISMS, MIN_ITERATIONS, ScramCredential
+from proto import errors
+from proto import security_pb2 as spb
+from proto.errors import ErrorCode
+
+from broker.principal import ANONYMOUS, SESSION_METADATA_KEY, Principal, principal_of, set_session_resolver
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SESSION_LIFETIME_MS = 3_600_000
+EXCHANGE_TIMEOUT_S = 30.0
+MAX_EXCHANGES = 1024
+MAX_SESSIONS = 100_000
+MAX_FAILURES_PER_USER = 10  # per FAILURE_WINDOW_S; more get refused without running SCRAM
+FAILURE_WINDOW_S = 60.0
+MAX_AUTH_BYTES = 4096
+
+__all__ = ["ANONYMOUS", "Principal", "principal_of", "ScramAuthenticator", "SessionInterceptor",
+           "SESSION_METADATA_KEY"]
+
+
+@dataclass(slots=True)
+class _Session:
+    principal: Principal
+    expires_at: float
+
+
+class ScramAuthenticator:
+    """Runs SCRAM exchanges and keeps this node's sessions. Thread-safe.
+
+    ``lookup(user, mechanism)`` returns the stored credential or None; it is read at each
+    exchange, so a deleted user cannot start a new session (existing ones run out).
+    """
+
+    def __init__(self, lookup: Callable[[str, str], ScramCredential | None], *,
+                 session_lifetime_ms: int = DEFAULT_SESSION_LIFETIME_MS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._lookup = lookup
+        self.session_lifetime_ms = session_lifetime_ms
+        self._clock = clock
+        self._lock = threading.Lock()
+        # id -> (server, user to rate-limit ("" if unknown), deadline, user as sent)
+        self._exchanges: OrderedDict[str, tuple[Any, str, float, str]] = OrderedDict()
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._failures: dict[str, list[float]] = {}
+        self._fake_secret = secrets.token_bytes(32)  # salts for unknown users: no user enumeration
+        self.failed_total = 0
+        self.succeeded_total = 0
+
+    # ---- the exchange ----
+    def authenticate(self, request: spb.SaslAuthenticateRequest) -> spb.SaslAuthenticateResponse:
+        try:
+            if len(request.auth_bytes) > MAX_AUTH_BYTES:
+                raise errors.InvalidRequestError(f"SASL message larger than {MAX_AUTH_BYTES} bytes")
+            if not request.exchange_id:
+                return self._first(request.mechanism, request.auth_bytes)
+            return self._final(request.exchange_id, request.auth_bytes)
+        except errors.BrookError as exc:
+            return spb.SaslAuthenticateResponse(error_code=exc.code, error_message=exc.message)
+
+    def _first(self, mechanism: str, client_first: bytes) -> spb.SaslAuthenticateResponse:
+        if mechanism not in MECHANISMS:
+            raise errors.error_class(ErrorCode.UNSUPPORTED_SASL_MECHANISM)(
+                f"SASL mechanism {mechanism!r} is not enabled; use one of {sorted(MECHANISMS)}")
+        user_holder: list[str] = []
+        known: list[bool] = []
+
+        def auth_fn(user: str) -> tuple[bytes, bytes, bytes, int]:
+            user_holder.append(user)
+            cred = self._lookup(user, mechanism)
+            known.append(cred is not None)
+            if cred is None:
+                return self._fake_credential(user, mechanism)
+            return cred.salt, cred.stored_key, cred.server_key, cred.iterations
+
+        server = scramp.ScramMechanism(mechanism).make_server(auth_fn)
+        try:
+            server.set_client_first(client_first.decode("utf-8"))
+            server_first = server.get_server_first()
+        except (scramp.ScramException, UnicodeDecodeError, ValueError) as exc:
+            raise errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)(f"bad client-first message: {exc}") from None
+        user = user_holder[0] if user_holder else ""
+        if known and known[0] and self._too_many_failures(user):
+            raise errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)(
+                f"too many failed authentications for {user!r}; try again later")
+        exchange_id = secrets.token_urlsafe(16)
+        with self._lock:
+            self._exchanges[exchange_id] = (server, user if known and known[0] else "", self._clock() + EXCHANGE_TIMEOUT_S,
+                                            user)
+            self._expire_locked()
+            while len(self._exchanges) > MAX_EXCHANGES:
+                self._exchanges.popitem(last=False)
+        return spb.SaslAuthenticateResponse(auth_bytes=server_first.encode("utf-8"), exchange_id=exchange_id)
+
+    def _final(self, exchange_id: str, client_final: bytes) -> spb.SaslAuthenticateResponse:
+        with self._lock:
+            entry = self._exchanges.pop(exchange_id, None)
+        if entry is None or entry[2] < self._clock():
+            raise errors.error_class(ErrorCode.ILLEGAL_SASL_STATE)("unknown or expired SASL exchange; start again")
+        server, limited_user, _, user = entry
+        try:
+            server.set_client_final(client_final.decode("utf-8"))
+            server_final = server.get_server_final()
+        except (scramp.ScramException, UnicodeDecodeError, ValueError):
+            # Only existing users are rate limited: guessing is only worth it against them, and a
+            # node retrying before its bootstrap user exists must not lock itself out.
+            self._record_failure(limited_user, user)
+            raise errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)(
+                f"authentication failed for user {user!r}: invalid credentials") from None
+        token = secrets.token_urlsafe(32)
+        with self._lock:
+            self._sessions[token] = _Session(Principal("User", user),
+                                             self._clock() + self.session_lifetime_ms / 1000)
+            while len(self._sessions) > MAX_SESSIONS:
+                self._sessions.popitem(last=False)
+            self.succeeded_total += 1
+        log.info("user %s authenticated", user)
+        return spb.SaslAuthenticateResponse(auth_bytes=server_final.encode("utf-8"), session_token=token,
+                                            session_lifetime_ms=self.session_lifetime_ms)
+
+    def _fake_credential(self, user: str, mechanism: str) -> tuple[bytes, bytes, bytes, int]:
+        # RFC 5802 section 5.1: answer an unknown user like a known one; the proof fails later.
+        digest = hashlib.sha256 if mechanism == "SCRAM-SHA-256" else hashlib.sha512
+        salt = hmac.new(self._fake_secret, user.encode(), hashlib.sha256).digest()[:16]
+        key = hmac.new(self._fake_secret, b"key" + user.encode(), digest).digest()
+        return salt, key, key, MIN_ITERATIONS
+
+    def _too_many_failures(self, user: str) -> bool:
+        now = self._clock()
+        with self._lock:
+            recent = [t for t in self._failures.get(user, []) if now - t < FAILURE_WINDOW_S]
+            if recent:
+                self._failures[user] = recent
+            else:
+                self._failures.pop(user, None)
+            return len(recent) >= MAX_FAILURES_PER_USER
+
+    def _record_failure(self, limited_user: str, user: str) -> None:
+        with self._lock:
+            self.failed_total += 1
+            if not limited_user:
+                log.warning("SCRAM authentication failed for unknown user %r", user)
+                return
+            times = self._failures.setdefault(limited_user, [])
+            times.append(self._clock())
+            del times[:-MAX_FAILURES_PER_USER]
+            if len(self._failures) > MAX_EXCHANGES:  # bounded: forget the oldest user's record
+                self._failures.pop(next(iter(self._failures)))
+        log.warning("SCRAM authentication failed for user %r", user)
+
+    def _expire_locked(self) -> None:
+        now = self._clock()
+        while self._exchanges:
+            first_id, (_, _, deadline, _) = next(iter(self._exchanges.items()))
+            if deadline >= now:
+                break
+            del self._exchanges[first_id]
+
+    # ---- sessions ----
+    def session(self, token: str) -> Principal | None:
+        """The principal of a live session; None when the token is unknown or expired."""
+        with self._lock:
+            s = self._sessions.get(token)
+            if s is None:
+                return None
+            if s.expires_at < self._clock():
+                del self._sessions[token]
+                return None
+            return s.principal
+
+    def resolve(self, metadata: Sequence[tuple[str, Any]] | None) -> Principal | None:
+        """The session resolver installed in broker.principal: metadata -> principal."""
+        token = _token_of(metadata)
+        return self.session(token) if token else None
+
+    def install(self) -> None:
+        """Make this node's sessions resolve principals (a combined node has two authenticators)."""
+        with _installed_lock:
+            _installed.append(self)
+        set_session_resolver(_resolve_any)
+
+    def uninstall(self) -> None:
+        with _installed_lock:
+            if self in _installed:
+                _installed.remove(self)
+
+
+_installed: list[ScramAuthenticator] = []
+_installed_lock = threading.Lock()
+
+
+def _resolve_any(metadata: Sequence[tuple[str, Any]] | None) -> Principal | None:
+    token = _token_of(metadata)
+    if not token:
+        return None
+    with _installed_lock:
+        authenticators = list(_installed)
+    for auth in authenticators:
+        found = auth.session(token)
+        if found is not None:
+            return found
+    return None
+
+
+def _token_of(metadata: Sequence[tuple[str, Any]] | None) -> str:
+    for key, value in metadata or ():
+        if key == SESSION_METADATA_KEY:
+            return value if isinstance(value, str) else value.decode("ascii", "replace")
+    return ""
+
+
+class SessionInterceptor(grpc.ServerInterceptor):
+    """Refuses calls whose session token this node does not know (UNAUTHENTICATED)."""
+
+    def __init__(self, authenticator: ScramAuthenticator) -> None:
+        self._auth = authenticator
+
+    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        token = _token_of(handler_call_details.invocation_metadata)
+        if handler is None or not token or self._auth.session(token) is not None:
+            return handler
+        if handler_call_details.method.endswith("/SaslAuthenticate"):
+            return handler  # re-authenticating with a stale token still attached
+
+        def refuse(request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSAL)
+
+        def refuse_stream(request: Any, context: grpc.ServicerContext) -> Any:
+            refuse(request, context)
+            yield  # pragma: no cover - abort raised
+
+        if handler.request_streaming:
+            return handler  # no client-streaming RPCs exist; leave them to the servicer
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(refuse_stream, handler.request_deserializer,
+                                                        handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(refuse, handler.request_deserializer,
+                                                   handler.response_serializer)
+
+
+_REFUSAL = "SASL session expired or unknown; authenticate again"
+
+
+class AioSessionInterceptor(grpc.aio.ServerInterceptor):
+    """SessionInterceptor for grpc.aio servers (the broker's client-facing server is one)."""
+
+    def __init__(self, authenticator: ScramAuthenticator) -> None:
+        self._auth = authenticator
+
+    async def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        handler = await continuation(handler_call_details)
+        token = _token_of(handler_call_details.invocation_metadata)
+        if handler is None or not token or self._auth.session(token) is not None \
+                or handler_call_details.method.endswith("/SaslAuthenticate") or handler.request_streaming:
+            return handler
+
+        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSAL)
+
+        async def refuse_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSAL)
+            yield  # pragma: no cover - abort raised
+
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(refuse_stream, handler.request_deserializer,
+                                                        handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(refuse, handler.request_deserializer,
+                                                   handler.response_serializer)

@@ -1,0 +1,49 @@
+"""Raw per-broker calls for the security tests (a unique module name: tests/ has no packages)."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from client.sasl import ScramCredentials, scram_channel
+from proto import broker_pb2, broker_pb2_grpc
+from storage.record_batch import RecordBatchBuilder
+
+
+def _channel(address: str, creds: tuple[str, str] | None) -> grpc.Channel:
+    if creds is None:
+        return grpc.insecure_channel(address)
+    return scram_channel(address, ScramCredentials(*creds))
+
+
+def broker_metadata_error(address: str, creds: tuple[str, str] | None, topic: str) -> int:
+    """The error code one broker answers a Metadata request for ``topic`` with."""
+    with _channel(address, creds) as ch:
+        resp = broker_pb2_grpc.BrokerServiceStub(ch).Metadata(
+            broker_pb2.MetadataRequest(topics=[topic], allow_auto_topic_creation=False), timeout=10)
+    return resp.topics[0].error_code
+
+
+def produce_raw(address: str, creds: tuple[str, str] | None, topic: str,
+                value: bytes) -> broker_pb2.ProducePartitionResponse:
+    """One record to partition 0 of ``topic`` on one broker, acks=all."""
+    batch = RecordBatchBuilder()
+    batch.append(int(time.time() * 1000), None, value)
+    with _channel(address, creds) as ch:
+        resp = broker_pb2_grpc.BrokerServiceStub(ch).Produce(broker_pb2.ProduceRequest(
+            acks=-1, timeout_ms=10_000,
+            partitions=[broker_pb2.ProducePartitionData(topic=topic, partition=0, records=batch.build())]),
+            timeout=20)
+    return resp.partitions[0]
+
+
+def metric_total(text: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total

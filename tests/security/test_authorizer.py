@@ -1,0 +1,126 @@
+"""Authorizer decisions: Kafka's StandardAuthorizer semantics, one rule per test."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker import authorizer as authz
+from broker.authorizer import AclIndex, Authorizer, AuthorizerConfig
+from broker.sasl import Principal
+from broker.security import is_node_principal
+from metadata_quorum.security import acl_binding
+from proto import errors
+from proto.errors import ErrorCode
+
+ALICE, BOB = Principal("User", "alice"), Principal("User", "bob")
+
+
+def make(*acls: tuple[str, ...], supers: str = "", allow_if_none: bool = False) -> Authorizer:
+    index = AclIndex(acl_binding(list(a)) for a in acls)
+    config = AuthorizerConfig(True, frozenset(s for s in supers.split(";") if s), allow_if_none)
+    return Authorizer(config, lambda: index, is_node_principal)
+
+
+def allow(principal: str, op: str, rtype: str = "TOPIC", name: str = "orders", pattern: str = "LITERAL"):
+    return (rtype, name, pattern, principal, "*", op, "ALLOW")
+
+
+def deny(principal: str, op: str, rtype: str = "TOPIC", name: str = "orders", pattern: str = "LITERAL"):
+    return (rtype, name, pattern, principal, "*", op, "DENY")
+
+
+def test_literal_allow_is_for_that_principal_and_operation_only() -> None:
+    a = make(allow("User:alice", "WRITE"))
+    assert a.authorize(ALICE, "WRITE", "TOPIC", "orders")
+    assert not a.authorize(BOB, "WRITE", "TOPIC", "orders")
+    assert not a.authorize(ALICE, "READ", "TOPIC", "orders")
+    assert not a.authorize(ALICE, "WRITE", "TOPIC", "orders2")
+
+
+def test_deny_wins_over_allow_even_wildcard_allow() -> None:
+    a = make(allow("User:*", "ALL", name="*"), deny("User:alice", "WRITE"))
+    assert not a.authorize(ALICE, "WRITE", "TOPIC", "orders")
+    assert a.authorize(ALICE, "READ", "TOPIC", "orders")
+    assert a.authorize(BOB, "WRITE", "TOPIC", "orders")
+
+
+def test_prefixed_pattern_matches_names_starting_with_it() -> None:
+    a = make(allow("User:alice", "READ", name="logs-", pattern="PREFIXED"))
+    assert a.authorize(ALICE, "READ", "TOPIC", "logs-app")
+    assert a.authorize(ALICE, "READ", "TOPIC", "logs-")
+    assert not a.authorize(ALICE, "READ", "TOPIC", "log")
+    assert not a.authorize(ALICE, "READ", "GROUP", "logs-app")  # resource types never mix
+
+
+def test_read_write_imply_describe_and_alter_configs_implies_describe_configs() -> None:
+    a = make(allow("User:alice", "READ"), allow("User:alice", "ALTER_CONFIGS"))
+    assert a.authorize(ALICE, "DESCRIBE", "TOPIC", "orders")
+    assert a.authorize(ALICE, "DESCRIBE_CONFIGS", "TOPIC", "orders")
+    assert not a.authorize(ALICE, "WRITE", "TOPIC", "orders")
+    assert not make(allow("User:alice", "DESCRIBE")).authorize(ALICE, "READ", "TOPIC", "orders")
+
+
+def test_super_users_and_node_principals_are_allowed_everything() -> None:
+    a = make(deny("User:admin", "ALL"), supers="User:admin")
+    assert a.authorize(Principal("User", "admin"), "DELETE", "TOPIC", "orders")
+    assert a.authorize(Principal("User", "node-3"), "CLUSTER_ACTION", "CLUSTER", "kafka-cluster")
+    assert not a.authorize(Principal("User", "node-x"), "CLUSTER_ACTION", "CLUSTER", "kafka-cluster")
+
+
+def test_no_acl_on_resource_follows_allow_everyone_if_no_acl_found() -> None:
+    assert not make().authorize(ALICE, "READ", "TOPIC", "orders")
+    assert make(allow_if_none=True).authorize(ALICE, "READ", "TOPIC", "orders")
+    # An ACL for someone else on the resource: "found", so the default no longer applies.
+    assert not make(allow("User:bob", "READ"), allow_if_none=True).authorize(ALICE, "READ", "TOPIC", "orders")
+
+
+def test_disabled_authorizer_allows_everything_and_counts_nothing() -> None:
+    a = authz.ALLOW_ALL
+    assert a.authorize(ALICE, "DELETE", "TOPIC", "orders")
+    assert not a.denied_total()
+
+
+def test_denials_are_counted_by_resource_type_and_operation() -> None:
+    a = make()
+    a.denied_topics(ALICE, "WRITE", ["a", "b", "a"])
+    a.authorize_any(ALICE, "CREATE", [("CLUSTER", "kafka-cluster"), ("TOPIC", "x")])
+    assert a.denied_total() == {("TOPIC", "WRITE"): 2, ("TOPIC", "CREATE"): 1}
+
+
+def test_check_raises_the_resource_types_error_code() -> None:
+    a = make()
+    for rtype, code in (("TOPIC", ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+                        ("GROUP", ErrorCode.GROUP_AUTHORIZATION_FAILED),
+                        ("CLUSTER", ErrorCode.CLUSTER_AUTHORIZATION_FAILED)):
+        with pytest.raises(errors.BrookError) as caught:
+            a.check(ALICE, "DESCRIBE", rtype, "kafka-cluster" if rtype == "CLUSTER" else "x")
+        assert caught.value.code == code
+        assert not caught.value.retriable
+
+
+def test_internal_topics_cannot_be_deleted_or_lose_compaction() -> None:
+    with pytest.raises(errors.BrookError):
+        authz.check_internal_topic_change("__consumer_offsets", delete=True)
+    with pytest.raises(errors.BrookError):
+        authz.check_internal_topic_change("__consumer_offsets", config_keys=["cleanup.policy"])
+    authz.check_internal_topic_change("__consumer_offsets", config_keys=["retention.ms"])
+    authz.check_internal_topic_change("orders", delete=True)
+
+
+def test_may_write_some_topic_for_init_producer_id() -> None:
+    a = make(allow("User:alice", "WRITE", name="x-", pattern="PREFIXED"))
+    assert a.may_write_some_topic(ALICE)
+    assert not a.may_write_some_topic(BOB)
+
+
+@pytest.mark.parametrize("fields", [
+    ("TOPIC", "*", "PREFIXED", "User:a", "*", "READ", "ALLOW"),   # prefixed wildcard
+    ("CLUSTER", "other", "LITERAL", "User:a", "*", "ALTER", "ALLOW"),
+    ("TOPIC", "t", "LITERAL", "alice", "*", "READ", "ALLOW"),      # not User:<name>
+    ("TOPIC", "t", "LITERAL", "User:a", "*", "FLY", "ALLOW"),
+    ("TOPIC", "t", "LITERAL", "User:a", "*", "READ", "MAYBE"),
+    ("QUEUE", "t", "LITERAL", "User:a", "*", "READ", "ALLOW"),
+])
+def test_invalid_bindings_are_refused(fields: tuple[str, ...]) -> None:
+    with pytest.raises(errors.InvalidRequestError):
+        acl_binding(list(fields))

@@ -1,0 +1,202 @@
+"""SCRAM over gRPC in one process: a real server socket, the real client interceptor."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+import pytest
+import scramp
+
+from broker.authorizer import ALLOW_ALL
+from broker.sasl import ScramAuthenticator, SessionInterceptor, principal_of
+from client.sasl import ScramCredentials, scram_channel
+from metadata_quorum.security import ScramCredential
+from metadata_quorum.security_service import SecurityService, salted_credential
+from proto import errors
+from proto import security_pb2 as spb
+from proto import security_pb2_grpc as spb_grpc
+from proto.errors import ErrorCode
+
+WHO = "/brook.test.Echo/Who"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Server:
+    address: str
+    users: dict[tuple[str, str], ScramCredential]
+    auth: ScramAuthenticator
+    clock: Clock
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    users: dict[tuple[str, str], ScramCredential] = {}
+    clock = Clock()
+    auth = ScramAuthenticator(lambda u, m: users.get((u, m)), session_lifetime_ms=60_000, clock=clock)
+    auth.install()
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[SessionInterceptor(auth)])
+    spb_grpc.add_SecurityServiceServicer_to_server(SecurityService(auth, ALLOW_ALL), grpc_server)
+    echo = grpc.unary_unary_rpc_method_handler(lambda req, ctx: str(principal_of(ctx)).encode())
+    grpc_server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("brook.test.Echo", {"Who": echo})])
+    port = grpc_server.add_insecure_port("127.0.0.1:0")
+    grpc_server.start()
+    try:
+        yield Server(f"127.0.0.1:{port}", users, auth, clock)
+    finally:
+        grpc_server.stop(0)
+        auth.uninstall()
+
+
+def who(channel: grpc.Channel) -> str:
+    return channel.unary_unary(WHO)(b"", timeout=10).decode()
+
+
+def add_user(s: Server, user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> None:
+    s.users[(user, mechanism)] = salted_credential(user, mechanism, password)
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_right_password_gives_a_session_as_that_user(server: Server, mechanism: str) -> None:
+    add_user(server, "alice", "pencil", mechanism)
+    with scram_channel(server.address, ScramCredentials("alice", "pencil", mechanism)) as ch:
+        assert who(ch) == "User:alice"
+        assert who(ch) == "User:alice"  # the session is reused: one exchange
+    assert server.auth.succeeded_total == 1
+    with grpc.insecure_channel(server.address) as plain:
+        assert who(plain) == "User:ANONYMOUS"
+
+
+def test_wrong_password_and_unknown_user_fail_the_same_way(server: Server) -> None:
+    add_user(server, "alice", "pencil")
+    for creds in (ScramCredentials("alice", "wrong"), ScramCredentials("mallory", "pencil")):
+        with scram_channel(server.address, creds) as ch, pytest.raises(errors.BrookError) as caught:
+            who(ch)
+        assert caught.value.code == ErrorCode.SASL_AUTHENTICATION_FAILED
+    assert server.auth.failed_total == 2 and server.auth.succeeded_total == 0
+
+
+def test_failed_attempts_per_user_are_bounded(server: Server) -> None:
+    add_user(server, "alice", "pencil")
+    for _ in range(10):
+        with scram_channel(server.address, ScramCredentials("alice", "guess")) as ch, pytest.raises(errors.BrookError):
+            who(ch)
+    # Even the right password is refused until the window passes: guessing is rate limited.
+    with scram_channel(server.address, ScramCredentials("alice", "pencil")) as ch, pytest.raises(errors.BrookError):
+        who(ch)
+    server.clock.now += 61
+    with scram_channel(server.address, ScramCredentials("alice", "pencil")) as ch:
+        assert who(ch) == "User:alice"
+
+
+def test_expired_session_is_refused_and_the_client_reauthenticates(server: Server) -> None:
+    add_user(server, "alice", "pencil")
+    with scram_channel(server.address, ScramCredentials("alice", "pencil")) as ch:
+        assert who(ch) == "User:alice"
+        server.clock.now += 61  # past the server's session lifetime; the client's clock has not moved
+        assert who(ch) == "User:alice"
+    assert server.auth.succeeded_total == 2
+
+
+def test_stale_token_from_elsewhere_gets_unauthenticated(server: Server) -> None:
+    with grpc.insecure_channel(server.address) as plain, pytest.raises(grpc.RpcError) as caught:
+        plain.unary_unary(WHO)(b"", timeout=10, metadata=[("x-brook-session", "forged")])
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_deleted_user_cannot_start_a_new_session(server: Server) -> None:
+    add_user(server, "alice", "pencil")
+    server.users.clear()
+    with scram_channel(server.address, ScramCredentials("alice", "pencil")) as ch, pytest.raises(errors.BrookError):
+        who(ch)
+
+
+def test_bad_messages_get_clear_errors(server: Server) -> None:
+    with grpc.insecure_channel(server.address) as plain:
+        stub = spb_grpc.SecurityServiceStub(plain)
+        r = stub.SaslAuthenticate(spb.SaslAuthenticateRequest(mechanism="PLAIN", auth_bytes=b"x"), timeout=10)
+        assert r.error_code == ErrorCode.UNSUPPORTED_SASL_MECHANISM
+        r = stub.SaslAuthenticate(spb.SaslAuthenticateRequest(mechanism="SCRAM-SHA-256", auth_bytes=b"\xff"),
+                                  timeout=10)
+        assert r.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+        r = stub.SaslAuthenticate(spb.SaslAuthenticateRequest(exchange_id="nope", auth_bytes=b"c=biws"), timeout=10)
+        assert r.error_code == ErrorCode.ILLEGAL_SASL_STATE
+        r = stub.SaslAuthenticate(spb.SaslAuthenticateRequest(mechanism="SCRAM-SHA-256", auth_bytes=b"n" * 5000),
+                                  timeout=10)
+        assert r.error_code == ErrorCode.INVALID_REQUEST
+
+
+def test_rfc7677_test_vector_against_a_stored_credential() -> None:
+    """RFC 7677 section 3: user "user", password "pencil", the RFC's salt, nonces and messages."""
+    salt = base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ==")
+    m = scramp.ScramMechanism("SCRAM-SHA-256")
+    salt_, stored_key, server_key, iterations = m.make_auth_info("pencil", iteration_count=4096, salt=salt)
+    cred = ScramCredential("user", "SCRAM-SHA-256", salt_, stored_key, server_key, iterations)
+    server = m.make_server(lambda u: (cred.salt, cred.stored_key, cred.server_key, cred.iterations),
+                           s_nonce="%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0")
+    server.set_client_first("n,,n=user,r=rOprNGfwEbeRWgbNEkqO")
+    assert server.get_server_first() == ("r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+                                         "s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096")
+    server.set_client_final("c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+                            "p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
+    assert server.get_server_final() == "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+
+
+def test_aio_server_refuses_stale_sessions_and_serves_live_ones() -> None:
+    """The grpc.aio flavour of the session check (the broker's client-facing server is aio)."""
+    import asyncio
+    import threading
+
+    from broker.sasl import AioSessionInterceptor
+
+    users = {("alice", "SCRAM-SHA-256"): salted_credential("alice", "SCRAM-SHA-256", "pencil")}
+    auth = ScramAuthenticator(lambda u, m: users.get((u, m)))
+    auth.install()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)  # the test owns the loop: stop, then join
+    thread.start()
+
+    async def start() -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server(interceptors=[AioSessionInterceptor(auth)])
+
+        async def sasl(request: spb.SaslAuthenticateRequest, context: object) -> spb.SaslAuthenticateResponse:
+            return auth.authenticate(request)
+
+        async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            return str(principal_of(context)).encode()
+        server.add_generic_rpc_handlers([
+            grpc.method_handlers_generic_handler("brook.test.Echo", {"Who": grpc.unary_unary_rpc_method_handler(echo)}),
+            grpc.method_handlers_generic_handler("brook.SecurityService", {
+                "SaslAuthenticate": grpc.unary_unary_rpc_method_handler(
+                    sasl, spb.SaslAuthenticateRequest.FromString, spb.SaslAuthenticateResponse.SerializeToString)}),
+        ])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        return server, port
+
+    server, port = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    box: dict[str, object] = {"port": port}
+    address = f"127.0.0.1:{box['port']}"
+    try:
+        with scram_channel(address, ScramCredentials("alice", "pencil")) as ch:
+            assert who(ch) == "User:alice"
+        with grpc.insecure_channel(address) as plain, pytest.raises(grpc.RpcError) as caught:
+            plain.unary_unary(WHO)(b"", timeout=10, metadata=[("x-brook-session", "forged")])
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+        auth.uninstall()
