@@ -243,11 +243,13 @@ def test_readme_commands_are_safe_to_paste() -> None:
 
 
 def test_readme_bootstrap_export_matches_the_launcher() -> None:
-    """The README tells users to export what `python -m deploy.local` reports, not a port nobody listens on."""
+    """The README tells users to take the local cluster's address from what `python -m deploy.local` wrote or
+    reports, not a local port nobody listens on."""
     text = README.read_text()
+    assert ". .brook/local/env.sh" in text, "the README sources the launcher's env.sh"
     exports = re.findall(r"export BROOK_BOOTSTRAP=(\S+)", text)
-    assert exports, "the README shows how to set BROOK_BOOTSTRAP"
-    assert all("deploy.local status" in e or e.startswith("$(") for e in exports), exports
+    local = [e for e in exports if "127.0.0.1" in e or "localhost" in e]
+    assert all("deploy.local status" in e or e.startswith("$(") for e in local), local
     proc = subprocess.run([sys.executable, "-m", "deploy.local", "status", "--help"], capture_output=True,
                           text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert "--output" in proc.stdout and "--dir" in proc.stdout, proc  # what the README's export line uses

@@ -14,7 +14,6 @@ BASE = {
     "cluster.id": "c",
     "listeners": "BROKER://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093",
     "controller.quorum.voters": "1@127.0.0.1:19093:19193",
-    "controller.quorum.password.required": "false",
     "log.dirs": "/tmp/brook-cfg-test/data",
     "metadata.log.dir": "/tmp/brook-cfg-test/meta",
 }
