@@ -579,9 +579,12 @@ class NodeConfig:
             log.warning("plaintext listeners are reachable beyond loopback: broker-only requests (registration, "
                         "heartbeats, ISR changes, replica fetches) are accepted only with node certificates")
             trusted = False
+        inter_user = str(self.values["inter.broker.sasl.username"] or "").strip()
         principal.configure(mapping_rules=self.values["ssl.principal.mapping.rules"],
                             node_principal_format=self.values["broker.principal.format"],
-                            trust_loopback_plaintext=trusted)
+                            trust_loopback_plaintext=trusted,
+                            loopback_node_principal=principal.Principal(principal.USER, inter_user) if inter_user
+                            else None)
 
 
 # ----------------------------------------------------------------------------- loading

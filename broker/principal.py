@@ -20,7 +20,9 @@ comes from certificates only. The one exception is a plaintext caller on the loo
 interface, trusted as any broker while ``configure(trust_loopback_plaintext=True)``
 (the default; the node config turns it off when any plaintext listener is reachable
 beyond loopback), so single-host dev clusters and the test suite run without TLS; a
-caller reaching a node over the network must present a node certificate.
+caller reaching a node over the network must present a node certificate. On a
+single-host cluster with an authorizer, ``inter.broker.sasl.username`` narrows that
+trust to loopback callers authenticated as that SCRAM user (the nodes themselves).
 """
 
 from __future__ import annotations
@@ -159,6 +161,9 @@ class _Settings:
     rules: tuple[MappingRule, ...] = parse_mapping_rules(DEFAULT_MAPPING_RULES)
     node_principal_format: str = DEFAULT_NODE_PRINCIPAL_FORMAT
     trust_loopback_plaintext: bool = True
+    # When set (from inter.broker.sasl.username), a loopback plaintext caller is trusted as a
+    # node only when its SASL session is this principal: anonymous local clients are not.
+    loopback_node_principal: Principal | None = None
 
 
 _settings = _Settings()
@@ -168,8 +173,12 @@ SessionResolver = Callable[[Sequence[tuple[str, Any]] | None], "Principal | None
 _session_resolver: SessionResolver | None = None
 
 
+_UNSET: Any = object()
+
+
 def configure(*, mapping_rules: str | Sequence[str] | None = None, node_principal_format: str | None = None,
-              trust_loopback_plaintext: bool | None = None) -> None:
+              trust_loopback_plaintext: bool | None = None,
+              loopback_node_principal: Principal | None = _UNSET) -> None:
     """Set this process's principal rules (from the node config at start). Unset arguments keep their value."""
     global _settings
     with _settings_lock:
@@ -180,7 +189,8 @@ def configure(*, mapping_rules: str | Sequence[str] | None = None, node_principa
             raise errors.InvalidConfigError(f"broker principal format {fmt!r} must contain {{id}}")
         Principal.parse(fmt.replace("{id}", "0"))
         trust = s.trust_loopback_plaintext if trust_loopback_plaintext is None else trust_loopback_plaintext
-        _settings = _Settings(rules, fmt, trust)
+        loopback = s.loopback_node_principal if loopback_node_principal is _UNSET else loopback_node_principal
+        _settings = _Settings(rules, fmt, trust, loopback)
 
 
 def set_session_resolver(fn: SessionResolver | None) -> None:
@@ -295,15 +305,24 @@ def is_loopback_peer(peer: str) -> bool:
         return False
 
 
+def _trusted_loopback(auth: Authentication) -> bool:
+    """A plaintext caller on loopback, trusted as a node of a single-host cluster: anyone there, or,
+    with ``inter.broker.sasl.username`` set (an authorizer guards the cluster), only that SCRAM user."""
+    s = _settings
+    if auth.method == AUTH_CERTIFICATE or not s.trust_loopback_plaintext or not is_loopback_peer(auth.peer):
+        return False
+    if s.loopback_node_principal is None:
+        return auth.method == AUTH_NONE
+    return auth.method == AUTH_SASL and auth.principal == s.loopback_node_principal
+
+
 def require_node(context: Any, node_id: int) -> Principal:
     """Refuse (CLUSTER_AUTHORIZATION_FAILED) unless the caller is broker/controller ``node_id`` itself."""
     auth = authenticate(context)
     if auth.method == AUTH_CERTIFICATE and auth.principal == node_principal(node_id):
         return auth.principal
-    if auth.method != AUTH_CERTIFICATE and _settings.trust_loopback_plaintext and is_loopback_peer(auth.peer):
-        # Single-host plaintext cluster: documented trust of loopback. A SASL session there (the
-        # nodes' inter-broker SCRAM user, for the authorizer) is trusted no more than no session.
-        return node_principal(node_id)
+    if _trusted_loopback(auth):
+        return node_principal(node_id)  # single-host plaintext cluster: documented trust of loopback
     log.warning("refused a broker-only request for node %d from %s (%s, peer %s)", node_id, auth.principal,
                 auth.method, auth.peer)
     raise errors.error_for(errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
@@ -318,7 +337,7 @@ def require_any_node(context: Any) -> int | None:
         node = node_id_of(auth.principal)
         if node is not None:
             return node
-    elif _settings.trust_loopback_plaintext and is_loopback_peer(auth.peer):
+    elif _trusted_loopback(auth):
         return None
     raise errors.error_for(errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
                            f"{auth.principal} is not a cluster node")

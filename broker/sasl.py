@@ -33,12 +33,11 @@ from typing import Any
 import grpc
 import scramp
 
+from broker.principal import ANONYMOUS, SESSION_METADATA_KEY, Principal, principal_of, set_session_resolver
 from metadata_quorum.security import MECHANISMS, MIN_ITERATIONS, ScramCredential
 from proto import errors
 from proto import security_pb2 as spb
 from proto.errors import ErrorCode
-
-from broker.principal import ANONYMOUS, SESSION_METADATA_KEY, Principal, principal_of, set_session_resolver
 
 log = logging.getLogger(__name__)
 

@@ -9,15 +9,14 @@ refusing stale session tokens, and the SecurityService servicer.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from broker.principal import Principal, node_id_of
 from broker.authorizer import AclIndex, Authorizer, AuthorizerConfig
+from broker.principal import Principal, node_id_of
 from broker.quotas import DEFAULT_WINDOW_NUM, QuotaManager
 from broker.sasl import (
     DEFAULT_SESSION_LIFETIME_MS,

@@ -42,8 +42,8 @@ import grpc
 from broker import authorizer as authz
 from broker import principal
 from broker.admission import ByteBudget, ClientLimits, Overloaded, peer_host
-from broker.metadata_cache import MetadataCache
 from broker.authorizer import ALLOW_ALL, Authorizer
+from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.quotas import QuotaManager
 from broker.replica_manager import MAX_PRODUCE_TIMEOUT_MS, AppendResult, ReplicaManager

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,20 +63,6 @@ def credentials_from_config(security_protocol: str | None, mechanism: str | None
     if protocol not in ("SASL_PLAINTEXT", "SASL_SSL"):
         raise errors.InvalidConfigError(f"security.protocol {security_protocol!r} is not supported here")
     return ScramCredentials(username or "", password or "", mechanism or "SCRAM-SHA-256")
-
-
-def sasl_options_from_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Admin/Producer/Consumer security options from BROOK_SASL_USERNAME / _PASSWORD / _MECHANISM.
-
-    The ``brook`` CLI uses this so a password never appears on a command line.
-    """
-    env = os.environ if env is None else env
-    username = env.get("BROOK_SASL_USERNAME", "")
-    if not username:
-        return {}
-    return {"security_protocol": env.get("BROOK_SECURITY_PROTOCOL", "SASL_PLAINTEXT"),
-            "sasl_mechanism": env.get("BROOK_SASL_MECHANISM", "SCRAM-SHA-256"),
-            "sasl_username": username, "sasl_password": env.get("BROOK_SASL_PASSWORD", "")}
 
 
 class ScramSession:
@@ -194,18 +179,7 @@ def scram_channel(address: str, credentials: ScramCredentials,
 
 
 def sasl_channel_wrapper(channel: grpc.Channel, security: Any, address: str) -> grpc.Channel:
-    """client.security's SASL hook (tls branch): ``security`` carries Kafka's sasl.* configs."""
+    """What client.security.make_channel uses for SASL_* protocols: ``security`` carries Kafka's sasl.* configs."""
     creds = ScramCredentials(security.sasl_username or "", security.sasl_password or "",
                              str(security.sasl_mechanism).upper())
     return scram_channel(address, creds, raw=channel)
-
-
-def _install_channel_wrapper() -> None:
-    try:  # client/security.py (make_channel) arrives with the TLS work; until then there is nothing to hook
-        from client.security import set_sasl_channel_wrapper  # type: ignore[import-not-found]
-    except ImportError:
-        return
-    set_sasl_channel_wrapper(sasl_channel_wrapper)
-
-
-_install_channel_wrapper()

@@ -104,7 +104,10 @@ class SecurityConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> SecurityConfig:
         env = os.environ if environ is None else environ
-        return cls.from_config({key: env[env_var(key)] for key in CONFIG_KEYS if env_var(key) in env})
+        config = {key: env[env_var(key)] for key in CONFIG_KEYS if env_var(key) in env}
+        if config.get("sasl.username") and "security.protocol" not in config:
+            config["security.protocol"] = SASL_PLAINTEXT  # a SCRAM user alone means SASL over plaintext
+        return cls.from_config(config)
 
     @classmethod
     def from_properties(cls, path: str | Path) -> SecurityConfig:
@@ -197,7 +200,7 @@ _sasl_wrapper: SaslChannelWrapper | None = None
 
 
 def set_sasl_channel_wrapper(fn: SaslChannelWrapper | None) -> None:
-    """Install (None: remove) the SASL client side used by make_channel for SASL_* protocols."""
+    """Install the SASL client side make_channel uses for SASL_* protocols (None: client/sasl.py's SCRAM)."""
     global _sasl_wrapper
     _sasl_wrapper = fn
 
@@ -216,13 +219,9 @@ def make_channel(address: str, security: SecurityConfig | None = None,
     else:
         channel = grpc.insecure_channel(address, options=opts)
     if sec.uses_sasl:
-        if _sasl_wrapper is None:
-            import client.sasl  # noqa: F401  (installs its SCRAM channel wrapper on import)
         wrapper = _sasl_wrapper
-        if wrapper is None:
-            channel.close()
-            raise errors.InvalidConfigError(
-                f"security.protocol {sec.protocol} needs SASL support, which is not installed in this process")
+        if wrapper is None:  # Brook's own SCRAM client (client/sasl.py), unless another was installed
+            from client.sasl import sasl_channel_wrapper as wrapper
         channel = wrapper(channel, sec, address)
     if interceptors:
         channel = grpc.intercept_channel(channel, *interceptors)

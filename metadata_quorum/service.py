@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from broker import principal
 from broker import authorizer as authz
+from broker import principal
 from broker.authorizer import ALLOW_ALL, Authorizer
 from metadata_quorum.controller import QuorumController, broker_record, partition_record, topic_record
 from metadata_quorum.raft import MetadataRaft

@@ -18,10 +18,19 @@ from proto.errors import ErrorCode
 
 
 class OpenContext:
-    """Stands in for grpc.ServicerContext where only is_active() is consulted."""
+    """Stands in for grpc.ServicerContext: a plaintext caller on loopback (a node of a single-host cluster)."""
 
     def is_active(self) -> bool:
         return True
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:50000"
+
+    def auth_context(self) -> dict:
+        return {}
+
+    def invocation_metadata(self) -> tuple:
+        return ()
 
 
 @pytest.fixture(scope="module")

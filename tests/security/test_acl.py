@@ -166,3 +166,29 @@ def test_watch_metadata_with_its_scram_keys_is_for_brokers_only(secure_cluster: 
             first = next(iter(stream))
             assert first.error_code in (ErrorCode.CLUSTER_AUTHORIZATION_FAILED, ErrorCode.NOT_CONTROLLER)
             assert not first.security.credentials
+
+
+@pytest.mark.parametrize("who", ["anonymous", "super-user"])
+def test_no_client_on_loopback_can_act_as_a_broker(secure_cluster: LocalCluster, who: str) -> None:
+    """With an authorizer, loopback trust covers only the nodes' own SCRAM user: neither an anonymous
+    local client nor a super user may register a broker (the forged RegisterBroker of issue 10)."""
+    from client.sasl import ScramCredentials, scram_channel
+    from proto import common_pb2, controller_pb2, controller_pb2_grpc
+
+    forged = controller_pb2.RegisterBrokerRequest(
+        node_id=3, incarnation_id="forged", cluster_id=secure_cluster.state.cluster_id,
+        endpoints=[common_pb2.Endpoint(name="BROKER", host="10.66.66.66", port=9092)])
+    seen = []
+    for host, port in secure_cluster.controller_endpoints:
+        target = f"{host}:{port}"
+        ch = grpc.insecure_channel(target) if who == "anonymous" else \
+            scram_channel(target, ScramCredentials("admin", ADMIN_PASSWORD))
+        with ch:
+            resp = controller_pb2_grpc.ControllerServiceStub(ch).RegisterBroker(forged, timeout=10)
+        seen.append(resp.error_code)
+        assert resp.error_code in (ErrorCode.CLUSTER_AUTHORIZATION_FAILED, ErrorCode.NOT_CONTROLLER), resp
+    assert ErrorCode.CLUSTER_AUTHORIZATION_FAILED in seen, seen
+    with Admin(secure_cluster.bootstrap_servers, request_timeout_ms=10_000,
+               controller_endpoints=secure_cluster.controller_endpoints, **sasl("admin", ADMIN_PASSWORD)) as admin:
+        broker = next(b for b in admin.describe_cluster().brokers if b.node_id == 3)
+    assert broker.host != "10.66.66.66" and not broker.fenced, broker
