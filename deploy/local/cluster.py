@@ -280,6 +280,19 @@ class LocalCluster:
         scheme = "https" if self.tls else "http"
         return f"{scheme}://127.0.0.1:{self.spec(node_id).metrics_port}/metrics"
 
+    def read_metrics(self, node_id: int, timeout_s: float = 5.0) -> str:
+        """A node's /metrics page (over HTTPS with the cluster's CA and client certificate when TLS)."""
+        import ssl
+        import urllib.request
+
+        context = None
+        if self.tls:
+            c = self.client_cert()
+            context = ssl.create_default_context(cafile=str(c.ca))
+            context.load_cert_chain(str(c.cert), str(c.key))
+        with urllib.request.urlopen(self.metrics_url(node_id), timeout=timeout_s, context=context) as resp:
+            return resp.read().decode()
+
     # ------------------------------------------------------------------ security
 
     @property

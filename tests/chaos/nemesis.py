@@ -125,7 +125,7 @@ class Nemesis:
         if fault.target == "random":
             return [fallback]
         try:
-            with Admin(self.cluster.bootstrap_servers, request_timeout_ms=3000) as admin:
+            with Admin(self.cluster.bootstrap_servers, request_timeout_ms=3000, **self.cluster.client_config) as admin:
                 if fault.target == "controller":
                     node = admin.describe_cluster().controller_id
                 else:

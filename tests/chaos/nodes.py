@@ -2,8 +2,10 @@
 
 deploy.local.cluster.LocalCluster binds every node to 127.0.0.1; here a node binds the
 address of its own namespace and is started through ``ip netns exec``, so the network
-between nodes can be cut. Configs use LocalCluster's dev defaults (fast fencing, no
-quorum password: the quorum ports live on the private chaos network).
+between nodes can be cut. Configs use LocalCluster's dev defaults (fast fencing) and are
+secured as a production cluster must be off loopback: mTLS on every listener with node
+certificates from a CA made for the run (broker-only requests need them), and a random
+quorum password (the quorum ports are reachable beyond loopback).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,6 +23,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from client.security import SecurityConfig
+from deploy.local.certs import CertificateAuthority
 from deploy.local.cluster import LOCAL_DEFAULTS, PARENT_PID_ENV, check_health, free_port
 from tests.chaos.netns import LoopbackNetwork, NamespaceNetwork
 
@@ -65,6 +70,19 @@ class ChaosCluster:
             self.addrs[node_id] = NodeAddr(node_id, host, *ports)
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self.paused: set[int] = set()
+        self.quorum_password = secrets.token_urlsafe(24)
+        self.tls_dir = base_dir / "tls"
+        ca = CertificateAuthority.load_or_create(self.tls_dir)
+        for node_id, a in self.addrs.items():
+            ca.issue(self.tls_dir, f"node-{node_id}", hosts=(a.host, "localhost"))
+        self.client_cert = ca.issue(self.tls_dir, "chaos-client", hosts=(), server=False)
+
+    @property
+    def client_config(self) -> dict[str, str]:
+        """Client security settings (Producer/Consumer/Admin keyword arguments) for this cluster."""
+        c = self.client_cert
+        return {"security_protocol": "SSL", "ssl_ca_location": str(c.ca),
+                "ssl_certificate_location": str(c.cert), "ssl_key_location": str(c.key)}
 
     @property
     def node_ids(self) -> list[int]:
@@ -96,6 +114,13 @@ class ChaosCluster:
             "metadata.log.dir": str(d / "meta"),
             **LOCAL_DEFAULTS,
             "offsets.topic.replication.factor": "3",
+            "controller.quorum.password": self.quorum_password,
+            "listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL",
+            "ssl.certificate.location": str(self.tls_dir / f"node-{node_id}.pem"),
+            "ssl.key.location": str(self.tls_dir / f"node-{node_id}.key"),
+            "ssl.ca.location": str(self.tls_dir / "ca.pem"),
+            "ssl.client.auth": "required",
+            "security.plaintext.loopback.trusted": "false",
             **self.overrides,
         }
         path = d / "node.toml"
@@ -183,7 +208,7 @@ class ChaosCluster:
             if not self.is_running(a.node_id):
                 return False
             for target in (a.broker, a.controller):
-                if check_health(target) != "SERVING":
+                if check_health(target, security=SecurityConfig.from_config(self.client_config)) != "SERVING":
                     return False
         return True
 

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
@@ -90,11 +90,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _create_topic(bootstrap: str, partitions: int) -> None:
+def _create_topic(bootstrap: str, partitions: int, security: Mapping[str, str]) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while True:
         try:
-            with Admin(bootstrap, request_timeout_ms=10000) as admin:
+            with Admin(bootstrap, request_timeout_ms=10000, **security) as admin:
                 admin.create_topics([NewTopic(TOPIC, partitions, 3, {"min.insync.replicas": "2"})])
                 return
         except errors.TopicAlreadyExistsError:
@@ -106,10 +106,10 @@ def _create_topic(bootstrap: str, partitions: int) -> None:
             time.sleep(1.0)
 
 
-def unhealthy_reason(bootstrap: str, nodes: list[int], partitions: int) -> str | None:
+def unhealthy_reason(bootstrap: str, nodes: list[int], partitions: int, security: Mapping[str, str]) -> str | None:
     """None when every broker is registered and unfenced and every partition has a leader and a full ISR."""
     try:
-        with Admin(bootstrap, request_timeout_ms=3000) as admin:
+        with Admin(bootstrap, request_timeout_ms=3000, **security) as admin:
             desc = admin.describe_cluster()
             parts = admin.describe_topics([TOPIC])[TOPIC].partitions
     except errors.BrookError as exc:
@@ -138,11 +138,13 @@ def _wait(cond_reason: Callable[[], str | None], timeout_s: float) -> str | None
     return reason
 
 
-def read_final_log(bootstrap: str, partitions: int) -> tuple[dict[int, list[tuple[int, str]]], dict[int, int]]:
+def read_final_log(bootstrap: str, partitions: int, security: Mapping[str, str],
+                   ) -> tuple[dict[int, list[tuple[int, str]]], dict[int, int]]:
     """Every committed record of every partition, with a fresh consumer; and the high watermarks."""
     tps = [TopicPartition(TOPIC, p) for p in range(partitions)]
     out: dict[int, list[tuple[int, str]]] = {p: [] for p in range(partitions)}
-    with Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", request_timeout_ms=10000) as consumer:
+    with Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", request_timeout_ms=10000,
+                  **security) as consumer:
         hws = {tp.partition: o for tp, o in consumer.end_offsets(tps).items()}
         consumer.assign(tps)
         deadline = time.monotonic() + FINAL_READ_TIMEOUT_S
@@ -216,19 +218,20 @@ def main(argv: list[str] | None = None) -> int:
         reason = _wait(lambda: None if cluster.all_serving() else "nodes not serving", STARTUP_TIMEOUT_S)
         if reason is not None:
             raise RuntimeError(f"cluster did not start: {reason}\n{cluster.log_tail(1)}")
-        _create_topic(cluster.bootstrap_servers, args.partitions)
-        reason = _wait(lambda: unhealthy_reason(cluster.bootstrap_servers, node_ids, args.partitions),
+        sec = cluster.client_config
+        _create_topic(cluster.bootstrap_servers, args.partitions, sec)
+        reason = _wait(lambda: unhealthy_reason(cluster.bootstrap_servers, node_ids, args.partitions, sec),
                        STARTUP_TIMEOUT_S)
         if reason is not None:
             raise RuntimeError(f"topic not ready: {reason}")
-        probe = Probe(cluster.bootstrap_servers, TOPIC, args.partitions, history)
+        probe = Probe(cluster.bootstrap_servers, TOPIC, args.partitions, history, security=sec)
         if probe.writable_within(STARTUP_TIMEOUT_S) is None:
             raise RuntimeError("the fresh cluster took no writes")
         workers: list[Writer | Reader] = [
             Writer(f"w{i}", cluster.bootstrap_servers, TOPIC, args.partitions, args.rate, history, stop,
-                   args.delivery_timeout_ms)
+                   args.delivery_timeout_ms, security=sec)
             for i in range(args.writers)]
-        workers.append(Reader(cluster.bootstrap_servers, TOPIC, args.partitions, history, stop))
+        workers.append(Reader(cluster.bootstrap_servers, TOPIC, args.partitions, history, stop, security=sec))
         for w in workers:
             w.start()
         nemesis = Nemesis(cluster, network, TOPIC, args.partitions, history, probe, args.recovery_bound, stop.is_set)
@@ -250,14 +253,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"{w.name} {'did not stop' if w.is_alive() else f'crashed: {w.crashed!r}'}")
         probe.close()
         # The bound runs from the final heal (writers stop within it unless the cluster is stuck).
-        reason = _wait(lambda: unhealthy_reason(cluster.bootstrap_servers, node_ids, args.partitions),
+        reason = _wait(lambda: unhealthy_reason(cluster.bootstrap_servers, node_ids, args.partitions, sec),
                        max(1.0, args.health_bound - (time.monotonic() - healed_at)))
         if reason is not None:
             verdict.note(f"liveness: replicas not in sync {args.health_bound:.0f} s after the final heal: {reason}")
             verdict.healthy_s = None
         else:
             verdict.healthy_s = time.monotonic() - healed_at
-        final_log, hws = read_final_log(cluster.bootstrap_servers, args.partitions)
+        final_log, hws = read_final_log(cluster.bootstrap_servers, args.partitions, sec)
         history.flush()
         cluster.stop()
         divergences = compare_replicas({n: cluster.data_dir(n) for n in cluster.node_ids}, hws)

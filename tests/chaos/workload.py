@@ -20,6 +20,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +101,10 @@ class Writer(_Worker):
     """One idempotent acks=all producer writing ``rate`` records/s round-robin over the partitions."""
 
     def __init__(self, name: str, bootstrap: str, topic: str, partitions: int, rate: float, history: History,
-                 stop: threading.Event, delivery_timeout_ms: int = PRODUCER_CONFIG["delivery_timeout_ms"]) -> None:
+                 stop: threading.Event, delivery_timeout_ms: int = PRODUCER_CONFIG["delivery_timeout_ms"],
+                 security: Mapping[str, str] | None = None) -> None:
         super().__init__(name=f"chaos-{name}", daemon=True)
+        self.security = dict(security or {})
         self.writer = name
         self.bootstrap = bootstrap
         self.topic = topic
@@ -133,7 +136,8 @@ class Writer(_Worker):
             if self.producer is None:
                 self.incarnation += 1
                 self.producer = Producer(bootstrap_servers=self.bootstrap, client_id=self.writer,
-                                         **{**PRODUCER_CONFIG, "delivery_timeout_ms": self.delivery_timeout_ms})
+                                         **{**PRODUCER_CONFIG, "delivery_timeout_ms": self.delivery_timeout_ms},
+                                         **self.security)
                 seq = 0
             with self._cond:
                 while self.outstanding >= OUTSTANDING_MAX and not self.stop_event.is_set():
@@ -179,8 +183,9 @@ class Reader(_Worker):
     """A consumer on every partition from the beginning; records every record it is handed."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, history: History,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, security: Mapping[str, str] | None = None) -> None:
         super().__init__(name="chaos-reader", daemon=True)
+        self.security = dict(security or {})
         self.bootstrap = bootstrap
         self.topic = topic
         self.partitions = partitions
@@ -190,7 +195,7 @@ class Reader(_Worker):
 
     def work(self) -> None:
         consumer = Consumer(bootstrap_servers=self.bootstrap, auto_offset_reset="earliest",
-                            request_timeout_ms=5000, fetch_max_wait_ms=200)
+                            request_timeout_ms=5000, fetch_max_wait_ms=200, **self.security)
         consumer.assign([TopicPartition(self.topic, p) for p in range(self.partitions)])
         try:
             while not self.stop_event.is_set():
@@ -211,8 +216,10 @@ class Reader(_Worker):
 class Probe:
     """Measures liveness: the time until an acks=all write is acknowledged on every partition."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, history: History) -> None:
+    def __init__(self, bootstrap: str, topic: str, partitions: int, history: History,
+                 security: Mapping[str, str] | None = None) -> None:
         self.bootstrap = bootstrap
+        self.security = dict(security or {})
         self.topic = topic
         self.partitions = partitions
         self.history = history
@@ -226,7 +233,8 @@ class Probe:
             self.seq = 0
             self.producer = Producer(bootstrap_servers=self.bootstrap, client_id="probe", acks="all",
                                      enable_idempotence=True, linger_ms=0, request_timeout_ms=3000,
-                                     delivery_timeout_ms=5000, retry_backoff_ms=100, max_block_ms=5000)
+                                     delivery_timeout_ms=5000, retry_backoff_ms=100, max_block_ms=5000,
+                                     **self.security)
         return self.producer
 
     def writable_within(self, bound_s: float) -> float | None:

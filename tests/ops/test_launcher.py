@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,22 +22,23 @@ def launcher(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=180, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
 
 
-def health(capsys: pytest.CaptureFixture[str], bootstrap: str) -> tuple[int, dict]:
+def health(capsys: pytest.CaptureFixture[str], bootstrap: str, security: list[str]) -> tuple[int, dict]:
     capsys.readouterr()
-    code = brook_main(["-b", bootstrap, "-o", "json", "--timeout", "5", "cluster", "health"])
+    code = brook_main(["-b", bootstrap, *security, "-o", "json", "--timeout", "5", "cluster", "health"])
     out = capsys.readouterr().out
     return code, json.loads(out) if out.strip() else {}
 
 
 def wait_health(capsys: pytest.CaptureFixture[str], bootstrap: str, want_code: int, timeout_s: float,
-                also: str = "") -> dict:
+                also: str = "", security: list[str] | None = None) -> dict:
+    """``security``: CLI options for a secured cluster (the launcher's default: --command-config FILE)."""
     deadline = time.monotonic() + timeout_s
-    code, report = health(capsys, bootstrap)
+    code, report = health(capsys, bootstrap, security or [])
     while not (code == want_code and also in json.dumps(report)):
         if time.monotonic() > deadline:
             raise AssertionError(f"health never exited {want_code} with {also!r}; last: {code} {report}")
         time.sleep(0.5)
-        code, report = health(capsys, bootstrap)
+        code, report = health(capsys, bootstrap, security or [])
     return report
 
 
@@ -50,8 +50,7 @@ def wait_voter_disconnected(cluster: LocalCluster, voter: int, timeout_s: float)
         pages = []
         for node_id in cluster.node_ids:
             if cluster.is_running(node_id):
-                with urllib.request.urlopen(cluster.metrics_url(node_id), timeout=5) as resp:
-                    pages.append(resp.read().decode())
+                pages.append(cluster.read_metrics(node_id))
         if any(f'brook_raft_voter_connected{{voter="{voter}"}} 0.0' in p for p in pages):
             return
         time.sleep(0.5)
@@ -67,13 +66,15 @@ def test_launcher_start_stop_one_node_and_back(tmp_path: Path, capsys: pytest.Ca
                         "--override", "broker.session.timeout.ms=3000")
         assert proc.returncode == 0 and "ready" in proc.stdout, proc
         cluster = LocalCluster.open(base)
+        assert cluster.tls  # the launcher's default: mTLS, clients use the files it wrote
+        sec = ["--command-config", str(base / "client.properties")]
         bootstrap = cluster.bootstrap_servers
         assert bootstrap in proc.stdout
-        report = wait_health(capsys, bootstrap, 0, 30)
+        report = wait_health(capsys, bootstrap, 0, 30, security=sec)
         assert all(c["ok"] for c in report["checks"])
 
         capsys.readouterr()
-        assert brook_main(["-b", bootstrap, "topic", "create", "replicated", "-p", "3", "-r", "3"]) == 0
+        assert brook_main(["-b", bootstrap, *sec, "topic", "create", "replicated", "-p", "3", "-r", "3"]) == 0
 
         proc = launcher("status", "--dir", str(base))
         assert proc.returncode == 0 and proc.stdout.count("running") == 3, proc
@@ -81,7 +82,7 @@ def test_launcher_start_stop_one_node_and_back(tmp_path: Path, capsys: pytest.Ca
         proc = launcher("stop", "--dir", str(base), "--node", "3")
         assert proc.returncode == 0, proc
         assert not cluster.is_running(3)
-        report = wait_health(capsys, bootstrap, 1, 45, also="broker 3")
+        report = wait_health(capsys, bootstrap, 1, 45, also="broker 3", security=sec)
         failed = {c["name"]: c["detail"] for c in report["checks"] if not c["ok"]}
         assert "broker 3" in failed.get("fenced brokers", ""), failed
         assert "under-replicated partitions" in failed, failed
@@ -93,7 +94,7 @@ def test_launcher_start_stop_one_node_and_back(tmp_path: Path, capsys: pytest.Ca
 
         proc = launcher("start", "--dir", str(base), "--node", "3", "--timeout", "90")
         assert proc.returncode == 0, proc
-        wait_health(capsys, bootstrap, 0, 60)
+        wait_health(capsys, bootstrap, 0, 60, security=sec)
 
         proc = launcher("stop", "--dir", str(base))
         assert proc.returncode == 0, proc
@@ -119,9 +120,8 @@ def test_split_mode_cluster_is_healthy(tmp_path: Path, capsys: pytest.CaptureFix
         assert len(cluster.bootstrap_servers.split(",")) == 2
         report = wait_health(capsys, cluster.bootstrap_servers, 0, 30)
         assert "leader 100" in json.dumps(report), report  # the quorum is the dedicated controllers
-        with urllib.request.urlopen(cluster.metrics_url(1001), timeout=5) as resp:
-            controller_page = resp.read()
-        assert b"brook_raft_term" in controller_page and b"brook_topic_messages_in_total" not in controller_page
+        controller_page = cluster.read_metrics(1001)
+        assert "brook_raft_term" in controller_page and "brook_topic_messages_in_total" not in controller_page
     assert not any(cluster.is_running(i) for i in cluster.node_ids)
 
 

@@ -12,26 +12,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from opskit_security import ADMIN_PASSWORD, SECURE_OVERRIDES, sasl
 
 from client.admin import Admin
 from deploy.local.cluster import ClusterError, LocalCluster
 from metadata_quorum.security import acl_binding
-
-ADMIN_PASSWORD = "admin-secret"
-SECURE_OVERRIDES = {
-    "authorizer.class.name": "StandardAuthorizer",
-    "super.users": "User:admin;User:broker",
-    "scram.bootstrap.users": f"admin:{ADMIN_PASSWORD},broker:broker-secret",
-    "inter.broker.sasl.username": "broker",
-    "inter.broker.sasl.password": "broker-secret",
-    # Two 1 s samples: a quota's burst allowance stays small, so the quota test is short.
-    "quota.window.num": "2",
-}
-
-
-def sasl(user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> dict[str, str]:
-    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": mechanism, "sasl_username": user,
-            "sasl_password": password}
 
 
 def not_ready(cluster: LocalCluster, admin: Admin) -> str | None:

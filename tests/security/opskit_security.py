@@ -10,6 +10,22 @@ from client.sasl import ScramCredentials, scram_channel
 from proto import broker_pb2, broker_pb2_grpc
 from storage.record_batch import RecordBatchBuilder
 
+ADMIN_PASSWORD = "admin-secret"
+SECURE_OVERRIDES = {
+    "authorizer.class.name": "StandardAuthorizer",
+    "super.users": "User:admin;User:broker",
+    "scram.bootstrap.users": f"admin:{ADMIN_PASSWORD},broker:broker-secret",
+    "inter.broker.sasl.username": "broker",
+    "inter.broker.sasl.password": "broker-secret",
+    # Two 1 s samples: a quota's burst allowance stays small, so the quota test is short.
+    "quota.window.num": "2",
+}
+
+
+def sasl(user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> dict[str, str]:
+    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": mechanism, "sasl_username": user,
+            "sasl_password": password}
+
 
 def _channel(address: str, creds: tuple[str, str] | None) -> grpc.Channel:
     if creds is None:

@@ -6,8 +6,7 @@ import urllib.request
 
 import grpc
 import pytest
-from conftest import ADMIN_PASSWORD, sasl
-from opskit_security import broker_metadata_error, metric_total, produce_raw
+from opskit_security import ADMIN_PASSWORD, broker_metadata_error, metric_total, produce_raw, sasl
 from waiting import wait_for
 
 from client.admin import Admin

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import sasl
+from opskit_security import sasl
 from waiting import wait_for
 
 from admin_cli.main import main as brook_main
