@@ -48,6 +48,7 @@ BROKER_FETCH_PARTITION_MAX_BYTES = 10 * 1024 * 1024
 MAX_TIMESTAMP_SCAN_BYTES = 256 * 1024 * 1024  # bound on the header scan for ListOffsets(-3)
 MAX_FETCH_WAIT_MS = 60_000  # longest long poll served, whatever the request says
 MAX_PRODUCE_TIMEOUT_MS = 300_000  # longest acks=all wait served
+ALTER_RETRY_BACKOFF_S = 0.5  # pause before sending again an AlterPartition whose outcome is unknown
 # An idempotent producer pipelines several batches of a partition, and gRPC may hand its
 # requests to our worker threads in any order: a batch that overtook its predecessor waits
 # this long for it before being refused with OUT_OF_ORDER_SEQUENCE_NUMBER.
@@ -674,14 +675,18 @@ class ReplicaManager:
                 if proposal is not None:
                     self._alter.submit(proposal)
 
-    def apply_alter_result(self, result: controller_pb2.AlterPartitionResult) -> None:
+    def apply_alter_result(self, result: controller_pb2.AlterPartitionResult, proposal: IsrProposal) -> None:
         p = self._partitions.get((result.topic, result.partition))
         if p is None:
             return
         if result.error_code != ErrorCode.NONE:
             log.info("%s-%d: AlterPartition refused: %s %s", result.topic, result.partition,
                      errors.code_name(result.error_code), result.error_message)
-            p.clear_pending_isr()
+            st = result.partition_state
+            current = (tuple(st.isr), st.leader_epoch, st.partition_epoch) if result.HasField("partition_state") \
+                else None
+            p.alter_refused(proposal, current)
+            self._complete_delayed(p.key)
             return
         st = result.partition_state
         if p.apply_committed_state(tuple(st.isr), st.leader_epoch, st.partition_epoch):
@@ -794,25 +799,34 @@ class _AlterPartitionSender:
             try:
                 resp = self._rm.controller_client.call("AlterPartition", req, timeout_s=10)
             except Exception as e:
-                log.warning("AlterPartition of %d partitions failed: %s; will re-propose", len(batch), e)
-                for pr in batch:
-                    p = self._rm.partition(pr.topic, pr.partition)
-                    if p is not None:
-                        p.clear_pending_isr()
-                with self._cond:
-                    self._cond.wait(timeout=0.5)
+                log.warning("AlterPartition of %d partitions: no answer (%s); sending again", len(batch), e)
+                self._retry(batch)
                 continue
             if resp.error_code != ErrorCode.NONE:
                 log.warning("AlterPartition refused: %s %s", errors.code_name(resp.error_code), resp.error_message)
-            answered = {(r.topic, r.partition) for r in resp.results}
-            for pr in batch:
-                if (pr.topic, pr.partition) not in answered:
-                    p = self._rm.partition(pr.topic, pr.partition)
-                    if p is not None:
-                        p.clear_pending_isr()
+            by_key = {(pr.topic, pr.partition): pr for pr in batch}
             for result in resp.results:
+                pr = by_key.pop((result.topic, result.partition), None)
+                if pr is None:
+                    continue
                 try:
-                    self._rm.apply_alter_result(result)
+                    self._rm.apply_alter_result(result, pr)
                 except Exception:
                     log.exception("applying AlterPartition result for %s-%d failed", result.topic,
                                   result.partition)
+            if by_key:  # not answered: the outcome is unknown
+                self._retry(list(by_key.values()))
+
+    def _retry(self, unanswered: list[IsrProposal]) -> None:
+        """Send again, after a pause, the proposals whose outcome is unknown and still pending: the
+        pending ISR stays until the controller's answer (or newer metadata) settles it."""
+        again = []
+        for pr in unanswered:
+            p = self._rm.partition(pr.topic, pr.partition)
+            if p is not None and p.alter_outcome_unknown(pr):
+                again.append(pr)
+        with self._cond:
+            for pr in again:
+                self._pending.setdefault((pr.topic, pr.partition), pr)
+            if not self._stopped:
+                self._cond.wait(timeout=ALTER_RETRY_BACKOFF_S)

@@ -207,6 +207,31 @@ class Partition:
         with self.lock:
             self.pending_isr = None
 
+    # ---- AlterPartition outcomes (KIP-497/841): the pending ISR goes only when the answer is known ----
+    def alter_outcome_unknown(self, proposal: IsrProposal) -> bool:
+        """No answer to ``proposal`` (lost response, timeout, controller failover): the controller may
+        have committed it, so the pending ISR stays (the HW keeps counting a member being added).
+        True if the proposal is still this leader's to resolve: send it again. A retry of a change
+        that did commit is refused INVALID_UPDATE_VERSION with the current state (alter_refused)."""
+        with self.lock:
+            return (self.is_leader and self.pending_isr == proposal.new_isr
+                    and self.leader_epoch == proposal.leader_epoch
+                    and self.partition_epoch == proposal.partition_epoch)
+
+    def alter_refused(self, proposal: IsrProposal, current: tuple[tuple[int, ...], int, int] | None) -> bool:
+        """The controller refused ``proposal``; ``current`` is its committed (isr, leader epoch,
+        partition epoch) when it sent one. A newer state of this leadership is taken as committed
+        (an earlier attempt of this very change may be in it); otherwise nothing was applied and
+        the pending ISR is dropped (the next check proposes again). True if the HW moved."""
+        with self.lock:
+            if current is not None:
+                isr, leader_epoch, partition_epoch = current
+                if leader_epoch == self.leader_epoch and partition_epoch > self.partition_epoch:
+                    return self.apply_committed_state(isr, leader_epoch, partition_epoch)
+            if self.pending_isr == proposal.new_isr and self.partition_epoch == proposal.partition_epoch:
+                self.pending_isr = None
+            return False
+
     # ---- leader: appends ----
     def check_leader(self, current_leader_epoch: int = -1) -> None:
         """Raise unless this replica leads at ``current_leader_epoch`` (-1 = any)."""

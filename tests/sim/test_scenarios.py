@@ -13,9 +13,6 @@ TESTDATA = Path(__file__).parent / "testdata"
 
 # Scenarios that show bugs in code this branch does not own; each names the fix.
 KNOWN_BUGS: dict[str, str] = {
-    "alter_partition_lost_response.txt":
-        "replica_manager clears the pending ISR when the AlterPartition outcome is unknown, so the HW can "
-        "pass a member that did join the ISR (see the report of the `sim` branch)",
 }
 
 

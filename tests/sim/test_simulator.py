@@ -66,9 +66,6 @@ def test_controller_survives_stale_term_reads() -> None:
     assert not failures, str(failures[0])
 
 
-@pytest.mark.xfail(strict=True, reason="replica_manager clears a partition's pending ISR when the AlterPartition "
-                   "outcome is unknown (lost response, timeout); the HW can then pass a member the controller "
-                   "did add to the ISR, and an acks=all record can be missing on an ISR member (seeds 5, 321)")
 def test_lost_alter_partition_responses_keep_every_invariant() -> None:
     failures = _failures([5, 321], SimConfig(lose_alter_responses=True))
     assert not failures, str(failures[0])

@@ -328,30 +328,37 @@ class SimCluster:
         try:
             resp = self._active_controller().alter_partition(req, REQUEST_TIMEOUT_S)
         except errors.BrookError as exc:
-            for pr in batch:
-                p = b.partitions.get((pr.topic, pr.partition))
-                if p is not None:
-                    p.clear_pending_isr()
+            self._alter_retry(b, batch)
             return f"alter {bid}: {errors.code_name(exc.code)}"
         if lose_response:
-            for pr in batch:
-                p = b.partitions.get((pr.topic, pr.partition))
-                if p is not None:
-                    p.clear_pending_isr()
+            self._alter_retry(b, batch)
             return f"alter {bid}: response lost"
         out = []
+        by_key = {(pr.topic, pr.partition): pr for pr in batch}
         for result in resp.results:
             p = b.partitions.get((result.topic, result.partition))
-            if p is None:
-                continue
-            if result.error_code != ErrorCode.NONE:
-                p.clear_pending_isr()
-                out.append(f"{result.topic}-{result.partition} {errors.code_name(result.error_code)}")
+            pr = by_key.pop((result.topic, result.partition), None)
+            if p is None or pr is None:
                 continue
             st = result.partition_state
+            if result.error_code != ErrorCode.NONE:
+                current = (tuple(st.isr), st.leader_epoch, st.partition_epoch) \
+                    if result.HasField("partition_state") else None
+                p.alter_refused(pr, current)
+                out.append(f"{result.topic}-{result.partition} {errors.code_name(result.error_code)}")
+                continue
             p.apply_committed_state(tuple(st.isr), st.leader_epoch, st.partition_epoch)
             out.append(f"{result.topic}-{result.partition} isr={list(st.isr)} pe={st.partition_epoch}")
+        self._alter_retry(b, list(by_key.values()))
         return f"alter {bid}: " + "; ".join(out)
+
+    @staticmethod
+    def _alter_retry(b: Any, unanswered: list[Any]) -> None:
+        """Mirrors _AlterPartitionSender._retry: unknown outcomes stay pending and are sent again."""
+        for pr in unanswered:
+            p = b.partitions.get((pr.topic, pr.partition))
+            if p is not None and p.alter_outcome_unknown(pr):
+                b.alter_queue.setdefault((pr.topic, pr.partition), pr)
 
     # ================================================================ events: metadata to brokers
     def ev_metadata(self, bid: int) -> str:
