@@ -21,6 +21,7 @@ import grpc
 
 from metadata_quorum.client import ControllerClient
 from metadata_quorum.node import VoterAddress
+from metadata_quorum.runner import PASSWORD_ENV
 from proto import controller_pb2 as pb
 from proto import errors
 
@@ -79,10 +80,11 @@ class LocalQuorum:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "metadata_quorum.runner", "--node-id", str(node_id), "--voters",
                self.voters_text, "--data-dir", str(self.data_dir(node_id)), "--cluster-id", self.cluster_id,
-               "--password", self.password, *self.extra_args]
+               *self.extra_args]
         logfile = open(self.log_path(node_id), "ab")  # noqa: SIM115 - owned by the child from here on
         repo_root = Path(__file__).resolve().parent.parent
         env = dict(os.environ, PYTHONPATH=str(repo_root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env[PASSWORD_ENV] = self.password  # not on the command line (ps shows it to every local user)
         self.procs[node_id] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=logfile, env=env,
                                                cwd=str(repo_root))
         logfile.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -22,6 +23,8 @@ from pathlib import Path
 from metadata_quorum.node import ControllerNode, ControllerSettings, parse_voters
 from metadata_quorum.raft import RaftTiming
 
+PASSWORD_ENV = "BROOK_QUORUM_PASSWORD"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
@@ -29,7 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--voters", required=True)
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--cluster-id", required=True)
-    parser.add_argument("--password", default="")
+    # The quorum password comes from the environment, not argv: a command line is visible to every
+    # local user (ps), and a password may begin with "-".
+    parser.add_argument("--password", default=os.environ.get(PASSWORD_ENV, ""),
+                        help=f"quorum password (default: ${PASSWORD_ENV})")
     parser.add_argument("--session-timeout-ms", type=int, default=9000)
     parser.add_argument("--snapshot-min-entries", type=int, default=5000)
     parser.add_argument("--snapshot-min-interval-s", type=float, default=300.0)

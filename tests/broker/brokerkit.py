@@ -7,7 +7,9 @@ DescribeCluster; replica logs are read straight from each node's segment files.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -173,3 +175,20 @@ def replica_log_bytes(cluster: LocalCluster, node_id: int, topic: str, partition
                 return bytes(out)
             out += data[pos:pos + h.size]
     return bytes(out)
+
+
+@contextlib.contextmanager
+def running_kit(base: Path, *, nodes: int, mode: str = "combined",
+                overrides: dict[str, str] | None = None) -> Iterator[Kit]:
+    """A started LocalCluster wrapped in a Kit; closed and torn down on exit (for module fixtures)."""
+    cluster = LocalCluster(base, nodes=nodes, mode=mode, overrides=overrides or {})
+    try:
+        cluster.start()
+        cluster.wait_ready(90)
+        k = Kit(cluster)
+        try:
+            yield k
+        finally:
+            k.close()
+    finally:
+        cluster.teardown()

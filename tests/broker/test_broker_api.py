@@ -9,9 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerkit import FAST_FAILURE_DETECTION, Kit, make_batch
+from brokerkit import FAST_FAILURE_DETECTION, Kit, make_batch, running_kit
 
-from deploy.local.cluster import LocalCluster
 from proto import broker_pb2
 from proto.errors import ErrorCode
 from storage.record_batch import decode_records, iter_batches
@@ -24,18 +23,9 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kit]:
     base: Path = tmp_path_factory.mktemp("api-cluster")
     overrides = {**FAST_FAILURE_DETECTION, "auto.create.topics.enable": "true", "num.partitions": "2",
                  "default.replication.factor": "2"}
-    cluster = LocalCluster(base, nodes=3, mode="combined", overrides=overrides)
-    try:
-        cluster.start()
-        cluster.wait_ready(90)
-        k = Kit(cluster)
+    with running_kit(base, nodes=3, overrides=overrides) as k:
         k.create_topic("api", partitions=2, rf=3, configs={"max.message.bytes": "2000"})
-        try:
-            yield k
-        finally:
-            k.close()
-    finally:
-        cluster.teardown()
+        yield k
 
 
 def produce_req(topic: str, partition: int, records: bytes, acks: int = 1) -> broker_pb2.ProduceRequest:

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from brokerkit import FAST_FAILURE_DETECTION, Kit, make_batch
+from brokerkit import FAST_FAILURE_DETECTION, Kit, make_batch, running_kit
 from waiting import wait_for
 
 from client.cluster import rpc_error
-from deploy.local.cluster import LocalCluster, check_health
+from deploy.local.cluster import check_health
 from proto import broker_pb2, broker_pb2_grpc, controller_pb2, group_pb2, group_pb2_grpc
 from proto.errors import ErrorCode
 from storage.record_batch import RecordBatchBuilder, iter_batches
@@ -60,17 +60,8 @@ def fetch_req(topic: str, partition: int, offset: int, *, max_wait_ms: int, min_
 def kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kit]:
     base: Path = tmp_path_factory.mktemp("isolation-cluster")
     overrides = {**FAST_FAILURE_DETECTION, "max.waiting.fetches.per.ip": str(WAITING_MAX)}
-    cluster = LocalCluster(base, nodes=3, mode="combined", overrides=overrides)
-    try:
-        cluster.start()
-        cluster.wait_ready(90)
-        k = Kit(cluster)
-        try:
-            yield k
-        finally:
-            k.close()
-    finally:
-        cluster.teardown()
+    with running_kit(base, nodes=3, overrides=overrides) as k:
+        yield k
 
 
 def full_isr_everywhere(kit: Kit) -> list[str]:
@@ -179,17 +170,8 @@ def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kit]:
     base: Path = tmp_path_factory.mktemp("capped-cluster")
     overrides = {"fetch.max.bytes": str(FETCH_CAP), "fetch.partition.max.bytes": str(FETCH_CAP),
                  "queued.max.request.bytes": str(BUDGET)}
-    cluster = LocalCluster(base, nodes=1, mode="combined", overrides=overrides)
-    try:
-        cluster.start()
-        cluster.wait_ready(90)
-        k = Kit(cluster)
-        try:
-            yield k
-        finally:
-            k.close()
-    finally:
-        cluster.teardown()
+    with running_kit(base, nodes=1, overrides=overrides) as k:
+        yield k
 
 
 def big_batch() -> bytes:

@@ -14,11 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerkit import Kit, make_batch, replica_log_bytes
+from brokerkit import Kit, make_batch, replica_log_bytes, running_kit
 from crc32c import crc32c
 from waiting import wait_for
 
-from deploy.local.cluster import LocalCluster
 from proto.errors import ErrorCode
 from storage import record_batch as rb
 
@@ -29,19 +28,10 @@ TOPIC, COMPACTED = "hostile", "hostile-compacted"
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kit]:
     base: Path = tmp_path_factory.mktemp("validate-cluster")
-    cluster = LocalCluster(base, nodes=3, mode="combined", overrides={"auto.create.topics.enable": "false"})
-    try:
-        cluster.start()
-        cluster.wait_ready(90)
-        k = Kit(cluster)
+    with running_kit(base, nodes=3, overrides={"auto.create.topics.enable": "false"}) as k:
         k.create_topic(TOPIC, partitions=1, rf=3, configs={"max.message.bytes": "65536"})
         k.create_topic(COMPACTED, partitions=1, rf=3, configs={"cleanup.policy": "compact"})
-        try:
-            yield k
-        finally:
-            k.close()
-    finally:
-        cluster.teardown()
+        yield k
 
 
 def _refit(buf: bytes, **fields: int) -> bytes:

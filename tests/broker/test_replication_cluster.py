@@ -15,9 +15,16 @@ from pathlib import Path
 
 import grpc
 import pytest
-from brokerkit import FAST_FAILURE_DETECTION, FETCH_DRAIN_S, Kit, make_batch, replica_log_bytes, wait_until
+from brokerkit import (
+    FAST_FAILURE_DETECTION,
+    FETCH_DRAIN_S,
+    Kit,
+    make_batch,
+    replica_log_bytes,
+    running_kit,
+    wait_until,
+)
 
-from deploy.local.cluster import LocalCluster
 from proto.errors import ErrorCode
 from storage.record_batch import decode_records
 
@@ -27,17 +34,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kit]:
     base: Path = tmp_path_factory.mktemp("repl-cluster")
-    cluster = LocalCluster(base, nodes=3, mode="split", overrides=FAST_FAILURE_DETECTION)
-    try:
-        cluster.start()
-        cluster.wait_ready(90)
-        k = Kit(cluster)
-        try:
-            yield k
-        finally:
-            k.close()
-    finally:
-        cluster.teardown()
+    with running_kit(base, nodes=3, mode="split", overrides=FAST_FAILURE_DETECTION) as k:
+        yield k
 
 
 @pytest.fixture
