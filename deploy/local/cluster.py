@@ -422,7 +422,11 @@ class LocalCluster:
         for k, v in keys.items():
             lines.append(f"{json.dumps(k)} = {_toml_value(v)}")
         path = self.config_path(n.node_id)
-        path.write_text("\n".join(lines) + "\n")
+        # 0600: the config holds the quorum password (and SCRAM bootstrap users when overridden).
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode on O_CREAT
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(lines) + "\n")
         return path
 
     # ------------------------------------------------------------------ processes
