@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from client.cluster import ClusterClient
 from client.types import TopicPartition
@@ -52,6 +53,7 @@ class OffsetReader:
         if sub.kind == "assign":
             topics = sorted({t for t, _ in sub.assigned})
             meta = self.client.metadata(topics, refresh=True)
+            _raise_refusals(meta, topics, "assign")
             present = {(t, p) for t in topics for p in (meta.partitions_for(t) or [])}
             missing = sorted(set(sub.assigned) - present)
             if missing and strict:
@@ -65,6 +67,7 @@ class OffsetReader:
         if sub.kind == "subscribe":
             meta = self.client.metadata(list(sub.topics), refresh=True)
             topics = list(sub.topics)
+            _raise_refusals(meta, topics, "subscribe")
             unknown = [t for t in topics if meta.partitions_for(t) is None]
             if unknown and strict:
                 raise errors.UnknownTopicOrPartitionError(
@@ -172,3 +175,12 @@ class OffsetReader:
                 logger.warning("%s failed (%s); retry %d of %d", what, exc, attempt + 1, attempts - 1)
                 time.sleep(self.options.fetch_offset_retry_interval_ms / 1000)
         raise AssertionError("unreachable")
+
+
+def _raise_refusals(meta: Any, topics: list[str], option: str) -> None:
+    """A named topic the caller may not read is an error in every batch, as in Spark's Kafka source
+    (TopicAuthorizationException), never an empty read or a "does not exist"."""
+    for t in topics:
+        info = meta.topics.get(t)
+        if info is not None and info.error_code == errors.ErrorCode.TOPIC_AUTHORIZATION_FAILED:
+            raise errors.error_for(info.error_code, f"option '{option}': topic {t!r}: {info.error_message}")
