@@ -72,6 +72,9 @@ def start(
     tls: Annotated[bool, typer.Option("--tls/--plaintext", help="mTLS on every listener with a CA made under "
                                       "DIR/tls (default), or plaintext (dev only). Kept for an existing DIR.")]
     = True,
+    authorizer: Annotated[bool, typer.Option(
+        "--authorizer/--no-authorizer", help="ACLs enforced (StandardAuthorizer): User:admin is the super user, "
+        "User:demo may use demo-* topics and groups only (default with TLS). Kept for an existing DIR.")] = True,
 ) -> None:
     """Start the cluster (or one node) in the background and wait until it is ready.
 
@@ -79,7 +82,7 @@ def start(
     """
     try:
         cluster = LocalCluster(dir, nodes=nodes, mode=mode.value, overrides=_parse_overrides(override),
-                               controllers=controllers, detach=True, tls=tls)
+                               controllers=controllers, detach=True, tls=tls, authorizer=authorizer and tls)
         if node is not None:
             if not (dir / "cluster.json").exists():
                 raise _fail(f"no cluster in {dir}: start the whole cluster first")
@@ -88,6 +91,7 @@ def start(
             cluster.start()
         if wait:
             cluster.wait_ready(timeout)
+            cluster.grant_demo_acls(timeout)
     except ClusterError as e:
         raise _fail(str(e)) from None
     out.print(f"cluster in {cluster.base_dir} is {'ready' if wait else 'starting'}")
@@ -96,6 +100,10 @@ def start(
     if cluster.tls:
         out.print(f"mTLS on every listener; CA and certificates in {cluster.tls_dir}")
         out.print(f"client settings: {cluster.base_dir / CLIENT_PROPERTIES} (brook --command-config FILE)")
+        if cluster.authorizer:
+            out.print(f"ACLs enforced: {cluster.tls_dir / 'admin.pem'} is User:admin (super user, used by "
+                      f"{env_file}); {cluster.tls_dir / 'demo.pem'} is User:demo (demo-* topics and groups only)",
+                      highlight=False)
         out.print(f"try: . {env_file} && brook cluster health", highlight=False)
     else:
         out.print(f"try: BROOK_BOOTSTRAP={cluster.bootstrap_servers} brook cluster health")

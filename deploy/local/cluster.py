@@ -56,7 +56,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client.security import SecurityConfig, env_var, make_channel
-from proto import controller_pb2, controller_pb2_grpc
+from proto import controller_pb2, controller_pb2_grpc, errors
 
 if TYPE_CHECKING:
     from deploy.local.certs import CertFiles
@@ -68,6 +68,8 @@ QUORUM_PASSWORD_FILE = "quorum.password"  # random per cluster, 0600: the quorum
 TLS_DIR = "tls"
 CLIENT_CERT_NAME = "admin"  # the client certificate's CN: principal User:admin
 CLIENT_PROPERTIES = "client.properties"
+DEMO_USER = "demo"  # the least-privileged demo principal (User:demo, certificate DIR/tls/demo.pem)
+DEMO_PREFIX = "demo-"  # the topics and groups it may use
 ENV_FILE = "env.sh"
 PARENT_PID_ENV = "BROOK_LOCAL_PARENT_PID"  # read by broker/node.py
 CONTROLLER_ID_BASE = 1000
@@ -159,12 +161,14 @@ class ClusterState:
     nodes: list[NodeSpec]
     overrides: dict[str, str] = field(default_factory=dict)
     tls: bool = False
+    authorizer: bool = False
 
     @classmethod
     def load(cls, path: Path) -> ClusterState:
         data = json.loads(path.read_text())
         return cls(mode=data["mode"], cluster_id=data["cluster_id"], overrides=data.get("overrides", {}),
-                   nodes=[NodeSpec(**n) for n in data["nodes"]], tls=bool(data.get("tls", False)))
+                   nodes=[NodeSpec(**n) for n in data["nodes"]], tls=bool(data.get("tls", False)),
+                   authorizer=bool(data.get("authorizer", False)))
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -196,6 +200,7 @@ class LocalCluster:
         detach: bool = False,
         python: str | None = None,
         tls: bool = False,
+        authorizer: bool = False,
     ) -> None:
         if mode not in ("combined", "split"):
             raise ValueError(f"mode must be combined or split, not {mode!r}")
@@ -221,7 +226,9 @@ class LocalCluster:
             cluster_id = cluster_id or f"brook-local-{uuid.uuid4().hex[:8]}"
             self.state = ClusterState(mode=mode, cluster_id=cluster_id,
                                       overrides={k: str(v) for k, v in (overrides or {}).items()},
-                                      nodes=self._plan(nodes, mode, n_ctl), tls=tls)
+                                      nodes=self._plan(nodes, mode, n_ctl), tls=tls, authorizer=authorizer)
+        if self.state.authorizer and not self.state.tls:
+            raise ClusterError("the authorizer needs TLS here: principals come from client certificates")
 
     @classmethod
     def open(cls, base_dir: str | Path, **kwargs: Any) -> LocalCluster:
@@ -317,12 +324,44 @@ class LocalCluster:
 
     @property
     def client_config(self) -> dict[str, str]:
-        """Kafka-named client security configs for this cluster (empty when plaintext)."""
+        """Kafka-named client security configs for this cluster (empty when plaintext): the operator's
+        ``admin`` certificate (User:admin, a super user when the authorizer is on)."""
+        return self.client_config_for(CLIENT_CERT_NAME)
+
+    def client_config_for(self, name: str) -> dict[str, str]:
+        """Client security configs with the certificate ``DIR/tls/<name>.pem`` (principal User:<name>)."""
         if not self.tls:
             return {}
-        c = self.client_cert()
-        return {"security.protocol": "SSL", "ssl.ca.location": str(c.ca),
-                "ssl.certificate.location": str(c.cert), "ssl.key.location": str(c.key)}
+        d = self.tls_dir
+        return {"security.protocol": "SSL", "ssl.ca.location": str(d / "ca.pem"),
+                "ssl.certificate.location": str(d / f"{name}.pem"), "ssl.key.location": str(d / f"{name}.key")}
+
+    @property
+    def authorizer(self) -> bool:
+        return self.state.authorizer
+
+    def grant_demo_acls(self, timeout_s: float = 60.0) -> None:
+        """Least privilege for the demo principal (User:demo): topics and groups named ``demo-*``
+        only. Idempotent (ACLs are a set), so every start may call it."""
+        if not self.authorizer:
+            return
+        from client.admin import Admin
+        from metadata_quorum.security import acl_binding
+
+        grants = [["TOPIC", DEMO_PREFIX, "PREFIXED", f"User:{DEMO_USER}", "*", op, "ALLOW"]
+                  for op in ("CREATE", "WRITE", "READ", "DESCRIBE", "DESCRIBE_CONFIGS")]
+        grants.append(["GROUP", DEMO_PREFIX, "PREFIXED", f"User:{DEMO_USER}", "*", "READ", "ALLOW"])
+        deadline = time.monotonic() + timeout_s
+        with Admin(self.bootstrap_servers, request_timeout_ms=int(timeout_s * 1000),
+                   controller_endpoints=self.controller_endpoints, security=self.security) as admin:
+            while True:
+                try:
+                    admin.create_acls([acl_binding(g) for g in grants])
+                    return
+                except errors.BrookError as e:
+                    if not e.retriable or time.monotonic() > deadline:
+                        raise ClusterError(f"granting the demo user's ACLs failed: {e}") from None
+                    time.sleep(0.5)
 
     @property
     def security(self) -> SecurityConfig:
@@ -339,6 +378,8 @@ class LocalCluster:
                 ca.issue(self.tls_dir, f"node-{n.node_id}", hosts=("localhost", "127.0.0.1"))
         if not self.client_cert().cert.exists():
             ca.issue(self.tls_dir, CLIENT_CERT_NAME, hosts=(), server=False)
+        if self.authorizer and not (self.tls_dir / f"{DEMO_USER}.pem").exists():
+            ca.issue(self.tls_dir, DEMO_USER, hosts=(), server=False)
 
     def _write_client_files(self) -> None:
         lines = ["# Client settings for this local cluster (brook --command-config FILE, or Kafka tools)."]
@@ -364,6 +405,8 @@ class LocalCluster:
             # Every node talks mTLS: a plaintext caller is nobody, even on loopback.
             "security.plaintext.loopback.trusted": "false",
             "metrics.ssl.enable": "true",
+            **({"authorizer.class.name": "StandardAuthorizer", "super.users": f"User:{CLIENT_CERT_NAME}",
+                "allow.everyone.if.no.acl.found": "false"} if self.authorizer else {}),
         }
 
     def node_dir(self, node_id: int) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from deploy.local.cluster import ClusterError, LocalCluster
+from deploy.local.cluster import DEMO_USER, ClusterError, LocalCluster
 
 TOPIC = "demo-events"
 KEYS = [f"sensor-{i}" for i in range(8)]
@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.dir.exists():
         shutil.rmtree(args.dir)  # a demo starts from nothing: stale ports or data would confuse it
-    cluster = LocalCluster(args.dir, nodes=args.nodes, detach=args.keep, tls=not args.plaintext)
+    cluster = LocalCluster(args.dir, nodes=args.nodes, detach=args.keep, tls=not args.plaintext,
+                           authorizer=not args.plaintext)
     console.rule("[bold]1. start a local cluster")
     try:
         cluster.start()
@@ -111,7 +112,11 @@ def _run(cluster: LocalCluster, args: argparse.Namespace) -> int:
               "-c", "retention.ms=3600000", "-c", f"min.insync.replicas={min(2, args.nodes)}"]) != 0:
         return 1
     console.rule("[bold]3. produce")
-    produced = produce(bootstrap, args.records, cluster.client_config)
+    # The producer and the Spark job run as the least-privileged demo user (User:demo: demo-* only);
+    # the topic was created by the operator (User:admin) through the CLI above.
+    cluster.grant_demo_acls()
+    demo_security = cluster.client_config_for(DEMO_USER)
+    produced = produce(bootstrap, args.records, demo_security)
     console.rule("[bold]4. cluster health")
     brook([*cli, "cluster", "health"])
     if args.no_spark:
@@ -124,7 +129,7 @@ def _run(cluster: LocalCluster, args: argparse.Namespace) -> int:
 
     spark = spark_session()
     try:
-        result = run_demo(spark, bootstrap, TOPIC, security=cluster.client_config)
+        result = run_demo(spark, bootstrap, TOPIC, security=demo_security)
     finally:
         spark.stop()
     counted = sum(c for _, c, _ in result)
