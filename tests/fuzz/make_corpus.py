@@ -18,7 +18,8 @@ sys.path.insert(0, str(HERE.parent / "storage"))
 
 from batch_forge import batch, record, records, valid  # noqa: E402
 
-from proto import broker_pb2  # noqa: E402
+from proto import broker_pb2, common_pb2  # noqa: E402
+from proto import controller_pb2 as cpb  # noqa: E402
 from storage import record_batch as rb  # noqa: E402
 
 CODECS = [rb.CODEC_NONE, rb.CODEC_GZIP, rb.CODEC_SNAPPY, rb.CODEC_LZ4, rb.CODEC_ZSTD]
@@ -82,12 +83,107 @@ def rpc_seeds() -> dict[str, bytes]:
     seeds["offsets-for-epoch"] = b"\x03" + epochs.SerializeToString()
     seeds["metadata-all"] = b"\x04" + pb.MetadataRequest(all_topics=True).SerializeToString()
     seeds["metadata-some"] = b"\x04" + pb.MetadataRequest(topics=["t", "c", "x"]).SerializeToString()
+    seeds["init-producer-id"] = b"\x05" + pb.InitProducerIdRequest(producer_id=7, producer_epoch=3).SerializeToString()
+    from targets import BROKER_RPCS, GROUP_RPCS
+
+    from proto import group_pb2 as g
+
+    def group(name: str, msg: object) -> None:
+        index = len(BROKER_RPCS) + GROUP_RPCS.index(type(msg).__name__.removesuffix("Request"))
+        seeds[f"group-{name}"] = bytes([index]) + msg.SerializeToString()  # type: ignore[attr-defined]
+
+    protocols = [g.GroupProtocol(name="range", metadata=b"\x00\x01"), g.GroupProtocol(name="cooperative-sticky")]
+    group("find", g.FindCoordinatorRequest(group_id="g"))
+    group("join-new", g.JoinGroupRequest(group_id="g", protocol_type="consumer", session_timeout_ms=10000,
+                                         rebalance_timeout_ms=10000, protocols=protocols))
+    group("join-member", g.JoinGroupRequest(group_id="g", member_id="member-1", protocol_type="consumer",
+                                            session_timeout_ms=10000, rebalance_timeout_ms=10000,
+                                            protocols=protocols))
+    group("sync", g.SyncGroupRequest(group_id="g", member_id="member-1", generation_id=1, assignments=[
+        g.SyncGroupAssignment(member_id="member-1", assignment=b"a")]))
+    group("heartbeat", g.HeartbeatRequest(group_id="g", member_id="member-1", generation_id=1))
+    group("leave", g.LeaveGroupRequest(group_id="g", member_ids=["member-1", "x"]))
+    group("commit", g.OffsetCommitRequest(group_id="g", generation_id=-1, partitions=[
+        g.OffsetCommitPartition(topic="t", partition=0, offset=5, metadata="m"),
+        g.OffsetCommitPartition(topic="nope", partition=9, offset=-7)]))
+    group("fetch", g.OffsetFetchRequest(group_id="g"))
+    group("list", g.ListGroupsRequest(states=["Stable", "Empty"]))
+    group("describe", g.DescribeGroupsRequest(group_ids=["g", "x"], include_offsets=True))
+    group("delete", g.DeleteGroupsRequest(group_ids=["g"]))
+    group("offset-delete", g.OffsetDeleteRequest(group_id="g", partitions=[g.TopicPartitionRef(topic="t")]))
+    group("alter", g.AlterGroupOffsetsRequest(group_id="g", specs=[
+        g.OffsetResetSpec(topic="t", partition=-1, kind=g.RESET_EXPLICIT, value=3)], dry_run=True))
+    return seeds
+
+
+def controller_seeds() -> dict[str, bytes]:
+    """One valid request per ControllerService RPC (first byte: which RPC, in targets.CONTROLLER_RPCS
+    order; second byte: bit 0 set for a remote, untrusted peer)."""
+    from targets import CONTROLLER_RPCS
+
+    def seed(name: str, msg: object, remote: bool = False) -> None:
+        seeds[f"{name}{'-remote' if remote else ''}"] = (
+            bytes([CONTROLLER_RPCS.index(type(msg).__name__.removesuffix("Request")), int(remote)])
+            + msg.SerializeToString())  # type: ignore[attr-defined]
+
+    seeds: dict[str, bytes] = {}
+    endpoint = common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=9002)
+    seed("register", cpb.RegisterBrokerRequest(node_id=2, incarnation_id="inc-2", cluster_id="fuzz",
+                                               endpoints=[endpoint]))
+    seed("register", cpb.RegisterBrokerRequest(node_id=3, incarnation_id="forged", cluster_id="fuzz",
+                                               endpoints=[endpoint]), remote=True)
+    seed("heartbeat", cpb.BrokerHeartbeatRequest(node_id=1, broker_epoch=1, current_metadata_version=5))
+    seed("shutdown", cpb.ControlledShutdownRequest(node_id=3, broker_epoch=3))
+    seed("alter", cpb.AlterPartitionRequest(broker_id=1, broker_epoch=1, items=[cpb.AlterPartitionItem(
+        topic="t", partition=0, leader_epoch=0, partition_epoch=0, new_isr=[1, 2])]))
+    seed("create", cpb.CreateTopicsRequest(timeout_ms=1000, topics=[
+        cpb.CreatableTopic(name="t", num_partitions=3, replication_factor=3, configs={"cleanup.policy": "compact"}),
+        cpb.CreatableTopic(name="m", assignments=[cpb.ReplicaList(replicas=[1, 2])])]))
+    seed("create-huge", cpb.CreateTopicsRequest(topics=[cpb.CreatableTopic(name="h", num_partitions=1_000_000,
+                                                                           replication_factor=3)]))
+    seed("delete", cpb.DeleteTopicsRequest(names=["t", "__consumer_offsets", "x"]))
+    seed("partitions", cpb.CreatePartitionsRequest(topics=[cpb.CreatePartitionsTopic(name="t", count=5)]))
+    seed("alter-configs", cpb.AlterConfigsRequest(resources=[cpb.AlterConfigsResource(
+        topic="t", set={"retention.ms": "1000", "min.insync.replicas": "9"}, delete=["cleanup.policy"])]))
+    seed("describe-configs", cpb.DescribeConfigsRequest(topics=["t", "nope"]))
+    seed("describe-cluster", cpb.DescribeClusterRequest())
+    seed("describe-quorum", cpb.DescribeQuorumRequest())
+    seed("producer-ids", cpb.AllocateProducerIdsRequest(broker_id=1, broker_epoch=1))
+    seed("watch", cpb.WatchMetadataRequest(broker_id=1, since_version=0))
+    seed("watch", cpb.WatchMetadataRequest(broker_id=2, since_version=3), remote=True)
+    from targets import SECURITY_RPCS
+
+    from proto import security_pb2 as spb
+
+    def sec(name: str, msg: object, remote: bool = False) -> None:
+        index = len(CONTROLLER_RPCS) + SECURITY_RPCS.index(type(msg).__name__.removesuffix("Request"))
+        seeds[f"security-{name}{'-remote' if remote else ''}"] = (
+            bytes([index, int(remote)]) + msg.SerializeToString())  # type: ignore[attr-defined]
+
+    sec("sasl-first", spb.SaslAuthenticateRequest(mechanism="SCRAM-SHA-256", auth_bytes=b"n,,n=admin,r=abc"))
+    sec("sasl-final", spb.SaslAuthenticateRequest(mechanism="SCRAM-SHA-512", auth_bytes=b"c=biws,r=abcdef,p=AAAA",
+                                                  exchange_id="x"))
+    sec("upsert", spb.UpsertScramCredentialsRequest(credentials=[spb.ScramCredentialRecord(
+        user="alice", mechanism="SCRAM-SHA-256", salt=b"s" * 16, iterations=4096,
+        stored_key=b"k" * 32, server_key=b"v" * 32)]))
+    sec("delete-user", spb.DeleteScramCredentialsRequest(items=[
+        spb.DeleteScramCredentialsRequest.Item(user="alice")]))
+    sec("users", spb.DescribeUsersRequest())
+    sec("create-acls", spb.CreateAclsRequest(acls=[spb.AclBinding(
+        resource_type="TOPIC", resource_name="t", pattern_type="PREFIXED", principal="User:alice", host="*",
+        operation="READ", permission="ALLOW")]))
+    sec("describe-acls", spb.DescribeAclsRequest(filter=spb.AclFilter(resource_type="TOPIC")))
+    sec("delete-acls", spb.DeleteAclsRequest(filters=[spb.AclFilter(principal="User:alice")]))
+    sec("quotas", spb.AlterClientQuotasRequest(entity="User:alice", set={"producer_byte_rate": 1024.0},
+                                               remove=["request_rate"]))
+    sec("describe-quotas", spb.DescribeClientQuotasRequest())
     return seeds
 
 
 def main() -> None:
+    sys.path.insert(0, str(HERE))
     for target, seeds in (("batch_header", batch_header_seeds()), ("records", records_seeds()),
-                          ("rpc", rpc_seeds())):
+                          ("rpc", rpc_seeds()), ("controller", controller_seeds())):
         out = HERE / "corpus" / target
         out.mkdir(parents=True, exist_ok=True)
         for old in out.iterdir():

@@ -1,6 +1,6 @@
 """``make fuzz``: run each atheris fuzz target for a bounded time and report executions and crashes.
 
-    python tests/fuzz/run.py [--targets batch_header,records,rpc] [--seconds 20] [--runs N]
+    python tests/fuzz/run.py [--targets batch_header,records,rpc,controller] [--seconds 20] [--runs N]
 
 Environment overrides for longer runs: ``FUZZ_SECONDS`` (per target), ``FUZZ_RUNS``
 (executions per target, 0 = no bound), ``FUZZ_TARGETS``. Each target runs in its own
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TARGET_NAMES = ("batch_header", "records", "rpc")
+TARGET_NAMES = ("batch_header", "records", "rpc", "controller")
 _DONE = re.compile(r"Done (\d+) runs in (\d+) second")
 _STAT = re.compile(r"^#(\d+)\s", re.MULTILINE)
 
@@ -31,10 +31,11 @@ def _worker(target: str, libfuzzer_args: list[str]) -> None:
     import atheris
 
     sys.path.insert(0, str(HERE))
-    with atheris.instrument_imports(include=["storage", "broker", "replication", "proto", "targets"]):
+    with atheris.instrument_imports(include=["storage", "broker", "replication", "proto", "metadata_quorum",
+                                             "targets"]):
         import targets
 
-        if target == "rpc":
+        if target in ("rpc", "controller"):
             targets.import_broker_modules()  # inside the context, so the broker's code is instrumented
     fn = targets.TARGETS[target]
     atheris.Setup([sys.argv[0], *libfuzzer_args], fn)

@@ -23,8 +23,10 @@ import asyncio
 import atexit
 import concurrent.futures
 import logging
+import random
 import shutil
 import struct
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -144,6 +146,15 @@ class _Context:
     def peer(self) -> str:
         return "ipv4:127.0.0.1:0"
 
+    def auth_context(self) -> dict:
+        return {}
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+    def time_remaining(self) -> float:
+        return 0.6  # the group servicer waits (join, sync) at most this minus its 0.5 s margin
+
     async def abort(self, code: Any, details: str) -> None:
         raise AssertionError(f"handler aborted the call: {code} {details}")
 
@@ -161,27 +172,54 @@ class _ErrorLog(logging.Handler):
 
 
 def import_broker_modules() -> None:
-    """Import what RpcHarness uses (run.py does it under atheris' instrumentation)."""
+    """Import what RpcHarness and ControllerHarness use (run.py does it under atheris' instrumentation)."""
     import broker.metadata_cache  # noqa: F401
     import broker.replica_manager  # noqa: F401
     import broker.service  # noqa: F401
+    import metadata_quorum.controller  # noqa: F401
+    import metadata_quorum.service  # noqa: F401
+    import metadata_quorum.state  # noqa: F401
     import storage.log_manager  # noqa: F401
+
+
+class _InProcessControllerClient:
+    """ControllerClient.call, answered by a ControllerHarness's servicer in this process."""
+
+    def __init__(self, harness: ControllerHarness) -> None:
+        self._harness = harness
+
+    def call(self, method: str, request: Any, timeout_s: float = 10.0) -> Any:
+        response = getattr(self._harness.service, method)(request, _SyncContext())
+        if response.error_code:
+            raise errors.error_for(response.error_code, response.error_message)
+        return response
+
+
+BROKER_RPCS = ("Produce", "Fetch", "ListOffsets", "OffsetsForLeaderEpoch", "Metadata", "InitProducerId")
+GROUP_RPCS = ("FindCoordinator", "JoinGroup", "SyncGroup", "Heartbeat", "LeaveGroup", "OffsetCommit", "OffsetFetch",
+              "ListGroups", "DescribeGroups", "DeleteGroups", "OffsetDelete", "AlterGroupOffsets")
 
 
 class RpcHarness:
     """One broker's BrokerService, ReplicaManager and LogManager in a temporary directory.
 
     Topics: ``t`` (3 partitions, delete) and ``c`` (1 partition, compacted), RF 1, led
-    here; no controller (auto-create off; InitProducerId, which needs the controller,
-    is not fuzzed). Rebuilt when its logs grow past ``max_log_bytes``.
+    here, and one ``__consumer_offsets`` partition for the group coordinator, whose gRPC
+    servicer's RPCs are fuzzed too (waits bounded by a near-zero call deadline).
+    InitProducerId allocates from an in-process controller (ControllerHarness); auto-create
+    is off. Rebuilt when its logs grow past ``max_log_bytes``.
     """
 
     def __init__(self, max_log_bytes: int = 64 << 20) -> None:
         from broker.admission import ByteBudget, ClientLimits
+        from broker.group_coordinator import CoordinatorConfig, GroupCoordinator
+        from broker.group_records import OFFSETS_TOPIC
+        from broker.group_service import GroupCoordinatorServicer
         from broker.metadata_cache import MetadataCache
+        from broker.producer_ids import ProducerIdManager
         from broker.replica_manager import ReplicaManager
         from broker.service import BrokerService, Capacity
-        from proto import broker_pb2, common_pb2, controller_pb2
+        from proto import broker_pb2, common_pb2, controller_pb2, group_pb2
         from storage.log_manager import LogManager
 
         self.pb = broker_pb2
@@ -202,21 +240,31 @@ class RpcHarness:
                                   leader_epoch=0, partition_epoch=0)
         update.partitions.add(topic="c", topic_id="c" * 32, partition=0, replicas=[1], isr=[1], leader=1,
                               leader_epoch=0, partition_epoch=0)
+        update.topics.add(name=OFFSETS_TOPIC, topic_id="o" * 32, partition_count=1,
+                          configs={"cleanup.policy": "compact"})
+        update.partitions.add(topic=OFFSETS_TOPIC, topic_id="o" * 32, partition=0, replicas=[1], isr=[1], leader=1,
+                              leader_epoch=0, partition_epoch=0)
+        self.coordinator = GroupCoordinator(node_id=1, replica_manager=self.rm, metadata_cache=cache, config=(
+            CoordinatorConfig(offsets_topic_num_partitions=1, offsets_topic_replication_factor=1,
+                              group_initial_rebalance_delay_ms=0, group_min_session_timeout_ms=1)))
+        self.coordinator.start()  # listens for the __consumer_offsets leadership the update below gives
         self.rm.apply_metadata_delta(cache.apply(update))
         # The handlers are coroutines (grpc.aio): one private event loop runs each call to completion.
         self.loop = asyncio.new_event_loop()
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="fuzz-io")
         capacity = Capacity(io=self.executor, replication=self.executor, limits=ClientLimits(2000, 1000),
                             budget=ByteBudget(256 << 20))
-        self.service = BrokerService(1, self.rm, cache, None, None, defaults=defaults, controller_endpoints=[],
-                                     capacity=capacity)
+        # InitProducerId allocates id blocks from a real (in-process, simulated-Raft) controller.
+        self.controller = ControllerHarness()
+        producer_ids = ProducerIdManager(1, _InProcessControllerClient(self.controller),
+                                         broker_epoch=lambda: self.controller.broker_epochs[1])
+        self.service = BrokerService(1, self.rm, cache, None, producer_ids, defaults=defaults,
+                                     controller_endpoints=[], capacity=capacity)
         self.handlers: list[tuple[str, type, Any]] = [
-            ("Produce", broker_pb2.ProduceRequest, self.service.Produce),
-            ("Fetch", broker_pb2.FetchRequest, self.service.Fetch),
-            ("ListOffsets", broker_pb2.ListOffsetsRequest, self.service.ListOffsets),
-            ("OffsetsForLeaderEpoch", broker_pb2.OffsetsForLeaderEpochRequest, self.service.OffsetsForLeaderEpoch),
-            ("Metadata", broker_pb2.MetadataRequest, self.service.Metadata),
-        ]
+            (name, getattr(broker_pb2, f"{name}Request"), getattr(self.service, name)) for name in BROKER_RPCS]
+        self.groups = GroupCoordinatorServicer(self.coordinator, self.executor)
+        for name in GROUP_RPCS:
+            self.handlers.append((name, getattr(group_pb2, f"{name}Request"), getattr(self.groups, name)))
         self.errors = _ErrorLog()
         for name in ("broker", "replication", "storage"):
             logging.getLogger(name).addHandler(self.errors)
@@ -224,6 +272,8 @@ class RpcHarness:
     def close(self) -> None:
         for name in ("broker", "replication", "storage"):
             logging.getLogger(name).removeHandler(self.errors)
+        self.coordinator.stop()
+        self.controller.close()
         self.rm.shutdown()
         self.log_manager.shutdown()
         self.executor.shutdown(wait=True)
@@ -286,4 +336,164 @@ def rpc(data: bytes) -> None:
     _get_harness().call(data)
 
 
-TARGETS = {"batch_header": batch_header, "records": records, "rpc": rpc}
+# ---------------------------------------------------------------- controller RPCs
+
+CONTROLLER_RPCS = ("RegisterBroker", "BrokerHeartbeat", "ControlledShutdown", "AlterPartition", "CreateTopics",
+                   "DeleteTopics", "CreatePartitions", "AlterConfigs", "DescribeConfigs", "DescribeCluster",
+                   "DescribeQuorum", "AllocateProducerIds", "WatchMetadata")
+SECURITY_RPCS = ("SaslAuthenticate", "UpsertScramCredentials", "DeleteScramCredentials", "DescribeUsers",
+                 "CreateAcls", "DescribeAcls", "DeleteAcls", "AlterClientQuotas", "DescribeClientQuotas")
+SELF_ADDRESS = "127.0.0.1:19093"
+
+
+class _SyncContext:
+    """The ServicerContext calls the controller's (sync) handlers make: a plaintext caller on loopback."""
+
+    def __init__(self, peer: str = "ipv4:127.0.0.1:50000") -> None:
+        self._peer = peer
+
+    def is_active(self) -> bool:
+        return True
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> dict:
+        return {}
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+    def time_remaining(self) -> None:
+        return None
+
+    def abort(self, code: Any, details: str) -> None:
+        raise AssertionError(f"handler aborted the call: {code} {details}")
+
+
+class ControllerHarness:
+    """The controller's gRPC servicers over a real QuorumController and MetadataState, committed through
+    tests/sim's deterministic SimRaft (one voter, no threads): every ControllerService and
+    SecurityService RPC (the first input byte picks it: CONTROLLER_RPCS, then SECURITY_RPCS).
+
+    Three registered, unfenced brokers so topic RPCs do real placement. Half of the inputs come
+    from a loopback peer (trusted as a node: broker-only RPCs run), half from a remote peer
+    (refused before anything is proposed). ``max.cluster.partitions`` is kept small so one input
+    stays cheap; the harness is rebuilt when the state grows past ``max_partitions``.
+    """
+
+    def __init__(self, max_partitions: int = 2000) -> None:
+        sim_dir = str(Path(__file__).resolve().parent.parent / "sim")
+        if sim_dir not in sys.path:
+            sys.path.insert(0, sim_dir)
+        from brooksim.quorum import SimQuorum, SimRaft
+
+        from broker.authorizer import ALLOW_ALL
+        from broker.sasl import ScramAuthenticator
+        from metadata_quorum.controller import ControllerConfig, QuorumController
+        from metadata_quorum.raft import QuorumStatus, VoterStatus
+        from metadata_quorum.security_service import QuorumSecurityAdmin, SecurityService
+        from metadata_quorum.service import ControllerService
+        from proto import common_pb2, security_pb2
+        from proto import controller_pb2 as cpb
+
+        class FuzzRaft(SimRaft):  # the MetadataRaft calls the service makes beyond the controller's
+            self_address = SELF_ADDRESS
+
+            def barrier(self, timeout_s: float) -> int:
+                return self.version
+
+            def wait_for_version_beyond(self, version: int, timeout_s: float) -> int:
+                return self.version
+
+            def leader_address(self) -> str:
+                return SELF_ADDRESS
+
+            def status(self) -> QuorumStatus:
+                v = self.version
+                return QuorumStatus(True, SELF_ADDRESS, self.term, v, v, [VoterStatus(SELF_ADDRESS, True, True, v, 0.0)])
+
+        self.pb = cpb
+        self.max_partitions = max_partitions
+        self.quorum = SimQuorum([1])
+        self.quorum.elect(1)
+        self.raft = FuzzRaft(self.quorum, 1)
+        ids = iter(range(1, 1 << 62))
+        config = ControllerConfig(node_id=1, cluster_id="fuzz",
+                                  defaults={"max.cluster.partitions": str(max_partitions)})
+        self.controller = QuorumController(config, self.raft, clock=lambda: 0.0, rng=random.Random(0),
+                                           new_topic_id=lambda: f"{next(ids):032x}")
+        self.controller.tick()  # proposes ActivateController
+        while self.quorum.commit_next() is not None:
+            pass
+        self.controller.tick()  # sees it applied: active
+        if not self.controller.is_active():
+            raise AssertionError("the fuzz controller did not activate")
+        self.broker_epochs: dict[int, int] = {}
+        for b in (1, 2, 3):
+            reg = self.controller.register_broker(cpb.RegisterBrokerRequest(
+                node_id=b, incarnation_id=f"inc-{b}", cluster_id="fuzz",
+                endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=9000 + b)]), 1.0)
+            self.broker_epochs[b] = reg.broker_epoch
+            self.controller.heartbeat(cpb.BrokerHeartbeatRequest(node_id=b, broker_epoch=reg.broker_epoch,
+                                                                 current_metadata_version=self.raft.version), 1.0)
+        self.service = ControllerService(self.controller, self.raft, lambda: cpb.ControllerRedirect(leader_id=1),
+                                         cluster_id="fuzz", voter_ids={SELF_ADDRESS: 1}, default_timeout_s=1.0)
+        self.handlers = [(name, getattr(cpb, f"{name}Request"), getattr(self.service, name))
+                         for name in CONTROLLER_RPCS]
+        # The security admin API of the same controller (SCRAM exchange, users, ACLs, quotas).
+        raft = self.raft
+        authenticator = ScramAuthenticator(lambda u, m: raft.read(lambda st: st.scram.get((u, m))))
+        admin = QuorumSecurityAdmin(self.controller, raft, lambda: cpb.ControllerRedirect(leader_id=1))
+        self.security = SecurityService(authenticator, ALLOW_ALL, admin)
+        self.handlers += [(name, getattr(security_pb2, f"{name}Request"), getattr(self.security, name))
+                          for name in SECURITY_RPCS]
+        self.errors = _ErrorLog()
+        for name in ("metadata_quorum", "broker"):
+            logging.getLogger(name).addHandler(self.errors)
+
+    def close(self) -> None:
+        for name in ("metadata_quorum", "broker"):
+            logging.getLogger(name).removeHandler(self.errors)
+
+    def partitions(self) -> int:
+        return self.raft.read(lambda st: sum(len(t.partitions) for t in st.topics.values()))
+
+    def call(self, data: bytes) -> Any:
+        if len(data) < 2:
+            return None
+        name, request_type, handler = self.handlers[data[0] % len(self.handlers)]
+        remote = data[1] & 1
+        request = request_type()
+        try:
+            request.ParseFromString(data[2:])
+        except (DecodeError, RecursionError):
+            return None
+        _bound_waits(request)
+        self.errors.records.clear()
+        context = _SyncContext("ipv4:203.0.113.9:40000" if remote else "ipv4:127.0.0.1:50000")
+        response = handler(request, context)
+        if name == "WatchMetadata":
+            response = next(iter(response), None)
+        text = str(response)
+        if "UNKNOWN_SERVER_ERROR" in text or self.errors.records:
+            logged = "; ".join(r.getMessage() + (f" [{r.exc_info[1]!r}]" if r.exc_info else "")
+                               for r in self.errors.records[:3])
+            raise AssertionError(f"{name} failed on the controller: {logged or text[:500]}")
+        return response
+
+
+_controller_harness: ControllerHarness | None = None
+
+
+def controller(data: bytes) -> None:
+    global _controller_harness
+    if _controller_harness is not None and _controller_harness.partitions() > _controller_harness.max_partitions // 2:
+        _controller_harness.close()
+        _controller_harness = None
+    if _controller_harness is None:
+        _controller_harness = ControllerHarness()
+    _controller_harness.call(data)
+
+
+TARGETS = {"batch_header": batch_header, "records": records, "rpc": rpc, "controller": controller}

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import targets
+from waiting import wait_for
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-MUTATIONS = {"batch_header": 3000, "records": 3000, "rpc": 2000}
+MUTATIONS = {"batch_header": 3000, "records": 3000, "rpc": 2000, "controller": 1500}
 _INTERESTING = [struct.pack(">i", v) for v in (-1, 0, 1, 0x7FFFFFFF, -0x80000000, 1_000_000)] + [
     b"\x00", b"\xff", b"\x80" * 10, b"\x01"]
 
@@ -89,5 +90,74 @@ def test_rpc_harness_really_appends_and_refuses() -> None:
         resp = h.loop.run_until_complete(h.service.Produce(req, targets._Context()))
         assert resp.partitions[0].error_code == ErrorCode.CORRUPT_MESSAGE, resp
         assert h.size_bytes() > 0
+        # InitProducerId allocates a block from the in-process controller: fresh ids, never a caller's.
+        init = broker_pb2.InitProducerIdRequest(producer_id=7, producer_epoch=3)
+        ids = [h.loop.run_until_complete(h.service.InitProducerId(init, targets._Context())) for _ in range(2)]
+        assert all(r.error_code == ErrorCode.NONE for r in ids), ids
+        assert ids[0].producer_id != ids[1].producer_id and 7 not in (ids[0].producer_id, ids[1].producer_id)
+    finally:
+        h.close()
+
+
+def test_controller_harness_really_creates_refuses_and_fences() -> None:
+    # The controller target must reach the state machine, or its fuzzing proves nothing.
+    from broker import principal
+    from proto import controller_pb2 as cpb
+    from proto.errors import ErrorCode
+
+    principal.configure(trust_loopback_plaintext=True)  # another test may have loaded a non-loopback config
+    h = targets.ControllerHarness()
+    try:
+        def call(name: str, msg: object, remote: bool = False) -> object:
+            data = bytes([targets.CONTROLLER_RPCS.index(name), int(remote)]) + msg.SerializeToString()  # type: ignore[attr-defined]
+            return h.call(data)
+
+        resp = call("CreateTopics", cpb.CreateTopicsRequest(topics=[cpb.CreatableTopic(
+            name="t", num_partitions=3, replication_factor=3)]))
+        assert resp.results[0].error_code == ErrorCode.NONE, resp  # type: ignore[attr-defined]
+        assert h.partitions() == 3
+        resp = call("CreateTopics", cpb.CreateTopicsRequest(topics=[cpb.CreatableTopic(
+            name="huge", num_partitions=1_000_000, replication_factor=3)]))
+        assert resp.results[0].error_code != ErrorCode.NONE and h.partitions() == 3, resp  # type: ignore[attr-defined]
+        resp = call("RegisterBroker", cpb.RegisterBrokerRequest(node_id=3, incarnation_id="forged", cluster_id="fuzz"),
+                    remote=True)
+        assert resp.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED, resp  # type: ignore[attr-defined]
+        first = call("WatchMetadata", cpb.WatchMetadataRequest(broker_id=1))
+        assert first.is_snapshot and len(first.topics) == 1, first  # type: ignore[attr-defined]
+        from proto import security_pb2 as spb
+
+        names = [n for n, _, _ in h.handlers]
+        acl = spb.AclBinding(resource_type="TOPIC", resource_name="t", pattern_type="LITERAL",
+                             principal="User:alice", host="*", operation="READ", permission="ALLOW")
+        h.call(bytes([names.index("CreateAcls"), 0]) + spb.CreateAclsRequest(acls=[acl]).SerializeToString())
+        described = h.call(bytes([names.index("DescribeAcls"), 0]) + spb.DescribeAclsRequest().SerializeToString())
+        assert list(described.acls) == [acl], described  # type: ignore[attr-defined]
+    finally:
+        h.close()
+
+
+def test_rpc_harness_reaches_the_group_coordinator() -> None:
+    # The group RPCs in the rpc target must run the real coordinator, or their fuzzing proves nothing.
+    from proto import group_pb2 as g
+    from proto.errors import ErrorCode
+
+    h = targets.RpcHarness()
+    try:
+        def run(name: str, msg: object) -> object:
+            return h.loop.run_until_complete(getattr(h.groups, name)(msg, targets._Context()))
+
+        commit = g.OffsetCommitRequest(group_id="g", generation_id=-1, partitions=[
+            g.OffsetCommitPartition(topic="t", partition=0, offset=5)])
+        # The coordinator loads __consumer_offsets in the background: wait until it answers.
+        resp = wait_for(lambda: (r := run("OffsetCommit", commit)).partitions[0].error_code == ErrorCode.NONE and r,
+                        30, "the coordinator to load __consumer_offsets")
+        fetched = run("OffsetFetch", g.OffsetFetchRequest(group_id="g"))
+        assert [(p.topic, p.offset) for p in fetched.partitions] == [("t", 5)], (resp, fetched)  # type: ignore[attr-defined]
+        join = g.JoinGroupRequest(group_id="g2", protocol_type="consumer", session_timeout_ms=10000,
+                                  rebalance_timeout_ms=10000, protocols=[g.GroupProtocol(name="range")])
+        first = run("JoinGroup", join)
+        assert first.error_code == ErrorCode.MEMBER_ID_REQUIRED, first  # type: ignore[attr-defined]
+        join.member_id = first.member_id  # type: ignore[attr-defined]
+        assert run("JoinGroup", join).generation_id == 1  # type: ignore[attr-defined]
     finally:
         h.close()
