@@ -189,6 +189,9 @@ _BEHAVIOUR = [
     KeyDef("max.inflight.requests.per.ip", "int", "2000",
            "Requests one client address may have in flight; excess is refused (RESOURCE_EXHAUSTED).",
            check=_at_least(1), roles=_B),
+    KeyDef("max.connections", "int", "10000",
+           "Client connections the broker's port accepts at once (at most half the file-descriptor limit); "
+           "more are refused at accept.", check=_at_least(1), roles=_B),
     KeyDef("max.waiting.fetches.per.ip", "int", "1000",
            "Long-poll fetches one client address may have parked; excess is refused (RESOURCE_EXHAUSTED).",
            check=_at_least(0), roles=_B),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import resource
 import threading
 import time
 import uuid
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 
 GRPC_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 LOOP_START_TIMEOUT_S = 10.0
+DEFAULT_MAX_CONNECTIONS = 10_000
 SECURITY_WORKERS = 4  # SecurityService handlers (SCRAM exchanges, ACL and user admin): short and rare
 SERVER_STOP_GRACE_S = 1.0
 REGISTER_TIMEOUT_S = 60.0
@@ -256,7 +258,21 @@ class BrokerServer:
             ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
             # HTTP/2's own per-connection bound: streams past it wait in the client, never reach us.
             ("grpc.max_concurrent_streams", int(d.get("max.inflight.requests.per.ip", "2000"))),
+            # Connections past the bound are refused at accept: a connection flood cannot take the
+            # file descriptors the logs need (segment rolls, index files) nor unbounded memory.
+            ("grpc.max_allowed_incoming_connections", self._max_connections(d)),
             ("grpc.so_reuseport", 0)])
+
+    def _max_connections(self, d: dict[str, str]) -> int:
+        """``max.connections``, kept below half the process's file-descriptor limit (the rest is for logs)."""
+        wanted = int(d.get("max.connections", str(DEFAULT_MAX_CONNECTIONS)))
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        ceiling = soft // 2 if soft != resource.RLIM_INFINITY else wanted
+        if wanted > ceiling:
+            log.warning("broker %d: max.connections %d lowered to %d (half the file-descriptor limit %d)",
+                        self.node_id, wanted, ceiling, soft)
+            return max(1, ceiling)
+        return wanted
 
     def _stop_loop(self) -> None:
         if self.loop is not None and self._loop_thread is not None:
