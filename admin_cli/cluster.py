@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
 from rich.text import Text
 
-from admin_cli.common import BootstrapOpt, OutputOpt, out, print_json, show, state, table
+from admin_cli.common import (
+    INT32_MAX,
+    BootstrapOpt,
+    CliError,
+    OutputOpt,
+    err,
+    out,
+    print_json,
+    show,
+    state,
+    table,
+)
 from proto import controller_pb2, errors
 
 app = typer.Typer(help="Cluster overview, health checks and the metadata quorum.", no_args_is_help=True)
@@ -203,3 +215,63 @@ def quorum(ctx: typer.Context, bootstrap: BootstrapOpt = None, output: OutputOpt
                      "-" if v["last_contact_ms_ago"] < 0 else f"{v['last_contact_ms_ago']} ms ago",
                      "yes" if v["connected"] or v["is_leader"] else Text("no", style="red")] for v in voters])
     show(st, data, summary, vtable)
+
+
+class ElectionType(StrEnum):
+    preferred = "preferred"
+    unclean = "unclean"
+
+
+@app.command("elect-leaders", epilog="Examples:\n\nbrook cluster elect-leaders --all\n\n"
+             "brook cluster elect-leaders --topic orders --partition 0 --partition 3\n\n"
+             "brook cluster elect-leaders --type unclean --topic orders --partition 2")
+def elect_leaders(
+    ctx: typer.Context,
+    election_type: Annotated[ElectionType, typer.Option(
+        "--type", help="preferred: move leadership back to each partition's first replica. unclean: give a "
+                       "leaderless partition an out-of-sync replica (may LOSE committed records).")
+    ] = ElectionType.preferred,
+    topic: Annotated[str | None, typer.Option("--topic", "-t", help="Only this topic.")] = None,
+    partition: Annotated[list[int] | None, typer.Option(
+        "--partition", "-p", help="Only this partition of --topic (repeatable).", min=0, max=INT32_MAX)] = None,
+    all_partitions: Annotated[bool, typer.Option("--all", help="Every partition of the cluster.")] = False,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Elect partition leaders now instead of waiting for the periodic preferred-leader check.
+
+    Exit code 0 when every named partition has its election done or not needed, 1 otherwise.
+    """
+    if all_partitions == (topic is not None):
+        raise CliError("name the partitions: either --all or --topic T [--partition P ...]", code=2)
+    if partition and topic is None:
+        raise CliError("--partition needs --topic", code=2)
+    st = state(ctx, bootstrap, output)
+    st.backend.metadata()  # an unreachable cluster is reported as such
+    targets: list[str | tuple[str, int]] | None = None
+    if topic is not None:
+        targets = [(topic, p) for p in partition] if partition else [topic]
+    if election_type is ElectionType.unclean and not st.json:
+        err.print("warning: an unclean election may lose records the out-of-sync replicas never received",
+                  style="yellow", highlight=False)
+    results = st.backend.admin.elect_leaders(str(election_type), targets, timeout_ms=int(st.backend.timeout_s * 1000))
+    rows = []
+    failed = False
+    for tp in sorted(results, key=lambda t: (t.topic, t.partition)):
+        leader, error = results[tp]
+        fine = error is None or error.code == errors.ErrorCode.ELECTION_NOT_NEEDED
+        failed |= not fine
+        rows.append({"topic": tp.topic, "partition": tp.partition, "leader": leader,
+                     "result": "elected" if error is None else error.name,
+                     "detail": "" if error is None else error.message})
+    data = {"election_type": str(election_type), "results": rows}
+    problems = [r["detail"] for r in rows if r["result"] not in ("elected", "ELECTION_NOT_NEEDED")]
+    note = "\n".join(problems) if problems else None if rows else "no partition needed an election"
+    show(st, data, table(f"{str(election_type).capitalize()} leader election",
+                         ["TOPIC", "PARTITION", "LEADER", "RESULT"],
+                         [[r["topic"], r["partition"], r["leader"],
+                           Text(r["result"], style="green" if r["result"] == "elected" else
+                                "yellow" if r["result"] == "ELECTION_NOT_NEEDED" else "red")] for r in rows]),
+         note=note)
+    if failed:
+        raise typer.Exit(1)

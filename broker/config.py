@@ -161,6 +161,12 @@ _BEHAVIOUR = [
     KeyDef("default.replication.factor", "int", "1", "Replication factor of a topic created without one.",
            check=_at_least(1)),
     KeyDef("auto.create.topics.enable", "bool", "true", "Create a topic on first metadata request/produce."),
+    KeyDef("auto.leader.rebalance.enable", "bool", "true",
+           "The active controller moves leadership back to preferred replicas every "
+           "leader.imbalance.check.interval.seconds (brook cluster elect-leaders does it on demand).", roles=_C),
+    KeyDef("leader.imbalance.check.interval.seconds", "long", "300",
+           "How often the active controller checks for partitions not led by their preferred replica.",
+           check=_at_least(1), roles=_C),
     KeyDef("replica.lag.time.max.ms", "long", "30000",
            "A follower that has not caught up for this long leaves the ISR.", check=_at_least(1), roles=_B),
     KeyDef("replica.fetch.wait.max.ms", "int", "500", "Longest a follower fetch waits for data.",

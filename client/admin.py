@@ -430,6 +430,41 @@ class Admin:
         return QuorumDescription(r.leader_id, r.term, r.commit_index, r.metadata_version, voters, r.responder_id,
                                  r.responder_is_active)
 
+    def elect_leaders(self, election_type: str = "preferred",
+                      partitions: Iterable[str | tuple[str, int]] | None = None, *,
+                      timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, errors.BrookError | None]]:
+        """Kafka's ElectLeaders. ``partitions``: topic names (every partition of them) and (topic, partition)
+        pairs; None means every partition of the cluster, and then only the partitions an election was
+        tried for are answered. Returns {tp: (leader after the request, None or the error)}: per-partition
+        outcomes such as ELECTION_NOT_NEEDED or PREFERRED_LEADER_NOT_AVAILABLE are not raised.
+
+        ``"unclean"`` elects a live replica outside the ISR of a leaderless partition: records the lost
+        in-sync replicas had committed may be gone for good. Use it only when they cannot come back."""
+        kind = election_type.strip().lower()
+        if kind not in ("preferred", "unclean"):
+            raise errors.InvalidRequestError(f"election type must be 'preferred' or 'unclean', not {election_type!r}")
+        request = controller_pb2.ElectLeadersRequest(
+            election_type=controller_pb2.UNCLEAN if kind == "unclean" else controller_pb2.PREFERRED,
+            timeout_ms=timeout_ms or self.request_timeout_ms)
+        if partitions is not None:
+            by_topic: dict[str, list[int] | None] = {}
+            for item in partitions:
+                if isinstance(item, str):
+                    by_topic[item] = None
+                else:
+                    topic, index = item
+                    if by_topic.get(topic, []) is not None:
+                        by_topic.setdefault(topic, []).append(int(index))  # type: ignore[union-attr]
+            if not by_topic:
+                raise errors.InvalidRequestError("no partitions named: pass None to elect for every partition")
+            for topic, indexes in by_topic.items():
+                request.topic_partitions.add(topic=topic, partitions=sorted(set(indexes or [])))
+        response = self._call("ElectLeaders", request, timeout_ms)
+        self.cluster.request_update()
+        return {TopicPartition(r.topic, r.partition): (
+            r.leader, errors.error_for(r.error_code, r.error_message) if r.error_code else None)
+            for r in response.results}
+
     # ---- offsets ----
     def list_offsets(self, specs: Mapping[TopicPartition, str | int]) -> dict[TopicPartition, tuple[int, int]]:
         """{tp: "earliest"|"latest"|"max_timestamp"|timestamp_ms} -> {tp: (offset, timestamp)}."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from metadata_quorum import commands as c
-from metadata_quorum.election import can_move_to_preferred
+from metadata_quorum.election import NO_LEADER, can_move_to_preferred, elect_leader
 from metadata_quorum.placement import BrokerLoad, place_replicas
 from metadata_quorum.raft import MetadataRaft, PendingProposal
 from metadata_quorum.state import (
@@ -373,6 +373,85 @@ class QuorumController:
             log.info("preferred leader election for %d partitions", len(items))
             self._rebalancing = self._submit(c.ChangePartition(items))
         return len(items)
+
+    # ---- leader election on demand (Kafka's ElectLeaders) ----
+    def elect_leaders(self, req: pb.ElectLeadersRequest, timeout_s: float) -> pb.ElectLeadersResponse:
+        """Preferred: move leadership to the first replica where it is live and in sync. Unclean: give a
+        leaderless partition a live replica from outside its ISR (committed records may be lost), only
+        because an operator asked for it. Each move is one compare-and-set on the partition epoch, so a
+        partition that changed since it was planned is answered, never overwritten."""
+        unclean = req.election_type == pb.UNCLEAN
+        named = [(tp.topic, list(tp.partitions)) for tp in req.topic_partitions]
+        if sum(max(1, len(p)) for _, p in named) > MAX_PARTITION_CHANGES_PER_REQUEST:
+            raise errors.PolicyViolationError(
+                f"more than {MAX_PARTITION_CHANGES_PER_REQUEST} partitions in one ElectLeaders request")
+
+        def plan(s: MetadataState) -> tuple[list[pb.ElectionResult], list[c.PartitionChangeItem]]:
+            eligible = {b.node_id for b in s.brokers.values() if b.eligible}
+            results: list[pb.ElectionResult] = []
+            items: list[c.PartitionChangeItem] = []
+            targets: list[tuple[str, int, bool]] = []  # (topic, partition, named explicitly)
+            if not named:
+                targets = [(t.name, i, False) for t in s.topics.values() for i in range(len(t.partitions))]
+            for topic, partitions in named:
+                state = s.topics.get(topic)
+                count = len(state.partitions) if state is not None else 0
+                for index in partitions or range(count) or [-1]:
+                    targets.append((topic, index, True))
+            for topic, index, explicit in targets:
+                state = s.topics.get(topic)
+                if state is None or not 0 <= index < len(state.partitions):
+                    results.append(pb.ElectionResult(
+                        topic=topic, partition=index, leader=-1, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        error_message=f"{topic}-{index} does not exist"))
+                    continue
+                p = state.partitions[index]
+                code, message, item = self._plan_election(topic, index, p, eligible, unclean)
+                if item is not None:
+                    items.append(item)
+                elif explicit:
+                    results.append(pb.ElectionResult(topic=topic, partition=index, leader=p.leader,
+                                                     error_code=code, error_message=message))
+            return results, items
+
+        results, items = self.raft.read(plan)
+        response = pb.ElectLeadersResponse(results=results)
+        if not items:
+            return response
+        if unclean:
+            log.warning("UNCLEAN leader election requested by an operator for %d partitions: %s", len(items),
+                        ", ".join(f"{i.topic}-{i.partition}->{i.new_leader}" for i in items[:20]))
+        else:
+            log.info("preferred leader election requested for %d partitions", len(items))
+        outcome = self._propose(c.ChangePartition(items), timeout_s)
+        outcome.raise_for_error()
+        for item in outcome.value:
+            leader = item.state.leader if item.state is not None else -1
+            response.results.add(topic=item.topic, partition=item.partition, leader=leader,
+                                 error_code=item.error_code, error_message=item.error_message)
+        return response
+
+    @staticmethod
+    def _plan_election(topic: str, index: int, p: PartitionState, eligible: set[int],
+                       unclean: bool) -> tuple[int, str, c.PartitionChangeItem | None]:
+        name = f"{topic}-{index}"
+        if not unclean:
+            preferred = p.replicas[0] if p.replicas else -1
+            if p.leader == preferred:
+                return ErrorCode.ELECTION_NOT_NEEDED, f"{name}: the preferred replica {preferred} leads already", None
+            if not can_move_to_preferred(p.replicas, p.isr, p.leader, eligible):
+                why = "not in the ISR" if preferred not in p.isr else "fenced or shutting down"
+                return (ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+                        f"{name}: the preferred replica {preferred} is {why} (ISR {list(p.isr)})", None)
+            return ErrorCode.NONE, "", c.PartitionChangeItem(topic, index, p.partition_epoch, new_leader=preferred)
+        if p.leader != NO_LEADER:
+            return ErrorCode.ELECTION_NOT_NEEDED, f"{name}: broker {p.leader} leads it", None
+        chosen = elect_leader(p.replicas, p.isr, eligible, unclean_allowed=True)
+        if chosen.leader == NO_LEADER:
+            return (ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                    f"{name}: none of the replicas {list(p.replicas)} is live", None)
+        return ErrorCode.NONE, "", c.PartitionChangeItem(topic, index, p.partition_epoch, new_leader=chosen.leader,
+                                                         new_isr=list(chosen.isr))
 
     # ---- partitions ----
     def alter_partition(self, req: pb.AlterPartitionRequest, timeout_s: float) -> pb.AlterPartitionResponse:

@@ -228,6 +228,13 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             context, request.broker_id,
             lambda: self._controller.allocate_producer_ids(request, self._timeout_s(context))))
 
+    def ElectLeaders(self, request: pb.ElectLeadersRequest, context: Any) -> pb.ElectLeadersResponse:
+        # Kafka: ALTER on the cluster.
+        if (denied := self._denied(context, pb.ElectLeadersResponse, authz.ALTER)) is not None:
+            return denied
+        return self._serve(pb.ElectLeadersResponse, context, lambda: self._controller.elect_leaders(
+            request, self._timeout_s(context, request.timeout_ms)))
+
     # ---- quorum ----
     def DescribeQuorum(self, request: pb.DescribeQuorumRequest, context: Any) -> pb.DescribeQuorumResponse:
         # Answered from this voter's view without a quorum round-trip: it is the diagnostic

@@ -64,6 +64,16 @@ class BrokerServiceStub:
                 request_serializer=proto_dot_broker__pb2.InitProducerIdRequest.SerializeToString,
                 response_deserializer=proto_dot_broker__pb2.InitProducerIdResponse.FromString,
                 _registered_method=True)
+        self.DeleteRecords = channel.unary_unary(
+                '/brook.BrokerService/DeleteRecords',
+                request_serializer=proto_dot_broker__pb2.DeleteRecordsRequest.SerializeToString,
+                response_deserializer=proto_dot_broker__pb2.DeleteRecordsResponse.FromString,
+                _registered_method=True)
+        self.DescribeLogDirs = channel.unary_unary(
+                '/brook.BrokerService/DescribeLogDirs',
+                request_serializer=proto_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
+                response_deserializer=proto_dot_broker__pb2.DescribeLogDirsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -105,6 +115,20 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteRecords(self, request, context):
+        """Advance partitions' log start offset on their leaders (Kafka's DeleteRecords; DELETE on the topic).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeLogDirs(self, request, context):
+        """This broker's log directories and the partitions in them (DESCRIBE on the cluster).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +161,16 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.InitProducerId,
                     request_deserializer=proto_dot_broker__pb2.InitProducerIdRequest.FromString,
                     response_serializer=proto_dot_broker__pb2.InitProducerIdResponse.SerializeToString,
+            ),
+            'DeleteRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRecords,
+                    request_deserializer=proto_dot_broker__pb2.DeleteRecordsRequest.FromString,
+                    response_serializer=proto_dot_broker__pb2.DeleteRecordsResponse.SerializeToString,
+            ),
+            'DescribeLogDirs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeLogDirs,
+                    request_deserializer=proto_dot_broker__pb2.DescribeLogDirsRequest.FromString,
+                    response_serializer=proto_dot_broker__pb2.DescribeLogDirsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +335,60 @@ class BrokerService:
             '/brook.BrokerService/InitProducerId',
             proto_dot_broker__pb2.InitProducerIdRequest.SerializeToString,
             proto_dot_broker__pb2.InitProducerIdResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.BrokerService/DeleteRecords',
+            proto_dot_broker__pb2.DeleteRecordsRequest.SerializeToString,
+            proto_dot_broker__pb2.DeleteRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeLogDirs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.BrokerService/DescribeLogDirs',
+            proto_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
+            proto_dot_broker__pb2.DescribeLogDirsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -99,6 +99,11 @@ class ControllerServiceStub:
                 request_serializer=proto_dot_controller__pb2.WatchMetadataRequest.SerializeToString,
                 response_deserializer=proto_dot_controller__pb2.MetadataUpdate.FromString,
                 _registered_method=True)
+        self.ElectLeaders = channel.unary_unary(
+                '/brook.ControllerService/ElectLeaders',
+                request_serializer=proto_dot_controller__pb2.ElectLeadersRequest.SerializeToString,
+                response_deserializer=proto_dot_controller__pb2.ElectLeadersResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -184,6 +189,13 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ElectLeaders(self, request, context):
+        """Leader election on demand (Kafka's ElectLeaders; ALTER on the cluster).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -251,6 +263,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.WatchMetadata,
                     request_deserializer=proto_dot_controller__pb2.WatchMetadataRequest.FromString,
                     response_serializer=proto_dot_controller__pb2.MetadataUpdate.SerializeToString,
+            ),
+            'ElectLeaders': grpc.unary_unary_rpc_method_handler(
+                    servicer.ElectLeaders,
+                    request_deserializer=proto_dot_controller__pb2.ElectLeadersRequest.FromString,
+                    response_serializer=proto_dot_controller__pb2.ElectLeadersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -604,6 +621,33 @@ class ControllerService:
             '/brook.ControllerService/WatchMetadata',
             proto_dot_controller__pb2.WatchMetadataRequest.SerializeToString,
             proto_dot_controller__pb2.MetadataUpdate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ElectLeaders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.ControllerService/ElectLeaders',
+            proto_dot_controller__pb2.ElectLeadersRequest.SerializeToString,
+            proto_dot_controller__pb2.ElectLeadersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,195 @@
+"""Cluster operations an operator runs by hand, on a real split cluster (1 controller, 3 brokers).
+
+Each test moves real data through real processes and checks nothing acknowledged is lost:
+leader election on demand (preferred and unclean), DeleteRecords, log-dirs and per-partition
+offsets. The controller runs apart from the brokers, so brokers can be killed without
+losing the metadata quorum.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from waiting import wait_for
+
+from admin_cli.main import main as brook_main
+from client.admin import Admin, NewTopic
+from client.consumer import Consumer
+from client.producer import Producer
+from client.types import TopicPartition
+from deploy.local.cluster import LocalCluster
+
+pytestmark = pytest.mark.slow
+
+OVERRIDES = {
+    "replica.lag.time.max.ms": "2000",  # a stopped follower leaves the ISR within a test's patience
+    "broker.session.timeout.ms": "3000",  # a killed broker is fenced quickly
+    "auto.leader.rebalance.enable": "false",  # only the operator moves leaders here
+}
+
+
+@pytest.fixture(scope="module")
+def split_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster-ops"), nodes=3, mode="split", controllers=1,
+                           overrides=OVERRIDES)
+    try:
+        cluster.start()
+        cluster.wait_ready(90)
+        yield cluster
+    finally:
+        cluster.teardown()
+
+
+@pytest.fixture
+def admin(split_cluster: LocalCluster) -> Iterator[Admin]:
+    with Admin(split_cluster.bootstrap_servers, request_timeout_ms=20000) as a:
+        yield a
+
+
+@pytest.fixture
+def brook(capsys: pytest.CaptureFixture[str], split_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("BROOK_BOOTSTRAP", split_cluster.bootstrap_servers)
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = brook_main(list(args))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+def produce(bootstrap: str, topic: str, partitions: int, per_partition: int, tag: str) -> list[tuple[int, bytes]]:
+    """acks=all, idempotent; returns (partition, value) of every acknowledged record."""
+    sent = []
+    with Producer(bootstrap_servers=bootstrap, acks="all", linger_ms=2, request_timeout_ms=5000,
+                  delivery_timeout_ms=60000) as producer:
+        futures = []
+        for p in range(partitions):
+            for i in range(per_partition):
+                value = f"{tag}-{p}-{i:05d}".encode()
+                futures.append((p, value, producer.send(topic, value, partition=p)))
+        producer.flush()
+        for p, value, f in futures:
+            f.get(timeout=30)
+            sent.append((p, value))
+    return sent
+
+
+def read_all(bootstrap: str, topic: str, partitions: int, expected: int,
+             timeout_s: float = 60.0) -> dict[int, list[bytes]]:
+    out: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+    with Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", request_timeout_ms=5000) as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        deadline = time.monotonic() + timeout_s
+        total = 0
+        while total < expected and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                out[tp.partition].extend(r.value for r in records)
+                total += len(records)
+    return out
+
+
+def wait_unfenced(admin: Admin, node_id: int) -> None:
+    wait_for(lambda: node_id not in admin.describe_cluster().fenced_brokers, 60, f"broker {node_id} unfenced")
+
+
+def partitions_of(admin: Admin, topic: str):
+    admin.cluster.request_update()
+    parts = admin.describe_topics([topic])[topic].partitions
+    return [parts[i] for i in sorted(parts)]
+
+
+def test_elect_preferred_leaders_after_a_restart_spreads_them_back(split_cluster, admin, brook) -> None:
+    topic = "elect-preferred"
+    admin.create_topics([NewTopic(topic, 6, 3)])
+    sent = produce(split_cluster.bootstrap_servers, topic, 6, 50, "before")
+    preferred = {p.partition: p.replicas[0] for p in partitions_of(admin, topic)}
+    assert sorted(preferred.values()) == [1, 1, 2, 2, 3, 3], preferred
+
+    # A controlled restart of broker 1 moves its leaderships away; they stay away on their own.
+    split_cluster.restart_node(1)
+    wait_for(lambda: all(1 in p.isr for p in partitions_of(admin, topic)), 60, "broker 1 back in every ISR")
+    led_by_1 = [p.partition for p in partitions_of(admin, topic) if p.leader == 1]
+    assert led_by_1 == [], f"broker 1 leads {led_by_1} right after its restart: the test shows nothing"
+
+    code, out, err = brook("cluster", "elect-leaders", "--all", "-o", "json")
+    assert code == 0, (out, err)
+    results = {(r["topic"], r["partition"]): r for r in json.loads(out)["results"]}
+    moved = {k: r for k, r in results.items() if k[0] == topic}
+    assert {k[1] for k in moved} == {p for p, b in preferred.items() if b == 1}, results
+    assert all(r["result"] == "elected" and r["leader"] == 1 for r in moved.values()), moved
+
+    wait_for(lambda: all(p.leader == p.replicas[0] for p in partitions_of(admin, topic)), 30,
+             "every partition led by its preferred replica")
+    sent += produce(split_cluster.bootstrap_servers, topic, 6, 50, "after")
+    got = read_all(split_cluster.bootstrap_servers, topic, 6, len(sent))
+    for p in range(6):
+        assert got[p] == [v for q, v in sent if q == p], f"partition {p}: {len(got[p])} records read"
+
+    # Already preferred: nothing to do, and that is not a failure.
+    code, out, err = brook("cluster", "elect-leaders", "--topic", topic, "--partition", "0", "-o", "json")
+    assert code == 0, (out, err)
+    assert json.loads(out)["results"][0]["result"] == "ELECTION_NOT_NEEDED", out
+
+
+def test_elect_leaders_refuses_bad_input_and_changes_nothing(split_cluster, admin, brook) -> None:
+    code, out, err = brook("cluster", "elect-leaders")
+    assert code == 2 and "--all or --topic" in err, (out, err)
+    code, out, err = brook("cluster", "elect-leaders", "--all", "--topic", "x")
+    assert code == 2, (out, err)
+    code, out, err = brook("cluster", "elect-leaders", "--partition", "1")
+    assert code == 2, (out, err)
+    code, out, err = brook("cluster", "elect-leaders", "--type", "dirty", "--all")
+    assert code == 2, (out, err)
+    code, out, err = brook("cluster", "elect-leaders", "--topic", "no-such-topic", "-o", "json")
+    assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in out, (out, err)
+    admin.create_topics([NewTopic("elect-bad", 1, 3)])
+    code, out, err = brook("cluster", "elect-leaders", "--topic", "elect-bad", "--partition", "7")
+    assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in out, (out, err)
+    # An unclean election of a partition that has a leader is not needed, and moves nothing.
+    before = partitions_of(admin, "elect-bad")[0]
+    code, out, err = brook("cluster", "elect-leaders", "--type", "unclean", "--topic", "elect-bad", "-o", "json")
+    assert code == 0 and "ELECTION_NOT_NEEDED" in out, (out, err)
+    after = partitions_of(admin, "elect-bad")[0]
+    assert (after.leader, after.leader_epoch) == (before.leader, before.leader_epoch)
+
+
+def test_unclean_election_only_on_request(split_cluster, admin, brook) -> None:
+    """ISR [2] after 3 stopped; 2 dies: the partition is offline and stays so (3 is out of sync) until
+    the operator asks for an unclean election, which makes 3 the leader; writes work again."""
+    topic = "elect-unclean"
+    admin.create_topics([NewTopic(topic, replica_assignments=[[2, 3]])])
+    produce(split_cluster.bootstrap_servers, topic, 1, 20, "shared")
+    split_cluster.stop_node(3)
+    try:
+        wait_for(lambda: partitions_of(admin, topic)[0].isr == (2,), 30, "ISR shrinks to [2]")
+        produce(split_cluster.bootstrap_servers, topic, 1, 20, "only-on-2")
+        split_cluster.kill_node(2)
+        wait_for(lambda: partitions_of(admin, topic)[0].leader == -1, 30, "the partition goes offline")
+        split_cluster.start_node(3)
+        wait_unfenced(admin, 3)
+        assert partitions_of(admin, topic)[0].leader == -1, "an unclean election happened on its own"
+
+        code, out, err = brook("cluster", "elect-leaders", "--topic", topic, "-o", "json")
+        assert code == 1 and "PREFERRED_LEADER_NOT_AVAILABLE" in out, (out, err)
+        assert partitions_of(admin, topic)[0].leader == -1
+
+        code, out, err = brook("cluster", "elect-leaders", "--type", "unclean", "--topic", topic, "-o", "json")
+        assert code == 0, (out, err)
+        wait_for(lambda: partitions_of(admin, topic)[0].leader == 3, 30, "broker 3 leads after the unclean election")
+        assert partitions_of(admin, topic)[0].isr == (3,)
+        after = produce(split_cluster.bootstrap_servers, topic, 1, 10, "after")
+        got = read_all(split_cluster.bootstrap_servers, topic, 1, 30)[0]
+        # 3 had the shared prefix only: the records only 2 held are gone, exactly as the warning says.
+        assert got == [f"shared-0-{i:05d}".encode() for i in range(20)] + [v for _, v in after], got[:5]
+    finally:
+        for node in (2, 3):
+            if not split_cluster.is_running(node):
+                split_cluster.start_node(node)
+        wait_unfenced(admin, 2)
+        wait_unfenced(admin, 3)
