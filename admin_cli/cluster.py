@@ -275,3 +275,66 @@ def elect_leaders(
          note=note)
     if failed:
         raise typer.Exit(1)
+
+
+def _size(n: int) -> str:
+    if n < 0:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+@app.command("log-dirs", epilog="Examples:\n\nbrook cluster log-dirs\n\nbrook cluster log-dirs --broker 2 --topic orders")
+def log_dirs(
+    ctx: typer.Context,
+    broker: Annotated[list[int] | None, typer.Option(
+        "--broker", help="Only this broker (repeatable; default: every broker).", min=0, max=INT32_MAX)] = None,
+    topic: Annotated[list[str] | None, typer.Option("--topic", "-t", help="Only this topic (repeatable).")] = None,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Each broker's log directories (disk use) and the partition logs in them: size, segments, log start,
+    high watermark and log end offset.
+
+    Exit code 1 when a broker did not answer or a directory is offline.
+    """
+    st = state(ctx, bootstrap, output)
+    meta = st.backend.metadata()
+    unknown = sorted(set(broker or []) - set(meta.brokers))
+    if unknown:
+        raise CliError(f"broker {unknown[0]} is not in the cluster (brokers: {_ids(list(meta.brokers))})")
+    answers = st.backend.admin.describe_log_dirs(broker or None, topic or ())
+    data = []
+    dir_rows = []
+    replica_rows = []
+    failed = False
+    for node_id, dirs in sorted(answers.items()):
+        if isinstance(dirs, errors.BrookError):
+            failed = True
+            data.append({"broker": node_id, "error": dirs.name, "detail": dirs.message, "dirs": []})
+            dir_rows.append([node_id, "-", Text(dirs.name, style="red"), "-", "-"])
+            continue
+        entry: dict[str, Any] = {"broker": node_id, "dirs": []}
+        for d in dirs:
+            failed |= d.error is not None
+            entry["dirs"].append({
+                "path": d.path, "error": None if d.error is None else d.error.name,
+                "total_bytes": d.total_bytes, "usable_bytes": d.usable_bytes,
+                "partitions": [{"topic": r.topic, "partition": r.partition, "size_bytes": r.size_bytes,
+                                "segments": r.segments, "log_start_offset": r.log_start_offset,
+                                "high_watermark": r.high_watermark, "log_end_offset": r.log_end_offset,
+                                "offset_lag": r.offset_lag, "is_leader": r.is_leader} for r in d.replicas]})
+            dir_rows.append([node_id, d.path, Text(d.error.name, style="red") if d.error else "online",
+                             _size(sum(r.size_bytes for r in d.replicas)),
+                             f"{_size(d.usable_bytes)} / {_size(d.total_bytes)}"])
+            for r in d.replicas:
+                replica_rows.append([node_id, f"{r.topic}-{r.partition}", "leader" if r.is_leader else "follower",
+                                     _size(r.size_bytes), r.log_start_offset, r.high_watermark, r.log_end_offset])
+        data.append(entry)
+    show(st, data, table("Log directories", ["BROKER", "PATH", "STATE", "USED", "FREE / TOTAL"], dir_rows),
+         table("Partition logs", ["BROKER", "PARTITION", "ROLE", "SIZE", "START", "HW", "END"], replica_rows))
+    if failed:
+        raise typer.Exit(1)

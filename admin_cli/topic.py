@@ -6,7 +6,20 @@ from typing import Annotated
 
 import typer
 
-from admin_cli.common import INT32_MAX, BootstrapOpt, CliError, OutputOpt, ok, parse_pairs, show, state, table
+from admin_cli.common import (
+    INT32_MAX,
+    INT64_MAX,
+    BootstrapOpt,
+    CliError,
+    OutputOpt,
+    State,
+    ok,
+    parse_pairs,
+    show,
+    state,
+    table,
+)
+from client.types import TopicPartition
 from proto import errors
 from storage import log_config
 
@@ -95,6 +108,8 @@ def describe(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Topic name.")],
     all_configs: Annotated[bool, typer.Option(help="Show every config, not only the overrides.")] = False,
+    offsets: Annotated[bool, typer.Option(
+        "--offsets", help="Also each partition's log start offset, high watermark and log end offset.")] = False,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
@@ -118,7 +133,97 @@ def describe(
     ctable = table("Configs" + ("" if all_configs else " (overrides; --all-configs for every key)"),
                    ["KEY", "VALUE", "SOURCE"],
                    [[c["name"], c["value"], "default" if c["is_default"] else "topic"] for c in configs])
-    show(st, data, summary, ptable, ctable)
+    tables = [summary, ptable]
+    if offsets:
+        rows = partition_offsets(st, name, [p["partition"] for p in parts], {p["partition"]: p["leader"]
+                                                                             for p in parts})
+        for p in parts:
+            p.update(rows[p["partition"]])
+        tables.append(table("Offsets", ["PARTITION", "LOG START", "HIGH WATERMARK", "LOG END", "RECORDS"],
+                            [[p["partition"], _offset(p["log_start_offset"]), _offset(p["high_watermark"]),
+                              _offset(p["log_end_offset"]),
+                              _offset(p["high_watermark"] - p["log_start_offset"]
+                                      if min(p["high_watermark"], p["log_start_offset"]) >= 0 else -1)]
+                             for p in parts]))
+    show(st, data, *tables, ctable)
+
+
+def _offset(value: int) -> str | int:
+    return value if value >= 0 else "-"
+
+
+def partition_offsets(st: State, name: str, partitions: list[int],
+                      leaders: dict[int, int]) -> dict[int, dict[str, int]]:
+    """{partition: log_start_offset, high_watermark, log_end_offset} (-1 where unknown): the first two from
+    the leaders (ListOffsets earliest/latest), the log end from the leaders' log dirs when the caller may
+    describe the cluster."""
+    admin = st.backend.admin
+    tps = [TopicPartition(name, p) for p in partitions]
+    out = {p: {"log_start_offset": -1, "high_watermark": -1, "log_end_offset": -1} for p in partitions}
+    for field, spec in (("log_start_offset", "earliest"), ("high_watermark", "latest")):
+        for tp in tps:
+            try:
+                out[tp.partition][field] = admin.list_offsets({tp: spec})[tp][0]
+            except errors.BrookError:
+                pass  # offline partition or no access: shown as "-"
+    live_leaders = sorted({b for b in leaders.values() if b >= 0})
+    for dirs in admin.describe_log_dirs(live_leaders, [name]).values():
+        if isinstance(dirs, errors.BrookError):
+            continue
+        for d in dirs:
+            for r in d.replicas:
+                if r.topic == name and r.is_leader and leaders.get(r.partition) is not None:
+                    out[r.partition]["log_end_offset"] = r.log_end_offset
+    return out
+
+
+@app.command("trim-prefix", epilog="Examples:\n\nbrook topic trim-prefix orders --partition 0 --offset 1000\n\n"
+                                   "brook topic trim-prefix orders --offset end")
+def trim_prefix(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    offset: Annotated[str, typer.Option(
+        "--offset", help="Delete every record before this offset; 'end' = up to the high watermark.")],
+    partition: Annotated[list[int] | None, typer.Option(
+        "--partition", "-p", help="Only this partition (repeatable; default: every partition).",
+        min=0, max=INT32_MAX)] = None,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Delete the records before an offset (Kafka's DeleteRecords): the partitions' log start moves up
+    on every replica; consumers positioned before it restart at the new start.
+
+    Exit code 0 when every partition was trimmed, 1 otherwise (nothing changes on refused partitions).
+    """
+    if offset.strip().lower() == "end":
+        before = -1
+    else:
+        try:
+            before = int(offset)
+        except ValueError:
+            raise CliError(f"--offset must be an offset or 'end', not {offset!r}", code=2) from None
+        if not 0 <= before <= INT64_MAX:
+            raise CliError(f"--offset must be between 0 and {INT64_MAX}, not {before}", code=2)
+    st = state(ctx, bootstrap, output)
+    t = st.backend.topic(name)
+    wanted = sorted(set(partition)) if partition else sorted(t.partitions)
+    unknown = [p for p in wanted if p not in t.partitions]
+    if unknown:
+        raise CliError(f"UNKNOWN_TOPIC_OR_PARTITION: topic '{name}' has no partition {unknown[0]}; nothing trimmed")
+    results = st.backend.admin.delete_records({TopicPartition(name, p): before for p in wanted},
+                                              timeout_ms=int(st.backend.timeout_s * 1000))
+    rows = []
+    for p in wanted:
+        low, error = results[TopicPartition(name, p)]
+        rows.append({"partition": p, "log_start_offset": low, "error": None if error is None else error.name,
+                     "detail": "" if error is None else error.message})
+    failed = [r for r in rows if r["error"]]
+    show(st, {"topic": name, "partitions": rows},
+         table(f"Trimmed {name}", ["PARTITION", "NEW LOG START", "RESULT"],
+               [[r["partition"], _offset(r["log_start_offset"]), r["error"] or "ok"] for r in rows]),
+         note="\n".join(r["detail"] for r in failed) or None)
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command("alter-config", epilog="Examples:\n\nbrook topic alter-config orders --set retention.ms=3600000 "

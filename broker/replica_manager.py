@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -37,6 +38,7 @@ LeadershipListener = Callable[[str, int, bool, int], None]
 
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
+DELETE_TO_HIGH_WATERMARK = -1  # DeleteRecords' offset for "everything committed" (Kafka's)
 MAX_TIMESTAMP = -3
 DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
@@ -607,6 +609,53 @@ class ReplicaManager:
         """Committed data (below the HW) of a partition this broker leads: a storage FetchData."""
         p = self.leader_partition(topic, partition)
         return p.read_for_consumer(start_offset, max_bytes, -1, True)
+
+    # ---- DeleteRecords / log dirs ----
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Advance the log start offset of a partition this broker leads to ``offset`` (-1: the high
+        watermark); returns the new log start. Only committed records can be deleted; followers follow
+        the leader's log start through their fetches."""
+        p = self.leader_partition(topic, partition)
+        lg = p.log
+        hw = lg.high_watermark
+        target = hw if offset == DELETE_TO_HIGH_WATERMARK else offset
+        if target < 0 or target > hw:
+            raise errors.OffsetOutOfRangeError(
+                f"{topic}-{partition}: cannot delete records before offset {offset}: it must be between 0 and the "
+                f"high watermark {hw}")
+        before = lg.log_start_offset
+        lg.set_log_start_offset(target)
+        if lg.log_start_offset != before:
+            log.info("%s-%d: log start offset %d -> %d (DeleteRecords)", topic, partition, before,
+                     lg.log_start_offset)
+            self.log_manager.checkpoint_log_start_offsets()  # a restart must not bring the records back
+        return lg.log_start_offset
+
+    def low_watermark(self, topic: str, partition: int) -> int:
+        return self.leader_partition(topic, partition).low_watermark()
+
+    def describe_log_dirs(self, topics: set[str] | None) -> list[broker_pb2.LogDirDescription]:
+        """Each log directory with the partitions in it (all, or those of ``topics``)."""
+        out = []
+        for directory, logs in self.log_manager.by_dir().items():
+            desc = broker_pb2.LogDirDescription(path=str(directory), total_bytes=-1, usable_bytes=-1)
+            try:
+                usage = shutil.disk_usage(directory)
+                desc.total_bytes, desc.usable_bytes = usage.total, usage.free
+            except OSError as exc:
+                desc.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+                desc.error_message = f"{directory}: {exc}"
+            for (topic, index), lg in sorted(logs.items()):
+                if topics is not None and topic not in topics:
+                    continue
+                p = self._partitions.get((topic, index))
+                hw, leo = lg.high_watermark, lg.log_end_offset
+                desc.partitions.add(topic=topic, partition=index, size_bytes=lg.size_bytes,
+                                    offset_lag=max(0, hw - leo), log_start_offset=lg.log_start_offset,
+                                    high_watermark=hw, log_end_offset=leo,
+                                    is_leader=p is not None and p.is_leader, segments=len(lg.segments()))
+            out.append(desc)
+        return out
 
     # ---- list offsets / epochs ----
     def list_offsets(self, req: broker_pb2.ListOffsetsRequest) -> broker_pb2.ListOffsetsResponse:

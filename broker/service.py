@@ -56,6 +56,7 @@ _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 _LEADER_ERRORS = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH)
 AUTO_CREATE_WAIT_S = 5.0
 PRODUCE_WAIT_SLACK_S = 5.0
+DELETE_RECORDS_POLL_S = 0.05  # how often a DeleteRecords looks whether the replicas followed
 T = TypeVar("T")
 
 
@@ -468,6 +469,76 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             return broker_pb2.InitProducerIdResponse(error_code=e.code, error_message=e.message,
                                                      producer_id=-1, producer_epoch=-1)
 
+
+    # ---- DeleteRecords ----
+    async def DeleteRecords(self, request: broker_pb2.DeleteRecordsRequest, context: grpc.aio.ServicerContext) -> Any:
+        def on_error() -> broker_pb2.DeleteRecordsResponse:
+            return _partition_errors(broker_pb2.DeleteRecordsResponse(), request.partitions,
+                                     errors.UnknownServerError("internal error"), low_watermark=-1)
+        caller = await self._caller(context)
+        return await self._admitted(context, lambda client: self._guard(
+            "DeleteRecords", request, lambda: self._delete_records(request, caller), on_error))
+
+    async def _delete_records(self, req: broker_pb2.DeleteRecordsRequest, caller: Any) -> broker_pb2.DeleteRecordsResponse:
+        """Move each log start on the leader, then wait (no thread held) until the in-sync replicas have
+        followed it, as Kafka's DelayedDeleteRecords does; REQUEST_TIMED_OUT for those that did not in time."""
+        denied = self.authz.denied_topics(caller, authz.DELETE, {p.topic for p in req.partitions})
+        resp = broker_pb2.DeleteRecordsResponse()
+        waiting: list[tuple[broker_pb2.DeleteRecordsPartitionResult, int]] = []
+        for dp in req.partitions:
+            out = resp.partitions.add(topic=dp.topic, partition=dp.partition, low_watermark=-1)
+            try:
+                if dp.topic in denied:
+                    raise authz.denied_error(caller, authz.DELETE, authz.TOPIC, dp.topic)
+                if authz.is_internal_topic(dp.topic):  # as Kafka: the group coordinator owns its offsets
+                    raise errors.error_class(ErrorCode.INVALID_TOPIC_EXCEPTION)(
+                        f"cannot delete records of internal topic '{dp.topic}'")
+                start = await self._io(lambda dp=dp: self.rm.delete_records(dp.topic, dp.partition, dp.offset))
+                waiting.append((out, start))
+            except errors.BrookError as e:
+                out.error_code, out.error_message = e.code, e.message
+                if e.code in _LEADER_ERRORS:
+                    out.current_leader.CopyFrom(self.cache.leader_and_epoch(dp.topic, dp.partition))
+        timeout_ms = min(max(0, req.timeout_ms), MAX_PRODUCE_TIMEOUT_MS)  # 0: answer without waiting, as Kafka
+        deadline = asyncio.get_running_loop().time() + timeout_ms / 1000
+        while waiting:
+            still = []
+            for out, start in waiting:
+                try:
+                    low = await self._io(lambda o=out: self.rm.low_watermark(o.topic, o.partition))
+                except errors.BrookError as e:
+                    out.error_code, out.error_message = e.code, e.message
+                    continue
+                if low >= start:
+                    out.low_watermark = low
+                else:
+                    still.append((out, start))
+            waiting = still
+            if waiting and asyncio.get_running_loop().time() >= deadline:
+                for out, start in waiting:
+                    out.error_code = ErrorCode.REQUEST_TIMED_OUT
+                    out.error_message = (f"the log start of {out.topic}-{out.partition} is {start} on the leader; "
+                                         f"not every in-sync replica has followed it within {timeout_ms} ms")
+                break
+            if waiting:
+                await asyncio.sleep(DELETE_RECORDS_POLL_S)
+        return resp
+
+    # ---- DescribeLogDirs ----
+    async def DescribeLogDirs(self, request: broker_pb2.DescribeLogDirsRequest,
+                              context: grpc.aio.ServicerContext) -> Any:
+        caller = await self._caller(context)
+        if not self.authz.authorize(caller, authz.DESCRIBE, authz.CLUSTER):  # Kafka: DESCRIBE on the cluster
+            e = authz.denied_error(caller, authz.DESCRIBE, authz.CLUSTER)
+            return broker_pb2.DescribeLogDirsResponse(error_code=e.code, error_message=e.message,
+                                                      broker_id=self.node_id)
+        topics = set(request.topics) or None
+        return await self._admitted(context, lambda client: self._guard(
+            "DescribeLogDirs", request,
+            lambda: self._io(lambda: broker_pb2.DescribeLogDirsResponse(
+                broker_id=self.node_id, dirs=self.rm.describe_log_dirs(topics))),
+            lambda: broker_pb2.DescribeLogDirsResponse(error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
+                                                       error_message="internal error", broker_id=self.node_id)))
 
 def _produce_error_all(req: broker_pb2.ProduceRequest, code: int, message: str) -> broker_pb2.ProduceResponse:
     resp = broker_pb2.ProduceResponse()

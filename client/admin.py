@@ -38,7 +38,7 @@ from client.security import CONFIG_KEYS, SecurityConfig
 from client.types import BrokerMetadata, OffsetAndMetadata, TopicMetadata, TopicPartition
 from metadata_quorum.client import ControllerClient
 from metadata_quorum.security import AclBinding
-from proto import controller_pb2, group_pb2, security_pb2
+from proto import broker_pb2, controller_pb2, group_pb2, security_pb2
 from proto import security_pb2_grpc as security_grpc
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,30 @@ class GroupDescription:
     coordinator_id: int
     members: list[MemberDescription]
     offsets: dict[TopicPartition, GroupOffset]
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """One partition's log on one broker (DescribeLogDirs)."""
+
+    topic: str
+    partition: int
+    size_bytes: int
+    offset_lag: int
+    log_start_offset: int
+    high_watermark: int
+    log_end_offset: int
+    is_leader: bool
+    segments: int
+
+
+@dataclass(frozen=True)
+class LogDirInfo:
+    path: str
+    error: errors.BrookError | None
+    total_bytes: int  # of the file system holding it; -1 unknown
+    usable_bytes: int
+    replicas: list[ReplicaInfo]
 
 
 class Admin:
@@ -477,6 +501,76 @@ class Admin:
             else:
                 timestamps[TopicPartition(*tp)] = int(spec)
         return self.cluster.list_offsets(timestamps)
+
+    def delete_records(self, before: Mapping[TopicPartition, int], *, timeout_ms: int | None = None
+                       ) -> dict[TopicPartition, tuple[int, errors.BrookError | None]]:
+        """Kafka's deleteRecords: {tp: offset} deletes every record before ``offset`` (-1: the high watermark,
+        i.e. everything committed). Returns {tp: (low watermark, None or the error)}; the low watermark is
+        the partition's new earliest offset once every in-sync replica has followed. Offsets past the high
+        watermark are refused with OFFSET_OUT_OF_RANGE and change nothing."""
+        pending = {TopicPartition(*tp): int(offset) for tp, offset in before.items()}
+        budget_ms = timeout_ms or self.request_timeout_ms
+        deadline = time.monotonic() + budget_ms / 1000
+        result: dict[TopicPartition, tuple[int, errors.BrookError | None]] = {}
+        attempt = 0
+        while pending:
+            by_leader, failed = self.cluster.group_by_leader(pending)
+            for tp, exc in failed.items():
+                if not exc.retriable or time.monotonic() >= deadline:
+                    result[tp] = (-1, exc)
+                    del pending[tp]
+            for leader, tps in by_leader.items():
+                remaining_s = max(0.05, deadline - time.monotonic())
+                request = broker_pb2.DeleteRecordsRequest(timeout_ms=int(remaining_s * 1000), partitions=[
+                    broker_pb2.DeleteRecordsPartition(topic=tp.topic, partition=tp.partition, offset=pending[tp])
+                    for tp in tps])
+                try:
+                    response = self.cluster.broker_stub(leader).DeleteRecords(request, timeout=remaining_s + 1)
+                except grpc.RpcError as exc:
+                    err = rpc_error(exc, f"DeleteRecords to broker {leader}")
+                    if not err.retriable or time.monotonic() >= deadline:
+                        for tp in tps:
+                            result[tp] = (-1, err)
+                            del pending[tp]
+                    continue
+                for r in response.partitions:
+                    tp = TopicPartition(r.topic, r.partition)
+                    if tp not in pending:
+                        continue
+                    err = errors.error_for(r.error_code, r.error_message) if r.error_code else None
+                    if err is None or not err.retriable or time.monotonic() >= deadline:
+                        result[tp] = (r.low_watermark, err)
+                        del pending[tp]
+            if pending:
+                self.cluster.request_update()
+                time.sleep(min(1.0, 0.05 * 2 ** min(attempt, 5), max(0.0, deadline - time.monotonic())))
+                attempt += 1
+        return result
+
+    def describe_log_dirs(self, brokers: Iterable[int] | None = None, topics: Iterable[str] = ()
+                          ) -> dict[int, list[LogDirInfo] | errors.BrookError]:
+        """Each broker's log directories and the partition logs in them (all brokers by default)."""
+        ids = sorted(self.cluster.metadata(refresh=True).brokers) if brokers is None else sorted(set(brokers))
+        request = broker_pb2.DescribeLogDirsRequest(topics=sorted(set(topics)))
+        out: dict[int, list[LogDirInfo] | errors.BrookError] = {}
+        for node_id in ids:
+            try:
+                r = self.cluster.broker_stub(node_id).DescribeLogDirs(request, timeout=self.request_timeout_ms / 1000)
+            except grpc.RpcError as exc:
+                out[node_id] = rpc_error(exc, f"DescribeLogDirs to broker {node_id}")
+                continue
+            except errors.BrookError as exc:  # an unknown broker id
+                out[node_id] = exc
+                continue
+            if r.error_code:
+                out[node_id] = errors.error_for(r.error_code, r.error_message)
+                continue
+            out[node_id] = [LogDirInfo(
+                d.path, errors.error_for(d.error_code, d.error_message) if d.error_code else None, d.total_bytes,
+                d.usable_bytes, [ReplicaInfo(p.topic, p.partition, p.size_bytes, p.offset_lag, p.log_start_offset,
+                                             p.high_watermark, p.log_end_offset, p.is_leader, p.segments)
+                                 for p in d.partitions]) for d in r.dirs]
+        return out
 
     # ---- groups ----
     def list_groups(self, states: Iterable[str] = ()) -> list[GroupListing]:

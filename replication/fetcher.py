@@ -185,6 +185,10 @@ class ReplicaFetcher:
             if pr.records:
                 lg.append_as_follower(pr.records)
             lg.update_high_watermark(min(pr.high_watermark, lg.log_end_offset))
+            if pr.log_start_offset > lg.log_start_offset:
+                # The leader's log start moved (DeleteRecords or its retention): records before it are
+                # gone for every reader, so this replica must not serve them after a failover either.
+                lg.set_log_start_offset(min(pr.log_start_offset, lg.high_watermark))
             return
         if pr.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
             self._handle_out_of_range(st, pr)

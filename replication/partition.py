@@ -21,7 +21,7 @@ from typing import Any
 
 from proto import errors
 from replication import isr as isr_rules
-from replication.isr import FollowerProgress
+from replication.isr import UNKNOWN_OFFSET, FollowerProgress
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +296,16 @@ class Partition:
             proposal = self._maybe_expand_isr(replica_id)
             return FollowerFetchResult(data.records, lg.high_watermark, lg.log_start_offset,
                                        lg.log_end_offset, None, hw_changed, proposal)
+
+    def low_watermark(self) -> int:
+        """The smallest log start offset of the leader and its in-sync followers (Kafka's low watermark,
+        what DeleteRecords waits for); -1 while a follower has not reported its own since this leadership."""
+        with self.lock:
+            if not self.is_leader:
+                raise errors.NotLeaderOrFollowerError(f"broker {self.local_id} does not lead {self.topic}-{self.partition}")
+            starts = [self.log.log_start_offset]
+            starts += [f.log_start_offset for rid, f in self.followers.items() if rid in self.isr]
+            return -1 if UNKNOWN_OFFSET in starts else min(starts)
 
     def _maybe_increment_hw(self) -> bool:
         if not self.is_leader:

@@ -271,7 +271,7 @@ class LogManager:
                     lg.update_config(config)
 
     # ------------------------------------------------------------------ checkpoints
-    def _by_dir(self) -> dict[Path, dict[TopicPartitionKey, Log]]:
+    def by_dir(self) -> dict[Path, dict[TopicPartitionKey, Log]]:
         with self._lock:
             out: dict[Path, dict[TopicPartitionKey, Log]] = {d: {} for d in self.log_dirs}
             for tp, lg in self._logs.items():
@@ -279,23 +279,23 @@ class LogManager:
             return out
 
     def checkpoint_high_watermarks(self) -> None:
-        for d, logs in self._by_dir().items():
+        for d, logs in self.by_dir().items():
             OffsetCheckpointFile(d / REPLICATION_OFFSET_CHECKPOINT).write(
                 {tp: lg.high_watermark for tp, lg in logs.items()})
 
     def checkpoint_recovery_points(self) -> None:
-        for d, logs in self._by_dir().items():
+        for d, logs in self.by_dir().items():
             OffsetCheckpointFile(d / RECOVERY_POINT_CHECKPOINT).write(
                 {tp: lg.recovery_point for tp, lg in logs.items()})
 
     def checkpoint_log_start_offsets(self) -> None:
-        for d, logs in self._by_dir().items():
+        for d, logs in self.by_dir().items():
             OffsetCheckpointFile(d / LOG_START_OFFSET_CHECKPOINT).write(
                 {tp: lg.log_start_offset for tp, lg in logs.items()})
 
     def checkpoint_cleaner_offsets(self) -> None:
         dirty = self.cleaner.checkpoints()
-        for d, logs in self._by_dir().items():
+        for d, logs in self.by_dir().items():
             OffsetCheckpointFile(d / CLEANER_OFFSET_CHECKPOINT).write(
                 {tp: dirty[tp] for tp in logs if tp in dirty})
 

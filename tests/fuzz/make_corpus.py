@@ -84,6 +84,13 @@ def rpc_seeds() -> dict[str, bytes]:
     seeds["metadata-all"] = b"\x04" + pb.MetadataRequest(all_topics=True).SerializeToString()
     seeds["metadata-some"] = b"\x04" + pb.MetadataRequest(topics=["t", "c", "x"]).SerializeToString()
     seeds["init-producer-id"] = b"\x05" + pb.InitProducerIdRequest(producer_id=7, producer_epoch=3).SerializeToString()
+    for offset in (-1, 0, 3, 1 << 40):
+        req = pb.DeleteRecordsRequest(timeout_ms=100, partitions=[
+            pb.DeleteRecordsPartition(topic="t", partition=0, offset=offset),
+            pb.DeleteRecordsPartition(topic="__consumer_offsets", partition=0, offset=0)])
+        seeds[f"delete-records{offset}"] = b"\x06" + req.SerializeToString()
+    seeds["log-dirs-all"] = b"\x07" + pb.DescribeLogDirsRequest().SerializeToString()
+    seeds["log-dirs-some"] = b"\x07" + pb.DescribeLogDirsRequest(topics=["t", "nope"]).SerializeToString()
     from targets import BROKER_RPCS, GROUP_RPCS
 
     from proto import group_pb2 as g
@@ -151,6 +158,9 @@ def controller_seeds() -> dict[str, bytes]:
     seed("producer-ids", cpb.AllocateProducerIdsRequest(broker_id=1, broker_epoch=1))
     seed("watch", cpb.WatchMetadataRequest(broker_id=1, since_version=0))
     seed("watch", cpb.WatchMetadataRequest(broker_id=2, since_version=3), remote=True)
+    seed("elect-all", cpb.ElectLeadersRequest(election_type=cpb.PREFERRED))
+    seed("elect-some", cpb.ElectLeadersRequest(election_type=cpb.UNCLEAN, topic_partitions=[
+        cpb.TopicPartitions(topic="t", partitions=[0, 7]), cpb.TopicPartitions(topic="nope")]), remote=True)
     from targets import SECURITY_RPCS
 
     from proto import security_pb2 as spb

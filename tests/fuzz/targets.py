@@ -195,7 +195,8 @@ class _InProcessControllerClient:
         return response
 
 
-BROKER_RPCS = ("Produce", "Fetch", "ListOffsets", "OffsetsForLeaderEpoch", "Metadata", "InitProducerId")
+BROKER_RPCS = ("Produce", "Fetch", "ListOffsets", "OffsetsForLeaderEpoch", "Metadata", "InitProducerId",
+               "DeleteRecords", "DescribeLogDirs")
 GROUP_RPCS = ("FindCoordinator", "JoinGroup", "SyncGroup", "Heartbeat", "LeaveGroup", "OffsetCommit", "OffsetFetch",
               "ListGroups", "DescribeGroups", "DeleteGroups", "OffsetDelete", "AlterGroupOffsets")
 
@@ -340,7 +341,7 @@ def rpc(data: bytes) -> None:
 
 CONTROLLER_RPCS = ("RegisterBroker", "BrokerHeartbeat", "ControlledShutdown", "AlterPartition", "CreateTopics",
                    "DeleteTopics", "CreatePartitions", "AlterConfigs", "DescribeConfigs", "DescribeCluster",
-                   "DescribeQuorum", "AllocateProducerIds", "WatchMetadata")
+                   "DescribeQuorum", "AllocateProducerIds", "WatchMetadata", "ElectLeaders")
 SECURITY_RPCS = ("SaslAuthenticate", "UpsertScramCredentials", "DeleteScramCredentials", "DescribeUsers",
                  "CreateAcls", "DescribeAcls", "DeleteAcls", "AlterClientQuotas", "DescribeClientQuotas")
 SELF_ADDRESS = "127.0.0.1:19093"

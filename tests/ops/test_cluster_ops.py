@@ -94,8 +94,27 @@ def read_all(bootstrap: str, topic: str, partitions: int, expected: int,
     return out
 
 
-def wait_unfenced(admin: Admin, node_id: int) -> None:
+def wait_back(admin: Admin, node_id: int) -> None:
+    """A restarted broker serves again: it answers, is unfenced, and every partition's ISR is full (the
+    next test starts from a whole cluster; "unfenced" alone may still be the killed process's lease)."""
+    from proto import broker_pb2
+
+    def answers() -> bool:
+        try:
+            admin.cluster.broker_stub(node_id).Metadata(broker_pb2.MetadataRequest(), timeout=2)
+            return True
+        except Exception:
+            return False
+
+    def whole() -> bool:
+        admin.cluster.request_update()
+        described = admin.describe_topics(admin.list_topics())
+        return all(p.leader >= 0 and len(p.isr) == len(p.replicas)
+                   for t in described.values() for p in t.partitions.values())
+
+    wait_for(answers, 60, f"broker {node_id} answering")
     wait_for(lambda: node_id not in admin.describe_cluster().fenced_brokers, 60, f"broker {node_id} unfenced")
+    wait_for(whole, 60, "every partition led with a full ISR")
 
 
 def partitions_of(admin: Admin, topic: str):
@@ -172,7 +191,7 @@ def test_unclean_election_only_on_request(split_cluster, admin, brook) -> None:
         split_cluster.kill_node(2)
         wait_for(lambda: partitions_of(admin, topic)[0].leader == -1, 30, "the partition goes offline")
         split_cluster.start_node(3)
-        wait_unfenced(admin, 3)
+        wait_for(lambda: 3 not in admin.describe_cluster().fenced_brokers, 60, "broker 3 unfenced")
         assert partitions_of(admin, topic)[0].leader == -1, "an unclean election happened on its own"
 
         code, out, err = brook("cluster", "elect-leaders", "--topic", topic, "-o", "json")
@@ -191,5 +210,98 @@ def test_unclean_election_only_on_request(split_cluster, admin, brook) -> None:
         for node in (2, 3):
             if not split_cluster.is_running(node):
                 split_cluster.start_node(node)
-        wait_unfenced(admin, 2)
-        wait_unfenced(admin, 3)
+        wait_back(admin, 2)
+        wait_back(admin, 3)
+
+
+def read_from(bootstrap: str, topic: str, partition: int, offset: int | None, expected: int,
+              timeout_s: float = 60.0) -> list[tuple[int, bytes]]:
+    """(offset, value) read from ``offset`` (None: the reset policy's start), until ``expected`` arrived."""
+    tp = TopicPartition(topic, partition)
+    got: list[tuple[int, bytes]] = []
+    with Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", request_timeout_ms=5000) as consumer:
+        consumer.assign([tp])
+        if offset is not None:
+            consumer.seek(tp, offset)
+        deadline = time.monotonic() + timeout_s
+        while len(got) < expected and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                got.extend((r.offset, r.value) for r in records)
+    return got
+
+
+def test_trim_prefix_deletes_records_on_every_replica_and_survives_failover(split_cluster, admin, brook) -> None:
+    topic = "trim"
+    admin.create_topics([NewTopic(topic, 2, 3)])
+    sent = produce(split_cluster.bootstrap_servers, topic, 2, 100, "v")
+    values0 = [v for p, v in sent if p == 0]
+
+    code, out, err = brook("topic", "trim-prefix", topic, "--partition", "0", "--offset", "40", "-o", "json")
+    assert code == 0, (out, err)
+    assert json.loads(out)["partitions"] == [{"partition": 0, "log_start_offset": 40, "error": None, "detail": ""}]
+
+    code, out, err = brook("topic", "describe", topic, "--offsets", "-o", "json")
+    assert code == 0, (out, err)
+    offsets = {p["partition"]: (p["log_start_offset"], p["high_watermark"], p["log_end_offset"])
+               for p in json.loads(out)["partitions"]}
+    assert offsets == {0: (40, 100, 100), 1: (0, 100, 100)}, offsets
+    code, out, err = brook("topic", "describe", topic, "--offsets")
+    assert code == 0 and "HIGH WATERMARK" in out, (out, err)
+
+    # DeleteRecords answered once every in-sync replica had followed: each broker's log starts at 40.
+    code, out, err = brook("cluster", "log-dirs", "--topic", topic, "-o", "json")
+    assert code == 0, [(b["broker"], b.get("detail"), [d["error"] for d in b["dirs"]]) for b in json.loads(out)]
+    starts = {(b["broker"], p["partition"]): p["log_start_offset"]
+              for b in json.loads(out) for d in b["dirs"] for p in d["partitions"]}
+    assert starts == {(b, p): 40 if p == 0 else 0 for b in (1, 2, 3) for p in (0, 1)}, starts
+    code, out, err = brook("cluster", "log-dirs", "--broker", "2")
+    assert code == 0 and "Partition logs" in out and f"{topic}-0" in out, (out, err)
+
+    assert read_from(split_cluster.bootstrap_servers, topic, 0, None, 60) == list(zip(range(40, 100), values0[40:], strict=True))
+    # A position before the new start is out of range: the consumer resets to the log start.
+    assert read_from(split_cluster.bootstrap_servers, topic, 0, 10, 60)[0] == (40, values0[40])
+
+    # The trimmed prefix stays gone after the leader is SIGKILLed: the new leader starts at 40 too.
+    leader = partitions_of(admin, topic)[0].leader
+    split_cluster.kill_node(leader)
+    try:
+        wait_for(lambda: partitions_of(admin, topic)[0].leader not in (-1, leader), 30, "a new leader")
+        more = produce(split_cluster.bootstrap_servers, topic, 1, 10, "after")
+        got = read_from(split_cluster.bootstrap_servers, topic, 0, None, 70)
+        assert got == list(zip(range(40, 110), values0[40:] + [v for _, v in more], strict=True)), got[:3]
+    finally:
+        split_cluster.start_node(leader)
+        wait_back(admin, leader)
+
+
+def test_trim_prefix_refuses_bad_input_and_changes_nothing(split_cluster, admin, brook) -> None:
+    topic = "trim-bad"
+    admin.create_topics([NewTopic(topic, 1, 3)])
+    produce(split_cluster.bootstrap_servers, topic, 1, 10, "v")
+    tp = TopicPartition(topic, 0)
+
+    def start() -> int:
+        return admin.list_offsets({tp: "earliest"})[tp][0]
+
+    code, out, err = brook("topic", "trim-prefix", topic, "--offset", "11", "-o", "json")
+    assert code == 1 and "OFFSET_OUT_OF_RANGE" in out, (out, err)
+    for args, message in ((["--offset", "abc"], "--offset must be"), (["--offset", "-5"], "--offset must be"),
+                          (["--offset", "1", "--partition", "3"], "no partition 3")):
+        code, out, err = brook("topic", "trim-prefix", topic, *args)
+        assert code != 0 and message in err, (args, out, err)
+    code, out, err = brook("topic", "trim-prefix", "no-such-topic", "--offset", "1")
+    assert code != 0 and "no-such-topic" in err, (out, err)
+    assert start() == 0, "a refused trim moved the log start"
+
+    # Internal topics are refused by every broker, whether or not it leads them.
+    from proto import broker_pb2
+    r = admin.cluster.broker_stub(1).DeleteRecords(broker_pb2.DeleteRecordsRequest(
+        partitions=[broker_pb2.DeleteRecordsPartition(topic="__consumer_offsets", partition=0, offset=0)]), timeout=10)
+    assert r.partitions[0].error_code == 17, r  # INVALID_TOPIC_EXCEPTION
+
+    code, out, err = brook("topic", "trim-prefix", topic, "--offset", "end", "-o", "json")
+    assert code == 0 and json.loads(out)["partitions"][0]["log_start_offset"] == 10, (out, err)
+    assert start() == 10
+    # Trimming below the current start is a no-op that still answers the start.
+    code, out, err = brook("topic", "trim-prefix", topic, "--offset", "3", "-o", "json")
+    assert code == 0 and json.loads(out)["partitions"][0]["log_start_offset"] == 10, (out, err)
