@@ -42,7 +42,7 @@ class BatchCompletion:
     """The outcome of one batch, shared by the futures of all its records."""
 
     __slots__ = ("event", "error", "base_offset", "log_append_time_ms", "callbacks", "lock", "topic", "partition",
-                 "completed_at")
+                 "completed_at", "dispatched")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -54,25 +54,36 @@ class BatchCompletion:
         self.callbacks: list[tuple[RecordFuture, Callable[[RecordFuture], Any]]] | None = None
         self.lock = threading.Lock()
         self.completed_at = 0.0  # time.monotonic() at completion (perf tools measure latency with it)
+        self.dispatched = False  # callbacks ran (or run at once when added)
 
     def add_callback(self, future: RecordFuture, fn: Callable[[RecordFuture], Any]) -> None:
         with self.lock:
-            if not self.event.is_set():
+            if not self.dispatched:
                 if self.callbacks is None:
                     self.callbacks = []
                 self.callbacks.append((future, fn))
                 return
         _run_callback(fn, future)
 
-    def complete(self, base_offset: int, log_append_time_ms: int, error: BaseException | None) -> None:
+    def complete(self, base_offset: int, log_append_time_ms: int, error: BaseException | None, *,
+                 dispatch: bool = True) -> bool:
+        """Set the outcome (futures' get() returns from now on); run the callbacks unless the caller
+        dispatches them itself, in order (see Accumulator.complete). False if it was already complete."""
         with self.lock:
             if self.event.is_set():
-                return
+                return False
             self.base_offset = base_offset
             self.log_append_time_ms = log_append_time_ms
             self.error = error
             self.completed_at = time.monotonic()
             self.event.set()
+        if dispatch:
+            self.dispatch()
+        return True
+
+    def dispatch(self) -> None:
+        with self.lock:
+            self.dispatched = True
             callbacks, self.callbacks = self.callbacks, None
         for future, fn in callbacks or ():
             _run_callback(fn, future)
@@ -226,6 +237,11 @@ class RecordAccumulator:
         self.batches: dict[TopicPartition, deque[ProducerBatch]] = {}
         self.open_batches: dict[TopicPartition, ProducerBatch] = {}  # the appendable tail batch per partition
         self.incomplete: set[ProducerBatch] = set()
+        # Callbacks run in each partition's send order, as Kafka guarantees, although responses
+        # (and retries) complete batches on several threads in any order: batches in creation order,
+        # and the partitions whose callbacks some thread is running right now.
+        self._callback_order: dict[TopicPartition, deque[ProducerBatch]] = {}
+        self._dispatching: set[TopicPartition] = set()
         self.used_bytes = 0
         self.space_waiters = 0
         self.flushes_in_progress = 0
@@ -309,6 +325,7 @@ class RecordAccumulator:
             dq = self.batches[tp] = deque()
         dq.append(batch)
         self.incomplete.add(batch)
+        self._callback_order.setdefault(tp, deque()).append(batch)
         if len(dq) == 1:
             self.wakeup.notify()  # the sender must start this batch's linger clock
         return batch
@@ -387,12 +404,39 @@ class RecordAccumulator:
                 self.incomplete.discard(batch)
                 self.used_bytes -= batch.size_bytes
                 self.space.notify_all()
-        batch.completion.complete(base_offset, log_append_time_ms, error)
+        batch.completion.complete(base_offset, log_append_time_ms, error, dispatch=False)
+        self._dispatch_in_order(batch.tp)
         # Only now: the sender's per-partition window (Sender._window) counts a batch as
         # outstanding until its completion is set, so a wakeup sent before that could find
         # the window still full and sleep until the next linger or 1 s timeout.
         with self.lock:
             self.wakeup.notify()
+
+    def _dispatch_in_order(self, tp: TopicPartition) -> None:
+        """Run the callbacks of the partition's completed batches that no earlier batch holds back.
+
+        One thread at a time per partition runs them; a completion arriving meanwhile is picked up by
+        that thread, which checks the head again under the lock before it stops (the completing thread
+        set the event before it looked whether someone is dispatching, under the same lock)."""
+        with self.lock:
+            if tp in self._dispatching:
+                return
+            self._dispatching.add(tp)
+        try:
+            while True:
+                with self.lock:
+                    order = self._callback_order.get(tp)
+                    if not order or not order[0].completion.event.is_set():
+                        if order is not None and not order:
+                            del self._callback_order[tp]
+                        self._dispatching.discard(tp)
+                        return
+                    head = order.popleft()
+                head.completion.dispatch()
+        except BaseException:
+            with self.lock:
+                self._dispatching.discard(tp)
+            raise
 
     def has_unsent(self) -> bool:
         with self.lock:

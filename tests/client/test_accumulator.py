@@ -303,3 +303,35 @@ def test_complete_wakes_the_sender_after_the_batch_counts_as_completed() -> None
     acc.wakeup = Recording(acc.lock)
     acc.complete(batch, 0, -1, None)
     assert seen and seen[-1], "the last wakeup must come after the completion is set"
+
+
+def test_callbacks_run_in_send_order_whatever_order_batches_complete_in() -> None:
+    """Kafka's guarantee: callbacks of one partition's records run in send order, although responses
+    (and retries) complete batches on several threads in any order. A later batch's future is done at
+    once; only its callbacks wait for the earlier batch."""
+    acc = make_acc()
+    ran: list[bytes] = []
+    futures = []
+    for i in range(25):
+        value = b"%02d" % i + b"x" * 98
+        f = append(acc, value)
+        f.add_callback(lambda md, v=value: ran.append(v[:2]))
+        futures.append(f)
+    first, second, third = list(acc.batches[TP])[:3]
+    other = TopicPartition("t", 1)
+    f_other = append(acc, b"o", tp=other)
+    f_other.add_callback(lambda md: ran.append(b"other"))
+
+    acc.complete(third, 20, -1, None)
+    acc.complete(second, 10, -1, None)
+    assert ran == [], "a later batch's callbacks ran before the first batch completed"
+    assert futures[first.record_count + second.record_count].done()  # the outcome is known at once
+    other_batch = acc.batches[other][0]
+    acc.complete(other_batch, 0, -1, None)
+    assert ran == [b"other"], "another partition is not held back"
+    acc.complete(first, 0, -1, None)
+    counts = [b.record_count for b in (first, second, third)]
+    assert ran[1:] == [b"%02d" % i for i in range(sum(counts))], ran
+    # Callbacks added after dispatch run at once.
+    futures[0].add_callback(lambda md: ran.append(b"late"))
+    assert ran[-1] == b"late"
