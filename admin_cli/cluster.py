@@ -9,18 +9,22 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
+from admin_cli import partition as partition_cli
+from admin_cli import planning
 from admin_cli.common import (
     INT32_MAX,
     BootstrapOpt,
     CliError,
     OutputOpt,
     err,
+    ok,
     out,
     print_json,
     show,
     state,
     table,
 )
+from client.types import TopicPartition
 from proto import controller_pb2, errors
 
 app = typer.Typer(help="Cluster overview, health checks and the metadata quorum.", no_args_is_help=True)
@@ -338,3 +342,85 @@ def log_dirs(
          table("Partition logs", ["BROKER", "PARTITION", "ROLE", "SIZE", "START", "HW", "END"], replica_rows))
     if failed:
         raise typer.Exit(1)
+
+
+# ----------------------------------------------------------------------------- replica placement
+
+
+@app.command(epilog="Examples:\n\nbrook cluster decommission 4 --dry-run\n\nbrook cluster decommission 4 --wait")
+def decommission(
+    ctx: typer.Context,
+    broker: Annotated[int, typer.Argument(help="The broker to empty.", min=0, max=INT32_MAX)],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the moves; change nothing.")] = False,
+    wait: partition_cli.WaitOpt = False,
+    wait_timeout: partition_cli.WaitTimeoutOpt = partition_cli.DEFAULT_WAIT_S,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Move every replica off a broker onto the others (least loaded first, other racks preferred).
+    Then stop the broker and release its id with `brook cluster unregister`."""
+    st = state(ctx, bootstrap, output)
+    assignment, live, desc = partition_cli.current_assignment(st)
+    if broker not in {b.node_id for b in desc.brokers}:
+        raise CliError(f"BROKER_ID_NOT_REGISTERED: broker {broker} is not registered")
+    try:
+        plan = planning.plan_decommission(assignment, live, {broker})
+    except planning.PlanError as e:
+        raise CliError(f"cannot decommission broker {broker}: {e}") from None
+    data = {"broker": broker, "dry_run": dry_run,
+            "moves": [{"topic": t, "partition": p, "from": assignment[(t, p)], "to": r}
+                      for (t, p), r in sorted(plan.moves.items())]}
+    if plan.empty:
+        show(st, data, table(None, ["PARTITION"], []), note=f"broker {broker} holds no replicas")
+        return
+    if not dry_run:
+        partition_cli.apply_plan(st, plan.moves, wait=wait, wait_timeout=wait_timeout)
+    verb = "would move" if dry_run else ("moved" if wait else "moving")
+    show(st, data, partition_cli.plan_table(f"Decommission broker {broker}", assignment, plan.moves),
+         note=f"{verb} {len(plan.moves)} replicas off broker {broker}"
+              + ("" if dry_run else "; when done, stop it and run: brook cluster unregister " + str(broker)))
+
+
+@app.command(epilog="Examples:\n\nbrook cluster unregister 4")
+def unregister(
+    ctx: typer.Context,
+    broker: Annotated[int, typer.Argument(help="The stopped, emptied broker.", min=0, max=INT32_MAX)],
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Release a decommissioned broker's id: refused while it runs or any partition still names it."""
+    st = state(ctx, bootstrap, output)
+    st.backend.metadata()
+    st.backend.admin.unregister_broker(broker)
+    ok(st, f"unregistered broker {broker}", {"broker": broker})
+
+
+@app.command(epilog="Examples:\n\nbrook cluster rebalance --dry-run\n\nbrook cluster rebalance --wait")
+def rebalance(
+    ctx: typer.Context,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the moves; change nothing.")] = False,
+    wait: partition_cli.WaitOpt = False,
+    wait_timeout: partition_cli.WaitTimeoutOpt = partition_cli.DEFAULT_WAIT_S,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Even out replicas and preferred leaders across the live brokers (e.g. after adding one). With
+    --wait, also elects the preferred leaders once the moves are done."""
+    st = state(ctx, bootstrap, output)
+    assignment, live, _ = partition_cli.current_assignment(st)
+    try:
+        plan = planning.plan_rebalance({tp: r for tp, r in assignment.items() if all(b in live for b in r)}, live)
+    except planning.PlanError as e:
+        raise CliError(f"cannot rebalance: {e}") from None
+    data = {"dry_run": dry_run, "moves": [{"topic": t, "partition": p, "from": assignment[(t, p)], "to": r}
+                                          for (t, p), r in sorted(plan.moves.items())]}
+    if plan.empty:
+        show(st, data, table(None, ["PARTITION"], []), note="replicas and leaders are already even")
+        return
+    if not dry_run:
+        partition_cli.apply_plan(st, plan.moves, wait=wait, wait_timeout=wait_timeout)
+        if wait:
+            st.backend.admin.elect_leaders("preferred", [TopicPartition(*tp) for tp in plan.moves])
+    verb = "would move" if dry_run else ("moved" if wait else "moving")
+    show(st, data, partition_cli.plan_table("Rebalance", assignment, plan.moves),
+         note=f"{verb} {len(plan.moves)} partitions")

@@ -23,7 +23,7 @@ import typer
 from typer import main as typer_main
 from typer._click import exceptions as click_exceptions
 
-from admin_cli import acl, cluster, group, perf, quota, topic, user
+from admin_cli import acl, cluster, group, partition, perf, quota, topic, user
 from admin_cli.backend import Unreachable
 from admin_cli.common import (
     BOOTSTRAP_ENV,
@@ -68,6 +68,7 @@ app = typer.Typer(
 )
 app.add_typer(topic.app, name="topic")
 app.add_typer(cluster.app, name="cluster")
+app.add_typer(partition.app, name="partition")
 app.add_typer(group.app, name="group")
 app.add_typer(perf.app, name="perf")
 app.add_typer(user.app, name="user")

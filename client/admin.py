@@ -167,6 +167,17 @@ class LogDirInfo:
     replicas: list[ReplicaInfo]
 
 
+@dataclass(frozen=True)
+class PartitionReassignment:
+    """A move in progress: ``replicas`` is the target followed by the replicas leaving."""
+
+    replicas: list[int]
+    adding_replicas: list[int]
+    removing_replicas: list[int]
+    isr: list[int]
+    leader: int
+
+
 class Admin:
     def __init__(self, bootstrap_servers: str | list[str] = "127.0.0.1:9092", *, request_timeout_ms: int = 30000,
                  controller_endpoints: list[tuple[str, int]] | None = None,
@@ -488,6 +499,40 @@ class Admin:
         return {TopicPartition(r.topic, r.partition): (
             r.leader, errors.error_for(r.error_code, r.error_message) if r.error_code else None)
             for r in response.results}
+
+    def alter_partition_reassignments(self, moves: Mapping[TopicPartition, list[int] | None], *,
+                                      timeout_ms: int | None = None) -> dict[TopicPartition, errors.BrookError | None]:
+        """Kafka's alterPartitionReassignments: {tp: target replicas (preferred leader first), or None to cancel
+        the move in progress}. The new replicas copy the log as followers; the controller drops the leaving
+        ones once every target replica is in sync. Returns {tp: None or the error}."""
+        request = controller_pb2.AlterPartitionReassignmentsRequest(timeout_ms=timeout_ms or self.request_timeout_ms)
+        for tp, target in moves.items():
+            tp = TopicPartition(*tp)
+            request.partitions.add(topic=tp.topic, partition=tp.partition, replicas=list(target or []),
+                                   cancel=target is None)
+        response = self._call("AlterPartitionReassignments", request, timeout_ms)
+        self.cluster.request_update()
+        return {TopicPartition(r.topic, r.partition): errors.error_for(r.error_code, r.error_message)
+                if r.error_code else None for r in response.results}
+
+    def list_partition_reassignments(self, partitions: Iterable[str | tuple[str, int]] | None = None
+                                     ) -> dict[TopicPartition, PartitionReassignment]:
+        """The moves in progress (of the named topics / partitions, or all)."""
+        request = controller_pb2.ListPartitionReassignmentsRequest()
+        for item in partitions or ():
+            if isinstance(item, str):
+                request.topic_partitions.add(topic=item)
+            else:
+                request.topic_partitions.add(topic=item[0], partitions=[int(item[1])])
+        response = self._call("ListPartitionReassignments", request)
+        return {TopicPartition(r.topic, r.partition): PartitionReassignment(
+            list(r.replicas), list(r.adding_replicas), list(r.removing_replicas), list(r.isr), r.leader)
+            for r in response.reassignments}
+
+    def unregister_broker(self, broker_id: int) -> None:
+        """Release a stopped broker's id once no partition names it (after its replicas moved)."""
+        self._call("UnregisterBroker", controller_pb2.UnregisterBrokerRequest(broker_id=broker_id))
+        self.cluster.request_update()
 
     # ---- offsets ----
     def list_offsets(self, specs: Mapping[TopicPartition, str | int]) -> dict[TopicPartition, tuple[int, int]]:

@@ -155,11 +155,31 @@ class AlterClientQuota:
     remove: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class AlterReassignment:
+    """Start moving a partition to ``target`` replicas (same count), or cancel the move in progress
+    (``target`` None). ``partition_epoch`` is the compare-and-set guard."""
+
+    topic: str
+    partition: int
+    partition_epoch: int
+    target: list[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteReassignment:
+    """Finish a reassignment whose target replicas are all in sync: the leaving replicas go."""
+
+    topic: str
+    partition: int
+    partition_epoch: int
+
+
 Command = (
     ActivateController | RegisterBroker | FenceBroker | UnfenceBroker | BeginControlledShutdown
     | UnregisterBroker | CreateTopic | DeleteTopic | CreatePartitions | AlterConfigs | ChangePartition
     | AllocateProducerIds | UpsertScramCredential | DeleteScramCredential | CreateAcls | DeleteAcls
-    | AlterClientQuota
+    | AlterClientQuota | AlterReassignment | CompleteReassignment
 )
 
 COMMAND_TYPES: dict[str, type] = {
@@ -168,7 +188,7 @@ COMMAND_TYPES: dict[str, type] = {
         ActivateController, RegisterBroker, FenceBroker, UnfenceBroker, BeginControlledShutdown,
         UnregisterBroker, CreateTopic, DeleteTopic, CreatePartitions, AlterConfigs, ChangePartition,
         AllocateProducerIds, UpsertScramCredential, DeleteScramCredential, CreateAcls, DeleteAcls,
-        AlterClientQuota,
+        AlterClientQuota, AlterReassignment, CompleteReassignment,
     )
 }
 

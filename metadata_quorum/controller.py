@@ -79,6 +79,7 @@ MAX_ACTIVATION_ATTEMPTS = 3
 STEP_DOWN_RETRY_S = 1.0
 _ACTIVATION_TERMS_KEPT = 16
 MAX_REBALANCE_MOVES_PER_ROUND = 1000
+MAX_REASSIGNMENT_COMPLETIONS_IN_FLIGHT = 100  # CompleteReassignment proposals outstanding at once
 PRODUCER_ID_BLOCK_SIZE = 1000
 
 
@@ -118,7 +119,8 @@ class ControllerConfig:
 def partition_record(topic: TopicState, index: int, p: PartitionState) -> pb.PartitionRecord:
     return pb.PartitionRecord(topic=topic.name, topic_id=topic.topic_id, partition=index, replicas=p.replicas,
                               isr=p.isr, leader=p.leader, leader_epoch=p.leader_epoch,
-                              partition_epoch=p.partition_epoch)
+                              partition_epoch=p.partition_epoch, adding_replicas=p.adding,
+                              removing_replicas=p.removing)
 
 
 def broker_record(b: BrokerState) -> pb.BrokerRecord:
@@ -157,6 +159,7 @@ class QuorumController:
         self._fencing: dict[int, PendingProposal] = {}
         self._next_rebalance_at = 0.0
         self._rebalancing: PendingProposal | None = None
+        self._completing: dict[tuple[str, int], PendingProposal] = {}  # reassignments being completed
 
     # ---- proposals: always stamped with the epoch this controller was activated in ----
     def _submit(self, cmd: c.Command) -> PendingProposal:
@@ -196,6 +199,7 @@ class QuorumController:
             return
         self._expire_sessions()
         self._maybe_rebalance()
+        self._complete_reassignments()
 
     def _try_activate(self, term: int) -> None:
         """Propose ActivateController for ``term`` (at most MAX_ACTIVATION_ATTEMPTS times), then
@@ -373,6 +377,110 @@ class QuorumController:
             log.info("preferred leader election for %d partitions", len(items))
             self._rebalancing = self._submit(c.ChangePartition(items))
         return len(items)
+
+    # ---- partition reassignment ----
+    def alter_reassignments(self, req: pb.AlterPartitionReassignmentsRequest,
+                            timeout_s: float) -> pb.AlterPartitionReassignmentsResponse:
+        """Start, redirect or cancel moves. Each is one compare-and-set on the partition; the new replicas
+        catch up as followers, and the controller completes the move once all of them are in sync."""
+        if len(req.partitions) > MAX_PARTITION_CHANGES_PER_REQUEST:
+            raise errors.PolicyViolationError(
+                f"{len(req.partitions)} partitions in one request, the limit is {MAX_PARTITION_CHANGES_PER_REQUEST}")
+        response = pb.AlterPartitionReassignmentsResponse()
+        pending = []
+        seen: set[tuple[str, int]] = set()
+        for item in req.partitions:
+            result = response.results.add(topic=item.topic, partition=item.partition)
+            try:
+                if (item.topic, item.partition) in seen:
+                    raise errors.InvalidRequestError(f"{item.topic}-{item.partition} appears more than once")
+                seen.add((item.topic, item.partition))
+                epoch = self.raft.read(lambda s, i=item: _partition_epoch(s, i.topic, i.partition))
+                if not item.cancel:
+                    self._check_target(item)
+                target = None if item.cancel else list(item.replicas)
+                pending.append((result, self._submit(c.AlterReassignment(item.topic, item.partition, epoch, target))))
+                log.info("reassignment of %s-%d: %s", item.topic, item.partition,
+                         "cancel" if target is None else f"to replicas {target}")
+            except errors.BrookError as exc:
+                result.error_code, result.error_message = exc.code, exc.message
+        self._collect(pending, timeout_s)
+        return response
+
+    def _check_target(self, item: pb.ReassignablePartition) -> None:
+        """What can be told before proposing: live brokers for every new replica."""
+        def check(s: MetadataState) -> None:
+            current = _partition(s, item.topic, item.partition).replicas
+            fenced = [r for r in item.replicas if r in s.brokers and not s.brokers[r].eligible and r not in current]
+            if fenced:
+                raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
+                    f"{item.topic}-{item.partition}: new replicas {fenced} are fenced or shutting down")
+        self.raft.read(check)
+
+    def list_reassignments(self, req: pb.ListPartitionReassignmentsRequest) -> pb.ListPartitionReassignmentsResponse:
+        wanted = {(tp.topic, p) for tp in req.topic_partitions for p in tp.partitions}
+        topics = {tp.topic for tp in req.topic_partitions if not tp.partitions}
+
+        def build(s: MetadataState) -> pb.ListPartitionReassignmentsResponse:
+            out = pb.ListPartitionReassignmentsResponse()
+            for name, index, p in s.reassignments():
+                if req.topic_partitions and (name, index) not in wanted and name not in topics:
+                    continue
+                out.reassignments.add(topic=name, partition=index, replicas=p.replicas, adding_replicas=p.adding,
+                                      removing_replicas=p.removing, isr=p.isr, leader=p.leader)
+            return out
+
+        return self.raft.read(build)
+
+    def _complete_reassignments(self) -> None:
+        """Propose CompleteReassignment for each move whose target replicas are all in sync (bounded)."""
+        for key, proposal in list(self._completing.items()):
+            try:
+                outcome = proposal.wait(0)
+            except errors.RequestTimedOutError:
+                continue  # still in flight
+            except errors.BrookError as exc:
+                log.info("completing the reassignment of %s-%d failed: %s", key[0], key[1], exc)
+            else:
+                if outcome.ok:
+                    log.info("reassignment of %s-%d completed", key[0], key[1])
+                else:
+                    log.info("reassignment of %s-%d not completed: %s", key[0], key[1], outcome.error_message)
+            del self._completing[key]
+        if len(self._completing) >= MAX_REASSIGNMENT_COMPLETIONS_IN_FLIGHT:
+            return
+
+        def ready(s: MetadataState) -> list[c.CompleteReassignment]:
+            out = []
+            for name, index, p in s.reassignments():
+                if (name, index) not in self._completing and all(r in p.isr for r in p.target):
+                    out.append(c.CompleteReassignment(name, index, p.partition_epoch))
+            return out
+
+        for cmd in self.raft.read(ready)[:MAX_REASSIGNMENT_COMPLETIONS_IN_FLIGHT - len(self._completing)]:
+            self._completing[(cmd.topic, cmd.partition)] = self._submit(cmd)
+
+    def unregister_broker(self, req: pb.UnregisterBrokerRequest, timeout_s: float) -> pb.UnregisterBrokerResponse:
+        """Release a broker id for good: only a stopped (fenced) broker that no partition names any more."""
+        def check(s: MetadataState) -> None:
+            broker = s.brokers.get(req.broker_id)
+            if broker is None:
+                raise errors.error_class(ErrorCode.BROKER_ID_NOT_REGISTERED)(f"broker {req.broker_id} is not registered")
+            if not broker.fenced:
+                raise errors.InvalidRequestError(
+                    f"broker {req.broker_id} is running (unfenced): stop it before unregistering it")
+            hosted = [f"{t.name}-{i}" for t in s.topics.values() for i, p in enumerate(t.partitions)
+                      if req.broker_id in p.replicas]
+            if hosted:
+                raise errors.InvalidRequestError(
+                    f"broker {req.broker_id} still holds {len(hosted)} replicas ({', '.join(hosted[:5])}"
+                    f"{' ...' if len(hosted) > 5 else ''}): move them first (brook cluster decommission)")
+        self.raft.read(check)
+        self._propose(c.UnregisterBroker(req.broker_id), timeout_s).raise_for_error()
+        with self._lock:
+            self._leases.pop(req.broker_id, None)
+        log.info("broker %d unregistered", req.broker_id)
+        return pb.UnregisterBrokerResponse()
 
     # ---- leader election on demand (Kafka's ElectLeaders) ----
     def elect_leaders(self, req: pb.ElectLeadersRequest, timeout_s: float) -> pb.ElectLeadersResponse:
@@ -655,7 +763,7 @@ class QuorumController:
             topic = s.topics.get(item.name)
             if topic is None:
                 raise errors.UnknownTopicOrPartitionError(f"topic '{item.name}' does not exist")
-            return topic.topic_id, len(topic.partitions), len(topic.partitions[0].replicas), self._loads(s)
+            return topic.topic_id, len(topic.partitions), topic.partitions[0].replication_factor, self._loads(s)
 
         topic_id, current, rf, loads = self.raft.read(snapshot)
         if item.count <= current:
@@ -690,7 +798,7 @@ class QuorumController:
             result = response.results.add(name=resource.topic)
             try:
                 found = self.raft.read(lambda s, n=resource.topic: (
-                    s.topics[n].topic_id, dict(s.topics[n].configs), len(s.topics[n].partitions[0].replicas))
+                    s.topics[n].topic_id, dict(s.topics[n].configs), s.topics[n].partitions[0].replication_factor)
                     if n in s.topics else None)
                 if found is None:
                     raise errors.UnknownTopicOrPartitionError(f"topic '{resource.topic}' does not exist")
@@ -754,6 +862,17 @@ class QuorumController:
         now = self._clock()
         with self._lock:
             return {b: now - t for b, t in self._leases.items()}
+
+
+def _partition(s: MetadataState, topic: str, index: int) -> PartitionState:
+    state = s.topics.get(topic)
+    if state is None or not 0 <= index < len(state.partitions):
+        raise errors.UnknownTopicOrPartitionError(f"{topic}-{index} does not exist")
+    return state.partitions[index]
+
+
+def _partition_epoch(s: MetadataState, topic: str, index: int) -> int:
+    return _partition(s, topic, index).partition_epoch
 
 
 def _check_request_size(count: int) -> None:

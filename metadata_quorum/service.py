@@ -235,6 +235,30 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         return self._serve(pb.ElectLeadersResponse, context, lambda: self._controller.elect_leaders(
             request, self._timeout_s(context, request.timeout_ms)))
 
+    def AlterPartitionReassignments(self, request: pb.AlterPartitionReassignmentsRequest,
+                                    context: Any) -> pb.AlterPartitionReassignmentsResponse:
+        if (denied := self._denied(context, pb.AlterPartitionReassignmentsResponse, authz.ALTER)) is not None:
+            return denied
+        return self._serve(pb.AlterPartitionReassignmentsResponse, context, lambda: self._controller.alter_reassignments(
+            request, self._timeout_s(context, request.timeout_ms)))
+
+    def ListPartitionReassignments(self, request: pb.ListPartitionReassignmentsRequest,
+                                   context: Any) -> pb.ListPartitionReassignmentsResponse:
+        if (denied := self._denied(context, pb.ListPartitionReassignmentsResponse, authz.DESCRIBE)) is not None:
+            return denied
+
+        def run() -> pb.ListPartitionReassignmentsResponse:
+            self._barrier(context)
+            return self._controller.list_reassignments(request)
+
+        return self._serve(pb.ListPartitionReassignmentsResponse, context, run)
+
+    def UnregisterBroker(self, request: pb.UnregisterBrokerRequest, context: Any) -> pb.UnregisterBrokerResponse:
+        if (denied := self._denied(context, pb.UnregisterBrokerResponse, authz.ALTER)) is not None:
+            return denied
+        return self._serve(pb.UnregisterBrokerResponse, context, lambda: self._controller.unregister_broker(
+            request, self._timeout_s(context)))
+
     # ---- quorum ----
     def DescribeQuorum(self, request: pb.DescribeQuorumRequest, context: Any) -> pb.DescribeQuorumResponse:
         # Answered from this voter's view without a quorum round-trip: it is the diagnostic

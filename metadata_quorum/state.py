@@ -67,11 +67,30 @@ class BrokerState:
 
 @dataclass(slots=True)
 class PartitionState:
-    replicas: list[int]
+    replicas: list[int]  # during a reassignment: the target replicas first, then the ones leaving
     isr: list[int]
     leader: int
     leader_epoch: int = 0
     partition_epoch: int = 0
+    adding: list[int] = field(default_factory=list)  # reassignment: replicas joining (not yet in sync)
+    removing: list[int] = field(default_factory=list)  # reassignment: replicas leaving once the target is in sync
+
+    @property
+    def replication_factor(self) -> int:
+        """The partition's size outside a reassignment (a reassignment keeps it)."""
+        return len(self.replicas) - len(self.adding)
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
+
+    @property
+    def target(self) -> list[int]:
+        return [r for r in self.replicas if r not in self.removing]
+
+    @property
+    def original(self) -> list[int]:
+        return [r for r in self.replicas if r not in self.adding]
 
 
 @dataclass(slots=True)
@@ -156,7 +175,16 @@ def _invariant(ok: bool, what: str) -> None:
 
 
 def _copy_partition(p: PartitionState) -> PartitionState:
-    return PartitionState(list(p.replicas), list(p.isr), p.leader, p.leader_epoch, p.partition_epoch)
+    return PartitionState(list(p.replicas), list(p.isr), p.leader, p.leader_epoch, p.partition_epoch,
+                          list(p.adding), list(p.removing))
+
+
+def _partition_from_snapshot(entry: list[Any]) -> PartitionState:
+    """[replicas, isr, leader, leader_epoch, partition_epoch] plus [adding, removing] while reassigning."""
+    replicas, isr, leader, leader_epoch, partition_epoch = entry[:5]
+    adding, removing = (entry[5], entry[6]) if len(entry) >= 7 else ([], [])
+    return PartitionState(list(replicas), list(isr), leader, leader_epoch, partition_epoch, list(adding),
+                          list(removing))
 
 
 class MetadataState:
@@ -197,6 +225,8 @@ class MetadataState:
             c.CreateAcls: self._create_acls,
             c.DeleteAcls: self._delete_acls,
             c.AlterClientQuota: self._alter_client_quota,
+            c.AlterReassignment: self._alter_reassignment,
+            c.CompleteReassignment: self._complete_reassignment,
         }
 
     # ---- applying commands ----
@@ -254,8 +284,8 @@ class MetadataState:
                 if topic is not None:
                     _invariant(self.topics.get(topic.name) is topic, f"topic {topic.name}: name and id maps disagree")
                     _invariant(bool(topic.partitions), f"topic {topic.name} has no partitions")
-                    rf = len(topic.partitions[0].replicas)
-                    _invariant(all(len(p.replicas) == rf for p in topic.partitions),
+                    rf = topic.partitions[0].replication_factor
+                    _invariant(all(p.replication_factor == rf for p in topic.partitions),
                                f"topic {topic.name}: partitions with different replication factors")
             elif key[0] == "B":
                 broker = self.brokers.get(key[1])
@@ -274,6 +304,9 @@ class MetadataState:
         _invariant(p.leader == NO_LEADER or p.leader in p.isr, f"{name}: leader {p.leader} is not in the ISR {p.isr}")
         _invariant(p.leader_epoch >= 0 and p.partition_epoch >= 0,
                    f"{name}: negative epochs ({p.leader_epoch}, {p.partition_epoch})")
+        _invariant(set(p.adding) <= set(p.replicas) and set(p.removing) <= set(p.replicas)
+                   and not set(p.adding) & set(p.removing) and len(p.target) == len(p.original) > 0,
+                   f"{name}: reassignment adding {p.adding} / removing {p.removing} does not fit replicas {p.replicas}")
 
     def _touch(self, key: Any) -> None:
         self._touched.append(key)
@@ -402,14 +435,21 @@ class MetadataState:
                     self._set_partition(topic, index, p, chosen.leader, chosen.isr)
 
     def _set_partition(self, topic: TopicState, index: int, p: PartitionState,
-                       leader: int, isr: list[int]) -> bool:
-        """Change leader/ISR; bump the leader epoch on a leader change and the partition epoch on any change."""
-        if leader == p.leader and isr == p.isr:
+                       leader: int, isr: list[int], *, replicas: list[int] | None = None,
+                       adding: list[int] | None = None, removing: list[int] | None = None) -> bool:
+        """Change leader/ISR (and, for reassignments, the replicas); bump the leader epoch on a leader
+        change and the partition epoch on any change."""
+        new_replicas = p.replicas if replicas is None else list(replicas)
+        new_adding = p.adding if adding is None else list(adding)
+        new_removing = p.removing if removing is None else list(removing)
+        if leader == p.leader and isr == p.isr and (new_replicas, new_adding, new_removing) == (
+                p.replicas, p.adding, p.removing):
             return False
         old_epochs = (p.leader_epoch, p.partition_epoch)
         if leader != p.leader:
             p.leader_epoch += 1
             p.leader = leader
+        p.replicas, p.adding, p.removing = new_replicas, new_adding, new_removing
         p.isr = list(isr)
         p.partition_epoch += 1
         _invariant(p.leader_epoch >= old_epochs[0] and p.partition_epoch > old_epochs[1],
@@ -490,7 +530,7 @@ class MetadataState:
                 f"topic '{topic.name}' has {current} partitions, the request was planned for {cmd.expected_count}")
         if current + len(cmd.assignments) > MAX_PARTITIONS_PER_TOPIC:
             raise errors.InvalidPartitionsError(f"more than {MAX_PARTITIONS_PER_TOPIC} partitions")
-        self._validate_assignments(cmd.assignments, len(topic.partitions[0].replicas))
+        self._validate_assignments(cmd.assignments, topic.partitions[0].replication_factor)
         eligible = self._eligible_ids()
         for replicas in cmd.assignments:
             topic.partitions.append(self._new_partition(replicas, eligible))
@@ -571,6 +611,83 @@ class MetadataState:
         if added or (leader != p.leader and leader not in eligible):
             raise errors.error_class(ErrorCode.INELIGIBLE_REPLICA)(
                 f"{name}: brokers {added or [leader]} are fenced or shutting down")
+
+    # -- reassignment --
+    def _reassigned_partition(self, topic_name: str, index: int, partition_epoch: int) -> tuple[TopicState,
+                                                                                                 PartitionState]:
+        topic = self.topics.get(topic_name)
+        if topic is None or not 0 <= index < len(topic.partitions):
+            raise errors.UnknownTopicOrPartitionError(f"{topic_name}-{index} does not exist")
+        p = topic.partitions[index]
+        if partition_epoch != p.partition_epoch:
+            raise errors.InvalidUpdateVersionError(
+                f"{topic_name}-{index}: partition epoch {partition_epoch} is stale, current is {p.partition_epoch}")
+        return topic, p
+
+    def _alter_reassignment(self, cmd: c.AlterReassignment) -> ApplyResult:
+        """Start (or redirect) a move: the replicas become the target followed by the original replicas
+        not in it; the new ones join as followers and enter the ISR when caught up. Cancel: back to the
+        original replicas. Either way no in-sync original replica is dropped before the move completes."""
+        topic, p = self._reassigned_partition(cmd.topic, cmd.partition, cmd.partition_epoch)
+        name = f"{cmd.topic}-{cmd.partition}"
+        original = p.original
+        if cmd.target is None:
+            if not p.reassigning:
+                raise errors.error_class(ErrorCode.NO_REASSIGNMENT_IN_PROGRESS)(f"{name} is not being reassigned")
+            target = original
+        else:
+            target = list(cmd.target)
+            if not target or len(set(target)) != len(target):
+                raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
+                    f"{name}: target replicas {target} must be distinct and non-empty")
+            if len(target) != len(original):
+                raise errors.InvalidReplicationFactorError(
+                    f"{name}: target replicas {target} must keep the replication factor {len(original)}")
+            unknown = [r for r in target if r not in self.brokers]
+            if unknown:
+                raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
+                    f"{name}: target names unregistered brokers {unknown}")
+        replicas = target + [r for r in original if r not in target]
+        adding = [r for r in target if r not in original]
+        removing = [r for r in original if r not in target]
+        isr = [r for r in p.isr if r in replicas]
+        if not isr:
+            raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
+                f"{name}: no in-sync replica would be left (ISR {p.isr}, replicas {replicas})")
+        leader = p.leader
+        if leader != NO_LEADER and leader not in replicas:  # it was a joining replica of the move replaced
+            chosen = elect_leader(replicas, isr, self._eligible_ids(), unclean_allowed=False)
+            if chosen.leader == NO_LEADER:
+                raise errors.error_class(ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE)(
+                    f"{name}: no live in-sync replica of {replicas} can take over from leader {leader}")
+            leader = chosen.leader
+        changed = (replicas, adding, removing) != (p.replicas, p.adding, p.removing)
+        self._set_partition(topic, cmd.partition, p, leader, isr, replicas=replicas, adding=adding,
+                            removing=removing)
+        return ApplyResult(value=changed)
+
+    def _complete_reassignment(self, cmd: c.CompleteReassignment) -> ApplyResult:
+        topic, p = self._reassigned_partition(cmd.topic, cmd.partition, cmd.partition_epoch)
+        name = f"{cmd.topic}-{cmd.partition}"
+        if not p.reassigning:
+            raise errors.error_class(ErrorCode.NO_REASSIGNMENT_IN_PROGRESS)(f"{name} is not being reassigned")
+        target = p.target
+        missing = [r for r in target if r not in p.isr]
+        if missing:
+            raise errors.InvalidRequestError(f"{name}: target replicas {missing} are not in sync yet")
+        isr = [r for r in p.isr if r in target]
+        leader = p.leader
+        if leader not in target:
+            chosen = elect_leader(target, isr, self._eligible_ids(), unclean_allowed=False)
+            if chosen.leader == NO_LEADER:
+                raise errors.error_class(ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE)(
+                    f"{name}: no live target replica can take over from leader {leader}")
+            leader = chosen.leader
+        self._set_partition(topic, cmd.partition, p, leader, isr, replicas=target, adding=[], removing=[])
+        return ApplyResult()
+
+    def reassignments(self) -> list[tuple[str, int, PartitionState]]:
+        return [(t.name, i, p) for t in self.topics.values() for i, p in enumerate(t.partitions) if p.reassigning]
 
     def _allocate_producer_ids(self, cmd: c.AllocateProducerIds) -> ApplyResult:
         self.broker_with_epoch(cmd.broker_id, cmd.broker_epoch)
@@ -737,6 +854,7 @@ class MetadataState:
             "topics": [
                 [t.name, t.topic_id, dict(sorted(t.configs.items())),
                  [[list(p.replicas), list(p.isr), p.leader, p.leader_epoch, p.partition_epoch]
+                  + ([list(p.adding), list(p.removing)] if p.reassigning else [])
                   for p in t.partitions]]
                 for t in sorted(self.topics.values(), key=lambda t: t.name)
             ],
@@ -771,7 +889,7 @@ class MetadataState:
         self.topics_by_id = {}
         for name, topic_id, configs, partitions in data["topics"]:
             topic = TopicState(name, topic_id, dict(configs),
-                               [PartitionState(list(r), list(i), ld, le, pe) for r, i, ld, le, pe in partitions])
+                               [_partition_from_snapshot(p) for p in partitions])
             self.topics[name] = topic
             self.topics_by_id[topic_id] = topic
         # Snapshots written before security records existed have no "security" section.

@@ -104,6 +104,21 @@ class ControllerServiceStub:
                 request_serializer=proto_dot_controller__pb2.ElectLeadersRequest.SerializeToString,
                 response_deserializer=proto_dot_controller__pb2.ElectLeadersResponse.FromString,
                 _registered_method=True)
+        self.AlterPartitionReassignments = channel.unary_unary(
+                '/brook.ControllerService/AlterPartitionReassignments',
+                request_serializer=proto_dot_controller__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=proto_dot_controller__pb2.AlterPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
+        self.ListPartitionReassignments = channel.unary_unary(
+                '/brook.ControllerService/ListPartitionReassignments',
+                request_serializer=proto_dot_controller__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=proto_dot_controller__pb2.ListPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
+        self.UnregisterBroker = channel.unary_unary(
+                '/brook.ControllerService/UnregisterBroker',
+                request_serializer=proto_dot_controller__pb2.UnregisterBrokerRequest.SerializeToString,
+                response_deserializer=proto_dot_controller__pb2.UnregisterBrokerResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -196,6 +211,26 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterPartitionReassignments(self, request, context):
+        """Move partitions to other brokers (Kafka's; ALTER on the cluster) and list the moves in progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPartitionReassignments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterBroker(self, request, context):
+        """Release a stopped broker's id once no partition names it (ALTER on the cluster).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -268,6 +303,21 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.ElectLeaders,
                     request_deserializer=proto_dot_controller__pb2.ElectLeadersRequest.FromString,
                     response_serializer=proto_dot_controller__pb2.ElectLeadersResponse.SerializeToString,
+            ),
+            'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartitionReassignments,
+                    request_deserializer=proto_dot_controller__pb2.AlterPartitionReassignmentsRequest.FromString,
+                    response_serializer=proto_dot_controller__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'ListPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPartitionReassignments,
+                    request_deserializer=proto_dot_controller__pb2.ListPartitionReassignmentsRequest.FromString,
+                    response_serializer=proto_dot_controller__pb2.ListPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'UnregisterBroker': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterBroker,
+                    request_deserializer=proto_dot_controller__pb2.UnregisterBrokerRequest.FromString,
+                    response_serializer=proto_dot_controller__pb2.UnregisterBrokerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -648,6 +698,87 @@ class ControllerService:
             '/brook.ControllerService/ElectLeaders',
             proto_dot_controller__pb2.ElectLeadersRequest.SerializeToString,
             proto_dot_controller__pb2.ElectLeadersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.ControllerService/AlterPartitionReassignments',
+            proto_dot_controller__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+            proto_dot_controller__pb2.AlterPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.ControllerService/ListPartitionReassignments',
+            proto_dot_controller__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+            proto_dot_controller__pb2.ListPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterBroker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.ControllerService/UnregisterBroker',
+            proto_dot_controller__pb2.UnregisterBrokerRequest.SerializeToString,
+            proto_dot_controller__pb2.UnregisterBrokerResponse.FromString,
             options,
             channel_credentials,
             insecure,

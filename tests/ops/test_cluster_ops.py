@@ -21,6 +21,7 @@ from client.consumer import Consumer
 from client.producer import Producer
 from client.types import TopicPartition
 from deploy.local.cluster import LocalCluster
+from proto import controller_pb2
 
 pytestmark = pytest.mark.slow
 
@@ -305,3 +306,156 @@ def test_trim_prefix_refuses_bad_input_and_changes_nothing(split_cluster, admin,
     # Trimming below the current start is a no-op that still answers the start.
     code, out, err = brook("topic", "trim-prefix", topic, "--offset", "3", "-o", "json")
     assert code == 0 and json.loads(out)["partitions"][0]["log_start_offset"] == 10, (out, err)
+
+
+def log_holders(brook, topic: str) -> dict[int, dict[int, dict]]:
+    """{partition: {broker: its log of it}} from `brook cluster log-dirs`."""
+    code, out, err = brook("cluster", "log-dirs", "--topic", topic, "-o", "json")
+    assert code == 0, (out, err)
+    holders: dict[int, dict[int, dict]] = {}
+    for b in json.loads(out):
+        for d in b["dirs"]:
+            for p in d["partitions"]:
+                holders.setdefault(p["partition"], {})[b["broker"]] = p
+    return holders
+
+
+class Writer:
+    """An acks=all idempotent producer running in a thread while the cluster changes under it."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        import threading
+
+        self.topic, self.partitions = topic, partitions
+        self.acked: list[tuple[int, bytes]] = []
+        self.failures: list[BaseException] = []
+        self._stop = threading.Event()
+        self._producer = Producer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, request_timeout_ms=5000,
+                                  delivery_timeout_ms=120000)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            p = i % self.partitions
+            value = f"w-{p}-{i:06d}".encode()
+
+            def done(md, err, p=p, value=value) -> None:
+                if err is None:
+                    self.acked.append((p, value))
+                else:
+                    self.failures.append(err)
+            self._producer.send(self.topic, value, partition=p, on_delivery=done)
+            i += 1
+            if i % 20 == 0:
+                time.sleep(0.02)  # ~1000 records/s: the move competes with real traffic
+
+    def stop(self) -> list[tuple[int, bytes]]:
+        self._stop.set()
+        self._thread.join(10)
+        self._producer.flush()
+        self._producer.close()
+        assert not self.failures, f"{len(self.failures)} sends failed, first: {self.failures[0]!r}"
+        return self.acked
+
+
+def test_partition_move_under_load_loses_nothing(split_cluster, admin, brook) -> None:
+    topic = "move"
+    admin.create_topics([NewTopic(topic, replica_assignments=[[1, 2], [2, 1]])])
+    sent = produce(split_cluster.bootstrap_servers, topic, 2, 300, "before")
+    writer = Writer(split_cluster.bootstrap_servers, topic, 2)
+    try:
+        wait_for(lambda: len(writer.acked) > 200, 30, "acks from the writer")
+        # Partition 0: the leader (1) leaves. Partition 1: a follower is swapped and the order changes.
+        code, out, err = brook("partition", "move", topic, "0", "--replicas", "3,2", "--wait")
+        assert code == 0, (out, err)
+        code, out, err = brook("partition", "move", topic, "1", "--replicas", "3,2", "--wait", "-o", "json")
+        assert code == 0 and json.loads(out)["complete"], (out, err)
+        before_stop = len(writer.acked)
+        wait_for(lambda: len(writer.acked) > before_stop + 200, 30, "acks after the moves")
+    finally:
+        sent += writer.stop()
+    parts = partitions_of(admin, topic)
+    assert [(p.replicas, sorted(p.isr)) for p in parts] == [((3, 2), [2, 3]), ((3, 2), [2, 3])], parts
+    code, out, err = brook("partition", "reassignments", "-o", "json")
+    assert code == 0 and json.loads(out) == [], (out, err)
+    # Broker 1 deleted its logs; broker 3 holds complete copies.
+    holders = wait_for(lambda: (h := log_holders(brook, topic)) and all(set(h[p]) == {2, 3} for p in (0, 1)) and h,
+                       30, "logs only on brokers 2 and 3")
+    for p in (0, 1):
+        ends = {b: (log["high_watermark"], log["log_end_offset"]) for b, log in holders[p].items()}
+        assert ends[3][1] >= ends[2][0], ends
+    got = read_all(split_cluster.bootstrap_servers, topic, 2, len(sent))
+    for p in (0, 1):
+        mine = [v for q, v in sent if q == p]
+        assert got[p] == mine, f"partition {p}: {len(got[p])} read, {len(mine)} acknowledged (in order)"
+
+
+def test_partition_move_refuses_bad_input(split_cluster, admin, brook) -> None:
+    topic = "move-bad"
+    admin.create_topics([NewTopic(topic, replica_assignments=[[1, 2]])])
+    for args, code_expected, message in (
+            (["--replicas", "1"], 1, "INVALID_REPLICATION_FACTOR"),
+            (["--replicas", "1,1"], 2, "twice"),
+            (["--replicas", "1,x"], 2, "--replicas must be"),
+            (["--replicas", "1,9"], 1, "unregistered"),
+            (["--cancel"], 1, "NO_REASSIGNMENT_IN_PROGRESS"),
+            ([], 2, "--replicas"),
+    ):
+        code, out, err = brook("partition", "move", topic, "0", *args)
+        assert code == code_expected and message in err, (args, code, out, err)
+    code, out, err = brook("partition", "move", topic, "5", "--replicas", "1,2")
+    assert code == 1 and "no partition 5" in err, (out, err)
+    assert partitions_of(admin, topic)[0].replicas == (1, 2)
+
+
+def test_decommission_unregister_then_rebalance_onto_a_new_broker(split_cluster, admin, brook) -> None:
+    """Empty broker 3 while writes go on, stop it, release its id; start it again as a new, empty
+    broker and rebalance replicas and leaders onto it."""
+    # RF 3 topics of the earlier tests could not leave broker 3 (only 2 brokers would remain).
+    leftovers = [t for t in admin.list_topics() if not t.startswith("__")]
+    if leftovers:
+        admin.delete_topics(leftovers)
+    topic = "decom"
+    admin.create_topics([NewTopic(topic, 6, 2)])
+    sent = produce(split_cluster.bootstrap_servers, topic, 6, 50, "before")
+    code, out, err = brook("cluster", "unregister", "3")
+    assert code == 1 and "running" in err, (out, err)
+    code, out, err = brook("cluster", "decommission", "3", "--dry-run", "-o", "json")
+    assert code == 0, (out, err)
+    planned = json.loads(out)["moves"]
+    assert planned and all(3 in m["from"] and 3 not in m["to"] for m in planned), planned
+    assert any(3 in p.replicas for p in partitions_of(admin, topic)), "dry run moved something"
+
+    writer = Writer(split_cluster.bootstrap_servers, topic, 6)
+    try:
+        code, out, err = brook("cluster", "decommission", "3", "--wait")
+        assert code == 0, (out, err)
+    finally:
+        sent += writer.stop()
+    desc = admin._call("DescribeCluster", controller_pb2.DescribeClusterRequest())
+    assert not [f"{p.topic}-{p.partition}" for p in desc.partitions if 3 in p.replicas]
+    code, out, err = brook("cluster", "unregister", "3")
+    assert code == 1 and "running" in err, (out, err)
+    split_cluster.stop_node(3)
+    wait_for(lambda: 3 in admin.describe_cluster().fenced_brokers, 30, "broker 3 fenced after its stop")
+    code, out, err = brook("cluster", "unregister", "3")
+    assert code == 0, (out, err)
+    assert 3 not in [b.node_id for b in admin.describe_cluster().brokers]
+
+    # The same id comes back as a new broker: it registers again and holds nothing.
+    split_cluster.start_node(3)
+    wait_back(admin, 3)
+    code, out, err = brook("cluster", "rebalance", "--wait", "-o", "json")
+    assert code == 0, (out, err)
+    assert json.loads(out)["moves"], out
+    desc = admin._call("DescribeCluster", controller_pb2.DescribeClusterRequest())
+    counts = {b: sum(b in p.replicas for p in desc.partitions) for b in (1, 2, 3)}
+    assert max(counts.values()) - min(counts.values()) <= 1, counts
+    wait_for(lambda: all(p.leader == p.replicas[0] for p in partitions_of(admin, topic)), 30,
+             "preferred leaders elected after the rebalance")
+    got = read_all(split_cluster.bootstrap_servers, topic, 6, len(sent))
+    for p in range(6):
+        mine = [v for q, v in sent if q == p]
+        assert got[p] == mine, f"partition {p}: {len(got[p])} read, {len(mine)} acknowledged (in order)"

@@ -1,0 +1,145 @@
+"""``brook partition``: move partitions between brokers, list and cancel moves in progress."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from admin_cli.common import INT32_MAX, BootstrapOpt, CliError, OutputOpt, err, ok, show, state, table
+from client.admin import Admin
+from client.types import TopicPartition
+from proto import controller_pb2
+
+app = typer.Typer(help="Move partitions between brokers (reassignment).", no_args_is_help=True)
+
+WAIT_POLL_S = 0.5
+DEFAULT_WAIT_S = 600.0
+
+WaitOpt = Annotated[bool, typer.Option("--wait", help="Wait until the move is complete.")]
+WaitTimeoutOpt = Annotated[float, typer.Option("--wait-timeout", help="Seconds --wait waits at most.", min=1)]
+
+
+def parse_replicas(text: str) -> list[int]:
+    try:
+        replicas = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"--replicas must be broker ids separated by commas (e.g. 3,1,2), not {text!r}", code=2) \
+            from None
+    if not replicas or any(not 0 <= r <= INT32_MAX for r in replicas):
+        raise CliError(f"--replicas must be broker ids separated by commas (e.g. 3,1,2), not {text!r}", code=2)
+    if len(set(replicas)) != len(replicas):
+        raise CliError(f"--replicas {text} names a broker twice", code=2)
+    return replicas
+
+
+def submit(admin: Admin, moves: dict[TopicPartition, list[int] | None], timeout_s: float) -> dict[TopicPartition, str]:
+    """Send the moves; {tp: error text} for the refused ones."""
+    results = admin.alter_partition_reassignments(moves, timeout_ms=int(timeout_s * 1000))
+    return {tp: f"{e.name}: {e.message}" for tp, e in results.items() if e is not None}
+
+
+def wait_done(admin: Admin, tps: list[TopicPartition], timeout_s: float, *, quiet: bool) -> None:
+    """Poll until none of ``tps`` is being reassigned; CliError at the deadline, naming what is left."""
+    deadline = time.monotonic() + timeout_s
+    last_report = 0.0
+    left: dict[TopicPartition, Any] = {}
+    while True:
+        left = {tp: r for tp, r in admin.list_partition_reassignments().items() if tp in set(tps)}
+        if not left:
+            return
+        now = time.monotonic()
+        if now >= deadline:
+            detail = ", ".join(f"{tp.topic}-{tp.partition} (adding {r.adding_replicas}, ISR {r.isr})"
+                               for tp, r in sorted(left.items())[:5])
+            raise CliError(f"{len(left)} moves still in progress after {timeout_s:.0f} s: {detail}")
+        if not quiet and now - last_report >= 5:
+            err.print(f"waiting: {len(left)} of {len(tps)} moves in progress", highlight=False)
+            last_report = now
+        time.sleep(WAIT_POLL_S)
+
+
+@app.command(epilog="Examples:\n\nbrook partition move orders 0 --replicas 3,1,2 --wait\n\n"
+             "brook partition move orders 0 --cancel")
+def move(
+    ctx: typer.Context,
+    topic: Annotated[str, typer.Argument(help="Topic name.")],
+    partition: Annotated[int, typer.Argument(help="Partition.", min=0, max=INT32_MAX)],
+    replicas: Annotated[str | None, typer.Option(
+        "--replicas", help="Target broker ids, preferred leader first, e.g. 3,1,2 (same count as now).")] = None,
+    cancel: Annotated[bool, typer.Option("--cancel", help="Cancel the move in progress instead.")] = False,
+    wait: WaitOpt = False,
+    wait_timeout: WaitTimeoutOpt = DEFAULT_WAIT_S,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Move a partition's replicas to other brokers. The new replicas copy the log as followers while the
+    old ones keep serving; once every target replica is in sync the controller drops the others (and moves
+    leadership if the leader leaves). Nothing acknowledged is lost on the way."""
+    if cancel == (replicas is not None):
+        raise CliError("give either --replicas B1,B2,... or --cancel", code=2)
+    target = None if cancel else parse_replicas(replicas or "")
+    st = state(ctx, bootstrap, output)
+    t = st.backend.topic(topic)
+    if partition not in t.partitions:
+        raise CliError(f"UNKNOWN_TOPIC_OR_PARTITION: topic '{topic}' has no partition {partition}; nothing moved")
+    tp = TopicPartition(topic, partition)
+    refused = submit(st.backend.admin, {tp: target}, st.backend.timeout_s)
+    if refused:
+        raise CliError(refused[tp])
+    if wait and not cancel:
+        wait_done(st.backend.admin, [tp], wait_timeout, quiet=st.json)
+    verb = "cancelled the move of" if cancel else ("moved" if wait else "moving")
+    ok(st, f"{verb} {topic}-{partition}" + ("" if cancel else f" to replicas {target}"),
+       {"topic": topic, "partition": partition, "replicas": target, "cancelled": cancel, "complete": wait})
+
+
+@app.command(epilog="Examples:\n\nbrook partition reassignments\n\nbrook partition reassignments -t orders -o json")
+def reassignments(
+    ctx: typer.Context,
+    topic: Annotated[list[str] | None, typer.Option("--topic", "-t", help="Only this topic (repeatable).")] = None,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """The moves in progress: target and leaving replicas, and which new replicas are still catching up."""
+    st = state(ctx, bootstrap, output)
+    st.backend.metadata()
+    moves = st.backend.admin.list_partition_reassignments(topic or None)
+    rows = [{"topic": tp.topic, "partition": tp.partition, "replicas": r.replicas, "adding": r.adding_replicas,
+             "removing": r.removing_replicas, "isr": r.isr, "leader": r.leader,
+             "catching_up": [b for b in r.adding_replicas if b not in r.isr]}
+            for tp, r in sorted(moves.items())]
+    show(st, rows, table("Reassignments in progress", ["PARTITION", "ADDING", "REMOVING", "ISR", "CATCHING UP"],
+                         [[f"{r['topic']}-{r['partition']}", r["adding"] or "-", r["removing"] or "-", r["isr"],
+                           Text(str(r["catching_up"]), style="yellow") if r["catching_up"] else "-"] for r in rows]),
+         note=None if rows else "no reassignment in progress")
+
+
+def current_assignment(st: Any) -> tuple[dict[tuple[str, int], list[int]], dict[int, str],
+                                         controller_pb2.DescribeClusterResponse]:
+    """(assignment, {live broker id: rack}, the cluster description); refuses while moves are in progress."""
+    desc = st.backend.describe_cluster()
+    moving = [f"{p.topic}-{p.partition}" for p in desc.partitions if p.adding_replicas or p.removing_replicas]
+    if moving:
+        raise CliError(f"{len(moving)} moves are in progress ({', '.join(sorted(moving)[:5])}): wait for them "
+                       f"(brook partition reassignments) or cancel them first")
+    assignment = {(p.topic, p.partition): list(p.replicas) for p in desc.partitions}
+    live = {b.node_id: b.rack for b in desc.brokers if not b.fenced and not b.in_controlled_shutdown}
+    return assignment, live, desc
+
+
+def apply_plan(st: Any, moves: dict[tuple[str, int], list[int]], *, wait: bool, wait_timeout: float) -> None:
+    refused = submit(st.backend.admin, {TopicPartition(*tp): r for tp, r in moves.items()}, st.backend.timeout_s)
+    if refused:
+        lines = "; ".join(f"{tp.topic}-{tp.partition}: {e}" for tp, e in sorted(refused.items())[:5])
+        raise CliError(f"{len(refused)} of {len(moves)} moves refused: {lines}")
+    if wait:
+        wait_done(st.backend.admin, [TopicPartition(*tp) for tp in moves], wait_timeout, quiet=st.json)
+
+
+def plan_table(title: str, assignment: dict[tuple[str, int], list[int]],
+               moves: dict[tuple[str, int], list[int]]) -> Any:
+    return table(title, ["PARTITION", "FROM", "TO"],
+                 [[f"{t}-{p}", assignment[(t, p)], moves[(t, p)]] for t, p in sorted(moves)])

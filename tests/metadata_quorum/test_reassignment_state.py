@@ -1,0 +1,76 @@
+"""Partition reassignment in the metadata state machine: start, redirect, cancel, complete."""
+
+from __future__ import annotations
+
+from test_state import cluster, create, fence, part
+
+from metadata_quorum import commands as c
+from metadata_quorum.state import MetadataState
+from proto.errors import ErrorCode
+
+
+def isr_add(s: MetadataState, name: str, broker: int) -> None:
+    p = part(s, name)
+    result = s.apply(c.ChangePartition([c.PartitionChangeItem(name, 0, p.partition_epoch, p.leader_epoch,
+                                                              p.isr + [broker])], p.leader,
+                                       s.brokers[p.leader].broker_epoch))
+    assert result.ok and result.value[0].error_code == ErrorCode.NONE, result
+
+
+def test_a_move_adds_then_removes_and_moves_the_leader_last() -> None:
+    s = cluster(4)
+    create(s, "t", [[1, 2]])
+    p = part(s, "t")
+    assert s.apply(c.AlterReassignment("t", 0, p.partition_epoch, [3, 4])).ok
+    p = part(s, "t")
+    assert (p.replicas, p.adding, p.removing, p.isr, p.leader) == ([3, 4, 1, 2], [3, 4], [1, 2], [1, 2], 1)
+    # Not in sync yet: completing is refused and changes nothing.
+    refused = s.apply(c.CompleteReassignment("t", 0, p.partition_epoch))
+    assert not refused.ok and "not in sync" in refused.error_message
+    isr_add(s, "t", 3)
+    isr_add(s, "t", 4)
+    p = part(s, "t")
+    epoch = p.leader_epoch
+    assert s.apply(c.CompleteReassignment("t", 0, p.partition_epoch)).ok
+    p = part(s, "t")
+    assert (p.replicas, p.adding, p.removing, p.isr, p.leader) == ([3, 4], [], [], [3, 4], 3)
+    assert p.leader_epoch == epoch + 1
+    # The snapshot round-trips the finished and the in-progress forms alike.
+    assert MetadataState.from_snapshot(s.to_snapshot()) == s
+
+
+def test_cancel_redirect_and_refusals() -> None:
+    s = cluster(4)
+    create(s, "t", [[1, 2]])
+    p = part(s, "t")
+    for target, code in (([1], ErrorCode.INVALID_REPLICATION_FACTOR), ([3, 3], ErrorCode.INVALID_REPLICA_ASSIGNMENT),
+                         ([3, 9], ErrorCode.INVALID_REPLICA_ASSIGNMENT)):
+        r = s.apply(c.AlterReassignment("t", 0, p.partition_epoch, target))
+        assert r.error_code == code, (target, r)
+    assert s.apply(c.AlterReassignment("t", 0, p.partition_epoch, None)).error_code == ErrorCode.NO_REASSIGNMENT_IN_PROGRESS
+    assert s.apply(c.AlterReassignment("t", 0, p.partition_epoch + 1, [3, 4])).error_code == \
+        ErrorCode.INVALID_UPDATE_VERSION
+    assert part(s, "t").partition_epoch == p.partition_epoch  # refused: nothing changed
+    assert s.apply(c.AlterReassignment("t", 0, p.partition_epoch, [3, 4])).ok
+    isr_add(s, "t", 3)
+    # Redirect to [2, 1]-free target [4, 1]: 3 joined the ISR but leaves again; originals stay.
+    p = part(s, "t")
+    assert s.apply(c.AlterReassignment("t", 0, p.partition_epoch, [4, 1])).ok
+    p = part(s, "t")
+    assert (p.replicas, p.adding, p.removing, p.isr) == ([4, 1, 2], [4], [2], [1, 2])
+    assert s.apply(c.AlterReassignment("t", 0, p.partition_epoch, None)).ok
+    p = part(s, "t")
+    assert (p.replicas, p.adding, p.removing, p.isr, p.leader) == ([1, 2], [], [], [1, 2], 1)
+
+
+def test_a_leader_that_joined_during_a_move_hands_over_when_the_move_is_redirected() -> None:
+    s = cluster(4)
+    create(s, "t", [[1, 2]])
+    assert s.apply(c.AlterReassignment("t", 0, part(s, "t").partition_epoch, [3, 2])).ok
+    isr_add(s, "t", 3)
+    fence(s, 1)  # 1 dies: the first eligible ISR member in replica order [3, 2, 1] leads
+    p = part(s, "t")
+    assert p.leader == 3, p
+    assert s.apply(c.AlterReassignment("t", 0, p.partition_epoch, [4, 2])).ok
+    p = part(s, "t")
+    assert p.leader == 2 and 3 not in p.replicas and p.isr == [2], p
