@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.metadata_cache import MetadataCache, MetadataDelta, PartitionInfo, TopicInfo
+from metadata_quorum import cluster_configs
 from proto import broker_pb2, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig, ReplicaFetcherManager
@@ -318,7 +319,20 @@ class ReplicaManager:
                     log.exception("applying metadata for %s-%d failed", info.topic, info.partition)
             if delta.is_snapshot:
                 self._remove_unknown_logs(seen)
+            if delta.cluster_configs is not None:
+                self._apply_cluster_configs(delta.cluster_configs)
             self._reconcile_fetchers()
+
+    def _apply_cluster_configs(self, configs: dict[str, str]) -> None:
+        """Dynamic cluster configs: topic defaults for the logs, the follower copy throttle."""
+        try:
+            self.log_manager.set_dynamic_defaults(cluster_configs.topic_defaults(configs))
+        except Exception:
+            log.exception("applying dynamic topic defaults failed")
+        rate = cluster_configs.follower_throttle(configs)
+        if rate != self.fetchers.config.throttle.rate:
+            log.info("follower replication throttle: %s", f"{rate} bytes/s" if rate else "none")
+        self.fetchers.config.throttle.set_rate(rate)
 
     def _apply_partition(self, info: PartitionInfo) -> None:
         key = (info.topic, info.partition)
@@ -732,13 +746,13 @@ class ReplicaManager:
             log.info("%s-%d: AlterPartition refused: %s %s", result.topic, result.partition,
                      errors.code_name(result.error_code), result.error_message)
             st = result.partition_state
-            current = (tuple(st.isr), st.leader_epoch, st.partition_epoch) if result.HasField("partition_state") \
-                else None
-            p.alter_refused(proposal, current)
+            current = (tuple(st.isr), st.leader_epoch, st.partition_epoch, tuple(st.replicas)) \
+                if result.HasField("partition_state") else None
+            p.alter_refused(proposal, current, now_ms())
             self._complete_delayed(p.key)
             return
         st = result.partition_state
-        if p.apply_committed_state(tuple(st.isr), st.leader_epoch, st.partition_epoch):
+        if p.apply_committed_state(tuple(st.isr), st.leader_epoch, st.partition_epoch, tuple(st.replicas), now_ms()):
             self._complete_delayed(p.key)
         else:
             self._complete_delayed(p.key)  # ISR size changed: waiting acks=all re-check min ISR

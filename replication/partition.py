@@ -139,18 +139,22 @@ class Partition:
                     self.log.assign_epoch_start_offset(leader_epoch, leo)
                 self.leader_epoch_start_offset = leo
                 self.followers = {}
-            for rid in replicas:
-                if rid != self.local_id and rid not in self.followers:
-                    f = FollowerProgress(rid)
-                    f.reset(now_ms, rid in isr)
-                    self.followers[rid] = f
-            for rid in [r for r in self.followers if r not in replicas]:
-                del self.followers[rid]
+            self._sync_followers(now_ms)
             self._maybe_increment_hw()
             self.change_seq += 1
             self.data_seq += 1
             self.appended.notify_all()
             return new_term
+
+    def _sync_followers(self, now_ms: int) -> None:
+        """Follower progress for exactly the current replicas (new ones start unknown). Caller holds the lock."""
+        for rid in self.replicas:
+            if rid != self.local_id and rid not in self.followers:
+                f = FollowerProgress(rid)
+                f.reset(now_ms, rid in self.isr)
+                self.followers[rid] = f
+        for rid in [r for r in self.followers if r not in self.replicas]:
+            del self.followers[rid]
 
     def make_follower(self, leader_id: int, replicas: tuple[int, ...], isr: tuple[int, ...],
                       leader_epoch: int, partition_epoch: int) -> bool:
@@ -181,8 +185,11 @@ class Partition:
             self.data_seq += 1
             self.appended.notify_all()
 
-    def apply_committed_state(self, isr: tuple[int, ...], leader_epoch: int, partition_epoch: int) -> bool:
-        """A committed ISR change for the current leadership. True if the HW moved."""
+    def apply_committed_state(self, isr: tuple[int, ...], leader_epoch: int, partition_epoch: int,
+                              replicas: tuple[int, ...] | None = None, now_ms: int = 0) -> bool:
+        """A committed state of the current leadership (from an AlterPartition answer). True if the HW
+        moved. ``replicas`` come with it: a reassignment changes them without a new leader epoch, and
+        the partition epoch taken here would otherwise hide that change when the metadata arrives."""
         with self.lock:
             if leader_epoch != self.leader_epoch or partition_epoch < self.partition_epoch:
                 return False
@@ -192,6 +199,10 @@ class Partition:
             self.isr = isr
             self.partition_epoch = partition_epoch
             self.pending_isr = None
+            if replicas and tuple(replicas) != tuple(self.replicas):
+                self.replicas = tuple(replicas)
+                if self.is_leader:
+                    self._sync_followers(now_ms)
             if self.is_leader:
                 shrunk = set(old) - set(isr)
                 grown = set(isr) - set(old)
@@ -218,16 +229,17 @@ class Partition:
                     and self.leader_epoch == proposal.leader_epoch
                     and self.partition_epoch == proposal.partition_epoch)
 
-    def alter_refused(self, proposal: IsrProposal, current: tuple[tuple[int, ...], int, int] | None) -> bool:
+    def alter_refused(self, proposal: IsrProposal, current: tuple[Any, ...] | None, now_ms: int = 0) -> bool:
         """The controller refused ``proposal``; ``current`` is its committed (isr, leader epoch,
-        partition epoch) when it sent one. A newer state of this leadership is taken as committed
-        (an earlier attempt of this very change may be in it); otherwise nothing was applied and
-        the pending ISR is dropped (the next check proposes again). True if the HW moved."""
+        partition epoch[, replicas]) when it sent one. A newer state of this leadership is taken as
+        committed (an earlier attempt of this very change may be in it); otherwise nothing was applied
+        and the pending ISR is dropped (the next check proposes again). True if the HW moved."""
         with self.lock:
             if current is not None:
-                isr, leader_epoch, partition_epoch = current
+                isr, leader_epoch, partition_epoch = current[:3]
+                replicas = current[3] if len(current) > 3 else None
                 if leader_epoch == self.leader_epoch and partition_epoch > self.partition_epoch:
-                    return self.apply_committed_state(isr, leader_epoch, partition_epoch)
+                    return self.apply_committed_state(isr, leader_epoch, partition_epoch, replicas, now_ms)
             if self.pending_isr == proposal.new_isr and self.partition_epoch == proposal.partition_epoch:
                 self.pending_isr = None
             return False

@@ -186,3 +186,15 @@ def test_a_high_watermark_past_the_log_end_is_raised_not_clamped(tmp_path: Path)
     assert p.log.log_end_offset == 2  # refused before appending
     with pytest.raises(ReplicationInvariantError):
         p.make_leader((1, 2, 3), (1,), 2, 2, now_ms=0)
+
+
+def test_a_refusal_carrying_moved_replicas_updates_the_leaders_followers(tmp_path: Path) -> None:
+    """A move adds replica 4 without a new leader epoch. When a refused AlterPartition hands the leader
+    that state (and its partition epoch), the leader must learn the replicas with it: the metadata of
+    the same partition epoch is ignored afterwards, so 4 could otherwise never fetch."""
+    p = leader_of(tmp_path, epoch=1)
+    prop = p.maybe_shrink_isr(now_ms=10**12, lag_max_ms=1)  # everybody lags: a proposal is pending
+    assert prop is not None
+    p.alter_refused(prop, ((1, 2, 3), 1, p.partition_epoch + 2, (4, 1, 2, 3)), now_ms=10**12)
+    assert p.replicas == (4, 1, 2, 3) and set(p.followers) == {2, 3, 4}
+    assert not p.make_leader((4, 1, 2, 3), (1, 2, 3), 1, p.partition_epoch, 10**12)  # nothing newer

@@ -21,7 +21,7 @@ from brooksim.cluster import SimConfig, SimFailure, run_seed  # noqa: E402
 
 def _config(args: argparse.Namespace) -> SimConfig:
     return SimConfig(steps=args.steps, brokers=args.brokers, stale_term_read=args.stale_term_read,
-                     lose_alter_responses=args.lose_alter_responses)
+                     lose_alter_responses=args.lose_alter_responses, reassignments=args.reassignments)
 
 
 def _one(job: tuple[int, argparse.Namespace]) -> tuple[int, str, dict[str, int]]:
@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stale-term-read", action="store_true",
                     help="also inject the stale-activation interleaving (an election between the "
                          "controller's is_leader() and its read of the term)")
+    ap.add_argument("--reassignments", action="store_true",
+                    help="operators move partitions while faults happen (use with --brokers 4 or more)")
     ap.add_argument("--lose-alter-responses", action="store_true",
                     help="also lose AlterPartition responses the controller committed (unknown outcome)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")

@@ -69,6 +69,9 @@ class SimConfig:
     # an unknown outcome and can then advance the HW past a member that did join the ISR
     # (see tests/sim/testdata/alter_partition_lost_response.txt).
     lose_alter_responses: bool = False
+    # Operators move partitions (AlterPartitionReassignments: new targets, redirects, cancels) while
+    # everything else goes on; the controller completes each move once its target is in sync.
+    reassignments: bool = False
 
 
 class SimFetcher(ReplicaFetcher):
@@ -342,12 +345,12 @@ class SimCluster:
                 continue
             st = result.partition_state
             if result.error_code != ErrorCode.NONE:
-                current = (tuple(st.isr), st.leader_epoch, st.partition_epoch) \
+                current = (tuple(st.isr), st.leader_epoch, st.partition_epoch, tuple(st.replicas)) \
                     if result.HasField("partition_state") else None
-                p.alter_refused(pr, current)
+                p.alter_refused(pr, current, self.now_ms)
                 out.append(f"{result.topic}-{result.partition} {errors.code_name(result.error_code)}")
                 continue
-            p.apply_committed_state(tuple(st.isr), st.leader_epoch, st.partition_epoch)
+            p.apply_committed_state(tuple(st.isr), st.leader_epoch, st.partition_epoch, tuple(st.replicas), self.now_ms)
             out.append(f"{result.topic}-{result.partition} isr={list(st.isr)} pe={st.partition_epoch}")
         self._alter_retry(b, list(by_key.values()))
         return f"alter {bid}: " + "; ".join(out)
@@ -359,6 +362,25 @@ class SimCluster:
             p = b.partitions.get((pr.topic, pr.partition))
             if p is not None and p.alter_outcome_unknown(pr):
                 b.alter_queue.setdefault((pr.topic, pr.partition), pr)
+
+    def ev_reassign(self, pick: int, cancel: bool) -> str:
+        """An operator's AlterPartitionReassignments: a random target of the same size, or a cancel."""
+        state = self.quorum.state
+        parts = [(t.name, i, p) for t in state.topics.values() for i, p in enumerate(t.partitions)]
+        if not parts:
+            return "reassign: no partitions"
+        name, index, p = parts[pick % len(parts)]
+        item = cpb.ReassignablePartition(topic=name, partition=index, cancel=cancel)
+        if not cancel:
+            item.replicas.extend(self.rng.sample(sorted(self.brokers), p.replication_factor))
+        try:
+            resp = self._active_controller().alter_reassignments(
+                cpb.AlterPartitionReassignmentsRequest(partitions=[item]), REQUEST_TIMEOUT_S)
+        except errors.BrookError as exc:
+            return f"reassign {name}-{index}: {errors.code_name(exc.code)}"
+        r = resp.results[0]
+        what = "cancel" if cancel else f"to {list(item.replicas)}"
+        return f"reassign {name}-{index} {what}: {errors.code_name(r.error_code)}"
 
     # ================================================================ events: metadata to brokers
     def ev_metadata(self, bid: int) -> str:
@@ -391,6 +413,7 @@ class SimCluster:
         if b.node_id not in ps.replicas:
             b.partitions.pop(key, None)
             b.fetching.pop(key, None)
+            b.logs.pop(key, None)  # the replica manager deletes the log of a partition no longer hosted
             return
         p = b.partitions.get(key)
         if p is None:
@@ -735,6 +758,8 @@ class SimCluster:
                 (2, lambda: (self.ev_controller_restart, (rng.choice([c for c in cids if not self.quorum.up[c]]
                                                                      or cids),))),
             ]
+        if self.config.reassignments:
+            events.append((2, lambda: (self.ev_reassign, (rng.randrange(64), rng.random() < 0.2))))
         if self.config.stale_term_read and self.quorum.leader is not None:
             events.append((1, lambda: (self.arm_stale_term_read, (self.quorum.leader,))))
         total = sum(w for w, _ in events)

@@ -213,6 +213,9 @@ class Invariants:
         for topic in state.topics.values():
             for index, ps in enumerate(topic.partitions):
                 key = (topic.name, index)
+                if ps.reassigning:
+                    self.fail(f"{key}: a reassignment is still in progress after healing: replicas {ps.replicas}, "
+                              f"adding {ps.adding}, removing {ps.removing}, ISR {ps.isr}")
                 if ps.leader != ps.replicas[0] or sorted(ps.isr) != sorted(ps.replicas):
                     # Leadership returns to the preferred replica (auto.leader.rebalance.enable).
                     self.fail(f"{key}: not healed: leader {ps.leader} ISR {ps.isr} replicas {ps.replicas}")
