@@ -19,6 +19,7 @@ from admin_cli.common import (
     err,
     ok,
     out,
+    parse_pairs,
     print_json,
     show,
     state,
@@ -354,6 +355,7 @@ def decommission(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the moves; change nothing.")] = False,
     wait: partition_cli.WaitOpt = False,
     wait_timeout: partition_cli.WaitTimeoutOpt = partition_cli.DEFAULT_WAIT_S,
+    throttle: partition_cli.ThrottleOpt = None,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
@@ -373,11 +375,12 @@ def decommission(
     if plan.empty:
         show(st, data, table(None, ["PARTITION"], []), note=f"broker {broker} holds no replicas")
         return
+    note = ""
     if not dry_run:
-        partition_cli.apply_plan(st, plan.moves, wait=wait, wait_timeout=wait_timeout)
+        note = partition_cli.apply_plan(st, plan.moves, wait=wait, wait_timeout=wait_timeout, throttle=throttle)
     verb = "would move" if dry_run else ("moved" if wait else "moving")
     show(st, data, partition_cli.plan_table(f"Decommission broker {broker}", assignment, plan.moves),
-         note=f"{verb} {len(plan.moves)} replicas off broker {broker}"
+         note=f"{verb} {len(plan.moves)} replicas off broker {broker}" + note
               + ("" if dry_run else "; when done, stop it and run: brook cluster unregister " + str(broker)))
 
 
@@ -401,6 +404,7 @@ def rebalance(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the moves; change nothing.")] = False,
     wait: partition_cli.WaitOpt = False,
     wait_timeout: partition_cli.WaitTimeoutOpt = partition_cli.DEFAULT_WAIT_S,
+    throttle: partition_cli.ThrottleOpt = None,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
@@ -417,10 +421,84 @@ def rebalance(
     if plan.empty:
         show(st, data, table(None, ["PARTITION"], []), note="replicas and leaders are already even")
         return
+    note = ""
     if not dry_run:
-        partition_cli.apply_plan(st, plan.moves, wait=wait, wait_timeout=wait_timeout)
+        note = partition_cli.apply_plan(st, plan.moves, wait=wait, wait_timeout=wait_timeout, throttle=throttle)
         if wait:
             st.backend.admin.elect_leaders("preferred", [TopicPartition(*tp) for tp in plan.moves])
     verb = "would move" if dry_run else ("moved" if wait else "moving")
     show(st, data, partition_cli.plan_table("Rebalance", assignment, plan.moves),
-         note=f"{verb} {len(plan.moves)} partitions")
+         note=f"{verb} {len(plan.moves)} partitions{note}")
+
+
+# ----------------------------------------------------------------------------- dynamic configs
+
+config_app = typer.Typer(help="Cluster-wide broker configs changed at runtime (stored in the quorum).",
+                         no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("get", epilog="Examples:\n\nbrook cluster config get\n\nbrook cluster config get log.retention.ms")
+def config_get(
+    ctx: typer.Context,
+    keys: Annotated[list[str] | None, typer.Argument(help="Only these keys.")] = None,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Every dynamic cluster config: its value and where it comes from (dynamic: set at runtime; node: the
+    controller's file; default: built in)."""
+    st = state(ctx, bootstrap, output)
+    st.backend.metadata()
+    entries = st.backend.admin.describe_cluster_configs()
+    unknown = [k for k in keys or [] if k not in entries]
+    if unknown:
+        raise CliError(f"'{unknown[0]}' is not a dynamic cluster config (brook cluster config get lists them)",
+                       code=2)
+    rows = [{"name": e.name, "value": e.value, "source": e.source} for n, e in sorted(entries.items())
+            if not keys or n in keys]
+    show(st, rows, table("Cluster configs", ["KEY", "VALUE", "SOURCE"],
+                         [[r["name"], r["value"] or "-", r["source"]] for r in rows]))
+
+
+@config_app.command("set", epilog="Examples:\n\nbrook cluster config set log.retention.ms=86400000\n\n"
+                    "brook cluster config set follower.replication.throttled.rate=10485760")
+def config_set(
+    ctx: typer.Context,
+    pairs: Annotated[list[str], typer.Argument(help="key=value (one or more).")],
+    validate_only: Annotated[bool, typer.Option(help="Check the change; apply nothing.")] = False,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Set cluster-wide broker configs; every broker applies them at once, no restart."""
+    from metadata_quorum import cluster_configs
+
+    values = parse_pairs(pairs, "key=value")
+    try:
+        cluster_configs.validate(values)  # a clear error before anything is sent
+    except errors.BrookError as e:
+        raise CliError(e.message, code=2) from None
+    st = state(ctx, bootstrap, output)
+    st.backend.metadata()
+    st.backend.admin.alter_cluster_configs(set=values, validate_only=validate_only)
+    ok(st, f"{'would set' if validate_only else 'set'} {', '.join(f'{k}={v}' for k, v in values.items())}",
+       {"set": values, "validate_only": validate_only})
+
+
+@config_app.command("delete", epilog="Examples:\n\nbrook cluster config delete follower.replication.throttled.rate")
+def config_delete(
+    ctx: typer.Context,
+    keys: Annotated[list[str], typer.Argument(help="Keys to reset to the nodes' own values.")],
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Remove dynamic values: each node's file (or the built-in default) applies again."""
+    from metadata_quorum import cluster_configs
+
+    try:
+        cluster_configs.validate({}, keys)
+    except errors.BrookError as e:
+        raise CliError(e.message, code=2) from None
+    st = state(ctx, bootstrap, output)
+    st.backend.metadata()
+    st.backend.admin.alter_cluster_configs(delete=keys)
+    ok(st, f"deleted {', '.join(keys)}", {"deleted": keys})

@@ -20,6 +20,10 @@ DEFAULT_WAIT_S = 600.0
 
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Wait until the move is complete.")]
 WaitTimeoutOpt = Annotated[float, typer.Option("--wait-timeout", help="Seconds --wait waits at most.", min=1)]
+ThrottleOpt = Annotated[int | None, typer.Option(
+    "--throttle", help="Limit the copy to this many bytes/s per broker (follower.replication.throttled.rate; "
+                       "removed again when --wait sees the moves done).", min=1)]
+THROTTLE_KEY = "follower.replication.throttled.rate"
 
 
 def parse_replicas(text: str) -> list[int]:
@@ -39,6 +43,21 @@ def submit(admin: Admin, moves: dict[TopicPartition, list[int] | None], timeout_
     """Send the moves; {tp: error text} for the refused ones."""
     results = admin.alter_partition_reassignments(moves, timeout_ms=int(timeout_s * 1000))
     return {tp: f"{e.name}: {e.message}" for tp, e in results.items() if e is not None}
+
+
+def set_throttle(st: Any, rate: int | None) -> None:
+    if rate is not None:
+        st.backend.admin.alter_cluster_configs(set={THROTTLE_KEY: str(rate)})
+
+
+def end_throttle(st: Any, rate: int | None, waited: bool) -> str:
+    """Remove the throttle once the moves are done; else say how to."""
+    if rate is None:
+        return ""
+    if waited:
+        st.backend.admin.alter_cluster_configs(delete=[THROTTLE_KEY])
+        return "; throttle removed"
+    return f"; throttled to {rate} bytes/s until: brook cluster config delete {THROTTLE_KEY}"
 
 
 def wait_done(admin: Admin, tps: list[TopicPartition], timeout_s: float, *, quiet: bool) -> None:
@@ -72,6 +91,7 @@ def move(
     cancel: Annotated[bool, typer.Option("--cancel", help="Cancel the move in progress instead.")] = False,
     wait: WaitOpt = False,
     wait_timeout: WaitTimeoutOpt = DEFAULT_WAIT_S,
+    throttle: ThrottleOpt = None,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
@@ -86,14 +106,18 @@ def move(
     if partition not in t.partitions:
         raise CliError(f"UNKNOWN_TOPIC_OR_PARTITION: topic '{topic}' has no partition {partition}; nothing moved")
     tp = TopicPartition(topic, partition)
+    set_throttle(st, throttle)
     refused = submit(st.backend.admin, {tp: target}, st.backend.timeout_s)
     if refused:
+        end_throttle(st, throttle, True)
         raise CliError(refused[tp])
     if wait and not cancel:
         wait_done(st.backend.admin, [tp], wait_timeout, quiet=st.json)
+    note = end_throttle(st, throttle, wait)
     verb = "cancelled the move of" if cancel else ("moved" if wait else "moving")
-    ok(st, f"{verb} {topic}-{partition}" + ("" if cancel else f" to replicas {target}"),
-       {"topic": topic, "partition": partition, "replicas": target, "cancelled": cancel, "complete": wait})
+    ok(st, f"{verb} {topic}-{partition}" + ("" if cancel else f" to replicas {target}") + note,
+       {"topic": topic, "partition": partition, "replicas": target, "cancelled": cancel, "complete": wait,
+        "throttle": throttle})
 
 
 @app.command(epilog="Examples:\n\nbrook partition reassignments\n\nbrook partition reassignments -t orders -o json")
@@ -130,13 +154,17 @@ def current_assignment(st: Any) -> tuple[dict[tuple[str, int], list[int]], dict[
     return assignment, live, desc
 
 
-def apply_plan(st: Any, moves: dict[tuple[str, int], list[int]], *, wait: bool, wait_timeout: float) -> None:
+def apply_plan(st: Any, moves: dict[tuple[str, int], list[int]], *, wait: bool, wait_timeout: float,
+               throttle: int | None = None) -> str:
+    """Submit the moves (and wait); returns a note about the throttle."""
+    set_throttle(st, throttle)
     refused = submit(st.backend.admin, {TopicPartition(*tp): r for tp, r in moves.items()}, st.backend.timeout_s)
     if refused:
         lines = "; ".join(f"{tp.topic}-{tp.partition}: {e}" for tp, e in sorted(refused.items())[:5])
         raise CliError(f"{len(refused)} of {len(moves)} moves refused: {lines}")
     if wait:
         wait_done(st.backend.admin, [TopicPartition(*tp) for tp in moves], wait_timeout, quiet=st.json)
+    return end_throttle(st, throttle, wait)
 
 
 def plan_table(title: str, assignment: dict[tuple[str, int], list[int]],

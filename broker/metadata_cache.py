@@ -76,6 +76,7 @@ class MetadataDelta:
     changed_partitions: list[PartitionInfo] = field(default_factory=list)
     deleted_topics: list[TopicInfo] = field(default_factory=list)
     changed_topics: list[TopicInfo] = field(default_factory=list)
+    cluster_configs: dict[str, str] | None = None  # every dynamic cluster config, when they changed
 
 
 class MetadataCache:
@@ -95,6 +96,7 @@ class MetadataCache:
         self._credentials: dict[tuple[str, str], sec.ScramCredential] = {}
         self._acl_index: AclIndex = EMPTY_INDEX
         self._quotas: dict[str, dict[str, float]] = {}
+        self._cluster_configs: dict[str, str] = {}  # dynamic broker configs (metadata_quorum/cluster_configs.py)
 
     # ---- applying updates ----
     def apply(self, update: controller_pb2.MetadataUpdate) -> MetadataDelta:
@@ -112,6 +114,9 @@ class MetadataCache:
                 self._quotas.clear()
             if update.HasField("security"):
                 self._apply_security(update.security)
+            if update.cluster_configs_changed:
+                self._cluster_configs = dict(update.cluster_configs)
+                delta.cluster_configs = dict(self._cluster_configs)
             if update.cluster_id:
                 self._cluster_id = update.cluster_id
             self._controller_id = update.active_controller_id

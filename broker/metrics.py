@@ -268,6 +268,14 @@ class BrokerCollector(_SafeCollector):
                                   value=shrinks)
         yield CounterMetricFamily("brook_isr_expands", "Replicas added back to ISRs of led partitions.",
                                   value=expands)
+        if rm is not None:
+            throttle = rm.fetchers.config.throttle
+            yield GaugeMetricFamily("brook_replication_throttle_rate_bytes",
+                                    "follower.replication.throttled.rate in force (0: no limit).",
+                                    value=float(throttle.rate or 0))
+            yield CounterMetricFamily("brook_replication_throttled_seconds",
+                                      "Time out-of-sync partitions sat out fetches to keep the copy throttle.",
+                                      value=throttle.throttled_seconds_total)
         yield from self._disk()
 
     def _disk(self) -> Iterable[Metric]:

@@ -70,6 +70,7 @@ class ConfigEntry:
     value: str
     is_default: bool
     documentation: str = ""
+    source: str = ""  # cluster configs: dynamic, node or default
 
 
 @dataclass(frozen=True)
@@ -533,6 +534,19 @@ class Admin:
         """Release a stopped broker's id once no partition names it (after its replicas moved)."""
         self._call("UnregisterBroker", controller_pb2.UnregisterBrokerRequest(broker_id=broker_id))
         self.cluster.request_update()
+
+    def describe_cluster_configs(self) -> dict[str, ConfigEntry]:
+        """The dynamic cluster configs (every key that can change at runtime), with where each value comes
+        from: ``dynamic`` (set in the quorum), ``node`` (the answering controller's file) or ``default``."""
+        r = self._call("DescribeClusterConfigs", controller_pb2.DescribeClusterConfigsRequest())
+        return {e.name: ConfigEntry(e.name, e.value, e.source != "dynamic", e.documentation, e.source)
+                for e in r.entries}
+
+    def alter_cluster_configs(self, *, set: Mapping[str, str] | None = None,  # noqa: A002 - Kafka's word
+                              delete: Iterable[str] = (), validate_only: bool = False) -> None:
+        """Change cluster-wide broker configs at runtime (every broker applies them at once)."""
+        self._call("AlterClusterConfigs", controller_pb2.AlterClusterConfigsRequest(
+            set={k: str(v) for k, v in (set or {}).items()}, delete=list(delete), validate_only=validate_only))
 
     # ---- offsets ----
     def list_offsets(self, specs: Mapping[TopicPartition, str | int]) -> dict[TopicPartition, tuple[int, int]]:

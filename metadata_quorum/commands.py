@@ -175,11 +175,19 @@ class CompleteReassignment:
     partition_epoch: int
 
 
+@dataclass(frozen=True, slots=True)
+class AlterClusterConfigs:
+    """Dynamic cluster-wide broker configs (metadata_quorum/cluster_configs.py): set and delete keys."""
+
+    set: dict[str, str] = field(default_factory=dict)
+    delete: list[str] = field(default_factory=list)
+
+
 Command = (
     ActivateController | RegisterBroker | FenceBroker | UnfenceBroker | BeginControlledShutdown
     | UnregisterBroker | CreateTopic | DeleteTopic | CreatePartitions | AlterConfigs | ChangePartition
     | AllocateProducerIds | UpsertScramCredential | DeleteScramCredential | CreateAcls | DeleteAcls
-    | AlterClientQuota | AlterReassignment | CompleteReassignment
+    | AlterClientQuota | AlterReassignment | CompleteReassignment | AlterClusterConfigs
 )
 
 COMMAND_TYPES: dict[str, type] = {
@@ -188,7 +196,7 @@ COMMAND_TYPES: dict[str, type] = {
         ActivateController, RegisterBroker, FenceBroker, UnfenceBroker, BeginControlledShutdown,
         UnregisterBroker, CreateTopic, DeleteTopic, CreatePartitions, AlterConfigs, ChangePartition,
         AllocateProducerIds, UpsertScramCredential, DeleteScramCredential, CreateAcls, DeleteAcls,
-        AlterClientQuota, AlterReassignment, CompleteReassignment,
+        AlterClientQuota, AlterReassignment, CompleteReassignment, AlterClusterConfigs,
     )
 }
 

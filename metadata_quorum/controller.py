@@ -24,7 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from metadata_quorum import cluster_configs
 from metadata_quorum import commands as c
+from metadata_quorum.cluster_configs import BROKER_DEFAULT_KEYS
 from metadata_quorum.election import NO_LEADER, can_move_to_preferred, elect_leader
 from metadata_quorum.placement import BrokerLoad, place_replicas
 from metadata_quorum.raft import MetadataRaft, PendingProposal
@@ -44,28 +46,6 @@ from storage import log_config
 
 log = logging.getLogger(__name__)
 
-# Topic config -> the broker-level key Kafka uses for its default.
-BROKER_DEFAULT_KEYS: Mapping[str, str] = {
-    "cleanup.policy": "log.cleanup.policy",
-    "compression.type": "compression.type",
-    "delete.retention.ms": "log.cleaner.delete.retention.ms",
-    "file.delete.delay.ms": "log.segment.delete.delay.ms",
-    "flush.messages": "log.flush.interval.messages",
-    "flush.ms": "log.flush.interval.ms",
-    "index.interval.bytes": "log.index.interval.bytes",
-    "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
-    "max.message.bytes": "message.max.bytes",
-    "message.timestamp.type": "log.message.timestamp.type",
-    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
-    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
-    "min.insync.replicas": "min.insync.replicas",
-    "retention.bytes": "log.retention.bytes",
-    "retention.ms": "log.retention.ms",
-    "segment.bytes": "log.segment.bytes",
-    "segment.index.bytes": "log.index.size.max.bytes",
-    "segment.ms": "log.roll.ms",
-    "unclean.leader.election.enable": "unclean.leader.election.enable",
-}
 
 # Limits checked before anything is proposed to Raft (a refused request costs no journal
 # entry, no replication, no apply on the followers).
@@ -696,7 +676,7 @@ class QuorumController:
         raw = configs.get("min.insync.replicas")
         source = "min.insync.replicas"
         if raw is None:
-            raw = self.config.topic_default("min.insync.replicas")
+            raw = self.topic_default("min.insync.replicas")
             source = "the cluster default min.insync.replicas"
         if raw is None:
             return
@@ -832,9 +812,52 @@ class QuorumController:
                 if key in overrides:
                     value, is_default = overrides[key], False
                 else:
-                    cluster_default = self.config.topic_default(key)
+                    cluster_default = self.topic_default(key)
                     value, is_default = (cluster_default if cluster_default is not None else definition.default), True
                 result.entries.add(name=key, value=value, is_default=is_default, documentation=definition.doc)
+        return response
+
+    def topic_default(self, name: str) -> str | None:
+        """A topic config's cluster default: the dynamic cluster config, else this node's file."""
+        broker_key = BROKER_DEFAULT_KEYS.get(name)
+        if broker_key is not None:
+            dynamic = self.raft.read(lambda s: s.cluster_configs.get(broker_key))
+            if dynamic is not None:
+                return dynamic
+        return self.config.topic_default(name)
+
+    # ---- dynamic cluster configs ----
+    def alter_cluster_configs(self, req: pb.AlterClusterConfigsRequest,
+                              timeout_s: float) -> pb.AlterClusterConfigsResponse:
+        to_set = cluster_configs.validate(dict(req.set), list(req.delete))
+        if "min.insync.replicas" in to_set:
+            # Like a topic's own: a default larger than a topic's replication factor would make every
+            # acks=all write to that topic time out.
+            value = int(to_set["min.insync.replicas"])
+            smallest = self.raft.read(lambda s: [(t.name, t.partitions[0].replication_factor)
+                                                 for t in s.topics.values()
+                                                 if "min.insync.replicas" not in t.configs])
+            too_small = [f"{n} (RF {rf})" for n, rf in smallest if rf < value]
+            if too_small:
+                raise errors.InvalidConfigError(
+                    f"min.insync.replicas={value} is larger than the replication factor of "
+                    f"{len(too_small)} topics without their own value: {', '.join(sorted(too_small)[:5])}")
+        if req.validate_only:
+            return pb.AlterClusterConfigsResponse()
+        self._propose(c.AlterClusterConfigs(to_set, list(req.delete)), timeout_s).raise_for_error()
+        log.info("cluster configs changed: set %s, deleted %s", to_set, list(req.delete))
+        return pb.AlterClusterConfigsResponse()
+
+    def describe_cluster_configs(self) -> pb.DescribeClusterConfigsResponse:
+        dynamic = self.raft.read(lambda s: dict(s.cluster_configs))
+        response = pb.DescribeClusterConfigsResponse()
+        for key in cluster_configs.known_keys():
+            if key in dynamic:
+                value, source = dynamic[key], "dynamic"
+            else:
+                static = (self.config.defaults or {}).get(key)
+                value, source = (static, "node") if static is not None else ("", "default")
+            response.entries.add(name=key, value=value, source=source, documentation=cluster_configs.doc(key))
         return response
 
     # ---- producer ids ----
@@ -848,10 +871,12 @@ class QuorumController:
 
     # ---- cluster ----
     def describe_cluster(self) -> pb.DescribeClusterResponse:
+        min_insync = int(self.topic_default("min.insync.replicas") or "1")
+
         def build(s: MetadataState) -> pb.DescribeClusterResponse:
             return pb.DescribeClusterResponse(
                 cluster_id=self.config.cluster_id, active_controller_id=s.active_controller_id,
-                default_min_insync_replicas=int(self.config.topic_default("min.insync.replicas") or "1"),
+                default_min_insync_replicas=min_insync,
                 metadata_version=s.version, brokers=[broker_record(b) for b in s.brokers.values()],
                 topics=[topic_record(t) for t in s.topics.values()],
                 partitions=[partition_record(t, i, p) for t in s.topics.values() for i, p in enumerate(t.partitions)])

@@ -259,6 +259,24 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         return self._serve(pb.UnregisterBrokerResponse, context, lambda: self._controller.unregister_broker(
             request, self._timeout_s(context)))
 
+    def AlterClusterConfigs(self, request: pb.AlterClusterConfigsRequest,
+                            context: Any) -> pb.AlterClusterConfigsResponse:
+        if (denied := self._denied(context, pb.AlterClusterConfigsResponse, authz.ALTER_CONFIGS)) is not None:
+            return denied
+        return self._serve(pb.AlterClusterConfigsResponse, context, lambda: self._controller.alter_cluster_configs(
+            request, self._timeout_s(context)))
+
+    def DescribeClusterConfigs(self, request: pb.DescribeClusterConfigsRequest,
+                               context: Any) -> pb.DescribeClusterConfigsResponse:
+        if (denied := self._denied(context, pb.DescribeClusterConfigsResponse, authz.DESCRIBE_CONFIGS)) is not None:
+            return denied
+
+        def run() -> pb.DescribeClusterConfigsResponse:
+            self._barrier(context)
+            return self._controller.describe_cluster_configs()
+
+        return self._serve(pb.DescribeClusterConfigsResponse, context, run)
+
     # ---- quorum ----
     def DescribeQuorum(self, request: pb.DescribeQuorumRequest, context: Any) -> pb.DescribeQuorumResponse:
         # Answered from this voter's view without a quorum round-trip: it is the diagnostic
@@ -359,7 +377,8 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             partitions=[partition_record(t, i, p) for t, i, p in delta.partitions],
             deleted_topic_ids=delta.deleted_topic_ids,
             unregistered_broker_ids=delta.unregistered_broker_ids,
-            security=security_delta(delta))
+            security=security_delta(delta), cluster_configs_changed=delta.cluster_configs is not None,
+            cluster_configs=delta.cluster_configs or {})
 
     def _error_update(self, code: int, message: str) -> pb.MetadataUpdate:
         update = pb.MetadataUpdate(version=self._raft.version, cluster_id=self._cluster_id,

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from metadata_quorum import cluster_configs
 from metadata_quorum import commands as c
 from metadata_quorum import security as sec
 from metadata_quorum.election import NO_LEADER, elect_leader, isr_without
@@ -143,6 +144,7 @@ class MetadataDelta:
     deleted_credentials: list[tuple[str, str]] = field(default_factory=list)
     acls: list[sec.AclBinding] | None = None
     quotas: list[tuple[str, dict[str, float]]] = field(default_factory=list)
+    cluster_configs: dict[str, str] | None = None  # all dynamic cluster configs when they changed
 
 
 class MetadataInvariantError(Exception):
@@ -202,6 +204,7 @@ class MetadataState:
         self.scram: dict[tuple[str, str], sec.ScramCredential] = {}  # (user, mechanism)
         self.acls: set[sec.AclBinding] = set()
         self.quotas: dict[str, dict[str, float]] = {}  # entity -> quota values
+        self.cluster_configs: dict[str, str] = {}  # dynamic broker configs (metadata_quorum/cluster_configs.py)
         self._changelog_max_keys = changelog_max_keys
         self._changelog: deque[tuple[int, tuple[Any, ...]]] = deque()
         self._changelog_keys = 0
@@ -227,6 +230,7 @@ class MetadataState:
             c.AlterClientQuota: self._alter_client_quota,
             c.AlterReassignment: self._alter_reassignment,
             c.CompleteReassignment: self._complete_reassignment,
+            c.AlterClusterConfigs: self._alter_cluster_configs,
         }
 
     # ---- applying commands ----
@@ -397,7 +401,8 @@ class MetadataState:
         return {b.node_id for b in self.brokers.values() if b.eligible}
 
     def _unclean_allowed(self, topic: TopicState) -> bool:
-        raw = topic.configs.get("unclean.leader.election.enable")
+        raw = topic.configs.get("unclean.leader.election.enable",
+                                self.cluster_configs.get("unclean.leader.election.enable"))
         if raw is None:
             return self.unclean_leader_election_default
         return raw.strip().lower() == "true"
@@ -686,6 +691,19 @@ class MetadataState:
         self._set_partition(topic, cmd.partition, p, leader, isr, replicas=target, adding=[], removing=[])
         return ApplyResult()
 
+    # -- dynamic cluster configs --
+    def _alter_cluster_configs(self, cmd: c.AlterClusterConfigs) -> ApplyResult:
+        to_set = cluster_configs.validate(cmd.set, list(cmd.delete))
+        configs = {k: v for k, v in self.cluster_configs.items() if k not in cmd.delete}
+        configs.update(to_set)
+        if configs == self.cluster_configs:
+            return ApplyResult()
+        self.cluster_configs = configs
+        self._touch(("C",))
+        # Kafka elects offline partitions as soon as unclean election is enabled.
+        self._elect_offline_partitions(lambda t, p: self._unclean_allowed(t))
+        return ApplyResult()
+
     def reassignments(self) -> list[tuple[str, int, PartitionState]]:
         return [(t.name, i, p) for t in self.topics.values() for i, p in enumerate(t.partitions) if p.reassigning]
 
@@ -815,6 +833,8 @@ class MetadataState:
                     delta.partitions.append((topic, key[2], topic.partitions[key[2]]))
             elif kind in ("S", "ACL", "Q"):
                 self._security_change(delta, key)
+            elif kind == "C":
+                delta.cluster_configs = dict(self.cluster_configs)
         return delta
 
     def _security_change(self, delta: MetadataDelta, key: tuple[Any, ...]) -> None:
@@ -834,7 +854,8 @@ class MetadataState:
         partitions = [(t, i, p) for t in self.topics.values() for i, p in enumerate(t.partitions)]
         return MetadataDelta(self.version, True, list(self.brokers.values()), list(self.topics.values()),
                              partitions, [], [], credentials=list(self.scram.values()), acls=sorted(self.acls),
-                             quotas=[(e, dict(v)) for e, v in sorted(self.quotas.items())])
+                             quotas=[(e, dict(v)) for e, v in sorted(self.quotas.items())],
+                             cluster_configs=dict(self.cluster_configs))
 
     # ---- snapshot / restore ----
     def to_snapshot(self) -> dict[str, Any]:
@@ -858,6 +879,7 @@ class MetadataState:
                   for p in t.partitions]]
                 for t in sorted(self.topics.values(), key=lambda t: t.name)
             ],
+            "cluster_configs": dict(sorted(self.cluster_configs.items())),
             "security": {
                 "scram": [cred.to_plain() for _, cred in sorted(self.scram.items())],
                 "acls": [a.as_list() for a in sorted(self.acls)],
@@ -892,7 +914,8 @@ class MetadataState:
                                [_partition_from_snapshot(p) for p in partitions])
             self.topics[name] = topic
             self.topics_by_id[topic_id] = topic
-        # Snapshots written before security records existed have no "security" section.
+        # Snapshots written before these records existed have no "cluster_configs" / "security" section.
+        self.cluster_configs = {str(k): str(v) for k, v in (data.get("cluster_configs") or {}).items()}
         security = data.get("security") or {}
         self.scram = {}
         for plain in security.get("scram", []):

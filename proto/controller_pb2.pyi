@@ -94,7 +94,14 @@ class WatchMetadataRequest(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., since_version: _Optional[int] = ...) -> None: ...
 
 class MetadataUpdate(_message.Message):
-    __slots__ = ("version", "is_snapshot", "cluster_id", "active_controller_id", "brokers", "topics", "partitions", "deleted_topic_ids", "unregistered_broker_ids", "error_code", "error_message", "redirect", "security")
+    __slots__ = ("version", "is_snapshot", "cluster_id", "active_controller_id", "brokers", "topics", "partitions", "deleted_topic_ids", "unregistered_broker_ids", "error_code", "error_message", "redirect", "security", "cluster_configs_changed", "cluster_configs")
+    class ClusterConfigsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     VERSION_FIELD_NUMBER: _ClassVar[int]
     IS_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +115,8 @@ class MetadataUpdate(_message.Message):
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
     SECURITY_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_CONFIGS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_CONFIGS_FIELD_NUMBER: _ClassVar[int]
     version: int
     is_snapshot: bool
     cluster_id: str
@@ -121,7 +130,9 @@ class MetadataUpdate(_message.Message):
     error_message: str
     redirect: ControllerRedirect
     security: _security_pb2.SecurityDelta
-    def __init__(self, version: _Optional[int] = ..., is_snapshot: _Optional[bool] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ..., deleted_topic_ids: _Optional[_Iterable[str]] = ..., unregistered_broker_ids: _Optional[_Iterable[int]] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., security: _Optional[_Union[_security_pb2.SecurityDelta, _Mapping]] = ...) -> None: ...
+    cluster_configs_changed: bool
+    cluster_configs: _containers.ScalarMap[str, str]
+    def __init__(self, version: _Optional[int] = ..., is_snapshot: _Optional[bool] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ..., deleted_topic_ids: _Optional[_Iterable[str]] = ..., unregistered_broker_ids: _Optional[_Iterable[int]] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., security: _Optional[_Union[_security_pb2.SecurityDelta, _Mapping]] = ..., cluster_configs_changed: _Optional[bool] = ..., cluster_configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
     __slots__ = ("node_id", "incarnation_id", "endpoints", "rack", "cluster_id")
@@ -688,3 +699,58 @@ class UnregisterBrokerResponse(_message.Message):
     error_message: str
     redirect: ControllerRedirect
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ...) -> None: ...
+
+class AlterClusterConfigsRequest(_message.Message):
+    __slots__ = ("set", "delete", "validate_only")
+    class SetEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SET_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    set: _containers.ScalarMap[str, str]
+    delete: _containers.RepeatedScalarFieldContainer[str]
+    validate_only: bool
+    def __init__(self, set: _Optional[_Mapping[str, str]] = ..., delete: _Optional[_Iterable[str]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class AlterClusterConfigsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ...) -> None: ...
+
+class DescribeClusterConfigsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterConfigEntry(_message.Message):
+    __slots__ = ("name", "value", "source", "documentation")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTATION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    source: str
+    documentation: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ..., source: _Optional[str] = ..., documentation: _Optional[str] = ...) -> None: ...
+
+class DescribeClusterConfigsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "entries")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    entries: _containers.RepeatedCompositeFieldContainer[ClusterConfigEntry]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., entries: _Optional[_Iterable[_Union[ClusterConfigEntry, _Mapping]]] = ...) -> None: ...

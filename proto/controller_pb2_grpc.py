@@ -119,6 +119,16 @@ class ControllerServiceStub:
                 request_serializer=proto_dot_controller__pb2.UnregisterBrokerRequest.SerializeToString,
                 response_deserializer=proto_dot_controller__pb2.UnregisterBrokerResponse.FromString,
                 _registered_method=True)
+        self.AlterClusterConfigs = channel.unary_unary(
+                '/brook.ControllerService/AlterClusterConfigs',
+                request_serializer=proto_dot_controller__pb2.AlterClusterConfigsRequest.SerializeToString,
+                response_deserializer=proto_dot_controller__pb2.AlterClusterConfigsResponse.FromString,
+                _registered_method=True)
+        self.DescribeClusterConfigs = channel.unary_unary(
+                '/brook.ControllerService/DescribeClusterConfigs',
+                request_serializer=proto_dot_controller__pb2.DescribeClusterConfigsRequest.SerializeToString,
+                response_deserializer=proto_dot_controller__pb2.DescribeClusterConfigsResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -231,6 +241,19 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterClusterConfigs(self, request, context):
+        """Cluster-wide broker configs changed at runtime (ALTER_CONFIGS / DESCRIBE_CONFIGS on the cluster).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeClusterConfigs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -318,6 +341,16 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.UnregisterBroker,
                     request_deserializer=proto_dot_controller__pb2.UnregisterBrokerRequest.FromString,
                     response_serializer=proto_dot_controller__pb2.UnregisterBrokerResponse.SerializeToString,
+            ),
+            'AlterClusterConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterClusterConfigs,
+                    request_deserializer=proto_dot_controller__pb2.AlterClusterConfigsRequest.FromString,
+                    response_serializer=proto_dot_controller__pb2.AlterClusterConfigsResponse.SerializeToString,
+            ),
+            'DescribeClusterConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeClusterConfigs,
+                    request_deserializer=proto_dot_controller__pb2.DescribeClusterConfigsRequest.FromString,
+                    response_serializer=proto_dot_controller__pb2.DescribeClusterConfigsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -779,6 +812,60 @@ class ControllerService:
             '/brook.ControllerService/UnregisterBroker',
             proto_dot_controller__pb2.UnregisterBrokerRequest.SerializeToString,
             proto_dot_controller__pb2.UnregisterBrokerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterClusterConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.ControllerService/AlterClusterConfigs',
+            proto_dot_controller__pb2.AlterClusterConfigsRequest.SerializeToString,
+            proto_dot_controller__pb2.AlterClusterConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeClusterConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.ControllerService/DescribeClusterConfigs',
+            proto_dot_controller__pb2.DescribeClusterConfigsRequest.SerializeToString,
+            proto_dot_controller__pb2.DescribeClusterConfigsResponse.FromString,
             options,
             channel_credentials,
             insecure,

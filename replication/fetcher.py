@@ -28,6 +28,7 @@ from proto import broker_pb2, broker_pb2_grpc, errors
 from proto.errors import ErrorCode
 from replication import isr as isr_rules
 from replication.partition import Partition
+from replication.throttle import ReplicationThrottle
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ class FetcherConfig:
     max_truncation_rounds: int = 64  # bound on repeated divergence answers per partition
     # How this broker reaches the leaders' inter-broker listener (its own node certificate on SSL).
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    # Shared by every fetcher of the broker: the copy rate of partitions not in sync here.
+    throttle: ReplicationThrottle = field(default_factory=ReplicationThrottle)
 
 
 @dataclass(slots=True)
@@ -184,6 +187,10 @@ class ReplicaFetcher:
             st.truncation_rounds = 0
             if pr.records:
                 lg.append_as_follower(pr.records)
+                if self.local_id not in st.partition.isr:
+                    delay = self.config.throttle.charge(len(pr.records))
+                    if delay > 0:
+                        st.delayed_until_s = time.monotonic() + delay
             lg.update_high_watermark(min(pr.high_watermark, lg.log_end_offset))
             if pr.log_start_offset > lg.log_start_offset:
                 # The leader's log start moved (DeleteRecords or its retention): records before it are

@@ -74,6 +74,7 @@ class LogManager:
             raise ValueError("at least one log dir is needed")
         self.log_dirs = [Path(d) for d in log_dirs]
         self.broker_defaults = dict(broker_defaults or {})
+        self._static_defaults = dict(self.broker_defaults)  # the node file's; dynamic ones go on top
         self.flush_check_ms = flush_check_ms
         self.retention_check_ms = retention_check_ms
         self.checkpoint_interval_ms = checkpoint_interval_ms
@@ -261,6 +262,21 @@ class LogManager:
             doomed = lg.dir
         shutil.rmtree(doomed, ignore_errors=True)
         log.info("deleted log %s-%d", topic, partition)
+
+    def set_dynamic_defaults(self, dynamic: Mapping[str, str]) -> None:
+        """Cluster-wide topic defaults changed at runtime (by topic config name): they take the place
+        of the node file's for every log, and each log without its own override follows at once."""
+        merged = {**self._static_defaults, **dynamic}
+        with self._lock:
+            if merged == self.broker_defaults:
+                return
+            self.broker_defaults = merged
+            for (topic, _p), lg in self._logs.items():
+                try:
+                    lg.update_config(LogConfig.from_overrides(self._overrides.get(topic, {}), merged))
+                except Exception:
+                    log.exception("applying the new cluster defaults to %s failed", lg.dir)
+        log.info("cluster topic defaults now %s", dict(sorted(dynamic.items())) or "the node's own")
 
     def update_topic_config(self, topic: str, overrides: Mapping[str, str]) -> None:
         config = LogConfig.from_overrides(overrides, self.broker_defaults)

@@ -161,6 +161,16 @@ def controller_seeds() -> dict[str, bytes]:
     seed("elect-all", cpb.ElectLeadersRequest(election_type=cpb.PREFERRED))
     seed("elect-some", cpb.ElectLeadersRequest(election_type=cpb.UNCLEAN, topic_partitions=[
         cpb.TopicPartitions(topic="t", partitions=[0, 7]), cpb.TopicPartitions(topic="nope")]), remote=True)
+    seed("move", cpb.AlterPartitionReassignmentsRequest(partitions=[
+        cpb.ReassignablePartition(topic="t", partition=0, replicas=[2, 1, 3]),
+        cpb.ReassignablePartition(topic="t", partition=1, cancel=True),
+        cpb.ReassignablePartition(topic="t", partition=2, replicas=[9, 9])]))
+    seed("moves", cpb.ListPartitionReassignmentsRequest(topic_partitions=[cpb.TopicPartitions(topic="t")]))
+    seed("unregister", cpb.UnregisterBrokerRequest(broker_id=3), remote=True)
+    seed("cluster-configs", cpb.AlterClusterConfigsRequest(set={"log.retention.ms": "1000",
+                                                                "follower.replication.throttled.rate": "x"},
+                                                           delete=["min.insync.replicas"]))
+    seed("describe-cluster-configs", cpb.DescribeClusterConfigsRequest())
     from targets import SECURITY_RPCS
 
     from proto import security_pb2 as spb

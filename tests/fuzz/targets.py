@@ -341,7 +341,9 @@ def rpc(data: bytes) -> None:
 
 CONTROLLER_RPCS = ("RegisterBroker", "BrokerHeartbeat", "ControlledShutdown", "AlterPartition", "CreateTopics",
                    "DeleteTopics", "CreatePartitions", "AlterConfigs", "DescribeConfigs", "DescribeCluster",
-                   "DescribeQuorum", "AllocateProducerIds", "WatchMetadata", "ElectLeaders")
+                   "DescribeQuorum", "AllocateProducerIds", "WatchMetadata", "ElectLeaders",
+                   "AlterPartitionReassignments", "ListPartitionReassignments", "UnregisterBroker",
+                   "AlterClusterConfigs", "DescribeClusterConfigs")
 SECURITY_RPCS = ("SaslAuthenticate", "UpsertScramCredentials", "DeleteScramCredentials", "DescribeUsers",
                  "CreateAcls", "DescribeAcls", "DeleteAcls", "AlterClientQuotas", "DescribeClientQuotas")
 SELF_ADDRESS = "127.0.0.1:19093"

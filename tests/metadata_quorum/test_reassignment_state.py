@@ -74,3 +74,33 @@ def test_a_leader_that_joined_during_a_move_hands_over_when_the_move_is_redirect
     assert s.apply(c.AlterReassignment("t", 0, p.partition_epoch, [4, 2])).ok
     p = part(s, "t")
     assert p.leader == 2 and 3 not in p.replicas and p.isr == [2], p
+
+
+def test_dynamic_cluster_configs_validate_snapshot_and_reach_watchers() -> None:
+    s = cluster(3)
+    version = s.version
+    for bad in ({"num.io.threads": "4"}, {"log.retention.ms": "soon"},
+                {"follower.replication.throttled.rate": "0"}):
+        r = s.apply(c.AlterClusterConfigs(bad))
+        assert r.error_code == ErrorCode.INVALID_CONFIG, (bad, r)
+    assert s.version == version  # refused: nothing changed
+    assert s.apply(c.AlterClusterConfigs({"log.retention.ms": "1000", "follower.replication.throttled.rate": "5"})).ok
+    delta = s.changes_since(version)
+    assert delta is not None and delta.cluster_configs == {"log.retention.ms": "1000",
+                                                           "follower.replication.throttled.rate": "5"}
+    assert s.apply(c.AlterClusterConfigs(delete=["log.retention.ms"])).ok
+    assert s.cluster_configs == {"follower.replication.throttled.rate": "5"}
+    assert MetadataState.from_snapshot(s.to_snapshot()).cluster_configs == s.cluster_configs
+    assert s.full_delta().cluster_configs == s.cluster_configs
+
+
+def test_enabling_unclean_election_cluster_wide_elects_offline_partitions() -> None:
+    s = cluster(2)
+    create(s, "t", [[1, 2]])
+    p = part(s, "t")
+    assert s.apply(c.ChangePartition([c.PartitionChangeItem("t", 0, p.partition_epoch, p.leader_epoch, [1])], 1,
+                                     s.brokers[1].broker_epoch)).ok
+    fence(s, 1)
+    assert part(s, "t").leader == -1
+    assert s.apply(c.AlterClusterConfigs({"unclean.leader.election.enable": "true"})).ok
+    assert part(s, "t").leader == 2 and part(s, "t").isr == [2]

@@ -459,3 +459,58 @@ def test_decommission_unregister_then_rebalance_onto_a_new_broker(split_cluster,
     for p in range(6):
         mine = [v for q, v in sent if q == p]
         assert got[p] == mine, f"partition {p}: {len(got[p])} read, {len(mine)} acknowledged (in order)"
+
+
+def test_dynamic_cluster_configs_reach_every_broker_and_the_controller(split_cluster, admin, brook) -> None:
+    topic = "dynamic"
+    admin.create_topics([NewTopic(topic, 1, 3)])
+    try:
+        code, out, err = brook("cluster", "config", "set", "log.segment.bytes=20000")
+        assert code == 0, (out, err)
+        code, out, err = brook("cluster", "config", "get", "log.segment.bytes", "-o", "json")
+        assert code == 0 and json.loads(out) == [{"name": "log.segment.bytes", "value": "20000",
+                                                  "source": "dynamic"}], out
+        # The topic has no segment.bytes of its own: every replica now rolls at 20 kB.
+        produce(split_cluster.bootstrap_servers, topic, 1, 1000, "x" * 100)
+        holders = log_holders(brook, topic)[0]
+        assert set(holders) == {1, 2, 3} and all(log["segments"] >= 3 for log in holders.values()), holders
+        # The controller judges new and existing topics by the dynamic defaults too.
+        admin.create_topics([NewTopic("dynamic-rf2", 1, 2)])
+        code, out, err = brook("cluster", "config", "set", "min.insync.replicas=3")
+        assert code == 1 and "dynamic-rf2 (RF 2)" in err, (out, err)
+        code, out, err = brook("cluster", "config", "set", "min.insync.replicas=2")
+        assert code == 0, (out, err)
+        code, out, err = brook("topic", "create", "dynamic-rf1", "-p", "1", "-r", "1")
+        assert code == 1 and "min.insync.replicas=2" in err, (out, err)
+    finally:
+        code, out, err = brook("cluster", "config", "delete", "log.segment.bytes", "min.insync.replicas")
+        assert code == 0, (out, err)
+    code, out, err = brook("cluster", "config", "get", "-o", "json")
+    assert code == 0 and not [e for e in json.loads(out) if e["source"] == "dynamic"], out
+    for args, message in ((["set", "num.io.threads=4"], "cannot be changed at runtime"),
+                          (["set", "log.retention.ms=soon"], "log.retention.ms"),
+                          (["set", "follower.replication.throttled.rate=0"], "at least 1"),
+                          (["delete", "nope"], "cannot be changed at runtime")):
+        code, out, err = brook("cluster", "config", *args)
+        assert code == 2 and message in err, (args, out, err)
+
+
+def test_throttled_move_is_held_to_the_rate_and_the_throttle_is_removed(split_cluster, admin, brook) -> None:
+    from opskit import sample_values
+
+    topic = "throttled"
+    admin.create_topics([NewTopic(topic, replica_assignments=[[1, 2]])])
+    produce(split_cluster.bootstrap_servers, topic, 1, 2000, "y" * 200)  # ~0.5 MB to copy
+    before = sum(sample_values(split_cluster.read_metrics(3), "brook_replication_throttled_seconds_total"))
+    code, out, err = brook("partition", "move", topic, "0", "--replicas", "1,3", "--throttle", "100000", "--wait",
+                           "-o", "json")
+    assert code == 0 and json.loads(out)["throttle"] == 100000, (out, err)
+    page = split_cluster.read_metrics(3)
+    held = sum(sample_values(page, "brook_replication_throttled_seconds_total")) - before
+    assert held > 0, "broker 3 copied ~0.5 MB at 100 kB/s without ever being held back"
+    assert partitions_of(admin, topic)[0].replicas == (1, 3)
+    # --wait saw the move done and removed the throttle from the quorum and from every broker.
+    code, out, err = brook("cluster", "config", "get", "follower.replication.throttled.rate", "-o", "json")
+    assert code == 0 and json.loads(out)[0]["source"] != "dynamic", out
+    wait_for(lambda: sample_values(split_cluster.read_metrics(3), "brook_replication_throttle_rate_bytes") == [0.0],
+             30, "broker 3 without a throttle")

@@ -1,0 +1,102 @@
+"""Cluster-wide broker configs changed at runtime (Kafka's dynamic default broker configs).
+
+Stored in the metadata quorum (``AlterClusterConfigs``) and streamed to every broker with the
+rest of the metadata, they override the value in each node's file without a restart. Only
+keys whose change a running node can apply are accepted:
+
+- the topic defaults, by their broker names (``log.retention.ms``, ``log.segment.bytes``,
+  ``min.insync.replicas``, ...): brokers re-derive the config of every topic that does not
+  override the key; the controller validates new topics against them;
+- ``follower.replication.throttled.rate``: bytes per second a broker's followers may copy
+  for partitions where they are not in sync (catching up after a move or a restart).
+
+Pure: no I/O, no clocks; used by the state machine, the controller, the brokers and the CLI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from proto import errors
+from storage import log_config
+
+# Topic config -> the broker-level key Kafka uses for its default.
+BROKER_DEFAULT_KEYS: Mapping[str, str] = {
+    "cleanup.policy": "log.cleanup.policy",
+    "compression.type": "compression.type",
+    "delete.retention.ms": "log.cleaner.delete.retention.ms",
+    "file.delete.delay.ms": "log.segment.delete.delay.ms",
+    "flush.messages": "log.flush.interval.messages",
+    "flush.ms": "log.flush.interval.ms",
+    "index.interval.bytes": "log.index.interval.bytes",
+    "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+    "max.message.bytes": "message.max.bytes",
+    "message.timestamp.type": "log.message.timestamp.type",
+    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+    "min.insync.replicas": "min.insync.replicas",
+    "retention.bytes": "log.retention.bytes",
+    "retention.ms": "log.retention.ms",
+    "segment.bytes": "log.segment.bytes",
+    "segment.index.bytes": "log.index.size.max.bytes",
+    "segment.ms": "log.roll.ms",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
+}
+TOPIC_KEY_OF: Mapping[str, str] = {broker: topic for topic, broker in BROKER_DEFAULT_KEYS.items()}
+
+FOLLOWER_THROTTLE = "follower.replication.throttled.rate"
+OTHER_KEYS: Mapping[str, str] = {
+    FOLLOWER_THROTTLE: "Bytes per second each broker's followers may copy for partitions where they are not "
+                       "in sync (a partition move, a restarted broker catching up). Unset: no limit.",
+}
+MAX_KEYS_PER_REQUEST = 100
+
+
+def known_keys() -> list[str]:
+    return sorted([*TOPIC_KEY_OF, *OTHER_KEYS])
+
+
+def doc(key: str) -> str:
+    if key in OTHER_KEYS:
+        return OTHER_KEYS[key]
+    return f"Default of the topic config {TOPIC_KEY_OF[key]}: " + log_config.TOPIC_CONFIGS[TOPIC_KEY_OF[key]].doc
+
+
+def validate(values: Mapping[str, str], delete: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+    """The values normalised as strings; INVALID_CONFIG naming the first unknown key or bad value."""
+    if len(values) + len(delete) > MAX_KEYS_PER_REQUEST:
+        raise errors.InvalidConfigError(f"more than {MAX_KEYS_PER_REQUEST} keys in one change")
+    for key in [*values, *delete]:
+        if key not in TOPIC_KEY_OF and key not in OTHER_KEYS:
+            raise errors.InvalidConfigError(
+                f"'{key}' cannot be changed at runtime; dynamic cluster configs are: {', '.join(known_keys())}")
+    if set(values) & set(delete):
+        raise errors.InvalidConfigError(f"'{sorted(set(values) & set(delete))[0]}' is both set and deleted")
+    out: dict[str, str] = {}
+    for key, raw in values.items():
+        text = str(raw).strip()
+        if key == FOLLOWER_THROTTLE:
+            try:
+                rate = int(text)
+            except ValueError:
+                raise errors.InvalidConfigError(f"{key} must be a whole number of bytes per second, not {text!r}") \
+                    from None
+            if not 1 <= rate <= 2**63 - 1:
+                raise errors.InvalidConfigError(f"{key} must be at least 1 (delete the key for no limit)")
+        else:
+            try:
+                log_config.parse_value(TOPIC_KEY_OF[key], text)
+            except errors.BrookError as exc:
+                raise errors.InvalidConfigError(f"{key}: {exc.message}") from None
+        out[key] = text
+    return out
+
+
+def topic_defaults(configs: Mapping[str, str]) -> dict[str, str]:
+    """The topic defaults among ``configs``, by topic config name (``segment.bytes``)."""
+    return {TOPIC_KEY_OF[k]: v for k, v in configs.items() if k in TOPIC_KEY_OF}
+
+
+def follower_throttle(configs: Mapping[str, str]) -> int | None:
+    raw = configs.get(FOLLOWER_THROTTLE)
+    return int(raw) if raw is not None else None
