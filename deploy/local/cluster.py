@@ -472,6 +472,10 @@ class LocalCluster:
             f.write("\n".join(lines) + "\n")
         return path
 
+    def save_state(self) -> None:
+        """Persist cluster.json (after changing a node's addresses, e.g. to replace a lost voter)."""
+        self.state.save(self.base_dir / STATE_FILE)
+
     # ------------------------------------------------------------------ processes
 
     def start(self) -> None:
