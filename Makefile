@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv test test-fast demo proto lint soak fuzz sim chaos bench bench-storage bench-codec bench-metadata bench-client bench-spark clean
+.PHONY: venv wheel test test-fast demo proto lint soak fuzz sim chaos bench bench-storage bench-codec bench-metadata bench-client bench-spark clean
 
 venv: $(STAMP)
 
@@ -14,6 +14,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,spark]'
 	@touch $(STAMP)
+
+## A wheel of this checkout in dist/ (what deploy/systemd installs; PyPI's "brook" is another project).
+wheel: venv
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+	@ls dist/brook-*.whl
 
 ## The whole test suite (what CI runs).
 test: venv

@@ -141,6 +141,9 @@ _CORE = [
            "Directory of the controller's Raft journal and snapshots.", roles=_C),
     KeyDef("metrics.listener", "string", "127.0.0.1:9100",
            "host:port serving Prometheus /metrics; empty disables.", check=_host_port_or_empty),
+    KeyDef("health.listener", "string", "",
+           "host:port serving plain-HTTP /livez and /readyz for probes (broker/health.py); empty disables.",
+           check=_host_port_or_empty),
     KeyDef("metrics.ssl.enable", "bool", "false",
            "Serve /metrics over HTTPS with ssl.certificate.location / ssl.key.location."),
     KeyDef("metrics.ssl.client.auth", "string", "none",
@@ -423,6 +426,11 @@ class NodeConfig:
     @property
     def metrics_address(self) -> tuple[str, int] | None:
         v = self.values["metrics.listener"]
+        return _split_host_port(v) if v else None
+
+    @property
+    def health_address(self) -> tuple[str, int] | None:
+        v = self.values["health.listener"]
         return _split_host_port(v) if v else None
 
     @property
@@ -929,6 +937,8 @@ def _validate_ports(values: dict[str, Any], listeners: dict[str, Listener], vote
         claim(voters[node_id].raft_port, "controller.quorum.voters", "this node's Raft port")
     if values["metrics.listener"]:
         claim(_split_host_port(values["metrics.listener"])[1], "metrics.listener", "metrics.listener")
+    if values["health.listener"]:
+        claim(_split_host_port(values["health.listener"])[1], "health.listener", "health.listener")
 
 
 def _validate_ssl(values: dict[str, Any], listeners: dict[str, Listener]) -> None:

@@ -200,6 +200,27 @@ class _SafeCollector(Collector):
         raise NotImplementedError
 
 
+class PoolCollector(_SafeCollector):
+    """The broker's request executors: threads and tasks waiting for one (saturation)."""
+
+    name = "pools"
+
+    def __init__(self, stats: Callable[[], dict[str, tuple[int, int]]]) -> None:
+        self._stats = stats
+
+    def _collect(self) -> Iterable[Metric]:
+        threads = GaugeMetricFamily("brook_request_pool_threads", "Threads of a broker request pool.",
+                                    labels=["pool"])
+        queued = GaugeMetricFamily("brook_request_pool_queued_tasks",
+                                   "Requests waiting for a free thread of the pool (saturated when > 0).",
+                                   labels=["pool"])
+        for pool, (n, waiting) in sorted(self._stats().items()):
+            threads.add_metric([pool], float(n))
+            queued.add_metric([pool], float(waiting))
+        yield threads
+        yield queued
+
+
 class BrokerCollector(_SafeCollector):
     """Partition-level and per-topic families from ``ReplicaManager.stats()``."""
 

@@ -44,10 +44,13 @@ from broker.metrics import (
     ControllerCollector,
     GroupCollector,
     NodeMetrics,
+    PoolCollector,
     SecurityCollector,
 )
 
 log = logging.getLogger("brook.node")
+
+CONTROLLER_READY_MAX_BEHIND = 100  # committed Raft entries a ready controller may still have to apply
 
 LOG_FORMAT = "%(asctime)s %(levelname)-5s [%(threadName)s] %(name)s: %(message)s"
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_FORCED = 0, 1, 2, 3
@@ -241,6 +244,9 @@ class Node:
         self.broker: Any = None
         self.group_coordinator: Any = None
         self.metrics_port: int | None = None
+        self.health: Any = None
+        self.health_port: int | None = None
+        self._up = False
         self._stopped = threading.Event()
 
     def start(self) -> None:
@@ -249,6 +255,12 @@ class Node:
         addr = cfg.metrics_address
         if addr is not None:
             self.metrics_port = self.metrics.serve(*addr, tls=cfg.metrics_tls())
+        if cfg.health_address is not None:  # before the roles: a startup probe sees "starting"
+            from broker.health import HealthServer
+
+            self.health = HealthServer(*cfg.health_address, live=self.liveness, ready=self.readiness)
+            self.health.start()
+            self.health_port = self.health.port
         cfg.configure_principals()
         self.grpc.install()
         if cfg.is_controller:
@@ -276,10 +288,38 @@ class Node:
                 self.broker.start()
             self.metrics.add(BrokerCollector(lambda: getattr(self.broker, "replica_manager", None), cfg.log_dirs))
             self.metrics.add(GroupCollector(lambda: self.group_coordinator))
+            self.metrics.add(PoolCollector(lambda: self.broker.pool_stats() if self.broker is not None else {}))
             self.metrics.add(SecurityCollector("broker", lambda: getattr(self.broker, "security", None)))
             self.grpc.role_up("broker")
             log.info("broker %d started on %s", cfg.node_id, cfg.listeners["BROKER"])
+        self._up = True
         log.info("node %d up: roles %s, cluster %s", cfg.node_id, ",".join(cfg.roles), cfg.cluster_id)
+
+    # ---- health (broker/health.py) ----
+    def liveness(self) -> tuple[bool, str]:
+        if self._stopped.is_set():
+            return False, "stopping"
+        if not self._up:
+            return False, "starting"
+        if self.broker is not None:
+            return self.broker.liveness()
+        return True, "controller running"
+
+    def readiness(self) -> tuple[bool, str]:
+        live, why = self.liveness()
+        if not live:
+            return False, why
+        if self.broker is not None:
+            return self.broker.readiness()
+        if self.controller is not None:
+            raft = self.controller.raft
+            if raft.leader_address() is None:
+                return False, "the metadata quorum has no leader"
+            status = raft.status()
+            behind = status.commit_index - status.last_applied
+            if behind > CONTROLLER_READY_MAX_BEHIND:
+                return False, f"applying the metadata log: {behind} committed entries to go"
+        return True, "the metadata quorum has a leader"
 
     def _remember_coordinator(self, broker: Any) -> object:
         """Broker extension run last: finds the group coordinator the GROUPS extension attached."""
@@ -302,8 +342,19 @@ class Node:
             _stop_quietly("controller", self.controller.stop)
         self.grpc.all_down()
         self.metrics.close()
+        if self.health is not None:
+            _stop_quietly("health listener", self.health.stop)
         self.grpc.uninstall()
         log.info("node %d stopped", self.config.node_id)
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("brook")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _stop_quietly(what: str, fn: Callable[[], object]) -> None:
@@ -330,6 +381,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log level on stderr (default: logging.level from the config, INFO)")
     p.add_argument("--check", action="store_true", help="validate the config and exit")
+    p.add_argument("--version", action="version", version=f"brook-server {_version()}")
     p.add_argument("--describe-config", action="store_true",
                    help="print every config key (type, default, doc) as a Markdown table and exit")
     args = p.parse_args(argv)

@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 GRPC_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 LOOP_START_TIMEOUT_S = 10.0
+LOOP_BEAT_S = 1.0  # the event loop stamps a time this often: /livez sees a wedged loop
+LOOP_STALL_S = 15.0  # a loop silent this long is not alive
 DEFAULT_MAX_CONNECTIONS = 10_000
 SECURITY_WORKERS = 4  # SecurityService handlers (SCRAM exchanges, ACL and user admin): short and rare
 SERVER_STOP_GRACE_S = 1.0
@@ -240,6 +242,46 @@ class BrokerServer:
         if not ready.wait(LOOP_START_TIMEOUT_S):
             raise RuntimeError(f"broker {self.node_id}: event loop did not start")
         self.loop = loop
+        self._loop_beat = time.monotonic()
+        loop.call_soon_threadsafe(self._beat)
+
+    def _beat(self) -> None:
+        self._loop_beat = time.monotonic()
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_later(LOOP_BEAT_S, self._beat)
+
+    # ---- health (broker/health.py): in-memory state only, answered from another thread ----
+    def liveness(self) -> tuple[bool, str]:
+        if not self._started:
+            return False, "starting"
+        silent = time.monotonic() - getattr(self, "_loop_beat", 0.0)
+        if silent > LOOP_STALL_S:
+            return False, f"the broker's event loop has not run for {silent:.0f} s"
+        return True, "event loop running"
+
+    def readiness(self) -> tuple[bool, str]:
+        """Registered, unfenced, and in the ISR of every hosted partition that has a leader."""
+        if not self._started or self.broker_epoch < 0:
+            return False, "not registered with the controller yet"
+        if self.fenced:
+            return False, "fenced (catching up with metadata, or lost its session)"
+        rm = self.replica_manager
+        hosted = rm.hosted_partitions() if rm is not None else []
+        behind = sum(1 for p in hosted if p.leader_id >= 0 and self.node_id not in p.isr)
+        if behind:
+            return False, f"{behind} of {len(hosted)} hosted partitions are catching up (not in the ISR)"
+        return True, f"in sync on all {len(hosted)} hosted partitions"
+
+    def pool_stats(self) -> dict[str, tuple[int, int]]:
+        """{pool: (threads, tasks waiting for a thread)} of the broker's request executors."""
+        cap = getattr(self, "capacity", None)
+        if cap is None:
+            return {}
+        out = {}
+        for name, pool in (("io", cap.io), ("replication", cap.replication)):
+            queue = getattr(pool, "_work_queue", None)  # ThreadPoolExecutor keeps no public queue size
+            out[name] = (int(getattr(pool, "_max_workers", 0)), queue.qsize() if queue is not None else 0)
+        return out
 
     def _on_loop(self, coro: Any, timeout_s: float = 30.0) -> Any:
         """Run a coroutine on the broker's loop from another thread and wait for its result."""

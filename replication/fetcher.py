@@ -158,9 +158,13 @@ class ReplicaFetcher:
         parts = []
         epochs: dict[tuple[str, int], int] = {}
         next_ready_s = float("inf")
+        throttle_wait_s = self.config.throttle.wait_s()
         for key, st in self._states.items():
             if st.delayed_until_s > now:
                 next_ready_s = min(next_ready_s, st.delayed_until_s)
+                continue
+            if throttle_wait_s > 0 and self.local_id not in st.partition.isr:
+                next_ready_s = min(next_ready_s, now + throttle_wait_s)  # the copy throttle is in debt
                 continue
             lg = st.partition.log
             parts.append(broker_pb2.FetchPartition(
@@ -188,9 +192,7 @@ class ReplicaFetcher:
             if pr.records:
                 lg.append_as_follower(pr.records)
                 if self.local_id not in st.partition.isr:
-                    delay = self.config.throttle.charge(len(pr.records))
-                    if delay > 0:
-                        st.delayed_until_s = time.monotonic() + delay
+                    self.config.throttle.charge(len(pr.records))  # _build_request holds it back while in debt
             lg.update_high_watermark(min(pr.high_watermark, lg.log_end_offset))
             if pr.log_start_offset > lg.log_start_offset:
                 # The leader's log start moved (DeleteRecords or its retention): records before it are

@@ -2,7 +2,7 @@
 
 One token bucket per broker, shared by its fetcher threads. A follower charges it for the bytes it
 appends to partitions where it is not in sync (a reassignment's new replica, a restarted broker
-catching up); when the bucket is in debt that partition sits out its fetches until the debt is
+catching up); while the bucket is in debt those partitions sit out the fetches until the debt is
 paid back at the configured rate, so the copy averages that rate. In-sync partitions are never
 throttled: that would slow acks=all writes. The rate changes at runtime (a dynamic cluster config).
 """
@@ -35,6 +35,16 @@ class ReplicationThrottle:
             self._rate = rate if rate is None or rate > 0 else None
             self._tokens = float(self._rate or 0)  # one second of burst
             self._at = self._clock()
+
+    def wait_s(self) -> float:
+        """How long an out-of-sync partition must still sit out (0: it may fetch). Lifting or changing
+        the rate forgives the debt at once."""
+        with self._lock:
+            rate = self._rate
+            if rate is None:
+                return 0.0
+            tokens = min(float(rate), self._tokens + (self._clock() - self._at) * rate)
+            return 0.0 if tokens >= 0 else -tokens / rate
 
     def charge(self, nbytes: int) -> float:
         """Account ``nbytes`` copied; returns how long the partition must wait before its next fetch."""

@@ -144,6 +144,7 @@ class NodeSpec:
     controller_port: int | None
     raft_port: int | None
     metrics_port: int
+    health_port: int | None = None  # plain-HTTP /livez, /readyz (cluster.json of older launchers: none)
 
     @property
     def is_broker(self) -> bool:
@@ -245,13 +246,13 @@ class LocalCluster:
         if mode == "combined":
             for i in range(1, nodes + 1):
                 specs.append(NodeSpec(i, ["controller", "broker"], free_port(), free_port(), free_port(),
-                                      free_port()))
+                                      free_port(), free_port()))
             return specs
         for i in range(1, controllers + 1):
             specs.append(NodeSpec(CONTROLLER_ID_BASE + i, ["controller"], None, free_port(), free_port(),
-                                  free_port()))
+                                  free_port(), free_port()))
         for i in range(1, nodes + 1):
-            specs.append(NodeSpec(i, ["broker"], free_port(), None, None, free_port()))
+            specs.append(NodeSpec(i, ["broker"], free_port(), None, None, free_port(), free_port()))
         return specs
 
     @property
@@ -286,6 +287,20 @@ class LocalCluster:
     def metrics_url(self, node_id: int) -> str:
         scheme = "https" if self.tls else "http"
         return f"{scheme}://127.0.0.1:{self.spec(node_id).metrics_port}/metrics"
+
+    def probe(self, node_id: int, path: str = "/readyz", timeout_s: float = 5.0) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, JSON body) of a node's health listener (/livez or /readyz)."""
+        import urllib.error
+        import urllib.request
+
+        port = self.spec(node_id).health_port
+        if not port:
+            raise ClusterError(f"node {node_id} has no health listener (cluster made by an older launcher)")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
 
     def read_metrics(self, node_id: int, timeout_s: float = 5.0) -> str:
         """A node's /metrics page (over HTTPS with the cluster's CA and client certificate when TLS)."""
@@ -451,6 +466,7 @@ class LocalCluster:
             "listeners": ",".join(listeners),
             "controller.quorum.voters": self._voters(),
             "metrics.listener": f"127.0.0.1:{n.metrics_port}",
+            "health.listener": f"127.0.0.1:{n.health_port}" if n.health_port else "",
             **LOCAL_DEFAULTS,
             "offsets.topic.replication.factor": str(min(3, n_brokers)),
             **self._tls_keys(n),

@@ -514,3 +514,68 @@ def test_throttled_move_is_held_to_the_rate_and_the_throttle_is_removed(split_cl
     assert code == 0 and json.loads(out)[0]["source"] != "dynamic", out
     wait_for(lambda: sample_values(split_cluster.read_metrics(3), "brook_replication_throttle_rate_bytes") == [0.0],
              30, "broker 3 without a throttle")
+
+
+def test_health_listener_readiness_waits_for_a_catching_up_replica(split_cluster, admin, brook) -> None:
+    """/readyz of a broker is 503 while it is out of the ISR of a partition it hosts (here: a move held
+    back by a 1 byte/s throttle), 200 once it caught up; /livez stays 200 all along."""
+    for node in split_cluster.node_ids:
+        assert split_cluster.probe(node, "/livez")[0] == 200
+        wait_for(lambda n=node: split_cluster.probe(n)[0] == 200, 30, f"node {node} ready")
+    topic = "health"
+    admin.create_topics([NewTopic(topic, replica_assignments=[[1, 2]])])
+    produce(split_cluster.bootstrap_servers, topic, 1, 500, "z" * 200)
+    try:
+        code, out, err = brook("partition", "move", topic, "0", "--replicas", "1,3", "--throttle", "1")
+        assert code == 0, (out, err)
+        status, body = wait_for(lambda: (r := split_cluster.probe(3)) and r[0] == 503 and r, 30,
+                                "broker 3 not ready while it copies the partition")
+        assert "catching up" in body["reason"], body
+        assert split_cluster.probe(3, "/livez")[0] == 200
+        assert split_cluster.probe(1)[0] == 200  # the leader is in sync: ready
+    finally:
+        brook("cluster", "config", "delete", "follower.replication.throttled.rate")
+    wait_for(lambda: split_cluster.probe(3)[0] == 200, 60, "broker 3 ready once caught up")
+    wait_for(lambda: not admin.list_partition_reassignments(), 60, "the move completed")
+    status, body = split_cluster.probe(3, "/nope")
+    assert status == 404, body
+
+
+def _referenced_metrics() -> set[str]:
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    deploy = Path(__file__).resolve().parents[2] / "deploy"
+    exprs = [r["expr"] for g in yaml.safe_load((deploy / "prometheus" / "alerts.yml").read_text())["groups"]
+             for r in g["rules"]]
+    dashboard = json.loads((deploy / "grafana" / "brook-dashboard.json").read_text())
+    exprs += [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    return {m for e in exprs for m in re.findall(r"\bbrook_[a-z_]+", e)}
+
+
+def test_every_metric_the_alerts_and_dashboard_use_is_exported(split_cluster, admin) -> None:
+    """A typo in an alert or a panel would never fire or show: each brook_* name they use must be on
+    a real node's /metrics page (a consumer group with a commit makes the lag series exist)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    topic = "metrics-check"
+    admin.create_topics([NewTopic(topic, 1, 2)])
+    produce(split_cluster.bootstrap_servers, topic, 1, 10, "m")
+    with Consumer(bootstrap_servers=split_cluster.bootstrap_servers, group_id="metrics-check-group",
+                  auto_offset_reset="earliest", enable_auto_commit=False) as consumer:
+        consumer.subscribe([topic])
+        wait_for(lambda: consumer.poll(timeout_ms=500), 30, "records for the group")
+        consumer.commit()
+    exported: set[str] = set()
+
+    def missing() -> list[str]:
+        for node in split_cluster.node_ids:
+            for family in text_string_to_metric_families(split_cluster.read_metrics(node)):
+                exported.add(family.name)  # a counter family is named without _total, even with no samples
+                exported.update(s.name for s in family.samples)
+        return sorted(m for m in _referenced_metrics()
+                      if m not in exported and m.removesuffix("_total").removesuffix("_bucket") not in exported)
+
+    wait_for(lambda: not missing(), 30, lambda: f"these names on some node's /metrics: {missing()}")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -98,11 +101,13 @@ def test_k8s_manifests_parse_and_have_the_required_objects() -> None:
             assert d["spec"]["clusterIP"] == "None" and d["spec"]["publishNotReadyAddresses"] is True
         if d["kind"] == "StatefulSet":
             c = d["spec"]["template"]["spec"]["containers"][0]
-            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-                # kubelet's gRPC probe cannot speak TLS: the gRPC health check runs as an exec probe.
-                command = c[probe].get("exec", {}).get("command", [])
-                assert command[:3] == ["python", "-m", "deploy.healthcheck"], \
-                    f"{d['metadata']['name']} {probe} is not a gRPC health check: {c[probe]}"
+            # Probes go to the health listener, a port no client load reaches (broker/health.py).
+            ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+            paths = {"readinessProbe": "/readyz", "livenessProbe": "/livez", "startupProbe": "/livez"}
+            for probe, path in paths.items():
+                assert c[probe].get("httpGet") == {"path": path, "port": "health"}, \
+                    f"{d['metadata']['name']} {probe}: {c[probe]}"
+            assert f"--override health.listener=0.0.0.0:{ports['health']}" in " ".join(c["args"])
             assert d["spec"]["serviceName"] == d["metadata"]["name"]
     kustom = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
     for res in kustom["resources"]:
@@ -215,3 +220,140 @@ def test_dockerfile_and_systemd_unit_run_brook_server() -> None:
     unit = (DEPLOY / "systemd" / "brook-server@.service").read_text()
     assert "ExecStart=/opt/brook/venv/bin/brook-server --config /etc/brook/%i.toml" in unit
     assert "KillSignal=SIGTERM" in unit and "RestartPreventExitStatus=2" in unit
+
+
+# ---------------------------------------------------------------- offline Kubernetes schemas
+
+
+def _k8s_validate(doc: dict) -> None:
+    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (dev dependency) is needed")
+    kv.validate(doc, kv.latest_version(), strict=True)
+
+
+def test_k8s_manifests_match_the_kubernetes_schemas() -> None:
+    """Strict: an unknown or misplaced field (a typo) fails, as kubeconform -strict would."""
+    docs = k8s_docs()
+    for d in docs:
+        _assert_valid = _k8s_validate(d)  # raises with the field path on the first violation
+        del _assert_valid
+    # The check can fail: the same StatefulSet with a misspelt probe field is refused.
+    broken = next(d for d in docs if d["kind"] == "StatefulSet")
+    broken = json.loads(json.dumps(broken))
+    broken["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["periodSecond"] = 10
+    with pytest.raises(Exception, match="periodSecond"):
+        _k8s_validate(broken)
+
+
+def _quantity_bytes(q: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+    for suffix, factor in units.items():
+        if q.endswith(suffix):
+            return int(float(q[:-len(suffix)]) * factor)
+    return int(q)
+
+
+def test_k8s_broker_memory_limit_holds_its_bounded_buffers(tmp_path: Path) -> None:
+    """The container limit holds the process plus 3x queued.max.request.bytes (the README's sizing)."""
+    p = tmp_path / "broker.toml"
+    p.write_text(_k8s_config("brook-broker-config"))
+    cfg = load_config(p, ["node.id=1", "listeners=BROKER://brook-broker-0:9092"], env=PASSWORD_ENV)
+    queued = int(cfg["queued.max.request.bytes"])
+    assert int(cfg["fetch.max.bytes"]) <= queued
+    broker = next(d for d in k8s_docs() if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "brook-broker")
+    limit = _quantity_bytes(broker["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"])
+    assert limit >= (250 << 20) + 3 * queued, f"memory limit {limit} < 250 MiB + 3 x {queued}"
+
+
+# ---------------------------------------------------------------- Grafana
+
+
+def test_grafana_dashboard_is_valid_and_its_queries_parse(promtool: str, tmp_path: Path) -> None:
+    dashboard = json.loads((DEPLOY / "grafana" / "brook-dashboard.json").read_text())
+    assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
+    assert [v["name"] for v in dashboard["templating"]["list"]] == ["datasource"]
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)) and len(ids) >= 15
+    exprs = []
+    for p in dashboard["panels"]:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
+        assert p["datasource"]["uid"] == "${datasource}", p["title"]
+        assert p["targets"], p["title"]
+        exprs += [t["expr"] for t in p["targets"]]
+    # promtool parses every query (as recording rules): a PromQL typo fails here, not on a wall screen.
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"brook:dashboard_query_{i}", "expr": e}
+                                                          for i, e in enumerate(exprs)]}]}
+    (tmp_path / "dashboard-rules.yml").write_text(yaml.safe_dump(rules))
+    out = run([promtool, "check", "rules", "dashboard-rules.yml"], tmp_path)
+    assert f"SUCCESS: {len(exprs)} rules found" in out, out
+
+
+# ---------------------------------------------------------------- systemd, as its README says
+
+
+def _build_wheel(tmp_path: Path) -> Path:
+    root = DEPLOY.parent
+    out = tmp_path / "dist"
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                           "-w", str(out), str(root)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    wheels = list(out.glob("brook-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+def test_the_wheel_installs_brook_and_runs(tmp_path: Path) -> None:
+    """make wheel's output holds every package, the compiled record walk and both commands, and
+    runs from where it is unpacked (the dependencies come from this environment)."""
+    wheel = _build_wheel(tmp_path)
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        z.extractall(site)
+    assert not [n for n in names if n.startswith("tests/") or "__pycache__" in n]
+    assert any(n.startswith("storage/_record_walk") and n.endswith(".so") for n in names)
+    assert "deploy/k8s/brokers.yaml" in names and "proto/broker.proto" in names
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    text = (site / entry).read_text()
+    assert "brook-server = broker.node:main" in text and "brook = admin_cli.main:main" in text
+    code = ("import broker.node, admin_cli.main, storage._record_walk, deploy.healthcheck, spark_source; "
+            "import sys; print(broker.node.__file__); print(storage._record_walk.__file__)")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    # cwd: not the checkout (its root is on sys.path first when Python runs from it).
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert all(line.startswith(str(site)) for line in proc.stdout.split()), proc.stdout
+    config = DEPLOY / "config" / "combined" / "node-1.toml"
+    proc = subprocess.run([sys.executable, "-m", "broker.node", "--config", str(config), "--check"],
+                          capture_output=True, text=True, env={**env, **PASSWORD_ENV}, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed here")
+    venv_bin = Path(sys.executable).parent
+    assert (venv_bin / "brook-server").exists()
+    unit = (DEPLOY / "systemd" / "brook-server@.service").read_text()
+    # The one host-specific path: where the wheel was installed (/opt/brook/venv in the README).
+    (tmp_path / "brook-server@.service").write_text(unit.replace("/opt/brook/venv", str(venv_bin.parent)))
+    proc = subprocess.run([analyze, "verify", str(tmp_path / "brook-server@node-1.service")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), proc.stdout + proc.stderr
+
+
+def test_systemd_readme_creates_what_the_unit_uses() -> None:
+    readme = (DEPLOY / "systemd" / "README.md").read_text()
+    unit = (DEPLOY / "systemd" / "brook-server@.service").read_text()
+    assert "User=brook" in unit and "Group=brook" in unit and "EnvironmentFile=-/etc/brook/%i.env" in unit
+    steps = [line.strip() for line in readme.splitlines() if line.strip().startswith(("sudo", "make", "echo"))]
+    text = "\n".join(steps)
+    assert "useradd --system" in text and " brook" in text
+    assert "install -d -o root -g brook -m 0750 /etc/brook" in text
+    assert "make wheel" in text and "/opt/brook/venv/bin/pip install dist/brook-*.whl" in text
+    assert "pip install brook" not in text, "PyPI's brook is someone else's project"
+    # The config and env file land where the unit reads them, readable by the brook group only.
+    assert "-g brook -m 0640 deploy/config/combined/node-1.toml /etc/brook/node-1.toml" in text
+    assert "/etc/brook/node-1.env" in text and "ExecStart=/opt/brook/venv/bin/brook-server" in unit

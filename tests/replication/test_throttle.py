@@ -38,3 +38,15 @@ def test_the_rate_changes_at_runtime_and_can_be_lifted() -> None:
     assert t.charge(100) == 9.0
     t.set_rate(None)
     assert t.rate is None and t.charge(10**6) == 0.0
+
+
+def test_out_of_sync_partitions_wait_while_in_debt_and_a_lifted_rate_forgives_it() -> None:
+    clock = Clock()
+    t = ReplicationThrottle(clock)
+    t.set_rate(100)
+    t.charge(100_100)  # a whole fetch at once: 1000 s of debt
+    assert t.wait_s() == 1000.0
+    clock.now += 400
+    assert t.wait_s() == 600.0
+    t.set_rate(None)  # the operator deletes the throttle: the copy goes on at once
+    assert t.wait_s() == 0.0
