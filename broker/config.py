@@ -141,6 +141,10 @@ _CORE = [
            "Directory of the controller's Raft journal and snapshots.", roles=_C),
     KeyDef("metrics.listener", "string", "127.0.0.1:9100",
            "host:port serving Prometheus /metrics; empty disables.", check=_host_port_or_empty),
+    KeyDef("console.listener", "string", "",
+           "host:port of the read-only web console (broker/console.py); HTTPS with the node certificate when "
+           "the BROKER listener uses TLS, a client certificate required when ssl.client.auth=required; the "
+           "viewer needs DESCRIBE on the cluster. Empty disables.", check=_host_port_or_empty, roles=_B),
     KeyDef("health.listener", "string", "",
            "host:port serving plain-HTTP /livez and /readyz for probes (broker/health.py); empty disables.",
            check=_host_port_or_empty),
@@ -427,6 +431,22 @@ class NodeConfig:
     def metrics_address(self) -> tuple[str, int] | None:
         v = self.values["metrics.listener"]
         return _split_host_port(v) if v else None
+
+    @property
+    def console_address(self) -> tuple[str, int] | None:
+        v = self.values["console.listener"]
+        return _split_host_port(v) if v else None
+
+    def console_tls(self) -> Any:
+        """The console's TLS context: the BROKER listener's protocol and certificate (None: plaintext)."""
+        broker = self.listeners.get(LISTENER_BROKER)
+        if broker is None or not broker.uses_ssl:
+            return None
+        from broker.console import tls_context
+
+        return tls_context(self.values["ssl.certificate.location"], self.values["ssl.key.location"],
+                           self.values["ssl.ca.location"] or None,
+                           str(self.values["ssl.client.auth"]).lower() == "required")
 
     @property
     def health_address(self) -> tuple[str, int] | None:
@@ -939,6 +959,8 @@ def _validate_ports(values: dict[str, Any], listeners: dict[str, Listener], vote
         claim(_split_host_port(values["metrics.listener"])[1], "metrics.listener", "metrics.listener")
     if values["health.listener"]:
         claim(_split_host_port(values["health.listener"])[1], "health.listener", "health.listener")
+    if values["console.listener"]:
+        claim(_split_host_port(values["console.listener"])[1], "console.listener", "console.listener")
 
 
 def _validate_ssl(values: dict[str, Any], listeners: dict[str, Listener]) -> None:

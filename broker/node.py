@@ -245,6 +245,8 @@ class Node:
         self.group_coordinator: Any = None
         self.metrics_port: int | None = None
         self.health: Any = None
+        self.console: Any = None
+        self._console_data: Any = None
         self.health_port: int | None = None
         self._up = False
         self._stopped = threading.Event()
@@ -289,11 +291,32 @@ class Node:
             self.metrics.add(BrokerCollector(lambda: getattr(self.broker, "replica_manager", None), cfg.log_dirs))
             self.metrics.add(GroupCollector(lambda: self.group_coordinator))
             self.metrics.add(PoolCollector(lambda: self.broker.pool_stats() if self.broker is not None else {}))
+            if cfg.console_address is not None:
+                self._start_console(cfg)
             self.metrics.add(SecurityCollector("broker", lambda: getattr(self.broker, "security", None)))
             self.grpc.role_up("broker")
             log.info("broker %d started on %s", cfg.node_id, cfg.listeners["BROKER"])
         self._up = True
         log.info("node %d up: roles %s, cluster %s", cfg.node_id, ",".join(cfg.roles), cfg.cluster_id)
+
+    def _start_console(self, cfg: NodeConfig) -> None:
+        from broker.console import ADMIN_TIMEOUT_MS, ConsoleData, ConsoleServer
+        from client.admin import Admin
+
+        broker = self.broker
+        s = broker.settings
+        host, port = s.advertised or (s.host, broker.port)
+        # The console reads the cluster as this node (its certificate: a super user for the ACLs) and
+        # shows each viewer only what the viewer may DESCRIBE.
+        data = ConsoleData(broker, lambda: Admin(f"{host}:{port}", request_timeout_ms=ADMIN_TIMEOUT_MS,
+                                                 security=s.inter_broker_security),
+                           broker.security.authorizer)
+        self.console = ConsoleServer(*cfg.console_address, data, tls=cfg.console_tls(),  # type: ignore[misc]
+                                     extra_hosts=(str(host),))
+        self.console.start()
+        self._console_data = data
+        log.info("console on %s://%s:%d", "https" if cfg.console_tls() is not None else "http",
+                 cfg.console_address[0], self.console.port)  # type: ignore[index]
 
     # ---- health (broker/health.py) ----
     def liveness(self) -> tuple[bool, str]:
@@ -332,6 +355,9 @@ class Node:
             return
         self._stopped.set()
         controlled = controlled and bool(self.config["controlled.shutdown.enable"])
+        if self.console is not None:
+            _stop_quietly("console", self.console.stop)
+            _stop_quietly("console admin client", self._console_data.close)
         self.grpc.role_down("broker")
         if self.broker is not None:
             log.info("broker %d: %s shutdown", self.config.node_id, "controlled" if controlled else "immediate")

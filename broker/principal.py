@@ -153,6 +153,16 @@ def map_subject(dn: str, rules: Sequence[MappingRule]) -> str | None:
     return None
 
 
+def principal_from_subject(dn: str) -> Principal:
+    """The principal of a verified certificate subject (RFC 2253), as for a gRPC call; a subject no
+    ``ssl.principal.mapping.rules`` accepts is refused (SASL_AUTHENTICATION_FAILED)."""
+    name = map_subject(dn, _settings.rules)
+    if name is None:
+        raise errors.error_for(errors.ErrorCode.SASL_AUTHENTICATION_FAILED,
+                               f"certificate subject {dn!r} matches no ssl.principal.mapping.rules")
+    return Principal(USER, name)
+
+
 # ----------------------------------------------------------------------------- configuration
 
 

@@ -96,6 +96,12 @@ def start(
         raise _fail(str(e)) from None
     out.print(f"cluster in {cluster.base_dir} is {'ready' if wait else 'starting'}")
     out.print(f"bootstrap servers: {cluster.bootstrap_servers}")
+    consoles = [cluster.console_url(n) for n in cluster.broker_ids if cluster.spec(n).console_port]
+    if consoles:
+        d = cluster.tls_dir
+        out.print(f"web console: {consoles[0]}" + (
+            f" (needs a client certificate: curl --cacert {d / 'ca.pem'} --cert {d / 'admin.pem'} "
+            f"--key {d / 'admin.key'} {consoles[0]}api/overview)" if cluster.tls else ""), highlight=False)
     env_file = cluster.base_dir / ENV_FILE
     if cluster.tls:
         out.print(f"mTLS on every listener; CA and certificates in {cluster.tls_dir}")

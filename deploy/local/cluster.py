@@ -145,6 +145,7 @@ class NodeSpec:
     raft_port: int | None
     metrics_port: int
     health_port: int | None = None  # plain-HTTP /livez, /readyz (cluster.json of older launchers: none)
+    console_port: int | None = None  # brokers: the read-only web console
 
     @property
     def is_broker(self) -> bool:
@@ -246,13 +247,13 @@ class LocalCluster:
         if mode == "combined":
             for i in range(1, nodes + 1):
                 specs.append(NodeSpec(i, ["controller", "broker"], free_port(), free_port(), free_port(),
-                                      free_port(), free_port()))
+                                      free_port(), free_port(), free_port()))
             return specs
         for i in range(1, controllers + 1):
             specs.append(NodeSpec(CONTROLLER_ID_BASE + i, ["controller"], None, free_port(), free_port(),
                                   free_port(), free_port()))
         for i in range(1, nodes + 1):
-            specs.append(NodeSpec(i, ["broker"], free_port(), None, None, free_port(), free_port()))
+            specs.append(NodeSpec(i, ["broker"], free_port(), None, None, free_port(), free_port(), free_port()))
         return specs
 
     @property
@@ -301,6 +302,13 @@ class LocalCluster:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}")
+
+    def console_url(self, node_id: int) -> str:
+        """The broker's web console (https with the cluster's TLS: the browser needs a client certificate)."""
+        port = self.spec(node_id).console_port
+        if not port:
+            raise ClusterError(f"node {node_id} serves no console")
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{port}/"
 
     def read_metrics(self, node_id: int, timeout_s: float = 5.0) -> str:
         """A node's /metrics page (over HTTPS with the cluster's CA and client certificate when TLS)."""
@@ -467,6 +475,7 @@ class LocalCluster:
             "controller.quorum.voters": self._voters(),
             "metrics.listener": f"127.0.0.1:{n.metrics_port}",
             "health.listener": f"127.0.0.1:{n.health_port}" if n.health_port else "",
+            "console.listener": f"127.0.0.1:{n.console_port}" if n.console_port and n.is_broker else "",
             **LOCAL_DEFAULTS,
             "offsets.topic.replication.factor": str(min(3, n_brokers)),
             **self._tls_keys(n),

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from client import errors
 from client.admin import Admin, NewTopic
@@ -87,3 +88,51 @@ def test_a_certificate_the_ca_signed_has_no_rights_without_acls(cluster: LocalCl
 def test_the_authorizer_needs_tls_here(tmp_path: Path) -> None:
     with pytest.raises(ClusterError):
         LocalCluster(tmp_path / "x", nodes=1, authorizer=True)
+
+
+def _console_get(cluster: LocalCluster, path: str, cert: str | None) -> tuple[int, dict]:
+    import json
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    ctx = ssl.create_default_context(cafile=str(cluster.tls_dir / "ca.pem"))
+    if cert is not None:
+        ctx.load_cert_chain(str(cluster.tls_dir / f"{cert}.pem"), str(cluster.tls_dir / f"{cert}.key"))
+    try:
+        with urllib.request.urlopen(cluster.console_url(cluster.broker_ids[0]) + path, timeout=10, context=ctx) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_the_console_needs_a_certificate_and_describe_on_the_cluster(cluster: LocalCluster) -> None:
+    """The console's auth is the API's: a client certificate (mTLS), then the ACLs. A viewer sees only
+    the topics it may DESCRIBE."""
+    import ssl
+    import urllib.error
+
+    from metadata_quorum.security import AclBinding
+
+    assert cluster.console_url(cluster.broker_ids[0]).startswith("https://")
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+        _console_get(cluster, "api/overview", None)  # no client certificate: no TLS session at all
+    status, body = _console_get(cluster, "api/overview", "mallory")
+    assert status == 403 and "DESCRIBE" in body["error"], body
+    status, body = _console_get(cluster, "api/overview", "admin")
+    assert status == 200 and {"demo-orders", "payroll"} <= {t["name"] for t in body["topics"]}, body
+    assert body["viewer"] == "User:admin"
+
+    CertificateAuthority.load_or_create(cluster.tls_dir).issue(cluster.tls_dir, "viewer", hosts=(), server=False)
+    with Admin(cluster.bootstrap_servers, request_timeout_ms=30_000, security=cluster.security) as admin:
+        admin.create_acls([
+            AclBinding("CLUSTER", "kafka-cluster", "LITERAL", "User:viewer", "*", "DESCRIBE", "ALLOW"),
+            AclBinding("TOPIC", "demo-", "PREFIXED", "User:viewer", "*", "DESCRIBE", "ALLOW")])
+
+    def viewer_page() -> dict | None:
+        status, body = _console_get(cluster, "api/overview", "viewer")
+        return body if status == 200 else None
+
+    body = wait_for(viewer_page, 30, "the viewer's ACLs on the broker")
+    names = {t["name"] for t in body["topics"]}
+    assert "demo-orders" in names and "payroll" not in names, names
