@@ -36,6 +36,12 @@ def test_connections_past_max_connections_are_refused_then_accepted_again(tmp_pa
             served = [metadata_ok(ch) for ch in channels]
             assert 0 < sum(served) <= LIMIT, served
             assert not all(served), f"all {len(channels)} connections were served with max.connections={LIMIT}"
+            # The port is full: a gRPC health probe there is refused too, but the health listener (its own
+            # port and thread) still says the broker is alive and ready: no restart for being busy.
+            with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as probe:
+                assert not metadata_ok(probe), "a new connection was served on a full port"
+            assert cluster.probe(1, "/livez")[0] == 200
+            assert cluster.probe(1, "/readyz")[0] == 200
         finally:
             for ch in channels:
                 ch.close()
