@@ -307,7 +307,10 @@ class ConsoleData:
             for p in t["partitions"]:
                 p["high_watermark"] = hw.get(TopicPartition(t["name"], p["partition"]))
         out["topics"] = topics
-        out["health"] = _health(topics, brokers, cache)
+        # min.insync.replicas: the topic's, else the dynamic cluster default, else this node's file.
+        default_min_isr = cache.cluster_configs().get(
+            "min.insync.replicas", self._broker.settings.defaults.get("min.insync.replicas", "1"))
+        out["health"] = _health(topics, brokers, cache, int(default_min_isr))
         out["quorum"] = self._quorum(admin)
         out["groups"] = self._groups(admin, out["notes"])
         return out
@@ -342,11 +345,12 @@ class ConsoleData:
         return out
 
 
-def _health(topics: list[dict[str, Any]], brokers: list[dict[str, Any]], cache: Any) -> dict[str, Any]:
+def _health(topics: list[dict[str, Any]], brokers: list[dict[str, Any]], cache: Any,
+            default_min_isr: int) -> dict[str, Any]:
     offline = under = under_min = 0
     for t in topics:
         info = cache.topic(t["name"])
-        min_isr = int((info.configs if info is not None else {}).get("min.insync.replicas", "1"))
+        min_isr = int((info.configs if info is not None else {}).get("min.insync.replicas", default_min_isr))
         for p in t["partitions"]:
             offline += p["leader"] < 0
             under += len(p["isr"]) < len(p["replicas"])

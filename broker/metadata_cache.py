@@ -182,6 +182,11 @@ class MetadataCache:
     def version(self) -> int:
         return self._version
 
+    def cluster_configs(self) -> dict[str, str]:
+        """The dynamic cluster configs (metadata_quorum/cluster_configs.py) as of this version."""
+        with self._lock:
+            return dict(self._cluster_configs)
+
     @property
     def cluster_id(self) -> str:
         return self._cluster_id
