@@ -99,9 +99,8 @@ def _tls_steps(args: argparse.Namespace, figures: dict[tuple[str, str], str]) ->
     return steps
 
 
-def _measured(figures: dict[tuple[str, str], str], key: tuple[str, str], fn: Callable[[list[str]], int],
-              argv: list[str]) -> int:
-    """Run a perf step, echo its output, and keep its records/sec figure for the comparison."""
+def run_perf(fn: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str | None]:
+    """Run a perf tool, echo its output; (exit code, its records/sec figure if it printed one)."""
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         rc = fn(argv)
@@ -109,8 +108,15 @@ def _measured(figures: dict[tuple[str, str], str], key: tuple[str, str], fn: Cal
     sys.stdout.write(text)
     sys.stdout.flush()
     match = _RATE.search(text)
-    if match:
-        figures[key] = match.group(1)
+    return rc, match.group(1) if match else None
+
+
+def _measured(figures: dict[tuple[str, str], str], key: tuple[str, str], fn: Callable[[list[str]], int],
+              argv: list[str]) -> int:
+    """Run a perf step and keep its records/sec figure for the comparison."""
+    rc, rate = run_perf(fn, argv)
+    if rate is not None:
+        figures[key] = rate
     return rc
 
 

@@ -17,36 +17,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import io
-import os
-import re
-import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from client.perf import consume_main, produce_main
+from deploy.local.bench import run_perf
 from deploy.local.cluster import LocalCluster, free_port
+from deploy.local.tools import debian_tool
 
 STARTUP_TIMEOUT_S = 60.0
 PUBLISH_WINDOW = 4096  # acknowledgements NATS' client may wait for at once (its wait_stall bound)
 FETCH_BATCH = 1000
-
-
-def _nats_server() -> str | None:
-    found = shutil.which("nats-server")
-    if found or os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return found
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "nats-server"]
-    if subprocess.run(cmd, capture_output=True, env=env, timeout=600).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env, timeout=600)
-        subprocess.run(cmd, capture_output=True, env=env, timeout=600)
-    return shutil.which("nats-server")
 
 
 @contextlib.contextmanager
@@ -121,17 +107,9 @@ async def _nats_run(urls: list[str], records: int, size: int) -> tuple[float, fl
         await nc.close()
 
 
-_RATE = re.compile(r"records \w+, ([\d.]+) records/sec")
-
-
-def _brook_rate(fn: object, argv: list[str]) -> float | None:
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        rc = fn(argv)  # type: ignore[operator]
-    text = buffer.getvalue()
-    sys.stdout.write(text)
-    match = _RATE.search(text)
-    return float(match.group(1)) if rc == 0 and match else None
+def _brook_rate(fn: Callable[[list[str]], int], argv: list[str]) -> float | None:
+    rc, rate = run_perf(fn, argv)
+    return float(rate) if rc == 0 and rate is not None else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,10 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                                                    "--record-size", str(size), "--acks", "all",
                                                    "--num-records", str(n)])
         brook_consume = _brook_rate(consume_main, [*common, "--num-records", str(n)])
-    binary = _nats_server()
+    binary, why = debian_tool("nats-server", "nats-server")
     nats_produce = nats_consume = None
     if binary is None:
-        print("== NATS JetStream: skipped, nats-server is not installed (apt-get install nats-server)", flush=True)
+        print(f"== NATS JetStream: skipped: {why}", flush=True)
     else:
         print(f"== NATS JetStream: {n} records of {size} B, 3 servers, R3 file stream, acknowledged publishes",
               flush=True)

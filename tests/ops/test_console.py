@@ -8,8 +8,6 @@ text. Authentication and ACLs on a TLS cluster: tests/security/test_local_defaul
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -25,6 +23,7 @@ from client.consumer import Consumer
 from client.producer import Producer
 from client.types import TopicPartition
 from deploy.local.cluster import LocalCluster
+from deploy.local.tools import debian_tool
 
 pytestmark = pytest.mark.slow
 
@@ -36,20 +35,9 @@ XSS_GROUP = '<img src=x onerror="document.title=1">'
 
 def _chromium() -> str:
     """Debian's chromium; installed with apt-get when the tests run as root (CI), else skipped."""
-    found = shutil.which("chromium")
-    if found:
-        return found
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip("chromium is missing and cannot be installed here (needs root and apt-get): apt-get install chromium")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    if proc.returncode != 0:  # package lists may be missing on a fresh machine
-        subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env, timeout=600)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    found = shutil.which("chromium")
-    if not found:
-        pytest.skip(f"chromium could not be installed with apt-get: {proc.stderr.strip()[-300:]}")
+    found, why = debian_tool("chromium", "chromium")
+    if found is None:
+        pytest.skip(why)
     return found
 
 

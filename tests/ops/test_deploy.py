@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import ConfigError, load_config
+from deploy.local.tools import debian_tool
 
 yaml = pytest.importorskip("yaml", reason="PyYAML (dev dependency) is needed to parse the manifests")
 
@@ -23,21 +24,9 @@ PASSWORD_ENV = {"BROOK_CONTROLLER_QUORUM_PASSWORD": "test-secret-Xq83Lm-pW29zR"}
 
 def _promtool() -> str:
     """promtool from PATH; installed with apt-get (Debian package `prometheus`) when root."""
-    found = shutil.which("promtool")
-    if found:
-        return found
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip("promtool is missing and cannot be installed here (needs root and apt-get): "
-                    "apt-get install prometheus")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "prometheus"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    if proc.returncode != 0:  # package lists may be missing on a fresh machine
-        subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env, timeout=600)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    found = shutil.which("promtool")
-    if not found:
-        pytest.skip(f"promtool could not be installed with apt-get: {proc.stderr.strip()[-300:]}")
+    found, why = debian_tool("promtool", "prometheus")
+    if found is None:
+        pytest.skip(why)
     return found
 
 
@@ -234,8 +223,7 @@ def test_k8s_manifests_match_the_kubernetes_schemas() -> None:
     """Strict: an unknown or misplaced field (a typo) fails, as kubeconform -strict would."""
     docs = k8s_docs()
     for d in docs:
-        _assert_valid = _k8s_validate(d)  # raises with the field path on the first violation
-        del _assert_valid
+        _k8s_validate(d)  # raises with the field path on the first violation
     # The check can fail: the same StatefulSet with a misspelt probe field is refused.
     broken = next(d for d in docs if d["kind"] == "StatefulSet")
     broken = json.loads(json.dumps(broken))
