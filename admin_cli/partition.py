@@ -64,9 +64,9 @@ def wait_done(admin: Admin, tps: list[TopicPartition], timeout_s: float, *, quie
     """Poll until none of ``tps`` is being reassigned; CliError at the deadline, naming what is left."""
     deadline = time.monotonic() + timeout_s
     last_report = 0.0
-    left: dict[TopicPartition, Any] = {}
+    wanted = set(tps)
     while True:
-        left = {tp: r for tp, r in admin.list_partition_reassignments().items() if tp in set(tps)}
+        left = {tp: r for tp, r in admin.list_partition_reassignments().items() if tp in wanted}
         if not left:
             return
         now = time.monotonic()

@@ -161,11 +161,17 @@ def partition_offsets(st: State, name: str, partitions: list[int],
     tps = [TopicPartition(name, p) for p in partitions]
     out = {p: {"log_start_offset": -1, "high_watermark": -1, "log_end_offset": -1} for p in partitions}
     for field, spec in (("log_start_offset", "earliest"), ("high_watermark", "latest")):
-        for tp in tps:
-            try:
-                out[tp.partition][field] = admin.list_offsets({tp: spec})[tp][0]
-            except errors.BrookError:
-                pass  # offline partition or no access: shown as "-"
+        try:
+            found = admin.list_offsets(dict.fromkeys(tps, spec))
+        except errors.BrookError:  # one partition refused (offline, no access): ask each on its own
+            found = {}
+            for tp in tps:
+                try:
+                    found.update(admin.list_offsets({tp: spec}))
+                except errors.BrookError:
+                    pass  # shown as "-"
+        for tp, (offset, _) in found.items():
+            out[tp.partition][field] = offset
     live_leaders = sorted({b for b in leaders.values() if b >= 0})
     for dirs in admin.describe_log_dirs(live_leaders, [name]).values():
         if isinstance(dirs, errors.BrookError):

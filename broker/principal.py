@@ -256,11 +256,7 @@ def authenticate(context: Any) -> Authentication:
     # listener's CA (ssl_server_credentials with require_client_auth).
     subject = _auth_value(auth, "x509_subject")
     if subject:
-        name = map_subject(subject, _settings.rules)
-        if name is None:
-            raise errors.error_for(errors.ErrorCode.SASL_AUTHENTICATION_FAILED,
-                                   f"certificate subject {subject!r} matches no ssl.principal.mapping.rules")
-        return Authentication(Principal(USER, name), AUTH_CERTIFICATE, peer)
+        return Authentication(principal_from_subject(subject), AUTH_CERTIFICATE, peer)
     resolver = _session_resolver
     if resolver is not None:
         try:

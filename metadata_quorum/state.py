@@ -666,10 +666,9 @@ class MetadataState:
                 raise errors.error_class(ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE)(
                     f"{name}: no live in-sync replica of {replicas} can take over from leader {leader}")
             leader = chosen.leader
-        changed = (replicas, adding, removing) != (p.replicas, p.adding, p.removing)
         self._set_partition(topic, cmd.partition, p, leader, isr, replicas=replicas, adding=adding,
                             removing=removing)
-        return ApplyResult(value=changed)
+        return ApplyResult()
 
     def _complete_reassignment(self, cmd: c.CompleteReassignment) -> ApplyResult:
         topic, p = self._reassigned_partition(cmd.topic, cmd.partition, cmd.partition_epoch)
