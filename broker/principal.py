@@ -242,6 +242,9 @@ def _auth_value(auth: Mapping[str, Sequence[bytes]], key: str) -> str | None:
 
 def authenticate(context: Any) -> Authentication:
     """The caller of this request, for sync grpc and grpc.aio ServicerContexts alike."""
+    fixed = getattr(context, "brook_authentication", None)
+    if isinstance(fixed, Authentication):  # a Kafka-protocol connection (broker/kafka_wire/context.py)
+        return fixed
     peer = ""
     try:
         peer = str(context.peer())
