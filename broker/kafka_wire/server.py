@@ -10,7 +10,7 @@ buffered:
 - connections beyond ``max.connections`` (shared with nothing else: this listener has its
   own count) are closed at accept;
 - a connection silent for ``connections.max.idle.ms`` is closed;
-- on SASL listeners, a client must authenticate within ``sasl.handshake.timeout.ms`` and
+- on SASL listeners, a client must authenticate within ``kafka.authentication.timeout.ms`` and
   may send only ApiVersions, SaslHandshake and SaslAuthenticate before (KIP-152);
 - a request that cannot be parsed, or an API or version not advertised, closes the
   connection (Kafka does the same: there is no way to answer what cannot be read) and is
@@ -30,7 +30,7 @@ import os
 import ssl
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,7 @@ class ListenerStats:
     malformed_requests_total: int = 0
     authentication_failures_total: int = 0
     sendfile_bytes_total: int = 0
+    requests_by_api: dict[int, int] = field(default_factory=dict)
 
 
 class KafkaListener:
@@ -85,8 +86,8 @@ class KafkaListener:
         self.apis = apis.KafkaApis(broker, spec.name)
         self.max_request_bytes = int(defaults.get("socket.request.max.bytes", str(DEFAULT_MAX_REQUEST_BYTES)))
         self.idle_s = int(defaults.get("connections.max.idle.ms", str(DEFAULT_IDLE_MS))) / 1000
-        self.sasl_timeout_s = int(defaults.get("sasl.handshake.timeout.ms", str(DEFAULT_SASL_TIMEOUT_MS))) / 1000
-        self.request_timeout_s = int(defaults.get("request.timeout.ms", "30000")) / 1000
+        self.sasl_timeout_s = int(defaults.get("kafka.authentication.timeout.ms", str(DEFAULT_SASL_TIMEOUT_MS))) / 1000
+        self.request_timeout_s = int(defaults.get("kafka.request.timeout.ms", "30000")) / 1000
         self.max_connections = int(defaults.get("max.connections", "10000"))
         self.sasl = spec.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
         self.stats = ListenerStats()
@@ -231,6 +232,7 @@ class _Connection:
             log.info("Kafka listener: closing %s: API %d v%d is not served", self.peer_text, api_key, version)
             lst.stats.malformed_requests_total += 1
             return False
+        lst.stats.requests_by_api[api_key] = lst.stats.requests_by_api.get(api_key, 0) + 1
         if not self.authenticated and api_key not in apis.PRE_AUTH_APIS:
             log.warning("Kafka listener: closing %s: API %d before SASL authentication", self.peer_text, api_key)
             lst.stats.authentication_failures_total += 1
