@@ -91,7 +91,7 @@ _CODE_OF = {kind: {name: code for code, name in table.items()}
                                 ("operation", OPERATIONS), ("permission", PERMISSIONS))}
 
 # Node-config keys whose values are secrets: described with a null value and is_sensitive (as Kafka's PASSWORD type).
-_SENSITIVE = re.compile(r"password|secret|jaas|credential|token|sasl\.users|\.key$|private", re.IGNORECASE)
+_SENSITIVE = re.compile(r"password|secret|jaas|credential|token|bootstrap\.users|\.key$|private", re.IGNORECASE)
 UNSUPPORTED_ENDPOINT_TYPE = 115  # Kafka's; not among Brook's own codes
 _NO_AUTHORIZED_OPERATIONS = -2147483648  # Kafka's "not requested / not computed"
 _DEFAULT_TIMEOUT_S = 30.0
@@ -361,8 +361,9 @@ class AdminApis:
             raise _Failed(ErrorCode.INVALID_REQUEST,
                           f"broker {self.broker.node_id} describes its own configs (resource name "
                           f"'{self.broker.node_id}') or the cluster defaults (''), not broker '{name}'")
+        own = {"node.id": str(self.broker.node_id), **self.broker.settings.defaults}
         static = [(k, str(v), SOURCE_STATIC_BROKER, bool(_SENSITIVE.search(k)), "")
-                  for k, v in sorted(self.broker.settings.defaults.items()) if k not in dynamic]
+                  for k, v in sorted(own.items()) if k not in dynamic]
         return out + static
 
     # ---- AlterConfigs / IncrementalAlterConfigs ----

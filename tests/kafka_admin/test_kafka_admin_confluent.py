@@ -80,8 +80,7 @@ def test_topic_lifecycle(confluent_admin: Any, topic_name: str) -> None:
 
 
 def test_records_cluster_and_elections(kcluster: Any, confluent_admin: Any, topic_name: str) -> None:
-    from confluent_kafka import Producer, TopicPartition
-    from confluent_kafka import ElectionType
+    from confluent_kafka import ElectionType, Producer, TopicPartition
     from confluent_kafka.admin import NewTopic
 
     a = confluent_admin

@@ -6,9 +6,9 @@ from __future__ import annotations
 import struct
 
 import pytest
+from kio.serial import entity_reader
 
 from broker.kafka_wire import admin_apis, apis, codec
-from kio.serial import entity_reader
 
 ALL = [(key, version) for key, (lo, hi) in sorted(apis.SUPPORTED.items()) for version in range(lo, hi + 1)]
 
