@@ -17,7 +17,7 @@ ALL = [(key, version) for key, (lo, hi) in sorted(apis.SUPPORTED.items()) for ve
 def test_zero_response_round_trips(api_key: int, version: int) -> None:
     codec.request_schema(api_key, version)  # the request can be parsed
     body = codec.response(api_key, version, {})
-    frame = codec.encode_response(api_key, version, 7, body)
+    frame = codec.encode_response_bytes(api_key, version, 7, body)
     (size,) = struct.unpack_from(">i", frame)
     assert size == len(frame) - 4
     (correlation_id,) = struct.unpack_from(">i", frame, 4)
@@ -43,7 +43,7 @@ def test_a_filled_create_topics_response_keeps_its_values() -> None:
                                               "config_source": 1, "is_sensitive": False}]}]}
     for version in range(2, 8):
         body = codec.response(19, version, values)
-        frame = codec.encode_response(19, version, 1, body)
+        frame = codec.encode_response_bytes(19, version, 1, body)
         decoded, _ = entity_reader(type(body))(frame, 4 + (5 if body.__flexible__ else 4))
         assert decoded.topics[0].name == "t"
         if version >= 5:
