@@ -199,6 +199,16 @@ def _is_tuple(hint: Any) -> bool:
     return typing.get_origin(hint) is tuple
 
 
+def _non_null(hint: Any) -> Any:
+    """``X`` of a nullable ``X | None`` field (e.g. a nullable list of entities), else the hint itself."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return hint
+
+
 def _nullable(hint: Any) -> bool:
     return type(None) in typing.get_args(hint)
 
@@ -257,6 +267,7 @@ def _coerce(f: dataclasses.Field, hint: Any, value: Any) -> Any:
         if isinstance(value, datetime.datetime):
             return value
         return None if int(value) < 0 else _EPOCH + datetime.timedelta(milliseconds=int(value))
+    hint = _non_null(hint)  # a value is present: build it as the non-null type
     entity = _entity_type(hint)
     if entity is not None:
         if _is_tuple(hint):
