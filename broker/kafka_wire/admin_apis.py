@@ -25,6 +25,8 @@ before topic ids (v6).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import re
 from collections import defaultdict
@@ -141,6 +143,9 @@ class SecurityControllerClient(ControllerClient):
         return _SecurityStub(controller_stub, security_grpc.SecurityServiceStub(channel))
 
 
+ADMIN_WORKERS = 4
+
+
 class AdminApis:
     """The admin handlers of one Kafka listener (``handlers()``: api key -> handler)."""
 
@@ -148,6 +153,10 @@ class AdminApis:
         self.broker = broker  # broker.server.BrokerServer
         self.listener = listener
         self._security_client: SecurityControllerClient | None = None
+        # Forwarded admin calls wait on the controller (up to a topic creation's timeout): a pool of their own,
+        # so an admin burst never takes the io threads produce and fetch need.
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=ADMIN_WORKERS,
+                                                           thread_name_prefix=f"kafka-admin-{listener}")
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -169,6 +178,7 @@ class AdminApis:
         }
 
     def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
         if self._security_client is not None:
             self._security_client.close()
             self._security_client = None
@@ -192,8 +202,8 @@ class AdminApis:
             budget_s = min(budget_s, timeout_ms / 1000 + 1.0)  # the controller answers within timeout_ms
         client = self._security() if security else self.broker.controller_client
         try:
-            return await self.service._io(lambda: client.call(method, request, timeout_s=max(0.5, budget_s),
-                                                              metadata=metadata))
+            return await asyncio.get_running_loop().run_in_executor(
+                self._pool, lambda: client.call(method, request, timeout_s=max(0.5, budget_s), metadata=metadata))
         except errors.BrookError as exc:
             raise _Failed(exc.code, exc.message) from None
 

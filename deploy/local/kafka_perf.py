@@ -16,7 +16,7 @@ REPORT_EVERY_S = 5.0
 
 def produce(config: dict[str, str], topic: str, num_records: int, record_size: int = 100, acks: str = "all",
             extra: dict[str, Any] | None = None) -> int:
-    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka import Producer
 
     p = Producer({**config, "acks": acks, "linger.ms": 5, "batch.size": 1 << 20, "enable.idempotence": True,
                   "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1 << 20,
