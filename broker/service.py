@@ -150,6 +150,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     async def Produce(self, request: broker_pb2.ProduceRequest, context: grpc.aio.ServicerContext) -> Any:
         size = sum(len(pd.records) for pd in request.partitions)
         caller = await self._caller(context)
+        # A Kafka-protocol connection starts its next request once this one's batches are appended.
+        appended = getattr(context, "brook_on_appended", None)
 
         async def work(client: str) -> Any:
             budget = self.capacity.budget
@@ -159,7 +161,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 raise Overloaded(f"broker {self.node_id} holds {budget.used_bytes} bytes of requests in flight "
                                  f"(queued.max.request.bytes={budget.total_bytes})")
             try:
-                return await self._guard("Produce", request, lambda: self._produce(request, caller),
+                return await self._guard("Produce", request, lambda: self._produce(request, caller, appended),
                                          lambda: _produce_error_all(request, ErrorCode.UNKNOWN_SERVER_ERROR,
                                                                     "internal error"))
             finally:
@@ -167,12 +169,14 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         return await self._admitted(context, work)
 
     async def _produce(self, req: broker_pb2.ProduceRequest, caller: Any = principal.ANONYMOUS,
-                       ) -> broker_pb2.ProduceResponse:
+                       appended: asyncio.Future[None] | None = None) -> broker_pb2.ProduceResponse:
         if req.acks not in (0, 1, -1):
             return _produce_error_all(req, ErrorCode.INVALID_REQUIRED_ACKS,
                                       f"acks must be 0, 1 or -1 (all), not {req.acks}")
         denied = self.authz.denied_topics(caller, authz.WRITE, {pd.topic for pd in req.partitions})
         futures = await self._io(lambda: self._produce_append(req, caller, denied))
+        if appended is not None and not appended.done():
+            appended.set_result(None)
         if req.acks == -1:
             # The purgatory times each wait out at timeout_ms; the slack only guards a lost completion.
             # Awaiting holds no thread: the purgatory's completion wakes this coroutine on the loop.

@@ -1,9 +1,10 @@
 """The Kafka-protocol listener: Kafka's framing on a TCP (or TLS) socket, on the broker's event loop.
 
-One coroutine per connection reads a size-prefixed frame, answers it, and only then reads
-the next: like Kafka's network layer (which mutes a channel until its response is sent),
-a connection has one request in work at a time, so a client's pipelining costs the broker
-nothing and responses go out in request order. Every bound is checked before bytes are
+One coroutine per connection reads a size-prefixed frame and starts it; the next frame is read
+only once that request lets it (when done, or, for a produce, once its batches are appended), so
+as in Kafka's network layer a connection has one request being read and started at a time and
+responses go out in request order; a produce's acks=all wait overlaps the next requests, up to
+``PIPELINE_DEPTH`` answers outstanding per connection. Every bound is checked before bytes are
 buffered:
 
 - a frame larger than ``socket.request.max.bytes`` closes the connection unread;
@@ -51,6 +52,7 @@ DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
 DEFAULT_IDLE_MS = 600_000
 DEFAULT_SASL_TIMEOUT_MS = 10_000
 OVERLOAD_BACKOFF_S = 0.05
+PIPELINE_DEPTH = 5  # answers outstanding per connection (librdkafka's and Kafka's max.in.flight default)
 SASL_PLAIN = "PLAIN"
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 _SIZE = struct.Struct(">i")
@@ -183,13 +185,57 @@ class _Connection:
         return await asyncio.wait_for(self.reader.readexactly(size), lst.request_timeout_s)
 
     async def run(self) -> None:
+        """Read requests and answer them in order. A request is read only once the one before let it: when
+        done, or, for a produce, once its batches are appended (so appends keep the connection's order and
+        an idempotent producer's sequences arrive in order), while that one's acks=all wait goes on. At most
+        PIPELINE_DEPTH answers are outstanding; a writer task sends them in request order."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue(maxsize=PIPELINE_DEPTH)
+        writer = asyncio.create_task(self._write_responses(queue))
+        try:
+            while True:
+                read = asyncio.ensure_future(self._read_frame())
+                await asyncio.wait({read, writer}, return_when=asyncio.FIRST_COMPLETED)
+                if writer.done():
+                    read.cancel()
+                    break
+                frame = read.result()
+                if frame is None:
+                    break
+                released: asyncio.Future[None] = loop.create_future()
+                task = asyncio.create_task(self._handle(frame, released))
+                put = asyncio.ensure_future(queue.put(task))
+                await asyncio.wait({put, writer}, return_when=asyncio.FIRST_COMPLETED)
+                if writer.done():
+                    put.cancel()
+                    task.cancel()
+                    break
+                await asyncio.wait({released, task, writer}, return_when=asyncio.FIRST_COMPLETED)
+                if writer.done():
+                    break
+        finally:
+            if not writer.done():
+                try:
+                    queue.put_nowait(None)  # the answers queued so far go out first
+                except asyncio.QueueFull:
+                    writer.cancel()
+                await asyncio.wait({writer}, timeout=self.listener.request_timeout_s)
+                writer.cancel()
+            while not queue.empty():
+                left = queue.get_nowait()
+                if left is not None:
+                    left.cancel()
+        if writer.done() and not writer.cancelled() and writer.exception() is not None:
+            raise writer.exception()  # type: ignore[misc]
+
+    async def _write_responses(self, queue: asyncio.Queue[asyncio.Task[Any] | None]) -> None:
         while True:
-            frame = await self._read_frame()
-            if frame is None:
+            task = await queue.get()
+            if task is None:
                 return
-            out = await self._handle(frame)
+            out = await task
             if out is False:
-                return
+                return  # close the connection
             if out:
                 await self._send(out)
 
@@ -214,8 +260,16 @@ class _Connection:
                 if isinstance(part, FileRecords):
                     part.close()
 
-    async def _handle(self, frame: bytes) -> list[bytes | FileRecords] | None | bool:
-        """The response frame, None for no response (acks=0), False to close the connection."""
+    async def _handle(self, frame: bytes, released: asyncio.Future[None]) -> list[bytes | FileRecords] | None | bool:
+        """The response frame, None for no response (acks=0), False to close the connection. ``released``
+        is set when the next request may start (at the end, or a produce's once appended)."""
+        try:
+            return await self._handle_frame(frame, released)
+        finally:
+            if not released.done():
+                released.set_result(None)
+
+    async def _handle_frame(self, frame: bytes, released: asyncio.Future[None]) -> list[bytes | FileRecords] | None | bool:
         lst = self.listener
         lst.stats.requests_total += 1
         try:
@@ -252,12 +306,12 @@ class _Connection:
             if body is None:
                 return False
         else:
-            body = await self._call(req)
+            body = await self._call(req, released)
             if body is None:
                 return None
         return codec.encode_response(api_key, version, correlation_id, body)
 
-    async def _call(self, req: codec.Request) -> Any:
+    async def _call(self, req: codec.Request, released: asyncio.Future[None]) -> Any:
         lst = self.listener
         handler = lst.apis.handlers[req.api_key]
         deadline = time.monotonic() + lst.request_timeout_s
@@ -265,6 +319,7 @@ class _Connection:
             ctx = KafkaCallContext(self.auth, self.grpc_peer, lst.spec.name, lst.request_timeout_s)
             ctx.client_id = req.client_id
             ctx.client_host = self.client_host
+            ctx.brook_on_appended = released
             try:
                 return await handler(req, ctx)
             except Aborted as exc:

@@ -8,7 +8,10 @@ factor 3:
 2. ``brook perf consume`` of what was produced, decoding every record, then again
    counting from batch headers only (goal: 1,000,000 records/s);
 3. ``brook perf produce`` capped at 10,000 records/s with acks=all (goal: p99 < 10 ms).
-4. steps 1 and 2b again on a second cluster with mTLS on every listener (the default
+4. confluent-kafka (librdkafka) on the same cluster through the Kafka listener: an idempotent
+   acks=all producer, then a consumer (fetches sent from the segment files with sendfile),
+   side by side with steps 1 and 2b;
+5. steps 1 and 2b again on a second cluster with mTLS on every listener (the default
    of ``python -m deploy.local start``), then both throughputs side by side
    (``--no-tls`` skips it).
 
@@ -67,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
                                                      "--linger-ms", "1",
                                                      "--num-records", str(args.latency_records),
                                                      "--warmup-records", "5000"])))
+        steps += _kafka_steps(args, cluster, figures)
+    print("== Brook's client over gRPC vs confluent-kafka over the Kafka listener (records/sec)", flush=True)
+    for step, other in (("produce", "kafka produce"), ("consume --batches", "kafka consume")):
+        ours, theirs = figures.get(("plaintext", step)), figures.get(("plaintext", other))
+        ratio = f"{float(theirs) / float(ours):.2f}x" if ours and theirs and float(ours) > 0 else "-"
+        print(f"  {step:<18} Brook client {ours or '-':>12}   confluent-kafka {theirs or '-':>12}   "
+              f"(confluent-kafka / Brook {ratio})", flush=True)
     if not args.no_tls:
         steps += _tls_steps(args, figures)
         print("== plaintext vs mTLS (records/sec)", flush=True)
@@ -78,6 +88,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steps that did not complete: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _kafka_steps(args: argparse.Namespace, cluster: LocalCluster,
+                 figures: dict[tuple[str, str], str]) -> list[tuple[str, int]]:
+    """Steps 5a/5b: confluent-kafka (librdkafka) over Kafka's protocol on the same cluster, acks=all RF 3;
+    its fetches are sent from the segment files with sendfile."""
+    from client.admin import Admin
+    from deploy.local import kafka_perf
+
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        print("== 5. skipped: confluent-kafka is not installed (pip install confluent-kafka)", flush=True)
+        return []
+    with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints) as admin:
+        admin.create_topic("bench-kafka", args.partitions, 3)
+    config = cluster.kafka_client_config()
+    print(f"== 5a. confluent-kafka: produce {args.records} records to the Kafka listener, acks=all, RF=3, "
+          "idempotent", flush=True)
+    steps = [("kafka produce", _measured(figures, ("plaintext", "kafka produce"),
+                                         lambda argv: kafka_perf.produce(config, "bench-kafka", args.records), []))]
+    print("== 5b. confluent-kafka: consume them (fetches sent with sendfile)", flush=True)
+    steps.append(("kafka consume", _measured(figures, ("plaintext", "kafka consume"),
+                                             lambda argv: kafka_perf.consume(config, "bench-kafka", args.records),
+                                             [])))
+    return steps
 
 
 def _tls_steps(args: argparse.Namespace, figures: dict[tuple[str, str], str]) -> list[tuple[str, int]]:
