@@ -288,7 +288,7 @@ def test_kafka_python_producer_consumer_and_admin(cluster: LocalCluster, kconf, 
     try:
         assert topic in admin.list_topics()
         described = admin.describe_cluster()
-        assert {b["node_id"] for b in described["brokers"]} == set(cluster.broker_ids)
+        assert {b["broker_id"] for b in described["brokers"]} == set(cluster.broker_ids)
     finally:
         admin.close()
 
