@@ -100,6 +100,10 @@ _CORE = [
     KeyDef("advertised.listeners", "list", "",
            "NAME://host:port,... clients and peers are told to use; a listener not named here advertises its "
            "bind address.", roles=_B),
+    KeyDef("kafka.listener.names", "list", "KAFKA",
+           "Listeners (by name) that speak Kafka's wire protocol instead of gRPC, for unmodified Kafka clients "
+           "(librdkafka, kcat, kafka-python, aiokafka, Kafka's Java client): e.g. listeners=...,KAFKA://0.0.0.0:9092 "
+           "with KAFKA:SASL_SSL in listener.security.protocol.map.", roles=_B),
     KeyDef("listener.security.protocol.map", "list", "BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT",
            "NAME:PROTOCOL,... (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL). A listener named after a protocol "
            "needs no entry. BROKER and CONTROLLER carry node-to-node traffic: PLAINTEXT or SSL only."),
@@ -526,7 +530,9 @@ class NodeConfig:
         from broker.server import BrokerSettings, ListenerSpec
 
         listener = self.listeners[LISTENER_BROKER]
-        extra = [ListenerSpec(lst.name, lst.host, lst.port, self.server_tls(lst.name), lst.advertised, lst.protocol)
+        kafka = {str(n).strip().upper() for n in self.values["kafka.listener.names"] or []}
+        extra = [ListenerSpec(lst.name, lst.host, lst.port, self.server_tls(lst.name), lst.advertised, lst.protocol,
+                              wire="kafka" if lst.name in kafka else "grpc")
                  for lst in self.listeners.values() if lst.name not in (LISTENER_BROKER, LISTENER_CONTROLLER)]
         return BrokerSettings(
             node_id=self.node_id,

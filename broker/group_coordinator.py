@@ -931,4 +931,5 @@ def install(broker: Any) -> GroupCoordinator:
     broker.add_servicer(lambda server: group_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(servicer, server))
     coordinator.start()
     broker.group_coordinator = coordinator
+    broker.group_servicer = servicer  # the Kafka-protocol listener calls it too
     return coordinator

@@ -43,6 +43,9 @@ class _CallDeadline:
         self._peer = context.peer() if context is not None else ""
         self._auth = context.auth_context() if context is not None else {}
         self._metadata = tuple(context.invocation_metadata() or ()) if context is not None else ()
+        # A Kafka-protocol call's principal and listener (broker/kafka_wire/context.py) travel along.
+        self.brook_authentication = getattr(context, "brook_authentication", None)
+        self.brook_listener = getattr(context, "brook_listener", None)
 
     def peer(self) -> str:
         return self._peer
@@ -197,7 +200,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
             refused.node_id = -1
             return refused
         try:
-            listener = self.listener_by_tls.get(principal.is_tls(context), "BROKER")
+            listener = (getattr(context, "brook_listener", None)
+                        or self.listener_by_tls.get(principal.is_tls(context), "BROKER"))
             node_id, host, port = self.c.find_coordinator(request.group_id, listener)
         except errors.BrookError as exc:
             return group_pb2.FindCoordinatorResponse(error_code=exc.code, error_message=exc.message, node_id=-1)

@@ -50,6 +50,8 @@ RULES_MAX = 64  # bound on configured mapping rules
 AUTH_CERTIFICATE = "certificate"
 AUTH_SASL = "sasl"
 AUTH_NONE = "none"
+AUTH_FORWARDED = "forwarded"  # a broker forwarding a Kafka-protocol client's admin request (KIP-590's envelope)
+FORWARDED_PRINCIPAL_KEY = "x-brook-forwarded-principal"
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,43 @@ def _auth_value(auth: Mapping[str, Sequence[bytes]], key: str) -> str | None:
 
 
 def authenticate(context: Any) -> Authentication:
-    """The caller of this request, for sync grpc and grpc.aio ServicerContexts alike."""
+    """The caller of this request, for sync grpc and grpc.aio ServicerContexts alike.
+
+    A broker may forward a request for a client of its Kafka listener with the client's principal in
+    ``x-brook-forwarded-principal`` metadata (as Kafka's brokers wrap forwarded requests in an envelope,
+    KIP-590); that principal is the caller only when the sender is itself a node. The forwarded caller
+    is never a node: its method is ``forwarded``.
+    """
+    fixed = getattr(context, "brook_authentication", None)
+    if isinstance(fixed, Authentication):  # a Kafka-protocol connection (broker/kafka_wire/context.py)
+        return fixed
+    direct = _authenticate_direct(context)
+    forwarded = _metadata_value(context, FORWARDED_PRINCIPAL_KEY)
+    if forwarded is None:
+        return direct
+    is_node = (direct.method == AUTH_CERTIFICATE and node_id_of(direct.principal) is not None) or \
+        _trusted_loopback(direct)
+    if not is_node:
+        log.warning("ignored a forwarded principal from %s (%s): only nodes may forward", direct.principal, direct.peer)
+        return direct
+    try:
+        return Authentication(Principal.parse(forwarded), AUTH_FORWARDED, direct.peer)
+    except errors.BrookError:
+        return Authentication(ANONYMOUS, AUTH_FORWARDED, direct.peer)
+
+
+def _metadata_value(context: Any, key: str) -> str | None:
+    try:
+        metadata = tuple(context.invocation_metadata() or ())
+    except Exception:
+        return None
+    for k, v in metadata:
+        if k == key:
+            return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+    return None
+
+
+def _authenticate_direct(context: Any) -> Authentication:
     peer = ""
     try:
         peer = str(context.peer())

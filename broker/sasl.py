@@ -152,6 +152,36 @@ class ScramAuthenticator:
         return spb.SaslAuthenticateResponse(auth_bytes=server_final.encode("utf-8"), session_token=token,
                                             session_lifetime_ms=self.session_lifetime_ms)
 
+    def authenticate_plain(self, auth_bytes: bytes) -> str:
+        """SASL PLAIN (RFC 4616, ``authzid NUL user NUL password``) checked against the user's stored SCRAM
+        credential: the password is salted and hashed as SCRAM would and compared with the stored key, so
+        no plain password is kept anywhere. Returns the user; SASL_AUTHENTICATION_FAILED otherwise."""
+        failed = errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)
+        if len(auth_bytes) > MAX_AUTH_BYTES:
+            raise failed(f"SASL message larger than {MAX_AUTH_BYTES} bytes")
+        parts = auth_bytes.split(b"\0")
+        if len(parts) != 3:
+            raise failed("a PLAIN message is authzid NUL user NUL password")
+        try:
+            authzid, user, password = (p.decode("utf-8") for p in parts)
+        except UnicodeDecodeError:
+            raise failed("PLAIN user and password must be UTF-8") from None
+        if authzid and authzid != user:
+            raise failed("PLAIN: acting as another user (authzid) is not allowed")
+        creds = [c for m in MECHANISMS if (c := self._lookup(user, m)) is not None]
+        if creds and self._too_many_failures(user):
+            raise failed(f"too many failed authentications for {user!r}; try again later")
+        for cred in creds:
+            digest = "sha256" if cred.mechanism == "SCRAM-SHA-256" else "sha512"
+            salted = hashlib.pbkdf2_hmac(digest, password.encode("utf-8"), cred.salt, cred.iterations)
+            client_key = hmac.new(salted, b"Client Key", digest).digest()
+            if hmac.compare_digest(hashlib.new(digest, client_key).digest(), cred.stored_key):
+                with self._lock:
+                    self.succeeded_total += 1
+                return user
+        self._record_failure(user if creds else "", user)
+        raise failed(f"authentication failed for user {user!r}: invalid credentials")
+
     def _fake_credential(self, user: str, mechanism: str) -> tuple[bytes, bytes, bytes, int]:
         # RFC 5802 section 5.1: answer an unknown user like a known one; the proof fails later.
         digest = hashlib.sha256 if mechanism == "SCRAM-SHA-256" else hashlib.sha512

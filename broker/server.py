@@ -72,6 +72,7 @@ class ListenerSpec:
     tls: ServerTls | None = None
     advertised: tuple[str, int] | None = None
     protocol: str = "PLAINTEXT"
+    wire: str = "grpc"  # "kafka": Kafka's wire protocol (broker/kafka_wire), for unmodified Kafka clients
 
 
 @dataclass
@@ -136,6 +137,9 @@ class BrokerServer:
         self.metadata_cache = MetadataCache(settings.node_id)
         self.replica_manager: ReplicaManager | None = None
         self.extension_objects: list[object] = []
+        self.service: BrokerService | None = None
+        self.group_servicer: Any = None  # set by the group coordinator extension
+        self.kafka_listeners: list[Any] = []
         # SCRAM sessions, ACL checks and quotas (broker/security.py); the group coordinator reads .authorizer.
         self.security: NodeSecurity = broker_security(self.metadata_cache, settings.defaults)
         self.authorizer = self.security.authorizer
@@ -191,6 +195,7 @@ class BrokerServer:
             defaults=s.defaults, controller_endpoints=s.controller_endpoints, capacity=self.capacity,
             metadata_lock=self._metadata_lock, authorizer=self.security.authorizer, quotas=self.security.quotas)
         service.listener_by_tls = self.listener_by_tls()
+        self.service = service
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(service, self.grpc_server)
         self.security.add_service(self.grpc_server)  # SaslAuthenticate (sync handlers: the migration pool)
         for fn in self._servicer_fns:
@@ -199,6 +204,7 @@ class BrokerServer:
         for ext in self._extensions:
             self.extension_objects.append(ext(self))
         self._on_loop(self.grpc_server.start())
+        self._start_kafka_listeners()
         self._started = True
         self.log_manager.start_background()
         self.replica_manager.start()
@@ -334,14 +340,35 @@ class BrokerServer:
             raise OSError(f"broker {s.node_id}: cannot listen on {s.host}:{s.port}")
         self.port = bound
         for lst in s.extra_listeners:
+            if lst.wire != "grpc":
+                continue
             if bind_port(server, lst.host, lst.port, lst.tls) == 0:
                 raise OSError(f"broker {s.node_id}: cannot listen on {lst.name} {lst.host}:{lst.port}")
+
+    def _start_kafka_listeners(self) -> None:
+        """Open every Kafka-protocol listener on the broker's loop (after the servicers they call exist)."""
+        from broker.kafka_wire.server import KafkaListener, KafkaListenerSpec, server_ssl_context
+
+        for lst in self.settings.extra_listeners:
+            if lst.wire != "kafka":
+                continue
+            ctx = None
+            if lst.tls is not None:
+                ctx = server_ssl_context(str(lst.tls.cert), str(lst.tls.key),
+                                         str(lst.tls.ca) if lst.tls.ca is not None else None,
+                                         lst.tls.client_auth == "required")
+            listener = KafkaListener(self, KafkaListenerSpec(lst.name, lst.host, lst.port, lst.protocol, ctx),
+                                     self.settings.defaults)
+            self._on_loop(listener.start())
+            self.kafka_listeners.append(listener)
 
     def listener_by_tls(self) -> dict[bool, str]:
         """Listener whose addresses Metadata gives to a TLS / plaintext caller: BROKER first, then the rest."""
         s = self.settings
         out = {s.tls is not None: "BROKER"}
         for lst in s.extra_listeners:
+            if lst.wire != "grpc":
+                continue
             out.setdefault(lst.tls is not None, lst.name)
         return out
 
@@ -449,6 +476,11 @@ class BrokerServer:
                     stop_ext()
                 except Exception:
                     log.exception("broker %d: stopping extension %r failed", self.node_id, ext)
+        for kl in self.kafka_listeners:
+            try:
+                self._on_loop(kl.stop(), timeout_s=5)
+            except Exception:
+                log.exception("broker %d: stopping Kafka listener %s failed", self.node_id, kl.spec.name)
         if self.grpc_server is not None and self.loop is not None:
             try:
                 self._on_loop(self.grpc_server.stop(grace=SERVER_STOP_GRACE_S), timeout_s=SERVER_STOP_GRACE_S + 5)

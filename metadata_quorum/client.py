@@ -88,7 +88,8 @@ class ControllerClient:
         """Find the active controller again on the next call (a per-item NOT_CONTROLLER said it moved)."""
         self._leader = None
 
-    def call(self, method: str, request: Any, *, timeout_s: float | None = None) -> Any:
+    def call(self, method: str, request: Any, *, timeout_s: float | None = None,
+             metadata: tuple[tuple[str, str], ...] | None = None) -> Any:
         """Send ``request`` to the active controller's ``method``; return the response.
 
         Raises the ``BrookError`` subclass of the response's error code when it is not
@@ -113,7 +114,7 @@ class ControllerClient:
                 attempt += 1
                 continue
             try:
-                response = getattr(self._stub(target), method)(request, timeout=remaining_s)
+                response = getattr(self._stub(target), method)(request, timeout=remaining_s, metadata=metadata)
             except grpc.RpcError as exc:
                 status = exc.code() if hasattr(exc, "code") else None
                 last_error = f"{target[0]}:{target[1]}: {status} {exc.details() if hasattr(exc, 'details') else exc}"

@@ -146,6 +146,7 @@ class NodeSpec:
     metrics_port: int
     health_port: int | None = None  # plain-HTTP /livez, /readyz (cluster.json of older launchers: none)
     console_port: int | None = None  # brokers: the read-only web console
+    kafka_port: int | None = None  # brokers: the Kafka-protocol listener (KAFKA), for unmodified Kafka clients
 
     @property
     def is_broker(self) -> bool:
@@ -247,13 +248,14 @@ class LocalCluster:
         if mode == "combined":
             for i in range(1, nodes + 1):
                 specs.append(NodeSpec(i, ["controller", "broker"], free_port(), free_port(), free_port(),
-                                      free_port(), free_port(), free_port()))
+                                      free_port(), free_port(), free_port(), kafka_port=free_port()))
             return specs
         for i in range(1, controllers + 1):
             specs.append(NodeSpec(CONTROLLER_ID_BASE + i, ["controller"], None, free_port(), free_port(),
                                   free_port(), free_port()))
         for i in range(1, nodes + 1):
-            specs.append(NodeSpec(i, ["broker"], free_port(), None, None, free_port(), free_port(), free_port()))
+            specs.append(NodeSpec(i, ["broker"], free_port(), None, None, free_port(), free_port(), free_port(),
+                                  kafka_port=free_port()))
         return specs
 
     @property
@@ -277,6 +279,22 @@ class LocalCluster:
     @property
     def bootstrap_servers(self) -> str:
         return ",".join(f"127.0.0.1:{n.broker_port}" for n in self.state.nodes if n.is_broker)
+
+    @property
+    def kafka_bootstrap_servers(self) -> str:
+        """The brokers' Kafka-protocol listeners (KAFKA), for Kafka clients (librdkafka, kcat, kafka-python)."""
+        return ",".join(self.kafka_address(n.node_id) for n in self.state.nodes if n.is_broker and n.kafka_port)
+
+    def kafka_address(self, node_id: int) -> str:
+        port = self.spec(node_id).kafka_port
+        if not port:
+            raise ClusterError(f"node {node_id} has no Kafka listener (a broker of an older launcher's cluster)")
+        return f"127.0.0.1:{port}"
+
+    def kafka_client_config(self, name: str = "admin") -> dict[str, str]:
+        """librdkafka-style settings for the Kafka listener: bootstrap.servers, and on TLS clusters mTLS with the
+        certificate ``DIR/tls/<name>.pem`` (User:<name>)."""
+        return {"bootstrap.servers": self.kafka_bootstrap_servers, **self.client_config_for(name)}
 
     @property
     def controller_endpoints(self) -> list[tuple[str, int]]:
@@ -466,6 +484,8 @@ class LocalCluster:
             listeners.append(f"BROKER://127.0.0.1:{n.broker_port}")
         if n.is_controller:
             listeners.append(f"CONTROLLER://127.0.0.1:{n.controller_port}")
+        if n.is_broker and n.kafka_port:
+            listeners.append(f"KAFKA://127.0.0.1:{n.kafka_port}")
         n_brokers = len(self.broker_ids)
         keys: dict[str, Any] = {
             "process.roles": ",".join(n.roles),
@@ -478,6 +498,7 @@ class LocalCluster:
             "console.listener": f"127.0.0.1:{n.console_port}" if n.console_port and n.is_broker else "",
             **LOCAL_DEFAULTS,
             "offsets.topic.replication.factor": str(min(3, n_brokers)),
+            "listener.security.protocol.map": "BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT",
             **self._tls_keys(n),
         }
         if n.is_broker:
@@ -486,6 +507,9 @@ class LocalCluster:
             keys["metadata.log.dir"] = str(d / "meta")
             keys["controller.quorum.password"] = self._quorum_password()
         keys.update(self.state.overrides)
+        if n.is_broker and n.kafka_port and "KAFKA:" not in str(keys["listener.security.protocol.map"]):
+            # The Kafka listener is as secure as the cluster: mTLS with the same CA on a TLS cluster.
+            keys["listener.security.protocol.map"] += f",KAFKA:{'SSL' if self.tls else 'PLAINTEXT'}"
         lines = ["# Written by deploy.local.cluster.LocalCluster; edits are lost on the next start."]
         for k, v in keys.items():
             lines.append(f"{json.dumps(k)} = {_toml_value(v)}")

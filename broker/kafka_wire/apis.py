@@ -1,0 +1,404 @@
+"""Kafka API handlers: each translates a kio request into the protobuf request of the same
+Brook RPC, calls the servicer that serves gRPC clients (so every rule — validation, ACLs,
+quotas, admission, purgatories — is the one rule), and translates the answer back.
+
+Handlers are written once for every version they serve: they read request fields with
+``_get`` (fields a version lacks take their Kafka default) and build responses with
+``codec.response`` (fields a version lacks are dropped). ``SUPPORTED`` is what ApiVersions
+advertises; an API or version not in it is never parsed (the connection is closed, as
+Kafka does for a request it cannot read).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from broker.kafka_wire import codec
+from broker.kafka_wire.context import KafkaCallContext
+from proto import broker_pb2, group_pb2
+from proto.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP = 8, 9, 10, 11
+HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS = 12, 13, 14, 15, 16
+SASL_HANDSHAKE, API_VERSIONS, INIT_PRODUCER_ID, OFFSET_FOR_LEADER_EPOCH = 17, 18, 22, 23
+SASL_AUTHENTICATE, DELETE_GROUPS, OFFSET_DELETE = 36, 42, 47
+
+# api key -> (min, max) version served. The floors are Kafka 4's (what kio has schemas for);
+# the ceilings stop before versions that need what Brook lacks (topic ids in Fetch/Produce,
+# KIP-848's consumer protocol, batched OffsetFetch of several groups).
+SUPPORTED: dict[int, tuple[int, int]] = {
+    PRODUCE: (3, 9),
+    FETCH: (4, 12),
+    LIST_OFFSETS: (1, 7),
+    METADATA: (0, 12),
+    OFFSET_COMMIT: (2, 8),
+    OFFSET_FETCH: (1, 7),
+    FIND_COORDINATOR: (0, 4),
+    JOIN_GROUP: (0, 7),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 4),
+    SYNC_GROUP: (0, 5),
+    DESCRIBE_GROUPS: (0, 5),
+    LIST_GROUPS: (0, 4),
+    SASL_HANDSHAKE: (1, 1),
+    API_VERSIONS: (0, 3),
+    INIT_PRODUCER_ID: (0, 4),
+    OFFSET_FOR_LEADER_EPOCH: (2, 4),
+    SASL_AUTHENTICATE: (0, 2),
+    DELETE_GROUPS: (0, 2),
+    OFFSET_DELETE: (0, 0),
+}
+
+# Allowed before a SASL listener's client has authenticated (KIP-152: anything else closes).
+PRE_AUTH_APIS = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
+
+_LEADER_ERRORS = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH)
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    return getattr(obj, name, default)
+
+
+def _ms(obj: Any, name: str, default: int) -> int:
+    value = getattr(obj, name, None)
+    return default if value is None else codec.millis(value)
+
+
+def _leader(cache: Any, topic: str, partition: int) -> dict[str, int]:
+    le = cache.leader_and_epoch(topic, partition)
+    return {"leader_id": le.leader_id, "leader_epoch": le.leader_epoch}
+
+
+Handler = Callable[[codec.Request, KafkaCallContext], Awaitable[Any]]
+
+
+class KafkaApis:
+    """The handlers of one broker; ``handler(api_key)`` or None."""
+
+    def __init__(self, broker: Any, listener: str) -> None:
+        self.broker = broker  # broker.server.BrokerServer
+        self.listener = listener
+        self.handlers: dict[int, Handler] = {
+            API_VERSIONS: self.api_versions,
+            METADATA: self.metadata,
+            PRODUCE: self.produce,
+            FETCH: self.fetch,
+            LIST_OFFSETS: self.list_offsets,
+            OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
+            INIT_PRODUCER_ID: self.init_producer_id,
+            FIND_COORDINATOR: self.find_coordinator,
+            JOIN_GROUP: self.join_group,
+            SYNC_GROUP: self.sync_group,
+            HEARTBEAT: self.heartbeat,
+            LEAVE_GROUP: self.leave_group,
+            OFFSET_COMMIT: self.offset_commit,
+            OFFSET_FETCH: self.offset_fetch,
+            OFFSET_DELETE: self.offset_delete,
+            DESCRIBE_GROUPS: self.describe_groups,
+            LIST_GROUPS: self.list_groups,
+            DELETE_GROUPS: self.delete_groups,
+        }
+
+    @property
+    def service(self) -> Any:
+        return self.broker.service
+
+    @property
+    def groups(self) -> Any:
+        return self.broker.group_servicer
+
+    @property
+    def cache(self) -> Any:
+        return self.broker.metadata_cache
+
+    def _resp(self, req: codec.Request, values: dict[str, Any]) -> Any:
+        return codec.response(req.api_key, req.api_version, values)
+
+    # ---- ApiVersions ----
+    async def api_versions(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        return self._resp(req, {"error_code": 0, "api_keys": api_version_entries()})
+
+    # ---- Metadata ----
+    async def metadata(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        topics = _get(body, "topics")
+        # v0: an empty list means all topics; v1+: null means all, empty means none.
+        all_topics = topics is None or (req.api_version == 0 and not topics)
+        names = [] if all_topics else [t if isinstance(t, str) else t.name for t in topics]
+        names = [n for n in names if n is not None]
+        pb = broker_pb2.MetadataRequest(topics=names, all_topics=all_topics,
+                                        allow_auto_topic_creation=bool(_get(body, "allow_auto_topic_creation", True)))
+        caller = ctx.brook_authentication.principal
+        resp = await self.service._io(lambda: self.service._metadata(pb, self.listener, caller))
+        brokers = []
+        for b in resp.brokers:
+            info = self.cache.broker(b.node_id)
+            if b.fenced or info is None or not any(name == self.listener for name, _, _ in info.endpoints):
+                continue  # Kafka lists only live brokers that have the listener the client came in on
+            brokers.append({"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack or None})
+        out_topics = []
+        for t in resp.topics:
+            out_topics.append({
+                "error_code": t.error_code, "name": t.name, "topic_id": t.topic_id or None,
+                "is_internal": t.is_internal, "topic_authorized_operations": -2147483648,
+                "partitions": [{"error_code": p.error_code, "partition_index": p.partition, "leader_id": p.leader,
+                                "leader_epoch": p.leader_epoch, "replica_nodes": list(p.replicas),
+                                "isr_nodes": list(p.isr), "offline_replicas": list(p.offline_replicas)}
+                               for p in t.partitions]})
+        return self._resp(req, {"brokers": brokers, "cluster_id": resp.cluster_id or None,
+                                "controller_id": resp.controller_id if resp.controller_id >= 0 else -1,
+                                "topics": out_topics, "cluster_authorized_operations": -2147483648})
+
+    # ---- Produce ----
+    async def produce(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        pb = broker_pb2.ProduceRequest(acks=int(body.acks), timeout_ms=_ms(body, "timeout", 30000))
+        for t in body.topic_data:
+            for p in t.partition_data:
+                pb.partitions.add(topic=t.name, partition=p.index, records=bytes(p.records or b""))
+        if _get(body, "transactional_id") is not None:
+            out = broker_pb2.ProduceResponse()
+            for pd in pb.partitions:
+                out.partitions.add(topic=pd.topic, partition=pd.partition, error_code=ErrorCode.INVALID_REQUEST,
+                                   error_message="Brook has no transactions: produce without a transactional.id",
+                                   base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
+        else:
+            out = await self.service.Produce(pb, ctx)
+        if pb.acks == 0:
+            return None  # Kafka sends no response to acks=0
+        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for p in out.partitions:
+            entry: dict[str, Any] = {"index": p.partition, "error_code": p.error_code, "base_offset": p.base_offset,
+                                     "log_append_time": p.log_append_time_ms, "log_start_offset": p.log_start_offset,
+                                     "error_message": p.error_message or None}
+            if p.error_code in _LEADER_ERRORS:
+                entry["current_leader"] = _leader(self.cache, p.topic, p.partition)
+            by_topic[p.topic].append(entry)
+        return self._resp(req, {"responses": [{"name": n, "partition_responses": ps} for n, ps in by_topic.items()],
+                                "throttle_time": out.throttle_time_ms})
+
+    # ---- Fetch ----
+    async def fetch(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        replica_id = _get(body, "replica_id", -1)
+        if replica_id is not None and replica_id >= 0:
+            # Replication runs over Brook's BROKER listener with node certificates, never here.
+            return self._resp(req, {"error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "session_id": 0,
+                                    "responses": []})
+        pb = broker_pb2.FetchRequest(replica_id=-1, replica_epoch=-1, max_wait_ms=_ms(body, "max_wait", 500),
+                                     min_bytes=int(body.min_bytes), max_bytes=int(_get(body, "max_bytes", 0x7FFFFFFF)))
+        for t in body.topics:
+            for p in t.partitions:
+                pb.partitions.add(topic=t.topic, partition=p.partition, fetch_offset=p.fetch_offset,
+                                  partition_max_bytes=p.partition_max_bytes,
+                                  current_leader_epoch=_get(p, "current_leader_epoch", -1),
+                                  last_fetched_epoch=-1, log_start_offset=-1)
+        out = await self.service.Fetch(pb, ctx)
+        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for p in out.partitions:
+            entry: dict[str, Any] = {
+                "partition_index": p.partition, "error_code": p.error_code, "high_watermark": p.high_watermark,
+                # No transactions: the last stable offset is the high watermark, nothing is aborted.
+                "last_stable_offset": p.high_watermark, "log_start_offset": p.log_start_offset,
+                "aborted_transactions": [], "preferred_read_replica": -1, "records": p.records}
+            if p.error_code in _LEADER_ERRORS:
+                entry["current_leader"] = _leader(self.cache, p.topic, p.partition)
+            by_topic[p.topic].append(entry)
+        # session_id 0: no fetch session (KIP-227); clients then send full fetches, which is correct.
+        return self._resp(req, {"throttle_time": out.throttle_time_ms, "error_code": 0, "session_id": 0,
+                                "responses": [{"topic": n, "partitions": ps} for n, ps in by_topic.items()]})
+
+    # ---- ListOffsets ----
+    async def list_offsets(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        pb = broker_pb2.ListOffsetsRequest(replica_id=-1)
+        for t in body.topics:
+            for p in t.partitions:
+                pb.partitions.add(topic=t.name, partition=p.partition_index, timestamp=p.timestamp,
+                                  current_leader_epoch=_get(p, "current_leader_epoch", -1))
+        out = await self.service.ListOffsets(pb, ctx)
+        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for p in out.partitions:
+            by_topic[p.topic].append({"partition_index": p.partition, "error_code": p.error_code,
+                                      "timestamp": p.timestamp, "offset": p.offset, "leader_epoch": p.leader_epoch})
+        return self._resp(req, {"topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]})
+
+    # ---- OffsetForLeaderEpoch ----
+    async def offset_for_leader_epoch(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        pb = broker_pb2.OffsetsForLeaderEpochRequest(replica_id=-1)
+        for t in body.topics:
+            for p in t.partitions:
+                pb.partitions.add(topic=t.topic, partition=p.partition, leader_epoch=p.leader_epoch,
+                                  current_leader_epoch=_get(p, "current_leader_epoch", -1))
+        out = await self.service.OffsetsForLeaderEpoch(pb, ctx)
+        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for p in out.partitions:
+            by_topic[p.topic].append({"partition": p.partition, "error_code": p.error_code,
+                                      "leader_epoch": p.leader_epoch, "end_offset": p.end_offset})
+        return self._resp(req, {"topics": [{"topic": n, "partitions": ps} for n, ps in by_topic.items()]})
+
+    # ---- InitProducerId ----
+    async def init_producer_id(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        if _get(body, "transactional_id") is not None:
+            return self._resp(req, {"error_code": ErrorCode.INVALID_REQUEST, "producer_id": -1, "producer_epoch": -1})
+        out = await self.service.InitProducerId(broker_pb2.InitProducerIdRequest(
+            producer_id=_get(body, "producer_id", -1), producer_epoch=_get(body, "producer_epoch", -1)), ctx)
+        return self._resp(req, {"error_code": out.error_code, "producer_id": out.producer_id,
+                                "producer_epoch": out.producer_epoch})
+
+    # ---- group coordinator ----
+    async def find_coordinator(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        key_type = _get(body, "key_type", 0)
+        keys = list(_get(body, "coordinator_keys", None) or ()) if req.api_version >= 4 else [body.key]
+        found = []
+        for key in keys:
+            if key_type != 0:
+                found.append({"key": key, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "node_id": -1,
+                              "host": "", "port": -1,
+                              "error_message": "Brook has no transaction coordinator (no transactions)"})
+                continue
+            out = await self.groups.FindCoordinator(group_pb2.FindCoordinatorRequest(group_id=key), ctx)
+            found.append({"key": key, "error_code": out.error_code, "error_message": out.error_message or None,
+                          "node_id": out.node_id, "host": out.host, "port": out.port if out.error_code == 0 else -1})
+        if req.api_version >= 4:
+            return self._resp(req, {"coordinators": found})
+        return self._resp(req, found[0])
+
+    async def join_group(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        session_ms = _ms(body, "session_timeout", 10000)
+        pb = group_pb2.JoinGroupRequest(
+            group_id=body.group_id, session_timeout_ms=session_ms,
+            rebalance_timeout_ms=_ms(body, "rebalance_timeout", session_ms), member_id=body.member_id,
+            protocol_type=body.protocol_type, client_id=ctx.client_id or "", client_host=ctx.client_host,
+            reason=_get(body, "reason") or "",
+            protocols=[group_pb2.GroupProtocol(name=p.name, metadata=bytes(p.metadata)) for p in body.protocols])
+        out = await self.groups.JoinGroup(pb, ctx)
+        if out.error_code == ErrorCode.MEMBER_ID_REQUIRED and req.api_version < 4:
+            # Before KIP-394 (v4) a client cannot join twice: the coordinator's id is used at once.
+            pb.member_id = out.member_id
+            out = await self.groups.JoinGroup(pb, ctx)
+        return self._resp(req, {
+            "error_code": out.error_code, "generation_id": out.generation_id,
+            "protocol_type": body.protocol_type if out.error_code == 0 else None,
+            "protocol_name": out.protocol_name or (None if req.api_version >= 7 else ""),
+            "leader": out.leader, "member_id": out.member_id,
+            "members": [{"member_id": m.member_id, "group_instance_id": None, "metadata": m.metadata}
+                        for m in out.members]})
+
+    async def sync_group(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        pb = group_pb2.SyncGroupRequest(
+            group_id=body.group_id, generation_id=body.generation_id, member_id=body.member_id,
+            protocol_type=_get(body, "protocol_type") or "", protocol_name=_get(body, "protocol_name") or "",
+            assignments=[group_pb2.SyncGroupAssignment(member_id=a.member_id, assignment=bytes(a.assignment))
+                         for a in body.assignments])
+        out = await self.groups.SyncGroup(pb, ctx)
+        return self._resp(req, {"error_code": out.error_code, "protocol_type": _get(body, "protocol_type"),
+                                "protocol_name": out.protocol_name or None, "assignment": out.assignment})
+
+    async def heartbeat(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        out = await self.groups.Heartbeat(group_pb2.HeartbeatRequest(
+            group_id=body.group_id, generation_id=body.generation_id, member_id=body.member_id), ctx)
+        return self._resp(req, {"error_code": out.error_code})
+
+    async def leave_group(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        members = [m.member_id for m in body.members] if req.api_version >= 3 else [body.member_id]
+        reasons = [_get(m, "reason") for m in body.members] if req.api_version >= 3 else []
+        out = await self.groups.LeaveGroup(group_pb2.LeaveGroupRequest(
+            group_id=body.group_id, member_ids=members, reason=next((r for r in reasons if r), "")), ctx)
+        codes = {m.member_id: m.error_code for m in out.members}
+        return self._resp(req, {"error_code": out.error_code,
+                                "members": [{"member_id": m, "group_instance_id": None,
+                                             "error_code": codes.get(m, out.error_code)} for m in members]})
+
+    async def offset_commit(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        generation = _get(body, "generation_id_or_member_epoch", _get(body, "generation_id", -1))
+        pb = group_pb2.OffsetCommitRequest(group_id=body.group_id, generation_id=generation,
+                                           member_id=body.member_id)
+        for t in body.topics:
+            for p in t.partitions:
+                pb.partitions.add(topic=t.name, partition=p.partition_index, offset=p.committed_offset,
+                                  leader_epoch=_get(p, "committed_leader_epoch", -1),
+                                  metadata=p.committed_metadata or "")
+        out = await self.groups.OffsetCommit(pb, ctx)
+        codes = {(e.topic, e.partition): e.error_code for e in out.partitions}
+        return self._resp(req, {"topics": [
+            {"name": t.name, "partitions": [
+                {"partition_index": p.partition_index,
+                 "error_code": codes.get((t.name, p.partition_index), out.error_code)} for p in t.partitions]}
+            for t in body.topics]})
+
+    async def offset_fetch(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        topics = _get(body, "topics")
+        pb = group_pb2.OffsetFetchRequest(group_id=body.group_id)
+        for t in topics or ():
+            for p in t.partition_indexes:
+                pb.partitions.add(topic=t.name, partition=p)
+        out = await self.groups.OffsetFetch(pb, ctx)
+        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for c in out.partitions:
+            by_topic[c.topic].append({"partition_index": c.partition, "committed_offset": c.offset,
+                                      "committed_leader_epoch": c.leader_epoch, "metadata": c.metadata,
+                                      "error_code": c.error_code})
+        if out.error_code != 0 and req.api_version < 2:
+            # v0/v1 have no top-level error: each asked partition carries it.
+            for t in topics or ():
+                for p in t.partition_indexes:
+                    by_topic[t.name].append({"partition_index": p, "committed_offset": -1, "metadata": "",
+                                             "error_code": out.error_code})
+        return self._resp(req, {"error_code": out.error_code,
+                                "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]})
+
+    async def offset_delete(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        pb = group_pb2.OffsetDeleteRequest(group_id=body.group_id)
+        for t in body.topics:
+            for p in t.partitions:
+                pb.partitions.add(topic=t.name, partition=p.partition_index)
+        out = await self.groups.OffsetDelete(pb, ctx)
+        codes = {(e.topic, e.partition): e.error_code for e in out.partitions}
+        return self._resp(req, {"error_code": out.error_code, "topics": [
+            {"name": t.name, "partitions": [{"partition_index": p.partition_index,
+                                             "error_code": codes.get((t.name, p.partition_index), 0)}
+                                            for p in t.partitions]} for t in body.topics]})
+
+    async def describe_groups(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        out = await self.groups.DescribeGroups(group_pb2.DescribeGroupsRequest(group_ids=list(req.body.groups)), ctx)
+        return self._resp(req, {"groups": [
+            {"error_code": g.error_code, "group_id": g.group_id, "group_state": g.state,
+             "protocol_type": g.protocol_type, "protocol_data": g.protocol_name,
+             "authorized_operations": -2147483648,
+             "members": [{"member_id": m.member_id, "group_instance_id": None, "client_id": m.client_id,
+                          "client_host": m.client_host, "member_metadata": m.metadata,
+                          "member_assignment": m.assignment} for m in g.members]}
+            for g in out.groups]})
+
+    async def list_groups(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        states = list(_get(req.body, "states_filter", ()) or ())
+        out = await self.groups.ListGroups(group_pb2.ListGroupsRequest(states=states), ctx)
+        return self._resp(req, {"error_code": out.error_code, "groups": [
+            {"group_id": g.group_id, "protocol_type": g.protocol_type, "group_state": g.state} for g in out.groups]})
+
+    async def delete_groups(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        out = await self.groups.DeleteGroups(group_pb2.DeleteGroupsRequest(group_ids=list(req.body.groups_names)),
+                                             ctx)
+        return self._resp(req, {"results": [{"group_id": r.group_id, "error_code": r.error_code}
+                                            for r in out.results]})
+
+
+def api_version_entries() -> list[dict[str, int]]:
+    return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(SUPPORTED.items())]

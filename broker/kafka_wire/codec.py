@@ -1,0 +1,218 @@
+"""Kafka's wire format: request/response framing and message schemas, through ``kio``.
+
+``kio`` generates one frozen dataclass per (API, version) from Kafka's own JSON message
+schemas, with a compiled reader and a writer for each; Brook writes no schema by hand.
+This module adds what a server needs around it:
+
+- ``parse_request(frame)``: the request header (v1, or v2 for flexible versions) and body;
+  any malformed byte raises ``MalformedRequest`` (the connection is closed, as Kafka does).
+- ``encode_response(header, body)``: the response frame, with the header version Kafka uses
+  (v0 for ApiVersions whatever its version, v1 for flexible versions, else v0).
+- ``build(cls, values)``: a response entity of whatever version the client asked for, from
+  one version-independent dict. Fields the version lacks are dropped and those it needs
+  but the dict lacks take Kafka's zero value, so a handler is written once for all versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import io
+import struct
+import typing
+import uuid
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode as KioErrorCode
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
+from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
+from kio.serial import entity_reader, entity_writer
+
+API_VERSIONS_KEY = 18
+_HEAD = struct.Struct(">hhi")
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+class MalformedRequest(Exception):
+    """Bytes that are not a well-formed request of the API and version they claim."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any  # the kio request entity
+    size: int  # bytes of the frame
+
+
+def peek_header(frame: bytes) -> tuple[int, int, int]:
+    """(api_key, api_version, correlation_id) of a frame, for answering one we cannot parse."""
+    if len(frame) < _HEAD.size:
+        raise MalformedRequest(f"a request of {len(frame)} bytes has no header")
+    return _HEAD.unpack_from(frame)
+
+
+@functools.cache
+def request_schema(api_key: int, version: int) -> type:
+    return load_request_schema(api_key, version)
+
+
+@functools.cache
+def response_schema(api_key: int, version: int) -> type:
+    return load_response_schema(api_key, version)
+
+
+@functools.cache
+def _reader(cls: type) -> Any:
+    return entity_reader(cls)
+
+
+@functools.cache
+def _writer(cls: type) -> Any:
+    return entity_writer(cls)
+
+
+def parse_request(frame: bytes, api_key: int, version: int) -> Request:
+    """Decode a frame whose (api_key, version) the caller has checked is one we serve."""
+    cls = request_schema(api_key, version)
+    header_cls = RequestHeaderV2 if cls.__flexible__ else RequestHeaderV1
+    try:
+        header, used = _reader(header_cls)(frame, 0)
+        body, body_used = _reader(cls)(frame, used)
+    except Exception as exc:  # kio raises several types (ValueError, struct/Unicode/buffer errors)
+        raise MalformedRequest(f"{cls.__name__} v{version}: {type(exc).__name__}: {exc}") from None
+    if used + body_used > len(frame):
+        raise MalformedRequest(f"{cls.__name__} v{version}: read past the end of the frame")
+    # Bytes after a complete body are ignored, as Kafka's broker does (librdkafka 2.x sends some after its
+    # Metadata v12 requests).
+    return Request(api_key, version, header.correlation_id, header.client_id, body, len(frame))
+
+
+def encode_response(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
+    """The size-prefixed response frame."""
+    flexible = body.__flexible__ and api_key != API_VERSIONS_KEY  # KIP-511: ApiVersions answers with header v0
+    header = ResponseHeaderV1(correlation_id=correlation_id) if flexible \
+        else ResponseHeaderV0(correlation_id=correlation_id)
+    buf = io.BytesIO()
+    buf.write(b"\0\0\0\0")
+    _writer(type(header))(buf, header)
+    _writer(type(body))(buf, body)
+    out = buf.getbuffer()
+    struct.pack_into(">i", out, 0, len(out) - 4)
+    return bytes(out)
+
+
+# ---- building response entities from plain values ----
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _entity_type(hint: Any) -> type | None:
+    """The dataclass a field holds (directly, optionally, or as a tuple of them), else None."""
+    args = typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return hint  # type: ignore[return-value]
+    for a in args:
+        if a is not Ellipsis and a is not type(None) and dataclasses.is_dataclass(a):
+            return a
+    return None
+
+
+def _is_tuple(hint: Any) -> bool:
+    return typing.get_origin(hint) is tuple
+
+
+def _nullable(hint: Any) -> bool:
+    return type(None) in typing.get_args(hint)
+
+
+def _zero(f: dataclasses.Field, hint: Any) -> Any:
+    kind = f.metadata.get("kafka_type")
+    if _is_tuple(hint):
+        return ()
+    if _nullable(hint) and kind != "error_code":
+        return None
+    if kind in ("int8", "int16", "int32", "int64", "uint16", "float64"):
+        return 0
+    if kind == "bool":
+        return False
+    if kind == "string":
+        return ""
+    if kind in ("bytes", "records"):
+        return b""
+    if kind == "error_code":
+        return KioErrorCode.none
+    if kind in ("timedelta_i32", "timedelta_i64"):
+        return datetime.timedelta(0)
+    if kind == "uuid":
+        return uuid.UUID(int=0)
+    entity = _entity_type(hint)
+    if entity is not None:
+        return build(entity, {})
+    raise TypeError(f"no zero value for field {f.name} ({kind}, {hint})")
+
+
+def _coerce(f: dataclasses.Field, hint: Any, value: Any) -> Any:
+    kind = f.metadata.get("kafka_type")
+    if value is None:
+        return None if _nullable(hint) else _zero(f, hint)
+    if kind == "error_code":
+        return KioErrorCode(int(value))
+    if kind in ("timedelta_i32", "timedelta_i64"):
+        return value if isinstance(value, datetime.timedelta) else datetime.timedelta(milliseconds=int(value))
+    if kind == "uuid":
+        if isinstance(value, uuid.UUID):
+            return value
+        return uuid.UUID(hex=value) if value else uuid.UUID(int=0)
+    if kind == "datetime_i64":
+        if isinstance(value, datetime.datetime):
+            return value
+        return None if int(value) < 0 else _EPOCH + datetime.timedelta(milliseconds=int(value))
+    entity = _entity_type(hint)
+    if entity is not None:
+        if _is_tuple(hint):
+            return tuple(v if dataclasses.is_dataclass(v) else build(entity, v) for v in value)
+        return value if dataclasses.is_dataclass(value) else build(entity, value)
+    if _is_tuple(hint):
+        return tuple(value)
+    return value
+
+
+def build(cls: type, values: Mapping[str, Any]) -> Any:
+    """An instance of the kio entity ``cls`` from ``values`` (see the module doc)."""
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in values:
+            kwargs[f.name] = _coerce(f, hints[f.name], values[f.name])
+        elif f.default is MISSING and f.default_factory is MISSING:
+            kwargs[f.name] = _zero(f, hints[f.name])
+    return cls(**kwargs)
+
+
+def response(api_key: int, version: int, values: Mapping[str, Any]) -> Any:
+    return build(response_schema(api_key, version), values)
+
+
+def millis(value: Any) -> int:
+    """A kio timedelta or datetime field as Kafka's milliseconds (-1 for a null datetime)."""
+    if value is None:
+        return -1
+    if isinstance(value, datetime.timedelta):
+        return int(value / datetime.timedelta(milliseconds=1))
+    if isinstance(value, datetime.datetime):
+        return int((value - _EPOCH) / datetime.timedelta(milliseconds=1))
+    return int(value)
+
+
+def field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))

@@ -1,0 +1,62 @@
+"""The per-request context a Kafka-protocol call hands to Brook's gRPC servicers.
+
+The Kafka listener does not re-implement any rule: it translates each request into the
+protobuf request of the same RPC and calls the servicer (BrokerService, the group
+coordinator's servicer, the controller through the broker). Those read who is calling
+and from where through a ``grpc.aio.ServicerContext``; this object answers the same
+calls from the connection's state:
+
+- ``brook_authentication``: the connection's principal (mTLS certificate or SASL login),
+  taken as is by ``broker.principal.authenticate``. Its peer is written ``kafka:<host>``,
+  which is never a loopback gRPC peer: a Kafka connection is never trusted as a broker.
+- ``peer()``: ``ipv4:<host>:<port>``, so per-address admission bounds apply as on gRPC.
+- ``abort()``: raises ``Aborted``; the dispatcher turns RESOURCE_EXHAUSTED into waiting
+  (the connection is muted, as Kafka's network layer does) and anything else into an error.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NoReturn
+
+import grpc
+
+from broker.principal import Authentication
+
+
+class Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class KafkaCallContext:
+    def __init__(self, auth: Authentication, peer: str, listener: str, timeout_s: float | None = None) -> None:
+        self.brook_authentication = auth
+        self.brook_listener = listener
+        self._peer = peer
+        self.client_id: str | None = None  # the request header's client.id
+        self.client_host = ""
+        self._deadline = time.monotonic() + timeout_s if timeout_s is not None else None
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> dict[str, Any]:
+        return {}
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+        raise Aborted(code, details)
+
+    def set_code(self, code: Any) -> None:
+        pass
+
+    def set_details(self, details: str) -> None:
+        pass

@@ -1,0 +1,341 @@
+"""The Kafka-protocol listener: Kafka's framing on a TCP (or TLS) socket, on the broker's event loop.
+
+One coroutine per connection reads a size-prefixed frame, answers it, and only then reads
+the next: like Kafka's network layer (which mutes a channel until its response is sent),
+a connection has one request in work at a time, so a client's pipelining costs the broker
+nothing and responses go out in request order. Every bound is checked before bytes are
+buffered:
+
+- a frame larger than ``socket.request.max.bytes`` closes the connection unread;
+- connections beyond ``max.connections`` (shared with nothing else: this listener has its
+  own count) are closed at accept;
+- a connection silent for ``connections.max.idle.ms`` is closed;
+- on SASL listeners, a client must authenticate within ``sasl.handshake.timeout.ms`` and
+  may send only ApiVersions, SaslHandshake and SaslAuthenticate before (KIP-152);
+- a request that cannot be parsed, or an API or version not advertised, closes the
+  connection (Kafka does the same: there is no way to answer what cannot be read) and is
+  counted; the broker itself is never affected.
+
+Security: PLAINTEXT (the principal is ANONYMOUS), SSL (a verified client certificate maps
+through ``ssl.principal.mapping.rules``, as on gRPC), SASL_PLAINTEXT and SASL_SSL
+(SCRAM-SHA-256/512 through the node's ScramAuthenticator, and PLAIN checked against the
+same stored SCRAM credentials). The principal then meets the same ACLs and quotas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from broker import principal as principals
+from broker.kafka_wire import apis, codec
+from broker.kafka_wire.context import Aborted, KafkaCallContext
+from broker.principal import AUTH_CERTIFICATE, AUTH_NONE, AUTH_SASL, Authentication
+from proto import errors
+from proto import security_pb2 as spb
+from proto.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
+DEFAULT_IDLE_MS = 600_000
+DEFAULT_SASL_TIMEOUT_MS = 10_000
+OVERLOAD_BACKOFF_S = 0.05
+SASL_PLAIN = "PLAIN"
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+_SIZE = struct.Struct(">i")
+
+
+@dataclass
+class KafkaListenerSpec:
+    name: str
+    host: str
+    port: int
+    protocol: str  # PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL
+    ssl_context: ssl.SSLContext | None = None
+
+
+@dataclass(slots=True)
+class ListenerStats:
+    connections: int = 0
+    connections_total: int = 0
+    refused_connections_total: int = 0
+    requests_total: int = 0
+    malformed_requests_total: int = 0
+    authentication_failures_total: int = 0
+
+
+class KafkaListener:
+    """Serves one Kafka-protocol listener of a broker; start()/stop() on the broker's loop."""
+
+    def __init__(self, broker: Any, spec: KafkaListenerSpec, defaults: dict[str, str]) -> None:
+        self.broker = broker
+        self.spec = spec
+        self.apis = apis.KafkaApis(broker, spec.name)
+        self.max_request_bytes = int(defaults.get("socket.request.max.bytes", str(DEFAULT_MAX_REQUEST_BYTES)))
+        self.idle_s = int(defaults.get("connections.max.idle.ms", str(DEFAULT_IDLE_MS))) / 1000
+        self.sasl_timeout_s = int(defaults.get("sasl.handshake.timeout.ms", str(DEFAULT_SASL_TIMEOUT_MS))) / 1000
+        self.request_timeout_s = int(defaults.get("request.timeout.ms", "30000")) / 1000
+        self.max_connections = int(defaults.get("max.connections", "10000"))
+        self.sasl = spec.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+        self.stats = ListenerStats()
+        self.port = spec.port
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        tls: dict[str, Any] = {}
+        if self.spec.ssl_context is not None:
+            tls = {"ssl": self.spec.ssl_context, "ssl_handshake_timeout": self.sasl_timeout_s}
+        self._server = await asyncio.start_server(self._accept, self.spec.host, self.spec.port, limit=64 * 1024,
+                                                  reuse_address=True, **tls)
+        sock = self._server.sockets[0]
+        self.port = sock.getsockname()[1]
+        log.info("Kafka listener %s on %s:%d (%s)", self.spec.name, self.spec.host, self.port, self.spec.protocol)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=2)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.stats.connections >= self.max_connections:
+            self.stats.refused_connections_total += 1
+            writer.close()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self.stats.connections += 1
+        self.stats.connections_total += 1
+        conn = _Connection(self, reader, writer)
+        try:
+            await conn.run()
+        except asyncio.CancelledError:
+            pass
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError):
+            pass  # the client went away or was too slow: nothing to answer
+        except Exception:
+            log.exception("Kafka connection from %s failed", conn.peer_text)
+        finally:
+            self.stats.connections -= 1
+            self._tasks.discard(task)
+            writer.close()
+
+
+class _Connection:
+    def __init__(self, listener: KafkaListener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.listener = listener
+        self.reader = reader
+        self.writer = writer
+        peer = writer.get_extra_info("peername") or ("unknown", 0)
+        host, port = str(peer[0]), int(peer[1])
+        self.client_host = host
+        self.peer_text = f"{host}:{port}"
+        self.grpc_peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+        # "kafka:" never parses as a loopback gRPC peer: no Kafka connection is trusted as a broker.
+        self.auth = Authentication(principals.ANONYMOUS, AUTH_NONE, f"kafka:{host}")
+        sslobj = writer.get_extra_info("ssl_object")
+        if sslobj is not None:
+            der = sslobj.getpeercert(binary_form=True)
+            if der:
+                from cryptography import x509
+
+                subject = x509.load_der_x509_certificate(der).subject.rfc4514_string()
+                self.auth = Authentication(principals.principal_from_subject(subject), AUTH_CERTIFICATE,
+                                           f"kafka:{host}")
+        self.authenticated = not listener.sasl
+        self.mechanism: str | None = None
+        self.exchange_id = ""
+        self.started = time.monotonic()
+
+    async def _read_frame(self) -> bytes | None:
+        lst = self.listener
+        timeout = lst.idle_s
+        if not self.authenticated:
+            timeout = max(0.0, lst.sasl_timeout_s - (time.monotonic() - self.started))
+        try:
+            head = await asyncio.wait_for(self.reader.readexactly(4), timeout)
+        except (TimeoutError, asyncio.IncompleteReadError):
+            return None
+        (size,) = _SIZE.unpack(head)
+        if size < 8 or size > lst.max_request_bytes:
+            log.warning("Kafka listener: closing %s: a request of %d bytes (socket.request.max.bytes=%d)",
+                        self.peer_text, size, lst.max_request_bytes)
+            lst.stats.malformed_requests_total += 1
+            return None
+        return await asyncio.wait_for(self.reader.readexactly(size), lst.request_timeout_s)
+
+    async def run(self) -> None:
+        while True:
+            frame = await self._read_frame()
+            if frame is None:
+                return
+            out = await self._handle(frame)
+            if out is False:
+                return
+            if out:
+                self.writer.write(out)
+                await self.writer.drain()
+
+    async def _handle(self, frame: bytes) -> bytes | None | bool:
+        """The response frame, None for no response (acks=0), False to close the connection."""
+        lst = self.listener
+        lst.stats.requests_total += 1
+        try:
+            api_key, version, correlation_id = codec.peek_header(frame)
+        except codec.MalformedRequest:
+            lst.stats.malformed_requests_total += 1
+            return False
+        supported = apis.SUPPORTED.get(api_key)
+        if api_key == apis.API_VERSIONS and supported is not None and not supported[0] <= version <= supported[1]:
+            # KIP-511: an ApiVersions newer than ours is answered in v0 with UNSUPPORTED_VERSION and our range.
+            body = codec.response(apis.API_VERSIONS, 0, {"error_code": ErrorCode.UNSUPPORTED_VERSION,
+                                                         "api_keys": apis.api_version_entries()})
+            return codec.encode_response(apis.API_VERSIONS, 0, correlation_id, body)
+        if supported is None or not supported[0] <= version <= supported[1]:
+            log.info("Kafka listener: closing %s: API %d v%d is not served", self.peer_text, api_key, version)
+            lst.stats.malformed_requests_total += 1
+            return False
+        if not self.authenticated and api_key not in apis.PRE_AUTH_APIS:
+            log.warning("Kafka listener: closing %s: API %d before SASL authentication", self.peer_text, api_key)
+            lst.stats.authentication_failures_total += 1
+            return False
+        try:
+            req = codec.parse_request(frame, api_key, version)
+        except codec.MalformedRequest as exc:
+            log.info("Kafka listener: closing %s: malformed request: %s (first bytes %s)", self.peer_text, exc,
+                     frame[:48].hex())
+            lst.stats.malformed_requests_total += 1
+            return False
+        if api_key == apis.SASL_HANDSHAKE:
+            body = self._sasl_handshake(req)
+        elif api_key == apis.SASL_AUTHENTICATE:
+            body = await self._sasl_authenticate(req)
+            if body is None:
+                return False
+        else:
+            body = await self._call(req)
+            if body is None:
+                return None
+        return codec.encode_response(api_key, version, correlation_id, body)
+
+    async def _call(self, req: codec.Request) -> Any:
+        lst = self.listener
+        handler = lst.apis.handlers[req.api_key]
+        deadline = time.monotonic() + lst.request_timeout_s
+        while True:
+            ctx = KafkaCallContext(self.auth, self.grpc_peer, lst.spec.name, lst.request_timeout_s)
+            ctx.client_id = req.client_id
+            ctx.client_host = self.client_host
+            try:
+                return await handler(req, ctx)
+            except Aborted as exc:
+                if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline:
+                    # Over this client's in-flight or the broker's byte budget: wait, as a muted
+                    # Kafka channel does, and try again; nothing was done.
+                    await asyncio.sleep(OVERLOAD_BACKOFF_S)
+                    continue
+                log.info("Kafka listener: %s API %d refused: %s", self.peer_text, req.api_key, exc)
+                raise ConnectionError(str(exc)) from None
+
+    # ---- SASL (KIP-43, KIP-152) ----
+    def _sasl_handshake(self, req: codec.Request) -> Any:
+        enabled = [*SCRAM_MECHANISMS, SASL_PLAIN]
+        mechanism = req.body.mechanism
+        if not self.listener.sasl or self.authenticated:
+            return codec.response(req.api_key, req.api_version, {"error_code": ErrorCode.ILLEGAL_SASL_STATE,
+                                                                 "mechanisms": enabled if self.listener.sasl else []})
+        if mechanism not in enabled:
+            return codec.response(req.api_key, req.api_version, {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+                                                                 "mechanisms": enabled})
+        self.mechanism = mechanism
+        return codec.response(req.api_key, req.api_version, {"error_code": 0, "mechanisms": enabled})
+
+    async def _sasl_authenticate(self, req: codec.Request) -> Any:
+        lst = self.listener
+        if self.mechanism is None or self.authenticated:
+            lst.stats.authentication_failures_total += 1
+            return None  # KIP-152: SaslAuthenticate without a handshake is an illegal state: close
+        auth_bytes = bytes(req.body.auth_bytes)
+        authenticator = lst.broker.security.authenticator
+        loop = asyncio.get_running_loop()
+        if self.mechanism == SASL_PLAIN:
+            try:
+                user = await loop.run_in_executor(None, authenticator.authenticate_plain, auth_bytes)
+            except errors.BrookError as exc:
+                return self._sasl_failed(req, exc.message)
+            self._logged_in(principals.Principal(principals.USER, user))
+            return codec.response(req.api_key, req.api_version, {"error_code": 0, "auth_bytes": b"",
+                                                                 "session_lifetime": 0})
+        out = await loop.run_in_executor(None, authenticator.authenticate, spb.SaslAuthenticateRequest(
+            mechanism=self.mechanism, auth_bytes=auth_bytes, exchange_id=self.exchange_id))
+        if out.error_code != 0:
+            return self._sasl_failed(req, out.error_message)
+        if out.exchange_id:  # the server-first message; the client's final message comes next
+            self.exchange_id = out.exchange_id
+            return codec.response(req.api_key, req.api_version, {"error_code": 0, "auth_bytes": out.auth_bytes})
+        who = authenticator.session(out.session_token)
+        if who is None:
+            return self._sasl_failed(req, "session expired")
+        self._logged_in(who)
+        return codec.response(req.api_key, req.api_version, {"error_code": 0, "auth_bytes": out.auth_bytes,
+                                                             "session_lifetime": 0})
+
+    def _logged_in(self, who: principals.Principal) -> None:
+        self.auth = Authentication(who, AUTH_SASL, self.auth.peer)
+        self.authenticated = True
+        log.info("Kafka listener %s: %s authenticated as %s (%s)", self.listener.spec.name, self.peer_text, who,
+                 self.mechanism)
+
+    def _sasl_failed(self, req: codec.Request, message: str) -> Any:
+        self.listener.stats.authentication_failures_total += 1
+        self.exchange_id = ""
+        # The client reads the error, then the connection is closed by its side (or ours, at the timeout).
+        return codec.response(req.api_key, req.api_version, {"error_code": ErrorCode.SASL_AUTHENTICATION_FAILED,
+                                                             "error_message": message, "auth_bytes": b""})
+
+
+def server_ssl_context(cert: str, key: str, ca: str | None, client_auth_required: bool) -> ssl.SSLContext:
+    """A TLS server context; certificates are re-read per handshake when their files change (sni_callback)."""
+    from broker.tls import ServerTls, _stamp
+
+    tls = ServerTls(Path(cert), Path(key), Path(ca) if ca else None, "required" if client_auth_required else "none")
+
+    def make() -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(str(tls.cert), str(tls.key))
+        if tls.ca is not None:
+            ctx.load_verify_locations(str(tls.ca))
+        ctx.verify_mode = ssl.CERT_REQUIRED if client_auth_required else ssl.CERT_NONE
+        return ctx
+
+    paths = [p for p in (tls.cert, tls.key, tls.ca) if p is not None]
+    state = {"stamps": tuple(_stamp(p) for p in paths), "ctx": make()}
+
+    def on_hello(sslobj: ssl.SSLObject, server_name: str | None, _ctx: ssl.SSLContext) -> None:
+        try:
+            stamps = tuple(_stamp(p) for p in paths)
+            if stamps != state["stamps"]:
+                state["ctx"] = make()
+                state["stamps"] = stamps
+                log.info("Kafka listener: reloaded TLS certificate %s", tls.cert)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            log.warning("Kafka listener: TLS files of %s unreadable (%s); keeping the previous ones", tls.cert, exc)
+        sslobj.context = state["ctx"]
+
+    outer = make()
+    outer.sni_callback = on_hello
+    return outer
