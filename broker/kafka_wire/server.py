@@ -254,6 +254,12 @@ class _Connection:
     def _sasl_handshake(self, req: codec.Request) -> Any:
         enabled = [*SCRAM_MECHANISMS, SASL_PLAIN]
         mechanism = req.body.mechanism
+        if req.api_version == 0:
+            # v0 means raw SASL tokens follow (pre-KIP-152), which this listener does not read: refuse it.
+            # Clients that know SaslAuthenticate send v1; v0 is advertised only because librdkafka
+            # (e.g. Debian's kcat) enables SASL only when the advertised range includes it.
+            return codec.response(req.api_key, 0, {"error_code": ErrorCode.UNSUPPORTED_VERSION,
+                                                   "mechanisms": enabled if self.listener.sasl else []})
         if not self.listener.sasl or self.authenticated:
             return codec.response(req.api_key, req.api_version, {"error_code": ErrorCode.ILLEGAL_SASL_STATE,
                                                                  "mechanisms": enabled if self.listener.sasl else []})
