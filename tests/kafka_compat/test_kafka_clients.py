@@ -388,9 +388,7 @@ def test_idempotent_acks_all_survives_leader_sigkill(cluster: LocalCluster, admi
     victim = None
     for i in range(n):
         producer.produce(topic, value=b"%06d" % i, on_delivery=on_delivery)
-        producer.poll(0)
-        if i % 20 == 0:
-            producer.poll(0.01)  # let some batches go out and be acknowledged between sends
+        producer.poll(0.005)  # paced: batches are in flight when the leader dies
         if i == kill_at:
             victim = partition_leader(admin, topic)
             cluster.kill_node(victim)
