@@ -222,8 +222,17 @@ _BEHAVIOUR = [
            "On SIGTERM move leaderships away before stopping.", roles=_B),
     KeyDef("controlled.shutdown.timeout.ms", "long", "30000",
            "Longest a controlled shutdown waits for leaderships to move.", check=_at_least(0), roles=_B),
-    KeyDef("socket.request.max.bytes", "int", "104857600", "Largest gRPC request accepted.",
-           check=_at_least(1024)),
+    KeyDef("socket.request.max.bytes", "int", "104857600",
+           "Largest request accepted (gRPC message, or Kafka-listener frame: a larger size prefix closes the "
+           "connection unread).", check=_at_least(1024)),
+    KeyDef("connections.max.idle.ms", "long", "600000",
+           "A Kafka-listener connection with no request for this long is closed.", check=_at_least(1), roles=_B),
+    KeyDef("kafka.authentication.timeout.ms", "long", "10000",
+           "A client of a SASL (or SSL) Kafka listener must finish the TLS handshake and authenticate within this "
+           "long, or it is disconnected.", check=_at_least(1), roles=_B),
+    KeyDef("kafka.request.timeout.ms", "long", "30000",
+           "Longest a Kafka-listener request may take to arrive once its size is read, and longest one waits "
+           "for the broker's in-flight bounds before the connection is closed.", check=_at_least(1), roles=_B),
     KeyDef("offsets.topic.replication.factor", "int", "3", "Replication factor of __consumer_offsets.",
            check=_at_least(1), roles=_B),
     KeyDef("offsets.topic.num.partitions", "int", "50", "Partitions of __consumer_offsets.",

@@ -221,6 +221,43 @@ class PoolCollector(_SafeCollector):
         yield queued
 
 
+class KafkaListenerCollector(_SafeCollector):
+    """The Kafka-protocol listeners (broker/kafka_wire): connections, requests, refusals, sendfile bytes."""
+
+    name = "kafka_listener"
+
+    def __init__(self, listeners: Callable[[], Sequence[Any]]) -> None:
+        self._listeners = listeners
+
+    def _collect(self) -> Iterable[Metric]:
+        conns = GaugeMetricFamily("brook_kafka_connections", "Open connections of a Kafka-protocol listener.",
+                                  labels=["listener"])
+        families = {
+            "connections_total": ("brook_kafka_connections_accepted", "Connections accepted."),
+            "refused_connections_total": ("brook_kafka_connections_refused",
+                                          "Connections closed at accept (max.connections reached)."),
+            "malformed_requests_total": ("brook_kafka_malformed_requests",
+                                         "Requests that could not be read, or of an API or version not served; "
+                                         "each closed its connection."),
+            "authentication_failures_total": ("brook_kafka_authentication_failures",
+                                              "Failed SASL authentications and requests before authentication."),
+            "sendfile_bytes_total": ("brook_kafka_sendfile_bytes", "Record bytes sent from segment files by sendfile."),
+        }
+        counters = {k: CounterMetricFamily(n, h, labels=["listener"]) for k, (n, h) in families.items()}
+        requests = CounterMetricFamily("brook_kafka_requests", "Requests answered, by API key.",
+                                       labels=["listener", "api_key"])
+        for lst in self._listeners():
+            st = lst.stats
+            conns.add_metric([lst.spec.name], float(st.connections))
+            for key, fam in counters.items():
+                fam.add_metric([lst.spec.name], float(getattr(st, key)))
+            for api_key, n in sorted(st.requests_by_api.items()):
+                requests.add_metric([lst.spec.name, str(api_key)], float(n))
+        yield conns
+        yield from counters.values()
+        yield requests
+
+
 class BrokerCollector(_SafeCollector):
     """Partition-level and per-topic families from ``ReplicaManager.stats()``."""
 

@@ -43,6 +43,7 @@ from broker.metrics import (
     BrokerCollector,
     ControllerCollector,
     GroupCollector,
+    KafkaListenerCollector,
     NodeMetrics,
     PoolCollector,
     SecurityCollector,
@@ -291,6 +292,8 @@ class Node:
             self.metrics.add(BrokerCollector(lambda: getattr(self.broker, "replica_manager", None), cfg.log_dirs))
             self.metrics.add(GroupCollector(lambda: self.group_coordinator))
             self.metrics.add(PoolCollector(lambda: self.broker.pool_stats() if self.broker is not None else {}))
+            self.metrics.add(KafkaListenerCollector(lambda: self.broker.kafka_listeners if self.broker is not None
+                                                    else []))
             if cfg.console_address is not None:
                 self._start_console(cfg)
             self.metrics.add(SecurityCollector("broker", lambda: getattr(self.broker, "security", None)))

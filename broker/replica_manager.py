@@ -492,6 +492,7 @@ class ReplicaManager:
                           run: Callable[[Callable[[], Any]], Awaitable[Any]],
                           reserve: Callable[[int], Awaitable[int]], release: Callable[[int], None],
                           on_park: Callable[[], None], on_unpark: Callable[[], None],
+                          slices: dict[tuple[str, int], Any] | None = None,
                           ) -> tuple[broker_pb2.FetchResponse, int]:
         """``fetch`` for the broker's event loop: reads run on ``run`` (an executor), a long poll
         parks as a future in the fetch purgatory and holds no thread.
@@ -521,7 +522,7 @@ class ReplicaManager:
                 seqs = wake_seqs()  # before the read: a change racing with it wakes the park below
                 granted = await reserve(cap)
                 try:
-                    resp, total_bytes, must_answer = await run(lambda: self._read_once(req, cap))
+                    resp, total_bytes, must_answer = await run(lambda: self._read_once(req, cap, slices))
                 except BaseException:
                     release(granted)
                     raise
@@ -558,8 +559,11 @@ class ReplicaManager:
             waiter.cancel()
             on_unpark()
 
-    def _read_once(self, req: broker_pb2.FetchRequest,
-                   max_bytes: int | None = None) -> tuple[broker_pb2.FetchResponse, int, bool]:
+    def _read_once(self, req: broker_pb2.FetchRequest, max_bytes: int | None = None,
+                   slices: dict[tuple[str, int], Any] | None = None) -> tuple[broker_pb2.FetchResponse, int, bool]:
+        """One read of every partition. With ``slices`` (a consumer fetch to be sent with sendfile), each
+        partition's records stay in the segment file: a storage.file_records.FileRecords goes into
+        ``slices`` (replacing, and closing, one of an earlier read) and the response's records stay empty."""
         resp = broker_pb2.FetchResponse()
         remaining = self.response_max_bytes(req) if max_bytes is None else max_bytes
         total = 0
@@ -594,12 +598,21 @@ class ReplicaManager:
                     if r.isr_proposal is not None:
                         self._alter.submit(r.isr_proposal)
                 else:
-                    data = p.read_for_consumer(fp.fetch_offset, limit, fp.current_leader_epoch, first) \
-                        if (limit > 0 or first) else None
+                    data = p.read_for_consumer(fp.fetch_offset, limit, fp.current_leader_epoch, first,
+                                               as_slice=slices is not None) if (limit > 0 or first) else None
                     records = data.records if data is not None else b""
                     lg = p.log
                     out.high_watermark, out.log_start_offset, out.log_end_offset = (
                         lg.high_watermark, lg.log_start_offset, lg.log_end_offset)
+                    if slices is not None:
+                        old = slices.pop((fp.topic, fp.partition), None)
+                        if old is not None:
+                            old.close()
+                        if records:
+                            slices[(fp.topic, fp.partition)] = records
+                        total += len(records)
+                        remaining -= len(records)
+                        continue
                 out.records = records
                 total += len(records)
                 remaining -= len(records)

@@ -250,21 +250,26 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         caller = await self._caller(context)
         denied = self.authz.denied_topics(caller, authz.READ, {fp.topic for fp in request.partitions})
 
+        # A Kafka-protocol fetch (broker/kafka_wire) takes the records as segment-file slices (sendfile).
+        slices = getattr(context, "brook_file_slices", None)
+
         async def fetch(client: str) -> broker_pb2.FetchResponse:
             allowed = _without_topics(request, denied)
-            resp = await self._fetch(allowed, client) if allowed.partitions or not denied \
+            resp = await self._fetch(allowed, client, slices) if allowed.partitions or not denied \
                 else broker_pb2.FetchResponse()
             for fp in request.partitions:
                 if fp.topic in denied:
                     _partition_errors(resp, [fp], authz.denied_error(caller, authz.READ, authz.TOPIC, fp.topic),
                                       high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
             if self.quotas is not None:
-                resp.throttle_time_ms = self.quotas.fetch(caller, sum(len(p.records) for p in resp.partitions))
+                sent = sum(len(p.records) for p in resp.partitions) + sum(len(s) for s in (slices or {}).values())
+                resp.throttle_time_ms = self.quotas.fetch(caller, sent)
             return resp
         return await self._admitted(context, lambda client: self._guard("Fetch", request, lambda: fetch(client),
                                                                         on_error))
 
-    async def _fetch(self, req: broker_pb2.FetchRequest, client: str | None) -> broker_pb2.FetchResponse:
+    async def _fetch(self, req: broker_pb2.FetchRequest, client: str | None,
+                     slices: dict[tuple[str, int], Any] | None = None) -> broker_pb2.FetchResponse:
         """Read (and long-poll) through the ReplicaManager; ``client`` None for a follower fetch."""
         budget, limits = self.capacity.budget, self.capacity.limits
         if client is None:
@@ -276,7 +281,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             return resp
         resp, held = await self.rm.fetch_async(req, run=self._io, reserve=budget.acquire, release=budget.release,
                                                on_park=lambda: limits.start_waiting(client),
-                                               on_unpark=lambda: limits.stop_waiting(client))
+                                               on_unpark=lambda: limits.stop_waiting(client), slices=slices)
         # The response's bytes stay reserved until gRPC has them; the next fetch waits for its share.
         asyncio.get_running_loop().call_soon(budget.release, held)
         return resp

@@ -368,10 +368,11 @@ class Partition:
 
     # ---- reads ----
     def read_for_consumer(self, fetch_offset: int, max_bytes: int, current_leader_epoch: int,
-                          min_one_batch: bool) -> Any:
+                          min_one_batch: bool, as_slice: bool = False) -> Any:
         self.check_leader(current_leader_epoch)
         lg = self.log
-        data = lg.read(fetch_offset, max_bytes, max_offset=lg.high_watermark, min_one_batch=min_one_batch)
+        data = lg.read(fetch_offset, max_bytes, max_offset=lg.high_watermark, min_one_batch=min_one_batch,
+                       as_slice=as_slice)
         self.bytes_out_total += len(data.records)
         return data
 

@@ -493,10 +493,12 @@ class Log:
 
     # ------------------------------------------------------------------ read
     def read(self, start_offset: int, max_bytes: int, *, max_offset: int | None = None,
-             min_one_batch: bool = True) -> FetchData:
+             min_one_batch: bool = True, as_slice: bool = False) -> FetchData:
+        """Whole batches from ``start_offset``; with ``as_slice`` the records are a FileRecords slice of
+        the segment (zero copy: the caller sends it with sendfile and closes it) instead of bytes."""
         for attempt in range(_READ_ATTEMPTS):
             try:
-                return self._read_once(start_offset, max_bytes, max_offset, min_one_batch)
+                return self._read_once(start_offset, max_bytes, max_offset, min_one_batch, as_slice)
             except (OSError, ValueError) as exc:
                 # A segment deleted or closed under us (retention, truncation, close): try
                 # again on a fresh snapshot; the offset checks then give the right answer.
@@ -505,7 +507,7 @@ class Log:
         raise AssertionError("unreachable")
 
     def _read_once(self, start_offset: int, max_bytes: int, max_offset: int | None,
-                   min_one_batch: bool) -> FetchData:
+                   min_one_batch: bool, as_slice: bool = False) -> FetchData:
         if self.closed:
             raise errors.KafkaStorageError(f"log {self.dir} is closed")
         bases, segments = self._view
@@ -519,7 +521,8 @@ class Log:
             return empty
         i = max(0, bisect.bisect_right(bases, start_offset) - 1)
         for seg in segments[i:]:
-            got = seg.read(start_offset, max(max_bytes, 0), bound, min_one_batch)
+            reader = seg.read_slice if as_slice else seg.read
+            got = reader(start_offset, max(max_bytes, 0), bound, min_one_batch)
             if got is None:
                 continue  # nothing at or after start_offset here (compacted away): next segment
             data, first = got

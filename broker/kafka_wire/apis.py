@@ -199,6 +199,7 @@ class KafkaApis:
                                   partition_max_bytes=p.partition_max_bytes,
                                   current_leader_epoch=_get(p, "current_leader_epoch", -1),
                                   last_fetched_epoch=-1, log_start_offset=-1)
+        ctx.brook_file_slices = slices = {}  # the records stay in the segment files: sent with sendfile
         out = await self.service.Fetch(pb, ctx)
         by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for p in out.partitions:
@@ -206,10 +207,13 @@ class KafkaApis:
                 "partition_index": p.partition, "error_code": p.error_code, "high_watermark": p.high_watermark,
                 # No transactions: the last stable offset is the high watermark, nothing is aborted.
                 "last_stable_offset": p.high_watermark, "log_start_offset": p.log_start_offset,
-                "aborted_transactions": [], "preferred_read_replica": -1, "records": p.records}
+                "aborted_transactions": [], "preferred_read_replica": -1,
+                "records": slices.pop((p.topic, p.partition), None) or p.records}
             if p.error_code in _LEADER_ERRORS:
                 entry["current_leader"] = _leader(self.cache, p.topic, p.partition)
             by_topic[p.topic].append(entry)
+        for leftover in slices.values():
+            leftover.close()
         # session_id 0: no fetch session (KIP-227); clients then send full fetches, which is correct.
         return self._resp(req, {"throttle_time": out.throttle_time_ms, "error_code": 0, "session_id": 0,
                                 "responses": [{"topic": n, "partitions": ps} for n, ps in by_topic.items()]})

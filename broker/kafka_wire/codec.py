@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import io
 import struct
 import typing
 import uuid
@@ -33,6 +32,8 @@ from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
 from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
 from kio.serial import entity_reader, entity_writer
+
+from storage.file_records import FileRecords
 
 API_VERSIONS_KEY = 18
 _HEAD = struct.Struct(">hhi")
@@ -96,18 +97,48 @@ def parse_request(frame: bytes, api_key: int, version: int) -> Request:
     return Request(api_key, version, header.correlation_id, header.client_id, body, len(frame))
 
 
-def encode_response(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
-    """The size-prefixed response frame."""
+class _Parts:
+    """A kio output buffer that keeps FileRecords (segment-file slices) apart from the bytes around them."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes | FileRecords] = []
+        self._buf = bytearray(4)  # the size prefix, filled in at the end
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        if isinstance(data, FileRecords):
+            self.parts.append(bytes(self._buf))
+            self._buf = bytearray()
+            self.parts.append(data)
+            self.size += len(data)
+            return len(data)
+        self._buf += data
+        self.size += len(data)
+        return len(data)
+
+    def finish(self) -> list[bytes | FileRecords]:
+        self.parts.append(bytes(self._buf))
+        head = bytearray(self.parts[0])  # type: ignore[arg-type]
+        struct.pack_into(">i", head, 0, self.size)
+        self.parts[0] = bytes(head)
+        return [p for p in self.parts if len(p)]
+
+
+def encode_response(api_key: int, version: int, correlation_id: int, body: Any) -> list[bytes | FileRecords]:
+    """The size-prefixed response frame, as bytes and (Fetch) segment-file slices to send in order."""
     flexible = body.__flexible__ and api_key != API_VERSIONS_KEY  # KIP-511: ApiVersions answers with header v0
     header = ResponseHeaderV1(correlation_id=correlation_id) if flexible \
         else ResponseHeaderV0(correlation_id=correlation_id)
-    buf = io.BytesIO()
-    buf.write(b"\0\0\0\0")
-    _writer(type(header))(buf, header)
-    _writer(type(body))(buf, body)
-    out = buf.getbuffer()
-    struct.pack_into(">i", out, 0, len(out) - 4)
-    return bytes(out)
+    out = _Parts()
+    _writer(type(header))(out, header)
+    _writer(type(body))(out, body)
+    return out.finish()
+
+
+def encode_response_bytes(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
+    """``encode_response`` as one bytes object (slices read into memory): for tests and tools."""
+    return b"".join(p.read() if isinstance(p, FileRecords) else p
+                    for p in encode_response(api_key, version, correlation_id, body))
 
 
 # ---- building response entities from plain values ----

@@ -38,6 +38,7 @@ class KafkaCallContext:
         self._peer = peer
         self.client_id: str | None = None  # the request header's client.id
         self.client_host = ""
+        self.brook_file_slices: dict[tuple[str, int], Any] | None = None  # Fetch: records left in their files
         self._deadline = time.monotonic() + timeout_s if timeout_s is not None else None
 
     def peer(self) -> str:
