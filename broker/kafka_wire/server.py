@@ -151,6 +151,7 @@ class _Connection:
         # "kafka:" never parses as a loopback gRPC peer: no Kafka connection is trusted as a broker.
         self.auth = Authentication(principals.ANONYMOUS, AUTH_NONE, f"kafka:{host}")
         sslobj = writer.get_extra_info("ssl_object")
+        self.tls = sslobj is not None
         if sslobj is not None:
             der = sslobj.getpeercert(binary_form=True)
             if der:
@@ -200,6 +201,12 @@ class _Connection:
             for part in parts:
                 if not isinstance(part, FileRecords):
                     self.writer.write(part)
+                    continue
+                if self.tls:
+                    # No zero copy through TLS, and asyncio's fallback reads through the file object's
+                    # offset, which the dup'ed descriptor shares with the segment and with every other
+                    # connection (it does not even seek for position 0): pread the slice instead.
+                    self.writer.write(await loop.run_in_executor(None, part.read))
                     continue
                 await self.writer.drain()
                 with os.fdopen(part.fd, "rb", closefd=False) as f:
