@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from broker.kafka_wire import codec
+from broker.kafka_wire import admin_apis, codec
 from broker.kafka_wire.context import KafkaCallContext
 from proto import broker_pb2, group_pb2
 from proto.errors import ErrorCode
@@ -53,6 +53,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     SASL_AUTHENTICATE: (0, 2),
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
+    **admin_apis.SUPPORTED,  # topics, configs, ACLs, records, log dirs, elections (admin_apis.py)
 }
 
 # Allowed before a SASL listener's client has authenticated (KIP-152: anything else closes).
@@ -104,6 +105,11 @@ class KafkaApis:
             LIST_GROUPS: self.list_groups,
             DELETE_GROUPS: self.delete_groups,
         }
+        self.admin = admin_apis.AdminApis(broker, listener)
+        self.handlers.update(self.admin.handlers())
+
+    def close(self) -> None:
+        self.admin.close()
 
     @property
     def service(self) -> Any:

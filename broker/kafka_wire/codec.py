@@ -33,6 +33,7 @@ from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeade
 from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
 from kio.serial import entity_reader, entity_writer
 
+from broker.kafka_wire import bounds
 from storage.file_records import FileRecords
 
 API_VERSIONS_KEY = 18
@@ -86,12 +87,16 @@ def parse_request(frame: bytes, api_key: int, version: int) -> Request:
     cls = request_schema(api_key, version)
     header_cls = RequestHeaderV2 if cls.__flexible__ else RequestHeaderV1
     try:
+        # kio's compiled reader trusts the counts it reads (a huge one aborts the process): check them first.
+        bounds.check_header(frame, cls.__flexible__)
         header, used = _reader(header_cls)(frame, 0)
+        bounds.check(frame, used, cls)
         body, body_used = _reader(cls)(frame, used)
     except Exception as exc:  # kio raises several types (ValueError, struct/Unicode/buffer errors)
         raise MalformedRequest(f"{cls.__name__} v{version}: {type(exc).__name__}: {exc}") from None
     if used + body_used > len(frame):
         raise MalformedRequest(f"{cls.__name__} v{version}: read past the end of the frame")
+    _check_nulls(body, cls.__name__)
     # Bytes after a complete body are ignored, as Kafka's broker does (librdkafka 2.x sends some after its
     # Metadata v12 requests).
     return Request(api_key, version, header.correlation_id, header.client_id, body, len(frame))
@@ -141,6 +146,38 @@ def encode_response_bytes(api_key: int, version: int, correlation_id: int, body:
                     for p in encode_response(api_key, version, correlation_id, body))
 
 
+@functools.cache
+def _field_plan(cls: type) -> tuple[tuple[str, bool, int], ...]:
+    """(name, nullable, kind) per field: kind 0 a value, 1 an entity, 2 a tuple of entities."""
+    plan = []
+    for f in dataclasses.fields(cls):
+        hint = _hints(cls)[f.name]
+        inner = _unwrap_optional(hint)
+        kind = 0
+        if _entity_type(inner) is not None:
+            kind = 2 if _is_tuple(inner) else 1
+        plan.append((f.name, _nullable(hint), kind))
+    return tuple(plan)
+
+
+def _check_nulls(entity: Any, where: str) -> None:
+    """MalformedRequest if a field the schema does not allow to be null is null (kio reads a null length
+    of any string or array as None; Kafka's own parser refuses those)."""
+    for name, nullable, kind in _field_plan(type(entity)):
+        value = getattr(entity, name)
+        if value is None:
+            if not nullable:
+                raise MalformedRequest(f"{where}.{name} is null")
+            continue
+        if kind == 0 and isinstance(value, tuple) and any(v is None for v in value):
+            raise MalformedRequest(f"{where}.{name} holds a null")
+        if kind == 1:
+            _check_nulls(value, f"{where}.{name}")
+        elif kind == 2:
+            for item in value:
+                _check_nulls(item, f"{where}.{name}")
+
+
 # ---- building response entities from plain values ----
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
@@ -160,6 +197,16 @@ def _entity_type(hint: Any) -> type | None:
 
 def _is_tuple(hint: Any) -> bool:
     return typing.get_origin(hint) is tuple
+
+
+def _non_null(hint: Any) -> Any:
+    """``X`` of a nullable ``X | None`` field (e.g. a nullable list of entities), else the hint itself."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return hint
 
 
 def _nullable(hint: Any) -> bool:
@@ -192,10 +239,19 @@ def _zero(f: dataclasses.Field, hint: Any) -> Any:
     raise TypeError(f"no zero value for field {f.name} ({kind}, {hint})")
 
 
+def _unwrap_optional(hint: Any) -> Any:
+    """``X | None`` -> X (for nullable arrays and entities)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if type(None) in typing.get_args(hint) and len(args) == 1:
+        return args[0]
+    return hint
+
+
 def _coerce(f: dataclasses.Field, hint: Any, value: Any) -> Any:
     kind = f.metadata.get("kafka_type")
     if value is None:
         return None if _nullable(hint) else _zero(f, hint)
+    hint = _unwrap_optional(hint)
     if kind == "error_code":
         return KioErrorCode(int(value))
     if kind in ("timedelta_i32", "timedelta_i64"):
@@ -203,11 +259,15 @@ def _coerce(f: dataclasses.Field, hint: Any, value: Any) -> Any:
     if kind == "uuid":
         if isinstance(value, uuid.UUID):
             return value
-        return uuid.UUID(hex=value) if value else uuid.UUID(int=0)
+        try:
+            return uuid.UUID(hex=value) if value else uuid.UUID(int=0)
+        except ValueError:  # Brook's ids are uuid4 hex; anything else is sent as the null id
+            return uuid.UUID(int=0)
     if kind == "datetime_i64":
         if isinstance(value, datetime.datetime):
             return value
         return None if int(value) < 0 else _EPOCH + datetime.timedelta(milliseconds=int(value))
+    hint = _non_null(hint)  # a value is present: build it as the non-null type
     entity = _entity_type(hint)
     if entity is not None:
         if _is_tuple(hint):

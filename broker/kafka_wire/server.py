@@ -112,6 +112,7 @@ class KafkaListener:
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=2)
+        self.apis.close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.stats.connections >= self.max_connections:

@@ -200,10 +200,67 @@ def controller_seeds() -> dict[str, bytes]:
     return seeds
 
 
+def kafka_seeds() -> dict[str, bytes]:
+    """Frames (size prefix off) of every Kafka API the listener serves, at its lowest and highest version."""
+    import io
+
+    from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
+    from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
+    from kio.serial import entity_writer
+
+    from broker.kafka_wire import apis, codec
+
+    batch_bytes = valid(3)
+    group = {"group_id": "g", "member_id": "", "generation_id": -1, "generation_id_or_member_epoch": -1,
+             "protocol_type": "consumer", "session_timeout": 6000, "rebalance_timeout": 6000}
+    values: dict[int, dict[str, object]] = {
+        apis.PRODUCE: {"acks": 1, "timeout": 0, "topic_data": [
+            {"name": "t", "partition_data": [{"index": 0, "records": batch_bytes}, {"index": 9, "records": b"x"}]},
+            {"name": "c", "partition_data": [{"index": 0, "records": batch_bytes}]}]},
+        apis.FETCH: {"replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20, "session_epoch": -1,
+                     "topics": [{"topic": "t", "partitions": [
+                         {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20,
+                          "current_leader_epoch": -1, "log_start_offset": -1, "last_fetched_epoch": -1}]}]},
+        apis.LIST_OFFSETS: {"replica_id": -1, "topics": [{"name": "t", "partitions": [
+            {"partition_index": 0, "timestamp": -1, "current_leader_epoch": -1},
+            {"partition_index": 1, "timestamp": -2, "current_leader_epoch": -1}]}]},
+        apis.METADATA: {"topics": [{"name": "t"}, {"name": "nope"}], "allow_auto_topic_creation": False},
+        apis.OFFSET_COMMIT: {**group, "topics": [{"name": "t", "partitions": [
+            {"partition_index": 0, "committed_offset": 3, "committed_metadata": "m"}]}]},
+        apis.OFFSET_FETCH: {"group_id": "g", "topics": [{"name": "t", "partition_indexes": [0, 1]}]},
+        apis.FIND_COORDINATOR: {"key": "g", "key_type": 0, "coordinator_keys": ["g", "h"]},
+        apis.JOIN_GROUP: {**group, "protocols": [{"name": "range", "metadata": b"\0\0\0\0\0\1\0\1t\0\0\0\0"}]},
+        apis.HEARTBEAT: group,
+        apis.LEAVE_GROUP: {**group, "members": [{"member_id": "m"}]},
+        apis.SYNC_GROUP: {**group, "protocol_name": "range", "assignments": [{"member_id": "m", "assignment": b""}]},
+        apis.DESCRIBE_GROUPS: {"groups": ["g", "h"]},
+        apis.LIST_GROUPS: {"states_filter": ["Stable"]},
+        apis.API_VERSIONS: {"client_software_name": "fuzz", "client_software_version": "1"},
+        apis.INIT_PRODUCER_ID: {"transaction_timeout": 60000, "producer_id": -1, "producer_epoch": -1},
+        apis.OFFSET_FOR_LEADER_EPOCH: {"replica_id": -1, "topics": [{"topic": "t", "partitions": [
+            {"partition": 0, "current_leader_epoch": -1, "leader_epoch": 0}]}]},
+        apis.DELETE_GROUPS: {"groups_names": ["g"]},
+        apis.OFFSET_DELETE: {"group_id": "g", "topics": [{"name": "t", "partitions": [{"partition_index": 0}]}]},
+    }
+    seeds: dict[str, bytes] = {}
+    for api_key, (lo, hi) in sorted(apis.SUPPORTED.items()):
+        if api_key not in values:
+            continue
+        for version in sorted({lo, hi}):
+            cls = codec.request_schema(api_key, version)
+            header_cls = HeaderV2 if cls.__flexible__ else HeaderV1
+            buf = io.BytesIO()
+            entity_writer(header_cls)(buf, header_cls(request_api_key=api_key, request_api_version=version,
+                                                      correlation_id=1, client_id="fuzz"))
+            entity_writer(cls)(buf, codec.build(cls, values[api_key]))
+            seeds[f"{cls.__name__}-v{version}"] = buf.getvalue()
+    return seeds
+
+
 def main() -> None:
     sys.path.insert(0, str(HERE))
     for target, seeds in (("batch_header", batch_header_seeds()), ("records", records_seeds()),
-                          ("rpc", rpc_seeds()), ("controller", controller_seeds())):
+                          ("rpc", rpc_seeds()), ("controller", controller_seeds()), ("kafka", kafka_seeds())):
         out = HERE / "corpus" / target
         out.mkdir(parents=True, exist_ok=True)
         for old in out.iterdir():

@@ -188,7 +188,7 @@ class _InProcessControllerClient:
     def __init__(self, harness: ControllerHarness) -> None:
         self._harness = harness
 
-    def call(self, method: str, request: Any, timeout_s: float = 10.0) -> Any:
+    def call(self, method: str, request: Any, timeout_s: float = 10.0, metadata: Any = None) -> Any:
         response = getattr(self._harness.service, method)(request, _SyncContext())
         if response.error_code:
             raise errors.error_for(response.error_code, response.error_message)
@@ -499,4 +499,73 @@ def controller(data: bytes) -> None:
     _controller_harness.call(data)
 
 
-TARGETS = {"batch_header": batch_header, "records": records, "rpc": rpc, "controller": controller}
+# ---------------------------------------------------------------- the Kafka listener's requests
+
+
+class KafkaHarness:
+    """The Kafka listener's request path (broker/kafka_wire) over an RpcHarness's broker: a frame (without its
+    size prefix) is parsed with kio, handed to its handler and the answer encoded. Only MalformedRequest (the
+    listener closes the connection) may come out; any other exception, an UNKNOWN_SERVER_ERROR answer or an
+    error logged by the broker is a crash."""
+
+    def __init__(self, rpc_harness: RpcHarness) -> None:
+        from types import SimpleNamespace
+
+        from broker.kafka_wire import apis
+
+        self.h = rpc_harness
+        broker = SimpleNamespace(service=rpc_harness.service, group_servicer=rpc_harness.groups,
+                                 metadata_cache=rpc_harness.service.cache,
+                                 controller_client=_InProcessControllerClient(rpc_harness.controller),
+                                 settings=SimpleNamespace(defaults={}, node_id=1), node_id=1)
+        self.apis = apis.KafkaApis(broker, "KAFKA")
+
+    def call(self, frame: bytes) -> None:
+        import dataclasses
+        import datetime
+
+        from broker import principal
+        from broker.kafka_wire import apis, codec
+        from broker.kafka_wire.context import KafkaCallContext
+
+        try:
+            api_key, version, _ = codec.peek_header(frame)
+        except codec.MalformedRequest:
+            return
+        served = apis.SUPPORTED.get(api_key)
+        if served is None or not served[0] <= version <= served[1] or api_key not in self.apis.handlers:
+            return
+        try:
+            req = codec.parse_request(frame, api_key, version)
+        except codec.MalformedRequest:
+            return
+        body = req.body  # waits are cut to zero, as in the rpc target
+        for name in ("max_wait", "timeout", "session_timeout", "rebalance_timeout"):
+            if hasattr(body, name):
+                body = dataclasses.replace(body, **{name: datetime.timedelta(0)})
+        req = dataclasses.replace(req, body=body)
+        ctx = KafkaCallContext(principal.Authentication(principal.ANONYMOUS, principal.AUTH_NONE, "kafka:fuzz"),
+                               "ipv4:127.0.0.1:1", "KAFKA", 0.6)
+        self.h.errors.records.clear()
+        response = self.h.loop.run_until_complete(self.apis.handlers[api_key](req, ctx))
+        if response is None:
+            return  # acks=0
+        codec.encode_response_bytes(api_key, version, req.correlation_id, response)
+        text = repr(response)
+        if "unknown_server_error" in text or self.h.errors.records:
+            logged = "; ".join(r.getMessage() for r in self.h.errors.records[:3])
+            raise AssertionError(f"Kafka API {api_key} v{version} failed on the broker: {logged or text[:500]}")
+
+
+_kafka_harness: KafkaHarness | None = None
+
+
+def kafka(data: bytes) -> None:
+    global _kafka_harness
+    h = _get_harness()
+    if _kafka_harness is None or _kafka_harness.h is not h:
+        _kafka_harness = KafkaHarness(h)
+    _kafka_harness.call(data)
+
+
+TARGETS = {"batch_header": batch_header, "records": records, "rpc": rpc, "controller": controller, "kafka": kafka}

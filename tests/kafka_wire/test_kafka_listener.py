@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
+from kio.serial import entity_reader, entity_writer
 from waiting import wait_for
 
 from broker.kafka_wire import apis, codec
 from client.admin import Admin
 from deploy.local.cluster import LocalCluster
-from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
-from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
-from kio.serial import entity_reader, entity_writer
 from proto.errors import ErrorCode
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,761 @@
+"""Kafka admin APIs on the Kafka listener: topics, partitions, configs, ACLs, records, log dirs, elections.
+
+As for the data APIs (apis.py), every handler translates the Kafka request into the
+protobuf request of the Brook RPC that already serves gRPC admin clients, and the answer
+back; no rule is implemented here.
+
+- Controller writes and reads (CreateTopics, DeleteTopics, CreatePartitions, AlterConfigs,
+  DescribeConfigs of topics, ElectLeaders, partition reassignments, ACLs) go to the active
+  controller through the broker's ControllerClient, carrying the Kafka client's principal
+  in ``x-brook-forwarded-principal`` (broker/principal.py): the controller authorizes the
+  client, never the broker (a super user), as Kafka's forwarding (KIP-590) does. A request
+  the controller refuses as a whole (``BrookError``) answers every item with that code.
+- DeleteRecords and DescribeLogDirs are the broker's own RPCs (BrokerService).
+- DescribeCluster, like Kafka's, is answered from this broker's metadata (the same path as
+  Metadata), with the brokers' addresses on the listener the client came in on.
+- DescribeConfigs of a BROKER resource is answered by that broker from its own node config
+  overlaid with the dynamic cluster configs it has applied (as a Kafka broker does), after
+  DESCRIBE_CONFIGS on the cluster; secrets are never shown (``is_sensitive``, null value).
+
+Where Brook has no equivalent the answer says so rather than approximating: per-broker
+dynamic configs, APPEND/SUBTRACT config operations, ACLs on hosts other than ``*`` and
+resource types other than TOPIC/GROUP/CLUSTER are INVALID_REQUEST; DeleteTopics stops
+before topic ids (v6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import re
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from broker import authorizer as authz
+from broker import principal as principals
+from broker.kafka_wire import codec
+from broker.kafka_wire.context import KafkaCallContext
+from metadata_quorum import cluster_configs
+from metadata_quorum import security as sec
+from metadata_quorum.client import ControllerClient
+from metadata_quorum.security_service import acl_matches_filter
+from proto import broker_pb2, errors, security_pb2
+from proto import controller_pb2 as cpb
+from proto import security_pb2_grpc as security_grpc
+from proto.errors import ErrorCode
+from storage import log_config
+
+log = logging.getLogger(__name__)
+
+CREATE_TOPICS, DELETE_RECORDS, DELETE_TOPICS = 19, 21, 20
+DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 29, 30, 31
+DESCRIBE_CONFIGS, ALTER_CONFIGS, DESCRIBE_LOG_DIRS, CREATE_PARTITIONS = 32, 33, 35, 37
+ELECT_LEADERS, INCREMENTAL_ALTER_CONFIGS = 43, 44
+ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS, DESCRIBE_CLUSTER = 45, 46, 60
+
+# api key -> (min, max) version served. Floors: the oldest kio has a schema for. Ceilings: DeleteTopics
+# stops before v6 (topics by id, which Brook's controller does not take); the rest are Kafka 4's newest.
+SUPPORTED: dict[int, tuple[int, int]] = {
+    CREATE_TOPICS: (2, 7),
+    DELETE_TOPICS: (1, 5),
+    DELETE_RECORDS: (0, 2),
+    DESCRIBE_ACLS: (1, 3),
+    CREATE_ACLS: (1, 3),
+    DELETE_ACLS: (1, 3),
+    DESCRIBE_CONFIGS: (1, 4),
+    ALTER_CONFIGS: (0, 2),
+    DESCRIBE_LOG_DIRS: (1, 4),
+    CREATE_PARTITIONS: (0, 3),
+    ELECT_LEADERS: (0, 2),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    ALTER_PARTITION_REASSIGNMENTS: (0, 1),
+    LIST_PARTITION_REASSIGNMENTS: (0, 0),
+    DESCRIBE_CLUSTER: (0, 2),
+}
+
+# Kafka's ConfigResource.Type, ConfigEntry.ConfigSource and AlterConfigOp.OpType codes.
+RESOURCE_TOPIC, RESOURCE_BROKER = 2, 4
+SOURCE_DYNAMIC_TOPIC, SOURCE_DYNAMIC_DEFAULT_BROKER, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 3, 4, 5
+OP_SET, OP_DELETE = 0, 1
+_OP_NAMES = {0: "SET", 1: "DELETE", 2: "APPEND", 3: "SUBTRACT"}
+
+# Kafka's ACL enums (ResourceType, PatternType, AclOperation, AclPermissionType) <-> Brook's names.
+_ANY, _MATCH = 1, 2
+RESOURCE_TYPES = {2: "TOPIC", 3: "GROUP", 4: "CLUSTER"}
+PATTERN_TYPES = {3: "LITERAL", 4: "PREFIXED"}
+OPERATIONS = {2: "ALL", 3: "READ", 4: "WRITE", 5: "CREATE", 6: "DELETE", 7: "ALTER", 8: "DESCRIBE",
+              9: "CLUSTER_ACTION", 10: "DESCRIBE_CONFIGS", 11: "ALTER_CONFIGS", 12: "IDEMPOTENT_WRITE"}
+PERMISSIONS = {2: "DENY", 3: "ALLOW"}
+_CODE_OF = {kind: {name: code for code, name in table.items()}
+            for kind, table in (("resource", RESOURCE_TYPES), ("pattern", PATTERN_TYPES),
+                                ("operation", OPERATIONS), ("permission", PERMISSIONS))}
+
+# Node-config keys whose values are secrets: described with a null value and is_sensitive (as Kafka's PASSWORD type).
+_SENSITIVE = re.compile(r"password|secret|jaas|credential|token|bootstrap\.users|\.key$|private", re.IGNORECASE)
+UNSUPPORTED_ENDPOINT_TYPE = 115  # Kafka's; not among Brook's own codes
+_NO_AUTHORIZED_OPERATIONS = -2147483648  # Kafka's "not requested / not computed"
+_DEFAULT_TIMEOUT_S = 30.0
+
+Handler = Callable[[codec.Request, KafkaCallContext], Awaitable[Any]]
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    return getattr(obj, name, default)
+
+
+def _ms(obj: Any, name: str, default: int) -> int:
+    value = getattr(obj, name, None)
+    return default if value is None else codec.millis(value)
+
+
+class _Failed(Exception):
+    """A request refused as a whole: every item of the response carries ``code``/``message``."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _SecurityStub:
+    """ControllerService and SecurityService on one channel, so SecurityService calls follow the active
+    controller with ControllerClient's probing, redirects and retries."""
+
+    def __init__(self, controller_stub: Any, security_stub: Any) -> None:
+        self._controller_stub = controller_stub
+        self._security_stub = security_stub
+
+    def __getattr__(self, name: str) -> Any:
+        if hasattr(self._security_stub, name):
+            return getattr(self._security_stub, name)
+        return getattr(self._controller_stub, name)
+
+
+class SecurityControllerClient(ControllerClient):
+    """A ControllerClient that also reaches the active controller's SecurityService (ACLs)."""
+
+    def _stub(self, endpoint: Any) -> Any:
+        controller_stub = super()._stub(endpoint)
+        with self._lock:
+            channel = self._channels[endpoint]
+        return _SecurityStub(controller_stub, security_grpc.SecurityServiceStub(channel))
+
+
+ADMIN_WORKERS = 4
+
+
+class AdminApis:
+    """The admin handlers of one Kafka listener (``handlers()``: api key -> handler)."""
+
+    def __init__(self, broker: Any, listener: str) -> None:
+        self.broker = broker  # broker.server.BrokerServer
+        self.listener = listener
+        self._security_client: SecurityControllerClient | None = None
+        # Forwarded admin calls wait on the controller (up to a topic creation's timeout): a pool of their own,
+        # so an admin burst never takes the io threads produce and fetch need.
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=ADMIN_WORKERS,
+                                                           thread_name_prefix=f"kafka-admin-{listener}")
+
+    def handlers(self) -> dict[int, Handler]:
+        return {
+            CREATE_TOPICS: self.create_topics,
+            DELETE_TOPICS: self.delete_topics,
+            CREATE_PARTITIONS: self.create_partitions,
+            DESCRIBE_CONFIGS: self.describe_configs,
+            ALTER_CONFIGS: self.alter_configs,
+            INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
+            DESCRIBE_CLUSTER: self.describe_cluster,
+            DESCRIBE_LOG_DIRS: self.describe_log_dirs,
+            DELETE_RECORDS: self.delete_records,
+            DESCRIBE_ACLS: self.describe_acls,
+            CREATE_ACLS: self.create_acls,
+            DELETE_ACLS: self.delete_acls,
+            ELECT_LEADERS: self.elect_leaders,
+            ALTER_PARTITION_REASSIGNMENTS: self.alter_partition_reassignments,
+            LIST_PARTITION_REASSIGNMENTS: self.list_partition_reassignments,
+        }
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._security_client is not None:
+            self._security_client.close()
+            self._security_client = None
+
+    @property
+    def service(self) -> Any:
+        return self.broker.service
+
+    def _resp(self, req: codec.Request, values: dict[str, Any]) -> Any:
+        return codec.response(req.api_key, req.api_version, values)
+
+    # ---- the controller, as the Kafka client ----
+    async def _controller(self, ctx: KafkaCallContext, method: str, request: Any, *, security: bool = False,
+                          timeout_ms: int = 0) -> Any:
+        """``method`` on the active controller with the client's principal forwarded; ``_Failed`` when the
+        controller refuses the whole request (or none answers in time)."""
+        who = str(ctx.brook_authentication.principal)
+        metadata = ((principals.FORWARDED_PRINCIPAL_KEY, who),)
+        budget_s = ctx.time_remaining() or _DEFAULT_TIMEOUT_S
+        if timeout_ms > 0:
+            budget_s = min(budget_s, timeout_ms / 1000 + 1.0)  # the controller answers within timeout_ms
+        client = self._security() if security else self.broker.controller_client
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._pool, lambda: client.call(method, request, timeout_s=max(0.5, budget_s), metadata=metadata))
+        except errors.BrookError as exc:
+            raise _Failed(exc.code, exc.message) from None
+
+    def _security(self) -> SecurityControllerClient:
+        if self._security_client is None:
+            s = self.broker.settings
+            self._security_client = SecurityControllerClient(list(s.controller_endpoints), timeout_s=10,
+                                                             security=s.controller_security)
+        return self._security_client
+
+    # ---- CreateTopics ----
+    async def create_topics(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        timeout_ms = _ms(body, "timeout", 60000)
+        validate_only = bool(_get(body, "validate_only", False))
+        pb = cpb.CreateTopicsRequest(validate_only=validate_only, timeout_ms=timeout_ms)
+        refused: dict[str, tuple[int, str]] = {}
+        for t in body.topics:
+            try:
+                pb.topics.append(_creatable_topic(t))
+            except _Failed as exc:
+                refused[t.name] = (exc.code, exc.message)
+        results: dict[str, dict[str, Any]] = {}
+        if pb.topics:
+            try:
+                out = await self._controller(ctx, "CreateTopics", pb, timeout_ms=timeout_ms)
+                for r in out.results:
+                    ok = r.error_code == 0
+                    results[r.name] = {"name": r.name, "topic_id": r.topic_id or None, "error_code": r.error_code,
+                                       "error_message": r.error_message or None,
+                                       "num_partitions": r.num_partitions if ok else -1,
+                                       "replication_factor": r.replication_factor if ok else -1}
+            except _Failed as exc:
+                refused.update({t.name: (exc.code, exc.message) for t in pb.topics})
+        for name, (code, message) in refused.items():
+            results[name] = {"name": name, "error_code": code, "error_message": message, "num_partitions": -1,
+                             "replication_factor": -1}
+        if req.api_version >= 5:  # KIP-525: the created topic's configs, when the client may describe them
+            await self._add_created_configs(ctx, pb, results)
+        ordered = [results[t.name] for t in body.topics if t.name in results]
+        return self._resp(req, {"topics": ordered, "throttle_time": 0})
+
+    async def _add_created_configs(self, ctx: KafkaCallContext, pb: cpb.CreateTopicsRequest,
+                                   results: dict[str, dict[str, Any]]) -> None:
+        created = [n for n, r in results.items() if r["error_code"] == 0]
+        for name in results:
+            results[name]["configs"] = None if name not in created else []
+        if not created:
+            return
+        if pb.validate_only:
+            # Nothing exists to describe: the overrides the topic would get (the defaults are not listed).
+            asked = {t.name: t.configs for t in pb.topics}
+            for name in created:
+                results[name]["configs"] = [_topic_config_entry(k, v, False) for k, v in sorted(asked[name].items())]
+            return
+        try:
+            out = await self._controller(ctx, "DescribeConfigs", cpb.DescribeConfigsRequest(topics=created))
+        except _Failed as exc:
+            for name in created:
+                results[name]["topic_config_error_code"] = exc.code
+            return
+        for r in out.results:
+            if r.topic not in results:
+                continue
+            if r.error_code:
+                results[r.topic]["topic_config_error_code"] = r.error_code
+                continue
+            results[r.topic]["configs"] = [_topic_config_entry(e.name, e.value, e.is_default) for e in r.entries]
+
+    # ---- DeleteTopics ----
+    async def delete_topics(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        names = [n for n in _get(req.body, "topic_names", ()) or () if n is not None]
+        timeout_ms = _ms(req.body, "timeout", 30000)
+        try:
+            out = await self._controller(ctx, "DeleteTopics", cpb.DeleteTopicsRequest(names=names,
+                                                                                     timeout_ms=timeout_ms),
+                                         timeout_ms=timeout_ms)
+            responses = [{"name": r.name, "error_code": r.error_code, "error_message": r.error_message or None}
+                         for r in out.results]
+        except _Failed as exc:
+            responses = [{"name": n, "error_code": exc.code, "error_message": exc.message} for n in names]
+        return self._resp(req, {"responses": responses, "throttle_time": 0})
+
+    # ---- CreatePartitions ----
+    async def create_partitions(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        timeout_ms = _ms(body, "timeout", 30000)
+        pb = cpb.CreatePartitionsRequest(validate_only=bool(body.validate_only), timeout_ms=timeout_ms)
+        for t in body.topics:
+            pb.topics.add(name=t.name, count=t.count, assignments=[
+                cpb.ReplicaList(replicas=list(a.broker_ids)) for a in t.assignments or ()])
+        try:
+            out = await self._controller(ctx, "CreatePartitions", pb, timeout_ms=timeout_ms)
+            results = [{"name": r.name, "error_code": r.error_code, "error_message": r.error_message or None}
+                       for r in out.results]
+        except _Failed as exc:
+            results = [{"name": t.name, "error_code": exc.code, "error_message": exc.message} for t in body.topics]
+        return self._resp(req, {"results": results, "throttle_time": 0})
+
+    # ---- DescribeConfigs ----
+    async def describe_configs(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        with_docs = bool(_get(body, "include_documentation", False))
+        with_synonyms = bool(_get(body, "include_synonyms", False))
+        topics = [r.resource_name for r in body.resources if r.resource_type == RESOURCE_TOPIC]
+        described: dict[str, Any] = {}
+        failed: _Failed | None = None
+        if topics:
+            try:
+                out = await self._controller(ctx, "DescribeConfigs", cpb.DescribeConfigsRequest(topics=topics))
+                described = {r.topic: r for r in out.results}
+            except _Failed as exc:
+                failed = exc
+        results = []
+        for res in body.resources:
+            keys = _get(res, "configuration_keys")
+            wanted = None if keys is None else set(keys)
+            entry: dict[str, Any] = {"resource_type": res.resource_type, "resource_name": res.resource_name,
+                                     "error_code": 0, "error_message": None, "configs": []}
+            try:
+                if res.resource_type == RESOURCE_TOPIC:
+                    if failed is not None:
+                        raise failed
+                    r = described.get(res.resource_name)
+                    if r is None:
+                        raise _Failed(ErrorCode.UNKNOWN_SERVER_ERROR, "the controller did not describe this topic")
+                    if r.error_code:
+                        raise _Failed(r.error_code, r.error_message)
+                    configs = [(e.name, e.value, SOURCE_DEFAULT if e.is_default else SOURCE_DYNAMIC_TOPIC, False,
+                                e.documentation) for e in r.entries]
+                elif res.resource_type == RESOURCE_BROKER:
+                    configs = self._broker_configs(ctx, res.resource_name)
+                else:
+                    raise _Failed(ErrorCode.INVALID_REQUEST,
+                                  f"Brook describes TOPIC and BROKER configs, not resource type {res.resource_type}")
+            except _Failed as exc:
+                entry.update(error_code=exc.code, error_message=exc.message)
+                results.append(entry)
+                continue
+            for name, value, source, sensitive, doc in configs:
+                if wanted is not None and name not in wanted:
+                    continue
+                entry["configs"].append({
+                    "name": name, "value": None if sensitive else value, "read_only": source == SOURCE_STATIC_BROKER,
+                    "config_source": source, "is_sensitive": sensitive,
+                    "documentation": (doc or None) if with_docs else None,
+                    "synonyms": [{"name": name, "value": None if sensitive else value, "source": source}]
+                    if with_synonyms and source != SOURCE_DEFAULT else []})
+            results.append(entry)
+        return self._resp(req, {"results": results, "throttle_time": 0})
+
+    def _broker_configs(self, ctx: KafkaCallContext, name: str) -> list[tuple[str, str, int, bool, str]]:
+        """A BROKER resource as a Kafka broker answers it: "" = the dynamic cluster-wide defaults, this broker's
+        id = its node config overlaid with those (read-only static values); another broker's id is refused."""
+        who = ctx.brook_authentication.principal
+        if not self.broker.authorizer.authorize(who, authz.DESCRIBE_CONFIGS, authz.CLUSTER):
+            exc = authz.denied_error(who, authz.DESCRIBE_CONFIGS, authz.CLUSTER)
+            raise _Failed(exc.code, exc.message)
+        dynamic = self.broker.metadata_cache.cluster_configs()
+        out = [(k, v, SOURCE_DYNAMIC_DEFAULT_BROKER, False, cluster_configs.doc(k)) for k, v in sorted(dynamic.items())
+               if k in cluster_configs.known_keys()]
+        if name == "":
+            return out
+        if name != str(self.broker.node_id):
+            raise _Failed(ErrorCode.INVALID_REQUEST,
+                          f"broker {self.broker.node_id} describes its own configs (resource name "
+                          f"'{self.broker.node_id}') or the cluster defaults (''), not broker '{name}'")
+        own = {"node.id": str(self.broker.node_id), **self.broker.settings.defaults}
+        static = [(k, str(v), SOURCE_STATIC_BROKER, bool(_SENSITIVE.search(k)), "")
+                  for k, v in sorted(own.items()) if k not in dynamic]
+        return out + static
+
+    # ---- AlterConfigs / IncrementalAlterConfigs ----
+    async def alter_configs(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        """Kafka's legacy AlterConfigs replaces a resource's whole dynamic config: keys not given are reset."""
+        plans = []
+        for res in req.body.resources:
+            given = {c.name: c.value for c in res.configs}
+            try:
+                if any(v is None for v in given.values()):
+                    raise _Failed(ErrorCode.INVALID_CONFIG, "a null config value (use IncrementalAlterConfigs DELETE)")
+                every = log_config.TOPIC_CONFIGS if res.resource_type == RESOURCE_TOPIC \
+                    else cluster_configs.known_keys()
+                plans.append((res, given, [k for k in every if k not in given], None))
+            except _Failed as exc:
+                plans.append((res, {}, [], exc))
+        return await self._alter(req, ctx, plans)
+
+    async def incremental_alter_configs(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        plans = []
+        for res in req.body.resources:
+            to_set: dict[str, str] = {}
+            to_delete: list[str] = []
+            refused = None
+            for c in res.configs:
+                op = int(c.config_operation)
+                if op == OP_SET:
+                    if c.value is None:
+                        refused = _Failed(ErrorCode.INVALID_CONFIG, f"SET of '{c.name}' without a value")
+                    to_set[c.name] = c.value
+                elif op == OP_DELETE:
+                    to_delete.append(c.name)
+                else:
+                    refused = _Failed(ErrorCode.INVALID_REQUEST,
+                                      f"Brook cannot {_OP_NAMES.get(op, op)} config values ('{c.name}'): "
+                                      "only SET and DELETE")
+            names = [c.name for c in res.configs]
+            if refused is None and len(set(names)) != len(names):
+                refused = _Failed(ErrorCode.INVALID_REQUEST, "a config appears more than once for one resource")
+            plans.append((res, to_set, to_delete, refused))
+        return await self._alter(req, ctx, plans)
+
+    async def _alter(self, req: codec.Request, ctx: KafkaCallContext,
+                     plans: list[tuple[Any, dict[str, str], list[str], _Failed | None]]) -> Any:
+        validate_only = bool(req.body.validate_only)
+        outcome: dict[tuple[int, str], tuple[int, str]] = {}
+        topic_plans = []
+        for res, to_set, to_delete, refused in plans:
+            key = (res.resource_type, res.resource_name)
+            if refused is not None:
+                outcome[key] = (refused.code, refused.message)
+            elif res.resource_type == RESOURCE_TOPIC:
+                topic_plans.append((res.resource_name, to_set, to_delete))
+            elif res.resource_type == RESOURCE_BROKER and res.resource_name == "":
+                try:  # Kafka's dynamic default broker configs are Brook's cluster configs
+                    await self._controller(ctx, "AlterClusterConfigs", cpb.AlterClusterConfigsRequest(
+                        set=to_set, delete=to_delete, validate_only=validate_only))
+                    outcome[key] = (0, "")
+                except _Failed as exc:
+                    outcome[key] = (exc.code, exc.message)
+            elif res.resource_type == RESOURCE_BROKER:
+                outcome[key] = (ErrorCode.INVALID_REQUEST,
+                                "Brook has no per-broker dynamic configs: alter the cluster-wide default "
+                                "(BROKER resource name '') or the node's config file")
+            else:
+                outcome[key] = (ErrorCode.INVALID_REQUEST,
+                                f"Brook alters TOPIC and BROKER configs, not resource type {res.resource_type}")
+        if topic_plans:
+            pb = cpb.AlterConfigsRequest(validate_only=validate_only, resources=[
+                cpb.AlterConfigsResource(topic=name, set=to_set, delete=to_delete)
+                for name, to_set, to_delete in topic_plans])
+            try:
+                out = await self._controller(ctx, "AlterConfigs", pb)
+                for r in out.results:
+                    outcome[(RESOURCE_TOPIC, r.name)] = (r.error_code, r.error_message)
+            except _Failed as exc:
+                for name, _, _ in topic_plans:
+                    outcome[(RESOURCE_TOPIC, name)] = (exc.code, exc.message)
+        responses = []
+        for res, *_ in plans:
+            code, message = outcome.get((res.resource_type, res.resource_name),
+                                        (ErrorCode.UNKNOWN_SERVER_ERROR, "no result"))
+            responses.append({"resource_type": res.resource_type, "resource_name": res.resource_name,
+                              "error_code": code, "error_message": message or None})
+        return self._resp(req, {"responses": responses, "throttle_time": 0})
+
+    # ---- DescribeCluster ----
+    async def describe_cluster(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        if _get(req.body, "endpoint_type", 1) != 1:
+            return self._resp(req, {"error_code": UNSUPPORTED_ENDPOINT_TYPE,
+                                    "error_message": "brokers describe the brokers (endpoint type 1); Brook's "
+                                                     "controllers speak gRPC only", "endpoint_type": 1})
+        include_fenced = bool(_get(req.body, "include_fenced_brokers", False))
+        pb = broker_pb2.MetadataRequest(topics=[], all_topics=False, allow_auto_topic_creation=False)
+        caller = ctx.brook_authentication.principal
+        resp = await self.service._io(lambda: self.service._metadata(pb, self.listener, caller))
+        brokers = []
+        for b in resp.brokers:
+            info = self.broker.metadata_cache.broker(b.node_id)
+            if info is None or not any(name == self.listener for name, _, _ in info.endpoints):
+                continue
+            if b.fenced and not include_fenced:
+                continue
+            brokers.append({"broker_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack or None,
+                            "is_fenced": b.fenced})
+        return self._resp(req, {"error_code": 0, "cluster_id": resp.cluster_id, "endpoint_type": 1,
+                                "controller_id": resp.controller_id if resp.controller_id >= 0 else -1,
+                                "brokers": brokers, "cluster_authorized_operations": _NO_AUTHORIZED_OPERATIONS})
+
+    # ---- DescribeLogDirs (this broker's) ----
+    async def describe_log_dirs(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        asked = _get(req.body, "topics")  # null: every partition; else these partitions only
+        wanted = None if asked is None else {(t.topic, p) for t in asked for p in t.partitions}
+        topics = sorted({t.topic for t in asked}) if asked else []
+        if asked is not None and not topics:
+            topics = ["\x00none"]  # an empty list asks for no partition (Brook's empty list means all)
+        out = await self.service.DescribeLogDirs(broker_pb2.DescribeLogDirsRequest(topics=topics), ctx)
+        if out.error_code:
+            # v0-v2 have no top-level error: the client sees no log dir, as from Kafka.
+            return self._resp(req, {"error_code": out.error_code, "results": [], "throttle_time": 0})
+        results = []
+        for d in out.dirs:
+            by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+            for p in d.partitions:
+                if wanted is not None and (p.topic, p.partition) not in wanted:
+                    continue
+                by_topic[p.topic].append({"partition_index": p.partition, "partition_size": p.size_bytes,
+                                          "offset_lag": p.offset_lag, "is_future_key": False})
+            results.append({"error_code": d.error_code, "log_dir": d.path, "total_bytes": d.total_bytes,
+                            "usable_bytes": d.usable_bytes,
+                            "topics": [{"name": n, "partitions": ps} for n, ps in sorted(by_topic.items())]})
+        return self._resp(req, {"error_code": 0, "results": results, "throttle_time": out.throttle_time_ms})
+
+    # ---- DeleteRecords (partitions this broker leads) ----
+    async def delete_records(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        pb = broker_pb2.DeleteRecordsRequest(timeout_ms=_ms(body, "timeout", 30000))
+        for t in body.topics:
+            for p in t.partitions:
+                pb.partitions.add(topic=t.name, partition=p.partition_index, offset=p.offset)
+        out = await self.service.DeleteRecords(pb, ctx)
+        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in out.partitions:
+            by_topic[r.topic].append({"partition_index": r.partition, "low_watermark": r.low_watermark,
+                                      "error_code": r.error_code})
+        return self._resp(req, {"topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()],
+                                "throttle_time": out.throttle_time_ms})
+
+    # ---- ACLs ----
+    async def describe_acls(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        try:
+            f, host = _acl_filter(req.body)
+            out = await self._controller(ctx, "DescribeAcls", security_pb2.DescribeAclsRequest(filter=f),
+                                         security=True)
+        except _Failed as exc:
+            return self._resp(req, {"error_code": exc.code, "error_message": exc.message, "resources": [],
+                                    "throttle_time": 0})
+        grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+        for a in out.acls:
+            if host is not None and a.host != host:
+                continue
+            grouped[(a.resource_type, a.resource_name, a.pattern_type)].append(
+                {"principal": a.principal, "host": a.host, "operation": _CODE_OF["operation"].get(a.operation, 0),
+                 "permission_type": _CODE_OF["permission"].get(a.permission, 0)})
+        resources = [{"resource_type": _CODE_OF["resource"].get(rt, 0), "resource_name": name,
+                      "pattern_type": _CODE_OF["pattern"].get(pt, 0), "acls": acls}
+                     for (rt, name, pt), acls in sorted(grouped.items())]
+        return self._resp(req, {"error_code": 0, "error_message": None, "resources": resources, "throttle_time": 0})
+
+    async def create_acls(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        creations = list(req.body.creations)
+        outcome: list[tuple[int, str] | None] = []
+        bindings = []
+        for c in creations:
+            try:
+                binding = _acl_binding(c)
+                bindings.append(binding)
+                outcome.append(None)
+            except _Failed as exc:
+                outcome.append((exc.code, exc.message))
+        if bindings:
+            try:
+                await self._controller(ctx, "CreateAcls", security_pb2.CreateAclsRequest(acls=bindings),
+                                       security=True)
+                done: tuple[int, str] = (0, "")
+            except _Failed as exc:
+                done = (exc.code, exc.message)
+            outcome = [done if o is None else o for o in outcome]
+        return self._resp(req, {"results": [{"error_code": code, "error_message": message or None}
+                                            for code, message in outcome], "throttle_time": 0})
+
+    async def delete_acls(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        filters: list[tuple[security_pb2.AclFilter, str | None] | _Failed] = []
+        for kf in req.body.filters:
+            try:
+                filters.append(_acl_filter(kf))
+            except _Failed as exc:
+                filters.append(exc)
+        valid = [f for f in filters if not isinstance(f, _Failed)]
+        deleted: list[security_pb2.AclBinding] = []
+        failed: _Failed | None = None
+        try:
+            by_host = [f for f, host in valid if host is None]
+            if by_host:
+                out = await self._controller(ctx, "DeleteAcls", security_pb2.DeleteAclsRequest(filters=by_host),
+                                             security=True)
+                deleted.extend(out.acls)
+            for f, host in valid:
+                if host is None:
+                    continue
+                # Brook's filters do not name a host: find the bindings on that host, then delete exactly those.
+                found = await self._controller(ctx, "DescribeAcls", security_pb2.DescribeAclsRequest(filter=f),
+                                               security=True)
+                exact = [_exact_filter(a) for a in found.acls if a.host == host]
+                if exact:
+                    out = await self._controller(ctx, "DeleteAcls", security_pb2.DeleteAclsRequest(filters=exact),
+                                                 security=True)
+                    deleted.extend(a for a in out.acls if a.host == host)
+        except _Failed as exc:
+            failed = exc
+        results = []
+        for item in filters:
+            if isinstance(item, _Failed) or failed is not None:
+                err = item if isinstance(item, _Failed) else failed
+                assert err is not None
+                results.append({"error_code": err.code, "error_message": err.message, "matching_acls": []})
+                continue
+            f, host = item
+            matching = [a for a in deleted if acl_matches_filter(security_service_binding(a), f)
+                        and (host is None or a.host == host)]
+            results.append({"error_code": 0, "error_message": None, "matching_acls": [
+                {"error_code": 0, "resource_type": _CODE_OF["resource"].get(a.resource_type, 0),
+                 "resource_name": a.resource_name, "pattern_type": _CODE_OF["pattern"].get(a.pattern_type, 0),
+                 "principal": a.principal, "host": a.host,
+                 "operation": _CODE_OF["operation"].get(a.operation, 0),
+                 "permission_type": _CODE_OF["permission"].get(a.permission, 0)} for a in matching]})
+        return self._resp(req, {"filter_results": results, "throttle_time": 0})
+
+    # ---- ElectLeaders ----
+    async def elect_leaders(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        timeout_ms = _ms(body, "timeout", 60000)
+        asked = _get(body, "topic_partitions")
+        pb = cpb.ElectLeadersRequest(election_type=int(_get(body, "election_type", 0)), timeout_ms=timeout_ms)
+        for t in asked or ():
+            pb.topic_partitions.add(topic=t.topic, partitions=list(t.partitions))
+        if asked is not None and not pb.topic_partitions:
+            # An empty list elects nothing (Brook's empty list means every partition).
+            return self._resp(req, {"error_code": 0, "replica_election_results": [], "throttle_time": 0})
+        try:
+            out = await self._controller(ctx, "ElectLeaders", pb, timeout_ms=timeout_ms)
+        except _Failed as exc:
+            if req.api_version >= 1:
+                return self._resp(req, {"error_code": exc.code, "replica_election_results": [], "throttle_time": 0})
+            # v0 has no top-level error: every asked partition carries it.
+            return self._resp(req, {"throttle_time": 0, "replica_election_results": [
+                {"topic": t.topic, "partition_result": [{"partition_id": p, "error_code": exc.code,
+                                                         "error_message": exc.message} for p in t.partitions]}
+                for t in asked or ()]})
+        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in out.results:
+            by_topic[r.topic].append({"partition_id": r.partition, "error_code": r.error_code,
+                                      "error_message": r.error_message or None})
+        return self._resp(req, {"error_code": 0, "throttle_time": 0, "replica_election_results": [
+            {"topic": n, "partition_result": ps} for n, ps in by_topic.items()]})
+
+    # ---- partition reassignments ----
+    async def alter_partition_reassignments(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        timeout_ms = _ms(body, "timeout", 60000)
+        pb = cpb.AlterPartitionReassignmentsRequest(timeout_ms=timeout_ms)
+        for t in body.topics:
+            for p in t.partitions:
+                pb.partitions.add(topic=t.name, partition=p.partition_index, replicas=list(p.replicas or ()),
+                                  cancel=p.replicas is None)
+        allow_rf = bool(_get(body, "allow_replication_factor_change", True))
+        try:
+            out = await self._controller(ctx, "AlterPartitionReassignments", pb, timeout_ms=timeout_ms)
+        except _Failed as exc:
+            return self._resp(req, {"error_code": exc.code, "error_message": exc.message, "responses": [],
+                                    "allow_replication_factor_change": allow_rf, "throttle_time": 0})
+        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in out.results:
+            by_topic[r.topic].append({"partition_index": r.partition, "error_code": r.error_code,
+                                      "error_message": r.error_message or None})
+        return self._resp(req, {"error_code": 0, "error_message": None, "throttle_time": 0,
+                                "allow_replication_factor_change": allow_rf,
+                                "responses": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]})
+
+    async def list_partition_reassignments(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        asked = _get(req.body, "topics")
+        pb = cpb.ListPartitionReassignmentsRequest()
+        for t in asked or ():
+            pb.topic_partitions.add(topic=t.name, partitions=list(t.partition_indexes))
+        if asked is not None and not pb.topic_partitions:
+            return self._resp(req, {"error_code": 0, "topics": [], "throttle_time": 0})
+        try:
+            out = await self._controller(ctx, "ListPartitionReassignments", pb)
+        except _Failed as exc:
+            return self._resp(req, {"error_code": exc.code, "error_message": exc.message, "topics": [],
+                                    "throttle_time": 0})
+        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in out.reassignments:
+            by_topic[r.topic].append({"partition_index": r.partition, "replicas": list(r.replicas),
+                                      "adding_replicas": list(r.adding_replicas),
+                                      "removing_replicas": list(r.removing_replicas)})
+        return self._resp(req, {"error_code": 0, "error_message": None, "throttle_time": 0,
+                                "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]})
+
+
+# ---- translation helpers ----
+def _creatable_topic(t: Any) -> cpb.CreatableTopic:
+    configs = {}
+    for c in t.configs:
+        if c.value is None:
+            raise _Failed(ErrorCode.INVALID_CONFIG, f"null value for topic config '{c.name}'")
+        configs[c.name] = c.value
+    out = cpb.CreatableTopic(name=t.name, num_partitions=t.num_partitions, replication_factor=t.replication_factor,
+                             configs=configs)
+    if t.assignments:
+        by_index = sorted(t.assignments, key=lambda a: a.partition_index)
+        if [a.partition_index for a in by_index] != list(range(len(by_index))):
+            raise _Failed(ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                          "the assigned partitions must be 0..n-1, each once")
+        out.assignments.extend(cpb.ReplicaList(replicas=list(a.broker_ids)) for a in by_index)
+    return out
+
+
+def _topic_config_entry(name: str, value: str, is_default: bool) -> dict[str, Any]:
+    return {"name": name, "value": value, "read_only": False, "is_sensitive": False,
+            "config_source": SOURCE_DEFAULT if is_default else SOURCE_DYNAMIC_TOPIC}
+
+
+def _acl_binding(c: Any) -> security_pb2.AclBinding:
+    """A Kafka AclCreation as Brook's binding; _Failed(INVALID_REQUEST) for what Brook cannot hold."""
+    names = []
+    for kind, value in (("resource", c.resource_type), ("pattern", c.resource_pattern_type),
+                        ("operation", c.operation), ("permission", c.permission_type)):
+        table = {v: k for k, v in _CODE_OF[kind].items()}
+        if int(value) not in table:
+            raise _Failed(ErrorCode.INVALID_REQUEST, f"Brook has no ACL {kind} type {int(value)}")
+        names.append(table[int(value)])
+    if (c.host or "*") != sec.WILDCARD:
+        raise _Failed(ErrorCode.INVALID_REQUEST,
+                      f"Brook does not match ACLs on the client host: use host '*' (got {c.host!r})")
+    rtype, pattern, operation, permission = names
+    try:
+        b = sec.acl_binding([rtype, c.resource_name, pattern, c.principal, "*", operation, permission])
+    except errors.BrookError as exc:
+        raise _Failed(exc.code, exc.message) from None
+    return security_pb2.AclBinding(resource_type=b.resource_type, resource_name=b.resource_name,
+                                   pattern_type=b.pattern_type, principal=b.principal, host=b.host,
+                                   operation=b.operation, permission=b.permission)
+
+
+def _acl_filter(f: Any) -> tuple[security_pb2.AclFilter, str | None]:
+    """A Kafka ACL filter as Brook's (empty = any) plus the host to match (None = any)."""
+    def one(kind: str, value: int, *, match_ok: bool = False) -> str:
+        value = int(value)
+        if value == _ANY:
+            return ""
+        if match_ok and value == _MATCH:
+            return "MATCH"
+        table = {v: k for k, v in _CODE_OF[kind].items()}
+        if value not in table:
+            raise _Failed(ErrorCode.INVALID_REQUEST, f"ACL filter: Brook has no {kind} type {value}")
+        return table[value]
+
+    out = security_pb2.AclFilter(
+        resource_type=one("resource", f.resource_type_filter), resource_name=f.resource_name_filter or "",
+        pattern_type=one("pattern", _get(f, "pattern_type_filter", 3), match_ok=True),
+        principal=f.principal_filter or "", operation=one("operation", f.operation),
+        permission=one("permission", f.permission_type))
+    return out, f.host_filter
+
+
+def _exact_filter(a: security_pb2.AclBinding) -> security_pb2.AclFilter:
+    return security_pb2.AclFilter(resource_type=a.resource_type, resource_name=a.resource_name,
+                                  pattern_type=a.pattern_type, principal=a.principal, operation=a.operation,
+                                  permission=a.permission)
+
+
+def security_service_binding(a: security_pb2.AclBinding) -> sec.AclBinding:
+    return sec.AclBinding(a.resource_type, a.resource_name, a.pattern_type, a.principal, a.host, a.operation,
+                          a.permission)

@@ -1,0 +1,83 @@
+"""confluent-kafka (librdkafka) producer and consumer throughput against a Kafka-protocol listener.
+
+Used by ``make bench-client`` to put a client nobody here wrote, over Kafka's own protocol,
+next to Brook's client over gRPC on the same cluster. Prints the same summary lines as
+``brook perf`` (``N records sent, R records/sec (M MB/sec)``) so the figures line up.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+REPORT_EVERY_S = 5.0
+
+
+def produce(config: dict[str, str], topic: str, num_records: int, record_size: int = 100, acks: str = "all",
+            extra: dict[str, Any] | None = None) -> int:
+    from confluent_kafka import Producer
+
+    p = Producer({**config, "acks": acks, "linger.ms": 5, "batch.size": 1 << 20, "enable.idempotence": True,
+                  "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1 << 20,
+                  **(extra or {})})
+    payload = os.urandom(record_size)
+    failed = [0]
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed[0] += 1
+
+    start = time.perf_counter()
+    for _ in range(num_records):
+        while True:
+            try:
+                p.produce(topic, payload, on_delivery=on_delivery)
+                break
+            except BufferError:
+                p.poll(0.01)
+        p.poll(0)
+    left = p.flush(120)
+    elapsed = time.perf_counter() - start
+    if left or failed[0]:
+        print(f"confluent-kafka producer: {failed[0]} failed, {left} not delivered")
+        return 1
+    _summary("sent", num_records, record_size, elapsed)
+    return 0
+
+
+def consume(config: dict[str, str], topic: str, num_records: int, record_size: int = 100) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({**config, "group.id": f"bench-{os.getpid()}", "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "fetch.max.bytes": 52_428_800,
+                  "max.partition.fetch.bytes": 1_048_576, "queued.max.messages.kbytes": 262_144})
+    meta = c.list_topics(topic, timeout=30)
+    partitions = [TopicPartition(topic, p, 0) for p in meta.topics[topic].partitions]
+    c.assign(partitions)
+    got = 0
+    start = time.perf_counter()
+    deadline = start + 600
+    while got < num_records and time.perf_counter() < deadline:
+        for m in c.consume(10_000, 1.0):
+            if m.error() is None:
+                got += 1
+    elapsed = time.perf_counter() - start
+    c.close()
+    if got < num_records:
+        print(f"confluent-kafka consumer: only {got} of {num_records} records within the deadline")
+        return 1
+    _summary("received", got, record_size, elapsed)
+    return 0
+
+
+def _summary(verb: str, n: int, record_size: int, elapsed: float) -> None:
+    rate = n / elapsed if elapsed > 0 else 0.0
+    print(f"{n} records {verb}, {rate:.1f} records/sec ({rate * record_size / 1e6:.2f} MB/sec) "
+          f"[confluent-kafka {_version()}, Kafka listener]", flush=True)
+
+
+def _version() -> str:
+    import confluent_kafka
+
+    return str(confluent_kafka.libversion()[0])

@@ -1,0 +1,58 @@
+"""The controller authorizes the Kafka client, not the broker that forwards its request: User:demo (no ACL)
+is refused through the KAFKA listener although the broker itself is a super user."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+T = 30
+
+
+def test_principal_without_rights_is_refused(kcluster: Any, topic_name: str) -> None:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+
+    demo = AdminClient(kcluster.kafka_client_config("demo"))
+    with pytest.raises(KafkaException) as denied:
+        demo.create_topics([NewTopic(topic_name, 1, 1)], operation_timeout=T)[topic_name].result(T)
+    assert denied.value.args[0].name() == "TOPIC_AUTHORIZATION_FAILED"
+
+    broker = ConfigResource(ResourceType.BROKER, str(kcluster.broker_ids[0]))
+    with pytest.raises(KafkaException) as configs:
+        demo.describe_configs([broker])[broker].result(T)
+    assert configs.value.args[0].name() == "CLUSTER_AUTHORIZATION_FAILED"
+
+    # Once granted CREATE on demo-* topics (by the operator), the same client may create those, and only those.
+    kcluster.grant_demo_acls()
+    allowed = "demo-" + topic_name
+
+    def create() -> bool:
+        try:
+            demo.create_topics([NewTopic(allowed, 1, 1)], operation_timeout=T)[allowed].result(T)
+            return True
+        except KafkaException as exc:
+            assert exc.args[0].name() == "TOPIC_AUTHORIZATION_FAILED", exc  # until the ACL reached the quorum
+            return False
+
+    wait_for(create, T, "demo to be allowed to create demo-* topics")
+    with pytest.raises(KafkaException) as still:
+        demo.create_topics([NewTopic(topic_name, 1, 1)], operation_timeout=T)[topic_name].result(T)
+    assert still.value.args[0].name() == "TOPIC_AUTHORIZATION_FAILED"
+
+
+def test_cluster_operations_need_cluster_rights(kcluster: Any) -> None:
+    from conftest import kafka_python_ssl
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import ClusterAuthorizationFailedError
+
+    demo = KafkaAdminClient(request_timeout_ms=T * 1000, **kafka_python_ssl(kcluster, "demo"))
+    try:
+        with pytest.raises(ClusterAuthorizationFailedError):
+            demo.list_partition_reassignments()
+    finally:
+        demo.close()
