@@ -63,7 +63,7 @@ def test_librdkafka_over_mtls_and_refused_without_a_certificate(tls_cluster: Loc
     # Server-only TLS (the CA, no client certificate): the listener requires one.
     anonymous = {k: v for k, v in conf.items() if k not in ("ssl.certificate.location", "ssl.key.location")}
     with pytest.raises(KafkaException):
-        AdminClient(rdkafka_config(anonymous)).list_topics(timeout=5)
+        AdminClient(rdkafka_config(anonymous)).list_topics(timeout=3)
 
 
 def test_kcat_over_mtls(tls_cluster: LocalCluster, tls_topic: str) -> None:
