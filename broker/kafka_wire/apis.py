@@ -46,7 +46,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     SYNC_GROUP: (0, 5),
     DESCRIBE_GROUPS: (0, 5),
     LIST_GROUPS: (0, 4),
-    SASL_HANDSHAKE: (1, 1),
+    SASL_HANDSHAKE: (0, 1),  # as Kafka 4; librdkafka 2.0 (Debian's kcat) uses SASL only if v0 is in the range
     API_VERSIONS: (0, 3),
     INIT_PRODUCER_ID: (0, 4),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),

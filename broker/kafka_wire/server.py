@@ -154,6 +154,7 @@ class _Connection:
         # "kafka:" never parses as a loopback gRPC peer: no Kafka connection is trusted as a broker.
         self.auth = Authentication(principals.ANONYMOUS, AUTH_NONE, f"kafka:{host}")
         sslobj = writer.get_extra_info("ssl_object")
+        self.tls = sslobj is not None
         if sslobj is not None:
             der = sslobj.getpeercert(binary_form=True)
             if der:
@@ -248,6 +249,12 @@ class _Connection:
                 if not isinstance(part, FileRecords):
                     self.writer.write(part)
                     continue
+                if self.tls:
+                    # No zero copy through TLS, and asyncio's fallback reads through the file object's
+                    # offset, which the dup'ed descriptor shares with the segment and with every other
+                    # connection (it does not even seek for position 0): pread the slice instead.
+                    self.writer.write(await loop.run_in_executor(None, part.read))
+                    continue
                 await self.writer.drain()
                 with os.fdopen(part.fd, "rb", closefd=False) as f:
                     sent = await loop.sendfile(self.writer.transport, f, part.position, part.length)
@@ -335,6 +342,12 @@ class _Connection:
     def _sasl_handshake(self, req: codec.Request) -> Any:
         enabled = [*SCRAM_MECHANISMS, SASL_PLAIN]
         mechanism = req.body.mechanism
+        if req.api_version == 0:
+            # v0 means raw SASL tokens follow (pre-KIP-152), which this listener does not read: refuse it.
+            # Clients that know SaslAuthenticate send v1; v0 is advertised only because librdkafka
+            # (e.g. Debian's kcat) enables SASL only when the advertised range includes it.
+            return codec.response(req.api_key, 0, {"error_code": ErrorCode.UNSUPPORTED_VERSION,
+                                                   "mechanisms": enabled if self.listener.sasl else []})
         if not self.listener.sasl or self.authenticated:
             return codec.response(req.api_key, req.api_version, {"error_code": ErrorCode.ILLEGAL_SASL_STATE,
                                                                  "mechanisms": enabled if self.listener.sasl else []})

@@ -1,0 +1,417 @@
+"""Unmodified Kafka clients against the KAFKA listener of a real 3-node Brook cluster.
+
+kcat (Debian's package), confluent-kafka (librdkafka), kafka-python and aiokafka talk
+Kafka's wire protocol to every broker's KAFKA listener; Brook's own client reads and
+writes the same topics over gRPC, so records cross between the two. One plaintext
+cluster is shared by the whole module; the failover test (last) kills and restarts a
+partition leader and leaves the cluster whole again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kafkakit import (
+    brook_batch_headers,
+    brook_read_all,
+    in_sync,
+    kcat,
+    kcat_binary,
+    partition_leader,
+    rdkafka_config,
+    rdkafka_read_all,
+    unique,
+)
+from waiting import wait_for
+
+from client.admin import Admin, NewTopic
+from client.producer import Producer as BrookProducer
+from deploy.local.cluster import LocalCluster
+
+pytestmark = pytest.mark.slow
+
+CODEC_IDS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("kafka-compat"), nodes=3) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def admin(cluster: LocalCluster) -> Iterator[Admin]:
+    with Admin(cluster.bootstrap_servers, request_timeout_ms=20_000) as a:
+        yield a
+
+
+@pytest.fixture(scope="module")
+def kconf(cluster: LocalCluster) -> dict[str, str]:
+    """What a Kafka client needs: the KAFKA listeners (librdkafka-style keys)."""
+    conf = cluster.kafka_client_config()
+    assert conf["bootstrap.servers"] == cluster.kafka_bootstrap_servers
+    return conf
+
+
+@pytest.fixture(scope="module")
+def make_topic(admin: Admin) -> Callable[..., str]:
+    """A fresh topic made through Brook's admin client (gRPC); waits until every partition has a leader."""
+    def make(partitions: int = 3, replication_factor: int = 3, configs: dict[str, str] | None = None) -> str:
+        name = unique("kc")
+        admin.create_topics([NewTopic(name, partitions, replication_factor, configs or {})])
+        return name
+    return make
+
+
+@pytest.fixture(scope="module")
+def kcat_bin() -> str:
+    found, why = kcat_binary()
+    if found is None:
+        pytest.skip(why)
+    return found
+
+
+def _delivery_log() -> tuple[list[tuple[Any, ...]], Callable[[Any, Any], None]]:
+    """(reports, on_delivery): each report is (error or None, partition, offset, key, value, headers)."""
+    reports: list[tuple[Any, ...]] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        reports.append((err, msg.partition(), msg.offset(), msg.key(), msg.value(), msg.headers()))
+    return reports, on_delivery
+
+
+# ---------------------------------------------------------------------------- kcat
+
+
+def test_kcat_lists_brokers_and_topic_metadata(cluster: LocalCluster, kconf, make_topic, kcat_bin) -> None:
+    topic = make_topic(partitions=3)
+    proc = kcat(kcat_bin, kconf, ["-L", "-J", "-t", topic])
+    assert proc.returncode == 0, f"kcat -L failed: {proc.stderr[-2000:]}"
+    md = json.loads(proc.stdout)
+    brokers = {b["id"]: b["name"] for b in md["brokers"]}
+    assert brokers == {n: cluster.kafka_address(n) for n in cluster.broker_ids}, md["brokers"]
+    [t] = md["topics"]
+    assert t["topic"] == topic and not t.get("error"), t
+    assert sorted(p["partition"] for p in t["partitions"]) == [0, 1, 2]
+    for p in t["partitions"]:
+        replicas = {r["id"] for r in p["replicas"]}
+        assert replicas == set(cluster.broker_ids), p
+        assert p["leader"] in replicas and {r["id"] for r in p["isrs"]} <= replicas, p
+
+
+def test_kcat_produces_keys_and_headers_and_consumes_them_back(kconf, make_topic, kcat_bin) -> None:
+    topic = make_topic(partitions=3)
+    sent = {f"key-{i}": f"value {i}" for i in range(30)}
+    stdin = "".join(f"{k}:{v}\n" for k, v in sent.items())
+    proc = kcat(kcat_bin, kconf, ["-P", "-t", topic, "-K:", "-H", "source=kcat", "-H", "trace=t-1"], stdin=stdin)
+    assert proc.returncode == 0 and "ERROR" not in proc.stderr, f"kcat -P failed: {proc.stderr[-2000:]}"
+
+    proc = kcat(kcat_bin, kconf, ["-C", "-t", topic, "-o", "beginning", "-e", "-q",
+                                  "-f", "%k\t%h\t%s\t%p\t%o\n"])
+    assert proc.returncode == 0, f"kcat -C failed: {proc.stderr[-2000:]}"
+    rows = [line.split("\t") for line in proc.stdout.splitlines() if line]
+    assert {k: v for k, _h, v, _p, _o in rows} == sent and len(rows) == len(sent), proc.stdout[-2000:]
+    assert {h for _k, h, _v, _p, _o in rows} == {"source=kcat,trace=t-1"}
+    by_partition: dict[str, list[int]] = {}
+    for _k, _h, _v, p, o in rows:
+        by_partition.setdefault(p, []).append(int(o))
+    for p, offsets in by_partition.items():
+        assert offsets == list(range(len(offsets))), f"partition {p} offsets {offsets}"
+
+
+# ---------------------------------------------------------------------------- confluent-kafka
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_confluent_idempotent_producer_with_compression(cluster: LocalCluster, kconf, make_topic, codec) -> None:
+    from confluent_kafka import Producer
+
+    topic = make_topic(partitions=3)
+    reports, on_delivery = _delivery_log()
+    producer = Producer(rdkafka_config(kconf, **{"enable.idempotence": True, "acks": "all",
+                                                  "compression.type": codec, "linger.ms": 20}))
+    n = 600
+    for i in range(n):
+        producer.produce(topic, value=(b"payload-%d " % i) * 8, key=b"k%d" % (i % 12),
+                         headers=[("i", str(i).encode())], on_delivery=on_delivery)
+        producer.poll(0)
+    assert producer.flush(30) == 0, "records still queued after 30 s"
+    failed = [r for r in reports if r[0] is not None]
+    assert len(reports) == n and not failed, f"{len(failed)} failed deliveries, first {failed[:1]}"
+
+    got = rdkafka_read_all(kconf, topic, 3, n)
+    for p in range(3):
+        acked = sorted((off, key, value) for err, part, off, key, value, _h in reports if part == p)
+        read = [(m.offset(), m.key(), m.value()) for m in got[p]]
+        assert read == acked, f"partition {p}: what was read is not what was acknowledged"
+    # What librdkafka really wrote: compressed, idempotent (a producer id, sequences from 0, no gaps).
+    by_partition = brook_batch_headers(cluster, topic, 3, n)
+    batches = [h for hs in by_partition.values() for h in hs]
+    assert {h.compression for h in batches} == {CODEC_IDS[codec]}
+    assert len({(h.producer_id, h.producer_epoch) for h in batches}) == 1 and batches[0].producer_id >= 0
+    for p, hs in by_partition.items():
+        expected_seq = 0
+        for h in hs:
+            assert h.base_sequence == expected_seq and h.base_offset == expected_seq, f"partition {p}: {h}"
+            expected_seq += h.record_count
+
+
+def test_confluent_consumer_group_commits_offsets(kconf, admin: Admin, make_topic) -> None:
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import TopicPartition as RdTopicPartition
+
+    topic = make_topic(partitions=3)
+    producer = Producer(rdkafka_config(kconf))
+    for i in range(30):
+        producer.produce(topic, value=b"v%d" % i, key=b"k%d" % i)
+    assert producer.flush(30) == 0
+    group = unique("rdk-group")
+    consumer = Consumer(rdkafka_config(kconf, **{"group.id": group, "auto.offset.reset": "earliest",
+                                                 "enable.auto.commit": False}))
+    try:
+        consumer.subscribe([topic])
+        values: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(values) < 30 and time.monotonic() < deadline:
+            for m in consumer.consume(100, 0.5):
+                assert not m.error(), m.error()
+                values.append(m.value())
+        assert sorted(values) == sorted(b"v%d" % i for i in range(30))
+        consumer.commit(asynchronous=False)
+        committed = consumer.committed([RdTopicPartition(topic, p) for p in range(3)], timeout=10)
+        ends = {p: consumer.get_watermark_offsets(RdTopicPartition(topic, p), timeout=10)[1] for p in range(3)}
+        assert {tp.partition: tp.offset for tp in committed} == ends
+    finally:
+        consumer.close()
+    # The same commits, seen by Brook's admin client through the group coordinator.
+    offsets = admin.list_group_offsets(group)
+    assert {tp.partition: om.offset for tp, om in offsets.items() if tp.topic == topic} == ends
+
+
+def test_confluent_rebalance_across_two_consumers(kconf, make_topic) -> None:
+    from confluent_kafka import Consumer
+
+    topic = make_topic(partitions=4)
+    group = unique("rdk-rebalance")
+    conf = rdkafka_config(kconf, **{"group.id": group, "auto.offset.reset": "earliest",
+                                    "session.timeout.ms": 10_000, "heartbeat.interval.ms": 500})
+    a, b = Consumer(conf), Consumer(conf)
+    b_open = True
+    try:
+        a.subscribe([topic])
+
+        def owned(*consumers: Any) -> list[set[int]]:
+            for c in consumers:
+                c.poll(0.2)
+            return [{tp.partition for tp in c.assignment()} for c in consumers]
+
+        wait_for(lambda: owned(a)[0] == {0, 1, 2, 3}, 30, "the first consumer to own all 4 partitions")
+        b.subscribe([topic])
+
+        def split() -> list[set[int]] | None:
+            sa, sb = owned(a, b)
+            return [sa, sb] if sa and sb and not sa & sb and sa | sb == {0, 1, 2, 3} else None
+        wait_for(split, 45, lambda: f"both consumers to share the partitions; own {owned(a, b)}")
+        b.close()
+        b_open = False
+        wait_for(lambda: owned(a)[0] == {0, 1, 2, 3}, 45, "the remaining consumer to own all 4 partitions again")
+    finally:
+        a.close()
+        if b_open:
+            b.close()
+
+
+def test_confluent_admin_client_topics_and_configs(kconf) -> None:
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+
+    client = AdminClient(kconf)
+    name = unique("rdk-admin")
+    futures = client.create_topics([NewTopic(name, num_partitions=3, replication_factor=3,
+                                             config={"retention.ms": "3600000"})], operation_timeout=30)
+    futures[name].result(timeout=60)
+
+    def listed() -> Any:
+        t = client.list_topics(timeout=10).topics.get(name)
+        return t if t is not None and t.error is None and len(t.partitions) == 3 else None
+    topic = wait_for(listed, 30, f"{name} with 3 partitions in list_topics")
+    assert all(len(p.replicas) == 3 and p.leader in p.replicas for p in topic.partitions.values())
+
+    [fut] = client.describe_configs([ConfigResource(ResourceType.TOPIC, name)]).values()
+    configs = fut.result(timeout=30)
+    assert configs["retention.ms"].value == "3600000"
+    assert "cleanup.policy" in configs
+
+    client.delete_topics([name], operation_timeout=30)[name].result(timeout=60)
+    wait_for(lambda: name not in client.list_topics(timeout=10).topics, 30, f"{name} to disappear")
+
+
+# ---------------------------------------------------------------------------- kafka-python
+
+
+def test_kafka_python_producer_consumer_and_admin(cluster: LocalCluster, kconf, make_topic) -> None:
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+
+    topic = make_topic(partitions=2)
+    boot = kconf["bootstrap.servers"].split(",")
+    producer = KafkaProducer(bootstrap_servers=boot, acks="all", compression_type="gzip", linger_ms=5)
+    try:
+        futures = [producer.send(topic, value=b"kp-%d" % i, key=b"k%d" % (i % 4), headers=[("n", b"%d" % i)])
+                   for i in range(40)]
+        metas = [f.get(timeout=30) for f in futures]
+    finally:
+        producer.close(timeout=10)
+    assert {m.partition for m in metas} <= {0, 1}
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=boot, group_id=unique("kp-group"),
+                             auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=1000)
+    got: list[Any] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(got) < 40 and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                got.extend(records)
+        consumer.commit()
+    finally:
+        consumer.close()
+    assert sorted(r.value for r in got) == sorted(b"kp-%d" % i for i in range(40))
+    for r in got:
+        i = int(r.value.split(b"-")[1])
+        assert r.key == b"k%d" % (i % 4) and list(r.headers) == [("n", b"%d" % i)]
+    stored = {(m.partition, m.offset) for m in metas}
+    assert {(r.partition, r.offset) for r in got} == stored
+
+    admin = KafkaAdminClient(bootstrap_servers=boot, request_timeout_ms=20_000)
+    try:
+        assert topic in admin.list_topics()
+        described = admin.describe_cluster()
+        assert {b["broker_id"] for b in described["brokers"]} == set(cluster.broker_ids)
+    finally:
+        admin.close()
+
+
+# ---------------------------------------------------------------------------- aiokafka
+
+
+async def test_aiokafka_producer_and_group_consumer(kconf, make_topic) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    topic = make_topic(partitions=2)
+    producer = AIOKafkaProducer(bootstrap_servers=kconf["bootstrap.servers"], acks="all",
+                                enable_idempotence=True, compression_type="zstd")
+    await producer.start()
+    try:
+        metas = [await producer.send_and_wait(topic, b"aio-%d" % i, key=b"k%d" % i, headers=[("h", b"x")])
+                 for i in range(20)]
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=kconf["bootstrap.servers"], group_id=unique("aio"),
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    got: list[Any] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(got) < 20 and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                got.extend(records)
+        await consumer.commit()
+    finally:
+        await consumer.stop()
+    assert sorted(r.value for r in got) == sorted(b"aio-%d" % i for i in range(20))
+    assert all(r.key == b"k" + r.value[4:] and list(r.headers) == [("h", b"x")] for r in got)
+    assert {(r.partition, r.offset) for r in got} == {(m.partition, m.offset) for m in metas}
+
+
+# ---------------------------------------------------------------------------- cross-reads
+
+
+def test_kafka_client_records_read_by_brook_client(cluster: LocalCluster, kconf, make_topic) -> None:
+    from confluent_kafka import Producer
+
+    topic = make_topic(partitions=2)
+    reports, on_delivery = _delivery_log()
+    producer = Producer(rdkafka_config(kconf, **{"enable.idempotence": True}))
+    sent = []
+    for i in range(20):
+        key = None if i % 5 == 0 else b"key-%d" % i
+        headers = [("n", b"%d" % i), ("empty", None), ("dup", b"a"), ("dup", b"b")]
+        producer.produce(topic, value=b"from-kafka-%d" % i, key=key, headers=headers, partition=i % 2,
+                         timestamp=1_700_000_000_000 + i, on_delivery=on_delivery)
+        sent.append((i % 2, key, b"from-kafka-%d" % i, headers, 1_700_000_000_000 + i))
+    assert producer.flush(30) == 0 and all(r[0] is None for r in reports), reports[:1]
+
+    got = brook_read_all(cluster, topic, 2, len(sent))
+    for p in range(2):
+        expected = [(k, v, h, ts) for part, k, v, h, ts in sent if part == p]
+        assert [(r.key, r.value, r.headers, r.timestamp) for r in got[p]] == expected, f"partition {p}"
+
+
+def test_brook_client_records_read_by_kafka_clients(cluster: LocalCluster, kconf, make_topic, kcat_bin) -> None:
+    topic = make_topic(partitions=1)
+    sent = []
+    with BrookProducer(bootstrap_servers=cluster.bootstrap_servers, acks="all", compression_type="snappy") as p:
+        for i in range(10):
+            key = None if i == 0 else b"bk-%d" % i
+            headers = [("origin", b"brook"), ("i", b"%d" % i), ("null", None)]
+            p.send(topic, b"from-brook-%d" % i, key=key, headers=headers, partition=0)
+            sent.append((key, b"from-brook-%d" % i, headers))
+        p.flush()
+
+    [msgs] = rdkafka_read_all(kconf, topic, 1, len(sent)).values()
+    assert [(m.key(), m.value(), m.headers()) for m in msgs] == sent
+
+    proc = kcat(kcat_bin, kconf, ["-C", "-t", topic, "-o", "beginning", "-e", "-q", "-J"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert [(r["key"], r["payload"]) for r in rows] == [
+        (None if k is None else k.decode(), v.decode()) for k, v, _h in sent]
+    assert rows[1]["headers"] == ["origin", "brook", "i", "1", "null", None]
+
+
+# ---------------------------------------------------------------------------- failover (last: kills a node)
+
+
+def test_idempotent_acks_all_survives_leader_sigkill(cluster: LocalCluster, admin: Admin, kconf, make_topic) -> None:
+    """confluent-kafka, enable.idempotence + acks=all, producing a numbered sequence to an RF-3
+    partition while its leader is SIGKILLed and later restarted: every acknowledged record is
+    in the log exactly once, in order, at the offset its delivery report gave."""
+    from confluent_kafka import Producer
+
+    topic = make_topic(partitions=1, configs={"min.insync.replicas": "2"})
+    reports, on_delivery = _delivery_log()
+    producer = Producer(rdkafka_config(kconf, **{"enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                                                  "message.timeout.ms": 90_000}))
+    n, kill_at, restart_at = 600, 200, 400
+    victim = None
+    for i in range(n):
+        producer.produce(topic, value=b"%06d" % i, on_delivery=on_delivery)
+        producer.poll(0.005)  # paced: batches are in flight when the leader dies
+        if i == kill_at:
+            victim = partition_leader(admin, topic)
+            cluster.kill_node(victim)
+        if i == restart_at:
+            assert victim is not None
+            wait_for(lambda v=victim: partition_leader(admin, topic) not in (-1, v), 30, "a new leader")
+            cluster.start_node(victim)
+    assert producer.flush(120) == 0, "records still queued 120 s after the last send"
+    failed = [r for r in reports if r[0] is not None]
+    acked = {int(v): off for err, _p, off, _k, v, _h in reports if err is None}
+    assert len(reports) == n
+    # librdkafka's idempotent producer retries through a leader change without giving up.
+    assert not failed, f"{len(failed)} deliveries failed, first: {failed[0][0]}"
+
+    end = max(acked.values()) + 1
+    [msgs] = rdkafka_read_all(kconf, topic, 1, end, timeout_s=60).values()
+    numbers = [int(m.value()) for m in msgs]
+    assert len(numbers) == len(set(numbers)), "a record was written twice"
+    assert numbers == sorted(numbers), "records are out of order"
+    assert set(acked) <= set(numbers), f"acknowledged but lost: {sorted(set(acked) - set(numbers))[:10]}"
+    at = {int(m.value()): m.offset() for m in msgs}
+    assert all(at[i] == off for i, off in acked.items()), "a record is not at the offset its delivery report gave"
+
+    # Leave the cluster whole for whatever runs next.
+    cluster.wait_ready(timeout_s=120)
+    wait_for(lambda: in_sync(admin, topic, 3), 60, f"node {victim} back in the ISR of {topic}")
