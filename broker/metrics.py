@@ -242,6 +242,8 @@ class KafkaListenerCollector(_SafeCollector):
             "authentication_failures_total": ("brook_kafka_authentication_failures",
                                               "Failed SASL authentications and requests before authentication."),
             "sendfile_bytes_total": ("brook_kafka_sendfile_bytes", "Record bytes sent from segment files by sendfile."),
+            "sendfile_fallbacks_total": ("brook_kafka_sendfile_fallbacks",
+                                         "Segment slices sent through a buffer because sendfile failed."),
         }
         counters = {k: CounterMetricFamily(n, h, labels=["listener"]) for k, (n, h) in families.items()}
         requests = CounterMetricFamily("brook_kafka_requests", "Requests answered, by API key.",

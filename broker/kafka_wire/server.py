@@ -76,6 +76,7 @@ class ListenerStats:
     malformed_requests_total: int = 0
     authentication_failures_total: int = 0
     sendfile_bytes_total: int = 0
+    sendfile_fallbacks_total: int = 0
     requests_by_api: dict[int, int] = field(default_factory=dict)
 
 
@@ -93,6 +94,7 @@ class KafkaListener:
         self.max_connections = int(defaults.get("max.connections", "10000"))
         self.sasl = spec.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
         self.stats = ListenerStats()
+        self.sendfile_ok = True  # False once the platform refused sendfile on this listener's sockets
         self.port = spec.port
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -241,23 +243,39 @@ class _Connection:
                 await self._send(out)
 
     async def _send(self, parts: list[bytes | FileRecords]) -> None:
-        """Write a response; segment-file slices go with sendfile(2) (zero copy on plaintext sockets;
-        asyncio reads them through a buffer on TLS ones)."""
+        """Write a response; segment-file slices go with sendfile(2) on plaintext sockets (zero copy) and
+        are pread through a buffer on TLS ones.
+
+        Never asyncio's own sendfile fallback: it reads through the file object's offset, which the
+        dup'ed descriptor shares with the segment and with every other connection (and it does not even
+        seek for position 0), so concurrent fallbacks could send each other's bytes. pread is
+        position-independent; so is os.sendfile with an explicit offset."""
         loop = asyncio.get_running_loop()
         try:
             for part in parts:
                 if not isinstance(part, FileRecords):
                     self.writer.write(part)
                     continue
-                if self.tls:
-                    # No zero copy through TLS, and asyncio's fallback reads through the file object's
-                    # offset, which the dup'ed descriptor shares with the segment and with every other
-                    # connection (it does not even seek for position 0): pread the slice instead.
+                if self.tls or not self.listener.sendfile_ok:
                     self.writer.write(await loop.run_in_executor(None, part.read))
                     continue
                 await self.writer.drain()
-                with os.fdopen(part.fd, "rb", closefd=False) as f:
-                    sent = await loop.sendfile(self.writer.transport, f, part.position, part.length)
+                try:
+                    with os.fdopen(part.fd, "rb", closefd=False) as f:
+                        sent = await loop.sendfile(self.writer.transport, f, part.position, part.length,
+                                                   fallback=False)
+                except NotImplementedError as exc:  # the platform has no sendfile: buffers from now on
+                    log.warning("Kafka listener %s: no sendfile here (%s); sending records through a buffer",
+                                self.listener.spec.name, exc)
+                    self.listener.sendfile_ok = False
+                    self.writer.write(await loop.run_in_executor(None, part.read))
+                    continue
+                except asyncio.SendfileNotAvailableError as exc:  # this call failed before sending a byte
+                    log.info("Kafka listener %s: sendfile of %r to %s failed (%r); sending it through a buffer",
+                             self.listener.spec.name, part, self.peer_text, exc.__cause__ or exc)
+                    self.listener.stats.sendfile_fallbacks_total += 1
+                    self.writer.write(await loop.run_in_executor(None, part.read))
+                    continue
                 if sent != part.length:
                     raise ConnectionError(f"sent {sent} of {part.length} record bytes")
                 self.listener.stats.sendfile_bytes_total += sent
