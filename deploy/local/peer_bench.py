@@ -6,7 +6,8 @@ NATS: an R3 file-storage stream, every publish acknowledged), the same number of
 the same size, published as fast as the client can keep acknowledgements coming, then read
 back in full. NATS runs ``nats-server`` from the distribution's packages (installed with
 apt-get when missing and run as root) and the ``nats-py`` client; Brook runs its own perf
-tools (``brook perf produce/consume``). The figures and their ratios are printed; nothing
+tools (``brook perf produce/consume``), and confluent-kafka (librdkafka) against the same Brook
+cluster's Kafka listener. The figures and their ratios are printed; nothing
 is asserted on them.
 
     python -m deploy.local.peer_bench [--records 200000] [--record-size 100]
@@ -128,6 +129,22 @@ def main(argv: list[str] | None = None) -> int:
                                                    "--record-size", str(size), "--acks", "all",
                                                    "--num-records", str(n)])
         brook_consume = _brook_rate(consume_main, [*common, "--num-records", str(n)])
+        kafka_produce = kafka_consume = None
+        try:
+            import confluent_kafka  # noqa: F401
+        except ImportError:
+            print("== confluent-kafka: skipped: not installed", flush=True)
+        else:
+            from client.admin import Admin
+            from deploy.local import kafka_perf
+
+            print(f"== confluent-kafka against Brook's Kafka listener: {n} records of {size} B, one partition, "
+                  "RF 3, acks=all, idempotent", flush=True)
+            with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints) as admin:
+                admin.create_topic("peer-kafka", 1, 3)
+            config = cluster.kafka_client_config()
+            kafka_produce = _brook_rate(lambda _: kafka_perf.produce(config, "peer-kafka", n, size), [])
+            kafka_consume = _brook_rate(lambda _: kafka_perf.consume(config, "peer-kafka", n, size), [])
     binary, why = debian_tool("nats-server", "nats-server")
     nats_produce = nats_consume = None
     if binary is None:
@@ -139,11 +156,11 @@ def main(argv: list[str] | None = None) -> int:
                 nats_cluster(binary, Path(tmp)) as urls:
             nats_produce, nats_consume = asyncio.run(_nats_run(urls, n, size))
     print(f"== {n} records of {size} B, replicated on 3 nodes (records/sec; ratio = Brook / NATS)", flush=True)
-    print(f"  {'':<22}{'Brook':>14}{'NATS JetStream':>18}{'ratio':>9}")
-    for label, b, p in (("produce, acknowledged", brook_produce, nats_produce),
-                        ("consume, every record", brook_consume, nats_consume)):
+    print(f"  {'':<22}{'Brook':>14}{'NATS JetStream':>18}{'ratio':>9}{'Brook via librdkafka':>22}")
+    for label, b, p, k in (("produce, acknowledged", brook_produce, nats_produce, kafka_produce),
+                           ("consume, every record", brook_consume, nats_consume, kafka_consume)):
         ratio = f"{b / p:.2f}x" if b and p else "-"
-        print(f"  {label:<22}{_fmt(b):>14}{_fmt(p):>18}{ratio:>9}", flush=True)
+        print(f"  {label:<22}{_fmt(b):>14}{_fmt(p):>18}{ratio:>9}{_fmt(k):>22}", flush=True)
     return 0 if brook_produce and brook_consume else 1
 
 
