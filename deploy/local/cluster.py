@@ -67,6 +67,7 @@ STATE_FILE = "cluster.json"
 QUORUM_PASSWORD_FILE = "quorum.password"  # random per cluster, 0600: the quorum port runs pickles
 TLS_DIR = "tls"
 CLIENT_CERT_NAME = "admin"  # the client certificate's CN: principal User:admin
+KAFKA_CLIENT_PROPERTIES = "kafka-client.properties"
 CLIENT_PROPERTIES = "client.properties"
 DEMO_USER = "demo"  # the least-privileged demo principal (User:demo, certificate DIR/tls/demo.pem)
 DEMO_PREFIX = "demo-"  # the topics and groups it may use
@@ -427,6 +428,10 @@ class LocalCluster:
         lines += [f"bootstrap.servers={self.bootstrap_servers}"]
         lines += [f"{k}={v}" for k, v in self.client_config.items()]
         (self.base_dir / CLIENT_PROPERTIES).write_text("\n".join(lines) + "\n")
+        if self.kafka_bootstrap_servers:  # librdkafka's format, for kcat -F and other Kafka tools
+            kafka = ["# Kafka clients (the brokers' KAFKA listeners): kcat -F FILE -L"]
+            kafka += [f"{k}={v}" for k, v in self.kafka_client_config().items()]
+            (self.base_dir / KAFKA_CLIENT_PROPERTIES).write_text("\n".join(kafka) + "\n")
         exports = {"BROOK_BOOTSTRAP": self.bootstrap_servers}
         exports.update({env_var(k): v for k, v in self.client_config.items()})
         (self.base_dir / ENV_FILE).write_text(
