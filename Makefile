@@ -74,6 +74,7 @@ bench-metadata: venv
 
 bench-codec: venv
 	$(PY) -m storage.codec_bench
+	$(PY) -m broker.kafka_wire.bench
 
 ## Producer/consumer throughput and latency on a fresh local 3-node cluster (RF 3).
 bench-client: venv

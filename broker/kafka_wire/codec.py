@@ -278,15 +278,64 @@ def _coerce(f: dataclasses.Field, hint: Any, value: Any) -> Any:
     return value
 
 
+_PLAIN, _ERROR, _TIMEDELTA, _UUID, _DATETIME, _ENTITY, _ENTITIES, _TUPLE = range(8)
+_MISSING_ZERO = object()
+
+
+@functools.cache
+def _build_plan(cls: type) -> tuple[tuple[str, int, Any, bool, Any, dataclasses.Field, Any], ...]:
+    """Per field of ``cls``: (name, coercion, entity class, nullable, zero value or _MISSING_ZERO, field, hint);
+    computed once per class, so building a response is one tight loop per entity."""
+    hints = _hints(cls)
+    plan = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        kind_name = f.metadata.get("kafka_type")
+        inner = _unwrap_optional(hint)
+        entity = _entity_type(inner)
+        if kind_name == "error_code":
+            kind = _ERROR
+        elif kind_name in ("timedelta_i32", "timedelta_i64"):
+            kind = _TIMEDELTA
+        elif kind_name == "uuid":
+            kind = _UUID
+        elif kind_name == "datetime_i64":
+            kind = _DATETIME
+        elif entity is not None:
+            kind = _ENTITIES if _is_tuple(inner) else _ENTITY
+        elif _is_tuple(inner):
+            kind = _TUPLE
+        else:
+            kind = _PLAIN
+        required = f.default is MISSING and f.default_factory is MISSING
+        zero = _zero(f, hint) if required else _MISSING_ZERO
+        plan.append((f.name, kind, entity, _nullable(hint), zero, f, hint))
+    return tuple(plan)
+
+
 def build(cls: type, values: Mapping[str, Any]) -> Any:
     """An instance of the kio entity ``cls`` from ``values`` (see the module doc)."""
-    hints = _hints(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in values:
-            kwargs[f.name] = _coerce(f, hints[f.name], values[f.name])
-        elif f.default is MISSING and f.default_factory is MISSING:
-            kwargs[f.name] = _zero(f, hints[f.name])
+    for name, kind, entity, nullable, zero, f, hint in _build_plan(cls):
+        if name not in values:
+            if zero is not _MISSING_ZERO:
+                kwargs[name] = zero
+            continue
+        value = values[name]
+        if value is None:
+            kwargs[name] = None if nullable else (zero if zero is not _MISSING_ZERO else _zero(f, hint))
+        elif kind == _PLAIN:
+            kwargs[name] = value
+        elif kind == _ENTITIES:
+            kwargs[name] = tuple(v if dataclasses.is_dataclass(v) else build(entity, v) for v in value)
+        elif kind == _ENTITY:
+            kwargs[name] = value if dataclasses.is_dataclass(value) else build(entity, value)
+        elif kind == _ERROR:
+            kwargs[name] = KioErrorCode(int(value))
+        elif kind == _TUPLE:
+            kwargs[name] = tuple(value)
+        else:
+            kwargs[name] = _coerce(f, hint, value)
     return cls(**kwargs)
 
 
