@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kafka_admin_kit import kafka_python_ssl
 
 from deploy.local.cluster import LocalCluster
 
@@ -30,13 +31,6 @@ def confluent_admin(kcluster: LocalCluster) -> Any:
     from confluent_kafka.admin import AdminClient
 
     return AdminClient(kcluster.kafka_client_config("admin"))
-
-
-def kafka_python_ssl(cluster: LocalCluster, name: str = "admin") -> dict[str, Any]:
-    c = cluster.client_config_for(name)
-    return {"bootstrap_servers": cluster.kafka_bootstrap_servers.split(","), "security_protocol": "SSL",
-            "ssl_cafile": c["ssl.ca.location"], "ssl_certfile": c["ssl.certificate.location"],
-            "ssl_keyfile": c["ssl.key.location"], "ssl_check_hostname": False}
 
 
 @pytest.fixture(scope="session")

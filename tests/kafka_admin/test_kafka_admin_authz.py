@@ -46,9 +46,9 @@ def test_principal_without_rights_is_refused(kcluster: Any, topic_name: str) -> 
 
 
 def test_cluster_operations_need_cluster_rights(kcluster: Any) -> None:
-    from conftest import kafka_python_ssl
     from kafka.admin import KafkaAdminClient
     from kafka.errors import ClusterAuthorizationFailedError
+    from kafka_admin_kit import kafka_python_ssl
 
     demo = KafkaAdminClient(request_timeout_ms=T * 1000, **kafka_python_ssl(kcluster, "demo"))
     try:
