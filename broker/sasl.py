@@ -68,8 +68,11 @@ class ScramAuthenticator:
 
     def __init__(self, lookup: Callable[[str, str], ScramCredential | None], *,
                  session_lifetime_ms: int = DEFAULT_SESSION_LIFETIME_MS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, ready: Callable[[], bool] | None = None) -> None:
         self._lookup = lookup
+        # False while the node has not loaded its users (a broker before its first metadata): an exchange then
+        # gets the retriable BROKER_NOT_AVAILABLE, never "invalid credentials" for a user it will know in a moment.
+        self._ready = ready
         self.session_lifetime_ms = session_lifetime_ms
         self._clock = clock
         self._lock = threading.Lock()
@@ -92,7 +95,13 @@ class ScramAuthenticator:
         except errors.BrookError as exc:
             return spb.SaslAuthenticateResponse(error_code=exc.code, error_message=exc.message)
 
+    def _check_ready(self) -> None:
+        if self._ready is not None and not self._ready():
+            raise errors.error_class(ErrorCode.BROKER_NOT_AVAILABLE)(
+                "this node is starting and has not loaded its users yet; authenticate again in a moment")
+
     def _first(self, mechanism: str, client_first: bytes) -> spb.SaslAuthenticateResponse:
+        self._check_ready()
         if mechanism not in MECHANISMS:
             raise errors.error_class(ErrorCode.UNSUPPORTED_SASL_MECHANISM)(
                 f"SASL mechanism {mechanism!r} is not enabled; use one of {sorted(MECHANISMS)}")
@@ -156,6 +165,7 @@ class ScramAuthenticator:
         """SASL PLAIN (RFC 4616, ``authzid NUL user NUL password``) checked against the user's stored SCRAM
         credential: the password is salted and hashed as SCRAM would and compared with the stored key, so
         no plain password is kept anywhere. Returns the user; SASL_AUTHENTICATION_FAILED otherwise."""
+        self._check_ready()
         failed = errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)
         if len(auth_bytes) > MAX_AUTH_BYTES:
             raise failed(f"SASL message larger than {MAX_AUTH_BYTES} bytes")

@@ -61,10 +61,10 @@ class NodeSecurity:
 
 def node_security(defaults: dict[str, str], *, credentials: Callable[[str, str], ScramCredential | None],
                   acls: Callable[[], AclIndex], quotas: Callable[[str], dict[str, float] | None] | None = None,
-                  ) -> NodeSecurity:
+                  ready: Callable[[], bool] | None = None) -> NodeSecurity:
     authenticator = ScramAuthenticator(
         credentials, session_lifetime_ms=int(defaults.get("sasl.session.lifetime.ms",
-                                                          str(DEFAULT_SESSION_LIFETIME_MS))))
+                                                          str(DEFAULT_SESSION_LIFETIME_MS))), ready=ready)
     authenticator.install()
     authorizer = Authorizer(AuthorizerConfig.from_defaults(defaults), acls, is_node_principal)
     if authorizer.enabled and not defaults.get("inter.broker.sasl.username", "").strip():
@@ -79,4 +79,6 @@ def node_security(defaults: dict[str, str], *, credentials: Callable[[str, str],
 
 def broker_security(cache: Any, defaults: dict[str, str]) -> NodeSecurity:
     """A broker's: credentials, ACLs and quotas from its metadata cache."""
-    return node_security(defaults, credentials=cache.scram_credential, acls=cache.acl_index, quotas=cache.quotas)
+    # Users come with the metadata: before the first update (a restart), the broker knows none yet.
+    return node_security(defaults, credentials=cache.scram_credential, acls=cache.acl_index, quotas=cache.quotas,
+                         ready=lambda: cache.version > 0)

@@ -200,3 +200,23 @@ def test_aio_server_refuses_stale_sessions_and_serves_live_ones() -> None:
         thread.join(10)
         loop.close()
         auth.uninstall()
+
+
+def test_a_node_that_has_not_loaded_its_users_answers_retriable_not_invalid_credentials() -> None:
+    # A restarted broker serves before its first metadata: a user it will know in a moment must get a
+    # retriable answer (the client backs off and authenticates again), not "invalid credentials".
+    users = {("rita", "SCRAM-SHA-256"): salted_credential("rita", "SCRAM-SHA-256", "rita-pw")}
+    loaded = [False]
+    auth = ScramAuthenticator(lambda u, m: users.get((u, m)) if loaded[0] else None, ready=lambda: loaded[0])
+    client = scramp.ScramClient(["SCRAM-SHA-256"], "rita", "rita-pw")
+    first = auth.authenticate(spb.SaslAuthenticateRequest(mechanism="SCRAM-SHA-256",
+                                                          auth_bytes=client.get_client_first().encode()))
+    assert first.error_code == ErrorCode.BROKER_NOT_AVAILABLE and errors.error_for(first.error_code, "").retriable
+    with pytest.raises(errors.BrookError) as caught:
+        auth.authenticate_plain(b"\0rita\0rita-pw")
+    assert caught.value.code == ErrorCode.BROKER_NOT_AVAILABLE
+    loaded[0] = True
+    assert auth.authenticate_plain(b"\0rita\0rita-pw") == "rita"
+    with pytest.raises(errors.BrookError) as caught:
+        auth.authenticate_plain(b"\0rita\0wrong")
+    assert caught.value.code == ErrorCode.SASL_AUTHENTICATION_FAILED
