@@ -204,7 +204,6 @@ class BrokerServer:
         for ext in self._extensions:
             self.extension_objects.append(ext(self))
         self._on_loop(self.grpc_server.start())
-        self._start_kafka_listeners()
         self._started = True
         self.log_manager.start_background()
         self.replica_manager.start()
@@ -214,6 +213,9 @@ class BrokerServer:
         if not self.metadata_cache.wait_for(lambda c: c.version > 0, FIRST_METADATA_WAIT_S):
             log.warning("broker %d: no metadata from the controller after %.0fs; serving anyway",
                         s.node_id, FIRST_METADATA_WAIT_S)
+        # Kafka clients connect once the broker knows the cluster (as a Kafka broker opens its listeners
+        # when it has caught up), so none sees an empty cluster or an unknown user.
+        self._start_kafka_listeners()
         log.info("broker %d started on %s:%d (epoch %d)", s.node_id, s.host, self.port, self.broker_epoch)
 
     # ---- the event loop and the aio server ----
@@ -269,6 +271,9 @@ class BrokerServer:
         """Registered, unfenced, and in the ISR of every hosted partition that has a leader."""
         if not self._started or self.broker_epoch < 0:
             return False, "not registered with the controller yet"
+        wanted = sum(1 for lst in self.settings.extra_listeners if lst.wire == "kafka")
+        if len(self.kafka_listeners) < wanted:
+            return False, "the Kafka listeners open once the first metadata is in"
         if self.fenced:
             return False, "fenced (catching up with metadata, or lost its session)"
         rm = self.replica_manager
