@@ -36,10 +36,9 @@ from client.cluster import ClusterClient, rpc_error
 from client.coordinator import GroupCoordinatorClient, group_stub
 from client.security import CONFIG_KEYS, SecurityConfig
 from client.types import BrokerMetadata, OffsetAndMetadata, TopicMetadata, TopicPartition
-from metadata_quorum.client import ControllerClient
+from metadata_quorum.client import SecurityControllerClient
 from metadata_quorum.security import AclBinding
 from proto import broker_pb2, controller_pb2, group_pb2, security_pb2
-from proto import security_pb2_grpc as security_grpc
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +203,7 @@ class Admin:
             endpoints = self._controller_endpoints or self.cluster.metadata().controllers
             if not endpoints:
                 raise errors.BrokerNotAvailableError("the brokers advertise no controller endpoints")
-            self._controller = _SecurityControllerClient(list(endpoints), timeout_s=self.request_timeout_ms / 1000,
+            self._controller = SecurityControllerClient(list(endpoints), timeout_s=self.request_timeout_ms / 1000,
                                                          security=self.security)
         return self._controller
 
@@ -768,26 +767,3 @@ def _acl_proto(b: AclBinding) -> security_pb2.AclBinding:
 def _acl_binding(a: security_pb2.AclBinding) -> AclBinding:
     return AclBinding(a.resource_type, a.resource_name, a.pattern_type, a.principal, a.host, a.operation,
                       a.permission)
-
-
-class _SecurityStub:
-    """ControllerService and SecurityService on one channel: ControllerClient's leader-following for both."""
-
-    def __init__(self, controller_stub: Any, security_stub: Any) -> None:
-        self._controller_stub = controller_stub
-        self._security_stub = security_stub
-
-    def __getattr__(self, name: str) -> Any:
-        if hasattr(self._security_stub, name):
-            return getattr(self._security_stub, name)
-        return getattr(self._controller_stub, name)
-
-
-class _SecurityControllerClient(ControllerClient):
-    """A ControllerClient that can also call SecurityService (users, ACLs, quotas) on the active controller."""
-
-    def _stub(self, endpoint: Any) -> Any:
-        controller_stub = super()._stub(endpoint)
-        with self._lock:
-            channel = self._channels[endpoint]
-        return _SecurityStub(controller_stub, security_grpc.SecurityServiceStub(channel))

@@ -26,6 +26,7 @@ from client.security import SecurityConfig, make_channel
 from proto import controller_pb2 as pb
 from proto import controller_pb2_grpc as pb_grpc
 from proto import errors
+from proto import security_pb2_grpc as security_grpc
 from proto.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -316,3 +317,26 @@ class ControllerClient:
 
     def _sleep_before_retry(self, attempt: int, deadline: float) -> None:
         time.sleep(max(0.0, min(_backoff_s(attempt), deadline - time.monotonic())))
+
+
+class _SecurityStub:
+    """ControllerService and SecurityService on one channel: ControllerClient's leader-following for both."""
+
+    def __init__(self, controller_stub: Any, security_stub: Any) -> None:
+        self._controller_stub = controller_stub
+        self._security_stub = security_stub
+
+    def __getattr__(self, name: str) -> Any:
+        if hasattr(self._security_stub, name):
+            return getattr(self._security_stub, name)
+        return getattr(self._controller_stub, name)
+
+
+class SecurityControllerClient(ControllerClient):
+    """A ControllerClient that can also call SecurityService (users, ACLs, quotas) on the active controller."""
+
+    def _stub(self, endpoint: Endpoint) -> Any:
+        controller_stub = super()._stub(endpoint)
+        with self._lock:
+            channel = self._channels[endpoint]
+        return _SecurityStub(controller_stub, security_grpc.SecurityServiceStub(channel))

@@ -39,11 +39,10 @@ from broker.kafka_wire import codec
 from broker.kafka_wire.context import KafkaCallContext
 from metadata_quorum import cluster_configs
 from metadata_quorum import security as sec
-from metadata_quorum.client import ControllerClient
+from metadata_quorum.client import SecurityControllerClient
 from metadata_quorum.security_service import acl_matches_filter
 from proto import broker_pb2, errors, security_pb2
 from proto import controller_pb2 as cpb
-from proto import security_pb2_grpc as security_grpc
 from proto.errors import ErrorCode
 from storage import log_config
 
@@ -117,30 +116,6 @@ class _Failed(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-class _SecurityStub:
-    """ControllerService and SecurityService on one channel, so SecurityService calls follow the active
-    controller with ControllerClient's probing, redirects and retries."""
-
-    def __init__(self, controller_stub: Any, security_stub: Any) -> None:
-        self._controller_stub = controller_stub
-        self._security_stub = security_stub
-
-    def __getattr__(self, name: str) -> Any:
-        if hasattr(self._security_stub, name):
-            return getattr(self._security_stub, name)
-        return getattr(self._controller_stub, name)
-
-
-class SecurityControllerClient(ControllerClient):
-    """A ControllerClient that also reaches the active controller's SecurityService (ACLs)."""
-
-    def _stub(self, endpoint: Any) -> Any:
-        controller_stub = super()._stub(endpoint)
-        with self._lock:
-            channel = self._channels[endpoint]
-        return _SecurityStub(controller_stub, security_grpc.SecurityServiceStub(channel))
 
 
 ADMIN_WORKERS = 4

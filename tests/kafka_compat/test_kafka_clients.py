@@ -374,10 +374,59 @@ def test_brook_client_records_read_by_kafka_clients(cluster: LocalCluster, kconf
 # ---------------------------------------------------------------------------- failover (last: kills a node)
 
 
+def _kafka_python_sequence(bootstrap: str, topic: str, n: int, acked: dict[int, int], failed: list[Any]) -> None:
+    """kafka-python, enable_idempotence + acks=all: values b"kp%06d"; acked {i: offset}."""
+    from kafka import KafkaProducer
+
+    p = KafkaProducer(bootstrap_servers=bootstrap.split(","), acks="all", enable_idempotence=True, linger_ms=5,
+                      delivery_timeout_ms=90_000, request_timeout_ms=15_000, retry_backoff_ms=100)
+    try:
+        futures = []
+        for i in range(n):
+            futures.append((i, p.send(topic, value=b"kp%06d" % i)))
+            time.sleep(0.005)
+        p.flush(120)
+        for i, f in futures:
+            try:
+                acked[i] = f.get(timeout=1).offset
+            except Exception as exc:  # a failed delivery is allowed; a lost acknowledged one is not
+                failed.append(exc)
+    finally:
+        p.close(timeout=5)
+
+
+def _aiokafka_sequence(bootstrap: str, topic: str, n: int, acked: dict[int, int], failed: list[Any]) -> None:
+    """aiokafka, enable_idempotence (acks=all): values b"ak%06d"; acked {i: offset}."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+
+    async def run() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=5,
+                             request_timeout_ms=90_000, retry_backoff_ms=100)
+        await p.start()
+        try:
+            futures = []
+            for i in range(n):
+                futures.append((i, await p.send(topic, value=b"ak%06d" % i)))
+                await asyncio.sleep(0.005)
+            for i, f in futures:
+                try:
+                    acked[i] = (await f).offset
+                except Exception as exc:
+                    failed.append(exc)
+        finally:
+            await p.stop()
+    asyncio.run(run())
+
+
 def test_idempotent_acks_all_survives_leader_sigkill(cluster: LocalCluster, admin: Admin, kconf, make_topic) -> None:
-    """confluent-kafka, enable.idempotence + acks=all, producing a numbered sequence to an RF-3
-    partition while its leader is SIGKILLed and later restarted: every acknowledged record is
-    in the log exactly once, in order, at the offset its delivery report gave."""
+    """confluent-kafka, kafka-python and aiokafka, each an idempotent acks=all producer of a numbered
+    sequence, write to one RF-3 partition while its leader is SIGKILLed and later restarted: for each
+    client, every acknowledged record is in the log exactly once, in order, at the offset it was
+    acknowledged with."""
+    import threading
+
     from confluent_kafka import Producer
 
     topic = make_topic(partitions=1, configs={"min.insync.replicas": "2"})
@@ -385,6 +434,12 @@ def test_idempotent_acks_all_survives_leader_sigkill(cluster: LocalCluster, admi
     producer = Producer(rdkafka_config(kconf, **{"enable.idempotence": True, "acks": "all", "linger.ms": 5,
                                                   "message.timeout.ms": 90_000}))
     n, kill_at, restart_at = 600, 200, 400
+    others: dict[bytes, tuple[dict[int, int], list[Any]]] = {b"kp": ({}, []), b"ak": ({}, [])}
+    threads = [threading.Thread(target=fn, args=(kconf["bootstrap.servers"], topic, n, *others[prefix]),
+                                name=f"failover-{prefix.decode()}", daemon=True)
+               for prefix, fn in ((b"kp", _kafka_python_sequence), (b"ak", _aiokafka_sequence))]
+    for t in threads:
+        t.start()
     victim = None
     for i in range(n):
         producer.produce(topic, value=b"%06d" % i, on_delivery=on_delivery)
@@ -397,20 +452,32 @@ def test_idempotent_acks_all_survives_leader_sigkill(cluster: LocalCluster, admi
             wait_for(lambda v=victim: partition_leader(admin, topic) not in (-1, v), 30, "a new leader")
             cluster.start_node(victim)
     assert producer.flush(120) == 0, "records still queued 120 s after the last send"
+    for t in threads:
+        t.join(180)
+        assert not t.is_alive(), f"{t.name} did not finish within 180 s"
     failed = [r for r in reports if r[0] is not None]
     acked = {int(v): off for err, _p, off, _k, v, _h in reports if err is None}
     assert len(reports) == n
     # librdkafka's idempotent producer retries through a leader change without giving up.
     assert not failed, f"{len(failed)} deliveries failed, first: {failed[0][0]}"
 
-    end = max(acked.values()) + 1
+    end = max([*acked.values(), *(off for a, _ in others.values() for off in a.values())]) + 1
     [msgs] = rdkafka_read_all(kconf, topic, 1, end, timeout_s=60).values()
-    numbers = [int(m.value()) for m in msgs]
-    assert len(numbers) == len(set(numbers)), "a record was written twice"
-    assert numbers == sorted(numbers), "records are out of order"
-    assert set(acked) <= set(numbers), f"acknowledged but lost: {sorted(set(acked) - set(numbers))[:10]}"
-    at = {int(m.value()): m.offset() for m in msgs}
-    assert all(at[i] == off for i, off in acked.items()), "a record is not at the offset its delivery report gave"
+    by_client: dict[bytes, list[tuple[int, int]]] = {b"": [], b"kp": [], b"ak": []}
+    for m in msgs:
+        v = m.value()
+        by_client[v[:2] if v[:2] in (b"kp", b"ak") else b""].append((int(v.lstrip(b"kpa")), m.offset()))
+    for prefix, client_acked in ((b"", acked), (b"kp", others[b"kp"][0]), (b"ak", others[b"ak"][0])):
+        name = {b"": "confluent-kafka", b"kp": "kafka-python", b"ak": "aiokafka"}[prefix]
+        numbers = [i for i, _ in by_client[prefix]]
+        at = dict(by_client[prefix])
+        assert client_acked, f"{name}: nothing was acknowledged (failures: {others.get(prefix, ({}, []))[1][:1]})"
+        assert len(numbers) == len(set(numbers)), f"{name}: a record was written twice"
+        assert numbers == sorted(numbers), f"{name}: records are out of order"
+        lost = sorted(set(client_acked) - set(numbers))
+        assert not lost, f"{name}: acknowledged but lost: {lost[:10]}"
+        assert all(at[i] == off for i, off in client_acked.items()), \
+            f"{name}: a record is not at the offset its acknowledgement gave"
 
     # Leave the cluster whole for whatever runs next.
     cluster.wait_ready(timeout_s=120)
