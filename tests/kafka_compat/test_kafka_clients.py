@@ -385,6 +385,7 @@ def _kafka_python_sequence(bootstrap: str, topic: str, n: int, acked: dict[int, 
         for i in range(n):
             futures.append((i, p.send(topic, value=b"kp%06d" % i)))
             time.sleep(0.005)
+        acked[-1] = int(time.monotonic() * 1000)  # when the last record was sent (removed before the checks)
         p.flush(120)
         for i, f in futures:
             try:
@@ -410,6 +411,7 @@ def _aiokafka_sequence(bootstrap: str, topic: str, n: int, acked: dict[int, int]
             for i in range(n):
                 futures.append((i, await p.send(topic, value=b"ak%06d" % i)))
                 await asyncio.sleep(0.005)
+            acked[-1] = int(time.monotonic() * 1000)  # when the last record was sent (removed before the checks)
             for i, f in futures:
                 try:
                     acked[i] = (await f).offset
@@ -447,6 +449,7 @@ def test_idempotent_acks_all_survives_leader_sigkill(cluster: LocalCluster, admi
         if i == kill_at:
             victim = partition_leader(admin, topic)
             cluster.kill_node(victim)
+            killed_ms = int(time.monotonic() * 1000)
         if i == restart_at:
             assert victim is not None
             wait_for(lambda v=victim: partition_leader(admin, topic) not in (-1, v), 30, "a new leader")
@@ -455,6 +458,8 @@ def test_idempotent_acks_all_survives_leader_sigkill(cluster: LocalCluster, admi
     for t in threads:
         t.join(180)
         assert not t.is_alive(), f"{t.name} did not finish within 180 s"
+    for prefix, (client_acked, _) in others.items():  # each client was still sending when the leader died
+        assert client_acked.pop(-1, 0) > killed_ms, f"{prefix!r} finished sending before the SIGKILL"
     failed = [r for r in reports if r[0] is not None]
     acked = {int(v): off for err, _p, off, _k, v, _h in reports if err is None}
     assert len(reports) == n
