@@ -248,14 +248,18 @@ class KafkaListenerCollector(_SafeCollector):
         counters = {k: CounterMetricFamily(n, h, labels=["listener"]) for k, (n, h) in families.items()}
         requests = CounterMetricFamily("brook_kafka_requests", "Requests answered, by API key.",
                                        labels=["listener", "api_key"])
+        held = GaugeMetricFamily("brook_kafka_request_bytes", "Bytes of request frames being read or handled "
+                                 "(bounded by queued.max.request.bytes).", labels=["listener"])
         for lst in self._listeners():
             st = lst.stats
             conns.add_metric([lst.spec.name], float(st.connections))
+            held.add_metric([lst.spec.name], float(lst.frame_budget.used_bytes))
             for key, fam in counters.items():
                 fam.add_metric([lst.spec.name], float(getattr(st, key)))
             for api_key, n in sorted(st.requests_by_api.items()):
                 requests.add_metric([lst.spec.name, str(api_key)], float(n))
         yield conns
+        yield held
         yield from counters.values()
         yield requests
 

@@ -8,6 +8,8 @@ responses go out in request order; a produce's acks=all wait overlaps the next r
 buffered:
 
 - a frame larger than ``socket.request.max.bytes`` closes the connection unread;
+- the frames being read or handled across all connections hold at most ``queued.max.request.bytes``
+  (reserved before a body is read; over it a connection waits unread, as with Kafka's memory pool);
 - connections beyond ``max.connections`` (shared with nothing else: this listener has its
   own count) are closed at accept;
 - a connection silent for ``connections.max.idle.ms`` is closed;
@@ -38,6 +40,7 @@ from typing import Any
 import grpc
 
 from broker import principal as principals
+from broker.admission import ByteBudget
 from broker.kafka_wire import apis, codec
 from broker.kafka_wire.context import Aborted, KafkaCallContext
 from broker.principal import AUTH_CERTIFICATE, AUTH_NONE, AUTH_SASL, Authentication
@@ -95,6 +98,8 @@ class KafkaListener:
         self.sasl = spec.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
         self.stats = ListenerStats()
         self.sendfile_ok = True  # False once the platform refused sendfile on this listener's sockets
+        # Request frames being read or handled, across all connections (Kafka's memory pool).
+        self.frame_budget = ByteBudget(int(defaults.get("queued.max.request.bytes", str(256 * 1024 * 1024))))
         self.port = spec.port
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -138,6 +143,7 @@ class KafkaListener:
         except Exception:
             log.exception("Kafka connection from %s failed", conn.peer_text)
         finally:
+            conn.release_all()
             self.stats.connections -= 1
             self._tasks.discard(task)
             writer.close()
@@ -166,11 +172,15 @@ class _Connection:
                 self.auth = Authentication(principals.principal_from_subject(subject), AUTH_CERTIFICATE,
                                            f"kafka:{host}")
         self.authenticated = not listener.sasl
+        self.reservations: list[list[int]] = []  # frames' bytes held in the listener's memory pool
         self.mechanism: str | None = None
         self.exchange_id = ""
         self.started = time.monotonic()
 
-    async def _read_frame(self) -> bytes | None:
+    async def _read_frame(self) -> tuple[bytes, list[int]] | None:
+        """(frame, bytes reserved for it in the listener's memory pool) or None to close. The reservation is
+        made before the body is read, so the frames held across all connections never exceed
+        ``queued.max.request.bytes`` (as Kafka's memory pool): over it, a connection waits unread."""
         lst = self.listener
         timeout = lst.idle_s
         if not self.authenticated:
@@ -185,7 +195,26 @@ class _Connection:
                         self.peer_text, size, lst.max_request_bytes)
             lst.stats.malformed_requests_total += 1
             return None
-        return await asyncio.wait_for(self.reader.readexactly(size), lst.request_timeout_s)
+        reservation = [await lst.frame_budget.acquire(size)]
+        self.reservations.append(reservation)
+        try:
+            return await asyncio.wait_for(self.reader.readexactly(size), lst.request_timeout_s), reservation
+        except BaseException:
+            self._release(reservation)
+            raise
+
+    def _release(self, reservation: list[int]) -> None:
+        """Give a frame's reserved bytes back to the pool, once (a task cancelled before it ran never does:
+        the connection's end releases what is left)."""
+        if reservation[0]:
+            self.listener.frame_budget.release(reservation[0])
+            reservation[0] = 0
+        if reservation in self.reservations:
+            self.reservations.remove(reservation)
+
+    def release_all(self) -> None:
+        for reservation in list(self.reservations):
+            self._release(reservation)
 
     async def run(self) -> None:
         """Read requests and answer them in order. A request is read only once the one before let it: when
@@ -202,11 +231,12 @@ class _Connection:
                 if writer.done():
                     read.cancel()
                     break
-                frame = read.result()
-                if frame is None:
+                got = read.result()
+                if got is None:
                     break
+                frame, reserved = got
                 released: asyncio.Future[None] = loop.create_future()
-                task = asyncio.create_task(self._handle(frame, released))
+                task = asyncio.create_task(self._handle(frame, released, reserved))
                 put = asyncio.ensure_future(queue.put(task))
                 await asyncio.wait({put, writer}, return_when=asyncio.FIRST_COMPLETED)
                 if writer.done():
@@ -285,12 +315,15 @@ class _Connection:
                 if isinstance(part, FileRecords):
                     part.close()
 
-    async def _handle(self, frame: bytes, released: asyncio.Future[None]) -> list[bytes | FileRecords] | None | bool:
+    async def _handle(self, frame: bytes, released: asyncio.Future[None],
+                      reserved: list[int] | None = None) -> list[bytes | FileRecords] | None | bool:
         """The response frame, None for no response (acks=0), False to close the connection. ``released``
         is set when the next request may start (at the end, or a produce's once appended)."""
         try:
             return await self._handle_frame(frame, released)
         finally:
+            if reserved is not None:
+                self._release(reserved)
             if not released.done():
                 released.set_result(None)
 

@@ -156,6 +156,26 @@ def test_malformed_requests_close_the_connection_and_harm_nothing(cluster: Local
     assert _api_versions(_kafka_port(cluster)).error_code == 0  # the broker is unharmed
 
 
+def _metric(cluster: LocalCluster, name: str) -> float:
+    for line in cluster.read_metrics(1).splitlines():
+        if line.startswith(f'{name}{{listener="KAFKA"}}'):
+            return float(line.split()[-1])
+    raise AssertionError(f"no {name} for the KAFKA listener")
+
+
+def test_a_frame_holds_its_bytes_in_the_memory_pool_until_its_connection_is_gone(cluster: LocalCluster) -> None:
+    # The listener reserves a frame's size (queued.max.request.bytes) before reading its body, so frames
+    # announced and never sent cannot grow memory past the pool; a dropped connection gives them back.
+    size = 512 * 1024
+    with _connect(_kafka_port(cluster)) as s:
+        s.sendall(struct.pack(">i", size) + struct.pack(">hhih", apis.METADATA, 12, 7, 0))  # then nothing
+        wait_for(lambda: _metric(cluster, "brook_kafka_request_bytes") >= size, 20,
+                 "the announced frame's bytes to be reserved")
+    wait_for(lambda: _metric(cluster, "brook_kafka_request_bytes") == 0, 20,
+             "the reservation to be released when the client went away")
+    assert _api_versions(_kafka_port(cluster)).error_code == 0
+
+
 def test_random_bytes_never_get_an_answer_other_than_closing(cluster: LocalCluster) -> None:
     rng = random.Random(20261123)
     for _ in range(40):
