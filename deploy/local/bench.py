@@ -11,7 +11,9 @@ factor 3:
 4. confluent-kafka (librdkafka) on the same cluster through the Kafka listener: an idempotent
    acks=all producer, then a consumer (fetches sent from the segment files with sendfile),
    side by side with steps 1 and 2b;
-5. steps 1 and 2b again on a second cluster with mTLS on every listener (the default
+5. each node's RSS after the steps, then 1,000 long polls parked on one broker by one client (the
+   isolation attack) and the RSS again;
+6. steps 1 and 2b again on a second cluster with mTLS on every listener (the default
    of ``python -m deploy.local start``), then both throughputs side by side
    (``--no-tls`` skips it).
 
@@ -29,6 +31,7 @@ import io
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      "--num-records", str(args.latency_records),
                                                      "--warmup-records", "5000"])))
         steps += _kafka_steps(args, cluster, figures)
+        _print_rss(cluster, "after the benchmark steps")
+        _long_poll_flood(cluster)
     print("== Brook's client over gRPC vs confluent-kafka over the Kafka listener (records/sec)", flush=True)
     for step, other in (("produce", "kafka produce"), ("consume --batches", "kafka consume")):
         ours, theirs = figures.get(("plaintext", step)), figures.get(("plaintext", other))
@@ -88,6 +93,54 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steps that did not complete: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _rss_mib(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _print_rss(cluster: LocalCluster, when: str) -> None:
+    """Each node's resident memory (issue 14: bounded under load, and printed)."""
+    parts = []
+    for node_id in cluster.node_ids:
+        rss = _rss_mib(cluster.pid(node_id))
+        parts.append(f"node {node_id} {rss:.0f} MiB" if rss is not None else f"node {node_id} -")
+    print(f"== RSS {when}: " + ", ".join(parts), flush=True)
+
+
+def _long_poll_flood(cluster: LocalCluster, polls: int = 1000) -> None:
+    """1,000 long-poll fetches parked on one broker by one client (the isolation attack), then the RSS."""
+    import grpc
+
+    from client.admin import Admin
+    from proto import broker_pb2, broker_pb2_grpc
+
+    with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints) as admin:
+        admin.create_topic("bench-poll", 1, 3)
+        leader = admin.describe_topics(["bench-poll"])["bench-poll"].partitions[0].leader
+    req = broker_pb2.FetchRequest(replica_id=-1, replica_epoch=-1, max_wait_ms=30_000, min_bytes=1,
+                                  max_bytes=1 << 20, partitions=[broker_pb2.FetchPartition(
+                                      topic="bench-poll", partition=0, fetch_offset=0, partition_max_bytes=1 << 20,
+                                      current_leader_epoch=-1, last_fetched_epoch=-1, log_start_offset=-1)])
+    print(f"== 6. {polls} long polls (30 s each, nothing to read) parked on broker {leader} by one client",
+          flush=True)
+    with grpc.insecure_channel(cluster.broker_address(leader)) as channel:
+        stub = broker_pb2_grpc.BrokerServiceStub(channel)
+        futures = [stub.Fetch.future(req, timeout=60) for _ in range(polls)]
+        time.sleep(3)  # a benchmark step: let them park, then look
+        refused = sum(1 for f in futures if f.done() and f.exception() is not None)
+        print(f"   {polls - refused} parked, {refused} refused (max.waiting.fetches.per.ip)", flush=True)
+        _print_rss(cluster, f"with {polls} long polls parked")
+        for f in futures:
+            f.cancel()
 
 
 def _kafka_steps(args: argparse.Namespace, cluster: LocalCluster,
