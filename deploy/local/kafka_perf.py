@@ -15,7 +15,9 @@ REPORT_EVERY_S = 5.0
 
 
 def produce(config: dict[str, str], topic: str, num_records: int, record_size: int = 100, acks: str = "all",
-            extra: dict[str, Any] | None = None) -> int:
+            extra: dict[str, Any] | None = None, warmup_records: int | None = None) -> int:
+    """Produce ``num_records`` as fast as acknowledgements come, after ``warmup_records`` (default: up to
+    50,000, as ``brook perf produce``) that are not timed: producer id, metadata and connections first."""
     from confluent_kafka import Producer
 
     p = Producer({**config, "acks": acks, "linger.ms": 5, "batch.size": 1 << 20, "enable.idempotence": True,
@@ -28,15 +30,22 @@ def produce(config: dict[str, str], topic: str, num_records: int, record_size: i
         if err is not None:
             failed[0] += 1
 
+    def send(n: int) -> None:
+        for _ in range(n):
+            while True:
+                try:
+                    p.produce(topic, payload, on_delivery=on_delivery)
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    p.poll(0.01)
+            p.poll(0)
+
+    send(min(50_000, num_records) if warmup_records is None else warmup_records)
+    if p.flush(120):
+        print("confluent-kafka producer: the warm-up records were not delivered")
+        return 1
     start = time.perf_counter()
-    for _ in range(num_records):
-        while True:
-            try:
-                p.produce(topic, payload, on_delivery=on_delivery)
-                break
-            except BufferError:
-                p.poll(0.01)
-        p.poll(0)
+    send(num_records)
     left = p.flush(120)
     elapsed = time.perf_counter() - start
     if left or failed[0]:
