@@ -8,7 +8,7 @@ metadata on every call. Tokens are per node: each broker and controller the clie
 talks to runs its own exchange (as a Kafka client authenticates each connection).
 
 Bounds: half-finished exchanges and live sessions are capped (oldest dropped first),
-and failed exchanges per user name are rate limited, so a password-guessing client
+and failed exchanges per user name and client address are rate limited, so a password-guessing client
 gets SASL_AUTHENTICATION_FAILED quickly and cheaply and cannot grow memory.
 
 A call that carries a token this node does not know (expired, or issued before a
@@ -85,12 +85,14 @@ class ScramAuthenticator:
         self.succeeded_total = 0
 
     # ---- the exchange ----
-    def authenticate(self, request: spb.SaslAuthenticateRequest) -> spb.SaslAuthenticateResponse:
+    def authenticate(self, request: spb.SaslAuthenticateRequest, peer: str = "") -> spb.SaslAuthenticateResponse:
+        """One step of an exchange. ``peer`` (the client's address) scopes the failed-login limit: failures
+        from one address lock a user out from that address only, so nobody can lock a user out for all."""
         try:
             if len(request.auth_bytes) > MAX_AUTH_BYTES:
                 raise errors.InvalidRequestError(f"SASL message larger than {MAX_AUTH_BYTES} bytes")
             if not request.exchange_id:
-                return self._first(request.mechanism, request.auth_bytes)
+                return self._first(request.mechanism, request.auth_bytes, peer)
             return self._final(request.exchange_id, request.auth_bytes)
         except errors.BrookError as exc:
             return spb.SaslAuthenticateResponse(error_code=exc.code, error_message=exc.message)
@@ -100,7 +102,7 @@ class ScramAuthenticator:
             raise errors.error_class(ErrorCode.BROKER_NOT_AVAILABLE)(
                 "this node is starting and has not loaded its users yet; authenticate again in a moment")
 
-    def _first(self, mechanism: str, client_first: bytes) -> spb.SaslAuthenticateResponse:
+    def _first(self, mechanism: str, client_first: bytes, peer: str = "") -> spb.SaslAuthenticateResponse:
         self._check_ready()
         if mechanism not in MECHANISMS:
             raise errors.error_class(ErrorCode.UNSUPPORTED_SASL_MECHANISM)(
@@ -123,13 +125,14 @@ class ScramAuthenticator:
         except (scramp.ScramException, UnicodeDecodeError, ValueError) as exc:
             raise errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)(f"bad client-first message: {exc}") from None
         user = user_holder[0] if user_holder else ""
-        if known and known[0] and self._too_many_failures(user):
+        limit_key = _limit_key(user, peer)
+        if known and known[0] and self._too_many_failures(limit_key):
             raise errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)(
-                f"too many failed authentications for {user!r}; try again later")
+                f"too many failed authentications for {user!r} from this address; try again later")
         exchange_id = secrets.token_urlsafe(16)
         with self._lock:
-            self._exchanges[exchange_id] = (server, user if known and known[0] else "", self._clock() + EXCHANGE_TIMEOUT_S,
-                                            user)
+            self._exchanges[exchange_id] = (server, limit_key if known and known[0] else "",
+                                            self._clock() + EXCHANGE_TIMEOUT_S, user)
             self._expire_locked()
             while len(self._exchanges) > MAX_EXCHANGES:
                 self._exchanges.popitem(last=False)
@@ -161,7 +164,7 @@ class ScramAuthenticator:
         return spb.SaslAuthenticateResponse(auth_bytes=server_final.encode("utf-8"), session_token=token,
                                             session_lifetime_ms=self.session_lifetime_ms)
 
-    def authenticate_plain(self, auth_bytes: bytes) -> str:
+    def authenticate_plain(self, auth_bytes: bytes, peer: str = "") -> str:
         """SASL PLAIN (RFC 4616, ``authzid NUL user NUL password``) checked against the user's stored SCRAM
         credential: the password is salted and hashed as SCRAM would and compared with the stored key, so
         no plain password is kept anywhere. Returns the user; SASL_AUTHENTICATION_FAILED otherwise."""
@@ -179,8 +182,9 @@ class ScramAuthenticator:
         if authzid and authzid != user:
             raise failed("PLAIN: acting as another user (authzid) is not allowed")
         creds = [c for m in MECHANISMS if (c := self._lookup(user, m)) is not None]
-        if creds and self._too_many_failures(user):
-            raise failed(f"too many failed authentications for {user!r}; try again later")
+        limit_key = _limit_key(user, peer)
+        if creds and self._too_many_failures(limit_key):
+            raise failed(f"too many failed authentications for {user!r} from this address; try again later")
         for cred in creds:
             digest = "sha256" if cred.mechanism == "SCRAM-SHA-256" else "sha512"
             salted = hashlib.pbkdf2_hmac(digest, password.encode("utf-8"), cred.salt, cred.iterations)
@@ -189,7 +193,7 @@ class ScramAuthenticator:
                 with self._lock:
                     self.succeeded_total += 1
                 return user
-        self._record_failure(user if creds else "", user)
+        self._record_failure(limit_key if creds else "", user)
         raise failed(f"authentication failed for user {user!r}: invalid credentials")
 
     def _fake_credential(self, user: str, mechanism: str) -> tuple[bytes, bytes, bytes, int]:
@@ -257,6 +261,11 @@ class ScramAuthenticator:
         with _installed_lock:
             if self in _installed:
                 _installed.remove(self)
+
+
+def _limit_key(user: str, peer: str) -> str:
+    """What the failed-login limit counts by: the user at one client address."""
+    return f"{user}\0{peer}"
 
 
 _installed: list[ScramAuthenticator] = []

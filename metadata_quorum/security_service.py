@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import scramp
 
+from broker.admission import peer_host
 from broker.authorizer import ALTER, ALTER_CONFIGS, CLUSTER, DESCRIBE, DESCRIBE_CONFIGS, AclIndex, Authorizer
 from broker.sasl import ScramAuthenticator, principal_of
 from metadata_quorum import commands as c
@@ -104,7 +105,7 @@ class SecurityService(spb_grpc.SecurityServiceServicer):
 
     def SaslAuthenticate(self, request: spb.SaslAuthenticateRequest, context: Any) -> spb.SaslAuthenticateResponse:
         try:
-            return self._auth.authenticate(request)
+            return self._auth.authenticate(request, _peer_of(context))
         except Exception as exc:  # a bug must not kill the server thread
             log.exception("SaslAuthenticate failed")
             return spb.SaslAuthenticateResponse(error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
@@ -354,3 +355,11 @@ class BootstrapThread:
                 log.info("bootstrap users not created yet: %s", exc)
             except Exception:
                 log.exception("bootstrap users failed")
+
+
+def _peer_of(context: Any) -> str:
+    """The caller's address (the failed-login limit is per user and address); "" when there is none."""
+    try:
+        return peer_host(str(context.peer() or "")) if context is not None else ""
+    except Exception:  # an in-process caller's context may have no peer
+        return ""

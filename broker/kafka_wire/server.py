@@ -418,14 +418,14 @@ class _Connection:
         loop = asyncio.get_running_loop()
         if self.mechanism == SASL_PLAIN:
             try:
-                user = await loop.run_in_executor(None, authenticator.authenticate_plain, auth_bytes)
+                user = await loop.run_in_executor(None, authenticator.authenticate_plain, auth_bytes, self.client_host)
             except errors.BrookError as exc:
                 return self._sasl_failed(req, exc.message)
             self._logged_in(principals.Principal(principals.USER, user))
             return codec.response(req.api_key, req.api_version, {"error_code": 0, "auth_bytes": b"",
                                                                  "session_lifetime": 0})
         out = await loop.run_in_executor(None, authenticator.authenticate, spb.SaslAuthenticateRequest(
-            mechanism=self.mechanism, auth_bytes=auth_bytes, exchange_id=self.exchange_id))
+            mechanism=self.mechanism, auth_bytes=auth_bytes, exchange_id=self.exchange_id), self.client_host)
         if out.error_code != 0:
             return self._sasl_failed(req, out.error_message)
         if out.exchange_id:  # the server-first message; the client's final message comes next

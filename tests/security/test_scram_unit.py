@@ -220,3 +220,16 @@ def test_a_node_that_has_not_loaded_its_users_answers_retriable_not_invalid_cred
     with pytest.raises(errors.BrookError) as caught:
         auth.authenticate_plain(b"\0rita\0wrong")
     assert caught.value.code == ErrorCode.SASL_AUTHENTICATION_FAILED
+
+
+def test_failed_logins_lock_a_user_out_from_that_address_only() -> None:
+    # Kafka has no lockout; Brook limits guessing, but per client address, so nobody can lock a user out for all.
+    users = {("rita", "SCRAM-SHA-512"): salted_credential("rita", "SCRAM-SHA-512", "rita-pw")}
+    auth = ScramAuthenticator(lambda u, m: users.get((u, m)))
+    for _ in range(10):
+        with pytest.raises(errors.BrookError):
+            auth.authenticate_plain(b"\0rita\0guess", "203.0.113.9")
+    with pytest.raises(errors.BrookError) as caught:
+        auth.authenticate_plain(b"\0rita\0rita-pw", "203.0.113.9")  # the right password, locked out there
+    assert "too many failed" in caught.value.message
+    assert auth.authenticate_plain(b"\0rita\0rita-pw", "198.51.100.7") == "rita"  # from elsewhere: fine
