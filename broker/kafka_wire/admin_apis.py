@@ -100,6 +100,14 @@ _DEFAULT_TIMEOUT_S = 30.0
 Handler = Callable[[codec.Request, KafkaCallContext], Awaitable[Any]]
 
 
+def _is_sensitive(key: str) -> bool:
+    """A secret: a ``password`` key of the node config (its declared type), or a name that looks like one."""
+    from broker.config import KEYS
+
+    d = KEYS.get(key)
+    return (d is not None and d.kind == "password") or bool(_SENSITIVE.search(key))
+
+
 def _get(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default)
 
@@ -347,7 +355,7 @@ class AdminApis:
                           f"broker {self.broker.node_id} describes its own configs (resource name "
                           f"'{self.broker.node_id}') or the cluster defaults (''), not broker '{name}'")
         own = {"node.id": str(self.broker.node_id), **self.broker.settings.defaults}
-        static = [(k, str(v), SOURCE_STATIC_BROKER, bool(_SENSITIVE.search(k)), "")
+        static = [(k, str(v), SOURCE_STATIC_BROKER, _is_sensitive(k), "")
                   for k, v in sorted(own.items()) if k not in dynamic]
         return out + static
 
