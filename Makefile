@@ -50,8 +50,8 @@ sim: venv
 soak: venv
 	$(PY) -m pytest -q tests -m soak -p no:cacheprovider -o addopts=''
 
-## Coverage-guided fuzzing (atheris) of the batch parser, the record validator and the broker's
-## RPC handlers: FUZZ_SECONDS per target (default 20), FUZZ_RUNS, FUZZ_TARGETS to change it.
+## Coverage-guided fuzzing (atheris) of the batch parser, the record validator, the broker's and
+## controller's RPC handlers and the Kafka listener's request path: FUZZ_SECONDS per target (default 20), FUZZ_RUNS, FUZZ_TARGETS to change it.
 fuzz: venv
 	$(PY) tests/fuzz/run.py
 

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TARGET_NAMES = ("batch_header", "records", "rpc", "controller")
+TARGET_NAMES = ("batch_header", "records", "rpc", "controller", "kafka")
 _DONE = re.compile(r"Done (\d+) runs in (\d+) second")
 _STAT = re.compile(r"^#(\d+)\s", re.MULTILINE)
 
@@ -35,7 +35,7 @@ def _worker(target: str, libfuzzer_args: list[str]) -> None:
                                              "targets"]):
         import targets
 
-        if target in ("rpc", "controller"):
+        if target in ("rpc", "controller", "kafka"):
             targets.import_broker_modules()  # inside the context, so the broker's code is instrumented
     fn = targets.TARGETS[target]
     atheris.Setup([sys.argv[0], *libfuzzer_args], fn)

@@ -173,6 +173,8 @@ class _ErrorLog(logging.Handler):
 
 def import_broker_modules() -> None:
     """Import what RpcHarness and ControllerHarness use (run.py does it under atheris' instrumentation)."""
+    import broker.kafka_wire.apis  # noqa: F401
+    import broker.kafka_wire.codec  # noqa: F401
     import broker.metadata_cache  # noqa: F401
     import broker.replica_manager  # noqa: F401
     import broker.service  # noqa: F401
