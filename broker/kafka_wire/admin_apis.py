@@ -30,13 +30,14 @@ import concurrent.futures
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker import authorizer as authz
 from broker import principal as principals
 from broker.kafka_wire import codec
-from broker.kafka_wire.context import KafkaCallContext
+from broker.kafka_wire.codec import get as _get
+from broker.kafka_wire.codec import get_ms as _ms
+from broker.kafka_wire.context import Handler, KafkaCallContext
 from metadata_quorum import cluster_configs
 from metadata_quorum import security as sec
 from metadata_quorum.client import SecurityControllerClient
@@ -94,10 +95,8 @@ _CODE_OF = {kind: {name: code for code, name in table.items()}
 # Node-config keys whose values are secrets: described with a null value and is_sensitive (as Kafka's PASSWORD type).
 _SENSITIVE = re.compile(r"password|secret|jaas|credential|token|bootstrap\.users|\.key$|private", re.IGNORECASE)
 UNSUPPORTED_ENDPOINT_TYPE = 115  # Kafka's; not among Brook's own codes
-_NO_AUTHORIZED_OPERATIONS = -2147483648  # Kafka's "not requested / not computed"
 _DEFAULT_TIMEOUT_S = 30.0
 
-Handler = Callable[[codec.Request, KafkaCallContext], Awaitable[Any]]
 
 
 def _is_sensitive(key: str) -> bool:
@@ -108,13 +107,6 @@ def _is_sensitive(key: str) -> bool:
     return (d is not None and d.kind == "password") or bool(_SENSITIVE.search(key))
 
 
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    return getattr(obj, name, default)
-
-
-def _ms(obj: Any, name: str, default: int) -> int:
-    value = getattr(obj, name, None)
-    return default if value is None else codec.millis(value)
 
 
 class _Failed(Exception):
@@ -464,7 +456,7 @@ class AdminApis:
                             "is_fenced": b.fenced})
         return self._resp(req, {"error_code": 0, "cluster_id": resp.cluster_id, "endpoint_type": 1,
                                 "controller_id": resp.controller_id if resp.controller_id >= 0 else -1,
-                                "brokers": brokers, "cluster_authorized_operations": _NO_AUTHORIZED_OPERATIONS})
+                                "brokers": brokers, "cluster_authorized_operations": codec.NO_AUTHORIZED_OPERATIONS})
 
     # ---- DescribeLogDirs (this broker's) ----
     async def describe_log_dirs(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -498,12 +490,9 @@ class AdminApis:
             for p in t.partitions:
                 pb.partitions.add(topic=t.name, partition=p.partition_index, offset=p.offset)
         out = await self.service.DeleteRecords(pb, ctx)
-        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in out.partitions:
-            by_topic[r.topic].append({"partition_index": r.partition, "low_watermark": r.low_watermark,
-                                      "error_code": r.error_code})
-        return self._resp(req, {"topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()],
-                                "throttle_time": out.throttle_time_ms})
+        return self._resp(req, {"topics": codec.per_topic(
+            (r.topic, {"partition_index": r.partition, "low_watermark": r.low_watermark, "error_code": r.error_code})
+            for r in out.partitions), "throttle_time": out.throttle_time_ms})
 
     # ---- ACLs ----
     async def describe_acls(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -616,12 +605,10 @@ class AdminApis:
                 {"topic": t.topic, "partition_result": [{"partition_id": p, "error_code": exc.code,
                                                          "error_message": exc.message} for p in t.partitions]}
                 for t in asked or ()]})
-        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in out.results:
-            by_topic[r.topic].append({"partition_id": r.partition, "error_code": r.error_code,
-                                      "error_message": r.error_message or None})
-        return self._resp(req, {"error_code": 0, "throttle_time": 0, "replica_election_results": [
-            {"topic": n, "partition_result": ps} for n, ps in by_topic.items()]})
+        return self._resp(req, {"error_code": 0, "throttle_time": 0, "replica_election_results": codec.per_topic(
+            ((r.topic, {"partition_id": r.partition, "error_code": r.error_code,
+                        "error_message": r.error_message or None}) for r in out.results),
+            "topic", "partition_result")})
 
     # ---- partition reassignments ----
     async def alter_partition_reassignments(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -638,13 +625,10 @@ class AdminApis:
         except _Failed as exc:
             return self._resp(req, {"error_code": exc.code, "error_message": exc.message, "responses": [],
                                     "allow_replication_factor_change": allow_rf, "throttle_time": 0})
-        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in out.results:
-            by_topic[r.topic].append({"partition_index": r.partition, "error_code": r.error_code,
-                                      "error_message": r.error_message or None})
         return self._resp(req, {"error_code": 0, "error_message": None, "throttle_time": 0,
-                                "allow_replication_factor_change": allow_rf,
-                                "responses": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]})
+                                "allow_replication_factor_change": allow_rf, "responses": codec.per_topic(
+                                    (r.topic, {"partition_index": r.partition, "error_code": r.error_code,
+                                               "error_message": r.error_message or None}) for r in out.results)})
 
     async def list_partition_reassignments(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         asked = _get(req.body, "topics")
@@ -658,13 +642,10 @@ class AdminApis:
         except _Failed as exc:
             return self._resp(req, {"error_code": exc.code, "error_message": exc.message, "topics": [],
                                     "throttle_time": 0})
-        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in out.reassignments:
-            by_topic[r.topic].append({"partition_index": r.partition, "replicas": list(r.replicas),
-                                      "adding_replicas": list(r.adding_replicas),
-                                      "removing_replicas": list(r.removing_replicas)})
-        return self._resp(req, {"error_code": 0, "error_message": None, "throttle_time": 0,
-                                "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]})
+        return self._resp(req, {"error_code": 0, "error_message": None, "throttle_time": 0, "topics": codec.per_topic(
+            (r.topic, {"partition_index": r.partition, "replicas": list(r.replicas),
+                       "adding_replicas": list(r.adding_replicas), "removing_replicas": list(r.removing_replicas)})
+            for r in out.reassignments)})
 
 
 # ---- translation helpers ----

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker.kafka_wire import admin_apis, codec
-from broker.kafka_wire.context import KafkaCallContext
+from broker.kafka_wire.codec import get as _get
+from broker.kafka_wire.codec import get_ms as _ms
+from broker.kafka_wire.context import Handler, KafkaCallContext
 from proto import broker_pb2, group_pb2
 from proto.errors import ErrorCode
 
@@ -62,13 +63,6 @@ PRE_AUTH_APIS = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 _LEADER_ERRORS = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH)
 
 
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    return getattr(obj, name, default)
-
-
-def _ms(obj: Any, name: str, default: int) -> int:
-    value = getattr(obj, name, None)
-    return default if value is None else codec.millis(value)
 
 
 def _leader(cache: Any, topic: str, partition: int) -> dict[str, int]:
@@ -76,7 +70,6 @@ def _leader(cache: Any, topic: str, partition: int) -> dict[str, int]:
     return {"leader_id": le.leader_id, "leader_epoch": le.leader_epoch}
 
 
-Handler = Callable[[codec.Request, KafkaCallContext], Awaitable[Any]]
 
 
 class KafkaApis:
@@ -152,14 +145,14 @@ class KafkaApis:
         for t in resp.topics:
             out_topics.append({
                 "error_code": t.error_code, "name": t.name, "topic_id": t.topic_id or None,
-                "is_internal": t.is_internal, "topic_authorized_operations": -2147483648,
+                "is_internal": t.is_internal, "topic_authorized_operations": codec.NO_AUTHORIZED_OPERATIONS,
                 "partitions": [{"error_code": p.error_code, "partition_index": p.partition, "leader_id": p.leader,
                                 "leader_epoch": p.leader_epoch, "replica_nodes": list(p.replicas),
                                 "isr_nodes": list(p.isr), "offline_replicas": list(p.offline_replicas)}
                                for p in t.partitions]})
         return self._resp(req, {"brokers": brokers, "cluster_id": resp.cluster_id or None,
                                 "controller_id": resp.controller_id if resp.controller_id >= 0 else -1,
-                                "topics": out_topics, "cluster_authorized_operations": -2147483648})
+                                "topics": out_topics, "cluster_authorized_operations": codec.NO_AUTHORIZED_OPERATIONS})
 
     # ---- Produce ----
     async def produce(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -233,11 +226,9 @@ class KafkaApis:
                 pb.partitions.add(topic=t.name, partition=p.partition_index, timestamp=p.timestamp,
                                   current_leader_epoch=_get(p, "current_leader_epoch", -1))
         out = await self.service.ListOffsets(pb, ctx)
-        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for p in out.partitions:
-            by_topic[p.topic].append({"partition_index": p.partition, "error_code": p.error_code,
-                                      "timestamp": p.timestamp, "offset": p.offset, "leader_epoch": p.leader_epoch})
-        return self._resp(req, {"topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]})
+        return self._resp(req, {"topics": codec.per_topic(
+            (p.topic, {"partition_index": p.partition, "error_code": p.error_code, "timestamp": p.timestamp,
+                       "offset": p.offset, "leader_epoch": p.leader_epoch}) for p in out.partitions)})
 
     # ---- OffsetForLeaderEpoch ----
     async def offset_for_leader_epoch(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -248,11 +239,9 @@ class KafkaApis:
                 pb.partitions.add(topic=t.topic, partition=p.partition, leader_epoch=p.leader_epoch,
                                   current_leader_epoch=_get(p, "current_leader_epoch", -1))
         out = await self.service.OffsetsForLeaderEpoch(pb, ctx)
-        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for p in out.partitions:
-            by_topic[p.topic].append({"partition": p.partition, "error_code": p.error_code,
-                                      "leader_epoch": p.leader_epoch, "end_offset": p.end_offset})
-        return self._resp(req, {"topics": [{"topic": n, "partitions": ps} for n, ps in by_topic.items()]})
+        return self._resp(req, {"topics": codec.per_topic(
+            ((p.topic, {"partition": p.partition, "error_code": p.error_code, "leader_epoch": p.leader_epoch,
+                        "end_offset": p.end_offset}) for p in out.partitions), "topic")})
 
     # ---- InitProducerId ----
     async def init_producer_id(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -391,7 +380,7 @@ class KafkaApis:
         return self._resp(req, {"groups": [
             {"error_code": g.error_code, "group_id": g.group_id, "group_state": g.state,
              "protocol_type": g.protocol_type, "protocol_data": g.protocol_name,
-             "authorized_operations": -2147483648,
+             "authorized_operations": codec.NO_AUTHORIZED_OPERATIONS,
              "members": [{"member_id": m.member_id, "group_instance_id": None, "client_id": m.client_id,
                           "client_host": m.client_host, "member_metadata": m.metadata,
                           "member_assignment": m.assignment} for m in g.members]}

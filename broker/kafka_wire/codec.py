@@ -21,7 +21,7 @@ import functools
 import struct
 import typing
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, dataclass
 from typing import Any
 
@@ -146,36 +146,21 @@ def encode_response_bytes(api_key: int, version: int, correlation_id: int, body:
                     for p in encode_response(api_key, version, correlation_id, body))
 
 
-@functools.cache
-def _field_plan(cls: type) -> tuple[tuple[str, bool, int], ...]:
-    """(name, nullable, kind) per field: kind 0 a value, 1 an entity, 2 a tuple of entities."""
-    plan = []
-    for f in dataclasses.fields(cls):
-        hint = _hints(cls)[f.name]
-        inner = _unwrap_optional(hint)
-        kind = 0
-        if _entity_type(inner) is not None:
-            kind = 2 if _is_tuple(inner) else 1
-        plan.append((f.name, _nullable(hint), kind))
-    return tuple(plan)
-
-
 def _check_nulls(entity: Any, where: str) -> None:
     """MalformedRequest if a field the schema does not allow to be null is null (kio reads a null length
     of any string or array as None; Kafka's own parser refuses those)."""
-    for name, nullable, kind in _field_plan(type(entity)):
+    for name, kind, _entity, nullable, _zero_value, _f, _hint in _build_plan(type(entity)):
         value = getattr(entity, name)
         if value is None:
             if not nullable:
                 raise MalformedRequest(f"{where}.{name} is null")
-            continue
-        if kind == 0 and isinstance(value, tuple) and any(v is None for v in value):
-            raise MalformedRequest(f"{where}.{name} holds a null")
-        if kind == 1:
+        elif kind == _ENTITY:
             _check_nulls(value, f"{where}.{name}")
-        elif kind == 2:
+        elif kind == _ENTITIES:
             for item in value:
                 _check_nulls(item, f"{where}.{name}")
+        elif isinstance(value, tuple) and any(v is None for v in value):
+            raise MalformedRequest(f"{where}.{name} holds a null")
 
 
 # ---- building response entities from plain values ----
@@ -197,16 +182,6 @@ def _entity_type(hint: Any) -> type | None:
 
 def _is_tuple(hint: Any) -> bool:
     return typing.get_origin(hint) is tuple
-
-
-def _non_null(hint: Any) -> Any:
-    """``X`` of a nullable ``X | None`` field (e.g. a nullable list of entities), else the hint itself."""
-    args = typing.get_args(hint)
-    if type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1:
-            return rest[0]
-    return hint
 
 
 def _nullable(hint: Any) -> bool:
@@ -247,13 +222,9 @@ def _unwrap_optional(hint: Any) -> Any:
     return hint
 
 
-def _coerce(f: dataclasses.Field, hint: Any, value: Any) -> Any:
+def _coerce(f: dataclasses.Field, value: Any) -> Any:
+    """A non-null timedelta, uuid or datetime field from Kafka's plain form (ms ints, hex strings)."""
     kind = f.metadata.get("kafka_type")
-    if value is None:
-        return None if _nullable(hint) else _zero(f, hint)
-    hint = _unwrap_optional(hint)
-    if kind == "error_code":
-        return KioErrorCode(int(value))
     if kind in ("timedelta_i32", "timedelta_i64"):
         return value if isinstance(value, datetime.timedelta) else datetime.timedelta(milliseconds=int(value))
     if kind == "uuid":
@@ -263,19 +234,9 @@ def _coerce(f: dataclasses.Field, hint: Any, value: Any) -> Any:
             return uuid.UUID(hex=value) if value else uuid.UUID(int=0)
         except ValueError:  # Brook's ids are uuid4 hex; anything else is sent as the null id
             return uuid.UUID(int=0)
-    if kind == "datetime_i64":
-        if isinstance(value, datetime.datetime):
-            return value
-        return None if int(value) < 0 else _EPOCH + datetime.timedelta(milliseconds=int(value))
-    hint = _non_null(hint)  # a value is present: build it as the non-null type
-    entity = _entity_type(hint)
-    if entity is not None:
-        if _is_tuple(hint):
-            return tuple(v if dataclasses.is_dataclass(v) else build(entity, v) for v in value)
-        return value if dataclasses.is_dataclass(value) else build(entity, value)
-    if _is_tuple(hint):
-        return tuple(value)
-    return value
+    if isinstance(value, datetime.datetime):  # datetime_i64
+        return value
+    return None if int(value) < 0 else _EPOCH + datetime.timedelta(milliseconds=int(value))
 
 
 _PLAIN, _ERROR, _TIMEDELTA, _UUID, _DATETIME, _ENTITY, _ENTITIES, _TUPLE = range(8)
@@ -308,7 +269,10 @@ def _build_plan(cls: type) -> tuple[tuple[str, int, Any, bool, Any, dataclasses.
         else:
             kind = _PLAIN
         required = f.default is MISSING and f.default_factory is MISSING
-        zero = _zero(f, hint) if required else _MISSING_ZERO
+        try:
+            zero = _zero(f, hint) if required else _MISSING_ZERO
+        except TypeError:  # a type with no zero value (build then needs the field given): computed at use
+            zero = _MISSING_ZERO
         plan.append((f.name, kind, entity, _nullable(hint), zero, f, hint))
     return tuple(plan)
 
@@ -335,7 +299,7 @@ def build(cls: type, values: Mapping[str, Any]) -> Any:
         elif kind == _TUPLE:
             kwargs[name] = tuple(value)
         else:
-            kwargs[name] = _coerce(f, hint, value)
+            kwargs[name] = _coerce(f, value)
     return cls(**kwargs)
 
 
@@ -354,5 +318,24 @@ def millis(value: Any) -> int:
     return int(value)
 
 
-def field_names(cls: type) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls))
+NO_AUTHORIZED_OPERATIONS = -2147483648  # Kafka's "authorized operations not requested / not computed"
+
+
+def get(obj: Any, name: str, default: Any = None) -> Any:
+    """A request field, or ``default`` where the request's version has no such field."""
+    return getattr(obj, name, default)
+
+
+def get_ms(obj: Any, name: str, default: int) -> int:
+    """A request's timedelta field as milliseconds, or ``default`` where its version has none."""
+    value = getattr(obj, name, None)
+    return default if value is None else millis(value)
+
+
+def per_topic(rows: Iterable[tuple[str, dict[str, Any]]], name_key: str = "name",
+              parts_key: str = "partitions") -> list[dict[str, Any]]:
+    """Kafka's topic -> partitions nesting of a response, from (topic, partition entry) pairs in order."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for topic, entry in rows:
+        grouped.setdefault(topic, []).append(entry)
+    return [{name_key: topic, parts_key: parts} for topic, parts in grouped.items()]

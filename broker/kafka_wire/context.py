@@ -17,11 +17,15 @@ calls from the connection's state:
 from __future__ import annotations
 
 import time
-from typing import Any, NoReturn
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 
 from broker.principal import Authentication
+
+if TYPE_CHECKING:
+    from broker.kafka_wire.codec import Request
 
 
 class Aborted(Exception):
@@ -62,3 +66,7 @@ class KafkaCallContext:
 
     def set_details(self, details: str) -> None:
         pass
+
+
+# An API handler: the parsed request and the call's context -> the response entity (None: no response).
+Handler = Callable[["Request", KafkaCallContext], Awaitable[Any]]

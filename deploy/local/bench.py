@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from client.perf import consume_main, produce_main
-from deploy.local.cluster import CLIENT_PROPERTIES, LocalCluster
+from deploy.local.cluster import CLIENT_PROPERTIES, LocalCluster, rss_bytes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,24 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _rss_mib(pid: int | None) -> float | None:
-    if pid is None:
-        return None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
 def _print_rss(cluster: LocalCluster, when: str) -> None:
     """Each node's resident memory (issue 14: bounded under load, and printed)."""
     parts = []
     for node_id in cluster.node_ids:
-        rss = _rss_mib(cluster.pid(node_id))
-        parts.append(f"node {node_id} {rss:.0f} MiB" if rss is not None else f"node {node_id} -")
+        rss = rss_bytes(cluster.pid(node_id))
+        parts.append(f"node {node_id} {rss / 2**20:.0f} MiB" if rss is not None else f"node {node_id} -")
     print(f"== RSS {when}: " + ", ".join(parts), flush=True)
 
 

@@ -180,6 +180,19 @@ class ClusterState:
         os.replace(tmp, path)
 
 
+def rss_bytes(pid: int | None) -> int | None:
+    """Resident memory of process ``pid`` (VmRSS, Linux /proc); None when it cannot be read."""
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def _pid_is_brook_server(pid: int) -> bool:
     """True if ``pid`` runs brook-server (guards against pid reuse in pid files)."""
     try:

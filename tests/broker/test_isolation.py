@@ -28,6 +28,7 @@ from waiting import wait_for
 
 from client.cluster import rpc_error
 from deploy.local.cluster import check_health
+from deploy.local.cluster import rss_bytes as process_rss_bytes
 from proto import broker_pb2, broker_pb2_grpc, controller_pb2, group_pb2, group_pb2_grpc
 from proto.errors import ErrorCode
 from storage.record_batch import RecordBatchBuilder, iter_batches
@@ -159,10 +160,9 @@ RSS_GROWTH_MAX_BYTES = 250 << 20
 
 
 def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
+    rss = process_rss_bytes(pid)
+    assert rss is not None, f"no VmRSS for pid {pid}"
+    return rss
 
 
 @pytest.fixture(scope="module")
