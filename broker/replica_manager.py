@@ -29,7 +29,7 @@ from metadata_quorum import cluster_configs
 from proto import broker_pb2, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig, ReplicaFetcherManager
-from replication.partition import IsrProposal, Partition, Role
+from replication.partition import IsrProposal, LockBusy, Partition, Role
 from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
 from storage.record_batch import read_header
 
@@ -512,11 +512,18 @@ class ReplicaManager:
         def wake_seqs() -> dict[Partition, int]:
             return {p: _wake_seq(p, for_follower) for k in keys if (p := self._partitions.get(k)) is not None}
 
-        def read_inline() -> InlineRead:
+        def read_inline(blocking: bool = True) -> InlineRead:
             before = wake_seqs()
-            return before, self._read_once(req, cap)
+            return before, self._read_once(req, cap, blocking=blocking)
 
         inline: InlineRead | None = None
+        if for_follower and self._follower_caught_up(req):
+            # The follower has everything: this fetch only reports its progress (the acks=all path).
+            # That is a few state updates, done here rather than after a hop to the executor and back.
+            try:
+                inline = read_inline(blocking=False)
+            except LockBusy:  # an append holds a partition: the executor waits for it, not the loop
+                inline = None
         while True:
             if inline is None:
                 seqs = wake_seqs()  # before the read: a change racing with it wakes the park below
@@ -559,11 +566,22 @@ class ReplicaManager:
             waiter.cancel()
             on_unpark()
 
+    def _follower_caught_up(self, req: broker_pb2.FetchRequest) -> bool:
+        """Does this follower fetch ask for nothing past any hosted partition's log end?"""
+        for fp in req.partitions:
+            p = self._partitions.get((fp.topic, fp.partition))
+            if p is None or fp.fetch_offset < p.log.log_end_offset:
+                return False
+        return True
+
     def _read_once(self, req: broker_pb2.FetchRequest, max_bytes: int | None = None,
-                   slices: dict[tuple[str, int], Any] | None = None) -> tuple[broker_pb2.FetchResponse, int, bool]:
+                   slices: dict[tuple[str, int], Any] | None = None, *,
+                   blocking: bool = True) -> tuple[broker_pb2.FetchResponse, int, bool]:
         """One read of every partition. With ``slices`` (a consumer fetch to be sent with sendfile), each
         partition's records stay in the segment file: a storage.file_records.FileRecords goes into
-        ``slices`` (replacing, and closing, one of an earlier read) and the response's records stay empty."""
+        ``slices`` (replacing, and closing, one of an earlier read) and the response's records stay empty.
+        ``blocking=False`` (follower fetches on the event loop) raises LockBusy where a partition lock is
+        held; partitions before it may have recorded the follower's progress, which a retry records again."""
         resp = broker_pb2.FetchResponse()
         remaining = self.response_max_bytes(req) if max_bytes is None else max_bytes
         total = 0
@@ -586,7 +604,8 @@ class ReplicaManager:
                 first = total == 0
                 if is_follower:
                     r = p.fetch_for_follower(req.replica_id, fp.fetch_offset, fp.log_start_offset,
-                                             fp.last_fetched_epoch, fp.current_leader_epoch, limit, first, now)
+                                             fp.last_fetched_epoch, fp.current_leader_epoch, limit, first, now,
+                                             blocking=blocking)
                     records = r.records
                     out.high_watermark, out.log_start_offset, out.log_end_offset = (
                         r.high_watermark, r.log_start_offset, r.log_end_offset)

@@ -34,6 +34,10 @@ class ReplicationInvariantError(Exception):
     """
 
 
+class LockBusy(Exception):
+    """``fetch_for_follower(..., blocking=False)`` found the partition lock held: nothing was changed."""
+
+
 class Role(enum.Enum):
     NONE = "none"
     LEADER = "leader"
@@ -284,7 +288,27 @@ class Partition:
     # ---- leader: follower progress ----
     def fetch_for_follower(self, replica_id: int, fetch_offset: int, follower_log_start: int,
                            last_fetched_epoch: int, current_leader_epoch: int, max_bytes: int,
-                           min_one_batch: bool, now_ms: int) -> FollowerFetchResult:
+                           min_one_batch: bool, now_ms: int, *, blocking: bool = True) -> FollowerFetchResult:
+        """A follower's fetch: its progress (which may move the HW and grow the ISR) and the data after it.
+
+        ``blocking=False`` is for the broker's event loop: it raises ``LockBusy``, having changed
+        nothing, when the partition lock is held (an append in progress), and otherwise holds the
+        lock for the whole call, so the log's own lock, taken under it by appends, is free too.
+        """
+        args = (replica_id, fetch_offset, follower_log_start, last_fetched_epoch, current_leader_epoch, max_bytes,
+                min_one_batch, now_ms)
+        if blocking:
+            return self._fetch_for_follower(*args)
+        if not self.lock.acquire(blocking=False):
+            raise LockBusy
+        try:
+            return self._fetch_for_follower(*args)
+        finally:
+            self.lock.release()
+
+    def _fetch_for_follower(self, replica_id: int, fetch_offset: int, follower_log_start: int,
+                            last_fetched_epoch: int, current_leader_epoch: int, max_bytes: int,
+                            min_one_batch: bool, now_ms: int) -> FollowerFetchResult:
         with self.lock:
             self.check_leader(current_leader_epoch)
             if replica_id not in self.followers:

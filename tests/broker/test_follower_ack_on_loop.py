@@ -1,0 +1,137 @@
+"""A caught-up follower's fetch (the acks=all acknowledgement) is handled on the event loop.
+
+Such a fetch reads nothing: it only reports the follower's log end, which may move the HW and
+complete waiting acks=all produces. ReplicaManager.fetch_async does that on the loop instead
+of hopping to the replication executor and back (two thread switches on the acks=all path).
+It never waits for a partition lock there: with an append holding it, the fetch goes to the
+executor as before. Real ReplicaManager, Log and purgatories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.metadata_cache import MetadataCache
+from broker.replica_manager import ReplicaManager
+from proto import broker_pb2, common_pb2, controller_pb2
+from replication.partition import LockBusy
+from storage.log_manager import LogManager
+from storage.record_batch import RecordBatchBuilder
+
+
+class NoController:
+    def call(self, method: str, request: Any, timeout_s: float) -> Any:
+        raise AssertionError(f"no controller call expected here, got {method}")
+
+
+@pytest.fixture
+def rm(tmp_path: Path) -> Iterator[ReplicaManager]:
+    defaults = {"auto.create.topics.enable": "false", "log.cleaner.enable": "false"}
+    logs = LogManager([tmp_path], defaults, cleaner_threads=0)
+    logs.startup()
+    cache = MetadataCache(1)
+    manager = ReplicaManager(1, logs, cache, NoController(), defaults=defaults, broker_epoch=lambda: 1)
+    update = controller_pb2.MetadataUpdate(version=1, is_snapshot=True, cluster_id="c", active_controller_id=-1)
+    for node in (1, 2):
+        update.brokers.add(node_id=node, incarnation_id=f"i{node}", broker_epoch=1,
+                           endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=node)])
+    update.topics.add(name="t", topic_id="t" * 32, partition_count=1)
+    update.partitions.add(topic="t", topic_id="t" * 32, partition=0, replicas=[1, 2], isr=[1, 2], leader=1,
+                          leader_epoch=0, partition_epoch=0)
+    manager.apply_metadata_delta(cache.apply(update))
+    try:
+        yield manager
+    finally:
+        manager.shutdown()
+        logs.shutdown()
+
+
+def one_batch() -> bytes:
+    b = RecordBatchBuilder()
+    b.append(0, None, b"v")
+    return b.build()
+
+
+def follower_fetch(offset: int) -> broker_pb2.FetchRequest:
+    return broker_pb2.FetchRequest(replica_id=2, replica_epoch=1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20,
+                                   partitions=[broker_pb2.FetchPartition(
+                                       topic="t", partition=0, fetch_offset=offset, partition_max_bytes=1 << 20,
+                                       current_leader_epoch=0, last_fetched_epoch=0, log_start_offset=0)])
+
+
+def fetch(rm: ReplicaManager, req: broker_pb2.FetchRequest) -> tuple[broker_pb2.FetchResponse, list[str]]:
+    """fetch_async on a fresh loop; the second value names the executor reads it made."""
+    hops: list[str] = []
+
+    async def run(fn: Callable[[], Any]) -> Any:
+        hops.append("executor")
+        return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+    async def reserve(n: int) -> int:
+        return 0
+
+    async def go() -> broker_pb2.FetchResponse:
+        resp, _ = await rm.fetch_async(req, run=run, reserve=reserve, release=lambda n: None,
+                                       on_park=lambda: None, on_unpark=lambda: None)
+        return resp
+    return asyncio.run(go()), hops
+
+
+def test_the_acknowledging_fetch_completes_acks_all_without_an_executor_hop(rm: ReplicaManager) -> None:
+    done = rm.append_records("t", 0, one_batch(), acks=-1, timeout_ms=30_000)
+    assert not done.done(), "follower 2 has not fetched the batch: acks=all must wait"
+
+    resp, hops = fetch(rm, follower_fetch(0))  # the follower fetches the batch: an executor read
+    assert resp.partitions[0].records and hops == ["executor"], (resp, hops)
+    assert not done.done(), "the follower has the batch but has not said so yet"
+
+    resp, hops = fetch(rm, follower_fetch(1))  # its next fetch says it has offset 0
+    assert hops == [], f"a caught-up follower's fetch reads nothing and must not hop to the executor: {hops}"
+    assert resp.partitions[0].error_code == 0 and resp.partitions[0].high_watermark == 1, resp
+    assert done.result(timeout=5).base_offset == 0
+
+
+def test_with_the_partition_lock_held_the_fetch_waits_on_the_executor_not_the_loop(rm: ReplicaManager) -> None:
+    done = rm.append_records("t", 0, one_batch(), acks=-1, timeout_ms=30_000)
+    fetch(rm, follower_fetch(0))
+    p = rm.partition("t", 0)
+    assert p is not None
+
+    with pytest.raises(LockBusy):  # what the loop sees while an append holds the lock
+        held = threading.Event()
+        release = threading.Event()
+
+        def hold() -> None:
+            with p.lock:
+                held.set()
+                release.wait(10)
+        t = threading.Thread(target=hold, daemon=True)
+        t.start()
+        held.wait(5)
+        try:
+            p.fetch_for_follower(2, 1, 0, 0, 0, 1 << 20, True, now_ms=1, blocking=False)
+        finally:
+            assert p.log.high_watermark == 0, "a refused non-blocking fetch must change nothing"
+            release.set()
+            t.join(5)
+
+    release_later = threading.Event()
+
+    def hold_briefly() -> None:
+        with p.lock:
+            release_later.set()
+            threading.Event().wait(0.2)
+    t = threading.Thread(target=hold_briefly, daemon=True)
+    t.start()
+    release_later.wait(5)
+    resp, hops = fetch(rm, follower_fetch(1))
+    t.join(5)
+    assert hops == ["executor"], f"with the lock held the fetch must go to the executor: {hops}"
+    assert resp.partitions[0].high_watermark == 1, resp
+    assert done.result(timeout=5).base_offset == 0
