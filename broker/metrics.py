@@ -60,6 +60,21 @@ class RpcMetrics:
         self.requests.labels(service, method, code).inc()
         self.latency.labels(service, method).observe(elapsed_s)
 
+    def method_recorder(self, service: str, method: str) -> tuple[Any, Callable[[str, float], None]]:
+        """One method's in-flight gauge and a ``record(code, elapsed_s)`` whose label lookups are done
+        once, not per request (prometheus-client's ``labels()`` takes a lock and builds a key)."""
+        gauge = self.in_flight.labels(service, method)
+        latency = self.latency.labels(service, method)
+        by_code: dict[str, Any] = {}
+
+        def record(code: str, elapsed_s: float) -> None:
+            counter = by_code.get(code)
+            if counter is None:  # status codes are a fixed set of 17: this dict stays small
+                counter = by_code[code] = self.requests.labels(service, method, code)
+            counter.inc()
+            latency.observe(elapsed_s)
+        return gauge, record
+
 
 def _split_method(full: str) -> tuple[str, str]:
     # "/brook.BrokerService/Produce" -> ("brook.BrokerService", "Produce")
@@ -141,20 +156,24 @@ class AioMetricsInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, metrics: RpcMetrics) -> None:
         self._metrics = metrics
+        # method -> (the servicer's handler, its timed wrapper): built once per method, not per request.
+        # Only methods the server serves get here (an unknown one has no handler), so this stays small.
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     async def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_streaming or handler.response_streaming:
             return handler
+        cached = self._wrapped.get(handler_call_details.method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
         inner = handler.unary_unary
         if not asyncio.iscoroutinefunction(inner):
             return handler
-        service, method = _split_method(handler_call_details.method)
-        m = self._metrics
+        gauge, record = self._metrics.method_recorder(*_split_method(handler_call_details.method))
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
-            gauge = m.in_flight.labels(service, method)
             gauge.inc()
             error: BaseException | None = None
             try:
@@ -164,9 +183,11 @@ class AioMetricsInterceptor(grpc.aio.ServerInterceptor):
                 raise
             finally:
                 gauge.dec()
-                m.record(service, method, _code_of(context, error), time.perf_counter() - started)
+                record(_code_of(context, error), time.perf_counter() - started)
 
-        return _replace_behaviour(handler, unary)
+        wrapped = _replace_behaviour(handler, unary)
+        self._wrapped[handler_call_details.method] = (handler, wrapped)
+        return wrapped
 
 
 def _replace_behaviour(handler: Any, behaviour: Callable[..., Any]) -> Any:

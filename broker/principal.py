@@ -27,6 +27,7 @@ trust to loopback callers authenticated as that SCRAM user (the nodes themselves
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import re
@@ -155,10 +156,17 @@ def map_subject(dn: str, rules: Sequence[MappingRule]) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1024)
+def _mapped_subject(dn: str, rules: tuple[MappingRule, ...]) -> str | None:
+    """``map_subject``, cached: every request on an mTLS listener maps its certificate's subject, and
+    the same few subjects come back (a changed rule set is another key)."""
+    return map_subject(dn, rules)
+
+
 def principal_from_subject(dn: str) -> Principal:
     """The principal of a verified certificate subject (RFC 2253), as for a gRPC call; a subject no
     ``ssl.principal.mapping.rules`` accepts is refused (SASL_AUTHENTICATION_FAILED)."""
-    name = map_subject(dn, _settings.rules)
+    name = _mapped_subject(dn, _settings.rules)
     if name is None:
         raise errors.error_for(errors.ErrorCode.SASL_AUTHENTICATION_FAILED,
                                f"certificate subject {dn!r} matches no ssl.principal.mapping.rules")
@@ -331,8 +339,12 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=4096)
 def is_loopback_peer(peer: str) -> bool:
-    """``ipv4:127.0.0.1:5000`` / ``ipv6:[::1]:5000`` / ``unix:...`` -> whether it is this host."""
+    """``ipv4:127.0.0.1:5000`` / ``ipv6:[::1]:5000`` / ``unix:...`` -> whether it is this host.
+
+    Cached: a node asks it for every follower fetch of a plaintext loopback cluster, and a peer's
+    address (with its port) stays the same for the connection's life."""
     if peer.startswith("unix:"):
         return True
     kind, _, rest = peer.partition(":")
