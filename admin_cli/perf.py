@@ -69,3 +69,10 @@ def produce(ctx: typer.Context) -> None:
 def consume(ctx: typer.Context) -> None:
     """Consumer throughput against the cluster (--bootstrap or BROOK_BOOTSTRAP). Options: --help."""
     raise typer.Exit(_run("client.perf", "consume_main", _with_bootstrap(ctx, list(ctx.args))))
+
+
+@app.command("end-to-end", context_settings=PASS_THROUGH, add_help_option=False,
+             epilog="Examples:\n\nbrook perf end-to-end -t e2e -n 100000 --throughput 10000 --acks all")
+def end_to_end(ctx: typer.Context) -> None:
+    """End-to-end latency (send() to a consumer's poll()) at a fixed rate (--bootstrap or BROOK_BOOTSTRAP). Options: --help."""
+    raise typer.Exit(_run("client.perf", "e2e_main", _with_bootstrap(ctx, list(ctx.args))))

@@ -3,6 +3,7 @@
     python -m client.perf produce --bootstrap-servers 127.0.0.1:9092 --topic perf \
         --num-records 1000000 --record-size 100 --acks all --throughput -1
     python -m client.perf consume --bootstrap-servers 127.0.0.1:9092 --topic perf --num-records 1000000
+    python -m client.perf end-to-end --bootstrap-servers 127.0.0.1:9092 --throughput 10000
 
 A progress line goes to stderr every second; the summary goes to stdout. Produce
 latency is send() -> acknowledgement, measured on a sample of records (at most
@@ -12,7 +13,9 @@ latency is send() -> acknowledgement, measured on a sample of records (at most
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
+import queue
 import random
 import sys
 import time
@@ -264,12 +267,120 @@ def consume_main(argv: Sequence[str] | None = None) -> int:
     return 0 if result.records >= args.num_records else 1
 
 
+def _e2e_consumer(config: dict[str, Any], topic: str, num_records: int, timeout_ms: int,
+                  ready: Any, results: Any) -> None:
+    """The end-to-end tool's consumer (its own process, so it does not share the producer's GIL).
+
+    Positions at the log end before ``ready`` is set, then reads until ``num_records`` stamped
+    records arrived (or ``timeout_ms`` without any); sends back each record's latency in ms:
+    the wall clock when poll() handed it over minus the send() time stamped in its value.
+    """
+    latencies: list[float] = []
+    with Consumer(config=config) as consumer:
+        parts = consumer.partitions_for_topic(topic)
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_end()
+        for tp in tps:
+            consumer.position(tp)  # resolve the end offsets now, not after the first records were sent
+        ready.set()
+        last_data = time.monotonic()
+        while len(latencies) < num_records:
+            got = consumer.poll(timeout_ms=100)
+            now_ns = time.time_ns()
+            if not got:
+                if (time.monotonic() - last_data) * 1000 > timeout_ms:
+                    break
+                continue
+            last_data = time.monotonic()
+            for records in got.values():
+                for r in records:
+                    if r.value is not None and len(r.value) >= 8:
+                        latencies.append((now_ns - int.from_bytes(r.value[:8], "big")) / 1e6)
+    results.put(latencies)
+
+
+def e2e_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="brook perf end-to-end",
+        description="End-to-end latency: send() to a consumer's poll() returning the record, at a fixed rate")
+    parser.add_argument("--bootstrap", "-b", "--bootstrap-servers", dest="bootstrap_servers", default=DEFAULT_BOOTSTRAP)
+    parser.add_argument("--topic", "-t", default="brook-perf-e2e")
+    parser.add_argument("--num-records", "-n", type=int, default=100_000)
+    parser.add_argument("--record-size", type=int, default=100, help="bytes per value (at least 8: the send time)")
+    parser.add_argument("--throughput", type=float, default=10_000, help="records/s")
+    parser.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"])
+    parser.add_argument("--partitions", "-p", type=int, default=6, help="partitions when the topic is created")
+    parser.add_argument("--replication-factor", "-r", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=16384)
+    parser.add_argument("--linger-ms", type=int, default=1)
+    parser.add_argument("--warmup-records", type=int, default=5000,
+                        help="records sent (and acknowledged) before the consumer starts")
+    parser.add_argument("--timeout-ms", type=int, default=30_000, help="consumer gives up after this long without records")
+    parser.add_argument("--producer-config", nargs="*", metavar="KEY=VALUE", help="any other producer config")
+    parser.add_argument("--consumer-config", nargs="*", metavar="KEY=VALUE", help="any other consumer config")
+    parser.add_argument("--command-config", default=None, help="client properties file (security.protocol, ssl.*)")
+    args = parser.parse_args(argv)
+    if args.num_records <= 0 or args.record_size < 8 or args.throughput <= 0:
+        parser.error("--num-records and --throughput must be positive and --record-size at least 8")
+    security = _security_pairs(args.command_config)
+    ensure_topic(args.bootstrap_servers, args.topic, args.partitions, args.replication_factor,
+                 SecurityConfig.from_config(security))
+    producer_config: dict[str, Any] = {
+        "bootstrap_servers": args.bootstrap_servers, "acks": args.acks, "batch_size": args.batch_size,
+        "linger_ms": args.linger_ms, **security, **_config_pairs(args.producer_config)}
+    consumer_config: dict[str, Any] = {
+        "bootstrap_servers": args.bootstrap_servers, "group_id": None, "enable_auto_commit": False,
+        "fetch_min_bytes": 1, **security, **_config_pairs(args.consumer_config)}
+    padding = bytes(random.Random(0).randrange(65, 91) for _ in range(args.record_size - 8))
+    ctx = multiprocessing.get_context("spawn")
+    ready, results = ctx.Event(), ctx.Queue()
+    with Producer(producer_config) as producer:
+        for _ in range(args.warmup_records):
+            producer.send(args.topic, bytes(8) + padding)
+        producer.flush()
+        consumer = ctx.Process(target=_e2e_consumer, name="e2e-consumer", daemon=True, args=(
+            consumer_config, args.topic, args.num_records, args.timeout_ms, ready, results))
+        consumer.start()
+        if not ready.wait(60):
+            consumer.kill()
+            print("the consumer did not get its positions within 60 s", file=sys.stderr)
+            return 1
+        progress = Progress("sent")
+        interval = 1.0 / args.throughput
+        futures = []
+        start = time.monotonic()
+        for i in range(args.num_records):
+            if i % 16 == 0:
+                ahead = start + i * interval - time.monotonic()
+                if ahead > 0.001:
+                    time.sleep(ahead)
+                progress.maybe_print(i)
+            futures.append(producer.send(args.topic, time.time_ns().to_bytes(8, "big") + padding))
+        producer.flush()
+        sent_s = time.monotonic() - start
+    failed = sum(1 for f in futures if f.exception(timeout=0) is not None)
+    try:
+        latencies = results.get(timeout=args.timeout_ms / 1000 + 30)
+    except queue.Empty:
+        latencies = []
+    consumer.join(10)
+    result = PerfResult(len(latencies), len(latencies) * args.record_size, sent_s, latencies, failed)
+    print(f"{args.num_records} records sent at {args.num_records / sent_s:.1f} records/sec, "
+          f"{len(latencies)} seen by the consumer; end-to-end (send() to poll()) latency: "
+          f"{result.percentile(0.5):.2f} ms 50th, {result.percentile(0.99):.2f} ms 99th, "
+          f"{result.percentile(0.999):.2f} ms 99.9th, {max(latencies, default=float('nan')):.2f} ms max, "
+          f"{failed} send errors")
+    return 0 if failed == 0 and len(latencies) >= args.num_records else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("produce", "consume"):
-        print("usage: python -m client.perf produce|consume [options]", file=sys.stderr)
+    commands = {"produce": produce_main, "consume": consume_main, "end-to-end": e2e_main}
+    if not argv or argv[0] not in commands:
+        print("usage: python -m client.perf produce|consume|end-to-end [options]", file=sys.stderr)
         return 2
-    return produce_main(argv[1:]) if argv[0] == "produce" else consume_main(argv[1:])
+    return commands[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":

@@ -195,3 +195,7 @@ def test_perf_commands_run_the_benchmarks(brook, tmp_path) -> None:
     assert r.code == 0 and "records/s" in r.out + r.err, r
     r = brook("perf", "consume", "--topic", "perf-cli", "--num-records", "300", "--timeout-ms", "5000")
     assert r.code == 0 and "records/s" in r.out + r.err, r
+    # end to end: every record sent is seen by the tool's consumer process, with its latency
+    r = brook("perf", "end-to-end", "--topic", "perf-e2e", "--num-records", "500", "--throughput", "1000",
+              "--warmup-records", "10", "--partitions", "2", "--replication-factor", "3")
+    assert r.code == 0 and "500 seen by the consumer" in r.out and "ms 99th" in r.out, r
