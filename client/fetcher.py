@@ -24,7 +24,8 @@ from client import errors
 from client.cluster import ClusterClient, rpc_error
 from client.types import ConsumerRecord, TopicPartition
 from proto import broker_pb2
-from storage.record_batch import ATTR_CONTROL, ATTR_TIMESTAMP_TYPE, decode_batch, iter_batches
+from storage.record_batch import ATTR_CONTROL, iter_batches
+from storage.record_decode import decode_batch_tuples
 
 log = logging.getLogger(__name__)
 
@@ -43,23 +44,26 @@ class PartitionState:
 
 
 class PartitionRecords:
-    """Whole batches fetched for one partition, decoded one batch at a time as the app consumes."""
+    """Whole batches fetched for one partition, decoded one batch at a time as the app consumes.
 
-    __slots__ = ("tp", "data", "batches", "current", "index", "ts_type")
+    A batch is decoded straight into ConsumerRecord tuples (storage/record_decode.py: in C
+    when the extension is built); ``take`` hands them out from the position on.
+    """
+
+    __slots__ = ("tp", "data", "batches", "current", "index", "increasing")
 
     def __init__(self, tp: TopicPartition, data: bytes) -> None:
         self.tp = tp
         self.data = data
         self.batches = iter_batches(data)
-        self.current: list[Any] = []
+        self.current: list[ConsumerRecord] = []
         self.index = 0
-        self.ts_type = 0
+        self.increasing = True  # offsets of `current` strictly increase
 
     def take(self, state: PartitionState, limit: int, key_des: Deserializer | None,
              value_des: Deserializer | None) -> list[ConsumerRecord]:
         """Up to ``limit`` records at or after the position; advances the position past them."""
         out: list[ConsumerRecord] = []
-        topic, partition = self.tp
         while len(out) < limit:
             if self.index >= len(self.current):
                 if not self._next_batch(state):
@@ -70,17 +74,18 @@ class PartitionRecords:
             end = min(len(self.current), self.index + limit - len(out))
             chunk = self.current[self.index:end]
             self.index = end
-            ts_type = self.ts_type
+            if not (self.increasing and chunk[0].offset >= position):
+                # Records before the position (a fetch from inside a batch) are skipped.
+                # With increasing offsets only the first chunk of a batch can hold any.
+                chunk = [r for r in chunk if r.offset >= position]
             if key_des is None and value_des is None:
-                out.extend([ConsumerRecord(topic, partition, r.offset, r.timestamp, ts_type, r.key, r.value,
-                                           r.headers) for r in chunk if r.offset >= position])
+                out += chunk
             else:
                 for r in chunk:
-                    if r.offset >= position:
-                        out.append(ConsumerRecord(
-                            topic, partition, r.offset, r.timestamp, ts_type,
-                            key_des(r.key) if key_des else r.key,
-                            value_des(r.value) if value_des else r.value, r.headers))
+                    out.append(ConsumerRecord(
+                        r.topic, r.partition, r.offset, r.timestamp, r.timestamp_type,
+                        key_des(r.key) if key_des else r.key,
+                        value_des(r.value) if value_des else r.value, r.headers))
             if out:
                 state.position = max(position, out[-1].offset + 1)
         return out
@@ -93,14 +98,14 @@ class PartitionRecords:
             if state.position is not None and state.position <= last:
                 state.position = last + 1
         self.current, self.index = [], 0
+        topic, partition = self.tp
         for pos, header in self.batches:
             if state.position is not None and header.next_offset <= state.position:
                 continue  # wholly before the position (e.g. fetched from inside a batch)
             if header.attributes & ATTR_CONTROL:
                 state.position = max(state.position or 0, header.next_offset)
                 continue
-            self.ts_type = 1 if header.attributes & ATTR_TIMESTAMP_TYPE else 0
-            _, records = decode_batch(self.data, pos)
+            _, records, self.increasing = decode_batch_tuples(self.data, pos, ConsumerRecord, topic, partition)
             self.current = records
             if not records:
                 state.position = max(state.position or 0, header.next_offset)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 
 class TopicPartition(NamedTuple):
@@ -34,16 +35,24 @@ class RecordMetadata:
         return TopicPartition(self.topic, self.partition)
 
 
-@dataclass(slots=True)
-class ConsumerRecord:
+class ConsumerRecord(NamedTuple):
+    """One consumed record: an immutable named tuple, like kafka-python's ConsumerRecord.
+
+    Fields by name or by index, in this order. The consumer's decoder
+    (storage/record_decode.py) builds these tuples directly, in C when the extension is
+    built. ``key``/``value`` are bytes (or None) unless a deserializer is configured;
+    ``headers`` of a consumed record is a list of (key, value) pairs (``[]`` when none),
+    the default ``()`` only serves records built by hand.
+    """
+
     topic: str
     partition: int
     offset: int
     timestamp: int
     timestamp_type: int  # 0 CreateTime, 1 LogAppendTime
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
+    key: Any
+    value: Any
+    headers: Sequence[tuple[str, bytes | None]] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-/* storage._record_walk: the compiled record walk of LogValidator.
+/* storage._record_walk: the compiled record walk of LogValidator, and the consumer's
+ * compiled record decoder (decode_records, further down).
  *
  * walk(buf, start, end, count, compact) -> (kind, record, a, b, min_ts_delta, max_ts_delta)
  *
@@ -172,9 +173,244 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                          (long long)r.min_delta, (long long)r.max_delta);
 }
 
+/* ------------------------------------------------------------------------------------------
+ * decode_records: the consumer's decoder. Same walk as _decode_records in
+ * storage/record_batch.py (the reference), building the consumer's record objects directly.
+ *
+ * decode_records(cls, buf, start, end, count, base_offset, base_ts, log_append_ts,
+ *                topic, partition, ts_type)
+ *   -> (records, increasing)   on success: a list of `count` instances of cls (a tuple
+ *                              subclass without __dict__, e.g. a NamedTuple) holding
+ *                              (topic, partition, offset, timestamp, ts_type, key, value,
+ *                              headers); increasing is True when the offsets strictly increase
+ *   -> (kind, record, a, b)    on a malformed section: the error kind (DEC_* below, same
+ *                              numbering as the walk's kinds), the record index and the
+ *                              numbers its message needs; storage/record_decode.py raises the
+ *                              same exception, with the same message, as _decode_records.
+ *
+ * The checks follow _decode_records step by step (it does not check the offset delta
+ * against the record index and reads fields up to the end of the section, not of the
+ * record), so every malformed input gets the same verdict. Objects are built only for
+ * bytes inside the record: a key or value is turned into bytes once the record's fields
+ * are known to end exactly at its length, header keys and values as they are read (both
+ * are checked against the record end first, as _decode_headers does).
+ */
+enum { DEC_HEADER_KEY_UTF8 = HEADER_KEY_UTF8,  /* a = key position, b = key length */
+       DEC_HEADER_VALUE_OVERRUN = 16 };        /* header value past the record [length, -] */
+
+/* base + delta as a Python int: the sum of two int64 may need 65 bits, as in Python. */
+static PyObject *int_sum(int64_t base, int64_t delta) {
+    int64_t s;
+    if (!__builtin_add_overflow(base, delta, &s)) return PyLong_FromLongLong(s);
+    PyObject *a = PyLong_FromLongLong(base), *b = PyLong_FromLongLong(delta), *r = NULL;
+    if (a != NULL && b != NULL) r = PyNumber_Add(a, b);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return r;
+}
+
+#define DEC_VARINT_FAIL(e) do { r->kind = (e); if ((e) != TRUNCATED) { r->a_pos = err_pos; r->a_is_pos = 1; } } while (0)
+
+/* A record's headers (the count byte is not 0): -1 on a Python error, 1 on a malformed
+   header (r filled but r->record), 0 with *out a new list of (str, bytes | None). */
+static int decode_headers(const uint8_t *d, uint64_t n, uint64_t *pp, uint64_t rec_end, result_t *r,
+                          PyObject **out) {
+    uint64_t p = *pp, err_pos = 0;
+    int64_t hcount, kl, vl;
+    int e = read_varint(d, n, &p, &hcount, &err_pos);
+    if (e) { DEC_VARINT_FAIL(e); return 1; }
+    /* Python: count < 0 or count * 2 > rec_end - p (which may be negative). Each header
+       takes at least 2 bytes, so the list below is at most half the section's size. */
+    if (hcount < 0 || p > rec_end || (uint64_t)hcount > (rec_end - p) / 2) {
+        r->kind = HEADER_COUNT; r->a = hcount; return 1;
+    }
+    PyObject *list = PyList_New((Py_ssize_t)hcount);  /* NULL items until set: never exposed */
+    if (list == NULL) return -1;
+    for (int64_t h = 0; h < hcount; h++) {
+        e = read_varint(d, n, &p, &kl, &err_pos);
+        if (e) { DEC_VARINT_FAIL(e); goto malformed; }
+        if (kl < 0 || skip(p, kl) > rec_end) { r->kind = HEADER_KEY_LENGTH; r->a = kl; goto malformed; }
+        PyObject *key = PyUnicode_DecodeUTF8((const char *)d + p, (Py_ssize_t)kl, "strict");
+        if (key == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) goto error;
+            PyErr_Clear();
+            r->kind = DEC_HEADER_KEY_UTF8; r->a_pos = p; r->a_is_pos = 1; r->b_pos = (uint64_t)kl;
+            goto malformed;
+        }
+        p += (uint64_t)kl;
+        e = read_varint(d, n, &p, &vl, &err_pos);
+        PyObject *value;
+        if (e) { Py_DECREF(key); DEC_VARINT_FAIL(e); goto malformed; }
+        if (vl >= 0) {
+            if (skip(p, vl) > rec_end) {
+                Py_DECREF(key); r->kind = DEC_HEADER_VALUE_OVERRUN; r->a = vl; goto malformed;
+            }
+            value = PyBytes_FromStringAndSize((const char *)d + p, (Py_ssize_t)vl);
+            if (value == NULL) { Py_DECREF(key); goto error; }
+            p += (uint64_t)vl;
+        } else if (vl == -1) {
+            value = Py_NewRef(Py_None);
+        } else {
+            Py_DECREF(key); r->kind = HEADER_VALUE_LENGTH; r->a = vl; goto malformed;
+        }
+        PyObject *pair = PyTuple_New(2);
+        if (pair == NULL) { Py_DECREF(key); Py_DECREF(value); goto error; }
+        PyTuple_SET_ITEM(pair, 0, key);
+        PyTuple_SET_ITEM(pair, 1, value);
+        PyList_SET_ITEM(list, (Py_ssize_t)h, pair);
+    }
+    *pp = p;
+    *out = list;
+    return 0;
+malformed:
+    Py_DECREF(list);
+    return 1;
+error:
+    Py_DECREF(list);
+    return -1;
+}
+
+typedef struct {
+    PyTypeObject *cls;
+    int64_t base_offset, base_ts;
+    PyObject *log_append_ts;  /* None: CreateTime, timestamps are base_ts + delta */
+    PyObject *topic, *partition, *ts_type;
+} decode_args_t;
+
+/* -1 on a Python error; 0 with either *r filled (kind != OK) or the records in `out`. */
+static int do_decode(const uint8_t *d, uint64_t n, int64_t count, const decode_args_t *da, result_t *r,
+                     PyObject *out, int *increasing) {
+    uint64_t p = 0, err_pos = 0;
+    int64_t i = 0, prev_od = 0;
+    int e;
+    PyObject *headers = NULL;
+    const int append_time = da->log_append_ts != Py_None;
+    const Py_ssize_t prealloc = PyList_GET_SIZE(out);
+    *increasing = 1;
+#define DREAD(x) do { \
+        if (p < n && d[p] < 0x80) { uint8_t z_ = d[p++]; (x) = (int64_t)(z_ >> 1) ^ -(int64_t)(z_ & 1); break; } \
+        if (p + 1 < n && d[p + 1] < 0x80) { \
+            uint32_t z_ = (uint32_t)(d[p] & 0x7F) | ((uint32_t)d[p + 1] << 7); p += 2; \
+            (x) = (int64_t)(z_ >> 1) ^ -(int64_t)(z_ & 1); break; } \
+        e = read_varint(d, n, &p, &(x), &err_pos); \
+        if (e) { DEC_VARINT_FAIL(e); r->record = i; return 0; } } while (0)
+    for (i = 0; i < count; i++) {
+        int64_t length, ts_delta, od, kl, vl;
+        if (p >= n) { r->kind = COUNT_SHORT; r->record = i; return 0; }
+        DREAD(length);
+        uint64_t rec_end = skip(p, length < 0 ? 0 : length);
+        if (length < 6 || rec_end > n) {
+            r->kind = BAD_LENGTH; r->record = i; r->a = length; r->b_pos = n - p; return 0;
+        }
+        p += 1;  /* record attributes: unused in v2 */
+        DREAD(ts_delta);
+        DREAD(od);
+        DREAD(kl);
+        const uint64_t key_pos = p;
+        if (kl >= 0) p = skip(p, kl);
+        else if (kl != -1) { r->kind = KEY_LENGTH; r->record = i; r->a = kl; return 0; }
+        DREAD(vl);
+        const uint64_t value_pos = p;
+        if (vl >= 0) p = skip(p, vl);
+        else if (vl != -1) { r->kind = VALUE_LENGTH; r->record = i; r->a = vl; return 0; }
+        if (p >= n) { r->kind = TRUNCATED; r->record = i; return 0; }
+        if (d[p] == 0) {
+            p += 1;
+            headers = PyList_New(0);
+            if (headers == NULL) return -1;
+        } else {
+            int h = decode_headers(d, n, &p, rec_end, r, &headers);
+            if (h < 0) return -1;
+            if (h > 0) { r->record = i; return 0; }
+        }
+        if (p != rec_end) {
+            Py_DECREF(headers);
+            r->kind = FIELDS_END; r->record = i; r->a_pos = p; r->a_is_pos = 1; r->b_pos = rec_end; return 0;
+        }
+        /* Positions only moved forward to rec_end <= n: key and value lie inside the record. */
+        PyObject *rec = da->cls == &PyTuple_Type ? PyTuple_New(8) : da->cls->tp_alloc(da->cls, 8);
+        if (rec == NULL) { Py_DECREF(headers); return -1; }
+        PyTuple_SET_ITEM(rec, 7, headers);  /* from here on, rec owns what it holds */
+        headers = NULL;
+        PyObject *offset = int_sum(da->base_offset, od);
+        PyObject *ts = append_time ? Py_NewRef(da->log_append_ts) : int_sum(da->base_ts, ts_delta);
+        PyObject *key = kl >= 0 ? PyBytes_FromStringAndSize((const char *)d + key_pos, (Py_ssize_t)kl)
+                                : Py_NewRef(Py_None);
+        PyObject *value = vl >= 0 ? PyBytes_FromStringAndSize((const char *)d + value_pos, (Py_ssize_t)vl)
+                                  : Py_NewRef(Py_None);
+        PyTuple_SET_ITEM(rec, 0, Py_NewRef(da->topic));
+        PyTuple_SET_ITEM(rec, 1, Py_NewRef(da->partition));
+        PyTuple_SET_ITEM(rec, 2, offset);
+        PyTuple_SET_ITEM(rec, 3, ts);
+        PyTuple_SET_ITEM(rec, 4, Py_NewRef(da->ts_type));
+        PyTuple_SET_ITEM(rec, 5, key);
+        PyTuple_SET_ITEM(rec, 6, value);
+        if (offset == NULL || ts == NULL || key == NULL || value == NULL) { Py_DECREF(rec); return -1; }
+        if (i < prealloc) {
+            PyList_SET_ITEM(out, (Py_ssize_t)i, rec);
+        } else {
+            int rc = PyList_Append(out, rec);
+            Py_DECREF(rec);
+            if (rc < 0) return -1;
+        }
+        if (i > 0 && od <= prev_od) *increasing = 0;
+        prev_od = od;
+    }
+#undef DREAD
+    if (p != n) { r->kind = TRAILING; r->record = count > 0 ? count - 1 : 0; r->a_pos = n - p; r->a_is_pos = 1; return 0; }
+    r->kind = OK;
+    return 0;
+}
+
+static PyObject *decode_records(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, end;
+    long long count, base_offset, base_ts;
+    decode_args_t da;
+    PyObject *cls;
+    if (!PyArg_ParseTuple(args, "Oy*nnLLLOOOO", &cls, &view, &start, &end, &count, &base_offset, &base_ts,
+                          &da.log_append_ts, &da.topic, &da.partition, &da.ts_type)) return NULL;
+    const char *bad = NULL;
+    if (start < 0 || end < start || end > view.len) bad = "decode_records: start/end outside the buffer";
+    else if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)
+             || ((PyTypeObject *)cls)->tp_basicsize != PyTuple_Type.tp_basicsize
+             || ((PyTypeObject *)cls)->tp_dictoffset != 0)
+        bad = "decode_records: cls must be a tuple subclass without instance attributes (e.g. a NamedTuple)";
+    else if (da.log_append_ts != Py_None && !PyLong_Check(da.log_append_ts))
+        bad = "decode_records: log_append_ts must be an int or None";
+    if (bad != NULL) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, bad);
+        return NULL;
+    }
+    da.cls = (PyTypeObject *)cls;
+    da.base_offset = base_offset;
+    da.base_ts = base_ts;
+    const uint8_t *d = (const uint8_t *)view.buf + start;
+    uint64_t n = (uint64_t)(end - start);
+    /* Every record takes at least 7 bytes: a larger count fails, and is not preallocated. */
+    Py_ssize_t prealloc = count >= 0 && (uint64_t)count <= n / 7 ? (Py_ssize_t)count : 0;
+    PyObject *out = PyList_New(prealloc);  /* NULL items until set: never exposed unless all are */
+    if (out == NULL) { PyBuffer_Release(&view); return NULL; }
+    result_t r = {0};
+    int increasing = 1;
+    int rc = do_decode(d, n, (int64_t)count, &da, &r, out, &increasing);
+    PyBuffer_Release(&view);
+    if (rc < 0) { Py_DECREF(out); return NULL; }
+    if (r.kind == OK) return Py_BuildValue("(NO)", out, increasing ? Py_True : Py_False);
+    Py_DECREF(out);
+    PyObject *a = r.a_is_pos ? PyLong_FromUnsignedLongLong(r.a_pos) : PyLong_FromLongLong(r.a);
+    PyObject *b = PyLong_FromUnsignedLongLong(r.b_pos);
+    if (a == NULL || b == NULL) { Py_XDECREF(a); Py_XDECREF(b); return NULL; }
+    return Py_BuildValue("(iLNN)", r.kind, (long long)r.record, a, b);
+}
+
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS,
      "walk(buf, start, end, count, compact) -> (kind, record, a, b, min_ts_delta, max_ts_delta)"},
+    {"decode_records", decode_records, METH_VARARGS,
+     "decode_records(cls, buf, start, end, count, base_offset, base_ts, log_append_ts, topic, partition, "
+     "ts_type) -> (records, increasing) | (kind, record, a, b)"},
     {NULL, NULL, 0, NULL},
 };
 

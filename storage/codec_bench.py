@@ -2,8 +2,10 @@
 
 Encodes and decodes batches of 100-byte records (1000 per batch by default) with
 every codec and prints records/s and MB/s (MB of uncompressed record values, 10^6
-bytes) for each direction, plus header-only validation throughput and the leader's
-full validation (LogValidator: decompress + walk every record) per codec.
+bytes) for each direction, the consumer's decoding (batch straight to
+client.types.ConsumerRecord, storage/record_decode.py) with the C decoder and with the
+pure-Python fallback, plus header-only validation throughput and the leader's full
+validation (LogValidator: decompress + walk every record) per codec.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from client.types import ConsumerRecord
 from storage import record_batch as rb
-from storage import record_walk
+from storage import record_decode, record_walk
 from storage.compression import CODEC_NAMES
 from storage.log_config import LogConfig
 from storage.log_validator import LogValidator
@@ -29,6 +32,8 @@ class Result:
     encode_mb_per_s: float
     decode_records_per_s: float
     decode_mb_per_s: float
+    consumer_c_records_per_s: float | None  # None: the C extension is not built
+    consumer_py_records_per_s: float
 
 
 def _values(record_bytes: int, count: int) -> list[bytes]:
@@ -65,6 +70,18 @@ def bench_codec(codec: int, *, record_bytes: int, records_per_batch: int, min_se
     batch = encode()
     enc_s, enc_n = _timed(encode, min_seconds)
     dec_s, dec_n = _timed(lambda: rb.decode_batch(batch), min_seconds)
+
+    def consumer_rate(decoder: Callable[..., object]) -> float:
+        def decode() -> object:
+            h, section, start, end = rb.batch_section(batch, 0)
+            return decoder(ConsumerRecord, section, start, end, h.record_count, h.base_offset, h.base_timestamp,
+                           None, "topic", 0, 0, 0)
+
+        seconds, n = _timed(decode, min_seconds)
+        return n * records_per_batch / seconds
+
+    consumer_c = consumer_rate(record_decode.decode_records_c) if record_decode.COMPILED else None
+    consumer_py = consumer_rate(record_decode.decode_records_py)
     payload = record_bytes * records_per_batch
     return Result(
         codec=CODEC_NAMES[codec],
@@ -73,6 +90,8 @@ def bench_codec(codec: int, *, record_bytes: int, records_per_batch: int, min_se
         encode_mb_per_s=enc_n * payload / enc_s / 1e6,
         decode_records_per_s=dec_n * records_per_batch / dec_s,
         decode_mb_per_s=dec_n * payload / dec_s / 1e6,
+        consumer_c_records_per_s=consumer_c,
+        consumer_py_records_per_s=consumer_py,
     )
 
 
@@ -108,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
         f"RecordBatch v2 codec benchmark: {args.record_bytes}-byte values, "
         f"{args.records_per_batch} records per batch, keys of 5-6 bytes"
     )
-    print(f"{'codec':<8}{'batch B':>10}{'encode rec/s':>15}{'enc MB/s':>10}{'decode rec/s':>15}{'dec MB/s':>10}")
+    print(f"{'codec':<8}{'batch B':>10}{'encode rec/s':>15}{'enc MB/s':>10}{'decode rec/s':>15}{'dec MB/s':>10}"
+          f"{'consumer C rec/s':>18}{'consumer py rec/s':>19}")
     for codec in sorted(CODEC_NAMES):
         r = bench_codec(
             codec,
@@ -119,7 +139,11 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"{r.codec:<8}{r.batch_bytes:>10}{r.encode_records_per_s:>15,.0f}{r.encode_mb_per_s:>10.1f}"
             f"{r.decode_records_per_s:>15,.0f}{r.decode_mb_per_s:>10.1f}"
+            f"{'not built' if r.consumer_c_records_per_s is None else f'{r.consumer_c_records_per_s:,.0f}':>18}"
+            f"{r.consumer_py_records_per_s:>19,.0f}"
         )
+    print("decode: decode_batch to Records; consumer: batch to ConsumerRecords (storage/record_decode.py), "
+          "C decoder and pure-Python fallback")
     batches_per_s, mb_per_s = bench_validate(
         record_bytes=args.record_bytes, records_per_batch=args.records_per_batch, min_seconds=args.seconds
     )

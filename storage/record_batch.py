@@ -578,6 +578,29 @@ def decode_batch(
     -> CorruptMessageError; a malformed record (bad varint, lengths that overrun the
     record, invalid UTF-8 header key) -> InvalidRecordError.
     """
+    h, section, start, end = batch_section(
+        buf, pos, verify_crc=verify_crc, max_decompressed_bytes=max_decompressed_bytes
+    )
+    if start != 0 or end != len(section) or section.__class__ is not bytes:
+        with memoryview(section) as view:
+            section = bytes(view[start:end])
+    log_append_ts = h.max_timestamp if h.attributes & ATTR_TIMESTAMP_TYPE else None
+    return h, _decode_records(section, h.record_count, h.base_offset, h.base_timestamp, log_append_ts, pos)
+
+
+def batch_section(
+    buf: Buffer,
+    pos: int = 0,
+    *,
+    verify_crc: bool = True,
+    max_decompressed_bytes: int = compression.DEFAULT_MAX_OUTPUT_BYTES,
+) -> tuple[BatchHeader, Buffer, int, int]:
+    """The checked header and the decompressed records section of the batch at ``pos``.
+
+    Returns (header, section buffer, start, end): the records are ``section[start:end]``,
+    which is ``buf`` itself for an uncompressed batch (no copy) and the decompressed
+    bytes otherwise. Header, CRC and decompression errors as ``decode_batch``.
+    """
     if verify_crc:
         h = validate_batch(buf, pos)
     else:
@@ -586,13 +609,13 @@ def decode_batch(
         if pos + h.batch_length + LOG_OVERHEAD > len(buf):
             raise errors.CorruptMessageError(f"truncated batch at position {pos}")
     end = pos + h.batch_length + LOG_OVERHEAD
+    codec = h.attributes & ATTR_CODEC_MASK
+    if codec == CODEC_NONE:
+        return h, buf, pos + BATCH_HEADER_SIZE, end
     with memoryview(buf) as view:
         data = bytes(view[pos + BATCH_HEADER_SIZE : end])
-    codec = h.attributes & ATTR_CODEC_MASK
-    if codec != CODEC_NONE:
-        data = compression.decompress(codec, data, max_output_bytes=max_decompressed_bytes)
-    log_append_ts = h.max_timestamp if h.attributes & ATTR_TIMESTAMP_TYPE else None
-    return h, _decode_records(data, h.record_count, h.base_offset, h.base_timestamp, log_append_ts, pos)
+    data = compression.decompress(codec, data, max_output_bytes=max_decompressed_bytes)
+    return h, data, 0, len(data)
 
 
 def _decode_records(

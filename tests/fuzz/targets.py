@@ -8,7 +8,8 @@
   CORRUPT_MESSAGE / INVALID_RECORD / MESSAGE_TOO_LARGE may be raised; the compiled and
   pure-Python walks agree exactly; and whatever the validator accepts, the consumer's
   decoder must decode into exactly ``count`` records with offsets in order (and keys on a
-  compacted topic) — the property issue 11 is about.
+  compacted topic) — the property issue 11 is about; and the consumer's compiled and
+  pure-Python decoders (storage/record_decode.py) give the same records or the same error.
 - ``rpc``: the broker's RPC handlers (BrokerService over a real ReplicaManager and
   LogManager in a temporary directory, this broker leading every partition); the first
   byte picks the handler, the rest is its serialized request. A crash is an exception
@@ -34,8 +35,9 @@ from typing import Any
 from crc32c import crc32c
 from google.protobuf.message import DecodeError
 
+from client.types import ConsumerRecord
 from proto import errors
-from storage import compression, record_walk
+from storage import compression, record_decode, record_walk
 from storage import record_batch as rb
 from storage.log_config import LogConfig
 from storage.log_validator import LogValidator
@@ -132,6 +134,26 @@ def _check_walks_agree(buf: bytes, h: rb.BatchHeader, compact: bool) -> None:
     py, c = record_walk.walk_py(*args), record_walk.walk_c(*args)
     if py != c:
         raise AssertionError(f"compiled walk {c} != Python walk {py}")
+    _check_decoders_agree(section, h)
+
+
+def _decode_outcome(decoder: Any, section: bytes, h: rb.BatchHeader) -> tuple:
+    log_append_ts = h.max_timestamp if h.attributes & rb.ATTR_TIMESTAMP_TYPE else None
+    try:
+        return ("ok", decoder(ConsumerRecord, section, 0, len(section), h.record_count, h.base_offset,
+                              h.base_timestamp, log_append_ts, "t", 0, 0, 0))
+    except (errors.CorruptMessageError, errors.InvalidRecordError) as exc:
+        return (type(exc), str(exc))
+
+
+def _check_decoders_agree(section: bytes, h: rb.BatchHeader) -> None:
+    """The consumer's C decoder and the Python reference: same records, or same exception and message."""
+    if not record_decode.COMPILED:
+        return
+    py = _decode_outcome(record_decode.decode_records_py, section, h)
+    c = _decode_outcome(record_decode.decode_records_c, section, h)
+    if py != c:
+        raise AssertionError(f"compiled decoder {c} != Python decoder {py}")
 
 
 # ----------------------------------------------------------------------------- rpc
