@@ -33,7 +33,7 @@ import concurrent.futures
 import logging
 import re
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -237,20 +237,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     # ---- Fetch ----
     async def Fetch(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> Any:
         def on_error() -> broker_pb2.FetchResponse:
-            resp = broker_pb2.FetchResponse()
-            for fp in request.partitions:
-                resp.partitions.add(topic=fp.topic, partition=fp.partition, error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
-                                    error_message="internal error", high_watermark=-1, log_start_offset=-1,
-                                    log_end_offset=-1)
-            return resp
+            return _fetch_error_all(request)
         if request.replica_id >= 0:
-            # A follower's fetch moves the HW: only that broker may send it.
-            if (refusal := self._as_replica(context, request.replica_id)) is not None:
-                return _partition_errors(broker_pb2.FetchResponse(), request.partitions, refusal,
-                                         high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
-            # Replication has its own executor and no client bounds: a client flood must not
-            # starve the followers (and so shrink the ISR).
-            return await self._guard("Fetch", request, lambda: self._fetch(request, None), on_error)
+            return await self._replica_fetch(request, context)
         caller = await self._caller(context)
         denied = self.authz.denied_topics(caller, authz.READ, {fp.topic for fp in request.partitions})
 
@@ -271,6 +260,32 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             return resp
         return await self._admitted(context, lambda client: self._guard("Fetch", request, lambda: fetch(client),
                                                                         on_error))
+
+    async def ReplicaFetch(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
+                           context: grpc.aio.ServicerContext) -> AsyncIterator[broker_pb2.FetchResponse]:
+        """A follower's fetch session: its requests answered one after the other, each as a follower's Fetch.
+
+        The follower sends the next request once it has the last response, so one message is in
+        flight per stream; each is checked as a unary follower Fetch is (only that broker may send it).
+        """
+        async for request in request_iterator:
+            if request.replica_id < 0:
+                yield _partition_errors(broker_pb2.FetchResponse(), request.partitions, errors.error_for(
+                    ErrorCode.INVALID_REQUEST, "ReplicaFetch carries follower fetches (replica_id >= 0) only"),
+                    high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+                continue
+            yield await self._replica_fetch(request, context)
+
+    async def _replica_fetch(self, request: broker_pb2.FetchRequest,
+                             context: grpc.aio.ServicerContext) -> broker_pb2.FetchResponse:
+        # A follower's fetch moves the HW: only that broker may send it.
+        if (refusal := self._as_replica(context, request.replica_id)) is not None:
+            return _partition_errors(broker_pb2.FetchResponse(), request.partitions, refusal,
+                                     high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+        # Replication has its own executor and no client bounds: a client flood must not
+        # starve the followers (and so shrink the ISR).
+        return await self._guard("Fetch", request, lambda: self._fetch(request, None),
+                                 lambda: _fetch_error_all(request))
 
     async def _fetch(self, req: broker_pb2.FetchRequest, client: str | None,
                      slices: dict[tuple[str, int], Any] | None = None) -> broker_pb2.FetchResponse:
@@ -555,6 +570,15 @@ def _produce_error_all(req: broker_pb2.ProduceRequest, code: int, message: str) 
         resp.partitions.add(topic=pd.topic, partition=pd.partition, error_code=code, error_message=message,
                             base_offset=-1, log_append_time_ms=-1, log_start_offset=-1,
                             current_leader=common_pb2.LeaderIdAndEpoch(leader_id=-1, leader_epoch=-1))
+    return resp
+
+
+def _fetch_error_all(req: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
+    resp = broker_pb2.FetchResponse()
+    for fp in req.partitions:
+        resp.partitions.add(topic=fp.topic, partition=fp.partition, error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
+                            error_message="internal error", high_watermark=-1, log_start_offset=-1,
+                            log_end_offset=-1)
     return resp
 
 

@@ -132,7 +132,8 @@ class _Details(collections.namedtuple("_Details", ("method", "timeout", "metadat
     pass
 
 
-class ScramInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class ScramInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                       grpc.StreamStreamClientInterceptor):
     """Adds the session token to every call on one channel; re-authenticates once on UNAUTHENTICATED."""
 
     def __init__(self, session: ScramSession) -> None:
@@ -161,6 +162,13 @@ class ScramInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientI
         # stream's owner reconnects, and the next token() call renews the session.
         new_details, token = self._with_token(details)
         return continuation(new_details, request)
+
+    def intercept_stream_stream(self, continuation: Callable[..., Any], details: grpc.ClientCallDetails,
+                                request_iterator: Any) -> Any:
+        # A follower's fetch stream: its token is the one of the moment it opened. The owner opens
+        # a new stream when the leader refuses it (a stale session) and after STREAM_MAX_AGE_S.
+        new_details, _ = self._with_token(details)
+        return continuation(new_details, request_iterator)
 
 
 def _is_unauthenticated(outcome: Any) -> bool:

@@ -44,6 +44,11 @@ class BrokerServiceStub:
                 request_serializer=proto_dot_broker__pb2.FetchRequest.SerializeToString,
                 response_deserializer=proto_dot_broker__pb2.FetchResponse.FromString,
                 _registered_method=True)
+        self.ReplicaFetch = channel.stream_stream(
+                '/brook.BrokerService/ReplicaFetch',
+                request_serializer=proto_dot_broker__pb2.FetchRequest.SerializeToString,
+                response_deserializer=proto_dot_broker__pb2.FetchResponse.FromString,
+                _registered_method=True)
         self.ListOffsets = channel.unary_unary(
                 '/brook.BrokerService/ListOffsets',
                 request_serializer=proto_dot_broker__pb2.ListOffsetsRequest.SerializeToString,
@@ -87,6 +92,15 @@ class BrokerServiceServicer:
 
     def Fetch(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplicaFetch(self, request_iterator, context):
+        """A follower's fetches as one long-lived stream (a fetch session): the follower sends a request,
+        waits for its response, sends the next. Same requests, answers and rules as a follower's Fetch
+        (replica_id >= 0, broker-only); a message costs the leader about half a unary call.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -139,6 +153,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
             ),
             'Fetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Fetch,
+                    request_deserializer=proto_dot_broker__pb2.FetchRequest.FromString,
+                    response_serializer=proto_dot_broker__pb2.FetchResponse.SerializeToString,
+            ),
+            'ReplicaFetch': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReplicaFetch,
                     request_deserializer=proto_dot_broker__pb2.FetchRequest.FromString,
                     response_serializer=proto_dot_broker__pb2.FetchResponse.SerializeToString,
             ),
@@ -225,6 +244,33 @@ class BrokerService:
             request,
             target,
             '/brook.BrokerService/Fetch',
+            proto_dot_broker__pb2.FetchRequest.SerializeToString,
+            proto_dot_broker__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicaFetch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/brook.BrokerService/ReplicaFetch',
             proto_dot_broker__pb2.FetchRequest.SerializeToString,
             proto_dot_broker__pb2.FetchResponse.FromString,
             options,

@@ -8,6 +8,11 @@ then the replica truncates to the end of the last epoch both share before fetchi
 (KIP-101/279). Out-of-range answers truncate to the leader's log end or restart the log
 at the leader's log start.
 
+Fetches go over one ``ReplicaFetch`` stream per fetcher (a fetch session: a message costs the
+leader about half of what a unary call does), opened again after any failure; a leader that does
+not know the stream (an older version, mid-upgrade) gets unary ``Fetch`` calls instead. A fetch
+gets no answer for longer than ``max_wait_ms`` + 10 s (a stopped leader) cancels the stream.
+
 Role changes remove a partition from its fetcher *before* the partition changes role;
 responses are processed under the fetcher's lock, so once ``remove_partitions`` returns
 no fetcher will append to that log again.
@@ -16,6 +21,7 @@ no fetcher will append to that log again.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -45,11 +51,51 @@ class FetcherConfig:
     max_bytes: int = 16 * 1024 * 1024
     partition_max_bytes: int = 1024 * 1024
     backoff_ms: int = 200
+    # A fetch unanswered for max_wait_ms + this is given up (its stream cancelled and opened again).
+    response_slack_ms: int = 10_000
     max_truncation_rounds: int = 64  # bound on repeated divergence answers per partition
     # How this broker reaches the leaders' inter-broker listener (its own node certificate on SSL).
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # Shared by every fetcher of the broker: the copy rate of partitions not in sync here.
     throttle: ReplicationThrottle = field(default_factory=ReplicationThrottle)
+
+
+class _FetchSession:
+    """One ReplicaFetch stream: ``fetch`` sends a request and waits for its response.
+
+    Only the fetcher's thread calls ``fetch``; ``cancel`` may come from any thread (the watchdog,
+    shutdown) and makes a waiting ``fetch`` raise.
+    """
+
+    def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub) -> None:
+        self._requests: queue.SimpleQueue[broker_pb2.FetchRequest | None] = queue.SimpleQueue()
+        self._call = stub.ReplicaFetch(iter(self._requests.get, None))
+        self.opened_at = time.monotonic()
+        self.waiting_since: float | None = None  # monotonic time of the unanswered request
+
+    def fetch(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
+        self.waiting_since = time.monotonic()
+        self._requests.put(request)
+        try:
+            return next(self._call)
+        except StopIteration:  # the leader ended the stream (it is stopping)
+            raise _SessionEnded from None
+        finally:
+            self.waiting_since = None
+
+    def cancel(self) -> None:
+        self._requests.put(None)  # ends the request stream
+        self._call.cancel()
+
+
+class _SessionEnded(Exception):
+    pass
+
+
+# A stream keeps the credentials it opened with (a SCRAM session token ages): it is opened anew
+# after this long, and at once when the leader refuses it as unauthorized.
+STREAM_MAX_AGE_S = 60.0
+_AUTH_REFUSALS = {ErrorCode.CLUSTER_AUTHORIZATION_FAILED, ErrorCode.SASL_AUTHENTICATION_FAILED}
 
 
 @dataclass(slots=True)
@@ -81,6 +127,8 @@ class ReplicaFetcher:
         ])
         self._failures = 0
         self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)
+        self._session: _FetchSession | None = None
+        self._use_stream = True  # False once the leader answered UNIMPLEMENTED (an older version)
         self._thread = threading.Thread(target=self._run, name=f"replica-fetcher-{local_id}-from-{source_id}",
                                         daemon=True)
         self._thread.start()
@@ -105,6 +153,9 @@ class ReplicaFetcher:
             self._stopped = True
             self._states.clear()
             self._lock.notify_all()
+        session = self._session
+        if session is not None:
+            session.cancel()
         self._channel.close()  # cancels an in-flight long poll
         self._thread.join(timeout=5)
 
@@ -120,10 +171,16 @@ class ReplicaFetcher:
                     self._lock.wait(timeout=backoff_s)
                     continue
             try:
-                response = self._stub.Fetch(request, timeout=self.config.max_wait_ms / 1000 + 10)
-            except grpc.RpcError as e:
+                response = self._send(request)
+            except (grpc.RpcError, _SessionEnded) as e:
+                self._close_session()
                 if self._stopped:
                     return
+                if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNIMPLEMENTED and self._use_stream:
+                    log.info("fetcher %d<-%d: leader has no ReplicaFetch stream (an older version); "
+                             "using unary fetches", self.local_id, self.source_id)
+                    self._use_stream = False
+                    continue
                 self._failures += 1
                 if self._failures == 1 or self._failures % 50 == 0:  # one line per outage, not 5 per second
                     log.info("fetcher %d<-%d (%s): fetch failed (%d in a row): %s", self.local_id, self.source_id,
@@ -152,6 +209,38 @@ class ReplicaFetcher:
                         log.exception("fetcher %d<-%d: %s-%d: unexpected failure; backing off",
                                       self.local_id, self.source_id, pr.topic, pr.partition)
                         st.delayed_until_s = time.monotonic() + backoff_s
+
+    def _send(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
+        if not self._use_stream:
+            return self._stub.Fetch(request, timeout=self.response_timeout_s())
+        if self._session is not None and time.monotonic() - self._session.opened_at > STREAM_MAX_AGE_S:
+            self._close_session()
+        if self._session is None:
+            self._session = _FetchSession(self._stub)
+        response = self._session.fetch(request)
+        if any(pr.error_code in _AUTH_REFUSALS for pr in response.partitions):
+            self._close_session()  # perhaps a stale session: the next stream carries fresh credentials
+        return response
+
+    def _close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.cancel()
+
+    def response_timeout_s(self) -> float:
+        """How long a fetch may go unanswered: the long poll plus slack for a loaded leader."""
+        return (self.config.max_wait_ms + self.config.response_slack_ms) / 1000
+
+    def cancel_if_overdue(self, now: float) -> bool:
+        """The watchdog's check: cancel the stream whose request has waited past the timeout."""
+        session = self._session
+        since = session.waiting_since if session is not None else None
+        if session is None or since is None or now - since <= self.response_timeout_s():
+            return False
+        log.warning("fetcher %d<-%d (%s): no answer for %.1f s; reopening the fetch stream", self.local_id,
+                    self.source_id, self.address, now - since)
+        session.cancel()
+        return True
 
     def _build_request(self) -> tuple[broker_pb2.FetchRequest | None, dict[tuple[str, int], int]]:
         now = time.monotonic()
@@ -252,6 +341,19 @@ class ReplicaFetcherManager:
         self._lock = threading.Lock()
         self._fetchers: dict[tuple[int, str], ReplicaFetcher] = {}
         self._where: dict[tuple[str, int], tuple[int, str]] = {}
+        # One thread for every fetcher's response deadline (a stream has none of its own).
+        self._stopped = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name=f"replica-fetch-watchdog-{local_id}",
+                                          daemon=True)
+        self._watchdog.start()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(1.0):
+            with self._lock:
+                fetchers = list(self._fetchers.values())
+            now = time.monotonic()
+            for f in fetchers:
+                f.cancel_if_overdue(now)
 
     def add_partition(self, partition: Partition, leader_id: int, address: str, leader_epoch: int) -> None:
         with self._lock:
@@ -287,6 +389,7 @@ class ReplicaFetcherManager:
             return len(self._fetchers)
 
     def shutdown(self) -> None:
+        self._stopped.set()
         with self._lock:
             fetchers = list(self._fetchers.values())
             self._fetchers.clear()

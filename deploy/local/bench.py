@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      "--linger-ms", "1",
                                                      "--num-records", str(args.latency_records),
                                                      "--warmup-records", "5000"])))
-        print(f"== 3b. end to end at 10,000 records/s, acks=all: send() until a consumer (its own process) "
-              f"polls the record", flush=True)
+        print("== 3b. end to end at 10,000 records/s, acks=all: send() until a consumer (its own process) "
+              "polls the record", flush=True)
         steps.append(("end-to-end 10k/s", e2e_main([
             "--bootstrap-servers", bootstrap, "--topic", "bench-e2e", "--partitions", str(args.partitions),
             "--replication-factor", "3", "--record-size", "100", "--acks", "all", "--throughput", "10000",

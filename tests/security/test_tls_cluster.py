@@ -195,6 +195,16 @@ def test_forged_replica_fetch_is_refused(cluster: LocalCluster) -> None:
                                       last_fetched_epoch=-1)])
     resp = broker_pb2_grpc.BrokerServiceStub(ch).Fetch(req, timeout=RPC_TIMEOUT_S)
     assert [p.error_code for p in resp.partitions] == [ErrorCode.CLUSTER_AUTHORIZATION_FAILED]
+    # The same over the followers' fetch stream: each message is checked, the stream stays usable,
+    # and a consumer fetch (replica_id -1) has no place on it.
+    consumer_req = broker_pb2.FetchRequest()
+    consumer_req.CopyFrom(req)
+    consumer_req.replica_id, consumer_req.replica_epoch = -1, -1
+    answers = list(broker_pb2_grpc.BrokerServiceStub(ch).ReplicaFetch(iter([req, consumer_req, req]),
+                                                                      timeout=RPC_TIMEOUT_S))
+    assert [[p.error_code for p in a.partitions] for a in answers] == [
+        [ErrorCode.CLUSTER_AUTHORIZATION_FAILED], [ErrorCode.INVALID_REQUEST],
+        [ErrorCode.CLUSTER_AUTHORIZATION_FAILED]], answers
     # A consumer fetch (replica_id -1) with the same certificate is fine.
     req.replica_id, req.replica_epoch = -1, -1
     req.partitions[0].fetch_offset = 0

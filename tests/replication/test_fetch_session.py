@@ -1,0 +1,160 @@
+"""The follower's fetch session: one ReplicaFetch stream per leader, with the unary Fetch as fallback.
+
+A real ReplicaFetcher (its thread, its gRPC channel) follows a real Partition from a stand-in
+leader: a gRPC server on a real socket that serves one batch. Shown here: the data arrives over
+the stream; a leader without the stream (an older version) is fetched from with unary calls;
+a leader that stops answering has its stream cancelled by the watchdog and opened again; a
+stream the leader refuses as unauthorized (a SCRAM session that expired while the stream was
+open) is opened again, with the credentials of that moment.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from waiting import wait_for
+
+from proto import broker_pb2, broker_pb2_grpc
+from proto.errors import ErrorCode
+from replication.fetcher import FetcherConfig, ReplicaFetcherManager
+from replication.partition import Partition
+from storage.log import Log
+from storage.log_config import LogConfig
+from storage.record_batch import RecordBatchBuilder
+
+
+def leader_batch() -> bytes:
+    b = RecordBatchBuilder(partition_leader_epoch=0, base_offset=0)
+    b.append(1_700_000_000_000, None, b"replicated")
+    return b.build()
+
+
+BATCH = leader_batch()
+
+
+def answer(req: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
+    fp = req.partitions[0]
+    return broker_pb2.FetchResponse(partitions=[broker_pb2.FetchPartitionResponse(
+        topic=fp.topic, partition=fp.partition, high_watermark=1, log_start_offset=0, log_end_offset=1,
+        records=BATCH if fp.fetch_offset == 0 else b"")])
+
+
+class Leader(broker_pb2_grpc.BrokerServiceServicer):
+    """Serves BATCH at offset 0; the first ``silent_streams`` streams never answer (a stopped leader),
+    the first ``refused_streams`` answer CLUSTER_AUTHORIZATION_FAILED."""
+
+    def __init__(self, *, stream: bool, silent_streams: int = 0, refused_streams: int = 0) -> None:
+        self.stream = stream
+        self.silent_streams = silent_streams
+        self.refused_streams = refused_streams
+        self.unary_calls = 0
+        self.streams = 0
+        self.stream_messages = 0
+        self.lock = threading.Lock()
+
+    def Fetch(self, request: broker_pb2.FetchRequest, context: Any) -> broker_pb2.FetchResponse:
+        with self.lock:
+            self.unary_calls += 1
+        if request.partitions[0].fetch_offset > 0:
+            time.sleep(0.05)  # a long poll with nothing new
+        return answer(request)
+
+    def ReplicaFetch(self, request_iterator: Iterator[broker_pb2.FetchRequest],
+                     context: Any) -> Iterator[broker_pb2.FetchResponse]:
+        if not self.stream:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+        with self.lock:
+            self.streams += 1
+            silent = self.streams <= self.silent_streams
+            refused = self.streams <= self.refused_streams
+        for request in request_iterator:
+            with self.lock:
+                self.stream_messages += 1
+            if silent:
+                while context.is_active():
+                    time.sleep(0.02)
+                return
+            if refused:
+                fp = request.partitions[0]
+                yield broker_pb2.FetchResponse(partitions=[broker_pb2.FetchPartitionResponse(
+                    topic=fp.topic, partition=fp.partition, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                    error_message="not a node", high_watermark=-1, log_start_offset=-1, log_end_offset=-1)])
+                continue
+            if request.partitions[0].fetch_offset > 0:
+                time.sleep(0.05)
+            yield answer(request)
+
+
+@pytest.fixture
+def follower(tmp_path: Path) -> Partition:
+    lg = Log.open(tmp_path / "t-0", LogConfig.from_overrides({}))
+    p = Partition("t", 0, "T", lg, 2, broker_usable=lambda b: True)
+    p.make_follower(1, (1, 2), (1, 2), 0, 0)
+    return p
+
+
+def follow(leader: Leader, p: Partition, **config: int) -> ReplicaFetcherManager:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    broker_pb2_grpc.add_BrokerServiceServicer_to_server(leader, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    manager = ReplicaFetcherManager(2, lambda: 1, FetcherConfig(max_wait_ms=100, backoff_ms=50, **config))
+    manager.add_partition(p, 1, f"127.0.0.1:{port}", 0)
+    manager.server = server  # type: ignore[attr-defined]
+    return manager
+
+
+def stop(manager: ReplicaFetcherManager) -> None:
+    manager.shutdown()
+    manager.server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_the_follower_fetches_over_one_stream(follower: Partition) -> None:
+    leader = Leader(stream=True)
+    manager = follow(leader, follower)
+    try:
+        wait_for(lambda: follower.log.log_end_offset == 1 and follower.log.high_watermark == 1, 10,
+                 "the batch replicated over the stream")
+        wait_for(lambda: leader.stream_messages >= 3, 10, "later fetches on the same stream")
+    finally:
+        stop(manager)
+    assert leader.unary_calls == 0 and leader.streams == 1, vars(leader)
+
+
+def test_a_leader_without_the_stream_gets_unary_fetches(follower: Partition) -> None:
+    leader = Leader(stream=False)
+    manager = follow(leader, follower)
+    try:
+        wait_for(lambda: follower.log.log_end_offset == 1, 10, "the batch replicated by unary fetches")
+        wait_for(lambda: leader.unary_calls >= 3, 10, "more unary fetches")
+    finally:
+        stop(manager)
+    assert leader.streams == 0 and leader.stream_messages == 0, vars(leader)
+
+
+def test_a_silent_leader_has_its_stream_cancelled_and_reopened(follower: Partition) -> None:
+    leader = Leader(stream=True, silent_streams=1)
+    manager = follow(leader, follower, response_slack_ms=300)
+    try:
+        wait_for(lambda: follower.log.log_end_offset == 1, 15,
+                 "the batch, over a second stream once the watchdog gave up on the first")
+    finally:
+        stop(manager)
+    assert leader.streams >= 2 and leader.unary_calls == 0, vars(leader)
+
+
+def test_a_stream_refused_as_unauthorized_is_opened_again(follower: Partition) -> None:
+    leader = Leader(stream=True, refused_streams=1)
+    manager = follow(leader, follower)
+    try:
+        wait_for(lambda: follower.log.log_end_offset == 1, 15, "the batch, over a new stream after the refusal")
+    finally:
+        stop(manager)
+    assert leader.streams >= 2 and leader.unary_calls == 0, vars(leader)
