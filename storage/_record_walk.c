@@ -212,7 +212,7 @@ static PyObject *int_sum(int64_t base, int64_t delta) {
 #define DEC_VARINT_FAIL(e) do { r->kind = (e); if ((e) != TRUNCATED) { r->a_pos = err_pos; r->a_is_pos = 1; } } while (0)
 
 /* A record's headers (the count byte is not 0): -1 on a Python error, 1 on a malformed
-   header (r filled but r->record), 0 with *out a new list of (str, bytes | None). */
+   header (r filled but r->record), 0 with *out a new tuple of (str, bytes | None) pairs. */
 static int decode_headers(const uint8_t *d, uint64_t n, uint64_t *pp, uint64_t rec_end, result_t *r,
                           PyObject **out) {
     uint64_t p = *pp, err_pos = 0;
@@ -224,7 +224,7 @@ static int decode_headers(const uint8_t *d, uint64_t n, uint64_t *pp, uint64_t r
     if (hcount < 0 || p > rec_end || (uint64_t)hcount > (rec_end - p) / 2) {
         r->kind = HEADER_COUNT; r->a = hcount; return 1;
     }
-    PyObject *list = PyList_New((Py_ssize_t)hcount);  /* NULL items until set: never exposed */
+    PyObject *list = PyTuple_New((Py_ssize_t)hcount);  /* NULL items until set: never exposed */
     if (list == NULL) return -1;
     for (int64_t h = 0; h < hcount; h++) {
         e = read_varint(d, n, &p, &kl, &err_pos);
@@ -257,7 +257,7 @@ static int decode_headers(const uint8_t *d, uint64_t n, uint64_t *pp, uint64_t r
         if (pair == NULL) { Py_DECREF(key); Py_DECREF(value); goto error; }
         PyTuple_SET_ITEM(pair, 0, key);
         PyTuple_SET_ITEM(pair, 1, value);
-        PyList_SET_ITEM(list, (Py_ssize_t)h, pair);
+        PyTuple_SET_ITEM(list, (Py_ssize_t)h, pair);
     }
     *pp = p;
     *out = list;
@@ -316,7 +316,7 @@ static int do_decode(const uint8_t *d, uint64_t n, int64_t count, const decode_a
         if (p >= n) { r->kind = TRUNCATED; r->record = i; return 0; }
         if (d[p] == 0) {
             p += 1;
-            headers = PyList_New(0);
+            headers = PyTuple_New(0);  /* the empty tuple: shared, immutable, not tracked by the GC */
             if (headers == NULL) return -1;
         } else {
             int h = decode_headers(d, n, &p, rec_end, r, &headers);
@@ -346,6 +346,13 @@ static int do_decode(const uint8_t *d, uint64_t n, int64_t count, const decode_a
         PyTuple_SET_ITEM(rec, 5, key);
         PyTuple_SET_ITEM(rec, 6, value);
         if (offset == NULL || ts == NULL || key == NULL || value == NULL) { Py_DECREF(rec); return -1; }
+        if (PyTuple_GET_SIZE(PyTuple_GET_ITEM(rec, 7)) == 0) {
+            /* Only str, int, bytes and None inside: no reference cycle can pass through this
+               record, so the cyclic GC need not track it (CPython untracks such tuples itself,
+               but only once a collection has examined them: a million records a second
+               would otherwise be a million objects for every collection to traverse). */
+            PyObject_GC_UnTrack(rec);
+        }
         if (i < prealloc) {
             PyList_SET_ITEM(out, (Py_ssize_t)i, rec);
         } else {

@@ -122,7 +122,7 @@ def decode_records_py(cls: type, section: rb.Buffer, start: int, end: int, count
             section = bytes(view[start:end])
     records = rb._decode_records(section, count, base_offset, base_ts, log_append_ts, batch_pos)  # type: ignore[arg-type]
     new = tuple.__new__
-    out = [new(cls, (topic, partition, r.offset, r.timestamp, ts_type, r.key, r.value, r.headers))
+    out = [new(cls, (topic, partition, r.offset, r.timestamp, ts_type, r.key, r.value, tuple(r.headers)))
            for r in records]
     offsets = [r.offset for r in records]
     return out, all(map(lt, offsets, offsets[1:]))

@@ -40,7 +40,7 @@ def test_round_trip_every_codec(cluster, new_topic, codec: str) -> None:
         assert [(r.offset, r.key, r.value) for r in records] == expected, f"partition {p} with {codec}"
     first = got[0][0] if got[0] else got[1][0]
     i = int(dict(first.headers)["i"])
-    assert first.headers == [("i", str(i).encode()), ("none", None)]
+    assert first.headers == (("i", str(i).encode()), ("none", None))
     assert first.timestamp == 1_700_000_000_000 + i and first.timestamp_type == 0
 
 

@@ -47,7 +47,7 @@ def test_take_respects_limit_and_position_inside_a_batch() -> None:
     assert [r.offset for r in rest] == [14, 15, 16, 17, 18, 19]
     assert state.position == 20 and part.exhausted()
     r = rest[0]
-    assert (r.topic, r.partition, r.key, r.value, r.headers) == ("t", 3, b"k14", b"v14", [("h", b"x")])
+    assert (r.topic, r.partition, r.key, r.value, r.headers) == ("t", 3, b"k14", b"v14", (("h", b"x"),))
 
 
 def test_control_batches_are_skipped_but_advance_the_position() -> None:
@@ -122,7 +122,7 @@ class OldPartitionRecords:
             chunk = self.current[self.index:end]
             self.index = end
             out.extend([ConsumerRecord(topic, partition, r.offset, r.timestamp, self.ts_type, r.key, r.value,
-                                       r.headers) for r in chunk if r.offset >= position])
+                                       tuple(r.headers)) for r in chunk if r.offset >= position])
             if out:
                 state.position = max(position, out[-1].offset + 1)
         return out
@@ -212,12 +212,12 @@ def test_log_append_time_and_deserializers(decoder: str) -> None:
     recs = part.take(state, 10, lambda k: k.decode(), None)
     assert [(r.offset, r.timestamp, r.timestamp_type, r.key, r.value) for r in recs] == [
         (1, 77_777, 1, "k1", b"v1"), (2, 77_777, 1, "k2", b"v2")]
-    assert recs[0].headers == [("h", b"x")] and state.position == 3
+    assert recs[0].headers == (("h", b"x"),) and state.position == 3
 
 
 def test_consumer_records_are_named_tuples(decoder: str) -> None:
     (r,) = PartitionRecords(TP, batch(4, 1)).take(PartitionState(position=0), 10, None, None)
-    assert r == ConsumerRecord("t", 3, 4, 1000, 0, b"k4", b"v4", [("h", b"x")])
+    assert r == ConsumerRecord("t", 3, 4, 1000, 0, b"k4", b"v4", (("h", b"x"),))
     assert r._fields == ("topic", "partition", "offset", "timestamp", "timestamp_type", "key", "value", "headers")
     topic, partition, offset, *_ = r
     assert (topic, partition, offset) == (r[0], r[1], r[2]) == ("t", 3, 4)

@@ -345,7 +345,7 @@ def test_kafka_client_records_read_by_brook_client(cluster: LocalCluster, kconf,
 
     got = brook_read_all(cluster, topic, 2, len(sent))
     for p in range(2):
-        expected = [(k, v, h, ts) for part, k, v, h, ts in sent if part == p]
+        expected = [(k, v, tuple(h), ts) for part, k, v, h, ts in sent if part == p]
         assert [(r.key, r.value, r.headers, r.timestamp) for r in got[p]] == expected, f"partition {p}"
 
 

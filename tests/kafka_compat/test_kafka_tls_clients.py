@@ -58,7 +58,7 @@ def test_librdkafka_over_mtls_and_refused_without_a_certificate(tls_cluster: Loc
     # ... and Brook's own client reads them over its mTLS gRPC listener.
     [records] = brook_read_all(tls_cluster, tls_topic, 1, 10).values()
     assert [(r.key, r.value, r.headers) for r in records[:10]] == [
-        (b"k", b"tls-%d" % i, [("via", b"mtls")]) for i in range(10)]
+        (b"k", b"tls-%d" % i, (("via", b"mtls"),)) for i in range(10)]
 
     # Server-only TLS (the CA, no client certificate): the listener requires one.
     anonymous = {k: v for k, v in conf.items() if k not in ("ssl.certificate.location", "ssl.key.location")}
