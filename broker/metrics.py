@@ -13,11 +13,12 @@ base units ``_seconds`` and ``_bytes``.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -148,10 +149,11 @@ class MetricsInterceptor(grpc.ServerInterceptor):
 
 
 class AioMetricsInterceptor(grpc.aio.ServerInterceptor):
-    """``MetricsInterceptor`` for grpc.aio servers (the broker's): times each unary coroutine handler.
+    """``MetricsInterceptor`` for grpc.aio servers (the broker's): times each unary coroutine handler,
+    and each answer of a request-and-response stream (ReplicaFetch: one response per request, timed
+    from that request's arrival, counted as one request of the method).
 
-    Streaming handlers (health Watch, reflection) pass through untimed: the broker's own
-    RPCs are all unary.
+    Other streaming handlers (health Watch, reflection) pass through untimed.
     """
 
     def __init__(self, metrics: RpcMetrics) -> None:
@@ -162,11 +164,17 @@ class AioMetricsInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming or handler.response_streaming:
+        if handler is None or handler.request_streaming != handler.response_streaming:
             return handler
         cached = self._wrapped.get(handler_call_details.method)
         if cached is not None and cached[0] is handler:
             return cached[1]
+        if handler.request_streaming:
+            if not inspect.isasyncgenfunction(handler.stream_stream):
+                return handler
+            wrapped = self._timed_stream(handler, handler_call_details.method)
+            self._wrapped[handler_call_details.method] = (handler, wrapped)
+            return wrapped
         inner = handler.unary_unary
         if not asyncio.iscoroutinefunction(inner):
             return handler
@@ -188,6 +196,31 @@ class AioMetricsInterceptor(grpc.aio.ServerInterceptor):
         wrapped = _replace_behaviour(handler, unary)
         self._wrapped[handler_call_details.method] = (handler, wrapped)
         return wrapped
+
+
+    def _timed_stream(self, handler: Any, method: str) -> Any:
+        inner = handler.stream_stream
+        gauge, record = self._metrics.method_recorder(*_split_method(method))
+
+        async def stream(request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            arrived: list[float] = []
+
+            async def requests() -> AsyncIterator[Any]:
+                async for request in request_iterator:
+                    arrived.append(time.perf_counter())
+                    gauge.inc()
+                    yield request
+            try:
+                async for response in inner(requests(), context):
+                    if arrived:
+                        gauge.dec()
+                        record(grpc.StatusCode.OK.name, time.perf_counter() - arrived.pop(0))
+                    yield response
+            finally:
+                for _ in arrived:  # requests the stream ended (or was cancelled) without answering
+                    gauge.dec()
+
+        return _replace_behaviour(handler, stream)
 
 
 def _replace_behaviour(handler: Any, behaviour: Callable[..., Any]) -> Any:

@@ -128,6 +128,10 @@ def test_rpc_and_quorum_families(ops_cluster: LocalCluster, traffic: dict[str, i
     assert total(pages, "brook_rpc_request_duration_seconds_count", method="Produce") == \
         total(pages, "brook_rpc_requests_total", method="Produce")
     assert total(pages, "brook_rpc_requests_total", method="Fetch", code="OK") >= 1
+    # Follower fetches travel on ReplicaFetch streams: each message is counted and timed.
+    assert total(pages, "brook_rpc_requests_total", method="ReplicaFetch", code="OK") >= 1
+    assert total(pages, "brook_rpc_request_duration_seconds_count", method="ReplicaFetch") == \
+        total(pages, "brook_rpc_requests_total", method="ReplicaFetch")
     assert total(pages, "brook_rpc_requests_total", method="JoinGroup") >= 1
     assert total(pages, "brook_controller_active") == 1
     leaders = {v for text in pages.values() for v in sample_values(text, "brook_raft_leader_id")}
