@@ -7,6 +7,7 @@ so that every field can lie independently.
 
 from __future__ import annotations
 
+import random
 import struct
 from collections.abc import Sequence
 
@@ -67,3 +68,26 @@ def batch(section: bytes, *, count: int, last_offset_delta: int | None = None, a
 
 def valid(count: int = 3, *, codec: int = rb.CODEC_NONE, keys: bool = True) -> bytes:
     return batch(records(count, keys=keys), count=count, codec=codec)
+
+
+def mutate(rng: random.Random, data: bytes) -> bytes:
+    """1-4 random edits of a records section: bytes changed, inserted or cut, extreme varints, bad UTF-8."""
+    buf = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(7)
+        pos = rng.randrange(len(buf) + 1)
+        if op == 0 and buf:
+            buf[min(pos, len(buf) - 1)] = rng.randrange(256)
+        elif op == 1:
+            buf[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 3)))
+        elif op == 2:
+            del buf[pos:pos + rng.randint(1, 4)]
+        elif op == 3:
+            del buf[pos:]
+        elif op == 4:
+            buf[pos:pos] = varint(rng.choice([-(2**63), -2, -1, 0, 1, 63, 64, 2**31, 2**62, 2**63 - 1]))
+        elif op == 5:
+            buf[pos:pos] = rng.choice([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xf4\x90\x80\x80"])
+        else:
+            buf[pos:pos] = b"\xff" * rng.randint(9, 11)
+    return bytes(buf)

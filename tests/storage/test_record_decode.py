@@ -14,7 +14,7 @@ import random
 import re
 
 import pytest
-from batch_forge import BASE_TS, batch, record, records, varint
+from batch_forge import BASE_TS, batch, mutate, record, records, varint
 
 from client.types import ConsumerRecord
 from proto import errors
@@ -148,35 +148,13 @@ def _seeds() -> list[tuple[bytes, int]]:
             (record(0, b"k" * 300, b"v" * 20000, ts_delta=2**40), 1)]
 
 
-def _mutate(rng: random.Random, data: bytes) -> bytes:
-    buf = bytearray(data)
-    for _ in range(rng.randint(1, 4)):
-        op = rng.randrange(7)
-        pos = rng.randrange(len(buf) + 1)
-        if op == 0 and buf:
-            buf[min(pos, len(buf) - 1)] = rng.randrange(256)
-        elif op == 1:
-            buf[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 3)))
-        elif op == 2:
-            del buf[pos:pos + rng.randint(1, 4)]
-        elif op == 3:
-            del buf[pos:]
-        elif op == 4:
-            buf[pos:pos] = varint(rng.choice([-(2**63), -2, -1, 0, 1, 63, 64, 2**31, 2**62, 2**63 - 1]))
-        elif op == 5:
-            buf[pos:pos] = rng.choice([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xf4\x90\x80\x80"])
-        else:
-            buf[pos:pos] = b"\xff" * rng.randint(9, 11)
-    return bytes(buf)
-
-
 def test_seeded_mutations_give_identical_results() -> None:
     rng = random.Random(20261123)
     messages: set[str] = set()
     accepted = 0
     for n in range(6000):
         data, count = rng.choice(_seeds())
-        mutated = _mutate(rng, data)
+        mutated = mutate(rng, data)
         count = count if n % 3 else max(0, count + rng.randint(-2, 2))
         result = both(mutated, count, log_append_ts=BASE_TS if n % 4 == 0 else None)
         if result[0] == "ok":

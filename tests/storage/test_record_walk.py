@@ -12,7 +12,7 @@ import functools
 import random
 
 import pytest
-from batch_forge import record, records, varint
+from batch_forge import mutate, record, records
 
 from storage import record_walk
 
@@ -30,26 +30,6 @@ def _seeds() -> list[tuple[bytes, int]]:
     utf8 = record(0, headers=[("ümlaut".encode(), b"1"), (b"\xed\xa0\x80", b"surrogate")])
     return [(records(3), 3), (records(70), 70), (big, 200), (with_headers, 20), (utf8, 1),
             (record(0, b"k" * 300, b"v" * 20000, ts_delta=2**40), 1)]
-
-
-def _mutate(rng: random.Random, data: bytes) -> bytes:
-    buf = bytearray(data)
-    for _ in range(rng.randint(1, 4)):
-        op = rng.randrange(6)
-        pos = rng.randrange(len(buf) + 1)
-        if op == 0 and buf:
-            buf[min(pos, len(buf) - 1)] = rng.randrange(256)
-        elif op == 1:
-            buf[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 3)))
-        elif op == 2:
-            del buf[pos:pos + rng.randint(1, 4)]
-        elif op == 3:
-            del buf[pos:]
-        elif op == 4:
-            buf[pos:pos] = varint(rng.choice([-(2**63), -2, -1, 0, 63, 64, 2**31, 2**63 - 1]))
-        else:
-            buf[pos:pos] = b"\xff" * rng.randint(9, 11)
-    return bytes(buf)
 
 
 def both(data: bytes, count: int, compact: bool, start: int = 0, end: int | None = None) -> tuple:
@@ -72,7 +52,7 @@ def test_seeded_mutations_give_identical_results() -> None:
     kinds: set[int] = set()
     for n in range(20_000):
         data, count = rng.choice(_seeds())
-        mutated = _mutate(rng, data)
+        mutated = mutate(rng, data)
         count = count if n % 3 else max(1, count + rng.randint(-2, 2))
         kinds.add(both(mutated, count, compact=bool(n % 2))[0])
     # The mutations reach most refusal kinds: the comparison covers them, not just OK.
