@@ -116,6 +116,14 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication_factor
             admin.wait_for_topics([topic])
 
 
+def _pace(start: float, sent: int, interval: float) -> None:
+    """Hold a fixed send rate: sleep while ``sent`` records are ahead of ``start`` + sent x interval
+    (checked every 16 records by the callers, so the rate costs no per-record work)."""
+    ahead = start + sent * interval - time.monotonic()
+    if ahead > 0.001:
+        time.sleep(ahead)
+
+
 def run_produce(producer: Producer, topic: str, num_records: int, record_size: int, throughput: float,
                 progress: Progress | None = None, *, warmup_records: int = 0) -> PerfResult:
     payload = bytes(random.Random(0).randrange(65, 91) for _ in range(record_size))  # Kafka's A-Z payload
@@ -133,9 +141,7 @@ def run_produce(producer: Producer, topic: str, num_records: int, record_size: i
     interval = 1.0 / throughput if throughput > 0 else 0.0
     for i in range(num_records):
         if interval and i % 16 == 0:
-            ahead = start + i * interval - now()
-            if ahead > 0.001:
-                time.sleep(ahead)
+            _pace(start, i, interval)
         if i % sample_every == 0:
             t = now()
             samples.append((t, send(topic, payload)))
@@ -352,9 +358,7 @@ def e2e_main(argv: Sequence[str] | None = None) -> int:
         start = time.monotonic()
         for i in range(args.num_records):
             if i % 16 == 0:
-                ahead = start + i * interval - time.monotonic()
-                if ahead > 0.001:
-                    time.sleep(ahead)
+                _pace(start, i, interval)
                 progress.maybe_print(i)
             futures.append(producer.send(args.topic, time.time_ns().to_bytes(8, "big") + padding))
         producer.flush()
