@@ -56,6 +56,7 @@ def records_seeds() -> dict[str, bytes]:
 def rpc_seeds() -> dict[str, bytes]:
     pb = broker_pb2
     seeds: dict[str, bytes] = {}
+    from targets import BROKER_RPCS, GROUP_RPCS
 
     def produce(name: str, topic: str, records_: bytes, acks: int = 1) -> None:
         req = pb.ProduceRequest(acks=acks, timeout_ms=100, partitions=[
@@ -89,9 +90,29 @@ def rpc_seeds() -> dict[str, bytes]:
             pb.DeleteRecordsPartition(topic="t", partition=0, offset=offset),
             pb.DeleteRecordsPartition(topic="__consumer_offsets", partition=0, offset=0)])
         seeds[f"delete-records{offset}"] = b"\x06" + req.SerializeToString()
+    # A follower fetch session of broker 2 for topic r (RF 2): from 0, then further on, a consumer's
+    # fetch (refused on the stream), then partitions that are not its and an offset out of range.
+    def follower(offset: int, epoch: int = 0) -> object:
+        return pb.FetchRequest(replica_id=2, replica_epoch=1, max_bytes=1 << 20, partitions=[
+            pb.FetchPartition(topic="r", partition=0, fetch_offset=offset, partition_max_bytes=1 << 20,
+                              current_leader_epoch=epoch, last_fetched_epoch=epoch if offset else -1,
+                              log_start_offset=0)])
+    session = [follower(0), follower(3), follower(0), pb.FetchRequest(replica_id=2, replica_epoch=1, max_bytes=1 << 20,
+                                                                     partitions=[
+        pb.FetchPartition(topic="t", partition=0, fetch_offset=0, partition_max_bytes=1 << 20, current_leader_epoch=0,
+                          last_fetched_epoch=-1, log_start_offset=0),
+        pb.FetchPartition(topic="c", partition=0, fetch_offset=0, partition_max_bytes=1 << 20, current_leader_epoch=0,
+                          last_fetched_epoch=-1, log_start_offset=0)]),
+        pb.FetchRequest(replica_id=-1, max_bytes=1 << 20, partitions=[
+            pb.FetchPartition(topic="t", partition=1, fetch_offset=0, partition_max_bytes=1 << 20)]),
+        pb.FetchRequest(replica_id=2, replica_epoch=1, max_bytes=1 << 20, partitions=[
+            pb.FetchPartition(topic="nope", partition=0, fetch_offset=0, partition_max_bytes=1 << 20),
+            pb.FetchPartition(topic="r", partition=0, fetch_offset=1 << 40, partition_max_bytes=1 << 20,
+                              current_leader_epoch=9, last_fetched_epoch=9)])]
+    seeds["replica-fetch-session"] = bytes([len(BROKER_RPCS) + len(GROUP_RPCS)]) + b"".join(
+        len(m).to_bytes(2, "big") + m for m in (r.SerializeToString() for r in session))
     seeds["log-dirs-all"] = b"\x07" + pb.DescribeLogDirsRequest().SerializeToString()
     seeds["log-dirs-some"] = b"\x07" + pb.DescribeLogDirsRequest(topics=["t", "nope"]).SerializeToString()
-    from targets import BROKER_RPCS, GROUP_RPCS
 
     from proto import group_pb2 as g
 

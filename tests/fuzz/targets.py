@@ -29,6 +29,7 @@ import shutil
 import struct
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -223,13 +224,17 @@ BROKER_RPCS = ("Produce", "Fetch", "ListOffsets", "OffsetsForLeaderEpoch", "Meta
                "DeleteRecords", "DescribeLogDirs")
 GROUP_RPCS = ("FindCoordinator", "JoinGroup", "SyncGroup", "Heartbeat", "LeaveGroup", "OffsetCommit", "OffsetFetch",
               "ListGroups", "DescribeGroups", "DeleteGroups", "OffsetDelete", "AlterGroupOffsets")
+# After the unary handlers (so their corpus indexes keep their meaning): the follower fetch
+# session stream. Its input is the session's messages, each after a 2-byte big-endian length.
+REPLICA_FETCH = "ReplicaFetch"
+REPLICA_FETCH_MAX_MESSAGES = 8
 
 
 class RpcHarness:
     """One broker's BrokerService, ReplicaManager and LogManager in a temporary directory.
 
     Topics: ``t`` (3 partitions, delete) and ``c`` (1 partition, compacted), RF 1, led
-    here, and one ``__consumer_offsets`` partition for the group coordinator, whose gRPC
+    here; ``r`` (1 partition, RF 2, led here, follower broker 2 in the ISR); and one ``__consumer_offsets`` partition for the group coordinator, whose gRPC
     servicer's RPCs are fuzzed too (waits bounded by a near-zero call deadline).
     InitProducerId allocates from an in-process controller (ControllerHarness); auto-create
     is off. Rebuilt when its logs grow past ``max_log_bytes``.
@@ -250,7 +255,10 @@ class RpcHarness:
         self.pb = broker_pb2
         self.max_log_bytes = max_log_bytes
         self.dir = Path(tempfile.mkdtemp(prefix="brook-fuzz-rpc-"))
-        defaults = {"auto.create.topics.enable": "false", "log.cleaner.enable": "false"}
+        # Topic r's follower (broker 2) is in the ISR and never shrinks out of it: the harness has no
+        # controller to send the AlterPartition to.
+        defaults = {"auto.create.topics.enable": "false", "log.cleaner.enable": "false",
+                    "replica.lag.time.max.ms": str(10**9)}
         self.log_manager = LogManager([self.dir], defaults, cleaner_threads=0)
         self.log_manager.startup()
         cache = MetadataCache(1)
@@ -260,6 +268,9 @@ class RpcHarness:
                            endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=1)])
         update.topics.add(name="t", topic_id="t" * 32, partition_count=3)
         update.topics.add(name="c", topic_id="c" * 32, partition_count=1, configs={"cleanup.policy": "compact"})
+        update.topics.add(name="r", topic_id="r" * 32, partition_count=1)
+        update.partitions.add(topic="r", topic_id="r" * 32, partition=0, replicas=[1, 2], isr=[1, 2], leader=1,
+                              leader_epoch=0, partition_epoch=0)
         for p in range(3):
             update.partitions.add(topic="t", topic_id="t" * 32, partition=p, replicas=[1], isr=[1], leader=1,
                                   leader_epoch=0, partition_epoch=0)
@@ -290,6 +301,7 @@ class RpcHarness:
         self.groups = GroupCoordinatorServicer(self.coordinator, self.executor)
         for name in GROUP_RPCS:
             self.handlers.append((name, getattr(group_pb2, f"{name}Request"), getattr(self.groups, name)))
+        self.handlers.append((REPLICA_FETCH, broker_pb2.FetchRequest, self._replica_fetch_session))
         self.errors = _ErrorLog()
         for name in ("broker", "replication", "storage"):
             logging.getLogger(name).addHandler(self.errors)
@@ -312,19 +324,59 @@ class RpcHarness:
         if not data:
             return
         name, request_type, handler = self.handlers[data[0] % len(self.handlers)]
-        request = request_type()
-        try:
-            request.ParseFromString(data[1:])
-        except (DecodeError, RecursionError):
-            return  # not a request gRPC would hand to the handler either
-        _bound_waits(request)
-        self.errors.records.clear()
-        response = self.loop.run_until_complete(handler(request, _Context()))
-        text = str(response)
+        if name == REPLICA_FETCH:
+            self.errors.records.clear()
+            text = handler(data[1:])
+        else:
+            request = request_type()
+            try:
+                request.ParseFromString(data[1:])
+            except (DecodeError, RecursionError):
+                return  # not a request gRPC would hand to the handler either
+            _bound_waits(request)
+            self.errors.records.clear()
+            text = str(self.loop.run_until_complete(handler(request, _Context())))
         if "UNKNOWN_SERVER_ERROR" in text or self.errors.records:
             logged = "; ".join(r.getMessage() + (f" [{r.exc_info[1]!r}]" if r.exc_info else "")
                                for r in self.errors.records[:3])
             raise AssertionError(f"{name} failed on broker: {logged or text[:500]}")
+
+
+    def _replica_fetch_session(self, data: bytes) -> str:
+        """One ReplicaFetch stream: every message ``data`` holds, in order, through the stream handler.
+
+        The stream ends at the first message that does not parse (gRPC ends the call there too).
+        Each request must get exactly one response, in order: a follower waits for the answer
+        to its last request before it sends the next. Returns the responses as text.
+        """
+        requests: list[Any] = []
+        pos = 0
+        while pos + 2 <= len(data) and len(requests) < REPLICA_FETCH_MAX_MESSAGES:
+            size = int.from_bytes(data[pos:pos + 2], "big")
+            request = self.pb.FetchRequest()
+            try:
+                request.ParseFromString(data[pos + 2:pos + 2 + size])
+            except (DecodeError, RecursionError):
+                break
+            pos += 2 + size
+            _bound_waits(request)
+            requests.append(request)
+
+        async def session() -> list[Any]:
+            async def stream() -> AsyncIterator[Any]:
+                for request in requests:
+                    yield request
+            return [response async for response in self.service.ReplicaFetch(stream(), _Context())]
+
+        responses = self.loop.run_until_complete(session())
+        if len(responses) != len(requests):
+            raise AssertionError(f"ReplicaFetch answered {len(responses)} of {len(requests)} requests")
+        for request, response in zip(requests, responses, strict=True):
+            asked = sorted((p.topic, p.partition) for p in request.partitions)
+            if sorted((p.topic, p.partition) for p in response.partitions) != asked:
+                raise AssertionError(f"ReplicaFetch answered partitions {list(response.partitions)[:4]} "
+                                     f"for a request of {asked[:4]}")
+        return "\n".join(str(r) for r in responses)
 
 
 def _bound_waits(request: Any) -> None:

@@ -163,6 +163,43 @@ def test_rpc_harness_reaches_the_group_coordinator() -> None:
         h.close()
 
 
+def test_rpc_harness_runs_replica_fetch_sessions() -> None:
+    # The ReplicaFetch stream in the rpc target must answer each message as a follower Fetch, and
+    # its one-answer-per-request check must catch a stream that drops one, or it proves nothing.
+    from proto import broker_pb2
+    from storage.record_batch import RecordBatchBuilder
+
+    session = next((CORPUS / "rpc").glob("replica-fetch-session-*")).read_bytes()
+    h = targets.RpcHarness()
+    try:
+        name, _, _ = h.handlers[session[0] % len(h.handlers)]
+        assert name == targets.REPLICA_FETCH
+        builder = RecordBatchBuilder()
+        for i in range(3):
+            builder.append(1, b"k%d" % i, b"v")
+        req = broker_pb2.ProduceRequest(acks=1, timeout_ms=100, partitions=[
+            broker_pb2.ProducePartitionData(topic="r", partition=0, records=builder.build())])
+        assert h.loop.run_until_complete(h.service.Produce(req, targets._Context())).partitions[0].error_code == 0
+        partition = h.rm.leader_partition("r", 0)
+        text = h._replica_fetch_session(session[1:])
+        answers = text.split("partitions {")
+        assert 'records: "' in answers[1], text[:600]  # broker 2, following r-0 from offset 0, gets the batch
+        assert partition.log.high_watermark == 3  # its next fetch (from 3) moved the HW past the batch
+        assert "error_code: INVALID_REQUEST" in text, text  # a consumer's fetch on the stream
+        h.call(session)  # the whole input, as the fuzzer gives it: no failure
+
+        async def drops_one(requests, context):  # type: ignore[no-untyped-def]
+            async for request in requests:
+                if request.replica_id < 0:
+                    continue
+                yield await h.service._replica_fetch(request, context)
+        h.service.ReplicaFetch = drops_one  # type: ignore[method-assign]
+        with pytest.raises(AssertionError, match="answered 5 of 6 requests"):
+            h.call(session)
+    finally:
+        h.close()
+
+
 def test_kafka_harness_reaches_the_handlers() -> None:
     # The kafka target must parse, append and answer, or its fuzzing proves nothing.
     seeds_by_name = {f.name: f.read_bytes() for f in (CORPUS / "kafka").iterdir()}
