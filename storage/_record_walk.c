@@ -1,5 +1,6 @@
-/* storage._record_walk: the compiled record walk of LogValidator, and the consumer's
- * compiled record decoder (decode_records, further down).
+/* storage._record_walk: the compiled record walk of LogValidator, the consumer's
+ * compiled record decoder (decode_records, further down) and the producer's record
+ * encoder (append_record, at the end).
  *
  * walk(buf, start, end, count, compact) -> (kind, record, a, b, min_ts_delta, max_ts_delta)
  *
@@ -11,6 +12,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 enum {
     OK = 0, COUNT_SHORT = 1, BAD_LENGTH = 2, OFFSET_DELTA = 3, KEY_LENGTH = 4, NO_KEY = 5,
@@ -412,7 +414,80 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
     return Py_BuildValue("(iLNN)", r.kind, (long long)r.record, a, b);
 }
 
+/* ---------------------------------------------------------------- the producer's record encoder
+ *
+ * append_record(buf, ts_delta, offset_delta, key, value, headers) -> bytes appended
+ *
+ * Appends one v2 record to the bytearray ``buf``: length, attributes (0), timestamp delta,
+ * offset delta, key, value (a null one as length -1), then ``headers`` (already encoded,
+ * b"\x00" for none). The same bytes as RecordBatchBuilder's Python path, the reference.
+ * key and value are bytes or None; the deltas must fit a varlong (OverflowError, with
+ * ``buf`` unchanged, otherwise: the caller's Python path then raises the record error).
+ */
+static inline int varint_size(uint64_t z) {
+    int n = 1;
+    while (z >= 0x80) { z >>= 7; n++; }
+    return n;
+}
+
+static inline uint64_t zigzag(int64_t v) { return ((uint64_t)v << 1) ^ (uint64_t)(v >> 63); }
+
+static inline char *put_varint(char *out, uint64_t z) {
+    while (z >= 0x80) { *out++ = (char)((z & 0x7f) | 0x80); z >>= 7; }
+    *out++ = (char)z;
+    return out;
+}
+
+static PyObject *append_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "append_record(buf, ts_delta, offset_delta, key, value, headers)");
+        return NULL;
+    }
+    PyObject *buf = args[0], *key = args[3], *value = args[4], *headers = args[5];
+    if (!PyByteArray_CheckExact(buf) || !PyBytes_CheckExact(headers)
+            || (key != Py_None && !PyBytes_CheckExact(key)) || (value != Py_None && !PyBytes_CheckExact(value))) {
+        PyErr_SetString(PyExc_TypeError, "append_record: buf must be a bytearray, headers bytes, "
+                                         "key and value bytes or None");
+        return NULL;
+    }
+    int overflow = 0;
+    long long ts_delta = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (overflow == 0 && ts_delta == -1 && PyErr_Occurred()) return NULL;
+    int overflow2 = 0;
+    long long offset_delta = PyLong_AsLongLongAndOverflow(args[2], &overflow2);
+    if (overflow2 == 0 && offset_delta == -1 && PyErr_Occurred()) return NULL;
+    if (overflow || overflow2) {
+        PyErr_SetString(PyExc_OverflowError, "append_record: a delta does not fit a varlong");
+        return NULL;
+    }
+    Py_ssize_t key_len = key == Py_None ? -1 : PyBytes_GET_SIZE(key);
+    Py_ssize_t value_len = value == Py_None ? -1 : PyBytes_GET_SIZE(value);
+    Py_ssize_t headers_len = PyBytes_GET_SIZE(headers);
+    uint64_t z_ts = zigzag(ts_delta), z_od = zigzag(offset_delta);
+    uint64_t z_key = zigzag(key_len), z_value = zigzag(value_len);
+    Py_ssize_t body = 1 + varint_size(z_ts) + varint_size(z_od) + varint_size(z_key) + (key_len > 0 ? key_len : 0)
+        + varint_size(z_value) + (value_len > 0 ? value_len : 0) + headers_len;
+    uint64_t z_body = zigzag(body);
+    Py_ssize_t total = varint_size(z_body) + body;
+    Py_ssize_t old = PyByteArray_GET_SIZE(buf);
+    if (total > PY_SSIZE_T_MAX - old) return PyErr_NoMemory();
+    if (PyByteArray_Resize(buf, old + total) < 0) return NULL;
+    char *out = PyByteArray_AS_STRING(buf) + old;
+    out = put_varint(out, z_body);
+    *out++ = 0;  /* attributes */
+    out = put_varint(out, z_ts);
+    out = put_varint(out, z_od);
+    out = put_varint(out, z_key);
+    if (key_len > 0) { memcpy(out, PyBytes_AS_STRING(key), (size_t)key_len); out += key_len; }
+    out = put_varint(out, z_value);
+    if (value_len > 0) { memcpy(out, PyBytes_AS_STRING(value), (size_t)value_len); out += value_len; }
+    memcpy(out, PyBytes_AS_STRING(headers), (size_t)headers_len);
+    return PyLong_FromSsize_t(total);
+}
+
 static PyMethodDef methods[] = {
+    {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,
+     "append_record(buf, ts_delta, offset_delta, key, value, headers) -> bytes appended"},
     {"walk", walk, METH_VARARGS,
      "walk(buf, start, end, count, compact) -> (kind, record, a, b, min_ts_delta, max_ts_delta)"},
     {"decode_records", decode_records, METH_VARARGS,

@@ -2,7 +2,8 @@
 
 Encodes and decodes batches of 100-byte records (1000 per batch by default) with
 every codec and prints records/s and MB/s (MB of uncompressed record values, 10^6
-bytes) for each direction, the consumer's decoding (batch straight to
+bytes) for each direction, the producer's encoding with the C record encoder and with
+the pure-Python fallback, the consumer's decoding (batch straight to
 client.types.ConsumerRecord, storage/record_decode.py) with the C decoder and with the
 pure-Python fallback, plus header-only validation throughput and the leader's full
 validation (LogValidator: decompress + walk every record) per codec.
@@ -30,6 +31,7 @@ class Result:
     batch_bytes: int
     encode_records_per_s: float
     encode_mb_per_s: float
+    encode_py_records_per_s: float  # RecordBatchBuilder's pure-Python path (equal when C is not built)
     decode_records_per_s: float
     decode_mb_per_s: float
     consumer_c_records_per_s: float | None  # None: the C extension is not built
@@ -69,6 +71,11 @@ def bench_codec(codec: int, *, record_bytes: int, records_per_batch: int, min_se
 
     batch = encode()
     enc_s, enc_n = _timed(encode, min_seconds)
+    compiled_encoder, rb._append_record_c = rb._append_record_c, None  # type: ignore[attr-defined]
+    try:
+        enc_py_s, enc_py_n = _timed(encode, min_seconds)
+    finally:
+        rb._append_record_c = compiled_encoder  # type: ignore[attr-defined]
     dec_s, dec_n = _timed(lambda: rb.decode_batch(batch), min_seconds)
 
     def consumer_rate(decoder: Callable[..., object]) -> float:
@@ -88,6 +95,7 @@ def bench_codec(codec: int, *, record_bytes: int, records_per_batch: int, min_se
         batch_bytes=len(batch),
         encode_records_per_s=enc_n * records_per_batch / enc_s,
         encode_mb_per_s=enc_n * payload / enc_s / 1e6,
+        encode_py_records_per_s=enc_py_n * records_per_batch / enc_py_s,
         decode_records_per_s=dec_n * records_per_batch / dec_s,
         decode_mb_per_s=dec_n * payload / dec_s / 1e6,
         consumer_c_records_per_s=consumer_c,
@@ -127,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
         f"RecordBatch v2 codec benchmark: {args.record_bytes}-byte values, "
         f"{args.records_per_batch} records per batch, keys of 5-6 bytes"
     )
-    print(f"{'codec':<8}{'batch B':>10}{'encode rec/s':>15}{'enc MB/s':>10}{'decode rec/s':>15}{'dec MB/s':>10}"
+    print(f"{'codec':<8}{'batch B':>10}{'encode rec/s':>15}{'enc MB/s':>10}{'encode py rec/s':>17}"
+          f"{'decode rec/s':>15}{'dec MB/s':>10}"
           f"{'consumer C rec/s':>18}{'consumer py rec/s':>19}")
     for codec in sorted(CODEC_NAMES):
         r = bench_codec(
@@ -138,11 +147,14 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(
             f"{r.codec:<8}{r.batch_bytes:>10}{r.encode_records_per_s:>15,.0f}{r.encode_mb_per_s:>10.1f}"
+            f"{r.encode_py_records_per_s:>17,.0f}"
             f"{r.decode_records_per_s:>15,.0f}{r.decode_mb_per_s:>10.1f}"
             f"{'not built' if r.consumer_c_records_per_s is None else f'{r.consumer_c_records_per_s:,.0f}':>18}"
             f"{r.consumer_py_records_per_s:>19,.0f}"
         )
-    print("decode: decode_batch to Records; consumer: batch to ConsumerRecords (storage/record_decode.py), "
+    encoder = "C record encoder" if rb._append_record_c is not None else "pure Python: C extension not built"
+    print(f"encode: RecordBatchBuilder ({encoder}); encode py: its pure-Python fallback; "
+          "decode: decode_batch to Records; consumer: batch to ConsumerRecords (storage/record_decode.py), "
           "C decoder and pure-Python fallback")
     batches_per_s, mb_per_s = bench_validate(
         record_bytes=args.record_bytes, records_per_batch=args.records_per_batch, min_seconds=args.seconds

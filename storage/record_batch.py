@@ -32,6 +32,7 @@ one- and two-byte varints, one join per batch.
 from __future__ import annotations
 
 import logging
+import os
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -42,6 +43,20 @@ from proto import errors
 from storage import compression
 
 logger = logging.getLogger(__name__)
+
+
+def _load_append_record() -> object | None:
+    """The compiled record encoder (storage/_record_walk.c), or None: RecordBatchBuilder's Python path."""
+    if os.environ.get("BROOK_PURE_PYTHON_WALK"):
+        return None  # tests and benchmarks compare the two
+    try:
+        from storage import _record_walk  # type: ignore[attr-defined]
+    except ImportError:
+        return None  # storage.record_walk says so once, at import
+    return getattr(_record_walk, "append_record", None)
+
+
+_append_record_c = _load_append_record()
 
 BATCH_HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # base offset (8) + batch length (4)
@@ -377,8 +392,9 @@ class RecordBatchBuilder:
     """Accumulate records and build one RecordBatch v2.
 
     Offsets are base_offset + append order (the broker rewrites the base offset); the
-    first record's timestamp is the base timestamp. Records are kept as encoded pieces
-    and joined once in ``build``; compression, when asked, covers the records section.
+    first record's timestamp is the base timestamp. Records are encoded into one
+    bytearray as they are appended (in C when the extension is built); compression, when
+    asked, covers the records section.
     """
 
     __slots__ = (
@@ -389,7 +405,7 @@ class RecordBatchBuilder:
         "_base_sequence",
         "_partition_leader_epoch",
         "_base_offset",
-        "_parts",
+        "_buf",
         "_count",
         "_base_ts",
         "_max_ts",
@@ -426,7 +442,7 @@ class RecordBatchBuilder:
         self._base_sequence = base_sequence
         self._partition_leader_epoch = partition_leader_epoch
         self._base_offset = base_offset
-        self._parts: list[bytes] = []
+        self._buf = bytearray()
         self._count = 0
         self._base_ts = NO_TIMESTAMP
         self._max_ts = NO_TIMESTAMP
@@ -457,52 +473,62 @@ class RecordBatchBuilder:
         if self._built:
             raise errors.InvalidRecordError("batch already built")
         offset_delta = self._count
+        if offset_delta >= MAX_RECORDS_PER_BATCH:
+            raise errors.InvalidRecordError(f"a batch holds at most {MAX_RECORDS_PER_BATCH} records")
+        if key is not None and key.__class__ is not bytes:
+            key = bytes(key)  # a caller's bytearray could change before build
+        if value is not None and value.__class__ is not bytes:
+            value = bytes(value)
+        headers_b = _encode_headers(headers) if headers else b"\x00"
+        # Encoded before any state changes: a refused record leaves the batch as it was.
+        ts_delta = timestamp_ms - self._base_ts if offset_delta else 0
+        if _append_record_c is not None:
+            try:
+                self._size += _append_record_c(self._buf, ts_delta, offset_delta, key, value, headers_b)
+            except OverflowError:  # a delta beyond a varlong: the Python path names the record error
+                self._size += self._append_py(ts_delta, offset_delta, key, value, headers_b)
+        else:
+            self._size += self._append_py(ts_delta, offset_delta, key, value, headers_b)
         if offset_delta == 0:
             self._base_ts = self._max_ts = timestamp_ms
-        elif offset_delta >= MAX_RECORDS_PER_BATCH:
-            raise errors.InvalidRecordError(f"a batch holds at most {MAX_RECORDS_PER_BATCH} records")
         elif timestamp_ms > self._max_ts:
             self._max_ts = timestamp_ms
+        self._count = offset_delta + 1
+        return offset_delta
+
+    def _append_py(self, ts_delta: int, offset_delta: int, key: bytes | None, value: bytes | None,
+                   headers_b: bytes) -> int:
+        """Encode one record onto ``_buf`` (the reference for the compiled ``append_record``); its size."""
         enc = _ENC
-        ts_delta = timestamp_ms - self._base_ts
         ts_b = enc[ts_delta] if 0 <= ts_delta < _ENC_TABLE_SIZE else _encode_varint(ts_delta)
         od_b = enc[offset_delta] if offset_delta < _ENC_TABLE_SIZE else _encode_varint(offset_delta)
         if key is None:
-            key_b = _ENC_NULL
-            key = b""
+            key_b, key = _ENC_NULL, b""
         else:
-            if key.__class__ is not bytes:
-                key = bytes(key)  # a caller's bytearray could change before build
             n = len(key)
             key_b = enc[n] if n < _ENC_TABLE_SIZE else _encode_varint(n)
         if value is None:
-            value_b = _ENC_NULL
-            value = b""
+            value_b, value = _ENC_NULL, b""
         else:
-            if value.__class__ is not bytes:
-                value = bytes(value)
             n = len(value)
             value_b = enc[n] if n < _ENC_TABLE_SIZE else _encode_varint(n)
-        headers_b = _encode_headers(headers) if headers else b"\x00"
         body_len = (
             1 + len(ts_b) + len(od_b) + len(key_b) + len(key) + len(value_b) + len(value) + len(headers_b)
         )
         len_b = enc[body_len] if body_len < _ENC_TABLE_SIZE else _encode_varint(body_len)
-        # length, attributes (always 0), deltas, key, value, headers: joined once in build().
-        self._parts += (len_b, b"\x00", ts_b, od_b, key_b, key, value_b, value, headers_b)
-        self._size += len(len_b) + body_len
-        self._count = offset_delta + 1
-        return offset_delta
+        # length, attributes (always 0), deltas, key, value, headers
+        self._buf += b"".join((len_b, b"\x00", ts_b, od_b, key_b, key, value_b, value, headers_b))
+        return len(len_b) + body_len
 
     def build(self) -> bytes:
         """The complete batch: header, CRC-32C, records (compressed as configured)."""
         if self._count == 0:
             raise errors.InvalidRecordError("cannot build a batch with no records")
         self._built = True
-        records = b"".join(self._parts)
-        self._parts = []
+        records: bytes | bytearray = self._buf
+        self._buf = bytearray()
         if self._codec != CODEC_NONE:
-            records = compression.compress(self._codec, records)
+            records = compression.compress(self._codec, bytes(records))
         after_crc = _HEADER_AFTER_CRC.pack(
             self._attributes,
             self._count - 1,

@@ -207,7 +207,15 @@ def _load_compiled() -> object | None:
         logger.warning("storage._record_walk (C) is not built: produce validation uses the slower "
                        "pure-Python walk; reinstall with `pip install -e .` to build it")
         return None
+    missing = [name for name in COMPILED_FUNCTIONS if not hasattr(_record_walk, name)]
+    if missing:  # an extension built from an older checkout: each missing part falls back to Python
+        logger.warning("storage._record_walk (C) is an older build without %s: those use the slower "
+                       "pure-Python code; reinstall with `pip install -e .` to rebuild it", ", ".join(missing))
     return _record_walk
+
+
+# What storage/_record_walk.c provides: the validator's walk, the consumer's decoder, the producer's encoder.
+COMPILED_FUNCTIONS = ("walk", "decode_records", "append_record")
 
 
 _compiled = _load_compiled()
