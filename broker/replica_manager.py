@@ -31,6 +31,7 @@ from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig, ReplicaFetcherManager
 from replication.partition import IsrProposal, LockBusy, Partition, Role
 from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
+from storage.log import WouldBlock
 from storage.record_batch import read_header
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,19 @@ def _append_in_sequence(p: Partition, records: bytes, acks: int, max_wait_s: flo
             if remaining_s <= 0 or not _sequence_ahead(p, records):
                 raise
             p.appended.wait(remaining_s)
+
+
+def _append_now(p: Partition, records: bytes, acks: int) -> Any:
+    """``p.append_as_leader`` without waiting: ``LockBusy`` where ``_append_in_sequence`` would wait
+    (a batch ahead of its producer's next sequence) or the log would block. Caller holds ``p.lock``."""
+    try:
+        return p.append_as_leader(records, acks, blocking=False)
+    except WouldBlock as e:
+        raise LockBusy from e
+    except errors.OutOfOrderSequenceNumberError:
+        if _sequence_ahead(p, records):
+            raise LockBusy from None
+        raise
 
 
 def _sequence_ahead(p: Partition, records: bytes) -> bool:
@@ -443,11 +457,13 @@ class ReplicaManager:
 
     # ---- produce ----
     def append_records(self, topic: str, partition: int, records: bytes, *, acks: int,
-                       timeout_ms: int) -> concurrent.futures.Future:
+                       timeout_ms: int, blocking: bool = True) -> concurrent.futures.Future:
         """Append as leader. The future resolves to an AppendResult, or raises the BrookError.
 
         acks=0/1 resolve once the leader appended; acks=-1 once the HW passes the batch,
         with REQUEST_TIMED_OUT after ``timeout_ms`` (the data stays appended, as in Kafka).
+        ``blocking=False`` is for the broker's event loop: it raises ``LockBusy``, having changed
+        nothing, where the append would wait (a lock, a sequence gap) or do blocking work.
         """
         fut: concurrent.futures.Future = concurrent.futures.Future()
         try:
@@ -459,13 +475,19 @@ class ReplicaManager:
             if not self._lease_valid():
                 raise errors.NotLeaderOrFollowerError(
                     f"broker {self.node_id} lost its controller session; not accepting writes")
-            with p.lock:
+            if not p.lock.acquire(blocking=blocking):
+                raise LockBusy
+            try:
                 epoch = p.leader_epoch
-                try:
+                if blocking:
                     info = _append_in_sequence(p, records, acks, min(SEQUENCE_GAP_WAIT_S, max(0, timeout_ms) / 1000))
-                except OSError as e:
-                    log.error("append to %s-%d failed on disk: %s", topic, partition, e)
-                    raise errors.KafkaStorageError(f"{topic}-{partition}: {e}") from e
+                else:
+                    info = _append_now(p, records, acks)
+            except OSError as e:
+                log.error("append to %s-%d failed on disk: %s", topic, partition, e)
+                raise errors.KafkaStorageError(f"{topic}-{partition}: {e}") from e
+            finally:
+                p.lock.release()
             result = AppendResult(topic, partition, info.first_offset, info.last_offset,
                                   info.log_append_time_ms, p.log.log_start_offset,
                                   bool(getattr(info, "duplicate", False)))

@@ -49,6 +49,7 @@ from broker.quotas import QuotaManager
 from broker.replica_manager import MAX_PRODUCE_TIMEOUT_MS, AppendResult, ReplicaManager
 from proto import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
+from replication.partition import LockBusy
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,10 @@ _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 _LEADER_ERRORS = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH)
 AUTO_CREATE_WAIT_S = 5.0
 PRODUCE_WAIT_SLACK_S = 5.0
+# Produce requests up to this size are appended on the event loop when nothing would wait
+# (validation and a page-cache write of 64 KiB take well under a millisecond); larger ones,
+# and any that would wait, go to the executor.
+INLINE_APPEND_MAX_BYTES = 64 * 1024
 DELETE_RECORDS_POLL_S = 0.05  # how often a DeleteRecords looks whether the replicas followed
 T = TypeVar("T")
 
@@ -174,7 +179,12 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             return _produce_error_all(req, ErrorCode.INVALID_REQUIRED_ACKS,
                                       f"acks must be 0, 1 or -1 (all), not {req.acks}")
         denied = self.authz.denied_topics(caller, authz.WRITE, {pd.topic for pd in req.partitions})
-        futures = await self._io(lambda: self._produce_append(req, caller, denied))
+        futures = self._produce_append_inline(req, denied)
+        deferred = [i for i, f in enumerate(futures) if f is None]
+        if deferred:
+            done = await self._io(lambda: self._produce_append(req, caller, denied, deferred))
+            for i, f in zip(deferred, done, strict=True):
+                futures[i] = f
         if appended is not None and not appended.done():
             appended.set_result(None)
         if req.acks == -1:
@@ -184,18 +194,46 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             if pending:
                 timeout_s = min(max(0, req.timeout_ms), MAX_PRODUCE_TIMEOUT_MS) / 1000 + PRODUCE_WAIT_SLACK_S
                 await asyncio.wait(pending, timeout=timeout_s)
-        resp = self._produce_response(req, futures)
+        resp = self._produce_response(req, futures)  # type: ignore[arg-type]  # no None left
         if self.quotas is not None:
             resp.throttle_time_ms = self.quotas.produce(caller, sum(
                 len(pd.records) for pd in req.partitions if pd.topic not in denied))
         return resp
 
-    def _produce_append(self, req: broker_pb2.ProduceRequest, caller: Any = principal.ANONYMOUS,
-                        denied: set[str] | frozenset[str] = frozenset()) -> list[concurrent.futures.Future]:
-        """Append every partition's records (blocking: disk, and the auto-create wait)."""
-        self._maybe_auto_create({pd.topic for pd in req.partitions} - set(denied), wait=True, caller=caller)
-        futures: list[concurrent.futures.Future] = []
+    def _produce_append_inline(self, req: broker_pb2.ProduceRequest,
+                               denied: set[str] | frozenset[str]) -> list[concurrent.futures.Future | None]:
+        """Append what can be appended on the event loop without waiting: a small request's
+        partitions whose locks are free and whose logs need no roll, flush or recompression.
+
+        An executor hand-off costs an idle broker about 0.8 ms each way on a 2-core machine, more
+        than validating and writing a few KiB to the page cache. None marks a partition left for
+        the executor (``_produce_append``): a held lock, a sequence gap to wait out, blocking log
+        work, a topic to auto-create, or a request too large to hold the loop for.
+        """
+        if sum(len(pd.records) for pd in req.partitions) > INLINE_APPEND_MAX_BYTES or (
+                self.auto_create and any(self.cache.topic(pd.topic) is None for pd in req.partitions)):
+            return [None] * len(req.partitions)
+        futures: list[concurrent.futures.Future | None] = []
         for pd in req.partitions:
+            if pd.topic in denied or pd.topic.startswith("__"):
+                futures.append(None)  # refused by _produce_append, with its error
+                continue
+            try:
+                futures.append(self.rm.append_records(pd.topic, pd.partition, pd.records, acks=req.acks,
+                                                      timeout_ms=req.timeout_ms, blocking=False))
+            except LockBusy:
+                futures.append(None)
+        return futures
+
+    def _produce_append(self, req: broker_pb2.ProduceRequest, caller: Any = principal.ANONYMOUS,
+                        denied: set[str] | frozenset[str] = frozenset(),
+                        indexes: Sequence[int] | None = None) -> list[concurrent.futures.Future]:
+        """Append the partitions at ``indexes`` (default: all) of the request, in that order
+        (blocking: disk, lock and sequence waits, and the auto-create wait)."""
+        chosen = list(req.partitions) if indexes is None else [req.partitions[i] for i in indexes]
+        self._maybe_auto_create({pd.topic for pd in chosen} - set(denied), wait=True, caller=caller)
+        futures: list[concurrent.futures.Future] = []
+        for pd in chosen:
             if pd.topic in denied:
                 refused: concurrent.futures.Future = concurrent.futures.Future()
                 refused.set_exception(authz.denied_error(caller, authz.WRITE, authz.TOPIC, pd.topic))

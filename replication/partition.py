@@ -265,25 +265,37 @@ class Partition:
     def min_insync_replicas(self) -> int:
         return int(getattr(self.log.config, "min_insync_replicas", 1))
 
-    def append_as_leader(self, records: bytes, acks: int) -> Any:
-        """Append as leader; all-or-nothing. Raises before appending if acks=all and the ISR is too small."""
-        with self.lock:
-            self.check_leader()
-            self._check_hw()
-            min_isr = self.min_insync_replicas()
-            if acks == -1 and len(self.isr) < min_isr:
-                raise errors.NotEnoughReplicasError(
-                    f"{self.topic}-{self.partition}: ISR {list(self.isr)} is smaller than "
-                    f"min.insync.replicas={min_isr}")
-            info = self.log.append_as_leader(records, self.leader_epoch)
-            if not getattr(info, "duplicate", False):
-                self.messages_in_total += info.num_records
-                self.bytes_in_total += len(records)
-            self.change_seq += 1
-            self.data_seq += 1
-            self.appended.notify_all()
-            self._maybe_increment_hw()
-            return info
+    def append_as_leader(self, records: bytes, acks: int, *, blocking: bool = True) -> Any:
+        """Append as leader; all-or-nothing. Raises before appending if acks=all and the ISR is too small.
+
+        ``blocking=False`` is for the broker's event loop: ``LockBusy`` when the partition lock is
+        held, and the log's ``WouldBlock`` where its append would wait or do blocking work; either
+        way nothing was changed.
+        """
+        if not self.lock.acquire(blocking=blocking):
+            raise LockBusy
+        try:
+            return self._append_as_leader(records, acks, blocking)
+        finally:
+            self.lock.release()
+
+    def _append_as_leader(self, records: bytes, acks: int, blocking: bool) -> Any:
+        self.check_leader()
+        self._check_hw()
+        min_isr = self.min_insync_replicas()
+        if acks == -1 and len(self.isr) < min_isr:
+            raise errors.NotEnoughReplicasError(
+                f"{self.topic}-{self.partition}: ISR {list(self.isr)} is smaller than "
+                f"min.insync.replicas={min_isr}")
+        info = self.log.append_as_leader(records, self.leader_epoch, blocking=blocking)
+        if not getattr(info, "duplicate", False):
+            self.messages_in_total += info.num_records
+            self.bytes_in_total += len(records)
+        self.change_seq += 1
+        self.data_seq += 1
+        self.appended.notify_all()
+        self._maybe_increment_hw()
+        return info
 
     # ---- leader: follower progress ----
     def fetch_for_follower(self, replica_id: int, fetch_offset: int, follower_log_start: int,

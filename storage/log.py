@@ -31,6 +31,7 @@ from storage.log_config import LogConfig
 from storage.log_validator import LogValidator
 from storage.producer_state import SNAPSHOT_FILE, ProducerEntry, ProducerStateManager
 from storage.record_batch import (
+    CODEC_NONE,
     BatchHeader,
     RecordBatchBuilder,
     assign_offsets,
@@ -60,6 +61,10 @@ LATEST_TIMESTAMP = -1
 _READ_ATTEMPTS = 3
 _REFUSED_LOG_INTERVAL_S = 10.0
 MAX_ITER_READS = 10_000_000  # bound of iter_batches_from (far beyond any real log)  # a reader racing a segment deletion retries on a fresh snapshot
+
+
+class WouldBlock(Exception):
+    """A non-blocking ``append_as_leader`` would wait or do blocking work: nothing was changed."""
 
 
 class UnexpectedAppendOffsetError(errors.InvalidRecordError):  # type: ignore[misc,valid-type]
@@ -331,28 +336,45 @@ class Log:
         self._bases, self._segments = self._view
 
     # ------------------------------------------------------------------ append
-    def append_as_leader(self, records: bytes, leader_epoch: int, *, now_ms: int | None = None) -> AppendInfo:
-        """Validate (headers, CRCs, every record), assign offsets, stamp the epoch, write. All-or-nothing."""
+    def append_as_leader(self, records: bytes, leader_epoch: int, *, now_ms: int | None = None,
+                         blocking: bool = True) -> AppendInfo:
+        """Validate (headers, CRCs, every record), assign offsets, stamp the epoch, write. All-or-nothing.
+
+        ``blocking=False`` is for the broker's event loop: it raises ``WouldBlock``, having changed
+        nothing, where the append would wait for the log's lock or do more than validate
+        uncompressed records and write them to the page cache (decompress, recompress, roll a
+        segment, fsync).
+        """
         buf = bytearray(records)
         try:
             headers = validate_batches(buf, max_batch_bytes=self._config.max_message_bytes, allow_empty=False)
+            if not blocking and any(h.compression != CODEC_NONE for h in headers):
+                raise WouldBlock("compressed records")  # decompression is the executor's CPU, not the loop's
             self._validator.validate(buf, headers)
         except (errors.CorruptMessageError, errors.InvalidRecordError, errors.MessageTooLargeError) as exc:
             self._note_refused(exc)
             raise
         codec = CODEC_BY_NAME.get(self._config.compression_type)  # None: keep the producer's codec
         if codec is not None and any(h.compression != codec and not h.is_control for h in headers):
+            if not blocking:
+                raise WouldBlock("recompression")
             buf = _recompress(buf, headers, codec)
             headers = validate_batches(buf, max_batch_bytes=self._config.max_message_bytes, allow_empty=False)
         if len(buf) > self._config.segment_bytes:
             raise errors.RecordListTooLargeError(
                 f"append of {len(buf)} bytes exceeds segment.bytes {self._config.segment_bytes}")
         now = _now_ms(now_ms)
-        with self._lock:
+        if not self._lock.acquire(blocking=blocking):
+            raise WouldBlock("log lock held")
+        try:
             self._ensure_open()
             dup = self._check_producers(headers)
             if dup is not None:
                 return dup
+            if not blocking:
+                last = self._log_end_offset + sum(h.last_offset_delta + 1 for h in headers) - 1
+                if self._roll_reason(len(buf), last, now) or self._flush_due(headers, now):
+                    raise WouldBlock("segment roll or flush")
             offset = first_offset = self._log_end_offset
             log_append = self._config.message_timestamp_type == "LogAppendTime"
             pos = 0
@@ -368,6 +390,8 @@ class Log:
                 self.epoch_cache.assign(leader_epoch, first_offset)
             self._write(buf, assigned, now)
             return self._append_info(assigned, len(buf), now if log_append else -1)
+        finally:
+            self._lock.release()
 
     def _note_refused(self, exc: errors.BrookError) -> None:
         # A hostile client can send refused batches in a loop: one INFO line per interval, the rest DEBUG.
@@ -444,10 +468,15 @@ class Log:
         for h in headers:
             self.producer_state.update(h, h.base_offset)
         self._log_end_offset = headers[-1].next_offset
+        due = self._flush_due(headers, now)
         self._unflushed_records += sum(h.record_count for h in headers)
-        if (self._unflushed_records >= self._config.flush_messages
-                or now - self._last_flush_ms >= self._config.flush_ms):
+        if due:
             self.flush()
+
+    def _flush_due(self, headers: list[BatchHeader], now: int) -> bool:
+        """Would writing ``headers`` reach flush.messages, or has flush.ms passed? Caller holds the lock."""
+        return (self._unflushed_records + sum(h.record_count for h in headers) >= self._config.flush_messages
+                or now - self._last_flush_ms >= self._config.flush_ms)
 
     @staticmethod
     def _append_info(headers: list[BatchHeader], size: int, log_append_time_ms: int) -> AppendInfo:
@@ -456,22 +485,27 @@ class Log:
                           sum(h.record_count for h in headers), len(headers), size)
 
     def _maybe_roll(self, size: int, headers: list[BatchHeader], now: int) -> LogSegment:
-        seg = self._segments[-1]
-        c = self._config
-        reason = ""
-        if seg.size > 0:
-            if seg.size + size > c.segment_bytes:
-                reason = f"size {seg.size} + {size} > segment.bytes {c.segment_bytes}"
-            elif now - seg.rolling_base_ms() > c.segment_ms:
-                reason = f"age {now - seg.rolling_base_ms()} ms > segment.ms {c.segment_ms}"
-            elif seg.index.is_full() or seg.time_index.is_full():
-                reason = "index full"
-            elif not seg.can_hold_offset(headers[-1].last_offset):
-                reason = "offset too far from segment base"
+        reason = self._roll_reason(size, headers[-1].last_offset, now)
         if not reason:
-            return seg
+            return self._segments[-1]
         log.debug("rolling %s: %s", self.dir, reason)
         return self._roll(headers[0].base_offset, now)
+
+    def _roll_reason(self, size: int, last_offset: int, now: int) -> str:
+        """Why ``size`` bytes ending at ``last_offset`` need a new segment ("" when they do not)."""
+        seg = self._segments[-1]
+        c = self._config
+        if seg.size == 0:
+            return ""
+        if seg.size + size > c.segment_bytes:
+            return f"size {seg.size} + {size} > segment.bytes {c.segment_bytes}"
+        if now - seg.rolling_base_ms() > c.segment_ms:
+            return f"age {now - seg.rolling_base_ms()} ms > segment.ms {c.segment_ms}"
+        if seg.index.is_full() or seg.time_index.is_full():
+            return "index full"
+        if not seg.can_hold_offset(last_offset):
+            return "offset too far from segment base"
+        return ""
 
     def _roll(self, base_offset: int, now: int) -> LogSegment:
         old = self._segments[-1]

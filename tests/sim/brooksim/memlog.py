@@ -81,7 +81,8 @@ class MemoryLog:
         return self.epoch_cache.latest_epoch
 
     # ---- appends ----
-    def append_as_leader(self, records: bytes, leader_epoch: int) -> AppendInfo:
+    def append_as_leader(self, records: bytes, leader_epoch: int, *, blocking: bool = True) -> AppendInfo:
+        # In memory nothing waits: a non-blocking append (the broker's event loop) is the same append.
         values = tuple(json.loads(records))
         if not values:
             raise errors.CorruptMessageError("empty produce")

@@ -1,0 +1,247 @@
+"""A small Produce is appended on the broker's event loop, and never waits there.
+
+Handing the append to the executor and back costs an idle broker about as much as the rest
+of an acks=1 request. So BrokerService appends a request of at most INLINE_APPEND_MAX_BYTES
+on the loop when nothing would wait: its batches are uncompressed, the partition and log locks
+are free, the log needs no segment roll, fsync or recompression, no batch is ahead of its
+producer's sequence, and no topic is to be auto-created. Anything else goes to the executor as before, with nothing
+changed by the attempt. Real BrokerService, ReplicaManager, Log and purgatories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.admission import ByteBudget, ClientLimits
+from broker.metadata_cache import MetadataCache
+from broker.replica_manager import ReplicaManager
+from broker.service import INLINE_APPEND_MAX_BYTES, BrokerService, Capacity
+from proto import broker_pb2, common_pb2, controller_pb2
+from proto.errors import ErrorCode
+from replication.partition import LockBusy
+from storage.log import Log, WouldBlock
+from storage.log_config import LogConfig
+from storage.log_manager import LogManager
+from storage.record_batch import CODEC_LZ4, CODEC_NONE, RecordBatchBuilder
+
+
+class NoController:
+    def call(self, method: str, request: Any, timeout_s: float) -> Any:
+        raise AssertionError(f"no controller call expected here, got {method}")
+
+
+class CountingExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The broker's client executor, counting the work handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=2, thread_name_prefix="test-io")
+        self.submitted = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        self.submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+class Broker:
+    def __init__(self, tmp_path: Path) -> None:
+        defaults = {"auto.create.topics.enable": "false", "log.cleaner.enable": "false"}
+        self.logs = LogManager([tmp_path], defaults, cleaner_threads=0)
+        self.logs.startup()
+        cache = MetadataCache(1)
+        self.rm = ReplicaManager(1, self.logs, cache, NoController(), defaults=defaults, broker_epoch=lambda: 1)
+        update = controller_pb2.MetadataUpdate(version=1, is_snapshot=True, cluster_id="c", active_controller_id=-1)
+        update.brokers.add(node_id=1, incarnation_id="i1", broker_epoch=1,
+                           endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=1)])
+        for name, configs in (("t", {}), ("lz4", {"compression.type": "lz4"})):
+            update.topics.add(name=name, topic_id=name[0] * 32, partition_count=2, configs=configs)
+            for p in range(2):
+                update.partitions.add(topic=name, topic_id=name[0] * 32, partition=p, replicas=[1], isr=[1],
+                                      leader=1, leader_epoch=0, partition_epoch=0)
+        self.rm.apply_metadata_delta(cache.apply(update))
+        self.io = CountingExecutor()
+        capacity = Capacity(io=self.io, replication=self.io, limits=ClientLimits(100, 100),
+                            budget=ByteBudget(64 << 20))
+        self.service = BrokerService(1, self.rm, cache, None, None, defaults=defaults,  # type: ignore[arg-type]
+                                     controller_endpoints=[], capacity=capacity)
+
+    def produce(self, *parts: tuple[str, int, bytes], acks: int = 1) -> broker_pb2.ProduceResponse:
+        return asyncio.run(self.service._produce(self.request(*parts, acks=acks)))
+
+    @staticmethod
+    def request(*parts: tuple[str, int, bytes], acks: int = 1) -> broker_pb2.ProduceRequest:
+        return broker_pb2.ProduceRequest(acks=acks, timeout_ms=5000, partitions=[
+            broker_pb2.ProducePartitionData(topic=t, partition=p, records=r) for t, p, r in parts])
+
+    def close(self) -> None:
+        self.rm.shutdown()
+        self.logs.shutdown()
+        self.io.shutdown()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def batch(n: int = 1, value_bytes: int = 10, *, producer_id: int = -1, base_sequence: int = -1,
+          codec: int = CODEC_NONE) -> bytes:
+    b = RecordBatchBuilder(codec, producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1,
+                           base_sequence=base_sequence)
+    for i in range(n):
+        b.append(1_700_000_000_000, None, bytes([i % 256]) * value_bytes)
+    return b.build()
+
+
+def log_end(broker: Broker, topic: str, partition: int) -> int:
+    return broker.rm.leader_partition(topic, partition).log.log_end_offset
+
+
+def test_a_small_produce_is_appended_on_the_loop(broker: Broker) -> None:
+    resp = broker.produce(("t", 0, batch(3)), ("t", 1, batch(2)))
+    assert [(p.error_code, p.base_offset) for p in resp.partitions] == [(0, 0), (0, 0)], resp
+    assert broker.io.submitted == 0
+    assert (log_end(broker, "t", 0), log_end(broker, "t", 1)) == (3, 2)
+
+
+def test_a_large_produce_goes_to_the_executor(broker: Broker) -> None:
+    records = batch(8, INLINE_APPEND_MAX_BYTES // 8)
+    assert len(records) > INLINE_APPEND_MAX_BYTES
+    resp = broker.produce(("t", 0, records))
+    assert resp.partitions[0].error_code == 0, resp
+    assert broker.io.submitted == 1 and log_end(broker, "t", 0) == 8
+
+
+def test_a_held_partition_lock_sends_that_partition_to_the_executor_without_stalling_the_loop(
+        broker: Broker) -> None:
+    p0 = broker.rm.leader_partition("t", 0)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with p0.lock:  # an append (or a follower's fetch) in progress on another thread
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10)
+
+    async def scenario() -> tuple[broker_pb2.ProduceResponse, int]:
+        task = asyncio.ensure_future(broker.service._produce(
+            broker.request(("t", 0, batch(2)), ("t", 1, batch(1)))))
+        for _ in range(20):  # the loop keeps running while the executor waits for the lock
+            await asyncio.sleep(0.01)
+        assert not task.done()
+        inline_end = log_end(broker, "t", 1)  # partition 1 was free: appended on the loop already
+        release.set()
+        return await asyncio.wait_for(task, 10), inline_end
+
+    try:
+        resp, inline_end = asyncio.run(scenario())
+    finally:
+        release.set()
+        holder.join()
+    assert [(p.error_code, p.base_offset) for p in resp.partitions] == [(0, 0), (0, 0)], resp
+    assert inline_end == 1 and broker.io.submitted == 1 and log_end(broker, "t", 0) == 2
+
+
+def test_a_batch_ahead_of_its_sequence_waits_in_the_executor_for_the_gap(broker: Broker) -> None:
+    first, second = batch(2, producer_id=7, base_sequence=0), batch(1, producer_id=7, base_sequence=2)
+    p0 = broker.rm.leader_partition("t", 0)
+    with pytest.raises(LockBusy):  # ahead of sequence 0: not refused, not waited for on the loop
+        broker.rm.append_records("t", 0, second, acks=1, timeout_ms=5000, blocking=False)
+    assert p0.log.log_end_offset == 0
+
+    async def scenario() -> list[broker_pb2.ProduceResponse]:
+        ahead = asyncio.ensure_future(broker.service._produce(broker.request(("t", 0, second))))
+        await asyncio.sleep(0.05)
+        assert not ahead.done()  # waiting in the executor for sequences 0-1
+        return [await broker.service._produce(broker.request(("t", 0, first))), await ahead]
+
+    resp_first, resp_second = asyncio.run(scenario())
+    assert (resp_first.partitions[0].error_code, resp_first.partitions[0].base_offset) == (0, 0)
+    assert (resp_second.partitions[0].error_code, resp_second.partitions[0].base_offset) == (0, 2)
+
+
+def test_refusals_made_on_the_loop_are_final(broker: Broker) -> None:
+    corrupt = bytearray(batch(2))
+    corrupt[-1] ^= 0xFF  # the CRC no longer matches
+    resp = broker.produce(("t", 0, bytes(corrupt)), ("nope", 0, batch(1)), ("__consumer_offsets", 0, batch(1)))
+    assert [p.error_code for p in resp.partitions] == [
+        ErrorCode.CORRUPT_MESSAGE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.INVALID_TOPIC_EXCEPTION], resp
+    assert log_end(broker, "t", 0) == 0
+
+
+def test_a_topic_that_recompresses_goes_to_the_executor(broker: Broker) -> None:
+    resp = broker.produce(("lz4", 0, batch(3)))
+    assert resp.partitions[0].error_code == 0, resp
+    assert broker.io.submitted == 1 and log_end(broker, "lz4", 0) == 3
+
+
+def test_compressed_batches_are_decompressed_off_the_loop(broker: Broker) -> None:
+    # A flood of small compressed batches (each up to the decompression cap) must not occupy the loop.
+    resp = broker.produce(("t", 0, batch(50, 1000, codec=CODEC_LZ4)))
+    assert resp.partitions[0].error_code == 0, resp
+    assert broker.io.submitted == 1 and log_end(broker, "t", 0) == 50
+
+
+# ---- the log's non-blocking append ----
+
+def open_log(tmp_path: Path, **config: Any) -> Log:
+    return Log.open(tmp_path / "t-0", LogConfig(**config))
+
+
+def unchanged(lg: Log, append: Callable[[], Any]) -> None:
+    end, size, files = lg.log_end_offset, lg.size_bytes, sorted(p.name for p in lg.dir.iterdir())
+    with pytest.raises(WouldBlock):
+        append()
+    assert (lg.log_end_offset, lg.size_bytes, sorted(p.name for p in lg.dir.iterdir())) == (end, size, files)
+
+
+def test_the_log_refuses_to_wait_for_its_lock(tmp_path: Path) -> None:
+    lg = open_log(tmp_path)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lg._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        unchanged(lg, lambda: lg.append_as_leader(batch(1), 0, blocking=False))
+    finally:
+        release.set()
+        holder.join()
+    assert lg.append_as_leader(batch(1), 0, blocking=False).first_offset == 0
+    lg.close()
+
+
+def test_the_log_leaves_decompression_rolls_flushes_and_recompression_to_a_blocking_append(tmp_path: Path) -> None:
+    records = batch(4, 100)
+    rolling = open_log(tmp_path / "roll", segment_bytes=len(records) + 10)
+    rolling.append_as_leader(records, 0)
+    unchanged(rolling, lambda: rolling.append_as_leader(records, 0, blocking=False))
+    assert rolling.append_as_leader(records, 0).first_offset == 4  # the blocking append rolls
+    flushing = open_log(tmp_path / "flush", flush_messages=2)
+    flushing.append_as_leader(batch(1), 0, blocking=False)  # 1 unflushed record: no flush due yet
+    unchanged(flushing, lambda: flushing.append_as_leader(batch(1), 0, blocking=False))
+    recompressing = open_log(tmp_path / "lz4", compression_type="lz4")
+    unchanged(recompressing, lambda: recompressing.append_as_leader(batch(2), 0, blocking=False))
+    plain = open_log(tmp_path / "plain")
+    unchanged(plain, lambda: plain.append_as_leader(batch(2, codec=CODEC_LZ4), 0, blocking=False))
+    assert plain.append_as_leader(batch(2, codec=CODEC_LZ4), 0).first_offset == 0
+    for lg in (rolling, flushing, recompressing, plain):
+        lg.close()
