@@ -57,6 +57,9 @@ ALTER_RETRY_BACKOFF_S = 0.5  # pause before sending again an AlterPartition whos
 # requests to our worker threads in any order: a batch that overtook its predecessor waits
 # this long for it before being refused with OUT_OF_ORDER_SEQUENCE_NUMBER.
 SEQUENCE_GAP_WAIT_S = 0.1
+# A follower's fetch woken by an append made on the event loop is read there too, up to this
+# many bytes (a first batch larger than that whole): the rest it fetches at once, off the loop.
+LOOP_READ_MAX_BYTES = 64 * 1024
 _SEQUENCE_MODULUS = 2**31
 
 
@@ -208,13 +211,15 @@ class _AsyncDataWaiter(DelayedOperation):
     moving the HW, a role change). A follower's fetch is completed as Kafka's purgatory
     does: that thread reads the new data itself (``read_inline``) and only hands the
     finished read to the event loop, so the acks=all path costs no extra hop through an
-    executor. Anything else (and a wake on the loop thread itself, while registering) only
-    resolves the future, and the loop re-reads on its executor. The deadline is an asyncio
-    timer, not the purgatory reaper.
+    executor. Woken on the loop thread itself (an append made there, see
+    BrokerService._produce_append_inline), the follower's read is made there too if it
+    waits for no lock, and of at most ``LOOP_READ_MAX_BYTES`` (the follower fetches the rest
+    at once). Anything else only resolves the future, and the loop re-reads on its executor.
+    The deadline is an asyncio timer, not the purgatory reaper.
     """
 
     def __init__(self, seqs: dict[Partition, int], for_follower: bool, loop: asyncio.AbstractEventLoop,
-                 future: asyncio.Future[Any], read_inline: Callable[[], InlineRead] | None = None) -> None:
+                 future: asyncio.Future[Any], read_inline: Callable[..., InlineRead] | None = None) -> None:
         super().__init__(None)
         self.seqs = seqs
         self.for_follower = for_follower
@@ -244,10 +249,14 @@ class _AsyncDataWaiter(DelayedOperation):
 
     def _deliver(self) -> None:
         result: InlineRead | None = None
-        if self._read_inline is not None and threading.get_ident() != self._loop_thread \
-                and not self._future.done():
+        if self._read_inline is not None and not self._future.done():
             try:
-                result = self._read_inline()
+                if threading.get_ident() != self._loop_thread:
+                    result = self._read_inline()
+                else:  # never wait on the loop: a held lock leaves the read to the executor
+                    result = self._read_inline(blocking=False, max_bytes=LOOP_READ_MAX_BYTES)
+            except LockBusy:
+                pass
             except Exception:  # the loop re-reads on its executor instead
                 log.exception("reading for a woken follower fetch failed")
         self._hand_over(result)
@@ -534,9 +543,9 @@ class ReplicaManager:
         def wake_seqs() -> dict[Partition, int]:
             return {p: _wake_seq(p, for_follower) for k in keys if (p := self._partitions.get(k)) is not None}
 
-        def read_inline(blocking: bool = True) -> InlineRead:
+        def read_inline(blocking: bool = True, max_bytes: int | None = None) -> InlineRead:
             before = wake_seqs()
-            return before, self._read_once(req, cap, blocking=blocking)
+            return before, self._read_once(req, cap if max_bytes is None else min(cap, max_bytes), blocking=blocking)
 
         inline: InlineRead | None = None
         if for_follower and self._follower_caught_up(req):
@@ -571,7 +580,7 @@ class ReplicaManager:
 
     async def _park(self, seqs: dict[Partition, int], for_follower: bool, timeout_s: float,
                     on_park: Callable[[], None], on_unpark: Callable[[], None],
-                    read_inline: Callable[[], InlineRead] | None) -> InlineRead | None:
+                    read_inline: Callable[..., InlineRead] | None) -> InlineRead | None:
         """Wait for a change; the waker's read of it when it did one (followers), else None."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[InlineRead | None] = loop.create_future()

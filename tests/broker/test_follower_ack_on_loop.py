@@ -4,7 +4,9 @@ Such a fetch reads nothing: it only reports the follower's log end, which may mo
 complete waiting acks=all produces. ReplicaManager.fetch_async does that on the loop instead
 of hopping to the replication executor and back (two thread switches on the acks=all path).
 It never waits for a partition lock there: with an append holding it, the fetch goes to the
-executor as before. Real ReplicaManager, Log and purgatories.
+executor as before. And a parked follower fetch woken by an append made on the loop (small
+produces are) is read on the loop too, up to LOOP_READ_MAX_BYTES. Real ReplicaManager, Log and
+purgatories.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from broker.replica_manager import ReplicaManager
 from proto import broker_pb2, common_pb2, controller_pb2
 from replication.partition import LockBusy
 from storage.log_manager import LogManager
-from storage.record_batch import RecordBatchBuilder
+from storage.record_batch import RecordBatchBuilder, iter_batches
 
 
 class NoController:
@@ -135,3 +137,47 @@ def test_with_the_partition_lock_held_the_fetch_waits_on_the_executor_not_the_lo
     assert hops == ["executor"], f"with the lock held the fetch must go to the executor: {hops}"
     assert resp.partitions[0].high_watermark == 1, resp
     assert done.result(timeout=5).base_offset == 0
+
+
+def sized_batches(count: int, value_bytes: int) -> bytes:
+    out = b""
+    for i in range(count):
+        b = RecordBatchBuilder()
+        b.append(0, None, bytes([i]) * value_bytes)
+        out += b.build()
+    return out
+
+
+def test_an_append_made_on_the_loop_hands_the_parked_follower_its_data_read_on_the_loop(
+        rm: ReplicaManager) -> None:
+    # The broker appends small produces on its event loop; the parked follower fetch that such an
+    # append wakes is read right there (no executor hop), up to LOOP_READ_MAX_BYTES of whole batches.
+    from broker.replica_manager import LOOP_READ_MAX_BYTES
+
+    batches = sized_batches(3, LOOP_READ_MAX_BYTES // 2 - 200)  # two fit under the cap, three do not
+    hops: list[str] = []
+
+    async def run(fn: Callable[[], Any]) -> Any:
+        hops.append("executor")
+        return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+    async def reserve(n: int) -> int:
+        return 0
+
+    async def scenario() -> broker_pb2.FetchResponse:
+        req = follower_fetch(0)
+        req.max_wait_ms = 10_000
+        parked = asyncio.ensure_future(rm.fetch_async(req, run=run, reserve=reserve, release=lambda n: None,
+                                                      on_park=lambda: None, on_unpark=lambda: None))
+        await asyncio.sleep(0.05)
+        assert not parked.done()  # caught up, its first read (on the loop) found nothing: it parked
+        hops.clear()
+        fut = rm.append_records("t", 0, batches, acks=1, timeout_ms=5000, blocking=False)  # on the loop
+        assert fut.result(timeout=0).last_offset == 2
+        resp, _ = await asyncio.wait_for(parked, 5)
+        return resp
+
+    resp = asyncio.run(scenario())
+    assert hops == [], f"the woken follower fetch was read on the loop, not re-read on the executor: {hops}"
+    got = [h.base_offset for _, h in iter_batches(resp.partitions[0].records)]
+    assert got == [0, 1], f"two whole batches, under the cap (the third comes with the next fetch): {got}"
