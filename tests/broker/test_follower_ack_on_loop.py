@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +67,9 @@ def follower_fetch(offset: int) -> broker_pb2.FetchRequest:
                                        current_leader_epoch=0, last_fetched_epoch=0, log_start_offset=0)])
 
 
-def fetch(rm: ReplicaManager, req: broker_pb2.FetchRequest) -> tuple[broker_pb2.FetchResponse, list[str]]:
-    """fetch_async on a fresh loop; the second value names the executor reads it made."""
-    hops: list[str] = []
-
+def start_fetch(rm: ReplicaManager, req: broker_pb2.FetchRequest, hops: list[str]) -> Awaitable[Any]:
+    """fetch_async as the broker calls it (no byte budget for replication); each executor read
+    it makes is named in ``hops``."""
     async def run(fn: Callable[[], Any]) -> Any:
         hops.append("executor")
         return await asyncio.get_running_loop().run_in_executor(None, fn)
@@ -78,9 +77,16 @@ def fetch(rm: ReplicaManager, req: broker_pb2.FetchRequest) -> tuple[broker_pb2.
     async def reserve(n: int) -> int:
         return 0
 
+    return rm.fetch_async(req, run=run, reserve=reserve, release=lambda n: None,
+                          on_park=lambda: None, on_unpark=lambda: None)
+
+
+def fetch(rm: ReplicaManager, req: broker_pb2.FetchRequest) -> tuple[broker_pb2.FetchResponse, list[str]]:
+    """fetch_async on a fresh loop; the second value names the executor reads it made."""
+    hops: list[str] = []
+
     async def go() -> broker_pb2.FetchResponse:
-        resp, _ = await rm.fetch_async(req, run=run, reserve=reserve, release=lambda n: None,
-                                       on_park=lambda: None, on_unpark=lambda: None)
+        resp, _ = await start_fetch(rm, req, hops)
         return resp
     return asyncio.run(go()), hops
 
@@ -157,18 +163,10 @@ def test_an_append_made_on_the_loop_hands_the_parked_follower_its_data_read_on_t
     batches = sized_batches(3, LOOP_READ_MAX_BYTES // 2 - 200)  # two fit under the cap, three do not
     hops: list[str] = []
 
-    async def run(fn: Callable[[], Any]) -> Any:
-        hops.append("executor")
-        return await asyncio.get_running_loop().run_in_executor(None, fn)
-
-    async def reserve(n: int) -> int:
-        return 0
-
     async def scenario() -> broker_pb2.FetchResponse:
         req = follower_fetch(0)
         req.max_wait_ms = 10_000
-        parked = asyncio.ensure_future(rm.fetch_async(req, run=run, reserve=reserve, release=lambda n: None,
-                                                      on_park=lambda: None, on_unpark=lambda: None))
+        parked = asyncio.ensure_future(start_fetch(rm, req, hops))
         await asyncio.sleep(0.05)
         assert not parked.done()  # caught up, its first read (on the loop) found nothing: it parked
         hops.clear()
