@@ -32,7 +32,6 @@ one- and two-byte varints, one join per batch.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -40,23 +39,13 @@ from dataclasses import dataclass
 from crc32c import crc32c
 
 from proto import errors
-from storage import compression
+from storage import compression, record_walk
 
 logger = logging.getLogger(__name__)
 
 
-def _load_append_record() -> object | None:
-    """The compiled record encoder (storage/_record_walk.c), or None: RecordBatchBuilder's Python path."""
-    if os.environ.get("BROOK_PURE_PYTHON_WALK"):
-        return None  # tests and benchmarks compare the two
-    try:
-        from storage import _record_walk  # type: ignore[attr-defined]
-    except ImportError:
-        return None  # storage.record_walk says so once, at import
-    return getattr(_record_walk, "append_record", None)
-
-
-_append_record_c = _load_append_record()
+# The compiled record encoder (storage/_record_walk.c), or None: RecordBatchBuilder's Python path.
+_append_record_c = getattr(record_walk._compiled, "append_record", None)
 
 BATCH_HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # base offset (8) + batch length (4)

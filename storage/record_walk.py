@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
-from storage.record_batch import Buffer
+if TYPE_CHECKING:
+    from storage.record_batch import Buffer
 
 logger = logging.getLogger(__name__)
 
