@@ -29,9 +29,8 @@ from metadata_quorum import cluster_configs
 from proto import broker_pb2, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig, ReplicaFetcherManager
-from replication.partition import IsrProposal, LockBusy, Partition, Role
+from replication.partition import IsrProposal, LockBusy, Partition, Role, held
 from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
-from storage.log import WouldBlock
 from storage.record_batch import read_header
 
 log = logging.getLogger(__name__)
@@ -160,12 +159,11 @@ def _append_in_sequence(p: Partition, records: bytes, acks: int, max_wait_s: flo
 
 
 def _append_now(p: Partition, records: bytes, acks: int) -> Any:
-    """``p.append_as_leader`` without waiting: ``LockBusy`` where ``_append_in_sequence`` would wait
-    (a batch ahead of its producer's next sequence) or the log would block. Caller holds ``p.lock``."""
+    """``p.append_as_leader`` without waiting: ``WouldBlock`` where the log would block, ``LockBusy``
+    where ``_append_in_sequence`` would wait (a batch ahead of its producer's next sequence).
+    Caller holds ``p.lock``."""
     try:
         return p.append_as_leader(records, acks, blocking=False)
-    except WouldBlock as e:
-        raise LockBusy from e
     except errors.OutOfOrderSequenceNumberError:
         if _sequence_ahead(p, records):
             raise LockBusy from None
@@ -471,8 +469,9 @@ class ReplicaManager:
 
         acks=0/1 resolve once the leader appended; acks=-1 once the HW passes the batch,
         with REQUEST_TIMED_OUT after ``timeout_ms`` (the data stays appended, as in Kafka).
-        ``blocking=False`` is for the broker's event loop: it raises ``LockBusy``, having changed
-        nothing, where the append would wait (a lock, a sequence gap) or do blocking work.
+        ``blocking=False`` is for the broker's event loop: it raises ``WouldBlock`` (``LockBusy`` for a
+        held lock or a sequence gap), having changed nothing, where the append would wait or do
+        blocking work.
         """
         fut: concurrent.futures.Future = concurrent.futures.Future()
         try:
@@ -484,19 +483,17 @@ class ReplicaManager:
             if not self._lease_valid():
                 raise errors.NotLeaderOrFollowerError(
                     f"broker {self.node_id} lost its controller session; not accepting writes")
-            if not p.lock.acquire(blocking=blocking):
-                raise LockBusy
-            try:
+            with held(p.lock, blocking):
                 epoch = p.leader_epoch
-                if blocking:
-                    info = _append_in_sequence(p, records, acks, min(SEQUENCE_GAP_WAIT_S, max(0, timeout_ms) / 1000))
-                else:
-                    info = _append_now(p, records, acks)
-            except OSError as e:
-                log.error("append to %s-%d failed on disk: %s", topic, partition, e)
-                raise errors.KafkaStorageError(f"{topic}-{partition}: {e}") from e
-            finally:
-                p.lock.release()
+                try:
+                    if blocking:
+                        info = _append_in_sequence(p, records, acks,
+                                                   min(SEQUENCE_GAP_WAIT_S, max(0, timeout_ms) / 1000))
+                    else:
+                        info = _append_now(p, records, acks)
+                except OSError as e:
+                    log.error("append to %s-%d failed on disk: %s", topic, partition, e)
+                    raise errors.KafkaStorageError(f"{topic}-{partition}: {e}") from e
             result = AppendResult(topic, partition, info.first_offset, info.last_offset,
                                   info.log_append_time_ms, p.log.log_start_offset,
                                   bool(getattr(info, "duplicate", False)))

@@ -49,7 +49,7 @@ from broker.quotas import QuotaManager
 from broker.replica_manager import MAX_PRODUCE_TIMEOUT_MS, AppendResult, ReplicaManager
 from proto import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
-from replication.partition import LockBusy
+from storage.log import WouldBlock
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             try:
                 futures.append(self.rm.append_records(pd.topic, pd.partition, pd.records, acks=req.acks,
                                                       timeout_ms=req.timeout_ms, blocking=False))
-            except LockBusy:
+            except WouldBlock:
                 futures.append(None)
         return futures
 

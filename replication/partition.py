@@ -12,16 +12,18 @@ reads of the log go straight to the (thread-safe) Log.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from proto import errors
 from replication import isr as isr_rules
 from replication.isr import UNKNOWN_OFFSET, FollowerProgress
+from storage.log import WouldBlock
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +36,20 @@ class ReplicationInvariantError(Exception):
     """
 
 
-class LockBusy(Exception):
-    """``fetch_for_follower(..., blocking=False)`` found the partition lock held: nothing was changed."""
+class LockBusy(WouldBlock):
+    """A non-blocking partition call (the broker's event loop) found the partition lock held, or
+    an append would wait for its producer's earlier batch: nothing was changed."""
+
+
+@contextlib.contextmanager
+def held(lock: Any, blocking: bool) -> Iterator[None]:
+    """Hold ``lock``; without ``blocking``, ``LockBusy`` at once when another thread holds it."""
+    if not lock.acquire(blocking=blocking):
+        raise LockBusy
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class Role(enum.Enum):
@@ -272,12 +286,8 @@ class Partition:
         held, and the log's ``WouldBlock`` where its append would wait or do blocking work; either
         way nothing was changed.
         """
-        if not self.lock.acquire(blocking=blocking):
-            raise LockBusy
-        try:
+        with held(self.lock, blocking):
             return self._append_as_leader(records, acks, blocking)
-        finally:
-            self.lock.release()
 
     def _append_as_leader(self, records: bytes, acks: int, blocking: bool) -> Any:
         self.check_leader()
@@ -311,12 +321,8 @@ class Partition:
                 min_one_batch, now_ms)
         if blocking:
             return self._fetch_for_follower(*args)
-        if not self.lock.acquire(blocking=False):
-            raise LockBusy
-        try:
+        with held(self.lock, blocking=False):
             return self._fetch_for_follower(*args)
-        finally:
-            self.lock.release()
 
     def _fetch_for_follower(self, replica_id: int, fetch_offset: int, follower_log_start: int,
                             last_fetched_epoch: int, current_leader_epoch: int, max_bytes: int,
