@@ -7,6 +7,7 @@ last saw.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -24,5 +25,19 @@ def wait_for(cond: Callable[[], T], timeout_s: float = 10.0, what: str | Callabl
         if last:
             return last
         time.sleep(poll_s)
+    described = what() if callable(what) else what
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {described}; last saw {last!r}")
+
+
+async def await_for(cond: Callable[[], T], timeout_s: float = 10.0, what: str | Callable[[], str] = "a condition",
+                    poll_s: float = 0.005) -> T:
+    """``wait_for`` inside a coroutine: the event loop runs between polls."""
+    deadline = time.monotonic() + timeout_s
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        await asyncio.sleep(poll_s)
     described = what() if callable(what) else what
     raise AssertionError(f"timed out after {timeout_s} s waiting for {described}; last saw {last!r}")

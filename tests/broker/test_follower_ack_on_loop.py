@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import await_for
 
 from broker.metadata_cache import MetadataCache
 from broker.replica_manager import ReplicaManager
@@ -167,8 +168,9 @@ def test_an_append_made_on_the_loop_hands_the_parked_follower_its_data_read_on_t
         req = follower_fetch(0)
         req.max_wait_ms = 10_000
         parked = asyncio.ensure_future(start_fetch(rm, req, hops))
-        await asyncio.sleep(0.05)
-        assert not parked.done()  # caught up, its first read (on the loop) found nothing: it parked
+        # Caught up, its first read (on the loop) finds nothing: it parks.
+        await await_for(lambda: rm.fetch_purgatory.watched(("t", 0)), 10, "the follower fetch to park")
+        assert not parked.done()
         hops.clear()
         fut = rm.append_records("t", 0, batches, acks=1, timeout_ms=5000, blocking=False)  # on the loop
         assert fut.result(timeout=0).last_offset == 2

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import await_for
 
 from broker.admission import ByteBudget, ClientLimits
 from broker.metadata_cache import MetadataCache
@@ -139,8 +140,8 @@ def test_a_held_partition_lock_sends_that_partition_to_the_executor_without_stal
     async def scenario() -> tuple[broker_pb2.ProduceResponse, int]:
         task = asyncio.ensure_future(broker.service._produce(
             broker.request(("t", 0, batch(2)), ("t", 1, batch(1)))))
-        for _ in range(20):  # the loop keeps running while the executor waits for the lock
-            await asyncio.sleep(0.01)
+        # The loop keeps running (this coroutine polls on it) while the executor waits for the lock.
+        await await_for(lambda: broker.io.submitted == 1, 10, "partition 0 handed to the executor")
         assert not task.done()
         inline_end = log_end(broker, "t", 1)  # partition 1 was free: appended on the loop already
         release.set()
@@ -164,7 +165,7 @@ def test_a_batch_ahead_of_its_sequence_waits_in_the_executor_for_the_gap(broker:
 
     async def scenario() -> list[broker_pb2.ProduceResponse]:
         ahead = asyncio.ensure_future(broker.service._produce(broker.request(("t", 0, second))))
-        await asyncio.sleep(0.05)
+        await await_for(lambda: broker.io.submitted == 1, 10, "the batch ahead handed to the executor")
         assert not ahead.done()  # waiting in the executor for sequences 0-1
         return [await broker.service._produce(broker.request(("t", 0, first))), await ahead]
 
