@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = _spark_session(args.master)  # before any gRPC channel in this process: see _spark_session
     with tempfile.TemporaryDirectory(prefix="brook-spark-bench-") as tmp:
         cluster = None
         if args.bootstrap:
@@ -134,16 +135,31 @@ def main(argv: list[str] | None = None) -> int:
             bootstrap = cluster.bootstrap_servers
             controllers = cluster.controller_endpoints
         try:
-            return _bench(args, bootstrap, controllers, Path(tmp))
+            return _bench(spark, args, bootstrap, controllers, Path(tmp))
         finally:
             if cluster is not None:
                 cluster.stop(timeout_s=20)
                 cluster.teardown()
 
 
-def _bench(args: argparse.Namespace, bootstrap: str, controllers: list[tuple[str, int]] | None, tmp: Path) -> int:
+def _spark_session(master: str):  # type: ignore[no-untyped-def]
+    """The SparkSession, started before this process opens any gRPC channel.
+
+    PySpark forks its JVM launcher with a preexec_fn; grpcio 1.81+ can crash that child while
+    gRPC threads run in the parent (grpc/grpc#43055), which shows as JAVA_GATEWAY_EXITED.
+    """
     from pyspark.sql import SparkSession
 
+    spark = (SparkSession.builder.master(master).appName("brook-spark-bench")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def _bench(spark, args: argparse.Namespace, bootstrap: str,  # type: ignore[no-untyped-def]
+           controllers: list[tuple[str, int]] | None, tmp: Path) -> int:
     import spark_source
 
     topic = f"spark-bench-{uuid.uuid4().hex[:8]}"
@@ -158,11 +174,6 @@ def _bench(args: argparse.Namespace, bootstrap: str, controllers: list[tuple[str
     written = fill_topic(bootstrap, topic, args.partitions, args.records, args.value_bytes)
     fill_s = time.monotonic() - t0
     print(f"filled {topic}: {written} records of {args.value_bytes} B in {fill_s:.1f} s")
-    spark = (SparkSession.builder.master(args.master).appName("brook-spark-bench")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("WARN")
     spark_source.register(spark)
     try:
         opts = {"minPartitions": str(args.min_partitions)} if args.min_partitions else {}

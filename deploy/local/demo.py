@@ -2,7 +2,8 @@
 
     python -m deploy.local.demo [--dir .brook/demo] [--records 10000] [--keep]
 
-Steps, each printed as it happens: start the cluster (deploy.local LocalCluster), create a
+Steps, each printed as it happens: start Spark's JVM (first, before this process uses gRPC:
+see main), start the cluster (deploy.local LocalCluster), create a
 replicated topic, produce keyed records with the Python producer, show `brook`-style
 cluster health, then run the Spark Structured Streaming job (spark_source.demo_job) that
 counts records per key with Trigger.AvailableNow, and check its total against what was
@@ -74,11 +75,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plaintext", action="store_true", help="no TLS (default: mTLS everywhere, CA under DIR/tls)")
     args = p.parse_args(argv)
 
+    spark = None
+    if not args.no_spark:
+        if shutil.which("java") is None:
+            console.print("[red]java is not on PATH: Spark needs Java 17+[/red]")
+            return 1
+        # First, before this process opens any gRPC channel: PySpark forks its JVM launcher with a
+        # preexec_fn, and grpcio 1.81+ can crash that child while gRPC threads run (grpc/grpc#43055).
+        console.rule("[bold]1. start Spark (local[2])")
+        spark = spark_session()
+    try:
+        return _demo(args, spark)
+    finally:
+        if spark is not None:
+            spark.stop()
+
+
+def _demo(args: argparse.Namespace, spark) -> int:  # type: ignore[no-untyped-def]
     if args.dir.exists():
         shutil.rmtree(args.dir)  # a demo starts from nothing: stale ports or data would confuse it
     cluster = LocalCluster(args.dir, nodes=args.nodes, detach=args.keep, tls=not args.plaintext,
                            authorizer=not args.plaintext)
-    console.rule("[bold]1. start a local cluster")
+    console.rule("[bold]2. start a local cluster")
     try:
         cluster.start()
         cluster.wait_ready(120)
@@ -92,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"  mTLS between nodes and for clients; CA and certificates in {cluster.tls_dir}")
         console.print(f"  client settings: {cluster.base_dir / 'client.properties'}, or `. {cluster.base_dir}/env.sh`")
     try:
-        return _run(cluster, args)
+        return _run(cluster, args, spark)
     finally:
         if args.keep:
             console.print(f"\ncluster left running: python -m deploy.local stop --dir {args.dir}")
@@ -102,36 +120,29 @@ def main(argv: list[str] | None = None) -> int:
             cluster.teardown()
 
 
-def _run(cluster: LocalCluster, args: argparse.Namespace) -> int:
+def _run(cluster: LocalCluster, args: argparse.Namespace, spark) -> int:  # type: ignore[no-untyped-def]
     from admin_cli.main import main as brook
 
     bootstrap = cluster.bootstrap_servers
     cli = ["-b", bootstrap, "--command-config", str(cluster.base_dir / "client.properties")]
-    console.rule("[bold]2. create a topic")
+    console.rule("[bold]3. create a topic")
     if brook([*cli, "topic", "create", TOPIC, "-p", "6", "-r", str(min(3, args.nodes)),
               "-c", "retention.ms=3600000", "-c", f"min.insync.replicas={min(2, args.nodes)}"]) != 0:
         return 1
-    console.rule("[bold]3. produce")
+    console.rule("[bold]4. produce")
     # The producer and the Spark job run as the least-privileged demo user (User:demo: demo-* only);
     # the topic was created by the operator (User:admin) through the CLI above.
     cluster.grant_demo_acls()
     demo_security = cluster.client_config_for(DEMO_USER)
     produced = produce(bootstrap, args.records, demo_security)
-    console.rule("[bold]4. cluster health")
+    console.rule("[bold]5. cluster health")
     brook([*cli, "cluster", "health"])
-    if args.no_spark:
+    if spark is None:
         return 0
-    console.rule("[bold]5. Spark Structured Streaming over the topic")
-    if shutil.which("java") is None:
-        console.print("[red]java is not on PATH: Spark needs Java 17+[/red]")
-        return 1
+    console.rule("[bold]6. Spark Structured Streaming over the topic")
     from spark_source.demo_job import run_demo
 
-    spark = spark_session()
-    try:
-        result = run_demo(spark, bootstrap, TOPIC, security=demo_security)
-    finally:
-        spark.stop()
+    result = run_demo(spark, bootstrap, TOPIC, security=demo_security)
     counted = sum(c for _, c, _ in result)
     if counted != produced:
         console.print(f"[red]Spark counted {counted} records, {produced} were produced[/red]")

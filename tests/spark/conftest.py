@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+_SESSION: object | None = None
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
+
+def _start_spark() -> object:
     from pyspark.sql import SparkSession
 
     import spark_source
@@ -35,10 +36,35 @@ def spark() -> Iterator[object]:
     )
     session.sparkContext.setLogLevel("WARN")
     spark_source.register(session)
+    return session
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the JVM before the first test, while no gRPC thread runs in this process.
+
+    PySpark starts its JVM with ``subprocess.Popen(..., preexec_fn=...)``: a fork() that
+    runs Python in the child before exec. Once earlier tests have used gRPC here (clients,
+    in-process brokers), grpcio 1.81+ can crash that child (grpc/grpc#43055; 64 of 300
+    forks segfaulted in a reproduction with live calls, none with grpcio 1.78 or without a
+    preexec_fn), and every Spark test then errors with JAVA_GATEWAY_EXITED. Collection
+    imports modules but opens no channel, so this is the last safe moment.
+    """
+    global _SESSION
+    if session.config.option.collectonly:
+        return
+    if _SESSION is None and any("spark" in getattr(item, "fixturenames", ()) for item in session.items):
+        _SESSION = _start_spark()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    global _SESSION
+    session = _SESSION if _SESSION is not None else _start_spark()
+    _SESSION = None
     try:
         yield session
     finally:
-        session.stop()
+        session.stop()  # type: ignore[attr-defined]
 
 
 class BrookTestCluster:
