@@ -282,12 +282,15 @@ class Partition:
     def append_as_leader(self, records: bytes, acks: int, *, blocking: bool = True) -> Any:
         """Append as leader; all-or-nothing. Raises before appending if acks=all and the ISR is too small.
 
-        ``blocking=False`` is for the broker's event loop: ``LockBusy`` when the partition lock is
-        held, and the log's ``WouldBlock`` where its append would wait or do blocking work; either
-        way nothing was changed.
+        ``blocking=False`` is for the broker's event loop: ``LockBusy`` when the partition lock or the
+        log's lock is held, and the log's ``WouldBlock`` where its append would do blocking work;
+        either way nothing was changed.
         """
         with held(self.lock, blocking):
-            return self._append_as_leader(records, acks, blocking)
+            if blocking:
+                return self._append_as_leader(records, acks, True)
+            with held(self.log.lock, False):  # the log calls below re-enter it: none waits (Log.lock)
+                return self._append_as_leader(records, acks, False)
 
     def _append_as_leader(self, records: bytes, acks: int, blocking: bool) -> Any:
         self.check_leader()
@@ -314,14 +317,15 @@ class Partition:
         """A follower's fetch: its progress (which may move the HW and grow the ISR) and the data after it.
 
         ``blocking=False`` is for the broker's event loop: it raises ``LockBusy``, having changed
-        nothing, when the partition lock is held (an append in progress), and otherwise holds the
-        lock for the whole call, so the log's own lock, taken under it by appends, is free too.
+        nothing, when the partition lock is held (an append in progress) or the log's (retention,
+        a compaction swap, a truncation or a flush in progress), and otherwise holds both for the
+        whole call.
         """
         args = (replica_id, fetch_offset, follower_log_start, last_fetched_epoch, current_leader_epoch, max_bytes,
                 min_one_batch, now_ms)
         if blocking:
             return self._fetch_for_follower(*args)
-        with held(self.lock, blocking=False):
+        with held(self.lock, blocking=False), held(self.log.lock, blocking=False):  # log calls re-enter it
             return self._fetch_for_follower(*args)
 
     def _fetch_for_follower(self, replica_id: int, fetch_offset: int, follower_log_start: int,

@@ -299,6 +299,14 @@ class Log:
         return self._config
 
     @property
+    def lock(self) -> threading.RLock:
+        """The log's writer lock, re-entrant. Retention, compaction swaps, truncation and flushes take
+        it without any partition lock (and may hold it through unlinks and fsyncs): code that must
+        not wait (the broker's event loop) try-acquires it once, and every log call it then makes
+        re-enters it instead of waiting."""
+        return self._lock
+
+    @property
     def log_start_offset(self) -> int:
         return self._log_start_offset
 

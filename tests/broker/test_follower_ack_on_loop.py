@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lockwatch import WaitWatchingLock
 from waiting import await_for
 
 from broker.metadata_cache import MetadataCache
@@ -142,6 +143,59 @@ def test_with_the_partition_lock_held_the_fetch_waits_on_the_executor_not_the_lo
     resp, hops = fetch(rm, follower_fetch(1))
     t.join(5)
     assert hops == ["executor"], f"with the lock held the fetch must go to the executor: {hops}"
+    assert resp.partitions[0].high_watermark == 1, resp
+    assert done.result(timeout=5).base_offset == 0
+
+
+def test_the_acknowledging_fetch_never_waits_for_the_log_lock(rm: ReplicaManager) -> None:
+    # Retention, compaction swaps, truncations and flushes take the log's lock without the
+    # partition's. On the loop the fetch try-acquires it once and re-enters it for the epoch
+    # lookup and the HW move.
+    done = rm.append_records("t", 0, one_batch(), acks=-1, timeout_ms=30_000)
+    fetch(rm, follower_fetch(0))
+    p = rm.partition("t", 0)
+    assert p is not None
+    watched = WaitWatchingLock.install(p.log)
+    resp, hops = fetch(rm, follower_fetch(1))
+    assert hops == [] and resp.partitions[0].high_watermark == 1, (hops, resp)
+    assert watched.waits == [], "the loop's fetch waited for the log lock at:\n" + "\n".join(watched.waits)
+    assert done.result(timeout=5).base_offset == 0
+
+
+def test_with_the_log_lock_held_the_fetch_goes_to_the_executor_at_once(rm: ReplicaManager) -> None:
+    done = rm.append_records("t", 0, one_batch(), acks=-1, timeout_ms=30_000)
+    fetch(rm, follower_fetch(0))
+    p = rm.partition("t", 0)
+    assert p is not None
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with p.log.lock:  # retention unlinking a segment, or a compaction swap's fsync
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    outcome: list[BaseException | object] = []
+
+    def attempt() -> None:
+        try:
+            outcome.append(p.fetch_for_follower(2, 1, 0, 0, 0, 1 << 20, True, now_ms=1, blocking=False))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            outcome.append(e)
+
+    try:
+        assert held.wait(10)
+        caller = threading.Thread(target=attempt, daemon=True)
+        caller.start()
+        caller.join(10)
+        assert outcome, "the non-blocking fetch waited for the log lock another thread holds"
+        assert isinstance(outcome[0], LockBusy), outcome
+        assert p.log.high_watermark == 0, "a refused non-blocking fetch must change nothing"
+    finally:
+        release.set()
+        holder.join(10)
+    resp, hops = fetch(rm, follower_fetch(1))
     assert resp.partitions[0].high_watermark == 1, resp
     assert done.result(timeout=5).base_offset == 0
 

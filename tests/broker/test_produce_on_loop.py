@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lockwatch import WaitWatchingLock
 from waiting import await_for
 
 from broker.admission import ByteBudget, ClientLimits
@@ -194,6 +195,40 @@ def test_compressed_batches_are_decompressed_off_the_loop(broker: Broker) -> Non
     resp = broker.produce(("t", 0, batch(50, 1000, codec=CODEC_LZ4)))
     assert resp.partitions[0].error_code == 0, resp
     assert broker.io.submitted == 1 and log_end(broker, "t", 0) == 50
+
+
+def test_an_append_on_the_loop_never_waits_for_the_log_lock(broker: Broker) -> None:
+    # Retention, compaction swaps and flushes take the log's lock without the partition's, and hold
+    # it through unlinks and fsyncs. The loop's append try-acquires it once and re-enters it for
+    # everything after, the HW move included (RF 1: the HW moves inside the call).
+    p = broker.rm.leader_partition("t", 0)
+    watched = WaitWatchingLock.install(p.log)
+    info = p.append_as_leader(batch(3), 1, blocking=False)
+    assert info.first_offset == 0 and p.log.high_watermark == 3
+    assert watched.waits == [], "the loop's append waited for the log lock at:\n" + "\n".join(watched.waits)
+
+
+def test_a_held_log_lock_sends_the_append_to_the_executor(broker: Broker) -> None:
+    p = broker.rm.leader_partition("t", 0)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with p.log.lock:  # retention unlinking segments, say
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        with pytest.raises(LockBusy):
+            p.append_as_leader(batch(1), 1, blocking=False)
+        assert (p.log.log_end_offset, p.log.high_watermark) == (0, 0), "a refused append must change nothing"
+    finally:
+        release.set()
+        holder.join()
+    resp = broker.produce(("t", 0, batch(1)))
+    assert resp.partitions[0].error_code == 0 and log_end(broker, "t", 0) == 1, resp
 
 
 # ---- the log's non-blocking append ----

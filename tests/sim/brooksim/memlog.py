@@ -75,6 +75,7 @@ class MemoryLog:
         self.high_watermark = 0
         self.recovery_point = 0
         self.hw_checkpoint = 0
+        self.lock = threading.RLock()  # as Log.lock (never contended in the simulator)
 
     @property
     def latest_epoch(self) -> int:
