@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import inspect
 import logging
 import os
 import signal
@@ -108,7 +109,8 @@ class ServerHooks:
         if self.reflection_on:
             return
         names = [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
-        # Adding a handler after start is fine in grpcio: handlers are looked up per call.
+        # Before the server starts (see GrpcInstrumentation._record_services): grpcio refuses the
+        # registered-method half of a servicer added later, with a WARNING on every node start.
         reflection.enable_server_reflection(names, self.server)
         self.reflection_on = True
 
@@ -212,6 +214,22 @@ class GrpcInstrumentation:
                 add_registered(service_name, method_handlers)
 
             server.add_registered_method_handlers = registered  # type: ignore[method-assign]
+
+        # Reflection lists the services registered so far: every role registers its own before it
+        # starts the server, and nothing can be added to a started one.
+        start = server.start
+        if inspect.iscoroutinefunction(start):
+            async def start_aio() -> None:
+                hooks.enable_reflection()
+                await start()
+
+            server.start = start_aio  # type: ignore[method-assign]
+        else:
+            def start_sync() -> None:
+                hooks.enable_reflection()
+                start()
+
+            server.start = start_sync  # type: ignore[method-assign]
 
     def role_up(self, role: str) -> None:
         for hooks in self._of(role):

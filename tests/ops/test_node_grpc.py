@@ -43,7 +43,7 @@ def sample(families: dict[str, list], name: str, **labels: str) -> float:
     raise AssertionError(f"no sample {name}{labels}; families: {sorted(families)}")
 
 
-def test_instrumented_server_has_health_reflection_and_rpc_metrics() -> None:
+def test_instrumented_server_has_health_reflection_and_rpc_metrics(caplog: pytest.LogCaptureFixture) -> None:
     metrics = NodeMetrics.create(7, ["controller"], "c1")
     inst = GrpcInstrumentation(metrics.interceptor)
     inst.install()
@@ -69,6 +69,10 @@ def test_instrumented_server_has_health_reflection_and_rpc_metrics() -> None:
                 list_services="")]), timeout=5))
             services = {s.name for s in answers[0].list_services_response.service}
             assert {"brook.ControllerService", "grpc.health.v1.Health"} <= services, services
+            # Reflection is added before the server starts: grpcio warns of (and drops) method
+            # handlers registered on a started server.
+            late = [r.getMessage() for r in caplog.records if "once server has started" in r.getMessage()]
+            assert not late, late
 
             stub = controller_pb2_grpc.ControllerServiceStub(ch)
             for _ in range(3):
