@@ -61,7 +61,7 @@ def rpc_seeds() -> dict[str, bytes]:
     def produce(name: str, topic: str, records_: bytes, acks: int = 1) -> None:
         req = pb.ProduceRequest(acks=acks, timeout_ms=100, partitions=[
             pb.ProducePartitionData(topic=topic, partition=0, records=records_)])
-        seeds[f"produce-{name}"] = b"\x00" + req.SerializeToString()
+        seeds[f"produce-{name}"] = b"\x00" + req.SerializeToString(deterministic=True)
 
     for c in CODECS:
         produce(f"codec{c}", "t", valid(4, codec=c))
@@ -72,24 +72,24 @@ def rpc_seeds() -> dict[str, bytes]:
     fetch = pb.FetchRequest(replica_id=-1, replica_epoch=-1, max_bytes=1 << 20, partitions=[
         pb.FetchPartition(topic="t", partition=0, fetch_offset=0, partition_max_bytes=1 << 20,
                           current_leader_epoch=-1, last_fetched_epoch=-1, log_start_offset=-1)])
-    seeds["fetch-consumer"] = b"\x01" + fetch.SerializeToString()
+    seeds["fetch-consumer"] = b"\x01" + fetch.SerializeToString(deterministic=True)
     fetch.replica_id, fetch.replica_epoch = 1, 1
-    seeds["fetch-follower"] = b"\x01" + fetch.SerializeToString()
+    seeds["fetch-follower"] = b"\x01" + fetch.SerializeToString(deterministic=True)
     for ts in (-1, -2, -3, 1_700_000_000_000):
         req = pb.ListOffsetsRequest(replica_id=-1, partitions=[
             pb.ListOffsetsPartition(topic="t", partition=0, timestamp=ts, current_leader_epoch=-1)])
-        seeds[f"list-offsets{ts}"] = b"\x02" + req.SerializeToString()
+        seeds[f"list-offsets{ts}"] = b"\x02" + req.SerializeToString(deterministic=True)
     epochs = pb.OffsetsForLeaderEpochRequest(replica_id=-1, partitions=[
         pb.OffsetForLeaderPartition(topic="t", partition=0, current_leader_epoch=0, leader_epoch=0)])
-    seeds["offsets-for-epoch"] = b"\x03" + epochs.SerializeToString()
-    seeds["metadata-all"] = b"\x04" + pb.MetadataRequest(all_topics=True).SerializeToString()
-    seeds["metadata-some"] = b"\x04" + pb.MetadataRequest(topics=["t", "c", "x"]).SerializeToString()
-    seeds["init-producer-id"] = b"\x05" + pb.InitProducerIdRequest(producer_id=7, producer_epoch=3).SerializeToString()
+    seeds["offsets-for-epoch"] = b"\x03" + epochs.SerializeToString(deterministic=True)
+    seeds["metadata-all"] = b"\x04" + pb.MetadataRequest(all_topics=True).SerializeToString(deterministic=True)
+    seeds["metadata-some"] = b"\x04" + pb.MetadataRequest(topics=["t", "c", "x"]).SerializeToString(deterministic=True)
+    seeds["init-producer-id"] = b"\x05" + pb.InitProducerIdRequest(producer_id=7, producer_epoch=3).SerializeToString(deterministic=True)
     for offset in (-1, 0, 3, 1 << 40):
         req = pb.DeleteRecordsRequest(timeout_ms=100, partitions=[
             pb.DeleteRecordsPartition(topic="t", partition=0, offset=offset),
             pb.DeleteRecordsPartition(topic="__consumer_offsets", partition=0, offset=0)])
-        seeds[f"delete-records{offset}"] = b"\x06" + req.SerializeToString()
+        seeds[f"delete-records{offset}"] = b"\x06" + req.SerializeToString(deterministic=True)
     # A follower fetch session of broker 2 for topic r (RF 2): from 0, then further on, a consumer's
     # fetch (refused on the stream), then partitions that are not its and an offset out of range.
     def follower(offset: int, epoch: int = 0) -> object:
@@ -110,15 +110,15 @@ def rpc_seeds() -> dict[str, bytes]:
             pb.FetchPartition(topic="r", partition=0, fetch_offset=1 << 40, partition_max_bytes=1 << 20,
                               current_leader_epoch=9, last_fetched_epoch=9)])]
     seeds["replica-fetch-session"] = bytes([len(BROKER_RPCS) + len(GROUP_RPCS)]) + b"".join(
-        len(m).to_bytes(2, "big") + m for m in (r.SerializeToString() for r in session))
-    seeds["log-dirs-all"] = b"\x07" + pb.DescribeLogDirsRequest().SerializeToString()
-    seeds["log-dirs-some"] = b"\x07" + pb.DescribeLogDirsRequest(topics=["t", "nope"]).SerializeToString()
+        len(m).to_bytes(2, "big") + m for m in (r.SerializeToString(deterministic=True) for r in session))
+    seeds["log-dirs-all"] = b"\x07" + pb.DescribeLogDirsRequest().SerializeToString(deterministic=True)
+    seeds["log-dirs-some"] = b"\x07" + pb.DescribeLogDirsRequest(topics=["t", "nope"]).SerializeToString(deterministic=True)
 
     from proto import group_pb2 as g
 
     def group(name: str, msg: object) -> None:
         index = len(BROKER_RPCS) + GROUP_RPCS.index(type(msg).__name__.removesuffix("Request"))
-        seeds[f"group-{name}"] = bytes([index]) + msg.SerializeToString()  # type: ignore[attr-defined]
+        seeds[f"group-{name}"] = bytes([index]) + msg.SerializeToString(deterministic=True)  # type: ignore[attr-defined]
 
     protocols = [g.GroupProtocol(name="range", metadata=b"\x00\x01"), g.GroupProtocol(name="cooperative-sticky")]
     group("find", g.FindCoordinatorRequest(group_id="g"))
@@ -152,7 +152,7 @@ def controller_seeds() -> dict[str, bytes]:
     def seed(name: str, msg: object, remote: bool = False) -> None:
         seeds[f"{name}{'-remote' if remote else ''}"] = (
             bytes([CONTROLLER_RPCS.index(type(msg).__name__.removesuffix("Request")), int(remote)])
-            + msg.SerializeToString())  # type: ignore[attr-defined]
+            + msg.SerializeToString(deterministic=True))  # type: ignore[attr-defined]
 
     seeds: dict[str, bytes] = {}
     endpoint = common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=9002)
@@ -199,7 +199,7 @@ def controller_seeds() -> dict[str, bytes]:
     def sec(name: str, msg: object, remote: bool = False) -> None:
         index = len(CONTROLLER_RPCS) + SECURITY_RPCS.index(type(msg).__name__.removesuffix("Request"))
         seeds[f"security-{name}{'-remote' if remote else ''}"] = (
-            bytes([index, int(remote)]) + msg.SerializeToString())  # type: ignore[attr-defined]
+            bytes([index, int(remote)]) + msg.SerializeToString(deterministic=True))  # type: ignore[attr-defined]
 
     sec("sasl-first", spb.SaslAuthenticateRequest(mechanism="SCRAM-SHA-256", auth_bytes=b"n,,n=admin,r=abc"))
     sec("sasl-final", spb.SaslAuthenticateRequest(mechanism="SCRAM-SHA-512", auth_bytes=b"c=biws,r=abcdef,p=AAAA",
