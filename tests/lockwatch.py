@@ -5,13 +5,16 @@ one it try-acquired and re-entering it is fine; a blocking ``acquire`` of a lock
 does not already hold is a wait, whether or not another thread happened to hold it at that
 moment. ``WaitWatchingLock.install(obj)`` puts one in place of ``obj._lock`` and lists such
 acquisitions (with the caller's stack) in ``waits``, so a test can show a path never waits
-without having to win a race.
+without having to win a race. ``held_by_another_thread(lock)`` is the other half: the lock
+held by a second thread for the duration of a block (an append, retention or a flush in progress).
 """
 
 from __future__ import annotations
 
 import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -49,3 +52,23 @@ class WaitWatchingLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+@contextmanager
+def held_by_another_thread(lock: Any) -> Iterator[None]:
+    """``lock`` held by a second thread until the block ends."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, name="lock-holder", daemon=True)
+    holder.start()
+    try:
+        assert held.wait(10), "the holder thread never got the lock"
+        yield
+    finally:
+        release.set()
+        holder.join(10)

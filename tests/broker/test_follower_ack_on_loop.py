@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lockwatch import WaitWatchingLock
+from lockwatch import WaitWatchingLock, held_by_another_thread
 from waiting import await_for
 
 from broker.metadata_cache import MetadataCache
@@ -93,6 +93,15 @@ def fetch(rm: ReplicaManager, req: broker_pb2.FetchRequest) -> tuple[broker_pb2.
     return asyncio.run(go()), hops
 
 
+def fetched_not_acknowledged(rm: ReplicaManager) -> tuple[Any, Any]:
+    """An acks=all append that follower 2 has fetched but not yet acknowledged: (its future, the partition)."""
+    done = rm.append_records("t", 0, one_batch(), acks=-1, timeout_ms=30_000)
+    fetch(rm, follower_fetch(0))
+    p = rm.partition("t", 0)
+    assert p is not None
+    return done, p
+
+
 def test_the_acknowledging_fetch_completes_acks_all_without_an_executor_hop(rm: ReplicaManager) -> None:
     done = rm.append_records("t", 0, one_batch(), acks=-1, timeout_ms=30_000)
     assert not done.done(), "follower 2 has not fetched the batch: acks=all must wait"
@@ -108,28 +117,12 @@ def test_the_acknowledging_fetch_completes_acks_all_without_an_executor_hop(rm: 
 
 
 def test_with_the_partition_lock_held_the_fetch_waits_on_the_executor_not_the_loop(rm: ReplicaManager) -> None:
-    done = rm.append_records("t", 0, one_batch(), acks=-1, timeout_ms=30_000)
-    fetch(rm, follower_fetch(0))
-    p = rm.partition("t", 0)
-    assert p is not None
+    done, p = fetched_not_acknowledged(rm)
 
-    with pytest.raises(LockBusy):  # what the loop sees while an append holds the lock
-        held = threading.Event()
-        release = threading.Event()
-
-        def hold() -> None:
-            with p.lock:
-                held.set()
-                release.wait(10)
-        t = threading.Thread(target=hold, daemon=True)
-        t.start()
-        held.wait(5)
-        try:
+    with held_by_another_thread(p.lock):  # an append in progress
+        with pytest.raises(LockBusy):  # what the loop sees
             p.fetch_for_follower(2, 1, 0, 0, 0, 1 << 20, True, now_ms=1, blocking=False)
-        finally:
-            assert p.log.high_watermark == 0, "a refused non-blocking fetch must change nothing"
-            release.set()
-            t.join(5)
+        assert p.log.high_watermark == 0, "a refused non-blocking fetch must change nothing"
 
     release_later = threading.Event()
 
@@ -151,10 +144,7 @@ def test_the_acknowledging_fetch_never_waits_for_the_log_lock(rm: ReplicaManager
     # Retention, compaction swaps, truncations and flushes take the log's lock without the
     # partition's. On the loop the fetch try-acquires it once and re-enters it for the epoch
     # lookup and the HW move.
-    done = rm.append_records("t", 0, one_batch(), acks=-1, timeout_ms=30_000)
-    fetch(rm, follower_fetch(0))
-    p = rm.partition("t", 0)
-    assert p is not None
+    done, p = fetched_not_acknowledged(rm)
     watched = WaitWatchingLock.install(p.log)
     resp, hops = fetch(rm, follower_fetch(1))
     assert hops == [] and resp.partitions[0].high_watermark == 1, (hops, resp)
@@ -163,19 +153,7 @@ def test_the_acknowledging_fetch_never_waits_for_the_log_lock(rm: ReplicaManager
 
 
 def test_with_the_log_lock_held_the_fetch_goes_to_the_executor_at_once(rm: ReplicaManager) -> None:
-    done = rm.append_records("t", 0, one_batch(), acks=-1, timeout_ms=30_000)
-    fetch(rm, follower_fetch(0))
-    p = rm.partition("t", 0)
-    assert p is not None
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with p.log.lock:  # retention unlinking a segment, or a compaction swap's fsync
-            held.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold, daemon=True)
-    holder.start()
+    done, p = fetched_not_acknowledged(rm)
     outcome: list[BaseException | object] = []
 
     def attempt() -> None:
@@ -184,17 +162,13 @@ def test_with_the_log_lock_held_the_fetch_goes_to_the_executor_at_once(rm: Repli
         except BaseException as e:  # noqa: BLE001 - reported below
             outcome.append(e)
 
-    try:
-        assert held.wait(10)
-        caller = threading.Thread(target=attempt, daemon=True)
+    with held_by_another_thread(p.log.lock):  # retention unlinking a segment, or a compaction swap's fsync
+        caller = threading.Thread(target=attempt, daemon=True)  # a wait must not hang the test
         caller.start()
         caller.join(10)
         assert outcome, "the non-blocking fetch waited for the log lock another thread holds"
         assert isinstance(outcome[0], LockBusy), outcome
         assert p.log.high_watermark == 0, "a refused non-blocking fetch must change nothing"
-    finally:
-        release.set()
-        holder.join(10)
     resp, hops = fetch(rm, follower_fetch(1))
     assert resp.partitions[0].high_watermark == 1, resp
     assert done.result(timeout=5).base_offset == 0

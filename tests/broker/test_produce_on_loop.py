@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lockwatch import WaitWatchingLock
+from lockwatch import WaitWatchingLock, held_by_another_thread
 from waiting import await_for
 
 from broker.admission import ByteBudget, ClientLimits
@@ -210,23 +210,10 @@ def test_an_append_on_the_loop_never_waits_for_the_log_lock(broker: Broker) -> N
 
 def test_a_held_log_lock_sends_the_append_to_the_executor(broker: Broker) -> None:
     p = broker.rm.leader_partition("t", 0)
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with p.log.lock:  # retention unlinking segments, say
-            held.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert held.wait(10)
+    with held_by_another_thread(p.log.lock):  # retention unlinking segments, say
         with pytest.raises(LockBusy):
             p.append_as_leader(batch(1), 1, blocking=False)
         assert (p.log.log_end_offset, p.log.high_watermark) == (0, 0), "a refused append must change nothing"
-    finally:
-        release.set()
-        holder.join()
     resp = broker.produce(("t", 0, batch(1)))
     assert resp.partitions[0].error_code == 0 and log_end(broker, "t", 0) == 1, resp
 
@@ -246,21 +233,8 @@ def unchanged(lg: Log, append: Callable[[], Any]) -> None:
 
 def test_the_log_refuses_to_wait_for_its_lock(tmp_path: Path) -> None:
     lg = open_log(tmp_path)
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with lg._lock:
-            held.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert held.wait(10)
+    with held_by_another_thread(lg.lock):
         unchanged(lg, lambda: lg.append_as_leader(batch(1), 0, blocking=False))
-    finally:
-        release.set()
-        holder.join()
     assert lg.append_as_leader(batch(1), 0, blocking=False).first_offset == 0
     lg.close()
 
