@@ -9,7 +9,9 @@ does not know the password's keys cannot pose as the cluster.
 The session is renewed before its lifetime runs out, and once more when the server
 answers UNAUTHENTICATED (it restarted, or expired the session early); a second refusal
 is the caller's ``SaslAuthenticationFailedError``. A wrong password fails the first
-call with ``SaslAuthenticationFailedError`` (non-retriable).
+call with ``SaslAuthenticationFailedError`` (non-retriable). A node that has just started
+answers BROKER_NOT_AVAILABLE until it has loaded its users; the exchange is tried again
+within the call's timeout, and only then is that (retriable) error the caller's.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ SESSION_METADATA_KEY = "x-brook-session"
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 AUTH_TIMEOUT_S = 15.0
 RENEW_AT_FRACTION = 0.8  # renew a session once 80% of its lifetime has passed
+# A node that has just started answers BROKER_NOT_AVAILABLE until it has loaded its users: the
+# exchange is tried again after a pause doubling from the first to the largest, within the call's timeout.
+NOT_READY_FIRST_PAUSE_S = 0.05
+NOT_READY_MAX_PAUSE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -69,19 +75,38 @@ class ScramSession:
     """One channel's SCRAM session with one server. Thread-safe; authenticates lazily."""
 
     def __init__(self, channel: grpc.Channel, credentials: ScramCredentials,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         self._stub = spb_grpc.SecurityServiceStub(channel)
         self._creds = credentials
         self._clock = clock
+        self._sleep = sleep
         self._lock = threading.Lock()
         self._token = ""
         self._renew_at = 0.0
 
-    def token(self) -> str:
+    def token(self, timeout_s: float | None = None) -> str:
+        """The session token, authenticating first if there is none or it is due for renewal; a
+        server still loading its users is waited for up to ``timeout_s`` (at most AUTH_TIMEOUT_S)."""
         with self._lock:
             if not self._token or self._clock() >= self._renew_at:
-                self._authenticate()
+                self._authenticate_when_ready(AUTH_TIMEOUT_S if timeout_s is None else min(timeout_s, AUTH_TIMEOUT_S))
             return self._token
+
+    def _authenticate_when_ready(self, within_s: float) -> None:
+        """``_authenticate``, run again after a pause while the server answers BROKER_NOT_AVAILABLE (it
+        has just started and not loaded its users) and ``within_s`` allows; then its error is raised."""
+        deadline = self._clock() + within_s
+        pause = NOT_READY_FIRST_PAUSE_S
+        while True:
+            try:
+                self._authenticate()
+                return
+            except errors.BrookError as exc:
+                if exc.code != ErrorCode.BROKER_NOT_AVAILABLE or self._clock() + pause > deadline:
+                    raise
+                log.debug("SCRAM: the server is not ready (%s); authenticating again in %.2f s", exc.message, pause)
+            self._sleep(pause)
+            pause = min(2 * pause, NOT_READY_MAX_PAUSE_S)
 
     def invalidate(self, token: str) -> None:
         with self._lock:
@@ -140,7 +165,7 @@ class ScramInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientI
         self._session = session
 
     def _with_token(self, details: grpc.ClientCallDetails) -> tuple[_Details, str]:
-        token = self._session.token()
+        token = self._session.token(details.timeout)
         metadata: list[tuple[str, Any]] = [m for m in (details.metadata or ()) if m[0] != SESSION_METADATA_KEY]
         metadata.append((SESSION_METADATA_KEY, token))
         return _Details(details.method, details.timeout, metadata, details.credentials,

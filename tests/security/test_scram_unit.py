@@ -38,13 +38,22 @@ class Server:
     users: dict[tuple[str, str], ScramCredential]
     auth: ScramAuthenticator
     clock: Clock
+    not_ready_answers: list[int]  # [n]: the next n exchanges find the node still loading its users
 
 
 @pytest.fixture
 def server() -> Iterator[Server]:
     users: dict[tuple[str, str], ScramCredential] = {}
     clock = Clock()
-    auth = ScramAuthenticator(lambda u, m: users.get((u, m)), session_lifetime_ms=60_000, clock=clock)
+    not_ready = [0]
+
+    def ready() -> bool:
+        if not_ready[0] > 0:
+            not_ready[0] -= 1
+            return False
+        return True
+
+    auth = ScramAuthenticator(lambda u, m: users.get((u, m)), session_lifetime_ms=60_000, clock=clock, ready=ready)
     auth.install()
     grpc_server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[SessionInterceptor(auth)])
     spb_grpc.add_SecurityServiceServicer_to_server(SecurityService(auth, ALLOW_ALL), grpc_server)
@@ -53,7 +62,7 @@ def server() -> Iterator[Server]:
     port = grpc_server.add_insecure_port("127.0.0.1:0")
     grpc_server.start()
     try:
-        yield Server(f"127.0.0.1:{port}", users, auth, clock)
+        yield Server(f"127.0.0.1:{port}", users, auth, clock, not_ready)
     finally:
         grpc_server.stop(0)
         auth.uninstall()
@@ -220,6 +229,26 @@ def test_a_node_that_has_not_loaded_its_users_answers_retriable_not_invalid_cred
     with pytest.raises(errors.BrookError) as caught:
         auth.authenticate_plain(b"\0rita\0wrong")
     assert caught.value.code == ErrorCode.SASL_AUTHENTICATION_FAILED
+
+
+def test_the_client_authenticates_again_while_a_starting_node_loads_its_users(server: Server) -> None:
+    # A restarted broker answers BROKER_NOT_AVAILABLE until its first metadata: the call waits it out
+    # (within its timeout) instead of failing with an error no caller retries.
+    add_user(server, "rita", "rita-pw")
+    server.not_ready_answers[0] = 3
+    channel = scram_channel(server.address, ScramCredentials("rita", "rita-pw"))
+    assert who(channel) == "User:rita"
+    assert server.not_ready_answers[0] == 0, "the node was asked while it was not ready"
+
+
+def test_a_node_that_stays_unready_fails_the_call_within_its_timeout(server: Server) -> None:
+    add_user(server, "rita", "rita-pw")
+    server.not_ready_answers[0] = 1_000_000
+    channel = scram_channel(server.address, ScramCredentials("rita", "rita-pw"))
+    with pytest.raises(errors.BrookError) as caught:
+        channel.unary_unary(WHO)(b"", timeout=0.5)
+    assert caught.value.code == ErrorCode.BROKER_NOT_AVAILABLE and caught.value.retriable, caught.value
+    assert server.not_ready_answers[0] < 1_000_000 - 1, "it was tried again before giving up"
 
 
 def test_failed_logins_lock_a_user_out_from_that_address_only() -> None:
