@@ -387,6 +387,13 @@ class BrokerCollector(_SafeCollector):
         yield CounterMetricFamily("brook_isr_expands", "Replicas added back to ISRs of led partitions.",
                                   value=expands)
         if rm is not None:
+            delayed = GaugeMetricFamily(
+                "brook_purgatory_delayed_operations",
+                "Requests waiting in a purgatory now (Kafka's NumDelayedOperations): acks=all produces for "
+                "the HW, follower and consumer fetches parked for data.", labels=["operation"])
+            for kind, n in sorted(rm.delayed_operations().items()):
+                delayed.add_metric([kind], float(n))
+            yield delayed
             throttle = rm.fetchers.config.throttle
             yield GaugeMetricFamily("brook_replication_throttle_rate_bytes",
                                     "follower.replication.throttled.rate in force (0: no limit).",

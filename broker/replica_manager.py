@@ -102,6 +102,8 @@ class PartitionStats:
 class DelayedProduce(DelayedOperation):
     """acks=all: done when the HW reaches ``required_offset`` (or leadership moves, or the timeout)."""
 
+    kind = "produce"
+
     def __init__(self, partition: Partition, leader_epoch: int, result: AppendResult,
                  future: concurrent.futures.Future, deadline_s: float) -> None:
         super().__init__(deadline_s)
@@ -221,6 +223,7 @@ class _AsyncDataWaiter(DelayedOperation):
         super().__init__(None)
         self.seqs = seqs
         self.for_follower = for_follower
+        self.kind = "follower_fetch" if for_follower else "consumer_fetch"
         self._loop = loop
         self._loop_thread = threading.get_ident()  # created on the loop
         self._future = future
@@ -832,6 +835,14 @@ class ReplicaManager:
             raise errors.RequestTimedOutError(f"topic {name} did not appear in metadata within {timeout_s}s")
 
     # ---- stats ----
+    def delayed_operations(self) -> dict[str, int]:
+        """Requests waiting in the purgatories now: acks=all produces, and follower and consumer long polls."""
+        counts = {"produce": 0, "follower_fetch": 0, "consumer_fetch": 0}
+        for purgatory in (self.produce_purgatory, self.fetch_purgatory):
+            for kind, n in purgatory.delayed_operations().items():
+                counts[kind] = counts.get(kind, 0) + n
+        return counts
+
     def stats(self) -> list[PartitionStats]:
         out = []
         for p in list(self._partitions.values()):

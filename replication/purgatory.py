@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 class DelayedOperation:
     """Base class. Subclasses implement ``_try_complete`` (return True once done) and ``_on_expire``."""
 
+    kind = "operation"  # what the purgatory's count of waiting operations files it under
+
     def __init__(self, deadline_s: float | None) -> None:
         self.deadline_s = deadline_s
         self._done_lock = threading.Lock()
@@ -147,6 +149,16 @@ class DelayedOperationPurgatory:
     def watched(self, key: Hashable) -> int:
         with self._lock:
             return sum(1 for o in self._watchers.get(key, ()) if not o.is_done)
+
+    def delayed_operations(self) -> dict[str, int]:
+        """Operations waiting now, by ``kind`` (each once, however many keys it watches): Kafka's
+        NumDelayedOperations. A walk of the watch lists, bounded by ``max_operations``; for metrics."""
+        with self._lock:
+            live = {id(o): o.kind for ops in self._watchers.values() for o in ops if not o.is_done}
+        counts: dict[str, int] = {}
+        for kind in live.values():
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
 
     def shutdown(self) -> None:
         with self._lock:

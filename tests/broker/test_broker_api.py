@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from brokerkit import FAST_FAILURE_DETECTION, Kit, make_batch, running_kit
+from waiting import wait_for
 
 from proto import broker_pb2
 from proto.errors import ErrorCode
@@ -116,6 +117,14 @@ def test_fetch_errors(kit: Kit) -> None:
     assert resp.partitions[0].error_code == ErrorCode.UNKNOWN_LEADER_EPOCH, resp
 
 
+def parked_consumer_fetches(kit: Kit, node_id: int) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    page = kit.cluster.read_metrics(node_id)
+    return sum(s.value for f in text_string_to_metric_families(page) for s in f.samples
+               if s.name == "brook_purgatory_delayed_operations" and s.labels.get("operation") == "consumer_fetch")
+
+
 def test_long_poll_wakes_on_append_and_times_out_when_idle(kit: Kit) -> None:
     kit.create_topic("poll", rf=3)
     leader = kit.leader("poll")
@@ -133,7 +142,8 @@ def test_long_poll_wakes_on_append_and_times_out_when_idle(kit: Kit) -> None:
 
     th = threading.Thread(target=poll)
     th.start()
-    time.sleep(0.3)  # the poll is parked before the append (what this test is about)
+    # The poll is parked before the append (what this test is about): the leader says so.
+    wait_for(lambda: parked_consumer_fetches(kit, leader) >= 1, 10, "the consumer's poll parked on the leader")
     assert kit.produce("poll", 0, make_batch(b"wake"), acks=-1).error_code == ErrorCode.NONE
     th.join(30)
     resp = got["resp"]

@@ -120,6 +120,15 @@ def test_traffic_families_match_what_was_done(ops_cluster: LocalCluster, traffic
     assert total(pages, "brook_under_replicated_partitions") == 0
     assert total(pages, "brook_under_min_isr_partitions") == 0
     assert max(v for text in pages.values() for v in sample_values(text, "brook_offline_partitions")) == 0
+    # Followers long-poll their leaders, so some of their fetches are parked at any moment; no
+    # acks=all produce is left waiting once the traffic is acknowledged.
+    delayed = "brook_purgatory_delayed_operations"
+    pages = eventually(ops_cluster, lambda p: total(p, delayed, operation="follower_fetch") > 0
+                       and total(p, delayed, operation="produce") == 0,
+                       "parked follower fetches and no waiting produce")
+    for node_id, text in pages.items():
+        kinds = {k: sample_values(text, delayed, operation=k) for k in ("produce", "follower_fetch", "consumer_fetch")}
+        assert all(len(v) == 1 for v in kinds.values()), f"node {node_id}: {kinds}"
 
 
 def test_rpc_and_quorum_families(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:

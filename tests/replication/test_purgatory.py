@@ -106,3 +106,23 @@ def test_one_operation_watching_many_keys(purgatory: DelayedOperationPurgatory) 
     assert purgatory.check_and_complete("p2") == 1
     assert purgatory.check_and_complete("p0") == 0
     assert op.outcome == ["completed"]
+
+
+def test_delayed_operations_counts_each_waiting_operation_once_by_kind(purgatory: DelayedOperationPurgatory) -> None:
+    state = {"hw": 0}
+    produce = Waiter(state, 1, time.monotonic() + 10)
+    produce.kind = "produce"
+    spanning = Waiter(state, 2, time.monotonic() + 10)  # watches three partitions: one operation
+    spanning.kind = "consumer_fetch"
+    plain = Waiter(state, 1, None)  # the base class's kind
+    purgatory.watch(produce, ["p0"])
+    purgatory.watch(spanning, ["p0", "p1", "p2"])
+    purgatory.watch(plain, ["p1"])
+    assert purgatory.delayed_operations() == {"produce": 1, "consumer_fetch": 1, "operation": 1}
+
+    state["hw"] = 1
+    purgatory.check_and_complete("p0")  # completes the produce; the fetch still needs 2
+    purgatory.check_and_complete("p1")
+    assert purgatory.delayed_operations() == {"consumer_fetch": 1}
+    spanning.cancel()  # the fetch's caller gave up (its RPC was cancelled)
+    assert purgatory.delayed_operations() == {}
