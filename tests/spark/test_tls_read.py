@@ -36,7 +36,7 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
 
 def _reader(spark, cluster: LocalCluster, *, secure: bool):  # type: ignore[no-untyped-def]
     reader = (spark.read.format("brook").option("kafka.bootstrap.servers", cluster.bootstrap_servers)
-              .option("subscribe", TOPIC).option("request.timeout.ms", "5000"))
+              .option("subscribe", TOPIC).option("request.timeout.ms", "2000"))
     if secure:
         for key, value in cluster.client_config.items():
             reader = reader.option(f"kafka.{key}", value)
