@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 import scramp
 
+from client.cluster import Backoff
 from proto import errors
 from proto import security_pb2 as spb
 from proto import security_pb2_grpc as spb_grpc
@@ -39,9 +40,9 @@ MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 AUTH_TIMEOUT_S = 15.0
 RENEW_AT_FRACTION = 0.8  # renew a session once 80% of its lifetime has passed
 # A node that has just started answers BROKER_NOT_AVAILABLE until it has loaded its users: the
-# exchange is tried again after a pause doubling from the first to the largest, within the call's timeout.
-NOT_READY_FIRST_PAUSE_S = 0.05
-NOT_READY_MAX_PAUSE_S = 1.0
+# exchange is tried again with client.cluster.Backoff from the first pause to the largest, within the call's timeout.
+NOT_READY_BACKOFF_MS = 50
+NOT_READY_BACKOFF_MAX_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,10 @@ class ScramSession:
     """One channel's SCRAM session with one server. Thread-safe; authenticates lazily."""
 
     def __init__(self, channel: grpc.Channel, credentials: ScramCredentials,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._stub = spb_grpc.SecurityServiceStub(channel)
         self._creds = credentials
         self._clock = clock
-        self._sleep = sleep
         self._lock = threading.Lock()
         self._token = ""
         self._renew_at = 0.0
@@ -95,18 +95,17 @@ class ScramSession:
     def _authenticate_when_ready(self, within_s: float) -> None:
         """``_authenticate``, run again after a pause while the server answers BROKER_NOT_AVAILABLE (it
         has just started and not loaded its users) and ``within_s`` allows; then its error is raised."""
-        deadline = self._clock() + within_s
-        pause = NOT_READY_FIRST_PAUSE_S
+        backoff = Backoff(NOT_READY_BACKOFF_MS, NOT_READY_BACKOFF_MAX_MS, time.monotonic() + within_s)
         while True:
             try:
                 self._authenticate()
                 return
             except errors.BrookError as exc:
-                if exc.code != ErrorCode.BROKER_NOT_AVAILABLE or self._clock() + pause > deadline:
+                if exc.code != ErrorCode.BROKER_NOT_AVAILABLE:
                     raise
-                log.debug("SCRAM: the server is not ready (%s); authenticating again in %.2f s", exc.message, pause)
-            self._sleep(pause)
-            pause = min(2 * pause, NOT_READY_MAX_PAUSE_S)
+                log.debug("SCRAM: the server is not ready (%s); authenticating again", exc.message)
+                if not backoff.sleep():
+                    raise
 
     def invalidate(self, token: str) -> None:
         with self._lock:

@@ -381,7 +381,7 @@ class Log:
                 return dup
             if not blocking:
                 last = self._log_end_offset + sum(h.last_offset_delta + 1 for h in headers) - 1
-                if self._roll_reason(len(buf), last, now) or self._flush_due(headers, now):
+                if self._roll_reason(len(buf), last, now) or self._flush_due(sum(h.record_count for h in headers), now):
                     raise WouldBlock("segment roll or flush")
             offset = first_offset = self._log_end_offset
             log_append = self._config.message_timestamp_type == "LogAppendTime"
@@ -476,14 +476,15 @@ class Log:
         for h in headers:
             self.producer_state.update(h, h.base_offset)
         self._log_end_offset = headers[-1].next_offset
-        due = self._flush_due(headers, now)
-        self._unflushed_records += sum(h.record_count for h in headers)
+        records = sum(h.record_count for h in headers)
+        due = self._flush_due(records, now)
+        self._unflushed_records += records
         if due:
             self.flush()
 
-    def _flush_due(self, headers: list[BatchHeader], now: int) -> bool:
-        """Would writing ``headers`` reach flush.messages, or has flush.ms passed? Caller holds the lock."""
-        return (self._unflushed_records + sum(h.record_count for h in headers) >= self._config.flush_messages
+    def _flush_due(self, records: int, now: int) -> bool:
+        """Would writing ``records`` more reach flush.messages, or has flush.ms passed? Caller holds the lock."""
+        return (self._unflushed_records + records >= self._config.flush_messages
                 or now - self._last_flush_ms >= self._config.flush_ms)
 
     @staticmethod

@@ -25,8 +25,7 @@ def wait_for(cond: Callable[[], T], timeout_s: float = 10.0, what: str | Callabl
         if last:
             return last
         time.sleep(poll_s)
-    described = what() if callable(what) else what
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {described}; last saw {last!r}")
+    raise _timed_out(timeout_s, what, last)
 
 
 async def await_for(cond: Callable[[], T], timeout_s: float = 10.0, what: str | Callable[[], str] = "a condition",
@@ -39,5 +38,9 @@ async def await_for(cond: Callable[[], T], timeout_s: float = 10.0, what: str | 
         if last:
             return last
         await asyncio.sleep(poll_s)
+    raise _timed_out(timeout_s, what, last)
+
+
+def _timed_out(timeout_s: float, what: str | Callable[[], str], last: object) -> AssertionError:
     described = what() if callable(what) else what
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {described}; last saw {last!r}")
+    return AssertionError(f"timed out after {timeout_s} s waiting for {described}; last saw {last!r}")
