@@ -21,6 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
+import spark_source
+
 logger = logging.getLogger(__name__)
 
 _MAX_BATCH_BYTES = 900 * 1024  # below the broker's default max.message.bytes (1 MiB)
@@ -118,9 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-partitions", type=int, default=0, help="minPartitions option (0 = one task per partition)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = _spark_session(args.master)  # before any gRPC channel in this process: see _spark_session
+    spark = spark_source.local_session("brook-spark-bench", args.master)  # before any gRPC channel here
     with tempfile.TemporaryDirectory(prefix="brook-spark-bench-") as tmp:
         cluster = None
         if args.bootstrap:
@@ -142,26 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                 cluster.teardown()
 
 
-def _spark_session(master: str):  # type: ignore[no-untyped-def]
-    """The SparkSession, started before this process opens any gRPC channel.
-
-    PySpark forks its JVM launcher with a preexec_fn; grpcio 1.81+ can crash that child while
-    gRPC threads run in the parent (grpc/grpc#43055), which shows as JAVA_GATEWAY_EXITED.
-    """
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master(master).appName("brook-spark-bench")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
-
-
 def _bench(spark, args: argparse.Namespace, bootstrap: str,  # type: ignore[no-untyped-def]
            controllers: list[tuple[str, int]] | None, tmp: Path) -> int:
-    import spark_source
-
     topic = f"spark-bench-{uuid.uuid4().hex[:8]}"
     if controllers is None:
         from client.cluster import ClusterClient

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -51,18 +50,9 @@ def produce(bootstrap: str, records: int, security: dict[str, str]) -> int:
 
 
 def spark_session():  # type: ignore[no-untyped-def]
-    from pyspark.sql import SparkSession
+    from spark_source import local_session
 
-    # Spark's Python workers must run this interpreter (the venv with brook, pyarrow and pandas).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # nothing may listen beyond loopback
-    spark = (SparkSession.builder.master("local[2]").appName("brook-demo")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
+    return local_session("brook-demo", conf={"spark.ui.showConsoleProgress": "false"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which("java") is None:
             console.print("[red]java is not on PATH: Spark needs Java 17+[/red]")
             return 1
-        # First, before this process opens any gRPC channel: PySpark forks its JVM launcher with a
-        # preexec_fn, and grpcio 1.81+ can crash that child while gRPC threads run (grpc/grpc#43055).
+        # First, before this process opens any gRPC channel (see spark_source.local_session).
         console.rule("[bold]1. start Spark (local[2])")
         spark = spark_session()
     try:

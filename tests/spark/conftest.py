@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Iterator
 
@@ -13,28 +11,14 @@ _SESSION: object | None = None
 
 
 def _start_spark() -> object:
-    from pyspark.sql import SparkSession
-
     import spark_source
 
-    # Executors' Python workers must be this interpreter (with Brook installed), not "python3".
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # nothing may listen beyond loopback
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("brook-spark-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("WARN")
+    session = spark_source.local_session("brook-spark-tests", conf={
+        "spark.default.parallelism": "2",
+        "spark.driver.memory": "1g",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+    })
     spark_source.register(session)
     return session
 
@@ -42,12 +26,10 @@ def _start_spark() -> object:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the JVM before the first test, while no gRPC thread runs in this process.
 
-    PySpark starts its JVM with ``subprocess.Popen(..., preexec_fn=...)``: a fork() that
-    runs Python in the child before exec. Once earlier tests have used gRPC here (clients,
-    in-process brokers), grpcio 1.81+ can crash that child (grpc/grpc#43055; 64 of 300
-    forks segfaulted in a reproduction with live calls, none with grpcio 1.78 or without a
-    preexec_fn), and every Spark test then errors with JAVA_GATEWAY_EXITED. Collection
-    imports modules but opens no channel, so this is the last safe moment.
+    Once earlier tests have used gRPC here (clients, in-process brokers), starting it would risk
+    the crash ``spark_source.local_session`` describes (64 of 300 such forks segfaulted in a
+    reproduction with live calls), and every Spark test would error with JAVA_GATEWAY_EXITED.
+    Collection imports modules but opens no channel, so this is the last safe moment.
     """
     global _SESSION
     if session.config.option.collectonly:
