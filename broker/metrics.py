@@ -25,12 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from broker.request_times import LatencyHistogram, ProduceTimes
 
 if TYPE_CHECKING:  # annotations only: the roles import this module, not the other way round
     from broker.replica_manager import PartitionStats
@@ -394,6 +397,7 @@ class BrokerCollector(_SafeCollector):
             for kind, n in sorted(rm.delayed_operations().items()):
                 delayed.add_metric([kind], float(n))
             yield delayed
+            yield from _produce_time_families(rm.produce_times)
             throttle = rm.fetchers.config.throttle
             yield GaugeMetricFamily("brook_replication_throttle_rate_bytes",
                                     "follower.replication.throttled.rate in force (0: no limit).",
@@ -417,6 +421,22 @@ class BrokerCollector(_SafeCollector):
             total.add_metric([str(d)], usage.total)
         yield free
         yield total
+
+
+def _histogram(name: str, documentation: str, histogram: LatencyHistogram) -> HistogramMetricFamily:
+    cumulative, total, _ = histogram.snapshot()
+    return HistogramMetricFamily(name, documentation, sum_value=total,
+                                 buckets=[(floatToGoString(bound), count) for bound, count in cumulative])
+
+
+def _produce_time_families(times: ProduceTimes) -> Iterable[Metric]:
+    """Kafka's RequestMetrics LocalTimeMs and RemoteTimeMs of Produce (see broker.request_times)."""
+    yield _histogram("brook_produce_local_time_seconds",
+                     "Produce requests led here: time from the handler's start to every partition appended "
+                     "(validation, writes, waits for the I/O executor or a partition lock).", times.local)
+    yield _histogram("brook_produce_remote_time_seconds",
+                     "acks=all produce requests led here: time from the appends to the high watermark passing "
+                     "them (the in-sync followers fetching the records), or to the request's timeout.", times.remote)
 
 
 class ControllerCollector(_SafeCollector):

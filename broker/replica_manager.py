@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.metadata_cache import MetadataCache, MetadataDelta, PartitionInfo, TopicInfo
+from broker.request_times import ProduceTimes
 from metadata_quorum import cluster_configs
 from proto import broker_pb2, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
@@ -291,6 +292,8 @@ class ReplicaManager:
         self._listeners: list[LeadershipListener] = []
         self.produce_purgatory = DelayedOperationPurgatory("produce")
         self.fetch_purgatory = DelayedOperationPurgatory("fetch")
+        # Produce requests' local (append) and remote (acks=all wait) times, recorded by the service.
+        self.produce_times = ProduceTimes()
         self.fetchers = ReplicaFetcherManager(node_id, broker_epoch, fetcher_config or FetcherConfig())
         self._alter = _AlterPartitionSender(self)
         self._stopped = threading.Event()

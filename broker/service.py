@@ -33,6 +33,7 @@ import concurrent.futures
 import logging
 import re
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -178,6 +179,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         if req.acks not in (0, 1, -1):
             return _produce_error_all(req, ErrorCode.INVALID_REQUIRED_ACKS,
                                       f"acks must be 0, 1 or -1 (all), not {req.acks}")
+        started = time.perf_counter()
         denied = self.authz.denied_topics(caller, authz.WRITE, {pd.topic for pd in req.partitions})
         futures = self._produce_append_inline(req, denied)
         deferred = [i for i, f in enumerate(futures) if f is None]
@@ -187,6 +189,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 futures[i] = f
         if appended is not None and not appended.done():
             appended.set_result(None)
+        times = self.rm.produce_times
+        appended_at = time.perf_counter()
+        times.local.observe(appended_at - started)
         if req.acks == -1:
             # The purgatory times each wait out at timeout_ms; the slack only guards a lost completion.
             # Awaiting holds no thread: the purgatory's completion wakes this coroutine on the loop.
@@ -194,6 +199,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             if pending:
                 timeout_s = min(max(0, req.timeout_ms), MAX_PRODUCE_TIMEOUT_MS) / 1000 + PRODUCE_WAIT_SLACK_S
                 await asyncio.wait(pending, timeout=timeout_s)
+            times.remote.observe(time.perf_counter() - appended_at)
         resp = self._produce_response(req, futures)  # type: ignore[arg-type]  # no None left
         if self.quotas is not None:
             resp.throttle_time_ms = self.quotas.produce(caller, sum(

@@ -8,7 +8,8 @@ factor 3:
 2. ``brook perf consume`` of what was produced, decoding every record, then again
    counting from batch headers only (goal: 1,000,000 records/s);
 3. ``brook perf produce`` capped at 10,000 records/s with acks=all and the producer's default
-   ``linger.ms`` of 5 ms (goal: p99 ≤ 5 ms, send() to acknowledgement), then
+   ``linger.ms`` of 5 ms (goal: p99 ≤ 5 ms, send() to acknowledgement), with what the leaders
+   recorded for those requests (their local and remote produce time, as Kafka splits it), then
    ``brook perf end-to-end`` at that rate: send() until a consumer polls the record (goal: p99 ≤ 10 ms);
 4. confluent-kafka (librdkafka) on the same cluster through the Kafka listener: an idempotent
    acks=all producer, then a consumer (fetches sent from the segment files with sendfile),
@@ -34,6 +35,7 @@ import re
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -70,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(("consume --batches", _measured(figures, ("plaintext", "consume --batches"), consume_main,
                                                      [*consume, "--batches"])))
         print(f"== 3. produce {args.latency_records} records at 10,000 records/s, acks=all (latency)", flush=True)
+        before = produce_times(cluster)
         steps.append(("produce 10k/s", produce_main([*common, "--topic", "bench-latency", "--acks", "all",
                                                      "--throughput", "10000", "--batch-size", "16384",
                                                      "--num-records", str(args.latency_records),
                                                      "--warmup-records", "5000"])))
+        _print_produce_times(before, produce_times(cluster))
         print("== 3b. end to end at 10,000 records/s, acks=all: send() until a consumer (its own process) "
               "polls the record", flush=True)
         steps.append(("end-to-end 10k/s", e2e_main([
@@ -100,6 +104,75 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steps that did not complete: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def produce_times(cluster: LocalCluster) -> dict[str, tuple[list[tuple[float, float]], float, float]]:
+    """The leaders' produce local and remote time histograms, summed over the running nodes:
+    {"local"|"remote": (cumulative (upper bound, count) pairs, sum of seconds, count)}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, tuple[list[tuple[float, float]], float, float]] = {}
+    for node_id in cluster.node_ids:
+        if not cluster.is_running(node_id) or cluster.is_paused(node_id):
+            continue
+        with urllib.request.urlopen(cluster.metrics_url(node_id), timeout=5) as resp:
+            text = resp.read().decode()
+        for family in text_string_to_metric_families(text):
+            phase = {"brook_produce_local_time_seconds": "local",
+                     "brook_produce_remote_time_seconds": "remote"}.get(family.name)
+            if phase is None:
+                continue
+            buckets, total, count = out.get(phase, ([], 0.0, 0.0))
+            by_bound = dict(buckets)
+            for s in family.samples:
+                if s.name.endswith("_bucket"):
+                    bound = float(s.labels["le"])
+                    by_bound[bound] = by_bound.get(bound, 0.0) + s.value
+                elif s.name.endswith("_sum"):
+                    total += s.value
+                elif s.name.endswith("_count"):
+                    count += s.value
+            out[phase] = (sorted(by_bound.items()), total, count)
+    return out
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """Prometheus's histogram_quantile: linear within the bucket the rank falls in (cumulative counts)."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound  # above the highest finite bound: that bound is all one can say
+            width = count - lower_count
+            return lower_bound + (bound - lower_bound) * ((rank - lower_count) / width if width else 1.0)
+        lower_bound, lower_count = bound, count
+    return None
+
+
+def _print_produce_times(before: dict[str, tuple[list[tuple[float, float]], float, float]],
+                         after: dict[str, tuple[list[tuple[float, float]], float, float]]) -> None:
+    """Where the step's produce requests spent their time on the leaders (Kafka's LocalTimeMs and
+    RemoteTimeMs); the rest of what the client saw is its batching (linger) and the transport."""
+    parts = []
+    for phase in ("local", "remote"):
+        if phase not in after:
+            continue
+        buckets, total, count = after[phase]
+        old_buckets, old_total, old_count = before.get(phase, ([], 0.0, 0.0))
+        old = dict(old_buckets)
+        delta = [(bound, n - old.get(bound, 0.0)) for bound, n in buckets]
+        requests = count - old_count
+        if requests <= 0:
+            continue
+        p50, p99 = histogram_quantile(0.5, delta), histogram_quantile(0.99, delta)
+        parts.append(f"{phase} mean {(total - old_total) / requests * 1000:.2f} ms, p50 ~{(p50 or 0) * 1000:.2f} ms, "
+                     f"p99 ~{(p99 or 0) * 1000:.2f} ms")
+    if parts:
+        print(f"   on the leaders, per produce request: {'; '.join(parts)} "
+              "(the client's latency beyond these is linger and transport)", flush=True)
 
 
 def _print_rss(cluster: LocalCluster, when: str) -> None:

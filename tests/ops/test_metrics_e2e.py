@@ -131,6 +131,21 @@ def test_traffic_families_match_what_was_done(ops_cluster: LocalCluster, traffic
         assert all(len(v) == 1 for v in kinds.values()), f"node {node_id}: {kinds}"
 
 
+def test_produce_local_and_remote_times(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:
+    # Every Produce handled records its local time once; the traffic's acks=all requests their remote time.
+    local, remote = "brook_produce_local_time_seconds", "brook_produce_remote_time_seconds"
+    pages = eventually(ops_cluster, lambda p: total(p, f"{local}_count") == total(
+        p, "brook_rpc_requests_total", method="Produce"), "a local time for every Produce request handled")
+    assert total(pages, f"{remote}_count") >= 1, "the traffic's acks=all produces recorded no remote time"
+    assert total(pages, f"{remote}_count") <= total(pages, f"{local}_count")
+    for node_id, text in pages.items():
+        for name in (local, remote):
+            count = sample_values(text, f"{name}_count")
+            assert len(count) == 1 and sample_values(text, f"{name}_bucket", le="+Inf") == count, \
+                f"node {node_id}: {name} count {count}"
+            assert sample_values(text, f"{name}_sum")[0] >= 0
+
+
 def test_rpc_and_quorum_families(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:
     pages = scrape_all(ops_cluster)
     assert total(pages, "brook_rpc_requests_total", method="Produce", code="OK") >= 1
