@@ -13,6 +13,11 @@ leader about half of what a unary call does), opened again after any failure; a 
 not know the stream (an older version, mid-upgrade) gets unary ``Fetch`` calls instead. A fetch
 gets no answer for longer than ``max_wait_ms`` + 10 s (a stopped leader) cancels the stream.
 
+A partition added (a new topic, a new leader or leader epoch) while the fetch in flight does not
+carry it cuts that fetch short: the stream is cancelled and opened again at once, so the new
+partition's first acks=all writes wait for one fetch round trip, not for the leader's long poll
+(``replica.fetch.wait.max.ms``) to run out. Kafka's fetcher threads leave the poll running.
+
 Role changes remove a partition from its fetcher *before* the partition changes role;
 responses are processed under the fetcher's lock, so once ``remove_partitions`` returns
 no fetcher will append to that log again.
@@ -37,6 +42,12 @@ from replication.partition import Partition
 from replication.throttle import ReplicationThrottle
 
 log = logging.getLogger(__name__)
+
+# Just added (a new topic, a leader change), a partition is often fetched before its leader has applied
+# the same metadata: it answers one of these. The first QUICK_RETRIES of them back off a quarter of
+# replica.fetch.backoff.ms, as UNKNOWN_LEADER_EPOCH always does; later ones the whole of it.
+_LEADER_BEHIND = {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+QUICK_RETRIES = 10
 
 _RETRY_LATER = {
     ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH,
@@ -72,6 +83,7 @@ class _FetchSession:
         self._call = stub.ReplicaFetch(iter(self._requests.get, None))
         self.opened_at = time.monotonic()
         self.waiting_since: float | None = None  # monotonic time of the unanswered request
+        self.interrupted = False  # cancelled to send a request with more partitions: no failure
 
     def fetch(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
         self.waiting_since = time.monotonic()
@@ -87,9 +99,17 @@ class _FetchSession:
         self._requests.put(None)  # ends the request stream
         self._call.cancel()
 
+    def interrupt(self) -> None:
+        self.interrupted = True
+        self.cancel()
+
 
 class _SessionEnded(Exception):
     pass
+
+
+class _CutShort(Exception):
+    """A partition was added while the request was being sent: it is built again with the partition."""
 
 
 # A stream keeps the credentials it opened with (a SCRAM session token ages): it is opened anew
@@ -104,6 +124,7 @@ class _FetchState:
     leader_epoch: int
     delayed_until_s: float = 0.0
     truncation_rounds: int = 0
+    quick_retries: int = 0  # short backoffs taken for "not the leader (yet)" since the partition was added
 
 
 class ReplicaFetcher:
@@ -128,6 +149,10 @@ class ReplicaFetcher:
         self._failures = 0
         self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)
         self._session: _FetchSession | None = None
+        # (partition, leader epoch) of the fetch in flight, None between fetches; under _lock
+        self._in_flight: dict[tuple[str, int], int] | None = None
+        self._cut_short = False  # add() wants the request in flight rebuilt; under _lock
+        self._next_ready_s = float("inf")  # when the first partition held back by _build_request is ready
         self._use_stream = True  # False once the leader answered UNIMPLEMENTED (an older version)
         self._thread = threading.Thread(target=self._run, name=f"replica-fetcher-{local_id}-from-{source_id}",
                                         daemon=True)
@@ -138,6 +163,16 @@ class ReplicaFetcher:
         with self._lock:
             self._states[partition.key] = _FetchState(partition, leader_epoch)
             self._lock.notify_all()
+            # The fetch in flight may be parked at the leader for up to max_wait_ms without this partition.
+            # The fetcher thread checks _cut_short under this lock after opening its stream and before
+            # sending: a request either is not sent, or goes on the stream interrupted here.
+            cut_short = self._in_flight is not None and self._in_flight.get(partition.key) != leader_epoch
+            self._cut_short = self._cut_short or cut_short
+            session = self._session
+        if cut_short and session is not None:
+            log.debug("fetcher %d<-%d: %s-%d added at epoch %d; cutting the fetch in flight short",
+                      self.local_id, self.source_id, partition.topic, partition.partition, leader_epoch)
+            session.interrupt()
 
     def remove(self, keys: Iterable[tuple[str, int]]) -> None:
         with self._lock:
@@ -168,14 +203,24 @@ class ReplicaFetcher:
                     return
                 request, epochs = self._build_request()
                 if request is None:
-                    self._lock.wait(timeout=backoff_s)
+                    # Until the first partition's backoff ends (a quarter backoff is shorter than backoff_s).
+                    self._lock.wait(timeout=min(backoff_s, max(0.001, self._next_ready_s - time.monotonic())))
                     continue
+                self._in_flight = epochs
+                self._cut_short = False
             try:
                 response = self._send(request)
+            except _CutShort:
+                continue  # a partition was added before the request went out: build it again
             except (grpc.RpcError, _SessionEnded) as e:
+                interrupted = self._session is not None and self._session.interrupted
+                with self._lock:
+                    self._in_flight = None
                 self._close_session()
                 if self._stopped:
                     return
+                if interrupted:
+                    continue  # add() cut the long poll short for a new partition: fetch again at once
                 if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNIMPLEMENTED and self._use_stream:
                     log.info("fetcher %d<-%d: leader has no ReplicaFetch stream (an older version); "
                              "using unary fetches", self.local_id, self.source_id)
@@ -192,6 +237,7 @@ class ReplicaFetcher:
                 return
             self._failures = 0
             with self._lock:
+                self._in_flight = None
                 if self._stopped:
                     return
                 for pr in response.partitions:
@@ -217,6 +263,10 @@ class ReplicaFetcher:
             self._close_session()
         if self._session is None:
             self._session = _FetchSession(self._stub)
+        with self._lock:
+            if self._cut_short:
+                self._in_flight = None
+                raise _CutShort
         response = self._session.fetch(request)
         if any(pr.error_code in _AUTH_REFUSALS for pr in response.partitions):
             self._close_session()  # perhaps a stale session: the next stream carries fresh credentials
@@ -261,6 +311,7 @@ class ReplicaFetcher:
                 partition_max_bytes=self.config.partition_max_bytes, current_leader_epoch=st.leader_epoch,
                 last_fetched_epoch=lg.latest_epoch, log_start_offset=lg.log_start_offset))
             epochs[key] = st.leader_epoch
+        self._next_ready_s = next_ready_s
         if not parts:
             return None, epochs
         # A partition in backoff is not in this request: do not let the long poll outlast its
@@ -294,6 +345,9 @@ class ReplicaFetcher:
         backoff_ms = self.config.backoff_ms
         if pr.error_code == ErrorCode.UNKNOWN_LEADER_EPOCH:
             backoff_ms = max(10, backoff_ms // 4)  # the leader is about to apply the same metadata
+        elif pr.error_code in _LEADER_BEHIND and st.quick_retries < QUICK_RETRIES:
+            st.quick_retries += 1
+            backoff_ms = max(10, backoff_ms // 4)
         elif pr.error_code not in _RETRY_LATER:
             log.warning("fetcher %d<-%d: %s-%d: %s %s", self.local_id, self.source_id, pr.topic, pr.partition,
                         errors.code_name(pr.error_code), pr.error_message)

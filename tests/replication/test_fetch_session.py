@@ -100,12 +100,12 @@ def follower(tmp_path: Path) -> Partition:
     return p
 
 
-def follow(leader: Leader, p: Partition, **config: int) -> ReplicaFetcherManager:
+def follow(leader: broker_pb2_grpc.BrokerServiceServicer, p: Partition, **config: int) -> ReplicaFetcherManager:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(leader, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    manager = ReplicaFetcherManager(2, lambda: 1, FetcherConfig(max_wait_ms=100, backoff_ms=50, **config))
+    manager = ReplicaFetcherManager(2, lambda: 1, FetcherConfig(**{"max_wait_ms": 100, "backoff_ms": 50, **config}))
     manager.add_partition(p, 1, f"127.0.0.1:{port}", 0)
     manager.server = server  # type: ignore[attr-defined]
     return manager
@@ -158,3 +158,77 @@ def test_a_stream_refused_as_unauthorized_is_opened_again(follower: Partition) -
     finally:
         stop(manager)
     assert leader.streams >= 2 and leader.unary_calls == 0, vars(leader)
+
+
+class ParkingLeader(broker_pb2_grpc.BrokerServiceServicer):
+    """Serves BATCH at offset 0 of any partition; a fetch with nothing new parks, as a real leader's
+    long poll does, until the follower cancels it or ``park_s`` passes. The first ``refusals`` fetches
+    are answered NOT_LEADER_OR_FOLLOWER (a leader that has not applied the metadata making it one)."""
+
+    def __init__(self, park_s: float, refusals: int = 0) -> None:
+        self.park_s = park_s
+        self.refusals = refusals
+        self.streams = 0
+        self.parked = 0  # fetches parked so far
+        self.lock = threading.Lock()
+
+    def ReplicaFetch(self, request_iterator: Iterator[broker_pb2.FetchRequest],
+                     context: Any) -> Iterator[broker_pb2.FetchResponse]:
+        with self.lock:
+            self.streams += 1
+        for request in request_iterator:
+            with self.lock:
+                refuse = self.refusals > 0
+                self.refusals -= refuse
+            if refuse:
+                yield broker_pb2.FetchResponse(partitions=[broker_pb2.FetchPartitionResponse(
+                    topic=fp.topic, partition=fp.partition, error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                    high_watermark=-1, log_start_offset=-1, log_end_offset=-1) for fp in request.partitions])
+                continue
+            if all(fp.fetch_offset > 0 for fp in request.partitions):
+                with self.lock:
+                    self.parked += 1
+                deadline = time.monotonic() + self.park_s
+                while context.is_active() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                if not context.is_active():
+                    return
+            yield broker_pb2.FetchResponse(partitions=[answer(
+                broker_pb2.FetchRequest(partitions=[fp])).partitions[0] for fp in request.partitions])
+
+
+def test_a_partition_added_during_a_long_poll_is_fetched_at_once(tmp_path: Path) -> None:
+    # The follower's long poll outlasts the test: the new partition's batch can only arrive in time
+    # if adding it cut the poll short.
+    park_s = 120.0
+    first, second = (Partition("t", i, "T", Log.open(tmp_path / f"t-{i}", LogConfig.from_overrides({})), 2,
+                               broker_usable=lambda b: True) for i in (0, 1))
+    for p in (first, second):
+        p.make_follower(1, (1, 2), (1, 2), 0, 0)
+    leader = ParkingLeader(park_s)
+    manager = follow(leader, first, max_wait_ms=int(park_s * 1000))
+    address = next(iter(manager._fetchers.values())).address
+    try:
+        wait_for(lambda: first.log.log_end_offset == 1 and leader.parked == 1, 15,
+                 "t-0 replicated, then the follower's next fetch parked at the leader")
+        manager.add_partition(first, 1, address, 0)  # the same partition and epoch again: nothing to cut short
+        manager.add_partition(second, 1, address, 0)
+        wait_for(lambda: second.log.log_end_offset == 1, park_s / 4,
+                 "t-1 replicated while the long poll that did not carry it was still running")
+    finally:
+        stop(manager)
+    assert leader.streams == 2, f"one stream reopened for the new partition: {leader.streams} streams"
+
+
+def test_a_new_partitions_leader_that_lags_on_metadata_is_retried_soon(follower: Partition) -> None:
+    # A leader that has not applied the metadata yet answers NOT_LEADER_OR_FOLLOWER; the follower of a
+    # partition it has just added retries after a quarter of the backoff, not the whole of it.
+    backoff_ms = 4_000
+    leader = ParkingLeader(park_s=0.05, refusals=2)
+    manager = follow(leader, follower, backoff_ms=backoff_ms)
+    try:
+        wait_for(lambda: follower.log.log_end_offset == 1, 2 * backoff_ms / 1000 * 0.9,
+                 "the batch sooner than two full backoffs after two refusals")
+    finally:
+        stop(manager)
+    assert leader.refusals == 0
