@@ -33,6 +33,8 @@ DELETED_SUFFIX = ".deleted"
 
 # Recovery and header walks read the file in chunks of this size (bounded memory).
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
+# translate_offset reads at least this much from an index entry (it covers the index interval).
+MIN_TRANSLATE_CHUNK_BYTES = 16 * 1024
 _INT32_MAX = 2**31 - 1
 
 
@@ -66,6 +68,9 @@ class LogSegment:
         self.created_ms = created_ms if created_ms is not None else now_ms()
         self.indexes_synced = not writable
         self.closed = False
+        # (position, header) of the last batch appended since the segment opened or was truncated:
+        # a follower or tailing consumer reads from it, with no index lookup or scan.
+        self._last_appended: tuple[int, BatchHeader] | None = None
 
     def _open_index(self, cls: type[OffsetIndex] | type[TimeIndex], suffix: str, writable: bool):
         path = self.dir / (segment_file_name(self.base_offset, suffix) + self.suffix)
@@ -125,6 +130,7 @@ class LogSegment:
             self.on_become_inactive()
 
     def _reset_state(self) -> None:
+        self._last_appended = None
         self.index.reset()
         self.time_index.reset()
         self.next_offset = self.base_offset
@@ -239,6 +245,7 @@ class LogSegment:
             self._index_batch(h, pos)
             pos += h.size
         self.next_offset = headers[-1].next_offset
+        self._last_appended = (pos - headers[-1].size, headers[-1])
         self.size = pos  # publish last: readers never see a half-written append
         self.indexes_synced = False
 
@@ -269,6 +276,9 @@ class LogSegment:
     def translate_offset(self, offset: int, max_position: int | None = None) -> tuple[int, BatchHeader] | None:
         """(position, header) of the first batch whose last offset >= ``offset``; None past the end."""
         end = self.size if max_position is None else max_position
+        last = self._last_appended
+        if last is not None and last[1].base_offset <= offset <= last[1].last_offset and last[0] + last[1].size <= end:
+            return last
         entry = self.index.lookup(offset)
         pos = entry.position
         if pos > 0:
@@ -281,13 +291,26 @@ class LogSegment:
                 log.warning("%s: index entry %s does not point at its batch; scanning from the start",
                             self.index.path, entry)
                 pos = 0
+        # From the index entry, a read of about two index intervals holds every header up to the
+        # batch wanted (small batches: one pread, not one per batch); a larger batch is stepped over.
+        chunk_bytes = min(SCAN_CHUNK_BYTES, max(2 * self.index_interval_bytes, MIN_TRANSLATE_CHUNK_BYTES))
         while end - pos >= BATCH_HEADER_SIZE:
-            h = self.read_header_at(pos)
-            if h is None or pos + h.size > end:
-                return None
-            if h.last_offset >= offset:
-                return pos, h
-            pos += h.size
+            chunk = os.pread(self._fd, min(chunk_bytes, end - pos), pos)
+            advanced = 0
+            for rel, h in iter_batches(chunk, 0):
+                if h.last_offset >= offset:
+                    return pos + rel, h
+                advanced = rel + h.size
+            if advanced == 0:  # the batch at pos does not fit in the chunk (or ends past ``end``)
+                if len(chunk) < BATCH_HEADER_SIZE:
+                    return None
+                h = read_header(chunk, 0)
+                if pos + h.size > end:
+                    return None
+                if h.last_offset >= offset:
+                    return pos, h
+                advanced = h.size
+            pos += advanced
         return None
 
     def read(self, start_offset: int, max_bytes: int, bound_offset: int, min_one_batch: bool
@@ -384,6 +407,7 @@ class LogSegment:
         # Index entries name batch base offsets: drop those of every removed batch.
         self.index.truncate_to(first_removed.base_offset)
         self.time_index.truncate_to(first_removed.base_offset)
+        self._last_appended = None
         os.ftruncate(self._fd, pos)
         self.size = pos
         self.bytes_since_last_index_entry = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -356,4 +357,71 @@ def test_compression_type_recompresses(tmp_path: Path, topic_codec: str, expecte
     assert h.compression == expected and (h.producer_id, h.base_sequence, h.record_count) == (3, 0, 5)
     assert [(r.key, r.value, r.timestamp) for r in decode_records(stored)] == \
         [(r.key, r.value, r.timestamp) for r in decode_records(sent)]
+    lg.close()
+
+
+def count_preads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every os.pread the segments make, by size (reads are preads; the page cache is the only cache)."""
+    import storage.segment as segment
+
+    sizes: list[int] = []
+    real = segment.os.pread
+
+    class CountingOs:
+        def __getattr__(self, name: str):  # everything else is the real os module
+            return getattr(os, name)
+
+        @staticmethod
+        def pread(fd: int, n: int, offset: int) -> bytes:
+            sizes.append(n)
+            return real(fd, n, offset)
+    monkeypatch.setattr(segment, "os", CountingOs())
+    return sizes
+
+
+def test_finding_an_offset_between_index_entries_is_one_read_not_one_per_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One-record batches of ~80 bytes with an index entry every 16 KiB: ~200 batches between entries.
+    lg = open_log(tmp_path, index_interval_bytes=16 * 1024)
+    for _ in range(2000):
+        lg.append_as_leader(make_batch(1, value_size=10), 0)
+    lg.append_as_leader(make_batch(1, value_size=10), 0)  # the last batch appended: read without any lookup
+    reads = count_preads(monkeypatch)
+    for offset in range(0, 2001, 7):
+        reads.clear()
+        got = lg.read(offset, 1)
+        assert got.first_offset == offset and batch_bases(got.records) == [offset], offset
+        assert len(reads) <= 3, f"offset {offset}: {len(reads)} preads to find and read one batch"
+    reads.clear()
+    assert batch_bases(lg.read(2000, 1).records) == [2000]
+    assert len(reads) == 1, f"the batch just appended: {len(reads)} preads (only the read itself expected)"
+    lg.close()
+
+
+def test_batches_larger_than_the_scan_read_are_stepped_over(tmp_path: Path) -> None:
+    # Large batches (bigger than one scan read) between small ones; every offset is still found.
+    lg = open_log(tmp_path, index_interval_bytes=64 * 1024)
+    bases = []
+    for i in range(40):
+        bases.append(lg.log_end_offset)
+        lg.append_as_leader(make_batch(2, value_size=30_000 if i % 3 == 0 else 20), 0)
+    for base in bases:
+        for offset in (base, base + 1):
+            got = lg.read(offset, 1)
+            assert got.first_offset == base and batch_bases(got.records) == [base], offset
+    lg.close()
+
+
+def test_a_truncated_and_rewritten_tail_is_read_as_rewritten(tmp_path: Path) -> None:
+    # The segment remembers where its last appended batch is; truncation forgets it.
+    lg = open_log(tmp_path)
+    lg.append_as_leader(make_batch(3, value_size=5), 0)
+    lg.append_as_leader(make_batch(3, value_size=5), 0)
+    assert lg.read(4, 1 << 20).first_offset == 3
+    lg.truncate_to(3)
+    assert lg.read(3, 1 << 20).records == b""
+    lg.append_as_leader(make_batch(2, value_size=40), 1)  # offsets 3-4 again, other bytes
+    got = lg.read(3, 1 << 20)
+    assert got.first_offset == 3 and offsets_of(got.records) == [3, 4]
+    assert {h.partition_leader_epoch for _, h in iter_batches(got.records)} == {1}
     lg.close()
