@@ -264,6 +264,9 @@ class _AsyncDataWaiter(DelayedOperation):
         self._hand_over(result)
 
     def _hand_over(self, result: InlineRead | None) -> None:
+        if threading.get_ident() == self._loop_thread:  # no self-pipe write and extra loop turn
+            self._loop.call_soon(_resolve, self._future, result)
+            return
         try:
             self._loop.call_soon_threadsafe(_resolve, self._future, result)
         except RuntimeError:

@@ -195,7 +195,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         if req.acks == -1:
             # The purgatory times each wait out at timeout_ms; the slack only guards a lost completion.
             # Awaiting holds no thread: the purgatory's completion wakes this coroutine on the loop.
-            pending = [asyncio.wrap_future(f) for f in futures if not f.done()]
+            pending = [on_loop(f) for f in futures if not f.done()]
             if pending:
                 timeout_s = min(max(0, req.timeout_ms), MAX_PRODUCE_TIMEOUT_MS) / 1000 + PRODUCE_WAIT_SLACK_S
                 await asyncio.wait(pending, timeout=timeout_s)
@@ -607,6 +607,38 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 broker_id=self.node_id, dirs=self.rm.describe_log_dirs(topics))),
             lambda: broker_pb2.DescribeLogDirsResponse(error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
                                                        error_message="internal error", broker_id=self.node_id)))
+
+def on_loop(f: concurrent.futures.Future) -> asyncio.Future[Any]:
+    """An asyncio future of the running loop that completes with ``f``: ``asyncio.wrap_future``, except
+    that a completion made on the loop's own thread (an acks=all produce acknowledged by a follower
+    fetch handled there) is handed over with ``call_soon``, not through the loop's self-pipe."""
+    loop = asyncio.get_running_loop()
+    out: asyncio.Future[Any] = loop.create_future()
+    loop_thread = threading.get_ident()
+
+    def copy(done: concurrent.futures.Future) -> None:
+        if out.done():
+            return
+        if done.cancelled():
+            out.cancel()
+            return
+        exc = done.exception()
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(done.result())
+
+    def on_done(done: concurrent.futures.Future) -> None:
+        if threading.get_ident() == loop_thread:
+            loop.call_soon(copy, done)
+            return
+        try:
+            loop.call_soon_threadsafe(copy, done)
+        except RuntimeError:
+            pass  # the loop is closed: the broker is stopping and nobody waits any more
+    f.add_done_callback(on_done)
+    return out
+
 
 def _produce_error_all(req: broker_pb2.ProduceRequest, code: int, message: str) -> broker_pb2.ProduceResponse:
     resp = broker_pb2.ProduceResponse()

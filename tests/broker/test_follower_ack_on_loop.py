@@ -191,8 +191,12 @@ def test_an_append_made_on_the_loop_hands_the_parked_follower_its_data_read_on_t
 
     batches = sized_batches(3, LOOP_READ_MAX_BYTES // 2 - 200)  # two fit under the cap, three do not
     hops: list[str] = []
+    threadsafe: list[Any] = []  # hand-overs through the loop's self-pipe
 
     async def scenario() -> broker_pb2.FetchResponse:
+        loop = asyncio.get_running_loop()
+        original = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a, **k: (threadsafe.append(a), original(*a, **k))[1]  # type: ignore[method-assign]
         req = follower_fetch(0)
         req.max_wait_ms = 10_000
         parked = asyncio.ensure_future(start_fetch(rm, req, hops))
@@ -207,5 +211,6 @@ def test_an_append_made_on_the_loop_hands_the_parked_follower_its_data_read_on_t
 
     resp = asyncio.run(scenario())
     assert hops == [], f"the woken follower fetch was read on the loop, not re-read on the executor: {hops}"
+    assert threadsafe == [], f"woken on the loop's thread, handed over without the self-pipe: {threadsafe}"
     got = [h.base_offset for _, h in iter_batches(resp.partitions[0].records)]
     assert got == [0, 1], f"two whole batches, under the cap (the third comes with the next fetch): {got}"

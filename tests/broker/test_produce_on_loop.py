@@ -24,7 +24,7 @@ from waiting import await_for
 from broker.admission import ByteBudget, ClientLimits
 from broker.metadata_cache import MetadataCache
 from broker.replica_manager import ReplicaManager
-from broker.service import INLINE_APPEND_MAX_BYTES, BrokerService, Capacity
+from broker.service import INLINE_APPEND_MAX_BYTES, BrokerService, Capacity, on_loop
 from proto import broker_pb2, common_pb2, controller_pb2
 from proto.errors import ErrorCode
 from replication.partition import LockBusy
@@ -255,3 +255,35 @@ def test_the_log_leaves_decompression_rolls_flushes_and_recompression_to_a_block
     assert plain.append_as_leader(batch(2, codec=CODEC_LZ4), 0).first_offset == 0
     for lg in (rolling, flushing, recompressing, plain):
         lg.close()
+
+
+def test_a_completion_on_the_loop_thread_is_handed_over_without_the_self_pipe() -> None:
+    # An acks=all produce is acknowledged by a follower fetch handled on the loop: its future completes
+    # on the loop's thread, and waking the produce there needs no write to the loop's self-pipe
+    # (asyncio.wrap_future always makes one). A completion from another thread still needs it.
+    threadsafe: list[Any] = []
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        original = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a, **k: (threadsafe.append(a), original(*a, **k))[1]  # type: ignore[method-assign]
+        here: concurrent.futures.Future = concurrent.futures.Future()
+        waiting = on_loop(here)
+        here.set_result("acknowledged")  # on the loop's thread
+        assert await asyncio.wait_for(waiting, 5) == "acknowledged"
+        assert threadsafe == [], threadsafe
+        there: concurrent.futures.Future = concurrent.futures.Future()
+        waiting = on_loop(there)
+        threading.Thread(target=there.set_exception, args=(ValueError("timed out"),)).start()
+        with pytest.raises(ValueError, match="timed out"):
+            await asyncio.wait_for(waiting, 5)
+        assert len(threadsafe) == 1, threadsafe
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        done.set_result(7)
+        assert await asyncio.wait_for(on_loop(done), 5) == 7  # already complete: at once
+        cancelled: concurrent.futures.Future = concurrent.futures.Future()
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(on_loop(cancelled), 5)
+
+    asyncio.run(scenario())
