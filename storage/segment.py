@@ -35,6 +35,8 @@ DELETED_SUFFIX = ".deleted"
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 # translate_offset reads at least this much from an index entry (it covers the index interval).
 MIN_TRANSLATE_CHUNK_BYTES = 16 * 1024
+# read_slice finds where a slice ends reading the headers this many bytes at a time.
+SLICE_SCAN_CHUNK_BYTES = 64 * 1024
 _INT32_MAX = 2**31 - 1
 
 
@@ -255,12 +257,14 @@ class LogSegment:
             return None
         return read_header(data, 0)
 
-    def iter_headers(self, start: int = 0, end: int | None = None) -> Iterator[tuple[int, BatchHeader]]:
-        """(position, header) of every complete batch in [start, end), reading in bounded chunks."""
+    def iter_headers(self, start: int = 0, end: int | None = None,
+                     chunk_bytes: int = SCAN_CHUNK_BYTES) -> Iterator[tuple[int, BatchHeader]]:
+        """(position, header) of every complete batch in [start, end), reading ``chunk_bytes`` at a time
+        (one pread for many small batches; a batch larger than a chunk costs one pread of a chunk)."""
         end = self.size if end is None else end
         pos = start
         while end - pos >= BATCH_HEADER_SIZE:
-            chunk = os.pread(self._fd, min(SCAN_CHUNK_BYTES, end - pos), pos)
+            chunk = os.pread(self._fd, min(chunk_bytes, end - pos), pos)
             advanced = 0
             for rel, h in iter_batches(chunk, 0):
                 yield pos + rel, h
@@ -292,25 +296,11 @@ class LogSegment:
                             self.index.path, entry)
                 pos = 0
         # From the index entry, a read of about two index intervals holds every header up to the
-        # batch wanted (small batches: one pread, not one per batch); a larger batch is stepped over.
+        # batch wanted (small batches: one pread, not one per batch).
         chunk_bytes = min(SCAN_CHUNK_BYTES, max(2 * self.index_interval_bytes, MIN_TRANSLATE_CHUNK_BYTES))
-        while end - pos >= BATCH_HEADER_SIZE:
-            chunk = os.pread(self._fd, min(chunk_bytes, end - pos), pos)
-            advanced = 0
-            for rel, h in iter_batches(chunk, 0):
-                if h.last_offset >= offset:
-                    return pos + rel, h
-                advanced = rel + h.size
-            if advanced == 0:  # the batch at pos does not fit in the chunk (or ends past ``end``)
-                if len(chunk) < BATCH_HEADER_SIZE:
-                    return None
-                h = read_header(chunk, 0)
-                if pos + h.size > end:
-                    return None
-                if h.last_offset >= offset:
-                    return pos, h
-                advanced = h.size
-            pos += advanced
+        for at, h in self.iter_headers(pos, end, chunk_bytes):
+            if h.last_offset >= offset:
+                return at, h
         return None
 
     def read(self, start_offset: int, max_bytes: int, bound_offset: int, min_one_batch: bool
@@ -343,7 +333,8 @@ class LogSegment:
                    ) -> tuple[FileRecords | bytes, int] | None:
         """``read``, but the batches stay in the file: a FileRecords slice for sendfile (zero copy).
 
-        Only the 61-byte batch headers are read, to find where the slice ends.
+        Where the slice ends is found from the batch headers, read 64 KiB at a time (one pread for
+        many small batches); the response itself is sent from the file.
         """
         end = self.size
         found = self.translate_offset(start_offset, end)
@@ -353,11 +344,11 @@ class LogSegment:
         if first.last_offset >= bound_offset or (first.size > max_bytes and not min_one_batch):
             return b"", -1
         stop = pos + first.size
-        while stop + BATCH_HEADER_SIZE <= end:
-            h = self.read_header_at(stop)
-            if h is None or h.last_offset >= bound_offset or stop + h.size > end or stop + h.size - pos > max_bytes:
+        # Batches wholly within max_bytes of the start and the snapshot end, before the bound.
+        for at, h in self.iter_headers(stop, min(end, pos + max_bytes), SLICE_SCAN_CHUNK_BYTES):
+            if h.last_offset >= bound_offset:
                 break
-            stop += h.size
+            stop = at + h.size
         if self.closed:  # closed under us: the descriptor may already name another file
             raise OSError(f"segment {self.log_path} closed during a read")
         return FileRecords(self._fd, pos, stop - pos, first.base_offset), first.base_offset

@@ -10,6 +10,7 @@ import pytest
 from storage_testlib import batch_bases, make_batch, now_ms, offsets_of, read_all
 
 from proto import errors
+from storage.file_records import FileRecords
 from storage.log import Log, UnexpectedAppendOffsetError
 from storage.log_config import LogConfig
 from storage.record_batch import (
@@ -424,4 +425,31 @@ def test_a_truncated_and_rewritten_tail_is_read_as_rewritten(tmp_path: Path) -> 
     got = lg.read(3, 1 << 20)
     assert got.first_offset == 3 and offsets_of(got.records) == [3, 4]
     assert {h.partition_leader_epoch for _, h in iter_batches(got.records)} == {1}
+    lg.close()
+
+
+def test_a_slice_read_covers_the_same_batches_as_a_read_in_few_preads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The Kafka listener sends a fetch from the file (sendfile): only where the slice ends is read,
+    # from the headers, and tiny batches must not cost a pread each.
+    lg = open_log(tmp_path)
+    sizes = [1, 1, 4, 1, 30, 1] * 400  # records per batch: ~80-byte to ~2 KiB batches
+    for n in sizes:
+        lg.append_as_leader(make_batch(n, value_size=60), 0)
+    reads = count_preads(monkeypatch)
+    for start, max_bytes, max_offset in ((0, 1 << 20, None), (5, 100_000, None), (100, 50_000, 1500),
+                                         (3000, 10, None), (lg.log_end_offset - 1, 1 << 20, None)):
+        whole = lg.read(start, max_bytes, max_offset=max_offset)
+        reads.clear()
+        sliced = lg.read(start, max_bytes, max_offset=max_offset, as_slice=True)
+        try:
+            assert sliced.first_offset == whole.first_offset, (start, max_bytes, max_offset)
+            data = sliced.records.read() if isinstance(sliced.records, FileRecords) else sliced.records
+            assert batch_bases(data) == batch_bases(whole.records), (start, max_bytes, max_offset)
+        finally:
+            close = getattr(sliced.records, "close", None)
+            if close is not None:
+                close()
+        # one per 64 KiB of headers walked (chunks overlap by a torn batch), not one per batch
+        assert len(reads) <= 4 + max_bytes // (32 * 1024), f"{len(reads)} preads for a {max_bytes}-byte slice"
     lg.close()
