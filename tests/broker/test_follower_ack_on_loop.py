@@ -18,42 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from inprocess import InProcessBroker
 from lockwatch import WaitWatchingLock, held_by_another_thread
 from waiting import await_for
 
-from broker.metadata_cache import MetadataCache
 from broker.replica_manager import ReplicaManager
-from proto import broker_pb2, common_pb2, controller_pb2
+from proto import broker_pb2
 from replication.partition import LockBusy
-from storage.log_manager import LogManager
 from storage.record_batch import RecordBatchBuilder, iter_batches
-
-
-class NoController:
-    def call(self, method: str, request: Any, timeout_s: float) -> Any:
-        raise AssertionError(f"no controller call expected here, got {method}")
 
 
 @pytest.fixture
 def rm(tmp_path: Path) -> Iterator[ReplicaManager]:
-    defaults = {"auto.create.topics.enable": "false", "log.cleaner.enable": "false"}
-    logs = LogManager([tmp_path], defaults, cleaner_threads=0)
-    logs.startup()
-    cache = MetadataCache(1)
-    manager = ReplicaManager(1, logs, cache, NoController(), defaults=defaults, broker_epoch=lambda: 1)
-    update = controller_pb2.MetadataUpdate(version=1, is_snapshot=True, cluster_id="c", active_controller_id=-1)
-    for node in (1, 2):
-        update.brokers.add(node_id=node, incarnation_id=f"i{node}", broker_epoch=1,
-                           endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=node)])
-    update.topics.add(name="t", topic_id="t" * 32, partition_count=1)
-    update.partitions.add(topic="t", topic_id="t" * 32, partition=0, replicas=[1, 2], isr=[1, 2], leader=1,
-                          leader_epoch=0, partition_epoch=0)
-    manager.apply_metadata_delta(cache.apply(update))
-    try:
-        yield manager
-    finally:
-        manager.shutdown()
-        logs.shutdown()
+    with InProcessBroker(tmp_path, {"t": {}}, replicas=(1, 2)) as broker:  # follower 2 in sync, fetching when told
+        yield broker.rm
 
 
 def one_batch() -> bytes:

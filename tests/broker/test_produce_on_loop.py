@@ -18,25 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from inprocess import InProcessBroker
 from lockwatch import WaitWatchingLock, held_by_another_thread
 from waiting import await_for
 
-from broker.admission import ByteBudget, ClientLimits
-from broker.metadata_cache import MetadataCache
-from broker.replica_manager import ReplicaManager
-from broker.service import INLINE_APPEND_MAX_BYTES, BrokerService, Capacity, on_loop
-from proto import broker_pb2, common_pb2, controller_pb2
+from broker.service import INLINE_APPEND_MAX_BYTES, on_loop
+from proto import broker_pb2
 from proto.errors import ErrorCode
 from replication.partition import LockBusy
 from storage.log import Log, WouldBlock
 from storage.log_config import LogConfig
-from storage.log_manager import LogManager
 from storage.record_batch import CODEC_LZ4, CODEC_NONE, RecordBatchBuilder
-
-
-class NoController:
-    def call(self, method: str, request: Any, timeout_s: float) -> Any:
-        raise AssertionError(f"no controller call expected here, got {method}")
 
 
 class CountingExecutor(concurrent.futures.ThreadPoolExecutor):
@@ -51,27 +43,13 @@ class CountingExecutor(concurrent.futures.ThreadPoolExecutor):
         return super().submit(fn, *args, **kwargs)
 
 
-class Broker:
+class Broker(InProcessBroker):
+    """Broker 1 leading topics t and lz4 (compression.type lz4), two partitions each, RF 1."""
+
     def __init__(self, tmp_path: Path) -> None:
-        defaults = {"auto.create.topics.enable": "false", "log.cleaner.enable": "false"}
-        self.logs = LogManager([tmp_path], defaults, cleaner_threads=0)
-        self.logs.startup()
-        cache = MetadataCache(1)
-        self.rm = ReplicaManager(1, self.logs, cache, NoController(), defaults=defaults, broker_epoch=lambda: 1)
-        update = controller_pb2.MetadataUpdate(version=1, is_snapshot=True, cluster_id="c", active_controller_id=-1)
-        update.brokers.add(node_id=1, incarnation_id="i1", broker_epoch=1,
-                           endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=1)])
-        for name, configs in (("t", {}), ("lz4", {"compression.type": "lz4"})):
-            update.topics.add(name=name, topic_id=name[0] * 32, partition_count=2, configs=configs)
-            for p in range(2):
-                update.partitions.add(topic=name, topic_id=name[0] * 32, partition=p, replicas=[1], isr=[1],
-                                      leader=1, leader_epoch=0, partition_epoch=0)
-        self.rm.apply_metadata_delta(cache.apply(update))
-        self.io = CountingExecutor()
-        capacity = Capacity(io=self.io, replication=self.io, limits=ClientLimits(100, 100),
-                            budget=ByteBudget(64 << 20))
-        self.service = BrokerService(1, self.rm, cache, None, None, defaults=defaults,  # type: ignore[arg-type]
-                                     controller_endpoints=[], capacity=capacity)
+        self.io: CountingExecutor
+        super().__init__(tmp_path, {"t": {}, "lz4": {"compression.type": "lz4"}}, partitions=2,
+                         executor=CountingExecutor())
 
     def produce(self, *parts: tuple[str, int, bytes], acks: int = 1) -> broker_pb2.ProduceResponse:
         return asyncio.run(self.service._produce(self.request(*parts, acks=acks)))
@@ -81,19 +59,11 @@ class Broker:
         return broker_pb2.ProduceRequest(acks=acks, timeout_ms=5000, partitions=[
             broker_pb2.ProducePartitionData(topic=t, partition=p, records=r) for t, p, r in parts])
 
-    def close(self) -> None:
-        self.rm.shutdown()
-        self.logs.shutdown()
-        self.io.shutdown()
-
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path)
-    try:
+    with Broker(tmp_path) as b:
         yield b
-    finally:
-        b.close()
 
 
 def batch(n: int = 1, value_bytes: int = 10, *, producer_id: int = -1, base_sequence: int = -1,
