@@ -20,7 +20,7 @@ import queue
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,13 +147,17 @@ def _settle(futures: list[Any]) -> int:
 
 
 def run_produce(producer: Producer, topic: str, num_records: int, record_size: int, throughput: float,
-                progress: Progress | None = None, *, warmup_records: int = 0) -> PerfResult:
+                progress: Progress | None = None, *, warmup_records: int = 0,
+                on_measuring: Callable[[], None] | None = None) -> PerfResult:
+    """``on_measuring`` is called once the warm-up is acknowledged, just before the measured sends."""
     payload = bytes(random.Random(0).randrange(65, 91) for _ in range(record_size))  # Kafka's A-Z payload
     if warmup_records > 0:
         # Connections, producer id, leaders and followers settle before the clock starts.
         for _ in range(warmup_records):
             producer.send(topic, payload)
         producer.flush()
+    if on_measuring is not None:
+        on_measuring()
     freeze_startup_objects()
     sample_every = max(1, num_records // LATENCY_SAMPLES_MAX)
     samples: list[tuple[float, Any]] = []
@@ -188,7 +192,7 @@ def run_produce(producer: Producer, topic: str, num_records: int, record_size: i
                       time.process_time() - cpu_start)
 
 
-def produce_main(argv: Sequence[str] | None = None) -> int:
+def produce_main(argv: Sequence[str] | None = None, *, on_measuring: Callable[[], None] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="brook perf produce", description="Producer throughput and latency")
     # The short and long names of the other `brook` commands (-b, -t, -n, -p, -r) work here too.
     parser.add_argument("--bootstrap", "-b", "--bootstrap-servers", dest="bootstrap_servers", default=DEFAULT_BOOTSTRAP)
@@ -222,7 +226,7 @@ def produce_main(argv: Sequence[str] | None = None) -> int:
     config.update(_config_pairs(args.producer_config))
     with Producer(config) as producer:
         result = run_produce(producer, args.topic, args.num_records, args.record_size, args.throughput,
-                             Progress("sent"), warmup_records=args.warmup_records)
+                             Progress("sent"), warmup_records=args.warmup_records, on_measuring=on_measuring)
     print(result.summary("sent"))
     return 0 if result.errors == 0 else 1
 

@@ -38,6 +38,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from client.perf import consume_main, e2e_main, produce_main
 from deploy.local.cluster import CLIENT_PROPERTIES, LocalCluster, rss_bytes
@@ -72,11 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(("consume --batches", _measured(figures, ("plaintext", "consume --batches"), consume_main,
                                                      [*consume, "--batches"])))
         print(f"== 3. produce {args.latency_records} records at 10,000 records/s, acks=all (latency)", flush=True)
-        before = produce_times(cluster)
+        before: dict[str, Any] = {}  # the leaders' figures once the perf tool's (unpaced) warm-up is done
         steps.append(("produce 10k/s", produce_main([*common, "--topic", "bench-latency", "--acks", "all",
                                                      "--throughput", "10000", "--batch-size", "16384",
                                                      "--num-records", str(args.latency_records),
-                                                     "--warmup-records", "5000"])))
+                                                     "--warmup-records", "5000"],
+                                                    on_measuring=lambda: before.update(produce_times(cluster)))))
         _print_produce_times(before, produce_times(cluster))
         print("== 3b. end to end at 10,000 records/s, acks=all: send() until a consumer (its own process) "
               "polls the record", flush=True)
