@@ -200,6 +200,19 @@ def _resolve(fut: asyncio.Future[Any], result: Any) -> None:
         fut.set_result(result)
 
 
+def call_on_loop(loop: asyncio.AbstractEventLoop, loop_thread: int, callback: Callable[..., Any], *args: Any) -> None:
+    """Run ``callback(*args)`` on ``loop``, whose thread is ``loop_thread``: with ``call_soon`` from that
+    thread (no write to the loop's self-pipe, no extra loop turn), else ``call_soon_threadsafe``;
+    dropped once the loop is closed (the broker is stopping and nobody waits any more)."""
+    if threading.get_ident() == loop_thread:
+        loop.call_soon(callback, *args)
+        return
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass
+
+
 class _AsyncDataWaiter(DelayedOperation):
     """A long-polling fetch parked as an asyncio future: it holds no thread while it waits.
 
@@ -264,13 +277,7 @@ class _AsyncDataWaiter(DelayedOperation):
         self._hand_over(result)
 
     def _hand_over(self, result: InlineRead | None) -> None:
-        if threading.get_ident() == self._loop_thread:  # no self-pipe write and extra loop turn
-            self._loop.call_soon(_resolve, self._future, result)
-            return
-        try:
-            self._loop.call_soon_threadsafe(_resolve, self._future, result)
-        except RuntimeError:
-            pass  # the loop is closed: the broker is stopping and nobody waits any more
+        call_on_loop(self._loop, self._loop_thread, _resolve, self._future, result)
 
 
 class ReplicaManager:

@@ -47,7 +47,7 @@ from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.quotas import QuotaManager
-from broker.replica_manager import MAX_PRODUCE_TIMEOUT_MS, AppendResult, ReplicaManager
+from broker.replica_manager import MAX_PRODUCE_TIMEOUT_MS, AppendResult, ReplicaManager, call_on_loop
 from proto import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 from storage.log import WouldBlock
@@ -628,15 +628,7 @@ def on_loop(f: concurrent.futures.Future) -> asyncio.Future[Any]:
         else:
             out.set_result(done.result())
 
-    def on_done(done: concurrent.futures.Future) -> None:
-        if threading.get_ident() == loop_thread:
-            loop.call_soon(copy, done)
-            return
-        try:
-            loop.call_soon_threadsafe(copy, done)
-        except RuntimeError:
-            pass  # the loop is closed: the broker is stopping and nobody waits any more
-    f.add_done_callback(on_done)
+    f.add_done_callback(lambda done: call_on_loop(loop, loop_thread, copy, done))
     return out
 
 

@@ -35,7 +35,6 @@ import re
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -117,9 +116,7 @@ def produce_times(cluster: LocalCluster) -> dict[str, tuple[list[tuple[float, fl
     for node_id in cluster.node_ids:
         if not cluster.is_running(node_id) or cluster.is_paused(node_id):
             continue
-        with urllib.request.urlopen(cluster.metrics_url(node_id), timeout=5) as resp:
-            text = resp.read().decode()
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(cluster.read_metrics(node_id)):
             phase = {"brook_produce_local_time_seconds": "local",
                      "brook_produce_remote_time_seconds": "remote"}.get(family.name)
             if phase is None:

@@ -176,6 +176,8 @@ class ParkingLeader(broker_pb2_grpc.BrokerServiceServicer):
                      context: Any) -> Iterator[broker_pb2.FetchResponse]:
         with self.lock:
             self.streams += 1
+        ended = threading.Event()
+        context.add_callback(ended.set)  # the follower cancelled the stream (or it ended)
         for request in request_iterator:
             with self.lock:
                 refuse = self.refusals > 0
@@ -188,10 +190,7 @@ class ParkingLeader(broker_pb2_grpc.BrokerServiceServicer):
             if all(fp.fetch_offset > 0 for fp in request.partitions):
                 with self.lock:
                     self.parked += 1
-                deadline = time.monotonic() + self.park_s
-                while context.is_active() and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                if not context.is_active():
+                if ended.wait(self.park_s):
                     return
             yield broker_pb2.FetchResponse(partitions=[answer(
                 broker_pb2.FetchRequest(partitions=[fp])).partitions[0] for fp in request.partitions])
