@@ -212,6 +212,9 @@ _BEHAVIOUR = [
     KeyDef("max.waiting.fetches.per.ip", "int", "1000",
            "Long-poll fetches one client address may have parked; excess is refused (RESOURCE_EXHAUSTED).",
            check=_at_least(0), roles=_B),
+    KeyDef("event.loop.stall.warn.ms", "int", "250",
+           "A broker event loop this late is a stall: counted (brook_event_loop_stalls_total), and logged at "
+           "WARNING with the loop thread's stack while it lasts (rate-limited).", check=_at_least(10), roles=_B),
     KeyDef("replica.high.watermark.checkpoint.interval.ms", "long", "5000",
            "How often high watermarks are checkpointed.", check=_at_least(1), roles=_B),
     KeyDef("broker.session.timeout.ms", "int", "9000",

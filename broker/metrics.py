@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from broker.request_times import LatencyHistogram, ProduceTimes
+from broker.stalls import GcPauses, LoopMonitor
 
 if TYPE_CHECKING:  # annotations only: the roles import this module, not the other way round
     from broker.replica_manager import PartitionStats
@@ -276,6 +277,35 @@ class PoolCollector(_SafeCollector):
             queued.add_metric([pool], float(waiting))
         yield threads
         yield queued
+
+
+class PauseCollector(_SafeCollector):
+    """What holds up every request of the node (broker.stalls): the broker's event loop lag and
+    stalls, and garbage collection pauses by generation."""
+
+    name = "pauses"
+
+    def __init__(self, loop_monitor: Callable[[], LoopMonitor | None], gc_pauses: GcPauses) -> None:
+        self._loop_monitor = loop_monitor
+        self._gc = gc_pauses
+
+    def _collect(self) -> Iterable[Metric]:
+        monitor = self._loop_monitor()
+        if monitor is not None:
+            yield _histogram("brook_event_loop_lag_seconds",
+                             "How late the broker's event loop ran a timer (probed every 50 ms): the wait for the "
+                             "loop that every request ready at that moment had beyond its own work.", monitor.lag)
+            yield CounterMetricFamily("brook_event_loop_stalls",
+                                      "Times the broker's event loop ran event.loop.stall.warn.ms or more late "
+                                      "(each logged at WARNING, with the loop's stack while it lasted).",
+                                      value=monitor.stalls_total)
+        pauses = HistogramMetricFamily("brook_gc_pause_seconds",
+                                       "Garbage collections of this process, by generation: every thread stops "
+                                       "for their duration.", labels=["generation"])
+        for generation, histogram in enumerate(self._gc.by_generation):
+            cumulative, total, _ = histogram.snapshot()
+            pauses.add_metric([str(generation)], [(floatToGoString(b), n) for b, n in cumulative], sum_value=total)
+        yield pauses
 
 
 class KafkaListenerCollector(_SafeCollector):

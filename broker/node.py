@@ -47,9 +47,11 @@ from broker.metrics import (
     GroupCollector,
     KafkaListenerCollector,
     NodeMetrics,
+    PauseCollector,
     PoolCollector,
     SecurityCollector,
 )
+from broker.stalls import GcPauses
 
 log = logging.getLogger("brook.node")
 
@@ -270,6 +272,7 @@ class Node:
         self.health_port: int | None = None
         self._up = False
         self._stopped = threading.Event()
+        self.gc_pauses = GcPauses()
 
     def start(self) -> None:
         cfg = self.config
@@ -285,6 +288,8 @@ class Node:
             self.health_port = self.health.port
         cfg.configure_principals()
         self.grpc.install()
+        self.gc_pauses.install()
+        self.metrics.add(PauseCollector(lambda: getattr(self.broker, "loop_monitor", None), self.gc_pauses))
         if cfg.is_controller:
             cfg.metadata_log_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
             from metadata_quorum.node import ControllerNode
@@ -390,6 +395,7 @@ class Node:
             _stop_quietly("controller", self.controller.stop)
         self.grpc.all_down()
         self.metrics.close()
+        self.gc_pauses.uninstall()
         if self.health is not None:
             _stop_quietly("health listener", self.health.stop)
         self.grpc.uninstall()

@@ -40,6 +40,7 @@ from broker.producer_ids import ProducerIdManager
 from broker.replica_manager import ReplicaManager
 from broker.security import NodeSecurity, broker_security
 from broker.service import BrokerService, Capacity
+from broker.stalls import DEFAULT_STALL_S, LoopMonitor
 from broker.tls import ServerTls, bind_port
 from client.security import SecurityConfig
 from metadata_quorum.client import ControllerClient
@@ -52,8 +53,7 @@ log = logging.getLogger(__name__)
 
 GRPC_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 LOOP_START_TIMEOUT_S = 10.0
-LOOP_BEAT_S = 1.0  # the event loop stamps a time this often: /livez sees a wedged loop
-LOOP_STALL_S = 15.0  # a loop silent this long is not alive
+LOOP_STALL_S = 15.0  # a loop silent this long is not alive (its monitor stamps a time every 50 ms)
 DEFAULT_MAX_CONNECTIONS = 10_000
 SECURITY_WORKERS = 4  # SecurityService handlers (SCRAM exchanges, ACL and user admin): short and rare
 SERVER_STOP_GRACE_S = 1.0
@@ -130,6 +130,7 @@ class BrokerServer:
         self.grpc_server: grpc.aio.Server | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
+        self.loop_monitor: LoopMonitor | None = None  # the loop's lag, stalls and liveness stamp
         self.capacity: Capacity | None = None
         self._security_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.log_manager: Any = None
@@ -250,19 +251,16 @@ class BrokerServer:
         if not ready.wait(LOOP_START_TIMEOUT_S):
             raise RuntimeError(f"broker {self.node_id}: event loop did not start")
         self.loop = loop
-        self._loop_beat = time.monotonic()
-        loop.call_soon_threadsafe(self._beat)
-
-    def _beat(self) -> None:
-        self._loop_beat = time.monotonic()
-        if self.loop is not None and not self.loop.is_closed():
-            self.loop.call_later(LOOP_BEAT_S, self._beat)
+        stall_ms = int(self.settings.defaults.get("event.loop.stall.warn.ms", str(round(DEFAULT_STALL_S * 1000))))
+        self.loop_monitor = LoopMonitor(f"broker {self.node_id}", stall_s=stall_ms / 1000)
+        self.loop_monitor.start(loop, self._loop_thread)
 
     # ---- health (broker/health.py): in-memory state only, answered from another thread ----
     def liveness(self) -> tuple[bool, str]:
         if not self._started:
             return False, "starting"
-        silent = time.monotonic() - getattr(self, "_loop_beat", 0.0)
+        monitor = self.loop_monitor
+        silent = time.monotonic() - monitor.last_beat if monitor is not None else float("inf")
         if silent > LOOP_STALL_S:
             return False, f"the broker's event loop has not run for {silent:.0f} s"
         return True, "event loop running"
@@ -328,6 +326,8 @@ class BrokerServer:
         return wanted
 
     def _stop_loop(self) -> None:
+        if self.loop_monitor is not None:
+            self.loop_monitor.stop()  # first: a loop stopped on purpose is not a stall
         if self.loop is not None and self._loop_thread is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._loop_thread.join(timeout=5)

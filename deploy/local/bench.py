@@ -107,9 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# The histograms step 3 reads from every broker, by the name it prints them under.
+STEP_HISTOGRAMS = {"brook_produce_local_time_seconds": "local", "brook_produce_remote_time_seconds": "remote",
+                   "brook_event_loop_lag_seconds": "loop lag", "brook_gc_pause_seconds": "GC pauses"}
+
+
 def produce_times(cluster: LocalCluster) -> dict[str, tuple[list[tuple[float, float]], float, float]]:
-    """The leaders' produce local and remote time histograms, summed over the running nodes:
-    {"local"|"remote": (cumulative (upper bound, count) pairs, sum of seconds, count)}."""
+    """The brokers' histograms of ``STEP_HISTOGRAMS`` (the leaders' produce local and remote times,
+    event loop lag, GC pauses of every generation), summed over the running nodes:
+    {printed name: (cumulative (upper bound, count) pairs, sum of seconds, count)}."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, tuple[list[tuple[float, float]], float, float]] = {}
@@ -117,8 +123,7 @@ def produce_times(cluster: LocalCluster) -> dict[str, tuple[list[tuple[float, fl
         if not cluster.is_running(node_id) or cluster.is_paused(node_id):
             continue
         for family in text_string_to_metric_families(cluster.read_metrics(node_id)):
-            phase = {"brook_produce_local_time_seconds": "local",
-                     "brook_produce_remote_time_seconds": "remote"}.get(family.name)
+            phase = STEP_HISTOGRAMS.get(family.name)
             if phase is None:
                 continue
             buckets, total, count = out.get(phase, ([], 0.0, 0.0))
@@ -154,24 +159,30 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
 def _print_produce_times(before: dict[str, tuple[list[tuple[float, float]], float, float]],
                          after: dict[str, tuple[list[tuple[float, float]], float, float]]) -> None:
     """Where the step's produce requests spent their time on the leaders (Kafka's LocalTimeMs and
-    RemoteTimeMs); the rest of what the client saw is its batching (linger) and the transport."""
-    parts = []
-    for phase in ("local", "remote"):
+    RemoteTimeMs); the rest of what the client saw is its batching (linger) and the transport. Then
+    what held up every request of a broker meanwhile: its event loop's lag and GC pauses."""
+    def figures(phase: str, what: str) -> str | None:
         if phase not in after:
-            continue
+            return None
         buckets, total, count = after[phase]
         old_buckets, old_total, old_count = before.get(phase, ([], 0.0, 0.0))
         old = dict(old_buckets)
         delta = [(bound, n - old.get(bound, 0.0)) for bound, n in buckets]
-        requests = count - old_count
-        if requests <= 0:
-            continue
+        n = count - old_count
+        if n <= 0:
+            return None
         p50, p99 = histogram_quantile(0.5, delta), histogram_quantile(0.99, delta)
-        parts.append(f"{phase} mean {(total - old_total) / requests * 1000:.2f} ms, p50 ~{(p50 or 0) * 1000:.2f} ms, "
-                     f"p99 ~{(p99 or 0) * 1000:.2f} ms")
-    if parts:
-        print(f"   on the leaders, per produce request: {'; '.join(parts)} "
-              "(the client's latency beyond these is linger and transport)", flush=True)
+        slowest = next((bound for bound, c in reversed(delta) if c < n), 0.0)  # the bucket the slowest is above
+        return (f"{phase} {n:.0f} {what}, mean {(total - old_total) / n * 1000:.2f} ms, p50 ~{(p50 or 0) * 1000:.2f} ms, "
+                f"p99 ~{(p99 or 0) * 1000:.2f} ms, slowest > {slowest * 1000:g} ms")
+
+    produce = [f for f in (figures("local", "requests"), figures("remote", "requests")) if f]
+    if produce:
+        print(f"   on the leaders: {'; '.join(produce)} (the client's latency beyond these is linger and transport)",
+              flush=True)
+    pauses = [f for f in (figures("loop lag", "probes"), figures("GC pauses", "collections")) if f]
+    if pauses:
+        print(f"   on the brokers, holding up every request meanwhile: {'; '.join(pauses)}", flush=True)
 
 
 def _print_rss(cluster: LocalCluster, when: str) -> None:

@@ -138,6 +138,7 @@ BAD_CASES = [
     ('"broker.heartbeat.interval.ms" = 10000', "broker.heartbeat.interval.ms"),
     ('"min.insync.replicas" = 2', "min.insync.replicas"),
     ('"logging.level" = "LOUD"', "logging.level"),
+    ('"event.loop.stall.warn.ms" = 5', "event.loop.stall.warn.ms"),
 ]
 
 

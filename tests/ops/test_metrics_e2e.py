@@ -146,6 +146,24 @@ def test_produce_local_and_remote_times(ops_cluster: LocalCluster, traffic: dict
             assert sample_values(text, f"{name}_sum")[0] >= 0
 
 
+def test_event_loop_lag_and_gc_pauses(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:
+    # Each broker's loop is probed every 50 ms, so its lag histogram grows between two scrapes.
+    lag = "brook_event_loop_lag_seconds"
+    first = {n: sample_values(text, f"{lag}_count") for n, text in scrape_all(ops_cluster).items()}
+    assert first and all(len(c) == 1 for c in first.values()), f"lag counts per node: {first}"
+    pages = eventually(ops_cluster, lambda p: all(sample_values(p[n], f"{lag}_count")[0] > c[0]
+                                                  for n, c in first.items() if n in p), "every broker loop probed again")
+    for node_id, text in pages.items():
+        count = sample_values(text, f"{lag}_count")
+        assert sample_values(text, f"{lag}_bucket", le="+Inf") == count, f"node {node_id}: lag count {count}"
+        stalls = sample_values(text, "brook_event_loop_stalls_total")
+        assert len(stalls) == 1 and stalls[0] <= count[0], f"node {node_id}: stalls {stalls} of {count} probes"
+        # A running Python process collects its youngest generation often; every generation is a series.
+        gc_counts = {g: sample_values(text, "brook_gc_pause_seconds_count", generation=g) for g in "012"}
+        assert all(len(v) == 1 for v in gc_counts.values()) and gc_counts["0"][0] > 0, \
+            f"node {node_id}: GC pause counts {gc_counts}"
+
+
 def test_rpc_and_quorum_families(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:
     pages = scrape_all(ops_cluster)
     assert total(pages, "brook_rpc_requests_total", method="Produce", code="OK") >= 1
