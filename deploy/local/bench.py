@@ -4,7 +4,8 @@ Starts a local 3-node cluster (real ``brook-server`` processes, combined roles) 
 temporary directory and runs, with 100-byte records on a topic with replication
 factor 3:
 
-1. ``brook perf produce`` at full speed with acks=all (goal: 400,000 records/s);
+1. ``brook perf produce`` at full speed with acks=all (goal: 400,000 records/s), then the CPU those
+   records cost the brokers and the client, and the rate this machine's cores allow at that cost;
 2. ``brook perf consume`` of what was produced, decoding every record, then again
    counting from batch headers only (goal: 1,000,000 records/s);
 3. ``brook perf produce`` capped at 10,000 records/s with acks=all and the producer's default
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import re
 import sys
 import tempfile
@@ -61,9 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         common = ["--bootstrap-servers", bootstrap, "--partitions", str(args.partitions),
                   "--replication-factor", "3", "--record-size", "100"]
         print(f"== 1. produce {args.records} records, acks=all, RF=3, unthrottled", flush=True)
-        steps.append(("produce", _measured(figures, ("plaintext", "produce"), produce_main, [
+        cpu_before: dict[int, float] = {}  # the nodes' CPU seconds once the warm-up is acknowledged
+        output: list[str] = []
+        steps.append(("produce", _measured(figures, ("plaintext", "produce"), lambda argv: produce_main(
+            argv, on_measuring=lambda: cpu_before.update(node_cpu_seconds(cluster))), [
             *common, "--topic", "bench-throughput", "--acks", "all", "--num-records", str(args.records),
-            "--warmup-records", str(min(50_000, args.records))])))
+            "--warmup-records", str(min(50_000, args.records))], output=output)))
+        _print_cpu_budget(cpu_before, node_cpu_seconds(cluster), args.records, "".join(output))
         consume = ["--bootstrap-servers", bootstrap, "--topic", "bench-throughput",
                    "--num-records", str(args.records)]
         print("== 2a. consume them, decoding every record", flush=True)
@@ -185,6 +191,34 @@ def _print_produce_times(before: dict[str, tuple[list[tuple[float, float]], floa
         print(f"   on the brokers, holding up every request meanwhile: {'; '.join(pauses)}", flush=True)
 
 
+def node_cpu_seconds(cluster: LocalCluster) -> dict[int, float]:
+    """{node id: CPU seconds the node's process has used} (its ``process_cpu_seconds_total``)."""
+    out = {}
+    for node_id in cluster.node_ids:
+        if cluster.is_running(node_id) and not cluster.is_paused(node_id):
+            match = _PROCESS_CPU.search(cluster.read_metrics(node_id))
+            if match:
+                out[node_id] = float(match.group(1))
+    return out
+
+
+def _print_cpu_budget(before: dict[int, float], after: dict[int, float], records: int, perf_output: str) -> None:
+    """The CPU the step's records cost the brokers and the client, and the rate the machine's cores
+    would allow at that cost: what bounds acks=all throughput when all four share one machine."""
+    used = {n: after[n] - before[n] for n in after if n in before}
+    client = _CLIENT_CPU.search(perf_output)
+    if not used or client is None or records <= 0:
+        return
+    brokers = sum(used.values())
+    total = brokers + float(client.group(1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    per_node = ", ".join(f"node {n} {s:.2f} s" for n, s in sorted(used.items()))
+    print(f"   CPU for these {records} records: brokers {brokers:.2f} s ({per_node}; "
+          f"{brokers / records * 1e6:.2f} us/record), client {float(client.group(1)):.2f} s; "
+          f"{total / records * 1e6:.2f} us of CPU per record in all, so {cores} core(s) allow at most "
+          f"~{records * cores / total:,.0f} records/s", flush=True)
+
+
 def _print_rss(cluster: LocalCluster, when: str) -> None:
     """Each node's resident memory (issue 14: bounded under load, and printed)."""
     parts = []
@@ -266,28 +300,34 @@ def _tls_steps(args: argparse.Namespace, figures: dict[tuple[str, str], str]) ->
     return steps
 
 
-def run_perf(fn: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str | None]:
-    """Run a perf tool, echo its output; (exit code, its records/sec figure if it printed one)."""
+def run_perf(fn: Callable[[list[str]], int], argv: list[str], output: list[str] | None = None
+             ) -> tuple[int, str | None]:
+    """Run a perf tool, echo its output (and add it to ``output``); (exit code, its records/sec
+    figure if it printed one)."""
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         rc = fn(argv)
     text = buffer.getvalue()
     sys.stdout.write(text)
     sys.stdout.flush()
+    if output is not None:
+        output.append(text)
     match = _RATE.search(text)
     return rc, match.group(1) if match else None
 
 
 def _measured(figures: dict[tuple[str, str], str], key: tuple[str, str], fn: Callable[[list[str]], int],
-              argv: list[str]) -> int:
+              argv: list[str], output: list[str] | None = None) -> int:
     """Run a perf step and keep its records/sec figure for the comparison."""
-    rc, rate = run_perf(fn, argv)
+    rc, rate = run_perf(fn, argv, output)
     if rate is not None:
         figures[key] = rate
     return rc
 
 
 _RATE = re.compile(r"records \w+, ([\d.]+) records/sec")
+_CLIENT_CPU = re.compile(r"client CPU ([\d.]+) s")
+_PROCESS_CPU = re.compile(r"^process_cpu_seconds_total ([\d.eE+-]+)$", re.MULTILINE)
 
 
 if __name__ == "__main__":
