@@ -498,6 +498,14 @@ class ControllerCollector(_SafeCollector):
         ]
         for name, doc, attr in gauges:
             yield GaugeMetricFamily(name, doc, value=float(getattr(s, attr)))
+        if s.raft_tick_gaps is not None:
+            yield _histogram("brook_raft_tick_gap_seconds",
+                             "Time between two runs of this controller's Raft tick thread (it sends heartbeats and "
+                             "answers votes; at most ~50 ms apart when healthy).", s.raft_tick_gaps)
+            yield CounterMetricFamily("brook_raft_tick_stalls",
+                                      "Raft tick gaps of half the shortest election timeout or more (each logged at "
+                                      "WARNING): as leader, heartbeats were late enough for an election.",
+                                      value=s.raft_tick_stalls)
         if s.is_active:
             yield from self._voters(node)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from broker.request_times import LatencyHistogram
 from broker.tls import ServerTls, bind_port
 from metadata_quorum.controller import ControllerConfig, QuorumController
 from metadata_quorum.raft import DUMP_FILE, MetadataRaft, RaftTiming
@@ -105,6 +106,8 @@ class ControllerStats:
     brokers: int
     topics: int
     partitions: int
+    raft_tick_gaps: LatencyHistogram | None = None  # the Raft tick thread's gaps (None before the start)
+    raft_tick_stalls: int = 0
 
 
 class ControllerNode:
@@ -288,4 +291,4 @@ class ControllerNode:
         version, fenced, offline, brokers, topics, partitions = raft.read(counts)
         leader = self._redirect().leader_id
         return ControllerStats(self.is_active(), leader, raft.term, raft.commit_index, raft.last_applied, version,
-                               fenced, offline, brokers, topics, partitions)
+                               fenced, offline, brokers, topics, partitions, raft.tick_gaps, raft.tick_stalls_total)

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
+from broker.request_times import LatencyHistogram
 from metadata_quorum import commands as c
 from metadata_quorum.quorum_security import bind_address, check_quorum_protection
 from metadata_quorum.state import (
@@ -56,6 +57,9 @@ T = TypeVar("T")
 JOURNAL_FILE = "quorum.journal"
 DUMP_FILE = "quorum.snapshot"
 _STATUS_SAMPLE_INTERVAL_S = 0.1
+# Gaps between two runs of pysyncobj's tick thread (it ticks at least every 50 ms when healthy).
+TICK_GAP_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+TICK_STALL_REPORT_EVERY_S = 10.0
 
 _FAIL_NAMES = {
     getattr(FAIL_REASON, name): name
@@ -254,6 +258,14 @@ class MetadataRaft:
         # (is leader, term) as one consistent read on the tick thread; see ``leadership``.
         self._leadership: tuple[bool, int] = (False, 0)
         self._step_down_requested = False
+        # The tick thread sends heartbeats and answers votes: a gap of half the shortest election
+        # timeout means a leader's followers came close to (or did) start an election.
+        self.tick_gaps = LatencyHistogram(TICK_GAP_BUCKETS_S)
+        self.tick_stalls_total = 0
+        self._tick_stall_s = timing.election_timeout_min_s / 2
+        self._last_tick: float | None = None
+        self._last_stall_report = float("-inf")
+        self._stall_reports_skipped = 0
         self._syncobj = SyncObj(self_address, self.partner_addresses, conf, consumers=[self._consumer])
         self._syncobj.addOnTickCallback(self._on_tick)
 
@@ -394,11 +406,36 @@ class MetadataRaft:
         """Runs on pysyncobj's tick thread, where reading its state is race-free."""
         syncobj = self._syncobj
         self._leadership = (bool(syncobj._isLeader()), int(syncobj.raftCurrentTerm))
+        self._time_tick(time.monotonic())
         if self._step_down_requested:
             self._step_down_requested = False
             if self._leadership[0]:
                 syncobj.transferLeadership(None, callback=self._on_step_down_result)
         self._sample_status()
+
+    def _time_tick(self, now: float) -> None:
+        """The gap since the previous tick; a stall (half the shortest election timeout) is
+        counted and logged (etcd's "failed to send out heartbeat on time"), rate-limited."""
+        last, self._last_tick = self._last_tick, now
+        if last is None:
+            return
+        gap = now - last
+        self.tick_gaps.observe(gap)
+        if gap < self._tick_stall_s:
+            return
+        self.tick_stalls_total += 1
+        if now - self._last_stall_report < TICK_STALL_REPORT_EVERY_S:
+            self._stall_reports_skipped += 1
+            return
+        more = f"; {self._stall_reports_skipped} more since the last report" if self._stall_reports_skipped else ""
+        role = ("as the leader it sent no heartbeats meanwhile, and followers may have started an election"
+                if self._leadership[0] else "it answered no Raft message meanwhile")
+        log.warning("%s: the Raft tick thread ran %.0f ms after its previous tick (stall threshold %.0f ms, half "
+                    "the shortest election timeout; %d stall(s) since start%s): %s. Look for CPU starvation, a "
+                    "slow disk under the metadata log, or long GC pauses (brook_gc_pause_seconds)",
+                    self.self_address, gap * 1000, self._tick_stall_s * 1000, self.tick_stalls_total, more, role)
+        self._last_stall_report = now
+        self._stall_reports_skipped = 0
 
     def _on_step_down_result(self, _result: Any, error: int) -> None:
         if error != FAIL_REASON.SUCCESS:

@@ -146,7 +146,7 @@ def test_produce_local_and_remote_times(ops_cluster: LocalCluster, traffic: dict
             assert sample_values(text, f"{name}_sum")[0] >= 0
 
 
-def test_event_loop_lag_and_gc_pauses(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:
+def test_event_loop_lag_raft_ticks_and_gc_pauses(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:
     # Each broker's loop is probed every 50 ms, so its lag histogram grows between two scrapes.
     lag = "brook_event_loop_lag_seconds"
     first = {n: sample_values(text, f"{lag}_count") for n, text in scrape_all(ops_cluster).items()}
@@ -162,6 +162,11 @@ def test_event_loop_lag_and_gc_pauses(ops_cluster: LocalCluster, traffic: dict[s
         gc_counts = {g: sample_values(text, "brook_gc_pause_seconds_count", generation=g) for g in "012"}
         assert all(len(v) == 1 for v in gc_counts.values()) and gc_counts["0"][0] > 0, \
             f"node {node_id}: GC pause counts {gc_counts}"
+        # Every node is a controller here: its Raft tick thread ticks at least every ~50 ms.
+        ticks = sample_values(text, "brook_raft_tick_gap_seconds_count")
+        tick_stalls = sample_values(text, "brook_raft_tick_stalls_total")
+        assert len(ticks) == 1 and ticks[0] > 0 and len(tick_stalls) == 1 and tick_stalls[0] <= ticks[0], \
+            f"node {node_id}: {ticks} Raft ticks, {tick_stalls} stalls"
 
 
 def test_rpc_and_quorum_families(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:
