@@ -76,7 +76,7 @@ def test_an_idle_loop_is_probed_with_a_small_lag_and_no_stall(monitor: LoopMonit
     wait_for(lambda: monitor.lag.snapshot()[2] >= 20, "20 probes of the loop")
     cumulative, total, count = monitor.lag.snapshot()
     assert 0 <= total < count * STALL_S, (total, count)
-    assert count_above(monitor, STALL_S) == monitor.stalls_total == len(messages(caplog, "ran again"))
+    assert count_above(monitor, STALL_S) == monitor.stalls_total >= len(messages(caplog, "ran again"))
     beat = monitor.last_beat
     wait_for(lambda: monitor.last_beat > beat, "the liveness stamp moving")
 
@@ -86,19 +86,21 @@ def test_a_blocked_loop_is_reported_while_it_lasts_with_the_stack_then_counted(
     caplog.set_level(logging.WARNING)
     wait_for(lambda: monitor.lag.snapshot()[2] >= 3, "the first probes")
     stalls, above = monitor.stalls_total, count_above(monitor, STALL_S)  # 0 unless the machine itself stalled
+    reported, resumed_before = len(messages(caplog, "is stalled")), len(messages(caplog, "ran again"))
+    monitor._last_stack_report = monitor._last_resume_report = float("-inf")  # such a stall silences no report
     release = threading.Event()
     running.loop.call_soon_threadsafe(hold_the_loop, release)
     try:
-        wait_for(lambda: messages(caplog, "is stalled"), "the watchdog's report of the stalled loop")
+        wait_for(lambda: messages(caplog, "is stalled")[reported:], "the watchdog's report of the stalled loop")
         assert monitor.stalls_total == stalls, "counted before the loop ran again"
     finally:
         release.set()
-    report = messages(caplog, "is stalled")
+    report = messages(caplog, "is stalled")[reported:]
     assert len(report) == 1, report
     assert report[0].startswith("broker 9: the event loop is stalled") and "hold_the_loop" in report[0], report[0]
     wait_for(lambda: monitor.stalls_total == stalls + 1, "the stall counted once the loop runs again")
-    resumed = messages(caplog, "ran again")
-    assert resumed and f"{stalls + 1} stall(s) since start" in resumed[-1], resumed
+    resumed = messages(caplog, "ran again")[resumed_before:]
+    assert len(resumed) == 1 and f"{stalls + 1} stall(s) since start" in resumed[0], resumed
     assert count_above(monitor, STALL_S) == above + 1, monitor.lag.snapshot()
 
 
