@@ -196,6 +196,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             # The purgatory times each wait out at timeout_ms; the slack only guards a lost completion.
             # Awaiting holds no thread: the purgatory's completion wakes this coroutine on the loop.
             pending = [on_loop(f) for f in futures if not f.done()]
+            for waiting in pending:
+                # Only wake-ups: the outcome is read from ``futures`` below. A failed one (the ISR
+                # did not follow in time) must not be logged by asyncio as never retrieved.
+                waiting.add_done_callback(_observe)
             if pending:
                 timeout_s = min(max(0, req.timeout_ms), MAX_PRODUCE_TIMEOUT_MS) / 1000 + PRODUCE_WAIT_SLACK_S
                 await asyncio.wait(pending, timeout=timeout_s)
@@ -630,6 +634,11 @@ def on_loop(f: concurrent.futures.Future) -> asyncio.Future[Any]:
 
     f.add_done_callback(lambda done: call_on_loop(loop, loop_thread, copy, done))
     return out
+
+
+def _observe(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled():
+        f.exception()
 
 
 def _produce_error_all(req: broker_pb2.ProduceRequest, code: int, message: str) -> broker_pb2.ProduceResponse:

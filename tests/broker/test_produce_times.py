@@ -11,6 +11,7 @@ made through the ReplicaManager as the ReplicaFetch handler makes them.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,6 +99,18 @@ def test_an_acks_all_request_that_times_out_records_its_whole_wait(leader: Leade
     _, remote_s, count = times.remote.snapshot()
     # The timeout runs from the append, inside the local time: local and remote together cover it.
     assert count == 1 and local_s + remote_s >= 0.1, (count, local_s, remote_s)
+
+
+def test_an_acks_all_timeout_leaves_asyncio_no_unretrieved_failure_to_log(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The leader reads each acks=all outcome from the append's own future; the loop-side copy it waited
+    on must not be reported by asyncio ("Future exception was never retrieved", at ERROR) for each
+    request the ISR did not acknowledge in time."""
+    with Leader(tmp_path) as leader:
+        resp = asyncio.run(leader.service._produce(produce_request(acks=-1, timeout_ms=100)))
+    assert resp.partitions[0].error_code != 0, resp
+    gc.collect()  # asyncio reports such a future when it is collected
+    assert not [r for r in caplog.records if r.name == "asyncio"], [r.getMessage() for r in caplog.records]
 
 
 def test_histogram_buckets_are_upper_bounds_and_cumulative() -> None:
