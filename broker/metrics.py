@@ -214,15 +214,27 @@ class AioMetricsInterceptor(grpc.aio.ServerInterceptor):
                     arrived.append(time.perf_counter())
                     gauge.inc()
                     yield request
+            error: BaseException | None = None
             try:
                 async for response in inner(requests(), context):
                     if arrived:
                         gauge.dec()
                         record(grpc.StatusCode.OK.name, time.perf_counter() - arrived.pop(0))
                     yield response
+            except BaseException as e:  # re-raised; only observed for the status label
+                error = e
+                raise
             finally:
-                for _ in arrived:  # requests the stream ended (or was cancelled) without answering
+                # Requests the stream ended without answering: counted with the status that ended it
+                # (a ProduceStream refused RESOURCE_EXHAUSTED, a cancelled follower stream), as the
+                # unary call each stands for would have been.
+                code = None if error is None else grpc.StatusCode.CANCELLED.name if isinstance(
+                    error, (asyncio.CancelledError, GeneratorExit)) else _code_of(context, error)
+                now = time.perf_counter()
+                for started in arrived:
                     gauge.dec()
+                    if code is not None:
+                        record(code, now - started)
 
         return _replace_behaviour(handler, stream)
 

@@ -62,6 +62,9 @@ PRODUCE_WAIT_SLACK_S = 5.0
 # (validation and a page-cache write of 64 KiB take well under a millisecond); larger ones,
 # and any that would wait, go to the executor.
 INLINE_APPEND_MAX_BYTES = 64 * 1024
+# Unanswered requests of one ProduceStream: Kafka's max.in.flight.requests.per.connection default
+# (the most an idempotent producer pipelines), so a stream holds at most this many requests' bytes.
+PRODUCE_STREAM_MAX_IN_FLIGHT = 5
 DELETE_RECORDS_POLL_S = 0.05  # how often a DeleteRecords looks whether the replicas followed
 T = TypeVar("T")
 
@@ -154,10 +157,87 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     # ---- Produce ----
     async def Produce(self, request: broker_pb2.ProduceRequest, context: grpc.aio.ServicerContext) -> Any:
-        size = sum(len(pd.records) for pd in request.partitions)
-        caller = await self._caller(context)
         # A Kafka-protocol connection starts its next request once this one's batches are appended.
-        appended = getattr(context, "brook_on_appended", None)
+        return await self._produce_call(request, context, getattr(context, "brook_on_appended", None))
+
+    async def ProduceStream(self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest],
+                            context: grpc.aio.ServicerContext) -> AsyncIterator[broker_pb2.ProduceResponse]:
+        """A producer's pipelined requests to this broker, as Kafka serves one connection.
+
+        Each request is handled as a unary Produce (its caller, admission, byte budget and
+        authorization checked per request). The next request is read once this one's batches are
+        appended (or it ended), so they are appended in the order sent and an idempotent
+        producer's sequences never overtake one another; acks=all waits overlap. Answers go in
+        request order, one per request. At most ``PRODUCE_STREAM_MAX_IN_FLIGHT`` are unanswered:
+        the stream is not read further until one is, and gRPC's flow control holds the client.
+        A refusal that ends a unary call (UNAUTHENTICATED, RESOURCE_EXHAUSTED) ends the stream with
+        that status; the producer fails its unanswered requests over to its retries.
+        """
+        loop = asyncio.get_running_loop()
+        room = asyncio.Semaphore(PRODUCE_STREAM_MAX_IN_FLIGHT)
+        # The handled requests in arrival order, then None once the client is done (or the reader failed).
+        answers: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue()
+        # The first request that ended in a refusal (context.abort): it ends the stream at once, not
+        # after the acks=all waits of the requests before it.
+        refused: asyncio.Future[BaseException] = loop.create_future()
+
+        def on_done(task: asyncio.Task[Any]) -> None:
+            if not task.cancelled() and (exc := task.exception()) is not None and not refused.done():
+                refused.set_result(exc)
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    await room.acquire()
+                    appended: asyncio.Future[None] = loop.create_future()
+                    task = asyncio.ensure_future(self._produce_call(request, context, appended, stream=True))
+                    task.add_done_callback(on_done)
+                    answers.put_nowait(task)
+                    await asyncio.wait((appended, task), return_when=asyncio.FIRST_COMPLETED)
+                    if refused.done():
+                        return  # the stream ends with the refusal: read nothing more
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            while (task := await answers.get()) is not None:
+                tasks.append(task)
+                try:
+                    await asyncio.wait((task, refused), return_when=asyncio.FIRST_COMPLETED)
+                    if refused.done():
+                        raise refused.result()
+                    response = task.result()
+                finally:
+                    room.release()
+                tasks.remove(task)  # answered; an unanswered one is cancelled below
+                yield response
+            if refused.done():
+                raise refused.result()
+            await reader  # the client's half-close, or the error that ended the reading
+        finally:
+            reader.cancel()
+            while not answers.empty():
+                if (queued := answers.get_nowait()) is not None:
+                    tasks.append(queued)
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+                elif not task.cancelled():
+                    task.exception()  # retrieved: a second refusal of an ending stream is not news
+
+    async def _produce_call(self, request: broker_pb2.ProduceRequest, context: grpc.aio.ServicerContext,
+                            appended: asyncio.Future[None] | None, *, stream: bool = False
+                            ) -> broker_pb2.ProduceResponse:
+        """One Produce request, from its caller's checks to its answer; ``appended`` is set once its
+        batches are appended (before any acks=all wait). A ``stream`` message's SASL session is checked
+        here (a unary call's was, before its handler ran)."""
+        size = sum(len(pd.records) for pd in request.partitions)
+        if stream and principal.unknown_session(context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "SASL session expired or unknown; "
+                                "authenticate again")
+        caller = await self._caller(context)
 
         async def work(client: str) -> Any:
             budget = self.capacity.budget

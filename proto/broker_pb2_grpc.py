@@ -39,6 +39,11 @@ class BrokerServiceStub:
                 request_serializer=proto_dot_broker__pb2.ProduceRequest.SerializeToString,
                 response_deserializer=proto_dot_broker__pb2.ProduceResponse.FromString,
                 _registered_method=True)
+        self.ProduceStream = channel.stream_stream(
+                '/brook.BrokerService/ProduceStream',
+                request_serializer=proto_dot_broker__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=proto_dot_broker__pb2.ProduceResponse.FromString,
+                _registered_method=True)
         self.Fetch = channel.unary_unary(
                 '/brook.BrokerService/Fetch',
                 request_serializer=proto_dot_broker__pb2.FetchRequest.SerializeToString,
@@ -86,6 +91,16 @@ class BrokerServiceServicer:
 
     def Produce(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProduceStream(self, request_iterator, context):
+        """A producer's requests to this broker as one stream (Kafka's pipelined produce on one
+        connection): appended in the order they arrive and answered in that order, one response per
+        request, each checked as a unary Produce is. At most 5 are unanswered: the broker reads the
+        next request once one is answered. A message costs the broker about a third of a unary call.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -148,6 +163,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
+                    request_deserializer=proto_dot_broker__pb2.ProduceRequest.FromString,
+                    response_serializer=proto_dot_broker__pb2.ProduceResponse.SerializeToString,
+            ),
+            'ProduceStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProduceStream,
                     request_deserializer=proto_dot_broker__pb2.ProduceRequest.FromString,
                     response_serializer=proto_dot_broker__pb2.ProduceResponse.SerializeToString,
             ),
@@ -217,6 +237,33 @@ class BrokerService:
             request,
             target,
             '/brook.BrokerService/Produce',
+            proto_dot_broker__pb2.ProduceRequest.SerializeToString,
+            proto_dot_broker__pb2.ProduceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProduceStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/brook.BrokerService/ProduceStream',
             proto_dot_broker__pb2.ProduceRequest.SerializeToString,
             proto_dot_broker__pb2.ProduceResponse.FromString,
             options,

@@ -111,6 +111,19 @@ def rpc_seeds() -> dict[str, bytes]:
                               current_leader_epoch=9, last_fetched_epoch=9)])]
     seeds["replica-fetch-session"] = bytes([len(BROKER_RPCS) + len(GROUP_RPCS)]) + b"".join(
         len(m).to_bytes(2, "big") + m for m in (r.SerializeToString(deterministic=True) for r in session))
+    produce_session = [
+        pb.ProduceRequest(acks=1, timeout_ms=100, partitions=[pb.ProducePartitionData(
+            topic="t", partition=0, records=valid(3))]),
+        pb.ProduceRequest(acks=-1, timeout_ms=100, partitions=[
+            pb.ProducePartitionData(topic="t", partition=1, records=valid(2, codec=rb.CODEC_LZ4)),
+            pb.ProducePartitionData(topic="r", partition=0, records=valid(2))]),
+        pb.ProduceRequest(acks=0, timeout_ms=100, partitions=[pb.ProducePartitionData(
+            topic="nope", partition=0, records=valid(1))]),
+        pb.ProduceRequest(acks=7, partitions=[pb.ProducePartitionData(topic="t", partition=2, records=b"\x00" * 61)]),
+        pb.ProduceRequest(acks=1, timeout_ms=100, partitions=[pb.ProducePartitionData(
+            topic="c", partition=0, records=valid(2))])]
+    seeds["produce-stream-session"] = bytes([len(BROKER_RPCS) + len(GROUP_RPCS) + 1]) + b"".join(
+        len(m).to_bytes(2, "big") + m for m in (r.SerializeToString(deterministic=True) for r in produce_session))
     seeds["log-dirs-all"] = b"\x07" + pb.DescribeLogDirsRequest().SerializeToString(deterministic=True)
     seeds["log-dirs-some"] = b"\x07" + pb.DescribeLogDirsRequest(topics=["t", "nope"]).SerializeToString(deterministic=True)
 

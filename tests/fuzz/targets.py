@@ -228,6 +228,8 @@ GROUP_RPCS = ("FindCoordinator", "JoinGroup", "SyncGroup", "Heartbeat", "LeaveGr
 # session stream. Its input is the session's messages, each after a 2-byte big-endian length.
 REPLICA_FETCH = "ReplicaFetch"
 REPLICA_FETCH_MAX_MESSAGES = 8
+# After it: a producer's ProduceStream, its messages framed the same way.
+PRODUCE_STREAM = "ProduceStream"
 
 
 class RpcHarness:
@@ -302,6 +304,7 @@ class RpcHarness:
         for name in GROUP_RPCS:
             self.handlers.append((name, getattr(group_pb2, f"{name}Request"), getattr(self.groups, name)))
         self.handlers.append((REPLICA_FETCH, broker_pb2.FetchRequest, self._replica_fetch_session))
+        self.handlers.append((PRODUCE_STREAM, broker_pb2.ProduceRequest, self._produce_stream_session))
         self.errors = _ErrorLog()
         for name in ("broker", "replication", "storage"):
             logging.getLogger(name).addHandler(self.errors)
@@ -324,7 +327,7 @@ class RpcHarness:
         if not data:
             return
         name, request_type, handler = self.handlers[data[0] % len(self.handlers)]
-        if name == REPLICA_FETCH:
+        if name in (REPLICA_FETCH, PRODUCE_STREAM):
             self.errors.records.clear()
             text = handler(data[1:])
         else:
@@ -349,11 +352,22 @@ class RpcHarness:
         Each request must get exactly one response, in order: a follower waits for the answer
         to its last request before it sends the next. Returns the responses as text.
         """
+        return self._stream_session(REPLICA_FETCH, self.pb.FetchRequest, self.service.ReplicaFetch, data)
+
+    def _produce_stream_session(self, data: bytes) -> str:
+        """One ProduceStream: its messages (framed as ReplicaFetch's) pipelined through the stream handler,
+        each answered once, in order."""
+        return self._stream_session(PRODUCE_STREAM, self.pb.ProduceRequest, self.service.ProduceStream, data)
+
+    def _stream_session(self, name: str, request_type: type, handler: Any, data: bytes) -> str:
+        """Each message of ``data`` (a 2-byte big-endian length, then the message) into one
+        request-and-response stream of ``handler``, at most REPLICA_FETCH_MAX_MESSAGES of them; every
+        request must get one response naming the partitions it asked about, in request order."""
         requests: list[Any] = []
         pos = 0
         while pos + 2 <= len(data) and len(requests) < REPLICA_FETCH_MAX_MESSAGES:
             size = int.from_bytes(data[pos:pos + 2], "big")
-            request = self.pb.FetchRequest()
+            request = request_type()
             try:
                 request.ParseFromString(data[pos + 2:pos + 2 + size])
             except (DecodeError, RecursionError):
@@ -366,15 +380,15 @@ class RpcHarness:
             async def stream() -> AsyncIterator[Any]:
                 for request in requests:
                     yield request
-            return [response async for response in self.service.ReplicaFetch(stream(), _Context())]
+            return [response async for response in handler(stream(), _Context())]
 
         responses = self.loop.run_until_complete(session())
         if len(responses) != len(requests):
-            raise AssertionError(f"ReplicaFetch answered {len(responses)} of {len(requests)} requests")
+            raise AssertionError(f"{name} answered {len(responses)} of {len(requests)} requests")
         for request, response in zip(requests, responses, strict=True):
             asked = sorted((p.topic, p.partition) for p in request.partitions)
             if sorted((p.topic, p.partition) for p in response.partitions) != asked:
-                raise AssertionError(f"ReplicaFetch answered partitions {list(response.partitions)[:4]} "
+                raise AssertionError(f"{name} answered partitions {list(response.partitions)[:4]} "
                                      f"for a request of {asked[:4]}")
         return "\n".join(str(r) for r in responses)
 

@@ -222,3 +222,33 @@ def test_kafka_harness_reaches_the_handlers() -> None:
         except Exception:
             pass
     assert parsed > 20, f"only {parsed} of 500 mutations parse: the target barely reaches the handlers"
+
+
+def test_rpc_harness_runs_produce_stream_sessions() -> None:
+    # The ProduceStream seed reaches the stream handler: its valid requests are appended in order and
+    # every request is answered once, and the one-answer-per-request check catches a stream that drops one.
+    session = next((CORPUS / "rpc").glob("produce-stream-session-*")).read_bytes()
+    h = targets.RpcHarness()
+    try:
+        name, _, _ = h.handlers[session[0] % len(h.handlers)]
+        assert name == targets.PRODUCE_STREAM
+        text = h._produce_stream_session(session[1:])
+        answers = text.split("\npartitions {")
+        assert len(text.split("partitions {")) == 1 + 6, text[:800]  # six partitions asked across five requests
+        # The first request's batch is appended at t-0's start (offset 0, proto3's unprinted default).
+        assert "error_code" not in answers[0] and h.rm.leader_partition("t", 0).log.log_end_offset == 3, text[:600]
+        assert "INVALID_REQUIRED_ACKS" in text and "UNKNOWN_TOPIC_OR_PARTITION" in text, text
+        h.call(session)  # the whole input, as the fuzzer gives it: no failure
+
+        async def drops_one(requests, context):  # type: ignore[no-untyped-def]
+            n = 0
+            async for request in requests:
+                n += 1
+                if n != 2:
+                    yield await h.service._produce_call(request, context, None)
+        h.service.ProduceStream = drops_one  # type: ignore[method-assign]
+        h.handlers[-1] = (targets.PRODUCE_STREAM, None, h._produce_stream_session)
+        with pytest.raises(AssertionError, match="answered 4 of 5 requests"):
+            h.call(session)
+    finally:
+        h.close()
