@@ -189,10 +189,35 @@ class ScramInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientI
 
     def intercept_stream_stream(self, continuation: Callable[..., Any], details: grpc.ClientCallDetails,
                                 request_iterator: Any) -> Any:
-        # A follower's fetch stream: its token is the one of the moment it opened. The owner opens
-        # a new stream when the leader refuses it (a stale session) and after STREAM_MAX_AGE_S.
-        new_details, _ = self._with_token(details)
-        return continuation(new_details, request_iterator)
+        # A follower's fetch stream, a producer's: its token is the one of the moment it opened. The
+        # owner opens a new stream when the server refuses it (a stale session) and after some time;
+        # a stream ended UNAUTHENTICATED drops the token, so the next one authenticates afresh.
+        new_details, token = self._with_token(details)
+        return _ForgetsRefusedToken(continuation(new_details, request_iterator), self._session, token)
+
+
+class _ForgetsRefusedToken:
+    """A stream call (iterated for its responses) that invalidates its session token when the
+    server ends it UNAUTHENTICATED; everything else is the call's own."""
+
+    def __init__(self, call: Any, session: ScramSession, token: str) -> None:
+        self._call = call
+        self._session = session
+        self._token = token
+
+    def __iter__(self) -> _ForgetsRefusedToken:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._call)
+        except grpc.RpcError as exc:
+            if _is_unauthenticated(exc):
+                self._session.invalidate(self._token)
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._call, name)
 
 
 def _is_unauthenticated(outcome: Any) -> bool:

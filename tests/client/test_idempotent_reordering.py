@@ -4,10 +4,14 @@ Several producers (acks=all, linger.ms=10, lz4, max.in.flight=5) write to six pa
 (RF 3) of a real cluster while some Produce responses are thrown away after the broker
 wrote the batch, and some requests (each producer's first among them) are held back on
 the client side so that later requests overtake them, as a slow link does. Brokers
-handle one connection's requests concurrently anyway, so a batch may reach a partition
+handle one connection's unary requests concurrently anyway, so a batch may reach a partition
 before an earlier one of the same producer: the broker refuses it (a new producer must
 start at sequence 0, a known one must not skip) and the producer retries it after the
 earlier batch. Everything is then read back.
+
+The producers send unary Produce calls here, as to a broker without ProduceStream (whose
+requests are appended in the order sent, so nothing can overtake on it): the brokers answer
+ProduceStream UNIMPLEMENTED (RefuseProduceStream).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from clientkit import consume_all
-from test_producer_faults import DropProduceResponses
+from test_producer_faults import DropProduceResponses, RefuseProduceStream
 
 from client.admin import Admin, NewTopic
 from client.cluster import ClusterClient
@@ -73,7 +77,8 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
-def _produce(bootstrap: str, topic: str, producer_no: int, interceptors: list[grpc.UnaryUnaryClientInterceptor],
+def _produce(bootstrap: str, topic: str, producer_no: int, interceptors: list[grpc.UnaryUnaryClientInterceptor |
+                                                                        grpc.StreamStreamClientInterceptor],
              sent: dict[int, list[tuple[int, int, int]]]) -> None:
     with Producer(bootstrap_servers=bootstrap, acks="all", linger_ms=10, compression_type="lz4",
                   max_in_flight_requests_per_connection=5, batch_size=4096, retry_backoff_ms=20,
@@ -101,7 +106,7 @@ def test_pipelined_lz4_producers_with_lost_responses_write_each_record_once_in_s
 
     def run(p: int) -> None:
         try:
-            _produce(cluster.bootstrap_servers, topic, p, [delayers[p], droppers[p]], sent)
+            _produce(cluster.bootstrap_servers, topic, p, [RefuseProduceStream(), delayers[p], droppers[p]], sent)
         except BaseException as exc:  # reported by the main thread
             errors_seen.append(exc)
 

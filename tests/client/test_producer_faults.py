@@ -69,17 +69,108 @@ class DropProduceResponses(grpc.UnaryUnaryClientInterceptor):
         return _LostResponse()
 
 
-def test_idempotent_retry_after_lost_responses_writes_each_record_once_in_order(cluster, new_topic) -> None:
+class _AnswersUntilLost:
+    """A ProduceStream call that breaks, as a dying connection does, right after a chosen answer arrives."""
+
+    def __init__(self, call, dropper: DropProduceStreamAnswers) -> None:
+        self._call = call
+        self._dropper = dropper
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        response = next(self._call)
+        if self._dropper.drop_next():
+            self._call.cancel()
+            raise _LostResponse()
+        return response
+
+    def cancel(self) -> bool:
+        return self._call.cancel()
+
+    def __getattr__(self, name: str):
+        return getattr(self._call, name)
+
+
+class DropProduceStreamAnswers(grpc.StreamStreamClientInterceptor):
+    """Lets chosen answers of the producer's ProduceStreams arrive (the broker appended and answered),
+    then breaks the stream: that answer and every later one still unanswered on the stream are lost."""
+
+    def __init__(self, drop_answers: set[int]) -> None:
+        self.drop_answers = drop_answers
+        self.seen = 0
+        self.dropped = 0
+        self.lock = threading.Lock()
+
+    def drop_next(self) -> bool:
+        with self.lock:
+            index = self.seen
+            self.seen += 1
+            if index in self.drop_answers:
+                self.dropped += 1
+                return True
+        return False
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        call = continuation(client_call_details, request_iterator)
+        if not client_call_details.method.endswith("/ProduceStream"):
+            return call
+        return _AnswersUntilLost(call, self)
+
+
+class _Unimplemented(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNIMPLEMENTED
+
+    def details(self) -> str:
+        return "Method not found!"
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        raise self
+
+    def cancel(self) -> bool:
+        return False
+
+
+class RefuseProduceStream(grpc.StreamStreamClientInterceptor):
+    """Answers ProduceStream as a broker of an older version does (UNIMPLEMENTED, nothing handled), so
+    the producer sends unary Produce calls, the path where a broker may handle requests out of order."""
+
+    def __init__(self) -> None:
+        self.refused = 0
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        if not client_call_details.method.endswith("/ProduceStream"):
+            return continuation(client_call_details, request_iterator)
+        self.refused += 1
+        return _Unimplemented()
+
+
+@pytest.mark.parametrize("transport", ["stream", "unary"])
+def test_idempotent_retry_after_lost_responses_writes_each_record_once_in_order(cluster, new_topic,
+                                                                                 transport: str) -> None:
     topic = new_topic(partitions=1)
-    dropper = DropProduceResponses({0, 2, 5})
+    if transport == "stream":
+        dropper: DropProduceResponses | DropProduceStreamAnswers = DropProduceStreamAnswers({0, 2, 5})
+        interceptors: list = [dropper]
+    else:
+        refuser = RefuseProduceStream()
+        dropper = DropProduceResponses({0, 2, 5})
+        interceptors = [refuser, dropper]
     n = 400
-    with Producer(bootstrap_servers=cluster.bootstrap_servers, interceptors=[dropper], linger_ms=2,
+    with Producer(bootstrap_servers=cluster.bootstrap_servers, interceptors=interceptors, linger_ms=2,
                   batch_size=2000, retry_backoff_ms=20) as producer:
         assert producer.idempotent
         futures = [producer.send(topic, b"%06d" % i) for i in range(n)]
         producer.flush()
         metas = [f.get(timeout=20) for f in futures]
     assert dropper.dropped == 3, f"fault not injected: {dropper.dropped} responses dropped of {dropper.seen}"
+    if transport == "unary":
+        assert refuser.refused == 1, f"ProduceStream asked for {refuser.refused} times after UNIMPLEMENTED"
     got = consume_all(cluster.bootstrap_servers, topic, 1, n)[0]
     values = [r.value for r in got]
     assert values == [b"%06d" % i for i in range(n)], (

@@ -132,10 +132,12 @@ def test_traffic_families_match_what_was_done(ops_cluster: LocalCluster, traffic
 
 
 def test_produce_local_and_remote_times(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:
-    # Every Produce handled records its local time once; the traffic's acks=all requests their remote time.
+    # Every produce request handled (a unary Produce or a ProduceStream message) records its local
+    # time once; the traffic's acks=all requests their remote time.
     local, remote = "brook_produce_local_time_seconds", "brook_produce_remote_time_seconds"
-    pages = eventually(ops_cluster, lambda p: total(p, f"{local}_count") == total(
-        p, "brook_rpc_requests_total", method="Produce"), "a local time for every Produce request handled")
+    pages = eventually(ops_cluster, lambda p: total(p, f"{local}_count") == sum(
+        total(p, "brook_rpc_requests_total", method=m) for m in ("Produce", "ProduceStream")),
+        "a local time for every produce request handled")
     assert total(pages, f"{remote}_count") >= 1, "the traffic's acks=all produces recorded no remote time"
     assert total(pages, f"{remote}_count") <= total(pages, f"{local}_count")
     for node_id, text in pages.items():
@@ -171,9 +173,10 @@ def test_event_loop_lag_raft_ticks_and_gc_pauses(ops_cluster: LocalCluster, traf
 
 def test_rpc_and_quorum_families(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:
     pages = scrape_all(ops_cluster)
-    assert total(pages, "brook_rpc_requests_total", method="Produce", code="OK") >= 1
-    assert total(pages, "brook_rpc_request_duration_seconds_count", method="Produce") == \
-        total(pages, "brook_rpc_requests_total", method="Produce")
+    # Producers send on ProduceStream streams: each message is counted and timed, as a Produce was.
+    assert total(pages, "brook_rpc_requests_total", method="ProduceStream", code="OK") >= 1
+    assert total(pages, "brook_rpc_request_duration_seconds_count", method="ProduceStream") == \
+        total(pages, "brook_rpc_requests_total", method="ProduceStream")
     assert total(pages, "brook_rpc_requests_total", method="Fetch", code="OK") >= 1
     # Follower fetches travel on ReplicaFetch streams: each message is counted and timed.
     assert total(pages, "brook_rpc_requests_total", method="ReplicaFetch", code="OK") >= 1
