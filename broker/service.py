@@ -168,8 +168,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         authorization checked per request). The next request is read once this one's batches are
         appended (or it ended), so they are appended in the order sent and an idempotent
         producer's sequences never overtake one another; acks=all waits overlap. Answers go in
-        request order, one per request. At most ``PRODUCE_STREAM_MAX_IN_FLIGHT`` are unanswered:
-        the stream is not read further until one is, and gRPC's flow control holds the client.
+        request order, one per request. At most ``PRODUCE_STREAM_MAX_IN_FLIGHT`` are read and
+        unanswered: the stream is not read further until one is answered, and gRPC's flow control
+        holds the client.
         A refusal that ends a unary call (UNAUTHENTICATED, RESOURCE_EXHAUSTED) ends the stream with
         that status; the producer fails its unanswered requests over to its retries.
         """
@@ -186,9 +187,14 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 refused.set_result(exc)
 
         async def read() -> None:
+            incoming = aiter(request_iterator)
             try:
-                async for request in request_iterator:
-                    await room.acquire()
+                while True:
+                    await room.acquire()  # before reading: no request is held beyond the bound
+                    try:
+                        request = await anext(incoming)
+                    except StopAsyncIteration:
+                        return
                     appended: asyncio.Future[None] = loop.create_future()
                     task = asyncio.ensure_future(self._produce_call(request, context, appended, stream=True))
                     task.add_done_callback(on_done)
