@@ -65,6 +65,8 @@ INLINE_APPEND_MAX_BYTES = 64 * 1024
 # Unanswered requests of one ProduceStream: Kafka's max.in.flight.requests.per.connection default
 # (the most an idempotent producer pipelines), so a stream holds at most this many requests' bytes.
 PRODUCE_STREAM_MAX_IN_FLIGHT = 5
+# What a stream message whose SASL session this node does not know is refused with (as unary calls are).
+SESSION_REFUSAL = "SASL session expired or unknown; authenticate again"
 DELETE_RECORDS_POLL_S = 0.05  # how often a DeleteRecords looks whether the replicas followed
 T = TypeVar("T")
 
@@ -241,8 +243,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         here (a unary call's was, before its handler ran)."""
         size = sum(len(pd.records) for pd in request.partitions)
         if stream and principal.unknown_session(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "SASL session expired or unknown; "
-                                "authenticate again")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, SESSION_REFUSAL)
         caller = await self._caller(context)
 
         async def work(client: str) -> Any:
@@ -408,6 +409,11 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                     ErrorCode.INVALID_REQUEST, "ReplicaFetch carries follower fetches (replica_id >= 0) only"),
                     high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
                 continue
+            if principal.unknown_session(context):
+                # The stream's SASL session expired, or this node (restarted) never issued it: the
+                # follower drops the token and opens a new stream, rather than be refused as ANONYMOUS
+                # until its cached session is renewed.
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, SESSION_REFUSAL)
             yield await self._replica_fetch(request, context)
 
     async def _replica_fetch(self, request: broker_pb2.FetchRequest,

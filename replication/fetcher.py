@@ -269,7 +269,10 @@ class ReplicaFetcher:
                 raise _CutShort
         response = self._session.fetch(request)
         if any(pr.error_code in _AUTH_REFUSALS for pr in response.partitions):
-            self._close_session()  # perhaps a stale session: the next stream carries fresh credentials
+            # Refused for who we are: open the stream again. (A session the leader does not know ends
+            # the stream UNAUTHENTICATED instead, which drops the channel's token: the next stream
+            # authenticates afresh.)
+            self._close_session()
         return response
 
     def _close_session(self) -> None:

@@ -1,4 +1,5 @@
 """ProduceStream: a producer's pipelined requests on one stream, appended and answered in order, bounded.
+(And the SASL session check both request streams, ProduceStream and ReplicaFetch, make per message.)
 
 Real BrokerService, ReplicaManager, Log and purgatories (broker 1 leads t-0, broker 2 is an
 in-sync follower that fetches only when a test makes its fetch, so acks=all requests wait for
@@ -233,3 +234,31 @@ def test_a_session_that_expires_while_the_stream_lasts_ends_it_unauthenticated(l
         principal.set_session_resolver(None)
     assert error is not None and context.code() == grpc.StatusCode.UNAUTHENTICATED, (error, context.status)
     assert offsets(answers) == [0] and leader.log_end() == 1, f"{answers}, log end {leader.log_end()}"
+
+
+def test_a_follower_stream_whose_session_this_node_does_not_know_ends_unauthenticated(leader: Leader) -> None:
+    """ReplicaFetch checks each message's SASL session too: a follower whose token this node never issued
+    (it restarted) or expired is ended UNAUTHENTICATED, which makes the follower's channel drop the token,
+    instead of being answered as ANONYMOUS ("not that broker") until its cached session is renewed."""
+    principal.set_session_resolver(lambda metadata: None)  # no session is known here
+    context = Context(((principal.SESSION_METADATA_KEY, "tok-from-before-the-restart"),))
+    fetch = broker_pb2.FetchRequest(replica_id=2, replica_epoch=1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20,
+                                    partitions=[broker_pb2.FetchPartition(
+                                        topic="t", partition=0, fetch_offset=0, partition_max_bytes=1 << 20,
+                                        current_leader_epoch=0, last_fetched_epoch=-1, log_start_offset=0)])
+
+    async def scenario() -> BaseException | None:
+        requests, answers = Requests(), []
+        requests.send(fetch, None)
+        try:
+            await asyncio.wait_for(collect(leader.service.ReplicaFetch(requests, context), answers), 10)
+        except Aborted as e:
+            assert answers == [], answers
+            return e
+        return None
+
+    try:
+        error = asyncio.run(scenario())
+    finally:
+        principal.set_session_resolver(None)
+    assert error is not None and context.code() == grpc.StatusCode.UNAUTHENTICATED, (error, context.status)
