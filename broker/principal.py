@@ -315,21 +315,6 @@ def _authenticate_direct(context: Any) -> Authentication:
     return Authentication(ANONYMOUS, AUTH_NONE, peer)
 
 
-def unknown_session(context: Any) -> bool:
-    """Does the call carry a SASL session token that this node does not resolve (never issued here, or
-    expired since)? A unary call with one is refused UNAUTHENTICATED before its handler runs
-    (broker.sasl's session interceptor); a stream checks each message, as its session may expire
-    while the stream lasts, so that no message is taken as ANONYMOUS's instead."""
-    resolver = _session_resolver
-    if resolver is None or not _metadata_value(context, SESSION_METADATA_KEY):
-        return False
-    try:
-        metadata = tuple(context.invocation_metadata() or ())
-    except Exception:
-        return False
-    return resolver(metadata) is None
-
-
 def is_tls(context: Any) -> bool:
     """Whether this request came over a TLS connection."""
     try:

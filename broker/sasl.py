@@ -334,8 +334,11 @@ class AioSessionInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         handler = await continuation(handler_call_details)
         token = _token_of(handler_call_details.invocation_metadata)
-        if handler is None or not token or self._auth.session(token) is not None \
-                or handler_call_details.method.endswith("/SaslAuthenticate") or handler.request_streaming:
+        if handler is None or not token or handler_call_details.method.endswith("/SaslAuthenticate"):
+            return handler
+        if handler.request_streaming:
+            return self._checked_per_message(handler, token)
+        if self._auth.session(token) is not None:
             return handler
 
         async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -350,3 +353,23 @@ class AioSessionInterceptor(grpc.aio.ServerInterceptor):
                                                         handler.response_serializer)
         return grpc.unary_unary_rpc_method_handler(refuse, handler.request_deserializer,
                                                    handler.response_serializer)
+
+    def _checked_per_message(self, handler: Any, token: str) -> Any:
+        """A request stream (ReplicaFetch, ProduceStream) whose session is checked as each message
+        arrives: it may expire while the stream lasts, or be one this node (restarted) never issued.
+        The stream then ends UNAUTHENTICATED (the client drops the token and authenticates again)
+        before the message is handled, rather than the message being taken as ANONYMOUS's."""
+        if not handler.response_streaming:
+            return handler  # no client-streaming RPC with a single answer exists
+        inner, auth = handler.stream_stream, self._auth
+
+        async def checked(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+            async def requests() -> Any:
+                async for request in request_iterator:
+                    if auth.session(token) is None:
+                        await context.abort(grpc.StatusCode.UNAUTHENTICATED, _REFUSAL)
+                    yield request
+            async for response in inner(requests(), context):
+                yield response
+        return grpc.stream_stream_rpc_method_handler(checked, handler.request_deserializer,
+                                                     handler.response_serializer)

@@ -65,8 +65,6 @@ INLINE_APPEND_MAX_BYTES = 64 * 1024
 # Unanswered requests of one ProduceStream: Kafka's max.in.flight.requests.per.connection default
 # (the most an idempotent producer pipelines), so a stream holds at most this many requests' bytes.
 PRODUCE_STREAM_MAX_IN_FLIGHT = 5
-# What a stream message whose SASL session this node does not know is refused with (as unary calls are).
-SESSION_REFUSAL = "SASL session expired or unknown; authenticate again"
 DELETE_RECORDS_POLL_S = 0.05  # how often a DeleteRecords looks whether the replicas followed
 T = TypeVar("T")
 
@@ -197,8 +195,12 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                         request = await anext(incoming)
                     except StopAsyncIteration:
                         return
+                    except Exception as exc:  # refused as it arrived (its SASL session is gone)
+                        if not refused.done():
+                            refused.set_result(exc)
+                        raise
                     appended: asyncio.Future[None] = loop.create_future()
-                    task = asyncio.ensure_future(self._produce_call(request, context, appended, stream=True))
+                    task = asyncio.ensure_future(self._produce_call(request, context, appended))
                     task.add_done_callback(on_done)
                     answers.put_nowait(task)
                     await asyncio.wait((appended, task), return_when=asyncio.FIRST_COMPLETED)
@@ -226,6 +228,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             await reader  # the client's half-close, or the error that ended the reading
         finally:
             reader.cancel()
+            if reader.done() and not reader.cancelled():
+                reader.exception()  # retrieved: it is the refusal raised above
             while not answers.empty():
                 if (queued := answers.get_nowait()) is not None:
                     tasks.append(queued)
@@ -236,14 +240,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                     task.exception()  # retrieved: a second refusal of an ending stream is not news
 
     async def _produce_call(self, request: broker_pb2.ProduceRequest, context: grpc.aio.ServicerContext,
-                            appended: asyncio.Future[None] | None, *, stream: bool = False
-                            ) -> broker_pb2.ProduceResponse:
+                            appended: asyncio.Future[None] | None) -> broker_pb2.ProduceResponse:
         """One Produce request, from its caller's checks to its answer; ``appended`` is set once its
-        batches are appended (before any acks=all wait). A ``stream`` message's SASL session is checked
-        here (a unary call's was, before its handler ran)."""
+        batches are appended (before any acks=all wait)."""
         size = sum(len(pd.records) for pd in request.partitions)
-        if stream and principal.unknown_session(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, SESSION_REFUSAL)
         caller = await self._caller(context)
 
         async def work(client: str) -> Any:
@@ -409,11 +409,6 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                     ErrorCode.INVALID_REQUEST, "ReplicaFetch carries follower fetches (replica_id >= 0) only"),
                     high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
                 continue
-            if principal.unknown_session(context):
-                # The stream's SASL session expired, or this node (restarted) never issued it: the
-                # follower drops the token and opens a new stream, rather than be refused as ANONYMOUS
-                # until its cached session is renewed.
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, SESSION_REFUSAL)
             yield await self._replica_fetch(request, context)
 
     async def _replica_fetch(self, request: broker_pb2.FetchRequest,

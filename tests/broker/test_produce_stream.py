@@ -25,6 +25,7 @@ from waiting import await_for
 from broker import principal
 from broker.admission import ClientLimits
 from broker.metrics import AioMetricsInterceptor, RpcMetrics
+from broker.sasl import AioSessionInterceptor
 from broker.service import INLINE_APPEND_MAX_BYTES, PRODUCE_STREAM_MAX_IN_FLIGHT, Capacity
 from proto import broker_pb2
 from storage.record_batch import RecordBatchBuilder
@@ -208,19 +209,38 @@ def _returns(handler: Any) -> Any:
     return continuation
 
 
+class Sessions:
+    """The SCRAM authenticator's one call the session interceptor makes: token -> live principal or None."""
+
+    def __init__(self, live: dict[str, Any]) -> None:
+        self.live = live
+
+    def session(self, token: str) -> Any:
+        return self.live.get(token)
+
+
+async def through_session_check(handler: Any, method: str, sessions: Sessions, token: str) -> Any:
+    """``handler`` as the broker's gRPC server runs it for a call carrying ``token``: behind AioSessionInterceptor."""
+    details = type("Details", (), {"method": f"/brook.BrokerService/{method}",
+                                   "invocation_metadata": ((principal.SESSION_METADATA_KEY, token),)})()
+    checked = await AioSessionInterceptor(sessions).intercept_service(
+        _returns(grpc.stream_stream_rpc_method_handler(handler)), details)
+    return checked.stream_stream
+
+
 def test_a_session_that_expires_while_the_stream_lasts_ends_it_unauthenticated(leader: Leader) -> None:
     """Each message's SASL session is checked: once this node no longer knows the stream's token, the
     next request ends the stream UNAUTHENTICATED (the producer re-authenticates), never runs as ANONYMOUS."""
-    live = {"tok-1": principal.Principal.parse("User:alice")}
-    principal.set_session_resolver(lambda metadata: live.get(dict(metadata).get(principal.SESSION_METADATA_KEY, "")))
+    sessions = Sessions({"tok-1": principal.Principal.parse("User:alice")})
     context = Context(((principal.SESSION_METADATA_KEY, "tok-1"),))
 
     async def scenario() -> tuple[list[Any], BaseException | None]:
+        stream = await through_session_check(leader.service.ProduceStream, "ProduceStream", sessions, "tok-1")
         requests, answers = Requests(), []
-        handler = asyncio.ensure_future(collect(leader.service.ProduceStream(requests, context), answers))
+        handler = asyncio.ensure_future(collect(stream(requests, context), answers))
         requests.send(request(acks=1))
         await await_for(lambda: len(answers) == 1, 10, "the first answer")
-        live.clear()  # the session expired
+        sessions.live.clear()  # the session expired
         requests.send(request(acks=1), request(acks=1), None)
         try:
             await asyncio.wait_for(handler, 10)
@@ -228,10 +248,7 @@ def test_a_session_that_expires_while_the_stream_lasts_ends_it_unauthenticated(l
             return answers, e
         return answers, None
 
-    try:
-        answers, error = asyncio.run(scenario())
-    finally:
-        principal.set_session_resolver(None)
+    answers, error = asyncio.run(scenario())
     assert error is not None and context.code() == grpc.StatusCode.UNAUTHENTICATED, (error, context.status)
     assert offsets(answers) == [0] and leader.log_end() == 1, f"{answers}, log end {leader.log_end()}"
 
@@ -240,7 +257,7 @@ def test_a_follower_stream_whose_session_this_node_does_not_know_ends_unauthenti
     """ReplicaFetch checks each message's SASL session too: a follower whose token this node never issued
     (it restarted) or expired is ended UNAUTHENTICATED, which makes the follower's channel drop the token,
     instead of being answered as ANONYMOUS ("not that broker") until its cached session is renewed."""
-    principal.set_session_resolver(lambda metadata: None)  # no session is known here
+    sessions = Sessions({})  # no session is known here
     context = Context(((principal.SESSION_METADATA_KEY, "tok-from-before-the-restart"),))
     fetch = broker_pb2.FetchRequest(replica_id=2, replica_epoch=1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20,
                                     partitions=[broker_pb2.FetchPartition(
@@ -248,17 +265,16 @@ def test_a_follower_stream_whose_session_this_node_does_not_know_ends_unauthenti
                                         current_leader_epoch=0, last_fetched_epoch=-1, log_start_offset=0)])
 
     async def scenario() -> BaseException | None:
+        stream = await through_session_check(leader.service.ReplicaFetch, "ReplicaFetch", sessions,
+                                             "tok-from-before-the-restart")
         requests, answers = Requests(), []
         requests.send(fetch, None)
         try:
-            await asyncio.wait_for(collect(leader.service.ReplicaFetch(requests, context), answers), 10)
+            await asyncio.wait_for(collect(stream(requests, context), answers), 10)
         except Aborted as e:
             assert answers == [], answers
             return e
         return None
 
-    try:
-        error = asyncio.run(scenario())
-    finally:
-        principal.set_session_resolver(None)
+    error = asyncio.run(scenario())
     assert error is not None and context.code() == grpc.StatusCode.UNAUTHENTICATED, (error, context.status)
