@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from broker.fetch_session import FollowerFetchSession
 from broker.metadata_cache import MetadataCache, MetadataDelta, PartitionInfo, TopicInfo
 from broker.request_times import ProduceTimes
 from metadata_quorum import cluster_configs
@@ -537,6 +538,7 @@ class ReplicaManager:
                           reserve: Callable[[int], Awaitable[int]], release: Callable[[int], None],
                           on_park: Callable[[], None], on_unpark: Callable[[], None],
                           slices: dict[tuple[str, int], Any] | None = None,
+                          session: FollowerFetchSession | None = None,
                           ) -> tuple[broker_pb2.FetchResponse, int]:
         """``fetch`` for the broker's event loop: reads run on ``run`` (an executor), a long poll
         parks as a future in the fetch purgatory and holds no thread.
@@ -546,50 +548,78 @@ class ReplicaManager:
         (the caller releases them once the response is handed to gRPC), the rest is released
         here. ``on_park``/``on_unpark`` bracket a wait (per-client accounting; may raise to
         refuse the wait). Cancelling the calling task (the RPC was cancelled) unparks at once.
+
+        ``session`` (a follower's ReplicaFetch stream, already updated with ``req``): each read covers
+        the session's partitions with something to tell or record, the wait watches all of them,
+        and the session learns what the answer told the follower (broker/fetch_session.py).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(0, req.max_wait_ms), MAX_FETCH_WAIT_MS) / 1000
-        keys = [(fp.topic, fp.partition) for fp in req.partitions]
         for_follower = req.replica_id >= 0
         cap = self.response_max_bytes(req)
+        if session is not None:
+            keys = session.keys()
+
+            def current() -> broker_pb2.FetchRequest:
+                return session.request(self._partitions, time.monotonic())
+        else:
+            keys = [(fp.topic, fp.partition) for fp in req.partitions]
+
+            def current() -> broker_pb2.FetchRequest:
+                return req
 
         def wake_seqs() -> dict[Partition, int]:
             return {p: _wake_seq(p, for_follower) for k in keys if (p := self._partitions.get(k)) is not None}
 
         def read_inline(blocking: bool = True, max_bytes: int | None = None) -> InlineRead:
-            before = wake_seqs()
-            return before, self._read_once(req, cap if max_bytes is None else min(cap, max_bytes), blocking=blocking)
+            before = wake_seqs()  # before choosing what to read: a change after it wakes the next park
+            return before, self._read_once(current(), cap if max_bytes is None else min(cap, max_bytes),
+                                           blocking=blocking)
+
+        def answer(resp: broker_pb2.FetchResponse, seqs: dict[Partition, int]) -> broker_pb2.FetchResponse:
+            if session is not None:
+                session.answered(resp, {p.key: s for p, s in seqs.items()})
+            return resp
 
         inline: InlineRead | None = None
-        if for_follower and self._follower_caught_up(req):
+        # The wake counters before the read, and before the session chooses what to read: a change
+        # racing with either wakes the park below.
+        first_seqs = wake_seqs()
+        first: broker_pb2.FetchRequest | None = current()
+        if for_follower and self._follower_caught_up(first):
             # The follower has everything: this fetch only reports its progress (the acks=all path).
             # That is a few state updates, done here rather than after a hop to the executor and back.
             try:
-                inline = read_inline(blocking=False)
+                inline = first_seqs, self._read_once(first, cap, blocking=False)
             except LockBusy:  # an append holds a partition: the executor waits for it, not the loop
                 inline = None
         while True:
             if inline is None:
-                seqs = wake_seqs()  # before the read: a change racing with it wakes the park below
+                if first is not None:
+                    seqs, r = first_seqs, first
+                else:
+                    seqs = wake_seqs()
+                    r = current()
                 granted = await reserve(cap)
                 try:
-                    resp, total_bytes, must_answer = await run(lambda: self._read_once(req, cap, slices))
+                    resp, total_bytes, must_answer = await run(lambda r=r: self._read_once(r, cap, slices))
                 except BaseException:
                     release(granted)
                     raise
             else:  # a follower fetch read by the thread that woke it (replication: no byte budget)
                 granted = 0
                 seqs, (resp, total_bytes, must_answer) = inline
+            first = None
             remaining_s = deadline - loop.time()
             if must_answer or total_bytes >= req.min_bytes or remaining_s <= 0 or not seqs or self._stopped.is_set():
                 held = min(granted, total_bytes)
                 release(granted - held)
-                return resp, held
+                return answer(resp, seqs), held
             release(granted)
             inline = await self._park(seqs, for_follower, remaining_s, on_park, on_unpark,
                                       read_inline if for_follower else None)
             if self._stopped.is_set():
-                return resp, 0
+                return answer(resp, seqs), 0
 
     async def _park(self, seqs: dict[Partition, int], for_follower: bool, timeout_s: float,
                     on_park: Callable[[], None], on_unpark: Callable[[], None],
@@ -609,6 +639,12 @@ class ReplicaManager:
         finally:
             waiter.cancel()
             on_unpark()
+
+    def new_fetch_session(self) -> FollowerFetchSession:
+        """The leader's side of a follower's ReplicaFetch stream. Its full reads refresh every
+        follower's caught-up time well within replica.lag.time.max.ms (an eighth, at most 1 s)."""
+        return FollowerFetchSession(refresh_s=min(1.0, self.replica_lag_time_max_ms / 8000),
+                                    hosted=lambda: len(self._partitions))
 
     def _follower_caught_up(self, req: broker_pb2.FetchRequest) -> bool:
         """Does this follower fetch ask for nothing past any hosted partition's log end?"""

@@ -44,6 +44,7 @@ from broker import authorizer as authz
 from broker import principal
 from broker.admission import ByteBudget, ClientLimits, Overloaded, peer_host
 from broker.authorizer import ALLOW_ALL, Authorizer
+from broker.fetch_session import FollowerFetchSession
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.quotas import QuotaManager
@@ -402,36 +403,48 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
         The follower sends the next request once it has the last response, so one message is in
         flight per stream; each is checked as a unary follower Fetch is (only that broker may send it).
+        The stream is a fetch session (broker/fetch_session.py): after its first answer the follower
+        sends only what changed, and answers carry only the partitions with something new.
         """
+        session = self.rm.new_fetch_session()
         async for request in request_iterator:
             if request.replica_id < 0:
                 yield _partition_errors(broker_pb2.FetchResponse(), request.partitions, errors.error_for(
                     ErrorCode.INVALID_REQUEST, "ReplicaFetch carries follower fetches (replica_id >= 0) only"),
                     high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
                 continue
-            yield await self._replica_fetch(request, context)
+            yield await self._replica_fetch(request, context, session)
 
-    async def _replica_fetch(self, request: broker_pb2.FetchRequest,
-                             context: grpc.aio.ServicerContext) -> broker_pb2.FetchResponse:
+    async def _replica_fetch(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext,
+                             session: FollowerFetchSession | None = None) -> broker_pb2.FetchResponse:
         # A follower's fetch moves the HW: only that broker may send it.
         if (refusal := self._as_replica(context, request.replica_id)) is not None:
             return _partition_errors(broker_pb2.FetchResponse(), request.partitions, refusal,
                                      high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+        if session is not None:
+            try:
+                session.update(request)
+            except errors.BrookError as e:
+                return _partition_errors(broker_pb2.FetchResponse(), request.partitions, e,
+                                         high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
         # Replication has its own executor and no client bounds: a client flood must not
         # starve the followers (and so shrink the ISR).
-        return await self._guard("Fetch", request, lambda: self._fetch(request, None),
+        return await self._guard("Fetch", request, lambda: self._fetch(request, None, session=session),
                                  lambda: _fetch_error_all(request))
 
     async def _fetch(self, req: broker_pb2.FetchRequest, client: str | None,
-                     slices: dict[tuple[str, int], Any] | None = None) -> broker_pb2.FetchResponse:
-        """Read (and long-poll) through the ReplicaManager; ``client`` None for a follower fetch."""
+                     slices: dict[tuple[str, int], Any] | None = None, *,
+                     session: FollowerFetchSession | None = None) -> broker_pb2.FetchResponse:
+        """Read (and long-poll) through the ReplicaManager; ``client`` None for a follower fetch
+        (``session`` when it came on a ReplicaFetch stream)."""
         budget, limits = self.capacity.budget, self.capacity.limits
         if client is None:
             async def no_reserve(n: int) -> int:
                 return 0
             resp, _ = await self.rm.fetch_async(req, run=self._replication_io, reserve=no_reserve,
                                                 release=lambda n: None, on_park=lambda: None,
-                                                on_unpark=lambda: None)
+                                                on_unpark=lambda: None, session=session)
+            resp.incremental = session is not None
             return resp
         resp, held = await self.rm.fetch_async(req, run=self._io, reserve=budget.acquire, release=budget.release,
                                                on_park=lambda: limits.start_waiting(client),

@@ -84,6 +84,9 @@ class _FetchSession:
         self.opened_at = time.monotonic()
         self.waiting_since: float | None = None  # monotonic time of the unanswered request
         self.interrupted = False  # cancelled to send a request with more partitions: no failure
+        # The leader keeps this stream's partitions (it said so in an answer): requests carry changes only.
+        self.incremental = False
+        self.sent: dict[tuple[str, int], _Want] = {}  # each partition's fetch as the leader has it
 
     def fetch(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
         self.waiting_since = time.monotonic()
@@ -106,6 +109,18 @@ class _FetchSession:
 
 class _SessionEnded(Exception):
     pass
+
+
+# What a fetch asks of one partition: (fetch_offset, partition_max_bytes, current_leader_epoch,
+# last_fetched_epoch, log_start_offset), the FetchPartition fields after topic and partition.
+_Want = tuple[int, int, int, int, int]
+
+
+@dataclass(slots=True)
+class _Wanted:
+    """The next fetch: the partitions ready to fetch and how long the leader may hold it."""
+    parts: dict[tuple[str, int], _Want]
+    max_wait_ms: int
 
 
 class _CutShort(Exception):
@@ -256,9 +271,9 @@ class ReplicaFetcher:
                                       self.local_id, self.source_id, pr.topic, pr.partition)
                         st.delayed_until_s = time.monotonic() + backoff_s
 
-    def _send(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
+    def _send(self, wanted: _Wanted) -> broker_pb2.FetchResponse:
         if not self._use_stream:
-            return self._stub.Fetch(request, timeout=self.response_timeout_s())
+            return self._stub.Fetch(self._request(wanted, None), timeout=self.response_timeout_s())
         if self._session is not None and time.monotonic() - self._session.opened_at > STREAM_MAX_AGE_S:
             self._close_session()
         if self._session is None:
@@ -267,13 +282,39 @@ class ReplicaFetcher:
             if self._cut_short:
                 self._in_flight = None
                 raise _CutShort
-        response = self._session.fetch(request)
-        if any(pr.error_code in _AUTH_REFUSALS for pr in response.partitions):
+        session = self._session
+        response = session.fetch(self._request(wanted, session))
+        if response.incremental:
+            session.incremental = True
+        if any(pr.error_code in _AUTH_REFUSALS or pr.error_code == ErrorCode.INVALID_REQUEST
+               for pr in response.partitions):
             # Refused for who we are: open the stream again. (A session the leader does not know ends
             # the stream UNAUTHENTICATED instead, which drops the channel's token: the next stream
-            # authenticates afresh.)
+            # authenticates afresh.) A request the leader found invalid may have left its view of the
+            # fetch session other than ours: the next stream starts a new one with a full request.
             self._close_session()
         return response
+
+    def _request(self, wanted: _Wanted, session: _FetchSession | None) -> broker_pb2.FetchRequest:
+        """The FetchRequest of ``wanted``: every partition, or on an incremental stream only those whose
+        fetch changed since the last request on it, and the ones it no longer carries as forgotten."""
+        c = self.config
+        req = broker_pb2.FetchRequest(replica_id=self.local_id, replica_epoch=self._broker_epoch(),
+                                      max_wait_ms=wanted.max_wait_ms, min_bytes=c.min_bytes, max_bytes=c.max_bytes)
+        parts = wanted.parts
+        if session is not None:
+            if session.incremental:
+                req.incremental = True
+                sent = session.sent
+                parts = {k: w for k, w in parts.items() if sent.get(k) != w}
+                req.forgotten.extend(broker_pb2.FetchForgotten(topic=k[0], partition=k[1])
+                                     for k in sent.keys() - wanted.parts.keys())
+            session.sent = dict(wanted.parts)
+        req.partitions.extend(
+            broker_pb2.FetchPartition(topic=k[0], partition=k[1], fetch_offset=w[0], partition_max_bytes=w[1],
+                                      current_leader_epoch=w[2], last_fetched_epoch=w[3], log_start_offset=w[4])
+            for k, w in parts.items())
+        return req
 
     def _close_session(self) -> None:
         session, self._session = self._session, None
@@ -295,10 +336,11 @@ class ReplicaFetcher:
         session.cancel()
         return True
 
-    def _build_request(self) -> tuple[broker_pb2.FetchRequest | None, dict[tuple[str, int], int]]:
+    def _build_request(self) -> tuple[_Wanted | None, dict[tuple[str, int], int]]:
         now = time.monotonic()
-        parts = []
+        parts: dict[tuple[str, int], _Want] = {}
         epochs: dict[tuple[str, int], int] = {}
+        partition_max_bytes = self.config.partition_max_bytes
         next_ready_s = float("inf")
         throttle_wait_s = self.config.throttle.wait_s()
         for key, st in self._states.items():
@@ -309,10 +351,8 @@ class ReplicaFetcher:
                 next_ready_s = min(next_ready_s, now + throttle_wait_s)  # the copy throttle is in debt
                 continue
             lg = st.partition.log
-            parts.append(broker_pb2.FetchPartition(
-                topic=key[0], partition=key[1], fetch_offset=lg.log_end_offset,
-                partition_max_bytes=self.config.partition_max_bytes, current_leader_epoch=st.leader_epoch,
-                last_fetched_epoch=lg.latest_epoch, log_start_offset=lg.log_start_offset))
+            parts[key] = (lg.log_end_offset, partition_max_bytes, st.leader_epoch, lg.latest_epoch,
+                          lg.log_start_offset)
             epochs[key] = st.leader_epoch
         self._next_ready_s = next_ready_s
         if not parts:
@@ -321,9 +361,7 @@ class ReplicaFetcher:
         # backoff, or it would sit out a whole max_wait (e.g. just after a leader change).
         max_wait_ms = min(self.config.max_wait_ms, max(0, int((next_ready_s - now) * 1000) + 1)) \
             if next_ready_s != float("inf") else self.config.max_wait_ms
-        return broker_pb2.FetchRequest(
-            replica_id=self.local_id, replica_epoch=self._broker_epoch(), max_wait_ms=max_wait_ms,
-            min_bytes=self.config.min_bytes, max_bytes=self.config.max_bytes, partitions=parts), epochs
+        return _Wanted(parts, max_wait_ms), epochs
 
     def _process(self, st: _FetchState, pr: broker_pb2.FetchPartitionResponse) -> None:
         lg = st.partition.log

@@ -173,6 +173,35 @@ def test_paused_follower_leaves_isr_and_returns(healed: Kit) -> None:
     wait_until(lambda: replica_log_bytes(kit.cluster, follower, topic, 0, hw) == raw, 20, "follower caught up")
 
 
+def test_idle_partitions_stay_in_sync_while_another_takes_writes(healed: Kit) -> None:
+    """Fetch sessions: while one partition takes acks=all writes, a follower's requests name only that
+    one and the leader reads only it. The idle partitions must still stay in the ISR for several
+    replica.lag.time.max.ms (the session's periodic full read records their followers as caught up),
+    take an acks=all write at once afterwards, and every replica of the busy one ends identical."""
+    kit = healed
+    topic = "sessions-idle"
+    partitions = 4
+    kit.create_topic(topic, partitions=partitions, rf=3)
+    lag_max_s = int(FAST_FAILURE_DETECTION["replica.lag.time.max.ms"]) / 1000
+    end = time.monotonic() + 3 * lag_max_s
+    writes = 0
+    shrunk: dict[int, list[int]] = {}  # partition -> the smaller ISR seen
+    while time.monotonic() < end:
+        r = kit.produce(topic, 0, make_batch(f"busy-{writes}".encode()), acks=-1)
+        assert r.error_code == ErrorCode.NONE, r
+        writes += 1
+        if writes % 20 == 0:
+            shrunk.update((p, list(st.isr)) for p in range(1, partitions) if len((st := kit.state(topic, p)).isr) < 3)
+    assert not shrunk, f"idle partitions left the ISR while partition 0 took {writes} writes: {shrunk}"
+    for p in range(1, partitions):
+        r = kit.produce(topic, p, make_batch(b"idle-no-more"), acks=-1, timeout_ms=2000)
+        assert r.error_code == ErrorCode.NONE, f"partition {p}: {r}"
+    values, raw, hw = kit.consume_all(topic)
+    assert len(values) == writes
+    wait_until(lambda: all(replica_log_bytes(kit.cluster, n, topic, 0, hw) == raw for n in kit.cluster.broker_ids),
+               30, "every replica of the busy partition byte-identical to the leader's")
+
+
 def test_acks_all_refused_below_min_isr_while_acks_1_works(healed: Kit) -> None:
     kit = healed
     topic = "min-isr"
