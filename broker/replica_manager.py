@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.fetch_session import FollowerFetchSession
+from broker.fetch_session import FollowerFetchSession, SessionIndex
 from broker.metadata_cache import MetadataCache, MetadataDelta, PartitionInfo, TopicInfo
 from broker.request_times import ProduceTimes
 from metadata_quorum import cluster_configs
@@ -194,6 +194,8 @@ def _sequence_ahead(p: Partition, records: bytes) -> bool:
 # What a woken follower fetch read where it was woken: the wake counters taken just before
 # the read (the next park compares against them, so no change is lost) and _read_once's result.
 InlineRead = tuple[dict[Partition, int], tuple[broker_pb2.FetchResponse, int, bool]]
+# A woken session fetch's read ((response, bytes, must answer), the partitions it read)
+_WokenRead = tuple[tuple[broker_pb2.FetchResponse, int, bool], list[tuple[str, int]]]
 
 
 def _resolve(fut: asyncio.Future[Any], result: Any) -> None:
@@ -303,6 +305,7 @@ class ReplicaManager:
         self._listeners: list[LeadershipListener] = []
         self.produce_purgatory = DelayedOperationPurgatory("produce")
         self.fetch_purgatory = DelayedOperationPurgatory("fetch")
+        self.fetch_sessions = SessionIndex()  # followers' ReplicaFetch streams, by the partitions they hold
         # Produce requests' local (append) and remote (acks=all wait) times, recorded by the service.
         self.produce_times = ProduceTimes()
         self.fetchers = ReplicaFetcherManager(node_id, broker_epoch, fetcher_config or FetcherConfig())
@@ -464,6 +467,7 @@ class ReplicaManager:
     def _complete_delayed(self, key: tuple[str, int]) -> None:
         self.produce_purgatory.check_and_complete(key)
         self.fetch_purgatory.check_and_complete(key)
+        self.fetch_sessions.changed(key, self._partitions.get(key))
 
     # ---- lookup helpers ----
     def _current_leader(self, topic: str, partition: int) -> common_pb2.LeaderIdAndEpoch:
@@ -518,6 +522,7 @@ class ReplicaManager:
             fut.set_exception(e)
             return fut
         self.fetch_purgatory.check_and_complete(p.key)
+        self.fetch_sessions.changed(p.key, p)
         if acks != -1:
             fut.set_result(result)
             return fut
@@ -538,7 +543,6 @@ class ReplicaManager:
                           reserve: Callable[[int], Awaitable[int]], release: Callable[[int], None],
                           on_park: Callable[[], None], on_unpark: Callable[[], None],
                           slices: dict[tuple[str, int], Any] | None = None,
-                          session: FollowerFetchSession | None = None,
                           ) -> tuple[broker_pb2.FetchResponse, int]:
         """``fetch`` for the broker's event loop: reads run on ``run`` (an executor), a long poll
         parks as a future in the fetch purgatory and holds no thread.
@@ -548,78 +552,50 @@ class ReplicaManager:
         (the caller releases them once the response is handed to gRPC), the rest is released
         here. ``on_park``/``on_unpark`` bracket a wait (per-client accounting; may raise to
         refuse the wait). Cancelling the calling task (the RPC was cancelled) unparks at once.
-
-        ``session`` (a follower's ReplicaFetch stream, already updated with ``req``): each read covers
-        the session's partitions with something to tell or record, the wait watches all of them,
-        and the session learns what the answer told the follower (broker/fetch_session.py).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(0, req.max_wait_ms), MAX_FETCH_WAIT_MS) / 1000
+        keys = [(fp.topic, fp.partition) for fp in req.partitions]
         for_follower = req.replica_id >= 0
         cap = self.response_max_bytes(req)
-        if session is not None:
-            keys = session.keys()
-
-            def current() -> broker_pb2.FetchRequest:
-                return session.request(self._partitions, time.monotonic())
-        else:
-            keys = [(fp.topic, fp.partition) for fp in req.partitions]
-
-            def current() -> broker_pb2.FetchRequest:
-                return req
 
         def wake_seqs() -> dict[Partition, int]:
             return {p: _wake_seq(p, for_follower) for k in keys if (p := self._partitions.get(k)) is not None}
 
         def read_inline(blocking: bool = True, max_bytes: int | None = None) -> InlineRead:
-            before = wake_seqs()  # before choosing what to read: a change after it wakes the next park
-            return before, self._read_once(current(), cap if max_bytes is None else min(cap, max_bytes),
-                                           blocking=blocking)
-
-        def answer(resp: broker_pb2.FetchResponse, seqs: dict[Partition, int]) -> broker_pb2.FetchResponse:
-            if session is not None:
-                session.answered(resp, {p.key: s for p, s in seqs.items()})
-            return resp
+            before = wake_seqs()
+            return before, self._read_once(req, cap if max_bytes is None else min(cap, max_bytes), blocking=blocking)
 
         inline: InlineRead | None = None
-        # The wake counters before the read, and before the session chooses what to read: a change
-        # racing with either wakes the park below.
-        first_seqs = wake_seqs()
-        first: broker_pb2.FetchRequest | None = current()
-        if for_follower and self._follower_caught_up(first):
+        if for_follower and self._follower_caught_up(req):
             # The follower has everything: this fetch only reports its progress (the acks=all path).
             # That is a few state updates, done here rather than after a hop to the executor and back.
             try:
-                inline = first_seqs, self._read_once(first, cap, blocking=False)
+                inline = read_inline(blocking=False)
             except LockBusy:  # an append holds a partition: the executor waits for it, not the loop
                 inline = None
         while True:
             if inline is None:
-                if first is not None:
-                    seqs, r = first_seqs, first
-                else:
-                    seqs = wake_seqs()
-                    r = current()
+                seqs = wake_seqs()  # before the read: a change racing with it wakes the park below
                 granted = await reserve(cap)
                 try:
-                    resp, total_bytes, must_answer = await run(lambda r=r: self._read_once(r, cap, slices))
+                    resp, total_bytes, must_answer = await run(lambda: self._read_once(req, cap, slices))
                 except BaseException:
                     release(granted)
                     raise
             else:  # a follower fetch read by the thread that woke it (replication: no byte budget)
                 granted = 0
                 seqs, (resp, total_bytes, must_answer) = inline
-            first = None
             remaining_s = deadline - loop.time()
             if must_answer or total_bytes >= req.min_bytes or remaining_s <= 0 or not seqs or self._stopped.is_set():
                 held = min(granted, total_bytes)
                 release(granted - held)
-                return answer(resp, seqs), held
+                return resp, held
             release(granted)
             inline = await self._park(seqs, for_follower, remaining_s, on_park, on_unpark,
                                       read_inline if for_follower else None)
             if self._stopped.is_set():
-                return answer(resp, seqs), 0
+                return resp, 0
 
     async def _park(self, seqs: dict[Partition, int], for_follower: bool, timeout_s: float,
                     on_park: Callable[[], None], on_unpark: Callable[[], None],
@@ -641,10 +617,88 @@ class ReplicaManager:
             on_unpark()
 
     def new_fetch_session(self) -> FollowerFetchSession:
-        """The leader's side of a follower's ReplicaFetch stream. Its full reads refresh every
-        follower's caught-up time well within replica.lag.time.max.ms (an eighth, at most 1 s)."""
-        return FollowerFetchSession(refresh_s=min(1.0, self.replica_lag_time_max_ms / 8000),
+        """The leader's side of a follower's ReplicaFetch stream (close it when the stream ends). Its full
+        reads refresh every follower's caught-up time well within replica.lag.time.max.ms (an eighth,
+        at most 1 s)."""
+        return FollowerFetchSession(self.fetch_sessions, refresh_s=min(1.0, self.replica_lag_time_max_ms / 8000),
                                     hosted=lambda: len(self._partitions))
+
+    async def session_fetch(self, req: broker_pb2.FetchRequest, session: FollowerFetchSession,
+                            run: Callable[[Callable[[], Any]], Awaitable[Any]]) -> broker_pb2.FetchResponse:
+        """A follower's fetch on its ReplicaFetch stream, ``session`` already updated with ``req``.
+
+        Each read covers the session's partitions with something to tell or record
+        (broker/fetch_session.py), all of them only once per refresh; the long poll is parked in
+        the session, woken by new data on one of its partitions and, as ``fetch_async`` does for
+        followers, read by the thread that appended it.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(0, req.max_wait_ms), MAX_FETCH_WAIT_MS) / 1000
+        cap = self.response_max_bytes(req)
+        woken: _WokenRead | None = None
+        while True:
+            if woken is not None:
+                (resp, total_bytes, must_answer), keys = woken
+            else:
+                r, keys = session.request(self._partitions, time.monotonic())
+                read = None
+                if self._follower_caught_up(r):
+                    # Only progress to record (the acks=all path): a few state updates, done here.
+                    try:
+                        read = self._read_once(r, cap, blocking=False)
+                    except LockBusy:  # an append holds a partition: the executor waits for it, not the loop
+                        pass
+                if read is None:
+                    try:
+                        read = await run(lambda r=r: self._read_once(r, cap))
+                    except BaseException:
+                        session.discarded(keys)
+                        raise
+                resp, total_bytes, must_answer = read
+            remaining_s = deadline - loop.time()
+            if (must_answer or total_bytes >= req.min_bytes or remaining_s <= 0 or not len(session)
+                    or self._stopped.is_set()):
+                session.answered(resp)
+                return resp
+            session.discarded(keys)
+            woken = await self._session_park(session, remaining_s, cap)
+
+    async def _session_park(self, session: FollowerFetchSession, timeout_s: float, cap: int) -> _WokenRead | None:
+        """Wait for new data on one of the session's partitions: the waker's read of it, or None (the
+        deadline, something already new, or the waker left the read to the loop)."""
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+        fut: asyncio.Future[_WokenRead | None] = loop.create_future()
+
+        def hand_over(result: _WokenRead | None) -> None:  # on the loop
+            if not fut.done():
+                fut.set_result(result)
+            elif result is not None:
+                session.discarded(result[1])  # read after the fetch stopped waiting: read it again
+
+        def wake() -> None:  # once, on the thread that marked a partition dirty
+            result = None
+            r, keys = session.request(self._partitions, time.monotonic())
+            try:
+                if threading.get_ident() != loop_thread:
+                    result = self._read_once(r, cap), keys
+                else:  # never wait on the loop: a held lock leaves the read to the loop's executor
+                    result = self._read_once(r, min(cap, LOOP_READ_MAX_BYTES), blocking=False), keys
+            except LockBusy:
+                session.discarded(keys)
+            except Exception:
+                session.discarded(keys)
+                log.exception("reading for a woken follower fetch failed")
+            call_on_loop(loop, loop_thread, hand_over, result)
+
+        if not session.park(wake):
+            return None
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            return None
+        finally:
+            session.unpark()
 
     def _follower_caught_up(self, req: broker_pb2.FetchRequest) -> bool:
         """Does this follower fetch ask for nothing past any hosted partition's log end?"""
@@ -885,8 +939,9 @@ class ReplicaManager:
 
     # ---- stats ----
     def delayed_operations(self) -> dict[str, int]:
-        """Requests waiting in the purgatories now: acks=all produces, and follower and consumer long polls."""
-        counts = {"produce": 0, "follower_fetch": 0, "consumer_fetch": 0}
+        """Requests waiting now: acks=all produces, and follower and consumer long polls (a follower's
+        on its ReplicaFetch stream waits in its fetch session, not in the purgatory)."""
+        counts = {"produce": 0, "follower_fetch": self.fetch_sessions.parked(), "consumer_fetch": 0}
         for purgatory in (self.produce_purgatory, self.fetch_purgatory):
             for kind, n in purgatory.delayed_operations().items():
                 counts[kind] = counts.get(kind, 0) + n

@@ -407,13 +407,16 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         sends only what changed, and answers carry only the partitions with something new.
         """
         session = self.rm.new_fetch_session()
-        async for request in request_iterator:
-            if request.replica_id < 0:
-                yield _partition_errors(broker_pb2.FetchResponse(), request.partitions, errors.error_for(
-                    ErrorCode.INVALID_REQUEST, "ReplicaFetch carries follower fetches (replica_id >= 0) only"),
-                    high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
-                continue
-            yield await self._replica_fetch(request, context, session)
+        try:
+            async for request in request_iterator:
+                if request.replica_id < 0:
+                    yield _partition_errors(broker_pb2.FetchResponse(), request.partitions, errors.error_for(
+                        ErrorCode.INVALID_REQUEST, "ReplicaFetch carries follower fetches (replica_id >= 0) only"),
+                        high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+                    continue
+                yield await self._replica_fetch(request, context, session)
+        finally:
+            session.close()
 
     async def _replica_fetch(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext,
                              session: FollowerFetchSession | None = None) -> broker_pb2.FetchResponse:
@@ -438,13 +441,16 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         """Read (and long-poll) through the ReplicaManager; ``client`` None for a follower fetch
         (``session`` when it came on a ReplicaFetch stream)."""
         budget, limits = self.capacity.budget, self.capacity.limits
+        if session is not None:
+            resp = await self.rm.session_fetch(req, session, run=self._replication_io)
+            resp.incremental = True
+            return resp
         if client is None:
             async def no_reserve(n: int) -> int:
                 return 0
             resp, _ = await self.rm.fetch_async(req, run=self._replication_io, reserve=no_reserve,
                                                 release=lambda n: None, on_park=lambda: None,
-                                                on_unpark=lambda: None, session=session)
-            resp.incremental = session is not None
+                                                on_unpark=lambda: None)
             return resp
         resp, held = await self.rm.fetch_async(req, run=self._io, reserve=budget.acquire, release=budget.release,
                                                on_park=lambda: limits.start_waiting(client),
