@@ -127,6 +127,9 @@ class _CutShort(Exception):
     """A partition was added while the request was being sent: it is built again with the partition."""
 
 
+# How often a fetch rebuilds every partition's part from its log, not only those it processed since.
+WANTS_REFRESH_S = 1.0
+
 # A stream keeps the credentials it opened with (a SCRAM session token ages): it is opened anew
 # after this long, and at once when the leader refuses it as unauthorized.
 STREAM_MAX_AGE_S = 60.0
@@ -169,6 +172,12 @@ class ReplicaFetcher:
         self._cut_short = False  # add() wants the request in flight rebuilt; under _lock
         self._next_ready_s = float("inf")  # when the first partition held back by _build_request is ready
         self._use_stream = True  # False once the leader answered UNIMPLEMENTED (an older version)
+        # Each partition's fetch as last built, and the partitions it may have changed for since (a
+        # response processed, added): a fetch rebuilds those only, and all of them once per
+        # WANTS_REFRESH_S (a log start moved by this broker's retention). Under _lock.
+        self._wants: dict[tuple[str, int], _Want] = {}
+        self._changed: set[tuple[str, int]] = set()
+        self._next_full_build_s = 0.0
         self._thread = threading.Thread(target=self._run, name=f"replica-fetcher-{local_id}-from-{source_id}",
                                         daemon=True)
         self._thread.start()
@@ -177,6 +186,7 @@ class ReplicaFetcher:
     def add(self, partition: Partition, leader_epoch: int) -> None:
         with self._lock:
             self._states[partition.key] = _FetchState(partition, leader_epoch)
+            self._changed.add(partition.key)
             self._lock.notify_all()
             # The fetch in flight may be parked at the leader for up to max_wait_ms without this partition.
             # The fetcher thread checks _cut_short under this lock after opening its stream and before
@@ -193,6 +203,7 @@ class ReplicaFetcher:
         with self._lock:
             for k in keys:
                 self._states.pop(k, None)
+                self._wants.pop(k, None)
 
     def partition_count(self) -> int:
         with self._lock:
@@ -260,6 +271,7 @@ class ReplicaFetcher:
                     st = self._states.get(key)
                     if st is None or epochs.get(key) != st.leader_epoch:
                         continue  # removed or re-added at another epoch while the request was out
+                    self._changed.add(key)
                     try:
                         self._process(st, pr)
                     except errors.BrookError as e:
@@ -341,19 +353,30 @@ class ReplicaFetcher:
         parts: dict[tuple[str, int], _Want] = {}
         epochs: dict[tuple[str, int], int] = {}
         partition_max_bytes = self.config.partition_max_bytes
+        wants, changed = self._wants, self._changed
+        full = now >= self._next_full_build_s
+        if full:
+            self._next_full_build_s = now + WANTS_REFRESH_S
         next_ready_s = float("inf")
         throttle_wait_s = self.config.throttle.wait_s()
+        held_back = []
         for key, st in self._states.items():
             if st.delayed_until_s > now:
                 next_ready_s = min(next_ready_s, st.delayed_until_s)
+                held_back.append(key)
                 continue
             if throttle_wait_s > 0 and self.local_id not in st.partition.isr:
                 next_ready_s = min(next_ready_s, now + throttle_wait_s)  # the copy throttle is in debt
+                held_back.append(key)
                 continue
-            lg = st.partition.log
-            parts[key] = (lg.log_end_offset, partition_max_bytes, st.leader_epoch, lg.latest_epoch,
-                          lg.log_start_offset)
+            w = None if full or key in changed else wants.get(key)
+            if w is None:
+                lg = st.partition.log
+                w = wants[key] = (lg.log_end_offset, partition_max_bytes, st.leader_epoch, lg.latest_epoch,
+                                  lg.log_start_offset)
+            parts[key] = w
             epochs[key] = st.leader_epoch
+        self._changed = changed & set(held_back)  # built when they are fetched again
         self._next_ready_s = next_ready_s
         if not parts:
             return None, epochs
