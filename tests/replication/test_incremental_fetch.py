@@ -70,19 +70,24 @@ def test_a_session_reads_only_what_changed_and_everything_once_per_refresh() -> 
     index = SessionIndex()
     s = session_of(4, index)
     assert read(s, parts, 10.0) == [0, 1, 2, 3], "a new session reads every partition"
-    assert read(s, parts, 10.1) == [], "nothing changed: nothing to read (the fetch waits for a change)"
+    assert read(s, parts, 10.01) == [], "nothing changed: nothing to read (the fetch waits for a change)"
     parts[("t", 2)].data_seq += 1
     index.changed(("t", 2), parts[("t", 2)])
-    assert read(s, parts, 10.2) == [2], "new data, marked through the broker's index"
+    assert read(s, parts, 10.02) == [2], "new data, marked through the broker's index"
     index.changed(("t", 3), parts[("t", 3)])  # a high watermark move: same data
-    assert read(s, parts, 10.3) == [3], "a moved high watermark is read with the next answer"
+    assert read(s, parts, 10.03) == [3], "a moved high watermark is read with the next answer"
     s.update(request(fp(1, offset=5), incremental=True))
-    req, _ = s.request(parts, 10.5)
+    req, _ = s.request(parts, 10.05)
     assert [(f.partition, f.fetch_offset) for f in req.partitions] == [(1, 5)], \
         "the follower moved on partition 1: its progress is read (it may move the HW)"
     s.answered(broker_pb2.FetchResponse())
-    assert read(s, parts, 11.0) == [0, 1, 2, 3], "the periodic full read refreshes every follower's progress"
-    assert read(s, parts, 11.1) == []
+    # In turns, every partition is read once per refresh_s (1 s here), its share at each read.
+    assert read(s, parts, 10.6) == [0, 1], "the refresh's share of 4 partitions over the 0.6 s since the last read"
+    assert read(s, parts, 10.7) == [], "0.4 of a partition due: none yet"
+    assert read(s, parts, 11.0) == [2, 3]
+    turn = [read(s, parts, 11.0 + i / 8) for i in range(1, 9)]
+    assert sorted(p for r in turn for p in r) == [0, 1, 2, 3], f"one read each per second: {turn}"
+    assert read(s, parts, 30.0) == [0, 1, 2, 3], "after a long wait, every partition is due, once"
     s.close()
     append(s, parts, 0)
     assert index.sessions(("t", 0)) == 0, "a closed session is out of the index"
