@@ -111,6 +111,24 @@ def rpc_seeds() -> dict[str, bytes]:
                               current_leader_epoch=9, last_fetched_epoch=9)])]
     seeds["replica-fetch-session"] = bytes([len(BROKER_RPCS) + len(GROUP_RPCS)]) + b"".join(
         len(m).to_bytes(2, "big") + m for m in (r.SerializeToString(deterministic=True) for r in session))
+
+    def part(topic: str, partition: int, offset: int = 0) -> object:
+        return pb.FetchPartition(topic=topic, partition=partition, fetch_offset=offset, partition_max_bytes=1 << 20,
+                                 current_leader_epoch=0, last_fetched_epoch=0 if offset else -1, log_start_offset=0)
+    # A fetch session (broker/fetch_session.py): full, then incremental requests naming what changed,
+    # a duplicate, a partition forgotten, one never held forgotten, and a full request starting over.
+    incremental = [
+        pb.FetchRequest(replica_id=2, replica_epoch=1, max_bytes=1 << 20,
+                        partitions=[part("r", 0), part("t", 0), part("t", 1)]),
+        pb.FetchRequest(replica_id=2, replica_epoch=1, max_bytes=1 << 20, incremental=True,
+                        partitions=[part("r", 0, 3), part("r", 0, 3)]),
+        pb.FetchRequest(replica_id=2, replica_epoch=1, max_bytes=1 << 20, incremental=True),
+        pb.FetchRequest(replica_id=2, replica_epoch=1, max_bytes=1 << 20, incremental=True,
+                        partitions=[part("nope", 0)],
+                        forgotten=[pb.FetchForgotten(topic="t", partition=1), pb.FetchForgotten(topic="x", partition=9)]),
+        pb.FetchRequest(replica_id=2, replica_epoch=1, max_bytes=1 << 20, partitions=[part("c", 0)])]
+    seeds["replica-fetch-incremental"] = bytes([len(BROKER_RPCS) + len(GROUP_RPCS)]) + b"".join(
+        len(m).to_bytes(2, "big") + m for m in (r.SerializeToString(deterministic=True) for r in incremental))
     produce_session = [
         pb.ProduceRequest(acks=1, timeout_ms=100, partitions=[pb.ProducePartitionData(
             topic="t", partition=0, records=valid(3))]),

@@ -29,7 +29,7 @@ import shutil
 import struct
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -350,19 +350,42 @@ class RpcHarness:
 
         The stream ends at the first message that does not parse (gRPC ends the call there too).
         Each request must get exactly one response, in order: a follower waits for the answer
-        to its last request before it sends the next. Returns the responses as text.
+        to its last request before it sends the next. The stream is a fetch session
+        (broker/fetch_session.py): an answer names every partition its request listed and only
+        partitions of the session (a refused request: only its own). Returns the responses as text.
         """
-        return self._stream_session(REPLICA_FETCH, self.pb.FetchRequest, self.service.ReplicaFetch, data)
+        return self._stream_session(REPLICA_FETCH, self.pb.FetchRequest, self.service.ReplicaFetch, data,
+                                    self._check_fetch_session)
+
+    def _check_fetch_session(self, requests: list[Any], responses: list[Any]) -> None:
+        from broker.fetch_session import MIN_SESSION_BOUND
+        bound = max(MIN_SESSION_BOUND, 2 * len(self.rm._partitions))
+        held: set[tuple[str, int]] = set()  # the session's partitions, as the leader keeps them
+        for request, response in zip(requests, responses, strict=True):
+            asked = {(p.topic, p.partition) for p in request.partitions}
+            named = {(p.topic, p.partition) for p in response.partitions}
+            allowed = asked
+            if request.replica_id >= 0:
+                forgotten = {(f.topic, f.partition) for f in request.forgotten}
+                after = (held - forgotten) | asked if request.incremental else asked
+                if len(after) <= bound:  # else refused, the session unchanged
+                    held = allowed = after
+            if not asked <= named or not named <= allowed:
+                raise AssertionError(f"{REPLICA_FETCH} answered partitions {sorted(named)[:4]} for a request of "
+                                     f"{sorted(asked)[:4]} (incremental {request.incremental}) in a session of "
+                                     f"{sorted(held)[:4]}")
 
     def _produce_stream_session(self, data: bytes) -> str:
         """One ProduceStream: its messages (framed as ReplicaFetch's) pipelined through the stream handler,
         each answered once, in order."""
-        return self._stream_session(PRODUCE_STREAM, self.pb.ProduceRequest, self.service.ProduceStream, data)
+        return self._stream_session(PRODUCE_STREAM, self.pb.ProduceRequest, self.service.ProduceStream, data,
+                                    _check_same_partitions)
 
-    def _stream_session(self, name: str, request_type: type, handler: Any, data: bytes) -> str:
+    def _stream_session(self, name: str, request_type: type, handler: Any, data: bytes,
+                        check: Callable[[list[Any], list[Any]], None]) -> str:
         """Each message of ``data`` (a 2-byte big-endian length, then the message) into one
         request-and-response stream of ``handler``, at most REPLICA_FETCH_MAX_MESSAGES of them; every
-        request must get one response naming the partitions it asked about, in request order."""
+        request must get one response, in request order, whose partitions ``check`` accepts."""
         requests: list[Any] = []
         pos = 0
         while pos + 2 <= len(data) and len(requests) < REPLICA_FETCH_MAX_MESSAGES:
@@ -385,12 +408,17 @@ class RpcHarness:
         responses = self.loop.run_until_complete(session())
         if len(responses) != len(requests):
             raise AssertionError(f"{name} answered {len(responses)} of {len(requests)} requests")
-        for request, response in zip(requests, responses, strict=True):
-            asked = sorted((p.topic, p.partition) for p in request.partitions)
-            if sorted((p.topic, p.partition) for p in response.partitions) != asked:
-                raise AssertionError(f"{name} answered partitions {list(response.partitions)[:4]} "
-                                     f"for a request of {asked[:4]}")
+        check(requests, responses)
         return "\n".join(str(r) for r in responses)
+
+
+def _check_same_partitions(requests: list[Any], responses: list[Any]) -> None:
+    """Each answer names exactly the partitions its request asked about (ProduceStream)."""
+    for request, response in zip(requests, responses, strict=True):
+        asked = sorted((p.topic, p.partition) for p in request.partitions)
+        if sorted((p.topic, p.partition) for p in response.partitions) != asked:
+            raise AssertionError(f"{PRODUCE_STREAM} answered partitions {list(response.partitions)[:4]} "
+                                 f"for a request of {asked[:4]}")
 
 
 def _bound_waits(request: Any) -> None:

@@ -224,6 +224,39 @@ def test_kafka_harness_reaches_the_handlers() -> None:
     assert parsed > 20, f"only {parsed} of 500 mutations parse: the target barely reaches the handlers"
 
 
+def test_rpc_harness_runs_incremental_fetch_sessions() -> None:
+    # An incremental request names only what changed and an answer only what is new: the harness
+    # must accept that, and still catch an answer naming a partition the session does not hold.
+    from proto import broker_pb2
+    from storage.record_batch import RecordBatchBuilder
+
+    session = next((CORPUS / "rpc").glob("replica-fetch-incremental-*")).read_bytes()
+    h = targets.RpcHarness()
+    try:
+        builder = RecordBatchBuilder()
+        for i in range(5):
+            builder.append(1, b"k%d" % i, b"v")
+        req = broker_pb2.ProduceRequest(acks=1, timeout_ms=100, partitions=[
+            broker_pb2.ProducePartitionData(topic="r", partition=0, records=builder.build())])
+        assert h.loop.run_until_complete(h.service.Produce(req, targets._Context())).partitions[0].error_code == 0
+        # 5 answers (full, incremental with a duplicate, empty, forgotten + unknown, full again), each
+        # checked against the session by the harness
+        text = h._replica_fetch_session(session[1:])
+        assert text.count("incremental: true") == 5, text[:800]
+        assert 'records: "' in text, text[:800]  # r-0's batch, from the full request
+        assert 'topic: "nope"' in text and "UNKNOWN_TOPIC_OR_PARTITION" in text, text[:1500]
+        h.call(session)  # the whole input, as the fuzzer gives it: no failure
+
+        async def answers_outside_the_session(requests, context):  # type: ignore[no-untyped-def]
+            async for _ in requests:
+                yield broker_pb2.FetchResponse(partitions=[broker_pb2.FetchPartitionResponse(topic="zz", partition=0)])
+        h.service.ReplicaFetch = answers_outside_the_session  # type: ignore[method-assign]
+        with pytest.raises(AssertionError, match="ReplicaFetch answered partitions"):
+            h.call(session)
+    finally:
+        h.close()
+
+
 def test_rpc_harness_runs_produce_stream_sessions() -> None:
     # The ProduceStream seed reaches the stream handler: its valid requests are appended in order and
     # every request is answered once, and the one-answer-per-request check catches a stream that drops one.
