@@ -466,8 +466,13 @@ class ReplicaManager:
 
     def _complete_delayed(self, key: tuple[str, int]) -> None:
         self.produce_purgatory.check_and_complete(key)
+        self._wake_fetches(key, self._partitions.get(key))
+
+    def _wake_fetches(self, key: tuple[str, int], p: Partition | None) -> None:
+        """Partition ``key`` changed: the long polls waiting on it, in the purgatory (consumers, unary
+        follower fetches) and in followers' fetch sessions, look again."""
         self.fetch_purgatory.check_and_complete(key)
-        self.fetch_sessions.changed(key, self._partitions.get(key))
+        self.fetch_sessions.changed(key, p)
 
     # ---- lookup helpers ----
     def _current_leader(self, topic: str, partition: int) -> common_pb2.LeaderIdAndEpoch:
@@ -521,8 +526,7 @@ class ReplicaManager:
         except errors.BrookError as e:
             fut.set_exception(e)
             return fut
-        self.fetch_purgatory.check_and_complete(p.key)
-        self.fetch_sessions.changed(p.key, p)
+        self._wake_fetches(p.key, p)
         if acks != -1:
             fut.set_result(result)
             return fut

@@ -432,19 +432,20 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                                          high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
         # Replication has its own executor and no client bounds: a client flood must not
         # starve the followers (and so shrink the ISR).
-        return await self._guard("Fetch", request, lambda: self._fetch(request, None, session=session),
-                                 lambda: _fetch_error_all(request))
+        work = (lambda: self._fetch(request, None)) if session is None else \
+            (lambda: self._session_fetch(request, session))
+        return await self._guard("Fetch", request, work, lambda: _fetch_error_all(request))
+
+    async def _session_fetch(self, req: broker_pb2.FetchRequest,
+                             session: FollowerFetchSession) -> broker_pb2.FetchResponse:
+        resp = await self.rm.session_fetch(req, session, run=self._replication_io)
+        resp.incremental = True  # this leader keeps the stream's partitions: the next request may say changes only
+        return resp
 
     async def _fetch(self, req: broker_pb2.FetchRequest, client: str | None,
-                     slices: dict[tuple[str, int], Any] | None = None, *,
-                     session: FollowerFetchSession | None = None) -> broker_pb2.FetchResponse:
-        """Read (and long-poll) through the ReplicaManager; ``client`` None for a follower fetch
-        (``session`` when it came on a ReplicaFetch stream)."""
+                     slices: dict[tuple[str, int], Any] | None = None) -> broker_pb2.FetchResponse:
+        """Read (and long-poll) through the ReplicaManager; ``client`` None for a follower fetch."""
         budget, limits = self.capacity.budget, self.capacity.limits
-        if session is not None:
-            resp = await self.rm.session_fetch(req, session, run=self._replication_io)
-            resp.incremental = True
-            return resp
         if client is None:
             async def no_reserve(n: int) -> int:
                 return 0

@@ -321,7 +321,7 @@ class ReplicaFetcher:
                 parts = {k: w for k, w in parts.items() if sent.get(k) != w}
                 req.forgotten.extend(broker_pb2.FetchForgotten(topic=k[0], partition=k[1])
                                      for k in sent.keys() - wanted.parts.keys())
-            session.sent = dict(wanted.parts)
+            session.sent = wanted.parts  # built afresh for each fetch: nothing changes it after
         req.partitions.extend(
             broker_pb2.FetchPartition(topic=k[0], partition=k[1], fetch_offset=w[0], partition_max_bytes=w[1],
                                       current_leader_epoch=w[2], last_fetched_epoch=w[3], log_start_offset=w[4])
