@@ -163,23 +163,29 @@ def test_rpc_harness_reaches_the_group_coordinator() -> None:
         h.close()
 
 
+def produce_to_r0(h: targets.RpcHarness, records: int) -> None:
+    """One batch of ``records`` appended to the harness broker's r-0, which it leads."""
+    from proto import broker_pb2
+    from storage.record_batch import RecordBatchBuilder
+
+    builder = RecordBatchBuilder()
+    for i in range(records):
+        builder.append(1, b"k%d" % i, b"v")
+    req = broker_pb2.ProduceRequest(acks=1, timeout_ms=100, partitions=[
+        broker_pb2.ProducePartitionData(topic="r", partition=0, records=builder.build())])
+    assert h.loop.run_until_complete(h.service.Produce(req, targets._Context())).partitions[0].error_code == 0
+
+
 def test_rpc_harness_runs_replica_fetch_sessions() -> None:
     # The ReplicaFetch stream in the rpc target must answer each message as a follower Fetch, and
     # its one-answer-per-request check must catch a stream that drops one, or it proves nothing.
-    from proto import broker_pb2
-    from storage.record_batch import RecordBatchBuilder
 
     session = next((CORPUS / "rpc").glob("replica-fetch-session-*")).read_bytes()
     h = targets.RpcHarness()
     try:
         name, _, _ = h.handlers[session[0] % len(h.handlers)]
         assert name == targets.REPLICA_FETCH
-        builder = RecordBatchBuilder()
-        for i in range(3):
-            builder.append(1, b"k%d" % i, b"v")
-        req = broker_pb2.ProduceRequest(acks=1, timeout_ms=100, partitions=[
-            broker_pb2.ProducePartitionData(topic="r", partition=0, records=builder.build())])
-        assert h.loop.run_until_complete(h.service.Produce(req, targets._Context())).partitions[0].error_code == 0
+        produce_to_r0(h, 3)
         partition = h.rm.leader_partition("r", 0)
         text = h._replica_fetch_session(session[1:])
         answers = text.split("partitions {")
@@ -228,17 +234,11 @@ def test_rpc_harness_runs_incremental_fetch_sessions() -> None:
     # An incremental request names only what changed and an answer only what is new: the harness
     # must accept that, and still catch an answer naming a partition the session does not hold.
     from proto import broker_pb2
-    from storage.record_batch import RecordBatchBuilder
 
     session = next((CORPUS / "rpc").glob("replica-fetch-incremental-*")).read_bytes()
     h = targets.RpcHarness()
     try:
-        builder = RecordBatchBuilder()
-        for i in range(5):
-            builder.append(1, b"k%d" % i, b"v")
-        req = broker_pb2.ProduceRequest(acks=1, timeout_ms=100, partitions=[
-            broker_pb2.ProducePartitionData(topic="r", partition=0, records=builder.build())])
-        assert h.loop.run_until_complete(h.service.Produce(req, targets._Context())).partitions[0].error_code == 0
+        produce_to_r0(h, 5)
         # 5 answers (full, incremental with a duplicate, empty, forgotten + unknown, full again), each
         # checked against the session by the harness
         text = h._replica_fetch_session(session[1:])

@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
+from test_fetch_session import BATCH
 from waiting import wait_for
 
 from broker import fetch_session
@@ -27,7 +28,6 @@ from replication.fetcher import FetcherConfig, ReplicaFetcherManager
 from replication.partition import Partition
 from storage.log import Log
 from storage.log_config import LogConfig
-from storage.record_batch import RecordBatchBuilder
 
 
 def fp(partition: int, offset: int = 0, topic: str = "t") -> broker_pb2.FetchPartition:
@@ -166,12 +166,6 @@ def test_a_session_past_its_bound_is_refused_and_unchanged(monkeypatch: pytest.M
 
 # ---- the follower's requests, against a stand-in leader on a real socket ----
 
-def one_batch() -> bytes:
-    b = RecordBatchBuilder(partition_leader_epoch=0, base_offset=0)
-    b.append(1_700_000_000_000, None, b"replicated")
-    return b.build()
-
-
 class RecordingLeader(broker_pb2_grpc.BrokerServiceServicer):
     """Answers partition 0 at offset 0 with one batch once ``serve`` is set, everything else with nothing
     (after a short long poll); says it keeps sessions when ``sessions``. Records every request."""
@@ -181,7 +175,6 @@ class RecordingLeader(broker_pb2_grpc.BrokerServiceServicer):
         self.serve = threading.Event()
         self.requests: list[broker_pb2.FetchRequest] = []
         self.lock = threading.Lock()
-        self.batch = one_batch()
 
     def ReplicaFetch(self, request_iterator: Iterator[broker_pb2.FetchRequest],
                      context: Any) -> Iterator[broker_pb2.FetchResponse]:
@@ -196,7 +189,7 @@ class RecordingLeader(broker_pb2_grpc.BrokerServiceServicer):
             offsets.update((f.partition, f.fetch_offset) for f in req.partitions)
             resp = broker_pb2.FetchResponse(incremental=self.sessions)
             if offsets.get(0) == 0 and self.serve.is_set():
-                resp.partitions.add(topic="t", partition=0, log_start_offset=0, high_watermark=1, records=self.batch)
+                resp.partitions.add(topic="t", partition=0, log_start_offset=0, high_watermark=1, records=BATCH)
             else:
                 threading.Event().wait(0.02)  # a long poll with nothing new
             yield resp
