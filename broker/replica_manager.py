@@ -231,7 +231,8 @@ class _AsyncDataWaiter(DelayedOperation):
     executor. Woken on the loop thread itself (an append made there, see
     BrokerService._produce_append_inline), the follower's read is made there too if it
     waits for no lock, and of at most ``LOOP_READ_MAX_BYTES`` (the follower fetches the rest
-    at once). Anything else only resolves the future, and the loop re-reads on its executor.
+    at once). Anything else only resolves the future, and the fetch reads again where it resumes
+    (a consumer's read of the tail it waited for on the loop, see ``fetch_async``; else on its executor).
     The deadline is an asyncio timer, not the purgatory reaper.
     """
 
@@ -578,15 +579,33 @@ class ReplicaManager:
                 inline = read_inline(blocking=False)
             except LockBusy:  # an append holds a partition: the executor waits for it, not the loop
                 inline = None
+        # A consumer's read after a park is of the tail it waited for: what an append or HW move
+        # just made readable, in the page cache. Read on the loop, as a woken follower fetch is,
+        # up to LOOP_READ_MAX_BYTES (the rest the consumer fetches at once): no hop to the executor
+        # and back between the commit and the answer. Not for reads sent from the files (slices),
+        # nor for a min_bytes above that bound (the bounded read could never satisfy it).
+        tail_on_loop = not for_follower and slices is None and req.min_bytes <= LOOP_READ_MAX_BYTES
+        parked = False
         while True:
             if inline is None:
                 seqs = wake_seqs()  # before the read: a change racing with it wakes the park below
-                granted = await reserve(cap)
-                try:
-                    resp, total_bytes, must_answer = await run(lambda: self._read_once(req, cap, slices))
-                except BaseException:
-                    release(granted)
-                    raise
+                read = None
+                if parked and tail_on_loop:
+                    tail_cap = min(cap, LOOP_READ_MAX_BYTES)
+                    granted = await reserve(tail_cap)
+                    try:
+                        read = self._read_once(req, tail_cap)  # a consumer's read takes no lock (the log's view)
+                    except BaseException:
+                        release(granted)
+                        raise
+                if read is None:
+                    granted = await reserve(cap)
+                    try:
+                        read = await run(lambda: self._read_once(req, cap, slices))
+                    except BaseException:
+                        release(granted)
+                        raise
+                resp, total_bytes, must_answer = read
             else:  # a follower fetch read by the thread that woke it (replication: no byte budget)
                 granted = 0
                 seqs, (resp, total_bytes, must_answer) = inline
@@ -598,6 +617,7 @@ class ReplicaManager:
             release(granted)
             inline = await self._park(seqs, for_follower, remaining_s, on_park, on_unpark,
                                       read_inline if for_follower else None)
+            parked = True
             if self._stopped.is_set():
                 return resp, 0
 

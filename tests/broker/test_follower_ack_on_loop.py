@@ -5,8 +5,8 @@ complete waiting acks=all produces. ReplicaManager.fetch_async does that on the 
 of hopping to the replication executor and back (two thread switches on the acks=all path).
 It never waits for a partition lock there: with an append holding it, the fetch goes to the
 executor as before. And a parked follower fetch woken by an append made on the loop (small
-produces are) is read on the loop too, up to LOOP_READ_MAX_BYTES. Real ReplicaManager, Log and
-purgatories.
+produces are) is read on the loop too, up to LOOP_READ_MAX_BYTES, and so is a consumer's long
+poll woken by a commit. Real ReplicaManager, Log and purgatories.
 """
 
 from __future__ import annotations
@@ -192,3 +192,56 @@ def test_an_append_made_on_the_loop_hands_the_parked_follower_its_data_read_on_t
     assert threadsafe == [], f"woken on the loop's thread, handed over without the self-pipe: {threadsafe}"
     got = [h.base_offset for _, h in iter_batches(resp.partitions[0].records)]
     assert got == [0, 1], f"two whole batches, under the cap (the third comes with the next fetch): {got}"
+
+
+def consumer_fetch(offset: int, min_bytes: int = 1) -> broker_pb2.FetchRequest:
+    return broker_pb2.FetchRequest(replica_id=-1, max_wait_ms=10_000, min_bytes=min_bytes, max_bytes=1 << 20,
+                                   partitions=[broker_pb2.FetchPartition(
+                                       topic="t", partition=0, fetch_offset=offset, partition_max_bytes=1 << 20,
+                                       current_leader_epoch=0)])
+
+
+def consumer_woken_by_commit(rm: ReplicaManager, req: broker_pb2.FetchRequest,
+                             batches: bytes) -> tuple[broker_pb2.FetchResponse, list[str]]:
+    """A consumer fetch parked at the HW, woken when follower 2 acknowledges ``batches``: its answer
+    and the executor reads it made from the wake on."""
+    hops: list[str] = []
+
+    async def scenario() -> broker_pb2.FetchResponse:
+        parked = asyncio.ensure_future(start_fetch(rm, req, hops))
+        await await_for(lambda: rm.fetch_purgatory.watched(("t", 0)), 10, "the consumer fetch to park")
+        rm.append_records("t", 0, batches, acks=1, timeout_ms=5000, blocking=False).result(timeout=0)
+        await start_fetch(rm, follower_fetch(0), [])  # follower 2 reads the batches ...
+        assert not parked.done(), "nothing is committed yet: the consumer must still wait"
+        hops.clear()
+        end = rm.partition("t", 0).log.log_end_offset  # type: ignore[union-attr]
+        await start_fetch(rm, follower_fetch(end), [])  # ... and says it has them: the HW moves
+        resp, _ = await asyncio.wait_for(parked, 5)
+        return resp
+
+    return asyncio.run(scenario()), hops
+
+
+def test_a_consumer_woken_by_a_commit_reads_the_tail_on_the_loop(rm: ReplicaManager) -> None:
+    # The data a parked consumer waited for was just written: it is read where the fetch resumes,
+    # on the loop, up to LOOP_READ_MAX_BYTES of whole batches (the rest comes with its next fetch).
+    from broker.replica_manager import LOOP_READ_MAX_BYTES
+
+    resp, hops = consumer_woken_by_commit(rm, consumer_fetch(0),
+                                          sized_batches(3, LOOP_READ_MAX_BYTES // 2 - 200))
+    assert hops == [], f"the woken consumer fetch was read on the loop, not on the executor: {hops}"
+    assert resp.partitions[0].high_watermark == 3, resp.partitions[0]
+    got = [h.base_offset for _, h in iter_batches(resp.partitions[0].records)]
+    assert got == [0, 1], f"two whole batches, under the loop's cap: {got}"
+
+
+def test_a_consumer_asking_more_than_the_loop_reads_is_read_on_the_executor(rm: ReplicaManager) -> None:
+    # A min_bytes the bounded read could never satisfy: the read after the wake goes to the executor
+    # and the answer carries everything committed.
+    from broker.replica_manager import LOOP_READ_MAX_BYTES
+
+    batches = sized_batches(3, LOOP_READ_MAX_BYTES // 2 - 200)
+    resp, hops = consumer_woken_by_commit(rm, consumer_fetch(0, min_bytes=LOOP_READ_MAX_BYTES + 1), batches)
+    assert hops == ["executor"], f"one executor read after the commit: {hops}"
+    got = [h.base_offset for _, h in iter_batches(resp.partitions[0].records)]
+    assert got == [0, 1, 2], f"every committed batch: {got}"
