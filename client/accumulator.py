@@ -22,6 +22,7 @@ from typing import Any
 
 from client import errors
 from client.types import RecordMetadata, TopicPartition
+from storage import record_batch, record_walk
 from storage.record_batch import BATCH_HEADER_SIZE, RecordBatchBuilder
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,10 @@ def _run_callback(fn: Callable[[RecordFuture], Any], future: RecordFuture) -> No
         log.exception("producer callback %r raised", fn)
 
 
-class RecordFuture:
-    """Future of one record's RecordMetadata (concurrent.futures-like, plus kafka-python's get())."""
+class _PyRecordFutureBase:
+    """A record future's fields: the reference for the compiled RecordFutureBase
+    (storage/_record_walk.c), which the batch's records writer makes for each record it appends
+    without running Python code."""
 
     __slots__ = ("_completion", "_delta", "_timestamp", "_key_size", "_value_size")
 
@@ -107,6 +110,20 @@ class RecordFuture:
         self._timestamp = timestamp
         self._key_size = key_size
         self._value_size = value_size
+
+
+# The compiled writer and future base when the extension is built (both or neither: an older build
+# without them leaves the producer on the Python path).
+_COMPILED_WRITER = getattr(record_walk._compiled, "RecordsWriter", None)
+_COMPILED_FUTURE = getattr(record_walk._compiled, "RecordFutureBase", None)
+_FAST_APPEND = (_COMPILED_WRITER is not None and _COMPILED_FUTURE is not None
+                and record_batch._RecordsWriter is _COMPILED_WRITER)
+
+
+class RecordFuture(_COMPILED_FUTURE if _FAST_APPEND else _PyRecordFutureBase):  # type: ignore[misc]
+    """Future of one record's RecordMetadata (concurrent.futures-like, plus kafka-python's get())."""
+
+    __slots__ = ()
 
     def done(self) -> bool:
         return self._completion.event.is_set()
@@ -181,19 +198,21 @@ class ProducerBatch:
     """An open (appendable) or closed batch of one partition, plus its send/retry state."""
 
     __slots__ = (
-        "tp", "builder", "completion", "created", "deadline", "size_bytes", "record_count", "closed",
-        "attempts", "last_attempt", "retry", "base_sequence", "producer_id", "producer_epoch", "payload",
+        "tp", "builder", "append_future", "completion", "created", "deadline", "size_bytes", "_record_count",
+        "closed", "attempts", "last_attempt", "retry", "base_sequence", "producer_id", "producer_epoch", "payload",
         "sent_behind",
     )
 
     def __init__(self, tp: TopicPartition, builder: RecordBatchBuilder, now: float, delivery_timeout_s: float):
         self.tp = tp
         self.builder = builder
+        # The compiled writer's append of a record without headers, future included (None: Python path).
+        self.append_future = builder.records_writer.append_future if _FAST_APPEND else None
         self.completion = BatchCompletion(tp.topic, tp.partition)
         self.created = now
         self.deadline = now + delivery_timeout_s
         self.size_bytes = 0  # header + records, reserved against buffer.memory until completion
-        self.record_count = 0
+        self._record_count = 0  # once built (the builder counts until then)
         self.closed = False
         self.attempts = 0
         self.last_attempt = 0.0
@@ -204,9 +223,15 @@ class ProducerBatch:
         self.payload: bytes | None = None  # built bytes, kept for retries
         self.sent_behind = False  # a lower-sequence batch was unanswered when this one was last sent
 
+    @property
+    def record_count(self) -> int:
+        return self._record_count if self.builder is None else self.builder.record_count
+
     def build(self) -> bytes:
         if self.payload is None:
             self.closed = True
+            self.append_future = None
+            self._record_count = self.builder.record_count
             self.payload = self.builder.build()
             self.builder = None  # type: ignore[assignment]  # free the record buffers
         return self.payload
@@ -251,7 +276,7 @@ class RecordAccumulator:
     def append(
         self,
         tp: TopicPartition,
-        timestamp: int,
+        timestamp: int | None,
         key: bytes | None,
         value: bytes | None,
         headers: Headers,
@@ -261,9 +286,10 @@ class RecordAccumulator:
         *,
         allow_new_batch: bool = True,
     ) -> RecordFuture | None:
-        """Append one record; None when ``allow_new_batch`` is False and a new batch would be needed.
+        """Append one record (``timestamp`` None: now); None when ``allow_new_batch`` is False and a
+        new batch would be needed.
 
-        The hot path of ``send()``: one lock, one dict lookup, the builder append.
+        The hot path of ``send()``: one lock, one dict lookup, one call of the compiled writer.
         """
         with self.lock:
             batch = self.open_batches.get(tp)
@@ -282,13 +308,25 @@ class RecordAccumulator:
                 self.used_bytes = used
             else:
                 self._reserve(size)
-            delta = batch.builder.append(timestamp, key, value, headers)
+            future = None
+            if batch.append_future is not None and not headers:
+                # One call: the record encoded and its future made in C (None: the builder's own
+                # append names the error or converts the key or value).
+                future = batch.append_future(RecordFuture, batch.completion, timestamp, key, value)
+            if future is None:
+                if timestamp is None:
+                    timestamp = int(time.time() * 1000)
+                try:
+                    delta = batch.builder.append(timestamp, key, value, headers)
+                except errors.BrookError:
+                    self.used_bytes -= size  # refused (a timestamp beyond a varlong): nothing was added
+                    raise
+                future = RecordFuture(batch.completion, delta, timestamp, key_size, value_size)
             batch.size_bytes += size
-            batch.record_count = delta + 1
             if batch.size_bytes >= self.batch_size:
                 self._close(batch)
                 self.wakeup.notify()
-            return RecordFuture(batch.completion, delta, timestamp, key_size, value_size)
+            return future
 
     def _close(self, batch: ProducerBatch) -> None:
         """No more appends to ``batch``. Caller holds ``lock``."""

@@ -18,7 +18,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from time import time as _time
 from typing import Any
 
 from client import errors
@@ -217,8 +216,6 @@ class Producer:
         if cached is None:
             cached = self._partitions(topic)
         all_parts, available, tps = cached
-        if timestamp is None:
-            timestamp = int(_time() * 1000)
         if partition is not None:
             if partition not in all_parts:
                 raise errors.UnknownTopicOrPartitionError(

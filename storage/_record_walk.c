@@ -1,6 +1,6 @@
 /* storage._record_walk: the compiled record walk of LogValidator, the consumer's
  * compiled record decoder (decode_records, further down) and the producer's record
- * encoder (append_record, at the end).
+ * encoder (RecordsWriter, with RecordFutureBase, at the end).
  *
  * walk(buf, start, end, count, compact) -> (kind, record, a, b, min_ts_delta, max_ts_delta)
  *
@@ -13,6 +13,8 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
+#include <structmember.h>
 
 enum {
     OK = 0, COUNT_SHORT = 1, BAD_LENGTH = 2, OFFSET_DELTA = 3, KEY_LENGTH = 4, NO_KEY = 5,
@@ -416,13 +418,9 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
 
 /* ---------------------------------------------------------------- the producer's record encoder
  *
- * append_record(buf, ts_delta, offset_delta, key, value, headers) -> bytes appended
- *
- * Appends one v2 record to the bytearray ``buf``: length, attributes (0), timestamp delta,
- * offset delta, key, value (a null one as length -1), then ``headers`` (already encoded,
- * b"\x00" for none). The same bytes as RecordBatchBuilder's Python path, the reference.
- * key and value are bytes or None; the deltas must fit a varlong (OverflowError, with
- * ``buf`` unchanged, otherwise: the caller's Python path then raises the record error).
+ * put_record writes one v2 record: length, attributes (0), timestamp delta, offset delta, key,
+ * value (a null one as length -1), then the headers (already encoded, b"\x00" for none). The
+ * same bytes as storage/record_batch.py's _PyRecordsWriter, the reference.
  */
 static inline int varint_size(uint64_t z) {
     int n = 1;
@@ -438,31 +436,11 @@ static inline char *put_varint(char *out, uint64_t z) {
     return out;
 }
 
-static PyObject *append_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "append_record(buf, ts_delta, offset_delta, key, value, headers)");
-        return NULL;
-    }
-    PyObject *buf = args[0], *key = args[3], *value = args[4], *headers = args[5];
-    if (!PyByteArray_CheckExact(buf) || !PyBytes_CheckExact(headers)
-            || (key != Py_None && !PyBytes_CheckExact(key)) || (value != Py_None && !PyBytes_CheckExact(value))) {
-        PyErr_SetString(PyExc_TypeError, "append_record: buf must be a bytearray, headers bytes, "
-                                         "key and value bytes or None");
-        return NULL;
-    }
-    int overflow = 0;
-    long long ts_delta = PyLong_AsLongLongAndOverflow(args[1], &overflow);
-    if (overflow == 0 && ts_delta == -1 && PyErr_Occurred()) return NULL;
-    int overflow2 = 0;
-    long long offset_delta = PyLong_AsLongLongAndOverflow(args[2], &overflow2);
-    if (overflow2 == 0 && offset_delta == -1 && PyErr_Occurred()) return NULL;
-    if (overflow || overflow2) {
-        PyErr_SetString(PyExc_OverflowError, "append_record: a delta does not fit a varlong");
-        return NULL;
-    }
+/* Encodes one record onto ``buf``; its size, or -1 with an exception set (memory). */
+static Py_ssize_t put_record(PyObject *buf, long long ts_delta, long long offset_delta, PyObject *key,
+                             PyObject *value, const char *headers, Py_ssize_t headers_len) {
     Py_ssize_t key_len = key == Py_None ? -1 : PyBytes_GET_SIZE(key);
     Py_ssize_t value_len = value == Py_None ? -1 : PyBytes_GET_SIZE(value);
-    Py_ssize_t headers_len = PyBytes_GET_SIZE(headers);
     uint64_t z_ts = zigzag(ts_delta), z_od = zigzag(offset_delta);
     uint64_t z_key = zigzag(key_len), z_value = zigzag(value_len);
     Py_ssize_t body = 1 + varint_size(z_ts) + varint_size(z_od) + varint_size(z_key) + (key_len > 0 ? key_len : 0)
@@ -470,8 +448,8 @@ static PyObject *append_record(PyObject *self, PyObject *const *args, Py_ssize_t
     uint64_t z_body = zigzag(body);
     Py_ssize_t total = varint_size(z_body) + body;
     Py_ssize_t old = PyByteArray_GET_SIZE(buf);
-    if (total > PY_SSIZE_T_MAX - old) return PyErr_NoMemory();
-    if (PyByteArray_Resize(buf, old + total) < 0) return NULL;
+    if (total > PY_SSIZE_T_MAX - old) { PyErr_NoMemory(); return -1; }
+    if (PyByteArray_Resize(buf, old + total) < 0) return -1;
     char *out = PyByteArray_AS_STRING(buf) + old;
     out = put_varint(out, z_body);
     *out++ = 0;  /* attributes */
@@ -481,13 +459,252 @@ static PyObject *append_record(PyObject *self, PyObject *const *args, Py_ssize_t
     if (key_len > 0) { memcpy(out, PyBytes_AS_STRING(key), (size_t)key_len); out += key_len; }
     out = put_varint(out, z_value);
     if (value_len > 0) { memcpy(out, PyBytes_AS_STRING(value), (size_t)value_len); out += value_len; }
-    memcpy(out, PyBytes_AS_STRING(headers), (size_t)headers_len);
-    return PyLong_FromSsize_t(total);
+    memcpy(out, headers, (size_t)headers_len);
+    return total;
 }
 
+/* ---- RecordFutureBase: the fields of the producer's per-record future (client/accumulator.py) ----
+ *
+ * RecordFuture subclasses it (its methods are Python); RecordsWriter.append_future makes one per
+ * record without running any Python code. The fields are read-only to Python.
+ */
+typedef struct {
+    PyObject_HEAD
+    PyObject *completion;  /* the batch's BatchCompletion */
+    Py_ssize_t delta;      /* offset delta in the batch */
+    long long timestamp;
+    Py_ssize_t key_size, value_size;  /* -1 for a null key or value */
+} FutureBase;
+
+static int FutureBase_traverse(FutureBase *self, visitproc visit, void *arg) {
+    Py_VISIT(self->completion);
+    return 0;
+}
+
+static int FutureBase_clear(FutureBase *self) {
+    Py_CLEAR(self->completion);
+    return 0;
+}
+
+static void FutureBase_dealloc(FutureBase *self) {
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(self->completion);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *FutureBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"completion", "delta", "timestamp", "key_size", "value_size", NULL};
+    PyObject *completion;
+    Py_ssize_t delta, key_size, value_size;
+    long long timestamp;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnLnn", kwlist, &completion, &delta, &timestamp, &key_size,
+                                     &value_size))
+        return NULL;
+    FutureBase *self = (FutureBase *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->completion = Py_NewRef(completion);
+    self->delta = delta;
+    self->timestamp = timestamp;
+    self->key_size = key_size;
+    self->value_size = value_size;
+    return (PyObject *)self;
+}
+
+static PyMemberDef FutureBase_members[] = {
+    {"_completion", T_OBJECT_EX, offsetof(FutureBase, completion), READONLY, NULL},
+    {"_delta", T_PYSSIZET, offsetof(FutureBase, delta), READONLY, NULL},
+    {"_timestamp", T_LONGLONG, offsetof(FutureBase, timestamp), READONLY, NULL},
+    {"_key_size", T_PYSSIZET, offsetof(FutureBase, key_size), READONLY, NULL},
+    {"_value_size", T_PYSSIZET, offsetof(FutureBase, value_size), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject FutureBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "storage._record_walk.RecordFutureBase",
+    .tp_basicsize = sizeof(FutureBase),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "RecordFutureBase(completion, delta, timestamp, key_size, value_size): a produced record's future",
+    .tp_traverse = (traverseproc)FutureBase_traverse,
+    .tp_clear = (inquiry)FutureBase_clear,
+    .tp_dealloc = (destructor)FutureBase_dealloc,
+    .tp_new = FutureBase_new,
+    .tp_members = FutureBase_members,
+};
+
+/* ---- RecordsWriter: the records section of a batch being built ----
+ *
+ * RecordBatchBuilder's state (storage/record_batch.py; _PyRecordsWriter there is the reference):
+ * the encoded records, their count, the first and the largest timestamp, and the size of the
+ * batch if it were built now. take() hands the records over once; appends after it are refused.
+ */
+#define MAX_RECORDS 2147483647  /* MAX_RECORDS_PER_BATCH */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *buf;  /* bytearray; NULL once taken */
+    Py_ssize_t count;
+    long long base_ts, max_ts;
+    Py_ssize_t size;
+} Writer;
+
+static void Writer_dealloc(Writer *self) {
+    Py_XDECREF(self->buf);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Writer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"size", NULL};
+    Py_ssize_t size;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n", kwlist, &size)) return NULL;
+    Writer *self = (Writer *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->buf = PyByteArray_FromStringAndSize(NULL, 0);
+    if (self->buf == NULL) { Py_DECREF(self); return NULL; }
+    self->count = 0;
+    self->base_ts = self->max_ts = -1;  /* NO_TIMESTAMP */
+    self->size = size;
+    return (PyObject *)self;
+}
+
+/* The offset delta and the timestamp delta of the next record at ``ts``; 0, or -1 when it cannot be
+ * appended (taken, full, or a delta beyond a varlong) with nothing changed and no exception set. */
+static int next_deltas(Writer *self, long long ts, long long *offset_delta, long long *ts_delta) {
+    if (self->buf == NULL || self->count >= MAX_RECORDS) return -1;
+    *offset_delta = self->count;
+    *ts_delta = 0;
+    if (self->count > 0 && __builtin_sub_overflow(ts, self->base_ts, ts_delta)) return -1;
+    return 0;
+}
+
+static void appended(Writer *self, long long ts, Py_ssize_t n) {
+    if (self->count == 0) self->base_ts = self->max_ts = ts;
+    else if (ts > self->max_ts) self->max_ts = ts;
+    self->count++;
+    self->size += n;
+}
+
+/* append(timestamp, key, value, headers) -> offset delta. key and value bytes or None, headers the
+ * encoded headers (b"\x00" for none). OverflowError (nothing written) for a timestamp or delta
+ * beyond a varlong; ValueError once taken or full. */
+static PyObject *Writer_append(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "append(timestamp, key, value, headers)");
+        return NULL;
+    }
+    PyObject *key = args[1], *value = args[2], *headers = args[3];
+    if (!PyBytes_CheckExact(headers) || (key != Py_None && !PyBytes_CheckExact(key))
+            || (value != Py_None && !PyBytes_CheckExact(value))) {
+        PyErr_SetString(PyExc_TypeError, "append: key and value must be bytes or None, headers bytes");
+        return NULL;
+    }
+    int overflow = 0;
+    long long ts = PyLong_AsLongLongAndOverflow(args[0], &overflow);
+    if (overflow == 0 && ts == -1 && PyErr_Occurred()) return NULL;
+    if (self->buf == NULL || self->count >= MAX_RECORDS) {
+        PyErr_SetString(PyExc_ValueError, self->buf == NULL ? "the records were taken" : "the batch is full");
+        return NULL;
+    }
+    long long offset_delta, ts_delta;
+    if (overflow || next_deltas(self, ts, &offset_delta, &ts_delta) < 0) {
+        PyErr_SetString(PyExc_OverflowError, "append: the timestamp delta does not fit a varlong");
+        return NULL;
+    }
+    Py_ssize_t n = put_record(self->buf, ts_delta, offset_delta, key, value, PyBytes_AS_STRING(headers),
+                              PyBytes_GET_SIZE(headers));
+    if (n < 0) return NULL;
+    appended(self, ts, n);
+    return PyLong_FromLongLong(offset_delta);
+}
+
+/* append_future(future_type, completion, timestamp, key, value) -> future, or None.
+ *
+ * The producer's hot path: appends a record without headers and returns
+ * future_type(completion, delta, timestamp, key_size, value_size) (a RecordFutureBase subclass),
+ * made without running Python code. timestamp None is now (milliseconds since the epoch). None,
+ * with nothing changed, where the record needs the builder's own append to get its error or
+ * conversion: a key or value other than bytes or None, a timestamp or delta beyond a varlong,
+ * records taken or full. */
+static PyObject *Writer_append_future(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "append_future(future_type, completion, timestamp, key, value)");
+        return NULL;
+    }
+    PyObject *type = args[0], *completion = args[1], *timestamp = args[2], *key = args[3], *value = args[4];
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &FutureBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "append_future: future_type must subclass RecordFutureBase");
+        return NULL;
+    }
+    if ((key != Py_None && !PyBytes_CheckExact(key)) || (value != Py_None && !PyBytes_CheckExact(value)))
+        Py_RETURN_NONE;
+    long long ts;
+    if (timestamp == Py_None) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        ts = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+    } else {
+        int overflow = 0;
+        ts = PyLong_AsLongLongAndOverflow(timestamp, &overflow);
+        if (overflow == 0 && ts == -1 && PyErr_Occurred()) return NULL;
+        if (overflow) Py_RETURN_NONE;
+    }
+    long long offset_delta, ts_delta;
+    if (next_deltas(self, ts, &offset_delta, &ts_delta) < 0) Py_RETURN_NONE;
+    FutureBase *f = (FutureBase *)((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, 0);
+    if (f == NULL) return NULL;
+    Py_ssize_t n = put_record(self->buf, ts_delta, offset_delta, key, value, "\0", 1);
+    if (n < 0) { Py_DECREF(f); return NULL; }
+    appended(self, ts, n);
+    f->completion = Py_NewRef(completion);
+    f->delta = (Py_ssize_t)offset_delta;
+    f->timestamp = ts;
+    f->key_size = key == Py_None ? -1 : PyBytes_GET_SIZE(key);
+    f->value_size = value == Py_None ? -1 : PyBytes_GET_SIZE(value);
+    return (PyObject *)f;
+}
+
+/* take() -> (records, count, base_ts, max_ts): the records, once; appends are refused after. */
+static PyObject *Writer_take(Writer *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->buf == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the records were taken");
+        return NULL;
+    }
+    PyObject *out = Py_BuildValue("(OnLL)", self->buf, self->count, self->base_ts, self->max_ts);
+    if (out == NULL) return NULL;
+    Py_CLEAR(self->buf);
+    return out;
+}
+
+static PyMethodDef Writer_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))Writer_append, METH_FASTCALL,
+     "append(timestamp, key, value, headers) -> offset delta"},
+    {"append_future", (PyCFunction)(void (*)(void))Writer_append_future, METH_FASTCALL,
+     "append_future(future_type, completion, timestamp, key, value) -> future or None"},
+    {"take", (PyCFunction)Writer_take, METH_NOARGS, "take() -> (records, count, base_ts, max_ts)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Writer_members[] = {
+    {"count", T_PYSSIZET, offsetof(Writer, count), READONLY, "records appended"},
+    {"size", T_PYSSIZET, offsetof(Writer, size), READONLY, "the batch's size if built now, uncompressed"},
+    {"base_ts", T_LONGLONG, offsetof(Writer, base_ts), READONLY, "the first record's timestamp (-1: none yet)"},
+    {"max_ts", T_LONGLONG, offsetof(Writer, max_ts), READONLY, "the largest timestamp (-1: none yet)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject WriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "storage._record_walk.RecordsWriter",
+    .tp_basicsize = sizeof(Writer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "RecordsWriter(size): the records of a batch being built (size: its header's bytes)",
+    .tp_dealloc = (destructor)Writer_dealloc,
+    .tp_new = Writer_new,
+    .tp_methods = Writer_methods,
+    .tp_members = Writer_members,
+};
+
 static PyMethodDef methods[] = {
-    {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,
-     "append_record(buf, ts_delta, offset_delta, key, value, headers) -> bytes appended"},
     {"walk", walk, METH_VARARGS,
      "walk(buf, start, end, count, compact) -> (kind, record, a, b, min_ts_delta, max_ts_delta)"},
     {"decode_records", decode_records, METH_VARARGS,
@@ -498,4 +715,14 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_record_walk", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__record_walk(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__record_walk(void) {
+    if (PyType_Ready(&FutureBaseType) < 0 || PyType_Ready(&WriterType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "RecordFutureBase", (PyObject *)&FutureBaseType) < 0
+            || PyModule_AddObjectRef(m, "RecordsWriter", (PyObject *)&WriterType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

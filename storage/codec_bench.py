@@ -71,11 +71,11 @@ def bench_codec(codec: int, *, record_bytes: int, records_per_batch: int, min_se
 
     batch = encode()
     enc_s, enc_n = _timed(encode, min_seconds)
-    compiled_encoder, rb._append_record_c = rb._append_record_c, None  # type: ignore[attr-defined]
+    compiled_writer, rb._RecordsWriter = rb._RecordsWriter, rb._PyRecordsWriter
     try:
         enc_py_s, enc_py_n = _timed(encode, min_seconds)
     finally:
-        rb._append_record_c = compiled_encoder  # type: ignore[attr-defined]
+        rb._RecordsWriter = compiled_writer
     dec_s, dec_n = _timed(lambda: rb.decode_batch(batch), min_seconds)
 
     def consumer_rate(decoder: Callable[..., object]) -> float:
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{'not built' if r.consumer_c_records_per_s is None else f'{r.consumer_c_records_per_s:,.0f}':>18}"
             f"{r.consumer_py_records_per_s:>19,.0f}"
         )
-    encoder = "C record encoder" if rb._append_record_c is not None else "pure Python: C extension not built"
+    encoder = "C record encoder" if rb._RecordsWriter is not rb._PyRecordsWriter else "pure Python: C extension not built"
     print(f"encode: RecordBatchBuilder ({encoder}); encode py: its pure-Python fallback; "
           "decode: decode_batch to Records; consumer: batch to ConsumerRecords (storage/record_decode.py), "
           "C decoder and pure-Python fallback")

@@ -35,6 +35,7 @@ import logging
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from crc32c import crc32c
 
@@ -44,8 +45,6 @@ from storage import compression, record_walk
 logger = logging.getLogger(__name__)
 
 
-# The compiled record encoder (storage/_record_walk.c), or None: RecordBatchBuilder's Python path.
-_append_record_c = getattr(record_walk._compiled, "append_record", None)
 
 BATCH_HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # base offset (8) + batch length (4)
@@ -377,13 +376,75 @@ def _encode_headers(headers: Iterable[tuple[str, bytes | None]]) -> bytes:
     return b"".join(parts)
 
 
+class _PyRecordsWriter:
+    """The records section of a batch being built: the reference for the compiled RecordsWriter
+    (storage/_record_walk.c), which RecordBatchBuilder uses when the extension is built.
+
+    ``append`` encodes one record (headers already encoded, b"\x00" for none) and returns its
+    offset delta; ``take`` hands the records over once, with their count and first and largest
+    timestamps. ``size`` is the batch's size if it were built now, uncompressed.
+    """
+
+    __slots__ = ("_buf", "count", "base_ts", "max_ts", "size")
+
+    def __init__(self, size: int) -> None:
+        self._buf: bytearray | None = bytearray()
+        self.count = 0
+        self.base_ts = self.max_ts = NO_TIMESTAMP
+        self.size = size
+
+    def append(self, timestamp_ms: int, key: bytes | None, value: bytes | None, headers_b: bytes) -> int:
+        buf = self._buf
+        if buf is None or self.count >= MAX_RECORDS_PER_BATCH:
+            raise ValueError("the records were taken" if buf is None else "the batch is full")
+        offset_delta = self.count
+        ts_delta = timestamp_ms - self.base_ts if offset_delta else 0
+        # Encoded before any state changes: a refused record leaves the batch as it was.
+        enc = _ENC
+        ts_b = enc[ts_delta] if 0 <= ts_delta < _ENC_TABLE_SIZE else _encode_varint(ts_delta)
+        od_b = enc[offset_delta] if offset_delta < _ENC_TABLE_SIZE else _encode_varint(offset_delta)
+        if key is None:
+            key_b, key = _ENC_NULL, b""
+        else:
+            n = len(key)
+            key_b = enc[n] if n < _ENC_TABLE_SIZE else _encode_varint(n)
+        if value is None:
+            value_b, value = _ENC_NULL, b""
+        else:
+            n = len(value)
+            value_b = enc[n] if n < _ENC_TABLE_SIZE else _encode_varint(n)
+        body_len = (
+            1 + len(ts_b) + len(od_b) + len(key_b) + len(key) + len(value_b) + len(value) + len(headers_b)
+        )
+        len_b = enc[body_len] if body_len < _ENC_TABLE_SIZE else _encode_varint(body_len)
+        # length, attributes (always 0), deltas, key, value, headers
+        buf += b"".join((len_b, b"\x00", ts_b, od_b, key_b, key, value_b, value, headers_b))
+        self.size += len(len_b) + body_len
+        if offset_delta == 0:
+            self.base_ts = self.max_ts = timestamp_ms
+        elif timestamp_ms > self.max_ts:
+            self.max_ts = timestamp_ms
+        self.count = offset_delta + 1
+        return offset_delta
+
+    def take(self) -> tuple[bytearray, int, int, int]:
+        buf, self._buf = self._buf, None
+        if buf is None:
+            raise ValueError("the records were taken")
+        return buf, self.count, self.base_ts, self.max_ts
+
+
+# The compiled writer (storage/_record_walk.c) when the extension is built, else the reference.
+_RecordsWriter: Any = getattr(record_walk._compiled, "RecordsWriter", None) or _PyRecordsWriter
+
+
 class RecordBatchBuilder:
     """Accumulate records and build one RecordBatch v2.
 
     Offsets are base_offset + append order (the broker rewrites the base offset); the
     first record's timestamp is the base timestamp. Records are encoded into one
-    bytearray as they are appended (in C when the extension is built); compression, when
-    asked, covers the records section.
+    bytearray as they are appended, by a records writer (in C when the extension is built);
+    compression, when asked, covers the records section.
     """
 
     __slots__ = (
@@ -394,11 +455,7 @@ class RecordBatchBuilder:
         "_base_sequence",
         "_partition_leader_epoch",
         "_base_offset",
-        "_buf",
-        "_count",
-        "_base_ts",
-        "_max_ts",
-        "_size",
+        "_records",
         "_built",
     )
 
@@ -431,21 +488,23 @@ class RecordBatchBuilder:
         self._base_sequence = base_sequence
         self._partition_leader_epoch = partition_leader_epoch
         self._base_offset = base_offset
-        self._buf = bytearray()
-        self._count = 0
-        self._base_ts = NO_TIMESTAMP
-        self._max_ts = NO_TIMESTAMP
-        self._size = BATCH_HEADER_SIZE
+        self._records = _RecordsWriter(BATCH_HEADER_SIZE)
         self._built = False
 
     @property
     def record_count(self) -> int:
-        return self._count
+        return self._records.count
 
     @property
     def size_estimate(self) -> int:
         """Size of the batch if built now without compression (an upper bound for most data)."""
-        return self._size
+        return self._records.size
+
+    @property
+    def records_writer(self) -> Any:
+        """The writer the records are encoded into: the producer's accumulator appends through its
+        ``append_future`` (compiled writer only) while the batch is open, and nothing else may."""
+        return self._records
 
     @property
     def compression(self) -> int:
@@ -458,75 +517,40 @@ class RecordBatchBuilder:
         value: bytes | None,
         headers: Iterable[tuple[str, bytes | None]] = (),
     ) -> int:
-        """Add one record; returns its offset delta. Hot path: keep it flat."""
+        """Add one record; returns its offset delta."""
         if self._built:
             raise errors.InvalidRecordError("batch already built")
-        offset_delta = self._count
-        if offset_delta >= MAX_RECORDS_PER_BATCH:
+        if self._records.count >= MAX_RECORDS_PER_BATCH:
             raise errors.InvalidRecordError(f"a batch holds at most {MAX_RECORDS_PER_BATCH} records")
         if key is not None and key.__class__ is not bytes:
             key = bytes(key)  # a caller's bytearray could change before build
         if value is not None and value.__class__ is not bytes:
             value = bytes(value)
         headers_b = _encode_headers(headers) if headers else b"\x00"
-        # Encoded before any state changes: a refused record leaves the batch as it was.
-        ts_delta = timestamp_ms - self._base_ts if offset_delta else 0
-        if _append_record_c is not None:
-            try:
-                self._size += _append_record_c(self._buf, ts_delta, offset_delta, key, value, headers_b)
-            except OverflowError:  # a delta beyond a varlong: the Python path names the record error
-                self._size += self._append_py(ts_delta, offset_delta, key, value, headers_b)
-        else:
-            self._size += self._append_py(ts_delta, offset_delta, key, value, headers_b)
-        if offset_delta == 0:
-            self._base_ts = self._max_ts = timestamp_ms
-        elif timestamp_ms > self._max_ts:
-            self._max_ts = timestamp_ms
-        self._count = offset_delta + 1
-        return offset_delta
-
-    def _append_py(self, ts_delta: int, offset_delta: int, key: bytes | None, value: bytes | None,
-                   headers_b: bytes) -> int:
-        """Encode one record onto ``_buf`` (the reference for the compiled ``append_record``); its size."""
-        enc = _ENC
-        ts_b = enc[ts_delta] if 0 <= ts_delta < _ENC_TABLE_SIZE else _encode_varint(ts_delta)
-        od_b = enc[offset_delta] if offset_delta < _ENC_TABLE_SIZE else _encode_varint(offset_delta)
-        if key is None:
-            key_b, key = _ENC_NULL, b""
-        else:
-            n = len(key)
-            key_b = enc[n] if n < _ENC_TABLE_SIZE else _encode_varint(n)
-        if value is None:
-            value_b, value = _ENC_NULL, b""
-        else:
-            n = len(value)
-            value_b = enc[n] if n < _ENC_TABLE_SIZE else _encode_varint(n)
-        body_len = (
-            1 + len(ts_b) + len(od_b) + len(key_b) + len(key) + len(value_b) + len(value) + len(headers_b)
-        )
-        len_b = enc[body_len] if body_len < _ENC_TABLE_SIZE else _encode_varint(body_len)
-        # length, attributes (always 0), deltas, key, value, headers
-        self._buf += b"".join((len_b, b"\x00", ts_b, od_b, key_b, key, value_b, value, headers_b))
-        return len(len_b) + body_len
+        try:
+            return self._records.append(timestamp_ms, key, value, headers_b)
+        except OverflowError:  # the compiled writer; the reference raises this error itself
+            raise errors.InvalidRecordError(
+                f"timestamp {timestamp_ms}: its delta from the batch's first record does not fit a varlong") from None
 
     def build(self) -> bytes:
         """The complete batch: header, CRC-32C, records (compressed as configured)."""
-        if self._count == 0:
+        if self._records.count == 0:
             raise errors.InvalidRecordError("cannot build a batch with no records")
         self._built = True
-        records: bytes | bytearray = self._buf
-        self._buf = bytearray()
+        records: bytes | bytearray
+        records, count, base_ts, max_ts = self._records.take()
         if self._codec != CODEC_NONE:
             records = compression.compress(self._codec, bytes(records))
         after_crc = _HEADER_AFTER_CRC.pack(
             self._attributes,
-            self._count - 1,
-            self._base_ts,
-            self._max_ts,
+            count - 1,
+            base_ts,
+            max_ts,
             self._producer_id,
             self._producer_epoch,
             self._base_sequence,
-            self._count,
+            count,
         )
         crc = crc32c(records, crc32c(after_crc))
         before_crc = _HEADER_BEFORE_CRC.pack(

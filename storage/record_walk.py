@@ -216,8 +216,9 @@ def _load_compiled() -> object | None:
     return _record_walk
 
 
-# What storage/_record_walk.c provides: the validator's walk, the consumer's decoder, the producer's encoder.
-COMPILED_FUNCTIONS = ("walk", "decode_records", "append_record")
+# What storage/_record_walk.c provides: the validator's walk, the consumer's decoder, the producer's
+# encoder (the records writer of a batch being built, and the base of its per-record futures).
+COMPILED_FUNCTIONS = ("walk", "decode_records", "RecordsWriter", "RecordFutureBase")
 
 
 _compiled = _load_compiled()

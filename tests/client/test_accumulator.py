@@ -335,3 +335,29 @@ def test_callbacks_run_in_send_order_whatever_order_batches_complete_in() -> Non
     # Callbacks added after dispatch run at once.
     futures[0].add_callback(lambda md: ran.append(b"late"))
     assert ran[-1] == b"late"
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-writer", "python-writer"])
+def test_a_refused_record_changes_nothing_and_gives_its_buffer_memory_back(
+        compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A timestamp whose delta from the batch's first record does not fit a varlong is refused at
+    # send() with the record error, on the compiled path and the Python one alike; the batch and the
+    # buffer memory are as they were.
+    from client import accumulator
+    from storage import record_batch
+
+    if not compiled:
+        monkeypatch.setattr(accumulator, "_FAST_APPEND", False)
+        monkeypatch.setattr(record_batch, "_RecordsWriter", record_batch._PyRecordsWriter)
+    elif not accumulator._FAST_APPEND:
+        pytest.skip("storage._record_walk is not built")
+    acc = make_acc()
+    first = acc.append(TP, -(2**62), None, b"v", [], 22)
+    used, batch = acc.used_bytes, acc.open_batches[TP]
+    with pytest.raises(errors.InvalidRecordError, match="does not fit a varlong"):
+        acc.append(TP, 2**62, None, b"v", [], 22)  # delta 2**63
+    assert acc.used_bytes == used and acc.open_batches[TP] is batch and batch.record_count == 1
+    later = acc.append(TP, None, None, b"now", [], 24)  # no timestamp: now
+    assert abs(later._timestamp - time.time() * 1000) < 60_000 and later._delta == 1
+    header, records = decode_batch(batch.build())
+    assert [r.value for r in records] == [b"v", b"now"] and first._delta == 0

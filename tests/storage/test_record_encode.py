@@ -1,7 +1,7 @@
-"""The producer's C record encoder (storage._record_walk.append_record) matches the Python reference.
+"""The producer's C record encoder (storage._record_walk.RecordsWriter) matches the Python reference.
 
-RecordBatchBuilder encodes each appended record in C when the extension is built, and
-with ``_append_py`` otherwise. Both must write the same bytes for every record a caller
+RecordBatchBuilder encodes each appended record with the compiled records writer when the
+extension is built, and with ``_PyRecordsWriter`` otherwise. Both must write the same bytes for every record a caller
 can append (null and empty keys and values, lengths past the one-byte and the table
 varints, headers, negative and extreme timestamp deltas, every codec), refuse the same
 records the same way, and leave a batch unchanged when they refuse. The batches they
@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import sys
+import time
 import types
 
 import pytest
@@ -23,7 +24,7 @@ from storage import record_batch as rb
 from storage import record_walk
 
 needs_c = pytest.mark.skipif(
-    rb._append_record_c is None, reason="storage._record_walk is not built (no C compiler at install time?)")
+    rb._RecordsWriter is rb._PyRecordsWriter, reason="storage._record_walk is not built (no C compiler at install time?)")
 
 BASE_TS = 1_700_000_000_000
 
@@ -31,7 +32,7 @@ BASE_TS = 1_700_000_000_000
 def build(records: list[tuple], codec: int, compiled: bool, monkeypatch: pytest.MonkeyPatch) -> bytes:
     with monkeypatch.context() as m:
         if not compiled:
-            m.setattr(rb, "_append_record_c", None)
+            m.setattr(rb, "_RecordsWriter", rb._PyRecordsWriter)
         builder = rb.RecordBatchBuilder(codec, producer_id=9, producer_epoch=1, base_sequence=5)
         sizes = []
         for ts, key, value, headers in records:
@@ -81,7 +82,7 @@ def test_extreme_timestamp_deltas_encode_alike_and_refuse_alike(monkeypatch: pyt
     for compiled in (True, False):
         with monkeypatch.context() as m:
             if not compiled:
-                m.setattr(rb, "_append_record_c", None)
+                m.setattr(rb, "_RecordsWriter", rb._PyRecordsWriter)
             builder = rb.RecordBatchBuilder()
             builder.append(-(2**62), b"k", b"v")
             before = builder.size_estimate
@@ -98,7 +99,7 @@ def test_bytes_like_keys_and_values_are_copied_at_append(monkeypatch: pytest.Mon
     for compiled in (True, False):
         with monkeypatch.context() as m:
             if not compiled:
-                m.setattr(rb, "_append_record_c", None)
+                m.setattr(rb, "_RecordsWriter", rb._PyRecordsWriter)
             key, value = bytearray(b"key"), memoryview(b"value")
             builder = rb.RecordBatchBuilder()
             builder.append(BASE_TS, key, value)
@@ -108,17 +109,54 @@ def test_bytes_like_keys_and_values_are_copied_at_append(monkeypatch: pytest.Mon
 
 
 @needs_c
-def test_the_encoder_refuses_wrong_types_without_writing() -> None:
-    buf = bytearray(b"x")
-    for args in ((bytes(buf), 0, 0, None, None, b"\x00"), (buf, 0, 0, "k", None, b"\x00"),
-                 (buf, 0, 0, None, None, None), (buf, 0, 0, None, bytearray(b"v"), b"\x00")):
+def test_the_writer_refuses_wrong_types_and_spent_records_without_writing() -> None:
+    w = rb._RecordsWriter(rb.BATCH_HEADER_SIZE)
+    w.append(BASE_TS, None, b"v", b"\x00")
+    size = w.size
+    for args in ((BASE_TS, "k", None, b"\x00"), (BASE_TS, None, None, None), (BASE_TS, None, bytearray(b"v"), b"\x00"),
+                 ("now", None, None, b"\x00"), (BASE_TS, None, None)):
         with pytest.raises(TypeError):
-            rb._append_record_c(*args)  # type: ignore[misc]
+            w.append(*args)
     with pytest.raises(OverflowError):
-        rb._append_record_c(buf, 2**63, 0, None, None, b"\x00")  # type: ignore[misc]
+        w.append(2**63, None, None, b"\x00")
+    with pytest.raises(OverflowError):
+        w.append(BASE_TS - 2**63 - 1, None, None, b"\x00")  # fits an int64, its delta does not
+    assert (w.count, w.size) == (1, size)
+    records, count, base_ts, max_ts = w.take()
+    assert (count, base_ts, max_ts) == (1, BASE_TS, BASE_TS)
+    with pytest.raises(ValueError):
+        w.append(BASE_TS, None, None, b"\x00")
+    with pytest.raises(ValueError):
+        w.take()
+
+
+@needs_c
+def test_append_future_writes_what_append_writes_and_declines_what_it_cannot() -> None:
+    # The producer's hot path: the record without headers and its future in one call. What needs
+    # the builder (bytes-like keys, a delta beyond a varlong, spent records) it declines with None,
+    # having written nothing.
+    from client.accumulator import BatchCompletion, RecordFuture
+
+    completion = BatchCompletion("t", 0)
+    fast, ref = rb._RecordsWriter(rb.BATCH_HEADER_SIZE), rb._PyRecordsWriter(rb.BATCH_HEADER_SIZE)
+    for ts, key, value in ((BASE_TS, None, b"v"), (BASE_TS - 5, b"k", b""), (BASE_TS + 2**40, b"", None)):
+        f = fast.append_future(RecordFuture, completion, ts, key, value)
+        delta = ref.append(ts, key, value, b"\x00")
+        assert isinstance(f, RecordFuture) and f._completion is completion
+        assert (f._delta, f._timestamp, f._key_size, f._value_size) == (
+            delta, ts, -1 if key is None else len(key), -1 if value is None else len(value))
+    size = fast.size
+    assert fast.append_future(RecordFuture, completion, BASE_TS, bytearray(b"k"), None) is None
+    assert fast.append_future(RecordFuture, completion, BASE_TS - 2**63 - 1, None, None) is None
+    assert fast.append_future(RecordFuture, completion, 2**64, None, None) is None
+    assert fast.size == size and fast.count == ref.count == 3
+    now = fast.append_future(RecordFuture, completion, None, None, b"now")  # no timestamp: the wall clock
+    ref.append(now._timestamp, None, b"now", b"\x00")
+    assert abs(now._timestamp - time.time() * 1000) < 60_000
+    assert fast.take() == ref.take()
+    assert fast.append_future(RecordFuture, completion, BASE_TS, None, None) is None
     with pytest.raises(TypeError):
-        rb._append_record_c(buf, 0, 0, None, None)  # type: ignore[misc]
-    assert buf == b"x"
+        fast.append_future(object, completion, BASE_TS, None, None)
 
 
 def test_an_extension_from_an_older_checkout_is_named_not_silently_half_used(
@@ -130,5 +168,5 @@ def test_an_extension_from_an_older_checkout_is_named_not_silently_half_used(
     monkeypatch.delenv("BROOK_PURE_PYTHON_WALK", raising=False)
     with caplog.at_level(logging.WARNING, logger=record_walk.logger.name):
         assert record_walk._load_compiled() is old_build
-    assert "older build without decode_records, append_record" in caplog.text
+    assert "older build without decode_records, RecordsWriter, RecordFutureBase" in caplog.text
     assert "pip install -e ." in caplog.text
