@@ -203,12 +203,27 @@ def _resolve(fut: asyncio.Future[Any], result: Any) -> None:
         fut.set_result(result)
 
 
+async def until_resolved(fut: asyncio.Future[Any], timeout_s: float) -> Any:
+    """``fut``'s result, or None once ``timeout_s`` passed: a timer then resolves ``fut`` with None,
+    so whoever resolves it later finds it done (``_resolve`` drops that result). The result reaches
+    the waiting task in one loop turn; ``asyncio.wait_for`` and ``asyncio.wait`` (Python 3.11) take
+    two (a done callback, then the task), and on the acks=all path each turn queues behind every
+    ready callback of the loop."""
+    timer = asyncio.get_running_loop().call_later(max(0.0, timeout_s), _resolve, fut, None)
+    try:
+        return await fut
+    finally:
+        timer.cancel()
+
+
 def call_on_loop(loop: asyncio.AbstractEventLoop, loop_thread: int, callback: Callable[..., Any], *args: Any) -> None:
-    """Run ``callback(*args)`` on ``loop``, whose thread is ``loop_thread``: with ``call_soon`` from that
-    thread (no write to the loop's self-pipe, no extra loop turn), else ``call_soon_threadsafe``;
-    dropped once the loop is closed (the broker is stopping and nobody waits any more)."""
+    """Run ``callback(*args)`` on ``loop``, whose thread is ``loop_thread``: at once when called on that
+    thread (no loop turn, no write to the loop's self-pipe), else with ``call_soon_threadsafe``, dropped
+    once the loop is closed (the broker is stopping and nobody waits any more). ``callback`` only
+    resolves futures (which schedules their waiters) and takes no lock a caller may hold: it may
+    run inside an append, a purgatory completion or a fetch session's wake."""
     if threading.get_ident() == loop_thread:
-        loop.call_soon(callback, *args)
+        callback(*args)
         return
     try:
         loop.call_soon_threadsafe(callback, *args)
@@ -631,10 +646,7 @@ class ReplicaManager:
         on_park()
         try:
             if not self.fetch_purgatory.watch(waiter, [p.key for p in seqs]):
-                try:
-                    return await asyncio.wait_for(fut, timeout_s)
-                except TimeoutError:
-                    pass
+                return await until_resolved(fut, timeout_s)
             return None
         finally:
             waiter.cancel()
@@ -718,9 +730,7 @@ class ReplicaManager:
         if not session.park(wake):
             return None
         try:
-            return await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            return None
+            return await until_resolved(fut, timeout_s)
         finally:
             session.unpark()
 

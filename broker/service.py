@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import re
 import threading
@@ -48,7 +49,13 @@ from broker.fetch_session import FollowerFetchSession
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.quotas import QuotaManager
-from broker.replica_manager import MAX_PRODUCE_TIMEOUT_MS, AppendResult, ReplicaManager, call_on_loop
+from broker.replica_manager import (
+    MAX_PRODUCE_TIMEOUT_MS,
+    AppendResult,
+    ReplicaManager,
+    call_on_loop,
+    until_resolved,
+)
 from proto import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 from storage.log import WouldBlock
@@ -289,8 +296,14 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 # did not follow in time) must not be logged by asyncio as never retrieved.
                 waiting.add_done_callback(_observe)
             if pending:
-                timeout_s = min(max(0, req.timeout_ms), MAX_PRODUCE_TIMEOUT_MS) / 1000 + PRODUCE_WAIT_SLACK_S
-                await asyncio.wait(pending, timeout=timeout_s)
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + min(max(0, req.timeout_ms), MAX_PRODUCE_TIMEOUT_MS) / 1000 + \
+                    PRODUCE_WAIT_SLACK_S
+                for waiting in pending:
+                    if loop.time() >= deadline:
+                        break
+                    with contextlib.suppress(Exception):  # an outcome, read below; a cancel still ends the call
+                        await until_resolved(waiting, deadline - loop.time())
             times.remote.observe(time.perf_counter() - appended_at)
         resp = self._produce_response(req, futures)  # type: ignore[arg-type]  # no None left
         if self.quotas is not None:
@@ -722,7 +735,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 def on_loop(f: concurrent.futures.Future) -> asyncio.Future[Any]:
     """An asyncio future of the running loop that completes with ``f``: ``asyncio.wrap_future``, except
     that a completion made on the loop's own thread (an acks=all produce acknowledged by a follower
-    fetch handled there) is handed over with ``call_soon``, not through the loop's self-pipe."""
+    fetch handled there) is copied at once, not through the loop's self-pipe and a loop turn."""
     loop = asyncio.get_running_loop()
     out: asyncio.Future[Any] = loop.create_future()
     loop_thread = threading.get_ident()
