@@ -207,7 +207,7 @@ class ProducerBatch:
         self.tp = tp
         self.builder = builder
         # The compiled writer's append of a record without headers, future included (None: Python path).
-        self.append_future = builder.records_writer.append_future if _FAST_APPEND else None
+        self.append_future = getattr(builder.records_writer, "append_future", None) if _FAST_APPEND else None
         self.completion = BatchCompletion(tp.topic, tp.partition)
         self.created = now
         self.deadline = now + delivery_timeout_s

@@ -44,8 +44,6 @@ from storage import compression, record_walk
 
 logger = logging.getLogger(__name__)
 
-
-
 BATCH_HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # base offset (8) + batch length (4)
 MAGIC = 2
