@@ -22,7 +22,9 @@ factor 3:
    (``--no-tls`` skips it).
 
 Each step prints the perf tool's own summary line. Figures depend on the machine and
-on what else runs on it; nothing here asserts on them.
+on what else runs on it; nothing here asserts on them. Before and after the steps it prints
+how long a fixed pure-Python workload takes on this machine now, which tells a fast hour
+of a shared machine from a slow one.
 
     python -m deploy.local.bench [--records 1000000] [--latency-records 100000]
 """
@@ -37,6 +39,7 @@ import re
 import sys
 import tempfile
 import time
+import timeit
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     steps: list[tuple[str, int]] = []
     figures: dict[tuple[str, str], str] = {}  # (security, step) -> records/sec
+    print(f"== this machine now: {machine_speed()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="brook-bench-") as tmp, \
             LocalCluster(Path(tmp) / "cluster", nodes=3) as cluster:
         bootstrap = cluster.bootstrap_servers
@@ -106,11 +110,24 @@ def main(argv: list[str] | None = None) -> int:
         for step in ("produce", "consume --batches"):
             print(f"  {step:<18} plaintext {figures.get(('plaintext', step), '-'):>12}   "
                   f"mTLS {figures.get(('mTLS', step), '-'):>12}", flush=True)
+    print(f"== this machine now: {machine_speed()}", flush=True)
     failed = [name for name, rc in steps if rc != 0]
     if failed:
         print(f"steps that did not complete: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+# A fixed pure-Python workload, timed before and after the steps: on a shared machine the same code
+# measures up to 2x apart between hours (1.7 against 2.5 ms for this one on the development
+# machine), and this line says which kind of hour a run had.
+SPEED_PROBE = "sum(range(100_000))"
+
+
+def machine_speed(repeat: int = 5, number: int = 20) -> str:
+    """``SPEED_PROBE``'s best time now, for the record next to the figures (not a figure of Brook's)."""
+    best = min(timeit.repeat(SPEED_PROBE, number=number, repeat=repeat)) / number
+    return f"{best * 1000:.2f} ms for {SPEED_PROBE} (best of {repeat}; lower is a faster hour)"
 
 
 # The histograms step 3 reads from every broker, by the name it prints them under.

@@ -1,0 +1,28 @@
+"""The pure helpers of ``make bench-client`` (deploy/local/bench.py): the quantiles it prints from
+the brokers' histograms, and the machine-speed line it prints before and after the steps."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from deploy.local.bench import SPEED_PROBE, histogram_quantile, machine_speed
+
+
+def test_quantiles_interpolate_within_the_bucket_as_prometheus_does() -> None:
+    buckets = [(0.001, 10.0), (0.01, 90.0), (math.inf, 100.0)]  # cumulative
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.001 + 0.009 * 40 / 80)
+    assert histogram_quantile(0.05, buckets) == pytest.approx(0.0005)
+    # Above the highest finite bound all one can say is that bound.
+    assert histogram_quantile(0.99, buckets) == 0.01
+    assert histogram_quantile(0.5, []) is None
+    assert histogram_quantile(0.5, [(0.001, 0.0), (math.inf, 0.0)]) is None
+
+
+def test_the_machine_speed_line_names_the_probe_and_a_time() -> None:
+    line = machine_speed(repeat=2, number=1)
+    match = re.fullmatch(r"(\d+\.\d\d) ms for (.+) \(best of 2; lower is a faster hour\)", line)
+    assert match, line
+    assert match.group(2) == SPEED_PROBE and float(match.group(1)) > 0
