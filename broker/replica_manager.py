@@ -604,23 +604,15 @@ class ReplicaManager:
         while True:
             if inline is None:
                 seqs = wake_seqs()  # before the read: a change racing with it wakes the park below
-                read = None
-                if parked and tail_on_loop:
-                    tail_cap = min(cap, LOOP_READ_MAX_BYTES)
-                    granted = await reserve(tail_cap)
-                    try:
-                        read = self._read_once(req, tail_cap)  # a consumer's read takes no lock (the log's view)
-                    except BaseException:
-                        release(granted)
-                        raise
-                if read is None:
-                    granted = await reserve(cap)
-                    try:
-                        read = await run(lambda: self._read_once(req, cap, slices))
-                    except BaseException:
-                        release(granted)
-                        raise
-                resp, total_bytes, must_answer = read
+                here = parked and tail_on_loop  # a consumer's read takes no lock (the log's view)
+                read_cap = min(cap, LOOP_READ_MAX_BYTES) if here else cap
+                granted = await reserve(read_cap)
+                try:
+                    resp, total_bytes, must_answer = self._read_once(req, read_cap) if here else \
+                        await run(lambda: self._read_once(req, cap, slices))
+                except BaseException:
+                    release(granted)
+                    raise
             else:  # a follower fetch read by the thread that woke it (replication: no byte budget)
                 granted = 0
                 seqs, (resp, total_bytes, must_answer) = inline

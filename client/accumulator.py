@@ -22,7 +22,7 @@ from typing import Any
 
 from client import errors
 from client.types import RecordMetadata, TopicPartition
-from storage import record_batch, record_walk
+from storage import record_walk
 from storage.record_batch import BATCH_HEADER_SIZE, RecordBatchBuilder
 
 log = logging.getLogger(__name__)
@@ -112,12 +112,10 @@ class _PyRecordFutureBase:
         self._value_size = value_size
 
 
-# The compiled writer and future base when the extension is built (both or neither: an older build
-# without them leaves the producer on the Python path).
-_COMPILED_WRITER = getattr(record_walk._compiled, "RecordsWriter", None)
+# The compiled future base, built with the compiled records writer (an older build has neither:
+# the producer then takes the Python path).
 _COMPILED_FUTURE = getattr(record_walk._compiled, "RecordFutureBase", None)
-_FAST_APPEND = (_COMPILED_WRITER is not None and _COMPILED_FUTURE is not None
-                and record_batch._RecordsWriter is _COMPILED_WRITER)
+_FAST_APPEND = _COMPILED_FUTURE is not None
 
 
 class RecordFuture(_COMPILED_FUTURE if _FAST_APPEND else _PyRecordFutureBase):  # type: ignore[misc]
@@ -206,7 +204,8 @@ class ProducerBatch:
     def __init__(self, tp: TopicPartition, builder: RecordBatchBuilder, now: float, delivery_timeout_s: float):
         self.tp = tp
         self.builder = builder
-        # The compiled writer's append of a record without headers, future included (None: Python path).
+        # The compiled writer's append of a record without headers, future included (None: Python path,
+        # also where the builder has the Python writer).
         self.append_future = getattr(builder.records_writer, "append_future", None) if _FAST_APPEND else None
         self.completion = BatchCompletion(tp.topic, tp.partition)
         self.created = now

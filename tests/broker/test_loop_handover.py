@@ -13,6 +13,7 @@ import asyncio
 import threading
 
 import pytest
+from waiting import await_for
 
 from broker.replica_manager import _resolve, call_on_loop, until_resolved
 
@@ -59,13 +60,16 @@ def test_a_cancelled_wait_cancels_the_future_and_its_timer() -> None:
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        def timers() -> list[asyncio.TimerHandle]:
+            return [h for h in loop._scheduled  # type: ignore[attr-defined]
+                    if not h.cancelled() and h._callback is _resolve]
+
         waiting = asyncio.ensure_future(until_resolved(fut, 60))
-        await asyncio.sleep(0)
+        await await_for(timers, 5, "the wait to set its deadline timer")
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert fut.cancelled(), "the RPC was cancelled: nobody waits for the future any more"
-        timers = [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
-        assert timers == [], f"the deadline timer outlived the wait: {timers}"
+        assert timers() == [], f"the deadline timer outlived the wait: {timers()}"
 
     asyncio.run(scenario())
