@@ -6,6 +6,7 @@ import time
 
 import pytest
 from clientkit import KAFKA_MURMUR2, consume_all
+from waiting import wait_for
 
 from client import errors
 from client.admin import Admin, NewTopic
@@ -210,10 +211,7 @@ def test_admin_topics_configs_and_errors(cluster, admin: Admin) -> None:
     quorum = admin.describe_quorum()
     assert quorum.leader_id in (1, 2, 3) and len(quorum.voters) == 3
     admin.delete_topics([name])
-    deadline = time.monotonic() + 10
-    while name in admin.list_topics():
-        assert time.monotonic() < deadline, "deleted topic still listed"
-        time.sleep(0.1)
+    wait_for(lambda: name not in admin.list_topics(), 10, "the deleted topic to leave the list", poll_s=0.1)
     with pytest.raises(errors.UnknownTopicOrPartitionError):
         admin.describe_topics([name])
 

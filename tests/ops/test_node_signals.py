@@ -35,13 +35,9 @@ def leaders(bootstrap: str, topic: str = TOPIC) -> dict[int, int]:
 
 
 def wait_exit(cluster: LocalCluster, node_id: int, timeout_s: float) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        code = cluster.returncode(node_id)
-        if code is not None:
-            return code
-        time.sleep(0.05)
-    raise AssertionError(f"node {node_id} still running after {timeout_s} s")
+    # (code,): a truthy box, so that exit code 0 ends the wait too
+    return wait_for(lambda: (code,) if (code := cluster.returncode(node_id)) is not None else None,
+                    timeout_s, f"node {node_id} to exit")[0]
 
 
 def count_records(bootstrap: str, partitions: int, topic: str = TOPIC) -> int:
