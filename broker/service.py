@@ -182,6 +182,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         A refusal that ends a unary call (UNAUTHENTICATED, RESOURCE_EXHAUSTED) ends the stream with
         that status; the producer fails its unanswered requests over to its retries.
         """
+        context = principal.CallIdentity(context)  # type: ignore[assignment]  # read once, not per request
         loop = asyncio.get_running_loop()
         room = asyncio.Semaphore(PRODUCE_STREAM_MAX_IN_FLIGHT)
         # The handled requests in arrival order, then None once the client is done (or the reader failed).
@@ -419,6 +420,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         The stream is a fetch session (broker/fetch_session.py): after its first answer the follower
         sends only what changed, and answers carry only the partitions with something new.
         """
+        context = principal.CallIdentity(context)  # type: ignore[assignment]  # read once, not per request
         session = self.rm.new_fetch_session()
         try:
             async for request in request_iterator:

@@ -158,3 +158,57 @@ def test_session_resolver_gets_the_raw_metadata_and_certificates_win() -> None:
             principal.require_node(Ctx(b"CN=node-2,O=Brook"), 1)
     finally:
         principal.set_session_resolver(None)
+
+
+class _CountingContext:
+    """A servicer context that counts how often its identity is read."""
+
+    def __init__(self, subject: bytes | None = None, peer: str = "ipv4:10.1.2.3:5555") -> None:
+        self.subject, self._peer = subject, peer
+        self.reads = 0
+        self.aborted: list[str] = []
+
+    def peer(self) -> str:
+        self.reads += 1
+        return self._peer
+
+    def auth_context(self) -> dict:
+        self.reads += 1
+        return {"x509_subject": [self.subject]} if self.subject else {}
+
+    def invocation_metadata(self) -> tuple:
+        self.reads += 1
+        return (("x-brook-session", "tok"),)
+
+    def abort(self, code: str) -> None:
+        self.aborted.append(code)
+
+
+def test_a_stream_reads_its_callers_identity_once_and_keeps_a_certificates_answer() -> None:
+    raw = _CountingContext(b"CN=node-2,O=Brook")
+    call = principal.CallIdentity(raw)
+    assert raw.reads == 3, "peer, auth context and metadata are read when the stream starts"
+    for _ in range(5):
+        assert principal.require_node(call, 2) == Principal("User", "node-2")
+        assert principal.principal_of(call) == Principal("User", "node-2")
+        with pytest.raises(errors.BrookError) as info:
+            principal.require_node(call, 1)
+        assert info.value.code == errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    assert raw.reads == 3, "no message of the stream reads them again"
+    call.abort("UNAUTHENTICATED")
+    assert raw.aborted == ["UNAUTHENTICATED"], "everything else is the wrapped context's"
+
+
+def test_a_streams_sasl_session_is_resolved_for_every_message() -> None:
+    valid = [True]
+    principal.set_session_resolver(lambda md: Principal("User", "bob") if valid[0] and ("x-brook-session", "tok")
+                                   in md else None)
+    try:
+        call = principal.CallIdentity(_CountingContext())
+        assert principal.principal_of(call) == Principal("User", "bob")
+        valid[0] = False  # the session expired while the stream was open
+        assert principal.principal_of(call) == ANONYMOUS, "an expired session is not kept for the stream"
+        valid[0] = True  # where sessions are served, an anonymous answer is not kept either
+        assert principal.principal_of(call) == Principal("User", "bob")
+    finally:
+        principal.set_session_resolver(None)
