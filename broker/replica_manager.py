@@ -303,7 +303,8 @@ class ReplicaManager:
     def __init__(self, node_id: int, log_manager: Any, metadata_cache: MetadataCache, controller_client: Any,
                  *, defaults: Mapping[str, str], broker_epoch: Callable[[], int],
                  lease_valid: Callable[[], bool] = lambda: True,
-                 fetcher_config: FetcherConfig | None = None) -> None:
+                 fetcher_config: FetcherConfig | None = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``loop``: the broker's event loop, where the replica fetchers run (without one, their own)."""
         self.node_id = node_id
         self.log_manager = log_manager
         self.metadata_cache = metadata_cache
@@ -324,7 +325,7 @@ class ReplicaManager:
         self.fetch_sessions = SessionIndex()  # followers' ReplicaFetch streams, by the partitions they hold
         # Produce requests' local (append) and remote (acks=all wait) times, recorded by the service.
         self.produce_times = ProduceTimes()
-        self.fetchers = ReplicaFetcherManager(node_id, broker_epoch, fetcher_config or FetcherConfig())
+        self.fetchers = ReplicaFetcherManager(node_id, broker_epoch, fetcher_config or FetcherConfig(), loop=loop)
         self._alter = _AlterPartitionSender(self)
         self._stopped = threading.Event()
         self._isr_thread = threading.Thread(target=self._isr_loop, name=f"isr-expiration-{node_id}", daemon=True)

@@ -184,12 +184,13 @@ class BrokerServer:
             partition_max_bytes=int(s.defaults.get("replica.fetch.max.bytes", str(1024 * 1024))),
             backoff_ms=int(s.defaults.get("replica.fetch.backoff.ms", "200")),
             security=s.inter_broker_security)
+        self._start_loop()  # first: the replica fetchers run on it
         self.replica_manager = ReplicaManager(
             s.node_id, self.log_manager, self.metadata_cache, self.controller_client, defaults=s.defaults,
-            broker_epoch=lambda: self.broker_epoch, lease_valid=self.lease_valid, fetcher_config=fetcher_cfg)
+            broker_epoch=lambda: self.broker_epoch, lease_valid=self.lease_valid, fetcher_config=fetcher_cfg,
+            loop=self.loop)
         producer_ids = ProducerIdManager(s.node_id, self.controller_client, lambda: self.broker_epoch)
         self.capacity = self._make_capacity(d)
-        self._start_loop()
         self.grpc_server = self._on_loop(self._make_server(d))
         service = BrokerService(
             s.node_id, self.replica_manager, self.metadata_cache, self.controller_client, producer_ids,

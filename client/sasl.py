@@ -77,6 +77,7 @@ class ScramSession:
 
     def __init__(self, channel: grpc.Channel, credentials: ScramCredentials,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        self._channel = channel
         self._stub = spb_grpc.SecurityServiceStub(channel)
         self._creds = credentials
         self._clock = clock
@@ -106,6 +107,10 @@ class ScramSession:
                 log.debug("SCRAM: the server is not ready (%s); authenticating again", exc.message)
                 if not backoff.sleep():
                     raise
+
+    def close(self) -> None:
+        """Close the channel the exchange runs over (the session's owner is done with it)."""
+        self._channel.close()
 
     def invalidate(self, token: str) -> None:
         with self._lock:
@@ -235,8 +240,20 @@ def scram_channel(address: str, credentials: ScramCredentials,
     return grpc.intercept_channel(base, ScramInterceptor(ScramSession(base, credentials)))
 
 
+def _credentials_of(security: Any) -> ScramCredentials:
+    return ScramCredentials(security.sasl_username or "", security.sasl_password or "",
+                            str(security.sasl_mechanism).upper())
+
+
 def sasl_channel_wrapper(channel: grpc.Channel, security: Any, address: str) -> grpc.Channel:
     """What client.security.make_channel uses for SASL_* protocols: ``security`` carries Kafka's sasl.* configs."""
-    creds = ScramCredentials(security.sasl_username or "", security.sasl_password or "",
-                             str(security.sasl_mechanism).upper())
-    return scram_channel(address, creds, raw=channel)
+    return scram_channel(address, _credentials_of(security), raw=channel)
+
+
+def session_for(address: str, security: Any) -> ScramSession:
+    """A SCRAM session with the server at ``address`` for a caller that attaches the token to its calls
+    itself (a grpc.aio channel has no sync interceptors): ``SESSION_METADATA_KEY`` with ``token()``,
+    and ``invalidate(token)`` when a call is refused UNAUTHENTICATED. The exchange runs over a channel
+    of its own with ``security``'s transport."""
+    from client.security import make_transport_channel
+    return ScramSession(make_transport_channel(address, security), _credentials_of(security))

@@ -208,16 +208,33 @@ def set_sasl_channel_wrapper(fn: SaslChannelWrapper | None) -> None:
 # ----------------------------------------------------------------------------- channels
 
 
+def make_transport_channel(address: str, security: SecurityConfig | None = None,
+                           options: Sequence[tuple[str, Any]] | None = None) -> grpc.Channel:
+    """A channel to ``address`` with the transport ``security`` asks for (TLS or none) and no SASL:
+    what a SASL session's own exchange runs over."""
+    sec = security or PLAINTEXT_CONFIG
+    if sec.uses_ssl:
+        return grpc.secure_channel(address, sec.channel_credentials(), options=list(options or []))
+    return grpc.insecure_channel(address, options=list(options or []))
+
+
+def make_aio_channel(address: str, security: SecurityConfig | None = None,
+                     options: Sequence[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
+    """A grpc.aio channel to ``address`` with the transport ``security`` asks for; call it on the event
+    loop that will use the channel. SASL is the caller's: its calls carry the session token as
+    metadata (client/sasl.py's ``ScramSession.token``)."""
+    sec = security or PLAINTEXT_CONFIG
+    if sec.uses_ssl:
+        return grpc.aio.secure_channel(address, sec.channel_credentials(), options=list(options or []))
+    return grpc.aio.insecure_channel(address, options=list(options or []))
+
+
 def make_channel(address: str, security: SecurityConfig | None = None,
                  options: Sequence[tuple[str, Any]] | None = None,
                  interceptors: Sequence[Any] = ()) -> grpc.Channel:
     """A gRPC channel to ``address`` ("host:port") secured as ``security`` says."""
     sec = security or PLAINTEXT_CONFIG
-    opts = list(options or [])
-    if sec.uses_ssl:
-        channel = grpc.secure_channel(address, sec.channel_credentials(), options=opts)
-    else:
-        channel = grpc.insecure_channel(address, options=opts)
+    channel = make_transport_channel(address, sec, options)
     if sec.uses_sasl:
         wrapper = _sasl_wrapper
         if wrapper is None:  # Brook's own SCRAM client (client/sasl.py), unless another was installed

@@ -13,33 +13,48 @@ leader about half of what a unary call does), opened again after any failure; a 
 not know the stream (an older version, mid-upgrade) gets unary ``Fetch`` calls instead. A fetch
 gets no answer for longer than ``max_wait_ms`` + 10 s (a stopped leader) cancels the stream.
 
+Every fetcher of a broker runs as a task on the broker's event loop over grpc.aio: a response is
+processed and the next request written on that loop, without the hand-offs to gRPC's
+request-iterator and channel-spin threads that a blocking stream costs on each round trip (an
+acks=all write waits for one). Only what cannot hold the loop is applied there: plain appends of
+up to ``LOOP_PROCESS_MAX_BYTES`` to a log whose lock is free and that needs no roll or flush, as
+the leader's inline produce path does; the rest (larger responses, truncations, busy logs) goes
+to an executor thread. On ``SASL_*`` the fetcher attaches its SCRAM session token (client/sasl.py)
+to each call itself, and a session that cannot authenticate is a failed fetch to back off from.
+
 A partition added (a new topic, a new leader or leader epoch) while the fetch in flight does not
 carry it cuts that fetch short: the stream is cancelled and opened again at once, so the new
 partition's first acks=all writes wait for one fetch round trip, not for the leader's long poll
 (``replica.fetch.wait.max.ms``) to run out. Kafka's fetcher threads leave the poll running.
 
 Role changes remove a partition from its fetcher *before* the partition changes role;
-responses are processed under the fetcher's lock, so once ``remove_partitions`` returns
-no fetcher will append to that log again.
+responses are processed under the fetcher's lock (a thread lock: the metadata thread takes it
+too), so once ``remove_partitions`` returns no fetcher will append to that log again. No code
+waits for the fetch loop while holding a fetcher's lock.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import logging
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import grpc
 
-from client.security import SecurityConfig, make_channel
+from client import sasl
+from client.security import SecurityConfig, make_aio_channel
 from proto import broker_pb2, broker_pb2_grpc, errors
 from proto.errors import ErrorCode
 from replication import isr as isr_rules
 from replication.partition import Partition
 from replication.throttle import ReplicationThrottle
+from storage.log import WouldBlock
 
 log = logging.getLogger(__name__)
 
@@ -71,36 +86,118 @@ class FetcherConfig:
     throttle: ReplicationThrottle = field(default_factory=ReplicationThrottle)
 
 
+T = TypeVar("T")
+
+# A response with more record bytes than this is appended on an executor thread, not on the event loop
+# (the bound of a woken follower's read on the leader's loop, replica_manager.LOOP_READ_MAX_BYTES).
+LOOP_PROCESS_MAX_BYTES = 64 * 1024
+SHUTDOWN_WAIT_S = 5.0
+
+
+class _FetchLoop:
+    """The event loop the fetchers of a broker run on: the broker's own (its gRPC server's: grpc.aio
+    completes every call of a process on the loop that started it, and hands the events of calls
+    made on another loop over to that one), or, without one (tests), a loop in a thread of its own."""
+
+    def __init__(self, name: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._owned = loop is None
+        self.loop = loop if loop is not None else asyncio.new_event_loop()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        if self._owned:
+            self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+            self._thread.start()
+
+    def on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self.loop
+        except RuntimeError:  # no loop runs in this thread
+            return False
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if self._stopped:
+            coro.close()
+            raise RuntimeError("the replica fetch loop has stopped")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call_soon(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the loop: at once on its own thread, else soon; nothing once it is closed."""
+        if self.on_loop():
+            fn()
+            return
+        with contextlib.suppress(RuntimeError):  # closed: nothing runs there any more
+            self.loop.call_soon_threadsafe(fn)
+
+    def stop(self) -> None:
+        """Stop and close the loop if it is this manager's own (the broker's stops with the broker)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if not self._owned or self._thread is None:
+            return
+        with contextlib.suppress(Exception):  # threads the loop's executor still runs are left to end
+            asyncio.run_coroutine_threadsafe(self.loop.shutdown_default_executor(), self.loop).result(5)
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
 class _FetchSession:
     """One ReplicaFetch stream: ``fetch`` sends a request and waits for its response.
 
-    Only the fetcher's thread calls ``fetch``; ``cancel`` may come from any thread (the watchdog,
-    shutdown) and makes a waiting ``fetch`` raise.
+    Only the fetcher's task calls ``fetch``; ``cancel`` may come from any thread (the watchdog,
+    ``add``, shutdown) and makes a waiting ``fetch`` raise ``_SessionEnded``: it cancels the call and
+    the task's wait itself, since grpc.aio leaves a ``write`` waiting for ever on a call cancelled
+    before its headers went out.
     """
 
-    def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub) -> None:
-        self._requests: queue.SimpleQueue[broker_pb2.FetchRequest | None] = queue.SimpleQueue()
-        self._call = stub.ReplicaFetch(iter(self._requests.get, None))
+    def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub, fetch_loop: _FetchLoop,
+                 metadata: tuple[tuple[str, str], ...] | None, token: str) -> None:
+        self._call = stub.ReplicaFetch(metadata=metadata)
+        self._fetch_loop = fetch_loop
+        self.token = token  # the SCRAM session token the stream opened with ("" without SASL)
         self.opened_at = time.monotonic()
         self.waiting_since: float | None = None  # monotonic time of the unanswered request
         self.interrupted = False  # cancelled to send a request with more partitions: no failure
         # The leader keeps this stream's partitions (it said so in an answer): requests carry changes only.
         self.incremental = False
         self.sent: dict[tuple[str, int], _Want] = {}  # each partition's fetch as the leader has it
+        self._ended = False  # cancelled; set on the loop
+        self._waiter: asyncio.Task[Any] | None = None  # the task waiting in fetch(); on the loop
 
-    def fetch(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
+    async def fetch(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
+        if self._ended:
+            raise _SessionEnded("the stream was cancelled")
         self.waiting_since = time.monotonic()
-        self._requests.put(request)
+        self._waiter = asyncio.current_task()
         try:
-            return next(self._call)
-        except StopIteration:  # the leader ended the stream (it is stopping)
-            raise _SessionEnded from None
+            await self._call.write(request)
+            response = await self._call.read()
+        except asyncio.CancelledError:
+            if not self._ended:
+                raise  # the fetcher's task itself is being cancelled
+            if self._waiter is not None:
+                self._waiter.uncancel()  # the cancel was the stream's, and it ends here
+            raise _SessionEnded("the stream was cancelled") from None
         finally:
+            self._waiter = None
             self.waiting_since = None
+        if response is grpc.aio.EOF:  # the leader ended the stream (it is stopping)
+            raise _SessionEnded("the leader ended the stream")
+        return response
 
     def cancel(self) -> None:
-        self._requests.put(None)  # ends the request stream
+        self._fetch_loop.call_soon(self._cancel)
+
+    def _cancel(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
         self._call.cancel()
+        if self._waiter is not None:
+            self._waiter.cancel()
 
     def interrupt(self) -> None:
         self.interrupted = True
@@ -109,6 +206,18 @@ class _FetchSession:
 
 class _SessionEnded(Exception):
     pass
+
+
+async def _call_step(step: Coroutine[Any, Any, T] | Any) -> T:
+    """Await one operation of a grpc.aio call. A call cancelled here (the watchdog, a cut-short poll,
+    shutdown) raises CancelledError into its awaiter: that is the call's end, not the task's."""
+    try:
+        return await step
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the fetcher's task itself is being cancelled
+        raise _SessionEnded("the call was cancelled") from None
 
 
 # What a fetch asks of one partition: (fetch_offset, partition_max_bytes, current_leader_epoch,
@@ -147,25 +256,24 @@ class _FetchState:
 
 class ReplicaFetcher:
     def __init__(self, local_id: int, source_id: int, address: str, broker_epoch: Callable[[], int],
-                 config: FetcherConfig) -> None:
+                 config: FetcherConfig, fetch_loop: _FetchLoop) -> None:
         self.local_id = local_id
         self.source_id = source_id
         self.address = address
         self._broker_epoch = broker_epoch
         self.config = config
-        self._lock = threading.Condition()
+        self._fetch_loop = fetch_loop
+        self._lock = threading.Lock()
         self._states: dict[tuple[str, int], _FetchState] = {}
         self._stopped = False
-        self._channel = make_channel(address, config.security, options=[
-            ("grpc.max_receive_message_length", config.max_bytes + 4 * 1024 * 1024),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
-            # a restarted leader is found again within a second, not after gRPC's default 2 min backoff
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000),
-        ])
+        # Set on the loop when a partition is added or the fetcher stops: ends a backoff or idle wait.
+        self._wake = asyncio.Event()
         self._failures = 0
-        self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)
+        # Made on the loop by _run (a grpc.aio channel belongs to the loop that uses it).
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: broker_pb2_grpc.BrokerServiceStub | None = None
+        self._scram = sasl.session_for(address, config.security) if config.security.uses_sasl else None
+        self._unary_token = ""  # the SCRAM token of the unary fetch in flight
         self._session: _FetchSession | None = None
         # (partition, leader epoch) of the fetch in flight, None between fetches; under _lock
         self._in_flight: dict[tuple[str, int], int] | None = None
@@ -178,22 +286,20 @@ class ReplicaFetcher:
         self._wants: dict[tuple[str, int], _Want] = {}
         self._changed: set[tuple[str, int]] = set()
         self._next_full_build_s = 0.0
-        self._thread = threading.Thread(target=self._run, name=f"replica-fetcher-{local_id}-from-{source_id}",
-                                        daemon=True)
-        self._thread.start()
+        self._task = fetch_loop.submit(self._run())
 
-    # ---- partition set ----
+    # ---- partition set (any thread) ----
     def add(self, partition: Partition, leader_epoch: int) -> None:
         with self._lock:
             self._states[partition.key] = _FetchState(partition, leader_epoch)
             self._changed.add(partition.key)
-            self._lock.notify_all()
             # The fetch in flight may be parked at the leader for up to max_wait_ms without this partition.
-            # The fetcher thread checks _cut_short under this lock after opening its stream and before
-            # sending: a request either is not sent, or goes on the stream interrupted here.
+            # The fetcher checks _cut_short under this lock after opening its stream and before sending:
+            # a request either is not sent, or goes on the stream interrupted here.
             cut_short = self._in_flight is not None and self._in_flight.get(partition.key) != leader_epoch
             self._cut_short = self._cut_short or cut_short
             session = self._session
+        self._fetch_loop.call_soon(self._wake.set)
         if cut_short and session is not None:
             log.debug("fetcher %d<-%d: %s-%d added at epoch %d; cutting the fetch in flight short",
                       self.local_id, self.source_id, partition.topic, partition.partition, leader_epoch)
@@ -210,38 +316,71 @@ class ReplicaFetcher:
             return len(self._states)
 
     def shutdown(self) -> None:
+        """Stop fetching; returns at once (never waits for the loop: the metadata thread calls it).
+        The task closes its channel as it ends; ``done`` tells when."""
         with self._lock:
             self._stopped = True
             self._states.clear()
-            self._lock.notify_all()
+        self._fetch_loop.call_soon(self._wake.set)
         session = self._session
         if session is not None:
             session.cancel()
-        self._channel.close()  # cancels an in-flight long poll
-        self._thread.join(timeout=5)
 
-    # ---- loop ----
-    def _run(self) -> None:
+    @property
+    def done(self) -> concurrent.futures.Future[None]:
+        return self._task
+
+    # ---- the fetch loop (the fetcher's task) ----
+    async def _run(self) -> None:
+        c = self.config
+        self._channel = make_aio_channel(self.address, c.security, options=[
+            ("grpc.max_receive_message_length", c.max_bytes + 4 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            # a restarted leader is found again within a second, not after gRPC's default 2 min backoff
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ])
+        self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)
+        try:
+            await self._fetch_until_stopped()
+        finally:
+            self._close_session()
+            with contextlib.suppress(Exception):  # a loop being torn down; the channel goes with it
+                await self._channel.close()
+            if self._scram is not None:
+                self._scram.close()
+
+    async def _fetch_until_stopped(self) -> None:
         backoff_s = self.config.backoff_ms / 1000
+        loop = asyncio.get_running_loop()
         while True:
             with self._lock:
                 if self._stopped:
                     return
+                self._wake.clear()  # an add() from here on sets it again
                 request, epochs = self._build_request()
-                if request is None:
-                    # Until the first partition's backoff ends (a quarter backoff is shorter than backoff_s).
-                    self._lock.wait(timeout=min(backoff_s, max(0.001, self._next_ready_s - time.monotonic())))
-                    continue
-                self._in_flight = epochs
-                self._cut_short = False
+                if request is not None:
+                    self._in_flight = epochs
+                    self._cut_short = False
+            if request is None:
+                # Until the first partition's backoff ends (a quarter backoff is shorter than backoff_s).
+                await self._pause(min(backoff_s, max(0.001, self._next_ready_s - time.monotonic())))
+                continue
             try:
-                response = self._send(request)
+                response = await self._send(request)
             except _CutShort:
                 continue  # a partition was added before the request went out: build it again
-            except (grpc.RpcError, _SessionEnded) as e:
-                interrupted = self._session is not None and self._session.interrupted
+            except Exception as e:  # the call failed, was cancelled, or SASL could not authenticate
+                session = self._session
+                interrupted = session is not None and session.interrupted
                 with self._lock:
                     self._in_flight = None
+                if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAUTHENTICATED and \
+                        self._scram is not None:
+                    # The leader does not know our SASL session (it restarted, or the session expired):
+                    # the next call authenticates afresh.
+                    self._scram.invalidate(session.token if session is not None else self._unary_token)
                 self._close_session()
                 if self._stopped:
                     return
@@ -254,54 +393,93 @@ class ReplicaFetcher:
                     continue
                 self._failures += 1
                 if self._failures == 1 or self._failures % 50 == 0:  # one line per outage, not 5 per second
-                    log.info("fetcher %d<-%d (%s): fetch failed (%d in a row): %s", self.local_id, self.source_id,
-                             self.address, self._failures, e.code() if hasattr(e, "code") else e)
-                with self._lock:
-                    self._lock.wait(timeout=backoff_s)
+                    expected = isinstance(e, (grpc.RpcError, _SessionEnded, errors.BrookError))
+                    log.log(logging.INFO if expected else logging.WARNING,
+                            "fetcher %d<-%d (%s): fetch failed (%d in a row): %s", self.local_id, self.source_id,
+                            self.address, self._failures, e.code() if isinstance(e, grpc.RpcError) else repr(e),
+                            exc_info=not expected)
+                await self._pause(backoff_s)
                 continue
-            except ValueError:  # channel closed under us during shutdown
-                return
             self._failures = 0
-            with self._lock:
-                self._in_flight = None
-                if self._stopped:
-                    return
-                for pr in response.partitions:
-                    key = (pr.topic, pr.partition)
-                    st = self._states.get(key)
-                    if st is None or epochs.get(key) != st.leader_epoch:
-                        continue  # removed or re-added at another epoch while the request was out
-                    self._changed.add(key)
-                    try:
-                        self._process(st, pr)
-                    except errors.BrookError as e:
-                        log.warning("fetcher %d<-%d: %s-%d: %s; backing off", self.local_id, self.source_id,
-                                    pr.topic, pr.partition, e)
-                        st.delayed_until_s = time.monotonic() + backoff_s
-                    except Exception:
-                        log.exception("fetcher %d<-%d: %s-%d: unexpected failure; backing off",
-                                      self.local_id, self.source_id, pr.topic, pr.partition)
-                        st.delayed_until_s = time.monotonic() + backoff_s
+            rest: int | None = 0
+            if sum(len(pr.records) for pr in response.partitions) <= LOOP_PROCESS_MAX_BYTES:
+                rest = self._process_response(response, epochs, inline=True)
+            if rest is not None:  # appended where blocking is allowed: large, or a log busy, rolling, flushing
+                await loop.run_in_executor(None, self._process_response, response, epochs, rest)
 
-    def _send(self, wanted: _Wanted) -> broker_pb2.FetchResponse:
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` or until a partition is added (or the fetcher stops)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    def _process_response(self, response: broker_pb2.FetchResponse, epochs: dict[tuple[str, int], int],
+                          start: int = 0, *, inline: bool = False) -> int | None:
+        """Apply the answers from partition ``start`` on. ``inline`` (on the event loop): only plain
+        appends that need no wait, roll or flush; the index of the first other answer is returned, to be
+        applied from there on an executor thread (None: all done)."""
+        backoff_s = self.config.backoff_ms / 1000
+        with self._lock:
+            self._in_flight = None
+            if self._stopped:
+                return None
+            partitions = response.partitions
+            for i in range(start, len(partitions)):
+                pr = partitions[i]
+                key = (pr.topic, pr.partition)
+                st = self._states.get(key)
+                if st is None or epochs.get(key) != st.leader_epoch:
+                    continue  # removed or re-added at another epoch while the request was out
+                try:
+                    if not inline:
+                        self._process(st, pr)
+                    elif pr.error_code != ErrorCode.NONE or pr.HasField("diverging_epoch"):
+                        return i  # truncation, backoff bookkeeping: not the loop's work
+                    else:
+                        with st.partition.log.locked(blocking=False):
+                            self._process(st, pr, blocking=False)
+                except WouldBlock:
+                    return i
+                except errors.BrookError as e:
+                    log.warning("fetcher %d<-%d: %s-%d: %s; backing off", self.local_id, self.source_id,
+                                pr.topic, pr.partition, e)
+                    st.delayed_until_s = time.monotonic() + backoff_s
+                except Exception:
+                    log.exception("fetcher %d<-%d: %s-%d: unexpected failure; backing off",
+                                  self.local_id, self.source_id, pr.topic, pr.partition)
+                    st.delayed_until_s = time.monotonic() + backoff_s
+                self._changed.add(key)
+        return None
+
+    async def _auth_metadata(self) -> tuple[tuple[tuple[str, str], ...] | None, str]:
+        """The SASL session token to call with (as metadata), authenticating first on an executor thread."""
+        if self._scram is None:
+            return None, ""
+        token = await asyncio.get_running_loop().run_in_executor(None, self._scram.token)
+        return ((sasl.SESSION_METADATA_KEY, token),), token
+
+    async def _send(self, wanted: _Wanted) -> broker_pb2.FetchResponse:
+        assert self._stub is not None
         if not self._use_stream:
-            return self._stub.Fetch(self._request(wanted, None), timeout=self.response_timeout_s())
+            metadata, self._unary_token = await self._auth_metadata()
+            return await _call_step(self._stub.Fetch(self._request(wanted, None), timeout=self.response_timeout_s(),
+                                                     metadata=metadata))
         if self._session is not None and time.monotonic() - self._session.opened_at > STREAM_MAX_AGE_S:
             self._close_session()
         if self._session is None:
-            self._session = _FetchSession(self._stub)
+            metadata, token = await self._auth_metadata()
+            self._session = _FetchSession(self._stub, self._fetch_loop, metadata, token)
         with self._lock:
             if self._cut_short:
                 self._in_flight = None
                 raise _CutShort
         session = self._session
-        response = session.fetch(self._request(wanted, session))
+        response = await session.fetch(self._request(wanted, session))
         if response.incremental:
             session.incremental = True
         if any(pr.error_code in _AUTH_REFUSALS or pr.error_code == ErrorCode.INVALID_REQUEST
                for pr in response.partitions):
             # Refused for who we are: open the stream again. (A session the leader does not know ends
-            # the stream UNAUTHENTICATED instead, which drops the channel's token: the next stream
+            # the stream UNAUTHENTICATED instead, which drops the token: the next stream
             # authenticates afresh.) A request the leader found invalid may have left its view of the
             # fetch session other than ours: the next stream starts a new one with a full request.
             self._close_session()
@@ -386,17 +564,17 @@ class ReplicaFetcher:
             if next_ready_s != float("inf") else self.config.max_wait_ms
         return _Wanted(parts, max_wait_ms), epochs
 
-    def _process(self, st: _FetchState, pr: broker_pb2.FetchPartitionResponse) -> None:
+    def _process(self, st: _FetchState, pr: broker_pb2.FetchPartitionResponse, blocking: bool = True) -> None:
         lg = st.partition.log
         if pr.error_code == ErrorCode.NONE:
             if pr.HasField("diverging_epoch"):
                 self._truncate_diverged(st, pr.diverging_epoch.epoch, pr.diverging_epoch.end_offset)
                 return
-            st.truncation_rounds = 0
             if pr.records:
-                lg.append_as_follower(pr.records)
+                lg.append_as_follower(pr.records, blocking=blocking)  # WouldBlock first: nothing changed
                 if self.local_id not in st.partition.isr:
                     self.config.throttle.charge(len(pr.records))  # _build_request holds it back while in debt
+            st.truncation_rounds = 0
             lg.update_high_watermark(min(pr.high_watermark, lg.log_end_offset))
             if pr.log_start_offset > lg.log_start_offset:
                 # The leader's log start moved (DeleteRecords or its retention): records before it are
@@ -450,15 +628,17 @@ class ReplicaFetcher:
 
 
 class ReplicaFetcherManager:
-    """Owns the fetcher threads, one per source broker endpoint."""
+    """Owns the fetchers, one per source broker endpoint, and the loop they run on."""
 
-    def __init__(self, local_id: int, broker_epoch: Callable[[], int], config: FetcherConfig | None = None) -> None:
+    def __init__(self, local_id: int, broker_epoch: Callable[[], int], config: FetcherConfig | None = None,
+                 *, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.local_id = local_id
         self._broker_epoch = broker_epoch
         self.config = config or FetcherConfig()
         self._lock = threading.Lock()
         self._fetchers: dict[tuple[int, str], ReplicaFetcher] = {}
         self._where: dict[tuple[str, int], tuple[int, str]] = {}
+        self._fetch_loop = _FetchLoop(f"replica-fetch-loop-{local_id}", loop)
         # One thread for every fetcher's response deadline (a stream has none of its own).
         self._stopped = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name=f"replica-fetch-watchdog-{local_id}",
@@ -475,13 +655,17 @@ class ReplicaFetcherManager:
 
     def add_partition(self, partition: Partition, leader_id: int, address: str, leader_epoch: int) -> None:
         with self._lock:
+            if self._stopped.is_set():
+                log.debug("fetchers of %d stopped: not following %s-%d", self.local_id, *partition.key)
+                return
             fkey = (leader_id, address)
             old = self._where.get(partition.key)
             if old is not None and old != fkey:
                 self._fetchers[old].remove([partition.key])
             f = self._fetchers.get(fkey)
             if f is None:
-                f = ReplicaFetcher(self.local_id, leader_id, address, self._broker_epoch, self.config)
+                f = ReplicaFetcher(self.local_id, leader_id, address, self._broker_epoch, self.config,
+                                   self._fetch_loop)
                 self._fetchers[fkey] = f
             f.add(partition, leader_epoch)
             self._where[partition.key] = fkey
@@ -514,3 +698,6 @@ class ReplicaFetcherManager:
             self._where.clear()
         for f in fetchers:
             f.shutdown()
+        if not self._fetch_loop.on_loop():  # their tasks end within a loop turn or two, closing their channels
+            concurrent.futures.wait([f.done for f in fetchers], timeout=SHUTDOWN_WAIT_S)
+        self._fetch_loop.stop()

@@ -1,6 +1,6 @@
 """A byte-rate limit on replication copy traffic (Kafka's ``follower.replication.throttled.rate``).
 
-One token bucket per broker, shared by its fetcher threads. A follower charges it for the bytes it
+One token bucket per broker, shared by its fetchers. A follower charges it for the bytes it
 appends to partitions where it is not in sync (a reassignment's new replica, a restarted broker
 catching up); while the bucket is in debt those partitions sit out the fetches until the debt is
 paid back at the configured rate, so the copy averages that rate. In-sync partitions are never

@@ -14,6 +14,7 @@ checks, rewrite base offsets and the leader epoch in place, one pwrite.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import shutil
@@ -443,15 +444,31 @@ class Log:
         return (self._log_start_offset > 0 or self._config.compact
                 or self.producer_state.forgot_producers)
 
-    def append_as_follower(self, records: bytes) -> AppendInfo:
+    @contextlib.contextmanager
+    def locked(self, *, blocking: bool = True) -> Iterator[None]:
+        """Hold the log's (re-entrant) lock across several calls, e.g. a follower's append and high
+        watermark update on the event loop; ``blocking=False`` raises ``WouldBlock`` while another
+        thread holds it."""
+        if not self._lock.acquire(blocking=blocking):
+            raise WouldBlock("log lock held")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def append_as_follower(self, records: bytes, *, blocking: bool = True) -> AppendInfo:
         """Append the leader's batches as they are (offsets and epochs already assigned).
 
         The first batch must start at the log end offset, or after it: on a compacted
         leader the batch following our log end may have lost its first offsets (Kafka
-        accepts that gap too). Starting below the log end is refused.
+        accepts that gap too). Starting below the log end is refused. ``blocking=False`` (the
+        event loop) raises ``WouldBlock``, having changed nothing, where the append would wait for
+        the lock, roll a segment or flush.
         """
         headers = validate_batches(records)
-        with self._lock:
+        if not self._lock.acquire(blocking=blocking):
+            raise WouldBlock("log lock held")
+        try:
             self._ensure_open()
             expected = self._log_end_offset
             if headers[0].base_offset < expected:
@@ -464,11 +481,16 @@ class Log:
                         f"{self.topic}-{self.partition}: batch at {h.base_offset} overlaps offsets below {expected}")
                 expected = h.next_offset
             now = _now_ms(None)
+            if not blocking and (self._roll_reason(len(records), headers[-1].last_offset, now)
+                                 or self._flush_due(sum(h.record_count for h in headers), now)):
+                raise WouldBlock("segment roll or flush")
             for h in headers:
                 if h.partition_leader_epoch > self.epoch_cache.latest_epoch:
                     self.epoch_cache.assign(h.partition_leader_epoch, h.base_offset)
             self._write(records, headers, now)
             return self._append_info(headers, len(records), -1)
+        finally:
+            self._lock.release()
 
     def _write(self, data: bytes | bytearray, headers: list[BatchHeader], now: int) -> None:
         seg = self._maybe_roll(len(data), headers, now)

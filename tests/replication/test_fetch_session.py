@@ -1,28 +1,37 @@
 """The follower's fetch session: one ReplicaFetch stream per leader, with the unary Fetch as fallback.
 
-A real ReplicaFetcher (its thread, its gRPC channel) follows a real Partition from a stand-in
+A real ReplicaFetcher (its task on the fetch loop, its gRPC channel) follows a real Partition from a stand-in
 leader: a gRPC server on a real socket that serves one batch. Shown here: the data arrives over
 the stream; a leader without the stream (an older version) is fetched from with unary calls;
 a leader that stops answering has its stream cancelled by the watchdog and opened again; a
 stream the leader refuses as unauthorized (a SCRAM session that expired while the stream was
-open) is opened again, with the credentials of that moment.
+open) is opened again, with the credentials of that moment. On SASL the fetcher attaches its
+session token to each stream itself and authenticates afresh when a leader ends a stream
+UNAUTHENTICATED. A response with many records is appended on an executor thread, a small one
+on the fetch loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
 import pytest
 from waiting import wait_for
 
+from client import sasl
+from client.security import SecurityConfig
 from proto import broker_pb2, broker_pb2_grpc
 from proto.errors import ErrorCode
+from replication import fetcher as fetcher_module
 from replication.fetcher import FetcherConfig, ReplicaFetcherManager
 from replication.partition import Partition
 from storage.log import Log
@@ -231,3 +240,166 @@ def test_a_new_partitions_leader_that_lags_on_metadata_is_retried_soon(follower:
     finally:
         stop(manager)
     assert leader.refusals == 0
+
+
+class TokenLeader(Leader):
+    """A stream-serving Leader that ends, UNAUTHENTICATED, every stream whose session token it does not know."""
+
+    def __init__(self, known: set[str]) -> None:
+        super().__init__(stream=True)
+        self.known = known
+        self.tokens: list[str] = []
+
+    def ReplicaFetch(self, request_iterator: Iterator[broker_pb2.FetchRequest],
+                     context: Any) -> Iterator[broker_pb2.FetchResponse]:
+        token = dict(context.invocation_metadata()).get(sasl.SESSION_METADATA_KEY, "")
+        with self.lock:
+            self.tokens.append(token)
+        if token not in self.known:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown SASL session")
+        yield from super().ReplicaFetch(request_iterator, context)
+
+
+class FakeSession:
+    """client.sasl.ScramSession's interface: a new token after each invalidation."""
+
+    def __init__(self) -> None:
+        self.issued = 1
+        self.invalidated: list[str] = []
+        self.closed = False
+
+    def token(self, timeout_s: float | None = None) -> str:
+        return f"token-{self.issued}"
+
+    def invalidate(self, token: str) -> None:
+        self.invalidated.append(token)
+        if token == f"token-{self.issued}":
+            self.issued += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_on_sasl_each_stream_carries_the_session_token_and_a_refused_one_is_renewed(
+        follower: Partition, monkeypatch: pytest.MonkeyPatch) -> None:
+    session = FakeSession()
+    made: list[tuple[str, str]] = []
+
+    def session_for(address: str, security: SecurityConfig) -> FakeSession:
+        made.append((address, security.protocol))
+        return session
+    monkeypatch.setattr(fetcher_module.sasl, "session_for", session_for)
+    leader = TokenLeader(known={"token-2"})  # token-1 expired at the leader
+    security = SecurityConfig(protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512", sasl_username="broker",
+                              sasl_password="secret")
+    manager = follow(leader, follower, security=security)  # type: ignore[arg-type]
+    try:
+        wait_for(lambda: follower.log.log_end_offset == 1, 15, "the batch, over a stream opened with a new token")
+    finally:
+        stop(manager)
+    assert leader.tokens[:2] == ["token-1", "token-2"], leader.tokens
+    assert session.invalidated == ["token-1"] and len(made) == 1 and made[0][1] == "SASL_PLAINTEXT"
+    assert session.closed, "the fetcher closes its SASL session's channel when it stops"
+
+
+@pytest.fixture
+def appended_on(follower: Partition, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads the follower's appends ran on."""
+    threads: list[str] = []
+    append = follower.log.append_as_follower
+
+    def recording_append(records: bytes, *, blocking: bool = True) -> Any:
+        info = append(records, blocking=blocking)
+        threads.append(threading.current_thread().name)  # appended (not refused WouldBlock) on this thread
+        return info
+    monkeypatch.setattr(follower.log, "append_as_follower", recording_append)
+    return threads
+
+
+def test_a_large_response_is_appended_off_the_fetch_loop(follower: Partition, appended_on: list[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fetcher_module, "LOOP_PROCESS_MAX_BYTES", len(BATCH) - 1)
+    manager = follow(Leader(stream=True), follower)
+    try:
+        wait_for(lambda: follower.log.log_end_offset == 1, 10, "the batch replicated")
+    finally:
+        stop(manager)
+    assert appended_on and not appended_on[0].startswith("replica-fetch-loop"), appended_on
+
+
+def test_a_small_response_is_appended_on_the_fetch_loop(follower: Partition, appended_on: list[str]) -> None:
+    manager = follow(Leader(stream=True), follower)
+    try:
+        wait_for(lambda: follower.log.log_end_offset == 1, 10, "the batch replicated")
+    finally:
+        stop(manager)
+    assert appended_on == ["replica-fetch-loop-2"], appended_on
+
+
+def test_an_append_that_must_flush_is_done_off_the_fetch_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lg = Log.open(tmp_path / "t-0", LogConfig.from_overrides({"flush.messages": "1"}))  # every append flushes
+    p = Partition("t", 0, "T", lg, 2, broker_usable=lambda b: True)
+    p.make_follower(1, (1, 2), (1, 2), 0, 0)
+    flushed_on: list[str] = []
+    flush = lg.flush
+
+    def recording_flush(*args: Any, **kwargs: Any) -> Any:
+        flushed_on.append(threading.current_thread().name)
+        return flush(*args, **kwargs)
+    monkeypatch.setattr(lg, "flush", recording_flush)
+    manager = follow(Leader(stream=True), p)
+    try:
+        wait_for(lambda: lg.log_end_offset == 1 and lg.high_watermark == 1, 10, "the batch replicated")
+    finally:
+        stop(manager)
+    assert flushed_on and not any(t.startswith("replica-fetch-loop") for t in flushed_on), flushed_on
+
+
+class WedgedCall:
+    """A grpc.aio stream call as grpc leaves one cancelled before its headers went out: ``write`` waits on
+    an event nothing sets any more (grpc.aio's ``_metadata_sent``), whatever ``cancel`` does."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    async def write(self, request: Any) -> None:
+        await asyncio.Event().wait()
+
+    async def read(self) -> Any:
+        raise AssertionError("never reached")
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+def wedged_session() -> tuple[fetcher_module._FetchSession, WedgedCall, fetcher_module._FetchLoop]:
+    call = WedgedCall()
+    fetch_loop = fetcher_module._FetchLoop("test-fetch-loop")
+    stub = SimpleNamespace(ReplicaFetch=lambda metadata=None: call)
+    return fetcher_module._FetchSession(stub, fetch_loop, None, ""), call, fetch_loop  # type: ignore[arg-type]
+
+
+def test_a_cancelled_stream_ends_a_fetch_even_when_grpc_leaves_its_write_waiting() -> None:
+    session, call, fetch_loop = wedged_session()
+    try:
+        pending = fetch_loop.submit(session.fetch(broker_pb2.FetchRequest()))
+        wait_for(lambda: session.waiting_since is not None, 5, "the fetch waiting in write()")
+        session.cancel()  # from another thread, as the watchdog and add() do
+        with pytest.raises(fetcher_module._SessionEnded):
+            pending.result(timeout=5)
+        assert call.cancelled and session.waiting_since is None
+    finally:
+        fetch_loop.stop()
+
+
+def test_cancelling_the_fetchers_task_is_not_taken_for_the_streams_end() -> None:
+    session, _, fetch_loop = wedged_session()
+    try:
+        pending = fetch_loop.submit(session.fetch(broker_pb2.FetchRequest()))
+        wait_for(lambda: session.waiting_since is not None, 5, "the fetch waiting in write()")
+        pending.cancel()  # the task itself (the loop shutting down)
+        with pytest.raises(concurrent.futures.CancelledError):
+            pending.result(timeout=5)
+    finally:
+        fetch_loop.stop()
