@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from storage_testlib import batch_bases, make_batch, now_ms, offsets_of, read_al
 
 from proto import errors
 from storage.file_records import FileRecords
-from storage.log import Log, UnexpectedAppendOffsetError
+from storage.log import Log, UnexpectedAppendOffsetError, WouldBlock
 from storage.log_config import LogConfig
 from storage.record_batch import (
     CODEC_GZIP,
@@ -223,6 +224,41 @@ def test_follower_append_rules(tmp_path: Path) -> None:
         follower.append_as_follower(overlapping)  # second batch overlaps the first
     assert follower.log_end_offset == 12
     leader.close()
+    follower.close()
+
+
+def test_a_non_blocking_follower_append_refuses_what_would_wait_and_changes_nothing(tmp_path: Path) -> None:
+    # The follower's fetcher appends on the broker's event loop only what cannot hold it.
+    follower = Log.open(tmp_path / "b-0", LogConfig(flush_messages=5))
+    info = follower.append_as_follower(make_batch(2, base_offset=0, epoch=1), blocking=False)
+    assert (info.first_offset, follower.log_end_offset) == (0, 2), "a plain append goes through"
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with follower.locked():
+            held.set()
+            release.wait(10)
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        held.wait(10)
+        with pytest.raises(WouldBlock):
+            follower.append_as_follower(make_batch(1, base_offset=2, epoch=1), blocking=False)
+        with pytest.raises(WouldBlock):
+            with follower.locked(blocking=False):
+                pass
+    finally:
+        release.set()
+        holder.join()
+    assert follower.log_end_offset == 2, "refused while another thread held the lock: nothing appended"
+    with pytest.raises(WouldBlock):  # 2 + 3 records reach flush.messages: the flush is blocking work
+        follower.append_as_follower(make_batch(3, base_offset=2, epoch=1), blocking=False)
+    assert follower.log_end_offset == 2 and follower.recovery_point == 0
+    follower.append_as_follower(make_batch(3, base_offset=2, epoch=1))
+    assert follower.log_end_offset == 5 and follower.recovery_point == 5, "the blocking append flushed"
+    with follower.locked(blocking=False):  # re-entrant: what the fetcher holds around its append
+        follower.append_as_follower(make_batch(1, base_offset=5, epoch=1), blocking=False)
+    assert follower.log_end_offset == 6
     follower.close()
 
 
