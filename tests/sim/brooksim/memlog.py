@@ -93,7 +93,8 @@ class MemoryLog:
         self._write([Batch(first, leader_epoch, values)])
         return AppendInfo(first, first + len(values) - 1, -1, -1, len(values), 1, len(records))
 
-    def append_as_follower(self, records: bytes) -> AppendInfo:
+    def append_as_follower(self, records: bytes, *, blocking: bool = True) -> AppendInfo:
+        # As for append_as_leader: in memory nothing waits, so a non-blocking append is the same append.
         batches = decode_batches(records)
         expected = self.log_end_offset
         for b in batches:
