@@ -208,14 +208,18 @@ def set_sasl_channel_wrapper(fn: SaslChannelWrapper | None) -> None:
 # ----------------------------------------------------------------------------- channels
 
 
+def _open(api: Any, address: str, sec: SecurityConfig, options: Sequence[tuple[str, Any]] | None) -> Any:
+    """A channel of ``api`` (grpc or grpc.aio, which share these two constructors) with ``sec``'s transport."""
+    if sec.uses_ssl:
+        return api.secure_channel(address, sec.channel_credentials(), options=list(options or []))
+    return api.insecure_channel(address, options=list(options or []))
+
+
 def make_transport_channel(address: str, security: SecurityConfig | None = None,
                            options: Sequence[tuple[str, Any]] | None = None) -> grpc.Channel:
     """A channel to ``address`` with the transport ``security`` asks for (TLS or none) and no SASL:
     what a SASL session's own exchange runs over."""
-    sec = security or PLAINTEXT_CONFIG
-    if sec.uses_ssl:
-        return grpc.secure_channel(address, sec.channel_credentials(), options=list(options or []))
-    return grpc.insecure_channel(address, options=list(options or []))
+    return _open(grpc, address, security or PLAINTEXT_CONFIG, options)
 
 
 def make_aio_channel(address: str, security: SecurityConfig | None = None,
@@ -223,10 +227,7 @@ def make_aio_channel(address: str, security: SecurityConfig | None = None,
     """A grpc.aio channel to ``address`` with the transport ``security`` asks for; call it on the event
     loop that will use the channel. SASL is the caller's: its calls carry the session token as
     metadata (client/sasl.py's ``ScramSession.token``)."""
-    sec = security or PLAINTEXT_CONFIG
-    if sec.uses_ssl:
-        return grpc.aio.secure_channel(address, sec.channel_credentials(), options=list(options or []))
-    return grpc.aio.insecure_channel(address, options=list(options or []))
+    return _open(grpc.aio, address, security or PLAINTEXT_CONFIG, options)
 
 
 def make_channel(address: str, security: SecurityConfig | None = None,

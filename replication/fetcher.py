@@ -210,18 +210,6 @@ class _SessionEnded(Exception):
     pass
 
 
-async def _call_step(step: Coroutine[Any, Any, T] | Any) -> T:
-    """Await one operation of a grpc.aio call. A call cancelled here (the watchdog, a cut-short poll,
-    shutdown) raises CancelledError into its awaiter: that is the call's end, not the task's."""
-    try:
-        return await step
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # the fetcher's task itself is being cancelled
-        raise _SessionEnded("the call was cancelled") from None
-
-
 # What a fetch asks of one partition: (fetch_offset, partition_max_bytes, current_leader_epoch,
 # last_fetched_epoch, log_start_offset), the FetchPartition fields after topic and partition.
 _Want = tuple[int, int, int, int, int]
@@ -463,8 +451,8 @@ class ReplicaFetcher:
         assert self._stub is not None
         if not self._use_stream:
             metadata, self._unary_token = await self._auth_metadata()
-            return await _call_step(self._stub.Fetch(self._request(wanted, None), timeout=self.response_timeout_s(),
-                                                     metadata=metadata))
+            return await self._stub.Fetch(self._request(wanted, None), timeout=self.response_timeout_s(),
+                                          metadata=metadata)
         if self._session is not None and time.monotonic() - self._session.opened_at > STREAM_MAX_AGE_S:
             self._close_session()
         if self._session is None:

@@ -466,9 +466,7 @@ class Log:
         the lock, roll a segment or flush.
         """
         headers = validate_batches(records)
-        if not self._lock.acquire(blocking=blocking):
-            raise WouldBlock("log lock held")
-        try:
+        with self.locked(blocking=blocking):
             self._ensure_open()
             expected = self._log_end_offset
             if headers[0].base_offset < expected:
@@ -489,8 +487,6 @@ class Log:
                     self.epoch_cache.assign(h.partition_leader_epoch, h.base_offset)
             self._write(records, headers, now)
             return self._append_info(headers, len(records), -1)
-        finally:
-            self._lock.release()
 
     def _write(self, data: bytes | bytearray, headers: list[BatchHeader], now: int) -> None:
         seg = self._maybe_roll(len(data), headers, now)
