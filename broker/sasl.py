@@ -32,6 +32,7 @@ from typing import Any
 
 import grpc
 import scramp
+from scramp.core import Nonce as ScramNonce
 
 from broker.principal import ANONYMOUS, SESSION_METADATA_KEY, Principal, principal_of, set_session_resolver
 from metadata_quorum.security import MECHANISMS, MIN_ITERATIONS, ScramCredential
@@ -145,7 +146,9 @@ class ScramAuthenticator:
             raise errors.error_class(ErrorCode.ILLEGAL_SASL_STATE)("unknown or expired SASL exchange; start again")
         server, limited_user, _, user = entry
         try:
-            server.set_client_final(client_final.decode("utf-8"))
+            final = client_final.decode("utf-8")
+            _accept_librdkafka_nonce(server, final)
+            server.set_client_final(final)
             server_final = server.get_server_final()
         except (scramp.ScramException, UnicodeDecodeError, ValueError):
             # Only existing users are rate limited: guessing is only worth it against them, and a
@@ -261,6 +264,21 @@ class ScramAuthenticator:
         with _installed_lock:
             if self in _installed:
                 _installed.remove(self)
+
+
+def _accept_librdkafka_nonce(server: Any, client_final: str) -> None:
+    """librdkafka's built-in SCRAM (2.0.2 as in Debian 12's kcat, and later 2.x releases) sends
+    ``r=<its nonce><the server's whole nonce>`` in its client-final message, not the server's nonce
+    alone as RFC 5802 asks, and signs that message as sent. Kafka let it in (its server checked
+    only that the nonce *ends with* the server's). Brook accepts exactly that doubled form and
+    nothing looser: the exchange then expects it, so scramp checks the proof over the message as
+    the client signed it, and the server's random part is still in what was signed (no replay).
+    Any other nonce is left to scramp, which refuses it."""
+    full = str(server.nonce)
+    client_nonce = full[:len(full) - len(str(server.s_nonce))]
+    doubled = client_nonce + full
+    if any(part == "r=" + doubled for part in client_final.split(",")):
+        server.nonce = ScramNonce(doubled)
 
 
 def _limit_key(user: str, peer: str) -> str:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 USER, PASSWORD = "alice", "alice-secret"
 # Failed logins are rate-limited per user: the refusal test spends its failures on another user.
 OTHER_USER, OTHER_PASSWORD = "bob", "bob-secret"
-KCAT_USER, KCAT_PASSWORD = "carol", "carol-secret"  # kcat's SCRAM attempts may fail (see test_kcat_over_sasl)
+KCAT_USER, KCAT_PASSWORD = "carol", "carol-secret"  # kcat logs in as its own user
 
 
 @pytest.fixture(scope="module")
@@ -116,16 +116,9 @@ def test_kafka_python_and_aiokafka_over_sasl(sasl_cluster: LocalCluster, sasl_to
     assert {b"from-kafka-python", b"from-aiokafka"} <= values
 
 
-@pytest.mark.parametrize("mechanism", [
-    "PLAIN",
-    pytest.param("SCRAM-SHA-256", marks=pytest.mark.xfail(reason=(
-        "librdkafka 2.0 (Debian bookworm's kcat) repeats its client nonce in the SCRAM client-final message "
-        "(r=<client nonce><full nonce>), and its proof does not verify over that message either (accepting the "
-        "nonce as Kafka's endsWith rule does was tried: the proof check then fails). Newer librdkafka is not "
-        "affected; "
-        "strict, so a kcat that logs in makes this test fail and the README's advice can go."),
-        strict=True)),
-])
+# Debian 12's kcat (librdkafka 2.0.2) repeats its client nonce in SCRAM's final message; see
+# broker/sasl.py _accept_librdkafka_nonce.
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
 def test_kcat_over_sasl(sasl_cluster: LocalCluster, sasl_topic: str, mechanism: str) -> None:
     binary, why = kcat_binary()
     if binary is None:

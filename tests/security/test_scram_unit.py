@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
@@ -160,6 +162,50 @@ def test_rfc7677_test_vector_against_a_stored_credential() -> None:
     server.set_client_final("c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
                             "p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
     assert server.get_server_final() == "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+
+
+def _librdkafka_style_login(auth: ScramAuthenticator, user: str, password: str, *, prefix: str | None = None,
+                            mechanism: str = "SCRAM-SHA-256") -> spb.SaslAuthenticateResponse:
+    """A SCRAM client written as librdkafka's built-in one is (the form Debian 12's kcat sends): its final
+    message carries r=<client nonce><server's whole nonce> and its proof is over that message as sent.
+    ``prefix`` replaces the repeated client nonce, for the forms that must still be refused."""
+    digest = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}[mechanism]
+    client_nonce = "7z5e1F/A\\F9m]G1bZ;CmeQ=n^<H]p.A\\"  # librdkafka 2.0's nonces include '=' and backslashes
+    first_bare = f"n={user},r={client_nonce}"
+    first = auth.authenticate(spb.SaslAuthenticateRequest(mechanism=mechanism, auth_bytes=f"n,,{first_bare}".encode()))
+    assert first.error_code == 0, first.error_message
+    server_first = first.auth_bytes.decode()
+    attrs = dict(part.split("=", 1) for part in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac(digest, password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"]))
+    client_key = hmac.new(salted, b"Client Key", digest).digest()
+    without_proof = f"c=biws,r={client_nonce if prefix is None else prefix}{attrs['r']}"
+    signature = hmac.new(hashlib.new(digest, client_key).digest(),
+                         f"{first_bare},{server_first},{without_proof}".encode(), digest).digest()
+    proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True))).decode()
+    return auth.authenticate(spb.SaslAuthenticateRequest(exchange_id=first.exchange_id,
+                                                         auth_bytes=f"{without_proof},p={proof}".encode()))
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_librdkafka_repeated_client_nonce_logs_in(server: Server, mechanism: str) -> None:
+    add_user(server, "carol", "carol-secret", mechanism)
+    final = _librdkafka_style_login(server.auth, "carol", "carol-secret", mechanism=mechanism)
+    assert final.error_code == 0, final.error_message
+    assert final.session_token and server.auth.session(final.session_token) is not None
+    # The server's signature is over the message as the client signed it, so the client can check it.
+    assert final.auth_bytes.startswith(b"v=")
+
+
+def test_librdkafka_form_still_needs_the_password_and_exactly_that_nonce(server: Server) -> None:
+    add_user(server, "carol", "carol-secret")
+    wrong = _librdkafka_style_login(server.auth, "carol", "guess")
+    assert wrong.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED and not wrong.session_token
+    # Kafka's old rule took any nonce ending with the server's; Brook takes only the doubled one.
+    for prefix in ("x", "AAAA", "7z5e1F"):
+        other = _librdkafka_style_login(server.auth, "carol", "carol-secret", prefix=prefix)
+        assert other.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED, prefix
+        assert not other.session_token
+    assert server.auth.succeeded_total == 0
 
 
 def test_aio_server_refuses_stale_sessions_and_serves_live_ones() -> None:
