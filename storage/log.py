@@ -65,7 +65,7 @@ MAX_ITER_READS = 10_000_000  # bound of iter_batches_from (far beyond any real l
 
 
 class WouldBlock(Exception):
-    """A non-blocking ``append_as_leader`` would wait or do blocking work: nothing was changed."""
+    """A non-blocking append (``append_as_leader``, ``append_as_follower``) would wait or do blocking work: nothing was changed."""
 
 
 class UnexpectedAppendOffsetError(errors.InvalidRecordError):  # type: ignore[misc,valid-type]
@@ -373,17 +373,14 @@ class Log:
             raise errors.RecordListTooLargeError(
                 f"append of {len(buf)} bytes exceeds segment.bytes {self._config.segment_bytes}")
         now = _now_ms(now_ms)
-        if not self._lock.acquire(blocking=blocking):
-            raise WouldBlock("log lock held")
-        try:
+        with self.locked(blocking=blocking):
             self._ensure_open()
             dup = self._check_producers(headers)
             if dup is not None:
                 return dup
             if not blocking:
-                last = self._log_end_offset + sum(h.last_offset_delta + 1 for h in headers) - 1
-                if self._roll_reason(len(buf), last, now) or self._flush_due(sum(h.record_count for h in headers), now):
-                    raise WouldBlock("segment roll or flush")
+                self._refuse_roll_or_flush(len(buf), headers, self._log_end_offset
+                                           + sum(h.last_offset_delta + 1 for h in headers) - 1, now)
             offset = first_offset = self._log_end_offset
             log_append = self._config.message_timestamp_type == "LogAppendTime"
             pos = 0
@@ -399,8 +396,6 @@ class Log:
                 self.epoch_cache.assign(leader_epoch, first_offset)
             self._write(buf, assigned, now)
             return self._append_info(assigned, len(buf), now if log_append else -1)
-        finally:
-            self._lock.release()
 
     def _note_refused(self, exc: errors.BrookError) -> None:
         # A hostile client can send refused batches in a loop: one INFO line per interval, the rest DEBUG.
@@ -479,14 +474,18 @@ class Log:
                         f"{self.topic}-{self.partition}: batch at {h.base_offset} overlaps offsets below {expected}")
                 expected = h.next_offset
             now = _now_ms(None)
-            if not blocking and (self._roll_reason(len(records), headers[-1].last_offset, now)
-                                 or self._flush_due(sum(h.record_count for h in headers), now)):
-                raise WouldBlock("segment roll or flush")
+            if not blocking:
+                self._refuse_roll_or_flush(len(records), headers, headers[-1].last_offset, now)
             for h in headers:
                 if h.partition_leader_epoch > self.epoch_cache.latest_epoch:
                     self.epoch_cache.assign(h.partition_leader_epoch, h.base_offset)
             self._write(records, headers, now)
             return self._append_info(headers, len(records), -1)
+
+    def _refuse_roll_or_flush(self, size: int, headers: list[BatchHeader], last_offset: int, now: int) -> None:
+        """For a non-blocking append: ``WouldBlock`` if writing these batches would roll a segment or flush."""
+        if self._roll_reason(size, last_offset, now) or self._flush_due(sum(h.record_count for h in headers), now):
+            raise WouldBlock("segment roll or flush")
 
     def _write(self, data: bytes | bytearray, headers: list[BatchHeader], now: int) -> None:
         seg = self._maybe_roll(len(data), headers, now)
