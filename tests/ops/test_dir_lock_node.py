@@ -1,0 +1,36 @@
+"""Two nodes must never write one directory: a node started on a running node's log or metadata
+directory refuses to start with one line naming the holder, and the running node is untouched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy.local.cluster import LocalCluster, free_port
+
+
+@pytest.mark.parametrize("role", ["broker", "controller"])
+def test_a_second_node_on_a_running_nodes_directory_refuses_to_start(ops_cluster: LocalCluster, tmp_path: Path,
+                                                                     role: str) -> None:
+    held = ops_cluster.node_dir(1) / ("data" if role == "broker" else "meta")
+    port, raft_port = free_port(), free_port()
+    if role == "broker":
+        keys = (f'"listeners" = "BROKER://127.0.0.1:{port}"\n"controller.quorum.voters" = "1@127.0.0.1:1:2"\n'
+                f'"log.dirs" = "{held}"\n')
+    else:
+        keys = (f'"listeners" = "CONTROLLER://127.0.0.1:{port}"\n'
+                f'"controller.quorum.voters" = "9@127.0.0.1:{port}:{raft_port}"\n"metadata.log.dir" = "{held}"\n')
+    cfg = tmp_path / "node.toml"
+    cfg.write_text(f'"process.roles" = "{role}"\n"node.id" = 9\n"cluster.id" = "c"\n{keys}')
+    proc = subprocess.run([sys.executable, "-m", "broker.node", "--config", str(cfg)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1, proc
+    assert f"{held} is in use by another process (pid {ops_cluster.pid(1)}" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    # The lock still names its holder, which still serves.
+    assert (held / ".lock").read_text().strip() == str(ops_cluster.pid(1))
+    status, body = ops_cluster.probe(1)
+    assert status == 200, body
