@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from admin_cli.common import BootstrapOpt, CliError, OutputOpt, ok, show, state, table
-from metadata_quorum.security import CLUSTER_NAME, OPERATIONS, AclBinding, acl_binding
+from metadata_quorum.security import CLUSTER_NAME, OPERATIONS, AclBinding, acl_host, new_acl_binding
 from proto import errors
 
 app = typer.Typer(help="Create, list and delete ACLs (TOPIC, GROUP, CLUSTER resources).", no_args_is_help=True)
@@ -16,7 +16,8 @@ TopicOpt = Annotated[str | None, typer.Option("--topic", help="Topic name, prefi
 GroupOpt = Annotated[str | None, typer.Option("--group", help="Group id, prefix, or * for every group.")]
 ClusterOpt = Annotated[bool, typer.Option("--cluster", help="The cluster resource.")]
 PatternOpt = Annotated[str, typer.Option("--resource-pattern-type", help="literal or prefixed.")]
-_COLUMNS = ["PRINCIPAL", "PERMISSION", "OPERATION", "RESOURCE", "PATTERN", "NAME"]
+HostOpt = Annotated[str | None, typer.Option("--host", help="Only bindings on this host (* or an IP address).")]
+_COLUMNS = ["PRINCIPAL", "HOST", "PERMISSION", "OPERATION", "RESOURCE", "PATTERN", "NAME"]
 
 
 def _resource(topic: str | None, group: str | None, cluster: bool) -> tuple[str, str]:
@@ -27,15 +28,24 @@ def _resource(topic: str | None, group: str | None, cluster: bool) -> tuple[str,
     return chosen[0]
 
 
+def _host(text: str) -> str:
+    """A --host filter as bindings store it (canonical IP); a usage error for anything else."""
+    try:
+        return acl_host(text)
+    except ValueError:
+        raise CliError(f"--host {text!r} must be * or an IP address", code=2) from None
+
+
 def _row(b: AclBinding) -> dict[str, str]:
-    return {"principal": b.principal, "permission": b.permission, "operation": b.operation,
+    return {"principal": b.principal, "host": b.host, "permission": b.permission, "operation": b.operation,
             "resource_type": b.resource_type, "pattern_type": b.pattern_type, "resource_name": b.resource_name}
 
 
 def _show(st: object, bindings: list[AclBinding], note: str) -> None:
     rows = [_row(b) for b in bindings]
-    show(st, rows, table(None, _COLUMNS, [[r["principal"], r["permission"], r["operation"], r["resource_type"],
-                                           r["pattern_type"], r["resource_name"]] for r in rows]),  # type: ignore[arg-type]
+    show(st, rows, table(None, _COLUMNS, [[r["principal"], r["host"], r["permission"], r["operation"],
+                                           r["resource_type"], r["pattern_type"], r["resource_name"]]
+                                          for r in rows]),  # type: ignore[arg-type]
          note=None if rows else note)
 
 
@@ -47,6 +57,10 @@ def create(
     ctx: typer.Context,
     allow_principal: Annotated[list[str] | None, typer.Option(help="User:<name> or User:* (repeatable).")] = None,
     deny_principal: Annotated[list[str] | None, typer.Option(help="User:<name> or User:* (repeatable).")] = None,
+    allow_host: Annotated[list[str] | None, typer.Option(
+        help="Client IP address the ALLOWs apply to (repeatable; default * : any).")] = None,
+    deny_host: Annotated[list[str] | None, typer.Option(
+        help="Client IP address the DENYs apply to (repeatable; default * : any).")] = None,
     operation: Annotated[list[str] | None, typer.Option(
         help=f"One of {', '.join(OPERATIONS)} (repeatable).")] = None,
     topic: TopicOpt = None,
@@ -61,10 +75,13 @@ def create(
     rtype, name = _resource(topic, group, cluster)
     if not operation or not (allow_principal or deny_principal):
         raise CliError("give at least one --operation and one --allow-principal or --deny-principal", code=2)
+    if (allow_host and not allow_principal) or (deny_host and not deny_principal):
+        raise CliError("--allow-host goes with --allow-principal and --deny-host with --deny-principal", code=2)
     try:
-        bindings = [acl_binding([rtype, name, resource_pattern_type, p, "*", op, perm])
-                    for perm, principals in (("ALLOW", allow_principal or []), ("DENY", deny_principal or []))
-                    for p in principals for op in operation]
+        bindings = [new_acl_binding([rtype, name, resource_pattern_type, p, host, op, perm])
+                    for perm, principals, hosts in (("ALLOW", allow_principal or [], allow_host or ["*"]),
+                                                    ("DENY", deny_principal or [], deny_host or ["*"]))
+                    for p in principals for host in hosts for op in operation]
     except errors.BrookError as exc:
         raise CliError(exc.message, code=2) from None
     st.backend.admin.create_acls(bindings)
@@ -83,6 +100,7 @@ def list_(
     group: GroupOpt = None,
     cluster: ClusterOpt = False,
     principal: Annotated[str | None, typer.Option(help="Only bindings of this principal.")] = None,
+    host: HostOpt = None,
     resource_pattern_type: Annotated[str, typer.Option(
         "--resource-pattern-type", help="literal, prefixed, or match (every binding that applies to the name).")]
     = "match",
@@ -97,6 +115,8 @@ def list_(
         fields.update(resource_type=rtype, resource_name=name, pattern_type=resource_pattern_type.upper())
     if principal:
         fields["principal"] = principal
+    if host:
+        fields["host"] = _host(host)
     _show(st, st.backend.admin.describe_acls(**fields), "no ACLs")
 
 
@@ -109,6 +129,7 @@ def delete(
     cluster: ClusterOpt = False,
     principal: Annotated[str | None, typer.Option(help="Only bindings of this principal.")] = None,
     operation: Annotated[str | None, typer.Option(help="Only bindings of this operation.")] = None,
+    host: HostOpt = None,
     resource_pattern_type: PatternOpt = "literal",
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
@@ -121,6 +142,8 @@ def delete(
         fields["principal"] = principal
     if operation:
         fields["operation"] = operation.upper()
+    if host:
+        fields["host"] = _host(host)
     deleted = st.backend.admin.delete_acls([fields])
     if st.json:
         show(st, [_row(b) for b in deleted])

@@ -145,7 +145,8 @@ class Authorizer:
         applicable = self._acls().matching(resource_type, name)
         if not applicable:
             return self.config.allow_everyone_if_no_acl_found
-        mine = [b for b in applicable if b.principal in (who, "User:*")]
+        host = getattr(principal, "host", "")
+        mine = [b for b in applicable if b.principal in (who, "User:*") and _host_applies(b, host)]
         if any(b.permission == "DENY" and b.operation in (operation, "ALL") for b in mine):
             return False
         allowing = _IMPLIED_BY.get(operation, {operation})
@@ -178,12 +179,20 @@ class Authorizer:
         who = str(principal)
         if not self.config.enabled or who in self.config.super_users or self._is_node_principal(principal):
             return True
+        host = getattr(principal, "host", "")
         return any(b.resource_type == TOPIC and b.permission == "ALLOW" and b.operation in (WRITE, "ALL")
-                   and b.principal in (who, "User:*") for b in self._acls().bindings)
+                   and b.principal in (who, "User:*") and _host_applies(b, host) for b in self._acls().bindings)
 
     def denied_total(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self.denied)
+
+
+def _host_applies(b: AclBinding, host: str) -> bool:
+    """Does ``b`` apply to a caller at ``host`` (Kafka's rule: its host is ``*`` or the caller's address)?
+    When the caller's address is unknown (""), only DENYs naming a host still apply: a host-specific
+    ALLOW needs the address it names."""
+    return b.host == WILDCARD or b.host == host or (not host and b.permission == "DENY")
 
 
 ALLOW_ALL = Authorizer(AuthorizerConfig(enabled=False), lambda: EMPTY_INDEX)

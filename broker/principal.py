@@ -33,9 +33,11 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from broker.admission import peer_host
+from metadata_quorum.security import acl_host
 from proto import errors
 
 log = logging.getLogger(__name__)
@@ -53,12 +55,17 @@ AUTH_SASL = "sasl"
 AUTH_NONE = "none"
 AUTH_FORWARDED = "forwarded"  # a broker forwarding a Kafka-protocol client's admin request (KIP-590's envelope)
 FORWARDED_PRINCIPAL_KEY = "x-brook-forwarded-principal"
+FORWARDED_HOST_KEY = "x-brook-forwarded-host"  # that client's address, for ACLs with a host
 
 
 @dataclass(frozen=True)
 class Principal:
     kind: str
     name: str
+    # The caller's address (canonical IP: metadata_quorum.security.acl_host) when this is a request's
+    # caller, for ACLs with a host; "" when unknown. Not part of the identity: equality, hashing and
+    # str() ignore it.
+    host: str = field(default="", compare=False)
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.name}"
@@ -324,9 +331,14 @@ def _authenticate_call(context: Any) -> Authentication:
         log.warning("ignored a forwarded principal from %s (%s): only nodes may forward", direct.principal, direct.peer)
         return direct
     try:
-        return Authentication(Principal.parse(forwarded), AUTH_FORWARDED, direct.peer)
+        caller = Principal.parse(forwarded)
     except errors.BrookError:
-        return Authentication(ANONYMOUS, AUTH_FORWARDED, direct.peer)
+        caller = ANONYMOUS
+    try:  # the forwarding node's word for its client's address; unknown ("") if it sent none
+        host = acl_host(_metadata_value(context, FORWARDED_HOST_KEY) or "")
+    except ValueError:
+        host = ""
+    return Authentication(Principal(caller.kind, caller.name, host), AUTH_FORWARDED, direct.peer)
 
 
 def _metadata_value(context: Any, key: str) -> str | None:
@@ -346,6 +358,12 @@ def _authenticate_direct(context: Any) -> Authentication:
         peer = str(context.peer())
     except Exception:  # a test double or a closed call has no peer; not an identity anyway
         peer = ""
+    auth = _authenticate_peer(context, peer)
+    hosted = with_host(auth.principal, peer)
+    return auth if hosted is auth.principal else Authentication(hosted, auth.method, peer)
+
+
+def _authenticate_peer(context: Any, peer: str) -> Authentication:
     auth: Mapping[str, Sequence[bytes]] = {}
     try:
         auth = context.auth_context() or {}
@@ -380,6 +398,26 @@ def is_tls(context: Any) -> bool:
 def principal_of(context: Any) -> Principal:
     """The principal of this request (see the module doc for the order)."""
     return authenticate(context).principal
+
+
+@functools.lru_cache(maxsize=4096)
+def acl_host_of(peer: str) -> str:
+    """``ipv4:10.0.0.5:5000`` / ``ipv6:[::1]:5000`` (gRPC) / ``kafka:10.0.0.5`` (the Kafka listener) ->
+    the caller's address as ACLs name it (``acl_host``); "" when the peer has none (``unix:``, a test
+    double)."""
+    text = peer[len("kafka:"):] if peer.startswith("kafka:") else peer_host(peer)
+    try:
+        return acl_host(text)
+    except ValueError:
+        return ""
+
+
+def with_host(principal: Principal, peer: str) -> Principal:
+    """``principal`` as the caller at ``peer`` (its ``host`` set), for the authorizer's host match."""
+    host = acl_host_of(peer)
+    if host == principal.host:
+        return principal
+    return Principal(principal.kind, principal.name, host)
 
 
 def is_loopback_host(host: str) -> bool:

@@ -12,6 +12,7 @@ per-principal (or ``<default>``) byte and request rates.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -113,6 +114,32 @@ def validate_principal(principal: str) -> str:
     if not sep or kind != "User" or not name or len(name) > MAX_USER_CHARS:
         raise errors.InvalidRequestError(f"principal {principal!r} must be 'User:<name>' or 'User:*'")
     return principal
+
+
+def acl_host(text: str) -> str:
+    """An address as ACLs name it: the canonical IP (``10.0.0.5``, ``2001:db8::1``; an IPv4-mapped IPv6
+    address as its IPv4), ``*`` and "" (unknown) as they are; ValueError for anything else (a host
+    name: Kafka's ACLs match the client's IP address, never a name)."""
+    if text in ("", WILDCARD):
+        return text
+    ip = ipaddress.ip_address(text.strip("[]"))
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)
+
+
+def new_acl_binding(values: list[str] | tuple[str, ...]) -> AclBinding:
+    """``acl_binding`` for a binding a client asks to create: its host must also be ``*`` or an IP
+    address, stored in canonical form (older records are read as they were stored)."""
+    b = acl_binding(values)
+    try:
+        host = acl_host(b.host)
+    except ValueError:
+        raise errors.InvalidRequestError(
+            f"ACL host {b.host!r} must be '*' or an IP address (ACLs match the client's address, not a name)"
+        ) from None
+    return b if host == b.host else AclBinding(b.resource_type, b.resource_name, b.pattern_type, b.principal, host,
+                                                b.operation, b.permission)
 
 
 def acl_binding(values: list[str] | tuple[str, ...]) -> AclBinding:

@@ -51,7 +51,8 @@ def acl_record(b: sec.AclBinding) -> spb.AclBinding:
 
 
 def binding_of(a: spb.AclBinding) -> sec.AclBinding:
-    return sec.acl_binding([a.resource_type, a.resource_name, a.pattern_type or "LITERAL", a.principal,
+    """A binding a client asks to create, validated (its host too: ``*`` or an IP address)."""
+    return sec.new_acl_binding([a.resource_type, a.resource_name, a.pattern_type or "LITERAL", a.principal,
                             a.host or "*", a.operation, a.permission])
 
 
@@ -91,7 +92,8 @@ def acl_matches_filter(b: sec.AclBinding, f: spb.AclFilter) -> bool:
             and (not f.resource_type or b.resource_type == f.resource_type.upper())
             and (not f.principal or b.principal == f.principal)
             and (not f.operation or b.operation == f.operation.upper())
-            and (not f.permission or b.permission == f.permission.upper()))
+            and (not f.permission or b.permission == f.permission.upper())
+            and (not f.host or b.host == f.host))
 
 
 class SecurityService(spb_grpc.SecurityServiceServicer):

@@ -150,20 +150,22 @@ class AclBinding(_message.Message):
     def __init__(self, resource_type: _Optional[str] = ..., resource_name: _Optional[str] = ..., pattern_type: _Optional[str] = ..., principal: _Optional[str] = ..., host: _Optional[str] = ..., operation: _Optional[str] = ..., permission: _Optional[str] = ...) -> None: ...
 
 class AclFilter(_message.Message):
-    __slots__ = ("resource_type", "resource_name", "pattern_type", "principal", "operation", "permission")
+    __slots__ = ("resource_type", "resource_name", "pattern_type", "principal", "operation", "permission", "host")
     RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
     PATTERN_TYPE_FIELD_NUMBER: _ClassVar[int]
     PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     OPERATION_FIELD_NUMBER: _ClassVar[int]
     PERMISSION_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
     resource_type: str
     resource_name: str
     pattern_type: str
     principal: str
     operation: str
     permission: str
-    def __init__(self, resource_type: _Optional[str] = ..., resource_name: _Optional[str] = ..., pattern_type: _Optional[str] = ..., principal: _Optional[str] = ..., operation: _Optional[str] = ..., permission: _Optional[str] = ...) -> None: ...
+    host: str
+    def __init__(self, resource_type: _Optional[str] = ..., resource_name: _Optional[str] = ..., pattern_type: _Optional[str] = ..., principal: _Optional[str] = ..., operation: _Optional[str] = ..., permission: _Optional[str] = ..., host: _Optional[str] = ...) -> None: ...
 
 class CreateAclsRequest(_message.Message):
     __slots__ = ("acls",)

@@ -18,8 +18,8 @@ back; no rule is implemented here.
   DESCRIBE_CONFIGS on the cluster; secrets are never shown (``is_sensitive``, null value).
 
 Where Brook has no equivalent the answer says so rather than approximating: per-broker
-dynamic configs, APPEND/SUBTRACT config operations, ACLs on hosts other than ``*`` and
-resource types other than TOPIC/GROUP/CLUSTER are INVALID_REQUEST; DeleteTopics stops
+dynamic configs, APPEND/SUBTRACT config operations, ACL hosts that are not ``*`` or an IP
+address, and resource types other than TOPIC/GROUP/CLUSTER are INVALID_REQUEST; DeleteTopics stops
 before topic ids (v6).
 """
 
@@ -170,8 +170,8 @@ class AdminApis:
                           timeout_ms: int = 0) -> Any:
         """``method`` on the active controller with the client's principal forwarded; ``_Failed`` when the
         controller refuses the whole request (or none answers in time)."""
-        who = str(ctx.brook_authentication.principal)
-        metadata = ((principals.FORWARDED_PRINCIPAL_KEY, who),)
+        caller = ctx.brook_authentication.principal
+        metadata = ((principals.FORWARDED_PRINCIPAL_KEY, str(caller)), (principals.FORWARDED_HOST_KEY, caller.host))
         budget_s = ctx.time_remaining() or _DEFAULT_TIMEOUT_S
         if timeout_ms > 0:
             budget_s = min(budget_s, timeout_ms / 1000 + 1.0)  # the controller answers within timeout_ms
@@ -548,22 +548,10 @@ class AdminApis:
         deleted: list[security_pb2.AclBinding] = []
         failed: _Failed | None = None
         try:
-            by_host = [f for f, host in valid if host is None]
-            if by_host:
-                out = await self._controller(ctx, "DeleteAcls", security_pb2.DeleteAclsRequest(filters=by_host),
-                                             security=True)
+            if valid:
+                out = await self._controller(ctx, "DeleteAcls", security_pb2.DeleteAclsRequest(
+                    filters=[f for f, _ in valid]), security=True)
                 deleted.extend(out.acls)
-            for f, host in valid:
-                if host is None:
-                    continue
-                # Brook's filters do not name a host: find the bindings on that host, then delete exactly those.
-                found = await self._controller(ctx, "DescribeAcls", security_pb2.DescribeAclsRequest(filter=f),
-                                               security=True)
-                exact = [_exact_filter(a) for a in found.acls if a.host == host]
-                if exact:
-                    out = await self._controller(ctx, "DeleteAcls", security_pb2.DeleteAclsRequest(filters=exact),
-                                                 security=True)
-                    deleted.extend(a for a in out.acls if a.host == host)
         except _Failed as exc:
             failed = exc
         results = []
@@ -680,12 +668,10 @@ def _acl_binding(c: Any) -> security_pb2.AclBinding:
         if int(value) not in table:
             raise _Failed(ErrorCode.INVALID_REQUEST, f"Brook has no ACL {kind} type {int(value)}")
         names.append(table[int(value)])
-    if (c.host or "*") != sec.WILDCARD:
-        raise _Failed(ErrorCode.INVALID_REQUEST,
-                      f"Brook does not match ACLs on the client host: use host '*' (got {c.host!r})")
     rtype, pattern, operation, permission = names
     try:
-        b = sec.acl_binding([rtype, c.resource_name, pattern, c.principal, "*", operation, permission])
+        b = sec.new_acl_binding([rtype, c.resource_name, pattern, c.principal, c.host or sec.WILDCARD, operation,
+                                 permission])
     except errors.BrookError as exc:
         raise _Failed(exc.code, exc.message) from None
     return security_pb2.AclBinding(resource_type=b.resource_type, resource_name=b.resource_name,
@@ -706,18 +692,16 @@ def _acl_filter(f: Any) -> tuple[security_pb2.AclFilter, str | None]:
             raise _Failed(ErrorCode.INVALID_REQUEST, f"ACL filter: Brook has no {kind} type {value}")
         return table[value]
 
+    try:  # the host as bindings store it (canonical IP), so that a filter finds them however it is written
+        host = sec.acl_host(f.host_filter) if f.host_filter else None
+    except ValueError:
+        host = f.host_filter  # no binding has it: the filter matches nothing
     out = security_pb2.AclFilter(
         resource_type=one("resource", f.resource_type_filter), resource_name=f.resource_name_filter or "",
         pattern_type=one("pattern", _get(f, "pattern_type_filter", 3), match_ok=True),
         principal=f.principal_filter or "", operation=one("operation", f.operation),
-        permission=one("permission", f.permission_type))
-    return out, f.host_filter
-
-
-def _exact_filter(a: security_pb2.AclBinding) -> security_pb2.AclFilter:
-    return security_pb2.AclFilter(resource_type=a.resource_type, resource_name=a.resource_name,
-                                  pattern_type=a.pattern_type, principal=a.principal, operation=a.operation,
-                                  permission=a.permission)
+        permission=one("permission", f.permission_type), host=host or "")
+    return out, host
 
 
 def security_service_binding(a: security_pb2.AclBinding) -> sec.AclBinding:

@@ -126,14 +126,22 @@ def test_acls(confluent_admin: Any, topic_name: str) -> None:
         f.result(T)
     on_host = AclBinding(ResourceType.TOPIC, topic_name, ResourcePatternType.LITERAL, principal, "10.0.0.1",
                          AclOperation.READ, AclPermissionType.ALLOW)
-    with pytest.raises(KafkaException) as host:
-        a.create_acls([on_host], request_timeout=T)[on_host].result(T)
-    assert host.value.args[0].name() == "INVALID_REQUEST"
+    a.create_acls([on_host], request_timeout=T)[on_host].result(T)
+    by_name = AclBinding(ResourceType.TOPIC, topic_name, ResourcePatternType.LITERAL, principal, "db.example",
+                         AclOperation.READ, AclPermissionType.ALLOW)
+    with pytest.raises(KafkaException) as named:  # ACLs match the client's IP address, never a host name
+        a.create_acls([by_name], request_timeout=T)[by_name].result(T)
+    assert named.value.args[0].name() == "INVALID_REQUEST"
 
     of_principal = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, principal, None,
                                     AclOperation.ANY, AclPermissionType.ANY)
     found = wait_for(lambda: a.describe_acls(of_principal, request_timeout=T).result(T), T, "the ACLs")
-    assert sorted(found, key=str) == sorted([read, group], key=str)
+    assert sorted(found, key=str) == sorted([read, group, on_host], key=str)
+    on_that_host = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, principal, "10.0.0.1",
+                                    AclOperation.ANY, AclPermissionType.ANY)
+    assert a.describe_acls(on_that_host, request_timeout=T).result(T) == [on_host]
+    # A filter naming a host deletes the bindings on that host only, not their twins on "*".
+    assert a.delete_acls([on_that_host], request_timeout=T)[on_that_host].result(T) == [on_host]
 
     topic_only = AclBindingFilter(ResourceType.TOPIC, None, ResourcePatternType.ANY, principal, None,
                                   AclOperation.ANY, AclPermissionType.ANY)

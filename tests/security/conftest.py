@@ -87,12 +87,13 @@ def sync(secure_cluster: LocalCluster, admin: Admin) -> Callable[[], None]:
 
 @pytest.fixture
 def grant(admin: Admin, sync: Callable[[], None]) -> Iterator[Callable[..., None]]:
-    """grant(principal, operation, resource_type, name, pattern="LITERAL", permission="ALLOW"); undone after."""
+    """grant(principal, operation, resource_type, name, pattern="LITERAL", permission="ALLOW", host="*");
+    undone after."""
     made = []
 
     def _grant(principal: str, operation: str, resource_type: str, name: str, pattern: str = "LITERAL",
-               permission: str = "ALLOW") -> None:
-        binding = acl_binding([resource_type, name, pattern, principal, "*", operation, permission])
+               permission: str = "ALLOW", host: str = "*") -> None:
+        binding = acl_binding([resource_type, name, pattern, principal, host, operation, permission])
         admin.create_acls([binding])
         made.append(binding)
         sync()
@@ -101,4 +102,4 @@ def grant(admin: Admin, sync: Callable[[], None]) -> Iterator[Callable[..., None
     if made:
         admin.delete_acls([{"resource_type": b.resource_type, "resource_name": b.resource_name,
                             "pattern_type": b.pattern_type, "principal": b.principal, "operation": b.operation,
-                            "permission": b.permission} for b in made])
+                            "permission": b.permission, "host": b.host} for b in made])

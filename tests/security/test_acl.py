@@ -133,6 +133,37 @@ def test_deny_beats_allow_on_a_live_broker(secure_cluster: LocalCluster, admin: 
     assert broker_metadata_error(address, ("dana", "dana-pw"), "acl-deny") == ErrorCode.TOPIC_AUTHORIZATION_FAILED
 
 
+def test_host_specific_acls_apply_to_callers_at_that_address_only(secure_cluster: LocalCluster, admin: Admin,
+                                                                  grant) -> None:  # noqa: ANN001
+    """The brokers see this test's calls come from 127.0.0.1: bindings on another address do not apply to
+    them, bindings on 127.0.0.1 do (Kafka's host rule, matched against the connection's address)."""
+    admin.create_topic("acl-by-host", 1, 1)
+    admin.create_user("hana", "hana-pw")
+    address = secure_cluster.broker_address(secure_cluster.broker_ids[0])
+    hana = ("hana", "hana-pw")
+    grant("User:hana", "DESCRIBE", "TOPIC", "acl-by-host", host="10.9.9.9")
+    wait_for(lambda: _authenticates(lambda: broker_metadata_error(address, hana, "acl-by-host")), 30, "the user")
+    assert broker_metadata_error(address, hana, "acl-by-host") == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    grant("User:hana", "DESCRIBE", "TOPIC", "acl-by-host", host="127.0.0.1")
+    assert broker_metadata_error(address, hana, "acl-by-host") == ErrorCode.NONE
+    grant("User:hana", "DESCRIBE", "TOPIC", "acl-by-host", permission="DENY", host="10.9.9.9")
+    assert broker_metadata_error(address, hana, "acl-by-host") == ErrorCode.NONE  # a DENY elsewhere
+    grant("User:hana", "DESCRIBE", "TOPIC", "acl-by-host", permission="DENY", host="127.0.0.1")
+    assert broker_metadata_error(address, hana, "acl-by-host") == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    listed = admin.describe_acls(principal="User:hana", host="127.0.0.1")
+    assert sorted(b.permission for b in listed) == ["ALLOW", "DENY"] and {b.host for b in listed} == {"127.0.0.1"}
+
+
+def test_acl_hosts_are_ip_addresses(admin: Admin) -> None:
+    from metadata_quorum.security import acl_binding
+
+    for host in ("db.example", "10.0.0.300", "*.example"):
+        with pytest.raises(errors.BrookError) as refused:
+            admin.create_acls([acl_binding(["TOPIC", "t", "LITERAL", "User:x", host, "READ", "ALLOW"])])
+        assert refused.value.code == ErrorCode.INVALID_REQUEST and "IP address" in refused.value.message
+    assert admin.describe_acls(principal="User:x") == []
+
+
 def test_acl_admin_needs_cluster_alter(secure_cluster: LocalCluster, admin: Admin) -> None:
     admin.create_user("eve", "eve-pw")
     with Admin(secure_cluster.bootstrap_servers, request_timeout_ms=10_000,
@@ -191,3 +222,30 @@ def test_no_client_on_loopback_can_act_as_a_broker(secure_cluster: LocalCluster,
                controller_endpoints=secure_cluster.controller_endpoints, **sasl("admin", ADMIN_PASSWORD)) as admin:
         broker = next(b for b in admin.describe_cluster().brokers if b.node_id == 3)
     assert broker.host != "10.66.66.66" and not broker.fenced, broker
+
+
+def test_brook_acl_commands_with_hosts(secure_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from admin_cli.main import main as brook_main
+
+    monkeypatch.setenv("BROOK_BOOTSTRAP", secure_cluster.bootstrap_servers)
+    monkeypatch.setenv("BROOK_SASL_USERNAME", "admin")
+    monkeypatch.setenv("BROOK_SASL_PASSWORD", ADMIN_PASSWORD)
+    base = ["acl", "create", "--topic", "cli-hosts", "--operation", "READ"]
+    assert brook_main([*base, "--allow-principal", "User:ivy", "--allow-host", "10.0.0.1", "--allow-host",
+                       "::FFFF:10.0.0.2", "--deny-principal", "User:ivy"]) == 0
+    capsys.readouterr()
+    assert brook_main(["-o", "json", "acl", "list", "--principal", "User:ivy"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert sorted((r["permission"], r["host"]) for r in rows) == [
+        ("ALLOW", "10.0.0.1"), ("ALLOW", "10.0.0.2"), ("DENY", "*")]  # stored canonical; DENY on any host
+    assert brook_main(["acl", "delete", "--topic", "cli-hosts", "--principal", "User:ivy", "--host", "10.0.0.2"]) == 0
+    capsys.readouterr()
+    assert brook_main(["-o", "json", "acl", "list", "--principal", "User:ivy"]) == 0
+    assert sorted(r["host"] for r in json.loads(capsys.readouterr().out)) == ["*", "10.0.0.1"]
+    assert brook_main([*base, "--allow-principal", "User:ivy", "--allow-host", "db.example"]) == 2
+    assert "IP address" in capsys.readouterr().err
+    assert brook_main([*base, "--deny-host", "10.0.0.1", "--allow-principal", "User:ivy"]) == 2  # no DENY principal
+    assert brook_main(["acl", "delete", "--topic", "cli-hosts", "--principal", "User:ivy"]) == 0

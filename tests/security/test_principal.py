@@ -212,3 +212,72 @@ def test_a_streams_sasl_session_is_resolved_for_every_message() -> None:
         assert principal.principal_of(call) == Principal("User", "bob")
     finally:
         principal.set_session_resolver(None)
+
+
+@pytest.mark.parametrize(("peer", "host"), [
+    ("ipv4:10.1.2.3:5555", "10.1.2.3"), ("ipv6:[2001:DB8:0::1]:5555", "2001:db8::1"),
+    ("ipv6:[::ffff:10.1.2.3]:5555", "10.1.2.3"),  # an IPv4 client on a dual-stack socket is its IPv4
+    ("kafka:10.1.2.3", "10.1.2.3"), ("unix:/run/brook.sock", ""), ("", ""), ("ipv4:no-address:1", ""),
+])
+def test_a_callers_acl_host_is_its_canonical_ip(peer: str, host: str) -> None:
+    assert principal.acl_host_of(peer) == host
+
+
+def test_a_callers_host_rides_on_its_principal_but_is_not_its_identity() -> None:
+    class Ctx:
+        def peer(self) -> str:
+            return "ipv4:10.1.2.3:5555"
+
+        def auth_context(self) -> dict:
+            return {"x509_subject": [b"CN=alice,O=x"]}
+
+        def invocation_metadata(self) -> tuple:
+            return ()
+
+    who = principal.principal_of(Ctx())
+    assert who.host == "10.1.2.3"
+    assert who == Principal("User", "alice") and hash(who) == hash(Principal("User", "alice"))
+    assert str(who) == "User:alice"
+
+
+def test_a_forwarded_caller_has_the_host_its_node_forwarded() -> None:
+    class Forwarded:
+        def __init__(self, metadata: tuple) -> None:
+            self.metadata = metadata
+
+        def peer(self) -> str:
+            return "ipv4:10.0.0.2:5555"  # the forwarding broker
+
+        def auth_context(self) -> dict:
+            return {"x509_subject": [b"CN=node-2,O=Brook"]}
+
+        def invocation_metadata(self) -> tuple:
+            return self.metadata
+
+    key, host_key = principal.FORWARDED_PRINCIPAL_KEY, principal.FORWARDED_HOST_KEY
+    auth = principal.authenticate(Forwarded(((key, "User:carol"), (host_key, "192.0.2.7"))))
+    assert (auth.method, auth.principal, auth.principal.host) == ("forwarded", Principal("User", "carol"), "192.0.2.7")
+    # None sent, or not an address: unknown, never the forwarding node's own address.
+    for metadata in (((key, "User:carol"),), ((key, "User:carol"), (host_key, "db.example"))):
+        assert principal.authenticate(Forwarded(metadata)).principal.host == ""
+
+
+def test_acl_hosts_match_the_callers_address_and_an_unknown_address_gets_only_denies() -> None:
+    from broker.authorizer import AclIndex, Authorizer, AuthorizerConfig
+    from metadata_quorum.security import acl_binding
+
+    def binding(host: str, permission: str = "ALLOW") -> object:
+        return acl_binding(["TOPIC", "t", "LITERAL", "User:ann", host, "READ", permission])
+
+    def allowed(bindings: list, host: str) -> bool:
+        index = AclIndex(bindings)
+        authz = Authorizer(AuthorizerConfig(enabled=True), lambda: index)
+        return authz.authorize(Principal("User", "ann", host), "READ", "TOPIC", "t")
+
+    assert allowed([binding("*")], "10.0.0.1") and allowed([binding("*")], "")
+    assert allowed([binding("10.0.0.1")], "10.0.0.1")
+    assert not allowed([binding("10.0.0.1")], "10.0.0.2")
+    assert not allowed([binding("10.0.0.1")], ""), "a host-specific ALLOW needs the address it names"
+    assert not allowed([binding("*"), binding("10.0.0.1", "DENY")], "10.0.0.1")
+    assert allowed([binding("*"), binding("10.0.0.1", "DENY")], "10.0.0.2")
+    assert not allowed([binding("*"), binding("10.0.0.1", "DENY")], ""), "an unknown caller may be at that host"
