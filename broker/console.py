@@ -110,15 +110,20 @@ def tls_context(certfile: str, keyfile: str, cafile: str | None, require_client_
 
 
 def principal_of_socket(sock: Any) -> principals.Principal:
-    """The verified client certificate's principal (ssl.principal.mapping.rules), else ANONYMOUS."""
+    """The verified client certificate's principal (ssl.principal.mapping.rules), else ANONYMOUS; with
+    the client's address, for ACLs that name a host."""
+    try:
+        address = str(sock.getpeername()[0])
+    except (OSError, AttributeError, IndexError):
+        address = ""
     getpeercert = getattr(sock, "getpeercert", None)
     der = getpeercert(binary_form=True) if getpeercert is not None else None
     if not der:
-        return principals.ANONYMOUS
+        return principals.at_address(principals.ANONYMOUS, address)
     from cryptography import x509
 
     subject = x509.load_der_x509_certificate(der).subject.rfc4514_string()
-    return principals.principal_from_subject(subject)
+    return principals.at_address(principals.principal_from_subject(subject), address)
 
 
 class ConsoleServer:

@@ -414,10 +414,20 @@ def acl_host_of(peer: str) -> str:
 
 def with_host(principal: Principal, peer: str) -> Principal:
     """``principal`` as the caller at ``peer`` (its ``host`` set), for the authorizer's host match."""
-    host = acl_host_of(peer)
-    if host == principal.host:
-        return principal
-    return Principal(principal.kind, principal.name, host)
+    return _at(principal, acl_host_of(peer))
+
+
+def at_address(principal: Principal, address: str) -> Principal:
+    """``principal`` as the caller at the IP ``address`` (a socket's peer address); unknown if not one."""
+    try:
+        host = acl_host(address)
+    except ValueError:
+        host = ""
+    return _at(principal, host)
+
+
+def _at(principal: Principal, host: str) -> Principal:
+    return principal if host == principal.host else Principal(principal.kind, principal.name, host)
 
 
 def is_loopback_host(host: str) -> bool:

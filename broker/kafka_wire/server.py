@@ -160,8 +160,7 @@ class _Connection:
         self.peer_text = f"{host}:{port}"
         self.grpc_peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
         # "kafka:" never parses as a loopback gRPC peer: no Kafka connection is trusted as a broker.
-        self.auth = Authentication(principals.with_host(principals.ANONYMOUS, f"kafka:{host}"), AUTH_NONE,
-                                   f"kafka:{host}")
+        self.auth = Authentication(principals.at_address(principals.ANONYMOUS, host), AUTH_NONE, f"kafka:{host}")
         sslobj = writer.get_extra_info("ssl_object")
         self.tls = sslobj is not None
         if sslobj is not None:
@@ -170,8 +169,8 @@ class _Connection:
                 from cryptography import x509
 
                 subject = x509.load_der_x509_certificate(der).subject.rfc4514_string()
-                self.auth = Authentication(principals.with_host(principals.principal_from_subject(subject),
-                                                                f"kafka:{host}"), AUTH_CERTIFICATE, f"kafka:{host}")
+                self.auth = Authentication(principals.at_address(principals.principal_from_subject(subject), host),
+                                           AUTH_CERTIFICATE, f"kafka:{host}")
         self.authenticated = not listener.sasl
         self.reservations: list[list[int]] = []  # frames' bytes held in the listener's memory pool
         self.mechanism: str | None = None
@@ -440,7 +439,7 @@ class _Connection:
                                                              "session_lifetime": 0})
 
     def _logged_in(self, who: principals.Principal) -> None:
-        self.auth = Authentication(principals.with_host(who, self.auth.peer), AUTH_SASL, self.auth.peer)
+        self.auth = Authentication(principals.at_address(who, self.client_host), AUTH_SASL, self.auth.peer)
         self.authenticated = True
         log.info("Kafka listener %s: %s authenticated as %s (%s)", self.listener.spec.name, self.peer_text, who,
                  self.mechanism)

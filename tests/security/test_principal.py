@@ -281,3 +281,19 @@ def test_acl_hosts_match_the_callers_address_and_an_unknown_address_gets_only_de
     assert not allowed([binding("*"), binding("10.0.0.1", "DENY")], "10.0.0.1")
     assert allowed([binding("*"), binding("10.0.0.1", "DENY")], "10.0.0.2")
     assert not allowed([binding("*"), binding("10.0.0.1", "DENY")], ""), "an unknown caller may be at that host"
+
+
+def test_a_console_viewer_is_the_principal_at_its_connections_address() -> None:
+    import socket
+
+    from broker.console import principal_of_socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        with socket.create_connection(server.getsockname()):
+            conn, _ = server.accept()
+            with conn:
+                viewer = principal_of_socket(conn)
+    assert viewer == ANONYMOUS and viewer.host == "127.0.0.1"
+    left, right = socket.socketpair()  # no IP address: unknown, so only ACLs on any host apply
+    with left, right:
+        assert principal_of_socket(left).host == ""
