@@ -270,6 +270,10 @@ class RecordAccumulator:
         self.space_waiters = 0
         self.flushes_in_progress = 0
         self.closing = False
+        # Set by ready() and the sender's drain (under ``lock``): a batch waits for an answer (its
+        # partition or broker has as many requests in flight as allowed), so answers must wake
+        # the sender; when nothing waits for one, an answer needs no wake-up.
+        self.held_by_in_flight = False
 
     # ---- append (application threads) ----
     def append(
@@ -378,12 +382,14 @@ class RecordAccumulator:
         urgent = self.flushes_in_progress > 0 or self.closing or self.space_waiters > 0
         ready: list[TopicPartition] = []
         next_s = 1.0
+        self.held_by_in_flight = False
         for tp, dq in self.batches.items():
             if not dq:
                 continue
             head = dq[0]
             if head.retry:
                 if tp in busy:
+                    self.held_by_in_flight = True  # an answer must wake the sender for it
                     continue
                 wait = head.last_attempt + self.retry_backoff_s - now
                 if wait > 0:
@@ -434,8 +440,9 @@ class RecordAccumulator:
         return out
 
     def complete(self, batch: ProducerBatch, base_offset: int, log_append_time_ms: int,
-                 error: BaseException | None) -> None:
-        """Finish a batch: release its memory, then resolve its futures and callbacks."""
+                 error: BaseException | None, *, wake: bool = True) -> None:
+        """Finish a batch: release its memory, then resolve its futures and callbacks. ``wake=False``
+        for a caller that wakes the sender itself once it has completed every batch of an answer."""
         with self.lock:
             if batch in self.incomplete:
                 self.incomplete.discard(batch)
@@ -446,8 +453,9 @@ class RecordAccumulator:
         # Only now: the sender's per-partition window (Sender._window) counts a batch as
         # outstanding until its completion is set, so a wakeup sent before that could find
         # the window still full and sleep until the next linger or 1 s timeout.
-        with self.lock:
-            self.wakeup.notify()
+        if wake:
+            with self.lock:
+                self.wakeup.notify()
 
     def _dispatch_in_order(self, tp: TopicPartition) -> None:
         """Run the callbacks of the partition's completed batches that no earlier batch holds back.

@@ -432,6 +432,7 @@ class Sender(threading.Thread):
         self._throttle_wait_s = 0.0
         for node, tps in by_node.items():
             if self.in_flight_requests.get(node, 0) >= self.config.max_in_flight:
+                self.acc.held_by_in_flight = True
                 continue
             throttled_s = self.throttled_until.get(node, 0.0) - now
             if throttled_s > 0:
@@ -460,6 +461,7 @@ class Sender(threading.Thread):
             # retried after it.
             limit = self.config.max_in_flight if self.pid is not None else 1
             if not head.retry and len(window) >= limit:
+                self.acc.held_by_in_flight = True
                 continue  # wait until the oldest outstanding batch of this partition completes
             batch_bytes = len(head.payload) if head.payload is not None else head.size_bytes
             if out and size + batch_bytes > self.config.max_request_size:
@@ -569,7 +571,18 @@ class Sender(threading.Thread):
             if response is not None and response.throttle_time_ms > 0:
                 self.throttled_until[node] = time.monotonic() + response.throttle_time_ms / 1000
                 self.throttle_time_ms_total += response.throttle_time_ms
-            self.acc.wakeup.notify()
+        try:
+            self._settle(node, batches, response, transport_error)
+        finally:
+            # At most one wake-up per answer, once its batches are complete (a request slot and
+            # their partitions' windows are free now), and only if a batch waits for that: a
+            # sender lingering on a batch wakes on its own (retries and failures wake it anyway).
+            with self.acc.lock:
+                if self.acc.held_by_in_flight or not self.running or (self.pid is not None and self.pid.resets):
+                    self.acc.wakeup.notify()  # (a partition's sequence reset also waits for its answers)
+
+    def _settle(self, node: int, batches: list[ProducerBatch], response: broker_pb2.ProduceResponse | None,
+                transport_error: errors.BrookError | None) -> None:
         if transport_error is not None:
             self.cluster.request_update()
             for batch in batches:
@@ -584,10 +597,11 @@ class Sender(threading.Thread):
                     errors.ErrorCode.NETWORK_EXCEPTION, f"Produce response from {node} lacks {batch.tp}"))
             elif part.error_code == errors.ErrorCode.NONE:
                 self._release(batch)
-                self.acc.complete(batch, part.base_offset, part.log_append_time_ms, None)
+                self.acc.complete(batch, part.base_offset, part.log_append_time_ms, None, wake=False)
             elif part.error_code == errors.ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
                 self._release(batch)
-                self.acc.complete(batch, -1, -1, None)  # written before; offsets unknown (Kafka does the same)
+                # written before; offsets unknown (Kafka does the same)
+                self.acc.complete(batch, -1, -1, None, wake=False)
             else:
                 self._on_error(batch, errors.error_for(part.error_code, part.error_message))
 
@@ -596,12 +610,13 @@ class Sender(threading.Thread):
             self._release_locked(batch)
 
     def _release_locked(self, batch: ProducerBatch) -> None:
+        """``batch`` is no longer in flight. No wake-up here: every caller's next step wakes the sender
+        (the answer's one wake-up, a re-enqueue, or a completion)."""
         lst = self.in_flight_batches.get(batch.tp)
         if lst is not None and batch in lst:
             lst.remove(batch)
             if not lst:
                 del self.in_flight_batches[batch.tp]
-            self.acc.wakeup.notify()
 
     def _earlier_pending(self, batch: ProducerBatch) -> bool:
         """Is a lower-sequence batch of this partition still in flight or waiting for a retry?"""

@@ -45,6 +45,21 @@ def test_round_trip_every_codec(cluster, new_topic, codec: str) -> None:
     assert first.timestamp == 1_700_000_000_000 + i and first.timestamp_type == 0
 
 
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_each_answer_frees_the_next_held_batch_at_once(cluster, new_topic, idempotent: bool) -> None:
+    """One partition, batches of one record and as few requests in flight as allowed: every batch but
+    the first waits for an answer, so the sender must be woken by each answer (a missed wake-up would
+    leave it asleep for its 1 s idle wait: 400 batches would take minutes, not the deadline below)."""
+    topic = new_topic(partitions=1)
+    with Producer(bootstrap_servers=cluster.bootstrap_servers, linger_ms=0, batch_size=120,
+                  enable_idempotence=idempotent, max_in_flight_requests_per_connection=1, acks="all") as producer:
+        futures = [producer.send(topic, b"%04d" % i + b"x" * 60) for i in range(400)]
+        wait_for(lambda: all(f.done() for f in futures), 30, lambda: f"{sum(f.done() for f in futures)} of 400 "
+                 "records answered: the sender was not woken when a held batch's turn came")
+        offsets = [f.get(timeout=1).offset for f in futures]
+    assert offsets == sorted(offsets) and len(set(offsets)) == 400
+
+
 def test_keys_land_on_kafka_murmur2_partitions(cluster, new_topic) -> None:
     partitions = 6
     topic = new_topic(partitions=partitions)
