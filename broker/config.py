@@ -306,6 +306,8 @@ _TOPIC_DEFAULTS = [
     ("log.cleaner.max.compaction.lag.ms", "max.compaction.lag.ms"),
     ("log.cleaner.min.cleanable.ratio", "min.cleanable.dirty.ratio"),
     ("log.message.timestamp.type", "message.timestamp.type"),
+    ("log.message.timestamp.before.max.ms", "message.timestamp.before.max.ms"),
+    ("log.message.timestamp.after.max.ms", "message.timestamp.after.max.ms"),
     ("message.max.bytes", "max.message.bytes"),
     ("compression.type", "compression.type"),
     ("min.insync.replicas", "min.insync.replicas"),

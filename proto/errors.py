@@ -108,6 +108,7 @@ FencedLeaderEpochError: type[BrookError] = _BY_CODE[ErrorCode.FENCED_LEADER_EPOC
 InvalidUpdateVersionError: type[BrookError] = _BY_CODE[ErrorCode.INVALID_UPDATE_VERSION]
 KafkaStorageError: type[BrookError] = _BY_CODE[ErrorCode.KAFKA_STORAGE_ERROR]
 InvalidRecordError: type[BrookError] = _BY_CODE[ErrorCode.INVALID_RECORD]
+InvalidTimestampError: type[BrookError] = _BY_CODE[ErrorCode.INVALID_TIMESTAMP]
 
 
 def error_class(code: int) -> type[BrookError]:

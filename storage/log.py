@@ -355,12 +355,14 @@ class Log:
         segment, fsync).
         """
         buf = bytearray(records)
+        now = _now_ms(now_ms)
         try:
             headers = validate_batches(buf, max_batch_bytes=self._config.max_message_bytes, allow_empty=False)
             if not blocking and any(h.compression != CODEC_NONE for h in headers):
                 raise WouldBlock("compressed records")  # decompression is the executor's CPU, not the loop's
-            self._validator.validate(buf, headers)
-        except (errors.CorruptMessageError, errors.InvalidRecordError, errors.MessageTooLargeError) as exc:
+            self._validator.validate(buf, headers, now)
+        except (errors.CorruptMessageError, errors.InvalidRecordError, errors.MessageTooLargeError,
+                errors.InvalidTimestampError) as exc:
             self._note_refused(exc)
             raise
         codec = CODEC_BY_NAME.get(self._config.compression_type)  # None: keep the producer's codec
@@ -372,7 +374,6 @@ class Log:
         if len(buf) > self._config.segment_bytes:
             raise errors.RecordListTooLargeError(
                 f"append of {len(buf)} bytes exceeds segment.bytes {self._config.segment_bytes}")
-        now = _now_ms(now_ms)
         with self.locked(blocking=blocking):
             self._ensure_open()
             dup = self._check_producers(headers)

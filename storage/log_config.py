@@ -65,6 +65,12 @@ _DEFS = [
               _at_least(1)),
     ConfigDef("max.message.bytes", "int", str(1024 * 1024 + 12), "Largest record batch accepted.",
               _at_least(0)),
+    ConfigDef("message.timestamp.after.max.ms", "long", str(3600 * 1000),
+              "CreateTime: refuse a record whose timestamp is further ahead of the broker's clock than this "
+              "(INVALID_TIMESTAMP); Kafka 4's default.", _at_least(0)),
+    ConfigDef("message.timestamp.before.max.ms", "long", str(_INT64_MAX),
+              "CreateTime: refuse a record whose timestamp is further behind the broker's clock than this "
+              "(INVALID_TIMESTAMP).", _at_least(0)),
     ConfigDef("message.timestamp.type", "string", "CreateTime", "CreateTime or LogAppendTime.",
               _one_of(TIMESTAMP_TYPES)),
     ConfigDef("min.cleanable.dirty.ratio", "double", "0.5", "Dirty ratio that triggers compaction.",
@@ -155,6 +161,8 @@ class LogConfig:
     min_compaction_lag_ms: int = int(TOPIC_CONFIGS["min.compaction.lag.ms"].default)
     min_cleanable_dirty_ratio: float = float(TOPIC_CONFIGS["min.cleanable.dirty.ratio"].default)
     message_timestamp_type: str = "CreateTime"
+    message_timestamp_before_max_ms: int = int(TOPIC_CONFIGS["message.timestamp.before.max.ms"].default)
+    message_timestamp_after_max_ms: int = int(TOPIC_CONFIGS["message.timestamp.after.max.ms"].default)
     file_delete_delay_ms: int = int(TOPIC_CONFIGS["file.delete.delay.ms"].default)
     compression_type: str = "producer"
     min_insync_replicas: int = 1
@@ -181,6 +189,8 @@ class LogConfig:
             min_compaction_lag_ms=v["min.compaction.lag.ms"],  # type: ignore[arg-type]
             min_cleanable_dirty_ratio=v["min.cleanable.dirty.ratio"],  # type: ignore[arg-type]
             message_timestamp_type=v["message.timestamp.type"],  # type: ignore[arg-type]
+            message_timestamp_before_max_ms=v["message.timestamp.before.max.ms"],  # type: ignore[arg-type]
+            message_timestamp_after_max_ms=v["message.timestamp.after.max.ms"],  # type: ignore[arg-type]
             file_delete_delay_ms=v["file.delete.delay.ms"],  # type: ignore[arg-type]
             compression_type=v["compression.type"],  # type: ignore[arg-type]
             min_insync_replicas=v["min.insync.replicas"],  # type: ignore[arg-type]

@@ -17,9 +17,12 @@ before anything is written, as Kafka's broker does on produce:
   length; offset deltas 0, 1, ... n-1 in order;
 - header keys are UTF-8 (consumers decode them as strings);
 - keys present on a compacted topic (a keyless record cannot be compacted);
-- CreateTime: record timestamps fit an int64; the header's max timestamp is recomputed
-  from the records and corrected in place if it lies (as Kafka does), since retention
-  and the time index trust it.
+- CreateTime: record timestamps fit an int64 and lie within
+  ``message.timestamp.before.max.ms`` behind and ``message.timestamp.after.max.ms`` ahead of
+  the broker's clock (KIP-937; else INVALID_TIMESTAMP): a record stamped years ahead would
+  keep its segment from time-based retention for as long; the header's max timestamp is
+  recomputed from the records and corrected in place if it lies (as Kafka does), since
+  retention and the time index trust it.
 
 Bytes that cannot be decoded raise CorruptMessageError (CORRUPT_MESSAGE); decodable
 records that are not allowed raise InvalidRecordError (INVALID_RECORD). The message
@@ -34,6 +37,7 @@ place) with a pure-Python fallback that gives identical results.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from proto import errors
@@ -90,27 +94,31 @@ class _RecordsSummary:
 class LogValidator:
     """Validate produced batches for one log's config; see the module docstring for the rules."""
 
-    __slots__ = ("_compact", "_create_time", "_decompressed_max")
+    __slots__ = ("_compact", "_create_time", "_decompressed_max", "_before_max_ms", "_after_max_ms")
 
     def __init__(self, config: LogConfig) -> None:
         self._compact = config.compact
         self._create_time = config.message_timestamp_type != "LogAppendTime"
         self._decompressed_max = decompressed_limit(config.max_message_bytes)
+        self._before_max_ms = config.message_timestamp_before_max_ms
+        self._after_max_ms = config.message_timestamp_after_max_ms
 
     @property
     def decompressed_bytes_max(self) -> int:
         return self._decompressed_max
 
-    def validate(self, buf: bytearray, headers: list[BatchHeader]) -> None:
-        """Check every batch of ``buf`` (headers from ``validate_batches``, CRCs already checked).
+    def validate(self, buf: bytearray, headers: list[BatchHeader], now_ms: int | None = None) -> None:
+        """Check every batch of ``buf`` (headers from ``validate_batches``, CRCs already checked) at the
+        broker's time ``now_ms`` (default: the wall clock).
 
         Raises before changing anything; once every batch passed, corrects lying max
         timestamps in place (CreateTime topics), re-computing those batches' CRCs.
         """
+        now = int(time.time() * 1000) if now_ms is None else now_ms
         fixes: list[tuple[int, int]] = []
         pos = 0
         for h in headers:
-            summary = self.validate_batch(buf, pos, h)
+            summary = self.validate_batch(buf, pos, h, now)
             if self._create_time and summary.max_timestamp != h.max_timestamp:
                 fixes.append((pos, summary.max_timestamp))
             pos += h.batch_length + LOG_OVERHEAD
@@ -120,8 +128,9 @@ class LogValidator:
             logger.debug("batch at position %d: max timestamp corrected to %d", fix_pos, max_ts)
             set_max_timestamp(buf, fix_pos, max_ts)
 
-    def validate_batch(self, buf: Buffer, pos: int, h: BatchHeader) -> _RecordsSummary:
+    def validate_batch(self, buf: Buffer, pos: int, h: BatchHeader, now_ms: int | None = None) -> _RecordsSummary:
         """One batch: attributes, bounded decompression, then the record walk."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
         disallowed = h.attributes & ~_CLIENT_ATTRIBUTES
         if disallowed:
             names = [name for bit, name in _ATTRIBUTE_NAMES if disallowed & bit] or [f"{disallowed:#06x}"]
@@ -131,7 +140,7 @@ class LogValidator:
         end = pos + h.batch_length + LOG_OVERHEAD
         codec = h.attributes & ATTR_CODEC_MASK
         if codec == CODEC_NONE:
-            return self._walk(buf, start, end, h, pos)  # in place: no copy
+            return self._walk(buf, start, end, h, pos, now)  # in place: no copy
         section = memoryview(buf)[start:end]
         try:
             data = compression.decompress(codec, section, max_output_bytes=self._decompressed_max)
@@ -139,17 +148,27 @@ class LogValidator:
             raise errors.CorruptMessageError(f"batch at position {pos}: {exc.message}") from None
         finally:
             section.release()  # the caller's bytearray must stay resizable
-        return self._walk(data, 0, len(data), h, pos)
+        return self._walk(data, 0, len(data), h, pos, now)
 
-    def _walk(self, data: Buffer, start: int, end: int, h: BatchHeader, batch_pos: int) -> _RecordsSummary:
+    def _walk(self, data: Buffer, start: int, end: int, h: BatchHeader, batch_pos: int,
+              now: int) -> _RecordsSummary:
         kind, i, a, b, min_delta, max_delta = record_walk.walk(data, start, end, h.record_count, self._compact)
         if kind != record_walk.OK:
             raise _walk_error(kind, i, a, b, h.record_count, batch_pos)
         if not self._create_time:
             return _RecordsSummary(h.max_timestamp)  # the broker stamps LogAppendTime itself
         max_ts = h.base_timestamp + max_delta
-        if max_ts > _INT64_MAX or h.base_timestamp + min_delta < _INT64_MIN:
+        min_ts = h.base_timestamp + min_delta
+        if max_ts > _INT64_MAX or min_ts < _INT64_MIN:
             raise errors.InvalidRecordError(f"batch at position {batch_pos}: record timestamps overflow 64 bits")
+        if max_ts - now > self._after_max_ms:
+            raise errors.InvalidTimestampError(f"batch at position {batch_pos}: a record's timestamp {max_ts} is "
+                                    f"{max_ts - now} ms ahead of the broker's clock "
+                                    f"(message.timestamp.after.max.ms {self._after_max_ms})")
+        if now - min_ts > self._before_max_ms:
+            raise errors.InvalidTimestampError(f"batch at position {batch_pos}: a record's timestamp {min_ts} is "
+                                    f"{now - min_ts} ms behind the broker's clock "
+                                    f"(message.timestamp.before.max.ms {self._before_max_ms})")
         return _RecordsSummary(max_ts)
 
 

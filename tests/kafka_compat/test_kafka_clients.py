@@ -160,6 +160,27 @@ def test_confluent_idempotent_producer_with_compression(cluster: LocalCluster, k
             expected_seq += h.record_count
 
 
+def test_a_record_stamped_far_ahead_is_refused_invalid_timestamp(kconf, make_topic) -> None:
+    """KIP-937 with Kafka 4's default (message.timestamp.after.max.ms one hour): librdkafka gets
+    INVALID_TIMESTAMP for a record stamped ten years ahead, as from Kafka, and the partition keeps
+    only the records within the bound."""
+    from confluent_kafka import KafkaError, Producer
+
+    topic = make_topic(partitions=1)
+    reports, on_delivery = _delivery_log()
+    producer = Producer(rdkafka_config(kconf, **{"acks": "all", "linger.ms": 0, "enable.idempotence": False}))
+    now_ms = int(time.time() * 1000)
+    producer.produce(topic, value=b"now", timestamp=now_ms, on_delivery=on_delivery)
+    producer.flush(30)
+    producer.produce(topic, value=b"decade-ahead", timestamp=now_ms + 10 * 365 * 24 * 3600 * 1000,
+                     on_delivery=on_delivery)
+    assert producer.flush(30) == 0
+    assert [r[0] is None for r in reports] == [True, False], reports
+    assert reports[1][0].code() == KafkaError.INVALID_TIMESTAMP, reports[1][0]
+    got = rdkafka_read_all(kconf, topic, 1, 1)
+    assert [m.value() for m in got[0]] == [b"now"]
+
+
 def test_confluent_consumer_group_commits_offsets(kconf, admin: Admin, make_topic) -> None:
     from confluent_kafka import Consumer, Producer
     from confluent_kafka import TopicPartition as RdTopicPartition

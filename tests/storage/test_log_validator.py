@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 import zlib
 from pathlib import Path
 
@@ -305,3 +306,52 @@ def test_decompressed_limit_is_bounded_both_ways() -> None:
 def test_varint_helper_round_trips_through_the_decoder() -> None:
     for v in (0, -1, 1, 63, 64, -65, 2**31, -(2**63), 2**63 - 1):
         assert rb._read_varint(varint(v), 0) == (v, len(varint(v)))
+
+
+# ---------------------------------------------------------------- timestamps against the broker's clock (KIP-937)
+
+
+def _stamped(base_ts: int, *deltas: int) -> bytes:
+    """One batch whose records carry base_ts + each delta (the header's max is left for the leader to fix)."""
+    section = b"".join(record(i, b"k%d" % i, b"v", ts_delta=d) for i, d in enumerate(deltas))
+    return batch(section, count=len(deltas), base_ts=base_ts)
+
+
+def test_a_record_stamped_beyond_the_future_bound_is_refused(log: Log) -> None:
+    now = int(time.time() * 1000)
+    hour = 3600 * 1000
+    log.append_as_leader(_stamped(now, 0, hour - 60_000), 0)  # within Kafka 4's default hour ahead: taken
+    log.append_as_leader(_stamped(1_000_000_000_000, 0), 0)  # 2001: no bound behind by default
+    refused = assert_refused(log, _stamped(now, 0, 10 * 365 * 24 * hour), ErrorCode.INVALID_TIMESTAMP,
+                             "ahead of the broker's clock (message.timestamp.after.max.ms 3600000)")
+    assert "record" in refused.message
+
+
+def test_timestamp_bounds_follow_the_topic_config(tmp_path: Path) -> None:
+    day = 24 * 3600 * 1000
+    config = LogConfig.from_overrides({"message.timestamp.before.max.ms": str(day),
+                                       "message.timestamp.after.max.ms": "0"})
+    lg = Log.open(tmp_path / "t-0", config)
+    try:
+        now = int(time.time() * 1000)
+        lg.append_as_leader(_stamped(now - day // 2, 0), 0)
+        for stamped, why in ((_stamped(now - 2 * day, 0, 2 * day),
+                              "behind the broker's clock (message.timestamp.before.max.ms 86400000)"),
+                             (_stamped(now + 60_000, 0), "ahead of the broker's clock")):
+            with pytest.raises(errors.BrookError) as refused:
+                lg.append_as_leader(stamped, 0)
+            assert refused.value.code == ErrorCode.INVALID_TIMESTAMP and why in refused.value.message
+        assert lg.log_end_offset == 1 and lg.invalid_appends_total == 2
+    finally:
+        lg.close()
+
+
+def test_log_append_time_topics_take_any_client_timestamp(tmp_path: Path) -> None:
+    config = LogConfig.from_overrides({"message.timestamp.type": "LogAppendTime"})
+    lg = Log.open(tmp_path / "t-0", config)
+    try:
+        far = int(time.time() * 1000) + 50 * 365 * 24 * 3600 * 1000
+        info = lg.append_as_leader(_stamped(far, 0), 0)  # the broker stamps its own time over it
+        assert info.first_offset == 0
+    finally:
+        lg.close()
