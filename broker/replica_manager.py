@@ -748,11 +748,14 @@ class ReplicaManager:
         total = 0
         must_answer = False
         is_follower = req.replica_id >= 0
+        stale = self._stale_replica_epoch(req) if is_follower else None
         now = now_ms()
         for fp in req.partitions:
             out = resp.partitions.add(topic=fp.topic, partition=fp.partition, high_watermark=-1,
                                       log_start_offset=-1, log_end_offset=-1)
             try:
+                if stale is not None:
+                    raise stale
                 if fp.partition_max_bytes < 0:
                     raise errors.error_class(ErrorCode.INVALID_FETCH_SIZE)(
                         f"partition_max_bytes {fp.partition_max_bytes} < 0")
@@ -801,6 +804,21 @@ class ReplicaManager:
                 out.error_code, out.error_message = e.code, e.message
                 self._fill_error_context(out, fp.topic, fp.partition, e.code)
         return resp, total, must_answer
+
+    def _stale_replica_epoch(self, req: broker_pb2.FetchRequest) -> errors.BrookError | None:
+        """The refusal for a follower fetch from an older registration of its broker id (KIP-903), else None.
+
+        Its progress must not count: a process the controller no longer knows as that broker (one
+        that was replaced by a restart, or another process started with the same node.id) could
+        otherwise move the high watermark over records the registered replica does not have. A
+        broker epoch newer than this leader's metadata is accepted (the leader is behind, as in Kafka).
+        """
+        registered = self.metadata_cache.broker(req.replica_id)
+        if registered is None or req.replica_epoch >= registered.broker_epoch:
+            return None
+        return errors.NotLeaderOrFollowerError(
+            f"fetch from broker {req.replica_id} with broker epoch {req.replica_epoch}: its registered epoch is "
+            f"{registered.broker_epoch} (a stale registration of that broker id); its progress is not recorded")
 
     def _fill_error_context(self, out: Any, topic: str, partition: int, code: int) -> None:
         if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,

@@ -245,3 +245,34 @@ def test_a_consumer_asking_more_than_the_loop_reads_is_read_on_the_executor(rm: 
     assert hops == ["executor"], f"one executor read after the commit: {hops}"
     got = [h.base_offset for _, h in iter_batches(resp.partitions[0].records)]
     assert got == [0, 1, 2], f"every committed batch: {got}"
+
+
+def test_a_fetch_from_a_stale_registration_of_the_follower_records_nothing(rm: ReplicaManager) -> None:
+    """KIP-903: broker 2 registered again (a new process, broker epoch 5); a fetch still carrying its old
+    epoch (the replaced process, or another process with node.id 2) must not move the high watermark."""
+    from proto import common_pb2, controller_pb2
+    from proto.errors import ErrorCode
+
+    update = controller_pb2.MetadataUpdate(version=2, cluster_id="c", active_controller_id=-1)
+    update.brokers.add(node_id=2, incarnation_id="i2-new", broker_epoch=5,
+                       endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=2)])
+    rm.apply_metadata_delta(rm.metadata_cache.apply(update))
+    done, p = fetched_not_acknowledged(rm)  # (fetched with the old epoch: refused too, so fetch again below)
+
+    stale = follower_fetch(1)
+    resp, _ = fetch(rm, stale)
+    part = resp.partitions[0]
+    assert part.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER and "stale registration" in part.error_message, part
+    assert not part.records and p.log.high_watermark == 0 and not done.done(), "a stale fetch moved the HW"
+
+    current = follower_fetch(0)
+    current.replica_epoch = 5
+    resp, _ = fetch(rm, current)
+    assert resp.partitions[0].error_code == 0 and resp.partitions[0].records, resp
+    current.partitions[0].fetch_offset = 1
+    newer = broker_pb2.FetchRequest()
+    newer.CopyFrom(current)
+    newer.replica_epoch = 6  # newer than this leader's metadata (it is behind): accepted, as in Kafka
+    resp, _ = fetch(rm, newer)
+    assert resp.partitions[0].error_code == 0 and resp.partitions[0].high_watermark == 1, resp
+    assert done.result(timeout=5).base_offset == 0
