@@ -52,6 +52,7 @@ from broker.metrics import (
     SecurityCollector,
 )
 from broker.stalls import GcPauses
+from proto.errors import DuplicateBrokerRegistrationError
 from storage.dir_lock import DirectoryInUseError, DirectoryLock, lock_directories
 
 log = logging.getLogger("brook.node")
@@ -520,8 +521,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     node = Node(config)
     try:
         node.start()
-    except DirectoryInUseError as e:  # a misconfiguration, not a bug: one line, no traceback
-        log.error("node %d failed to start: %s", config.node_id, e)
+    except (DirectoryInUseError, DuplicateBrokerRegistrationError) as e:  # a misconfiguration, not a bug:
+        log.error("node %d failed to start: %s", config.node_id, e)      # one line, no traceback
         node.stop(controlled=False)
         return EXIT_FAILURE
     except Exception as e:

@@ -47,6 +47,7 @@ from metadata_quorum.client import ControllerClient
 from proto import broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig
+from storage.checkpoints import write_atomically
 from storage.log_manager import LogManager
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 SECURITY_WORKERS = 4  # SecurityService handlers (SCRAM exchanges, ACL and user admin): short and rare
 SERVER_STOP_GRACE_S = 1.0
 REGISTER_TIMEOUT_S = 60.0
+DUPLICATE_RETRY_S = 2.0  # another process holds this node id: its session ends within broker.session.timeout.ms
+INCARNATION_FILE = "broker.incarnation"
 FIRST_METADATA_WAIT_S = 30.0
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 30.0
 
@@ -106,6 +109,32 @@ class BrokerStats:
     fetchers: int
 
 
+def record_incarnation(log_dir: Path, incarnation_id: str) -> str:
+    """Write ``incarnation_id`` to ``log_dir``'s INCARNATION_FILE (durably, before it registers) and
+    return the one found there: the incarnation of this node's previous process, "" if none.
+
+    The node holds ``log_dir``'s lock (storage/dir_lock.py), so whoever wrote the file before is gone:
+    the controller takes a registration naming the incarnation it replaces at once instead of waiting
+    for the old session to run out (metadata_quorum/controller.py, ``_refuse_duplicate``).
+    """
+    path = log_dir / INCARNATION_FILE
+    previous = ""
+    try:
+        found = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        found = ""
+    except (OSError, UnicodeDecodeError) as e:
+        log.warning("%s unreadable (%s): registering as a first start", path, e)
+        found = ""
+    if found:
+        if len(found) <= 64 and all(ch in "0123456789abcdef" for ch in found):
+            previous = found
+        else:
+            log.warning("%s does not hold an incarnation id; registering as a first start", path)
+    write_atomically(path, incarnation_id.encode("ascii") + b"\n")
+    return previous
+
+
 class BrokerServer:
     def __init__(self, settings: BrokerSettings, *,
                  extensions: list[Callable[[BrokerServer], object]] | None = None) -> None:
@@ -117,6 +146,7 @@ class BrokerServer:
         self._extensions = list(extensions or [])
         self._servicer_fns: list[Callable[[grpc.aio.Server], None]] = []
         self.incarnation_id = uuid.uuid4().hex
+        self.previous_incarnation_id = ""  # read from the first log directory at start
         self.broker_epoch = -1
         self.fenced = True
         self._last_heartbeat_ok = 0.0
@@ -176,6 +206,7 @@ class BrokerServer:
             cleaner_threads=(int(d.get("log.cleaner.threads", "1"))
                              if d.get("log.cleaner.enable", "true").strip().lower() == "true" else 0))
         self.log_manager.startup()
+        self.previous_incarnation_id = record_incarnation(s.log_dirs[0], self.incarnation_id)
         self.controller_client = ControllerClient(list(s.controller_endpoints), timeout_s=10,
                                                   security=s.controller_security)
         fetcher_cfg = FetcherConfig(
@@ -397,7 +428,7 @@ class BrokerServer:
         s = self.settings
         req = controller_pb2.RegisterBrokerRequest(
             node_id=s.node_id, incarnation_id=self.incarnation_id, rack=s.rack, cluster_id=s.cluster_id,
-            endpoints=self.endpoints())
+            endpoints=self.endpoints(), previous_incarnation_id=self.previous_incarnation_id)
         deadline = time.monotonic() + timeout_s
         while not self._stopping.is_set():
             try:
@@ -409,6 +440,11 @@ class BrokerServer:
             except errors.BrookError as e:
                 if time.monotonic() >= deadline:
                     raise
+                if e.code == ErrorCode.DUPLICATE_BROKER_REGISTRATION:
+                    log.error("broker %d: the controller refuses this registration (%s): %s; retrying until %.0fs "
+                              "have passed", s.node_id, e.name, e.message, timeout_s)
+                    self._stopping.wait(DUPLICATE_RETRY_S)
+                    continue
                 log.warning("broker %d: registration failed (%s); retrying", s.node_id, e)
                 self._stopping.wait(0.5)
 

@@ -128,6 +128,7 @@ class QuorumController:
         self._rng = rng if rng is not None else random.Random()
         self._new_topic_id = new_topic_id
         self._lock = threading.Lock()
+        self._registering = threading.Lock()
         self._leases: dict[int, float] = {}  # broker id -> monotonic time of the last heartbeat
         self._active_term = -1  # the term whose activation this node has completed
         self._activating: PendingProposal | None = None
@@ -261,12 +262,40 @@ class QuorumController:
         if not req.endpoints:
             raise errors.InvalidRequestError(f"broker {req.node_id} registered without endpoints")
         endpoints = [[e.name, e.host, e.port] for e in req.endpoints]
-        result = self._propose(c.RegisterBroker(req.node_id, req.incarnation_id, endpoints, req.rack), timeout_s)
-        result.raise_for_error()
-        with self._lock:
-            self._leases[req.node_id] = self._clock()
+        with self._registering:  # the check and the proposal, one registration at a time
+            self._refuse_duplicate(req)
+            result = self._propose(c.RegisterBroker(req.node_id, req.incarnation_id, endpoints, req.rack), timeout_s)
+            result.raise_for_error()
+            with self._lock:
+                self._leases[req.node_id] = self._clock()
         log.info("broker %d registered (epoch %d, incarnation %s)", req.node_id, result.value, req.incarnation_id)
         return pb.RegisterBrokerResponse(broker_epoch=result.value)
+
+    def _refuse_duplicate(self, req: pb.RegisterBrokerRequest) -> None:
+        """DUPLICATE_BROKER_REGISTRATION while another process holds broker ``req.node_id``'s session.
+
+        As in Kafka, a new incarnation may not replace one that is unfenced and heartbeating: two
+        processes started with one node.id would otherwise take the registration from each other in
+        turn, each time leaving every ISR. A broker restarted on its own log directories names the
+        incarnation it replaces (``previous_incarnation_id``, which only the process holding those
+        directories' locks can have written), so a restart does not wait for the old session to run out.
+        """
+        old = self.raft.read(lambda s: s.brokers.get(req.node_id))
+        if old is None or old.incarnation_id == req.incarnation_id or old.fenced:
+            return
+        if req.previous_incarnation_id and req.previous_incarnation_id == old.incarnation_id:
+            return
+        with self._lock:
+            last = self._leases.get(req.node_id)
+            idle_s = None if last is None else self._clock() - last
+        timeout_s = self.config.broker_session_timeout_ms / 1000.0
+        if idle_s is None or idle_s > timeout_s:
+            return
+        raise errors.DuplicateBrokerRegistrationError(
+            f"broker {req.node_id} is registered by another process (incarnation {old.incarnation_id}, "
+            f"last heartbeat {idle_s:.1f}s ago): a new one may register once that session ends "
+            f"(broker.session.timeout.ms={self.config.broker_session_timeout_ms}) or it shuts down; "
+            f"is node.id {req.node_id} configured on two nodes?")
 
     def heartbeat(self, req: pb.BrokerHeartbeatRequest, timeout_s: float) -> pb.BrokerHeartbeatResponse:
         broker = self.raft.read(lambda s: s.broker_with_epoch(req.node_id, req.broker_epoch))

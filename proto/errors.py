@@ -109,6 +109,7 @@ InvalidUpdateVersionError: type[BrookError] = _BY_CODE[ErrorCode.INVALID_UPDATE_
 KafkaStorageError: type[BrookError] = _BY_CODE[ErrorCode.KAFKA_STORAGE_ERROR]
 InvalidRecordError: type[BrookError] = _BY_CODE[ErrorCode.INVALID_RECORD]
 InvalidTimestampError: type[BrookError] = _BY_CODE[ErrorCode.INVALID_TIMESTAMP]
+DuplicateBrokerRegistrationError: type[BrookError] = _BY_CODE[ErrorCode.DUPLICATE_BROKER_REGISTRATION]
 
 
 def error_class(code: int) -> type[BrookError]:

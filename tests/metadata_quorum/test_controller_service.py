@@ -239,6 +239,47 @@ def test_controlled_shutdown_then_reregistration(client: ControllerClient, epoch
                                                                endpoints=[common_pb2.Endpoint(port=1)]))
 
 
+def _registered(client: ControllerClient, node_id: int) -> pb.BrokerRecord:
+    return next(b for b in client.call("DescribeCluster", pb.DescribeClusterRequest()).brokers if b.node_id == node_id)
+
+
+def test_second_process_with_a_live_node_id_is_refused(client: ControllerClient, epochs: dict[int, int]) -> None:
+    """Kafka's DUPLICATE_BROKER_REGISTRATION: a new incarnation may not take the registration of an
+    unfenced broker that is still heartbeating, unless it names that incarnation as the one it replaces."""
+    heartbeat_all(client, epochs)
+    before = _registered(client, 3)
+    assert not before.fenced
+    endpoints = [common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19103)]
+    for previous in ("", "some-other-incarnation"):
+        with pytest.raises(errors.BrookError) as refused:
+            client.call("RegisterBroker", pb.RegisterBrokerRequest(
+                node_id=3, incarnation_id="intruder", cluster_id=CLUSTER, endpoints=endpoints,
+                previous_incarnation_id=previous))
+        assert refused.value.code == ErrorCode.DUPLICATE_BROKER_REGISTRATION, refused.value
+        assert "node.id 3" in refused.value.message
+    after = _registered(client, 3)  # nothing changed: same incarnation, epoch, endpoints
+    assert (after.incarnation_id, after.broker_epoch, list(after.endpoints)) == \
+        (before.incarnation_id, before.broker_epoch, list(before.endpoints))
+    # The registered process registering again (a retried request) is still idempotent.
+    again = client.call("RegisterBroker", pb.RegisterBrokerRequest(
+        node_id=3, incarnation_id=before.incarnation_id, cluster_id=CLUSTER, endpoints=list(before.endpoints)))
+    assert again.broker_epoch == before.broker_epoch
+
+    # Once its session has run out (no heartbeats from broker 3 now), the controller fences it and a
+    # new process may register.
+    def registered_anew() -> int | None:
+        heartbeat_all(client, {b: e for b, e in epochs.items() if b != 3})
+        try:
+            return client.call("RegisterBroker", pb.RegisterBrokerRequest(
+                node_id=3, incarnation_id="successor", cluster_id=CLUSTER, endpoints=endpoints)).broker_epoch
+        except errors.BrookError as e:
+            assert e.code == ErrorCode.DUPLICATE_BROKER_REGISTRATION, e
+            return None
+    epochs[3] = wait_for(registered_anew, 20, "broker 3 registered by a new process after its session ended")
+    assert _registered(client, 3).incarnation_id == "successor"
+    heartbeat_all(client, epochs)
+
+
 def test_producer_ids_and_describe_quorum(client: ControllerClient, epochs: dict[int, int],
                                           quorum: list[ControllerNode]) -> None:
     heartbeat_all(client, epochs)
@@ -272,9 +313,12 @@ def test_preferred_leader_rebalance(client: ControllerClient, epochs: dict[int, 
     r = client.call("ControlledShutdown", pb.ControlledShutdownRequest(node_id=preferred,
                                                                        broker_epoch=epochs[preferred]))
     assert r.remaining_leaderships == 0
+    # Restarted on its own directories, it names the incarnation it replaces: taken at once, though the
+    # old one is neither fenced nor out of its session.
     rr = client.call("RegisterBroker", pb.RegisterBrokerRequest(
         node_id=preferred, incarnation_id=f"pref-{time.monotonic()}", cluster_id=CLUSTER,
-        endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19000 + preferred)]))
+        endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19000 + preferred)],
+        previous_incarnation_id=_registered(client, preferred).incarnation_id))
     epochs[preferred] = rr.broker_epoch
     heartbeat_all(client, epochs)
     c = client.call("DescribeCluster", pb.DescribeClusterRequest())

@@ -9,8 +9,13 @@ losing the metadata quorum.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import time
+import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from waiting import wait_for
@@ -20,7 +25,7 @@ from client.admin import Admin, NewTopic
 from client.consumer import Consumer
 from client.producer import Producer
 from client.types import TopicPartition
-from deploy.local.cluster import LocalCluster
+from deploy.local.cluster import LocalCluster, free_port
 from proto import controller_pb2
 
 pytestmark = pytest.mark.slow
@@ -417,6 +422,70 @@ def test_partition_move_refuses_bad_input(split_cluster, admin, brook) -> None:
     code, out, err = brook("partition", "move", topic, "5", "--replicas", "1,2")
     assert code == 1 and "no partition 5" in err, (out, err)
     assert partitions_of(admin, topic)[0].replicas == (1, 2)
+
+
+def _copied_config(cluster: LocalCluster, node_id: int, base: Path) -> Path:
+    """Broker ``node_id``'s config with its own ports and log directory: what an operator gets by
+    copying a node's config to a second machine and forgetting to change node.id."""
+    values = tomllib.loads(cluster.config_path(node_id).read_text())
+    values["listeners"] = re.sub(r":\d+(?=,|$)", lambda m: f":{free_port()}", values["listeners"])
+    for key in [k for k in values if k.endswith(".listener")]:
+        values[key] = f"127.0.0.1:{free_port()}"
+    values["log.dirs"] = str(base / "data")
+    cfg = base / "node.toml"
+    cfg.write_text("".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in values.items()))
+    return cfg
+
+
+def test_a_second_process_with_a_running_brokers_node_id_is_refused(split_cluster, admin, tmp_path) -> None:
+    """node.id configured on two processes: while the registered one runs (unfenced, heartbeating) the
+    other is refused with DUPLICATE_BROKER_REGISTRATION and keeps trying, so the registration does not
+    pass between them (each time taking the broker out of every ISR); acks=all writes go on. A broker
+    restarted on its own directories names the incarnation it replaces, recorded there."""
+    def registration(node_id: int) -> controller_pb2.BrokerRecord:
+        desc = admin._call("DescribeCluster", controller_pb2.DescribeClusterRequest())
+        return next(b for b in desc.brokers if b.node_id == node_id)
+
+    topic = "duplicate-id"
+    admin.create_topics([NewTopic(topic, 3, 3)])
+    wait_back(admin, 2)
+    before = registration(2)
+    recorded = split_cluster.node_dir(2) / "data" / "broker.incarnation"
+    assert recorded.read_text().strip() == before.incarnation_id
+    node_log = split_cluster.node_log(2)
+    log_size = node_log.stat().st_size
+    intruder_log = tmp_path / "intruder.log"
+    with intruder_log.open("w") as out:
+        intruder = subprocess.Popen([sys.executable, "-m", "broker.node", "--config",
+                                     str(_copied_config(split_cluster, 2, tmp_path))], stdout=out, stderr=out)
+    try:
+        wait_for(lambda: "DUPLICATE_BROKER_REGISTRATION" in intruder_log.read_text() or intruder.poll() is not None,
+                 60, lambda: f"the second process refused by the controller; its output:\n"
+                             f"{intruder_log.read_text()[-3000:]}")
+        assert intruder.poll() is None, intruder_log.read_text()[-3000:]  # still trying, as Kafka's broker does
+        assert "is node.id 2 configured on two nodes?" in intruder_log.read_text()
+        sent = produce(split_cluster.bootstrap_servers, topic, 3, 20, "during")
+        assert len(sent) == 60
+        after = registration(2)
+        assert (after.incarnation_id, after.broker_epoch, after.fenced) == \
+            (before.incarnation_id, before.broker_epoch, False), (before, after)
+        assert all(len(p.isr) == 3 for p in partitions_of(admin, topic)), partitions_of(admin, topic)
+        with node_log.open() as f:
+            f.seek(log_size)
+            grown = f.read()
+        assert "registering again" not in grown and "registered with epoch" not in grown, grown[-3000:]
+    finally:
+        intruder.kill()
+        intruder.wait(30)
+
+    split_cluster.kill_node(2)
+    split_cluster.start_node(2)
+    wait_for(lambda: registration(2).incarnation_id != before.incarnation_id, 60, "broker 2 registered again")
+    wait_back(admin, 2)
+    assert recorded.read_text().strip() == registration(2).incarnation_id
+    got = read_all(split_cluster.bootstrap_servers, topic, 3, len(sent))
+    for p in range(3):
+        assert got[p] == [v for q, v in sent if q == p], f"partition {p}: {got[p][:3]}..."
 
 
 def test_decommission_unregister_then_rebalance_onto_a_new_broker(split_cluster, admin, brook) -> None:

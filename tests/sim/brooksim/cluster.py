@@ -302,8 +302,11 @@ class SimCluster:
         try:
             ctl = self._active_controller()
             if b.broker_epoch < 0:
+                # As BrokerServer does: the incarnation its log directory recorded (the previous process's).
+                previous = f"b{bid}-{b.generation - 1}" if b.generation > 0 else ""
                 req = cpb.RegisterBrokerRequest(node_id=bid, incarnation_id=b.incarnation, cluster_id="sim",
-                                                endpoints=[common_pb2.Endpoint(name="sim", host="sim", port=bid)])
+                                                endpoints=[common_pb2.Endpoint(name="sim", host="sim", port=bid)],
+                                                previous_incarnation_id=previous)
                 b.broker_epoch = ctl.register_broker(req, REQUEST_TIMEOUT_S).broker_epoch
                 b.last_heartbeat_ok_ms = self.now_ms
                 return f"heartbeat {bid}: registered {b.incarnation} epoch {b.broker_epoch}"
