@@ -52,7 +52,7 @@ from broker.metrics import (
     SecurityCollector,
 )
 from broker.stalls import GcPauses
-from proto.errors import DuplicateBrokerRegistrationError
+from proto.errors import DuplicateBrokerRegistrationError, InvalidConfigError
 from storage.dir_lock import DirectoryInUseError, DirectoryLock, lock_directories
 
 log = logging.getLogger("brook.node")
@@ -521,8 +521,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     node = Node(config)
     try:
         node.start()
-    except (DirectoryInUseError, DuplicateBrokerRegistrationError) as e:  # a misconfiguration, not a bug:
-        log.error("node %d failed to start: %s", config.node_id, e)      # one line, no traceback
+    except (DirectoryInUseError, DuplicateBrokerRegistrationError, InvalidConfigError) as e:
+        # A misconfiguration (a directory of another process, node or cluster; a node id in use), not a
+        # bug: one line, no traceback.
+        log.error("node %d failed to start: %s", config.node_id, e)
         node.stop(controlled=False)
         return EXIT_FAILURE
     except Exception as e:

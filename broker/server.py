@@ -47,6 +47,7 @@ from metadata_quorum.client import ControllerClient
 from proto import broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig
+from storage import meta_properties
 from storage.checkpoints import write_atomically
 from storage.log_manager import LogManager
 
@@ -198,6 +199,8 @@ class BrokerServer:
     def start(self) -> None:
         s = self.settings
         d = s.defaults
+        for log_dir in s.log_dirs:  # before anything reads them: refused if they belong to another node
+            meta_properties.check_or_write(Path(log_dir), s.cluster_id, s.node_id)
         self.log_manager = LogManager(
             list(s.log_dirs), d,
             flush_check_ms=int(d.get("log.flush.scheduler.interval.ms", "1000")),

@@ -32,6 +32,7 @@ from metadata_quorum.state import DEFAULT_CHANGELOG_MAX_KEYS
 from proto import common_pb2, errors
 from proto import controller_pb2 as pb
 from proto import controller_pb2_grpc as pb_grpc
+from storage import meta_properties
 
 log = logging.getLogger(__name__)
 
@@ -192,20 +193,7 @@ class ControllerNode:
 
     # ---- internals ----
     def _check_meta_properties(self) -> None:
-        data_dir = self.settings.data_dir
-        data_dir.mkdir(parents=True, exist_ok=True)
-        path = data_dir / "meta.properties"
-        expected = {"cluster.id": self.settings.cluster_id, "node.id": str(self.settings.node_id)}
-        if path.exists():
-            found = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-            for key, value in expected.items():
-                if found.get(key) != value:
-                    raise errors.InvalidConfigError(
-                        f"{path}: {key} is '{found.get(key)}', this node is configured with '{value}'")
-            return
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(f"{k}={v}\n" for k, v in expected.items()))
-        tmp.replace(path)
+        meta_properties.check_or_write(self.settings.data_dir, self.settings.cluster_id, self.settings.node_id)
 
     def _run(self) -> None:
         settings = self.settings

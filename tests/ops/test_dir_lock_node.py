@@ -34,3 +34,23 @@ def test_a_second_node_on_a_running_nodes_directory_refuses_to_start(ops_cluster
     assert (held / ".lock").read_text().strip() == str(ops_cluster.pid(1))
     status, body = ops_cluster.probe(1)
     assert status == 200, body
+
+
+def test_a_broker_on_another_nodes_log_directory_refuses_to_start(tmp_path: Path) -> None:
+    """The directory is free (its node is stopped) but belongs to node 1 of cluster c: node 9 refuses to
+    start with one line and writes nothing there."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.properties").write_text("cluster.id=c\nnode.id=1\n")
+    port = free_port()
+    cfg = tmp_path / "node.toml"
+    cfg.write_text(f'"process.roles" = "broker"\n"node.id" = 9\n"cluster.id" = "c"\n'
+                   f'"listeners" = "BROKER://127.0.0.1:{port}"\n"controller.quorum.voters" = "1@127.0.0.1:1:2"\n'
+                   f'"log.dirs" = "{data}"\n')
+    proc = subprocess.run([sys.executable, "-m", "broker.node", "--config", str(cfg)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1, proc
+    assert "node.id is '1', this node is configured with '9'" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert sorted(p.name for p in data.iterdir()) == [".lock", "meta.properties"]
+    assert (data / "meta.properties").read_text() == "cluster.id=c\nnode.id=1\n"

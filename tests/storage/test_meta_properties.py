@@ -1,0 +1,32 @@
+"""meta.properties: a data directory names its cluster and node; another node or cluster is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proto import errors
+from storage import meta_properties
+
+
+def test_first_start_writes_it_and_later_starts_check_it(tmp_path: Path) -> None:
+    d = tmp_path / "data"
+    meta_properties.check_or_write(d, "c1", 3)
+    assert (d / "meta.properties").read_text() == "cluster.id=c1\nnode.id=3\n"
+    meta_properties.check_or_write(d, "c1", 3)  # the same node again: fine
+    meta_properties.check_or_write(d, "", 3)  # no cluster id configured: only the node is checked
+    with pytest.raises(errors.InvalidConfigError, match=r"node.id is '3', this node is configured with '4'"):
+        meta_properties.check_or_write(d, "c1", 4)
+    with pytest.raises(errors.InvalidConfigError, match=r"cluster.id is 'c1', .* 'c2' .*another cluster"):
+        meta_properties.check_or_write(d, "c2", 3)
+    assert (d / "meta.properties").read_text() == "cluster.id=c1\nnode.id=3\n"  # refusals change nothing
+
+
+def test_a_file_without_the_keys_or_unreadable_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "meta.properties").write_text("# nothing here\n")
+    with pytest.raises(errors.InvalidConfigError, match="names no cluster.id"):
+        meta_properties.check_or_write(tmp_path, "c1", 1)
+    (tmp_path / "meta.properties").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(errors.InvalidConfigError, match="unreadable"):
+        meta_properties.check_or_write(tmp_path, "c1", 1)
