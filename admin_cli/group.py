@@ -41,7 +41,8 @@ def describe(
     """Members, assignments, committed offsets and lag of a group."""
     st = state(ctx, bootstrap, output)
     g = st.backend.describe_group(group)
-    members = [{"member_id": m.member_id, "client_id": m.client_id, "host": m.client_host,
+    members = [{"member_id": m.member_id, "instance_id": m.group_instance_id or None, "client_id": m.client_id,
+                "host": m.client_host,
                 "topics": m.subscribed_topics, "assigned": [f"{tp.topic}-{tp.partition}" for tp in m.assignment]}
                for m in g.members]
     offsets = [{"topic": tp.topic, "partition": tp.partition, "committed_offset": o.committed_offset,
@@ -53,8 +54,9 @@ def describe(
             "members": members, "offsets": offsets, "total_lag": total_lag}
     summary = table(f"Group {g.group_id}", ["STATE", "PROTOCOL", "GENERATION", "MEMBERS", "COORDINATOR", "TOTAL LAG"],
                     [[g.state, g.protocol_name or "-", g.generation_id, len(members), g.coordinator_id, total_lag]])
-    mtable = table("Members", ["MEMBER", "CLIENT", "HOST", "PARTITIONS"],
-                   [[m["member_id"], m["client_id"], m["host"], m["assigned"] or "-"] for m in members])
+    mtable = table("Members", ["MEMBER", "INSTANCE", "CLIENT", "HOST", "PARTITIONS"],
+                   [[m["member_id"], m["instance_id"] or "-", m["client_id"], m["host"], m["assigned"] or "-"]
+                    for m in members])
     otable = table("Offsets", ["TOPIC", "PARTITION", "COMMITTED", "END", "LAG", "MEMBER"],
                    [[o["topic"], o["partition"], o["committed_offset"], _unknown(o["log_end_offset"]),
                      _unknown(o["lag"]), o["member_id"] or "-"] for o in offsets])

@@ -44,6 +44,7 @@ LOAD_READ_BYTES = 4 * 1024 * 1024
 LOAD_BATCHES_MAX = 10_000_000  # bound on one partition load loop
 RECORDS_PER_BATCH_MAX = 1000  # commits of many partitions are split into batches of this many
 RPC_TIMEOUT_S = 10.0
+GROUP_INSTANCE_ID_MAX = 249  # as a group or topic name: the longest a static member's instance id may be
 LIST_OFFSETS_LATEST, LIST_OFFSETS_EARLIEST = -1, -2
 CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
 
@@ -385,6 +386,9 @@ class GroupCoordinator:
         """Register a join; ``callback`` gets the JoinResult when the join phase ends (from whichever
         thread ends it), so a caller can wait without holding a thread (broker/group_service.py)."""
         self._validate_session(req.session_timeout_ms)
+        if len(req.group_instance_id) > GROUP_INSTANCE_ID_MAX:
+            raise CoordinatorError(f"group instance id longer than {GROUP_INSTANCE_ID_MAX} characters",
+                                   code=ErrorCode.INVALID_REQUEST)
         rebalance_timeout_ms = req.rebalance_timeout_ms if req.rebalance_timeout_ms > 0 else req.session_timeout_ms
         with self._lock:
             g = self._group_locked(req.group_id, create=True)
@@ -392,7 +396,7 @@ class GroupCoordinator:
             g.join(member_id=req.member_id, client_id=req.client_id, client_host=req.client_host,
                    session_timeout_ms=req.session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,
                    protocol_type=req.protocol_type, protocols=[(p.name, p.metadata) for p in req.protocols],
-                   callback=callback, now_ms=self.clock_ms())
+                   callback=callback, now_ms=self.clock_ms(), group_instance_id=req.group_instance_id)
             self._after_change_locked(g)
 
     def sync_group(self, req: group_pb2.SyncGroupRequest, wait_s: float) -> SyncResult:
@@ -414,7 +418,7 @@ class GroupCoordinator:
                 return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID, error_message="no such group")
             g.sync(member_id=req.member_id, generation_id=req.generation_id,
                    assignments={a.member_id: a.assignment for a in req.assignments},
-                   callback=callback, now_ms=self.clock_ms())
+                   callback=callback, now_ms=self.clock_ms(), group_instance_id=req.group_instance_id)
             self._after_change_locked(g)
         return None
 
@@ -440,19 +444,22 @@ class GroupCoordinator:
             return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS, error_message="group metadata not persisted")
         return result
 
-    def heartbeat(self, group_id: str, member_id: str, generation_id: int) -> int:
+    def heartbeat(self, group_id: str, member_id: str, generation_id: int, group_instance_id: str = "") -> int:
         with self._lock:
             g = self._group_locked(group_id, create=False)
             if g is None:
                 return ErrorCode.UNKNOWN_MEMBER_ID
-            return g.heartbeat(member_id=member_id, generation_id=generation_id, now_ms=self.clock_ms())
+            return g.heartbeat(member_id=member_id, generation_id=generation_id, now_ms=self.clock_ms(),
+                               group_instance_id=group_instance_id)
 
-    def leave_group(self, group_id: str, member_ids: Iterable[str]) -> list[tuple[str, int]]:
+    def leave_group(self, group_id: str, members: Iterable[tuple[str, str]]) -> list[int]:
+        """Each (member id, group instance id) leaves; an error code for each, in order."""
+        members = list(members)
         with self._lock:
             g = self._group_locked(group_id, create=False)
             if g is None:
-                return [(m, ErrorCode.UNKNOWN_MEMBER_ID) for m in member_ids]
-            out = [(m, g.leave(m, self.clock_ms())) for m in member_ids]
+                return [ErrorCode.UNKNOWN_MEMBER_ID for _ in members]
+            out = [g.leave(m, self.clock_ms(), gi) for m, gi in members]
             self._after_change_locked(g)
             return out
 
@@ -526,7 +533,7 @@ class GroupCoordinator:
             g = self._group_locked(req.group_id, create=req.generation_id < 0 and not req.member_id)
             if g is None:
                 raise CoordinatorError("unknown group", code=ErrorCode.UNKNOWN_MEMBER_ID)
-            code = g.validate_commit(req.member_id, req.generation_id, now)
+            code = g.validate_commit(req.member_id, req.generation_id, now, req.group_instance_id)
             if code != ErrorCode.NONE:
                 raise CoordinatorError(f"commit refused for member {req.member_id!r} generation "
                                        f"{req.generation_id} (group generation {g.generation_id}, {g.state})",
@@ -602,7 +609,8 @@ class GroupCoordinator:
                 dm = group_pb2.DescribedMember(
                     member_id=m.member_id, client_id=m.client_id, client_host=m.client_host,
                     metadata=m.metadata_for(g.protocol_name), assignment=m.assignment,
-                    session_timeout_ms=m.session_timeout_ms, rebalance_timeout_ms=m.rebalance_timeout_ms)
+                    session_timeout_ms=m.session_timeout_ms, rebalance_timeout_ms=m.rebalance_timeout_ms,
+                    group_instance_id=m.group_instance_id)
                 if g.protocol_type == "consumer":
                     _decode_consumer_member(dm)
                     for ref in dm.assigned_partitions:

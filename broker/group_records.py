@@ -91,7 +91,8 @@ def encode_group_value(group: Group) -> bytes:
             group_pb2.GroupMemberValue(
                 member_id=m.member_id, client_id=m.client_id, client_host=m.client_host,
                 session_timeout_ms=m.session_timeout_ms, rebalance_timeout_ms=m.rebalance_timeout_ms,
-                subscription=m.metadata_for(group.protocol_name), assignment=m.assignment)
+                subscription=m.metadata_for(group.protocol_name), assignment=m.assignment,
+                group_instance_id=m.group_instance_id)
             for m in sorted(group.members.values(), key=lambda m: m.member_id)
         ],
     )
@@ -157,7 +158,8 @@ def restore_group(group: Group, value: group_pb2.GroupMetadataValue, now_ms: int
     group.members = {
         m.member_id: Member(m.member_id, m.client_id, m.client_host, m.session_timeout_ms,
                             m.rebalance_timeout_ms, [(value.protocol_name, m.subscription)], now_ms,
-                            assignment=m.assignment)
+                            assignment=m.assignment, group_instance_id=m.group_instance_id)
         for m in value.members
     }
+    group.static_members = {m.group_instance_id: m.member_id for m in value.members if m.group_instance_id}
     group.state = GroupState.STABLE if group.members else GroupState.EMPTY

@@ -88,7 +88,8 @@ def _join_response(r: JoinResult) -> group_pb2.JoinGroupResponse:
     return group_pb2.JoinGroupResponse(
         error_code=r.error_code, error_message=r.error_message, generation_id=r.generation_id,
         protocol_name=r.protocol_name, leader=r.leader, member_id=r.member_id,
-        members=[group_pb2.JoinGroupMember(member_id=m, metadata=md, client_id=cid) for m, md, cid in r.members])
+        members=[group_pb2.JoinGroupMember(member_id=m, metadata=md, client_id=cid, group_instance_id=gi)
+                 for m, md, cid, gi in r.members])
 
 
 def _sync_response(r: SyncResult) -> group_pb2.SyncGroupResponse:
@@ -211,7 +212,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         if (refused := self._refused(context, authz.READ, request.group_id, group_pb2.HeartbeatResponse)) is not None:
             return refused
         try:
-            code = self.c.heartbeat(request.group_id, request.member_id, request.generation_id)
+            code = self.c.heartbeat(request.group_id, request.member_id, request.generation_id,
+                                    request.group_instance_id)
         except errors.BrookError as exc:
             return group_pb2.HeartbeatResponse(error_code=exc.code, error_message=exc.message)
         return group_pb2.HeartbeatResponse(error_code=code)
@@ -220,11 +222,14 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         if (refused := self._refused(context, authz.READ, request.group_id, group_pb2.LeaveGroupResponse)) is not None:
             return refused
         try:
-            results = self.c.leave_group(request.group_id, list(request.member_ids))
+            leaving = [(m, "") for m in request.member_ids] + [(m.member_id, m.group_instance_id)
+                                                               for m in request.members]
+            results = self.c.leave_group(request.group_id, leaving)
         except errors.BrookError as exc:
             return group_pb2.LeaveGroupResponse(error_code=exc.code, error_message=exc.message)
         return group_pb2.LeaveGroupResponse(members=[
-            group_pb2.LeaveGroupMemberResponse(member_id=m, error_code=c) for m, c in results])
+            group_pb2.LeaveGroupMemberResponse(member_id=m, group_instance_id=gi, error_code=c)
+            for (m, gi), c in zip(leaving, results, strict=True)])
 
     def _offset_commit(self, request, context):
         if (refused := self._refused(context, authz.READ, request.group_id,

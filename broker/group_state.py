@@ -18,6 +18,13 @@ States (Kafka's names)::
 Generations fence stale members: every completed join phase bumps ``generation_id``,
 and SyncGroup, Heartbeat and OffsetCommit carrying another generation get
 ILLEGAL_GENERATION.
+
+Static members (KIP-345, a consumer's ``group.instance.id``) are known by their instance id as
+well: one that joins again without a member id (a restarted process, within its session) takes
+the place of the member holding that instance id: a new member id, the old one's assignment, and
+no rebalance while the group is Stable and the chosen protocol stays; the old member id is fenced
+(FENCED_INSTANCE_ID on its requests). Static members leave by session timeout or an explicit
+LeaveGroup naming the instance id, not when their client closes.
 """
 
 from __future__ import annotations
@@ -51,7 +58,8 @@ class JoinResult:
     generation_id: int = -1
     protocol_name: str = ""
     leader: str = ""
-    members: tuple[tuple[str, bytes, str], ...] = ()  # (member id, metadata, client id), leader only
+    # (member id, metadata, client id, group instance id), leader only
+    members: tuple[tuple[str, bytes, str, str], ...] = ()
     error_message: str = ""
 
 
@@ -79,6 +87,7 @@ class Member:
     assignment: bytes = b""
     join_callback: JoinCallback | None = None
     sync_callback: SyncCallback | None = None
+    group_instance_id: str = ""  # "" for a dynamic member
 
     def fail_waiters(self, error_code: int) -> None:
         """Answer a JoinGroup or SyncGroup this member is blocked in with an error."""
@@ -116,6 +125,7 @@ class Group:
     state_timestamp_ms: int = 0  # when the state last changed (empty-since, for offset retention)
     initial_rebalance_delay_ms: int = 3000
     members: dict[str, Member] = field(default_factory=dict)
+    static_members: dict[str, str] = field(default_factory=dict)  # group instance id -> its member id
     # Member ids handed out with MEMBER_ID_REQUIRED, valid until the deadline (ms).
     pending_members: dict[str, int] = field(default_factory=dict)
     offsets: dict[TopicPartition, OffsetEntry] = field(default_factory=dict)
@@ -132,6 +142,11 @@ class Group:
 
     def has_member(self, member_id: str) -> bool:
         return member_id in self.members
+
+    def _fenced(self, member_id: str, group_instance_id: str) -> bool:
+        """Another member holds ``group_instance_id`` now (this one was replaced by a newer process)."""
+        holder = self.static_members.get(group_instance_id) if group_instance_id else None
+        return holder is not None and holder != member_id
 
     def _candidate_protocols(self, extra: Sequence[str] = ()) -> set[str]:
         sets = [{name for name, _ in m.protocols} for m in self.members.values()]
@@ -173,6 +188,7 @@ class Group:
         protocols: list[tuple[str, bytes]],
         callback: JoinCallback,
         now_ms: int,
+        group_instance_id: str = "",
     ) -> None:
         if self.state == GroupState.DEAD:
             callback(JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id, error_message="group is dead"))
@@ -188,9 +204,25 @@ class Group:
                                 error_message=f"group uses {self.protocol_type} with protocols "
                                 f"{sorted(self._candidate_protocols())}"))
             return
+        if group_instance_id:
+            holder = self.static_members.get(group_instance_id)
+            if not member_id and holder is not None:
+                self._replace_static(holder, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
+                                     protocols, callback, now_ms)
+                return
+            if member_id and holder is not None and holder != member_id:
+                callback(JoinResult(ErrorCode.FENCED_INSTANCE_ID, member_id,
+                                    error_message=f"group instance id {group_instance_id} is held by a newer member"))
+                return
         if not member_id:
             if len(self.members) + len(self.pending_members) >= MEMBERS_MAX:
                 callback(JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED, error_message=f"{MEMBERS_MAX} members"))
+                return
+            if group_instance_id:
+                # A static member joins with its new id at once (KIP-345: its instance id already keeps
+                # a lost answer from leaving a ghost behind, the reason for MEMBER_ID_REQUIRED).
+                self._add_member(self.new_member_id(group_instance_id), client_id, client_host, session_timeout_ms,
+                                 rebalance_timeout_ms, protocol_type, protocols, callback, now_ms, group_instance_id)
                 return
             # KIP-394: hand out an id and make the member come back with it, so a client
             # that loses this response does not leave a ghost member behind.
@@ -204,17 +236,59 @@ class Group:
                 callback(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member_id, error_message="unknown member id"))
                 return
             del self.pending_members[member_id]
-            if not self.members:
-                self.protocol_type = protocol_type  # an empty group takes the first member's type
-            member = Member(member_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
-                            list(protocols), now_ms)
-            self.members[member_id] = member
-            member.join_callback = callback
-            self._prepare_rebalance(now_ms, f"member {member_id} joined", new_member=True)
-            self._maybe_complete_join(now_ms)
+            self._add_member(member_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
+                             protocol_type, protocols, callback, now_ms, group_instance_id)
             return
         self._rejoin(member, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
                      protocols, callback, now_ms)
+
+    def _add_member(self, member_id: str, client_id: str, client_host: str, session_timeout_ms: int,
+                    rebalance_timeout_ms: int, protocol_type: str, protocols: list[tuple[str, bytes]],
+                    callback: JoinCallback, now_ms: int, group_instance_id: str) -> None:
+        if not self.members:
+            self.protocol_type = protocol_type  # an empty group takes the first member's type
+        member = Member(member_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
+                        list(protocols), now_ms, group_instance_id=group_instance_id)
+        self.members[member_id] = member
+        if group_instance_id:
+            self.static_members[group_instance_id] = member_id
+        member.join_callback = callback
+        self._prepare_rebalance(now_ms, f"member {member_id} joined", new_member=True)
+        self._maybe_complete_join(now_ms)
+
+    def _replace_static(self, old_id: str, client_id: str, client_host: str, session_timeout_ms: int,
+                        rebalance_timeout_ms: int, protocols: list[tuple[str, bytes]], callback: JoinCallback,
+                        now_ms: int) -> None:
+        """A static member joined again without a member id: a new process under its instance id takes the
+        member's place (and assignment) with a new member id; the old id is fenced. As Kafka's coordinator
+        does: no rebalance in Stable while the chosen protocol stays (the answer names the current leader,
+        so the newcomer does not assign, and its SyncGroup returns the assignment it had); a rebalance in
+        CompletingRebalance (the leader may be assigning to the old id); the running one in PreparingRebalance."""
+        member = self.members.pop(old_id)
+        member.fail_waiters(ErrorCode.FENCED_INSTANCE_ID)
+        new_id = self.new_member_id(member.group_instance_id)
+        member.member_id = new_id
+        self.members[new_id] = member
+        self.static_members[member.group_instance_id] = new_id
+        current_leader = self.leader_id
+        if self.leader_id == old_id:
+            self.leader_id = new_id
+        member.client_id, member.client_host = client_id, client_host
+        member.session_timeout_ms, member.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
+        member.protocols = list(protocols)
+        member.last_heartbeat_ms = now_ms
+        log.info("group %s: static member %s rejoined as %s (was %s)", self.group_id, member.group_instance_id,
+                 new_id, old_id)
+        if self.state == GroupState.STABLE:
+            if self.select_protocol() == self.protocol_name:
+                self.persist_needed = True  # the new member id, for a coordinator that loads the group
+                callback(JoinResult(ErrorCode.NONE, new_id, self.generation_id, self.protocol_name, current_leader))
+                return
+            self._prepare_rebalance(now_ms, f"static member {member.group_instance_id} rejoined with other protocols")
+        elif self.state == GroupState.COMPLETING_REBALANCE:
+            self._prepare_rebalance(now_ms, f"static member {member.group_instance_id} rejoined during the assignment")
+        member.join_callback = callback
+        self._maybe_complete_join(now_ms)
 
     def _rejoin(self, member: Member, client_id: str, client_host: str, session_timeout_ms: int,
                 rebalance_timeout_ms: int, protocols: list[tuple[str, bytes]], callback: JoinCallback,
@@ -273,7 +347,7 @@ class Group:
     def _complete_join(self, now_ms: int) -> None:
         for m in [m for m in self.members.values() if m.join_callback is None]:
             log.info("group %s: removing member %s that did not rejoin in time", self.group_id, m.member_id)
-            del self.members[m.member_id]
+            self._forget(m)
         self.generation_id += 1
         self.initial_join = False
         if not self.members:
@@ -299,14 +373,16 @@ class Group:
     def _join_result_for(self, member: Member) -> JoinResult:
         members: tuple[tuple[str, bytes, str], ...] = ()
         if member.member_id == self.leader_id:
-            members = tuple((m.member_id, m.metadata_for(self.protocol_name), m.client_id)
+            members = tuple((m.member_id, m.metadata_for(self.protocol_name), m.client_id, m.group_instance_id)
                             for m in sorted(self.members.values(), key=lambda m: m.member_id))
         return JoinResult(ErrorCode.NONE, member.member_id, self.generation_id, self.protocol_name,
                           self.leader_id, members)
 
-    def _check_member(self, member_id: str, generation_id: int) -> int:
+    def _check_member(self, member_id: str, generation_id: int, group_instance_id: str = "") -> int:
         if self.state == GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if self._fenced(member_id, group_instance_id):
+            return ErrorCode.FENCED_INSTANCE_ID
         if member_id not in self.members:
             return ErrorCode.UNKNOWN_MEMBER_ID
         if generation_id != self.generation_id:
@@ -314,8 +390,8 @@ class Group:
         return ErrorCode.NONE
 
     def sync(self, *, member_id: str, generation_id: int, assignments: dict[str, bytes],
-             callback: SyncCallback, now_ms: int) -> None:
-        error = self._check_member(member_id, generation_id)
+             callback: SyncCallback, now_ms: int, group_instance_id: str = "") -> None:
+        error = self._check_member(member_id, generation_id, group_instance_id)
         if error != ErrorCode.NONE:
             callback(SyncResult(error))
             return
@@ -338,8 +414,8 @@ class Group:
                 if cb is not None:
                     cb(SyncResult(ErrorCode.NONE, self.protocol_name, m.assignment))
 
-    def heartbeat(self, *, member_id: str, generation_id: int, now_ms: int) -> int:
-        error = self._check_member(member_id, generation_id)
+    def heartbeat(self, *, member_id: str, generation_id: int, now_ms: int, group_instance_id: str = "") -> int:
+        error = self._check_member(member_id, generation_id, group_instance_id)
         if error != ErrorCode.NONE:
             return error
         self.members[member_id].last_heartbeat_ms = now_ms
@@ -347,9 +423,19 @@ class Group:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
 
-    def leave(self, member_id: str, now_ms: int) -> int:
+    def leave(self, member_id: str, now_ms: int, group_instance_id: str = "") -> int:
+        """A member leaves: by member id, or a static member by its instance id (``member_id`` "" removes
+        whichever member holds it, as an admin's removal does; another member id is fenced)."""
         if self.state == GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if group_instance_id:
+            holder = self.static_members.get(group_instance_id)
+            if holder is None:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            if member_id and member_id != holder:
+                return ErrorCode.FENCED_INSTANCE_ID
+            self._remove_member(holder, now_ms, f"(static member {group_instance_id}) left the group")
+            return ErrorCode.NONE
         if member_id in self.pending_members:
             del self.pending_members[member_id]
             self._maybe_complete_join(now_ms)
@@ -359,8 +445,14 @@ class Group:
         self._remove_member(member_id, now_ms, "left the group")
         return ErrorCode.NONE
 
+    def _forget(self, member: Member) -> None:
+        del self.members[member.member_id]
+        if member.group_instance_id and self.static_members.get(member.group_instance_id) == member.member_id:
+            del self.static_members[member.group_instance_id]
+
     def _remove_member(self, member_id: str, now_ms: int, reason: str) -> None:
-        member = self.members.pop(member_id)
+        member = self.members[member_id]
+        self._forget(member)
         member.fail_waiters(ErrorCode.UNKNOWN_MEMBER_ID)
         if self.leader_id == member_id:
             self.leader_id = min(self.members) if self.members else ""
@@ -403,15 +495,17 @@ class Group:
         return min(deadlines) if deadlines else None
 
     # ---- offsets ----
-    def validate_commit(self, member_id: str, generation_id: int, now_ms: int) -> int:
+    def validate_commit(self, member_id: str, generation_id: int, now_ms: int, group_instance_id: str = "") -> int:
         """May this commit go ahead? (Kafka: a commit is also a heartbeat.)"""
         if self.state == GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if generation_id < 0 and not member_id and not self.members:
             return ErrorCode.NONE  # commit from outside group management (assign(), admin)
+        if self._fenced(member_id, group_instance_id):
+            return ErrorCode.FENCED_INSTANCE_ID
         if self.state == GroupState.COMPLETING_REBALANCE:
             return ErrorCode.REBALANCE_IN_PROGRESS
-        error = self._check_member(member_id, generation_id)
+        error = self._check_member(member_id, generation_id, group_instance_id)
         if error == ErrorCode.NONE:
             self.members[member_id].last_heartbeat_ms = now_ms
         return error

@@ -41,6 +41,9 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "bootstrap_servers": "127.0.0.1:9092",
     "client_id": "brook-consumer",
     "group_id": None,
+    # Static membership (KIP-345): a stable name for this consumer in its group. A restart within
+    # session.timeout.ms gets the same partitions back without a rebalance; close() does not leave.
+    "group_instance_id": None,
     "auto_offset_reset": "latest",
     "enable_auto_commit": True,
     "auto_commit_interval_ms": 5000,
@@ -192,6 +195,7 @@ class Consumer:
             max_poll_interval_ms=require_int(cfg, "max_poll_interval_ms", minimum=1),
             client_id=str(cfg["client_id"]),
             coordinator=self._coordinator,
+            group_instance_id=str(cfg["group_instance_id"] or ""),
         )
 
     def _subscribed_topics(self) -> set[str]:

@@ -46,6 +46,7 @@ from client.types import OffsetAndMetadata, TopicPartition
 from proto import group_pb2
 
 log = logging.getLogger(__name__)
+_INSTANCE_ID = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # what Kafka's clients accept for group.instance.id
 
 PROTOCOL_TYPE = "consumer"
 JOIN_ATTEMPTS_MAX = 100  # bound on join/sync round trips within one ensure_active call
@@ -121,7 +122,11 @@ class GroupMembership:
         client_id: str = "brook-consumer",
         coordinator: GroupCoordinatorClient | None = None,
         clock: Callable[[], float] = time.monotonic,
+        group_instance_id: str = "",
     ) -> None:
+        if group_instance_id and not _INSTANCE_ID.fullmatch(group_instance_id):
+            raise errors.InvalidConfigError(
+                f"group.instance.id {group_instance_id!r} must be 1-249 characters of [a-zA-Z0-9._-]")
         if heartbeat_interval_ms <= 0 or heartbeat_interval_ms >= session_timeout_ms:
             raise errors.InvalidConfigError(
                 f"heartbeat.interval.ms ({heartbeat_interval_ms}) must be > 0 and < session.timeout.ms "
@@ -140,6 +145,7 @@ class GroupMembership:
         self.rebalance_timeout_ms = rebalance_timeout_ms or max_poll_interval_ms
         self.metadata_max_age_ms = metadata_max_age_ms
         self.client_id = client_id
+        self.group_instance_id = group_instance_id  # "" for a dynamic member
         self.clock = clock
         self._lock = threading.RLock()
         self._topics: set[str] = set()
@@ -154,6 +160,7 @@ class GroupMembership:
         self._last_metadata_check = 0.0
         self._last_poll = clock()
         self._closed = False
+        self._fenced: errors.BrookError | None = None  # FENCED_INSTANCE_ID seen by the heartbeat: fatal
         self._stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self.rebalances_total = 0
@@ -214,6 +221,8 @@ class GroupMembership:
         assignment. A join in progress may block up to the coordinator's join phase."""
         if self._closed:
             raise errors.error_for(ErrorCode.INVALID_REQUEST, "group membership is closed")
+        if self._fenced is not None:
+            raise self._fenced
         self._last_poll = self.clock()
         self._start_heartbeat_thread()
         self._maybe_check_metadata()
@@ -278,6 +287,7 @@ class GroupMembership:
         sync = self.coordinator.call("SyncGroup", group_pb2.SyncGroupRequest(
             group_id=self.group_id, generation_id=join.generation_id, member_id=join.member_id,
             protocol_type=PROTOCOL_TYPE, protocol_name=join.protocol_name,
+            group_instance_id=self.group_instance_id,
             assignments=[group_pb2.SyncGroupAssignment(member_id=m, assignment=a) for m, a in assignments.items()]),
             timeout_ms=self.rebalance_timeout_ms + 10_000, check=False)
         if sync.error_code != ErrorCode.NONE:
@@ -297,7 +307,8 @@ class GroupMembership:
             resp = self.coordinator.call("JoinGroup", group_pb2.JoinGroupRequest(
                 group_id=self.group_id, session_timeout_ms=self.session_timeout_ms,
                 rebalance_timeout_ms=self.rebalance_timeout_ms, member_id=member_id, protocol_type=PROTOCOL_TYPE,
-                protocols=protocols, client_id=self.client_id, reason=reason),
+                protocols=protocols, client_id=self.client_id, reason=reason,
+                group_instance_id=self.group_instance_id),
                 timeout_ms=self.rebalance_timeout_ms + 10_000, check=False)
             if resp.error_code == ErrorCode.MEMBER_ID_REQUIRED:
                 with self._lock:
@@ -428,7 +439,8 @@ class GroupMembership:
                 continue
             try:
                 resp = self.coordinator.call("Heartbeat", group_pb2.HeartbeatRequest(
-                    group_id=self.group_id, generation_id=gen.generation_id, member_id=gen.member_id),
+                    group_id=self.group_id, generation_id=gen.generation_id, member_id=gen.member_id,
+                    group_instance_id=self.group_instance_id),
                     timeout_ms=max(1000, self.heartbeat_interval_ms), check=False)
             except errors.BrookError as exc:
                 log.debug("group %s: heartbeat failed: %s", self.group_id, exc)
@@ -443,6 +455,16 @@ class GroupMembership:
             try:
                 self._on_group_error(resp.error_code, resp.error_message, "Heartbeat")
             except errors.BrookError as exc:
+                if exc.code == ErrorCode.FENCED_INSTANCE_ID:
+                    # Another process runs under our group.instance.id and holds our partitions now: stop, and
+                    # make the next poll() raise (Kafka's consumers treat it as fatal too).
+                    log.error("group %s: fenced: another consumer joined with group.instance.id %s (%s)",
+                              self.group_id, self.group_instance_id, exc.message)
+                    with self._lock:
+                        self._fenced = exc
+                        self._owned = set()
+                        self._generation = NO_GENERATION
+                    return
                 log.debug("group %s: heartbeat: %s", self.group_id, exc)
                 wait_s = HEARTBEAT_RETRY_BACKOFF_S
 
@@ -456,6 +478,7 @@ class GroupMembership:
                                         member_id=gen.member_id)
         if request is None:
             return
+        request.group_instance_id = self.group_instance_id
 
         def attempt(timeout_s: float) -> None:
             resp = self.coordinator.call("OffsetCommit", request, timeout_ms=max(1, int(timeout_s * 1000)),
@@ -491,6 +514,12 @@ class GroupMembership:
             self._member_id = ""
             self._stable = False
         if not member_id:
+            return
+        if self.group_instance_id:
+            # A static member keeps its place for its session (Kafka's consumers do not leave either): a
+            # restart in time takes it back without a rebalance. `brook group` admin removal ends it early.
+            log.info("group %s: static member %s stops (%s) without leaving the group", self.group_id,
+                     self.group_instance_id, reason)
             return
         try:
             self.coordinator.call("LeaveGroup", group_pb2.LeaveGroupRequest(

@@ -50,7 +50,7 @@ class GroupProtocol(_message.Message):
     def __init__(self, name: _Optional[str] = ..., metadata: _Optional[bytes] = ...) -> None: ...
 
 class JoinGroupRequest(_message.Message):
-    __slots__ = ("group_id", "session_timeout_ms", "rebalance_timeout_ms", "member_id", "protocol_type", "protocols", "client_id", "client_host", "reason")
+    __slots__ = ("group_id", "session_timeout_ms", "rebalance_timeout_ms", "member_id", "protocol_type", "protocols", "client_id", "client_host", "reason", "group_instance_id")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     REBALANCE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class JoinGroupRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_HOST_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     session_timeout_ms: int
     rebalance_timeout_ms: int
@@ -69,17 +70,20 @@ class JoinGroupRequest(_message.Message):
     client_id: str
     client_host: str
     reason: str
-    def __init__(self, group_id: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., rebalance_timeout_ms: _Optional[int] = ..., member_id: _Optional[str] = ..., protocol_type: _Optional[str] = ..., protocols: _Optional[_Iterable[_Union[GroupProtocol, _Mapping]]] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    group_instance_id: str
+    def __init__(self, group_id: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., rebalance_timeout_ms: _Optional[int] = ..., member_id: _Optional[str] = ..., protocol_type: _Optional[str] = ..., protocols: _Optional[_Iterable[_Union[GroupProtocol, _Mapping]]] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., reason: _Optional[str] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
 
 class JoinGroupMember(_message.Message):
-    __slots__ = ("member_id", "metadata", "client_id")
+    __slots__ = ("member_id", "metadata", "client_id", "group_instance_id")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     metadata: bytes
     client_id: str
-    def __init__(self, member_id: _Optional[str] = ..., metadata: _Optional[bytes] = ..., client_id: _Optional[str] = ...) -> None: ...
+    group_instance_id: str
+    def __init__(self, member_id: _Optional[str] = ..., metadata: _Optional[bytes] = ..., client_id: _Optional[str] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
 
 class JoinGroupResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "generation_id", "protocol_name", "leader", "member_id", "members")
@@ -108,20 +112,22 @@ class SyncGroupAssignment(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., assignment: _Optional[bytes] = ...) -> None: ...
 
 class SyncGroupRequest(_message.Message):
-    __slots__ = ("group_id", "generation_id", "member_id", "protocol_type", "protocol_name", "assignments")
+    __slots__ = ("group_id", "generation_id", "member_id", "protocol_type", "protocol_name", "assignments", "group_instance_id")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_TYPE_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_NAME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     generation_id: int
     member_id: str
     protocol_type: str
     protocol_name: str
     assignments: _containers.RepeatedCompositeFieldContainer[SyncGroupAssignment]
-    def __init__(self, group_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., member_id: _Optional[str] = ..., protocol_type: _Optional[str] = ..., protocol_name: _Optional[str] = ..., assignments: _Optional[_Iterable[_Union[SyncGroupAssignment, _Mapping]]] = ...) -> None: ...
+    group_instance_id: str
+    def __init__(self, group_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., member_id: _Optional[str] = ..., protocol_type: _Optional[str] = ..., protocol_name: _Optional[str] = ..., assignments: _Optional[_Iterable[_Union[SyncGroupAssignment, _Mapping]]] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
 
 class SyncGroupResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "protocol_name", "assignment")
@@ -136,14 +142,16 @@ class SyncGroupResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., protocol_name: _Optional[str] = ..., assignment: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("group_id", "generation_id", "member_id")
+    __slots__ = ("group_id", "generation_id", "member_id", "group_instance_id")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     generation_id: int
     member_id: str
-    def __init__(self, group_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., member_id: _Optional[str] = ...) -> None: ...
+    group_instance_id: str
+    def __init__(self, group_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., member_id: _Optional[str] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("error_code", "error_message")
@@ -154,22 +162,34 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class LeaveGroupRequest(_message.Message):
-    __slots__ = ("group_id", "member_ids", "reason")
+    __slots__ = ("group_id", "member_ids", "reason", "members")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_IDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     member_ids: _containers.RepeatedScalarFieldContainer[str]
     reason: str
-    def __init__(self, group_id: _Optional[str] = ..., member_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    members: _containers.RepeatedCompositeFieldContainer[LeaveGroupMember]
+    def __init__(self, group_id: _Optional[str] = ..., member_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., members: _Optional[_Iterable[_Union[LeaveGroupMember, _Mapping]]] = ...) -> None: ...
+
+class LeaveGroupMember(_message.Message):
+    __slots__ = ("member_id", "group_instance_id")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    group_instance_id: str
+    def __init__(self, member_id: _Optional[str] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
 
 class LeaveGroupMemberResponse(_message.Message):
-    __slots__ = ("member_id", "error_code")
+    __slots__ = ("member_id", "error_code", "group_instance_id")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     error_code: _common_pb2.ErrorCode
-    def __init__(self, member_id: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ...) -> None: ...
+    group_instance_id: str
+    def __init__(self, member_id: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
 
 class LeaveGroupResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "members")
@@ -196,16 +216,18 @@ class OffsetCommitPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., metadata: _Optional[str] = ...) -> None: ...
 
 class OffsetCommitRequest(_message.Message):
-    __slots__ = ("group_id", "generation_id", "member_id", "partitions")
+    __slots__ = ("group_id", "generation_id", "member_id", "partitions", "group_instance_id")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     generation_id: int
     member_id: str
     partitions: _containers.RepeatedCompositeFieldContainer[OffsetCommitPartition]
-    def __init__(self, group_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., member_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[OffsetCommitPartition, _Mapping]]] = ...) -> None: ...
+    group_instance_id: str
+    def __init__(self, group_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., member_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[OffsetCommitPartition, _Mapping]]] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
 
 class PartitionError(_message.Message):
     __slots__ = ("topic", "partition", "error_code", "error_message")
@@ -310,7 +332,7 @@ class DescribeGroupsRequest(_message.Message):
     def __init__(self, group_ids: _Optional[_Iterable[str]] = ..., include_offsets: _Optional[bool] = ...) -> None: ...
 
 class DescribedMember(_message.Message):
-    __slots__ = ("member_id", "client_id", "client_host", "metadata", "assignment", "subscribed_topics", "assigned_partitions", "session_timeout_ms", "rebalance_timeout_ms")
+    __slots__ = ("member_id", "client_id", "client_host", "metadata", "assignment", "subscribed_topics", "assigned_partitions", "session_timeout_ms", "rebalance_timeout_ms", "group_instance_id")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_HOST_FIELD_NUMBER: _ClassVar[int]
@@ -320,6 +342,7 @@ class DescribedMember(_message.Message):
     ASSIGNED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     REBALANCE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     client_id: str
     client_host: str
@@ -329,7 +352,8 @@ class DescribedMember(_message.Message):
     assigned_partitions: _containers.RepeatedCompositeFieldContainer[TopicPartitionRef]
     session_timeout_ms: int
     rebalance_timeout_ms: int
-    def __init__(self, member_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., metadata: _Optional[bytes] = ..., assignment: _Optional[bytes] = ..., subscribed_topics: _Optional[_Iterable[str]] = ..., assigned_partitions: _Optional[_Iterable[_Union[TopicPartitionRef, _Mapping]]] = ..., session_timeout_ms: _Optional[int] = ..., rebalance_timeout_ms: _Optional[int] = ...) -> None: ...
+    group_instance_id: str
+    def __init__(self, member_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., metadata: _Optional[bytes] = ..., assignment: _Optional[bytes] = ..., subscribed_topics: _Optional[_Iterable[str]] = ..., assigned_partitions: _Optional[_Iterable[_Union[TopicPartitionRef, _Mapping]]] = ..., session_timeout_ms: _Optional[int] = ..., rebalance_timeout_ms: _Optional[int] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
 
 class GroupPartitionOffset(_message.Message):
     __slots__ = ("topic", "partition", "committed_offset", "log_end_offset", "lag", "member_id", "metadata")
@@ -508,7 +532,7 @@ class OffsetCommitValue(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., metadata: _Optional[str] = ..., commit_timestamp_ms: _Optional[int] = ...) -> None: ...
 
 class GroupMemberValue(_message.Message):
-    __slots__ = ("member_id", "client_id", "client_host", "session_timeout_ms", "rebalance_timeout_ms", "subscription", "assignment")
+    __slots__ = ("member_id", "client_id", "client_host", "session_timeout_ms", "rebalance_timeout_ms", "subscription", "assignment", "group_instance_id")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_HOST_FIELD_NUMBER: _ClassVar[int]
@@ -516,6 +540,7 @@ class GroupMemberValue(_message.Message):
     REBALANCE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     client_id: str
     client_host: str
@@ -523,7 +548,8 @@ class GroupMemberValue(_message.Message):
     rebalance_timeout_ms: int
     subscription: bytes
     assignment: bytes
-    def __init__(self, member_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., rebalance_timeout_ms: _Optional[int] = ..., subscription: _Optional[bytes] = ..., assignment: _Optional[bytes] = ...) -> None: ...
+    group_instance_id: str
+    def __init__(self, member_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., rebalance_timeout_ms: _Optional[int] = ..., subscription: _Optional[bytes] = ..., assignment: _Optional[bytes] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
 
 class GroupMetadataValue(_message.Message):
     __slots__ = ("protocol_type", "generation_id", "protocol_name", "leader", "state_timestamp_ms", "members")

@@ -279,7 +279,7 @@ class KafkaApis:
             group_id=body.group_id, session_timeout_ms=session_ms,
             rebalance_timeout_ms=_ms(body, "rebalance_timeout", session_ms), member_id=body.member_id,
             protocol_type=body.protocol_type, client_id=ctx.client_id or "", client_host=ctx.client_host,
-            reason=_get(body, "reason") or "",
+            reason=_get(body, "reason") or "", group_instance_id=_get(body, "group_instance_id") or "",
             protocols=[group_pb2.GroupProtocol(name=p.name, metadata=bytes(p.metadata)) for p in body.protocols])
         out = await self.groups.JoinGroup(pb, ctx)
         if out.error_code == ErrorCode.MEMBER_ID_REQUIRED and req.api_version < 4:
@@ -291,14 +291,15 @@ class KafkaApis:
             "protocol_type": body.protocol_type if out.error_code == 0 else None,
             "protocol_name": out.protocol_name or (None if req.api_version >= 7 else ""),
             "leader": out.leader, "member_id": out.member_id,
-            "members": [{"member_id": m.member_id, "group_instance_id": None, "metadata": m.metadata}
-                        for m in out.members]})
+            "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id or None,
+                         "metadata": m.metadata} for m in out.members]})
 
     async def sync_group(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         body = req.body
         pb = group_pb2.SyncGroupRequest(
             group_id=body.group_id, generation_id=body.generation_id, member_id=body.member_id,
             protocol_type=_get(body, "protocol_type") or "", protocol_name=_get(body, "protocol_name") or "",
+            group_instance_id=_get(body, "group_instance_id") or "",
             assignments=[group_pb2.SyncGroupAssignment(member_id=a.member_id, assignment=bytes(a.assignment))
                          for a in body.assignments])
         out = await self.groups.SyncGroup(pb, ctx)
@@ -308,25 +309,32 @@ class KafkaApis:
     async def heartbeat(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         body = req.body
         out = await self.groups.Heartbeat(group_pb2.HeartbeatRequest(
-            group_id=body.group_id, generation_id=body.generation_id, member_id=body.member_id), ctx)
+            group_id=body.group_id, generation_id=body.generation_id, member_id=body.member_id,
+            group_instance_id=_get(body, "group_instance_id") or ""), ctx)
         return self._resp(req, {"error_code": out.error_code})
 
     async def leave_group(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         body = req.body
-        members = [m.member_id for m in body.members] if req.api_version >= 3 else [body.member_id]
+        # v3+ (KIP-345) names members by id and instance id, several at once (static members removed by an admin)
+        members = [(m.member_id, _get(m, "group_instance_id") or "") for m in body.members] \
+            if req.api_version >= 3 else [(body.member_id, "")]
         reasons = [_get(m, "reason") for m in body.members] if req.api_version >= 3 else []
         out = await self.groups.LeaveGroup(group_pb2.LeaveGroupRequest(
-            group_id=body.group_id, member_ids=members, reason=next((r for r in reasons if r), "")), ctx)
-        codes = {m.member_id: m.error_code for m in out.members}
-        return self._resp(req, {"error_code": out.error_code,
-                                "members": [{"member_id": m, "group_instance_id": None,
-                                             "error_code": codes.get(m, out.error_code)} for m in members]})
+            group_id=body.group_id, reason=next((r for r in reasons if r), ""),
+            members=[group_pb2.LeaveGroupMember(member_id=m, group_instance_id=gi) for m, gi in members]), ctx)
+        codes = [m.error_code for m in out.members] if len(out.members) == len(members) \
+            else [out.error_code] * len(members)
+        top = out.error_code if req.api_version >= 3 else (out.error_code or codes[0])  # v0-2: one member, no list
+        return self._resp(req, {"error_code": top,
+                                "members": [{"member_id": m, "group_instance_id": gi or None, "error_code": c}
+                                            for (m, gi), c in zip(members, codes, strict=True)]})
 
     async def offset_commit(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         body = req.body
         generation = _get(body, "generation_id_or_member_epoch", _get(body, "generation_id", -1))
         pb = group_pb2.OffsetCommitRequest(group_id=body.group_id, generation_id=generation,
-                                           member_id=body.member_id)
+                                           member_id=body.member_id,
+                                           group_instance_id=_get(body, "group_instance_id") or "")
         for t in body.topics:
             for p in t.partitions:
                 pb.partitions.add(topic=t.name, partition=p.partition_index, offset=p.committed_offset,
@@ -381,7 +389,8 @@ class KafkaApis:
             {"error_code": g.error_code, "group_id": g.group_id, "group_state": g.state,
              "protocol_type": g.protocol_type, "protocol_data": g.protocol_name,
              "authorized_operations": codec.NO_AUTHORIZED_OPERATIONS,
-             "members": [{"member_id": m.member_id, "group_instance_id": None, "client_id": m.client_id,
+             "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id or None,
+                          "client_id": m.client_id,
                           "client_host": m.client_host, "member_metadata": m.metadata,
                           "member_assignment": m.assignment} for m in g.members]}
             for g in out.groups]})

@@ -73,3 +73,18 @@ def test_unknown_kinds_and_versions_are_skipped_not_fatal() -> None:
 def test_overlong_names_are_refused() -> None:
     with pytest.raises(errors.InvalidRequestError):
         rec.group_key("x" * 70_000)
+
+
+def test_static_members_keep_their_instance_ids_across_a_coordinator_move() -> None:
+    g = Group("g", protocol_type="consumer", protocol_name="range", generation_id=4, leader_id="a-1",
+              state=GroupState.STABLE)
+    g.members = {"a-1": Member("a-1", "c", "h", 10_000, 30_000, [("range", b"s")], 0, assignment=b"A",
+                               group_instance_id="a"),
+                 "d-2": Member("d-2", "c", "h", 10_000, 30_000, [("range", b"s")], 0, assignment=b"D")}
+    g.static_members = {"a": "a-1"}
+    parsed = rec.parse_record(rec.group_key("g"), rec.encode_group_value(g), 0)
+    assert isinstance(parsed, rec.GroupRecord) and parsed.value is not None
+    restored = Group("g")
+    rec.restore_group(restored, parsed.value, now_ms=5000)
+    assert restored.static_members == {"a": "a-1"}
+    assert restored.members["a-1"].group_instance_id == "a" and restored.members["d-2"].group_instance_id == ""

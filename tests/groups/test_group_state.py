@@ -282,3 +282,121 @@ def test_standalone_commits_expire_one_by_one() -> None:
     g.apply_offset(TP("t", 1), OffsetEntry(6, -1, "", 5000))
     assert g.expired_offsets(6000, 4000) == ([TP("t", 0)], False)
     assert g.expired_offsets(9000, 4000) == ([TP("t", 0), TP("t", 1)], True)
+
+
+# ---- static membership (KIP-345) ----
+
+def static_join(h: Harness, instance: str, member_id: str = "", protocols=(("range", b"sub"),)) -> list[JoinResult]:
+    results: list[JoinResult] = []
+    h.group.join(member_id=member_id, client_id=f"client-{instance}", client_host="h", session_timeout_ms=SESSION_MS,
+                 rebalance_timeout_ms=REBALANCE_MS, protocol_type="consumer", protocols=list(protocols),
+                 callback=results.append, now_ms=h.now_ms, group_instance_id=instance)
+    return results
+
+
+def stable_static_pair(h: Harness) -> tuple[str, str]:
+    """Static members a and b joined (no MEMBER_ID_REQUIRED step) and synced: Stable, generation 1."""
+    ja, jb = static_join(h, "a"), static_join(h, "b")
+    assert not ja and not jb, "both wait for the join phase"  # not asked to come back with an id
+    h.advance(100)
+    a, b = h.group.static_members["a"], h.group.static_members["b"]
+    assert ja[0].error_code == ErrorCode.NONE and jb[0].error_code == ErrorCode.NONE
+    assert h.group.leader_id == a
+    h.sync(b, 1)
+    h.sync(a, 1, {a: b"A", b: b"B"})
+    assert h.group.state == GroupState.STABLE and h.syncs[b][0].assignment == b"B"
+    return a, b
+
+
+def test_a_restarted_static_member_takes_its_place_without_a_rebalance() -> None:
+    h = Harness(delay_ms=100)  # both gather into the first generation
+    a, b = stable_static_pair(h)
+    h.group.persist_needed = False
+    h.advance(SESSION_MS // 2)  # b's old process died; its session has not run out
+    again = static_join(h, "b")
+    assert len(again) == 1 and again[0].error_code == ErrorCode.NONE, again
+    new_b = again[0].member_id
+    assert new_b != b and h.group.static_members["b"] == new_b
+    # Same generation, no rebalance, and the answer names the current leader: b does not assign.
+    assert (again[0].generation_id, again[0].leader, again[0].members) == (1, a, ())
+    assert h.group.state == GroupState.STABLE and h.group.generation_id == 1
+    assert h.group.persist_needed, "the new member id must reach the log"
+    assert h.sync(new_b, 1)[0].assignment == b"B", "it gets the assignment the old process had"
+    # The old process's id is fenced everywhere, not merely unknown.
+    assert h.group.heartbeat(member_id=b, generation_id=1, now_ms=h.now_ms, group_instance_id="b") == \
+        ErrorCode.FENCED_INSTANCE_ID
+    assert h.group.validate_commit(b, 1, h.now_ms, "b") == ErrorCode.FENCED_INSTANCE_ID
+    assert h.sync(b, 1)[0].error_code == ErrorCode.UNKNOWN_MEMBER_ID  # without the instance id: just unknown
+    assert static_join(h, "b", member_id=b)[0].error_code == ErrorCode.FENCED_INSTANCE_ID
+    assert h.group.heartbeat(member_id=new_b, generation_id=1, now_ms=h.now_ms, group_instance_id="b") == \
+        ErrorCode.NONE
+    assert h.group.heartbeat(member_id=a, generation_id=1, now_ms=h.now_ms) == ErrorCode.NONE
+
+
+def test_a_restarted_static_leader_is_answered_as_a_follower() -> None:
+    h = Harness(delay_ms=100)  # both gather into the first generation
+    a, b = stable_static_pair(h)
+    again = static_join(h, "a")
+    new_a = again[0].member_id
+    assert again[0].error_code == ErrorCode.NONE and again[0].leader == a != new_a and again[0].members == ()
+    assert h.group.leader_id == new_a and h.group.state == GroupState.STABLE
+    assert h.sync(new_a, 1)[0].assignment == b"A"
+
+
+def test_a_static_member_rejoining_rebalances_only_when_the_chosen_protocol_would_change() -> None:
+    """As Kafka's coordinator (JoinGroup up to v8): other metadata under the same chosen protocol keeps the
+    group Stable; a change of preference that changes the chosen protocol rebalances."""
+    h = Harness(delay_ms=100)
+    both, reverse = (("range", b"s"), ("roundrobin", b"s")), (("roundrobin", b"s"), ("range", b"s"))
+    for instance, protocols in (("a", both), ("b", reverse), ("c", reverse)):
+        static_join(h, instance, protocols=protocols)
+    h.advance(100)
+    g = h.group
+    a, b, c = (g.static_members[i] for i in "abc")
+    assert g.protocol_name == "roundrobin" and g.leader_id == a
+    h.sync(b, 1)
+    h.sync(c, 1)
+    h.sync(a, 1, {a: b"A", b: b"B", c: b"C"})
+    assert g.state == GroupState.STABLE
+    same = static_join(h, "b", protocols=(("roundrobin", b"other metadata"), ("range", b"s")))
+    assert same[0].error_code == ErrorCode.NONE and g.state == GroupState.STABLE
+    moved = static_join(h, "c", protocols=both)  # range now has two first choices of three
+    assert moved == [] and g.state == GroupState.PREPARING_REBALANCE, (moved, g.state)
+    assert g.heartbeat(member_id=a, generation_id=1, now_ms=h.now_ms) == ErrorCode.REBALANCE_IN_PROGRESS
+
+
+def test_a_restart_during_the_assignment_fences_the_old_waiter_and_rebalances() -> None:
+    h = Harness(delay_ms=100)  # both gather into the first generation
+    static_join(h, "a")
+    static_join(h, "b")
+    h.advance(100)
+    b = h.group.static_members["b"]
+    old_sync = h.sync(b, 1)  # waits for the leader's assignment
+    assert old_sync == [] and h.group.state == GroupState.COMPLETING_REBALANCE
+    again = static_join(h, "b")
+    assert old_sync[0].error_code == ErrorCode.FENCED_INSTANCE_ID
+    assert again == [] and h.group.state == GroupState.PREPARING_REBALANCE
+
+
+def test_static_members_leave_by_instance_id_and_expire_with_their_session() -> None:
+    h = Harness(delay_ms=100)  # both gather into the first generation
+    a, b = stable_static_pair(h)
+    g = h.group
+    assert g.leave("", h.now_ms, "nobody") == ErrorCode.UNKNOWN_MEMBER_ID
+    assert g.leave("someone-else", h.now_ms, "b") == ErrorCode.FENCED_INSTANCE_ID
+    assert g.has_member(b) and g.state == GroupState.STABLE
+    assert g.leave("", h.now_ms, "b") == ErrorCode.NONE  # an admin's removal names the instance only
+    assert not g.has_member(b) and "b" not in g.static_members and g.state == GroupState.PREPARING_REBALANCE
+    # a alone: its session runs out (static members do not leave on close) and its id is free again.
+    h.join("client-a", member_id=a)
+    h.sync(a, g.generation_id, {a: b"A"})
+    h.advance(SESSION_MS)
+    assert g.is_empty() and g.static_members == {} and g.state == GroupState.EMPTY
+    assert static_join(h, "a") == [] and g.static_members["a"] != a
+
+
+def test_a_static_member_with_a_known_id_rejoins_like_a_dynamic_one() -> None:
+    h = Harness(delay_ms=100)  # both gather into the first generation
+    a, b = stable_static_pair(h)
+    assert static_join(h, "b", member_id=b) == []  # a rejoin with its own id: a normal rebalance
+    assert h.group.state == GroupState.PREPARING_REBALANCE and h.group.static_members["b"] == b

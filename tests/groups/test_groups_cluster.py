@@ -514,7 +514,8 @@ def _committed_or_none(coord: GroupCoordinatorClient, tps: list[TP]) -> dict | N
 class ThreadedMember:
     """An in-process consumer polling in its own thread (a blocked join must not stall the others)."""
 
-    def __init__(self, cluster: LocalCluster, group: str, topic: str, name: str) -> None:
+    def __init__(self, cluster: LocalCluster, group: str, topic: str, name: str, *, instance_id: str | None = None,
+                 session_ms: int = SESSION_MS) -> None:
         self.name = name
         self.revoked: list[set[TP]] = []
         self.lock = threading.Lock()
@@ -536,8 +537,9 @@ class ThreadedMember:
 
         self.consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=group, client_id=name,
                                  auto_offset_reset="earliest", enable_auto_commit=False,
-                                 session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500,
-                                 max_poll_interval_ms=20_000, partition_assignment_strategy="cooperative-sticky")
+                                 session_timeout_ms=session_ms, heartbeat_interval_ms=500,
+                                 max_poll_interval_ms=20_000, partition_assignment_strategy="cooperative-sticky",
+                                 group_instance_id=instance_id)
         self.consumer.subscribe([topic], listener=Listener())
         self.thread = threading.Thread(target=self._run, daemon=True, name=name)
         self.thread.start()
@@ -594,6 +596,46 @@ def test_cooperative_sticky_rebalances_on_new_partitions_and_moves_only_what_it_
         revoked = [tp for m in members for r in m.revoked for tp in r]
         assert len(revoked) == 1, f"cooperative rebalance should revoke exactly the moved partition, saw {revoked}"
         assert members[2].assignment() == set(revoked)
+    finally:
+        for m in members:
+            m.close()
+
+
+def test_static_members_restart_without_a_rebalance_and_a_twin_fences_the_older(cluster: LocalCluster) -> None:
+    """Brook's consumer with group_instance_id (KIP-345): closing does not leave; the same instance id
+    back within the session gets the same partitions in the same generation, the other member untouched;
+    a second process with that instance id replaces the running one, whose next poll() raises
+    FENCED_INSTANCE_ID."""
+    topic, group = "static", "g-static"
+    create_topic(cluster, topic, 4)
+    members: list[ThreadedMember] = []
+
+    def static(name: str, instance: str) -> ThreadedMember:
+        members.append(ThreadedMember(cluster, group, topic, name, instance_id=instance, session_ms=30_000))
+        return members[-1]
+
+    def described() -> Any:
+        with Admin(cluster.bootstrap_servers) as admin:
+            return admin.describe_groups([group])[group]
+    try:
+        a, b = static("a", "a"), static("b", "b")
+        wait_for(lambda: len(a.assignment()) == len(b.assignment()) == 2 and not a.assignment() & b.assignment(),
+                 60, "a and b with two partitions each")
+        b_owned, a_owned = b.assignment(), a.assignment()
+        before = described()
+        assert sorted(m.group_instance_id for m in before.members) == ["a", "b"], before.members
+        b.close()
+        b2 = static("b2", "b")
+        wait_for(lambda: b2.assignment() == b_owned, 30, lambda: f"b2 to get {b_owned} back, has {b2.assignment()}")
+        after = described()
+        assert after.generation_id == before.generation_id and after.state == "Stable", (before, after)
+        assert a.assignment() == a_owned and not [r for r in a.revoked if r], a.revoked
+
+        b3 = static("b3", "b")
+        wait_for(lambda: b2.error is not None, 30, "b2 fenced once b3 took its instance id")
+        assert isinstance(b2.error, errors.BrookError) and b2.error.code == errors.ErrorCode.FENCED_INSTANCE_ID, b2.error
+        wait_for(lambda: b3.assignment() == b_owned, 30, lambda: f"b3 to hold {b_owned}, has {b3.assignment()}")
+        assert described().generation_id == before.generation_id
     finally:
         for m in members:
             m.close()

@@ -246,6 +246,86 @@ def test_confluent_rebalance_across_two_consumers(kconf, make_topic) -> None:
             b.close()
 
 
+def test_confluent_static_member_restarts_without_a_rebalance_and_a_twin_is_fenced(kconf, admin: Admin,
+                                                                                       make_topic) -> None:
+    """KIP-345 with librdkafka's group.instance.id: a static member that closes (no LeaveGroup) and comes
+    back within its session gets its partitions again in the same generation, the other member untouched;
+    a second process started with the same instance id takes the place, and the one it replaced is fenced
+    (FENCED_INSTANCE_ID, fatal for librdkafka). Brook's and Kafka's admin both show the instance ids."""
+    from confluent_kafka import Consumer, KafkaError
+    from confluent_kafka.admin import AdminClient
+
+    topic = make_topic(partitions=4)
+    group = unique("rdk-static")
+    events: dict[str, list[Any]] = {}
+    errors_seen: dict[str, list[Any]] = {}
+
+    def member(instance: str, name: str) -> Any:
+        events[name], errors_seen[name] = [], []
+        c = Consumer(rdkafka_config(kconf, **{
+            "group.id": group, "group.instance.id": instance, "auto.offset.reset": "earliest",
+            "session.timeout.ms": 30_000, "heartbeat.interval.ms": 300,
+            "error_cb": lambda err: errors_seen[name].append(err)}))
+        consumers[c] = name
+        c.subscribe([topic], on_assign=lambda _c, ps: events[name].append(("assign", {p.partition for p in ps})),
+                    on_revoke=lambda _c, ps: events[name].append(("revoke", {p.partition for p in ps})))
+        return c
+
+    consumers: dict[Any, str] = {}
+
+    def owned(c: Any) -> set[int]:
+        msg = c.poll(0.2)
+        if msg is not None and msg.error() is not None:  # librdkafka hands a consumer's errors to poll()
+            errors_seen[consumers[c]].append(msg.error())
+        return {tp.partition for tp in c.assignment()}
+
+    def generation() -> int:
+        return admin.describe_groups([group])[group].generation_id
+
+    a, b = member("a", "a"), member("b", "b")
+    open_consumers = [a, b]
+    try:
+        def split() -> tuple[set[int], set[int]] | None:
+            sa, sb = owned(a), owned(b)
+            return (sa, sb) if sa and sb and not sa & sb and sa | sb == {0, 1, 2, 3} else None
+        _, b_owned = wait_for(split, 45, lambda: f"a and b to share the partitions; events {events}")
+        gen = generation()
+        described = admin.describe_groups([group])[group]
+        assert sorted(m.group_instance_id for m in described.members) == ["a", "b"], described
+        a_events = list(events["a"])
+
+        b.close()  # a static member does not leave on close: its place waits for it for its session
+        open_consumers.remove(b)
+        b2 = member("b", "b2")
+        open_consumers.append(b2)
+        wait_for(lambda: owned(b2) == b_owned and owned(a), 30,
+                 lambda: f"the restarted b to get its partitions {b_owned} back; events {events}")
+        assert generation() == gen, "the restart of a static member rebalanced the group"
+        assert events["a"] == a_events, f"a was disturbed: {events['a']}"
+
+        rd_admin = AdminClient(rdkafka_config(kconf))
+        rd_group = rd_admin.describe_consumer_groups([group])[group].result(timeout=30)
+        assert sorted(m.group_instance_id for m in rd_group.members) == ["a", "b"], rd_group.members
+
+        b3 = member("b", "b3")  # the same instance id, while b2 runs
+        open_consumers.append(b3)
+
+        def b2_fenced() -> bool:
+            owned(b3)
+            owned(b2)
+            return any(e.code() == KafkaError.FENCED_INSTANCE_ID
+                       or (e.code() == KafkaError._FATAL and "fenced" in e.str()) for e in errors_seen["b2"])
+        wait_for(b2_fenced, 30, lambda: f"b2 fenced by b3; b2 saw {errors_seen['b2']}, events {events}")
+        wait_for(lambda: owned(b3) == b_owned, 30, lambda: f"b3 to hold {b_owned}; events {events}")
+        assert generation() == gen
+    finally:
+        for c in open_consumers:
+            try:
+                c.close()
+            except Exception:  # a fenced consumer's close reports the fatal error again
+                pass
+
+
 def test_confluent_admin_client_topics_and_configs(kconf) -> None:
     from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
