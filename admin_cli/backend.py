@@ -198,6 +198,9 @@ class Backend:
     def delete_groups(self, group_ids: Sequence[str]) -> None:
         self.admin.delete_groups(group_ids)
 
+    def remove_group_members(self, group_id: str, instance_ids: Sequence[str]) -> None:
+        self.admin.remove_group_members(group_id, instance_ids)
+
     def reset_group_offsets(self, group_id: str, topic: str, partition: int, kind: str, value: int,
                             *, dry_run: bool) -> dict[TopicPartition, tuple[int, int]]:
         return self.admin.reset_group_offsets(group_id, [(topic, partition, kind, value)], dry_run=dry_run)

@@ -1,4 +1,4 @@
-"""``brook group``: list, describe, seek (reset offsets), delete consumer groups."""
+"""``brook group``: list, describe, seek (reset offsets), remove static members, delete consumer groups."""
 
 from __future__ import annotations
 
@@ -122,6 +122,27 @@ def seek(
     show(st, {"group": group, "dry_run": dry_run, "offsets": rows},
          table(f"Group {group}: {verb} offsets", ["TOPIC", "PARTITION", "FROM", "TO"],
                [[r["topic"], r["partition"], _unknown(r["previous_offset"]), r["offset"]] for r in rows]))
+
+
+@app.command("remove-member", epilog="Examples:\n\nbrook group remove-member billing --instance worker-3")
+def remove_member(
+    ctx: typer.Context,
+    group: Annotated[str, typer.Argument(help="Group id.")],
+    instances: Annotated[list[str], typer.Option("--instance", "-i",
+                                                 help="group.instance.id of a static member (repeatable).")],
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Remove static members now instead of after their session timeout; the group rebalances without them."""
+    st = state(ctx, bootstrap, output)
+    g = st.backend.describe_group(group)
+    present = {m.group_instance_id for m in g.members if m.group_instance_id}
+    missing = [i for i in instances if i not in present]
+    if missing:  # before anything is removed
+        raise CliError(f"group {group} has no static member {', '.join(missing)} (its static members: "
+                       f"{', '.join(sorted(present)) or 'none'}); nothing removed")
+    st.backend.remove_group_members(group, instances)
+    ok(st, f"removed {', '.join(instances)} from group {group}", {"group": group, "removed": instances})
 
 
 @app.command(epilog="Examples:\n\nbrook group delete billing\n\nbrook group delete old-1 old-2")

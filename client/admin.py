@@ -701,6 +701,21 @@ class Admin:
                     raise err
         return out
 
+    def remove_group_members(self, group_id: str, instance_ids: Iterable[str]) -> None:
+        """Remove static members (by ``group.instance.id``) from a group now, instead of after their session
+        timeout: the group rebalances without them (Kafka's ``removeMembersFromConsumerGroup``). Raises the
+        first member's error (UNKNOWN_MEMBER_ID for an instance id not in the group); the others still go."""
+        ids = [str(i) for i in instance_ids]
+        if not ids or any(not i for i in ids):
+            raise errors.InvalidRequestError(f"name the instance ids to remove, got {ids}")
+        r = self._group_call(group_id, "LeaveGroup", group_pb2.LeaveGroupRequest(
+            group_id=group_id, reason="removed by an admin",
+            members=[group_pb2.LeaveGroupMember(group_instance_id=i) for i in ids]), lambda resp: [resp])
+        errors.raise_for(r.error_code, r.error_message or f"group {group_id!r}")
+        for m in r.members:
+            errors.raise_for(m.error_code, f"group {group_id!r}: instance {m.group_instance_id!r} "
+                                           f"({errors.code_name(m.error_code)})")
+
     def list_group_offsets(self, group_id: str) -> dict[TopicPartition, OffsetAndMetadata]:
         found = self._group(group_id).committed(None)
         return {tp: om for tp, om in found.items() if om is not None}

@@ -177,6 +177,35 @@ def test_group_commands(brook) -> None:
     assert "cli-group" not in {g["group"] for g in brook("group", "list", "-o", "json").json()}
 
 
+def test_group_remove_member_ends_a_static_members_place(brook, ops_cluster: LocalCluster) -> None:
+    """A closed static member keeps its place for its session; `brook group remove-member` ends it now."""
+    from waiting import wait_for
+
+    from client.consumer import Consumer
+
+    assert brook("topic", "create", "static-cli", "-p", "2", "-r", "2").code == 0
+    consumer = Consumer(bootstrap_servers=ops_cluster.bootstrap_servers, group_id="static-cli",
+                        group_instance_id="worker-1", session_timeout_ms=60_000, heartbeat_interval_ms=500,
+                        auto_offset_reset="earliest")
+    try:
+        consumer.subscribe(["static-cli"])
+        wait_for(lambda: consumer.poll(100) is not None and consumer.assignment(), 30, "worker-1 assigned")
+    finally:
+        consumer.close()  # static: no LeaveGroup
+
+    def members() -> list[str | None]:
+        return [m["instance_id"] for m in brook("group", "describe", "static-cli", "-o", "json").json()["members"]]
+    assert members() == ["worker-1"]
+    table = brook("group", "describe", "static-cli")
+    assert "INSTANCE" in table.out and "worker-1" in table.out, table.out
+    r = brook("group", "remove-member", "static-cli", "--instance", "worker-2")
+    assert r.code == 1 and "no static member worker-2" in r.err and "worker-1" in r.err, r
+    assert members() == ["worker-1"]  # refused: nothing removed
+    r = brook("group", "remove-member", "static-cli", "--instance", "worker-1")
+    assert r.code == 0 and "removed worker-1" in r.out, r
+    assert members() == []
+
+
 def test_cluster_info_quorum_and_health(brook, ops_cluster: LocalCluster) -> None:
     info = brook("cluster", "info", "-o", "json").json()
     assert sorted(b["node_id"] for b in info["brokers"]) == ops_cluster.broker_ids
