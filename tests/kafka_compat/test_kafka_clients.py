@@ -426,6 +426,56 @@ async def test_aiokafka_producer_and_group_consumer(kconf, make_topic) -> None:
     assert {(r.partition, r.offset) for r in got} == {(m.partition, m.offset) for m in metas}
 
 
+async def test_aiokafka_static_member_restarts_without_a_rebalance(kconf, admin: Admin, make_topic) -> None:
+    """aiokafka's group_instance_id: a stopped static member's place waits; started again it gets the same
+    partitions in the same generation."""
+    from aiokafka import AIOKafkaConsumer
+
+    topic, group = make_topic(partitions=4), unique("aio-static")
+
+    async def member(instance: str) -> Any:
+        c = AIOKafkaConsumer(topic, bootstrap_servers=kconf["bootstrap.servers"], group_id=group,
+                             group_instance_id=instance, session_timeout_ms=30_000, heartbeat_interval_ms=300,
+                             auto_offset_reset="earliest")
+        await c.start()
+        return c
+
+    async def owned(c: Any) -> set[int]:
+        await c.getmany(timeout_ms=100)
+        return {tp.partition for tp in c.assignment()}
+
+    async def until(cond: Callable[[], Any], what: str) -> Any:
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline:
+            if found := await cond():
+                return found
+        raise AssertionError(f"timed out waiting for {what}")
+
+    a, b = await member("a"), await member("b")
+    running = [a, b]
+    try:
+        async def split() -> tuple[set[int], set[int]] | None:
+            sa, sb = await owned(a), await owned(b)
+            return (sa, sb) if sa and sb and not sa & sb and sa | sb == {0, 1, 2, 3} else None
+        _, b_owned = await until(split, "a and b to share the partitions")
+        before = admin.describe_groups([group])[group]
+        await b.stop()
+        running.remove(b)
+        b2 = await member("b")
+        running.append(b2)
+
+        async def b_back() -> bool:
+            await owned(a)
+            return await owned(b2) == b_owned
+        await until(b_back, f"the restarted b to get {b_owned} back")
+        after = admin.describe_groups([group])[group]
+        assert after.generation_id == before.generation_id, (before, after)
+        assert sorted(m.group_instance_id for m in after.members) == ["a", "b"]
+    finally:
+        for c in running:
+            await c.stop()
+
+
 # ---------------------------------------------------------------------------- cross-reads
 
 
