@@ -100,8 +100,10 @@ class Partition:
         self.pending_isr: tuple[int, ...] | None = None  # in-flight AlterPartition
         self.leader_epoch_start_offset = 0
         self.followers: dict[int, FollowerProgress] = {}
-        # Bumped on every append, HW move and role change: long-polling consumer fetches
-        # compare it to know whether anything happened while they were registering.
+        # Bumped on every HW move and role change: long-polling consumer fetches compare it to
+        # know whether anything happened while they were registering. Not on appends: a
+        # consumer reads below the HW, so an append gives it nothing until the HW moves (its
+        # own bump), and waking every parked consumer at each append cost each a re-read.
         self.change_seq = 0
         # Bumped on appends and role changes only. A follower's long poll waits on this one:
         # a HW move alone gives it nothing to replicate (it learns the HW with its next data),
@@ -304,7 +306,6 @@ class Partition:
         if not getattr(info, "duplicate", False):
             self.messages_in_total += info.num_records
             self.bytes_in_total += len(records)
-        self.change_seq += 1
         self.data_seq += 1
         self.appended.notify_all()
         self._maybe_increment_hw()

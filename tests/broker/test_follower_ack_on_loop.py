@@ -51,8 +51,9 @@ def start_fetch(rm: ReplicaManager, req: broker_pb2.FetchRequest, hops: list[str
     """fetch_async as the broker calls it (no byte budget for replication); each executor read
     it makes is named in ``hops``."""
     async def run(fn: Callable[[], Any]) -> Any:
-        hops.append("executor")
-        return await asyncio.get_running_loop().run_in_executor(None, fn)
+        result = await asyncio.get_running_loop().run_in_executor(None, fn)
+        hops.append("executor")  # once the read is done: a read in flight across hops.clear() counts after it
+        return result
 
     async def reserve(n: int) -> int:
         return 0
@@ -233,6 +234,27 @@ def test_a_consumer_woken_by_a_commit_reads_the_tail_on_the_loop(rm: ReplicaMana
     assert resp.partitions[0].high_watermark == 3, resp.partitions[0]
     got = [h.base_offset for _, h in iter_batches(resp.partitions[0].records)]
     assert got == [0, 1], f"two whole batches, under the loop's cap: {got}"
+
+
+def test_an_append_alone_does_not_wake_a_parked_consumer(rm: ReplicaManager) -> None:
+    # A consumer reads below the HW: an append that has not committed anything gives it nothing, so it
+    # must stay parked (each wake would cost it a read for nothing; this test once caught one of those
+    # reads running across the commit). The commit then wakes it with the data.
+    hops: list[str] = []
+
+    async def scenario() -> None:
+        parked = asyncio.ensure_future(start_fetch(rm, consumer_fetch(0), hops))
+        await await_for(lambda: rm.fetch_purgatory.watched(("t", 0)), 10, "the consumer fetch to park")
+        for i in range(3):
+            rm.append_records("t", 0, one_batch(), acks=1, timeout_ms=5000, blocking=False).result(timeout=0)
+            # The append checked the parked fetches before returning: a woken one is done by now.
+            assert rm.fetch_purgatory.watched(("t", 0)) == 1, f"append {i} woke the parked consumer"
+            await asyncio.sleep(0)
+        assert not parked.done()
+        await start_fetch(rm, follower_fetch(3), [])  # follower 2 has the 3 batches: the HW moves
+        resp, _ = await asyncio.wait_for(parked, 5)
+        assert [h.base_offset for _, h in iter_batches(resp.partitions[0].records)] == [0, 1, 2], resp
+    asyncio.run(scenario())
 
 
 def test_a_consumer_asking_more_than_the_loop_reads_is_read_on_the_executor(rm: ReplicaManager) -> None:
