@@ -293,6 +293,7 @@ _SECURITY = [
 _TOPIC_DEFAULTS = [
     ("log.segment.bytes", "segment.bytes"),
     ("log.roll.ms", "segment.ms"),
+    ("log.roll.jitter.ms", "segment.jitter.ms"),
     ("log.index.size.max.bytes", "segment.index.bytes"),
     ("log.index.interval.bytes", "index.interval.bytes"),
     ("log.retention.ms", "retention.ms"),
@@ -318,6 +319,7 @@ _COARSE_UNITS = {
     "log.retention.hours": ("log.retention.ms", 3600 * 1000),
     "log.retention.minutes": ("log.retention.ms", 60 * 1000),
     "log.roll.hours": ("log.roll.ms", 3600 * 1000),
+    "log.roll.jitter.hours": ("log.roll.jitter.ms", 3600 * 1000),
 }
 
 

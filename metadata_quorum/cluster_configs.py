@@ -40,6 +40,7 @@ BROKER_DEFAULT_KEYS: Mapping[str, str] = {
     "segment.bytes": "log.segment.bytes",
     "segment.index.bytes": "log.index.size.max.bytes",
     "segment.ms": "log.roll.ms",
+    "segment.jitter.ms": "log.roll.jitter.ms",
     "unclean.leader.election.enable": "unclean.leader.election.enable",
 }
 TOPIC_KEY_OF: Mapping[str, str] = {broker: topic for topic, broker in BROKER_DEFAULT_KEYS.items()}

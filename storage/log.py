@@ -17,6 +17,7 @@ import bisect
 import contextlib
 import logging
 import os
+import random
 import shutil
 import threading
 import time
@@ -109,6 +110,7 @@ class Log:
         self.topic, self.partition = parse_partition_dir(directory.name)
         self._config = config
         self._validator = LogValidator(config)
+        self._roll_jitter_ms = roll_jitter_ms(config)  # taken off segment.ms for the active segment
         self.invalid_appends_total = 0  # leader appends refused by validation (metrics read it)
         self._refused_logged_s = -_REFUSED_LOG_INTERVAL_S
         self._lock = threading.RLock()
@@ -526,8 +528,9 @@ class Log:
             return ""
         if seg.size + size > c.segment_bytes:
             return f"size {seg.size} + {size} > segment.bytes {c.segment_bytes}"
-        if now - seg.rolling_base_ms() > c.segment_ms:
-            return f"age {now - seg.rolling_base_ms()} ms > segment.ms {c.segment_ms}"
+        if now - seg.rolling_base_ms() > c.segment_ms - self._roll_jitter_ms:
+            return (f"age {now - seg.rolling_base_ms()} ms > segment.ms {c.segment_ms}"
+                    + (f" - jitter {self._roll_jitter_ms}" if self._roll_jitter_ms else ""))
         if seg.index.is_full() or seg.time_index.is_full():
             return "index full"
         if not seg.can_hold_offset(last_offset):
@@ -539,6 +542,7 @@ class Log:
         if old.size == 0 and old.base_offset == base_offset:
             return old
         old.on_become_inactive()
+        self._roll_jitter_ms = roll_jitter_ms(self._config)
         new = self._new_segment(base_offset, writable=True, now_ms=now)
         self._set_segments(list(self._segments) + [new])
         return new
@@ -827,6 +831,9 @@ class Log:
     # ------------------------------------------------------------------ lifecycle
     def update_config(self, config: LogConfig) -> None:
         with self._lock:
+            if (config.segment_ms, config.segment_jitter_ms) != (self._config.segment_ms,
+                                                                 self._config.segment_jitter_ms):
+                self._roll_jitter_ms = roll_jitter_ms(config)
             self._config = config
             self._validator = LogValidator(config)
 
@@ -860,6 +867,16 @@ class Log:
 
     def __repr__(self) -> str:
         return f"Log({self.topic}-{self.partition}, start={self._log_start_offset}, end={self._log_end_offset})"
+
+
+_jitter_random = random.Random()
+
+
+def roll_jitter_ms(config: LogConfig) -> int:
+    """A segment's share of ``segment.jitter.ms`` (Kafka's randomSegmentJitter): uniform in
+    [0, min(jitter, segment.ms)), drawn when the segment becomes the active one."""
+    bound = min(config.segment_jitter_ms, config.segment_ms)
+    return _jitter_random.randrange(bound) if bound > 0 else 0
 
 
 def _recompress(buf: bytearray, headers: list[BatchHeader], codec: int) -> bytearray:

@@ -84,6 +84,9 @@ _DEFS = [
     ConfigDef("segment.bytes", "int", str(1024 * 1024 * 1024), "Roll a segment at this size.", _at_least(14)),
     ConfigDef("segment.index.bytes", "int", str(10 * 1024 * 1024), "Largest index file.", _at_least(8)),
     ConfigDef("segment.ms", "long", str(7 * 24 * 3600 * 1000), "Roll a segment at this age.", _at_least(1)),
+    ConfigDef("segment.jitter.ms", "long", "0",
+              "Largest random time taken off segment.ms for each new segment, so partitions created together "
+              "do not all roll at once.", _at_least(0)),
     ConfigDef("unclean.leader.election.enable", "bool", "false",
               "Allow an out-of-sync replica to become leader (may lose data)."),
 ]
@@ -149,6 +152,7 @@ class LogConfig:
 
     segment_bytes: int = int(TOPIC_CONFIGS["segment.bytes"].default)
     segment_ms: int = int(TOPIC_CONFIGS["segment.ms"].default)
+    segment_jitter_ms: int = int(TOPIC_CONFIGS["segment.jitter.ms"].default)
     segment_index_bytes: int = int(TOPIC_CONFIGS["segment.index.bytes"].default)
     index_interval_bytes: int = int(TOPIC_CONFIGS["index.interval.bytes"].default)
     max_message_bytes: int = int(TOPIC_CONFIGS["max.message.bytes"].default)
@@ -177,6 +181,7 @@ class LogConfig:
         return cls(
             segment_bytes=v["segment.bytes"],  # type: ignore[arg-type]
             segment_ms=v["segment.ms"],  # type: ignore[arg-type]
+            segment_jitter_ms=v["segment.jitter.ms"],  # type: ignore[arg-type]
             segment_index_bytes=v["segment.index.bytes"],  # type: ignore[arg-type]
             index_interval_bytes=v["index.interval.bytes"],  # type: ignore[arg-type]
             max_message_bytes=v["max.message.bytes"],  # type: ignore[arg-type]

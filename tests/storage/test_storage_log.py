@@ -131,6 +131,30 @@ def test_roll_by_time(tmp_path: Path) -> None:
     lg.close()
 
 
+def test_segment_jitter_rolls_each_segment_up_to_that_much_early(tmp_path: Path, monkeypatch) -> None:
+    import storage.log as storage_log
+
+    draws: list[int] = []
+    picks = iter([300, 700, 0])
+
+    def fake_randrange(bound: int) -> int:
+        draws.append(bound)
+        return next(picks)
+    monkeypatch.setattr(storage_log._jitter_random, "randrange", fake_randrange)
+    lg = open_log(tmp_path, segment_ms=1000, segment_jitter_ms=5000)
+    assert draws == [1000], "the jitter is drawn below min(segment.jitter.ms, segment.ms)"
+    t0 = now_ms()
+    lg.append_as_leader(make_batch(1, ts=t0), 0, now_ms=t0)
+    lg.append_as_leader(make_batch(1, ts=t0), 0, now_ms=t0 + 650)  # 650 <= 1000 - 300: same segment
+    assert [s.base_offset for s in lg.segments()] == [0]
+    lg.append_as_leader(make_batch(1, ts=t0 + 750), 0, now_ms=t0 + 750)  # 750 > 700: rolled early
+    assert [s.base_offset for s in lg.segments()] == [0, 2]
+    assert draws == [1000, 1000], "each new segment draws its own jitter"
+    lg.append_as_leader(make_batch(1, ts=t0 + 750), 0, now_ms=t0 + 750 + 301)  # 301 > 1000 - 700
+    assert [s.base_offset for s in lg.segments()] == [0, 2, 3]
+    lg.close()
+
+
 def test_roll_when_index_full(tmp_path: Path) -> None:
     lg = open_log(tmp_path, segment_index_bytes=8 * 4, index_interval_bytes=0)
     for _ in range(12):
