@@ -311,6 +311,9 @@ _TOPIC_DEFAULTS = [
     ("log.message.timestamp.after.max.ms", "message.timestamp.after.max.ms"),
     ("message.max.bytes", "max.message.bytes"),
     ("compression.type", "compression.type"),
+    ("compression.gzip.level", "compression.gzip.level"),
+    ("compression.lz4.level", "compression.lz4.level"),
+    ("compression.zstd.level", "compression.zstd.level"),
     ("min.insync.replicas", "min.insync.replicas"),
     ("unclean.leader.election.enable", "unclean.leader.election.enable"),
 ]

@@ -247,11 +247,13 @@ class RecordAccumulator:
         max_block_ms: int,
         delivery_timeout_ms: int,
         retry_backoff_ms: int = 100,
+        compression_level: int | None = None,
     ) -> None:
         self.batch_size = batch_size
         self.linger_s = linger_ms / 1000.0
         self.buffer_memory = buffer_memory
         self.compression = compression
+        self.compression_level = compression_level
         self.max_block_s = max_block_ms / 1000.0
         self.delivery_timeout_s = delivery_timeout_ms / 1000.0
         self.retry_backoff_s = retry_backoff_ms / 1000.0
@@ -358,7 +360,7 @@ class RecordAccumulator:
             self.space_waiters -= 1
 
     def _new_batch(self, tp: TopicPartition) -> ProducerBatch:
-        builder = RecordBatchBuilder(self.compression)
+        builder = RecordBatchBuilder(self.compression, compression_level=self.compression_level)
         batch = ProducerBatch(tp, builder, time.monotonic(), self.delivery_timeout_s)
         self.open_batches[tp] = batch
         dq = self.batches.get(tp)

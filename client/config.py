@@ -79,6 +79,20 @@ def require_int(cfg: Mapping[str, Any], name: str, *, minimum: int = 0, maximum:
     return number
 
 
+def parse_compression_level(cfg: Mapping[str, Any], codec: int) -> int | None:
+    """The producer's compression.<codec>.level for ``codec`` (KIP-390), checked; None for codecs without one."""
+    from storage.compression import CODEC_NAMES, LEVELS, check_level
+
+    if codec not in LEVELS:
+        return None
+    name = f"compression_{CODEC_NAMES[codec]}_level"
+    level = require_int(cfg, name, minimum=LEVELS[codec][0] if LEVELS[codec][2] >= 0 else -1)
+    why = check_level(codec, level)
+    if why is not None:
+        raise errors.InvalidConfigError(f"{name.replace('_', '.')} {why}, got {level}")
+    return level
+
+
 def parse_bool(cfg: Mapping[str, Any], name: str) -> bool:
     value = cfg[name]
     if isinstance(value, bool):

@@ -35,6 +35,7 @@ from client.config import (
     parse_acks,
     parse_bool,
     parse_codec,
+    parse_compression_level,
     require_int,
     security_config,
 )
@@ -49,6 +50,9 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "client_id": "brook-producer",
     "acks": "all",
     "compression_type": "none",
+    "compression_gzip_level": -1,  # KIP-390: levels of the codec compression.type names
+    "compression_lz4_level": 9,
+    "compression_zstd_level": 3,
     "batch_size": 16384,
     "linger_ms": 5,
     "buffer_memory": 32 * 1024 * 1024,
@@ -138,6 +142,7 @@ class Producer:
             linger_ms=linger_ms,
             buffer_memory=buffer_memory,
             compression=codec,
+            compression_level=parse_compression_level(cfg, codec),
             max_block_ms=self.max_block_ms,
             delivery_timeout_ms=delivery_timeout_ms,
             retry_backoff_ms=retry_backoff_ms,

@@ -24,6 +24,9 @@ from storage import log_config
 BROKER_DEFAULT_KEYS: Mapping[str, str] = {
     "cleanup.policy": "log.cleanup.policy",
     "compression.type": "compression.type",
+    "compression.gzip.level": "compression.gzip.level",
+    "compression.lz4.level": "compression.lz4.level",
+    "compression.zstd.level": "compression.zstd.level",
     "delete.retention.ms": "log.cleaner.delete.retention.ms",
     "file.delete.delay.ms": "log.segment.delete.delay.ms",
     "flush.messages": "log.flush.interval.messages",

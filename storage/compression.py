@@ -50,6 +50,13 @@ DEFAULT_MAX_OUTPUT_BYTES = 128 * 1024 * 1024
 
 GZIP_LEVEL = 6  # zlib's default and Java's Deflater default: Kafka's gzip output
 ZSTD_LEVEL = 3  # zstd's default, as Kafka's compression.zstd.level
+LZ4_LEVEL = 9  # Kafka's compression.lz4.level default, which keeps lz4's fast compressor (as Kafka's does)
+# KIP-390's compression.<codec>.level: (lowest, highest, default); gzip's -1 is zlib's default (6).
+LEVELS: dict[int, tuple[int, int, int]] = {
+    CODEC_GZIP: (1, 9, -1),
+    CODEC_LZ4: (1, 17, LZ4_LEVEL),
+    CODEC_ZSTD: (-131072, 22, ZSTD_LEVEL),
+}
 SNAPPY_BLOCK_BYTES = 32 * 1024  # xerial SnappyOutputStream's default block size, as Kafka writes
 
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
@@ -65,11 +72,30 @@ _MAX_MEMBERS = 1 << 16
 _zstd_local = threading.local()
 
 
-def _zstd_compressor() -> zstandard.ZstdCompressor:
-    obj = getattr(_zstd_local, "compressor", None)
+def _zstd_compressor(level: int = ZSTD_LEVEL) -> zstandard.ZstdCompressor:
+    if level == ZSTD_LEVEL:
+        obj = getattr(_zstd_local, "compressor", None)
+        if obj is None:
+            obj = _zstd_local.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        return obj
+    by_level = getattr(_zstd_local, "by_level", None)
+    if by_level is None:
+        by_level = _zstd_local.by_level = {}
+    obj = by_level.get(level)
     if obj is None:
-        obj = _zstd_local.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        if len(by_level) >= 8:  # a thread uses one or two levels; bound the cache anyway
+            by_level.clear()
+        obj = by_level[level] = zstandard.ZstdCompressor(level=level)
     return obj
+
+
+def check_level(codec: int, level: int) -> str | None:
+    """Why ``level`` is not a valid compression.<codec>.level (None when it is)."""
+    low, high, default = LEVELS[codec]
+    if level == default or low <= level <= high:
+        return None
+    extra = f" or {default}" if not low <= default <= high else ""
+    return f"must be between {low} and {high}{extra}"
 
 
 def _zstd_decompressor() -> zstandard.ZstdDecompressor:
@@ -87,20 +113,23 @@ def codec_for_name(name: str) -> int:
         raise errors.InvalidConfigError(f"unknown compression type {name!r}") from None
 
 
-def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
-    """Compress a batch's records section with ``codec`` (Kafka's framing)."""
+def compress(codec: int, data: bytes | bytearray | memoryview, level: int | None = None) -> bytes:
+    """Compress a batch's records section with ``codec`` (Kafka's framing), at ``level`` (KIP-390's
+    compression.<codec>.level; None: the codec's default; snappy has none)."""
     if codec == CODEC_NONE:
         return bytes(data)
     if codec == CODEC_GZIP:
         # compressobj with wbits=31 writes a gzip member; faster than gzip.compress (no mtime call).
-        obj = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+        obj = zlib.compressobj(GZIP_LEVEL if level is None or level < 0 else level, zlib.DEFLATED, 31)
         return obj.compress(data) + obj.flush()
     if codec == CODEC_SNAPPY:
         return _snappy_xerial_compress(data)
     if codec == CODEC_LZ4:
-        return lz4.frame.compress(data, block_linked=False, store_size=False)
+        if level is None or level == LZ4_LEVEL:
+            return lz4.frame.compress(data, block_linked=False, store_size=False)
+        return lz4.frame.compress(data, compression_level=level, block_linked=False, store_size=False)
     if codec == CODEC_ZSTD:
-        return _zstd_compressor().compress(data)
+        return _zstd_compressor(ZSTD_LEVEL if level is None else level).compress(data)
     raise errors.CorruptMessageError(f"unknown compression codec {codec}")
 
 

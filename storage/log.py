@@ -371,7 +371,7 @@ class Log:
         if codec is not None and any(h.compression != codec and not h.is_control for h in headers):
             if not blocking:
                 raise WouldBlock("recompression")
-            buf = _recompress(buf, headers, codec)
+            buf = _recompress(buf, headers, codec, self._config.compression_level(codec))
             headers = validate_batches(buf, max_batch_bytes=self._config.max_message_bytes, allow_empty=False)
         if len(buf) > self._config.segment_bytes:
             raise errors.RecordListTooLargeError(
@@ -879,7 +879,7 @@ def roll_jitter_ms(config: LogConfig) -> int:
     return _jitter_random.randrange(bound) if bound > 0 else 0
 
 
-def _recompress(buf: bytearray, headers: list[BatchHeader], codec: int) -> bytearray:
+def _recompress(buf: bytearray, headers: list[BatchHeader], codec: int, level: int | None = None) -> bytearray:
     """Re-encode batches with the topic's ``compression.type`` (Kafka's broker-side recompression).
 
     The only per-record work on the append path, and only for topics that ask for a codec
@@ -895,7 +895,8 @@ def _recompress(buf: bytearray, headers: list[BatchHeader], codec: int) -> bytea
             b = RecordBatchBuilder(codec, producer_id=h.producer_id, producer_epoch=h.producer_epoch,
                                    base_sequence=h.base_sequence, timestamp_type=h.timestamp_type,
                                    is_transactional=h.is_transactional,
-                                   partition_leader_epoch=h.partition_leader_epoch, base_offset=h.base_offset)
+                                   partition_leader_epoch=h.partition_leader_epoch, base_offset=h.base_offset,
+                                   compression_level=level)
             for r in records:
                 b.append(r.timestamp, r.key, r.value, r.headers)
             out += b.build()

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from proto.errors import InvalidConfigError
+from storage.compression import CODEC_GZIP, CODEC_LZ4, CODEC_ZSTD, LEVELS, check_level
 
 COMPRESSION_TYPES = ("producer", "none", "gzip", "snappy", "lz4", "zstd")
 CLEANUP_POLICIES = ("delete", "compact")
@@ -42,6 +43,10 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[object], str | None]:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
 
+def _level(codec: int) -> Callable[[object], str | None]:
+    return lambda v: check_level(codec, v)  # type: ignore[arg-type]
+
+
 def _cleanup_policy(v: object) -> str | None:
     parts = v if isinstance(v, list) else [v]
     if not parts or any(p not in CLEANUP_POLICIES for p in parts):
@@ -54,6 +59,15 @@ _DEFS = [
               _cleanup_policy),
     ConfigDef("compression.type", "string", "producer",
               "Codec the log stores: producer keeps the producer's codec.", _one_of(COMPRESSION_TYPES)),
+    ConfigDef("compression.gzip.level", "int", "-1",
+              "gzip level (1-9; -1: zlib's default, 6) of batches the broker compresses for compression.type.",
+              _level(CODEC_GZIP)),
+    ConfigDef("compression.lz4.level", "int", str(LEVELS[CODEC_LZ4][2]),
+              "lz4 level (1-17; 9, the default, is lz4's fast compressor) of batches the broker compresses.",
+              _level(CODEC_LZ4)),
+    ConfigDef("compression.zstd.level", "int", str(LEVELS[CODEC_ZSTD][2]),
+              "zstd level (-131072 to 22) of batches the broker compresses for compression.type.",
+              _level(CODEC_ZSTD)),
     ConfigDef("delete.retention.ms", "long", str(24 * 3600 * 1000),
               "How long compaction keeps tombstones.", _at_least(0)),
     ConfigDef("file.delete.delay.ms", "long", "60000", "Delay before a deleted segment's files are removed.",
@@ -169,9 +183,17 @@ class LogConfig:
     message_timestamp_after_max_ms: int = int(TOPIC_CONFIGS["message.timestamp.after.max.ms"].default)
     file_delete_delay_ms: int = int(TOPIC_CONFIGS["file.delete.delay.ms"].default)
     compression_type: str = "producer"
+    compression_gzip_level: int = int(TOPIC_CONFIGS["compression.gzip.level"].default)
+    compression_lz4_level: int = int(TOPIC_CONFIGS["compression.lz4.level"].default)
+    compression_zstd_level: int = int(TOPIC_CONFIGS["compression.zstd.level"].default)
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
     max_compaction_lag_ms: int = int(TOPIC_CONFIGS["max.compaction.lag.ms"].default)
+
+    def compression_level(self, codec: int) -> int | None:
+        """The topic's compression.<codec>.level for ``codec`` (None: snappy and none have no level)."""
+        return {CODEC_GZIP: self.compression_gzip_level, CODEC_LZ4: self.compression_lz4_level,
+                CODEC_ZSTD: self.compression_zstd_level}.get(codec)
 
     @classmethod
     def from_overrides(cls, overrides: Mapping[str, str],
@@ -198,6 +220,9 @@ class LogConfig:
             message_timestamp_after_max_ms=v["message.timestamp.after.max.ms"],  # type: ignore[arg-type]
             file_delete_delay_ms=v["file.delete.delay.ms"],  # type: ignore[arg-type]
             compression_type=v["compression.type"],  # type: ignore[arg-type]
+            compression_gzip_level=v["compression.gzip.level"],  # type: ignore[arg-type]
+            compression_lz4_level=v["compression.lz4.level"],  # type: ignore[arg-type]
+            compression_zstd_level=v["compression.zstd.level"],  # type: ignore[arg-type]
             min_insync_replicas=v["min.insync.replicas"],  # type: ignore[arg-type]
             unclean_leader_election_enable=v["unclean.leader.election.enable"],  # type: ignore[arg-type]
             max_compaction_lag_ms=v["max.compaction.lag.ms"],  # type: ignore[arg-type]

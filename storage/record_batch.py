@@ -447,6 +447,7 @@ class RecordBatchBuilder:
 
     __slots__ = (
         "_codec",
+        "_level",
         "_attributes",
         "_producer_id",
         "_producer_epoch",
@@ -469,12 +470,14 @@ class RecordBatchBuilder:
         partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
         base_offset: int = 0,
         is_control: bool = False,
+        compression_level: int | None = None,
     ) -> None:
         if compression not in (CODEC_NONE, CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4, CODEC_ZSTD):
             raise errors.InvalidRecordError(f"unknown compression codec {compression}")
         if timestamp_type not in (TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME):
             raise errors.InvalidRecordError(f"unknown timestamp type {timestamp_type}")
         self._codec = compression
+        self._level = compression_level
         self._attributes = (
             compression
             | (ATTR_TIMESTAMP_TYPE if timestamp_type == TIMESTAMP_LOG_APPEND_TIME else 0)
@@ -539,7 +542,7 @@ class RecordBatchBuilder:
         records: bytes | bytearray
         records, count, base_ts, max_ts = self._records.take()
         if self._codec != CODEC_NONE:
-            records = compression.compress(self._codec, bytes(records))
+            records = compression.compress(self._codec, bytes(records), self._level)
         after_crc = _HEADER_AFTER_CRC.pack(
             self._attributes,
             count - 1,

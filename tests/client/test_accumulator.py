@@ -163,11 +163,37 @@ def test_expired_batches_are_removed() -> None:
         ({"enable.idempotence": True, "acks": 1}, "acks must be all"),
         ({"enable.idempotence": True, "max.in.flight.requests.per.connection": 6}, "<= 5"),
         ({"delivery.timeout.ms": 1000, "request.timeout.ms": 30000}, "delivery.timeout.ms"),
+        ({"compression.type": "zstd", "compression.zstd.level": 23}, "compression.zstd.level"),
+        ({"compression.type": "gzip", "compression.gzip.level": 0}, "compression.gzip.level"),
+        ({"compression.type": "lz4", "compression.lz4.level": "fast"}, "compression.lz4.level"),
     ],
 )
 def test_producer_config_validation(config: dict, match: str) -> None:
     with pytest.raises(errors.InvalidConfigError, match=match):
         Producer(config, bootstrap_servers="127.0.0.1:1")
+
+
+def test_the_producer_compresses_at_its_compression_level() -> None:
+    from storage.compression import compress
+    from storage.record_batch import BATCH_HEADER_SIZE, CODEC_NONE, CODEC_ZSTD, RecordBatchBuilder
+
+    values = [b"%05d " % i * 30 for i in range(40)]
+    plain = RecordBatchBuilder(CODEC_NONE)
+    for v in values:
+        plain.append(1000, None, v)
+    section = plain.build()[BATCH_HEADER_SIZE:]
+    for level in (1, 19):
+        p = Producer(bootstrap_servers="127.0.0.1:1", compression_type="zstd", compression_zstd_level=level,
+                     max_block_ms=100)
+        try:
+            acc = p._accumulator
+            assert acc.compression_level == level
+            for v in values:
+                append(acc, v)
+            built = acc.batches[TP][0].builder.build()
+            assert built[BATCH_HEADER_SIZE:] == compress(CODEC_ZSTD, section, level)
+        finally:
+            p.close(timeout=1)
 
 
 def test_idempotence_defaults_follow_kafka() -> None:

@@ -16,6 +16,7 @@ from storage.log import Log, UnexpectedAppendOffsetError, WouldBlock
 from storage.log_config import LogConfig
 from storage.record_batch import (
     CODEC_GZIP,
+    CODEC_LZ4,
     CODEC_NONE,
     CODEC_ZSTD,
     TIMESTAMP_LOG_APPEND_TIME,
@@ -419,6 +420,47 @@ def test_compression_type_recompresses(tmp_path: Path, topic_codec: str, expecte
     assert [(r.key, r.value, r.timestamp) for r in decode_records(stored)] == \
         [(r.key, r.value, r.timestamp) for r in decode_records(sent)]
     lg.close()
+
+
+@pytest.mark.parametrize("codec_name,codec,levels", [("zstd", CODEC_ZSTD, (1, 19)), ("gzip", CODEC_GZIP, (1, 9)),
+                                                     ("lz4", CODEC_LZ4, (9, 16))])
+def test_recompression_uses_the_topics_compression_level(tmp_path: Path, codec_name: str, codec: int,
+                                                          levels: tuple[int, int]) -> None:
+    """KIP-390: compression.<codec>.level is the level the broker compresses at: the stored records section
+    is exactly what the codec writes at that level (and the two levels write different bytes here)."""
+    from storage.compression import compress
+    from storage.record_batch import BATCH_HEADER_SIZE, RecordBatchBuilder, decode_batch
+
+    values = [b"%06d " % i * 40 for i in range(50)]
+    sent = make_batch(50, values=values, producer_id=3, producer_epoch=0, base_sequence=0)
+    plain = RecordBatchBuilder()
+    for r in decode_records(sent):
+        plain.append(r.timestamp, r.key, r.value, r.headers)
+    section = plain.build()[BATCH_HEADER_SIZE:]  # the uncompressed records section
+    written = []
+    for i, level in enumerate(levels):
+        lg = open_log(tmp_path / str(i), compression_type=codec_name, **{f"compression_{codec_name}_level": level})
+        lg.append_as_leader(sent, 2)
+        stored = lg.read(0, 1 << 20).records
+        h, records = decode_batch(stored)
+        assert h.compression == codec and [r.value for r in records] == values
+        assert bytes(stored[BATCH_HEADER_SIZE:]) == compress(codec, section, level), f"not level {level}"
+        written.append(bytes(stored))
+        lg.close()
+    assert written[0] != written[1], "both levels wrote the same bytes: the test shows nothing"
+
+
+def test_compression_levels_out_of_range_are_refused() -> None:
+    from storage.log_config import LogConfig, parse_value
+
+    for key, bad in (("compression.gzip.level", "0"), ("compression.gzip.level", "10"),
+                     ("compression.lz4.level", "18"), ("compression.zstd.level", "23"),
+                     ("compression.zstd.level", "-131073")):
+        with pytest.raises(errors.InvalidConfigError, match=key):
+            parse_value(key, bad)
+    assert parse_value("compression.gzip.level", "-1") == -1 and parse_value("compression.zstd.level", "-5") == -5
+    c = LogConfig.from_overrides({"compression.zstd.level": "7"}, {"compression.gzip.level": "2"})
+    assert (c.compression_zstd_level, c.compression_gzip_level, c.compression_lz4_level) == (7, 2, 9)
 
 
 def count_preads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
