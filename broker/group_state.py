@@ -98,6 +98,14 @@ class Member:
         if sync_cb is not None:
             sync_cb(SyncResult(error_code))
 
+    def rejoined(self, client_id: str, client_host: str, session_timeout_ms: int, rebalance_timeout_ms: int,
+                 protocols: list[tuple[str, bytes]], now_ms: int) -> None:
+        """What a JoinGroup of this member says about it now (a rejoin, or a static member's new process)."""
+        self.client_id, self.client_host = client_id, client_host
+        self.session_timeout_ms, self.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
+        self.protocols = list(protocols)
+        self.last_heartbeat_ms = now_ms
+
     def metadata_for(self, protocol: str) -> bytes:
         for name, metadata in self.protocols:
             if name == protocol:
@@ -210,7 +218,7 @@ class Group:
                 self._replace_static(holder, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
                                      protocols, callback, now_ms)
                 return
-            if member_id and holder is not None and holder != member_id:
+            if member_id and self._fenced(member_id, group_instance_id):
                 callback(JoinResult(ErrorCode.FENCED_INSTANCE_ID, member_id,
                                     error_message=f"group instance id {group_instance_id} is held by a newer member"))
                 return
@@ -273,10 +281,7 @@ class Group:
         current_leader = self.leader_id
         if self.leader_id == old_id:
             self.leader_id = new_id
-        member.client_id, member.client_host = client_id, client_host
-        member.session_timeout_ms, member.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
-        member.protocols = list(protocols)
-        member.last_heartbeat_ms = now_ms
+        member.rejoined(client_id, client_host, session_timeout_ms, rebalance_timeout_ms, protocols, now_ms)
         log.info("group %s: static member %s rejoined as %s (was %s)", self.group_id, member.group_instance_id,
                  new_id, old_id)
         if self.state == GroupState.STABLE:
@@ -298,10 +303,7 @@ class Group:
             # A second join while the first still waits: the first is superseded.
             member.join_callback(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member.member_id,
                                             error_message="superseded by a newer JoinGroup"))
-        member.client_id, member.client_host = client_id, client_host
-        member.session_timeout_ms, member.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
-        member.protocols = list(protocols)
-        member.last_heartbeat_ms = now_ms
+        member.rejoined(client_id, client_host, session_timeout_ms, rebalance_timeout_ms, protocols, now_ms)
         member.join_callback = callback
         if self.state == GroupState.COMPLETING_REBALANCE and not changed:
             # The member lost our JoinGroup answer: give it again.
