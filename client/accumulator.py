@@ -116,6 +116,8 @@ class _PyRecordFutureBase:
 # the producer then takes the Python path).
 _COMPILED_FUTURE = getattr(record_walk._compiled, "RecordFutureBase", None)
 _FAST_APPEND = _COMPILED_FUTURE is not None
+# The compiled send() of an ordinary record (storage/_record_walk.c Appender), built with them.
+_APPENDER = getattr(record_walk._compiled, "Appender", None) if _FAST_APPEND else None
 
 
 class RecordFuture(_COMPILED_FUTURE if _FAST_APPEND else _PyRecordFutureBase):  # type: ignore[misc]
@@ -196,7 +198,7 @@ class ProducerBatch:
     """An open (appendable) or closed batch of one partition, plus its send/retry state."""
 
     __slots__ = (
-        "tp", "builder", "append_future", "completion", "created", "deadline", "size_bytes", "_record_count",
+        "tp", "builder", "writer", "append_future", "completion", "created", "deadline", "size_bytes", "_record_count",
         "closed", "attempts", "last_attempt", "retry", "base_sequence", "producer_id", "producer_epoch", "payload",
         "sent_behind",
     )
@@ -207,6 +209,7 @@ class ProducerBatch:
         # The compiled writer's append of a record without headers, future included (None: Python path,
         # also where the builder has the Python writer).
         self.append_future = getattr(builder.records_writer, "append_future", None) if _FAST_APPEND else None
+        self.writer = builder.records_writer  # what the compiled Appender appends to (None once built)
         self.completion = BatchCompletion(tp.topic, tp.partition)
         self.created = now
         self.deadline = now + delivery_timeout_s
@@ -230,10 +233,20 @@ class ProducerBatch:
         if self.payload is None:
             self.closed = True
             self.append_future = None
+            self.writer = None
             self._record_count = self.builder.record_count
             self.payload = self.builder.build()
             self.builder = None  # type: ignore[assignment]  # free the record buffers
         return self.payload
+
+
+class _BufferAccount:
+    """Where buffer.memory is counted without the compiled Appender (which counts it otherwise)."""
+
+    __slots__ = ("used_bytes",)
+
+    def __init__(self) -> None:
+        self.used_bytes = 0
 
 
 class RecordAccumulator:
@@ -268,7 +281,11 @@ class RecordAccumulator:
         # and the partitions whose callbacks some thread is running right now.
         self._callback_order: dict[TopicPartition, deque[ProducerBatch]] = {}
         self._dispatching: set[TopicPartition] = set()
-        self.used_bytes = 0
+        # The compiled send() path (None without the extension), which holds the buffer accounting
+        # (used_bytes) for both paths; the producer connects it to its metadata and enables it.
+        self.appender: Any = None if _APPENDER is None else _APPENDER(
+            self.lock, self.open_batches, RecordFuture, batch_size, buffer_memory, RECORD_OVERHEAD_BYTES)
+        self.account: Any = self.appender if self.appender is not None else _BufferAccount()
         self.space_waiters = 0
         self.flushes_in_progress = 0
         self.closing = False
@@ -276,6 +293,15 @@ class RecordAccumulator:
         # partition or broker has as many requests in flight as allowed), so answers must wake
         # the sender; when nothing waits for one, an answer needs no wake-up.
         self.held_by_in_flight = False
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of buffer.memory reserved by queued records (read and written under ``lock``)."""
+        return self.account.used_bytes
+
+    @used_bytes.setter
+    def used_bytes(self, value: int) -> None:
+        self.account.used_bytes = value
 
     # ---- append (application threads) ----
     def append(
@@ -311,9 +337,10 @@ class RecordAccumulator:
                     return None
                 size += BATCH_HEADER_SIZE  # the new batch's header is reserved with its first record
                 batch = self._new_batch(tp)
-            used = self.used_bytes + size
+            account = self.account
+            used = account.used_bytes + size
             if used <= self.buffer_memory:
-                self.used_bytes = used
+                account.used_bytes = used
             else:
                 self._reserve(size)
             future = None

@@ -12,6 +12,8 @@ import random
 import struct
 from collections.abc import Callable, Sequence
 
+from storage import record_walk
+
 _M = 0x5BD1E995
 _SEED = 0x9747B28C
 _MASK = 0xFFFFFFFF
@@ -33,8 +35,8 @@ def _words(count: int) -> struct.Struct:
     return unpacker
 
 
-def murmur2(data: bytes) -> int:
-    """Kafka's 32-bit murmur2 of ``data`` as a signed Java int."""
+def murmur2_py(data: bytes) -> int:
+    """Kafka's 32-bit murmur2 of ``data`` as a signed Java int (the reference for the compiled one)."""
     length = len(data)
     h = (_SEED ^ length) & _MASK
     count = length >> 2
@@ -59,6 +61,11 @@ def murmur2(data: bytes) -> int:
     h = (h * m) & mask
     h ^= h >> 15
     return h - (1 << 32) if h & 0x80000000 else h
+
+
+# The compiled murmur2 (storage/_record_walk.c, also what the producer's compiled send() hashes with)
+# when the extension is built; the same function otherwise.
+murmur2: Callable[[bytes], int] = getattr(record_walk._compiled, "murmur2", None) or murmur2_py
 
 
 def to_positive(n: int) -> int:

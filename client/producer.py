@@ -161,6 +161,22 @@ class Producer:
             ),
             name=f"{cfg['client_id']}-sender",
         )
+        # send() of an ordinary record in one compiled call (storage/_record_walk.c Appender), when the
+        # extension is built and no serializer or partitioner has to see each record.
+        self._appender: Any = None
+        appender = self._accumulator.appender
+        if appender is not None and partitioner is None and self._key_serializer is None \
+                and self._value_serializer is None:
+            appender.cluster = self.cluster
+            appender.meta = self._cache_meta
+            appender.max_request_size = self.max_request_size
+            appender.enabled = 1
+            self._appender = appender
+            if type(self).send is Producer.send:  # not where a subclass has its own send()
+                # This instance's send() is the compiled one; it hands what it does not take to this
+                # class's (same signature, same errors).
+                appender.fallback = Producer.send.__get__(self, type(self))
+                self.send = appender.produce  # type: ignore[method-assign]
         self._sender.start()
 
     def _idempotence(self, setting: Any, max_in_flight: int, retries: int) -> bool:
@@ -247,6 +263,9 @@ class Producer:
                 sticky = self._sticky.next_partition(topic, all_parts, available, sticky)
                 future = self._accumulator.append(tps[sticky], timestamp, key, value, header_list, size,
                                                   key_size, value_size)
+            appender = self._appender
+            if appender is not None and self._cache_meta is appender.meta:
+                appender.sticky[topic] = tps[sticky]  # the compiled path follows the sticky partition
         assert future is not None
         if on_delivery is not None:
             future.add_delivery_callback(on_delivery)
@@ -283,11 +302,20 @@ class Producer:
         parts = tuple(sorted(info.partitions))
         available = tuple(p for p in parts if info.partitions[p].leader >= 0)
         snapshot = self.cluster.metadata_snapshot()
+        appender = self._appender
         if snapshot is not self._cache_meta:
             self._partition_cache = {}
             self._cache_meta = snapshot
+            if appender is not None:
+                # Before the new snapshot is named: a send meanwhile finds it unlike the cluster's
+                # (or finds empty tables) and takes this path.
+                appender.sticky.clear()
+                appender.keyed.clear()
+                appender.meta = snapshot
         entry = (parts, available, {p: TopicPartition(topic, p) for p in parts})
         self._partition_cache[topic] = entry
+        if appender is not None and appender.meta is snapshot:
+            appender.keyed[topic] = tuple(entry[2][p] for p in parts)
         return entry
 
     def partitions_for(self, topic: str) -> list[int]:
@@ -319,6 +347,8 @@ class Producer:
             if self._closed:
                 return
             self._closed = True
+            if self._appender is not None:
+                self._appender.enabled = 0  # send() raises from here on
         acc = self._accumulator
         with acc.lock:
             acc.closing = True

@@ -288,6 +288,8 @@ class Sender(threading.Thread):
         except Exception as exc:  # keep the failure visible to every pending future
             log.exception("producer sender thread failed")
             self.fatal_error = exc
+            if self.acc.appender is not None:
+                self.acc.appender.enabled = 0  # send() raises from here on (its Python path checks fatal_error)
         finally:
             for session in [*self._sessions.values(), *self._retired]:
                 if self.force_close:

@@ -1,6 +1,7 @@
 /* storage._record_walk: the compiled record walk of LogValidator, the consumer's
- * compiled record decoder (decode_records, further down) and the producer's record
- * encoder (RecordsWriter, with RecordFutureBase, at the end).
+ * compiled record decoder (decode_records, further down), the producer's record
+ * encoder (RecordsWriter, with RecordFutureBase) and its send() fast path (murmur2, Appender,
+ * at the end).
  *
  * walk(buf, start, end, count, compact) -> (kind, record, a, b, min_ts_delta, max_ts_delta)
  *
@@ -704,23 +705,342 @@ static PyTypeObject WriterType = {
     .tp_members = Writer_members,
 };
 
+/* ---- murmur2: Kafka's default partitioner hash (client/partitioner.py murmur2 is the reference) ---- */
+
+static int32_t murmur2_of(const uint8_t *d, Py_ssize_t n) {
+    const uint32_t m = 0x5bd1e995u;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)n;
+    Py_ssize_t blocks = n >> 2;
+    for (Py_ssize_t i = 0; i < blocks; i++) {
+        const uint8_t *b = d + (i << 2);
+        uint32_t k = (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    const uint8_t *tail = d + (blocks << 2);
+    switch (n & 3) {
+        case 3: h ^= (uint32_t)tail[2] << 16; /* fall through */
+        case 2: h ^= (uint32_t)tail[1] << 8;  /* fall through */
+        case 1: h ^= (uint32_t)tail[0]; h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return (int32_t)h;
+}
+
+/* murmur2(data) -> the signed 32-bit hash Kafka's Utils.murmur2 gives for ``data`` (a bytes-like object). */
+static PyObject *murmur2(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    int32_t h = murmur2_of((const uint8_t *)view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromLong((long)h);
+}
+
+/* ---- Appender: the producer's send() of an ordinary record in one call ----
+ *
+ * client/producer.py send() and client/accumulator.py append() are the reference; this is their
+ * common case without the interpreter: a key and value that are bytes or None, no headers, no
+ * explicit partition, the default partitioner (KIP-480 sticky for keyless records, murmur2 of the
+ * key otherwise), appended to the partition's open batch while it has room. Anything else (no open
+ * batch, a batch that would fill, buffer memory short, metadata changed, a record too large, a
+ * producer closed or failed) returns None having changed nothing, and send() takes the Python path,
+ * which names the error, opens batches, moves the sticky partition and refreshes what this reads.
+ *
+ * State it reads, kept by the Python side: ``open_batches`` (the accumulator's dict, under its
+ * lock), ``sticky`` {topic: TopicPartition} and ``keyed`` {topic: (TopicPartition, ...) in
+ * partition order}, both derived from the metadata snapshot ``meta`` (compared with the cluster
+ * client's ``_meta`` on every call). ``used_bytes`` is the accumulator's buffer accounting: the
+ * accumulator reads and writes it here, under its lock, so both paths count the same bytes.
+ */
+typedef struct {
+    PyObject_HEAD
+    PyObject *lock;  /* the accumulator's lock */
+    PyObject *acquire, *release;  /* its bound methods */
+    PyObject *open_batches, *future_type;
+    PyObject *cluster, *meta, *sticky, *keyed;
+    PyObject *fallback;  /* the Python send(), called with produce()'s arguments when this path declines */
+    Py_ssize_t batch_size, buffer_memory, max_request_size, record_overhead, used_bytes;
+    int enabled;
+} Appender;
+
+static PyObject *str_meta, *str_size_bytes, *str_writer, *str_completion;
+
+static int Appender_traverse(Appender *self, visitproc visit, void *arg) {
+    Py_VISIT(self->lock);
+    Py_VISIT(self->acquire);
+    Py_VISIT(self->release);
+    Py_VISIT(self->open_batches);
+    Py_VISIT(self->future_type);
+    Py_VISIT(self->cluster);
+    Py_VISIT(self->meta);
+    Py_VISIT(self->sticky);
+    Py_VISIT(self->keyed);
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int Appender_clear(Appender *self) {
+    Py_CLEAR(self->lock);
+    Py_CLEAR(self->acquire);
+    Py_CLEAR(self->release);
+    Py_CLEAR(self->open_batches);
+    Py_CLEAR(self->future_type);
+    Py_CLEAR(self->cluster);
+    Py_CLEAR(self->meta);
+    Py_CLEAR(self->sticky);
+    Py_CLEAR(self->keyed);
+    Py_CLEAR(self->fallback);
+    return 0;
+}
+
+static void Appender_dealloc(Appender *self) {
+    PyObject_GC_UnTrack(self);
+    Appender_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Appender_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"lock", "open_batches", "future_type", "batch_size", "buffer_memory",
+                             "record_overhead", NULL};
+    PyObject *lock, *open_batches, *future_type;
+    Py_ssize_t batch_size, buffer_memory, record_overhead;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!Onnn", kwlist, &lock, &PyDict_Type, &open_batches,
+                                     &future_type, &batch_size, &buffer_memory, &record_overhead))
+        return NULL;
+    if (!PyType_Check(future_type) || !PyType_IsSubtype((PyTypeObject *)future_type, &FutureBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "Appender: future_type must subclass RecordFutureBase");
+        return NULL;
+    }
+    Appender *self = (Appender *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->lock = Py_NewRef(lock);
+    self->acquire = PyObject_GetAttrString(lock, "acquire");
+    self->release = PyObject_GetAttrString(lock, "release");
+    self->sticky = PyDict_New();
+    self->keyed = PyDict_New();
+    if (self->acquire == NULL || self->release == NULL || self->sticky == NULL || self->keyed == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->open_batches = Py_NewRef(open_batches);
+    self->future_type = Py_NewRef(future_type);
+    self->cluster = Py_NewRef(Py_None);
+    self->meta = Py_NewRef(Py_None);
+    self->fallback = Py_NewRef(Py_None);
+    self->batch_size = batch_size;
+    self->buffer_memory = buffer_memory;
+    self->max_request_size = PY_SSIZE_T_MAX;
+    self->record_overhead = record_overhead;
+    self->used_bytes = 0;
+    self->enabled = 0;  /* until the producer has connected it */
+    return (PyObject *)self;
+}
+
+/* The open batch's record, appended with the lock held: the future, None (declined, nothing
+ * changed) or NULL (an exception). */
+static PyObject *append_locked(Appender *self, PyObject *tp, PyObject *timestamp, PyObject *key, PyObject *value,
+                               Py_ssize_t size) {
+    PyObject *batch = PyDict_GetItemWithError(self->open_batches, tp);
+    if (batch == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;  /* no open batch: the Python path opens one (or moves the sticky partition) */
+    }
+    Py_INCREF(batch);
+    PyObject *out = NULL, *writer = NULL, *completion = NULL, *reserved = NULL;
+    reserved = PyObject_GetAttr(batch, str_size_bytes);
+    if (reserved == NULL) goto done;
+    Py_ssize_t batch_bytes = PyLong_AsSsize_t(reserved);
+    if (batch_bytes == -1 && PyErr_Occurred()) goto done;
+    /* The record that fills the batch, and buffer memory that would have to be waited for, are the
+     * Python path's (it closes the batch, wakes the sender, blocks for memory). */
+    if (batch_bytes + size >= self->batch_size || self->used_bytes + size > self->buffer_memory) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    writer = PyObject_GetAttr(batch, str_writer);
+    if (writer == NULL) goto done;
+    if (!PyObject_TypeCheck(writer, &WriterType)) {  /* the pure-Python writer: Python path */
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    completion = PyObject_GetAttr(batch, str_completion);
+    if (completion == NULL) goto done;
+    PyObject *call[5] = {self->future_type, completion, timestamp, key, value};
+    out = Writer_append_future((Writer *)writer, call, 5);
+    if (out == NULL || out == Py_None) goto done;
+    PyObject *grown = PyLong_FromSsize_t(batch_bytes + size);
+    if (grown == NULL || PyObject_SetAttr(batch, str_size_bytes, grown) < 0) {
+        /* The record is in the batch: cannot be taken back. Memory only; fail the producer's call. */
+        Py_XDECREF(grown);
+        Py_CLEAR(out);
+        goto done;
+    }
+    Py_DECREF(grown);
+    self->used_bytes += size;
+done:
+    Py_XDECREF(reserved);
+    Py_XDECREF(writer);
+    Py_XDECREF(completion);
+    Py_DECREF(batch);
+    return out;
+}
+
+/* send(topic, key, value, timestamp) -> the record's future, or None for the Python path. */
+static PyObject *Appender_send(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "send(topic, key, value, timestamp)");
+        return NULL;
+    }
+    PyObject *topic = args[0], *key = args[1], *value = args[2], *timestamp = args[3];
+    if (!self->enabled || (key != Py_None && !PyBytes_CheckExact(key))
+            || (value != Py_None && !PyBytes_CheckExact(value))
+            || (timestamp != Py_None && !PyLong_CheckExact(timestamp)) || !PyUnicode_CheckExact(topic))
+        Py_RETURN_NONE;
+    PyObject *meta = PyObject_GetAttr(self->cluster, str_meta);
+    if (meta == NULL) return NULL;
+    int same = meta == self->meta;
+    Py_DECREF(meta);
+    if (!same) Py_RETURN_NONE;  /* metadata changed: the Python path refreshes what is derived from it */
+    PyObject *tp;  /* borrowed from sticky or keyed */
+    if (key == Py_None) {
+        tp = PyDict_GetItemWithError(self->sticky, topic);
+    } else {
+        PyObject *parts = PyDict_GetItemWithError(self->keyed, topic);
+        tp = NULL;
+        if (parts != NULL && PyTuple_CheckExact(parts) && PyTuple_GET_SIZE(parts) > 0) {
+            int32_t h = murmur2_of((const uint8_t *)PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key));
+            tp = PyTuple_GET_ITEM(parts, (Py_ssize_t)((uint32_t)h & 0x7fffffffu) % PyTuple_GET_SIZE(parts));
+        }
+    }
+    if (tp == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t key_len = key == Py_None ? 0 : PyBytes_GET_SIZE(key);
+    Py_ssize_t value_len = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
+    Py_ssize_t size = self->record_overhead + key_len + value_len;
+    if (size > self->max_request_size || size > self->buffer_memory) Py_RETURN_NONE;  /* the Python path's error */
+    Py_INCREF(tp);
+    PyObject *got = PyObject_CallNoArgs(self->acquire);
+    if (got == NULL) { Py_DECREF(tp); return NULL; }
+    Py_DECREF(got);
+    PyObject *out = append_locked(self, tp, timestamp, key, value, size);
+    Py_DECREF(tp);
+    /* Release whatever happened; an exception from the append stays the one raised. */
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    PyObject *released = PyObject_CallNoArgs(self->release);
+    if (released == NULL) {
+        Py_XDECREF(out);
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc_value);
+        Py_XDECREF(exc_tb);
+        return NULL;
+    }
+    Py_DECREF(released);
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+    return out;
+}
+
+static const char *const produce_names[] = {"topic", "value", "key", "headers", "partition", "timestamp",
+                                            "on_delivery"};
+enum { P_TOPIC, P_VALUE, P_KEY, P_HEADERS, P_PARTITION, P_TIMESTAMP, P_ON_DELIVERY, P_COUNT };
+
+/* produce(topic, value=None, key=None, headers=None, partition=None, timestamp=None, *, on_delivery=None):
+ * Producer.send's signature. The record goes by send() above when it can; otherwise (headers, a
+ * partition, a callback, anything send() declines, arguments it does not recognise) the call is
+ * handed unchanged to ``fallback``, the Python send(), which also raises any argument error. */
+static PyObject *Appender_produce(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *a[P_COUNT] = {NULL, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
+    int usable = nargs >= 1 && nargs <= P_ON_DELIVERY;
+    for (Py_ssize_t i = 0; usable && i < nargs; i++) a[i] = args[i];
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t k = 0; usable && k < nkw; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int slot = -1;
+        for (int j = 0; j < P_COUNT; j++) {
+            if (PyUnicode_CompareWithASCIIString(name, produce_names[j]) == 0) { slot = j; break; }
+        }
+        if (slot < 0 || (slot < nargs && slot != P_ON_DELIVERY)) usable = 0;  /* unknown or given twice */
+        else a[slot] = args[nargs + k];
+    }
+    if (usable && a[P_TOPIC] != NULL && a[P_HEADERS] == Py_None && a[P_PARTITION] == Py_None
+            && a[P_ON_DELIVERY] == Py_None) {
+        PyObject *call[4] = {a[P_TOPIC], a[P_KEY], a[P_VALUE], a[P_TIMESTAMP]};
+        PyObject *future = Appender_send(self, call, 4);
+        if (future != Py_None) return future;  /* the future, or NULL with the exception */
+        Py_DECREF(future);
+    }
+    return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+static PyMethodDef Appender_methods[] = {
+    {"send", (PyCFunction)(void (*)(void))Appender_send, METH_FASTCALL,
+     "send(topic, key, value, timestamp) -> the record's future, or None for the Python path"},
+    {"produce", (PyCFunction)(void (*)(void))Appender_produce, METH_FASTCALL | METH_KEYWORDS,
+     "produce(topic, value=None, key=None, headers=None, partition=None, timestamp=None, *, on_delivery=None) "
+     "-> future: Producer.send, by send() where it can, else by fallback"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Appender_members[] = {
+    {"used_bytes", T_PYSSIZET, offsetof(Appender, used_bytes), 0, "buffer memory reserved (the accumulator's)"},
+    {"enabled", T_INT, offsetof(Appender, enabled), 0, "0: every send takes the Python path"},
+    {"max_request_size", T_PYSSIZET, offsetof(Appender, max_request_size), 0, "max.request.size"},
+    {"cluster", T_OBJECT_EX, offsetof(Appender, cluster), 0, "the cluster client (its _meta is compared)"},
+    {"fallback", T_OBJECT_EX, offsetof(Appender, fallback), 0, "the Python send() produce() hands over to"},
+    {"meta", T_OBJECT_EX, offsetof(Appender, meta), 0, "the metadata snapshot sticky and keyed derive from"},
+    {"sticky", T_OBJECT_EX, offsetof(Appender, sticky), READONLY, "{topic: TopicPartition} for keyless records"},
+    {"keyed", T_OBJECT_EX, offsetof(Appender, keyed), READONLY, "{topic: (TopicPartition, ...)} for keyed records"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "storage._record_walk.Appender",
+    .tp_basicsize = sizeof(Appender),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Appender(lock, open_batches, future_type, batch_size, buffer_memory, record_overhead): "
+              "the producer's send() of an ordinary record",
+    .tp_traverse = (traverseproc)Appender_traverse,
+    .tp_clear = (inquiry)Appender_clear,
+    .tp_dealloc = (destructor)Appender_dealloc,
+    .tp_new = Appender_new,
+    .tp_methods = Appender_methods,
+    .tp_members = Appender_members,
+};
+
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS,
      "walk(buf, start, end, count, compact) -> (kind, record, a, b, min_ts_delta, max_ts_delta)"},
     {"decode_records", decode_records, METH_VARARGS,
      "decode_records(cls, buf, start, end, count, base_offset, base_ts, log_append_ts, topic, partition, "
      "ts_type) -> (records, increasing) | (kind, record, a, b)"},
+    {"murmur2", murmur2, METH_O, "murmur2(data) -> Kafka's signed 32-bit murmur2 hash of data"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_record_walk", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__record_walk(void) {
-    if (PyType_Ready(&FutureBaseType) < 0 || PyType_Ready(&WriterType) < 0) return NULL;
+    if (PyType_Ready(&FutureBaseType) < 0 || PyType_Ready(&WriterType) < 0 || PyType_Ready(&AppenderType) < 0)
+        return NULL;
+    str_meta = PyUnicode_InternFromString("_meta");
+    str_size_bytes = PyUnicode_InternFromString("size_bytes");
+    str_writer = PyUnicode_InternFromString("writer");
+    str_completion = PyUnicode_InternFromString("completion");
+    if (str_meta == NULL || str_size_bytes == NULL || str_writer == NULL || str_completion == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "RecordFutureBase", (PyObject *)&FutureBaseType) < 0
-            || PyModule_AddObjectRef(m, "RecordsWriter", (PyObject *)&WriterType) < 0) {
+            || PyModule_AddObjectRef(m, "RecordsWriter", (PyObject *)&WriterType) < 0
+            || PyModule_AddObjectRef(m, "Appender", (PyObject *)&AppenderType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
