@@ -768,7 +768,7 @@ typedef struct {
     int enabled;
 } Appender;
 
-static PyObject *str_meta, *str_size_bytes, *str_writer, *str_completion;
+static PyObject *str_meta, *str_size_bytes, *str_writer, *str_completion, *str_add_delivery_callback;
 
 static int Appender_traverse(Appender *self, visitproc visit, void *arg) {
     Py_VISIT(self->lock);
@@ -952,9 +952,10 @@ static const char *const produce_names[] = {"topic", "value", "key", "headers", 
 enum { P_TOPIC, P_VALUE, P_KEY, P_HEADERS, P_PARTITION, P_TIMESTAMP, P_ON_DELIVERY, P_COUNT };
 
 /* produce(topic, value=None, key=None, headers=None, partition=None, timestamp=None, *, on_delivery=None):
- * Producer.send's signature. The record goes by send() above when it can; otherwise (headers, a
- * partition, a callback, anything send() declines, arguments it does not recognise) the call is
- * handed unchanged to ``fallback``, the Python send(), which also raises any argument error. */
+ * Producer.send's signature. The record goes by send() above when it can (then on_delivery is added
+ * to its future, as the Python send() does); otherwise (headers, a partition, anything send()
+ * declines, arguments it does not recognise) the call is handed unchanged to ``fallback``, the
+ * Python send(), which also raises any argument error. */
 static PyObject *Appender_produce(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *a[P_COUNT] = {NULL, Py_None, Py_None, Py_None, Py_None, Py_None, Py_None};
@@ -970,11 +971,18 @@ static PyObject *Appender_produce(Appender *self, PyObject *const *args, size_t 
         if (slot < 0 || (slot < nargs && slot != P_ON_DELIVERY)) usable = 0;  /* unknown or given twice */
         else a[slot] = args[nargs + k];
     }
-    if (usable && a[P_TOPIC] != NULL && a[P_HEADERS] == Py_None && a[P_PARTITION] == Py_None
-            && a[P_ON_DELIVERY] == Py_None) {
+    if (usable && a[P_TOPIC] != NULL && a[P_HEADERS] == Py_None && a[P_PARTITION] == Py_None) {
         PyObject *call[4] = {a[P_TOPIC], a[P_KEY], a[P_VALUE], a[P_TIMESTAMP]};
         PyObject *future = Appender_send(self, call, 4);
-        if (future != Py_None) return future;  /* the future, or NULL with the exception */
+        if (future == NULL) return NULL;
+        if (future != Py_None) {
+            if (a[P_ON_DELIVERY] != Py_None) {  /* as the Python send(): the record is queued, then the callback */
+                PyObject *added = PyObject_CallMethodOneArg(future, str_add_delivery_callback, a[P_ON_DELIVERY]);
+                if (added == NULL) { Py_DECREF(future); return NULL; }
+                Py_DECREF(added);
+            }
+            return future;
+        }
         Py_DECREF(future);
     }
     return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
@@ -1035,7 +1043,10 @@ PyMODINIT_FUNC PyInit__record_walk(void) {
     str_size_bytes = PyUnicode_InternFromString("size_bytes");
     str_writer = PyUnicode_InternFromString("writer");
     str_completion = PyUnicode_InternFromString("completion");
-    if (str_meta == NULL || str_size_bytes == NULL || str_writer == NULL || str_completion == NULL) return NULL;
+    str_add_delivery_callback = PyUnicode_InternFromString("add_delivery_callback");
+    if (str_meta == NULL || str_size_bytes == NULL || str_writer == NULL || str_completion == NULL
+            || str_add_delivery_callback == NULL)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "RecordFutureBase", (PyObject *)&FutureBaseType) < 0

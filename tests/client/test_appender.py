@@ -188,7 +188,6 @@ class Recorder:
     ((TOPIC, b"v"), {"headers": [("h", b"1")]}),
     ((TOPIC, b"v", None, None, 3), {}),
     ((TOPIC, b"v"), {"partition": 0}),
-    ((TOPIC, b"v"), {"on_delivery": print}),
     ((TOPIC, b"v"), {"colour": "red"}),
     ((TOPIC, b"v", None, None, None, None, "extra"), {}),
     ((), {}),
@@ -215,6 +214,11 @@ def test_produce_takes_an_ordinary_record_itself_and_passes_python_errors_throug
     f = appender.produce(TOPIC, b"v", timestamp=TS)
     g = appender.produce(TOPIC, value=b"w", key=b"foobar")
     assert fallback.calls == [] and f._delta == 1 and g._completion.partition == 0  # foobar: 0 of 6
+    seen = []
+    h = appender.produce(TOPIC, b"x", on_delivery=lambda md, err: seen.append((md, err)))
+    assert fallback.calls == [] and h._delta == 3
+    h._completion.complete(100, -1, None)  # the batch answered: its records' callbacks run
+    assert [(md.offset, err) for md, err in seen] == [(103, None)]
     appender.enabled = 0
     with pytest.raises(errors.ProducerClosedError):
         appender.produce(TOPIC, b"v")
