@@ -200,7 +200,7 @@ class ProducerBatch:
     __slots__ = (
         "tp", "builder", "writer", "append_future", "completion", "created", "deadline", "size_bytes", "_record_count",
         "closed", "attempts", "last_attempt", "retry", "base_sequence", "producer_id", "producer_epoch", "payload",
-        "sent_behind",
+        "stamped", "sent_behind",
     )
 
     def __init__(self, tp: TopicPartition, builder: RecordBatchBuilder, now: float, delivery_timeout_s: float):
@@ -223,19 +223,22 @@ class ProducerBatch:
         self.producer_id = -1
         self.producer_epoch = -1
         self.payload: bytes | None = None  # built bytes, kept for retries
+        self.stamped: tuple[int, int, int] | None = None  # the producer state payload carries (idempotence)
         self.sent_behind = False  # a lower-sequence batch was unanswered when this one was last sent
 
     @property
     def record_count(self) -> int:
         return self._record_count if self.builder is None else self.builder.record_count
 
-    def build(self) -> bytes:
+    def build(self, producer_state: tuple[int, int, int] | None = None) -> bytes:
+        """The batch's bytes, built once (with ``producer_state`` in its header if given) and kept."""
         if self.payload is None:
             self.closed = True
             self.append_future = None
             self.writer = None
             self._record_count = self.builder.record_count
-            self.payload = self.builder.build()
+            self.payload = self.builder.build(producer_state)
+            self.stamped = producer_state
             self.builder = None  # type: ignore[assignment]  # free the record buffers
         return self.payload
 

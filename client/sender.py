@@ -503,10 +503,16 @@ class Sender(threading.Thread):
         now = time.monotonic()
         parts = []
         for batch in batches:
-            payload = batch.build()
-            if self.pid is not None:
-                payload = stamp_producer_state(payload, batch.producer_id, batch.producer_epoch, batch.base_sequence)
-                batch.payload = payload
+            if self.pid is None:
+                payload = batch.build()
+            else:
+                # Stamped as it is built (one checksum, no copy); a retry under another sequence or
+                # epoch is stamped again.
+                state = (batch.producer_id, batch.producer_epoch, batch.base_sequence)
+                payload = batch.build(state)
+                if batch.stamped != state:
+                    payload = batch.payload = stamp_producer_state(payload, *state)
+                    batch.stamped = state
             batch.attempts += 1
             batch.last_attempt = now
             parts.append(broker_pb2.ProducePartitionData(topic=batch.tp.topic, partition=batch.tp.partition,

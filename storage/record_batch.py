@@ -534,8 +534,11 @@ class RecordBatchBuilder:
             raise errors.InvalidRecordError(
                 f"timestamp {timestamp_ms}: its delta from the batch's first record does not fit a varlong") from None
 
-    def build(self) -> bytes:
-        """The complete batch: header, CRC-32C, records (compressed as configured)."""
+    def build(self, producer_state: tuple[int, int, int] | None = None) -> bytes:
+        """The complete batch: header, CRC-32C, records (compressed as configured).
+
+        ``producer_state`` (producer id, epoch, base sequence) replaces the builder's own, so that an
+        idempotent producer's batch is checksummed once, with the sequence the sender gave it."""
         if self._records.count == 0:
             raise errors.InvalidRecordError("cannot build a batch with no records")
         self._built = True
@@ -543,14 +546,16 @@ class RecordBatchBuilder:
         records, count, base_ts, max_ts = self._records.take()
         if self._codec != CODEC_NONE:
             records = compression.compress(self._codec, bytes(records), self._level)
+        producer_id, producer_epoch, base_sequence = producer_state or (
+            self._producer_id, self._producer_epoch, self._base_sequence)
         after_crc = _HEADER_AFTER_CRC.pack(
             self._attributes,
             count - 1,
             base_ts,
             max_ts,
-            self._producer_id,
-            self._producer_epoch,
-            self._base_sequence,
+            producer_id,
+            producer_epoch,
+            base_sequence,
             count,
         )
         crc = crc32c(records, crc32c(after_crc))
