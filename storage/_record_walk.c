@@ -992,8 +992,9 @@ static PyMethodDef Appender_methods[] = {
     {"send", (PyCFunction)(void (*)(void))Appender_send, METH_FASTCALL,
      "send(topic, key, value, timestamp) -> the record's future, or None for the Python path"},
     {"produce", (PyCFunction)(void (*)(void))Appender_produce, METH_FASTCALL | METH_KEYWORDS,
-     "produce(topic, value=None, key=None, headers=None, partition=None, timestamp=None, *, on_delivery=None) "
-     "-> future: Producer.send, by send() where it can, else by fallback"},
+     "produce($self, /, topic, value=None, key=None, headers=None, partition=None, timestamp=None, *, "
+     "on_delivery=None)\n--\n\n"
+     "Producer.send: queue one record, return its future (by send() where it can, else by fallback)."},
     {NULL, NULL, 0, NULL},
 };
 

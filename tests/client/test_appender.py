@@ -7,6 +7,7 @@ everything as it was, so that send()'s Python path decides as it always did.
 
 from __future__ import annotations
 
+import inspect
 import random
 import threading
 
@@ -230,6 +231,8 @@ def test_a_producer_uses_it_only_where_no_serializer_or_partitioner_sees_each_re
     partitioned = Producer(bootstrap_servers="127.0.0.1:1", max_block_ms=100, partitioner=lambda k, a, b: a[0])
     try:
         assert plain.send == plain._appender.produce
+        assert inspect.signature(plain.send).parameters.keys() == \
+            inspect.signature(Producer.send).parameters.keys() - {"self"}
         assert plain._appender.fallback == Producer.send.__get__(plain, Producer)
         for p in (serialized, partitioned):
             assert p._appender is None and p.send == Producer.send.__get__(p, Producer)
