@@ -744,9 +744,9 @@ static PyObject *murmur2(PyObject *self, PyObject *arg) {
 /* ---- Appender: the producer's send() of an ordinary record in one call ----
  *
  * client/producer.py send() and client/accumulator.py append() are the reference; this is their
- * common case without the interpreter: a key and value that are bytes or None, no headers, no
- * explicit partition, the default partitioner (KIP-480 sticky for keyless records, murmur2 of the
- * key otherwise), appended to the partition's open batch while it has room. Anything else (no open
+ * common case without the interpreter: a key and value that are bytes or None, no headers, the
+ * caller's partition or the default partitioner's (KIP-480 sticky for keyless records, murmur2 of
+ * the key otherwise), appended to the partition's open batch while it has room. Anything else (no open
  * batch, a batch that would fill, buffer memory short, metadata changed, a record too large, a
  * producer closed or failed) returns None having changed nothing, and send() takes the Python path,
  * which names the error, opens batches, moves the sticky partition and refreshes what this reads.
@@ -890,16 +890,18 @@ done:
     return out;
 }
 
-/* send(topic, key, value, timestamp) -> the record's future, or None for the Python path. */
+/* send(topic, key, value, timestamp[, partition]) -> the record's future, or None for the Python path. */
 static PyObject *Appender_send(Appender *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "send(topic, key, value, timestamp)");
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "send(topic, key, value, timestamp[, partition])");
         return NULL;
     }
     PyObject *topic = args[0], *key = args[1], *value = args[2], *timestamp = args[3];
+    PyObject *partition = nargs == 5 ? args[4] : Py_None;
     if (!self->enabled || (key != Py_None && !PyBytes_CheckExact(key))
             || (value != Py_None && !PyBytes_CheckExact(value))
-            || (timestamp != Py_None && !PyLong_CheckExact(timestamp)) || !PyUnicode_CheckExact(topic))
+            || (timestamp != Py_None && !PyLong_CheckExact(timestamp)) || !PyUnicode_CheckExact(topic)
+            || (partition != Py_None && !PyLong_CheckExact(partition)))
         Py_RETURN_NONE;
     PyObject *meta = PyObject_GetAttr(self->cluster, str_meta);
     if (meta == NULL) return NULL;
@@ -907,7 +909,21 @@ static PyObject *Appender_send(Appender *self, PyObject *const *args, Py_ssize_t
     Py_DECREF(meta);
     if (!same) Py_RETURN_NONE;  /* metadata changed: the Python path refreshes what is derived from it */
     PyObject *tp;  /* borrowed from sticky or keyed */
-    if (key == Py_None) {
+    if (partition != Py_None) {  /* the caller's partition, if the topic has it (else the Python path's error) */
+        PyObject *parts = PyDict_GetItemWithError(self->keyed, topic);
+        tp = NULL;
+        Py_ssize_t p = PyLong_AsSsize_t(partition);
+        if (p == -1 && PyErr_Occurred()) {
+            PyErr_Clear();  /* beyond any partition: the Python path says so */
+        } else if (parts != NULL && PyTuple_CheckExact(parts) && p >= 0 && p < PyTuple_GET_SIZE(parts)) {
+            PyObject *candidate = PyTuple_GET_ITEM(parts, p);
+            if (PyTuple_Check(candidate) && PyTuple_GET_SIZE(candidate) == 2) {
+                int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(candidate, 1), partition, Py_EQ);
+                if (eq < 0) return NULL;
+                if (eq) tp = candidate;
+            }
+        }
+    } else if (key == Py_None) {
         tp = PyDict_GetItemWithError(self->sticky, topic);
     } else {
         PyObject *parts = PyDict_GetItemWithError(self->keyed, topic);
@@ -953,8 +969,8 @@ enum { P_TOPIC, P_VALUE, P_KEY, P_HEADERS, P_PARTITION, P_TIMESTAMP, P_ON_DELIVE
 
 /* produce(topic, value=None, key=None, headers=None, partition=None, timestamp=None, *, on_delivery=None):
  * Producer.send's signature. The record goes by send() above when it can (then on_delivery is added
- * to its future, as the Python send() does); otherwise (headers, a partition, anything send()
- * declines, arguments it does not recognise) the call is handed unchanged to ``fallback``, the
+ * to its future, as the Python send() does); otherwise (headers, anything send() declines,
+ * arguments it does not recognise) the call is handed unchanged to ``fallback``, the
  * Python send(), which also raises any argument error. */
 static PyObject *Appender_produce(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -971,9 +987,9 @@ static PyObject *Appender_produce(Appender *self, PyObject *const *args, size_t 
         if (slot < 0 || (slot < nargs && slot != P_ON_DELIVERY)) usable = 0;  /* unknown or given twice */
         else a[slot] = args[nargs + k];
     }
-    if (usable && a[P_TOPIC] != NULL && a[P_HEADERS] == Py_None && a[P_PARTITION] == Py_None) {
-        PyObject *call[4] = {a[P_TOPIC], a[P_KEY], a[P_VALUE], a[P_TIMESTAMP]};
-        PyObject *future = Appender_send(self, call, 4);
+    if (usable && a[P_TOPIC] != NULL && a[P_HEADERS] == Py_None) {
+        PyObject *call[5] = {a[P_TOPIC], a[P_KEY], a[P_VALUE], a[P_TIMESTAMP], a[P_PARTITION]};
+        PyObject *future = Appender_send(self, call, 5);
         if (future == NULL) return NULL;
         if (future != Py_None) {
             if (a[P_ON_DELIVERY] != Py_None) {  /* as the Python send(): the record is queued, then the callback */
@@ -990,7 +1006,7 @@ static PyObject *Appender_produce(Appender *self, PyObject *const *args, size_t 
 
 static PyMethodDef Appender_methods[] = {
     {"send", (PyCFunction)(void (*)(void))Appender_send, METH_FASTCALL,
-     "send(topic, key, value, timestamp) -> the record's future, or None for the Python path"},
+     "send(topic, key, value, timestamp[, partition]) -> the record's future, or None for the Python path"},
     {"produce", (PyCFunction)(void (*)(void))Appender_produce, METH_FASTCALL | METH_KEYWORDS,
      "produce($self, /, topic, value=None, key=None, headers=None, partition=None, timestamp=None, *, "
      "on_delivery=None)\n--\n\n"

@@ -100,7 +100,7 @@ def test_a_record_appended_by_the_appender_is_the_one_the_python_path_appends() 
     assert [r[2:] for r in fast_records] == [r[2:] for r in py_records]
 
 
-def test_keyed_records_go_to_kafkas_partition_keyless_to_the_sticky_one() -> None:
+def test_records_go_to_the_callers_partition_else_kafkas_for_the_key_else_the_sticky_one() -> None:
     acc = make_acc()
     appender = connect(acc, Cluster())
     for tp in TPS:
@@ -110,12 +110,15 @@ def test_keyed_records_go_to_kafkas_partition_keyless_to_the_sticky_one() -> Non
         assert f._completion.partition == (h & 0x7FFFFFFF) % len(TPS), key
     appender.sticky[TOPIC] = TPS[4]
     assert appender.send(TOPIC, None, b"v", TS)._completion.partition == 4
+    for p in range(len(TPS)):  # the caller's partition over the key's and the sticky one
+        assert appender.produce(TOPIC, b"v", b"foobar", partition=p)._completion.partition == p
+        assert appender.send(TOPIC, None, b"v", TS, p)._completion.partition == p
 
 
 @pytest.mark.parametrize("case", [
     "disabled", "no open batch", "keyed, no open batch", "unknown topic", "metadata changed", "key not bytes",
     "value not bytes", "timestamp not int", "topic not str", "batch would fill", "buffer memory short",
-    "above max.request.size", "batch built",
+    "above max.request.size", "batch built", "partition not in the topic", "partition without an open batch",
 ])
 def test_what_the_appender_declines_it_leaves_unchanged(case: str) -> None:
     acc = make_acc(batch_size=2000, buffer_memory=10_000)
@@ -149,8 +152,9 @@ def test_what_the_appender_declines_it_leaves_unchanged(case: str) -> None:
         value = b"v" * 1000
     elif case == "batch built":
         acc.open_batches[TPS[0]].build()
+    partition = {"partition not in the topic": len(TPS), "partition without an open batch": 1}.get(case)
     before = state(acc)
-    assert appender.send(topic, key, value, ts) is None
+    assert appender.send(topic, key, value, ts, partition) is None
     assert state(acc) == before, f"{case}: declined but changed the accumulator"
     if case not in ("disabled", "no open batch", "metadata changed", "batch built", "above max.request.size"):
         assert appender.send(TOPIC, None, b"v", TS) is not None, "an ordinary record after it was declined"
@@ -188,7 +192,10 @@ class Recorder:
 @pytest.mark.parametrize(("args", "kwargs"), [
     ((TOPIC, b"v"), {"headers": [("h", b"1")]}),
     ((TOPIC, b"v", None, None, 3), {}),
-    ((TOPIC, b"v"), {"partition": 0}),
+    ((TOPIC, b"v"), {"partition": 9}),
+    ((TOPIC, b"v"), {"partition": 2**70}),
+    ((TOPIC, b"v"), {"partition": -1}),
+    ((TOPIC, b"v"), {"partition": "0"}),
     ((TOPIC, b"v"), {"colour": "red"}),
     ((TOPIC, b"v", None, None, None, None, "extra"), {}),
     ((), {}),
