@@ -175,6 +175,16 @@ def test_three_members_split_six_partitions_and_sigkilled_members_partitions_mov
     assert set(first + second) <= set(everything), "records lost"
 
 
+PER_PHASE = 60  # records the producer writes in each phase of a rebalance test
+
+
+def wait_for_records(produced: list[str], n: int, phase: str) -> None:
+    """Until the producer thread has written ``n`` more records than now."""
+    target = len(produced) + n
+    wait_for(lambda: len(produced) >= target, 60,
+             lambda: f"{n} records written {phase} (the producer is at {len(produced)}, wanted {target})")
+
+
 def test_commit_before_revoke_gives_exactly_once_across_clean_rebalances(
         cluster: LocalCluster, tmp_path: Path, workers: list[Worker]) -> None:
     topic, group = "clean", "g-clean"
@@ -202,11 +212,13 @@ def test_commit_before_revoke_gives_exactly_once_across_clean_rebalances(
         workers.append(b)
         wait_for(lambda: (b.assignment() or set()) and len(b.assignment() or ()) == 2
                  and len(a.assignment() or ()) == 2, 60, "a and b share the partitions")
-        time.sleep(1)  # let both consume under the new assignment while the producer runs
+        # Both consume under the new assignment while the producer writes (records, not seconds:
+        # a loaded machine writes fewer a second, and the test is about records across rebalances).
+        wait_for_records(produced, PER_PHASE, "while a and b share the partitions")
         a.stop(signal.SIGTERM)  # clean: commit-before-revoke, then LeaveGroup
         assert a.proc.returncode == 0, a.log_tail()
         wait_for(lambda: len(b.assignment() or ()) == 4, 30, "b takes over a's partitions")
-        time.sleep(1)
+        wait_for_records(produced, PER_PHASE, "after b took over a's partitions")
     finally:
         stop.set()
         producer.join(60)
@@ -304,6 +316,7 @@ def test_auto_commit_commits_before_revocation_so_a_clean_rebalance_delivers_eac
         wait_for(lambda: len(a.assignment()) == 4, 30, "a takes b's partitions back")
         seen_a = len(a.values())
         wait_for(lambda: len(a.values()) > seen_a + 20, 30, "a consuming after the second rebalance")
+        wait_for(lambda: len(produced) > 100, 60, lambda: f"over 100 records written (at {len(produced)})")
         stop.set()
         producer.join(60)
         expected = list(produced)
