@@ -198,7 +198,7 @@ class ProducerBatch:
     """An open (appendable) or closed batch of one partition, plus its send/retry state."""
 
     __slots__ = (
-        "tp", "builder", "writer", "append_future", "completion", "created", "deadline", "size_bytes", "_record_count",
+        "tp", "builder", "append_future", "completion", "created", "deadline", "size_bytes", "_record_count",
         "closed", "attempts", "last_attempt", "retry", "base_sequence", "producer_id", "producer_epoch", "payload",
         "stamped", "sent_behind",
     )
@@ -207,9 +207,8 @@ class ProducerBatch:
         self.tp = tp
         self.builder = builder
         # The compiled writer's append of a record without headers, future included (None: Python path,
-        # also where the builder has the Python writer).
+        # also where the builder has the Python writer); the compiled Appender appends through it too.
         self.append_future = getattr(builder.records_writer, "append_future", None) if _FAST_APPEND else None
-        self.writer = builder.records_writer  # what the compiled Appender appends to (None once built)
         self.completion = BatchCompletion(tp.topic, tp.partition)
         self.created = now
         self.deadline = now + delivery_timeout_s
@@ -235,7 +234,6 @@ class ProducerBatch:
         if self.payload is None:
             self.closed = True
             self.append_future = None
-            self.writer = None
             self._record_count = self.builder.record_count
             self.payload = self.builder.build(producer_state)
             self.stamped = producer_state

@@ -96,11 +96,11 @@ class StickyPartitionCache:
     """
 
     def __init__(self, rng: random.Random | None = None) -> None:
-        self._sticky: dict[str, int] = {}
+        self.current: dict[str, int] = {}  # topic -> its sticky partition (also read by the compiled send())
         self._rng = rng or random.Random()
 
     def partition(self, topic: str, all_partitions: Sequence[int], available: Sequence[int]) -> int:
-        current = self._sticky.get(topic)
+        current = self.current.get(topic)
         if current is None:
             return self.next_partition(topic, all_partitions, available, None)
         return current
@@ -113,5 +113,5 @@ class StickyPartitionCache:
         if previous is not None and len(pool) > 1 and previous in pool:
             pool.remove(previous)
         choice = pool[self._rng.randrange(len(pool))]
-        self._sticky[topic] = choice
+        self.current[topic] = choice
         return choice

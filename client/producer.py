@@ -170,6 +170,7 @@ class Producer:
             appender.cluster = self.cluster
             appender.meta = self._cache_meta
             appender.max_request_size = self.max_request_size
+            appender.sticky = self._sticky.current  # keyless records follow the Python path's choice
             appender.enabled = 1
             self._appender = appender
             if type(self).send is Producer.send:  # not where a subclass has its own send()
@@ -263,9 +264,6 @@ class Producer:
                 sticky = self._sticky.next_partition(topic, all_parts, available, sticky)
                 future = self._accumulator.append(tps[sticky], timestamp, key, value, header_list, size,
                                                   key_size, value_size)
-            appender = self._appender
-            if appender is not None and self._cache_meta is appender.meta:
-                appender.sticky[topic] = tps[sticky]  # the compiled path follows the sticky partition
         assert future is not None
         if on_delivery is not None:
             future.add_delivery_callback(on_delivery)
@@ -308,8 +306,7 @@ class Producer:
             self._cache_meta = snapshot
             if appender is not None:
                 # Before the new snapshot is named: a send meanwhile finds it unlike the cluster's
-                # (or finds empty tables) and takes this path.
-                appender.sticky.clear()
+                # (or finds no partitions) and takes this path.
                 appender.keyed.clear()
                 appender.meta = snapshot
         entry = (parts, available, {p: TopicPartition(topic, p) for p in parts})

@@ -752,9 +752,9 @@ static PyObject *murmur2(PyObject *self, PyObject *arg) {
  * which names the error, opens batches, moves the sticky partition and refreshes what this reads.
  *
  * State it reads, kept by the Python side: ``open_batches`` (the accumulator's dict, under its
- * lock), ``sticky`` {topic: TopicPartition} and ``keyed`` {topic: (TopicPartition, ...) in
- * partition order}, both derived from the metadata snapshot ``meta`` (compared with the cluster
- * client's ``_meta`` on every call). ``used_bytes`` is the accumulator's buffer accounting: the
+ * lock), ``sticky`` {topic: partition} (the producer's StickyPartitionCache.current) and ``keyed``
+ * {topic: (TopicPartition, ...) in partition order}, derived from the metadata snapshot ``meta``
+ * (compared with the cluster client's ``_meta`` on every call). ``used_bytes`` is the accumulator's buffer accounting: the
  * accumulator reads and writes it here, under its lock, so both paths count the same bytes.
  */
 typedef struct {
@@ -768,7 +768,7 @@ typedef struct {
     int enabled;
 } Appender;
 
-static PyObject *str_meta, *str_size_bytes, *str_writer, *str_completion, *str_add_delivery_callback;
+static PyObject *str_meta, *str_size_bytes, *str_append_future, *str_completion, *str_add_delivery_callback;
 
 static int Appender_traverse(Appender *self, visitproc visit, void *arg) {
     Py_VISIT(self->lock);
@@ -851,7 +851,7 @@ static PyObject *append_locked(Appender *self, PyObject *tp, PyObject *timestamp
         Py_RETURN_NONE;  /* no open batch: the Python path opens one (or moves the sticky partition) */
     }
     Py_INCREF(batch);
-    PyObject *out = NULL, *writer = NULL, *completion = NULL, *reserved = NULL;
+    PyObject *out = NULL, *append_future = NULL, *completion = NULL, *reserved = NULL;
     reserved = PyObject_GetAttr(batch, str_size_bytes);
     if (reserved == NULL) goto done;
     Py_ssize_t batch_bytes = PyLong_AsSsize_t(reserved);
@@ -862,9 +862,11 @@ static PyObject *append_locked(Appender *self, PyObject *tp, PyObject *timestamp
         out = Py_NewRef(Py_None);
         goto done;
     }
-    writer = PyObject_GetAttr(batch, str_writer);
-    if (writer == NULL) goto done;
-    if (!PyObject_TypeCheck(writer, &WriterType)) {  /* the pure-Python writer: Python path */
+    /* The batch's compiled writer, as its bound append_future (None once built, or the Python writer's). */
+    append_future = PyObject_GetAttr(batch, str_append_future);
+    if (append_future == NULL) goto done;
+    PyObject *writer = PyCFunction_Check(append_future) ? PyCFunction_GET_SELF(append_future) : NULL;
+    if (writer == NULL || !PyObject_TypeCheck(writer, &WriterType)) {
         out = Py_NewRef(Py_None);
         goto done;
     }
@@ -884,10 +886,27 @@ static PyObject *append_locked(Appender *self, PyObject *tp, PyObject *timestamp
     self->used_bytes += size;
 done:
     Py_XDECREF(reserved);
-    Py_XDECREF(writer);
+    Py_XDECREF(append_future);
     Py_XDECREF(completion);
     Py_DECREF(batch);
     return out;
+}
+
+/* keyed[topic][partition] when that is the topic's partition ``partition`` (an int), borrowed; NULL
+ * otherwise, with an exception set only if the comparison raised. */
+static PyObject *partition_at(Appender *self, PyObject *topic, PyObject *partition) {
+    PyObject *parts = PyDict_GetItemWithError(self->keyed, topic);
+    if (parts == NULL || !PyTuple_CheckExact(parts) || !PyLong_CheckExact(partition)) return NULL;
+    Py_ssize_t p = PyLong_AsSsize_t(partition);
+    if (p == -1 && PyErr_Occurred()) {
+        PyErr_Clear();  /* beyond any partition: the Python path says so */
+        return NULL;
+    }
+    if (p < 0 || p >= PyTuple_GET_SIZE(parts)) return NULL;
+    PyObject *candidate = PyTuple_GET_ITEM(parts, p);
+    if (!PyTuple_Check(candidate) || PyTuple_GET_SIZE(candidate) != 2) return NULL;
+    int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(candidate, 1), partition, Py_EQ);
+    return eq > 0 ? candidate : NULL;
 }
 
 /* send(topic, key, value, timestamp[, partition]) -> the record's future, or None for the Python path. */
@@ -908,23 +927,12 @@ static PyObject *Appender_send(Appender *self, PyObject *const *args, Py_ssize_t
     int same = meta == self->meta;
     Py_DECREF(meta);
     if (!same) Py_RETURN_NONE;  /* metadata changed: the Python path refreshes what is derived from it */
-    PyObject *tp;  /* borrowed from sticky or keyed */
+    PyObject *tp;  /* borrowed from keyed */
     if (partition != Py_None) {  /* the caller's partition, if the topic has it (else the Python path's error) */
-        PyObject *parts = PyDict_GetItemWithError(self->keyed, topic);
-        tp = NULL;
-        Py_ssize_t p = PyLong_AsSsize_t(partition);
-        if (p == -1 && PyErr_Occurred()) {
-            PyErr_Clear();  /* beyond any partition: the Python path says so */
-        } else if (parts != NULL && PyTuple_CheckExact(parts) && p >= 0 && p < PyTuple_GET_SIZE(parts)) {
-            PyObject *candidate = PyTuple_GET_ITEM(parts, p);
-            if (PyTuple_Check(candidate) && PyTuple_GET_SIZE(candidate) == 2) {
-                int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(candidate, 1), partition, Py_EQ);
-                if (eq < 0) return NULL;
-                if (eq) tp = candidate;
-            }
-        }
-    } else if (key == Py_None) {
-        tp = PyDict_GetItemWithError(self->sticky, topic);
+        tp = partition_at(self, topic, partition);
+    } else if (key == Py_None) {  /* the sticky partition, as the producer's StickyPartitionCache has it */
+        PyObject *sticky = PyDict_Check(self->sticky) ? PyDict_GetItemWithError(self->sticky, topic) : NULL;
+        tp = sticky == NULL ? NULL : partition_at(self, topic, sticky);
     } else {
         PyObject *parts = PyDict_GetItemWithError(self->keyed, topic);
         tp = NULL;
@@ -1021,7 +1029,7 @@ static PyMemberDef Appender_members[] = {
     {"cluster", T_OBJECT_EX, offsetof(Appender, cluster), 0, "the cluster client (its _meta is compared)"},
     {"fallback", T_OBJECT_EX, offsetof(Appender, fallback), 0, "the Python send() produce() hands over to"},
     {"meta", T_OBJECT_EX, offsetof(Appender, meta), 0, "the metadata snapshot sticky and keyed derive from"},
-    {"sticky", T_OBJECT_EX, offsetof(Appender, sticky), READONLY, "{topic: TopicPartition} for keyless records"},
+    {"sticky", T_OBJECT_EX, offsetof(Appender, sticky), 0, "{topic: partition} for keyless records"},
     {"keyed", T_OBJECT_EX, offsetof(Appender, keyed), READONLY, "{topic: (TopicPartition, ...)} for keyed records"},
     {NULL, 0, 0, 0, NULL},
 };
@@ -1058,10 +1066,10 @@ PyMODINIT_FUNC PyInit__record_walk(void) {
         return NULL;
     str_meta = PyUnicode_InternFromString("_meta");
     str_size_bytes = PyUnicode_InternFromString("size_bytes");
-    str_writer = PyUnicode_InternFromString("writer");
+    str_append_future = PyUnicode_InternFromString("append_future");
     str_completion = PyUnicode_InternFromString("completion");
     str_add_delivery_callback = PyUnicode_InternFromString("add_delivery_callback");
-    if (str_meta == NULL || str_size_bytes == NULL || str_writer == NULL || str_completion == NULL
+    if (str_meta == NULL || str_size_bytes == NULL || str_append_future == NULL || str_completion == NULL
             || str_add_delivery_callback == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);

@@ -51,7 +51,7 @@ def connect(acc: RecordAccumulator, cluster: Cluster, *, max_request_size: int =
     a.cluster = cluster
     a.meta = cluster._meta
     a.max_request_size = max_request_size
-    a.sticky[TOPIC] = TPS[0]
+    a.sticky[TOPIC] = 0
     a.keyed[TOPIC] = TPS
     a.enabled = 1
     return a
@@ -108,7 +108,7 @@ def test_records_go_to_the_callers_partition_else_kafkas_for_the_key_else_the_st
     for key, h in KAFKA_MURMUR2.items():
         f = appender.send(TOPIC, key, b"v", TS)
         assert f._completion.partition == (h & 0x7FFFFFFF) % len(TPS), key
-    appender.sticky[TOPIC] = TPS[4]
+    appender.sticky[TOPIC] = 4
     assert appender.send(TOPIC, None, b"v", TS)._completion.partition == 4
     for p in range(len(TPS)):  # the caller's partition over the key's and the sticky one
         assert appender.produce(TOPIC, b"v", b"foobar", partition=p)._completion.partition == p
@@ -129,7 +129,7 @@ def test_what_the_appender_declines_it_leaves_unchanged(case: str) -> None:
     if case == "disabled":
         appender.enabled = 0
     elif case == "no open batch":
-        appender.sticky[TOPIC] = TPS[1]
+        appender.sticky[TOPIC] = 1
     elif case == "keyed, no open batch":
         key = next(k for k in KAFKA_MURMUR2 if to_positive(KAFKA_MURMUR2[k]) % len(TPS) != 0)
     elif case == "unknown topic":
