@@ -24,6 +24,19 @@ def end_offsets(progress: dict) -> dict[str, dict[str, int]]:
     return json.loads(end) if isinstance(end, str) else end
 
 
+def while_running(query, cond):  # type: ignore[no-untyped-def]
+    """``cond`` for wait_until that fails at once, with Spark's reason, once the query has died.
+
+    Without it a query that Spark ended (a task failure, a Python worker that did not start)
+    is only seen at the deadline, as rows that never came.
+    """
+    def check():  # type: ignore[no-untyped-def]
+        if not query.isActive:
+            raise AssertionError(f"the streaming query ended while waited on: {query.exception()}")
+        return cond()
+    return check
+
+
 class BackgroundProducer:
     """Produces chunks with acks=all until stopped; remembers every acknowledged record."""
 
@@ -86,14 +99,14 @@ def test_stream_exactly_once_into_parquet_across_restart(spark, brook, tmp_path)
     query = start_query()
     producer.start()
     try:
-        wait_until(lambda: parquet_count() > 0, 90, "first rows in the parquet sink")
+        wait_until(while_running(query, lambda: parquet_count() > 0), 90, "first rows in the parquet sink")
     finally:
         query.stop()
     assert producer.running, f"the producer should still be producing at the restart (error: {producer.error!r})"
     query = start_query()
     try:
         acked = producer.join()
-        wait_until(lambda: parquet_count() >= len(acked), 90,
+        wait_until(while_running(query, lambda: parquet_count() >= len(acked)), 90,
                    lambda: f"{len(acked)} rows in the sink, have {parquet_count()}")
     finally:
         query.stop()
@@ -167,7 +180,7 @@ def test_new_partitions_and_new_matching_topics_are_picked_up(spark, brook, tmp_
         return {(r["topic"], r["partition"], r["offset"]) for r in spark.sql("SELECT * FROM grow_rows").collect()}
 
     try:
-        wait_until(lambda: seen() == expected, 60, lambda: f"first 50 rows, have {len(seen())}")
+        wait_until(while_running(query, lambda: seen() == expected), 60, lambda: f"first 50 rows, have {len(seen())}")
         brook.add_partitions("grow-a", 3)
         brook.create_topic("grow-b", 2)
         brook.create_topic("other-c", 1)  # does not match the pattern
@@ -176,7 +189,7 @@ def test_new_partitions_and_new_matching_topics_are_picked_up(spark, brook, tmp_
                                                                         partition=p)}
         expected |= {("grow-b", p, o) for (p, o) in brook.produce("grow-b", [b"b%d" % i for i in range(30)])}
         brook.produce("other-c", [b"x"])
-        wait_until(lambda: seen() == expected, 60,
+        wait_until(while_running(query, lambda: seen() == expected), 60,
                    lambda: f"{len(expected)} rows; missing {sorted(expected - seen())[:5]}, extra {sorted(seen() - expected)[:5]}")
     finally:
         query.stop()
