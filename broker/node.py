@@ -389,13 +389,16 @@ class Node:
             return
         self._stopped.set()
         controlled = controlled and bool(self.config["controlled.shutdown.enable"])
-        if self.console is not None:
-            _stop_quietly("console", self.console.stop)
-            _stop_quietly("console admin client", self._console_data.close)
         self.grpc.role_down("broker")
         if self.broker is not None:
             log.info("broker %d: %s shutdown", self.config.node_id, "controlled" if controlled else "immediate")
             _stop_quietly("broker", lambda: self.broker.stop(controlled=controlled))
+        # The console after the broker: its server takes up to half a second to stop, and a controlled
+        # shutdown that began that much later than its peers' could find their controllers, and so the
+        # quorum it needs, already gone (every node stopped at once: it then waited out its timeout).
+        if self.console is not None:
+            _stop_quietly("console", self.console.stop)
+            _stop_quietly("console admin client", self._console_data.close)
         self.grpc.role_down("controller")
         if self.controller is not None:
             log.info("controller %d: stopping", self.config.node_id)
