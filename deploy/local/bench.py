@@ -10,8 +10,7 @@ factor 3:
    counting from batch headers only (goal: 1,000,000 records/s);
 3. ``brook perf produce`` capped at 10,000 records/s with acks=all and the producer's default
    ``linger.ms`` of 5 ms (goal: p99 ≤ 5 ms, send() to acknowledgement), with what the leaders
-   recorded for those requests (their local and remote produce time, as Kafka splits it) and, first,
-   the floor under them: one bare gRPC round trip to a broker on this machine at this hour; then
+   recorded for those requests (their local and remote produce time, as Kafka splits it), then
    ``brook perf end-to-end`` at that rate: send() until a consumer polls the record (goal: p99 ≤ 10 ms);
 4. confluent-kafka (librdkafka) on the same cluster through the Kafka listener: an idempotent
    acks=all producer, then a consumer (fetches sent from the segment files with sendfile),
@@ -44,8 +43,6 @@ import timeit
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client.perf import consume_main, e2e_main, produce_main
 from deploy.local.cluster import CLIENT_PROPERTIES, LocalCluster, rss_bytes
@@ -85,8 +82,6 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(("consume --batches", _measured(figures, ("plaintext", "consume --batches"), consume_main,
                                                      [*consume, "--batches"])))
         print(f"== 3. produce {args.latency_records} records at 10,000 records/s, acks=all (latency)", flush=True)
-        print(f"   the floor, one gRPC round trip client-broker now: {transport_floor(cluster, cluster.node_ids[0])} "
-              "(an acks=all write makes two in series, and a follower's append)", flush=True)
         before: dict[str, Any] = {}  # the leaders' figures once the perf tool's (unpaced) warm-up is done
         steps.append(("produce 10k/s", produce_main([*common, "--topic", "bench-latency", "--acks", "all",
                                                      "--throughput", "10000", "--batch-size", "16384",
@@ -133,28 +128,6 @@ def machine_speed(repeat: int = 5, number: int = 20) -> str:
     """``SPEED_PROBE``'s best time now, for the record next to the figures (not a figure of Brook's)."""
     best = min(timeit.repeat(SPEED_PROBE, number=number, repeat=repeat)) / number
     return f"{best * 1000:.2f} ms for {SPEED_PROBE} (best of {repeat}; lower is a faster hour)"
-
-
-def transport_floor(cluster: LocalCluster, node_id: int, calls: int = 1000, pause_s: float = 0.002) -> str:
-    """One gRPC round trip between this process and a broker, timed ``calls`` times at a light pace:
-    the broker's health check, answered on its event loop with no work of Brook's. It is the floor
-    under step 3's figures on this machine at this hour: an acks=all write makes at least two such
-    trips one after the other (client and leader, leader and follower), plus the follower's append."""
-    from client.security import make_channel
-
-    took: list[float] = []
-    with make_channel(cluster.broker_address(node_id), cluster.security) as channel:
-        check = health_pb2_grpc.HealthStub(channel).Check
-        request = health_pb2.HealthCheckRequest()
-        check(request, timeout=10)  # connected before the clock starts
-        for _ in range(calls):
-            started = time.perf_counter()
-            check(request, timeout=10)
-            took.append(time.perf_counter() - started)
-            time.sleep(pause_s)
-    took.sort()
-    return (f"{took[len(took) // 2] * 1000:.2f} ms 50th, {took[int(len(took) * 0.99)] * 1000:.2f} ms 99th "
-            f"over {calls} health checks to broker {node_id}")
 
 
 # The histograms step 3 reads from every broker, by the name it prints them under.
