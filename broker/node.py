@@ -319,6 +319,8 @@ class Node:
             extensions = [group_coordinator.install, self._remember_coordinator]
             with self.grpc.role("broker"):
                 self.broker = BrokerServer(cfg.broker_settings(), extensions=extensions)
+                if self.controller is not None:  # combined: a lost quorum ends a controlled shutdown early
+                    self.broker.quorum_reachable = self.controller.raft.has_quorum
                 self.broker.start()
             self.metrics.add(BrokerCollector(lambda: getattr(self.broker, "replica_manager", None), cfg.log_dirs))
             self.metrics.add(GroupCollector(lambda: self.group_coordinator))

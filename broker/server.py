@@ -64,6 +64,9 @@ DUPLICATE_RETRY_S = 2.0  # another process holds this node id: its session ends 
 INCARNATION_FILE = "broker.incarnation"
 FIRST_METADATA_WAIT_S = 30.0
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 30.0
+# A combined node's broker stops waiting for its controlled shutdown once its own controller has
+# reached no majority of the voters for this long: no controller can answer it until they return.
+NO_QUORUM_GIVE_UP_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,8 @@ class BrokerServer:
         self._stopping = threading.Event()
         self._want_shutdown = False
         self._should_shutdown = threading.Event()
+        # Set by a combined node: does its own controller reach a majority of the voters?
+        self.quorum_reachable: Callable[[], bool] | None = None
         self._threads: list[threading.Thread] = []
         self._metadata_lock = threading.RLock()  # cache + replica manager move together (see BrokerService)
         self._started = False
@@ -548,10 +553,25 @@ class BrokerServer:
         self._want_shutdown = True
         deadline = time.monotonic() + timeout_s
         req = controller_pb2.ControlledShutdownRequest(node_id=self.node_id, broker_epoch=self.broker_epoch)
+        quorum_lost_at: float | None = None
         while time.monotonic() < deadline and not self._should_shutdown.is_set():
+            if self.quorum_reachable is not None:
+                now = time.monotonic()
+                if self.quorum_reachable():
+                    quorum_lost_at = None
+                elif quorum_lost_at is None:
+                    quorum_lost_at = now
+                elif now - quorum_lost_at >= NO_QUORUM_GIVE_UP_S:
+                    log.warning("broker %d: controlled shutdown given up: this node's controller has reached no "
+                                "majority of the voters for %.0f s, so no controller can move our leaderships "
+                                "(were the other nodes stopped first?); stopping anyway",
+                                self.node_id, now - quorum_lost_at)
+                    return
             try:
-                resp = self.controller_client.call("ControlledShutdown", req,
-                                                   timeout_s=max(0.5, deadline - time.monotonic()))
+                # Each attempt bounded, so that the loop looks at the quorum (and the deadline) between them;
+                # asking again is harmless (the controller answers what is left to move).
+                resp = self.controller_client.call("ControlledShutdown", req, timeout_s=max(
+                    0.5, min(NO_QUORUM_GIVE_UP_S, deadline - time.monotonic())))
                 if resp.remaining_leaderships == 0:
                     log.info("broker %d: controlled shutdown complete", self.node_id)
                     return

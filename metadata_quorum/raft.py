@@ -362,6 +362,12 @@ class MetadataRaft:
     def is_leader(self) -> bool:
         return bool(self._syncobj._isLeader())
 
+    def has_quorum(self) -> bool:
+        """Does this voter reach a majority of the voters (itself included)? From the tick thread's
+        latest status sample (at most _STATUS_SAMPLE_INTERVAL_S old); True until the first sample."""
+        with self._status_lock:
+            return bool(self._status.get("has_quorum", True))
+
     def leader_address(self) -> str | None:
         leader = self._syncobj._getLeader()
         return None if leader is None else str(leader.id)

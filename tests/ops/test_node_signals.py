@@ -115,3 +115,23 @@ def test_sigterm_moves_leaderships_then_second_signal_exits_at_once(ops_cluster:
     assert count_records(ops_cluster.bootstrap_servers, 2, LED) == 20
     with Admin(ops_cluster.bootstrap_servers) as admin:
         admin.delete_topics([LED])
+
+
+def test_a_node_whose_quorum_is_gone_stops_without_waiting_out_the_timeout(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The other two nodes of a combined cluster are gone (stopped first, or crashed): the last one's
+    controlled shutdown can reach no controller. Its own controller sees no majority, so it gives the
+    shutdown up (and exits 0) instead of waiting out a minute of controlled.shutdown.timeout.ms."""
+    cluster = LocalCluster(tmp_path / "cluster", nodes=3, mode="combined",
+                           overrides={"controlled.shutdown.timeout.ms": "60000"})
+    try:
+        cluster.start()
+        cluster.wait_ready(90)
+        for gone in (2, 3):
+            cluster.kill_node(gone)
+        cluster.kill_node(1, signal.SIGTERM)
+        code = wait_exit(cluster, 1, 90)
+        text = cluster.node_log(1).read_text()
+        assert code == 0, f"exit code {code}; log:\n{text[-3000:]}"
+        assert "controlled shutdown given up" in text and "did not finish" not in text, text[-3000:]
+    finally:
+        cluster.teardown()
