@@ -50,6 +50,8 @@ def records_seeds() -> dict[str, bytes]:
     seeds["count-overstated"] = bytes([0]) + (9).to_bytes(2, "big") + records(3)
     seeds["transactional"] = bytes([1 << 5]) + (3).to_bytes(2, "big") + records(3)
     seeds["many"] = bytes([0]) + (300).to_bytes(2, "big") + records(300)
+    # Stamped 20 years after the batch's base timestamp: past message.timestamp.after.max.ms (INVALID_TIMESTAMP).
+    seeds["future-timestamp"] = bytes([0]) + (1).to_bytes(2, "big") + record(0, b"k", b"v", ts_delta=20 * 365 * 86_400_000)
     return seeds
 
 

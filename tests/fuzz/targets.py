@@ -43,7 +43,8 @@ from storage import record_batch as rb
 from storage.log_config import LogConfig
 from storage.log_validator import LogValidator
 
-REFUSALS = (errors.CorruptMessageError, errors.InvalidRecordError, errors.MessageTooLargeError)
+REFUSALS = (errors.CorruptMessageError, errors.InvalidRecordError, errors.MessageTooLargeError,
+            errors.InvalidTimestampError)  # INVALID_TIMESTAMP: past message.timestamp.before/after.max.ms
 _AFTER_CRC = struct.Struct(">hiqqqhii")
 _BEFORE_CRC = struct.Struct(">qiib")
 _FUZZ_MAX_MESSAGE_BYTES = 64 * 1024  # small limits keep bombs cheap to refuse (decompressed cap 2 MiB)
