@@ -43,6 +43,8 @@ POLL_WAIT_MS = 60_000  # the broker's longest long poll (MAX_FETCH_WAIT_MS)
 # A parked poll answers empty once POLL_WAIT_MS pass; "all still parked" is only checked
 # well within that, so a very slow machine cannot make the test fail spuriously.
 PARKED_CHECK_WITHIN_S = POLL_WAIT_MS / 1000 * 0.75
+# What a client reads when gRPC core cancels a call the server never picked up in time.
+UNREQUESTED_CANCEL_DETAILS = "CANCELLED"
 
 
 def fetch_req(topic: str, partition: int, offset: int, *, max_wait_ms: int, min_bytes: int,
@@ -118,12 +120,21 @@ def test_long_poll_flood_does_not_stall_the_broker(kit: Kit) -> None:
             return [p.exception() for p in polls if p.done() and p.exception() is not None]
         wait_for(lambda: len(refused()) >= FLOOD - WAITING_MAX, 60,
                  lambda: f"{FLOOD - WAITING_MAX} polls refused (refused {len(refused())})")
+        shed = 0
         for exc in refused():
-            assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
             err = rpc_error(exc, "Fetch")
+            if exc.code() == grpc.StatusCode.CANCELLED and exc.details() == UNREQUESTED_CANCEL_DETAILS:
+                # gRPC itself cancels a call the broker's loop has not picked up within 30 s
+                # (server_max_unrequested_time_in_server): only on a machine so loaded that the
+                # loop took that long over the flood. Brook's client retries it as a network error.
+                shed += 1
+                assert err.code == ErrorCode.NETWORK_EXCEPTION and err.retriable, err
+                continue
+            assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
             assert err.code == ErrorCode.THROTTLING_QUOTA_EXCEEDED and err.retriable, err
         assert len(refused()) == FLOOD - WAITING_MAX, "only the polls past the bound may be refused"
-        assert refused_in_metrics(kit, node) >= FLOOD - WAITING_MAX, "refusals must show in brook_rpc_requests_total"
+        assert refused_in_metrics(kit, node) + shed >= FLOOD - WAITING_MAX, \
+            f"refusals must show in brook_rpc_requests_total ({shed} shed by gRPC before the broker saw them)"
 
         # The flood holds for several replica.lag.time.max.ms: a stalled broker would shrink its ISRs.
         until = time.monotonic() + FLOOD_HOLD_S
