@@ -117,7 +117,7 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication_factor
             admin.wait_for_topics([topic])
 
 
-def _pace(start: float, sent: int, interval: float) -> None:
+def pace(start: float, sent: int, interval: float) -> None:
     """Hold a fixed send rate: sleep while ``sent`` records are ahead of ``start`` + sent x interval
     (checked every 16 records by the callers, so the rate costs no per-record work)."""
     ahead = start + sent * interval - time.monotonic()
@@ -168,7 +168,7 @@ def run_produce(producer: Producer, topic: str, num_records: int, record_size: i
     interval = 1.0 / throughput if throughput > 0 else 0.0
     for i in range(num_records):
         if interval and i % 16 == 0:
-            _pace(start, i, interval)
+            pace(start, i, interval)
         if i % sample_every == 0:
             t = now()
             samples.append((t, send(topic, payload)))
@@ -392,7 +392,7 @@ def e2e_main(argv: Sequence[str] | None = None) -> int:
         start = time.monotonic()
         for i in range(args.num_records):
             if i % 16 == 0:
-                _pace(start, i, interval)
+                pace(start, i, interval)
                 progress.maybe_print(i)
                 if len(futures) >= 4096:
                     failed += _settle(futures)

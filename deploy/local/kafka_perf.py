@@ -11,6 +11,8 @@ import os
 import time
 from typing import Any
 
+from client.perf import PerfResult, pace
+
 REPORT_EVERY_S = 5.0
 
 
@@ -53,6 +55,47 @@ def produce(config: dict[str, str], topic: str, num_records: int, record_size: i
         return 1
     _summary("sent", num_records, record_size, elapsed)
     return 0
+
+
+def produce_at_rate(config: dict[str, str], topic: str, num_records: int, rate: float, record_size: int = 100,
+                    warmup_records: int = 5000) -> PerfResult | None:
+    """Latency at a fixed rate (``rate`` records/s), acks=all, idempotent, librdkafka's own batching
+    defaults (``linger.ms`` 5): each record's time from ``produce()`` to its acknowledgement as
+    librdkafka measures it (``Message.latency()``), so a late ``poll()`` of ours does not count.
+    Prints ``brook perf produce``'s summary line; None (and why, printed) when a record failed."""
+    from confluent_kafka import Producer
+
+    p = Producer({**config, "acks": "all", "enable.idempotence": True})
+    payload = os.urandom(record_size)
+    latencies_ms: list[float] = []
+    failed = [0]
+    keep = [False]  # the warm-up's latencies are not kept
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            failed[0] += 1
+        elif keep[0]:
+            latencies_ms.append(msg.latency() * 1000)
+
+    interval = 1.0 / rate
+    for measured, count in ((False, warmup_records), (True, num_records)):
+        keep[0] = measured
+        cpu_start = time.process_time()
+        start = time.monotonic()
+        for i in range(count):
+            if i % 16 == 0:
+                pace(start, i, interval)
+            p.produce(topic, payload, on_delivery=on_delivery)
+            p.poll(0)
+        left = p.flush(120)
+        elapsed = time.monotonic() - start
+        if left or failed[0]:
+            print(f"confluent-kafka producer: {failed[0]} failed, {left} not delivered")
+            return None
+    result = PerfResult(num_records, num_records * record_size, elapsed, latencies_ms, 0,
+                        time.process_time() - cpu_start)
+    print(f"{result.summary('sent')} [confluent-kafka {_version()}, Kafka listener]", flush=True)
+    return result
 
 
 def consume(config: dict[str, str], topic: str, num_records: int, record_size: int = 100) -> int:

@@ -573,6 +573,29 @@ def _aiokafka_sequence(bootstrap: str, topic: str, n: int, acked: dict[int, int]
     asyncio.run(run())
 
 
+def test_the_peer_bench_fixed_rate_run_times_each_record_once(cluster: LocalCluster, kconf, make_topic,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """``make bench-peer``'s latency run for librdkafka (``kafka_perf.produce_at_rate``): every record,
+    warm-up included, is written once, each measured record has one latency (librdkafka's own), and
+    the line it prints is the one the bench's table is read from."""
+    from deploy.local import kafka_perf
+    from deploy.local.peer_bench import latency_figures
+
+    topic = make_topic(1)
+    result = kafka_perf.produce_at_rate(kconf, topic, 400, rate=4000, warmup_records=100)
+    out = capsys.readouterr().out
+    assert result is not None, out
+    assert len(result.latencies_ms) == 400 and min(result.latencies_ms) > 0, out
+    figures = latency_figures(out)
+    assert figures is not None, out
+    assert figures["50th"] == pytest.approx(result.percentile(0.5), abs=0.01)
+    assert figures["99th"] == pytest.approx(result.percentile(0.99), abs=0.01)
+    # 400 records at 4,000/s take at least 0.1 s, whatever the machine
+    assert result.elapsed_s >= 0.09 and figures["rate"] <= 4400, out
+    read = brook_read_all(cluster, topic, 1, 500)
+    assert len(read[0]) == 500 and [r.offset for r in read[0]] == list(range(500))
+
+
 def test_idempotent_acks_all_survives_leader_sigkill(cluster: LocalCluster, admin: Admin, kconf, make_topic) -> None:
     """confluent-kafka, kafka-python and aiokafka, each an idempotent acks=all producer of a numbered
     sequence, write to one RF-3 partition while its leader is SIGKILLed and later restarted: for each

@@ -26,3 +26,16 @@ def test_the_machine_speed_line_names_the_probe_and_a_time() -> None:
     match = re.fullmatch(r"(\d+\.\d\d) ms for (.+) \(best of 2; lower is a faster hour\)", line)
     assert match, line
     assert match.group(2) == SPEED_PROBE and float(match.group(1)) > 0
+
+
+def test_the_peer_bench_reads_its_latency_table_from_the_perf_summary_line() -> None:
+    from client.perf import PerfResult
+    from deploy.local.peer_bench import latency_figures
+
+    latencies = [float(i) for i in range(1, 1001)]
+    ok = PerfResult(1000, 100_000, 0.5, latencies, 0, 0.25).summary("sent")
+    figures = latency_figures(f"warming up\n{ok} [nats-py, publish_async]\n")
+    assert figures == {"rate": 2000.0, "50th": 501.0, "99th": 991.0, "99.9th": 1000.0, "cpu_us": 250.0}
+    # A run with failed sends has no figures to compare, nor has output without the line.
+    assert latency_figures(PerfResult(1000, 100_000, 0.5, latencies, 3, 0.25).summary("sent")) is None
+    assert latency_figures("1000 records sent, 2000.0 records/sec (0.19 MB/sec)") is None
