@@ -64,9 +64,11 @@ DUPLICATE_RETRY_S = 2.0  # another process holds this node id: its session ends 
 INCARNATION_FILE = "broker.incarnation"
 FIRST_METADATA_WAIT_S = 30.0
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 30.0
-# A combined node's broker stops waiting for its controlled shutdown once its own controller has
-# reached no majority of the voters for this long: no controller can answer it until they return.
+# A broker stops waiting for its controlled shutdown once no controller can answer it for this long:
+# a combined node's own controller reaches no majority of the voters, or (a broker-only node) no
+# controller answers with a leader known. Nothing can move its leaderships until they return.
 NO_QUORUM_GIVE_UP_S = 2.0
+QUORUM_PROBE_TIMEOUT_S = 1.0  # a broker-only node's DescribeQuorum probe of the controllers
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,8 @@ class BrokerServer:
         self._stopping = threading.Event()
         self._want_shutdown = False
         self._should_shutdown = threading.Event()
-        # Set by a combined node: does its own controller reach a majority of the voters?
+        # Set by a combined node: does its own controller reach a majority of the voters? (Else the
+        # controlled shutdown asks the controllers, see _controllers_have_a_leader.)
         self.quorum_reachable: Callable[[], bool] | None = None
         self._threads: list[threading.Thread] = []
         self._metadata_lock = threading.RLock()  # cache + replica manager move together (see BrokerService)
@@ -554,19 +557,20 @@ class BrokerServer:
         deadline = time.monotonic() + timeout_s
         req = controller_pb2.ControlledShutdownRequest(node_id=self.node_id, broker_epoch=self.broker_epoch)
         quorum_lost_at: float | None = None
+        if self.quorum_reachable is not None:
+            reachable, lost = self.quorum_reachable, "this node's controller has reached no majority of the voters"
+        else:
+            reachable, lost = self._controllers_have_a_leader, "no controller has answered with a leader known"
         while time.monotonic() < deadline and not self._should_shutdown.is_set():
-            if self.quorum_reachable is not None:
-                now = time.monotonic()
-                if self.quorum_reachable():
-                    quorum_lost_at = None
-                elif quorum_lost_at is None:
-                    quorum_lost_at = now
-                elif now - quorum_lost_at >= NO_QUORUM_GIVE_UP_S:
-                    log.warning("broker %d: controlled shutdown given up: this node's controller has reached no "
-                                "majority of the voters for %.0f s, so no controller can move our leaderships "
-                                "(were the other nodes stopped first?); stopping anyway",
-                                self.node_id, now - quorum_lost_at)
-                    return
+            if reachable():
+                quorum_lost_at = None
+            elif quorum_lost_at is None:
+                quorum_lost_at = time.monotonic()
+            elif time.monotonic() - quorum_lost_at >= NO_QUORUM_GIVE_UP_S:
+                log.warning("broker %d: controlled shutdown given up: %s for %.0f s, so no controller can move "
+                            "our leaderships (were the controllers stopped first?); stopping anyway",
+                            self.node_id, lost, time.monotonic() - quorum_lost_at)
+                return
             try:
                 # Each attempt bounded, so that the loop looks at the quorum (and the deadline) between them;
                 # asking again is harmless (the controller answers what is left to move).
@@ -582,6 +586,17 @@ class BrokerServer:
         if not self._should_shutdown.is_set():
             log.warning("broker %d: controlled shutdown did not finish in %.0fs; stopping anyway",
                         self.node_id, timeout_s)
+
+    def _controllers_have_a_leader(self) -> bool:
+        """A broker-only node's view of the quorum: does a controller answer (any voter, DescribeQuorum)
+        as the active one, or knowing a leader while it reaches a majority? Not when every one refuses,
+        times out, or reaches no majority (a voter cut off from the others keeps naming the leader it
+        lost: pysyncobj starts no election while it is connected to nobody)."""
+        try:
+            r = self.controller_client.describe_quorum(timeout_s=QUORUM_PROBE_TIMEOUT_S)
+        except errors.BrookError:
+            return False
+        return not r.responder_lacks_quorum and (r.responder_is_active or r.leader_id >= 0)
 
     # ---- stats ----
     def stats(self) -> BrokerStats:

@@ -302,7 +302,8 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             leader_id=voters_by_address.get(status.leader_address or "", -1), term=status.term,
             commit_index=status.commit_index, metadata_version=self._raft.version,
             last_applied=status.last_applied, responder_id=voters_by_address.get(self._raft.self_address, -1),
-            responder_is_active=is_active, active_controller_id=active_id, controller_epoch=epoch)
+            responder_is_active=is_active, active_controller_id=active_id, controller_epoch=epoch,
+            responder_lacks_quorum=not self._raft.has_quorum())
         response.redirect.CopyFrom(self._redirect())
         for voter in status.voters:
             if status.is_leader:

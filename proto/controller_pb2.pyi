@@ -511,7 +511,7 @@ class QuorumVoter(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., raft_address: _Optional[str] = ..., log_end_index: _Optional[int] = ..., lag: _Optional[int] = ..., last_contact_ms_ago: _Optional[int] = ..., is_leader: _Optional[bool] = ..., connected: _Optional[bool] = ...) -> None: ...
 
 class DescribeQuorumResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "redirect", "leader_id", "term", "commit_index", "metadata_version", "voters", "last_applied", "responder_id", "responder_is_active", "active_controller_id", "controller_epoch")
+    __slots__ = ("error_code", "error_message", "redirect", "leader_id", "term", "commit_index", "metadata_version", "voters", "last_applied", "responder_id", "responder_is_active", "active_controller_id", "controller_epoch", "responder_lacks_quorum")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
@@ -525,6 +525,7 @@ class DescribeQuorumResponse(_message.Message):
     RESPONDER_IS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RESPONDER_LACKS_QUORUM_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     redirect: ControllerRedirect
@@ -538,7 +539,8 @@ class DescribeQuorumResponse(_message.Message):
     responder_is_active: bool
     active_controller_id: int
     controller_epoch: int
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., metadata_version: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[QuorumVoter, _Mapping]]] = ..., last_applied: _Optional[int] = ..., responder_id: _Optional[int] = ..., responder_is_active: _Optional[bool] = ..., active_controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ...) -> None: ...
+    responder_lacks_quorum: bool
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., metadata_version: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[QuorumVoter, _Mapping]]] = ..., last_applied: _Optional[int] = ..., responder_id: _Optional[int] = ..., responder_is_active: _Optional[bool] = ..., active_controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., responder_lacks_quorum: _Optional[bool] = ...) -> None: ...
 
 class AllocateProducerIdsRequest(_message.Message):
     __slots__ = ("broker_id", "broker_epoch")

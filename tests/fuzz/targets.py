@@ -531,6 +531,9 @@ class ControllerHarness:
             def leader_address(self) -> str:
                 return SELF_ADDRESS
 
+            def has_quorum(self) -> bool:
+                return True
+
             def status(self) -> QuorumStatus:
                 v = self.version
                 return QuorumStatus(True, SELF_ADDRESS, self.term, v, v, [VoterStatus(SELF_ADDRESS, True, True, v, 0.0)])

@@ -367,6 +367,7 @@ def test_describe_quorum_answers_from_any_voter_saying_who_answered(client: Cont
         assert q.error_code == ErrorCode.NONE, q
         assert q.responder_id == node.settings.node_id
         assert q.responder_is_active == (node is leader)
+        assert not q.responder_lacks_quorum, q  # every voter reaches the others
         assert q.leader_id == leader_id and q.active_controller_id == leader_id and q.controller_epoch >= 1
         assert [v.node_id for v in q.voters if v.is_leader] == [leader_id]
         if node is not leader:

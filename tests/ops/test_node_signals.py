@@ -135,3 +135,28 @@ def test_a_node_whose_quorum_is_gone_stops_without_waiting_out_the_timeout(tmp_p
         assert "controlled shutdown given up" in text and "did not finish" not in text, text[-3000:]
     finally:
         cluster.teardown()
+
+
+def test_a_broker_only_node_whose_controllers_lost_their_majority_stops_without_waiting_out_the_timeout(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Split roles: two of the three controllers are gone (the third is up but leads nothing) when the
+    broker is told to stop. The broker has no controller of its own to ask; its DescribeQuorum probes
+    find no controller that knows a leader, so it gives its controlled shutdown up (exit 0) instead of
+    waiting out a minute of controlled.shutdown.timeout.ms."""
+    cluster = LocalCluster(tmp_path / "cluster", nodes=1, mode="split", controllers=3,
+                           overrides={"controlled.shutdown.timeout.ms": "60000"})
+    try:
+        cluster.start()
+        cluster.wait_ready(90)
+        with Admin(cluster.bootstrap_servers) as admin:
+            admin.create_topics([NewTopic("led", 2, 1)])  # leaderships for the shutdown to move
+        for gone in cluster.controller_ids[:2]:
+            cluster.kill_node(gone)
+        cluster.kill_node(1, signal.SIGTERM)
+        code = wait_exit(cluster, 1, 90)
+        text = cluster.node_log(1).read_text()
+        assert code == 0, f"exit code {code}; log:\n{text[-3000:]}"
+        assert "controlled shutdown given up: no controller has answered with a leader known" in text, text[-3000:]
+        assert "did not finish" not in text, text[-3000:]
+    finally:
+        cluster.teardown()
