@@ -83,12 +83,26 @@ def main(argv: list[str] | None = None) -> int:
                                                      [*consume, "--batches"])))
         print(f"== 3. produce {args.latency_records} records at 10,000 records/s, acks=all (latency)", flush=True)
         before: dict[str, Any] = {}  # the leaders' figures once the perf tool's (unpaced) warm-up is done
+        started: list[float] = []
+
+        def measuring() -> None:
+            before.update(produce_times(cluster))
+            cpu_before.clear()
+            cpu_before.update(node_cpu_seconds(cluster))
+            started.append(time.monotonic())
+
         steps.append(("produce 10k/s", produce_main([*common, "--topic", "bench-latency", "--acks", "all",
                                                      "--throughput", "10000", "--batch-size", "16384",
                                                      "--num-records", str(args.latency_records),
-                                                     "--warmup-records", "5000"],
-                                                    on_measuring=lambda: before.update(produce_times(cluster)))))
-        _print_produce_times(before, produce_times(cluster))
+                                                     "--warmup-records", "5000"], on_measuring=measuring)))
+        after = produce_times(cluster)
+        _print_produce_times(before, after)
+        if started and "local" in after:
+            line = cpu_per_request(cpu_before, node_cpu_seconds(cluster),
+                                   after["local"][2] - before.get("local", ([], 0.0, 0.0))[2],
+                                   time.monotonic() - started[0])
+            if line:
+                print(f"   {line}", flush=True)
         print("== 3b. end to end at 10,000 records/s, acks=all: send() until a consumer (its own process) "
               "polls the record", flush=True)
         steps.append(("end-to-end 10k/s", e2e_main([
@@ -206,6 +220,18 @@ def _print_produce_times(before: dict[str, tuple[list[tuple[float, float]], floa
     pauses = [f for f in (figures("loop lag", "probes"), figures("GC pauses", "collections")) if f]
     if pauses:
         print(f"   on the brokers, holding up every request meanwhile: {'; '.join(pauses)}", flush=True)
+
+
+def cpu_per_request(before: dict[int, float], after: dict[int, float], requests: float, seconds: float) -> str | None:
+    """The brokers' CPU over a fixed-rate step, per produce request the leaders handled: what the
+    latency goals turn on (a request costs the leader and both followers several gRPC messages)."""
+    used = {n: after[n] - before[n] for n in after if n in before}
+    if not used or requests <= 0 or seconds <= 0:
+        return None
+    total = sum(used.values())
+    per_node = ", ".join(f"node {n} {s / seconds:.2f}" for n, s in sorted(used.items()))
+    return (f"the brokers' CPU: {total / requests * 1000:.2f} ms a produce request ({requests:.0f} requests, "
+            f"{requests / seconds:.0f}/s); cores busy: {per_node}")
 
 
 def node_cpu_seconds(cluster: LocalCluster) -> dict[int, float]:

@@ -39,3 +39,14 @@ def test_the_peer_bench_reads_its_latency_table_from_the_perf_summary_line() -> 
     # A run with failed sends has no figures to compare, nor has output without the line.
     assert latency_figures(PerfResult(1000, 100_000, 0.5, latencies, 3, 0.25).summary("sent")) is None
     assert latency_figures("1000 records sent, 2000.0 records/sec (0.19 MB/sec)") is None
+
+
+def test_the_latency_step_prints_the_brokers_cpu_per_produce_request() -> None:
+    from deploy.local.bench import cpu_per_request
+
+    line = cpu_per_request({1: 10.0, 2: 20.0, 3: 5.0}, {1: 11.0, 2: 20.5, 3: 5.5, 4: 9.0}, 500, 5.0)
+    # Nodes measured at both ends only (4 started in between): 2 s of CPU over 500 requests.
+    assert line == "the brokers' CPU: 4.00 ms a produce request (500 requests, 100/s); cores busy: " \
+                   "node 1 0.20, node 2 0.10, node 3 0.10"
+    assert cpu_per_request({}, {1: 1.0}, 500, 5.0) is None
+    assert cpu_per_request({1: 1.0}, {1: 2.0}, 0, 5.0) is None
