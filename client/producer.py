@@ -77,21 +77,24 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 Serializer = Callable[[Any], bytes | None]
 
 
-def _to_bytes(data: Any, what: str) -> bytes | None:
+def _to_bytes(data: Any, what: str, serializer: Serializer | None) -> bytes | None:
     if data is None or isinstance(data, bytes):
         return data
     if isinstance(data, str):
         return data.encode()
     if isinstance(data, bytearray | memoryview):
         return bytes(data)
-    raise TypeError(f"{what} must be bytes, str or None (or set {what}_serializer), got {type(data).__name__}")
+    if serializer is not None:
+        raise TypeError(f"{what}_serializer returned {type(data).__name__}: it must return bytes, str or None")
+    hint = f" (or set {what}_serializer)" if what in ("key", "value") else ""
+    raise TypeError(f"{what} must be bytes, str or None{hint}, got {type(data).__name__}")
 
 
 def _headers(headers: Any) -> list[tuple[str, bytes | None]]:
     if not headers:
         return []
     items = headers.items() if isinstance(headers, Mapping) else headers
-    return [(str(k), _to_bytes(v, "header value")) for k, v in items]
+    return [(str(k), _to_bytes(v, "header value", None)) for k, v in items]
 
 
 class Producer:
@@ -162,11 +165,12 @@ class Producer:
             name=f"{cfg['client_id']}-sender",
         )
         # send() of an ordinary record in one compiled call (storage/_record_walk.c Appender), when the
-        # extension is built and no serializer or partitioner has to see each record.
+        # extension is built and no custom partitioner has to see each record.
         self._appender: Any = None
+        # Where send() hands the serialized record: the Python path, or the compiled appender below.
+        self._deliver: Callable[..., RecordFuture] = self._send_serialized
         appender = self._accumulator.appender
-        if appender is not None and partitioner is None and self._key_serializer is None \
-                and self._value_serializer is None:
+        if appender is not None and partitioner is None:
             appender.cluster = self.cluster
             appender.meta = self._cache_meta
             appender.max_request_size = self.max_request_size
@@ -174,10 +178,14 @@ class Producer:
             appender.enabled = 1
             self._appender = appender
             if type(self).send is Producer.send:  # not where a subclass has its own send()
-                # This instance's send() is the compiled one; it hands what it does not take to this
-                # class's (same signature, same errors).
-                appender.fallback = Producer.send.__get__(self, type(self))
-                self.send = appender.produce  # type: ignore[method-assign]
+                # This instance's send() is the compiled one (after the serializers, if any); it hands
+                # what it does not take to the Python path past the serializers (same signature and
+                # errors as send(), nothing serialized twice).
+                appender.fallback = self._send_serialized
+                if self._key_serializer is None and self._value_serializer is None:
+                    self.send = appender.produce  # type: ignore[method-assign]
+                else:
+                    self._deliver = appender.produce
         self._sender.start()
 
     def _idempotence(self, setting: Any, max_in_flight: int, retries: int) -> bool:
@@ -213,19 +221,39 @@ class Producer:
         while waiting for the topic's metadata or for buffer memory, up to
         ``max.block.ms``. Raises ProducerClosedError after close().
         """
+        if self._closed or self._sender.fatal_error is not None:
+            self._check_sendable()
+        if self._key_serializer is not None:
+            key = self._key_serializer(key)
+        if self._value_serializer is not None:
+            value = self._value_serializer(value)
+        return self._deliver(topic, value, key, headers, partition, timestamp, on_delivery=on_delivery)
+
+    def _check_sendable(self) -> None:
         if self._closed:
             raise errors.ProducerClosedError("send() after close()")
         if self._sender.fatal_error is not None:
             raise errors.ProducerClosedError(f"the sender thread failed: {self._sender.fatal_error!r}")
+
+    def _send_serialized(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        headers: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        *,
+        on_delivery: Callable[[Any, BaseException | None], Any] | None = None,
+    ) -> RecordFuture:
+        """send() past the serializers: ``key`` and ``value`` are what they returned (or the caller's)."""
+        if self._closed or self._sender.fatal_error is not None:
+            self._check_sendable()
         # Hot path: no per-record work beyond what the record needs (see client/perf.py).
-        if self._key_serializer is not None:
-            key = self._key_serializer(key)
-        elif key is not None and key.__class__ is not bytes:
-            key = _to_bytes(key, "key")
-        if self._value_serializer is not None:
-            value = self._value_serializer(value)
-        elif value is not None and value.__class__ is not bytes:
-            value = _to_bytes(value, "value")
+        if key is not None and key.__class__ is not bytes:
+            key = _to_bytes(key, "key", self._key_serializer)
+        if value is not None and value.__class__ is not bytes:
+            value = _to_bytes(value, "value", self._value_serializer)
         key_size = -1 if key is None else len(key)
         value_size = -1 if value is None else len(value)
         size = RECORD_OVERHEAD_BYTES + (key_size if key_size > 0 else 0) + (value_size if value_size > 0 else 0)

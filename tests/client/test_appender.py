@@ -232,23 +232,38 @@ def test_produce_takes_an_ordinary_record_itself_and_passes_python_errors_throug
         appender.produce(TOPIC, b"v")
 
 
-def test_a_producer_uses_it_only_where_no_serializer_or_partitioner_sees_each_record() -> None:
+def test_a_producer_uses_it_past_its_serializers_and_not_with_a_custom_partitioner() -> None:
     plain = Producer(bootstrap_servers="127.0.0.1:1", max_block_ms=100)
     serialized = Producer(bootstrap_servers="127.0.0.1:1", max_block_ms=100, value_serializer=str.encode)
     partitioned = Producer(bootstrap_servers="127.0.0.1:1", max_block_ms=100, partitioner=lambda k, a, b: a[0])
     try:
         assert plain.send == plain._appender.produce
-        assert inspect.signature(plain.send).parameters.keys() == \
-            inspect.signature(Producer.send).parameters.keys() - {"self"}
-        assert plain._appender.fallback == Producer.send.__get__(plain, Producer)
-        for p in (serialized, partitioned):
-            assert p._appender is None and p.send == Producer.send.__get__(p, Producer)
+        # The compiled send() hands what it declines to the Python path past the serializers.
+        assert plain._appender.fallback == plain._send_serialized
+        assert serialized.send == Producer.send.__get__(serialized, Producer)  # runs the serializers, then:
+        assert serialized._deliver == serialized._appender.produce
+        assert serialized._appender.enabled == 1 and serialized._appender.fallback == serialized._send_serialized
+        assert partitioned._deliver == partitioned._send_serialized
+        for send in (plain.send, serialized.send, plain._send_serialized):
+            assert inspect.signature(send).parameters.keys() == \
+                inspect.signature(Producer.send).parameters.keys() - {"self"}
+        assert partitioned._appender is None and partitioned.send == Producer.send.__get__(partitioned, Producer)
     finally:
         for p in (plain, serialized, partitioned):
             p.close(timeout=5)
-    assert plain._appender.enabled == 0
-    with pytest.raises(errors.ProducerClosedError):
-        plain.send(TOPIC, b"v")
+    assert plain._appender.enabled == 0 and serialized._appender.enabled == 0
+    for p in (plain, serialized):
+        with pytest.raises(errors.ProducerClosedError):
+            p.send(TOPIC, "v" if p is serialized else b"v")
+
+
+def test_a_serializer_that_returns_neither_bytes_nor_str_is_named_in_the_error() -> None:
+    with Producer(bootstrap_servers="127.0.0.1:1", max_block_ms=100, key_serializer=len) as producer:
+        with pytest.raises(TypeError, match="key_serializer returned int: it must return bytes, str or None"):
+            producer.send(TOPIC, b"v", key="abc")
+    with Producer(bootstrap_servers="127.0.0.1:1", max_block_ms=100) as producer:
+        with pytest.raises(TypeError, match=r"value must be bytes, str or None \(or set value_serializer\), got int"):
+            producer.send(TOPIC, 5)
 
 
 def test_the_compiled_murmur2_is_the_reference_one() -> None:

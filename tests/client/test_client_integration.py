@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -71,6 +72,40 @@ def test_keys_land_on_kafka_murmur2_partitions(cluster, new_topic) -> None:
     got = consume_all(cluster.bootstrap_servers, topic, partitions, len(KAFKA_MURMUR2))
     stored = {r.key: p for p, records in got.items() for r in records}
     assert stored == expected, "records are not stored in the partitions the producer reported"
+
+
+def test_serializers_run_once_a_record_and_their_bytes_land_where_kafka_puts_them(cluster, new_topic) -> None:
+    """A producer with serializers takes the compiled send() past them: each serializer runs once a
+    record, also for the records the compiled path hands back to the Python one (headers, an explicit
+    partition, the first record before any batch is open), and the bytes they returned land on
+    murmur2's partitions."""
+    partitions = 6
+    topic = new_topic(partitions=partitions)
+    calls = {"key": 0, "value": 0}
+
+    def key_serializer(key: str | None) -> bytes | None:
+        calls["key"] += 1
+        return None if key is None else key.encode()
+
+    def value_serializer(value: dict) -> bytes:
+        calls["value"] += 1
+        return json.dumps(value, sort_keys=True).encode()
+
+    sends = [(key.decode(), {"i": i}) for i, key in enumerate(KAFKA_MURMUR2)] * 3
+    with Producer(bootstrap_servers=cluster.bootstrap_servers, key_serializer=key_serializer,
+                  value_serializer=value_serializer) as producer:
+        futures = [producer.send(topic, value, key=key) for key, value in sends]
+        futures.append(producer.send(topic, {"i": -1}, key="foobar", headers={"h": b"1"}))
+        futures.append(producer.send(topic, {"i": -2}, partition=5))
+        placed = [f.get(timeout=10) for f in futures]
+    assert calls == {"key": len(sends) + 2, "value": len(sends) + 2}
+    expected = [(KAFKA_MURMUR2[key.encode()] & 0x7FFFFFFF) % partitions for key, _ in sends]
+    assert [md.partition for md in placed] == [*expected, expected[1], 5]  # sends[1] is "foobar"
+    got = consume_all(cluster.bootstrap_servers, topic, partitions, len(futures))
+    stored = sorted(((p, r.key, r.value) for p, records in got.items() for r in records), key=repr)
+    assert stored == sorted(
+        [(p, key.encode(), json.dumps(value, sort_keys=True).encode()) for p, (key, value) in zip(expected, sends, strict=True)]
+        + [(expected[1], b"foobar", b'{"i": -1}'), (5, None, b'{"i": -2}')], key=repr)
 
 
 def test_keyless_records_are_sticky_per_batch(cluster, new_topic) -> None:
