@@ -120,9 +120,15 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication_factor
 def pace(start: float, sent: int, interval: float) -> None:
     """Hold a fixed send rate: sleep while ``sent`` records are ahead of ``start`` + sent x interval
     (checked every 16 records by the callers, so the rate costs no per-record work)."""
-    ahead = start + sent * interval - time.monotonic()
-    if ahead > 0.001:
+    if ahead := seconds_ahead(start, sent, interval):
         time.sleep(ahead)
+
+
+def seconds_ahead(start: float, sent: int, interval: float) -> float:
+    """How long a sender of ``sent`` records since ``start`` at one per ``interval`` should wait
+    (0 below a millisecond: not worth a sleep). ``pace``, and asyncio callers with their own sleep."""
+    ahead = start + sent * interval - time.monotonic()
+    return ahead if ahead > 0.001 else 0.0
 
 
 def freeze_startup_objects() -> None:

@@ -83,12 +83,12 @@ def main(argv: list[str] | None = None) -> int:
                                                      [*consume, "--batches"])))
         print(f"== 3. produce {args.latency_records} records at 10,000 records/s, acks=all (latency)", flush=True)
         before: dict[str, Any] = {}  # the leaders' figures once the perf tool's (unpaced) warm-up is done
+        cpu_at_start: dict[int, float] = {}
         started: list[float] = []
 
         def measuring() -> None:
             before.update(produce_times(cluster))
-            cpu_before.clear()
-            cpu_before.update(node_cpu_seconds(cluster))
+            cpu_at_start.update(node_cpu_seconds(cluster))
             started.append(time.monotonic())
 
         steps.append(("produce 10k/s", produce_main([*common, "--topic", "bench-latency", "--acks", "all",
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         after = produce_times(cluster)
         _print_produce_times(before, after)
         if started and "local" in after:
-            line = cpu_per_request(cpu_before, node_cpu_seconds(cluster),
+            line = cpu_per_request(cpu_at_start, node_cpu_seconds(cluster),
                                    after["local"][2] - before.get("local", ([], 0.0, 0.0))[2],
                                    time.monotonic() - started[0])
             if line:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from client.perf import PerfResult, consume_main, produce_main
+from client.perf import PerfResult, consume_main, produce_main, seconds_ahead
 from deploy.local.bench import run_perf
 from deploy.local.cluster import LocalCluster, free_port
 from deploy.local.tools import debian_tool
@@ -142,10 +142,8 @@ async def _nats_latency(urls: list[str], records: int, size: int, rate: float, w
             cpu_start = time.process_time()
             start = time.monotonic()
             for i in range(count):
-                if i % 16 == 0:  # as brook perf paces: sleep while ahead of the rate
-                    ahead = start + i * interval - time.monotonic()
-                    if ahead > 0.001:
-                        await asyncio.sleep(ahead)
+                if i % 16 == 0 and (ahead := seconds_ahead(start, i, interval)):  # paced as brook perf
+                    await asyncio.sleep(ahead)
                 sent = time.monotonic()
                 ack = await js.publish_async("latency", payload, wait_stall=30)
                 if measured:
