@@ -768,13 +768,14 @@ class QuorumController:
         return response
 
     def _plan_partitions(self, item: pb.CreatePartitionsTopic) -> c.CreatePartitions:
-        def snapshot(s: MetadataState) -> tuple[str, int, int, list[BrokerLoad]]:
+        def snapshot(s: MetadataState) -> tuple[str, int, int, list[BrokerLoad], list[list[int]]]:
             topic = s.topics.get(item.name)
             if topic is None:
                 raise errors.UnknownTopicOrPartitionError(f"topic '{item.name}' does not exist")
-            return topic.topic_id, len(topic.partitions), topic.partitions[0].replication_factor, self._loads(s)
+            return (topic.topic_id, len(topic.partitions), topic.partitions[0].replication_factor, self._loads(s),
+                    [list(p.replicas) for p in topic.partitions])
 
-        topic_id, current, rf, loads = self.raft.read(snapshot)
+        topic_id, current, rf, loads, existing = self.raft.read(snapshot)
         if item.count <= current:
             raise errors.InvalidPartitionsError(
                 f"topic '{item.name}' has {current} partitions; the count can only be increased (asked {item.count})")
@@ -795,7 +796,8 @@ class QuorumController:
             if rf > len(loads):
                 raise errors.InvalidReplicationFactorError(
                     f"replication factor {rf} is larger than the {len(loads)} live (unfenced) brokers")
-            assignments = place_replicas(loads, new, rf, start_index=self._rng.randrange(1 << 16))
+            assignments = place_replicas(loads, new, rf, start_index=self._rng.randrange(1 << 16),
+                                         topic_assignments=existing)
         return c.CreatePartitions(item.name, topic_id, current, assignments)
 
     # ---- configs ----

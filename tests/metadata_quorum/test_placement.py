@@ -24,10 +24,39 @@ def test_replicas_and_leaders_are_balanced() -> None:
     assert max(leaders.values()) - min(leaders.values()) <= 1, leaders
 
 
-def test_placement_accounts_for_existing_load() -> None:
+def test_placement_balances_the_topic_first_and_gives_what_is_left_over_to_the_least_loaded() -> None:
+    # Broker 1 already leads 50 partitions of other topics: it still leads its share of this one
+    # (a topic's load is its own), but none of the partitions beyond an even split.
     loaded = [BrokerLoad(1, "", 50, 50), BrokerLoad(2, "", 0, 0), BrokerLoad(3, "", 0, 0)]
-    plan = place_replicas(loaded, 10, 1, start_index=0)
-    assert 1 not in {r[0] for r in plan}, plan
+    for start in range(6):
+        plan = place_replicas(loaded, 10, 1, start_index=start)
+        leaders = Counter(r[0] for r in plan)
+        assert leaders[1] == 3 and sorted([leaders[2], leaders[3]]) == [3, 4], (start, leaders)
+
+
+def test_each_topic_is_balanced_whatever_the_cluster_carries() -> None:
+    # Uneven load from earlier topics (as a cluster has after a few topics of odd partition counts)
+    # must not leave one broker leading half of a new topic's partitions: it was 3, 2 and 1 of 6.
+    for loads in ([(1, 1), (2, 0), (3, 2)], [(7, 3), (0, 0), (2, 1)], [(0, 0), (5, 5), (5, 4)]):
+        cluster = [BrokerLoad(i + 1, "", r, ld) for i, (r, ld) in enumerate(loads)]
+        for start in range(6):
+            plan = place_replicas(cluster, 6, 3, start_index=start)
+            leaders = Counter(r[0] for r in plan)
+            assert sorted(leaders.values()) == [2, 2, 2], (loads, start, plan)
+            assert all(len(set(r)) == 3 for r in plan)
+            plan = place_replicas(cluster, 6, 2, start_index=start)
+            replicas = Counter(b for r in plan for b in r)
+            assert sorted(replicas.values()) == [4, 4, 4], (loads, start, plan)
+
+
+def test_partitions_added_to_a_topic_balance_with_its_existing_ones() -> None:
+    existing = [[1, 2], [1, 3]]  # broker 1 leads both of the topic's partitions
+    cluster = [BrokerLoad(1, "", 2, 2), BrokerLoad(2, "", 1, 0), BrokerLoad(3, "", 1, 0)]
+    plan = place_replicas(cluster, 4, 2, start_index=0, topic_assignments=existing)
+    leaders = Counter(r[0] for r in existing + plan)
+    assert sorted(leaders.values()) == [2, 2, 2], plan
+    replicas = Counter(b for r in existing + plan for b in r)
+    assert sorted(replicas.values()) == [4, 4, 4], plan
 
 
 def test_rack_aware_every_partition_spans_distinct_racks() -> None:
