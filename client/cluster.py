@@ -107,11 +107,12 @@ def rpc_error(exc: grpc.RpcError, what: str) -> errors.BrookError:
 class Backoff:
     """Capped exponential backoff with jitter, bounded by a deadline."""
 
-    def __init__(self, initial_ms: int, max_ms: int, deadline: float) -> None:
+    def __init__(self, initial_ms: int, max_ms: int, deadline: float, stop: threading.Event | None = None) -> None:
         self.delay_s = initial_ms / 1000.0
         self.max_s = max_ms / 1000.0
         self.deadline = deadline
         self.attempts = 0
+        self._stop = stop  # set: the waits end at once and no attempt follows (the client is closing)
 
     def remaining_s(self) -> float:
         return self.deadline - time.monotonic()
@@ -124,7 +125,11 @@ class Backoff:
         remaining = self.remaining_s()
         if remaining <= 0:
             return False
-        time.sleep(min(remaining, self.delay_s * (0.8 + 0.4 * random.random())))
+        pause = min(remaining, self.delay_s * (0.8 + 0.4 * random.random()))
+        if self._stop is None:
+            time.sleep(pause)
+        elif self._stop.wait(pause):
+            return False
         self.delay_s = min(self.max_s, self.delay_s * 2)
         return self.remaining_s() > 0
 
@@ -184,6 +189,7 @@ class ClusterClient:
         self._meta_time = 0.0  # monotonic time of the last successful refresh
         self._stale = True
         self._closed = False
+        self._closing = threading.Event()  # set by close(): ends every retry wait of this client
 
     # ---- channels ----
     def stub_for_address(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
@@ -220,8 +226,9 @@ class ClusterClient:
         """The pooled channel of a broker (for other services on the same server, e.g. groups)."""
         return self.channel_for_address(self.broker_address(node_id))
 
-    def any_broker_channel(self) -> grpc.Channel:
-        meta = self.metadata()
+    def any_broker_channel(self, timeout_ms: int | None = None) -> grpc.Channel:
+        """A channel to some live broker; a metadata refresh first, if one is due, of at most ``timeout_ms``."""
+        meta = self.metadata(timeout_ms=timeout_ms)
         live = [b for b in meta.brokers.values() if not b.fenced] or list(meta.brokers.values())
         address = random.choice(live).address if live else self.bootstrap[0]
         return self.channel_for_address(address)
@@ -331,10 +338,11 @@ class ClusterClient:
             raise errors.error_for(info.error_code, info.error_message or f"topic {topic!r}")
         return sorted(info.partitions)
 
-    def leader_for(self, tp: TopicPartition, *, refresh: bool = False) -> int:
-        """The leader's node id; raises UnknownTopicOrPartition / LeaderNotAvailable."""
+    def leader_for(self, tp: TopicPartition, *, refresh: bool = False, timeout_ms: int | None = None) -> int:
+        """The leader's node id; raises UnknownTopicOrPartition / LeaderNotAvailable. A metadata refresh,
+        when due, takes at most ``timeout_ms`` (default: request.timeout.ms)."""
         tp = TopicPartition(*tp)
-        meta = self.metadata([tp.topic], refresh=refresh)
+        meta = self.metadata([tp.topic], refresh=refresh, timeout_ms=timeout_ms)
         info = meta.topics.get(tp.topic)
         if info is None or info.error_code != errors.ErrorCode.NONE:
             code = info.error_code if info else errors.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -351,13 +359,14 @@ class ClusterClient:
         part = info.partitions.get(tp.partition) if info else None
         return part.leader_epoch if part else -1
 
-    def group_by_leader(self, tps: Iterable[TopicPartition]) -> tuple[dict[int, list[TopicPartition]], dict]:
+    def group_by_leader(self, tps: Iterable[TopicPartition], *, timeout_ms: int | None = None
+                        ) -> tuple[dict[int, list[TopicPartition]], dict]:
         """Partitions per leader node, plus {tp: BrookError} for those without a usable leader."""
         by_leader: dict[int, list[TopicPartition]] = {}
         failed: dict[TopicPartition, errors.BrookError] = {}
         for tp in tps:
             try:
-                by_leader.setdefault(self.leader_for(tp), []).append(tp)
+                by_leader.setdefault(self.leader_for(tp, timeout_ms=timeout_ms), []).append(tp)
             except errors.BrookError as exc:
                 failed[tp] = exc
         return by_leader, failed
@@ -366,7 +375,7 @@ class ClusterClient:
     def _backoff(self, timeout_ms: int | None = None) -> Backoff:
         timeout_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
         deadline = time.monotonic() + timeout_ms / 1000.0
-        return Backoff(self.retry_backoff_ms, self.retry_backoff_max_ms, deadline)
+        return Backoff(self.retry_backoff_ms, self.retry_backoff_max_ms, deadline, self._closing)
 
     def call_any(self, method: str, request: Any, *, timeout_ms: int | None = None) -> Any:
         """Send a broker RPC that any broker can answer (e.g. InitProducerId), with retries."""
@@ -414,7 +423,7 @@ class ClusterClient:
         backoff = self._backoff(timeout_ms)
         last: errors.BrookError | None = None
         while pending:
-            by_leader, failed = self.group_by_leader(pending)
+            by_leader, failed = self.group_by_leader(pending, timeout_ms=max(1, int(backoff.remaining_s() * 1000)))
             for exc in failed.values():
                 if not exc.retriable:
                     raise exc
@@ -525,6 +534,7 @@ class ClusterClient:
         return self.with_retries(attempt)
 
     def close(self) -> None:
+        self._closing.set()
         with self._lock:
             self._closed = True
             channels = list(self._channels.values())

@@ -267,7 +267,7 @@ class Consumer:
         while True:
             self._group_poll(max(0.0, deadline - time.monotonic()))
             self._raise_pending()
-            self._update_positions()
+            self._update_positions(deadline)
             self._process_completed()
             self._raise_pending()
             out = drain()
@@ -383,10 +383,27 @@ class Consumer:
             raise err
 
     # ---- positions ----
-    def _update_positions(self) -> None:
+    def _update_positions(self, deadline: float | None = None) -> None:
+        """Positions of assigned partitions that have none: the committed offset, else the reset policy.
+
+        With ``deadline`` (a poll's), the lookups take at most until then and a retriable failure
+        leaves the positions unknown for the next poll (Kafka's poll(Duration), KIP-266: a poll
+        against brokers that cannot answer returns when its timeout says). Without, they take
+        up to request.timeout.ms and raise."""
         missing = [tp for tp, st in self._assignment.items() if st.position is None]
         if not missing:
             return
+        if deadline is None:
+            self._look_up_positions(missing, None)
+            return
+        try:
+            self._look_up_positions(missing, max(1, int((deadline - time.monotonic()) * 1000)))
+        except errors.BrookError as exc:
+            if not exc.retriable:
+                raise
+            log.debug("positions of %d partitions not found within the poll: %s", len(missing), exc)
+
+    def _look_up_positions(self, missing: list[TopicPartition], timeout_ms: int | None) -> None:
         to_reset: dict[TopicPartition, int] = {}
         need_committed = []
         for tp in missing:
@@ -403,7 +420,7 @@ class Consumer:
                     f"from and auto.offset.reset=none")
         if need_committed:
             assert self._coordinator is not None
-            for tp, om in self._coordinator.committed(need_committed).items():
+            for tp, om in self._coordinator.committed(need_committed, timeout_ms=timeout_ms).items():
                 if tp not in self._assignment:
                     continue
                 if om is not None:
@@ -415,7 +432,7 @@ class Consumer:
                         f"no committed offset for {tp.topic}-{tp.partition} in group {self.group_id!r} "
                         f"and auto.offset.reset=none")
         if to_reset:
-            for tp, (offset, _ts) in self.cluster.list_offsets(to_reset).items():
+            for tp, (offset, _ts) in self.cluster.list_offsets(to_reset, timeout_ms=timeout_ms).items():
                 st = self._assignment.get(tp)
                 if st is not None and st.position is None:
                     st.position = offset

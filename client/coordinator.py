@@ -75,7 +75,7 @@ class GroupCoordinatorClient:
             if self._address is not None:
                 return self._address
         request = group_pb2.FindCoordinatorRequest(group_id=self.group_id)
-        channel = self.cluster.any_broker_channel()
+        channel = self.cluster.any_broker_channel(timeout_ms=max(1, int(timeout_s * 1000)))
         response = group_pb2_grpc.GroupCoordinatorServiceStub(channel).FindCoordinator(request, timeout=timeout_s)
         errors.raise_for(response.error_code, response.error_message)
         address = f"{response.host}:{response.port}"
@@ -83,6 +83,19 @@ class GroupCoordinatorClient:
             self._address = address
             self.node_id = response.node_id
         return address
+
+    def ready(self, timeout_s: float) -> bool:
+        """Is the coordinator known, looked up for at most ``timeout_s`` (what is left of a poll)?
+        False when no broker named it in that time (unreachable, no coordinator yet): the next
+        poll looks again. A failure that retrying cannot mend raises."""
+        try:
+            self.cluster.with_retries(self.find_coordinator, timeout_ms=max(1, int(timeout_s * 1000)))
+        except errors.BrookError as exc:
+            if not exc.retriable:
+                raise
+            log.debug("group %s: no coordinator within %.2f s: %s", self.group_id, timeout_s, exc)
+            return False
+        return True
 
     def forget(self) -> None:
         with self._lock:

@@ -218,7 +218,9 @@ class GroupMembership:
     def poll(self, timeout_s: float = 0.0) -> bool:
         """Called from ``Consumer.poll``: notes liveness, watches metadata, (re)joins when
         needed and runs the listener callbacks. True when the member holds a current
-        assignment. A join in progress may block up to the coordinator's join phase."""
+        assignment. Finding the coordinator takes at most ``timeout_s`` (False when none
+        answered: the next poll looks again); a JoinGroup or SyncGroup once sent waits for the
+        coordinator's answer, which may take its join phase."""
         if self._closed:
             raise errors.error_for(ErrorCode.INVALID_REQUEST, "group membership is closed")
         if self._fenced is not None:
@@ -236,6 +238,11 @@ class GroupMembership:
             if not self.needs_rejoin():
                 return True
             self._handle_lost()
+            # Within the poll's time, as Kafka's poll(Duration) (KIP-266): against a cluster that
+            # cannot name a coordinator (down, unreachable, failing over) poll returns when its
+            # timeout says instead of retrying for the whole rebalance timeout.
+            if not self.coordinator.ready(max(0.0, deadline - self.clock())):
+                return False
             try:
                 if self._join_and_sync():
                     continue  # a cooperative follow-up may be needed: loop re-checks

@@ -384,6 +384,9 @@ class Producer:
         if self._sender.is_alive():
             self._sender.force_close = True
             self._sender.wakeup()
+            # Ends the sender's retry waits (InitProducerId against brokers that do not answer) and
+            # cancels its calls: close() keeps to its timeout, as Kafka's close(Duration) does.
+            self.cluster.close()
             self._sender.join(5)
         acc.abort_all(errors.ProducerClosedError("producer closed before the record was acknowledged"))
         self.cluster.close()

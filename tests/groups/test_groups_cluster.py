@@ -672,6 +672,45 @@ def test_coordinator_exports_group_stats_to_metrics(cluster: LocalCluster, clien
     assert "brook_consumer_group_committed_offset" in text and "brook_consumer_groups" in text
 
 
+def test_a_joining_members_poll_keeps_to_its_timeout_while_every_node_is_paused(cluster: LocalCluster) -> None:
+    """Kafka's poll(Duration) (KIP-266): a member that must join while no node answers (every
+    process SIGSTOPped: connections open, nothing answered) gets its empty poll back within its
+    timeout, again and again, and consumes once the nodes continue. Before, the poll retried the
+    coordinator lookup for the whole rebalance timeout (5 minutes by default)."""
+    topic, group = "poll-bound", "g-poll-bound"
+    create_topic(cluster, topic, 2)
+    values = [f"p{i}" for i in range(20)]
+    produce(cluster, topic, values, 2)
+    consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=group, auto_offset_reset="earliest",
+                        request_timeout_ms=30_000)
+    try:
+        assert consumer.partitions_for_topic(topic) == {0, 1}  # connected, metadata known: then the nodes hang
+        consumer.subscribe([topic])
+        for node in cluster.node_ids:
+            cluster.pause_node(node)
+        try:
+            for i in range(3):
+                started = time.monotonic()
+                got = consumer.poll(timeout_ms=300)
+                took = time.monotonic() - started
+                assert got == {}, got
+                assert took < 3.0, f"poll #{i + 1} of 300 ms took {took:.1f} s with every node paused"
+        finally:
+            for node in cluster.node_ids:
+                cluster.resume_node(node)
+        seen: list[str] = []
+
+        def all_seen() -> bool:
+            for records in consumer.poll(timeout_ms=500).values():
+                seen.extend(r.value.decode() for r in records)
+            return sorted(seen) == sorted(values)
+
+        wait_for(all_seen, 90, lambda: f"the 20 records once the nodes continued (saw {sorted(seen)})")
+    finally:
+        consumer.close(autocommit=False, timeout_ms=5000)
+    cluster.wait_ready(90)
+
+
 def test_active_members_keep_consuming_when_the_coordinator_broker_is_sigkilled(
         cluster: LocalCluster, client: ClusterClient, tmp_path: Path, workers: list[Worker]) -> None:
     topic, group = "failover", "g-failover"
