@@ -271,7 +271,9 @@ class Consumer:
             self._process_completed()
             self._raise_pending()
             out = drain()
-            self._fetcher.send_fetches(self._assignment, self._buffered)  # prefetch while the app works
+            # Prefetch while the app works; a metadata refresh for it within the poll's time.
+            self._fetcher.send_fetches(self._assignment, self._buffered,
+                                       timeout_ms=max(1, int((deadline - time.monotonic()) * 1000)))
             if out:
                 return out
             remaining = deadline - time.monotonic()

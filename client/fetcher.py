@@ -159,19 +159,27 @@ class Fetcher:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="brook-fetch")
 
     def send_fetches(self, assignment: dict[TopicPartition, PartitionState],
-                     buffered: dict[TopicPartition, PartitionRecords]) -> None:
+                     buffered: dict[TopicPartition, PartitionRecords], timeout_ms: int | None = None) -> None:
+        """Send a fetch to each leader of fetchable partitions that has none in flight. A metadata
+        refresh this needs takes at most ``timeout_ms`` (what is left of the poll), and once one found
+        no broker, the other partitions wait for the next poll rather than try again each."""
         now = time.monotonic()
         by_node: dict[int, list[TopicPartition]] = {}
+        no_broker = False
         for tp, st in assignment.items():
             if st.position is None or st.paused or st.in_flight or tp in buffered or now < st.backoff_until:
                 continue
+            if no_broker:
+                st.backoff_until = now + self.retry_backoff_s
+                continue
             try:
-                node = self.cluster.leader_for(tp)
+                node = self.cluster.leader_for(tp, timeout_ms=timeout_ms)
             except errors.BrookError as exc:
                 if not exc.retriable:
                     raise
                 self.cluster.request_update()
                 st.backoff_until = now + self.retry_backoff_s
+                no_broker = exc.code in (errors.ErrorCode.NETWORK_EXCEPTION, errors.ErrorCode.REQUEST_TIMED_OUT)
                 continue
             if node not in self.in_flight and now >= self.throttled_until.get(node, 0.0):
                 by_node.setdefault(node, []).append(tp)

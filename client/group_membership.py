@@ -185,9 +185,9 @@ class GroupMembership:
         with self._lock:
             return set(self._topics)
 
-    def _matching_topics(self) -> set[str]:
+    def _matching_topics(self, timeout_ms: int | None = None) -> set[str]:
         assert self._pattern is not None
-        meta = self.cluster.metadata(refresh=True)
+        meta = self.cluster.metadata(refresh=True, timeout_ms=timeout_ms)
         return {t for t, info in meta.topics.items() if not info.is_internal and self._pattern.fullmatch(t)}
 
     # ------------------------------------------------------------------ state
@@ -227,7 +227,7 @@ class GroupMembership:
             raise self._fenced
         self._last_poll = self.clock()
         self._start_heartbeat_thread()
-        self._maybe_check_metadata()
+        self._maybe_check_metadata(timeout_s)
         if self.needs_rejoin():
             return self.ensure_active(timeout_s)
         return True
@@ -389,7 +389,11 @@ class GroupMembership:
         if self.listener is not None:
             self.listener.on_partitions_assigned(added)
 
-    def _maybe_check_metadata(self) -> None:
+    def _maybe_check_metadata(self, timeout_s: float) -> None:
+        """Every metadata.max.age.ms: a rejoin if the subscribed topics' partition counts (or the
+        pattern's matches) changed. Its refresh takes at most ``timeout_s`` (the poll's); a failed
+        one is tried again at the next check."""
+        budget_ms = max(1, int(timeout_s * 1000))
         now = self.clock()
         if now - self._last_metadata_check < self.metadata_max_age_ms / 1000:
             return
@@ -403,11 +407,11 @@ class GroupMembership:
         try:
             if pattern is not None:
                 with self._lock:
-                    matched = self._matching_topics()
+                    matched = self._matching_topics(budget_ms)
                 if matched != topics:
                     self.request_rejoin(f"pattern now matches {sorted(matched)}")
                     return
-            meta = self.cluster.metadata(sorted(watched), refresh=True) if watched else None
+            meta = self.cluster.metadata(sorted(watched), refresh=True, timeout_ms=budget_ms) if watched else None
         except errors.BrookError as exc:
             log.debug("group %s: metadata check failed: %s", self.group_id, exc)
             return

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -672,40 +672,60 @@ def test_coordinator_exports_group_stats_to_metrics(cluster: LocalCluster, clien
     assert "brook_consumer_group_committed_offset" in text and "brook_consumer_groups" in text
 
 
-def test_a_joining_members_poll_keeps_to_its_timeout_while_every_node_is_paused(cluster: LocalCluster) -> None:
-    """Kafka's poll(Duration) (KIP-266): a member that must join while no node answers (every
-    process SIGSTOPped: connections open, nothing answered) gets its empty poll back within its
-    timeout, again and again, and consumes once the nodes continue. Before, the poll retried the
-    coordinator lookup for the whole rebalance timeout (5 minutes by default)."""
+def _polls_keep_to_their_timeout(consumer: Consumer, for_s: float, what: str) -> int:
+    """poll(300 ms) for ``for_s``: each returns nothing within 3 s; how many polls ran."""
+    polls, until = 0, time.monotonic() + for_s
+    while polls < 3 or time.monotonic() < until:
+        started = time.monotonic()
+        got = consumer.poll(timeout_ms=300)
+        took = time.monotonic() - started
+        polls += 1
+        assert got == {}, got
+        assert took < 3.0, f"poll #{polls} of 300 ms took {took:.1f} s {what}"
+    return polls
+
+
+def test_a_members_poll_keeps_to_its_timeout_while_every_node_is_paused(cluster: LocalCluster) -> None:
+    """Kafka's poll(Duration) (KIP-266): while no node answers (every process SIGSTOPped:
+    connections open, nothing answered), a member's poll returns empty within its timeout, again
+    and again, and the member consumes once the nodes continue. Twice: a member that must join
+    (before, the coordinator lookup was retried for the whole rebalance timeout, 5 minutes by
+    default) and a member consuming when its fetches time out (before, each poll then refreshed
+    metadata for request.timeout.ms per partition)."""
     topic, group = "poll-bound", "g-poll-bound"
     create_topic(cluster, topic, 2)
     values = [f"p{i}" for i in range(20)]
     produce(cluster, topic, values, 2)
     consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=group, auto_offset_reset="earliest",
-                        request_timeout_ms=30_000)
-    try:
-        assert consumer.partitions_for_topic(topic) == {0, 1}  # connected, metadata known: then the nodes hang
-        consumer.subscribe([topic])
+                        request_timeout_ms=3000)
+    seen: list[str] = []
+
+    def seen_all(expected: list[str]) -> Callable[[], bool]:
+        def check() -> bool:
+            for records in consumer.poll(timeout_ms=500).values():
+                seen.extend(r.value.decode() for r in records)
+            return sorted(seen) == sorted(expected)
+        return check
+
+    def paused(for_s: float, what: str) -> None:
         for node in cluster.node_ids:
             cluster.pause_node(node)
         try:
-            for i in range(3):
-                started = time.monotonic()
-                got = consumer.poll(timeout_ms=300)
-                took = time.monotonic() - started
-                assert got == {}, got
-                assert took < 3.0, f"poll #{i + 1} of 300 ms took {took:.1f} s with every node paused"
+            _polls_keep_to_their_timeout(consumer, for_s, what)
         finally:
             for node in cluster.node_ids:
                 cluster.resume_node(node)
-        seen: list[str] = []
 
-        def all_seen() -> bool:
-            for records in consumer.poll(timeout_ms=500).values():
-                seen.extend(r.value.decode() for r in records)
-            return sorted(seen) == sorted(values)
-
-        wait_for(all_seen, 90, lambda: f"the 20 records once the nodes continued (saw {sorted(seen)})")
+    try:
+        assert consumer.partitions_for_topic(topic) == {0, 1}  # connected, metadata known: then the nodes hang
+        consumer.subscribe([topic])
+        paused(1.0, "joining, every node paused")
+        wait_for(seen_all(values), 90, lambda: f"the 20 records once the nodes continued (saw {sorted(seen)})")
+        # Consuming: the fetches in flight time out (request.timeout.ms + fetch.max.wait.ms) while paused.
+        paused(6.0, "consuming, every node paused")
+        more = [f"q{i}" for i in range(10)]
+        produce(cluster, topic, more, 2)
+        wait_for(seen_all(values + more), 90, lambda: f"the 10 records produced after (saw {sorted(seen)})")
     finally:
         consumer.close(autocommit=False, timeout_ms=5000)
     cluster.wait_ready(90)
