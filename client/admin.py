@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 
 from client import errors
-from client.cluster import ClusterClient, rpc_error
+from client.cluster import ClusterClient, as_timeout_ms, rpc_error
 from client.coordinator import GroupCoordinatorClient, group_stub
 from client.security import CONFIG_KEYS, SecurityConfig
 from client.types import BrokerMetadata, OffsetAndMetadata, TopicMetadata, TopicPartition
@@ -225,7 +225,7 @@ class Admin:
         pending = list(names)
         attempt = 0
         while pending:
-            remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            remaining_ms = as_timeout_ms(deadline - time.monotonic())
             try:
                 response = self._call(method, build(pending, remaining_ms), remaining_ms)
             except errors.BrookError as exc:
@@ -665,7 +665,7 @@ class Admin:
         coord = self._group(group_id)
 
         def attempt(timeout_s: float) -> Any:
-            response = coord.call(method, request, timeout_ms=max(1, int(timeout_s * 1000)), check=False)
+            response = coord.call(method, request, timeout_ms=as_timeout_ms(timeout_s), check=False)
             for r in results(response):
                 if r.error_code in _COORDINATOR_RETRY_CODES:
                     if r.error_code != errors.ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:

@@ -104,6 +104,12 @@ def rpc_error(exc: grpc.RpcError, what: str) -> errors.BrookError:
     return errors.UnknownServerError(f"{what}: {code} {details}")
 
 
+def as_timeout_ms(seconds: float) -> int:
+    """What is left of a time budget as a ``timeout_ms`` argument: whole milliseconds, at least 1
+    (a spent budget still gets one short attempt; None would mean request.timeout.ms)."""
+    return max(1, int(seconds * 1000))
+
+
 class Backoff:
     """Capped exponential backoff with jitter, bounded by a deadline."""
 
@@ -423,7 +429,7 @@ class ClusterClient:
         backoff = self._backoff(timeout_ms)
         last: errors.BrookError | None = None
         while pending:
-            by_leader, failed = self.group_by_leader(pending, timeout_ms=max(1, int(backoff.remaining_s() * 1000)))
+            by_leader, failed = self.group_by_leader(pending, timeout_ms=as_timeout_ms(backoff.remaining_s()))
             for exc in failed.values():
                 if not exc.retriable:
                     raise exc

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from client import errors
-from client.cluster import REFRESH_CODES, ClusterClient
+from client.cluster import REFRESH_CODES, ClusterClient, as_timeout_ms
 from client.config import SECURITY_DEFAULTS, normalize, parse_bool, require_int, security_config
 from client.coordinator import GroupCoordinatorClient
 from client.fetcher import CompletedFetch, Fetcher, PartitionRecords, PartitionState
@@ -273,7 +273,7 @@ class Consumer:
             out = drain()
             # Prefetch while the app works; a metadata refresh for it within the poll's time.
             self._fetcher.send_fetches(self._assignment, self._buffered,
-                                       timeout_ms=max(1, int((deadline - time.monotonic()) * 1000)))
+                                       timeout_ms=as_timeout_ms(deadline - time.monotonic()))
             if out:
                 return out
             remaining = deadline - time.monotonic()
@@ -399,7 +399,7 @@ class Consumer:
             self._look_up_positions(missing, None)
             return
         try:
-            self._look_up_positions(missing, max(1, int((deadline - time.monotonic()) * 1000)))
+            self._look_up_positions(missing, as_timeout_ms(deadline - time.monotonic()))
         except errors.BrookError as exc:
             if not exc.retriable:
                 raise

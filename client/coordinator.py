@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from client import errors
-from client.cluster import ClusterClient, rpc_error
+from client.cluster import ClusterClient, as_timeout_ms, rpc_error
 from client.types import OffsetAndMetadata, TopicPartition
 from proto import group_pb2, group_pb2_grpc
 
@@ -75,7 +75,7 @@ class GroupCoordinatorClient:
             if self._address is not None:
                 return self._address
         request = group_pb2.FindCoordinatorRequest(group_id=self.group_id)
-        channel = self.cluster.any_broker_channel(timeout_ms=max(1, int(timeout_s * 1000)))
+        channel = self.cluster.any_broker_channel(timeout_ms=as_timeout_ms(timeout_s))
         response = group_pb2_grpc.GroupCoordinatorServiceStub(channel).FindCoordinator(request, timeout=timeout_s)
         errors.raise_for(response.error_code, response.error_message)
         address = f"{response.host}:{response.port}"
@@ -89,7 +89,7 @@ class GroupCoordinatorClient:
         False when no broker named it in that time (unreachable, no coordinator yet): the next
         poll looks again. A failure that retrying cannot mend raises."""
         try:
-            self.cluster.with_retries(self.find_coordinator, timeout_ms=max(1, int(timeout_s * 1000)))
+            self.cluster.with_retries(self.find_coordinator, timeout_ms=as_timeout_ms(timeout_s))
         except errors.BrookError as exc:
             if not exc.retriable:
                 raise

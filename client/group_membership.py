@@ -40,7 +40,7 @@ from client.assignors import (
     get_assignors,
     rebalance_protocol,
 )
-from client.cluster import ClusterClient
+from client.cluster import ClusterClient, as_timeout_ms
 from client.coordinator import GroupCoordinatorClient, offset_commit_request
 from client.types import OffsetAndMetadata, TopicPartition
 from proto import group_pb2
@@ -393,10 +393,10 @@ class GroupMembership:
         """Every metadata.max.age.ms: a rejoin if the subscribed topics' partition counts (or the
         pattern's matches) changed. Its refresh takes at most ``timeout_s`` (the poll's); a failed
         one is tried again at the next check."""
-        budget_ms = max(1, int(timeout_s * 1000))
         now = self.clock()
         if now - self._last_metadata_check < self.metadata_max_age_ms / 1000:
             return
+        budget_ms = as_timeout_ms(timeout_s)
         self._last_metadata_check = now
         with self._lock:
             if not self._stable:
@@ -492,7 +492,7 @@ class GroupMembership:
         request.group_instance_id = self.group_instance_id
 
         def attempt(timeout_s: float) -> None:
-            resp = self.coordinator.call("OffsetCommit", request, timeout_ms=max(1, int(timeout_s * 1000)),
+            resp = self.coordinator.call("OffsetCommit", request, timeout_ms=as_timeout_ms(timeout_s),
                                          check=False)
             code = resp.error_code
             if code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.REBALANCE_IN_PROGRESS):

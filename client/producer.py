@@ -28,7 +28,7 @@ from client.accumulator import (
     estimate_record_bytes,
     failed_future,
 )
-from client.cluster import ClusterClient
+from client.cluster import ClusterClient, as_timeout_ms
 from client.config import (
     SECURITY_DEFAULTS,
     normalize,
@@ -306,7 +306,7 @@ class Producer:
         refresh = False
         while True:
             try:
-                remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                remaining_ms = as_timeout_ms(deadline - time.monotonic())
                 meta = self.cluster.metadata([topic], refresh=refresh, timeout_ms=remaining_ms)
                 info = meta.topics.get(topic)
                 if info is not None and info.error_code == errors.ErrorCode.NONE and info.partitions:

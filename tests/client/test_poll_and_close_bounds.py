@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from waiting import wait_for
 
 from client import errors
 from client.accumulator import estimate_record_bytes
@@ -91,7 +92,8 @@ def test_a_producers_close_keeps_to_its_timeout_while_no_broker_answers(silent_b
     # needs a producer id, from brokers that take connections and never answer.
     future = producer._accumulator.append(TopicPartition("t", 0), 1000, None, b"x", [],
                                           estimate_record_bytes(None, b"x", []))
-    time.sleep(0.2)  # the sender is in its InitProducerId retries
+    # The sender is in its InitProducerId retries once it has opened a channel for them.
+    wait_for(lambda: producer.cluster._channels, 10, "the sender's InitProducerId to the silent broker")
     started = time.monotonic()
     producer.close(timeout=0.5)
     took = time.monotonic() - started
