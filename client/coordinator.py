@@ -102,6 +102,31 @@ class GroupCoordinatorClient:
             self._address = None
             self.node_id = -1
 
+    def send(self, method: str, request: Any, *, timeout_ms: int) -> grpc.Future:
+        """Start ``method`` on the coordinator ``ready`` found, without waiting: its future, for ``receive``.
+        No retries: a caller that keeps a call across polls (a JoinGroup waiting for the join phase)
+        starts it again itself when ``receive`` raises."""
+        with self._lock:
+            address = self._address
+        if address is None:
+            raise errors.error_for(errors.ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                   f"{method} for group {self.group_id!r}: no coordinator known")
+        return getattr(group_stub(self.cluster, address), method).future(request, timeout=timeout_ms / 1000)
+
+    def receive(self, method: str, call: grpc.Future, timeout_s: float) -> Any | None:
+        """The answer to a call ``send`` started, waited for at most ``timeout_s``; None while it has not
+        come. A failed call forgets the coordinator and raises the client error it stands for."""
+        try:
+            return call.result(timeout=max(0.0, timeout_s))
+        except grpc.FutureTimeoutError:
+            return None
+        except grpc.FutureCancelledError as exc:
+            raise errors.error_for(errors.ErrorCode.NETWORK_EXCEPTION,
+                                   f"{method} for group {self.group_id!r} was cancelled") from exc
+        except grpc.RpcError as exc:
+            self.forget()
+            raise rpc_error(exc, f"{method} for group {self.group_id!r}") from exc
+
     def call(self, method: str, request: Any, *, timeout_ms: int | None = None, check: bool = True) -> Any:
         """Send ``method`` to the coordinator; retries while the coordinator moves or loads."""
 

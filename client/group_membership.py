@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from client import errors
 from client.assignors import (
@@ -106,6 +106,24 @@ def decode_assignment(raw: bytes) -> set[TopicPartition]:
     return {TopicPartition(r.topic, r.partition) for r in group_pb2.ConsumerAssignment.FromString(raw).partitions}
 
 
+@dataclass(eq=False)
+class _Round:
+    """One join + sync round in flight, kept across polls. Kafka's consumer keeps its JoinGroup
+    future the same way: ``poll(Duration)`` returns when its timeout says while the coordinator
+    waits for the other members (up to their rebalance timeout, minutes), and the next poll goes
+    on waiting for the same answer instead of joining again."""
+
+    topics: set[str]
+    reason: str
+    call: Any = None  # the JoinGroup or SyncGroup in flight (a grpc future)
+    join: group_pb2.JoinGroupResponse | None = None  # the join phase's answer, once the SyncGroup is sent
+    joins: int = 0  # JoinGroups sent in this round (the first may only fetch a member id)
+
+    @property
+    def method(self) -> str:
+        return "JoinGroup" if self.join is None else "SyncGroup"
+
+
 class GroupMembership:
     def __init__(
         self,
@@ -153,7 +171,8 @@ class GroupMembership:
         self._generation = NO_GENERATION
         self._member_id = ""
         self._owned: set[TopicPartition] = set()
-        self._rejoin_reason: str | None = "initial join"
+        self._rejoin_reason: str | None = "initial join"  # cleared when a round starts; set again if it fails
+        self._round: _Round | None = None  # only the polling thread starts, advances or ends one
         self._lost = False  # fenced: owned partitions must be dropped without commit
         self._stable = False
         self._partition_counts: dict[str, int] = {}  # topics this member watches -> count at assignment
@@ -211,16 +230,17 @@ class GroupMembership:
                 self._rejoin_reason = reason
 
     def needs_rejoin(self) -> bool:
+        """A rejoin is asked for or a round is under way."""
         with self._lock:
-            return self._rejoin_reason is not None or self._lost
+            return self._rejoin_reason is not None or self._lost or self._round is not None
 
     # ------------------------------------------------------------------ poll-driven work
     def poll(self, timeout_s: float = 0.0) -> bool:
         """Called from ``Consumer.poll``: notes liveness, watches metadata, (re)joins when
         needed and runs the listener callbacks. True when the member holds a current
-        assignment. Finding the coordinator takes at most ``timeout_s`` (False when none
-        answered: the next poll looks again); a JoinGroup or SyncGroup once sent waits for the
-        coordinator's answer, which may take its join phase."""
+        assignment. Takes at most ``timeout_s`` to find the coordinator and wait for its
+        answers (False when they have not come: the next poll looks again, or goes on waiting
+        for the JoinGroup or SyncGroup already sent)."""
         if self._closed:
             raise errors.error_for(ErrorCode.INVALID_REQUEST, "group membership is closed")
         if self._fenced is not None:
@@ -244,14 +264,16 @@ class GroupMembership:
             if not self.coordinator.ready(max(0.0, deadline - self.clock())):
                 return False
             try:
-                if self._join_and_sync():
-                    continue  # a cooperative follow-up may be needed: loop re-checks
+                done = self._advance_round(deadline)
             except errors.BrookError as exc:
                 if not exc.retriable:
                     raise
                 log.info("group %s: join failed (%s); retrying", self.group_id, exc)
                 self.coordinator.forget()
                 time.sleep(min(1.0, max(0.05, deadline - self.clock())))
+                done = False
+            if done is None:
+                return False  # no answer within this poll's time: the next poll waits on for it
             if self.clock() >= deadline:
                 return not self.needs_rejoin()
         return not self.needs_rejoin()
@@ -276,58 +298,95 @@ class GroupMembership:
         if revoked and self.listener is not None:
             self.listener.on_partitions_revoked(revoked)
 
-    def _join_and_sync(self) -> bool:
-        """One join + sync round. True when it completed (an assignment was installed)."""
+    def _advance_round(self, deadline: float) -> bool | None:
+        """Start the join + sync round, or go on with the one in flight, until ``deadline``. True
+        when it installed an assignment, False when it ended without one (the caller may start
+        another), None when the coordinator has not answered yet (the round stays in flight)."""
+        r = self._round or self._start_round()
+        try:
+            while True:
+                resp = self.coordinator.receive(r.method, r.call, deadline - self.clock())
+                if resp is None:
+                    return None
+                if r.join is None:
+                    if resp.error_code == ErrorCode.MEMBER_ID_REQUIRED:
+                        if r.joins >= 3:
+                            break
+                        with self._lock:  # first contact: the real join carries the id the coordinator chose
+                            self._member_id = resp.member_id
+                        r.call = self._send_join(r)
+                        continue
+                    if resp.error_code != ErrorCode.NONE:
+                        self._on_group_error(resp.error_code, resp.error_message, "JoinGroup")
+                        break
+                    with self._lock:
+                        self._member_id = resp.member_id
+                    r.join = resp
+                    r.call = self._send_sync(resp)
+                    continue
+                if resp.error_code != ErrorCode.NONE:
+                    self._on_group_error(resp.error_code, resp.error_message, "SyncGroup")
+                    break
+                self._end_round(r, rejoin=False)
+                self._install(r.join, decode_assignment(resp.assignment), r.topics)
+                return True
+        except BaseException:
+            self._end_round(r, rejoin=True)
+            raise
+        self._end_round(r, rejoin=True)
+        return False
+
+    def _start_round(self) -> _Round:
         with self._lock:
             if self._pattern is not None:
                 self._topics = self._matching_topics()
-            topics = set(self._topics)
-            reason = self._rejoin_reason or "rejoin"
+            # Taken by this round: a rejoin asked for while it is in flight (a new subscription)
+            # starts another one after it.
+            r = _Round(set(self._topics), self._rejoin_reason or "rejoin")
+            self._rejoin_reason = None
             self._stable = False
-        self._prepare_join()
-        join = self._send_join(topics, reason)
-        if join is None:
-            return False
-        assignments: dict[str, bytes] = {}
-        if join.leader == join.member_id:
-            assignments = self._lead(join)
-        sync = self.coordinator.call("SyncGroup", group_pb2.SyncGroupRequest(
+            self._round = r
+        try:
+            self._prepare_join()
+            r.call = self._send_join(r)
+        except BaseException:
+            self._end_round(r, rejoin=True)
+            raise
+        return r
+
+    def _end_round(self, r: _Round, *, rejoin: bool) -> None:
+        """``r`` is over: its call (if still in flight) cancelled, and, unless it installed an
+        assignment or the member is closing, a rejoin asked for with the round's reason."""
+        with self._lock:
+            if self._round is r:
+                self._round = None
+        if r.call is not None and not r.call.done():
+            r.call.cancel()
+        if rejoin:
+            self.request_rejoin(r.reason)
+
+    def _send_join(self, r: _Round) -> Any:
+        with self._lock:
+            owned = set(self._owned) if self.protocol == COOPERATIVE else set()
+            gen = self._generation.generation_id
+            member_id = self._member_id
+        protocols = [group_pb2.GroupProtocol(name=a.name, metadata=encode_subscription(r.topics, owned, gen))
+                     for a in self.assignors]
+        r.joins += 1
+        return self.coordinator.send("JoinGroup", group_pb2.JoinGroupRequest(
+            group_id=self.group_id, session_timeout_ms=self.session_timeout_ms,
+            rebalance_timeout_ms=self.rebalance_timeout_ms, member_id=member_id, protocol_type=PROTOCOL_TYPE,
+            protocols=protocols, client_id=self.client_id, reason=r.reason,
+            group_instance_id=self.group_instance_id), timeout_ms=self.rebalance_timeout_ms + 10_000)
+
+    def _send_sync(self, join: group_pb2.JoinGroupResponse) -> Any:
+        assignments = self._lead(join) if join.leader == join.member_id else {}
+        return self.coordinator.send("SyncGroup", group_pb2.SyncGroupRequest(
             group_id=self.group_id, generation_id=join.generation_id, member_id=join.member_id,
             protocol_type=PROTOCOL_TYPE, protocol_name=join.protocol_name,
             group_instance_id=self.group_instance_id,
             assignments=[group_pb2.SyncGroupAssignment(member_id=m, assignment=a) for m, a in assignments.items()]),
-            timeout_ms=self.rebalance_timeout_ms + 10_000, check=False)
-        if sync.error_code != ErrorCode.NONE:
-            self._on_group_error(sync.error_code, sync.error_message, "SyncGroup")
-            return False
-        self._install(join, decode_assignment(sync.assignment), topics)
-        return True
-
-    def _send_join(self, topics: set[str], reason: str) -> group_pb2.JoinGroupResponse | None:
-        for _ in range(3):  # first contact: MEMBER_ID_REQUIRED, then the real join
-            with self._lock:
-                owned = set(self._owned) if self.protocol == COOPERATIVE else set()
-                gen = self._generation.generation_id
-                member_id = self._member_id
-            protocols = [group_pb2.GroupProtocol(name=a.name, metadata=encode_subscription(topics, owned, gen))
-                         for a in self.assignors]
-            resp = self.coordinator.call("JoinGroup", group_pb2.JoinGroupRequest(
-                group_id=self.group_id, session_timeout_ms=self.session_timeout_ms,
-                rebalance_timeout_ms=self.rebalance_timeout_ms, member_id=member_id, protocol_type=PROTOCOL_TYPE,
-                protocols=protocols, client_id=self.client_id, reason=reason,
-                group_instance_id=self.group_instance_id),
-                timeout_ms=self.rebalance_timeout_ms + 10_000, check=False)
-            if resp.error_code == ErrorCode.MEMBER_ID_REQUIRED:
-                with self._lock:
-                    self._member_id = resp.member_id
-                continue
-            if resp.error_code != ErrorCode.NONE:
-                self._on_group_error(resp.error_code, resp.error_message, "JoinGroup")
-                return None
-            with self._lock:
-                self._member_id = resp.member_id
-            return resp
-        return None
+            timeout_ms=self.rebalance_timeout_ms + 10_000)
 
     def _on_group_error(self, code: int, message: str, what: str) -> None:
         """Handle an error answer to JoinGroup/SyncGroup/Heartbeat; raise when fatal."""
@@ -367,7 +426,6 @@ class GroupMembership:
         with self._lock:
             previous = set(self._owned)
             self._generation = Generation(join.generation_id, join.member_id, join.protocol_name)
-            self._rejoin_reason = None
             self.rebalances_total += 1
             if join.leader != join.member_id:
                 meta = self.cluster.metadata_snapshot()
@@ -436,7 +494,10 @@ class GroupMembership:
         while not self._stop.wait(wait_s):
             wait_s = interval_s
             with self._lock:
-                gen, stable = self._generation, self._stable and self._rejoin_reason is None
+                # Heartbeats go on while a rejoin is asked for and the application has not polled
+                # yet (Kafka's consumers do the same): the coordinator waits for the member up to its
+                # rebalance timeout instead of expiring its session. They stop once the round starts.
+                gen, stable = self._generation, self._stable
             if not stable or not gen.is_valid:
                 wait_s = min(interval_s, HEARTBEAT_RETRY_BACKOFF_S * 5)
                 continue
@@ -461,8 +522,8 @@ class GroupMembership:
             if resp.error_code == ErrorCode.NONE:
                 continue
             with self._lock:
-                if self._generation != gen:
-                    continue  # a rejoin completed meanwhile: this answer is about the old one
+                if self._generation != gen or self._round is not None:
+                    continue  # a rejoin started or completed meanwhile: this answer is about the old one
             try:
                 self._on_group_error(resp.error_code, resp.error_message, "Heartbeat")
             except errors.BrookError as exc:
@@ -545,6 +606,8 @@ class GroupMembership:
             return
         self._closed = True
         self._stop.set()
+        if (r := self._round) is not None:
+            self._end_round(r, rejoin=False)  # closing: no rejoin after it
         if self._heartbeat_thread is not None:
             self._heartbeat_thread.join(timeout=max(1.0, self.heartbeat_interval_ms / 1000 + 1))
         with self._lock:

@@ -731,6 +731,37 @@ def test_a_members_poll_keeps_to_its_timeout_while_every_node_is_paused(cluster:
     cluster.wait_ready(90)
 
 
+def test_a_joining_members_poll_keeps_to_its_timeout_while_another_member_is_slow_to_rejoin(
+        cluster: LocalCluster) -> None:
+    """Kafka's consumer keeps its JoinGroup across polls. A member joins a group whose member ``a``
+    does not poll for a while (busy with its records; its heartbeats keep it in the group): the
+    coordinator holds the join phase open for ``a`` up to its rebalance timeout (here 60 s), and each
+    poll(300 ms) of the joining member returns within its timeout meanwhile (before, the first one
+    waited out the join phase: a minute). Once ``a`` polls, the two split the partitions."""
+    topic, group = "slow-rejoin", "g-slow-rejoin"
+    create_topic(cluster, topic, 2)
+    config = dict(bootstrap_servers=cluster.bootstrap_servers, group_id=group, auto_offset_reset="earliest",
+                  session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500, max_poll_interval_ms=60_000)
+    a, b = Consumer(**config), Consumer(**config)
+    try:
+        a.subscribe([topic])
+        wait_for(lambda: (a.poll(timeout_ms=300), len(a.assignment()) == 2)[1], 60, "a owning both partitions")
+        b.subscribe([topic])
+        polls = _polls_keep_to_their_timeout(b, 6.0, "while member a had not rejoined")
+        assert b.assignment() == set(), f"b was assigned {b.assignment()} before a rejoined"
+        assert polls >= 3
+
+        def split() -> bool:
+            a.poll(timeout_ms=300)
+            b.poll(timeout_ms=300)
+            return len(a.assignment()) == len(b.assignment()) == 1 and a.assignment() | b.assignment() == {
+                TP(topic, 0), TP(topic, 1)}
+        wait_for(split, 60, lambda: f"a and b with a partition each (a {a.assignment()}, b {b.assignment()})")
+    finally:
+        b.close(autocommit=False, timeout_ms=5000)
+        a.close(autocommit=False, timeout_ms=5000)
+
+
 def test_active_members_keep_consuming_when_the_coordinator_broker_is_sigkilled(
         cluster: LocalCluster, client: ClusterClient, tmp_path: Path, workers: list[Worker]) -> None:
     topic, group = "failover", "g-failover"
