@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -134,6 +135,7 @@ class Consumer:
         self._request_timeout_ms = request_timeout_ms
         self._closing = False
         self._closed = False
+        self._wakeup = threading.Event()  # Consumer.wakeup(): the blocked (or next) poll raises WakeupError
         self._iter_buffer: list[ConsumerRecord] = []
         if topics:
             self.subscribe(list(topics))
@@ -196,6 +198,7 @@ class Consumer:
             client_id=str(cfg["client_id"]),
             coordinator=self._coordinator,
             group_instance_id=str(cfg["group_instance_id"] or ""),
+            interrupt=self._wakeup,
         )
 
     def _subscribed_topics(self) -> set[str]:
@@ -266,6 +269,7 @@ class Consumer:
         self._maybe_auto_commit()
         while True:
             self._group_poll(max(0.0, deadline - time.monotonic()))
+            self._raise_if_woken()
             self._raise_pending()
             self._update_positions(deadline)
             self._process_completed()
@@ -280,6 +284,24 @@ class Consumer:
             if remaining <= 0:
                 return {}
             self._fetcher.wait(min(remaining, self._idle_wait_s()))
+
+    def wakeup(self) -> None:
+        """Make the ``poll()`` blocked in another thread raise ``WakeupError`` (or the next call of
+        ``poll``, ``commit``, ``position`` or ``committed``, when none is blocked): Kafka's
+        ``KafkaConsumer.wakeup()``, the one method safe to call from another thread, to end a poll loop
+        from a signal handler or a shutdown hook. A poll waiting for records or for the group's
+        rebalance returns at once; a lookup it has in flight (coordinator, metadata, offsets) ends
+        first, within its timeout. Records already fetched stay for the next poll."""
+        self._wakeup.set()
+        self._fetcher.notify()
+        membership = self._membership
+        if membership is not None:
+            membership.wake()
+
+    def _raise_if_woken(self) -> None:
+        if self._wakeup.is_set():
+            self._wakeup.clear()
+            raise errors.WakeupError("the consumer was woken up: wakeup() was called")
 
     def _drain_batches(self) -> dict[TopicPartition, bytes]:
         out: dict[TopicPartition, bytes] = {}
@@ -450,6 +472,7 @@ class Consumer:
         """The offset of the next record poll() will return for ``tp`` (resolved now if unknown)."""
         state = self._state(tp)
         if state.position is None:
+            self._raise_if_woken()
             self._update_positions()
         assert state.position is not None
         return state.position
@@ -527,6 +550,7 @@ class Consumer:
                timeout_ms: int | None = None) -> None:
         """Commit ``offsets`` (default: the current positions) and wait for the coordinator's answer."""
         self._ensure_open()
+        self._raise_if_woken()
         if self._coordinator is None:
             raise errors.InvalidGroupIdError("commit() needs group.id")
         chosen = self._current_offsets() if offsets is None else dict(offsets)
@@ -571,6 +595,7 @@ class Consumer:
     def committed(self, partitions: TopicPartition | Iterable[TopicPartition], timeout_ms: int | None = None
                   ) -> OffsetAndMetadata | None | dict[TopicPartition, OffsetAndMetadata | None]:
         """The group's committed offset of one partition (None if none), or a dict for several."""
+        self._raise_if_woken()
         if self._coordinator is None:
             raise errors.InvalidGroupIdError("committed() needs group.id")
         if isinstance(partitions, TopicPartition):
@@ -629,6 +654,7 @@ class Consumer:
         """Commit (if auto commit is on), leave the group, stop fetching and release connections."""
         if self._closed:
             return
+        self._wakeup.clear()  # as Kafka's close(): a wakeup meant for the poll loop does not stop the close
         try:
             if autocommit and self._auto_commit and self._current_offsets():
                 self._wait_for_async_commits(timeout_ms)

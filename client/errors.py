@@ -32,6 +32,12 @@ def __getattr__(name: str) -> object:
     return getattr(_errors, name)
 
 
+class WakeupError(Exception):
+    """``Consumer.wakeup()`` ended a blocked ``poll()`` (or the next blocking call) from another thread:
+    Kafka's WakeupException. Not a BrookError, so a handler that retries Brook's errors does not
+    swallow it."""
+
+
 class BufferExhaustedError(_errors.RequestTimedOutError):
     """send() waited ``max.block.ms`` for ``buffer.memory`` to free up (Kafka's BufferExhaustedException)."""
 

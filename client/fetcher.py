@@ -232,6 +232,11 @@ class Fetcher:
             if not self.completed and timeout_s > 0:
                 self.cond.wait(timeout_s)
 
+    def notify(self) -> None:
+        """End a ``wait`` now (``Consumer.wakeup``)."""
+        with self.cond:
+            self.cond.notify_all()
+
     def take_completed(self) -> list[CompletedFetch]:
         with self.cond:
             done = list(self.completed)

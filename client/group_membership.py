@@ -141,6 +141,7 @@ class GroupMembership:
         coordinator: GroupCoordinatorClient | None = None,
         clock: Callable[[], float] = time.monotonic,
         group_instance_id: str = "",
+        interrupt: threading.Event | None = None,
     ) -> None:
         if group_instance_id and not _INSTANCE_ID.fullmatch(group_instance_id):
             raise errors.InvalidConfigError(
@@ -173,6 +174,8 @@ class GroupMembership:
         self._owned: set[TopicPartition] = set()
         self._rejoin_reason: str | None = "initial join"  # cleared when a round starts; set again if it fails
         self._round: _Round | None = None  # only the polling thread starts, advances or ends one
+        self._interrupt = interrupt or threading.Event()  # set by Consumer.wakeup(): poll's waits end early
+        self._waits = threading.Condition()  # notified when a round's call completes, and by wake()
         self._lost = False  # fenced: owned partitions must be dropped without commit
         self._stable = False
         self._partition_counts: dict[str, int] = {}  # topics this member watches -> count at assignment
@@ -257,6 +260,8 @@ class GroupMembership:
         for _ in range(JOIN_ATTEMPTS_MAX):
             if not self.needs_rejoin():
                 return True
+            if self._interrupt.is_set():
+                return False  # Consumer.wakeup(): the consumer raises; a round in flight stays so
             self._handle_lost()
             # Within the poll's time, as Kafka's poll(Duration) (KIP-266): against a cluster that
             # cannot name a coordinator (down, unreachable, failing over) poll returns when its
@@ -270,7 +275,7 @@ class GroupMembership:
                     raise
                 log.info("group %s: join failed (%s); retrying", self.group_id, exc)
                 self.coordinator.forget()
-                time.sleep(min(1.0, max(0.05, deadline - self.clock())))
+                self._wait(lambda: False, self.clock() + min(1.0, max(0.05, deadline - self.clock())))
                 done = False
             if done is None:
                 return False  # no answer within this poll's time: the next poll waits on for it
@@ -305,7 +310,8 @@ class GroupMembership:
         r = self._round or self._start_round()
         try:
             while True:
-                resp = self.coordinator.receive(r.method, r.call, deadline - self.clock())
+                self._wait(r.call.done, deadline)
+                resp = self.coordinator.receive(r.method, r.call, 0.0)
                 if resp is None:
                     return None
                 if r.join is None:
@@ -354,6 +360,25 @@ class GroupMembership:
             raise
         return r
 
+    def wake(self) -> None:
+        """End a wait of ``poll`` now (``Consumer.wakeup`` sets the interrupt first)."""
+        with self._waits:
+            self._waits.notify_all()
+
+    def _wait(self, done: Callable[[], bool], deadline: float) -> None:
+        """Until ``done()``, ``deadline`` or a wakeup."""
+        with self._waits:
+            while not done() and not self._interrupt.is_set():
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    return
+                self._waits.wait(remaining)
+
+    def _watch(self, call: Any) -> Any:
+        """``call`` (a round's grpc future), with its completion waking ``_wait``."""
+        call.add_done_callback(lambda _: self.wake())
+        return call
+
     def _end_round(self, r: _Round, *, rejoin: bool) -> None:
         """``r`` is over: its call (if still in flight) cancelled, and, unless it installed an
         assignment or the member is closing, a rejoin asked for with the round's reason."""
@@ -373,20 +398,20 @@ class GroupMembership:
         protocols = [group_pb2.GroupProtocol(name=a.name, metadata=encode_subscription(r.topics, owned, gen))
                      for a in self.assignors]
         r.joins += 1
-        return self.coordinator.send("JoinGroup", group_pb2.JoinGroupRequest(
+        return self._watch(self.coordinator.send("JoinGroup", group_pb2.JoinGroupRequest(
             group_id=self.group_id, session_timeout_ms=self.session_timeout_ms,
             rebalance_timeout_ms=self.rebalance_timeout_ms, member_id=member_id, protocol_type=PROTOCOL_TYPE,
             protocols=protocols, client_id=self.client_id, reason=r.reason,
-            group_instance_id=self.group_instance_id), timeout_ms=self.rebalance_timeout_ms + 10_000)
+            group_instance_id=self.group_instance_id), timeout_ms=self.rebalance_timeout_ms + 10_000))
 
     def _send_sync(self, join: group_pb2.JoinGroupResponse) -> Any:
         assignments = self._lead(join) if join.leader == join.member_id else {}
-        return self.coordinator.send("SyncGroup", group_pb2.SyncGroupRequest(
+        return self._watch(self.coordinator.send("SyncGroup", group_pb2.SyncGroupRequest(
             group_id=self.group_id, generation_id=join.generation_id, member_id=join.member_id,
             protocol_type=PROTOCOL_TYPE, protocol_name=join.protocol_name,
             group_instance_id=self.group_instance_id,
             assignments=[group_pb2.SyncGroupAssignment(member_id=m, assignment=a) for m, a in assignments.items()]),
-            timeout_ms=self.rebalance_timeout_ms + 10_000)
+            timeout_ms=self.rebalance_timeout_ms + 10_000))
 
     def _on_group_error(self, code: int, message: str, what: str) -> None:
         """Handle an error answer to JoinGroup/SyncGroup/Heartbeat; raise when fatal."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -234,6 +235,70 @@ def test_subscribe_reads_and_commits_through_the_group(cluster, new_topic) -> No
         consumer.commit()
         committed = consumer.committed([TopicPartition(topic, p) for p in range(3)])
     assert sum(om.offset for om in committed.values()) == 30
+
+
+def _read(consumer: Consumer, count: int, timeout_s: float = 30) -> list:
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500).values():
+            got.extend(records)
+    return got
+
+
+def _woken_after(consumer: Consumer, delay_s: float, poll_ms: int) -> float:
+    """poll(``poll_ms``) with ``wakeup()`` called from another thread ``delay_s`` in: raises WakeupError;
+    how long that poll took."""
+    waker = threading.Timer(delay_s, consumer.wakeup)
+    started = time.monotonic()
+    waker.start()
+    try:
+        with pytest.raises(errors.WakeupError):
+            consumer.poll(timeout_ms=poll_ms)
+    finally:
+        waker.cancel()
+    return time.monotonic() - started
+
+
+def test_wakeup_ends_a_blocked_poll_and_the_consumer_goes_on(cluster, new_topic) -> None:
+    """Kafka's KafkaConsumer.wakeup(): from another thread it makes the blocked poll raise (here a
+    poll of 60 s with nothing to read, assigned and subscribed); called while no poll runs, the next
+    call that would block raises, once; the consumer then reads on from where it was, and close() is
+    not affected by a wakeup nobody consumed."""
+    topic = new_topic(partitions=2)
+    with Producer(bootstrap_servers=cluster.bootstrap_servers) as producer:
+        for i in range(10):
+            producer.send(topic, b"%d" % i, partition=i % 2)
+    tps = [TopicPartition(topic, p) for p in range(2)]
+    with Consumer(bootstrap_servers=cluster.bootstrap_servers, auto_offset_reset="earliest") as consumer:
+        consumer.assign(tps)
+        assert sorted(int(r.value) for r in _read(consumer, 10)) == list(range(10))
+        took = _woken_after(consumer, 1.0, 60_000)
+        assert took < 30, f"an assigned consumer's poll(60 s) ended {took:.1f} s after it started"
+        consumer.wakeup()
+        with pytest.raises(errors.WakeupError):
+            consumer.poll(timeout_ms=0)
+        assert consumer.poll(timeout_ms=200) == {}  # raised once: the next poll is a poll
+        consumer.wakeup()
+        assert consumer.position(tps[0]) == 5  # known: position() does not block, so it does not raise
+        consumer.seek_to_beginning(tps[0])
+        with pytest.raises(errors.WakeupError):
+            consumer.position(tps[0])  # a lookup to make: the wakeup ends it
+        assert consumer.position(tps[0]) == 0
+        consumer.seek(tps[0], 5)
+    group = f"wakeup-{topic}"
+    with Consumer(topic, bootstrap_servers=cluster.bootstrap_servers, group_id=group, auto_offset_reset="earliest",
+                  session_timeout_ms=10000, heartbeat_interval_ms=500) as consumer:
+        assert sorted(int(r.value) for r in _read(consumer, 10)) == list(range(10))
+        took = _woken_after(consumer, 1.0, 60_000)
+        assert took < 30, f"a group member's poll(60 s) ended {took:.1f} s after it started"
+        with Producer(bootstrap_servers=cluster.bootstrap_servers) as producer:
+            producer.send(topic, b"10", partition=0)
+        assert [int(r.value) for r in _read(consumer, 1)] == [10]
+        consumer.wakeup()  # not consumed by any poll: close() still commits and leaves
+    with Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=group) as check:
+        committed = check.committed(tps)
+    assert {tp: om.offset for tp, om in committed.items()} == {tps[0]: 6, tps[1]: 5}
 
 
 def test_admin_topics_configs_and_errors(cluster, admin: Admin) -> None:

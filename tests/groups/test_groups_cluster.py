@@ -26,6 +26,7 @@ from client.admin import Admin
 from client.cluster import ClusterClient
 from client.consumer import Consumer
 from client.coordinator import GroupCoordinatorClient
+from client.errors import WakeupError
 from client.producer import Producer
 from client.types import TopicPartition as TP
 from deploy.local.cluster import LocalCluster
@@ -750,6 +751,14 @@ def test_a_joining_members_poll_keeps_to_its_timeout_while_another_member_is_slo
         polls = _polls_keep_to_their_timeout(b, 6.0, "while member a had not rejoined")
         assert b.assignment() == set(), f"b was assigned {b.assignment()} before a rejoined"
         assert polls >= 3
+        # Consumer.wakeup() from another thread ends a long poll waiting on that join phase.
+        waker = threading.Timer(1.0, b.wakeup)
+        started = time.monotonic()
+        waker.start()
+        with pytest.raises(WakeupError):
+            b.poll(timeout_ms=60_000)
+        took = time.monotonic() - started
+        assert took < 30, f"b's poll(60 s) waiting on the join phase ended {took:.1f} s after wakeup()"
 
         def split() -> bool:
             a.poll(timeout_ms=300)
