@@ -15,7 +15,8 @@ controller stops. A second SIGTERM/SIGINT exits at once; storage is crash-safe, 
 loses nothing acknowledged.
 
 Exit codes: 0 clean stop, 1 failure while running or starting, 2 invalid config or
-usage, 3 forced exit on a second signal.
+usage, 3 forced exit on a second signal, 4 a log directory's disk failed (the broker halts:
+``BrokerServer._on_log_dir_failure``).
 """
 
 from __future__ import annotations

@@ -325,7 +325,8 @@ class ReplicaManager:
         self.fetch_sessions = SessionIndex()  # followers' ReplicaFetch streams, by the partitions they hold
         # Produce requests' local (append) and remote (acks=all wait) times, recorded by the service.
         self.produce_times = ProduceTimes()
-        self.fetchers = ReplicaFetcherManager(node_id, broker_epoch, fetcher_config or FetcherConfig(), loop=loop)
+        self.fetchers = ReplicaFetcherManager(node_id, broker_epoch, fetcher_config or FetcherConfig(), loop=loop,
+                                              on_storage_error=log_manager.dir_failed)
         self._alter = _AlterPartitionSender(self)
         self._stopped = threading.Event()
         self._isr_thread = threading.Thread(target=self._isr_loop, name=f"isr-expiration-{node_id}", daemon=True)
@@ -536,7 +537,11 @@ class ReplicaManager:
                         info = _append_now(p, records, acks)
                 except OSError as e:
                     log.error("append to %s-%d failed on disk: %s", topic, partition, e)
+                    self.log_manager.dir_failed(p.log.dir, e)
                     raise errors.KafkaStorageError(f"{topic}-{partition}: {e}") from e
+                except errors.KafkaStorageError as e:
+                    self.log_manager.dir_failed(p.log.dir, e)
+                    raise
             result = AppendResult(topic, partition, info.first_offset, info.last_offset,
                                   info.log_append_time_ms, p.log.log_start_offset,
                                   bool(getattr(info, "duplicate", False)))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import resource
 import threading
 import time
@@ -52,6 +53,9 @@ from storage.checkpoints import write_atomically
 from storage.log_manager import LogManager
 
 log = logging.getLogger(__name__)
+
+# The process's exit code when a log directory's disk failed (see BrokerServer._on_log_dir_failure).
+EXIT_LOG_DIR_FAILURE = 4
 
 GRPC_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 LOOP_START_TIMEOUT_S = 10.0
@@ -215,7 +219,8 @@ class BrokerServer:
             retention_check_ms=int(d.get("log.retention.check.interval.ms", "300000")),
             checkpoint_interval_ms=int(d.get("replica.high.watermark.checkpoint.interval.ms", "5000")),
             cleaner_threads=(int(d.get("log.cleaner.threads", "1"))
-                             if d.get("log.cleaner.enable", "true").strip().lower() == "true" else 0))
+                             if d.get("log.cleaner.enable", "true").strip().lower() == "true" else 0),
+            on_dir_failure=self._on_log_dir_failure)
         self.log_manager.startup()
         self.previous_incarnation_id = record_incarnation(s.log_dirs[0], self.incarnation_id)
         self.controller_client = ControllerClient(list(s.controller_endpoints), timeout_s=10,
@@ -278,6 +283,26 @@ class BrokerServer:
             limits=ClientLimits(int(d.get("max.inflight.requests.per.ip", "2000")),
                                 int(d.get("max.waiting.fetches.per.ip", "1000"))),
             budget=ByteBudget(budget))
+
+    def _on_log_dir_failure(self, log_dir: Path, exc: OSError) -> None:
+        """A disk under a log directory failed (full, over quota, I/O errors, read-only, file size
+        limit). Kafka takes the directory offline and halts the broker when none is left; Brook
+        halts at once, whatever the number of directories. Staying up, it would keep leading
+        partitions it cannot write; halted, its session runs out (broker.session.timeout.ms), the
+        controller fences it and elects their other in-sync replicas, and writes go on there.
+        Nothing acknowledged is lost: the failed append wrote nothing (segment.append truncates a
+        partial write) and every acknowledged record is on the in-sync replicas. No clean
+        shutdown: it would write checkpoints to the failed disk. Started again once the disk is
+        fixed, the broker recovers its logs and catches up from the leaders."""
+        log.critical("broker %d: log directory %s failed (%s); halting the broker (exit code %d) so that the "
+                     "other replicas take over its partitions. Fix the disk (free space, replace it) and start "
+                     "the broker again.", self.node_id, log_dir, exc, EXIT_LOG_DIR_FAILURE)
+        for handler in logging.getLogger().handlers:
+            try:
+                handler.flush()
+            except Exception:  # halting anyway
+                pass
+        os._exit(EXIT_LOG_DIR_FAILURE)
 
     def _start_loop(self) -> None:
         loop = asyncio.new_event_loop()

@@ -246,8 +246,10 @@ class _FetchState:
 
 class ReplicaFetcher:
     def __init__(self, local_id: int, source_id: int, address: str, broker_epoch: Callable[[], int],
-                 config: FetcherConfig, fetch_loop: _FetchLoop) -> None:
+                 config: FetcherConfig, fetch_loop: _FetchLoop,
+                 on_storage_error: Callable[[Any, BaseException], object] | None = None) -> None:
         self.local_id = local_id
+        self._on_storage_error = on_storage_error
         self.source_id = source_id
         self.address = address
         self._broker_epoch = broker_epoch
@@ -433,12 +435,19 @@ class ReplicaFetcher:
                     log.warning("fetcher %d<-%d: %s-%d: %s; backing off", self.local_id, self.source_id,
                                 pr.topic, pr.partition, e)
                     st.delayed_until_s = time.monotonic() + backoff_s
-                except Exception:
+                    self._storage_error(st, e)
+                except Exception as e:
                     log.exception("fetcher %d<-%d: %s-%d: unexpected failure; backing off",
                                   self.local_id, self.source_id, pr.topic, pr.partition)
                     st.delayed_until_s = time.monotonic() + backoff_s
+                    self._storage_error(st, e)
                 self._changed.add(key)
         return None
+
+    def _storage_error(self, st: _FetchState, exc: BaseException) -> None:
+        """Tell the broker (its LogManager decides whether the log's disk failed)."""
+        if self._on_storage_error is not None:
+            self._on_storage_error(st.partition.log.dir, exc)
 
     async def _auth_metadata(self) -> tuple[tuple[tuple[str, str], ...] | None, str]:
         """The SASL session token to call with (as metadata), authenticating first on an executor thread."""
@@ -621,10 +630,13 @@ class ReplicaFetcherManager:
     """Owns the fetchers, one per source broker endpoint, and the loop they run on."""
 
     def __init__(self, local_id: int, broker_epoch: Callable[[], int], config: FetcherConfig | None = None,
-                 *, loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 *, loop: asyncio.AbstractEventLoop | None = None,
+                 on_storage_error: Callable[[Any, BaseException], object] | None = None) -> None:
         self.local_id = local_id
         self._broker_epoch = broker_epoch
         self.config = config or FetcherConfig()
+        # (log dir, error) of a failed append or truncation: the broker's LogManager.dir_failed.
+        self.on_storage_error = on_storage_error
         self._lock = threading.Lock()
         self._fetchers: dict[tuple[int, str], ReplicaFetcher] = {}
         self._where: dict[tuple[str, int], tuple[int, str]] = {}
@@ -655,7 +667,7 @@ class ReplicaFetcherManager:
             f = self._fetchers.get(fkey)
             if f is None:
                 f = ReplicaFetcher(self.local_id, leader_id, address, self._broker_epoch, self.config,
-                                   self._fetch_loop)
+                                   self._fetch_loop, self.on_storage_error)
                 self._fetchers[fkey] = f
             f.add(partition, leader_epoch)
             self._where[partition.key] = fkey

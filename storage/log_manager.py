@@ -13,6 +13,7 @@ deletion), checkpointer, and the log cleaner (compaction).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -39,6 +40,11 @@ from storage.log_config import LogConfig
 
 log = logging.getLogger(__name__)
 
+# What a log directory's disk says when it can no longer take (or give back) data: full, over quota,
+# failing, remounted read-only, or past the process's file size limit. Not the errors a race with a
+# log's own deletion can give (ENOENT, EBADF): those must never stop a healthy broker.
+DISK_FAILURE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
+
 CLEAN_SHUTDOWN_FILE = ".brook_clean_shutdown"
 PARTITION_METADATA_FILE = "partition.metadata"
 DELETE_DIR_SUFFIX = "-delete"
@@ -63,13 +69,25 @@ def write_partition_metadata(partition_dir: Path, topic_id: str) -> None:
     write_atomically(partition_dir / PARTITION_METADATA_FILE, f"version: 0\ntopic_id: {topic_id}\n".encode())
 
 
+def disk_failure(exc: BaseException | None) -> OSError | None:
+    """The disk error (``DISK_FAILURE_ERRNOS``) behind ``exc`` or one of its causes, else None."""
+    for _ in range(8):  # a cause chain is short; bounded anyway
+        if exc is None:
+            return None
+        if isinstance(exc, OSError) and exc.errno in DISK_FAILURE_ERRNOS:
+            return exc
+        exc = exc.__cause__
+    return None
+
+
 class LogManager:
     def __init__(self, log_dirs: list[Path], broker_defaults: Mapping[str, str] | None = None, *,
                  flush_check_ms: int = 1000, retention_check_ms: int = 300_000, cleaner_threads: int = 1,
                  checkpoint_interval_ms: int = 60_000, recovery_full_scan: bool = False,
                  cleaner_max_map_entries: int = DEFAULT_MAX_MAP_ENTRIES,
                  cleaner_io_bytes_per_sec: float = DEFAULT_IO_BYTES_PER_SEC,
-                 cleaner_backoff_ms: int = 15_000, recovery_threads: int = 2) -> None:
+                 cleaner_backoff_ms: int = 15_000, recovery_threads: int = 2,
+                 on_dir_failure: Callable[[Path, OSError], None] | None = None) -> None:
         if not log_dirs:
             raise ValueError("at least one log dir is needed")
         self.log_dirs = [Path(d) for d in log_dirs]
@@ -89,6 +107,9 @@ class LogManager:
         self._threads: list[threading.Thread] = []
         self._started = False
         self._shut_down = False
+        # A log directory whose disk failed, and what to do then (the broker stops: see dir_failed).
+        self.on_dir_failure = on_dir_failure
+        self.failed_dirs: set[Path] = set()
         self.cleaner = LogCleaner(self.all_logs, threads=cleaner_threads, max_map_entries=cleaner_max_map_entries,
                                   io_bytes_per_sec=cleaner_io_bytes_per_sec, backoff_ms=cleaner_backoff_ms)
 
@@ -321,6 +342,34 @@ class LogManager:
         self.checkpoint_log_start_offsets()
         self.checkpoint_cleaner_offsets()
 
+    # ------------------------------------------------------------------ disk failures
+    def dir_failed(self, path: Path | str | None, exc: BaseException) -> bool:
+        """A read or write under ``path`` failed with ``exc``: when that is a disk failure
+        (``disk_failure``), its log directory is failed and ``on_dir_failure`` is told (once per
+        directory). Kafka takes such a directory offline and stops the broker when none is left;
+        the broker's handler stops it (see broker/server.py). True when it was a disk failure."""
+        cause = disk_failure(exc)
+        if cause is None:
+            return False
+        d = self._dir_of(cause.filename) or self._dir_of(path) or self.log_dirs[0]
+        with self._lock:
+            first = d not in self.failed_dirs
+            self.failed_dirs.add(d)
+        if first:
+            log.critical("log directory %s failed: %s", d, cause)
+            if self.on_dir_failure is not None:
+                self.on_dir_failure(d, cause)
+        return True
+
+    def _dir_of(self, path: Path | str | bytes | int | None) -> Path | None:
+        if not isinstance(path, (str, Path)):
+            return None
+        p = Path(path).absolute()
+        for d in self.log_dirs:
+            if p == d.absolute() or d.absolute() in p.parents:
+                return d
+        return None
+
     # ------------------------------------------------------------------ background work
     def flush_due_logs(self, now_ms: int | None = None) -> None:
         for lg in self.all_logs().values():
@@ -332,15 +381,16 @@ class LogManager:
             deleted += self._guard(lg, lambda lg=lg: lg.delete_old_segments(now_ms)) or 0
         return deleted
 
-    @staticmethod
-    def _guard(lg: Log, fn: Callable[[], object]) -> object:
-        """Run one log's housekeeping; a failure is logged and does not stop the others."""
+    def _guard(self, lg: Log, fn: Callable[[], object]) -> object:
+        """Run one log's housekeeping; a failure is logged and does not stop the others (a disk
+        failure fails the log's directory)."""
         try:
             if not lg.closed:
                 return fn()
         except (errors.BrookError, OSError, ValueError) as exc:
             if not lg.closed:  # a log deleted meanwhile is not an error
                 log.error("housekeeping of %s failed: %s", lg.dir, exc)
+                self.dir_failed(lg.dir, exc)
         return None
 
     def start_background(self) -> None:
@@ -363,6 +413,7 @@ class LogManager:
                 job()
             except (errors.BrookError, OSError, ValueError) as exc:
                 log.error("%s failed: %s", name, exc)
+                self.dir_failed(None, exc)
             log.debug("%s took %.3f s", name, time.monotonic() - started)
 
     def shutdown(self) -> None:

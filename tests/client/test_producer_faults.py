@@ -1,7 +1,8 @@
-"""Producer retries under real faults: lost responses (idempotent dedupe) and a SIGKILLed leader."""
+"""Producer retries under real faults: lost responses (idempotent dedupe), a SIGKILLed leader, a leader's failed disk."""
 
 from __future__ import annotations
 
+import resource
 import threading
 import time
 from collections.abc import Iterator
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from clientkit import consume_all
+from waiting import wait_for
 
 from client import errors
 from client.admin import Admin, NewTopic
@@ -206,6 +208,55 @@ def test_delivery_timeout_fails_records_while_the_leader_is_frozen(fault_cluster
     assert all(isinstance(e, errors.RequestTimedOutError) for e in errors_seen), errors_seen
     # delivery.timeout.ms bounds it (plus one in-flight request timeout), well before the 6 s fencing.
     assert elapsed < 6, f"records failed only after {elapsed:.1f} s"
+
+
+def test_writes_go_on_when_the_leaders_disk_fails(fault_cluster: LocalCluster) -> None:
+    """A real disk fault under a partition leader: its process's file size limit (RLIMIT_FSIZE) set
+    just above every file it has, so the append that grows the partition's segment past it fails
+    with EFBIG, as writes fail on a full disk. The broker halts (exit code 4; it used to answer
+    KAFKA_STORAGE_ERROR to every write of that partition for as long as it ran), the controller
+    elects an in-sync replica, and every record the producer sends is written there within a bound,
+    in order, after the ones acknowledged before; started again, the broker catches up."""
+    topic = "disk-fault"
+    with Admin(fault_cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic, 1, 3, {"min.insync.replicas": "2"})])
+        leader = admin.describe_topics([topic])[topic].partitions[0].leader
+    pid = fault_cluster.pid(leader)
+    assert pid is not None
+    values = [b"before-%03d" % i for i in range(20)] + [b"after-%03d-" % i + b"x" * 10_000 for i in range(60)]
+    with Producer(bootstrap_servers=fault_cluster.bootstrap_servers, linger_ms=0, request_timeout_ms=3000,
+                  delivery_timeout_ms=120_000, retry_backoff_ms=100) as producer:
+        for v in values[:20]:
+            producer.send(topic, v).get(timeout=30)
+        # Every file it writes may grow by 256 KiB (its own log too); the 600 KB of records below may not.
+        # Index files are left out: sized in advance and written through an mmap, the limit is not theirs.
+        largest = max(f.stat().st_size for f in fault_cluster.node_dir(leader).rglob("*")
+                      if f.is_file() and not f.name.endswith("index"))
+        _, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (largest + 256 * 1024, hard))
+        started = time.monotonic()
+        futures = [producer.send(topic, v) for v in values[20:]]
+        for f in futures:
+            f.get(timeout=150)
+        took = time.monotonic() - started
+    wait_for(lambda: fault_cluster.returncode(leader) is not None, 30, "the leader's process to exit")
+    assert fault_cluster.returncode(leader) == 4, fault_cluster.log_tail(leader, 40)
+    assert "halting the broker" in fault_cluster.log_tail(leader, 200), fault_cluster.log_tail(leader, 40)
+    with Admin(fault_cluster.bootstrap_servers) as admin:
+        new_leader = admin.describe_topics([topic])[topic].partitions[0].leader
+    assert new_leader not in (leader, -1)
+    # A bound on the outage (the broker session timeout, then an election), far above its length and
+    # below the producer's delivery timeout: the writes came back by themselves.
+    assert took < 90, f"the 60 records took {took:.0f} s to be written after the leader's disk failed"
+    got = [r.value for r in consume_all(fault_cluster.bootstrap_servers, topic, 1, len(values), timeout_s=30)[0]]
+    assert got == values, f"{len(got)} records read back for {len(values)} acknowledged"
+    fault_cluster.start_node(leader)  # the disk is "fixed": a new process has no such limit
+    fault_cluster.wait_ready(90)
+
+    def back_in_sync() -> bool:
+        with Admin(fault_cluster.bootstrap_servers) as admin:
+            return leader in admin.describe_topics([topic])[topic].partitions[0].isr
+    wait_for(back_in_sync, 60, "the restarted broker back in the ISR")
 
 
 def test_producer_and_consumer_ride_out_leader_sigkill(fault_cluster: LocalCluster) -> None:

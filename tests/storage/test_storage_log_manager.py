@@ -166,3 +166,42 @@ def test_partition_dir_on_disk_but_not_loaded(tmp_path: Path) -> None:
     other = fresh.get_or_create_log("u", 0, topic_id="U", overrides={})
     assert other.dir.parent != again.dir.parent
     fresh.shutdown()
+
+
+def test_a_disk_error_fails_its_log_dir_once_and_other_errors_fail_nothing(tmp_path: Path) -> None:
+    """What counts as a failed disk (and stops the broker, see broker/server.py): ENOSPC, EDQUOT,
+    EIO, EROFS, EFBIG behind the error, mapped to the log dir it happened under, reported once.
+    Errors a race with a log's deletion gives (ENOENT, EBADF) and Brook's own refusals do not."""
+    import errno
+    import os
+
+    from storage.log_manager import disk_failure
+
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    failed: list[tuple[Path, int]] = []
+    lm = LogManager(dirs, on_dir_failure=lambda d, exc: failed.append((d, exc.errno)))
+    lm.startup()
+    try:
+        def storage_error(code: int) -> errors.BrookError:
+            try:
+                raise OSError(code, os.strerror(code))
+            except OSError as exc:
+                try:
+                    raise errors.KafkaStorageError("write failed") from exc
+                except errors.BrookError as wrapped:
+                    return wrapped
+
+        for harmless in (FileNotFoundError(errno.ENOENT, "gone"), OSError(errno.EBADF, "closed fd"),
+                         errors.KafkaStorageError("log is closed"), storage_error(errno.EBADF)):
+            assert disk_failure(harmless) is None
+            assert not lm.dir_failed(dirs[0] / "t-0", harmless)
+        assert failed == []
+        assert lm.dir_failed(dirs[1] / "t-0", storage_error(errno.ENOSPC))
+        assert failed == [(dirs[1], errno.ENOSPC)]
+        assert lm.dir_failed(dirs[1] / "u-3", OSError(errno.EIO, "I/O error"))  # same dir: told once
+        full = OSError(errno.EFBIG, "File too large", str(dirs[0] / "t-1" / "00000000000000000000.log"))
+        assert lm.dir_failed(None, full)  # no path from the caller: the error's file names the dir
+        assert failed == [(dirs[1], errno.ENOSPC), (dirs[0], errno.EFBIG)]
+        assert lm.failed_dirs == {dirs[0], dirs[1]}
+    finally:
+        lm.shutdown()
