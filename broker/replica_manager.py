@@ -808,6 +808,9 @@ class ReplicaManager:
                 must_answer = True
                 out.error_code, out.error_message = e.code, e.message
                 self._fill_error_context(out, fp.topic, fp.partition, e.code)
+                if e.code == ErrorCode.KAFKA_STORAGE_ERROR and (
+                        failed := self._partitions.get((fp.topic, fp.partition))) is not None:
+                    self.log_manager.dir_failed(failed.log.dir, e)  # a read the disk refused (EIO)
         return resp, total, must_answer
 
     def _stale_replica_epoch(self, req: broker_pb2.FetchRequest) -> errors.BrookError | None:

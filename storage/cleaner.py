@@ -150,6 +150,8 @@ class LogCleaner:
         self._first_dirty: dict[TopicPartitionKey, int] = dict(checkpoints or {})
         self._in_progress: set[TopicPartitionKey] = set()
         self._stop = threading.Event()
+        # (log dir, error) of a failed cleaning: the LogManager's dir_failed (a disk error stops the broker).
+        self.on_error: Callable[[object, BaseException], object] | None = None
         self._workers: list[threading.Thread] = []
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -387,6 +389,8 @@ class LogCleaner:
             except (errors.BrookError, OSError, ValueError) as exc:
                 # One bad log must not stop compaction of the others; it is retried after backoff.
                 log.error("cleaning %s failed: %s", lg.dir, exc)
+                if self.on_error is not None:
+                    self.on_error(lg.dir, exc)
                 self._stop.wait(self.backoff_ms / 1000)
             finally:
                 with self._lock:

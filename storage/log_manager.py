@@ -112,6 +112,7 @@ class LogManager:
         self.failed_dirs: set[Path] = set()
         self.cleaner = LogCleaner(self.all_logs, threads=cleaner_threads, max_map_entries=cleaner_max_map_entries,
                                   io_bytes_per_sec=cleaner_io_bytes_per_sec, backoff_ms=cleaner_backoff_ms)
+        self.cleaner.on_error = self.dir_failed
 
     # ------------------------------------------------------------------ startup
     def startup(self) -> None:
