@@ -152,15 +152,26 @@ def _settle(futures: list[Any]) -> int:
     return failed
 
 
+KEYS_HELP = ("records take N keys in turn, spread over the partitions by murmur2 (default 0: keyless, one "
+             "partition at a time by the sticky partitioner, as Kafka's producer-perf-test)")
+
+
+def perf_keys(count: int) -> tuple[bytes, ...]:
+    """``--keys``: the keys records take in turn (none: keyless records, the sticky partitioner, as
+    Kafka's producer-perf-test sends); murmur2 spreads them over the topic's partitions."""
+    return tuple(b"key-%d" % i for i in range(count))
+
+
 def run_produce(producer: Producer, topic: str, num_records: int, record_size: int, throughput: float,
                 progress: Progress | None = None, *, warmup_records: int = 0,
-                on_measuring: Callable[[], None] | None = None) -> PerfResult:
+                on_measuring: Callable[[], None] | None = None, keys: Sequence[bytes] = ()) -> PerfResult:
     """``on_measuring`` is called once the warm-up is acknowledged, just before the measured sends."""
     payload = bytes(random.Random(0).randrange(65, 91) for _ in range(record_size))  # Kafka's A-Z payload
+    nkeys = len(keys)
     if warmup_records > 0:
         # Connections, producer id, leaders and followers settle before the clock starts.
-        for _ in range(warmup_records):
-            producer.send(topic, payload)
+        for i in range(warmup_records):
+            producer.send(topic, payload, keys[i % nkeys] if nkeys else None)
         producer.flush()
     if on_measuring is not None:
         on_measuring()
@@ -175,13 +186,14 @@ def run_produce(producer: Producer, topic: str, num_records: int, record_size: i
     for i in range(num_records):
         if interval and i % 16 == 0:
             pace(start, i, interval)
+        key = keys[i % nkeys] if nkeys else None
         if i % sample_every == 0:
             t = now()
-            samples.append((t, send(topic, payload)))
+            samples.append((t, send(topic, payload, key)))
             if progress is not None:
                 progress.maybe_print(i)
         else:
-            send(topic, payload)
+            send(topic, payload, key)
     producer.flush()
     elapsed = now() - start
     latencies = []
@@ -214,11 +226,14 @@ def produce_main(argv: Sequence[str] | None = None, *, on_measuring: Callable[[]
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--warmup-records", type=int, default=0,
                         help="records sent (and acknowledged) before measuring starts")
+    parser.add_argument("--keys", type=int, default=0, help=KEYS_HELP)
     parser.add_argument("--producer-config", nargs="*", metavar="KEY=VALUE", help="any other producer config")
     parser.add_argument("--command-config", default=None, help="client properties file (security.protocol, ssl.*)")
     args = parser.parse_args(argv)
     if args.num_records <= 0 or args.record_size <= 0:
         parser.error("--num-records and --record-size must be positive")
+    if args.keys < 0:
+        parser.error("--keys must be 0 (keyless) or more")
     security = _security_pairs(args.command_config)
     ensure_topic(args.bootstrap_servers, args.topic, args.partitions, args.replication_factor,
                  SecurityConfig.from_config(security))
@@ -232,7 +247,8 @@ def produce_main(argv: Sequence[str] | None = None, *, on_measuring: Callable[[]
     config.update(_config_pairs(args.producer_config))
     with Producer(config) as producer:
         result = run_produce(producer, args.topic, args.num_records, args.record_size, args.throughput,
-                             Progress("sent"), warmup_records=args.warmup_records, on_measuring=on_measuring)
+                             Progress("sent"), warmup_records=args.warmup_records, on_measuring=on_measuring,
+                             keys=perf_keys(args.keys))
     print(result.summary("sent"))
     return 0 if result.errors == 0 else 1
 
@@ -359,12 +375,17 @@ def e2e_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup-records", type=int, default=5000,
                         help="records sent (and acknowledged) before the consumer starts")
     parser.add_argument("--timeout-ms", type=int, default=30_000, help="consumer gives up after this long without records")
+    parser.add_argument("--keys", type=int, default=0, help=KEYS_HELP)
     parser.add_argument("--producer-config", nargs="*", metavar="KEY=VALUE", help="any other producer config")
     parser.add_argument("--consumer-config", nargs="*", metavar="KEY=VALUE", help="any other consumer config")
     parser.add_argument("--command-config", default=None, help="client properties file (security.protocol, ssl.*)")
     args = parser.parse_args(argv)
     if args.num_records <= 0 or args.record_size < 8 or args.throughput <= 0:
         parser.error("--num-records and --throughput must be positive and --record-size at least 8")
+    if args.keys < 0:
+        parser.error("--keys must be 0 (keyless) or more")
+    keys = perf_keys(args.keys)
+    nkeys = len(keys)
     security = _security_pairs(args.command_config)
     ensure_topic(args.bootstrap_servers, args.topic, args.partitions, args.replication_factor,
                  SecurityConfig.from_config(security))
@@ -378,8 +399,8 @@ def e2e_main(argv: Sequence[str] | None = None) -> int:
     ctx = multiprocessing.get_context("spawn")
     ready, results = ctx.Event(), ctx.Queue()
     with Producer(producer_config) as producer:
-        for _ in range(args.warmup_records):
-            producer.send(args.topic, bytes(8) + padding)
+        for i in range(args.warmup_records):
+            producer.send(args.topic, bytes(8) + padding, keys[i % nkeys] if nkeys else None)
         producer.flush()
         consumer = ctx.Process(target=_e2e_consumer, name="e2e-consumer", daemon=True, args=(
             consumer_config, args.topic, args.num_records, args.timeout_ms, ready, results))
@@ -402,7 +423,8 @@ def e2e_main(argv: Sequence[str] | None = None) -> int:
                 progress.maybe_print(i)
                 if len(futures) >= 4096:
                     failed += _settle(futures)
-            futures.append(producer.send(args.topic, time.time_ns().to_bytes(8, "big") + padding))
+            futures.append(producer.send(args.topic, time.time_ns().to_bytes(8, "big") + padding,
+                                         keys[i % nkeys] if nkeys else None))
         producer.flush()
         sent_s = time.monotonic() - start
     failed += _settle(futures)

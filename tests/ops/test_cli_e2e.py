@@ -9,9 +9,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 
+from client.admin import Admin
+from client.partitioner import default_partition
+from client.types import TopicPartition
 from deploy.local.cluster import LocalCluster, free_port
 
 pytestmark = pytest.mark.slow
@@ -216,7 +220,7 @@ def test_cluster_info_quorum_and_health(brook, ops_cluster: LocalCluster) -> Non
     assert r.code == 0 and "healthy" in r.out, r
 
 
-def test_perf_commands_run_the_benchmarks(brook, tmp_path) -> None:
+def test_perf_commands_run_the_benchmarks(brook, ops_cluster, tmp_path) -> None:
     r = brook("perf", "storage", "--dir", str(tmp_path), "--total-mb", "1", "--repeat", "1")
     assert r.code == 0 and "MB/s" in r.out, r
     r = brook("perf", "produce", "--topic", "perf-cli", "--num-records", "300", "--record-size", "64",
@@ -228,3 +232,15 @@ def test_perf_commands_run_the_benchmarks(brook, tmp_path) -> None:
     r = brook("perf", "end-to-end", "--topic", "perf-e2e", "--num-records", "500", "--throughput", "1000",
               "--warmup-records", "10", "--partitions", "2", "--replication-factor", "3")
     assert r.code == 0 and "500 seen by the consumer" in r.out and "ms 99th" in r.out, r
+    # --keys: keyed records, murmur2 spread (the keyless default sticks to a partition per batch)
+    r = brook("perf", "produce", "--topic", "perf-keyed", "--num-records", "400", "--record-size", "16",
+              "--partitions", "4", "--replication-factor", "3", "--keys", "8")
+    assert r.code == 0 and "records/s" in r.out + r.err, r
+    with Admin(ops_cluster.bootstrap_servers) as admin:
+        ends = admin.list_offsets({TopicPartition("perf-keyed", p): "latest" for p in range(4)})
+    counts = {tp.partition: offset for tp, (offset, _) in ends.items()}
+    spread = Counter(default_partition(b"key-%d" % (i % 8), 4) for i in range(400))
+    assert counts == {p: spread.get(p, 0) for p in range(4)}, (counts, spread)
+    with pytest.raises(SystemExit) as refused:  # argparse's usage error, exit code 2
+        brook("perf", "produce", "--topic", "perf-keyed", "--num-records", "1", "--keys", "-1")
+    assert refused.value.code == 2
