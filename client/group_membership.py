@@ -308,6 +308,7 @@ class GroupMembership:
         when it installed an assignment, False when it ended without one (the caller may start
         another), None when the coordinator has not answered yet (the round stays in flight)."""
         r = self._round or self._start_round()
+        synced: group_pb2.SyncGroupResponse | None = None
         try:
             while True:
                 self._wait(r.call.done, deadline)
@@ -333,14 +334,18 @@ class GroupMembership:
                 if resp.error_code != ErrorCode.NONE:
                     self._on_group_error(resp.error_code, resp.error_message, "SyncGroup")
                     break
-                self._end_round(r, rejoin=False)
-                self._install(r.join, decode_assignment(resp.assignment), r.topics)
-                return True
+                synced = resp
+                break
         except BaseException:
             self._end_round(r, rejoin=True)
             raise
-        self._end_round(r, rejoin=True)
-        return False
+        self._end_round(r, rejoin=synced is None)
+        if synced is None or r.join is None:
+            return False
+        # Outside the round: a listener callback that raises leaves the assignment installed (as
+        # Kafka's do) and asks for no rejoin.
+        self._install(r.join, decode_assignment(synced.assignment), r.topics)
+        return True
 
     def _start_round(self) -> _Round:
         with self._lock:
