@@ -205,3 +205,50 @@ def test_a_disk_error_fails_its_log_dir_once_and_other_errors_fail_nothing(tmp_p
         assert lm.failed_dirs == {dirs[0], dirs[1]}
     finally:
         lm.shutdown()
+
+
+_CLEANER_DISK_FAULT = r'''
+import json, resource, sys, time
+from pathlib import Path
+from storage.log_manager import LogManager
+from storage.record_batch import decode_records
+from storage_testlib import make_batch, now_ms, read_all
+
+failed = []
+lm = LogManager([Path(sys.argv[1])], cleaner_threads=1, cleaner_backoff_ms=50,
+                on_dir_failure=lambda d, exc: failed.append((str(d), exc.errno)))
+lm.startup()
+size = len(make_batch(1, key=b"key-00", value_size=20))
+lg = lm.get_or_create_log("c", 0, topic_id="T", overrides={
+    "cleanup.policy": "compact", "segment.bytes": str(size * 8), "min.cleanable.dirty.ratio": "0.01"})
+ts = now_ms()
+for i in range(60):
+    lg.append_as_leader(make_batch(1, ts=ts, keys=[b"key-%02d" % (i % 7)], values=[b"value-%04d" % i]), 0)
+lg.update_high_watermark(lg.log_end_offset)
+# From here no file of this process may grow past one byte: the cleaner's new segment cannot be written.
+resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+lm.cleaner.start()
+deadline = time.monotonic() + 30
+while not failed and time.monotonic() < deadline:
+    time.sleep(0.05)
+lm.cleaner.shutdown()
+print(json.dumps({"failed": failed, "records": len(list(decode_records(read_all(lg))))}))
+'''
+
+
+def test_a_disk_error_while_compacting_fails_the_log_dir_and_leaves_the_log_whole(tmp_path: Path) -> None:
+    """A real write failure under the cleaner: a process whose file size limit (RLIMIT_FSIZE) lets
+    no file grow (EFBIG, as on a full disk) compacting a log. The cleaner's failure reaches
+    ``on_dir_failure`` (the broker halts on it) and the log still reads back every record."""
+    import json
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", _CLEANER_DISK_FAULT, str(tmp_path / "logs")], cwd=repo,
+                          env={"PYTHONPATH": f"{repo}:{repo / 'tests' / 'storage'}", "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["failed"] == [[str(tmp_path / "logs"), 27]], proc.stderr[-2000:]  # EFBIG, once
+    assert out["records"] == 60
