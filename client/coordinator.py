@@ -113,13 +113,13 @@ class GroupCoordinatorClient:
                                    f"{method} for group {self.group_id!r}: no coordinator known")
         return getattr(group_stub(self.cluster, address), method).future(request, timeout=timeout_ms / 1000)
 
-    def receive(self, method: str, call: grpc.Future, timeout_s: float) -> Any | None:
-        """The answer to a call ``send`` started, waited for at most ``timeout_s``; None while it has not
-        come. A failed call forgets the coordinator and raises the client error it stands for."""
-        try:
-            return call.result(timeout=max(0.0, timeout_s))
-        except grpc.FutureTimeoutError:
+    def receive(self, method: str, call: grpc.Future) -> Any | None:
+        """The answer to a call ``send`` started, or None while it has not come (never waits). A
+        failed call forgets the coordinator and raises the client error it stands for."""
+        if not call.done():
             return None
+        try:
+            return call.result(timeout=0)
         except grpc.FutureCancelledError as exc:
             raise errors.error_for(errors.ErrorCode.NETWORK_EXCEPTION,
                                    f"{method} for group {self.group_id!r} was cancelled") from exc

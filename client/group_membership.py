@@ -312,7 +312,7 @@ class GroupMembership:
         try:
             while True:
                 self._wait(r.call.done, deadline)
-                resp = self.coordinator.receive(r.method, r.call, 0.0)
+                resp = self.coordinator.receive(r.method, r.call)
                 if resp is None:
                     return None
                 if r.join is None:

@@ -156,10 +156,21 @@ KEYS_HELP = ("records take N keys in turn, spread over the partitions by murmur2
              "partition at a time by the sticky partitioner, as Kafka's producer-perf-test)")
 
 
-def perf_keys(count: int) -> tuple[bytes, ...]:
-    """``--keys``: the keys records take in turn (none: keyless records, the sticky partitioner, as
-    Kafka's producer-perf-test sends); murmur2 spreads them over the topic's partitions."""
+def perf_keys(text: str) -> tuple[bytes, ...]:
+    """``--keys N`` (an argparse type): the keys records take in turn (none: keyless records, the
+    sticky partitioner, as Kafka's producer-perf-test sends); murmur2 spreads them over the partitions."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (keyless) or more, got {text!r}")
     return tuple(b"key-%d" % i for i in range(count))
+
+
+def key_at(keys: Sequence[bytes], i: int) -> bytes | None:
+    """The key of the ``i``-th record (None: keyless)."""
+    return keys[i % len(keys)] if keys else None
 
 
 def run_produce(producer: Producer, topic: str, num_records: int, record_size: int, throughput: float,
@@ -167,11 +178,10 @@ def run_produce(producer: Producer, topic: str, num_records: int, record_size: i
                 on_measuring: Callable[[], None] | None = None, keys: Sequence[bytes] = ()) -> PerfResult:
     """``on_measuring`` is called once the warm-up is acknowledged, just before the measured sends."""
     payload = bytes(random.Random(0).randrange(65, 91) for _ in range(record_size))  # Kafka's A-Z payload
-    nkeys = len(keys)
     if warmup_records > 0:
         # Connections, producer id, leaders and followers settle before the clock starts.
         for i in range(warmup_records):
-            producer.send(topic, payload, keys[i % nkeys] if nkeys else None)
+            producer.send(topic, payload, key_at(keys, i))
         producer.flush()
     if on_measuring is not None:
         on_measuring()
@@ -186,7 +196,7 @@ def run_produce(producer: Producer, topic: str, num_records: int, record_size: i
     for i in range(num_records):
         if interval and i % 16 == 0:
             pace(start, i, interval)
-        key = keys[i % nkeys] if nkeys else None
+        key = key_at(keys, i)
         if i % sample_every == 0:
             t = now()
             samples.append((t, send(topic, payload, key)))
@@ -226,14 +236,12 @@ def produce_main(argv: Sequence[str] | None = None, *, on_measuring: Callable[[]
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--warmup-records", type=int, default=0,
                         help="records sent (and acknowledged) before measuring starts")
-    parser.add_argument("--keys", type=int, default=0, help=KEYS_HELP)
+    parser.add_argument("--keys", type=perf_keys, default=(), metavar="N", help=KEYS_HELP)
     parser.add_argument("--producer-config", nargs="*", metavar="KEY=VALUE", help="any other producer config")
     parser.add_argument("--command-config", default=None, help="client properties file (security.protocol, ssl.*)")
     args = parser.parse_args(argv)
     if args.num_records <= 0 or args.record_size <= 0:
         parser.error("--num-records and --record-size must be positive")
-    if args.keys < 0:
-        parser.error("--keys must be 0 (keyless) or more")
     security = _security_pairs(args.command_config)
     ensure_topic(args.bootstrap_servers, args.topic, args.partitions, args.replication_factor,
                  SecurityConfig.from_config(security))
@@ -248,7 +256,7 @@ def produce_main(argv: Sequence[str] | None = None, *, on_measuring: Callable[[]
     with Producer(config) as producer:
         result = run_produce(producer, args.topic, args.num_records, args.record_size, args.throughput,
                              Progress("sent"), warmup_records=args.warmup_records, on_measuring=on_measuring,
-                             keys=perf_keys(args.keys))
+                             keys=args.keys)
     print(result.summary("sent"))
     return 0 if result.errors == 0 else 1
 
@@ -375,17 +383,14 @@ def e2e_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup-records", type=int, default=5000,
                         help="records sent (and acknowledged) before the consumer starts")
     parser.add_argument("--timeout-ms", type=int, default=30_000, help="consumer gives up after this long without records")
-    parser.add_argument("--keys", type=int, default=0, help=KEYS_HELP)
+    parser.add_argument("--keys", type=perf_keys, default=(), metavar="N", help=KEYS_HELP)
     parser.add_argument("--producer-config", nargs="*", metavar="KEY=VALUE", help="any other producer config")
     parser.add_argument("--consumer-config", nargs="*", metavar="KEY=VALUE", help="any other consumer config")
     parser.add_argument("--command-config", default=None, help="client properties file (security.protocol, ssl.*)")
     args = parser.parse_args(argv)
     if args.num_records <= 0 or args.record_size < 8 or args.throughput <= 0:
         parser.error("--num-records and --throughput must be positive and --record-size at least 8")
-    if args.keys < 0:
-        parser.error("--keys must be 0 (keyless) or more")
-    keys = perf_keys(args.keys)
-    nkeys = len(keys)
+    keys = args.keys
     security = _security_pairs(args.command_config)
     ensure_topic(args.bootstrap_servers, args.topic, args.partitions, args.replication_factor,
                  SecurityConfig.from_config(security))
@@ -400,7 +405,7 @@ def e2e_main(argv: Sequence[str] | None = None) -> int:
     ready, results = ctx.Event(), ctx.Queue()
     with Producer(producer_config) as producer:
         for i in range(args.warmup_records):
-            producer.send(args.topic, bytes(8) + padding, keys[i % nkeys] if nkeys else None)
+            producer.send(args.topic, bytes(8) + padding, key_at(keys, i))
         producer.flush()
         consumer = ctx.Process(target=_e2e_consumer, name="e2e-consumer", daemon=True, args=(
             consumer_config, args.topic, args.num_records, args.timeout_ms, ready, results))
@@ -424,7 +429,7 @@ def e2e_main(argv: Sequence[str] | None = None) -> int:
                 if len(futures) >= 4096:
                     failed += _settle(futures)
             futures.append(producer.send(args.topic, time.time_ns().to_bytes(8, "big") + padding,
-                                         keys[i % nkeys] if nkeys else None))
+                                         key_at(keys, i)))
         producer.flush()
         sent_s = time.monotonic() - start
     failed += _settle(futures)

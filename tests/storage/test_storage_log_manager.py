@@ -208,15 +208,16 @@ def test_a_disk_error_fails_its_log_dir_once_and_other_errors_fail_nothing(tmp_p
 
 
 _CLEANER_DISK_FAULT = r'''
-import json, resource, sys, time
+import json, resource, sys, threading
 from pathlib import Path
 from storage.log_manager import LogManager
 from storage.record_batch import decode_records
 from storage_testlib import make_batch, now_ms, read_all
 
 failed = []
+told = threading.Event()
 lm = LogManager([Path(sys.argv[1])], cleaner_threads=1, cleaner_backoff_ms=50,
-                on_dir_failure=lambda d, exc: failed.append((str(d), exc.errno)))
+                on_dir_failure=lambda d, exc: (failed.append((str(d), exc.errno)), told.set()))
 lm.startup()
 size = len(make_batch(1, key=b"key-00", value_size=20))
 lg = lm.get_or_create_log("c", 0, topic_id="T", overrides={
@@ -228,9 +229,7 @@ lg.update_high_watermark(lg.log_end_offset)
 # From here no file of this process may grow past one byte: the cleaner's new segment cannot be written.
 resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 lm.cleaner.start()
-deadline = time.monotonic() + 30
-while not failed and time.monotonic() < deadline:
-    time.sleep(0.05)
+told.wait(30)
 lm.cleaner.shutdown()
 print(json.dumps({"failed": failed, "records": len(list(decode_records(read_all(lg))))}))
 '''
