@@ -302,9 +302,12 @@ class _AsyncDataWaiter(DelayedOperation):
 class ReplicaManager:
     def __init__(self, node_id: int, log_manager: Any, metadata_cache: MetadataCache, controller_client: Any,
                  *, defaults: Mapping[str, str], broker_epoch: Callable[[], int],
-                 lease_valid: Callable[[], bool] = lambda: True,
+                 lease_valid: Callable[[], bool] = lambda: True, fenced: Callable[[], bool] = lambda: False,
                  fetcher_config: FetcherConfig | None = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """``loop``: the broker's event loop, where the replica fetchers run (without one, their own)."""
+        """``loop``: the broker's event loop, where the replica fetchers run (without one, their own).
+        ``fenced``: the controller has fenced this broker (or not yet unfenced it): no writes at all.
+        ``lease_valid``: heard from the controller within a session: without it, acks=0/1 writes are
+        refused and acks=all writes go on (see ``append_records``)."""
         self.node_id = node_id
         self.log_manager = log_manager
         self.metadata_cache = metadata_cache
@@ -312,6 +315,7 @@ class ReplicaManager:
         self.defaults = dict(defaults)
         self._broker_epoch = broker_epoch
         self._lease_valid = lease_valid
+        self._fenced = fenced
         self.replica_lag_time_max_ms = int(self.defaults.get("replica.lag.time.max.ms", "30000"))
         self.fetch_max_bytes = int(self.defaults.get("fetch.max.bytes", str(BROKER_FETCH_MAX_BYTES)))
         self.fetch_partition_max_bytes = int(self.defaults.get("fetch.partition.max.bytes",
@@ -524,9 +528,19 @@ class ReplicaManager:
             if not records:
                 raise errors.CorruptMessageError("empty record set")
             p = self.leader_partition(topic, partition)
-            if not self._lease_valid():
+            if self._fenced():
                 raise errors.NotLeaderOrFollowerError(
-                    f"broker {self.node_id} lost its controller session; not accepting writes")
+                    f"broker {self.node_id} is fenced by the controller; not accepting writes")
+            if acks != -1 and not self._lease_valid():
+                # A broker cut off from the controllers may have been replaced as leader already. An
+                # acks=all write needs no lease: its HW waits for every in-sync follower, and they
+                # fetch from another leader once one is elected, so a replaced leader acknowledges
+                # nothing; the ISR cannot shrink without the quorum either. An acks=0/1 write has no
+                # such guard, so it is refused rather than taken and lost (Kafka takes it).
+                raise errors.NotLeaderOrFollowerError(
+                    f"broker {self.node_id} has not reached the controller quorum for "
+                    f"broker.session.timeout.ms: acks={acks} writes are refused until it does (acks=all "
+                    f"writes go on)")
             with held(p.lock, blocking):
                 epoch = p.leader_epoch
                 try:

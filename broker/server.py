@@ -234,8 +234,8 @@ class BrokerServer:
         self._start_loop()  # first: the replica fetchers run on it
         self.replica_manager = ReplicaManager(
             s.node_id, self.log_manager, self.metadata_cache, self.controller_client, defaults=s.defaults,
-            broker_epoch=lambda: self.broker_epoch, lease_valid=self.lease_valid, fetcher_config=fetcher_cfg,
-            loop=self.loop)
+            broker_epoch=lambda: self.broker_epoch, lease_valid=self.lease_valid, fenced=lambda: self.fenced,
+            fetcher_config=fetcher_cfg, loop=self.loop)
         producer_ids = ProducerIdManager(s.node_id, self.controller_client, lambda: self.broker_epoch)
         self.capacity = self._make_capacity(d)
         self.grpc_server = self._on_loop(self._make_server(d))

@@ -28,12 +28,15 @@ class NoController:
 
 class InProcessBroker:
     def __init__(self, tmp_path: Path, topics: Mapping[str, Mapping[str, str]], *, partitions: int = 1,
-                 replicas: Sequence[int] = (1,), executor: concurrent.futures.Executor | None = None) -> None:
+                 replicas: Sequence[int] = (1,), executor: concurrent.futures.Executor | None = None,
+                 **rm_options: Any) -> None:
+        """``rm_options``: more ReplicaManager keywords (``lease_valid``, ``fenced``)."""
         defaults = {"auto.create.topics.enable": "false", "log.cleaner.enable": "false"}
         self.logs = LogManager([tmp_path], defaults, cleaner_threads=0)
         self.logs.startup()
         cache = MetadataCache(1)
-        self.rm = ReplicaManager(1, self.logs, cache, NoController(), defaults=defaults, broker_epoch=lambda: 1)
+        self.rm = ReplicaManager(1, self.logs, cache, NoController(), defaults=defaults, broker_epoch=lambda: 1,
+                                 **rm_options)
         update = controller_pb2.MetadataUpdate(version=1, is_snapshot=True, cluster_id="c", active_controller_id=-1)
         for node in replicas:
             update.brokers.add(node_id=node, incarnation_id=f"i{node}", broker_epoch=1,

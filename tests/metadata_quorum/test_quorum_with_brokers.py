@@ -1,6 +1,7 @@
 """A split cluster of real brook-server processes (3 controllers + 3 brokers, deploy.local.LocalCluster):
 kill -9 of the active controller keeps every broker unfenced (leases are reset fairly on
-failover), and metadata written through the new controller reaches the brokers."""
+failover), and metadata written through the new controller reaches the brokers; with two of
+three controllers killed, acks=all writes and offset commits go on."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from pathlib import Path
 import pytest
 from waiting import wait_for
 
+from client.admin import Admin, NewTopic
 from client.cluster import ClusterClient
+from client.consumer import Consumer, TopicPartition
+from client.producer import Producer
 from deploy.local.cluster import LocalCluster
 from metadata_quorum.client import ControllerClient
 from proto import controller_pb2 as pb
 from proto.errors import ErrorCode
+from tests.client.clientkit import consume_all
 
 pytestmark = pytest.mark.slow
 
@@ -61,3 +66,99 @@ def test_brokers_ride_through_a_controller_failover(cluster: LocalCluster) -> No
             time.sleep(0.5)
         partitions = [p for p in state.partitions if p.topic in ("before", "after")]
         assert len(partitions) == 6 and all(len(p.isr) == 3 for p in partitions), partitions
+
+
+def test_acks_all_writes_go_on_while_the_controller_quorum_is_down(cluster: LocalCluster) -> None:
+    """Two of three controllers killed: no quorum, so no metadata can change. Brokers lose their
+    controller session after broker.session.timeout.ms; acks=all writes must still be acknowledged
+    (they are safe without it: the in-sync followers would stop copying from a replaced leader),
+    acks=1 writes are refused, and once the quorum is back both go on and every acknowledged
+    record is read back."""
+    topic, partitions = "no-quorum", 3
+    session_s = 6.0  # LocalCluster's broker.session.timeout.ms
+    with Admin(cluster.bootstrap_servers, security=cluster.security) as admin:
+        admin.create_topics([NewTopic(topic, partitions, 3, {"min.insync.replicas": "2"})])
+    acked: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+    sent = 0
+
+    def send_round(producer: Producer, what: str, timeout_s: float) -> list[BaseException | None]:
+        nonlocal sent
+        futures = []
+        for p in range(partitions):
+            value = f"{what}-{sent}".encode()
+            sent += 1
+            futures.append((p, value, producer.send(topic, value, partition=p)))
+        outcomes: list[BaseException | None] = []
+        for p, value, f in futures:
+            try:
+                f.result(timeout_s)
+            except Exception as exc:  # noqa: BLE001  # the outcome is what the test looks at
+                outcomes.append(exc)
+                continue
+            acked[p].append(value)
+            outcomes.append(None)
+        return outcomes
+
+    client = dict(cluster.client_config)
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+
+    def commit_read(reader: Consumer, what: str) -> None:
+        """Read what is there and commit it through the group coordinator (an acks=all write)."""
+        read: dict[int, int] = {}
+
+        def caught_up() -> bool:
+            for tp, records in reader.poll(timeout_ms=200).items():
+                read[tp.partition] = records[-1].offset + 1
+            return len(read) == partitions
+        wait_for(caught_up, 30, f"the reader to read every partition {what}")
+        reader.commit({tp: read[tp.partition] for tp in tps}, timeout_ms=15000)
+        committed = reader.committed(tps)
+        assert {tp.partition: committed[tp].offset for tp in tps} == read, f"commit {what}: {committed}"
+
+    with Producer(client, bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=0,
+                  request_timeout_ms=5000, delivery_timeout_ms=15000) as all_acks, \
+            Producer(client, bootstrap_servers=cluster.bootstrap_servers, acks=1, linger_ms=0,
+                     request_timeout_ms=2000, delivery_timeout_ms=4000) as one_ack, \
+            Consumer(config=client, bootstrap_servers=cluster.bootstrap_servers, group_id="outage-reader",
+                     auto_offset_reset="earliest", enable_auto_commit=False) as reader:
+        assert send_round(all_acks, "before", 30) == [None] * partitions
+        assert send_round(one_ack, "before-acks1", 30) == [None] * partitions
+        reader.assign(tps)
+        commit_read(reader, "before the outage")  # the offsets topic exists before the quorum goes
+
+        killed = cluster.controller_ids[:2]
+        for cid in killed:
+            cluster.kill_node(cid)
+        down_at = time.monotonic()
+        rounds = 0
+        # Through the session timeout and well past it: every round is acknowledged.
+        while time.monotonic() - down_at < 2 * session_s:
+            outcomes = send_round(all_acks, "during", 15)
+            assert outcomes == [None] * partitions, \
+                f"{time.monotonic() - down_at:.1f}s into the quorum outage an acks=all write failed: {outcomes}"
+            rounds += 1
+        commit_read(reader, "during the outage")
+        refused = send_round(one_ack, "during-acks1", 15)
+        assert all(isinstance(e, Exception) for e in refused), \
+            f"acks=1 writes were taken by brokers without a controller session: {refused}"
+        print(f"\nquorum down: {rounds} acks=all rounds acknowledged over "
+              f"{time.monotonic() - down_at:.1f}s; acks=1 refused: {refused[0]!r}")
+
+        for cid in killed:
+            cluster.start_node(cid)
+        back_at = time.monotonic()
+
+        def acks1_again() -> bool:
+            return send_round(one_ack, "after-acks1", 10) == [None] * partitions
+        wait_for(acks1_again, 60, "acks=1 writes to be taken again once the quorum is back")
+        assert send_round(all_acks, "after", 30) == [None] * partitions
+        print(f"quorum back: acks=1 taken again after {time.monotonic() - back_at:.1f}s")
+
+    expected = sum(len(v) for v in acked.values())
+    got = consume_all(cluster.bootstrap_servers, topic, partitions, expected, timeout_s=60, **client)
+    for p in range(partitions):
+        values = [r.value for r in got[p]]
+        missing = [v for v in acked[p] if v not in values]
+        assert not missing, f"partition {p}: acknowledged records missing after the outage: {missing[:5]}"
+        positions = [values.index(v) for v in acked[p]]
+        assert positions == sorted(positions), f"partition {p}: acknowledged records out of order"

@@ -126,7 +126,7 @@ class SimBroker:
         return self.up and not self.paused
 
     def lease_valid(self, now_ms: int) -> bool:
-        """Mirrors BrokerServer.lease_valid: may act as a leader."""
+        """Mirrors BrokerServer.lease_valid: heard from the controller within a session, not fenced."""
         return not self.fenced and now_ms - self.last_heartbeat_ok_ms < SESSION_TIMEOUT_MS
 
     def usable(self, broker_id: int) -> bool:
@@ -558,8 +558,12 @@ class SimCluster:
             return f"produce {bid}: too many in flight"
         self.produced += len(values)
         p = b.partitions[key]
-        if not b.lease_valid(self.now_ms):
-            return f"produce {bid} {key[0]}-{key[1]}: NOT_LEADER_OR_FOLLOWER (lost its controller session)"
+        # Mirrors ReplicaManager.append_records: a fenced broker takes no write, one without a lease
+        # takes acks=all writes only.
+        if b.fenced:
+            return f"produce {bid} {key[0]}-{key[1]}: NOT_LEADER_OR_FOLLOWER (fenced)"
+        if acks != -1 and not b.lease_valid(self.now_ms):
+            return f"produce {bid} {key[0]}-{key[1]} acks={acks}: NOT_LEADER_OR_FOLLOWER (no controller session)"
         try:
             info = p.append_as_leader(encode_produce(values), acks)
         except errors.BrookError as exc:
