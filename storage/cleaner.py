@@ -16,7 +16,11 @@ A pass over one log (Kafka's algorithm, simplified):
    tombstone (null value) is kept until its segment is older than
    ``delete.retention.ms``. Offsets never change: kept records stay in batches whose
    offsets are contiguous runs of the original batch (base offset = first kept offset),
-   with the original codec, timestamps and producer fields.
+   with the original codec, timestamps and producer fields. The last batch of every
+   producer the log tracks is kept whole, as Kafka's cleaner keeps it: producer state
+   rebuilt from the log (after a crash, or on a new replica) must find where each
+   producer's sequence stands, or its next batch would be refused as out of order. A
+   later pass compacts it once that producer has written again.
 4. The rewritten group is written as ``*.cleaned``, fsynced, and swapped in by
    ``Log.replace_segments`` (``.swap`` rename protocol, finished on open after a crash).
 
@@ -128,6 +132,7 @@ class CleanerStats:
     records_read: int = 0
     records_kept: int = 0
     tombstones_dropped: int = 0
+    producer_batches_kept: int = 0  # kept whole: the last batch of a producer the log tracks
     first_dirty_offset: int = 0
     end_offset: int = 0
 
@@ -245,13 +250,15 @@ class LogCleaner:
             return stats
         segments = lg.segments()
         to_clean = [s for i, s in enumerate(segments[:-1]) if _next_base_of(segments, i) <= end]
+        # Read once: a producer that writes during the pass only makes a kept batch no longer its last.
+        last_batches = lg.producers_last_batches()
         for group in self._group_segments(to_clean, lg.config.segment_bytes):
-            self._clean_group(lg, group, offset_map, now, throttler, stats)
+            self._clean_group(lg, group, offset_map, now, throttler, stats, last_batches)
         with self._lock:
             self._first_dirty[(lg.topic, lg.partition)] = end
-        log.info("cleaned %s: %d segments, %d -> %d bytes, kept %d of %d records, dirty up to %d",
-                 lg.dir, stats.segments_cleaned, stats.bytes_read, stats.bytes_written, stats.records_kept,
-                 stats.records_read, end)
+        log.info("cleaned %s: %d segments, %d -> %d bytes, kept %d of %d records (%d producers' last batches "
+                 "whole), dirty up to %d", lg.dir, stats.segments_cleaned, stats.bytes_read, stats.bytes_written,
+                 stats.records_kept, stats.records_read, stats.producer_batches_kept, end)
         return stats
 
     def _build_offset_map(self, lg: Log, first_dirty: int, bound: int, offset_map: OffsetMap,
@@ -297,7 +304,7 @@ class LogCleaner:
             yield group
 
     def _clean_group(self, lg: Log, group: list[LogSegment], offset_map: OffsetMap, now: int,
-                     throttler: Throttler, stats: CleanerStats) -> None:
+                     throttler: Throttler, stats: CleanerStats, last_batches: set[int] = frozenset()) -> None:
         c = lg.config
         base = group[0].base_offset
         for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):  # leftovers of an aborted pass
@@ -311,7 +318,7 @@ class LogCleaner:
                 drop_tombstones = now - seg.largest_timestamp > c.delete_retention_ms
                 for h, batch in _iter_batches(seg, throttler, self._stop):
                     stats.bytes_read += h.size
-                    pending += self._filter_batch(h, batch, offset_map, drop_tombstones, stats)
+                    pending += self._filter_batch(h, batch, offset_map, drop_tombstones, stats, last_batches)
                     if len(pending) >= _WRITE_BUFFER_BYTES:
                         self._write(target, pending, throttler, stats)
                         pending = bytearray()
@@ -337,10 +344,15 @@ class LogCleaner:
 
     @staticmethod
     def _filter_batch(h: BatchHeader, batch: memoryview, offset_map: OffsetMap, drop_tombstones: bool,
-                      stats: CleanerStats) -> bytes:
+                      stats: CleanerStats, last_batches: set[int] = frozenset()) -> bytes:
         """The batch's kept records, re-batched in runs of consecutive offsets."""
         if h.attributes & (ATTR_CONTROL | ATTR_TRANSACTIONAL):
             return bytes(batch)  # transactions are not compacted here: keep as written
+        if h.producer_id >= 0 and h.last_offset in last_batches:
+            stats.records_read += h.record_count
+            stats.records_kept += h.record_count
+            stats.producer_batches_kept += 1
+            return bytes(batch)  # its producer's sequence lives in this header
         _h, records = decode_batch(batch)
         stats.records_read += len(records)
         kept: list[Record] = []

@@ -442,6 +442,11 @@ class Log:
         return (self._log_start_offset > 0 or self._config.compact
                 or self.producer_state.forgot_producers)
 
+    def producers_last_batches(self) -> set[int]:
+        """The last offset of each tracked producer's last batch, read under the log's lock."""
+        with self._lock:
+            return self.producer_state.last_batch_offsets()
+
     @contextlib.contextmanager
     def locked(self, *, blocking: bool = True) -> Iterator[None]:
         """Hold the log's (re-entrant) lock across several calls, e.g. a follower's append and high

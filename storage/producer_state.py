@@ -182,6 +182,10 @@ class ProducerStateManager:
             self.forgot_producers = True
             log.debug("forgetting least recently active producer %d (cap %d)", pid, self.max_producers)
 
+    def last_batch_offsets(self) -> set[int]:
+        """The last offset of every tracked producer's last batch (what the cleaner keeps whole)."""
+        return {e.batches[-1].last_offset for e in self._producers.values() if e.batches}
+
     def truncate_from(self, offset: int) -> None:
         """Forget batches at or after ``offset`` (log truncated). Producers left empty are dropped."""
         for pid in list(self._producers):

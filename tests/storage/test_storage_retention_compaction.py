@@ -229,3 +229,34 @@ def test_segments_below_a_moved_log_start_are_deleted(tmp_path: Path) -> None:
     with pytest.raises(errors.OffsetOutOfRangeError):
         lg.set_log_start_offset(100)  # above the high watermark
     lg.close()
+
+
+def test_compaction_keeps_each_producers_last_batch_so_its_sequence_survives_a_rebuild(tmp_path: Path) -> None:
+    """Kafka's cleaner keeps the last batch of every producer it tracks: producer state rebuilt from
+    the log after a crash (no snapshot) must still know where each producer's sequence stands. Here
+    producer 7's last batch lost its trailing record to a later value of the same key; rebuilt from
+    the cleaned log, the producer must still be at sequence 1, so its next batch (sequence 2) is taken
+    and a retry of the last one is recognised as a duplicate."""
+    lg = _compacted_log(tmp_path)
+    ts = now_ms()
+    first = lg.append_as_leader(make_batch(2, ts=ts, keys=[b"a", b"b"], producer_id=7, producer_epoch=0,
+                                           base_sequence=0), 0).first_offset
+    for i in range(20):  # later values of "b" (and more keys) by a producer without idempotence
+        _put(lg, "b" if i == 0 else f"key-{i:02d}", f"v{i}".encode(), ts)
+    lg.update_high_watermark(lg.log_end_offset)
+    assert lg.segments()[0].base_offset <= first < lg.segments()[-1].base_offset
+    LogCleaner(lambda: {("c", 0): lg}).clean_log(lg)
+    assert _latest(lg)[b"b"][1] == b"v0"
+    cfg = lg.config
+    lg.close()
+    (tmp_path / "c-0" / "producer-state-snapshot").unlink(missing_ok=True)  # as after kill -9
+    lg = Log.open(tmp_path / "c-0", cfg)
+    entry = lg.producer_state.entry(7)
+    assert entry is not None and entry.last_seq == 1, f"rebuilt producer 7: {entry}"
+    retry = lg.append_as_leader(make_batch(2, ts=ts, keys=[b"a", b"b"], producer_id=7, producer_epoch=0,
+                                           base_sequence=0), 0)
+    assert retry.first_offset == first, "a retry of the last batch was not recognised as a duplicate"
+    nxt = lg.append_as_leader(make_batch(1, ts=ts, keys=[b"c"], producer_id=7, producer_epoch=0,
+                                         base_sequence=2), 0)
+    assert nxt.first_offset == lg.log_end_offset - 1
+    lg.close()
