@@ -22,6 +22,7 @@ import grpc
 
 from broker import authorizer as authz
 from broker import principal
+from broker.admission import refuse_oversized
 from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.group_coordinator import GroupCoordinator, join_timed_out, sync_timed_out
 from broker.group_state import JoinResult, SyncResult
@@ -168,9 +169,11 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return await self._run(self._leave_group, request, context)
 
     async def OffsetCommit(self, request, context):  # noqa: N802
+        await refuse_oversized(context, self.c.metadata_cache, len(request.partitions), "partitions")
         return await self._run(self._offset_commit, request, context)
 
     async def OffsetFetch(self, request, context):  # noqa: N802
+        await refuse_oversized(context, self.c.metadata_cache, len(request.partitions), "partitions")
         return await self._run(self._offset_fetch, request, context)
 
     async def ListGroups(self, request, context):  # noqa: N802
@@ -183,6 +186,7 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return await self._run(self._delete_groups, request, context)
 
     async def OffsetDelete(self, request, context):  # noqa: N802
+        await refuse_oversized(context, self.c.metadata_cache, len(request.partitions), "partitions")
         return await self._run(self._offset_delete, request, context)
 
     async def AlterGroupOffsets(self, request, context):  # noqa: N802

@@ -207,6 +207,10 @@ class MetadataCache:
         b = self._brokers.get(node_id)
         return b is not None and not b.fenced and not b.in_controlled_shutdown
 
+    def counts(self) -> tuple[int, int]:
+        """(topics, partitions) in the cluster, as of the last update (two atomic reads, no lock)."""
+        return len(self._topic_ids), len(self._partitions)
+
     def topic(self, name: str) -> TopicInfo | None:
         with self._lock:
             tid = self._topic_ids.get(name)

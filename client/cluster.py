@@ -101,6 +101,8 @@ def rpc_error(exc: grpc.RpcError, what: str) -> errors.BrookError:
         # The broker's admission control refused the request (too much in flight from us): a
         # retriable throttle, so callers back off and retry instead of failing.
         return errors.error_for(errors.ErrorCode.THROTTLING_QUOTA_EXCEEDED, f"{what}: {details}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:  # the broker refused the request as malformed: not retried
+        return errors.InvalidRequestError(f"{what}: {details}")
     return errors.UnknownServerError(f"{what}: {code} {details}")
 
 

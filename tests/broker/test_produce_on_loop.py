@@ -22,7 +22,7 @@ from inprocess import InProcessBroker
 from lockwatch import WaitWatchingLock, held_by_another_thread
 from waiting import await_for
 
-from broker.service import INLINE_APPEND_MAX_BYTES, on_loop
+from broker.service import INLINE_APPEND_MAX_BYTES, INLINE_APPEND_MAX_PARTITIONS, on_loop
 from proto import broker_pb2
 from proto.errors import ErrorCode
 from replication.partition import LockBusy
@@ -92,6 +92,16 @@ def test_a_large_produce_goes_to_the_executor(broker: Broker) -> None:
     resp = broker.produce(("t", 0, records))
     assert resp.partitions[0].error_code == 0, resp
     assert broker.io.submitted == 1 and log_end(broker, "t", 0) == 8
+
+
+def test_a_produce_naming_many_partitions_goes_to_the_executor(broker: Broker) -> None:
+    """Every entry costs the loop a lookup and an answer even when empty: a request of 100,000 empty
+    ones (800 KB) held it for 2.6 s. Past INLINE_APPEND_MAX_PARTITIONS the appends leave the loop."""
+    empties = [("t", 1, b"")] * INLINE_APPEND_MAX_PARTITIONS
+    resp = broker.produce(("t", 0, batch(2)), *empties)
+    assert resp.partitions[0].error_code == 0, resp.partitions[0]
+    assert {p.error_code for p in resp.partitions[1:]} == {ErrorCode.CORRUPT_MESSAGE}
+    assert broker.io.submitted == 1 and log_end(broker, "t", 0) == 2
 
 
 def test_a_held_partition_lock_sends_that_partition_to_the_executor_without_stalling_the_loop(
