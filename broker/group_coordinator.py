@@ -549,6 +549,12 @@ class GroupCoordinator:
                 results.append((tp.topic, tp.partition, ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
                                 f"bad offset {part.offset} for {tp}"))
                 continue
+            if self.metadata_cache.partition(tp.topic, tp.partition) is None:
+                # As Kafka: offsets only for partitions that exist (a group cannot be made to hold
+                # offsets for any number of made-up ones).
+                results.append((tp.topic, tp.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"unknown partition {tp.topic}-{tp.partition}"))
+                continue
             entry = OffsetEntry(part.offset, part.leader_epoch, part.metadata, now)
             entries.append((tp, entry))
             kvs.append((records.offset_key(req.group_id, tp), records.encode_offset_value(entry)))

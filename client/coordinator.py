@@ -159,9 +159,14 @@ class GroupCoordinatorClient:
         request = offset_commit_request(self.group_id, offsets, generation_id=generation_id, member_id=member_id)
         if request is None:
             return
-        response = self.call("OffsetCommit", request, timeout_ms=timeout_ms)
-        for p in response.partitions:
-            errors.raise_for(p.error_code, p.error_message or f"commit {p.topic}-{p.partition}")
+
+        def attempt(remaining_s: float) -> None:
+            response = self.call("OffsetCommit", request, timeout_ms=max(1, int(remaining_s * 1000)))
+            for p in response.partitions:
+                # A retriable one (UNKNOWN_TOPIC_OR_PARTITION: a topic the coordinator has not heard
+                # of yet) commits again, as Kafka's consumer does; committing twice is harmless.
+                errors.raise_for(p.error_code, p.error_message or f"commit {p.topic}-{p.partition}")
+        self.cluster.with_retries(attempt, timeout_ms=timeout_ms or self.request_timeout_ms)
 
     def committed(self, tps: Iterable[TopicPartition] | None = None, *, timeout_ms: int | None = None
                   ) -> dict[TopicPartition, OffsetAndMetadata | None]:

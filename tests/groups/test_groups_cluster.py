@@ -68,6 +68,7 @@ def client(cluster: LocalCluster) -> Iterator[ClusterClient]:
 @pytest.fixture(scope="module", autouse=True)
 def expiring_commit(cluster: LocalCluster, client: ClusterClient) -> float:
     """Commit offsets outside group management at module start; the last test sees them expire."""
+    create_topic(cluster, "expiring", 1)  # offsets are taken only for partitions that exist
     GroupCoordinatorClient(client, EXPIRING_GROUP).commit({TP("expiring", 0): 3})
     return time.monotonic()
 
@@ -807,6 +808,25 @@ def test_active_members_keep_consuming_when_the_coordinator_broker_is_sigkilled(
     finally:
         cluster.start_node(victim)
         cluster.wait_ready(90)
+
+
+def test_offsets_are_taken_only_for_partitions_that_exist(cluster: LocalCluster, client: ClusterClient) -> None:
+    """As Kafka: UNKNOWN_TOPIC_OR_PARTITION for a partition the cluster does not have (a group cannot be
+    made to hold offsets for any number of made-up partitions), and a request naming more partitions
+    than the bound is refused whole, changing nothing."""
+    create_topic(cluster, "two-parts", 2)
+    coord = GroupCoordinatorClient(client, "g-made-up-partitions")
+    known, out_of_range, no_topic = TP("two-parts", 1), TP("two-parts", 7), TP("no-such-topic", 0)
+    with pytest.raises(errors.UnknownTopicOrPartitionError):
+        coord.commit({known: 5, out_of_range: 5, no_topic: 5}, timeout_ms=1500)
+    got = coord.committed([known, out_of_range, no_topic])
+    assert got[known] is not None and got[known].offset == 5, got
+    assert got[out_of_range] is None and got[no_topic] is None, got
+    too_many = group_pb2.OffsetCommitRequest(group_id="g-made-up-partitions", generation_id=-1, partitions=[
+        group_pb2.OffsetCommitPartition(topic="two-parts", partition=0, offset=9, leader_epoch=-1)] * 1001)
+    with pytest.raises(errors.InvalidRequestError, match="at most 1000"):
+        coord.call("OffsetCommit", too_many, timeout_ms=10_000)
+    assert coord.committed([TP("two-parts", 0)])[TP("two-parts", 0)] is None
 
 
 def test_offsets_expire_after_retention_and_stay_gone_after_coordinator_failover(
