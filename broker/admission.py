@@ -12,7 +12,7 @@ touched only from it, so it needs no lock. Two bounds:
   handled, across all clients (Kafka's ``queued.max.request.bytes``): N concurrent huge
   fetches wait their turn instead of multiplying the broker's memory.
 
-And one bound on each request, ``refuse_oversized``: how many partitions (or topics) it may name.
+And one bound on each request, ``refuse_oversized``: how many partitions (topics, groups) it may name.
 
 Follower fetches from other brokers and health checks do not pass through here: they
 have their own capacity (server.py), so a client flood never starves replication.
@@ -45,11 +45,16 @@ async def refuse_oversized(context: Any, cache: Any, entries: int, kind: str) ->
     if entries <= MIN_REQUEST_ENTRIES_BOUND:
         return
     topics, partitions = cache.counts()
-    bound = max(MIN_REQUEST_ENTRIES_BOUND, 2 * (partitions if kind == "partitions" else topics))
+    await refuse_over(context, entries, kind, partitions if kind == "partitions" else topics,
+                      f"this cluster has {topics} topics and {partitions} partitions")
+
+
+async def refuse_over(context: Any, entries: int, kind: str, known: int, why: str) -> None:
+    """``refuse_oversized`` against ``known`` things of the kind (``why`` says whose)."""
+    bound = max(MIN_REQUEST_ENTRIES_BOUND, 2 * known)
     if entries > bound:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"the request names {entries} {kind}; this cluster has {topics} topics and "
-                            f"{partitions} partitions, so a request may name at most {bound}")
+                            f"the request names {entries} {kind}; {why}, so a request may name at most {bound}")
 
 
 # The client library (client/cluster.py BROKER_OVERLOADED_PREFIX) retries a RESOURCE_EXHAUSTED

@@ -522,6 +522,10 @@ class GroupCoordinator:
             base = _base_offset(result)
         return base
 
+    def group_count(self) -> int:
+        """Groups this coordinator holds (one atomic read)."""
+        return len(self._groups)
+
     # ------------------------------------------------------------------ offsets
     def commit_offsets(self, req: group_pb2.OffsetCommitRequest) -> list[tuple[str, int, int, str]]:
         """Validate, write with acks=all, then make visible. Returns per-partition errors."""

@@ -827,6 +827,11 @@ def test_offsets_are_taken_only_for_partitions_that_exist(cluster: LocalCluster,
     with pytest.raises(errors.InvalidRequestError, match="at most 1000"):
         coord.call("OffsetCommit", too_many, timeout_ms=10_000)
     assert coord.committed([TP("two-parts", 0)])[TP("two-parts", 0)] is None
+    made_up = [f"g-made-up-{i}" for i in range(1001)]  # this coordinator holds far fewer groups
+    for rpc, request in (("DescribeGroups", group_pb2.DescribeGroupsRequest(group_ids=made_up)),
+                         ("DeleteGroups", group_pb2.DeleteGroupsRequest(group_ids=made_up))):
+        with pytest.raises(errors.InvalidRequestError, match="at most 1000"):
+            coord.call(rpc, request, timeout_ms=10_000)
 
 
 def test_offsets_expire_after_retention_and_stay_gone_after_coordinator_failover(
