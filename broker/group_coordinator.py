@@ -62,6 +62,11 @@ class CoordinatorConfig:
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1_800_000
     lag_refresh_interval_ms: int = 10_000
+    # What members hand the coordinator, which it keeps in memory for their sessions: one member's
+    # protocol metadata (summed over its JoinGroup's protocols) or assignment, and everything of
+    # every group this coordinator holds.
+    group_member_metadata_max_bytes: int = 1 << 20
+    group_coordinator_metadata_max_bytes: int = 256 << 20
 
     @classmethod
     def from_defaults(cls, defaults: dict[str, str]) -> CoordinatorConfig:
@@ -88,6 +93,10 @@ class CoordinatorConfig:
                                                  base.group_initial_rebalance_delay_ms),
             group_min_session_timeout_ms=get("group.min.session.timeout.ms", base.group_min_session_timeout_ms),
             group_max_session_timeout_ms=get("group.max.session.timeout.ms", base.group_max_session_timeout_ms),
+            group_member_metadata_max_bytes=get("group.member.metadata.max.bytes",
+                                                base.group_member_metadata_max_bytes),
+            group_coordinator_metadata_max_bytes=get("group.coordinator.metadata.max.bytes",
+                                                     base.group_coordinator_metadata_max_bytes),
         )
 
 
@@ -165,6 +174,10 @@ class GroupCoordinator:
         self._writes: set[concurrent.futures.Future] = set()
         self._group_writes: dict[str, tuple[int, concurrent.futures.Future]] = {}  # group -> (generation, write)
         self._writes_max = 10_000
+        # Members' metadata and assignments held (see _admit_bytes_locked): counted afresh at most
+        # once a second, what came in since added on top.
+        self._held_bytes = 0
+        self._held_counted_at = float("-inf")
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -390,7 +403,10 @@ class GroupCoordinator:
             raise CoordinatorError(f"group instance id longer than {GROUP_INSTANCE_ID_MAX} characters",
                                    code=ErrorCode.INVALID_REQUEST)
         rebalance_timeout_ms = req.rebalance_timeout_ms if req.rebalance_timeout_ms > 0 else req.session_timeout_ms
+        incoming = sum(len(p.name) + len(p.metadata) for p in req.protocols)
+        self._check_member_bytes(incoming, "protocol metadata")
         with self._lock:
+            self._admit_bytes_locked(incoming, "JoinGroup")
             g = self._group_locked(req.group_id, create=True)
             assert g is not None
             g.join(member_id=req.member_id, client_id=req.client_id, client_host=req.client_host,
@@ -398,6 +414,32 @@ class GroupCoordinator:
                    protocol_type=req.protocol_type, protocols=[(p.name, p.metadata) for p in req.protocols],
                    callback=callback, now_ms=self.clock_ms(), group_instance_id=req.group_instance_id)
             self._after_change_locked(g)
+
+    def _check_member_bytes(self, n: int, what: str) -> None:
+        if n > self.config.group_member_metadata_max_bytes:
+            raise CoordinatorError(f"{what} of {n} bytes is over group.member.metadata.max.bytes "
+                                   f"({self.config.group_member_metadata_max_bytes})", code=ErrorCode.INVALID_REQUEST)
+
+    def _admit_bytes_locked(self, incoming: int, what: str) -> None:
+        """Refuse (retriable COORDINATOR_NOT_AVAILABLE) what would take the members' metadata and
+        assignments this coordinator holds past group.coordinator.metadata.max.bytes: they stay in
+        memory for as long as their members' sessions (up to group.max.session.timeout.ms), so
+        without a bound a client joining many groups with large metadata grows the broker without
+        end. Counted afresh at most once a second (members leave and expire in many places), what
+        was admitted since on top."""
+        now = time.monotonic()
+        if now - self._held_counted_at >= 1.0:
+            self._held_bytes = sum(m.held_bytes() for g in self._groups.values() for m in g.members.values())
+            self._held_counted_at = now
+        limit = self.config.group_coordinator_metadata_max_bytes
+        if self._held_bytes + incoming > limit:
+            log.warning("group coordinator %d refused a %s of %d bytes: members hold %d bytes of metadata and "
+                        "assignments (group.coordinator.metadata.max.bytes=%d)", self.node_id, what, incoming,
+                        self._held_bytes, limit)
+            raise CoordinatorError(f"the coordinator holds {self._held_bytes} bytes of group metadata "
+                                   f"(group.coordinator.metadata.max.bytes={limit}); retry later",
+                                   code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        self._held_bytes += incoming
 
     def sync_group(self, req: group_pb2.SyncGroupRequest, wait_s: float) -> SyncResult:
         waiter = _Waiter()
@@ -412,10 +454,13 @@ class GroupCoordinator:
                    callback: Callable[[SyncResult], None]) -> SyncResult | None:
         """Register a sync; an immediate answer, or None and ``callback`` gets the result later
         (then pass it through ``finish_sync``)."""
+        for a in req.assignments:
+            self._check_member_bytes(len(a.assignment), f"assignment of member {a.member_id!r}")
         with self._lock:
             g = self._group_locked(req.group_id, create=False)
             if g is None:
                 return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID, error_message="no such group")
+            self._admit_bytes_locked(sum(len(a.assignment) for a in req.assignments), "SyncGroup")
             g.sync(member_id=req.member_id, generation_id=req.generation_id,
                    assignments={a.member_id: a.assignment for a in req.assignments},
                    callback=callback, now_ms=self.clock_ms(), group_instance_id=req.group_instance_id)

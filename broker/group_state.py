@@ -89,6 +89,10 @@ class Member:
     sync_callback: SyncCallback | None = None
     group_instance_id: str = ""  # "" for a dynamic member
 
+    def held_bytes(self) -> int:
+        """What this member makes the coordinator keep: its protocols' names and metadata, its assignment."""
+        return sum(len(name) + len(metadata) for name, metadata in self.protocols) + len(self.assignment)
+
     def fail_waiters(self, error_code: int) -> None:
         """Answer a JoinGroup or SyncGroup this member is blocked in with an error."""
         join_cb, self.join_callback = self.join_callback, None

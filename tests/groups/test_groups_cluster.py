@@ -40,6 +40,7 @@ SESSION_MS = 3000
 # inside a minute, and the expiry test (last) waits out the rest from module start.
 RETENTION_MINUTES = 1
 EXPIRING_GROUP = "g-expiring"
+HELD_MAX = 4 << 20  # group.coordinator.metadata.max.bytes of this module's cluster
 WORKER = Path(__file__).with_name("group_worker.py")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,7 +50,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     c = LocalCluster(tmp_path_factory.mktemp("groups-cluster"), nodes=3,
                      overrides={"group.min.session.timeout.ms": "1000", "offsets.topic.num.partitions": "4",
                                 "offsets.retention.minutes": str(RETENTION_MINUTES),
-                                "offsets.retention.check.interval.ms": "1000"})
+                                "offsets.retention.check.interval.ms": "1000",
+                                "group.coordinator.metadata.max.bytes": str(HELD_MAX)})
     c.start()
     try:
         c.wait_ready(90)
@@ -832,6 +834,50 @@ def test_offsets_are_taken_only_for_partitions_that_exist(cluster: LocalCluster,
                          ("DeleteGroups", group_pb2.DeleteGroupsRequest(group_ids=made_up))):
         with pytest.raises(errors.InvalidRequestError, match="at most 1000"):
             coord.call(rpc, request, timeout_ms=10_000)
+
+
+def test_the_coordinator_bounds_the_member_metadata_it_holds(cluster: LocalCluster, client: ClusterClient) -> None:
+    """A member's protocol metadata stays in the coordinator's memory for its session (up to 30
+    minutes): 12 joins of 16 MiB took a broker from 136 to 706 MiB. Over group.member.metadata.max.bytes
+    (1 MiB) a join is refused INVALID_REQUEST; past group.coordinator.metadata.max.bytes (4 MiB here) over
+    all groups, COORDINATOR_NOT_AVAILABLE, retriable: once those members are gone, joins are taken again."""
+    ids: list[str] = []
+    node = -1
+    for i in range(400):  # groups of one coordinator: the bound is per broker
+        coord = GroupCoordinatorClient(client, f"g-heavy-{i}")
+        coord.find_coordinator(10)
+        node = coord.node_id if node < 0 else node
+        if coord.node_id == node:
+            ids.append(coord.group_id)
+        if len(ids) == 6:
+            break
+    stub = group_stub(cluster, node, client)
+    heavy = b"m" * ((1 << 20) - (64 << 10))  # four fit in 4 MiB with room for the other tests' groups
+
+    def join(group_id: str, metadata: bytes, member_id: str = "") -> Any:
+        return stub.JoinGroup.future(group_pb2.JoinGroupRequest(
+            group_id=group_id, member_id=member_id, session_timeout_ms=1000, rebalance_timeout_ms=1000,
+            protocol_type="consumer", protocols=[group_pb2.GroupProtocol(name="range", metadata=metadata)]),
+            timeout=30)
+
+    def member_id(group_id: str) -> str:
+        r = join(group_id, b"x").result()
+        assert r.error_code == errors.ErrorCode.MEMBER_ID_REQUIRED, r
+        return r.member_id
+
+    too_big = join(ids[0], heavy + b"m" * (128 << 10), member_id(ids[0])).result()
+    assert too_big.error_code == errors.ErrorCode.INVALID_REQUEST, too_big
+    assert "group.member.metadata.max.bytes" in too_big.error_message
+    waiting = [join(gid, heavy, member_id(gid)) for gid in ids[:4]]  # 4 MiB less 256 KiB: taken
+    refused = join(ids[4], heavy, member_id(ids[4])).result()
+    assert refused.error_code == errors.ErrorCode.COORDINATOR_NOT_AVAILABLE, refused
+    assert "group.coordinator.metadata.max.bytes" in refused.error_message
+    for f in waiting:  # the join phases end; never syncing or heartbeating, the members expire
+        assert f.result().error_code in (errors.ErrorCode.NONE, errors.ErrorCode.UNKNOWN_MEMBER_ID), f.result()
+
+    def taken_again() -> bool:
+        return join(ids[5], heavy, member_id(ids[5])).result().error_code == errors.ErrorCode.NONE
+    wait_for(taken_again, 30, "a heavy join to be taken once the earlier members expired", poll_s=0.5)
 
 
 def test_offsets_expire_after_retention_and_stay_gone_after_coordinator_failover(
