@@ -206,6 +206,11 @@ _BEHAVIOUR = [
     KeyDef("max.inflight.requests.per.ip", "int", "2000",
            "Requests one client address may have in flight; excess is refused (RESOURCE_EXHAUSTED).",
            check=_at_least(1), roles=_B),
+    KeyDef("producer.id.max.tracked", "int", "200000",
+           "Idempotent producers whose state (their last batches' sequences, about 1 KB each) all the partition "
+           "logs of a broker keep together. Past it, a log taking a new producer forgets its least recently "
+           "active one, whose next batch is answered UNKNOWN_PRODUCER_ID (the client restarts its sequence).",
+           check=_at_least(1000), roles=_B),
     KeyDef("max.connections", "int", "10000",
            "Client connections the broker's port accepts at once (at most half the file-descriptor limit); "
            "more are refused at accept.", check=_at_least(1), roles=_B),

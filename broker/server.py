@@ -51,6 +51,7 @@ from replication.fetcher import FetcherConfig
 from storage import meta_properties
 from storage.checkpoints import write_atomically
 from storage.log_manager import LogManager
+from storage.producer_state import DEFAULT_PROCESS_MAX_PRODUCERS, PRODUCER_BUDGET
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,7 @@ class BrokerServer:
         d = s.defaults
         for log_dir in s.log_dirs:  # before anything reads them: refused if they belong to another node
             meta_properties.check_or_write(Path(log_dir), s.cluster_id, s.node_id)
+        PRODUCER_BUDGET.max_producers = int(d.get("producer.id.max.tracked", str(DEFAULT_PROCESS_MAX_PRODUCERS)))
         self.log_manager = LogManager(
             list(s.log_dirs), d,
             flush_check_ms=int(d.get("log.flush.scheduler.interval.ms", "1000")),

@@ -22,14 +22,20 @@ HEADERS only. The leader checks each produced batch against it:
 Followers apply the leader's batches without checks. The state is rebuilt on open by
 scanning batch headers; a snapshot written at clean close (``producer-state-snapshot``,
 valid up to the offset it names) lets the next open scan only what follows it. The
-number of tracked producers is bounded (least recently active is forgotten first);
-forgetting one (by the cap or by truncation) sets ``forgot_producers``, evidence the
-owning Log passes back as ``state_may_be_lost``.
+number of tracked producers is bounded (least recently active is forgotten first), per
+log and over all the logs of the process (``PRODUCER_BUDGET``: each costs about 1 KB, and
+producer ids are the client's to choose, so a client writing batches under ever new ids
+would otherwise grow every replica of every partition it writes to); forgetting one (by a
+cap or by truncation) sets ``forgot_producers``, evidence the owning Log passes back as
+``state_may_be_lost``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +49,8 @@ log = logging.getLogger(__name__)
 NUM_BATCHES_TO_RETAIN = 5
 SNAPSHOT_FILE = "producer-state-snapshot"
 _SNAPSHOT_VERSION = 0
-DEFAULT_MAX_PRODUCERS = 100_000
+DEFAULT_MAX_PRODUCERS = 100_000  # one log
+DEFAULT_PROCESS_MAX_PRODUCERS = 200_000  # all the logs of a process (producer.id.max.tracked)
 _SEQ_MODULUS = 2**31
 
 
@@ -77,15 +84,67 @@ def _in_sequence(last_seq: int, next_seq: int) -> bool:
     return next_seq == (last_seq + 1) % _SEQ_MODULUS
 
 
+class ProducerBudget:
+    """The producers all the ProducerStateManagers of a process track together, bounded.
+
+    Counted afresh (summing the managers' sizes) at most once a second, new producers added on
+    top in between; a manager that adds producers while the process is over the bound forgets
+    as many of its own least recently active ones. So the bound holds within the producers one
+    second's recount can miss, and no count can drift: managers that go away or drop entries
+    in any way are simply not counted at the next recount.
+    """
+
+    def __init__(self, max_producers: int = DEFAULT_PROCESS_MAX_PRODUCERS) -> None:
+        self.max_producers = max_producers
+        self._lock = threading.Lock()
+        self._managers: weakref.WeakSet[ProducerStateManager] = weakref.WeakSet()
+        self._total = 0
+        self._counted_at = float("-inf")
+        self.forgotten = 0  # producers forgotten because of this bound, since start
+        self._warned_at = float("-inf")
+
+    def register(self, manager: ProducerStateManager) -> None:
+        with self._lock:
+            self._managers.add(manager)
+
+    def excess(self, added: int) -> int:
+        """How many producers the process tracks over the bound, ``added`` new ones included."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._counted_at >= 1.0:
+                self._total = sum(len(m) for m in list(self._managers))
+                self._counted_at = now
+            else:
+                self._total += added
+            return max(0, self._total - self.max_producers)
+
+    def forgot(self, n: int) -> None:
+        with self._lock:
+            self._total -= n
+            self.forgotten += n
+            now = time.monotonic()
+            if now - self._warned_at < 60:
+                return
+            self._warned_at = now
+        log.warning("the partition logs track %d idempotent producers, over producer.id.max.tracked (%d): "
+                    "forgetting the least recently active (%d so far; a client writing under ever new "
+                    "producer ids?)", self._total + n, self.max_producers, self.forgotten)
+
+
+PRODUCER_BUDGET = ProducerBudget()  # the process's (BrokerServer sets producer.id.max.tracked)
+
+
 class ProducerStateManager:
     """Not thread-safe by itself: the owning Log calls it under its writer lock."""
 
-    def __init__(self, max_producers: int = DEFAULT_MAX_PRODUCERS) -> None:
+    def __init__(self, max_producers: int = DEFAULT_MAX_PRODUCERS, budget: ProducerBudget | None = None) -> None:
         self.max_producers = max_producers
         self._producers: OrderedDict[int, ProducerEntry] = OrderedDict()
         # Set once an entry was dropped (producer cap or truncation) while the log kept
         # going: an unknown producer may then be one whose history we no longer have.
         self.forgot_producers = False
+        self._budget = budget or PRODUCER_BUDGET
+        self._budget.register(self)
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -174,13 +233,24 @@ class ProducerStateManager:
         self.commit(staged)
 
     def commit(self, staged: dict[int, ProducerEntry]) -> None:
+        added = 0
         for pid, entry in staged.items():
+            if pid not in self._producers:
+                added += 1
             self._producers[pid] = entry
             self._producers.move_to_end(pid)
         while len(self._producers) > self.max_producers:
             pid, _ = self._producers.popitem(last=False)
             self.forgot_producers = True
             log.debug("forgetting least recently active producer %d (cap %d)", pid, self.max_producers)
+        if added:
+            # Never the producers just written (the newest): at most the older ones of this log.
+            forget = min(self._budget.excess(added), len(self._producers) - len(staged))
+            for _ in range(forget):
+                self._producers.popitem(last=False)
+            if forget > 0:
+                self.forgot_producers = True
+                self._budget.forgot(forget)
 
     def last_batch_offsets(self) -> set[int]:
         """The last offset of every tracked producer's last batch (what the cleaner keeps whole)."""

@@ -16,6 +16,8 @@ from storage_testlib import make_batch
 
 from proto import errors
 from storage.log import Log, LogConfig
+from storage.producer_state import ProducerBudget, ProducerStateManager
+from storage.record_batch import BatchHeader
 
 
 def open_log(tmp_path: Path, **cfg) -> Log:
@@ -154,3 +156,31 @@ def test_followers_never_refuse_and_keep_the_leaders_state(tmp_path: Path) -> No
     dup = lg.append_as_leader(batch(8, 42, epoch=3), 2)
     assert dup.duplicate and dup.first_offset == 15
     lg.close()
+
+
+def _header(pid: int, seq: int = 0) -> BatchHeader:
+    return BatchHeader(base_offset=0, batch_length=70, partition_leader_epoch=0, magic=2, crc=0, attributes=0,
+                       last_offset_delta=0, base_timestamp=0, max_timestamp=0, producer_id=pid, producer_epoch=0,
+                       base_sequence=seq, record_count=1)
+
+
+def test_the_process_bound_on_tracked_producers_is_kept_by_the_log_that_adds_them() -> None:
+    """Producer ids are the client's to choose and each tracked one costs about 1 KB on every replica:
+    a client writing under ever new ids must not grow the broker without end. Past the process's bound
+    (producer.id.max.tracked) a log taking new producers forgets its own least recently active ones,
+    never the ones just written, and other logs keep theirs."""
+    budget = ProducerBudget(max_producers=100)
+    quiet, flooded = ProducerStateManager(budget=budget), ProducerStateManager(budget=budget)
+    for pid in range(100):
+        quiet.update(_header(pid), pid)
+    assert len(quiet) == 100 and not quiet.forgot_producers
+    for pid in range(1000, 1050):  # a client inventing producer ids
+        flooded.update(_header(pid), pid)
+    assert len(quiet) == 100, "another log's producers were forgotten"
+    assert len(flooded) == 1 and flooded.entry(1049) is not None and flooded.forgot_producers
+    assert budget.forgotten == 49
+    quiet.update(_header(7, seq=1), 100)  # a producer it tracks already: nothing new, nothing forgotten
+    assert len(quiet) == 100
+    quiet.update(_header(500), 101)  # a new one while over the bound: its oldest go
+    assert quiet.entry(500) is not None and quiet.entry(0) is None and quiet.forgot_producers
+    assert len(quiet) + len(flooded) <= 101
