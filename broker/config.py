@@ -267,9 +267,9 @@ _BEHAVIOUR = [
            "Largest protocol metadata (summed over a JoinGroup's protocols) or assignment one group member "
            "may hand the coordinator; larger is refused with INVALID_REQUEST.", check=_at_least(1024), roles=_B),
     KeyDef("group.coordinator.metadata.max.bytes", "long", "268435456",
-           "Bytes of protocol metadata and assignments a broker's group coordinator keeps for the members of "
-           "all its groups; a JoinGroup or SyncGroup that would pass it is refused with the retriable "
-           "COORDINATOR_NOT_AVAILABLE.", check=_at_least(1 << 20), roles=_B),
+           "Bytes of protocol metadata and assignments, and 512 a member (pending ones too), a broker's group "
+           "coordinator keeps for the members of all its groups; a JoinGroup or SyncGroup that would pass it "
+           "is refused with the retriable COORDINATOR_NOT_AVAILABLE.", check=_at_least(1 << 20), roles=_B),
     KeyDef("log.flush.scheduler.interval.ms", "long", "1000", "How often the flusher checks logs.",
            check=_at_least(1), roles=_B),
     KeyDef("log.retention.check.interval.ms", "long", "300000", "How often retention runs.",

@@ -44,6 +44,10 @@ LOAD_READ_BYTES = 4 * 1024 * 1024
 LOAD_BATCHES_MAX = 10_000_000  # bound on one partition load loop
 RECORDS_PER_BATCH_MAX = 1000  # commits of many partitions are split into batches of this many
 RPC_TIMEOUT_S = 10.0
+# What a member costs the coordinator besides its metadata and assignment (ids, timers, the
+# Member itself), counted against group.coordinator.metadata.max.bytes: so members, and pending
+# members (MEMBER_ID_REQUIRED) that never come back, are bounded over all groups too.
+MEMBER_OVERHEAD_BYTES = 512
 GROUP_INSTANCE_ID_MAX = 249  # as a group or topic name: the longest a static member's instance id may be
 LIST_OFFSETS_LATEST, LIST_OFFSETS_EARLIEST = -1, -2
 CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
@@ -403,8 +407,8 @@ class GroupCoordinator:
             raise CoordinatorError(f"group instance id longer than {GROUP_INSTANCE_ID_MAX} characters",
                                    code=ErrorCode.INVALID_REQUEST)
         rebalance_timeout_ms = req.rebalance_timeout_ms if req.rebalance_timeout_ms > 0 else req.session_timeout_ms
-        incoming = sum(len(p.name) + len(p.metadata) for p in req.protocols)
-        self._check_member_bytes(incoming, "protocol metadata")
+        incoming = MEMBER_OVERHEAD_BYTES + sum(len(p.name) + len(p.metadata) for p in req.protocols)
+        self._check_member_bytes(incoming - MEMBER_OVERHEAD_BYTES, "protocol metadata")
         with self._lock:
             self._admit_bytes_locked(incoming, "JoinGroup")
             g = self._group_locked(req.group_id, create=True)
@@ -429,7 +433,9 @@ class GroupCoordinator:
         was admitted since on top."""
         now = time.monotonic()
         if now - self._held_counted_at >= 1.0:
-            self._held_bytes = sum(m.held_bytes() for g in self._groups.values() for m in g.members.values())
+            self._held_bytes = sum(
+                sum(MEMBER_OVERHEAD_BYTES + m.held_bytes() for m in g.members.values())
+                + MEMBER_OVERHEAD_BYTES * len(g.pending_members) for g in list(self._groups.values()))
             self._held_counted_at = now
         limit = self.config.group_coordinator_metadata_max_bytes
         if self._held_bytes + incoming > limit:
