@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+from folder_scope import close_when_folder_done
 
 from client.admin import Admin, NewTopic
 from deploy.local.cluster import LocalCluster
@@ -14,12 +15,14 @@ from deploy.local.cluster import LocalCluster
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("client-cluster"), nodes=3) as c:
+        close_when_folder_done(__file__, c.stop)
         yield c
 
 
 @pytest.fixture(scope="session")
 def admin(cluster: LocalCluster) -> Iterator[Admin]:
     with Admin(cluster.bootstrap_servers, request_timeout_ms=20000) as a:
+        close_when_folder_done(__file__, a.close)
         yield a
 
 

@@ -118,7 +118,7 @@ def test_acks_all_writes_go_on_while_the_controller_quorum_is_down(cluster: Loca
     with Producer(client, bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=0,
                   request_timeout_ms=5000, delivery_timeout_ms=15000) as all_acks, \
             Producer(client, bootstrap_servers=cluster.bootstrap_servers, acks=1, linger_ms=0,
-                     request_timeout_ms=2000, delivery_timeout_ms=4000) as one_ack, \
+                     request_timeout_ms=1500, delivery_timeout_ms=3000) as one_ack, \
             Consumer(config=client, bootstrap_servers=cluster.bootstrap_servers, group_id="outage-reader",
                      auto_offset_reset="earliest", enable_auto_commit=False) as reader:
         assert send_round(all_acks, "before", 30) == [None] * partitions
@@ -132,7 +132,7 @@ def test_acks_all_writes_go_on_while_the_controller_quorum_is_down(cluster: Loca
         down_at = time.monotonic()
         rounds = 0
         # Through the session timeout and well past it: every round is acknowledged.
-        while time.monotonic() - down_at < 2 * session_s:
+        while time.monotonic() - down_at < 1.5 * session_s:
             outcomes = send_round(all_acks, "during", 15)
             assert outcomes == [None] * partitions, \
                 f"{time.monotonic() - down_at:.1f}s into the quorum outage an acks=all write failed: {outcomes}"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from folder_scope import close_when_folder_done
 
 from admin_cli.main import main as brook_main
 from deploy.local.cluster import LocalCluster
@@ -20,12 +21,13 @@ OPS_OVERRIDES = {"replica.lag.time.max.ms": "2000"}
 def ops_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     base: Path = tmp_path_factory.mktemp("ops-cluster")
     cluster = LocalCluster(base, nodes=3, mode="combined", overrides=OPS_OVERRIDES)
+    teardown = close_when_folder_done(__file__, cluster.teardown)
     try:
         cluster.start()
         cluster.wait_ready(90)
         yield cluster
     finally:
-        cluster.teardown()
+        teardown()
 
 
 @dataclass

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from folder_scope import close_when_folder_done
 from opskit_security import ADMIN_PASSWORD, SECURE_OVERRIDES, sasl
 
 from client.admin import Admin
@@ -36,6 +37,7 @@ def not_ready(cluster: LocalCluster, admin: Admin) -> str | None:
 def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     base: Path = tmp_path_factory.mktemp("secure-cluster")
     cluster = LocalCluster(base, nodes=3, mode="combined", overrides=SECURE_OVERRIDES)
+    teardown = close_when_folder_done(__file__, cluster.teardown)
     try:
         cluster.start()
         with Admin(cluster.bootstrap_servers, request_timeout_ms=10_000,
@@ -49,13 +51,14 @@ def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
                 raise ClusterError(f"secure cluster not ready: {reason}\n{cluster.log_tail(cluster.node_ids[0], 60)}")
         yield cluster
     finally:
-        cluster.teardown()
+        teardown()
 
 
 @pytest.fixture(scope="session")
 def admin(secure_cluster: LocalCluster) -> Iterator[Admin]:
     with Admin(secure_cluster.bootstrap_servers, request_timeout_ms=30_000,
                controller_endpoints=secure_cluster.controller_endpoints, **sasl("admin", ADMIN_PASSWORD)) as a:
+        close_when_folder_done(__file__, a.close)
         yield a
 
 
