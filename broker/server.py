@@ -259,6 +259,7 @@ class BrokerServer:
         self.log_manager.start_background()
         self.replica_manager.start()
         self._register(REGISTER_TIMEOUT_S)
+        producer_ids.prefetch()  # a block at hand before any producer asks (and should the quorum go)
         self._spawn(self._watch_loop, "metadata-watch")
         self._spawn(self._heartbeat_loop, "heartbeat")
         if not self.metadata_cache.wait_for(lambda c: c.version > 0, FIRST_METADATA_WAIT_S):

@@ -1,7 +1,7 @@
 """A split cluster of real brook-server processes (3 controllers + 3 brokers, deploy.local.LocalCluster):
 kill -9 of the active controller keeps every broker unfenced (leases are reset fairly on
 failover), and metadata written through the new controller reaches the brokers; with two of
-three controllers killed, acks=all writes and offset commits go on."""
+three controllers killed, acks=all writes, offset commits and new idempotent producers go on."""
 
 from __future__ import annotations
 
@@ -138,6 +138,11 @@ def test_acks_all_writes_go_on_while_the_controller_quorum_is_down(cluster: Loca
                 f"{time.monotonic() - down_at:.1f}s into the quorum outage an acks=all write failed: {outcomes}"
             rounds += 1
         commit_read(reader, "during the outage")
+        # A new idempotent producer gets its id from the block its broker fetched once registered.
+        with Producer(client, bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=0,
+                      request_timeout_ms=5000, delivery_timeout_ms=15000) as newcomer:
+            assert send_round(newcomer, "newcomer", 15) == [None] * partitions, \
+                "a producer started during the outage could not write"
         refused = send_round(one_ack, "during-acks1", 15)
         assert all(isinstance(e, Exception) for e in refused), \
             f"acks=1 writes were taken by brokers without a controller session: {refused}"
