@@ -42,8 +42,6 @@ async def refuse_oversized(context: Any, cache: Any, entries: int, kind: str) ->
     """End the call INVALID_ARGUMENT, before anything is done, when it names more ``kind``
     ("partitions" or "topics") than ``MIN_REQUEST_ENTRIES_BOUND`` and twice the cluster's
     (``cache``: the broker's MetadataCache)."""
-    if entries <= MIN_REQUEST_ENTRIES_BOUND:
-        return
     topics, partitions = cache.counts()
     await refuse_over(context, entries, kind, partitions if kind == "partitions" else topics,
                       f"this cluster has {topics} topics and {partitions} partitions")

@@ -407,10 +407,10 @@ class GroupCoordinator:
             raise CoordinatorError(f"group instance id longer than {GROUP_INSTANCE_ID_MAX} characters",
                                    code=ErrorCode.INVALID_REQUEST)
         rebalance_timeout_ms = req.rebalance_timeout_ms if req.rebalance_timeout_ms > 0 else req.session_timeout_ms
-        incoming = MEMBER_OVERHEAD_BYTES + sum(len(p.name) + len(p.metadata) for p in req.protocols)
-        self._check_member_bytes(incoming - MEMBER_OVERHEAD_BYTES, "protocol metadata")
+        metadata = sum(len(p.name) + len(p.metadata) for p in req.protocols)
+        self._check_member_bytes(metadata, "protocol metadata")
         with self._lock:
-            self._admit_bytes_locked(incoming, "JoinGroup")
+            self._admit_bytes_locked(MEMBER_OVERHEAD_BYTES + metadata, "JoinGroup")
             g = self._group_locked(req.group_id, create=True)
             assert g is not None
             g.join(member_id=req.member_id, client_id=req.client_id, client_host=req.client_host,

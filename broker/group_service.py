@@ -22,7 +22,7 @@ import grpc
 
 from broker import authorizer as authz
 from broker import principal
-from broker.admission import MIN_REQUEST_ENTRIES_BOUND, refuse_over, refuse_oversized
+from broker.admission import refuse_over, refuse_oversized
 from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.group_coordinator import GroupCoordinator, join_timed_out, sync_timed_out
 from broker.group_state import JoinResult, SyncResult
@@ -123,10 +123,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
     async def _refuse_too_many_groups(self, request: Any, context: Any) -> None:
         """A request may name at most max(1000, twice the groups this coordinator holds) group ids
         (see ``refuse_oversized``): a DeleteGroups of 100,000 made-up ids took 4.8 s of work."""
-        if len(request.group_ids) > MIN_REQUEST_ENTRIES_BOUND:
-            groups = self.c.group_count()
-            await refuse_over(context, len(request.group_ids), "groups", groups,
-                              f"this coordinator holds {groups} groups")
+        groups = self.c.group_count()
+        await refuse_over(context, len(request.group_ids), "groups", groups, f"this coordinator holds {groups} groups")
 
     async def _run(self, body: Callable[[Any, Any], Any], request: Any, context: Any) -> Any:
         deadline = _CallDeadline(context)
