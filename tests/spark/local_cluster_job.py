@@ -1,7 +1,8 @@
 """Run by test_executors_in_separate_processes: the brook source on Spark's local-cluster master.
 
-With ``local-cluster[2,1,1024]`` Spark starts a master, two workers and two executor JVMs
-as separate processes; tasks (and their Python workers) run there, never in the driver.
+With ``local-cluster[1,1,1024]`` Spark starts a master, a worker and an executor JVM as
+separate processes; tasks (and their Python workers) run there, never in the driver. One
+executor proves that (a second cost the suite 15 s of JVM start-up on two cores).
 Prints one JSON line: what was read, and how many executors there were.
 """
 
@@ -25,9 +26,12 @@ def main(bootstrap: str, topic: str) -> None:
     import spark_source
 
     spark = (
-        SparkSession.builder.master("local-cluster[2,1,1024]")
+        SparkSession.builder.master("local-cluster[1,1,1024]")
         .appName("brook-local-cluster")
         .config("spark.ui.enabled", "false")
+        # Short-lived JVMs: the client compiler alone starts them sooner (as the suite's session).
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+        .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", "2")

@@ -35,16 +35,18 @@ def _total(doc: object) -> int:
 
 def test_unknown_topic_fails_clearly_in_batch_and_stream(spark, brook, tmp_path) -> None:  # type: ignore[no-untyped-def]
     brook.create_topic("known-2p", 2)
+    # An unknown topic is retriable (it may be being created): each lookup retries 3 times first.
+    quick = {"fetchOffset.retryIntervalMs": "50"}
     with pytest.raises(Exception) as info:
-        batch(spark, brook, subscribe="known-2p,no-such-topic").collect()
+        batch(spark, brook, subscribe="known-2p,no-such-topic", **quick).collect()
     text = str(info.value)
     assert "UNKNOWN_TOPIC_OR_PARTITION" in text and "'no-such-topic' does not exist" in text, text[:2000]
     with pytest.raises(Exception) as info:
-        batch(spark, brook, assign=json.dumps({"known-2p": [0, 5]})).collect()
+        batch(spark, brook, assign=json.dumps({"known-2p": [0, 5]}), **quick).collect()
     text = str(info.value)
     assert "UNKNOWN_TOPIC_OR_PARTITION" in text and "('known-2p', 5)" in text, text[:2000]
 
-    query = (stream(spark, brook, subscribe="no-such-topic").writeStream.format("memory").queryName("unknown_rows")
+    query = (stream(spark, brook, subscribe="no-such-topic", **quick).writeStream.format("memory").queryName("unknown_rows")
              .option("checkpointLocation", str(tmp_path / "cp")).start())
     try:
         with pytest.raises(Exception) as info:
@@ -100,8 +102,14 @@ def test_min_offsets_per_trigger_holds_small_batches_back(spark, brook, tmp_path
     brook.produce(topic, [b"a%d" % i for i in range(60)])
     df = stream(spark, brook, subscribe=topic, startingOffsets="earliest", minOffsetsPerTrigger="100",
                 maxTriggerDelay="1h")
-    query = (df.writeStream.format("memory").queryName("min_trigger_rows").trigger(processingTime="500 milliseconds")
-             .option("checkpointLocation", str(tmp_path / "cp")).start())
+    # A trigger that runs no batch reports its progress once per this interval (10 s by default); the
+    # query reads it when it starts.
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "500ms")
+    try:
+        query = (df.writeStream.format("memory").queryName("min_trigger_rows")
+                 .trigger(processingTime="500 milliseconds").option("checkpointLocation", str(tmp_path / "cp")).start())
+    finally:
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
     try:
         # The first trigger runs at once (as Spark's: the delay counts from the last batch, none yet).
         wait_for(lambda: _row_counts(query) == [60], 120, lambda: f"the first batch; saw {_row_counts(query)}")
