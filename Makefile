@@ -12,7 +12,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	$(PY) -m pip install --quiet --no-compile -e '.[dev,spark]'
 	@touch $(STAMP)
 
 ## A wheel of this checkout in dist/ (what deploy/systemd installs; PyPI's "brook" is another project).

@@ -1,4 +1,4 @@
-"""A short chaos run (about 40 s of faults) as part of the suite: the product survives it.
+"""A short chaos run (about 25 s of faults) as part of the suite: the product survives it.
 
 The full harness runs in a subprocess exactly as `make chaos` runs it; the test passes
 only on exit code 0 with a PASS summary line, and checks that the run left no network
@@ -33,7 +33,7 @@ def _namespaces() -> set[str]:
 def test_short_chaos_run_loses_nothing_and_recovers(tmp_path: Path) -> None:
     before = _namespaces()
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "tests.chaos.run", "--duration", "40", "--seed", str(SHORT_SEED),
+    cmd = [sys.executable, "-m", "tests.chaos.run", "--duration", "25", "--seed", str(SHORT_SEED),
            "--dir", str(run_dir)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=840)
     summary = [line for line in proc.stdout.splitlines() if line.startswith("chaos: seed=")]

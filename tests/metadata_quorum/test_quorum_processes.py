@@ -167,9 +167,10 @@ def test_sigstop_of_the_active_controller_and_resume_leaves_one_active_controlle
                   f"after resume controller {active} active within {active_s:.2f}s, admin write took {write_s:.2f}s")
             # No activation loop: idle, the journal barely moves (it grew by one entry per tick before).
             start = client.describe_quorum(timeout_s=10).commit_index
-            wait_until(time.monotonic() + 2)
+            wait_until(time.monotonic() + 1)
             grown = client.describe_quorum(timeout_s=10).commit_index - start
-            assert grown < 10, f"the journal grew by {grown} entries in 2 idle seconds"
+            print(f"round {round_}: the journal grew by {grown} entries in 1 idle second")
+            assert grown < 5, f"the journal grew by {grown} entries in 1 idle second (a tick is 0.1 s)"
     finally:
         admin.close()
     wait_all_caught_up(client)
