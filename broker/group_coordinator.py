@@ -30,7 +30,15 @@ import grpc
 
 from broker import group_records as records
 from broker.group_records import OFFSETS_TOPIC, GroupRecord, OffsetRecord, partition_for_group
-from broker.group_state import Group, GroupState, JoinResult, OffsetEntry, SyncResult
+from broker.group_state import (
+    MEMBER_PROTOCOLS_MAX,
+    MEMBERS_MAX,
+    Group,
+    GroupState,
+    JoinResult,
+    OffsetEntry,
+    SyncResult,
+)
 from client.security import SecurityConfig, make_channel
 from client.types import TopicPartition
 from proto import broker_pb2, broker_pb2_grpc, errors, group_pb2, group_pb2_grpc
@@ -406,6 +414,9 @@ class GroupCoordinator:
         if len(req.group_instance_id) > GROUP_INSTANCE_ID_MAX:
             raise CoordinatorError(f"group instance id longer than {GROUP_INSTANCE_ID_MAX} characters",
                                    code=ErrorCode.INVALID_REQUEST)
+        if len(req.protocols) > MEMBER_PROTOCOLS_MAX:
+            raise CoordinatorError(f"{len(req.protocols)} protocols offered, at most {MEMBER_PROTOCOLS_MAX}",
+                                   code=ErrorCode.INVALID_REQUEST)
         rebalance_timeout_ms = req.rebalance_timeout_ms if req.rebalance_timeout_ms > 0 else req.session_timeout_ms
         metadata = sum(len(p.name) + len(p.metadata) for p in req.protocols)
         self._check_member_bytes(metadata, "protocol metadata")
@@ -460,15 +471,19 @@ class GroupCoordinator:
                    callback: Callable[[SyncResult], None]) -> SyncResult | None:
         """Register a sync; an immediate answer, or None and ``callback`` gets the result later
         (then pass it through ``finish_sync``)."""
+        if len(req.assignments) > MEMBERS_MAX:  # one a member at most: a longer list is not an assignment
+            raise CoordinatorError(f"{len(req.assignments)} assignments, a group has at most {MEMBERS_MAX} members",
+                                   code=ErrorCode.INVALID_REQUEST)
         for a in req.assignments:
             self._check_member_bytes(len(a.assignment), f"assignment of member {a.member_id!r}")
+        assignments = {a.member_id: a.assignment for a in req.assignments}  # built before the lock is taken
+        incoming = sum(len(a) for a in assignments.values())
         with self._lock:
             g = self._group_locked(req.group_id, create=False)
             if g is None:
                 return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID, error_message="no such group")
-            self._admit_bytes_locked(sum(len(a.assignment) for a in req.assignments), "SyncGroup")
-            g.sync(member_id=req.member_id, generation_id=req.generation_id,
-                   assignments={a.member_id: a.assignment for a in req.assignments},
+            self._admit_bytes_locked(incoming, "SyncGroup")
+            g.sync(member_id=req.member_id, generation_id=req.generation_id, assignments=assignments,
                    callback=callback, now_ms=self.clock_ms(), group_instance_id=req.group_instance_id)
             self._after_change_locked(g)
         return None
@@ -506,6 +521,9 @@ class GroupCoordinator:
     def leave_group(self, group_id: str, members: Iterable[tuple[str, str]]) -> list[int]:
         """Each (member id, group instance id) leaves; an error code for each, in order."""
         members = list(members)
+        if len(members) > MEMBERS_MAX:  # 1,000,000 made-up ids held the lock, every group's, for 3.4 s
+            raise CoordinatorError(f"{len(members)} members named, a group has at most {MEMBERS_MAX}",
+                                   code=ErrorCode.INVALID_REQUEST)
         with self._lock:
             g = self._group_locked(group_id, create=False)
             if g is None:

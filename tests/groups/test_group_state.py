@@ -214,6 +214,29 @@ def test_inconsistent_protocols_are_refused() -> None:
                  rebalance_timeout_ms=REBALANCE_MS, protocol_type="consumer", protocols=[("roundrobin", b"")],
                  callback=out.append, now_ms=h.now_ms)
     assert out[0].error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+    assert out[0].error_message == "group uses 'consumer' with protocols ['range']", out[0].error_message
+
+
+def test_the_common_protocols_follow_every_members_latest_join() -> None:
+    """Each member's offered names are kept as a set; a rejoin with other protocols replaces it, and a
+    refusal names a few of the common protocols, clipped, not all of them."""
+    h = Harness()
+    many = tuple((f"assignor-{i:02d}" + "x" * 100, b"") for i in range(40))
+    a = h.join("a", protocols=many)
+    b = h.join("b", protocols=many[::-1])
+    assert h.group._candidate_protocols() == {name for name, _ in many}
+    out: list[JoinResult] = []
+    h.group.join(member_id="", client_id="c", client_host="h", session_timeout_ms=SESSION_MS,
+                 rebalance_timeout_ms=REBALANCE_MS, protocol_type="consumer", protocols=[("roundrobin", b"")],
+                 callback=out.append, now_ms=h.now_ms)
+    assert out[0].error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+    assert out[0].error_message.count("assignor-") == 8 and out[0].error_message.endswith(", ...]"), out[0]
+    assert repr(many[0][0][:64]) in out[0].error_message and many[0][0][:65] not in out[0].error_message
+    h.group.join(member_id=b, client_id="b", client_host="h", session_timeout_ms=SESSION_MS,
+                 rebalance_timeout_ms=REBALANCE_MS, protocol_type="consumer", protocols=list(many[5:7]),
+                 callback=lambda r: None, now_ms=h.now_ms)
+    assert h.group._candidate_protocols() == {many[5][0], many[6][0]}
+    assert h.group.members[a].protocol_names == {name for name, _ in many}
 
 
 def test_protocol_selection_prefers_common_first_choice() -> None:

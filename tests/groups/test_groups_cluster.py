@@ -880,6 +880,38 @@ def test_the_coordinator_bounds_the_member_metadata_it_holds(cluster: LocalClust
     wait_for(taken_again, 30, "a heavy join to be taken once the earlier members expired", poll_s=0.5)
 
 
+def test_join_sync_and_leave_name_at_most_what_a_group_can_hold(cluster: LocalCluster, client: ClusterClient) -> None:
+    """Each join checks that the members share a protocol: 40 members offering 100,000 names each held
+    the coordinator's lock 3.8 s a join. Over 64 the JoinGroup is refused INVALID_REQUEST (the Kafka
+    listener's JoinGroup goes through the same coordinator call); 64 are taken. A SyncGroup's
+    assignments and a LeaveGroup's members are one a member: at most 10,000, a group's bound."""
+    coord = GroupCoordinatorClient(client, "g-many-protocols")
+    coord.find_coordinator(10)
+    stub = group_stub(cluster, coord.node_id, client)
+
+    def join(n: int) -> Any:
+        return stub.JoinGroup(group_pb2.JoinGroupRequest(
+            group_id="g-many-protocols", session_timeout_ms=10_000, protocol_type="consumer",
+            protocols=[group_pb2.GroupProtocol(name=f"assignor-{i}", metadata=b"") for i in range(n)]), timeout=30)
+
+    refused = join(65)
+    assert refused.error_code == errors.ErrorCode.INVALID_REQUEST, refused
+    assert "65 protocols offered, at most 64" in refused.error_message, refused
+    taken = join(64)
+    assert taken.error_code == errors.ErrorCode.MEMBER_ID_REQUIRED, taken
+    # A leader's SyncGroup names one assignment a member, and a group has at most 10,000.
+    too_many = stub.SyncGroup(group_pb2.SyncGroupRequest(
+        group_id="g-many-protocols", member_id=taken.member_id, generation_id=1,
+        assignments=[group_pb2.SyncGroupAssignment(member_id=f"m{i}", assignment=b"") for i in range(10_001)]),
+        timeout=30)
+    assert too_many.error_code == errors.ErrorCode.INVALID_REQUEST, too_many.error_code
+    assert "10001 assignments, a group has at most 10000 members" in too_many.error_message, too_many
+    left = stub.LeaveGroup(group_pb2.LeaveGroupRequest(group_id="g-many-protocols",
+                                                       member_ids=[f"m{i}" for i in range(10_001)]), timeout=30)
+    assert left.error_code == errors.ErrorCode.INVALID_REQUEST and not left.members, left.error_code
+    assert "10001 members named, a group has at most 10000" in left.error_message, left.error_message
+
+
 def test_offsets_expire_after_retention_and_stay_gone_after_coordinator_failover(
         cluster: LocalCluster, client: ClusterClient, expiring_commit: float) -> None:
     coord = GroupCoordinatorClient(client, EXPIRING_GROUP)
