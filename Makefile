@@ -39,7 +39,7 @@ proto: venv
 lint: venv
 	$(PY) -m ruff check .
 
-## Deterministic simulator, long run (the suite runs 2000 seeds): make sim SIM_SEEDS=100000 SIM_JOBS=2
+## Deterministic simulator, long run (the suite runs 1000 seeds): make sim SIM_SEEDS=100000 SIM_JOBS=2
 SIM_SEEDS ?= 100000
 SIM_JOBS  ?= 1
 SIM_ARGS  ?=

@@ -1,6 +1,6 @@
 """The deterministic simulator: thousands of seeds, exact replay, and proof that it catches bugs.
 
-Cost: about 10 ms of CPU per seed at 120 steps (2000 seeds: about 21 s of CPU; wall time
+Cost: 10-20 ms of CPU per seed at 120 steps (the suite's 1000: 10-20 s, on both cores; wall time
 grows with the machine's load). ``BROOK_SIM_SEEDS`` changes the count; long runs:
 ``make sim`` / ``python -m tests.sim.run --seeds 100000``.
 """
@@ -18,7 +18,7 @@ from brooksim.cluster import SimConfig, SimFailure, run_seed
 
 from replication import isr as isr_rules
 
-SEEDS = int(os.environ.get("BROOK_SIM_SEEDS", "2000"))
+SEEDS = int(os.environ.get("BROOK_SIM_SEEDS", "1000"))
 STEPS = 120
 REPO = Path(__file__).resolve().parents[2]
 
