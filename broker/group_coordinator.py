@@ -161,6 +161,11 @@ class CoordinatorError(errors.BrookError):
     """Carries the code a group request is answered with (NOT_COORDINATOR, ...)."""
 
 
+# Bound on the members' metadata and assignments one DescribeGroups answer carries (each group
+# id a request names is described again): 1,000 ids of one 10 MiB group would have built 10 GiB.
+DESCRIBE_ANSWER_MAX_BYTES = 32 << 20
+
+
 class GroupCoordinator:
     """Owns the groups of the ``__consumer_offsets`` partitions this broker leads."""
 
@@ -670,32 +675,45 @@ class GroupCoordinator:
                       if self._partitions.get(self.partition_for(g.group_id), _PartitionLoad(-1)).loaded]
             return [g for g in loaded if not states or g.state.value in states]
 
-    def describe_group(self, group_id: str, include_offsets: bool) -> group_pb2.DescribedGroup:
-        with self._lock:
+    def describe_group(self, group_id: str, include_offsets: bool,
+                       max_bytes: int = DESCRIBE_ANSWER_MAX_BYTES) -> tuple[group_pb2.DescribedGroup, int]:
+        """The group as DescribeGroups shows it and about how many bytes of its members' metadata and
+        assignments it carries; an error instead when that is more than ``max_bytes`` (what is left
+        of the answer's bound)."""
+        with self._lock:  # only what the answer needs is taken under the lock (members' bytes by reference)
             try:
                 g = self._group_locked(group_id, create=False)
             except CoordinatorError as exc:
-                return group_pb2.DescribedGroup(error_code=exc.code, error_message=exc.message, group_id=group_id)
+                return group_pb2.DescribedGroup(error_code=exc.code, error_message=exc.message, group_id=group_id), 0
             if g is None:
                 return group_pb2.DescribedGroup(group_id=group_id, state=GroupState.DEAD.value,
-                                                coordinator_id=self.node_id)
+                                                coordinator_id=self.node_id), 0
             out = group_pb2.DescribedGroup(
                 group_id=group_id, state=g.state.value, protocol_type=g.protocol_type,
                 protocol_name=g.protocol_name, generation_id=g.generation_id, leader=g.leader_id,
                 coordinator_id=self.node_id)
-            owner: dict[TopicPartition, str] = {}
-            for m in sorted(g.members.values(), key=lambda m: m.member_id):
-                dm = group_pb2.DescribedMember(
-                    member_id=m.member_id, client_id=m.client_id, client_host=m.client_host,
-                    metadata=m.metadata_for(g.protocol_name), assignment=m.assignment,
-                    session_timeout_ms=m.session_timeout_ms, rebalance_timeout_ms=m.rebalance_timeout_ms,
-                    group_instance_id=m.group_instance_id)
-                if g.protocol_type == "consumer":
-                    _decode_consumer_member(dm)
-                    for ref in dm.assigned_partitions:
-                        owner[TopicPartition(ref.topic, ref.partition)] = m.member_id
-                out.members.append(dm)
+            members = [(m.member_id, m.client_id, m.client_host, m.metadata_for(g.protocol_name), m.assignment,
+                        m.session_timeout_ms, m.rebalance_timeout_ms, m.group_instance_id)
+                       for m in sorted(g.members.values(), key=lambda m: m.member_id)]
             offsets = sorted(g.offsets.items())
+        consumer = out.protocol_type == "consumer"
+        # A consumer member's metadata is shown decoded as well: about twice its bytes.
+        size = sum(len(m[3]) + len(m[4]) for m in members) * (2 if consumer else 1)
+        if size > max_bytes:
+            return group_pb2.DescribedGroup(
+                group_id=group_id, coordinator_id=self.node_id, error_code=ErrorCode.INVALID_REQUEST,
+                error_message=f"the description of group {group_id!r} ({len(members)} members) would take about "
+                              f"{size} bytes, over the {max_bytes} left of this answer's "
+                              f"{DESCRIBE_ANSWER_MAX_BYTES}: describe fewer groups a call"), 0
+        owner: dict[TopicPartition, str] = {}
+        for member_id, client_id, client_host, metadata, assignment, session_ms, rebalance_ms, instance in members:
+            dm = out.members.add(member_id=member_id, client_id=client_id, client_host=client_host,
+                                 metadata=metadata, assignment=assignment, session_timeout_ms=session_ms,
+                                 rebalance_timeout_ms=rebalance_ms, group_instance_id=instance)
+            if consumer:
+                _decode_consumer_member(dm)
+                for ref in dm.assigned_partitions:
+                    owner[TopicPartition(ref.topic, ref.partition)] = member_id
         if include_offsets:
             tps = sorted(set(owner) | {tp for tp, _ in offsets})
             ends = self._resolve_offsets({tp: LIST_OFFSETS_LATEST for tp in tps})
@@ -708,7 +726,7 @@ class GroupCoordinator:
                     topic=tp.topic, partition=tp.partition, committed_offset=c, log_end_offset=end,
                     lag=max(0, end - c) if end >= 0 and c >= 0 else -1, member_id=owner.get(tp, ""),
                     metadata=entry.metadata if entry is not None else ""))
-        return out
+        return out, size
 
     def delete_group(self, group_id: str) -> None:
         with self._lock:

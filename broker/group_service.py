@@ -24,7 +24,12 @@ from broker import authorizer as authz
 from broker import principal
 from broker.admission import refuse_over, refuse_oversized
 from broker.authorizer import ALLOW_ALL, Authorizer
-from broker.group_coordinator import GroupCoordinator, join_timed_out, sync_timed_out
+from broker.group_coordinator import (
+    DESCRIBE_ANSWER_MAX_BYTES,
+    GroupCoordinator,
+    join_timed_out,
+    sync_timed_out,
+)
 from broker.group_state import JoinResult, SyncResult
 from client.types import TopicPartition
 from proto import errors, group_pb2, group_pb2_grpc
@@ -305,13 +310,16 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
 
     def _describe_groups(self, request, context):
         out = group_pb2.DescribeGroupsResponse()
+        left = DESCRIBE_ANSWER_MAX_BYTES
         for gid in request.group_ids:
             refused = self._refused(context, authz.DESCRIBE, gid, group_pb2.DescribedGroup)
             if refused is not None:
                 refused.group_id = gid
                 out.groups.append(refused)
             else:
-                out.groups.append(self.c.describe_group(gid, request.include_offsets))
+                described, size = self.c.describe_group(gid, request.include_offsets, max_bytes=left)
+                left -= size
+                out.groups.append(described)
         return out
 
     def _delete_groups(self, request, context):

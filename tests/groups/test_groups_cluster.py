@@ -912,6 +912,36 @@ def test_join_sync_and_leave_name_at_most_what_a_group_can_hold(cluster: LocalCl
     assert "10001 members named, a group has at most 10000" in left.error_message, left.error_message
 
 
+def test_a_describe_groups_answer_carries_at_most_32_mib_of_member_metadata(
+        cluster: LocalCluster, client: ClusterClient) -> None:
+    """Each group id a DescribeGroups names is described again, members' metadata (and, for a consumer
+    group, its decoded form) included: 1,000 ids of one large group would have built gigabytes. The
+    answer carries at most 32 MiB of it; the groups past that are answered INVALID_REQUEST."""
+    from broker.group_coordinator import DESCRIBE_ANSWER_MAX_BYTES
+    coord = GroupCoordinatorClient(client, "g-described-often")
+    coord.find_coordinator(10)
+    stub = group_stub(cluster, coord.node_id, client)
+    metadata = b"m" * (900 << 10)
+
+    def join(member_id: str = "") -> Any:
+        return stub.JoinGroup(group_pb2.JoinGroupRequest(
+            group_id="g-described-often", member_id=member_id, session_timeout_ms=30_000, protocol_type="consumer",
+            protocols=[group_pb2.GroupProtocol(name="range", metadata=metadata)]), timeout=30)
+
+    member_id = join().member_id
+    # The coordinator's bound (4 MiB here) may still hold other tests' members until they expire.
+    joined = wait_for(lambda: (r := join(member_id)).error_code == errors.ErrorCode.NONE and r, 30,
+                      "the 900 KiB member to be taken", poll_s=0.5)
+    assert joined.leader == member_id, joined
+    out = stub.DescribeGroups(group_pb2.DescribeGroupsRequest(group_ids=["g-described-often"] * 25), timeout=30)
+    codes = [g.error_code for g in out.groups]
+    fits = DESCRIBE_ANSWER_MAX_BYTES // (2 * len(metadata))  # a consumer member's bytes count twice
+    assert codes == [errors.ErrorCode.NONE] * fits + [errors.ErrorCode.INVALID_REQUEST] * (25 - fits), codes
+    assert all(g.members[0].metadata == metadata for g in out.groups[:fits])
+    assert "describe fewer groups a call" in out.groups[-1].error_message, out.groups[-1].error_message
+    stub.LeaveGroup(group_pb2.LeaveGroupRequest(group_id="g-described-often", member_ids=[member_id]), timeout=30)
+
+
 def test_offsets_expire_after_retention_and_stay_gone_after_coordinator_failover(
         cluster: LocalCluster, client: ClusterClient, expiring_commit: float) -> None:
     coord = GroupCoordinatorClient(client, EXPIRING_GROUP)
