@@ -89,13 +89,25 @@ class Member:
     protocols: list[tuple[str, bytes]]  # (assignor name, metadata), in preference order
     last_heartbeat_ms: int
     assignment: bytes = b""
-    join_callback: JoinCallback | None = None
     sync_callback: SyncCallback | None = None
     group_instance_id: str = ""  # "" for a dynamic member
     protocol_names: frozenset[str] = field(init=False, repr=False, compare=False)
+    # The JoinGroup this member waits in, and the table holding it (which counts waiting members).
+    _join_callback: JoinCallback | None = field(init=False, default=None, repr=False, compare=False)
+    _table: MemberTable | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.protocol_names = frozenset(name for name, _ in self.protocols)
+
+    @property
+    def join_callback(self) -> JoinCallback | None:
+        return self._join_callback
+
+    @join_callback.setter
+    def join_callback(self, callback: JoinCallback | None) -> None:
+        if self._table is not None and (callback is None) != (self._join_callback is None):
+            self._table.joining += 1 if callback is not None else -1
+        self._join_callback = callback
 
     def held_bytes(self) -> int:
         """What this member makes the coordinator keep: its protocols' names and metadata, its assignment."""
@@ -116,7 +128,11 @@ class Member:
         self.client_id, self.client_host = client_id, client_host
         self.session_timeout_ms, self.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
         self.protocols = list(protocols)
-        self.protocol_names = frozenset(name for name, _ in self.protocols)
+        names = frozenset(name for name, _ in self.protocols)
+        if self._table is not None:
+            self._table.count_protocols(self.protocol_names, -1)
+            self._table.count_protocols(names, 1)
+        self.protocol_names = names
         self.last_heartbeat_ms = now_ms
 
     def metadata_for(self, protocol: str) -> bytes:
@@ -124,6 +140,84 @@ class Member:
             if name == protocol:
                 return metadata
         return b""
+
+
+class MemberTable(dict[str, Member]):
+    """A group's members by id, with the tallies each JoinGroup needs kept as members come and go:
+    how many wait in a JoinGroup, and how many offer each protocol name. Without them every join
+    looked at every member (is everyone in? which protocols do all offer?): a join storm of a
+    10,000-member group held the coordinator's lock, every group's, for 16 s. Kafka keeps the
+    same two counts (numMembersAwaitingJoinResponse, supportedProtocols)."""
+
+    def __init__(self, members: dict[str, Member] | None = None) -> None:
+        super().__init__()
+        self.joining = 0
+        self.protocol_counts: dict[str, int] = {}
+        for member_id, member in (members or {}).items():
+            self[member_id] = member
+
+    def count_protocols(self, names: frozenset[str], delta: int) -> None:
+        counts = self.protocol_counts
+        for name in names:
+            n = counts.get(name, 0) + delta
+            if n:
+                counts[name] = n
+            else:
+                del counts[name]
+
+    def _attach(self, member: Member) -> None:
+        if member._table is not None:
+            raise ValueError(f"member {member.member_id} is in a group already")
+        member._table = self
+        self.joining += member._join_callback is not None
+        self.count_protocols(member.protocol_names, 1)
+
+    def _detach(self, member: Member) -> None:
+        member._table = None
+        self.joining -= member._join_callback is not None
+        self.count_protocols(member.protocol_names, -1)
+
+    def __setitem__(self, member_id: str, member: Member) -> None:
+        old = self.get(member_id)
+        if old is member:
+            return
+        self._attach(member)
+        if old is not None:
+            self._detach(old)
+        super().__setitem__(member_id, member)
+
+    def __delitem__(self, member_id: str) -> None:
+        member = self[member_id]
+        super().__delitem__(member_id)
+        self._detach(member)
+
+    def pop(self, member_id: str, *default: Member | None) -> Member | None:  # type: ignore[override]
+        if member_id not in self:
+            if default:
+                return default[0]
+            raise KeyError(member_id)
+        member = self[member_id]
+        del self[member_id]
+        return member
+
+    def clear(self) -> None:
+        for member_id in list(self):
+            del self[member_id]
+
+    def update(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
+        raise TypeError("MemberTable: add members one by one")
+
+    setdefault = popitem = update  # type: ignore[assignment]
+
+    def common_protocols(self, extra: frozenset[str] | None = None) -> set[str]:
+        """The protocol names every member (and ``extra``, a joining member's, when given) offers:
+        O(one member's names), from the counts."""
+        n = len(self)
+        if not n:
+            return set(extra or ())
+        some = extra if extra is not None else next(iter(self.values())).protocol_names
+        counts = self.protocol_counts
+        return {name for name in some if counts.get(name, 0) == n}
 
 
 @dataclass
@@ -145,7 +239,7 @@ class Group:
     leader_id: str = ""
     state_timestamp_ms: int = 0  # when the state last changed (empty-since, for offset retention)
     initial_rebalance_delay_ms: int = 3000
-    members: dict[str, Member] = field(default_factory=dict)
+    members: MemberTable = field(default_factory=MemberTable)
     static_members: dict[str, str] = field(default_factory=dict)  # group instance id -> its member id
     # Member ids handed out with MEMBER_ID_REQUIRED, valid until the deadline (ms).
     pending_members: dict[str, int] = field(default_factory=dict)
@@ -169,15 +263,14 @@ class Group:
         holder = self.static_members.get(group_instance_id) if group_instance_id else None
         return holder is not None and holder != member_id
 
-    def _candidate_protocols(self, extra: Sequence[str] = ()) -> set[str]:
-        """The protocol names every member (and ``extra``, a joining member's) offers: one C-level
-        intersection over the members' name sets, each step no longer than the result so far."""
-        sets = [m.protocol_names for m in self.members.values()]
-        if extra:
-            sets.append(frozenset(extra))
-        if not sets:
-            return set()
-        return set(min(sets, key=len)).intersection(*sets)
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "members" and not isinstance(value, MemberTable):
+            value = MemberTable(value)  # type: ignore[arg-type]  # a loaded group's members, a test's
+        super().__setattr__(name, value)
+
+    def _candidate_protocols(self, extra: Sequence[str] | None = None) -> set[str]:
+        """The protocol names every member (and ``extra``, a joining member's) offers."""
+        return self.members.common_protocols(frozenset(extra) if extra is not None else None)
 
     def select_protocol(self) -> str:
         """The protocol every member supports, by most first-preference votes."""
@@ -355,7 +448,7 @@ class Group:
     def _maybe_complete_join(self, now_ms: int) -> None:
         if self.state != GroupState.PREPARING_REBALANCE:
             return
-        all_joined = all(m.join_callback is not None for m in self.members.values())
+        all_joined = self.members.joining == len(self.members)
         if (all_joined and not self.initial_join and not self.pending_members) or now_ms >= self.join_deadline_ms:
             self._complete_join(now_ms)
 
@@ -372,7 +465,7 @@ class Group:
             self.persist_needed = True
             return
         if self.leader_id not in self.members:
-            self.leader_id = min(self.members)
+            self.leader_id = next(iter(self.members))
         self.protocol_name = self.select_protocol()
         self._transition(GroupState.COMPLETING_REBALANCE, now_ms)
         self.sync_deadline_ms = now_ms + max(m.rebalance_timeout_ms for m in self.members.values())
@@ -470,7 +563,7 @@ class Group:
         self._forget(member)
         member.fail_waiters(ErrorCode.UNKNOWN_MEMBER_ID)
         if self.leader_id == member_id:
-            self.leader_id = min(self.members) if self.members else ""
+            self.leader_id = next(iter(self.members), "")  # the longest-standing member, as Kafka
         log.info("group %s: member %s %s", self.group_id, member_id, reason)
         if self.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             if self.members:

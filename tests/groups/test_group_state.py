@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import random
 
-from broker.group_state import Group, GroupState, JoinResult, OffsetEntry, SyncResult
+from broker.group_state import Group, GroupState, JoinResult, MemberTable, OffsetEntry, SyncResult
 from client.types import TopicPartition as TP
 from proto.common_pb2 import ErrorCode
 
@@ -423,3 +424,86 @@ def test_a_static_member_with_a_known_id_rejoins_like_a_dynamic_one() -> None:
     a, b = stable_static_pair(h)
     assert static_join(h, "b", member_id=b) == []  # a rejoin with its own id: a normal rebalance
     assert h.group.state == GroupState.PREPARING_REBALANCE and h.group.static_members["b"] == b
+
+
+class _CountingTable(MemberTable):
+    """A member table that counts the walks over every member."""
+
+    walks = 0
+
+    def values(self):  # type: ignore[override]
+        type(self).walks += 1
+        return super().values()
+
+    def __iter__(self):
+        type(self).walks += 1
+        return super().__iter__()
+
+
+def test_a_join_does_not_look_at_every_member() -> None:
+    """A join storm of a 10,000-member group once held the coordinator's lock for 16 s: each join
+    asked every member whether it was in yet and which protocols it offered. Counted here, not timed:
+    of 300 rejoins only the last, which completes the round, walks the members."""
+    h = Harness(delay_ms=100)
+    members = [h.join(f"c{i}") for i in range(300)]
+    h.advance(100)
+    gen = h.rebalance(members)
+    held = dict(h.group.members)
+    h.group.members.clear()  # a member is in one table at a time
+    h.group.members = _CountingTable(held)
+    _CountingTable.walks = 0
+    for m in members[:-1]:
+        h.join("c", m, protocols=(("range", b"sub"), ("roundrobin", b"sub")))
+    assert h.group.state == GroupState.PREPARING_REBALANCE
+    # The first rejoin starts the round (the longest rebalance timeout among the members: one walk).
+    assert _CountingTable.walks <= 1, _CountingTable.walks
+    h.join("c", members[-1])
+    assert h.group.state == GroupState.COMPLETING_REBALANCE and h.group.generation_id == gen + 1
+    assert h.group.protocol_name == "range"  # the last member offers only range
+
+
+def _recount(group: Group) -> tuple[int, dict[str, int]]:
+    counts: dict[str, int] = {}
+    for m in dict.values(group.members):
+        for name in m.protocol_names:
+            counts[name] = counts.get(name, 0) + 1
+    return sum(m.join_callback is not None for m in dict.values(group.members)), counts
+
+
+def test_the_member_tallies_match_the_members_through_random_histories() -> None:
+    """The waiting-member and protocol counts each join relies on stay what a walk over the members
+    would find, whatever happens: joins, rejoins with other protocols, static restarts, leaves,
+    syncs, expiries, a group loaded from its record."""
+    from broker.group_records import encode_group_value, group_key, parse_record, restore_group
+
+    choices = [(("range", b"a"),), (("range", b"a"), ("roundrobin", b"b")), (("roundrobin", b"b"),),
+               (("sticky", b"s"), ("range", b"a"))]
+    for seed in range(40):
+        rng = random.Random(seed)
+        h = Harness(delay_ms=rng.choice((0, 100)))
+        known: list[str] = []
+        for _ in range(200):
+            op = rng.random()
+            if op < 0.3 or not known:
+                try:
+                    known.append(h.join(f"c{rng.randrange(50)}", protocols=rng.choice(choices)))
+                except AssertionError:
+                    pass  # refused (inconsistent protocols): nothing joined
+            elif op < 0.5:
+                h.join("c", rng.choice(known), protocols=rng.choice(choices))
+            elif op < 0.6:
+                static_join(h, f"i{rng.randrange(5)}", protocols=rng.choice(choices))
+            elif op < 0.7:
+                h.group.leave(rng.choice(known), h.now_ms)
+            elif op < 0.8 and h.group.state == GroupState.COMPLETING_REBALANCE:
+                leader = h.group.leader_id
+                h.sync(leader, h.group.generation_id, {m: b"x" for m in h.group.members})
+            elif op < 0.95:
+                h.advance(rng.choice((10, 1_000, SESSION_MS)))
+            elif h.group.state == GroupState.STABLE:
+                restored = Group("g")
+                record = parse_record(group_key("g"), encode_group_value(h.group), 0)
+                restore_group(restored, record.value, h.now_ms)
+                assert (restored.members.joining, restored.members.protocol_counts) == _recount(restored)
+            assert (h.group.members.joining, h.group.members.protocol_counts) == _recount(h.group), seed
+            assert all(m._table is h.group.members for m in dict.values(h.group.members))
