@@ -164,6 +164,11 @@ class CoordinatorError(errors.BrookError):
 # Bound on the members' metadata and assignments one DescribeGroups answer carries (each group
 # id a request names is described again): 1,000 ids of one 10 MiB group would have built 10 GiB.
 DESCRIBE_ANSWER_MAX_BYTES = 32 << 20
+# Bound on what all DescribeGroups answers being built at once carry: each call's is bounded above,
+# but the calls run on the group executor's threads side by side, and 32 of them were 1 GiB. A group
+# whose description does not fit what is left is answered COORDINATOR_LOAD_IN_PROGRESS (retriable:
+# Kafka's admin clients and Brook's retry it), never waited for on an executor thread.
+DESCRIBE_INFLIGHT_MAX_BYTES = 2 * DESCRIBE_ANSWER_MAX_BYTES
 
 
 class GroupCoordinator:
@@ -178,6 +183,8 @@ class GroupCoordinator:
         self.clock_ms = clock_ms
         self.security = SecurityConfig()  # how to reach other brokers; install() sets the node's own
         self._lock = threading.RLock()
+        self._describe_lock = threading.Lock()
+        self._describing_bytes = 0  # of DescribeGroups answers being built and sent (DESCRIBE_INFLIGHT_MAX_BYTES)
         self._groups: dict[str, Group] = {}
         self._partitions: dict[int, _PartitionLoad] = {}
         self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="group-loader")
@@ -675,11 +682,24 @@ class GroupCoordinator:
                       if self._partitions.get(self.partition_for(g.group_id), _PartitionLoad(-1)).loaded]
             return [g for g in loaded if not states or g.state.value in states]
 
-    def describe_group(self, group_id: str, include_offsets: bool,
-                       max_bytes: int = DESCRIBE_ANSWER_MAX_BYTES) -> tuple[group_pb2.DescribedGroup, int]:
+    def reserve_describe(self, size: int) -> bool:
+        """Take ``size`` bytes of DESCRIBE_INFLIGHT_MAX_BYTES for a description being built (False:
+        not that much is free); give them back with ``release_describe`` once the answer is sent."""
+        with self._describe_lock:
+            if self._describing_bytes + size > DESCRIBE_INFLIGHT_MAX_BYTES:
+                return False
+            self._describing_bytes += size
+            return True
+
+    def release_describe(self, size: int) -> None:
+        with self._describe_lock:
+            self._describing_bytes -= size
+
+    def describe_group(self, group_id: str, include_offsets: bool, max_bytes: int = DESCRIBE_ANSWER_MAX_BYTES,
+                       reserve: Callable[[int], bool] | None = None) -> tuple[group_pb2.DescribedGroup, int]:
         """The group as DescribeGroups shows it and about how many bytes of its members' metadata and
         assignments it carries; an error instead when that is more than ``max_bytes`` (what is left
-        of the answer's bound)."""
+        of the answer's bound), or when ``reserve`` (of those bytes, before they are built) says no."""
         with self._lock:  # only what the answer needs is taken under the lock (members' bytes by reference)
             try:
                 g = self._group_locked(group_id, create=False)
@@ -705,6 +725,14 @@ class GroupCoordinator:
                 error_message=f"the description of group {group_id!r} ({len(members)} members) would take about "
                               f"{size} bytes, over the {max_bytes} left of this answer's "
                               f"{DESCRIBE_ANSWER_MAX_BYTES}: describe fewer groups a call"), 0
+        if size and reserve is not None and not reserve(size):
+            log.warning("group coordinator %d: describing group %s (%d bytes) would take the descriptions being "
+                        "built past %d bytes; answered COORDINATOR_LOAD_IN_PROGRESS", self.node_id, group_id,
+                        size, DESCRIBE_INFLIGHT_MAX_BYTES)
+            return group_pb2.DescribedGroup(
+                group_id=group_id, coordinator_id=self.node_id, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                error_message=f"other descriptions of groups are being built ({DESCRIBE_INFLIGHT_MAX_BYTES} bytes "
+                              f"at most at once); retry"), 0
         owner: dict[TopicPartition, str] = {}
         for member_id, client_id, client_host, metadata, assignment, session_ms, rebalance_ms, instance in members:
             dm = out.members.add(member_id=member_id, client_id=client_id, client_host=client_host,

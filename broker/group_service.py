@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -101,6 +103,31 @@ def _join_response(r: JoinResult) -> group_pb2.JoinGroupResponse:
 def _sync_response(r: SyncResult) -> group_pb2.SyncGroupResponse:
     return group_pb2.SyncGroupResponse(error_code=r.error_code, error_message=r.error_message,
                                        protocol_name=r.protocol_name, assignment=r.assignment)
+
+
+class _DescribeBytes:
+    """One DescribeGroups call's share of the coordinator's DESCRIBE_INFLIGHT_MAX_BYTES: taken group by
+    group on the executor, given back once by the handler. A call that ended (its client went away)
+    while the executor still describes takes no more, so nothing is left held."""
+
+    def __init__(self, coordinator: Any) -> None:
+        self._c = coordinator
+        self._lock = threading.Lock()
+        self._held = 0
+        self._released = False
+
+    def reserve(self, size: int) -> bool:
+        with self._lock:
+            if self._released or not self._c.reserve_describe(size):
+                return False
+            self._held += size
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._released = True
+            held, self._held = self._held, 0
+        self._c.release_describe(held)
 
 
 class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
@@ -192,7 +219,11 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
 
     async def DescribeGroups(self, request, context):  # noqa: N802
         await self._refuse_too_many_groups(request, context)
-        return await self._run(self._describe_groups, request, context)
+        held = _DescribeBytes(self.c)
+        try:
+            return await self._run(functools.partial(self._describe_groups, held=held), request, context)
+        finally:
+            held.release()  # as the answer leaves the handler (gRPC serialises it next), or the call ends
 
     async def DeleteGroups(self, request, context):  # noqa: N802
         await self._refuse_too_many_groups(request, context)
@@ -308,7 +339,7 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
             group_pb2.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type, state=g.state.value,
                                   coordinator_id=self.c.node_id) for g in sorted(groups, key=lambda g: g.group_id)])
 
-    def _describe_groups(self, request, context):
+    def _describe_groups(self, request, context, held: _DescribeBytes):
         out = group_pb2.DescribeGroupsResponse()
         left = DESCRIBE_ANSWER_MAX_BYTES
         for gid in request.group_ids:
@@ -317,7 +348,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
                 refused.group_id = gid
                 out.groups.append(refused)
             else:
-                described, size = self.c.describe_group(gid, request.include_offsets, max_bytes=left)
+                described, size = self.c.describe_group(gid, request.include_offsets, max_bytes=left,
+                                                        reserve=held.reserve)
                 left -= size
                 out.groups.append(described)
         return out

@@ -1,0 +1,63 @@
+"""What DescribeGroups answers being built at once may carry, on a real coordinator without a cluster.
+
+Each call's answer is bounded (DESCRIBE_ANSWER_MAX_BYTES) but calls run side by side on the group
+executor: the coordinator also bounds them together, refusing a group that does not fit with the
+retriable COORDINATOR_LOAD_IN_PROGRESS instead of waiting on an executor thread."""
+
+from __future__ import annotations
+
+from broker.group_coordinator import (
+    DESCRIBE_ANSWER_MAX_BYTES,
+    DESCRIBE_INFLIGHT_MAX_BYTES,
+    CoordinatorConfig,
+    GroupCoordinator,
+    _PartitionLoad,
+)
+from broker.group_service import GroupCoordinatorServicer, _DescribeBytes
+from broker.group_state import Group, GroupState, Member
+from proto import group_pb2
+from proto.common_pb2 import ErrorCode
+
+GROUP_BYTES = 7 << 20
+
+
+def _coordinator() -> tuple[GroupCoordinator, GroupCoordinatorServicer]:
+    coord = GroupCoordinator(node_id=1, replica_manager=None, metadata_cache=None, config=CoordinatorConfig())
+    coord._partitions[coord.partition_for("big")] = _PartitionLoad(leader_epoch=0, loaded=True)
+    g = Group("big", state=GroupState.STABLE, protocol_type="connect", protocol_name="default", generation_id=1,
+              leader_id="m")
+    g.members["m"] = Member("m", "c", "h", 10_000, 30_000, [("default", b"x" * GROUP_BYTES)], 0)
+    coord._groups["big"] = g
+    return coord, GroupCoordinatorServicer(coord)
+
+
+def _describe(servicer: GroupCoordinatorServicer, held: _DescribeBytes, ids: int) -> list[int]:
+    out = servicer._describe_groups(group_pb2.DescribeGroupsRequest(group_ids=["big"] * ids), None, held=held)
+    return [g.error_code for g in out.groups]
+
+
+def test_calls_side_by_side_carry_at_most_the_inflight_bound_and_give_it_back() -> None:
+    assert DESCRIBE_INFLIGHT_MAX_BYTES == 2 * DESCRIBE_ANSWER_MAX_BYTES == 64 << 20
+    coord, servicer = _coordinator()
+    try:
+        first, second, third, fourth = (_DescribeBytes(coord) for _ in range(4))
+        assert _describe(servicer, first, 4) == [ErrorCode.NONE] * 4  # 28 MiB, its answer not sent yet
+        assert _describe(servicer, second, 4) == [ErrorCode.NONE] * 4  # 56 MiB
+        assert _describe(servicer, third, 2) == [ErrorCode.NONE, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS]
+        assert coord._describing_bytes == 9 * GROUP_BYTES  # 63 MiB
+        assert _describe(servicer, fourth, 1) == [ErrorCode.COORDINATOR_LOAD_IN_PROGRESS]
+        first.release()
+        assert _describe(servicer, fourth, 4) == [ErrorCode.NONE] * 4
+        for held in (second, third, fourth):
+            held.release()
+        assert coord._describing_bytes == 0
+        # A call whose client went away while the executor still describes takes nothing more.
+        gone = _DescribeBytes(coord)
+        gone.release()
+        assert _describe(servicer, gone, 1) == [ErrorCode.COORDINATOR_LOAD_IN_PROGRESS]
+        assert coord._describing_bytes == 0
+        # The refusal names what to do.
+        out = servicer._describe_groups(group_pb2.DescribeGroupsRequest(group_ids=["big"]), None, held=gone)
+        assert "retry" in out.groups[0].error_message, out.groups[0].error_message
+    finally:
+        coord._loader.shutdown()
