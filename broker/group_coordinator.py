@@ -39,6 +39,7 @@ from broker.group_state import (
     OffsetEntry,
     SyncResult,
 )
+from client.cluster import HUNG_PEER_OPTIONS
 from client.security import SecurityConfig, make_channel
 from client.types import TopicPartition
 from proto import broker_pb2, broker_pb2_grpc, errors, group_pb2, group_pb2_grpc
@@ -58,7 +59,7 @@ RPC_TIMEOUT_S = 10.0
 MEMBER_OVERHEAD_BYTES = 512
 GROUP_INSTANCE_ID_MAX = 249  # as a group or topic name: the longest a static member's instance id may be
 LIST_OFFSETS_LATEST, LIST_OFFSETS_EARLIEST = -1, -2
-CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
+CHANNEL_OPTIONS = [("grpc.enable_retries", 0), *HUNG_PEER_OPTIONS]
 
 
 @dataclass(frozen=True)

@@ -383,6 +383,10 @@ class BrokerServer:
             # Connections past the bound are refused at accept: a connection flood cannot take the
             # file descriptors the logs need (segment rolls, index files) nor unbounded memory.
             ("grpc.max_allowed_incoming_connections", self._max_connections(d)),
+            # Clients ping every 5 s while a call is open (client/cluster.py HUNG_PEER_OPTIONS) to notice a
+            # frozen broker: accept that (gRPC's default is one ping without data per 5 minutes); a
+            # faster pinger is still sent GOAWAY after gRPC's two strikes.
+            ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
             ("grpc.so_reuseport", 0)])
 
     def _max_connections(self, d: dict[str, str]) -> int:

@@ -39,12 +39,27 @@ T = TypeVar("T")
 
 # Responses carry whole record batches; fetches of tens of MB must fit.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# A broker that stops answering without closing its connections (SIGSTOP, a hung host, a partition
+# that drops packets) is noticed by HTTP/2 pings, every 5 s on a connection with a call open, each
+# unanswered within 5 s ending the connection: its calls fail UNAVAILABLE and are retried against the
+# leaders the controller moved meanwhile, instead of hanging until request.timeout.ms (30 s). Brokers
+# accept pings this often (broker/server.py); pings are answered by gRPC's transport, not Brook's loop.
+HUNG_PEER_OPTIONS = [
+    ("grpc.keepalive_time_ms", 5_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    # What bounds the wait for a ping's answer in this gRPC (1.8x): keepalive_timeout_ms alone is not
+    # enforced, and its default, 60 s, let a call to a SIGSTOPped broker hang for 64 s.
+    ("grpc.http2.ping_timeout_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),  # an idle stream (a producer's, a long poll) is checked too
+    # A frozen broker's kernel still accepts connections; gRPC gives up on one that brings no HTTP/2
+    # SETTINGS after this long (this argument is gRPC's minimum connect timeout; its default is 20 s).
+    ("grpc.min_reconnect_backoff_ms", 5_000),
+]
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.enable_retries", 0),  # retries are ours, with metadata refresh in between
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
+    *HUNG_PEER_OPTIONS,
 ]
 # Errors after which the cached leader is probably wrong.
 REFRESH_CODES = frozenset(

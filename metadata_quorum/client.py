@@ -41,8 +41,10 @@ _PROBE_TIMEOUT_S = 1.5
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 5000),
     ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.http2.ping_timeout_ms", 5000),  # what gRPC 1.8x enforces (its default 60 s made it ~64 s)
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.min_reconnect_backoff_ms", 5000),  # gRPC's connect timeout: a frozen host's kernel still accepts
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
 ]
 # gRPC transport failures that mean "try another controller".

@@ -41,7 +41,6 @@ GRPC_MAX_WORKERS = 96  # watch streams hold a worker each; MAX_WATCHERS of them 
 _SERVER_OPTIONS = [
     # Clients ping every 5 s so a frozen controller is noticed; allow it.
     ("grpc.http2.min_ping_interval_without_data_ms", 1000),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_ping_strikes", 0),
     ("grpc.max_send_message_length", 256 * 1024 * 1024),

@@ -210,6 +210,43 @@ def test_delivery_timeout_fails_records_while_the_leader_is_frozen(fault_cluster
     assert elapsed < 6, f"records failed only after {elapsed:.1f} s"
 
 
+
+# A leader frozen with its connections open: the controller fences its broker after
+# broker.session.timeout.ms (6 s on the launcher) and elects another; the producer's calls to the
+# frozen process end when its HTTP/2 pings go unanswered for 5 s, and its reconnects when no
+# SETTINGS frame comes within 5 s, instead of after request.timeout.ms (30 s). Measured 10 s here.
+FROZEN_LEADER_WRITE_BOUND_S = 20
+
+
+def test_writes_go_on_within_a_bound_while_the_leader_is_frozen(fault_cluster: LocalCluster) -> None:
+    """Liveness, with the producer's defaults (request.timeout.ms 30 s, delivery.timeout.ms 120 s): every
+    record sent after the leader is SIGSTOPped is written by its successor well before one request
+    timeout, once, in order after the records acknowledged before."""
+    topic = "frozen-leader-liveness"
+    with Admin(fault_cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic, 1, 3)])
+        leader = admin.describe_topics([topic])[topic].partitions[0].leader
+    with Producer(bootstrap_servers=fault_cluster.bootstrap_servers, acks="all") as producer:
+        for i in range(5):
+            producer.send(topic, b"before-%d" % i).get(timeout=30)
+        fault_cluster.pause_node(leader)
+        try:
+            start = time.monotonic()
+            futures = [producer.send(topic, b"during-%d" % i) for i in range(20)]
+            offsets = [f.get(timeout=FROZEN_LEADER_WRITE_BOUND_S + 15).offset for f in futures]
+            elapsed = time.monotonic() - start
+        finally:
+            fault_cluster.resume_node(leader)
+    print(f"records sent to a frozen leader written by its successor after {elapsed:.1f} s")
+    assert elapsed < FROZEN_LEADER_WRITE_BOUND_S, (
+        f"writes resumed only after {elapsed:.1f} s (request.timeout.ms is 30 s: the frozen leader was not noticed)")
+    assert offsets == list(range(5, 25)), offsets
+    with Admin(fault_cluster.bootstrap_servers) as admin:
+        assert admin.describe_topics([topic])[topic].partitions[0].leader != leader
+    fault_cluster.wait_ready(90)
+    values = [r.value for r in consume_all(fault_cluster.bootstrap_servers, topic, 1, 25)[0]]
+    assert values == [b"before-%d" % i for i in range(5)] + [b"during-%d" % i for i in range(20)], values
+
 def test_writes_go_on_when_the_leaders_disk_fails(fault_cluster: LocalCluster) -> None:
     """A real disk fault under a partition leader: its process's file size limit (RLIMIT_FSIZE) set
     just above every file it has, so the append that grows the partition's segment past it fails

@@ -812,6 +812,75 @@ def test_active_members_keep_consuming_when_the_coordinator_broker_is_sigkilled(
         cluster.wait_ready(90)
 
 
+
+# What a frozen coordinator may cost a group: the controller fences its broker (broker.session.timeout.ms,
+# 6 s on the launcher), another broker takes its __consumer_offsets partition and replays it, and the
+# members, whose calls to the frozen process hang rather than fail, time out, find the new coordinator
+# and rejoin (one rebalance). Measured 10-15 s here; the bound leaves room for a slow machine.
+FROZEN_COORDINATOR_BOUND_S = 60
+
+
+def test_a_group_rebalances_and_consumes_while_its_coordinator_is_sigstopped(
+        cluster: LocalCluster, client: ClusterClient, tmp_path: Path, workers: list[Worker]) -> None:
+    """A gray failure, not a crash: the coordinator's process is SIGSTOPped (its sockets stay open, its
+    calls hang) just as a new member joins. Within a bound the group re-forms around another coordinator
+    with all three members, consumes what is produced meanwhile and commits it; when the frozen process
+    resumes, it is no longer the coordinator, and the group stays as it is."""
+    topic, group = "frozen", "g-frozen"
+    create_topic(cluster, topic, 4)
+    first = [f"p{i}" for i in range(200)]
+    produce(cluster, topic, first, 4)
+    workers += [Worker(cluster, tmp_path, f"s{i}", group, topic) for i in range(2)]
+    wait_for(lambda: all(len(w.assignment() or ()) == 2 for w in workers), 60, "two members, two partitions each")
+    wait_for(lambda: set(first) <= set(values_of(sum((w.processed() for w in workers), []))), 30, "first batch")
+    coord = GroupCoordinatorClient(client, group)
+    coord.find_coordinator(10)
+    victim = coord.node_id
+    everyone = {(topic, p) for p in range(4)}
+
+    def three_members_share_the_partitions() -> bool:
+        a = [w.assignment() or set() for w in workers]
+        return len(a) == 3 and set().union(*a) == everyone and sum(map(len, a)) == 4 and all(a)
+
+    cluster.pause_node(victim)
+    frozen_at = time.monotonic()
+    try:
+        workers.append(Worker(cluster, tmp_path, "s2", group, topic))  # joins while the coordinator is frozen
+        second = [f"q{i}" for i in range(200)]
+        produce(cluster, topic, second, 4)
+        try:
+            wait_for(three_members_share_the_partitions, FROZEN_COORDINATOR_BOUND_S,
+                     lambda: f"three members sharing the four partitions, each with some; assignments now "
+                             f"{[w.assignment() for w in workers]}", poll_s=0.2)
+            reformed_s = time.monotonic() - frozen_at
+            wait_for(lambda: set(second) <= set(values_of(sum((w.processed() for w in workers), []))), 30,
+                     "records produced while the coordinator was frozen consumed by the group")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n" + "\n".join(w.log_tail() for w in workers)) from None
+        print(f"group re-formed with three members {reformed_s:.1f}s after its coordinator was SIGSTOPped")
+        assert all(w.proc.poll() is None for w in workers), "a member died while the coordinator was frozen"
+    finally:
+        cluster.resume_node(victim)
+    cluster.wait_ready(90)
+    # The resumed process learns it lost the partition; the group neither moves back nor rebalances.
+    coord.forget()
+    tps = [TP(topic, p) for p in range(4)]
+    last: list[dict | None] = [None]
+
+    def all_committed() -> bool:
+        last[0] = _committed_or_none(coord, tps)
+        return last[0] is not None and sum(om.offset for om in last[0].values()) == 400
+
+    wait_for(all_committed, 30, lambda: f"every consumed record committed (last committed: {last[0]})")
+    settled = [w.assignment() for w in workers]
+    third = [f"r{i}" for i in range(100)]
+    produce(cluster, topic, third, 4)
+    wait_for(lambda: set(third) <= set(values_of(sum((w.processed() for w in workers), []))), 30,
+             "records produced after the old coordinator resumed consumed")
+    assert [w.assignment() for w in workers] == settled, "the group rebalanced when the old coordinator resumed"
+    everything = values_of(sum((w.processed() for w in workers), []))
+    assert set(first + second + third) <= set(everything), "records lost"
+
 def test_offsets_are_taken_only_for_partitions_that_exist(cluster: LocalCluster, client: ClusterClient) -> None:
     """As Kafka: UNKNOWN_TOPIC_OR_PARTITION for a partition the cluster does not have (a group cannot be
     made to hold offsets for any number of made-up partitions), and a request naming more partitions
