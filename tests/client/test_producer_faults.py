@@ -218,34 +218,54 @@ def test_delivery_timeout_fails_records_while_the_leader_is_frozen(fault_cluster
 FROZEN_LEADER_WRITE_BOUND_S = 20
 
 
-def test_writes_go_on_within_a_bound_while_the_leader_is_frozen(fault_cluster: LocalCluster) -> None:
-    """Liveness, with the producer's defaults (request.timeout.ms 30 s, delivery.timeout.ms 120 s): every
+def test_writes_and_reads_go_on_within_a_bound_while_the_leader_is_frozen(fault_cluster: LocalCluster) -> None:
+    """Liveness, with the clients' defaults (request.timeout.ms 30 s, delivery.timeout.ms 120 s): every
     record sent after the leader is SIGSTOPped is written by its successor well before one request
-    timeout, once, in order after the records acknowledged before."""
+    timeout, once, in order after the records acknowledged before; a consumer that was reading from
+    the frozen leader reads them from its successor within the same bound."""
     topic = "frozen-leader-liveness"
+    tp = TopicPartition(topic, 0)
     with Admin(fault_cluster.bootstrap_servers) as admin:
         admin.create_topics([NewTopic(topic, 1, 3)])
         leader = admin.describe_topics([topic])[topic].partitions[0].leader
-    with Producer(bootstrap_servers=fault_cluster.bootstrap_servers, acks="all") as producer:
-        for i in range(5):
-            producer.send(topic, b"before-%d" % i).get(timeout=30)
+    before = [b"before-%d" % i for i in range(5)]
+    during = [b"during-%d" % i for i in range(20)]
+    with (Producer(bootstrap_servers=fault_cluster.bootstrap_servers, acks="all") as producer,
+          Consumer(bootstrap_servers=fault_cluster.bootstrap_servers, auto_offset_reset="earliest") as consumer):
+        for v in before:
+            producer.send(topic, v).get(timeout=30)
+        consumer.assign([tp])
+        read: list[bytes] = []
+
+        def read_up_to(n: int) -> bool:
+            for records in consumer.poll(timeout_ms=200).values():
+                read.extend(r.value for r in records)
+            return len(read) >= n
+
+        wait_for(lambda: read_up_to(len(before)), 30, lambda: f"the records before the freeze read (read {read})")
         fault_cluster.pause_node(leader)
         try:
             start = time.monotonic()
-            futures = [producer.send(topic, b"during-%d" % i) for i in range(20)]
+            futures = [producer.send(topic, v) for v in during]
             offsets = [f.get(timeout=FROZEN_LEADER_WRITE_BOUND_S + 15).offset for f in futures]
-            elapsed = time.monotonic() - start
+            written_s = time.monotonic() - start
+            wait_for(lambda: read_up_to(len(before) + len(during)), FROZEN_LEADER_WRITE_BOUND_S + 15,
+                     lambda: f"the records written after the freeze read (read {len(read)})", poll_s=0)
+            read_s = time.monotonic() - start
         finally:
             fault_cluster.resume_node(leader)
-    print(f"records sent to a frozen leader written by its successor after {elapsed:.1f} s")
-    assert elapsed < FROZEN_LEADER_WRITE_BOUND_S, (
-        f"writes resumed only after {elapsed:.1f} s (request.timeout.ms is 30 s: the frozen leader was not noticed)")
+    print(f"records sent to a frozen leader written by its successor after {written_s:.1f} s, read after {read_s:.1f} s")
+    assert written_s < FROZEN_LEADER_WRITE_BOUND_S, (
+        f"writes resumed only after {written_s:.1f} s (request.timeout.ms is 30 s: the frozen leader was not noticed)")
+    assert read_s < FROZEN_LEADER_WRITE_BOUND_S, f"the consumer read the new leader's records only after {read_s:.1f} s"
     assert offsets == list(range(5, 25)), offsets
+    assert read == before + during, read
     with Admin(fault_cluster.bootstrap_servers) as admin:
         assert admin.describe_topics([topic])[topic].partitions[0].leader != leader
     fault_cluster.wait_ready(90)
     values = [r.value for r in consume_all(fault_cluster.bootstrap_servers, topic, 1, 25)[0]]
-    assert values == [b"before-%d" % i for i in range(5)] + [b"during-%d" % i for i in range(20)], values
+    assert values == before + during, values
+
 
 def test_writes_go_on_when_the_leaders_disk_fails(fault_cluster: LocalCluster) -> None:
     """A real disk fault under a partition leader: its process's file size limit (RLIMIT_FSIZE) set
