@@ -454,12 +454,13 @@ class GroupCoordinator:
         memory for as long as their members' sessions (up to group.max.session.timeout.ms), so
         without a bound a client joining many groups with large metadata grows the broker without
         end. Counted afresh at most once a second (members leave and expire in many places), what
-        was admitted since on top."""
+        was admitted since on top; each group keeps its members' sum, so a count is one step a group
+        (a walk over every member took 0.4 s a count with the 500,000 members the bound allows)."""
         now = time.monotonic()
         if now - self._held_counted_at >= 1.0:
             self._held_bytes = sum(
-                sum(MEMBER_OVERHEAD_BYTES + m.held_bytes() for m in g.members.values())
-                + MEMBER_OVERHEAD_BYTES * len(g.pending_members) for g in list(self._groups.values()))
+                g.members.held_bytes + MEMBER_OVERHEAD_BYTES * (len(g.members) + len(g.pending_members))
+                for g in list(self._groups.values()))
             self._held_counted_at = now
         limit = self.config.group_coordinator_metadata_max_bytes
         if self._held_bytes + incoming > limit:

@@ -92,12 +92,21 @@ class Member:
     sync_callback: SyncCallback | None = None
     group_instance_id: str = ""  # "" for a dynamic member
     protocol_names: frozenset[str] = field(init=False, repr=False, compare=False)
+    protocol_bytes: int = field(init=False, repr=False, compare=False)  # the protocols' names and metadata
     # The JoinGroup this member waits in, and the table holding it (which counts waiting members).
     _join_callback: JoinCallback | None = field(init=False, default=None, repr=False, compare=False)
     _table: MemberTable | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.protocol_names = frozenset(name for name, _ in self.protocols)
+        self.protocol_bytes = sum(len(name) + len(metadata) for name, metadata in self.protocols)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "assignment":  # the table holding this member keeps the sum of what its members hold
+            table = self.__dict__.get("_table")
+            if table is not None:
+                table.held_bytes += len(value) - len(self.__dict__.get("assignment", b""))  # type: ignore[arg-type]
+        object.__setattr__(self, name, value)
 
     @property
     def join_callback(self) -> JoinCallback | None:
@@ -111,7 +120,7 @@ class Member:
 
     def held_bytes(self) -> int:
         """What this member makes the coordinator keep: its protocols' names and metadata, its assignment."""
-        return sum(len(name) + len(metadata) for name, metadata in self.protocols) + len(self.assignment)
+        return self.protocol_bytes + len(self.assignment)
 
     def fail_waiters(self, error_code: int) -> None:
         """Answer a JoinGroup or SyncGroup this member is blocked in with an error."""
@@ -129,10 +138,12 @@ class Member:
         self.session_timeout_ms, self.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
         self.protocols = list(protocols)
         names = frozenset(name for name, _ in self.protocols)
+        protocol_bytes = sum(len(name) + len(metadata) for name, metadata in self.protocols)
         if self._table is not None:
             self._table.count_protocols(self.protocol_names, -1)
             self._table.count_protocols(names, 1)
-        self.protocol_names = names
+            self._table.held_bytes += protocol_bytes - self.protocol_bytes
+        self.protocol_names, self.protocol_bytes = names, protocol_bytes
         self.last_heartbeat_ms = now_ms
 
     def metadata_for(self, protocol: str) -> bytes:
@@ -147,11 +158,13 @@ class MemberTable(dict[str, Member]):
     how many wait in a JoinGroup, and how many offer each protocol name. Without them every join
     looked at every member (is everyone in? which protocols do all offer?): a join storm of a
     10,000-member group held the coordinator's lock, every group's, for 16 s. Kafka keeps the
-    same two counts (numMembersAwaitingJoinResponse, supportedProtocols)."""
+    same two counts (numMembersAwaitingJoinResponse, supportedProtocols). Also the bytes the
+    members hold (Member.held_bytes), which the coordinator's memory bound adds up over groups."""
 
     def __init__(self, members: dict[str, Member] | None = None) -> None:
         super().__init__()
         self.joining = 0
+        self.held_bytes = 0
         self.protocol_counts: dict[str, int] = {}
         for member_id, member in (members or {}).items():
             self[member_id] = member
@@ -170,11 +183,13 @@ class MemberTable(dict[str, Member]):
             raise ValueError(f"member {member.member_id} is in a group already")
         member._table = self
         self.joining += member._join_callback is not None
+        self.held_bytes += member.held_bytes()
         self.count_protocols(member.protocol_names, 1)
 
     def _detach(self, member: Member) -> None:
         member._table = None
         self.joining -= member._join_callback is not None
+        self.held_bytes -= member.held_bytes()
         self.count_protocols(member.protocol_names, -1)
 
     def __setitem__(self, member_id: str, member: Member) -> None:

@@ -462,17 +462,22 @@ def test_a_join_does_not_look_at_every_member() -> None:
     assert h.group.protocol_name == "range"  # the last member offers only range
 
 
-def _recount(group: Group) -> tuple[int, dict[str, int]]:
+def _recount(group: Group) -> tuple[int, dict[str, int], int]:
     counts: dict[str, int] = {}
     for m in dict.values(group.members):
         for name in m.protocol_names:
             counts[name] = counts.get(name, 0) + 1
-    return sum(m.join_callback is not None for m in dict.values(group.members)), counts
+    held = sum(sum(len(n) + len(md) for n, md in m.protocols) + len(m.assignment) for m in dict.values(group.members))
+    return sum(m.join_callback is not None for m in dict.values(group.members)), counts, held
+
+
+def _tallies(group: Group) -> tuple[int, dict[str, int], int]:
+    return group.members.joining, group.members.protocol_counts, group.members.held_bytes
 
 
 def test_the_member_tallies_match_the_members_through_random_histories() -> None:
-    """The waiting-member and protocol counts each join relies on stay what a walk over the members
-    would find, whatever happens: joins, rejoins with other protocols, static restarts, leaves,
+    """The waiting-member and protocol counts each join relies on, and the bytes the members hold, stay
+    what a walk over the members would find, whatever happens: joins, rejoins with other protocols, static restarts, leaves,
     syncs, expiries, a group loaded from its record."""
     from broker.group_records import encode_group_value, group_key, parse_record, restore_group
 
@@ -504,6 +509,6 @@ def test_the_member_tallies_match_the_members_through_random_histories() -> None
                 restored = Group("g")
                 record = parse_record(group_key("g"), encode_group_value(h.group), 0)
                 restore_group(restored, record.value, h.now_ms)
-                assert (restored.members.joining, restored.members.protocol_counts) == _recount(restored)
-            assert (h.group.members.joining, h.group.members.protocol_counts) == _recount(h.group), seed
+                assert _tallies(restored) == _recount(restored)
+            assert _tallies(h.group) == _recount(h.group), seed
             assert all(m._table is h.group.members for m in dict.values(h.group.members))
