@@ -39,10 +39,10 @@ log = logging.getLogger(__name__)
 TICK_INTERVAL_S = 0.1
 GRPC_MAX_WORKERS = 96  # watch streams hold a worker each; MAX_WATCHERS of them at most
 _SERVER_OPTIONS = [
-    # Clients ping every 5 s so a frozen controller is noticed; allow it.
+    # Clients ping every 5 s so a frozen controller is noticed; allow it (one a second at most: a
+    # client pinging faster is sent GOAWAY after gRPC's default two strikes, not answered forever).
     ("grpc.http2.min_ping_interval_without_data_ms", 1000),
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_ping_strikes", 0),
     ("grpc.max_send_message_length", 256 * 1024 * 1024),
 ]
 
