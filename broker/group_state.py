@@ -597,6 +597,8 @@ class Group:
             if now_ms >= deadline_ms:
                 del self.pending_members[pending_id]
         for m in list(self.members.values()):
+            if self.members.get(m.member_id) is not m:
+                continue  # a removal before it ended the join round, which dropped this one too
             waiting = m.join_callback is not None or m.sync_callback is not None
             if not waiting and now_ms - m.last_heartbeat_ms >= m.session_timeout_ms:
                 self._remove_member(m.member_id, now_ms, f"missed its session timeout ({m.session_timeout_ms} ms)")
@@ -605,7 +607,8 @@ class Group:
         elif self.state == GroupState.COMPLETING_REBALANCE and now_ms >= self.sync_deadline_ms:
             # The leader never handed in an assignment: drop whoever has not synced.
             for m in [m for m in self.members.values() if m.sync_callback is None]:
-                self._remove_member(m.member_id, now_ms, "did not sync in time")
+                if self.members.get(m.member_id) is m:  # (as above)
+                    self._remove_member(m.member_id, now_ms, "did not sync in time")
 
     def next_deadline_ms(self) -> int | None:
         """The earliest time ``tick`` has something to do (None: nothing scheduled)."""

@@ -23,18 +23,19 @@ class Harness:
         self.syncs: dict[str, list[SyncResult]] = {}
         self.now_ms = 1_000
 
-    def join(self, client: str, member_id: str = "", protocols=(("range", b"sub"),), ptype="consumer") -> str:
+    def join(self, client: str, member_id: str = "", protocols=(("range", b"sub"),), ptype="consumer",
+             session_ms: int = SESSION_MS, rebalance_ms: int = REBALANCE_MS) -> str:
         """First join: MEMBER_ID_REQUIRED then a join with the id. Returns the member id."""
         results: list[JoinResult] = []
-        self.group.join(member_id=member_id, client_id=client, client_host="h", session_timeout_ms=SESSION_MS,
-                        rebalance_timeout_ms=REBALANCE_MS, protocol_type=ptype, protocols=list(protocols),
+        self.group.join(member_id=member_id, client_id=client, client_host="h", session_timeout_ms=session_ms,
+                        rebalance_timeout_ms=rebalance_ms, protocol_type=ptype, protocols=list(protocols),
                         callback=results.append, now_ms=self.now_ms)
         if not member_id:
             assert results and results[0].error_code == ErrorCode.MEMBER_ID_REQUIRED, results
             member_id = results[0].member_id
             results.clear()
             self.group.join(member_id=member_id, client_id=client, client_host="h",
-                            session_timeout_ms=SESSION_MS, rebalance_timeout_ms=REBALANCE_MS,
+                            session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms,
                             protocol_type=ptype, protocols=list(protocols), callback=results.append,
                             now_ms=self.now_ms)
         self.joins[member_id] = results
@@ -425,6 +426,23 @@ def test_a_static_member_with_a_known_id_rejoins_like_a_dynamic_one() -> None:
     assert static_join(h, "b", member_id=b) == []  # a rejoin with its own id: a normal rebalance
     assert h.group.state == GroupState.PREPARING_REBALANCE and h.group.static_members["b"] == b
 
+
+def test_a_session_expiry_that_ends_the_join_round_does_not_trip_over_the_members_it_dropped() -> None:
+    """One tick finds a member's session over and the join round's deadline passed: removing the member
+    ends the round, which drops every member that did not rejoin, among them the next one the tick
+    was about to look at. It used to raise KeyError out of the timers (every group's tick of that
+    pass skipped); now the dropped member is passed over."""
+    h = Harness(delay_ms=100)
+    a, b, c = (h.join(name, session_ms=1_000, rebalance_ms=500) for name in ("a", "b", "c"))
+    h.advance(100)
+    gen = h.rebalance([a, b, c])
+    h.advance(400)
+    h.join("c", c, session_ms=1_000, rebalance_ms=500)  # a new round: a and b do not rejoin
+    assert h.group.state == GroupState.PREPARING_REBALANCE
+    h.advance(600)  # a's and b's sessions (1 s) and the round's deadline (500 ms) are all past
+    assert h.group.state == GroupState.COMPLETING_REBALANCE and h.group.generation_id == gen + 1
+    assert list(h.group.members) == [c] and h.group.leader_id == c
+    assert h.joins[c][-1].error_code == ErrorCode.NONE and h.joins[c][-1].generation_id == gen + 1
 
 class _CountingTable(MemberTable):
     """A member table that counts the walks over every member."""
