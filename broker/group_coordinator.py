@@ -926,7 +926,7 @@ class GroupCoordinator:
         with self._lock:
             now = self.clock_ms()
             for g in list(self._groups.values()):
-                deadline = g.next_deadline_ms()
+                deadline = g.next_deadline_ms(now)
                 if deadline is not None and deadline <= now:
                     g.tick(now)
                     self._after_change_locked(g)

@@ -265,6 +265,7 @@ class Group:
     sync_deadline_ms: int = 0
     persist_needed: bool = False  # group metadata changed in a way that must be written
     new_member_id: Callable[[str], str] = field(default=lambda client_id: f"{client_id or 'member'}-{uuid.uuid4()}")
+    _deadline_floor_ms: int | None = field(default=None, repr=False, compare=False)  # see next_deadline_ms
 
     # ---- queries ----
     def is_empty(self) -> bool:
@@ -281,6 +282,8 @@ class Group:
     def __setattr__(self, name: str, value: object) -> None:
         if name == "members" and not isinstance(value, MemberTable):
             value = MemberTable(value)  # type: ignore[arg-type]  # a loaded group's members, a test's
+        if name in ("members", "pending_members", "state"):
+            self.__dict__["_deadline_floor_ms"] = None
         super().__setattr__(name, value)
 
     def _candidate_protocols(self, extra: Sequence[str] | None = None) -> set[str]:
@@ -318,6 +321,7 @@ class Group:
         now_ms: int,
         group_instance_id: str = "",
     ) -> None:
+        self._forget_deadline()
         if self.state == GroupState.DEAD:
             callback(JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id, error_message="group is dead"))
             return
@@ -514,6 +518,7 @@ class Group:
 
     def sync(self, *, member_id: str, generation_id: int, assignments: dict[str, bytes],
              callback: SyncCallback, now_ms: int, group_instance_id: str = "") -> None:
+        self._forget_deadline()
         error = self._check_member(member_id, generation_id, group_instance_id)
         if error != ErrorCode.NONE:
             callback(SyncResult(error))
@@ -549,6 +554,7 @@ class Group:
     def leave(self, member_id: str, now_ms: int, group_instance_id: str = "") -> int:
         """A member leaves: by member id, or a static member by its instance id (``member_id`` "" removes
         whichever member holds it, as an admin's removal does; another member id is fenced)."""
+        self._forget_deadline()
         if self.state == GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if group_instance_id:
@@ -593,6 +599,7 @@ class Group:
 
     def tick(self, now_ms: int) -> None:
         """Fire due timers: pending ids, sessions, the join deadline, the sync deadline."""
+        self._forget_deadline()
         for pending_id, deadline_ms in list(self.pending_members.items()):
             if now_ms >= deadline_ms:
                 del self.pending_members[pending_id]
@@ -610,15 +617,31 @@ class Group:
                 if self.members.get(m.member_id) is m:  # (as above)
                     self._remove_member(m.member_id, now_ms, "did not sync in time")
 
-    def next_deadline_ms(self) -> int | None:
-        """The earliest time ``tick`` has something to do (None: nothing scheduled)."""
+    def next_deadline_ms(self, now_ms: int | None = None) -> int | None:
+        """The earliest time ``tick`` has something to do (None: nothing scheduled), or, given ``now_ms``,
+        a time no later than that (the last answer, while it is still ahead of ``now_ms``).
+
+        The coordinator asks every group ten times a second; walking every member each time cost
+        0.7 ms per 10,000 members under its lock. Deadlines only move later between the walks but
+        for what ``_forget_deadline`` covers: every operation but a heartbeat or a commit (which
+        move one member's deadline later) forgets the last answer, so a stable group is walked
+        about once per session timeout instead of ten times a second."""
+        floor = self._deadline_floor_ms
+        if floor is not None and now_ms is not None and floor > now_ms:
+            return floor
         deadlines = list(self.pending_members.values())
-        deadlines += [m.last_heartbeat_ms + m.session_timeout_ms for m in self.members.values()]
+        # A member waiting in a JoinGroup or SyncGroup does not expire (tick): the round's deadline holds.
+        deadlines += [m.last_heartbeat_ms + m.session_timeout_ms for m in self.members.values()
+                      if m.join_callback is None and m.sync_callback is None]
         if self.state == GroupState.PREPARING_REBALANCE:
             deadlines.append(self.join_deadline_ms)
         if self.state == GroupState.COMPLETING_REBALANCE:
             deadlines.append(self.sync_deadline_ms)
-        return min(deadlines) if deadlines else None
+        self._deadline_floor_ms = min(deadlines) if deadlines else None
+        return self._deadline_floor_ms
+
+    def _forget_deadline(self) -> None:
+        self._deadline_floor_ms = None
 
     # ---- offsets ----
     def validate_commit(self, member_id: str, generation_id: int, now_ms: int, group_instance_id: str = "") -> int:
@@ -661,6 +684,7 @@ class Group:
         return expired, len(expired) == len(self.offsets)
 
     def mark_dead(self, now_ms: int) -> None:
+        self._forget_deadline()
         for m in self.members.values():
             m.fail_waiters(ErrorCode.NOT_COORDINATOR)
         self._transition(GroupState.DEAD, now_ms)

@@ -427,6 +427,7 @@ def test_a_static_member_with_a_known_id_rejoins_like_a_dynamic_one() -> None:
     assert h.group.state == GroupState.PREPARING_REBALANCE and h.group.static_members["b"] == b
 
 
+
 def test_a_session_expiry_that_ends_the_join_round_does_not_trip_over_the_members_it_dropped() -> None:
     """One tick finds a member's session over and the join round's deadline passed: removing the member
     ends the round, which drops every member that did not rejoin, among them the next one the tick
@@ -493,6 +494,18 @@ def _tallies(group: Group) -> tuple[int, dict[str, int], int]:
     return group.members.joining, group.members.protocol_counts, group.members.held_bytes
 
 
+def _true_next_deadline(group: Group) -> int | None:
+    """What tick has to do next, by a walk over everything (next_deadline_ms may answer from its last walk)."""
+    deadlines = list(group.pending_members.values())
+    deadlines += [m.last_heartbeat_ms + m.session_timeout_ms for m in dict.values(group.members)
+                  if m.join_callback is None and m.sync_callback is None]
+    if group.state == GroupState.PREPARING_REBALANCE:
+        deadlines.append(group.join_deadline_ms)
+    if group.state == GroupState.COMPLETING_REBALANCE:
+        deadlines.append(group.sync_deadline_ms)
+    return min(deadlines) if deadlines else None
+
+
 def test_the_member_tallies_match_the_members_through_random_histories() -> None:
     """The waiting-member and protocol counts each join relies on, and the bytes the members hold, stay
     what a walk over the members would find, whatever happens: joins, rejoins with other protocols, static restarts, leaves,
@@ -507,13 +520,14 @@ def test_the_member_tallies_match_the_members_through_random_histories() -> None
         known: list[str] = []
         for _ in range(200):
             op = rng.random()
+            timeouts = {"session_ms": rng.choice((1_000, SESSION_MS)), "rebalance_ms": rng.choice((500, REBALANCE_MS))}
             if op < 0.3 or not known:
                 try:
-                    known.append(h.join(f"c{rng.randrange(50)}", protocols=rng.choice(choices)))
+                    known.append(h.join(f"c{rng.randrange(50)}", protocols=rng.choice(choices), **timeouts))
                 except AssertionError:
                     pass  # refused (inconsistent protocols): nothing joined
             elif op < 0.5:
-                h.join("c", rng.choice(known), protocols=rng.choice(choices))
+                h.join("c", rng.choice(known), protocols=rng.choice(choices), **timeouts)
             elif op < 0.6:
                 static_join(h, f"i{rng.randrange(5)}", protocols=rng.choice(choices))
             elif op < 0.7:
@@ -522,11 +536,46 @@ def test_the_member_tallies_match_the_members_through_random_histories() -> None
                 leader = h.group.leader_id
                 h.sync(leader, h.group.generation_id, {m: b"x" for m in h.group.members})
             elif op < 0.95:
-                h.advance(rng.choice((10, 1_000, SESSION_MS)))
+                h.advance(rng.choice((10, 300, 1_000, SESSION_MS)))
             elif h.group.state == GroupState.STABLE:
                 restored = Group("g")
                 record = parse_record(group_key("g"), encode_group_value(h.group), 0)
                 restore_group(restored, record.value, h.now_ms)
                 assert _tallies(restored) == _recount(restored)
             assert _tallies(h.group) == _recount(h.group), seed
+            # The coordinator's question each tick: never later than the truth, so nothing due is missed.
+            if rng.random() < 0.5:
+                h.group.heartbeat(member_id=rng.choice(known), generation_id=h.group.generation_id, now_ms=h.now_ms)
+            true, answered = _true_next_deadline(h.group), h.group.next_deadline_ms(h.now_ms)
+            assert true is None or (answered is not None and answered <= true), (seed, true, answered)
             assert all(m._table is h.group.members for m in dict.values(h.group.members))
+
+
+def test_a_stable_group_is_not_walked_every_tick() -> None:
+    """The coordinator asks every group for its next deadline ten times a second; a stable group answers
+    from its last walk until that deadline comes (heartbeats only move deadlines later), so 10,000
+    members are walked about once per session timeout, not ten times a second."""
+    h = Harness(delay_ms=100)
+    members = [h.join(f"c{i}") for i in range(300)]
+    h.advance(100)
+    h.rebalance(members)
+    held = dict(h.group.members)
+    h.group.members.clear()
+    h.group.members = _CountingTable(held)
+    first = h.group.next_deadline_ms(h.now_ms)
+    assert first is not None and first > h.now_ms
+    _CountingTable.walks = 0
+    for step in range(1, 50):  # 4.9 s of ticks, heartbeats all along
+        now = h.now_ms + step * 100
+        for m in members[step % 3::3]:
+            assert h.group.heartbeat(member_id=m, generation_id=h.group.generation_id, now_ms=now) == ErrorCode.NONE
+        assert h.group.next_deadline_ms(now) == first
+    assert _CountingTable.walks == 0, _CountingTable.walks
+    # Once the remembered deadline comes, one walk finds the real one (later: everyone heartbeated).
+    later = h.group.next_deadline_ms(first)
+    assert _CountingTable.walks == 1 and later > first
+    # A join (or any change but a heartbeat or commit) forgets it.
+    h.join("newcomer")
+    walks = _CountingTable.walks
+    h.group.next_deadline_ms(h.now_ms)
+    assert _CountingTable.walks == walks + 1
