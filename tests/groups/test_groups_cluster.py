@@ -138,6 +138,40 @@ def values_of(lines: list[str]) -> list[str]:
     return [line.split(" ", 2)[2] for line in lines]
 
 
+def consumed(workers: list[Worker]) -> set[str]:
+    """The values every worker has processed so far."""
+    return set(values_of(sum((w.processed() for w in workers), [])))
+
+
+def two_members_consuming(cluster: LocalCluster, client: ClusterClient, tmp_path: Path, workers: list[Worker],
+                          topic: str, group: str, prefix: str) -> tuple[GroupCoordinatorClient, list[str]]:
+    """A 4-partition topic holding 200 records (``prefix``0..199), two member processes of ``group``
+    with two partitions each that have consumed them all; returns a client of the group's coordinator
+    and the records' values."""
+    create_topic(cluster, topic, 4)
+    first = [f"{prefix}{i}" for i in range(200)]
+    produce(cluster, topic, first, 4)
+    workers += [Worker(cluster, tmp_path, f"{prefix}-member{i}", group, topic) for i in range(2)]
+    wait_for(lambda: all(len(w.assignment() or ()) == 2 for w in workers), 60, "two members, two partitions each")
+    wait_for(lambda: set(first) <= consumed(workers), 30, "first batch")
+    coord = GroupCoordinatorClient(client, group)
+    coord.find_coordinator(10)
+    return coord, first
+
+
+def wait_all_committed(coord: GroupCoordinatorClient, topic: str, total: int, how: str) -> None:
+    """Until the group's committed offsets on the topic's 4 partitions add up to ``total``: members
+    commit after processing (asynchronously), so this waits for the last commit, not the first."""
+    tps = [TP(topic, p) for p in range(4)]
+    last: list[dict | None] = [None]
+
+    def all_committed() -> bool:
+        last[0] = _committed_or_none(coord, tps)
+        return last[0] is not None and sum(om.offset for om in last[0].values()) == total
+
+    wait_for(all_committed, 30, lambda: f"every consumed record committed {how} (last committed: {last[0]})")
+
+
 def test_three_members_split_six_partitions_and_sigkilled_members_partitions_move(
         cluster: LocalCluster, tmp_path: Path, workers: list[Worker]) -> None:
     topic, group = "six", "g-six"
@@ -776,41 +810,24 @@ def test_a_joining_members_poll_keeps_to_its_timeout_while_another_member_is_slo
 
 def test_active_members_keep_consuming_when_the_coordinator_broker_is_sigkilled(
         cluster: LocalCluster, client: ClusterClient, tmp_path: Path, workers: list[Worker]) -> None:
-    topic, group = "failover", "g-failover"
-    create_topic(cluster, topic, 4)
-    first = [f"x{i}" for i in range(200)]
-    produce(cluster, topic, first, 4)
-    workers += [Worker(cluster, tmp_path, f"f{i}", group, topic) for i in range(2)]
-    wait_for(lambda: all(len(w.assignment() or ()) == 2 for w in workers), 60, "two members, two partitions each")
-    wait_for(lambda: set(first) <= set(values_of(sum((w.processed() for w in workers), []))), 30, "first batch")
-    coord = GroupCoordinatorClient(client, group)
-    coord.find_coordinator(10)
+    topic = "failover"
+    coord, _ = two_members_consuming(cluster, client, tmp_path, workers, topic, "g-failover", "x")
     victim = coord.node_id
     cluster.kill_node(victim, signal.SIGKILL)
     try:
         second = [f"y{i}" for i in range(200)]
         produce(cluster, topic, second, 4)
         try:
-            wait_for(lambda: set(second) <= set(values_of(sum((w.processed() for w in workers), []))), 60,
+            wait_for(lambda: set(second) <= consumed(workers), 60,
                      "records produced after the coordinator died consumed by the group")
         except AssertionError:
             raise AssertionError("\n".join(w.log_tail() for w in workers)) from None
         assert all(w.proc.poll() is None for w in workers), "a member died with the coordinator"
         coord.forget()
-        tps = [TP(topic, p) for p in range(4)]
-        last: list[dict | None] = [None]
-
-        def all_committed() -> bool:
-            # Members commit after processing (asynchronously): wait for the last commit, not the first.
-            last[0] = _committed_or_none(coord, tps)
-            return last[0] is not None and sum(om.offset for om in last[0].values()) == 400
-
-        wait_for(all_committed, 30, lambda: f"every consumed record committed through the new coordinator "
-                                            f"(last committed: {last[0]})")
+        wait_all_committed(coord, topic, 400, "through the new coordinator")
     finally:
         cluster.start_node(victim)
         cluster.wait_ready(90)
-
 
 
 # What a frozen coordinator may cost a group: the controller fences its broker (broker.session.timeout.ms,
@@ -827,14 +844,7 @@ def test_a_group_rebalances_and_consumes_while_its_coordinator_is_sigstopped(
     with all three members, consumes what is produced meanwhile and commits it; when the frozen process
     resumes, it is no longer the coordinator, and the group stays as it is."""
     topic, group = "frozen", "g-frozen"
-    create_topic(cluster, topic, 4)
-    first = [f"p{i}" for i in range(200)]
-    produce(cluster, topic, first, 4)
-    workers += [Worker(cluster, tmp_path, f"s{i}", group, topic) for i in range(2)]
-    wait_for(lambda: all(len(w.assignment() or ()) == 2 for w in workers), 60, "two members, two partitions each")
-    wait_for(lambda: set(first) <= set(values_of(sum((w.processed() for w in workers), []))), 30, "first batch")
-    coord = GroupCoordinatorClient(client, group)
-    coord.find_coordinator(10)
+    coord, first = two_members_consuming(cluster, client, tmp_path, workers, topic, group, "p")
     victim = coord.node_id
     everyone = {(topic, p) for p in range(4)}
 
@@ -853,7 +863,7 @@ def test_a_group_rebalances_and_consumes_while_its_coordinator_is_sigstopped(
                      lambda: f"three members sharing the four partitions, each with some; assignments now "
                              f"{[w.assignment() for w in workers]}", poll_s=0.2)
             reformed_s = time.monotonic() - frozen_at
-            wait_for(lambda: set(second) <= set(values_of(sum((w.processed() for w in workers), []))), 30,
+            wait_for(lambda: set(second) <= consumed(workers), 30,
                      "records produced while the coordinator was frozen consumed by the group")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n" + "\n".join(w.log_tail() for w in workers)) from None
@@ -864,22 +874,14 @@ def test_a_group_rebalances_and_consumes_while_its_coordinator_is_sigstopped(
     cluster.wait_ready(90)
     # The resumed process learns it lost the partition; the group neither moves back nor rebalances.
     coord.forget()
-    tps = [TP(topic, p) for p in range(4)]
-    last: list[dict | None] = [None]
-
-    def all_committed() -> bool:
-        last[0] = _committed_or_none(coord, tps)
-        return last[0] is not None and sum(om.offset for om in last[0].values()) == 400
-
-    wait_for(all_committed, 30, lambda: f"every consumed record committed (last committed: {last[0]})")
+    wait_all_committed(coord, topic, 400, "through the new coordinator")
     settled = [w.assignment() for w in workers]
     third = [f"r{i}" for i in range(100)]
     produce(cluster, topic, third, 4)
-    wait_for(lambda: set(third) <= set(values_of(sum((w.processed() for w in workers), []))), 30,
-             "records produced after the old coordinator resumed consumed")
+    wait_for(lambda: set(third) <= consumed(workers), 30, "records produced after the old coordinator resumed consumed")
     assert [w.assignment() for w in workers] == settled, "the group rebalanced when the old coordinator resumed"
-    everything = values_of(sum((w.processed() for w in workers), []))
-    assert set(first + second + third) <= set(everything), "records lost"
+    assert set(first + second + third) <= consumed(workers), "records lost"
+
 
 def test_offsets_are_taken_only_for_partitions_that_exist(cluster: LocalCluster, client: ClusterClient) -> None:
     """As Kafka: UNKNOWN_TOPIC_OR_PARTITION for a partition the cluster does not have (a group cannot be
