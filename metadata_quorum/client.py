@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from client.cluster import HUNG_PEER_OPTIONS
 from client.security import SecurityConfig, make_channel
 from proto import controller_pb2 as pb
 from proto import controller_pb2_grpc as pb_grpc
@@ -36,15 +37,12 @@ Endpoint = tuple[str, int]
 _BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 1.0
 _PROBE_TIMEOUT_S = 1.5
-# Channel keepalive: a watch stream to a frozen controller fails within ~10 s instead
-# of hanging forever (the controller's server permits pings this frequent).
+# A watch stream or call to a frozen controller fails within ~10 s instead of hanging: the clients'
+# pings and connect timeout (client/cluster.py), also while no call is open (the controller's server
+# permits pings this frequent).
 _CHANNEL_OPTIONS = [
-    ("grpc.keepalive_time_ms", 5000),
-    ("grpc.keepalive_timeout_ms", 5000),
-    ("grpc.http2.ping_timeout_ms", 5000),  # what gRPC 1.8x enforces (its default 60 s made it ~64 s)
+    *HUNG_PEER_OPTIONS,
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.min_reconnect_backoff_ms", 5000),  # gRPC's connect timeout: a frozen host's kernel still accepts
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
 ]
 # gRPC transport failures that mean "try another controller".
