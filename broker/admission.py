@@ -8,9 +8,15 @@ touched only from it, so it needs no lock. Two bounds:
   (Kafka's ``max.connections.per.ip`` in spirit: gRPC multiplexes a client's requests on
   few connections, so the request is the unit). Excess is refused at once with the gRPC
   status RESOURCE_EXHAUSTED, which the client library retries after a backoff.
-- ``ByteBudget``: the bytes of fetch responses being built and of produce requests being
-  handled, across all clients (Kafka's ``queued.max.request.bytes``): N concurrent huge
-  fetches wait their turn instead of multiplying the broker's memory.
+- ``ByteBudget``: the bytes of fetch responses being built or not yet delivered and of
+  produce requests being handled, across all clients (Kafka's ``queued.max.request.bytes``):
+  N concurrent huge fetches wait their turn instead of multiplying the broker's memory.
+- ``ClientByteShares``: each client address's share of those fetch-response bytes. A fetch
+  response is held until its call ends (gRPC has written it out, or the call was cancelled), not
+  only while it is built: a client that never reads its answers (an HTTP/2 peer that grants no
+  flow-control window, a stopped process) would otherwise leave every answer in the server's
+  buffers, and 50 such calls on one connection held 1.9 GB. A client at its share waits for its
+  own answers to be delivered; the others go on.
 
 And one bound on each request, ``refuse_oversized``: how many partitions (topics, groups) it may name.
 
@@ -36,6 +42,9 @@ log = logging.getLogger(__name__)
 # 100,000 empty partitions, 800 KB, held the event loop for 2.6 s; a DeleteRecords naming 100,000
 # unknown ones took 16 s of an I/O thread).
 MIN_REQUEST_ENTRIES_BOUND = 1000
+
+# max.fetch.response.bytes.per.ip: more than fetch.max.bytes (55 MiB), so a client's largest answer fits.
+DEFAULT_FETCH_BYTES_PER_CLIENT = 64 * 1024 * 1024
 
 
 async def refuse_oversized(context: Any, cache: Any, entries: int, kind: str) -> None:
@@ -180,6 +189,11 @@ class ByteBudget:
         self.used_bytes -= n
         self._grant()
 
+    @property
+    def idle(self) -> bool:
+        """Nothing held and nobody waiting."""
+        return self.used_bytes == 0 and all(fut.done() for _, fut in self._waiters)
+
     def _grant(self) -> None:
         while self._waiters:
             n, fut = self._waiters[0]
@@ -191,3 +205,42 @@ class ByteBudget:
             self._waiters.popleft()
             self.used_bytes += n
             fut.set_result(None)
+
+
+class ClientByteShares:
+    """Each client address's share of the fetch-response bytes (loop thread only): one ``ByteBudget``
+    of ``per_client`` bytes per address holding any, dropped when it holds nothing."""
+
+    def __init__(self, per_client: int) -> None:
+        assert per_client >= 1
+        self.per_client = per_client
+        self._budgets: dict[str, ByteBudget] = {}
+
+    async def acquire(self, client: str, n: int) -> int:
+        """Wait until ``client`` holds few enough to take ``n`` bytes (clamped to the share); the bytes granted."""
+        b = self._budgets.get(client)
+        if b is None:
+            b = self._budgets[client] = ByteBudget(self.per_client)
+        try:
+            return await b.acquire(n)
+        finally:
+            self._drop_if_idle(client, b)
+
+    def release(self, client: str, n: int) -> None:
+        if n == 0:
+            return  # a grant of nothing left no budget behind to give it to
+        b = self._budgets[client]
+        b.release(n)
+        self._drop_if_idle(client, b)
+
+    def held(self, client: str) -> int:
+        b = self._budgets.get(client)
+        return 0 if b is None else b.used_bytes
+
+    @property
+    def clients(self) -> int:
+        return len(self._budgets)
+
+    def _drop_if_idle(self, client: str, b: ByteBudget) -> None:
+        if b.idle and self._budgets.get(client) is b:
+            del self._budgets[client]  # the table holds only clients holding bytes: bounded by them

@@ -198,6 +198,11 @@ _BEHAVIOUR = [
            "Bytes of client produce requests and fetch responses the broker holds at once; fetches wait "
            "for their share, produces over it are refused (RESOURCE_EXHAUSTED).", check=_at_least(1024),
            roles=_B),
+    KeyDef("max.fetch.response.bytes.per.ip", "long", str(64 * 1024 * 1024),
+           "Bytes of fetch responses one client address may hold at once, from the start of their read until "
+           "they are written out to it (a client that does not read its answers holds them); its further "
+           "fetches wait for its own answers to go out. Part of queued.max.request.bytes.",
+           check=_at_least(1024), roles=_B),
     KeyDef("num.io.threads", "int", "8", "Threads doing the blocking work (disk, metadata) of client requests.",
            check=_at_least(1), roles=_B),
     KeyDef("num.replica.io.threads", "int", "4",

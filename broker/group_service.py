@@ -107,8 +107,8 @@ def _sync_response(r: SyncResult) -> group_pb2.SyncGroupResponse:
 
 class _DescribeBytes:
     """One DescribeGroups call's share of the coordinator's DESCRIBE_INFLIGHT_MAX_BYTES: taken group by
-    group on the executor, given back once by the handler. A call that ended (its client went away)
-    while the executor still describes takes no more, so nothing is left held."""
+    group on the executor, given back once the call has ended (its answer written out, or never to
+    be). A call that ended while the executor still describes takes no more, so nothing is left held."""
 
     def __init__(self, coordinator: Any) -> None:
         self._c = coordinator
@@ -221,9 +221,18 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         await self._refuse_too_many_groups(request, context)
         held = _DescribeBytes(self.c)
         try:
-            return await self._run(functools.partial(self._describe_groups, held=held), request, context)
-        finally:
-            held.release()  # as the answer leaves the handler (gRPC serialises it next), or the call ends
+            out = await self._run(functools.partial(self._describe_groups, held=held), request, context)
+        except BaseException:
+            held.release()
+            raise
+        # Held until the answer is written out (or the call ends unwritten), so answers a client does
+        # not read stay within the budget; the Kafka listener calls it once it wrote its encoding.
+        add = getattr(context, "add_done_callback", None)
+        if add is None:
+            held.release()
+        else:
+            add(lambda _call: held.release())
+        return out
 
     async def DeleteGroups(self, request, context):  # noqa: N802
         await self._refuse_too_many_groups(request, context)

@@ -291,6 +291,26 @@ class PoolCollector(_SafeCollector):
         yield queued
 
 
+class BudgetCollector(_SafeCollector):
+    """The broker's byte budget (queued.max.request.bytes) and who holds fetch answers in it."""
+
+    name = "budget"
+
+    def __init__(self, stats: Callable[[], tuple[int, int, int]]) -> None:
+        self._stats = stats
+
+    def _collect(self) -> Iterable[Metric]:
+        held, limit, clients = self._stats()
+        yield GaugeMetricFamily("brook_request_budget_bytes",
+                                "Bytes of client produce requests being handled and fetch answers being read or not "
+                                "yet written out to their clients (at most brook_request_budget_limit_bytes).",
+                                value=float(held))
+        yield GaugeMetricFamily("brook_request_budget_limit_bytes", "queued.max.request.bytes.", value=float(limit))
+        yield GaugeMetricFamily("brook_fetch_clients_holding_bytes",
+                                "Client addresses with fetch answers being read or not yet written out "
+                                "(each holds at most max.fetch.response.bytes.per.ip).", value=float(clients))
+
+
 class PauseCollector(_SafeCollector):
     """What holds up every request of the node (broker.stalls): the broker's event loop lag and
     stalls, and garbage collection pauses by generation."""

@@ -44,6 +44,7 @@ from grpc_reflection.v1alpha import reflection
 from broker.config import ConfigError, NodeConfig, keys_markdown, load_config
 from broker.metrics import (
     BrokerCollector,
+    BudgetCollector,
     ControllerCollector,
     GroupCollector,
     KafkaListenerCollector,
@@ -326,6 +327,8 @@ class Node:
             self.metrics.add(BrokerCollector(lambda: getattr(self.broker, "replica_manager", None), cfg.log_dirs))
             self.metrics.add(GroupCollector(lambda: self.group_coordinator))
             self.metrics.add(PoolCollector(lambda: self.broker.pool_stats() if self.broker is not None else {}))
+            self.metrics.add(BudgetCollector(lambda: self.broker.budget_stats() if self.broker is not None
+                                             else (0, 0, 0)))
             self.metrics.add(KafkaListenerCollector(lambda: self.broker.kafka_listeners if self.broker is not None
                                                     else []))
             if cfg.console_address is not None:

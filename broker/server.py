@@ -35,7 +35,7 @@ from typing import Any
 
 import grpc
 
-from broker.admission import ByteBudget, ClientLimits
+from broker.admission import DEFAULT_FETCH_BYTES_PER_CLIENT, ByteBudget, ClientByteShares, ClientLimits
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.replica_manager import ReplicaManager
@@ -285,7 +285,8 @@ class BrokerServer:
                 max_workers=int(d.get("num.replica.io.threads", "4")), thread_name_prefix=f"broker-{nid}-replica"),
             limits=ClientLimits(int(d.get("max.inflight.requests.per.ip", "2000")),
                                 int(d.get("max.waiting.fetches.per.ip", "1000"))),
-            budget=ByteBudget(budget))
+            budget=ByteBudget(budget),
+            shares=ClientByteShares(int(d.get("max.fetch.response.bytes.per.ip", str(DEFAULT_FETCH_BYTES_PER_CLIENT)))))
 
     def _on_log_dir_failure(self, log_dir: Path, exc: OSError) -> None:
         """A disk under a log directory failed (full, over quota, I/O errors, read-only, file size
@@ -362,6 +363,13 @@ class BrokerServer:
             queue = getattr(pool, "_work_queue", None)  # ThreadPoolExecutor keeps no public queue size
             out[name] = (int(getattr(pool, "_max_workers", 0)), queue.qsize() if queue is not None else 0)
         return out
+
+    def budget_stats(self) -> tuple[int, int, int]:
+        """(bytes held of queued.max.request.bytes, that limit, client addresses holding fetch answers)."""
+        cap = getattr(self, "capacity", None)
+        if cap is None:
+            return 0, 0, 0
+        return cap.budget.used_bytes, cap.budget.total_bytes, cap.shares.clients
 
     def _on_loop(self, coro: Any, timeout_s: float = 30.0) -> Any:
         """Run a coroutine on the broker's loop from another thread and wait for its result."""

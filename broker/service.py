@@ -36,14 +36,22 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
 
 from broker import authorizer as authz
 from broker import principal
-from broker.admission import ByteBudget, ClientLimits, Overloaded, peer_host, refuse_oversized
+from broker.admission import (
+    DEFAULT_FETCH_BYTES_PER_CLIENT,
+    ByteBudget,
+    ClientByteShares,
+    ClientLimits,
+    Overloaded,
+    peer_host,
+    refuse_oversized,
+)
 from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.fetch_session import FollowerFetchSession
 from broker.metadata_cache import MetadataCache
@@ -80,6 +88,34 @@ DELETE_RECORDS_POLL_S = 0.05  # how often a DeleteRecords looks whether the repl
 T = TypeVar("T")
 
 
+def _release_when_done(context: Any, release: Callable[[], None], *, at_once: bool = False) -> None:
+    """Call ``release`` on the loop, once, when ``context``'s unary call has ended: its answer written out
+    or the call cancelled (gRPC), the answer written or the connection closed (Kafka listener). For a
+    stream's request (``principal.CallIdentity``), or a context without calls: now (``at_once``) or
+    in the loop's next turn."""
+    loop = asyncio.get_running_loop()
+    add = None if isinstance(context, principal.CallIdentity) else getattr(context, "add_done_callback", None)
+    if add is None:
+        if at_once:
+            release()
+        else:
+            loop.call_soon(release)
+        return
+    done = False
+
+    def on_loop() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            release()
+
+    def ended(_: Any = None) -> None:  # gRPC may call it on another thread, or after the loop stopped
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(on_loop)
+
+    add(ended)
+
+
 @dataclass
 class Capacity:
     """Where a BrokerService's work runs and what one client may hold (see the module doc)."""
@@ -88,6 +124,7 @@ class Capacity:
     replication: concurrent.futures.Executor
     limits: ClientLimits
     budget: ByteBudget
+    shares: ClientByteShares = field(default_factory=lambda: ClientByteShares(DEFAULT_FETCH_BYTES_PER_CLIENT))
 
 
 class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
@@ -407,7 +444,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
         async def fetch(client: str) -> broker_pb2.FetchResponse:
             allowed = _without_topics(request, denied)
-            resp = await self._fetch(allowed, client, slices) if allowed.partitions or not denied \
+            resp = await self._fetch(allowed, client, slices, context) if allowed.partitions or not denied \
                 else broker_pb2.FetchResponse()
             for fp in request.partitions:
                 if fp.topic in denied:
@@ -467,8 +504,14 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         return resp
 
     async def _fetch(self, req: broker_pb2.FetchRequest, client: str | None,
-                     slices: dict[tuple[str, int], Any] | None = None) -> broker_pb2.FetchResponse:
-        """Read (and long-poll) through the ReplicaManager; ``client`` None for a follower fetch."""
+                     slices: dict[tuple[str, int], Any] | None = None,
+                     context: Any = None) -> broker_pb2.FetchResponse:
+        """Read (and long-poll) through the ReplicaManager; ``client`` None for a follower fetch.
+
+        A client's fetch takes its bytes from the client's share (ClientByteShares) and then from the
+        broker's budget, and holds both until the call ends (``context.add_done_callback``: gRPC wrote
+        the answer out or the call was cancelled; the Kafka listener, once the answer is written or
+        the connection closed), so answers a client does not read stay bounded."""
         budget, limits = self.capacity.budget, self.capacity.limits
         if client is None:
             async def no_reserve(n: int) -> int:
@@ -477,11 +520,28 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                                                 release=lambda n: None, on_park=lambda: None,
                                                 on_unpark=lambda: None)
             return resp
-        resp, held = await self.rm.fetch_async(req, run=self._io, reserve=budget.acquire, release=budget.release,
+        shares = self.capacity.shares
+
+        async def reserve(n: int) -> int:
+            got = await shares.acquire(client, n)
+            try:
+                granted = await budget.acquire(got)
+            except BaseException:
+                shares.release(client, got)
+                raise
+            if granted < got:
+                shares.release(client, got - granted)
+            return granted
+
+        def release(n: int) -> None:
+            budget.release(n)
+            shares.release(client, n)
+
+        resp, held = await self.rm.fetch_async(req, run=self._io, reserve=reserve, release=release,
                                                on_park=lambda: limits.start_waiting(client),
                                                on_unpark=lambda: limits.stop_waiting(client), slices=slices)
-        # The response's bytes stay reserved until gRPC has them; the next fetch waits for its share.
-        asyncio.get_running_loop().call_soon(budget.release, held)
+        if held:
+            _release_when_done(context, lambda: release(held))
         return resp
 
     # ---- ListOffsets / OffsetsForLeaderEpoch ----

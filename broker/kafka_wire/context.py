@@ -12,10 +12,14 @@ calls from the connection's state:
 - ``peer()``: ``ipv4:<host>:<port>``, so per-address admission bounds apply as on gRPC.
 - ``abort()``: raises ``Aborted``; the dispatcher turns RESOURCE_EXHAUSTED into waiting
   (the connection is muted, as Kafka's network layer does) and anything else into an error.
+- ``add_done_callback()``: called with the context once the answer is written out to the client
+  or will never be (the connection closed), as gRPC calls it when a call ends: a fetch holds its
+  bytes of the broker's budget until then.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -26,6 +30,8 @@ from broker.principal import Authentication
 
 if TYPE_CHECKING:
     from broker.kafka_wire.codec import Request
+
+log = logging.getLogger(__name__)
 
 
 class Aborted(Exception):
@@ -45,6 +51,25 @@ class KafkaCallContext:
         self.brook_file_slices: dict[tuple[str, int], Any] | None = None  # Fetch: records left in their files
         self.brook_on_appended: Any = None  # Produce: a future set once the batches are appended
         self._deadline = time.monotonic() + timeout_s if timeout_s is not None else None
+        self._done_callbacks: list[Callable[[KafkaCallContext], None]] = []
+        self._finished = False
+
+    def add_done_callback(self, callback: Callable[[KafkaCallContext], None]) -> None:
+        """``callback(self)`` once the answer is written or dropped (at once if that happened already)."""
+        if self._finished:
+            callback(self)
+        else:
+            self._done_callbacks.append(callback)
+
+    def finish(self) -> None:
+        """The connection wrote the answer, or never will: run the done callbacks, once."""
+        self._finished = True
+        callbacks, self._done_callbacks = self._done_callbacks, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("a Kafka call's done callback failed")
 
     def peer(self) -> str:
         return self._peer

@@ -146,7 +146,10 @@ class KafkaListener:
             conn.release_all()
             self.stats.connections -= 1
             self._tasks.discard(task)
-            writer.close()
+            if writer.transport.get_write_buffer_size():
+                writer.transport.abort()  # a client that stopped reading: drop what it did not take
+            else:
+                writer.close()
 
 
 class _Connection:
@@ -222,7 +225,8 @@ class _Connection:
         an idempotent producer's sequences arrive in order), while that one's acks=all wait goes on. At most
         PIPELINE_DEPTH answers are outstanding; a writer task sends them in request order."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue(maxsize=PIPELINE_DEPTH)
+        queue: asyncio.Queue[tuple[asyncio.Task[Any], list[KafkaCallContext]] | None] = \
+            asyncio.Queue(maxsize=PIPELINE_DEPTH)
         writer = asyncio.create_task(self._write_responses(queue))
         try:
             while True:
@@ -236,12 +240,14 @@ class _Connection:
                     break
                 frame, reserved = got
                 released: asyncio.Future[None] = loop.create_future()
-                task = asyncio.create_task(self._handle(frame, released, reserved))
-                put = asyncio.ensure_future(queue.put(task))
+                contexts: list[KafkaCallContext] = []
+                task = asyncio.create_task(self._handle(frame, released, reserved, contexts))
+                put = asyncio.ensure_future(queue.put((task, contexts)))
                 await asyncio.wait({put, writer}, return_when=asyncio.FIRST_COMPLETED)
                 if writer.done():
                     put.cancel()
                     task.cancel()
+                    _finish(contexts)
                     break
                 await asyncio.wait({released, task, writer}, return_when=asyncio.FIRST_COMPLETED)
                 if writer.done():
@@ -257,24 +263,32 @@ class _Connection:
             while not queue.empty():
                 left = queue.get_nowait()
                 if left is not None:
-                    left.cancel()
+                    left[0].cancel()
+                    _finish(left[1])  # its answer is never written
         if writer.done() and not writer.cancelled() and writer.exception() is not None:
             raise writer.exception()  # type: ignore[misc]
 
-    async def _write_responses(self, queue: asyncio.Queue[asyncio.Task[Any] | None]) -> None:
+    async def _write_responses(self, queue: asyncio.Queue[tuple[asyncio.Task[Any], list[KafkaCallContext]] | None]
+                               ) -> None:
         while True:
-            task = await queue.get()
-            if task is None:
+            entry = await queue.get()
+            if entry is None:
                 return
-            out = await task
-            if out is False:
-                return  # close the connection
-            if out:
-                await self._send(out)
+            task, contexts = entry
+            try:
+                out = await task
+                if out is False:
+                    return  # close the connection
+                if out:
+                    await self._send(out)
+            finally:
+                _finish(contexts)  # written, or never will be: a fetch's bytes go back to the budget
 
     async def _send(self, parts: list[bytes | FileRecords]) -> None:
         """Write a response; segment-file slices go with sendfile(2) on plaintext sockets (zero copy) and
-        are pread through a buffer on TLS ones.
+        are pread through a buffer on TLS ones. A client that reads nothing of it for
+        ``connections.max.idle.ms`` is disconnected (TimeoutError), as Kafka closes a connection idle
+        that long: its answers, and the bytes of the broker's budget they hold, are let go.
 
         Never asyncio's own sendfile fallback: it reads through the file object's offset, which the
         dup'ed descriptor shares with the segment and with every other connection (and it does not even
@@ -289,11 +303,12 @@ class _Connection:
                 if self.tls or not self.listener.sendfile_ok:
                     self.writer.write(await loop.run_in_executor(None, part.read))
                     continue
-                await self.writer.drain()
+                await self._drain()
                 try:
                     with os.fdopen(part.fd, "rb", closefd=False) as f:
-                        sent = await loop.sendfile(self.writer.transport, f, part.position, part.length,
-                                                   fallback=False)
+                        sent = await asyncio.wait_for(
+                            loop.sendfile(self.writer.transport, f, part.position, part.length, fallback=False),
+                            self.listener.idle_s)
                 except NotImplementedError as exc:  # the platform has no sendfile: buffers from now on
                     log.warning("Kafka listener %s: no sendfile here (%s); sending records through a buffer",
                                 self.listener.spec.name, exc)
@@ -309,25 +324,30 @@ class _Connection:
                 if sent != part.length:
                     raise ConnectionError(f"sent {sent} of {part.length} record bytes")
                 self.listener.stats.sendfile_bytes_total += sent
-            await self.writer.drain()
+            await self._drain()
         finally:
             for part in parts:
                 if isinstance(part, FileRecords):
                     part.close()
 
-    async def _handle(self, frame: bytes, released: asyncio.Future[None],
-                      reserved: list[int] | None = None) -> list[bytes | FileRecords] | None | bool:
+    async def _drain(self) -> None:
+        await asyncio.wait_for(self.writer.drain(), self.listener.idle_s)
+
+    async def _handle(self, frame: bytes, released: asyncio.Future[None], reserved: list[int] | None = None,
+                      contexts: list[KafkaCallContext] | None = None) -> list[bytes | FileRecords] | None | bool:
         """The response frame, None for no response (acks=0), False to close the connection. ``released``
-        is set when the next request may start (at the end, or a produce's once appended)."""
+        is set when the next request may start (at the end, or a produce's once appended). The calls'
+        contexts go into ``contexts``, to be finished once the answer is written."""
         try:
-            return await self._handle_frame(frame, released)
+            return await self._handle_frame(frame, released, [] if contexts is None else contexts)
         finally:
             if reserved is not None:
                 self._release(reserved)
             if not released.done():
                 released.set_result(None)
 
-    async def _handle_frame(self, frame: bytes, released: asyncio.Future[None]) -> list[bytes | FileRecords] | None | bool:
+    async def _handle_frame(self, frame: bytes, released: asyncio.Future[None],
+                            contexts: list[KafkaCallContext]) -> list[bytes | FileRecords] | None | bool:
         lst = self.listener
         lst.stats.requests_total += 1
         try:
@@ -364,12 +384,12 @@ class _Connection:
             if body is None:
                 return False
         else:
-            body = await self._call(req, released)
+            body = await self._call(req, released, contexts)
             if body is None:
                 return None
         return codec.encode_response(api_key, version, correlation_id, body)
 
-    async def _call(self, req: codec.Request, released: asyncio.Future[None]) -> Any:
+    async def _call(self, req: codec.Request, released: asyncio.Future[None], contexts: list[KafkaCallContext]) -> Any:
         lst = self.listener
         handler = lst.apis.handlers[req.api_key]
         deadline = time.monotonic() + lst.request_timeout_s
@@ -378,9 +398,11 @@ class _Connection:
             ctx.client_id = req.client_id
             ctx.client_host = self.client_host
             ctx.brook_on_appended = released
+            contexts.append(ctx)
             try:
                 return await handler(req, ctx)
             except Aborted as exc:
+                ctx.finish()  # nothing of this attempt is answered
                 if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline:
                     # Over this client's in-flight or the broker's byte budget: wait, as a muted
                     # Kafka channel does, and try again; nothing was done.
@@ -484,3 +506,8 @@ def server_ssl_context(cert: str, key: str, ca: str | None, client_auth_required
     outer = make()
     outer.sni_callback = on_hello
     return outer
+
+
+def _finish(contexts: list[KafkaCallContext]) -> None:
+    for ctx in contexts:
+        ctx.finish()

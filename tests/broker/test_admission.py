@@ -9,7 +9,14 @@ import asyncio
 
 import pytest
 
-from broker.admission import OVERLOADED_PREFIX, ByteBudget, ClientLimits, Overloaded, peer_host
+from broker.admission import (
+    OVERLOADED_PREFIX,
+    ByteBudget,
+    ClientByteShares,
+    ClientLimits,
+    Overloaded,
+    peer_host,
+)
 
 
 @pytest.mark.parametrize(("peer", "host"), [
@@ -80,3 +87,37 @@ def test_byte_budget_cuts_a_grant_to_the_whole_budget_and_survives_cancellation(
         assert budget.try_acquire(100)
 
     asyncio.run(scenario())
+
+
+def test_client_byte_shares_hold_each_address_to_its_share_and_forget_idle_ones() -> None:
+    async def run() -> None:
+        shares = ClientByteShares(100)
+        assert await shares.acquire("a", 10**9) == 100, "a grant is cut to the share"
+        waiting = asyncio.create_task(shares.acquire("a", 30))
+        await asyncio.sleep(0)
+        assert not waiting.done(), "a client at its share waits for its own bytes"
+        assert await asyncio.wait_for(shares.acquire("b", 60), 5) == 60, "another address is not held up"
+        shares.release("a", 40)
+        assert await asyncio.wait_for(waiting, 5) == 30
+        assert (shares.held("a"), shares.held("b"), shares.clients) == (90, 60, 2)
+        shares.release("a", 90)
+        shares.release("b", 60)
+        assert shares.clients == 0, "an address holding nothing is forgotten"
+
+        # A grant of nothing (a fetch asking at most 0 bytes) holds nothing, and giving it back is a no-op
+        # (the fuzzer found the KeyError this once raised: tests/fuzz/corpus/rpc/fetch-max-bytes-1-nothing-granted).
+        assert await shares.acquire("c", 0) == 0
+        assert shares.clients == 0
+        shares.release("c", 0)
+
+        # A waiter cancelled (its call went away) leaves nothing behind.
+        assert await shares.acquire("d", 100) == 100
+        cancelled = asyncio.create_task(shares.acquire("d", 1))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        shares.release("d", 100)
+        assert shares.clients == 0
+
+    asyncio.run(run())

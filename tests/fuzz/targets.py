@@ -669,10 +669,13 @@ class KafkaHarness:
         ctx = KafkaCallContext(principal.Authentication(principal.ANONYMOUS, principal.AUTH_NONE, "kafka:fuzz"),
                                "ipv4:127.0.0.1:1", "KAFKA", 0.6)
         self.h.errors.records.clear()
-        response = self.h.loop.run_until_complete(self.apis.handlers[api_key](req, ctx))
-        if response is None:
-            return  # acks=0
-        codec.encode_response_bytes(api_key, version, req.correlation_id, response)
+        try:
+            response = self.h.loop.run_until_complete(self.apis.handlers[api_key](req, ctx))
+            if response is None:
+                return  # acks=0
+            codec.encode_response_bytes(api_key, version, req.correlation_id, response)
+        finally:
+            ctx.finish()  # as the listener does once the answer is written: a fetch gives its bytes back
         text = repr(response)
         if "unknown_server_error" in text or self.h.errors.records:
             logged = "; ".join(r.getMessage() for r in self.h.errors.records[:3])
