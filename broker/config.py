@@ -209,7 +209,8 @@ _BEHAVIOUR = [
            "Threads serving follower fetches from other brokers (kept apart from client requests).",
            check=_at_least(1), roles=_B),
     KeyDef("max.inflight.requests.per.ip", "int", "2000",
-           "Requests one client address may have in flight; excess is refused (RESOURCE_EXHAUSTED).",
+           "Requests one client address may have in flight, from their arrival until their answer is written "
+           "out to it; excess is refused (RESOURCE_EXHAUSTED).",
            check=_at_least(1), roles=_B),
     KeyDef("producer.id.max.tracked", "int", "200000",
            "Idempotent producers whose state (their last batches' sequences, about 1 KB each) all the partition "

@@ -184,7 +184,11 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         await refuse_oversized(context, self.cache, entries, kind)
 
     async def _admitted(self, context: grpc.aio.ServicerContext, work: Callable[[str], Awaitable[T]]) -> T:
-        """Run a client request within its client's in-flight bound; refuse it with RESOURCE_EXHAUSTED."""
+        """Run a client request within its client's in-flight bound; refuse it with RESOURCE_EXHAUSTED.
+
+        A unary request stays in flight until its answer is written out (``_release_when_done``): a
+        client that does not read its answers (an HTTP/2 peer granting no window) would otherwise have
+        each answer held in gRPC's buffers while its next requests are admitted, without end."""
         client = peer_host(context.peer() or "unknown")
         limits = self.capacity.limits
         try:
@@ -197,7 +201,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
             raise  # abort raises; this only tells type checkers the path ends here
         finally:
-            limits.leave(client)
+            _release_when_done(context, lambda: limits.leave(client), at_once=True)
 
     async def _io(self, fn: Callable[[], T]) -> T:
         """Blocking work of a client request, on the bounded client executor."""

@@ -15,6 +15,10 @@ address than the well-behaved consumer's (127.0.0.1):
 2. Kafka protocol: Fetch frames on a socket that is never read. Within the share as well, and after
    ``connections.max.idle.ms`` without a byte taken the broker drops the connection and the budget
    is back, although the attacker keeps its socket open.
+3. gRPC Metadata calls on connections granting no flow-control window: a request counts against
+   ``max.inflight.requests.per.ip`` until its answer is written out, so the broker answers at most
+   that many and refuses the rest (RESOURCE_EXHAUSTED); before, every connection could hold
+   ``grpc.max_concurrent_streams`` unread answers, and a client could open thousands.
 """
 
 from __future__ import annotations
@@ -224,3 +228,47 @@ def test_kafka_fetches_never_read_are_dropped_after_the_idle_timeout(kit: Kit) -
                  "the budget to be given back after the idle timeout")
         assert gauges(kit)["brook_kafka_connections"] == connections_before, gauges(kit)
 
+
+def metadata_calls(kit: Kit) -> dict[str, float]:
+    """brook_rpc_requests_total of BrokerService/Metadata by status code."""
+    out: dict[str, float] = {}
+    for line in kit.cluster.read_metrics(1).splitlines():
+        if line.startswith("brook_rpc_requests_total{") and 'method="Metadata"' in line and \
+                'service="brook.BrokerService"' in line:
+            code = line.split('code="', 1)[1].split('"', 1)[0]
+            out[code] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_grpc_answers_never_read_count_as_in_flight_until_written(kit: Kit) -> None:
+    port = int(kit.cluster.broker_address(1).rsplit(":", 1)[1])
+    body = broker_pb2.MetadataRequest().SerializeToString()
+    message = struct.pack(">BI", 0, len(body)) + body
+    before = metadata_calls(kit)
+    calls = 3 * IN_FLIGHT
+    attackers = [never_reading_grpc_calls(port, IN_FLIGHT, "Metadata", message, window=0) for _ in range(3)]
+    try:
+        def handled() -> dict[str, float]:
+            now = metadata_calls(kit)
+            return {code: now.get(code, 0) - before.get(code, 0) for code in now}
+        wait_for(lambda: sum(handled().values()) >= calls, LIVENESS_S, "every Metadata call to be handled")
+        got = handled()
+        assert got.get("OK", 0) <= IN_FLIGHT, f"answered {got} while none was read (bound {IN_FLIGHT})"
+        assert got.get("RESOURCE_EXHAUSTED", 0) >= calls - IN_FLIGHT, got
+        # Another address is not held up.
+        assert read_partition_as_another_client(kit) > 0
+    finally:
+        for s in attackers:
+            s.close()
+    # Gone with their connection, the unread answers no longer count: the address is served again.
+    after_first = metadata_calls(kit).get("OK", 0)
+
+    def served_again() -> bool:
+        with contextlib.closing(never_reading_grpc_calls(port, 1, "Metadata", message, window=0)):
+            until = time.monotonic() + 2
+            while time.monotonic() < until:
+                if metadata_calls(kit).get("OK", 0) > after_first:
+                    return True
+                time.sleep(0.1)
+        return False
+    wait_for(served_again, LIVENESS_S, "the address's unread answers to be forgotten with their connections")
