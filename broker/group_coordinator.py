@@ -956,18 +956,22 @@ class GroupCoordinator:
             except errors.BrookError as exc:
                 log.warning("expiring offsets of group %s failed: %s", gid, exc)
                 continue
+            removed = False
             with self._lock:
                 g = self._groups.get(gid)
                 if g is None or g.state != GroupState.EMPTY:
                     continue
                 for tp in expired:
                     g.offsets.pop(tp, None)
-                if remove_group and not g.offsets:
+                # Checked again: a member may have been handed an id (KIP-394) during the write; its
+                # join creates the group's record anew.
+                if remove_group and not g.offsets and not g.pending_members:
                     self._groups.pop(gid).mark_dead(now)
                     self._group_writes.pop(gid, None)
+                    removed = True
             expired_total += len(expired)
             log.info("group %s: expired %d committed offsets%s", gid, len(expired),
-                     " and removed the empty group" if remove_group else "")
+                     " and removed the empty group" if removed else "")
         return expired_total
 
     def _refresh_end_offsets(self) -> None:

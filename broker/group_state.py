@@ -674,14 +674,15 @@ class Group:
         """offsets.retention.minutes (KIP-211): the offsets of a group that uses the protocol
         expire together, ``retention_ms`` after the group became empty; offsets committed
         outside group management (no protocol type) expire one by one, ``retention_ms``
-        after their commit. Returns (expired partitions, whether the group can go too)."""
+        after their commit. Returns (expired partitions, whether the group can go too: not while a
+        member handed an id by MEMBER_ID_REQUIRED may still join with it, KIP-394)."""
         if self.state != GroupState.EMPTY:
             return [], False
         if self.protocol_type:
             expired = sorted(self.offsets) if now_ms - self.state_timestamp_ms >= retention_ms else []
         else:
             expired = sorted(tp for tp, e in self.offsets.items() if now_ms - e.commit_timestamp_ms >= retention_ms)
-        return expired, len(expired) == len(self.offsets)
+        return expired, len(expired) == len(self.offsets) and not self.pending_members
 
     def mark_dead(self, now_ms: int) -> None:
         self._forget_deadline()

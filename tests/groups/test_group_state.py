@@ -301,6 +301,22 @@ def test_offsets_of_an_empty_group_expire_together_after_retention() -> None:
     assert h.group.expired_offsets(empty_since + 1000, 1000) == ([TP("t", 0), TP("t", 1)], True)
 
 
+def test_an_empty_group_with_a_member_to_come_is_not_removed() -> None:
+    # KIP-394: a member handed an id by MEMBER_ID_REQUIRED joins with it next. The group is empty
+    # until then; removing it (the offsets' expiry removes empty groups without offsets) made that
+    # join UNKNOWN_MEMBER_ID, and with a frequent expiry check a client could loop on it (found by CI).
+    h = Harness()
+    first: list[JoinResult] = []
+    h.group.join(member_id="", client_id="c", client_host="h", session_timeout_ms=SESSION_MS,
+                 rebalance_timeout_ms=REBALANCE_MS, protocol_type="consumer", protocols=[("range", b"sub")],
+                 callback=first.append, now_ms=h.now_ms)
+    assert first[0].error_code == ErrorCode.MEMBER_ID_REQUIRED
+    assert h.group.state == GroupState.EMPTY
+    assert h.group.expired_offsets(h.now_ms + 10**9, 1000) == ([], False), "a member is about to join"
+    h.group.tick(h.now_ms + SESSION_MS)  # it never came back: its id expires, and the group may go
+    assert h.group.expired_offsets(h.now_ms + 10**9, 1000) == ([], True)
+
+
 def test_standalone_commits_expire_one_by_one() -> None:
     g = Group("g")  # never used the protocol: commits from assign()-style consumers
     g.apply_offset(TP("t", 0), OffsetEntry(5, -1, "", 1000))
