@@ -23,6 +23,14 @@ class Harness:
         self.syncs: dict[str, list[SyncResult]] = {}
         self.now_ms = 1_000
 
+    def join_once(self, client: str, member_id: str, protocols=(("range", b"sub"),)) -> list[JoinResult]:
+        """One JoinGroup as sent: its answers so far (none while it waits for the round)."""
+        out: list[JoinResult] = []
+        self.group.join(member_id=member_id, client_id=client, client_host="h", session_timeout_ms=SESSION_MS,
+                        rebalance_timeout_ms=REBALANCE_MS, protocol_type="consumer", protocols=list(protocols),
+                        callback=out.append, now_ms=self.now_ms)
+        return out
+
     def join(self, client: str, member_id: str = "", protocols=(("range", b"sub"),), ptype="consumer",
              session_ms: int = SESSION_MS, rebalance_ms: int = REBALANCE_MS) -> str:
         """First join: MEMBER_ID_REQUIRED then a join with the id. Returns the member id."""
@@ -69,10 +77,7 @@ class Harness:
 
 def test_first_join_requires_member_id_and_unknown_ids_are_refused() -> None:
     h = Harness()
-    out: list[JoinResult] = []
-    h.group.join(member_id="made-up", client_id="c", client_host="h", session_timeout_ms=SESSION_MS,
-                 rebalance_timeout_ms=REBALANCE_MS, protocol_type="consumer", protocols=[("range", b"")],
-                 callback=out.append, now_ms=h.now_ms)
+    out = h.join_once("c", "made-up", protocols=[("range", b"")])
     assert out[0].error_code == ErrorCode.UNKNOWN_MEMBER_ID
     m = h.join("c")
     assert m == "c-1"
@@ -306,10 +311,7 @@ def test_an_empty_group_with_a_member_to_come_is_not_removed() -> None:
     # until then; removing it (the offsets' expiry removes empty groups without offsets) made that
     # join UNKNOWN_MEMBER_ID, and with a frequent expiry check a client could loop on it (found by CI).
     h = Harness()
-    first: list[JoinResult] = []
-    h.group.join(member_id="", client_id="c", client_host="h", session_timeout_ms=SESSION_MS,
-                 rebalance_timeout_ms=REBALANCE_MS, protocol_type="consumer", protocols=[("range", b"sub")],
-                 callback=first.append, now_ms=h.now_ms)
+    first = h.join_once("c", "")
     assert first[0].error_code == ErrorCode.MEMBER_ID_REQUIRED
     assert h.group.state == GroupState.EMPTY
     assert h.group.expired_offsets(h.now_ms + 10**9, 1000) == ([], False), "a member is about to join"
