@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from brokerkit import Kit, running_kit
 from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
@@ -72,9 +73,10 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kit]:
     base: Path = tmp_path_factory.mktemp("slow-readers")
     overrides = {"fetch.max.bytes": str(FETCH_CAP), "fetch.partition.max.bytes": str(FETCH_CAP),
                  "max.fetch.response.bytes.per.ip": str(SHARE), "connections.max.idle.ms": str(IDLE_MS),
-                 "max.inflight.requests.per.ip": str(IN_FLIGHT)}
+                 "max.inflight.requests.per.ip": str(IN_FLIGHT), "max.waiting.fetches.per.ip": "1"}
     with running_kit(base, nodes=1, overrides=overrides) as k:
         k.create_topic("big", partitions=1, rf=1)
+        k.create_topic("quiet", partitions=1, rf=1)
         written = 0
         while written < PARTITION_BYTES:
             b = RecordBatchBuilder()
@@ -272,3 +274,29 @@ def test_grpc_answers_never_read_count_as_in_flight_until_written(kit: Kit) -> N
                 time.sleep(0.1)
         return False
     wait_for(served_again, LIVENESS_S, "the address's unread answers to be forgotten with their connections")
+
+
+def test_requests_refused_while_handled_give_their_in_flight_count_back(kit: Kit) -> None:
+    """The count is given back when the call ends, also for a call that ended in a refusal: here a
+    second long poll past max.waiting.fetches.per.ip (1), refused RESOURCE_EXHAUSTED while handled,
+    more times than max.inflight.requests.per.ip. Were a refused call's count kept, the address would
+    then be refused nearly everything."""
+    stub = kit.stub(1)
+    poll = broker_pb2.FetchRequest(replica_id=-1, replica_epoch=-1, max_wait_ms=200, min_bytes=1, max_bytes=1 << 20)
+    poll.partitions.add(topic="quiet", partition=0, fetch_offset=0, partition_max_bytes=1 << 20,
+                        current_leader_epoch=-1, last_fetched_epoch=-1, log_start_offset=-1)
+    refused = 0
+    for _ in range(IN_FLIGHT + 8):
+        calls = [stub.Fetch.future(poll, timeout=LIVENESS_S) for _ in range(2)]
+        for c in calls:
+            try:
+                c.result()
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                refused += 1
+    assert refused >= IN_FLIGHT + 8, f"only {refused} polls refused: the test did not test the refusal"
+    # Refused calls kept theirs, the count would sit one below the bound (a call past it is refused
+    # before it counts): calls side by side show the slots are all free.
+    side_by_side = [stub.Metadata.future(broker_pb2.MetadataRequest(), timeout=LIVENESS_S) for _ in range(8)]
+    for c in side_by_side:
+        assert c.result() is not None
