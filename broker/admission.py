@@ -1,13 +1,14 @@
 """Admission control for the broker's client-facing requests: what one client may hold.
 
 Everything here lives on the broker's asyncio loop thread (broker/server.py) and is
-touched only from it, so it needs no lock. Two bounds:
+touched only from it, so it needs no lock. Three bounds:
 
 - ``ClientLimits``: per client address (the IP of ``context.peer()``), how many requests
   it has in flight and how many of them are long polls parked in the fetch purgatory
   (Kafka's ``max.connections.per.ip`` in spirit: gRPC multiplexes a client's requests on
-  few connections, so the request is the unit). Excess is refused at once with the gRPC
-  status RESOURCE_EXHAUSTED, which the client library retries after a backoff.
+  few connections, so the request is the unit). A unary request counts until its answer is
+  written out, not only while it is handled (broker/service.py ``_admitted``). Excess is refused
+  at once with the gRPC status RESOURCE_EXHAUSTED, which the client library retries after a backoff.
 - ``ByteBudget``: the bytes of fetch responses being built or not yet delivered and of
   produce requests being handled, across all clients (Kafka's ``queued.max.request.bytes``):
   N concurrent huge fetches wait their turn instead of multiplying the broker's memory.
