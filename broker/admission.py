@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +48,27 @@ MIN_REQUEST_ENTRIES_BOUND = 1000
 
 # max.fetch.response.bytes.per.ip: more than fetch.max.bytes (55 MiB), so a client's largest answer fits.
 DEFAULT_FETCH_BYTES_PER_CLIENT = 64 * 1024 * 1024
+
+
+def release_when_done(context: Any, release: Callable[[], None], *, at_once: bool = False) -> None:
+    """Call ``release`` on the running loop when ``context``'s call has ended: its answer written out or
+    the call cancelled (gRPC), the answer written or the connection closed (the Kafka listener's
+    context). A context without calls of its own (a stream's request, ``principal.CallIdentity``; a
+    test's): now (``at_once``) or in the loop's next turn."""
+    loop = asyncio.get_running_loop()
+    add = getattr(context, "add_done_callback", None)
+    if add is None:
+        if at_once:
+            release()
+        else:
+            loop.call_soon(release)
+        return
+
+    def ended(_: Any = None) -> None:  # gRPC may call it on another thread, or after the loop stopped
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(release)
+
+    add(ended)
 
 
 async def refuse_oversized(context: Any, cache: Any, entries: int, kind: str) -> None:

@@ -24,7 +24,7 @@ import grpc
 
 from broker import authorizer as authz
 from broker import principal
-from broker.admission import refuse_over, refuse_oversized
+from broker.admission import refuse_over, refuse_oversized, release_when_done
 from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.group_coordinator import (
     DESCRIBE_ANSWER_MAX_BYTES,
@@ -226,12 +226,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
             held.release()
             raise
         # Held until the answer is written out (or the call ends unwritten), so answers a client does
-        # not read stay within the budget; the Kafka listener calls it once it wrote its encoding.
-        add = getattr(context, "add_done_callback", None)
-        if add is None:
-            held.release()
-        else:
-            add(lambda _call: held.release())
+        # not read stay within the budget; the Kafka listener ends it once it wrote its encoding.
+        release_when_done(context, held.release, at_once=True)
         return out
 
     async def DeleteGroups(self, request, context):  # noqa: N802

@@ -685,7 +685,6 @@ class Group:
         return expired, len(expired) == len(self.offsets) and not self.pending_members
 
     def mark_dead(self, now_ms: int) -> None:
-        self._forget_deadline()
         for m in self.members.values():
             m.fail_waiters(ErrorCode.NOT_COORDINATOR)
         self._transition(GroupState.DEAD, now_ms)

@@ -270,6 +270,10 @@ class CallIdentity:
 
     __slots__ = ("_context", "_peer", "_auth", "_metadata", "known")
 
+    # A stream's request ends with its answer on the stream, not with a call of its own: the stream's
+    # done callback is not the request's (broker.admission.release_when_done releases at once).
+    add_done_callback = None
+
     def __init__(self, context: Any) -> None:
         self._context = context
         try:

@@ -51,6 +51,7 @@ from broker.admission import (
     Overloaded,
     peer_host,
     refuse_oversized,
+    release_when_done,
 )
 from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.fetch_session import FollowerFetchSession
@@ -86,34 +87,6 @@ INLINE_APPEND_MAX_PARTITIONS = 32
 PRODUCE_STREAM_MAX_IN_FLIGHT = 5
 DELETE_RECORDS_POLL_S = 0.05  # how often a DeleteRecords looks whether the replicas followed
 T = TypeVar("T")
-
-
-def _release_when_done(context: Any, release: Callable[[], None], *, at_once: bool = False) -> None:
-    """Call ``release`` on the loop, once, when ``context``'s unary call has ended: its answer written out
-    or the call cancelled (gRPC), the answer written or the connection closed (Kafka listener). For a
-    stream's request (``principal.CallIdentity``), or a context without calls: now (``at_once``) or
-    in the loop's next turn."""
-    loop = asyncio.get_running_loop()
-    add = None if isinstance(context, principal.CallIdentity) else getattr(context, "add_done_callback", None)
-    if add is None:
-        if at_once:
-            release()
-        else:
-            loop.call_soon(release)
-        return
-    done = False
-
-    def on_loop() -> None:
-        nonlocal done
-        if not done:
-            done = True
-            release()
-
-    def ended(_: Any = None) -> None:  # gRPC may call it on another thread, or after the loop stopped
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(on_loop)
-
-    add(ended)
 
 
 @dataclass
@@ -186,7 +159,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     async def _admitted(self, context: grpc.aio.ServicerContext, work: Callable[[str], Awaitable[T]]) -> T:
         """Run a client request within its client's in-flight bound; refuse it with RESOURCE_EXHAUSTED.
 
-        A unary request stays in flight until its answer is written out (``_release_when_done``): a
+        A unary request stays in flight until its answer is written out (``release_when_done``): a
         client that does not read its answers (an HTTP/2 peer granting no window) would otherwise have
         each answer held in gRPC's buffers while its next requests are admitted, without end."""
         client = peer_host(context.peer() or "unknown")
@@ -201,7 +174,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
             raise  # abort raises; this only tells type checkers the path ends here
         finally:
-            _release_when_done(context, lambda: limits.leave(client), at_once=True)
+            release_when_done(context, lambda: limits.leave(client), at_once=True)
 
     async def _io(self, fn: Callable[[], T]) -> T:
         """Blocking work of a client request, on the bounded client executor."""
@@ -545,7 +518,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                                                on_park=lambda: limits.start_waiting(client),
                                                on_unpark=lambda: limits.stop_waiting(client), slices=slices)
         if held:
-            _release_when_done(context, lambda: release(held))
+            release_when_done(context, lambda: release(held))
         return resp
 
     # ---- ListOffsets / OffsetsForLeaderEpoch ----

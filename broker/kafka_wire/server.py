@@ -333,16 +333,15 @@ class _Connection:
     async def _drain(self) -> None:
         await asyncio.wait_for(self.writer.drain(), self.listener.idle_s)
 
-    async def _handle(self, frame: bytes, released: asyncio.Future[None], reserved: list[int] | None = None,
-                      contexts: list[KafkaCallContext] | None = None) -> list[bytes | FileRecords] | None | bool:
+    async def _handle(self, frame: bytes, released: asyncio.Future[None], reserved: list[int],
+                      contexts: list[KafkaCallContext]) -> list[bytes | FileRecords] | None | bool:
         """The response frame, None for no response (acks=0), False to close the connection. ``released``
         is set when the next request may start (at the end, or a produce's once appended). The calls'
         contexts go into ``contexts``, to be finished once the answer is written."""
         try:
-            return await self._handle_frame(frame, released, [] if contexts is None else contexts)
+            return await self._handle_frame(frame, released, contexts)
         finally:
-            if reserved is not None:
-                self._release(reserved)
+            self._release(reserved)
             if not released.done():
                 released.set_result(None)
 
