@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from admin_cli.main import main as brook_main
 from deploy.local.cluster import LocalCluster
@@ -32,30 +32,25 @@ def health(capsys: pytest.CaptureFixture[str], bootstrap: str, security: list[st
 def wait_health(capsys: pytest.CaptureFixture[str], bootstrap: str, want_code: int, timeout_s: float,
                 also: str = "", security: list[str] | None = None) -> dict:
     """``security``: CLI options for a secured cluster (the launcher's default: --command-config FILE)."""
-    deadline = time.monotonic() + timeout_s
-    code, report = health(capsys, bootstrap, security or [])
-    while not (code == want_code and also in json.dumps(report)):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"health never exited {want_code} with {also!r}; last: {code} {report}")
-        time.sleep(0.5)
-        code, report = health(capsys, bootstrap, security or [])
-    return report
+    last: list[tuple[int, dict]] = []
+
+    def healthy() -> dict | None:
+        last.append(health(capsys, bootstrap, security or []))
+        code, report = last[-1]
+        return report if code == want_code and also in json.dumps(report) else None
+    return wait_for(healthy, timeout_s, lambda: f"health to exit {want_code} with {also!r}; last: {last[-1:]}",
+                    poll_s=0.5)
 
 
 def wait_voter_disconnected(cluster: LocalCluster, voter: int, timeout_s: float) -> None:
     """The active controller's /metrics says the stopped voter is not connected."""
-    deadline = time.monotonic() + timeout_s
     pages: list[str] = []
-    while time.monotonic() < deadline:
-        pages = []
-        for node_id in cluster.node_ids:
-            if cluster.is_running(node_id):
-                pages.append(cluster.read_metrics(node_id))
-        if any(f'brook_raft_voter_connected{{voter="{voter}"}} 0.0' in p for p in pages):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"no controller reported voter {voter} disconnected: "
-                         f"{[ln for p in pages for ln in p.splitlines() if 'voter_connected{' in ln]}")
+
+    def reported() -> bool:
+        pages[:] = [cluster.read_metrics(n) for n in cluster.node_ids if cluster.is_running(n)]
+        return any(f'brook_raft_voter_connected{{voter="{voter}"}} 0.0' in p for p in pages)
+    wait_for(reported, timeout_s, lambda: f"a controller to report voter {voter} disconnected; they say "
+             f"{[ln for p in pages for ln in p.splitlines() if 'voter_connected{' in ln]}", poll_s=0.5)
 
 
 def test_launcher_start_stop_one_node_and_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -140,15 +135,12 @@ def test_nodes_do_not_outlive_a_killed_test_process(tmp_path: Path) -> None:
         node_pid = int(owner.stdout.readline().strip())
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait(10)
-        deadline = time.monotonic() + 30
-        while Path(f"/proc/{node_pid}").exists() and time.monotonic() < deadline:
-            status = Path(f"/proc/{node_pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-            if status == "Z":
-                break  # exited; only waiting to be reaped by init
-            time.sleep(0.2)
-        alive = Path(f"/proc/{node_pid}").exists() and \
-            Path(f"/proc/{node_pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
-        assert not alive, f"node {node_pid} outlived its owner"
+        def exited() -> bool:
+            try:  # a zombie has exited; it only waits to be reaped by init
+                return Path(f"/proc/{node_pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+            except FileNotFoundError:
+                return True
+        wait_for(exited, 30, f"node {node_pid} to exit with its owner (it outlived its owner)", poll_s=0.2)
     finally:
         if owner.poll() is None:
             owner.kill()

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 from opskit import describe, sample_values
+from waiting import wait_for
 
 from client.cluster import ClusterClient
 from client.consumer import Consumer
@@ -43,14 +44,10 @@ def total(pages: dict[int, str], name: str, **labels: str) -> float:
 def eventually(cluster: LocalCluster, check: Callable[[dict[int, str]], bool], what: str,
                timeout_s: float = 30.0) -> dict[int, str]:
     """Scrape until ``check(pages)`` holds: stats are read at scrape time and some lag the traffic."""
-    deadline = time.monotonic() + timeout_s
-    pages = scrape_all(cluster)
-    while not check(pages):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"metrics never showed {what}")
-        time.sleep(0.3)
+    def scraped() -> dict[int, str] | None:
         pages = scrape_all(cluster)
-    return pages
+        return pages if check(pages) else None
+    return wait_for(scraped, timeout_s, f"metrics showing {what}", poll_s=0.3)
 
 
 @pytest.fixture(scope="module")
