@@ -212,6 +212,24 @@ _BEHAVIOUR = [
            "Requests one client address may have in flight, from their arrival until their answer is written "
            "out to it; excess is refused (RESOURCE_EXHAUSTED).",
            check=_at_least(1), roles=_B),
+    KeyDef("max.receiving.requests", "int", "16",
+           "gRPC request messages the broker receives at once (each up to socket.request.max.bytes): a call "
+           "past it waits, its message unread beyond HTTP/2's 64 KiB window, for its turn.",
+           check=_at_least(1), roles=_B),
+    KeyDef("max.receiving.requests.per.ip", "int", "4",
+           "Of max.receiving.requests, how many one client address may take; its further calls wait "
+           "(256 at most, then RESOURCE_EXHAUSTED).", check=_at_least(1), roles=_B),
+    KeyDef("request.receive.timeout.ms", "long", "30000",
+           "Longest a gRPC call waits for its turn to be received, and then for its message to arrive; "
+           "past it the call ends (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED).", check=_at_least(1), roles=_B),
+    KeyDef("max.request.streams.per.ip", "int", "16",
+           "Request streams (ProduceStream, ReplicaFetch) of each kind one client address may have open; "
+           "more are refused (RESOURCE_EXHAUSTED: producers then send unary Produce calls for a while).",
+           check=_at_least(1), roles=_B),
+    KeyDef("max.produce.streams", "int", "64",
+           "ProduceStream calls open at once (each may be receiving a request of socket.request.max.bytes); "
+           "more are refused and their producers send unary Produce calls for a while.",
+           check=_at_least(1), roles=_B),
     KeyDef("producer.id.max.tracked", "int", "200000",
            "Idempotent producers whose state (their last batches' sequences, about 1 KB each) all the partition "
            "logs of a broker keep together. Past it, a log taking a new producer forgets its least recently "
@@ -236,9 +254,11 @@ _BEHAVIOUR = [
            "On SIGTERM move leaderships away before stopping.", roles=_B),
     KeyDef("controlled.shutdown.timeout.ms", "long", "30000",
            "Longest a controlled shutdown waits for leaderships to move.", check=_at_least(0), roles=_B),
-    KeyDef("socket.request.max.bytes", "int", "104857600",
+    KeyDef("socket.request.max.bytes", "int", str(8 * 1024 * 1024),
            "Largest request accepted (gRPC message, or Kafka-listener frame: a larger size prefix closes the "
-           "connection unread).", check=_at_least(1024)),
+           "connection unread). Kafka's default is 100 MiB; Brook's is 8 MiB (8 times a producer's default "
+           "max.request.size) because each gRPC request being received may hold this much before it can be "
+           "refused: raise it with your producers' max.request.size.", check=_at_least(1024)),
     KeyDef("connections.max.idle.ms", "long", "600000",
            "A Kafka-listener connection with no request for this long is closed.", check=_at_least(1), roles=_B),
     KeyDef("kafka.authentication.timeout.ms", "long", "10000",

@@ -37,6 +37,7 @@ from broker.request_times import LatencyHistogram, ProduceTimes
 from broker.stalls import GcPauses, LoopMonitor
 
 if TYPE_CHECKING:  # annotations only: the roles import this module, not the other way round
+    from broker.receiving import ReceiveStats
     from broker.replica_manager import PartitionStats
 
 log = logging.getLogger(__name__)
@@ -309,6 +310,37 @@ class BudgetCollector(_SafeCollector):
         yield GaugeMetricFamily("brook_fetch_clients_holding_bytes",
                                 "Client addresses with fetch answers being read or not yet written out "
                                 "(each holds at most max.fetch.response.bytes.per.ip).", value=float(clients))
+
+
+class ReceiveCollector(_SafeCollector):
+    """The broker's gRPC receive gate (broker/receiving.py): request messages being received, calls
+    waiting for their turn, and request streams open."""
+
+    name = "receive"
+
+    def __init__(self, stats: Callable[[], ReceiveStats]) -> None:
+        self._stats = stats
+
+    def _collect(self) -> Iterable[Metric]:
+        s = self._stats()
+        yield GaugeMetricFamily("brook_receiving_requests",
+                                "gRPC request messages being received (at most brook_receiving_requests_limit).",
+                                value=float(s.receiving))
+        yield GaugeMetricFamily("brook_receiving_requests_limit",
+                                "max.receiving.requests, for clients and for followers together.", value=float(s.limit))
+        yield GaugeMetricFamily("brook_receive_waiting_requests",
+                                "gRPC calls waiting, unread, for their turn to be received.", value=float(s.waiting))
+        yield CounterMetricFamily("brook_receive_refused",
+                                  "gRPC calls refused before their message was read: too many waiting from their "
+                                  "address, or no turn within request.receive.timeout.ms.", value=float(s.refused_total))
+        yield CounterMetricFamily("brook_receive_timeouts",
+                                  "gRPC calls ended because their message did not arrive within "
+                                  "request.receive.timeout.ms, or no turn came.", value=float(s.timed_out_total))
+        yield GaugeMetricFamily("brook_request_streams_open", "ProduceStream and ReplicaFetch calls open.",
+                                value=float(s.streams_open))
+        yield CounterMetricFamily("brook_request_streams_refused",
+                                  "Request streams refused by max.request.streams.per.ip.",
+                                  value=float(s.streams_refused_total))
 
 
 class PauseCollector(_SafeCollector):

@@ -51,8 +51,10 @@ from broker.metrics import (
     NodeMetrics,
     PauseCollector,
     PoolCollector,
+    ReceiveCollector,
     SecurityCollector,
 )
+from broker.receiving import ReceiveStats
 from broker.stalls import GcPauses
 from proto.errors import DuplicateBrokerRegistrationError, InvalidConfigError
 from storage.dir_lock import DirectoryInUseError, DirectoryLock, lock_directories
@@ -121,6 +123,13 @@ class ServerHooks:
         self.reflection_on = True
 
 
+def _add_metrics(interceptors: list[Any], metrics: Any) -> None:
+    """Put the metrics interceptor first, or second after one that must see every call first
+    (``outermost``: a receive gate, serving unary methods as request streams that metrics would not
+    time; broker/receiving.py)."""
+    interceptors.insert(1 if interceptors and getattr(interceptors[0], "outermost", False) else 0, metrics)
+
+
 class GrpcInstrumentation:
     """Gives every gRPC server the roles create in this process the metrics interceptor and a
     health service, and records which services each registers (for reflection).
@@ -173,7 +182,7 @@ class GrpcInstrumentation:
         assert self._original_aio is not None
         interceptors = list(kwargs.pop("interceptors", None) or ())
         if self._aio_interceptor is not None:
-            interceptors.insert(0, self._aio_interceptor)
+            _add_metrics(interceptors, self._aio_interceptor)
         server = self._original_aio(*args, interceptors=interceptors, **kwargs)
         hooks = ServerHooks(role=self._role, server=server, health=health.aio.HealthServicer(),
                             loop=asyncio.get_running_loop())
@@ -190,7 +199,8 @@ class GrpcInstrumentation:
     def _make_server(self, *args: Any, **kwargs: Any) -> grpc.Server:
         assert self._original is not None
         interceptors = list(kwargs.pop("interceptors", None) or ())
-        server = self._original(*args, interceptors=[self._interceptor, *interceptors], **kwargs)
+        _add_metrics(interceptors, self._interceptor)
+        server = self._original(*args, interceptors=interceptors, **kwargs)
         hooks = ServerHooks(role=self._role, server=server, health=health.HealthServicer())
         health_pb2_grpc.add_HealthServicer_to_server(hooks.health, server)
         hooks.set_serving(False)
@@ -329,6 +339,8 @@ class Node:
             self.metrics.add(PoolCollector(lambda: self.broker.pool_stats() if self.broker is not None else {}))
             self.metrics.add(BudgetCollector(lambda: self.broker.budget_stats() if self.broker is not None
                                              else (0, 0, 0)))
+            self.metrics.add(ReceiveCollector(lambda: self.broker.receive_stats() if self.broker is not None
+                                              else ReceiveStats()))
             self.metrics.add(KafkaListenerCollector(lambda: self.broker.kafka_listeners if self.broker is not None
                                                     else []))
             if cfg.console_address is not None:

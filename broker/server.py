@@ -38,6 +38,19 @@ import grpc
 from broker.admission import DEFAULT_FETCH_BYTES_PER_CLIENT, ByteBudget, ClientByteShares, ClientLimits
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
+from broker.receiving import (
+    DEFAULT_PRODUCE_STREAMS,
+    DEFAULT_RECEIVE_TIMEOUT_MS,
+    DEFAULT_RECEIVING,
+    DEFAULT_RECEIVING_PER_CLIENT,
+    DEFAULT_REQUEST_MAX_BYTES,
+    DEFAULT_STREAMS_PER_CLIENT,
+    OTHER_STREAMS,
+    ReceiveGate,
+    ReceiveSlots,
+    ReceiveStats,
+    StreamCounts,
+)
 from broker.replica_manager import ReplicaManager
 from broker.security import NodeSecurity, broker_security
 from broker.service import BrokerService, Capacity
@@ -177,6 +190,7 @@ class BrokerServer:
         self.loop_monitor: LoopMonitor | None = None  # the loop's lag, stalls and liveness stamp
         self.capacity: Capacity | None = None
         self._security_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.receive_gate: ReceiveGate | None = None
         self.log_manager: Any = None
         self.controller_client: Any = None
         self.metadata_cache = MetadataCache(settings.node_id)
@@ -382,10 +396,15 @@ class BrokerServer:
         # of their own. The session interceptor refuses calls with a stale SCRAM session token.
         self._security_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=SECURITY_WORKERS, thread_name_prefix=f"broker-{self.node_id}-security")
+        self.receive_gate = self._make_receive_gate(d)
         return grpc.aio.server(migration_thread_pool=self._security_pool,
-                               interceptors=[self.security.aio_interceptor()], options=[
-            ("grpc.max_receive_message_length", int(d.get("socket.request.max.bytes", str(GRPC_MAX_MESSAGE_BYTES)))),
+                               interceptors=[self.receive_gate, self.security.aio_interceptor()], options=[
+            ("grpc.max_receive_message_length", int(d.get("socket.request.max.bytes", str(DEFAULT_REQUEST_MAX_BYTES)))),
             ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+            # No BDP probing: a stream is granted HTTP/2's initial 64 KiB window until its message is
+            # read, so a call waiting for a receive slot (broker/receiving.py) cannot be sent more.
+            # Answers (fetches) are paced by the client's windows, not this.
+            ("grpc.http2.bdp_probe", 0),
             # HTTP/2's own per-connection bound: streams past it wait in the client, never reach us.
             ("grpc.max_concurrent_streams", int(d.get("max.inflight.requests.per.ip", "2000"))),
             # Connections past the bound are refused at accept: a connection flood cannot take the
@@ -396,6 +415,27 @@ class BrokerServer:
             # faster pinger is still sent GOAWAY after gRPC's two strikes.
             ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
             ("grpc.so_reuseport", 0)])
+
+    def _make_receive_gate(self, d: dict[str, str]) -> ReceiveGate:
+        total = int(d.get("max.receiving.requests", str(DEFAULT_RECEIVING)))
+        per_client = int(d.get("max.receiving.requests.per.ip", str(DEFAULT_RECEIVING_PER_CLIENT)))
+        assert self._security_pool is not None
+        streams_per_client = int(d.get("max.request.streams.per.ip", str(DEFAULT_STREAMS_PER_CLIENT)))
+        streams = {
+            "/brook.BrokerService/ProduceStream": StreamCounts(
+                "ProduceStream", streams_per_client, int(d.get("max.produce.streams", str(DEFAULT_PRODUCE_STREAMS)))),
+            # Followers' streams: one per follower broker and fetcher; bounded per address only.
+            "/brook.BrokerService/ReplicaFetch": StreamCounts("ReplicaFetch", streams_per_client),
+            OTHER_STREAMS: StreamCounts("other request", streams_per_client),  # server reflection
+        }
+        return ReceiveGate(
+            ReceiveSlots(total, per_client), streams,
+            int(d.get("request.receive.timeout.ms", str(DEFAULT_RECEIVE_TIMEOUT_MS))) / 1000, self._security_pool,
+            replication_slots=ReceiveSlots(total, per_client),
+            replication_methods=frozenset({"/brook.BrokerService/OffsetsForLeaderEpoch"}))
+
+    def receive_stats(self) -> ReceiveStats:
+        return ReceiveStats.of(self.receive_gate) if self.receive_gate is not None else ReceiveStats()
 
     def _max_connections(self, d: dict[str, str]) -> int:
         """``max.connections``, kept below half the process's file-descriptor limit (the rest is for logs)."""

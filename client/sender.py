@@ -50,6 +50,7 @@ from client.accumulator import ProducerBatch, RecordAccumulator
 from client.cluster import REFRESH_CODES, ClusterClient, rpc_error
 from client.types import TopicPartition
 from proto import broker_pb2
+from proto.errors import STREAM_REFUSED_METADATA_KEY
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,20 @@ class ProducerIdState:
 PRODUCE_STREAM_MAX_AGE_S = 60.0
 # A broker without ProduceStream gets unary calls; the stream is tried again after this long.
 UNARY_RETRY_STREAM_S = 300.0
+# A broker with all its ProduceStreams taken (max.produce.streams, max.request.streams.per.ip) gets
+# unary calls; a stream is tried again after this long.
+UNARY_RETRY_FULL_STREAMS_S = 30.0
+
+
+def _refused_unread(exc: grpc.RpcError) -> bool:
+    """The broker refused the stream before reading any of its messages: none of them was handled."""
+    if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return False
+    try:
+        trailing = exc.trailing_metadata() or ()  # type: ignore[attr-defined]
+    except Exception:
+        return False
+    return any(key == STREAM_REFUSED_METADATA_KEY for key, _ in trailing)
 
 
 class _ProduceSession:
@@ -125,7 +140,7 @@ class _ProduceSession:
 
     def __init__(self, node: int, stub: Any, timeout_s: float,
                  on_done: Callable[[int, list[ProducerBatch], Any, errors.BrookError | None], None],
-                 on_unsupported: Callable[[int, Any, list[tuple[list[ProducerBatch], Any]]], None],
+                 on_unsupported: Callable[[int, Any, list[tuple[list[ProducerBatch], Any]], bool], None],
                  *, name: str) -> None:
         self.node = node
         self.stub = stub
@@ -183,7 +198,7 @@ class _ProduceSession:
     def _run(self) -> None:
         what = f"Produce to broker {self.node}"
         error: errors.BrookError | None = None
-        unsupported = False
+        unsupported = full = False
         try:
             call = self.stub.ProduceStream(iter(self._requests.get, None))
             with self._lock:
@@ -203,6 +218,8 @@ class _ProduceSession:
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 unsupported = True
+            elif _refused_unread(exc):
+                unsupported = full = True
             elif exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                 # The broker does not know the stream's SASL session (it restarted, or the session
                 # expired): the channel has dropped the token, and the next stream authenticates anew.
@@ -223,7 +240,7 @@ class _ProduceSession:
             left = list(self._pending)
             self._pending.clear()
         if unsupported:
-            self._on_unsupported(self.node, self.stub, [(batches, request) for batches, request, _ in left])
+            self._on_unsupported(self.node, self.stub, [(batches, request) for batches, request, _ in left], full)
             return
         if not left:
             return
@@ -543,12 +560,18 @@ class Sender(threading.Thread):
             name=f"{self._name}-stream-{node}")
         return session.send(batches, request)
 
-    def _on_stream_unsupported(self, node: int, stub: Any, unsent: list[tuple[list[ProducerBatch], Any]]) -> None:
-        """The broker has no ProduceStream: none of ``unsent`` was handled; send them as unary calls."""
+    def _on_stream_unsupported(self, node: int, stub: Any, unsent: list[tuple[list[ProducerBatch], Any]],
+                               full: bool = False) -> None:
+        """The broker has no ProduceStream, or none free (``full``): none of ``unsent`` was handled;
+        send them as unary calls."""
         if self._unary_only.get(stub, 0.0) <= time.monotonic():
-            log.info("broker %d does not serve ProduceStream (an older version): unary Produce calls for %.0f s",
-                     node, UNARY_RETRY_STREAM_S)
-        self._unary_only[stub] = time.monotonic() + UNARY_RETRY_STREAM_S
+            if full:
+                log.info("broker %d has no ProduceStream free (max.produce.streams, max.request.streams.per.ip): "
+                         "unary Produce calls for %.0f s", node, UNARY_RETRY_FULL_STREAMS_S)
+            else:
+                log.info("broker %d does not serve ProduceStream (an older version): unary Produce calls for %.0f s",
+                         node, UNARY_RETRY_STREAM_S)
+        self._unary_only[stub] = time.monotonic() + (UNARY_RETRY_FULL_STREAMS_S if full else UNARY_RETRY_STREAM_S)
         for batches, request in unsent:
             try:
                 self._pool.submit(self._call_produce, node, batches, stub, request)

@@ -12,6 +12,11 @@ from proto import common_pb2
 
 ErrorCode = common_pb2.ErrorCode
 
+# Trailing metadata of a request stream (ProduceStream) a broker refused before reading any of its
+# messages (max.request.streams.per.ip, max.produce.streams): the client may send the same requests
+# as unary calls.
+STREAM_REFUSED_METADATA_KEY = "brook-stream-refused"
+
 # Errors a client may retry (after refreshing metadata where the leader moved).
 RETRIABLE: frozenset[int] = frozenset(
     {

@@ -44,6 +44,7 @@ from broker.admission import ByteBudget
 from broker.kafka_wire import apis, codec
 from broker.kafka_wire.context import Aborted, KafkaCallContext
 from broker.principal import AUTH_CERTIFICATE, AUTH_NONE, AUTH_SASL, Authentication
+from broker.receiving import DEFAULT_REQUEST_MAX_BYTES
 from proto import errors
 from proto import security_pb2 as spb
 from proto.errors import ErrorCode
@@ -51,7 +52,6 @@ from storage.file_records import FileRecords
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
 DEFAULT_IDLE_MS = 600_000
 DEFAULT_SASL_TIMEOUT_MS = 10_000
 OVERLOAD_BACKOFF_S = 0.05
@@ -90,7 +90,7 @@ class KafkaListener:
         self.broker = broker
         self.spec = spec
         self.apis = apis.KafkaApis(broker, spec.name)
-        self.max_request_bytes = int(defaults.get("socket.request.max.bytes", str(DEFAULT_MAX_REQUEST_BYTES)))
+        self.max_request_bytes = int(defaults.get("socket.request.max.bytes", str(DEFAULT_REQUEST_MAX_BYTES)))
         self.idle_s = int(defaults.get("connections.max.idle.ms", str(DEFAULT_IDLE_MS))) / 1000
         self.sasl_timeout_s = int(defaults.get("kafka.authentication.timeout.ms", str(DEFAULT_SASL_TIMEOUT_MS))) / 1000
         self.request_timeout_s = int(defaults.get("kafka.request.timeout.ms", "30000")) / 1000

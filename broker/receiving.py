@@ -1,0 +1,346 @@
+"""How many request messages a broker's gRPC port receives at once: bytes are counted before they come.
+
+gRPC's core reads a unary request's message whole (up to ``socket.request.max.bytes``) before any
+interceptor or handler runs, and HTTP/2 lets a client open 2,000 calls on a connection: one
+connection sending 100 ``Produce`` messages of 50 MiB took a broker from 76 MB to 1.3 GB, as fast
+as the sender could write, whatever the broker's budgets (they are charged once a message is
+decoded). Kafka avoids this by reading a request's 4-byte size first and reserving it from a memory
+pool before the body; gRPC shows an application neither the size nor the body until all of it is
+in memory, and grpcio exposes no ResourceQuota.
+
+What gRPC does offer is HTTP/2 flow control: a stream whose message is not being read is granted
+only the initial window (64 KiB, with BDP probing off, ``broker/server.py``), and the rest of the
+message stays with the client. So the broker serves every unary method as a client-streaming one
+(the same bytes on the wire; a client cannot tell) whose handler reads the single message only once
+it holds a *receive slot*:
+
+- at most ``max.receiving.requests`` messages are being received at once, ``max.receiving.requests.per.ip``
+  of them from one client address; a call waits, unread, for a slot (first come, first served
+  among the addresses under their bound), and an address may have ``RECEIVE_QUEUE_PER_CLIENT``
+  calls waiting: more are refused at once (RESOURCE_EXHAUSTED, which clients retry after a backoff);
+- a message must arrive within ``request.receive.timeout.ms`` of its slot being granted (a sender
+  trickling bytes holds one slot, not the broker), and a call waits at most that long for a slot.
+
+The bytes a broker holds for requests it has not decoded are then at most
+``max.receiving.requests × socket.request.max.bytes`` plus 64 KiB per waiting call, instead of
+without bound. A message already buffered when its slot is granted (any request under 64 KiB) is
+read at once, so a slot is held for microseconds by well-behaved clients.
+
+Request streams (ProduceStream, ReplicaFetch) read their next message whenever the client sends
+one, as a Kafka connection does: a stream's message cannot wait for a slot without the stream
+holding it while idle. Their number is bounded instead (``max.request.streams.per.ip``,
+``max.produce.streams``); each stream receives one message at a time (broker/service.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from broker import principal
+from broker.admission import Overloaded, peer_host
+from proto.errors import STREAM_REFUSED_METADATA_KEY
+
+log = logging.getLogger(__name__)
+
+# Calls one client address may have waiting, unread, for a receive slot (each holds at most HTTP/2's
+# initial window of its message, 64 KiB); more are refused RESOURCE_EXHAUSTED.
+RECEIVE_QUEUE_PER_CLIENT = 256
+
+# socket.request.max.bytes: the most one message being received may hold (the Kafka listener's too).
+DEFAULT_REQUEST_MAX_BYTES = 8 * 1024 * 1024
+# The counts of request streams whose method has none of its own (server reflection).
+OTHER_STREAMS = "*"
+DEFAULT_RECEIVING = 16
+DEFAULT_RECEIVING_PER_CLIENT = 4
+DEFAULT_RECEIVE_TIMEOUT_MS = 30_000
+DEFAULT_STREAMS_PER_CLIENT = 16
+DEFAULT_PRODUCE_STREAMS = 64
+
+
+def _count_down(counts: dict[str, int], client: str) -> None:
+    """One less for ``client``; its entry goes at zero, so a table holds only clients with something in it."""
+    left = counts[client] - 1
+    if left:
+        counts[client] = left
+    else:
+        del counts[client]
+
+
+class ReceiveSlots:
+    """Receive slots: ``total`` at once, ``per_client`` of them one client address's (loop thread only).
+
+    Waiters are served in the order their addresses started waiting, round robin: an address with
+    many waiting calls takes one free slot, then the next address its turn.
+    """
+
+    def __init__(self, total: int, per_client: int, queue_per_client: int = RECEIVE_QUEUE_PER_CLIENT) -> None:
+        assert total >= 1 and per_client >= 1 and queue_per_client >= 0
+        self.total = total
+        self.per_client = per_client
+        self.queue_per_client = queue_per_client
+        self._free = total
+        self._held: dict[str, int] = {}
+        # Addresses with waiting calls, in turn order; each a FIFO of the futures its calls wait on.
+        self._waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}
+        self.refused_total = 0
+        self.timed_out_total = 0
+
+    @property
+    def receiving(self) -> int:
+        return self.total - self._free
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(q) for q in self._waiting.values())
+
+    def held_by(self, client: str) -> int:
+        return self._held.get(client, 0)
+
+    def _take(self, client: str) -> None:
+        self._free -= 1
+        self._held[client] = self._held.get(client, 0) + 1
+
+    async def acquire(self, client: str, timeout_s: float) -> None:
+        """A slot for ``client``: at once when one is free and none of its calls waits before it; else
+        after waiting at most ``timeout_s``. Raises ``Overloaded`` when its queue is full or the wait
+        timed out."""
+        queue = self._waiting.get(client)
+        if queue is None and self._free > 0 and self._held.get(client, 0) < self.per_client:
+            self._take(client)
+            return
+        if queue is not None and len(queue) >= self.queue_per_client or self.queue_per_client == 0:
+            self.refused_total += 1
+            raise Overloaded(f"client {client} has {len(queue or ())} requests waiting to be received "
+                             f"and {self.held_by(client)} being received")
+        if queue is None:
+            queue = self._waiting[client] = collections.deque()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue.append(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self.release(client)  # granted as the wait ended: give it to the next caller
+            else:
+                waiter.cancel()
+                self._forget(client, waiter)
+            if isinstance(exc, TimeoutError):
+                self.timed_out_total += 1
+                raise Overloaded(f"no receive slot for client {client} within {timeout_s:.1f} s "
+                                 f"({self.receiving} requests being received, max.receiving.requests="
+                                 f"{self.total})") from None
+            raise
+
+    def release(self, client: str) -> None:
+        _count_down(self._held, client)
+        self._free += 1
+        self._grant()
+
+    def _forget(self, client: str, waiter: asyncio.Future[None]) -> None:
+        queue = self._waiting.get(client)
+        if queue is None:
+            return
+        try:
+            queue.remove(waiter)
+        except ValueError:
+            pass
+        if not queue:
+            del self._waiting[client]
+
+    def _grant(self) -> None:
+        while self._free > 0 and self._waiting:
+            client = next((c for c in self._waiting if self._held.get(c, 0) < self.per_client), None)
+            if client is None:
+                return  # every waiting address is at its own bound
+            queue = self._waiting[client]
+            waiter = queue.popleft()
+            del self._waiting[client]
+            if queue:
+                self._waiting[client] = queue  # to the end of the turn order
+            if waiter.done():
+                continue  # cancelled; its caller cleans up after itself
+            self._take(client)
+            waiter.set_result(None)
+
+
+class StreamCounts:
+    """Open streams of one request-streaming method: ``per_client`` per client address and, when
+    ``total`` is set, that many in all (loop thread only)."""
+
+    def __init__(self, name: str, per_client: int, total: int | None = None) -> None:
+        assert per_client >= 1 and (total is None or total >= 1)
+        self.name = name
+        self.per_client = per_client
+        self.total = total
+        self._open: dict[str, int] = {}
+        self.open = 0
+        self.refused_total = 0
+
+    def enter(self, client: str) -> None:
+        n = self._open.get(client, 0)
+        if n >= self.per_client or (self.total is not None and self.open >= self.total):
+            self.refused_total += 1
+            raise Overloaded(f"{self.open} {self.name} streams open, {n} of them client {client}'s "
+                             f"(max.request.streams.per.ip={self.per_client}"
+                             + (f", max.produce.streams={self.total})" if self.total is not None else ")"))
+        self._open[client] = n + 1
+        self.open += 1
+
+    def leave(self, client: str) -> None:
+        _count_down(self._open, client)
+        self.open -= 1
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveStats:
+    """What a broker's receive gate holds, for its metrics (client and follower slots together)."""
+
+    receiving: int = 0
+    waiting: int = 0
+    limit: int = 0
+    refused_total: int = 0
+    timed_out_total: int = 0
+    streams_open: int = 0
+    streams_refused_total: int = 0
+
+    @classmethod
+    def of(cls, gate: ReceiveGate) -> ReceiveStats:
+        pools = {id(p): p for p in (gate.slots, gate.replication_slots)}.values()
+        return cls(receiving=sum(p.receiving for p in pools), waiting=sum(p.waiting for p in pools),
+                   limit=sum(p.total for p in pools), refused_total=sum(p.refused_total for p in pools),
+                   timed_out_total=sum(p.timed_out_total for p in pools),
+                   streams_open=sum(c.open for c in gate.streams.values()),
+                   streams_refused_total=sum(c.refused_total for c in gate.streams.values()))
+
+
+def _client_of(context: Any) -> str:
+    return peer_host(context.peer() or "unknown")
+
+
+class ReceiveGate(grpc.aio.ServerInterceptor):
+    """Serves each unary method as a client-streaming one that reads its message under a receive slot,
+    and counts each request stream against its address's bound. The outermost interceptor (the
+    handler it is given is already timed and session-checked by the others): ``outermost``."""
+
+    outermost = True
+
+    def __init__(self, slots: ReceiveSlots, streams: dict[str, StreamCounts], timeout_s: float,
+                 sync_pool: Executor, *, replication_slots: ReceiveSlots | None = None,
+                 replication_methods: frozenset[str] = frozenset()) -> None:
+        self.slots = slots
+        # Request-streaming method -> its counts; methods not named share those of OTHER_STREAMS.
+        self.streams = streams
+        self.timeout_s = timeout_s
+        self._sync_pool = sync_pool
+        # Follower requests (OffsetsForLeaderEpoch) wait for slots of their own: a client flood
+        # cannot hold up replication.
+        self.replication_slots = replication_slots or slots
+        self._replication_methods = replication_methods
+        # method -> (the handler it was given, the gated one): built once per method, not per call.
+        self._gated: dict[str, tuple[Any, Any]] = {}
+
+    async def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        cached = self._gated.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        gated = self._gate(handler, method)
+        self._gated[method] = (handler, gated)  # only methods the server serves get here: a few dozen
+        return gated
+
+    def _gate(self, handler: Any, method: str) -> Any:
+        if handler.request_streaming:
+            counts = self.streams.get(method) or self.streams[OTHER_STREAMS]
+            if not (handler.response_streaming and inspect.isasyncgenfunction(handler.stream_stream)):
+                # Every request stream served is counted: one of another shape needs its own wrapper.
+                raise RuntimeError(f"request-streaming method {method} has no stream bound in the receive gate")
+            return grpc.stream_stream_rpc_method_handler(
+                self._counted(handler.stream_stream, counts), handler.request_deserializer, handler.response_serializer)
+        slots = self.replication_slots if method in self._replication_methods else self.slots
+        if handler.response_streaming:
+            inner = handler.unary_stream
+            if inspect.isasyncgenfunction(inner):
+                async def stream_gen(request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                    request = await self._receive(context, slots)
+                    async for response in inner(request, context):
+                        yield response
+                behaviour: Any = stream_gen
+            elif asyncio.iscoroutinefunction(inner):
+                async def stream_writes(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+                    return await inner(await self._receive(context, slots), context)  # answers via context.write
+                behaviour = stream_writes
+            else:
+                log.warning("%s: a synchronous server-streaming handler is served ungated", method)
+                return handler
+            return grpc.stream_stream_rpc_method_handler(
+                behaviour, handler.request_deserializer, handler.response_serializer)
+        inner = handler.unary_unary
+        if asyncio.iscoroutinefunction(inner):
+            async def unary(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+                return await inner(await self._receive(context, slots), context)
+        else:
+            pool = self._sync_pool
+
+            async def unary(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+                # A synchronous handler (SecurityService) runs on its pool as grpc.aio would run it,
+                # once its message is here; its context is read there, so its identity is taken now.
+                request = await self._receive(context, slots)
+                identity = principal.CallIdentity(context)
+                return await asyncio.get_running_loop().run_in_executor(pool, inner, request, identity)
+        return grpc.stream_unary_rpc_method_handler(unary, handler.request_deserializer, handler.response_serializer)
+
+    async def _receive(self, context: grpc.aio.ServicerContext, slots: ReceiveSlots) -> Any:
+        """The call's one request message, read once a receive slot is held; the call ends
+        RESOURCE_EXHAUSTED (no slot in time, too many waiting), DEADLINE_EXCEEDED (the message did not
+        arrive in time) or INVALID_ARGUMENT (no message)."""
+        client = _client_of(context)
+        try:
+            await slots.acquire(client, self.timeout_s)
+        except Overloaded as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        try:
+            request = await asyncio.wait_for(context.read(), self.timeout_s)
+        except TimeoutError:
+            slots.timed_out_total += 1
+            log.info("request from %s not received within %.1f s of its turn (request.receive.timeout.ms): "
+                     "call ended", client, self.timeout_s)
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"the request message was not received within {self.timeout_s:.1f} s "
+                                "(request.receive.timeout.ms)")
+        finally:
+            slots.release(client)
+        if request is grpc.aio.EOF:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message")
+        return request
+
+    @staticmethod
+    def _counted(inner: Callable[..., AsyncIterator[Any]], counts: StreamCounts) -> Callable[..., AsyncIterator[Any]]:
+        async def stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            client = _client_of(context)
+            try:
+                counts.enter(client)
+            except Overloaded as e:
+                # Refused before a message is read: nothing of it was handled, the client may send
+                # the same requests as unary calls (client/sender.py).
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e),
+                                    trailing_metadata=((STREAM_REFUSED_METADATA_KEY, "1"),))
+            try:
+                async for response in inner(request_iterator, context):
+                    yield response
+            finally:
+                counts.leave(client)
+        return stream
+

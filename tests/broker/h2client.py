@@ -1,0 +1,96 @@
+"""A raw HTTP/2 gRPC client for tests that send what no gRPC library would: messages never finished,
+calls without a message. Connects from another loopback address than the well-behaved clients
+(127.0.0.1), so the broker counts it as another client address."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+
+ATTACKER = "127.0.0.2"
+
+
+def grpc_status(ev: Any) -> str | None:
+    """The grpc-status an HTTP/2 event carries: in trailers, or in the headers of a trailers-only answer."""
+    if isinstance(ev, (h2.events.TrailersReceived, h2.events.ResponseReceived)):
+        status = dict(ev.headers).get(b"grpc-status")
+        return status.decode() if status is not None else None
+    return None
+
+
+class H2Sender:
+    """A raw HTTP/2 client from ``ATTACKER`` opening calls whose messages declare ``size`` bytes, and
+    sending of each as much as the server's flow control allows but never its last byte."""
+
+    def __init__(self, port: int, path: str, calls: int, size: int) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind((ATTACKER, 0))
+        self.sock.connect(("127.0.0.1", port))
+        self.sock.settimeout(0.02)
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.conn.initiate_connection()
+        self.left: dict[int, int] = {}
+        self.ended: dict[int, str] = {}  # stream -> grpc-status (or "reset")
+        self.sent = 0
+        self.header = struct.pack(">BI", 0, size)
+        self.message_bytes = 5 + size - 1  # all but the last byte
+        for _ in range(calls):
+            sid = self.conn.get_next_available_stream_id()
+            self.conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", path),
+                                         (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"),
+                                         ("te", "trailers")])
+            self.left[sid] = self.message_bytes
+        self.sock.sendall(self.conn.data_to_send())
+
+    def push(self, seconds: float) -> int:
+        """Send what the windows allow for ``seconds``; the bytes sent in all."""
+        until = time.monotonic() + seconds
+        zeros = b"\x00" * 16384
+        while time.monotonic() < until:
+            for sid, left in self.left.items():
+                n = min(self.conn.local_flow_control_window(sid), left, self.conn.max_outbound_frame_size)
+                if sid in self.ended or n <= 0:
+                    continue
+                done = self.message_bytes - left
+                self.conn.send_data(sid, (self.header[done:] + zeros)[:n])  # the 5-byte prefix first
+                self.left[sid] -= n
+                self.sent += n
+            if out := self.conn.data_to_send():
+                self.sock.sendall(out)
+            self.receive()
+        return self.sent
+
+    def push_until_held(self, timeout_s: float, quiet_s: float = 0.5) -> int:
+        """Send until the server's flow control lets nothing more through for ``quiet_s``; the bytes
+        sent in all. AssertionError if it still takes more after ``timeout_s``."""
+        until = time.monotonic() + timeout_s
+        before = -1
+        while self.sent != before:
+            assert time.monotonic() < until, f"the server still takes bytes after {timeout_s} s: {self.sent} sent"
+            before = self.sent
+            self.push(quiet_s)
+        return self.sent
+
+    def receive(self) -> None:
+        try:
+            data = self.sock.recv(65536)
+        except (TimeoutError, BlockingIOError):
+            return
+        if not data:
+            return
+        for ev in self.conn.receive_data(data):
+            if status := grpc_status(ev):
+                self.ended[ev.stream_id] = status
+            elif isinstance(ev, h2.events.StreamReset):
+                self.ended.setdefault(ev.stream_id, "reset")
+        if out := self.conn.data_to_send():
+            self.sock.sendall(out)
+
+    def close(self) -> None:
+        self.sock.close()
