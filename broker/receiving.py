@@ -30,14 +30,25 @@ Request streams (ProduceStream, ReplicaFetch) read their next message whenever t
 one, as a Kafka connection does: a stream's message cannot wait for a slot without the stream
 holding it while idle. Their number is bounded instead (``max.request.streams.per.ip``,
 ``max.produce.streams``); each stream receives one message at a time (broker/service.py).
+
+A synchronous gRPC server (the controller's) reads a unary message on the worker thread that
+handles the call, so a call whose message never finishes held a worker forever: 120 such calls
+from one client stalled a controller (its 96 workers taken; brokers' heartbeats timed out).
+``SyncReceiveGate`` serves those methods as client-streaming ones too, lets one client address
+receive ``per_client`` messages at once (more are refused at once: waiting would hold a worker),
+and cancels a call whose message has not arrived within its timeout (``CallWatchdog``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
 import inspect
+import itertools
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -46,7 +57,7 @@ from typing import Any
 import grpc
 
 from broker import principal
-from broker.admission import Overloaded, peer_host
+from broker.admission import OVERLOADED_PREFIX, Overloaded, peer_host
 from proto.errors import STREAM_REFUSED_METADATA_KEY
 
 log = logging.getLogger(__name__)
@@ -344,3 +355,120 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
                 counts.leave(client)
         return stream
 
+
+class CallWatchdog:
+    """Cancels the calls whose message has not arrived by their deadline: one thread for all of them."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cv = threading.Condition()
+        self._heap: list[list[Any]] = []  # [deadline, seq, context or None once disarmed]
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self.cancelled_total = 0
+
+    def arm(self, context: Any, timeout_s: float) -> list[Any]:
+        entry = [time.monotonic() + timeout_s, next(self._seq), context]
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            heapq.heappush(self._heap, entry)
+            if self._heap[0] is entry:
+                self._cv.notify()
+        return entry
+
+    def disarm(self, entry: list[Any]) -> None:
+        with self._cv:  # under the lock: a call is never cancelled after its message was taken
+            entry[2] = None
+
+    def _run(self) -> None:
+        with self._cv:
+            while True:
+                while self._heap and self._heap[0][2] is None:
+                    heapq.heappop(self._heap)  # disarmed: its message came
+                if not self._heap:
+                    self._cv.wait()
+                    continue
+                delay = self._heap[0][0] - time.monotonic()
+                if delay > 0:
+                    self._cv.wait(delay)
+                    continue
+                context = heapq.heappop(self._heap)[2]
+                self.cancelled_total += 1
+                try:
+                    context.cancel()  # its worker, blocked reading, gets an RpcError
+                except Exception:  # the call ended meanwhile
+                    log.debug("cancelling a call whose message did not come failed", exc_info=True)
+
+
+class SyncReceiveGate(grpc.ServerInterceptor):
+    """For a synchronous gRPC server: unary methods served as client-streaming ones whose message is
+    read with at most ``per_client`` others of its address's, and within ``timeout_s`` (else the call
+    is cancelled and its worker freed). The outermost interceptor (``outermost``)."""
+
+    outermost = True
+
+    def __init__(self, per_client: int, timeout_s: float, name: str) -> None:
+        assert per_client >= 1 and timeout_s > 0
+        self.per_client = per_client
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._receiving: dict[str, int] = {}
+        self.refused_total = 0
+        self.watchdog = CallWatchdog(f"{name}-receive-watchdog")
+        self._gated: dict[str, tuple[Any, Any]] = {}
+
+    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_streaming:
+            return handler  # no request stream is served by a synchronous server here
+        method = handler_call_details.method
+        cached = self._gated.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        receive = self._receive
+        if handler.response_streaming:
+            stream_inner = handler.unary_stream
+
+            def stream(request_iterator: Any, context: grpc.ServicerContext) -> Any:
+                yield from stream_inner(receive(request_iterator, context), context)
+            gated = grpc.stream_stream_rpc_method_handler(stream, handler.request_deserializer,
+                                                          handler.response_serializer)
+        else:
+            unary_inner = handler.unary_unary
+
+            def unary(request_iterator: Any, context: grpc.ServicerContext) -> Any:
+                return unary_inner(receive(request_iterator, context), context)
+            gated = grpc.stream_unary_rpc_method_handler(unary, handler.request_deserializer,
+                                                         handler.response_serializer)
+        self._gated[method] = (handler, gated)
+        return gated
+
+    @property
+    def receiving(self) -> int:
+        with self._lock:
+            return sum(self._receiving.values())
+
+    def _receive(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:
+        client = _client_of(context)
+        with self._lock:
+            n = self._receiving.get(client, 0)
+            admitted = n < self.per_client
+            if admitted:
+                self._receiving[client] = n + 1
+            else:
+                self.refused_total += 1
+        if not admitted:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{OVERLOADED_PREFIX} client {client} has {n} requests being received")
+        entry = self.watchdog.arm(context, self.timeout_s)
+        try:
+            request = next(request_iterator, None)
+        finally:
+            self.watchdog.disarm(entry)
+            with self._lock:
+                _count_down(self._receiving, client)
+        if request is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message")
+        return request

@@ -119,6 +119,12 @@ class ControllerClient:
             except grpc.RpcError as exc:
                 status = exc.code() if hasattr(exc, "code") else None
                 last_error = f"{target[0]}:{target[1]}: {status} {exc.details() if hasattr(exc, 'details') else exc}"
+                if status == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    # The controller is busy (too many calls, or this address's messages being
+                    # received): the same controller, after a backoff.
+                    self._sleep_before_retry(attempt, deadline)
+                    attempt += 1
+                    continue
                 if status not in _TRANSPORT_RETRY:
                     raise errors.UnknownServerError(f"{method}: {last_error}") from None
                 self._forget_leader(target)

@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from broker.receiving import SyncReceiveGate
 from broker.request_times import LatencyHistogram
 from broker.tls import ServerTls, bind_port
 from metadata_quorum.controller import ControllerConfig, QuorumController
@@ -44,7 +45,20 @@ _SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 1000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    # A call not yet taken by a worker is granted HTTP/2's initial 64 KiB window only (BDP probing
+    # would grow it to megabytes): its message stays with the client until a worker reads it.
+    ("grpc.http2.bdp_probe", 0),
 ]
+# Calls the controller's server holds at once (running, or queued for a worker: each of those holds
+# at most 64 KiB of its message); more are refused RESOURCE_EXHAUSTED, so a flood of calls cannot
+# queue without bound. Far above what brokers and admins need (MAX_WATCHERS streams plus requests).
+MAX_CONCURRENT_RPCS = 1024
+# Messages one client address may have being received at once (each holds a worker while it
+# comes; more are refused RESOURCE_EXHAUSTED, which the controller client retries), and how long a
+# message may take to come before its call is cancelled (controller requests are small: a broker's
+# arrive in microseconds). See broker/receiving.py SyncReceiveGate.
+RECEIVING_PER_CLIENT = 16
+RECEIVE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -233,7 +247,10 @@ class ControllerNode:
                                           authorizer=self._security.authorizer)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_MAX_WORKERS,
                                                         thread_name_prefix=f"controller-{settings.node_id}-grpc"),
-                             options=_SERVER_OPTIONS, interceptors=[self._security.interceptor])
+                             options=_SERVER_OPTIONS, interceptors=[
+                                 SyncReceiveGate(RECEIVING_PER_CLIENT, RECEIVE_TIMEOUT_S, f"controller-{settings.node_id}"),
+                                 self._security.interceptor],
+                             maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
         pb_grpc.add_ControllerServiceServicer_to_server(self._service, server)
         self._security.add_service(server, admin)
         bound = bind_port(server, me.host, me.grpc_port, settings.tls)

@@ -109,3 +109,42 @@ def test_a_producer_finding_no_produce_stream_free_sends_unary_calls(kit: Kit) -
     wait_for(lambda: gauges(kit)["brook_request_streams_open"] == 0, 10,
              lambda: f"the closed stream to be counted out: {gauges(kit)}")
 
+
+def test_controller_calls_no_worker_has_taken_are_held_to_their_window(kit: Kit) -> None:
+    """The controller's server (synchronous gRPC) reads a call's message when a worker takes the call;
+    until then, with BDP probing off, the call is let send 64 KiB. Before, 300 calls of 1 MiB were
+    let send all 300 MiB."""
+    from metadata_quorum.node import GRPC_MAX_WORKERS
+
+    _, port = kit.cluster.controller_endpoints[0]
+    calls, size = 300, 1 * MiB
+    attacker = H2Sender(port, "/brook.ControllerService/CreateTopics", calls, size)
+    try:
+        sent = attacker.push_until_held(LIVENESS_S)
+        bound = GRPC_MAX_WORKERS * (size + 5) + (calls - GRPC_MAX_WORKERS) * WINDOW
+        assert sent <= bound, f"the controller let the attacker send {sent / MiB:.0f} MiB; bound {bound / MiB:.0f}"
+    finally:
+        attacker.close()
+    # The controller serves once the attacker is gone.
+    kit.create_topic("after-controller-attack", partitions=1, rf=1)
+
+
+def test_controller_calls_whose_messages_never_finish_cannot_take_its_workers(kit: Kit) -> None:
+    """Before, 120 such calls from one client took every worker of the controller's server: no broker
+    could heartbeat, no topic be created, for as long as the client liked."""
+    from metadata_quorum.node import RECEIVE_TIMEOUT_S, RECEIVING_PER_CLIENT
+
+    _, port = kit.cluster.controller_endpoints[0]
+    calls = 120
+    attacker = H2Sender(port, "/brook.ControllerService/CreateTopics", calls, 1000)
+    try:
+        attacker.push(1.0)
+        refused = [sid for sid, status in attacker.ended.items() if status == "8"]  # RESOURCE_EXHAUSTED
+        assert len(refused) >= calls - RECEIVING_PER_CLIENT, f"refused {len(refused)}: {attacker.ended}"
+        kit.create_topic("while-the-controller-is-attacked", partitions=1, rf=1)  # from 127.0.0.1
+        wait_for(lambda: attacker.push(0.2) is not None and len(attacker.ended) == calls, RECEIVE_TIMEOUT_S + LIVENESS_S,
+                 lambda: f"the held calls to be cancelled after {RECEIVE_TIMEOUT_S} s: {len(attacker.ended)} ended")
+        cancelled = [sid for sid, status in attacker.ended.items() if status != "8"]
+        assert len(cancelled) <= RECEIVING_PER_CLIENT, attacker.ended
+    finally:
+        attacker.close()
