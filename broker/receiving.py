@@ -323,7 +323,8 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         except Overloaded as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         try:
-            request = await asyncio.wait_for(context.read(), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                request = await context.read()
         except TimeoutError:
             slots.timed_out_total += 1
             log.info("request from %s not received within %.1f s of its turn (request.receive.timeout.ms): "
