@@ -570,6 +570,12 @@ class ControllerCollector(_SafeCollector):
                                       "Raft tick gaps of half the shortest election timeout or more (each logged at "
                                       "WARNING): as leader, heartbeats were late enough for an election.",
                                       value=s.raft_tick_stalls)
+        yield CounterMetricFamily("brook_controller_receive_refused",
+                                  "Calls to the controller's gRPC server refused unread: their client address had "
+                                  "16 request messages being received.", value=float(s.receive_refused))
+        yield CounterMetricFamily("brook_controller_receive_timeouts",
+                                  "Calls to the controller's gRPC server cancelled because their request message "
+                                  "had not arrived 5 s after a worker took them.", value=float(s.receive_cancelled))
         if s.is_active:
             yield from self._voters(node)
 

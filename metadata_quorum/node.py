@@ -122,6 +122,8 @@ class ControllerStats:
     partitions: int
     raft_tick_gaps: LatencyHistogram | None = None  # the Raft tick thread's gaps (None before the start)
     raft_tick_stalls: int = 0
+    receive_refused: int = 0  # calls refused: their address had RECEIVING_PER_CLIENT messages coming
+    receive_cancelled: int = 0  # calls cancelled: their message did not come within RECEIVE_TIMEOUT_S
 
 
 class ControllerNode:
@@ -134,6 +136,7 @@ class ControllerNode:
         self._controller: QuorumController | None = None
         self._service: ControllerService | None = None
         self._server: grpc.Server | None = None
+        self._receive_gate = SyncReceiveGate(RECEIVING_PER_CLIENT, RECEIVE_TIMEOUT_S, f"controller-{settings.node_id}")
         self._security: Any = None  # broker.security.NodeSecurity, built with the gRPC server
         self._bootstrap: Any = None
         self._stop = threading.Event()
@@ -247,9 +250,7 @@ class ControllerNode:
                                           authorizer=self._security.authorizer)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_MAX_WORKERS,
                                                         thread_name_prefix=f"controller-{settings.node_id}-grpc"),
-                             options=_SERVER_OPTIONS, interceptors=[
-                                 SyncReceiveGate(RECEIVING_PER_CLIENT, RECEIVE_TIMEOUT_S, f"controller-{settings.node_id}"),
-                                 self._security.interceptor],
+                             options=_SERVER_OPTIONS, interceptors=[self._receive_gate, self._security.interceptor],
                              maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
         pb_grpc.add_ControllerServiceServicer_to_server(self._service, server)
         self._security.add_service(server, admin)
@@ -294,5 +295,7 @@ class ControllerNode:
 
         version, fenced, offline, brokers, topics, partitions = raft.read(counts)
         leader = self._redirect().leader_id
+        gate = self._receive_gate
         return ControllerStats(self.is_active(), leader, raft.term, raft.commit_index, raft.last_applied, version,
-                               fenced, offline, brokers, topics, partitions, raft.tick_gaps, raft.tick_stalls_total)
+                               fenced, offline, brokers, topics, partitions, raft.tick_gaps, raft.tick_stalls_total,
+                               gate.refused_total, gate.watchdog.cancelled_total)

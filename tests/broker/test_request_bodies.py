@@ -146,5 +146,9 @@ def test_controller_calls_whose_messages_never_finish_cannot_take_its_workers(ki
                  lambda: f"the held calls to be cancelled after {RECEIVE_TIMEOUT_S} s: {len(attacker.ended)} ended")
         cancelled = [sid for sid, status in attacker.ended.items() if status != "8"]
         assert len(cancelled) <= RECEIVING_PER_CLIENT, attacker.ended
+        metrics = dict(line.split(" ", 1) for line in kit.cluster.read_metrics(1).splitlines()
+                       if line.startswith("brook_controller_receive_"))
+        assert float(metrics["brook_controller_receive_refused_total"]) >= len(refused), metrics
+        assert float(metrics["brook_controller_receive_timeouts_total"]) >= len(cancelled), metrics
     finally:
         attacker.close()

@@ -16,8 +16,10 @@ from client import errors
 from client.admin import Admin, NewTopic
 from client.consumer import Consumer
 from client.producer import Producer
+from client.sender import _refused_unread
 from client.types import TopicPartition
 from deploy.local.cluster import LocalCluster
+from proto.errors import STREAM_REFUSED_METADATA_KEY
 
 pytestmark = pytest.mark.slow
 
@@ -136,6 +138,29 @@ class _Unimplemented(grpc.RpcError):
 
     def cancel(self) -> bool:
         return False
+
+
+class _Refused(_Unimplemented):
+    def __init__(self, code: grpc.StatusCode, trailing: tuple[tuple[str, str], ...]) -> None:
+        self._code, self._trailing = code, trailing
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._trailing
+
+
+@pytest.mark.parametrize(("code", "trailing", "unread"), [
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, ((STREAM_REFUSED_METADATA_KEY, "1"),), True),
+    # Refused after requests were read (the broker's byte budget): they may have been appended, so
+    # they are retried as errors, not resent as if never sent.
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, (), False),
+    (grpc.StatusCode.UNAVAILABLE, ((STREAM_REFUSED_METADATA_KEY, "1"),), False),
+])
+def test_a_stream_refused_before_any_request_was_read_is_told_apart(code: grpc.StatusCode, trailing: tuple,
+                                                                     unread: bool) -> None:
+    assert _refused_unread(_Refused(code, trailing)) is unread
 
 
 class RefuseProduceStream(grpc.StreamStreamClientInterceptor):
