@@ -15,15 +15,15 @@ message stays with the client. So the broker serves every unary method as a clie
 it holds a *receive slot*:
 
 - at most ``max.receiving.requests`` messages are being received at once, ``max.receiving.requests.per.ip``
-  of them from one client address; a call waits, unread, for a slot (first come, first served
-  among the addresses under their bound), and an address may have ``RECEIVE_QUEUE_PER_CLIENT``
+  of them from one client address; a call waits, unread, for a slot (the waiting addresses under
+  their bound take turns, each its oldest call), and an address may have ``RECEIVE_QUEUE_PER_CLIENT``
   calls waiting: more are refused at once (RESOURCE_EXHAUSTED, which clients retry after a backoff);
 - a message must arrive within ``request.receive.timeout.ms`` of its slot being granted (a sender
   trickling bytes holds one slot, not the broker), and a call waits at most that long for a slot.
 
-The bytes a broker holds for requests it has not decoded are then at most
+The bytes a broker holds for unary requests it has not decoded are then at most
 ``max.receiving.requests × socket.request.max.bytes`` plus 64 KiB per waiting call, instead of
-without bound. A message already buffered when its slot is granted (any request under 64 KiB) is
+without bound (request streams add one message each, below). A message already buffered when its slot is granted (any request under 64 KiB) is
 read at once, so a slot is held for microseconds by well-behaved clients.
 
 Request streams (ProduceStream, ReplicaFetch) read their next message whenever the client sends
