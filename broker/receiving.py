@@ -22,8 +22,9 @@ it holds a *receive slot*:
   trickling bytes holds one slot, not the broker), and a call waits at most that long for a slot.
 
 The bytes a broker holds for unary requests it has not decoded are then at most
-``max.receiving.requests × socket.request.max.bytes`` plus 64 KiB per waiting call, instead of
-without bound (request streams add one message each, below). A message already buffered when its slot is granted (any request under 64 KiB) is
+``2 × max.receiving.requests × socket.request.max.bytes`` (followers' OffsetsForLeaderEpoch have
+slots of their own) plus 64 KiB per waiting call, instead of without bound (request streams add
+one message each, below). A message already buffered when its slot is granted (any request under 64 KiB) is
 read at once, so a slot is held for microseconds by well-behaved clients.
 
 Request streams (ProduceStream, ReplicaFetch) read their next message whenever the client sends
