@@ -164,7 +164,7 @@ async def gated(request: pytest.FixtureRequest) -> AsyncIterator[GatedServer]:
     gate = ReceiveGate(ReceiveSlots(params.get("total", 4), params.get("per_client", 2),
                                     params.get("queue", 256)),
                        {"/t.T/Chat": StreamCounts("Chat", 2, 3), OTHER_STREAMS: StreamCounts("other", 2)},
-                       params.get("timeout_s", 30.0), pool)
+                       params.get("timeout_s", 300.0), pool)  # by default, far above what a test takes
     served = Served()
     u, ss = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
     handlers = {"Echo": u(served.echo, _identity, _identity), "SyncEcho": u(served.sync_echo, _identity, _identity),

@@ -39,8 +39,9 @@ LIVENESS_S = 60.0  # generous on a loaded machine: not a speed assert
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kit]:
     base: Path = tmp_path_factory.mktemp("request-bodies")
+    # request.receive.timeout.ms far above what a test takes: the attacker's calls are held, not timed out.
     overrides = {"max.receiving.requests": "4", "max.receiving.requests.per.ip": str(PER_IP),
-                 "max.produce.streams": "1"}
+                 "max.produce.streams": "1", "request.receive.timeout.ms": "300000"}
     with running_kit(base, nodes=1, overrides=overrides) as k:
         k.create_topic("t", partitions=1, rf=1)
         yield k
