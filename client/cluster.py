@@ -116,6 +116,12 @@ def rpc_error(exc: grpc.RpcError, what: str) -> errors.BrookError:
         # The broker's admission control refused the request (too much in flight from us): a
         # retriable throttle, so callers back off and retry instead of failing.
         return errors.error_for(errors.ErrorCode.THROTTLING_QUOTA_EXCEEDED, f"{what}: {details}")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
+        # gRPC refused the message by its size prefix (the broker's socket.request.max.bytes, or this
+        # client's receive limit): the same request would be refused again.
+        return errors.MessageTooLargeError(
+            f"{what}: the message is larger than the other side accepts (a broker's socket.request.max.bytes; "
+            f"producers: keep max.request.size under it): {details}")
     if code == grpc.StatusCode.INVALID_ARGUMENT:  # the broker refused the request as malformed: not retried
         return errors.InvalidRequestError(f"{what}: {details}")
     return errors.UnknownServerError(f"{what}: {code} {details}")

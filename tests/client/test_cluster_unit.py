@@ -5,10 +5,11 @@ from __future__ import annotations
 import socket
 import time
 
+import grpc
 import pytest
 
 from client import errors
-from client.cluster import Backoff, ClusterClient, parse_bootstrap
+from client.cluster import Backoff, ClusterClient, parse_bootstrap, rpc_error
 from client.types import TopicPartition
 
 
@@ -53,3 +54,24 @@ def test_fetch_error_is_returned_not_raised_when_unreachable() -> None:
     client.close()
     assert isinstance(result.error, errors.BrookError), f"expected a typed error, got {result!r}"
     assert result.records == b""
+
+
+class _Status(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def test_a_message_over_the_brokers_size_limit_is_a_typed_error_not_retried() -> None:
+    e = rpc_error(_Status(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          "Received message larger than max (9437200 vs. 8388608)"), "Produce to broker 1")
+    assert isinstance(e, errors.MessageTooLargeError) and not e.retriable
+    assert "socket.request.max.bytes" in str(e) and "9437200" in str(e)
+    throttled = rpc_error(_Status(grpc.StatusCode.RESOURCE_EXHAUSTED, "broker overloaded: client 1.2.3.4 has 4 "
+                                  "requests waiting to be received"), "Fetch")
+    assert throttled.code == errors.ErrorCode.THROTTLING_QUOTA_EXCEEDED and throttled.retriable
