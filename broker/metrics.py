@@ -339,7 +339,7 @@ class ReceiveCollector(_SafeCollector):
         yield GaugeMetricFamily("brook_request_streams_open", "ProduceStream and ReplicaFetch calls open.",
                                 value=float(s.streams_open))
         yield CounterMetricFamily("brook_request_streams_refused",
-                                  "Request streams refused by max.request.streams.per.ip.",
+                                  "Request streams refused by max.request.streams.per.ip or max.produce.streams.",
                                   value=float(s.streams_refused_total))
 
 
@@ -572,10 +572,10 @@ class ControllerCollector(_SafeCollector):
                                       value=s.raft_tick_stalls)
         yield CounterMetricFamily("brook_controller_receive_refused",
                                   "Calls to the controller's gRPC server refused unread: their client address had "
-                                  "16 request messages being received.", value=float(s.receive_refused))
+                                  "as many request messages being received as it may.", value=float(s.receive_refused))
         yield CounterMetricFamily("brook_controller_receive_timeouts",
                                   "Calls to the controller's gRPC server cancelled because their request message "
-                                  "had not arrived 5 s after a worker took them.", value=float(s.receive_cancelled))
+                                  "had not arrived in time after a worker took them.", value=float(s.receive_cancelled))
         if s.is_active:
             yield from self._voters(node)
 

@@ -58,7 +58,7 @@ from typing import Any
 import grpc
 
 from broker import principal
-from broker.admission import OVERLOADED_PREFIX, Overloaded, peer_host
+from broker.admission import Overloaded, peer_host
 from proto.errors import STREAM_REFUSED_METADATA_KEY
 
 log = logging.getLogger(__name__)
@@ -235,6 +235,23 @@ class ReceiveStats:
                    streams_refused_total=sum(c.refused_total for c in gate.streams.values()))
 
 
+class _GatedHandlers:
+    """Method -> (the handler an interceptor was given, the one it serves instead): built once per
+    method, not per call. Only methods a server serves get here, a few dozen; a per-call handler
+    (a refusal for a stale session) replaces the entry until the method's own comes back."""
+
+    def __init__(self) -> None:
+        self._by_method: dict[str, tuple[Any, Any]] = {}
+
+    def get(self, method: str, handler: Any, build: Callable[[Any, str], Any]) -> Any:
+        cached = self._by_method.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        gated = build(handler, method)
+        self._by_method[method] = (handler, gated)
+        return gated
+
+
 def _client_of(context: Any) -> str:
     return peer_host(context.peer() or "unknown")
 
@@ -258,20 +275,13 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         # cannot hold up replication.
         self.replication_slots = replication_slots or slots
         self._replication_methods = replication_methods
-        # method -> (the handler it was given, the gated one): built once per method, not per call.
-        self._gated: dict[str, tuple[Any, Any]] = {}
+        self._gated = _GatedHandlers()
 
     async def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        method = handler_call_details.method
-        cached = self._gated.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        gated = self._gate(handler, method)
-        self._gated[method] = (handler, gated)  # only methods the server serves get here: a few dozen
-        return gated
+        return self._gated.get(handler_call_details.method, handler, self._gate)
 
     def _gate(self, handler: Any, method: str) -> Any:
         if handler.request_streaming:
@@ -419,16 +429,15 @@ class SyncReceiveGate(grpc.ServerInterceptor):
         self._receiving: dict[str, int] = {}
         self.refused_total = 0
         self.watchdog = CallWatchdog(f"{name}-receive-watchdog")
-        self._gated: dict[str, tuple[Any, Any]] = {}
+        self._gated = _GatedHandlers()
 
     def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
         if handler is None or handler.request_streaming:
             return handler  # no request stream is served by a synchronous server here
-        method = handler_call_details.method
-        cached = self._gated.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
+        return self._gated.get(handler_call_details.method, handler, self._gate)
+
+    def _gate(self, handler: Any, method: str) -> Any:
         receive = self._receive
         if handler.response_streaming:
             stream_inner = handler.unary_stream
@@ -444,7 +453,6 @@ class SyncReceiveGate(grpc.ServerInterceptor):
                 return unary_inner(receive(request_iterator, context), context)
             gated = grpc.stream_unary_rpc_method_handler(unary, handler.request_deserializer,
                                                          handler.response_serializer)
-        self._gated[method] = (handler, gated)
         return gated
 
     @property
@@ -463,7 +471,7 @@ class SyncReceiveGate(grpc.ServerInterceptor):
                 self.refused_total += 1
         if not admitted:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"{OVERLOADED_PREFIX} client {client} has {n} requests being received")
+                          str(Overloaded(f"client {client} has {n} requests being received")))
         entry = self.watchdog.arm(context, self.timeout_s)
         try:
             request = next(request_iterator, None)

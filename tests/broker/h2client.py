@@ -16,6 +16,12 @@ import h2.events
 ATTACKER = "127.0.0.2"
 
 
+def grpc_request_headers(path: str, authority: str) -> list[tuple[str, str]]:
+    """The HEADERS of a gRPC call to ``path`` (e.g. "/brook.BrokerService/Fetch")."""
+    return [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", authority),
+            ("content-type", "application/grpc"), ("te", "trailers")]
+
+
 def grpc_status(ev: Any) -> str | None:
     """The grpc-status an HTTP/2 event carries: in trailers, or in the headers of a trailers-only answer."""
     if isinstance(ev, (h2.events.TrailersReceived, h2.events.ResponseReceived)):
@@ -42,9 +48,7 @@ class H2Sender:
         self.message_bytes = 5 + size - 1  # all but the last byte
         for _ in range(calls):
             sid = self.conn.get_next_available_stream_id()
-            self.conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", path),
-                                         (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"),
-                                         ("te", "trailers")])
+            self.conn.send_headers(sid, grpc_request_headers(path, f"127.0.0.1:{port}"))
             self.left[sid] = self.message_bytes
         self.sock.sendall(self.conn.data_to_send())
 

@@ -25,7 +25,7 @@ from proto.errors import STREAM_REFUSED_METADATA_KEY
 
 h2_connection = pytest.importorskip("h2.connection")
 import h2.config  # noqa: E402  (after the skip: h2 is a test dependency)
-from h2client import ATTACKER, H2Sender, grpc_status  # noqa: E402
+from h2client import ATTACKER, H2Sender, grpc_request_headers, grpc_status  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 WINDOW = 65535  # HTTP/2's initial stream window, which a call waiting for its slot is held to
@@ -230,7 +230,7 @@ async def test_calls_past_their_receive_slots_are_held_to_the_initial_window(gat
 async def test_without_the_gate_every_call_is_read_whole() -> None:
     """The control of the test above: what a grpc.aio server does without the gate."""
     async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        await asyncio.sleep(30)
+        await asyncio.Event().wait()  # never answers: the calls stay open until the server stops
         return b""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 8 * MiB)])
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
@@ -309,9 +309,7 @@ async def test_a_call_without_a_message_is_refused(gated: GatedServer) -> None:
     try:
         conn = h2_connection.H2Connection(h2.config.H2Configuration(client_side=True))
         conn.initiate_connection()
-        conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", "/t.T/Echo"),
-                              (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")],
-                          end_stream=True)
+        conn.send_headers(1, grpc_request_headers("/t.T/Echo", "x"), end_stream=True)
         s.sendall(conn.data_to_send())
         status = None
         s.settimeout(10)

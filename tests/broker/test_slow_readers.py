@@ -50,6 +50,7 @@ from storage.record_batch import RecordBatchBuilder
 h2_connection = pytest.importorskip("h2.connection")
 import h2.config  # noqa: E402  (after the skip: h2 is a test dependency)
 import h2.settings  # noqa: E402
+from h2client import grpc_request_headers  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -123,9 +124,7 @@ def never_reading_grpc_calls(port: int, calls: int, method: str = "Fetch", messa
     msg = grpc_fetch_frame() if message is None else message
     for _ in range(calls):
         sid = conn.get_next_available_stream_id()
-        conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", f"/brook.BrokerService/{method}"),
-                                (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"),
-                                ("te", "trailers")])
+        conn.send_headers(sid, grpc_request_headers(f"/brook.BrokerService/{method}", f"127.0.0.1:{port}"))
         conn.send_data(sid, msg, end_stream=True)
     s.sendall(conn.data_to_send())
     return s
