@@ -576,6 +576,13 @@ class ControllerCollector(_SafeCollector):
         yield CounterMetricFamily("brook_controller_receive_timeouts",
                                   "Calls to the controller's gRPC server cancelled because their request message "
                                   "had not arrived in time after a worker took them.", value=float(s.receive_cancelled))
+        yield CounterMetricFamily("brook_controller_client_calls_refused",
+                                  "Calls from clients (not the cluster's nodes) refused by the controller's gRPC "
+                                  "server because only the workers kept for the nodes were free.",
+                                  value=float(s.client_calls_refused))
+        yield GaugeMetricFamily("brook_controller_calls_served",
+                                "Calls the controller's gRPC server is serving (each holds one of its workers).",
+                                value=float(s.calls_served))
         if s.is_active:
             yield from self._voters(node)
 

@@ -491,6 +491,19 @@ def require_node(context: Any, node_id: int) -> Principal:
                            f"node's certificate ({node_principal(node_id)})")
 
 
+def is_node_caller(context: Any) -> bool:
+    """Whether this call comes from a node itself (its certificate, or the documented loopback trust),
+    not from a client, nor a client's request that a node forwards (its method is ``forwarded``)."""
+    return is_node_auth(authenticate(context))
+
+
+def is_node_auth(auth: Authentication) -> bool:
+    """``is_node_caller`` for a call already authenticated."""
+    if auth.method == AUTH_CERTIFICATE:
+        return node_id_of(auth.principal) is not None
+    return _trusted_loopback(auth)
+
+
 def require_any_node(context: Any) -> int | None:
     """Refuse unless the caller is some node; its id (None for a trusted loopback plaintext caller)."""
     auth = authenticate(context)

@@ -23,21 +23,26 @@ it holds a *receive slot*:
 
 The bytes a broker holds for unary requests it has not decoded are then at most
 ``2 × max.receiving.requests × socket.request.max.bytes`` (followers' OffsetsForLeaderEpoch have
-slots of their own) plus 64 KiB per waiting call, instead of without bound (request streams add
-one message each, below). A message already buffered when its slot is granted (any request under 64 KiB) is
+slots of their own) plus 64 KiB per waiting call (``RECEIVE_QUEUE_TOTAL`` of them per pool, shared
+fairly between addresses), instead of without bound (request streams add one message each, below). A message already buffered when its slot is granted (any request under 64 KiB) is
 read at once, so a slot is held for microseconds by well-behaved clients.
 
 Request streams (ProduceStream, ReplicaFetch) read their next message whenever the client sends
 one, as a Kafka connection does: a stream's message cannot wait for a slot without the stream
 holding it while idle. Their number is bounded instead (``max.request.streams.per.ip``,
-``max.produce.streams``); each stream receives one message at a time (broker/service.py).
+``max.produce.streams``, ``OTHER_STREAMS_TOTAL``; followers' streams are refused unread unless the
+caller is a node); each stream receives one message at a time (broker/service.py).
 
 A synchronous gRPC server (the controller's) reads a unary message on the worker thread that
 handles the call, so a call whose message never finishes held a worker forever: 120 such calls
 from one client stalled a controller (its 96 workers taken; brokers' heartbeats timed out).
 ``SyncReceiveGate`` serves those methods as client-streaming ones too, lets one client address
 receive ``per_client`` messages at once (more are refused at once: waiting would hold a worker),
-and cancels a call whose message has not arrived within its timeout (``CallWatchdog``).
+and cancels a call whose message has not arrived within its timeout (``CallWatchdog``). Enough
+addresses at their bound could still take every worker; so calls from clients (anyone but the
+cluster's nodes, known by certificate before a byte of the message is read) are taken only while
+``reserved_for_nodes`` workers stay free, and brokers' heartbeats and metadata calls always find
+one (Kafka keeps a listener of its own for its controller's requests, KIP-291, for the same reason).
 """
 
 from __future__ import annotations
@@ -66,11 +71,16 @@ log = logging.getLogger(__name__)
 # Calls one client address may have waiting, unread, for a receive slot (each holds at most HTTP/2's
 # initial window of its message, 64 KiB); more are refused RESOURCE_EXHAUSTED.
 RECEIVE_QUEUE_PER_CLIENT = 256
+# Calls waiting for a slot of one pool in all (128 MiB of windows): past it, a call from an address
+# with less than its fair share waiting takes the place of the newest call of the address with the
+# most, so many addresses cannot grow a broker without bound and one cannot crowd out the rest.
+RECEIVE_QUEUE_TOTAL = 2048
 
 # socket.request.max.bytes: the most one message being received may hold (the Kafka listener's too).
 DEFAULT_REQUEST_MAX_BYTES = 8 * 1024 * 1024
 # The counts of request streams whose method has none of its own (server reflection).
 OTHER_STREAMS = "*"
+OTHER_STREAMS_TOTAL = 16
 DEFAULT_RECEIVING = 16
 DEFAULT_RECEIVING_PER_CLIENT = 4
 DEFAULT_RECEIVE_TIMEOUT_MS = 30_000
@@ -94,15 +104,18 @@ class ReceiveSlots:
     many waiting calls takes one free slot, then the next address its turn.
     """
 
-    def __init__(self, total: int, per_client: int, queue_per_client: int = RECEIVE_QUEUE_PER_CLIENT) -> None:
-        assert total >= 1 and per_client >= 1 and queue_per_client >= 0
+    def __init__(self, total: int, per_client: int, queue_per_client: int = RECEIVE_QUEUE_PER_CLIENT,
+                 queue_total: int = RECEIVE_QUEUE_TOTAL) -> None:
+        assert total >= 1 and per_client >= 1 and queue_per_client >= 0 and queue_total >= 1
         self.total = total
         self.per_client = per_client
         self.queue_per_client = queue_per_client
+        self.queue_total = queue_total
         self._free = total
         self._held: dict[str, int] = {}
         # Addresses with waiting calls, in turn order; each a FIFO of the futures its calls wait on.
         self._waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}
+        self._queued = 0  # futures in those queues
         self.refused_total = 0
         self.timed_out_total = 0
 
@@ -112,7 +125,7 @@ class ReceiveSlots:
 
     @property
     def waiting(self) -> int:
-        return sum(len(q) for q in self._waiting.values())
+        return self._queued
 
     def held_by(self, client: str) -> int:
         return self._held.get(client, 0)
@@ -133,25 +146,45 @@ class ReceiveSlots:
             self.refused_total += 1
             raise Overloaded(f"client {client} has {len(queue or ())} requests waiting to be received "
                              f"and {self.held_by(client)} being received")
+        if self._queued >= self.queue_total:
+            self._make_room(client, len(queue or ()))
         if queue is None:
             queue = self._waiting[client] = collections.deque()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue.append(waiter)
+        self._queued += 1
         try:
             async with asyncio.timeout(timeout_s):
                 await waiter
         except BaseException as exc:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 self.release(client)  # granted as the wait ended: give it to the next caller
             else:
                 waiter.cancel()
-                self._forget(client, waiter)
+                self._forget(client, waiter)  # (a call whose place was taken is out of the queue already)
             if isinstance(exc, TimeoutError):
                 self.timed_out_total += 1
                 raise Overloaded(f"no receive slot for client {client} within {timeout_s:.1f} s "
                                  f"({self.receiving} requests being received, max.receiving.requests="
                                  f"{self.total})") from None
             raise
+
+    def _make_room(self, client: str, mine: int) -> None:
+        """Every waiting place is taken: refuse ``client``'s call (``mine`` of its calls wait) unless it
+        has less than its fair share waiting; then the newest call of the address with the most waiting
+        is refused in its place."""
+        fair = self.queue_total // (len(self._waiting) + (client not in self._waiting))
+        victim, queue = (None, None) if mine >= fair else max(self._waiting.items(), key=lambda kv: len(kv[1]))
+        if queue is None or len(queue) <= mine + 1:
+            self.refused_total += 1
+            raise Overloaded(f"{self._queued} requests are waiting to be received, {mine} of them client "
+                             f"{client}'s (its share: {fair})")
+        waiter = queue.pop()
+        self._queued -= 1
+        self.refused_total += 1
+        waiter.set_exception(Overloaded(f"{self._queued} requests are waiting to be received, {len(queue) + 1} "
+                                        f"of them client {victim}'s: its newest gave its place to another "
+                                        f"client's"))
 
     def release(self, client: str) -> None:
         _count_down(self._held, client)
@@ -164,6 +197,7 @@ class ReceiveSlots:
             return
         try:
             queue.remove(waiter)
+            self._queued -= 1
         except ValueError:
             pass
         if not queue:
@@ -176,6 +210,7 @@ class ReceiveSlots:
                 return  # every waiting address is at its own bound
             queue = self._waiting[client]
             waiter = queue.popleft()
+            self._queued -= 1
             del self._waiting[client]
             if queue:
                 self._waiting[client] = queue  # to the end of the turn order
@@ -187,13 +222,18 @@ class ReceiveSlots:
 
 class StreamCounts:
     """Open streams of one request-streaming method: ``per_client`` per client address and, when
-    ``total`` is set, that many in all (loop thread only)."""
+    ``total`` is set (the config key ``total_key``), that many in all (loop thread only)."""
 
-    def __init__(self, name: str, per_client: int, total: int | None = None) -> None:
+    def __init__(self, name: str, per_client: int, total: int | None = None, *, nodes_only: bool = False,
+                 total_key: str | None = "max.produce.streams") -> None:
         assert per_client >= 1 and (total is None or total >= 1)
         self.name = name
         self.per_client = per_client
         self.total = total
+        self.total_key = total_key
+        # Refused before a message is read unless the caller is a node (principal.is_node_caller): then
+        # the per-address bound bounds them in all, by the number of nodes.
+        self.nodes_only = nodes_only
         self._open: dict[str, int] = {}
         self.open = 0
         self.refused_total = 0
@@ -204,7 +244,7 @@ class StreamCounts:
             self.refused_total += 1
             raise Overloaded(f"{self.open} {self.name} streams open, {n} of them client {client}'s "
                              f"(max.request.streams.per.ip={self.per_client}"
-                             + (f", max.produce.streams={self.total})" if self.total is not None else ")"))
+                             + ("" if self.total is None else f", {self.total_key or 'in all'}={self.total}") + ")")
         self._open[client] = n + 1
         self.open += 1
 
@@ -353,6 +393,15 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
     def _counted(inner: Callable[..., AsyncIterator[Any]], counts: StreamCounts) -> Callable[..., AsyncIterator[Any]]:
         async def stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             client = _client_of(context)
+            if counts.nodes_only:
+                auth = principal.authenticate(context)
+                if not principal.is_node_auth(auth):
+                    counts.refused_total += 1
+                    # Before a message is read: only brokers have a use for these streams. No identity
+                    # at all (an expired SCRAM session) is UNAUTHENTICATED, as the stream's own check says.
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED if auth.method == principal.AUTH_NONE
+                                        else grpc.StatusCode.PERMISSION_DENIED,
+                                        f"{counts.name} streams are for the cluster's nodes; {auth.principal} is not one")
             try:
                 counts.enter(client)
             except Overloaded as e:
@@ -417,17 +466,26 @@ class CallWatchdog:
 class SyncReceiveGate(grpc.ServerInterceptor):
     """For a synchronous gRPC server: unary methods served as client-streaming ones whose message is
     read with at most ``per_client`` others of its address's, and within ``timeout_s`` (else the call
-    is cancelled and its worker freed). The outermost interceptor (``outermost``)."""
+    is cancelled and its worker freed). With ``workers`` (the server's pool) and ``reserved_for_nodes``,
+    a call that ``is_node`` says is not a node's is refused at once unless that many workers would
+    still be free with it; nodes' calls are never refused for it. The outermost interceptor
+    (``outermost``)."""
 
     outermost = True
 
-    def __init__(self, per_client: int, timeout_s: float, name: str) -> None:
+    def __init__(self, per_client: int, timeout_s: float, name: str, *, workers: int | None = None,
+                 reserved_for_nodes: int = 0, is_node: Callable[[Any], bool] = principal.is_node_caller) -> None:
         assert per_client >= 1 and timeout_s > 0
+        assert workers is None or 0 <= reserved_for_nodes < workers
         self.per_client = per_client
         self.timeout_s = timeout_s
+        self.client_workers = None if workers is None else workers - reserved_for_nodes
+        self._is_node = is_node
         self._lock = threading.Lock()
         self._receiving: dict[str, int] = {}
+        self._busy = 0  # gated calls whose handler runs: each holds a worker
         self.refused_total = 0
+        self.workers_refused_total = 0
         self.watchdog = CallWatchdog(f"{name}-receive-watchdog")
         self._gated = _GatedHandlers()
 
@@ -438,22 +496,56 @@ class SyncReceiveGate(grpc.ServerInterceptor):
         return self._gated.get(handler_call_details.method, handler, self._gate)
 
     def _gate(self, handler: Any, method: str) -> Any:
-        receive = self._receive
+        receive, enter, leave = self._receive, self._enter, self._leave
         if handler.response_streaming:
             stream_inner = handler.unary_stream
 
             def stream(request_iterator: Any, context: grpc.ServicerContext) -> Any:
-                yield from stream_inner(receive(request_iterator, context), context)
+                enter(context)
+                try:  # a generator gRPC drops (the call ended) is closed, and this runs
+                    yield from stream_inner(receive(request_iterator, context), context)
+                finally:
+                    leave()
             gated = grpc.stream_stream_rpc_method_handler(stream, handler.request_deserializer,
                                                           handler.response_serializer)
         else:
             unary_inner = handler.unary_unary
 
             def unary(request_iterator: Any, context: grpc.ServicerContext) -> Any:
-                return unary_inner(receive(request_iterator, context), context)
+                enter(context)
+                try:
+                    return unary_inner(receive(request_iterator, context), context)
+                finally:
+                    leave()
             gated = grpc.stream_unary_rpc_method_handler(unary, handler.request_deserializer,
                                                          handler.response_serializer)
         return gated
+
+    def _enter(self, context: grpc.ServicerContext) -> None:
+        """Count this call's worker, or refuse it: a client's call that would leave fewer than the
+        reserved workers free for the nodes."""
+        limit = self.client_workers
+        node = limit is None or self._is_node(context)
+        with self._lock:
+            busy = self._busy
+            admitted = node or busy < limit
+            if admitted:
+                self._busy = busy + 1
+            else:
+                self.workers_refused_total += 1
+        if not admitted:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          str(Overloaded(f"{busy} calls are being served; the other workers are kept for "
+                                         f"the cluster's nodes")))
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._busy -= 1
+
+    @property
+    def busy(self) -> int:
+        with self._lock:
+            return self._busy
 
     @property
     def receiving(self) -> int:

@@ -46,6 +46,7 @@ from broker.receiving import (
     DEFAULT_REQUEST_MAX_BYTES,
     DEFAULT_STREAMS_PER_CLIENT,
     OTHER_STREAMS,
+    OTHER_STREAMS_TOTAL,
     ReceiveGate,
     ReceiveSlots,
     ReceiveStats,
@@ -424,9 +425,11 @@ class BrokerServer:
         streams = {
             "/brook.BrokerService/ProduceStream": StreamCounts(
                 "ProduceStream", streams_per_client, int(d.get("max.produce.streams", str(DEFAULT_PRODUCE_STREAMS)))),
-            # Followers' streams: one per follower broker and fetcher; bounded per address only.
-            "/brook.BrokerService/ReplicaFetch": StreamCounts("ReplicaFetch", streams_per_client),
-            OTHER_STREAMS: StreamCounts("other request", streams_per_client),  # server reflection
+            # Followers' streams: one per follower broker and fetcher. Refused unread unless the caller
+            # is a node, so bounded in all by the nodes' addresses.
+            "/brook.BrokerService/ReplicaFetch": StreamCounts("ReplicaFetch", streams_per_client, nodes_only=True),
+            # Server reflection (grpcurl): rarely more than one at a time.
+            OTHER_STREAMS: StreamCounts("other request", streams_per_client, OTHER_STREAMS_TOTAL, total_key=None),
         }
         return ReceiveGate(
             ReceiveSlots(total, per_client), streams,

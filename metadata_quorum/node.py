@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ from typing import Any
 
 import grpc
 
+from broker import principal
+from broker.authorizer import AuthorizerConfig
 from broker.receiving import SyncReceiveGate
 from broker.request_times import LatencyHistogram
 from broker.tls import ServerTls, bind_port
@@ -59,6 +62,24 @@ MAX_CONCURRENT_RPCS = 1024
 # arrive in microseconds). See broker/receiving.py SyncReceiveGate.
 RECEIVING_PER_CLIENT = 16
 RECEIVE_TIMEOUT_S = 5.0
+# Workers other clients' calls may not take: kept for the nodes' own calls (heartbeats, metadata
+# watches, AlterPartition) and the super users' (admins), so clients holding workers (six addresses
+# at their 16 trickling messages, or slow calls) cannot starve brokers' heartbeats and get them
+# fenced, nor lock an operator out. Both are known by certificate (or SCRAM session, or the loopback
+# trust of a plaintext single-host cluster) before a byte of the message is read.
+RESERVED_FOR_NODES = 16
+
+
+def nodes_and_super_users(defaults: dict[str, str]) -> Callable[[Any], bool]:
+    """Whether a call may take the workers kept from clients: a node's, or a ``super.users`` principal's
+    (with an authorizer; without one there are no super users to tell apart)."""
+    config = AuthorizerConfig.from_defaults(defaults)
+    supers = config.super_users if config.enabled else frozenset()
+
+    def kept_for(context: Any) -> bool:
+        auth = principal.authenticate(context)
+        return principal.is_node_auth(auth) or str(auth.principal) in supers
+    return kept_for
 
 
 @dataclass(frozen=True)
@@ -124,6 +145,8 @@ class ControllerStats:
     raft_tick_stalls: int = 0
     receive_refused: int = 0  # calls refused: their address had RECEIVING_PER_CLIENT messages coming
     receive_cancelled: int = 0  # calls cancelled: their message did not come within RECEIVE_TIMEOUT_S
+    client_calls_refused: int = 0  # clients' calls refused: only the workers kept for nodes were free
+    calls_served: int = 0  # calls whose handler runs (each holds a worker of GRPC_MAX_WORKERS)
 
 
 class ControllerNode:
@@ -136,7 +159,9 @@ class ControllerNode:
         self._controller: QuorumController | None = None
         self._service: ControllerService | None = None
         self._server: grpc.Server | None = None
-        self._receive_gate = SyncReceiveGate(RECEIVING_PER_CLIENT, RECEIVE_TIMEOUT_S, f"controller-{settings.node_id}")
+        self._receive_gate = SyncReceiveGate(RECEIVING_PER_CLIENT, RECEIVE_TIMEOUT_S, f"controller-{settings.node_id}",
+                                             workers=GRPC_MAX_WORKERS, reserved_for_nodes=RESERVED_FOR_NODES,
+                                             is_node=nodes_and_super_users(settings.defaults))
         self._security: Any = None  # broker.security.NodeSecurity, built with the gRPC server
         self._bootstrap: Any = None
         self._stop = threading.Event()
@@ -298,4 +323,5 @@ class ControllerNode:
         gate = self._receive_gate
         return ControllerStats(self.is_active(), leader, raft.term, raft.commit_index, raft.last_applied, version,
                                fenced, offline, brokers, topics, partitions, raft.tick_gaps, raft.tick_stalls_total,
-                               gate.refused_total, gate.watchdog.cancelled_total)
+                               gate.refused_total, gate.watchdog.cancelled_total, gate.workers_refused_total,
+                               gate.busy)

@@ -31,12 +31,12 @@ def grpc_status(ev: Any) -> str | None:
 
 
 class H2Sender:
-    """A raw HTTP/2 client from ``ATTACKER`` opening calls whose messages declare ``size`` bytes, and
+    """A raw HTTP/2 client from ``source`` (``ATTACKER``) opening calls whose messages declare ``size`` bytes, and
     sending of each as much as the server's flow control allows but never its last byte."""
 
-    def __init__(self, port: int, path: str, calls: int, size: int) -> None:
+    def __init__(self, port: int, path: str, calls: int, size: int, source: str = ATTACKER) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind((ATTACKER, 0))
+        self.sock.bind((source, 0))
         self.sock.connect(("127.0.0.1", port))
         self.sock.settimeout(0.02)
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))

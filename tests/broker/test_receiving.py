@@ -106,6 +106,40 @@ async def test_a_client_with_its_queue_full_is_refused_at_once() -> None:
     assert all(w.done() and w.exception() is None for w in waiters)
 
 
+async def test_with_every_waiting_place_taken_a_smaller_address_takes_the_place_of_the_biggests_newest() -> None:
+    """Waiting calls are bounded in all, not only per address, and one address filling the queue
+    cannot keep the others out."""
+    slots = ReceiveSlots(total=1, per_client=1, queue_per_client=10, queue_total=4)
+    await slots.acquire("holder", 1)
+    served: list[str] = []
+
+    async def take(client: str, i: int) -> None:
+        await slots.acquire(client, 30)
+        served.append(f"{client}{i}")
+        slots.release(client)
+
+    a = [asyncio.create_task(take("a", i)) for i in range(4)]
+    await settle()
+    assert slots.waiting == 4
+    b = asyncio.create_task(take("b", 0))  # share 4 // 2: "a" is over it, "b" under
+    await settle()
+    with pytest.raises(Overloaded, match="its newest gave its place"):
+        await a[3]
+    with pytest.raises(Overloaded, match="3 of them client a's"):
+        await slots.acquire("a", 30)  # "a" at its share (2) or over: refused, no one loses a place
+    c = asyncio.create_task(take("c", 0))  # share 4 // 3 = 1: "a" gives another place
+    await settle()
+    with pytest.raises(Overloaded, match="its newest gave its place"):
+        await a[2]
+    with pytest.raises(Overloaded, match="1 of them client b's"):
+        await slots.acquire("b", 30)  # at its share of 1
+    assert slots.waiting == 4 and slots.refused_total == 4
+    slots.release("holder")
+    await asyncio.gather(a[0], a[1], b, c)
+    assert served == ["a0", "b0", "c0", "a1"], "the waiting addresses took turns"
+    assert slots.waiting == 0 and slots.receiving == 0
+
+
 def test_stream_counts_per_client_and_in_all() -> None:
     counts = StreamCounts("ProduceStream", per_client=2, total=3)
     counts.enter("a")
@@ -131,6 +165,7 @@ class Served:
 
     def __init__(self) -> None:
         self.sync_peers: list[str] = []
+        self.replicated: list[bytes] = []
 
     async def echo(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return b"%d" % len(request)
@@ -151,6 +186,12 @@ class Served:
         async for r in requests:
             yield r
 
+    async def replicate(self, requests: AsyncIterator[bytes],
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for r in requests:
+            self.replicated.append(r)
+            yield r
+
 
 class GatedServer:
     def __init__(self, gate: ReceiveGate, served: Served, port: int, server: grpc.aio.Server) -> None:
@@ -163,14 +204,16 @@ async def gated(request: pytest.FixtureRequest) -> AsyncIterator[GatedServer]:
     pool = concurrent.futures.ThreadPoolExecutor(2)
     gate = ReceiveGate(ReceiveSlots(params.get("total", 4), params.get("per_client", 2),
                                     params.get("queue", 256)),
-                       {"/t.T/Chat": StreamCounts("Chat", 2, 3), OTHER_STREAMS: StreamCounts("other", 2)},
+                       {"/t.T/Chat": StreamCounts("Chat", 2, 3), OTHER_STREAMS: StreamCounts("other", 2),
+                        "/t.T/Replicate": StreamCounts("Replicate", 2, nodes_only=True)},
                        params.get("timeout_s", 300.0), pool)  # by default, far above what a test takes
     served = Served()
     u, ss = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
     handlers = {"Echo": u(served.echo, _identity, _identity), "SyncEcho": u(served.sync_echo, _identity, _identity),
                 "WatchGen": ss(served.watch_gen, _identity, _identity),
                 "WatchWrites": ss(served.watch_writes, _identity, _identity),
-                "Chat": grpc.stream_stream_rpc_method_handler(served.chat, _identity, _identity)}
+                "Chat": grpc.stream_stream_rpc_method_handler(served.chat, _identity, _identity),
+                "Replicate": grpc.stream_stream_rpc_method_handler(served.replicate, _identity, _identity)}
     server = grpc.aio.server(migration_thread_pool=pool, interceptors=[gate],
                              options=[("grpc.http2.bdp_probe", 0), ("grpc.max_receive_message_length", 8 * MiB)])
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("t.T", handlers)])
@@ -302,6 +345,27 @@ async def test_request_streams_past_the_bound_are_refused_before_a_message_is_re
         gates[1].set()
         assert [await c.code() for c in (open_calls[1], again)] == [grpc.StatusCode.OK] * 2
     assert gated.gate.streams["/t.T/Chat"].open == 0
+
+
+async def test_a_nodes_only_stream_from_anyone_else_is_refused_before_a_message_is_read(gated: GatedServer) -> None:
+    from broker import principal
+
+    async def one() -> AsyncIterator[bytes]:
+        yield b"fetch"
+    counts = gated.gate.streams["/t.T/Replicate"]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gated.port}") as ch:
+        # A plaintext caller on loopback is a node while that trust is on (a single-host cluster).
+        assert [r async for r in ch.stream_stream("/t.T/Replicate")(one())] == [b"fetch"]
+        principal.configure(trust_loopback_plaintext=False)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                _ = [r async for r in ch.stream_stream("/t.T/Replicate")(one())]
+        finally:
+            principal.configure(trust_loopback_plaintext=True)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, info.value
+    assert "Replicate streams are for the cluster's nodes" in (info.value.details() or "")
+    assert gated.served.replicated == [b"fetch"], "the refused stream's message was handled"
+    assert counts.refused_total == 1 and counts.open == 0
 
 
 async def test_a_call_without_a_message_is_refused(gated: GatedServer) -> None:

@@ -297,3 +297,38 @@ def test_a_console_viewer_is_the_principal_at_its_connections_address() -> None:
     left, right = socket.socketpair()  # no IP address: unknown, so only ACLs on any host apply
     with left, right:
         assert principal_of_socket(left).host == ""
+
+
+def test_a_node_caller_is_a_nodes_certificate_or_trusted_loopback_never_a_client_nor_what_a_node_forwards() -> None:
+    """What the controller keeps workers for (broker/receiving.py SyncReceiveGate)."""
+    class Ctx:
+        def __init__(self, subject: bytes | None, peer: str, metadata: tuple = ()) -> None:
+            self.subject, self._peer, self.metadata = subject, peer, metadata
+
+        def peer(self) -> str:
+            return self._peer
+
+        def auth_context(self) -> dict:
+            return {"x509_subject": [self.subject]} if self.subject else {}
+
+        def invocation_metadata(self) -> tuple:
+            return self.metadata
+
+    remote, loopback = "ipv4:10.1.2.3:5555", "ipv4:127.0.0.2:5555"
+    assert principal.is_node_caller(Ctx(b"CN=node-3,O=Brook", remote))
+    assert not principal.is_node_caller(Ctx(b"CN=alice,O=Brook", remote))
+    assert not principal.is_node_caller(Ctx(b"CN=alice,O=Brook", loopback)), "a certificate says who, not the address"
+    assert not principal.is_node_caller(Ctx(None, remote))
+    assert principal.is_node_caller(Ctx(None, loopback)), "the documented loopback trust of a plaintext cluster"
+    forwarded = ((principal.FORWARDED_PRINCIPAL_KEY, "User:carol"),)
+    assert not principal.is_node_caller(Ctx(b"CN=node-3,O=Brook", remote, forwarded)), "a client's request"
+    principal.configure(trust_loopback_plaintext=False)
+    try:
+        assert not principal.is_node_caller(Ctx(None, loopback))
+    finally:
+        principal.configure(trust_loopback_plaintext=True)
+    principal.set_session_resolver(lambda md: Principal("User", "node-1"))
+    try:
+        assert not principal.is_node_caller(Ctx(None, remote)), "a SASL user named like a node is not one"
+    finally:
+        principal.set_session_resolver(None)

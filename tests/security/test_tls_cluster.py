@@ -195,13 +195,25 @@ def test_forged_replica_fetch_is_refused(cluster: LocalCluster) -> None:
                                       last_fetched_epoch=-1)])
     resp = broker_pb2_grpc.BrokerServiceStub(ch).Fetch(req, timeout=RPC_TIMEOUT_S)
     assert [p.error_code for p in resp.partitions] == [ErrorCode.CLUSTER_AUTHORIZATION_FAILED]
-    # The same over the followers' fetch stream: each message is checked, the stream stays usable,
-    # and a consumer fetch (replica_id -1) has no place on it.
+    # The followers' fetch stream is refused before its first message is read: a client's certificate
+    # is not a node's.
+    with pytest.raises(grpc.RpcError) as info:
+        list(broker_pb2_grpc.BrokerServiceStub(ch).ReplicaFetch(iter([req]), timeout=RPC_TIMEOUT_S))
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, info.value
+    assert "ReplicaFetch streams are for the cluster's nodes" in (info.value.details() or "")
+    # A node's certificate opens one, and each message is checked: a node acting as another (the
+    # third node claiming to be the follower) is refused, the stream stays usable, and a consumer
+    # fetch (replica_id -1) has no place on it.
+    third = next(b for b in cluster.broker_ids if b not in (leader, follower))
+    cert = cluster.node_cert(third)
+    as_third = make_channel(f"localhost:{cluster.spec(leader).broker_port}", SecurityConfig(
+        protocol="SSL", ssl_ca_location=str(cert.ca), ssl_certificate_location=str(cert.cert),
+        ssl_key_location=str(cert.key)))
     consumer_req = broker_pb2.FetchRequest()
     consumer_req.CopyFrom(req)
     consumer_req.replica_id, consumer_req.replica_epoch = -1, -1
-    answers = list(broker_pb2_grpc.BrokerServiceStub(ch).ReplicaFetch(iter([req, consumer_req, req]),
-                                                                      timeout=RPC_TIMEOUT_S))
+    answers = list(broker_pb2_grpc.BrokerServiceStub(as_third).ReplicaFetch(iter([req, consumer_req, req]),
+                                                                            timeout=RPC_TIMEOUT_S))
     assert [[p.error_code for p in a.partitions] for a in answers] == [
         [ErrorCode.CLUSTER_AUTHORIZATION_FAILED], [ErrorCode.INVALID_REQUEST],
         [ErrorCode.CLUSTER_AUTHORIZATION_FAILED]], answers
