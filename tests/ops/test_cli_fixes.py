@@ -80,7 +80,8 @@ def test_out_of_range_options_are_one_usage_error(capsys: pytest.CaptureFixture[
 
 
 @pytest.mark.parametrize("bootstrap", [f"127.0.0.1:{free_port()}", "brook-no-such-host.invalid:9092",
-                                       f"brook-no-such-host.invalid:9092,127.0.0.1:{free_port()}"])
+                                       f"brook-no-such-host.invalid:9092,127.0.0.1:{free_port()}"],
+                         ids=["refused", "unresolvable", "unresolvable-then-refused"])  # the same in every worker
 def test_refused_or_unresolvable_bootstrap_fails_at_once(bootstrap: str) -> None:
     """With --timeout 120 the answer must come long before the deadline (not after retrying until it)."""
     started = time.monotonic()
