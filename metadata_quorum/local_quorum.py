@@ -11,7 +11,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,9 +31,9 @@ STOP_TIMEOUT_S = 10.0
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from deploy.local.cluster import free_port  # the launcher's pick: outside the ephemeral range
+
+    return free_port()
 
 
 class LocalQuorum:

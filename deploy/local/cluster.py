@@ -108,6 +108,26 @@ _GIVEN_PORTS_MAX = 5000
 _given_ports: set[int] = set()  # never hand out the same port twice in one process (nodes bind later)
 
 
+PORT_RANGE_ENV = "BROOK_LOCAL_PORT_RANGE"
+
+
+def _port_range() -> tuple[int, int]:
+    """Where ``free_port`` picks: ``BROOK_LOCAL_PORT_RANGE`` (``LOW-HIGH``) when set, so processes that
+    start clusters side by side (the test suite's workers) never pick the same free port; else
+    from 15000 to just below the kernel's ephemeral range."""
+    text = os.environ.get(PORT_RANGE_ENV, "")
+    if text:
+        try:
+            lo, hi = (int(x) for x in text.split("-"))
+        except ValueError:
+            raise ClusterError(f"{PORT_RANGE_ENV}={text!r}: expected LOW-HIGH, e.g. 15000-23999") from None
+        if not 1024 <= lo < hi <= 65535:
+            raise ClusterError(f"{PORT_RANGE_ENV}={text!r}: expected 1024 <= LOW < HIGH <= 65535")
+        return lo, hi
+    low, _ = _ephemeral_range()
+    return 15000, max(15001, low - 1)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that is free now, picked *below* the kernel's ephemeral range.
 
@@ -115,8 +135,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     local ports from, so one could be taken by a client socket in the second before the node
     binds it. Picking at random from below that range and checking with a bind avoids both.
     """
-    low, _ = _ephemeral_range()
-    lo, hi = 15000, max(15001, low - 1)
+    lo, hi = _port_range()
     for _ in range(_PORT_ATTEMPTS_MAX):
         port = random.randint(lo, hi)
         if port in _given_ports:

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-
+from deploy.local.cluster import free_port  # noqa: F401  (the quorum tests pick their ports here)
 from metadata_quorum.client import ControllerClient
 from proto import common_pb2
 from proto import controller_pb2 as pb
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def register_brokers(client: ControllerClient, ids: list[int], cluster_id: str, *, rack: str = "") -> dict[int, int]:

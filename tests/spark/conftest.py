@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
 import pytest
 
 _SESSION: object | None = None
+_STARTED = False  # a JVM was started in this process (the session fixture stops it)
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
 def _start_spark() -> object:
+    global _STARTED
+    _STARTED = True
     import spark_source
 
     session = spark_source.local_session("brook-spark-tests", conf={
@@ -38,7 +42,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     global _SESSION
     if session.config.option.collectonly:
         return
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Under pytest-xdist every worker collects every test, but only one runs this folder, as the
+        # first thing it runs (tests/conftest.py puts it first): its first test's setup starts the
+        # JVM (below), before that process has used gRPC, and the other worker starts none.
+        return
     if _SESSION is None and any("spark" in getattr(item, "fixturenames", ()) for item in session.items):
+        _SESSION = _start_spark()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under pytest-xdist: the JVM starts before the first test of this folder, before any fixture
+    (the ``brook`` cluster's clients use gRPC)."""
+    global _SESSION, _STARTED
+    if not _STARTED and os.environ.get("PYTEST_XDIST_WORKER"):
         _SESSION = _start_spark()
 
 
