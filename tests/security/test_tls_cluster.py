@@ -281,3 +281,68 @@ def test_replaced_certificate_is_served_without_restart(cluster: LocalCluster) -
              "the new certificate on a new connection")
     assert cluster.pid(2) == pid  # same process: no restart
     cluster.wait_ready(timeout_s=60)  # and the cluster is still whole over the rotated certificate
+
+
+# ----------------------------------------------------------------------------- the controller's workers
+
+
+def _metric(c: LocalCluster, node_id: int, name: str) -> float:
+    for line in c.read_metrics(node_id).splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return float(value)
+    raise AssertionError(f"node {node_id} exports no {name}")
+
+
+def test_a_client_holding_the_controllers_workers_cannot_get_a_broker_fenced(cluster: LocalCluster) -> None:
+    """Six addresses with an ordinary client certificate, each at its 16 messages being received and
+    never finished (calls opened again as the controller cancels them after 5 s), held all 96 workers of
+    the active controller: brokers could not heartbeat and were fenced after 6 s. The controller keeps
+    16 workers for the nodes (metadata_quorum/node.py RESERVED_FOR_NODES)."""
+    pytest.importorskip("h2.connection")
+    from h2client import H2Sender
+
+    from metadata_quorum.node import GRPC_MAX_WORKERS, RECEIVING_PER_CLIENT, RESERVED_FOR_NODES
+
+    with Admin(cluster.bootstrap_servers, request_timeout_ms=60_000, security=cluster.security) as admin:
+        admin.create_topics([NewTopic("under-controller-attack", 1, 3)])
+    active = wait_for(lambda: next((n for n in cluster.node_ids if _metric(cluster, n, "brook_controller_active")), None),
+                      60, "an active controller")
+    cert = cluster.client_cert()  # User:admin: a client (no authorizer, so no super user either)
+    tls = ssl.create_default_context(cafile=str(cert.ca))
+    tls.load_cert_chain(str(cert.cert), str(cert.key))
+    tls.check_hostname = False
+    port = cluster.spec(active).controller_port
+    attackers = [H2Sender(port, "/brook.ControllerService/CreateTopics", RECEIVING_PER_CLIENT, 1000,
+                          source=f"127.0.0.{i}", tls=tls) for i in range(2, 8)]
+
+    def hold() -> None:
+        for a in attackers:
+            a.push(0.001)
+            a.refill()
+    try:
+        clients_share = GRPC_MAX_WORKERS - RESERVED_FOR_NODES
+        wait_for(lambda: hold() or _metric(cluster, active, "brook_controller_calls_served") >= clients_share, 60,
+                 lambda: f"the attacker to hold the clients' {clients_share} workers: "
+                         f"{_metric(cluster, active, 'brook_controller_calls_served')} served")
+        fenced: list[float] = []
+        with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", **_kw(cluster)) as producer:
+            futures = []
+            now = time.monotonic()
+            until, sample = now + 15.0, now  # twice a broker's session (6 s) and more
+            while now < until:
+                hold()
+                futures.append(producer.send("under-controller-attack", b"%d" % len(futures)))
+                if now >= sample:
+                    fenced.append(_metric(cluster, active, "brook_fenced_brokers"))
+                    sample = now + 0.5
+                now = time.monotonic()
+            producer.flush(60)
+            offsets = {f.get(timeout=60).offset for f in futures}
+        assert max(fenced) == 0, f"brokers fenced while the attacker held the controller: {fenced}"
+        assert len(offsets) == len(futures), "every write under the attack is acknowledged, once"
+        assert _metric(cluster, active, "brook_controller_client_calls_refused_total") > 0, \
+            "no call of the attacker was refused: the test did not reach the bound"
+    finally:
+        for a in attackers:
+            a.close()

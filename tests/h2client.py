@@ -5,6 +5,7 @@ calls without a message. Connects from another loopback address than the well-be
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 from typing import Any
@@ -34,23 +35,42 @@ class H2Sender:
     """A raw HTTP/2 client from ``source`` (``ATTACKER``) opening calls whose messages declare ``size`` bytes, and
     sending of each as much as the server's flow control allows but never its last byte."""
 
-    def __init__(self, port: int, path: str, calls: int, size: int, source: str = ATTACKER) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind((source, 0))
-        self.sock.connect(("127.0.0.1", port))
+    def __init__(self, port: int, path: str, calls: int, size: int, source: str = ATTACKER,
+                 tls: ssl.SSLContext | None = None) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((source, 0))
+        sock.connect(("127.0.0.1", port))
+        if tls is not None:
+            tls.set_alpn_protocols(["h2"])
+            sock = tls.wrap_socket(sock, server_hostname="localhost")
+        self.sock = sock
         self.sock.settimeout(0.02)
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         self.conn.initiate_connection()
+        self.path, self.authority = path, f"127.0.0.1:{port}"
         self.left: dict[int, int] = {}
         self.ended: dict[int, str] = {}  # stream -> grpc-status (or "reset")
         self.sent = 0
         self.header = struct.pack(">BI", 0, size)
         self.message_bytes = 5 + size - 1  # all but the last byte
         for _ in range(calls):
-            sid = self.conn.get_next_available_stream_id()
-            self.conn.send_headers(sid, grpc_request_headers(path, f"127.0.0.1:{port}"))
-            self.left[sid] = self.message_bytes
+            self._open()
         self.sock.sendall(self.conn.data_to_send())
+
+    def _open(self) -> None:
+        sid = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(sid, grpc_request_headers(self.path, self.authority))
+        self.left[sid] = self.message_bytes
+
+    def refill(self) -> int:
+        """A new call in place of each that ended (refused, or cancelled by the server); how many."""
+        ended = [sid for sid in self.left if sid in self.ended]
+        for sid in ended:
+            del self.left[sid]
+            self._open()
+        if out := self.conn.data_to_send():
+            self.sock.sendall(out)
+        return len(ended)
 
     def push(self, seconds: float) -> int:
         """Send what the windows allow for ``seconds``; the bytes sent in all."""
@@ -84,7 +104,7 @@ class H2Sender:
     def receive(self) -> None:
         try:
             data = self.sock.recv(65536)
-        except (TimeoutError, BlockingIOError):
+        except (TimeoutError, BlockingIOError, ssl.SSLWantReadError):
             return
         if not data:
             return
