@@ -181,6 +181,8 @@ class ReceiveSlots:
                              f"{client}'s (its share: {fair})")
         waiter = queue.pop()
         self._queued -= 1
+        if waiter.done():
+            return  # cancelled, its caller not yet resumed to forget it: that place was free anyway
         self.refused_total += 1
         waiter.set_exception(Overloaded(f"{self._queued} requests are waiting to be received, {len(queue) + 1} "
                                         f"of them client {victim}'s: its newest gave its place to another "

@@ -140,6 +140,24 @@ async def test_with_every_waiting_place_taken_a_smaller_address_takes_the_place_
     assert slots.waiting == 0 and slots.receiving == 0
 
 
+async def test_a_waiter_cancelled_but_not_yet_resumed_gives_its_place_without_a_refusal() -> None:
+    slots = ReceiveSlots(total=1, per_client=1, queue_per_client=10, queue_total=2)
+    await slots.acquire("holder", 1)
+    a = [asyncio.create_task(slots.acquire("a", 30)) for _ in range(2)]
+    await settle()
+    b = asyncio.create_task(slots.acquire("b", 30))  # runs before the cancelled call resumes
+    a[1].cancel()  # its future is cancelled now; its task resumes only after b's first step
+    await settle()
+    with pytest.raises(asyncio.CancelledError):
+        await a[1]
+    assert slots.refused_total == 0 and slots.waiting == 2, "the cancelled call's place went to b"
+    slots.release("holder")
+    await a[0]
+    slots.release("a")
+    await b
+    assert slots.waiting == 0
+
+
 def test_stream_counts_per_client_and_in_all() -> None:
     counts = StreamCounts("ProduceStream", per_client=2, total=3)
     counts.enter("a")
