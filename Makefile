@@ -24,9 +24,9 @@ wheel: venv
 test: venv
 	$(PY) -m pytest -q tests -n 2 --dist loadscope --no-loadscope-reorder --durations=25
 
-## Unit tests only (no multi-process clusters, no Spark): seconds, for the edit loop.
+## Unit and in-process tests only (no multi-process clusters, no Spark): about 3 minutes, for the edit loop.
 test-fast: venv
-	$(PY) -m pytest -q tests -m 'not slow and not spark'
+	$(PY) -m pytest -q tests -n 2 --dist loadscope --no-loadscope-reorder -m 'not slow and not spark'
 
 ## Local 3-node cluster + topic + produce + Spark streaming job over it.
 demo: venv
