@@ -329,9 +329,7 @@ def _authenticate_call(context: Any) -> Authentication:
     forwarded = _metadata_value(context, FORWARDED_PRINCIPAL_KEY)
     if forwarded is None:
         return direct
-    is_node = (direct.method == AUTH_CERTIFICATE and node_id_of(direct.principal) is not None) or \
-        _trusted_loopback(direct)
-    if not is_node:
+    if not is_node_auth(direct):
         log.warning("ignored a forwarded principal from %s (%s): only nodes may forward", direct.principal, direct.peer)
         return direct
     try:
@@ -507,11 +505,7 @@ def is_node_auth(auth: Authentication) -> bool:
 def require_any_node(context: Any) -> int | None:
     """Refuse unless the caller is some node; its id (None for a trusted loopback plaintext caller)."""
     auth = authenticate(context)
-    if auth.method == AUTH_CERTIFICATE:
-        node = node_id_of(auth.principal)
-        if node is not None:
-            return node
-    elif _trusted_loopback(auth):
-        return None
+    if is_node_auth(auth):
+        return node_id_of(auth.principal) if auth.method == AUTH_CERTIFICATE else None
     raise errors.error_for(errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
                            f"{auth.principal} is not a cluster node")

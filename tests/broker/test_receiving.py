@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -258,14 +258,6 @@ async def test_every_kind_of_call_is_served_through_the_gate(gated: GatedServer)
         assert [r async for r in chat(two())] == [b"1", b"2"]
     assert gated.served.sync_peers and gated.served.sync_peers[0].startswith("ipv4:127.0.0.1:")
     assert gated.gate.slots.receiving == 0 and gated.gate.streams["/t.T/Chat"].open == 0
-
-
-@pytest.fixture
-def senders() -> Iterator[list[H2Sender]]:
-    made: list[H2Sender] = []
-    yield made
-    for s in made:
-        s.close()
 
 
 async def test_calls_past_their_receive_slots_are_held_to_the_initial_window(gated: GatedServer,

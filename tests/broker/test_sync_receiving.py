@@ -68,14 +68,6 @@ def serve(gate: SyncReceiveGate) -> tuple[grpc.Server, int, Served]:
     return server, port, served
 
 
-@pytest.fixture
-def attackers() -> Iterator[list[H2Sender]]:
-    senders: list[H2Sender] = []
-    yield senders
-    for s in senders:
-        s.close()
-
-
 def hold_every_clients_worker(port: int, attackers: list[H2Sender]) -> None:
     """Each attacker address opens PER_CLIENT calls whose 1,000-byte messages never finish."""
     for source in ATTACKERS:
@@ -84,17 +76,17 @@ def hold_every_clients_worker(port: int, attackers: list[H2Sender]) -> None:
         a.push(0.2)
 
 
-def test_clients_cannot_take_the_workers_kept_for_nodes(attackers: list[H2Sender]) -> None:
+def test_clients_cannot_take_the_workers_kept_for_nodes(senders: list[H2Sender]) -> None:
     gate = SyncReceiveGate(PER_CLIENT, 300.0, "t", workers=WORKERS, reserved_for_nodes=RESERVED, is_node=_is_node)
     server, port, served = serve(gate)
     try:
-        hold_every_clients_worker(port, attackers)
+        hold_every_clients_worker(port, senders)
         clients_share = WORKERS - RESERVED
-        wait_for(lambda: [a.push(0.05) for a in attackers] and gate.busy == clients_share and
-                 sum(len(a.ended) for a in attackers) == len(ATTACKERS) * PER_CLIENT - clients_share, LIVENESS_S,
+        wait_for(lambda: [a.push(0.05) for a in senders] and gate.busy == clients_share and
+                 sum(len(a.ended) for a in senders) == len(ATTACKERS) * PER_CLIENT - clients_share, LIVENESS_S,
                  lambda: f"{clients_share} calls held, the rest refused: busy {gate.busy}, "
-                         f"ended {[a.ended for a in attackers]}")
-        ended = [status for a in attackers for status in a.ended.values()]
+                         f"ended {[a.ended for a in senders]}")
+        ended = [status for a in senders for status in a.ended.values()]
         assert ended == ["8"] * len(ended), f"refused RESOURCE_EXHAUSTED: {ended}"
         assert gate.workers_refused_total == len(ended)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -107,26 +99,26 @@ def test_clients_cannot_take_the_workers_kept_for_nodes(attackers: list[H2Sender
         wait_for(lambda: gate.busy == clients_share, LIVENESS_S,
                  lambda: f"the cancelled watch to give its worker back: busy {gate.busy}")
     finally:
-        for a in attackers:
+        for a in senders:
             a.close()
         wait_for(lambda: gate.busy == 0, LIVENESS_S, lambda: f"the attackers' workers back: busy {gate.busy}")
         server.stop(None)
 
 
-def test_without_workers_kept_for_nodes_the_same_clients_starve_a_nodes_call(attackers: list[H2Sender]) -> None:
+def test_without_workers_kept_for_nodes_the_same_clients_starve_a_nodes_call(senders: list[H2Sender]) -> None:
     """The control: per-address bounds alone let three addresses hold every worker."""
     gate = SyncReceiveGate(PER_CLIENT, 300.0, "t")
     server, port, _ = serve(gate)
     try:
-        hold_every_clients_worker(port, attackers)
-        wait_for(lambda: [a.push(0.05) for a in attackers] and gate.busy == WORKERS, LIVENESS_S,
+        hold_every_clients_worker(port, senders)
+        wait_for(lambda: [a.push(0.05) for a in senders] and gate.busy == WORKERS, LIVENESS_S,
                  lambda: f"every worker held: busy {gate.busy}")
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             with pytest.raises(grpc.RpcError) as info:
                 ch.unary_unary("/t.T/Echo")(b"heartbeat", timeout=1.0)
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     finally:
-        for a in attackers:
+        for a in senders:
             a.close()
         server.stop(None)
 

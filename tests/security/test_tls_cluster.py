@@ -205,10 +205,8 @@ def test_forged_replica_fetch_is_refused(cluster: LocalCluster) -> None:
     # third node claiming to be the follower) is refused, the stream stays usable, and a consumer
     # fetch (replica_id -1) has no place on it.
     third = next(b for b in cluster.broker_ids if b not in (leader, follower))
-    cert = cluster.node_cert(third)
-    as_third = make_channel(f"localhost:{cluster.spec(leader).broker_port}", SecurityConfig(
-        protocol="SSL", ssl_ca_location=str(cert.ca), ssl_certificate_location=str(cert.cert),
-        ssl_key_location=str(cert.key)))
+    as_third = make_channel(f"localhost:{cluster.spec(leader).broker_port}",
+                            SecurityConfig.from_config(cluster.client_config_for(f"node-{third}")))
     consumer_req = broker_pb2.FetchRequest()
     consumer_req.CopyFrom(req)
     consumer_req.replica_id, consumer_req.replica_epoch = -1, -1
