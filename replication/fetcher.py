@@ -177,6 +177,13 @@ class _FetchSession:
         try:
             await self._call.write(request)
             response = await self._call.read()
+        except asyncio.InvalidStateError:
+            # The call ended before our write: cancelled by us, or the leader refused the stream on
+            # its metadata (e.g. an unknown SASL session). grpc.aio says only "already finished"; the
+            # call's status says why, and the fetcher acts on it as on a failed read.
+            if self._ended:
+                raise _SessionEnded("the stream was cancelled") from None
+            raise await self._ended_error() from None
         except asyncio.CancelledError:
             if not self._ended:
                 raise  # the fetcher's task itself is being cancelled
@@ -189,6 +196,14 @@ class _FetchSession:
         if response is grpc.aio.EOF:  # the leader ended the stream (it is stopping)
             raise _SessionEnded("the leader ended the stream")
         return response
+
+    async def _ended_error(self) -> Exception:
+        call = self._call
+        code = await call.code()
+        if code == grpc.StatusCode.OK:
+            return _SessionEnded("the leader ended the stream")
+        return grpc.aio.AioRpcError(code, await call.initial_metadata(), await call.trailing_metadata(),
+                                    await call.details(), await call.debug_error_string())
 
     def cancel(self) -> None:
         self._fetch_loop.call_soon(self._cancel)

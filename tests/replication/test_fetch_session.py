@@ -302,6 +302,37 @@ def test_on_sasl_each_stream_carries_the_session_token_and_a_refused_one_is_rene
     assert session.closed, "the fetcher closes its SASL session's channel when it stops"
 
 
+@pytest.mark.parametrize("leader, code", [
+    (TokenLeader(known=set()), grpc.StatusCode.UNAUTHENTICATED),
+    (Leader(stream=False), grpc.StatusCode.UNIMPLEMENTED),
+], ids=["unknown-session", "no-stream"])
+def test_a_stream_the_leader_ended_before_the_first_request_fails_with_the_leaders_status(
+        leader: broker_pb2_grpc.BrokerServiceServicer, code: grpc.StatusCode) -> None:
+    """The leader refuses a stream on its metadata, before reading a message: when its answer is
+    in before the follower's first write (a race the suite lost in CI), grpc.aio's write says only
+    "already finished". The fetch must still fail with the leader's status, or the fetcher neither
+    renews its SASL session nor falls back to unary fetches, and opens the same refused stream again."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    broker_pb2_grpc.add_BrokerServiceServicer_to_server(leader, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+
+    async def fetch_after_the_call_ended() -> grpc.aio.AioRpcError:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            session = fetcher_module._FetchSession(broker_pb2_grpc.BrokerServiceStub(channel), None,  # type: ignore[arg-type]
+                                                   ((sasl.SESSION_METADATA_KEY, "token-1"),), "token-1")
+            await session._call.code()  # the leader's refusal has arrived: the call is over
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await session.fetch(broker_pb2.FetchRequest(replica_id=2, partitions=[
+                    broker_pb2.FetchPartition(topic="t", partition=0)]))
+            return refused.value
+    try:
+        error = asyncio.run(fetch_after_the_call_ended())
+    finally:
+        server.stop(0)
+    assert error.code() == code, error
+
+
 @pytest.fixture
 def appended_on(follower: Partition, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the threads the follower's appends ran on."""
