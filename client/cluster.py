@@ -267,7 +267,10 @@ class ClusterClient:
                  timeout_ms: int | None = None) -> ClusterMetadata:
         """Cluster metadata; cached unless ``refresh``, stale, or a named topic is unknown.
 
-        A refresh tries brokers until ``timeout_ms`` (default: request.timeout.ms).
+        A refresh tries brokers until ``timeout_ms`` (default: request.timeout.ms). Metadata never goes
+        back: an answer older than the version already seen (a broker that has not applied a topic
+        another one showed us) is passed over for another broker's, and taken only when none is newer
+        by the deadline.
         """
         if not refresh and not self._needs_refresh(topics):
             return self._meta
@@ -306,6 +309,7 @@ class ClusterClient:
         )
         backoff = self._backoff(timeout_ms)
         last: Exception | None = None
+        behind: broker_pb2.MetadataResponse | None = None  # the newest answer older than what we have seen
         while True:
             for address in self._metadata_candidates():
                 timeout_s = max(0.05, min(self.request_timeout_ms / 1000.0, backoff.remaining_s()))
@@ -315,8 +319,22 @@ class ClusterClient:
                     last = rpc_error(exc, f"Metadata from {address}")
                     log.debug("metadata from %s failed: %s", address, last)
                     continue
+                seen = self._meta
+                if resp.cluster_id == seen.cluster_id and resp.metadata_version < seen.version:
+                    # A broker that has not applied what another one showed us (a topic just created,
+                    # a new leader): its answer would take them back. Ask another, or this one again.
+                    log.debug("metadata from %s is at version %d, behind the %d already seen; asking again",
+                              address, resp.metadata_version, seen.version)
+                    if behind is None or resp.metadata_version > behind.metadata_version:
+                        behind = resp
+                    continue
                 return self._apply_metadata(resp, topics)
             if not backoff.sleep():
+                if behind is not None:
+                    # Every broker that answers lags (the one ahead is gone): an answer beats none.
+                    log.info("no broker has metadata version %d within %d ms; using version %d",
+                             self._meta.version, timeout_ms or self.request_timeout_ms, behind.metadata_version)
+                    return self._apply_metadata(behind, topics)
                 raise errors.error_for(
                     errors.ErrorCode.NETWORK_EXCEPTION,
                     f"no broker answered Metadata within {timeout_ms or self.request_timeout_ms} ms "

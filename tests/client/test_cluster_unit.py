@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
+from concurrent import futures
 
 import grpc
 import pytest
@@ -11,6 +13,8 @@ import pytest
 from client import errors
 from client.cluster import Backoff, ClusterClient, parse_bootstrap, rpc_error
 from client.types import TopicPartition
+from proto import broker_pb2, broker_pb2_grpc
+from proto.errors import ErrorCode
 
 
 def test_parse_bootstrap_forms() -> None:
@@ -75,3 +79,53 @@ def test_a_message_over_the_brokers_size_limit_is_a_typed_error_not_retried() ->
     throttled = rpc_error(_Status(grpc.StatusCode.RESOURCE_EXHAUSTED, "broker overloaded: client 1.2.3.4 has 4 "
                                   "requests waiting to be received"), "Fetch")
     assert throttled.code == errors.ErrorCode.THROTTLING_QUOTA_EXCEEDED and throttled.retriable
+
+
+class _MetadataBroker(broker_pb2_grpc.BrokerServiceServicer):
+    """A broker that answers Metadata at ``version``, with topic "t" once it has applied ``topic_at``."""
+
+    def __init__(self, version: int, topic_at: int = 10) -> None:
+        self.version = version
+        self.topic_at = topic_at
+        self.asked = 0
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        broker_pb2_grpc.add_BrokerServiceServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def Metadata(self, request: broker_pb2.MetadataRequest, context: object) -> broker_pb2.MetadataResponse:
+        self.asked += 1
+        version = self.version
+        topic = broker_pb2.TopicMetadata(name="t", topic_id="T", partitions=[
+            broker_pb2.PartitionMetadata(partition=0, leader=1, leader_epoch=0, replicas=[1], isr=[1])])
+        if version < self.topic_at:
+            topic = broker_pb2.TopicMetadata(name="t", error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        return broker_pb2.MetadataResponse(cluster_id="c", controller_id=1, metadata_version=version, topics=[topic],
+                                           brokers=[broker_pb2.BrokerInfo(node_id=n, host="127.0.0.1", port=p)
+                                                    for n, p in self.brokers])
+
+
+def test_metadata_never_goes_back_to_a_broker_that_has_not_applied_what_another_showed() -> None:
+    """CI saw it: a topic created (and seen with a leader on one broker) was unknown to the next
+    describe, answered by a broker a few milliseconds behind. An answer older than the version the
+    client has seen is passed over until a broker has caught up, and taken only at the deadline."""
+    ahead, behind = _MetadataBroker(10), _MetadataBroker(9)
+    for b in (ahead, behind):
+        b.brokers = [(1, ahead.port), (2, behind.port)]  # type: ignore[attr-defined]
+    client = ClusterClient(f"127.0.0.1:{ahead.port}", request_timeout_ms=10_000, retry_backoff_ms=20)
+    try:
+        assert client.metadata(["t"], refresh=True).topics["t"].error_code == ErrorCode.NONE
+        ahead.server.stop(0)  # only the broker that lags is left; it catches up a moment later
+        threading.Timer(0.5, setattr, (behind, "version", 11)).start()
+        meta = client.metadata(["t"], refresh=True)
+        assert meta.version == 11 and meta.topics["t"].error_code == ErrorCode.NONE, meta
+        assert behind.asked >= 2, f"the answer at version 9 was taken: asked {behind.asked} time(s)"
+
+        behind.version = 5  # lags for good (say, cut off from the controllers): taken at the deadline
+        start = time.monotonic()
+        meta = client.metadata(["t"], refresh=True, timeout_ms=600)
+        assert meta.version == 5 and time.monotonic() - start >= 0.5, meta
+    finally:
+        client.close()
+        ahead.server.stop(0)
+        behind.server.stop(0)
