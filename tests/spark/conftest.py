@@ -105,21 +105,26 @@ class BrookTestCluster:
         self.wait_partitions(name, total)
 
     def wait_partitions(self, name: str, count: int, timeout_s: float = 30.0) -> None:
-        """Until every broker's metadata shows ``count`` partitions with leaders."""
+        """Until every broker's metadata shows ``count`` partitions with leaders: the Spark job's own
+        clients may ask any of them, and a broker can be a moment behind another."""
         from client.cluster import ClusterClient
+        from proto import broker_pb2
 
         deadline = time.monotonic() + timeout_s
-        seen: object = None
+        seen: dict[int, object] = {}
         with ClusterClient(self.bootstrap) as client:
             while time.monotonic() < deadline:
-                meta = client.metadata([name], refresh=True)
-                info = meta.topics.get(name)
-                seen = None if info is None else {p: m.leader for p, m in info.partitions.items()}
-                if info is not None and len(info.partitions) == count and all(
-                        m.leader >= 0 for m in info.partitions.values()):
+                for node_id in self.cluster.broker_ids:  # type: ignore[attr-defined]
+                    address = self.cluster.broker_address(node_id)  # type: ignore[attr-defined]
+                    resp = client.stub_for_address(address).Metadata(broker_pb2.MetadataRequest(topics=[name]),
+                                                                     timeout=5)
+                    info = next((t for t in resp.topics if t.name == name and t.error_code == 0), None)
+                    seen[node_id] = None if info is None else {p.partition: p.leader for p in info.partitions}
+                if all(isinstance(s, dict) and len(s) == count and min(s.values()) >= 0 for s in seen.values()):
                     return
                 time.sleep(0.1)
-        raise AssertionError(f"topic {name} did not get {count} led partitions in {timeout_s} s; saw {seen}")
+        raise AssertionError(f"topic {name} did not get {count} led partitions on every broker in {timeout_s} s; "
+                             f"saw {seen}")
 
     def producer(self, **config: object):  # type: ignore[no-untyped-def]
         from client.producer import Producer
