@@ -156,20 +156,23 @@ class Backend:
         self.admin.delete_topics(names)
 
     def wait_for_deletion(self, names: Sequence[str]) -> bool:
+        """Until a broker shows none of ``names``, then until every live broker has applied as much, so
+        that the next command (ours or anyone's) finds them gone whichever broker it asks."""
         import time
 
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             topics = self.metadata().topics
             if not any(n in topics and topics[n].error_code == 0 for n in names):
+                self.admin.wait_for_brokers(self.cluster.metadata_snapshot().version,
+                                            timeout_ms=max(1, int((deadline - time.monotonic()) * 1000)))
                 return True
-            time.sleep(0.2)
+            time.sleep(0.05)
         return False
 
     def create_partitions(self, name: str, count: int, *, validate_only: bool = False) -> None:
-        self.admin.create_partitions({name: count}, validate_only=validate_only)
-        if not validate_only:
-            self.admin.wait_for_topics([name], timeout_ms=int(self.timeout_s * 1000))
+        self.admin.create_partitions({name: count}, validate_only=validate_only,
+                                     timeout_ms=int(self.timeout_s * 1000))
 
     def describe_configs(self, name: str) -> list[ConfigValue]:
         entries = self.admin.describe_configs([name]).get(name)

@@ -68,6 +68,8 @@ def wait_done(admin: Admin, tps: list[TopicPartition], timeout_s: float, *, quie
     while True:
         left = {tp: r for tp, r in admin.list_partition_reassignments().items() if tp in wanted}
         if not left:
+            # Done in the quorum; done for whoever asks next once every broker has applied it.
+            admin.wait_for_brokers(timeout_ms=max(1, int((deadline - time.monotonic()) * 1000)))
             return
         now = time.monotonic()
         if now >= deadline:

@@ -42,6 +42,10 @@ from proto import broker_pb2, controller_pb2, group_pb2, security_pb2
 
 log = logging.getLogger(__name__)
 
+# How long wait_for_brokers gives one broker to answer before taking it for down (a broker applying
+# metadata answers Metadata in milliseconds; one stopped by SIGSTOP never does).
+BROKER_ANSWER_S = 2.0
+
 OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
 # Per-group answers that mean "ask the group's coordinator again": it moved (NOT_COORDINATOR),
 # is replaying its offsets partition (LOAD_IN_PROGRESS) or has none yet (NOT_AVAILABLE).
@@ -295,6 +299,8 @@ class Admin:
         if wait_for_leaders and not validate_only:
             created = [name for name, err in result.items() if err is None]
             self.wait_for_topics(created, timeout_ms=timeout_ms)
+            if created:
+                self.wait_for_brokers(self.cluster.metadata_snapshot().version, timeout_ms=timeout_ms)
         return result
 
     def create_topic(self, name: str, num_partitions: int = -1, replication_factor: int = -1,
@@ -318,6 +324,51 @@ class Admin:
             if time.monotonic() >= deadline:
                 raise errors.RequestTimedOutError(f"topics {names} have no leader for every partition yet")
             time.sleep(0.05)
+
+    def wait_for_brokers(self, version: int | None = None, *, timeout_ms: int | None = None) -> list[int]:
+        """Wait until every live broker has applied metadata ``version`` (default: the quorum's, read from
+        the active controller; without DESCRIBE on the cluster, the newest this client has seen), so that any
+        client, whichever broker it asks, sees what that version holds. Brokers apply the quorum's
+        metadata a few milliseconds apart. A broker that does not answer is down or stopped and is not
+        waited for; its id is returned. At the deadline brokers still behind are logged and the wait
+        ends: what was asked of the quorum is done, only not yet known everywhere."""
+        budget_ms = timeout_ms or self.request_timeout_ms
+        deadline = time.monotonic() + budget_ms / 1000
+        if version is None:
+            try:
+                version = self.describe_cluster().metadata_version
+            except errors.BrookError as e:
+                if e.code != errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED:
+                    raise
+        live = self.cluster.metadata([], refresh=True, timeout_ms=budget_ms).brokers.values()  # brokers only
+        behind = {b.node_id: b.address for b in live if not b.fenced}
+        unanswered: list[int] = []
+        seen: dict[int, int] = {}
+        if version is None:
+            version = self.cluster.metadata_snapshot().version
+        while behind:
+            for node_id, address in list(behind.items()):
+                remaining_s = deadline - time.monotonic()
+                try:
+                    resp = self.cluster.stub_for_address(address).Metadata(
+                        broker_pb2.MetadataRequest(), timeout=max(0.05, min(BROKER_ANSWER_S, remaining_s)))
+                except grpc.RpcError as exc:
+                    log.info("broker %d (%s) did not answer Metadata (%s): not waiting for it to reach metadata "
+                             "version %d", node_id, address, exc.code(), version)
+                    unanswered.append(node_id)
+                    del behind[node_id]
+                    continue
+                seen[node_id] = resp.metadata_version
+                if resp.metadata_version >= version:
+                    del behind[node_id]
+            if not behind:
+                break
+            if time.monotonic() >= deadline:
+                log.warning("brokers %s are still behind metadata version %d after %d ms (at %s)", sorted(behind),
+                            version, budget_ms, {n: seen.get(n) for n in sorted(behind)})
+                break
+            time.sleep(0.01)
+        return unanswered
 
     def delete_topics(self, names: Iterable[str], *, timeout_ms: int | None = None,
                       raise_on_error: bool = True) -> dict[str, errors.BrookError | None]:
@@ -351,6 +402,8 @@ class Admin:
         if wait_for_leaders and not validate_only:
             grown = {n: c for n, c in new_totals.items() if result.get(n) is None}
             self.wait_for_topics(list(grown), timeout_ms=timeout_ms, min_partitions=grown)
+            if grown:
+                self.wait_for_brokers(self.cluster.metadata_snapshot().version, timeout_ms=timeout_ms)
         return result
 
     def list_topics(self, *, include_internal: bool = False) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -11,6 +12,7 @@ import grpc
 import pytest
 
 from client import errors
+from client.admin import Admin
 from client.cluster import Backoff, ClusterClient, parse_bootstrap, rpc_error
 from client.types import TopicPartition
 from proto import broker_pb2, broker_pb2_grpc
@@ -129,3 +131,29 @@ def test_metadata_never_goes_back_to_a_broker_that_has_not_applied_what_another_
         client.close()
         ahead.server.stop(0)
         behind.server.stop(0)
+
+
+def test_wait_for_brokers_waits_for_each_live_broker_and_skips_one_that_is_down(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """What create_topics, create_partitions and the CLI's deletes and moves end with: every live broker
+    at the version that holds the change, so the next client finds it whichever broker it asks."""
+    ahead, lagging, down = _MetadataBroker(10), _MetadataBroker(8), _MetadataBroker(10)
+    for b in (ahead, lagging, down):
+        b.brokers = [(1, ahead.port), (2, lagging.port), (3, down.port)]  # type: ignore[attr-defined]
+    down.server.stop(0)
+    admin = Admin(f"127.0.0.1:{ahead.port}", request_timeout_ms=10_000)
+    try:
+        threading.Timer(0.3, setattr, (lagging, "version", 10)).start()
+        start = time.monotonic()
+        assert admin.wait_for_brokers(10) == [3], "the broker that is down is not waited for, and named"
+        assert time.monotonic() - start >= 0.25 and lagging.asked >= 2, \
+            f"returned before broker 2 reached version 10 (asked {lagging.asked} time(s))"
+
+        lagging.version = 9  # behind for good: the wait ends at its deadline, and says so
+        with caplog.at_level(logging.WARNING, logger="client.admin"):
+            assert admin.wait_for_brokers(10, timeout_ms=300) == [3]
+        assert "brokers [2] are still behind metadata version 10" in caplog.text, caplog.text
+    finally:
+        admin.close()
+        for b in (ahead, lagging):
+            b.server.stop(0)
