@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -279,6 +280,10 @@ class Admin:
                       wait_for_leaders: bool = True) -> dict[str, errors.BrookError | None]:
         """Create topics; {name: None or the error}. Waits (by default) until every partition has a leader."""
         by_name = {t.name: t for t in topics}
+        # One id per topic for this call, sent again on every retry: an attempt that created the topic
+        # but whose answer was lost (a controller failover, a dropped connection) is then answered as
+        # done, not TOPIC_ALREADY_EXISTS.
+        request_ids = {name: uuid.uuid4().hex for name in by_name}
 
         def build(names: list[str], remaining_ms: int) -> controller_pb2.CreateTopicsRequest:
             return controller_pb2.CreateTopicsRequest(
@@ -286,7 +291,8 @@ class Admin:
                 topics=[controller_pb2.CreatableTopic(
                     name=t.name, num_partitions=t.num_partitions, replication_factor=t.replication_factor,
                     configs={k: str(v) for k, v in t.configs.items()},
-                    assignments=[controller_pb2.ReplicaList(replicas=r) for r in t.replica_assignments or []])
+                    assignments=[controller_pb2.ReplicaList(replicas=r) for r in t.replica_assignments or []],
+                    request_id="" if validate_only else request_ids[t.name])
                     for t in (by_name[n] for n in names)])
 
         results, unknown = self._call_topics("CreateTopics", list(by_name), build, timeout_ms)

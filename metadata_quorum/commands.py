@@ -64,6 +64,7 @@ class CreateTopic:
     topic_id: str
     configs: dict[str, str]
     assignments: list[list[int]]  # replicas per partition, in partition order
+    request_id: str = ""  # the client's id for this creation: its retries are known as such
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 MAX_TOPICS_PER_REQUEST = 1000
 MAX_PARTITIONS_PER_REQUEST = 100_000  # new partitions summed over a CreateTopics/CreatePartitions request
 MAX_CLUSTER_PARTITIONS = 200_000  # default of max.cluster.partitions
+MAX_REQUEST_ID_CHARS = 64  # CreatableTopic.request_id: a UUID fits, and the state keeps one per topic
 MAX_PARTITION_CHANGES_PER_REQUEST = 10_000  # AlterPartition items
 # An activation that did not commit (leadership changed under it) is proposed again, a
 # few times per term at most; an activation the state refused is never proposed again.
@@ -620,6 +621,11 @@ class QuorumController:
             try:
                 if names.count(topic.name) > 1:
                     raise errors.InvalidRequestError(f"topic '{topic.name}' appears more than once in the request")
+                if len(topic.request_id) > MAX_REQUEST_ID_CHARS:
+                    raise errors.InvalidRequestError(
+                        f"request_id of topic '{topic.name}' is longer than {MAX_REQUEST_ID_CHARS} characters")
+                if self._created_by_retry(result, topic.request_id):
+                    continue
                 if loads is None:
                     loads = self.raft.read(self._loads)
                 cmd, new_loads = self._plan_topic(topic, loads)
@@ -634,7 +640,30 @@ class QuorumController:
                 result.error_code, result.error_message = exc.code, exc.message
                 result.topic_id = self._existing_id(topic.name, exc.code)
         self._collect(pending, timeout_s)
+        for result, topic in zip(response.results, req.topics, strict=True):
+            if result.error_code == ErrorCode.TOPIC_ALREADY_EXISTS:  # made by an attempt still in flight
+                self._created_by_retry(result, topic.request_id)
         return response
+
+    def _created_by_retry(self, result: pb.TopicResult, request_id: str) -> bool:
+        """True (and ``result`` filled in as a success) when the topic exists and was created with this
+        ``request_id``: an earlier attempt of the same request, whose answer the client did not get."""
+        if not request_id:
+            return False
+
+        def read(s: MetadataState) -> tuple[str, int, int] | None:
+            t = s.topics.get(result.name)
+            if t is None or t.request_id != request_id:
+                return None
+            return t.topic_id, len(t.partitions), len(t.partitions[0].replicas) if t.partitions else 0
+        found = self.raft.read(read)
+        if found is None:
+            return False
+        log.info("CreateTopics %r: created by an earlier attempt of the same request (%s); answered as done",
+                 result.name, request_id)
+        result.error_code, result.error_message = ErrorCode.NONE, ""
+        result.topic_id, result.num_partitions, result.replication_factor = found
+        return True
 
     def _existing_id(self, name: str, code: int) -> str:
         """The id of the topic a TOPIC_ALREADY_EXISTS is about, so an admin client retrying after an
@@ -673,6 +702,7 @@ class QuorumController:
                     "num_partitions / replication_factor disagree with the explicit assignments")
             assignments = [list(a.replicas) for a in topic.assignments]
             self._check_manual_assignment(assignments)
+            self._check_min_insync(topic.name, configs, len(assignments[0]))
         else:
             # -1 means "the cluster default" (as in Kafka); 0 is invalid, not a default.
             num_partitions = topic.num_partitions if topic.num_partitions != -1 else \
@@ -691,9 +721,8 @@ class QuorumController:
                     f"replication factor {rf} is larger than the {len(loads)} live (unfenced) brokers")
             self._check_min_insync(topic.name, configs, rf)
             assignments = place_replicas(loads, num_partitions, rf, start_index=self._rng.randrange(1 << 16))
-            return c.CreateTopic(topic.name, self._new_topic_id(), configs, assignments), _add_load(loads, assignments)
-        self._check_min_insync(topic.name, configs, len(assignments[0]))
-        return c.CreateTopic(topic.name, self._new_topic_id(), configs, assignments), _add_load(loads, assignments)
+        return (c.CreateTopic(topic.name, self._new_topic_id(), configs, assignments, topic.request_id),
+                _add_load(loads, assignments))
 
     @property
     def max_cluster_partitions(self) -> int:

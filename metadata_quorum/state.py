@@ -100,6 +100,7 @@ class TopicState:
     topic_id: str
     configs: dict[str, str]
     partitions: list[PartitionState] = field(default_factory=list)
+    request_id: str = ""  # the creating client's id for the request (CreatableTopic.request_id), if any
 
 
 @dataclass(slots=True)
@@ -505,7 +506,7 @@ class MetadataState:
         self._validate_assignments(cmd.assignments, None)
         eligible = self._eligible_ids()
         topic = TopicState(cmd.name, cmd.topic_id, configs,
-                           [self._new_partition(r, eligible) for r in cmd.assignments])
+                           [self._new_partition(r, eligible) for r in cmd.assignments], cmd.request_id)
         self.topics[cmd.name] = topic
         self.topics_by_id[cmd.topic_id] = topic
         self._touch(("T", topic.topic_id))
@@ -876,6 +877,7 @@ class MetadataState:
                  [[list(p.replicas), list(p.isr), p.leader, p.leader_epoch, p.partition_epoch]
                   + ([list(p.adding), list(p.removing)] if p.reassigning else [])
                   for p in t.partitions]]
+                + ([t.request_id] if t.request_id else [])
                 for t in sorted(self.topics.values(), key=lambda t: t.name)
             ],
             "cluster_configs": dict(sorted(self.cluster_configs.items())),
@@ -908,9 +910,9 @@ class MetadataState:
                                                 rack, fenced, shutting)
         self.topics = {}
         self.topics_by_id = {}
-        for name, topic_id, configs, partitions in data["topics"]:
+        for name, topic_id, configs, partitions, *request_id in data["topics"]:  # no request id: older
             topic = TopicState(name, topic_id, dict(configs),
-                               [_partition_from_snapshot(p) for p in partitions])
+                               [_partition_from_snapshot(p) for p in partitions], *request_id)
             self.topics[name] = topic
             self.topics_by_id[topic_id] = topic
         # Snapshots written before these records existed have no "cluster_configs" / "security" section.

@@ -263,7 +263,7 @@ class AlterPartitionResult(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., partition_state: _Optional[_Union[PartitionRecord, _Mapping]] = ...) -> None: ...
 
 class CreatableTopic(_message.Message):
-    __slots__ = ("name", "num_partitions", "replication_factor", "configs", "assignments")
+    __slots__ = ("name", "num_partitions", "replication_factor", "configs", "assignments", "request_id")
     class ConfigsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -276,12 +276,14 @@ class CreatableTopic(_message.Message):
     REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     CONFIGS_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     num_partitions: int
     replication_factor: int
     configs: _containers.ScalarMap[str, str]
     assignments: _containers.RepeatedCompositeFieldContainer[ReplicaList]
-    def __init__(self, name: _Optional[str] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ..., configs: _Optional[_Mapping[str, str]] = ..., assignments: _Optional[_Iterable[_Union[ReplicaList, _Mapping]]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, name: _Optional[str] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ..., configs: _Optional[_Mapping[str, str]] = ..., assignments: _Optional[_Iterable[_Union[ReplicaList, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ReplicaList(_message.Message):
     __slots__ = ("replicas",)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from deploy.local.cluster import free_port  # noqa: F401  (the quorum tests pick their ports here)
 from metadata_quorum.client import ControllerClient
 from proto import common_pb2
@@ -31,5 +33,6 @@ def heartbeat_all(client: ControllerClient, epochs: dict[int, int]) -> None:
 def create_topic(client: ControllerClient, name: str, partitions: int, rf: int, **kw: object) -> pb.TopicResult:
     r = client.call("CreateTopics", pb.CreateTopicsRequest(
         topics=[pb.CreatableTopic(name=name, num_partitions=partitions, replication_factor=rf,
-                                  configs=kw.get("configs") or {})]))  # type: ignore[arg-type]
+                                  configs=kw.get("configs") or {},  # type: ignore[arg-type]
+                                  request_id=kw.get("request_id", uuid.uuid4().hex))]))  # type: ignore[arg-type]
     return r.results[0]

@@ -387,3 +387,22 @@ def test_topic_already_exists_carries_the_existing_topic_id(client: ControllerCl
     assert first.error_code == ErrorCode.NONE and first.topic_id
     again = create_topic(client, "created-once", 1, 1)
     assert again.error_code == ErrorCode.TOPIC_ALREADY_EXISTS and again.topic_id == first.topic_id
+
+
+def test_a_retried_creation_with_the_same_request_id_is_answered_as_done(client: ControllerClient,
+                                                                          epochs: dict[int, int]) -> None:
+    """An admin client whose CreateTopics committed but whose answer was lost (a failover, a dropped
+    connection) sends it again with the same request id: done, with the topic's id, not "already
+    exists". Another request's id, or none, still hears that the topic exists."""
+    first = create_topic(client, "retried", 2, 2, request_id="req-a")
+    assert first.error_code == ErrorCode.NONE and first.topic_id
+    again = create_topic(client, "retried", 2, 2, request_id="req-a")
+    assert (again.error_code, again.topic_id, again.num_partitions, again.replication_factor) == \
+        (ErrorCode.NONE, first.topic_id, 2, 2), again
+    for other in ("req-b", ""):
+        theirs = create_topic(client, "retried", 2, 2, request_id=other)
+        assert theirs.error_code == ErrorCode.TOPIC_ALREADY_EXISTS and theirs.topic_id == first.topic_id, theirs
+    long_id = create_topic(client, "long-request-id", 1, 1, request_id="x" * 65)
+    assert long_id.error_code == ErrorCode.INVALID_REQUEST and "request_id" in long_id.error_message, long_id
+    described = client.call("DescribeCluster", pb.DescribeClusterRequest())
+    assert "long-request-id" not in {p.topic for p in described.partitions}

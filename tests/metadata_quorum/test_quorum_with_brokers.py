@@ -6,6 +6,7 @@ three controllers killed, acks=all writes, offset commits and new idempotent pro
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,7 +51,8 @@ def test_brokers_ride_through_a_controller_failover(cluster: LocalCluster, fault
     with ControllerClient(cluster.controller_endpoints, timeout_s=30) as controllers, \
             ClusterClient(cluster.bootstrap_servers) as brokers:
         before = controllers.call("CreateTopics", pb.CreateTopicsRequest(topics=[
-            pb.CreatableTopic(name="before", num_partitions=3, replication_factor=3)]))
+            pb.CreatableTopic(name="before", num_partitions=3, replication_factor=3,
+                              request_id=uuid.uuid4().hex)]))
         assert before.results[0].error_code == ErrorCode.NONE, before
         old = controllers.call("DescribeQuorum", pb.DescribeQuorumRequest()).leader_id
         if fault == "SIGSTOP":
@@ -59,7 +61,8 @@ def test_brokers_ride_through_a_controller_failover(cluster: LocalCluster, fault
             cluster.kill_node(old)
         killed_at = time.monotonic()
         after = controllers.call("CreateTopics", pb.CreateTopicsRequest(topics=[
-            pb.CreatableTopic(name="after", num_partitions=3, replication_factor=3)]))
+            pb.CreatableTopic(name="after", num_partitions=3, replication_factor=3,
+                              request_id=uuid.uuid4().hex)]))
         assert after.results[0].error_code == ErrorCode.NONE, after
         print(f"\nsplit cluster: controller {old} lost ({fault}), first write committed after "
               f"{time.monotonic() - killed_at:.2f}s")

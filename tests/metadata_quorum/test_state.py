@@ -357,6 +357,26 @@ def test_changes_since_returns_current_values_and_snapshot_when_too_old() -> Non
     assert s.changes_since(s.version - 1) is not None
 
 
+def test_a_topics_request_id_goes_through_the_log_and_snapshots_and_older_forms_still_load() -> None:
+    """The creating request's id (CreatableTopic.request_id) is how a controller answers a retried
+    CreateTopics as done after a failover: it must reach every voter and survive a snapshot."""
+    s = cluster(3)
+    cmd = c.CreateTopic("t", "id-t", {}, [[1, 2]], "req-1")
+    replica = cluster(3)
+    assert s.apply(c.to_dict(cmd)).ok and replica.apply(c.to_dict(cmd)).ok
+    assert s.topics["t"].request_id == replica.topics["t"].request_id == "req-1"
+    create(s, "u", [[1]])  # no request id
+    snap = s.to_snapshot()
+    restored = MetadataState.from_snapshot(snap)
+    assert restored == s and restored.topics["t"].request_id == "req-1" and restored.topics["u"].request_id == ""
+    # A command and a snapshot written before the field existed.
+    old_cmd = {k: v for k, v in c.to_dict(c.CreateTopic("v", "id-v", {}, [[1]])).items() if k != "request_id"}
+    assert s.apply(old_cmd).ok and s.topics["v"].request_id == ""
+    old_snap = {**snap, "topics": [t[:4] for t in snap["topics"]]}
+    assert MetadataState.from_snapshot(old_snap).topics["t"].request_id == ""
+    assert not s.apply({**c.to_dict(cmd), "name": "w", "topic_id": "id-w", "request_id": 7}).ok  # typed
+
+
 def test_snapshot_round_trip_equals_the_original() -> None:
     s = cluster(3, racks=["a", "b", "c"])
     create(s, "t", [[1, 2, 3], [2, 3, 1]], {"retention.ms": "5"})
