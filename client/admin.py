@@ -335,8 +335,8 @@ class Admin:
         """Wait until every live broker has applied metadata ``version`` (default: the quorum's, read from
         the active controller; without DESCRIBE on the cluster, the newest this client has seen), so that any
         client, whichever broker it asks, sees what that version holds. Brokers apply the quorum's
-        metadata a few milliseconds apart. A broker that does not answer is down or stopped and is not
-        waited for; its id is returned. At the deadline brokers still behind are logged and the wait
+        metadata a few milliseconds apart. A broker whose Metadata call fails (down, stopped, refusing)
+        is not waited for; its id is returned. At the deadline brokers still behind are logged and the wait
         ends: what was asked of the quorum is done, only not yet known everywhere."""
         budget_ms = timeout_ms or self.request_timeout_ms
         deadline = time.monotonic() + budget_ms / 1000
@@ -359,7 +359,7 @@ class Admin:
                     resp = self.cluster.stub_for_address(address).Metadata(
                         broker_pb2.MetadataRequest(), timeout=max(0.05, min(BROKER_ANSWER_S, remaining_s)))
                 except grpc.RpcError as exc:
-                    log.info("broker %d (%s) did not answer Metadata (%s): not waiting for it to reach metadata "
+                    log.info("broker %d (%s) failed Metadata (%s): not waiting for it to reach metadata "
                              "version %d", node_id, address, exc.code(), version)
                     unanswered.append(node_id)
                     del behind[node_id]
