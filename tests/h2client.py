@@ -15,6 +15,8 @@ import h2.connection
 import h2.events
 
 ATTACKER = "127.0.0.2"
+RECEIVE_POLL_S = 0.02  # how long receive() waits for the server's frames
+SEND_TIMEOUT_S = 30.0  # how long a send may wait for the server to read what its windows allowed
 
 
 def grpc_request_headers(path: str, authority: str) -> list[tuple[str, str]]:
@@ -44,7 +46,7 @@ class H2Sender:
             tls.set_alpn_protocols(["h2"])
             sock = tls.wrap_socket(sock, server_hostname="localhost")
         self.sock = sock
-        self.sock.settimeout(0.02)
+        self.sock.settimeout(RECEIVE_POLL_S)
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         self.conn.initiate_connection()
         self.path, self.authority = path, f"127.0.0.1:{port}"
@@ -55,7 +57,7 @@ class H2Sender:
         self.message_bytes = 5 + size - 1  # all but the last byte
         for _ in range(calls):
             self._open()
-        self.sock.sendall(self.conn.data_to_send())
+        self._send(self.conn.data_to_send())
 
     def _open(self) -> None:
         sid = self.conn.get_next_available_stream_id()
@@ -69,7 +71,7 @@ class H2Sender:
             del self.left[sid]
             self._open()
         if out := self.conn.data_to_send():
-            self.sock.sendall(out)
+            self._send(out)
         return len(ended)
 
     def push(self, seconds: float) -> int:
@@ -86,7 +88,7 @@ class H2Sender:
                 self.left[sid] -= n
                 self.sent += n
             if out := self.conn.data_to_send():
-                self.sock.sendall(out)
+                self._send(out)
             self.receive()
         return self.sent
 
@@ -114,7 +116,17 @@ class H2Sender:
             elif isinstance(ev, h2.events.StreamReset):
                 self.ended.setdefault(ev.stream_id, "reset")
         if out := self.conn.data_to_send():
-            self.sock.sendall(out)
+            self._send(out)
+
+    def _send(self, data: bytes) -> None:
+        """All of ``data``, however long the server takes to read it: only what its flow control allowed
+        is ever sent, and a busy server may leave it in the socket buffers a while. (With the short
+        receive poll as the timeout, a send that waited 20 ms failed half-written under load.)"""
+        self.sock.settimeout(SEND_TIMEOUT_S)
+        try:
+            self.sock.sendall(data)
+        finally:
+            self.sock.settimeout(RECEIVE_POLL_S)
 
     def close(self) -> None:
         self.sock.close()
