@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 # How long wait_for_brokers gives one broker to answer before taking it for down (a broker applying
 # metadata answers Metadata in milliseconds; one stopped by SIGSTOP never does).
 BROKER_ANSWER_S = 2.0
+# How often wait_for_brokers looks again at which brokers are fenced, while some are behind.
+FENCED_LOOK_S = 0.5
 
 OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
 # Per-group answers that mean "ask the group's coordinator again": it moved (NOT_COORDINATOR),
@@ -350,6 +352,7 @@ class Admin:
         behind = {b.node_id: b.address for b in live if not b.fenced}
         unanswered: list[int] = []
         seen: dict[int, int] = {}
+        next_look = time.monotonic() + FENCED_LOOK_S
         if version is None:
             version = self.cluster.metadata_snapshot().version
         while behind:
@@ -369,10 +372,25 @@ class Admin:
                     del behind[node_id]
             if not behind:
                 break
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 log.warning("brokers %s are still behind metadata version %d after %d ms (at %s)", sorted(behind),
                             version, budget_ms, {n: seen.get(n) for n in sorted(behind)})
                 break
+            if now >= next_look:
+                # A broker cut off from the controllers answers but stays behind until the controller
+                # fences it; the brokers that are up to date then show it fenced.
+                next_look = now + FENCED_LOOK_S
+                try:
+                    current = self.cluster.metadata([], refresh=True,
+                                                    timeout_ms=as_timeout_ms(deadline - now)).brokers
+                except errors.BrookError as e:  # no broker answered in time: the next round asks again
+                    log.debug("wait_for_brokers: no metadata to look for fenced brokers in: %s", e)
+                    current = None
+                for node_id in [n for n in behind if current is not None and (n not in current or current[n].fenced)]:
+                    log.info("broker %d is fenced or gone: not waiting for it to reach metadata version %d",
+                             node_id, version)
+                    del behind[node_id]
             time.sleep(0.01)
         return unanswered
 

@@ -89,6 +89,7 @@ class _MetadataBroker(broker_pb2_grpc.BrokerServiceServicer):
     def __init__(self, version: int, topic_at: int = 10) -> None:
         self.version = version
         self.topic_at = topic_at
+        self.fenced: set[int] = set()  # the brokers this one's metadata shows fenced
         self.asked = 0
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(self, self.server)
@@ -103,7 +104,8 @@ class _MetadataBroker(broker_pb2_grpc.BrokerServiceServicer):
         if version < self.topic_at:
             topic = broker_pb2.TopicMetadata(name="t", error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         return broker_pb2.MetadataResponse(cluster_id="c", controller_id=1, metadata_version=version, topics=[topic],
-                                           brokers=[broker_pb2.BrokerInfo(node_id=n, host="127.0.0.1", port=p)
+                                           brokers=[broker_pb2.BrokerInfo(node_id=n, host="127.0.0.1", port=p,
+                                                                          fenced=n in self.fenced)
                                                     for n, p in self.brokers])
 
 
@@ -153,6 +155,12 @@ def test_wait_for_brokers_waits_for_each_live_broker_and_skips_one_that_is_down(
         with caplog.at_level(logging.WARNING, logger="client.admin"):
             assert admin.wait_for_brokers(10, timeout_ms=300) == [3]
         assert "brokers [2] are still behind metadata version 10" in caplog.text, caplog.text
+
+        # The controller fences it (cut off from the quorum) while we wait: no longer waited for.
+        threading.Timer(0.3, setattr, (ahead, "fenced", {2})).start()
+        start = time.monotonic()
+        assert admin.wait_for_brokers(10, timeout_ms=5_000) == [3]
+        assert time.monotonic() - start < 4, "waited out the deadline for a broker the others show fenced"
     finally:
         admin.close()
         for b in (ahead, lagging):
