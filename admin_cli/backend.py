@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from client.admin import Admin, GroupDescription, GroupListing, NewTopic
-from client.cluster import ClusterClient, parse_bootstrap
+from client.cluster import ClusterClient, as_timeout_ms, parse_bootstrap
 from client.security import SecurityConfig
 from client.types import ClusterMetadata, TopicMetadata, TopicPartition
 from proto import controller_pb2, errors
@@ -165,7 +165,7 @@ class Backend:
             topics = self.metadata().topics
             if not any(n in topics and topics[n].error_code == 0 for n in names):
                 self.admin.wait_for_brokers(self.cluster.metadata_snapshot().version,
-                                            timeout_ms=max(1, int((deadline - time.monotonic()) * 1000)))
+                                            timeout_ms=as_timeout_ms(deadline - time.monotonic()))
                 return True
             time.sleep(0.05)
         return False

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from admin_cli.common import INT32_MAX, BootstrapOpt, CliError, OutputOpt, err, ok, show, state, table
 from client.admin import Admin
+from client.cluster import as_timeout_ms
 from client.types import TopicPartition
 from proto import controller_pb2
 
@@ -69,7 +70,7 @@ def wait_done(admin: Admin, tps: list[TopicPartition], timeout_s: float, *, quie
         left = {tp: r for tp, r in admin.list_partition_reassignments().items() if tp in wanted}
         if not left:
             # Done in the quorum; done for whoever asks next once every broker has applied it.
-            admin.wait_for_brokers(timeout_ms=max(1, int((deadline - time.monotonic()) * 1000)))
+            admin.wait_for_brokers(timeout_ms=as_timeout_ms(deadline - time.monotonic()))
             return
         now = time.monotonic()
         if now >= deadline:
