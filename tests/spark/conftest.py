@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -107,24 +106,15 @@ class BrookTestCluster:
     def wait_partitions(self, name: str, count: int, timeout_s: float = 30.0) -> None:
         """Until every broker's metadata shows ``count`` partitions with leaders: the Spark job's own
         clients may ask any of them, and a broker can be a moment behind another."""
-        from client.cluster import ClusterClient
-        from proto import broker_pb2
+        from client.admin import Admin
+        from client.errors import BrookError
 
-        deadline = time.monotonic() + timeout_s
-        seen: dict[int, object] = {}
-        with ClusterClient(self.bootstrap) as client:
-            while time.monotonic() < deadline:
-                for node_id in self.cluster.broker_ids:  # type: ignore[attr-defined]
-                    address = self.cluster.broker_address(node_id)  # type: ignore[attr-defined]
-                    resp = client.stub_for_address(address).Metadata(broker_pb2.MetadataRequest(topics=[name]),
-                                                                     timeout=5)
-                    info = next((t for t in resp.topics if t.name == name and t.error_code == 0), None)
-                    seen[node_id] = None if info is None else {p.partition: p.leader for p in info.partitions}
-                if all(isinstance(s, dict) and len(s) == count and min(s.values()) >= 0 for s in seen.values()):
-                    return
-                time.sleep(0.1)
-        raise AssertionError(f"topic {name} did not get {count} led partitions on every broker in {timeout_s} s; "
-                             f"saw {seen}")
+        with Admin(self.bootstrap) as admin:
+            try:
+                admin.wait_for_topics([name], timeout_ms=int(timeout_s * 1000), min_partitions={name: count})
+            except BrookError as e:
+                raise AssertionError(f"topic {name} did not get {count} led partitions in {timeout_s} s: {e}") from None
+            admin.wait_for_brokers(admin.cluster.metadata_snapshot().version, timeout_ms=int(timeout_s * 1000))
 
     def producer(self, **config: object):  # type: ignore[no-untyped-def]
         from client.producer import Producer
