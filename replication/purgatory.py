@@ -85,6 +85,9 @@ class DelayedOperationPurgatory:
         self._heap: list[tuple[float, int, DelayedOperation]] = []
         self._seq = itertools.count()
         self._wake = threading.Condition(self._lock)
+        # When the reaper, asleep, wakes by itself (inf: no deadline; -inf: not asleep, it looks at the
+        # heap before it sleeps). Under ``_lock``.
+        self._reaper_wakes_at = float("-inf")
         self._stopped = False
         self._reaper = threading.Thread(target=self._reap_loop, name=f"purgatory-{name}", daemon=True)
         self._reaper.start()
@@ -110,10 +113,14 @@ class DelayedOperationPurgatory:
                 while self._heap and self._heap[0][2].is_done:
                     heapq.heappop(self._heap)  # keep the heap to live operations without the reaper's help
                 heapq.heappush(self._heap, (op.deadline_s, next(self._seq), op))
-                if self._heap[0][2] is op:
-                    # Only a new earliest deadline shortens the reaper's sleep; waking it for
-                    # every acks=all produce would cost a thread switch per request.
+                if op.deadline_s < self._reaper_wakes_at:
+                    # Only a deadline before the reaper's own wake-up shortens its sleep. Not even
+                    # every new earliest one: under one-at-a-time requests each is the earliest (its
+                    # predecessor done), and the reaper, asleep until a done operation's deadline,
+                    # wakes by then anyway. Waking it for each would put a thread switch into every
+                    # acks=all produce.
                     self._wake.notify()
+                    self._reaper_wakes_at = float("-inf")  # awake: it looks at the heap before it sleeps
         return op.try_complete()
 
     def check_and_complete(self, key: Hashable) -> int:
@@ -189,7 +196,9 @@ class DelayedOperationPurgatory:
                     if expired:
                         break
                     wait_s = self._heap[0][0] - now if self._heap else None
+                    self._reaper_wakes_at = self._heap[0][0] if self._heap else float("inf")
                     self._wake.wait(timeout=wait_s)
+                    self._reaper_wakes_at = float("-inf")
                 if self._stopped and not expired:
                     return
             for op in expired:

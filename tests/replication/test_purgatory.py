@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
+from tests.waiting import wait_for
 
 
 class Waiter(DelayedOperation):
@@ -126,3 +127,57 @@ def test_delayed_operations_counts_each_waiting_operation_once_by_kind(purgatory
     assert purgatory.delayed_operations() == {"consumer_fetch": 1}
     spanning.cancel()  # the fetch's caller gave up (its RPC was cancelled)
     assert purgatory.delayed_operations() == {}
+
+
+def _count_reaper_wakes(purgatory: DelayedOperationPurgatory) -> list[int]:
+    """Counts the watch() calls that wake the reaper thread (each one a thread switch)."""
+    wakes = [0]
+    notify = purgatory._wake.notify
+
+    def counted(n: int = 1) -> None:
+        wakes[0] += 1
+        notify(n)
+    purgatory._wake.notify = counted  # type: ignore[method-assign]
+    return wakes
+
+
+def test_one_at_a_time_operations_do_not_wake_the_reaper_each(purgatory: DelayedOperationPurgatory) -> None:
+    """acks=all produces one after another: each is the earliest deadline (its predecessor done), but
+    the reaper, asleep until the first one's deadline, wakes by then anyway: no thread switch each."""
+    wakes = _count_reaper_wakes(purgatory)
+    state = {"hw": 0}
+    first = Waiter(state, 1, time.monotonic() + 30)
+    purgatory.watch(first, ["p0"])
+    wait_for(lambda: purgatory._reaper_wakes_at == first.deadline_s, 5, "the reaper asleep until the deadline")
+    for need in range(1, 201):
+        state["hw"] = need
+        purgatory.check_and_complete("p0")
+        op = Waiter(state, need + 1, time.monotonic() + 30)
+        assert not purgatory.watch(op, ["p0"])
+    assert wakes[0] <= 1, f"the reaper was woken {wakes[0]} times for 201 operations"
+
+
+def test_an_operation_after_a_done_one_still_expires_at_its_deadline(purgatory: DelayedOperationPurgatory) -> None:
+    """The reaper sleeps until a done operation's deadline, then on to the next live one's."""
+    state = {"hw": 0}
+    done = Waiter(state, 1, time.monotonic() + 0.3)
+    purgatory.watch(done, ["p0"])
+    wait_for(lambda: purgatory._reaper_wakes_at == done.deadline_s, 5, "the reaper asleep until the deadline")
+    state["hw"] = 1
+    purgatory.check_and_complete("p0")
+    started = time.monotonic()
+    late = Waiter(state, 2, started + 0.6)
+    assert not purgatory.watch(late, ["p0"])
+    assert late.finished.wait(5), "the operation never expired"
+    assert late.outcome == ["expired"] and done.outcome == ["completed"]
+
+
+def test_an_earlier_deadline_wakes_the_sleeping_reaper(purgatory: DelayedOperationPurgatory) -> None:
+    state = {"hw": 0}
+    far = Waiter(state, 1, time.monotonic() + 60)
+    purgatory.watch(far, ["p0"])
+    wait_for(lambda: purgatory._reaper_wakes_at == far.deadline_s, 5, "the reaper asleep until the deadline")
+    near = Waiter(state, 1, time.monotonic() + 0.1)
+    purgatory.watch(near, ["p1"])
+    assert near.finished.wait(5), "the earlier deadline waited for the later one"
+    assert near.outcome == ["expired"] and far.outcome == []
