@@ -212,6 +212,11 @@ _BEHAVIOUR = [
            "Requests one client address may have in flight, from their arrival until their answer is written "
            "out to it; excess is refused (RESOURCE_EXHAUSTED).",
            check=_at_least(1), roles=_B),
+    KeyDef("max.streams.per.connection", "int", "100",
+           "HTTP/2 streams one gRPC connection may have open at once (at most max.inflight.requests.per.ip); "
+           "a client's further calls wait in the client. A stream reset before the broker handled it counts "
+           "until it has, so this also bounds the work one connection can queue with HTTP/2 rapid resets.",
+           check=_at_least(1), roles=_B),
     KeyDef("max.receiving.requests", "int", "16",
            "gRPC request messages the broker receives at once (each up to socket.request.max.bytes): a call "
            "past it waits, its message unread beyond HTTP/2's 64 KiB window, for its turn.",

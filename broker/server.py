@@ -76,6 +76,13 @@ GRPC_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 LOOP_START_TIMEOUT_S = 10.0
 LOOP_STALL_S = 15.0  # a loop silent this long is not alive (its monitor stamps a time every 50 ms)
 DEFAULT_MAX_CONNECTIONS = 10_000
+# HTTP/2's recommended floor for SETTINGS_MAX_CONCURRENT_STREAMS (RFC 9113 5.1.2). gRPC counts a
+# stream reset before the broker handled it against this until it has (its rapid-reset defence,
+# CVE-2023-44487), and sheds calls at random (CANCELLED) once its backlog of unhandled ones is long.
+# At 2,000 (the old bound, max.inflight.requests.per.ip), four connections resetting calls as fast as
+# they could had a third of another client's Metadata calls cancelled in some runs
+# (tests/broker/test_rapid_reset.py).
+DEFAULT_STREAMS_PER_CONNECTION = 100
 SECURITY_WORKERS = 4  # SecurityService handlers (SCRAM exchanges, ACL and user admin): short and rare
 SERVER_STOP_GRACE_S = 1.0
 REGISTER_TIMEOUT_S = 60.0
@@ -407,7 +414,7 @@ class BrokerServer:
             # Answers (fetches) are paced by the client's windows, not this.
             ("grpc.http2.bdp_probe", 0),
             # HTTP/2's own per-connection bound: streams past it wait in the client, never reach us.
-            ("grpc.max_concurrent_streams", int(d.get("max.inflight.requests.per.ip", "2000"))),
+            ("grpc.max_concurrent_streams", self._streams_per_connection(d)),
             # Connections past the bound are refused at accept: a connection flood cannot take the
             # file descriptors the logs need (segment rolls, index files) nor unbounded memory.
             ("grpc.max_allowed_incoming_connections", self._max_connections(d)),
@@ -439,6 +446,12 @@ class BrokerServer:
 
     def receive_stats(self) -> ReceiveStats:
         return ReceiveStats.of(self.receive_gate) if self.receive_gate is not None else ReceiveStats()
+
+    @staticmethod
+    def _streams_per_connection(d: dict[str, str]) -> int:
+        """``max.streams.per.connection``, at most ``max.inflight.requests.per.ip``."""
+        return min(int(d.get("max.streams.per.connection", str(DEFAULT_STREAMS_PER_CONNECTION))),
+                   int(d.get("max.inflight.requests.per.ip", "2000")))
 
     def _max_connections(self, d: dict[str, str]) -> int:
         """``max.connections``, kept below half the process's file-descriptor limit (the rest is for logs)."""

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 TICK_INTERVAL_S = 0.1
 GRPC_MAX_WORKERS = 96  # watch streams hold a worker each; MAX_WATCHERS of them at most
+MAX_STREAMS_PER_CONNECTION = 100
 _SERVER_OPTIONS = [
     # Clients ping every 5 s so a frozen controller is noticed; allow it (one a second at most: a
     # client pinging faster is sent GOAWAY after gRPC's default two strikes, not answered forever).
@@ -51,6 +52,12 @@ _SERVER_OPTIONS = [
     # A call not yet taken by a worker is granted HTTP/2's initial 64 KiB window only (BDP probing
     # would grow it to megabytes): its message stays with the client until a worker reads it.
     ("grpc.http2.bdp_probe", 0),
+    # Streams one connection may have open (HTTP/2's recommended floor; a broker or admin client uses a
+    # few). A stream reset before a worker took it counts until it has (gRPC's rapid-reset defence,
+    # CVE-2023-44487): unbounded, one connection resetting calls as fast as it could held other
+    # clients' DescribeCluster 435 ms (p50) and had a third to half of them cancelled by gRPC's backlog
+    # shedding (tests/broker/test_rapid_reset.py).
+    ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
 ]
 # Calls the controller's server holds at once (running, or queued for a worker: each of those holds
 # at most 64 KiB of its message); more are refused RESOURCE_EXHAUSTED, so a flood of calls cannot

