@@ -62,7 +62,10 @@ def fetch_req(topic: str, partition: int, offset: int, *, max_wait_ms: int, min_
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kit]:
     base: Path = tmp_path_factory.mktemp("isolation-cluster")
-    overrides = {**FAST_FAILURE_DETECTION, "max.waiting.fetches.per.ip": str(WAITING_MAX)}
+    # The flood's polls share one connection: let it open them all at once (the default, 100 streams
+    # a connection, would hold the rest in the client), so the per-address bound is what meets them.
+    overrides = {**FAST_FAILURE_DETECTION, "max.waiting.fetches.per.ip": str(WAITING_MAX),
+                 "max.streams.per.connection": str(FLOOD)}
     with running_kit(base, nodes=3, overrides=overrides) as k:
         yield k
 

@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 from inprocess import InProcessBroker
+from waiting import await_for
 
 from broker.metrics import _produce_time_families
 from broker.request_times import LatencyHistogram, ProduceTimes
 from proto import broker_pb2
 from storage.record_batch import RecordBatchBuilder
 
-FOLLOWER_DELAY_S = 0.2  # the follower acknowledges no sooner than this after the produce started
+FOLLOWER_DELAY_S = 0.2  # the follower acknowledges no sooner than this after the produce's append
 
 
 class Leader(InProcessBroker):
@@ -64,6 +65,9 @@ def test_remote_time_is_the_wait_for_the_followers_acknowledgement(leader: Leade
 
     async def scenario() -> broker_pb2.ProduceResponse:
         produced = asyncio.ensure_future(leader.service._produce(produce_request(acks=-1)))
+        # The delay counts from the append (where the remote time starts), not from the request: the
+        # append itself may take longer than the follower's two fetches.
+        await await_for(lambda: counts(times) != (0, 0), 10, "the produce's append")
         await asyncio.sleep(FOLLOWER_DELAY_S)
         assert not produced.done(), "acks=all must wait for follower 2"
         assert counts(times) == (1, 0), f"appended, not yet acknowledged: (local, remote) = {counts(times)}"
