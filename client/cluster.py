@@ -59,6 +59,10 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.enable_retries", 0),  # retries are ours, with metadata refresh in between
+    # Each client its own connections, as a Kafka client has: gRPC would otherwise share one connection
+    # to a broker among every client of the process, and a broker lets a connection have 100 streams
+    # open (max.streams.per.connection), so one client's long polls could hold another's calls.
+    ("grpc.use_local_subchannel_pool", 1),
     *HUNG_PEER_OPTIONS,
 ]
 # Errors after which the cached leader is probably wrong.

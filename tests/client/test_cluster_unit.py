@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -165,3 +167,36 @@ def test_wait_for_brokers_waits_for_each_live_broker_and_skips_one_that_is_down(
         admin.close()
         for b in (ahead, lagging):
             b.server.stop(0)
+
+
+def _connections_to(port: int) -> int:
+    """ESTABLISHED TCP connections this process holds to ``port`` on this host (their client side)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    rows = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):  # gRPC's sockets are IPv6, v4-mapped
+        with contextlib.suppress(FileNotFoundError), open(table) as f:
+            rows += [line.split() for line in f.read().splitlines()[1:]]
+    return sum(1 for r in rows if r[3] == "01" and r[9] in inodes and int(r[2].split(":")[1], 16) == port)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="counts connections through /proc")
+def test_each_client_has_its_own_connection_to_a_broker() -> None:
+    """As a Kafka client does. gRPC shares one connection to an address among all channels of a process
+    with the same options; a broker lets a connection have 100 streams open, so two clients of one
+    process would compete for them (one's long polls holding the other's calls)."""
+    broker = _MetadataBroker(10)
+    broker.brokers = [(1, broker.port)]  # type: ignore[attr-defined]
+    clients = [ClusterClient(f"127.0.0.1:{broker.port}", request_timeout_ms=10_000) for _ in range(2)]
+    try:
+        for c in clients:
+            assert c.metadata(["t"], refresh=True).topics["t"].error_code == ErrorCode.NONE
+        assert _connections_to(broker.port) == 2
+    finally:
+        for c in clients:
+            c.close()
+        broker.server.stop(0)
