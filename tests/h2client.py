@@ -4,9 +4,9 @@ calls without a message. Connects from another loopback address than the well-be
 
 from __future__ import annotations
 
+import multiprocessing
 import socket
 import ssl
-import multiprocessing
 import struct
 import time
 from typing import Any
@@ -35,22 +35,29 @@ def grpc_status(ev: Any) -> str | None:
     return None
 
 
+def h2_connect(port: int, source: str, tls: ssl.SSLContext | None = None
+               ) -> tuple[socket.socket, h2.connection.H2Connection]:
+    """A TCP connection from ``source`` to 127.0.0.1:``port`` (TLS with ALPN h2 if ``tls``) and a client-side
+    HTTP/2 connection on it, its preface queued (not yet sent)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    if tls is not None:
+        tls.set_alpn_protocols(["h2"])
+        sock = tls.wrap_socket(sock, server_hostname="localhost")
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    return sock, conn
+
+
 class H2Sender:
     """A raw HTTP/2 client from ``source`` (``ATTACKER``) opening calls whose messages declare ``size`` bytes, and
     sending of each as much as the server's flow control allows but never its last byte."""
 
     def __init__(self, port: int, path: str, calls: int, size: int, source: str = ATTACKER,
                  tls: ssl.SSLContext | None = None) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind((source, 0))
-        sock.connect(("127.0.0.1", port))
-        if tls is not None:
-            tls.set_alpn_protocols(["h2"])
-            sock = tls.wrap_socket(sock, server_hostname="localhost")
-        self.sock = sock
+        self.sock, self.conn = h2_connect(port, source, tls)
         self.sock.settimeout(RECEIVE_POLL_S)
-        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        self.conn.initiate_connection()
         self.path, self.authority = path, f"127.0.0.1:{port}"
         self.left: dict[int, int] = {}
         self.ended: dict[int, str] = {}  # stream -> grpc-status (or "reset")
@@ -169,12 +176,8 @@ class RapidResetter:
 
 
 def _rapid_reset(port: int, path: str, source: str, sent: Any, stop: Any, errors: Any) -> None:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((source, 0))
-    sock.connect(("127.0.0.1", port))
+    sock, conn = h2_connect(port, source)
     sock.settimeout(SEND_TIMEOUT_S)
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    conn.initiate_connection()
     headers = grpc_request_headers(path, f"127.0.0.1:{port}")
     empty = struct.pack(">BI", 0, 0)
     try:
