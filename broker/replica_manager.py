@@ -615,7 +615,8 @@ class ReplicaManager:
             except LockBusy:  # an append holds a partition: the executor waits for it, not the loop
                 inline = None
         # A consumer's read after a park is of the tail it waited for: what an append or HW move
-        # just made readable, in the page cache. Read on the loop, as a woken follower fetch is,
+        # just made readable, in the page cache; one asking only past the HW reads nothing (a consumer
+        # that is up to date, before it parks). Read on the loop, as a woken follower fetch is,
         # up to LOOP_READ_MAX_BYTES (the rest the consumer fetches at once): no hop to the executor
         # and back between the commit and the answer. Not for reads sent from the files (slices),
         # nor for a min_bytes above that bound (the bounded read could never satisfy it).
@@ -624,7 +625,8 @@ class ReplicaManager:
         while True:
             if inline is None:
                 seqs = wake_seqs()  # before the read: a change racing with it wakes the park below
-                here = parked and tail_on_loop  # a consumer's read takes no lock (the log's view)
+                # A consumer's read takes no lock (the log's view); one at the tail touches no file.
+                here = tail_on_loop and (parked or self._at_tail(req))
                 read_cap = min(cap, LOOP_READ_MAX_BYTES) if here else cap
                 granted = await reserve(read_cap)
                 try:
@@ -647,6 +649,16 @@ class ReplicaManager:
             parked = True
             if self._stopped.is_set():
                 return resp, 0
+
+    def _at_tail(self, req: broker_pb2.FetchRequest) -> bool:
+        """Does a consumer's fetch ask only for what is not committed yet? Its read then finds nothing
+        without touching a file (``Log.read`` stops at the HW first), the usual case of a consumer
+        that has read everything and asks again; partitions not hosted here read no file either."""
+        for fp in req.partitions:
+            p = self._partitions.get((fp.topic, fp.partition))
+            if p is not None and fp.fetch_offset < p.log.high_watermark:
+                return False
+        return True
 
     async def _park(self, seqs: dict[Partition, int], for_follower: bool, timeout_s: float,
                     on_park: Callable[[], None], on_unpark: Callable[[], None],

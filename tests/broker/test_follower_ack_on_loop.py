@@ -269,6 +269,30 @@ def test_a_consumer_asking_more_than_the_loop_reads_is_read_on_the_executor(rm: 
     assert got == [0, 1, 2], f"every committed batch: {got}"
 
 
+def test_an_up_to_date_consumer_reads_and_parks_without_an_executor_hop(rm: ReplicaManager) -> None:
+    # A consumer asking at the HW reads nothing (Log.read stops there before any file): that read is
+    # made on the loop, so the usual fetch of a consumer that has everything costs no thread switch.
+    # One asking below the HW may read a segment from disk: that read goes to the executor.
+    rm.append_records("t", 0, one_batch(), acks=1, timeout_ms=5000, blocking=False).result(timeout=0)
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        await start_fetch(rm, follower_fetch(0), [])
+        await start_fetch(rm, follower_fetch(1), [])  # follower 2 has the batch: the HW is 1
+        assert rm.partition("t", 0).log.high_watermark == 1  # type: ignore[union-attr]
+        below: list[str] = []
+        resp, _ = await start_fetch(rm, consumer_fetch(0), below)
+        assert [h.base_offset for _, h in iter_batches(resp.partitions[0].records)] == [0], resp
+        at_tail: list[str] = []
+        parked = asyncio.ensure_future(start_fetch(rm, consumer_fetch(1), at_tail))
+        await await_for(lambda: rm.fetch_purgatory.watched(("t", 0)), 10, "the consumer fetch to park")
+        parked.cancel()
+        return below, at_tail
+
+    below, at_tail = asyncio.run(scenario())
+    assert below == ["executor"], f"a read below the HW goes to the executor: {below}"
+    assert at_tail == [], f"a consumer at the HW must read and park without an executor hop: {at_tail}"
+
+
 def test_a_fetch_from_a_stale_registration_of_the_follower_records_nothing(rm: ReplicaManager) -> None:
     """KIP-903: broker 2 registered again (a new process, broker epoch 5); a fetch still carrying its old
     epoch (the replaced process, or another process with node.id 2) must not move the high watermark."""
