@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import queue
 import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,9 +47,9 @@ from crc32c import crc32c
 from client import errors
 from client.accumulator import ProducerBatch, RecordAccumulator
 from client.cluster import REFRESH_CODES, ClusterClient, rpc_error
+from client.streams import RequestStream, UnaryFallback
 from client.types import TopicPartition
 from proto import broker_pb2
-from proto.errors import STREAM_REFUSED_METADATA_KEY
 
 log = logging.getLogger(__name__)
 
@@ -104,158 +103,6 @@ class ProducerIdState:
     bump_needed: bool = False  # a reset partition already runs under the newest epoch
 
 
-# A stream keeps the SCRAM session token it opened with (tokens age): a producer's stream to a
-# broker is retired (half-closed, its answers still read) and a new one opened after this long.
-PRODUCE_STREAM_MAX_AGE_S = 60.0
-# A broker without ProduceStream gets unary calls; the stream is tried again after this long.
-UNARY_RETRY_STREAM_S = 300.0
-# A broker with all its ProduceStreams taken (max.produce.streams, max.request.streams.per.ip) gets
-# unary calls; a stream is tried again after this long.
-UNARY_RETRY_FULL_STREAMS_S = 30.0
-
-
-def _refused_unread(exc: grpc.RpcError) -> bool:
-    """The broker refused the stream before reading any of its messages: none of them was handled."""
-    if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return False
-    try:
-        trailing = exc.trailing_metadata() or ()  # type: ignore[attr-defined]
-    except Exception:
-        return False
-    return any(key == STREAM_REFUSED_METADATA_KEY for key, _ in trailing)
-
-
-class _ProduceSession:
-    """One ProduceStream to a broker: requests go out in the order sent, answers come back in that
-    order, so each answer belongs to the oldest unanswered request.
-
-    ``send`` is called by the sender thread only and never blocks: the session's own thread opens the
-    stream (on a SASL channel that may first run the SCRAM exchange), then takes the answers and hands
-    each to ``on_done`` with its batches. When the stream ends, every unanswered request gets the
-    error that ended it (whether the broker appended it is unknown, as after a lost connection: the
-    batches are retried, and an idempotent producer's sequences let the broker drop a second copy).
-    A broker without the method (UNIMPLEMENTED) handled none of them: those go to
-    ``on_unsupported``, to be sent as unary Produce calls.
-    """
-
-    def __init__(self, node: int, stub: Any, timeout_s: float,
-                 on_done: Callable[[int, list[ProducerBatch], Any, errors.BrookError | None], None],
-                 on_unsupported: Callable[[int, Any, list[tuple[list[ProducerBatch], Any]], bool], None],
-                 *, name: str) -> None:
-        self.node = node
-        self.stub = stub
-        self.timeout_s = timeout_s  # an answer later than this cancels the stream
-        self.opened_at = time.monotonic()
-        self._on_done = on_done
-        self._on_unsupported = on_unsupported
-        self._lock = threading.Lock()
-        # (batches, request, sent at) of the unanswered requests, oldest first.
-        self._pending: deque[tuple[list[ProducerBatch], Any, float]] = deque()
-        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.ended = False  # no request can be sent on it any more
-        self._call: Any = None
-        self._cancelled = False
-        self._overdue = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def send(self, batches: list[ProducerBatch], request: Any) -> bool:
-        """Queue a request on the stream; False when the stream has ended (nothing was sent)."""
-        with self._lock:
-            if self.ended:
-                return False
-            self._pending.append((batches, request, time.monotonic()))
-            self._requests.put(request)
-        return True
-
-    def retire(self) -> None:
-        """Send nothing more on it; the broker answers what it has and ends the stream."""
-        with self._lock:
-            if not self.ended:
-                self.ended = True
-                self._requests.put(None)
-
-    def cancel(self) -> None:
-        self.retire()
-        with self._lock:
-            self._cancelled = True
-            call = self._call
-        if call is not None:
-            call.cancel()
-
-    def answering(self) -> bool:
-        """Are answers still to come (or being handed over)?"""
-        return self._thread.is_alive()
-
-    def cancel_if_overdue(self, now: float) -> bool:
-        with self._lock:
-            overdue = bool(self._pending) and now - self._pending[0][2] > self.timeout_s
-        if overdue:
-            self._overdue = True
-            self.cancel()
-        return overdue
-
-    def _run(self) -> None:
-        what = f"Produce to broker {self.node}"
-        error: errors.BrookError | None = None
-        unsupported = full = False
-        try:
-            call = self.stub.ProduceStream(iter(self._requests.get, None))
-            with self._lock:
-                self._call = call
-                cancelled = self._cancelled
-            if cancelled:
-                call.cancel()
-            for response in call:
-                with self._lock:
-                    entry = self._pending.popleft() if self._pending else None
-                if entry is None:
-                    error = errors.error_for(errors.ErrorCode.NETWORK_EXCEPTION,
-                                             f"{what}: an answer to no request on the stream")
-                    call.cancel()
-                    break
-                self._hand_over(entry[0], response, None)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                unsupported = True
-            elif _refused_unread(exc):
-                unsupported = full = True
-            elif exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-                # The broker does not know the stream's SASL session (it restarted, or the session
-                # expired): the channel has dropped the token, and the next stream authenticates anew.
-                error = errors.error_for(errors.ErrorCode.NETWORK_EXCEPTION,
-                                         f"{what}: the SASL session was refused ({exc.details()}); re-authenticating")
-            elif self._overdue:
-                error = errors.RequestTimedOutError(f"{what}: no answer within {self.timeout_s:.1f} s")
-            else:
-                error = rpc_error(exc, what)
-        except errors.BrookError as exc:  # the channel's SCRAM exchange failed before the stream opened
-            error = exc
-        except Exception as exc:  # e.g. the channel was closed under us
-            error = errors.error_for(errors.ErrorCode.NETWORK_EXCEPTION, f"{what}: {exc!r}")
-        with self._lock:
-            if not self.ended:
-                self.ended = True
-                self._requests.put(None)  # lets gRPC's request-iterator thread finish
-            left = list(self._pending)
-            self._pending.clear()
-        if unsupported:
-            self._on_unsupported(self.node, self.stub, [(batches, request) for batches, request, _ in left], full)
-            return
-        if not left:
-            return
-        if error is None:
-            error = errors.error_for(errors.ErrorCode.NETWORK_EXCEPTION, f"{what}: the stream ended unanswered")
-        for batches, _, _ in left:
-            self._hand_over(batches, None, error)
-
-    def _hand_over(self, batches: list[ProducerBatch], response: Any, error: errors.BrookError | None) -> None:
-        try:
-            self._on_done(self.node, batches, response, error)
-        except Exception:  # a bug there must not cost the other requests their answers
-            log.exception("handling the answer of a Produce to broker %d failed", self.node)
-
-
 class Sender(threading.Thread):
     def __init__(self, cluster: ClusterClient, accumulator: RecordAccumulator, config: SenderConfig,
                  *, name: str = "brook-producer-sender") -> None:
@@ -288,11 +135,10 @@ class Sender(threading.Thread):
             max_workers=min(32, 4 * config.max_in_flight), thread_name_prefix=f"{name}-io")
         # Requests go over one ProduceStream per broker (a stream message costs both ends about a
         # third of a unary call); brokers that do not serve it (an older version) get unary calls.
-        self._sessions: dict[int, _ProduceSession] = {}
-        # Stubs whose broker answered ProduceStream UNIMPLEMENTED -> when to try the stream again (the
-        # broker may have been upgraded since).
-        self._unary_only: dict[Any, float] = {}
-        self._retired: list[_ProduceSession] = []  # replaced sessions still answering what they were sent
+        self._sessions: dict[int, RequestStream] = {}
+        # Brokers that answered ProduceStream UNIMPLEMENTED (or had none free) get unary calls for a while.
+        self._unary = UnaryFallback("ProduceStream", self._pool, self._call_produce, self._not_sent)
+        self._retired: list[RequestStream] = []  # replaced sessions still answering what they were sent
         self._name = name
 
     # ---- main loop ----
@@ -541,43 +387,27 @@ class Sender(threading.Thread):
         except errors.BrookError as exc:
             self._on_done(node, batches, None, exc)
             return
-        if self._unary_only.get(stub, 0.0) > now or not self._send_on_stream(node, stub, batches, request):
+        if self._unary.active(stub) or not self._send_on_stream(node, stub, batches, request):
             self._pool.submit(self._call_produce, node, batches, stub, request)
 
     def _send_on_stream(self, node: int, stub: Any, batches: list[ProducerBatch], request: Any) -> bool:
         """Send on the broker's ProduceStream, opening one if needed; False to send it unary instead."""
         session = self._sessions.get(node)
-        if session is not None and (session.stub is not stub or
-                                    time.monotonic() - session.opened_at > PRODUCE_STREAM_MAX_AGE_S):
+        if session is not None and (session.stub is not stub or session.old()):
             session.retire()  # a new channel (the broker moved), or an old token: it answers what it has
             self._retired.append(session)
             session = None
         if session is not None and session.send(batches, request):
             return True
         # None yet, or it ended since the sender last looked: a new one (its thread opens the stream).
-        session = self._sessions[node] = _ProduceSession(
-            node, stub, self.config.request_timeout_ms / 1000 + 1, self._on_done, self._on_stream_unsupported,
-            name=f"{self._name}-stream-{node}")
+        session = self._sessions[node] = RequestStream(
+            node, stub, "ProduceStream", f"Produce to broker {node}", self.config.request_timeout_ms / 1000 + 1,
+            self._on_done, self._unary, name=f"{self._name}-stream-{node}")
         return session.send(batches, request)
 
-    def _on_stream_unsupported(self, node: int, stub: Any, unsent: list[tuple[list[ProducerBatch], Any]],
-                               full: bool = False) -> None:
-        """The broker has no ProduceStream, or none free (``full``): none of ``unsent`` was handled;
-        send them as unary calls."""
-        if self._unary_only.get(stub, 0.0) <= time.monotonic():
-            if full:
-                log.info("broker %d has no ProduceStream free (max.produce.streams, max.request.streams.per.ip): "
-                         "unary Produce calls for %.0f s", node, UNARY_RETRY_FULL_STREAMS_S)
-            else:
-                log.info("broker %d does not serve ProduceStream (an older version): unary Produce calls for %.0f s",
-                         node, UNARY_RETRY_STREAM_S)
-        self._unary_only[stub] = time.monotonic() + (UNARY_RETRY_FULL_STREAMS_S if full else UNARY_RETRY_STREAM_S)
-        for batches, request in unsent:
-            try:
-                self._pool.submit(self._call_produce, node, batches, stub, request)
-            except RuntimeError as exc:  # the producer is closing: the pool takes nothing more
-                self._on_done(node, batches, None, errors.error_for(
-                    errors.ErrorCode.NETWORK_EXCEPTION, f"Produce to broker {node}: {exc}"))
+    def _not_sent(self, node: int, batches: list[ProducerBatch], exc: Exception) -> None:
+        self._on_done(node, batches, None, errors.error_for(
+            errors.ErrorCode.NETWORK_EXCEPTION, f"Produce to broker {node}: {exc}"))
 
     def _call_produce(self, node: int, batches: list[ProducerBatch], stub: Any,
                       request: broker_pb2.ProduceRequest) -> None:

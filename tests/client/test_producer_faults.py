@@ -16,7 +16,7 @@ from client import errors
 from client.admin import Admin, NewTopic
 from client.consumer import Consumer
 from client.producer import Producer
-from client.sender import _refused_unread
+from client.streams import refused_unread
 from client.types import TopicPartition
 from deploy.local.cluster import LocalCluster
 from proto.errors import STREAM_REFUSED_METADATA_KEY
@@ -160,7 +160,7 @@ class _Refused(_Unimplemented):
 ])
 def test_a_stream_refused_before_any_request_was_read_is_told_apart(code: grpc.StatusCode, trailing: tuple,
                                                                      unread: bool) -> None:
-    assert _refused_unread(_Refused(code, trailing)) is unread
+    assert refused_unread(_Refused(code, trailing)) is unread
 
 
 class RefuseProduceStream(grpc.StreamStreamClientInterceptor):
