@@ -228,12 +228,16 @@ _BEHAVIOUR = [
            "Longest a gRPC call waits for its turn to be received, and then for its message to arrive; "
            "past it the call ends (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED).", check=_at_least(1), roles=_B),
     KeyDef("max.request.streams.per.ip", "int", "16",
-           "Request streams (ProduceStream, ReplicaFetch) of each kind one client address may have open; "
-           "more are refused (RESOURCE_EXHAUSTED: producers then send unary Produce calls for a while).",
+           "Request streams (ProduceStream, FetchStream, ReplicaFetch) of each kind one client address may have "
+           "open; more are refused (RESOURCE_EXHAUSTED: producers and consumers then send unary calls for a while).",
            check=_at_least(1), roles=_B),
     KeyDef("max.produce.streams", "int", "64",
            "ProduceStream calls open at once (each may be receiving a request of socket.request.max.bytes); "
            "more are refused and their producers send unary Produce calls for a while.",
+           check=_at_least(1), roles=_B),
+    KeyDef("max.fetch.streams", "int", "64",
+           "FetchStream calls open at once (each may be receiving a request of socket.request.max.bytes); "
+           "more are refused and their consumers send unary Fetch calls for a while.",
            check=_at_least(1), roles=_B),
     KeyDef("producer.id.max.tracked", "int", "200000",
            "Idempotent producers whose state (their last batches' sequences, about 1 KB each) all the partition "

@@ -336,10 +336,10 @@ class ReceiveCollector(_SafeCollector):
         yield CounterMetricFamily("brook_receive_timeouts",
                                   "gRPC calls ended because their message did not arrive within "
                                   "request.receive.timeout.ms, or no turn came.", value=float(s.timed_out_total))
-        yield GaugeMetricFamily("brook_request_streams_open", "ProduceStream and ReplicaFetch calls open.",
+        yield GaugeMetricFamily("brook_request_streams_open", "ProduceStream, FetchStream and ReplicaFetch calls open.",
                                 value=float(s.streams_open))
         yield CounterMetricFamily("brook_request_streams_refused",
-                                  "Request streams refused by max.request.streams.per.ip or max.produce.streams.",
+                                  "Request streams refused by max.request.streams.per.ip, max.produce.streams or max.fetch.streams.",
                                   value=float(s.streams_refused_total))
 
 

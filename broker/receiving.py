@@ -27,10 +27,10 @@ slots of their own) plus 64 KiB per waiting call (``RECEIVE_QUEUE_TOTAL`` of the
 fairly between addresses), instead of without bound (request streams add one message each, below). A message already buffered when its slot is granted (any request under 64 KiB) is
 read at once, so a slot is held for microseconds by well-behaved clients.
 
-Request streams (ProduceStream, ReplicaFetch) read their next message whenever the client sends
-one, as a Kafka connection does: a stream's message cannot wait for a slot without the stream
+Request streams (ProduceStream, FetchStream, ReplicaFetch) read their next message whenever the client
+sends one, as a Kafka connection does: a stream's message cannot wait for a slot without the stream
 holding it while idle. Their number is bounded instead (``max.request.streams.per.ip``,
-``max.produce.streams``, ``OTHER_STREAMS_TOTAL``; followers' streams are refused unread unless the
+``max.produce.streams``, ``max.fetch.streams``, ``OTHER_STREAMS_TOTAL``; followers' streams are refused unread unless the
 caller is a node); each stream receives one message at a time (broker/service.py).
 
 A synchronous gRPC server (the controller's) reads a unary message on the worker thread that
@@ -86,6 +86,7 @@ DEFAULT_RECEIVING_PER_CLIENT = 4
 DEFAULT_RECEIVE_TIMEOUT_MS = 30_000
 DEFAULT_STREAMS_PER_CLIENT = 16
 DEFAULT_PRODUCE_STREAMS = 64
+DEFAULT_FETCH_STREAMS = 64
 
 
 def _count_down(counts: dict[str, int], client: str) -> None:

@@ -373,7 +373,7 @@ class AioSessionInterceptor(grpc.aio.ServerInterceptor):
                                                    handler.response_serializer)
 
     def _checked_per_message(self, handler: Any, token: str) -> Any:
-        """A request stream (ReplicaFetch, ProduceStream) whose session is checked as each message
+        """A request stream (ReplicaFetch, ProduceStream, FetchStream) whose session is checked as each message
         arrives: it may expire while the stream lasts, or be one this node (restarted) never issued.
         The stream then ends UNAUTHENTICATED (the client drops the token and authenticates again)
         before the message is handled, rather than the message being taken as ANONYMOUS's."""

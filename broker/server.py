@@ -39,6 +39,7 @@ from broker.admission import DEFAULT_FETCH_BYTES_PER_CLIENT, ByteBudget, ClientB
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.receiving import (
+    DEFAULT_FETCH_STREAMS,
     DEFAULT_PRODUCE_STREAMS,
     DEFAULT_RECEIVE_TIMEOUT_MS,
     DEFAULT_RECEIVING,
@@ -432,6 +433,9 @@ class BrokerServer:
         streams = {
             "/brook.BrokerService/ProduceStream": StreamCounts(
                 "ProduceStream", streams_per_client, int(d.get("max.produce.streams", str(DEFAULT_PRODUCE_STREAMS)))),
+            "/brook.BrokerService/FetchStream": StreamCounts(
+                "FetchStream", streams_per_client, int(d.get("max.fetch.streams", str(DEFAULT_FETCH_STREAMS))),
+                total_key="max.fetch.streams"),
             # Followers' streams: one per follower broker and fetcher. Refused unread unless the caller
             # is a node, so bounded in all by the nodes' addresses.
             "/brook.BrokerService/ReplicaFetch": StreamCounts("ReplicaFetch", streams_per_client, nodes_only=True),

@@ -408,10 +408,42 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     # ---- Fetch ----
     async def Fetch(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> Any:
-        def on_error() -> broker_pb2.FetchResponse:
-            return _fetch_error_all(request)
         if request.replica_id >= 0:
             return await self._replica_fetch(request, context)
+        return await self._consumer_fetch(request, context)
+
+    async def FetchStream(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[broker_pb2.FetchResponse]:
+        """A consumer's fetches from this broker, answered one after the other, each as a unary Fetch.
+
+        The consumer sends the next request once it has the last response, so one is in flight per
+        stream, and the next is not read before the last answer is written out: the answer's bytes
+        stay charged to the client's share and the broker's budget until then, as a unary Fetch's do
+        until its call ends, and a consumer that does not read its answers holds one. A refusal that
+        ends a unary call (UNAUTHENTICATED, RESOURCE_EXHAUSTED, an oversized request) ends the stream.
+        """
+        context = principal.CallIdentity(context)  # type: ignore[assignment]  # read once, not per request
+        held: list[Callable[[], None]] = []
+        try:
+            async for request in request_iterator:
+                if request.replica_id >= 0:
+                    yield _partition_errors(broker_pb2.FetchResponse(), request.partitions, errors.error_for(
+                        ErrorCode.INVALID_REQUEST, "FetchStream carries consumer fetches (replica_id -1) only; "
+                        "followers fetch over ReplicaFetch"), high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+                    continue
+                response = await self._consumer_fetch(request, context, held.append)
+                yield response  # resumes once gRPC has written the answer out
+                while held:
+                    held.pop()()
+        finally:
+            while held:
+                held.pop()()
+
+    async def _consumer_fetch(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext,
+                              hold: Callable[[Callable[[], None]], None] | None = None) -> broker_pb2.FetchResponse:
+        """A consumer's Fetch; ``hold`` takes the release of the answer's bytes (default: when the call ends)."""
+        def on_error() -> broker_pb2.FetchResponse:
+            return _fetch_error_all(request)
         await self._bounded(context, len(request.partitions), "partitions")
         caller = await self._caller(context)
         denied = self.authz.denied_topics(caller, authz.READ, {fp.topic for fp in request.partitions})
@@ -421,7 +453,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
         async def fetch(client: str) -> broker_pb2.FetchResponse:
             allowed = _without_topics(request, denied)
-            resp = await self._fetch(allowed, client, slices, context) if allowed.partitions or not denied \
+            resp = await self._fetch(allowed, client, slices, context, hold) if allowed.partitions or not denied \
                 else broker_pb2.FetchResponse()
             for fp in request.partitions:
                 if fp.topic in denied:
@@ -482,13 +514,15 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     async def _fetch(self, req: broker_pb2.FetchRequest, client: str | None,
                      slices: dict[tuple[str, int], Any] | None = None,
-                     context: Any = None) -> broker_pb2.FetchResponse:
+                     context: Any = None,
+                     hold: Callable[[Callable[[], None]], None] | None = None) -> broker_pb2.FetchResponse:
         """Read (and long-poll) through the ReplicaManager; ``client`` None for a follower fetch.
 
         A client's fetch takes its bytes from the client's share (ClientByteShares) and then from the
         broker's budget, and holds both until the call ends (``context.add_done_callback``: gRPC wrote
         the answer out or the call was cancelled; the Kafka listener, once the answer is written or
-        the connection closed), so answers a client does not read stay bounded."""
+        the connection closed; a FetchStream, once the answer is written out: ``hold``), so answers a
+        client does not read stay bounded."""
         budget, limits = self.capacity.budget, self.capacity.limits
         if client is None:
             async def no_reserve(n: int) -> int:
@@ -518,7 +552,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                                                on_park=lambda: limits.start_waiting(client),
                                                on_unpark=lambda: limits.stop_waiting(client), slices=slices)
         if held:
-            release_when_done(context, lambda: release(held))
+            if hold is not None:
+                hold(lambda: release(held))
+            else:
+                release_when_done(context, lambda: release(held))
         return resp
 
     # ---- ListOffsets / OffsetsForLeaderEpoch ----

@@ -1,10 +1,10 @@
 """The consumer's fetcher: pipelined Fetch requests (one in flight per broker, many partitions each)
 and lazily decoded partition record buffers.
 
-Requests are sent with gRPC futures; their completions land in a queue that the
-consumer's thread drains in ``poll()``. Right after handing records to the
-application the consumer sends the next fetches, so the brokers work while the
-application processes (prefetch).
+Requests go as messages of one FetchStream per broker (client/streams.py; unary Fetch calls to a
+broker without one free); their completions land in a queue that the consumer's thread drains in
+``poll()``. Right after handing records to the application the consumer sends the next fetches,
+so the brokers work while the application processes (prefetch).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import grpc
 
 from client import errors
 from client.cluster import ClusterClient, rpc_error
+from client.streams import RequestStream, UnaryFallback
 from client.types import ConsumerRecord, TopicPartition
 from proto import broker_pb2
 from storage.record_batch import ATTR_CONTROL, iter_batches
@@ -152,11 +153,14 @@ class Fetcher:
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.cond = threading.Condition()
         self.completed: deque[CompletedFetch] = deque()
-        self.in_flight: dict[int, concurrent.futures.Future[None]] = {}  # one fetch per broker at a time
+        # One fetch per broker at a time: the stream it went on, or the unary call's future.
+        self.in_flight: dict[int, RequestStream | concurrent.futures.Future[None]] = {}
+        self._streams: dict[int, RequestStream] = {}
         # Broker quotas (KIP-219): no fetch to a broker before its last throttle_time_ms has passed.
         self.throttled_until: dict[int, float] = {}
         self.throttle_time_ms_total = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="brook-fetch")
+        self._unary = UnaryFallback("FetchStream", self._pool, self._call_fetch, self._not_sent)
 
     def send_fetches(self, assignment: dict[TopicPartition, PartitionState],
                      buffered: dict[TopicPartition, PartitionRecords], timeout_ms: int | None = None) -> None:
@@ -164,6 +168,9 @@ class Fetcher:
         refresh this needs takes at most ``timeout_ms`` (what is left of the poll), and once one found
         no broker, the other partitions wait for the next poll rather than try again each."""
         now = time.monotonic()
+        for node, stream in list(self._streams.items()):
+            if stream.cancel_if_overdue(now):  # its fetch completes with the timeout
+                del self._streams[node]
         by_node: dict[int, list[TopicPartition]] = {}
         no_broker = False
         for tp, st in assignment.items():
@@ -203,24 +210,49 @@ class Fetcher:
             return
         for tp in tps:
             assignment[tp].in_flight = True
-        timeout_s = (self.request_timeout_ms + self.fetch_max_wait_ms) / 1000
-        self.in_flight[node] = self._pool.submit(self._call_fetch, node, offsets, stub, request, timeout_s)
+        if not self._unary.active(stub):
+            stream = self._streams.get(node)
+            if stream is not None and (stream.stub is not stub or stream.old()):
+                stream.retire()  # idle (this broker has no fetch in flight): a new channel, or an old token
+                stream = None
+            if stream is None or not stream.send(offsets, request):
+                # None yet, or it ended since the last fetch: a new one (its thread opens the stream).
+                stream = self._streams[node] = RequestStream(
+                    node, stub, "FetchStream", f"Fetch from broker {node}", self._timeout_s(), self._answered,
+                    self._unary, name=f"brook-fetch-stream-{node}")
+                if not stream.send(offsets, request):  # it ended at once (e.g. its channel closed)
+                    stream = None
+            if stream is not None:
+                self.in_flight[node] = stream
+                return
+        self.in_flight[node] = self._pool.submit(self._call_fetch, node, offsets, stub, request)
+
+    def _timeout_s(self) -> float:
+        return (self.request_timeout_ms + self.fetch_max_wait_ms) / 1000
+
+    def _not_sent(self, node: int, offsets: dict[TopicPartition, int], exc: Exception) -> None:
+        self._complete(CompletedFetch(node, offsets, None, errors.error_for(
+            errors.ErrorCode.NETWORK_EXCEPTION, f"Fetch from broker {node}: {exc}")))
 
     def _call_fetch(self, node: int, offsets: dict[TopicPartition, int], stub: Any,
-                    request: broker_pb2.FetchRequest, timeout_s: float) -> None:
+                    request: broker_pb2.FetchRequest) -> None:
         """On a pool thread: blocking calls, so gRPC does not start a polling thread per fetch."""
         try:
-            response = stub.Fetch(request, timeout=timeout_s)
+            response = stub.Fetch(request, timeout=self._timeout_s())
         except grpc.RpcError as exc:
             self._complete(CompletedFetch(node, offsets, None, rpc_error(exc, f"Fetch from broker {node}")))
         except Exception as exc:  # cancelled on close
             self._complete(CompletedFetch(node, offsets, None, errors.error_for(
                 errors.ErrorCode.NETWORK_EXCEPTION, f"Fetch from broker {node}: {exc!r}")))
         else:
-            if response.throttle_time_ms > 0:
-                self.throttled_until[node] = time.monotonic() + response.throttle_time_ms / 1000
-                self.throttle_time_ms_total += response.throttle_time_ms
-            self._complete(CompletedFetch(node, offsets, response, None))
+            self._answered(node, offsets, response, None)
+
+    def _answered(self, node: int, offsets: dict[TopicPartition, int], response: broker_pb2.FetchResponse | None,
+                  error: errors.BrookError | None) -> None:
+        if response is not None and response.throttle_time_ms > 0:
+            self.throttled_until[node] = time.monotonic() + response.throttle_time_ms / 1000
+            self.throttle_time_ms_total += response.throttle_time_ms
+        self._complete(CompletedFetch(node, offsets, response, error))
 
     def _complete(self, done: CompletedFetch) -> None:
         with self.cond:
@@ -246,6 +278,9 @@ class Fetcher:
         return done
 
     def close(self) -> None:
-        """Drop queued fetches; running ones end when the consumer closes its channels."""
+        """Drop queued fetches and end the streams; running unary ones end when the consumer closes its channels."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for stream in self._streams.values():
+            stream.cancel()
+        self._streams.clear()
         self.in_flight.clear()

@@ -49,6 +49,11 @@ class BrokerServiceStub:
                 request_serializer=proto_dot_broker__pb2.FetchRequest.SerializeToString,
                 response_deserializer=proto_dot_broker__pb2.FetchResponse.FromString,
                 _registered_method=True)
+        self.FetchStream = channel.stream_stream(
+                '/brook.BrokerService/FetchStream',
+                request_serializer=proto_dot_broker__pb2.FetchRequest.SerializeToString,
+                response_deserializer=proto_dot_broker__pb2.FetchResponse.FromString,
+                _registered_method=True)
         self.ReplicaFetch = channel.stream_stream(
                 '/brook.BrokerService/ReplicaFetch',
                 request_serializer=proto_dot_broker__pb2.FetchRequest.SerializeToString,
@@ -107,6 +112,15 @@ class BrokerServiceServicer:
 
     def Fetch(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchStream(self, request_iterator, context):
+        """A consumer's fetches from this broker as one stream (Kafka's fetches on one connection): the
+        consumer sends a request, waits for its response, sends the next. Same requests, answers and
+        checks as a consumer's Fetch (replica_id -1); a message costs both ends less than half a unary call.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -173,6 +187,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
             ),
             'Fetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Fetch,
+                    request_deserializer=proto_dot_broker__pb2.FetchRequest.FromString,
+                    response_serializer=proto_dot_broker__pb2.FetchResponse.SerializeToString,
+            ),
+            'FetchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.FetchStream,
                     request_deserializer=proto_dot_broker__pb2.FetchRequest.FromString,
                     response_serializer=proto_dot_broker__pb2.FetchResponse.SerializeToString,
             ),
@@ -291,6 +310,33 @@ class BrokerService:
             request,
             target,
             '/brook.BrokerService/Fetch',
+            proto_dot_broker__pb2.FetchRequest.SerializeToString,
+            proto_dot_broker__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/brook.BrokerService/FetchStream',
             proto_dot_broker__pb2.FetchRequest.SerializeToString,
             proto_dot_broker__pb2.FetchResponse.FromString,
             options,

@@ -1,5 +1,6 @@
 """ProduceStream: a producer's pipelined requests on one stream, appended and answered in order, bounded.
-(And the SASL session check both request streams, ProduceStream and ReplicaFetch, make per message.)
+FetchStream: a consumer's fetches on one stream, each answered as a unary Fetch, its bytes held until
+written out. (And the SASL session check the request streams make per message.)
 
 Real BrokerService, ReplicaManager, Log and purgatories (broker 1 leads t-0, broker 2 is an
 in-sync follower that fetches only when a test makes its fetch, so acks=all requests wait for
@@ -28,6 +29,7 @@ from broker.metrics import AioMetricsInterceptor, RpcMetrics
 from broker.sasl import AioSessionInterceptor
 from broker.service import INLINE_APPEND_MAX_BYTES, PRODUCE_STREAM_MAX_IN_FLIGHT, Capacity
 from proto import broker_pb2
+from proto.errors import ErrorCode
 from storage.record_batch import RecordBatchBuilder
 
 
@@ -278,3 +280,73 @@ def test_a_follower_stream_whose_session_this_node_does_not_know_ends_unauthenti
 
     error = asyncio.run(scenario())
     assert error is not None and context.code() == grpc.StatusCode.UNAUTHENTICATED, (error, context.status)
+
+
+def consumer_fetch(offset: int, topic: str = "t", replica_id: int = -1) -> broker_pb2.FetchRequest:
+    return broker_pb2.FetchRequest(replica_id=replica_id, replica_epoch=1 if replica_id >= 0 else -1, max_wait_ms=0,
+                                   min_bytes=1, max_bytes=1 << 20, partitions=[broker_pb2.FetchPartition(
+                                       topic=topic, partition=0, fetch_offset=offset, partition_max_bytes=1 << 20,
+                                       current_leader_epoch=-1, last_fetched_epoch=-1, log_start_offset=-1)])
+
+
+def committed(leader: Leader, batches: int) -> None:
+    """``batches`` one-record batches appended and replicated: the HW is at their end."""
+    async def scenario() -> None:
+        for _ in range(batches):
+            leader.rm.append_records("t", 0, request(acks=1, value=b"x" * 1000).partitions[0].records, acks=1,
+                                     timeout_ms=5000, blocking=False).result(timeout=5)
+        await leader.follower_fetch(0)
+        await leader.follower_fetch(leader.log_end())
+    asyncio.run(scenario())
+    assert leader.rm.leader_partition("t", 0).log.high_watermark == batches
+
+
+def test_fetch_stream_answers_each_fetch_as_a_unary_fetch_would(leader: Leader) -> None:
+    committed(leader, 3)
+    sent = [consumer_fetch(0), consumer_fetch(3), consumer_fetch(0, topic="nope"), consumer_fetch(0, replica_id=2),
+            consumer_fetch(1)]
+
+    async def scenario() -> tuple[list[Any], list[Any]]:
+        requests, answers = Requests(), []
+        requests.send(*sent, None)
+        await asyncio.wait_for(collect(leader.service.FetchStream(requests, Context()), answers), 10)
+        unary = [await leader.service.Fetch(r, Context()) for r in (sent[0], sent[4])]
+        return answers, unary
+
+    answers, unary = asyncio.run(scenario())
+    assert len(answers) == len(sent), f"one answer per fetch, in order: {answers}"
+    first, at_end, unknown, follower, second = (a.partitions[0] for a in answers)
+    assert first.error_code == 0 and first.high_watermark == 3 and first.records, first
+    assert (at_end.error_code, at_end.records, at_end.high_watermark) == (0, b"", 3), at_end
+    assert unknown.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, unknown
+    # A follower's fetch moves the HW: never served on a consumer's stream, which any client may open.
+    assert follower.error_code == ErrorCode.INVALID_REQUEST and "ReplicaFetch" in follower.error_message, follower
+    assert (first.records, second.records) == (unary[0].partitions[0].records, unary[1].partitions[0].records), \
+        "a stream's answer carries the bytes a unary Fetch's does"
+
+
+def test_a_fetch_stream_answer_holds_its_bytes_until_it_is_written_out(leader: Leader) -> None:
+    # gRPC resumes a stream handler after its yield once the answer is written out. Until then the
+    # answer's bytes stay charged to the broker's budget (a consumer that does not read its answers
+    # holds one answer's bytes, not more), and the stream reads no further request.
+    committed(leader, 3)
+    budget = leader.service.capacity.budget
+
+    async def scenario() -> None:
+        requests = Requests()
+        requests.send(consumer_fetch(0))
+        stream = leader.service.FetchStream(requests, Context())
+        answer = await asyncio.wait_for(anext(stream), 10)
+        size = len(answer.partitions[0].records)
+        assert size > 3000 and budget.used_bytes >= size, \
+            f"an answer of {size} bytes handed to gRPC, {budget.used_bytes} bytes held"
+        requests.send(consumer_fetch(3))
+        await asyncio.sleep(0.05)
+        assert requests.read == 1, "no request is read while the last answer is not written out"
+        empty = await asyncio.wait_for(anext(stream), 10)  # the first answer was written out
+        assert empty.partitions[0].records == b"" and budget.used_bytes == 0, \
+            f"{budget.used_bytes} bytes still held once the answer was written"
+        await stream.aclose()  # the call ended (cancelled at its yield)
+        assert budget.used_bytes == 0
+
+    asyncio.run(scenario())

@@ -3,8 +3,8 @@
 Before, gRPC read every request whole before the broker could refuse it: one HTTP/2 connection
 sending 100 Produce messages of 50 MiB took a broker from 76 MB to 1.3 GB. Now (broker/receiving.py)
 a message is read only under one of its address's receive slots; the other calls are held by HTTP/2
-flow control to 64 KiB each, and ProduceStreams are bounded in number, their producers falling back
-to unary calls.
+flow control to 64 KiB each, and ProduceStreams and FetchStreams are bounded in number, their
+producers and consumers falling back to unary calls.
 
 Real broker process, real sockets; the attacker is a raw HTTP/2 client from 127.0.0.2 sending all
 but the last byte of each message, the producers are Brook's own from 127.0.0.1.
@@ -12,6 +12,7 @@ but the last byte of each message, the producers are Brook's own from 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from brokerkit import Kit, running_kit
 from waiting import wait_for
 
-from client import Producer
+from client import Consumer, Producer
 from deploy.local.cluster import rss_bytes
 
 pytest.importorskip("h2.connection")
@@ -41,7 +42,7 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kit]:
     base: Path = tmp_path_factory.mktemp("request-bodies")
     # request.receive.timeout.ms far above what a test takes: the attacker's calls are held, not timed out.
     overrides = {"max.receiving.requests": "4", "max.receiving.requests.per.ip": str(PER_IP),
-                 "max.produce.streams": "1", "request.receive.timeout.ms": "300000"}
+                 "max.produce.streams": "1", "max.fetch.streams": "1", "request.receive.timeout.ms": "300000"}
     with running_kit(base, nodes=1, overrides=overrides) as k:
         k.create_topic("t", partitions=1, rf=1)
         yield k
@@ -93,22 +94,42 @@ def test_unary_calls_past_the_addresss_slots_are_held_to_their_window(kit: Kit) 
              lambda: f"the closed connection's calls to give back their slots: {gauges(kit)}")
 
 
-def test_a_producer_finding_no_produce_stream_free_sends_unary_calls(kit: Kit) -> None:
+@contextlib.contextmanager
+def the_only_stream_taken(kit: Kit, method: str) -> Iterator[None]:
+    """An attacker holds the broker's one ``method`` stream (its first message never finishes) while the
+    block runs; the client in it must have had its own stream refused."""
     port = int(kit.cluster.broker_address(1).rsplit(":", 1)[1])
     refused_before = gauges(kit)["brook_request_streams_refused_total"]
-    holder = H2Sender(port, "/brook.BrokerService/ProduceStream", 1, SIZE)  # the broker's one ProduceStream
+    holder = H2Sender(port, f"/brook.BrokerService/{method}", 1, SIZE)
     try:
         holder.push(0.5)
         wait_for(lambda: gauges(kit)["brook_request_streams_open"] == 1, 10,
                  lambda: f"the attacker's stream to be open: {gauges(kit)}")
-        produce_all(kit, "with every ProduceStream taken")
+        yield
         assert gauges(kit)["brook_request_streams_refused_total"] > refused_before, \
-            "the producer's stream was never refused: it did not test the fallback"
+            f"the client's {method} was never refused: it did not test the fallback"
         assert not holder.ended, f"the attacker's stream ended: {holder.ended}"
     finally:
         holder.close()
     wait_for(lambda: gauges(kit)["brook_request_streams_open"] == 0, 10,
              lambda: f"the closed stream to be counted out: {gauges(kit)}")
+
+
+def test_a_producer_finding_no_produce_stream_free_sends_unary_calls(kit: Kit) -> None:
+    with the_only_stream_taken(kit, "ProduceStream"):
+        produce_all(kit, "with every ProduceStream taken")
+
+
+def test_a_consumer_finding_no_fetch_stream_free_sends_unary_calls(kit: Kit) -> None:
+    produce_all(kit, "before the consumer reads")
+    seen: list[bytes] = []
+    with the_only_stream_taken(kit, "FetchStream"), \
+            Consumer(bootstrap_servers=kit.cluster.bootstrap_servers, enable_auto_commit=False) as c:
+        c.assign([("t", 0)])
+        c.seek_to_beginning()
+        wait_for(lambda: seen.extend(r.value for rs in c.poll(timeout_ms=200).values() for r in rs)
+                 or len(seen) >= RECORDS, LIVENESS_S,
+                 lambda: f"{len(seen)} of the {RECORDS} records read with every FetchStream taken")
 
 
 def test_controller_calls_no_worker_has_taken_are_held_to_their_window(kit: Kit) -> None:

@@ -144,6 +144,17 @@ def rpc_seeds() -> dict[str, bytes]:
             topic="c", partition=0, records=valid(2))])]
     seeds["produce-stream-session"] = bytes([len(BROKER_RPCS) + len(GROUP_RPCS) + 1]) + b"".join(
         len(m).to_bytes(2, "big") + m for m in (r.SerializeToString(deterministic=True) for r in produce_session))
+    def consumer(*parts: object, **fields: int) -> object:
+        return pb.FetchRequest(**{"replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20, **fields},
+                               partitions=parts)
+    fetch_session = [
+        consumer(part("t", 0)),
+        consumer(part("t", 1), part("nope", 0), part("c", 0, 1 << 40)),
+        consumer(part("r", 0), replica_id=2),  # a follower's fetch on a consumer stream: refused
+        consumer(part("t", 2, 0), part("t", 2, 0), max_bytes=0),
+        consumer()]
+    seeds["fetch-stream-session"] = bytes([len(BROKER_RPCS) + len(GROUP_RPCS) + 2]) + b"".join(
+        len(m).to_bytes(2, "big") + m for m in (r.SerializeToString(deterministic=True) for r in fetch_session))
     seeds["log-dirs-all"] = b"\x07" + pb.DescribeLogDirsRequest().SerializeToString(deterministic=True)
     seeds["log-dirs-some"] = b"\x07" + pb.DescribeLogDirsRequest(topics=["t", "nope"]).SerializeToString(deterministic=True)
 

@@ -231,6 +231,8 @@ REPLICA_FETCH = "ReplicaFetch"
 REPLICA_FETCH_MAX_MESSAGES = 8
 # After it: a producer's ProduceStream, its messages framed the same way.
 PRODUCE_STREAM = "ProduceStream"
+# After that: a consumer's FetchStream, framed the same way.
+FETCH_STREAM = "FetchStream"
 
 
 class RpcHarness:
@@ -306,6 +308,7 @@ class RpcHarness:
             self.handlers.append((name, getattr(group_pb2, f"{name}Request"), getattr(self.groups, name)))
         self.handlers.append((REPLICA_FETCH, broker_pb2.FetchRequest, self._replica_fetch_session))
         self.handlers.append((PRODUCE_STREAM, broker_pb2.ProduceRequest, self._produce_stream_session))
+        self.handlers.append((FETCH_STREAM, broker_pb2.FetchRequest, self._fetch_stream_session))
         self.errors = _ErrorLog()
         for name in ("broker", "replication", "storage"):
             logging.getLogger(name).addHandler(self.errors)
@@ -328,7 +331,7 @@ class RpcHarness:
         if not data:
             return
         name, request_type, handler = self.handlers[data[0] % len(self.handlers)]
-        if name in (REPLICA_FETCH, PRODUCE_STREAM):
+        if name in (REPLICA_FETCH, PRODUCE_STREAM, FETCH_STREAM):
             self.errors.records.clear()
             text = handler(data[1:])
         else:
@@ -382,6 +385,12 @@ class RpcHarness:
         return self._stream_session(PRODUCE_STREAM, self.pb.ProduceRequest, self.service.ProduceStream, data,
                                     _check_same_partitions)
 
+    def _fetch_stream_session(self, data: bytes) -> str:
+        """One FetchStream: its messages (framed as ReplicaFetch's) one after the other through the stream
+        handler, each answered once, in order, naming exactly the partitions it asked about."""
+        return self._stream_session(FETCH_STREAM, self.pb.FetchRequest, self.service.FetchStream, data,
+                                    _check_same_partitions)
+
     def _stream_session(self, name: str, request_type: type, handler: Any, data: bytes,
                         check: Callable[[list[Any], list[Any]], None]) -> str:
         """Each message of ``data`` (a 2-byte big-endian length, then the message) into one
@@ -414,7 +423,7 @@ class RpcHarness:
 
 
 def _check_same_partitions(requests: list[Any], responses: list[Any]) -> None:
-    """Each answer names exactly the partitions its request asked about (ProduceStream)."""
+    """Each answer names exactly the partitions its request asked about (ProduceStream, FetchStream)."""
     for request, response in zip(requests, responses, strict=True):
         asked = sorted((p.topic, p.partition) for p in request.partitions)
         if sorted((p.topic, p.partition) for p in response.partitions) != asked:

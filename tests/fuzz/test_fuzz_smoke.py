@@ -285,3 +285,19 @@ def test_rpc_harness_runs_produce_stream_sessions() -> None:
             h.call(session)
     finally:
         h.close()
+
+
+def test_rpc_harness_runs_fetch_stream_sessions() -> None:
+    # The FetchStream seed reaches the stream handler: each of its five requests is answered once, in
+    # order, as a unary consumer Fetch would be, and a follower's fetch on it is refused, not served.
+    session = next((CORPUS / "rpc").glob("fetch-stream-session-*")).read_bytes()
+    h = targets.RpcHarness()
+    try:
+        name, _, _ = h.handlers[session[0] % len(h.handlers)]
+        assert name == targets.FETCH_STREAM
+        text = h._fetch_stream_session(session[1:])
+        assert "UNKNOWN_TOPIC_OR_PARTITION" in text and "OFFSET_OUT_OF_RANGE" in text, text[:800]
+        assert "FetchStream carries consumer fetches" in text, text[:800]
+        h.call(session)  # the whole input, as the fuzzer gives it: no failure
+    finally:
+        h.close()

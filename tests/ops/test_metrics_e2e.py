@@ -174,7 +174,10 @@ def test_rpc_and_quorum_families(ops_cluster: LocalCluster, traffic: dict[str, i
     assert total(pages, "brook_rpc_requests_total", method="ProduceStream", code="OK") >= 1
     assert total(pages, "brook_rpc_request_duration_seconds_count", method="ProduceStream") == \
         total(pages, "brook_rpc_requests_total", method="ProduceStream")
-    assert total(pages, "brook_rpc_requests_total", method="Fetch", code="OK") >= 1
+    # Consumers fetch on FetchStream streams: each message is counted and timed, as a Fetch was.
+    assert total(pages, "brook_rpc_requests_total", method="FetchStream", code="OK") >= 1
+    assert total(pages, "brook_rpc_request_duration_seconds_count", method="FetchStream") == \
+        total(pages, "brook_rpc_requests_total", method="FetchStream")
     # Follower fetches travel on ReplicaFetch streams: each message is counted and timed.
     assert total(pages, "brook_rpc_requests_total", method="ReplicaFetch", code="OK") >= 1
     assert total(pages, "brook_rpc_request_duration_seconds_count", method="ReplicaFetch") == \
