@@ -512,7 +512,7 @@ class NodeConfig:
         broker = self.listeners.get(LISTENER_BROKER)
         if broker is None or not broker.uses_ssl:
             return None
-        from broker.console import tls_context
+        from broker.http_serving import tls_context
 
         return tls_context(self.values["ssl.certificate.location"], self.values["ssl.key.location"],
                            self.values["ssl.ca.location"] or None,

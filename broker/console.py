@@ -22,7 +22,6 @@ Bounded: a few worker threads, a socket timeout per request, at most ``MAX_TOPIC
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import logging
 import socket
@@ -30,19 +29,21 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from typing import Any
 
 from broker import authorizer as authz
 from broker import principal as principals
+from broker.http_serving import BoundedHTTPServer
 
 log = logging.getLogger(__name__)
 
 CACHE_TTL_S = 2.0
-REQUEST_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 5.0  # a connection's whole exchange (broker/http_serving.py)
 WORKERS = 4
 MAX_PENDING = 32  # connections accepted but not yet handled; more are closed at once
+PER_ADDRESS = 8  # a browser opens up to 6 connections to a site
 MAX_TOPICS = 200
 MAX_PARTITIONS = 2000
 MAX_GROUPS = 100
@@ -59,54 +60,6 @@ _HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-
-
-class _BoundedHTTPServer(HTTPServer):
-    """Requests go to a small pool; a flood of connections waits in a bounded queue or is closed."""
-
-    def __init__(self, address: tuple[str, int], handler: type, tls: ssl.SSLContext | None) -> None:
-        self._tls = tls
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="console")
-        self._pending = threading.BoundedSemaphore(MAX_PENDING)
-        super().__init__(address, handler)
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        sock, addr = super().get_request()
-        sock.settimeout(REQUEST_TIMEOUT_S)
-        return sock, addr
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._pending.acquire(blocking=False):
-            self.shutdown_request(request)  # overloaded: the browser retries on its next poll
-            return
-        self._pool.submit(self._handle, request, client_address)
-
-    def _handle(self, request: Any, client_address: Any) -> None:
-        try:
-            if self._tls is not None:
-                # The handshake runs here, on a worker: a client that never completes it holds one
-                # worker for REQUEST_TIMEOUT_S at most, never the accept loop.
-                request = self._tls.wrap_socket(request, server_side=True)
-            self.finish_request(request, client_address)
-        except (OSError, ssl.SSLError) as exc:
-            log.debug("console request from %s failed: %s", client_address, exc)
-        finally:
-            self.shutdown_request(request)
-            self._pending.release()
-
-    def server_close(self) -> None:
-        super().server_close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def tls_context(certfile: str, keyfile: str, cafile: str | None, require_client_cert: bool) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(certfile, keyfile)
-    if cafile:
-        ctx.load_verify_locations(cafile)
-    ctx.verify_mode = ssl.CERT_REQUIRED if require_client_cert else (ssl.CERT_OPTIONAL if cafile else ssl.CERT_NONE)
-    return ctx
 
 
 def principal_of_socket(sock: Any) -> principals.Principal:
@@ -190,7 +143,9 @@ class ConsoleServer:
         self._static: dict[str, bytes] = {}
         self._hosts = {host.lower(), "localhost", "127.0.0.1", "[::1]", socket.getfqdn().lower(),
                        socket.gethostname().lower(), *(h.lower() for h in extra_hosts)}
-        self._server = _BoundedHTTPServer((host, port), Handler, tls)
+        self._server = BoundedHTTPServer((host, port), Handler, name="console-http", tls=tls, workers=WORKERS,
+                                         max_pending=MAX_PENDING, per_address=PER_ADDRESS,
+                                         deadline_s=REQUEST_TIMEOUT_S)
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name="console-http", daemon=True)

@@ -2,8 +2,13 @@
 
 Kubernetes probes (and load balancers) need an answer no client load can delay: the client
 port may be at ``max.connections`` or its in-flight bounds, and a probe refused there would get
-a healthy broker restarted. This listener is separate and tiny: one request at a time, each
-bounded by a socket timeout, answers built from in-memory state only (no disk, no RPC).
+a healthy broker restarted. This listener is separate and tiny: answers built from in-memory state
+only (no disk, no RPC), served by broker/http_serving.py's bounded server. It is reachable by
+anyone who can reach the node, so one client cannot hold it: before, it served one connection at a
+time, and a client sending a byte of its request every second kept it from every probe (the
+orchestrator then restarts the node). Now a connection has REQUEST_TIMEOUT_S in all and one address
+``PER_ADDRESS`` connections at once: an attacker holds at most those, and the probes from their
+own address are answered.
 
 - ``GET /livez``: 200 while the node's roles work: the broker's event loop has run within
   ``LOOP_STALL_S`` (a wedged loop would answer nothing), the controller's Raft thread is up.
@@ -22,11 +27,16 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from broker.http_serving import BoundedHTTPServer
 
 log = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT_S = 2.0  # a client that sends nothing cannot hold the (single) handler longer
+REQUEST_TIMEOUT_S = 2.0  # a connection's whole exchange: a probe's takes a millisecond
+WORKERS = 2
+MAX_PENDING = 16
+PER_ADDRESS = 4
 Check = Callable[[], tuple[bool, str]]
 
 
@@ -62,13 +72,14 @@ class HealthServer:
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's name
                 log.debug("health %s - %s", self.address_string(), format % args)
 
-        self._server = HTTPServer((host, port), Handler)
+        self._server = BoundedHTTPServer((host, port), Handler, name="health-http", workers=WORKERS,
+                                         max_pending=MAX_PENDING, per_address=PER_ADDRESS,
+                                         deadline_s=REQUEST_TIMEOUT_S, io_timeout_s=REQUEST_TIMEOUT_S)
         self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
-                                        name="health-http", daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        self._thread = self._server.serve_in_thread()
 
     def stop(self) -> None:
         self._server.shutdown()

@@ -13,6 +13,7 @@ base units ``_seconds`` and ``_bytes``.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import inspect
 import logging
 import shutil
@@ -20,19 +21,21 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, is_dataclass
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from broker.http_serving import BoundedHTTPServer, tls_context
 from broker.request_times import LatencyHistogram, ProduceTimes
 from broker.stalls import GcPauses, LoopMonitor
 
@@ -724,10 +727,16 @@ class NodeMetrics:
     def serve(self, host: str, port: int, tls: dict[str, Any] | None = None) -> int:
         """Serve /metrics on host:port (0 picks a free port); returns the bound port.
 
-        ``tls``: certfile/keyfile (and client_cafile + client_auth_required for mTLS) of
-        prometheus_client's HTTPS server; None serves plain HTTP.
+        ``tls``: certfile/keyfile (and client_cafile + client_auth_required for mTLS) for HTTPS;
+        None serves plain HTTP. The server is broker.http_serving's: bounded in connections and
+        threads, each connection within a deadline (a scrape takes milliseconds).
         """
-        self._httpd, self._thread = start_http_server(port, addr=host, registry=self.registry, **(tls or {}))
+        context = None if tls is None else tls_context(
+            tls["certfile"], tls["keyfile"], tls.get("client_cafile"), bool(tls.get("client_auth_required")))
+        self._httpd = BoundedHTTPServer((host, port), _metrics_handler(self.registry), name="metrics-http",
+                                        tls=context, workers=METRICS_WORKERS, max_pending=METRICS_PENDING,
+                                        per_address=METRICS_PER_ADDRESS, deadline_s=METRICS_DEADLINE_S)
+        self._thread = self._httpd.serve_in_thread()
         bound = int(self._httpd.server_address[1])
         log.info("metrics: serving /metrics on %s://%s:%d/metrics", "https" if tls else "http", host, bound)
         return bound
@@ -740,6 +749,44 @@ class NodeMetrics:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+
+# The /metrics server's bounds (broker/http_serving.py): Prometheus scrapes one page at a time per
+# server, and a page takes milliseconds to build.
+METRICS_WORKERS = 2
+METRICS_PENDING = 16
+METRICS_PER_ADDRESS = 4
+METRICS_DEADLINE_S = 10.0  # Prometheus' default scrape timeout
+
+
+def _metrics_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "brook-metrics"
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self._send(404, "text/plain; charset=utf-8", b"not found: the metrics are at /metrics\n")
+                return
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            body = encoder(registry)
+            if gzip_accepted(self.headers.get("Accept-Encoding", "")):
+                self._send(200, content_type, gzip.compress(body), gzipped=True)
+            else:
+                self._send(200, content_type, body)
+
+        def _send(self, code: int, content_type: str, body: bytes, gzipped: bool = False) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            if gzipped:
+                self.send_header("Content-Encoding", "gzip")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's name
+            log.debug("metrics %s - %s", self.address_string(), format % args)
+
+    return Handler
 
 
 def stats_as_dict(stats: Any) -> dict[str, Any]:
