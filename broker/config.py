@@ -247,6 +247,10 @@ _BEHAVIOUR = [
     KeyDef("max.connections", "int", "10000",
            "Client connections the broker's port accepts at once (at most half the file-descriptor limit); "
            "more are refused at accept.", check=_at_least(1), roles=_B),
+    KeyDef("max.connections.per.ip", "int", "1000",
+           "Kafka-protocol connections one client address may have open on each Kafka listener (Kafka's "
+           "max.connections.per.ip); more are closed at accept, so one address cannot take all max.connections.",
+           check=_at_least(1), roles=_B),
     KeyDef("max.waiting.fetches.per.ip", "int", "1000",
            "Long-poll fetches one client address may have parked; excess is refused (RESOURCE_EXHAUSTED).",
            check=_at_least(0), roles=_B),

@@ -389,7 +389,7 @@ class KafkaListenerCollector(_SafeCollector):
         families = {
             "connections_total": ("brook_kafka_connections_accepted", "Connections accepted."),
             "refused_connections_total": ("brook_kafka_connections_refused",
-                                          "Connections closed at accept (max.connections reached)."),
+                                          "Connections closed at accept (max.connections or max.connections.per.ip reached)."),
             "malformed_requests_total": ("brook_kafka_malformed_requests",
                                          "Requests that could not be read, or of an API or version not served; "
                                          "each closed its connection."),

@@ -11,7 +11,8 @@ buffered:
 - the frames being read or handled across all connections hold at most ``queued.max.request.bytes``
   (reserved before a body is read; over it a connection waits unread, as with Kafka's memory pool);
 - connections beyond ``max.connections`` (shared with nothing else: this listener has its
-  own count) are closed at accept;
+  own count), or beyond ``max.connections.per.ip`` from one client address, are closed at
+  accept (one address cannot take every connection of the listener);
 - a connection silent for ``connections.max.idle.ms`` is closed;
 - on SASL listeners, a client must authenticate within ``kafka.authentication.timeout.ms`` and
   may send only ApiVersions, SaslHandshake and SaslAuthenticate before (KIP-152);
@@ -53,6 +54,8 @@ from storage.file_records import FileRecords
 log = logging.getLogger(__name__)
 
 DEFAULT_IDLE_MS = 600_000
+# A tenth of max.connections: one client address cannot take the listener's every connection.
+DEFAULT_CONNECTIONS_PER_IP = 1000
 DEFAULT_SASL_TIMEOUT_MS = 10_000
 OVERLOAD_BACKOFF_S = 0.05
 PIPELINE_DEPTH = 5  # answers outstanding per connection (librdkafka's and Kafka's max.in.flight default)
@@ -95,6 +98,8 @@ class KafkaListener:
         self.sasl_timeout_s = int(defaults.get("kafka.authentication.timeout.ms", str(DEFAULT_SASL_TIMEOUT_MS))) / 1000
         self.request_timeout_s = int(defaults.get("kafka.request.timeout.ms", "30000")) / 1000
         self.max_connections = int(defaults.get("max.connections", "10000"))
+        self.max_connections_per_ip = int(defaults.get("max.connections.per.ip", str(DEFAULT_CONNECTIONS_PER_IP)))
+        self._by_address: dict[str, int] = {}  # client address -> its open connections (loop thread only)
         self.sasl = spec.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
         self.stats = ListenerStats()
         self.sendfile_ok = True  # False once the platform refused sendfile on this listener's sockets
@@ -124,13 +129,17 @@ class KafkaListener:
         self.apis.close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.stats.connections >= self.max_connections:
+        peer = writer.get_extra_info("peername") or ("unknown", 0)
+        host = str(peer[0])
+        mine = self._by_address.get(host, 0)
+        if self.stats.connections >= self.max_connections or mine >= self.max_connections_per_ip:
             self.stats.refused_connections_total += 1
             writer.close()
             return
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        self._by_address[host] = mine + 1
         self.stats.connections += 1
         self.stats.connections_total += 1
         conn = _Connection(self, reader, writer)
@@ -145,6 +154,10 @@ class KafkaListener:
         finally:
             conn.release_all()
             self.stats.connections -= 1
+            if (left := self._by_address.get(host, 1) - 1) > 0:
+                self._by_address[host] = left
+            else:
+                self._by_address.pop(host, None)
             self._tasks.discard(task)
             if writer.transport.get_write_buffer_size():
                 writer.transport.abort()  # a client that stopped reading: drop what it did not take

@@ -31,6 +31,7 @@ from proto.errors import ErrorCode
 pytestmark = pytest.mark.slow
 
 USER, PASSWORD = "kafka-alice", "alice-secret-pw"
+PER_IP = 12  # max.connections.per.ip: above what a test's clients open from 127.0.0.1
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
                                           "KAFKA_SASL:SASL_PLAINTEXT",
         "socket.request.max.bytes": str(1024 * 1024),
         "kafka.authentication.timeout.ms": "3000",
+        "max.connections.per.ip": str(PER_IP),
     })
     c.sasl_port = sasl_port  # type: ignore[attr-defined]
     with c:
@@ -174,6 +176,44 @@ def test_a_frame_holds_its_bytes_in_the_memory_pool_until_its_connection_is_gone
     wait_for(lambda: _metric(cluster, "brook_kafka_request_bytes") == 0, 20,
              "the reservation to be released when the client went away")
     assert _api_versions(_kafka_port(cluster)).error_code == 0
+
+
+def test_one_address_cannot_take_every_connection(cluster: LocalCluster) -> None:
+    # max.connections.per.ip: the address's connections past the bound are closed at accept, unread;
+    # another address is served meanwhile, and the address is served again once one of its closes.
+    port = cluster.spec(1).kafka_port
+    held: list[socket.socket] = []
+    try:
+        for _ in range(PER_IP + 3):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.settimeout(10)
+            s.connect(("127.0.0.1", port))
+            held.append(s)
+        for s in held[PER_IP:]:
+            assert _closed_by_peer(s), f"a connection past the address's {PER_IP} was served"
+        for s in held[:PER_IP]:
+            s.settimeout(0.2)
+            with pytest.raises(TimeoutError):  # open and waiting for a request
+                s.recv(1)
+        assert _api_versions(port).error_code == ErrorCode.NONE  # from 127.0.0.1
+        held[0].close()
+
+        def served_again() -> bool:
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.settimeout(10)
+            s.connect(("127.0.0.1", port))
+            held.append(s)
+            s.sendall(_frame(apis.API_VERSIONS, 0, codec.request_schema(apis.API_VERSIONS, 0)()))
+            try:
+                return _read_response(s, apis.API_VERSIONS, 0).error_code == ErrorCode.NONE
+            except ConnectionError:
+                return False
+        wait_for(served_again, 10, "a connection from the address once one of its own closed")
+    finally:
+        for s in held:
+            s.close()
 
 
 def test_random_bytes_never_get_an_answer_other_than_closing(cluster: LocalCluster) -> None:
