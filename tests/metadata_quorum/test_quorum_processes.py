@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from quorum_helpers import create_topic, register_brokers
@@ -94,9 +95,18 @@ def test_writes_time_out_with_two_of_three_frozen_and_nothing_half_applied_appea
     try:
         request = pb.CreateTopicsRequest(timeout_ms=1500, topics=[
             pb.CreatableTopic(name=f"frozen-{i}", num_partitions=50, replication_factor=3) for i in range(3)])
+        sent_at = time.monotonic()
         response = client.call_endpoint(quorum.endpoint(leader), "CreateTopics", request, timeout_s=10)
+        if any(r.error_code != ErrorCode.REQUEST_TIMED_OUT for r in response.results):
+            # Once seen in CI and not reproduced since (a commit with both followers stopped?): say
+            # what the processes and the leader's Raft view were when the answer came.
+            states = {n: process_state(quorum.procs[n].pid) for n in followers}
+            view = client.call_endpoint(quorum.endpoint(leader), "DescribeQuorum",
+                                        pb.DescribeQuorumRequest(any_voter=True), timeout_s=5)
+            raise AssertionError(f"CreateTopics answered after {time.monotonic() - sent_at:.2f} s with "
+                                 f"{[(r.name, r.error_code, r.error_message) for r in response.results]}; "
+                                 f"leader {leader}, followers' process states {states}; leader's view: {view}")
         for r in response.results:
-            assert r.error_code == ErrorCode.REQUEST_TIMED_OUT, r
             assert "did not commit" in r.error_message, r
         # Through the client: either the per-topic result times out, or (once the lone leader
         # has stepped down for lack of a majority) the client finds no active controller.
@@ -121,6 +131,14 @@ def test_writes_time_out_with_two_of_three_frozen_and_nothing_half_applied_appea
         assert after["doomed"][1] == 5 and sorted(after["doomed"][2]) == list(range(5)), after["doomed"]
     # The quorum serves writes again.
     assert create_topic(client, "after-thaw", 1, 3).error_code == ErrorCode.NONE
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat: T once SIGSTOP has stopped it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError as exc:
+        return f"unknown ({exc})"
 
 
 def wait_until(t: float) -> None:
