@@ -42,6 +42,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replic
 from broker.request_times import LatencyHistogram
 from metadata_quorum import commands as c
 from metadata_quorum.quorum_security import bind_address, check_quorum_protection
+from metadata_quorum.raft_transport import BoundedTCPTransport
 from metadata_quorum.state import (
     DEFAULT_CHANGELOG_MAX_KEYS,
     ApplyResult,
@@ -266,7 +267,10 @@ class MetadataRaft:
         self._last_tick: float | None = None
         self._last_stall_report = float("-inf")
         self._stall_reports_skipped = 0
-        self._syncobj = SyncObj(self_address, self.partner_addresses, conf, consumers=[self._consumer])
+        # The quorum port bounds what a connection that has not proven the password can hold
+        # (metadata_quorum/raft_transport.py).
+        self._syncobj = SyncObj(self_address, self.partner_addresses, conf, consumers=[self._consumer],
+                                transportClass=BoundedTCPTransport)
         self._syncobj.addOnTickCallback(self._on_tick)
 
     # ---- lifecycle ----

@@ -78,8 +78,13 @@ def test_a_voter_with_a_weak_password_does_not_start(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def protected_quorum(tmp_path: Path) -> Iterator[list[MetadataRaft]]:
-    password = secrets.token_urlsafe(24)
+def quorum_password() -> str:
+    return secrets.token_urlsafe(24)
+
+
+@pytest.fixture
+def protected_quorum(tmp_path: Path, quorum_password: str) -> Iterator[list[MetadataRaft]]:
+    password = quorum_password
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     rafts: list[MetadataRaft] = []
     try:
@@ -131,3 +136,76 @@ def test_without_a_password_the_same_frame_runs_code(tmp_path: Path) -> None:
         wait_for(marker.exists, 20, "the unprotected voter to unpickle the frame")
     finally:
         raft.destroy_synchronous()
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def commits(rafts: list[MetadataRaft], broker_id: int) -> None:
+    """The quorum still commits: a command applied on every voter."""
+    wait_for(lambda: sum(r.leadership()[0] for r in rafts) == 1, 30, "a Raft leader")
+    leader = next(r for r in rafts if r.leadership()[0])
+    assert leader.propose(c.RegisterBroker(broker_id, f"inc-{broker_id}", [["BROKER", "127.0.0.1", 9092]]), 30).ok
+    wait_for(lambda: all(r.read(lambda s: broker_id in s.brokers) for r in rafts), 30, "the command on every voter")
+
+
+@pytest.mark.slow
+def test_a_stranger_declaring_a_huge_frame_is_cut_off_before_its_body(protected_quorum: list[MetadataRaft]) -> None:
+    # pysyncobj buffers a frame whole before the password's HMAC is checked: a stranger declaring
+    # 1 GiB and streaming it was buffered byte for byte, on the Raft tick thread. Now the declaration
+    # alone closes the connection: what it sends after is never read.
+    rafts = protected_quorum
+    before = rss_bytes()
+    host, port = rafts[0].self_address.rsplit(":", 1)
+    sent = 0
+    chunk = b"\x00" * (1 << 20)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(struct.pack("i", 1 << 30))
+        try:
+            for _ in range(64):  # 64 MiB, unless the voter closes the connection first
+                s.sendall(chunk)
+                sent += len(chunk)
+        except OSError:  # reset: the voter closed it
+            pass
+        s.settimeout(5)
+        try:
+            assert s.recv(1) == b"", "the voter kept the connection open"
+        except ConnectionResetError:
+            pass
+    growth = rss_bytes() - before
+    assert growth < 16 * (1 << 20), f"the voters grew {growth >> 20} MiB for a stranger's frame ({sent >> 20} MiB sent)"
+    commits(rafts, 1)
+
+
+@pytest.mark.slow
+def test_silent_strangers_cannot_crowd_a_voter_out_of_its_quorum(tmp_path: Path, quorum_password: str,
+                                                                protected_quorum: list[MetadataRaft]) -> None:
+    # 150 connections that never send a byte to every voter: each keeps at most UNKNOWN_CONNECTIONS_MAX
+    # of them (the oldest are closed first), a restarted voter's connections still get in, and the
+    # quorum commits.
+    from metadata_quorum.raft_transport import UNKNOWN_CONNECTIONS_MAX
+
+    rafts = protected_quorum
+    strangers: list[socket.socket] = []
+    try:
+        for raft in rafts:
+            host, port = raft.self_address.rsplit(":", 1)
+            strangers += [socket.create_connection((host, int(port)), timeout=5) for _ in range(150)]
+        fds = len(os.listdir("/proc/self/fd"))
+        # The test process holds the strangers' 450 ends; the voters (in this process too) at most
+        # UNKNOWN_CONNECTIONS_MAX each of theirs, and no thread per connection.
+        assert fds < 450 + 3 * UNKNOWN_CONNECTIONS_MAX + 200, f"{fds} descriptors open"
+        # A voter restarts (same address and log): the others must accept its connections.
+        restarted = 1
+        address, peers = rafts[restarted].self_address, rafts[restarted].partner_addresses
+        rafts[restarted].destroy_synchronous()
+        rafts[restarted] = MetadataRaft(address, peers, tmp_path / "v1", password=quorum_password)
+        rafts[restarted].wait_bound()
+        commits(rafts, 2)
+    finally:
+        for s in strangers:
+            s.close()
