@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import ssl
 import struct
 import time
@@ -97,7 +98,7 @@ class KafkaListener:
         self.idle_s = int(defaults.get("connections.max.idle.ms", str(DEFAULT_IDLE_MS))) / 1000
         self.sasl_timeout_s = int(defaults.get("kafka.authentication.timeout.ms", str(DEFAULT_SASL_TIMEOUT_MS))) / 1000
         self.request_timeout_s = int(defaults.get("kafka.request.timeout.ms", "30000")) / 1000
-        self.max_connections = int(defaults.get("max.connections", "10000"))
+        self.max_connections = _within_descriptors(int(defaults.get("max.connections", "10000")), spec.name)
         self.max_connections_per_ip = int(defaults.get("max.connections.per.ip", str(DEFAULT_CONNECTIONS_PER_IP)))
         self._by_address: dict[str, int] = {}  # client address -> its open connections (loop thread only)
         self.sasl = spec.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
@@ -110,11 +111,11 @@ class KafkaListener:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        tls: dict[str, Any] = {}
-        if self.spec.ssl_context is not None:
-            tls = {"ssl": self.spec.ssl_context, "ssl_handshake_timeout": self.sasl_timeout_s}
+        # TLS is started per connection in _accept, once the connection is counted: with the server's
+        # own ssl= the handshake ran before any bound saw the connection, so clients that never
+        # finished it each held a descriptor for kafka.authentication.timeout.ms, however many.
         self._server = await asyncio.start_server(self._accept, self.spec.host, self.spec.port, limit=64 * 1024,
-                                                  reuse_address=True, **tls)
+                                                  reuse_address=True)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         log.info("Kafka listener %s on %s:%d (%s)", self.spec.name, self.spec.host, self.port, self.spec.protocol)
@@ -142,17 +143,21 @@ class KafkaListener:
         self._by_address[host] = mine + 1
         self.stats.connections += 1
         self.stats.connections_total += 1
-        conn = _Connection(self, reader, writer)
+        conn: _Connection | None = None
         try:
+            if self.spec.ssl_context is not None:
+                await writer.start_tls(self.spec.ssl_context, ssl_handshake_timeout=self.sasl_timeout_s)
+            conn = _Connection(self, reader, writer)
             await conn.run()
         except asyncio.CancelledError:
             pass
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError):
-            pass  # the client went away or was too slow: nothing to answer
+            pass  # the client went away, was too slow, or failed the handshake: nothing to answer
         except Exception:
-            log.exception("Kafka connection from %s failed", conn.peer_text)
+            log.exception("Kafka connection from %s failed", conn.peer_text if conn is not None else host)
         finally:
-            conn.release_all()
+            if conn is not None:
+                conn.release_all()
             self.stats.connections -= 1
             if (left := self._by_address.get(host, 1) - 1) > 0:
                 self._by_address[host] = left
@@ -163,6 +168,17 @@ class KafkaListener:
                 writer.transport.abort()  # a client that stopped reading: drop what it did not take
             else:
                 writer.close()
+
+
+def _within_descriptors(wanted: int, name: str) -> int:
+    """``max.connections`` for one Kafka listener, at most a quarter of the process's file-descriptor
+    limit: the gRPC port takes at most half (broker/server.py), the rest is for the logs."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or wanted <= soft // 4:
+        return wanted
+    log.warning("Kafka listener %s: max.connections %d lowered to %d (a quarter of the file-descriptor limit %d)",
+                name, wanted, max(1, soft // 4), soft)
+    return max(1, soft // 4)
 
 
 class _Connection:

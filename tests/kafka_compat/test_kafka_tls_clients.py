@@ -19,10 +19,13 @@ from deploy.local.cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 
+PER_IP = 12  # max.connections.per.ip: above what each client here opens from 127.0.0.1
+
 
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp("kafka-compat-tls"), nodes=1, tls=True) as c:
+    with LocalCluster(tmp_path_factory.mktemp("kafka-compat-tls"), nodes=1, tls=True,
+                      overrides={"max.connections.per.ip": str(PER_IP)}) as c:
         yield c
 
 
@@ -135,3 +138,38 @@ async def test_aiokafka_over_mtls(tls_cluster: LocalCluster, tls_topic: str) -> 
     finally:
         await consumer.stop()
     assert (record.value, record.offset) == (b"from-aiokafka", md.offset)
+
+
+def test_connections_that_never_shake_hands_are_counted_before_tls(tls_cluster: LocalCluster,
+                                                                    tls_topic: str) -> None:
+    # TLS is started once a connection is counted: connections that never send a ClientHello hold
+    # no more than their address's max.connections.per.ip (before, the listener shook hands before
+    # any bound saw them, and each held a descriptor for kafka.authentication.timeout.ms, without
+    # limit). A client from another address is served meanwhile.
+    import socket
+
+    port = int(tls_cluster.kafka_bootstrap_servers.split(",")[0].rsplit(":", 1)[1])
+    held: list[socket.socket] = []
+    try:
+        for _ in range(PER_IP + 3):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.settimeout(10)
+            s.connect(("127.0.0.1", port))
+            held.append(s)
+        for s in held[PER_IP:]:
+            try:
+                assert s.recv(1) == b"", "a connection past the address's bound was kept"
+            except ConnectionResetError:
+                pass
+        for s in held[:PER_IP]:
+            s.settimeout(0.2)
+            with pytest.raises(TimeoutError):  # open, its handshake not begun
+                s.recv(1)
+        from confluent_kafka.admin import AdminClient
+
+        metadata = AdminClient(rdkafka_config(tls_cluster.kafka_client_config())).list_topics(timeout=30)
+        assert tls_topic in metadata.topics
+    finally:
+        for s in held:
+            s.close()
