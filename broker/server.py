@@ -84,6 +84,9 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 # they could had a third of another client's Metadata calls cancelled in some runs
 # (tests/broker/test_rapid_reset.py).
 DEFAULT_STREAMS_PER_CONNECTION = 100
+# The TLS handshake's bound on the gRPC ports (broker and controller), as kafka.authentication.timeout.ms
+# bounds the Kafka listener's.
+HANDSHAKE_TIMEOUT_MS = 10_000
 SECURITY_WORKERS = 4  # SecurityService handlers (SCRAM exchanges, ACL and user admin): short and rare
 SERVER_STOP_GRACE_S = 1.0
 REGISTER_TIMEOUT_S = 60.0
@@ -423,6 +426,9 @@ class BrokerServer:
             # frozen broker: accept that (gRPC's default is one ping without data per 5 minutes); a
             # faster pinger is still sent GOAWAY after gRPC's two strikes.
             ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+            # A TLS handshake must end within this (gRPC's default is 120 s): a connection that never
+            # sends its ClientHello holds one of max.connections that long.
+            ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
             ("grpc.so_reuseport", 0)])
 
     def _make_receive_gate(self, d: dict[str, str]) -> ReceiveGate:

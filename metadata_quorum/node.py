@@ -44,6 +44,9 @@ TICK_INTERVAL_S = 0.1
 GRPC_MAX_WORKERS = 96  # watch streams hold a worker each; MAX_WATCHERS of them at most
 MAX_STREAMS_PER_CONNECTION = 100
 _SERVER_OPTIONS = [
+    # A TLS handshake must end within 10 s (gRPC's default is 120 s): a connection that never sends
+    # its ClientHello holds a connection of the port that long (broker/server.py HANDSHAKE_TIMEOUT_MS).
+    ("grpc.server_handshake_timeout_ms", 10_000),
     # Clients ping every 5 s so a frozen controller is noticed; allow it (one a second at most: a
     # client pinging faster is sent GOAWAY after gRPC's default two strikes, not answered forever).
     ("grpc.http2.min_ping_interval_without_data_ms", 1000),

@@ -1,4 +1,5 @@
-"""A node's HTTP ports (metrics, health probes, console) keep answering whoever else connects.
+"""A node's HTTP ports (metrics, health probes, console) keep answering whoever else connects, and
+its gRPC ports do not keep a connection that never shakes hands.
 
 Before, the HTTPS /metrics server (prometheus_client's) shook hands inside its accept loop: one TCP
 connection that never sent a ClientHello held the port for good. Its plaintext server started a
@@ -137,4 +138,38 @@ def test_a_request_trickled_a_byte_at_a_time_is_cut_at_the_deadline(node: LocalC
                  f"{time.monotonic() - started:.1f} s after they started", poll_s=0.3)
     finally:
         for s in trickling:
+            s.close()
+
+
+def test_a_grpc_connection_that_never_shakes_hands_is_closed(node: LocalCluster) -> None:
+    # gRPC's default lets a TLS handshake take 120 s: a client that connects and sends nothing held
+    # one of max.connections that long. Both gRPC ports (broker, controller) now close it after 10 s.
+    from broker.server import HANDSHAKE_TIMEOUT_MS
+
+    spec = node.spec(1)
+    silent: dict[str, socket.socket] = {}
+    try:
+        for name, port in (("broker", spec.broker_port), ("controller", spec.controller_port)):
+            s = socket.socket()
+            s.bind((ATTACKER, 0))
+            s.connect(("127.0.0.1", port))
+            s.setblocking(False)
+            silent[name] = s
+        started = time.monotonic()
+
+        def closed() -> bool:
+            for name, s in list(silent.items()):
+                try:
+                    if s.recv(1) == b"":
+                        del silent[name]
+                except BlockingIOError:
+                    pass
+                except ConnectionResetError:
+                    del silent[name]
+            return not silent
+        wait_for(closed, HANDSHAKE_TIMEOUT_MS / 1000 + 2 * ANSWER_S,
+                 lambda: f"{sorted(silent)} still open {time.monotonic() - started:.1f} s after connecting",
+                 poll_s=0.2)
+    finally:
+        for s in silent.values():
             s.close()
