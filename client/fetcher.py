@@ -171,6 +171,11 @@ class Fetcher:
         for node, stream in list(self._streams.items()):
             if stream.cancel_if_overdue(now):  # its fetch completes with the timeout
                 del self._streams[node]
+            elif node not in self.in_flight and stream.old():
+                # Not used for a while (the broker leads none of our partitions any more): it would
+                # hold one of the broker's max.fetch.streams and a thread here for nothing.
+                stream.retire()
+                del self._streams[node]
         by_node: dict[int, list[TopicPartition]] = {}
         no_broker = False
         for tp, st in assignment.items():

@@ -176,6 +176,9 @@ class Sender(threading.Thread):
         for node, session in list(self._sessions.items()):
             if session.cancel_if_overdue(now):
                 del self._sessions[node]
+            elif session.old() and session.idle():
+                session.retire()  # unused for a while: it would hold one of the broker's max.produce.streams
+                del self._sessions[node]
         if self._retired:
             self._retired = [s for s in self._retired if s.answering() and not s.cancel_if_overdue(now)]
         with self.acc.lock:

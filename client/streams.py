@@ -128,6 +128,11 @@ class RequestStream:
     def old(self) -> bool:
         return time.monotonic() - self.opened_at > STREAM_MAX_AGE_S
 
+    def idle(self) -> bool:
+        """Is no request of it unanswered?"""
+        with self._lock:
+            return not self._pending
+
     def retire(self) -> None:
         """Send nothing more on it; the broker answers what it has and ends the stream."""
         with self._lock:
