@@ -82,5 +82,6 @@ class HealthServer:
         self._thread = self._server.serve_in_thread()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._thread is not None:  # shutdown() waits for serve_forever, which never ran otherwise
+            self._server.shutdown()
         self._server.server_close()
