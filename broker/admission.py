@@ -31,6 +31,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,19 @@ from typing import Any
 import grpc
 
 log = logging.getLogger(__name__)
+
+
+def connections_within_descriptors(wanted: int, share: int, what: str) -> int:
+    """``wanted`` connections (a ``max.connections``), lowered to ``1/share`` of the process's
+    file-descriptor limit, with a warning: the rest of the descriptors are for the logs and the other
+    ports (the gRPC port takes at most a half, each Kafka listener a quarter)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or wanted <= soft // share:
+        return wanted
+    ceiling = max(1, soft // share)
+    log.warning("%s: max.connections %d lowered to %d (1/%d of the file-descriptor limit %d)",
+                what, wanted, ceiling, share, soft)
+    return ceiling
 
 # A client request may name at most max(this, twice the cluster's) partitions (topics, for
 # Metadata and DescribeLogDirs): no client needs to name one twice, and every entry costs the

@@ -147,8 +147,6 @@ class ConsoleServer:
                                          max_pending=MAX_PENDING, per_address=PER_ADDRESS,
                                          deadline_s=REQUEST_TIMEOUT_S)
         self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
-                                        name="console-http", daemon=True)
 
     def host_allowed(self, header: str) -> bool:
         """The Host a browser sent names this console (its host, this machine, loopback, or an address)."""
@@ -173,11 +171,10 @@ class ConsoleServer:
         return self._static[name]
 
     def start(self) -> None:
-        self._thread.start()
+        self._server.serve_in_thread()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
 
 
 class ConsoleData:

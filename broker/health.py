@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 
@@ -76,12 +75,9 @@ class HealthServer:
                                          max_pending=MAX_PENDING, per_address=PER_ADDRESS,
                                          deadline_s=REQUEST_TIMEOUT_S, io_timeout_s=REQUEST_TIMEOUT_S)
         self.port = int(self._server.server_address[1])
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = self._server.serve_in_thread()
+        self._server.serve_in_thread()
 
     def stop(self) -> None:
-        if self._thread is not None:  # shutdown() waits for serve_forever, which never ran otherwise
-            self._server.shutdown()
-        self._server.server_close()
+        self._server.close()

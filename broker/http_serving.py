@@ -62,7 +62,7 @@ class BoundedHTTPServer(HTTPServer):
         self._room = threading.BoundedSemaphore(workers + max_pending)
         self._lock = threading.Lock()
         self._by_address: dict[str, int] = {}
-        self.refused_total = 0
+        self._thread: threading.Thread | None = None
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, handler)
 
@@ -79,8 +79,6 @@ class BoundedHTTPServer(HTTPServer):
             admitted = mine < self._per_address and self._room.acquire(blocking=False)
             if admitted:
                 self._by_address[host] = mine + 1
-            else:
-                self.refused_total += 1
         if not admitted:
             self.shutdown_request(request)  # a scraper or probe retries; a flood gets nothing
             return
@@ -115,11 +113,18 @@ class BoundedHTTPServer(HTTPServer):
                 self._by_address.pop(host, None)
         self._room.release()
 
-    def serve_in_thread(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.5}, name=self.name,
-                                  daemon=True)
-        thread.start()
-        return thread
+    def serve_in_thread(self) -> None:
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.5}, name=self.name,
+                                        daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving (shutdown() would wait for a serve loop that never ran) and free the port."""
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join(timeout=5)
+            self._thread = None
+        self.server_close()
 
     def server_close(self) -> None:
         super().server_close()

@@ -17,7 +17,6 @@ import gzip
 import inspect
 import logging
 import shutil
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, is_dataclass
@@ -705,8 +704,7 @@ class NodeMetrics:
     rpc: RpcMetrics
     interceptor: MetricsInterceptor
     aio_interceptor: AioMetricsInterceptor
-    _httpd: Any = None
-    _thread: threading.Thread | None = None
+    _httpd: BoundedHTTPServer | None = None
 
     @classmethod
     def create(cls, node_id: int, roles: Sequence[str], cluster_id: str) -> NodeMetrics:
@@ -736,19 +734,15 @@ class NodeMetrics:
         self._httpd = BoundedHTTPServer((host, port), _metrics_handler(self.registry), name="metrics-http",
                                         tls=context, workers=METRICS_WORKERS, max_pending=METRICS_PENDING,
                                         per_address=METRICS_PER_ADDRESS, deadline_s=METRICS_DEADLINE_S)
-        self._thread = self._httpd.serve_in_thread()
+        self._httpd.serve_in_thread()
         bound = int(self._httpd.server_address[1])
         log.info("metrics: serving /metrics on %s://%s:%d/metrics", "https" if tls else "http", host, bound)
         return bound
 
     def close(self) -> None:
         if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
+            self._httpd.close()
             self._httpd = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
 
 
 # The /metrics server's bounds (broker/http_serving.py): Prometheus scrapes one page at a time per

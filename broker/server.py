@@ -24,7 +24,6 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import resource
 import threading
 import time
 import uuid
@@ -35,7 +34,13 @@ from typing import Any
 
 import grpc
 
-from broker.admission import DEFAULT_FETCH_BYTES_PER_CLIENT, ByteBudget, ClientByteShares, ClientLimits
+from broker.admission import (
+    DEFAULT_FETCH_BYTES_PER_CLIENT,
+    ByteBudget,
+    ClientByteShares,
+    ClientLimits,
+    connections_within_descriptors,
+)
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.receiving import (
@@ -57,7 +62,7 @@ from broker.replica_manager import ReplicaManager
 from broker.security import NodeSecurity, broker_security
 from broker.service import BrokerService, Capacity
 from broker.stalls import DEFAULT_STALL_S, LoopMonitor
-from broker.tls import ServerTls, bind_port
+from broker.tls import HANDSHAKE_TIMEOUT_MS, ServerTls, bind_port
 from client.security import SecurityConfig
 from metadata_quorum.client import ControllerClient
 from proto import broker_pb2_grpc, common_pb2, controller_pb2, errors
@@ -84,9 +89,6 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 # they could had a third of another client's Metadata calls cancelled in some runs
 # (tests/broker/test_rapid_reset.py).
 DEFAULT_STREAMS_PER_CONNECTION = 100
-# The TLS handshake's bound on the gRPC ports (broker and controller), as kafka.authentication.timeout.ms
-# bounds the Kafka listener's.
-HANDSHAKE_TIMEOUT_MS = 10_000
 SECURITY_WORKERS = 4  # SecurityService handlers (SCRAM exchanges, ACL and user admin): short and rare
 SERVER_STOP_GRACE_S = 1.0
 REGISTER_TIMEOUT_S = 60.0
@@ -426,8 +428,6 @@ class BrokerServer:
             # frozen broker: accept that (gRPC's default is one ping without data per 5 minutes); a
             # faster pinger is still sent GOAWAY after gRPC's two strikes.
             ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
-            # A TLS handshake must end within this (gRPC's default is 120 s): a connection that never
-            # sends its ClientHello holds one of max.connections that long.
             ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
             ("grpc.so_reuseport", 0)])
 
@@ -465,14 +465,8 @@ class BrokerServer:
 
     def _max_connections(self, d: dict[str, str]) -> int:
         """``max.connections``, kept below half the process's file-descriptor limit (the rest is for logs)."""
-        wanted = int(d.get("max.connections", str(DEFAULT_MAX_CONNECTIONS)))
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        ceiling = soft // 2 if soft != resource.RLIM_INFINITY else wanted
-        if wanted > ceiling:
-            log.warning("broker %d: max.connections %d lowered to %d (half the file-descriptor limit %d)",
-                        self.node_id, wanted, ceiling, soft)
-            return max(1, ceiling)
-        return wanted
+        return connections_within_descriptors(int(d.get("max.connections", str(DEFAULT_MAX_CONNECTIONS))), 2,
+                                              f"broker {self.node_id}")
 
     def _stop_loop(self) -> None:
         if self.loop_monitor is not None:

@@ -423,21 +423,18 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         ends a unary call (UNAUTHENTICATED, RESOURCE_EXHAUSTED, an oversized request) ends the stream.
         """
         context = principal.CallIdentity(context)  # type: ignore[assignment]  # read once, not per request
-        held: list[Callable[[], None]] = []
-        try:
-            async for request in request_iterator:
-                if request.replica_id >= 0:
-                    yield _partition_errors(broker_pb2.FetchResponse(), request.partitions, errors.error_for(
-                        ErrorCode.INVALID_REQUEST, "FetchStream carries consumer fetches (replica_id -1) only; "
-                        "followers fetch over ReplicaFetch"), high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
-                    continue
-                response = await self._consumer_fetch(request, context, held.append)
-                yield response  # resumes once gRPC has written the answer out
-                while held:
-                    held.pop()()
-        finally:
-            while held:
-                held.pop()()
+        async for request in request_iterator:
+            if request.replica_id >= 0:
+                yield _partition_errors(broker_pb2.FetchResponse(), request.partitions, errors.error_for(
+                    ErrorCode.INVALID_REQUEST, "FetchStream carries consumer fetches (replica_id -1) only; "
+                    "followers fetch over ReplicaFetch"), high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+                continue
+            held: list[Callable[[], None]] = []
+            try:
+                yield await self._consumer_fetch(request, context, held.append)  # resumes once written out
+            finally:  # or the call ended at the yield
+                for release in held:
+                    release()
 
     async def _consumer_fetch(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext,
                               hold: Callable[[Callable[[], None]], None] | None = None) -> broker_pb2.FetchResponse:

@@ -27,6 +27,10 @@ from proto import errors
 log = logging.getLogger(__name__)
 
 PEM_FILE_BYTES_MAX = 1024 * 1024
+# How long a TLS handshake on a gRPC port (broker and controller) may take (gRPC's default is 120 s):
+# a connection that never sends its ClientHello holds one of the port's connections that long, as
+# kafka.authentication.timeout.ms bounds the Kafka listener's.
+HANDSHAKE_TIMEOUT_MS = 10_000
 
 CLIENT_AUTH_REQUIRED = "required"
 CLIENT_AUTH_NONE = "none"

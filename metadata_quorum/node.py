@@ -28,7 +28,7 @@ from broker import principal
 from broker.authorizer import AuthorizerConfig
 from broker.receiving import SyncReceiveGate
 from broker.request_times import LatencyHistogram
-from broker.tls import ServerTls, bind_port
+from broker.tls import HANDSHAKE_TIMEOUT_MS, ServerTls, bind_port
 from metadata_quorum.controller import ControllerConfig, QuorumController
 from metadata_quorum.raft import DUMP_FILE, MetadataRaft, RaftTiming
 from metadata_quorum.service import ControllerService
@@ -44,9 +44,7 @@ TICK_INTERVAL_S = 0.1
 GRPC_MAX_WORKERS = 96  # watch streams hold a worker each; MAX_WATCHERS of them at most
 MAX_STREAMS_PER_CONNECTION = 100
 _SERVER_OPTIONS = [
-    # A TLS handshake must end within 10 s (gRPC's default is 120 s): a connection that never sends
-    # its ClientHello holds a connection of the port that long (broker/server.py HANDSHAKE_TIMEOUT_MS).
-    ("grpc.server_handshake_timeout_ms", 10_000),
+    ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
     # Clients ping every 5 s so a frozen controller is noticed; allow it (one a second at most: a
     # client pinging faster is sent GOAWAY after gRPC's default two strikes, not answered forever).
     ("grpc.http2.min_ping_interval_without_data_ms", 1000),

@@ -75,10 +75,6 @@ class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
 class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
     """pysyncobj's TCPTransport whose connections are BoundedTcpConnections (see the module doc)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.evicted_total = 0
-        super().__init__(*args, **kwargs)
-
     def addNode(self, node: Any) -> None:  # noqa: N802 - pysyncobj's name
         super().addNode(node)
         conn = self._connections.get(node)
@@ -92,7 +88,6 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
             oldest = min(self._unknownConnections, key=lambda c: c.accepted_at)
             self._unknownConnections.discard(oldest)
             oldest.disconnect()
-            self.evicted_total += 1
         super()._onNewIncomingConnection(conn)
 
     def _onIncomingMessageReceived(self, conn: TcpConnection, message: Any) -> None:  # noqa: N802
@@ -108,4 +103,3 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
         for conn in [c for c in self._unknownConnections if now - c.accepted_at > UNKNOWN_MAX_AGE_S]:
             self._unknownConnections.discard(conn)
             conn.disconnect()
-            self.evicted_total += 1

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import resource
 import ssl
 import struct
 import time
@@ -42,7 +41,7 @@ from typing import Any
 import grpc
 
 from broker import principal as principals
-from broker.admission import ByteBudget
+from broker.admission import ByteBudget, connections_within_descriptors
 from broker.kafka_wire import apis, codec
 from broker.kafka_wire.context import Aborted, KafkaCallContext
 from broker.principal import AUTH_CERTIFICATE, AUTH_NONE, AUTH_SASL, Authentication
@@ -98,7 +97,8 @@ class KafkaListener:
         self.idle_s = int(defaults.get("connections.max.idle.ms", str(DEFAULT_IDLE_MS))) / 1000
         self.sasl_timeout_s = int(defaults.get("kafka.authentication.timeout.ms", str(DEFAULT_SASL_TIMEOUT_MS))) / 1000
         self.request_timeout_s = int(defaults.get("kafka.request.timeout.ms", "30000")) / 1000
-        self.max_connections = _within_descriptors(int(defaults.get("max.connections", "10000")), spec.name)
+        self.max_connections = connections_within_descriptors(int(defaults.get("max.connections", "10000")), 4,
+                                                              f"Kafka listener {spec.name}")
         self.max_connections_per_ip = int(defaults.get("max.connections.per.ip", str(DEFAULT_CONNECTIONS_PER_IP)))
         self._by_address: dict[str, int] = {}  # client address -> its open connections (loop thread only)
         self.sasl = spec.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
@@ -168,17 +168,6 @@ class KafkaListener:
                 writer.transport.abort()  # a client that stopped reading: drop what it did not take
             else:
                 writer.close()
-
-
-def _within_descriptors(wanted: int, name: str) -> int:
-    """``max.connections`` for one Kafka listener, at most a quarter of the process's file-descriptor
-    limit: the gRPC port takes at most half (broker/server.py), the rest is for the logs."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or wanted <= soft // 4:
-        return wanted
-    log.warning("Kafka listener %s: max.connections %d lowered to %d (a quarter of the file-descriptor limit %d)",
-                name, wanted, max(1, soft // 4), soft)
-    return max(1, soft // 4)
 
 
 class _Connection:
