@@ -341,7 +341,7 @@ def test_a_fetch_stream_answer_holds_its_bytes_until_it_is_written_out(leader: L
         assert size > 3000 and budget.used_bytes >= size, \
             f"an answer of {size} bytes handed to gRPC, {budget.used_bytes} bytes held"
         requests.send(consumer_fetch(3))
-        await asyncio.sleep(0.05)
+        # The handler stays at its yield until gRPC asks for the next answer (the last one written out).
         assert requests.read == 1, "no request is read while the last answer is not written out"
         empty = await asyncio.wait_for(anext(stream), 10)  # the first answer was written out
         assert empty.partitions[0].records == b"" and budget.used_bytes == 0, \

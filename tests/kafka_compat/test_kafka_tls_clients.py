@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from kafkakit import brook_read_all, kcat, kcat_binary, rdkafka_config, rdkafka_read_all, unique
+from sockets import open_past_the_bound
 
 from client.admin import Admin, NewTopic
 from deploy.local.cluster import LocalCluster
@@ -146,28 +147,11 @@ def test_connections_that_never_shake_hands_are_counted_before_tls(tls_cluster: 
     # no more than their address's max.connections.per.ip (before, the listener shook hands before
     # any bound saw them, and each held a descriptor for kafka.authentication.timeout.ms, without
     # limit). A client from another address is served meanwhile.
-    import socket
+    from confluent_kafka.admin import AdminClient
 
     port = int(tls_cluster.kafka_bootstrap_servers.split(",")[0].rsplit(":", 1)[1])
-    held: list[socket.socket] = []
+    held = open_past_the_bound(port, PER_IP)  # the first ones open, their handshakes not begun
     try:
-        for _ in range(PER_IP + 3):
-            s = socket.socket()
-            s.bind(("127.0.0.2", 0))
-            s.settimeout(10)
-            s.connect(("127.0.0.1", port))
-            held.append(s)
-        for s in held[PER_IP:]:
-            try:
-                assert s.recv(1) == b"", "a connection past the address's bound was kept"
-            except ConnectionResetError:
-                pass
-        for s in held[:PER_IP]:
-            s.settimeout(0.2)
-            with pytest.raises(TimeoutError):  # open, its handshake not begun
-                s.recv(1)
-        from confluent_kafka.admin import AdminClient
-
         metadata = AdminClient(rdkafka_config(tls_cluster.kafka_client_config())).list_topics(timeout=30)
         assert tls_topic in metadata.topics
     finally:

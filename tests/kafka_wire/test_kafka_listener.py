@@ -21,6 +21,7 @@ import pytest
 from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
 from kio.serial import entity_reader, entity_writer
+from sockets import ATTACKER, closed_by_peer, connect_from, open_past_the_bound
 from waiting import wait_for
 
 from broker.kafka_wire import apis, codec
@@ -100,14 +101,6 @@ def _recv_exactly(s: socket.socket, n: int) -> bytes:
     return bytes(out)
 
 
-def _closed_by_peer(s: socket.socket, timeout_s: float = 10.0) -> bool:
-    s.settimeout(timeout_s)
-    try:
-        return s.recv(1) == b""
-    except ConnectionResetError:
-        return True
-
-
 def _api_versions(port: int) -> Any:
     with _connect(port) as s:
         s.sendall(_frame(apis.API_VERSIONS, 3, codec.build(codec.request_schema(18, 3), {
@@ -154,7 +147,7 @@ def _sized(payload: bytes) -> bytes:
 def test_malformed_requests_close_the_connection_and_harm_nothing(cluster: LocalCluster, frame: bytes) -> None:
     with _connect(_kafka_port(cluster)) as s:
         s.sendall(frame)
-        assert _closed_by_peer(s), "the listener kept a connection that sent an unreadable request"
+        assert closed_by_peer(s), "the listener kept a connection that sent an unreadable request"
     assert _api_versions(_kafka_port(cluster)).error_code == 0  # the broker is unharmed
 
 
@@ -182,28 +175,13 @@ def test_one_address_cannot_take_every_connection(cluster: LocalCluster) -> None
     # max.connections.per.ip: the address's connections past the bound are closed at accept, unread;
     # another address is served meanwhile, and the address is served again once one of its closes.
     port = cluster.spec(1).kafka_port
-    held: list[socket.socket] = []
+    held = open_past_the_bound(port, PER_IP)
     try:
-        for _ in range(PER_IP + 3):
-            s = socket.socket()
-            s.bind(("127.0.0.2", 0))
-            s.settimeout(10)
-            s.connect(("127.0.0.1", port))
-            held.append(s)
-        for s in held[PER_IP:]:
-            assert _closed_by_peer(s), f"a connection past the address's {PER_IP} was served"
-        for s in held[:PER_IP]:
-            s.settimeout(0.2)
-            with pytest.raises(TimeoutError):  # open and waiting for a request
-                s.recv(1)
         assert _api_versions(port).error_code == ErrorCode.NONE  # from 127.0.0.1
         held[0].close()
 
         def served_again() -> bool:
-            s = socket.socket()
-            s.bind(("127.0.0.2", 0))
-            s.settimeout(10)
-            s.connect(("127.0.0.1", port))
+            s = connect_from(ATTACKER, port)
             held.append(s)
             s.sendall(_frame(apis.API_VERSIONS, 0, codec.request_schema(apis.API_VERSIONS, 0)()))
             try:
@@ -295,10 +273,10 @@ def test_sasl_listener_refuses_requests_before_authentication(cluster: LocalClus
     md = codec.build(codec.request_schema(apis.METADATA, 12), {"topics": None, "allow_auto_topic_creation": False})
     with _connect(port) as s:
         s.sendall(_frame(apis.METADATA, 12, md))
-        assert _closed_by_peer(s)
+        assert closed_by_peer(s)
     with _connect(port) as s:  # a client that never authenticates is closed at kafka.authentication.timeout.ms
         started = time.monotonic()
-        assert _closed_by_peer(s, 20)
+        assert closed_by_peer(s, 20)
         assert time.monotonic() - started < 15
 
 

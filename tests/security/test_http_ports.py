@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sockets import ATTACKER, accept_backlog, connect_from
 from waiting import wait_for
 
 from broker.health import PER_ADDRESS as HEALTH_PER_ADDRESS
@@ -30,7 +31,6 @@ from deploy.local.cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 
-ATTACKER = "127.0.0.2"
 ANSWER_S = 5.0  # what a scrape or probe may take while the attack runs: generous, not a speed assert
 FLOOD = 150  # idle connections per port
 
@@ -52,11 +52,10 @@ def idle_connections(port: int, count: int) -> Iterator[list[socket.socket]]:
     socks: list[socket.socket] = []
     try:
         for _ in range(count):
-            s = socket.socket()
-            s.bind((ATTACKER, 0))
-            s.settimeout(5)
-            s.connect(("127.0.0.1", port))
-            socks.append(s)
+            socks.append(connect_from(ATTACKER, port))
+        # Accepted, and then queued or closed (before, an HTTPS server shook hands with the first in
+        # its accept loop and never took the others).
+        wait_for(lambda: accept_backlog(port) == 0, ANSWER_S, f"port {port} to accept its connections")
         yield socks
     finally:
         for s in socks:
@@ -86,7 +85,6 @@ def console_answers(node: LocalCluster) -> int:
 
 def test_a_client_that_never_shakes_hands_does_not_hold_the_https_metrics_port(node: LocalCluster) -> None:
     with idle_connections(ports(node)["metrics"], 3):
-        time.sleep(0.2)  # the connections are accepted (and, before, the first one's handshake begun)
         started = time.monotonic()
         page = node.read_metrics(1, timeout_s=ANSWER_S)
         assert "brook_node_info" in page, page[:300]
@@ -100,7 +98,6 @@ def test_idle_connections_take_neither_threads_nor_descriptors_and_others_are_an
     with contextlib.ExitStack() as stack:
         for port in ports(node).values():
             stack.enter_context(idle_connections(port, FLOOD))
-        time.sleep(0.5)  # accepted, and queued or closed
         threads, fds = proc_status(pid, "Threads"), open_fds(pid)
         # Before, the plaintext metrics server started a thread for each (150) and kept its socket.
         assert threads - threads_before <= 40, f"{threads - threads_before} more threads with {3 * FLOOD} idle connections"
@@ -118,9 +115,7 @@ def test_a_request_trickled_a_byte_at_a_time_is_cut_at_the_deadline(node: LocalC
     trickling: list[socket.socket] = []
     try:
         for _ in range(HEALTH_PER_ADDRESS + 2):  # past the address's share: the extra ones are closed at once
-            s = socket.socket()
-            s.bind((ATTACKER, 0))
-            s.connect(("127.0.0.1", port))
+            s = connect_from(ATTACKER, port)
             s.sendall(b"G")
             trickling.append(s)
         started = time.monotonic()
@@ -144,15 +139,13 @@ def test_a_request_trickled_a_byte_at_a_time_is_cut_at_the_deadline(node: LocalC
 def test_a_grpc_connection_that_never_shakes_hands_is_closed(node: LocalCluster) -> None:
     # gRPC's default lets a TLS handshake take 120 s: a client that connects and sends nothing held
     # one of max.connections that long. Both gRPC ports (broker, controller) now close it after 10 s.
-    from broker.server import HANDSHAKE_TIMEOUT_MS
+    from broker.tls import HANDSHAKE_TIMEOUT_MS
 
     spec = node.spec(1)
     silent: dict[str, socket.socket] = {}
     try:
         for name, port in (("broker", spec.broker_port), ("controller", spec.controller_port)):
-            s = socket.socket()
-            s.bind((ATTACKER, 0))
-            s.connect(("127.0.0.1", port))
+            s = connect_from(ATTACKER, port)
             s.setblocking(False)
             silent[name] = s
         started = time.monotonic()

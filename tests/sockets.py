@@ -1,0 +1,65 @@
+"""Raw-socket helpers for tests that play a hostile client: connect from another loopback address,
+see whether the server closed a connection, and whether a listening port has drained its backlog."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+ATTACKER = "127.0.0.2"  # another loopback address: the server sees a client address of its own
+
+
+def connect_from(source: str, port: int, timeout_s: float = 10.0) -> socket.socket:
+    """A TCP connection from ``source`` to 127.0.0.1:``port``."""
+    s = socket.socket()
+    try:
+        s.bind((source, 0))
+        s.settimeout(timeout_s)
+        s.connect(("127.0.0.1", port))
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def closed_by_peer(s: socket.socket, timeout_s: float = 10.0) -> bool:
+    """Did the server close (or reset) ``s``? Waits up to ``timeout_s`` for it (socket.timeout after)."""
+    s.settimeout(timeout_s)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def open_past_the_bound(port: int, bound: int, extra: int = 3) -> list[socket.socket]:
+    """``bound + extra`` connections from ATTACKER that send nothing: the ``extra`` past the address's
+    bound must be closed by the server unread, the first ``bound`` kept open. Returns them all (the
+    caller closes them)."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(bound + extra):
+            held.append(connect_from(ATTACKER, port))
+        for s in held[bound:]:
+            assert closed_by_peer(s), f"a connection past the address's {bound} was kept"
+        for s in held[:bound]:
+            s.settimeout(0.2)
+            try:
+                s.recv(1)
+            except TimeoutError:
+                continue  # open, waiting for the client
+            raise AssertionError(f"one of the address's first {bound} connections was closed")
+    except BaseException:
+        for s in held:
+            s.close()
+        raise
+    return held
+
+
+def accept_backlog(port: int) -> int:
+    """Connections waiting in 127.0.0.1:``port``'s listen queue, not accepted yet (/proc/net/tcp)."""
+    local = f"0100007F:{port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == local and fields[3] == "0A":  # LISTEN: rx_queue is the accept backlog
+            return int(fields[4].split(":")[1], 16)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
