@@ -123,7 +123,9 @@ class LocalQuorum:
             proc.wait(timeout=STOP_TIMEOUT_S)
 
     def pause(self, node_id: int) -> None:
-        self.procs[node_id].send_signal(signal.SIGSTOP)
+        """SIGSTOP, returning once every thread of the voter has stopped (see deploy.local.processes)."""
+        from deploy.local.processes import stop_process
+        stop_process(self.procs[node_id].pid)
         self.paused.add(node_id)
 
     def resume(self, node_id: int) -> None:

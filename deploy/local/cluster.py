@@ -56,6 +56,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client.security import SecurityConfig, env_var, make_channel
+from deploy.local.processes import stop_process
 from proto import controller_pb2, controller_pb2_grpc, errors
 
 if TYPE_CHECKING:
@@ -663,9 +664,14 @@ class LocalCluster:
             self._paused.discard(node_id)
 
     def pause_node(self, node_id: int) -> None:
-        """SIGSTOP: the process is alive but silent (a hung node, a GC pause, a partition)."""
-        if self._signal(node_id, signal.SIGSTOP):
-            self._paused.add(node_id)
+        """SIGSTOP: the process is alive but silent (a hung node, a GC pause, a partition). Returns once
+        every thread of it has stopped (``kill`` alone returns while some still run)."""
+        pid = self.pid(node_id)
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            stop_process(pid)
+        self._paused.add(node_id)
 
     def resume_node(self, node_id: int) -> None:
         if self._signal(node_id, signal.SIGCONT):

@@ -26,6 +26,7 @@ from pathlib import Path
 from client.security import SecurityConfig
 from deploy.local.certs import CertificateAuthority
 from deploy.local.cluster import LOCAL_DEFAULTS, PARENT_PID_ENV, check_health, free_port
+from deploy.local.processes import stop_process
 from tests.chaos.netns import LoopbackNetwork, NamespaceNetwork
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,8 @@ class ChaosCluster:
     def pause(self, node_id: int) -> None:
         proc = self._procs.get(node_id)
         if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGSTOP)
+            with contextlib.suppress(ProcessLookupError):
+                stop_process(proc.pid)  # returns once every thread has stopped
             self.paused.add(node_id)
 
     def resume(self, node_id: int) -> None:

@@ -98,8 +98,10 @@ def test_writes_time_out_with_two_of_three_frozen_and_nothing_half_applied_appea
         sent_at = time.monotonic()
         response = client.call_endpoint(quorum.endpoint(leader), "CreateTopics", request, timeout_s=10)
         if any(r.error_code != ErrorCode.REQUEST_TIMED_OUT for r in response.results):
-            # Once seen in CI and not reproduced since (a commit with both followers stopped?): say
-            # what the processes and the leader's Raft view were when the answer came.
+            # Seen once in CI when pause() only sent SIGSTOP: kill() returns while the target's other
+            # threads still run, and a follower's tick thread acknowledged the first entry before it
+            # stopped (pause() now waits until every thread has stopped). Should it recur, say what the
+            # processes and the leader's Raft view were when the answer came.
             states = {n: process_state(quorum.procs[n].pid) for n in followers}
             view = client.call_endpoint(quorum.endpoint(leader), "DescribeQuorum",
                                         pb.DescribeQuorumRequest(any_voter=True), timeout_s=5)
