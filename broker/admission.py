@@ -41,6 +41,11 @@ import grpc
 log = logging.getLogger(__name__)
 
 
+# connections.max.idle.ms (Kafka's default): a connection with no request for this long is closed, on
+# the Kafka listeners and (as gRPC's max_connection_idle: no call open) on the gRPC ports.
+DEFAULT_CONNECTION_IDLE_MS = 600_000
+
+
 def connections_within_descriptors(wanted: int, share: int, what: str) -> int:
     """``wanted`` connections (a ``max.connections``), lowered to ``1/share`` of the process's
     file-descriptor limit, with a warning: the rest of the descriptors are for the logs and the other

@@ -273,7 +273,9 @@ _BEHAVIOUR = [
            "max.request.size) because each gRPC request being received may hold this much before it can be "
            "refused: raise it with your producers' max.request.size.", check=_at_least(1024)),
     KeyDef("connections.max.idle.ms", "long", "600000",
-           "A Kafka-listener connection with no request for this long is closed.", check=_at_least(1), roles=_B),
+           "A connection with no request for this long is closed: on a Kafka listener, no request; on the "
+           "broker's gRPC port, no call open (gRPC's max_connection_idle: the client is sent GOAWAY and reconnects "
+           "on its next call). Controllers close theirs after the default.", check=_at_least(1), roles=_B),
     KeyDef("kafka.authentication.timeout.ms", "long", "10000",
            "A client of a SASL (or SSL) Kafka listener must finish the TLS handshake and authenticate within this "
            "long, or it is disconnected.", check=_at_least(1), roles=_B),

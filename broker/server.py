@@ -35,6 +35,7 @@ from typing import Any
 import grpc
 
 from broker.admission import (
+    DEFAULT_CONNECTION_IDLE_MS,
     DEFAULT_FETCH_BYTES_PER_CLIENT,
     ByteBudget,
     ClientByteShares,
@@ -429,6 +430,9 @@ class BrokerServer:
             # faster pinger is still sent GOAWAY after gRPC's two strikes.
             ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
             ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
+            # A connection with no call open for connections.max.idle.ms is sent GOAWAY and closed, as
+            # Kafka closes an idle one (a client reconnects on its next call).
+            ("grpc.max_connection_idle_ms", int(d.get("connections.max.idle.ms", str(DEFAULT_CONNECTION_IDLE_MS)))),
             ("grpc.so_reuseport", 0)])
 
     def _make_receive_gate(self, d: dict[str, str]) -> ReceiveGate:

@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 
 from broker import principal
+from broker.admission import DEFAULT_CONNECTION_IDLE_MS
 from broker.authorizer import AuthorizerConfig
 from broker.receiving import SyncReceiveGate
 from broker.request_times import LatencyHistogram
@@ -59,6 +60,9 @@ _SERVER_OPTIONS = [
     # clients' DescribeCluster 435 ms (p50) and had a third to half of them cancelled by gRPC's backlog
     # shedding (tests/broker/test_rapid_reset.py).
     ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+    # A connection with no call open for 10 minutes is sent GOAWAY and closed (Kafka's default
+    # connections.max.idle.ms); a broker keeps its watch stream open, an admin client reconnects.
+    ("grpc.max_connection_idle_ms", DEFAULT_CONNECTION_IDLE_MS),
 ]
 # Calls the controller's server holds at once (running, or queued for a worker: each of those holds
 # at most 64 KiB of its message); more are refused RESOURCE_EXHAUSTED, so a flood of calls cannot

@@ -41,7 +41,7 @@ from typing import Any
 import grpc
 
 from broker import principal as principals
-from broker.admission import ByteBudget, connections_within_descriptors
+from broker.admission import DEFAULT_CONNECTION_IDLE_MS, ByteBudget, connections_within_descriptors
 from broker.kafka_wire import apis, codec
 from broker.kafka_wire.context import Aborted, KafkaCallContext
 from broker.principal import AUTH_CERTIFICATE, AUTH_NONE, AUTH_SASL, Authentication
@@ -53,7 +53,6 @@ from storage.file_records import FileRecords
 
 log = logging.getLogger(__name__)
 
-DEFAULT_IDLE_MS = 600_000
 # A tenth of max.connections: one client address cannot take the listener's every connection.
 DEFAULT_CONNECTIONS_PER_IP = 1000
 DEFAULT_SASL_TIMEOUT_MS = 10_000
@@ -94,7 +93,7 @@ class KafkaListener:
         self.spec = spec
         self.apis = apis.KafkaApis(broker, spec.name)
         self.max_request_bytes = int(defaults.get("socket.request.max.bytes", str(DEFAULT_REQUEST_MAX_BYTES)))
-        self.idle_s = int(defaults.get("connections.max.idle.ms", str(DEFAULT_IDLE_MS))) / 1000
+        self.idle_s = int(defaults.get("connections.max.idle.ms", str(DEFAULT_CONNECTION_IDLE_MS))) / 1000
         self.sasl_timeout_s = int(defaults.get("kafka.authentication.timeout.ms", str(DEFAULT_SASL_TIMEOUT_MS))) / 1000
         self.request_timeout_s = int(defaults.get("kafka.request.timeout.ms", "30000")) / 1000
         self.max_connections = connections_within_descriptors(int(defaults.get("max.connections", "10000")), 4,

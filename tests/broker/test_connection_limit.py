@@ -1,12 +1,17 @@
 """max.connections: the broker port refuses connections past the bound, and takes new ones once
-connections close (a connection flood cannot exhaust the broker's file descriptors)."""
+connections close (a connection flood cannot exhaust the broker's file descriptors);
+connections.max.idle.ms: a connection with no call open that long is closed."""
 
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
 
 import grpc
+import h2.events
 import pytest
+from h2client import ATTACKER, h2_connect
 from waiting import wait_for
 
 from deploy.local.cluster import LocalCluster
@@ -50,3 +55,58 @@ def test_connections_past_max_connections_are_refused_then_accepted_again(tmp_pa
             with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
                 return metadata_ok(ch)
         wait_for(fresh_client_served, 30, "a new connection to be served once the others closed")
+
+
+IDLE_MS = 1500
+
+
+def goaway_then_closed(port: int, timeout_s: float) -> tuple[bool, bool]:
+    """Open an HTTP/2 connection from another address, send no call, and read until the server closes it:
+    (GOAWAY received, connection closed) within ``timeout_s``."""
+    sock, conn = h2_connect(port, ATTACKER)
+    goaway = closed = False
+    deadline = time.monotonic() + timeout_s
+    try:
+        sock.sendall(conn.data_to_send())
+        while not closed and time.monotonic() < deadline:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                break
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                closed = True
+                break
+            for ev in conn.receive_data(data):
+                goaway |= isinstance(ev, h2.events.ConnectionTerminated)
+            pending = conn.data_to_send()
+            if pending:
+                with contextlib.suppress(OSError):
+                    sock.sendall(pending)
+    finally:
+        sock.close()
+    return goaway, closed
+
+
+def test_connections_without_a_call_for_connections_max_idle_ms_are_closed(tmp_path: Path) -> None:
+    """Kafka closes a connection idle for connections.max.idle.ms; the gRPC port does too (GOAWAY), and a
+    client whose connection was closed for idleness is served on its next call."""
+    with LocalCluster(tmp_path / "c", nodes=1, overrides={"connections.max.idle.ms": str(IDLE_MS)}) as cluster:
+        address = cluster.broker_address(1)
+        port = int(address.rsplit(":", 1)[1])
+        started = time.monotonic()
+        goaway, closed = goaway_then_closed(port, 20)
+        took = time.monotonic() - started
+        assert goaway and closed, f"after {took:.1f} s: GOAWAY {goaway}, closed {closed} (idle bound {IDLE_MS} ms)"
+        assert took >= IDLE_MS / 1000 * 0.9, f"closed after {took:.2f} s, before the idle bound of {IDLE_MS} ms"
+
+        with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+            assert metadata_ok(channel)
+            states: list[grpc.ChannelConnectivity] = []
+            channel.subscribe(states.append, try_to_connect=False)
+            wait_for(lambda: grpc.ChannelConnectivity.IDLE in states[states.index(grpc.ChannelConnectivity.READY):]
+                     if grpc.ChannelConnectivity.READY in states else False,
+                     20, lambda: f"the idle connection to be closed (channel states {states})")
+            assert metadata_ok(channel), "no answer on a new connection after the idle one was closed"
