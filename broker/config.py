@@ -129,8 +129,8 @@ _CORE = [
            "id@host:grpc_port:raft_port,... of every controller voter (brokers use the gRPC ports)."),
     KeyDef("controller.quorum.password", "password", "",
            "Shared secret authenticating and encrypting the Raft (pysyncobj) traffic between controllers: "
-           "at least 16 characters, 8 distinct, ~72 bits (see metadata_quorum/quorum_security.py). Required "
-           "unless every voter is on a loopback address.", roles=_C),
+           "at least 16 characters, 8 distinct, ~72 bits (see metadata_quorum/quorum_security.py). Required, "
+           "on loopback too: the quorum port runs what it is sent.", roles=_C),
     KeyDef("controller.quorum.election.timeout.ms", "int", "600",
            "Raft election timeout; elections start after a random wait between it and 2.5x it.",
            check=_at_least(50), roles=_C),

@@ -185,9 +185,6 @@ class ControllerNode:
     def start(self) -> None:
         """Join the quorum and serve; returns once both ports are bound."""
         self._check_meta_properties()
-        if not self.settings.password:
-            log.warning("controller.quorum.password is empty: allowed only because every voter is on loopback; "
-                        "any local user can run code through the quorum port")
         # pysyncobj's tick thread stops when the thread that built the SyncObj ends, so
         # the quorum is built on (and owned by) the node's own long-lived thread.
         self._thread = threading.Thread(target=self._run, name=f"controller-{self.settings.node_id}", daemon=True)

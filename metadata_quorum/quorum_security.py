@@ -2,14 +2,16 @@
 
 pysyncobj (the Raft library under ``MetadataRaft``) unpickles every frame it reads
 from the quorum port, so anyone who can send it an unauthenticated frame can run code
-on the voter (a 73-byte pickle is enough). Two things make the port safe:
+on the voter (a 73-byte pickle is enough). A password makes the port safe: pysyncobj
+then wraps every frame in Fernet (AES-CBC + HMAC-SHA256, key from PBKDF2 of the password)
+and checks the HMAC before it unpickles anything, so a frame from someone without the
+password is dropped unread. pysyncobj derives the key with a *fixed* salt, so a captured
+frame lets an attacker guess passwords offline: the password must be strong, not merely
+present (``password_problem``).
 
-- a password: pysyncobj then wraps every frame in Fernet (AES-CBC + HMAC-SHA256, key
-  from PBKDF2 of the password) and checks the HMAC before it unpickles anything, so a
-  frame from someone without the password is dropped unread. pysyncobj derives the key
-  with a *fixed* salt, so a captured frame lets an attacker guess passwords offline:
-  the password must be strong, not merely present (``password_problem``);
-- or traffic that never leaves the host: every voter on a loopback address.
+There is no exemption for loopback: every local user (and anything a local process can be
+made to connect for it) reaches a loopback port, and would run code as the controller and
+read the metadata log (SCRAM credentials, ACLs) as a pysyncobj "readonly" node.
 
 Whoever holds the password can still run code on every voter (the frames are pickles):
 it is as sensitive as a root credential of the controller hosts.
@@ -17,7 +19,6 @@ it is as sensitive as a root credential of the controller hosts.
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import string
 
@@ -28,21 +29,6 @@ MIN_DISTINCT_CHARS = 8
 MIN_PASSWORD_BITS = 72  # estimated from length and character classes; a random 16-char password has ~95
 
 _CLASSES = (string.ascii_lowercase, string.ascii_uppercase, string.digits)
-
-
-def host_of(address: str) -> str:
-    """The host part of ``host:port`` (IPv6 in brackets or bare)."""
-    host = address.rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
-def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a DNS name other than localhost: it may resolve anywhere
-        return False
 
 
 def bind_address(self_address: str) -> str:
@@ -72,18 +58,17 @@ def password_problem(password: str) -> str | None:
 
 
 def check_quorum_protection(self_address: str, partner_addresses: list[str], password: str | None) -> None:
-    """Raise InvalidConfigError unless this voter's quorum traffic is protected (see the module doc)."""
-    if password:
-        problem = password_problem(password)
-        if problem is not None:
-            raise errors.InvalidConfigError(
-                f"controller.quorum.password is too weak: {problem}. The quorum port executes pickled frames, "
-                f"the password is what keeps strangers out (generate one, e.g. "
-                f"`python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
-        return
-    exposed = [a for a in [self_address, *partner_addresses] if not is_loopback_host(host_of(a))]
-    if exposed:
+    """Raise InvalidConfigError unless this voter's quorum traffic is protected: a strong password
+    (see the module doc). ``self_address`` and ``partner_addresses`` name the voters in the message."""
+    if not password:
         raise errors.InvalidConfigError(
-            f"controller.quorum.password is required: voters {exposed} are not on a loopback address, and "
-            f"without a password anyone who reaches a quorum port can run code on the voter (pysyncobj "
-            f"unpickles what it receives)")
+            f"controller.quorum.password is required (voters {[self_address, *partner_addresses]}): without it "
+            f"anyone who reaches a quorum port, a local user on a loopback address included, can run code on "
+            f"the voter (pysyncobj unpickles what it receives). Generate one, e.g. "
+            f"`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+    problem = password_problem(password)
+    if problem is not None:
+        raise errors.InvalidConfigError(
+            f"controller.quorum.password is too weak: {problem}. The quorum port executes pickled frames, "
+            f"the password is what keeps strangers out (generate one, e.g. "
+            f"`python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")

@@ -3,8 +3,9 @@
 pysyncobj unpickles what it reads from the Raft port. The attack test sends the frame an
 attacker would (length prefix + zlib(pickle) whose unpickling creates a marker file) to
 a running voter of a password-protected quorum and checks that nothing ran and the
-quorum still commits. Without a password the same frame runs (shown on a throwaway
-loopback voter, so the test proves it is a real exploit, not a malformed frame).
+quorum still commits. Without a password the same frame runs (shown on a bare pysyncobj
+node on loopback, so the test proves it is a real exploit, not a malformed frame, and that
+loopback is no protection).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pysyncobj import SyncObj, SyncObjConf
 from quorum_helpers import free_port
 from waiting import wait_for
 
@@ -63,13 +65,22 @@ def test_weak_passwords_are_refused(weak: str) -> None:
         check_quorum_protection("10.0.0.1:9193", ["10.0.0.2:9193"], weak or None)
 
 
-def test_strong_password_or_loopback_only_is_accepted() -> None:
+def test_a_strong_password_is_accepted_and_none_refused_on_loopback_too() -> None:
     strong = secrets.token_urlsafe(24)
     assert password_problem(strong) is None
     check_quorum_protection("10.0.0.1:9193", ["10.0.0.2:9193"], strong)
-    check_quorum_protection("127.0.0.1:9193", ["127.0.0.2:9193", "localhost:9194", "[::1]:9195"], None)
-    with pytest.raises(errors.InvalidConfigError, match="controller-2.example:9193"):
-        check_quorum_protection("127.0.0.1:9193", ["controller-2.example:9193"], None)
+    check_quorum_protection("127.0.0.1:9193", ["127.0.0.2:9193"], strong)
+    # Loopback is no protection: every local user reaches it (see the exploit test below).
+    with pytest.raises(errors.InvalidConfigError, match="is required"):
+        check_quorum_protection("127.0.0.1:9193", ["127.0.0.2:9193", "localhost:9194", "[::1]:9195"], None)
+
+
+def test_a_loopback_voter_without_a_password_does_not_start(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(errors.InvalidConfigError, match="is required"):
+        MetadataRaft(address, [], tmp_path, password=None)
+    with socket.socket() as probe:  # refused before pysyncobj bound anything
+        assert probe.connect_ex(("127.0.0.1", int(address.rsplit(":", 1)[1]))) != 0
 
 
 def test_a_voter_with_a_weak_password_does_not_start(tmp_path: Path) -> None:
@@ -127,15 +138,17 @@ def test_an_unauthenticated_pickle_frame_is_dropped_unread(tmp_path: Path,
 
 @pytest.mark.slow
 def test_without_a_password_the_same_frame_runs_code(tmp_path: Path) -> None:
-    """Why the password (or loopback confinement) is mandatory: the exploit is real."""
-    raft = MetadataRaft(f"127.0.0.1:{free_port()}", [], tmp_path / "open", password=None)
+    """Why the password is mandatory, on loopback too: the exploit is real. Shown on a bare pysyncobj
+    node on loopback without a password (MetadataRaft refuses to be one), as any local user would."""
+    address = f"127.0.0.1:{free_port()}"
+    node = SyncObj(address, [], SyncObjConf(password=None, bindAddress=address, useFork=False))
     try:
-        raft.wait_bound()
+        node.waitBinded()
         marker = tmp_path / "pwned"
-        send_frame(raft.self_address, exploit_frame(marker))
-        wait_for(marker.exists, 20, "the unprotected voter to unpickle the frame")
+        send_frame(address, exploit_frame(marker))
+        wait_for(marker.exists, 20, "the unprotected node to unpickle the frame")
     finally:
-        raft.destroy_synchronous()
+        node.destroy()
 
 
 def rss_bytes() -> int:

@@ -189,11 +189,11 @@ def test_contradictory_config_is_refused_naming_the_key(tmp_path: Path, key: str
     assert named in str(err)
 
 
-def test_loopback_only_quorum_allows_no_password(tmp_path: Path) -> None:
+def test_loopback_only_quorum_needs_a_password_too(tmp_path: Path) -> None:
+    # Every local user reaches a loopback quorum port, and the port runs pickles.
     text = replace(COMBINED, "controller.quorum.password", None)
-    p = tmp_path / "dev.toml"
-    p.write_text(text)
-    assert load_config(p, env={}).quorum_password is None
+    err = refused(tmp_path, text)
+    assert err.key == "controller.quorum.password" and "is required" in str(err), str(err)
 
 
 def test_voters_off_loopback_need_a_password(tmp_path: Path) -> None:

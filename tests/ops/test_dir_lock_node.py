@@ -3,6 +3,7 @@ directory refuses to start with one line naming the holder, and the running node
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,8 @@ def test_a_second_node_on_a_running_nodes_directory_refuses_to_start(ops_cluster
                 f'"log.dirs" = "{held}"\n')
     else:
         keys = (f'"listeners" = "CONTROLLER://127.0.0.1:{port}"\n'
-                f'"controller.quorum.voters" = "9@127.0.0.1:{port}:{raft_port}"\n"metadata.log.dir" = "{held}"\n')
+                f'"controller.quorum.voters" = "9@127.0.0.1:{port}:{raft_port}"\n"metadata.log.dir" = "{held}"\n'
+                f'"controller.quorum.password" = "{secrets.token_urlsafe(24)}"\n')
     cfg = tmp_path / "node.toml"
     cfg.write_text(f'"process.roles" = "{role}"\n"node.id" = 9\n"cluster.id" = "c"\n{keys}')
     proc = subprocess.run([sys.executable, "-m", "broker.node", "--config", str(cfg)], capture_output=True,

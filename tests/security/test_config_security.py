@@ -16,6 +16,7 @@ BASE = {
     "controller.quorum.voters": "1@127.0.0.1:19093:19193",
     "log.dirs": "/tmp/brook-cfg-test/data",
     "metadata.log.dir": "/tmp/brook-cfg-test/meta",
+    "controller.quorum.password": "q7-Hv2pLx9-RtZ4mWc8NbK3s",
 }
 TLS = {"listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL", "ssl.certificate.location": "/t/node.pem",
        "ssl.key.location": "/t/node.key", "ssl.ca.location": "/t/ca.pem"}
