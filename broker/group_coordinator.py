@@ -58,6 +58,20 @@ RPC_TIMEOUT_S = 10.0
 # members (MEMBER_ID_REQUIRED) that never come back, are bounded over all groups too.
 MEMBER_OVERHEAD_BYTES = 512
 GROUP_INSTANCE_ID_MAX = 249  # as a group or topic name: the longest a static member's instance id may be
+# The longest group id. Kafka sets none, but a group id is hashed (Java's String.hashCode, a Python
+# loop over its characters) under the coordinator's lock, every group's: a Heartbeat naming a 7 MB
+# id held it 0.9 s, and eight such callers kept other groups' heartbeats waiting 8 s.
+GROUP_ID_MAX = 1024
+# The longest client id a member may join with (Java's default is "consumer-<group id>-<n>"), and its
+# protocol type ("consumer", "connect"). Member ids are "<client id>-<uuid>".
+CLIENT_ID_MAX = GROUP_ID_MAX + 64
+PROTOCOL_TYPE_MAX = 249
+_UUID_SUFFIX = 37  # "-" and a UUID: what a member id adds to its client id (or instance id)
+# What a pending member (MEMBER_ID_REQUIRED, until it comes back or its session ends) is counted as:
+# its id at the longest, and the overhead of a member.
+PENDING_MEMBER_BYTES = MEMBER_OVERHEAD_BYTES + CLIENT_ID_MAX + _UUID_SUFFIX
+# A DescribeGroups member entry's framing and fixed fields, beyond its strings and bytes.
+DESCRIBED_MEMBER_OVERHEAD = 64
 LIST_OFFSETS_LATEST, LIST_OFFSETS_EARLIEST = -1, -2
 CHANNEL_OPTIONS = [("grpc.enable_retries", 0), *HUNG_PEER_OPTIONS]
 
@@ -349,9 +363,17 @@ class GroupCoordinator:
     def partition_for(self, group_id: str) -> int:
         return partition_for_group(group_id, self.config.offsets_topic_num_partitions)
 
-    def _check_owner_locked(self, group_id: str) -> int:
+    @staticmethod
+    def _check_group_id(group_id: str) -> None:
+        """A group id a request names: not empty, and within GROUP_ID_MAX before it is hashed."""
         if not group_id:
             raise CoordinatorError("group id must not be empty", code=ErrorCode.INVALID_GROUP_ID)
+        if len(group_id) > GROUP_ID_MAX:
+            raise CoordinatorError(f"group id of {len(group_id)} characters, longer than {GROUP_ID_MAX}",
+                                   code=ErrorCode.INVALID_GROUP_ID)
+
+    def _check_owner_locked(self, group_id: str) -> int:
+        self._check_group_id(group_id)
         p = self.partition_for(group_id)
         state = self._partitions.get(p)
         if state is None:
@@ -370,8 +392,7 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ FindCoordinator
     def find_coordinator(self, group_id: str, listener: str = "BROKER") -> tuple[int, str, int]:
-        if not group_id:
-            raise errors.error_for(ErrorCode.INVALID_GROUP_ID, "group id must not be empty")
+        self._check_group_id(group_id)
         p = self.partition_for(group_id)
         info = self.metadata_cache.partition(OFFSETS_TOPIC, p)
         if info is None:
@@ -430,11 +451,21 @@ class GroupCoordinator:
         if len(req.protocols) > MEMBER_PROTOCOLS_MAX:
             raise CoordinatorError(f"{len(req.protocols)} protocols offered, at most {MEMBER_PROTOCOLS_MAX}",
                                    code=ErrorCode.INVALID_REQUEST)
+        for what, value, most in (("client id", req.client_id, CLIENT_ID_MAX),
+                                  ("client host", req.client_host, CLIENT_ID_MAX),
+                                  ("protocol type", req.protocol_type, PROTOCOL_TYPE_MAX),
+                                  ("member id", req.member_id, CLIENT_ID_MAX + _UUID_SUFFIX)):
+            if len(value) > most:
+                raise CoordinatorError(f"{what} of {len(value)} characters, longer than {most}",
+                                       code=ErrorCode.INVALID_REQUEST)
         rebalance_timeout_ms = req.rebalance_timeout_ms if req.rebalance_timeout_ms > 0 else req.session_timeout_ms
         metadata = sum(len(p.name) + len(p.metadata) for p in req.protocols)
         self._check_member_bytes(metadata, "protocol metadata")
+        # The member's (or pending member's) ids count with its metadata: a client id is kept in its
+        # member id and as itself until the session ends.
+        ids = len(req.client_id) + _UUID_SUFFIX + len(req.client_id) + len(req.client_host) + len(req.group_instance_id)
         with self._lock:
-            self._admit_bytes_locked(MEMBER_OVERHEAD_BYTES + metadata, "JoinGroup")
+            self._admit_bytes_locked(MEMBER_OVERHEAD_BYTES + metadata + ids, "JoinGroup")
             g = self._group_locked(req.group_id, create=True)
             assert g is not None
             g.join(member_id=req.member_id, client_id=req.client_id, client_host=req.client_host,
@@ -459,7 +490,7 @@ class GroupCoordinator:
         now = time.monotonic()
         if now - self._held_counted_at >= 1.0:
             self._held_bytes = sum(
-                g.members.held_bytes + MEMBER_OVERHEAD_BYTES * (len(g.members) + len(g.pending_members))
+                g.members.held_bytes + MEMBER_OVERHEAD_BYTES * len(g.members) + PENDING_MEMBER_BYTES * len(g.pending_members)
                 for g in list(self._groups.values()))
             self._held_counted_at = now
         limit = self.config.group_coordinator_metadata_max_bytes
@@ -719,8 +750,10 @@ class GroupCoordinator:
                        for m in sorted(g.members.values(), key=lambda m: m.member_id)]
             offsets = sorted(g.offsets.items())
         consumer = out.protocol_type == "consumer"
-        # A consumer member's metadata is shown decoded as well: about twice its bytes.
-        size = sum(len(m[3]) + len(m[4]) for m in members) * (2 if consumer else 1)
+        # A consumer member's metadata is shown decoded as well: about twice its bytes. Its ids are shown
+        # as they are (a client id may be kilobytes: they count).
+        size = (sum(len(m[3]) + len(m[4]) for m in members) * (2 if consumer else 1)
+                + sum(len(m[0]) + len(m[1]) + len(m[2]) + len(m[7]) + DESCRIBED_MEMBER_OVERHEAD for m in members))
         if size > max_bytes:
             return group_pb2.DescribedGroup(
                 group_id=group_id, coordinator_id=self.node_id, error_code=ErrorCode.INVALID_REQUEST,

@@ -24,7 +24,7 @@ import grpc
 
 from broker import authorizer as authz
 from broker import principal
-from broker.admission import refuse_over, refuse_oversized, release_when_done
+from broker.admission import peer_host, refuse_over, refuse_oversized, release_when_done
 from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.group_coordinator import (
     DESCRIBE_ANSWER_MAX_BYTES,
@@ -173,6 +173,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         # end is a future on the loop, completed by the group machine's callback: no thread.
         wait_s = self._wait_s(_CallDeadline(context), max(request.rebalance_timeout_ms, request.session_timeout_ms,
                                                           self.c.config.group_initial_rebalance_delay_ms))
+        # The member's host is the connection's address, as Kafka shows it, not what the client says.
+        request.client_host = peer_host(context.peer())
         fut, callback = _loop_callback()
         try:
             await self._in_executor(self.c.start_join, request, callback)
@@ -239,6 +241,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return await self._run(self._offset_delete, request, context)
 
     async def AlterGroupOffsets(self, request, context):  # noqa: N802
+        # Each spec is resolved and answered, made-up partitions too (400,000 specs took 3.3 s).
+        await refuse_oversized(context, self.c.metadata_cache, len(request.specs), "partitions")
         return await self._run(self._alter_group_offsets, request, context)
 
     # ---- bodies (on the executor) ----

@@ -93,6 +93,7 @@ class Member:
     group_instance_id: str = ""  # "" for a dynamic member
     protocol_names: frozenset[str] = field(init=False, repr=False, compare=False)
     protocol_bytes: int = field(init=False, repr=False, compare=False)  # the protocols' names and metadata
+    id_bytes: int = field(init=False, repr=False, compare=False)  # member id, client id and host, instance id
     # The JoinGroup this member waits in, and the table holding it (which counts waiting members).
     _join_callback: JoinCallback | None = field(init=False, default=None, repr=False, compare=False)
     _table: MemberTable | None = field(init=False, default=None, repr=False, compare=False)
@@ -100,6 +101,10 @@ class Member:
     def __post_init__(self) -> None:
         self.protocol_names = frozenset(name for name, _ in self.protocols)
         self.protocol_bytes = sum(len(name) + len(metadata) for name, metadata in self.protocols)
+        self.id_bytes = self._ids_length(self.client_id, self.client_host)
+
+    def _ids_length(self, client_id: str, client_host: str) -> int:
+        return len(self.member_id) + len(client_id) + len(client_host) + len(self.group_instance_id)
 
     def __setattr__(self, name: str, value: object) -> None:
         if name == "assignment":  # the table holding this member keeps the sum of what its members hold
@@ -119,8 +124,9 @@ class Member:
         self._join_callback = callback
 
     def held_bytes(self) -> int:
-        """What this member makes the coordinator keep: its protocols' names and metadata, its assignment."""
-        return self.protocol_bytes + len(self.assignment)
+        """What this member makes the coordinator keep: its protocols' names and metadata, its assignment,
+        its ids."""
+        return self.protocol_bytes + len(self.assignment) + self.id_bytes
 
     def fail_waiters(self, error_code: int) -> None:
         """Answer a JoinGroup or SyncGroup this member is blocked in with an error."""
@@ -134,6 +140,7 @@ class Member:
     def rejoined(self, client_id: str, client_host: str, session_timeout_ms: int, rebalance_timeout_ms: int,
                  protocols: list[tuple[str, bytes]], now_ms: int) -> None:
         """What a JoinGroup of this member says about it now (a rejoin, or a static member's new process)."""
+        id_bytes = self._ids_length(client_id, client_host)
         self.client_id, self.client_host = client_id, client_host
         self.session_timeout_ms, self.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
         self.protocols = list(protocols)
@@ -142,8 +149,8 @@ class Member:
         if self._table is not None:
             self._table.count_protocols(self.protocol_names, -1)
             self._table.count_protocols(names, 1)
-            self._table.held_bytes += protocol_bytes - self.protocol_bytes
-        self.protocol_names, self.protocol_bytes = names, protocol_bytes
+            self._table.held_bytes += protocol_bytes - self.protocol_bytes + id_bytes - self.id_bytes
+        self.protocol_names, self.protocol_bytes, self.id_bytes = names, protocol_bytes, id_bytes
         self.last_heartbeat_ms = now_ms
 
     def metadata_for(self, protocol: str) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from broker.group_coordinator import (
     DESCRIBE_ANSWER_MAX_BYTES,
     DESCRIBE_INFLIGHT_MAX_BYTES,
+    DESCRIBED_MEMBER_OVERHEAD,
     CoordinatorConfig,
     GroupCoordinator,
     _PartitionLoad,
@@ -19,6 +20,8 @@ from proto import group_pb2
 from proto.common_pb2 import ErrorCode
 
 GROUP_BYTES = 7 << 20
+# What one description of the group counts: its member's metadata, its ids ("m", "c", "h") and framing.
+DESCRIBED = GROUP_BYTES + 3 + DESCRIBED_MEMBER_OVERHEAD
 
 
 def _coordinator() -> tuple[GroupCoordinator, GroupCoordinatorServicer]:
@@ -44,7 +47,7 @@ def test_calls_side_by_side_carry_at_most_the_inflight_bound_and_give_it_back() 
         assert _describe(servicer, first, 4) == [ErrorCode.NONE] * 4  # 28 MiB, its answer not sent yet
         assert _describe(servicer, second, 4) == [ErrorCode.NONE] * 4  # 56 MiB
         assert _describe(servicer, third, 2) == [ErrorCode.NONE, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS]
-        assert coord._describing_bytes == 9 * GROUP_BYTES  # 63 MiB
+        assert coord._describing_bytes == 9 * DESCRIBED  # 63 MiB
         assert _describe(servicer, fourth, 1) == [ErrorCode.COORDINATOR_LOAD_IN_PROGRESS]
         first.release()
         assert _describe(servicer, fourth, 4) == [ErrorCode.NONE] * 4

@@ -504,7 +504,9 @@ def _recount(group: Group) -> tuple[int, dict[str, int], int]:
     for m in dict.values(group.members):
         for name in m.protocol_names:
             counts[name] = counts.get(name, 0) + 1
-    held = sum(sum(len(n) + len(md) for n, md in m.protocols) + len(m.assignment) for m in dict.values(group.members))
+    held = sum(sum(len(n) + len(md) for n, md in m.protocols) + len(m.assignment)
+               + len(m.member_id) + len(m.client_id) + len(m.client_host) + len(m.group_instance_id)
+               for m in dict.values(group.members))
     return sum(m.join_callback is not None for m in dict.values(group.members)), counts, held
 
 

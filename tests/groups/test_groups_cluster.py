@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from waiting import wait_for
 
@@ -397,6 +398,8 @@ def test_list_describe_reset_and_delete_groups(cluster: LocalCluster, client: Cl
         assert desc.state == "Stable" and desc.protocol_type == "consumer" and len(desc.members) == 1, desc
         member = desc.members[0]
         assert list(member.subscribed_topics) == [topic]
+        # The host is the connection's address (as Kafka shows it), not a string the client sends.
+        assert member.client_host == "127.0.0.1", member.client_host
         assert {(p.topic, p.partition) for p in member.assigned_partitions} == {(topic, 0), (topic, 1)}
         lag = {(o.topic, o.partition): (o.committed_offset, o.log_end_offset, o.lag) for o in desc.offsets}
         assert lag == {(topic, 0): (5, 20, 15), (topic, 1): (20, 20, 0)}, lag
@@ -991,6 +994,30 @@ def test_join_sync_and_leave_name_at_most_what_a_group_can_hold(cluster: LocalCl
                                                        member_ids=[f"m{i}" for i in range(10_001)]), timeout=30)
     assert left.error_code == errors.ErrorCode.INVALID_REQUEST and not left.members, left.error_code
     assert "10001 members named, a group has at most 10000" in left.error_message, left.error_message
+
+
+def test_ids_and_reset_specs_past_their_bounds_are_refused_over_the_wire(cluster: LocalCluster,
+                                                                        client: ClusterClient) -> None:
+    """A group id longer than 1,024 characters is refused before it is hashed under the coordinator's lock
+    (a 7 MB one held it 0.9 s a call), a join's client id past its bound too, and an AlterGroupOffsets
+    naming more partitions than a request may (400,000 made-up ones took 3.3 s) before anything is done."""
+    coord = GroupCoordinatorClient(client, "g-bounds")
+    coord.find_coordinator(10)
+    stub = group_stub(cluster, coord.node_id, client)
+    long_group = "g" * 100_000
+    beat = stub.Heartbeat(group_pb2.HeartbeatRequest(group_id=long_group, member_id="m", generation_id=1), timeout=30)
+    assert beat.error_code == errors.ErrorCode.INVALID_GROUP_ID and "longer than 1024" in beat.error_message, beat
+    joined = stub.JoinGroup(group_pb2.JoinGroupRequest(
+        group_id="g-bounds", session_timeout_ms=10_000, protocol_type="consumer", client_id="c" * 100_000,
+        protocols=[group_pb2.GroupProtocol(name="range", metadata=b"")]), timeout=30)
+    assert joined.error_code == errors.ErrorCode.INVALID_REQUEST and "client id" in joined.error_message, (
+        joined.error_code, joined.error_message)
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.AlterGroupOffsets(group_pb2.AlterGroupOffsetsRequest(group_id="g-bounds", dry_run=True, specs=[
+            group_pb2.OffsetResetSpec(topic="made-up", partition=i, kind=group_pb2.RESET_EARLIEST)
+            for i in range(100_000)]), timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+    assert "names 100000 partitions" in (refused.value.details() or ""), refused.value.details()
 
 
 def test_a_describe_groups_answer_carries_at_most_32_mib_of_member_metadata(
