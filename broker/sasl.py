@@ -11,6 +11,14 @@ Bounds: half-finished exchanges and live sessions are capped (oldest dropped fir
 and failed exchanges per user name and client address are rate limited, so a password-guessing client
 gets SASL_AUTHENTICATION_FAILED quickly and cheaply and cannot grow memory.
 
+No user enumeration: an unknown user name is answered exactly as a known one with a wrong
+password. SCRAM offers it a fake salt (stable per name, as long as a real one) and the default
+iteration count, and PLAIN runs the same PBKDF2 work against fake credentials. A user locked out
+for too many failures is answered as a wrong password too (its SCRAM exchange shows its real salt
+but can only fail, PLAIN does the same work and fails), so the lockout does not tell which names
+exist either; only the log says so. Only existing users' failures are counted: a node retrying
+before its bootstrap user exists cannot lock itself out, and made-up names take no memory.
+
 A call that carries a token this node does not know (expired, or issued before a
 restart) is refused with gRPC status UNAUTHENTICATED by ``SessionInterceptor``; the
 client library re-authenticates once and retries. A call without a token is from the
@@ -19,6 +27,7 @@ ANONYMOUS principal (or from its mTLS certificate's principal, once TLS is in pl
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import logging
@@ -46,8 +55,18 @@ DEFAULT_SESSION_LIFETIME_MS = 3_600_000
 EXCHANGE_TIMEOUT_S = 30.0
 MAX_EXCHANGES = 1024
 MAX_SESSIONS = 100_000
+# One user's share of them: past it the user's own oldest session goes, so a user who logs in again and again
+# (a login costs the client one PBKDF2 it can reuse) cannot push every other user's sessions out.
+MAX_SESSIONS_PER_USER = 10_000
 MAX_FAILURES_PER_USER = 10  # per FAILURE_WINDOW_S; more get refused without running SCRAM
 FAILURE_WINDOW_S = 60.0
+# (user, address) pairs whose failures are remembered (existing users only; keys are fixed-size digests,
+# whatever the name's length). Large, so that evicting a pair under attack takes thousands of failures.
+MAX_FAILURE_RECORDS = 10_000
+# PBKDF2 iterations of the fake credentials unknown users are answered with: what users get when created
+# without an explicit count (salted_credential, ``brook user create``, Admin.create_user: RFC 7677's minimum).
+DEFAULT_ITERATIONS = MIN_ITERATIONS
+FAKE_SALT_BYTES = 32  # what scramp's make_auth_info draws for real credentials; SCRAM shows its length
 MAX_AUTH_BYTES = 4096
 
 __all__ = ["ANONYMOUS", "Principal", "principal_of", "ScramAuthenticator", "SessionInterceptor",
@@ -77,10 +96,13 @@ class ScramAuthenticator:
         self.session_lifetime_ms = session_lifetime_ms
         self._clock = clock
         self._lock = threading.Lock()
-        # id -> (server, user to rate-limit ("" if unknown), deadline, user as sent)
-        self._exchanges: OrderedDict[str, tuple[Any, str, float, str]] = OrderedDict()
+        # id -> (server, failure-limit key, deadline, user as sent, whether the user exists)
+        self._exchanges: OrderedDict[str, tuple[Any, str, float, str, bool]] = OrderedDict()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
-        self._failures: dict[str, list[float]] = {}
+        # user -> that user's session tokens, oldest first (some may have gone already: skipped)
+        self._user_sessions: dict[str, collections.deque[str]] = {}
+        # digest of the limit key -> recent failure times; ordered by last failure, so the front expires first
+        self._failures: OrderedDict[bytes, list[float]] = OrderedDict()
         self._fake_secret = secrets.token_bytes(32)  # salts for unknown users: no user enumeration
         self.failed_total = 0
         self.succeeded_total = 0
@@ -110,6 +132,7 @@ class ScramAuthenticator:
                 f"SASL mechanism {mechanism!r} is not enabled; use one of {sorted(MECHANISMS)}")
         user_holder: list[str] = []
         known: list[bool] = []
+        locked: list[bool] = []
 
         def auth_fn(user: str) -> tuple[bytes, bytes, bytes, int]:
             user_holder.append(user)
@@ -117,6 +140,12 @@ class ScramAuthenticator:
             known.append(cred is not None)
             if cred is None:
                 return self._fake_credential(user, mechanism)
+            if self._too_many_failures(_limit_key(user, peer)):
+                # Locked out: the real salt and iterations (a fake one would give the lockout, and so the
+                # user, away), keys no proof can match; answered at the end as a wrong password.
+                locked.append(True)
+                _, fake_key, _, _ = self._fake_credential(user, mechanism)
+                return cred.salt, fake_key, fake_key, cred.iterations
             return cred.salt, cred.stored_key, cred.server_key, cred.iterations
 
         server = scramp.ScramMechanism(mechanism).make_server(auth_fn)
@@ -127,13 +156,14 @@ class ScramAuthenticator:
             raise errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)(f"bad client-first message: {exc}") from None
         user = user_holder[0] if user_holder else ""
         limit_key = _limit_key(user, peer)
-        if known and known[0] and self._too_many_failures(limit_key):
-            raise errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)(
-                f"too many failed authentications for {user!r} from this address; try again later")
+        if locked:
+            log.warning("SCRAM authentication of user %r from %s refused: %d failures within %.0f s (the client "
+                        "is told invalid credentials)", user, peer, MAX_FAILURES_PER_USER, FAILURE_WINDOW_S)
         exchange_id = secrets.token_urlsafe(16)
         with self._lock:
-            self._exchanges[exchange_id] = (server, limit_key if known and known[0] else "",
-                                            self._clock() + EXCHANGE_TIMEOUT_S, user)
+            # Only an existing user's failures are counted (and not those while it is locked out).
+            counted = bool(known and known[0] and not locked)
+            self._exchanges[exchange_id] = (server, limit_key, self._clock() + EXCHANGE_TIMEOUT_S, user, counted)
             self._expire_locked()
             while len(self._exchanges) > MAX_EXCHANGES:
                 self._exchanges.popitem(last=False)
@@ -144,24 +174,27 @@ class ScramAuthenticator:
             entry = self._exchanges.pop(exchange_id, None)
         if entry is None or entry[2] < self._clock():
             raise errors.error_class(ErrorCode.ILLEGAL_SASL_STATE)("unknown or expired SASL exchange; start again")
-        server, limited_user, _, user = entry
+        server, limit_key, _, user, counted = entry
         try:
             final = client_final.decode("utf-8")
             _accept_librdkafka_nonce(server, final)
             server.set_client_final(final)
             server_final = server.get_server_final()
         except (scramp.ScramException, UnicodeDecodeError, ValueError):
-            # Only existing users are rate limited: guessing is only worth it against them, and a
-            # node retrying before its bootstrap user exists must not lock itself out.
-            self._record_failure(limited_user, user)
+            self._record_failure(limit_key, user, counted)
             raise errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)(
                 f"authentication failed for user {user!r}: invalid credentials") from None
         token = secrets.token_urlsafe(32)
         with self._lock:
             self._sessions[token] = _Session(Principal("User", user),
                                              self._clock() + self.session_lifetime_ms / 1000)
+            mine = self._user_sessions.setdefault(user, collections.deque())
+            mine.append(token)
+            while mine and (mine[0] not in self._sessions or len(mine) > MAX_SESSIONS_PER_USER):
+                self._sessions.pop(mine.popleft(), None)
             while len(self._sessions) > MAX_SESSIONS:
-                self._sessions.popitem(last=False)
+                old_token, old = self._sessions.popitem(last=False)
+                self._forget_user_session_locked(old.principal.name, old_token)
             self.succeeded_total += 1
         log.info("user %s authenticated", user)
         return spb.SaslAuthenticateResponse(auth_bytes=server_final.encode("utf-8"), session_token=token,
@@ -186,58 +219,105 @@ class ScramAuthenticator:
             raise failed("PLAIN: acting as another user (authzid) is not allowed")
         creds = [c for m in MECHANISMS if (c := self._lookup(user, m)) is not None]
         limit_key = _limit_key(user, peer)
-        if creds and self._too_many_failures(limit_key):
-            raise failed(f"too many failed authentications for {user!r} from this address; try again later")
-        for cred in creds:
-            digest = "sha256" if cred.mechanism == "SCRAM-SHA-256" else "sha512"
-            salted = hashlib.pbkdf2_hmac(digest, password.encode("utf-8"), cred.salt, cred.iterations)
-            client_key = hmac.new(salted, b"Client Key", digest).digest()
-            if hmac.compare_digest(hashlib.new(digest, client_key).digest(), cred.stored_key):
-                with self._lock:
-                    self.succeeded_total += 1
-                return user
-        self._record_failure(limit_key if creds else "", user)
+        locked = bool(creds) and self._too_many_failures(limit_key)
+        pw = password.encode("utf-8")
+        if not locked:
+            for cred in creds:
+                if _plain_matches(pw, cred.mechanism, cred.salt, cred.stored_key, cred.iterations):
+                    with self._lock:
+                        self.succeeded_total += 1
+                    return user
+        # A failure costs one PBKDF2 per mechanism whoever the user is: a mechanism the user has no
+        # credential for (all of them for an unknown user; every one while it is locked out) is checked
+        # against a fake one, so the time to answer does not tell whether the name exists (or is locked
+        # out). A fake never lets anyone in.
+        have = set() if locked else {cred.mechanism for cred in creds}
+        for mechanism in MECHANISMS:
+            if mechanism not in have:
+                salt, stored_key, _, iterations = self._fake_credential(user, mechanism)
+                _plain_matches(pw, mechanism, salt, stored_key, iterations)
+        if locked:
+            log.warning("PLAIN authentication of user %r from %s refused: %d failures within %.0f s (the client "
+                        "is told invalid credentials)", user, peer, MAX_FAILURES_PER_USER, FAILURE_WINDOW_S)
+        self._record_failure(limit_key, user, bool(creds) and not locked)
         raise failed(f"authentication failed for user {user!r}: invalid credentials")
 
     def _fake_credential(self, user: str, mechanism: str) -> tuple[bytes, bytes, bytes, int]:
-        # RFC 5802 section 5.1: answer an unknown user like a known one; the proof fails later.
+        """RFC 5802 section 5.1: answer an unknown user like a known one; the proof fails later. Stable per
+        name (from a per-process secret), so asking twice does not give the fake away, and shaped as real
+        credentials are (salt length, iterations), as SCRAM's server-first message shows both."""
         digest = hashlib.sha256 if mechanism == "SCRAM-SHA-256" else hashlib.sha512
-        salt = hmac.new(self._fake_secret, user.encode(), hashlib.sha256).digest()[:16]
+        salt = hmac.new(self._fake_secret, user.encode(), hashlib.sha256).digest()[:FAKE_SALT_BYTES]
         key = hmac.new(self._fake_secret, b"key" + user.encode(), digest).digest()
-        return salt, key, key, MIN_ITERATIONS
+        return salt, key, key, DEFAULT_ITERATIONS
 
-    def _too_many_failures(self, user: str) -> bool:
+    def _failure_slot(self, limit_key: str) -> bytes:
+        """Fixed-size key of the failure table: a user name may be kilobytes long."""
+        return hashlib.blake2b(limit_key.encode("utf-8", "surrogatepass"), digest_size=16,
+                               key=self._fake_secret).digest()
+
+    def _too_many_failures(self, limit_key: str) -> bool:
         now = self._clock()
+        slot = self._failure_slot(limit_key)
         with self._lock:
-            recent = [t for t in self._failures.get(user, []) if now - t < FAILURE_WINDOW_S]
+            recent = [t for t in self._failures.get(slot, []) if now - t < FAILURE_WINDOW_S]
             if recent:
-                self._failures[user] = recent
+                self._failures[slot] = recent  # keeps its place: only a new failure moves it back
             else:
-                self._failures.pop(user, None)
+                self._failures.pop(slot, None)
             return len(recent) >= MAX_FAILURES_PER_USER
 
-    def _record_failure(self, limited_user: str, user: str) -> None:
+    def _record_failure(self, limit_key: str, user: str, counted: bool) -> None:
+        """Count a failed authentication; towards the lockout only when ``counted`` (an existing user, not
+        locked out already)."""
+        if not counted:
+            with self._lock:
+                self.failed_total += 1
+            log.warning("SCRAM authentication failed for user %r", user)
+            return
+        now = self._clock()
+        slot = self._failure_slot(limit_key)
         with self._lock:
             self.failed_total += 1
-            if not limited_user:
-                log.warning("SCRAM authentication failed for unknown user %r", user)
-                return
-            times = self._failures.setdefault(limited_user, [])
-            times.append(self._clock())
+            times = self._failures.pop(slot, [])
+            times.append(now)
             del times[:-MAX_FAILURES_PER_USER]
-            if len(self._failures) > MAX_EXCHANGES:  # bounded: forget the oldest user's record
-                self._failures.pop(next(iter(self._failures)))
+            self._failures[slot] = times  # at the back: the table is ordered by last failure
+            # Bounded: drop records whose window has passed (they are at the front), then, if many
+            # users at many addresses still overflow it, the records that failed least recently.
+            while self._failures:
+                oldest_slot, oldest = next(iter(self._failures.items()))
+                if now - oldest[-1] < FAILURE_WINDOW_S and len(self._failures) <= MAX_FAILURE_RECORDS:
+                    break
+                del self._failures[oldest_slot]
         log.warning("SCRAM authentication failed for user %r", user)
 
     def _expire_locked(self) -> None:
         now = self._clock()
         while self._exchanges:
-            first_id, (_, _, deadline, _) = next(iter(self._exchanges.items()))
+            first_id, (_, _, deadline, _, _) = next(iter(self._exchanges.items()))
             if deadline >= now:
                 break
             del self._exchanges[first_id]
 
     # ---- sessions ----
+    def _forget_user_session_locked(self, user: str, token: str) -> None:
+        mine = self._user_sessions.get(user)
+        if mine is None:
+            return
+        while mine and mine[0] not in self._sessions:  # the token just dropped, and any gone before it
+            mine.popleft()
+        if not mine:
+            del self._user_sessions[user]
+
+    def end_session(self, token: str) -> None:
+        """Forget a session whose principal the caller keeps itself (a Kafka-listener connection): it
+        must not hold a place among the sessions gRPC clients need."""
+        with self._lock:
+            s = self._sessions.pop(token, None)
+            if s is not None:
+                self._forget_user_session_locked(s.principal.name, token)
+
     def session(self, token: str) -> Principal | None:
         """The principal of a live session; None when the token is unknown or expired."""
         with self._lock:
@@ -246,6 +326,7 @@ class ScramAuthenticator:
                 return None
             if s.expires_at < self._clock():
                 del self._sessions[token]
+                self._forget_user_session_locked(s.principal.name, token)
                 return None
             return s.principal
 
@@ -279,6 +360,14 @@ def _accept_librdkafka_nonce(server: Any, client_final: str) -> None:
     doubled = client_nonce + full
     if any(part == "r=" + doubled for part in client_final.split(",")):
         server.nonce = ScramNonce(doubled)
+
+
+def _plain_matches(password: bytes, mechanism: str, salt: bytes, stored_key: bytes, iterations: int) -> bool:
+    """Whether a PLAIN password is the one a SCRAM credential was salted from (RFC 5802's StoredKey)."""
+    digest = "sha256" if mechanism == "SCRAM-SHA-256" else "sha512"
+    salted = hashlib.pbkdf2_hmac(digest, password, salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", digest).digest()
+    return hmac.compare_digest(hashlib.new(digest, client_key).digest(), stored_key)
 
 
 def _limit_key(user: str, peer: str) -> str:
