@@ -276,6 +276,11 @@ _BEHAVIOUR = [
            "A connection with no request for this long is closed: on a Kafka listener, no request; on the "
            "broker's gRPC port, no call open (gRPC's max_connection_idle: the client is sent GOAWAY and reconnects "
            "on its next call). Controllers close theirs after the default.", check=_at_least(1), roles=_B),
+    KeyDef("sasl.server.max.receive.size", "int", "65536",
+           "Largest frame a SASL Kafka-listener client may send before it has authenticated (ApiVersions, "
+           "SaslHandshake, SaslAuthenticate); a larger size prefix closes the connection unread. Such frames are "
+           "held in a 16 MiB pool of their own, not queued.max.request.bytes. Kafka's key (its default: 512 KiB).",
+           check=_at_least(1024), roles=_B),
     KeyDef("kafka.authentication.timeout.ms", "long", "10000",
            "A client of a SASL (or SSL) Kafka listener must finish the TLS handshake and authenticate within this "
            "long, or it is disconnected.", check=_at_least(1), roles=_B),

@@ -14,8 +14,13 @@ buffered:
   own count), or beyond ``max.connections.per.ip`` from one client address, are closed at
   accept (one address cannot take every connection of the listener);
 - a connection silent for ``connections.max.idle.ms`` is closed;
-- on SASL listeners, a client must authenticate within ``kafka.authentication.timeout.ms`` and
-  may send only ApiVersions, SaslHandshake and SaslAuthenticate before (KIP-152);
+- on SASL listeners, a client must authenticate within ``kafka.authentication.timeout.ms`` (its
+  frames too: a frame's body must arrive within what is left of it) and may send only ApiVersions,
+  SaslHandshake and SaslAuthenticate before (KIP-152), in frames of at most
+  ``sasl.server.max.receive.size`` held in a small pool of their own, never the pool logged-in
+  clients' requests use; a failed authentication is answered and the connection closed, as Kafka does;
+- a frame over ``PARSE_ON_LOOP_MAX_BYTES`` is checked and parsed on a worker thread, and what a
+  frame may make that walk do is bounded (bounds.py), so no frame stalls the event loop;
 - a request that cannot be parsed, or an API or version not advertised, closes the
   connection (Kafka does the same: there is no way to answer what cannot be read) and is
   counted; the broker itself is never affected.
@@ -29,6 +34,7 @@ same stored SCRAM credentials). The principal then meets the same ACLs and quota
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import ssl
@@ -56,6 +62,13 @@ log = logging.getLogger(__name__)
 # A tenth of max.connections: one client address cannot take the listener's every connection.
 DEFAULT_CONNECTIONS_PER_IP = 1000
 DEFAULT_SASL_TIMEOUT_MS = 10_000
+DEFAULT_SASL_MAX_RECEIVE_BYTES = 64 * 1024
+PRE_AUTH_POOL_BYTES = 16 * 1024 * 1024
+# A frame larger than this is parsed on a worker thread, not the event loop: checking and reading a
+# request is Python work per element, and an 8 MiB frame of empty entries took 2-10 s of the loop,
+# every other connection of the broker waiting (found by an audit).
+PARSE_ON_LOOP_MAX_BYTES = 16 * 1024
+PARSE_WORKERS = 2
 OVERLOAD_BACKOFF_S = 0.05
 PIPELINE_DEPTH = 5  # answers outstanding per connection (librdkafka's and Kafka's max.in.flight default)
 SASL_PLAIN = "PLAIN"
@@ -105,6 +118,15 @@ class KafkaListener:
         self.sendfile_ok = True  # False once the platform refused sendfile on this listener's sockets
         # Request frames being read or handled, across all connections (Kafka's memory pool).
         self.frame_budget = ByteBudget(int(defaults.get("queued.max.request.bytes", str(256 * 1024 * 1024))))
+        # Before a SASL login a connection may send only ApiVersions, SaslHandshake and SaslAuthenticate: small
+        # frames (Kafka's sasl.server.max.receive.size), from a pool of their own, so clients that never log in
+        # cannot hold the pool logged-in clients' requests need (a few 8 MiB size prefixes did).
+        self.pre_auth_max_bytes = min(self.max_request_bytes, int(defaults.get(
+            "sasl.server.max.receive.size", str(DEFAULT_SASL_MAX_RECEIVE_BYTES))))
+        self.pre_auth_budget = ByteBudget(PRE_AUTH_POOL_BYTES)
+        # Large frames are parsed here, two at a time: the loop goes on serving meanwhile.
+        self.parse_pool = concurrent.futures.ThreadPoolExecutor(max_workers=PARSE_WORKERS,
+                                                                thread_name_prefix=f"kafka-{spec.name}-parse")
         self.port = spec.port
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -126,6 +148,7 @@ class KafkaListener:
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=2)
+        self.parse_pool.shutdown(wait=False, cancel_futures=True)
         self.apis.close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -192,42 +215,56 @@ class _Connection:
                 self.auth = Authentication(principals.at_address(principals.principal_from_subject(subject), host),
                                            AUTH_CERTIFICATE, f"kafka:{host}")
         self.authenticated = not listener.sasl
-        self.reservations: list[list[int]] = []  # frames' bytes held in the listener's memory pool
+        self.close_after_answer = False
+        self.reservations: list[list[Any]] = []  # [bytes, pool] of frames held in the listener's pools
         self.mechanism: str | None = None
         self.exchange_id = ""
         self.started = time.monotonic()
 
-    async def _read_frame(self) -> tuple[bytes, list[int]] | None:
+    async def _read_frame(self) -> tuple[bytes, list[Any]] | None:
         """(frame, bytes reserved for it in the listener's memory pool) or None to close. The reservation is
         made before the body is read, so the frames held across all connections never exceed
         ``queued.max.request.bytes`` (as Kafka's memory pool): over it, a connection waits unread."""
         lst = self.listener
         timeout = lst.idle_s
         if not self.authenticated:
-            timeout = max(0.0, lst.sasl_timeout_s - (time.monotonic() - self.started))
+            timeout = self._login_time_left()
         try:
             head = await asyncio.wait_for(self.reader.readexactly(4), timeout)
         except (TimeoutError, asyncio.IncompleteReadError):
             return None
         (size,) = _SIZE.unpack(head)
-        if size < 8 or size > lst.max_request_bytes:
-            log.warning("Kafka listener: closing %s: a request of %d bytes (socket.request.max.bytes=%d)",
-                        self.peer_text, size, lst.max_request_bytes)
+        most, key = ((lst.max_request_bytes, "socket.request.max.bytes") if self.authenticated else
+                     (lst.pre_auth_max_bytes, "sasl.server.max.receive.size, before authentication"))
+        if size < 8 or size > most:
+            log.warning("Kafka listener: closing %s: a request of %d bytes (%s=%d)", self.peer_text, size, key, most)
             lst.stats.malformed_requests_total += 1
             return None
-        reservation = [await lst.frame_budget.acquire(size)]
+        if self.authenticated:
+            budget, body_timeout = lst.frame_budget, lst.request_timeout_s
+            reservation: list[Any] = [await budget.acquire(size), budget]
+        else:  # the whole login, frames included, within kafka.authentication.timeout.ms
+            budget = lst.pre_auth_budget
+            try:
+                reservation = [await asyncio.wait_for(budget.acquire(size), self._login_time_left()), budget]
+            except TimeoutError:
+                return None
+            body_timeout = self._login_time_left()
         self.reservations.append(reservation)
         try:
-            return await asyncio.wait_for(self.reader.readexactly(size), lst.request_timeout_s), reservation
+            return await asyncio.wait_for(self.reader.readexactly(size), body_timeout), reservation
         except BaseException:
             self._release(reservation)
             raise
 
-    def _release(self, reservation: list[int]) -> None:
-        """Give a frame's reserved bytes back to the pool, once (a task cancelled before it ran never does:
+    def _login_time_left(self) -> float:
+        return max(0.0, self.listener.sasl_timeout_s - (time.monotonic() - self.started))
+
+    def _release(self, reservation: list[Any]) -> None:
+        """Give a frame's reserved bytes back to their pool, once (a task cancelled before it ran never does:
         the connection's end releases what is left)."""
         if reservation[0]:
-            self.listener.frame_budget.release(reservation[0])
+            reservation[1].release(reservation[0])
             reservation[0] = 0
         if reservation in self.reservations:
             self.reservations.remove(reservation)
@@ -298,6 +335,8 @@ class _Connection:
                     return  # close the connection
                 if out:
                     await self._send(out)
+                if self.close_after_answer:
+                    return  # a failed login (KIP-152): answered, then closed
             finally:
                 _finish(contexts)  # written, or never will be: a fetch's bytes go back to the budget
 
@@ -350,7 +389,7 @@ class _Connection:
     async def _drain(self) -> None:
         await asyncio.wait_for(self.writer.drain(), self.listener.idle_s)
 
-    async def _handle(self, frame: bytes, released: asyncio.Future[None], reserved: list[int],
+    async def _handle(self, frame: bytes, released: asyncio.Future[None], reserved: list[Any],
                       contexts: list[KafkaCallContext]) -> list[bytes | FileRecords] | None | bool:
         """The response frame, None for no response (acks=0), False to close the connection. ``released``
         is set when the next request may start (at the end, or a produce's once appended). The calls'
@@ -387,7 +426,11 @@ class _Connection:
             lst.stats.authentication_failures_total += 1
             return False
         try:
-            req = codec.parse_request(frame, api_key, version)
+            if len(frame) > PARSE_ON_LOOP_MAX_BYTES:
+                req = await asyncio.get_running_loop().run_in_executor(
+                    lst.parse_pool, codec.parse_request, frame, api_key, version)
+            else:
+                req = codec.parse_request(frame, api_key, version)
         except codec.MalformedRequest as exc:
             log.info("Kafka listener: closing %s: malformed request: %s (first bytes %s)", self.peer_text, exc,
                      frame[:48].hex())
@@ -470,6 +513,9 @@ class _Connection:
             self.exchange_id = out.exchange_id
             return codec.response(req.api_key, req.api_version, {"error_code": 0, "auth_bytes": out.auth_bytes})
         who = authenticator.session(out.session_token)
+        # The connection keeps its principal itself: the session (made for gRPC clients, who send its token
+        # with each call) would only hold one of the node's places for sessions.
+        authenticator.end_session(out.session_token)
         if who is None:
             return self._sasl_failed(req, "session expired")
         self._logged_in(who)
@@ -485,7 +531,9 @@ class _Connection:
     def _sasl_failed(self, req: codec.Request, message: str) -> Any:
         self.listener.stats.authentication_failures_total += 1
         self.exchange_id = ""
-        # The client reads the error, then the connection is closed by its side (or ours, at the timeout).
+        # As Kafka's broker does: the client reads the error, then the connection is closed, so every guess
+        # of a password costs a new connection (and its TLS handshake).
+        self.close_after_answer = True
         return codec.response(req.api_key, req.api_version, {"error_code": ErrorCode.SASL_AUTHENTICATION_FAILED,
                                                              "error_message": message, "auth_bytes": b""})
 

@@ -74,3 +74,55 @@ def test_every_fuzz_seed_passes_the_bounds_check() -> None:
         frame = path.read_bytes()
         api_key, version, _ = codec.peek_header(frame)
         codec.parse_request(frame, api_key, version)  # no MalformedRequest for well-formed requests
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def test_more_tagged_fields_than_any_client_sends_are_refused_before_they_are_walked() -> None:
+    """An audit sent an ApiVersions (allowed before login) of 4.2M empty tagged fields: walking them took
+    3.5 s of the event loop. 64 an entity are read (Kafka's clients send a handful); more is malformed."""
+    from broker.kafka_wire import bounds
+
+    def api_versions_with_header_tags(count: int) -> bytes:
+        head = struct.pack(">hhih", apis.API_VERSIONS, 3, 42, 4) + b"test"
+        tags = _uvarint(count) + b"".join(_uvarint(tag) + _uvarint(0) for tag in range(count))
+        return head + tags + b"\x01\x01\x00"  # empty software name and version, no body tags
+
+    # Up to the bound the walk goes through them and kio's reader then refuses tags it does not know...
+    with pytest.raises(codec.MalformedRequest, match="Unknown tagged field"):
+        codec.parse_request(api_versions_with_header_tags(bounds.MAX_TAGGED_FIELDS), apis.API_VERSIONS, 3)
+    # ...past it the count alone refuses the frame.
+    with pytest.raises(codec.MalformedRequest, match=f"at most {bounds.MAX_TAGGED_FIELDS} are read"):
+        codec.parse_request(api_versions_with_header_tags(4_000_000), apis.API_VERSIONS, 3)
+
+
+def test_a_frame_of_more_elements_than_the_walk_takes_is_refused_and_fixed_arrays_cost_one_step() -> None:
+    """An 8 MiB OffsetFetch naming 2.8M empty topics held the event loop 10 s in the bounds walk. A frame may
+    hold at most MAX_ELEMENTS entities and variable-size elements; an array of fixed-size values is checked
+    in one step whatever its length (the compiled reader reads it, the handlers bound what it names)."""
+    from broker.kafka_wire import bounds
+
+    def offset_fetch(topics: int, partitions: int = 0) -> bytes:
+        cls = codec.request_schema(apis.OFFSET_FETCH, 7)
+        head = struct.pack(">hhih", apis.OFFSET_FETCH, 7, 42, 0) + b"\x00"
+        topic = b"\x02t" + _uvarint(partitions + 1) + struct.pack(">i", 0) * partitions + b"\x00"
+        assert cls.__flexible__
+        return head + b"\x02g" + _uvarint(topics + 1) + topic * topics + b"\x00\x00"
+
+    assert codec.parse_request(offset_fetch(bounds.MAX_ELEMENTS), apis.OFFSET_FETCH, 7)
+    with pytest.raises(codec.MalformedRequest, match="array elements"):
+        codec.parse_request(offset_fetch(bounds.MAX_ELEMENTS + 1), apis.OFFSET_FETCH, 7)
+    walked = []
+    real = bounds._scan_value
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bounds, "_scan_value", lambda *a: (walked.append(1), real(*a))[1])
+        req = codec.parse_request(offset_fetch(1, 1_000_000), apis.OFFSET_FETCH, 7)
+    assert len(req.body.topics[0].partition_indexes) == 1_000_000
+    assert len(walked) < 20, f"{len(walked)} steps for one array of a million int32"

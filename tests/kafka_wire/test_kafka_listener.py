@@ -7,6 +7,7 @@ writers where a well-formed request is wanted, and by hand where it must not be.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import random
@@ -278,6 +279,26 @@ def test_sasl_listener_refuses_requests_before_authentication(cluster: LocalClus
         started = time.monotonic()
         assert closed_by_peer(s, 20)
         assert time.monotonic() - started < 15
+
+
+def test_a_failed_login_is_answered_and_the_connection_closed(cluster: LocalCluster) -> None:
+    """As Kafka's broker does (KIP-152): every guess of a password costs a new connection. The connection
+    used to stay open for more guesses."""
+    port = cluster.sasl_port  # type: ignore[attr-defined]
+    with _connect(port) as s:
+        s.sendall(_frame(apis.SASL_HANDSHAKE, 1, codec.build(codec.request_schema(apis.SASL_HANDSHAKE, 1),
+                                                                {"mechanism": "PLAIN"})))
+        assert _read_response(s, apis.SASL_HANDSHAKE, 1).error_code == ErrorCode.NONE
+        s.sendall(_frame(apis.SASL_AUTHENTICATE, 2, codec.build(codec.request_schema(apis.SASL_AUTHENTICATE, 2), {
+            "auth_bytes": f"\0{USER}\0not-the-password".encode()})))
+        failed = _read_response(s, apis.SASL_AUTHENTICATE, 2)
+        assert failed.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED, failed
+        # Another try on the same connection is not answered: it was closed (the old listener answered
+        # it, and closed the connection only at kafka.authentication.timeout.ms).
+        with contextlib.suppress(OSError):
+            s.sendall(_frame(apis.SASL_HANDSHAKE, 1, codec.build(codec.request_schema(apis.SASL_HANDSHAKE, 1),
+                                                                    {"mechanism": "PLAIN"})))
+        assert closed_by_peer(s, 10), "a second login attempt was answered on the same connection"
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"])

@@ -1,0 +1,136 @@
+"""How a Kafka listener holds and parses frames, on a real KafkaListener in this process (real sockets;
+the broker behind it is never reached: only ApiVersions is asked, which needs none).
+
+Found by an audit: clients that never log in reserved their announced frames (up to 8 MiB each) in the
+pool logged-in clients' requests share, and held them for kafka.request.timeout.ms (30 s), long past
+kafka.authentication.timeout.ms: 32 connections froze a listener's every client. And the bounds walk
+of a frame ran on the event loop: an 8 MiB frame of empty entries stalled the broker for seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+import types
+from collections.abc import AsyncIterator
+
+import pytest
+
+from broker.kafka_wire import apis, codec
+from broker.kafka_wire import server as kafka_server
+from broker.kafka_wire.server import KafkaListener, KafkaListenerSpec
+
+POOL = 100 * 1024  # queued.max.request.bytes: two of the attackers' frames below would fill it
+LOGIN_MS = 2000
+
+
+async def _listener(protocol: str, **defaults: str) -> KafkaListener:
+    lst = KafkaListener(types.SimpleNamespace(), KafkaListenerSpec(f"KAFKA_{protocol}", "127.0.0.1", 0, protocol),
+                        {"queued.max.request.bytes": str(POOL), "kafka.authentication.timeout.ms": str(LOGIN_MS),
+                         "kafka.request.timeout.ms": "60000", **defaults})
+    await lst.start()
+    return lst
+
+
+@pytest.fixture()
+async def sasl_listener() -> AsyncIterator[KafkaListener]:
+    lst = await _listener("SASL_PLAINTEXT")
+    try:
+        yield lst
+    finally:
+        await lst.stop()
+
+
+def _api_versions_frame(software: str = "frames-test") -> bytes:
+    body = struct.pack(">hhih", apis.API_VERSIONS, 3, 7, 0) + b"\x00"  # header v2: no client id, no tags
+    name = software.encode()
+    body += bytes([len(name) + 1]) if len(name) < 127 else _uvarint(len(name) + 1)
+    body += name + b"\x021\x00"
+    return struct.pack(">i", len(body)) + body
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+async def _answered(port: int, frame: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(frame)
+        await writer.drain()
+        size = struct.unpack(">i", await reader.readexactly(4))[0]
+        return await reader.readexactly(size)
+    finally:
+        writer.close()
+
+
+async def _closed(reader: asyncio.StreamReader) -> bool:
+    try:
+        return await reader.read(1) == b""
+    except ConnectionError:
+        return True
+
+
+async def test_before_login_a_frame_over_sasl_server_max_receive_size_closes_the_connection(
+        sasl_listener: KafkaListener) -> None:
+    assert sasl_listener.pre_auth_max_bytes == 64 * 1024
+    reader, writer = await asyncio.open_connection("127.0.0.1", sasl_listener.port)
+    writer.write(struct.pack(">i", 64 * 1024 + 1))
+    await writer.drain()
+    assert await asyncio.wait_for(_closed(reader), 10)
+    writer.close()
+    assert sasl_listener.frame_budget.used_bytes == 0 and sasl_listener.pre_auth_budget.used_bytes == 0
+
+
+async def test_frames_before_login_hold_a_pool_of_their_own_and_only_for_the_login_time(
+        sasl_listener: KafkaListener) -> None:
+    attackers = []
+    for _ in range(2):  # each announces 60 KiB and sends nothing more
+        reader, writer = await asyncio.open_connection("127.0.0.1", sasl_listener.port)
+        writer.write(struct.pack(">i", 60 * 1024) + b"\x00\x12")
+        await writer.drain()
+        attackers.append((reader, writer))
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while sasl_listener.pre_auth_budget.used_bytes < 120 * 1024:
+            assert asyncio.get_running_loop().time() < deadline, sasl_listener.pre_auth_budget.used_bytes
+            await asyncio.sleep(0.01)
+        assert sasl_listener.frame_budget.used_bytes == 0, "frames before login took the shared pool"
+        # Another client (logging in: ApiVersions first) is answered meanwhile, not after the attackers' time.
+        answer = await asyncio.wait_for(_answered(sasl_listener.port, _api_versions_frame()), 10)
+        assert struct.unpack(">ih", answer[:6]) == (7, 0), answer[:6]
+        # The attackers' frames never came: they are closed at the login timeout (2 s), not the request
+        # timeout (60 s), and their bytes go back.
+        for reader, _ in attackers:
+            assert await asyncio.wait_for(_closed(reader), 10)
+        assert sasl_listener.pre_auth_budget.used_bytes == 0
+    finally:
+        for _, writer in attackers:
+            writer.close()
+
+
+async def test_a_large_frame_is_parsed_off_the_event_loop_and_a_small_one_on_it() -> None:
+    lst = await _listener("PLAINTEXT")
+    threads: list[str] = []
+    real = codec.parse_request
+
+    def recording(*args: object) -> codec.Request:
+        threads.append(threading.current_thread().name)
+        return real(*args)  # type: ignore[arg-type]
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(codec, "parse_request", recording)
+            small = _api_versions_frame()
+            large = _api_versions_frame("x" * (kafka_server.PARSE_ON_LOOP_MAX_BYTES + 1))
+            assert len(small) < kafka_server.PARSE_ON_LOOP_MAX_BYTES < len(large)
+            await asyncio.wait_for(_answered(lst.port, small), 10)
+            await asyncio.wait_for(_answered(lst.port, large), 10)
+        assert threads[0] == threading.current_thread().name, threads
+        assert threads[1].startswith("kafka-KAFKA_PLAINTEXT-parse"), threads
+    finally:
+        await lst.stop()
