@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import heapq
 import logging
 import shutil
+import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -33,7 +35,7 @@ from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig, ReplicaFetcherManager
 from replication.partition import IsrProposal, LockBusy, Partition, Role, held
 from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
-from storage.record_batch import read_header
+from storage.record_batch import decode_batch, iter_batches, read_header
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,11 @@ DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 # is still returned whole when it is the first (as Kafka does), so a consumer never sticks.
 BROKER_FETCH_MAX_BYTES = 55 * 1024 * 1024
 BROKER_FETCH_PARTITION_MAX_BYTES = 10 * 1024 * 1024
-MAX_TIMESTAMP_SCAN_BYTES = 256 * 1024 * 1024  # bound on the header scan for ListOffsets(-3)
+MAX_TIMESTAMP_SCAN_BYTES = 256 * 1024 * 1024  # bound on the header scans of one ListOffsets(-3) entry
+# Each read of those scans: they mostly cover the tail of the active segment, from its last
+# index entry below the high watermark (about index.interval.bytes), not a fetch's megabyte.
+MAX_TIMESTAMP_READ_BYTES = 64 * 1024
+_MAX_TIMESTAMP_ATTEMPTS = 3  # the log start moved under a ListOffsets(-3) lookup: look again
 MAX_FETCH_WAIT_MS = 60_000  # longest long poll served, whatever the request says
 MAX_PRODUCE_TIMEOUT_MS = 300_000  # longest acks=all wait served
 ALTER_RETRY_BACKOFF_S = 0.5  # pause before sending again an AlterPartition whose outcome is unknown
@@ -919,13 +925,28 @@ class ReplicaManager:
     # ---- list offsets / epochs ----
     def list_offsets(self, req: broker_pb2.ListOffsetsRequest) -> broker_pb2.ListOffsetsResponse:
         resp = broker_pb2.ListOffsetsResponse()
+        # Entries are not de-duplicated by the client: a request naming one partition a thousand
+        # times must not look it up (MAX_TIMESTAMP: read its log) a thousand times. The answer, or
+        # the error, of each (topic, partition, timestamp) is computed once; the leader and epoch
+        # checks stay per entry (each entry names its own current_leader_epoch).
+        answers: dict[tuple[str, int, int], tuple[int, int] | errors.BrookError] = {}
         for lp in req.partitions:
             out = resp.partitions.add(topic=lp.topic, partition=lp.partition, timestamp=-1, offset=-1,
                                       leader_epoch=-1)
             try:
                 p = self.leader_partition(lp.topic, lp.partition)
                 p.check_leader(lp.current_leader_epoch)
-                out.offset, out.timestamp = self._offset_for(p, lp.timestamp, req.replica_id >= 0)
+                key = (lp.topic, lp.partition, lp.timestamp)
+                answer = answers.get(key)
+                if answer is None:
+                    try:
+                        answer = self._offset_for(p, lp.timestamp, req.replica_id >= 0)
+                    except errors.BrookError as e:
+                        answer = e
+                    answers[key] = answer
+                if isinstance(answer, errors.BrookError):
+                    raise answer.with_traceback(None)  # raised again per entry: no growing traceback
+                out.offset, out.timestamp = answer
                 out.leader_epoch = p.leader_epoch
             except errors.BrookError as e:
                 out.error_code, out.error_message = e.code, e.message
@@ -1040,36 +1061,188 @@ class ReplicaManager:
 
 
 def _max_timestamp_offset(lg: Any, bound: int) -> tuple[int, int]:
-    """Offset and timestamp of the record with the largest timestamp below ``bound``.
+    """Offset and timestamp of the record with the largest timestamp below ``bound`` (KIP-734).
 
-    Walks batch headers only; decodes the one winning batch to find the record inside it.
+    The answer: among the non-control batches wholly below ``bound``, from the one holding the log
+    start on, the one with the largest max timestamp (the earliest on a tie), then the first record
+    in it carrying that timestamp. Walking every batch header from the log start read up to
+    MAX_TIMESTAMP_SCAN_BYTES per request entry (gigabytes for a cheap request naming many
+    partitions) and answered wrong past it; every segment already knows its largest timestamp and
+    the first batch reaching it, so ``_MaxTimestampSearch`` reads one batch, plus a short scan for
+    the segment crossing ``bound`` when that segment could hold the answer.
+
+    Retention or DeleteRecords moving the log start while we look makes a read refuse an offset
+    now below it: the lookup starts again from the new log start.
     """
-    from storage import record_batch as rb
+    for attempt in range(_MAX_TIMESTAMP_ATTEMPTS):
+        try:
+            return _MaxTimestampSearch(lg, bound).run()
+        except errors.OffsetOutOfRangeError:
+            if attempt == _MAX_TIMESTAMP_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
-    best_ts, best_pos_batch = -1, None
-    pos = lg.log_start_offset
-    scanned = 0
-    while pos < bound and scanned < MAX_TIMESTAMP_SCAN_BYTES:
-        data = lg.read(pos, DEFAULT_PARTITION_MAX_BYTES, max_offset=bound, min_one_batch=True)
-        if not data.records:
-            break
-        last_next = pos
-        for off, h in rb.iter_batches(data.records):
-            if h.max_timestamp > best_ts and not h.is_control:
-                best_ts = h.max_timestamp
-                best_pos_batch = data.records[off:off + h.size]
-            last_next = h.next_offset
-        scanned += len(data.records)
-        if last_next <= pos:
-            break
-        pos = last_next
-    if best_pos_batch is None:
+
+class _MaxTimestampSearch:
+    """One MAX_TIMESTAMP lookup, on a snapshot of the segment list, reading through ``Log.read``.
+
+    Segments are visited best first by an upper bound of what each can answer: (its largest
+    timestamp, its base offset). Segments do not overlap, so the first exact answer popped is the
+    answer, and a segment whose largest timestamp cannot beat it is never read. Popped, a segment
+    answers from its metadata (one batch read, to check it) when the first batch reaching its
+    largest timestamp is in range and not a control batch: every batch before that one has a
+    smaller timestamp. Otherwise (the segment crosses ``bound`` and its largest timestamp is in
+    the uncommitted tail, it holds the log start, or that batch is a control batch) it is scanned,
+    starting near ``bound`` when its indexes allow (``_scan_segment``); the scan's result goes back
+    in the heap as an exact entry.
+
+    Concurrency: the log appends, rolls, truncates and deletes segments meanwhile. ``bound`` was
+    read before the segment list, so every batch below it was appended, indexed and observed by
+    its segment's largest timestamp before we read it; what we read from a segment (its fields,
+    its indexes) is only a hint, checked against the batch ``Log.read`` returns, and any mismatch
+    (a field torn by an append, a segment truncated, compacted or deleted under us) falls back to
+    a scan, which reads the log as it now is. Reads of a segment deleted under us are retried by
+    ``Log.read`` on a fresh snapshot.
+    """
+
+    def __init__(self, lg: Any, bound: int) -> None:
+        self.lg = lg
+        self.bound = bound
+        self.start = lg.log_start_offset
+        self.budget = MAX_TIMESTAMP_SCAN_BYTES  # bytes this lookup may still read
+
+    def run(self) -> tuple[int, int]:
+        # (-timestamp, offset, tie breaker, segment, first batch reaching the timestamp, batch bytes):
+        # a segment's upper bound (batch None) or a scanned segment's exact winner (batch set).
+        heap: list[tuple[int, int, int, Any, int, bytes | None]] = []
+        for seg in self.lg.segments():
+            ts = seg.max_timestamp  # read before the offset: an append updates them in that order
+            at = seg.offset_of_max_timestamp
+            # max_timestamp -1: no batch with a timestamp (the scan never picked those either)
+            if ts >= 0 and seg.next_offset > self.start and seg.base_offset < self.bound:
+                heap.append((-ts, seg.base_offset, len(heap), seg, at, None))
+        heapq.heapify(heap)
+        tie = len(heap)
+        while heap:
+            neg_ts, _offset, _tie, seg, at, batch = heapq.heappop(heap)
+            if batch is None:
+                batch = self._batch_at(at, -neg_ts, max(self.start, seg.base_offset))
+                if batch is None:
+                    found = self._scan_segment(seg)
+                    if found is not None:
+                        heapq.heappush(heap, (-found[0], read_header(found[1], 0).base_offset, tie, None, 0,
+                                              found[1]))
+                        tie += 1
+                    continue
+            return _record_with_max_timestamp(batch)
         return -1, -1
-    header, records = rb.decode_batch(best_pos_batch)
+
+    def _read(self, offset: int, max_bytes: int, stop: int) -> bytes:
+        data = self.lg.read(offset, max_bytes, max_offset=stop, min_one_batch=True)
+        records = bytes(data.records)
+        self.budget -= len(records)
+        return records
+
+    def _batch_at(self, offset: int, timestamp: int, start: int) -> bytes | None:
+        """The batch at ``offset`` if it is in range, has this max timestamp and is no control batch."""
+        if not start <= offset < self.bound:
+            return None
+        # max_bytes 0: exactly the one batch holding offset (not gated by the budget: one batch)
+        batch = self._read(offset, 0, self.bound)
+        if not batch:
+            return None  # it ends at or past the bound
+        h = read_header(batch, 0)
+        if h.base_offset != offset or h.max_timestamp != timestamp or h.is_control:
+            return None
+        return batch
+
+    def _scan_segment(self, seg: Any) -> tuple[int, bytes] | None:
+        """(max timestamp, batch) of the best batch of ``seg`` in range, or None, reading little.
+
+        A time index entry (t, o) says: batch o is the first whose max timestamp reaches t, all
+        earlier batches of the segment are below t. Every offset index entry p was written with a
+        time index entry for the largest timestamp up to batch p (``LogSegment._index_batch``),
+        unless the time index was full or that timestamp was not positive. So with (t, o) the last
+        time index entry before the bound, t > 0, and p the last offset index entry before the
+        bound: no batch in [o, p] is above t, and the best batch is batch o or one in [p, bound).
+        Anything unexpected (batch o a control batch, indexes changed under us) scans the segment.
+        """
+        start = max(self.start, seg.base_offset)
+        stop = min(self.bound, seg.next_offset)
+        if start >= stop:
+            return None
+        hints = _max_timestamp_hints(seg, stop)
+        if hints is None:
+            return self._scan(start, stop)
+        t, o, p = hints
+        if o < start:
+            return self._scan(start, stop)  # the log start is past batch o: nothing known after it
+        tail_from = max(o, p)
+        tail = self._scan(tail_from, stop)
+        if tail is not None and (tail[0] > t or (tail[0] == t and tail_from == o)):
+            return tail
+        if tail_from > o:
+            batch = self._batch_at(o, t, start)
+            if batch is not None:
+                return t, batch
+        return self._scan(start, stop)
+
+    def _scan(self, start: int, stop: int) -> tuple[int, bytes] | None:
+        """The header walk over [start, stop): (max timestamp, batch) of the best non-control batch."""
+        best_ts, best = -1, None
+        pos = start
+        while pos < stop and self.budget > 0:
+            records = self._read(pos, MAX_TIMESTAMP_READ_BYTES, stop)
+            if not records:
+                break
+            last_next = pos
+            for off, h in iter_batches(records):
+                if h.max_timestamp > best_ts and not h.is_control:
+                    best_ts, best = h.max_timestamp, records[off:off + h.size]
+                last_next = h.next_offset
+            if last_next <= pos:
+                break
+            pos = last_next
+        return None if best is None else (best_ts, best)
+
+
+def _max_timestamp_hints(seg: Any, stop: int) -> tuple[int, int, int] | None:
+    """(t, o, p) for ``_MaxTimestampSearch._scan_segment``: the last time index entry (t, o) of
+    ``seg`` before ``stop``, and p the last offset index entry before ``stop``, or o when that
+    entry cannot be trusted to bound the batches before it (time index full). None when there is
+    no usable time index entry.
+
+    The time index has no search by offset: a binary search on its entries (offsets increase with
+    timestamps). It is read without its lock: a roll may remap it and a truncation zero entries
+    under us, and an index is only a hint, so any error, or an entry that looks wrong, means no hint.
+    """
+    ti = seg.time_index
+    try:
+        lo, hi, found = 0, ti.entries - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            e = ti.entry(mid)
+            if e.offset < stop:
+                found, lo = e, mid + 1
+            else:
+                hi = mid - 1
+        if found is None or found.timestamp <= 0 or found.offset < seg.base_offset:
+            return None
+        p = found.offset
+        if not ti.is_full():
+            p = max(p, seg.index.lookup(stop - 1).offset)
+    except (OSError, ValueError, TypeError, struct.error):
+        return None
+    return found.timestamp, found.offset, p
+
+
+def _record_with_max_timestamp(batch: bytes) -> tuple[int, int]:
+    """(offset, timestamp) of the first record of ``batch`` carrying the batch's max timestamp."""
+    header, records = decode_batch(batch)
     for r in records:
-        if r.timestamp == best_ts:
+        if r.timestamp == header.max_timestamp:
             return r.offset, r.timestamp
-    return header.last_offset, best_ts
+    return header.last_offset, header.max_timestamp
 
 
 class _AlterPartitionSender:
