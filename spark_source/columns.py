@@ -34,6 +34,8 @@ HEADERS_SPARK_TYPE = ArrayType(
     StructType([StructField("key", StringType()), StructField("value", BinaryType())])
 )
 
+_MAX_MS_IN_US = (2**63 - 1) // 1000  # the largest millisecond timestamp int64 microseconds hold
+
 
 def spark_schema(include_headers: bool) -> StructType:
     """The row schema of Spark's Kafka source."""
@@ -259,6 +261,10 @@ def decode_to_arrow(
     base_ts = np.asarray(bodies.base_timestamps, dtype=np.int64)[batch_of]
     log_append = append_ts >= 0
     stamps_ms = np.where(log_append, append_ts, base_ts + ts_delta)
+    # In microseconds for Arrow: a timestamp past what int64 microseconds hold would wrap around silently
+    # (leaders refuse such timestamps now; data written before may hold them).
+    if n_bad := int(((stamps_ms < -_MAX_MS_IN_US) | (stamps_ms > _MAX_MS_IN_US)).sum()):
+        raise errors.CorruptMessageError(f"{n_bad} records have timestamps beyond what microseconds can hold")
     n = int(offsets.size)
     topic_bytes = topic.encode("utf-8")
     topic_offsets = np.arange(n + 1, dtype=np.int32) * len(topic_bytes)

@@ -21,7 +21,7 @@ enum {
     OK = 0, COUNT_SHORT = 1, BAD_LENGTH = 2, OFFSET_DELTA = 3, KEY_LENGTH = 4, NO_KEY = 5,
     VALUE_LENGTH = 6, HEADER_COUNT = 7, HEADER_KEY_LENGTH = 8, HEADER_KEY_UTF8 = 9,
     HEADER_VALUE_LENGTH = 10, FIELDS_END = 11, TRUNCATED = 12, TRAILING = 13,
-    VARINT_OVERFLOW = 14, VARINT_TOO_LONG = 15
+    VARINT_OVERFLOW = 14, VARINT_TOO_LONG = 15, RECORD_ATTRIBUTES = 16, VARINT32 = 17
 };
 
 typedef struct {
@@ -57,13 +57,33 @@ static inline int read_varint(const uint8_t *d, uint64_t n, uint64_t *p, int64_t
     return VARINT_TOO_LONG;  /* not reached: i == 9 returns above */
 }
 
+/* An int32 zigzag varint at *p: at most 5 bytes, within int32 (Kafka's readVarint); every record
+ * field but the timestamp delta is one. 0 on success; TRUNCATED or VARINT32. */
+static inline int read_varint32(const uint8_t *d, uint64_t n, uint64_t *p, int64_t *out, uint64_t *err_pos) {
+    uint64_t pos = *p;
+    uint64_t raw = 0;
+    for (int i = 0; i < 5; i++) {
+        if (pos + i >= n) return TRUNCATED;
+        uint8_t b = d[pos + i];
+        raw |= (uint64_t)(b & 0x7F) << (7 * i);
+        if (b < 0x80) {
+            if (raw >> 32) { *err_pos = pos; return VARINT32; }
+            *out = (int64_t)((raw >> 1) ^ (~(raw & 1) + 1));
+            *p = pos + i + 1;
+            return 0;
+        }
+    }
+    *err_pos = pos;
+    return VARINT32;
+}
+
 /* Skip `len` (>= 0) bytes: positions stay exact (no clamping), as Python ints would. */
 static inline uint64_t skip(uint64_t p, int64_t len) { return p + (uint64_t)len; }
 
 static int walk_headers(const uint8_t *d, uint64_t n, uint64_t *pp, uint64_t rec_end, result_t *r) {
     uint64_t p = *pp, err_pos = 0;
     int64_t hcount;
-    int e = read_varint(d, n, &p, &hcount, &err_pos);
+    int e = read_varint32(d, n, &p, &hcount, &err_pos);
     if (e) { r->kind = e; r->a_pos = err_pos; r->a_is_pos = 1; return 1; }  /* TRUNCATED: a = 0 */
     /* Python: hcount < 0 or hcount * 2 > rec_end - p (rec_end - p may be negative). */
     if (hcount < 0 || p > rec_end || (uint64_t)hcount > (rec_end - p) / 2) {
@@ -71,7 +91,7 @@ static int walk_headers(const uint8_t *d, uint64_t n, uint64_t *pp, uint64_t rec
     }
     for (int64_t h = 0; h < hcount; h++) {
         int64_t kl, vl;
-        e = read_varint(d, n, &p, &kl, &err_pos);
+        e = read_varint32(d, n, &p, &kl, &err_pos);
         if (e) { r->kind = e; r->a_pos = err_pos; r->a_is_pos = 1; return 1; }
         if (kl < 0 || skip(p, kl) > rec_end) { r->kind = HEADER_KEY_LENGTH; r->a = kl; return 1; }
         /* p + kl <= rec_end <= n: the key lies inside the data. Strict UTF-8, as bytes.decode. */
@@ -83,7 +103,7 @@ static int walk_headers(const uint8_t *d, uint64_t n, uint64_t *pp, uint64_t rec
         }
         Py_DECREF(key);
         p += (uint64_t)kl;
-        e = read_varint(d, n, &p, &vl, &err_pos);
+        e = read_varint32(d, n, &p, &vl, &err_pos);
         if (e) { r->kind = e; r->a_pos = err_pos; r->a_is_pos = 1; return 1; }
         if (vl >= 0) p = skip(p, vl);
         else if (vl != -1) { r->kind = HEADER_VALUE_LENGTH; r->a = vl; return 1; }
@@ -107,29 +127,40 @@ static int do_walk(const uint8_t *d, uint64_t n, int64_t count, int compact, res
         e = read_varint(d, n, &p, &(out), &err_pos); \
         if (e) { r->kind = e; r->record = i; if (e != TRUNCATED) { r->a_pos = err_pos; r->a_is_pos = 1; } \
                  return 0; } } while (0)
+    /* The int32 fields (all but the timestamp delta): at most 5 bytes, within int32. */
+#define READ32(out) do { \
+        if (p < n && d[p] < 0x80) { uint8_t z_ = d[p++]; (out) = (int64_t)(z_ >> 1) ^ -(int64_t)(z_ & 1); break; } \
+        if (p + 1 < n && d[p + 1] < 0x80) { \
+            uint32_t z_ = (uint32_t)(d[p] & 0x7F) | ((uint32_t)d[p + 1] << 7); p += 2; \
+            (out) = (int64_t)(z_ >> 1) ^ -(int64_t)(z_ & 1); break; } \
+        e = read_varint32(d, n, &p, &(out), &err_pos); \
+        if (e) { r->kind = e; r->record = i; if (e != TRUNCATED) { r->a_pos = err_pos; r->a_is_pos = 1; } \
+                 return 0; } } while (0)
     for (i = 0; i < count; i++) {
         int64_t length, ts_delta, kl, vl;
         if (p >= n) { r->kind = COUNT_SHORT; r->record = i; return 0; }
-        READ(length);
+        READ32(length);
         uint64_t rec_end = skip(p, length < 0 ? 0 : length);
         if (length < 6 || rec_end > n) {
             r->kind = BAD_LENGTH; r->record = i; r->a = length; r->b_pos = n - p; return 0;
         }
-        p += 1;  /* record attributes: unused in v2 */
+        /* record attributes: unused in v2, and read differently by clients when not 0 */
+        if (d[p]) { r->kind = RECORD_ATTRIBUTES; r->record = i; r->a = d[p]; return 0; }
+        p += 1;
         READ(ts_delta);
         if (ts_delta > max_delta) max_delta = ts_delta;
         if (ts_delta < min_delta) min_delta = ts_delta;
         if (p < n && d[p] == (uint64_t)i << 1 && d[p] < 0x80) {
             p += 1;
         } else {
-            READ(v);
+            READ32(v);
             if (v != i) { r->kind = OFFSET_DELTA; r->record = i; r->a = v; return 0; }
         }
-        READ(kl);
+        READ32(kl);
         if (kl >= 0) p = skip(p, kl);
         else if (kl != -1) { r->kind = KEY_LENGTH; r->record = i; r->a = kl; return 0; }
         else if (compact) { r->kind = NO_KEY; r->record = i; return 0; }
-        READ(vl);
+        READ32(vl);
         if (vl >= 0) p = skip(p, vl);
         else if (vl != -1) { r->kind = VALUE_LENGTH; r->record = i; r->a = vl; return 0; }
         if (p >= n) { r->kind = TRUNCATED; r->record = i; return 0; }
@@ -145,6 +176,7 @@ static int do_walk(const uint8_t *d, uint64_t n, int64_t count, int compact, res
         }
     }
 #undef READ
+#undef READ32
     if (p != n) { r->kind = TRAILING; r->record = count > 0 ? count - 1 : 0; r->a_pos = n - p; r->a_is_pos = 1; return 0; }
     r->kind = OK; r->min_delta = min_delta; r->max_delta = max_delta;
     return 0;

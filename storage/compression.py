@@ -165,12 +165,14 @@ def _too_large(codec: int, limit: int) -> errors.BrookError:
 
 
 def _decompress_members(data: bytes | bytearray | memoryview, limit: int, codec: int,
-                        new_decompressor: Callable[[], Any], next_magic: bytes | None) -> bytes:
+                        new_decompressor: Callable[[], Any], next_magic: bytes | None, *, single: bool = False
+                        ) -> bytes:
     """Decode concatenated members (gzip) or frames (lz4), never producing more than ``limit``.
 
     Each decompressor is asked for at most one byte past what is left of the limit, so a
     bomb is refused after ``limit + 1`` bytes of output rather than after inflating whole.
-    ``next_magic``, where given, must start every member after the first.
+    ``next_magic``, where given, must start every member after the first; with ``single`` nothing may
+    follow the first.
     """
     name = CODEC_NAMES[codec]
     out: list[bytes] = []
@@ -188,7 +190,7 @@ def _decompress_members(data: bytes | bytearray | memoryview, limit: int, codec:
         rest = obj.unused_data
         if not rest:
             return out[0] if len(out) == 1 else b"".join(out)
-        if next_magic is not None and rest[:len(next_magic)] != next_magic:
+        if single or (next_magic is not None and rest[:len(next_magic)] != next_magic):
             raise errors.CorruptMessageError(f"{len(rest)} bytes of garbage after the {name} data")
     raise errors.CorruptMessageError(f"{name} data has more than {_MAX_MEMBERS} members")
 
@@ -228,6 +230,11 @@ def _snappy_decompress(data: bytes | bytearray | memoryview, limit: int) -> byte
         return bytes(decompress_raw(view))
     if len(view) < _XERIAL_HEADER_SIZE:
         raise errors.CorruptMessageError("snappy xerial header is truncated")
+    if view[:_XERIAL_HEADER_SIZE] != _XERIAL_HEADER:
+        # Version and compatible version 1, big-endian, as every client writes: aiokafka recognises only
+        # that header and read anything else as one raw block (found by an audit).
+        raise errors.CorruptMessageError(
+            f"snappy xerial header {bytes(view[:_XERIAL_HEADER_SIZE]).hex()} is not version 1, compatible 1")
     parts = []
     total = 0
     pos = _XERIAL_HEADER_SIZE
@@ -249,7 +256,10 @@ def _snappy_decompress(data: bytes | bytearray | memoryview, limit: int) -> byte
 
 
 def _lz4_decompress(data: bytes | bytearray | memoryview, limit: int) -> bytes:
-    return _decompress_members(data, limit, CODEC_LZ4, lz4.frame.LZ4FrameDecompressor, None)
+    """Exactly one LZ4 frame, nothing after it: what Kafka's clients write and all of them read. A second
+    frame, or a skippable frame first, decoded here but failed kafka-python (lz4.frame.decompress reads
+    one frame) and Java's KafkaLZ4BlockInputStream (found by an audit)."""
+    return _decompress_members(data, limit, CODEC_LZ4, lz4.frame.LZ4FrameDecompressor, None, single=True)
 
 
 _ZSTD_MAGIC = 0xFD2FB528
@@ -335,7 +345,17 @@ def _zstd_decompress(data: bytes | bytearray | memoryview, limit: int) -> bytes:
             continue
         budget = limit - total
         declared = zstandard.frame_content_size(frame)
-        if declared >= 0:
+        if declared == 0:
+            # python-zstandard's decompress() answers b"" for a declared size of 0 without decoding the
+            # frame, where libzstd (kafka-python, aiokafka, librdkafka) finds blocks that do not fit it
+            # corrupt: decode it as they do (found by an audit).
+            try:
+                chunk = dctx.decompressobj().decompress(bytes(frame))
+            except zstandard.ZstdError as exc:
+                raise errors.CorruptMessageError(f"zstd frame declaring no content is corrupt: {exc}") from exc
+            if chunk:
+                raise errors.CorruptMessageError("zstd frame declaring no content has some")
+        elif declared > 0:
             # zstd checks the declared size against what the frame produces.
             if declared > budget:
                 raise _too_large(CODEC_ZSTD, limit)

@@ -161,6 +161,15 @@ class LogValidator:
         min_ts = h.base_timestamp + min_delta
         if max_ts > _INT64_MAX or min_ts < _INT64_MIN:
             raise errors.InvalidRecordError(f"batch at position {batch_pos}: record timestamps overflow 64 bits")
+        # Whatever message.timestamp.before/after.max.ms allow: a timestamp is -1 (none) or a time readers
+        # can represent (Spark's and Python's timestamps end with the year 9999; one of -2^62 ms wrapped
+        # around in the Spark source's microseconds, found by an audit).
+        if min_ts < -1:
+            raise errors.InvalidTimestampError(f"batch at position {batch_pos}: a record's timestamp {min_ts} is "
+                                               f"negative (-1 means none)")
+        if max_ts > MAX_TIMESTAMP_MS:
+            raise errors.InvalidTimestampError(f"batch at position {batch_pos}: a record's timestamp {max_ts} is "
+                                               f"after the year 9999")
         if max_ts - now > self._after_max_ms:
             raise errors.InvalidTimestampError(f"batch at position {batch_pos}: a record's timestamp {max_ts} is "
                                     f"{max_ts - now} ms ahead of the broker's clock "
@@ -170,6 +179,9 @@ class LogValidator:
                                     f"{now - min_ts} ms behind the broker's clock "
                                     f"(message.timestamp.before.max.ms {self._before_max_ms})")
         return _RecordsSummary(max_ts)
+
+
+MAX_TIMESTAMP_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
 def _walk_error(kind: int, i: int, a: int, b: int, count: int, batch_pos: int) -> errors.BrookError:
@@ -192,6 +204,10 @@ def _walk_error(kind: int, i: int, a: int, b: int, count: int, batch_pos: int) -
         w.TRAILING: f"batch at position {batch_pos} declares {count} records but {a} bytes follow them",
         w.VARINT_OVERFLOW: f"{rec}: varint at byte {a} of the records overflows 64 bits",
         w.VARINT_TOO_LONG: f"{rec}: varint at byte {a} of the records is longer than 10 bytes",
+        w.RECORD_ATTRIBUTES: f"{rec} has attributes {a:#04x}; record attributes are unused and must be 0 "
+                             f"(Kafka's clients read a non-zero byte differently)",
+        w.VARINT32: f"{rec}: the int32 varint at byte {a} of the records is longer than 5 bytes or out of "
+                    f"range (Kafka's readVarint refuses it)",
     }
     message = messages.get(kind, f"{rec}: walk result {kind}")
     if kind in (w.OFFSET_DELTA, w.NO_KEY, w.HEADER_KEY_UTF8):

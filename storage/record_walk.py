@@ -41,11 +41,18 @@ TRUNCATED = 12  # a field runs past the end of the section [-, -]
 TRAILING = 13  # bytes after the last record [bytes, -]
 VARINT_OVERFLOW = 14  # a varint above 64 bits [position, -]
 VARINT_TOO_LONG = 15  # a varint of more than 10 bytes [position, -]
+RECORD_ATTRIBUTES = 16  # a record's attributes byte is not 0 [attributes, -]
+VARINT32 = 17  # an int32 field's varint is longer than 5 bytes or outside int32 [position, -]
 
 WalkResult = tuple[int, int, int, int, int, int]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _VARINT_BYTES_MAX = 10  # a varlong; longer is malformed
+# Every record field but the timestamp delta is an int32 varint: Kafka's readVarint refuses more than 5
+# bytes, and kafka-python/aiokafka read the attributes byte as a varint too. A leader stores only what
+# every reader decodes alike, so both are checked (found by an audit: attributes 0x80 shifted every
+# field for those clients, silently).
+_VARINT32_BYTES_MAX = 5
 # Zigzag decode tables: one byte < 0x80, and two bytes indexed by their 14 payload bits.
 _DEC1: tuple[int, ...] = tuple((b >> 1) ^ -(b & 1) for b in range(0x80))
 _DEC2: tuple[int, ...] = tuple((z >> 1) ^ -(z & 1) for z in range(1 << 14))
@@ -72,6 +79,21 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
     raise _VarintError(VARINT_TOO_LONG, pos)
 
 
+def _read_varint32(data: bytes, pos: int) -> tuple[int, int]:
+    """An int32 zigzag varint at ``pos`` (at most 5 bytes, within int32). IndexError past the end."""
+    shift = 0
+    raw = 0
+    for i in range(pos, pos + _VARINT32_BYTES_MAX):
+        b = data[i]
+        raw |= (b & 0x7F) << shift
+        if b < 0x80:
+            if raw >> 32:
+                raise _VarintError(VARINT32, pos)
+            return (raw >> 1) ^ -(raw & 1), i + 1
+        shift += 7
+    raise _VarintError(VARINT32, pos)
+
+
 def walk_py(buf: Buffer, start: int, end: int, count: int, compact: bool) -> WalkResult:
     """The reference walk (pure Python). Flat on purpose: it is the per-record loop of produce."""
     with memoryview(buf) as view:
@@ -79,6 +101,7 @@ def walk_py(buf: Buffer, start: int, end: int, count: int, compact: bool) -> Wal
     dec1 = _DEC1
     dec2 = _DEC2
     read_varint = _read_varint
+    read_varint32 = _read_varint32
     n = len(data)
     p = 0
     i = 0
@@ -99,11 +122,13 @@ def walk_py(buf: Buffer, start: int, end: int, count: int, compact: bool) -> Wal
                     length = dec2[(b & 0x7F) | (b2 << 7)]
                     p += 2
                 else:
-                    length, p = read_varint(data, p)
+                    length, p = read_varint32(data, p)
             rec_end = p + length
             if length < 6 or rec_end > n:
                 return BAD_LENGTH, i, length, n - p, 0, 0
-            p += 1  # record attributes: unused in v2
+            if data[p]:  # record attributes: unused in v2, and read differently by clients when not 0
+                return RECORD_ATTRIBUTES, i, data[p], 0, 0, 0
+            p += 1
             # timestamp delta (varlong)
             b = data[p]
             if b < 0x80:
@@ -125,7 +150,7 @@ def walk_py(buf: Buffer, start: int, end: int, count: int, compact: bool) -> Wal
             if b == i << 1 and b < 0x80:  # zigzag of i < 64: one byte
                 p += 1
             else:
-                od, p = read_varint(data, p)
+                od, p = read_varint32(data, p)
                 if od != i:
                     return OFFSET_DELTA, i, od, 0, 0, 0
             # key
@@ -134,7 +159,7 @@ def walk_py(buf: Buffer, start: int, end: int, count: int, compact: bool) -> Wal
                 kl = dec1[b]
                 p += 1
             else:
-                kl, p = read_varint(data, p)
+                kl, p = read_varint32(data, p)
             if kl >= 0:
                 p += kl
             elif kl != -1:
@@ -152,7 +177,7 @@ def walk_py(buf: Buffer, start: int, end: int, count: int, compact: bool) -> Wal
                     vl = dec2[(b & 0x7F) | (b2 << 7)]
                     p += 2
                 else:
-                    vl, p = read_varint(data, p)
+                    vl, p = read_varint32(data, p)
             if vl >= 0:
                 p += vl
             elif vl != -1:
@@ -179,12 +204,12 @@ def walk_py(buf: Buffer, start: int, end: int, count: int, compact: bool) -> Wal
 
 def _walk_headers(data: bytes, p: int, rec_end: int) -> tuple[int, int, int]:
     """A record's headers (off the fast path): (kind, a, position after them)."""
-    hcount, p = _read_varint(data, p)
+    hcount, p = _read_varint32(data, p)
     # Each header takes at least 2 bytes: a larger count is malformed, and must not drive a long loop.
     if hcount < 0 or hcount * 2 > rec_end - p:
         return HEADER_COUNT, hcount, p
     for _ in range(hcount):
-        kl, p = _read_varint(data, p)
+        kl, p = _read_varint32(data, p)
         if kl < 0 or p + kl > rec_end:
             return HEADER_KEY_LENGTH, kl, p
         try:
@@ -192,7 +217,7 @@ def _walk_headers(data: bytes, p: int, rec_end: int) -> tuple[int, int, int]:
         except UnicodeDecodeError:
             return HEADER_KEY_UTF8, 0, p
         p += kl
-        vl, p = _read_varint(data, p)
+        vl, p = _read_varint32(data, p)
         if vl >= 0:
             p += vl
         elif vl != -1:

@@ -126,7 +126,7 @@ def test_kcat_produces_keys_and_headers_and_consumes_them_back(kconf, make_topic
 # ---------------------------------------------------------------------------- confluent-kafka
 
 
-@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
 def test_confluent_idempotent_producer_with_compression(cluster: LocalCluster, kconf, make_topic, codec) -> None:
     from confluent_kafka import Producer
 

@@ -101,3 +101,13 @@ def test_corruption_is_detected() -> None:
     good[61] = 0x7E  # first record's length varint: 63 -> overruns
     with pytest.raises(errors.CorruptMessageError):
         decode_to_arrow(bytes(good), "t", 0, 0, 5, arrow_schema(False), verify_crc=False)
+
+
+@pytest.mark.parametrize("timestamp", [-(2**62), 2**62])
+def test_a_timestamp_microseconds_cannot_hold_is_an_error_not_a_wrapped_value(timestamp: int) -> None:
+    """Read as microseconds, -2^62 ms came out as 1970 and a later one far in the future, silently (found
+    by an audit). Leaders refuse such timestamps now; a log written before may still hold one."""
+    b = RecordBatchBuilder(CODEC_NONE, base_offset=0)
+    b.append(timestamp, b"k", b"v", [])
+    with pytest.raises(errors.CorruptMessageError, match="microseconds"):
+        _decode(b.build(), 0, 1)

@@ -63,8 +63,43 @@ def test_lz4_uses_independent_blocks_as_kafka_requires() -> None:
 def test_multi_member_and_multi_frame_inputs() -> None:
     a, b = DATA[:1000], DATA[1000:]
     assert c.decompress(c.CODEC_GZIP, c.compress(c.CODEC_GZIP, a) + c.compress(c.CODEC_GZIP, b)) == DATA
-    assert c.decompress(c.CODEC_LZ4, lz4.frame.compress(a) + lz4.frame.compress(b)) == DATA
     assert c.decompress(c.CODEC_ZSTD, c.compress(c.CODEC_ZSTD, a) + c.compress(c.CODEC_ZSTD, b)) == DATA
+
+
+def test_lz4_data_is_exactly_one_frame() -> None:
+    """kafka-python (lz4.frame.decompress) and Java's KafkaLZ4BlockInputStream read one frame: data of two
+    frames, or a skippable frame first, decoded here but not there (found by an audit), so it is refused."""
+    a, b = DATA[:1000], DATA[1000:]
+    assert c.decompress(c.CODEC_LZ4, lz4.frame.compress(DATA)) == DATA
+    with pytest.raises(errors.CorruptMessageError, match="garbage after"):
+        c.decompress(c.CODEC_LZ4, lz4.frame.compress(a) + lz4.frame.compress(b))
+    skippable = struct.pack("<II", 0x184D2A50, 4) + b"JUNK"
+    for packed in (skippable + lz4.frame.compress(DATA), lz4.frame.compress(DATA) + skippable):
+        with pytest.raises(errors.CorruptMessageError):
+            c.decompress(c.CODEC_LZ4, packed)
+
+
+def test_snappy_xerial_data_has_the_header_every_client_writes() -> None:
+    """aiokafka recognises only the 16-byte header of version 1, compatible 1, and read any other as one raw
+    block (found by an audit): other versions are refused."""
+    packed = c.compress(c.CODEC_SNAPPY, DATA)
+    assert packed[:16] == b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
+    assert c.decompress(c.CODEC_SNAPPY, packed) == DATA
+    for version in (struct.pack(">ii", 2, 2), struct.pack("<ii", 1, 1)):
+        with pytest.raises(errors.CorruptMessageError, match="not version 1"):
+            c.decompress(c.CODEC_SNAPPY, packed[:8] + version + packed[16:])
+
+
+def test_a_zstd_frame_declaring_no_content_must_have_none() -> None:
+    """python-zstandard answers b"" for a frame declaring size 0 without decoding it; libzstd (the other
+    clients) finds blocks that do not fit corrupt. Such a frame ahead of the records was accepted here and
+    unreadable there (found by an audit)."""
+    def declaring_nothing(content: bytes) -> bytes:  # single segment, 1-byte content size 0, one raw last block
+        return struct.pack("<I", 0xFD2FB528) + bytes([0x20, 0]) + ((len(content) << 3) | 1).to_bytes(3, "little") + content
+
+    assert c.decompress(c.CODEC_ZSTD, declaring_nothing(b"") + c.compress(c.CODEC_ZSTD, DATA)) == DATA
+    with pytest.raises(errors.CorruptMessageError, match="declaring no content"):
+        c.decompress(c.CODEC_ZSTD, declaring_nothing(b"JUNKJUNK") + c.compress(c.CODEC_ZSTD, DATA))
 
 
 def _zstd_streamed(data: bytes) -> bytes:

@@ -207,8 +207,51 @@ def test_key_length_that_lies_is_corrupt(log: Log, key_length: int) -> None:
 
 
 def test_overlong_varint_is_corrupt(log: Log) -> None:
-    section = record(0) + b"\x80" * 11 + b"\x00"
-    assert_refused(log, batch(section, count=2), CORRUPT, "longer than 10 bytes")
+    section = record(0) + b"\x80" * 11 + b"\x00"  # record 1's length: an int32 field
+    assert_refused(log, batch(section, count=2), CORRUPT, "longer than 5 bytes")
+    # The timestamp delta is a varlong: up to 10 bytes.
+    body = b"\x00" + b"\x80" * 11 + b"\x00" + varint(0) + varint(1) + b"k" + varint(1) + b"v" + varint(0)
+    assert_refused(log, batch(varint(len(body)) + body, count=1), CORRUPT, "longer than 10 bytes")
+
+
+def _padded(value: int, size: int) -> bytes:
+    """The zigzag varint of ``value`` padded to ``size`` bytes with continuation bits (non-minimal)."""
+    z = (value << 1) ^ (value >> 63)
+    out = bytearray((z >> (7 * i)) & 0x7F | 0x80 for i in range(size))
+    out[-1] &= 0x7F
+    return bytes(out)
+
+
+@pytest.mark.parametrize("field", ["length", "offset delta", "key length", "value length", "header count",
+                                   "header key length", "header value length"])
+def test_an_int32_field_in_more_than_five_bytes_is_corrupt(log: Log, field: str) -> None:
+    """Kafka's readVarint reads at most 5 bytes for these (Java clients fail on more); Brook read up to 10.
+    Five (non-minimal, within int32) are what Kafka accepts, so they are accepted too."""
+    def rec(size: int) -> bytes:
+        v = {f: (lambda n: varint(n)) for f in ("offset delta", "key length", "value length", "header count",
+                                                  "header key length", "header value length")}
+        v[field] = lambda n: _padded(n, size)
+        body = (b"\x00" + varint(0) + v["offset delta"](0) + v["key length"](1) + b"k" + v["value length"](1) + b"v"
+                + v["header count"](1) + v["header key length"](1) + b"h" + v["header value length"](1) + b"x")
+        length = _padded(len(body), size) if field == "length" else varint(len(body))
+        return length + body
+
+    log.append_as_leader(batch(rec(5), count=1), 0)
+    assert_refused(log, batch(rec(6), count=1), CORRUPT, "longer than 5 bytes")
+
+
+def test_an_int32_field_out_of_the_int32_range_is_corrupt(log: Log) -> None:
+    body = b"\x00" + varint(0) + varint(0) + b"\xff\xff\xff\xff\x7f" + varint(1) + b"v" + varint(0)  # key length 2^34
+    assert_refused(log, batch(varint(len(body)) + body, count=1), CORRUPT, "out of range")
+
+
+@pytest.mark.parametrize("attributes", [0x01, 0x80, 0xFF])
+def test_record_attributes_other_than_zero_are_corrupt(log: Log, attributes: int) -> None:
+    """Unused in record format v2; kafka-python and aiokafka read the byte as a varint, so 0x80 shifted every
+    field of the record for them (another key, an offset outside the batch) while Brook read it right."""
+    good = record(0)
+    bad = good[:1] + bytes([attributes]) + good[2:]
+    assert_refused(log, batch(bad, count=1), CORRUPT, f"attributes {attributes:#04x}")
 
 
 def test_truncated_last_record_is_corrupt(log: Log) -> None:
@@ -267,6 +310,26 @@ def test_lying_max_timestamp_is_corrected_as_kafka_does(log: Log) -> None:
 def test_timestamps_overflowing_int64_are_invalid(log: Log) -> None:
     section = record(0, ts_delta=2**62) + record(1, ts_delta=2**62)
     assert_refused(log, batch(section, count=2, base_ts=2**62, max_ts=2**62), INVALID, "overflow")
+
+
+@pytest.mark.parametrize(("base_ts", "delta", "why"), [(-2, 0, "negative"), (-(2**62), 0, "negative"),
+                                                     (BASE_TS, -(2**62), "negative"),
+                                                     (253_402_300_800_000, 0, "after the year 9999")])
+def test_timestamps_no_reader_can_represent_are_invalid_whatever_the_topic_allows(
+        tmp_path: Path, base_ts: int, delta: int, why: str) -> None:
+    """message.timestamp.before.max.ms defaults to Long.MAX, so a timestamp of -2^62 ms was stored, and the
+    Spark source wrapped it around in microseconds (1970, or the far future) without an error. -1 (no
+    timestamp) is still taken."""
+    lg = Log.open(tmp_path / "t-0", LogConfig.from_overrides({"message.timestamp.after.max.ms": str(2**62)}))
+    try:
+        lg.append_as_leader(batch(record(0, ts_delta=0), count=1, base_ts=-1, max_ts=-1), 0)
+        with pytest.raises(errors.BrookError) as refused:
+            lg.append_as_leader(batch(record(0, ts_delta=delta), count=1, base_ts=base_ts,
+                                      max_ts=max(base_ts, base_ts + delta)), 0)
+        assert refused.value.code == ErrorCode.INVALID_TIMESTAMP and why in refused.value.message, refused.value
+        assert lg.log_end_offset == 1
+    finally:
+        lg.close()
 
 
 def test_log_append_time_topic_stamps_the_time_without_checking_client_timestamps(tmp_path: Path) -> None:
