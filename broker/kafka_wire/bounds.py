@@ -40,6 +40,9 @@ _FIXED = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "error_code
           "uuid": 16}
 _VARINT_MAX_BYTES = 5
 MAX_TAGGED_FIELDS = 64
+# Elements a frame may hold: the caller's bound (server: a few times the cluster's topics and partitions,
+# at least MIN_ELEMENTS), never more than MAX_ELEMENTS (about 0.5 s of walking and reading).
+MIN_ELEMENTS = 10_000
 MAX_ELEMENTS = 200_000
 
 
@@ -91,15 +94,15 @@ def _plan(cls: type) -> tuple[tuple[_FieldPlan, ...], dict[int, _FieldPlan], boo
 class _Cursor:
     __slots__ = ("buf", "pos", "end", "elements")
 
-    def __init__(self, buf: bytes, pos: int, end: int, elements: list[int] | None = None) -> None:
+    def __init__(self, buf: bytes, pos: int, end: int, elements: list[int]) -> None:
         self.buf, self.pos, self.end = buf, pos, end
-        # Elements the frame may still hold (shared with the cursors of its tagged fields).
-        self.elements = elements if elements is not None else [MAX_ELEMENTS]
+        # [elements the frame may still hold, the frame's bound] (shared with the cursors of its tagged fields)
+        self.elements = elements
 
     def count(self, n: int, what: str) -> None:
         left = self.elements[0] - n
         if left < 0:
-            raise Malformed(f"{what}: more than {MAX_ELEMENTS} array elements and entities in one request")
+            raise Malformed(f"{what}: more than {self.elements[1]} array elements and entities in one request")
         self.elements[0] = left
 
     def take(self, n: int, what: str) -> None:
@@ -202,15 +205,17 @@ def _tagged_count(c: _Cursor, where: str) -> int:
     return count
 
 
-def check(frame: bytes, offset: int, cls: type) -> None:
-    """Malformed unless every length in the ``cls`` body at ``offset`` fits ``frame``."""
-    _scan_entity(_Cursor(frame, offset, len(frame)), cls, cls.__name__)
+def check(frame: bytes, offset: int, cls: type, max_elements: int = MAX_ELEMENTS) -> None:
+    """Malformed unless every length in the ``cls`` body at ``offset`` fits ``frame`` and it holds at most
+    ``max_elements`` (capped at MAX_ELEMENTS) array elements and entities."""
+    bound = min(max_elements, MAX_ELEMENTS)
+    _scan_entity(_Cursor(frame, offset, len(frame), [bound, bound]), cls, cls.__name__)
 
 
 def check_header(frame: bytes, flexible: bool) -> int:
     """The request header's length (api key, version, correlation id, client id, tags); Malformed if it
     does not fit. The client id is a legacy int16-length string in every header version."""
-    c = _Cursor(frame, 8, len(frame))
+    c = _Cursor(frame, 8, len(frame), [0, 0])
     n = c.int_(">h", 2, "client_id")
     if n >= 0:
         c.take(n, "client_id")

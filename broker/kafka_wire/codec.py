@@ -82,15 +82,16 @@ def _writer(cls: type) -> Any:
     return entity_writer(cls)
 
 
-def parse_request(frame: bytes, api_key: int, version: int) -> Request:
-    """Decode a frame whose (api_key, version) the caller has checked is one we serve."""
+def parse_request(frame: bytes, api_key: int, version: int, max_elements: int = bounds.MAX_ELEMENTS) -> Request:
+    """Decode a frame whose (api_key, version) the caller has checked is one we serve, holding at most
+    ``max_elements`` array elements and entities."""
     cls = request_schema(api_key, version)
     header_cls = RequestHeaderV2 if cls.__flexible__ else RequestHeaderV1
     try:
         # kio's compiled reader trusts the counts it reads (a huge one aborts the process): check them first.
         bounds.check_header(frame, cls.__flexible__)
         header, used = _reader(header_cls)(frame, 0)
-        bounds.check(frame, used, cls)
+        bounds.check(frame, used, cls, max_elements)
         body, body_used = _reader(cls)(frame, used)
     except Exception as exc:  # kio raises several types (ValueError, struct/Unicode/buffer errors)
         raise MalformedRequest(f"{cls.__name__} v{version}: {type(exc).__name__}: {exc}") from None

@@ -119,6 +119,10 @@ def test_a_frame_of_more_elements_than_the_walk_takes_is_refused_and_fixed_array
     assert codec.parse_request(offset_fetch(bounds.MAX_ELEMENTS), apis.OFFSET_FETCH, 7)
     with pytest.raises(codec.MalformedRequest, match="array elements"):
         codec.parse_request(offset_fetch(bounds.MAX_ELEMENTS + 1), apis.OFFSET_FETCH, 7)
+    # The listener passes a bound from the cluster's size (bounds.MIN_ELEMENTS for a small one).
+    assert codec.parse_request(offset_fetch(bounds.MIN_ELEMENTS), apis.OFFSET_FETCH, 7, bounds.MIN_ELEMENTS)
+    with pytest.raises(codec.MalformedRequest, match=f"more than {bounds.MIN_ELEMENTS} array elements"):
+        codec.parse_request(offset_fetch(bounds.MIN_ELEMENTS + 1), apis.OFFSET_FETCH, 7, bounds.MIN_ELEMENTS)
     walked = []
     real = bounds._scan_value
     with pytest.MonkeyPatch.context() as mp:

@@ -114,6 +114,18 @@ async def test_frames_before_login_hold_a_pool_of_their_own_and_only_for_the_log
             writer.close()
 
 
+async def test_the_elements_a_frame_may_hold_follow_the_cluster_size() -> None:
+    from broker.kafka_wire import bounds
+
+    lst = KafkaListener(types.SimpleNamespace(), KafkaListenerSpec("K", "127.0.0.1", 0, "PLAINTEXT"), {})
+    assert lst.max_elements() == bounds.MIN_ELEMENTS  # no metadata yet
+    for counts, expected in (((10, 100), bounds.MIN_ELEMENTS), ((1_000, 20_000), 84_000),
+                             ((10_000, 100_000), bounds.MAX_ELEMENTS)):
+        lst.broker = types.SimpleNamespace(metadata_cache=types.SimpleNamespace(counts=lambda c=counts: c))
+        assert lst.max_elements() == expected, counts
+    lst.parse_pool.shutdown()
+
+
 async def test_a_large_frame_is_parsed_off_the_event_loop_and_a_small_one_on_it() -> None:
     lst = await _listener("PLAINTEXT")
     threads: list[str] = []
