@@ -113,6 +113,7 @@ class KafkaListener:
                                                               f"Kafka listener {spec.name}")
         self.max_connections_per_ip = int(defaults.get("max.connections.per.ip", str(DEFAULT_CONNECTIONS_PER_IP)))
         self._by_address: dict[str, int] = {}  # client address -> its open connections (loop thread only)
+        self._parse_turns: dict[str, asyncio.Lock] = {}  # client address -> its turn at the parse pool
         self.sasl = spec.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
         self.stats = ListenerStats()
         self.sendfile_ok = True  # False once the platform refused sendfile on this listener's sockets
@@ -130,6 +131,14 @@ class KafkaListener:
         self.port = spec.port
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def parse_turn(self, host: str) -> asyncio.Lock:
+        """The lock that takes ``host``'s large frames to the parse pool one at a time (kept while the address
+        has connections: dropped in _accept's end with its count)."""
+        turn = self._parse_turns.get(host)
+        if turn is None:
+            turn = self._parse_turns[host] = asyncio.Lock()
+        return turn
 
     def max_elements(self) -> int:
         """Elements (array entries, entities) a request frame may hold: four times the cluster's topics and
@@ -193,6 +202,7 @@ class KafkaListener:
                 self._by_address[host] = left
             else:
                 self._by_address.pop(host, None)
+                self._parse_turns.pop(host, None)
             self._tasks.discard(task)
             if writer.transport.get_write_buffer_size():
                 writer.transport.abort()  # a client that stopped reading: drop what it did not take
@@ -435,8 +445,11 @@ class _Connection:
             return False
         try:
             if len(frame) > PARSE_ON_LOOP_MAX_BYTES:
-                req = await asyncio.get_running_loop().run_in_executor(
-                    lst.parse_pool, codec.parse_request, frame, api_key, version, lst.max_elements())
+                # One large parse per client address at a time: the pool's queue holds at most one frame an
+                # address, so a client with many connections cannot put everyone else behind its frames.
+                async with lst.parse_turn(self.client_host):
+                    req = await asyncio.get_running_loop().run_in_executor(
+                        lst.parse_pool, codec.parse_request, frame, api_key, version, lst.max_elements())
             else:
                 req = codec.parse_request(frame, api_key, version, lst.max_elements())
         except codec.MalformedRequest as exc:

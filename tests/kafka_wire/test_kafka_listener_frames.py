@@ -146,3 +146,47 @@ async def test_a_large_frame_is_parsed_off_the_event_loop_and_a_small_one_on_it(
         assert threads[1].startswith("kafka-KAFKA_PLAINTEXT-parse"), threads
     finally:
         await lst.stop()
+
+
+async def test_one_address_has_one_large_frame_at_the_parse_pool_at_a_time() -> None:
+    """Many connections from one address each sending large frames filled the parse pool's queue, and
+    everyone else's large frames waited behind all of them; now an address has one there at a time."""
+    lst = await _listener("PLAINTEXT")
+    started: list[bytes] = []
+    release = threading.Event()
+    real = codec.parse_request
+
+    def blocking(frame: bytes, *args: object) -> codec.Request:
+        started.append(frame)
+        release.wait(30)
+        return real(frame, *args)  # type: ignore[arg-type]
+
+    attacker_frame = _api_versions_frame("a" * (kafka_server.PARSE_ON_LOOP_MAX_BYTES + 1))
+    victim_frame = _api_versions_frame("v" * (kafka_server.PARSE_ON_LOOP_MAX_BYTES + 1))
+    writers = []
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(codec, "parse_request", blocking)
+            for _ in range(kafka_server.PARSE_WORKERS + 2):
+                _, writer = await asyncio.open_connection("127.0.0.1", lst.port, local_addr=("127.0.0.2", 0))
+                writer.write(attacker_frame)
+                writers.append(writer)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while not started:
+                assert loop.time() < deadline
+                await asyncio.sleep(0.01)
+            victim = asyncio.ensure_future(_answered(lst.port, victim_frame))
+            while len(started) < kafka_server.PARSE_WORKERS:
+                assert loop.time() < deadline, f"{len(started)} parses started"
+                await asyncio.sleep(0.01)
+            # The pool's two workers: one of the attacker's frames, and the victim's (the size prefix is read off).
+            assert started.count(victim_frame[4:]) == 1 and started.count(attacker_frame[4:]) == 1, \
+                [f[-8:] for f in started]
+            release.set()
+            await asyncio.wait_for(victim, 10)
+    finally:
+        release.set()
+        for writer in writers:
+            writer.close()
+        await lst.stop()
