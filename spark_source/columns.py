@@ -260,7 +260,7 @@ def decode_to_arrow(
     append_ts = np.asarray(bodies.append_timestamps, dtype=np.int64)[batch_of]
     base_ts = np.asarray(bodies.base_timestamps, dtype=np.int64)[batch_of]
     log_append = append_ts >= 0
-    stamps_ms = np.where(log_append, append_ts, base_ts + ts_delta)
+    stamps_ms = np.where(log_append, append_ts, _add_timestamps(base_ts, ts_delta, log_append, offsets))
     # In microseconds for Arrow: a timestamp past what int64 microseconds hold would wrap around silently
     # (leaders refuse such timestamps now; data written before may hold them).
     if n_bad := int(((stamps_ms < -_MAX_MS_IN_US) | (stamps_ms > _MAX_MS_IN_US)).sum()):
@@ -280,6 +280,26 @@ def decode_to_arrow(
     if len(schema) == 8:
         arrays.append(_headers_column(joined, data, pos, ends))
     return pa.RecordBatch.from_arrays(arrays, schema=schema), DecodeResult(next_offset, n, walked)
+
+
+def _add_timestamps(base_ts: np.ndarray, ts_delta: np.ndarray, ignored: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Batch base timestamp + record delta, refusing a sum beyond int64.
+
+    numpy's int64 addition wraps silently (2^63-1 + 2^63-1 read as 1969-12-31T23:59:59.998), so an
+    overflow is found as two addends of one sign whose sum has the other sign. Leaders validate
+    timestamps now; a log written before they did may still hold such a record. ``ignored`` marks
+    records whose delta does not count (LogAppendTime batches use the batch's timestamp).
+    """
+    summed = base_ts + ts_delta
+    wrapped = (((base_ts ^ summed) & (ts_delta ^ summed)) < 0) & ~ignored
+    if n_bad := int(wrapped.sum()):
+        i = int(np.argmax(wrapped))
+        raise errors.CorruptMessageError(
+            f"{n_bad} records have timestamps beyond 64 bits: the first, at offset {int(offsets[i])}, has base "
+            f"timestamp {int(base_ts[i])} + delta {int(ts_delta[i])} (only data stored before leaders validated "
+            "timestamps can hold this)"
+        )
+    return summed
 
 
 def _headers_column(raw: bytes, data: np.ndarray, pos: np.ndarray, ends: np.ndarray) -> pa.Array:

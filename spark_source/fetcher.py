@@ -68,8 +68,8 @@ def data_loss(message: str, settings: FetchSettings) -> None:
     """Fail (failOnDataLoss=true) or log and let the caller skip past the gap."""
     if settings.fail_on_data_loss:
         raise DataLossError(
-            message + ". Some data may have been lost: removed by retention or the partition was "
-            "truncated or recreated. Set the source option failOnDataLoss=false to skip it and go on."
+            message + ". Some data may have been lost: removed by retention, or the partition was "
+            "truncated, deleted or recreated. Set the source option failOnDataLoss=false to skip it and go on."
         )
     logger.warning("%s; skipping (failOnDataLoss=false)", message)
 
@@ -117,10 +117,42 @@ def _after_error(
         # election) or is still catching up its high watermark; wait within the poll timeout.
         _check_stalled(task, offset, -1, last_progress)
         return offset
+    if isinstance(err, errors.BrookError) and err.code == errors.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+        gone = _gone(client, tp)
+        if gone:
+            # As Spark's Kafka source: a topic deleted after the range was planned is data loss, not a
+            # timeout; with failOnDataLoss=false the rest of the range reads as empty.
+            data_loss(f"{tp.topic}-{tp.partition}: the {gone} no longer exists, so offsets {offset}.."
+                      f"{task.until_offset - 1} cannot be read", task.fetch)
+            return task.until_offset
+        # Still in the metadata: a leader that has not applied the topic yet, or leadership moving.
+        _check_stalled(task, offset, -1, last_progress)
+        return offset
     if isinstance(err, errors.BrookError) and err.retriable:
         _check_stalled(task, offset, -1, last_progress)
         return offset
     raise err
+
+
+def _gone(client: ClusterClient, tp: TopicPartition) -> str | None:
+    """"topic" or "partition" when fresh metadata no longer has it; None while it exists (or the
+    metadata cannot be had now: retried as the fetch error is)."""
+    try:
+        meta = client.metadata([tp.topic], refresh=True)
+    except errors.BrookError as exc:
+        if not exc.retriable:
+            raise
+        logger.debug("%s-%d: metadata refresh failed (%s); retrying the fetch", tp.topic, tp.partition, exc)
+        return None
+    info = meta.topics.get(tp.topic)
+    if info is None or info.error_code == errors.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+        return "topic"
+    if info.error_code != errors.ErrorCode.NONE:
+        err = errors.error_for(info.error_code, info.error_message or f"topic {tp.topic!r}")
+        if not err.retriable:
+            raise err  # e.g. TOPIC_AUTHORIZATION_FAILED: an error of its own, not data loss
+        return None
+    return None if tp.partition in info.partitions else "partition"
 
 
 def _check_stalled(task: RangeTask, offset: int, high_watermark: int, last_progress: float) -> None:

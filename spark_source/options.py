@@ -107,6 +107,15 @@ WRITE_OPTIONS = frozenset(
 # Upper bounds: every buffer and wait has one (a typo of extra zeros fails loudly).
 _MAX_FETCH_BYTES = 256 * 1024 * 1024
 _MAX_TIMEOUT_MS = 3_600_000
+# Kafka's partition ids are int32 and its offsets and timestamps int64: larger values are refused
+# at parse time instead of failing (or wrapping) later in a request.
+_MAX_PARTITION = 2**31 - 1
+_MIN_INT64, _MAX_INT64 = -(2**63), 2**63 - 1
+_SHOWN_CHARS = 60  # of a bad value in an error message
+# Plain ASCII digits only: int() also takes "1_0" (= 10), other scripts' digits ("١"), and raises
+# ValueError instead of a clear error past 4300 digits.
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DIGITS = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -198,7 +207,54 @@ class WriteOptions:
 
 
 def _bad(name: str, why: str) -> errors.BrookError:
+    if len(name) > 2 * _SHOWN_CHARS:  # an unknown option's key is the caller's text too
+        name = name[: 2 * _SHOWN_CHARS] + "..."
     return errors.InvalidConfigError(f"option '{name}': {why}")
+
+
+def _show(raw: str) -> str:
+    """A bad value for an error message: quoted, and cut short when long (a huge number or document)."""
+    if len(raw) <= _SHOWN_CHARS:
+        return repr(raw)
+    return f"{raw[:_SHOWN_CHARS]!r}... ({len(raw)} characters)"
+
+
+def _show_json(value: object) -> str:
+    """A parsed JSON value for an error message (containers by kind: they may be large or deeply nested)."""
+    if isinstance(value, dict):
+        return "a JSON object"
+    if isinstance(value, list):
+        return "a JSON array"
+    return _show(json.dumps(value))
+
+
+def _small_int(text: str, max_digits: int) -> int | None:
+    """``text`` (matched by _INTEGER) as an int, or None past ``max_digits`` significant digits.
+
+    Leading zeros are dropped before int(), whose 4300-digit limit counts them too.
+    """
+    sign = "-" if text.startswith("-") else ""
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    return int(sign + digits) if len(digits) <= max_digits else None
+
+
+def _partition_id(text: str) -> int | None:
+    """A partition id in a JSON key ("0", "12"), or None: ASCII digits only, at most int32."""
+    value = _small_int(text, 10) if _DIGITS.fullmatch(text) else None
+    return value if value is not None and value <= _MAX_PARTITION else None
+
+
+def _bootstrap_servers(opts: dict[str, str]) -> str:
+    """host:port[,host:port...] with ASCII-digit ports 1..65535 (str.isdigit() also takes "²")."""
+    servers = opts.get("bootstrap.servers", "").strip()
+    if not servers:
+        raise _bad("bootstrap.servers", "required (host:port[,host:port...])")
+    for hp in servers.split(","):
+        host, sep, port = hp.strip().rpartition(":")
+        number = _small_int(port, 5) if _DIGITS.fullmatch(port) else None
+        if not sep or not host or number is None or not 1 <= number <= 65535:
+            raise _bad("bootstrap.servers", f"{_show(hp.strip())} is not host:port with a port from 1 to 65535")
+    return servers
 
 
 def _normalize(options: dict[str, str], known: frozenset[str]) -> dict[str, str]:
@@ -249,7 +305,7 @@ def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
         return default
     low = raw.strip().lower()
     if low not in ("true", "false"):
-        raise _bad(name, f"must be true or false, got {raw!r}")
+        raise _bad(name, f"must be true or false, got {_show(raw)}")
     return low == "true"
 
 
@@ -257,22 +313,43 @@ def _int(opts: dict[str, str], name: str, default: int | None, *, lo: int, hi: i
     raw = opts.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise _bad(name, f"must be an integer, got {raw!r}") from None
-    if not lo <= value <= hi:
-        raise _bad(name, f"must be between {lo} and {hi}, got {value}")
+    text = raw.strip()
+    if not _INTEGER.fullmatch(text):
+        raise _bad(name, f"must be an integer, got {_show(raw)}")
+    value = _small_int(text, 19)  # every bound fits in 19 digits: a longer number is out of range
+    if value is None or not lo <= value <= hi:
+        raise _bad(name, f"must be between {lo} and {hi}, got {_show(text)}")
     return value
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json.loads keeps the last of two equal keys: refuse them, as two offsets for one partition are ambiguous."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def _json_object(name: str, raw: str) -> dict:
     try:
-        parsed = json.loads(raw)
+        parsed = json.loads(raw, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
-        raise _bad(name, f"not valid JSON ({exc.msg} at char {exc.pos}): {raw!r}") from None
+        raise _bad(name, f"not valid JSON ({exc.msg} at char {exc.pos}): {_show(raw)}") from None
+    except _DuplicateKey as exc:
+        raise _bad(name, f"key {_show(str(exc))} appears twice in one object: {_show(raw)}") from None
+    except ValueError:
+        # Python's int() limit, not a JSON syntax error: no offset or partition needs 4300 digits.
+        raise _bad(name, f"holds a number of over 4300 digits: {_show(raw)}") from None
+    except RecursionError:
+        raise _bad(name, f"nested too deeply: {_show(raw)}") from None
     if not isinstance(parsed, dict) or not parsed:
-        raise _bad(name, f"must be a non-empty JSON object, got {raw!r}")
+        raise _bad(name, f"must be a non-empty JSON object, got {_show(raw)}")
     return parsed
 
 
@@ -281,14 +358,18 @@ def _partition_map(name: str, raw: str) -> dict[tuple[str, int], int]:
     out: dict[tuple[str, int], int] = {}
     for topic, per_partition in _json_object(name, raw).items():
         if not isinstance(per_partition, dict) or not per_partition:
-            raise _bad(name, f"topic {topic!r} must map to an object of partition -> value")
+            raise _bad(name, f"topic {_show(topic)} must map to an object of partition -> value")
         for part, value in per_partition.items():
-            try:
-                partition = int(part)
-            except ValueError:
-                raise _bad(name, f"partition {part!r} of topic {topic!r} is not an integer") from None
-            if partition < 0 or isinstance(value, bool) or not isinstance(value, int):
-                raise _bad(name, f"{topic}-{part}: need a partition >= 0 and an integer value, got {value!r}")
+            partition = _partition_id(part)
+            if partition is None:
+                raise _bad(name, f"partition {_show(part)} of topic {_show(topic)} is not an integer "
+                                 f"from 0 to {_MAX_PARTITION}")
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _bad(name, f"{_show(topic)} partition {partition}: need an integer value, got {_show_json(value)}")
+            if not _MIN_INT64 <= value <= _MAX_INT64:
+                raise _bad(name, f"{_show(topic)} partition {partition}: {_show(str(value))} is beyond a 64-bit integer")
+            if (topic, partition) in out:
+                raise _bad(name, f"{_show(topic)} partition {partition} is given twice ({_show(part)})")
             out[(topic, partition)] = value
     return out
 
@@ -312,10 +393,11 @@ def _subscription(opts: dict[str, str]) -> Subscription:
     assigned: list[tuple[str, int]] = []
     for topic, parts in _json_object("assign", raw).items():
         if not isinstance(parts, list) or not parts:
-            raise _bad("assign", f"topic {topic!r} must map to a non-empty list of partitions")
+            raise _bad("assign", f"topic {_show(topic)} must map to a non-empty list of partitions")
         for p in parts:
-            if isinstance(p, bool) or not isinstance(p, int) or p < 0:
-                raise _bad("assign", f"partition {p!r} of topic {topic!r} is not an integer >= 0")
+            if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= _MAX_PARTITION:
+                raise _bad("assign", f"partition {_show_json(p)} of topic {_show(topic)} is not an integer "
+                                     f"from 0 to {_MAX_PARTITION}")
             assigned.append((topic, p))
     return Subscription("assign", assigned=tuple(sorted(set(assigned))))
 
@@ -331,12 +413,12 @@ def _offset_spec(opts: dict[str, str], name: str, default: str, *, ending: bool)
     if low == "latest":
         return OffsetSpec("latest")
     if not raw.startswith("{"):
-        raise _bad(display, f"must be 'earliest', 'latest' or a JSON object, got {raw!r}")
+        raise _bad(display, f"must be 'earliest', 'latest' or a JSON object, got {_show(raw)}")
     offsets = _partition_map(display, raw)
     for (topic, part), off in offsets.items():
         if off < EARLIEST or (ending and off == EARLIEST):
             allowed = "-1 (latest) or an offset >= 0" if ending else "-2 (earliest), -1 (latest) or >= 0"
-            raise _bad(display, f"{topic}-{part}: {off} is not {allowed}")
+            raise _bad(display, f"{_show(topic)} partition {part}: {off} is not {allowed}")
     return OffsetSpec("offsets", offsets=offsets)
 
 
@@ -353,7 +435,7 @@ def _starting(opts: dict[str, str], *, streaming: bool) -> OffsetSpec:
         stamps = _partition_map("startingOffsetsByTimestamp", opts["startingoffsetsbytimestamp"])
         for (topic, part), ts in stamps.items():
             if ts < 0:
-                raise _bad("startingOffsetsByTimestamp", f"{topic}-{part}: timestamp {ts} < 0")
+                raise _bad("startingOffsetsByTimestamp", f"{_show(topic)} partition {part}: timestamp {ts} < 0")
         return OffsetSpec("timestamps", timestamps=stamps)
     spec = _offset_spec(opts, "startingoffsets", "latest" if streaming else "earliest", ending=False)
     if not streaming and (spec.kind == "latest" or LATEST in spec.offsets.values()):
@@ -364,19 +446,13 @@ def _starting(opts: dict[str, str], *, streaming: bool) -> OffsetSpec:
 def parse_read_options(options: dict[str, str], *, streaming: bool) -> ReadOptions:
     """Validate everything a read needs; raises ``InvalidConfigError`` naming the option."""
     opts = _normalize(options, READ_OPTIONS)
-    servers = opts.get("bootstrap.servers", "").strip()
-    if not servers:
-        raise _bad("bootstrap.servers", "required (host:port[,host:port...])")
-    for hp in servers.split(","):
-        host, _, port = hp.strip().rpartition(":")
-        if not host or not port.isdigit():
-            raise _bad("bootstrap.servers", f"{hp!r} is not host:port")
+    servers = _bootstrap_servers(opts)
     sub = _subscription(opts)
     starting = _starting(opts, streaming=streaming)
     ending = _ending(opts, streaming=streaming)
     strategy = opts.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
     if strategy not in ("error", "latest"):
-        raise _bad("startingOffsetsByTimestampStrategy", f"must be 'error' or 'latest', got {strategy!r}")
+        raise _bad("startingOffsetsByTimestampStrategy", f"must be 'error' or 'latest', got {_show(strategy)}")
     _warn_batch_only_ignored(opts, streaming=streaming)
     if sub.kind == "assign":
         _check_assigned_covered(sub, starting, ending)
@@ -468,7 +544,7 @@ def _ending(opts: dict[str, str], *, streaming: bool) -> OffsetSpec | None:
         stamps = _partition_map("endingOffsetsByTimestamp", opts["endingoffsetsbytimestamp"])
         for (topic, part), ts in stamps.items():
             if ts < 0:
-                raise _bad("endingOffsetsByTimestamp", f"{topic}-{part}: timestamp {ts} < 0")
+                raise _bad("endingOffsetsByTimestamp", f"{_show(topic)} partition {part}: timestamp {ts} < 0")
         return OffsetSpec("timestamps", timestamps=stamps)
     return _offset_spec(opts, "endingoffsets", "latest", ending=True)
 
@@ -478,15 +554,16 @@ _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600
 
 def _duration_ms(name: str, raw: str) -> int:
     """Spark's duration strings ("30s", "5m", "15 minutes", "100ms"); a bare number is milliseconds."""
-    m = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", raw.lower())
+    m = re.fullmatch(r"\s*([0-9]+)\s*([a-z]*)\s*", raw.lower())  # [0-9]: \d takes any script's digits
     unit = (m.group(2) if m else "") or "ms"
     unit = {"second": "s", "seconds": "s", "sec": "s", "minute": "m", "minutes": "m", "hour": "h", "hours": "h",
             "day": "d", "days": "d", "millisecond": "ms", "milliseconds": "ms"}.get(unit, unit)
     if m is None or unit not in _DURATION_UNITS_MS:
-        raise _bad(name, f"must be a duration such as 30s, 5m or 100ms, got {raw!r}")
-    value = int(m.group(1)) * _DURATION_UNITS_MS[unit]
-    if value > 7 * 86_400_000:
-        raise _bad(name, f"at most 7 days, got {raw!r}")
+        raise _bad(name, f"must be a duration such as 30s, 5m or 100ms, got {_show(raw)}")
+    number = _small_int(m.group(1), 9)  # 7 days is 604800000 ms: more digits are too long in any unit
+    value = -1 if number is None else number * _DURATION_UNITS_MS[unit]
+    if not 0 <= value <= 7 * 86_400_000:
+        raise _bad(name, f"at most 7 days, got {_show(raw)}")
     return value
 
 
@@ -566,17 +643,15 @@ def _check_assigned_covered(sub: Subscription, starting: OffsetSpec, ending: Off
 
 def parse_write_options(options: dict[str, str]) -> WriteOptions:
     opts = _normalize(options, WRITE_OPTIONS)
-    servers = opts.get("bootstrap.servers", "").strip()
-    if not servers:
-        raise _bad("bootstrap.servers", "required (host:port[,host:port...])")
+    servers = _bootstrap_servers(opts)
     acks = opts.get("acks", "all").strip().lower()
     if acks not in ("all", "-1"):
-        raise _bad("acks", f"the brook sink always writes with acks=all, got {acks!r}")
+        raise _bad("acks", f"the brook sink always writes with acks=all, got {_show(acks)}")
     if not _bool(opts, "enable.idempotence", True):
         raise _bad("enable.idempotence", "the brook sink always uses the idempotent producer")
     compression = opts.get("compression.type", "none").strip().lower()
     if compression not in ("none", "gzip", "snappy", "lz4", "zstd"):
-        raise _bad("compression.type", f"must be none, gzip, snappy, lz4 or zstd, got {compression!r}")
+        raise _bad("compression.type", f"must be none, gzip, snappy, lz4 or zstd, got {_show(compression)}")
     topic = opts.get("topic")
     if topic is not None and not topic.strip():
         raise _bad("topic", "empty topic name")

@@ -111,3 +111,47 @@ def test_a_timestamp_microseconds_cannot_hold_is_an_error_not_a_wrapped_value(ti
     b.append(timestamp, b"k", b"v", [])
     with pytest.raises(errors.CorruptMessageError, match="microseconds"):
         _decode(b.build(), 0, 1)
+
+
+def _zigzag(v: int) -> bytes:
+    u = ((v << 1) ^ (v >> 63)) & (2**64 - 1)
+    out = bytearray()
+    while u >= 0x80:
+        out.append((u & 0x7F) | 0x80)
+        u >>= 7
+    out.append(u)
+    return bytes(out)
+
+
+def _one_record_batch(base_timestamp: int, delta: int, *, log_append_time: int | None = None) -> bytes:
+    """A batch of one record with any base timestamp and timestamp delta (RecordBatchBuilder refuses them)."""
+    import struct
+
+    from crc32c import crc32c
+
+    body = b"\x00" + _zigzag(delta) + _zigzag(0) + _zigzag(1) + b"k" + _zigzag(1) + b"v" + _zigzag(0)
+    records = _zigzag(len(body)) + body
+    attributes = 0 if log_append_time is None else TIMESTAMP_LOG_APPEND_TIME << 3
+    max_timestamp = base_timestamp if log_append_time is None else log_append_time
+    after_crc = struct.pack(">hiqqqhii", attributes, 0, base_timestamp, max_timestamp, -1, -1, -1, 1)
+    crc = crc32c(records, crc32c(after_crc))
+    return struct.pack(">qiib", 0, 49 + len(records), 0, 2) + struct.pack(">I", crc) + after_crc + records
+
+
+@pytest.mark.parametrize(
+    ("base", "delta"),
+    [(2**63 - 1, 2**63 - 1), (-(2**63) + 5, -(2**63) + 1), (2**63 - 1, 1)],
+)
+def test_a_timestamp_delta_overflowing_int64_is_corrupt_not_wrapped(base: int, delta: int) -> None:
+    """numpy's int64 addition wrapped base + delta silently: 2^63-1 + 2^63-1 read as 1969-12-31T23:59:59.998 and
+    -2^63+5 + -2^63+1 as 1970-01-01T00:00:00.006 (found by an audit). Only data stored before leaders
+    validated timestamps can hold such a record."""
+    with pytest.raises(errors.CorruptMessageError, match=rf"beyond 64 bits.*base timestamp {base} \+ delta {delta}"):
+        _decode(_one_record_batch(base, delta), 0, 1)
+
+
+def test_log_append_time_ignores_an_overflowing_delta() -> None:
+    rb, _ = _decode(_one_record_batch(2**63 - 1, 2**63 - 1, log_append_time=1_700_000_000_000), 0, 1)
+    assert rb is not None and [int(t.timestamp() * 1000) for t in rb.column("timestamp").to_pylist()] == [
+        1_700_000_000_000
+    ]
