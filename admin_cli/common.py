@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, Any
@@ -59,6 +60,33 @@ def check_bootstrap(value: str | None) -> str | None:
     except errors.BrookError as e:
         raise typer.BadParameter(e.message) from None
     return value
+
+
+def number_in(low: float | None = None, high: float | None = None) -> Callable[[float | None], float | None]:
+    """Option callback for a float option: a finite number in [low, high].
+
+    Used instead of typer's min/max, which call "nan" out of range ("Input should be less than or
+    equal to 86400") when it is not a number at all, and let "inf" through an open end.
+    """
+    if low is not None and high is not None:
+        bounds = f" from {low:g} to {high:g}"
+    elif low is not None:
+        bounds = f" >= {low:g}"
+    elif high is not None:
+        bounds = f" <= {high:g}"
+    else:
+        bounds = ""
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return None
+        if math.isnan(value):
+            raise typer.BadParameter(f"must be a number, got {value}")
+        if math.isinf(value) or (low is not None and value < low) or (high is not None and value > high):
+            raise typer.BadParameter(f"must be a finite number{bounds}, got {value:g}")
+        return value
+
+    return check
 
 
 # Options every leaf command takes (they may also come before the command: `brook -o json topic list`).

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any, TextIO
+from typing import Annotated, Any, BinaryIO, TextIO
 
 import typer
 from rich.text import Text
@@ -30,6 +30,7 @@ from admin_cli.common import (
     state,
 )
 from admin_cli.timeparse import parse_timestamp_ms
+from client.security import excerpt
 from client.types import ConsumerRecord, TopicPartition
 
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # 128 + signal number, what a shell reports for a killed process
@@ -54,7 +55,7 @@ def encode(text: str, fmt: Format, what: str) -> bytes:
         if fmt == Format.json:
             return json.dumps(json.loads(text), separators=(",", ":")).encode()
     except (ValueError, binascii.Error) as e:
-        raise CliError(f"{what} {text[:40]!r} is not valid {fmt.value}: {e}", code=2) from None
+        raise CliError(f"{what} {excerpt(text, 40)} is not valid {fmt.value}: {e}", code=2) from None
     return text.encode()
 
 
@@ -75,13 +76,59 @@ def decode(data: bytes | None, fmt: Format) -> str | None:
     return text
 
 
-def _lines(source: TextIO) -> Iterator[str]:
-    for line in source:
-        if len(line) > MAX_LINE_BYTES:
-            raise CliError(f"an input line is longer than {MAX_LINE_BYTES} bytes", code=2)
-        line = line.rstrip("\r\n")
+class _BadLine(Exception):
+    """An input record that cannot be produced: line ``number`` (1-based; 0 for a -v value) and why."""
+
+    def __init__(self, number: int, problem: str) -> None:
+        super().__init__(problem)
+        self.number = number
+        self.problem = problem
+
+
+def _input_lines(source: BinaryIO | TextIO) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each non-empty line of ``source``; _BadLine for one that is too long or not UTF-8.
+
+    Lines are decoded one at a time (a text stream decodes ahead in 8 KB chunks, so its error would
+    surface before lines that were fine) and read with a bound (iterating a file reads a line whole,
+    however long it is).
+    """
+    number = 0
+    while True:
+        raw = source.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        number += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n" if isinstance(raw, bytes) else "\n"):
+            raise _BadLine(number, f"longer than {MAX_LINE_BYTES} bytes")
+        if isinstance(raw, bytes):
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError as e:
+                raise _BadLine(number, f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") \
+                    from None
+        else:
+            text = raw
+        line = text.rstrip("\r\n")
         if line:
-            yield line
+            yield number, line
+
+
+def _record(line: str, number: int, key: bytes | None, key_separator: str | None, key_format: Format,
+            value_format: Format) -> tuple[bytes | None, bytes]:
+    """(key, value) bytes of one input line; _BadLine when it does not parse."""
+    try:
+        if key_separator is None:
+            return key, encode(line, value_format, "value")
+        k_text, sep, v_text = line.partition(key_separator)
+        if not sep:
+            raise CliError(f"no key separator {key_separator!r} in {excerpt(line, 40)}", code=2)
+        return encode(k_text, key_format, "key"), encode(v_text, value_format, "value")
+    except CliError as e:
+        raise _BadLine(number, e.message) from None
+
+
+def _records_word(n: int) -> str:
+    return f"{n} record{'s' if n != 1 else ''}"
 
 
 # ----------------------------------------------------------------------------- produce
@@ -109,7 +156,15 @@ def produce(
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Produce records from arguments, a file or stdin (one record per line)."""
+    """Produce records from arguments, a file or stdin (one record per line).
+
+    -v values are all checked before anything is sent: one that does not parse (e.g. not hex with
+    --value-format hex) is a usage error (exit 2) and nothing is produced. Lines of a file or stdin
+    are sent as they are read: a line that does not parse (not UTF-8, not valid for --key-format or
+    --value-format, no --key-separator, longer than 16 MiB) stops the command there. The records of
+    the lines before it are still produced, and the error says how many (exit 1; exit 2 when there
+    were none). Empty lines are skipped.
+    """
     from client.producer import Producer
 
     st = state(ctx, bootstrap, output)
@@ -118,41 +173,57 @@ def produce(
     if acks not in ("0", "1", "all", "-1"):
         raise CliError(f"--acks must be 0, 1 or all, got {acks!r}", code=2)
     headers = [(k, v.encode()) for k, v in parse_pairs(header or [], "--header").items()]
+    fixed_key = encode(key, key_format, "--key") if key is not None else None
+    given: list[tuple[bytes | None, bytes]] = []
+    if value:  # every -v is checked before anything is sent
+        try:
+            given = [_record(v, 0, fixed_key, key_separator, key_format, value_format) for v in value]
+        except _BadLine as e:
+            raise CliError(f"-v: {e.problem}; nothing produced", code=2) from None
     meta = st.backend.topic(topic)  # unknown topic: one clear error before anything is sent
     if partition is not None and partition not in meta.partitions:
         raise CliError(f"UNKNOWN_TOPIC_OR_PARTITION: topic '{topic}' has no partition {partition} "
                        f"(it has {len(meta.partitions)})")
-    if value:
-        source: Iterator[str] = iter(value)
-    elif file is not None:
-        try:
-            source = _lines(file.open(encoding="utf-8"))
-        except OSError as e:
-            raise CliError(f"cannot read {file}: {e.strerror}", code=2) from None
-    else:
-        source = _lines(sys.stdin)
+    where = "stdin"
+    stream: BinaryIO | TextIO | None = None
+    if not value:
+        if file is not None:
+            where = str(file)
+            try:
+                stream = file.open("rb")
+            except OSError as e:
+                raise CliError(f"cannot read {file}: {e.strerror}", code=2) from None
+        else:
+            stream = getattr(sys.stdin, "buffer", sys.stdin)  # bytes: each line is decoded (and checked) alone
     producer = Producer(bootstrap_servers=st.bootstrap, acks=acks, compression_type=compression,
                         client_id="brook-cli", allow_auto_create_topics=False,
                         request_timeout_ms=int(st.timeout_s * 1000), **st.client_config())
     futures = []
+    bad: _BadLine | None = None
     try:
-        for line in source:
-            k: bytes | None = encode(key, key_format, "key") if key is not None else None
-            v_text = line
-            if key_separator is not None:
-                k_text, sep, v_text = line.partition(key_separator)
-                if not sep:
-                    raise CliError(f"line {line[:40]!r} has no key separator {key_separator!r}", code=2)
-                k = encode(k_text, key_format, "key")
-            futures.append(producer.send(topic, encode(v_text, value_format, "value"), key=k,
-                                         partition=partition, headers=headers))
+        try:
+            records: Iterator[tuple[bytes | None, bytes]] = iter(given) if stream is None else (
+                _record(line, number, fixed_key, key_separator, key_format, value_format)
+                for number, line in _input_lines(stream))
+            for k, v in records:
+                futures.append(producer.send(topic, v, key=k, partition=partition, headers=headers))
+        except _BadLine as e:
+            bad = e  # the lines before it are produced all the same: flushed below, then counted
         producer.flush(timeout=st.timeout_s)
         results = [f.result(timeout=st.timeout_s) for f in futures]
     finally:
         producer.close(timeout=st.timeout_s)
+        if stream is not None and file is not None:
+            stream.close()
     parts = sorted({r.partition for r in results})
-    ok(st, f"produced {len(results)} record{'s' if len(results) != 1 else ''} to '{topic}'"
-           + (f" (partitions {','.join(map(str, parts))})" if parts else ""),
+    on_parts = f" (partitions {','.join(map(str, parts))})" if parts else ""
+    if bad is not None:
+        # Exit 1 once records were written (the input was not all refused up front); 2 when nothing was.
+        were = "was" if len(results) == 1 else "were"
+        done = (f"stopped there: the {_records_word(len(results))} before it {were} produced to '{topic}'{on_parts}, "
+                "none after it" if results else "nothing produced")
+        raise CliError(f"line {bad.number} of {where}: {bad.problem}; {done}", code=1 if results else 2)
+    ok(st, f"produced {_records_word(len(results))} to '{topic}'" + on_parts,
        {"topic": topic, "count": len(results),
         "records": [{"partition": r.partition, "offset": r.offset, "timestamp": r.timestamp} for r in results]})
 

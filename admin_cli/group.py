@@ -9,15 +9,33 @@ import typer
 from admin_cli.common import INT32_MAX, INT64_MAX, BootstrapOpt, CliError, OutputOpt, ok, show, state, table
 from admin_cli.timeparse import parse_timestamp_ms
 
+# What ListGroups filters on. The broker matches states exactly, so a misspelt one listed nothing
+# (as if no group were in it): it is refused here, and the spelling's case does not matter.
+GROUP_STATES = ("Empty", "Stable", "PreparingRebalance", "CompletingRebalance", "Dead")
+
+
+def _group_states(values: list[str] | None) -> list[str] | None:
+    """Option callback: each --state as the broker spells it; an unknown one is a usage error naming the valid."""
+    if values is None:
+        return None
+    by_folded = {s.casefold(): s for s in GROUP_STATES}
+    out = []
+    for v in values:
+        if v.strip().casefold() not in by_folded:
+            raise typer.BadParameter(f"{v!r} is not a group state: use {', '.join(GROUP_STATES)}")
+        out.append(by_folded[v.strip().casefold()])
+    return out
+
+
 app = typer.Typer(help="Inspect consumer groups and move their committed offsets.", no_args_is_help=True)
 
 
 @app.command("list", epilog="Examples:\n\nbrook group list\n\nbrook group list --state Stable -o json")
 def list_(
     ctx: typer.Context,
-    state_: Annotated[list[str] | None, typer.Option("--state", help="Only groups in this state (repeatable): "
-                                                     "Empty, Stable, PreparingRebalance, CompletingRebalance.")]
-    = None,
+    state_: Annotated[list[str] | None, typer.Option(
+        "--state", callback=_group_states,
+        help=f"Only groups in this state (repeatable): {', '.join(GROUP_STATES)}.")] = None,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:

@@ -36,6 +36,7 @@ from admin_cli.common import (
     State,
     check_bootstrap,
     error_line,
+    number_in,
 )
 from admin_cli.console import consume, produce
 from proto import errors
@@ -90,7 +91,8 @@ def root(
                                            help="Brokers host:port,...", callback=check_bootstrap)]
     = DEFAULT_BOOTSTRAP,
     output: Annotated[Output, typer.Option("--output", "-o", help="table or json.")] = Output.table,
-    timeout: Annotated[float, typer.Option(help="Seconds each operation may take.", min=0.1, max=MAX_TIMEOUT_S)]
+    timeout: Annotated[float, typer.Option(help=f"Seconds each operation may take (0.1 to {MAX_TIMEOUT_S:g}).",
+                                           callback=number_in(0.1, MAX_TIMEOUT_S))]
     = DEFAULT_TIMEOUT_S,
     verbose: Annotated[bool, typer.Option("--verbose", help="Log client internals to stderr.")] = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
@@ -150,6 +152,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 0
     except OSError as e:
         error_line(f"{e.strerror or e}")
+        code = EXIT_FAILED
+    except ValueError as e:  # UnicodeDecodeError is one too
+        # A last resort: input the commands check (times, files, record formats) is refused before
+        # this with a precise message; anything that still gets here is one line, not a traceback
+        # (--verbose logs it).
+        logging.getLogger("brook").debug("unexpected error", exc_info=True)
+        error_line(f"{type(e).__name__}: {str(e)[:200]}")
         code = EXIT_FAILED
     if not isinstance(code, int):
         code = 0

@@ -8,7 +8,18 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from admin_cli.common import INT32_MAX, BootstrapOpt, CliError, OutputOpt, err, ok, show, state, table
+from admin_cli.common import (
+    INT32_MAX,
+    BootstrapOpt,
+    CliError,
+    OutputOpt,
+    err,
+    number_in,
+    ok,
+    show,
+    state,
+    table,
+)
 from client.admin import Admin
 from client.cluster import as_timeout_ms
 from client.types import TopicPartition
@@ -20,7 +31,8 @@ WAIT_POLL_S = 0.5
 DEFAULT_WAIT_S = 600.0
 
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Wait until the move is complete.")]
-WaitTimeoutOpt = Annotated[float, typer.Option("--wait-timeout", help="Seconds --wait waits at most.", min=1)]
+WaitTimeoutOpt = Annotated[float, typer.Option("--wait-timeout", help="Seconds --wait waits at most (>= 1).",
+                                               callback=number_in(low=1))]
 ThrottleOpt = Annotated[int | None, typer.Option(
     "--throttle", help="Limit the copy to this many bytes/s per broker (follower.replication.throttled.rate; "
                        "removed again when --wait sees the moves done).", min=1)]

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from admin_cli.common import BootstrapOpt, CliError, OutputOpt, ok, show, state, table
+from admin_cli.common import BootstrapOpt, CliError, OutputOpt, number_in, ok, show, state, table
 from metadata_quorum.security import DEFAULT_ENTITY, QUOTA_KEYS
 
 app = typer.Typer(help="Set, describe and delete client quotas (enforced by every broker).", no_args_is_help=True)
@@ -37,9 +37,12 @@ def set_(
     ctx: typer.Context,
     user: UserOpt = None,
     default: DefaultOpt = False,
-    producer_byte_rate: Annotated[float | None, typer.Option(help="Produce bytes/s per broker.")] = None,
-    consumer_byte_rate: Annotated[float | None, typer.Option(help="Fetch bytes/s per broker.")] = None,
-    request_rate: Annotated[float | None, typer.Option(help="Requests/s per broker.")] = None,
+    producer_byte_rate: Annotated[float | None, typer.Option(help="Produce bytes/s per broker.", callback=number_in())]
+    = None,
+    consumer_byte_rate: Annotated[float | None, typer.Option(help="Fetch bytes/s per broker.", callback=number_in())]
+    = None,
+    request_rate: Annotated[float | None, typer.Option(help="Requests/s per broker.", callback=number_in())]
+    = None,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:

@@ -44,6 +44,10 @@ PROTOCOLS = (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)
 SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 ENV_PREFIX = "BROOK_"
 PEM_FILE_BYTES_MAX = 1024 * 1024  # a certificate chain is a few KB; refuse to read something else
+# A client properties file is a few hundred bytes. Without a bound, a wrong path (a log, a disk
+# image, /dev/zero) was read whole: 300 MB took 9.7 GB of memory and came back as a 1.2 GB error line.
+PROPERTIES_FILE_BYTES_MAX = 1024 * 1024
+ECHO_CHARS_MAX = 80  # of a bad line quoted in an error: enough to recognise it, never a wall of text
 
 # Kafka config name -> SecurityConfig field.
 CONFIG_KEYS: Mapping[str, str] = {
@@ -163,11 +167,22 @@ def env_var(key: str) -> str:
 
 
 def read_properties(path: str | Path) -> dict[str, str]:
+    """``key=value`` lines of a client properties file (UTF-8, at most PROPERTIES_FILE_BYTES_MAX bytes)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        data = read_bounded(p, PROPERTIES_FILE_BYTES_MAX)
     except OSError as e:
-        raise errors.InvalidConfigError(f"cannot read client config {p}: {e.strerror}") from None
+        raise errors.InvalidConfigError(f"cannot read client config {p}: {e.strerror or e}") from None
+    if data is None:
+        raise errors.InvalidConfigError(f"client config {p} is larger than {PROPERTIES_FILE_BYTES_MAX} bytes: "
+                                        "not a properties file")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise errors.InvalidConfigError(f"client config {p}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} "
+                                        f"at offset {e.start})") from None
+    text = text.removeprefix("\ufeff")  # a BOM (some editors write one) would become part of the first key
     out: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -175,19 +190,37 @@ def read_properties(path: str | Path) -> dict[str, str]:
             continue
         key, sep, value = line.partition("=")
         if not sep:
-            raise errors.InvalidConfigError(f"{p}:{number}: expected key=value, got {line!r}")
+            # Quoted so the user sees which line; not one that may hold a secret (`sasl.password: x`).
+            got = "a line with a password (not shown)" if "password" in line.lower() else excerpt(line)
+            raise errors.InvalidConfigError(f"{p}:{number}: expected key=value, got {got}")
         out[key.strip()] = value.strip()
     return out
+
+
+def read_bounded(path: Path, limit: int) -> bytes | None:
+    """The bytes of ``path``, or None when it holds more than ``limit``. Reads at most ``limit + 1``
+    bytes, so a huge file, a device (/dev/zero: st_size 0) or a pipe costs no more than that."""
+    with path.open("rb") as f:
+        data = f.read(limit + 1)
+    return None if len(data) > limit else data
+
+
+def excerpt(text: str, limit: int = ECHO_CHARS_MAX) -> str:
+    """``text`` quoted for an error message, cut to about ``limit`` characters."""
+    if len(text) <= limit:
+        return repr(text)
+    return repr(text[:limit])[:limit + 1] + "..."
 
 
 def _read_pem(location: str, key: str) -> bytes:
     path = Path(location)
     try:
-        if path.stat().st_size > PEM_FILE_BYTES_MAX:
-            raise errors.InvalidConfigError(f"{key} {path} is larger than {PEM_FILE_BYTES_MAX} bytes")
-        return path.read_bytes()
+        data = read_bounded(path, PEM_FILE_BYTES_MAX)
     except OSError as e:
-        raise errors.InvalidConfigError(f"{key}: cannot read {path}: {e.strerror}") from None
+        raise errors.InvalidConfigError(f"{key}: cannot read {path}: {e.strerror or e}") from None
+    if data is None:
+        raise errors.InvalidConfigError(f"{key} {path} is larger than {PEM_FILE_BYTES_MAX} bytes")
+    return data
 
 
 # ----------------------------------------------------------------------------- SASL hook
