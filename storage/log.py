@@ -51,6 +51,8 @@ from storage.segment import (
     SWAP_SUFFIX,
     TIME_INDEX_SUFFIX,
     LogSegment,
+    open_segments,
+    segment_budget,
     segment_file_name,
 )
 
@@ -61,6 +63,9 @@ log = logging.getLogger(__name__)
 EARLIEST_TIMESTAMP = -2  # ListOffsets sentinels, as in Kafka
 LATEST_TIMESTAMP = -1
 _READ_ATTEMPTS = 3
+_SEGMENT_POSITION_MAX = 2**31 - 1  # index positions are int32: a segment never grows past this
+_BUDGET_WARN_EVERY_S = 60.0
+_budget_warned_at = float("-inf")
 _REFUSED_LOG_INTERVAL_S = 10.0
 MAX_ITER_READS = 10_000_000  # bound of iter_batches_from (far beyond any real log)  # a reader racing a segment deletion retries on a fresh snapshot
 
@@ -522,6 +527,19 @@ class Log:
         reason = self._roll_reason(size, headers[-1].last_offset, now)
         if not reason:
             return self._segments[-1]
+        seg = self._segments[-1]
+        if (open_segments() >= segment_budget() and seg.can_hold_offset(headers[-1].last_offset)
+                and seg.size + size <= _SEGMENT_POSITION_MAX):
+            # Out of descriptors for segments (segment.py): the active segment grows past its bounds rather
+            # than the process running out of descriptors; rolls resume once retention frees some.
+            global _budget_warned_at
+            if time.monotonic() - _budget_warned_at >= _BUDGET_WARN_EVERY_S:
+                _budget_warned_at = time.monotonic()
+                log.warning("not rolling %s (%s): this process holds %d segments, half its file-descriptor limit "
+                            "at 3 each; the active segment grows until retention frees some. Raise the limit "
+                            "(ulimit -n) or segment.bytes/segment.ms of topics that roll often", self.dir, reason,
+                            open_segments())
+            return seg
         log.debug("rolling %s: %s", self.dir, reason)
         return self._roll(headers[0].base_offset, now)
 

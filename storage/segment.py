@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,6 +40,35 @@ MIN_TRANSLATE_CHUNK_BYTES = 16 * 1024
 # read_slice finds where a slice ends reading the headers this many bytes at a time.
 SLICE_SCAN_CHUNK_BYTES = 64 * 1024
 _INT32_MAX = 2**31 - 1
+
+
+# Segments open in this process: each holds three file descriptors (log, offset and time index) for as long
+# as it exists. Logs roll only while the count is below segment_budget() (see Log._maybe_roll): a topic
+# configured to roll at every batch (segment.bytes of a few bytes, segment.ms of 1) took every node of a
+# cluster to its descriptor limit in 11 s, the controller's journal failed with EMFILE, and the nodes
+# could not even restart (found by an audit).
+_open_segments = 0
+_open_lock = threading.Lock()
+_FDS_PER_SEGMENT = 3
+SEGMENT_FD_SHARE = 2  # segments may hold at most half of the process's descriptors
+
+
+def open_segments() -> int:
+    return _open_segments
+
+
+def segment_budget() -> int:
+    """Segments this process may hold open before rolls wait: half its file-descriptor limit, 3 each."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(1, soft // SEGMENT_FD_SHARE // _FDS_PER_SEGMENT)
+
+
+def _count_open(delta: int) -> None:
+    global _open_segments
+    with _open_lock:
+        _open_segments += delta
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -73,6 +104,7 @@ class LogSegment:
         # (position, header) of the last batch appended since the segment opened or was truncated:
         # a follower or tailing consumer reads from it, with no index lookup or scan.
         self._last_appended: tuple[int, BatchHeader] | None = None
+        _count_open(1)
 
     def _open_index(self, cls: type[OffsetIndex] | type[TimeIndex], suffix: str, writable: bool):
         path = self.dir / (segment_file_name(self.base_offset, suffix) + self.suffix)
@@ -432,6 +464,7 @@ class LogSegment:
         if self.closed:
             return
         self.closed = True
+        _count_open(-1)
         self.index.close()
         self.time_index.close()
         os.close(self._fd)
