@@ -139,12 +139,26 @@ def parse_value(name: str, raw: str) -> object:
     return value
 
 
-def validate(overrides: Mapping[str, str]) -> dict[str, str]:
-    """Validate a set of overrides; return them normalised as strings. Raises on the first bad key."""
+# The longest value a client may set (every topic config is a number, a name or "compact,delete"): values
+# are replicated to every controller and broker, and "delete," repeated to 4 MB, or a float of 3 million
+# digits, was stored as sent, until the metadata snapshot outgrew what a broker may receive (audit).
+VALUE_MAX_CHARS = 256
+
+
+def validate(overrides: Mapping[str, str], *, strict: bool = False) -> dict[str, str]:
+    """Validate a set of overrides; return them normalised as strings. Raises on the first bad key.
+
+    ``strict`` (the controller, for what a client asks): values at most VALUE_MAX_CHARS and stored in
+    their canonical form (a list without repeats). The metadata state applies commands without it, so a
+    journal written before replays to the same state."""
     out: dict[str, str] = {}
     for name, raw in overrides.items():
-        parse_value(name, raw)
-        out[name] = str(raw).strip()
+        text = str(raw)
+        if strict and len(text) > VALUE_MAX_CHARS:
+            raise InvalidConfigError(f"value of topic config '{name}' is {len(text)} characters, longer than "
+                                     f"{VALUE_MAX_CHARS}")
+        value = parse_value(name, raw)
+        out[name] = ",".join(dict.fromkeys(value)) if strict and isinstance(value, list) else text.strip()
     return out
 
 
