@@ -124,3 +124,15 @@ def test_may_write_some_topic_for_init_producer_id() -> None:
 def test_invalid_bindings_are_refused(fields: tuple[str, ...]) -> None:
     with pytest.raises(errors.InvalidRequestError):
         acl_binding(list(fields))
+
+
+def test_only_real_internal_topics_are_protected() -> None:
+    """Any "__" name counted as internal: a client could create "__junk" (with 50,000 partitions) that nobody,
+    super users included, could delete (audit). Only __consumer_offsets is internal."""
+    from broker import authorizer as authz_module
+
+    with pytest.raises(errors.BrookError):
+        authz_module.check_internal_topic_change("__consumer_offsets", delete=True)
+    authz_module.check_internal_topic_change("__junk", delete=True)
+    authz_module.check_internal_topic_change("__junk", config_keys=["cleanup.policy"])
+    assert not authz_module.is_internal_topic("__junk") and authz_module.is_internal_topic("__consumer_offsets")
