@@ -316,6 +316,12 @@ _BEHAVIOUR = [
            "Bytes of protocol metadata and assignments, and 512 a member (pending ones too), a broker's group "
            "coordinator keeps for the members of all its groups; a JoinGroup or SyncGroup that would pass it "
            "is refused with the retriable COORDINATOR_NOT_AVAILABLE.", check=_at_least(1 << 20), roles=_B),
+    KeyDef("group.lag.metrics.max.series", "int", "1000",
+           "Group-partition rows /metrics shows in brook_consumer_group_committed_offset and "
+           "brook_consumer_group_lag, the largest lags first (the rest are counted in "
+           "brook_consumer_group_lag_rows_left_out): group ids are chosen by clients, so without a bound any "
+           "client allowed to commit offsets could grow every scrape without end. 0 shows none.",
+           check=_at_least(0), roles=_B),
     KeyDef("log.flush.scheduler.interval.ms", "long", "1000", "How often the flusher checks logs.",
            check=_at_least(1), roles=_B),
     KeyDef("log.retention.check.interval.ms", "long", "300000", "How often retention runs.",

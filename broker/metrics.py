@@ -644,6 +644,9 @@ class GroupCollector(_SafeCollector):
             lag.add_metric(labels, row.lag)
         yield committed
         yield lag
+        yield GaugeMetricFamily("brook_consumer_group_lag_rows_left_out",
+                                "Group-partition rows with a known lag not shown above (group.lag.metrics.max.series "
+                                "shows the largest lags).", value=s.offsets_left_out)
 
 
 class SecurityCollector(_SafeCollector):
