@@ -22,6 +22,7 @@ Bounded: a few worker threads, a socket timeout per request, at most ``MAX_TOPIC
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import socket
@@ -217,10 +218,20 @@ class ConsoleData:
             if self._cached is None or now - self._cached[0] > CACHE_TTL_S:
                 self._cached = (now, self._collect())
             full = self._cached[1]
-        topics = [t for t in full["topics"] if self._authz.may_describe_topic(caller, t["name"])]
-        groups = [g for g in full["groups"]
-                  if self._authz.authorize(caller, authz.DESCRIBE, authz.GROUP, g["group_id"])]
-        return {**full, "topics": topics, "groups": groups, "viewer": str(caller)}
+        may_describe = functools.cache(lambda topic: self._authz.may_describe_topic(caller, topic))
+        topics = [t for t in full["topics"] if may_describe(t["name"])]
+        groups = []
+        for g in full["groups"]:
+            if not self._authz.authorize(caller, authz.DESCRIBE, authz.GROUP, g["group_id"]):
+                continue
+            # A group's offsets only on topics the viewer may describe, as OffsetFetch answers it (the
+            # group's viewer saw every topic it had committed, found by an audit).
+            rows = [r for r in g["partitions"] if may_describe(r["topic"])]
+            lag = sum(n for topic, n in g["lag_by_topic"].items() if may_describe(topic))
+            groups.append({k: v for k, v in g.items() if k != "lag_by_topic"} | {"partitions": rows, "lag": lag})
+        # The notes tell how much of the cluster is not shown: for its operators only, not every viewer.
+        notes = full["notes"] if self._authz.authorize(caller, authz.DESCRIBE, authz.CLUSTER) else []
+        return {**full, "topics": topics, "groups": groups, "notes": notes, "viewer": str(caller)}
 
     def _admin_client(self) -> Any:
         if self._admin is None:
@@ -294,11 +305,20 @@ class ConsoleData:
             notes.append(f"consumer groups unavailable: {exc}")
             return []
         out = []
+        room = MAX_PARTITIONS  # group-partition rows over all groups, as for the topics' partitions
         for gid, g in sorted(described.items()):
+            offsets = sorted(g.offsets.items())
+            if len(offsets) > room >= 0:
+                notes.append(f"partitions of consumer groups beyond the first {MAX_PARTITIONS} are not shown")
             rows = [{"topic": tp.topic, "partition": tp.partition, "committed": o.committed_offset,
-                     "end": o.log_end_offset, "lag": o.lag} for tp, o in sorted(g.offsets.items())]
+                     "end": o.log_end_offset, "lag": o.lag} for tp, o in offsets[:max(room, 0)]]
+            room = room - len(rows) if len(offsets) <= room else -1
+            lag_by_topic: dict[str, int] = {}  # over all its partitions, shown or not (a viewer's sum: see overview)
+            for tp, o in offsets:
+                if o.lag >= 0:
+                    lag_by_topic[tp.topic] = lag_by_topic.get(tp.topic, 0) + o.lag
             out.append({"group_id": gid, "state": g.state, "members": len(g.members),
-                        "lag": sum(r["lag"] for r in rows if r["lag"] >= 0), "partitions": rows})
+                        "lag": sum(lag_by_topic.values()), "partitions": rows, "lag_by_topic": lag_by_topic})
         return out
 
 

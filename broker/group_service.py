@@ -360,6 +360,15 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
                 described, size = self.c.describe_group(gid, request.include_offsets, max_bytes=left,
                                                         reserve=held.reserve)
                 left -= size
+                if described.offsets:
+                    # As OffsetFetch: committed offsets (and lag) only of topics the caller may DESCRIBE;
+                    # a viewer of the group alone saw every topic it had committed (found by an audit).
+                    denied = self.authz.denied_topics(principal.principal_of(context), authz.DESCRIBE,
+                                                      {o.topic for o in described.offsets})
+                    if denied:
+                        kept = [o for o in described.offsets if o.topic not in denied]
+                        del described.offsets[:]
+                        described.offsets.extend(kept)
                 out.groups.append(described)
         return out
 

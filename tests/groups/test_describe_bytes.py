@@ -64,3 +64,39 @@ def test_calls_side_by_side_carry_at_most_the_inflight_bound_and_give_it_back() 
         assert "retry" in out.groups[0].error_message, out.groups[0].error_message
     finally:
         coord._loader.shutdown()
+
+
+def test_a_description_shows_offsets_only_of_topics_the_caller_may_describe() -> None:
+    """As OffsetFetch: a viewer allowed the group but not a topic saw that topic's committed offsets and
+    lag in DescribeGroups (and on the console), found by an audit."""
+    import types
+
+    from broker.authorizer import AclIndex, Authorizer, AuthorizerConfig
+    from broker.group_state import OffsetEntry
+    from broker.principal import AUTH_SASL, Authentication
+    from broker.sasl import Principal
+    from broker.security import is_node_principal
+    from client.types import TopicPartition
+    from metadata_quorum.security import acl_binding
+
+    no_leaders = types.SimpleNamespace(partition=lambda topic, partition: None)  # end offsets unknown: fine here
+    coord = GroupCoordinator(node_id=1, replica_manager=None, metadata_cache=no_leaders, config=CoordinatorConfig())
+    coord._partitions[coord.partition_for("watched")] = _PartitionLoad(leader_epoch=0, loaded=True)
+    g = Group("watched", state=GroupState.EMPTY)
+    for topic in ("public", "secret-payroll"):
+        g.offsets[TopicPartition(topic, 0)] = OffsetEntry(2, -1, "", 0)
+    coord._groups["watched"] = g
+    acls = AclIndex(acl_binding(list(a)) for a in (
+        ("GROUP", "watched", "LITERAL", "User:alice", "*", "DESCRIBE", "ALLOW"),
+        ("TOPIC", "public", "LITERAL", "User:alice", "*", "DESCRIBE", "ALLOW")))
+    authorizer = Authorizer(AuthorizerConfig(True, frozenset(), False), lambda: acls, is_node_principal)
+    servicer = GroupCoordinatorServicer(coord, authorizer=authorizer)
+    alice = types.SimpleNamespace(brook_authentication=Authentication(Principal("User", "alice"), AUTH_SASL,
+                                                                      "kafka:10.0.0.9"))
+    try:
+        out = servicer._describe_groups(group_pb2.DescribeGroupsRequest(group_ids=["watched"], include_offsets=True),
+                                        alice, held=_DescribeBytes(coord))
+        assert out.groups[0].error_code == ErrorCode.NONE, out.groups[0]
+        assert {o.topic for o in out.groups[0].offsets} == {"public"}, out.groups[0].offsets
+    finally:
+        coord._loader.shutdown()
