@@ -10,6 +10,7 @@ import pytest
 from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
 from kio.serial import entity_reader, entity_writer
+from wire_bytes import uvarint
 
 from broker.kafka_wire import apis, codec
 
@@ -76,15 +77,6 @@ def test_every_fuzz_seed_passes_the_bounds_check() -> None:
         codec.parse_request(frame, api_key, version)  # no MalformedRequest for well-formed requests
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def test_more_tagged_fields_than_any_client_sends_are_refused_before_they_are_walked() -> None:
     """An audit sent an ApiVersions (allowed before login) of 4.2M empty tagged fields: walking them took
     3.5 s of the event loop. 64 an entity are read (Kafka's clients send a handful); more is malformed."""
@@ -92,7 +84,7 @@ def test_more_tagged_fields_than_any_client_sends_are_refused_before_they_are_wa
 
     def api_versions_with_header_tags(count: int) -> bytes:
         head = struct.pack(">hhih", apis.API_VERSIONS, 3, 42, 4) + b"test"
-        tags = _uvarint(count) + b"".join(_uvarint(tag) + _uvarint(0) for tag in range(count))
+        tags = uvarint(count) + b"".join(uvarint(tag) + uvarint(0) for tag in range(count))
         return head + tags + b"\x01\x01\x00"  # empty software name and version, no body tags
 
     # Up to the bound the walk goes through them and kio's reader then refuses tags it does not know...
@@ -112,9 +104,9 @@ def test_a_frame_of_more_elements_than_the_walk_takes_is_refused_and_fixed_array
     def offset_fetch(topics: int, partitions: int = 0) -> bytes:
         cls = codec.request_schema(apis.OFFSET_FETCH, 7)
         head = struct.pack(">hhih", apis.OFFSET_FETCH, 7, 42, 0) + b"\x00"
-        topic = b"\x02t" + _uvarint(partitions + 1) + struct.pack(">i", 0) * partitions + b"\x00"
+        topic = b"\x02t" + uvarint(partitions + 1) + struct.pack(">i", 0) * partitions + b"\x00"
         assert cls.__flexible__
-        return head + b"\x02g" + _uvarint(topics + 1) + topic * topics + b"\x00\x00"
+        return head + b"\x02g" + uvarint(topics + 1) + topic * topics + b"\x00\x00"
 
     assert codec.parse_request(offset_fetch(bounds.MAX_ELEMENTS), apis.OFFSET_FETCH, 7)
     with pytest.raises(codec.MalformedRequest, match="array elements"):

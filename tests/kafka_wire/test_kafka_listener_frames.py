@@ -15,6 +15,7 @@ import types
 from collections.abc import AsyncIterator
 
 import pytest
+from wire_bytes import uvarint
 
 from broker.kafka_wire import apis, codec
 from broker.kafka_wire import server as kafka_server
@@ -44,18 +45,9 @@ async def sasl_listener() -> AsyncIterator[KafkaListener]:
 def _api_versions_frame(software: str = "frames-test") -> bytes:
     body = struct.pack(">hhih", apis.API_VERSIONS, 3, 7, 0) + b"\x00"  # header v2: no client id, no tags
     name = software.encode()
-    body += bytes([len(name) + 1]) if len(name) < 127 else _uvarint(len(name) + 1)
+    body += uvarint(len(name) + 1)
     body += name + b"\x021\x00"
     return struct.pack(">i", len(body)) + body
-
-
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 async def _answered(port: int, frame: bytes) -> bytes:

@@ -13,6 +13,7 @@ from storage.record_batch import (
     CODEC_ZSTD,
     TIMESTAMP_LOG_APPEND_TIME,
     RecordBatchBuilder,
+    _encode_varint,
     build_control_batch,
     decode_records,
     set_log_append_time,
@@ -113,24 +114,14 @@ def test_a_timestamp_microseconds_cannot_hold_is_an_error_not_a_wrapped_value(ti
         _decode(b.build(), 0, 1)
 
 
-def _zigzag(v: int) -> bytes:
-    u = ((v << 1) ^ (v >> 63)) & (2**64 - 1)
-    out = bytearray()
-    while u >= 0x80:
-        out.append((u & 0x7F) | 0x80)
-        u >>= 7
-    out.append(u)
-    return bytes(out)
-
-
 def _one_record_batch(base_timestamp: int, delta: int, *, log_append_time: int | None = None) -> bytes:
     """A batch of one record with any base timestamp and timestamp delta (RecordBatchBuilder refuses them)."""
     import struct
 
     from crc32c import crc32c
 
-    body = b"\x00" + _zigzag(delta) + _zigzag(0) + _zigzag(1) + b"k" + _zigzag(1) + b"v" + _zigzag(0)
-    records = _zigzag(len(body)) + body
+    body = b"\x00" + _encode_varint(delta) + _encode_varint(0) + _encode_varint(1) + b"k" + _encode_varint(1) + b"v" + _encode_varint(0)
+    records = _encode_varint(len(body)) + body
     attributes = 0 if log_append_time is None else TIMESTAMP_LOG_APPEND_TIME << 3
     max_timestamp = base_timestamp if log_append_time is None else log_append_time
     after_crc = struct.pack(">hiqqqhii", attributes, 0, base_timestamp, max_timestamp, -1, -1, -1, 1)
