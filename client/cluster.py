@@ -97,7 +97,7 @@ def parse_bootstrap(servers: str | Iterable[str] | Iterable[tuple[str, int]]) ->
         if not text:
             continue
         host, sep, port = text.rpartition(":")
-        if not sep or not host or not port.isdigit():
+        if not sep or not host or not (port.isascii() and port.isdigit()) or len(port) > 5:  # '²' is a digit too
             raise errors.InvalidConfigError(f"bootstrap server {text!r} is not host:port")
         if not 0 < int(port) <= 65535:
             # gRPC would dial the port modulo 65536 (70000 -> 4464): refuse it instead.

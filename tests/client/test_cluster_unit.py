@@ -28,6 +28,10 @@ def test_parse_bootstrap_forms() -> None:
         parse_bootstrap("no-port")
     with pytest.raises(errors.InvalidConfigError):
         parse_bootstrap("")
+    # Unicode digits ('²' made int() raise ValueError, a traceback in the CLI) and absurd lengths: one error.
+    for bad in ("h:²", "h:١٢", "h:" + "9" * 5000, "h:70000"):
+        with pytest.raises(errors.InvalidConfigError):
+            parse_bootstrap(bad)
 
 
 def _closed_port() -> int:
