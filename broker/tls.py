@@ -58,9 +58,12 @@ def _stamp(path: Path) -> tuple[int, int]:
 
 
 def _read(path: Path) -> bytes:
-    if os.stat(path).st_size > PEM_FILE_BYTES_MAX:
+    # A bounded read, not a stat: a pipe or a device (/dev/zero) reports size 0 and was read whole.
+    with path.open("rb") as f:
+        data = f.read(PEM_FILE_BYTES_MAX + 1)
+    if len(data) > PEM_FILE_BYTES_MAX:
         raise ValueError(f"{path} is larger than {PEM_FILE_BYTES_MAX} bytes")
-    return path.read_bytes()
+    return data
 
 
 class ReloadingCertificates:

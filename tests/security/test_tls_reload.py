@@ -104,3 +104,14 @@ def test_half_rotated_pair_is_not_loaded_until_complete(pki: dict, tmp_path: Pat
     assert fetcher() is None and fetcher.loads == 1
     shutil.copy(fresh.key, files.key)  # rotation complete
     assert fetcher() is not None and fetcher.loads == 2
+
+
+def test_a_certificate_path_that_is_a_device_is_read_bounded(tmp_path: Path) -> None:
+    """PEM files were checked with stat() before a whole read: /dev/zero (size 0) was read without end."""
+    from broker import tls
+
+    with pytest.raises(ValueError, match="larger than"):
+        tls._read(Path("/dev/zero"))
+    small = tmp_path / "ok.pem"
+    small.write_bytes(b"-----BEGIN CERTIFICATE-----\n")
+    assert tls._read(small) == b"-----BEGIN CERTIFICATE-----\n"
