@@ -511,10 +511,18 @@ class QuorumController:
             targets: list[tuple[str, int, bool]] = []  # (topic, partition, named explicitly)
             if not named:
                 targets = [(t.name, i, False) for t in s.topics.values() for i in range(len(t.partitions))]
+            # Each topic and partition once: a topic named 10,000 times with no partitions (every one of them)
+            # counted once against the request's bound but was expanded 10,000 times here (audit).
+            merged: dict[str, set[int] | None] = {}
             for topic, partitions in named:
+                if not partitions:
+                    merged[topic] = None
+                elif merged.get(topic, set()) is not None:
+                    merged.setdefault(topic, set()).update(partitions)  # type: ignore[union-attr]
+            for topic, wanted in merged.items():
                 state = s.topics.get(topic)
                 count = len(state.partitions) if state is not None else 0
-                for index in partitions or range(count) or [-1]:
+                for index in sorted(wanted) if wanted is not None else (range(count) or [-1]):
                     targets.append((topic, index, True))
             for topic, index, explicit in targets:
                 state = s.topics.get(topic)

@@ -189,3 +189,21 @@ def test_create_partitions_walks_the_cluster_once_a_request(controller: QuorumCo
         validate_only=True), 30)
     assert [r.error_code for r in many.results] == [ErrorCode.NONE] * 2, many
     assert walks == [1], walks
+
+
+def test_elect_leaders_plans_each_partition_once(controller: QuorumController,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic named 5,000 times with no partitions (every one) counted once against the request's bound but
+    was expanded 5,000 times under the state lock (audit): each partition is planned once now."""
+    [ok] = create(controller, pb.CreatableTopic(name="electable", num_partitions=3, replication_factor=2))
+    assert ok.error_code in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS), ok
+    planned: list[tuple[str, int]] = []
+    real = controller._plan_election
+    monkeypatch.setattr(controller, "_plan_election",
+                        lambda topic, index, *rest: (planned.append((topic, index)), real(topic, index, *rest))[1])
+    answer = controller.elect_leaders(pb.ElectLeadersRequest(
+        election_type=pb.PREFERRED,
+        topic_partitions=[pb.TopicPartitions(topic="electable")] * 5000
+        + [pb.TopicPartitions(topic="electable", partitions=[1, 1, 2])] * 3), 30)
+    assert sorted(planned) == [("electable", 0), ("electable", 1), ("electable", 2)], planned
+    assert sorted((r.topic, r.partition) for r in answer.results) == sorted(set(planned))
