@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from admin_cli.common import CliError
 from client.security import excerpt
+from storage.log_config import MAX_TIMESTAMP_MS
 
 # ASCII digits only: str.isdigit() and a Unicode \d also accept "²" or "٣", which int() then refuses
 # (a ValueError traceback) or reads as a number nobody typed.
@@ -18,7 +19,7 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 # to the broker, and no record is older than 1970) to the end of year 9999 (what ISO 8601 can write,
 # far inside int64 ms). Outside it the answer is a clear usage error, not an overflow in the client.
 TIMESTAMP_MS_MIN = 0
-TIMESTAMP_MS_MAX = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+TIMESTAMP_MS_MAX = MAX_TIMESTAMP_MS  # 9999-12-31T23:59:59.999Z, what leaders store
 _DIGITS_MAX = 20  # more digits than int64 has: out of range without asking int() (it refuses > 4300 digits)
 
 

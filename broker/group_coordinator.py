@@ -23,7 +23,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1037,23 +1037,13 @@ class GroupCoordinator:
                     snapshot.append((g.group_id, list(g.offsets.items())))
             loaded = sum(1 for s in self._partitions.values() if s.loaded)
             loading = len(self._partitions) - loaded
-        known = ((max(0, end - e.offset), group, tp, e.offset, end) for group, offsets in snapshot
-                 for tp, e in offsets if (end := ends.get(tp, -1)) >= 0)
-        most = self.config.group_lag_metrics_max_series
-        total = 0
-
-        def counted() -> Iterator[tuple[int, str, TopicPartition, int, int]]:
-            nonlocal total
-            for row in known:
-                total += 1
-                yield row
-        rows_in = counted()
-        chosen = heapq.nsmallest(most, rows_in, key=lambda r: (-r[0], r[1], r[2].topic, r[2].partition))
-        for _ in rows_in:  # what nsmallest did not look at (a bound of 0) is counted too
-            pass
+        known = [(max(0, end - e.offset), group, tp, e.offset, end) for group, offsets in snapshot
+                 for tp, e in offsets if (end := ends.get(tp, -1)) >= 0]
+        chosen = heapq.nsmallest(self.config.group_lag_metrics_max_series, known,
+                                 key=lambda r: (-r[0], r[1], r[2].topic, r[2].partition))
         rows = [GroupOffsetStats(group, tp.topic, tp.partition, committed, end, lag)
                 for lag, group, tp, committed, end in chosen]
-        return GroupCoordinatorStats(by_state, rows, loaded, loading, total - len(rows))
+        return GroupCoordinatorStats(by_state, rows, loaded, loading, len(known) - len(rows))
 
 
 # ---------------------------------------------------------------------- helpers

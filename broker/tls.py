@@ -22,6 +22,7 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from client.security import read_bounded
 from proto import errors
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,8 @@ def _stamp(path: Path) -> tuple[int, int]:
 
 def _read(path: Path) -> bytes:
     # A bounded read, not a stat: a pipe or a device (/dev/zero) reports size 0 and was read whole.
-    with path.open("rb") as f:
-        data = f.read(PEM_FILE_BYTES_MAX + 1)
-    if len(data) > PEM_FILE_BYTES_MAX:
+    data = read_bounded(path, PEM_FILE_BYTES_MAX)
+    if data is None:
         raise ValueError(f"{path} is larger than {PEM_FILE_BYTES_MAX} bytes")
     return data
 

@@ -118,24 +118,18 @@ static int do_walk(const uint8_t *d, uint64_t n, int64_t count, int compact, res
     int64_t i = 0, v;
     int64_t min_delta = INT64_MAX, max_delta = INT64_MIN;
     int e;
-    /* One- and two-byte varints (nearly every length and delta) inline; the general reader otherwise. */
-#define READ(out) do { \
+    /* One- and two-byte varints (nearly every length and delta) inline; `reader` otherwise: read_varint for
+     * the timestamp delta (a varlong), read_varint32 for every other field (at most 5 bytes, within int32). */
+#define READ_WITH(reader, out) do { \
         if (p < n && d[p] < 0x80) { uint8_t z_ = d[p++]; (out) = (int64_t)(z_ >> 1) ^ -(int64_t)(z_ & 1); break; } \
         if (p + 1 < n && d[p + 1] < 0x80) { \
             uint32_t z_ = (uint32_t)(d[p] & 0x7F) | ((uint32_t)d[p + 1] << 7); p += 2; \
             (out) = (int64_t)(z_ >> 1) ^ -(int64_t)(z_ & 1); break; } \
-        e = read_varint(d, n, &p, &(out), &err_pos); \
+        e = reader(d, n, &p, &(out), &err_pos); \
         if (e) { r->kind = e; r->record = i; if (e != TRUNCATED) { r->a_pos = err_pos; r->a_is_pos = 1; } \
                  return 0; } } while (0)
-    /* The int32 fields (all but the timestamp delta): at most 5 bytes, within int32. */
-#define READ32(out) do { \
-        if (p < n && d[p] < 0x80) { uint8_t z_ = d[p++]; (out) = (int64_t)(z_ >> 1) ^ -(int64_t)(z_ & 1); break; } \
-        if (p + 1 < n && d[p + 1] < 0x80) { \
-            uint32_t z_ = (uint32_t)(d[p] & 0x7F) | ((uint32_t)d[p + 1] << 7); p += 2; \
-            (out) = (int64_t)(z_ >> 1) ^ -(int64_t)(z_ & 1); break; } \
-        e = read_varint32(d, n, &p, &(out), &err_pos); \
-        if (e) { r->kind = e; r->record = i; if (e != TRUNCATED) { r->a_pos = err_pos; r->a_is_pos = 1; } \
-                 return 0; } } while (0)
+#define READ(out) READ_WITH(read_varint, out)
+#define READ32(out) READ_WITH(read_varint32, out)
     for (i = 0; i < count; i++) {
         int64_t length, ts_delta, kl, vl;
         if (p >= n) { r->kind = COUNT_SHORT; r->record = i; return 0; }
@@ -177,6 +171,7 @@ static int do_walk(const uint8_t *d, uint64_t n, int64_t count, int compact, res
     }
 #undef READ
 #undef READ32
+#undef READ_WITH
     if (p != n) { r->kind = TRAILING; r->record = count > 0 ? count - 1 : 0; r->a_pos = n - p; r->a_is_pos = 1; return 0; }
     r->kind = OK; r->min_delta = min_delta; r->max_delta = max_delta;
     return 0;

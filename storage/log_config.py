@@ -139,6 +139,10 @@ def parse_value(name: str, raw: str) -> object:
     return value
 
 
+# The latest record timestamp a leader stores (and the CLI accepts): 9999-12-31T23:59:59.999Z, the end of
+# what Spark's and Python's timestamps (and ISO 8601) can write.
+MAX_TIMESTAMP_MS = 253_402_300_799_999
+
 # The longest value a client may set (every topic config is a number, a name or "compact,delete"): values
 # are replicated to every controller and broker, and "delete," repeated to 4 MB, or a float of 3 million
 # digits, was stored as sent, until the metadata snapshot outgrew what a broker may receive (audit).

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from proto import errors
 from storage import compression, record_walk
-from storage.log_config import LogConfig
+from storage.log_config import MAX_TIMESTAMP_MS, LogConfig
 from storage.record_batch import (
     ATTR_CODEC_MASK,
     ATTR_CONTROL,
@@ -179,9 +179,6 @@ class LogValidator:
                                     f"{now - min_ts} ms behind the broker's clock "
                                     f"(message.timestamp.before.max.ms {self._before_max_ms})")
         return _RecordsSummary(max_ts)
-
-
-MAX_TIMESTAMP_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
 def _walk_error(kind: int, i: int, a: int, b: int, count: int, batch_pos: int) -> errors.BrookError:

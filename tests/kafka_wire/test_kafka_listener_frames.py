@@ -15,6 +15,7 @@ import types
 from collections.abc import AsyncIterator
 
 import pytest
+from waiting import await_for
 from wire_bytes import uvarint
 
 from broker.kafka_wire import apis, codec
@@ -88,10 +89,8 @@ async def test_frames_before_login_hold_a_pool_of_their_own_and_only_for_the_log
         await writer.drain()
         attackers.append((reader, writer))
     try:
-        deadline = asyncio.get_running_loop().time() + 10
-        while sasl_listener.pre_auth_budget.used_bytes < 120 * 1024:
-            assert asyncio.get_running_loop().time() < deadline, sasl_listener.pre_auth_budget.used_bytes
-            await asyncio.sleep(0.01)
+        await await_for(lambda: sasl_listener.pre_auth_budget.used_bytes >= 120 * 1024, 10,
+                        lambda: f"both frames reserved ({sasl_listener.pre_auth_budget.used_bytes} bytes)")
         assert sasl_listener.frame_budget.used_bytes == 0, "frames before login took the shared pool"
         # Another client (logging in: ApiVersions first) is answered meanwhile, not after the attackers' time.
         answer = await asyncio.wait_for(_answered(sasl_listener.port, _api_versions_frame()), 10)
@@ -163,15 +162,10 @@ async def test_one_address_has_one_large_frame_at_the_parse_pool_at_a_time() -> 
                 _, writer = await asyncio.open_connection("127.0.0.1", lst.port, local_addr=("127.0.0.2", 0))
                 writer.write(attacker_frame)
                 writers.append(writer)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 10
-            while not started:
-                assert loop.time() < deadline
-                await asyncio.sleep(0.01)
+            await await_for(lambda: started, 10, "an attacker's frame at the parse pool")
             victim = asyncio.ensure_future(_answered(lst.port, victim_frame))
-            while len(started) < kafka_server.PARSE_WORKERS:
-                assert loop.time() < deadline, f"{len(started)} parses started"
-                await asyncio.sleep(0.01)
+            await await_for(lambda: len(started) >= kafka_server.PARSE_WORKERS, 10,
+                            lambda: f"{len(started)} parses started")
             # The pool's two workers: one of the attacker's frames, and the victim's (the size prefix is read off).
             assert started.count(victim_frame[4:]) == 1 and started.count(attacker_frame[4:]) == 1, \
                 [f[-8:] for f in started]

@@ -8,13 +8,13 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from quorum_helpers import create_topic, register_brokers
 from waiting import wait_for
 
 from client.admin import Admin, NewTopic
+from deploy.local.processes import thread_states
 from metadata_quorum.client import ControllerClient
 from metadata_quorum.local_quorum import LocalQuorum
 from proto import controller_pb2 as pb
@@ -102,7 +102,7 @@ def test_writes_time_out_with_two_of_three_frozen_and_nothing_half_applied_appea
             # threads still run, and a follower's tick thread acknowledged the first entry before it
             # stopped (pause() now waits until every thread has stopped). Should it recur, say what the
             # processes and the leader's Raft view were when the answer came.
-            states = {n: process_state(quorum.procs[n].pid) for n in followers}
+            states = {n: thread_states(quorum.procs[n].pid) for n in followers}
             view = client.call_endpoint(quorum.endpoint(leader), "DescribeQuorum",
                                         pb.DescribeQuorumRequest(any_voter=True), timeout_s=5)
             raise AssertionError(f"CreateTopics answered after {time.monotonic() - sent_at:.2f} s with "
@@ -133,14 +133,6 @@ def test_writes_time_out_with_two_of_three_frozen_and_nothing_half_applied_appea
         assert after["doomed"][1] == 5 and sorted(after["doomed"][2]) == list(range(5)), after["doomed"]
     # The quorum serves writes again.
     assert create_topic(client, "after-thaw", 1, 3).error_code == ErrorCode.NONE
-
-
-def process_state(pid: int) -> str:
-    """The state letter of /proc/<pid>/stat: T once SIGSTOP has stopped it."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError as exc:
-        return f"unknown ({exc})"
 
 
 def wait_until(t: float) -> None:
