@@ -14,7 +14,7 @@ MetadataState). The decision, for a principal P, operation O and resource R:
 
 Enabled by ``authorizer.class.name = "StandardAuthorizer"``; empty (the default for a
 bare node config) allows everything, as Kafka without an authorizer. Whatever the
-authorizer, internal topics (names starting with ``__``) can never be deleted or have
+authorizer, the internal topic ``__consumer_offsets`` can never be deleted or have
 ``cleanup.policy`` changed by a client (``check_internal_topic_change``).
 
 Every denial is counted (``stats``) and logged at debug level; the services answer
@@ -96,23 +96,35 @@ class AuthorizerConfig:
 
 
 class AclIndex:
-    """ACL bindings by resource type, split by pattern for lookups proportional to the matches."""
+    """ACL bindings by resource type, split by pattern for lookups proportional to the matches.
+
+    PREFIXED bindings are kept by (type, prefix), with the prefix lengths in use per type: a
+    lookup tries each of those lengths on the name, one dict probe each, so its cost is at most
+    the name's length, not the number of prefixed bindings (10,000 of them made each decision a
+    scan, and a Metadata request for 10,000 topics a 5.6 s stall).
+    """
 
     def __init__(self, bindings: Iterable[AclBinding] = ()) -> None:
         self.bindings = tuple(sorted(set(bindings)))
         self._literal: dict[tuple[str, str], list[AclBinding]] = {}
-        self._prefixed: dict[str, list[AclBinding]] = {}
+        self._prefixed: dict[tuple[str, str], list[AclBinding]] = {}
+        lengths: dict[str, set[int]] = {}
         for b in self.bindings:
             if b.pattern_type == "LITERAL":
                 self._literal.setdefault((b.resource_type, b.resource_name), []).append(b)
             else:
-                self._prefixed.setdefault(b.resource_type, []).append(b)
+                self._prefixed.setdefault((b.resource_type, b.resource_name), []).append(b)
+                lengths.setdefault(b.resource_type, set()).add(len(b.resource_name))
+        self._prefix_lengths = {rtype: sorted(ls) for rtype, ls in lengths.items()}
 
     def matching(self, resource_type: str, name: str) -> list[AclBinding]:
         out = list(self._literal.get((resource_type, name), ()))
         if name != WILDCARD:
             out += self._literal.get((resource_type, WILDCARD), ())
-        out += [b for b in self._prefixed.get(resource_type, ()) if name.startswith(b.resource_name)]
+        for n in self._prefix_lengths.get(resource_type, ()):
+            if n > len(name):
+                break
+            out += self._prefixed.get((resource_type, name[:n]), ())
         return out
 
     def __len__(self) -> int:

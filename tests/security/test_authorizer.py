@@ -136,3 +136,28 @@ def test_only_real_internal_topics_are_protected() -> None:
     authz_module.check_internal_topic_change("__junk", delete=True)
     authz_module.check_internal_topic_change("__junk", config_keys=["cleanup.policy"])
     assert not authz_module.is_internal_topic("__junk") and authz_module.is_internal_topic("__consumer_offsets")
+
+
+def test_prefixed_lookup_matches_a_scan_of_every_binding() -> None:
+    """The index finds prefixed bindings by (type, prefix) per prefix length in use; on random
+    bindings and names it returns exactly what testing every binding's pattern would."""
+    import random
+
+    rng = random.Random(7)
+    alphabet = "ab-"
+    words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) for _ in range(60)]
+    bindings = [acl_binding([rng.choice(["TOPIC", "GROUP"]), w, rng.choice(["LITERAL", "PREFIXED"]),
+                             rng.choice(["User:alice", "User:*"]), "*", "READ", rng.choice(["ALLOW", "DENY"])])
+                for w in words]
+    bindings += [acl_binding([rtype, "*", "LITERAL", "User:*", "*", "READ", "ALLOW"]) for rtype in ("TOPIC", "GROUP")]
+    index = AclIndex(bindings)
+
+    def scan(rtype: str, name: str) -> list:
+        return [b for b in index.bindings if b.resource_type == rtype and (
+            b.resource_name == name or (b.pattern_type == "LITERAL" and b.resource_name == "*" != name)
+            or (b.pattern_type == "PREFIXED" and name.startswith(b.resource_name)))]
+
+    names = words + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 9))) for _ in range(300)]
+    for rtype in ("TOPIC", "GROUP"):
+        for name in names:
+            assert sorted(index.matching(rtype, name)) == sorted(scan(rtype, name)), (rtype, name)
