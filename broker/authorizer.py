@@ -116,6 +116,11 @@ class AclIndex:
                 self._prefixed.setdefault((b.resource_type, b.resource_name), []).append(b)
                 lengths.setdefault(b.resource_type, set()).add(len(b.resource_name))
         self._prefix_lengths = {rtype: sorted(ls) for rtype, ls in lengths.items()}
+        # ALLOWs of WRITE (or ALL) on any topic, by principal: Kafka's InitProducerId rule.
+        self.topic_writers: dict[str, list[AclBinding]] = {}
+        for b in self.bindings:
+            if b.resource_type == TOPIC and b.permission == "ALLOW" and b.operation in (WRITE, "ALL"):
+                self.topic_writers.setdefault(b.principal, []).append(b)
 
     def matching(self, resource_type: str, name: str) -> list[AclBinding]:
         out = list(self._literal.get((resource_type, name), ()))
@@ -198,8 +203,8 @@ class Authorizer:
         if not self.config.enabled or who in self.config.super_users or self._is_node_principal(principal):
             return True
         host = getattr(principal, "host", "")
-        return any(b.resource_type == TOPIC and b.permission == "ALLOW" and b.operation in (WRITE, "ALL")
-                   and b.principal in (who, "User:*") and _host_applies(b, host) for b in self._acls().bindings)
+        writers = self._acls().topic_writers
+        return any(_host_applies(b, host) for p in (who, "User:*") for b in writers.get(p, ()))
 
     def denied_total(self) -> dict[tuple[str, str], int]:
         with self._lock:

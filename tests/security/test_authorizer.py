@@ -111,6 +111,13 @@ def test_may_write_some_topic_for_init_producer_id() -> None:
     a = make(allow("User:alice", "WRITE", name="x-", pattern="PREFIXED"))
     assert a.may_write_some_topic(ALICE)
     assert not a.may_write_some_topic(BOB)
+    # Only a TOPIC ALLOW of WRITE or ALL counts, for the principal or User:*, from a host it names.
+    assert not make(allow("User:bob", "READ"), allow("User:bob", "WRITE", rtype="GROUP"),
+                    deny("User:bob", "WRITE")).may_write_some_topic(BOB)
+    assert make(allow("User:*", "ALL")).may_write_some_topic(BOB)
+    remote = ("TOPIC", "t", "LITERAL", "User:bob", "10.0.0.9", "WRITE", "ALLOW")
+    assert not make(remote).may_write_some_topic(Principal("User", "bob", host="10.0.0.1"))
+    assert make(remote).may_write_some_topic(Principal("User", "bob", host="10.0.0.9"))
 
 
 @pytest.mark.parametrize("fields", [
