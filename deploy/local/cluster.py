@@ -29,6 +29,12 @@ Processes are started in their own session (a Ctrl-C in the caller's terminal do
 reach them). Unless ``detach=True`` (the background launcher), each node is told its
 parent's pid (``BROOK_LOCAL_PARENT_PID``) and shuts itself down when that process is
 gone: no orphans after a crashed test run.
+
+Fault injection (tests): ``launch_prefixes={2: ["fiu-run", "-x"]}`` starts node 2 as
+``fiu-run -x python -m broker.node ...`` (each start and restart of it, until the entry is
+removed from ``cluster.launch_prefixes``); no node has one by default, and it is not saved in
+cluster.json. The prefix must ``exec`` the node (as fiu-run, nice, taskset, prlimit and env
+do), so that the pid started is the node's own.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -238,6 +244,7 @@ class LocalCluster:
         python: str | None = None,
         tls: bool = False,
         authorizer: bool = False,
+        launch_prefixes: Mapping[int, Sequence[str]] | None = None,
     ) -> None:
         if mode not in ("combined", "split"):
             raise ValueError(f"mode must be combined or split, not {mode!r}")
@@ -249,6 +256,8 @@ class LocalCluster:
         self.python = python or sys.executable
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._paused: set[int] = set()
+        # node id -> the command its process is started under (see the module docstring)
+        self.launch_prefixes: dict[int, list[str]] = {k: list(v) for k, v in (launch_prefixes or {}).items()}
         state_path = self.base_dir / STATE_FILE
         if state_path.exists():
             # An existing cluster directory: same ids and ports (so data and quorum stay valid).
@@ -592,7 +601,7 @@ class LocalCluster:
             env[PARENT_PID_ENV] = str(os.getpid())
         try:
             proc = subprocess.Popen(
-                [self.python, "-m", "broker.node", "--config", str(config)],
+                [*self.launch_prefixes.get(node_id, ()), self.python, "-m", "broker.node", "--config", str(config)],
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
                 cwd=str(self.node_dir(node_id)), start_new_session=True,
             )
