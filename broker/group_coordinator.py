@@ -293,6 +293,13 @@ class GroupCoordinator:
             with self._lock:
                 if self._still_leader(partition, leader_epoch):
                     self._partitions.pop(partition, None)
+            # A disk that refuses the read fails its log directory, which stops the broker, as any
+            # other read or write of it would: the partition's leadership, and its groups, move to
+            # a replica that can read them. Left leading, this broker would answer the groups'
+            # members NOT_COORDINATOR, and FindCoordinator would send them back to it, for good.
+            hosted = self.replica_manager.partition(OFFSETS_TOPIC, partition)
+            if hosted is not None:
+                self.replica_manager.log_manager.dir_failed(hosted.log.dir, exc)
             return
         if loaded is None:
             return

@@ -28,6 +28,7 @@ from pathlib import Path
 from proto import errors
 from storage.checkpoints import fsync_dir
 from storage.compression import CODEC_BY_NAME
+from storage.disk_errors import disk_failure
 from storage.leader_epoch_cache import LeaderEpochFileCache
 from storage.log_config import LogConfig
 from storage.log_validator import LogValidator
@@ -590,7 +591,8 @@ class Log:
             except (OSError, ValueError) as exc:
                 # A segment deleted or closed under us (retention, truncation, close): try
                 # again on a fresh snapshot; the offset checks then give the right answer.
-                if attempt == _READ_ATTEMPTS - 1:
+                # A disk that refused the read (EIO) is not retried: its directory has failed.
+                if attempt == _READ_ATTEMPTS - 1 or disk_failure(exc) is not None:
                     raise errors.KafkaStorageError(f"read of {self.dir} at {start_offset} failed: {exc}") from exc
         raise AssertionError("unreachable")
 

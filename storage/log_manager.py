@@ -13,7 +13,6 @@ deletion), checkpointer, and the log cleaner (compaction).
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
@@ -35,15 +34,11 @@ from storage.checkpoints import (
     write_atomically,
 )
 from storage.cleaner import DEFAULT_IO_BYTES_PER_SEC, DEFAULT_MAX_MAP_ENTRIES, LogCleaner
+from storage.disk_errors import disk_failure
 from storage.log import Log, parse_partition_dir
 from storage.log_config import LogConfig
 
 log = logging.getLogger(__name__)
-
-# What a log directory's disk says when it can no longer take (or give back) data: full, over quota,
-# failing, remounted read-only, or past the process's file size limit. Not the errors a race with a
-# log's own deletion can give (ENOENT, EBADF): those must never stop a healthy broker.
-DISK_FAILURE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
 
 CLEAN_SHUTDOWN_FILE = ".brook_clean_shutdown"
 PARTITION_METADATA_FILE = "partition.metadata"
@@ -67,17 +62,6 @@ def read_partition_metadata(partition_dir: Path) -> str | None:
 
 def write_partition_metadata(partition_dir: Path, topic_id: str) -> None:
     write_atomically(partition_dir / PARTITION_METADATA_FILE, f"version: 0\ntopic_id: {topic_id}\n".encode())
-
-
-def disk_failure(exc: BaseException | None) -> OSError | None:
-    """The disk error (``DISK_FAILURE_ERRNOS``) behind ``exc`` or one of its causes, else None."""
-    for _ in range(8):  # a cause chain is short; bounded anyway
-        if exc is None:
-            return None
-        if isinstance(exc, OSError) and exc.errno in DISK_FAILURE_ERRNOS:
-            return exc
-        exc = exc.__cause__
-    return None
 
 
 class LogManager:

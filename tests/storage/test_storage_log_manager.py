@@ -175,7 +175,7 @@ def test_a_disk_error_fails_its_log_dir_once_and_other_errors_fail_nothing(tmp_p
     import errno
     import os
 
-    from storage.log_manager import disk_failure
+    from storage.disk_errors import disk_failure
 
     dirs = [tmp_path / "a", tmp_path / "b"]
     failed: list[tuple[Path, int]] = []
@@ -251,3 +251,36 @@ def test_a_disk_error_while_compacting_fails_the_log_dir_and_leaves_the_log_whol
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["failed"] == [[str(tmp_path / "logs"), 27]], proc.stderr[-2000:]  # EFBIG, once
     assert out["records"] == 60
+
+
+def test_a_read_the_disk_refuses_is_not_retried(tmp_path: Path) -> None:
+    """Log.read retries an OSError once (a segment deleted under it by retention or truncation),
+    but an EIO is the disk: it is raised at once, so the caller fails the directory, even when a
+    second try would have read the bytes."""
+    import errno
+    import os
+    from unittest import mock
+
+    from storage import segment
+    from storage.disk_errors import disk_failure
+
+    lm = LogManager([tmp_path / "d"])
+    lm.startup()
+    try:
+        lg = lm.get_or_create_log("t", 0, topic_id="T", overrides={})
+        lg.append_as_leader(make_batch(3), 0)
+        real, calls = os.pread, []
+
+        def once_eio(fd: int, n: int, pos: int) -> bytes:
+            calls.append(pos)
+            if len(calls) == 1:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return real(fd, n, pos)
+
+        with mock.patch.object(segment.os, "pread", once_eio), pytest.raises(errors.KafkaStorageError) as info:
+            lg.read(0, 1 << 20)
+        assert disk_failure(info.value) is not None and disk_failure(info.value).errno == errno.EIO
+        assert len(calls) == 1, f"{len(calls)} preads: the read was tried again after EIO"
+        assert lg.read(0, 1 << 20).records  # the log itself is fine once the disk answers
+    finally:
+        lm.shutdown()
