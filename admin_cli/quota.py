@@ -1,4 +1,4 @@
-"""``brook quota``: per-principal produce/fetch byte-rate and request-rate quotas."""
+"""``brook quota``: per-principal produce/fetch byte-rate, request-rate and controller mutation quotas."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import typer
 from admin_cli.common import BootstrapOpt, CliError, OutputOpt, number_in, ok, show, state, table
 from metadata_quorum.security import DEFAULT_ENTITY, QUOTA_KEYS
 
-app = typer.Typer(help="Set, describe and delete client quotas (enforced by every broker).", no_args_is_help=True)
+app = typer.Typer(help="Set, describe and delete client quotas (byte and request rates: enforced by every broker; "
+                       "controller mutation rate: by the active controller).", no_args_is_help=True)
 
 UserOpt = Annotated[str | None, typer.Option("--user", help="User name (User:<name>).")]
 DefaultOpt = Annotated[bool, typer.Option("--default", help="The default for every user without its own.")]
@@ -32,7 +33,8 @@ def _number(v: float) -> str:
 
 
 @app.command("set", epilog="Examples:  brook quota set --user alice --producer-byte-rate 1048576  |  "
-                           "brook quota set --default --consumer-byte-rate 10485760 --request-rate 100")
+                           "brook quota set --default --consumer-byte-rate 10485760 --request-rate 100  |  "
+                           "brook quota set --user etl --controller-mutation-rate 10")
 def set_(
     ctx: typer.Context,
     user: UserOpt = None,
@@ -43,17 +45,23 @@ def set_(
     = None,
     request_rate: Annotated[float | None, typer.Option(help="Requests/s per broker.", callback=number_in())]
     = None,
+    controller_mutation_rate: Annotated[float | None, typer.Option(
+        help="Partitions created, added or deleted per second, cluster-wide (KIP-599).", callback=number_in())]
+    = None,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Set quotas; over-quota clients get throttle_time_ms and back off."""
+    """Set quotas; over-quota clients get throttle_time_ms and back off (topic changes over the controller
+    mutation rate are refused with THROTTLING_QUOTA_EXCEEDED)."""
     st = state(ctx, bootstrap, output)
     entity = _entity(user, default)
     values = {k: v for k, v in (("producer_byte_rate", producer_byte_rate), ("consumer_byte_rate",
                                                                               consumer_byte_rate),
-                                ("request_rate", request_rate)) if v is not None}
+                                ("request_rate", request_rate),
+                                ("controller_mutation_rate", controller_mutation_rate)) if v is not None}
     if not values:
-        raise CliError("give at least one of --producer-byte-rate, --consumer-byte-rate, --request-rate", code=2)
+        raise CliError("give at least one of --producer-byte-rate, --consumer-byte-rate, --request-rate, "
+                       "--controller-mutation-rate", code=2)
     after = st.backend.admin.alter_client_quotas(entity, set=values)
     ok(st, f"quotas of {entity}: " + ", ".join(f"{k}={_number(v)}" for k, v in sorted(after.items())),
        {"entity": entity, "quotas": after})
@@ -85,6 +93,8 @@ def delete(
     producer_byte_rate: Annotated[bool, typer.Option("--producer-byte-rate", help="Remove this quota.")] = False,
     consumer_byte_rate: Annotated[bool, typer.Option("--consumer-byte-rate", help="Remove this quota.")] = False,
     request_rate: Annotated[bool, typer.Option("--request-rate", help="Remove this quota.")] = False,
+    controller_mutation_rate: Annotated[bool, typer.Option("--controller-mutation-rate",
+                                                           help="Remove this quota.")] = False,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
@@ -93,6 +103,7 @@ def delete(
     entity = _entity(user, default)
     chosen = [k for k, flag in (("producer_byte_rate", producer_byte_rate), ("consumer_byte_rate",
                                                                               consumer_byte_rate),
-                                ("request_rate", request_rate)) if flag] or list(QUOTA_KEYS)
+                                ("request_rate", request_rate),
+                                ("controller_mutation_rate", controller_mutation_rate)) if flag] or list(QUOTA_KEYS)
     after = st.backend.admin.alter_client_quotas(entity, remove=chosen)
     ok(st, f"removed {', '.join(chosen)} of {entity}", {"entity": entity, "quotas": after})

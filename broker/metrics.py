@@ -585,6 +585,14 @@ class ControllerCollector(_SafeCollector):
         yield GaugeMetricFamily("brook_controller_calls_served",
                                 "Calls the controller's gRPC server is serving (each holds one of its workers).",
                                 value=float(s.calls_served))
+        throttled = CounterMetricFamily(
+            "brook_controller_mutations_throttled",
+            "Partition mutations (created, added or deleted partitions) over a principal's controller_mutation_rate "
+            "quota: refused with THROTTLING_QUOTA_EXCEEDED (mode=strict), or accepted from an older Kafka client "
+            "with only throttle_time_ms set (mode=permissive).", labels=["mode"])
+        throttled.add_metric(["strict"], float(s.mutations_throttled))
+        throttled.add_metric(["permissive"], float(s.mutations_over_quota))
+        yield throttled
         if s.is_active:
             yield from self._voters(node)
 

@@ -1,12 +1,13 @@
-"""Client quotas: per-principal produce/fetch byte rates and request rate, Kafka's algorithm.
+"""Client quotas: per-principal byte, request and controller mutation rates, Kafka's algorithms.
 
 Quotas live in the metadata quorum (``brook quota set``) as values per entity:
 ``User:alice`` or ``<default>`` (every principal without its own). Keys:
 ``producer_byte_rate`` and ``consumer_byte_rate`` in bytes/s, ``request_rate`` in
 requests/s (Kafka's request quota is a share of I/O thread time; Brook counts requests,
-which a client can reason about).
+which a client can reason about), and ``controller_mutation_rate`` in partition mutations/s
+(KIP-599, see ``ControllerMutationQuotas``: enforced by the active controller, not the brokers).
 
-Each broker enforces them on its own, as Kafka does: a rate is measured over
+Each broker enforces the byte and request rates on its own, as Kafka does: a rate is measured over
 ``quota.window.num`` samples of ``quota.window.size.seconds`` each; when a request
 takes the rate over the quota, the broker still answers it at once but with
 ``throttle_time_ms`` = (rate - quota) / quota x window, the time after which the
@@ -23,12 +24,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from metadata_quorum.security import DEFAULT_ENTITY
+from proto import errors
 
 PRODUCE, FETCH, REQUEST = "producer_byte_rate", "consumer_byte_rate", "request_rate"
+CONTROLLER_MUTATION = "controller_mutation_rate"
 DEFAULT_WINDOW_NUM = 11  # Kafka's quota.window.num
 DEFAULT_WINDOW_SIZE_S = 1.0  # Kafka's quota.window.size.seconds
-MAX_SENSORS = 10_000  # principals x quota kinds tracked; least recently used dropped first
+MAX_SENSORS = 10_000  # rates (principal x quota kind) and mutation buckets (principal) kept; LRU dropped first
 MAX_THROTTLE_MS = 60_000
+_MAX_INT32 = 2**31 - 1  # throttle_time_ms fields are int32
+
+
+def quota_for(quotas: Callable[[str], dict[str, float] | None], principal: str, kind: str) -> float | None:
+    """The ``kind`` quota of ``principal``: its own entity's value for that key, else ``<default>``'s;
+    None = unlimited. Each key is looked up on its own, as Kafka's quota managers do: a user's entry
+    that sets only some keys still gets the default's other ones."""
+    for entity in (principal, DEFAULT_ENTITY):
+        values = quotas(entity)
+        if values and kind in values:
+            return values[kind]
+    return None
 
 
 class Rate:
@@ -86,19 +101,10 @@ class QuotaManager:
         self._sensors: OrderedDict[tuple[str, str], Rate] = OrderedDict()
         self.stats: dict[str, QuotaStats] = {PRODUCE: QuotaStats(), FETCH: QuotaStats(), REQUEST: QuotaStats()}
 
-    def quota_of(self, principal: str, kind: str) -> float | None:
-        for entity in (principal, DEFAULT_ENTITY):
-            values = self._quotas(entity)
-            if values and kind in values:
-                return values[kind]
-            if values is not None and entity == principal:
-                break  # the principal's own entry overrides the default, even without this key
-        return None
-
     def record(self, principal: object, kind: str, value: float) -> int:
         """Count ``value`` (bytes or 1 request); the throttle time in ms (0 = within quota)."""
         who = str(principal)
-        quota = self.quota_of(who, kind)
+        quota = quota_for(self._quotas, who, kind)
         if quota is None:
             return 0
         now = self._clock()
@@ -131,3 +137,122 @@ class QuotaManager:
 
     def request(self, principal: object) -> int:
         return self.record(principal, REQUEST, 1)
+
+
+# ---- controller mutation quota (KIP-599) ----
+
+class TokenBucket:
+    """Kafka's TokenBucket: credits refill at ``rate``/s up to ``burst``; spending may take them below
+    zero, and the quota is exhausted while they are. The rate and burst are passed on each call (as Kafka
+    reads its quota config each time), so a changed quota applies at once to the credits left."""
+
+    def __init__(self, burst: float, now: float) -> None:
+        self.tokens = burst  # a new bucket starts full (Kafka's first refill fills it)
+        self._last = now
+
+    def refill(self, rate: float, burst: float, now: float) -> float:
+        self.tokens = min(burst, self.tokens + rate * max(0.0, now - self._last))
+        self._last = max(self._last, now)
+        return self.tokens
+
+    def spend(self, amount: float, rate: float, burst: float, now: float) -> None:
+        self.refill(rate, burst, now)
+        self.tokens = min(burst, self.tokens - amount)
+
+
+def _ms_until_refilled(tokens: float, rate: float) -> int:
+    """Time until a bucket at ``tokens`` < 0 is back at zero: -tokens / rate (Kafka's), at least 1 ms."""
+    return max(1, min(_MAX_INT32, round(-tokens / rate * 1000)))
+
+
+@dataclass(slots=True)
+class MutationQuotaStats:
+    refused: int = 0  # partition mutations refused with THROTTLING_QUOTA_EXCEEDED (strict)
+    accepted_over_quota: int = 0  # partition mutations accepted with the bucket below zero (permissive)
+
+
+class ControllerMutationQuotas:
+    """``controller_mutation_rate`` (KIP-599): partitions created or deleted per second, per principal.
+
+    Enforced only by the active controller, before it proposes a change, for the whole cluster (as
+    KRaft does). Each principal with a quota has a token bucket of burst rate x ``quota.window.num`` x
+    ``quota.window.size.seconds``. The buckets are this controller's memory, not replicated state: a
+    new active controller starts every bucket full. At most ``MAX_SENSORS`` buckets are kept, the least
+    recently used dropped first (it then starts full again).
+    """
+
+    def __init__(self, quotas: Callable[[str], dict[str, float] | None], *, window_num: int = DEFAULT_WINDOW_NUM,
+                 window_size_s: float = DEFAULT_WINDOW_SIZE_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._quotas = quotas
+        self._window_s = max(2, window_num) * window_size_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self.stats = MutationQuotaStats()
+
+    def for_request(self, principal: str, *, strict: bool) -> MutationQuota:
+        """The quota of one request of ``principal`` (unlimited when it has none)."""
+        return MutationQuota(self, principal, quota_for(self._quotas, principal, CONTROLLER_MUTATION), strict)
+
+    def spend(self, principal: str, rate: float, mutations: int, *, strict: bool) -> tuple[bool, int]:
+        """(accepted, throttle time in ms; 0 = within the quota). Strict: not accepted, nothing spent,
+        when the bucket is already below zero."""
+        burst = rate * self._window_s
+        now = self.clock()
+        with self._lock:
+            bucket = self._buckets.get(principal)
+            if bucket is None:
+                bucket = self._buckets[principal] = TokenBucket(burst, now)
+                while len(self._buckets) > MAX_SENSORS:
+                    self._buckets.popitem(last=False)
+            else:
+                self._buckets.move_to_end(principal)
+            if strict and bucket.refill(rate, burst, now) < 0:
+                self.stats.refused += mutations
+                return False, _ms_until_refilled(bucket.tokens, rate)
+            bucket.spend(mutations, rate, burst, now)
+            if bucket.tokens >= 0:
+                return True, 0
+            if not strict:
+                self.stats.accepted_over_quota += mutations
+            return True, _ms_until_refilled(bucket.tokens, rate)
+
+
+class MutationQuota:
+    """One request's controller mutation quota: ``record`` each topic's partitions before proposing it.
+
+    Strict (Kafka's StrictControllerMutationQuota: gRPC clients, CreateTopics v6+, DeleteTopics v5+,
+    CreatePartitions v3+): a topic is accepted while the bucket is not below zero, even if it takes it
+    below; after that ``record`` raises THROTTLING_QUOTA_EXCEEDED. Permissive (older Kafka clients, which
+    do not know that error): every topic is accepted and the answer only carries the throttle time.
+    """
+
+    def __init__(self, quotas: ControllerMutationQuotas | None, principal: str, rate: float | None,
+                 strict: bool) -> None:
+        self._quotas = quotas
+        self._principal = principal
+        self._rate = rate
+        self._strict = strict
+        self._throttle_ms = 0
+        self._throttled_at = 0.0
+
+    def record(self, mutations: int) -> None:
+        if self._quotas is None or self._rate is None:
+            return
+        accepted, throttle_ms = self._quotas.spend(self._principal, self._rate, mutations, strict=self._strict)
+        if accepted and self._strict:
+            return  # a strict quota throttles only what it refuses (Kafka's)
+        if throttle_ms:
+            self._throttle_ms, self._throttled_at = throttle_ms, self._quotas.clock()
+        if not accepted:
+            raise errors.error_class(errors.ErrorCode.THROTTLING_QUOTA_EXCEEDED)(
+                f"throttled: controller mutation quota of {self._rate:g}/s exceeded, retry after {throttle_ms} ms")
+
+    def throttle_time_ms(self) -> int:
+        """The answer's throttle_time_ms: the last throttle, less the time since (Kafka's)."""
+        if not self._throttle_ms or self._quotas is None:
+            return 0
+        return max(0, self._throttle_ms - round((self._quotas.clock() - self._throttled_at) * 1000))
+
+
+UNLIMITED = MutationQuota(None, "", None, strict=True)  # nodes, super users, in-process callers

@@ -14,7 +14,9 @@ REQUEST_TIMED_OUT is sent again, to the new active controller, until
 (which did commit after all): CreateTopics then sees TOPIC_ALREADY_EXISTS with the very
 topic id the first attempt proposed and reports success; DeleteTopics reports success
 when the topic it may already have deleted is gone; CreatePartitions when the topic
-already has the asked count. Any other TOPIC_ALREADY_EXISTS is reported as is. Group operations to each group's coordinator
+already has the asked count. Any other TOPIC_ALREADY_EXISTS is reported as is. A topic refused by
+the caller's controller mutation quota (KIP-599) is not retried: its THROTTLING_QUOTA_EXCEEDED says
+"throttled: controller mutation quota of R/s exceeded, retry after N ms". Group operations to each group's coordinator
 (``proto/group.proto``). Every failure is the typed ``BrookError`` for the server's
 error code, carrying the server's message. Group calls retry, with backoff within
 ``request_timeout_ms``, while a group's coordinator moves, loads or is not available

@@ -3,8 +3,10 @@
 Everything that needs a clock, liveness or randomness is decided here, on the Raft
 leader, *before* a command is proposed: broker session leases (fence on expiry),
 unfencing once a broker has caught up, controlled shutdown, topic ids and replica
-placement, periodic preferred-leader elections. The ``MetadataState`` then applies
-the resulting commands deterministically on every voter.
+placement, periodic preferred-leader elections, the controller mutation quota
+(KIP-599: partitions created or deleted per second and principal, checked here for the
+whole cluster). The ``MetadataState`` then applies the resulting commands
+deterministically on every voter.
 
 The controller is active only after its own ``ActivateController`` command (carrying
 its Raft term) has been applied: by then the state holds every command committed by
@@ -24,6 +26,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from broker.quotas import (
+    DEFAULT_WINDOW_NUM,
+    DEFAULT_WINDOW_SIZE_S,
+    UNLIMITED,
+    ControllerMutationQuotas,
+    MutationQuota,
+)
 from metadata_quorum import cluster_configs
 from metadata_quorum import commands as c
 from metadata_quorum.cluster_configs import BROKER_DEFAULT_KEYS
@@ -142,6 +151,12 @@ class QuorumController:
         self._next_rebalance_at = 0.0
         self._rebalancing: PendingProposal | None = None
         self._completing: dict[tuple[str, int], PendingProposal] = {}  # reassignments being completed
+        # KIP-599's buckets, in this controller's memory only: a new active controller starts them full.
+        self.mutation_quotas = ControllerMutationQuotas(
+            lambda entity: raft.read(lambda s: s.quotas.get(entity)),
+            window_num=int(config.default("quota.window.num", str(DEFAULT_WINDOW_NUM))),
+            window_size_s=float(config.default("quota.window.size.seconds", str(DEFAULT_WINDOW_SIZE_S))),
+            clock=clock)
 
     # ---- proposals: always stamped with the epoch this controller was activated in ----
     def _submit(self, cmd: c.Command) -> PendingProposal:
@@ -617,7 +632,8 @@ class QuorumController:
                     leaders[p.replicas[0]] += 1
         return [BrokerLoad(b, s.brokers[b].rack, replicas[b], leaders[b]) for b in sorted(replicas)]
 
-    def create_topics(self, req: pb.CreateTopicsRequest, timeout_s: float) -> pb.CreateTopicsResponse:
+    def create_topics(self, req: pb.CreateTopicsRequest, timeout_s: float,
+                      quota: MutationQuota = UNLIMITED) -> pb.CreateTopicsResponse:
         _check_request_size(len(req.topics))
         response = pb.CreateTopicsResponse()
         names = [t.name for t in req.topics]
@@ -638,6 +654,8 @@ class QuorumController:
                     loads = self.raft.read(self._loads)
                 cmd, new_loads = self._plan_topic(topic, loads)
                 budget.take(len(cmd.assignments), f"topic '{topic.name}'")
+                if not req.validate_only:
+                    quota.record(len(cmd.assignments))  # last: only what is proposed counts
                 loads = new_loads
                 result.num_partitions = len(cmd.assignments)
                 result.replication_factor = len(cmd.assignments[0])
@@ -651,6 +669,7 @@ class QuorumController:
         for result, topic in zip(response.results, req.topics, strict=True):
             if result.error_code == ErrorCode.TOPIC_ALREADY_EXISTS:  # made by an attempt still in flight
                 self._created_by_retry(result, topic.request_id)
+        response.throttle_time_ms = quota.throttle_time_ms()
         return response
 
     def _created_by_retry(self, result: pb.TopicResult, request_id: str) -> bool:
@@ -767,24 +786,33 @@ class QuorumController:
                 raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
                     f"partition {index} names unregistered brokers {unknown}")
 
-    def delete_topics(self, req: pb.DeleteTopicsRequest, timeout_s: float) -> pb.DeleteTopicsResponse:
+    def delete_topics(self, req: pb.DeleteTopicsRequest, timeout_s: float,
+                      quota: MutationQuota = UNLIMITED) -> pb.DeleteTopicsResponse:
         _check_request_size(len(req.names))
         response = pb.DeleteTopicsResponse()
         pending = []
         for name in req.names:
             result = response.results.add(name=name)
-            topic_id = self.raft.read(lambda s, n=name: s.topics[n].topic_id if n in s.topics else None)
-            if topic_id is None:
+            found = self.raft.read(lambda s, n=name: (s.topics[n].topic_id, len(s.topics[n].partitions))
+                                   if n in s.topics else None)
+            if found is None:
                 result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 result.error_message = f"topic '{name}' does not exist"
                 continue
+            topic_id, partitions = found
             result.topic_id = topic_id
+            try:
+                quota.record(partitions)
+            except errors.BrookError as exc:
+                result.error_code, result.error_message = exc.code, exc.message
+                continue
             pending.append((result, self._submit(c.DeleteTopic(name, topic_id))))
         self._collect(pending, timeout_s)
+        response.throttle_time_ms = quota.throttle_time_ms()
         return response
 
-    def create_partitions(self, req: pb.CreatePartitionsRequest,
-                          timeout_s: float) -> pb.CreatePartitionsResponse:
+    def create_partitions(self, req: pb.CreatePartitionsRequest, timeout_s: float,
+                          quota: MutationQuota = UNLIMITED) -> pb.CreatePartitionsResponse:
         _check_request_size(len(req.topics))
         response = pb.CreatePartitionsResponse()
         pending = []
@@ -808,10 +836,12 @@ class QuorumController:
                 result.num_partitions = item.count
                 result.replication_factor = len(cmd.assignments[0])
                 if not req.validate_only:
+                    quota.record(len(cmd.assignments))  # last: only what is proposed counts
                     pending.append((result, self._submit(cmd)))
             except errors.BrookError as exc:
                 result.error_code, result.error_message = exc.code, exc.message
         self._collect(pending, timeout_s)
+        response.throttle_time_ms = quota.throttle_time_ms()
         return response
 
     def _plan_partitions(self, item: pb.CreatePartitionsTopic, loads: list[BrokerLoad]) -> c.CreatePartitions:

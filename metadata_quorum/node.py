@@ -159,6 +159,9 @@ class ControllerStats:
     receive_cancelled: int = 0  # calls cancelled: their message did not come within RECEIVE_TIMEOUT_S
     client_calls_refused: int = 0  # clients' calls refused: only the workers kept for nodes were free
     calls_served: int = 0  # calls whose handler runs (each holds a worker of GRPC_MAX_WORKERS)
+    # Controller mutation quota (KIP-599), partitions: refused (strict) / accepted over it (permissive).
+    mutations_throttled: int = 0
+    mutations_over_quota: int = 0
 
 
 class ControllerNode:
@@ -330,7 +333,8 @@ class ControllerNode:
         version, fenced, offline, brokers, topics, partitions = raft.read(counts)
         leader = self._redirect().leader_id
         gate = self._receive_gate
+        quota = self._controller.mutation_quotas.stats
         return ControllerStats(self.is_active(), leader, raft.term, raft.commit_index, raft.last_applied, version,
                                fenced, offline, brokers, topics, partitions, raft.tick_gaps, raft.tick_stalls_total,
                                gate.refused_total, gate.watchdog.cancelled_total, gate.workers_refused_total,
-                               gate.busy)
+                               gate.busy, quota.refused, quota.accepted_over_quota)

@@ -7,7 +7,7 @@ manager (which read them). No clocks, sockets or randomness here.
 Kafka's model throughout: an ACL binding is (resource type, resource name, pattern
 type, principal, host, operation, permission); SCRAM credentials are (salt, StoredKey,
 ServerKey, iterations) per user and mechanism, never the password; quotas are
-per-principal (or ``<default>``) byte and request rates.
+per-principal (or ``<default>``) byte, request and controller mutation rates.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ CLUSTER_NAME = "kafka-cluster"
 WILDCARD = "*"
 MAX_RESOURCE_NAME_CHARS = 255
 
-QUOTA_KEYS = ("producer_byte_rate", "consumer_byte_rate", "request_rate")
+# Byte and request rates are enforced by each broker; controller_mutation_rate (partitions created or
+# deleted per second, KIP-599) by the active controller.
+QUOTA_KEYS = ("producer_byte_rate", "consumer_byte_rate", "request_rate", "controller_mutation_rate")
 DEFAULT_ENTITY = "<default>"
 MAX_QUOTA_VALUE = 1e15
 

@@ -26,6 +26,7 @@ import grpc
 from broker import authorizer as authz
 from broker import principal
 from broker.authorizer import ALLOW_ALL, Authorizer
+from broker.quotas import UNLIMITED, MutationQuota
 from metadata_quorum.controller import QuorumController, broker_record, partition_record, topic_record
 from metadata_quorum.raft import MetadataRaft
 from metadata_quorum.security_service import security_delta
@@ -134,6 +135,18 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 raise authz.denied_error(who, operation, authz.TOPIC, name)
         return check
 
+    def _mutation_quota(self, context: Any, request: Any) -> MutationQuota:
+        """The caller's controller mutation quota for this request (KIP-599). Nodes (auto-created and
+        internal topics) and super users have none, as Kafka's inter-broker traffic. Strict, except for an
+        older Kafka client's request a broker forwards with ``permissive_quota``."""
+        auth = principal.authenticate(context)
+        who = auth.principal
+        if principal.is_node_auth(auth) or principal.node_id_of(who) is not None \
+                or str(who) in self._authz.config.super_users:
+            return UNLIMITED
+        strict = not (request.permissive_quota and auth.method == principal.AUTH_FORWARDED)
+        return self._controller.mutation_quotas.for_request(str(who), strict=strict)
+
     def _barrier(self, context: grpc.ServicerContext) -> None:
         self._raft.barrier(self._timeout_s(context))
         if not self._controller.is_active():
@@ -176,7 +189,8 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
 
         return self._serve(pb.CreateTopicsResponse, context, lambda: self._per_topic(
             context, request, "topics", lambda t: t.name, check, lambda r: self._controller.create_topics(
-                r, self._timeout_s(context, r.timeout_ms)), pb.CreateTopicsResponse))
+                r, self._timeout_s(context, r.timeout_ms), self._mutation_quota(context, r)),
+            pb.CreateTopicsResponse))
 
     def DeleteTopics(self, request: pb.DeleteTopicsRequest, context: Any) -> pb.DeleteTopicsResponse:
         def check(who: Any, name: str) -> None:
@@ -185,13 +199,15 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
 
         return self._serve(pb.DeleteTopicsResponse, context, lambda: self._per_topic(
             context, request, "names", lambda n: n, check, lambda r: self._controller.delete_topics(
-                r, self._timeout_s(context, r.timeout_ms)), pb.DeleteTopicsResponse))
+                r, self._timeout_s(context, r.timeout_ms), self._mutation_quota(context, r)),
+            pb.DeleteTopicsResponse))
 
     def CreatePartitions(self, request: pb.CreatePartitionsRequest, context: Any) -> pb.CreatePartitionsResponse:
         check = self._check_topic(authz.ALTER)
         return self._serve(pb.CreatePartitionsResponse, context, lambda: self._per_topic(
             context, request, "topics", lambda t: t.name, lambda p, t: check(p, t.name),
-            lambda r: self._controller.create_partitions(r, self._timeout_s(context, r.timeout_ms)),
+            lambda r: self._controller.create_partitions(r, self._timeout_s(context, r.timeout_ms),
+                                                         self._mutation_quota(context, r)),
             pb.CreatePartitionsResponse))
 
     def AlterConfigs(self, request: pb.AlterConfigsRequest, context: Any) -> pb.AlterConfigsResponse:

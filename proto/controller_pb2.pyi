@@ -292,14 +292,16 @@ class ReplicaList(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateTopicsRequest(_message.Message):
-    __slots__ = ("topics", "validate_only", "timeout_ms")
+    __slots__ = ("topics", "validate_only", "timeout_ms", "permissive_quota")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PERMISSIVE_QUOTA_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedCompositeFieldContainer[CreatableTopic]
     validate_only: bool
     timeout_ms: int
-    def __init__(self, topics: _Optional[_Iterable[_Union[CreatableTopic, _Mapping]]] = ..., validate_only: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    permissive_quota: bool
+    def __init__(self, topics: _Optional[_Iterable[_Union[CreatableTopic, _Mapping]]] = ..., validate_only: _Optional[bool] = ..., timeout_ms: _Optional[int] = ..., permissive_quota: _Optional[bool] = ...) -> None: ...
 
 class TopicResult(_message.Message):
     __slots__ = ("name", "topic_id", "error_code", "error_message", "num_partitions", "replication_factor")
@@ -318,46 +320,54 @@ class TopicResult(_message.Message):
     def __init__(self, name: _Optional[str] = ..., topic_id: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ...) -> None: ...
 
 class CreateTopicsResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "redirect", "results")
+    __slots__ = ("error_code", "error_message", "redirect", "results", "throttle_time_ms")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     redirect: ControllerRedirect
     results: _containers.RepeatedCompositeFieldContainer[TopicResult]
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., results: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., results: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class DeleteTopicsRequest(_message.Message):
-    __slots__ = ("names", "timeout_ms")
+    __slots__ = ("names", "timeout_ms", "permissive_quota")
     NAMES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PERMISSIVE_QUOTA_FIELD_NUMBER: _ClassVar[int]
     names: _containers.RepeatedScalarFieldContainer[str]
     timeout_ms: int
-    def __init__(self, names: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    permissive_quota: bool
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ..., permissive_quota: _Optional[bool] = ...) -> None: ...
 
 class DeleteTopicsResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "redirect", "results")
+    __slots__ = ("error_code", "error_message", "redirect", "results", "throttle_time_ms")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     redirect: ControllerRedirect
     results: _containers.RepeatedCompositeFieldContainer[TopicResult]
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., results: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., results: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class CreatePartitionsRequest(_message.Message):
-    __slots__ = ("topics", "validate_only", "timeout_ms")
+    __slots__ = ("topics", "validate_only", "timeout_ms", "permissive_quota")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PERMISSIVE_QUOTA_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedCompositeFieldContainer[CreatePartitionsTopic]
     validate_only: bool
     timeout_ms: int
-    def __init__(self, topics: _Optional[_Iterable[_Union[CreatePartitionsTopic, _Mapping]]] = ..., validate_only: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    permissive_quota: bool
+    def __init__(self, topics: _Optional[_Iterable[_Union[CreatePartitionsTopic, _Mapping]]] = ..., validate_only: _Optional[bool] = ..., timeout_ms: _Optional[int] = ..., permissive_quota: _Optional[bool] = ...) -> None: ...
 
 class CreatePartitionsTopic(_message.Message):
     __slots__ = ("name", "count", "assignments")
@@ -370,16 +380,18 @@ class CreatePartitionsTopic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., assignments: _Optional[_Iterable[_Union[ReplicaList, _Mapping]]] = ...) -> None: ...
 
 class CreatePartitionsResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "redirect", "results")
+    __slots__ = ("error_code", "error_message", "redirect", "results", "throttle_time_ms")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     redirect: ControllerRedirect
     results: _containers.RepeatedCompositeFieldContainer[TopicResult]
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., results: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., results: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class AlterConfigsRequest(_message.Message):
     __slots__ = ("resources", "validate_only")

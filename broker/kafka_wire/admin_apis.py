@@ -8,8 +8,10 @@ back; no rule is implemented here.
   DescribeConfigs of topics, ElectLeaders, partition reassignments, ACLs) go to the active
   controller through the broker's ControllerClient, carrying the Kafka client's principal
   in ``x-brook-forwarded-principal`` (broker/principal.py): the controller authorizes the
-  client, never the broker (a super user), as Kafka's forwarding (KIP-590) does. A request
-  the controller refuses as a whole (``BrookError``) answers every item with that code.
+  client, never the broker (a super user), as Kafka's forwarding (KIP-590) does, and counts
+  its partition mutations against its controller mutation quota (KIP-599; versions older
+  than ``STRICT_QUOTA_SINCE`` are only throttled). A request the controller refuses as a
+  whole (``BrookError``) answers every item with that code.
 - DeleteRecords and DescribeLogDirs are the broker's own RPCs (BrokerService).
 - DescribeCluster, like Kafka's, is answered from this broker's metadata (the same path as
   Metadata), with the brokers' addresses on the listener the client came in on.
@@ -74,6 +76,11 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     LIST_PARTITION_REASSIGNMENTS: (0, 0),
     DESCRIBE_CLUSTER: (0, 2),
 }
+
+# KIP-599: the first versions whose clients know THROTTLING_QUOTA_EXCEEDED. Older ones are forwarded with
+# permissive_quota: the controller accepts their topics over the controller mutation quota and only sets
+# throttle_time_ms (Kafka's PermissiveControllerMutationQuota).
+STRICT_QUOTA_SINCE = {CREATE_TOPICS: 6, DELETE_TOPICS: 5, CREATE_PARTITIONS: 3}
 
 # Kafka's ConfigResource.Type, ConfigEntry.ConfigSource and AlterConfigOp.OpType codes.
 RESOURCE_TOPIC, RESOURCE_BROKER = 2, 4
@@ -194,8 +201,10 @@ class AdminApis:
         body = req.body
         timeout_ms = _ms(body, "timeout", 60000)
         validate_only = bool(_get(body, "validate_only", False))
-        pb = cpb.CreateTopicsRequest(validate_only=validate_only, timeout_ms=timeout_ms)
+        pb = cpb.CreateTopicsRequest(validate_only=validate_only, timeout_ms=timeout_ms,
+                                     permissive_quota=_permissive(req))
         refused: dict[str, tuple[int, str]] = {}
+        throttle_ms = 0
         for t in body.topics:
             try:
                 pb.topics.append(_creatable_topic(t))
@@ -205,6 +214,7 @@ class AdminApis:
         if pb.topics:
             try:
                 out = await self._controller(ctx, "CreateTopics", pb, timeout_ms=timeout_ms)
+                throttle_ms = out.throttle_time_ms
                 for r in out.results:
                     ok = r.error_code == 0
                     results[r.name] = {"name": r.name, "topic_id": r.topic_id or None, "error_code": r.error_code,
@@ -219,7 +229,7 @@ class AdminApis:
         if req.api_version >= 5:  # KIP-525: the created topic's configs, when the client may describe them
             await self._add_created_configs(ctx, pb, results)
         ordered = [results[t.name] for t in body.topics if t.name in results]
-        return self._resp(req, {"topics": ordered, "throttle_time": 0})
+        return self._resp(req, {"topics": ordered, "throttle_time": throttle_ms})
 
     async def _add_created_configs(self, ctx: KafkaCallContext, pb: cpb.CreateTopicsRequest,
                                    results: dict[str, dict[str, Any]]) -> None:
@@ -252,31 +262,35 @@ class AdminApis:
     async def delete_topics(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         names = [n for n in _get(req.body, "topic_names", ()) or () if n is not None]
         timeout_ms = _ms(req.body, "timeout", 30000)
+        throttle_ms = 0
         try:
-            out = await self._controller(ctx, "DeleteTopics", cpb.DeleteTopicsRequest(names=names,
-                                                                                     timeout_ms=timeout_ms),
-                                         timeout_ms=timeout_ms)
+            out = await self._controller(ctx, "DeleteTopics", cpb.DeleteTopicsRequest(
+                names=names, timeout_ms=timeout_ms, permissive_quota=_permissive(req)), timeout_ms=timeout_ms)
+            throttle_ms = out.throttle_time_ms
             responses = [{"name": r.name, "error_code": r.error_code, "error_message": r.error_message or None}
                          for r in out.results]
         except _Failed as exc:
             responses = [{"name": n, "error_code": exc.code, "error_message": exc.message} for n in names]
-        return self._resp(req, {"responses": responses, "throttle_time": 0})
+        return self._resp(req, {"responses": responses, "throttle_time": throttle_ms})
 
     # ---- CreatePartitions ----
     async def create_partitions(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         body = req.body
         timeout_ms = _ms(body, "timeout", 30000)
-        pb = cpb.CreatePartitionsRequest(validate_only=bool(body.validate_only), timeout_ms=timeout_ms)
+        pb = cpb.CreatePartitionsRequest(validate_only=bool(body.validate_only), timeout_ms=timeout_ms,
+                                         permissive_quota=_permissive(req))
         for t in body.topics:
             pb.topics.add(name=t.name, count=t.count, assignments=[
                 cpb.ReplicaList(replicas=list(a.broker_ids)) for a in t.assignments or ()])
+        throttle_ms = 0
         try:
             out = await self._controller(ctx, "CreatePartitions", pb, timeout_ms=timeout_ms)
+            throttle_ms = out.throttle_time_ms
             results = [{"name": r.name, "error_code": r.error_code, "error_message": r.error_message or None}
                        for r in out.results]
         except _Failed as exc:
             results = [{"name": t.name, "error_code": exc.code, "error_message": exc.message} for t in body.topics]
-        return self._resp(req, {"results": results, "throttle_time": 0})
+        return self._resp(req, {"results": results, "throttle_time": throttle_ms})
 
     # ---- DescribeConfigs ----
     async def describe_configs(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -637,6 +651,11 @@ class AdminApis:
 
 
 # ---- translation helpers ----
+def _permissive(req: codec.Request) -> bool:
+    """An API version older than KIP-599's: its client does not know THROTTLING_QUOTA_EXCEEDED."""
+    return req.api_version < STRICT_QUOTA_SINCE[req.api_key]
+
+
 def _creatable_topic(t: Any) -> cpb.CreatableTopic:
     configs = {}
     for c in t.configs:

@@ -1,8 +1,19 @@
-"""Quota arithmetic (Kafka's windowed rate and throttle time) with a fake clock."""
+"""Quota arithmetic (Kafka's windowed rate and throttle time, KIP-599's token bucket) with a fake clock."""
 
 from __future__ import annotations
 
-from broker.quotas import FETCH, PRODUCE, QuotaManager
+import pytest
+
+from broker.quotas import (
+    CONTROLLER_MUTATION,
+    FETCH,
+    PRODUCE,
+    UNLIMITED,
+    ControllerMutationQuotas,
+    QuotaManager,
+    TokenBucket,
+)
+from proto import errors
 
 
 class Clock:
@@ -44,8 +55,99 @@ def test_principal_quota_overrides_default_and_unquoted_principals_pass() -> Non
     assert manager({}, clock).fetch("User:anyone", 10**9) == 0
 
 
+def test_each_quota_key_falls_back_to_the_default_on_its_own() -> None:
+    """Kafka's rule: an entry that sets only some keys (here a mutation rate) still gets the
+    default's other quotas; it does not make its principal unlimited for them."""
+    clock = Clock()
+    m = manager({"<default>": {PRODUCE: 100.0}, "User:etl": {CONTROLLER_MUTATION: 10.0}}, clock)
+    assert m.produce("User:etl", 1000) > 0
+    assert m.produce("User:etl2", 1000) > 0
+
+
 def test_request_rate_quota_counts_requests() -> None:
     clock = Clock()
     m = manager({"User:alice": {"request_rate": 5.0}}, clock)
     throttles = [m.request("User:alice") for _ in range(20)]
     assert throttles[0] == 0 and throttles[-1] > 0
+
+
+# ---- controller mutation quota (KIP-599): token bucket, strict and permissive ----
+
+def mutation_quotas(rate: float | None, clock: Clock, *, default: float | None = None) -> ControllerMutationQuotas:
+    """alice has ``rate`` partition mutations/s (and <default> ``default``); burst = rate x 2 windows x 1 s."""
+    quotas: dict[str, dict[str, float]] = {}
+    if rate is not None:
+        quotas["User:alice"] = {CONTROLLER_MUTATION: rate}
+    if default is not None:
+        quotas["<default>"] = {CONTROLLER_MUTATION: default}
+    return ControllerMutationQuotas(quotas.get, window_num=2, window_size_s=1.0, clock=clock)
+
+
+def test_token_bucket_refills_at_the_rate_up_to_the_burst_and_may_go_negative() -> None:
+    bucket = TokenBucket(burst=10.0, now=0.0)
+    assert bucket.refill(rate=5.0, burst=10.0, now=100.0) == 10.0  # never above the burst
+    bucket.spend(13, rate=5.0, burst=10.0, now=100.0)
+    assert bucket.tokens == -3.0  # spending may take it below zero
+    assert bucket.refill(rate=5.0, burst=10.0, now=100.5) == -0.5
+    assert bucket.refill(rate=5.0, burst=2.0, now=110.0) == 2.0  # a lowered quota caps what is left
+
+
+def test_strict_quota_accepts_while_not_negative_then_refuses_until_refilled() -> None:
+    clock = Clock()
+    q = mutation_quotas(2.0, clock)  # burst 2 x 2 x 1 = 4 mutations
+    first = q.for_request("User:alice", strict=True)
+    first.record(3)  # 4 -> 1
+    first.record(3)  # 1 >= 0: accepted, although it leaves -2
+    with pytest.raises(errors.BrookError) as refused:
+        first.record(1)  # below zero: refused, nothing spent
+    assert refused.value.code == errors.ErrorCode.THROTTLING_QUOTA_EXCEEDED
+    assert refused.value.message == "throttled: controller mutation quota of 2/s exceeded, retry after 1000 ms"
+    assert first.throttle_time_ms() == 1000  # -(-2) / 2 per s
+    clock.now += 0.4
+    assert first.throttle_time_ms() == 600  # the time already waited is deducted (Kafka's)
+    with pytest.raises(errors.BrookError, match="retry after 600 ms"):
+        q.for_request("User:alice", strict=True).record(1)  # a later request: refused too
+    clock.now += 0.6
+    later = q.for_request("User:alice", strict=True)
+    later.record(5)  # back at zero: accepted (any size)
+    assert later.throttle_time_ms() == 0  # a strict quota throttles only what it refuses
+    assert q.stats.refused == 2 and q.stats.accepted_over_quota == 0
+
+
+def test_permissive_quota_accepts_everything_and_sets_the_throttle_time() -> None:
+    clock = Clock()
+    q = mutation_quotas(2.0, clock)
+    old_client = q.for_request("User:alice", strict=False)
+    old_client.record(4)  # the burst: within the quota
+    assert old_client.throttle_time_ms() == 0
+    old_client.record(3)  # -3: accepted, throttled
+    old_client.record(1)  # -4: still accepted
+    assert old_client.throttle_time_ms() == 2000
+    assert q.stats.accepted_over_quota == 4 and q.stats.refused == 0
+    with pytest.raises(errors.BrookError, match="retry after 2000 ms"):
+        q.for_request("User:alice", strict=True).record(1)  # one bucket per principal, whatever the mode
+
+
+def test_mutation_quota_applies_per_principal_with_the_default_and_only_where_set() -> None:
+    clock = Clock()
+    q = mutation_quotas(None, clock, default=1.0)  # burst 2
+    q.for_request("User:bob", strict=True).record(5)
+    with pytest.raises(errors.BrookError):
+        q.for_request("User:bob", strict=True).record(1)
+    q.for_request("User:carol", strict=True).record(2)  # a bucket of her own
+    unlimited = mutation_quotas(None, clock)
+    for _ in range(100):
+        unlimited.for_request("User:alice", strict=True).record(1000)
+    UNLIMITED.record(10**6)
+    assert UNLIMITED.throttle_time_ms() == 0
+
+
+def test_mutation_quota_buckets_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import broker.quotas as quotas
+
+    monkeypatch.setattr(quotas, "MAX_SENSORS", 3)
+    clock = Clock()
+    q = mutation_quotas(None, clock, default=1.0)
+    for i in range(10):
+        q.for_request(f"User:u{i}", strict=True).record(3)
+    assert len(q._buckets) == 3 and list(q._buckets) == ["User:u7", "User:u8", "User:u9"]
