@@ -32,6 +32,14 @@ class OffsetReader:
             options.bootstrap_servers, request_timeout_ms=options.fetch.request_timeout_ms,
             security=options.fetch.security,
         )
+        # Topic -> id of the topics found by the last discovery: a topic deleted and recreated under
+        # the same name gets a new id, so offsets planned under the old one mean other records.
+        self.topic_ids: dict[str, str] = {}
+
+    @property
+    def metadata_version(self) -> int:
+        """The version of the metadata the last lookup saw (tasks judge their own answers against it)."""
+        return self.client.metadata_snapshot().version
 
     def close(self) -> None:
         self.client.close()
@@ -63,6 +71,7 @@ class OffsetReader:
                     f"(partitions per topic now: {counts}; 0 means the topic does not exist)")
             if missing:
                 logger.warning("assigned partitions do not exist (any more): %s", missing)
+            self._note_ids(meta, topics)
             return set(sub.assigned) & present
         if sub.kind == "subscribe":
             meta = self.client.metadata(list(sub.topics), refresh=True)
@@ -80,7 +89,12 @@ class OffsetReader:
         for topic in topics:
             for p in meta.partitions_for(topic) or []:
                 out.add((topic, p))
+        self._note_ids(meta, topics)
         return out
+
+    def _note_ids(self, meta: Any, topics: Iterable[str]) -> None:
+        self.topic_ids = {t: meta.topics[t].topic_id for t in topics
+                          if meta.partitions_for(t) is not None and meta.topics[t].topic_id}
 
     # ---- offsets ----
     def earliest(self, tps: Iterable[TP]) -> PartitionOffsets:

@@ -17,6 +17,7 @@ from typing import Literal
 
 from client.security import SecurityConfig
 from proto import errors
+from spark_source import jaas as jaas_config
 
 logger = logging.getLogger(__name__)
 
@@ -279,7 +280,31 @@ def _normalize(options: dict[str, str], known: frozenset[str]) -> dict[str, str]
     return out
 
 
-_JAAS_PAIR = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
+_SCRAM_LOGIN_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
+
+
+def _jaas_credentials(jaas: str) -> dict[str, str]:
+    """username/password of a ``kafka.sasl.jaas.config``, parsed as Kafka's JaasConfig parses it.
+
+    Values may be quoted or not, as Kafka accepts both; what Kafka refuses (no control flag, no ';',
+    a key without a value, not exactly one login module) is an error naming the option and never
+    repeating a value. Only the ScramLoginModule (or a shaded copy of it) is supported.
+    """
+    name = "kafka.sasl.jaas.config"
+    try:
+        entries = jaas_config.parse(jaas)
+    except jaas_config.JaasConfigError as e:
+        raise _bad(name, str(e)) from None
+    if len(entries) != 1:  # Kafka's JaasContext: "should be 1 module"
+        raise _bad(name, f"holds {len(entries)} login modules; a client takes exactly 1")
+    entry = entries[0]
+    module = entry.login_module
+    if module != _SCRAM_LOGIN_MODULE and not module.endswith("." + _SCRAM_LOGIN_MODULE):
+        raise _bad(name, f"only {_SCRAM_LOGIN_MODULE} is supported (or set kafka.sasl.username/password), "
+                         f"got {jaas_config.shown_module(module)}")
+    if entry.options.get("tokenauth", "").lower() == "true":
+        raise _bad(name, "tokenauth=true (delegation tokens) is not supported: give a SCRAM user")
+    return {k: entry.options[k] for k in ("username", "password") if k in entry.options}
 
 
 def _security(opts: dict[str, str]) -> SecurityConfig:
@@ -287,12 +312,15 @@ def _security(opts: dict[str, str]) -> SecurityConfig:
     config = {k: v for k, v in opts.items() if k in SECURITY_OPTIONS and k != "sasl.jaas.config"}
     jaas = opts.get("sasl.jaas.config")
     if jaas is not None:
-        if "ScramLoginModule" not in jaas:
-            raise _bad("kafka.sasl.jaas.config", "only org.apache.kafka.common.security.scram.ScramLoginModule "
-                                                 "is supported (or set kafka.sasl.username/password)")
-        pairs = {k: re.sub(r"\\(.)", r"\1", v) for k, v in _JAAS_PAIR.findall(jaas)}
-        config.setdefault("sasl.username", pairs.get("username", ""))
-        config.setdefault("sasl.password", pairs.get("password", ""))
+        # kafka.sasl.username/password, when given too, take precedence over the JAAS text.
+        for key, value in _jaas_credentials(jaas).items():
+            config.setdefault(f"sasl.{key}", value)
+        for key in ("username", "password"):
+            if f"sasl.{key}" not in config:
+                raise _bad("kafka.sasl.jaas.config", f"the ScramLoginModule entry has no {key}=... option "
+                                                     f"(nor is kafka.sasl.{key} set)")
+            if not config[f"sasl.{key}"]:
+                raise _bad("kafka.sasl.jaas.config", f"the ScramLoginModule entry has an empty {key}")
     try:
         return SecurityConfig.from_config(config)
     except errors.BrookError as e:

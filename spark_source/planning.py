@@ -4,12 +4,15 @@ No I/O here; the driver-side readers in ``source.py`` feed in what the cluster s
 
 Offsets in the checkpoint use the JSON shape of Spark's Kafka source,
 ``{"topic": {"0": 23, "1": 7}}``, where each value is the offset of the *next* record to
-read (exclusive end of what has been read).
+read (exclusive end of what has been read). Topic ids are not in the checkpoint (it stays
+readable by every version, and old checkpoints load unchanged): the planned ranges carry
+them, and the stream reader remembers them for as long as it runs.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 TP = tuple[str, int]
@@ -39,12 +42,18 @@ def from_json_offsets(doc: dict) -> PartitionOffsets:
 
 @dataclass(frozen=True, slots=True)
 class OffsetRange:
-    """Records [from_offset, until_offset) of one partition; one Spark task reads one range."""
+    """Records [from_offset, until_offset) of one partition; one Spark task reads one range.
+
+    ``topic_id`` is the id of the topic those offsets belong to when it was planned ("" when not
+    known): a topic deleted and recreated under the same name has a new id, and its offsets
+    mean other records.
+    """
 
     topic: str
     partition: int
     from_offset: int
     until_offset: int
+    topic_id: str = ""
 
     @property
     def size(self) -> int:
@@ -90,19 +99,22 @@ def plan_ranges(
     *,
     min_partitions: int | None = None,
     max_records_per_partition: int | None = None,
+    topic_ids: Mapping[str, str] | None = None,
 ) -> list[OffsetRange]:
     """Ranges to read between two checkpoint offsets, split for parallelism.
 
     ``start`` must hold every partition of ``end`` (the caller resolves new partitions to
     their earliest offset first). Empty ranges are dropped. ``max_records_per_partition``
     caps the size of one task's range; ``min_partitions`` then splits the largest ranges
-    further until there are that many tasks (when there are that many records).
+    further until there are that many tasks (when there are that many records). Each range
+    carries its topic's id from ``topic_ids``.
     """
+    ids = topic_ids or {}
     ranges: list[OffsetRange] = []
     for tp in sorted(end):
         frm, until = start[tp], end[tp]
         if until > frm:
-            ranges.append(OffsetRange(tp[0], tp[1], frm, until))
+            ranges.append(OffsetRange(tp[0], tp[1], frm, until, ids.get(tp[0], "")))
     parts = {r: 1 for r in ranges}
     if max_records_per_partition:
         for r in ranges:
@@ -135,7 +147,23 @@ def _split(r: OffsetRange, n: int) -> list[OffsetRange]:
     frm = r.from_offset
     for i in range(n):
         until = frm + step + (1 if i < extra else 0)
-        out.append(OffsetRange(r.topic, r.partition, frm, until))
+        out.append(OffsetRange(r.topic, r.partition, frm, until, r.topic_id))
         frm = until
     assert frm == r.until_offset, (frm, r)
+    return out
+
+
+def recreated_topics(
+    known: Mapping[str, str], current: Mapping[str, str], topics: set[str]
+) -> dict[str, tuple[str, str]]:
+    """{topic: (id known, id now)} for those of ``topics`` whose id changed: deleted and created again.
+
+    A topic without a known id (a query restarted from its checkpoint, which holds no ids) or no
+    longer in the metadata (deleted: reported as gone partitions) is not in the answer.
+    """
+    out: dict[str, tuple[str, str]] = {}
+    for topic in sorted(topics):
+        old, new = known.get(topic, ""), current.get(topic, "")
+        if old and new and old != new:
+            out[topic] = (old, new)
     return out

@@ -41,6 +41,7 @@ from spark_source.planning import (
     from_json_offsets,
     plan_ranges,
     rate_limit,
+    recreated_topics,
     to_json_offsets,
 )
 
@@ -59,9 +60,14 @@ class BrookInputPartition(InputPartition):
         return f"BrookInputPartition({t.topic}-{t.partition} [{t.from_offset}, {t.until_offset}))"
 
 
-def _input_partitions(ranges: Sequence[OffsetRange], fetch: FetchSettings) -> list[BrookInputPartition]:
+def _input_partitions(
+    ranges: Sequence[OffsetRange], fetch: FetchSettings, metadata_version: int
+) -> list[BrookInputPartition]:
     return [
-        BrookInputPartition(RangeTask(r.topic, r.partition, r.from_offset, r.until_offset, fetch)) for r in ranges
+        BrookInputPartition(
+            RangeTask(r.topic, r.partition, r.from_offset, r.until_offset, fetch, r.topic_id, metadata_version)
+        )
+        for r in ranges
     ]
 
 
@@ -79,9 +85,17 @@ def _check_ranges(start: PartitionOffsets, end: PartitionOffsets, options: ReadO
     for tp, until in end.items():
         frm = start[tp]
         if until < frm:
-            data_loss(f"{tp[0]}-{tp[1]}: end offset {until} is before start offset {frm}", options.fetch)
+            data_loss(f"{tp[0]}-{tp[1]}: end offset {until} is before start offset {frm} (the offsets went "
+                      "backwards: the partition was truncated, or its topic deleted and recreated)", options.fetch)
             fixed[tp] = until
     return fixed
+
+
+def _brief(offsets: dict[int, int], limit: int = 8) -> str:
+    """Per-partition offsets for a message, cut short past ``limit`` partitions."""
+    items = sorted(offsets.items())
+    shown = ", ".join(f"{p}: {o}" for p, o in items[:limit])
+    return "{" + shown + (f", ... ({len(items)} partitions)" if len(items) > limit else "") + "}"
 
 
 class BrookDataSource(DataSource):
@@ -123,6 +137,7 @@ class BrookBatchReader(DataSourceReader):
         reader = OffsetReader(self.options)
         try:
             tps = reader.partitions(strict=True)
+            ids, version = dict(reader.topic_ids), reader.metadata_version
             start = reader.resolve(self.options.starting, tps, what="startingOffsets")
             end = reader.resolve(self.options.ending, tps, what="endingOffsets")
         finally:
@@ -133,9 +148,10 @@ class BrookBatchReader(DataSourceReader):
             end,
             min_partitions=self.options.min_partitions,
             max_records_per_partition=self.options.max_records_per_partition,
+            topic_ids=ids,
         )
         logger.info("batch read of %d partitions planned as %d tasks", len(tps), len(ranges))
-        return _input_partitions(ranges, self.options.fetch)
+        return _input_partitions(ranges, self.options.fetch, version)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from _read(partition)
@@ -145,7 +161,13 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream``: micro-batches over committed data with admission control.
 
     Lives in one long-lived Python process on the driver for the whole query, so it keeps
-    a client and what it learnt between calls; the checkpoint holds only offsets.
+    a client and what it learnt between calls; the checkpoint holds only offsets (in the Kafka
+    source's shape, no topic ids). The ids of the topics whose offsets the query holds are
+    remembered here: a topic deleted and recreated under its name while the query runs has a new
+    id, and its offsets are then those of another log. That is data loss (failOnDataLoss=true
+    fails the query, naming the topic); with failOnDataLoss=false the new topic is read from its
+    earliest offset. After a restart the ids are learnt afresh, and a recreation in between is
+    seen only as offsets that went backwards, as by Spark's Kafka source.
     """
 
     def __init__(self, options: ReadOptions) -> None:
@@ -156,6 +178,11 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest_seen: PartitionOffsets = {}  # high watermarks at the last latestOffset (uncapped)
         self._reported_gone: set[TP] = set()  # data loss is reported once per partition
         self._last_trigger_s: float | None = None  # monotonic time of the last batch admitted (minOffsetsPerTrigger)
+        self._topic_ids: dict[str, str] = {}  # topic -> id of the topic the query's offsets belong to
+        # Partitions of topics found recreated, with the new topic's earliest offsets: where the batch that
+        # starts at ``_reset_from`` (the old topic's offsets) reads them from, instead of those offsets.
+        self._reset_from: frozenset | None = None
+        self._reset_starts: PartitionOffsets = {}
 
     @property
     def reader(self) -> OffsetReader:
@@ -165,6 +192,7 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         tps = self.reader.partitions(strict=True)
+        self._topic_ids = dict(self.reader.topic_ids)
         start = self.reader.resolve(self.options.starting, tps, what="startingOffsets")
         logger.info("new query starts at %s", start)
         return to_json_offsets(start)
@@ -182,6 +210,7 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = from_json_offsets(start)
         present = self.reader.partitions()
+        recreated = self._check_recreated(begin, present)
         gone = sorted(set(begin) - present)
         if gone and not set(gone) <= self._reported_gone:
             self._reported_gone |= set(gone)
@@ -197,7 +226,7 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             fresh = self.reader.earliest(tp for tp in new if tp not in self._new_starts)
             self._new_starts.update(fresh)
             logger.info("picked up new partitions %s", new)
-        full_start = {tp: begin[tp] if tp in begin else self._new_starts[tp] for tp in current}
+        full_start = {tp: self._start_of(tp, begin) for tp in current}
         full_start = _check_ranges(full_start, latest, self.options)
         _log_behind(full_start, self._latest_seen)
         if self._delay_batch(full_start, latest):
@@ -207,10 +236,40 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             end = dict(latest)
         # Partitions not read this time (gone from metadata, or outside the AvailableNow
-        # target) keep their offsets, so they are never mistaken for new ones and re-read.
+        # target) keep their offsets, so they are never mistaken for new ones and re-read; but
+        # those of a recreated topic that it lacks now are dropped, new if they come back.
         for tp, off in begin.items():
-            end.setdefault(tp, off)
+            if tp[0] not in recreated:
+                end.setdefault(tp, off)
         return to_json_offsets(end)
+
+    def _check_recreated(self, begin: PartitionOffsets, present: set[TP]) -> set[str]:
+        """Topics of ``begin`` that were deleted and recreated since their offsets were planned (a new
+        topic id): data loss per failOnDataLoss; when it is skipped, the new topic's partitions start at
+        their earliest offsets. Also learns the ids of topics seen for the first time."""
+        key = frozenset(begin.items())
+        if key != self._reset_from:  # the batch the last resets were for has been planned and run
+            self._reset_from, self._reset_starts = None, {}
+        now = self.reader.topic_ids
+        changed = recreated_topics(self._topic_ids, now, {t for t, _ in begin})
+        for topic, (old, new) in changed.items():
+            held = {p: off for (t, p), off in begin.items() if t == topic}
+            data_loss(f"topic {topic!r} was deleted and recreated: its offsets {_brief(held)} belong to the "
+                      f"deleted topic (topic id {old}), the topic now is another one (topic id {new})",
+                      self.options.fetch)
+            fresh = self.reader.earliest(tp for tp in present if tp[0] == topic)
+            logger.warning("reading the recreated topic %r from its earliest offsets %s", topic,
+                           _brief({p: off for (_, p), off in fresh.items()}))
+            self._reset_from = key
+            self._reset_starts.update(fresh)
+        for topic, topic_id in now.items():
+            self._topic_ids[topic] = topic_id
+        return set(changed)
+
+    def _start_of(self, tp: TP, begin: PartitionOffsets) -> int:
+        if tp in self._reset_starts:
+            return self._reset_starts[tp]
+        return begin[tp] if tp in begin else self._new_starts[tp]
 
     def _delay_batch(self, start: PartitionOffsets, latest: PartitionOffsets) -> bool:
         """minOffsetsPerTrigger/maxTriggerDelay, as Spark's KafkaMicroBatchStream.delayBatch: hold the
@@ -244,15 +303,25 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         missing = [tp for tp in until if tp not in begin and tp not in self._new_starts]
         if missing:  # a restarted query replaying a planned batch: resolve as when planned
             self._new_starts.update(self.reader.earliest(missing))
-        frm: dict[TP, int] = {tp: begin.get(tp, self._new_starts.get(tp, 0)) for tp in until}
+        if any(t not in self._topic_ids and off > begin.get((t, p), -1) for (t, p), off in until.items()):
+            # A restarted query replaying a planned batch: the checkpoint has no topic ids, so the tasks
+            # check against the topics as they are now.
+            self.reader.partitions()
+            for topic, topic_id in self.reader.topic_ids.items():
+                self._topic_ids.setdefault(topic, topic_id)
+        resets = self._reset_starts if frozenset(begin.items()) == self._reset_from else {}
+        frm: dict[TP, int] = {
+            tp: resets[tp] if tp in resets else begin.get(tp, self._new_starts.get(tp, 0)) for tp in until
+        }
         frm = _check_ranges(frm, until, self.options)
         ranges = plan_ranges(
             frm,
             until,
             min_partitions=self.options.min_partitions,
             max_records_per_partition=self.options.max_records_per_partition,
+            topic_ids=self._topic_ids,
         )
-        return _input_partitions(ranges, self.options.fetch)
+        return _input_partitions(ranges, self.options.fetch, self.reader.metadata_version)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from _read(partition)

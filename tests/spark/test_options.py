@@ -200,3 +200,76 @@ def test_subscribe_pattern_matches_the_whole_name(pattern: str, topic: str, matc
 @pytest.mark.parametrize("pattern", ["\\p{Lower}+", "\\Qa.b\\E", "[a-z&&[^x]]+", "(unclosed", " "])
 def test_subscribe_pattern_java_only_or_invalid_is_named(pattern: str) -> None:
     assert "subscribePattern" in _read_error({**PATTERN_BASE, "subscribePattern": pattern})
+
+
+# ----------------------------------------------------------------------------- kafka.sasl.jaas.config
+# As Kafka's JaasConfig (a java.io.StreamTokenizer) reads it: values quoted or not, comments, any-case
+# control flags; refused where Kafka refuses, naming the option and never repeating the password.
+
+SCRAM = "org.apache.kafka.common.security.scram.ScramLoginModule"
+SASL = {**BASE, "kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.mechanism": "SCRAM-SHA-512"}
+SECRET = "S3cr3t-pw"  # must never appear in an error message
+
+
+def _jaas(text: str) -> tuple[str | None, str | None]:
+    security = parse_read_options({**SASL, "kafka.sasl.jaas.config": text}, streaming=True).fetch.security
+    return security.sasl_username, security.sasl_password
+
+
+@pytest.mark.parametrize(("text", "user", "password"), [
+    (f"{SCRAM} required username=alice password={SECRET};", "alice", SECRET),  # unquoted: was an empty user
+    (f'{SCRAM} required username="alice" password="{SECRET}";', "alice", SECRET),
+    (f"{SCRAM} required username='alice' password={SECRET} ;", "alice", SECRET),  # single quotes, mixed
+    (f"{SCRAM} REQUIRED\n  username = alice\n  password = p@ss!#%&*()[]{{}}<>?~`^|\\x ;", "alice", "p@ss!#%&*()[]{}<>?~`^|\\x"),
+    (f'{SCRAM} required username="al ice" password="a\\"b\\\\c;=/d";', "al ice", 'a"b\\c;=/d'),
+    (f'{SCRAM} required username="\\141\\154\\151ce" password="tab\\there";', "alice", "tab\there"),  # Java escapes
+    (f"/* lead */ {SCRAM} optional // note\n username=alice /* mid */ password={SECRET};", "alice", SECRET),
+    (f"kafkashaded.{SCRAM} Sufficient username=alice password={SECRET};", "alice", SECRET),  # a shaded client
+    (f'"{SCRAM}" "required" "username"=alice password={SECRET};', "alice", SECRET),
+    (f"{SCRAM} required username=bob username=alice password={SECRET};", "alice", SECRET),  # Kafka: the last wins
+    (f"{SCRAM} required username=alice password={SECRET} extra=ignored;", "alice", SECRET),
+    (f"{SCRAM} required username=älice password=密码;", "älice", "密码"),
+])
+def test_jaas_config_values_quoted_or_not(text: str, user: str, password: str) -> None:
+    assert _jaas(text) == (user, password)
+
+
+def test_explicit_sasl_username_and_password_take_precedence_over_the_jaas_config() -> None:
+    opts = {**SASL, "kafka.sasl.username": "carol", "kafka.sasl.password": "pw",
+            "kafka.sasl.jaas.config": f"{SCRAM} required username=alice password={SECRET};"}
+    security = parse_read_options(opts, streaming=True).fetch.security
+    assert (security.sasl_username, security.sasl_password) == ("carol", "pw")
+    write = parse_write_options({"bootstrap.servers": "h:1", "kafka.security.protocol": "SASL_PLAINTEXT",
+                                 "kafka.sasl.jaas.config": f"{SCRAM} required username=alice password={SECRET};"})
+    assert (write.security.sasl_username, write.security.sasl_password) == ("alice", SECRET)
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    (f"{SCRAM} username=alice password={SECRET};", "control flag"),  # no flag: Kafka refuses
+    (f"{SCRAM} requried username=alice password={SECRET};", "control flag"),
+    (f"{SCRAM} {SECRET} username=alice;", "control flag"),
+    (f"{SCRAM}", "control flag"),
+    (f"{SCRAM} required username=alice password={SECRET}", "does not end with ';'"),
+    (f"{SCRAM} required username=alice password={SECRET}/x;", "does not end with ';'"),  # '/' starts a comment
+    (f'{SCRAM} required username=alice password="{SECRET}', "does not end with ';'"),  # unclosed quote
+    (f"{SCRAM} required username=alice password;", "'password' (at character 81) has no value"),
+    (f"{SCRAM} required username=alice password=;", "'password' (at character 81) has no value"),
+    (f"{SCRAM} required username alice password={SECRET};", "'username' (at character 66) has no value"),
+    (f"{SCRAM} required username=alice {SECRET};", "the key at character 81 has no value"),
+    ("", "no login module"),
+    ("   // nothing\n", "no login module"),
+    (f"; required password={SECRET};", "login module name is missing"),
+    (f"{SCRAM} required username=a password={SECRET}; {SCRAM} required username=b password={SECRET};",
+     "holds 2 login modules"),
+    (f"org.apache.kafka.common.security.plain.PlainLoginModule required username=alice password={SECRET};",
+     "'org.apache.kafka.common.security.plain.PlainLoginModule'"),
+    (f"{SCRAM} required username=alice password={SECRET} tokenauth=true;", "tokenauth"),
+    (f"{SCRAM} required password={SECRET};", "no username"),
+    (f"{SCRAM} required username=alice;", "no password"),
+    (f'{SCRAM} required username="" password={SECRET};', "empty username"),
+])
+def test_jaas_config_that_kafka_refuses_is_one_clear_error(text: str, why: str) -> None:
+    message = _read_error({**SASL, "kafka.sasl.jaas.config": text})
+    assert "option 'kafka.sasl.jaas.config'" in message, message
+    assert why in message, message
+    assert SECRET not in message, message

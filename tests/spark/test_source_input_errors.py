@@ -114,6 +114,7 @@ class _DeletedTopicClient:
         self.batches = list(batches or [])
         self.fetches = 0
         self.metadata_calls = 0
+        self.snapshot = ClusterMetadata("", -1, -1, {}, {}, [])
 
     def fetch(self, tp, offset: int, max_bytes: int, *, max_wait_ms: int = 0) -> FetchResult:  # type: ignore[no-untyped-def]
         self.fetches += 1
@@ -128,7 +129,21 @@ class _DeletedTopicClient:
             name: TopicMetadata(name, "id", False, {p: PartitionMetadata(name, p, 1, 0, (1,), (1,)) for p in parts})
             for name, parts in self.topics.items()
         }
-        return ClusterMetadata("c", 1, 7, {}, shown, [])
+        self.snapshot = ClusterMetadata("c", 1, 7, {}, shown, [])
+        return self.snapshot
+
+    def metadata_snapshot(self) -> ClusterMetadata:
+        return self.snapshot
+
+    def request_update(self) -> None:
+        pass
+
+
+def _use(monkeypatch: pytest.MonkeyPatch, client: _DeletedTopicClient) -> None:
+    """Tasks fetch through ``client`` (fetcher._fetch_once is its one-request fetch)."""
+    monkeypatch.setattr(fetcher, "_client", lambda settings: client)
+    monkeypatch.setattr(fetcher, "_fetch_once", lambda c, tp, offset, settings: (c.fetch(
+        tp, offset, settings.max_partition_fetch_bytes, max_wait_ms=settings.fetch_max_wait_ms), 1))
 
 
 def _settings(*, fail_on_data_loss: bool) -> FetchSettings:
@@ -145,7 +160,7 @@ def _batch(base: int, n: int) -> bytes:
 
 def test_deleted_topic_is_data_loss_naming_the_partition_and_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
     client = _DeletedTopicClient({"other": [0]})
-    monkeypatch.setattr(fetcher, "_client", lambda settings: client)
+    _use(monkeypatch, client)
     with pytest.raises(DataLossError) as info:
         list(read_range(RangeTask("t", 0, 3, 10, _settings(fail_on_data_loss=True))))
     message = str(info.value)
@@ -158,7 +173,7 @@ def test_deleted_topic_without_fail_on_data_loss_skips_the_rest(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     client = _DeletedTopicClient({}, batches=[_batch(3, 4)])  # offsets 3..6 read, then the topic is gone
-    monkeypatch.setattr(fetcher, "_client", lambda settings: client)
+    _use(monkeypatch, client)
     with caplog.at_level(logging.WARNING, logger="spark_source.fetcher"):
         batches = list(read_range(RangeTask("t", 0, 3, 10, _settings(fail_on_data_loss=False))))
     assert [o for b in batches for o in b.column("offset").to_pylist()] == [3, 4, 5, 6]
@@ -167,7 +182,7 @@ def test_deleted_topic_without_fail_on_data_loss_skips_the_rest(
 
 def test_partition_gone_from_an_existing_topic_is_data_loss(monkeypatch: pytest.MonkeyPatch) -> None:
     client = _DeletedTopicClient({"t": [0, 1]})  # recreated with fewer partitions
-    monkeypatch.setattr(fetcher, "_client", lambda settings: client)
+    _use(monkeypatch, client)
     with pytest.raises(DataLossError, match=r"t-5: the partition no longer exists"):
         list(read_range(RangeTask("t", 5, 0, 10, _settings(fail_on_data_loss=True))))
 
@@ -175,7 +190,7 @@ def test_partition_gone_from_an_existing_topic_is_data_loss(monkeypatch: pytest.
 def test_unknown_partition_still_in_metadata_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
     """A leader that has not applied the topic yet (or leadership moving): retried up to the poll timeout."""
     client = _DeletedTopicClient({"t": [0]})
-    monkeypatch.setattr(fetcher, "_client", lambda settings: client)
+    _use(monkeypatch, client)
     for fail in (True, False):
         with pytest.raises(errors.RequestTimedOutError, match="pollTimeoutMs"):
             list(read_range(RangeTask("t", 0, 0, 10, _settings(fail_on_data_loss=fail))))
