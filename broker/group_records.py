@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import logging
 import struct
+import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from broker.group_state import Group, GroupState, Member, OffsetEntry
+from broker.group_state import NO_SUBSCRIPTIONS, Group, GroupState, Member, OffsetEntry, Subscriptions
 from client.types import TopicPartition
 from proto import errors, group_pb2
 
@@ -163,3 +165,38 @@ def restore_group(group: Group, value: group_pb2.GroupMetadataValue, now_ms: int
     }
     group.static_members = {m.group_instance_id: m.member_id for m in value.members if m.group_instance_id}
     group.state = GroupState.STABLE if group.members else GroupState.EMPTY
+
+
+CONSUMER_PROTOCOL_TYPE = "consumer"
+
+
+def parse_subscriptions(protocol_type: str, protocols: Iterable[tuple[str, bytes]]) -> Subscriptions:
+    """The topics each protocol's metadata subscribes to, for a consumer's member (its metadata is a
+    ConsumerSubscription; any other type's: none), and what the parsed sets hold in memory. Undecodable
+    metadata subscribes to nothing. Protocols offering the same bytes share one set. Called when a member
+    joins, before the coordinator's lock is taken: the parse costs about what the JoinGroup carried."""
+    if protocol_type != CONSUMER_PROTOCOL_TYPE:
+        return NO_SUBSCRIPTIONS
+    topics: dict[str, frozenset[str]] = {}
+    by_bytes: dict[bytes, frozenset[str]] = {}
+    held = 0
+    for name, metadata in protocols:
+        if name in topics:
+            continue  # as Member.metadata_for: the first protocol of a name counts
+        parsed = by_bytes.get(metadata)
+        if parsed is None:
+            try:
+                parsed = frozenset(group_pb2.ConsumerSubscription.FromString(metadata).topics)
+            except Exception:  # noqa: BLE001 - a client's bytes: they subscribe to nothing
+                parsed = frozenset()
+            by_bytes[metadata] = parsed
+            if parsed:
+                held += sys.getsizeof(parsed) + sum(map(sys.getsizeof, parsed))
+        topics[name] = parsed
+    return Subscriptions(topics, held) if held else NO_SUBSCRIPTIONS
+
+
+def parse_member_subscriptions(group: Group) -> None:
+    """Parse what a loaded group's members subscribe to (once, when its partition is loaded)."""
+    for m in group.members.values():
+        m.set_subscriptions(parse_subscriptions(group.protocol_type, m.protocols))

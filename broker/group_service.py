@@ -349,27 +349,47 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
                                   coordinator_id=self.c.node_id) for g in sorted(groups, key=lambda g: g.group_id)])
 
     def _describe_groups(self, request, context, held: _DescribeBytes):
+        """Each group id the request lists is answered, in order, a repeated one again (as Kafka does); but
+        each distinct id is authorized and described once, and a repeat answered with a copy of its
+        description, counted against the answer's bounds as the first was (each copy of an id was described
+        anew: 1,000 copies of one group with 2,000 committed partitions took 30 s and built 20 MB; an
+        audit). A partition's end offset is resolved once a request, whichever groups show it."""
         out = group_pb2.DescribeGroupsResponse()
         left = DESCRIBE_ANSWER_MAX_BYTES
+        described: dict[str, tuple[int, int]] = {}  # group id -> (where its answer is in out.groups, its bytes)
+        end_offsets: dict[TopicPartition, tuple[int, str]] = {}
         for gid in request.group_ids:
+            first = described.get(gid)
+            if first is not None:
+                at, size = first
+                if size:
+                    refused = self.c.describe_refusal(gid, size, left, held.reserve)
+                    if refused is not None:
+                        out.groups.append(refused)
+                        continue
+                    left -= size
+                out.groups.add().CopyFrom(out.groups[at])
+                continue
             refused = self._refused(context, authz.DESCRIBE, gid, group_pb2.DescribedGroup)
             if refused is not None:
                 refused.group_id = gid
+                described[gid] = (len(out.groups), 0)
                 out.groups.append(refused)
-            else:
-                described, size = self.c.describe_group(gid, request.include_offsets, max_bytes=left,
-                                                        reserve=held.reserve)
-                left -= size
-                if described.offsets:
-                    # As OffsetFetch: committed offsets (and lag) only of topics the caller may DESCRIBE;
-                    # a viewer of the group alone saw every topic it had committed (found by an audit).
-                    denied = self.authz.denied_topics(principal.principal_of(context), authz.DESCRIBE,
-                                                      {o.topic for o in described.offsets})
-                    if denied:
-                        kept = [o for o in described.offsets if o.topic not in denied]
-                        del described.offsets[:]
-                        described.offsets.extend(kept)
-                out.groups.append(described)
+                continue
+            answer, size = self.c.describe_group(gid, request.include_offsets, max_bytes=left,
+                                                 reserve=held.reserve, end_offsets=end_offsets)
+            left -= size
+            if answer.offsets:
+                # As OffsetFetch: committed offsets (and lag) only of topics the caller may DESCRIBE;
+                # a viewer of the group alone saw every topic it had committed (found by an audit).
+                denied = self.authz.denied_topics(principal.principal_of(context), authz.DESCRIBE,
+                                                  {o.topic for o in answer.offsets})
+                if denied:
+                    kept = [o for o in answer.offsets if o.topic not in denied]
+                    del answer.offsets[:]
+                    answer.offsets.extend(kept)
+            described[gid] = (len(out.groups), size)
+            out.groups.append(answer)
         return out
 
     def _delete_groups(self, request, context):

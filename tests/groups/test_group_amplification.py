@@ -1,0 +1,420 @@
+"""What one small group request may cost a coordinator, on a real GroupCoordinator without a cluster.
+
+Found by an audit (each measured on a one-broker cluster):
+- OffsetDelete parsed every member's subscription under the lock every group shares: a 43-byte request held
+  it 4.65 s with 200 members of 1 MiB subscriptions, and other groups' heartbeats waited.
+- ListGroups hashed every group id under that lock, and any OffsetCommit made a group, even one writing
+  nothing: 20,000 made-up groups made one ListGroups take 5.2 s and another group's heartbeat wait 4 s.
+- DescribeGroups(include_offsets) described a repeated group id again for each copy, resolving every end
+  offset again, and left the offsets out of the answer's byte bound: a 12 KB request took 30 s and built 20 MB.
+- AlterGroupOffsets expanded a whole topic once per spec naming it: 80 KB took 4.7 s at 2,000 partitions.
+
+The tests count the work done (parses, hashes, descriptions, end offsets resolved, expansions), never time."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from broker import group_coordinator as gc
+from broker import group_records as records
+from broker import group_service
+from broker.group_coordinator import (
+    CoordinatorConfig,
+    CoordinatorError,
+    GroupCoordinator,
+    _PartitionLoad,
+)
+from broker.group_service import GroupCoordinatorServicer, _DescribeBytes
+from broker.group_state import Group, GroupState, JoinResult, Member, OffsetEntry
+from client.types import TopicPartition as TP
+from proto import group_pb2
+from proto.common_pb2 import ErrorCode
+
+TOPICS = {"big": 300, "t": 4, "other": 3}
+
+
+class FakeCache:
+    """The metadata cache the coordinator reads: partitions of TOPICS, each led by broker 1."""
+
+    def __init__(self, topics: dict[str, int]) -> None:
+        self.topics = topics
+
+    def partition(self, topic: str, partition: int) -> Any:
+        if 0 <= partition < self.topics.get(topic, 0):
+            return types.SimpleNamespace(topic=topic, partition=partition, leader=1)
+        return None
+
+    def partitions_of(self, topic: str) -> list[Any]:
+        return [types.SimpleNamespace(partition=p) for p in range(self.topics.get(topic, 0))]
+
+    def broker(self, node_id: int) -> Any:
+        return None
+
+
+class FakeReplicaManager:
+    """Appends to __consumer_offsets succeed at once (acks=all done), at increasing offsets."""
+
+    def __init__(self) -> None:
+        self.appended: list[tuple[int, bytes]] = []
+
+    def append_records(self, topic: str, partition: int, batch: bytes, acks: int, timeout_ms: int) -> Any:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut.set_result(types.SimpleNamespace(base_offset=len(self.appended)))
+        self.appended.append((partition, batch))
+        return fut
+
+
+def _coordinator(**config: Any) -> tuple[GroupCoordinator, list[int]]:
+    now = [1_000_000]
+    c = GroupCoordinator(node_id=1, replica_manager=FakeReplicaManager(), metadata_cache=FakeCache(TOPICS),
+                         config=CoordinatorConfig(**config), clock_ms=lambda: now[0])
+    for p in range(c.config.offsets_topic_num_partitions):
+        c._partitions[p] = _PartitionLoad(leader_epoch=0, loaded=True)
+    return c, now
+
+
+@pytest.fixture()
+def coord() -> Iterator[GroupCoordinator]:
+    c, _ = _coordinator()
+    try:
+        yield c
+    finally:
+        c._loader.shutdown()
+
+
+def _ends(wanted: dict[TP, int]) -> dict[TP, tuple[int, str]]:
+    """A stand-in for the ListOffsets RPCs: every partition ends at 100."""
+    return {tp: (100, "") for tp in wanted}
+
+
+def _subscription(topics: list[str]) -> bytes:
+    return group_pb2.ConsumerSubscription(topics=topics).SerializeToString()
+
+
+def _join_static(c: GroupCoordinator, group: str, instance: str, metadata: bytes,
+                 protocol_type: str = "consumer") -> list[JoinResult]:
+    results: list[JoinResult] = []
+    c.start_join(group_pb2.JoinGroupRequest(
+        group_id=group, client_id="c", session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+        group_instance_id=instance, protocol_type=protocol_type,
+        protocols=[group_pb2.GroupProtocol(name="range", metadata=metadata)]), results.append)
+    return results
+
+
+def _consumer_group(c: GroupCoordinator, now: list[int], group: str, members: int) -> Group:
+    """A group of static consumer members, each subscribed to "t" and to a topic of its own, its join
+    round completed (CompletingRebalance, protocol "range" chosen)."""
+    answers = [_join_static(c, group, f"i{i}", _subscription(["t", f"own-{i}"])) for i in range(members)]
+    now[0] += 60_000
+    c.tick()
+    g = c._groups[group]
+    assert g.state == GroupState.COMPLETING_REBALANCE and g.protocol_name == "range", g.state
+    assert all(len(a) == 1 and a[0].error_code == ErrorCode.NONE for a in answers), answers
+    return g
+
+
+# ---------------------------------------------------------------------- OffsetDelete (#6)
+def test_offset_delete_reads_the_members_topics_parsed_when_they_joined() -> None:
+    c, now = _coordinator()
+    try:
+        with mock.patch.object(group_pb2, "ConsumerSubscription", wraps=group_pb2.ConsumerSubscription) as sub:
+            g = _consumer_group(c, now, "readers", 20)
+            parsed_at_join = sub.FromString.call_count
+            with mock.patch.object(c, "_write_offsets") as written:
+                for _ in range(5):
+                    results = c.delete_offsets("readers", [TP("t", 0), TP("own-7", 1), TP("free", 0), TP("t", 3)])
+                    assert results == [(TP("t", 0), ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC),
+                                       (TP("own-7", 1), ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC),
+                                       (TP("free", 0), ErrorCode.NONE),
+                                       (TP("t", 3), ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)]
+                    assert c.delete_offsets("readers", []) == []  # the audit's 43-byte request
+            # Five requests (and five empty ones) parsed no member's metadata again.
+            assert sub.FromString.call_count == parsed_at_join, sub.FromString.call_count - parsed_at_join
+            assert parsed_at_join == 20, parsed_at_join  # once a member, when it joined
+            assert [call.args[3] for call in written.call_args_list] == [[(TP("free", 0), None)]] * 5
+        # A member that rejoins with another subscription is read anew; one that leaves is not read.
+        member = next(m for m in g.members.values() if m.group_instance_id == "i7")
+        _join_static(c, "readers", "i7", _subscription(["t"]))
+        assert member.subscribed_topics("range") == frozenset({"t"})
+        with mock.patch.object(c, "_write_offsets"):
+            assert c.delete_offsets("readers", [TP("own-7", 0)]) == [(TP("own-7", 0), ErrorCode.NONE)]
+    finally:
+        c._loader.shutdown()
+
+
+def test_a_join_that_only_gets_a_member_id_is_not_parsed(coord: GroupCoordinator) -> None:
+    results: list[JoinResult] = []
+    with mock.patch.object(group_pb2, "ConsumerSubscription", wraps=group_pb2.ConsumerSubscription) as sub:
+        coord.start_join(group_pb2.JoinGroupRequest(
+            group_id="dyn", client_id="c", session_timeout_ms=10_000, protocol_type="consumer",
+            protocols=[group_pb2.GroupProtocol(name="range", metadata=_subscription(["t"]))]), results.append)
+        assert results[0].error_code == ErrorCode.MEMBER_ID_REQUIRED
+        assert sub.FromString.call_count == 0
+        # The same member back with its id joins, and is parsed once, for the protocols sharing its bytes.
+        coord.start_join(group_pb2.JoinGroupRequest(
+            group_id="dyn", client_id="c", member_id=results[0].member_id, session_timeout_ms=10_000,
+            protocol_type="consumer", protocols=[
+                group_pb2.GroupProtocol(name="range", metadata=_subscription(["t"])),
+                group_pb2.GroupProtocol(name="roundrobin", metadata=_subscription(["t"]))]), results.append)
+        assert sub.FromString.call_count == 1
+    m = coord._groups["dyn"].members[results[0].member_id]
+    assert m.subscribed_topics("range") == m.subscribed_topics("roundrobin") == frozenset({"t"})
+
+
+def test_parsed_topics_count_in_what_the_coordinator_holds() -> None:
+    """The parsed sets cost more memory than the metadata they came from: they are counted with the member,
+    and a join whose parse would take the coordinator past its bound is refused (retriable)."""
+    topics = [f"topic-{i:05d}" for i in range(20_000)]
+    metadata = _subscription(topics)
+    parsed_bytes = sum(sys.getsizeof(t) for t in topics)  # the topics' strings alone, without their set
+    assert parsed_bytes > 4 * len(metadata)
+    # Room for the metadata (and ids) but not for the parsed topics: refused, nothing kept.
+    bound = len(metadata) + 4096
+    c, _ = _coordinator(group_coordinator_metadata_max_bytes=bound)
+    try:
+        with pytest.raises(CoordinatorError) as info:
+            _join_static(c, "wide", "i0", metadata)
+        assert info.value.code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+        assert "wide" not in c._groups or not c._groups["wide"].members
+    finally:
+        c._loader.shutdown()
+    # Admitted under a larger bound: the member holds the parsed sets, and its group counts them.
+    c, _ = _coordinator()
+    try:
+        assert _join_static(c, "wide", "i0", metadata) == []  # waits in the join round
+        g = c._groups["wide"]
+        (m,) = g.members.values()
+        assert m.held_bytes() >= len(metadata) + parsed_bytes
+        assert g.members.held_bytes == m.held_bytes()
+        c._held_counted_at = float("-inf")  # counted afresh, as the coordinator does once a second
+        c._admit_bytes_locked(0, "test")
+        assert c._held_bytes >= len(metadata) + parsed_bytes
+        # The sets are dropped, and uncounted, with the member.
+        with c._lock:
+            c._groups["wide"].leave("", c.clock_ms(), "i0")
+        assert g.members.held_bytes == 0
+    finally:
+        c._loader.shutdown()
+    assert records.parse_subscriptions("connect", [("range", metadata)]).held_bytes == 0  # not a consumer's
+    assert records.parse_subscriptions("consumer", [("range", b"\xff\xff")]).topics == {}  # undecodable
+
+
+def test_a_loaded_groups_members_are_parsed_once_when_loaded(tmp_path: Path) -> None:
+    from storage.log_manager import LogManager
+    from storage.record_batch import RecordBatchBuilder
+
+    group = Group("loaded", state=GroupState.STABLE, protocol_type="consumer", protocol_name="range",
+                  generation_id=3, leader_id="m0")
+    for i in range(5):
+        group.members[f"m{i}"] = Member(f"m{i}", "c", "h", 10_000, 10_000,
+                                        [("range", _subscription(["t", f"own-{i}"]))], 0)
+    lm = LogManager([tmp_path / "data"], on_dir_failure=lambda d, e: None)
+    try:
+        lg = lm.get_or_create_log(records.OFFSETS_TOPIC, 0, topic_id="T", overrides={})
+        b = RecordBatchBuilder()
+        b.append(0, records.group_key("loaded"), records.encode_group_value(group))
+        lg.append_as_leader(b.build(), 0)
+        hosted = types.SimpleNamespace(is_leader=True, log=lg)
+        rm = types.SimpleNamespace(partition=lambda t, p: hosted if (t, p) == (records.OFFSETS_TOPIC, 0) else None,
+                                   log_manager=lm)
+        c = GroupCoordinator(node_id=1, replica_manager=rm, metadata_cache=None,
+                             config=CoordinatorConfig(offsets_topic_num_partitions=1))
+        try:
+            c._partitions[0] = _PartitionLoad(leader_epoch=3)
+            c._load_partition(0, 3)
+            g = c._groups["loaded"]
+            assert g.state == GroupState.STABLE
+            with mock.patch.object(group_pb2, "ConsumerSubscription", wraps=group_pb2.ConsumerSubscription) as sub, \
+                    mock.patch.object(gc, "partition_for_group", wraps=gc.partition_for_group) as hashed:
+                assert c.delete_offsets("loaded", [TP("own-3", 0)]) == [(TP("own-3", 0),
+                                                                          ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)]
+                assert [x.group_id for x in c.list_groups(set())] == ["loaded"]
+                assert sub.FromString.call_count == 0
+                assert hashed.call_count == 1  # the request's group id, once; never the listed groups'
+            assert g.offsets_partition == 0
+            assert g.members.held_bytes == sum(m.held_bytes() for m in g.members.values())
+            assert all(m.subscriptions.held_bytes > 0 for m in g.members.values())
+        finally:
+            c._loader.shutdown()
+    finally:
+        lm.shutdown()
+
+
+# ---------------------------------------------------------------------- ListGroups, OffsetCommit (#7)
+def _commit(c: GroupCoordinator, group: str, parts: list[tuple[str, int, int]], **fields: Any) -> list[Any]:
+    return c.commit_offsets(group_pb2.OffsetCommitRequest(
+        group_id=group, generation_id=fields.pop("generation_id", -1), **fields,
+        partitions=[group_pb2.OffsetCommitPartition(topic=t, partition=p, offset=o, leader_epoch=-1)
+                    for t, p, o in parts]))
+
+
+def test_list_groups_hashes_no_group_id(coord: GroupCoordinator) -> None:
+    for i in range(200):
+        assert [r[2] for r in _commit(coord, f"simple-{i}", [("t", i % 4, i)])] == [ErrorCode.NONE]
+    coord._groups["made-elsewhere"] = Group("made-elsewhere")  # no partition kept: hashed once, then kept
+    with mock.patch.object(gc, "partition_for_group", wraps=gc.partition_for_group) as hashed:
+        listed = coord.list_groups(set())
+        assert len(listed) == 201 and hashed.call_count == 1
+        assert len(coord.list_groups({"Empty"})) == 201 and coord.list_groups({"Stable"}) == []
+        assert hashed.call_count == 1, "ListGroups hashed group ids"
+        # Nor do the retention pass and an unload (both walk every group under the lock).
+        coord.expire_offsets()
+        victim = coord._groups["simple-0"].offsets_partition
+        with coord._lock:
+            coord._unload_locked(victim)
+        assert hashed.call_count == 1
+    assert "simple-0" not in coord._groups
+    assert all(g.offsets_partition == coord.partition_for(g.group_id) for g in coord._groups.values())
+    # A partition not loaded (yet) keeps its groups out of the listing.
+    loading = coord._groups["simple-1"].offsets_partition
+    coord._partitions[loading].loaded = False
+    assert "simple-1" not in {g.group_id for g in coord.list_groups(set())}
+
+
+def test_a_commit_that_writes_no_offset_makes_no_group(coord: GroupCoordinator) -> None:
+    unknown = _commit(coord, "ghost-1", [("t", 999, 1), ("no-such-topic", 0, 1)])
+    assert [r[2] for r in unknown] == [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION] * 2
+    assert [r[2] for r in _commit(coord, "ghost-2", [("t", 0, -5)])] == [ErrorCode.INVALID_COMMIT_OFFSET_SIZE]
+    assert _commit(coord, "ghost-3", []) == []
+    assert coord._groups == {} and coord.list_groups(set()) == []
+    assert coord.replica_manager.appended == []
+    # A member's commit to a group that does not exist is refused, as before.
+    with pytest.raises(CoordinatorError) as info:
+        _commit(coord, "ghost-5", [("t", 0, 1)], member_id="m", generation_id=1)
+    assert info.value.code == ErrorCode.UNKNOWN_MEMBER_ID and coord._groups == {}
+
+
+def test_a_simple_consumers_commit_makes_an_empty_group_as_in_kafka(coord: GroupCoordinator) -> None:
+    results = _commit(coord, "simple", [("t", 1, 42), ("t", 999, 1)])
+    assert sorted(r[2] for r in results) == [ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
+    g = coord._groups["simple"]
+    assert g.state == GroupState.EMPTY and g.protocol_type == ""
+    assert {tp: e.offset for tp, e in g.offsets.items()} == {TP("t", 1): 42}
+    assert [x.group_id for x in coord.list_groups({"Empty"})] == ["simple"]
+    assert [(tp, e.offset if e else None) for tp, e in coord.fetch_offsets("simple", [TP("t", 1)])] == [(TP("t", 1), 42)]
+    # The next commit of the same simple consumer goes to the group it made.
+    _commit(coord, "simple", [("t", 1, 43)])
+    assert coord._groups["simple"] is g and g.offsets[TP("t", 1)].offset == 43
+
+
+# ---------------------------------------------------------------------- DescribeGroups (#8)
+def _group_with_offsets(c: GroupCoordinator, gid: str, topic: str, partitions: int) -> Group:
+    g = Group(gid, state=GroupState.EMPTY)
+    for p in range(partitions):
+        g.offsets[TP(topic, p)] = OffsetEntry(p, -1, "", 0)
+    c._groups[gid] = g
+    return g
+
+
+def test_a_repeated_group_id_is_described_once_and_each_copy_counted(coord: GroupCoordinator) -> None:
+    _group_with_offsets(coord, "dg", "big", 300)
+    servicer = GroupCoordinatorServicer(coord)
+    bound = 100_000  # the answer's bound, smaller here: a copy carries about 300 x 51 bytes
+    held = _DescribeBytes(coord)
+    try:
+        with mock.patch.object(coord, "_resolve_offsets", wraps=_ends) as resolved, \
+                mock.patch.object(coord, "describe_group", wraps=coord.describe_group) as described, \
+                mock.patch.object(group_service, "DESCRIBE_ANSWER_MAX_BYTES", bound):
+            out = servicer._describe_groups(group_pb2.DescribeGroupsRequest(group_ids=["dg"] * 40,
+                                                                            include_offsets=True), None, held=held)
+        assert described.call_count == 1, "a repeated group id was described again"
+        assert sum(len(call.args[0]) for call in resolved.call_args_list) == 300, "end offsets resolved again"
+        # Every listed id is answered (Kafka's shape): copies while they fit the answer's bound, then refusals.
+        assert [g.group_id for g in out.groups] == ["dg"] * 40
+        codes = [g.error_code for g in out.groups]
+        fitted = codes.count(ErrorCode.NONE)
+        assert 1 <= fitted < 40 and codes == [ErrorCode.NONE] * fitted + [ErrorCode.INVALID_REQUEST] * (40 - fitted)
+        assert all(g == out.groups[0] for g in out.groups[:fitted]) and len(out.groups[0].offsets) == 300
+        assert out.ByteSize() <= bound + 40 * 200, out.ByteSize()
+        size = coord.describe_group("dg", True)[1]
+        assert size >= out.groups[0].ByteSize()  # the estimate covers what a copy carries
+        assert held._held == fitted * size and coord._describing_bytes == fitted * size
+    finally:
+        held.release()
+    assert coord._describing_bytes == 0
+
+
+def test_end_offsets_are_resolved_once_a_partition_a_request(coord: GroupCoordinator) -> None:
+    for gid in ("a", "b", "c"):
+        _group_with_offsets(coord, gid, "big", 100)
+    servicer = GroupCoordinatorServicer(coord)
+    held = _DescribeBytes(coord)
+    try:
+        with mock.patch.object(coord, "_resolve_offsets", wraps=_ends) as resolved:
+            out = servicer._describe_groups(group_pb2.DescribeGroupsRequest(group_ids=["a", "b", "c", "b"],
+                                                                            include_offsets=True), None, held=held)
+        assert [len(call.args[0]) for call in resolved.call_args_list] == [100]
+        assert [g.error_code for g in out.groups] == [ErrorCode.NONE] * 4
+        assert all(len(g.offsets) == 100 and all(o.log_end_offset == 100 for o in g.offsets) for g in out.groups)
+    finally:
+        held.release()
+
+
+def test_offsets_count_in_a_descriptions_bytes(coord: GroupCoordinator) -> None:
+    """Each offset entry counts its topic, commit metadata and owner: a consumer member whose assignment names
+    many partitions shows its (long) member id in each entry."""
+    g = _group_with_offsets(coord, "owned", "big", 300)
+    long_id = "m-" + "x" * 1000
+    assignment = group_pb2.ConsumerAssignment(partitions=[
+        group_pb2.TopicPartitionRef(topic="big", partition=p) for p in range(300)]).SerializeToString()
+    g.state, g.protocol_type, g.protocol_name, g.generation_id, g.leader_id = (
+        GroupState.STABLE, "consumer", "range", 1, long_id)
+    g.members[long_id] = Member(long_id, "c", "h", 10_000, 10_000, [("range", _subscription(["big"]))], 0,
+                                assignment=assignment)
+    with mock.patch.object(coord, "_resolve_offsets", wraps=_ends):
+        without, members_only = coord.describe_group("owned", include_offsets=False)
+        described, size = coord.describe_group("owned", include_offsets=True)
+        assert without.error_code == described.error_code == ErrorCode.NONE
+        assert size >= members_only + 300 * (len(long_id) + len("big"))
+        assert size >= described.ByteSize(), (size, described.ByteSize())
+        assert {o.member_id for o in described.offsets} == {long_id} and len(described.offsets) == 300
+        refused, counted = coord.describe_group("owned", include_offsets=True, max_bytes=size - 1)
+        assert refused.error_code == ErrorCode.INVALID_REQUEST and counted == 0 and "300 partitions" in refused.error_message
+
+
+# ---------------------------------------------------------------------- AlterGroupOffsets (#11)
+def _spec(topic: str, partition: int, kind: int = group_pb2.RESET_EARLIEST, value: int = 0) -> Any:
+    return group_pb2.OffsetResetSpec(topic=topic, partition=partition, kind=kind, value=value)
+
+
+def _expanded_one_spec_at_a_time(c: GroupCoordinator, specs: list[Any]) -> dict[TP, Any]:
+    """What the specs meant before: applied in order, a whole topic (-1) expanded for each."""
+    out: dict[TP, Any] = {}
+    for spec in specs:
+        if spec.partition >= 0:
+            out[TP(spec.topic, spec.partition)] = spec
+        else:
+            for info in c.metadata_cache.partitions_of(spec.topic):
+                out[TP(spec.topic, info.partition)] = spec
+    return out
+
+
+def test_alter_offsets_expands_each_topic_once(coord: GroupCoordinator) -> None:
+    specs = [_spec("big", -1)] * 600 + [_spec("t", -1, group_pb2.RESET_LATEST)] * 10 + [_spec("big", 5)] * 50
+    with mock.patch.object(coord.metadata_cache, "partitions_of", wraps=coord.metadata_cache.partitions_of) as walked, \
+            mock.patch.object(coord, "_resolve_offsets", wraps=_ends):
+        resolved = coord.alter_offsets(group_pb2.AlterGroupOffsetsRequest(group_id="reset", specs=specs, dry_run=True))
+    assert sorted(call.args[0] for call in walked.call_args_list) == ["big", "t"]
+    assert len(resolved) == 304 and all(r.error_code == ErrorCode.NONE for r in resolved)
+    assert "reset" not in coord._groups  # a dry run makes no group
+
+
+def test_reduced_specs_mean_what_the_specs_in_order_meant(coord: GroupCoordinator) -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        specs = [_spec(rng.choice(["t", "other"]), rng.choice([-1, -1, 0, 1, 2, 3]),
+                       rng.choice([group_pb2.RESET_EARLIEST, group_pb2.RESET_LATEST, group_pb2.RESET_EXPLICIT]),
+                       rng.randrange(10)) for _ in range(rng.randrange(1, 12))]
+        assert coord._expand_specs(specs, {}) == _expanded_one_spec_at_a_time(coord, specs), specs
+    with pytest.raises(CoordinatorError) as info:
+        coord._expand_specs([_spec("t", -1), _spec("nope", -1), _spec("gone", -1), _spec("nope", -1)], {})
+    assert info.value.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and "'nope'" in info.value.message
