@@ -15,6 +15,8 @@ import logging
 from collections import defaultdict
 from typing import Any
 
+from broker import authorizer as authz
+from broker.admission import refuse_oversized
 from broker.kafka_wire import admin_apis, codec
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.codec import get_ms as _ms
@@ -351,11 +353,16 @@ class KafkaApis:
     async def offset_fetch(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         body = req.body
         topics = _get(body, "topics")
+        # The partitions are bounded and the group's ACL checked before they are expanded: an 8 MB frame of
+        # 2M partition indexes was made 2M protobuf entries on the event loop before either (audit).
+        await refuse_oversized(ctx, self.cache, sum(len(t.partition_indexes) for t in topics or ()), "partitions")
+        refused = self.groups._refused(ctx, authz.DESCRIBE, body.group_id, group_pb2.OffsetFetchResponse)
         pb = group_pb2.OffsetFetchRequest(group_id=body.group_id)
-        for t in topics or ():
-            for p in t.partition_indexes:
-                pb.partitions.add(topic=t.name, partition=p)
-        out = await self.groups.OffsetFetch(pb, ctx)
+        if refused is None:
+            for t in topics or ():
+                for p in t.partition_indexes:
+                    pb.partitions.add(topic=t.name, partition=p)
+        out = refused if refused is not None else await self.groups.OffsetFetch(pb, ctx)
         by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for c in out.partitions:
             by_topic[c.topic].append({"partition_index": c.partition, "committed_offset": c.offset,

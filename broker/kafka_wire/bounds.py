@@ -13,8 +13,8 @@ than bytes are left (every element takes at least one), and a tagged field must 
 The walk is Python work per element, so what a frame may make it do is bounded too (an audit found an
 8 MiB frame of millions of empty entries or tagged fields took 2-10 s): at most ``MAX_TAGGED_FIELDS``
 tagged fields an entity (Kafka's clients send a handful), at most ``MAX_ELEMENTS`` array elements and
-entities a frame, and an array of fixed-size values is checked in one step. Large frames are parsed
-off the event loop (server.PARSE_ON_LOOP_MAX_BYTES).
+entities a frame, and an array of fixed-size values is checked (its bytes, and its elements counted) in
+one step. Large frames are parsed off the event loop (server.PARSE_ON_LOOP_MAX_BYTES).
 """
 
 from __future__ import annotations
@@ -160,15 +160,16 @@ def _scan_value(c: _Cursor, p: _FieldPlan, flexible: bool, where: str) -> None:
             return
         if n > c.end - c.pos:
             raise Malformed(f"{what}: {n} elements claimed, {c.end - c.pos} bytes left")
+        # Every element counts, fixed-size ones too: the handlers expand an array of int32 partition indexes
+        # as they do entities (an 8 MB frame of 2M of them cost 1 s of the event loop and 100 MB, audit).
+        c.count(n, what)
         if p.kind == "entities":
-            c.count(n, what)
             for _ in range(n):
                 _scan_entity(c, p.entity, what)
             return
         if p.kafka_type != "string":  # fixed-size values: one check for the whole array
             c.take(n * (_FIXED.get(p.kafka_type, 0) or _unknown(p.kafka_type, what)), what)
             return
-        c.count(n, what)
         element = _FieldPlan(p.name, "string", p.kafka_type, None, False, None)
         for _ in range(n):
             _scan_value(c, element, flexible, where)

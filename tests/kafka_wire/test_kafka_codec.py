@@ -97,8 +97,8 @@ def test_more_tagged_fields_than_any_client_sends_are_refused_before_they_are_wa
 
 def test_a_frame_of_more_elements_than_the_walk_takes_is_refused_and_fixed_arrays_cost_one_step() -> None:
     """An 8 MiB OffsetFetch naming 2.8M empty topics held the event loop 10 s in the bounds walk. A frame may
-    hold at most MAX_ELEMENTS entities and variable-size elements; an array of fixed-size values is checked
-    in one step whatever its length (the compiled reader reads it, the handlers bound what it names)."""
+    hold at most MAX_ELEMENTS entities and elements; an array of fixed-size values is checked in one step
+    whatever its length, its elements counted (test_int32_arrays_count_against_the_element_bound)."""
     from broker.kafka_wire import bounds
 
     def offset_fetch(topics: int, partitions: int = 0) -> bytes:
@@ -119,6 +119,31 @@ def test_a_frame_of_more_elements_than_the_walk_takes_is_refused_and_fixed_array
     real = bounds._scan_value
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(bounds, "_scan_value", lambda *a: (walked.append(1), real(*a))[1])
-        req = codec.parse_request(offset_fetch(1, 1_000_000), apis.OFFSET_FETCH, 7)
-    assert len(req.body.topics[0].partition_indexes) == 1_000_000
-    assert len(walked) < 20, f"{len(walked)} steps for one array of a million int32"
+        req = codec.parse_request(offset_fetch(1, bounds.MAX_ELEMENTS - 1), apis.OFFSET_FETCH, 7)
+    assert len(req.body.topics[0].partition_indexes) == bounds.MAX_ELEMENTS - 1
+    assert len(walked) < 20, f"{len(walked)} steps for one array of {bounds.MAX_ELEMENTS - 1} int32"
+
+
+@pytest.mark.parametrize(("api_key", "version", "values"), [
+    (apis.OFFSET_FETCH, 7, lambda n: {"group_id": "g", "topics": [{"name": "t", "partition_indexes": range(n)}]}),
+    (35, 4, lambda n: {"topics": [{"topic": "t", "partitions": range(n)}]}),  # DescribeLogDirs
+    (43, 2, lambda n: {"election_type": 0, "timeout": 1000,  # ElectLeaders
+                       "topic_partitions": [{"topic": "t", "partitions": range(n)}]}),
+    (46, 0, lambda n: {"timeout": 1000, "topics": [{"name": "t", "partition_indexes": range(n)}]}),
+], ids=["OffsetFetch", "DescribeLogDirs", "ElectLeaders", "ListPartitionReassignments"])
+def test_int32_arrays_count_against_the_element_bound(api_key: int, version: int, values: object) -> None:
+    """An 8 MB frame holds 2M int32 partition indexes: they were checked in one step and never counted, and the
+    handlers expanded them on the event loop before any bound or ACL check (audit: 1 s of the loop and 100 MB
+    for each DescribeLogDirs or OffsetFetch). They count as elements now, still in one step."""
+    from broker.kafka_wire import bounds
+
+    def frame(n: int) -> bytes:
+        body = codec.build(codec.request_schema(api_key, version), values(n))  # type: ignore[operator]
+        return _frame(api_key, version, body)
+
+    # The request's one topic entity is an element too.
+    assert codec.parse_request(frame(bounds.MIN_ELEMENTS - 1), api_key, version, bounds.MIN_ELEMENTS)
+    with pytest.raises(codec.MalformedRequest, match=f"more than {bounds.MIN_ELEMENTS} array elements"):
+        codec.parse_request(frame(bounds.MIN_ELEMENTS), api_key, version, bounds.MIN_ELEMENTS)
+    with pytest.raises(codec.MalformedRequest, match=f"more than {bounds.MAX_ELEMENTS} array elements"):
+        codec.parse_request(frame(2_000_000), api_key, version)  # the audit's 8 MB frame

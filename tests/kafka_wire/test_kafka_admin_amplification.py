@@ -1,0 +1,387 @@
+"""What one admin request may make a broker's Kafka listener do, on a real KafkaListener in this process (real
+sockets, raw frames). The broker behind it is a fake that counts its work: the controller calls it forwards,
+the ACL matches it evaluates, how often it reads its own configs, the partitions it hands to its services.
+
+Found by an audit, each from one small request:
+- DescribeConfigs naming one topic or broker 9,999 times (50 KB) expanded every copy again, with
+  documentation and synonyms, on the event loop: 4 s stalled (17 s and 778 MB for the broker resource);
+- IncrementalAlterConfigs naming the BROKER resource '' 9,999 times (40 KB) made 9,999 controller calls;
+- DeleteAcls with 1,000 copies of one filter over 10,000 ACLs (8 KB) matched every deleted ACL against every
+  filter on the loop and listed each under every filter: 215 s stalled, 6.2 GB, a 259 MB answer;
+- arrays of int32 partition indexes were not counted by the frame's element bound, and DescribeLogDirs and
+  OffsetFetch expanded 2M of them (8 MB) on the loop before any bound or ACL check."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+import threading
+import types
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
+from kio.serial import entity_reader, entity_writer
+
+from broker.kafka_wire import admin_apis, bounds, codec
+from broker.kafka_wire.server import KafkaListener, KafkaListenerSpec
+from metadata_quorum import security as sec
+from metadata_quorum.security_service import acl_matches_filter
+from proto import broker_pb2, group_pb2, security_pb2
+from proto import controller_pb2 as cpb
+from proto.errors import ErrorCode
+
+DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
+DELETE_ACLS, DESCRIBE_LOG_DIRS, OFFSET_FETCH = 31, 35, 9
+TOPIC, BROKER = admin_apis.RESOURCE_TOPIC, admin_apis.RESOURCE_BROKER
+NODE_ID = 1
+TOPICS = {"t", "u"}
+DENIED_GROUP = "not-yours"
+LIMIT = 1000  # resources (DescribeConfigs, AlterConfigs) and ACL filters a request may name: the controller's
+DUPLICATE = "Each resource must appear at most once."  # Kafka's answer to each copy of a config resource
+
+
+class FakeController:
+    """The active controller as the broker's ControllerClient (and SecurityControllerClient) reach it: each
+    call recorded, answered as Brook's controller answers."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.acls: list[sec.AclBinding] = []
+
+    def call(self, method: str, request: Any, *, timeout_s: float = 0, metadata: Any = ()) -> Any:
+        self.calls.append((method, request))
+        return getattr(self, method)(request)
+
+    def methods(self) -> list[str]:
+        return [method for method, _ in self.calls]
+
+    def DescribeConfigs(self, req: cpb.DescribeConfigsRequest) -> cpb.DescribeConfigsResponse:  # noqa: N802
+        out = cpb.DescribeConfigsResponse()
+        for name in dict.fromkeys(req.topics):  # each topic once, as the controller (e09bd4b)
+            r = out.results.add(topic=name)
+            if name not in TOPICS:
+                r.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            r.entries.add(name="retention.ms", value="1000", is_default=False, documentation="How long.")
+            r.entries.add(name="segment.bytes", value="1024", is_default=True, documentation="How big.")
+        return out
+
+    def AlterConfigs(self, req: cpb.AlterConfigsRequest) -> cpb.AlterConfigsResponse:  # noqa: N802
+        out = cpb.AlterConfigsResponse()
+        for r in req.resources:
+            out.results.add(name=r.topic)
+        return out
+
+    def AlterClusterConfigs(self, req: Any) -> cpb.AlterClusterConfigsResponse:  # noqa: N802
+        return cpb.AlterClusterConfigsResponse()
+
+    def DeleteAcls(self, req: security_pb2.DeleteAclsRequest) -> security_pb2.AclsResponse:  # noqa: N802
+        doomed = [b for b in self.acls if any(acl_matches_filter(b, f) for f in req.filters)]
+        self.acls = [b for b in self.acls if b not in doomed]
+        return security_pb2.AclsResponse(acls=[security_pb2.AclBinding(
+            resource_type=b.resource_type, resource_name=b.resource_name, pattern_type=b.pattern_type,
+            principal=b.principal, host=b.host, operation=b.operation, permission=b.permission) for b in doomed])
+
+
+class FakeBroker(types.SimpleNamespace):
+    """What the listener's handlers read of a BrokerServer, counting the reads that cost."""
+
+    def __init__(self) -> None:
+        self.controller = FakeController()
+        self.node_reads = 0  # the node's view of its configs (dynamic cluster configs) read
+        self.authorizations = 0
+        self.log_dirs_asked: list[broker_pb2.DescribeLogDirsRequest] = []
+        self.offsets_asked: list[group_pb2.OffsetFetchRequest] = []
+        broker = self
+
+        def cluster_configs() -> dict[str, str]:
+            broker.node_reads += 1
+            return {"log.retention.ms": "60000"}
+
+        def authorize(*_: Any) -> bool:
+            broker.authorizations += 1
+            return True
+
+        async def describe_log_dirs(request: broker_pb2.DescribeLogDirsRequest, ctx: Any) -> Any:
+            broker.log_dirs_asked.append(request)
+            d = broker_pb2.LogDirDescription(path="/data", total_bytes=10, usable_bytes=5)
+            for p in range(4):
+                d.partitions.add(topic="t", partition=p, size_bytes=p)
+            return broker_pb2.DescribeLogDirsResponse(broker_id=NODE_ID, dirs=[d])
+
+        async def offset_fetch(request: group_pb2.OffsetFetchRequest, ctx: Any) -> Any:
+            broker.offsets_asked.append(request)
+            return group_pb2.OffsetFetchResponse(partitions=[group_pb2.CommittedOffset(
+                topic=p.topic, partition=p.partition, offset=7, leader_epoch=-1) for p in request.partitions])
+
+        def refused(ctx: Any, operation: str, group_id: str, response_cls: type) -> Any:
+            if group_id != DENIED_GROUP:
+                return None
+            return response_cls(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, error_message="denied")
+
+        super().__init__(
+            node_id=NODE_ID, controller_client=self.controller,
+            settings=types.SimpleNamespace(defaults={"log.dirs": "/data", "sasl.jaas.config": "secret"}),
+            metadata_cache=types.SimpleNamespace(counts=lambda: (2, 4), cluster_configs=cluster_configs),
+            authorizer=types.SimpleNamespace(authorize=authorize),
+            service=types.SimpleNamespace(DescribeLogDirs=describe_log_dirs),
+            group_servicer=types.SimpleNamespace(OffsetFetch=offset_fetch, _refused=refused))
+
+
+@pytest.fixture()
+async def listener() -> AsyncIterator[KafkaListener]:
+    broker = FakeBroker()
+    lst = KafkaListener(broker, KafkaListenerSpec("KAFKA", "127.0.0.1", 0, "PLAINTEXT"),
+                        {"kafka.request.timeout.ms": "30000"})
+    lst.apis.admin._security = lambda: broker.controller  # type: ignore[method-assign]
+    await lst.start()
+    try:
+        yield lst
+    finally:
+        await lst.stop()
+
+
+def _frame(api_key: int, version: int, values: dict[str, Any]) -> bytes:
+    cls = codec.request_schema(api_key, version)
+    assert cls.__flexible__
+    buf = io.BytesIO()
+    entity_writer(HeaderV2)(buf, HeaderV2(request_api_key=api_key, request_api_version=version, correlation_id=7,
+                                          client_id="amplification-test"))
+    entity_writer(cls)(buf, codec.build(cls, values))
+    data = buf.getvalue()
+    return struct.pack(">i", len(data)) + data
+
+
+async def _ask(lst: KafkaListener, api_key: int, version: int, values: dict[str, Any]) -> Any:
+    """The decoded answer; None when the listener closed the connection instead."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", lst.port)
+    try:
+        writer.write(_frame(api_key, version, values))
+        await writer.drain()
+        try:
+            size = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 30))[0]
+        except asyncio.IncompleteReadError:
+            return None
+        data = await asyncio.wait_for(reader.readexactly(size), 30)
+    finally:
+        writer.close()
+    body, _ = entity_reader(codec.response_schema(api_key, version))(data, 5)
+    return body
+
+
+def _broker(lst: KafkaListener) -> FakeBroker:
+    return lst.broker  # type: ignore[no-any-return]
+
+
+def _resource(kind: int, name: str, **more: Any) -> dict[str, Any]:
+    return {"resource_type": kind, "resource_name": name, **more}
+
+
+# ---- DescribeConfigs ----
+async def test_describe_configs_answers_each_copy_but_asks_and_reads_once(
+        listener: KafkaListener) -> None:
+    broker = _broker(listener)
+    asked = ([_resource(TOPIC, "t", configuration_keys=None)] * 50 + [_resource(TOPIC, "u", configuration_keys=None)]
+             + [_resource(BROKER, str(NODE_ID), configuration_keys=None)] * 3
+             + [_resource(BROKER, "", configuration_keys=None), _resource(BROKER, "2", configuration_keys=None)])
+    answer = await _ask(listener, DESCRIBE_CONFIGS, 4, {"resources": asked, "include_synonyms": True,
+                                                        "include_documentation": True})
+    assert [(r.resource_type, r.resource_name) for r in answer.results] == \
+        [(r["resource_type"], r["resource_name"]) for r in asked]  # one answer a resource, in order
+    by_error = [(r.resource_name, int(r.error_code), len(r.configs)) for r in answer.results]
+    # As Kafka's ConfigHelper: every copy answered, the same way.
+    assert len(set(by_error[:50])) == 1 and by_error[0][1] == 0 and by_error[0][2] > 0
+    assert len(set(by_error[51:54])) == 1 and by_error[51][1] == 0 and by_error[51][2] > 0
+    assert by_error[50][:2] == ("u", 0) and by_error[54][:2] == ("", 0)
+    assert by_error[55][:2] == ("2", ErrorCode.INVALID_REQUEST)  # another broker's configs
+    u = {c.name: c for c in answer.results[50].configs}
+    assert u["retention.ms"].value == "1000" and u["retention.ms"].documentation == "How long."
+    assert [(s.name, s.value) for s in u["retention.ms"].synonyms] == [("retention.ms", "1000")]
+    cluster_defaults = {c.name: c.value for c in answer.results[54].configs}
+    assert cluster_defaults == {"log.retention.ms": "60000"}
+    # The work: one controller call naming each topic once, the node's configs read and authorized once.
+    assert [(m, list(r.topics)) for m, r in broker.controller.calls] == [("DescribeConfigs", ["t", "u"])]
+    assert broker.node_reads == 1 and broker.authorizations == 1
+
+
+async def test_describe_configs_reads_the_node_once_for_both_broker_resources(listener: KafkaListener) -> None:
+    broker = _broker(listener)
+    answer = await _ask(listener, DESCRIBE_CONFIGS, 4, {"resources": [
+        _resource(BROKER, "", configuration_keys=None), _resource(BROKER, str(NODE_ID), configuration_keys=None)]})
+    assert [int(r.error_code) for r in answer.results] == [0, 0]
+    mine = {c.name: c for c in answer.results[1].configs}
+    assert mine["log.retention.ms"].value == "60000" and mine["log.dirs"].read_only
+    assert mine["sasl.jaas.config"].is_sensitive and mine["sasl.jaas.config"].value is None
+    assert broker.node_reads == 1 and broker.authorizations == 1
+    assert broker.controller.calls == []
+
+
+async def test_describe_configs_over_the_limit_is_refused_without_a_controller_call(listener: KafkaListener) -> None:
+    broker = _broker(listener)
+    many = [_resource(TOPIC, f"t{i}", configuration_keys=None) for i in range(LIMIT + 1)]
+    answer = await _ask(listener, DESCRIBE_CONFIGS, 4, {"resources": many})
+    assert len(answer.results) == len(many)
+    assert {int(r.error_code) for r in answer.results} == {ErrorCode.POLICY_VIOLATION}
+    assert "limit is 1000" in answer.results[0].error_message
+    assert broker.controller.calls == []
+
+
+def test_the_limits_are_the_controllers() -> None:
+    from metadata_quorum.controller import MAX_TOPICS_PER_REQUEST
+    from metadata_quorum.security_service import MAX_ITEMS_PER_REQUEST
+
+    assert admin_apis.MAX_RESOURCES_PER_REQUEST == MAX_TOPICS_PER_REQUEST == LIMIT
+    assert admin_apis.MAX_ACL_FILTERS == MAX_ITEMS_PER_REQUEST == LIMIT
+    assert admin_apis.DUPLICATE_RESOURCE == DUPLICATE
+
+
+# ---- AlterConfigs / IncrementalAlterConfigs ----
+def _set(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "config_operation": 0, "value": value}
+
+
+async def test_incremental_alter_configs_refuses_duplicates_and_makes_one_call_per_kind(
+        listener: KafkaListener) -> None:
+    controller = _broker(listener).controller
+    cluster_default = _resource(BROKER, "", configs=[_set("log.retention.ms", "1000")])
+    asked = ([cluster_default] * 3 + [_resource(TOPIC, "t", configs=[_set("retention.ms", "1")])] * 2
+             + [_resource(TOPIC, "u", configs=[_set("retention.ms", "2")]), _resource(BROKER, "1", configs=[])])
+    answer = await _ask(listener, INCREMENTAL_ALTER_CONFIGS, 1, {"resources": asked, "validate_only": True})
+    assert [(r.resource_name, int(r.error_code)) for r in answer.responses] == \
+        [("", ErrorCode.INVALID_REQUEST)] * 3 + [("t", ErrorCode.INVALID_REQUEST)] * 2 + \
+        [("u", 0), ("1", ErrorCode.INVALID_REQUEST)]
+    assert answer.responses[0].error_message == DUPLICATE
+    # No controller call for the refused copies (each BROKER '' copy was one), one for the topic left.
+    assert [(m, [x.topic for x in r.resources]) for m, r in controller.calls] == [("AlterConfigs", ["u"])]
+
+    controller.calls.clear()
+    answer = await _ask(listener, INCREMENTAL_ALTER_CONFIGS, 1, {"resources": [
+        cluster_default, _resource(TOPIC, "u", configs=[])], "validate_only": True})
+    assert [int(r.error_code) for r in answer.responses] == [0, 0]
+    assert controller.methods() == ["AlterClusterConfigs", "AlterConfigs"]
+    assert dict(controller.calls[0][1].set) == {"log.retention.ms": "1000"}
+
+
+async def test_legacy_alter_configs_refuses_duplicates_and_too_many(listener: KafkaListener) -> None:
+    controller = _broker(listener).controller
+    cluster_default = _resource(BROKER, "", configs=[{"name": "log.retention.ms", "value": "1000"}])
+    answer = await _ask(listener, ALTER_CONFIGS, 2, {"resources": [cluster_default] * 2, "validate_only": True})
+    assert [int(r.error_code) for r in answer.responses] == [ErrorCode.INVALID_REQUEST] * 2
+    assert controller.calls == []
+    many = [_resource(TOPIC, f"t{i}", configs=[]) for i in range(LIMIT + 1)]
+    answer = await _ask(listener, ALTER_CONFIGS, 2, {"resources": many, "validate_only": True})
+    assert {int(r.error_code) for r in answer.responses} == {ErrorCode.POLICY_VIOLATION}
+    assert controller.calls == []
+    answer = await _ask(listener, ALTER_CONFIGS, 2, {"resources": [cluster_default], "validate_only": True})
+    assert [int(r.error_code) for r in answer.responses] == [0]
+    assert controller.methods() == ["AlterClusterConfigs"]
+
+
+# ---- DeleteAcls ----
+ANY_FILTER = {"resource_type_filter": 1, "resource_name_filter": None, "pattern_type_filter": 1,
+              "principal_filter": None, "host_filter": None, "operation": 1, "permission_type": 1}
+
+
+def _acls(n: int) -> list[sec.AclBinding]:
+    return [sec.AclBinding("TOPIC" if i % 2 else "GROUP", f"acl-{i}", "LITERAL", "User:x", "*", "READ", "ALLOW")
+            for i in range(n)]
+
+
+def _counting_matches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each ACL match the handler evaluates, as the name of the thread it ran on."""
+    threads: list[str] = []
+    real: Callable[..., bool] = admin_apis.acl_matches_filter
+
+    def counting(*args: Any) -> bool:
+        threads.append(threading.current_thread().name)
+        return real(*args)
+    monkeypatch.setattr(admin_apis, "acl_matches_filter", counting)
+    return threads
+
+
+async def test_delete_acls_lists_each_deleted_binding_once_and_matches_each_once_off_the_loop(
+        listener: KafkaListener, monkeypatch: pytest.MonkeyPatch) -> None:
+    controller = _broker(listener).controller
+    controller.acls = _acls(300)
+    matches = _counting_matches(monkeypatch)
+    answer = await _ask(listener, DELETE_ACLS, 3, {"filters": [ANY_FILTER] * 1000})
+    # The work: the filter forwarded once, one match a deleted binding (not 1,000), none on the event loop.
+    assert [len(r.filters) for _, r in controller.calls] == [1]
+    assert len(matches) == 300, f"{len(matches)} matches for 300 deleted ACLs"
+    assert {t for t in matches if not t.startswith("kafka-admin-")} == set(), "matched on the event loop"
+    results = answer.filter_results
+    assert len(results) == 1000 and {int(r.error_code) for r in results} == {0}
+    assert len(results[0].matching_acls) == 300  # each deleted binding once, under the first filter matching it
+    assert all(not r.matching_acls for r in results[1:])
+    assert {(m.resource_name, m.principal, m.host) for m in results[0].matching_acls} == \
+        {(b.resource_name, "User:x", "*") for b in _acls(300)}
+
+
+async def test_delete_acls_lists_a_binding_under_the_first_distinct_filter_matching_it(
+        listener: KafkaListener) -> None:
+    controller = _broker(listener).controller
+    controller.acls = _acls(10)
+    groups_only = {**ANY_FILTER, "resource_type_filter": 3}  # GROUP
+    nothing = {**ANY_FILTER, "principal_filter": "User:nobody"}
+    answer = await _ask(listener, DELETE_ACLS, 3, {"filters": [nothing, groups_only, ANY_FILTER, groups_only]})
+    listed = [sorted(m.resource_name for m in r.matching_acls) for r in answer.filter_results]
+    assert listed == [[], sorted(f"acl-{i}" for i in range(0, 10, 2)), sorted(f"acl-{i}" for i in range(1, 10, 2)),
+                      []]
+    assert controller.acls == []
+
+
+async def test_delete_acls_over_the_limit_is_refused_without_a_controller_call(listener: KafkaListener) -> None:
+    controller = _broker(listener).controller
+    controller.acls = _acls(10)
+    answer = await _ask(listener, DELETE_ACLS, 3, {"filters": [ANY_FILTER] * (LIMIT + 1)})
+    assert {int(r.error_code) for r in answer.filter_results} == {ErrorCode.INVALID_REQUEST}
+    assert len(answer.filter_results) == LIMIT + 1
+    assert controller.calls == [] and len(controller.acls) == 10
+
+
+# ---- int32 arrays: the frame's element bound, then the handlers' bounds and ACLs before expanding ----
+def _log_dirs(partitions: int) -> dict[str, Any]:
+    return {"topics": [{"topic": "t", "partitions": range(partitions)}]}
+
+
+def _offsets(group: str, partitions: int) -> dict[str, Any]:
+    return {"group_id": group, "topics": [{"name": "t", "partition_indexes": range(partitions)}],
+            "require_stable": False}
+
+
+async def test_int32_partition_indexes_count_against_the_frames_element_bound(listener: KafkaListener) -> None:
+    broker = _broker(listener)
+    assert listener.max_elements() == bounds.MIN_ELEMENTS  # a small cluster
+    for api_key, version, values in ((DESCRIBE_LOG_DIRS, 4, _log_dirs(bounds.MIN_ELEMENTS)),
+                                     (OFFSET_FETCH, 7, _offsets("g", bounds.MIN_ELEMENTS))):
+        malformed = listener.stats.malformed_requests_total
+        assert await _ask(listener, api_key, version, values) is None, "answered"
+        assert listener.stats.malformed_requests_total == malformed + 1, "not refused as the frame was read"
+    assert broker.log_dirs_asked == [] and broker.offsets_asked == []
+
+
+async def test_describe_log_dirs_bounds_its_partitions_before_expanding_them(listener: KafkaListener) -> None:
+    broker = _broker(listener)
+    # Within the frame's bound, above what a request may name in a cluster of 4 partitions (1,000).
+    assert await _ask(listener, DESCRIBE_LOG_DIRS, 4, _log_dirs(5_000)) is None
+    assert broker.log_dirs_asked == []
+    answer = await _ask(listener, DESCRIBE_LOG_DIRS, 4, {"topics": [{"topic": "t", "partitions": [1, 3]}]})
+    assert [(t.name, [p.partition_index for p in t.partitions]) for t in answer.results[0].topics] == [("t", [1, 3])]
+    assert [list(r.topics) for r in broker.log_dirs_asked] == [["t"]]
+
+
+async def test_offset_fetch_bounds_its_partitions_and_checks_the_group_acl_before_expanding_them(
+        listener: KafkaListener) -> None:
+    broker = _broker(listener)
+    assert await _ask(listener, OFFSET_FETCH, 7, _offsets("g", 5_000)) is None
+    assert broker.offsets_asked == []
+    denied = await _ask(listener, OFFSET_FETCH, 7, _offsets(DENIED_GROUP, 900))
+    assert int(denied.error_code) == ErrorCode.GROUP_AUTHORIZATION_FAILED and denied.topics == ()
+    assert broker.offsets_asked == [], "the partitions of a group the client may not describe were expanded"
+    answer = await _ask(listener, OFFSET_FETCH, 7, _offsets("g", 3))
+    assert int(answer.error_code) == 0
+    assert [(p.partition_index, p.committed_offset) for p in answer.topics[0].partitions] == [(0, 7), (1, 7), (2, 7)]
+    assert [len(r.partitions) for r in broker.offsets_asked] == [3]
