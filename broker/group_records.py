@@ -185,15 +185,42 @@ def parse_subscriptions(protocol_type: str, protocols: Iterable[tuple[str, bytes
             continue  # as Member.metadata_for: the first protocol of a name counts
         parsed = by_bytes.get(metadata)
         if parsed is None:
-            try:
-                parsed = frozenset(group_pb2.ConsumerSubscription.FromString(metadata).topics)
-            except Exception:  # noqa: BLE001 - a client's bytes: they subscribe to nothing
-                parsed = frozenset()
-            by_bytes[metadata] = parsed
+            parsed = by_bytes[metadata] = subscribed_topics(metadata)
             if parsed:
                 held += sys.getsizeof(parsed) + sum(map(sys.getsizeof, parsed))
         topics[name] = parsed
     return Subscriptions(topics, held) if held else NO_SUBSCRIPTIONS
+
+
+def subscribed_topics(metadata: bytes) -> frozenset[str]:
+    """The topics of a consumer's subscription metadata: Kafka clients' ConsumerProtocolSubscription
+    (an int16 version, so a first byte of 0) or a Brook client's ConsumerSubscription (protobuf: its
+    first byte is a field tag, never 0). Undecodable metadata subscribes to nothing."""
+    if metadata[:1] == b"\x00":
+        return _kafka_subscription_topics(metadata)
+    try:
+        return frozenset(group_pb2.ConsumerSubscription.FromString(metadata).topics)
+    except Exception:  # noqa: BLE001 - a client's bytes: they subscribe to nothing
+        return frozenset()
+
+
+def _kafka_subscription_topics(metadata: bytes) -> frozenset[str]:
+    """Kafka's ConsumerProtocolSubscription (any version: the topics come first, after the version,
+    as an int32 count of int16-length strings); what follows them is not needed here."""
+    try:
+        version, count = struct.unpack_from(">hi", metadata, 0)
+        if version < 0 or count < 0 or count > (len(metadata) - 6) // 2:
+            return frozenset()
+        topics, pos = [], 6
+        for _ in range(count):
+            (n,) = struct.unpack_from(">h", metadata, pos)
+            if n < 0 or pos + 2 + n > len(metadata):
+                return frozenset()
+            topics.append(metadata[pos + 2:pos + 2 + n].decode("utf-8"))
+            pos += 2 + n
+        return frozenset(topics)
+    except (struct.error, UnicodeDecodeError):
+        return frozenset()
 
 
 def parse_member_subscriptions(group: Group) -> None:

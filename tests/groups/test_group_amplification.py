@@ -418,3 +418,19 @@ def test_reduced_specs_mean_what_the_specs_in_order_meant(coord: GroupCoordinato
     with pytest.raises(CoordinatorError) as info:
         coord._expand_specs([_spec("t", -1), _spec("nope", -1), _spec("gone", -1), _spec("nope", -1)], {})
     assert info.value.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and "'nope'" in info.value.message
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+def test_kafka_clients_subscriptions_are_read_in_kafkas_format(version: int) -> None:
+    """Kafka clients' members send ConsumerProtocolSubscription (kafka-python's encoder here), not
+    Brook's protobuf: their topics must be read too, or OffsetDelete never refuses a subscribed
+    topic for them (as it did) and DescribeGroups shows them subscribed to nothing."""
+    from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
+
+    raw = ConsumerProtocolSubscription(version=version, topics=["orders", "logs"], user_data=b"u").encode(
+        version=version)
+    assert records.subscribed_topics(raw) == {"orders", "logs"}
+    parsed = records.parse_subscriptions("consumer", [("range", raw), ("cooperative-sticky", raw)])
+    assert parsed.of("range") == parsed.of("cooperative-sticky") == {"orders", "logs"}
+    for broken in (raw[:9], b"\x00\x00\x7f\xff\xff\xff", b"\x00\x00\x00\x00\x00\x01\xff\xff", b"\x00"):
+        assert records.subscribed_topics(broken) == frozenset(), broken

@@ -206,11 +206,32 @@ def test_confluent_consumer_group_commits_offsets(kconf, admin: Admin, make_topi
         committed = consumer.committed([RdTopicPartition(topic, p) for p in range(3)], timeout=10)
         ends = {p: consumer.get_watermark_offsets(RdTopicPartition(topic, p), timeout=10)[1] for p in range(3)}
         assert {tp.partition: tp.offset for tp in committed} == ends
+        # Kafka refuses to delete the offsets of a topic a live member subscribes to, read from the
+        # member's subscription metadata (Kafka's ConsumerProtocolSubscription, not Brook's format);
+        # the deletion comes from another client library, kafka-python's admin.
+        assert _delete_offsets(kconf, group, topic) == "GroupSubscribedToTopicError"
     finally:
         consumer.close()
     # The same commits, seen by Brook's admin client through the group coordinator.
     offsets = admin.list_group_offsets(group)
     assert {tp.partition: om.offset for tp, om in offsets.items() if tp.topic == topic} == ends
+    wait_for(lambda: _delete_offsets(kconf, group, topic) == "NoError", 30,
+             "the offsets deleted once the group has no member")
+    assert all(tp.topic != topic or tp.partition != 0 for tp in admin.list_group_offsets(group))
+
+
+def _delete_offsets(kconf, group: str, topic: str) -> str:
+    """kafka-python's KafkaAdminClient.delete_group_offsets (OffsetDelete) of ``topic``'s partition 0:
+    the partition's error name (NoError on success)."""
+    from kafka import KafkaAdminClient
+    from kafka import TopicPartition as KpTopicPartition
+
+    admin = KafkaAdminClient(bootstrap_servers=kconf["bootstrap.servers"].split(","), request_timeout_ms=20_000)
+    try:
+        result = admin.delete_group_offsets(group, [KpTopicPartition(topic, 0)])
+    finally:
+        admin.close()
+    return result[KpTopicPartition(topic, 0)].__name__
 
 
 def test_confluent_rebalance_across_two_consumers(kconf, make_topic) -> None:
