@@ -1188,7 +1188,7 @@ def _decode_assignment(member_id: str, raw: bytes) -> Any:
     if not raw:
         return ()
     try:
-        return group_pb2.ConsumerAssignment.FromString(raw).partitions
+        return records.consumer_assignment(raw).partitions
     except Exception as exc:  # noqa: BLE001 - a client's bytes; describe must not fail on them
         log.debug("undecodable consumer assignment of %s: %s", member_id, exc)
         return ()
@@ -1196,7 +1196,7 @@ def _decode_assignment(member_id: str, raw: bytes) -> Any:
 
 def _decode_consumer_member(dm: group_pb2.DescribedMember, assigned: Any) -> None:
     try:
-        sub = group_pb2.ConsumerSubscription.FromString(dm.metadata)
+        sub = records.consumer_subscription(dm.metadata)
     except Exception as exc:  # noqa: BLE001 - a client's bytes; describe must not fail on them
         log.debug("undecodable consumer metadata of %s: %s", dm.member_id, exc)
         return

@@ -193,34 +193,109 @@ def parse_subscriptions(protocol_type: str, protocols: Iterable[tuple[str, bytes
 
 
 def subscribed_topics(metadata: bytes) -> frozenset[str]:
-    """The topics of a consumer's subscription metadata: Kafka clients' ConsumerProtocolSubscription
-    (an int16 version, so a first byte of 0) or a Brook client's ConsumerSubscription (protobuf: its
-    first byte is a field tag, never 0). Undecodable metadata subscribes to nothing."""
-    if metadata[:1] == b"\x00":
-        return _kafka_subscription_topics(metadata)
+    """The topics of a consumer's subscription metadata (``consumer_subscription``); undecodable
+    metadata subscribes to nothing."""
     try:
-        return frozenset(group_pb2.ConsumerSubscription.FromString(metadata).topics)
+        return frozenset(consumer_subscription(metadata).topics)
     except Exception:  # noqa: BLE001 - a client's bytes: they subscribe to nothing
         return frozenset()
 
 
-def _kafka_subscription_topics(metadata: bytes) -> frozenset[str]:
-    """Kafka's ConsumerProtocolSubscription (any version: the topics come first, after the version,
-    as an int32 count of int16-length strings); what follows them is not needed here."""
-    try:
-        version, count = struct.unpack_from(">hi", metadata, 0)
-        if version < 0 or count < 0 or count > (len(metadata) - 6) // 2:
-            return frozenset()
-        topics, pos = [], 6
-        for _ in range(count):
-            (n,) = struct.unpack_from(">h", metadata, pos)
-            if n < 0 or pos + 2 + n > len(metadata):
-                return frozenset()
-            topics.append(metadata[pos + 2:pos + 2 + n].decode("utf-8"))
-            pos += 2 + n
-        return frozenset(topics)
-    except (struct.error, UnicodeDecodeError):
-        return frozenset()
+def consumer_subscription(metadata: bytes) -> group_pb2.ConsumerSubscription:
+    """A consumer member's subscription: Kafka clients send Kafka's ConsumerProtocolSubscription (an
+    int16 version first, so a first byte of 0), Brook's client its ConsumerSubscription (protobuf,
+    whose first byte is a field tag, never 0). Raises ValueError or DecodeError when it decodes as
+    neither."""
+    if metadata[:1] != b"\x00":
+        return group_pb2.ConsumerSubscription.FromString(metadata)
+    r = _KafkaReader(metadata)
+    version = r.version()
+    out = group_pb2.ConsumerSubscription(version=version, topics=r.strings(), user_data=r.nullable_bytes() or b"")
+    if version >= 1 and r.more():
+        out.owned_partitions.extend(r.topic_partitions())
+    out.generation_id = r.int32() if version >= 2 and r.more() else -1
+    if version >= 3 and r.more():
+        out.rack = r.nullable_string() or ""
+    return out
+
+
+def consumer_assignment(assignment: bytes) -> group_pb2.ConsumerAssignment:
+    """A consumer member's assignment, in Kafka's ConsumerProtocolAssignment or Brook's protobuf (as
+    ``consumer_subscription`` tells them apart)."""
+    if assignment[:1] != b"\x00":
+        return group_pb2.ConsumerAssignment.FromString(assignment)
+    r = _KafkaReader(assignment)
+    version = r.version()
+    return group_pb2.ConsumerAssignment(version=version, partitions=r.topic_partitions(),
+                                        user_data=r.nullable_bytes() or b"")
+
+
+class _KafkaReader:
+    """Reads Kafka's consumer protocol types (big-endian, not flexible). Every count is checked
+    against the bytes left before anything is built, so a claimed count costs nothing."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def more(self) -> bool:
+        return self.pos < len(self.data)
+
+    def _unpack(self, fmt: str) -> int:
+        try:
+            (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        except struct.error:
+            raise ValueError(f"consumer protocol data ends at byte {self.pos}") from None
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def version(self) -> int:
+        version = self._unpack(">h")
+        if version < 0:
+            raise ValueError(f"consumer protocol version {version}")
+        return version
+
+    def int32(self) -> int:
+        return self._unpack(">i")
+
+    def _count(self, least_bytes: int) -> int:
+        n = self._unpack(">i")
+        if n < 0 or n * least_bytes > len(self.data) - self.pos:
+            raise ValueError(f"an array of {n} elements in {len(self.data) - self.pos} bytes")
+        return n
+
+    def nullable_string(self) -> str | None:
+        n = self._unpack(">h")
+        if n < 0:
+            return None
+        if n > len(self.data) - self.pos:
+            raise ValueError(f"a string of {n} bytes in {len(self.data) - self.pos}")
+        self.pos += n
+        return self.data[self.pos - n:self.pos].decode("utf-8")
+
+    def strings(self) -> list[str]:
+        out = []
+        for _ in range(self._count(2)):
+            s = self.nullable_string()
+            if s is None:
+                raise ValueError("a null topic name")
+            out.append(s)
+        return out
+
+    def nullable_bytes(self) -> bytes | None:
+        n = self._unpack(">i")
+        if n < 0:
+            return None
+        if n > len(self.data) - self.pos:
+            raise ValueError(f"{n} bytes in {len(self.data) - self.pos}")
+        self.pos += n
+        return self.data[self.pos - n:self.pos]
+
+    def topic_partitions(self) -> list[group_pb2.TopicPartitionRef]:
+        out = []
+        for _ in range(self._count(6)):
+            topic = self.nullable_string() or ""
+            out.extend(group_pb2.TopicPartitionRef(topic=topic, partition=self.int32()) for _ in range(self._count(4)))
+        return out
 
 
 def parse_member_subscriptions(group: Group) -> None:

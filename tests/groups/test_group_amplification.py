@@ -434,3 +434,27 @@ def test_kafka_clients_subscriptions_are_read_in_kafkas_format(version: int) -> 
     assert parsed.of("range") == parsed.of("cooperative-sticky") == {"orders", "logs"}
     for broken in (raw[:9], b"\x00\x00\x7f\xff\xff\xff", b"\x00\x00\x00\x00\x00\x01\xff\xff", b"\x00"):
         assert records.subscribed_topics(broken) == frozenset(), broken
+
+
+def test_kafka_clients_owned_partitions_and_assignments_decode() -> None:
+    """What DescribeGroups shows of a Kafka client's member (Brook's admin and `brook group describe`):
+    its owned partitions and generation (cooperative rebalancing) and its assignment, from kafka-python's
+    encoders; Brook's own protobuf still decodes; a claimed count larger than the bytes builds nothing."""
+    from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
+
+    tp = ConsumerProtocolSubscription.TopicPartition
+    sub = records.consumer_subscription(ConsumerProtocolSubscription(
+        version=3, topics=["orders"], user_data=None, owned_partitions=[tp(topic="orders", partitions=[0, 2])],
+        generation_id=7, rack_id="r1").encode(version=3))
+    assert (list(sub.topics), [(r.topic, r.partition) for r in sub.owned_partitions], sub.generation_id, sub.rack) \
+        == (["orders"], [("orders", 0), ("orders", 2)], 7, "r1")
+    atp = ConsumerProtocolAssignment.TopicPartition
+    assigned = records.consumer_assignment(ConsumerProtocolAssignment(
+        version=0, assigned_partitions=[atp(topic="orders", partitions=[0, 2]), atp(topic="logs", partitions=[1])],
+        user_data=b"x").encode(version=0))
+    assert [(r.topic, r.partition) for r in assigned.partitions] == [("orders", 0), ("orders", 2), ("logs", 1)]
+    assert assigned.user_data == b"x"
+    mine = group_pb2.ConsumerAssignment(partitions=[group_pb2.TopicPartitionRef(topic="t", partition=3)])
+    assert records.consumer_assignment(mine.SerializeToString()) == mine
+    with pytest.raises(ValueError):
+        records.consumer_assignment(b"\x00\x00\x7f\xff\xff\xff")

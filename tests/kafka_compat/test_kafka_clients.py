@@ -210,6 +210,14 @@ def test_confluent_consumer_group_commits_offsets(kconf, admin: Admin, make_topi
         # member's subscription metadata (Kafka's ConsumerProtocolSubscription, not Brook's format);
         # the deletion comes from another client library, kafka-python's admin.
         assert _delete_offsets(kconf, group, topic) == "GroupSubscribedToTopicError"
+        # Brook's admin (what `brook group describe` shows) reads the member's Kafka-format subscription
+        # and assignment: the topic, its three partitions, and each partition's owner.
+        (member,) = admin.describe_groups([group])[group].members
+        assert member.subscribed_topics == [topic]
+        assert sorted(tp.partition for tp in member.assignment if tp.topic == topic) == [0, 1, 2]
+        owners = {tp.partition: o.member_id for tp, o in admin.describe_groups([group])[group].offsets.items()
+                  if tp.topic == topic}
+        assert owners == {p: member.member_id for p in range(3)}
     finally:
         consumer.close()
     # The same commits, seen by Brook's admin client through the group coordinator.
