@@ -22,7 +22,7 @@ def create(
     password: Annotated[str, typer.Option(envvar="BROOK_USER_PASSWORD", prompt=True, hide_input=True,
                                           help="The password; prompted for when not given.")],
     mechanism: MechanismOpt = None,
-    iterations: Annotated[int, typer.Option(min=4096, max=1_000_000, help="PBKDF2 iterations.")] = 4096,
+    iterations: Annotated[int, typer.Option(min=4096, max=16_384, help="PBKDF2 iterations (Kafka's bounds).")] = 4096,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:

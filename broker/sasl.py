@@ -44,7 +44,7 @@ import scramp
 from scramp.core import Nonce as ScramNonce
 
 from broker.principal import ANONYMOUS, SESSION_METADATA_KEY, Principal, principal_of, set_session_resolver
-from metadata_quorum.security import MECHANISMS, MIN_ITERATIONS, ScramCredential
+from metadata_quorum.security import MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS, ScramCredential
 from proto import errors
 from proto import security_pb2 as spb
 from proto.errors import ErrorCode
@@ -66,6 +66,8 @@ MAX_FAILURE_RECORDS = 10_000
 # PBKDF2 iterations of the fake credentials unknown users are answered with: what users get when created
 # without an explicit count (salted_credential, ``brook user create``, Admin.create_user: RFC 7677's minimum).
 DEFAULT_ITERATIONS = MIN_ITERATIONS
+# Credentials over MAX_ITERATIONS remembered as already warned about (the cluster stores at most 10,000).
+MAX_COSTLY_WARNINGS = 10_000
 FAKE_SALT_BYTES = 32  # what scramp's make_auth_info draws for real credentials; SCRAM shows its length
 MAX_AUTH_BYTES = 4096
 
@@ -104,6 +106,9 @@ class ScramAuthenticator:
         # digest of the limit key -> recent failure times; ordered by last failure, so the front expires first
         self._failures: OrderedDict[bytes, list[float]] = OrderedDict()
         self._fake_secret = secrets.token_bytes(32)  # salts for unknown users: no user enumeration
+        # Stored credentials above MAX_ITERATIONS (created before the cap) already warned about: bounded by
+        # the credentials the cluster may store.
+        self._costly_warned: set[tuple[str, str, int]] = set()
         self.failed_total = 0
         self.succeeded_total = 0
 
@@ -221,6 +226,9 @@ class ScramAuthenticator:
         limit_key = _limit_key(user, peer)
         locked = bool(creds) and self._too_many_failures(limit_key)
         pw = password.encode("utf-8")
+        for cred in creds:
+            if cred.iterations > MAX_ITERATIONS:
+                self._warn_costly(cred)
         if not locked:
             for cred in creds:
                 if _plain_matches(pw, cred.mechanism, cred.salt, cred.stored_key, cred.iterations):
@@ -241,6 +249,24 @@ class ScramAuthenticator:
                         "is told invalid credentials)", user, peer, MAX_FAILURES_PER_USER, FAILURE_WINDOW_S)
         self._record_failure(limit_key, user, bool(creds) and not locked)
         raise failed(f"authentication failed for user {user!r}: invalid credentials")
+
+    def _warn_costly(self, cred: ScramCredential) -> None:
+        """A credential stored before new ones were capped at MAX_ITERATIONS (Kafka's maximum) still
+        authenticates, PLAIN included (refusing it would lock its user out after an upgrade); but each PLAIN
+        attempt for it, a wrong password from anyone included, runs PBKDF2 at its count on this node: say so,
+        once per credential."""
+        key = (cred.user, cred.mechanism, cred.iterations)
+        with self._lock:
+            if key in self._costly_warned:
+                return
+            if len(self._costly_warned) >= MAX_COSTLY_WARNINGS:
+                self._costly_warned.clear()
+            self._costly_warned.add(key)
+        log.warning("the %s credential of user %r has %d PBKDF2 iterations, more than the %d new credentials may have "
+                    "(Kafka's maximum): every SASL PLAIN attempt for this user, a wrong password from anyone "
+                    "included, costs this node that many. It still authenticates; create the user's credential "
+                    "again (brook user create, or Admin.create_user) with at most %d iterations",
+                    cred.mechanism, cred.user, cred.iterations, MAX_ITERATIONS, MAX_ITERATIONS)
 
     def _fake_credential(self, user: str, mechanism: str) -> tuple[bytes, bytes, bytes, int]:
         """RFC 5802 section 5.1: answer an unknown user like a known one; the proof fails later. Stable per

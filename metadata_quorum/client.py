@@ -57,6 +57,13 @@ _TRANSPORT_RETRY = frozenset(
 )
 
 
+def _too_large(exc: grpc.RpcError) -> bool:
+    """gRPC's own refusal of a message by its size ("Received/Sent message larger than max (N vs. M)"),
+    not the controller being busy (its receive gate and concurrency limit also answer RESOURCE_EXHAUSTED)."""
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return "larger than max" in str(details or "")
+
+
 def _backoff_s(attempt: int) -> float:
     base = min(_BACKOFF_MAX_S, _BACKOFF_MIN_S * (2 ** min(attempt, 10)))
     return base * (0.5 + random.random() / 2)  # jitter: peers retrying together spread out
@@ -119,6 +126,13 @@ class ControllerClient:
             except grpc.RpcError as exc:
                 status = exc.code() if hasattr(exc, "code") else None
                 last_error = f"{target[0]}:{target[1]}: {status} {exc.details() if hasattr(exc, 'details') else exc}"
+                if status == grpc.StatusCode.RESOURCE_EXHAUSTED and _too_large(exc):
+                    # gRPC refused the message by its size (the controller's socket.request.max.bytes, or
+                    # this client's receive limit): permanent, the same request would be refused again.
+                    # Retried, it held a broker's Kafka admin worker for the whole request timeout (audit).
+                    raise errors.MessageTooLargeError(
+                        f"{method}: the request is larger than the controller accepts (its "
+                        f"socket.request.max.bytes): {last_error}") from None
                 if status == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     # The controller is busy (too many calls, or this address's messages being
                     # received): the same controller, after a backoff.

@@ -17,6 +17,7 @@ brokers that were heartbeating the previous controller.
 
 from __future__ import annotations
 
+import collections
 import logging
 import random
 import threading
@@ -636,14 +637,14 @@ class QuorumController:
                       quota: MutationQuota = UNLIMITED) -> pb.CreateTopicsResponse:
         _check_request_size(len(req.topics))
         response = pb.CreateTopicsResponse()
-        names = [t.name for t in req.topics]
+        mentions = collections.Counter(t.name for t in req.topics)
         pending: list[tuple[pb.TopicResult, PendingProposal]] = []
         loads: list[BrokerLoad] | None = None
         budget = _PartitionBudget(self.raft.read(lambda s: s.partition_count()), self.max_cluster_partitions)
         for topic in req.topics:
             result = response.results.add(name=topic.name)
             try:
-                if names.count(topic.name) > 1:
+                if mentions[topic.name] > 1:
                     raise errors.InvalidRequestError(f"topic '{topic.name}' appears more than once in the request")
                 if len(topic.request_id) > MAX_REQUEST_ID_CHARS:
                     raise errors.InvalidRequestError(
@@ -791,8 +792,13 @@ class QuorumController:
         _check_request_size(len(req.names))
         response = pb.DeleteTopicsResponse()
         pending = []
+        mentions = collections.Counter(req.names)
         for name in req.names:
             result = response.results.add(name=name)
+            if mentions[name] > 1:  # Kafka: "Duplicate topic name." at each mention, none deleted
+                result.error_code = ErrorCode.INVALID_REQUEST
+                result.error_message = f"topic '{name}' appears more than once in the request"
+                continue
             found = self.raft.read(lambda s, n=name: (s.topics[n].topic_id, len(s.topics[n].partitions))
                                    if n in s.topics else None)
             if found is None:
@@ -817,14 +823,14 @@ class QuorumController:
         response = pb.CreatePartitionsResponse()
         pending = []
         budget = _PartitionBudget(self.raft.read(lambda s: s.partition_count()), self.max_cluster_partitions)
-        names = [item.name for item in req.topics]
+        mentions = collections.Counter(item.name for item in req.topics)
         # The brokers' loads (a walk over every partition of the cluster) once a request, not once an item:
         # 1,000 items of one topic, each refused, kept a controller of 150,000 partitions busy 51 s (audit).
         loads: list[BrokerLoad] | None = None
         for item in req.topics:
             result = response.results.add(name=item.name)
             try:
-                if names.count(item.name) > 1:
+                if mentions[item.name] > 1:
                     raise errors.InvalidRequestError(f"topic '{item.name}' appears more than once in the request")
                 if loads is None and not item.assignments:
                     loads = self.raft.read(self._loads)
@@ -881,12 +887,21 @@ class QuorumController:
 
     # ---- configs ----
     def alter_configs(self, req: pb.AlterConfigsRequest, timeout_s: float) -> pb.AlterConfigsResponse:
+        """Alter topics' configs (what Kafka's AlterConfigs and IncrementalAlterConfigs come to), one command
+        a topic. A topic named more than once is refused at every mention and none of them applied, as
+        Kafka's brokers and controllers do: proposed once per mention, one 30 KB request naming a topic
+        1,000 times made 1,000 Raft commits (audit)."""
         _check_request_size(len(req.resources))
+        mentions = collections.Counter(resource.topic for resource in req.resources)
         response = pb.AlterConfigsResponse()
         pending = []
         for resource in req.resources:
             result = response.results.add(name=resource.topic)
             try:
+                if mentions[resource.topic] > 1:
+                    raise errors.InvalidRequestError(
+                        f"Duplicate resource: topic '{resource.topic}' appears {mentions[resource.topic]} times in "
+                        f"the request; each resource must appear at most once")
                 found = self.raft.read(lambda s, n=resource.topic: (
                     s.topics[n].topic_id, dict(s.topics[n].configs), s.topics[n].partitions[0].replication_factor)
                     if n in s.topics else None)

@@ -27,7 +27,7 @@ import grpc
 from broker import principal
 from broker.admission import DEFAULT_CONNECTION_IDLE_MS
 from broker.authorizer import AuthorizerConfig
-from broker.receiving import SyncReceiveGate
+from broker.receiving import DEFAULT_REQUEST_MAX_BYTES, SyncReceiveGate
 from broker.request_times import LatencyHistogram
 from broker.tls import HANDSHAKE_TIMEOUT_MS, ServerTls, bind_port
 from metadata_quorum.controller import ControllerConfig, QuorumController
@@ -64,6 +64,20 @@ _SERVER_OPTIONS = [
     # connections.max.idle.ms); a broker keeps its watch stream open, an admin client reconnects.
     ("grpc.max_connection_idle_ms", DEFAULT_CONNECTION_IDLE_MS),
 ]
+
+
+def max_request_bytes(defaults: dict[str, str]) -> int:
+    """The largest request message the controller's server reads: ``socket.request.max.bytes`` (the same key,
+    and default, as a broker's gRPC server and Kafka listener).
+
+    A broker forwards Kafka admin requests (CreateTopics, ElectLeaders, ACLs, configs...) read from frames of
+    up to its ``socket.request.max.bytes``; with gRPC's default 4 MiB a forwarded request of 4-8 MiB could
+    never succeed, and was refused before any check ran (audit). A forwarded request whose protobuf is still
+    larger is refused RESOURCE_EXHAUSTED "larger than max", which ControllerClient answers at once as
+    MESSAGE_TOO_LARGE (the same request would be refused again)."""
+    return int(defaults.get("socket.request.max.bytes", str(DEFAULT_REQUEST_MAX_BYTES)))
+
+
 # Calls the controller's server holds at once (running, or queued for a worker: each of those holds
 # at most 64 KiB of its message); more are refused RESOURCE_EXHAUSTED, so a flood of calls cannot
 # queue without bound. Far above what brokers and admins need (MAX_WATCHERS streams plus requests).
@@ -71,7 +85,8 @@ MAX_CONCURRENT_RPCS = 1024
 # Messages one client address may have being received at once (each holds a worker while it
 # comes; more are refused RESOURCE_EXHAUSTED, which the controller client retries), and how long a
 # message may take to come before its call is cancelled (controller requests are small: a broker's
-# arrive in microseconds). See broker/receiving.py SyncReceiveGate.
+# arrive in microseconds, a forwarded one of socket.request.max.bytes in milliseconds on a LAN). See
+# broker/receiving.py SyncReceiveGate.
 RECEIVING_PER_CLIENT = 16
 RECEIVE_TIMEOUT_S = 5.0
 # Workers other clients' calls may not take: kept for the nodes' own calls (heartbeats, metadata
@@ -287,7 +302,9 @@ class ControllerNode:
                                           authorizer=self._security.authorizer)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_MAX_WORKERS,
                                                         thread_name_prefix=f"controller-{settings.node_id}-grpc"),
-                             options=_SERVER_OPTIONS, interceptors=[self._receive_gate, self._security.interceptor],
+                             options=[*_SERVER_OPTIONS, ("grpc.max_receive_message_length",
+                                                         max_request_bytes(settings.defaults))],
+                             interceptors=[self._receive_gate, self._security.interceptor],
                              maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
         pb_grpc.add_ControllerServiceServicer_to_server(self._service, server)
         self._security.add_service(server, admin)

@@ -20,7 +20,12 @@ from proto import errors
 
 MECHANISMS = {"SCRAM-SHA-256": 32, "SCRAM-SHA-512": 64}  # mechanism -> key length in bytes
 MIN_ITERATIONS = 4096  # RFC 7677's minimum
-MAX_ITERATIONS = 1_000_000
+# The most a new credential may have: Kafka's (ScramMechanism.maxIterations). The server runs PBKDF2 at the
+# stored count for each SASL PLAIN attempt, unauthenticated: at 1,000,000 that was 0.9 CPU-s an attempt (audit).
+MAX_ITERATIONS = 16_384
+# The most the metadata state accepts, what every version before the cap allowed: credentials stored before
+# it still load and replay (a stricter state would drop them), and still authenticate.
+MAX_STORED_ITERATIONS = 1_000_000
 SALT_BYTES_MIN, SALT_BYTES_MAX = 8, 128
 MAX_USER_CHARS = 128
 MAX_CREDENTIALS = 10_000
@@ -70,21 +75,36 @@ class ScramCredential:
 
     @staticmethod
     def from_plain(data: list[object]) -> ScramCredential:
+        """A stored credential (a command or snapshot of the metadata state): validated leniently."""
         user, mechanism, salt, stored, server, iterations = data
         return validate_credential(ScramCredential(str(user), str(mechanism), bytes.fromhex(str(salt)),
                                                    bytes.fromhex(str(stored)), bytes.fromhex(str(server)),
-                                                   int(iterations)))  # type: ignore[call-overload]
+                                                   int(iterations)),  # type: ignore[call-overload]
+                                   strict=False)
 
 
-def validate_credential(cred: ScramCredential) -> ScramCredential:
+def check_iterations(iterations: int) -> int:
+    """The iterations of a new credential: MIN_ITERATIONS..MAX_ITERATIONS (Kafka's bounds)."""
+    if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+        raise errors.InvalidRequestError(
+            f"iterations must be {MIN_ITERATIONS}..{MAX_ITERATIONS} (Kafka's SCRAM bounds), got {iterations}")
+    return iterations
+
+
+def validate_credential(cred: ScramCredential, *, strict: bool) -> ScramCredential:
+    """``strict``: a credential a client asks to create (the controller, and the client library that salts
+    it): at most MAX_ITERATIONS. Otherwise a stored one (the metadata state applying a command or loading a
+    snapshot, which must accept what it accepted before): at most MAX_STORED_ITERATIONS."""
     validate_user(cred.user)
     key_bytes = MECHANISMS.get(cred.mechanism)
     if key_bytes is None:
         raise errors.error_class(errors.ErrorCode.UNSUPPORTED_SASL_MECHANISM)(
             f"mechanism {cred.mechanism!r} is not one of {sorted(MECHANISMS)}")
-    if not MIN_ITERATIONS <= cred.iterations <= MAX_ITERATIONS:
+    if strict:
+        check_iterations(cred.iterations)
+    elif not MIN_ITERATIONS <= cred.iterations <= MAX_STORED_ITERATIONS:
         raise errors.InvalidRequestError(
-            f"iterations must be {MIN_ITERATIONS}..{MAX_ITERATIONS}, got {cred.iterations}")
+            f"iterations must be {MIN_ITERATIONS}..{MAX_STORED_ITERATIONS}, got {cred.iterations}")
     if not SALT_BYTES_MIN <= len(cred.salt) <= SALT_BYTES_MAX:
         raise errors.InvalidRequestError(f"salt must be {SALT_BYTES_MIN}..{SALT_BYTES_MAX} bytes")
     if len(cred.stored_key) != key_bytes or len(cred.server_key) != key_bytes:

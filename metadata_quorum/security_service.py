@@ -74,9 +74,18 @@ def salted_credential(user: str, mechanism: str, password: str, iterations: int 
     """Salt a password (random salt) into what the quorum stores. Used by clients and bootstrap."""
     if not password:
         raise errors.InvalidRequestError("the password is empty")
+    sec.check_iterations(iterations)  # before the PBKDF2, which runs at that count
     salt, stored_key, server_key, i = scramp.ScramMechanism(mechanism).make_auth_info(
         password, iteration_count=iterations)
-    return sec.validate_credential(sec.ScramCredential(user, mechanism, salt, stored_key, server_key, i))
+    return sec.validate_credential(sec.ScramCredential(user, mechanism, salt, stored_key, server_key, i),
+                                   strict=True)
+
+
+def acl_filter_key(f: spb.AclFilter) -> tuple[str, ...]:
+    """What ``acl_matches_filter`` reads of a filter, normalised as it compares it: filters with equal keys
+    match the same bindings."""
+    return (f.resource_type.upper(), f.resource_name, f.pattern_type.upper(), f.principal, f.host,
+            f.operation.upper(), f.permission.upper())
 
 
 def acl_matches_filter(b: sec.AclBinding, f: spb.AclFilter) -> bool:
@@ -204,7 +213,7 @@ class QuorumSecurityAdmin:
             result = response.results.add(name=r.user)
             try:
                 cred = sec.validate_credential(sec.ScramCredential(r.user, r.mechanism, r.salt, r.stored_key,
-                                                                   r.server_key, r.iterations))
+                                                                   r.server_key, r.iterations), strict=True)
                 self._propose(c.UpsertScramCredential(*cred.to_plain()), timeout_s)  # type: ignore[arg-type]
             except errors.BrookError as exc:
                 result.error_code, result.error_message = exc.code, exc.message
@@ -244,16 +253,27 @@ class QuorumSecurityAdmin:
         self._propose(c.CreateAcls([b.as_list() for b in bindings]), timeout_s)
         return spb.AclsResponse(acls=[acl_record(b) for b in bindings])
 
+    def _acls(self) -> frozenset[sec.AclBinding]:
+        """The ACL set as it is now: one consistent version, taken under the state lock in O(1) (the state
+        replaces the set on each change, never changes it in place), to be matched outside the lock."""
+        return self._raft.read(lambda s: s.acls)
+
     def describe_acls(self, f: spb.AclFilter) -> spb.AclsResponse:
-        found = self._raft.read(lambda s: sorted(b for b in s.acls if acl_matches_filter(b, f)))
+        found = sorted(b for b in self._acls() if acl_matches_filter(b, f))
         return spb.AclsResponse(acls=[acl_record(b) for b in found])
 
     def delete_acls(self, filters: Iterable[spb.AclFilter], timeout_s: float) -> spb.AclsResponse:
+        """Delete the bindings any filter matches. The filters are matched against one version of the ACL
+        set, outside the state lock (10,000 ACLs x 1,000 filters inside it held the lock 3.5 s and stalled the
+        Raft tick thread, audit), each distinct filter once; exactly the bindings matched are proposed, and
+        the state deletes those still there (as before: a binding created after the match stays; the answer
+        lists what this command deleted)."""
         filters = list(filters)
         _bounded(filters)
-        if not filters:
+        distinct = list({acl_filter_key(f): f for f in filters}.values())
+        if not distinct:
             return spb.AclsResponse()
-        doomed = self._raft.read(lambda s: sorted(b for b in s.acls if any(acl_matches_filter(b, f) for f in filters)))
+        doomed = sorted(b for b in self._acls() if any(acl_matches_filter(b, f) for f in distinct))
         if not doomed:
             return spb.AclsResponse()
         gone = self._propose(c.DeleteAcls([b.as_list() for b in doomed]), timeout_s)
@@ -327,7 +347,7 @@ class StateAclView:
         version = self._raft.version
         with self._lock:
             if version != self._version:
-                acls = self._raft.read(lambda s: frozenset(s.acls))
+                acls = self._raft.read(lambda s: s.acls)  # replaced on change, never changed in place
                 if acls != self._acls:
                     self._acls, self._index = acls, AclIndex(acls)
                 self._version = version

@@ -203,7 +203,9 @@ class MetadataState:
         self.topics: dict[str, TopicState] = {}  # by name
         self.topics_by_id: dict[str, TopicState] = {}
         self.scram: dict[tuple[str, str], sec.ScramCredential] = {}  # (user, mechanism)
-        self.acls: set[sec.AclBinding] = set()
+        # Replaced, never changed in place: a reader takes the current set under the lock and may use it
+        # after (the controller matches DeleteAcls filters against it outside the lock).
+        self.acls: frozenset[sec.AclBinding] = frozenset()
         self.quotas: dict[str, dict[str, float]] = {}  # entity -> quota values
         self.cluster_configs: dict[str, str] = {}  # dynamic broker configs (metadata_quorum/cluster_configs.py)
         self._changelog_max_keys = changelog_max_keys
@@ -743,14 +745,14 @@ class MetadataState:
         if len(self.acls) + len(new) > sec.MAX_ACLS:
             raise errors.InvalidRequestError(f"more than {sec.MAX_ACLS} ACL bindings")
         if new:
-            self.acls |= new
+            self.acls = self.acls | new
             self._touch(("ACL",))
         return ApplyResult(value=len(new))
 
     def _delete_acls(self, cmd: c.DeleteAcls) -> ApplyResult:
         gone = {sec.acl_binding(a) for a in cmd.acls} & self.acls
         if gone:
-            self.acls -= gone
+            self.acls = self.acls - gone
             self._touch(("ACL",))
         return ApplyResult(value=sorted(gone))
 
@@ -922,7 +924,7 @@ class MetadataState:
         for plain in security.get("scram", []):
             cred = sec.ScramCredential.from_plain(plain)
             self.scram[(cred.user, cred.mechanism)] = cred
-        self.acls = {sec.acl_binding(a) for a in security.get("acls", [])}
+        self.acls = frozenset(sec.acl_binding(a) for a in security.get("acls", []))
         self.quotas = {str(e): {str(k): float(v) for k, v in values.items()} for e, values in security.get("quotas", [])}
         self._changelog.clear()
         self._changelog_keys = 0
