@@ -22,6 +22,7 @@ import shutil
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig, ReplicaFetcherManager
 from replication.partition import IsrProposal, LockBusy, Partition, Role, held
 from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
+from storage.file_records import FileRecords
 from storage.record_batch import decode_batch, iter_batches, read_header
 
 log = logging.getLogger(__name__)
@@ -600,6 +602,7 @@ class ReplicaManager:
         refuse the wait). Cancelling the calling task (the RPC was cancelled) unparks at once.
         """
         loop = asyncio.get_running_loop()
+        req = one_entry_per_partition(req)
         deadline = loop.time() + min(max(0, req.max_wait_ms), MAX_FETCH_WAIT_MS) / 1000
         keys = [(fp.topic, fp.partition) for fp in req.partitions]
         for_follower = req.replica_id >= 0
@@ -777,7 +780,8 @@ class ReplicaManager:
                    blocking: bool = True) -> tuple[broker_pb2.FetchResponse, int, bool]:
         """One read of every partition. With ``slices`` (a consumer fetch to be sent with sendfile), each
         partition's records stay in the segment file: a storage.file_records.FileRecords goes into
-        ``slices`` (replacing, and closing, one of an earlier read) and the response's records stay empty.
+        ``slices`` (replacing, and closing, one of an earlier read) and the response's records stay empty;
+        past the slices' descriptor budget (file_records.slice_budget) the records are read into the response.
         ``blocking=False`` (follower fetches on the event loop) raises LockBusy where a partition lock is
         held; partitions before it may have recorded the follower's progress, which a retry records again."""
         resp = broker_pb2.FetchResponse()
@@ -828,11 +832,12 @@ class ReplicaManager:
                         old = slices.pop((fp.topic, fp.partition), None)
                         if old is not None:
                             old.close()
-                        if records:
+                        if isinstance(records, FileRecords):
                             slices[(fp.topic, fp.partition)] = records
-                        total += len(records)
-                        remaining -= len(records)
-                        continue
+                            total += len(records)
+                            remaining -= len(records)
+                            continue
+                        # bytes: read into memory (storage/file_records.py: the slice budget was spent)
                 out.records = records
                 total += len(records)
                 remaining -= len(records)
@@ -925,28 +930,22 @@ class ReplicaManager:
     # ---- list offsets / epochs ----
     def list_offsets(self, req: broker_pb2.ListOffsetsRequest) -> broker_pb2.ListOffsetsResponse:
         resp = broker_pb2.ListOffsetsResponse()
-        # Entries are not de-duplicated by the client: a request naming one partition a thousand
-        # times must not look it up (MAX_TIMESTAMP: read its log) a thousand times. The answer, or
-        # the error, of each (topic, partition, timestamp) is computed once; the leader and epoch
-        # checks stay per entry (each entry names its own current_leader_epoch).
-        answers: dict[tuple[str, int, int], tuple[int, int] | errors.BrookError] = {}
+        # A partition named more than once is looked up for none of its entries: each gets INVALID_REQUEST,
+        # as Kafka answers (KafkaApis.handleListOffsetRequest, ``duplicatePartitions``). A lookup may read
+        # its log (a timestamp, MAX_TIMESTAMP), and one request naming a partition with a thousand
+        # timestamps read it a thousand times (found by an audit); no client needs two answers at once.
+        named = Counter((lp.topic, lp.partition) for lp in req.partitions)
         for lp in req.partitions:
             out = resp.partitions.add(topic=lp.topic, partition=lp.partition, timestamp=-1, offset=-1,
                                       leader_epoch=-1)
             try:
+                if named[(lp.topic, lp.partition)] > 1:
+                    raise errors.InvalidRequestError(
+                        f"{lp.topic}-{lp.partition} is named {named[(lp.topic, lp.partition)]} times in one "
+                        "ListOffsets request: a partition may be named once")
                 p = self.leader_partition(lp.topic, lp.partition)
                 p.check_leader(lp.current_leader_epoch)
-                key = (lp.topic, lp.partition, lp.timestamp)
-                answer = answers.get(key)
-                if answer is None:
-                    try:
-                        answer = self._offset_for(p, lp.timestamp, req.replica_id >= 0)
-                    except errors.BrookError as e:
-                        answer = e
-                    answers[key] = answer
-                if isinstance(answer, errors.BrookError):
-                    raise answer.with_traceback(None)  # raised again per entry: no growing traceback
-                out.offset, out.timestamp = answer
+                out.offset, out.timestamp = self._offset_for(p, lp.timestamp, req.replica_id >= 0)
                 out.leader_epoch = p.leader_epoch
             except errors.BrookError as e:
                 out.error_code, out.error_message = e.code, e.message
@@ -1058,6 +1057,22 @@ class ReplicaManager:
                 p.isr_expands_total, p.under_replicated, p.under_min_isr,
                 invalid_appends_total=lg.invalid_appends_total))
         return out
+
+
+def one_entry_per_partition(req: broker_pb2.FetchRequest) -> broker_pb2.FetchRequest:
+    """``req`` with one entry per partition: a partition named again keeps its first entry's place and takes its
+    last entry's fields, as Kafka's FetchRequest.fetchData map does, and the answer names it once. Each entry
+    is a read: a Fetch naming one partition a thousand times read it a thousand times (found by an audit)."""
+    last: dict[tuple[str, int], broker_pb2.FetchPartition] = {}
+    for fp in req.partitions:
+        last[(fp.topic, fp.partition)] = fp  # a dict keeps a key's first place when its value is replaced
+    if len(last) == len(req.partitions):
+        return req
+    out = broker_pb2.FetchRequest()
+    out.CopyFrom(req)
+    del out.partitions[:]
+    out.partitions.extend(last.values())
+    return out
 
 
 def _max_timestamp_offset(lg: Any, bound: int) -> tuple[int, int]:

@@ -63,6 +63,7 @@ from broker.replica_manager import (
     AppendResult,
     ReplicaManager,
     call_on_loop,
+    one_entry_per_partition,
     until_resolved,
 )
 from proto import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, errors
@@ -439,9 +440,13 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     async def _consumer_fetch(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext,
                               hold: Callable[[Callable[[], None]], None] | None = None) -> broker_pb2.FetchResponse:
         """A consumer's Fetch; ``hold`` takes the release of the answer's bytes (default: when the call ends)."""
+        await self._bounded(context, len(request.partitions), "partitions")
+        # One entry per partition, as Kafka's fetch map (replica_manager.one_entry_per_partition): the answer
+        # names each partition once, an error (denied topic) included.
+        request = one_entry_per_partition(request)
+
         def on_error() -> broker_pb2.FetchResponse:
             return _fetch_error_all(request)
-        await self._bounded(context, len(request.partitions), "partitions")
         caller = await self._caller(context)
         denied = self.authz.denied_topics(caller, authz.READ, {fp.topic for fp in request.partitions})
 

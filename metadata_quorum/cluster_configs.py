@@ -66,8 +66,13 @@ def doc(key: str) -> str:
     return f"Default of the topic config {TOPIC_KEY_OF[key]}: " + log_config.TOPIC_CONFIGS[TOPIC_KEY_OF[key]].doc
 
 
-def validate(values: Mapping[str, str], delete: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
-    """The values normalised as strings; INVALID_CONFIG naming the first unknown key or bad value."""
+def validate(values: Mapping[str, str], delete: list[str] | tuple[str, ...] = (), *,
+             strict: bool = True) -> dict[str, str]:
+    """The values normalised as strings; INVALID_CONFIG naming the first unknown key or bad value.
+
+    ``strict`` (what a client asks): topic defaults also within the bounds a client may set now
+    (log_config's ``strict_check``, e.g. log.index.interval.bytes at most 1 MiB). The metadata state
+    replays its journal with ``strict=False``, so what was accepted before still applies."""
     if len(values) + len(delete) > MAX_KEYS_PER_REQUEST:
         raise errors.InvalidConfigError(f"more than {MAX_KEYS_PER_REQUEST} keys in one change")
     for key in [*values, *delete]:
@@ -89,7 +94,7 @@ def validate(values: Mapping[str, str], delete: list[str] | tuple[str, ...] = ()
                 raise errors.InvalidConfigError(f"{key} must be at least 1 (delete the key for no limit)")
         else:
             try:
-                log_config.parse_value(TOPIC_KEY_OF[key], text)
+                log_config.parse_value(TOPIC_KEY_OF[key], text, strict=strict)
             except errors.BrookError as exc:
                 raise errors.InvalidConfigError(f"{key}: {exc.message}") from None
         out[key] = text

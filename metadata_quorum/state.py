@@ -695,7 +695,7 @@ class MetadataState:
 
     # -- dynamic cluster configs --
     def _alter_cluster_configs(self, cmd: c.AlterClusterConfigs) -> ApplyResult:
-        to_set = cluster_configs.validate(cmd.set, list(cmd.delete))
+        to_set = cluster_configs.validate(cmd.set, list(cmd.delete), strict=False)  # as accepted when written
         configs = {k: v for k, v in self.cluster_configs.items() if k not in cmd.delete}
         configs.update(to_set)
         if configs == self.cluster_configs:

@@ -10,12 +10,49 @@ It is a ``bytes`` subclass whose ``len()`` is the slice's length and whose conte
 so message writers that size a field with ``len()`` and then ``write()`` it (kio's) size it
 right and hand the object itself to the output buffer, which sends the file bytes in its place.
 It must never reach a writer that copies the content (protobuf): that would send nothing.
+
+The duplicated descriptors are counted: a slice waits until its answer is written, and a client that
+sends fetches of many partitions and never reads held one descriptor per partition each (4-8 unread
+fetches of 2,000 partitions took a broker to its descriptor limit: new clients refused, checkpoints
+failing; found by an audit). ``FileRecords.within_budget`` makes a slice only while the slices of this
+process hold less than ``slice_budget()`` descriptors (a quarter of the limit; segments may hold half,
+storage/segment.py); past it the caller reads the bytes into memory instead (the byte budgets of the
+fetch path bound those).
 """
 
 from __future__ import annotations
 
 import os
+import resource
+import threading
 from typing import Any
+
+SLICE_FD_SHARE = 4  # slices waiting to be sent may hold at most a quarter of the process's descriptors
+
+_open_slices = 0
+_slices_lock = threading.Lock()
+
+
+def open_slices() -> int:
+    """Descriptors held by FileRecords of this process (made and not yet closed)."""
+    return _open_slices
+
+
+def slice_budget() -> int:
+    """Descriptors slices may hold before ``FileRecords.within_budget`` refuses one: a quarter of the limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(1, soft // SLICE_FD_SHARE)
+
+
+def _count(delta: int, limit: int | None = None) -> bool:
+    global _open_slices
+    with _slices_lock:
+        if limit is not None and _open_slices >= limit:
+            return False
+        _open_slices += delta
+        return True
 
 
 class FileRecords(bytes):
@@ -24,13 +61,28 @@ class FileRecords(bytes):
     length: int
     first_offset: int
 
-    def __new__(cls, fd: int, position: int, length: int, first_offset: int) -> FileRecords:
+    def __new__(cls, fd: int, position: int, length: int, first_offset: int, *,
+                _counted: bool = False) -> FileRecords:
         obj = super().__new__(cls, b"")
-        obj.fd = os.dup(fd)
+        obj.fd = -1
+        if not _counted:
+            _count(1)
+        try:
+            obj.fd = os.dup(fd)
+        except BaseException:
+            _count(-1)
+            raise
         obj.position = position
         obj.length = length
         obj.first_offset = first_offset
         return obj
+
+    @classmethod
+    def within_budget(cls, fd: int, position: int, length: int, first_offset: int) -> FileRecords | None:
+        """A slice, or None when slices already hold ``slice_budget()`` descriptors (read the bytes instead)."""
+        if not _count(1, slice_budget()):
+            return None
+        return cls(fd, position, length, first_offset, _counted=True)
 
     def __len__(self) -> int:
         return self.length
@@ -51,12 +103,13 @@ class FileRecords(bytes):
     def close(self) -> None:
         fd, self.fd = self.fd, -1
         if fd >= 0:
+            _count(-1)
             os.close(fd)
 
     def __del__(self) -> None:
         try:
             self.close()
-        except (OSError, AttributeError):
+        except Exception:  # OSError; or at interpreter exit, module globals already gone
             pass
 
     def __reduce__(self) -> Any:  # never pickled: it holds a descriptor

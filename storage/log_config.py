@@ -21,6 +21,14 @@ TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
 
+# The largest index.interval.bytes a client may set, and the interval the storage layer uses whatever is
+# configured (storage/segment.py). Kafka takes any int >= 0, but a lookup of an offset inside a segment reads
+# the batch headers from the index entry below it: at 2^31-1 the index had no entry and every mid-segment
+# fetch walked the segment from its start, 3.8 s per 100 MiB per fetch entry (found by an audit). At 1 MiB
+# (Kafka's default max.message.bytes) a lookup reads at most about one MiB of headers past its entry, and the
+# index of a full 2 GiB segment is 16 KiB: a larger interval saves nothing worth having.
+INDEX_INTERVAL_BYTES_MAX = 1024 * 1024
+
 
 @dataclass(frozen=True)
 class ConfigDef:
@@ -29,10 +37,17 @@ class ConfigDef:
     default: str
     doc: str
     check: Callable[[object], str | None] | None = None  # returns an error text or None
+    # A further check of what a client asks (``validate(strict=True)``, the controller), not of values already
+    # stored: a journal, snapshot or broker config written before the check still replays and opens.
+    strict_check: Callable[[object], str | None] | None = None
 
 
 def _at_least(low: int) -> Callable[[object], str | None]:
     return lambda v: None if v >= low else f"must be at least {low}"  # type: ignore[operator]
+
+
+def _at_most(high: int, why: str) -> Callable[[object], str | None]:
+    return lambda v: None if v <= high else f"must be at most {high} ({why})"  # type: ignore[operator]
 
 
 def _at_least_or_minus_one(low: int) -> Callable[[object], str | None]:
@@ -74,7 +89,11 @@ _DEFS = [
               _at_least(0)),
     ConfigDef("flush.messages", "long", str(_INT64_MAX), "fsync after this many messages.", _at_least(1)),
     ConfigDef("flush.ms", "long", str(_INT64_MAX), "fsync at least this often.", _at_least(0)),
-    ConfigDef("index.interval.bytes", "int", "4096", "Bytes between offset-index entries.", _at_least(0)),
+    ConfigDef("index.interval.bytes", "int", "4096",
+              f"Bytes between offset-index entries (at most {INDEX_INTERVAL_BYTES_MAX}: a lookup inside a segment "
+              "reads the batch headers of one interval).", _at_least(0),
+              _at_most(INDEX_INTERVAL_BYTES_MAX, "1 MiB: a lookup of an offset or a timestamp reads the batch headers "
+                       "of one index interval; a larger value is used as 1 MiB")),
     ConfigDef("max.compaction.lag.ms", "long", str(_INT64_MAX), "Longest a record may stay uncompacted.",
               _at_least(1)),
     ConfigDef("max.message.bytes", "int", str(1024 * 1024 + 12), "Largest record batch accepted.",
@@ -108,8 +127,10 @@ _DEFS = [
 TOPIC_CONFIGS: Mapping[str, ConfigDef] = {d.name: d for d in _DEFS}
 
 
-def parse_value(name: str, raw: str) -> object:
-    """Parse and validate one topic config value; raise InvalidConfigError naming the key."""
+def parse_value(name: str, raw: str, *, strict: bool = False) -> object:
+    """Parse and validate one topic config value; raise InvalidConfigError naming the key.
+
+    ``strict``: also the checks of what a client may set now (``ConfigDef.strict_check``)."""
     d = TOPIC_CONFIGS.get(name)
     if d is None:
         raise InvalidConfigError(f"unknown topic config '{name}'")
@@ -132,8 +153,8 @@ def parse_value(name: str, raw: str) -> object:
             value = text
     except ValueError:
         raise InvalidConfigError(f"invalid value '{raw}' for topic config '{name}': expected {d.kind}") from None
-    if d.check is not None:
-        problem = d.check(value)
+    for check in (d.check, d.strict_check if strict else None):
+        problem = check(value) if check is not None else None
         if problem:
             raise InvalidConfigError(f"invalid value '{raw}' for topic config '{name}': {problem}")
     return value
@@ -152,16 +173,17 @@ VALUE_MAX_CHARS = 256
 def validate(overrides: Mapping[str, str], *, strict: bool = False) -> dict[str, str]:
     """Validate a set of overrides; return them normalised as strings. Raises on the first bad key.
 
-    ``strict`` (the controller, for what a client asks): values at most VALUE_MAX_CHARS and stored in
-    their canonical form (a list without repeats). The metadata state applies commands without it, so a
-    journal written before replays to the same state."""
+    ``strict`` (the controller, for what a client asks): values at most VALUE_MAX_CHARS, within the bounds a
+    client may set now (``ConfigDef.strict_check``: index.interval.bytes at most INDEX_INTERVAL_BYTES_MAX) and
+    stored in their canonical form (a list without repeats). The metadata state applies commands without it,
+    so a journal written before replays to the same state."""
     out: dict[str, str] = {}
     for name, raw in overrides.items():
         text = str(raw)
         if strict and len(text) > VALUE_MAX_CHARS:
             raise InvalidConfigError(f"value of topic config '{name}' is {len(text)} characters, longer than "
                                      f"{VALUE_MAX_CHARS}")
-        value = parse_value(name, raw)
+        value = parse_value(name, raw, strict=strict)
         out[name] = ",".join(dict.fromkeys(value)) if strict and isinstance(value, list) else text.strip()
     return out
 

@@ -5,10 +5,26 @@ A segment holds the batches whose offsets start at its base offset (the file nam
 came; reads are ``pread``s; the OS page cache is the only cache. The segment keeps in
 memory only what the log needs to decide: its size, next offset, largest timestamp and
 the bytes since the last index entry.
+
+Lookups inside a segment read batch headers from an index entry, so what one costs is bounded by
+the index interval:
+
+- ``index.interval.bytes`` is used as at most ``INDEX_INTERVAL_BYTES_MAX`` (1 MiB), whatever a
+  topic says (the controller refuses more; a topic or broker config from before still opens).
+- A segment whose index is sparser than that (written with a larger interval) is walked at most
+  once between two points ``MARK_BYTES`` apart: a walk that reads far from its index entry leaves
+  in-memory marks (offset, position) of the batches it passed, and later lookups start from the
+  nearest mark.
+- Every offset-index entry is written together with the time-index entry of the largest timestamp
+  up to its batch (when that grew), the time entry first, or neither is written. So the batches up
+  to an index entry whose running largest timestamp is below ``t`` are exactly those before the first
+  time-index entry at or above ``t``; a timestamp lookup is a binary search of the time index and a
+  scan of about one index interval (``find_offset_by_timestamp``), not a walk from the segment start.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import resource
@@ -20,6 +36,7 @@ from pathlib import Path
 from proto import errors
 from storage.abstract_index import CorruptIndexError
 from storage.file_records import FileRecords
+from storage.log_config import INDEX_INTERVAL_BYTES_MAX
 from storage.offset_index import OffsetIndex
 from storage.record_batch import BATCH_HEADER_SIZE, BatchHeader, iter_batches, read_header, validate_batch
 from storage.time_index import TimeIndex
@@ -39,7 +56,17 @@ SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 MIN_TRANSLATE_CHUNK_BYTES = 16 * 1024
 # read_slice finds where a slice ends reading the headers this many bytes at a time.
 SLICE_SCAN_CHUNK_BYTES = 64 * 1024
+# A walk leaves a mark every this many bytes it reads past its start (a sparse index: see the module doc).
+MARK_BYTES = INDEX_INTERVAL_BYTES_MAX
 _INT32_MAX = 2**31 - 1
+
+
+def _mark_offset(mark: tuple[int, int]) -> int:
+    return mark[0]
+
+
+def _mark_position(mark: tuple[int, int]) -> int:
+    return mark[1]
 
 
 # Segments open in this process: each holds three file descriptors (log, offset and time index) for as long
@@ -84,7 +111,8 @@ class LogSegment:
                  writable: bool, suffix: str = "", created_ms: int | None = None) -> None:
         self.dir = directory
         self.base_offset = base_offset
-        self.index_interval_bytes = index_interval_bytes
+        # Bounded whatever the topic says: a lookup reads the batch headers of about one interval.
+        self.index_interval_bytes = min(index_interval_bytes, INDEX_INTERVAL_BYTES_MAX)
         self.suffix = suffix
         self.log_path = directory / (segment_file_name(base_offset, LOG_SUFFIX) + suffix)
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -104,6 +132,16 @@ class LogSegment:
         # (position, header) of the last batch appended since the segment opened or was truncated:
         # a follower or tailing consumer reads from it, with no index lookup or scan.
         self._last_appended: tuple[int, BatchHeader] | None = None
+        # Index files written before index and time entries went in pairs (``_index_batch``) may lack a time
+        # entry after the time index filled up; only then was a time entry ever skipped. Such an index is
+        # full: its lookups past the last time entry do not trust the pairing (``find_offset_by_timestamp``).
+        self._time_entries_may_lack = self.time_index.is_full()
+        # (base offset, position) of batches found by walks far from an index entry (a sparse index), in
+        # order; replaced whole under _marks_lock, read without it. _generation changes whenever batches
+        # go away (truncation), so a walk that started before does not leave marks of what it read.
+        self._marks: tuple[tuple[int, int], ...] = ()
+        self._marks_lock = threading.Lock()
+        self._generation = 0
         _count_open(1)
 
     def _open_index(self, cls: type[OffsetIndex] | type[TimeIndex], suffix: str, writable: bool):
@@ -165,8 +203,10 @@ class LogSegment:
 
     def _reset_state(self) -> None:
         self._last_appended = None
+        self._drop_marks_from(0)
         self.index.reset()
         self.time_index.reset()
+        self._time_entries_may_lack = False  # rebuilt by _index_batch: in pairs
         self.next_offset = self.base_offset
         self.max_timestamp = -1
         self.offset_of_max_timestamp = self.base_offset
@@ -253,11 +293,21 @@ class LogSegment:
         if self.first_batch_timestamp < 0:
             self.first_batch_timestamp = h.max_timestamp
         self._observe(h)
-        if self.bytes_since_last_index_entry > self.index_interval_bytes and position > 0:
-            self.index.append(h.base_offset, position)
+        if (self.bytes_since_last_index_entry > self.index_interval_bytes and position > 0
+                and self._room_for_index_entry()):
+            # The time entry first: a reader (no lock) that sees this offset-index entry sees its time entry.
             self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self.index.append(h.base_offset, position)
             self.bytes_since_last_index_entry = 0
         self.bytes_since_last_index_entry += h.size
+
+    def _room_for_index_entry(self) -> bool:
+        """Room for an offset-index entry and, if the largest timestamp grew, its time-index entry? Without
+        it neither is written (the log rolls at its next append): an offset-index entry without the time
+        entry it needs would make ``find_offset_by_timestamp`` skip the batches before it."""
+        if self.index.entries >= self.index.max_entries:
+            return False
+        return not (self.time_index.is_full() and self.time_index.needs_entry(self.max_timestamp))
 
     # -- append / read --------------------------------------------------------------------
     def append(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader]) -> None:
@@ -315,25 +365,75 @@ class LogSegment:
         last = self._last_appended
         if last is not None and last[1].base_offset <= offset <= last[1].last_offset and last[0] + last[1].size <= end:
             return last
+        return self._walk(self._start_for(offset, end), end, lambda h: h.last_offset >= offset)
+
+    def _starts_batch(self, position: int, base_offset: int, end: int) -> bool:
+        try:
+            at = self.read_header_at(position) if position + BATCH_HEADER_SIZE <= end else None
+        except errors.CorruptMessageError:
+            at = None
+        return at is not None and at.base_offset == base_offset
+
+    def _start_for(self, offset: int, end: int) -> int:
+        """Where a walk to ``offset`` starts: the position of the closest batch at or before the one holding it
+        that the index or a mark names (0 without either)."""
         entry = self.index.lookup(offset)
-        pos = entry.position
-        if pos > 0:
-            try:
-                at = self.read_header_at(pos) if pos + BATCH_HEADER_SIZE <= end else None
-            except errors.CorruptMessageError:
-                at = None
-            if at is None or at.base_offset != entry.offset:
-                # A damaged index must not send reads to the wrong bytes: scan from the start.
-                log.warning("%s: index entry %s does not point at its batch; scanning from the start",
-                            self.index.path, entry)
-                pos = 0
-        # From the index entry, a read of about two index intervals holds every header up to the
+        marks = self._marks
+        i = bisect.bisect_right(marks, offset, key=_mark_offset) - 1
+        if i >= 0 and marks[i][1] > entry.position and self._starts_batch(marks[i][1], marks[i][0], end):
+            return marks[i][1]
+        if entry.position > 0 and not self._starts_batch(entry.position, entry.offset, end):
+            # A damaged index must not send reads to the wrong bytes: scan from the start.
+            log.warning("%s: index entry %s does not point at its batch; scanning from the start",
+                        self.index.path, entry)
+            return 0
+        return entry.position
+
+    def _walk(self, start: int, end: int, wanted: Callable[[BatchHeader], bool]
+              ) -> tuple[int, BatchHeader] | None:
+        """(position, header) of the first batch from ``start`` (a batch's position) before ``end`` that is
+        ``wanted``, or None. A walk that reads far from its start leaves marks (see the module doc)."""
+        # From an index entry, a read of about two index intervals holds every header up to the
         # batch wanted (small batches: one pread, not one per batch).
         chunk_bytes = min(SCAN_CHUNK_BYTES, max(2 * self.index_interval_bytes, MIN_TRANSLATE_CHUNK_BYTES))
-        for at, h in self.iter_headers(pos, end, chunk_bytes):
-            if h.last_offset >= offset:
-                return at, h
-        return None
+        generation = self._generation
+        marks: list[tuple[int, int]] = []
+        marked = start
+        found = None
+        for at, h in self.iter_headers(start, end, chunk_bytes):
+            if wanted(h):
+                found = at, h
+                break
+            if at - marked >= MARK_BYTES:
+                marks.append((h.base_offset, at))
+                marked = at
+        if marks:
+            self._add_marks(marks, generation)
+        return found
+
+    def _add_marks(self, new: list[tuple[int, int]], generation: int) -> None:
+        """Keep ``new`` marks, each at least MARK_BYTES / 2 from every kept one (at most about four per
+        MARK_BYTES of segment)."""
+        with self._marks_lock:
+            if generation != self._generation or self.closed:
+                return  # batches went away since the walk started: what it read may be gone
+            marks = list(self._marks)
+            for mark in new:
+                i = bisect.bisect_left(marks, mark[1], key=_mark_position)
+                if (i > 0 and mark[1] - marks[i - 1][1] < MARK_BYTES // 2) or \
+                        (i < len(marks) and marks[i][1] - mark[1] < MARK_BYTES // 2):
+                    continue
+                marks.insert(i, mark)
+            self._marks = tuple(marks)
+
+    def _drop_marks_from(self, position: int) -> None:
+        with self._marks_lock:
+            self._generation += 1
+            self._marks = tuple(m for m in self._marks if m[1] < position)
+
+    def marks(self) -> tuple[tuple[int, int], ...]:
+        """(base offset, position) of the batches walks marked (tests, tools)."""
+        return self._marks
 
     def read(self, start_offset: int, max_bytes: int, bound_offset: int, min_one_batch: bool
              ) -> tuple[bytes, int] | None:
@@ -383,16 +483,50 @@ class LogSegment:
             stop = at + h.size
         if self.closed:  # closed under us: the descriptor may already name another file
             raise OSError(f"segment {self.log_path} closed during a read")
-        return FileRecords(self._fd, pos, stop - pos, first.base_offset), first.base_offset
+        records = FileRecords.within_budget(self._fd, pos, stop - pos, first.base_offset)
+        if records is None:
+            # Slices hold their share of the descriptor limit (answers not yet sent): this one is read into
+            # memory, as ``read`` does; the fetch path's byte budgets count it alike.
+            data = os.pread(self._fd, stop - pos, pos)
+            if self.closed or len(data) != stop - pos:
+                raise OSError(f"segment {self.log_path} closed or truncated during a read")
+            return data, first.base_offset
+        return records, first.base_offset
 
     def find_offset_by_timestamp(self, timestamp_ms: int, start_offset: int) -> tuple[int, int] | None:
-        """(offset, max timestamp) of the first batch with max timestamp >= ``timestamp_ms``."""
-        entry = self.time_index.lookup(timestamp_ms)
-        position = self.index.lookup(max(entry.offset, start_offset)).position
-        for _pos, h in self.iter_headers(position):
-            if h.max_timestamp >= timestamp_ms and h.last_offset >= start_offset:
-                return max(h.base_offset, start_offset), h.max_timestamp
-        return None
+        """(offset, max timestamp) of the first batch with max timestamp >= ``timestamp_ms`` and last offset
+        >= ``start_offset`` (the offset is at least ``start_offset``); None when this segment has none.
+
+        The scan starts at the furthest of three positions before which no batch qualifies:
+
+        - the offset-index entry at or below the last time-index entry under the timestamp (every batch
+          up to that entry's offset is below it): where Kafka starts;
+        - with a timestamp > 0, the last offset-index entry before the first time-index entry at or above
+          the timestamp (or the last offset-index entry, when there is none): index and time entries go
+          in pairs (``_index_batch``), so the largest timestamp up to any earlier offset-index entry is
+          below the timestamp; the scan then reads about one index interval. Kafka walks from the first
+          position instead: a segment of old timestamps then one new batch has one time entry below the
+          new one, and every lookup in between walked the whole segment (found by an audit);
+        - the batch holding ``start_offset`` (from the index, or a mark).
+
+        Only a segment holding the log start, with ``start_offset`` past its first batch reaching the
+        timestamp, can still be walked far: which of its later batches reach the timestamp is not indexed.
+        """
+        end = self.size
+        # The offset index is read before the time index: the time entry of an offset-index entry is written
+        # before it, so every offset-index entry up to ``last_entry`` has its time entry in what we read next.
+        last_entry = self.index.last_entry()
+        below, first_at, first_is_last = self.time_index.around(timestamp_ms)
+        position = self.index.lookup(below.offset).position if below is not None else 0
+        if timestamp_ms > 0 and (not self._time_entries_may_lack or (first_at is not None and not first_is_last)):
+            bound = last_entry if first_at is None else self.index.lookup(min(first_at.offset - 1, last_entry.offset))
+            position = max(position, bound.position)
+        position = max(position, self._start_for(start_offset, end))
+        found = self._walk(position, end, lambda h: h.max_timestamp >= timestamp_ms and h.last_offset >= start_offset)
+        if found is None:
+            return None
+        h = found[1]
+        return max(h.base_offset, start_offset), h.max_timestamp
 
     # -- lifecycle ------------------------------------------------------------------------
     @property
@@ -427,6 +561,7 @@ class LogSegment:
             return 0
         pos, first_removed = found
         removed = self.size - pos
+        self._drop_marks_from(pos)
         # Index entries name batch base offsets: drop those of every removed batch.
         self.index.truncate_to(first_removed.base_offset)
         self.time_index.truncate_to(first_removed.base_offset)

@@ -45,6 +45,20 @@ class TimeIndex(AbstractIndex):
             i = self._search(0, timestamp_ms, _ENTRY)
             return TimestampOffset(-1, self.base_offset) if i < 0 else self.entry(i)
 
+    def around(self, timestamp_ms: int) -> tuple[TimestampOffset | None, TimestampOffset | None, bool]:
+        """(last entry with a timestamp below ``timestamp_ms`` or None, first entry with one at or above it or
+        None, whether that first one is the index's last entry): one binary search."""
+        with self._lock:
+            i = self._search(0, timestamp_ms - 1, _ENTRY)
+            below = self.entry(i) if i >= 0 else None
+            if i + 1 >= self._entries:
+                return below, None, False
+            return below, self.entry(i + 1), i + 1 == self._entries - 1
+
+    def needs_entry(self, timestamp_ms: int) -> bool:
+        """Would ``maybe_append(timestamp_ms, ...)`` append (before the full check)?"""
+        return timestamp_ms > 0 and timestamp_ms > self.last_entry().timestamp
+
     def maybe_append(self, timestamp_ms: int, offset: int, *, skip_full_check: bool = False) -> None:
         """Append when the timestamp grew; the final entry at roll uses the reserved slot."""
         if timestamp_ms <= 0:

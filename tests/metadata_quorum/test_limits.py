@@ -207,3 +207,24 @@ def test_elect_leaders_plans_each_partition_once(controller: QuorumController,
         + [pb.TopicPartitions(topic="electable", partitions=[1, 1, 2])] * 3), 30)
     assert sorted(planned) == [("electable", 0), ("electable", 1), ("electable", 2)], planned
     assert sorted((r.topic, r.partition) for r in answer.results) == sorted(set(planned))
+
+
+def test_index_interval_bytes_above_1_mib_is_refused(controller: QuorumController) -> None:
+    """At 2^31-1 a segment's offset index had no entry: every read in the middle of a segment walked it from its
+    start, 3.8 s per 100 MiB per fetch entry (audit). A topic's value and the cluster default are refused
+    above 1 MiB (storage uses at most that, whatever was stored before)."""
+    huge = str(2**31 - 1)
+    message = refused_without_proposal(controller, lambda: create(controller, pb.CreatableTopic(
+        name="sparse", num_partitions=1, replication_factor=2, configs={"index.interval.bytes": huge})),
+        ErrorCode.INVALID_CONFIG)
+    assert "index.interval.bytes" in message and "at most 1048576" in message, message
+    [ok] = create(controller, pb.CreatableTopic(name="interval", num_partitions=1, replication_factor=2,
+                                                configs={"index.interval.bytes": str(1 << 20)}))
+    assert ok.error_code == ErrorCode.NONE, ok
+    message = refused_without_proposal(controller, lambda: list(controller.alter_configs(pb.AlterConfigsRequest(
+        resources=[pb.AlterConfigsResource(topic="interval", set={"index.interval.bytes": huge})]), 30).results),
+        ErrorCode.INVALID_CONFIG)
+    assert "at most 1048576" in message, message
+    message = refused_without_proposal(controller, lambda: controller.alter_cluster_configs(
+        pb.AlterClusterConfigsRequest(set={"log.index.interval.bytes": huge}), 30), ErrorCode.INVALID_CONFIG)
+    assert "log.index.interval.bytes" in message and "at most 1048576" in message, message
