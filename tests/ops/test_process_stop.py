@@ -72,8 +72,8 @@ def test_no_thread_runs_after_stop_process_returns(
                                  f"(thread states {states})")
         assert states is not None and set(states) == {"T"}, states
         proc.send_signal(signal.SIGCONT)
-        wait_for(lambda: all(a > b for a, b in zip(read(shared), frozen, strict=True)), 20,
-                 lambda: f"round {round_}: every thread to count again after SIGCONT ({read(shared)})")
+        wait_for(lambda frozen=frozen: all(a > b for a, b in zip(read(shared), frozen, strict=True)), 20,
+                 lambda round_=round_: f"round {round_}: every thread to count again after SIGCONT ({read(shared)})")
 
 
 def test_stop_process_of_no_process_raises() -> None:
