@@ -209,16 +209,21 @@ def import_broker_modules() -> None:
 
 
 class _InProcessControllerClient:
-    """ControllerClient.call, answered by a ControllerHarness's servicer in this process."""
+    """ControllerClient.call (or, with ``servicer="security"``, SecurityControllerClient.call), answered by
+    a ControllerHarness's servicer in this process."""
 
-    def __init__(self, harness: ControllerHarness) -> None:
+    def __init__(self, harness: ControllerHarness, servicer: str = "service") -> None:
         self._harness = harness
+        self._servicer = servicer
 
     def call(self, method: str, request: Any, timeout_s: float = 10.0, metadata: Any = None) -> Any:
-        response = getattr(self._harness.service, method)(request, _SyncContext())
+        response = getattr(getattr(self._harness, self._servicer), method)(request, _SyncContext())
         if response.error_code:
             raise errors.error_for(response.error_code, response.error_message)
         return response
+
+    def close(self) -> None:
+        pass
 
 
 BROKER_RPCS = ("Produce", "Fetch", "ListOffsets", "OffsetsForLeaderEpoch", "Metadata", "InitProducerId",
@@ -660,6 +665,8 @@ class KafkaHarness:
                                  controller_client=_InProcessControllerClient(rpc_harness.controller),
                                  settings=SimpleNamespace(defaults={}, node_id=1), node_id=1)
         self.apis = apis.KafkaApis(broker, "KAFKA")
+        # ACL requests go to the controller's security service (the listener opens a client of its own).
+        self.apis.admin._security_client = _InProcessControllerClient(rpc_harness.controller, "security")
 
     def call(self, frame: bytes) -> None:
         import dataclasses
