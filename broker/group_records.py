@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from broker.group_state import NO_SUBSCRIPTIONS, Group, GroupState, Member, OffsetEntry, Subscriptions
+from client import consumer_protocol
 from client.types import TopicPartition
 from proto import errors, group_pb2
 
@@ -201,101 +202,9 @@ def subscribed_topics(metadata: bytes) -> frozenset[str]:
         return frozenset()
 
 
-def consumer_subscription(metadata: bytes) -> group_pb2.ConsumerSubscription:
-    """A consumer member's subscription: Kafka clients send Kafka's ConsumerProtocolSubscription (an
-    int16 version first, so a first byte of 0), Brook's client its ConsumerSubscription (protobuf,
-    whose first byte is a field tag, never 0). Raises ValueError or DecodeError when it decodes as
-    neither."""
-    if metadata[:1] != b"\x00":
-        return group_pb2.ConsumerSubscription.FromString(metadata)
-    r = _KafkaReader(metadata)
-    version = r.version()
-    out = group_pb2.ConsumerSubscription(version=version, topics=r.strings(), user_data=r.nullable_bytes() or b"")
-    if version >= 1 and r.more():
-        out.owned_partitions.extend(r.topic_partitions())
-    out.generation_id = r.int32() if version >= 2 and r.more() else -1
-    if version >= 3 and r.more():
-        out.rack = r.nullable_string() or ""
-    return out
-
-
-def consumer_assignment(assignment: bytes) -> group_pb2.ConsumerAssignment:
-    """A consumer member's assignment, in Kafka's ConsumerProtocolAssignment or Brook's protobuf (as
-    ``consumer_subscription`` tells them apart)."""
-    if assignment[:1] != b"\x00":
-        return group_pb2.ConsumerAssignment.FromString(assignment)
-    r = _KafkaReader(assignment)
-    version = r.version()
-    return group_pb2.ConsumerAssignment(version=version, partitions=r.topic_partitions(),
-                                        user_data=r.nullable_bytes() or b"")
-
-
-class _KafkaReader:
-    """Reads Kafka's consumer protocol types (big-endian, not flexible). Every count is checked
-    against the bytes left before anything is built, so a claimed count costs nothing."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos = data, 0
-
-    def more(self) -> bool:
-        return self.pos < len(self.data)
-
-    def _unpack(self, fmt: str) -> int:
-        try:
-            (value,) = struct.unpack_from(fmt, self.data, self.pos)
-        except struct.error:
-            raise ValueError(f"consumer protocol data ends at byte {self.pos}") from None
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def version(self) -> int:
-        version = self._unpack(">h")
-        if version < 0:
-            raise ValueError(f"consumer protocol version {version}")
-        return version
-
-    def int32(self) -> int:
-        return self._unpack(">i")
-
-    def _count(self, least_bytes: int) -> int:
-        n = self._unpack(">i")
-        if n < 0 or n * least_bytes > len(self.data) - self.pos:
-            raise ValueError(f"an array of {n} elements in {len(self.data) - self.pos} bytes")
-        return n
-
-    def nullable_string(self) -> str | None:
-        n = self._unpack(">h")
-        if n < 0:
-            return None
-        if n > len(self.data) - self.pos:
-            raise ValueError(f"a string of {n} bytes in {len(self.data) - self.pos}")
-        self.pos += n
-        return self.data[self.pos - n:self.pos].decode("utf-8")
-
-    def strings(self) -> list[str]:
-        out = []
-        for _ in range(self._count(2)):
-            s = self.nullable_string()
-            if s is None:
-                raise ValueError("a null topic name")
-            out.append(s)
-        return out
-
-    def nullable_bytes(self) -> bytes | None:
-        n = self._unpack(">i")
-        if n < 0:
-            return None
-        if n > len(self.data) - self.pos:
-            raise ValueError(f"{n} bytes in {len(self.data) - self.pos}")
-        self.pos += n
-        return self.data[self.pos - n:self.pos]
-
-    def topic_partitions(self) -> list[group_pb2.TopicPartitionRef]:
-        out = []
-        for _ in range(self._count(6)):
-            topic = self.nullable_string() or ""
-            out.extend(group_pb2.TopicPartitionRef(topic=topic, partition=self.int32()) for _ in range(self._count(4)))
-        return out
+# A member's subscription and assignment in Kafka's consumer protocol format, or Brook's older protobuf.
+consumer_subscription = consumer_protocol.subscription
+consumer_assignment = consumer_protocol.assignment
 
 
 def parse_member_subscriptions(group: Group) -> None:

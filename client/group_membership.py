@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from client import errors
+from client import consumer_protocol, errors
 from client.assignors import (
     COOPERATIVE,
     Assignor,
@@ -83,27 +83,23 @@ NO_GENERATION = Generation(-1, "", "")
 
 def encode_subscription(topics: Iterable[str], owned: Iterable[TopicPartition] = (), generation_id: int = -1,
                         user_data: bytes = b"") -> bytes:
-    return group_pb2.ConsumerSubscription(
-        version=0, topics=sorted(set(topics)), user_data=user_data, generation_id=generation_id,
-        owned_partitions=[group_pb2.TopicPartitionRef(topic=t, partition=p) for t, p in sorted(owned)],
-    ).SerializeToString()
+    """JoinGroup metadata in Kafka's consumer protocol format (client/consumer_protocol), so that the group
+    may mix Brook's and Kafka's clients and Kafka's tools can describe it."""
+    return consumer_protocol.encode_subscription(topics, owned, generation_id, user_data)
 
 
 def decode_subscription(raw: bytes) -> Subscription:
-    msg = group_pb2.ConsumerSubscription.FromString(raw)
+    msg = consumer_protocol.subscription(raw)
     return Subscription(tuple(msg.topics), tuple(TopicPartition(r.topic, r.partition) for r in msg.owned_partitions),
                         msg.generation_id, msg.user_data)
 
 
 def encode_assignment(partitions: Iterable[TopicPartition]) -> bytes:
-    return group_pb2.ConsumerAssignment(version=0, partitions=[
-        group_pb2.TopicPartitionRef(topic=t, partition=p) for t, p in sorted(partitions)]).SerializeToString()
+    return consumer_protocol.encode_assignment(partitions)
 
 
 def decode_assignment(raw: bytes) -> set[TopicPartition]:
-    if not raw:
-        return set()
-    return {TopicPartition(r.topic, r.partition) for r in group_pb2.ConsumerAssignment.FromString(raw).partitions}
+    return {TopicPartition(r.topic, r.partition) for r in consumer_protocol.assignment(raw).partitions}
 
 
 @dataclass(eq=False)

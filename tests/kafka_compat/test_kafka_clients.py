@@ -690,3 +690,66 @@ def test_idempotent_acks_all_survives_leader_sigkill(cluster: LocalCluster, admi
     # Leave the cluster whole for whatever runs next.
     cluster.wait_ready(timeout_s=120)
     wait_for(lambda: in_sync(admin, topic, 3), 60, f"node {victim} back in the ISR of {topic}")
+
+
+@pytest.mark.parametrize("first", ["brook", "librdkafka"])
+def test_a_group_mixes_brook_and_librdkafka_consumers(cluster: LocalCluster, kconf, make_topic, first: str) -> None:
+    """One group, a Brook consumer (gRPC) and a librdkafka one (Kafka listener), either of them the leader
+    that assigns (the first to join): both speak Kafka's consumer protocol, so each gets two of the four
+    partitions and together they read every record once. Kafka's admin (kafka-python) then describes the
+    group, assignments decoded. Brook's client used to write protobuf: with it leading, every rebalance
+    failed in librdkafka's decode; with librdkafka leading, the Brook member got no partition."""
+    from confluent_kafka import Consumer as RdConsumer
+    from confluent_kafka import Producer
+    from kafka import KafkaAdminClient
+
+    from client.consumer import Consumer as BrookConsumer
+
+    topic = make_topic(partitions=4)
+    group = unique("mixed")
+    kw = {k.replace(".", "_"): v for k, v in cluster.client_config.items()}
+    brook = BrookConsumer(bootstrap_servers=cluster.bootstrap_servers, group_id=group, auto_offset_reset="earliest",
+                          partition_assignment_strategy="range", enable_auto_commit=False, **kw)
+    rdk = RdConsumer(rdkafka_config(kconf, **{"group.id": group, "auto.offset.reset": "earliest",
+                                               "enable.auto.commit": False, "partition.assignment.strategy": "range"}))
+    seen: dict[str, list[bytes]] = {"brook": [], "librdkafka": []}
+
+    def poll_both() -> None:
+        for records in brook.poll(timeout_ms=200).values():
+            seen["brook"].extend(r.value for r in records)
+        for m in rdk.consume(100, 0.2):
+            assert not m.error(), m.error()
+            seen["librdkafka"].append(m.value())
+
+    try:
+        if first == "brook":
+            brook.subscribe([topic])
+            wait_for(lambda: (poll_both(), len(brook.assignment()) == 4)[1], 30, "the Brook consumer alone")
+            rdk.subscribe([topic])
+        else:
+            rdk.subscribe([topic])
+            wait_for(lambda: (poll_both(), len(rdk.assignment()) == 4)[1], 30, "the librdkafka consumer alone")
+            brook.subscribe([topic])
+        wait_for(lambda: (poll_both(), len(brook.assignment()) == 2 and len(rdk.assignment()) == 2)[1], 60,
+                 lambda: f"two partitions each: brook {sorted(brook.assignment())}, "
+                         f"librdkafka {[(p.topic, p.partition) for p in rdk.assignment()]}")
+        # Written once the partitions are shared out: each record is then read by its partition's owner only.
+        producer = Producer(rdkafka_config(kconf))
+        for i in range(40):
+            producer.produce(topic, value=b"m%d" % i, partition=i % 4)
+        assert producer.flush(30) == 0
+        wait_for(lambda: (poll_both(), len(seen["brook"]) + len(seen["librdkafka"]) >= 40)[1], 30,
+                 lambda: f"every record: {len(seen['brook'])} + {len(seen['librdkafka'])} of 40")
+        assert sorted(seen["brook"] + seen["librdkafka"]) == sorted(b"m%d" % i for i in range(40))
+        assert len(seen["brook"]) == len(seen["librdkafka"]) == 20, {k: len(v) for k, v in seen.items()}
+        admin = KafkaAdminClient(bootstrap_servers=kconf["bootstrap.servers"].split(","), request_timeout_ms=20_000)
+        try:
+            described = admin.describe_groups([group])[group]
+        finally:
+            admin.close()
+        text = repr(described)
+        assert described["group_state"] == "Stable" and len(described["members"]) == 2, text[:800]
+        assert text.count(topic) >= 4, f"both members' subscriptions and assignments decoded: {text[:800]}"
+    finally:
+        brook.close()
+        rdk.close()
