@@ -653,7 +653,8 @@ class Log:
             return self.epoch_cache.end_offset_for(epoch, self._log_end_offset)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first batch whose max timestamp >= ``timestamp_ms``.
+        """(offset, timestamp) of the first record, from the log start, whose timestamp >= ``timestamp_ms`` (Kafka:
+        the record's own offset and timestamp, not its batch's base offset and max timestamp).
 
         Sentinels as in Kafka's ListOffsets: -2 -> (log start, -1), -1 -> (log end, -1).
         """

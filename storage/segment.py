@@ -38,7 +38,14 @@ from storage.abstract_index import CorruptIndexError
 from storage.file_records import FileRecords
 from storage.log_config import INDEX_INTERVAL_BYTES_MAX
 from storage.offset_index import OffsetIndex
-from storage.record_batch import BATCH_HEADER_SIZE, BatchHeader, iter_batches, read_header, validate_batch
+from storage.record_batch import (
+    BATCH_HEADER_SIZE,
+    BatchHeader,
+    decode_batch,
+    iter_batches,
+    read_header,
+    validate_batch,
+)
 from storage.time_index import TimeIndex
 
 log = logging.getLogger(__name__)
@@ -494,8 +501,11 @@ class LogSegment:
         return records, first.base_offset
 
     def find_offset_by_timestamp(self, timestamp_ms: int, start_offset: int) -> tuple[int, int] | None:
-        """(offset, max timestamp) of the first batch with max timestamp >= ``timestamp_ms`` and last offset
-        >= ``start_offset`` (the offset is at least ``start_offset``); None when this segment has none.
+        """(offset, timestamp) of the first record with timestamp >= ``timestamp_ms`` and offset >= ``start_offset``,
+        as Kafka's ``FileRecords.searchForTimestamp``; None when this segment has none. Batches are walked by
+        their headers to the first with max timestamp >= ``timestamp_ms`` and last offset >= ``start_offset``;
+        that batch alone is decoded for the record (the walk goes on past it only when its records reaching
+        the timestamp are all before ``start_offset``).
 
         The scan starts at the furthest of three positions before which no batch qualifies:
 
@@ -522,11 +532,24 @@ class LogSegment:
             bound = last_entry if first_at is None else self.index.lookup(min(first_at.offset - 1, last_entry.offset))
             position = max(position, bound.position)
         position = max(position, self._start_for(start_offset, end))
-        found = self._walk(position, end, lambda h: h.max_timestamp >= timestamp_ms and h.last_offset >= start_offset)
-        if found is None:
-            return None
-        h = found[1]
-        return max(h.base_offset, start_offset), h.max_timestamp
+        while True:
+            found = self._walk(position, end,
+                               lambda h: h.max_timestamp >= timestamp_ms and h.last_offset >= start_offset)
+            if found is None:
+                return None
+            at, h = found
+            # Kafka (FileRecords.searchForTimestamp): the first record of that batch with timestamp >= the
+            # target and offset >= start_offset, with its own timestamp. Only this batch is read and
+            # decompressed (at most max.message.bytes). Control batches are not skipped (Kafka neither); in a
+            # LogAppendTime batch every record carries the batch's max timestamp (decode_batch), so its first
+            # record at or after start_offset answers.
+            data = os.pread(self._fd, h.size, at)
+            if len(data) != h.size:
+                raise OSError(f"segment {self.log_path} closed or truncated during a timestamp lookup")
+            for r in decode_batch(data, 0)[1]:
+                if r.timestamp >= timestamp_ms and r.offset >= start_offset:
+                    return r.offset, r.timestamp
+            position = at + h.size  # its records reaching the timestamp are all before start_offset: go on
 
     # -- lifecycle ------------------------------------------------------------------------
     @property

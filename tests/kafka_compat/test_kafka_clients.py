@@ -753,3 +753,41 @@ def test_a_group_mixes_brook_and_librdkafka_consumers(cluster: LocalCluster, kco
     finally:
         brook.close()
         rdk.close()
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4"])
+def test_offsets_for_times_answers_the_first_record_inside_a_batch(cluster: LocalCluster, kconf, make_topic,
+                                                                   codec: str) -> None:
+    """ListOffsets by timestamp, as Kafka (FileRecords.searchForTimestamp): ten records of one batch stamped
+    base+0 s .. base+9 s, asked base+3.5 s, answer offset 4 stamped base+4 s, not the batch's base offset 0 and
+    largest timestamp base+9 s (compat audit, finding 3)."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import TopicPartition as TP
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTP
+
+    topic = make_topic(partitions=1)
+    base = int(time.time() * 1000) - 60_000
+    producer = Producer(rdkafka_config(kconf, **{"acks": "all", "linger.ms": 500, "compression.type": codec}))
+    for i in range(10):
+        producer.produce(topic, value=b"v%d" % i, key=b"k%d" % i, partition=0, timestamp=base + i * 1000)
+    assert producer.flush(30) == 0
+    batches = brook_batch_headers(cluster, topic, 1, 10)[0]
+    assert [(h.base_offset, h.record_count) for h in batches] == [(0, 10)], batches  # one batch of ten
+
+    consumer = Consumer(rdkafka_config(kconf, **{"group.id": unique("g"), "enable.auto.commit": False}))
+    try:
+        for ts, expected in ((base + 3500, 4), (base, 0), (base + 9000, 9), (base + 9001, -1)):
+            res = consumer.offsets_for_times([TP(topic, 0, ts)], timeout=20)
+            assert res[0].error is None and res[0].offset == expected, (ts, res)
+    finally:
+        consumer.close()
+
+    kp = KafkaConsumer(bootstrap_servers=kconf["bootstrap.servers"].split(","), request_timeout_ms=30_000)
+    try:
+        found = kp.offsets_for_times({KTP(topic, 0): base + 3500})[KTP(topic, 0)]
+        assert (found.offset, found.timestamp) == (4, base + 4000), found
+        found = kp.offsets_for_times({KTP(topic, 0): base + 8001})[KTP(topic, 0)]
+        assert (found.offset, found.timestamp) == (9, base + 9000), found
+    finally:
+        kp.close()

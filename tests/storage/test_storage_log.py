@@ -172,15 +172,18 @@ def test_offset_for_timestamp(tmp_path: Path) -> None:
     base = now_ms() - 100_000
     for i in range(10):
         lg.append_as_leader(make_batch(2, ts=base + i * 1000), 0)  # batch i: ts base+1000i, +1
-    assert lg.offset_for_timestamp(base) == (0, base + 1)
-    assert lg.offset_for_timestamp(base + 4500) == (10, base + 5001)
-    assert lg.offset_for_timestamp(base + 9001) == (18, base + 9001)
+    # The first record at or after the timestamp, with its own timestamp (Kafka), not its batch's base and max.
+    assert lg.offset_for_timestamp(base) == (0, base)
+    assert lg.offset_for_timestamp(base + 1) == (1, base + 1)
+    assert lg.offset_for_timestamp(base + 4500) == (10, base + 5000)
+    assert lg.offset_for_timestamp(base + 9001) == (19, base + 9001)
     assert lg.offset_for_timestamp(base + 9002) is None
     assert lg.offset_for_timestamp(-2) == (0, -1)
     assert lg.offset_for_timestamp(-1) == (20, -1)
     lg.close()
     lg = Log.open(tmp_path / "t-0", lg.config, clean_shutdown=True)  # from the persisted time indexes
-    assert lg.offset_for_timestamp(base + 4500) == (10, base + 5001)
+    assert lg.offset_for_timestamp(base + 4500) == (10, base + 5000)
+    assert lg.offset_for_timestamp(base + 4001) == (9, base + 4001)
     lg.close()
 
 
