@@ -887,6 +887,12 @@ class ReplicaManager:
         the leader's log start through their fetches."""
         p = self.leader_partition(topic, partition)
         lg = p.log
+        if not lg.config.delete:
+            # As Kafka (Partition.deleteRecordsOnLeader): a compacted topic's records are its state (a table),
+            # deleted only by the cleaner; "compact,delete" allows it.
+            raise errors.PolicyViolationError(
+                f"Records of partition {topic}-{partition} can not be deleted due to the configured policy "
+                f"(cleanup.policy={','.join(lg.config.cleanup_policy)})")
         hw = lg.high_watermark
         target = hw if offset == DELETE_TO_HIGH_WATERMARK else offset
         if target < 0 or target > hw:

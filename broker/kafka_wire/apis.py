@@ -26,6 +26,10 @@ from proto.errors import ErrorCode
 
 log = logging.getLogger(__name__)
 
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53  # Kafka's code; not in Brook's ErrorCode enum (no transactions)
+NO_TRANSACTIONS = ("Brook does not support transactions: no transactional.id can be used (answered as "
+                   "TRANSACTIONAL_ID_AUTHORIZATION_FAILED, the code clients treat as fatal; it is not an ACL denial)")
+
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP = 8, 9, 10, 11
 HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS = 12, 13, 14, 15, 16
@@ -172,7 +176,15 @@ class KafkaApis:
         else:
             out = await self.service.Produce(pb, ctx)
         if pb.acks == 0:
-            return None  # Kafka sends no response to acks=0
+            failed = [p for p in out.partitions if p.error_code]
+            if not failed:
+                return None  # Kafka sends no response to acks=0
+            # No answer can tell the producer, so, as Kafka does (KafkaApis.handleProduceRequest), the
+            # connection is closed: the client then refreshes its metadata (a leader moved, for example).
+            log.info("Kafka listener: closing the connection of %s (client %s): acks=0 produce failed: %s",
+                     ctx.client_host, ctx.client_id,
+                     ", ".join(f"{p.topic}-{p.partition} error {p.error_code}" for p in failed[:10]))
+            return False
         by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for p in out.partitions:
             entry: dict[str, Any] = {"index": p.partition, "error_code": p.error_code, "base_offset": p.base_offset,
@@ -249,7 +261,9 @@ class KafkaApis:
     async def init_producer_id(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         body = req.body
         if _get(body, "transactional_id") is not None:
-            return self._resp(req, {"error_code": ErrorCode.INVALID_REQUEST, "producer_id": -1, "producer_epoch": -1})
+            # Fatal in every client, as FindCoordinator(TRANSACTION) answers (this response has no message).
+            return self._resp(req, {"error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "producer_id": -1,
+                                    "producer_epoch": -1})
         out = await self.service.InitProducerId(broker_pb2.InitProducerIdRequest(
             producer_id=_get(body, "producer_id", -1), producer_epoch=_get(body, "producer_epoch", -1)), ctx)
         return self._resp(req, {"error_code": out.error_code, "producer_id": out.producer_id,
@@ -263,9 +277,12 @@ class KafkaApis:
         found = []
         for key in keys:
             if key_type != 0:
-                found.append({"key": key, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "node_id": -1,
-                              "host": "", "port": -1,
-                              "error_message": "Brook has no transaction coordinator (no transactions)"})
+                # Brook has no transactions. Every client retries COORDINATOR_NOT_AVAILABLE until its own
+                # timeout; TRANSACTIONAL_ID_AUTHORIZATION_FAILED is the one code librdkafka treats as fatal
+                # here (rd_kafka_txn_handle_FindCoordinator), and kafka-python and aiokafka too, so
+                # init_transactions fails at once. The message says what it really is.
+                found.append({"key": key, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                              "node_id": -1, "host": "", "port": -1, "error_message": NO_TRANSACTIONS})
                 continue
             out = await self.groups.FindCoordinator(group_pb2.FindCoordinatorRequest(group_id=key), ctx)
             found.append({"key": key, "error_code": out.error_code, "error_message": out.error_message or None,

@@ -465,8 +465,8 @@ class _Connection:
                 return False
         else:
             body = await self._call(req, released, contexts)
-            if body is None:
-                return None
+            if body is None or body is False:
+                return body  # None: no response (acks=0); False: close (a failed acks=0 produce)
         return codec.encode_response(api_key, version, correlation_id, body)
 
     async def _call(self, req: codec.Request, released: asyncio.Future[None], contexts: list[KafkaCallContext]) -> Any:

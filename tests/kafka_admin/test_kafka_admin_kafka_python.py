@@ -3,6 +3,7 @@ TLS + authorizer cluster, as User:admin."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -69,16 +70,27 @@ def test_reassignment_and_election(kcluster: Any, kp_admin: Any, topic_name: str
     brokers = sorted(kcluster.broker_ids)
     a.create_topics({topic_name: {"assignments": {0: [brokers[0], brokers[1]]}}}, timeout_ms=T * 1000)
     wait_for(lambda: _partitions(a, topic_name) == 1, T, "the topic")
+    wait_for(lambda: _partition0(a, topic_name)["leader_id"] == brokers[0], T, "the first replica to lead")
     tp = TopicPartition(topic_name, 0)
     a.alter_partition_reassignments({tp: [brokers[2], brokers[1]]}, timeout_ms=T * 1000)
 
-    def moved() -> bool:
-        if a.list_partition_reassignments([tp]):
-            return False
-        return sorted(_partition0(a, topic_name)["replica_nodes"]) == sorted([brokers[2], brokers[1]])
+    def moved(replicas: list[int]) -> Callable[[], bool]:
+        def done() -> bool:
+            return not a.list_partition_reassignments([tp]) and _partition0(a, topic_name)["replica_nodes"] == replicas
+        return done
 
-    wait_for(moved, 60, "the move to finish")
-    a.elect_leaders(ElectionType.PREFERRED, [tp], timeout_ms=T * 1000, raise_errors=False)
-    wait_for(lambda: _partition0(a, topic_name)["leader_id"] == brokers[2], T,
-             "the preferred replica to lead")
+    wait_for(moved([brokers[2], brokers[1]]), 60, "the move to finish")
+    leader = _partition0(a, topic_name)["leader_id"]
+    assert leader in (brokers[2], brokers[1])
+    # Put the other replica first: the leader stays, so only an election makes the new first one lead.
+    other = brokers[1] if leader == brokers[2] else brokers[2]
+    a.alter_partition_reassignments({tp: [other, leader]}, timeout_ms=T * 1000)
+    wait_for(moved([other, leader]), 60, "the reorder to finish")
+    assert _partition0(a, topic_name)["leader_id"] == leader, "a reorder alone moved the leader"
+    # kafka-python reads a list as topic names: the partitions go as {topic: [partition ids]}.
+    resp = a.elect_leaders(ElectionType.PREFERRED, {topic_name: [0]}, timeout_ms=T * 1000)
+    results = [(r.topic, p.partition_id, p.error_code) for r in resp.replica_election_results
+               for p in r.partition_result]
+    assert results == [(topic_name, 0, 0)], results
+    wait_for(lambda: _partition0(a, topic_name)["leader_id"] == other, T, "the elected preferred replica to lead")
     a.delete_topics([topic_name], timeout_ms=T * 1000)

@@ -181,6 +181,44 @@ def test_a_record_stamped_far_ahead_is_refused_invalid_timestamp(kconf, make_top
     assert [m.value() for m in got[0]] == [b"now"]
 
 
+@pytest.mark.parametrize("codec", ["none", "lz4"])
+def test_offsets_for_times_answers_the_first_record_inside_a_batch(cluster: LocalCluster, kconf, make_topic,
+                                                                   codec: str) -> None:
+    """ListOffsets by timestamp, as Kafka (FileRecords.searchForTimestamp): ten records of one batch stamped
+    base+0 s .. base+9 s, asked base+3.5 s, answer offset 4 stamped base+4 s, not the batch's base offset 0 and
+    largest timestamp base+9 s (compat audit, finding 3)."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import TopicPartition as TP
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTP
+
+    topic = make_topic(partitions=1)
+    base = int(time.time() * 1000) - 60_000
+    producer = Producer(rdkafka_config(kconf, **{"acks": "all", "linger.ms": 500, "compression.type": codec}))
+    for i in range(10):
+        producer.produce(topic, value=b"v%d" % i, key=b"k%d" % i, partition=0, timestamp=base + i * 1000)
+    assert producer.flush(30) == 0
+    batches = brook_batch_headers(cluster, topic, 1, 10)[0]
+    assert [(h.base_offset, h.record_count) for h in batches] == [(0, 10)], batches  # one batch of ten
+
+    consumer = Consumer(rdkafka_config(kconf, **{"group.id": unique("g"), "enable.auto.commit": False}))
+    try:
+        for ts, expected in ((base + 3500, 4), (base, 0), (base + 9000, 9), (base + 9001, -1)):
+            res = consumer.offsets_for_times([TP(topic, 0, ts)], timeout=20)
+            assert res[0].error is None and res[0].offset == expected, (ts, res)
+    finally:
+        consumer.close()
+
+    kp = KafkaConsumer(bootstrap_servers=kconf["bootstrap.servers"].split(","), request_timeout_ms=30_000)
+    try:
+        found = kp.offsets_for_times({KTP(topic, 0): base + 3500})[KTP(topic, 0)]
+        assert (found.offset, found.timestamp) == (4, base + 4000), found
+        found = kp.offsets_for_times({KTP(topic, 0): base + 8001})[KTP(topic, 0)]
+        assert (found.offset, found.timestamp) == (9, base + 9000), found
+    finally:
+        kp.close()
+
+
 def test_confluent_consumer_group_commits_offsets(kconf, admin: Admin, make_topic) -> None:
     from confluent_kafka import Consumer, Producer
     from confluent_kafka import TopicPartition as RdTopicPartition
@@ -508,6 +546,59 @@ async def test_aiokafka_static_member_restarts_without_a_rebalance(kconf, admin:
 # ---------------------------------------------------------------------------- cross-reads
 
 
+# ---------------------------------------------------------------------------- transactions (not supported)
+# Brook has no transactions: a transactional producer must fail at once with a fatal error, not retry the
+# coordinator lookup until its own timeout (COORDINATOR_NOT_AVAILABLE is retriable in every client).
+TXN_FAILS_WITHIN_S = 5.0
+
+
+def test_confluent_init_transactions_fails_fast_and_fatally(kconf) -> None:
+    from confluent_kafka import KafkaException, Producer
+
+    p = Producer({**kconf, "transactional.id": unique("txn")})
+    started = time.monotonic()
+    with pytest.raises(KafkaException) as exc:
+        p.init_transactions(10)
+    took = time.monotonic() - started
+    err = exc.value.args[0]
+    assert took < TXN_FAILS_WITHIN_S, f"init_transactions took {took:.1f}s: {err}"
+    assert err.fatal() and not err.retriable(), err
+    assert "transactions" in err.str(), err  # Brook's own message, not only the code's name
+
+
+def test_kafka_python_init_transactions_fails_fast(kconf) -> None:
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError, KafkaTimeoutError
+
+    p = KafkaProducer(bootstrap_servers=kconf["bootstrap.servers"].split(","), transactional_id=unique("txn"),
+                      max_block_ms=10_000)
+    try:
+        started = time.monotonic()
+        with pytest.raises(KafkaError) as exc:
+            p.init_transactions()
+        took = time.monotonic() - started
+        assert not isinstance(exc.value, KafkaTimeoutError), exc.value
+        assert took < TXN_FAILS_WITHIN_S, f"init_transactions took {took:.1f}s: {exc.value!r}"
+    finally:
+        p.close(timeout=5)
+
+
+async def test_aiokafka_transactional_producer_fails_to_start_fast(kconf) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaError
+
+    p = AIOKafkaProducer(bootstrap_servers=kconf["bootstrap.servers"], transactional_id=unique("txn"))
+    started = time.monotonic()
+    try:
+        with pytest.raises(KafkaError):
+            await asyncio.wait_for(p.start(), 10)  # TimeoutError (not a KafkaError) if it hangs
+        assert time.monotonic() - started < TXN_FAILS_WITHIN_S
+    finally:
+        await p.stop()
+
+
 def test_kafka_client_records_read_by_brook_client(cluster: LocalCluster, kconf, make_topic) -> None:
     from confluent_kafka import Producer
 
@@ -753,41 +844,3 @@ def test_a_group_mixes_brook_and_librdkafka_consumers(cluster: LocalCluster, kco
     finally:
         brook.close()
         rdk.close()
-
-
-@pytest.mark.parametrize("codec", ["none", "lz4"])
-def test_offsets_for_times_answers_the_first_record_inside_a_batch(cluster: LocalCluster, kconf, make_topic,
-                                                                   codec: str) -> None:
-    """ListOffsets by timestamp, as Kafka (FileRecords.searchForTimestamp): ten records of one batch stamped
-    base+0 s .. base+9 s, asked base+3.5 s, answer offset 4 stamped base+4 s, not the batch's base offset 0 and
-    largest timestamp base+9 s (compat audit, finding 3)."""
-    from confluent_kafka import Consumer, Producer
-    from confluent_kafka import TopicPartition as TP
-    from kafka import KafkaConsumer
-    from kafka import TopicPartition as KTP
-
-    topic = make_topic(partitions=1)
-    base = int(time.time() * 1000) - 60_000
-    producer = Producer(rdkafka_config(kconf, **{"acks": "all", "linger.ms": 500, "compression.type": codec}))
-    for i in range(10):
-        producer.produce(topic, value=b"v%d" % i, key=b"k%d" % i, partition=0, timestamp=base + i * 1000)
-    assert producer.flush(30) == 0
-    batches = brook_batch_headers(cluster, topic, 1, 10)[0]
-    assert [(h.base_offset, h.record_count) for h in batches] == [(0, 10)], batches  # one batch of ten
-
-    consumer = Consumer(rdkafka_config(kconf, **{"group.id": unique("g"), "enable.auto.commit": False}))
-    try:
-        for ts, expected in ((base + 3500, 4), (base, 0), (base + 9000, 9), (base + 9001, -1)):
-            res = consumer.offsets_for_times([TP(topic, 0, ts)], timeout=20)
-            assert res[0].error is None and res[0].offset == expected, (ts, res)
-    finally:
-        consumer.close()
-
-    kp = KafkaConsumer(bootstrap_servers=kconf["bootstrap.servers"].split(","), request_timeout_ms=30_000)
-    try:
-        found = kp.offsets_for_times({KTP(topic, 0): base + 3500})[KTP(topic, 0)]
-        assert (found.offset, found.timestamp) == (4, base + 4000), found
-        found = kp.offsets_for_times({KTP(topic, 0): base + 8001})[KTP(topic, 0)]
-        assert (found.offset, found.timestamp) == (9, base + 9000), found
-    finally:
-        kp.close()

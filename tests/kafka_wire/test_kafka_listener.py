@@ -268,6 +268,30 @@ def test_acks_zero_gets_no_response_and_the_records_land(cluster: LocalCluster) 
         wait_for(landed, 20, "the acks=0 record to raise the high watermark")
 
 
+def test_a_failed_acks_zero_produce_closes_the_connection(cluster: LocalCluster) -> None:
+    """acks=0 has no answer to carry an error, so, as Kafka does, the broker closes the connection and the
+    client refreshes its metadata (a moved leader, for example). A successful acks=0 keeps it open."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                  producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    b.append(0, timestamp=int(time.time() * 1000), key=None, value=b"acks-zero", headers=[])
+    batch = bytes(b.build())
+
+    def produce(partition: int) -> bytes:
+        return _frame(apis.PRODUCE, 9, codec.build(codec.request_schema(apis.PRODUCE, 9), {
+            "acks": 0, "timeout": 10_000,
+            "topic_data": [{"name": "wire", "partition_data": [{"index": partition, "records": batch}]}]}))
+    lo = _frame(apis.LIST_OFFSETS, 7, codec.build(codec.request_schema(apis.LIST_OFFSETS, 7), {
+        "replica_id": -1, "topics": [{"name": "wire", "partitions": [{"partition_index": 0, "timestamp": -1}]}]}))
+    with _connect(_kafka_port(cluster)) as s:
+        s.sendall(produce(0) + lo)  # a successful acks=0: no answer, the connection stays open
+        assert _read_response(s, apis.LIST_OFFSETS, 7).topics[0].partitions[0].error_code == 0
+        # Partition 7 of the one-partition topic: no broker leads it (UNKNOWN_TOPIC_OR_PARTITION).
+        s.sendall(produce(7))
+        assert closed_by_peer(s), "a failed acks=0 produce left the connection open"
+
+
 def test_sasl_listener_refuses_requests_before_authentication(cluster: LocalCluster) -> None:
     port = cluster.sasl_port  # type: ignore[attr-defined]
     assert _api_versions(port).error_code == 0  # allowed before authenticating (KIP-511/152)
