@@ -11,7 +11,6 @@ Costs are counted in bytes read from the segment file, never timed.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,21 +77,6 @@ def fill(lg: Log, size: int, value_size: int) -> None:
             data += batch(offset, value_size)
             offset += 1
         lg.append_as_follower(bytes(data))
-
-
-@pytest.fixture
-def preads(monkeypatch: pytest.MonkeyPatch) -> Callable[[LogSegment], int]:
-    """Bytes read from a segment's log file since the last call (os.pread wrapped)."""
-    read: dict[int, int] = {}
-    real = os.pread
-
-    def counting(fd: int, n: int, offset: int) -> bytes:
-        data = real(fd, n, offset)
-        read[fd] = read.get(fd, 0) + len(data)
-        return data
-
-    monkeypatch.setattr(os, "pread", counting)
-    return lambda seg: read.pop(seg._fd, 0)
 
 
 def test_a_topic_with_a_huge_interval_gets_an_index_entry_every_mib(

@@ -14,7 +14,6 @@ read from the segment files, never timed.
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -256,24 +255,6 @@ def test_a_control_batch_is_answered_like_any_other(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------- costs
-@pytest.fixture
-def preads(monkeypatch: pytest.MonkeyPatch) -> Callable[[LogSegment], int]:
-    """Bytes read from a segment's log file since the test started (os.pread wrapped)."""
-    read: dict[int, int] = {}
-    real = os.pread
-
-    def counting(fd: int, n: int, offset: int) -> bytes:
-        data = real(fd, n, offset)
-        read[fd] = read.get(fd, 0) + len(data)
-        return data
-
-    monkeypatch.setattr(os, "pread", counting)
-
-    def of(seg: LogSegment) -> int:
-        return read.pop(seg._fd, 0)
-    return of
-
-
 def old_then_new(lg: Log, old_bytes: int, new_ts: int) -> int:
     """About ``old_bytes`` of one-record batches at timestamp 1000, then one at ``new_ts``; that one's offset."""
     per_append = 200
