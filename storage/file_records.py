@@ -23,36 +23,23 @@ fetch path bound those).
 from __future__ import annotations
 
 import os
-import resource
-import threading
 from typing import Any
 
-SLICE_FD_SHARE = 4  # slices waiting to be sent may hold at most a quarter of the process's descriptors
+from storage.fd_budget import DescriptorBudget
 
-_open_slices = 0
-_slices_lock = threading.Lock()
+SLICE_FD_SHARE = 4  # slices waiting to be sent may hold at most a quarter of the process's descriptors
+_SLICES = DescriptorBudget(SLICE_FD_SHARE)
+_count = _SLICES.add
 
 
 def open_slices() -> int:
     """Descriptors held by FileRecords of this process (made and not yet closed)."""
-    return _open_slices
+    return _SLICES.held()
 
 
 def slice_budget() -> int:
     """Descriptors slices may hold before ``FileRecords.within_budget`` refuses one: a quarter of the limit."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 1 << 30
-    return max(1, soft // SLICE_FD_SHARE)
-
-
-def _count(delta: int, limit: int | None = None) -> bool:
-    global _open_slices
-    with _slices_lock:
-        if limit is not None and _open_slices >= limit:
-            return False
-        _open_slices += delta
-        return True
+    return _SLICES.budget()
 
 
 class FileRecords(bytes):

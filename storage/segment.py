@@ -27,7 +27,6 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from proto import errors
 from storage.abstract_index import CorruptIndexError
+from storage.fd_budget import DescriptorBudget
 from storage.file_records import FileRecords
 from storage.log_config import INDEX_INTERVAL_BYTES_MAX
 from storage.offset_index import OffsetIndex
@@ -81,28 +81,17 @@ def _mark_position(mark: tuple[int, int]) -> int:
 # configured to roll at every batch (segment.bytes of a few bytes, segment.ms of 1) took every node of a
 # cluster to its descriptor limit in 11 s, the controller's journal failed with EMFILE, and the nodes
 # could not even restart (found by an audit).
-_open_segments = 0
-_open_lock = threading.Lock()
-_FDS_PER_SEGMENT = 3
 SEGMENT_FD_SHARE = 2  # segments may hold at most half of the process's descriptors
+_SEGMENTS = DescriptorBudget(SEGMENT_FD_SHARE, per_item=3)
 
 
 def open_segments() -> int:
-    return _open_segments
+    return _SEGMENTS.held()
 
 
 def segment_budget() -> int:
     """Segments this process may hold open before rolls wait: half its file-descriptor limit, 3 each."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 1 << 30
-    return max(1, soft // SEGMENT_FD_SHARE // _FDS_PER_SEGMENT)
-
-
-def _count_open(delta: int) -> None:
-    global _open_segments
-    with _open_lock:
-        _open_segments += delta
+    return _SEGMENTS.budget()
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -149,7 +138,7 @@ class LogSegment:
         self._marks: tuple[tuple[int, int], ...] = ()
         self._marks_lock = threading.Lock()
         self._generation = 0
-        _count_open(1)
+        _SEGMENTS.add(1)
 
     def _open_index(self, cls: type[OffsetIndex] | type[TimeIndex], suffix: str, writable: bool):
         path = self.dir / (segment_file_name(self.base_offset, suffix) + self.suffix)
@@ -622,7 +611,7 @@ class LogSegment:
         if self.closed:
             return
         self.closed = True
-        _count_open(-1)
+        _SEGMENTS.add(-1)
         self.index.close()
         self.time_index.close()
         os.close(self._fd)
