@@ -41,7 +41,7 @@ import logging
 import re
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from broker import authorizer as authz
 from broker import principal as principals
@@ -53,7 +53,7 @@ from broker.kafka_wire.context import Handler, KafkaCallContext
 from metadata_quorum import cluster_configs
 from metadata_quorum import security as sec
 from metadata_quorum.client import SecurityControllerClient
-from metadata_quorum.security_service import MAX_ITEMS_PER_REQUEST, acl_matches_filter
+from metadata_quorum.security_service import MAX_ITEMS_PER_REQUEST, acl_filter_key, acl_matches_filter
 from proto import broker_pb2, errors, security_pb2
 from proto import controller_pb2 as cpb
 from proto.errors import ErrorCode
@@ -666,7 +666,7 @@ class AdminApis:
             except _Failed as exc:
                 slots.append(exc)
                 continue
-            key = (f.resource_type, f.resource_name, f.pattern_type, f.principal, f.operation, f.permission, f.host)
+            key = acl_filter_key(f)
             if key not in distinct:
                 distinct[key] = len(forwarded)
                 forwarded.append(f)
@@ -688,11 +688,9 @@ class AdminApis:
                             failed: _Failed | None) -> Any:
         """The DeleteAcls response (on the admin pool): each deleted binding under the first filter matching it."""
         found: list[list[dict[str, Any]]] = [[] for _ in forwarded]
-        filters = [_MatchFilter(f.resource_type, f.resource_name, f.pattern_type, f.principal, f.operation,
-                                f.permission, f.host) for f in forwarded]
         for a in deleted:
             binding = security_service_binding(a)
-            for i, f in enumerate(filters):
+            for i, f in enumerate(forwarded):
                 if acl_matches_filter(binding, f):
                     found[i].append({
                         "error_code": 0, "resource_type": _CODE_OF["resource"].get(a.resource_type, 0),
@@ -868,19 +866,6 @@ def _acl_filter(f: Any) -> tuple[security_pb2.AclFilter, str | None]:
         principal=f.principal_filter or "", operation=one("operation", f.operation),
         permission=one("permission", f.permission_type), host=host or "")
     return out, host
-
-
-class _MatchFilter(NamedTuple):
-    """A Brook ACL filter as ``acl_matches_filter`` reads it, in plain attributes (a protobuf message's cost
-    more): matching runs once per deleted binding and filter."""
-
-    resource_type: str
-    resource_name: str
-    pattern_type: str
-    principal: str
-    operation: str
-    permission: str
-    host: str
 
 
 def security_service_binding(a: security_pb2.AclBinding) -> sec.AclBinding:
