@@ -531,38 +531,12 @@ class ClusterClient:
         last: errors.BrookError | None = None
         while True:
             try:
-                leader = self.leader_for(tp)
-                req = broker_pb2.FetchRequest(
-                    replica_id=-1,
-                    replica_epoch=-1,
-                    max_wait_ms=max_wait_ms,
-                    min_bytes=min_bytes,
-                    max_bytes=max_bytes,
-                    partitions=[
-                        broker_pb2.FetchPartition(
-                            topic=tp.topic,
-                            partition=tp.partition,
-                            fetch_offset=offset,
-                            partition_max_bytes=max_bytes,
-                            current_leader_epoch=-1,
-                            last_fetched_epoch=-1,
-                            log_start_offset=-1,
-                        )
-                    ],
-                )
                 timeout_s = max(0.05, min(backoff.remaining_s(), self.request_timeout_ms / 1000 + max_wait_ms / 1000))
-                resp = self.broker_stub(leader).Fetch(req, timeout=timeout_s)
-                part = next((p for p in resp.partitions if p.topic == tp.topic and p.partition == tp.partition), None)
-                if part is None:
-                    raise errors.UnknownServerError(f"Fetch response from broker {leader} lacks {tp}")
-                if part.error_code == errors.ErrorCode.NONE:
-                    return FetchResult(
-                        part.records, part.high_watermark, part.log_start_offset, None, part.log_end_offset
-                    )
-                err = errors.error_for(part.error_code, part.error_message)
-                if not err.retriable:
-                    return FetchResult(b"", part.high_watermark, part.log_start_offset, err, part.log_end_offset)
-                last = err
+                result = self.fetch_from(self.leader_for(tp), tp, offset, max_bytes, max_wait_ms=max_wait_ms,
+                                         min_bytes=min_bytes, timeout_s=timeout_s)
+                if result.error is None or not result.error.retriable:
+                    return result
+                last = result.error
             except grpc.RpcError as exc:
                 last = rpc_error(exc, f"Fetch {tp}")
             except errors.BrookError as exc:
@@ -572,6 +546,25 @@ class ClusterClient:
             self.request_update()
             if not backoff.sleep():
                 return FetchResult(b"", -1, -1, last)
+
+    def fetch_from(self, leader: int, tp: TopicPartition, offset: int, max_bytes: int, *, max_wait_ms: int = 0,
+                   min_bytes: int = 1, timeout_s: float) -> FetchResult:
+        """One Fetch of ``tp`` from broker ``leader``, no retry: the partition's error comes back in the
+        result (no records with it); a transport failure raises grpc.RpcError, an answer without the
+        partition UnknownServerError."""
+        req = broker_pb2.FetchRequest(
+            replica_id=-1, replica_epoch=-1, max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=max_bytes,
+            partitions=[broker_pb2.FetchPartition(
+                topic=tp.topic, partition=tp.partition, fetch_offset=offset, partition_max_bytes=max_bytes,
+                current_leader_epoch=-1, last_fetched_epoch=-1, log_start_offset=-1)])
+        resp = self.broker_stub(leader).Fetch(req, timeout=timeout_s)
+        part = next((p for p in resp.partitions if p.topic == tp.topic and p.partition == tp.partition), None)
+        if part is None:
+            raise errors.UnknownServerError(f"Fetch response from broker {leader} lacks {tp}")
+        if part.error_code == errors.ErrorCode.NONE:
+            return FetchResult(part.records, part.high_watermark, part.log_start_offset, None, part.log_end_offset)
+        err = errors.error_for(part.error_code, part.error_message)
+        return FetchResult(b"", part.high_watermark, part.log_start_offset, err, part.log_end_offset)
 
     def init_producer_id(self, producer_id: int = -1, producer_epoch: int = -1) -> tuple[int, int]:
         """A producer id and epoch for an idempotent producer (any broker allocates)."""

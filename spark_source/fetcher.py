@@ -270,30 +270,13 @@ def _fetch_once(
     leader = -1
     try:
         leader = client.leader_for(tp)
-        req = broker_pb2.FetchRequest(
-            replica_id=-1,
-            replica_epoch=-1,
-            max_wait_ms=settings.fetch_max_wait_ms,
-            min_bytes=1,
-            max_bytes=settings.max_partition_fetch_bytes,
-            partitions=[broker_pb2.FetchPartition(
-                topic=tp.topic, partition=tp.partition, fetch_offset=offset,
-                partition_max_bytes=settings.max_partition_fetch_bytes, current_leader_epoch=-1,
-                last_fetched_epoch=-1, log_start_offset=-1,
-            )],
-        )
         timeout_s = (settings.request_timeout_ms + settings.fetch_max_wait_ms) / 1000
-        resp = client.broker_stub(leader).Fetch(req, timeout=timeout_s)
+        return client.fetch_from(leader, tp, offset, settings.max_partition_fetch_bytes,
+                                 max_wait_ms=settings.fetch_max_wait_ms, timeout_s=timeout_s), leader
     except grpc.RpcError as exc:
         return FetchResult(b"", -1, -1, rpc_error(exc, f"Fetch {tp}")), leader
     except errors.BrookError as exc:
         return FetchResult(b"", -1, -1, exc), leader
-    part = next((p for p in resp.partitions if p.topic == tp.topic and p.partition == tp.partition), None)
-    if part is None:
-        lacks = errors.UnknownServerError(f"Fetch response from broker {leader} lacks {tp}")
-        return FetchResult(b"", -1, -1, lacks), leader
-    err = None if part.error_code == errors.ErrorCode.NONE else errors.error_for(part.error_code, part.error_message)
-    return FetchResult(part.records, part.high_watermark, part.log_start_offset, err, part.log_end_offset), leader
 
 
 def _leader_view(client: ClusterClient, leader: int, topic: str, settings: FetchSettings) -> tuple[int, int, str]:
