@@ -10,7 +10,6 @@ with a quota of R partition mutations/s has a burst of 2R.
 from __future__ import annotations
 
 import secrets
-import time
 import types
 from collections.abc import Iterator
 
@@ -113,9 +112,15 @@ def test_a_topic_over_the_quota_is_refused_and_nothing_is_proposed(quorum: Quoru
         "throttled: controller mutation quota of 1/s exceeded, retry after 3000 ms"
     assert first.throttle_time_ms == 3000
     before = quorum.controller.raft.commit_index
-    refused = quorum.create(ALICE, ("a-2", 1))
+    proposed: list[object] = []  # every proposal goes through QuorumController._submit, synchronously
+    submit = quorum.controller._submit
+    quorum.controller._submit = lambda cmd: (proposed.append(cmd), submit(cmd))[1]  # type: ignore[method-assign]
+    try:
+        refused = quorum.create(ALICE, ("a-2", 1))
+    finally:
+        del quorum.controller._submit
     assert codes(refused) == [THROTTLED] and refused.throttle_time_ms == 3000, refused
-    time.sleep(0.3)  # several pysyncobj ticks: anything proposed would have committed by now
+    assert proposed == [], f"a refused topic was proposed: {proposed}"
     assert quorum.controller.raft.commit_index == before, "a refused topic went through Raft"
     assert quorum.controller.mutation_quotas.stats.refused == 2
 
