@@ -56,8 +56,13 @@ def create(ctl: QuorumController, *topics: pb.CreatableTopic) -> list[pb.TopicRe
 
 
 def refused_without_proposal(ctl: QuorumController, fn, code: int) -> str:  # type: ignore[no-untyped-def]
-    """Run ``fn``; it must refuse with ``code`` (raised or per result) and commit nothing."""
+    """Run ``fn``; it must refuse with ``code`` (raised or per result) and propose nothing: every
+    proposal goes through ``QuorumController._submit``, synchronously, so counting its calls is exact
+    (no wait for Raft ticks)."""
     before = ctl.raft.commit_index, ctl.raft.version
+    proposed: list[object] = []
+    submit = ctl._submit
+    ctl._submit = lambda cmd: (proposed.append(cmd), submit(cmd))[1]  # type: ignore[method-assign]
     try:
         results = fn()
     except errors.BrookError as exc:
@@ -66,7 +71,9 @@ def refused_without_proposal(ctl: QuorumController, fn, code: int) -> str:  # ty
     else:
         assert [r.error_code for r in results] == [code] * len(results), results
         message = results[0].error_message
-    time.sleep(0.3)  # several pysyncobj ticks: anything proposed would have committed by now
+    finally:
+        del ctl._submit
+    assert proposed == [], f"proposed to Raft: {proposed}"
     assert (ctl.raft.commit_index, ctl.raft.version) == before, "something went through Raft"
     return message
 
