@@ -19,6 +19,10 @@ authorizer, the internal topic ``__consumer_offsets`` can never be deleted or ha
 
 Every denial is counted (``stats``) and logged at debug level; the services answer
 TOPIC_/GROUP_/CLUSTER_AUTHORIZATION_FAILED.
+
+``authorized_operations`` answers KIP-430's question (which operations may P do on R?) with the
+same decision, once per operation Kafka supports on R's type, as the bit set the Kafka protocol
+carries; those decisions are not denials of a request and are not counted.
 """
 
 from __future__ import annotations
@@ -44,8 +48,28 @@ _IMPLIED_BY = {  # operation -> operations whose ALLOW also allows it
     DESCRIBE: {DESCRIBE, READ, WRITE, DELETE, ALTER},
     DESCRIBE_CONFIGS: {DESCRIBE_CONFIGS, ALTER_CONFIGS},
 }
+# Kafka's AclOperation codes, and the operations Kafka supports on each resource type (AclEntry.supportedOperations):
+# a KIP-430 authorized-operations bit set holds bit ``1 << code`` of each of those the caller is allowed.
+OPERATION_CODES = {READ: 3, WRITE: 4, CREATE: 5, DELETE: 6, ALTER: 7, DESCRIBE: 8, CLUSTER_ACTION: 9,
+                   DESCRIBE_CONFIGS: 10, ALTER_CONFIGS: 11, IDEMPOTENT_WRITE: 12}
+SUPPORTED_OPERATIONS = {
+    TOPIC: (READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS),
+    GROUP: (READ, DESCRIBE, DELETE),
+    CLUSTER: (CREATE, CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, ALTER, DESCRIBE),
+}
 _DENIED_CODE = {TOPIC: ErrorCode.TOPIC_AUTHORIZATION_FAILED, GROUP: ErrorCode.GROUP_AUTHORIZATION_FAILED,
                 CLUSTER: ErrorCode.CLUSTER_AUTHORIZATION_FAILED}
+
+
+def operations_bits(operations: Iterable[str]) -> int:
+    """The KIP-430 bit set of ``operations`` (names of ``OPERATION_CODES``)."""
+    bits = 0
+    for op in operations:
+        bits |= 1 << OPERATION_CODES[op]
+    return bits
+
+
+_ALL_SUPPORTED_BITS = {rtype: operations_bits(ops) for rtype, ops in SUPPORTED_OPERATIONS.items()}
 
 
 def denied_code(resource_type: str) -> int:
@@ -163,17 +187,42 @@ class Authorizer:
         return allowed
 
     def _decide(self, who: str, principal: object, operation: str, resource_type: str, name: str) -> bool:
-        if not self.config.enabled or who in self.config.super_users or self._is_node_principal(principal):
+        if self._unchecked(who, principal):
             return True
+        return self._decide_among(self._applicable(who, principal, resource_type, name), operation)
+
+    def _unchecked(self, who: str, principal: object) -> bool:
+        """Allowed everything: no authorizer, a super user or a broker's own node principal."""
+        return not self.config.enabled or who in self.config.super_users or self._is_node_principal(principal)
+
+    def _applicable(self, who: str, principal: object, resource_type: str, name: str) -> list[AclBinding] | None:
+        """The bindings for this principal (at its host) that apply to the resource; None when no binding
+        applies to the resource at all, for anyone."""
         applicable = self._acls().matching(resource_type, name)
         if not applicable:
-            return self.config.allow_everyone_if_no_acl_found
+            return None
         host = getattr(principal, "host", "")
-        mine = [b for b in applicable if b.principal in (who, "User:*") and _host_applies(b, host)]
+        return [b for b in applicable if b.principal in (who, "User:*") and _host_applies(b, host)]
+
+    def _decide_among(self, mine: list[AclBinding] | None, operation: str) -> bool:
+        if mine is None:
+            return self.config.allow_everyone_if_no_acl_found
         if any(b.permission == "DENY" and b.operation in (operation, "ALL") for b in mine):
             return False
         allowing = _IMPLIED_BY.get(operation, {operation})
         return any(b.permission == "ALLOW" and (b.operation == "ALL" or b.operation in allowing) for b in mine)
+
+    def authorized_operations(self, principal: object, resource_type: str, name: str = CLUSTER_NAME) -> int:
+        """KIP-430: the bit set (``1 << OPERATION_CODES[op]``) of the operations of
+        ``SUPPORTED_OPERATIONS[resource_type]`` this principal is allowed on the resource, each decided as
+        ``authorize`` decides it (every one when no authorizer is configured, as Kafka answers). At most one
+        decision per supported operation, over one lookup of the resource's bindings; not counted as denials
+        (Kafka neither logs them)."""
+        who = str(principal)
+        if self._unchecked(who, principal):
+            return _ALL_SUPPORTED_BITS[resource_type]
+        mine = self._applicable(who, principal, resource_type, name)
+        return operations_bits(op for op in SUPPORTED_OPERATIONS[resource_type] if self._decide_among(mine, op))
 
     def authorize_any(self, principal: object, operation: str, resources: Iterable[tuple[str, str]]) -> bool:
         """Allowed on at least one of (resource type, name) (e.g. CREATE on the cluster or on the topic)."""

@@ -550,9 +550,11 @@ class AdminApis:
                 continue
             brokers.append({"broker_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack or None,
                             "is_fenced": b.fenced})
+        ops = cluster_authorized_operations(self.service.authz, caller) \
+            if _get(req.body, "include_cluster_authorized_operations", False) else codec.NO_AUTHORIZED_OPERATIONS
         return self._resp(req, {"error_code": 0, "cluster_id": resp.cluster_id, "endpoint_type": 1,
                                 "controller_id": resp.controller_id if resp.controller_id >= 0 else -1,
-                                "brokers": brokers, "cluster_authorized_operations": codec.NO_AUTHORIZED_OPERATIONS})
+                                "brokers": brokers, "cluster_authorized_operations": ops})
 
     # ---- DescribeLogDirs (this broker's) ----
     async def describe_log_dirs(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -871,3 +873,10 @@ def _acl_filter(f: Any) -> tuple[security_pb2.AclFilter, str | None]:
 def security_service_binding(a: security_pb2.AclBinding) -> sec.AclBinding:
     return sec.AclBinding(a.resource_type, a.resource_name, a.pattern_type, a.principal, a.host, a.operation,
                           a.permission)
+
+
+def cluster_authorized_operations(authorizer: authz.Authorizer, caller: Any) -> int:
+    """KIP-430's cluster_authorized_operations (DescribeCluster, Metadata v8-v10), as Kafka answers it: the
+    caller's operations on the cluster when it may DESCRIBE the cluster, else none (0)."""
+    ops = authorizer.authorized_operations(caller, authz.CLUSTER)
+    return ops if ops & (1 << authz.OPERATION_CODES[authz.DESCRIBE]) else 0

@@ -140,7 +140,10 @@ class KafkaApis:
         pb = broker_pb2.MetadataRequest(topics=names, all_topics=all_topics,
                                         allow_auto_topic_creation=bool(_get(body, "allow_auto_topic_creation", True)))
         caller = ctx.brook_authentication.principal
-        resp = await self.service._io(lambda: self.service._metadata(pb, self.listener, caller))
+        with_topic_ops = bool(_get(body, "include_topic_authorized_operations", False))  # v8+
+        with_cluster_ops = bool(_get(body, "include_cluster_authorized_operations", False))  # v8-v10
+        resp, topic_ops, cluster_ops = await self.service._io(
+            lambda: self._metadata_and_operations(pb, caller, with_topic_ops, with_cluster_ops))
         brokers = []
         for b in resp.brokers:
             info = self.cache.broker(b.node_id)
@@ -151,14 +154,29 @@ class KafkaApis:
         for t in resp.topics:
             out_topics.append({
                 "error_code": t.error_code, "name": t.name, "topic_id": t.topic_id or None,
-                "is_internal": t.is_internal, "topic_authorized_operations": codec.NO_AUTHORIZED_OPERATIONS,
+                "is_internal": t.is_internal,
+                "topic_authorized_operations": topic_ops.get(t.name, codec.NO_AUTHORIZED_OPERATIONS),
                 "partitions": [{"error_code": p.error_code, "partition_index": p.partition, "leader_id": p.leader,
                                 "leader_epoch": p.leader_epoch, "replica_nodes": list(p.replicas),
                                 "isr_nodes": list(p.isr), "offline_replicas": list(p.offline_replicas)}
                                for p in t.partitions]})
         return self._resp(req, {"brokers": brokers, "cluster_id": resp.cluster_id or None,
                                 "controller_id": resp.controller_id if resp.controller_id >= 0 else -1,
-                                "topics": out_topics, "cluster_authorized_operations": codec.NO_AUTHORIZED_OPERATIONS})
+                                "topics": out_topics, "cluster_authorized_operations": cluster_ops})
+
+    def _metadata_and_operations(self, pb: broker_pb2.MetadataRequest, caller: Any, with_topic_ops: bool,
+                                 with_cluster_ops: bool) -> tuple[broker_pb2.MetadataResponse, dict[str, int], int]:
+        """The Metadata answer, and KIP-430's authorized operations when asked (else none): the caller's on each
+        topic answered, as Kafka, unknown ones too but not those refused it (TOPIC_AUTHORIZATION_FAILED, left
+        NO_AUTHORIZED_OPERATIONS), and on the cluster. On the io worker, with the answer: for 10,000 topics
+        that is up to 80,000 decisions."""
+        resp = self.service._metadata(pb, self.listener, caller)
+        authorizer = self.service.authz
+        topic_ops = {t.name: authorizer.authorized_operations(caller, authz.TOPIC, t.name) for t in resp.topics
+                     if t.error_code != ErrorCode.TOPIC_AUTHORIZATION_FAILED} if with_topic_ops else {}
+        cluster_ops = admin_apis.cluster_authorized_operations(authorizer, caller) if with_cluster_ops \
+            else codec.NO_AUTHORIZED_OPERATIONS
+        return resp, topic_ops, cluster_ops
 
     # ---- Produce ----
     async def produce(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -409,10 +427,19 @@ class KafkaApis:
 
     async def describe_groups(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         out = await self.groups.DescribeGroups(group_pb2.DescribeGroupsRequest(group_ids=list(req.body.groups)), ctx)
+        ops: dict[str, int] = {}
+        # KIP-430 (v3+): as Kafka, the caller's operations on each group described without error (refused
+        # ones stay NO_AUTHORIZED_OPERATIONS); each distinct group once, on the io worker (up to 1,000s of them).
+        if _get(req.body, "include_authorized_operations", False) and any(g.error_code == 0 for g in out.groups):
+            described = {g.group_id for g in out.groups if g.error_code == 0}
+            caller, authorizer = ctx.brook_authentication.principal, self.groups.authz
+            ops = await self.service._io(
+                lambda: {gid: authorizer.authorized_operations(caller, authz.GROUP, gid) for gid in described})
         return self._resp(req, {"groups": [
             {"error_code": g.error_code, "group_id": g.group_id, "group_state": g.state,
              "protocol_type": g.protocol_type, "protocol_data": g.protocol_name,
-             "authorized_operations": codec.NO_AUTHORIZED_OPERATIONS,
+             "authorized_operations": ops.get(g.group_id, codec.NO_AUTHORIZED_OPERATIONS) if g.error_code == 0
+             else codec.NO_AUTHORIZED_OPERATIONS,
              "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id or None,
                           "client_id": m.client_id,
                           "client_host": m.client_host, "member_metadata": m.metadata,
