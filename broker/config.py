@@ -388,6 +388,9 @@ _COARSE_UNITS = {
     "log.roll.hours": ("log.roll.ms", 3600 * 1000),
     "log.roll.jitter.hours": ("log.roll.jitter.ms", 3600 * 1000),
 }
+# Each coarse key -> (the key it stands for, its unit in ms), in the order ``_apply_coarse_units`` applies them
+# (the first one set wins over those after it). DescribeConfigs of a BROKER resource lists them as synonyms.
+COARSE_UNITS: Mapping[str, tuple[str, int]] = _COARSE_UNITS
 
 
 def _topic_key_defs() -> list[KeyDef]:
@@ -472,6 +475,16 @@ class Voter:
     raft_port: int
 
 
+class NodeDefaults(dict[str, str]):
+    """``NodeConfig.defaults()``, the dict the settings objects take, remembering the config it came from
+    (``node``): a broker describing its own configs (DescribeConfigs of a BROKER resource) tells the keys the
+    operator set (STATIC_BROKER_CONFIG) from those left at their default (DEFAULT_CONFIG) by it."""
+
+    def __init__(self, values: Mapping[str, str], node: NodeConfig) -> None:
+        super().__init__(values)
+        self.node = node
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     """A validated node configuration. ``values`` holds every known key, typed."""
@@ -481,9 +494,22 @@ class NodeConfig:
     source: Path | None = None
     listeners: Mapping[str, Listener] = field(default_factory=dict)
     voters: Mapping[int, Voter] = field(default_factory=dict)
+    # The keys as the operator wrote them: ``explicit`` less the keys only derived from a coarser unit
+    # (log.retention.ms from log.retention.hours). None: the same as ``explicit``.
+    given: frozenset[str] | None = None
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
+
+    @property
+    def set_by_operator(self) -> frozenset[str]:
+        """The keys the file, the environment or a flag set, as written (not defaulted, not derived)."""
+        return self.explicit if self.given is None else self.given
+
+    def text(self, key: str) -> str | None:
+        """``key``'s value as its config text (``true``, ``a,b``), None when it has none."""
+        value = self.values.get(key)
+        return None if value is None else _to_text(value)
 
     @property
     def node_id(self) -> int:
@@ -556,10 +582,11 @@ class NodeConfig:
                 out[d.topic_key] = str(self.values[d.name])
         return out
 
-    def defaults(self) -> dict[str, str]:
+    def defaults(self) -> NodeDefaults:
         """The ``defaults`` of the settings objects: every behaviour key by its Kafka broker
         name (``num.partitions``, ``replica.lag.time.max.ms``, ``log.segment.bytes``, ...) plus
-        the topic defaults by topic config name (``segment.bytes``), all as strings."""
+        the topic defaults by topic config name (``segment.bytes``), all as strings; it remembers
+        this config (``NodeDefaults.node``)."""
         structural = {d.name for d in _CORE}
         out: dict[str, str] = {}
         for name, value in self.values.items():
@@ -567,7 +594,7 @@ class NodeConfig:
                 continue
             out[name] = _to_text(value)
         out.update(self.topic_defaults())
-        return out
+        return NodeDefaults(out, self)
 
     def controller_settings(self) -> Any:
         """metadata_quorum.node.ControllerSettings for this node (controller role)."""
@@ -794,13 +821,15 @@ def build_config(raw: Mapping[str, tuple[Any, str]], *, source: Path | None = No
         if d is None:
             raise ConfigError(key, f"unknown key (from {origin}){_suggest(key)}")
         values[key] = _coerce(d, value, origin)
+    given = frozenset(values)
     _apply_coarse_units(values)
     explicit = frozenset(values)
     for key, d in KEYS.items():
         if key not in values:
             values[key] = None if d.default is None else _coerce(d, d.default, "default")
     listeners, voters = _validate_cross(values)
-    return NodeConfig(values=values, explicit=explicit, source=source, listeners=listeners, voters=voters)
+    return NodeConfig(values=values, explicit=explicit, source=source, listeners=listeners, voters=voters,
+                      given=given)
 
 
 def _suggest(key: str) -> str:

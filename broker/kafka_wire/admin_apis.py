@@ -17,7 +17,8 @@ back; no rule is implemented here.
   Metadata), with the brokers' addresses on the listener the client came in on.
 - DescribeConfigs of a BROKER resource is answered by that broker from its own node config
   overlaid with the dynamic cluster configs it has applied (as a Kafka broker does), after
-  DESCRIBE_CONFIGS on the cluster; secrets are never shown (``is_sensitive``, null value).
+  DESCRIBE_CONFIGS on the cluster: each key's source (dynamic default, static, default), synonyms
+  and read-only flag as Kafka's (``_own_configs``); secrets are never shown (``is_sensitive``, null value).
 
 What one request may cost is bounded before anything is forwarded (an audit found 50 KB requests that
 stalled the event loop for seconds): DescribeConfigs and (Incremental)AlterConfigs name at most
@@ -123,8 +124,10 @@ DUPLICATE_RESOURCE = "Each resource must appear at most once."
 
 # Answers of more items than this are built on the admin pool, not the event loop (AdminApis._answer).
 _ANSWER_ON_LOOP_MAX_ITEMS = 100
-# A config entry as described: (name, value, source, is_sensitive, documentation).
-_ConfigRow = tuple[str, str, int, bool, str]
+# A config entry as described: (name, value, source, is_sensitive, documentation, read_only, synonyms), a synonym
+# being (name, value, source): each source that has a value for the entry, the one in effect first.
+_Synonym = tuple[str, str | None, int]
+_ConfigRow = tuple[str, str | None, int, bool, str, bool, tuple[_Synonym, ...]]
 
 
 
@@ -377,8 +380,7 @@ class AdminApis:
                         raise _Failed(ErrorCode.UNKNOWN_SERVER_ERROR, "the controller did not describe this topic")
                     if r.error_code:
                         raise _Failed(r.error_code, r.error_message)
-                    configs = [(e.name, e.value, SOURCE_DEFAULT if e.is_default else SOURCE_DYNAMIC_TOPIC, False,
-                                e.documentation) for e in r.entries]
+                    configs = [_topic_row(e) for e in r.entries]
                 elif res.resource_type == RESOURCE_BROKER:
                     assert node is not None
                     configs = self._broker_configs(node, res.resource_name)
@@ -389,47 +391,105 @@ class AdminApis:
                 entry.update(error_code=exc.code, error_message=exc.message)
                 results.append(entry)
                 continue
-            for name, value, source, sensitive, doc in configs:
+            for name, value, source, sensitive, doc, read_only, synonyms in configs:
                 if wanted is not None and name not in wanted:
                     continue
                 entry["configs"].append({
-                    "name": name, "value": None if sensitive else value, "read_only": source == SOURCE_STATIC_BROKER,
+                    "name": name, "value": None if sensitive else value, "read_only": read_only,
                     "config_source": source, "is_sensitive": sensitive,
                     "documentation": (doc or None) if with_docs else None,
-                    "synonyms": [{"name": name, "value": None if sensitive else value, "source": source}]
-                    if with_synonyms and source != SOURCE_DEFAULT else []})
+                    "synonyms": [{"name": n, "value": None if sensitive else v, "source": src}
+                                 for n, v, src in synonyms] if with_synonyms else []})
             results.append(entry)
         return self._resp(req, {"results": results, "throttle_time": 0})
 
     def _node_configs(self, ctx: KafkaCallContext) -> tuple[list[_ConfigRow], list[_ConfigRow]]:
         """What BROKER resources describe, after DESCRIBE_CONFIGS on the cluster: the dynamic cluster-wide
-        defaults, and this broker's node config where they do not override it (read-only static values)."""
+        defaults (resource name ''), and this broker's own configs (``_own_configs``)."""
         who = ctx.brook_authentication.principal
         if not self.broker.authorizer.authorize(who, authz.DESCRIBE_CONFIGS, authz.CLUSTER):
             exc = authz.denied_error(who, authz.DESCRIBE_CONFIGS, authz.CLUSTER)
             raise _Failed(exc.code, exc.message)
-        dynamic = self.broker.metadata_cache.cluster_configs()
-        defaults = [(k, v, SOURCE_DYNAMIC_DEFAULT_BROKER, False, cluster_configs.doc(k))
-                    for k, v in sorted(dynamic.items()) if k in cluster_configs.known_keys()]
-        own = {"node.id": str(self.broker.node_id), **self.broker.settings.defaults}
-        static = [(k, str(v), SOURCE_STATIC_BROKER, _is_sensitive(k), "")
-                  for k, v in sorted(own.items()) if k not in dynamic]
-        return defaults, static
+        reconfigurable = frozenset(cluster_configs.known_keys())
+        dynamic = {k: v for k, v in self.broker.metadata_cache.cluster_configs().items() if k in reconfigurable}
+        # As Kafka's '' resource: only the dynamic defaults, each its own only synonym.
+        defaults: list[_ConfigRow] = [
+            (k, v, SOURCE_DYNAMIC_DEFAULT_BROKER, _is_sensitive(k), cluster_configs.doc(k), False,
+             ((k, v, SOURCE_DYNAMIC_DEFAULT_BROKER),)) for k, v in sorted(dynamic.items())]
+        return defaults, self._own_configs(dynamic, reconfigurable)
+
+    def _own_configs(self, dynamic: dict[str, str], reconfigurable: frozenset[str]) -> list[_ConfigRow]:
+        """This broker's configs as a Kafka broker describes its own: every key of its node config (those of its
+        roles) and every dynamic cluster config, each with the value in effect and where that comes from: a
+        dynamic cluster-wide default (DYNAMIC_DEFAULT_BROKER_CONFIG) over the node's file, environment or flags
+        (STATIC_BROKER_CONFIG) over the built-in default (DEFAULT_CONFIG, also what a key no one set shows).
+        Synonyms: each of those with a value, in that order; a coarser-unit key the operator wrote
+        (log.retention.hours) is the static synonym of the key it stands for (log.retention.ms), and is
+        listed itself. Read-only unless Brook can change the key at runtime (a dynamic cluster config), as
+        Kafka's DynamicBrokerConfig. Brook has no per-broker dynamic configs (DYNAMIC_BROKER_CONFIG).
+
+        The topic defaults (log.retention.ms, log.segment.bytes, message.max.bytes, min.insync.replicas, ...)
+        show what this broker's logs use: the dynamic value, else the node's, else storage/log_config.py's.
+        Settings made without a node config (``broker.config.NodeDefaults``: an embedder's own dict) show
+        what they hold as static, the topic defaults and the dynamic configs."""
+        from broker.config import COARSE_UNITS, KEYS
+
+        settings = self.broker.settings.defaults
+        node = getattr(settings, "node", None)
+        if node is not None:
+            given: frozenset[str] = node.set_by_operator
+            roles = set(node.roles)
+            names = {k for k, d in KEYS.items() if roles.intersection(d.roles)}
+            static: Callable[[str], str | None] = node.text
+        else:
+            own = {"node.id": str(self.broker.node_id), **{k: str(v) for k, v in settings.items()}}
+            given = frozenset(own)
+            # Not the topic configs' own names (segment.bytes): only their broker keys (log.segment.bytes).
+            names = {k for k in own if k in KEYS or k not in log_config.TOPIC_CONFIGS}
+            names.update(k for k, d in KEYS.items() if d.topic_key is not None)
+            static = own.get
+        names.update(reconfigurable)
+        coarse_of: dict[str, list[str]] = defaultdict(list)
+        for coarse, (fine, _) in COARSE_UNITS.items():
+            coarse_of[fine].append(coarse)
+        rows: list[_ConfigRow] = []
+        for name in sorted(names):
+            d = KEYS.get(name)
+            synonyms: list[_Synonym] = []
+            if name in dynamic:
+                synonyms.append((name, dynamic[name], SOURCE_DYNAMIC_DEFAULT_BROKER))
+            for key in (name, *coarse_of.get(name, ())):
+                text = static(key) if key in given else None
+                if text is not None:
+                    synonyms.append((key, text, SOURCE_STATIC_BROKER))
+            default = None if d is None else \
+                log_config.TOPIC_CONFIGS[d.topic_key].default if d.topic_key is not None else d.default
+            if default is not None:
+                synonyms.append((name, default, SOURCE_DEFAULT))
+            value, source = (synonyms[0][1], synonyms[0][2]) if synonyms else (None, SOURCE_DEFAULT)
+            if source == SOURCE_STATIC_BROKER and synonyms[0][0] != name:
+                value = static(name) or value  # set in a coarser unit: the value it stands for, as applied
+            doc = d.doc if d is not None else cluster_configs.doc(name) if name in reconfigurable else ""
+            sensitive = _is_sensitive(name)
+            if sensitive:  # a secret's value is never even held for the answer
+                value, synonyms = None, [(n, None, src) for n, _, src in synonyms]
+            rows.append((name, value, source, sensitive, doc, name not in reconfigurable, tuple(synonyms)))
+        return rows
 
     def _broker_configs(self, node: tuple[list[_ConfigRow], list[_ConfigRow]] | _Failed,
                         name: str) -> list[_ConfigRow]:
         """A BROKER resource as a Kafka broker answers it: "" = the dynamic cluster-wide defaults, this broker's
-        id = its node config overlaid with those; another broker's id is refused."""
+        id = its own configs (dynamic, static and default); another broker's id is refused."""
         if isinstance(node, _Failed):
             raise node
-        defaults, static = node
+        defaults, own = node
         if name == "":
             return defaults
         if name != str(self.broker.node_id):
             raise _Failed(ErrorCode.INVALID_REQUEST,
                           f"broker {self.broker.node_id} describes its own configs (resource name "
                           f"'{self.broker.node_id}') or the cluster defaults (''), not broker '{name}'")
-        return defaults + static
+        return own
 
     # ---- AlterConfigs / IncrementalAlterConfigs ----
     async def alter_configs(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -818,6 +878,14 @@ def _creatable_topic(t: Any) -> cpb.CreatableTopic:
                           "the assigned partitions must be 0..n-1, each once")
         out.assignments.extend(cpb.ReplicaList(replicas=list(a.broker_ids)) for a in by_index)
     return out
+
+
+def _topic_row(e: Any) -> _ConfigRow:
+    """A topic config as the controller described it: an override (DYNAMIC_TOPIC_CONFIG, its own synonym) or
+    the default."""
+    source = SOURCE_DEFAULT if e.is_default else SOURCE_DYNAMIC_TOPIC
+    return (e.name, e.value, source, False, e.documentation, False,
+            () if e.is_default else ((e.name, e.value, source),))
 
 
 def _topic_config_entry(name: str, value: str, is_default: bool) -> dict[str, Any]:

@@ -148,3 +148,84 @@ def test_acls(confluent_admin: Any, topic_name: str) -> None:
     assert a.delete_acls([topic_only], request_timeout=T)[topic_only].result(T) == [read]
     assert a.delete_acls([of_principal], request_timeout=T)[of_principal].result(T) == [group]
     assert a.describe_acls(of_principal, request_timeout=T).result(T) == []
+
+
+def _cluster_default(kp_admin: Any, key: str, value: str | None) -> None:
+    """SET (or DELETE: ``value`` None) ``key`` in the cluster-wide defaults, the BROKER resource '', with an
+    IncrementalAlterConfigs as kafka-configs.sh --alter --entity-type brokers --entity-default sends it.
+    librdkafka refuses a resource without a name, and kafka-python's alter_configs sends a BROKER resource to
+    the broker its name numbers: the request is kafka-python's own, sent as it builds it."""
+    from kafka.admin import AlterConfigOp, ConfigResource, ConfigResourceType
+
+    op = AlterConfigOp.SET if value is not None else AlterConfigOp.DELETE
+    request = kp_admin._alter_configs_request(
+        [ConfigResource(ConfigResourceType.BROKER, "", {key: (op, value)})], incremental=True)
+    response = kp_admin._manager.run(kp_admin._manager.send, request)
+    assert [(r.error_code, r.resource_name) for r in response.responses] == [(0, "")], response
+
+
+def test_broker_configs_sources_read_only_and_synonyms(kcluster: Any, confluent_admin: Any, kp_admin: Any) -> None:
+    """A broker's own configs as Kafka's tools expect them (kafka-configs.sh --describe --all, UIs): each key's
+    value in effect and its real source, read-only only when Brook cannot change it at runtime, and Kafka's
+    topic-default keys with the value the logs use."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+    from kafka.admin import ConfigResource as KpResource
+    from kafka.admin import ConfigResourceType
+
+    from metadata_quorum import cluster_configs
+
+    a = confluent_admin
+    broker = str(sorted(kcluster.broker_ids)[0])
+    mine = ConfigResource(ResourceType.BROKER, broker)
+
+    def describe() -> dict[str, Any]:
+        return a.describe_configs([mine], request_timeout=T)[mine].result(T)  # type: ignore[no-any-return]
+
+    configs = describe()
+    # Set by no one: the built-in default (DEFAULT_CONFIG), read-only only if Brook cannot alter it cluster-wide.
+    retention = configs["log.retention.ms"]
+    assert (retention.value, _source(retention), retention.is_default, retention.is_read_only) == \
+        ("604800000", 5, True, False)
+    partitions = configs["num.partitions"]
+    assert (partitions.value, _source(partitions), partitions.is_read_only) == ("1", 5, True)
+    # Written in the node's config file by LocalCluster: STATIC_BROKER_CONFIG, read-only (a restart changes it),
+    # even when the value written is the default one (ssl.client.auth=required).
+    lag = configs["replica.lag.time.max.ms"]
+    assert (lag.value, _source(lag), lag.is_default, lag.is_read_only) == ("10000", 4, False, True)
+    assert (configs["ssl.client.auth"].value, _source(configs["ssl.client.auth"])) == ("required", 4)
+    assert (configs["node.id"].value, _source(configs["node.id"])) == (broker, 4)
+    # Kafka's broker keys for the topic defaults, with the values the logs apply; never the topic names.
+    assert configs["log.segment.bytes"].value == str(1024 ** 3)
+    assert configs["message.max.bytes"].value == str(1024 * 1024 + 12)
+    assert configs["log.cleanup.policy"].value == "delete" and configs["min.insync.replicas"].value == "1"
+    assert "segment.bytes" not in configs and "retention.ms" not in configs
+    # Exactly Brook's dynamic cluster configs are writable.
+    assert {name for name, e in configs.items() if not e.is_read_only} == set(cluster_configs.known_keys())
+    secret = configs["controller.quorum.password"]  # set in the node file: a secret, never shown
+    assert secret.is_sensitive and secret.value is None and _source(secret) == 4
+
+    key = "log.cleaner.delete.retention.ms"  # what compaction does with tombstones: harmless to the other tests
+    assert _source(configs[key]) == 5
+    _cluster_default(kp_admin, key, "3600000")
+    try:
+        entry = wait_for(lambda: (lambda e: e if _source(e) == 3 else None)(describe()[key]), T,
+                         f"{key} to be a dynamic default on broker {broker}", poll_s=0.2)
+        assert (entry.value, entry.is_read_only, entry.is_default) == ("3600000", False, False)
+        # Every source with a value, the one in effect first: the dynamic default, then the default (librdkafka
+        # keys synonyms by name and keeps the last: kafka-python shows the list).
+        assert [(n, s.value, _source(s)) for n, s in entry.synonyms.items()] == [(key, "86400000", 5)]
+        listed = kp_admin.describe_configs([KpResource(ConfigResourceType.BROKER, broker, {key: None})],
+                                           include_synonyms=True, config_filter="all")["broker"][broker][key]
+        assert [(s["name"], s["value"], s["source"]) for s in listed["synonyms"]] == \
+            [(key, "3600000", "DYNAMIC_DEFAULT_BROKER_CONFIG"), (key, "86400000", "DEFAULT_CONFIG")]
+        # The cluster-wide defaults themselves (resource ''): the dynamic ones only, writable.
+        request = kp_admin._describe_configs_request([KpResource(ConfigResourceType.BROKER, "")], True)
+        response = kp_admin._manager.run(kp_admin._manager.send, request, int(broker))
+        defaults = {c.name: c for r in response.results for c in r.configs}
+        assert (defaults[key].value, defaults[key].config_source, defaults[key].read_only) == ("3600000", 3, False)
+        assert [(y.name, y.value, y.source) for y in defaults[key].synonyms] == [(key, "3600000", 3)]
+    finally:
+        _cluster_default(kp_admin, key, None)
+    back = wait_for(lambda: (lambda e: e if _source(e) == 5 else None)(describe()[key]), T,
+                    f"{key} back to its default", poll_s=0.2)
+    assert back.value == "86400000"

@@ -46,7 +46,7 @@ def test_topics_configs_and_partitions(kcluster: Any, kp_admin: Any, topic_name:
     broker = str(brokers[0])
     mine = a.describe_configs([ConfigResource(ConfigResourceType.BROKER, broker)], config_filter="all")
     assert mine["broker"][broker]["node.id"]["value"] == broker
-    assert mine["broker"][broker]["num.partitions"]["config_source"] == "STATIC_BROKER_CONFIG"
+    assert mine["broker"][broker]["num.partitions"]["config_source"] == "DEFAULT_CONFIG"  # no one set it
     for key in ("inter.broker.sasl.password", "scram.bootstrap.users"):  # set on this cluster: never shown
         secret = mine["broker"][broker].get(key)
         assert secret is None or (secret["value"] is None and secret["is_sensitive"]), secret
@@ -60,6 +60,43 @@ def test_topics_configs_and_partitions(kcluster: Any, kp_admin: Any, topic_name:
 
     a.delete_topics([topic_name, defaults], timeout_ms=T * 1000)
     wait_for(lambda: _partitions(a, topic_name) == 0 and _partitions(a, defaults) == 0, T, "the topics gone")
+
+
+def test_broker_configs_as_kafka_tools_filter_them(kcluster: Any, kp_admin: Any) -> None:
+    """kafka-python's config filters read the sources and read-only flags a broker answers: "dynamic" (what
+    alter_configs accepts) is Brook's dynamic cluster configs, "static" what the node's file set, and each
+    entry's synonyms list every source with a value, the default last; v3+ carries each key's documentation."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+    from kafka.protocol.admin import DescribeConfigsRequest
+
+    from broker.config import KEYS
+    from metadata_quorum import cluster_configs
+
+    a = kp_admin
+    broker = str(sorted(kcluster.broker_ids)[1])
+    mine = [ConfigResource(ConfigResourceType.BROKER, broker)]
+    dynamic = a.describe_configs(mine, config_filter="dynamic")["broker"][broker]
+    assert set(dynamic) == set(cluster_configs.known_keys())
+    static = a.describe_configs(mine, config_filter="static")["broker"][broker]
+    assert {"node.id", "listeners", "log.dirs", "replica.lag.time.max.ms", "ssl.client.auth"} <= set(static)
+    assert not {"num.partitions", "log.retention.ms", "auto.create.topics.enable"} & set(static)
+
+    every = a.describe_configs(mine, include_synonyms=True, config_filter="all")["broker"][broker]
+
+    def synonyms(key: str) -> list[tuple[str, str | None, str]]:
+        return [(s["name"], s["value"], s["source"]) for s in every[key]["synonyms"]]
+    assert synonyms("replica.lag.time.max.ms") == [("replica.lag.time.max.ms", "10000", "STATIC_BROKER_CONFIG"),
+                                                   ("replica.lag.time.max.ms", "30000", "DEFAULT_CONFIG")]
+    assert synonyms("auto.create.topics.enable") == [("auto.create.topics.enable", "true", "DEFAULT_CONFIG")]
+    assert (every["log.retention.ms"]["value"], every["log.retention.ms"]["read_only"]) == ("604800000", False)
+    assert every["log.retention.hours"]["value"] is None  # not set: log.retention.ms's default applies
+
+    keys = ["num.partitions", "log.retention.ms"]
+    request = DescribeConfigsRequest(resources=[(ConfigResourceType.BROKER, broker, keys)], include_synonyms=False,
+                                     include_documentation=True, min_version=3)
+    response = a._manager.run(a._manager.send, request, int(broker))
+    docs = {c.name: c.documentation for r in response.results for c in r.configs}
+    assert docs == {k: KEYS[k].doc for k in keys}
 
 
 def test_reassignment_and_election(kcluster: Any, kp_admin: Any, topic_name: str) -> None:
