@@ -381,10 +381,11 @@ _TOPIC_DEFAULTS = [
     ("min.insync.replicas", "min.insync.replicas"),
     ("unclean.leader.election.enable", "unclean.leader.election.enable"),
 ]
-# Coarser-unit spellings Kafka accepts; the finer one wins when several are set.
+# Coarser-unit spellings Kafka accepts; the finer one wins when several are set (Kafka: log.retention.ms,
+# then .minutes, then .hours), so each key's finer spellings come first: the first one set is applied.
 _COARSE_UNITS = {
-    "log.retention.hours": ("log.retention.ms", 3600 * 1000),
     "log.retention.minutes": ("log.retention.ms", 60 * 1000),
+    "log.retention.hours": ("log.retention.ms", 3600 * 1000),
     "log.roll.hours": ("log.roll.ms", 3600 * 1000),
     "log.roll.jitter.hours": ("log.roll.jitter.ms", 3600 * 1000),
 }

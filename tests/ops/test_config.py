@@ -97,6 +97,10 @@ def test_precedence_file_env_flag(tmp_path: Path) -> None:
     assert load_config(p, ["num.partitions=4"], env=env)["num.partitions"] == 4
     cfg = load_config(p, ["log.retention.ms=1000", "log.retention.hours=5"], env={})
     assert cfg["log.retention.ms"] == "1000", "the finer unit wins, as in Kafka"
+    cfg = load_config(p, ["log.retention.hours=5", "log.retention.minutes=7"], env={})
+    assert cfg["log.retention.ms"] == str(7 * 60 * 1000), "minutes win over hours, as in Kafka"
+    cfg = load_config(p, ["log.retention.minutes=7", "log.retention.hours=5"], env={})
+    assert cfg["log.retention.ms"] == str(7 * 60 * 1000), "whatever the order they are given in"
 
 
 def test_kafka_log_keys_map_to_topic_configs(tmp_path: Path) -> None:
