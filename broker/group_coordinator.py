@@ -182,6 +182,130 @@ def sync_timed_out() -> SyncResult:
     return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS, error_message="leader did not sync in time")
 
 
+class GroupTimers:
+    """The coordinator's timers, deadline-ordered: a tick costs O(groups due + groups changed since the
+    previous tick + log n), not O(groups).
+
+    Each tick used to ask every group for its next deadline, ten times a second under the coordinator's
+    lock: 26 ms a tick with 20,000 groups holding only offsets (nothing scheduled, so asked afresh each
+    time; the audit saw 70 ms), 1.9 ms with 20,000 Stable ones. Now a heap holds one (deadline, entry, group) entry per group with
+    something scheduled, at a time no later than the group's next deadline (``Group.next_deadline_ms``);
+    a tick pops the entries that came due, asks those groups (a group whose deadline moved later, as
+    heartbeats move it, answers its real one and is put back), and ticks the ones really due, each at most
+    once a tick, as before. A group that may have a deadline earlier than its entry (anything but a
+    heartbeat or a commit: ``Group.deadline_listener``) is asked again on the next tick: its entry is
+    replaced when the new deadline is earlier. Replaced entries and those of groups removed stay in the
+    heap until popped (lazy invalidation); when they outnumber the live ones twice over, the heap is rebuilt
+    from the live ones (O(n), after at least 2n replacements), so it stays within 3x the scheduled groups.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, str, Group]] = []  # (deadline ms, entry number, group id, group)
+        self._scheduled: dict[str, tuple[int, int, Group]] = {}  # group id -> its live entry: (number, deadline, group)
+        self._changed: dict[str, Group] = {}  # asked again on the next tick
+        self._next_entry = 0
+        # For tests and stats: groups asked for their deadline by ticks, heap rebuilds.
+        self.visits = 0
+        self.rebuilds = 0
+
+    def watch(self, g: Group) -> None:
+        """A group the coordinator now holds: asked on the next tick, and whenever its deadlines may move earlier."""
+        g.deadline_listener = self._on_change
+        self._changed[g.group_id] = g
+
+    def unwatch(self, g: Group) -> None:
+        """A group the coordinator no longer holds (its entry, if any, goes stale)."""
+        g.deadline_listener = None
+        self._changed.pop(g.group_id, None)
+        entry = self._scheduled.get(g.group_id)
+        if entry is not None and entry[2] is g:
+            del self._scheduled[g.group_id]
+
+    def clear(self) -> None:
+        """Forget every entry (the coordinator holds no group any more)."""
+        self._heap, self._scheduled, self._changed = [], {}, {}
+
+    def _on_change(self, g: Group) -> None:
+        self._changed[g.group_id] = g
+
+    def due(self, now_ms: int, groups: dict[str, Group]) -> list[Group]:
+        """Schedule the changed groups, then take (off the heap) the held groups whose entries came due."""
+        self.schedule_changed(now_ms, groups)
+        out: list[Group] = []
+        heap, scheduled = self._heap, self._scheduled
+        while heap and heap[0][0] <= now_ms:  # bounded: each turn pops one entry
+            _, number, gid, g = heapq.heappop(heap)
+            entry = scheduled.get(gid)
+            if entry is None or entry[0] != number:
+                continue  # replaced, or the group was removed
+            del scheduled[gid]
+            if groups.get(gid) is g:
+                out.append(g)
+        self.visits += len(out)
+        return out
+
+    def schedule_changed(self, now_ms: int, groups: dict[str, Group]) -> None:
+        changed, self._changed = self._changed, {}
+        self.visits += len(changed)
+        for gid, g in changed.items():
+            if groups.get(gid) is not g:
+                continue
+            deadline = g.next_deadline_ms(now_ms)
+            if deadline is None:
+                continue  # nothing scheduled (an entry it has is stale-safe: asked, it answers None)
+            entry = self._scheduled.get(gid)
+            if entry is not None and entry[2] is g and entry[1] <= deadline:
+                continue  # its entry comes no later: it is asked then
+            self._next_entry += 1
+            self._scheduled[gid] = (self._next_entry, deadline, g)
+            heapq.heappush(self._heap, (deadline, self._next_entry, gid, g))
+        if len(self._heap) > 3 * len(self._scheduled) + 64:  # stale > 2 x live
+            self._heap = [(d, n, g.group_id, g) for n, d, g in self._scheduled.values()]
+            heapq.heapify(self._heap)
+            self.rebuilds += 1
+
+    def sizes(self) -> tuple[int, int]:
+        """(heap entries, live entries)."""
+        return len(self._heap), len(self._scheduled)
+
+
+class _GroupTable(dict[str, Group]):
+    """The coordinator's groups by id: a group put in is watched by the timers, one taken out is not."""
+
+    def __init__(self, timers: GroupTimers) -> None:
+        super().__init__()
+        self._timers = timers
+
+    def __setitem__(self, group_id: str, g: Group) -> None:
+        old = self.get(group_id)
+        if old is not None and old is not g:
+            self._timers.unwatch(old)
+        super().__setitem__(group_id, g)
+        self._timers.watch(g)
+
+    def __delitem__(self, group_id: str) -> None:
+        self._timers.unwatch(self[group_id])
+        super().__delitem__(group_id)
+
+    def pop(self, group_id: str, *default: Any) -> Any:  # type: ignore[override]
+        if group_id not in self:
+            return super().pop(group_id, *default)
+        g = super().pop(group_id)
+        self._timers.unwatch(g)
+        return g
+
+    def clear(self) -> None:
+        for g in self.values():
+            g.deadline_listener = None
+        self._timers.clear()
+        super().clear()
+
+    def update(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
+        raise TypeError("_GroupTable: put groups one by one")
+
+    setdefault = popitem = update  # type: ignore[assignment]
+
+
 class CoordinatorError(errors.BrookError):
     """Carries the code a group request is answered with (NOT_COORDINATOR, ...)."""
 
@@ -210,7 +334,8 @@ class GroupCoordinator:
         self._lock = threading.RLock()
         self._describe_lock = threading.Lock()
         self._describing_bytes = 0  # of DescribeGroups answers being built and sent (DESCRIBE_INFLIGHT_MAX_BYTES)
-        self._groups: dict[str, Group] = {}
+        self.timers = GroupTimers()  # sessions, join and sync deadlines, deadline-ordered
+        self._groups: dict[str, Group] = _GroupTable(self.timers)
         self._partitions: dict[int, _PartitionLoad] = {}
         self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="group-loader")
         self._stop = threading.Event()
@@ -1064,13 +1189,17 @@ class GroupCoordinator:
                 log.exception("group maintenance failed; continuing")
 
     def tick(self) -> None:
+        """Fire the groups' due timers: O(groups due + groups changed since the last tick + log n) (GroupTimers).
+        A group is ticked at most once a tick, when its next deadline has come, as when every group was asked."""
         with self._lock:
             now = self.clock_ms()
-            for g in list(self._groups.values()):
+            for g in self.timers.due(now, self._groups):
                 deadline = g.next_deadline_ms(now)
                 if deadline is not None and deadline <= now:
                     g.tick(now)
                     self._after_change_locked(g)
+                self.timers.watch(g)  # its next entry (after this tick: each group fires once a tick)
+            self.timers.schedule_changed(now, self._groups)
 
     def expire_offsets(self) -> int:
         """offsets.retention.minutes: an empty group's offsets expire that long after it

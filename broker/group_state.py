@@ -310,6 +310,10 @@ class Group:
     # each ListGroups, under the lock every group shares, took 5.2 s with 20,000 groups (an audit).
     offsets_partition: int = field(default=-1, compare=False)
     _deadline_floor_ms: int | None = field(default=None, repr=False, compare=False)  # see next_deadline_ms
+    # Told (with this group) whenever the group forgets its last deadline answer, i.e. whenever a deadline
+    # may have moved earlier: the coordinator's timers (broker/group_coordinator.py GroupTimers) then ask
+    # this group again on their next tick. None: nobody is told.
+    deadline_listener: Callable[[Group], None] | None = field(default=None, repr=False, compare=False)
 
     # ---- queries ----
     def is_empty(self) -> bool:
@@ -328,6 +332,9 @@ class Group:
             value = MemberTable(value)  # type: ignore[arg-type]  # a loaded group's members, a test's
         if name in ("members", "pending_members", "state"):
             self.__dict__["_deadline_floor_ms"] = None
+            listener = self.__dict__.get("deadline_listener")
+            if listener is not None:
+                listener(self)
         super().__setattr__(name, value)
 
     def _candidate_protocols(self, extra: Sequence[str] | None = None) -> set[str]:
@@ -672,11 +679,12 @@ class Group:
         """The earliest time ``tick`` has something to do (None: nothing scheduled), or, given ``now_ms``,
         a time no later than that (the last answer, while it is still ahead of ``now_ms``).
 
-        The coordinator asks every group ten times a second; walking every member each time cost
-        0.7 ms per 10,000 members under its lock. Deadlines only move later between the walks but
-        for what ``_forget_deadline`` covers: every operation but a heartbeat or a commit (which
-        move one member's deadline later) forgets the last answer, so a stable group is walked
-        about once per session timeout instead of ten times a second."""
+        Walking every member each time cost 0.7 ms per 10,000 members under the coordinator's lock.
+        Deadlines only move later between the walks but for what ``_forget_deadline`` covers: every
+        operation but a heartbeat or a commit (which move one member's deadline later) forgets the
+        last answer (and tells ``deadline_listener``), so a stable group is walked about once per
+        session timeout. The coordinator asks a group only when its answer comes due or after it was
+        forgotten (GroupTimers), not every group every tick."""
         floor = self._deadline_floor_ms
         if floor is not None and now_ms is not None and floor > now_ms:
             return floor
@@ -693,6 +701,8 @@ class Group:
 
     def _forget_deadline(self) -> None:
         self._deadline_floor_ms = None
+        if self.deadline_listener is not None:
+            self.deadline_listener(self)
 
     # ---- offsets ----
     def validate_commit(self, member_id: str, generation_id: int, now_ms: int, group_instance_id: str = "") -> int:

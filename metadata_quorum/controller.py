@@ -37,6 +37,7 @@ from broker.quotas import (
 from metadata_quorum import cluster_configs
 from metadata_quorum import commands as c
 from metadata_quorum.cluster_configs import BROKER_DEFAULT_KEYS
+from metadata_quorum.cluster_view import ClusterView
 from metadata_quorum.election import NO_LEADER, can_move_to_preferred, elect_leader
 from metadata_quorum.placement import BrokerLoad, place_replicas
 from metadata_quorum.raft import MetadataRaft, PendingProposal
@@ -46,11 +47,10 @@ from metadata_quorum.state import (
     ItemResult,
     MetadataState,
     PartitionState,
-    TopicState,
     validate_topic_name,
 )
-from proto import common_pb2, errors
 from proto import controller_pb2 as pb
+from proto import errors
 from proto.errors import ErrorCode
 from storage import log_config
 
@@ -107,24 +107,6 @@ class ControllerConfig:
         return str(defaults[name]) if name in defaults else None
 
 
-def partition_record(topic: TopicState, index: int, p: PartitionState) -> pb.PartitionRecord:
-    return pb.PartitionRecord(topic=topic.name, topic_id=topic.topic_id, partition=index, replicas=p.replicas,
-                              isr=p.isr, leader=p.leader, leader_epoch=p.leader_epoch,
-                              partition_epoch=p.partition_epoch, adding_replicas=p.adding,
-                              removing_replicas=p.removing)
-
-
-def broker_record(b: BrokerState) -> pb.BrokerRecord:
-    return pb.BrokerRecord(
-        node_id=b.node_id, incarnation_id=b.incarnation_id, broker_epoch=b.broker_epoch,
-        endpoints=[common_pb2.Endpoint(name=n, host=h, port=p) for n, h, p in b.endpoints],
-        rack=b.rack, fenced=b.fenced, in_controlled_shutdown=b.in_controlled_shutdown)
-
-
-def topic_record(t: TopicState) -> pb.TopicRecord:
-    return pb.TopicRecord(name=t.name, topic_id=t.topic_id, configs=t.configs, partition_count=len(t.partitions))
-
-
 class QuorumController:
     """Decisions of the active controller. Every public method may be called from any gRPC thread."""
 
@@ -139,6 +121,7 @@ class QuorumController:
         self._rng = rng if rng is not None else random.Random()
         self._new_topic_id = new_topic_id
         self._lock = threading.Lock()
+        self.cluster_view = ClusterView(raft.read)  # DescribeCluster's records, kept off the state lock
         self._registering = threading.Lock()
         self._leases: dict[int, float] = {}  # broker id -> monotonic time of the last heartbeat
         self._active_term = -1  # the term whose activation this node has completed
@@ -495,12 +478,16 @@ class QuorumController:
             if not broker.fenced:
                 raise errors.InvalidRequestError(
                     f"broker {req.broker_id} is running (unfenced): stop it before unregistering it")
-            hosted = [f"{t.name}-{i}" for t in s.topics.values() for i, p in enumerate(t.partitions)
-                      if req.broker_id in p.replicas]
-            if hosted:
+            count = s.replica_count(req.broker_id)
+            if count:
+                hosted = []  # five to name (the count is kept as records are applied)
+                for t in s.topics.values():
+                    hosted.extend(f"{t.name}-{i}" for i, p in enumerate(t.partitions) if req.broker_id in p.replicas)
+                    if len(hosted) >= 5:
+                        break
                 raise errors.InvalidRequestError(
-                    f"broker {req.broker_id} still holds {len(hosted)} replicas ({', '.join(hosted[:5])}"
-                    f"{' ...' if len(hosted) > 5 else ''}): move them first (brook cluster decommission)")
+                    f"broker {req.broker_id} still holds {count} replicas ({', '.join(hosted[:5])}"
+                    f"{' ...' if count > 5 else ''}): move them first (brook cluster decommission)")
         self.raft.read(check)
         self._propose(c.UnregisterBroker(req.broker_id), timeout_s).raise_for_error()
         with self._lock:
@@ -622,16 +609,9 @@ class QuorumController:
 
     # ---- topics ----
     def _loads(self, s: MetadataState) -> list[BrokerLoad]:
-        replicas: dict[int, int] = {b.node_id: 0 for b in s.brokers.values() if b.eligible}
-        leaders = dict.fromkeys(replicas, 0)
-        for topic in s.topics.values():
-            for p in topic.partitions:
-                for r in p.replicas:
-                    if r in replicas:
-                        replicas[r] += 1
-                if p.replicas and p.replicas[0] in leaders:
-                    leaders[p.replicas[0]] += 1
-        return [BrokerLoad(b, s.brokers[b].rack, replicas[b], leaders[b]) for b in sorted(replicas)]
+        """The live brokers' loads: O(brokers), from the counts the state keeps as records are applied."""
+        return [BrokerLoad(b.node_id, b.rack, s.replica_count(b.node_id), s.preferred_leader_count(b.node_id))
+                for b in sorted(s.brokers.values(), key=lambda b: b.node_id) if b.eligible]
 
     def create_topics(self, req: pb.CreateTopicsRequest, timeout_s: float,
                       quota: MutationQuota = UNLIMITED) -> pb.CreateTopicsResponse:
@@ -1002,17 +982,10 @@ class QuorumController:
 
     # ---- cluster ----
     def describe_cluster(self) -> pb.DescribeClusterResponse:
+        """Every broker, topic and partition. O(brokers + changes since the previous call) under the state
+        lock (see cluster_view.py); the answer may be shared with other callers: do not change it."""
         min_insync = int(self.topic_default("min.insync.replicas") or "1")
-
-        def build(s: MetadataState) -> pb.DescribeClusterResponse:
-            return pb.DescribeClusterResponse(
-                cluster_id=self.config.cluster_id, active_controller_id=s.active_controller_id,
-                default_min_insync_replicas=min_insync,
-                metadata_version=s.version, brokers=[broker_record(b) for b in s.brokers.values()],
-                topics=[topic_record(t) for t in s.topics.values()],
-                partitions=[partition_record(t, i, p) for t in s.topics.values() for i, p in enumerate(t.partitions)])
-
-        return self.raft.read(build)
+        return self.cluster_view.describe(self.config.cluster_id, min_insync)
 
     def lease_ages_s(self) -> dict[int, float]:
         now = self._clock()

@@ -27,7 +27,8 @@ from broker import authorizer as authz
 from broker import principal
 from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.quotas import UNLIMITED, MutationQuota
-from metadata_quorum.controller import QuorumController, broker_record, partition_record, topic_record
+from metadata_quorum.cluster_view import broker_record, partition_record, topic_record
+from metadata_quorum.controller import QuorumController
 from metadata_quorum.raft import MetadataRaft
 from metadata_quorum.security_service import security_delta
 from metadata_quorum.state import MetadataDelta

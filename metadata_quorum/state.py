@@ -42,6 +42,7 @@ MAX_TOPIC_NAME_CHARS = 249
 MAX_PARTITIONS_PER_TOPIC = 100_000
 MAX_PRODUCER_ID_BLOCK = 1_000_000
 DEFAULT_CHANGELOG_MAX_KEYS = 250_000
+_UNSEEN_SLACK = 1024  # keys the view's change set may hold beyond the state's size before it resets
 _TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
 
 # Changelog keys: which entity a version touched.
@@ -182,6 +183,15 @@ def _copy_partition(p: PartitionState) -> PartitionState:
                           list(p.adding), list(p.removing))
 
 
+def _bump(counts: dict[int, int], key: int, by: int) -> None:
+    n = counts.get(key, 0) + by
+    _invariant(n >= 0, f"derived count of {key} went negative")
+    if n:
+        counts[key] = n
+    else:
+        del counts[key]
+
+
 def _partition_from_snapshot(entry: list[Any]) -> PartitionState:
     """[replicas, isr, leader, leader_epoch, partition_epoch] plus [adding, removing] while reassigning."""
     replicas, isr, leader, leader_epoch, partition_epoch = entry[:5]
@@ -213,6 +223,23 @@ class MetadataState:
         self._changelog_keys = 0
         self._changelog_floor = 0  # deltas are exact for since_version >= this
         self._touched: list[Any] = []
+        # Derived figures, kept as records are applied (O(1) per partition changed) and recounted on
+        # restore, so the queries below cost O(1) or O(brokers) under the owner's lock, never
+        # O(partitions): a heartbeat in controlled shutdown, CreateTopics' placement, the controller's
+        # tick (reassignments) and the node's stats read them. Always equal to a full recount
+        # (tests/metadata_quorum/test_derived_figures.py checks it after every step of random histories).
+        self._partition_total = 0
+        self._replicas_on: dict[int, int] = {}  # broker id -> partitions naming it a replica (zero: absent)
+        self._preferred_on: dict[int, int] = {}  # broker id -> partitions whose first replica it is
+        self._leading: dict[int, int] = {}  # leader id (NO_LEADER: offline) -> partitions
+        self._reassigning: dict[tuple[str, int], None] = {}  # (topic id, index) of partitions being moved
+        # DescribeCluster's view (metadata_quorum/cluster_view.py) takes the topics and partitions changed
+        # since its last read (``take_unseen``), first-touched first, instead of walking them all. Local
+        # bookkeeping, not metadata: never in a snapshot, no effect on what a command does. Bounded: past
+        # the state's own size it is dropped and the view reloads everything, once.
+        self._unseen: dict[tuple[Any, ...], None] = {}
+        self._unseen_all = True
+        self._unseen_reader: object | None = None
         self._handlers: dict[type, Callable[[Any], ApplyResult]] = {
             c.ActivateController: self._activate_controller,
             c.RegisterBroker: self._register_broker,
@@ -454,19 +481,96 @@ class MetadataState:
                 p.replicas, p.adding, p.removing):
             return False
         old_epochs = (p.leader_epoch, p.partition_epoch)
+        old_leader, old_replicas, was_moving = p.leader, p.replicas, p.reassigning
         if leader != p.leader:
             p.leader_epoch += 1
             p.leader = leader
         p.replicas, p.adding, p.removing = new_replicas, new_adding, new_removing
         p.isr = list(isr)
         p.partition_epoch += 1
+        # The derived figures: only what changed (an ISR change changes none of them).
+        if leader != old_leader:
+            _bump(self._leading, old_leader, -1)
+            _bump(self._leading, leader, 1)
+        if new_replicas is not old_replicas and new_replicas != old_replicas:
+            for r in old_replicas:
+                _bump(self._replicas_on, r, -1)
+            for r in new_replicas:
+                _bump(self._replicas_on, r, 1)
+            _bump(self._preferred_on, old_replicas[0], -1)
+            _bump(self._preferred_on, new_replicas[0], 1)
+        if p.reassigning != was_moving:
+            if was_moving:
+                del self._reassigning[(topic.topic_id, index)]
+            else:
+                self._reassigning[(topic.topic_id, index)] = None
         _invariant(p.leader_epoch >= old_epochs[0] and p.partition_epoch > old_epochs[1],
                    f"{topic.name}-{index}: epochs went from {old_epochs} to {(p.leader_epoch, p.partition_epoch)}")
         self._touch(("P", topic.topic_id, index))
         return True
 
+    def _count(self, topic_id: str, partitions: Iterable[tuple[int, PartitionState]], sign: int) -> None:
+        """Add (1) or take away (-1) partitions' shares of the derived figures (made or deleted)."""
+        replicas_on, preferred_on, leading = self._replicas_on, self._preferred_on, self._leading
+        counted = 0
+        for index, p in partitions:
+            counted += 1
+            replicas = p.replicas
+            for r in replicas:
+                n = replicas_on.get(r, 0) + sign
+                if n > 0:
+                    replicas_on[r] = n
+                else:
+                    _bump(replicas_on, r, sign)  # to zero (the entry goes), or a broken count (raises)
+            n = preferred_on.get(replicas[0], 0) + sign  # (a partition always has replicas)
+            if n > 0:
+                preferred_on[replicas[0]] = n
+            else:
+                _bump(preferred_on, replicas[0], sign)
+            n = leading.get(p.leader, 0) + sign
+            if n > 0:
+                leading[p.leader] = n
+            else:
+                _bump(leading, p.leader, sign)
+            if p.adding or p.removing:
+                if sign > 0:
+                    self._reassigning[(topic_id, index)] = None
+                else:
+                    self._reassigning.pop((topic_id, index), None)
+        self._partition_total += sign * counted
+
+    def _recount(self) -> None:
+        """Every figure from a walk of every partition (a snapshot restored)."""
+        replicas_on: dict[int, int] = {}
+        preferred_on: dict[int, int] = {}
+        leading: dict[int, int] = {}
+        moving: dict[tuple[str, int], None] = {}
+        total = 0
+        for topic in self.topics.values():
+            total += len(topic.partitions)
+            for index, p in enumerate(topic.partitions):
+                replicas = p.replicas
+                for r in replicas:
+                    replicas_on[r] = replicas_on.get(r, 0) + 1
+                preferred_on[replicas[0]] = preferred_on.get(replicas[0], 0) + 1
+                leading[p.leader] = leading.get(p.leader, 0) + 1
+                if p.adding or p.removing:
+                    moving[(topic.topic_id, index)] = None
+        self._partition_total = total
+        self._replicas_on, self._preferred_on, self._leading, self._reassigning = \
+            replicas_on, preferred_on, leading, moving
+
     def leadership_count(self, broker_id: int) -> int:
-        return sum(1 for t in self.topics.values() for p in t.partitions if p.leader == broker_id)
+        """Partitions ``broker_id`` leads (NO_LEADER: the offline ones)."""
+        return self._leading.get(broker_id, 0)
+
+    def replica_count(self, broker_id: int) -> int:
+        """Partitions naming ``broker_id`` among their replicas (a reassignment's joining ones included)."""
+        return self._replicas_on.get(broker_id, 0)
+
+    def preferred_leader_count(self, broker_id: int) -> int:
+        """Partitions whose first replica (preferred leader) is ``broker_id``."""
+        return self._preferred_on.get(broker_id, 0)
 
     # -- topics --
     def _validate_assignments(self, assignments: list[list[int]], replication_factor: int | None) -> None:
@@ -512,6 +616,7 @@ class MetadataState:
         self.topics[cmd.name] = topic
         self.topics_by_id[cmd.topic_id] = topic
         self._touch(("T", topic.topic_id))
+        self._count(topic.topic_id, enumerate(topic.partitions), 1)
         for index in range(len(topic.partitions)):
             self._touch(("P", topic.topic_id, index))
         return ApplyResult(value=topic.topic_id)
@@ -527,6 +632,7 @@ class MetadataState:
         topic = self._topic(cmd.name, cmd.topic_id)
         del self.topics[topic.name]
         del self.topics_by_id[topic.topic_id]
+        self._count(topic.topic_id, enumerate(topic.partitions), -1)
         self._touch(("T", topic.topic_id))
         return ApplyResult(value=topic.topic_id)
 
@@ -542,6 +648,7 @@ class MetadataState:
         eligible = self._eligible_ids()
         for replicas in cmd.assignments:
             topic.partitions.append(self._new_partition(replicas, eligible))
+            self._count(topic.topic_id, [(len(topic.partitions) - 1, topic.partitions[-1])], 1)
             self._touch(("P", topic.topic_id, len(topic.partitions) - 1))
         self._touch(("T", topic.topic_id))
         return ApplyResult(value=len(topic.partitions))
@@ -707,7 +814,13 @@ class MetadataState:
         return ApplyResult()
 
     def reassignments(self) -> list[tuple[str, int, PartitionState]]:
-        return [(t.name, i, p) for t in self.topics.values() for i, p in enumerate(t.partitions) if p.reassigning]
+        """The partitions being reassigned, by topic name and index: O(moves), not O(partitions)."""
+        out = []
+        for topic_id, index in self._reassigning:
+            topic = self.topics_by_id[topic_id]
+            out.append((topic.name, index, topic.partitions[index]))
+        out.sort(key=lambda item: (item[0], item[1]))
+        return out
 
     def _allocate_producer_ids(self, cmd: c.AllocateProducerIds) -> ApplyResult:
         self.broker_with_epoch(cmd.broker_id, cmd.broker_epoch)
@@ -779,10 +892,10 @@ class MetadataState:
 
     # ---- queries ----
     def partition_count(self) -> int:
-        return sum(len(t.partitions) for t in self.topics.values())
+        return self._partition_total
 
     def offline_partitions(self) -> int:
-        return sum(1 for t in self.topics.values() for p in t.partitions if p.leader == NO_LEADER)
+        return self._leading.get(NO_LEADER, 0)
 
     def live_brokers(self) -> list[BrokerState]:
         return [b for b in self.brokers.values() if b.eligible]
@@ -793,12 +906,40 @@ class MetadataState:
     # ---- changelog / deltas ----
     def _record_changes(self, version: int, keys: list[Any]) -> None:
         entry = tuple(dict.fromkeys(keys))  # dedupe, keep order
+        if not self._unseen_all:
+            unseen = self._unseen
+            for key in entry:
+                if key[0] == "P":
+                    unseen[key] = None
+                elif key[0] == "T":
+                    if key[1] in self.topics_by_id:
+                        unseen[key] = None
+                    else:  # deleted: ("X", id), and a topic made again with this id comes after it
+                        unseen.pop(key, None)
+                        unseen[("X", key[1])] = None
+            if len(unseen) > self._partition_total + len(self.topics) + _UNSEEN_SLACK:
+                # Mostly keys of deleted topics: reloading everything once costs less than these.
+                unseen.clear()
+                self._unseen_all = True
         self._changelog.append((version, entry))
         self._changelog_keys += len(entry)
         while self._changelog_keys > self._changelog_max_keys and len(self._changelog) > 1:
             old_version, old_keys = self._changelog.popleft()
             self._changelog_keys -= len(old_keys)
             self._changelog_floor = old_version
+
+    def take_unseen(self, reader: object) -> tuple[bool, list[tuple[Any, ...]]]:
+        """For one reader (DescribeCluster's view): (whether it must load everything, the keys changed
+        since its previous call, first-touched first: ("T", topic id), ("P", topic id, index) and
+        ("X", topic id) for a deleted topic, which precedes any "T" of a topic made again with its id).
+        A reader other than the previous one loads everything."""
+        if reader is not self._unseen_reader:
+            self._unseen_reader = reader
+            self._unseen_all = True
+        everything, keys = self._unseen_all, list(self._unseen)
+        self._unseen.clear()
+        self._unseen_all = False
+        return everything, keys
 
     @property
     def changelog_floor(self) -> int:
@@ -929,6 +1070,9 @@ class MetadataState:
         self._changelog.clear()
         self._changelog_keys = 0
         self._changelog_floor = self.version
+        self._recount()
+        self._unseen.clear()
+        self._unseen_all = True
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, MetadataState):
