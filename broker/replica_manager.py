@@ -76,6 +76,26 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def readable_topic_configs(configs: Mapping[str, str]) -> Mapping[str, str]:
+    """``configs`` (topic configs by their topic names) with max.message.bytes at most
+    ``cluster_configs.MAX_MESSAGE_BYTES_LIMIT``, the largest batch every reader takes whole: the controller
+    refuses a larger value, and one set before it refused them (kept in the metadata, or in a node's file)
+    is used as the bound, so a leader refuses a larger batch (MESSAGE_TOO_LARGE) instead of storing one that
+    no follower or consumer can fetch."""
+    raw = configs.get("max.message.bytes")
+    if raw is None:
+        return configs
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        return configs  # refused where it is parsed
+    if value <= cluster_configs.MAX_MESSAGE_BYTES_LIMIT:
+        return configs
+    log.warning("max.message.bytes %d is above %d, the largest batch every reader takes: %d is used",
+                value, cluster_configs.MAX_MESSAGE_BYTES_LIMIT, cluster_configs.MAX_MESSAGE_BYTES_LIMIT)
+    return {**configs, "max.message.bytes": str(cluster_configs.MAX_MESSAGE_BYTES_LIMIT)}
+
+
 @dataclass(slots=True)
 class AppendResult:
     topic: str
@@ -378,7 +398,7 @@ class ReplicaManager:
             for topic in delta.changed_topics:
                 if any(k[0] == topic.name for k in self._partitions):
                     try:
-                        self.log_manager.update_topic_config(topic.name, topic.configs)
+                        self.log_manager.update_topic_config(topic.name, readable_topic_configs(topic.configs))
                     except Exception:
                         log.exception("updating config of topic %s failed", topic.name)
             seen: set[tuple[str, int]] = set()
@@ -397,7 +417,7 @@ class ReplicaManager:
     def _apply_cluster_configs(self, configs: dict[str, str]) -> None:
         """Dynamic cluster configs: topic defaults for the logs, the follower copy throttle."""
         try:
-            self.log_manager.set_dynamic_defaults(cluster_configs.topic_defaults(configs))
+            self.log_manager.set_dynamic_defaults(readable_topic_configs(cluster_configs.topic_defaults(configs)))
         except Exception:
             log.exception("applying dynamic topic defaults failed")
         rate = cluster_configs.follower_throttle(configs)
@@ -417,7 +437,7 @@ class ReplicaManager:
             p = None
         if p is None:
             topic = self.metadata_cache.topic(info.topic)
-            overrides = topic.configs if topic is not None else {}
+            overrides = readable_topic_configs(topic.configs) if topic is not None else {}
             lg = self.log_manager.get_or_create_log(info.topic, info.partition, topic_id=info.topic_id,
                                                     overrides=overrides)
             p = Partition(info.topic, info.partition, info.topic_id, lg, self.node_id,
@@ -951,8 +971,7 @@ class ReplicaManager:
                         "ListOffsets request: a partition may be named once")
                 p = self.leader_partition(lp.topic, lp.partition)
                 p.check_leader(lp.current_leader_epoch)
-                out.offset, out.timestamp = self._offset_for(p, lp.timestamp, req.replica_id >= 0)
-                out.leader_epoch = p.leader_epoch
+                out.offset, out.timestamp, out.leader_epoch = self._offset_for(p, lp.timestamp, req.replica_id >= 0)
             except errors.BrookError as e:
                 out.error_code, out.error_message = e.code, e.message
                 if e.code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
@@ -960,11 +979,17 @@ class ReplicaManager:
                     out.current_leader.CopyFrom(self._current_leader(lp.topic, lp.partition))
         return resp
 
-    def _offset_for(self, p: Partition, ts: int, from_replica: bool) -> tuple[int, int]:
+    def _offset_for(self, p: Partition, ts: int, from_replica: bool) -> tuple[int, int, int]:
+        """(offset, timestamp, leader epoch) that ListOffsets answers for ``ts``, as Kafka's
+        ``Partition.fetchOffsetForTimestamp``: the epoch is the one of the answer's offset, for a client's
+        KIP-320 check of it (OffsetsForLeaderEpoch), not the partition's current one. Earliest: the epoch of
+        the log start (the leader epoch cache's first entry); latest: the current leader epoch; a timestamp
+        and MAX_TIMESTAMP: the partition leader epoch of the batch holding the record found; nothing found:
+        (-1, -1, -1)."""
         lg = p.log
         bound = lg.log_end_offset if from_replica else lg.high_watermark
         if ts == EARLIEST_TIMESTAMP:
-            return lg.log_start_offset, -1
+            return lg.lookup_timestamp(ts) or (lg.log_start_offset, -1, -1)  # the sentinel always answers
         if not from_replica and lg.high_watermark < p.leader_epoch_start_offset:
             # A new leader whose HW has not yet caught up with what the previous leader had
             # committed (KIP-207): answering now could move "latest" backwards. Retriable.
@@ -972,15 +997,15 @@ class ReplicaManager:
                 f"{p.topic}-{p.partition}: leader's high watermark {lg.high_watermark} is still below its epoch "
                 f"start {p.leader_epoch_start_offset}")
         if ts == LATEST_TIMESTAMP:
-            return bound, -1
+            return bound, -1, p.leader_epoch
         if ts == MAX_TIMESTAMP:
-            return _max_timestamp_offset(lg, bound)
+            return _max_timestamp_lookup(lg, bound)
         if ts < 0:
             raise errors.InvalidRequestError(f"invalid ListOffsets timestamp {ts}")
-        found = lg.offset_for_timestamp(ts)
-        if found is None or found[0] >= bound:
-            return -1, -1
-        return found[0], found[1]
+        found = lg.lookup_timestamp(ts)
+        if found is None or found.offset >= bound:
+            return -1, -1, -1
+        return found.offset, found.timestamp, found.leader_epoch
 
     def offsets_for_leader_epoch(self, req: broker_pb2.OffsetsForLeaderEpochRequest
                                  ) -> broker_pb2.OffsetsForLeaderEpochResponse:
@@ -1082,7 +1107,14 @@ def one_entry_per_partition(req: broker_pb2.FetchRequest) -> broker_pb2.FetchReq
 
 
 def _max_timestamp_offset(lg: Any, bound: int) -> tuple[int, int]:
-    """Offset and timestamp of the record with the largest timestamp below ``bound`` (KIP-734).
+    """(offset, timestamp) of ``_max_timestamp_lookup``."""
+    offset, timestamp, _epoch = _max_timestamp_lookup(lg, bound)
+    return offset, timestamp
+
+
+def _max_timestamp_lookup(lg: Any, bound: int) -> tuple[int, int, int]:
+    """Offset, timestamp and batch leader epoch of the record with the largest timestamp below ``bound``
+    (KIP-734), or (-1, -1, -1).
 
     The answer: among the non-control batches wholly below ``bound``, from the one holding the log
     start on, the one with the largest max timestamp (the earliest on a tie), then the first record
@@ -1132,7 +1164,7 @@ class _MaxTimestampSearch:
         self.start = lg.log_start_offset
         self.budget = MAX_TIMESTAMP_SCAN_BYTES  # bytes this lookup may still read
 
-    def run(self) -> tuple[int, int]:
+    def run(self) -> tuple[int, int, int]:
         # (-timestamp, offset, tie breaker, segment, first batch reaching the timestamp, batch bytes):
         # a segment's upper bound (batch None) or a scanned segment's exact winner (batch set).
         heap: list[tuple[int, int, int, Any, int, bytes | None]] = []
@@ -1156,7 +1188,7 @@ class _MaxTimestampSearch:
                         tie += 1
                     continue
             return _record_with_max_timestamp(batch)
-        return -1, -1
+        return -1, -1, -1
 
     def _read(self, offset: int, max_bytes: int, stop: int) -> bytes:
         data = self.lg.read(offset, max_bytes, max_offset=stop, min_one_batch=True)
@@ -1257,13 +1289,15 @@ def _max_timestamp_hints(seg: Any, stop: int) -> tuple[int, int, int] | None:
     return found.timestamp, found.offset, p
 
 
-def _record_with_max_timestamp(batch: bytes) -> tuple[int, int]:
-    """(offset, timestamp) of the first record of ``batch`` carrying the batch's max timestamp."""
+def _record_with_max_timestamp(batch: bytes) -> tuple[int, int, int]:
+    """(offset, timestamp, leader epoch) of the first record of ``batch`` carrying the batch's max timestamp:
+    the epoch is the batch's partition leader epoch (-1 when it has none), as Kafka answers MAX_TIMESTAMP."""
     header, records = decode_batch(batch)
+    epoch = max(header.partition_leader_epoch, -1)
     for r in records:
         if r.timestamp == header.max_timestamp:
-            return r.offset, r.timestamp
-    return header.last_offset, header.max_timestamp
+            return r.offset, r.timestamp, epoch
+    return header.last_offset, header.max_timestamp, epoch
 
 
 class _AlterPartitionSender:

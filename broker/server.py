@@ -59,7 +59,7 @@ from broker.receiving import (
     ReceiveStats,
     StreamCounts,
 )
-from broker.replica_manager import ReplicaManager
+from broker.replica_manager import ReplicaManager, readable_topic_configs
 from broker.security import NodeSecurity, broker_security
 from broker.service import BrokerService, Capacity
 from broker.stalls import DEFAULT_STALL_S, LoopMonitor
@@ -79,6 +79,8 @@ log = logging.getLogger(__name__)
 # The process's exit code when a log directory's disk failed (see BrokerServer._on_log_dir_failure).
 EXIT_LOG_DIR_FAILURE = 4
 
+# The largest message the broker sends: a fetch answer holds at most fetch.max.bytes (55 MiB by default), or one
+# batch beyond it of up to max.message.bytes, at most cluster_configs.MAX_MESSAGE_BYTES_LIMIT (64 MiB).
 GRPC_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 LOOP_START_TIMEOUT_S = 10.0
 LOOP_STALL_S = 15.0  # a loop silent this long is not alive (its monitor stamps a time every 50 ms)
@@ -245,7 +247,7 @@ class BrokerServer:
             meta_properties.check_or_write(Path(log_dir), s.cluster_id, s.node_id)
         PRODUCER_BUDGET.max_producers = int(d.get("producer.id.max.tracked", str(DEFAULT_PROCESS_MAX_PRODUCERS)))
         self.log_manager = LogManager(
-            list(s.log_dirs), d,
+            list(s.log_dirs), readable_topic_configs(d),  # a node file's message.max.bytes within the bound
             flush_check_ms=int(d.get("log.flush.scheduler.interval.ms", "1000")),
             retention_check_ms=int(d.get("log.retention.check.interval.ms", "300000")),
             checkpoint_interval_ms=int(d.get("replica.high.watermark.checkpoint.interval.ms", "5000")),

@@ -48,6 +48,7 @@ import grpc
 
 from client import sasl
 from client.security import SecurityConfig, make_aio_channel
+from metadata_quorum.cluster_configs import MAX_MESSAGE_BYTES_LIMIT
 from proto import broker_pb2, broker_pb2_grpc, errors
 from proto.errors import ErrorCode
 from replication import isr as isr_rules
@@ -94,6 +95,18 @@ T = TypeVar("T")
 # answers come when a follower catches up.
 LOOP_PROCESS_MAX_BYTES = 1024 * 1024
 SHUTDOWN_WAIT_S = 5.0
+# Room in a fetch answer for what is not records: partition entries, errors, the protobuf framing.
+ANSWER_OVERHEAD_BYTES = 4 * 1024 * 1024
+
+
+def receive_max_bytes(c: FetcherConfig) -> int:
+    """The largest answer a fetcher takes from a leader. The leader answers at most ``max_bytes`` of records,
+    except that the first batch of its answer goes whole whatever its size (as in Kafka, or a follower behind
+    a batch larger than replica.fetch.response.max.bytes would never get past it), and a leader stores batches
+    of up to MAX_MESSAGE_BYTES_LIMIT (the bound of max.message.bytes). With the old bound, ``max_bytes`` +
+    4 MiB, a 60 MiB batch the leader had accepted was refused by every follower's gRPC (RESOURCE_EXHAUSTED) at
+    each retry: the followers left the ISR and never came back (found by experiment)."""
+    return max(c.max_bytes, MAX_MESSAGE_BYTES_LIMIT) + ANSWER_OVERHEAD_BYTES
 
 
 class _FetchLoop:
@@ -341,7 +354,7 @@ class ReplicaFetcher:
     async def _run(self) -> None:
         c = self.config
         self._channel = make_aio_channel(self.address, c.security, options=[
-            ("grpc.max_receive_message_length", c.max_bytes + 4 * 1024 * 1024),
+            ("grpc.max_receive_message_length", receive_max_bytes(c)),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
             # a restarted leader is found again within a second, not after gRPC's default 2 min backoff
             ("grpc.initial_reconnect_backoff_ms", 100),

@@ -24,12 +24,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from proto import errors
 from storage.checkpoints import fsync_dir
 from storage.compression import CODEC_BY_NAME
 from storage.disk_errors import disk_failure
-from storage.leader_epoch_cache import LeaderEpochFileCache
+from storage.leader_epoch_cache import UNDEFINED_EPOCH, LeaderEpochFileCache
 from storage.log_config import LogConfig
 from storage.log_validator import LogValidator
 from storage.producer_state import SNAPSHOT_FILE, ProducerEntry, ProducerStateManager
@@ -57,7 +58,7 @@ from storage.segment import (
     segment_file_name,
 )
 
-__all__ = ["AppendInfo", "FetchData", "Log", "LogConfig", "UnexpectedAppendOffsetError"]
+__all__ = ["AppendInfo", "FetchData", "Log", "LogConfig", "TimestampAndOffset", "UnexpectedAppendOffsetError"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,14 @@ class AppendInfo:
     num_batches: int
     valid_bytes: int
     duplicate: bool = False
+
+
+class TimestampAndOffset(NamedTuple):
+    """A ListOffsets answer from the log (Kafka's ``FileRecords.TimestampAndOffset``)."""
+
+    offset: int
+    timestamp: int  # -1 for the sentinels
+    leader_epoch: int  # -1: unknown
 
 
 @dataclass
@@ -653,23 +662,36 @@ class Log:
             return self.epoch_cache.end_offset_for(epoch, self._log_end_offset)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record, from the log start, whose timestamp >= ``timestamp_ms`` (Kafka:
-        the record's own offset and timestamp, not its batch's base offset and max timestamp).
+        """(offset, timestamp) of ``lookup_timestamp``: without the leader epoch."""
+        found = self.lookup_timestamp(timestamp_ms)
+        return None if found is None else (found.offset, found.timestamp)
 
-        Sentinels as in Kafka's ListOffsets: -2 -> (log start, -1), -1 -> (log end, -1).
+    def lookup_timestamp(self, timestamp_ms: int) -> TimestampAndOffset | None:
+        """The first record, from the log start, whose timestamp >= ``timestamp_ms``: its own offset and
+        timestamp (Kafka: not its batch's base offset and max timestamp) and the partition leader epoch of its
+        batch, as Kafka's ``UnifiedLog.fetchOffsetByTimestamp`` answers ListOffsets v4+ (the epoch a KIP-320
+        client validates its position with; -1 when the batch carries none). None when no record has one.
+
+        Sentinels as in Kafka: -2 -> (log start, -1, the epoch of the earliest leader epoch cache entry when it
+        starts at or below the log start, else -1); -1 -> (log end, -1, the cache's latest epoch).
         """
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            with self._lock:  # the log start and the cache's first entry move together, under the lock
+                start = self._log_start_offset
+                first = self.epoch_cache.earliest_entry()
+                epoch = first.epoch if first is not None and first.start_offset <= start else UNDEFINED_EPOCH
+            return TimestampAndOffset(start, -1, epoch)
+        if timestamp_ms == LATEST_TIMESTAMP:
+            with self._lock:
+                return TimestampAndOffset(self._log_end_offset, -1, self.epoch_cache.latest_epoch)
         _bases, segments = self._view
         start = self._log_start_offset
-        if timestamp_ms == EARLIEST_TIMESTAMP:
-            return start, -1
-        if timestamp_ms == LATEST_TIMESTAMP:
-            return self._log_end_offset, -1
         for seg in segments:
             if seg.next_offset <= start or seg.max_timestamp < timestamp_ms:
                 continue
             found = seg.find_offset_by_timestamp(timestamp_ms, start)
             if found is not None:
-                return found
+                return TimestampAndOffset(*found)
         return None
 
     # ------------------------------------------------------------------ truncation

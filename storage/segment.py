@@ -40,6 +40,7 @@ from storage.log_config import INDEX_INTERVAL_BYTES_MAX
 from storage.offset_index import OffsetIndex
 from storage.record_batch import (
     BATCH_HEADER_SIZE,
+    NO_PARTITION_LEADER_EPOCH,
     BatchHeader,
     decode_batch,
     iter_batches,
@@ -489,12 +490,14 @@ class LogSegment:
             return data, first.base_offset
         return records, first.base_offset
 
-    def find_offset_by_timestamp(self, timestamp_ms: int, start_offset: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with timestamp >= ``timestamp_ms`` and offset >= ``start_offset``,
-        as Kafka's ``FileRecords.searchForTimestamp``; None when this segment has none. Batches are walked by
-        their headers to the first with max timestamp >= ``timestamp_ms`` and last offset >= ``start_offset``;
-        that batch alone is decoded for the record (the walk goes on past it only when its records reaching
-        the timestamp are all before ``start_offset``).
+    def find_offset_by_timestamp(self, timestamp_ms: int, start_offset: int) -> tuple[int, int, int] | None:
+        """(offset, timestamp, leader epoch) of the first record with timestamp >= ``timestamp_ms`` and offset >=
+        ``start_offset``, as Kafka's ``FileRecords.searchForTimestamp``; None when this segment has none. The
+        epoch is the partition leader epoch of the batch holding that record (-1 when it carries none), which
+        ListOffsets answers (KIP-320: a client seeking there checks it with OffsetsForLeaderEpoch). Batches are
+        walked by their headers to the first with max timestamp >= ``timestamp_ms`` and last offset >=
+        ``start_offset``; that batch alone is decoded for the record (the walk goes on past it only when its
+        records reaching the timestamp are all before ``start_offset``).
 
         The scan starts at the furthest of three positions before which no batch qualifies:
 
@@ -535,9 +538,10 @@ class LogSegment:
             data = os.pread(self._fd, h.size, at)
             if len(data) != h.size:
                 raise OSError(f"segment {self.log_path} closed or truncated during a timestamp lookup")
-            for r in decode_batch(data, 0)[1]:
+            header, records = decode_batch(data, 0)
+            for r in records:
                 if r.timestamp >= timestamp_ms and r.offset >= start_offset:
-                    return r.offset, r.timestamp
+                    return r.offset, r.timestamp, max(header.partition_leader_epoch, NO_PARTITION_LEADER_EPOCH)
             position = at + h.size  # its records reaching the timestamp are all before start_offset: go on
 
     # -- lifecycle ------------------------------------------------------------------------
