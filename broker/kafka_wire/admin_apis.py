@@ -217,7 +217,7 @@ class AdminApis:
     async def _answer(self, build: Callable[[], Any], *, heavy: bool) -> Any:
         """``build()``, a response; on the admin pool when ``heavy`` (up to 1,000 topics' configs, thousands of
         deleted ACLs, thousands of refused items), not to hold the event loop every other connection is served
-        on. (Its encoding stays on the loop, as every answer's.)"""
+        on. (A large answer is then encoded on a worker thread, as every one: server.ENCODE_ON_LOOP_MAX_ITEMS.)"""
         if not heavy:
             return build()
         return await asyncio.get_running_loop().run_in_executor(self._pool, build)

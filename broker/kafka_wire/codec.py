@@ -8,6 +8,8 @@ This module adds what a server needs around it:
   any malformed byte raises ``MalformedRequest`` (the connection is closed, as Kafka does).
 - ``encode_response(header, body)``: the response frame, with the header version Kafka uses
   (v0 for ApiVersions whatever its version, v1 for flexible versions, else v0).
+- ``items(entity, limit)``: how many array elements an answer holds (counted up to ``limit``), which
+  decides whether the listener encodes it on the event loop or on a worker thread.
 - ``build(cls, values)``: a response entity of whatever version the client asked for, from
   one version-independent dict. Fields the version lacks are dropped and those it needs
   but the dict lacks take Kafka's zero value, so a handler is written once for all versions.
@@ -37,6 +39,9 @@ from broker.kafka_wire import bounds
 from storage.file_records import FileRecords
 
 API_VERSIONS_KEY = 18
+# An answer of more array elements than this (``items``) is large: the listener encodes it on a worker thread
+# (server.ENCODE_ON_LOOP_MAX_ITEMS) and a Metadata this large is built with its client address's turn (apis).
+LARGE_ANSWER_ITEMS = 500
 _HEAD = struct.Struct(">hhi")
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
@@ -139,6 +144,34 @@ def encode_response(api_key: int, version: int, correlation_id: int, body: Any) 
     _writer(type(header))(out, header)
     _writer(type(body))(out, body)
     return out.finish()
+
+
+def items(entity: Any, limit: int) -> int:
+    """The array elements of a response entity, nested ones too, counted until there are more than ``limit``
+    (then some count above it): what encoding it costs, at most ``limit`` elements' walk to find out. The
+    listener encodes answers of more than its threshold on a worker thread (server.ENCODE_ON_LOOP_MAX_ITEMS)."""
+    count = 0
+    stack = [entity]
+    while stack:
+        e = stack.pop()
+        for name, kind in _array_fields(type(e)):
+            value = getattr(e, name)
+            if not value:
+                continue
+            if kind == _ENTITY:
+                stack.append(value)
+                continue
+            count += len(value)
+            if count > limit:
+                return count
+            if kind == _ENTITIES:
+                stack.extend(value)
+    return count
+
+
+@functools.cache
+def _array_fields(cls: type) -> tuple[tuple[str, int], ...]:
+    return tuple((name, kind) for name, kind, *_ in _build_plan(cls) if kind in (_ENTITY, _ENTITIES, _TUPLE))
 
 
 def encode_response_bytes(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
