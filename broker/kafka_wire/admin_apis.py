@@ -103,8 +103,7 @@ _OP_NAMES = {0: "SET", 1: "DELETE", 2: "APPEND", 3: "SUBTRACT"}
 _ANY, _MATCH = 1, 2
 RESOURCE_TYPES = {2: "TOPIC", 3: "GROUP", 4: "CLUSTER"}
 PATTERN_TYPES = {3: "LITERAL", 4: "PREFIXED"}
-OPERATIONS = {2: "ALL", 3: "READ", 4: "WRITE", 5: "CREATE", 6: "DELETE", 7: "ALTER", 8: "DESCRIBE",
-              9: "CLUSTER_ACTION", 10: "DESCRIBE_CONFIGS", 11: "ALTER_CONFIGS", 12: "IDEMPOTENT_WRITE"}
+OPERATIONS = {2: "ALL", **{code: name for name, code in authz.OPERATION_CODES.items()}}
 PERMISSIONS = {2: "DENY", 3: "ALLOW"}
 _CODE_OF = {kind: {name: code for code, name in table.items()}
             for kind, table in (("resource", RESOURCE_TYPES), ("pattern", PATTERN_TYPES),
