@@ -169,6 +169,11 @@ _BEHAVIOUR = [
     KeyDef("max.cluster.partitions", "int", "200000",
            "Most partitions the cluster may hold; CreateTopics/CreatePartitions beyond it get POLICY_VIOLATION.",
            check=_at_least(1), roles=_C),
+    KeyDef("max.partitions.per.broker", "int", "0",
+           "Most partition replicas this broker takes; 0: derived from its file-descriptor limit only "
+           "(ulimit -n / 12). It reports the lower of the two when it registers, and the controllers refuse "
+           "CreateTopics/CreatePartitions/reassignments past it (POLICY_VIOLATION).",
+           check=_at_least(0), roles=_B),
     KeyDef("default.replication.factor", "int", "1", "Replication factor of a topic created without one.",
            check=_at_least(1)),
     KeyDef("auto.create.topics.enable", "bool", "true", "Create a topic on first metadata request/produce."),

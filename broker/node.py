@@ -16,7 +16,11 @@ loses nothing acknowledged.
 
 Exit codes: 0 clean stop, 1 failure while running or starting, 2 invalid config or
 usage, 3 forced exit on a second signal, 4 a log directory's disk failed (the broker halts:
-``BrokerServer._on_log_dir_failure``).
+``BrokerServer._on_log_dir_failure``), 5 the partitions in the log directories need more file
+descriptors than the process's limit allows (nothing opened or changed; the message names the
+limit to set: ``storage/fd_budget.py``). Do not restart on 5 before raising the limit.
+
+At start the soft file-descriptor limit is raised to the hard one (as the JVM does for Kafka).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from broker.receiving import ReceiveStats
 from broker.stalls import GcPauses
 from proto.errors import DuplicateBrokerRegistrationError, InvalidConfigError
 from storage.dir_lock import DirectoryInUseError, DirectoryLock, lock_directories
+from storage.fd_budget import DescriptorLimitError, partition_capacity, raise_soft_limit_to_hard
 
 log = logging.getLogger("brook.node")
 
@@ -65,6 +70,7 @@ CONTROLLER_READY_MAX_BEHIND = 100  # committed Raft entries a ready controller m
 
 LOG_FORMAT = "%(asctime)s %(levelname)-5s [%(threadName)s] %(name)s: %(message)s"
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_FORCED = 0, 1, 2, 3
+EXIT_DESCRIPTORS = 5  # the logs found need more file descriptors than the limit (storage/fd_budget.py)
 # Bound on the whole controlled shutdown beyond the configured leadership-move timeout:
 # a stop that hangs must not keep the process alive forever.
 SHUTDOWN_MARGIN_S = 30.0
@@ -536,12 +542,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     setup_logging(args.log_level or config["logging.level"])
     threading.current_thread().name = f"node-{config.node_id}"
+    before, after = raise_soft_limit_to_hard()
+    if after != before:
+        log.info("file-descriptor limit raised from %d to %d (the hard limit)", before, after)
+    if "broker" in config.roles:
+        log.info("file-descriptor limit %d: this broker takes at most %s partition replicas", after,
+                 partition_capacity(int(config["max.partitions.per.broker"])) or "unbounded")
     signals = _Signals()
     signals.install()
     _watch_parent(signals)
     node = Node(config)
     try:
         node.start()
+    except DescriptorLimitError as e:
+        # Not a crash to retry: the same logs and limit give the same answer. One line naming the figures.
+        log.critical("node %d refuses to start: %s", config.node_id, e.message)
+        node.stop(controlled=False)
+        return EXIT_DESCRIPTORS
     except (DirectoryInUseError, DuplicateBrokerRegistrationError, InvalidConfigError) as e:
         # A misconfiguration (a directory of another process, node or cluster; a node id in use), not a
         # bug: one line, no traceback.

@@ -71,6 +71,7 @@ from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig
 from storage import meta_properties
 from storage.checkpoints import write_atomically
+from storage.fd_budget import partition_capacity
 from storage.log_manager import LogManager
 from storage.producer_state import DEFAULT_PROCESS_MAX_PRODUCERS, PRODUCER_BUDGET
 
@@ -541,11 +542,17 @@ class BrokerServer:
         t.start()
         self._threads.append(t)
 
+    def partition_capacity(self) -> int:
+        """Most partition replicas this broker takes (reported when it registers; 0 = unbounded): its
+        descriptor limit / 12 (storage/fd_budget.py), lowered by ``max.partitions.per.broker``."""
+        return partition_capacity(int(self.settings.defaults.get("max.partitions.per.broker", "0") or 0))
+
     def _register(self, timeout_s: float) -> None:
         s = self.settings
         req = controller_pb2.RegisterBrokerRequest(
             node_id=s.node_id, incarnation_id=self.incarnation_id, rack=s.rack, cluster_id=s.cluster_id,
-            endpoints=self.endpoints(), previous_incarnation_id=self.previous_incarnation_id)
+            endpoints=self.endpoints(), previous_incarnation_id=self.previous_incarnation_id,
+            partition_capacity=self.partition_capacity())
         deadline = time.monotonic() + timeout_s
         while not self._stopping.is_set():
             try:

@@ -33,6 +33,10 @@ class RegisterBroker:
     incarnation_id: str
     endpoints: list[list[Any]]  # [listener name, host, port]
     rack: str = ""
+    # Most partition replicas the broker may hold (from its descriptor limit and max.partitions.per.broker);
+    # 0 = unbounded: what a broker of an older release reports, and what a journal written before this field
+    # existed replays as.
+    partition_capacity: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ from metadata_quorum.state import (
     ItemResult,
     MetadataState,
     PartitionState,
+    replica_room_refusal,
     validate_topic_name,
 )
 from proto import controller_pb2 as pb
@@ -261,14 +262,19 @@ class QuorumController:
             raise errors.InvalidRequestError("incarnation_id is required")
         if not req.endpoints:
             raise errors.InvalidRequestError(f"broker {req.node_id} registered without endpoints")
+        if req.partition_capacity < 0:
+            raise errors.InvalidRequestError(
+                f"broker {req.node_id}: partition_capacity must be >= 0 (0: unbounded), got {req.partition_capacity}")
         endpoints = [[e.name, e.host, e.port] for e in req.endpoints]
         with self._registering:  # the check and the proposal, one registration at a time
             self._refuse_duplicate(req)
-            result = self._propose(c.RegisterBroker(req.node_id, req.incarnation_id, endpoints, req.rack), timeout_s)
+            result = self._propose(c.RegisterBroker(req.node_id, req.incarnation_id, endpoints, req.rack,
+                                                    int(req.partition_capacity)), timeout_s)
             result.raise_for_error()
             with self._lock:
                 self._leases[req.node_id] = self._clock()
-        log.info("broker %d registered (epoch %d, incarnation %s)", req.node_id, result.value, req.incarnation_id)
+        log.info("broker %d registered (epoch %d, incarnation %s, partition capacity %s)", req.node_id, result.value,
+                 req.incarnation_id, req.partition_capacity or "unbounded")
         return pb.RegisterBrokerResponse(broker_epoch=result.value)
 
     def _refuse_duplicate(self, req: pb.RegisterBrokerRequest) -> None:
@@ -398,17 +404,28 @@ class QuorumController:
         response = pb.AlterPartitionReassignmentsResponse()
         pending = []
         seen: set[tuple[str, int]] = set()
+        room: _ReplicaRoom | None = None
         for item in req.partitions:
             result = response.results.add(topic=item.topic, partition=item.partition)
             try:
                 if (item.topic, item.partition) in seen:
                     raise errors.InvalidRequestError(f"{item.topic}-{item.partition} appears more than once")
                 seen.add((item.topic, item.partition))
-                epoch = self.raft.read(lambda s, i=item: _partition_epoch(s, i.topic, i.partition))
+                epoch, current = self.raft.read(lambda s, i=item: (
+                    _partition_epoch(s, i.topic, i.partition), list(_partition(s, i.topic, i.partition).replicas)))
+                added: dict[int, int] = {}
                 if not item.cancel:
                     self._check_target(item)
+                    if room is None:
+                        room = _ReplicaRoom(self.raft.read(_replica_room))
+                    # Only the brokers it does not name yet take a replica more (until the move completes,
+                    # the leaving ones keep theirs).
+                    added = room.check([[r for r in item.replicas if r not in current]],
+                                       f"{item.topic}-{item.partition}")
                 target = None if item.cancel else list(item.replicas)
                 pending.append((result, self._submit(c.AlterReassignment(item.topic, item.partition, epoch, target))))
+                if room is not None:
+                    room.add(added)
                 log.info("reassignment of %s-%d: %s", item.topic, item.partition,
                          "cancel" if target is None else f"to replicas {target}")
             except errors.BrookError as exc:
@@ -610,7 +627,8 @@ class QuorumController:
     # ---- topics ----
     def _loads(self, s: MetadataState) -> list[BrokerLoad]:
         """The live brokers' loads: O(brokers), from the counts the state keeps as records are applied."""
-        return [BrokerLoad(b.node_id, b.rack, s.replica_count(b.node_id), s.preferred_leader_count(b.node_id))
+        return [BrokerLoad(b.node_id, b.rack, s.replica_count(b.node_id), s.preferred_leader_count(b.node_id),
+                           b.partition_capacity)
                 for b in sorted(s.brokers.values(), key=lambda b: b.node_id) if b.eligible]
 
     def create_topics(self, req: pb.CreateTopicsRequest, timeout_s: float,
@@ -621,6 +639,7 @@ class QuorumController:
         pending: list[tuple[pb.TopicResult, PendingProposal]] = []
         loads: list[BrokerLoad] | None = None
         budget = _PartitionBudget(self.raft.read(lambda s: s.partition_count()), self.max_cluster_partitions)
+        room = _ReplicaRoom(self.raft.read(_replica_room))
         for topic in req.topics:
             result = response.results.add(name=topic.name)
             try:
@@ -635,8 +654,10 @@ class QuorumController:
                     loads = self.raft.read(self._loads)
                 cmd, new_loads = self._plan_topic(topic, loads)
                 budget.take(len(cmd.assignments), f"topic '{topic.name}'")
+                added = room.check(cmd.assignments, f"topic '{topic.name}'")
                 if not req.validate_only:
                     quota.record(len(cmd.assignments))  # last: only what is proposed counts
+                room.add(added)
                 loads = new_loads
                 result.num_partitions = len(cmd.assignments)
                 result.replication_factor = len(cmd.assignments[0])
@@ -804,6 +825,7 @@ class QuorumController:
         response = pb.CreatePartitionsResponse()
         pending = []
         budget = _PartitionBudget(self.raft.read(lambda s: s.partition_count()), self.max_cluster_partitions)
+        room = _ReplicaRoom(self.raft.read(_replica_room))
         mentions = collections.Counter(item.name for item in req.topics)
         # The brokers' loads (a walk over every partition of the cluster) once a request, not once an item:
         # 1,000 items of one topic, each refused, kept a controller of 150,000 partitions busy 51 s (audit).
@@ -816,15 +838,17 @@ class QuorumController:
                 if loads is None and not item.assignments:
                     loads = self.raft.read(self._loads)
                 cmd = self._plan_partitions(item, loads or [])
+                budget.take(len(cmd.assignments), f"topic '{item.name}'")
+                added = room.check(cmd.assignments, f"topic '{item.name}'")
                 if loads is not None:
                     loads = _add_load(loads, cmd.assignments)
-                budget.take(len(cmd.assignments), f"topic '{item.name}'")
                 result.topic_id = cmd.topic_id
                 result.num_partitions = item.count
                 result.replication_factor = len(cmd.assignments[0])
                 if not req.validate_only:
                     quota.record(len(cmd.assignments))  # last: only what is proposed counts
                     pending.append((result, self._submit(cmd)))
+                room.add(added)
             except errors.BrookError as exc:
                 result.error_code, result.error_message = exc.code, exc.message
         self._collect(pending, timeout_s)
@@ -1041,4 +1065,37 @@ def _add_load(loads: list[BrokerLoad], assignments: list[list[int]]) -> list[Bro
             extra_replicas[r] = extra_replicas.get(r, 0) + 1
         extra_leaders[replicas[0]] = extra_leaders.get(replicas[0], 0) + 1
     return [BrokerLoad(b.node_id, b.rack, b.replicas + extra_replicas.get(b.node_id, 0),
-                       b.leaders + extra_leaders.get(b.node_id, 0)) for b in loads]
+                       b.leaders + extra_leaders.get(b.node_id, 0), b.capacity) for b in loads]
+
+
+def _replica_room(s: MetadataState) -> dict[int, tuple[int, int]]:
+    """Broker id -> (replicas it holds, its capacity; 0 = unbounded), every registered broker: O(brokers)."""
+    return {b.node_id: (s.replica_count(b.node_id), b.partition_capacity) for b in s.brokers.values()}
+
+
+class _ReplicaRoom:
+    """The room each broker has left for partition replicas, over one request (placed or named explicitly,
+    fenced brokers included): a change that would put more replicas on a broker than the capacity it registered
+    with is refused with POLICY_VIOLATION naming the broker, its capacity and its count, before anything is
+    proposed. The state checks the same when it applies (two requests planned at once)."""
+
+    def __init__(self, counts: dict[int, tuple[int, int]]) -> None:
+        self._counts = dict(counts)
+
+    def check(self, assignments: list[list[int]], what: str) -> dict[int, int]:
+        """The replicas ``assignments`` add per broker; raises if one has no room for them."""
+        added: dict[int, int] = {}
+        for replicas in assignments:
+            for r in replicas:
+                added[r] = added.get(r, 0) + 1
+        for broker_id in sorted(added):
+            count, capacity = self._counts.get(broker_id, (0, 0))
+            if 0 < capacity < count + added[broker_id]:
+                raise errors.PolicyViolationError(
+                    replica_room_refusal(what, broker_id, capacity, count, added[broker_id]))
+        return added
+
+    def add(self, added: dict[int, int]) -> None:
+        for broker_id, n in added.items():
+            count, capacity = self._counts.get(broker_id, (0, 0))
+            self._counts[broker_id] = (count + n, capacity)

@@ -16,7 +16,11 @@ Greedy, partition by partition, the topic first and the cluster second:
   (while such racks remain), then to the one holding the fewest of this topic's
   replicas, then the fewest in the cluster;
 - ties rotate with the start index and the partition number, like Kafka's striping,
-  so equal brokers take turns instead of the lowest id winning every tie.
+  so equal brokers take turns instead of the lowest id winning every tie;
+- a broker holding as many replicas as its capacity (``BrokerLoad.capacity``, what it
+  registered with: its descriptor limit / 12 or ``max.partitions.per.broker``) takes no
+  more; when fewer brokers than the replication factor have room the whole call is
+  refused (POLICY_VIOLATION), nothing placed.
 """
 
 from __future__ import annotations
@@ -33,6 +37,15 @@ class BrokerLoad:
     rack: str = ""
     replicas: int = 0  # partitions it already holds a replica of
     leaders: int = 0  # partitions it is already the preferred leader of
+    capacity: int = 0  # most replicas it may hold; 0 = unbounded
+
+
+def full_brokers_text(brokers: Sequence[BrokerLoad], replica_load: Mapping[int, int] | None = None) -> str:
+    """'broker 1 holds 166 of its capacity of 166, ...' for the brokers without room."""
+    load = replica_load or {b.node_id: b.replicas for b in brokers}
+    full = [f"broker {b.node_id} holds {load[b.node_id]} of its capacity of {b.capacity}"
+            for b in sorted(brokers, key=lambda b: b.node_id) if 0 < b.capacity <= load[b.node_id]]
+    return "; ".join(full)
 
 
 def place_replicas(
@@ -55,6 +68,21 @@ def place_replicas(
     rack_of: Mapping[int, str] = {b.node_id: b.rack for b in ordered}
     replica_load = {b.node_id: b.replicas for b in ordered}
     leader_load = {b.node_id: b.leaders for b in ordered}
+    capacity = {b.node_id: b.capacity for b in ordered}
+
+    def has_room(node: int) -> bool:
+        return capacity[node] <= 0 or replica_load[node] < capacity[node]
+
+    def refuse(have_room: int) -> errors.PolicyViolationError:
+        return errors.PolicyViolationError(
+            f"replication factor {replication_factor} needs {replication_factor} brokers with room for a "
+            f"partition replica, {have_room} of the {len(ordered)} live brokers have it "
+            f"({full_brokers_text(ordered, replica_load)}; a broker's capacity is its file-descriptor limit / 12, "
+            f"or its max.partitions.per.broker): raise the limits, add brokers or delete topics")
+
+    room_now = sum(1 for b in ids if has_room(b))
+    if room_now < replication_factor:
+        raise refuse(room_now)
     racks_total = len(set(rack_of.values()))
     n = len(ids)
     position = {node: i for i, node in enumerate(ids)}
@@ -74,13 +102,16 @@ def place_replicas(
         def turn(node: int, _offset: int = offset) -> int:
             return (position[node] - _offset) % n
 
-        leader = min(ids, key=lambda b: (topic_leaders[b], leader_load[b], replica_load[b], turn(b)))
+        with_room = [b for b in ids if has_room(b)]
+        if len(with_room) < replication_factor:
+            raise refuse(len(with_room))  # earlier partitions of this call filled brokers: none is placed
+        leader = min(with_room, key=lambda b: (topic_leaders[b], leader_load[b], replica_load[b], turn(b)))
         chosen = [leader]
         used_racks = {rack_of[leader]}
         for _ in range(replication_factor - 1):
             need_new_rack = len(used_racks) < racks_total
             follower = min(
-                (b for b in ids if b not in chosen),
+                (b for b in with_room if b not in chosen),
                 key=lambda b: (need_new_rack and rack_of[b] in used_racks, topic_replicas[b], replica_load[b],
                                turn(b)),
             )

@@ -60,6 +60,9 @@ class BrokerState:
     rack: str = ""
     fenced: bool = True
     in_controlled_shutdown: bool = False
+    # Most partition replicas it may hold (reported at registration, from its descriptor limit and
+    # max.partitions.per.broker); 0 = unbounded (a broker of an older release, a journal written before).
+    partition_capacity: int = 0
 
     @property
     def eligible(self) -> bool:
@@ -178,9 +181,25 @@ def _invariant(ok: bool, what: str) -> None:
         raise MetadataInvariantError(f"metadata invariant violated: {what}")
 
 
+def replica_room_refusal(what: str, broker_id: int, capacity: int, count: int, adding: int) -> str:
+    """The POLICY_VIOLATION message of a change that would put more replicas on a broker than its capacity."""
+    return (f"{what}: broker {broker_id} has no room for {adding} more partition replica"
+            f"{'s' if adding != 1 else ''}: it holds {count} of its capacity of {capacity} (the broker's "
+            f"file-descriptor limit / 12, or its max.partitions.per.broker); raise its limit (ulimit -n), add "
+            f"brokers or delete topics")
+
+
 def _copy_partition(p: PartitionState) -> PartitionState:
     return PartitionState(list(p.replicas), list(p.isr), p.leader, p.leader_epoch, p.partition_epoch,
                           list(p.adding), list(p.removing))
+
+
+def _replicas_per_broker(assignments: Iterable[list[int]]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for replicas in assignments:
+        for r in replicas:
+            out[r] = out.get(r, 0) + 1
+    return out
 
 
 def _bump(counts: dict[int, int], key: int, by: int) -> None:
@@ -365,6 +384,9 @@ class MetadataState:
                 and isinstance(e[2], int) for e in cmd.endpoints):
             raise errors.InvalidRequestError(f"broker {cmd.node_id}: endpoints must be [name, host, port] lists")
         endpoints = [(str(e[0]), str(e[1]), int(e[2])) for e in cmd.endpoints]
+        if cmd.partition_capacity < 0:
+            raise errors.InvalidRequestError(
+                f"broker {cmd.node_id}: partition capacity must be >= 0, got {cmd.partition_capacity}")
         old = self.brokers.get(cmd.node_id)
         if old is not None and old.incarnation_id == cmd.incarnation_id:
             # The same process registering again (a retried request): idempotent.
@@ -374,7 +396,8 @@ class MetadataState:
             # unflushed data, so it leaves every ISR and its leaderships move.
             self._remove_from_partitions(old.node_id)
         epoch = self.version + 1
-        self.brokers[cmd.node_id] = BrokerState(cmd.node_id, cmd.incarnation_id, epoch, endpoints, cmd.rack)
+        self.brokers[cmd.node_id] = BrokerState(cmd.node_id, cmd.incarnation_id, epoch, endpoints, cmd.rack,
+                                                partition_capacity=cmd.partition_capacity)
         self._touch(("B", cmd.node_id))
         return ApplyResult(value=epoch)
 
@@ -568,6 +591,21 @@ class MetadataState:
         """Partitions naming ``broker_id`` among their replicas (a reassignment's joining ones included)."""
         return self._replicas_on.get(broker_id, 0)
 
+    def check_replica_room(self, added: dict[int, int], what: str) -> None:
+        """POLICY_VIOLATION if ``added`` (broker id -> new replicas) puts more replicas on a broker than the
+        capacity it registered with. Reads replicated data only (the registrations and the replica counts),
+        so every voter decides alike; the active controller checks the same before proposing, and this
+        catches two requests planned concurrently. A broker without a capacity (0) is unbounded, so a
+        journal written before capacities existed replays exactly as before."""
+        for broker_id in sorted(added):
+            broker = self.brokers.get(broker_id)
+            if broker is None or broker.partition_capacity <= 0 or added[broker_id] <= 0:
+                continue
+            count = self.replica_count(broker_id)
+            if count + added[broker_id] > broker.partition_capacity:
+                raise errors.PolicyViolationError(
+                    replica_room_refusal(what, broker_id, broker.partition_capacity, count, added[broker_id]))
+
     def preferred_leader_count(self, broker_id: int) -> int:
         """Partitions whose first replica (preferred leader) is ``broker_id``."""
         return self._preferred_on.get(broker_id, 0)
@@ -610,6 +648,7 @@ class MetadataState:
             raise errors.InvalidRequestError(f"topic id '{cmd.topic_id}' is empty or already used")
         configs = log_config.validate(cmd.configs)
         self._validate_assignments(cmd.assignments, None)
+        self.check_replica_room(_replicas_per_broker(cmd.assignments), f"topic '{cmd.name}'")
         eligible = self._eligible_ids()
         topic = TopicState(cmd.name, cmd.topic_id, configs,
                            [self._new_partition(r, eligible) for r in cmd.assignments], cmd.request_id)
@@ -645,6 +684,7 @@ class MetadataState:
         if current + len(cmd.assignments) > MAX_PARTITIONS_PER_TOPIC:
             raise errors.InvalidPartitionsError(f"more than {MAX_PARTITIONS_PER_TOPIC} partitions")
         self._validate_assignments(cmd.assignments, topic.partitions[0].replication_factor)
+        self.check_replica_room(_replicas_per_broker(cmd.assignments), f"topic '{topic.name}'")
         eligible = self._eligible_ids()
         for replicas in cmd.assignments:
             topic.partitions.append(self._new_partition(replicas, eligible))
@@ -765,6 +805,7 @@ class MetadataState:
         replicas = target + [r for r in original if r not in target]
         adding = [r for r in target if r not in original]
         removing = [r for r in original if r not in target]
+        self.check_replica_room({r: 1 for r in replicas if r not in p.replicas}, name)
         isr = [r for r in p.isr if r in replicas]
         if not isr:
             raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
@@ -1013,6 +1054,7 @@ class MetadataState:
             "brokers": [
                 [b.node_id, b.incarnation_id, b.broker_epoch, [list(e) for e in b.endpoints], b.rack,
                  b.fenced, b.in_controlled_shutdown]
+                + ([b.partition_capacity] if b.partition_capacity else [])  # absent: unbounded, as before
                 for b in sorted(self.brokers.values(), key=lambda b: b.node_id)
             ],
             "topics": [
@@ -1048,9 +1090,10 @@ class MetadataState:
         self.unclean_leader_election_default = bool(data["unclean_leader_election_default"])
         self.next_producer_id = int(data["next_producer_id"])
         self.brokers = {}
-        for node_id, inc, epoch, endpoints, rack, fenced, shutting in data["brokers"]:
+        for node_id, inc, epoch, endpoints, rack, fenced, shutting, *capacity in data["brokers"]:
+            # No capacity: a snapshot written before brokers reported one, or an unbounded broker.
             self.brokers[node_id] = BrokerState(node_id, inc, epoch, [(e[0], e[1], e[2]) for e in endpoints],
-                                                rack, fenced, shutting)
+                                                rack, fenced, shutting, int(capacity[0]) if capacity else 0)
         self.topics = {}
         self.topics_by_id = {}
         for name, topic_id, configs, partitions, *request_id in data["topics"]:  # no request id: older

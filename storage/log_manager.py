@@ -35,6 +35,7 @@ from storage.checkpoints import (
 )
 from storage.cleaner import DEFAULT_IO_BYTES_PER_SEC, DEFAULT_MAX_MAP_ENTRIES, LogCleaner
 from storage.disk_errors import disk_failure
+from storage.fd_budget import check_startup_descriptors, descriptor_limit
 from storage.log import Log, parse_partition_dir
 from storage.log_config import LogConfig
 
@@ -100,7 +101,12 @@ class LogManager:
 
     # ------------------------------------------------------------------ startup
     def startup(self) -> None:
-        """Open every partition directory of every log dir (recovering after unclean stops)."""
+        """Open every partition directory of every log dir (recovering after unclean stops).
+
+        First, before opening or changing anything: the segments found must fit the process's descriptor
+        limit (storage/fd_budget.py), else ``DescriptorLimitError`` names the limit and the figure needed."""
+        partitions, segments = self.count_segments()
+        check_startup_descriptors(partitions, segments, descriptor_limit())
         cleaner_checkpoints: dict[TopicPartitionKey, int] = {}
         for d in self.log_dirs:
             d.mkdir(parents=True, exist_ok=True)
@@ -130,6 +136,25 @@ class LogManager:
                 fsync_dir(d)
         self.cleaner.seed_checkpoints(cleaner_checkpoints)
         self._started = True
+
+    def count_segments(self) -> tuple[int, int]:
+        """(partition directories, segment files) in the log dirs: what startup would open."""
+        partitions = segments = 0
+        for d in self.log_dirs:
+            if not d.is_dir():
+                continue
+            for child in d.iterdir():
+                if not child.is_dir() or child.name.endswith(DELETE_DIR_SUFFIX):
+                    continue
+                try:
+                    parse_partition_dir(child.name)
+                except ValueError:
+                    continue
+                partitions += 1
+                with os.scandir(child) as entries:
+                    found = sum(1 for e in entries if e.name.endswith(".log"))
+                segments += max(1, found)  # a log without segments gets one when opened
+        return partitions, segments
 
     def _open_all(self, jobs: list[tuple]) -> None:
         """Open (and recover) the logs of one data dir with ``recovery_threads`` threads."""
