@@ -11,7 +11,10 @@ WatchMetadata computes each update from the state's changelog (current values of
 entities changed since the watcher's version), so nothing queues up per stream: a
 slow watcher just gets a larger, coalesced update. A watcher that falls further
 behind than the changelog window is cut off with REQUEST_TIMED_OUT and a clear
-message; it reconnects with its last version and receives a snapshot.
+message; it reconnects with its last version and receives a snapshot. Updates and
+snapshots are copied from the state in short holds of its lock and built after it is
+released (cluster_view.WatchReader); one snapshot serves every watcher that needs one
+while the changelog still covers its version.
 """
 
 from __future__ import annotations
@@ -27,11 +30,9 @@ from broker import authorizer as authz
 from broker import principal
 from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.quotas import UNLIMITED, MutationQuota
-from metadata_quorum.cluster_view import broker_record, partition_record, topic_record
+from metadata_quorum.cluster_view import WatchReader
 from metadata_quorum.controller import QuorumController
 from metadata_quorum.raft import MetadataRaft
-from metadata_quorum.security_service import security_delta
-from metadata_quorum.state import MetadataDelta
 from proto import common_pb2, errors
 from proto import controller_pb2 as pb
 from proto import controller_pb2_grpc as pb_grpc
@@ -61,6 +62,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         self._watch_slots = threading.BoundedSemaphore(max_watchers)
         self._max_watchers = max_watchers
         self._stopping = threading.Event()
+        self._watch_reader = WatchReader(raft.read, cluster_id=cluster_id)
 
     def shutdown(self) -> None:
         """End open watch streams (they answer NOT_CONTROLLER)."""
@@ -364,8 +366,10 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             if self._stopping.is_set() or not self._controller.is_active():
                 yield self._error_update(ErrorCode.NOT_CONTROLLER, "this controller is no longer active")
                 return
-            update = self._raft.read(
-                lambda s, v=version, f=first: self._next_update(s, v, f, request.since_version))
+            # First a snapshot when asked for none but everything, or when the changelog no longer covers the
+            # version asked; then the changes since the version last sent. Never O(partitions) under the lock.
+            update = self._watch_reader.update(version, snapshot=first and request.since_version <= 0,
+                                               if_behind=first)
             if update is None:
                 yield self._error_update(
                     ErrorCode.REQUEST_TIMED_OUT,
@@ -377,26 +381,6 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
                 version = update.version
             first = False
             self._raft.wait_for_version_beyond(version, WATCH_POLL_S)
-
-    def _next_update(self, state: Any, version: int, first: bool, asked: int) -> pb.MetadataUpdate | None:
-        delta = None if (first and asked <= 0) else state.changes_since(version)
-        if delta is None:
-            if not first:
-                return None
-            delta = state.full_delta()
-        return self._to_update(delta, state.active_controller_id)
-
-    def _to_update(self, delta: MetadataDelta, active_controller_id: int) -> pb.MetadataUpdate:
-        return pb.MetadataUpdate(
-            version=delta.version, is_snapshot=delta.is_snapshot, cluster_id=self._cluster_id,
-            active_controller_id=active_controller_id,
-            brokers=[broker_record(b) for b in delta.brokers],
-            topics=[topic_record(t) for t in delta.topics],
-            partitions=[partition_record(t, i, p) for t, i, p in delta.partitions],
-            deleted_topic_ids=delta.deleted_topic_ids,
-            unregistered_broker_ids=delta.unregistered_broker_ids,
-            security=security_delta(delta), cluster_configs_changed=delta.cluster_configs is not None,
-            cluster_configs=delta.cluster_configs or {})
 
     def _error_update(self, code: int, message: str) -> pb.MetadataUpdate:
         update = pb.MetadataUpdate(version=self._raft.version, cluster_id=self._cluster_id,

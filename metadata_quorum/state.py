@@ -25,6 +25,7 @@ import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import chain, takewhile
 from typing import Any
 
 from metadata_quorum import cluster_configs
@@ -259,6 +260,9 @@ class MetadataState:
         self._unseen: dict[tuple[Any, ...], None] = {}
         self._unseen_all = True
         self._unseen_reader: object | None = None
+        # Snapshots restored in place (local bookkeeping, like the above): a reader that copies the state
+        # over several holds (a watcher's update, cluster_view.WatchReader) starts again when it moved.
+        self.restores = 0
         self._handlers: dict[type, Callable[[Any], ApplyResult]] = {
             c.ActivateController: self._activate_controller,
             c.RegisterBroker: self._register_broker,
@@ -986,16 +990,22 @@ class MetadataState:
     def changelog_floor(self) -> int:
         return self._changelog_floor
 
-    def changes_since(self, since_version: int) -> MetadataDelta | None:
-        """Current values of everything changed after ``since_version``; None if a snapshot is needed."""
+    def changed_keys_since(self, since_version: int) -> list[tuple[Any, ...]] | None:
+        """The keys of the entities changed after ``since_version``, each once, the most recently changed
+        first; None if the changelog no longer (or not yet) covers that version. O(keys returned), at C speed
+        for all but one step per version."""
         if since_version < self._changelog_floor or since_version > self.version:
             return None
-        keys: dict[Any, None] = {}
-        for version, entry in reversed(self._changelog):
-            if version <= since_version:
-                break
-            for key in entry:
-                keys[key] = None
+        if since_version == self.version:
+            return []
+        entries = takewhile(lambda entry: entry[0] > since_version, reversed(self._changelog))
+        return list(dict.fromkeys(chain.from_iterable(keys for _, keys in entries)))
+
+    def changes_since(self, since_version: int) -> MetadataDelta | None:
+        """Current values of everything changed after ``since_version``; None if a snapshot is needed."""
+        keys = self.changed_keys_since(since_version)
+        if keys is None:
+            return None
         delta = MetadataDelta(self.version, False, [], [], [], [], [])
         for key in keys:
             kind = key[0]
@@ -1116,6 +1126,7 @@ class MetadataState:
         self._recount()
         self._unseen.clear()
         self._unseen_all = True
+        self.restores += 1
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, MetadataState):
