@@ -25,16 +25,18 @@ brokers, security records and cluster configs and fixes the version. The records
 after the lock is released. A delta (the changes after the watcher's version) is read the
 same way from the changelog's keys. The result is exactly the state (or the changes) as of
 the last hold's version: an entity not changed since a round began has the value copied
-during it, and every entity changed since is copied again. A snapshot is shared by the
-watchers that need one for ``SHARED_SNAPSHOT_S`` while the changelog still covers its
-version (they get the changes since it as their next message), so a restart of every
-broker builds it once.
+during it, and every entity changed since is copied again.
+
+Each snapshot is read for the watcher that asks, as of then; one is never served again to
+another watcher. A broker applying a snapshot deletes the logs of partitions the snapshot
+does not assign to it, so a snapshot older than what a restarted broker had seen (shared
+from an earlier read) made it delete the logs of topics created in between: with one
+replica, their data was gone.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +50,6 @@ MAX_RELOADS = 4  # sliced loads in a row before the last resort, one hold for ev
 WATCH_SLICE = 2000  # topics, partitions and other keys a watcher's update copies per state-lock hold
 MAX_WATCH_ROUNDS = 4  # catch-up rounds of one read before the rest is copied in one hold
 MAX_WATCH_RESTARTS = 3  # reads begun again (a snapshot restored, the changelog moved past) before one whole hold
-SHARED_SNAPSHOT_S = 60.0  # a watcher's snapshot serves the watchers that need one for this long, then is dropped
 
 # (name, topic id, configs, partition count)
 _Topic = tuple[str, str, dict[str, str], int]
@@ -313,22 +314,19 @@ class _WatchRead:
 
 class WatchReader:
     """WatchMetadata's updates for one controller, read in slices (see the module docstring). Any thread
-    may call ``update``; snapshots are built one at a time and shared."""
+    may call ``update``; snapshots are read one at a time, each for the watcher that asks, as of then."""
 
     def __init__(self, read: Callable[[Callable[[MetadataState], Any]], Any], *, cluster_id: str = "",
                  slice_size: int | None = None, max_rounds: int = MAX_WATCH_ROUNDS,
-                 max_restarts: int = MAX_WATCH_RESTARTS, share_snapshots: bool = True) -> None:
+                 max_restarts: int = MAX_WATCH_RESTARTS) -> None:
         self._read = read  # runs a function on the state under the state lock (MetadataRaft.read)
         self._cluster_id = cluster_id
-        self._share_snapshots = share_snapshots
         self._slice = WATCH_SLICE if slice_size is None else slice_size
         self._max_rounds = max_rounds
         self._max_restarts = max_restarts
-        # Taken before the state lock, never while holding it.
+        # One snapshot read at a time (each is O(partitions) of copying, if in short holds). Taken before the
+        # state lock, never while holding it.
         self._snapshot_lock = threading.Lock()
-        # (restores, version, update, monotonic time built): kept SHARED_SNAPSHOT_S (a restart of every broker
-        # asks within seconds), not for ever: at 200,000 partitions it is tens of MB.
-        self._snapshot: tuple[int, int, pb.MetadataUpdate, float] | None = None
         # For tests: topics, partitions and keys copied under the state lock, the most in one hold, snapshots built.
         self.copied = 0
         self.most_copied_in_one_hold = 0
@@ -337,11 +335,8 @@ class WatchReader:
     def update(self, since: int, *, snapshot: bool = False, if_behind: bool = True) -> pb.MetadataUpdate | None:
         """The changes after ``since`` as one update (not a snapshot), as of the version it names. A snapshot
         instead when ``snapshot`` is set, or when the changelog no longer covers ``since`` and ``if_behind``
-        is set; without ``if_behind`` that is None (the watcher fell behind). The update may be shared with
-        other watchers: do not change it."""
-        cached = self._snapshot
-        if cached is not None and time.monotonic() - cached[3] > SHARED_SNAPSHOT_S:
-            self._snapshot = None  # (a race with a newer one only costs that one being built again)
+        is set; without ``if_behind`` that is None (the watcher fell behind). A snapshot is as of a version
+        no older than the state's when this was called (never one read earlier for another watcher)."""
         for attempt in range(self._max_restarts + 1):
             whole = attempt == self._max_restarts  # the last resort: everything in one hold, which cannot restart
             if not snapshot:
@@ -354,18 +349,11 @@ class WatchReader:
                     return None
                 snapshot = True
             with self._snapshot_lock:
-                cached = self._snapshot
-                if cached is not None and time.monotonic() - cached[3] <= SHARED_SNAPSHOT_S \
-                        and self._read(lambda s, c=cached: self._still_servable(s, c)):
-                    return cached[2]  # the changes since follow as the watcher's next update
-                self._snapshot = None
                 r, outcome = self._run(lambda s: _WatchRead(True, s, list(s.topics_by_id)), whole)
                 if outcome != _DONE:
                     continue
                 update = self._build(r)
                 self.snapshots_built += 1
-                if self._share_snapshots:
-                    self._snapshot = (r.restores, r.version, update, time.monotonic())
                 return update
         raise AssertionError("unreachable: the last attempt reads in one hold")
 
@@ -384,11 +372,6 @@ class WatchReader:
         return r, outcome
 
     # ---- under the state lock ----
-    @staticmethod
-    def _still_servable(s: MetadataState, cached: tuple[int, int, pb.MetadataUpdate, float]) -> bool:
-        """A shared snapshot may be sent while the changes since its version can follow it."""
-        return s.restores == cached[0] and s.changelog_floor <= cached[1] <= s.version
-
     @staticmethod
     def _begin_delta(s: MetadataState, since: int) -> _WatchRead | None:
         keys = s.changed_keys_since(since)

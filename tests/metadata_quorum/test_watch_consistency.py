@@ -181,7 +181,7 @@ def test_an_update_read_in_slices_equals_one_read_in_one_hold(seed: int) -> None
         return fn(h.state)
 
     # (Each snapshot read afresh: a shared one is as of its own version, checked by the next test.)
-    readers = [WatchReader(read, cluster_id="cid", slice_size=size, share_snapshots=False) for size in (1, 3, 8)]
+    readers = [WatchReader(read, cluster_id="cid", slice_size=size) for size in (1, 3, 8)]
     actions: list[str] = []
     kinds = {"snapshot": 0, "delta": 0, "sliced": 0}
     for _ in range(150):
@@ -255,7 +255,7 @@ def test_brokers_following_the_stream_always_hold_the_state_at_their_version(
                             voter_ids={}, default_timeout_s=5.0)
     followers = {b: Follower(b) for b in (1, 2, 3)}
     streams: dict[int, Iterator[pb.MetadataUpdate]] = {}
-    seen = {"snapshot": 0, "delta": 0, "cut off": 0, "shared": 0}
+    seen = {"snapshot": 0, "delta": 0, "cut off": 0}
     snapshots: dict[int, pb.MetadataUpdate] = {}
     for _ in range(300):
         b = h.rng.choice(list(followers))
@@ -274,11 +274,11 @@ def test_brokers_following_the_stream_always_hold_the_state_at_their_version(
         assert update.error_code == ErrorCode.NONE, update
         if update.is_snapshot:
             seen["snapshot"] += 1
-            seen["shared"] += any(u is update for u in snapshots.values())
             snapshots[b] = update
         else:
             seen["delta"] += 1
-            assert update.version >= follower.cache.version
+        # Never backwards, snapshots included: a broker deletes the logs its snapshot does not assign to it.
+        assert update.version >= follower.cache.version, (seed, b, update.version, follower.cache.version)
         follower.apply(update)
         assert follower.content() == h.contents[update.version], (seed, b, update.version, update.is_snapshot)
     assert seen["snapshot"] >= 5 and seen["delta"] >= 100 and seen["cut off"] >= 1, seen
