@@ -392,6 +392,11 @@ class ClusterClient:
     def leader_for(self, tp: TopicPartition, *, refresh: bool = False, timeout_ms: int | None = None) -> int:
         """The leader's node id; raises UnknownTopicOrPartition / LeaderNotAvailable. A metadata refresh,
         when due, takes at most ``timeout_ms`` (default: request.timeout.ms)."""
+        return self.leader_and_epoch(tp, refresh=refresh, timeout_ms=timeout_ms)[0]
+
+    def leader_and_epoch(self, tp: TopicPartition, *, refresh: bool = False, timeout_ms: int | None = None
+                         ) -> tuple[int, int]:
+        """(leader node id, leader epoch) of ``tp`` in the metadata, as ``leader_for``."""
         tp = TopicPartition(*tp)
         meta = self.metadata([tp.topic], refresh=refresh, timeout_ms=timeout_ms)
         info = meta.topics.get(tp.topic)
@@ -403,7 +408,7 @@ class ClusterClient:
             raise errors.UnknownTopicOrPartitionError(f"{tp.topic}-{tp.partition} does not exist")
         if part.leader < 0:
             raise errors.error_for(errors.ErrorCode.LEADER_NOT_AVAILABLE, f"{tp.topic}-{tp.partition} has no leader")
-        return part.leader
+        return part.leader, part.leader_epoch
 
     def leader_epoch(self, tp: TopicPartition) -> int:
         info = self._meta.topics.get(tp.topic)
@@ -469,8 +474,23 @@ class ClusterClient:
 
         Offset is -1 when no record has a timestamp >= the one asked for.
         """
+        found = self._list_offsets(timestamps, timeout_ms, fenced=False)
+        return {tp: (offset, ts) for tp, (offset, ts, _epoch, _current) in found.items()}
+
+    def list_offsets_with_epochs(
+        self, timestamps: Mapping[TopicPartition, int], *, timeout_ms: int | None = None
+    ) -> dict[TopicPartition, tuple[int, int, int, int]]:
+        """``list_offsets`` for a consumer's positions (KIP-320): {tp: (offset, timestamp, leader epoch of the
+        offset, the leader epoch the answer was given at)}. Each request carries the partition's leader
+        epoch from the metadata as ``current_leader_epoch``, so only the leader at that epoch answers (a
+        broker at another epoch is retried after a metadata refresh); the offset is then one of that
+        leader's log, and the epoch of the offset (-1 when the leader has none) is the position's."""
+        return self._list_offsets(timestamps, timeout_ms, fenced=True)
+
+    def _list_offsets(self, timestamps: Mapping[TopicPartition, int], timeout_ms: int | None, *,
+                      fenced: bool) -> dict[TopicPartition, tuple[int, int, int, int]]:
         pending = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
-        result: dict[TopicPartition, tuple[int, int]] = {}
+        result: dict[TopicPartition, tuple[int, int, int, int]] = {}
         backoff = self._backoff(timeout_ms)
         last: errors.BrookError | None = None
         while pending:
@@ -480,7 +500,7 @@ class ClusterClient:
                     raise exc
                 last = exc
             for leader, tps in by_leader.items():
-                last = self._list_offsets_on(leader, tps, pending, result, backoff) or last
+                last = self._list_offsets_on(leader, tps, pending, result, backoff, fenced) or last
             if not pending:
                 break
             self.request_update()
@@ -488,12 +508,13 @@ class ClusterClient:
                 raise last or errors.RequestTimedOutError("list_offsets timed out")
         return result
 
-    def _list_offsets_on(self, leader, tps, pending, result, backoff) -> errors.BrookError | None:
+    def _list_offsets_on(self, leader, tps, pending, result, backoff, fenced: bool) -> errors.BrookError | None:
+        epochs = {tp: self.leader_epoch(tp) if fenced else -1 for tp in tps}
         req = broker_pb2.ListOffsetsRequest(
             replica_id=-1,
             partitions=[
                 broker_pb2.ListOffsetsPartition(
-                    topic=tp.topic, partition=tp.partition, timestamp=pending[tp], current_leader_epoch=-1
+                    topic=tp.topic, partition=tp.partition, timestamp=pending[tp], current_leader_epoch=epochs[tp]
                 )
                 for tp in tps
             ],
@@ -508,7 +529,7 @@ class ClusterClient:
             if tp not in pending:
                 continue
             if p.error_code == errors.ErrorCode.NONE:
-                result[tp] = (p.offset, p.timestamp)
+                result[tp] = (p.offset, p.timestamp, p.leader_epoch, epochs[tp])
                 del pending[tp]
                 continue
             err = errors.error_for(p.error_code, p.error_message)

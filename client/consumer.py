@@ -17,6 +17,24 @@ With ``enable.auto.commit`` the positions are committed in the background every
 ``auto.commit.interval.ms``, and synchronously before partitions are revoked in a
 rebalance and on ``close()`` (as Kafka's ConsumerCoordinator does), so records that
 poll() returned are not handed to the next owner again after a clean rebalance.
+
+Log truncation detection (KIP-320, as Kafka's consumer and librdkafka do it). A position carries the
+leader epoch of the record before it (the epoch of the last consumed record's batch, or the one a
+committed offset or a ListOffsets answer came with); commits carry it too. Fetches name the leader
+epoch the client's metadata has (``current_leader_epoch``): a broker leading at another epoch answers
+FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH, and the consumer refreshes its metadata and tries again.
+When the metadata shows a new leader epoch for a partition whose position has an epoch (and when
+resuming from a committed offset that has one), the partition is not fetched until the leader has
+answered OffsetsForLeaderEpoch(the position's epoch) — one request per partition and leader change,
+batched per broker, sent without blocking ``poll()``. If that epoch ends below the position in the
+leader's log (an unclean leader election replaced the records there), the log was truncated under the
+consumer: with ``auto.offset.reset`` earliest or latest it logs a WARNING and resumes from the divergent
+offset (the end of the last epoch both logs share), as Kafka does — not from the earliest or latest
+offset; with ``none`` every ``poll()`` raises ``LogTruncationError`` (the partition, its position and
+the divergent offset) until ``seek()`` moves the partition. A leader that knows no epoch at or below the
+position's resets the position by ``auto.offset.reset`` (``none``: ``LogTruncationError`` without a
+divergent offset). ``seek(tp, offset)`` gives a position without an epoch, which is never checked;
+``seek(tp, OffsetAndMetadata(offset, leader_epoch=e))`` one that is.
 """
 
 from __future__ import annotations
@@ -29,12 +47,23 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import grpc
+
 from client import errors
-from client.cluster import REFRESH_CODES, ClusterClient, as_timeout_ms
+from client.cluster import REFRESH_CODES, ClusterClient, as_timeout_ms, rpc_error
 from client.config import SECURITY_DEFAULTS, normalize, parse_bool, require_int, security_config
 from client.coordinator import GroupCoordinatorClient
-from client.fetcher import CompletedFetch, Fetcher, PartitionRecords, PartitionState
+from client.fetcher import (
+    POSITION_TRUNCATED,
+    POSITION_VALID,
+    CompletedFetch,
+    Fetcher,
+    PartitionRecords,
+    PartitionState,
+    check_position,
+)
 from client.types import ConsumerRecord, OffsetAndMetadata, TopicPartition
+from proto import broker_pb2
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +96,7 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     **SECURITY_DEFAULTS,
 }
 _RESETS = {"earliest": -2, "latest": -1, "none": None}
+_RESET_NAMES = {-2: "earliest", -1: "latest", None: "none"}
 EARLIEST, LATEST = -2, -1
 
 CommitCallback = Callable[[dict[TopicPartition, OffsetAndMetadata], BaseException | None], Any]
@@ -137,6 +167,12 @@ class Consumer:
         self._closed = False
         self._wakeup = threading.Event()  # Consumer.wakeup(): the blocked (or next) poll raises WakeupError
         self._iter_buffer: list[ConsumerRecord] = []
+        # KIP-320 position checks: per broker, the OffsetsForLeaderEpoch call in flight and
+        # {tp: (position, offset epoch, leader epoch)} it checks.
+        self._validations: dict[int, tuple[Any, dict[TopicPartition, tuple[int, int, int]]]] = {}
+        self._epochs_checked_meta: Any = None  # the metadata snapshot the leader epochs were last compared with
+        self._validation_wanted = False  # some position may wait for a check: _validate_positions looks
+        self._diverged: set[TopicPartition] = set()  # truncation found under auto.offset.reset=none: raised
         if topics:
             self.subscribe(list(topics))
 
@@ -272,12 +308,15 @@ class Consumer:
             self._raise_if_woken()
             self._raise_pending()
             self._update_positions(deadline)
+            self._validate_positions(deadline)
+            self._raise_truncations()
             self._process_completed()
             self._raise_pending()
             out = drain()
             # Prefetch while the app works; a metadata refresh for it within the poll's time.
             self._fetcher.send_fetches(self._assignment, self._buffered,
                                        timeout_ms=as_timeout_ms(deadline - time.monotonic()))
+            self._validate_positions(deadline)  # partitions whose new leader that refresh showed
             if out:
                 return out
             remaining = deadline - time.monotonic()
@@ -310,7 +349,7 @@ class Consumer:
             if state is not None and state.paused:
                 continue
             part = self._buffered.pop(tp)
-            if state is None or state.position is None or part.index < len(part.current):
+            if state is None or state.position is None or state.awaiting_validation or part.index < len(part.current):
                 continue  # decoding started (poll() used meanwhile): drop, it is fetched again
             data = part.take_raw(state)
             if data:
@@ -334,8 +373,8 @@ class Consumer:
                 break
             state = self._assignment.get(tp)
             part = self._buffered[tp]
-            if state is None or state.position is None:
-                del self._buffered[tp]
+            if state is None or state.position is None or state.awaiting_validation:
+                del self._buffered[tp]  # (awaiting: fetched from the previous leader, fetched again)
                 continue
             if state.paused:
                 continue
@@ -365,7 +404,9 @@ class Consumer:
                 state.in_flight = False
                 if state.position != done.offsets.get(tp):
                     continue  # seek() since the request: the answer is for an old position
-                self._handle_partition(tp, state, p, backoff_until)
+                if state.awaiting_validation or state.fetch_epoch != state.leader_epoch:
+                    continue  # sent before a leader change: fetched again once the position is checked
+                self._handle_partition(tp, state, p, backoff_until, done.node)
         elif done.error is not None:
             log.debug("fetch from broker %d failed: %s", done.node, done.error)
             self.cluster.request_update()
@@ -376,7 +417,8 @@ class Consumer:
                 state.in_flight = False
                 state.backoff_until = backoff_until
 
-    def _handle_partition(self, tp: TopicPartition, state: PartitionState, p: Any, backoff_until: float) -> None:
+    def _handle_partition(self, tp: TopicPartition, state: PartitionState, p: Any, backoff_until: float,
+                          node: int = -1) -> None:
         code = p.error_code
         if code == errors.ErrorCode.NONE:
             state.high_watermark = p.high_watermark
@@ -391,11 +433,16 @@ class Consumer:
                     f"and auto.offset.reset=none: {p.error_message}")
             else:
                 log.info("offset %s out of range for %s, resetting (%s)", state.position, tp, self._reset)
-                state.position = None
-                state.reset_to = self._reset
+                state.request_reset(self._reset)
             return
         err = errors.error_for(code, p.error_message)
         if err.retriable or code in REFRESH_CODES:
+            if code in (errors.ErrorCode.FENCED_LEADER_EPOCH, errors.ErrorCode.UNKNOWN_LEADER_EPOCH):
+                # KIP-320: the broker leads at another epoch than our metadata says (FENCED: ours is
+                # older; UNKNOWN: it has not applied ours yet). Refresh; a new epoch gets the position
+                # checked against that leader before the next fetch.
+                log.debug("fetch of %s-%d at leader epoch %d from broker %d: %s (%s); refreshing metadata",
+                          tp.topic, tp.partition, state.fetch_epoch, node, errors.code_name(code), p.error_message)
             self.cluster.request_update()
             state.backoff_until = backoff_until
             return
@@ -448,7 +495,9 @@ class Consumer:
                 if tp not in self._assignment:
                     continue
                 if om is not None:
-                    self._assignment[tp].position = om.offset
+                    # Its leader epoch, if the commit carried one, is checked against the leader first.
+                    self._assignment[tp].seek_unvalidated(om.offset, om.leader_epoch)
+                    self._validation_wanted = True
                 elif self._reset is not None:
                     to_reset[tp] = self._reset
                 else:
@@ -456,11 +505,218 @@ class Consumer:
                         f"no committed offset for {tp.topic}-{tp.partition} in group {self.group_id!r} "
                         f"and auto.offset.reset=none")
         if to_reset:
-            for tp, (offset, _ts) in self.cluster.list_offsets(to_reset, timeout_ms=timeout_ms).items():
+            found = self.cluster.list_offsets_with_epochs(to_reset, timeout_ms=timeout_ms)
+            for tp, (offset, _ts, offset_epoch, leader_epoch) in found.items():
                 st = self._assignment.get(tp)
                 if st is not None and st.position is None:
-                    st.position = offset
-                    st.reset_to = None
+                    # The leader at `leader_epoch` answered with an offset of its own log: nothing to check.
+                    st.seek_validated(offset, offset_epoch)
+                    st.leader_epoch = leader_epoch
+
+    # ---- KIP-320: positions checked against a new leader ----
+    def _validate_positions(self, deadline: float | None = None) -> None:
+        """Check positions against their partitions' leaders where the leader epoch changed (or a committed
+        offset with an epoch was taken): take the answers that came, send OffsetsForLeaderEpoch for the
+        positions waiting, one request per broker at a time. Never waits for an answer; a metadata
+        refresh it needs takes at most what is left until ``deadline``."""
+        if self._validations:
+            self._complete_validations()
+        meta = self.cluster.metadata_snapshot()
+        if meta is not self._epochs_checked_meta:
+            self._epochs_checked_meta = meta
+            self._check_leader_epochs(meta)
+        if not (self._validation_wanted or self._fetcher.leader_changed):
+            return  # no position waits for a check: no walk of the assignment
+        self._fetcher.leader_changed = False
+        wanted = False
+        now = time.monotonic()
+        by_node: dict[int, list[TopicPartition]] = {}
+        for tp, st in self._assignment.items():
+            if not st.awaiting_validation or st.divergence is not None:
+                continue
+            wanted = True  # until it is checked: sent now, in flight, or after its backoff
+            if st.validating or st.position is None or now < st.backoff_until:
+                continue
+            try:
+                timeout_ms = None if deadline is None else as_timeout_ms(deadline - time.monotonic())
+                node, epoch = self.cluster.leader_and_epoch(tp, timeout_ms=timeout_ms)
+            except errors.BrookError as exc:
+                if not exc.retriable:
+                    raise
+                self.cluster.request_update()
+                st.backoff_until = now + self._retry_backoff_ms / 1000
+                continue
+            if epoch != st.leader_epoch and not st.on_leader_epoch(epoch):
+                continue
+            if node not in self._validations:  # else after that broker's answer (it wakes the poll)
+                by_node.setdefault(node, []).append(tp)
+        self._validation_wanted = wanted
+        for node, tps in by_node.items():
+            self._send_validation(node, tps)
+
+    def _check_leader_epochs(self, meta: Any) -> None:
+        """A new metadata snapshot: partitions whose leader epoch changed are fetched at the new one, after
+        their positions are checked against that leader when they have an epoch (their fetched records
+        are dropped meanwhile: they are fetched again from the new leader)."""
+        for tp, st in self._assignment.items():
+            info = meta.topics.get(tp.topic)
+            part = info.partitions.get(tp.partition) if info is not None else None
+            if part is None or part.leader < 0 or part.leader_epoch == st.leader_epoch:
+                continue
+            if st.on_leader_epoch(part.leader_epoch):
+                self._buffered.pop(tp, None)
+                self._validation_wanted = True
+
+    def _send_validation(self, node: int, tps: list[TopicPartition]) -> None:
+        context = {}
+        for tp in tps:
+            st = self._assignment[tp]
+            assert st.position is not None and st.offset_epoch is not None
+            context[tp] = (st.position, st.offset_epoch, st.leader_epoch)
+        request = broker_pb2.OffsetsForLeaderEpochRequest(replica_id=-1, partitions=[
+            broker_pb2.OffsetForLeaderPartition(topic=tp.topic, partition=tp.partition, current_leader_epoch=le,
+                                                leader_epoch=oe)
+            for tp, (_pos, oe, le) in context.items()])
+        try:
+            call = self.cluster.broker_stub(node).OffsetsForLeaderEpoch.future(
+                request, timeout=self._request_timeout_ms / 1000)
+        except (errors.BrookError, grpc.RpcError) as exc:
+            log.debug("OffsetsForLeaderEpoch to broker %d not sent: %s", node, exc)
+            self.cluster.request_update()
+            for tp in tps:
+                self._assignment[tp].backoff_until = time.monotonic() + self._retry_backoff_ms / 1000
+            return
+        for tp in tps:
+            self._assignment[tp].validating = True
+        self._validations[node] = (call, context)
+        call.add_done_callback(lambda _call: self._fetcher.notify())  # the poll waiting takes the answer
+
+    def _validation_state(self, tp: TopicPartition, sent: tuple[int, int, int]) -> PartitionState | None:
+        """The state of ``tp`` if it still waits for the check that was sent for ``sent``."""
+        st = self._assignment.get(tp)
+        if (st is None or not st.awaiting_validation or not st.validating
+                or (st.position, st.offset_epoch, st.leader_epoch) != sent):
+            return None  # seek(), a newer leader, unassigned: the answer is for another position
+        return st
+
+    def _complete_validations(self) -> None:
+        now = time.monotonic()
+        backoff_until = now + self._retry_backoff_ms / 1000
+        for node, (call, context) in list(self._validations.items()):
+            if not call.done():
+                continue
+            del self._validations[node]
+            failure: errors.BrookError | None = None
+            try:
+                response = call.result(timeout=0)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    # A broker without the call (Kafka's consumer and librdkafka skip the check then too).
+                    log.info("broker %d does not serve OffsetsForLeaderEpoch: positions not checked (%s)", node,
+                             sorted(context))
+                    response = broker_pb2.OffsetsForLeaderEpochResponse(partitions=[
+                        broker_pb2.OffsetForLeaderPartitionResult(
+                            topic=tp.topic, partition=tp.partition, leader_epoch=oe, end_offset=pos)
+                        for tp, (pos, oe, _le) in context.items()])
+                else:
+                    failure = rpc_error(exc, f"OffsetsForLeaderEpoch to broker {node}")
+            except Exception as exc:  # cancelled
+                failure = errors.error_for(errors.ErrorCode.NETWORK_EXCEPTION,
+                                           f"OffsetsForLeaderEpoch to broker {node}: {exc!r}")
+            answered: dict[TopicPartition, Any] = {}
+            if failure is None:
+                for p in response.partitions:
+                    tp = TopicPartition(p.topic, p.partition)
+                    if tp in context:
+                        answered[tp] = p
+            else:
+                log.debug("position check failed: %s", failure)
+                self.cluster.request_update()
+            for tp, sent in context.items():
+                st = self._validation_state(tp, sent)
+                if st is None:
+                    continue
+                st.validating = False
+                p = answered.get(tp)
+                if p is None:  # no answer: tried again after a backoff
+                    st.backoff_until = backoff_until
+                    continue
+                if p.error_code != errors.ErrorCode.NONE:
+                    err = errors.error_for(p.error_code, p.error_message)
+                    if err.retriable or p.error_code in REFRESH_CODES:
+                        # FENCED / UNKNOWN_LEADER_EPOCH, NOT_LEADER: our metadata is behind or ahead of that
+                        # broker's; the refreshed metadata's leader and epoch are checked against next.
+                        log.debug("position check of %s-%d at broker %d: %s", tp.topic, tp.partition, node, err)
+                        self.cluster.request_update()
+                        st.backoff_until = backoff_until
+                    else:
+                        st.backoff_until = backoff_until
+                        self._pending_error = err
+                    continue
+                self._position_checked(tp, st, p.end_offset, p.leader_epoch, node)
+
+    def _position_checked(self, tp: TopicPartition, st: PartitionState, end_offset: int, end_epoch: int,
+                          node: int) -> None:
+        """Act on the leader's answer for a position (``check_position``), as Kafka's consumer does."""
+        assert st.position is not None
+        outcome = check_position(st.position, end_offset, end_epoch)
+        if outcome == POSITION_VALID:
+            log.debug("%s-%d: position %d (leader epoch %s) is in the log of the leader at epoch %d (epoch %d "
+                      "ends at %d)", tp.topic, tp.partition, st.position, st.offset_epoch, st.leader_epoch,
+                      end_epoch, end_offset)
+            st.awaiting_validation = False
+            return
+        if self._reset is None:
+            st.divergence = (end_offset if outcome == POSITION_TRUNCATED else None, end_epoch)
+            self._diverged.add(tp)
+            return
+        self._buffered.pop(tp, None)
+        if outcome == POSITION_TRUNCATED:
+            log.warning(
+                "%s-%d: log truncation detected: position %d (leader epoch %s) is past the end of leader epoch %d "
+                "at offset %d on broker %d, the leader at epoch %d: the partition's log was truncated or "
+                "replaced from offset %d on (an unclean leader election?), so the records at offsets %d..%d "
+                "already read are not in it. Resuming from the divergent offset %d.",
+                tp.topic, tp.partition, st.position, st.offset_epoch, end_epoch, end_offset, node, st.leader_epoch,
+                end_offset, end_offset, st.position - 1, end_offset)
+            st.seek_validated(end_offset, end_epoch)
+        else:
+            log.warning(
+                "%s-%d: log truncation detected: the leader at epoch %d (broker %d) knows no leader epoch at or "
+                "below %s, the epoch of position %d; resetting the position (auto.offset.reset=%s).",
+                tp.topic, tp.partition, st.leader_epoch, node, st.offset_epoch, st.position,
+                _RESET_NAMES[self._reset])
+            st.request_reset(self._reset)
+
+    def _raise_truncations(self) -> None:
+        """auto.offset.reset=none: raise LogTruncationError while a partition's position is past its
+        leader's log (until seek() moves it, or another leader is checked)."""
+        if not self._diverged:
+            return
+        positions: dict[TopicPartition, int] = {}
+        divergent: dict[TopicPartition, OffsetAndMetadata] = {}
+        parts = []
+        for tp in sorted(self._diverged):
+            st = self._assignment.get(tp)
+            if st is None or st.divergence is None or st.position is None:
+                self._diverged.discard(tp)
+                continue
+            end_offset, end_epoch = st.divergence
+            positions[tp] = st.position
+            if end_offset is not None:
+                divergent[tp] = OffsetAndMetadata(end_offset, "", end_epoch)
+                parts.append(f"{tp.topic}-{tp.partition}: position {st.position} (leader epoch {st.offset_epoch}) "
+                             f"is past offset {end_offset}, where leader epoch {end_epoch} ends in the log of "
+                             f"the leader at epoch {st.leader_epoch}: divergent offset {end_offset}")
+            else:
+                parts.append(f"{tp.topic}-{tp.partition}: the leader at epoch {st.leader_epoch} knows no leader "
+                             f"epoch at or below {st.offset_epoch}, the epoch of position {st.position}")
+        if not positions:
+            return
+        raise errors.LogTruncationError(
+            "log truncation detected (records the consumer read were replaced, e.g. by an unclean leader "
+            "election) and auto.offset.reset=none: " + "; ".join(parts)
+            + ". seek() these partitions to go on (e.g. to the divergent offset).", positions, divergent)
 
     def _state(self, tp: TopicPartition) -> PartitionState:
         state = self._assignment.get(TopicPartition(*tp))
@@ -477,19 +733,27 @@ class Consumer:
         assert state.position is not None
         return state.position
 
-    def seek(self, tp: TopicPartition, offset: int) -> None:
+    def seek(self, tp: TopicPartition, offset: int | OffsetAndMetadata) -> None:
+        """Fetch ``tp`` from ``offset`` on. An ``OffsetAndMetadata`` with a ``leader_epoch`` (the epoch of
+        the record before the offset, e.g. from ``committed()`` or a ``LogTruncationError``) is checked
+        against the partition's leader before fetching, as a committed offset is (KIP-320); a plain
+        offset is not checked."""
+        epoch = offset.leader_epoch if isinstance(offset, OffsetAndMetadata) else None
+        offset = offset.offset if isinstance(offset, OffsetAndMetadata) else offset
         if offset < 0:
             raise errors.InvalidRequestError(f"seek offset must be >= 0, got {offset}")
         state = self._state(tp)
-        state.position = offset
-        state.reset_to = None
+        if epoch is None:
+            state.seek_validated(offset)
+        else:
+            state.seek_unvalidated(offset, epoch)
+            self._validation_wanted = True
         self._buffered.pop(TopicPartition(*tp), None)
 
     def _seek_reset(self, tps: Iterable[TopicPartition] | None, target: int) -> None:
         for tp in (tps if tps else list(self._assignment)):
             state = self._state(tp)
-            state.position = None
-            state.reset_to = target
+            state.request_reset(target)
             self._buffered.pop(TopicPartition(*tp), None)
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
@@ -535,8 +799,10 @@ class Consumer:
 
     # ---- commits ----
     def _current_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
-        return {tp: OffsetAndMetadata(st.position) for tp, st in self._assignment.items()
-                if st.position is not None}
+        """The positions to commit, with their leader epochs (KIP-320). A position still to be checked
+        against a new leader is left out, as Kafka leaves it: it may be past a truncated log."""
+        return {tp: OffsetAndMetadata(st.position, "", st.offset_epoch) for tp, st in self._assignment.items()
+                if st.position is not None and not st.awaiting_validation}
 
     def _commit_now(self, offsets: dict[TopicPartition, OffsetAndMetadata | int], timeout_ms: int | None) -> None:
         if self._membership is not None:
@@ -669,6 +935,9 @@ class Consumer:
                 self._membership.close(leave=True, revoke=True)
         finally:
             self._closed = True
+            for call, _context in self._validations.values():
+                call.cancel()
+            self._validations.clear()
             self._fetcher.close()
             if self._commit_executor is not None:
                 self._commit_executor.shutdown(wait=True)

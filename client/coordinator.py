@@ -45,14 +45,16 @@ def offset_commit_request(
 ) -> group_pb2.OffsetCommitRequest | None:
     """The OffsetCommit request for ``offsets`` (None when there is nothing to commit).
 
-    Negative offsets are refused here, before anything is sent."""
+    Negative offsets are refused here, before anything is sent. An ``OffsetAndMetadata``'s leader
+    epoch is committed with it (KIP-320; -1 when it has none, as for a plain int)."""
     parts = []
     for tp, om in offsets.items():
         om = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
         if om.offset < 0:
             raise errors.InvalidCommitOffsetSizeError(f"cannot commit negative offset {om.offset} for {tp}")
+        epoch = om.leader_epoch if om.leader_epoch is not None else -1
         parts.append(group_pb2.OffsetCommitPartition(topic=tp[0], partition=tp[1], offset=om.offset,
-                                                     leader_epoch=-1, metadata=om.metadata))
+                                                     leader_epoch=epoch, metadata=om.metadata))
     if not parts:
         return None
     return group_pb2.OffsetCommitRequest(group_id=group_id, generation_id=generation_id,
@@ -170,7 +172,9 @@ class GroupCoordinatorClient:
 
     def committed(self, tps: Iterable[TopicPartition] | None = None, *, timeout_ms: int | None = None
                   ) -> dict[TopicPartition, OffsetAndMetadata | None]:
-        """Committed offsets (None where nothing is committed); ``tps=None`` = every committed partition."""
+        """Committed offsets (None where nothing is committed); ``tps=None`` = every committed partition.
+        Each carries the leader epoch it was committed with (``OffsetAndMetadata.leader_epoch``, None
+        when the commit had none)."""
         wanted = None if tps is None else [TopicPartition(*tp) for tp in tps]
         request = group_pb2.OffsetFetchRequest(
             group_id=self.group_id,
@@ -181,5 +185,5 @@ class GroupCoordinatorClient:
         for p in response.partitions:
             errors.raise_for(p.error_code, f"offset fetch {p.topic}-{p.partition}")
             tp = TopicPartition(p.topic, p.partition)
-            result[tp] = OffsetAndMetadata(p.offset, p.metadata) if p.offset >= 0 else None
+            result[tp] = OffsetAndMetadata(p.offset, p.metadata, p.leader_epoch) if p.offset >= 0 else None
         return result

@@ -5,6 +5,17 @@ Requests go as messages of one FetchStream per broker (client/streams.py; unary 
 broker without one free); their completions land in a queue that the consumer's thread drains in
 ``poll()``. Right after handing records to the application the consumer sends the next fetches,
 so the brokers work while the application processes (prefetch).
+
+Leader epochs (KIP-320): each partition's position carries the leader epoch of the record before it
+(``PartitionState.offset_epoch``: the partition leader epoch of that record's batch, or the epoch a
+committed offset or a ListOffsets answer came with) and the leader epoch of the partition the
+position was last checked against (``PartitionState.leader_epoch``, from the client's metadata).
+Fetches send the latter as ``current_leader_epoch``, so a broker that leads at another epoch than the
+client believes answers FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH instead of serving it; the
+consumer then refreshes its metadata. When the metadata shows a new leader epoch for a partition
+whose position has an epoch, the partition is not fetched until the consumer has checked the
+position against the new leader (OffsetsForLeaderEpoch, ``check_position``): a log truncated below
+it (an unclean leader election) is detected instead of read past.
 """
 
 from __future__ import annotations
@@ -42,6 +53,73 @@ class PartitionState:
     backoff_until: float = 0.0
     high_watermark: int = -1
     log_start_offset: int = -1
+    # KIP-320. The leader epoch of the record before `position` (its batch's partition leader epoch, or
+    # the epoch of the committed offset / ListOffsets answer the position came from); None = unknown,
+    # and then the position is never checked for truncation (an explicit seek(offset), as in Kafka).
+    offset_epoch: int | None = None
+    # The partition's leader epoch (from metadata) the position was checked against and is fetched
+    # at: a fetch's current_leader_epoch. -1 = none yet.
+    leader_epoch: int = -1
+    awaiting_validation: bool = False  # not fetched until OffsetsForLeaderEpoch has confirmed the position
+    validating: bool = False  # that request is in flight
+    fetch_epoch: int = -1  # the current_leader_epoch the fetch in flight was sent with
+    # The check found the log truncated under the position and auto.offset.reset=none: (divergent
+    # offset, or None when the leader knows no epoch at or below the position's; the last epoch the
+    # logs share). Raised by every poll() until seek() or another leader.
+    divergence: tuple[int | None, int] | None = None
+
+    def seek_validated(self, offset: int, offset_epoch: int | None = None) -> None:
+        """A position that needs no check: an explicit seek, a reset the leader answered at
+        ``leader_epoch``, the divergent offset a check found."""
+        self.position = offset
+        self.offset_epoch = offset_epoch if offset_epoch is not None and offset_epoch >= 0 else None
+        self.reset_to = None
+        self.awaiting_validation = self.validating = False
+        self.divergence = None
+
+    def seek_unvalidated(self, offset: int, offset_epoch: int | None) -> None:
+        """A position from elsewhere (a committed offset, ``seek(tp, OffsetAndMetadata)``): checked
+        against the current leader before it is fetched, when it has an epoch."""
+        self.seek_validated(offset, offset_epoch)
+        self.awaiting_validation = self.offset_epoch is not None
+
+    def request_reset(self, target: int) -> None:
+        """Resolve the position again with ListOffsets (-2 earliest, -1 latest)."""
+        self.position = None
+        self.offset_epoch = None
+        self.reset_to = target
+        self.awaiting_validation = self.validating = False
+        self.divergence = None
+
+    def on_leader_epoch(self, epoch: int) -> bool:
+        """The metadata shows leader epoch ``epoch`` (another than ``leader_epoch``): fetch at it from now
+        on, after checking the position against that leader if the position has an epoch (KIP-320's
+        validation on a leader change). True when the position now waits for that check."""
+        self.leader_epoch = epoch
+        self.validating = False  # a check in flight was against the previous leader: its answer is ignored
+        self.divergence = None
+        self.awaiting_validation = self.position is not None and self.offset_epoch is not None and epoch >= 0
+        return self.awaiting_validation
+
+
+# What OffsetsForLeaderEpoch's answer says about a position (check_position).
+POSITION_VALID = "valid"
+POSITION_TRUNCATED = "truncated"  # the leader's log ends the position's epoch below the position
+POSITION_UNKNOWN_EPOCH = "unknown-epoch"  # the leader knows no epoch at or below the position's
+
+
+def check_position(position: int, end_offset: int, end_epoch: int) -> str:
+    """KIP-320's check of a consumer position against the leader's answer to OffsetsForLeaderEpoch(the
+    position's epoch): ``end_offset`` is where the largest epoch <= the position's that the leader knows
+    (``end_epoch``) ends in its log. The records the consumer read before ``position`` are in the
+    leader's log only if that end is at or past the position; below it, the log was truncated (or
+    replaced by a diverging one after an unclean election) from ``end_offset`` on: the divergent
+    offset. Kafka's SubscriptionState.maybeCompleteValidation makes the same three cases."""
+    if end_offset < 0 or end_epoch < 0:
+        return POSITION_UNKNOWN_EPOCH
+    if end_offset < position:
+        return POSITION_TRUNCATED
+    return POSITION_VALID
 
 
 class PartitionRecords:
@@ -51,7 +129,7 @@ class PartitionRecords:
     when the extension is built); ``take`` hands them out from the position on.
     """
 
-    __slots__ = ("tp", "data", "batches", "current", "index", "increasing")
+    __slots__ = ("tp", "data", "batches", "current", "index", "increasing", "epoch")
 
     def __init__(self, tp: TopicPartition, data: bytes) -> None:
         self.tp = tp
@@ -60,6 +138,7 @@ class PartitionRecords:
         self.current: list[ConsumerRecord] = []
         self.index = 0
         self.increasing = True  # offsets of `current` strictly increase
+        self.epoch: int | None = None  # partition leader epoch of the batch `current` came from
 
     def take(self, state: PartitionState, limit: int, key_des: Deserializer | None,
              value_des: Deserializer | None) -> list[ConsumerRecord]:
@@ -79,6 +158,8 @@ class PartitionRecords:
                 # Records before the position (a fetch from inside a batch) are skipped.
                 # With increasing offsets only the first chunk of a batch can hold any.
                 chunk = [r for r in chunk if r.offset >= position]
+                if not chunk:
+                    continue
             if key_des is None and value_des is None:
                 out += chunk
             else:
@@ -87,8 +168,8 @@ class PartitionRecords:
                         r.topic, r.partition, r.offset, r.timestamp, r.timestamp_type,
                         key_des(r.key) if key_des else r.key,
                         value_des(r.value) if value_des else r.value, r.headers))
-            if out:
-                state.position = max(position, out[-1].offset + 1)
+            state.position = max(position, chunk[-1].offset + 1)
+            state.offset_epoch = self.epoch  # KIP-320: the epoch of the record before the position
         return out
 
     def _next_batch(self, state: PartitionState) -> bool:
@@ -98,18 +179,23 @@ class PartitionRecords:
             last = self.current[-1].offset
             if state.position is not None and state.position <= last:
                 state.position = last + 1
+                state.offset_epoch = self.epoch
         self.current, self.index = [], 0
         topic, partition = self.tp
         for pos, header in self.batches:
             if state.position is not None and header.next_offset <= state.position:
                 continue  # wholly before the position (e.g. fetched from inside a batch)
+            epoch = header.partition_leader_epoch if header.partition_leader_epoch >= 0 else None
             if header.attributes & ATTR_CONTROL:
                 state.position = max(state.position or 0, header.next_offset)
+                state.offset_epoch = epoch
                 continue
             _, records, self.increasing = decode_batch_tuples(self.data, pos, ConsumerRecord, topic, partition)
             self.current = records
+            self.epoch = epoch
             if not records:
                 state.position = max(state.position or 0, header.next_offset)
+                state.offset_epoch = epoch
                 continue
             return True
         self.data = b""
@@ -125,6 +211,7 @@ class PartitionRecords:
                 start = pos
             end = pos + header.size
             state.position = header.next_offset
+            state.offset_epoch = header.partition_leader_epoch if header.partition_leader_epoch >= 0 else None
         data, self.data = self.data, b""
         return data[start:end] if start >= 0 else b""
 
@@ -153,6 +240,8 @@ class Fetcher:
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.cond = threading.Condition()
         self.completed: deque[CompletedFetch] = deque()
+        self._woken = False  # notify() before wait() began: the wait returns at once
+        self.leader_changed = False  # send_fetches held a partition back for a position check (KIP-320)
         # One fetch per broker at a time: the stream it went on, or the unary call's future.
         self.in_flight: dict[int, RequestStream | concurrent.futures.Future[None]] = {}
         self._streams: dict[int, RequestStream] = {}
@@ -179,13 +268,14 @@ class Fetcher:
         by_node: dict[int, list[TopicPartition]] = {}
         no_broker = False
         for tp, st in assignment.items():
-            if st.position is None or st.paused or st.in_flight or tp in buffered or now < st.backoff_until:
+            if (st.position is None or st.paused or st.in_flight or st.awaiting_validation or tp in buffered
+                    or now < st.backoff_until):
                 continue
             if no_broker:
                 st.backoff_until = now + self.retry_backoff_s
                 continue
             try:
-                node = self.cluster.leader_for(tp, timeout_ms=timeout_ms)
+                node, epoch = self.cluster.leader_and_epoch(tp, timeout_ms=timeout_ms)
             except errors.BrookError as exc:
                 if not exc.retriable:
                     raise
@@ -193,6 +283,9 @@ class Fetcher:
                 st.backoff_until = now + self.retry_backoff_s
                 no_broker = exc.code in (errors.ErrorCode.NETWORK_EXCEPTION, errors.ErrorCode.REQUEST_TIMED_OUT)
                 continue
+            if epoch != st.leader_epoch and st.on_leader_epoch(epoch):
+                self.leader_changed = True
+                continue  # a new leader: the consumer checks the position against it first (KIP-320)
             if node not in self.in_flight and now >= self.throttled_until.get(node, 0.0):
                 by_node.setdefault(node, []).append(tp)
         for node, tps in by_node.items():
@@ -200,12 +293,15 @@ class Fetcher:
 
     def _send(self, node: int, tps: list[TopicPartition], assignment: dict[TopicPartition, PartitionState]) -> None:
         offsets = {tp: assignment[tp].position for tp in tps}
+        # current_leader_epoch: a broker that leads at another epoch than our metadata says fences the
+        # fetch (FENCED_LEADER_EPOCH, or UNKNOWN_LEADER_EPOCH while it has not applied ours) rather
+        # than serve a log we have not checked our position against.
         request = broker_pb2.FetchRequest(
             replica_id=-1, replica_epoch=-1, max_wait_ms=self.fetch_max_wait_ms, min_bytes=self.fetch_min_bytes,
             max_bytes=self.fetch_max_bytes,
             partitions=[broker_pb2.FetchPartition(
                 topic=tp.topic, partition=tp.partition, fetch_offset=offset,
-                partition_max_bytes=self.max_partition_fetch_bytes, current_leader_epoch=-1,
+                partition_max_bytes=self.max_partition_fetch_bytes, current_leader_epoch=assignment[tp].leader_epoch,
                 last_fetched_epoch=-1, log_start_offset=-1) for tp, offset in offsets.items()],
         )
         try:
@@ -214,7 +310,9 @@ class Fetcher:
             self._complete(CompletedFetch(node, offsets, None, exc))  # type: ignore[arg-type]
             return
         for tp in tps:
-            assignment[tp].in_flight = True
+            st = assignment[tp]
+            st.in_flight = True
+            st.fetch_epoch = st.leader_epoch
         if not self._unary.active(stub):
             stream = self._streams.get(node)
             if stream is not None and (stream.stub is not stub or stream.old()):
@@ -266,12 +364,15 @@ class Fetcher:
 
     def wait(self, timeout_s: float) -> None:
         with self.cond:
-            if not self.completed and timeout_s > 0:
+            if not self.completed and not self._woken and timeout_s > 0:
                 self.cond.wait(timeout_s)
+            self._woken = False
 
     def notify(self) -> None:
-        """End a ``wait`` now (``Consumer.wakeup``)."""
+        """End a ``wait`` now, or the next one at once if none is under way (``Consumer.wakeup``, an
+        answered position check)."""
         with self.cond:
+            self._woken = True
             self.cond.notify_all()
 
     def take_completed(self) -> list[CompletedFetch]:

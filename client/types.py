@@ -11,11 +11,47 @@ class TopicPartition(NamedTuple):
     partition: int
 
 
-class OffsetAndMetadata(NamedTuple):
-    """A committed position: the offset of the *next* record to consume, plus free text."""
-
+class _OffsetAndMetadataFields(NamedTuple):
     offset: int
     metadata: str = ""
+
+
+class OffsetAndMetadata(_OffsetAndMetadataFields):
+    """A committed position: the offset of the *next* record to consume, plus free text.
+
+    ``leader_epoch`` (None when unknown) is the leader epoch of the record before ``offset`` (KIP-320):
+    the consumer commits its position's epoch and, resuming from a committed offset that has one,
+    checks it against the partition's current leader before fetching, so a log truncated below it
+    (an unclean leader election) is noticed. It is carried beside the tuple, not in it: a committed
+    offset still unpacks as ``offset, metadata`` and compares equal to ``OffsetAndMetadata(offset,
+    metadata)`` whatever its epoch (as confluent-kafka's ``TopicPartition.leader_epoch``)."""
+
+    leader_epoch: int | None = None  # instances made by _make / unpickling of an old tuple: unknown
+
+    def __new__(cls, offset: int, metadata: str = "", leader_epoch: int | None = None) -> OffsetAndMetadata:
+        self = super().__new__(cls, offset, metadata)
+        if leader_epoch is not None and leader_epoch >= 0:
+            self.leader_epoch = int(leader_epoch)
+        return self
+
+    def __repr__(self) -> str:
+        epoch = "" if self.leader_epoch is None else f", leader_epoch={self.leader_epoch}"
+        return f"OffsetAndMetadata(offset={self.offset!r}, metadata={self.metadata!r}{epoch})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (OffsetAndMetadata, (self.offset, self.metadata, self.leader_epoch))
+
+    def __copy__(self) -> OffsetAndMetadata:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> OffsetAndMetadata:
+        return self
+
+    def _replace(self, **changes: Any) -> OffsetAndMetadata:
+        epoch = changes.pop("leader_epoch", self.leader_epoch)
+        fields = self._asdict()
+        fields.update(changes)
+        return OffsetAndMetadata(fields["offset"], fields["metadata"], epoch)
 
 
 @dataclass(frozen=True, slots=True)
