@@ -697,8 +697,8 @@ class KafkaHarness:
         self.h.errors.records.clear()
         try:
             response = self.h.loop.run_until_complete(self.apis.handlers[api_key](req, ctx))
-            if response is None:
-                return  # acks=0
+            if response is None or response is False:
+                return  # acks=0: no answer (None), or the connection closed for a failed write (False)
             codec.encode_response_bytes(api_key, version, req.correlation_id, response)
         finally:
             ctx.finish()  # as the listener does once the answer is written: a fetch gives its bytes back
