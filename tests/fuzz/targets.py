@@ -663,7 +663,8 @@ class KafkaHarness:
         broker = SimpleNamespace(service=rpc_harness.service, group_servicer=rpc_harness.groups,
                                  metadata_cache=rpc_harness.service.cache,
                                  controller_client=_InProcessControllerClient(rpc_harness.controller),
-                                 settings=SimpleNamespace(defaults={}, node_id=1), node_id=1)
+                                 settings=SimpleNamespace(defaults={}, node_id=1), node_id=1,
+                                 authorizer=rpc_harness.service.authz)  # a BrokerServer's (BROKER config resources)
         self.apis = apis.KafkaApis(broker, "KAFKA")
         # ACL requests go to the controller's security service (the listener opens a client of its own).
         self.apis.admin._security_client = _InProcessControllerClient(rpc_harness.controller, "security")
