@@ -76,26 +76,6 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def readable_topic_configs(configs: Mapping[str, str]) -> Mapping[str, str]:
-    """``configs`` (topic configs by their topic names) with max.message.bytes at most
-    ``cluster_configs.MAX_MESSAGE_BYTES_LIMIT``, the largest batch every reader takes whole: the controller
-    refuses a larger value, and one set before it refused them (kept in the metadata, or in a node's file)
-    is used as the bound, so a leader refuses a larger batch (MESSAGE_TOO_LARGE) instead of storing one that
-    no follower or consumer can fetch."""
-    raw = configs.get("max.message.bytes")
-    if raw is None:
-        return configs
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        return configs  # refused where it is parsed
-    if value <= cluster_configs.MAX_MESSAGE_BYTES_LIMIT:
-        return configs
-    log.warning("max.message.bytes %d is above %d, the largest batch every reader takes: %d is used",
-                value, cluster_configs.MAX_MESSAGE_BYTES_LIMIT, cluster_configs.MAX_MESSAGE_BYTES_LIMIT)
-    return {**configs, "max.message.bytes": str(cluster_configs.MAX_MESSAGE_BYTES_LIMIT)}
-
-
 @dataclass(slots=True)
 class AppendResult:
     topic: str
@@ -398,7 +378,7 @@ class ReplicaManager:
             for topic in delta.changed_topics:
                 if any(k[0] == topic.name for k in self._partitions):
                     try:
-                        self.log_manager.update_topic_config(topic.name, readable_topic_configs(topic.configs))
+                        self.log_manager.update_topic_config(topic.name, topic.configs)
                     except Exception:
                         log.exception("updating config of topic %s failed", topic.name)
             seen: set[tuple[str, int]] = set()
@@ -417,7 +397,7 @@ class ReplicaManager:
     def _apply_cluster_configs(self, configs: dict[str, str]) -> None:
         """Dynamic cluster configs: topic defaults for the logs, the follower copy throttle."""
         try:
-            self.log_manager.set_dynamic_defaults(readable_topic_configs(cluster_configs.topic_defaults(configs)))
+            self.log_manager.set_dynamic_defaults(cluster_configs.topic_defaults(configs))
         except Exception:
             log.exception("applying dynamic topic defaults failed")
         rate = cluster_configs.follower_throttle(configs)
@@ -437,7 +417,7 @@ class ReplicaManager:
             p = None
         if p is None:
             topic = self.metadata_cache.topic(info.topic)
-            overrides = readable_topic_configs(topic.configs) if topic is not None else {}
+            overrides = topic.configs if topic is not None else {}
             lg = self.log_manager.get_or_create_log(info.topic, info.partition, topic_id=info.topic_id,
                                                     overrides=overrides)
             p = Partition(info.topic, info.partition, info.topic_id, lg, self.node_id,
@@ -1104,12 +1084,6 @@ def one_entry_per_partition(req: broker_pb2.FetchRequest) -> broker_pb2.FetchReq
     del out.partitions[:]
     out.partitions.extend(last.values())
     return out
-
-
-def _max_timestamp_offset(lg: Any, bound: int) -> tuple[int, int]:
-    """(offset, timestamp) of ``_max_timestamp_lookup``."""
-    offset, timestamp, _epoch = _max_timestamp_lookup(lg, bound)
-    return offset, timestamp
 
 
 def _max_timestamp_lookup(lg: Any, bound: int) -> tuple[int, int, int]:

@@ -59,7 +59,7 @@ from broker.receiving import (
     ReceiveStats,
     StreamCounts,
 )
-from broker.replica_manager import ReplicaManager, readable_topic_configs
+from broker.replica_manager import ReplicaManager
 from broker.security import NodeSecurity, broker_security
 from broker.service import BrokerService, Capacity
 from broker.stalls import DEFAULT_STALL_S, LoopMonitor
@@ -248,7 +248,7 @@ class BrokerServer:
             meta_properties.check_or_write(Path(log_dir), s.cluster_id, s.node_id)
         PRODUCER_BUDGET.max_producers = int(d.get("producer.id.max.tracked", str(DEFAULT_PROCESS_MAX_PRODUCERS)))
         self.log_manager = LogManager(
-            list(s.log_dirs), readable_topic_configs(d),  # a node file's message.max.bytes within the bound
+            list(s.log_dirs), d,
             flush_check_ms=int(d.get("log.flush.scheduler.interval.ms", "1000")),
             retention_check_ms=int(d.get("log.retention.check.interval.ms", "300000")),
             checkpoint_interval_ms=int(d.get("replica.high.watermark.checkpoint.interval.ms", "5000")),

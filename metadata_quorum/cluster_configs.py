@@ -55,39 +55,9 @@ OTHER_KEYS: Mapping[str, str] = {
 }
 MAX_KEYS_PER_REQUEST = 100
 
-# The largest max.message.bytes (a topic's) and message.max.bytes (the cluster default) a client may set: a
-# leader stores only what every reader can decode, and the largest batch it stores is max.message.bytes (a
-# batch it recompresses for compression.type is checked again after, so a small compressed request cannot
-# store more). Every reader takes one whole batch of this size, beyond its max bytes, as Kafka returns it:
-# a follower's replica fetch (replication/fetcher.py derives its receive bound from this), a Brook client's
-# or Spark's fetch over gRPC (a broker sends messages of up to 128 MiB, broker/server.py; a client takes up
-# to 256 MiB) and librdkafka's with its default receive.message.max.bytes (100 MB). Kafka takes any int; at
-# 64 MiB + 1 a leader could store a batch no gRPC reader can take whole: a 140 MiB batch (with
-# socket.request.max.bytes raised) was stored and then read by no follower, no Brook consumer and no
-# confluent-kafka consumer, and a 6 KB zstd request to a compression.type=none topic stored a 60 MiB batch
-# no follower could fetch (found by experiment). A value set before this bound is used as this bound by the
-# brokers (broker/replica_manager.py ``readable_topic_configs``).
-MAX_MESSAGE_BYTES_LIMIT = 64 * 1024 * 1024
-_MAX_MESSAGE_BYTES_KEYS = ("max.message.bytes", "message.max.bytes")
-
-
-def check_readable(configs: Mapping[str, str]) -> None:
-    """INVALID_CONFIG when ``configs`` (topic configs, or cluster configs by their broker names) set
-    max.message.bytes / message.max.bytes above MAX_MESSAGE_BYTES_LIMIT. Only what a client asks now: a
-    value stored before the bound still replays."""
-    for key in _MAX_MESSAGE_BYTES_KEYS:
-        raw = configs.get(key)
-        if raw is None:
-            continue
-        try:
-            value = int(str(raw).strip())
-        except ValueError:
-            continue  # the type check names it
-        if value > MAX_MESSAGE_BYTES_LIMIT:
-            raise errors.InvalidConfigError(
-                f"invalid value '{raw}' for {key}: must be at most {MAX_MESSAGE_BYTES_LIMIT} (64 MiB): the "
-                "largest batch a leader may store is what every reader (a follower's replica fetch, a consumer's "
-                "fetch) takes whole")
+# The largest max.message.bytes (a topic's) and message.max.bytes (the cluster default) a client may set and
+# a broker uses: storage/log_config.py says why (log_config's strict check refuses more in ``validate``).
+MAX_MESSAGE_BYTES_LIMIT = log_config.MAX_MESSAGE_BYTES_MAX
 
 
 def known_keys() -> list[str]:
@@ -132,8 +102,6 @@ def validate(values: Mapping[str, str], delete: list[str] | tuple[str, ...] = ()
             except errors.BrookError as exc:
                 raise errors.InvalidConfigError(f"{key}: {exc.message}") from None
         out[key] = text
-    if strict:
-        check_readable(out)
     return out
 
 

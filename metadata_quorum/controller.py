@@ -720,7 +720,6 @@ class QuorumController:
         if exists:
             raise errors.TopicAlreadyExistsError(f"topic '{topic.name}' already exists")
         configs = log_config.validate(dict(topic.configs), strict=True)
-        cluster_configs.check_readable(configs)  # max.message.bytes at most what every reader takes
         if topic.assignments:
             if len(topic.assignments) > MAX_PARTITIONS_PER_TOPIC:
                 raise errors.InvalidPartitionsError(
@@ -914,7 +913,6 @@ class QuorumController:
                     raise errors.UnknownTopicOrPartitionError(f"topic '{resource.topic}' does not exist")
                 topic_id, current, rf = found
                 to_set = log_config.validate(dict(resource.set), strict=True)
-                cluster_configs.check_readable(to_set)
                 unknown = [k for k in resource.delete if k not in log_config.TOPIC_CONFIGS]
                 if unknown:
                     raise errors.InvalidConfigError(f"cannot delete unknown topic configs {unknown}")

@@ -28,6 +28,15 @@ _INT64_MAX = 2**63 - 1
 # (Kafka's default max.message.bytes) a lookup reads at most about one MiB of headers past its entry, and the
 # index of a full 2 GiB segment is 16 KiB: a larger interval saves nothing worth having.
 INDEX_INTERVAL_BYTES_MAX = 1024 * 1024
+# The largest max.message.bytes a client may set, and what the storage layer uses whatever is configured
+# (``LogConfig.from_overrides``). A leader stores only what every reader takes whole, and the largest batch it
+# stores is max.message.bytes (a batch it recompresses for compression.type is checked again after: a 6 KB
+# zstd request to a compression.type=none topic is a 60 MiB batch). Every reader takes one whole batch of this
+# size beyond its max bytes, as Kafka returns it: a follower (replication/fetcher.py derives its receive bound
+# from this), a Brook client or Spark over gRPC (a broker sends up to 128 MiB) and librdkafka (100 MB by
+# default). Kafka takes any int; beyond 64 MiB a leader stored batches no follower, Brook consumer or
+# librdkafka consumer could take (found by experiment).
+MAX_MESSAGE_BYTES_MAX = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,9 @@ _DEFS = [
     ConfigDef("max.compaction.lag.ms", "long", str(_INT64_MAX), "Longest a record may stay uncompacted.",
               _at_least(1)),
     ConfigDef("max.message.bytes", "int", str(1024 * 1024 + 12), "Largest record batch accepted.",
-              _at_least(0)),
+              _at_least(0),
+              _at_most(MAX_MESSAGE_BYTES_MAX, "64 MiB: the largest batch a leader may store is what every reader "
+                       "(a follower's replica fetch, a consumer's fetch) takes whole; a larger value is used as 64 MiB")),
     ConfigDef("message.timestamp.after.max.ms", "long", str(3600 * 1000),
               "CreateTime: refuse a record whose timestamp is further ahead of the broker's clock than this "
               "(INVALID_TIMESTAMP); Kafka 4's default.", _at_least(0)),
@@ -246,7 +257,7 @@ class LogConfig:
             segment_jitter_ms=v["segment.jitter.ms"],  # type: ignore[arg-type]
             segment_index_bytes=v["segment.index.bytes"],  # type: ignore[arg-type]
             index_interval_bytes=v["index.interval.bytes"],  # type: ignore[arg-type]
-            max_message_bytes=v["max.message.bytes"],  # type: ignore[arg-type]
+            max_message_bytes=min(v["max.message.bytes"], MAX_MESSAGE_BYTES_MAX),  # type: ignore[type-var]
             flush_messages=v["flush.messages"],  # type: ignore[arg-type]
             flush_ms=v["flush.ms"],  # type: ignore[arg-type]
             retention_ms=v["retention.ms"],  # type: ignore[arg-type]

@@ -3,7 +3,7 @@
 The controller refuses max.message.bytes (and the cluster default message.max.bytes) above
 MAX_MESSAGE_BYTES_LIMIT (tests/replication/test_largest_batch_readers.py shows it, and that a batch of that
 size reaches every reader). A value set before the bound (kept in the metadata, or in a node's file) is used
-as the bound by the brokers: here, broker 1's real ReplicaManager in process with such a topic refuses a
+as the bound by the brokers (storage's LogConfig): here, broker 1's real ReplicaManager in process with such a topic refuses a
 larger batch (MESSAGE_TOO_LARGE) instead of storing it, both as sent and when it would store it larger than
 sent (compression.type=none decompresses a producer's zstd batch: a 6 KB request stored a 60 MiB batch). And
 every reader's bound covers one batch of that size: a follower's gRPC receive bound, the broker's send bound,
@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from inprocess import InProcessBroker
 
-from broker.replica_manager import readable_topic_configs
 from broker.server import GRPC_MAX_MESSAGE_BYTES
 from client.cluster import MAX_MESSAGE_BYTES as CLIENT_RECEIVE_BYTES
 from metadata_quorum.cluster_configs import MAX_MESSAGE_BYTES_LIMIT
 from proto import errors
 from replication.fetcher import FetcherConfig, receive_max_bytes
+from storage.log_config import LogConfig
 from storage.record_batch import CODEC_NONE, CODEC_ZSTD, RecordBatchBuilder
 
 MiB = 1024 * 1024
@@ -69,12 +69,15 @@ def test_a_legacy_max_message_bytes_is_used_as_the_bound(broker: InProcessBroker
     assert MAX_MESSAGE_BYTES_LIMIT - 2 * MiB < lg.size_bytes <= MAX_MESSAGE_BYTES_LIMIT
 
 
-def test_readable_topic_configs() -> None:
-    assert readable_topic_configs({"max.message.bytes": str(LEGACY), "segment.bytes": "1000"}) == {
-        "max.message.bytes": str(MAX_MESSAGE_BYTES_LIMIT), "segment.bytes": "1000"}
-    within = {"max.message.bytes": str(MAX_MESSAGE_BYTES_LIMIT)}
-    assert readable_topic_configs(within) is within
-    assert readable_topic_configs({}) == {}
+def test_a_stored_max_message_bytes_is_used_within_the_bound() -> None:
+    def used(overrides: dict[str, str], defaults: dict[str, str] | None = None) -> LogConfig:
+        return LogConfig.from_overrides(overrides, defaults)
+
+    legacy = used({"max.message.bytes": str(LEGACY), "segment.bytes": "1000"})
+    assert (legacy.max_message_bytes, legacy.segment_bytes) == (MAX_MESSAGE_BYTES_LIMIT, 1000)
+    assert used({"max.message.bytes": str(MAX_MESSAGE_BYTES_LIMIT)}).max_message_bytes == MAX_MESSAGE_BYTES_LIMIT
+    assert used({}, {"max.message.bytes": str(LEGACY)}).max_message_bytes == MAX_MESSAGE_BYTES_LIMIT  # a node file's
+    assert used({}).max_message_bytes == 1024 * 1024 + 12
 
 
 def test_every_reader_takes_the_largest_batch_whole() -> None:

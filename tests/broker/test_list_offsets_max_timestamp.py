@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from inprocess import InProcessBroker
 
-from broker.replica_manager import MAX_TIMESTAMP, _max_timestamp_offset
+from broker.replica_manager import MAX_TIMESTAMP, _max_timestamp_lookup
 from proto import broker_pb2
 from proto.errors import ErrorCode
 from storage.log import Log
@@ -51,6 +51,11 @@ def append_control(lg: Log, ts: int) -> int:
     lg.append_as_follower(build_control_batch(True, producer_id=7, producer_epoch=0, timestamp_ms=ts,
                                               partition_leader_epoch=EPOCH, base_offset=base))
     return base
+
+
+def _max_timestamp_offset(lg: Log, bound: int) -> tuple[int, int]:
+    """(offset, timestamp) of the lookup (its third figure, the batch's epoch, is tested elsewhere)."""
+    return _max_timestamp_lookup(lg, bound)[:2]
 
 
 def brute_force(lg: Log, bound: int) -> tuple[int, int]:
