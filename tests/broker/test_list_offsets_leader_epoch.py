@@ -27,6 +27,7 @@ import grpc
 import pytest
 from brokerkit import Kit, running_kit, wait_until
 from inprocess import InProcessBroker
+from waiting import wait_for
 
 from broker.replica_manager import MAX_TIMESTAMP
 from proto import broker_pb2, controller_pb2
@@ -124,20 +125,22 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kit]:
 def grpc_list_offsets(kit: Kit, topic: str, timestamp: int) -> tuple[int, int, int]:
     """(offset, timestamp, leader epoch) from the leader, over Brook's gRPC listener; retried while the
     leader is new (OFFSET_NOT_AVAILABLE until its high watermark reaches its epoch start, KIP-207)."""
-    deadline = time.monotonic() + 30
-    while True:
-        leader = kit.leader(topic)
+    last: list[str] = []
+
+    def answered() -> tuple[int, int, int] | None:
         try:
-            p = kit.stub(leader).ListOffsets(broker_pb2.ListOffsetsRequest(replica_id=-1, partitions=[
+            p = kit.stub(kit.leader(topic)).ListOffsets(broker_pb2.ListOffsetsRequest(replica_id=-1, partitions=[
                 broker_pb2.ListOffsetsPartition(topic=topic, partition=0, timestamp=timestamp,
                                                 current_leader_epoch=-1)]), timeout=5).partitions[0]
-            if p.error_code == ErrorCode.NONE:
-                return p.offset, p.timestamp, p.leader_epoch
-            last = f"{ErrorCode.Name(p.error_code)} {p.error_message}"
         except grpc.RpcError as exc:
-            last = str(exc.code())
-        assert time.monotonic() < deadline, f"ListOffsets({timestamp}) of {topic}: {last}"
-        time.sleep(0.1)
+            last.append(str(exc.code()))
+            return None
+        if p.error_code == ErrorCode.NONE:
+            return p.offset, p.timestamp, p.leader_epoch
+        last.append(f"{ErrorCode.Name(p.error_code)} {p.error_message}")
+        return None
+
+    return wait_for(answered, 30, lambda: f"ListOffsets({timestamp}) of {topic}: {last[-1:]}", poll_s=0.1)
 
 
 def move_leader(kit: Kit, topic: str, to: int) -> int:
@@ -160,17 +163,20 @@ def move_leader(kit: Kit, topic: str, to: int) -> int:
 
 
 def produce_acked(kit: Kit, topic: str, *timestamps: int) -> int:
-    deadline = time.monotonic() + 30
-    while True:
+    last: list[str] = []
+
+    def acked() -> tuple[int] | None:
         try:
             r = kit.produce(topic, 0, batch(*timestamps), acks=-1, timeout_ms=10_000)
-            if r.error_code == ErrorCode.NONE:
-                return r.base_offset
-            last = ErrorCode.Name(r.error_code)
         except grpc.RpcError as exc:
-            last = str(exc.code())
-        assert time.monotonic() < deadline, f"produce to {topic}: {last}"
-        time.sleep(0.1)
+            last.append(str(exc.code()))
+            return None
+        if r.error_code == ErrorCode.NONE:
+            return (r.base_offset,)  # a tuple: truthy for offset 0 too
+        last.append(ErrorCode.Name(r.error_code))
+        return None
+
+    return wait_for(acked, 30, lambda: f"produce to {topic}: {last[-1:]}", poll_s=0.1)[0]
 
 
 def kafka_answers(kit: Kit, topic: str, timestamps: list[int], specs: dict[str, object]

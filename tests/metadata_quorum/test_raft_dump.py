@@ -12,13 +12,12 @@ from __future__ import annotations
 import gzip
 import secrets
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from quorum_helpers import free_port
+from waiting import wait_for
 
 from metadata_quorum import commands as c
 from metadata_quorum.raft import DUMP_FILE, MetadataRaft, RaftTiming, load_snapshot_file
@@ -26,16 +25,6 @@ from proto import errors
 
 PASSWORD = secrets.token_urlsafe(32)
 NO_AUTOMATIC_DUMP = RaftTiming(snapshot_min_entries=1_000_000, snapshot_min_interval_s=3600.0)
-
-
-def poll(what: str, predicate: Callable[[], Any], timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def loaded(path: Path) -> Any:
@@ -72,7 +61,7 @@ class HeldDumpWrites:
 
 def start_voter(address: str, data_dir: Path) -> MetadataRaft:
     raft = MetadataRaft(address, [], data_dir, password=PASSWORD, timing=NO_AUTOMATIC_DUMP)
-    poll("the single voter to lead", raft.is_leader)
+    wait_for(raft.is_leader, 30, "the single voter to lead")
     return raft
 
 
@@ -92,7 +81,7 @@ def test_commands_commit_while_the_dump_is_written_and_the_dump_is_the_state_at_
         held = HeldDumpWrites(monkeypatch)
         try:
             raft.force_snapshot()
-            poll("the dump to start being written", held.started.is_set)
+            wait_for(held.started.is_set, 30, "the dump to start being written")
             # The file is being written: the Raft thread must go on committing and applying.
             try:
                 result = raft.propose(c.CreateTopic("during", "id-during", {}, [[1, 2, 3]]), 10)
@@ -104,7 +93,7 @@ def test_commands_commit_while_the_dump_is_written_and_the_dump_is_the_state_at_
         finally:
             held.release()
         dump = tmp_path / DUMP_FILE
-        state = poll("the dump to be in place", lambda: loaded(dump))
+        state = wait_for(lambda: loaded(dump), 30, "the dump to be in place")
         assert state.to_snapshot() == at_index  # the state at the compacted index, not the one after
         final = raft.read(lambda s: s.to_snapshot())
         assert final != at_index and "during" in raft.read(lambda s: list(s.topics))
@@ -115,6 +104,6 @@ def test_commands_commit_while_the_dump_is_written_and_the_dump_is_the_state_at_
     # Restarted from the dump and the journal after it: every command, the one during the dump too.
     again = start_voter(address, tmp_path)
     try:
-        poll("the restarted voter to replay its journal", lambda: again.read(lambda s: s.to_snapshot()) == final, 30)
+        wait_for(lambda: again.read(lambda s: s.to_snapshot()) == final, 30, "the restarted voter to replay its journal")
     finally:
         again.destroy_synchronous()
