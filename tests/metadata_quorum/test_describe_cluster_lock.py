@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -60,6 +60,7 @@ class LockedState:
 
 
 WATCHED: list[LockedState] = []
+LS = TypeVar("LS", bound=LockedState)
 
 
 class WatchedPartition(PartitionState):
@@ -72,11 +73,12 @@ class WatchedPartition(PartitionState):
         return object.__getattribute__(self, name)
 
 
-@pytest.fixture(scope="module")
-def locked() -> Iterator[LockedState]:
+def watched_cluster(ls: LS, topic_configs: Callable[[int], dict[str, str]] = lambda t: {},
+                    then: Callable[[LS], None] = lambda ls: None) -> Iterator[LS]:
+    """``ls`` holding BROKERS live brokers and TOPICS topics of PER_TOPIC RF-3 partitions (topic ``t`` with
+    ``topic_configs(t)``), every partition a WatchedPartition, ``then`` applied last; for a module fixture."""
     patch = pytest.MonkeyPatch()
     patch.setattr(state_module, "PartitionState", WatchedPartition)  # every partition the state makes
-    ls = LockedState()
     WATCHED.append(ls)
     try:
         ls.apply(c.ActivateController(100, 1))
@@ -84,13 +86,19 @@ def locked() -> Iterator[LockedState]:
             epoch = ls.apply(c.RegisterBroker(b, f"inc-{b}", [["BROKER", "127.0.0.1", 9000 + b]], "")).value
             ls.apply(c.UnfenceBroker(b, epoch))
         for t in range(TOPICS):
-            ls.apply(c.CreateTopic(f"t{t:02d}", f"id-{t}", {}, [
+            ls.apply(c.CreateTopic(f"t{t:02d}", f"id-{t}", topic_configs(t), [
                 [(t + p + k) % BROKERS + 1 for k in range(3)] for p in range(PER_TOPIC)]))
+        then(ls)
         assert all(type(p) is WatchedPartition for t in ls.state.topics.values() for p in t.partitions)
         yield ls
     finally:
         WATCHED.remove(ls)
         patch.undo()
+
+
+@pytest.fixture(scope="module")
+def locked() -> Iterator[LockedState]:
+    yield from watched_cluster(LockedState())
 
 
 def change_isrs(ls: LockedState, count: int) -> list[tuple[str, int]]:

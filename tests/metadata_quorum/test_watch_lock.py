@@ -15,20 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_describe_cluster_lock import WATCHED, LockedState, WatchedPartition
+from test_describe_cluster_lock import BROKERS, PARTITIONS, TOPICS, LockedState, watched_cluster
 
 from broker.metadata_cache import MetadataCache
 from metadata_quorum import commands as c
-from metadata_quorum import state as state_module
 from metadata_quorum.service import ControllerService
 from metadata_quorum.state import MetadataState
 from proto import controller_pb2 as pb
 from proto.errors import ErrorCode
-
-BROKERS = 5
-TOPICS = 20
-PER_TOPIC = 1000
-PARTITIONS = TOPICS * PER_TOPIC
 
 
 class LockedRaft(LockedState):
@@ -65,26 +59,12 @@ class OpenContext:
 
 @pytest.fixture(scope="module")
 def locked() -> Iterator[LockedRaft]:
-    patch = pytest.MonkeyPatch()
-    patch.setattr(state_module, "PartitionState", WatchedPartition)  # every partition the state makes
-    ls = LockedRaft()
-    WATCHED.append(ls)
-    try:
-        ls.apply(c.ActivateController(100, 1))
-        for b in range(1, BROKERS + 1):
-            epoch = ls.apply(c.RegisterBroker(b, f"inc-{b}", [["BROKER", "127.0.0.1", 9000 + b]], "")).value
-            ls.apply(c.UnfenceBroker(b, epoch))
-        for t in range(TOPICS):
-            ls.apply(c.CreateTopic(f"t{t:02d}", f"id-{t}", {"retention.ms": str(1000 + t)}, [
-                [(t + p + k) % BROKERS + 1 for k in range(3)] for p in range(PER_TOPIC)]))
+    def security_and_configs(ls: LockedRaft) -> None:
         ls.apply(c.CreateAcls([["TOPIC", "t00", "LITERAL", "User:alice", "*", "READ", "ALLOW"]]))
         ls.apply(c.AlterClientQuota("User:alice", {"producer_byte_rate": 1000.0}))
         ls.apply(c.AlterClusterConfigs({"unclean.leader.election.enable": "false"}, []))
-        assert all(type(p) is WatchedPartition for t in ls.state.topics.values() for p in t.partitions)
-        yield ls
-    finally:
-        WATCHED.remove(ls)
-        patch.undo()
+
+    yield from watched_cluster(LockedRaft(), lambda t: {"retention.ms": str(1000 + t)}, security_and_configs)
 
 
 def service(ls: LockedRaft) -> ControllerService:
