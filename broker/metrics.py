@@ -502,6 +502,19 @@ class BrokerCollector(_SafeCollector):
                                       "Time out-of-sync partitions sat out fetches to keep the copy throttle.",
                                       value=throttle.throttled_seconds_total)
         yield from self._disk()
+        if rm is not None:
+            yield self._stray(rm.log_manager.stray_logs())
+
+    def _stray(self, stray: list[Path]) -> Metric:
+        family = GaugeMetricFamily("brook_log_dir_stray_logs", "Stray logs set aside in a log directory (a "
+                                   "snapshot of the metadata did not place them here): kept until an operator "
+                                   "removes them.", labels=["dir"])
+        by_dir = {str(d): 0 for d in self._log_dirs}
+        for path in stray:
+            by_dir[str(path.parent)] = by_dir.get(str(path.parent), 0) + 1
+        for d, n in by_dir.items():
+            family.add_metric([d], n)
+        return family
 
     def _disk(self) -> Iterable[Metric]:
         free = GaugeMetricFamily("brook_log_dir_free_bytes", "Free bytes on a log directory's filesystem.",

@@ -374,7 +374,7 @@ class ReplicaManager:
     def apply_metadata_delta(self, delta: MetadataDelta) -> None:
         with self._role_lock:
             for topic in delta.deleted_topics:
-                self._remove_topic(topic)
+                self._remove_topic(topic, snapshot=delta.is_snapshot)
             for topic in delta.changed_topics:
                 if any(k[0] == topic.name for k in self._partitions):
                     try:
@@ -385,7 +385,7 @@ class ReplicaManager:
             for info in delta.changed_partitions:
                 seen.add((info.topic, info.partition))
                 try:
-                    self._apply_partition(info)
+                    self._apply_partition(info, snapshot=delta.is_snapshot)
                 except Exception:
                     log.exception("applying metadata for %s-%d failed", info.topic, info.partition)
             if delta.is_snapshot:
@@ -405,15 +405,19 @@ class ReplicaManager:
             log.info("follower replication throttle: %s", f"{rate} bytes/s" if rate else "none")
         self.fetchers.config.throttle.set_rate(rate)
 
-    def _apply_partition(self, info: PartitionInfo) -> None:
+    def _apply_partition(self, info: PartitionInfo, *, snapshot: bool = False) -> None:
+        """``snapshot``: ``info`` comes from a snapshot of the metadata, not a delta; a replica it takes
+        away from this broker is then set aside as a stray log, not deleted (see ``_stop_replica``)."""
         key = (info.topic, info.partition)
         p = self._partitions.get(key)
         if self.node_id not in info.replicas:
             if p is not None:
-                self._stop_replica(p, delete=True)
+                self._stop_replica(p, delete=True,
+                                   stray="a snapshot of the metadata does not place it here" if snapshot else None)
             return
         if p is not None and p.topic_id != info.topic_id:
-            self._stop_replica(p, delete=True)
+            self._stop_replica(p, delete=True, stray=f"its topic id {p.topic_id} is not the topic's now "
+                               f"({info.topic_id})" if snapshot else None)
             p = None
         if p is None:
             topic = self.metadata_cache.topic(info.topic)
@@ -459,7 +463,11 @@ class ReplicaManager:
                 self.fetchers.add_partition(p, target[0], target[1], target[2])
                 self._fetch_targets[key] = target
 
-    def _stop_replica(self, p: Partition, *, delete: bool) -> None:
+    def _stop_replica(self, p: Partition, *, delete: bool, stray: str | None = None) -> None:
+        """Stop hosting ``p``; with ``delete``, its log goes too: deleted when the broker saw the change in a
+        metadata delta (a topic deleted, a replica reassigned away), or set aside and kept as a stray log,
+        with ``stray`` saying why, when only a snapshot says so. A snapshot may be stale or wrong (a
+        controller bug, a wiped or mistaken quorum) and must not be able to delete data (Kafka: KAFKA-14616)."""
         was_leader = p.is_leader
         self.fetchers.remove_partitions([p.key])
         self._fetch_targets.pop(p.key, None)
@@ -468,24 +476,31 @@ class ReplicaManager:
         self._partitions.pop(p.key, None)
         if was_leader:
             self._notify_listeners(p.topic, p.partition, False, p.leader_epoch)
-        if delete:
+        if delete and stray is not None:
+            self.log_manager.set_aside_log(p.topic, p.partition, stray)
+        elif delete:
             log.info("%s-%d: no longer hosted here; deleting the log", p.topic, p.partition)
             self.log_manager.delete_log(p.topic, p.partition)
 
-    def _remove_topic(self, topic: TopicInfo) -> None:
+    def _remove_topic(self, topic: TopicInfo, *, snapshot: bool = False) -> None:
+        """A deleted topic's replicas go, and their logs: deleted, or set aside when only a snapshot (which
+        no longer names the topic) says it was deleted (see ``_stop_replica``)."""
         for key, p in list(self._partitions.items()):
             if key[0] == topic.name and p.topic_id == topic.topic_id:
-                self._stop_replica(p, delete=True)
+                self._stop_replica(p, delete=True, stray="a snapshot of the metadata does not name its topic"
+                                   if snapshot else None)
 
     def _remove_unknown_logs(self, seen: set[tuple[str, int]]) -> None:
+        """After a snapshot: the partitions it does not name, and logs on disk it does not place here, are
+        set aside as stray logs (kept, never deleted: see ``_stop_replica``)."""
         for key, p in list(self._partitions.items()):
             if key not in seen:
-                self._stop_replica(p, delete=True)
+                self._stop_replica(p, delete=True, stray="a snapshot of the metadata does not name its partition")
         for (topic, part) in list(self.log_manager.all_logs()):
             info = self.metadata_cache.partition(topic, part)
             if (topic, part) not in self._partitions and (info is None or self.node_id not in info.replicas):
-                log.info("%s-%d: log on disk for a partition not assigned here; deleting", topic, part)
-                self.log_manager.delete_log(topic, part)
+                self.log_manager.set_aside_log(topic, part, "a snapshot of the metadata does not place its "
+                                               "partition on this broker")
 
     def _notify_listeners(self, topic: str, partition: int, is_leader: bool, epoch: int) -> None:
         for cb in list(self._listeners):

@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 CLEAN_SHUTDOWN_FILE = ".brook_clean_shutdown"
 PARTITION_METADATA_FILE = "partition.metadata"
 DELETE_DIR_SUFFIX = "-delete"
+# A log this broker found but was not given by the metadata it trusts least (a snapshot: at start, or after its
+# watch fell behind), moved aside under this suffix and kept, never deleted: Kafka's "stray" logs (KAFKA-14616).
+# A stale or wrong snapshot (a controller bug, a wiped or mistaken quorum) must not be able to delete data.
+STRAY_DIR_SUFFIX = "-stray"
 
 TopicPartitionKey = tuple[str, int]
 
@@ -88,6 +92,7 @@ class LogManager:
         self._log_dir_of: dict[TopicPartitionKey, Path] = {}
         self._topic_ids: dict[TopicPartitionKey, str] = {}
         self._overrides: dict[str, dict[str, str]] = {}
+        self._stray: set[Path] = set()  # stray logs moved aside (or found so at startup); the operator removes them
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = False
@@ -124,6 +129,11 @@ class LogManager:
                 if child.name.endswith(DELETE_DIR_SUFFIX):
                     shutil.rmtree(child, ignore_errors=True)  # a deletion interrupted by a stop
                     continue
+                if child.name.endswith(STRAY_DIR_SUFFIX):
+                    self._stray.add(child)
+                    log.warning("stray log %s kept: this broker was not given its partition when it was set aside. "
+                                "Remove the directory once you know its records are not needed.", child)
+                    continue
                 try:
                     tp = parse_partition_dir(child.name)
                 except ValueError:
@@ -144,7 +154,7 @@ class LogManager:
             if not d.is_dir():
                 continue
             for child in d.iterdir():
-                if not child.is_dir() or child.name.endswith(DELETE_DIR_SUFFIX):
+                if not child.is_dir() or child.name.endswith((DELETE_DIR_SUFFIX, STRAY_DIR_SUFFIX)):
                     continue
                 try:
                     parse_partition_dir(child.name)
@@ -229,9 +239,7 @@ class LogManager:
                     if lg.config != config:
                         lg.update_config(config)
                     return lg
-                log.warning("%s-%d: on-disk topic id %s differs from %s: deleting the old incarnation",
-                            topic, partition, known, topic_id)
-                self.delete_log(topic, partition)
+                self.set_aside_log(topic, partition, f"its topic id {known} is not the topic's now ({topic_id})")
             stray = self._find_unloaded_dir(topic, partition)
             if stray is not None:
                 on_disk = read_partition_metadata(stray)
@@ -243,8 +251,10 @@ class LogManager:
                     self._log_dir_of[tp] = stray.parent
                     self._topic_ids[tp] = topic_id
                     return lg
-                log.warning("deleting %s: topic id %s is an old incarnation (now %s)", stray, on_disk, topic_id)
-                shutil.rmtree(stray)
+                self._move_aside(stray, f"its topic id {on_disk} is not the topic's now ({topic_id})")
+            restored = self._restore_stray(topic, partition, topic_id, config)
+            if restored is not None:
+                return restored
             d = self._least_used_dir()
             path = d / f"{topic}-{partition}"
             path.mkdir(parents=True)
@@ -256,6 +266,38 @@ class LogManager:
             self._topic_ids[tp] = topic_id
             log.info("created log %s-%d in %s", topic, partition, d)
             return lg
+
+    def _restore_stray(self, topic: str, partition: int, topic_id: str, config: LogConfig) -> Log | None:
+        """The newest stray log of this partition with this topic id, moved back and opened (the caller holds
+        the lock): a broker given a partition again, after a stale or wrong snapshot took it away, resumes
+        with the records it had, and follows its leader from there as any replica back from a stop does."""
+        if not topic_id:
+            return None
+        mine: list[tuple[str, Path]] = []
+        for aside in self._stray:
+            head, _, unique = aside.name[:-len(STRAY_DIR_SUFFIX)].rpartition(".")
+            try:
+                if parse_partition_dir(head) != (topic, partition):
+                    continue
+            except ValueError:
+                continue
+            if aside.is_dir() and read_partition_metadata(aside) == topic_id:
+                mine.append((unique, aside))
+        if not mine:
+            return None
+        _unique, aside = max(mine)  # the unique part starts with the time it was set aside
+        path = aside.with_name(f"{topic}-{partition}")
+        os.replace(aside, path)
+        fsync_dir(path.parent)
+        self._stray.discard(aside)
+        lg = Log.open(path, config, full_recovery=True)
+        self._logs[(topic, partition)] = lg
+        self._log_dir_of[(topic, partition)] = path.parent
+        self._topic_ids[(topic, partition)] = topic_id
+        log.warning("%s-%d: stray log %s has this partition's topic id %s: moved back, %d records up to offset %d "
+                    "served again", topic, partition, aside.name, topic_id,
+                    lg.log_end_offset - lg.log_start_offset, lg.log_end_offset)
+        return lg
 
     def _find_unloaded_dir(self, topic: str, partition: int) -> Path | None:
         for d in self.log_dirs:
@@ -293,6 +335,45 @@ class LogManager:
             doomed = lg.dir
         shutil.rmtree(doomed, ignore_errors=True)
         log.info("deleted log %s-%d", topic, partition)
+
+    def set_aside_log(self, topic: str, partition: int, why: str) -> None:
+        """Stop serving ``topic-partition``'s log and keep its files, moved aside as a stray log.
+
+        For a log the broker was not given by a snapshot of the metadata (at start, or after its watch fell
+        behind), or whose topic id is an older incarnation's: with Kafka (KAFKA-14616), such a log is not
+        deleted, because the snapshot might be stale or wrong. A deletion the broker saw happen (a topic
+        deleted, a replica reassigned away, in a metadata delta) deletes with ``delete_log``."""
+        tp = (topic, partition)
+        with self._lock:
+            lg = self._logs.pop(tp, None)
+            self._log_dir_of.pop(tp, None)
+            self._topic_ids.pop(tp, None)
+        if lg is None:
+            return
+        self.cleaner.forget(tp)
+        try:
+            lg.close()  # flushed: what it holds is kept
+        except OSError as exc:
+            log.warning("closing %s before setting it aside: %s", lg.dir, exc)
+            lg.close_without_flush()
+        self._move_aside(lg.dir, why)
+
+    def _move_aside(self, partition_dir: Path, why: str) -> None:
+        # Unique, and ordered by when (_restore_stray takes the newest): the time, then random bits.
+        aside = partition_dir.with_name(f"{partition_dir.name}.{time.time_ns():016x}{uuid.uuid4().hex[:8]}"
+                                        f"{STRAY_DIR_SUFFIX}")
+        os.replace(partition_dir, aside)
+        fsync_dir(aside.parent)
+        with self._lock:
+            self._stray.add(aside)
+        log.warning("log %s set aside as %s, not deleted: %s. Remove the directory once you know its records "
+                    "are not needed.", partition_dir, aside.name, why)
+
+    def stray_logs(self) -> list[Path]:
+        """The stray logs set aside (see ``set_aside_log``) that are still on disk."""
+        with self._lock:
+            self._stray = {p for p in self._stray if p.is_dir()}
+            return sorted(self._stray)
 
     def set_dynamic_defaults(self, dynamic: Mapping[str, str]) -> None:
         """Cluster-wide topic defaults changed at runtime (by topic config name): they take the place
