@@ -266,17 +266,24 @@ class Partition:
 
     # ---- leader: appends ----
     def check_leader(self, current_leader_epoch: int = -1) -> None:
-        """Raise unless this replica leads at ``current_leader_epoch`` (-1 = any)."""
-        if self.role is not Role.LEADER:
-            raise errors.NotLeaderOrFollowerError(
-                f"broker {self.local_id} is not the leader of {self.topic}-{self.partition}")
+        """Raise unless this replica leads at ``current_leader_epoch`` (-1 = any).
+
+        The epoch is checked first, on any replica, as Kafka's ``Partition.getLocalLog`` does: a client
+        behind this replica's epoch is told FENCED_LEADER_EPOCH (its metadata is stale: refresh it), one
+        ahead UNKNOWN_LEADER_EPOCH (this replica is behind: retry), and only a client at this replica's
+        epoch NOT_LEADER_OR_FOLLOWER when it is not the leader."""
         if current_leader_epoch >= 0:
             if current_leader_epoch < self.leader_epoch:
                 raise errors.FencedLeaderEpochError(
-                    f"leader epoch {current_leader_epoch} is older than {self.leader_epoch}")
+                    f"leader epoch {current_leader_epoch} is older than {self.leader_epoch} on broker "
+                    f"{self.local_id} for {self.topic}-{self.partition}")
             if current_leader_epoch > self.leader_epoch:
                 raise errors.error_class(errors.ErrorCode.UNKNOWN_LEADER_EPOCH)(
-                    f"leader epoch {current_leader_epoch} is newer than {self.leader_epoch}")
+                    f"leader epoch {current_leader_epoch} is newer than {self.leader_epoch} on broker "
+                    f"{self.local_id} for {self.topic}-{self.partition}")
+        if self.role is not Role.LEADER:
+            raise errors.NotLeaderOrFollowerError(
+                f"broker {self.local_id} is not the leader of {self.topic}-{self.partition}")
 
     def min_insync_replicas(self) -> int:
         return int(getattr(self.log.config, "min_insync_replicas", 1))

@@ -152,6 +152,21 @@ def test_fenced_and_unknown_leader_epochs(tmp_path: Path) -> None:
     assert e.value.name == "UNKNOWN_LEADER_EPOCH"
 
 
+def test_a_follower_checks_the_epoch_before_saying_it_is_not_the_leader(tmp_path: Path) -> None:
+    """Kafka's order (Partition.getLocalLog): a client behind the replica's epoch is fenced, one ahead
+    told UNKNOWN_LEADER_EPOCH, and only one at its epoch NOT_LEADER_OR_FOLLOWER; -1 skips the epoch."""
+    p = leader_of(tmp_path, epoch=5)
+    p.make_follower(2, (1, 2, 3), (1, 2, 3), 6, 6)
+    with pytest.raises(errors.FencedLeaderEpochError):
+        p.check_leader(5)  # the client's metadata names this replica the leader at epoch 5: stale
+    with pytest.raises(errors.BrookError) as e:
+        p.check_leader(7)
+    assert e.value.name == "UNKNOWN_LEADER_EPOCH"
+    for current in (6, -1):
+        with pytest.raises(errors.NotLeaderOrFollowerError):
+            p.check_leader(current)
+
+
 def test_consumer_read_stops_at_hw(tmp_path: Path) -> None:
     p = leader_of(tmp_path)
     p.append_as_leader(batch(b"a"), acks=1)
