@@ -59,6 +59,7 @@ from metadata_quorum.state import (
     MetadataState,
 )
 from proto import errors
+from storage.checkpoints import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +256,9 @@ class _DumpWriter:
         if job.error is None:
             try:
                 os.replace(job.path, self.path)
+                # The rename must be on disk before pysyncobj trims the journal (on SUCCESS): after a power
+                # loss, the old dump and a trimmed journal would have lost the entries in between.
+                fsync_dir(self.path.parent)
             except OSError as exc:
                 job.error = exc
         if job.error is not None:
@@ -271,6 +275,16 @@ class _DumpWriter:
         """pysyncobj's ``deserializer``, on the tick thread: restore what the dump holds (as pysyncobj does
         itself without custom hooks) and hand back (last entry, previous entry, cluster)."""
         self._loads += 1
+        # A dump received from the leader was written by pysyncobj without an fsync and renamed without a
+        # directory fsync, and pysyncobj clears the journal once this returns: after a power loss the voter
+        # would have neither. Both are made durable first (at a start, where the dump is on disk already,
+        # that costs two fsyncs).
+        fd = os.open(file_name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(Path(file_name).parent)
         with open(file_name, "rb") as f, gzip.GzipFile(fileobj=f) as g:
             data = pysyncobj_pickle.load(g)
         if data[0] is not None:
