@@ -352,10 +352,18 @@ class GroupCoordinator:
         # once a second, what came in since added on top.
         self._held_bytes = 0
         self._held_counted_at = float("-inf")
+        # Topics the metadata deleted (name, when this broker saw it), waiting for the maintenance thread to
+        # drop the groups' offsets of them (on_topics_deleted).
+        self._deleted_lock = threading.Lock()
+        self._deleted_topics: list[tuple[str, int]] = []
+        self._unknown_at_last_sweep: set[str] = set()  # topics with offsets the metadata did not know then
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self.replica_manager.add_leadership_listener(self.on_leadership_change)
+        add_deleted_listener = getattr(self.metadata_cache, "add_deleted_topics_listener", None)
+        if add_deleted_listener is not None:
+            add_deleted_listener(self.on_topics_deleted)
         self._ticker = threading.Thread(target=self._run_timers, name="group-timers", daemon=True)
         self._ticker.start()
         self._maintenance = threading.Thread(target=self._run_maintenance, name="group-maintenance", daemon=True)
@@ -1044,8 +1052,14 @@ class GroupCoordinator:
                 named -= found
         results: list[tuple[TopicPartition, int]] = []
         to_delete: list[TopicPartition] = []
+        cache = self.metadata_cache
         for tp in tps:
-            if tp.topic in subscribed:
+            if cache is not None and cache.partition(tp.topic, tp.partition) is None:
+                # As Kafka (KafkaApis.handleDeleteGroupOffsetsRequest): a partition that does not exist is
+                # refused, not answered as deleted (Brook answered NONE; compat audit). A deleted topic's
+                # offsets go with it (drop_offsets_of_deleted_topics).
+                results.append((tp, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+            elif tp.topic in subscribed:
                 results.append((tp, ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC))
             else:
                 to_delete.append(tp)
@@ -1177,8 +1191,14 @@ class GroupCoordinator:
         next_lag = time.monotonic()
         while not self._stop.wait(TICK_INTERVAL_S * 5):
             try:
+                with self._deleted_lock:
+                    deletions = bool(self._deleted_topics)
+                if deletions:
+                    self.drop_offsets_of_deleted_topics()
                 if time.monotonic() >= next_retention:
                     next_retention = time.monotonic() + self.config.offsets_retention_check_interval_ms / 1000
+                    # Topics deleted while another broker held these groups are gone from the metadata.
+                    self.drop_offsets_of_deleted_topics(sweep_unknown=True)
                     self.expire_offsets()
                 if time.monotonic() >= next_lag:
                     next_lag = time.monotonic() + self.config.lag_refresh_interval_ms / 1000
@@ -1200,6 +1220,84 @@ class GroupCoordinator:
                     self._after_change_locked(g)
                 self.timers.watch(g)  # its next entry (after this tick: each group fires once a tick)
             self.timers.schedule_changed(now, self._groups)
+
+    def on_topics_deleted(self, topics: list[Any]) -> None:
+        """MetadataCache listener (on the metadata watch: quick): ``topics`` were deleted, or recreated under
+        the same name. Their offsets are dropped by the maintenance thread (drop_offsets_of_deleted_topics)."""
+        now = self.clock_ms()
+        with self._deleted_lock:
+            self._deleted_topics.extend((t.name, now) for t in topics)
+
+    def drop_offsets_of_deleted_topics(self, sweep_unknown: bool = False) -> int:
+        """As Kafka (GroupCoordinator.onPartitionsDeleted): a deleted topic's committed offsets are removed
+        from every group (tombstones in __consumer_offsets), so OffsetFetch no longer lists them and a topic
+        created again under the name starts with no committed offset (auto.offset.reset), not the old
+        topic's: Brook kept them, and a group resumed a recreated topic at the old topic's positions,
+        skipping its first records (compat audit). Offsets committed after the deletion was seen (to the
+        new topic) stay. ``sweep_unknown``: also the offsets of topics the metadata did not know at this
+        sweep nor at the one before (deleted while another broker was the coordinator, or while this one's
+        watch fell behind): a topic missing from the metadata for a moment (a stale snapshot) keeps its
+        offsets. Returns how many offsets were removed."""
+        with self._deleted_lock:
+            pending, self._deleted_topics = self._deleted_topics, []
+        deleted_at: dict[str, int] = {}
+        for name, at in pending:
+            deleted_at[name] = max(at, deleted_at.get(name, at))
+        sweep_unknown = sweep_unknown and getattr(self.metadata_cache, "version", 0) > 0
+        if not deleted_at and not sweep_unknown:
+            return 0
+        held: list[tuple[str, int, int, list[tuple[TopicPartition, OffsetEntry]]]] = []
+        with self._lock:
+            for gid, g in self._groups.items():
+                p = self._partition_of(g)
+                load = self._partitions.get(p)
+                if load is None or not load.loaded or not g.offsets:
+                    continue
+                entries = list(g.offsets.items()) if sweep_unknown else \
+                    [(tp, e) for tp, e in g.offsets.items() if tp.topic in deleted_at]
+                if entries:
+                    held.append((gid, p, load.leader_epoch, entries))
+        removed_total = 0
+        unknown: set[str] = set()  # the metadata cache is read outside the coordinator's lock
+        if sweep_unknown:
+            unknown = {tp.topic for _, _, _, entries in held for tp, _ in entries
+                       if self.metadata_cache.topic(tp.topic) is None}
+            unknown, self._unknown_at_last_sweep = unknown & self._unknown_at_last_sweep, unknown
+        for gid, p, epoch, entries in held:
+            gone = [(tp, e) for tp, e in entries
+                    if (tp.topic in deleted_at and e.commit_timestamp_ms <= deleted_at[tp.topic])
+                    or tp.topic in unknown]
+            if not gone:
+                continue
+            try:
+                self._append_and_wait(p, [(records.offset_key(gid, tp), None) for tp, _ in gone])
+            except errors.BrookError as exc:
+                log.warning("removing the offsets of deleted topics from group %s failed: %s", gid, exc)
+                continue
+            rewrite: list[tuple[TopicPartition, OffsetEntry]] = []
+            removed = 0
+            with self._lock:
+                g = self._groups.get(gid)
+                if g is None or not self._still_leader(p, epoch):
+                    continue
+                for tp, e in gone:
+                    current = g.offsets.get(tp)
+                    if current is e:
+                        g.offsets.pop(tp)
+                        removed += 1
+                    elif current is not None:
+                        rewrite.append((tp, current))  # committed meanwhile: written again after the tombstone
+            if rewrite:
+                try:
+                    self._write_offsets(gid, p, epoch, list(rewrite),
+                                        [(records.offset_key(gid, tp), records.encode_offset_value(e))
+                                         for tp, e in rewrite])
+                except errors.BrookError as exc:
+                    log.warning("group %s: rewriting %d offsets committed during a topic deletion failed: %s",
+                                gid, len(rewrite), exc)
+            removed_total += removed
+            log.info("group %s: removed %d committed offsets of deleted topics", gid, removed)
+        return removed_total
 
     def expire_offsets(self) -> int:
         """offsets.retention.minutes: an empty group's offsets expire that long after it

@@ -97,9 +97,30 @@ class MetadataCache:
         self._acl_index: AclIndex = EMPTY_INDEX
         self._quotas: dict[str, dict[str, float]] = {}
         self._cluster_configs: dict[str, str] = {}  # dynamic broker configs (metadata_quorum/cluster_configs.py)
+        # Called with the topics an applied delta deleted (a same-name recreation included), after the
+        # update is visible and outside the cache's lock: the group coordinator drops their committed
+        # offsets, as Kafka's (GroupCoordinator.onPartitionsDeleted). Must be quick: it runs on the watch.
+        self._deleted_topics_listeners: list[Callable[[list[TopicInfo]], None]] = []
+
+    def add_deleted_topics_listener(self, listener: Callable[[list[TopicInfo]], None]) -> None:
+        with self._lock:
+            self._deleted_topics_listeners.append(listener)
 
     # ---- applying updates ----
     def apply(self, update: controller_pb2.MetadataUpdate) -> MetadataDelta:
+        delta = self._apply(update)
+        # Deletions seen in a delta only: a snapshot's "deleted" topics are the ones it does not name, and a
+        # snapshot can be stale or wrong (see ReplicaManager._stop_replica); the coordinator's sweep removes
+        # the offsets of topics that stay unknown.
+        if delta.deleted_topics and not delta.is_snapshot:
+            for listener in list(self._deleted_topics_listeners):
+                try:
+                    listener(list(delta.deleted_topics))
+                except Exception:  # a listener's bug must not stop the metadata watch
+                    log.exception("deleted-topics listener failed")
+        return delta
+
+    def _apply(self, update: controller_pb2.MetadataUpdate) -> MetadataDelta:
         with self._lock:
             delta = MetadataDelta(update.version, update.is_snapshot)
             if update.is_snapshot:

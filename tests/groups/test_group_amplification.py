@@ -45,6 +45,8 @@ TOPICS = {"big": 300, "t": 4, "other": 3}
 class FakeCache:
     """The metadata cache the coordinator reads: partitions of TOPICS, each led by broker 1."""
 
+    version = 1  # some metadata applied (the coordinator sweeps offsets of unknown topics only then)
+
     def __init__(self, topics: dict[str, int]) -> None:
         self.topics = topics
 
@@ -55,6 +57,9 @@ class FakeCache:
 
     def partitions_of(self, topic: str) -> list[Any]:
         return [types.SimpleNamespace(partition=p) for p in range(self.topics.get(topic, 0))]
+
+    def topic(self, name: str) -> Any:
+        return types.SimpleNamespace(name=name) if name in self.topics else None
 
     def broker(self, node_id: int) -> Any:
         return None
@@ -125,6 +130,8 @@ def _consumer_group(c: GroupCoordinator, now: list[int], group: str, members: in
 # ---------------------------------------------------------------------- OffsetDelete (#6)
 def test_offset_delete_reads_the_members_topics_parsed_when_they_joined() -> None:
     c, now = _coordinator()
+    # The topics named exist (OffsetDelete refuses a partition that does not, UNKNOWN_TOPIC_OR_PARTITION).
+    c.metadata_cache = FakeCache({**TOPICS, "free": 1, **{f"own-{i}": 2 for i in range(20)}})
     try:
         with mock.patch.object(group_pb2, "ConsumerSubscription", wraps=group_pb2.ConsumerSubscription) as sub:
             g = _consumer_group(c, now, "readers", 20)
@@ -458,3 +465,54 @@ def test_kafka_clients_owned_partitions_and_assignments_decode() -> None:
     assert records.consumer_assignment(mine.SerializeToString()) == mine
     with pytest.raises(ValueError):
         records.consumer_assignment(b"\x00\x00\x7f\xff\xff\xff")
+
+
+# ---------------------------------------------------------------------- deleted topics' offsets
+def test_a_deleted_topics_offsets_are_tombstoned_and_a_later_commit_stays(coord: GroupCoordinator) -> None:
+    _commit(coord, "g", [("t", 0, 5), ("t", 1, 6), ("other", 0, 7)])
+    coord.on_topics_deleted([types.SimpleNamespace(name="t")])
+    written = len(coord.replica_manager.appended)
+    assert coord.drop_offsets_of_deleted_topics() == 2
+    assert set(coord._groups["g"].offsets) == {TP("other", 0)}
+    assert len(coord.replica_manager.appended) == written + 1  # the tombstones, in one batch
+    # Seen again later (the topic created anew meanwhile): a commit made after the deletion was seen stays.
+    coord.on_topics_deleted([types.SimpleNamespace(name="other")])
+    coord.clock_ms = lambda: 2_000_000
+    _commit(coord, "g", [("other", 0, 1)])
+    assert coord.drop_offsets_of_deleted_topics() == 0 and coord._groups["g"].offsets[TP("other", 0)].offset == 1
+
+
+def test_the_sweep_drops_offsets_only_of_topics_unknown_at_two_sweeps_running(coord: GroupCoordinator) -> None:
+    """A topic missing from the metadata for a moment (a stale snapshot, then the current state) keeps its
+    offsets; one still missing at the next sweep (deleted while another broker coordinated) loses them."""
+    _commit(coord, "g", [("t", 0, 5), ("other", 0, 7)])
+    coord.metadata_cache = FakeCache({"big": 300})  # both topics gone from the metadata
+    assert coord.drop_offsets_of_deleted_topics(sweep_unknown=True) == 0
+    coord.metadata_cache = FakeCache({"big": 300, "t": 4})  # "t" was missing for a moment only
+    assert coord.drop_offsets_of_deleted_topics(sweep_unknown=True) == 1
+    assert set(coord._groups["g"].offsets) == {TP("t", 0)}
+    coord.metadata_cache = FakeCache({"big": 300})
+    assert coord.drop_offsets_of_deleted_topics(sweep_unknown=True) == 0, "unknown at one sweep only"
+
+
+def test_only_a_delta_tells_the_coordinator_of_deleted_topics() -> None:
+    """A snapshot's "deleted" topics are those it does not name: it may be stale or wrong, so only a delta's
+    deletions drop offsets at once (the sweep above takes the rest)."""
+    from broker.metadata_cache import MetadataCache
+    from proto import controller_pb2
+
+    cache = MetadataCache(1)
+    told: list[list[str]] = []
+    cache.add_deleted_topics_listener(lambda topics: told.append([t.name for t in topics]))
+
+    def snapshot(version: int, names: list[str]) -> controller_pb2.MetadataUpdate:
+        u = controller_pb2.MetadataUpdate(version=version, is_snapshot=True, cluster_id="c")
+        for name in names:
+            u.topics.add(name=name, topic_id=name * 8, partition_count=1)
+        return u
+
+    cache.apply(snapshot(1, ["a", "b"]))
+    cache.apply(snapshot(2, ["a"]))
+    assert told == [] and cache.topic("b") is None
+    cache.apply(controller_pb2.MetadataUpdate(version=3, deleted_topic_ids=["a" * 8]))
+    assert told == [["a"]]
