@@ -250,8 +250,8 @@ _BEHAVIOUR = [
            "active one, whose next batch is answered UNKNOWN_PRODUCER_ID (the client restarts its sequence).",
            check=_at_least(1000), roles=_B),
     KeyDef("max.connections", "int", "10000",
-           "Client connections the broker's port accepts at once (at most half the file-descriptor limit); "
-           "more are refused at accept.", check=_at_least(1), roles=_B),
+           "Client connections the broker's port accepts at once (at most half the file-descriptor limit), and "
+           "the controller's port (at most an eighth of it); more are refused at accept.", check=_at_least(1)),
     KeyDef("max.connections.per.ip", "int", "1000",
            "Kafka-protocol connections one client address may have open on each Kafka listener (Kafka's "
            "max.connections.per.ip); more are closed at accept, so one address cannot take all max.connections.",

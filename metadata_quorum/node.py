@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 
 from broker import principal
-from broker.admission import DEFAULT_CONNECTION_IDLE_MS
+from broker.admission import DEFAULT_CONNECTION_IDLE_MS, connections_within_descriptors
 from broker.authorizer import AuthorizerConfig
 from broker.receiving import DEFAULT_REQUEST_MAX_BYTES, SyncReceiveGate
 from broker.request_times import LatencyHistogram
@@ -64,6 +64,24 @@ _SERVER_OPTIONS = [
     # connections.max.idle.ms); a broker keeps its watch stream open, an admin client reconnects.
     ("grpc.max_connection_idle_ms", DEFAULT_CONNECTION_IDLE_MS),
 ]
+
+
+# The controller port's share of the file-descriptor limit (max.connections lowered to it): its clients
+# are the brokers and admin tools, a few connections each. Before, the port had no bound at all: a flood
+# of connections that never shook hands (each held 10 s, HANDSHAKE_TIMEOUT_MS) or plaintext HTTP/2
+# connections left idle (held connections.max.idle.ms) took one descriptor and ~45 KiB each, 3,000 of
+# them 3,000 descriptors and 140 MB, until the process (on a combined node, the partition logs and the
+# broker port too) ran out of descriptors.
+CONTROLLER_CONNECTIONS_SHARE = 8
+DEFAULT_MAX_CONNECTIONS = 10_000  # max.connections' default (broker/config.py)
+
+
+def max_connections(node_id: int, defaults: dict[str, str]) -> int:
+    """Connections the controller's gRPC port accepts at once: ``max.connections`` (the key, and default, of
+    the broker's port), at most 1/CONTROLLER_CONNECTIONS_SHARE of the descriptor limit; more are refused
+    at accept."""
+    return connections_within_descriptors(int(defaults.get("max.connections", str(DEFAULT_MAX_CONNECTIONS))),
+                                          CONTROLLER_CONNECTIONS_SHARE, f"controller {node_id}")
 
 
 def max_request_bytes(defaults: dict[str, str]) -> int:
@@ -303,7 +321,9 @@ class ControllerNode:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_MAX_WORKERS,
                                                         thread_name_prefix=f"controller-{settings.node_id}-grpc"),
                              options=[*_SERVER_OPTIONS, ("grpc.max_receive_message_length",
-                                                         max_request_bytes(settings.defaults))],
+                                                         max_request_bytes(settings.defaults)),
+                                      ("grpc.max_allowed_incoming_connections",
+                                       max_connections(settings.node_id, settings.defaults))],
                              interceptors=[self._receive_gate, self._security.interceptor],
                              maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
         pb_grpc.add_ControllerServiceServicer_to_server(self._service, server)
