@@ -262,6 +262,10 @@ _BEHAVIOUR = [
     KeyDef("event.loop.stall.warn.ms", "int", "250",
            "A broker event loop this late is a stall: counted (brook_event_loop_stalls_total), and logged at "
            "WARNING with the loop thread's stack while it lasts (rate-limited).", check=_at_least(10), roles=_B),
+    KeyDef("event.loop.stall.fence.ms", "int", "5000",
+           "A broker whose event loop has not run for this long (stuck: a hung disk, a deadlock) stops "
+           "heartbeating, so that the controller fences it and moves its leaderships to in-sync replicas; it "
+           "heartbeats again once the loop runs. 0: never.", check=_at_least(0), roles=_B),
     KeyDef("replica.high.watermark.checkpoint.interval.ms", "long", "5000",
            "How often high watermarks are checkpointed.", check=_at_least(1), roles=_B),
     KeyDef("broker.session.timeout.ms", "int", "9000",

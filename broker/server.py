@@ -185,6 +185,8 @@ class BrokerServer:
         d = settings.defaults
         self.heartbeat_interval_ms = int(d.get("broker.heartbeat.interval.ms", "2000"))
         self.session_timeout_ms = int(d.get("broker.session.timeout.ms", "9000"))
+        self.stall_fence_s = int(d.get("event.loop.stall.fence.ms", "5000")) / 1000
+        self._withholding_heartbeats = False  # the event loop is stuck: see heartbeat_once
         self._extensions = list(extensions or [])
         self._servicer_fns: list[Callable[[grpc.aio.Server], None]] = []
         self.incarnation_id = uuid.uuid4().hex
@@ -600,7 +602,38 @@ class BrokerServer:
         while not self._stopping.wait(self.heartbeat_interval_ms / 1000):
             self.heartbeat_once()
 
+    def _loop_silent_s(self) -> float:
+        monitor = self.loop_monitor
+        return time.monotonic() - monitor.last_beat if monitor is not None else 0.0
+
+    def _loop_stuck(self) -> bool:
+        """The event loop has not run for ``event.loop.stall.fence.ms``. Every produce, fetch and follower
+        fetch of this broker waits on it, but heartbeats come from their own thread: a broker whose loop is
+        stuck (an append waiting in the kernel on a hung disk, a deadlock) would keep its session, and its
+        leaderships, for as long as that lasts, and no write to those partitions would be taken (the ISR
+        cannot shrink either: the leader does that, on the loop). So it stops heartbeating: the controller
+        fences it after broker.session.timeout.ms and elects other in-sync replicas, which hold every
+        acknowledged record. Once the loop runs again the broker heartbeats, follows the new leaders
+        (truncating what it alone had) and is unfenced as it catches up."""
+        if self.stall_fence_s <= 0 or self._loop_silent_s() < self.stall_fence_s:
+            return False
+        # This thread may run before the loop's probe after the whole process was paused (SIGSTOP, a VM
+        # freeze): give the probe a moment before believing the loop stuck.
+        self._stopping.wait(0.2)
+        return self._loop_silent_s() >= self.stall_fence_s
+
     def heartbeat_once(self) -> None:
+        if self._loop_stuck():
+            if not self._withholding_heartbeats:
+                self._withholding_heartbeats = True
+                log.error("broker %d: event loop has not run for %.1f s (event.loop.stall.fence.ms %d; its stack is "
+                          "logged above): not heartbeating, so that the controller fences this broker and moves its "
+                          "leaderships to in-sync replicas", self.node_id, self._loop_silent_s(),
+                          round(self.stall_fence_s * 1000))
+            return
+        if self._withholding_heartbeats:
+            self._withholding_heartbeats = False
+            log.warning("broker %d: event loop runs again; heartbeating again", self.node_id)
         req = controller_pb2.BrokerHeartbeatRequest(
             node_id=self.node_id, broker_epoch=self.broker_epoch,
             current_metadata_version=self.metadata_cache.version, want_shutdown=self._want_shutdown)

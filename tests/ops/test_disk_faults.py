@@ -5,6 +5,8 @@
   storage reads of storage/segment.py) fail with a real EIO from the libc call, and a consumer's fetch
   from offset 0 needs one.
 - ENOSPC on writes: the leader's log directory is an 8 MiB tmpfs, filled by producing to it.
+- A hung disk: the leader's log directory is a loop-mounted ext4, frozen with ``fsfreeze``: its next append
+  waits in the kernel, on the broker's event loop; no error ever comes.
 
 Each shows that the broker does what the README says (logs CRITICAL, halts with exit code 4, answers
 no fetch with records it could not read), that a Brook consumer reading from offset 0 gets every
@@ -12,8 +14,8 @@ acknowledged record exactly once and in order from the new leader, that acks=all
 are taken again within a bound, and that the broker, started again once its disk is fixed, catches up
 and serves the same records as preferred leader.
 
-The EIO test needs libfiu (installed with apt-get when root) and /proc; the ENOSPC one root (mount) and
-/proc. Elsewhere they skip and say why; as root with apt-get (CI) they run.
+The EIO test needs libfiu (installed with apt-get when root) and /proc; the ENOSPC and hung-disk ones root
+(mount, fsfreeze) and /proc. Elsewhere they skip and say why; as root with apt-get (CI) they run.
 """
 
 from __future__ import annotations
@@ -357,3 +359,86 @@ def test_a_leader_whose_disk_fills_up_halts_and_writes_go_on_on_the_others(tmp_p
         grown = subprocess.run(["mount", "-o", "remount,size=64m", str(data_dir)], capture_output=True, text=True)
         assert grown.returncode == 0, grown.stderr
         _restart_fixed_and_read_from_it(cluster, topic, acked)
+
+
+@contextlib.contextmanager
+def _ext4_mount(path: Path, image: Path, size_mb: int) -> Iterator[Path]:
+    """``path`` as the mount point of a fresh ext4 file system in ``image`` (a loop device): one that
+    ``fsfreeze`` can hang. Thawed (if frozen) and unmounted on the way out."""
+    path.mkdir(parents=True, exist_ok=True)
+    with open(image, "wb") as f:
+        f.truncate(size_mb * 1024 * 1024)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, f"mkfs.ext4 {image}: {made.stderr.strip()}"
+    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(path)], capture_output=True, text=True, timeout=60)
+    assert mounted.returncode == 0, f"mount -o loop {image} {path} failed as root: {mounted.stderr.strip()}"
+    try:
+        yield path
+    finally:
+        subprocess.run(["fsfreeze", "--unfreeze", str(path)], capture_output=True, timeout=30)  # if still frozen
+        if subprocess.run(["umount", str(path)], capture_output=True, timeout=60).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)  # still busy: detach
+
+
+@contextlib.contextmanager
+def _thawed_on_exit(path: Path) -> Iterator[None]:
+    """Whatever happens, ``path``'s file system is thawed before what encloses this (the cluster's stop:
+    a process writing to a frozen file system cannot even be killed) runs."""
+    try:
+        yield
+    finally:
+        subprocess.run(["fsfreeze", "--unfreeze", str(path)], capture_output=True, timeout=30)
+
+
+def test_a_leader_whose_disk_hangs_is_fenced_and_writes_go_on_on_the_others(tmp_path: Path) -> None:
+    """A disk that stops answering (a dying drive, a stuck network volume: here ``fsfreeze`` on the leader's
+    log directory) makes the leader's next append wait in the kernel, on its event loop. The broker's
+    heartbeats come from another thread, so the controller would keep it alive, and leader, for as long as
+    the disk hangs: no write to its partitions would be taken, however long. The broker stops heartbeating
+    once its loop has not run for ``event.loop.stall.fence.ms``; the controller fences it and elects another
+    in-sync replica, and acks=all writes are taken again within a bound while the disk still hangs. Thawed,
+    the broker finishes its append, follows the new leader (its unreplicated tail truncated), rejoins the
+    ISR, and every acknowledged record is read back once, in order."""
+    _need_proc()
+    missing = [tool for tool in ("mkfs.ext4", "fsfreeze", "losetup") if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        pytest.skip(f"needs root and {', '.join(missing) or 'util-linux'}: the leader's log directory is a "
+                    "loop-mounted ext4 image, frozen with fsfreeze")
+    topic = "hung-disk"
+    cluster = LocalCluster(tmp_path / "cluster", nodes=3)
+    data_dir = cluster.node_dir(FAULTY) / "data"  # the node's log.dirs (LocalCluster's layout)
+    with _ext4_mount(data_dir, tmp_path / "disk.img", 256), cluster, _thawed_on_exit(data_dir):
+        _create_topic_led_by_faulty(cluster, topic)
+        acked: list[bytes] = []
+        with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=5) as producer:
+            futures = [(b"before-hang-%04d" % i, producer.send(topic, b"before-hang-%04d" % i)) for i in range(200)]
+            producer.flush(30)
+            for value, f in futures:
+                f.get(timeout=30)
+                acked.append(value)
+        controller = cluster.describe_cluster().active_controller_id
+        frozen = subprocess.run(["fsfreeze", "--freeze", str(data_dir)], capture_output=True, text=True, timeout=30)
+        assert frozen.returncode == 0, f"fsfreeze --freeze {data_dir}: {frozen.stderr.strip()}"
+        hung_at = time.monotonic()
+        took, written = _write_again(cluster, topic, hung_at, WRITE_BOUND_S * 2,
+                                     context=f"node {FAULTY}'s disk hangs; active controller before: node {controller}")
+        acked += written
+        leader = _partition(cluster, topic).leader  # type: ignore[attr-defined]
+        assert leader not in (FAULTY, -1), f"leader while node {FAULTY}'s disk hangs: {leader}"
+        assert cluster.is_running(FAULTY), "the broker with the hung disk is stuck, not gone"
+        log_text = cluster.log_tail(FAULTY, 400)
+        print(f"hung disk: writes taken again after {took:.1f} s by node {leader} (active controller before: node "
+              f"{controller})")
+
+        thawed = subprocess.run(["fsfreeze", "--unfreeze", str(data_dir)], capture_output=True, text=True, timeout=30)
+        assert thawed.returncode == 0, f"fsfreeze --unfreeze {data_dir}: {thawed.stderr.strip()}"
+        seen: list[object] = []
+
+        def in_sync() -> bool:
+            seen.append(_partition(cluster, topic))
+            return FAULTY in seen[-1].isr  # type: ignore[attr-defined]
+        wait_for(in_sync, 60, lambda: f"node {FAULTY} back in the ISR of {topic}-0 after the thaw (last {seen[-1:]})",
+                 poll_s=0.3)
+        _assert_every_acknowledged_record_once_in_order(_read_from_start(cluster, topic), acked,
+                                                        f"read from node {leader} after the thaw")
+        assert "not heartbeating" in log_text, log_text[-3000:]
