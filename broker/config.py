@@ -69,6 +69,17 @@ def _at_least(low: int) -> Callable[[Any], str | None]:
     return lambda v: None if v >= low else f"must be at least {low}"
 
 
+def _between(low: int, high: int, why: str) -> Callable[[Any], str | None]:
+    return lambda v: None if low <= v <= high else f"must be between {low} and {high} ({why})"
+
+
+# A fetch answer is one gRPC message of at most GRPC_MAX_MESSAGE_BYTES (128 MiB, broker/server.py): its byte
+# bound, plus one whole first batch beyond it of up to 64 MiB (max.message.bytes' ceiling), plus the answer's
+# own fields, must fit. A larger setting made answers no client could be sent (refused by gRPC at the send).
+FETCH_BYTES_CEILING = 60 * 1024 * 1024
+_FETCH_BYTES = "a fetch answer, with one whole batch beyond it, must fit a 128 MiB message"
+
+
 def _one_of(*choices: str) -> Callable[[Any], str | None]:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
@@ -188,17 +199,17 @@ _BEHAVIOUR = [
     KeyDef("replica.fetch.wait.max.ms", "int", "500", "Longest a follower fetch waits for data.",
            check=_at_least(0), roles=_B),
     KeyDef("replica.fetch.max.bytes", "int", "1048576", "Bytes per partition a follower fetch asks for.",
-           check=_at_least(1), roles=_B),
+           check=_between(1, FETCH_BYTES_CEILING, _FETCH_BYTES), roles=_B),
     KeyDef("replica.fetch.response.max.bytes", "int", "10485760", "Bytes per follower fetch response.",
-           check=_at_least(1), roles=_B),
+           check=_between(1, FETCH_BYTES_CEILING, _FETCH_BYTES), roles=_B),
     KeyDef("replica.fetch.backoff.ms", "int", "200", "Pause of a follower fetcher after a failed fetch.",
            check=_at_least(0), roles=_B),
     KeyDef("fetch.max.bytes", "int", str(55 * 1024 * 1024),
            "Largest Fetch response the broker builds, whatever the request's max_bytes (a first batch "
-           "larger than this is still returned whole).", check=_at_least(1024), roles=_B),
+           "larger than this is still returned whole).", check=_between(1024, FETCH_BYTES_CEILING, _FETCH_BYTES), roles=_B),
     KeyDef("fetch.partition.max.bytes", "int", str(10 * 1024 * 1024),
            "Largest share of one partition in a Fetch response, whatever the request asks.",
-           check=_at_least(1024), roles=_B),
+           check=_between(1024, FETCH_BYTES_CEILING, _FETCH_BYTES), roles=_B),
     KeyDef("queued.max.request.bytes", "long", str(256 * 1024 * 1024),
            "Bytes of client produce requests and fetch responses the broker holds at once; fetches wait "
            "for their share, produces over it are refused (RESOURCE_EXHAUSTED).", check=_at_least(1024),

@@ -143,6 +143,12 @@ BAD_CASES = [
     ('"min.insync.replicas" = 2', "min.insync.replicas"),
     ('"logging.level" = "LOUD"', "logging.level"),
     ('"event.loop.stall.warn.ms" = 5', "event.loop.stall.warn.ms"),
+    ('"event.loop.stall.fence.ms" = -1', "event.loop.stall.fence.ms"),
+    # A fetch answer (plus one whole batch beyond its bound) must fit the 128 MiB gRPC message.
+    ('"fetch.max.bytes" = 134217728', "fetch.max.bytes"),
+    ('"fetch.partition.max.bytes" = 67108864', "fetch.partition.max.bytes"),
+    ('"replica.fetch.response.max.bytes" = 100000000', "replica.fetch.response.max.bytes"),
+    ('"replica.fetch.max.bytes" = 0', "replica.fetch.max.bytes"),
 ]
 
 
