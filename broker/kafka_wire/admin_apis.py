@@ -363,6 +363,7 @@ class AdminApis:
         with_docs = bool(_get(body, "include_documentation", False))
         with_synonyms = bool(_get(body, "include_synonyms", False))
         results = []
+        topic_defaults: dict[str, _ConfigRow] | None = None  # read once, for the first topic described
         for res, refused in zip(resources, screened, strict=True):
             keys = _get(res, "configuration_keys")
             wanted = None if keys is None else set(keys)
@@ -379,7 +380,9 @@ class AdminApis:
                         raise _Failed(ErrorCode.UNKNOWN_SERVER_ERROR, "the controller did not describe this topic")
                     if r.error_code:
                         raise _Failed(r.error_code, r.error_message)
-                    configs = [_topic_row(e) for e in r.entries]
+                    if topic_defaults is None:
+                        topic_defaults = self._topic_defaults()
+                    configs = [_with_broker_synonyms(_topic_row(e), topic_defaults.get(e.name)) for e in r.entries]
                 elif res.resource_type == RESOURCE_BROKER:
                     assert node is not None
                     configs = self._broker_configs(node, res.resource_name)
@@ -409,6 +412,10 @@ class AdminApis:
         if not self.broker.authorizer.authorize(who, authz.DESCRIBE_CONFIGS, authz.CLUSTER):
             exc = authz.denied_error(who, authz.DESCRIBE_CONFIGS, authz.CLUSTER)
             raise _Failed(exc.code, exc.message)
+        return self._node_view()
+
+    def _node_view(self) -> tuple[list[_ConfigRow], list[_ConfigRow]]:
+        """(the dynamic cluster-wide defaults, this broker's own configs), as BROKER resources show them."""
         reconfigurable = frozenset(cluster_configs.known_keys())
         dynamic = {k: v for k, v in self.broker.metadata_cache.cluster_configs().items() if k in reconfigurable}
         # As Kafka's '' resource: only the dynamic defaults, each its own only synonym.
@@ -474,6 +481,16 @@ class AdminApis:
                 value, synonyms = None, [(n, None, src) for n, _, src in synonyms]
             rows.append((name, value, source, sensitive, doc, name not in reconfigurable, tuple(synonyms)))
         return rows
+
+    def _topic_defaults(self) -> dict[str, _ConfigRow]:
+        """Topic config name -> this broker's row for its broker key (retention.ms -> log.retention.ms): what a
+        topic without its own value uses here, and where that comes from. Shown to whoever may describe the
+        topic's configs, as Kafka's broker does (secrets are no topic defaults)."""
+        from broker.config import KEYS
+
+        broker_key = {d.topic_key: name for name, d in KEYS.items() if d.topic_key is not None}
+        rows = {row[0]: row for row in self._node_view()[1]}
+        return {topic: rows[key] for topic, key in broker_key.items() if key in rows}
 
     def _broker_configs(self, node: tuple[list[_ConfigRow], list[_ConfigRow]] | _Failed,
                         name: str) -> list[_ConfigRow]:
@@ -885,6 +902,21 @@ def _topic_row(e: Any) -> _ConfigRow:
     source = SOURCE_DEFAULT if e.is_default else SOURCE_DYNAMIC_TOPIC
     return (e.name, e.value, source, False, e.documentation, False,
             () if e.is_default else ((e.name, e.value, source),))
+
+
+def _with_broker_synonyms(row: _ConfigRow, broker_row: _ConfigRow | None) -> _ConfigRow:
+    """A topic config as Kafka's broker describes it (ConfigHelper.createTopicConfigEntry): not set on the topic,
+    its value and source are the broker's for the key that stands for it (a dynamic cluster default
+    DYNAMIC_DEFAULT_BROKER_CONFIG, the node's file STATIC_BROKER_CONFIG, else DEFAULT_CONFIG); its synonyms
+    are the topic's own value, if set, then every broker-level one (log.retention.ms, log.retention.hours,
+    ..., the default last). Brook listed a default with no synonyms and always as DEFAULT_CONFIG."""
+    if broker_row is None:
+        return row
+    name, value, source, sensitive, doc, read_only, synonyms = row
+    _key, broker_value, broker_source, _sensitive, _doc, _read_only, broker_synonyms = broker_row
+    if source == SOURCE_DEFAULT and broker_value is not None:
+        value, source = broker_value, broker_source
+    return name, value, source, sensitive, doc, read_only, (*synonyms, *broker_synonyms)
 
 
 def _topic_config_entry(name: str, value: str, is_default: bool) -> dict[str, Any]:

@@ -229,3 +229,42 @@ def test_broker_configs_sources_read_only_and_synonyms(kcluster: Any, confluent_
     back = wait_for(lambda: (lambda e: e if _source(e) == 5 else None)(describe()[key]), T,
                     f"{key} back to its default", poll_s=0.2)
     assert back.value == "86400000"
+
+
+def test_topic_configs_show_the_brokers_default_and_every_synonym(kcluster: Any, confluent_admin: Any,
+                                                                   kp_admin: Any, topic_name: str) -> None:
+    """A topic config as Kafka's broker describes it (kafka-configs.sh --describe --all, UIs): a key the topic
+    does not set has the value and source of the broker key that stands for it (a dynamic cluster default:
+    DYNAMIC_DEFAULT_BROKER_CONFIG; the node's file: STATIC_BROKER_CONFIG; else DEFAULT_CONFIG), and with
+    include_synonyms every level is listed, the topic's own first. Brook showed DEFAULT_CONFIG and no synonym
+    for every key the topic did not set."""
+    from confluent_kafka.admin import ConfigResource, NewTopic, ResourceType
+    from kafka.admin import ConfigResource as KpResource
+    from kafka.admin import ConfigResourceType
+
+    a = confluent_admin
+    a.create_topics([NewTopic(topic_name, 1, 1, config={"retention.ms": "3600000"})], operation_timeout=T)[
+        topic_name].result(T)
+    resource = ConfigResource(ResourceType.TOPIC, topic_name)
+
+    def synonyms(key: str) -> list[tuple[str, str | None, str]]:
+        described = kp_admin.describe_configs([KpResource(ConfigResourceType.TOPIC, topic_name, {key: None})],
+                                              include_synonyms=True, config_filter="all")
+        entry = described["topic"][topic_name][key]
+        return [(s["name"], s["value"], s["source"]) for s in entry["synonyms"]]
+
+    wait_for(lambda: topic_name in a.list_topics(timeout=T).topics, T, f"{topic_name} to exist")
+    assert synonyms("retention.ms") == [("retention.ms", "3600000", "DYNAMIC_TOPIC_CONFIG"),
+                                        ("log.retention.ms", "604800000", "DEFAULT_CONFIG")]
+    assert synonyms("segment.bytes") == [("log.segment.bytes", str(1024 ** 3), "DEFAULT_CONFIG")]
+    key, broker_key = "delete.retention.ms", "log.cleaner.delete.retention.ms"
+    _cluster_default(kp_admin, broker_key, "3600000")
+    try:
+        entry = wait_for(lambda: (lambda e: e if _source(e) == 3 else None)(
+            a.describe_configs([resource], request_timeout=T)[resource].result(T)[key]), T,
+            f"{key} of {topic_name} to come from the dynamic cluster default", poll_s=0.2)
+        assert (entry.value, entry.is_default) == ("3600000", False)
+        assert synonyms(key) == [(broker_key, "3600000", "DYNAMIC_DEFAULT_BROKER_CONFIG"),
+                                 (broker_key, "86400000", "DEFAULT_CONFIG")]
+    finally:
+        _cluster_default(kp_admin, broker_key, None)
