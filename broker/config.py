@@ -336,6 +336,12 @@ _BEHAVIOUR = [
            "Bytes of protocol metadata and assignments, and 512 a member (pending ones too), a broker's group "
            "coordinator keeps for the members of all its groups; a JoinGroup or SyncGroup that would pass it "
            "is refused with the retriable COORDINATOR_NOT_AVAILABLE.", check=_at_least(1 << 20), roles=_B),
+    KeyDef("group.coordinator.offsets.max.bytes", "long", "268435456",
+           "Bytes a broker's group coordinator keeps for committed offsets (256 a partition's offset, plus its "
+           "topic name and metadata) and groups (1,024 each, plus the id) over all its groups; a commit that "
+           "would pass it with a new offset, longer metadata or a new group is refused with the retriable "
+           "COORDINATOR_NOT_AVAILABLE (commits that add nothing are always taken).", check=_at_least(1 << 20),
+           roles=_B),
     KeyDef("group.lag.metrics.max.series", "int", "1000",
            "Group-partition rows /metrics shows in brook_consumer_group_committed_offset and "
            "brook_consumer_group_lag, the largest lags first (the rest are counted in "

@@ -32,6 +32,7 @@ import grpc
 from broker import group_records as records
 from broker.group_records import OFFSETS_TOPIC, GroupRecord, OffsetRecord, partition_for_group
 from broker.group_state import (
+    GROUP_OVERHEAD_BYTES,
     MEMBER_PROTOCOLS_MAX,
     MEMBERS_MAX,
     NO_SUBSCRIPTIONS,
@@ -40,6 +41,7 @@ from broker.group_state import (
     JoinResult,
     OffsetEntry,
     SyncResult,
+    offset_bytes,
 )
 from client.cluster import HUNG_PEER_OPTIONS
 from client.security import SecurityConfig, make_channel
@@ -99,6 +101,7 @@ class CoordinatorConfig:
     # every group this coordinator holds.
     group_member_metadata_max_bytes: int = 1 << 20
     group_coordinator_metadata_max_bytes: int = 256 << 20
+    group_coordinator_offsets_max_bytes: int = 256 << 20
     # Group-partition rows /metrics shows (committed offset and lag each), the largest lags first: group
     # ids are chosen by clients, and one with READ on a prefix of groups made 3 nodes' /metrics 230 MB.
     group_lag_metrics_max_series: int = 1000
@@ -132,6 +135,8 @@ class CoordinatorConfig:
                                                 base.group_member_metadata_max_bytes),
             group_coordinator_metadata_max_bytes=get("group.coordinator.metadata.max.bytes",
                                                      base.group_coordinator_metadata_max_bytes),
+            group_coordinator_offsets_max_bytes=get("group.coordinator.offsets.max.bytes",
+                                                    base.group_coordinator_offsets_max_bytes),
             group_lag_metrics_max_series=get("group.lag.metrics.max.series", base.group_lag_metrics_max_series),
         )
 
@@ -352,6 +357,12 @@ class GroupCoordinator:
         # once a second, what came in since added on top.
         self._held_bytes = 0
         self._held_counted_at = float("-inf")
+        # What committed offsets and groups hold (group_coordinator_offsets_max_bytes): an upper bound, what was
+        # admitted added to the last count, counted again only when it would refuse (_admit_offsets_locked).
+        self._offset_bytes = 0
+        self._offsets_counted_at = float("-inf")
+        self._offsets_refused = 0
+        self._offsets_refusal_logged_at = float("-inf")
         # Topics the metadata deleted (name, when this broker saw it), waiting for the maintenance thread to
         # drop the groups' offsets of them (on_topics_deleted).
         self._deleted_lock = threading.Lock()
@@ -850,9 +861,45 @@ class GroupCoordinator:
             entries.append((tp, entry))
             kvs.append((records.offset_key(req.group_id, tp), records.encode_offset_value(entry)))
         if kvs:
+            with self._lock:
+                self._admit_offsets_locked(req.group_id, entries)
             self._write_offsets(req.group_id, p, epoch, entries, kvs)
         results += [(tp.topic, tp.partition, ErrorCode.NONE, "") for tp, _ in entries]
         return results
+
+    def _admit_offsets_locked(self, group_id: str, entries: list[tuple[TopicPartition, OffsetEntry]]) -> None:
+        """Refuse (retriable COORDINATOR_NOT_AVAILABLE) a commit that would take what committed offsets and
+        groups hold in this coordinator's memory past group.coordinator.offsets.max.bytes. Kafka has no such
+        bound, but its heap is one: without it, a client committing to made-up group ids (each a new group,
+        each offset with up to offset.metadata.max.bytes of metadata) grew the broker without end. A commit
+        that adds nothing (the same partitions again, metadata no longer) is always taken, so the groups
+        already here go on committing. The figure is an upper bound, what was admitted since the last count
+        added to it; it is counted again (one step a group: each group keeps its offsets' sum) only when it
+        would refuse, at most once a second."""
+        g = self._groups.get(group_id)
+        incoming = 0 if g is not None else GROUP_OVERHEAD_BYTES + len(group_id)
+        for tp, entry in entries:
+            old = g.offsets.get(tp) if g is not None else None
+            incoming += max(0, offset_bytes(tp, entry) - (offset_bytes(tp, old) if old is not None else 0))
+        if incoming == 0:
+            return
+        limit = self.config.group_coordinator_offsets_max_bytes
+        now = time.monotonic()
+        if self._offset_bytes + incoming > limit and now - self._offsets_counted_at >= 1.0:
+            self._offset_bytes = sum(grp.offsets.held_bytes + GROUP_OVERHEAD_BYTES + len(gid)
+                                     for gid, grp in self._groups.items())
+            self._offsets_counted_at = now
+        if self._offset_bytes + incoming > limit:
+            self._offsets_refused += 1
+            if now - self._offsets_refusal_logged_at >= 10.0:
+                log.warning("group coordinator %d refused %d offset commit(s) (the last to group %r, %d bytes): "
+                            "committed offsets and groups hold %d bytes (group.coordinator.offsets.max.bytes=%d)",
+                            self.node_id, self._offsets_refused, group_id[:100], incoming, self._offset_bytes, limit)
+                self._offsets_refusal_logged_at, self._offsets_refused = now, 0
+            raise CoordinatorError(f"the coordinator holds {self._offset_bytes} bytes of committed offsets and groups "
+                                   f"(group.coordinator.offsets.max.bytes={limit}); retry later",
+                                   code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        self._offset_bytes += incoming
 
     def _write_offsets(self, group_id: str, partition: int, epoch: int,
                        entries: list[tuple[TopicPartition, OffsetEntry | None]],

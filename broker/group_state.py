@@ -34,6 +34,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from client.types import TopicPartition
 from proto.common_pb2 import ErrorCode
@@ -284,6 +285,58 @@ class OffsetEntry:
     log_offset: int = -1  # where the commit record sits in __consumer_offsets (orders racing commits)
 
 
+# What a committed offset costs the coordinator's memory besides its topic name and metadata (measured: the
+# TopicPartition key, the OffsetEntry and the dict slot, about 260 bytes), and what a group costs without
+# members or offsets besides its id (about 1,100 bytes). Counted against group.coordinator.offsets.max.bytes.
+OFFSET_ENTRY_BYTES = 256
+GROUP_OVERHEAD_BYTES = 1024
+
+
+def offset_bytes(tp: TopicPartition, entry: OffsetEntry) -> int:
+    return OFFSET_ENTRY_BYTES + len(tp.topic) + len(entry.metadata)
+
+
+class OffsetMap(dict[TopicPartition, OffsetEntry]):
+    """A group's committed offsets, keeping the bytes they hold (``held_bytes``, see ``offset_bytes``) as they
+    change, however they change (a commit, a load, a tombstone, an expiry): the coordinator bounds their sum
+    over all groups without walking every offset."""
+
+    __slots__ = ("held_bytes",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held_bytes = 0
+
+    def __setitem__(self, tp: TopicPartition, entry: OffsetEntry) -> None:
+        old = dict.get(self, tp)
+        if old is not None:
+            self.held_bytes -= offset_bytes(tp, old)
+        dict.__setitem__(self, tp, entry)
+        self.held_bytes += offset_bytes(tp, entry)
+
+    def __delitem__(self, tp: TopicPartition) -> None:
+        old = dict.pop(self, tp)
+        self.held_bytes -= offset_bytes(tp, old)
+
+    def pop(self, tp: TopicPartition, *default: Any) -> Any:  # type: ignore[override]
+        if tp in self:
+            old = dict.pop(self, tp)
+            self.held_bytes -= offset_bytes(tp, old)
+            return old
+        if default:
+            return default[0]
+        raise KeyError(tp)
+
+    def clear(self) -> None:
+        dict.clear(self)
+        self.held_bytes = 0
+
+    def _unsupported(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("OffsetMap keeps its byte count: set, pop or delete one offset at a time")
+
+    update = setdefault = popitem = __ior__ = _unsupported  # type: ignore[assignment]
+
+
 @dataclass
 class Group:
     group_id: str
@@ -298,7 +351,7 @@ class Group:
     static_members: dict[str, str] = field(default_factory=dict)  # group instance id -> its member id
     # Member ids handed out with MEMBER_ID_REQUIRED, valid until the deadline (ms).
     pending_members: dict[str, int] = field(default_factory=dict)
-    offsets: dict[TopicPartition, OffsetEntry] = field(default_factory=dict)
+    offsets: OffsetMap = field(default_factory=OffsetMap)
     join_deadline_ms: int = 0
     join_deadline_max_ms: int = 0  # cap on initial-delay extensions
     initial_join: bool = False  # this rebalance started from Empty: wait for the delay

@@ -516,3 +516,44 @@ def test_only_a_delta_tells_the_coordinator_of_deleted_topics() -> None:
     assert told == [] and cache.topic("b") is None
     cache.apply(controller_pb2.MetadataUpdate(version=3, deleted_topic_ids=["a" * 8]))
     assert told == [["a"]]
+
+
+# ---------------------------------------------------------------------- what committed offsets may hold
+def test_commits_past_the_offsets_budget_are_refused_and_commits_adding_nothing_still_taken() -> None:
+    """group.coordinator.offsets.max.bytes: a client committing to made-up group ids, each offset with the
+    longest metadata, made the coordinator hold more without end; past the budget such commits are refused
+    (retriable COORDINATOR_NOT_AVAILABLE), while a group already here goes on committing what it holds."""
+    from broker.group_state import GROUP_OVERHEAD_BYTES, offset_bytes
+
+    budget = 200_000
+    c, now = _coordinator(group_coordinator_offsets_max_bytes=budget)
+    try:
+        assert _commit(c, "steady", [("t", p, 1) for p in range(4)])[0][2] == ErrorCode.NONE
+        metadata = "m" * c.config.offset_metadata_max_bytes
+        made = 0
+        with pytest.raises(CoordinatorError) as refused:
+            for i in range(1000):
+                c.commit_offsets(group_pb2.OffsetCommitRequest(
+                    group_id=f"made-up-{i}", generation_id=-1, partitions=[group_pb2.OffsetCommitPartition(
+                        topic="t", partition=p, offset=1, leader_epoch=-1, metadata=metadata) for p in range(4)]))
+                made += 1
+        assert refused.value.code == ErrorCode.COORDINATOR_NOT_AVAILABLE, refused.value
+        assert "group.coordinator.offsets.max.bytes" in str(refused.value)
+        held = sum(g.offsets.held_bytes + GROUP_OVERHEAD_BYTES + len(gid) for gid, g in c._groups.items())
+        assert 0 < made < 1000 and held <= budget, (made, held)
+        assert f"made-up-{made}" not in c._groups, "a refused commit makes no group"
+        # Each group's count is exact: what its offsets hold, however they were set.
+        g = c._groups["made-up-0"]
+        assert g.offsets.held_bytes == sum(offset_bytes(tp, e) for tp, e in g.offsets.items())
+        # The same partitions again, and shorter metadata: nothing added, taken.
+        assert [r[2] for r in _commit(c, "steady", [("t", p, 2) for p in range(4)])] == [ErrorCode.NONE] * 4
+        assert [r[2] for r in _commit(c, "made-up-0", [("t", 0, 5)])] == [ErrorCode.NONE]
+        assert g.offsets.held_bytes == sum(offset_bytes(tp, e) for tp, e in g.offsets.items())
+        # Groups gone (deleted, expired): the room is there again once counted afresh.
+        with c._lock:
+            for i in range(made):
+                c._groups.pop(f"made-up-{i}", None)
+        c._offsets_counted_at = float("-inf")  # the next refusal would count again: as if a second had passed
+        assert [r[2] for r in _commit(c, "after", [("t", 1, 1)])] == [ErrorCode.NONE]
+    finally:
+        c._loader.shutdown()
