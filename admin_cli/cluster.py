@@ -147,8 +147,13 @@ def info(ctx: typer.Context, bootstrap: BootstrapOpt = None, output: OutputOpt =
     st = state(ctx, bootstrap, output)
     meta = st.backend.metadata()
     desc = st.backend.describe_cluster()
+    replicas: dict[int, int] = {}
+    for p in desc.partitions:
+        for r in p.replicas:
+            replicas[r] = replicas.get(r, 0) + 1
     brokers = [{"node_id": b.node_id, "endpoints": [f"{e.host}:{e.port}" for e in b.endpoints], "rack": b.rack,
-                "fenced": b.fenced, "epoch": b.broker_epoch, "in_controlled_shutdown": b.in_controlled_shutdown}
+                "fenced": b.fenced, "epoch": b.broker_epoch, "in_controlled_shutdown": b.in_controlled_shutdown,
+                "replicas": replicas.get(b.node_id, 0), "partition_capacity": b.partition_capacity or None}
                for b in sorted(desc.brokers, key=lambda b: b.node_id)]
     internal = {n for n, t in meta.topics.items() if t.is_internal}
     data = {"cluster_id": desc.cluster_id, "active_controller_id": desc.active_controller_id,
@@ -160,9 +165,11 @@ def info(ctx: typer.Context, bootstrap: BootstrapOpt = None, output: OutputOpt =
                     # one address per line: three host:port side by side would not fit 80 columns
                     [[desc.active_controller_id, desc.metadata_version, data["topics"], data["partitions"],
                       "\n".join(data["controllers"])]])
-    btable = table("Brokers", ["ID", "ADDRESS", "RACK", "STATE", "EPOCH"],
+    # REPLICAS: partition replicas placed on the broker, of the most it takes (its capacity; "-": unbounded).
+    btable = table("Brokers", ["ID", "ADDRESS", "RACK", "STATE", "EPOCH", "REPLICAS"],
                    [[b["node_id"], b["endpoints"], b["rack"] or "-",
-                     Text("fenced", style="red") if b["fenced"] else Text("active", style="green"), b["epoch"]]
+                     Text("fenced", style="red") if b["fenced"] else Text("active", style="green"), b["epoch"],
+                     f"{b['replicas']}/{b['partition_capacity'] or '-'}"]
                     for b in brokers])
     show(st, data, summary, btable)
 

@@ -71,7 +71,8 @@ def broker_record(b: Any) -> pb.BrokerRecord:
     return pb.BrokerRecord(
         node_id=b.node_id, incarnation_id=b.incarnation_id, broker_epoch=b.broker_epoch,
         endpoints=[common_pb2.Endpoint(name=n, host=h, port=p) for n, h, p in b.endpoints],
-        rack=b.rack, fenced=b.fenced, in_controlled_shutdown=b.in_controlled_shutdown)
+        rack=b.rack, fenced=b.fenced, in_controlled_shutdown=b.in_controlled_shutdown,
+        partition_capacity=b.partition_capacity)
 
 
 def topic_record(t: Any) -> pb.TopicRecord:

@@ -25,7 +25,7 @@ class ControllerRedirect(_message.Message):
     def __init__(self, leader_id: _Optional[int] = ..., leader: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ...) -> None: ...
 
 class BrokerRecord(_message.Message):
-    __slots__ = ("node_id", "incarnation_id", "broker_epoch", "endpoints", "rack", "fenced", "in_controlled_shutdown")
+    __slots__ = ("node_id", "incarnation_id", "broker_epoch", "endpoints", "rack", "fenced", "in_controlled_shutdown", "partition_capacity")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class BrokerRecord(_message.Message):
     RACK_FIELD_NUMBER: _ClassVar[int]
     FENCED_FIELD_NUMBER: _ClassVar[int]
     IN_CONTROLLED_SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     incarnation_id: str
     broker_epoch: int
@@ -40,7 +41,8 @@ class BrokerRecord(_message.Message):
     rack: str
     fenced: bool
     in_controlled_shutdown: bool
-    def __init__(self, node_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., broker_epoch: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[_common_pb2.Endpoint, _Mapping]]] = ..., rack: _Optional[str] = ..., fenced: _Optional[bool] = ..., in_controlled_shutdown: _Optional[bool] = ...) -> None: ...
+    partition_capacity: int
+    def __init__(self, node_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., broker_epoch: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[_common_pb2.Endpoint, _Mapping]]] = ..., rack: _Optional[str] = ..., fenced: _Optional[bool] = ..., in_controlled_shutdown: _Optional[bool] = ..., partition_capacity: _Optional[int] = ...) -> None: ...
 
 class TopicRecord(_message.Message):
     __slots__ = ("name", "topic_id", "configs", "partition_count")

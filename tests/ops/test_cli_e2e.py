@@ -214,6 +214,10 @@ def test_cluster_info_quorum_and_health(brook, ops_cluster: LocalCluster) -> Non
     info = brook("cluster", "info", "-o", "json").json()
     assert sorted(b["node_id"] for b in info["brokers"]) == ops_cluster.broker_ids
     assert info["active_controller_id"] in ops_cluster.controller_ids
+    # Each broker's partition replicas, of the most it takes (its descriptor limit / 12: it registered that).
+    placed = sum(len(p.replicas) for p in ops_cluster.describe_cluster().partitions)
+    assert sum(b["replicas"] for b in info["brokers"]) == placed
+    assert all(b["partition_capacity"] and b["partition_capacity"] >= b["replicas"] for b in info["brokers"]), info
     q = brook("cluster", "quorum", "-o", "json").json()
     assert q["leader_id"] == info["active_controller_id"] and len(q["voters"]) == 3, q
     r = brook("cluster", "health")
