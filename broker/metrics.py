@@ -746,16 +746,19 @@ class NodeMetrics:
     def add(self, collector: Collector) -> None:
         self.registry.register(collector)
 
-    def serve(self, host: str, port: int, tls: dict[str, Any] | None = None) -> int:
+    def serve(self, host: str, port: int, tls: dict[str, Any] | None = None,
+              may_scrape: Callable[[Any], bool] | None = None) -> int:
         """Serve /metrics on host:port (0 picks a free port); returns the bound port.
 
         ``tls``: certfile/keyfile (and client_cafile + client_auth_required for mTLS) for HTTPS;
         None serves plain HTTP. The server is broker.http_serving's: bounded in connections and
         threads, each connection within a deadline (a scrape takes milliseconds).
+        ``may_scrape``: whether the caller's principal (its verified client certificate's, else
+        ANONYMOUS; broker.console.principal_of_socket) may read the page (403 otherwise); None: anyone.
         """
         context = None if tls is None else tls_context(
             tls["certfile"], tls["keyfile"], tls.get("client_cafile"), bool(tls.get("client_auth_required")))
-        self._httpd = BoundedHTTPServer((host, port), _metrics_handler(self.registry), name="metrics-http",
+        self._httpd = BoundedHTTPServer((host, port), _metrics_handler(self.registry, may_scrape), name="metrics-http",
                                         tls=context, workers=METRICS_WORKERS, max_pending=METRICS_PENDING,
                                         per_address=METRICS_PER_ADDRESS, deadline_s=METRICS_DEADLINE_S)
         self._httpd.serve_in_thread()
@@ -777,11 +780,28 @@ METRICS_PER_ADDRESS = 4
 METRICS_DEADLINE_S = 10.0  # Prometheus' default scrape timeout
 
 
-def _metrics_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+def _metrics_handler(registry: CollectorRegistry,
+                     may_scrape: Callable[[Any], bool] | None = None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "brook-metrics"
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if may_scrape is not None:
+                # The page names every topic, partition and consumer group with their offsets, sizes and lags:
+                # with an authorizer, only for a caller allowed DESCRIBE on the cluster (what Kafka's
+                # DescribeLogDirs and ListGroups of every group need), as the console (found by an audit:
+                # any caller, even without a client certificate, read it).
+                from broker.console import principal_of_socket
+
+                try:
+                    caller = principal_of_socket(self.connection)
+                    allowed = bool(may_scrape(caller))
+                except Exception:  # a certificate no mapping rule accepts, or no authorizer yet
+                    caller, allowed = "this caller", False
+                if not allowed:
+                    self._send(403, "text/plain; charset=utf-8",
+                               f"{caller} may not DESCRIBE the cluster: /metrics needs that ACL\n".encode())
+                    return
             if self.path.split("?", 1)[0] not in ("/metrics", "/"):
                 self._send(404, "text/plain; charset=utf-8", b"not found: the metrics are at /metrics\n")
                 return

@@ -300,7 +300,10 @@ class Node:
         # Metrics first: a taken metrics port fails the start before any role joins the cluster.
         addr = cfg.metrics_address
         if addr is not None:
-            self.metrics_port = self.metrics.serve(*addr, tls=cfg.metrics_tls())
+            # With an authorizer, the page (every topic, partition and group) is for callers allowed DESCRIBE on
+            # the cluster, as the console; a caller is refused until this node's authorizer is up.
+            may_scrape = self._may_scrape if str(cfg.values["authorizer.class.name"] or "").strip() else None
+            self.metrics_port = self.metrics.serve(*addr, tls=cfg.metrics_tls(), may_scrape=may_scrape)
         if cfg.health_address is not None:  # before the roles: a startup probe sees "starting"
             from broker.health import HealthServer
 
@@ -356,6 +359,15 @@ class Node:
             log.info("broker %d started on %s", cfg.node_id, cfg.listeners["BROKER"])
         self._up = True
         log.info("node %d up: roles %s, cluster %s", cfg.node_id, ",".join(cfg.roles), cfg.cluster_id)
+
+    def _may_scrape(self, caller: Any) -> bool:
+        """May ``caller`` read /metrics: DESCRIBE on the cluster, by this node's authorizer (the broker's, else
+        the controller's); False while neither role is up."""
+        from broker import authorizer as authz
+
+        security = getattr(self.broker, "security", None) or getattr(self.controller, "_security", None)
+        authorizer = getattr(security, "authorizer", None)
+        return authorizer is not None and authorizer.authorize(caller, authz.DESCRIBE, authz.CLUSTER)
 
     def _start_console(self, cfg: NodeConfig) -> None:
         from broker.console import ADMIN_TIMEOUT_MS, ConsoleData, ConsoleServer

@@ -493,6 +493,8 @@ class LocalCluster:
             # Every node talks mTLS: a plaintext caller is nobody, even on loopback.
             "security.plaintext.loopback.trusted": "false",
             "metrics.ssl.enable": "true",
+            # /metrics names every topic and group: a client certificate, as on every other listener.
+            "metrics.ssl.client.auth": "required",
             **({"authorizer.class.name": "StandardAuthorizer", "super.users": f"User:{CLIENT_CERT_NAME}",
                 "allow.everyone.if.no.acl.found": "false"} if self.authorizer else {}),
         }
