@@ -140,11 +140,14 @@ class AclIndex:
                 self._prefixed.setdefault((b.resource_type, b.resource_name), []).append(b)
                 lengths.setdefault(b.resource_type, set()).add(len(b.resource_name))
         self._prefix_lengths = {rtype: sorted(ls) for rtype, ls in lengths.items()}
-        # ALLOWs of WRITE (or ALL) on any topic, by principal: Kafka's InitProducerId rule.
+        # ALLOWs and DENYs of WRITE (or ALL) on any topic, by principal: Kafka's InitProducerId rule
+        # (Authorizer.authorizeByResourceType), which weighs both.
         self.topic_writers: dict[str, list[AclBinding]] = {}
+        self.topic_write_denials: dict[str, list[AclBinding]] = {}
         for b in self.bindings:
-            if b.resource_type == TOPIC and b.permission == "ALLOW" and b.operation in (WRITE, "ALL"):
-                self.topic_writers.setdefault(b.principal, []).append(b)
+            if b.resource_type == TOPIC and b.operation in (WRITE, "ALL"):
+                held = self.topic_writers if b.permission == "ALLOW" else self.topic_write_denials
+                held.setdefault(b.principal, []).append(b)
 
     def matching(self, resource_type: str, name: str) -> list[AclBinding]:
         out = list(self._literal.get((resource_type, name), ()))
@@ -247,13 +250,31 @@ class Authorizer:
         return self._decide(str(principal), principal, DESCRIBE, TOPIC, topic)
 
     def may_write_some_topic(self, principal: object) -> bool:
-        """Kafka's InitProducerId rule: an ALLOW for WRITE on any topic (no DENY can cover every topic)."""
+        """Kafka's InitProducerId rule, ``authorizeByResourceType(WRITE, TOPIC)`` of its Authorizer interface:
+        allowed WRITE on a made-up topic name (super users; ``allow.everyone.if.no.acl.found`` when no binding
+        applies to it), else an ALLOW of WRITE (or ALL) on some topic that no DENY of the principal dominates:
+        a DENY on the literal ``*`` denies outright; a literal ALLOW is dominated by a DENY of the same literal
+        name or of a prefix of it, a prefixed ALLOW by a prefixed DENY of a prefix of it (itself included).
+        Before, any ALLOW sufficed: a principal denied WRITE on every topic still got producer ids."""
         who = str(principal)
-        if self._unchecked(who, principal):
+        if self._decide(who, principal, WRITE, TOPIC, "hardcode"):  # Kafka's own probe name
             return True
         host = getattr(principal, "host", "")
-        writers = self._acls().topic_writers
-        return any(_host_applies(b, host) for p in (who, "User:*") for b in writers.get(p, ()))
+        index = self._acls()
+        mine = list(dict.fromkeys((who, "User:*")))
+        denials = [b for p in mine for b in index.topic_write_denials.get(p, ()) if _host_applies(b, host)]
+        if any(b.pattern_type == "LITERAL" and b.resource_name == WILDCARD for b in denials):
+            return False
+        denied_literals = {b.resource_name for b in denials if b.pattern_type == "LITERAL"}
+        denied_prefixes = {b.resource_name for b in denials if b.pattern_type != "LITERAL"}
+        for b in (b for p in mine for b in index.topic_writers.get(p, ()) if _host_applies(b, host)):
+            if b.pattern_type == "LITERAL" and b.resource_name == WILDCARD:
+                return True
+            if b.pattern_type == "LITERAL" and b.resource_name in denied_literals:
+                continue
+            if not any(b.resource_name[:n] in denied_prefixes for n in range(1, len(b.resource_name) + 1)):
+                return True
+        return False
 
     def denied_total(self) -> dict[tuple[str, str], int]:
         with self._lock:
