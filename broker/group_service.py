@@ -305,7 +305,14 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         try:
             results = self.c.commit_offsets(request) if request.partitions or not refusals else []
         except errors.BrookError as exc:
-            return group_pb2.OffsetCommitResponse(error_code=exc.code, error_message=exc.message)
+            if not refusals:
+                return group_pb2.OffsetCommitResponse(error_code=exc.code, error_message=exc.message)
+            # As Kafka: the topics refused keep TOPIC_AUTHORIZATION_FAILED, the others get the group's error
+            # (the answer gave every partition the group's error, UNKNOWN_MEMBER_ID on a refused topic).
+            results = [(p.topic, p.partition, exc.code, exc.message) for p in request.partitions]
+            return group_pb2.OffsetCommitResponse(error_code=exc.code, error_message=exc.message, partitions=[
+                group_pb2.PartitionError(topic=t, partition=p, error_code=c, error_message=m)
+                for t, p, c, m in results + [(t, p, e.code, e.message) for t, p, e in refusals]])
         results = list(results) + [(t, p, e.code, e.message) for t, p, e in refusals]
         return group_pb2.OffsetCommitResponse(partitions=[
             group_pb2.PartitionError(topic=t, partition=p, error_code=c, error_message=m) for t, p, c, m in results])
@@ -411,17 +418,19 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         if (refused := self._refused(context, authz.DELETE, request.group_id,
                                      group_pb2.OffsetDeleteResponse)) is not None:
             return refused
+        # As Kafka (handleOffsetDeleteRequest): the partitions of topics the caller may not READ are refused one by
+        # one, TOPIC_AUTHORIZATION_FAILED, and the others deleted (the whole request used to be refused).
         denied, caller = self._topic_denied(context, authz.READ, request.partitions)
-        if denied:
-            exc = authz.denied_error(caller, authz.READ, authz.TOPIC, sorted(denied)[0])
-            return group_pb2.OffsetDeleteResponse(error_code=exc.code, error_message=exc.message)
-        tps = [TopicPartition(p.topic, p.partition) for p in request.partitions]
+        refused = [(p.topic, p.partition, authz.denied_code(authz.TOPIC)) for p in request.partitions
+                   if p.topic in denied]
+        tps = [TopicPartition(p.topic, p.partition) for p in request.partitions if p.topic not in denied]
         try:
             results = self.c.delete_offsets(request.group_id, tps)
         except errors.BrookError as exc:
             return group_pb2.OffsetDeleteResponse(error_code=exc.code, error_message=exc.message)
         return group_pb2.OffsetDeleteResponse(partitions=[
-            group_pb2.PartitionError(topic=tp.topic, partition=tp.partition, error_code=c) for tp, c in results])
+            group_pb2.PartitionError(topic=t, partition=p, error_code=c)
+            for t, p, c in [(tp.topic, tp.partition, c) for tp, c in results] + refused])
 
     def _alter_group_offsets(self, request, context):
         # Kafka: resetting offsets is an offset commit (READ on the group and on each topic).
