@@ -303,12 +303,21 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         # the active controller answers (clients use the call to find it).
         if request.any_voter and not self._stopping.is_set():
             try:
-                return self.describe_quorum()
+                return self._quorum_for(context, self.describe_quorum())
             except Exception as exc:  # a bug must not kill the server thread
                 log.exception("DescribeQuorum failed")
                 return pb.DescribeQuorumResponse(error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
                                                  error_message=f"internal error: {type(exc).__name__}: {exc}")
-        return self._serve(pb.DescribeQuorumResponse, context, self.describe_quorum)
+        return self._quorum_for(context, self._serve(pb.DescribeQuorumResponse, context, self.describe_quorum))
+
+    def _quorum_for(self, context: Any, response: pb.DescribeQuorumResponse) -> pb.DescribeQuorumResponse:
+        """The voters (ids, Raft addresses, log positions, lags) for callers allowed DESCRIBE on the cluster, as
+        Kafka's DescribeQuorum needs; any caller still learns the leader, term and the redirect, which clients
+        use to find the active controller (an audit: a principal with no grant read every voter's address)."""
+        if response.voters and not self._authz.authorize(principal.principal_of(context), authz.DESCRIBE,
+                                                         authz.CLUSTER):
+            del response.voters[:]
+        return response
 
     def describe_quorum(self) -> pb.DescribeQuorumResponse:
         status = self._raft.status()

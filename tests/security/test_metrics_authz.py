@@ -63,3 +63,32 @@ def test_metrics_need_describe_on_the_cluster(node: LocalCluster) -> None:
                                         "ALLOW"])])
         wait_for(lambda: scrape(node, "demo")[0] == 200, T, "demo allowed to scrape /metrics")
         assert 'topic="hidden-orders"' in scrape(node, "demo")[1]
+
+
+def test_describe_quorum_shows_the_voters_only_to_describe_on_the_cluster(node: LocalCluster) -> None:
+    """Kafka's DescribeQuorum needs DESCRIBE on the cluster. Brook's clients probe it to find the active
+    controller, so any caller still gets the leader, term and redirect; the voters (their Raft addresses, log
+    positions and lags) only a caller allowed DESCRIBE on the cluster (an audit: User:nobody read them)."""
+    from client.security import SecurityConfig, make_channel
+    from proto import controller_pb2 as pb
+    from proto import controller_pb2_grpc
+
+    host, port = node.controller_endpoints[0]
+
+    def quorum(who: str) -> pb.DescribeQuorumResponse:
+        security = SecurityConfig.from_config(node.client_config_for(who))
+        channel = make_channel(f"{host}:{port}", security)
+        try:
+            return controller_pb2_grpc.ControllerServiceStub(channel).DescribeQuorum(
+                pb.DescribeQuorumRequest(any_voter=True), timeout=T)
+        finally:
+            channel.close()
+
+    operator = quorum("admin")
+    assert [v.node_id for v in operator.voters] == [1] and operator.voters[0].raft_address, operator
+    from deploy.local.certs import CertificateAuthority
+
+    CertificateAuthority.load_or_create(node.tls_dir).issue(node.tls_dir, "nobody", hosts=(), server=False)
+    nobody = quorum("nobody")
+    assert (nobody.error_code, nobody.leader_id, nobody.term) == (0, operator.leader_id, operator.term), nobody
+    assert list(nobody.voters) == [], nobody
