@@ -345,19 +345,23 @@ class AdminApis:
             except _Failed as exc:
                 failed = exc
         node: tuple[list[_ConfigRow], list[_ConfigRow]] | _Failed | None = None  # what BROKER resources show
+        view: tuple[list[_ConfigRow], list[_ConfigRow]] | None = None  # read once: topics show it too
         if any(refused is None and r.resource_type == RESOURCE_BROKER
                for r, refused in zip(resources, screened, strict=True)):
             try:
-                node = self._node_configs(ctx)
+                node = view = self._node_configs(ctx)
             except _Failed as exc:
                 node = exc
+        if described and view is None:
+            view = self._node_view()
         return await self._answer(functools.partial(
-            self._describe_answer, req, resources, screened, described, failed, node),
+            self._describe_answer, req, resources, screened, described, failed, node, view),
             heavy=bool(described) or len(resources) > _ANSWER_ON_LOOP_MAX_ITEMS)
 
     def _describe_answer(self, req: codec.Request, resources: list[Any], screened: list[_Failed | None],
                          described: dict[str, Any], failed: _Failed | None,
-                         node: tuple[list[_ConfigRow], list[_ConfigRow]] | _Failed | None) -> Any:
+                         node: tuple[list[_ConfigRow], list[_ConfigRow]] | _Failed | None,
+                         view: tuple[list[_ConfigRow], list[_ConfigRow]] | None = None) -> Any:
         """The DescribeConfigs response (on the admin pool: up to 1,000 topics' entries with documentation)."""
         body = req.body
         with_docs = bool(_get(body, "include_documentation", False))
@@ -381,7 +385,7 @@ class AdminApis:
                     if r.error_code:
                         raise _Failed(r.error_code, r.error_message)
                     if topic_defaults is None:
-                        topic_defaults = self._topic_defaults()
+                        topic_defaults = _topic_defaults(view[1] if view is not None else self._node_view()[1])
                     configs = [_with_broker_synonyms(_topic_row(e), topic_defaults.get(e.name)) for e in r.entries]
                 elif res.resource_type == RESOURCE_BROKER:
                     assert node is not None
@@ -481,16 +485,6 @@ class AdminApis:
                 value, synonyms = None, [(n, None, src) for n, _, src in synonyms]
             rows.append((name, value, source, sensitive, doc, name not in reconfigurable, tuple(synonyms)))
         return rows
-
-    def _topic_defaults(self) -> dict[str, _ConfigRow]:
-        """Topic config name -> this broker's row for its broker key (retention.ms -> log.retention.ms): what a
-        topic without its own value uses here, and where that comes from. Shown to whoever may describe the
-        topic's configs, as Kafka's broker does (secrets are no topic defaults)."""
-        from broker.config import KEYS
-
-        broker_key = {d.topic_key: name for name, d in KEYS.items() if d.topic_key is not None}
-        rows = {row[0]: row for row in self._node_view()[1]}
-        return {topic: rows[key] for topic, key in broker_key.items() if key in rows}
 
     def _broker_configs(self, node: tuple[list[_ConfigRow], list[_ConfigRow]] | _Failed,
                         name: str) -> list[_ConfigRow]:
@@ -902,6 +896,18 @@ def _topic_row(e: Any) -> _ConfigRow:
     source = SOURCE_DEFAULT if e.is_default else SOURCE_DYNAMIC_TOPIC
     return (e.name, e.value, source, False, e.documentation, False,
             () if e.is_default else ((e.name, e.value, source),))
+
+
+def _topic_defaults(own: list[_ConfigRow]) -> dict[str, _ConfigRow]:
+    """Topic config name -> this broker's row (``own``: its own configs) for the broker key that stands for it
+    (retention.ms -> log.retention.ms): what a topic without its own value uses here, and where that comes
+    from. Shown to whoever may describe the topic's configs, as Kafka's broker does (no topic default is a
+    secret)."""
+    from broker.config import KEYS
+
+    broker_key = {d.topic_key: name for name, d in KEYS.items() if d.topic_key is not None}
+    rows = {row[0]: row for row in own}
+    return {topic: rows[key] for topic, key in broker_key.items() if key in rows}
 
 
 def _with_broker_synonyms(row: _ConfigRow, broker_row: _ConfigRow | None) -> _ConfigRow:

@@ -199,7 +199,9 @@ async def test_describe_configs_answers_each_copy_but_asks_and_reads_once(
     assert by_error[55][:2] == ("2", ErrorCode.INVALID_REQUEST)  # another broker's configs
     u = {c.name: c for c in answer.results[50].configs}
     assert u["retention.ms"].value == "1000" and u["retention.ms"].documentation == "How long."
-    assert [(s.name, s.value) for s in u["retention.ms"].synonyms] == [("retention.ms", "1000")]
+    # The topic's own value, then the broker-level ones (the dynamic cluster default, the default), as Kafka.
+    assert [(s.name, s.value) for s in u["retention.ms"].synonyms] == \
+        [("retention.ms", "1000"), ("log.retention.ms", "60000"), ("log.retention.ms", "604800000")]
     cluster_defaults = {c.name: c.value for c in answer.results[54].configs}
     assert cluster_defaults == {"log.retention.ms": "60000"}
     # The work: one controller call naming each topic once, the node's configs read and authorized once.
