@@ -84,6 +84,10 @@ class ControllerClient:
         self._stubs: dict[Endpoint, pb_grpc.ControllerServiceStub] = {}
         self._leader: Endpoint | None = None
         self._active_calls: set[Any] = set()
+        # Open watch streams -> the controller each follows; a stream in _superseded was cancelled because
+        # another controller answered as the active one (see _answered_as_active).
+        self._watch_targets: dict[Any, Endpoint] = {}
+        self._superseded: set[Any] = set()
         self._closed = False
 
     # ---- public API ----
@@ -147,7 +151,7 @@ class ControllerClient:
                 continue
             code = response.error_code
             if code == ErrorCode.NONE:
-                self._leader = target
+                self._answered_as_active(target)
                 return response
             last_error = f"{errors.code_name(code)}: {response.error_message}"
             if code == ErrorCode.NOT_CONTROLLER:
@@ -196,7 +200,7 @@ class ControllerClient:
                     last_error = f"{errors.code_name(response.error_code)}: {response.error_message}"
                     continue
                 if response.responder_is_active:
-                    self._leader = endpoint
+                    self._answered_as_active(endpoint)
                     return response
                 if fallback is None or (fallback.leader_id < 0 <= response.leader_id):
                     fallback = response
@@ -243,6 +247,7 @@ class ControllerClient:
             )
             with self._lock:
                 self._active_calls.add(stream)
+                self._watch_targets[stream] = target
             try:
                 for update in stream:
                     if update.error_code != ErrorCode.NONE:
@@ -259,11 +264,19 @@ class ControllerClient:
             except grpc.RpcError as exc:
                 if self._closed:
                     return
-                log.info("watch on %s:%d broke: %s", target[0], target[1], exc.code())
+                with self._lock:
+                    superseded = stream in self._superseded
+                if superseded:
+                    log.warning("watch on %s:%d ended: another controller (%s) answered as the active one; "
+                                "following it", target[0], target[1], self._leader)
+                else:
+                    log.info("watch on %s:%d broke: %s", target[0], target[1], exc.code())
                 self._forget_leader(target)
             finally:
                 with self._lock:
                     self._active_calls.discard(stream)
+                    self._watch_targets.pop(stream, None)
+                    self._superseded.discard(stream)
                 stream.cancel()
             if not self._closed:
                 time.sleep(_backoff_s(attempt))
@@ -304,6 +317,21 @@ class ControllerClient:
                 stub = self._stubs[endpoint] = pb_grpc.ControllerServiceStub(channel)
             return stub
 
+    def _answered_as_active(self, endpoint: Endpoint) -> None:
+        """``endpoint`` has just answered as the active controller: remember it, and end every watch stream
+        open on another controller. That one is no longer active (it would end the stream with NOT_CONTROLLER
+        if it could), or it cannot say so: a controller whose Python threads are all stuck (pysyncobj writes
+        its journal through mmap while holding the GIL, so a hung metadata disk stops the whole process) still
+        answers HTTP/2 pings from gRPC's C core, so the stream neither fails nor delivers, and a broker
+        following it learns no leader election, fence or ISR change for as long as that lasts. The heartbeats
+        and other calls find the new controller; the watch follows them here, resuming from its last version."""
+        self._leader = endpoint
+        with self._lock:
+            stale = [s for s, target in self._watch_targets.items() if target != endpoint and s not in self._superseded]
+            self._superseded.update(stale)
+        for stream in stale:
+            stream.cancel()
+
     def _forget_leader(self, endpoint: Endpoint) -> None:
         if self._leader == endpoint:
             self._leader = None
@@ -326,7 +354,7 @@ class ControllerClient:
             except grpc.RpcError:
                 continue
             if response.error_code == ErrorCode.NONE:
-                self._leader = endpoint
+                self._answered_as_active(endpoint)
                 return endpoint
             redirect = response.redirect
             if response.error_code == ErrorCode.NOT_CONTROLLER and redirect.leader_id >= 0 \
