@@ -177,6 +177,23 @@ def record_incarnation(log_dir: Path, incarnation_id: str) -> str:
     return previous
 
 
+
+def _holds_logs(log_dir: Path) -> bool:
+    """Whether ``log_dir`` has a partition's log (a directory named <topic>-<partition>)."""
+    from storage.log import parse_partition_dir
+
+    try:
+        for child in log_dir.iterdir():
+            try:
+                parse_partition_dir(child.name)
+            except ValueError:
+                continue
+            if child.is_dir():
+                return True
+    except OSError:
+        return False
+    return False
+
 class BrokerServer:
     def __init__(self, settings: BrokerSettings, *,
                  extensions: list[Callable[[BrokerServer], object]] | None = None) -> None:
@@ -186,6 +203,9 @@ class BrokerServer:
         self.heartbeat_interval_ms = int(d.get("broker.heartbeat.interval.ms", "2000"))
         self.session_timeout_ms = int(d.get("broker.session.timeout.ms", "9000"))
         self.stall_fence_s = int(d.get("event.loop.stall.fence.ms", "5000")) / 1000
+        # A log directory was found empty and new at start (no meta.properties, no partition logs): this broker
+        # has none of the records it had (see RegisterBrokerRequest.storage_created).
+        self.storage_created = False
         self._withholding_heartbeats = False  # the event loop is stuck: see heartbeat_once
         self._extensions = list(extensions or [])
         self._servicer_fns: list[Callable[[grpc.aio.Server], None]] = []
@@ -247,7 +267,9 @@ class BrokerServer:
         s = self.settings
         d = s.defaults
         for log_dir in s.log_dirs:  # before anything reads them: refused if they belong to another node
-            meta_properties.check_or_write(Path(log_dir), s.cluster_id, s.node_id)
+            if meta_properties.check_or_write(Path(log_dir), s.cluster_id, s.node_id) and not _holds_logs(Path(log_dir)):
+                # Empty: a first start, or a replaced or wiped disk. Told to the controller at registration.
+                self.storage_created = True
         PRODUCER_BUDGET.max_producers = int(d.get("producer.id.max.tracked", str(DEFAULT_PROCESS_MAX_PRODUCERS)))
         self.log_manager = LogManager(
             list(s.log_dirs), d,
@@ -554,7 +576,7 @@ class BrokerServer:
         req = controller_pb2.RegisterBrokerRequest(
             node_id=s.node_id, incarnation_id=self.incarnation_id, rack=s.rack, cluster_id=s.cluster_id,
             endpoints=self.endpoints(), previous_incarnation_id=self.previous_incarnation_id,
-            partition_capacity=self.partition_capacity())
+            partition_capacity=self.partition_capacity(), storage_created=self.storage_created)
         deadline = time.monotonic() + timeout_s
         while not self._stopping.is_set():
             try:

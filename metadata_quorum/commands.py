@@ -37,6 +37,9 @@ class RegisterBroker:
     # 0 = unbounded: what a broker of an older release reports, and what a journal written before this field
     # existed replays as.
     partition_capacity: int = 0
+    # Its log directories were found empty and made at this start (a replaced or wiped disk): it leaves every
+    # ISR, the last member's place included. False in a journal written before this field existed.
+    storage_created: bool = False
 
 
 @dataclass(frozen=True, slots=True)

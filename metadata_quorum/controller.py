@@ -269,12 +269,14 @@ class QuorumController:
         with self._registering:  # the check and the proposal, one registration at a time
             self._refuse_duplicate(req)
             result = self._propose(c.RegisterBroker(req.node_id, req.incarnation_id, endpoints, req.rack,
-                                                    int(req.partition_capacity)), timeout_s)
+                                                    int(req.partition_capacity), bool(req.storage_created)),
+                                   timeout_s)
             result.raise_for_error()
             with self._lock:
                 self._leases[req.node_id] = self._clock()
-        log.info("broker %d registered (epoch %d, incarnation %s, partition capacity %s)", req.node_id, result.value,
-                 req.incarnation_id, req.partition_capacity or "unbounded")
+        log.info("broker %d registered (epoch %d, incarnation %s, partition capacity %s%s)", req.node_id,
+                 result.value, req.incarnation_id, req.partition_capacity or "unbounded",
+                 "; its log directories are new: it left every ISR" if req.storage_created else "")
         return pb.RegisterBrokerResponse(broker_epoch=result.value)
 
     def _refuse_duplicate(self, req: pb.RegisterBrokerRequest) -> None:
@@ -526,6 +528,7 @@ class QuorumController:
 
         def plan(s: MetadataState) -> tuple[list[pb.ElectionResult], list[c.PartitionChangeItem]]:
             eligible = {b.node_id for b in s.brokers.values() if b.eligible}
+            fresh = s.storage_created_ids()  # an unclean election's last choice: they started on empty disks
             results: list[pb.ElectionResult] = []
             items: list[c.PartitionChangeItem] = []
             targets: list[tuple[str, int, bool]] = []  # (topic, partition, named explicitly)
@@ -552,7 +555,7 @@ class QuorumController:
                         error_message=f"{topic}-{index} does not exist"))
                     continue
                 p = state.partitions[index]
-                code, message, item = self._plan_election(topic, index, p, eligible, unclean)
+                code, message, item = self._plan_election(topic, index, p, eligible, unclean, fresh)
                 if item is not None:
                     items.append(item)
                 elif explicit:
@@ -579,7 +582,8 @@ class QuorumController:
 
     @staticmethod
     def _plan_election(topic: str, index: int, p: PartitionState, eligible: set[int],
-                       unclean: bool) -> tuple[int, str, c.PartitionChangeItem | None]:
+                       unclean: bool, last_resort: set[int] | frozenset[int] = frozenset()
+                       ) -> tuple[int, str, c.PartitionChangeItem | None]:
         name = f"{topic}-{index}"
         if not unclean:
             preferred = p.replicas[0] if p.replicas else -1
@@ -592,7 +596,7 @@ class QuorumController:
             return ErrorCode.NONE, "", c.PartitionChangeItem(topic, index, p.partition_epoch, new_leader=preferred)
         if p.leader != NO_LEADER:
             return ErrorCode.ELECTION_NOT_NEEDED, f"{name}: broker {p.leader} leads it", None
-        chosen = elect_leader(p.replicas, p.isr, eligible, unclean_allowed=True)
+        chosen = elect_leader(p.replicas, p.isr, eligible, unclean_allowed=True, last_resort=last_resort)
         if chosen.leader == NO_LEADER:
             return (ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
                     f"{name}: none of the replicas {list(p.replicas)} is live", None)

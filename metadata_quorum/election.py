@@ -21,7 +21,8 @@ class Election:
 
 
 def elect_leader(
-    replicas: Sequence[int], isr: Sequence[int], eligible: Container[int], *, unclean_allowed: bool
+    replicas: Sequence[int], isr: Sequence[int], eligible: Container[int], *, unclean_allowed: bool,
+    last_resort: Container[int] = (),
 ) -> Election:
     """Choose a leader: the first eligible in-sync replica in assignment order.
 
@@ -36,7 +37,9 @@ def elect_leader(
         if replica in in_sync and replica in eligible:
             return Election(replica, list(isr))
     if unclean_allowed:
-        for replica in replicas:
+        # ``last_resort``: replicas whose broker started on an empty disk, likely with none of this partition's
+        # records; another eligible replica goes first.
+        for replica in sorted(replicas, key=lambda r: r in last_resort):
             if replica in eligible:
                 return Election(replica, [replica], unclean=True)
     return Election(NO_LEADER, list(isr))

@@ -64,6 +64,9 @@ class BrokerState:
     # Most partition replicas it may hold (reported at registration, from its descriptor limit and
     # max.partitions.per.broker); 0 = unbounded (a broker of an older release, a journal written before).
     partition_capacity: int = 0
+    # This incarnation registered with log directories made at its start (a replaced or wiped disk): an
+    # unclean election picks it only when no other replica can lead.
+    storage_created: bool = False
 
     @property
     def eligible(self) -> bool:
@@ -395,13 +398,21 @@ class MetadataState:
         if old is not None and old.incarnation_id == cmd.incarnation_id:
             # The same process registering again (a retried request): idempotent.
             return ApplyResult(value=old.broker_epoch)
-        if old is not None and old.eligible:
+        if old is not None and cmd.storage_created:
+            # Its log directories are new (a replaced or wiped disk): it has none of the records it had. It
+            # leaves every ISR, the last member's place included: left there, the next clean election would make
+            # its empty log the partition's, and the other replicas would truncate to it (every acknowledged
+            # record gone; Kafka has the same hole before KIP-966). The partition waits offline for an unclean
+            # election, which takes a replica that kept its log first.
+            self._remove_from_partitions(old.node_id, keep_last=False)
+        elif old is not None and old.eligible:
             # A new incarnation means the old process is gone: its replicas may have lost
             # unflushed data, so it leaves every ISR and its leaderships move.
             self._remove_from_partitions(old.node_id)
         epoch = self.version + 1
         self.brokers[cmd.node_id] = BrokerState(cmd.node_id, cmd.incarnation_id, epoch, endpoints, cmd.rack,
-                                                partition_capacity=cmd.partition_capacity)
+                                                partition_capacity=cmd.partition_capacity,
+                                                storage_created=cmd.storage_created)
         self._touch(("B", cmd.node_id))
         return ApplyResult(value=epoch)
 
@@ -457,6 +468,10 @@ class MetadataState:
     def _eligible_ids(self) -> set[int]:
         return {b.node_id for b in self.brokers.values() if b.eligible}
 
+    def storage_created_ids(self) -> set[int]:
+        """Brokers whose incarnation started on new log directories: an unclean election's last choice."""
+        return {b.node_id for b in self.brokers.values() if b.storage_created}
+
     def _unclean_allowed(self, topic: TopicState) -> bool:
         raw = topic.configs.get("unclean.leader.election.enable",
                                 self.cluster_configs.get("unclean.leader.election.enable"))
@@ -464,21 +479,29 @@ class MetadataState:
             return self.unclean_leader_election_default
         return raw.strip().lower() == "true"
 
-    def _remove_from_partitions(self, broker_id: int) -> None:
-        """A broker can no longer serve: drop it from every ISR and move its leaderships."""
+    def _remove_from_partitions(self, broker_id: int, *, keep_last: bool = True) -> None:
+        """A broker can no longer serve: drop it from every ISR and move its leaderships. ``keep_last``: as
+        the last member of an ISR it stays there (Kafka's rule), unless its log is gone (``keep_last`` False)."""
         eligible = self._eligible_ids()
         eligible.discard(broker_id)
+        fresh = self.storage_created_ids() | {broker_id} if not keep_last else self.storage_created_ids()
         for topic in self.topics.values():
             unclean = None
             for index, p in enumerate(topic.partitions):
                 if broker_id not in p.replicas:
                     continue
-                new_isr = isr_without(p.isr, broker_id) if broker_id in p.isr else p.isr
+                if broker_id not in p.isr:
+                    new_isr = p.isr
+                elif keep_last:
+                    new_isr = isr_without(p.isr, broker_id)
+                else:
+                    new_isr = [r for r in p.isr if r != broker_id]
                 new_leader, new_isr_final = p.leader, new_isr
                 if p.leader == broker_id or p.leader == NO_LEADER:
                     if unclean is None:
                         unclean = self._unclean_allowed(topic)
-                    chosen = elect_leader(p.replicas, new_isr, eligible, unclean_allowed=unclean)
+                    chosen = elect_leader(p.replicas, new_isr, eligible, unclean_allowed=unclean,
+                                          last_resort=fresh)
                     new_leader, new_isr_final = chosen.leader, chosen.isr
                 self._set_partition(topic, index, p, new_leader, new_isr_final)
 
@@ -492,7 +515,8 @@ class MetadataState:
                     continue
                 if unclean is None:
                     unclean = self._unclean_allowed(topic)
-                chosen = elect_leader(p.replicas, p.isr, eligible, unclean_allowed=unclean)
+                chosen = elect_leader(p.replicas, p.isr, eligible, unclean_allowed=unclean,
+                                      last_resort=self.storage_created_ids())
                 if chosen.leader != NO_LEADER:
                     self._set_partition(topic, index, p, chosen.leader, chosen.isr)
 
@@ -1064,7 +1088,9 @@ class MetadataState:
             "brokers": [
                 [b.node_id, b.incarnation_id, b.broker_epoch, [list(e) for e in b.endpoints], b.rack,
                  b.fenced, b.in_controlled_shutdown]
-                + ([b.partition_capacity] if b.partition_capacity else [])  # absent: unbounded, as before
+                # absent: unbounded, as before; then whether it started on new log directories (absent: no)
+                + ([b.partition_capacity] if b.partition_capacity or b.storage_created else [])
+                + ([True] if b.storage_created else [])
                 for b in sorted(self.brokers.values(), key=lambda b: b.node_id)
             ],
             "topics": [
@@ -1100,10 +1126,12 @@ class MetadataState:
         self.unclean_leader_election_default = bool(data["unclean_leader_election_default"])
         self.next_producer_id = int(data["next_producer_id"])
         self.brokers = {}
-        for node_id, inc, epoch, endpoints, rack, fenced, shutting, *capacity in data["brokers"]:
-            # No capacity: a snapshot written before brokers reported one, or an unbounded broker.
+        for node_id, inc, epoch, endpoints, rack, fenced, shutting, *more in data["brokers"]:
+            # No capacity: a snapshot written before brokers reported one, or an unbounded broker; no storage
+            # flag: written before it existed, or a broker that did not start on new log directories.
             self.brokers[node_id] = BrokerState(node_id, inc, epoch, [(e[0], e[1], e[2]) for e in endpoints],
-                                                rack, fenced, shutting, int(capacity[0]) if capacity else 0)
+                                                rack, fenced, shutting, int(more[0]) if more else 0,
+                                                bool(more[1]) if len(more) > 1 else False)
         self.topics = {}
         self.topics_by_id = {}
         for name, topic_id, configs, partitions, *request_id in data["topics"]:  # no request id: older

@@ -137,7 +137,7 @@ class MetadataUpdate(_message.Message):
     def __init__(self, version: _Optional[int] = ..., is_snapshot: _Optional[bool] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ..., deleted_topic_ids: _Optional[_Iterable[str]] = ..., unregistered_broker_ids: _Optional[_Iterable[int]] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., security: _Optional[_Union[_security_pb2.SecurityDelta, _Mapping]] = ..., cluster_configs_changed: _Optional[bool] = ..., cluster_configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("node_id", "incarnation_id", "endpoints", "rack", "cluster_id", "previous_incarnation_id", "partition_capacity")
+    __slots__ = ("node_id", "incarnation_id", "endpoints", "rack", "cluster_id", "previous_incarnation_id", "partition_capacity", "storage_created")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +145,7 @@ class RegisterBrokerRequest(_message.Message):
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_CREATED_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     incarnation_id: str
     endpoints: _containers.RepeatedCompositeFieldContainer[_common_pb2.Endpoint]
@@ -152,7 +153,8 @@ class RegisterBrokerRequest(_message.Message):
     cluster_id: str
     previous_incarnation_id: str
     partition_capacity: int
-    def __init__(self, node_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[_common_pb2.Endpoint, _Mapping]]] = ..., rack: _Optional[str] = ..., cluster_id: _Optional[str] = ..., previous_incarnation_id: _Optional[str] = ..., partition_capacity: _Optional[int] = ...) -> None: ...
+    storage_created: bool
+    def __init__(self, node_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[_common_pb2.Endpoint, _Mapping]]] = ..., rack: _Optional[str] = ..., cluster_id: _Optional[str] = ..., previous_incarnation_id: _Optional[str] = ..., partition_capacity: _Optional[int] = ..., storage_created: _Optional[bool] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "redirect", "broker_epoch")

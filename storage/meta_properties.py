@@ -29,16 +29,17 @@ def read(directory: Path) -> dict[str, str] | None:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
 
 
-def check_or_write(directory: Path, cluster_id: str, node_id: int) -> None:
+def check_or_write(directory: Path, cluster_id: str, node_id: int) -> bool:
     """Refuse (InvalidConfigError, naming the file and both values) when ``directory`` belongs to another
-    node or cluster; write the file when it has none. An empty ``cluster_id`` is not checked."""
+    node or cluster; write the file when it has none. An empty ``cluster_id`` is not checked. True when the
+    file was written now: the directory is new (a first start, or a replaced or wiped disk)."""
     expected = {"cluster.id": cluster_id, "node.id": str(node_id)}
     found = read(directory)
     path = directory / FILE_NAME
     if found is None:
         directory.mkdir(parents=True, exist_ok=True)
         write_atomically(path, "".join(f"{k}={v}\n" for k, v in expected.items()).encode("utf-8"))
-        return
+        return True
     for key, value in expected.items():
         if key == "cluster.id" and not value:
             continue
@@ -50,3 +51,4 @@ def check_or_write(directory: Path, cluster_id: str, node_id: int) -> None:
             raise errors.InvalidConfigError(
                 f"{path}: {key} is '{found[key]}', this node is configured with '{value}' "
                 f"(the directory belongs to another {'node' if key == 'node.id' else 'cluster'})")
+    return False

@@ -467,3 +467,64 @@ def test_commands_from_a_replaced_controller_epoch_are_refused() -> None:
     assert s.to_snapshot() == before
     assert s.apply(c.CreateTopic("t", "id-t", {}, [[1]]), controller_epoch=3).ok
     assert s.active_controller_id == 200 and s.controller_epoch == 3
+
+
+# ---- a broker back on an empty disk ----
+def _last_isr_member_gone(s: MetadataState) -> None:
+    """orders-0 on [1, 2, 3]: broker 3 then 1 fenced, then 2, the last in-sync replica: offline, ISR [2]."""
+    create(s, "orders", [[1, 2, 3]])
+    for b in (3, 1, 2):
+        fence(s, b)
+    assert (part(s, "orders").leader, part(s, "orders").isr) == (-1, [2])
+
+
+def test_the_last_isr_member_back_on_an_empty_disk_leaves_the_isr_and_is_not_elected() -> None:
+    """A broker that registers with new log directories (storage_created: its disk was replaced or wiped) has
+    none of the records it had. Left as the last ISR member, the next clean election made its empty log the
+    partition's and the other replicas truncated to it: every acknowledged record gone (a liveness audit,
+    on a real cluster). It now leaves the ISR, the last place included: the partition stays offline."""
+    s = cluster(3)
+    _last_isr_member_gone(s)
+    epoch = s.apply(c.RegisterBroker(2, "inc-2b", [["BROKER", "127.0.0.1", 9002]], "", 0, True)).value
+    assert (part(s, "orders").leader, part(s, "orders").isr) == (-1, [])
+    assert s.brokers[2].storage_created and s.storage_created_ids() == {2}
+    assert s.apply(c.UnfenceBroker(2, epoch)).ok
+    for b in (1, 3):
+        again = s.apply(c.RegisterBroker(b, f"inc-{b}b", [["BROKER", "127.0.0.1", 9000 + b]], "")).value
+        assert s.apply(c.UnfenceBroker(b, again)).ok
+    assert (part(s, "orders").leader, part(s, "orders").isr) == (-1, []), "no clean leader: offline"
+    # Without the flag (its disk kept its log), the last member comes back and leads, as before.
+    t = cluster(3)
+    _last_isr_member_gone(t)
+    assert t.apply(c.UnfenceBroker(2, t.apply(c.RegisterBroker(2, "inc-2b", [["BROKER", "127.0.0.1", 9002]],
+                                                                 "")).value)).ok
+    assert (part(t, "orders").leader, part(t, "orders").isr) == (2, [2])
+
+
+def test_an_unclean_election_takes_a_replica_that_kept_its_log_first() -> None:
+    s = cluster(3)
+    create(s, "orders", [[2, 1, 3]], {"unclean.leader.election.enable": "false"})
+    for b in (3, 1, 2):
+        fence(s, b)
+    epoch = s.apply(c.RegisterBroker(2, "inc-2b", [["BROKER", "127.0.0.1", 9002]], "", 0, True)).value
+    assert s.apply(c.UnfenceBroker(2, epoch)).ok
+    again = s.apply(c.RegisterBroker(1, "inc-1b", [["BROKER", "127.0.0.1", 9001]], "")).value
+    assert s.apply(c.UnfenceBroker(1, again)).ok
+    assert part(s, "orders").leader == -1
+    # The topic now allows unclean elections: broker 1 (first in order after the empty-disk broker 2) leads.
+    assert s.apply(c.AlterConfigs("orders", "id-orders", {"unclean.leader.election.enable": "true"})).ok
+    assert (part(s, "orders").leader, part(s, "orders").isr) == (1, [1])
+
+
+def test_the_storage_flag_survives_snapshots_and_old_forms_read_as_false() -> None:
+    s = cluster(2)
+    s.apply(c.RegisterBroker(2, "inc-2b", [["BROKER", "127.0.0.1", 9002]], "", 0, True))
+    again = MetadataState.from_snapshot(s.to_snapshot())
+    assert again.brokers[2].storage_created and not again.brokers[1].storage_created
+    assert again.to_snapshot() == s.to_snapshot()
+    old = s.to_snapshot()
+    old["brokers"] = [b[:7] for b in old["brokers"]]  # a snapshot written before the capacity and the flag
+    assert not MetadataState.from_snapshot(old).brokers[2].storage_created
+    cmd = c.to_dict(c.RegisterBroker(3, "inc-3", [["BROKER", "h", 1]], "", 0, True))
+    del cmd["storage_created"]  # a journal entry written before the field existed
+    assert c.from_dict(cmd).storage_created is False

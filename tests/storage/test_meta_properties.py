@@ -30,3 +30,16 @@ def test_a_file_without_the_keys_or_unreadable_is_refused(tmp_path: Path) -> Non
     (tmp_path / "meta.properties").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(errors.InvalidConfigError, match="unreadable"):
         meta_properties.check_or_write(tmp_path, "c1", 1)
+
+
+def test_it_says_when_the_directory_was_new_and_the_broker_when_it_holds_no_log(tmp_path: Path) -> None:
+    """What a broker tells the controller at registration (storage_created): its log directory had no
+    meta.properties and no partition log, so it is new (a first start, a replaced or wiped disk)."""
+    from broker.server import _holds_logs
+
+    d = tmp_path / "data"
+    assert meta_properties.check_or_write(d, "c1", 3) is True and not _holds_logs(d)
+    assert meta_properties.check_or_write(d, "c1", 3) is False
+    old = tmp_path / "older"  # logs written before meta.properties existed: not new
+    (old / "orders-0").mkdir(parents=True)
+    assert meta_properties.check_or_write(old, "c1", 3) is True and _holds_logs(old)
