@@ -315,15 +315,20 @@ class LogManager:
             sizes[d] = sizes.get(d, 0) + self._logs[tp].size_bytes
         return min(self.log_dirs, key=lambda d: (counts[d], sizes[d], self.log_dirs.index(d)))
 
-    def delete_log(self, topic: str, partition: int) -> None:
-        tp = (topic, partition)
+    def _release(self, tp: TopicPartitionKey) -> Log | None:
+        """Stop tracking ``tp``'s log (the cleaner too); the log, for the caller to close, or None."""
         with self._lock:
             lg = self._logs.pop(tp, None)
             self._log_dir_of.pop(tp, None)
             self._topic_ids.pop(tp, None)
+        if lg is not None:
+            self.cleaner.forget(tp)
+        return lg
+
+    def delete_log(self, topic: str, partition: int) -> None:
+        lg = self._release((topic, partition))
         if lg is None:
             return
-        self.cleaner.forget(tp)
         lg.close_without_flush()
         # Rename first so a crash mid-delete leaves a '-delete' dir (removed at startup), not a log.
         doomed = lg.dir.with_name(f"{lg.dir.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
@@ -343,14 +348,9 @@ class LogManager:
         behind), or whose topic id is an older incarnation's: with Kafka (KAFKA-14616), such a log is not
         deleted, because the snapshot might be stale or wrong. A deletion the broker saw happen (a topic
         deleted, a replica reassigned away, in a metadata delta) deletes with ``delete_log``."""
-        tp = (topic, partition)
-        with self._lock:
-            lg = self._logs.pop(tp, None)
-            self._log_dir_of.pop(tp, None)
-            self._topic_ids.pop(tp, None)
+        lg = self._release((topic, partition))
         if lg is None:
             return
-        self.cleaner.forget(tp)
         try:
             lg.close()  # flushed: what it holds is kept
         except OSError as exc:

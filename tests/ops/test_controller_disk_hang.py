@@ -21,10 +21,10 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from faultkit import ext4_mounts, thawed_on_exit
 from waiting import wait_for
 
 from client.admin import Admin, NewTopic
@@ -39,38 +39,6 @@ pytestmark = pytest.mark.slow
 # elected in ~2 s and fences the stuck broker after broker.session.timeout.ms (6 s on a local cluster); 10 s
 # here. Three times that for a loaded 2-core machine, still well below the 40+ s the old code never made.
 WRITE_BOUND_S = 30.0
-
-
-@contextlib.contextmanager
-def _ext4_mounts(images: dict[Path, Path], size_mb: int) -> Iterator[None]:
-    """Each key a mount point of a fresh loop-mounted ext4 (its image the value); thawed and unmounted on exit."""
-    mounted: list[Path] = []
-    try:
-        for path, image in images.items():
-            path.mkdir(parents=True, exist_ok=True)
-            with open(image, "wb") as f:
-                f.truncate(size_mb * 1024 * 1024)
-            made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True, timeout=60)
-            assert made.returncode == 0, f"mkfs.ext4 {image}: {made.stderr.strip()}"
-            done = subprocess.run(["mount", "-o", "loop", str(image), str(path)], capture_output=True, text=True,
-                                  timeout=60)
-            assert done.returncode == 0, f"mount -o loop {image} {path} failed as root: {done.stderr.strip()}"
-            mounted.append(path)
-        yield
-    finally:
-        for path in mounted:
-            subprocess.run(["fsfreeze", "--unfreeze", str(path)], capture_output=True, timeout=30)
-            if subprocess.run(["umount", str(path)], capture_output=True, timeout=60).returncode != 0:
-                subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
-
-
-@contextlib.contextmanager
-def _thawed_on_exit(path: Path) -> Iterator[None]:
-    """Thawed before the cluster stops: a process waiting on a frozen file system cannot even be killed."""
-    try:
-        yield
-    finally:
-        subprocess.run(["fsfreeze", "--unfreeze", str(path)], capture_output=True, timeout=30)
 
 
 def _partition(cluster: LocalCluster, topic: str) -> PartitionMetadata | None:
@@ -110,7 +78,7 @@ def test_a_hung_metadata_disk_under_the_active_controller_stops_no_partition_for
     # Which node becomes the active controller is only known once the cluster runs: every metadata directory
     # is a file system of its own (metadata.log.dir is <node>/meta in LocalCluster's layout).
     metas = {n: cluster.node_dir(n) / "meta" for n in cluster.node_ids}
-    with _ext4_mounts({m: tmp_path / f"meta-{n}.img" for n, m in metas.items()}, 64), cluster:
+    with ext4_mounts({m: tmp_path / f"meta-{n}.img" for n, m in metas.items()}, 64), cluster:
         stuck = cluster.describe_cluster().active_controller_id
         others = [n for n in cluster.broker_ids if n != stuck]
         with Admin(cluster.bootstrap_servers) as admin:  # led by the stuck node: the partition at risk
@@ -126,7 +94,7 @@ def test_a_hung_metadata_disk_under_the_active_controller_stops_no_partition_for
                 f.get(timeout=30)
                 acked.append(value)
 
-        with _thawed_on_exit(metas[stuck]):
+        with thawed_on_exit(metas[stuck]):
             frozen = subprocess.run(["fsfreeze", "--freeze", str(metas[stuck])], capture_output=True, text=True,
                                     timeout=30)
             assert frozen.returncode == 0, f"fsfreeze --freeze {metas[stuck]}: {frozen.stderr.strip()}"

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from faultkit import assert_every_acknowledged_record_once_in_order, ext4_mounts, thawed_on_exit
 from waiting import wait_for
 
 from client.admin import Admin, NewTopic
@@ -134,24 +135,6 @@ def _read_from_start(cluster: LocalCluster, topic: str) -> list[tuple[int, bytes
         return _read_until(consumer, cluster, topic)
 
 
-def _assert_every_acknowledged_record_once_in_order(read: list[tuple[int, bytes]], acked: list[bytes],
-                                                    where: str) -> None:
-    values = [v for _, v in read]
-    offsets = [o for o, _ in read]
-    assert offsets == list(range(len(read))), f"{where}: offsets not 0..{len(read) - 1} in order: {offsets[:20]}..."
-    dups = len(values) - len(set(values))
-    wanted = set(acked)
-    in_log = [v for v in values if v in wanted]
-    if dups or in_log != acked:
-        first = next((i for i, (a, b) in enumerate(zip(in_log, acked, strict=False)) if a != b),
-                     min(len(in_log), len(acked)))
-        raise AssertionError(
-            f"{where}: read {len(values)} records ({dups} duplicates) holding {len(in_log)} of the {len(acked)} "
-            f"acknowledged ones, the first difference at acknowledged record {first} "
-            f"({acked[first][:24] if first < len(acked) else None!r} expected, "
-            f"{in_log[first][:24] if first < len(in_log) else None!r} read)")
-
-
 def _write_again(cluster: LocalCluster, topic: str, since: float, bound_s: float,
                  context: str = "") -> tuple[float, list[bytes]]:
     """Send one acks=all record at a time until one is acknowledged; (seconds from ``since`` to that
@@ -190,7 +173,7 @@ def _restart_fixed_and_read_from_it(cluster: LocalCluster, topic: str, acked: li
         seen.append(_partition(cluster, topic))
         return seen[-1].leader == FAULTY  # type: ignore[attr-defined]
     wait_for(leads, 30, lambda: f"node {FAULTY} preferred leader of {topic}-0 again (last {seen[-1:]})", poll_s=0.5)
-    _assert_every_acknowledged_record_once_in_order(
+    assert_every_acknowledged_record_once_in_order(
         _read_from_start(cluster, topic), acked, f"read from node {FAULTY} after its restart")
 
 
@@ -262,14 +245,14 @@ def test_a_leader_whose_reads_fail_with_eio_halts_and_the_others_serve_every_ack
         exit_codes: list[int | None] = []
         read = _read_until(consumer, cluster, topic, end=len(acked),
                            on_records=lambda: exit_codes.append(cluster.returncode(FAULTY)))
-        _assert_every_acknowledged_record_once_in_order(read, acked, "the reader that knew the faulty leader")
+        assert_every_acknowledged_record_once_in_order(read, acked, "the reader that knew the faulty leader")
         assert exit_codes and exit_codes[0] == EXIT_LOG_DIR_FAILURE, exit_codes
         took, more = writes.result(timeout=WRITE_BOUND_S + 10)
         acked += more
         leader = _partition(cluster, topic).leader  # type: ignore[attr-defined]
         assert leader not in (FAULTY, -1), f"leader after the fault: {leader}"
         read = _read_from_start(cluster, topic)
-        _assert_every_acknowledged_record_once_in_order(read, acked, f"read from the new leader {leader}")
+        assert_every_acknowledged_record_once_in_order(read, acked, f"read from the new leader {leader}")
         print(f"EIO: node {FAULTY} halted {halted_after:.1f} s after the fault (fetch answer {answer!r}); "
               f"writes taken again after {took:.1f} s by node {leader} (active controller before the fault: "
               f"node {controller}); {len(read)} records read back")
@@ -327,7 +310,7 @@ def test_a_leader_whose_disk_fills_up_halts_and_writes_go_on_on_the_others(tmp_p
             f"{len(acks)} of {len(values)} writes acknowledged, {len(failed)} failed (first {failed[:1]}); "
             f"node {FAULTY}: exit code {cluster.returncode(FAULTY)}")
         acked = [values[i] for i in sorted(i for _, i in acks)]
-        _assert_every_acknowledged_record_once_in_order(tailed, acked, "the reader tailing the partition")
+        assert_every_acknowledged_record_once_in_order(tailed, acked, "the reader tailing the partition")
 
         # (a) The full disk halted its broker, as documented.
         wait_for(lambda: cluster.returncode(FAULTY) is not None, 30,
@@ -350,7 +333,7 @@ def test_a_leader_whose_disk_fills_up_halts_and_writes_go_on_on_the_others(tmp_p
         leader = _partition(cluster, topic).leader  # type: ignore[attr-defined]
         assert leader not in (FAULTY, -1), f"leader after the disk filled: {leader}"
         read = _read_from_start(cluster, topic)
-        _assert_every_acknowledged_record_once_in_order(read, acked, f"read from the new leader {leader}")
+        assert_every_acknowledged_record_once_in_order(read, acked, f"read from the new leader {leader}")
         print(f"ENOSPC: {len(values)} records acknowledged; the longest wait for an ack was {gap:.1f} s "
               f"(ending {gap_end:.1f} s after the first send); node {leader} leads (active controller before: node "
               f"{controller}); {len(read)} records read back")
@@ -359,35 +342,6 @@ def test_a_leader_whose_disk_fills_up_halts_and_writes_go_on_on_the_others(tmp_p
         grown = subprocess.run(["mount", "-o", "remount,size=64m", str(data_dir)], capture_output=True, text=True)
         assert grown.returncode == 0, grown.stderr
         _restart_fixed_and_read_from_it(cluster, topic, acked)
-
-
-@contextlib.contextmanager
-def _ext4_mount(path: Path, image: Path, size_mb: int) -> Iterator[Path]:
-    """``path`` as the mount point of a fresh ext4 file system in ``image`` (a loop device): one that
-    ``fsfreeze`` can hang. Thawed (if frozen) and unmounted on the way out."""
-    path.mkdir(parents=True, exist_ok=True)
-    with open(image, "wb") as f:
-        f.truncate(size_mb * 1024 * 1024)
-    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True, timeout=60)
-    assert made.returncode == 0, f"mkfs.ext4 {image}: {made.stderr.strip()}"
-    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(path)], capture_output=True, text=True, timeout=60)
-    assert mounted.returncode == 0, f"mount -o loop {image} {path} failed as root: {mounted.stderr.strip()}"
-    try:
-        yield path
-    finally:
-        subprocess.run(["fsfreeze", "--unfreeze", str(path)], capture_output=True, timeout=30)  # if still frozen
-        if subprocess.run(["umount", str(path)], capture_output=True, timeout=60).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)  # still busy: detach
-
-
-@contextlib.contextmanager
-def _thawed_on_exit(path: Path) -> Iterator[None]:
-    """Whatever happens, ``path``'s file system is thawed before what encloses this (the cluster's stop:
-    a process writing to a frozen file system cannot even be killed) runs."""
-    try:
-        yield
-    finally:
-        subprocess.run(["fsfreeze", "--unfreeze", str(path)], capture_output=True, timeout=30)
 
 
 def test_a_leader_whose_disk_hangs_is_fenced_and_writes_go_on_on_the_others(tmp_path: Path) -> None:
@@ -407,7 +361,7 @@ def test_a_leader_whose_disk_hangs_is_fenced_and_writes_go_on_on_the_others(tmp_
     topic = "hung-disk"
     cluster = LocalCluster(tmp_path / "cluster", nodes=3)
     data_dir = cluster.node_dir(FAULTY) / "data"  # the node's log.dirs (LocalCluster's layout)
-    with _ext4_mount(data_dir, tmp_path / "disk.img", 256), cluster, _thawed_on_exit(data_dir):
+    with ext4_mounts({data_dir: tmp_path / "disk.img"}, 256), cluster, thawed_on_exit(data_dir):
         _create_topic_led_by_faulty(cluster, topic)
         acked: list[bytes] = []
         with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=5) as producer:
@@ -439,6 +393,6 @@ def test_a_leader_whose_disk_hangs_is_fenced_and_writes_go_on_on_the_others(tmp_
             return FAULTY in seen[-1].isr  # type: ignore[attr-defined]
         wait_for(in_sync, 60, lambda: f"node {FAULTY} back in the ISR of {topic}-0 after the thaw (last {seen[-1:]})",
                  poll_s=0.3)
-        _assert_every_acknowledged_record_once_in_order(_read_from_start(cluster, topic), acked,
+        assert_every_acknowledged_record_once_in_order(_read_from_start(cluster, topic), acked,
                                                         f"read from node {leader} after the thaw")
         assert "not heartbeating" in log_text, log_text[-3000:]
