@@ -63,3 +63,25 @@ def metric_total(text: str, name: str, **labels: str) -> float:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 total += s.value
     return total
+
+
+def scrape_anonymously(cluster: object, node_id: int, admin: object, timeout_s: float = 30.0) -> str:
+    """Node ``node_id``'s /metrics over plain HTTP, as the SASL test cluster serves it. With an authorizer the
+    page needs DESCRIBE on the cluster, and a caller without a client certificate is User:ANONYMOUS: this grants
+    that to it from loopback only (idempotent), as an operator lets an unauthenticated local scraper in."""
+    import urllib.error
+    import urllib.request
+
+    from metadata_quorum.security import acl_binding
+
+    admin.create_acls([acl_binding(["CLUSTER", "kafka-cluster", "LITERAL", "User:ANONYMOUS", "127.0.0.1",  # type: ignore[attr-defined]
+                                    "DESCRIBE", "ALLOW"])])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(cluster.metrics_url(node_id), timeout=10) as resp:  # type: ignore[attr-defined]
+                return resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            if exc.code != 403 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)  # the ACL reaches the node with the next metadata update

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import urllib.request
-
 import grpc
 import pytest
-from opskit_security import ADMIN_PASSWORD, broker_metadata_error, metric_total, produce_raw, sasl
+from opskit_security import (
+    ADMIN_PASSWORD,
+    broker_metadata_error,
+    metric_total,
+    produce_raw,
+    sasl,
+    scrape_anonymously,
+)
 from waiting import wait_for
 
 from client.admin import Admin
@@ -68,7 +73,7 @@ def test_wrong_principal_produce_is_refused_and_nothing_is_written(secure_cluste
     assert caught.value.code == ErrorCode.TOPIC_AUTHORIZATION_FAILED and not caught.value.retriable
     assert admin.list_offsets({tp: "latest"})[tp][0] == end_before
     # Denials are counted on the broker that refused them.
-    denied = metric_total(urllib.request.urlopen(secure_cluster.metrics_url(leader), timeout=10).read().decode(),
+    denied = metric_total(scrape_anonymously(secure_cluster, leader, admin),
                           "brook_authorization_denied_total", role="broker", resource_type="TOPIC", operation="WRITE")
     assert denied >= 2
 

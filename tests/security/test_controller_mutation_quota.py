@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 
 import pytest
-from opskit_security import ADMIN_PASSWORD, metric_total, sasl
+from opskit_security import ADMIN_PASSWORD, metric_total, sasl, scrape_anonymously
 from waiting import wait_for
 
 from admin_cli.main import main as brook_main
@@ -61,7 +61,7 @@ def test_a_user_over_her_controller_mutation_quota_is_refused(
                 otto.create_topics([NewTopic("cmq-otto-big", 12, 1), NewTopic("cmq-otto-next", 1, 1)])
 
             controller = admin.describe_cluster().controller_id
-            throttled = metric_total(secure_cluster.read_metrics(controller),
+            throttled = metric_total(scrape_anonymously(secure_cluster, controller, admin),
                                      "brook_controller_mutations_throttled_total", mode="strict")
             assert throttled >= 2, "the active controller counts the refused partitions"
 

@@ -146,6 +146,9 @@ def test_metrics_are_https_only(cluster: LocalCluster) -> None:
     with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
         urllib.request.urlopen(url.replace("https://", "http://"), timeout=5).read()
     ctx = ssl.create_default_context(cafile=str(cluster.client_cert().ca))
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):  # a client certificate is required
+        urllib.request.urlopen(url.replace("127.0.0.1", "localhost"), timeout=10, context=ctx).read()
+    ctx.load_cert_chain(str(cluster.client_cert().cert), str(cluster.client_cert().key))
     body = urllib.request.urlopen(url.replace("127.0.0.1", "localhost"), timeout=10, context=ctx).read()
     assert b"brook_" in body
 
