@@ -13,6 +13,7 @@ deletion), checkpointer, and the log cleaner (compaction).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -48,6 +49,10 @@ DELETE_DIR_SUFFIX = "-delete"
 # watch fell behind), moved aside under this suffix and kept, never deleted: Kafka's "stray" logs (KAFKA-14616).
 # A stale or wrong snapshot (a controller bug, a wiped or mistaken quorum) must not be able to delete data.
 STRAY_DIR_SUFFIX = "-stray"
+# Written into a log as it is set aside: its offsets then (log start, high watermark, log end), which live in
+# the log directory's checkpoint files while it is served. Moved back, the log opens with them, as after a
+# clean shutdown, without a rescan (it was closed with a flush).
+STRAY_STATE_FILE = "stray-state.json"
 
 TopicPartitionKey = tuple[str, int]
 
@@ -63,6 +68,15 @@ def read_partition_metadata(partition_dir: Path) -> str | None:
         if key.strip() == "topic_id":
             return value.strip()
     return None
+
+
+def _read_stray_state(partition_dir: Path) -> dict[str, int] | None:
+    """The offsets a stray log was set aside with (``STRAY_STATE_FILE``), or None (absent, unreadable)."""
+    try:
+        state = json.loads((partition_dir / STRAY_STATE_FILE).read_text(encoding="utf-8"))
+        return {k: int(state[k]) for k in ("log_start_offset", "high_watermark", "log_end_offset")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def write_partition_metadata(partition_dir: Path, topic_id: str) -> None:
@@ -286,11 +300,18 @@ class LogManager:
         if not mine:
             return None
         _unique, aside = max(mine)  # the unique part starts with the time it was set aside
+        state = _read_stray_state(aside)
         path = aside.with_name(f"{topic}-{partition}")
         os.replace(aside, path)
         fsync_dir(path.parent)
         self._stray.discard(aside)
-        lg = Log.open(path, config, full_recovery=True)
+        if state is not None:  # set aside by a clean close: its offsets, no rescan
+            (path / STRAY_STATE_FILE).unlink(missing_ok=True)
+            lg = Log.open(path, config, recovery_point=state["log_end_offset"],
+                          log_start_offset=state["log_start_offset"], high_watermark=state["high_watermark"],
+                          clean_shutdown=True)
+        else:
+            lg = Log.open(path, config, full_recovery=True)
         self._logs[(topic, partition)] = lg
         self._log_dir_of[(topic, partition)] = path.parent
         self._topic_ids[(topic, partition)] = topic_id
@@ -351,8 +372,11 @@ class LogManager:
         lg = self._release((topic, partition))
         if lg is None:
             return
+        state = {"log_start_offset": lg.log_start_offset, "high_watermark": lg.high_watermark}
         try:
             lg.close()  # flushed: what it holds is kept
+            state["log_end_offset"] = lg.log_end_offset
+            write_atomically(lg.dir / STRAY_STATE_FILE, json.dumps(state).encode())
         except OSError as exc:
             log.warning("closing %s before setting it aside: %s", lg.dir, exc)
             lg.close_without_flush()

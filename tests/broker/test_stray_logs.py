@@ -161,3 +161,21 @@ def test_a_restarted_broker_keeps_stray_logs_aside_and_restores_the_newest(tmp_p
     lm.set_aside_log("t", 0, "test")
     assert lm.get_or_create_log("t", 0, topic_id=TOPIC_ID).log_end_offset == 5, "the one just set aside"
     lm.shutdown()
+
+
+def test_a_restored_stray_log_keeps_its_log_start_and_high_watermark(tmp_path: Path) -> None:
+    """A log's log start offset (DeleteRecords, retention) and high watermark live in the directory's
+    checkpoint files while it is served: a log set aside keeps them in the log itself (its close flushed it),
+    so that moved back it opens with them and without a rescan. Before, records DeleteRecords had removed
+    were served again, and the high watermark fell back to the log start."""
+    lm = LogManager([tmp_path], cleaner_threads=0)
+    lm.startup()
+    lg = lm.get_or_create_log("t", 0, topic_id=TOPIC_ID)
+    for _ in range(5):
+        lg.append_as_leader(batch(b"x"), 0)
+    lg.update_high_watermark(4)
+    lg.set_log_start_offset(2)
+    lm.set_aside_log("t", 0, "test")
+    back = lm.get_or_create_log("t", 0, topic_id=TOPIC_ID)
+    assert (back.log_start_offset, back.high_watermark, back.log_end_offset) == (2, 4, 5)
+    lm.shutdown()
