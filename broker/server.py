@@ -70,7 +70,7 @@ from proto import broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig
 from storage import meta_properties
-from storage.checkpoints import write_atomically
+from storage.checkpoints import fsync_dir, write_atomically
 from storage.fd_budget import partition_capacity
 from storage.log_manager import LogManager
 from storage.producer_state import DEFAULT_PROCESS_MAX_PRODUCERS, PRODUCER_BUDGET
@@ -178,6 +178,31 @@ def record_incarnation(log_dir: Path, incarnation_id: str) -> str:
 
 
 
+# In a log directory found new at start until the controller has taken the registration that says so
+# (RegisterBrokerRequest.storage_created): a process stopped before then says it again at its next start.
+STORAGE_CREATED_MARKER = ".brook_storage_created"
+
+
+def check_log_dirs(log_dirs: list[Path], cluster_id: str, node_id: int) -> bool:
+    """Check that each log directory is this node's (``meta_properties.check_or_write``); True when one of them
+    is new (no meta.properties and no partition log: a first start, a replaced or wiped disk), or was found so
+    at a start whose registration the controller has not taken yet (``STORAGE_CREATED_MARKER``: a process
+    stopped in between says it again, although meta.properties exists by then)."""
+    created = False
+    for log_dir in log_dirs:
+        if meta_properties.check_or_write(log_dir, cluster_id, node_id) and not _holds_logs(log_dir):
+            write_atomically(log_dir / STORAGE_CREATED_MARKER, b"")
+        created = created or (log_dir / STORAGE_CREATED_MARKER).exists()
+    return created
+
+
+def storage_registered(log_dirs: list[Path]) -> None:
+    """The controller took a registration saying the storage is new: the next start is a normal restart."""
+    for log_dir in log_dirs:
+        (log_dir / STORAGE_CREATED_MARKER).unlink(missing_ok=True)
+        fsync_dir(log_dir)
+
+
 def _holds_logs(log_dir: Path) -> bool:
     """Whether ``log_dir`` has a partition's log (a directory named <topic>-<partition>)."""
     from storage.log import parse_partition_dir
@@ -266,10 +291,8 @@ class BrokerServer:
     def start(self) -> None:
         s = self.settings
         d = s.defaults
-        for log_dir in s.log_dirs:  # before anything reads them: refused if they belong to another node
-            if meta_properties.check_or_write(Path(log_dir), s.cluster_id, s.node_id) and not _holds_logs(Path(log_dir)):
-                # Empty: a first start, or a replaced or wiped disk. Told to the controller at registration.
-                self.storage_created = True
+        # Before anything reads them: refused if they belong to another node.
+        self.storage_created = check_log_dirs([Path(d) for d in s.log_dirs], s.cluster_id, s.node_id)
         PRODUCER_BUDGET.max_producers = int(d.get("producer.id.max.tracked", str(DEFAULT_PROCESS_MAX_PRODUCERS)))
         self.log_manager = LogManager(
             list(s.log_dirs), d,
@@ -583,7 +606,10 @@ class BrokerServer:
                 resp = self.controller_client.call("RegisterBroker", req, timeout_s=max(1.0, deadline - time.monotonic()))
                 self.broker_epoch = resp.broker_epoch
                 self._last_heartbeat_ok = time.monotonic()
-                log.info("broker %d registered with epoch %d", s.node_id, self.broker_epoch)
+                log.info("broker %d registered with epoch %d%s", s.node_id, self.broker_epoch,
+                         " (its log directories are new: it left every ISR)" if self.storage_created else "")
+                if self.storage_created:  # the controller has it: a later start is a normal restart
+                    storage_registered([Path(d) for d in s.log_dirs])
                 return
             except errors.BrookError as e:
                 if time.monotonic() >= deadline:

@@ -12,7 +12,7 @@ smallest surface to trust. ``from_dict`` rebuilds and type-checks the dataclass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from proto import errors
@@ -222,10 +222,16 @@ def _plain(value: Any) -> Any:
 
 
 def to_dict(cmd: Command) -> dict[str, Any]:
-    """The command as a dict of builtins, tagged with its type name."""
+    """The command as a dict of builtins, tagged with its type name. A field that holds its default is left
+    out (``from_dict`` restores it): a field added in a later release then reaches the journal only when a
+    command uses it, and voters of the release before, which refuse fields they do not know, apply every
+    other command of a mixed-version quorum the same."""
     out: dict[str, Any] = {"type": type(cmd).__name__}
     for f in fields(cmd):  # type: ignore[arg-type]
-        out[f.name] = _plain(getattr(cmd, f.name))
+        value = getattr(cmd, f.name)
+        if f.default is not MISSING and value == f.default:
+            continue
+        out[f.name] = _plain(value)
     return out
 
 

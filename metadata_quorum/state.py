@@ -398,13 +398,13 @@ class MetadataState:
         if old is not None and old.incarnation_id == cmd.incarnation_id:
             # The same process registering again (a retried request): idempotent.
             return ApplyResult(value=old.broker_epoch)
-        if old is not None and cmd.storage_created:
+        if cmd.storage_created:
             # Its log directories are new (a replaced or wiped disk): it has none of the records it had. It
             # leaves every ISR, the last member's place included: left there, the next clean election would make
             # its empty log the partition's, and the other replicas would truncate to it (every acknowledged
             # record gone; Kafka has the same hole before KIP-966). The partition waits offline for an unclean
             # election, which takes a replica that kept its log first.
-            self._remove_from_partitions(old.node_id, keep_last=False)
+            self._remove_from_partitions(cmd.node_id, keep_last=False)
         elif old is not None and old.eligible:
             # A new incarnation means the old process is gone: its replicas may have lost
             # unflushed data, so it leaves every ISR and its leaderships move.

@@ -528,3 +528,21 @@ def test_the_storage_flag_survives_snapshots_and_old_forms_read_as_false() -> No
     cmd = c.to_dict(c.RegisterBroker(3, "inc-3", [["BROKER", "h", 1]], "", 0, True))
     del cmd["storage_created"]  # a journal entry written before the field existed
     assert c.from_dict(cmd).storage_created is False
+
+
+def test_commands_leave_default_fields_out_of_the_journal() -> None:
+    """A field added in a later release reaches the journal only when a command uses it: voters of the release
+    before refuse fields they do not know, and would skip every RegisterBroker of a mixed-version quorum."""
+    plain = c.to_dict(c.RegisterBroker(3, "inc-3", [["BROKER", "h", 1]], ""))
+    assert "storage_created" not in plain and "partition_capacity" not in plain and "rack" not in plain
+    assert c.from_dict(plain) == c.RegisterBroker(3, "inc-3", [["BROKER", "h", 1]], "")
+    flagged = c.to_dict(c.RegisterBroker(3, "inc-3", [["BROKER", "h", 1]], "", 0, True))
+    assert flagged["storage_created"] is True and c.from_dict(flagged).storage_created
+
+
+def test_a_broker_unknown_to_the_controller_back_on_an_empty_disk_leaves_the_isrs_too() -> None:
+    s = cluster(3)
+    _last_isr_member_gone(s)
+    del s.brokers[2]  # as if unregistered while still named in an ISR (the controller refuses that today)
+    s.apply(c.RegisterBroker(2, "inc-2b", [["BROKER", "127.0.0.1", 9002]], "", 0, True))
+    assert (part(s, "orders").leader, part(s, "orders").isr) == (-1, [])

@@ -43,3 +43,18 @@ def test_it_says_when_the_directory_was_new_and_the_broker_when_it_holds_no_log(
     old = tmp_path / "older"  # logs written before meta.properties existed: not new
     (old / "orders-0").mkdir(parents=True)
     assert meta_properties.check_or_write(old, "c1", 3) is True and _holds_logs(old)
+
+
+def test_a_new_log_directory_is_reported_until_the_controller_has_taken_it(tmp_path: Path) -> None:
+    """A broker stopped after it made its new log directory's meta.properties, but before the controller took
+    its registration, must still say at its next start that its storage is new (a review: the signal was
+    lost, and the empty broker, last in an ISR, was elected cleanly at the next start)."""
+    from broker.server import check_log_dirs, storage_registered
+
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    (dirs[1] / "orders-0").mkdir(parents=True)  # an older broker's logs, no meta.properties: not new
+    meta_properties.check_or_write(dirs[1], "c1", 3)
+    assert check_log_dirs(dirs, "c1", 3) is True  # "a" is new
+    assert check_log_dirs(dirs, "c1", 3) is True, "a start before the registration was taken says it again"
+    storage_registered(dirs)
+    assert check_log_dirs(dirs, "c1", 3) is False

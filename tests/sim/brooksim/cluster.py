@@ -21,6 +21,7 @@ from typing import Any
 from brooksim.invariants import InvariantError, Invariants
 from brooksim.memlog import MemoryLog, encode_produce
 from brooksim.quorum import Entry, SimQuorum, SimRaft
+from metadata_quorum import commands as c
 from metadata_quorum.controller import ControllerConfig, QuorumController
 from metadata_quorum.state import ApplyResult, PartitionState
 from proto import broker_pb2, common_pb2, errors
@@ -192,7 +193,7 @@ class SimCluster:
                 f"{i['topic']}-{i['partition']}"
                 + (f" isr={i['new_isr']}" if i['new_isr'] is not None else "")
                 + (f" leader={i['new_leader']}" if i['new_leader'] is not None else "")
-                for i in e.payload["items"]) + f" by {e.payload['broker_id']})"
+                for i in e.payload["items"]) + f" by {c.from_dict(e.payload).broker_id})"
             if result.ok:
                 bad = [r for r in result.value if r.error_code != ErrorCode.NONE]
                 if bad:
