@@ -276,7 +276,9 @@ _BEHAVIOUR = [
     KeyDef("event.loop.stall.fence.ms", "int", "5000",
            "A broker whose event loop has not run for this long (stuck: a hung disk, a deadlock) stops "
            "heartbeating, so that the controller fences it and moves its leaderships to in-sync replicas; it "
-           "heartbeats again once the loop runs. 0: never.", check=_at_least(0), roles=_B),
+           "heartbeats again once the loop runs. 0: never; else at least 1000 (the loop's probe runs every "
+           "50 ms: a shorter bound would fence a healthy broker).",
+           check=lambda v: None if v == 0 or v >= 1000 else "must be 0 (never) or at least 1000", roles=_B),
     KeyDef("replica.high.watermark.checkpoint.interval.ms", "long", "5000",
            "How often high watermarks are checkpointed.", check=_at_least(1), roles=_B),
     KeyDef("broker.session.timeout.ms", "int", "9000",

@@ -144,6 +144,7 @@ BAD_CASES = [
     ('"logging.level" = "LOUD"', "logging.level"),
     ('"event.loop.stall.warn.ms" = 5', "event.loop.stall.warn.ms"),
     ('"event.loop.stall.fence.ms" = -1', "event.loop.stall.fence.ms"),
+    ('"event.loop.stall.fence.ms" = 30', "event.loop.stall.fence.ms"),  # would fence a healthy broker
     # A fetch answer (plus one whole batch beyond its bound) must fit the 128 MiB gRPC message.
     ('"fetch.max.bytes" = 134217728', "fetch.max.bytes"),
     ('"fetch.partition.max.bytes" = 67108864', "fetch.partition.max.bytes"),
