@@ -268,6 +268,7 @@ class BoundedHTTPServer:
             try:
                 chunk = conn.sock.recv(16384)
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+                self._sel.modify(conn.sock, selectors.EVENT_READ, conn)  # after a want-write: read again
                 return
             except ssl.SSLWantWriteError:
                 self._sel.modify(conn.sock, selectors.EVENT_WRITE, conn)
