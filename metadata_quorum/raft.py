@@ -279,12 +279,15 @@ class _DumpWriter:
         # directory fsync, and pysyncobj clears the journal once this returns: after a power loss the voter
         # would have neither. Both are made durable first (at a start, where the dump is on disk already,
         # that costs two fsyncs).
-        fd = os.open(file_name, os.O_RDONLY)
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        fsync_dir(Path(file_name).parent)
+            fd = os.open(file_name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(Path(file_name).parent)
+        except OSError as exc:  # pysyncobj would acknowledge the dump anyway, unloaded: stop instead
+            _halt_process(exc)
         with open(file_name, "rb") as f, gzip.GzipFile(fileobj=f) as g:
             data = pysyncobj_pickle.load(g)
         if data[0] is not None:
