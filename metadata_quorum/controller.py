@@ -155,8 +155,11 @@ class QuorumController:
 
     # ---- activity ----
     def is_active(self) -> bool:
-        """Raft leader, and our ActivateController for the current term has been applied."""
-        if not self.raft.is_leader():
+        """Raft leader, and our ActivateController for the current term has been applied, and the Raft tick
+        thread is running: one stuck for an election timeout (its journal on a hung disk) leaves this voter
+        believing it leads while the others elect a new leader, and answering brokers' heartbeats and watches
+        as the active controller, it kept them from the new one (they were all fenced there)."""
+        if not self.raft.is_leader() or not self.raft.ticking():
             return False
         term = self.raft.term
         if self._active_term != term:

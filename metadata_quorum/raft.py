@@ -516,6 +516,13 @@ class MetadataRaft:
     def is_leader(self) -> bool:
         return bool(self._syncobj._isLeader())
 
+    def ticking(self) -> bool:
+        """The Raft tick thread ran within the shortest election timeout. A leader whose tick thread is stuck
+        (a journal write waiting on a hung disk) still believes it leads, but it sends no heartbeats: the other
+        voters elect a new leader after that long. Past it, this voter must not act as the active controller."""
+        last = self._last_tick
+        return last is None or time.monotonic() - last < self._tick_stall_s * 2
+
     def has_quorum(self) -> bool:
         """Does this voter reach a majority of the voters (itself included)? From the tick thread's
         latest status sample (at most _STATUS_SAMPLE_INTERVAL_S old); True until the first sample."""

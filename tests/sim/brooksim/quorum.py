@@ -175,6 +175,10 @@ class SimRaft:
             q.on_is_leader(self.node_id)  # the tick thread may run right here
         return answer
 
+    def ticking(self) -> bool:
+        """A simulated voter's tick never stalls: stale leaders are modelled by ``stale_belief``."""
+        return True
+
     @property
     def term(self) -> int:
         q = self.quorum
