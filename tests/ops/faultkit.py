@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+from waiting import wait_for
+
+from client.consumer import Consumer
+from client.types import TopicPartition
 
 
 @contextlib.contextmanager
@@ -56,3 +63,42 @@ def assert_every_acknowledged_record_once_in_order(read: list[tuple[int, bytes]]
             f"acknowledged ones, the first difference at acknowledged record {first} "
             f"({acked[first][:24] if first < len(acked) else None!r} expected, "
             f"{in_log[first][:24] if first < len(in_log) else None!r} read)")
+
+
+def partition_consumer(cluster: Any, topic: str) -> Consumer:
+    """A Brook consumer of partition 0 of ``topic`` from offset 0, its metadata loaded (it knows the leader)."""
+    consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, auto_offset_reset="earliest",
+                        request_timeout_ms=5000, fetch_max_wait_ms=100)
+    consumer.assign([TopicPartition(topic, 0)])
+    return consumer
+
+
+def read_until(consumer: Consumer, topic: str, end: int | None = None, timeout_s: float = 45.0,
+               on_records: Callable[[], None] | None = None,
+               describe: Callable[[], object] = lambda: "?") -> list[tuple[int, bytes]]:
+    """(offset, value) of the records ``consumer`` reads from its position up to ``end`` (None: the end offset
+    the cluster gives for partition 0 now); ``on_records`` is called when each batch of them arrives;
+    ``describe`` says what the partition looks like, for the failure message."""
+    tp = TopicPartition(topic, 0)
+    if end is None:
+        ends: list[object] = []
+
+        def end_offset() -> int | None:
+            try:
+                ends.append(consumer.end_offsets([tp])[tp])
+            except Exception as exc:  # noqa: BLE001 - a retriable error while the cluster settles: shown if it lasts
+                ends.append(repr(exc))
+            return ends[-1] if isinstance(ends[-1], int) and ends[-1] > 0 else None
+        end = wait_for(end_offset, timeout_s, lambda: f"a non-zero end offset of {topic}-0 (seen {ends[-3:]})")
+    out: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + timeout_s
+    # Progress from the records themselves: position() would raise while the partition has no leader.
+    while (out[-1][0] + 1 if out else 0) < end:
+        assert time.monotonic() < deadline, (
+            f"read {len(out)} records of {topic}-0 in {timeout_s:.0f} s (last offset "
+            f"{out[-1][0] if out else None}), end offset {end}; partition now {describe()}")
+        for records in consumer.poll(timeout_ms=200).values():
+            if records and on_records is not None:
+                on_records()
+            out.extend((r.offset, r.value) for r in records)
+    return out

@@ -32,11 +32,16 @@ from pathlib import Path
 
 import grpc
 import pytest
-from faultkit import assert_every_acknowledged_record_once_in_order, ext4_mounts, thawed_on_exit
+from faultkit import (
+    assert_every_acknowledged_record_once_in_order,
+    ext4_mounts,
+    partition_consumer,
+    read_until,
+    thawed_on_exit,
+)
 from waiting import wait_for
 
 from client.admin import Admin, NewTopic
-from client.consumer import Consumer
 from client.producer import Producer
 from client.types import TopicPartition
 from deploy.local.cluster import LocalCluster
@@ -92,47 +97,10 @@ def _partition(cluster: LocalCluster, topic: str) -> object:
         return admin.describe_topics([topic])[topic].partitions[0]
 
 
-def _consumer(cluster: LocalCluster, topic: str) -> Consumer:
-    """A Brook consumer of partition 0 from offset 0, its metadata loaded (it knows the current leader)."""
-    consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, auto_offset_reset="earliest",
-                        request_timeout_ms=5000, fetch_max_wait_ms=100)
-    consumer.assign([TopicPartition(topic, 0)])
-    return consumer
-
-
-def _read_until(consumer: Consumer, cluster: LocalCluster, topic: str, end: int | None = None,
-                timeout_s: float = 45.0, on_records: Callable[[], None] | None = None) -> list[tuple[int, bytes]]:
-    """(offset, value) of the records ``consumer`` reads from its position up to ``end`` (None: the end offset
-    the cluster gives for partition 0 now); ``on_records`` is called when each batch of them arrives."""
-    tp = TopicPartition(topic, 0)
-    if end is None:
-        ends: list[object] = []
-
-        def end_offset() -> int | None:
-            try:
-                ends.append(consumer.end_offsets([tp])[tp])
-            except Exception as exc:  # noqa: BLE001 - a retriable error while the cluster settles: shown if it lasts
-                ends.append(repr(exc))
-            return ends[-1] if isinstance(ends[-1], int) and ends[-1] > 0 else None
-        end = wait_for(end_offset, timeout_s, lambda: f"the end offset of {topic}-0 (seen {ends[-3:]})")
-    out: list[tuple[int, bytes]] = []
-    deadline = time.monotonic() + timeout_s
-    # Progress from the records themselves: position() would raise while the partition has no leader.
-    while (out[-1][0] + 1 if out else 0) < end:
-        assert time.monotonic() < deadline, (
-            f"read {len(out)} records of {topic}-0 in {timeout_s:.0f} s (last offset "
-            f"{out[-1][0] if out else None}), end offset {end}; partition now {_partition(cluster, topic)}")
-        for records in consumer.poll(timeout_ms=200).values():
-            if records and on_records is not None:
-                on_records()
-            out.extend((r.offset, r.value) for r in records)
-    return out
-
-
 def _read_from_start(cluster: LocalCluster, topic: str) -> list[tuple[int, bytes]]:
     """Every record of partition 0, read from offset 0 by a new Brook consumer (from the leader named now)."""
-    with _consumer(cluster, topic) as consumer:
-        return _read_until(consumer, cluster, topic)
+    with partition_consumer(cluster, topic) as consumer:
+        return read_until(consumer, topic, describe=lambda: _partition(cluster, topic))
 
 
 def _write_again(cluster: LocalCluster, topic: str, since: float, bound_s: float,
@@ -201,7 +169,7 @@ def test_a_leader_whose_reads_fail_with_eio_halts_and_the_others_serve_every_ack
         assert pid is not None and Path(f"{fifo}-{pid}.in").exists(), (
             f"node {FAULTY} (pid {pid}) does not run under fiu-run: no {fifo}-{pid}.in")
         # A reader that knows the leader before the fault: its first fetch goes to the faulty broker.
-        consumer = closing.enter_context(_consumer(cluster, topic))
+        consumer = closing.enter_context(partition_consumer(cluster, topic))
         tp = TopicPartition(topic, 0)
         assert consumer.end_offsets([tp])[tp] == len(acked)
 
@@ -243,7 +211,7 @@ def test_a_leader_whose_reads_fail_with_eio_halts_and_the_others_serve_every_ack
         # (b) ... meanwhile the reader that knew the faulty leader reads from offset 0: every acknowledged
         # record, once, in order, from the new leader (the faulty broker was gone before the first arrived).
         exit_codes: list[int | None] = []
-        read = _read_until(consumer, cluster, topic, end=len(acked),
+        read = read_until(consumer, topic, end=len(acked), describe=lambda: _partition(cluster, topic),
                            on_records=lambda: exit_codes.append(cluster.returncode(FAULTY)))
         assert_every_acknowledged_record_once_in_order(read, acked, "the reader that knew the faulty leader")
         assert exit_codes and exit_codes[0] == EXIT_LOG_DIR_FAILURE, exit_codes
@@ -295,7 +263,7 @@ def test_a_leader_whose_disk_fills_up_halts_and_writes_go_on_on_the_others(tmp_p
         controller = cluster.describe_cluster().active_controller_id
         started = time.monotonic()
         with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=5, request_timeout_ms=5000,
-                      delivery_timeout_ms=120_000, retry_backoff_ms=100) as producer, _consumer(cluster, topic) as tail:
+                      delivery_timeout_ms=120_000, retry_backoff_ms=100) as producer, partition_consumer(cluster, topic) as tail:
             def on_delivery(i: int) -> Callable[[object, object], None]:
                 def done(md: object, err: object) -> None:
                     with lock:
@@ -304,7 +272,7 @@ def test_a_leader_whose_disk_fills_up_halts_and_writes_go_on_on_the_others(tmp_p
             for i, v in enumerate(values):
                 producer.send(topic, v, on_delivery=on_delivery(i))
             # (b) A reader tailing the partition from offset 0 while the leader's disk fills and it halts.
-            tailed = _read_until(tail, cluster, topic, end=len(values), timeout_s=90)
+            tailed = read_until(tail, topic, end=len(values), timeout_s=90, describe=lambda: _partition(cluster, topic))
             producer.flush(30)
         assert not failed and len(acks) == len(values), (
             f"{len(acks)} of {len(values)} writes acknowledged, {len(failed)} failed (first {failed[:1]}); "

@@ -35,11 +35,10 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import assert_every_acknowledged_record_once_in_order
+from faultkit import assert_every_acknowledged_record_once_in_order, partition_consumer, read_until
 from waiting import wait_for
 
 from client.admin import Admin, NewTopic
-from client.consumer import Consumer
 from client.producer import Producer
 from client.types import TopicPartition
 from deploy.local.cluster import ClusterError, LocalCluster
@@ -153,36 +152,12 @@ def _loss_evidence(cluster: LocalCluster, acked: int, marks: dict[int, int], kep
             f"log bytes of brokers 1 and 3 (when killed -> now): {sizes}; their truncations: {lines}")
 
 
-def _consumer(cluster: LocalCluster) -> Consumer:
-    consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, auto_offset_reset="earliest",
-                        request_timeout_ms=5000, fetch_max_wait_ms=100)
-    consumer.assign([TopicPartition(TOPIC, 0)])
-    return consumer
-
-
 def _read_from_start(cluster: LocalCluster, timeout_s: float = 45.0) -> list[tuple[int, bytes]]:
     """(offset, value) of every record of partition 0 up to its end offset now, read from offset 0 by a new
     Brook consumer."""
-    tp = TopicPartition(TOPIC, 0)
-    with _consumer(cluster) as consumer:
-        ends: list[object] = []
-
-        def end_offset() -> int | None:
-            try:
-                ends.append(consumer.end_offsets([tp])[tp])
-            except Exception as exc:  # noqa: BLE001 - a retriable error while the cluster settles: shown if it lasts
-                ends.append(repr(exc))
-            return ends[-1] if isinstance(ends[-1], int) and ends[-1] > 0 else None
-        end = wait_for(end_offset, timeout_s, lambda: f"a non-zero end offset of {TOPIC}-0 (seen {ends[-3:]})")
-        out: list[tuple[int, bytes]] = []
-        deadline = time.monotonic() + timeout_s
-        while (out[-1][0] + 1 if out else 0) < end:
-            assert time.monotonic() < deadline, (
-                f"read {len(out)} records of {TOPIC}-0 in {timeout_s:.0f} s (last offset "
-                f"{out[-1][0] if out else None}), end offset {end}; partition now {_show(_controller_partition(cluster))}")
-            for records in consumer.poll(timeout_ms=200).values():
-                out.extend((r.offset, r.value) for r in records)
-        return out
+    with partition_consumer(cluster, TOPIC) as consumer:
+        return read_until(consumer, TOPIC, timeout_s=timeout_s,
+                          describe=lambda: _show(_controller_partition(cluster)))
 
 
 def _produce(producer: Producer, prefix: bytes) -> list[bytes]:
