@@ -410,8 +410,7 @@ class BrokerServer:
     def liveness(self) -> tuple[bool, str]:
         if not self._started:
             return False, "starting"
-        monitor = self.loop_monitor
-        silent = time.monotonic() - monitor.last_beat if monitor is not None else float("inf")
+        silent = self._loop_silent_s() if self.loop_monitor is not None else float("inf")
         if silent > LOOP_STALL_S:
             return False, f"the broker's event loop has not run for {silent:.0f} s"
         return True, "event loop running"

@@ -76,12 +76,14 @@ def scrape_anonymously(cluster: object, node_id: int, admin: object, timeout_s: 
 
     admin.create_acls([acl_binding(["CLUSTER", "kafka-cluster", "LITERAL", "User:ANONYMOUS", "127.0.0.1",  # type: ignore[attr-defined]
                                     "DESCRIBE", "ALLOW"])])
-    deadline = time.monotonic() + timeout_s
-    while True:
+    from waiting import wait_for
+
+    def page() -> str | None:
         try:
             with urllib.request.urlopen(cluster.metrics_url(node_id), timeout=10) as resp:  # type: ignore[attr-defined]
-                return resp.read().decode()
+                return resp.read().decode()  # type: ignore[no-any-return]
         except urllib.error.HTTPError as exc:
-            if exc.code != 403 or time.monotonic() > deadline:
+            if exc.code != 403:
                 raise
-        time.sleep(0.2)  # the ACL reaches the node with the next metadata update
+            return None  # the ACL reaches the node with the next metadata update
+    return wait_for(page, timeout_s, f"node {node_id}'s /metrics for User:ANONYMOUS from 127.0.0.1")
