@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from opskit import produce_acked, read_values
 from waiting import wait_for
 
 from client.admin import Admin, NewTopic
-from client.consumer import Consumer
-from client.producer import Producer
-from client.types import TopicPartition
 from deploy.local.cluster import LocalCluster
 from proto.errors import ErrorCode
 
@@ -63,29 +60,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         cl.teardown()
 
 
-def _produce(cluster: LocalCluster, values: list[bytes]) -> None:
-    with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", request_timeout_ms=10_000) as p:
-        for v in values:
-            p.send("live", v).get(timeout=30)
-
-
-def _read_all(cluster: LocalCluster, count: int) -> list[bytes]:
-    out: list[bytes] = []
-    with Consumer(bootstrap_servers=cluster.bootstrap_servers, auto_offset_reset="earliest",
-                  request_timeout_ms=5000, fetch_max_wait_ms=100) as consumer:
-        consumer.assign([TopicPartition("live", 0)])
-        deadline = time.monotonic() + 60
-        while len(out) < count:
-            assert time.monotonic() < deadline, f"read {len(out)} of {count} records of live-0"
-            for records in consumer.poll(timeout_ms=200).values():
-                out.extend(r.value for r in records)
-    return out
-
-
 def test_topics_past_the_capacity_are_refused_and_the_node_stays_up(cluster: LocalCluster) -> None:
     with Admin(cluster.bootstrap_servers, request_timeout_ms=60_000) as admin:
         admin.create_topics([NewTopic("live", 1, 1)])
-        _produce(cluster, [b"before-%d" % i for i in range(5)])
+        produce_acked(cluster, "live", [b"before-%d" % i for i in range(5)])
         # Up to the capacity: 99 more one-partition topics, in batches.
         for start in range(0, CAPACITY - 1, 33):
             names = [f"fill-{i:03d}" for i in range(start, min(start + 33, CAPACITY - 1))]
@@ -107,8 +85,8 @@ def test_topics_past_the_capacity_are_refused_and_the_node_stays_up(cluster: Loc
     # The node is up, below its limit, and its partitions take writes and serve reads.
     assert cluster.is_running(1)
     assert _fds(cluster.pid(1)) < LIMIT
-    _produce(cluster, [b"after-%d" % i for i in range(5)])
-    assert _read_all(cluster, 10) == [b"before-%d" % i for i in range(5)] + [b"after-%d" % i for i in range(5)]
+    produce_acked(cluster, "live", [b"after-%d" % i for i in range(5)])
+    assert read_values(cluster, "live", 10) == [b"before-%d" % i for i in range(5)] + [b"after-%d" % i for i in range(5)]
     log_text = cluster.node_log(1).read_text(errors="replace")
     assert "Too many open files" not in log_text
     assert f"file-descriptor limit {LIMIT}: this broker takes at most {CAPACITY} partition replicas" in log_text
@@ -144,4 +122,4 @@ def test_a_lowered_limit_refuses_the_start_with_exit_code_5_then_a_raised_one_se
     cluster.launch_prefixes[1] = _prlimit(LIMIT)
     cluster.start_node(1)
     cluster.wait_ready(90)
-    assert _read_all(cluster, 10)[:5] == [b"before-%d" % i for i in range(5)]
+    assert read_values(cluster, "live", 10)[:5] == [b"before-%d" % i for i in range(5)]

@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from opskit import produce_acked, read_values
 
 from client.admin import Admin, NewTopic
-from client.consumer import Consumer
-from client.producer import Producer
-from client.types import TopicPartition
 from deploy.local.cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
@@ -39,30 +36,11 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         cl.teardown()
 
 
-def _produce(cluster: LocalCluster, topic: str, values: list[bytes]) -> None:
-    with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", request_timeout_ms=10_000) as p:
-        for v in values:
-            p.send(topic, v).get(timeout=30)
-
-
-def _read_all(cluster: LocalCluster, topic: str, count: int) -> list[bytes]:
-    out: list[bytes] = []
-    with Consumer(bootstrap_servers=cluster.bootstrap_servers, auto_offset_reset="earliest",
-                  request_timeout_ms=5000, fetch_max_wait_ms=100) as consumer:
-        consumer.assign([TopicPartition(topic, 0)])
-        deadline = time.monotonic() + 60
-        while len(out) < count:
-            assert time.monotonic() < deadline, f"read {len(out)} of {count} records of {topic}-0"
-            for records in consumer.poll(timeout_ms=200).values():
-                out.extend(r.value for r in records)
-    return out
-
-
 def test_a_topic_the_restored_quorum_does_not_know_is_set_aside_with_its_records(cluster: LocalCluster,
                                                                                   tmp_path: Path) -> None:
     with Admin(cluster.bootstrap_servers, request_timeout_ms=60_000) as admin:
         admin.create_topics([NewTopic("kept", 1, 1)])
-    _produce(cluster, "kept", [b"k%d" % i for i in range(3)])
+    produce_acked(cluster, "kept", [b"k%d" % i for i in range(3)])
     meta = cluster.node_dir(1) / "meta"
     cluster.stop_node(1)
     shutil.copytree(meta, tmp_path / "backup")  # the operator's backup of the quorum
@@ -72,7 +50,7 @@ def test_a_topic_the_restored_quorum_does_not_know_is_set_aside_with_its_records
     with Admin(cluster.bootstrap_servers, request_timeout_ms=60_000) as admin:
         admin.create_topics([NewTopic("later", 1, 1)])
     values = [b"later-%d" % i for i in range(20)]
-    _produce(cluster, "later", values)
+    produce_acked(cluster, "later", values)
     cluster.stop_node(1)
 
     shutil.rmtree(meta)
@@ -96,5 +74,5 @@ def test_a_topic_the_restored_quorum_does_not_know_is_set_aside_with_its_records
     assert re.search(r'^brook_log_dir_stray_logs\{dir="[^"]+"\} 1\.0$', metrics, re.M), \
         [line for line in metrics.splitlines() if "stray" in line]
     # The cluster takes writes, and the topic the backup knows has its records.
-    _produce(cluster, "kept", [b"k3"])
-    assert _read_all(cluster, "kept", 4) == [b"k0", b"k1", b"k2", b"k3"]
+    produce_acked(cluster, "kept", [b"k3"])
+    assert read_values(cluster, "kept", 4) == [b"k0", b"k1", b"k2", b"k3"]
