@@ -484,7 +484,9 @@ class MetadataState:
         the last member of an ISR it stays there (Kafka's rule), unless its log is gone (``keep_last`` False)."""
         eligible = self._eligible_ids()
         eligible.discard(broker_id)
-        fresh = self.storage_created_ids() | {broker_id} if not keep_last else self.storage_created_ids()
+        fresh = self.storage_created_ids()
+        if not keep_last:
+            fresh.add(broker_id)
         for topic in self.topics.values():
             unclean = None
             for index, p in enumerate(topic.partitions):
@@ -508,6 +510,7 @@ class MetadataState:
     def _elect_offline_partitions(self, where: Callable[[TopicState, PartitionState], bool],
                                   topics: Iterable[TopicState] | None = None) -> None:
         eligible = self._eligible_ids()
+        fresh = self.storage_created_ids()
         for topic in list(self.topics.values()) if topics is None else topics:
             unclean = None
             for index, p in enumerate(topic.partitions):
@@ -515,8 +518,7 @@ class MetadataState:
                     continue
                 if unclean is None:
                     unclean = self._unclean_allowed(topic)
-                chosen = elect_leader(p.replicas, p.isr, eligible, unclean_allowed=unclean,
-                                      last_resort=self.storage_created_ids())
+                chosen = elect_leader(p.replicas, p.isr, eligible, unclean_allowed=unclean, last_resort=fresh)
                 if chosen.leader != NO_LEADER:
                     self._set_partition(topic, index, p, chosen.leader, chosen.isr)
 
