@@ -56,10 +56,11 @@ def open_past_the_bound(port: int, bound: int, extra: int = 3) -> list[socket.so
 
 
 def accept_backlog(port: int) -> int:
-    """Connections waiting in 127.0.0.1:``port``'s listen queue, not accepted yet (/proc/net/tcp)."""
-    local = f"0100007F:{port:04X}"
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[1] == local and fields[3] == "0A":  # LISTEN: rx_queue is the accept backlog
-            return int(fields[4].split(":")[1], 16)
+    """Connections waiting in 127.0.0.1:``port``'s listen queue, not accepted yet (/proc/net/tcp; or
+    /proc/net/tcp6 for a server listening on an IPv6 socket that maps 127.0.0.1, as gRPC's do)."""
+    for table, local in (("tcp", f"0100007F:{port:04X}"), ("tcp6", f"0000000000000000FFFF00000100007F:{port:04X}")):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[1] == local and fields[3] == "0A":  # LISTEN: rx_queue is the accept backlog
+                return int(fields[4].split(":")[1], 16)
     raise AssertionError(f"nothing listens on 127.0.0.1:{port}")

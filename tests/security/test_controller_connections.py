@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from sockets import ATTACKER, connect_from
+from sockets import ATTACKER, accept_backlog, connect_from
 from waiting import wait_for
 
 from deploy.local.cluster import LocalCluster
@@ -23,16 +23,6 @@ pytestmark = pytest.mark.slow
 
 LIMIT = 8
 FLOOD = 80
-
-
-def accept_backlog(port: int) -> int:
-    """Connections in the port's listen queue (gRPC listens on an IPv6 socket mapping 127.0.0.1)."""
-    local = f"0000000000000000FFFF00000100007F:{port:04X}"
-    for line in Path("/proc/net/tcp6").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[1] == local and fields[3] == "0A":  # LISTEN: rx_queue is the accept backlog
-            return int(fields[4].split(":")[1], 16)
-    raise AssertionError(f"nothing listens on [::ffff:127.0.0.1]:{port}")
 
 
 def open_fds(pid: int) -> int:
