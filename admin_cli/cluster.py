@@ -101,6 +101,12 @@ def assess_health(cluster: controller_pb2.DescribeClusterResponse | None,
               f"metadata says controller {quorum.active_controller_id} is active (epoch {quorum.controller_epoch}), "
               f"its commit index {quorum.commit_index}")
         return r
+    if not quorum.voters:
+        # The controller shows the voters only to callers allowed DESCRIBE on the cluster: "0 voters" would
+        # read as a quorum with no members.
+        r.add("quorum", True, f"active controller answers (leader {quorum.leader_id}, term {quorum.term}); the "
+              "voters' state is shown only to principals allowed DESCRIBE on the cluster")
+        return r
     problems = []
     worst_lag = 0
     for v in quorum.voters:

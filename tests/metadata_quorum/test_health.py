@@ -57,3 +57,13 @@ def test_a_follower_view_reports_no_active_controller() -> None:
     ok, detail = checks(report)["quorum"]
     assert not ok and not report.healthy
     assert "voter 3 reports: Raft leader 2, term 29" in detail and "controller 1 is active (epoch 28)" in detail
+
+
+def test_voters_withheld_from_a_caller_without_describe_are_not_reported_as_zero_voters() -> None:
+    # The controller leaves the voters out for a caller not allowed DESCRIBE on the cluster.
+    withheld = active_quorum()
+    del withheld.voters[:]
+    desc = cluster(default_min_isr=1, topics={"t": {}}, partitions=[("t", 0, [1, 2, 3], [1, 2, 3], 1)])
+    ok, detail = checks(assess_health(desc, withheld))["quorum"]
+    assert ok, detail
+    assert "0 voters" not in detail and "DESCRIBE on the cluster" in detail and "leader 1, term 3" in detail
