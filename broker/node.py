@@ -130,10 +130,13 @@ class ServerHooks:
 
 
 def _add_metrics(interceptors: list[Any], metrics: Any) -> None:
-    """Put the metrics interceptor first, or second after one that must see every call first
-    (``outermost``: a receive gate, serving unary methods as request streams that metrics would not
-    time; broker/receiving.py)."""
-    interceptors.insert(1 if interceptors and getattr(interceptors[0], "outermost", False) else 0, metrics)
+    """Put the metrics interceptor first, or after those that must see every call first (``outermost``:
+    the startup gate, broker/startup_gate.py; a receive gate, serving unary methods as request streams that
+    metrics would not time, broker/receiving.py)."""
+    at = 0
+    while at < len(interceptors) and getattr(interceptors[at], "outermost", False):
+        at += 1
+    interceptors.insert(at, metrics)
 
 
 class GrpcInstrumentation:

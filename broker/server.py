@@ -63,6 +63,7 @@ from broker.replica_manager import ReplicaManager
 from broker.security import NodeSecurity, broker_security
 from broker.service import BrokerService, Capacity
 from broker.stalls import DEFAULT_STALL_S, LoopMonitor
+from broker.startup_gate import MetadataGate
 from broker.tls import HANDSHAKE_TIMEOUT_MS, ServerTls, bind_port
 from client.security import SecurityConfig
 from metadata_quorum.client import ControllerClient
@@ -256,6 +257,7 @@ class BrokerServer:
         self.capacity: Capacity | None = None
         self._security_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.receive_gate: ReceiveGate | None = None
+        self.metadata_gate: MetadataGate | None = None
         self.log_manager: Any = None
         self.controller_client: Any = None
         self.metadata_cache = MetadataCache(settings.node_id)
@@ -264,6 +266,7 @@ class BrokerServer:
         self.service: BrokerService | None = None
         self.group_servicer: Any = None  # set by the group coordinator extension
         self.kafka_listeners: list[Any] = []
+        self._kafka_listeners_lock = threading.Lock()
         # SCRAM sessions, ACL checks and quotas (broker/security.py); the group coordinator reads .authorizer.
         self.security: NodeSecurity = broker_security(self.metadata_cache, settings.defaults)
         self.authorizer = self.security.authorizer
@@ -341,12 +344,16 @@ class BrokerServer:
         producer_ids.prefetch()  # a block at hand before any producer asks (and should the quorum go)
         self._spawn(self._watch_loop, "metadata-watch")
         self._spawn(self._heartbeat_loop, "heartbeat")
-        if not self.metadata_cache.wait_for(lambda c: c.version > 0, FIRST_METADATA_WAIT_S):
-            log.warning("broker %d: no metadata from the controller after %.0fs; serving anyway",
-                        s.node_id, FIRST_METADATA_WAIT_S)
         # Kafka clients connect once the broker knows the cluster (as a Kafka broker opens its listeners
-        # when it has caught up), so none sees an empty cluster or an unknown user.
-        self._start_kafka_listeners()
+        # when it has caught up), so none sees an empty cluster or an unknown user; gRPC clients are
+        # answered UNAVAILABLE until then (broker/startup_gate.py).
+        if self.metadata_cache.wait_for(lambda c: c.version > 0, FIRST_METADATA_WAIT_S):
+            self._start_kafka_listeners()
+        else:
+            log.warning("broker %d: no metadata from the controller after %.0fs; client calls are refused "
+                        "(UNAVAILABLE) and the Kafka listeners stay closed until it comes", s.node_id,
+                        FIRST_METADATA_WAIT_S)
+            self._spawn(self._start_kafka_listeners_on_metadata, "kafka-listeners")
         log.info("broker %d started on %s:%d (epoch %d)", s.node_id, s.host, self.port, self.broker_epoch)
 
     # ---- the event loop and the aio server ----
@@ -461,8 +468,9 @@ class BrokerServer:
         self._security_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=SECURITY_WORKERS, thread_name_prefix=f"broker-{self.node_id}-security")
         self.receive_gate = self._make_receive_gate(d)
-        return grpc.aio.server(migration_thread_pool=self._security_pool,
-                               interceptors=[self.receive_gate, self.security.aio_interceptor()], options=[
+        self.metadata_gate = MetadataGate(self.node_id, lambda: self.metadata_cache.version > 0)
+        return grpc.aio.server(migration_thread_pool=self._security_pool, interceptors=[
+            self.metadata_gate, self.receive_gate, self.security.aio_interceptor()], options=[
             ("grpc.max_receive_message_length", int(d.get("socket.request.max.bytes", str(DEFAULT_REQUEST_MAX_BYTES)))),
             ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
             # No BDP probing: a stream is granted HTTP/2's initial 64 KiB window until its message is
@@ -546,22 +554,32 @@ class BrokerServer:
             if bind_port(server, lst.host, lst.port, lst.tls) == 0:
                 raise OSError(f"broker {s.node_id}: cannot listen on {lst.name} {lst.host}:{lst.port}")
 
+    def _start_kafka_listeners_on_metadata(self) -> None:
+        while not self._stopping.is_set():
+            if self.metadata_cache.wait_for(lambda c: c.version > 0, 1.0):
+                log.info("broker %d: first metadata received; opening the Kafka listeners", self.node_id)
+                self._start_kafka_listeners()
+                return
+
     def _start_kafka_listeners(self) -> None:
         """Open every Kafka-protocol listener on the broker's loop (after the servicers they call exist)."""
         from broker.kafka_wire.server import KafkaListener, KafkaListenerSpec, server_ssl_context
 
-        for lst in self.settings.extra_listeners:
-            if lst.wire != "kafka":
-                continue
-            ctx = None
-            if lst.tls is not None:
-                ctx = server_ssl_context(str(lst.tls.cert), str(lst.tls.key),
-                                         str(lst.tls.ca) if lst.tls.ca is not None else None,
-                                         lst.tls.client_auth == "required")
-            listener = KafkaListener(self, KafkaListenerSpec(lst.name, lst.host, lst.port, lst.protocol, ctx),
-                                     self.settings.defaults)
-            self._on_loop(listener.start())
-            self.kafka_listeners.append(listener)
+        with self._kafka_listeners_lock:  # not while stop() closes them
+            if self._stopping.is_set():
+                return
+            for lst in self.settings.extra_listeners:
+                if lst.wire != "kafka":
+                    continue
+                ctx = None
+                if lst.tls is not None:
+                    ctx = server_ssl_context(str(lst.tls.cert), str(lst.tls.key),
+                                             str(lst.tls.ca) if lst.tls.ca is not None else None,
+                                             lst.tls.client_auth == "required")
+                listener = KafkaListener(self, KafkaListenerSpec(lst.name, lst.host, lst.port, lst.protocol, ctx),
+                                         self.settings.defaults)
+                self._on_loop(listener.start())
+                self.kafka_listeners.append(listener)
 
     def listener_by_tls(self) -> dict[bool, str]:
         """Listener whose addresses Metadata gives to a TLS / plaintext caller: BROKER first, then the rest."""
@@ -722,11 +740,12 @@ class BrokerServer:
                     stop_ext()
                 except Exception:
                     log.exception("broker %d: stopping extension %r failed", self.node_id, ext)
-        for kl in self.kafka_listeners:
-            try:
-                self._on_loop(kl.stop(), timeout_s=5)
-            except Exception:
-                log.exception("broker %d: stopping Kafka listener %s failed", self.node_id, kl.spec.name)
+        with self._kafka_listeners_lock:
+            for kl in self.kafka_listeners:
+                try:
+                    self._on_loop(kl.stop(), timeout_s=5)
+                except Exception:
+                    log.exception("broker %d: stopping Kafka listener %s failed", self.node_id, kl.spec.name)
         if self.grpc_server is not None and self.loop is not None:
             try:
                 self._on_loop(self.grpc_server.stop(grace=SERVER_STOP_GRACE_S), timeout_s=SERVER_STOP_GRACE_S + 5)
