@@ -36,8 +36,10 @@ from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig, ReplicaFetcherManager
 from replication.partition import IsrProposal, LockBusy, Partition, Role, held
 from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
+from storage.disk_errors import disk_failure
 from storage.file_records import FileRecords
 from storage.record_batch import decode_batch, iter_batches, read_header
+from storage.segment import CorruptBatchError
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +319,7 @@ class ReplicaManager:
         ``lease_valid``: heard from the controller within a session: without it, acks=0/1 writes are
         refused and acks=all writes go on (see ``append_records``)."""
         self.node_id = node_id
+        self._corrupt_reported: set[tuple[str, int, int]] = set()  # corrupt batches logged (sole in-sync replica)
         self.log_manager = log_manager
         self.metadata_cache = metadata_cache
         self.controller_client = controller_client
@@ -862,8 +865,39 @@ class ReplicaManager:
                 self._fill_error_context(out, fp.topic, fp.partition, e.code)
                 if e.code == ErrorCode.KAFKA_STORAGE_ERROR and (
                         failed := self._partitions.get((fp.topic, fp.partition))) is not None:
-                    self.log_manager.dir_failed(failed.log.dir, e)  # a read the disk refused (EIO)
+                    if self._read_failed(failed, e):
+                        out.error_code, out.error_message = ErrorCode.CORRUPT_MESSAGE, e.message
         return resp, total, must_answer
+
+    def _read_failed(self, p: Partition, exc: errors.BrookError) -> bool:
+        """A read of ``p``'s log failed: a read the disk refused (EIO) fails its log directory, which stops the
+        broker (LogManager.dir_failed). So does a batch whose bytes changed on disk (``CorruptBatchError``, found
+        by the read's CRC check), once marked for a rescan: the other in-sync replicas, which hold it intact,
+        take the partition over, and this one cuts its log there when it starts again and fetches the rest
+        back. Kafka's leader sends such a batch: every consumer fails on it, and a follower that needs it
+        refuses it for good. When no other replica is in sync, nothing stops and nothing is cut (the records
+        after the batch are on no other replica): the fetch is answered CORRUPT_MESSAGE, as Kafka's consumers
+        report it, and the broker logs an ERROR. True in that case."""
+        corrupt = disk_failure(exc)
+        if isinstance(corrupt, CorruptBatchError):
+            others = [r for r in p.isr if r != self.node_id]
+            if not (p.is_leader and others):
+                key = (p.topic, p.partition, corrupt.base_offset)
+                if key not in self._corrupt_reported:
+                    self._corrupt_reported.add(key)
+                    log.error("%s-%d: %s; no other replica is in sync (ISR %s), so this one keeps serving the "
+                              "partition and reads of that batch fail with CORRUPT_MESSAGE", p.topic, p.partition,
+                              corrupt, list(p.isr))
+                return True
+            log.critical("%s-%d: %s; in-sync replicas %s hold it intact: failing the log directory so that they "
+                         "take over, and rescanning from offset %d at the next start", p.topic, p.partition,
+                         corrupt, others, corrupt.base_offset)
+            try:
+                p.log.mark_corrupt(corrupt.base_offset)
+            except OSError as werr:
+                log.error("%s-%d: could not mark the corrupt batch for a rescan: %s", p.topic, p.partition, werr)
+        self.log_manager.dir_failed(p.log.dir, exc)  # a read the disk refused (EIO), or bytes it changed
+        return False
 
     def _stale_replica_epoch(self, req: broker_pb2.FetchRequest) -> errors.BrookError | None:
         """The refusal for a follower fetch from an older registration of its broker id (KIP-903), else None.

@@ -436,6 +436,12 @@ class Consumer:
                 state.request_reset(self._reset)
             return
         err = errors.error_for(code, p.error_message)
+        if code == errors.ErrorCode.CORRUPT_MESSAGE:
+            # The leader found the batch at the position corrupt on its disk, and no other replica can serve it
+            # (else it would have given the partition up): raised, as Kafka's consumer raises it, not retried
+            # in silence for ever. Retriable for a producer (corrupted in transit), not here.
+            self._pending_error = err
+            return
         if err.retriable or code in REFRESH_CODES:
             if code in (errors.ErrorCode.FENCED_LEADER_EPOCH, errors.ErrorCode.UNKNOWN_LEADER_EPOCH):
                 # KIP-320: the broker leads at another epoch than our metadata says (FENCED: ours is

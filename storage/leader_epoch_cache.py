@@ -32,17 +32,20 @@ class LeaderEpochFileCache:
     def __init__(self, partition_dir: Path) -> None:
         self._file = EpochCheckpointFile(partition_dir / LEADER_EPOCH_CHECKPOINT)
         self._lock = threading.RLock()
+        # True when the file could not be read whole (unreadable, or entries out of order): the log then
+        # rebuilds the cache from the headers of every batch it holds (Log.open), not only the rescanned ones.
+        self.damaged = False
         try:
             raw = self._file.read()
         except CorruptCheckpointError as exc:
-            # Losing the cache only makes the next follower truncation coarser; the log
-            # rebuilds it from batch headers (Log.open), so start empty.
             log.warning("leader epoch cache unreadable, rebuilding: %s", exc)
             raw = []
+            self.damaged = True
         self._entries: list[EpochEntry] = []
         for epoch, start in raw:
             if self._entries and (epoch <= self._entries[-1].epoch or start < self._entries[-1].start_offset):
                 log.warning("%s: entry (%d, %d) out of order, dropped", self._file.path, epoch, start)
+                self.damaged = True
                 continue
             self._entries.append(EpochEntry(epoch, start))
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from proto import errors
-from storage.checkpoints import fsync_dir
+from storage.checkpoints import fsync_dir, write_atomically
 from storage.compression import CODEC_BY_NAME
 from storage.disk_errors import disk_failure
 from storage.leader_epoch_cache import UNDEFINED_EPOCH, LeaderEpochFileCache
@@ -69,6 +69,9 @@ _SEGMENT_POSITION_MAX = 2**31 - 1  # index positions are int32: a segment never 
 _BUDGET_WARN_EVERY_S = 60.0
 _budget_warned_at = float("-inf")
 _REFUSED_LOG_INTERVAL_S = 10.0
+# Written in a partition directory when a read found a corrupt batch (``mark_corrupt``): its base offset. The next
+# open CRC-scans from the segment holding it (whatever the recovery point and the shutdown), which truncates there.
+RESCAN_FROM_FILE = "rescan-from"
 MAX_ITER_READS = 10_000_000  # bound of iter_batches_from (far beyond any real log)  # a reader racing a segment deletion retries on a fresh snapshot
 
 
@@ -106,6 +109,20 @@ class FetchData:
     first_offset: int  # -1 if empty
     log_end_offset: int
     log_start_offset: int
+
+
+def _read_rescan_from(directory: Path) -> int | None:
+    """The offset in ``RESCAN_FROM_FILE``; 0 (rescan everything) when it is there but unreadable."""
+    try:
+        text = (directory / RESCAN_FROM_FILE).read_text(encoding="ascii")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return 0
+    try:
+        return max(0, int(text.strip()))
+    except ValueError:
+        return 0
 
 
 def _now_ms(now_ms: int | None) -> int:
@@ -159,6 +176,13 @@ class Log:
         shutdown flushed everything); ``full_recovery`` rescans every segment.
         """
         dir.mkdir(parents=True, exist_ok=True)
+        rescan_from = _read_rescan_from(dir)
+        if rescan_from is not None:
+            log.warning("%s: a read found a corrupt batch at offset %d before this start: CRC-scanning from the "
+                        "segment holding it (the log is cut at the first bad batch; a follower fetches the rest "
+                        "again from its leader)", dir, rescan_from)
+            recovery_point = min(recovery_point, rescan_from)
+            clean_shutdown = False
         self = cls(dir, config)
         try:
             with self._lock:
@@ -175,7 +199,17 @@ class Log:
                 self._load(recovery_point, log_start_offset, _now_ms(now_ms), False, True)
         if high_watermark is not None:
             self.update_high_watermark(high_watermark)
+        if rescan_from is not None:
+            (dir / RESCAN_FROM_FILE).unlink(missing_ok=True)  # rescanned: the recovered bytes are flushed
+            fsync_dir(dir)
         return self
+
+    def mark_corrupt(self, offset: int) -> None:
+        """A read found the batch at ``offset`` corrupt (``segment.CorruptBatchError``): the next open CRC-scans
+        from its segment, even after a clean shutdown or with the recovery point past it (it is cut there)."""
+        known = _read_rescan_from(self.dir)
+        if known is None or offset < known:
+            write_atomically(self.dir / RESCAN_FROM_FILE, f"{offset}\n".encode())
 
     def _close_opened(self) -> None:
         for seg in self._opened or []:
@@ -196,6 +230,10 @@ class Log:
               full_recovery: bool) -> None:
         self._remove_temp_files()
         self._complete_swaps()
+        # A leader-epoch-checkpoint lost or damaged: rebuilt below from every batch, after recovery. What recovery
+        # alone observes starts at the recovery point: the epochs before it would be missing, and the one running
+        # there would seem to start at it (OffsetsForLeaderEpoch would then answer end offsets past the real ones).
+        epochs_lost = self.epoch_cache.damaged or self.epoch_cache.latest_entry() is None
         bases = sorted(int(p.name[: -len(LOG_SUFFIX)]) for p in self.dir.glob("*" + LOG_SUFFIX)
                        if p.name[: -len(LOG_SUFFIX)].isdigit())
         segments = [self._new_segment(b, writable=False) for b in bases]
@@ -219,7 +257,8 @@ class Log:
         self._log_start_offset = min(max(log_start_offset, kept[0].base_offset), self._log_end_offset)
         self.epoch_cache.truncate_from_end(self._log_end_offset)
         self.epoch_cache.truncate_from_start(self._log_start_offset)
-        if self.epoch_cache.latest_entry() is None and self._log_end_offset > self._log_start_offset:
+        if (epochs_lost or self.epoch_cache.latest_entry() is None) and self._log_end_offset > self._log_start_offset:
+            self.epoch_cache.clear()
             self._rebuild_epoch_cache(kept)
         if first_recover < len(segments):
             for seg in kept[first_recover:]:
@@ -287,7 +326,8 @@ class Log:
 
     def _rebuild_epoch_cache(self, segments: list[LogSegment]) -> None:
         """The leader-epoch-checkpoint was lost or unreadable: rebuild it from batch headers."""
-        log.warning("%s: leader epoch cache empty for a non-empty log; rebuilding from batch headers", self.dir)
+        log.warning("%s: leader epoch cache lost or damaged for a non-empty log; rebuilding it from the headers of "
+                    "every batch", self.dir)
         for seg in segments:
             for _pos, h in seg.iter_headers(0):
                 if h.partition_leader_epoch > self.epoch_cache.latest_epoch and h.next_offset > self._log_start_offset:

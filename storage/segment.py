@@ -25,12 +25,17 @@ the index interval:
 from __future__ import annotations
 
 import bisect
+import contextlib
+import errno
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
+
+from crc32c import crc32c
 
 from proto import errors
 from storage.abstract_index import CorruptIndexError
@@ -40,6 +45,7 @@ from storage.log_config import INDEX_INTERVAL_BYTES_MAX
 from storage.offset_index import OffsetIndex
 from storage.record_batch import (
     BATCH_HEADER_SIZE,
+    CRC_START,
     NO_PARTITION_LEADER_EPOCH,
     BatchHeader,
     decode_batch,
@@ -93,6 +99,22 @@ def open_segments() -> int:
 def segment_budget() -> int:
     """Segments this process may hold open before rolls wait: half its file-descriptor limit, 3 each."""
     return _SEGMENTS.budget()
+
+
+class CorruptBatchError(OSError):
+    """A batch read from a segment fails its CRC: the bytes on disk changed since they were written
+    (or recovered). An EIO, as a file system with checksums (btrfs, ZFS) reports such bytes, so that a
+    read hitting it is treated as a failed disk read (storage/disk_errors.py), never served."""
+
+    def __init__(self, path: Path, position: int, base_offset: int, detail: str) -> None:
+        super().__init__(errno.EIO, f"corrupt batch at position {position} (base offset {base_offset}) of "
+                                    f"{path.name}: {detail}", str(path))
+        self.position = position
+        self.base_offset = base_offset
+
+
+class SegmentChangedError(OSError):
+    """A read raced a truncation of its segment (what it read may be of two appends): read it again."""
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -440,7 +462,8 @@ class LogSegment:
         the bound, or None when this segment holds no batch at or after ``start_offset``.
         """
         end = self.size  # snapshot: an append in flight is not yet visible
-        found = self.translate_offset(start_offset, end)
+        generation = self._generation
+        found = self._translate_for_read(start_offset, end, generation)
         if found is None:
             return None
         pos, first = found
@@ -449,14 +472,59 @@ class LogSegment:
         if first.size > max_bytes:
             if not min_one_batch:
                 return b"", -1
-            return os.pread(self._fd, first.size, pos), first.base_offset
+            return self._verified(os.pread(self._fd, first.size, pos), pos, first, generation), first.base_offset
         chunk = os.pread(self._fd, min(max_bytes, end - pos), pos)
+        return self._verified(chunk, pos, first, generation, bound_offset), first.base_offset
+
+    def _translate_for_read(self, offset: int, end: int, generation: int) -> tuple[int, BatchHeader] | None:
+        """``translate_offset`` for a fetch: batch headers that cannot be walked (a damaged magic or length) are a
+        ``CorruptBatchError`` naming the batch the walk started from, as a failed CRC is (see ``_corrupt``)."""
+        try:
+            return self.translate_offset(offset, end)
+        except errors.CorruptMessageError as exc:
+            entry = self.index.lookup(offset)
+            self._corrupt_headers(entry.position, entry.offset, generation, exc)
+
+    def _verified(self, data: bytes, position: int, first: BatchHeader, generation: int,
+                  bound_offset: int | None = None) -> bytes:
+        """The whole batches of ``data`` (read at ``position``, starting with ``first``'s batch) before
+        ``bound_offset`` and before the first one that fails its CRC or cannot be walked; raises (see
+        ``_corrupt``) when that is the first one. The batches before it are served, the next read starts at it."""
         cut = 0
-        for rel, h in iter_batches(chunk, 0):
-            if h.last_offset >= bound_offset:
-                break
-            cut = rel + h.size
-        return (chunk if cut == len(chunk) else chunk[:cut]), first.base_offset
+        with memoryview(data) as view:
+            try:
+                for rel, h in iter_batches(data, 0):
+                    if bound_offset is not None and h.last_offset >= bound_offset:
+                        break
+                    if crc32c(view[rel + CRC_START:rel + h.size]) != h.crc:
+                        if rel == 0:
+                            self._corrupt(h, position, generation)
+                        break
+                    cut = rel + h.size
+            except errors.CorruptMessageError as exc:
+                if cut == 0:
+                    self._corrupt_headers(position, first.base_offset, generation, exc)
+        return data if cut == len(data) else data[:cut]
+
+    def _corrupt_headers(self, position: int, base_offset: int, generation: int, exc: errors.BrookError) -> NoReturn:
+        if generation != self._generation or self.closed:
+            raise SegmentChangedError(f"segment {self.log_path} truncated during a read")
+        raise CorruptBatchError(self.log_path, position, base_offset,
+                                f"the batch headers from here cannot be walked: {exc.message}")
+
+    def _corrupt(self, h: BatchHeader, position: int, generation: int) -> NoReturn:
+        """A batch read for a fetch fails its CRC. Every batch was CRC-checked when it was appended (or
+        recovered), so its bytes changed on disk since, unless a truncation raced the read (then it is
+        read again: ``SegmentChangedError``). Raises ``CorruptBatchError``: such bytes are never served
+        (Kafka's leader sends them, and no reader can use them; its followers refuse them for good)."""
+        again = os.pread(self._fd, h.size, position)
+        if generation != self._generation or self.closed:
+            raise SegmentChangedError(f"segment {self.log_path} truncated during a read")
+        try:
+            validate_batch(again, 0)
+        except errors.BrookError as exc:
+            raise CorruptBatchError(self.log_path, position, h.base_offset, exc.message) from None
+        raise SegmentChangedError(f"batch at {position} of {self.log_path} changed during a read")
 
     def read_slice(self, start_offset: int, max_bytes: int, bound_offset: int, min_one_batch: bool
                    ) -> tuple[FileRecords | bytes, int] | None:
@@ -466,7 +534,8 @@ class LogSegment:
         many small batches); the response itself is sent from the file.
         """
         end = self.size
-        found = self.translate_offset(start_offset, end)
+        generation = self._generation
+        found = self._translate_for_read(start_offset, end, generation)
         if found is None:
             return None
         pos, first = found
@@ -474,10 +543,11 @@ class LogSegment:
             return b"", -1
         stop = pos + first.size
         # Batches wholly within max_bytes of the start and the snapshot end, before the bound.
-        for at, h in self.iter_headers(stop, min(end, pos + max_bytes), SLICE_SCAN_CHUNK_BYTES):
-            if h.last_offset >= bound_offset:
-                break
-            stop = at + h.size
+        with contextlib.suppress(errors.CorruptMessageError):  # a damaged header: the slice ends before it
+            for at, h in self.iter_headers(stop, min(end, pos + max_bytes), SLICE_SCAN_CHUNK_BYTES):
+                if h.last_offset >= bound_offset:
+                    break
+                stop = at + h.size
         if self.closed:  # closed under us: the descriptor may already name another file
             raise OSError(f"segment {self.log_path} closed during a read")
         records = FileRecords.within_budget(self._fd, pos, stop - pos, first.base_offset)
@@ -487,7 +557,7 @@ class LogSegment:
             data = os.pread(self._fd, stop - pos, pos)
             if self.closed or len(data) != stop - pos:
                 raise OSError(f"segment {self.log_path} closed or truncated during a read")
-            return data, first.base_offset
+            return self._verified(data, pos, first, generation), first.base_offset
         return records, first.base_offset
 
     def find_offset_by_timestamp(self, timestamp_ms: int, start_offset: int) -> tuple[int, int, int] | None:

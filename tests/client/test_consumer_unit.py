@@ -69,3 +69,19 @@ def test_closed_consumer_refuses_calls() -> None:
     with pytest.raises(errors.ConsumerClosedError):
         consumer.poll(timeout_ms=0)
     consumer.close()  # idempotent
+
+
+def test_a_fetch_answered_corrupt_message_is_raised_not_retried() -> None:
+    """A leader answers CORRUPT_MESSAGE when the batch at the position is corrupt on its disk and no other replica
+    is in sync to take over (broker/replica_manager.py): Kafka's consumer raises it from poll; retrying it (the
+    code is retriable for producers) would leave the consumer stuck without a word."""
+    from proto import broker_pb2
+
+    tp = TopicPartition("t", 0)
+    with Consumer(bootstrap_servers="127.0.0.1:1") as consumer:
+        consumer.assign([tp])
+        answer = broker_pb2.FetchPartitionResponse(topic="t", partition=0, error_code=errors.ErrorCode.CORRUPT_MESSAGE,
+                                                   error_message="corrupt batch at position 0 (base offset 0)")
+        consumer._handle_partition(tp, consumer._state(tp), answer, 0.0)
+        with pytest.raises(errors.CorruptMessageError, match="corrupt batch"):
+            consumer._raise_pending()

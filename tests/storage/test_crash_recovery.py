@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 from storage_testlib import make_batch, read_all
 
+from proto import errors
+from storage.disk_errors import disk_failure
 from storage.log import Log
 from storage.log_config import LogConfig
 from storage.log_manager import LogManager
@@ -216,4 +219,84 @@ def test_corrupt_header_before_the_recovery_point_falls_back_to_full_scan(tmp_pa
     assert lg.log_end_offset == 4
     assert _batches_by_base(read_all(lg)) == {b: v for b, v in before.items() if b < 4}
     assert any("falling back to a full recovery scan" in r.getMessage() for r in caplog.records)
+    lg.close()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "missing"])
+def test_lost_epoch_checkpoint_is_rebuilt_from_every_segment_after_a_crash(tmp_path: Path, damage: str) -> None:
+    """The leader-epoch-checkpoint unreadable (or gone) and a crash: recovery scans only from the recovery point,
+    and its batches used to be all the cache was rebuilt from: epochs that started before were lost, and the one
+    running at the recovery point seemed to start there. As leader the replica then answered OffsetsForLeaderEpoch
+    with end offsets past the real ones, so a follower with a diverged tail in an older epoch kept it."""
+    size = len(make_batch(2))
+    cfg = LogConfig(segment_bytes=size * 4)
+    lg = Log.open(tmp_path / "t-0", cfg)
+    for epoch in (0, 0, 0, 1, 1, 1, 2, 2):  # offsets 0-5 epoch 0, 6-11 epoch 1, 12-15 epoch 2
+        lg.append_as_leader(make_batch(2), epoch)
+    lg.flush()
+    rp = lg.recovery_point
+    for _ in range(4):
+        lg.append_as_leader(make_batch(2), 2)  # after the recovery point: rescanned on open
+    want = [(e.epoch, e.start_offset) for e in lg.epoch_cache.entries()]
+    assert want == [(0, 0), (1, 6), (2, 12)]
+    lg.close_without_flush()  # crash
+    checkpoint = tmp_path / "t-0" / "leader-epoch-checkpoint"
+    if damage == "garbage":
+        checkpoint.write_bytes(b"0\n3\n0 0\n1 6\n2 1")  # torn: the count says 3 entries
+    else:
+        checkpoint.unlink()
+    lg = Log.open(tmp_path / "t-0", cfg, recovery_point=rp)
+    assert lg.segments()[0].base_offset < rp and bisect_segment(lg, rp) > 0, "the rescan must start past segment 0"
+    assert [(e.epoch, e.start_offset) for e in lg.epoch_cache.entries()] == want
+    assert lg.end_offset_for_epoch(1) == (1, 12)
+    assert lg.end_offset_for_epoch(0) == (0, 6)
+    lg.close()
+
+
+def bisect_segment(lg: Log, offset: int) -> int:
+    """Index of the segment holding ``offset``."""
+    return max(i for i, s in enumerate(lg.segments()) if s.base_offset <= offset)
+
+
+
+@pytest.mark.parametrize("damage", ["records", "magic"])
+def test_a_corrupt_batch_is_never_read_and_a_marked_log_is_cut_there_at_the_next_open(tmp_path: Path,
+                                                                                      damage: str) -> None:
+    """A byte flipped in a closed, flushed segment (below the recovery point: no recovery looks at it). A read
+    used to return the batch as it was; it now fails as a disk read would (EIO, so the broker's read path fails
+    the log directory); a read from before it ends before it. Marked (``mark_corrupt``), the log is rescanned from that segment at its next
+    open, even after a clean shutdown, and cut at the batch."""
+    size = len(make_batch(2))
+    cfg = LogConfig(segment_bytes=size * 4)
+    lg = Log.open(tmp_path / "t-0", cfg)
+    for _ in range(12):
+        lg.append_as_leader(make_batch(2), 1)
+    lg.update_high_watermark(lg.log_end_offset)
+    lg.flush()
+    first = lg.segments()[0]
+    if damage == "records":
+        bad = _corrupt_batch_in_middle(first.log_path)
+    else:  # a header that cannot be walked: the CRC does not cover the magic byte
+        bad = 4
+        with open(first.log_path, "r+b") as f:
+            f.seek(size * 2 + 16)
+            f.write(b"\x07")
+    assert 0 < bad < first.next_offset
+    before = lg.read(0, 1 << 20).records  # the batches before it are served, it is not
+    assert [h.base_offset for _p, h in iter_batches(before)] == list(range(0, bad, 2))
+    with pytest.raises(errors.KafkaStorageError) as caught:
+        lg.read(bad, 1 << 20)
+    cause = disk_failure(caught.value)  # segment.CorruptBatchError
+    assert cause is not None and cause.errno == errno.EIO, caught.value
+    # A CRC names the batch; a header that cannot be walked, the batch the walk started from (an index entry).
+    assert cause.base_offset == bad if damage == "records" else cause.base_offset <= bad, caught.value
+    with pytest.raises(errors.KafkaStorageError):
+        lg.read(bad, 1, min_one_batch=True)  # one batch larger than max_bytes
+    lg.mark_corrupt(cause.base_offset)
+    end = lg.log_end_offset
+    lg.close()  # clean: only the mark makes the next open look at the segment
+    lg = Log.open(tmp_path / "t-0", cfg, recovery_point=end, clean_shutdown=True)
+    assert lg.log_end_offset == bad
+    assert not (tmp_path / "t-0" / "rescan-from").exists()
+    validate_batches(read_all(lg))
     lg.close()

@@ -1,0 +1,333 @@
+"""Bytes corrupted on disk under a real 3-broker cluster (one controller, brokers 1-3), RF 3, min.insync.replicas 2.
+
+- A follower's active segment loses its last batch to a flipped byte and the follower is SIGKILLed: recovery
+  cuts the log at that batch (a WARNING names it), the follower fetches it again and every replica holds the
+  same bytes up to the high watermark.
+- A byte flips in a closed segment of a follower, below its recovery point, so no recovery looks at it; the
+  follower becomes leader. Kafka's leader serves such a batch: every consumer fails on it (CRC mismatch), and a
+  follower that needs it refuses it for good. Brook's used to as well: a Brook consumer reading from offset 0
+  raised CORRUPT_MESSAGE at every poll while two replicas held the batch intact. A leader now checks the CRC of
+  the batches it reads for a fetch: it never serves a corrupt one and, with other in-sync replicas, stops as on
+  a failed disk read (exit code 4, CRITICAL). They take over and the consumer reads every acknowledged record;
+  started again, the broker cuts its log at the corrupt batch and fetches the rest back.
+- The leader's active segment is cut in the middle of a batch and the leader is SIGKILLed: a follower takes
+  over, the old leader cuts the torn batch when it starts again and catches up; nothing acknowledged is lost.
+- A follower is stopped and its offset and time indexes and its checkpoint files (high watermarks, recovery
+  points, log start offsets, leader epochs) are overwritten with garbage: it starts, says so, rebuilds them, and
+  as leader serves every acknowledged record.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from faultkit import assert_every_acknowledged_record_once_in_order, partition_consumer, read_until
+from opskit import produce_acked
+from waiting import wait_for
+
+from client.admin import Admin, NewTopic
+from client.types import TopicPartition
+from deploy.local.cluster import ClusterError, LocalCluster
+from proto import controller_pb2, errors
+from storage.record_batch import BATCH_HEADER_SIZE, iter_batches
+
+pytestmark = pytest.mark.slow
+
+BROKERS = (1, 2, 3)
+# Small segments and index intervals: a few hundred records fill several segments, each with index entries.
+# flush.ms moves the recovery point (checkpointed every replica.high.watermark.checkpoint.interval.ms) past the
+# closed segments, so that a crash does not rescan them.
+TOPIC_CONFIGS = {"min.insync.replicas": "2", "segment.bytes": "16384", "index.interval.bytes": "1024",
+                 "flush.ms": "500"}
+RECORDS = 240
+EXIT_LOG_DIR_FAILURE = 4  # broker/server.py
+BOUND_S = 60.0  # each wait: seconds on a local cluster; a loaded 2-core machine gets room
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("segment-corruption"), nodes=3, mode="split", controllers=1,
+                      overrides={"replica.high.watermark.checkpoint.interval.ms": "1000"}) as c:
+        yield c
+
+
+def _partition(cluster: LocalCluster, topic: str) -> controller_pb2.PartitionRecord | None:
+    try:
+        found = [p for p in cluster.describe_cluster(5.0).partitions if p.topic == topic and p.partition == 0]
+    except ClusterError:
+        return None  # a moment without an active controller: asked again
+    return found[0] if found else None
+
+
+def _show(p: controller_pb2.PartitionRecord | None) -> str:
+    return "unknown" if p is None else f"leader {p.leader} (epoch {p.leader_epoch}), ISR {list(p.isr)}"
+
+
+def _wait_partition(cluster: LocalCluster, topic: str, cond, what: str) -> controller_pb2.PartitionRecord:
+    seen: list[controller_pb2.PartitionRecord | None] = [None]
+
+    def reached() -> controller_pb2.PartitionRecord | None:
+        seen[0] = _partition(cluster, topic)
+        return seen[0] if seen[0] is not None and cond(seen[0]) else None
+    return wait_for(reached, BOUND_S, lambda: f"{what} (last: {_show(seen[0])})", poll_s=0.2)
+
+
+def _create(cluster: LocalCluster, topic: str, replicas: list[int]) -> list[bytes]:
+    """The topic, its first replica leading with all three in sync, and RECORDS acknowledged acks=all records."""
+    with Admin(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic, 1, 3, dict(TOPIC_CONFIGS), replica_assignments=[replicas])])
+    _wait_partition(cluster, topic, lambda p: p.leader == replicas[0] and len(p.isr) == 3,
+                    f"{topic}-0 led by {replicas[0]} with 3 in-sync replicas")
+    values = [b"%s-%05d-" % (topic.encode(), i) + b"v" * 200 for i in range(RECORDS)]
+    produce_acked(cluster, topic, values)
+    return values
+
+
+def _more(cluster: LocalCluster, topic: str, tag: bytes, n: int = 20) -> list[bytes]:
+    values = [b"%s-%s-%03d" % (topic.encode(), tag, i) for i in range(n)]
+    produce_acked(cluster, topic, values)
+    return values
+
+
+def _partition_dir(cluster: LocalCluster, broker: int, topic: str) -> Path:
+    return cluster.node_dir(broker) / "data" / f"{topic}-0"
+
+
+def _segments(cluster: LocalCluster, broker: int, topic: str) -> list[Path]:
+    return sorted(_partition_dir(cluster, broker, topic).glob("*.log"))
+
+
+def _batches(cluster: LocalCluster, broker: int, topic: str, below: int) -> list[bytes]:
+    """The bytes of each batch of the broker's replica whose last offset is below ``below``, in order."""
+    out = []
+    for path in _segments(cluster, broker, topic):
+        data = path.read_bytes()
+        out += [data[pos:pos + h.size] for pos, h in iter_batches(data) if h.base_offset + h.last_offset_delta < below]
+    return out
+
+
+def _end_offset(cluster: LocalCluster, topic: str) -> int:
+    tp = TopicPartition(topic, 0)
+    with Admin(cluster.bootstrap_servers, request_timeout_ms=5000) as admin:
+        return admin.list_offsets({tp: "latest"})[tp][0]
+
+
+def _assert_converged(cluster: LocalCluster, topic: str, acked: list[bytes], where: str) -> None:
+    """All three in sync, the same batch bytes up to the high watermark on each, every acknowledged record read
+    once, in order, from offset 0."""
+    _wait_partition(cluster, topic, lambda p: len(p.isr) == 3, f"{topic}-0 with 3 in-sync replicas ({where})")
+    end = _end_offset(cluster, topic)
+    sizes: dict[int, int] = {}
+
+    def identical() -> bool:
+        per = {b: _batches(cluster, b, topic, end) for b in BROKERS}
+        sizes.update({b: len(v) for b, v in per.items()})
+        return per[1] == per[2] == per[3] and sum(len(x) for x in per[1]) > 0
+    wait_for(identical, BOUND_S, lambda: f"the replicas of {topic}-0 byte-identical below {end} ({where}): "
+                                         f"batches {sizes}", poll_s=0.5)
+    with partition_consumer(cluster, topic) as consumer:
+        read = read_until(consumer, topic, end, timeout_s=BOUND_S, describe=lambda: _show(_partition(cluster, topic)))
+    assert_every_acknowledged_record_once_in_order(read, acked, where)
+
+
+def _flip(path: Path, position: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ 0x5A]))
+
+
+def _flip_in_records(path: Path, which: int) -> int:
+    """Flip a byte in the records (not the header) of batch ``which`` of the segment; its base offset."""
+    data = path.read_bytes()
+    pos, h = list(iter_batches(data))[which]
+    _flip(path, pos + BATCH_HEADER_SIZE + (h.size - BATCH_HEADER_SIZE) // 2)
+    return h.base_offset
+
+
+def _log_since(cluster: LocalCluster, broker: int, mark: int) -> str:
+    with open(cluster.node_log(broker), "rb") as f:
+        f.seek(mark)
+        return f.read().decode(errors="replace")
+
+
+def _log_mark(cluster: LocalCluster, broker: int) -> int:
+    return cluster.node_log(broker).stat().st_size
+
+
+def _recovery_point(cluster: LocalCluster, broker: int, topic: str) -> int:
+    path = cluster.node_dir(broker) / "data" / "recovery-point-offset-checkpoint"
+    try:
+        m = re.search(rf"^{re.escape(topic)} 0 (\d+)$", path.read_text(), re.M)
+    except OSError:
+        return -1
+    return int(m.group(1)) if m else -1
+
+
+def test_corrupt_tail_of_a_followers_active_segment_is_cut_and_fetched_again(cluster: LocalCluster) -> None:
+    topic = "corrupt-follower-tail"
+    acked = _create(cluster, topic, [1, 2, 3])
+    follower = 3
+    cluster.kill_node(follower)
+    active = _segments(cluster, follower, topic)[-1]
+    bad = _flip_in_records(active, -1)
+    mark = _log_mark(cluster, follower)
+    cluster.start_node(follower)
+    acked += _more(cluster, topic, b"after")
+    _assert_converged(cluster, topic, acked, "after the follower's corrupt tail")
+    text = _log_since(cluster, follower, mark)
+    assert re.search(rf"recovery of \S+{active.name}: truncating at position \d+ \(offset {bad}, .*CRC mismatch",
+                     text), f"no recovery WARNING cutting {active.name} at offset {bad}"
+
+
+def test_a_corrupt_batch_below_the_recovery_point_is_never_served_by_a_new_leader(cluster: LocalCluster) -> None:
+    topic = "corrupt-follower-old"
+    corrupt = 2  # preferred leader: the one whose closed segment goes bad
+    acked = _create(cluster, topic, [corrupt, 1, 3])
+    segments = _segments(cluster, corrupt, topic)
+    assert len(segments) >= 3, segments
+    # The closed segments are flushed and checkpointed below the recovery point: a crash does not rescan them.
+    wait_for(lambda: _recovery_point(cluster, corrupt, topic) >= int(segments[2].stem), BOUND_S,
+             f"broker {corrupt}'s recovery point of {topic}-0 past segment {segments[2].name}", poll_s=0.2)
+    cluster.kill_node(corrupt)
+    bad = _flip_in_records(segments[0], 1)
+    _wait_partition(cluster, topic, lambda p: p.leader not in (corrupt, -1), f"a new leader of {topic}-0")
+    acked += _more(cluster, topic, b"while-down")
+    cluster.start_node(corrupt)
+    _wait_partition(cluster, topic, lambda p: corrupt in p.isr, f"broker {corrupt} back in the ISR")
+    mark = _log_mark(cluster, corrupt)
+
+    def leads() -> bool:
+        with Admin(cluster.bootstrap_servers, request_timeout_ms=5000) as admin:
+            admin.elect_leaders("preferred", [(topic, 0)])
+        p = _partition(cluster, topic)
+        return p is not None and p.leader == corrupt
+    wait_for(leads, BOUND_S, f"broker {corrupt} elected leader of {topic}-0 again", poll_s=0.5)
+
+    # A consumer from offset 0 reads the corrupt batch's offsets: from the intact replicas, never the bad bytes.
+    # (Read again while the broker runs: a first consumer may have been sent to the old leader by a broker that
+    # had not applied the election yet.)
+    reads = 0
+
+    def read_and_stopped() -> bool:
+        nonlocal reads
+        if cluster.is_running(corrupt):
+            reads += 1
+            with partition_consumer(cluster, topic) as consumer:
+                read = read_until(consumer, topic, len(acked), timeout_s=BOUND_S,
+                                  describe=lambda: _show(_partition(cluster, topic)))
+            assert_every_acknowledged_record_once_in_order(read, acked, f"read {reads} across the corrupt batch "
+                                                                        f"at offset {bad}")
+        return not cluster.is_running(corrupt)
+    wait_for(read_and_stopped, BOUND_S, f"broker {corrupt} to stop", poll_s=0.5)
+    assert cluster.returncode(corrupt) == EXIT_LOG_DIR_FAILURE, cluster.log_tail(corrupt)
+    text = _log_since(cluster, corrupt, mark)
+    assert re.search(rf"CRITICAL .*{topic}-0: .*corrupt batch at position \d+ \(base offset {bad}\) of "
+                     rf"{segments[0].name}", text), cluster.log_tail(corrupt)
+
+    # Started again, it cuts its log at the corrupt batch and fetches the rest back.
+    mark = _log_mark(cluster, corrupt)
+    cluster.start_node(corrupt)
+    acked += _more(cluster, topic, b"after")
+    _assert_converged(cluster, topic, acked, "after the corrupt replica restarted")
+    text = _log_since(cluster, corrupt, mark)
+    assert f"a read found a corrupt batch at offset {bad}" in text, cluster.log_tail(corrupt)
+    assert re.search(rf"recovery of \S+{segments[0].name}: truncating at position \d+ \(offset {bad}, ", text), (
+        cluster.log_tail(corrupt))
+
+
+def test_leader_torn_mid_batch_and_killed_fails_over_and_catches_up(cluster: LocalCluster) -> None:
+    topic = "torn-leader"
+    acked = _create(cluster, topic, [1, 2, 3])
+    leader = 1
+    active = _segments(cluster, leader, topic)[-1]
+    pos, h = list(iter_batches(active.read_bytes()))[-1]
+    os.truncate(active, pos + h.size // 2)
+    cluster.kill_node(leader)
+    _wait_partition(cluster, topic, lambda p: p.leader not in (leader, -1), f"a new leader of {topic}-0")
+    acked += _more(cluster, topic, b"failover")
+    mark = _log_mark(cluster, leader)
+    cluster.start_node(leader)
+    _assert_converged(cluster, topic, acked, "after the torn leader came back")
+    assert re.search(rf"recovery of \S+{active.name}: truncating at position {pos} \(offset {h.base_offset}, .*torn",
+                     _log_since(cluster, leader, mark)), cluster.log_tail(leader)
+
+
+def test_garbage_indexes_and_checkpoints_are_rebuilt(cluster: LocalCluster) -> None:
+    topic = "garbage-indexes"
+    acked = _create(cluster, topic, [1, 2, 3])
+    follower = 2
+    cluster.stop_node(follower)  # clean: no rescan, so the indexes are only checked
+    pdir = _partition_dir(cluster, follower, topic)
+    closed = [p for p in sorted(pdir.glob("*.index"))[:-1] if p.stat().st_size > 0]
+    assert closed, sorted(pdir.iterdir())
+    for path in closed + [p.with_suffix(".timeindex") for p in closed]:
+        path.write_bytes(os.urandom(path.stat().st_size))
+    data = cluster.node_dir(follower) / "data"
+    for name in ("replication-offset-checkpoint", "recovery-point-offset-checkpoint", "log-start-offset-checkpoint"):
+        (data / name).write_bytes(os.urandom(64))
+    (pdir / "leader-epoch-checkpoint").write_bytes(b"0\n3\n0 0\n1 1")  # torn
+    mark = _log_mark(cluster, follower)
+    cluster.start_node(follower)
+    _wait_partition(cluster, topic, lambda p: follower in p.isr, f"broker {follower} back in the ISR")
+
+    def leads() -> bool:
+        with Admin(cluster.bootstrap_servers, request_timeout_ms=5000) as admin:
+            admin.alter_partition_reassignments({TopicPartition(topic, 0): [follower, 1, 3]})
+            admin.elect_leaders("preferred", [(topic, 0)])
+        p = _partition(cluster, topic)
+        return p is not None and p.leader == follower
+    wait_for(leads, BOUND_S, f"broker {follower} elected leader of {topic}-0", poll_s=0.5)
+    acked += _more(cluster, topic, b"rebuilt")
+    _assert_converged(cluster, topic, acked, "read from the broker whose indexes and checkpoints were garbage")
+    text = _log_since(cluster, follower, mark)
+    for path in closed:
+        assert f"rebuilding indexes of {path.with_suffix('.log')}" in text, cluster.log_tail(follower)
+    for name in ("replication-offset-checkpoint", "recovery-point-offset-checkpoint", "log-start-offset-checkpoint"):
+        assert f"ignoring corrupt checkpoint: {data / name}" in text, cluster.log_tail(follower)
+    assert "leader epoch cache unreadable, rebuilding" in text, cluster.log_tail(follower)
+
+
+def test_a_corrupt_batch_on_the_only_in_sync_replica_is_reported_and_nothing_stops(cluster: LocalCluster) -> None:
+    """No other replica holds the batch (RF 1 here): the broker neither stops nor cuts its log (the records after
+    the batch are on no other replica). A fetch of it is answered CORRUPT_MESSAGE, which a Brook consumer raises,
+    as Kafka's does, the records before it are read, and the broker logs one ERROR naming the batch."""
+    topic = "corrupt-only-replica"
+    only = 3
+    with Admin(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1, {**TOPIC_CONFIGS, "min.insync.replicas": "1"},
+                                      replica_assignments=[[only]])])
+    _wait_partition(cluster, topic, lambda p: p.leader == only, f"{topic}-0 led by {only}")
+    acked = [b"%s-%05d" % (topic.encode(), i) + b"v" * 200 for i in range(RECORDS)]
+    produce_acked(cluster, topic, acked)
+    segments = _segments(cluster, only, topic)
+    wait_for(lambda: _recovery_point(cluster, only, topic) >= int(segments[2].stem), BOUND_S,
+             f"broker {only}'s recovery point of {topic}-0 past segment {segments[2].name}", poll_s=0.2)
+    cluster.kill_node(only)
+    bad = _flip_in_records(segments[0], 1)
+    cluster.start_node(only)
+    _wait_partition(cluster, topic, lambda p: p.leader == only and list(p.isr) == [only], f"{topic}-0 back")
+    mark = _log_mark(cluster, only)
+    read: list[tuple[int, bytes]] = []
+    with partition_consumer(cluster, topic) as consumer:
+        def raised() -> bool:
+            try:
+                for records in consumer.poll(timeout_ms=200).values():
+                    read.extend((r.offset, r.value) for r in records)
+            except errors.CorruptMessageError as exc:
+                assert f"base offset {bad}" in str(exc), exc
+                return True
+            return False
+        wait_for(raised, BOUND_S, f"CORRUPT_MESSAGE at offset {bad} (read up to {read[-1][0] if read else None})",
+                 poll_s=0)
+    assert [o for o, _ in read] == list(range(bad)) and [v for _, v in read] == acked[:bad]
+    assert cluster.is_running(only)
+    text = _log_since(cluster, only, mark)
+    assert len(re.findall(rf"ERROR .*{topic}-0: .*corrupt batch at position \d+ \(base offset {bad}\)", text)) == 1, (
+        cluster.log_tail(only))
+    assert not (_partition_dir(cluster, only, topic) / "rescan-from").exists()
