@@ -112,18 +112,26 @@ class PartitionStats:
 
 
 class DelayedProduce(DelayedOperation):
-    """acks=all: done when the HW reaches ``required_offset`` (or leadership moves, or the timeout)."""
+    """acks=all: done when the HW reaches ``required_offset`` (or leadership moves, or the timeout).
+
+    ``lease_valid``: whether this broker has heard from the controller quorum within a session when the
+    timeout comes. Without it, the controller has fenced this broker and another replica leads (its
+    followers fetch from that one, so the HW stays): the answer is NOT_LEADER_OR_FOLLOWER, which sends
+    clients (Brook's and Kafka's) to fresh metadata. REQUEST_TIMED_OUT kept them retrying here for good.
+    Either way the batch may or may not be written, as with any timed-out acks=all write."""
 
     kind = "produce"
 
     def __init__(self, partition: Partition, leader_epoch: int, result: AppendResult,
-                 future: concurrent.futures.Future, deadline_s: float) -> None:
+                 future: concurrent.futures.Future, deadline_s: float,
+                 lease_valid: Callable[[], bool] = lambda: True) -> None:
         super().__init__(deadline_s)
         self.partition = partition
         self.leader_epoch = leader_epoch
         self.required_offset = result.last_offset + 1
         self.result = result
         self.future = future
+        self.lease_valid = lease_valid
 
     def _try_complete(self) -> bool:
         p = self.partition
@@ -142,6 +150,12 @@ class DelayedProduce(DelayedOperation):
         return False
 
     def _on_expire(self) -> None:
+        if not self.lease_valid():
+            self.future.set_exception(errors.NotLeaderOrFollowerError(
+                f"{self.partition.topic}-{self.partition.partition}: acks=all not reached by the ISR in time "
+                f"(HW {self.partition.log.high_watermark} < {self.required_offset}), and this broker has not "
+                f"reached the controller quorum for broker.session.timeout.ms: another replica may lead now"))
+            return
         self.future.set_exception(errors.RequestTimedOutError(
             f"{self.partition.topic}-{self.partition.partition}: acks=all not reached by the ISR in time "
             f"(HW {self.partition.log.high_watermark} < {self.required_offset})"))
@@ -593,7 +607,7 @@ class ReplicaManager:
             fut.set_result(result)
             return fut
         timeout_ms = min(max(0, timeout_ms), MAX_PRODUCE_TIMEOUT_MS)
-        op = DelayedProduce(p, epoch, result, fut, time.monotonic() + timeout_ms / 1000)
+        op = DelayedProduce(p, epoch, result, fut, time.monotonic() + timeout_ms / 1000, self._lease_valid)
         self.produce_purgatory.watch(op, [p.key])
         return fut
 

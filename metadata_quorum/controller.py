@@ -136,6 +136,9 @@ class QuorumController:
         self._next_rebalance_at = 0.0
         self._rebalancing: PendingProposal | None = None
         self._completing: dict[tuple[str, int], PendingProposal] = {}  # reassignments being completed
+        # partition -> when its leader last handed leadership to another in-sync replica instead of shrinking
+        # the ISR below min.insync.replicas (see _move_instead_of_shrinking), in this controller's memory only
+        self._moved_instead_of_shrinking: dict[tuple[str, int], float] = {}
         # KIP-599's buckets, in this controller's memory only: a new active controller starts them full.
         self.mutation_quotas = ControllerMutationQuotas(
             lambda entity: raft.read(lambda s: s.quotas.get(entity)),
@@ -611,7 +614,8 @@ class QuorumController:
         if len(req.items) > MAX_PARTITION_CHANGES_PER_REQUEST:
             raise errors.PolicyViolationError(
                 f"{len(req.items)} partition changes in one request, the limit is {MAX_PARTITION_CHANGES_PER_REQUEST}")
-        items = [c.PartitionChangeItem(i.topic, i.partition, i.partition_epoch, i.leader_epoch, list(i.new_isr))
+        items = [self._move_instead_of_shrinking(req.broker_id, c.PartitionChangeItem(
+                     i.topic, i.partition, i.partition_epoch, i.leader_epoch, list(i.new_isr)))
                  for i in req.items]
         result = self._propose(c.ChangePartition(items, req.broker_id, req.broker_epoch), timeout_s)
         result.raise_for_error()
@@ -619,6 +623,63 @@ class QuorumController:
         for item in result.value:
             response.results.append(self._item_result(item))
         return response
+
+    def _move_instead_of_shrinking(self, broker_id: int, item: c.PartitionChangeItem) -> c.PartitionChangeItem:
+        """A leader's ISR shrink below min.insync.replicas that drops live replicas: move leadership to the first
+        of them instead, the ISR unchanged.
+
+        The leader drops followers that have not fetched for replica.lag.time.max.ms. When that leaves fewer than
+        min.insync.replicas in sync although the followers it drops are registered, unfenced and heartbeating, the
+        fault is most likely between the leader and them: a leader cut from the other brokers but still reaching
+        the controllers is never fenced. Taken as proposed, the shrink refuses every acks=all write until the
+        network heals. They are in the ISR, so each has every committed record: electing one is clean. The new
+        leader keeps the old one in the ISR (it has every record too; if the new one turns out dead, fencing it
+        elects the old one again) and drops it once it does not fetch; replicas that can reach the new leader
+        rejoin as they catch up. The followers often fall out one check apart ([1, 2, 3] -> [1, 3] -> [1]), so
+        one live dropped replica is enough. The same partition moves this way at most once per two broker
+        sessions: if the new leader cannot keep its followers either (every broker cut from every other), its
+        shrink is taken as proposed.
+        """
+        if broker_id < 0 or item.new_isr is None:
+            return item
+
+        def read(s: MetadataState) -> tuple[str | None, list[int], list[int], set[int]] | None:
+            topic = s.topics.get(item.topic)
+            if topic is None or not 0 <= item.partition < len(topic.partitions):
+                return None
+            p = topic.partitions[item.partition]
+            if (p.leader != broker_id or p.leader_epoch != item.leader_epoch
+                    or p.partition_epoch != item.partition_epoch or p.adding or p.removing):
+                return None  # refused as it is (or a reassignment is under way: left to it)
+            live = {r for r in p.isr if (b := s.brokers.get(r)) is not None and b.eligible}
+            return topic.configs.get("min.insync.replicas"), list(p.replicas), list(p.isr), live
+
+        found = self.raft.read(read)
+        if found is None:
+            return item
+        raw, replicas, isr, live = found
+        raw = raw if raw is not None else self.topic_default("min.insync.replicas")
+        min_isr = int(log_config.parse_value("min.insync.replicas", raw)) if raw else 1  # type: ignore[call-overload]
+        if len(item.new_isr) >= min_isr:
+            return item
+        dropped = [r for r in replicas if r in live and r != broker_id and r not in item.new_isr]
+        if not dropped:
+            return item
+        key = (item.topic, item.partition)
+        now = self._clock()
+        window_s = 2 * self.config.broker_session_timeout_ms / 1000.0
+        with self._lock:
+            last = self._moved_instead_of_shrinking.get(key)
+            if last is not None and now - last < window_s:
+                return item
+            for k in [k for k, t in self._moved_instead_of_shrinking.items() if now - t >= window_s]:
+                del self._moved_instead_of_shrinking[k]
+            self._moved_instead_of_shrinking[key] = now
+        log.warning("%s-%d: leader %d proposed ISR %s, below min.insync.replicas=%d, while in-sync replicas %s are "
+                    "live: leadership moves to %d instead (ISR %s kept)", item.topic, item.partition, broker_id,
+                    list(item.new_isr), min_isr, dropped, dropped[0], isr)
+        return c.PartitionChangeItem(item.topic, item.partition, item.partition_epoch, item.leader_epoch,
+                                     new_isr=isr, new_leader=dropped[0])
 
     def _item_result(self, item: ItemResult) -> pb.AlterPartitionResult:
         out = pb.AlterPartitionResult(topic=item.topic, partition=item.partition, error_code=item.error_code,

@@ -71,3 +71,16 @@ def test_a_fenced_broker_takes_no_write(broker: tuple[InProcessBroker, Switches]
         with pytest.raises(errors.NotLeaderOrFollowerError, match="fenced by the controller"):
             append(b, acks)
     assert leo(b) == 0, "a refused write appended something"
+
+
+def test_an_acks_all_write_timing_out_without_a_session_sends_clients_to_another_leader(tmp_path: Path) -> None:
+    """The follower never fetches (it follows the leader the controller elected instead). With a session the
+    timeout is REQUEST_TIMED_OUT; without one it is NOT_LEADER_OR_FOLLOWER, which makes clients (Brook's and
+    Kafka's) refresh metadata and find the new leader: REQUEST_TIMED_OUT kept them writing here for good."""
+    sw = Switches()
+    with InProcessBroker(tmp_path, {"t": {}}, replicas=(1, 2), lease_valid=lambda: sw.lease) as b:
+        with pytest.raises(errors.RequestTimedOutError, match="acks=all not reached by the ISR in time"):
+            b.rm.append_records("t", 0, batch(), acks=-1, timeout_ms=200).result(10)
+        sw.lease = False
+        with pytest.raises(errors.NotLeaderOrFollowerError, match="controller quorum.*another replica may lead"):
+            b.rm.append_records("t", 0, batch(), acks=-1, timeout_ms=200).result(10)

@@ -1,5 +1,9 @@
 """The chaos harness's cluster: 3 combined ``brook-server`` nodes, each in its network namespace.
 
+``controllers=N`` makes a split-mode cluster instead: ``nodes`` broker-only nodes (ids 1..nodes) and N
+controller-only voters (ids nodes+1..nodes+N), every one a process in a namespace of its own, so a cut can
+separate a broker from one controller, or a controller from the brokers, while the rest still talk.
+
 deploy.local.cluster.LocalCluster binds every node to 127.0.0.1; here a node binds the
 address of its own namespace and is started through ``ip netns exec``, so the network
 between nodes can be cut. Configs use LocalCluster's dev defaults (fast fencing) and are
@@ -55,13 +59,17 @@ class NodeAddr:
 
 class ChaosCluster:
     def __init__(self, base_dir: Path, network: NamespaceNetwork | LoopbackNetwork, nodes: int = 3,
-                 overrides: dict[str, str] | None = None) -> None:
+                 overrides: dict[str, str] | None = None, controllers: int = 0) -> None:
         self.base_dir = base_dir
         self.network = network
         self.cluster_id = f"brook-chaos-{uuid.uuid4().hex[:8]}"
         self.overrides = dict(overrides or {})
         self.addrs: dict[int, NodeAddr] = {}
-        for node_id in range(1, nodes + 1):
+        # node id -> process.roles: combined nodes, or brokers 1..nodes and controller voters after them.
+        self.roles: dict[int, str] = {n: "controller,broker" if not controllers else "broker"
+                                      for n in range(1, nodes + 1)}
+        self.roles.update({n: "controller" for n in range(nodes + 1, nodes + controllers + 1)})
+        for node_id in self.roles:
             host = network.node_ip(node_id)
             if isinstance(network, NamespaceNetwork):
                 # A namespace per node: the same well-known ports on every address.
@@ -90,8 +98,16 @@ class ChaosCluster:
         return sorted(self.addrs)
 
     @property
+    def broker_ids(self) -> list[int]:
+        return [n for n in self.node_ids if "broker" in self.roles[n]]
+
+    @property
+    def controller_ids(self) -> list[int]:
+        return [n for n in self.node_ids if "controller" in self.roles[n]]
+
+    @property
     def bootstrap_servers(self) -> str:
-        return ",".join(a.broker for a in self.addrs.values())
+        return ",".join(self.addrs[n].broker for n in self.broker_ids)
 
     def node_dir(self, node_id: int) -> Path:
         return self.base_dir / f"node-{node_id}"
@@ -103,19 +119,23 @@ class ChaosCluster:
         a = self.addrs[node_id]
         d = self.node_dir(node_id)
         d.mkdir(parents=True, exist_ok=True)
-        voters = ",".join(f"{x.node_id}@{x.host}:{x.controller_port}:{x.raft_port}" for x in self.addrs.values())
+        voters = ",".join(f"{x.node_id}@{x.host}:{x.controller_port}:{x.raft_port}"
+                          for x in self.addrs.values() if x.node_id in self.controller_ids)
+        roles = self.roles[node_id]
+        listeners = [f"BROKER://{a.broker}"] if "broker" in roles else []
+        listeners += [f"CONTROLLER://{a.controller}"] if "controller" in roles else []
         keys: dict[str, str | int] = {
-            "process.roles": "controller,broker",
+            "process.roles": roles,
             "node.id": node_id,
             "cluster.id": self.cluster_id,
-            "listeners": f"BROKER://{a.broker},CONTROLLER://{a.controller}",
+            "listeners": ",".join(listeners),
             "controller.quorum.voters": voters,
             "metrics.listener": f"{a.host}:{a.metrics_port}",
-            "log.dirs": str(self.data_dir(node_id)),
-            "metadata.log.dir": str(d / "meta"),
+            **({"log.dirs": str(self.data_dir(node_id))} if "broker" in roles else {}),
+            **({"metadata.log.dir": str(d / "meta"), "controller.quorum.password": self.quorum_password}
+               if "controller" in roles else {}),
             **LOCAL_DEFAULTS,
             "offsets.topic.replication.factor": "3",
-            "controller.quorum.password": self.quorum_password,
             "listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL",
             "ssl.certificate.location": str(self.tls_dir / f"node-{node_id}.pem"),
             "ssl.key.location": str(self.tls_dir / f"node-{node_id}.key"),
@@ -209,7 +229,8 @@ class ChaosCluster:
         for a in self.addrs.values():
             if not self.is_running(a.node_id):
                 return False
-            for target in (a.broker, a.controller):
+            roles = self.roles[a.node_id]
+            for target in [a.broker] * ("broker" in roles) + [a.controller] * ("controller" in roles):
                 if check_health(target, security=SecurityConfig.from_config(self.client_config)) != "SERVING":
                     return False
         return True

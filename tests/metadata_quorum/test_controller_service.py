@@ -172,6 +172,38 @@ def test_alter_partition_compare_and_set(client: ControllerClient, epochs: dict[
     assert info.value.code == ErrorCode.STALE_BROKER_EPOCH
 
 
+def test_a_leader_shrinking_below_min_isr_hands_leadership_to_a_live_in_sync_replica(
+        client: ControllerClient, epochs: dict[int, int]) -> None:
+    """A leader cut from the other brokers (still heartbeating) drops its followers, often one check apart
+    ([1, 2, 3] -> [1, 3] -> [1]): the shrink below min.insync.replicas moves leadership to the live follower it
+    drops instead, the ISR kept. Not again within two sessions: the next shrink of the partition below
+    min.insync.replicas is taken as proposed (a new leader that cannot keep its followers either)."""
+    heartbeat_all(client, epochs)
+    assert create_topic(client, "cut-leader", 1, 3, configs={"min.insync.replicas": "2"}).error_code == 0
+
+    def alter(broker: int, isr: list[int]) -> pb.PartitionRecord:
+        cluster = client.call("DescribeCluster", pb.DescribeClusterRequest())
+        p = next(p for p in cluster.partitions if p.topic == "cut-leader")
+        assert p.leader == broker, p
+        r = client.call("AlterPartition", pb.AlterPartitionRequest(
+            broker_id=broker, broker_epoch=epochs[broker], items=[pb.AlterPartitionItem(
+                topic="cut-leader", partition=0, leader_epoch=p.leader_epoch, partition_epoch=p.partition_epoch,
+                new_isr=isr)]))
+        assert r.results[0].error_code == ErrorCode.NONE, r
+        return r.results[0].partition_state
+
+    p = next(p for p in client.call("DescribeCluster", pb.DescribeClusterRequest()).partitions
+             if p.topic == "cut-leader")
+    first, last = p.leader, [r for r in p.replicas if r != p.leader][-1]
+    shrunk = alter(first, [first, last])  # down to min.insync.replicas: as proposed
+    assert (shrunk.leader, list(shrunk.isr)) == (first, [first, last]), shrunk
+    moved = alter(first, [first])
+    assert (moved.leader, list(moved.isr), moved.leader_epoch) == (last, [first, last], p.leader_epoch + 1), moved
+    heartbeat_all(client, epochs)
+    again = alter(last, [last])
+    assert (again.leader, list(again.isr)) == (last, [last]), again
+
+
 def test_watch_sends_snapshot_then_deltas(client: ControllerClient, epochs: dict[int, int]) -> None:
     stream = client.watch(0, broker_id=1)
     first = next(stream)

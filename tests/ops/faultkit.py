@@ -65,21 +65,23 @@ def assert_every_acknowledged_record_once_in_order(read: list[tuple[int, bytes]]
             f"{in_log[first][:24] if first < len(in_log) else None!r} read)")
 
 
-def partition_consumer(cluster: Any, topic: str) -> Consumer:
-    """A Brook consumer of partition 0 of ``topic`` from offset 0, its metadata loaded (it knows the leader)."""
+def partition_consumer(cluster: Any, topic: str, partition: int = 0) -> Consumer:
+    """A Brook consumer of one partition of ``topic`` from offset 0, its metadata loaded (it knows the leader);
+    with the cluster's client security settings when it has them (a TLS cluster)."""
     consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, auto_offset_reset="earliest",
-                        request_timeout_ms=5000, fetch_max_wait_ms=100)
-    consumer.assign([TopicPartition(topic, 0)])
+                        request_timeout_ms=5000, fetch_max_wait_ms=100,
+                        **{k.replace(".", "_"): v for k, v in getattr(cluster, "client_config", {}).items()})
+    consumer.assign([TopicPartition(topic, partition)])
     return consumer
 
 
 def read_until(consumer: Consumer, topic: str, end: int | None = None, timeout_s: float = 45.0,
                on_records: Callable[[], None] | None = None,
-               describe: Callable[[], object] = lambda: "?") -> list[tuple[int, bytes]]:
-    """(offset, value) of the records ``consumer`` reads from its position up to ``end`` (None: the end offset
-    the cluster gives for partition 0 now); ``on_records`` is called when each batch of them arrives;
+               describe: Callable[[], object] = lambda: "?", partition: int = 0) -> list[tuple[int, bytes]]:
+    """(offset, value) of the records ``consumer`` reads of ``partition`` from its position up to ``end`` (None:
+    the end offset the cluster gives for it now); ``on_records`` is called when each batch of them arrives;
     ``describe`` says what the partition looks like, for the failure message."""
-    tp = TopicPartition(topic, 0)
+    tp = TopicPartition(topic, partition)
     if end is None:
         ends: list[object] = []
 
@@ -89,13 +91,14 @@ def read_until(consumer: Consumer, topic: str, end: int | None = None, timeout_s
             except Exception as exc:  # noqa: BLE001 - a retriable error while the cluster settles: shown if it lasts
                 ends.append(repr(exc))
             return ends[-1] if isinstance(ends[-1], int) and ends[-1] > 0 else None
-        end = wait_for(end_offset, timeout_s, lambda: f"a non-zero end offset of {topic}-0 (seen {ends[-3:]})")
+        end = wait_for(end_offset, timeout_s,
+                       lambda: f"a non-zero end offset of {topic}-{partition} (seen {ends[-3:]})")
     out: list[tuple[int, bytes]] = []
     deadline = time.monotonic() + timeout_s
     # Progress from the records themselves: position() would raise while the partition has no leader.
     while (out[-1][0] + 1 if out else 0) < end:
         assert time.monotonic() < deadline, (
-            f"read {len(out)} records of {topic}-0 in {timeout_s:.0f} s (last offset "
+            f"read {len(out)} records of {topic}-{partition} in {timeout_s:.0f} s (last offset "
             f"{out[-1][0] if out else None}), end offset {end}; partition now {describe()}")
         for records in consumer.poll(timeout_ms=200).values():
             if records and on_records is not None:
