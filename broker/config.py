@@ -36,6 +36,7 @@ ROLE_BROKER = "broker"
 ROLE_CONTROLLER = "controller"
 LISTENER_BROKER = "BROKER"
 LISTENER_CONTROLLER = "CONTROLLER"
+LISTENER_REPLICATION = "REPLICATION"  # followers' fetch sessions without gRPC (broker/replication_listener.py)
 PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL = "PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"
 PROTOCOLS = (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)
 _LISTENER_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,31}$")
@@ -107,7 +108,8 @@ _CORE = [
     KeyDef("cluster.id", "string", None, "Cluster name; nodes refuse to join another cluster."),
     KeyDef("listeners", "list", None,
            "NAME://host:port,...: BROKER (clients and replication; the inter-broker listener), CONTROLLER "
-           "(controller gRPC) and any extra client listeners of a broker, e.g. LOCAL://127.0.0.1:9192."),
+           "(controller gRPC), REPLICATION (optional: followers fetch from this broker there, not over gRPC; "
+           "same protocol as BROKER) and any extra client listeners of a broker, e.g. LOCAL://127.0.0.1:9192."),
     KeyDef("advertised.listeners", "list", "",
            "NAME://host:port,... clients and peers are told to use; a listener not named here advertises its "
            "bind address.", roles=_B),
@@ -671,7 +673,8 @@ class NodeConfig:
         listener = self.listeners[LISTENER_BROKER]
         kafka = {str(n).strip().upper() for n in self.values["kafka.listener.names"] or []}
         extra = [ListenerSpec(lst.name, lst.host, lst.port, self.server_tls(lst.name), lst.advertised, lst.protocol,
-                              wire="kafka" if lst.name in kafka else "grpc")
+                              wire="replication" if lst.name == LISTENER_REPLICATION
+                              else "kafka" if lst.name in kafka else "grpc")
                  for lst in self.listeners.values() if lst.name not in (LISTENER_BROKER, LISTENER_CONTROLLER)]
         return BrokerSettings(
             node_id=self.node_id,
@@ -1000,7 +1003,7 @@ def _parse_listeners(values: dict[str, Any]) -> dict[str, Listener]:
         if protocol is None:
             raise ConfigError("listener.security.protocol.map", f"listener {name} has no protocol: add "
                                                                 f"{name}:PLAINTEXT (or SSL, ...) to it")
-        if name in (LISTENER_BROKER, LISTENER_CONTROLLER) and protocol not in (PLAINTEXT, SSL):
+        if name in (LISTENER_BROKER, LISTENER_CONTROLLER, LISTENER_REPLICATION) and protocol not in (PLAINTEXT, SSL):
             # Nodes authenticate to each other with their certificates, never with SASL.
             raise ConfigError("listener.security.protocol.map",
                               f"{name} carries node-to-node traffic: PLAINTEXT or SSL, not {protocol}")
@@ -1051,6 +1054,13 @@ def _validate_cross(values: dict[str, Any]) -> tuple[dict[str, Listener], dict[i
             raise ConfigError("listeners", "the broker role needs a BROKER://host:port listener")
         if not values["log.dirs"]:
             raise ConfigError("log.dirs", "is required for the broker role")
+        if LISTENER_REPLICATION in {str(n).strip().upper() for n in values["kafka.listener.names"] or []}:
+            raise ConfigError("kafka.listener.names", "REPLICATION is the followers' listener, not a Kafka one")
+        replication = listeners.get(LISTENER_REPLICATION)
+        if replication is not None and replication.protocol != listeners[LISTENER_BROKER].protocol:
+            # Followers reach it with the security they use for the BROKER listener.
+            raise ConfigError("listener.security.protocol.map", f"REPLICATION must use BROKER's protocol "
+                              f"({listeners[LISTENER_BROKER].protocol}), not {replication.protocol}")
     else:
         extra = [n for n in listeners if n != LISTENER_CONTROLLER]
         if extra:

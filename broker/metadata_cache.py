@@ -36,10 +36,14 @@ class BrokerInfo:
     endpoints: tuple[tuple[str, str, int], ...] = ()
 
     def endpoint(self, listener: str) -> tuple[str, int]:
+        return self.registered_endpoint(listener) or (self.host, self.port)
+
+    def registered_endpoint(self, listener: str) -> tuple[str, int] | None:
+        """The address of ``listener`` if the broker registered one."""
         for name, host, port in self.endpoints:
             if name == listener:
                 return host, port
-        return self.host, self.port
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -374,6 +374,31 @@ class PauseCollector(_SafeCollector):
         yield pauses
 
 
+class ReplicationListenerCollector(_SafeCollector):
+    """The replication listener (broker/replication_listener.py): followers' connections and fetches."""
+
+    name = "replication_listener"
+
+    def __init__(self, listener: Callable[[], Any]) -> None:
+        self._listener = listener
+
+    def _collect(self) -> Iterable[Metric]:
+        lst = self._listener()
+        if lst is None:
+            return
+        st = lst.stats
+        yield GaugeMetricFamily("brook_replication_connections", "Followers' open connections to the replication "
+                                "listener.", value=float(st.connections))
+        for key, name, doc in (
+                ("connections_total", "brook_replication_connections_accepted", "Connections accepted."),
+                ("refused_connections_total", "brook_replication_connections_refused",
+                 "Connections closed before a request was read: over a bound, or not from a node."),
+                ("closed_for_errors_total", "brook_replication_connections_broken",
+                 "Connections closed for a frame that broke the protocol (length, magic, not a FetchRequest)."),
+                ("requests_total", "brook_replication_fetches", "Follower fetches answered.")):
+            yield CounterMetricFamily(name, doc, value=float(getattr(st, key)))
+
+
 class KafkaListenerCollector(_SafeCollector):
     """The Kafka-protocol listeners (broker/kafka_wire): connections, requests, refusals, sendfile bytes."""
 

@@ -56,6 +56,7 @@ from broker.metrics import (
     PauseCollector,
     PoolCollector,
     ReceiveCollector,
+    ReplicationListenerCollector,
     SecurityCollector,
 )
 from broker.receiving import ReceiveStats
@@ -355,6 +356,8 @@ class Node:
                                               else ReceiveStats()))
             self.metrics.add(KafkaListenerCollector(lambda: self.broker.kafka_listeners if self.broker is not None
                                                     else []))
+            self.metrics.add(ReplicationListenerCollector(
+                lambda: self.broker.replication_listener if self.broker is not None else None))
             if cfg.console_address is not None:
                 self._start_console(cfg)
             self.metrics.add(SecurityCollector("broker", lambda: getattr(self.broker, "security", None)))

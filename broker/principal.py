@@ -428,6 +428,19 @@ def at_address(principal: Principal, address: str) -> Principal:
     return _at(principal, host)
 
 
+def connection_authentication(sslobj: Any, host: str, peer: str) -> Authentication:
+    """Who is at the other end of an asyncio connection (the Kafka and replication listeners): the principal
+    of the client certificate its TLS handshake verified, else anonymous, at ``host``, with ``peer`` as the
+    peer text (a Kafka connection writes ``kafka:<host>``, never a loopback gRPC peer)."""
+    der = sslobj.getpeercert(binary_form=True) if sslobj is not None else None
+    if der:
+        from cryptography import x509
+
+        subject = x509.load_der_x509_certificate(der).subject.rfc4514_string()
+        return Authentication(at_address(principal_from_subject(subject), host), AUTH_CERTIFICATE, peer)
+    return Authentication(at_address(ANONYMOUS, host), AUTH_NONE, peer)
+
+
 def _at(principal: Principal, host: str) -> Principal:
     return principal if host == principal.host else Principal(principal.kind, principal.name, host)
 

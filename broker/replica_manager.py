@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from broker.config import LISTENER_REPLICATION
 from broker.fetch_session import FollowerFetchSession, SessionIndex
 from broker.metadata_cache import MetadataCache, MetadataDelta, PartitionInfo, TopicInfo
 from broker.request_times import ProduceTimes
@@ -347,7 +348,8 @@ class ReplicaManager:
                                                                str(BROKER_FETCH_PARTITION_MAX_BYTES)))
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._role_lock = threading.RLock()
-        self._fetch_targets: dict[tuple[str, int], tuple[int, str, int]] = {}
+        # partition -> (leader, its gRPC address, leader epoch, its replication listener's address or "")
+        self._fetch_targets: dict[tuple[str, int], tuple[int, str, int, str]] = {}
         self._listeners: list[LeadershipListener] = []
         self.produce_purgatory = DelayedOperationPurgatory("produce")
         self.fetch_purgatory = DelayedOperationPurgatory("fetch")
@@ -475,9 +477,11 @@ class ReplicaManager:
             b = self.metadata_cache.broker(p.leader_id)
             if b is None or b.port <= 0:
                 continue
-            target = (p.leader_id, f"{b.host}:{b.port}", p.leader_epoch)
+            replication = b.registered_endpoint(LISTENER_REPLICATION)
+            target = (p.leader_id, f"{b.host}:{b.port}", p.leader_epoch,
+                      f"{replication[0]}:{replication[1]}" if replication is not None else "")
             if self._fetch_targets.get(key) != target:
-                self.fetchers.add_partition(p, target[0], target[1], target[2])
+                self.fetchers.add_partition(p, target[0], target[1], target[2], replication_address=target[3])
                 self._fetch_targets[key] = target
 
     def _stop_replica(self, p: Partition, *, delete: bool, stray: str | None = None) -> None:

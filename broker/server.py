@@ -60,6 +60,7 @@ from broker.receiving import (
     StreamCounts,
 )
 from broker.replica_manager import ReplicaManager
+from broker.replication_listener import ReplicationListener
 from broker.security import NodeSecurity, broker_security
 from broker.service import BrokerService, Capacity
 from broker.stalls import DEFAULT_STALL_S, LoopMonitor
@@ -118,7 +119,9 @@ class ListenerSpec:
     tls: ServerTls | None = None
     advertised: tuple[str, int] | None = None
     protocol: str = "PLAINTEXT"
-    wire: str = "grpc"  # "kafka": Kafka's wire protocol (broker/kafka_wire), for unmodified Kafka clients
+    # "kafka": Kafka's wire protocol (broker/kafka_wire), for unmodified Kafka clients; "replication": the
+    # followers' fetch sessions (broker/replication_listener.py)
+    wire: str = "grpc"
 
 
 @dataclass
@@ -266,6 +269,7 @@ class BrokerServer:
         self.service: BrokerService | None = None
         self.group_servicer: Any = None  # set by the group coordinator extension
         self.kafka_listeners: list[Any] = []
+        self.replication_listener: ReplicationListener | None = None
         self._kafka_listeners_lock = threading.Lock()
         # SCRAM sessions, ACL checks and quotas (broker/security.py); the group coordinator reads .authorizer.
         self.security: NodeSecurity = broker_security(self.metadata_cache, settings.defaults)
@@ -337,6 +341,7 @@ class BrokerServer:
         for ext in self._extensions:
             self.extension_objects.append(ext(self))
         self._on_loop(self.grpc_server.start())
+        self._start_replication_listener(service)  # before registering: the endpoint is live when named
         self._started = True
         self.log_manager.start_background()
         self.replica_manager.start()
@@ -554,6 +559,21 @@ class BrokerServer:
             if bind_port(server, lst.host, lst.port, lst.tls) == 0:
                 raise OSError(f"broker {s.node_id}: cannot listen on {lst.name} {lst.host}:{lst.port}")
 
+    def _start_replication_listener(self, service: BrokerService) -> None:
+        for lst in self.settings.extra_listeners:
+            if lst.wire != "replication":
+                continue
+            ctx = None
+            if lst.tls is not None:
+                from broker.kafka_wire.server import server_ssl_context
+
+                # Followers always show their node certificate here, whatever ssl.client.auth says.
+                ctx = server_ssl_context(str(lst.tls.cert), str(lst.tls.key),
+                                         str(lst.tls.ca) if lst.tls.ca is not None else None, True)
+            listener = ReplicationListener(service, self.node_id, lst.host, lst.port, ctx, self.settings.defaults)
+            self._on_loop(listener.start())
+            self.replication_listener = listener
+
     def _start_kafka_listeners_on_metadata(self) -> None:
         while not self._stopping.is_set():
             if self.metadata_cache.wait_for(lambda c: c.version > 0, 1.0):
@@ -597,7 +617,10 @@ class BrokerServer:
         host, port = s.advertised or (s.host, self.port)
         out = [common_pb2.Endpoint(name="BROKER", host=host, port=port or self.port)]
         for lst in s.extra_listeners:
-            ad_host, ad_port = lst.advertised or (lst.host, lst.port)
+            port = lst.port
+            if lst.wire == "replication" and self.replication_listener is not None:
+                port = self.replication_listener.port  # bound to port 0: the one it got
+            ad_host, ad_port = lst.advertised or (lst.host, port)
             out.append(common_pb2.Endpoint(name=lst.name, host=ad_host, port=ad_port))
         return out
 
@@ -740,6 +763,11 @@ class BrokerServer:
                     stop_ext()
                 except Exception:
                     log.exception("broker %d: stopping extension %r failed", self.node_id, ext)
+        if self.replication_listener is not None:
+            try:
+                self._on_loop(self.replication_listener.stop(), timeout_s=5)
+            except Exception:
+                log.exception("broker %d: stopping the replication listener failed", self.node_id)
         with self._kafka_listeners_lock:
             for kl in self.kafka_listeners:
                 try:

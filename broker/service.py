@@ -481,14 +481,19 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         session = self.rm.new_fetch_session()
         try:
             async for request in request_iterator:
-                if request.replica_id < 0:
-                    yield _partition_errors(broker_pb2.FetchResponse(), request.partitions, errors.error_for(
-                        ErrorCode.INVALID_REQUEST, "ReplicaFetch carries follower fetches (replica_id >= 0) only"),
-                        high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
-                    continue
-                yield await self._replica_fetch(request, context, session)
+                yield await self.replica_fetch_message(request, context, session)
         finally:
             session.close()
+
+    async def replica_fetch_message(self, request: broker_pb2.FetchRequest, context: Any,
+                                    session: FollowerFetchSession) -> broker_pb2.FetchResponse:
+        """One request of a follower's fetch session: a ReplicaFetch stream's, or a replication listener
+        connection's (broker/replication_listener.py)."""
+        if request.replica_id < 0:
+            return _partition_errors(broker_pb2.FetchResponse(), request.partitions, errors.error_for(
+                ErrorCode.INVALID_REQUEST, "a fetch session carries follower fetches (replica_id >= 0) only"),
+                high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+        return await self._replica_fetch(request, context, session)
 
     async def _replica_fetch(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext,
                              session: FollowerFetchSession | None = None) -> broker_pb2.FetchResponse:

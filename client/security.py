@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -156,6 +157,15 @@ class SecurityConfig:
             cert = _read_pem(self.ssl_certificate_location, "ssl.certificate.location")
             key = _read_pem(self.ssl_key_location, "ssl.key.location")
         return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The same TLS client side for an asyncio connection (the replication listener): the configured CA,
+        this side's certificate when set, and the server's name checked as gRPC checks it."""
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ssl_ca_location or None)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.ssl_certificate_location and self.ssl_key_location:
+            ctx.load_cert_chain(self.ssl_certificate_location, self.ssl_key_location)
+        return ctx
 
 
 PLAINTEXT_CONFIG = SecurityConfig()

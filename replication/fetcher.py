@@ -38,6 +38,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from client import sasl
 from client.security import SecurityConfig, make_aio_channel
@@ -94,6 +96,11 @@ T = TypeVar("T")
 # throughput. Appending 1 MiB to the page cache holds the loop for well under a millisecond; larger
 # answers come when a follower catches up.
 LOOP_PROCESS_MAX_BYTES = 1024 * 1024
+# The replication listener's framing (broker/replication_listener.py): what a follower sends first, then each
+# message's 4-byte big-endian length.
+REPLICATION_MAGIC = b"BRF1"
+REPLICATION_FRAME = struct.Struct(">I")
+CONNECT_TIMEOUT_S = 10.0
 SHUTDOWN_WAIT_S = 5.0
 # Room in a fetch answer for what is not records: partition entries, errors, the protobuf framing.
 ANSWER_OVERHEAD_BYTES = 4 * 1024 * 1024
@@ -159,28 +166,59 @@ class _FetchLoop:
             self.loop.close()
 
 
-class _FetchSession:
-    """One ReplicaFetch stream: ``fetch`` sends a request and waits for its response.
+class _Session:
+    """A fetch session with one leader: ``fetch`` sends a request and waits for its response.
 
     Only the fetcher's task calls ``fetch``; ``cancel`` may come from any thread (the watchdog,
-    ``add``, shutdown) and makes a waiting ``fetch`` raise ``_SessionEnded``: it cancels the call and
-    the task's wait itself, since grpc.aio leaves a ``write`` waiting for ever on a call cancelled
-    before its headers went out.
+    ``add``, shutdown) and makes a waiting ``fetch`` raise ``_SessionEnded``: it ends the transport
+    (``_end_transport``) and cancels the task's wait itself.
     """
 
-    def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub, fetch_loop: _FetchLoop,
-                 metadata: tuple[tuple[str, str], ...] | None, token: str) -> None:
-        self._call = stub.ReplicaFetch(metadata=metadata)
+    def __init__(self, fetch_loop: _FetchLoop, token: str = "") -> None:
         self._fetch_loop = fetch_loop
         self.token = token  # the SCRAM session token the stream opened with ("" without SASL)
         self.opened_at = time.monotonic()
         self.waiting_since: float | None = None  # monotonic time of the unanswered request
         self.interrupted = False  # cancelled to send a request with more partitions: no failure
-        # The leader keeps this stream's partitions (it said so in an answer): requests carry changes only.
+        # The leader keeps this session's partitions (it said so in an answer): requests carry changes only.
         self.incremental = False
         self.sent: dict[tuple[str, int], _Want] = {}  # each partition's fetch as the leader has it
         self._ended = False  # cancelled; set on the loop
         self._waiter: asyncio.Task[Any] | None = None  # the task waiting in fetch(); on the loop
+
+    def _ended_by_cancel(self) -> _SessionEnded:
+        """In ``fetch``, on CancelledError: the session's own cancel ends here (re-raise if it was not)."""
+        if self._waiter is not None:
+            self._waiter.uncancel()
+        return _SessionEnded("the session was cancelled")
+
+    def cancel(self) -> None:
+        self._fetch_loop.call_soon(self._cancel)
+
+    def _cancel(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._end_transport()
+        if self._waiter is not None:
+            self._waiter.cancel()
+
+    def _end_transport(self) -> None:
+        raise NotImplementedError
+
+    def interrupt(self) -> None:
+        self.interrupted = True
+        self.cancel()
+
+
+class _FetchSession(_Session):
+    """One ReplicaFetch stream. Cancelling it cancels the call and the task's wait itself, since
+    grpc.aio leaves a ``write`` waiting for ever on a call cancelled before its headers went out."""
+
+    def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub, fetch_loop: _FetchLoop,
+                 metadata: tuple[tuple[str, str], ...] | None, token: str) -> None:
+        super().__init__(fetch_loop, token)
+        self._call = stub.ReplicaFetch(metadata=metadata)
 
     async def fetch(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
         if self._ended:
@@ -200,9 +238,7 @@ class _FetchSession:
         except asyncio.CancelledError:
             if not self._ended:
                 raise  # the fetcher's task itself is being cancelled
-            if self._waiter is not None:
-                self._waiter.uncancel()  # the cancel was the stream's, and it ends here
-            raise _SessionEnded("the stream was cancelled") from None
+            raise self._ended_by_cancel() from None
         finally:
             self._waiter = None
             self.waiting_since = None
@@ -218,24 +254,70 @@ class _FetchSession:
         return grpc.aio.AioRpcError(code, await call.initial_metadata(), await call.trailing_metadata(),
                                     await call.details(), await call.debug_error_string())
 
-    def cancel(self) -> None:
-        self._fetch_loop.call_soon(self._cancel)
-
-    def _cancel(self) -> None:
-        if self._ended:
-            return
-        self._ended = True
+    def _end_transport(self) -> None:
         self._call.cancel()
-        if self._waiter is not None:
-            self._waiter.cancel()
-
-    def interrupt(self) -> None:
-        self.interrupted = True
-        self.cancel()
 
 
 class _SessionEnded(Exception):
     pass
+
+
+class _FramedFetchSession(_Session):
+    """One connection to the leader's replication listener (broker/replication_listener.py): the same
+    requests and answers as a ReplicaFetch stream, as length-prefixed frames that the event loop reads off
+    the socket itself. The interface of ``_FetchSession``; the connection is opened by the first ``fetch``."""
+
+    def __init__(self, address: str, ssl_context: Any, fetch_loop: _FetchLoop, max_response_bytes: int) -> None:
+        super().__init__(fetch_loop)
+        host, _, port = address.rpartition(":")
+        self._host, self._port = host.strip("[]"), int(port)
+        self._ssl_context = ssl_context
+        self._max_response_bytes = max_response_bytes
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def _open(self) -> None:
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            self._reader, self._writer = await asyncio.open_connection(
+                self._host, self._port, ssl=self._ssl_context,
+                server_hostname=self._host if self._ssl_context is not None else None,
+                ssl_handshake_timeout=CONNECT_TIMEOUT_S if self._ssl_context is not None else None)
+        self._writer.write(REPLICATION_MAGIC)
+
+    async def fetch(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
+        if self._ended:
+            raise _SessionEnded("the connection was closed")
+        self.waiting_since = time.monotonic()
+        self._waiter = asyncio.current_task()
+        try:
+            if self._writer is None:
+                await self._open()
+            reader, writer = self._reader, self._writer
+            assert reader is not None and writer is not None
+            data = request.SerializeToString()
+            writer.write(REPLICATION_FRAME.pack(len(data)) + data)
+            await writer.drain()
+            (size,) = REPLICATION_FRAME.unpack(await reader.readexactly(REPLICATION_FRAME.size))
+            if size > self._max_response_bytes:
+                raise _SessionEnded(f"the leader sent a {size}-byte answer (at most {self._max_response_bytes})")
+            body = await reader.readexactly(size)
+        except asyncio.CancelledError:
+            if not self._ended:
+                raise  # the fetcher's task itself is being cancelled
+            raise self._ended_by_cancel() from None
+        except asyncio.IncompleteReadError:
+            raise _SessionEnded("the leader closed the connection") from None
+        finally:
+            self._waiter = None
+            self.waiting_since = None
+        try:
+            return broker_pb2.FetchResponse.FromString(body)
+        except DecodeError as e:
+            raise _SessionEnded(f"the leader's answer is not a FetchResponse ({e})") from None
+
+    def _end_transport(self) -> None:
+        if self._writer is not None:
+            self._writer.transport.abort()
 
 
 # What a fetch asks of one partition: (fetch_offset, partition_max_bytes, current_leader_epoch,
@@ -275,7 +357,8 @@ class _FetchState:
 class ReplicaFetcher:
     def __init__(self, local_id: int, source_id: int, address: str, broker_epoch: Callable[[], int],
                  config: FetcherConfig, fetch_loop: _FetchLoop,
-                 on_storage_error: Callable[[Any, BaseException], object] | None = None) -> None:
+                 on_storage_error: Callable[[Any, BaseException], object] | None = None, *,
+                 replication_address: str = "") -> None:
         self.local_id = local_id
         self._on_storage_error = on_storage_error
         self.source_id = source_id
@@ -293,8 +376,12 @@ class ReplicaFetcher:
         self._channel: grpc.aio.Channel | None = None
         self._stub: broker_pb2_grpc.BrokerServiceStub | None = None
         self._scram = sasl.session_for(address, config.security) if config.security.uses_sasl else None
+        # The leader's replication listener (broker/replication_listener.py), which speaks to nodes by their
+        # certificates (or the loopback trust) only: with SASL between the nodes, the gRPC stream it is.
+        self.replication_address = replication_address if self._scram is None else ""
+        self._ssl_context: Any = None  # made on first use (reads the node's PEM files)
         self._unary_token = ""  # the SCRAM token of the unary fetch in flight
-        self._session: _FetchSession | None = None
+        self._session: _Session | None = None
         # (partition, leader epoch) of the fetch in flight, None between fetches; under _lock
         self._in_flight: dict[tuple[str, int], int] | None = None
         self._cut_short = False  # add() wants the request in flight rebuilt; under _lock
@@ -413,10 +500,11 @@ class ReplicaFetcher:
                     continue
                 self._failures += 1
                 if self._failures == 1 or self._failures % 50 == 0:  # one line per outage, not 5 per second
-                    expected = isinstance(e, (grpc.RpcError, _SessionEnded, errors.BrookError))
+                    expected = isinstance(e, (grpc.RpcError, _SessionEnded, errors.BrookError, OSError,
+                                              asyncio.IncompleteReadError))
                     log.log(logging.INFO if expected else logging.WARNING,
                             "fetcher %d<-%d (%s): fetch failed (%d in a row): %s", self.local_id, self.source_id,
-                            self.address, self._failures, e.code() if isinstance(e, grpc.RpcError) else repr(e),
+                            self.replication_address or self.address, self._failures, e.code() if isinstance(e, grpc.RpcError) else repr(e),
                             exc_info=not expected)
                 await self._pause(backoff_s)
                 continue
@@ -493,8 +581,14 @@ class ReplicaFetcher:
         if self._session is not None and time.monotonic() - self._session.opened_at > STREAM_MAX_AGE_S:
             self._close_session()
         if self._session is None:
-            metadata, token = await self._auth_metadata()
-            self._session = _FetchSession(self._stub, self._fetch_loop, metadata, token)
+            if self.replication_address:
+                if self._ssl_context is None and self.config.security.uses_ssl:
+                    self._ssl_context = self.config.security.ssl_context()
+                self._session = _FramedFetchSession(self.replication_address, self._ssl_context, self._fetch_loop,
+                                                    receive_max_bytes(self.config))
+            else:
+                metadata, token = await self._auth_metadata()
+                self._session = _FetchSession(self._stub, self._fetch_loop, metadata, token)
         with self._lock:
             if self._cut_short:
                 self._in_flight = None
@@ -512,7 +606,7 @@ class ReplicaFetcher:
             self._close_session()
         return response
 
-    def _request(self, wanted: _Wanted, session: _FetchSession | None) -> broker_pb2.FetchRequest:
+    def _request(self, wanted: _Wanted, session: _Session | None) -> broker_pb2.FetchRequest:
         """The FetchRequest of ``wanted``: every partition, or on an incremental stream only those whose
         fetch changed since the last request on it, and the ones it no longer carries as forgotten."""
         c = self.config
@@ -666,8 +760,8 @@ class ReplicaFetcherManager:
         # (log dir, error) of a failed append or truncation: the broker's LogManager.dir_failed.
         self.on_storage_error = on_storage_error
         self._lock = threading.Lock()
-        self._fetchers: dict[tuple[int, str], ReplicaFetcher] = {}
-        self._where: dict[tuple[str, int], tuple[int, str]] = {}
+        self._fetchers: dict[tuple[int, str, str], ReplicaFetcher] = {}
+        self._where: dict[tuple[str, int], tuple[int, str, str]] = {}
         self._fetch_loop = _FetchLoop(f"replica-fetch-loop-{local_id}", loop)
         # One thread for every fetcher's response deadline (a stream has none of its own).
         self._stopped = threading.Event()
@@ -683,19 +777,22 @@ class ReplicaFetcherManager:
             for f in fetchers:
                 f.cancel_if_overdue(now)
 
-    def add_partition(self, partition: Partition, leader_id: int, address: str, leader_epoch: int) -> None:
+    def add_partition(self, partition: Partition, leader_id: int, address: str, leader_epoch: int, *,
+                      replication_address: str = "") -> None:
+        """Follow ``partition`` from broker ``leader_id``: at its gRPC ``address``, or at its replication
+        listener's ``replication_address`` when it registered one."""
         with self._lock:
             if self._stopped.is_set():
                 log.debug("fetchers of %d stopped: not following %s-%d", self.local_id, *partition.key)
                 return
-            fkey = (leader_id, address)
+            fkey = (leader_id, address, replication_address)
             old = self._where.get(partition.key)
             if old is not None and old != fkey:
                 self._fetchers[old].remove([partition.key])
             f = self._fetchers.get(fkey)
             if f is None:
                 f = ReplicaFetcher(self.local_id, leader_id, address, self._broker_epoch, self.config,
-                                   self._fetch_loop, self.on_storage_error)
+                                   self._fetch_loop, self.on_storage_error, replication_address=replication_address)
                 self._fetchers[fkey] = f
             f.add(partition, leader_epoch)
             self._where[partition.key] = fkey

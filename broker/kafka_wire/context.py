@@ -4,7 +4,8 @@ The Kafka listener does not re-implement any rule: it translates each request in
 protobuf request of the same RPC and calls the servicer (BrokerService, the group
 coordinator's servicer, the controller through the broker). Those read who is calling
 and from where through a ``grpc.aio.ServicerContext``; this object answers the same
-calls from the connection's state:
+calls from the connection's state (the replication listener, broker/replication_listener.py, uses it too
+for its followers' connections, with a gRPC-style peer so that the loopback trust applies):
 
 - ``brook_authentication``: the connection's principal (mTLS certificate or SASL login),
   taken as is by ``broker.principal.authenticate``. Its peer is written ``kafka:<host>``,

@@ -54,7 +54,7 @@ from broker import principal as principals
 from broker.admission import DEFAULT_CONNECTION_IDLE_MS, ByteBudget, connections_within_descriptors
 from broker.kafka_wire import apis, bounds, codec
 from broker.kafka_wire.context import Aborted, KafkaCallContext
-from broker.principal import AUTH_CERTIFICATE, AUTH_NONE, AUTH_SASL, Authentication
+from broker.principal import AUTH_SASL, Authentication
 from broker.receiving import DEFAULT_REQUEST_MAX_BYTES
 from proto import errors
 from proto import security_pb2 as spb
@@ -241,18 +241,10 @@ class _Connection:
         self.client_host = host
         self.peer_text = f"{host}:{port}"
         self.grpc_peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
-        # "kafka:" never parses as a loopback gRPC peer: no Kafka connection is trusted as a broker.
-        self.auth = Authentication(principals.at_address(principals.ANONYMOUS, host), AUTH_NONE, f"kafka:{host}")
         sslobj = writer.get_extra_info("ssl_object")
         self.tls = sslobj is not None
-        if sslobj is not None:
-            der = sslobj.getpeercert(binary_form=True)
-            if der:
-                from cryptography import x509
-
-                subject = x509.load_der_x509_certificate(der).subject.rfc4514_string()
-                self.auth = Authentication(principals.at_address(principals.principal_from_subject(subject), host),
-                                           AUTH_CERTIFICATE, f"kafka:{host}")
+        # "kafka:" never parses as a loopback gRPC peer: no Kafka connection is trusted as a broker.
+        self.auth = principals.connection_authentication(sslobj, host, f"kafka:{host}")
         self.authenticated = not listener.sasl
         self.close_after_answer = False
         self.reservations: list[list[Any]] = []  # [bytes, pool] of frames held in the listener's pools

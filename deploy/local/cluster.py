@@ -174,6 +174,7 @@ class NodeSpec:
     health_port: int | None = None  # plain-HTTP /livez, /readyz (cluster.json of older launchers: none)
     console_port: int | None = None  # brokers: the read-only web console
     kafka_port: int | None = None  # brokers: the Kafka-protocol listener (KAFKA), for unmodified Kafka clients
+    replication_port: int | None = None  # brokers: the followers' listener (REPLICATION)
 
     @property
     def is_broker(self) -> bool:
@@ -291,14 +292,15 @@ class LocalCluster:
         if mode == "combined":
             for i in range(1, nodes + 1):
                 specs.append(NodeSpec(i, ["controller", "broker"], free_port(), free_port(), free_port(),
-                                      free_port(), free_port(), free_port(), kafka_port=free_port()))
+                                      free_port(), free_port(), free_port(), kafka_port=free_port(),
+                                      replication_port=free_port()))
             return specs
         for i in range(1, controllers + 1):
             specs.append(NodeSpec(CONTROLLER_ID_BASE + i, ["controller"], None, free_port(), free_port(),
                                   free_port(), free_port()))
         for i in range(1, nodes + 1):
             specs.append(NodeSpec(i, ["broker"], free_port(), None, None, free_port(), free_port(), free_port(),
-                                  kafka_port=free_port()))
+                                  kafka_port=free_port(), replication_port=free_port()))
         return specs
 
     @property
@@ -535,6 +537,8 @@ class LocalCluster:
             listeners.append(f"CONTROLLER://127.0.0.1:{n.controller_port}")
         if n.is_broker and n.kafka_port:
             listeners.append(f"KAFKA://127.0.0.1:{n.kafka_port}")
+        if n.is_broker and n.replication_port:
+            listeners.append(f"REPLICATION://127.0.0.1:{n.replication_port}")
         n_brokers = len(self.broker_ids)
         keys: dict[str, Any] = {
             "process.roles": ",".join(n.roles),
@@ -559,6 +563,10 @@ class LocalCluster:
         if n.is_broker and n.kafka_port and "KAFKA:" not in str(keys["listener.security.protocol.map"]):
             # The Kafka listener is as secure as the cluster: mTLS with the same CA on a TLS cluster.
             keys["listener.security.protocol.map"] += f",KAFKA:{'SSL' if self.tls else 'PLAINTEXT'}"
+        if n.is_broker and n.replication_port and "REPLICATION:" not in str(keys["listener.security.protocol.map"]):
+            # The followers' listener speaks BROKER's protocol (broker/config.py requires it).
+            broker_protocol = "SSL" if "BROKER:SSL" in str(keys["listener.security.protocol.map"]) else "PLAINTEXT"
+            keys["listener.security.protocol.map"] += f",REPLICATION:{broker_protocol}"
         lines = ["# Written by deploy.local.cluster.LocalCluster; edits are lost on the next start."]
         for k, v in keys.items():
             lines.append(f"{json.dumps(k)} = {_toml_value(v)}")

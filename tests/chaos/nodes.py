@@ -47,6 +47,7 @@ class NodeAddr:
     controller_port: int
     raft_port: int
     metrics_port: int
+    replication_port: int  # the followers' listener (REPLICATION, broker/replication_listener.py)
 
     @property
     def broker(self) -> str:
@@ -73,9 +74,9 @@ class ChaosCluster:
             host = network.node_ip(node_id)
             if isinstance(network, NamespaceNetwork):
                 # A namespace per node: the same well-known ports on every address.
-                ports = (9092, 9093, 9094, 9100)
+                ports = (9092, 9093, 9094, 9100, 9096)
             else:
-                ports = (free_port(), free_port(), free_port(), free_port())
+                ports = (free_port(), free_port(), free_port(), free_port(), free_port())
             self.addrs[node_id] = NodeAddr(node_id, host, *ports)
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self.paused: set[int] = set()
@@ -124,6 +125,7 @@ class ChaosCluster:
         roles = self.roles[node_id]
         listeners = [f"BROKER://{a.broker}"] if "broker" in roles else []
         listeners += [f"CONTROLLER://{a.controller}"] if "controller" in roles else []
+        listeners += [f"REPLICATION://{a.host}:{a.replication_port}"] if "broker" in roles else []
         keys: dict[str, str | int] = {
             "process.roles": roles,
             "node.id": node_id,
@@ -136,7 +138,7 @@ class ChaosCluster:
                if "controller" in roles else {}),
             **LOCAL_DEFAULTS,
             "offsets.topic.replication.factor": "3",
-            "listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL",
+            "listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL,REPLICATION:SSL",
             "ssl.certificate.location": str(self.tls_dir / f"node-{node_id}.pem"),
             "ssl.key.location": str(self.tls_dir / f"node-{node_id}.key"),
             "ssl.ca.location": str(self.tls_dir / "ca.pem"),

@@ -27,9 +27,15 @@ def describe(values: Sequence[float]) -> str:
     return ", ".join(f"{v:g}" for v in values) or "(no samples)"
 
 
+def client_security(cluster: Any) -> dict[str, str]:
+    """A LocalCluster's client security configs as client keyword arguments (none when plaintext)."""
+    return {k.replace(".", "_"): v for k, v in getattr(cluster, "client_config", {}).items()}
+
+
 def produce_acked(cluster: Any, topic: str, values: list[bytes]) -> None:
     """Each value to ``topic`` with acks=all, one at a time, each acknowledged before the next."""
-    with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", request_timeout_ms=10_000) as p:
+    with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", request_timeout_ms=10_000,
+                  **client_security(cluster)) as p:
         for v in values:
             p.send(topic, v).get(timeout=30)
 
@@ -38,7 +44,7 @@ def read_values(cluster: Any, topic: str, count: int, timeout_s: float = 60.0) -
     """The first ``count`` values of partition 0 of ``topic``, read from offset 0 by a new Brook consumer."""
     out: list[bytes] = []
     with Consumer(bootstrap_servers=cluster.bootstrap_servers, auto_offset_reset="earliest",
-                  request_timeout_ms=5000, fetch_max_wait_ms=100) as consumer:
+                  request_timeout_ms=5000, fetch_max_wait_ms=100, **client_security(cluster)) as consumer:
         consumer.assign([TopicPartition(topic, 0)])
         deadline = time.monotonic() + timeout_s
         while len(out) < count:

@@ -93,3 +93,19 @@ def test_plaintext_trust_needs_every_plaintext_listener_on_loopback(listeners: s
         assert principal._settings.trust_loopback_plaintext is trusted
     finally:
         principal.configure(trust_loopback_plaintext=True)
+
+
+def test_a_replication_listener_speaks_the_broker_listeners_protocol() -> None:
+    listeners = BASE["listeners"] + ",REPLICATION://127.0.0.1:19096"
+    c = load_config(None, {**BASE, **TLS, "listeners": listeners,
+                           "listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL,REPLICATION:SSL"}, env={})
+    [replication] = c.broker_settings().extra_listeners
+    assert (replication.name, replication.wire, replication.port) == ("REPLICATION", "replication", 19096)
+    assert replication.tls is not None and replication.tls.client_auth == "required"
+    for protocol_map, why in (("BROKER:SSL,CONTROLLER:SSL,REPLICATION:PLAINTEXT", "REPLICATION must use BROKER's"),
+                              ("BROKER:SSL,CONTROLLER:SSL,REPLICATION:SASL_SSL", "node-to-node traffic")):
+        e = refused({**TLS, "listeners": listeners, "listener.security.protocol.map": protocol_map})
+        assert e.key == "listener.security.protocol.map" and why in str(e), str(e)
+    e = refused({"listeners": listeners, "kafka.listener.names": "KAFKA,REPLICATION",
+                 "listener.security.protocol.map": "BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT,REPLICATION:PLAINTEXT"})
+    assert e.key == "kafka.listener.names", str(e)

@@ -1,0 +1,173 @@
+"""The replication listener: followers' fetch sessions as length-prefixed protobuf frames over TCP (TLS).
+
+Why not the gRPC port: an acks=all write waits for two follower messages (the fetch answer that carries
+the records and the next fetch that acknowledges them), and through grpc.aio each message passes gRPC's
+event-engine thread and its poller thread before the broker's event loop sees it. On 2 cores shared by
+three brokers and a client those hand-offs, not the work, made the tail: a ping-pong of one small message
+cost ~200 µs of CPU a side over grpc.aio and ~75 µs over an asyncio stream, and its p99 under load was
+2-7 ms against ~1 ms. Here the loop reads the socket itself. Kafka, too, lets replication use a listener
+of its own (``inter.broker.listener.name``).
+
+A broker opens it when ``listeners`` names ``REPLICATION`` (the local launcher and the shipped configs
+do), registers it as an endpoint, and followers of a leader that registered one fetch through it; without
+one they use the gRPC ``ReplicaFetch`` stream (``replication/fetcher.py``), so brokers of either kind mix.
+
+The protocol: the follower sends ``MAGIC`` once, then each message is a 4-byte big-endian length and a
+serialized ``FetchRequest``; the leader answers each with a length and a ``FetchResponse``, exactly what
+the gRPC stream carries: one connection is one fetch session (``broker/fetch_session.py``), one request
+in flight at a time.
+
+Defences, as on the other ports: the listener speaks only to nodes. TLS (with a client certificate, on an
+``SSL`` listener) is started once a connection is counted under ``MAX_CONNECTIONS`` and
+``MAX_CONNECTIONS_PER_ADDRESS``, and must finish within the handshake timeout; a caller that is not a
+node (its certificate's principal, or the documented loopback trust of a plaintext single-host cluster)
+is closed before a byte of it is read. A frame longer than ``socket.request.max.bytes`` or not a
+``FetchRequest``, a wrong ``MAGIC``, a frame begun and not finished within ``request.receive.timeout.ms``,
+or a connection silent for ``connections.max.idle.ms`` is closed. Each request is then checked as a gRPC
+follower fetch is (only broker ``replica_id`` itself may send it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from broker import principal
+from broker.admission import DEFAULT_CONNECTION_IDLE_MS, connections_within_descriptors
+from broker.kafka_wire.context import Aborted, KafkaCallContext
+from broker.receiving import DEFAULT_RECEIVE_TIMEOUT_MS, DEFAULT_REQUEST_MAX_BYTES
+from broker.tls import HANDSHAKE_TIMEOUT_MS
+from proto import broker_pb2
+from replication.fetcher import REPLICATION_FRAME as FRAME
+from replication.fetcher import REPLICATION_MAGIC as MAGIC
+
+log = logging.getLogger(__name__)
+
+# A broker's followers open one connection per fetcher: a cluster of hundreds of brokers stays far below.
+MAX_CONNECTIONS = 1024
+MAX_CONNECTIONS_PER_ADDRESS = 32
+
+
+class Refused(Exception):
+    """The follower's request broke the protocol: the connection is closed."""
+
+
+@dataclass(slots=True)
+class ReplicationListenerStats:
+    connections: int = 0
+    connections_total: int = 0
+    refused_connections_total: int = 0  # over a bound, or not a node
+    closed_for_errors_total: int = 0  # a frame that broke the protocol
+    requests_total: int = 0
+
+
+class ReplicationListener:
+    def __init__(self, service: Any, node_id: int, host: str, port: int, ssl_context: ssl.SSLContext | None,
+                 defaults: Any) -> None:
+        self.service = service
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self.ssl_context = ssl_context
+        self.max_connections = connections_within_descriptors(MAX_CONNECTIONS, 16, "the replication listener")
+        self.max_request_bytes = int(defaults.get("socket.request.max.bytes", str(DEFAULT_REQUEST_MAX_BYTES)))
+        self.receive_timeout_s = int(defaults.get("request.receive.timeout.ms",
+                                                  str(DEFAULT_RECEIVE_TIMEOUT_MS))) / 1000
+        self.idle_s = int(defaults.get("connections.max.idle.ms", str(DEFAULT_CONNECTION_IDLE_MS))) / 1000
+        self.stats = ReplicationListenerStats()
+        self._by_address: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        # TLS is started per connection once it is counted (as on the Kafka listener): a flood of
+        # handshakes that never finish holds at most the bounded connections, each for the timeout.
+        self._server = await asyncio.start_server(self._accept, self.host, self.port, limit=64 * 1024,
+                                                  reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("broker %d: replication listener on %s:%d (%s)", self.node_id, self.host, self.port,
+                 "SSL" if self.ssl_context is not None else "PLAINTEXT")
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=2)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername") or ("unknown", 0)
+        host, port = str(peer[0]), int(peer[1])
+        mine = self._by_address.get(host, 0)
+        if self.stats.connections >= self.max_connections or mine >= MAX_CONNECTIONS_PER_ADDRESS:
+            self.stats.refused_connections_total += 1
+            writer.transport.abort()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._by_address[host] = mine + 1
+        self.stats.connections += 1
+        self.stats.connections_total += 1
+        try:
+            if self.ssl_context is not None:
+                await writer.start_tls(self.ssl_context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_MS / 1000)
+            grpc_peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+            auth = principal.connection_authentication(writer.get_extra_info("ssl_object"), host, grpc_peer)
+            if not principal.is_node_auth(auth):
+                self.stats.refused_connections_total += 1
+                log.warning("broker %d: replication listener refused %s from %s: only the cluster's nodes fetch "
+                            "here", self.node_id, auth.principal, grpc_peer)
+                return
+            # The follower-fetch code reads a call's identity as the Kafka listener's calls give it.
+            await self._serve(reader, writer, KafkaCallContext(auth, grpc_peer, "REPLICATION"))
+        except asyncio.CancelledError:
+            pass
+        except (Refused, Aborted) as e:
+            self.stats.closed_for_errors_total += 1
+            log.warning("broker %d: replication connection from %s:%d closed: %s", self.node_id, host, port, e)
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError):
+            pass  # the follower went away, was too slow, or failed the handshake
+        except Exception:
+            log.exception("broker %d: replication connection from %s:%d failed", self.node_id, host, port)
+        finally:
+            self._tasks.discard(task)
+            self.stats.connections -= 1
+            if (left := self._by_address.get(host, 1) - 1) > 0:
+                self._by_address[host] = left
+            else:
+                self._by_address.pop(host, None)
+            writer.transport.abort()  # nothing of ours is worth delivering to a follower that is gone
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     context: KafkaCallContext) -> None:
+        async with asyncio.timeout(self.receive_timeout_s):
+            magic = await reader.readexactly(len(MAGIC))
+        if magic != MAGIC:
+            raise Refused(f"not a Brook replica fetch connection (it began {magic!r})")
+        session = self.service.rm.new_fetch_session()
+        try:
+            while True:
+                async with asyncio.timeout(self.idle_s):
+                    (size,) = FRAME.unpack(await reader.readexactly(FRAME.size))
+                if size > self.max_request_bytes:
+                    raise Refused(f"a request of {size} bytes (socket.request.max.bytes is {self.max_request_bytes})")
+                async with asyncio.timeout(self.receive_timeout_s):
+                    body = await reader.readexactly(size)
+                try:
+                    request = broker_pb2.FetchRequest.FromString(body)
+                except DecodeError as e:
+                    raise Refused(f"a frame that is not a FetchRequest ({e})") from None
+                self.stats.requests_total += 1
+                response = await self.service.replica_fetch_message(request, context, session)
+                data = response.SerializeToString()
+                writer.writelines((FRAME.pack(len(data)), data))
+                await writer.drain()
+        finally:
+            session.close()

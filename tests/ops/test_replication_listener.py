@@ -1,0 +1,157 @@
+"""The replication listener (broker/replication_listener.py) on a real mTLS cluster of three brokers.
+
+Followers of the local launcher's brokers fetch through it, not through the gRPC ``ReplicaFetch`` stream;
+it must speak only to nodes, read nothing from anyone else, close a connection whose frames break the
+protocol, and keep replicating for the real followers whatever a hostile connection sends.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opskit import describe, produce_acked, read_values, sample_values
+from waiting import wait_for
+
+from client.admin import Admin, NewTopic
+from deploy.local.certs import CertFiles
+from deploy.local.cluster import LocalCluster
+from proto import broker_pb2
+from proto.errors import ErrorCode
+from replication.fetcher import REPLICATION_MAGIC
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "through-the-replication-listener"
+FRAME = struct.Struct(">I")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(Path(tmp_path_factory.mktemp("replication")) / "cluster", nodes=3, tls=True) as c:
+        with Admin(c.bootstrap_servers, security=c.security) as admin:
+            admin.create_topics([NewTopic(TOPIC, 1, 3)])
+        yield c
+
+
+def _metric(cluster: LocalCluster, node: int, name: str) -> float:
+    values = sample_values(cluster.read_metrics(node), name)
+    assert len(values) == 1, f"{name} on node {node}: {describe(values)}"
+    return values[0]
+
+
+def _connect(cluster: LocalCluster, node: int, cert: CertFiles | None) -> ssl.SSLSocket:
+    """A TLS connection to ``node``'s replication listener, showing ``cert`` (none: no certificate)."""
+    ctx = ssl.create_default_context(cafile=str(cluster.client_cert().ca))
+    if cert is not None:
+        ctx.load_cert_chain(str(cert.cert), str(cert.key))
+    port = cluster.spec(node).replication_port
+    assert port, "the launcher gives every broker a replication listener"
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    return ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def _closed_by_broker(s: ssl.SSLSocket) -> bool:
+    """Whether the broker ends the connection (rather than answering or waiting)."""
+    try:
+        return s.recv(1) == b""
+    except (ConnectionError, ssl.SSLError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def _leader(cluster: LocalCluster) -> int:
+    with Admin(cluster.bootstrap_servers, security=cluster.security) as admin:
+        return admin.describe_topics([TOPIC])[TOPIC].partitions[0].leader
+
+
+def test_followers_replicate_through_it(cluster: LocalCluster) -> None:
+    values = [b"r-%03d" % i for i in range(50)]
+    produce_acked(cluster, TOPIC, values)  # acks=all: both followers fetched and acknowledged each one
+    leader = _leader(cluster)
+    assert _metric(cluster, leader, "brook_replication_fetches_total") > 0
+    assert _metric(cluster, leader, "brook_replication_connections") >= 2, "one connection per follower"
+    assert read_values(cluster, TOPIC, len(values)) == values
+
+
+def test_a_client_certificate_is_refused_before_anything_is_read(cluster: LocalCluster) -> None:
+    refused = _metric(cluster, 1, "brook_replication_connections_refused_total")
+    with _connect(cluster, 1, cluster.client_cert()) as s:
+        s.sendall(REPLICATION_MAGIC + FRAME.pack(10) + b"x" * 10)
+        assert _closed_by_broker(s), "a client's certificate must not open a replication session"
+    wait_for(lambda: _metric(cluster, 1, "brook_replication_connections_refused_total") > refused, 10,
+             "the refusal to be counted")
+
+
+def test_a_connection_without_a_certificate_fails_its_handshake(cluster: LocalCluster) -> None:
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        with _connect(cluster, 1, None) as s:
+            s.sendall(REPLICATION_MAGIC)
+            if not _closed_by_broker(s):
+                raise AssertionError("a connection without a certificate was served")
+            raise ConnectionError("closed")
+
+
+@pytest.mark.parametrize("sent, why", [
+    (b"GET / HTTP/1.1\r\n\r\n", "not the magic"),
+    (REPLICATION_MAGIC + FRAME.pack(0xFFFF_FFFF), "a 4 GiB frame"),
+    (REPLICATION_MAGIC + FRAME.pack(6) + b"\xff\xff\xff\xff\xff\xff", "not a FetchRequest"),
+])
+def test_a_node_connection_breaking_the_protocol_is_closed(cluster: LocalCluster, sent: bytes, why: str) -> None:
+    broken = _metric(cluster, 1, "brook_replication_connections_broken_total")
+    with _connect(cluster, 1, cluster.node_cert(2)) as s:
+        s.sendall(sent)
+        assert _closed_by_broker(s), f"{why}: the connection stayed open"
+    wait_for(lambda: _metric(cluster, 1, "brook_replication_connections_broken_total") > broken, 10,
+             f"{why}: the closing to be counted")
+    produce_acked(cluster, TOPIC, [b"still-replicating"])  # the real followers are unaffected
+
+
+def test_a_node_may_fetch_only_as_itself(cluster: LocalCluster) -> None:
+    leader = _leader(cluster)
+    impostor = next(n for n in (1, 2, 3) if n != leader)
+    victim = next(n for n in (1, 2, 3) if n not in (leader, impostor))
+    request = broker_pb2.FetchRequest(replica_id=victim, max_wait_ms=0, max_bytes=1 << 20, partitions=[
+        broker_pb2.FetchPartition(topic=TOPIC, partition=0, fetch_offset=0, partition_max_bytes=1 << 20,
+                                  current_leader_epoch=-1, last_fetched_epoch=-1, log_start_offset=-1)])
+    data = request.SerializeToString()
+    with _connect(cluster, leader, cluster.node_cert(impostor)) as s:
+        s.sendall(REPLICATION_MAGIC + FRAME.pack(len(data)) + data)
+        (size,) = FRAME.unpack(_read_exactly(s, FRAME.size))
+        response = broker_pb2.FetchResponse.FromString(_read_exactly(s, size))
+    assert [p.error_code for p in response.partitions] == [ErrorCode.CLUSTER_AUTHORIZATION_FAILED], response
+    assert not any(p.records for p in response.partitions)
+
+
+def _read_exactly(s: ssl.SSLSocket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        assert chunk, f"the broker closed the connection after {len(out)} of {n} bytes"
+        out += chunk
+    return out
+
+
+def test_brokers_with_and_without_it_replicate_together(tmp_path: Path) -> None:
+    """A rolling upgrade: broker 3 has no replication listener (an older version, or not configured), so its
+    followers fetch from it over gRPC while the others' followers use the listeners; every partition takes
+    acks=all writes and reads them back."""
+    cluster = LocalCluster(tmp_path / "cluster", nodes=3)
+    cluster.spec(3).replication_port = None
+    with cluster:
+        with Admin(cluster.bootstrap_servers) as admin:
+            admin.create_topics([NewTopic(f"mixed-{leader}", replica_assignments=[[leader, *others]])
+                                 for leader, others in ((1, (2, 3)), (2, (3, 1)), (3, (1, 2)))])
+        for leader in (1, 2, 3):
+            values = [b"%d-%02d" % (leader, i) for i in range(20)]
+            produce_acked(cluster, f"mixed-{leader}", values)
+            assert read_values(cluster, f"mixed-{leader}", len(values)) == values
+        assert sample_values(cluster.read_metrics(3), "brook_replication_fetches_total") == [], \
+            "broker 3 has no replication listener"
+        for leader in (1, 2):
+            assert _metric(cluster, leader, "brook_replication_fetches_total") > 0
