@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 # A broker's followers open one connection per fetcher: a cluster of hundreds of brokers stays far below.
 MAX_CONNECTIONS = 1024
 MAX_CONNECTIONS_PER_ADDRESS = 32
+# At most one WARNING per this long about refused or broken connections (a flood would flood the log); the
+# counters count every one.
+WARN_EVERY_S = 10.0
 
 
 class Refused(Exception):
@@ -83,6 +87,17 @@ class ReplicationListener:
         self._by_address: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._warned_at = float("-inf")
+        self._unwarned = 0  # refused or broken connections not logged since the last warning
+
+    def _warn(self, what: str) -> None:
+        now = time.monotonic()
+        if now - self._warned_at < WARN_EVERY_S:
+            self._unwarned += 1
+            return
+        more = f" ({self._unwarned} more since the last such line)" if self._unwarned else ""
+        self._warned_at, self._unwarned = now, 0
+        log.warning("broker %d: replication listener: %s%s", self.node_id, what, more)
 
     async def start(self) -> None:
         # TLS is started per connection once it is counted (as on the Kafka listener): a flood of
@@ -122,8 +137,7 @@ class ReplicationListener:
             auth = principal.connection_authentication(writer.get_extra_info("ssl_object"), host, grpc_peer)
             if not principal.is_node_auth(auth):
                 self.stats.refused_connections_total += 1
-                log.warning("broker %d: replication listener refused %s from %s: only the cluster's nodes fetch "
-                            "here", self.node_id, auth.principal, grpc_peer)
+                self._warn(f"refused {auth.principal} from {grpc_peer}: only the cluster's nodes fetch here")
                 return
             # The follower-fetch code reads a call's identity as the Kafka listener's calls give it.
             await self._serve(reader, writer, KafkaCallContext(auth, grpc_peer, "REPLICATION"))
@@ -131,7 +145,7 @@ class ReplicationListener:
             pass
         except (Refused, Aborted) as e:
             self.stats.closed_for_errors_total += 1
-            log.warning("broker %d: replication connection from %s:%d closed: %s", self.node_id, host, port, e)
+            self._warn(f"closed the connection from {host}:{port}: {e}")
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError):
             pass  # the follower went away, was too slow, or failed the handshake
         except Exception:
