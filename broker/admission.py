@@ -46,6 +46,18 @@ log = logging.getLogger(__name__)
 DEFAULT_CONNECTION_IDLE_MS = 600_000
 
 
+async def stop_serving(server: asyncio.AbstractServer | None, tasks: set[asyncio.Task[Any]],
+                       timeout_s: float = 2.0) -> None:
+    """Stop an asyncio listener (the Kafka and replication listeners): accept no more connections, cancel
+    each connection's task and wait up to ``timeout_s`` for them to end."""
+    if server is not None:
+        server.close()
+    for task in list(tasks):
+        task.cancel()
+    if tasks:
+        await asyncio.wait(list(tasks), timeout=timeout_s)
+
+
 def connections_within_descriptors(wanted: int, share: int, what: str) -> int:
     """``wanted`` connections (a ``max.connections``), lowered to ``1/share`` of the process's
     file-descriptor limit, with a warning: the rest of the descriptors are for the logs and the other

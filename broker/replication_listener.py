@@ -39,7 +39,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from broker import principal
-from broker.admission import DEFAULT_CONNECTION_IDLE_MS, connections_within_descriptors
+from broker.admission import DEFAULT_CONNECTION_IDLE_MS, connections_within_descriptors, stop_serving
 from broker.kafka_wire.context import Aborted, KafkaCallContext
 from broker.receiving import DEFAULT_RECEIVE_TIMEOUT_MS, DEFAULT_REQUEST_MAX_BYTES
 from broker.tls import HANDSHAKE_TIMEOUT_MS
@@ -109,12 +109,7 @@ class ReplicationListener:
                  "SSL" if self.ssl_context is not None else "PLAINTEXT")
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=2)
+        await stop_serving(self._server, self._tasks)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername") or ("unknown", 0)

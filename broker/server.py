@@ -563,14 +563,10 @@ class BrokerServer:
         for lst in self.settings.extra_listeners:
             if lst.wire != "replication":
                 continue
-            ctx = None
-            if lst.tls is not None:
-                from broker.kafka_wire.server import server_ssl_context
-
-                # Followers always show their node certificate here, whatever ssl.client.auth says.
-                ctx = server_ssl_context(str(lst.tls.cert), str(lst.tls.key),
-                                         str(lst.tls.ca) if lst.tls.ca is not None else None, True)
-            listener = ReplicationListener(service, self.node_id, lst.host, lst.port, ctx, self.settings.defaults)
+            # Followers always show their node certificate here, whatever ssl.client.auth says.
+            listener = ReplicationListener(service, self.node_id, lst.host, lst.port,
+                                           _listener_ssl_context(lst, client_auth_required=True),
+                                           self.settings.defaults)
             self._on_loop(listener.start())
             self.replication_listener = listener
 
@@ -583,7 +579,7 @@ class BrokerServer:
 
     def _start_kafka_listeners(self) -> None:
         """Open every Kafka-protocol listener on the broker's loop (after the servicers they call exist)."""
-        from broker.kafka_wire.server import KafkaListener, KafkaListenerSpec, server_ssl_context
+        from broker.kafka_wire.server import KafkaListener, KafkaListenerSpec
 
         with self._kafka_listeners_lock:  # not while stop() closes them
             if self._stopping.is_set():
@@ -591,11 +587,8 @@ class BrokerServer:
             for lst in self.settings.extra_listeners:
                 if lst.wire != "kafka":
                     continue
-                ctx = None
-                if lst.tls is not None:
-                    ctx = server_ssl_context(str(lst.tls.cert), str(lst.tls.key),
-                                             str(lst.tls.ca) if lst.tls.ca is not None else None,
-                                             lst.tls.client_auth == "required")
+                ctx = _listener_ssl_context(lst, client_auth_required=lst.tls is not None
+                                            and lst.tls.client_auth == "required")
                 listener = KafkaListener(self, KafkaListenerSpec(lst.name, lst.host, lst.port, lst.protocol, ctx),
                                          self.settings.defaults)
                 self._on_loop(listener.start())
@@ -846,3 +839,14 @@ class BrokerServer:
                            self.metadata_cache.version, len(parts), sum(1 for p in parts if p.is_leader),
                            sum(1 for p in parts if p.role.value == "follower"),
                            rm.fetchers.fetcher_count() if rm is not None else 0)
+
+
+def _listener_ssl_context(lst: ListenerSpec, *, client_auth_required: bool) -> Any:
+    """The TLS server context of an asyncio listener (Kafka, replication), certificates re-read when they
+    change; None for a plaintext one."""
+    if lst.tls is None:
+        return None
+    from broker.kafka_wire.server import server_ssl_context
+
+    return server_ssl_context(str(lst.tls.cert), str(lst.tls.key), str(lst.tls.ca) if lst.tls.ca is not None else None,
+                              client_auth_required)

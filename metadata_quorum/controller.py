@@ -658,8 +658,7 @@ class QuorumController:
         if found is None:
             return item
         raw, replicas, isr, live = found
-        raw = raw if raw is not None else self.topic_default("min.insync.replicas")
-        min_isr = int(log_config.parse_value("min.insync.replicas", raw)) if raw else 1  # type: ignore[call-overload]
+        min_isr = self._min_insync(raw) or 1
         if len(item.new_isr) >= min_isr:
             return item
         dropped = [r for r in replicas if r in live and r != broker_id and r not in item.new_isr]
@@ -828,18 +827,20 @@ class QuorumController:
     def _check_min_insync(self, name: str, configs: Mapping[str, str], replication_factor: int) -> None:
         """min.insync.replicas (the topic's, else the cluster default) must not exceed the replication
         factor: otherwise every acks=all write would wait for replicas that do not exist and time out."""
-        raw = configs.get("min.insync.replicas")
-        source = "min.insync.replicas"
-        if raw is None:
-            raw = self.topic_default("min.insync.replicas")
-            source = "the cluster default min.insync.replicas"
-        if raw is None:
+        value = self._min_insync(configs.get("min.insync.replicas"))
+        if value is None:
             return
-        value = int(log_config.parse_value("min.insync.replicas", raw))  # type: ignore[call-overload]
+        source = "min.insync.replicas" if "min.insync.replicas" in configs else \
+            "the cluster default min.insync.replicas"
         if value > replication_factor:
             raise errors.InvalidConfigError(
                 f"topic '{name}': {source}={value} is larger than the replication factor {replication_factor}; "
                 f"acks=all writes could never succeed")
+
+    def _min_insync(self, topic_value: str | None) -> int | None:
+        """A topic's min.insync.replicas: its own ``topic_value``, else the cluster default; None for the built-in 1."""
+        raw = topic_value if topic_value is not None else self.topic_default("min.insync.replicas")
+        return None if raw is None else int(log_config.parse_value("min.insync.replicas", raw))  # type: ignore[call-overload]
 
     def _check_manual_assignment(self, assignments: list[list[int]]) -> None:
         rf = len(assignments[0])

@@ -51,7 +51,12 @@ from typing import Any
 import grpc
 
 from broker import principal as principals
-from broker.admission import DEFAULT_CONNECTION_IDLE_MS, ByteBudget, connections_within_descriptors
+from broker.admission import (
+    DEFAULT_CONNECTION_IDLE_MS,
+    ByteBudget,
+    connections_within_descriptors,
+    stop_serving,
+)
 from broker.kafka_wire import apis, bounds, codec
 from broker.kafka_wire.context import Aborted, KafkaCallContext
 from broker.principal import AUTH_SASL, Authentication
@@ -179,12 +184,7 @@ class KafkaListener:
         log.info("Kafka listener %s on %s:%d (%s)", self.spec.name, self.spec.host, self.port, self.spec.protocol)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=2)
+        await stop_serving(self._server, self._tasks)
         self.parse_pool.shutdown(wait=False, cancel_futures=True)
         self.apis.close()
 

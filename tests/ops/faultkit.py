@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from opskit import client_security
 from waiting import wait_for
 
 from client.consumer import Consumer
@@ -69,8 +70,7 @@ def partition_consumer(cluster: Any, topic: str, partition: int = 0) -> Consumer
     """A Brook consumer of one partition of ``topic`` from offset 0, its metadata loaded (it knows the leader);
     with the cluster's client security settings when it has them (a TLS cluster)."""
     consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, auto_offset_reset="earliest",
-                        request_timeout_ms=5000, fetch_max_wait_ms=100,
-                        **{k.replace(".", "_"): v for k, v in getattr(cluster, "client_config", {}).items()})
+                        request_timeout_ms=5000, fetch_max_wait_ms=100, **client_security(cluster))
     consumer.assign([TopicPartition(topic, partition)])
     return consumer
 
