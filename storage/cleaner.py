@@ -26,6 +26,13 @@ A pass over one log (Kafka's algorithm, simplified):
 
 Reads and writes are throttled to ``io_bytes_per_sec``. Background threads pick the log
 with the highest dirty ratio above ``min.cleanable.dirty.ratio``.
+
+Every batch read is checked against its CRC first. One whose bytes changed on disk stops the pass
+(``CorruptBatchError``, nothing swapped in) and leaves the log *uncleanable* (as Kafka's
+LogCleanerManager marks a partition whose cleaning failed) until it is opened again: the broker is
+told (``on_corrupt``) and decides whether the log is cut there and fetched back at its next start
+(broker/replica_manager.py). Rewriting such a batch would give a changed record a fresh CRC, and
+no reader could tell it from the record that was written.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from storage.record_batch import (
     RecordBatchBuilder,
     decode_batch,
     read_header,
+    validate_batch,
     validate_batches,
 )
 from storage.segment import (
@@ -61,6 +69,7 @@ from storage.segment import (
     LOG_SUFFIX,
     SCAN_CHUNK_BYTES,
     TIME_INDEX_SUFFIX,
+    CorruptBatchError,
     LogSegment,
     segment_file_name,
 )
@@ -157,6 +166,11 @@ class LogCleaner:
         self._stop = threading.Event()
         # (log dir, error) of a failed cleaning: the LogManager's dir_failed (a disk error stops the broker).
         self.on_error: Callable[[object, BaseException], object] | None = None
+        # (log, error) of a pass stopped by a corrupt batch; without it, on_error is told instead.
+        self.on_corrupt: Callable[[Log, CorruptBatchError], object] | None = None
+        # Logs a corrupt batch made uncleanable: the Log object (a log opened again is cleaned again) and
+        # the batch's base offset. Under _lock.
+        self._uncleanable: dict[TopicPartitionKey, tuple[Log, int]] = {}
         self._workers: list[threading.Thread] = []
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -172,6 +186,21 @@ class LogCleaner:
     def forget(self, tp: TopicPartitionKey) -> None:
         with self._lock:
             self._first_dirty.pop(tp, None)
+            self._uncleanable.pop(tp, None)
+
+    def uncleanable(self) -> dict[TopicPartitionKey, int]:
+        """The logs a corrupt batch keeps from being cleaned, with that batch's base offset."""
+        logs = self._logs()
+        with self._lock:
+            return {tp: base for tp, (lg, base) in self._uncleanable.items() if logs.get(tp) is lg}
+
+    def _is_uncleanable(self, tp: TopicPartitionKey, lg: Log) -> bool:
+        with self._lock:
+            entry = self._uncleanable.get(tp)
+            if entry is not None and entry[0] is not lg:  # opened again (a restart rescans it): clean it
+                del self._uncleanable[tp]
+                entry = None
+            return entry is not None
 
     def first_dirty_offset(self, lg: Log) -> int:
         with self._lock:
@@ -213,7 +242,7 @@ class LogCleaner:
     def grab_filthiest(self, now_ms: int | None = None) -> Log | None:
         best: tuple[float, Log] | None = None
         for tp, lg in self._logs().items():
-            if not lg.config.compact or lg.closed:
+            if not lg.config.compact or lg.closed or self._is_uncleanable(tp, lg):
                 continue
             with self._lock:
                 if tp in self._in_progress:
@@ -236,7 +265,16 @@ class LogCleaner:
 
     # -- one pass ----------------------------------------------------------------------------
     def clean_log(self, lg: Log, now_ms: int | None = None) -> CleanerStats:
-        """Compact ``lg`` once (callers: the background threads, tests, admin tools)."""
+        """Compact ``lg`` once (callers: the background threads, tests, admin tools). A corrupt batch raises
+        ``CorruptBatchError`` and leaves the log uncleanable (see the module docstring)."""
+        try:
+            return self._clean_log(lg, now_ms)
+        except CorruptBatchError as exc:
+            with self._lock:
+                self._uncleanable[(lg.topic, lg.partition)] = (lg, exc.base_offset)
+            raise
+
+    def _clean_log(self, lg: Log, now_ms: int | None) -> CleanerStats:
         now = _now_ms(now_ms)
         stats = CleanerStats()
         first_dirty = self.first_dirty_offset(lg)
@@ -276,7 +314,7 @@ class LogCleaner:
             for h, batch in _iter_batches(seg, throttler, self._stop):
                 if h.attributes & ATTR_CONTROL:
                     continue
-                for rec in decode_batch(batch)[1]:
+                for rec in decode_batch(batch, verify_crc=False)[1]:  # _iter_batches checked it
                     if rec.key is not None and not offset_map.put(rec.key, rec.offset):
                         full = True
                         break
@@ -353,7 +391,7 @@ class LogCleaner:
             stats.records_kept += h.record_count
             stats.producer_batches_kept += 1
             return bytes(batch)  # its producer's sequence lives in this header
-        _h, records = decode_batch(batch)
+        _h, records = decode_batch(batch, verify_crc=False)  # _iter_batches checked it
         stats.records_read += len(records)
         kept: list[Record] = []
         for rec in records:
@@ -398,6 +436,13 @@ class LogCleaner:
                 self.clean_log(lg)
             except CleanerAborted:
                 return
+            except CorruptBatchError as exc:
+                log.error("cleaning %s stopped: %s; the log is not cleaned again until it is opened again",
+                          lg.dir, exc)
+                if self.on_corrupt is not None:
+                    self.on_corrupt(lg, exc)
+                elif self.on_error is not None:
+                    self.on_error(lg.dir, exc)
             except (errors.BrookError, OSError, ValueError) as exc:
                 # One bad log must not stop compaction of the others; it is retried after backoff.
                 log.error("cleaning %s failed: %s", lg.dir, exc)
@@ -430,9 +475,12 @@ def _build_run(h: BatchHeader, run: list[Record]) -> bytes:
 
 def _iter_batches(seg: LogSegment, throttler: Throttler, stop: threading.Event
                   ) -> Iterator[tuple[BatchHeader, memoryview]]:
-    """Every batch of ``seg`` as bytes, read in bounded chunks (throttled, stoppable)."""
+    """Every batch of ``seg`` as bytes, read in bounded chunks (throttled, stoppable), each checked as a
+    fetch checks it (its CRC, and a header that can be walked): ``CorruptBatchError`` names the first that
+    fails, before any of its records is decoded."""
     pos, end = 0, seg.size
     fd = seg._fd  # noqa: SLF001 - the cleaner is the segment's sibling reader
+    expected = seg.base_offset  # where the next batch starts, for a header too damaged to say
     while end - pos > 0:
         if stop.is_set():
             raise CleanerAborted()
@@ -441,18 +489,41 @@ def _iter_batches(seg: LogSegment, throttler: Throttler, stop: threading.Event
         view = memoryview(chunk)
         rel = 0
         while len(chunk) - rel >= BATCH_HEADER_SIZE:
-            h = read_header(chunk, rel)
+            h = _header(seg, chunk, rel, pos + rel, end, expected)
             if rel + h.size > len(chunk):
                 break
-            yield h, view[rel:rel + h.size]
+            yield h, _checked(seg, view[rel:rel + h.size], pos + rel, h)
             rel += h.size
+            expected = h.next_offset
         if rel == 0:
-            h = read_header(chunk, 0)
+            h = _header(seg, chunk, 0, pos, end, expected)
             whole = os.pread(fd, h.size, pos)
             throttler.account(len(whole))
-            yield h, memoryview(whole)
+            yield h, _checked(seg, memoryview(whole), pos, h)
             rel = h.size
+            expected = h.next_offset
         pos += rel
+
+
+def _header(seg: LogSegment, chunk: bytes, rel: int, position: int, end: int, expected: int) -> BatchHeader:
+    """The header at ``chunk[rel:]`` (``position`` in ``seg``), of a batch that ends within the segment."""
+    try:
+        h = read_header(chunk, rel)
+    except errors.CorruptMessageError as exc:
+        raise CorruptBatchError(seg.log_path, position, expected, exc.message) from None
+    if h.size < BATCH_HEADER_SIZE or position + h.size > end:
+        raise CorruptBatchError(seg.log_path, position, expected,
+                                f"its length field ({h.batch_length}) does not fit the segment")
+    return h
+
+
+def _checked(seg: LogSegment, batch: memoryview, position: int, h: BatchHeader) -> memoryview:
+    try:
+        validate_batch(batch)
+    except errors.CorruptMessageError as exc:
+        raise CorruptBatchError(seg.log_path, position, h.base_offset, exc.message,
+                                next_offset=h.next_offset) from None
+    return batch
 
 
 def _next_base_of(segments: tuple[LogSegment, ...] | list[LogSegment], i: int) -> int:

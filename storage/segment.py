@@ -104,13 +104,17 @@ def segment_budget() -> int:
 class CorruptBatchError(OSError):
     """A batch read from a segment fails its CRC: the bytes on disk changed since they were written
     (or recovered). An EIO, as a file system with checksums (btrfs, ZFS) reports such bytes, so that a
-    read hitting it is treated as a failed disk read (storage/disk_errors.py), never served."""
+    read hitting it is treated as a failed disk read (storage/disk_errors.py), never served.
+    ``next_offset``: the offset after the batch, when its header could still be read (a reader that
+    must go on past it, such as a coordinator loading its state from the only replica), else None."""
 
-    def __init__(self, path: Path, position: int, base_offset: int, detail: str) -> None:
+    def __init__(self, path: Path, position: int, base_offset: int, detail: str,
+                 next_offset: int | None = None) -> None:
         super().__init__(errno.EIO, f"corrupt batch at position {position} (base offset {base_offset}) of "
                                     f"{path.name}: {detail}", str(path))
         self.position = position
         self.base_offset = base_offset
+        self.next_offset = next_offset
 
 
 class SegmentChangedError(OSError):
@@ -523,7 +527,8 @@ class LogSegment:
         try:
             validate_batch(again, 0)
         except errors.BrookError as exc:
-            raise CorruptBatchError(self.log_path, position, h.base_offset, exc.message) from None
+            raise CorruptBatchError(self.log_path, position, h.base_offset, exc.message,
+                                    next_offset=h.next_offset) from None
         raise SegmentChangedError(f"batch at {position} of {self.log_path} changed during a read")
 
     def read_slice(self, start_offset: int, max_bytes: int, bound_offset: int, min_one_batch: bool

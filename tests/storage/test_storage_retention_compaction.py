@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 from storage_testlib import make_batch, now_ms, read_all
+from waiting import wait_for
 
 from proto import errors
 from storage.cleaner import LogCleaner
 from storage.log import Log
 from storage.log_config import LogConfig
 from storage.record_batch import decode_records, iter_batches
+from storage.segment import CorruptBatchError
 
 
 def _fill(lg: Log, batches: int, ts: int, count: int = 2) -> None:
@@ -259,4 +261,74 @@ def test_compaction_keeps_each_producers_last_batch_so_its_sequence_survives_a_r
     nxt = lg.append_as_leader(make_batch(1, ts=ts, keys=[b"c"], producer_id=7, producer_epoch=0,
                                          base_sequence=2), 0)
     assert nxt.first_offset == lg.log_end_offset - 1
+    lg.close()
+
+
+def _flip(path: Path, position: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_a_corrupt_batch_stops_cleaning_and_leaves_the_log_uncleanable(tmp_path: Path) -> None:
+    """A batch whose bytes changed on disk is never compacted: the pass stops before it, nothing is swapped
+    in, and the log is not picked again (one ERROR, not one per backoff) until it is opened again. The broker
+    is told (``on_corrupt``) and decides whether the log is cut there (broker/replica_manager.py). Before, the
+    pass failed on the batch's CRC as a plain CORRUPT_MESSAGE: the broker was not told, and the log was picked,
+    failed and logged again after every backoff."""
+    lg = _compacted_log(tmp_path, min_cleanable_dirty_ratio=0.01)
+    ts = now_ms()
+    for i in range(60):
+        _put(lg, f"key-{i % 7:02d}", f"value-{i:04d}".encode(), ts)
+    lg.update_high_watermark(lg.log_end_offset)
+    seg = lg.segments()[2]
+    pos, h = list(iter_batches(seg.log_path.read_bytes()))[-1]
+    _flip(seg.log_path, pos + h.size - 1)  # a value byte: its CRC no longer matches
+    files_before = {p.name: p.read_bytes() for p in lg.dir.iterdir() if p.suffix == ".log"}
+    told: list[tuple[Log, BaseException]] = []
+    cleaner = LogCleaner(lambda: {("c", 0): lg}, backoff_ms=10)
+    cleaner.on_corrupt = lambda log_, exc: told.append((log_, exc))
+    with pytest.raises(CorruptBatchError) as caught:
+        cleaner.clean_log(lg)
+    assert caught.value.base_offset == h.base_offset and caught.value.next_offset == h.next_offset
+    assert caught.value.filename == str(seg.log_path)
+    assert {p.name: p.read_bytes() for p in lg.dir.iterdir() if p.suffix == ".log"} == files_before, \
+        "a pass stopped by a corrupt batch changed the log"
+    assert cleaner.uncleanable() == {("c", 0): h.base_offset}
+    assert cleaner.grab_filthiest() is None, "an uncleanable log was picked again"
+    # The background thread: told once, and the log is not picked again.
+    cleaner.forget(("c", 0))
+    cleaner.start()
+    try:
+        wait_for(lambda: told, 10.0, "the cleaner thread to report the corrupt batch", poll_s=0.01)
+    finally:
+        cleaner.shutdown()
+    assert [(log_, type(exc)) for log_, exc in told] == [(lg, CorruptBatchError)], told
+    # Opened again (a restart rescans it and cuts it at the batch): cleaned again.
+    lg.close()
+    reopened = Log.open(tmp_path / "c-0", lg.config)
+    try:
+        cleaner = LogCleaner(lambda: {("c", 0): reopened})
+        assert cleaner.uncleanable() == {}
+    finally:
+        reopened.close()
+
+
+def test_a_batch_header_that_does_not_fit_the_segment_is_corrupt_not_read(tmp_path: Path) -> None:
+    """A length field flipped to gigabytes names the batch corrupt; the cleaner does not try to read it."""
+    lg = _compacted_log(tmp_path)
+    ts = now_ms()
+    for i in range(30):
+        _put(lg, f"key-{i % 3:02d}", b"v" * 10, ts)
+    lg.update_high_watermark(lg.log_end_offset)
+    seg = lg.segments()[1]
+    pos, h = list(iter_batches(seg.log_path.read_bytes()))[1]
+    with open(seg.log_path, "r+b") as f:
+        f.seek(pos + 8)  # batch_length
+        f.write((0x7FFFFFF0).to_bytes(4, "big"))
+    with pytest.raises(CorruptBatchError) as caught:
+        LogCleaner(lambda: {("c", 0): lg}).clean_log(lg)
+    assert caught.value.base_offset == h.base_offset and caught.value.next_offset is None
     lg.close()
