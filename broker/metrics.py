@@ -526,6 +526,11 @@ class BrokerCollector(_SafeCollector):
             yield CounterMetricFamily("brook_replication_throttled_seconds",
                                       "Time out-of-sync partitions sat out fetches to keep the copy throttle.",
                                       value=throttle.throttled_seconds_total)
+            yield CounterMetricFamily("brook_replication_listener_fallbacks",
+                                      "Times this broker's follower fetches from a leader went over to its gRPC "
+                                      "ReplicaFetch stream because the leader's replication listener could not "
+                                      "be reached (once until the listener answers again).",
+                                      value=float(rm.fetchers.stats.listener_fallbacks_total))
         yield from self._disk()
         if rm is not None:
             yield self._stray(rm.log_manager.stray_logs())

@@ -21,6 +21,16 @@ appends of up to ``LOOP_PROCESS_MAX_BYTES`` to a log whose lock is free and that
 flush; the rest (larger responses, truncations, busy logs) goes to an executor thread. On ``SASL_*`` the fetcher attaches its SCRAM session token (client/sasl.py)
 to each call itself, and a session that cannot authenticate is a failed fetch to back off from.
 
+A leader that registered a replication listener (broker/replication_listener.py) is fetched from
+there, as length-prefixed frames over one connection. A follower that cannot reach that port (a
+firewall or NetworkPolicy that opens only the broker port, a wrong advertised address) would never
+replicate and leave the ISR: after ``LISTENER_FAILURES_TO_FALL_BACK`` framed sessions in a row fail
+before their first answer it tries the gRPC stream; once that answers and the listener still cannot
+be reached, it logs one WARNING and fetches over gRPC, trying the listener again (a connection opened
+beside the stream, so a port that drops packets stalls nothing) every ``LISTENER_RETRY_S``. A leader
+that is down fails on both: the fetcher goes back to its listener after the usual backoff, logging
+nothing more than a failed fetch, so a restarting leader is not taken for an unreachable listener.
+
 A partition added (a new topic, a new leader or leader epoch) while the fetch in flight does not
 carry it cuts that fetch short: the stream is cancelled and opened again at once, so the new
 partition's first acks=all writes wait for one fetch round trip, not for the leader's long poll
@@ -101,6 +111,15 @@ LOOP_PROCESS_MAX_BYTES = 1024 * 1024
 REPLICATION_MAGIC = b"BRF1"
 REPLICATION_FRAME = struct.Struct(">I")
 CONNECT_TIMEOUT_S = 10.0
+# Framed sessions with a leader's replication listener that end before their first answer (the connection
+# refused or timed out, a failed TLS handshake, closed unanswered), in a row, after which a fetcher tries the
+# leader's gRPC ReplicaFetch stream. One may be a leader restarting; a session that answered and then broke
+# (the leader stopped) is not counted: it is opened again as before.
+LISTENER_FAILURES_TO_FALL_BACK = 2
+# How long a fetcher that fell back stays on the gRPC stream before it tries the listener again. A try is a
+# connection opened (and closed) beside the stream, so an unreachable port costs no fetch; the stream's
+# p99 is a few ms worse than the listener's (README, "The replication listener").
+LISTENER_RETRY_S = 60.0
 SHUTDOWN_WAIT_S = 5.0
 # Room in a fetch answer for what is not records: partition entries, errors, the protobuf framing.
 ANSWER_OVERHEAD_BYTES = 4 * 1024 * 1024
@@ -180,6 +199,7 @@ class _Session:
         self.opened_at = time.monotonic()
         self.waiting_since: float | None = None  # monotonic time of the unanswered request
         self.interrupted = False  # cancelled to send a request with more partitions: no failure
+        self.answered = False  # a response arrived on it: the transport works (set by the fetcher)
         # The leader keeps this session's partitions (it said so in an answer): requests carry changes only.
         self.incremental = False
         self.sent: dict[tuple[str, int], _Want] = {}  # each partition's fetch as the leader has it
@@ -262,6 +282,14 @@ class _SessionEnded(Exception):
     pass
 
 
+def _describe(e: BaseException) -> str:
+    """An exception for a log line: its status on gRPC, else its type and message (a bare TimeoutError
+    says nothing by itself)."""
+    if isinstance(e, grpc.RpcError):
+        return str(e.code())
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
 class _FramedFetchSession(_Session):
     """One connection to the leader's replication listener (broker/replication_listener.py): the same
     requests and answers as a ReplicaFetch stream, as length-prefixed frames that the event loop reads off
@@ -283,6 +311,14 @@ class _FramedFetchSession(_Session):
                 server_hostname=self._host if self._ssl_context is not None else None,
                 ssl_handshake_timeout=CONNECT_TIMEOUT_S if self._ssl_context is not None else None)
         self._writer.write(REPLICATION_MAGIC)
+
+    async def probe(self) -> None:
+        """Open the connection (TLS handshake included) and close it: raises as ``fetch`` would if the
+        listener cannot be reached. The leader takes a connection closed before a frame for a follower gone."""
+        try:
+            await self._open()
+        finally:
+            self._cancel()  # on the loop: at once
 
     async def fetch(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
         if self._ended:
@@ -346,6 +382,30 @@ _AUTH_REFUSALS = {ErrorCode.CLUSTER_AUTHORIZATION_FAILED, ErrorCode.SASL_AUTHENT
 
 
 @dataclass(slots=True)
+class FetcherStats:
+    """Counters of a broker's fetchers for broker/metrics.py; changed on the fetch loop only."""
+    # Times a fetcher went over to the gRPC stream because a leader's replication listener could not be
+    # reached while its gRPC port answered (once per episode: not again at each failed retry).
+    listener_fallbacks_total: int = 0
+
+
+@dataclass(slots=True)
+class _ListenerFallback:
+    """Whether a fetcher of a leader with a replication listener fetches over the gRPC stream instead, and
+    why. Changed on the fetch loop only (the fetcher's task and its probe); see ReplicaFetcher._fall_back."""
+    failures: int = 0  # framed sessions in a row that ended before their first answer
+    over_grpc: bool = False  # new sessions are gRPC streams
+    # The gRPC stream answered while the listener could not be reached: the WARNING is out, and the stream
+    # is kept (even through a leader's restart) until the listener is tried again and answers.
+    confirmed: bool = False
+    since: float = 0.0  # when confirmed (monotonic)
+    retry_at: float = 0.0  # over gRPC: when the next answer on the stream starts a probe of the listener
+    # A probe reached the listener: the next framed session must answer, or the fetcher falls back at once.
+    back: bool = False
+    probe: asyncio.Task[None] | None = None  # the connection to the listener being tried
+
+
+@dataclass(slots=True)
 class _FetchState:
     partition: Partition
     leader_epoch: int
@@ -358,7 +418,7 @@ class ReplicaFetcher:
     def __init__(self, local_id: int, source_id: int, address: str, broker_epoch: Callable[[], int],
                  config: FetcherConfig, fetch_loop: _FetchLoop,
                  on_storage_error: Callable[[Any, BaseException], object] | None = None, *,
-                 replication_address: str = "") -> None:
+                 replication_address: str = "", stats: FetcherStats | None = None) -> None:
         self.local_id = local_id
         self._on_storage_error = on_storage_error
         self.source_id = source_id
@@ -380,6 +440,8 @@ class ReplicaFetcher:
         # certificates (or the loopback trust) only: with SASL between the nodes, the gRPC stream it is.
         self.replication_address = replication_address if self._scram is None else ""
         self._ssl_context: Any = None  # made on first use (reads the node's PEM files)
+        self._fallback = _ListenerFallback()  # the listener unreachable: the gRPC stream instead
+        self._stats = stats if stats is not None else FetcherStats()
         self._unary_token = ""  # the SCRAM token of the unary fetch in flight
         self._session: _Session | None = None
         # (partition, leader epoch) of the fetch in flight, None between fetches; under _lock
@@ -453,6 +515,8 @@ class ReplicaFetcher:
             await self._fetch_until_stopped()
         finally:
             self._close_session()
+            if self._fallback.probe is not None:
+                self._fallback.probe.cancel()
             with contextlib.suppress(Exception):  # a loop being torn down; the channel goes with it
                 await self._channel.close()
             if self._scram is not None:
@@ -493,6 +557,8 @@ class ReplicaFetcher:
                     return
                 if interrupted:
                     continue  # add() cut the long poll short for a new partition: fetch again at once
+                if session is not None and not session.answered and self.replication_address:
+                    self._unanswered(session, e)
                 if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNIMPLEMENTED and self._use_stream:
                     log.info("fetcher %d<-%d: leader has no ReplicaFetch stream (an older version); "
                              "using unary fetches", self.local_id, self.source_id)
@@ -504,7 +570,8 @@ class ReplicaFetcher:
                                               asyncio.IncompleteReadError))
                     log.log(logging.INFO if expected else logging.WARNING,
                             "fetcher %d<-%d (%s): fetch failed (%d in a row): %s", self.local_id, self.source_id,
-                            self.replication_address or self.address, self._failures, e.code() if isinstance(e, grpc.RpcError) else repr(e),
+                            self.replication_address if isinstance(session, _FramedFetchSession) else self.address,
+                            self._failures, e.code() if isinstance(e, grpc.RpcError) else repr(e),
                             exc_info=not expected)
                 await self._pause(backoff_s)
                 continue
@@ -578,14 +645,13 @@ class ReplicaFetcher:
             metadata, self._unary_token = await self._auth_metadata()
             return await self._stub.Fetch(self._request(wanted, None), timeout=self.response_timeout_s(),
                                           metadata=metadata)
-        if self._session is not None and time.monotonic() - self._session.opened_at > STREAM_MAX_AGE_S:
-            self._close_session()
+        fallback = self._fallback
+        if self._session is not None and (time.monotonic() - self._session.opened_at > STREAM_MAX_AGE_S or (
+                self.replication_address and not fallback.over_grpc and isinstance(self._session, _FetchSession))):
+            self._close_session()  # aged, or a fallback stream while the listener is reachable again
         if self._session is None:
-            if self.replication_address:
-                if self._ssl_context is None and self.config.security.uses_ssl:
-                    self._ssl_context = self.config.security.ssl_context()
-                self._session = _FramedFetchSession(self.replication_address, self._ssl_context, self._fetch_loop,
-                                                    receive_max_bytes(self.config))
+            if self.replication_address and not fallback.over_grpc:
+                self._session = self._listener_session()
             else:
                 metadata, token = await self._auth_metadata()
                 self._session = _FetchSession(self._stub, self._fetch_loop, metadata, token)
@@ -595,6 +661,12 @@ class ReplicaFetcher:
                 raise _CutShort
         session = self._session
         response = await session.fetch(self._request(wanted, session))
+        if not session.answered:
+            session.answered = True
+            if isinstance(session, _FramedFetchSession):
+                self._listener_answered()
+        if fallback.over_grpc and fallback.probe is None and time.monotonic() >= fallback.retry_at:
+            fallback.probe = asyncio.get_running_loop().create_task(self._probe_listener())
         if response.incremental:
             session.incremental = True
         if any(pr.error_code in _AUTH_REFUSALS or pr.error_code == ErrorCode.INVALID_REQUEST
@@ -605,6 +677,75 @@ class ReplicaFetcher:
             # fetch session other than ours: the next stream starts a new one with a full request.
             self._close_session()
         return response
+
+    # ---- the replication listener or, when it cannot be reached, the gRPC stream (on the loop) ----
+    def _listener_session(self) -> _FramedFetchSession:
+        if self._ssl_context is None and self.config.security.uses_ssl:
+            self._ssl_context = self.config.security.ssl_context()
+        return _FramedFetchSession(self.replication_address, self._ssl_context, self._fetch_loop,
+                                   receive_max_bytes(self.config))
+
+    def _unanswered(self, session: _Session, error: BaseException) -> None:
+        """``session`` ended before its first answer (not cut short by ``add``). Framed sessions that do so
+        ``LISTENER_FAILURES_TO_FALL_BACK`` times in a row send the fetcher to the gRPC stream, unconfirmed:
+        a stream that fails too before answering means the leader is down, and the listener is tried again
+        after the usual backoff. Both pauses are the failed fetch's backoff: no faster flip-flop."""
+        fb = self._fallback
+        if isinstance(session, _FramedFetchSession):
+            fb.failures += 1
+            if fb.back:  # the listener took a connection but this session got no answer from it
+                self._fall_back(_describe(error))
+            elif fb.failures >= LISTENER_FAILURES_TO_FALL_BACK and not fb.over_grpc:
+                fb.over_grpc, fb.retry_at = True, 0.0  # the stream's first answer probes the listener
+                log.debug("fetcher %d<-%d: the replication listener at %s did not answer %d sessions in a row "
+                          "(%s); trying the gRPC stream at %s", self.local_id, self.source_id,
+                          self.replication_address, fb.failures, _describe(error), self.address)
+        elif fb.over_grpc and not fb.confirmed:
+            fb.over_grpc, fb.failures = False, 0
+
+    def _listener_answered(self) -> None:
+        """A framed session's first answer: the listener works (again)."""
+        fb = self._fallback
+        if fb.confirmed:
+            log.info("fetcher %d<-%d: the replication listener at %s answers again; fetching there, not over the "
+                     "gRPC stream at %s (after %.0f s on it)", self.local_id, self.source_id,
+                     self.replication_address, self.address, time.monotonic() - fb.since)
+        fb.failures, fb.confirmed, fb.back = 0, False, False
+
+    async def _probe_listener(self) -> None:
+        """Try the listener beside the gRPC stream that answers: reachable, the next session is framed
+        again (and must answer); not, the fetcher stays on the stream for ``LISTENER_RETRY_S``."""
+        fb = self._fallback
+        try:
+            await self._listener_session().probe()
+        except Exception as e:  # refused, timed out, the TLS handshake failed
+            self._fall_back(_describe(e))
+        else:
+            fb.over_grpc, fb.back, fb.failures = False, True, 0  # _send closes the stream between fetches
+            log.debug("fetcher %d<-%d: the replication listener at %s takes connections; fetching there again",
+                      self.local_id, self.source_id, self.replication_address)
+        finally:
+            fb.probe = None
+
+    def _fall_back(self, error: str) -> None:
+        """The leader's gRPC stream answers and its listener cannot be reached (or took a connection and did
+        not answer): fetch over the stream for ``LISTENER_RETRY_S``. One WARNING per episode, until the
+        listener answers again; later failed tries log at DEBUG."""
+        fb = self._fallback
+        now = time.monotonic()
+        fb.over_grpc, fb.back, fb.retry_at = True, False, now + LISTENER_RETRY_S
+        if fb.confirmed:
+            log.debug("fetcher %d<-%d: the replication listener at %s still cannot be reached (%s); trying it "
+                      "again in %g s", self.local_id, self.source_id, self.replication_address, error,
+                      LISTENER_RETRY_S)
+            return
+        fb.confirmed, fb.since = True, now
+        self._stats.listener_fallbacks_total += 1
+        log.warning("fetcher %d<-%d: cannot fetch from leader %d's replication listener at %s (%s), but its gRPC "
+                    "port answers: fetching over the ReplicaFetch stream at %s instead, trying the listener again "
+                    "every %g s. Open the port between brokers or fix its advertised address.", self.local_id,
+                    self.source_id, self.source_id, self.replication_address, error, self.address,
+                    LISTENER_RETRY_S)
 
     def _request(self, wanted: _Wanted, session: _Session | None) -> broker_pb2.FetchRequest:
         """The FetchRequest of ``wanted``: every partition, or on an incremental stream only those whose
@@ -763,6 +904,7 @@ class ReplicaFetcherManager:
         self._fetchers: dict[tuple[int, str, str], ReplicaFetcher] = {}
         self._where: dict[tuple[str, int], tuple[int, str, str]] = {}
         self._fetch_loop = _FetchLoop(f"replica-fetch-loop-{local_id}", loop)
+        self.stats = FetcherStats()  # shared by the fetchers: a closed fetcher's counts stay
         # One thread for every fetcher's response deadline (a stream has none of its own).
         self._stopped = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name=f"replica-fetch-watchdog-{local_id}",
@@ -792,7 +934,8 @@ class ReplicaFetcherManager:
             f = self._fetchers.get(fkey)
             if f is None:
                 f = ReplicaFetcher(self.local_id, leader_id, address, self._broker_epoch, self.config,
-                                   self._fetch_loop, self.on_storage_error, replication_address=replication_address)
+                                   self._fetch_loop, self.on_storage_error, replication_address=replication_address,
+                                   stats=self.stats)
                 self._fetchers[fkey] = f
             f.add(partition, leader_epoch)
             self._where[partition.key] = fkey

@@ -2,14 +2,17 @@
 
 Followers of the local launcher's brokers fetch through it, not through the gRPC ``ReplicaFetch`` stream;
 it must speak only to nodes, read nothing from anyone else, close a connection whose frames break the
-protocol, and keep replicating for the real followers whatever a hostile connection sends.
+protocol, and keep replicating for the real followers whatever a hostile connection sends. A follower that
+cannot reach a leader's listener replicates over the gRPC stream instead.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from waiting import wait_for
 
 from client.admin import Admin, NewTopic
 from deploy.local.certs import CertFiles
-from deploy.local.cluster import LocalCluster
+from deploy.local.cluster import LOCAL_DEFAULTS, LocalCluster, NodeSpec
 from proto import broker_pb2
 from proto.errors import ErrorCode
 from replication.fetcher import REPLICATION_MAGIC
@@ -155,3 +158,59 @@ def test_brokers_with_and_without_it_replicate_together(tmp_path: Path) -> None:
             "broker 3 has no replication listener"
         for leader in (1, 2):
             assert _metric(cluster, leader, "brook_replication_fetches_total") > 0
+
+
+class _AdvertisesAClosedReplicationPort(LocalCluster):
+    """A cluster whose broker ``node`` registers its REPLICATION listener at ``port``, where nothing listens
+    (a wrong advertised address, or a port the network does not open between brokers): the listener itself
+    runs on its own port, which no follower is told of."""
+
+    def __init__(self, base_dir: Path, node: int, port: int) -> None:
+        super().__init__(base_dir, nodes=3, tls=True)
+        self.closed_node, self.closed_port = node, port
+
+    def _write_config(self, n: NodeSpec) -> Path:
+        path = super()._write_config(n)
+        if n.node_id == self.closed_node:
+            with path.open("a") as f:
+                f.write(f'"advertised.listeners" = {json.dumps(f"REPLICATION://127.0.0.1:{self.closed_port}")}\n')
+        return path
+
+
+def test_followers_that_cannot_reach_the_listener_replicate_over_grpc(tmp_path: Path) -> None:
+    """Broker 1's registered replication endpoint refuses connections: its followers fall back to the gRPC
+    stream, so acks=all writes with min.insync.replicas=2 are acknowledged at once and both followers stay in
+    the ISR of broker 1's partition. Before the fallback its followers never fetched: each write waited until
+    broker 1 dropped them from the ISR (replica.lag.time.max.ms) and the controller, refusing an ISR below
+    min.insync.replicas, moved the leadership away from it."""
+    closed = socket.socket()  # bound, never listening: every connection to it is refused
+    closed.bind(("127.0.0.1", 0))
+    topic = "listener-unreachable"
+    try:
+        with _AdvertisesAClosedReplicationPort(tmp_path / "cluster", 1, closed.getsockname()[1]) as cluster:
+            with Admin(cluster.bootstrap_servers, security=cluster.security) as admin:
+                admin.create_topics([NewTopic(topic, configs={"min.insync.replicas": "2"},
+                                              replica_assignments=[[1, 2, 3]])])
+            values = [b"v-%02d" % i for i in range(20)]
+            started = time.monotonic()
+            produce_acked(cluster, topic, values)
+            took_s, lag_max_s = time.monotonic() - started, int(LOCAL_DEFAULTS["replica.lag.time.max.ms"]) / 1000
+            assert took_s < lag_max_s, f"{len(values)} acks=all writes took {took_s:.1f} s: the followers did " \
+                                       f"not fetch until the ISR shrank ({lag_max_s:g} s)"
+            assert read_values(cluster, topic, len(values)) == values
+            with Admin(cluster.bootstrap_servers, security=cluster.security) as admin:
+                partition = admin.describe_topics([topic])[topic].partitions[0]
+            assert (partition.leader, partition.leader_epoch) == (1, 0), \
+                f"the leadership moved away from broker 1 (its followers were out of sync): {partition}"
+            assert sorted(partition.isr) == [1, 2, 3], partition
+            assert _metric(cluster, 1, "brook_replication_fetches_total") == 0, \
+                "no follower reached broker 1's listener: they fetched over gRPC"
+            for follower in (2, 3):
+                wait_for(lambda n=follower: _metric(cluster, n, "brook_replication_listener_fallbacks_total") >= 1,
+                         10, f"node {follower}'s fallback counted")
+                assert _metric(cluster, follower, "brook_replication_listener_fallbacks_total") == 1
+                warnings = [line for line in cluster.node_log(follower).read_text().splitlines()
+                            if "cannot fetch from leader 1's replication listener" in line]
+                assert len(warnings) == 1, f"node {follower}: {warnings}"
+    finally:
+        closed.close()
