@@ -48,7 +48,9 @@ from client.security import SecurityConfig, make_channel
 from client.types import TopicPartition
 from proto import broker_pb2, broker_pb2_grpc, errors, group_pb2, group_pb2_grpc
 from proto.common_pb2 import ErrorCode
+from storage.disk_errors import disk_failure
 from storage.record_batch import RecordBatchBuilder, decode_batch, iter_batches
+from storage.segment import CorruptBatchError
 
 log = logging.getLogger(__name__)
 
@@ -484,10 +486,38 @@ class GroupCoordinator:
             except errors.OffsetOutOfRangeError:
                 offset = lg.log_start_offset  # retention/compaction moved the start meanwhile
                 continue
+            except errors.BrookError as exc:
+                past = self._past_corrupt_batch(hosted, exc, partition, target)
+                if past is None:
+                    raise
+                offset = past
+                continue
             if not data.records:
                 break
             offset = self._apply_batches(data.records, groups, now, offset, partition)
         return groups
+
+    def _past_corrupt_batch(self, hosted: Any, exc: errors.BrookError, partition: int, target: int) -> int | None:
+        """Where the load goes on after a batch that fails its CRC, or None to fail it (``_load_partition``).
+
+        With other replicas in sync, the replica manager marks the batch to be cut and fetched back, and fails
+        this leader's log directory: they take the groups over (None). As the only replica in sync the broker
+        keeps leading (stopping would only start it again on the same bytes, at each election), and the load
+        goes on after the batch, as Kafka's coordinator goes on with what it could load: the offsets and group
+        records in that batch are lost, an ERROR says which. A batch whose header cannot be walked either ends
+        the load there (``target``): the groups are served as loaded so far."""
+        corrupt = disk_failure(exc)
+        if not isinstance(corrupt, CorruptBatchError) or \
+                not self.replica_manager.corrupt_batch_found(hosted, corrupt, "the group coordinator's load"):
+            return None
+        if corrupt.next_offset is None:
+            log.error("loading %s-%d: the batch headers from offset %d cannot be walked and are on no other replica: "
+                      "the groups are served as loaded up to there", OFFSETS_TOPIC, partition, corrupt.base_offset)
+            return target
+        log.error("loading %s-%d: skipping offsets %d to %d, which fail their CRC and are on no other replica: the "
+                  "commits and group changes in them are lost", OFFSETS_TOPIC, partition, corrupt.base_offset,
+                  corrupt.next_offset - 1)
+        return corrupt.next_offset
 
     def _apply_batches(self, buf: bytes, groups: dict[str, Group], now_ms: int, offset: int,
                        partition: int = -1) -> int:

@@ -534,6 +534,10 @@ class BrokerCollector(_SafeCollector):
         yield from self._disk()
         if rm is not None:
             yield self._stray(rm.log_manager.stray_logs())
+            yield GaugeMetricFamily("brook_log_cleaner_uncleanable_partitions",
+                                    "Compacted partitions the cleaner stopped at a corrupt batch (Kafka's "
+                                    "uncleanable-partitions-count): not compacted until their log is opened again.",
+                                    value=float(len(rm.log_manager.cleaner.uncleanable())))
 
     def _stray(self, stray: list[Path]) -> Metric:
         family = GaugeMetricFamily("brook_log_dir_stray_logs", "Stray logs set aside in a log directory (a "

@@ -336,6 +336,9 @@ class ReplicaManager:
         self.node_id = node_id
         self._corrupt_reported: set[tuple[str, int, int]] = set()  # corrupt batches logged (sole in-sync replica)
         self.log_manager = log_manager
+        cleaner = getattr(log_manager, "cleaner", None)
+        if cleaner is not None:
+            cleaner.on_corrupt = self._cleaner_found_corrupt
         self.metadata_cache = metadata_cache
         self.controller_client = controller_client
         self.defaults = dict(defaults)
@@ -889,33 +892,58 @@ class ReplicaManager:
 
     def _read_failed(self, p: Partition, exc: errors.BrookError) -> bool:
         """A read of ``p``'s log failed: a read the disk refused (EIO) fails its log directory, which stops the
-        broker (LogManager.dir_failed). So does a batch whose bytes changed on disk (``CorruptBatchError``, found
-        by the read's CRC check), once marked for a rescan: the other in-sync replicas, which hold it intact,
-        take the partition over, and this one cuts its log there when it starts again and fetches the rest
-        back. Kafka's leader sends such a batch: every consumer fails on it, and a follower that needs it
-        refuses it for good. When no other replica is in sync, nothing stops and nothing is cut (the records
-        after the batch are on no other replica): the fetch is answered CORRUPT_MESSAGE, as Kafka's consumers
-        report it, and the broker logs an ERROR. True in that case."""
+        broker (LogManager.dir_failed); a batch whose bytes changed on disk (``CorruptBatchError``, found by the
+        read's CRC check) is ``corrupt_batch_found``'s. True when nothing stops: the fetch is answered
+        CORRUPT_MESSAGE, as Kafka's consumers report such a batch."""
         corrupt = disk_failure(exc)
         if isinstance(corrupt, CorruptBatchError):
-            others = [r for r in p.isr if r != self.node_id]
-            if not (p.is_leader and others):
-                key = (p.topic, p.partition, corrupt.base_offset)
-                if key not in self._corrupt_reported:
-                    self._corrupt_reported.add(key)
-                    log.error("%s-%d: %s; no other replica is in sync (ISR %s), so this one keeps serving the "
-                              "partition and reads of that batch fail with CORRUPT_MESSAGE", p.topic, p.partition,
-                              corrupt, list(p.isr))
-                return True
-            log.critical("%s-%d: %s; in-sync replicas %s hold it intact: failing the log directory so that they "
-                         "take over, and rescanning from offset %d at the next start", p.topic, p.partition,
-                         corrupt, others, corrupt.base_offset)
-            try:
-                p.log.mark_corrupt(corrupt.base_offset)
-            except OSError as werr:
-                log.error("%s-%d: could not mark the corrupt batch for a rescan: %s", p.topic, p.partition, werr)
-        self.log_manager.dir_failed(p.log.dir, exc)  # a read the disk refused (EIO), or bytes it changed
+            return self.corrupt_batch_found(p, corrupt, "a fetch")
+        self.log_manager.dir_failed(p.log.dir, exc)  # a read the disk refused (EIO)
         return False
+
+    def corrupt_batch_found(self, p: Partition, corrupt: CorruptBatchError, reader: str) -> bool:
+        """A batch of ``p``'s log fails its CRC: its bytes changed on disk since they were written, found by
+        ``reader`` (a fetch, the log cleaner, the group coordinator's load). What is done does not depend on who
+        found it. Kafka's leader sends such a batch: every consumer fails on it, a follower that needs it
+        refuses it for good, and a coordinator that loads it fails at each election.
+
+        - Other replicas in sync hold it intact: the log is marked to be cut at the batch when it is opened
+          again, and the rest fetched back (``Log.mark_corrupt``). A leader also fails its log directory, which
+          stops the broker, so that they take the partition over (it cannot serve the batch); a follower keeps
+          following, and is repaired at its next start.
+        - None: nothing stops and nothing is cut (the records after the batch are on no other replica). An
+          ERROR is logged once per batch; readers of the batch get CORRUPT_MESSAGE.
+
+        True when nothing stops."""
+        others = [r for r in p.isr if r != self.node_id]
+        if not others:
+            key = (p.topic, p.partition, corrupt.base_offset)
+            if key not in self._corrupt_reported:
+                self._corrupt_reported.add(key)
+                log.error("%s-%d: %s (found by %s); no other replica is in sync (ISR %s), so this one keeps the "
+                          "partition and reads of that batch fail with CORRUPT_MESSAGE", p.topic, p.partition,
+                          corrupt, reader, list(p.isr))
+            return True
+        try:
+            p.log.mark_corrupt(corrupt.base_offset)
+        except OSError as werr:
+            log.error("%s-%d: could not mark the corrupt batch for a rescan: %s", p.topic, p.partition, werr)
+        if not p.is_leader:
+            log.error("%s-%d: %s (found by %s); in-sync replicas %s hold it intact: this follower's log is cut "
+                      "there at its next start and fetches the rest again", p.topic, p.partition, corrupt, reader,
+                      others)
+            return True
+        log.critical("%s-%d: %s (found by %s); in-sync replicas %s hold it intact: failing the log directory so "
+                     "that they take over, and rescanning from offset %d at the next start", p.topic, p.partition,
+                     corrupt, reader, others, corrupt.base_offset)
+        self.log_manager.dir_failed(p.log.dir, corrupt)
+        return False
+
+    def _cleaner_found_corrupt(self, lg: Any, corrupt: CorruptBatchError) -> None:
+        """The log cleaner stopped at a corrupt batch (the log stays uncleanable until it is opened again)."""
+        p = self._partitions.get((lg.topic, lg.partition))
+        if p is not None and p.log is lg:  # else deleted or moved meanwhile: nothing to decide
+            self.corrupt_batch_found(p, corrupt, "the log cleaner")
 
     def _stale_replica_epoch(self, req: broker_pb2.FetchRequest) -> errors.BrookError | None:
         """The refusal for a follower fetch from an older registration of its broker id (KIP-903), else None.

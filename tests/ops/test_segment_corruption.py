@@ -29,11 +29,12 @@ from faultkit import assert_every_acknowledged_record_once_in_order, partition_c
 from opskit import produce_acked
 from waiting import wait_for
 
+from broker.group_records import OFFSETS_TOPIC, offset_key, parse_record, partition_for_group
 from client.admin import Admin, NewTopic
 from client.types import TopicPartition
 from deploy.local.cluster import ClusterError, LocalCluster
 from proto import controller_pb2, errors
-from storage.record_batch import BATCH_HEADER_SIZE, iter_batches
+from storage.record_batch import BATCH_HEADER_SIZE, decode_batch, iter_batches
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +45,7 @@ BROKERS = (1, 2, 3)
 TOPIC_CONFIGS = {"min.insync.replicas": "2", "segment.bytes": "16384", "index.interval.bytes": "1024",
                  "flush.ms": "500"}
 RECORDS = 240
+OFFSETS_COMMITS = 24  # commits of one group, a batch each: several segments of offsets.topic.segment.bytes
 EXIT_LOG_DIR_FAILURE = 4  # broker/server.py
 BOUND_S = 60.0  # each wait: seconds on a local cluster; a loaded 2-core machine gets room
 
@@ -51,7 +53,8 @@ BOUND_S = 60.0  # each wait: seconds on a local cluster; a loaded 2-core machine
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("segment-corruption"), nodes=3, mode="split", controllers=1,
-                      overrides={"replica.high.watermark.checkpoint.interval.ms": "1000"}) as c:
+                      overrides={"replica.high.watermark.checkpoint.interval.ms": "1000",
+                                 "offsets.topic.segment.bytes": "1024"}) as c:
         yield c
 
 
@@ -331,3 +334,109 @@ def test_a_corrupt_batch_on_the_only_in_sync_replica_is_reported_and_nothing_sto
     assert len(re.findall(rf"ERROR .*{topic}-0: .*corrupt batch at position \d+ \(base offset {bad}\)", text)) == 1, (
         cluster.log_tail(only))
     assert not (_partition_dir(cluster, only, topic) / "rescan-from").exists()
+
+
+def _offsets_batch(cluster: LocalCluster, broker: int, partition: int, key: bytes, offset: int) -> tuple[Path, int]:
+    """The segment of ``broker``'s __consumer_offsets-``partition`` and the position of the batch committing
+    ``offset`` under ``key``."""
+    for path in sorted((cluster.node_dir(broker) / "data" / f"{OFFSETS_TOPIC}-{partition}").glob("*.log")):
+        data = path.read_bytes()
+        for pos, h in iter_batches(data):
+            if h.is_control:
+                continue
+            for rec in decode_batch(data, pos)[1]:
+                parsed = parse_record(rec.key, rec.value, rec.offset)
+                if rec.key == key and getattr(parsed, "entry", None) is not None and parsed.entry.offset == offset:
+                    return path, pos
+    seen = sorted(f"{p.parent.name}/{p.name}" for p in (cluster.node_dir(broker) / "data").glob(f"{OFFSETS_TOPIC}-*/*.log")
+                  if key in p.read_bytes())
+    raise AssertionError(f"no batch commits {offset} under {key!r} in {OFFSETS_TOPIC}-{partition} on broker {broker}"
+                         f" (segments holding the key: {seen})")
+
+
+def _group_offsets(cluster: LocalCluster, group: str) -> dict[TopicPartition, int] | None:
+    try:
+        with Admin(cluster.bootstrap_servers, request_timeout_ms=5000) as admin:
+            return {tp: o.offset for tp, o in admin.list_group_offsets(group).items()}
+    except errors.BrookError:
+        return None  # the coordinator is loading or moving: asked again
+
+
+def test_a_corrupt_offsets_batch_stops_its_coordinator_once_and_is_cut_and_fetched_back(cluster: LocalCluster) -> None:
+    """A byte flips in a commit batch in a closed segment of __consumer_offsets, on the replica that leads it next.
+    Its coordinator's load finds the batch corrupt while two replicas hold it intact: it stops (exit code 4) so
+    that they take the groups over, and marks the batch. Before, it stopped without the mark: started again it
+    kept the batch (its recovery point was past it), and each time it led the partition again (a preferred
+    election) its load stopped it again. Now it cuts its log at the batch when it starts, fetches the rest
+    back, leads again and serves every commit of the group."""
+    topic, group = "corrupt-offsets-data", "corrupt-offsets-group"
+    commits = [TopicPartition(topic, i) for i in range(OFFSETS_COMMITS)]
+    with Admin(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic, OFFSETS_COMMITS, 3, {})])
+        admin.wait_for_topics([topic])
+        for tp in commits:  # one batch each: several segments of offsets.topic.segment.bytes
+            admin.alter_group_offsets(group, {tp: 0})
+        partitions = len(admin.describe_topics([OFFSETS_TOPIC])[OFFSETS_TOPIC].partitions)
+    every = {tp: 0 for tp in commits}
+    p = partition_for_group(group, partitions)
+    offsets_topic = _partition_of(cluster, OFFSETS_TOPIC, p)
+    assert offsets_topic is not None
+    corrupt = offsets_topic.replicas[0]  # the preferred leader: elected back after each restart
+    _wait_partition_of(cluster, p, lambda q: q.leader == corrupt and len(q.isr) == 3,
+                       f"{OFFSETS_TOPIC}-{p} led by broker {corrupt} with 3 in sync")
+    # A clean stop: flushed, its recovery point at its log end, so no later start rescans the closed segment
+    # whose batch is flipped now.
+    cluster.stop_node(corrupt)
+    path, pos = _offsets_batch(cluster, corrupt, p, offset_key(group, commits[1]), 0)
+    assert path != sorted(path.parent.glob("*.log"))[-1], f"the batch is in the active segment {path.name}"
+    _flip(path, pos + BATCH_HEADER_SIZE + 2)  # in the records: the batch fails its CRC
+    cluster.start_node(corrupt)
+
+    def elect_back() -> bool:
+        if not cluster.is_running(corrupt):
+            return True  # stopped by the load (checked by the caller)
+        with Admin(cluster.bootstrap_servers, request_timeout_ms=5000) as admin:
+            admin.elect_leaders("preferred", [(OFFSETS_TOPIC, p)])
+        q = _partition_of(cluster, OFFSETS_TOPIC, p)
+        return q is not None and q.leader == corrupt
+    _wait_partition_of(cluster, p, lambda q: corrupt in q.isr, f"broker {corrupt} back in the ISR")
+    mark = _log_mark(cluster, corrupt)
+    wait_for(elect_back, BOUND_S, f"broker {corrupt} elected leader of {OFFSETS_TOPIC}-{p} again", poll_s=0.5)
+    wait_for(lambda: not cluster.is_running(corrupt), BOUND_S, f"broker {corrupt} to stop at the corrupt batch")
+    assert cluster.returncode(corrupt) == EXIT_LOG_DIR_FAILURE, cluster.log_tail(corrupt)
+    assert re.search(rf"CRITICAL .*{OFFSETS_TOPIC}-{p}: .*corrupt batch .*found by the group coordinator's load",
+                     _log_since(cluster, corrupt, mark)), cluster.log_tail(corrupt)
+    wait_for(lambda: _group_offsets(cluster, group) == every, BOUND_S,
+             lambda: f"the group's commits from the other replicas (last: {_group_offsets(cluster, group)})")
+
+    # Started again, it cuts its log at the batch, fetches the rest back, and leads the partition again.
+    mark = _log_mark(cluster, corrupt)
+    cluster.start_node(corrupt)
+    _wait_partition_of(cluster, p, lambda q: corrupt in q.isr and len(q.isr) == 3,
+                       f"broker {corrupt} back in the ISR after its restart")
+    wait_for(elect_back, BOUND_S, f"broker {corrupt} elected leader of {OFFSETS_TOPIC}-{p} once more", poll_s=0.5)
+
+    def served_by_it() -> bool:
+        assert cluster.is_running(corrupt), f"broker {corrupt} stopped again: {cluster.log_tail(corrupt)}"
+        q = _partition_of(cluster, OFFSETS_TOPIC, p)
+        return q is not None and q.leader == corrupt and _group_offsets(cluster, group) == every
+    wait_for(served_by_it, BOUND_S, lambda: f"the group's commits from broker {corrupt} "
+                                           f"(last: {_group_offsets(cluster, group)})", poll_s=0.5)
+    assert "a read found a corrupt batch at offset" in _log_since(cluster, corrupt, mark), cluster.log_tail(corrupt)
+
+
+def _partition_of(cluster: LocalCluster, topic: str, partition: int) -> controller_pb2.PartitionRecord | None:
+    try:
+        found = [q for q in cluster.describe_cluster(5.0).partitions if q.topic == topic and q.partition == partition]
+    except ClusterError:
+        return None
+    return found[0] if found else None
+
+
+def _wait_partition_of(cluster: LocalCluster, partition: int, cond, what: str) -> None:
+    seen: list[controller_pb2.PartitionRecord | None] = [None]
+
+    def reached() -> bool:
+        seen[0] = _partition_of(cluster, OFFSETS_TOPIC, partition)
+        return seen[0] is not None and cond(seen[0])
+    wait_for(reached, BOUND_S, lambda: f"{what} (last: {_show(seen[0])})", poll_s=0.2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from storage.record_batch import CODEC_NONE, RecordBatchBuilder, decode_records, iter_batches
 
@@ -50,3 +51,12 @@ def read_all(log, max_offset: int | None = None) -> bytes:
             last_next = h.next_offset
         offset = last_next
     return bytes(out)
+
+
+def flip_byte(path: Path, position: int, mask: int = 0x5A) -> None:
+    """XOR the byte at ``position`` of the file with ``mask``: bytes that changed on disk."""
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ mask]))

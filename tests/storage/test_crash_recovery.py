@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from storage_testlib import make_batch, read_all
+from storage_testlib import flip_byte, make_batch, read_all
 
 from proto import errors
 from storage.disk_errors import disk_failure
@@ -140,21 +140,13 @@ def _crash_rounds(tmp_path: Path, mode: str, *, rounds: int, seed: str) -> None:
     assert len(reported) > 20
 
 
-def _flip_middle_byte(path: Path, position: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(position)
-        byte = f.read(1)
-        f.seek(position)
-        f.write(bytes([byte[0] ^ 0x5A]))
-
-
 def _corrupt_batch_in_middle(log_path: Path) -> int:
     """Flip a byte in the records of the batch at the middle of ``log_path``; return its base offset."""
     data = log_path.read_bytes()
     middle = len(data) // 2
     for pos, h in iter_batches(data):
         if pos <= middle < pos + h.size:
-            _flip_middle_byte(log_path, pos + 61 + (h.size - 61) // 2)
+            flip_byte(log_path, pos + 61 + (h.size - 61) // 2)
             return h.base_offset
     raise AssertionError(f"no batch spans the middle of {log_path}")
 

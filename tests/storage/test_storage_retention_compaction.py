@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from storage_testlib import make_batch, now_ms, read_all
+from storage_testlib import flip_byte, make_batch, now_ms, read_all
 from waiting import wait_for
 
 from proto import errors
@@ -264,14 +264,6 @@ def test_compaction_keeps_each_producers_last_batch_so_its_sequence_survives_a_r
     lg.close()
 
 
-def _flip(path: Path, position: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(position)
-        byte = f.read(1)
-        f.seek(position)
-        f.write(bytes([byte[0] ^ 0x01]))
-
-
 def test_a_corrupt_batch_stops_cleaning_and_leaves_the_log_uncleanable(tmp_path: Path) -> None:
     """A batch whose bytes changed on disk is never compacted: the pass stops before it, nothing is swapped
     in, and the log is not picked again (one ERROR, not one per backoff) until it is opened again. The broker
@@ -285,7 +277,7 @@ def test_a_corrupt_batch_stops_cleaning_and_leaves_the_log_uncleanable(tmp_path:
     lg.update_high_watermark(lg.log_end_offset)
     seg = lg.segments()[2]
     pos, h = list(iter_batches(seg.log_path.read_bytes()))[-1]
-    _flip(seg.log_path, pos + h.size - 1)  # a value byte: its CRC no longer matches
+    flip_byte(seg.log_path, pos + h.size - 1)  # a value byte: its CRC no longer matches
     files_before = {p.name: p.read_bytes() for p in lg.dir.iterdir() if p.suffix == ".log"}
     told: list[tuple[Log, BaseException]] = []
     cleaner = LogCleaner(lambda: {("c", 0): lg}, backoff_ms=10)
