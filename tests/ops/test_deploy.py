@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import ConfigError, load_config
+from deploy.local.certs import CertificateAuthority
 from deploy.local.tools import debian_tool
 
 yaml = pytest.importorskip("yaml", reason="PyYAML (dev dependency) is needed to parse the manifests")
@@ -42,8 +43,19 @@ def run(cmd: list[str], cwd: Path) -> str:
 
 
 @pytest.mark.parametrize("config", ["prometheus.yml", "prometheus-compose.yml"])
-def test_promtool_check_config(promtool: str, config: str) -> None:
-    out = run([promtool, "check", "config", config], DEPLOY / "prometheus")
+def test_promtool_check_config(promtool: str, config: str, tmp_path: Path) -> None:
+    """promtool reads the scraper's client certificate (the nodes require one on /metrics): the config is
+    checked with a real one from a test CA where it will be mounted."""
+    text = (DEPLOY / "prometheus" / config).read_text()
+    assert "cert_file: /etc/prometheus/brook-prometheus.pem" in text, "the scraper shows no client certificate"
+    ca = CertificateAuthority.create(tmp_path / "tls")
+    issued = ca.issue(tmp_path / "tls", "prometheus", hosts=(), server=False)
+    text = text.replace("/etc/prometheus/brook-prometheus.pem", str(issued.cert)) \
+        .replace("/etc/prometheus/brook-prometheus.key", str(issued.key)) \
+        .replace("/etc/prometheus/brook-ca.pem", str(issued.ca))
+    (tmp_path / config).write_text(text)
+    shutil.copy(DEPLOY / "prometheus" / "alerts.yml", tmp_path / "alerts.yml")
+    out = run([promtool, "check", "config", config], tmp_path)
     assert "SUCCESS" in out and "alerts.yml" in out, out
 
 
@@ -154,12 +166,17 @@ def test_compose_and_k8s_keep_the_ca_key_out_of_the_nodes() -> None:
 
 
 def _assert_secured(cfg, where: str) -> None:
-    """mTLS on every listener, node identity enforced, /metrics over HTTPS and not on 0.0.0.0."""
+    """mTLS on every listener, node identity enforced, ACLs enforced (denied unless allowed, User:admin the
+    only super user), /metrics over HTTPS and not on 0.0.0.0."""
     for listener in cfg.listeners.values():
         assert listener.protocol == "SSL", f"{where}: {listener.name} is {listener.protocol}"
     assert cfg["ssl.client.auth"] == "required", where
+    assert cfg["authorizer.class.name"] == "StandardAuthorizer", f"{where}: no authorizer: every client may do anything"
+    assert cfg["allow.everyone.if.no.acl.found"] is False, where
+    assert cfg["super.users"] == "User:admin", where
     assert cfg["security.plaintext.loopback.trusted"] is False, where
     assert cfg["metrics.ssl.enable"] is True, where
+    assert cfg["metrics.ssl.client.auth"] == "required", f"{where}: /metrics (every topic and group) to anyone"
     host = (cfg.metrics_address or ("", 0))[0]
     assert host not in ("0.0.0.0", "::", ""), f"{where}: /metrics binds {host!r}"
     if cfg.is_broker:

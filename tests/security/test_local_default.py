@@ -136,3 +136,43 @@ def test_the_console_needs_a_certificate_and_describe_on_the_cluster(cluster: Lo
     body = wait_for(viewer_page, 30, "the viewer's ACLs on the broker")
     names = {t["name"] for t in body["topics"]}
     assert "demo-orders" in names and "payroll" not in names, names
+
+
+def test_the_shipped_split_layout_with_acls_replicates_and_refuses_strangers(tmp_path: Path) -> None:
+    """Every example in deploy/ (combined, split, Docker, Kubernetes) ships with the StandardAuthorizer, no
+    access where no ACL allows it, and User:admin as the only super user (tests/ops/test_deploy.py checks the
+    files). This runs that posture in the Kubernetes layout, dedicated controllers and brokers: the nodes
+    register, replicate and keep their ISRs by their certificates alone (no ACL names them), a principal
+    with ACLs writes acks=all and reads back, and a certificate the CA signed without ACLs is refused."""
+    with LocalCluster(tmp_path / "c", nodes=3, mode="split", controllers=3, tls=True, authorizer=True) as c:
+        c.grant_demo_acls()
+        CertificateAuthority.load_or_create(c.tls_dir).issue(c.tls_dir, "mallory", hosts=(), server=False)
+        with Admin(c.bootstrap_servers, request_timeout_ms=30_000, security=c.security) as admin:
+            admin.create_topics([NewTopic("demo-split", 1, 3, {"min.insync.replicas": "2"})])
+            admin.wait_for_topics(["demo-split"])
+
+            def in_sync() -> bool:
+                [p] = admin.describe_topics(["demo-split"])["demo-split"].partitions.values()
+                return len(p.isr) == 3
+            wait_for(in_sync, 60.0, "demo-split-0 with 3 in-sync replicas", poll_s=0.2)
+        demo = kw(c.client_config_for("demo"))
+        values = [b"v%d" % i for i in range(20)]
+        with Producer(bootstrap_servers=c.bootstrap_servers, acks="all", **demo) as producer:
+            for f in [producer.send("demo-split", v) for v in values]:
+                f.get(30)
+        tp = TopicPartition("demo-split", 0)
+        with Consumer(bootstrap_servers=c.bootstrap_servers, group_id="demo-split-readers",
+                      auto_offset_reset="earliest", **demo) as consumer:
+            consumer.assign([tp])
+            got: list[bytes] = []
+
+            def read_all() -> bool:
+                got.extend(r.value for r in consumer.poll(timeout_ms=200).get(tp, []))
+                return len(got) >= len(values)
+            wait_for(read_all, 30.0, lambda: f"the {len(values)} records (read {len(got)})", poll_s=0)
+        assert got == values
+        mallory = kw(c.client_config_for("mallory"))
+        with Producer(bootstrap_servers=c.bootstrap_servers, acks="all", retries=0, **mallory) as producer, \
+                pytest.raises(errors.BrookError) as info:
+            producer.send("demo-split", b"x").get(30)
+        assert info.value.code == errors.ErrorCode.TOPIC_AUTHORIZATION_FAILED, info.value
