@@ -346,6 +346,10 @@ class ReplicaManager:
         self._lease_valid = lease_valid
         self._fenced = fenced
         self.replica_lag_time_max_ms = int(self.defaults.get("replica.lag.time.max.ms", "30000"))
+        # How long no follower may have fetched a partition led here, without a controller session, before this
+        # broker takes itself for a deposed leader towards consumers at the end of the log (``_deposed_leader``).
+        self.deposed_after_ms = min(self.replica_lag_time_max_ms,
+                                    int(self.defaults.get("broker.session.timeout.ms", "9000")))
         self.fetch_max_bytes = int(self.defaults.get("fetch.max.bytes", str(BROKER_FETCH_MAX_BYTES)))
         self.fetch_partition_max_bytes = int(self.defaults.get("fetch.partition.max.bytes",
                                                                str(BROKER_FETCH_PARTITION_MAX_BYTES)))
@@ -864,6 +868,11 @@ class ReplicaManager:
                     data = p.read_for_consumer(fp.fetch_offset, limit, fp.current_leader_epoch, first,
                                                as_slice=slices is not None) if (limit > 0 or first) else None
                     records = data.records if data is not None else b""
+                    if not records and self._deposed_leader(p, now):
+                        raise errors.NotLeaderOrFollowerError(
+                            f"{fp.topic}-{fp.partition}: this broker has not reached the controller quorum for "
+                            f"broker.session.timeout.ms and no follower has fetched for {self.deposed_after_ms} ms: "
+                            f"another replica may lead now")
                     lg = p.log
                     out.high_watermark, out.log_start_offset, out.log_end_offset = (
                         lg.high_watermark, lg.log_start_offset, lg.log_end_offset)
@@ -944,6 +953,24 @@ class ReplicaManager:
         p = self._partitions.get((lg.topic, lg.partition))
         if p is not None and p.log is lg:  # else deleted or moved meanwhile: nothing to decide
             self.corrupt_batch_found(p, corrupt, "the log cleaner")
+
+    def _deposed_leader(self, p: Partition, now: int) -> bool:
+        """Is ``p``'s leadership here likely gone without this broker knowing? No controller session (the
+        controller may have fenced this broker and elected another leader, and cannot tell it), and not one of the
+        other replicas has fetched for ``deposed_after_ms`` (they follow that leader now). A consumer at the end
+        of the log is then answered NOT_LEADER_OR_FOLLOWER, which sends it to fresh metadata, instead of waiting
+        here for records that will never come: it read nothing new for good, as a producer's acks=all writes
+        timed out for good before DelayedProduce answered them so. Records already here are still served. The
+        active controller cut from every broker leaves every broker without a session, but followers still
+        fetch from their leaders: nothing changes for their consumers."""
+        if self._lease_valid() or not p.is_leader:
+            return False
+        others = [r for r in p.replicas if r != self.node_id]
+        if not others:
+            return False  # the only replica: no other can lead it
+        followers = p.followers
+        return all((f := followers.get(r)) is None or now - f.last_fetch_time_ms > self.deposed_after_ms
+                   for r in others)
 
     def _stale_replica_epoch(self, req: broker_pb2.FetchRequest) -> errors.BrookError | None:
         """The refusal for a follower fetch from an older registration of its broker id (KIP-903), else None.

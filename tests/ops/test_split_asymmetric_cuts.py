@@ -3,9 +3,10 @@
 A real split-mode cluster: brokers 1-3 and controller voters 4-6, each a ``brook-server`` process in a network
 namespace of its own (tests/chaos/netns.py, nodes.py), one topic with 3 partitions, RF 3 and
 ``min.insync.replicas=2``. For each partial cut, one idempotent acks=all writer per partition runs across the
-fault. Writes count as resumed once every partition has acknowledged records sent HOLD_S after the cut (by then
-the fault has been noticed: leases run out, followers fall out of sync); that must happen within RESUME_BOUND_S,
-and no partition may go longer than that without an acknowledged write. Then the cut heals, every replica must be
+fault, and a consumer per partition that was reading before it. Writes count as resumed once every partition has
+acknowledged records sent HOLD_S after the cut (by then the fault has been noticed: leases run out, followers fall
+out of sync); that must happen within RESUME_BOUND_S, and no partition may go longer than that without an
+acknowledged write. Within that bound too, each consumer must read records acknowledged after the hold. Then the cut heals, every replica must be
 back in the ISR, and every partition is read back: every acknowledged record once, in order, and the replicas'
 segment files equal below the high watermark.
 
@@ -17,7 +18,9 @@ segment files equal below the high watermark.
 2. A leader cut from the active controller only. The controller fenced it and elected new leaders, but the old
    one never heard: it took acks=all writes that no follower fetched and answered REQUEST_TIMED_OUT, so producers
    retried there until the network healed. Without a controller session such a timeout is now answered
-   NOT_LEADER_OR_FOLLOWER, which sends clients to fresh metadata (DelayedProduce).
+   NOT_LEADER_OR_FOLLOWER, which sends clients to fresh metadata (DelayedProduce). Its consumers at the end of
+   the log long-polled it for good too (read nothing in 45 s): without a session and with no follower fetching,
+   it now answers them NOT_LEADER_OR_FOLLOWER (ReplicaManager._deposed_leader).
 3. The active controller cut from every broker, still leading the quorum. It fences every broker, but brokers
    without a session keep taking acks=all writes (their followers still fetch, so nothing is lost); this guards
    that no "fix" of 2 stops them.
@@ -102,6 +105,30 @@ class _Writer:
         return max(b - a for a, b in zip(times, times[1:], strict=False))
 
 
+@dataclass
+class _Reader:
+    """One partition's tailing consumer, started before the fault: what it has read, as it read it."""
+
+    cluster: ChaosCluster
+    partition: int
+    stop: threading.Event = field(default_factory=threading.Event)
+    seen: set[bytes] = field(default_factory=set)
+    failures: list[str] = field(default_factory=list)
+
+    def run(self) -> None:
+        with partition_consumer(self.cluster, TOPIC, self.partition) as consumer:
+            while not self.stop.is_set():
+                try:
+                    for records in consumer.poll(timeout_ms=200).values():
+                        self.seen.update(r.value for r in records)
+                except Exception as exc:  # noqa: BLE001 - a retriable error while the cluster settles: shown if it lasts
+                    self.failures.append(f"{time.monotonic():.1f}: {type(exc).__name__}: {exc}"[:200])
+
+    def read_of(self, writer: _Writer, sent_after: float) -> int:
+        """How many of ``writer``'s records acknowledged and sent after ``sent_after`` it has read."""
+        return sum(1 for v, s in zip(writer.acked, writer.ack_sent_at, strict=False) if s > sent_after and v in self.seen)
+
+
 class _Split:
     def __init__(self, cluster: ChaosCluster, network: NamespaceNetwork) -> None:
         self.cluster = cluster
@@ -179,11 +206,14 @@ def _across_fault(split: _Split, name: str, fault: Callable[[], str]) -> None:
     cluster = split.cluster
     wait_for(split.healthy, HEAL_BOUND_S, lambda: f"{name}: full ISRs before the fault ({split.show()})", poll_s=0.3)
     writers = [_Writer(cluster, p, name) for p in range(PARTITIONS)]
-    threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
+    readers = [_Reader(cluster, p) for p in range(PARTITIONS)]
+    threads = [threading.Thread(target=x.run, daemon=True) for x in [*writers, *readers]]
     try:
         for t in threads:
             t.start()
         wait_for(lambda: all(w.acked for w in writers), 30, "every writer acknowledged before the fault")
+        wait_for(lambda: all(r.read_of(w, 0.0) for r, w in zip(readers, writers, strict=True)), 30,
+                 "every reader reading before the fault")
         what = fault()
         cut_at = time.monotonic()
         before = split.show()
@@ -195,6 +225,14 @@ def _across_fault(split: _Split, name: str, fault: Callable[[], str]) -> None:
                               f"{[w.acked_sent_after(held) for w in writers]}; last failures "
                               f"{[w.failures[-1:] for w in writers]}; before: {before}; now: {split.show()}"),
                      poll_s=0.1)
+            # Reads too: a consumer that was reading before the cut reads what is acknowledged after it.
+            wait_for(lambda: all(r.read_of(w, held) >= FRESH_ACKS for r, w in zip(readers, writers, strict=True)),
+                     RESUME_BOUND_S,
+                     lambda: (f"{name}: records acknowledged after the cut ({what}) read by a consumer that was "
+                              f"reading before it, within {RESUME_BOUND_S:.0f} s; read per partition "
+                              f"{[r.read_of(w, held) for r, w in zip(readers, writers, strict=True)]}; last failures "
+                              f"{[r.failures[-1:] for r in readers]}; now: {split.show()}"), poll_s=0.1)
+            read_by = time.monotonic() - held
             gaps = [w.longest_gap(cut_at, time.monotonic()) for w in writers]
             assert max(gaps) <= RESUME_BOUND_S, (
                 f"{name}: no acks=all write acknowledged for {max(gaps):.1f} s (per partition {gaps}) after the cut "
@@ -210,8 +248,8 @@ def _across_fault(split: _Split, name: str, fault: Callable[[], str]) -> None:
         wait_for(lambda: all(len(w.acked) > m for w, m in zip(writers, mark, strict=True)), RESUME_BOUND_S,
                  lambda: f"{name}: writes after the heal ({split.show()})")
     finally:
-        for w in writers:
-            w.stop.set()
+        for x in [*writers, *readers]:
+            x.stop.set()
         for t in threads:
             t.join(30)
     exits = cluster.unexpected_exits()
@@ -225,7 +263,8 @@ def _across_fault(split: _Split, name: str, fault: Callable[[], str]) -> None:
     diverged = compare_replicas({b: cluster.data_dir(b) for b in BROKERS}, hws)
     assert not diverged, f"{name}: replicas differ below the high watermark: {diverged}"
     print(f"{name}: {what}; longest stretch without an acknowledged write per partition "
-          f"{[round(g, 1) for g in gaps]} s; during: {during}); full ISRs {in_sync:.1f} s after the heal; "
+          f"{[round(g, 1) for g in gaps]} s; records acknowledged after the hold read by the tailing consumers "
+          f"{read_by:.1f} s after it; during: {during}); full ISRs {in_sync:.1f} s after the heal; "
           f"{[len(w.acked) for w in writers]} acknowledged, {[len(w.failures) for w in writers]} failed sends")
 
 
