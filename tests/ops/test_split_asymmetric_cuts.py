@@ -18,7 +18,9 @@ segment files equal below the high watermark.
 2. A leader cut from the active controller only. The controller fenced it and elected new leaders, but the old
    one never heard: it took acks=all writes that no follower fetched and answered REQUEST_TIMED_OUT, so producers
    retried there until the network healed. Without a controller session such a timeout is now answered
-   NOT_LEADER_OR_FOLLOWER, which sends clients to fresh metadata (DelayedProduce). Its consumers at the end of
+   NOT_LEADER_OR_FOLLOWER, which sends clients to fresh metadata (DelayedProduce). When it is a group's
+   coordinator, the group's next commit times out the same way (NOT_COORDINATOR) and its member finds the new one:
+   the group reads and commits again (guarded here, it already did). Its consumers at the end of
    the log long-polled it for good too (read nothing in 45 s): without a session and with no follower fetching,
    it now answers them NOT_LEADER_OR_FOLLOWER (ReplicaManager._deposed_leader).
 3. The active controller cut from every broker, still leading the quorum. It fences every broker, but brokers
@@ -37,7 +39,9 @@ import pytest
 from faultkit import assert_every_acknowledged_record_once_in_order, partition_consumer, read_until
 from waiting import wait_for
 
+from broker.group_records import OFFSETS_TOPIC, partition_for_group
 from client.admin import Admin, NewTopic
+from client.consumer import Consumer
 from client.producer import Producer
 from client.security import SecurityConfig
 from metadata_quorum.client import ControllerClient
@@ -293,3 +297,86 @@ def test_active_controller_cut_from_the_brokers(split: _Split) -> None:
             split.network.cut(active, b)
         return f"active controller {active} cut from every broker"
     _across_fault(split, "controller-brokers-cut", fault)
+
+
+@dataclass
+class _GroupMember:
+    """A consumer group's only member, subscribed to TOPIC from the start: it commits what it read after each poll
+    that read something."""
+
+    cluster: ChaosCluster
+    group: str
+    stop: threading.Event = field(default_factory=threading.Event)
+    seen: set[bytes] = field(default_factory=set)
+    commit_sent_at: list[float] = field(default_factory=list)  # when each acknowledged commit was sent
+    failures: list[str] = field(default_factory=list)
+
+    def run(self) -> None:
+        with Consumer(bootstrap_servers=self.cluster.bootstrap_servers, group_id=self.group,
+                      auto_offset_reset="earliest", enable_auto_commit=False, request_timeout_ms=5000,
+                      fetch_max_wait_ms=100, **self.cluster.client_config) as consumer:
+            consumer.subscribe([TOPIC])
+            while not self.stop.is_set():
+                try:
+                    got = consumer.poll(timeout_ms=200)
+                    for records in got.values():
+                        self.seen.update(r.value for r in records)
+                    if got:
+                        sent = time.monotonic()
+                        consumer.commit()
+                        self.commit_sent_at.append(sent)
+                except Exception as exc:  # noqa: BLE001 - a retriable error while the cluster settles: shown if it lasts
+                    self.failures.append(f"{time.monotonic():.1f}: {type(exc).__name__}: {exc}"[:200])
+
+
+def test_group_coordinator_cut_from_the_active_controller(split: _Split) -> None:
+    """A group's coordinator (the leader of its __consumer_offsets partition) cut from the active controller only:
+    fenced and replaced without hearing of it. Its group must read and commit again within the bound."""
+    cluster = split.cluster
+    wait_for(split.healthy, HEAL_BOUND_S, lambda: f"full ISRs before the fault ({split.show()})", poll_s=0.3)
+    with Admin(cluster.bootstrap_servers, request_timeout_ms=30_000, **cluster.client_config) as admin:
+        admin.list_group_offsets("warm-up")  # creates __consumer_offsets
+        offsets_partitions = len(admin.describe_topics([OFFSETS_TOPIC])[OFFSETS_TOPIC].partitions)
+
+    def offsets_leaders() -> dict[int, int] | None:
+        d = split.describe()
+        found = {p.partition: p.leader for p in (d.partitions if d else []) if p.topic == OFFSETS_TOPIC}
+        return found if len(found) == offsets_partitions and all(v > 0 for v in found.values()) else None
+    leaders = wait_for(offsets_leaders, 30, "every __consumer_offsets partition led")
+    group = next(g for g in (f"cut-group-{i}" for i in range(1000))
+                 if leaders[partition_for_group(g, offsets_partitions)] in BROKERS)
+    coordinator = leaders[partition_for_group(group, offsets_partitions)]
+    writers = [_Writer(cluster, p, "group-cut") for p in range(PARTITIONS)]
+    member = _GroupMember(cluster, group)
+    threads = [threading.Thread(target=x.run, daemon=True) for x in [*writers, member]]
+    try:
+        for t in threads:
+            t.start()
+        wait_for(lambda: member.commit_sent_at, 60, lambda: f"the group's first commit (failures {member.failures[-2:]})")
+        active = split.active_controller()
+        split.network.cut(coordinator, active)
+        cut_at = time.monotonic()
+        held = cut_at + HOLD_S
+        try:
+            def read_and_committed_again() -> bool:
+                fresh = [v for w in writers for v, s in zip(w.acked, w.ack_sent_at, strict=False) if s > held]
+                return sum(v in member.seen for v in fresh) >= FRESH_ACKS and any(s > held for s in member.commit_sent_at)
+            wait_for(read_and_committed_again, HOLD_S + RESUME_BOUND_S,
+                     lambda: (f"group {group}: records acknowledged after the cut of its coordinator {coordinator} from "
+                              f"the active controller {active} read and committed within {RESUME_BOUND_S:.0f} s of "
+                              f"the hold; commits after it {sum(s > held for s in member.commit_sent_at)}; last "
+                              f"failures {member.failures[-2:]}; now: {split.show()}"), poll_s=0.2)
+            resumed = time.monotonic() - cut_at
+        finally:
+            split.network.heal()
+        wait_for(split.healthy, HEAL_BOUND_S, lambda: f"full ISRs after the heal ({split.show()})", poll_s=0.3)
+    finally:
+        for x in [*writers, member]:
+            x.stop.set()
+        for t in threads:
+            t.join(30)
+    exits = cluster.unexpected_exits()
+    assert not exits, f"nodes exited: {exits}"
+    print(f"group-coordinator-cut: coordinator {coordinator} cut from the active controller {active}; the group read "
+          f"and committed again {resumed:.1f} s after the cut; {len(member.commit_sent_at)} commits, "
+          f"{len(member.failures)} failures")
