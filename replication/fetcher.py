@@ -784,7 +784,8 @@ class ReplicaFetcher:
         if session is None or since is None or now - since <= self.response_timeout_s():
             return False
         log.warning("fetcher %d<-%d (%s): no answer for %.1f s; reopening the fetch stream", self.local_id,
-                    self.source_id, self.address, now - since)
+                    self.source_id, self.replication_address if isinstance(session, _FramedFetchSession)
+                    else self.address, now - since)
         session.cancel()
         return True
 
