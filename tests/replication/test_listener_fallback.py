@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 import pytest
+from test_fetch_session import BATCH  # one leader batch at offset 0, epoch 0
 from waiting import wait_for
 
 from broker.replication_listener import Refused, ReplicationListener
@@ -33,18 +34,8 @@ from replication.fetcher import FetcherConfig, ReplicaFetcherManager
 from replication.partition import Partition
 from storage.log import Log
 from storage.log_config import LogConfig
-from storage.record_batch import RecordBatchBuilder
 
 RETRY_S = 1.5  # LISTENER_RETRY_S for these tests
-
-
-def leader_batch() -> bytes:
-    b = RecordBatchBuilder(partition_leader_epoch=0, base_offset=0)
-    b.append(1_700_000_000_000, None, b"replicated")
-    return b.build()
-
-
-BATCH = leader_batch()
 
 
 def answer(req: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
