@@ -487,7 +487,7 @@ class GroupCoordinator:
                 offset = lg.log_start_offset  # retention/compaction moved the start meanwhile
                 continue
             except errors.BrookError as exc:
-                past = self._past_corrupt_batch(hosted, exc, partition, target)
+                past = self._past_corrupt_batch(hosted, exc, partition, offset, target)
                 if past is None:
                     raise
                 offset = past
@@ -497,7 +497,8 @@ class GroupCoordinator:
             offset = self._apply_batches(data.records, groups, now, offset, partition)
         return groups
 
-    def _past_corrupt_batch(self, hosted: Any, exc: errors.BrookError, partition: int, target: int) -> int | None:
+    def _past_corrupt_batch(self, hosted: Any, exc: errors.BrookError, partition: int, offset: int,
+                            target: int) -> int | None:
         """Where the load goes on after a batch that fails its CRC, or None to fail it (``_load_partition``).
 
         With other replicas in sync, the replica manager marks the batch to be cut and fetched back, and fails
@@ -505,12 +506,13 @@ class GroupCoordinator:
         keeps leading (stopping would only start it again on the same bytes, at each election), and the load
         goes on after the batch, as Kafka's coordinator goes on with what it could load: the offsets and group
         records in that batch are lost, an ERROR says which. A batch whose header cannot be walked either ends
-        the load there (``target``): the groups are served as loaded so far."""
+        the load there (``target``): the groups are served as loaded so far, as when the offset after the batch
+        (from its damaged header) would not move the load past ``offset``."""
         corrupt = disk_failure(exc)
         if not isinstance(corrupt, CorruptBatchError) or \
                 not self.replica_manager.corrupt_batch_found(hosted, corrupt, "the group coordinator's load"):
             return None
-        if corrupt.next_offset is None:
+        if corrupt.next_offset is None or corrupt.next_offset <= offset:
             log.error("loading %s-%d: the batch headers from offset %d cannot be walked and are on no other replica: "
                       "the groups are served as loaded up to there", OFFSETS_TOPIC, partition, corrupt.base_offset)
             return target

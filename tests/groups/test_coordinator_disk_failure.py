@@ -29,10 +29,12 @@ from broker.group_records import OFFSETS_TOPIC, encode_offset_value, offset_key
 from broker.group_state import OffsetEntry
 from broker.replica_manager import ReplicaManager
 from client.types import TopicPartition
+from proto import errors
 from storage import segment
 from storage.log import RESCAN_FROM_FILE
 from storage.log_manager import LogManager
 from storage.record_batch import RecordBatchBuilder, iter_batches
+from storage.segment import CorruptBatchError
 
 
 def test_a_load_the_disk_refuses_fails_the_log_directory(tmp_path: Path) -> None:
@@ -120,5 +122,46 @@ def test_a_corrupt_batch_in_the_load_is_judged_as_a_fetch_judges_it(tmp_path: Pa
             assert failed == [], f"the only in-sync replica failed its directory: {failed}"
             assert not marker.exists(), "a log on no other replica was marked to be cut"
             assert loaded == {"g1": 10, "g3": 30}, f"loaded: {loaded}"
+    finally:
+        lm.shutdown()
+
+
+def test_a_corrupt_batch_whose_end_would_not_move_the_load_ends_it_instead_of_looping(tmp_path: Path) -> None:
+    """The only replica in sync, and a corrupt batch whose damaged header puts the offset after it at or before
+    the offset being loaded: the load ends there (the groups before it are served) rather than read the same
+    batch again up to LOAD_BATCHES_MAX times."""
+    failed: list[tuple[Path, OSError]] = []
+    lm = LogManager([tmp_path / "data"], on_dir_failure=lambda d, e: failed.append((d, e)))
+    try:
+        lg = lm.get_or_create_log(OFFSETS_TOPIC, 0, topic_id="T", overrides={})
+        _commit_batches(lg, [("g1", 10), ("g2", 20), ("g3", 30)])
+        hosted = SimpleNamespace(topic=OFFSETS_TOPIC, partition=0, is_leader=True, log=lg, isr=(1,))
+        judge = functools.partial(ReplicaManager.corrupt_batch_found,
+                                  SimpleNamespace(node_id=1, _corrupt_reported=set(), log_manager=lm))
+        rm = SimpleNamespace(partition=lambda t, p: hosted if (t, p) == (OFFSETS_TOPIC, 0) else None,
+                             log_manager=lm, corrupt_batch_found=judge)
+        coord = GroupCoordinator(node_id=1, replica_manager=rm, metadata_cache=None,
+                                 config=CoordinatorConfig(offsets_topic_num_partitions=1))
+        reads: list[int] = []
+        real_read = lg.read
+
+        def read(offset: int, *args: object, **kwargs: object) -> object:
+            reads.append(offset)
+            if offset == 1:  # g2's batch, its header damaged: "the next batch starts at 1"
+                cause = CorruptBatchError(lg.segments()[0].log_path, 70, 1, "CRC mismatch", next_offset=1)
+                raise errors.KafkaStorageError(f"read failed: {cause}") from cause
+            if offset == 0:
+                kwargs["max_offset"] = 1  # g1's batch alone: the next read starts at g2's
+            return real_read(offset, *args, **kwargs)
+        try:
+            coord._partitions[0] = _PartitionLoad(leader_epoch=3)
+            with mock.patch.object(lg, "read", read):
+                coord._load_partition(0, 3)
+            loaded = {gid: g.offsets[TopicPartition("t", 0)].offset for gid, g in coord._groups.items()}
+        finally:
+            coord._loader.shutdown()
+        assert failed == [], f"the only in-sync replica failed its directory: {failed}"
+        assert loaded == {"g1": 10}, f"loaded: {loaded}"
+        assert reads == [0, 1], f"the load read at {reads[:10]}"
     finally:
         lm.shutdown()
