@@ -195,6 +195,12 @@ def _check_header(h: BatchHeader, pos: int, max_batch_bytes: int | None, allow_e
         )
 
 
+def check_stored_header(h: BatchHeader, pos: int) -> None:
+    """The header-only rules of ``validate_batch`` for a batch in a log (empty ones allowed, no size limit):
+    what a walk over headers can check of the batches it steps over without reading them."""
+    _check_header(h, pos, None, True)
+
+
 # Smallest possible encoded record: length, attributes, ts delta, offset delta, key -1,
 # value -1, header count: one byte each.
 _MIN_RECORD_SIZE = 7

@@ -292,3 +292,26 @@ def test_a_corrupt_batch_is_never_read_and_a_marked_log_is_cut_there_at_the_next
     assert not (tmp_path / "t-0" / "rescan-from").exists()
     validate_batches(read_all(lg))
     lg.close()
+
+
+def test_a_batch_whose_offsets_disagree_with_its_count_is_not_skipped_in_silence(tmp_path: Path) -> None:
+    """A read walks the headers from an index entry to the batch it wants, and does not read (so does not
+    CRC-check) the batches it steps over. A last offset delta flipped to -16 made a read at that batch's offset
+    step over it and answer the next batch: a consumer lost the record without a word, and a follower copied
+    the log without it. The walk now checks what a header alone can say (the record count against the offset
+    delta): the read fails as a corrupt batch, which the broker handles as any other (never served, cut and
+    fetched back where other replicas hold it)."""
+    lg = Log.open(tmp_path / "t-0", LogConfig())
+    for _ in range(3):
+        lg.append_as_leader(make_batch(1, value_size=20), 0)
+    lg.update_high_watermark(3)
+    path = lg.segments()[0].log_path
+    pos, h = list(iter_batches(path.read_bytes()))[1]
+    with open(path, "r+b") as f:
+        f.seek(pos + 23)  # last_offset_delta: base offset 8, length 4, leader epoch 4, magic 1, crc 4, attributes 2
+        f.write((-16).to_bytes(4, "big", signed=True))
+    with pytest.raises(errors.KafkaStorageError) as caught:
+        lg.read(1, 1 << 20)
+    assert "corrupt batch" in str(caught.value), caught.value
+    assert lg.read(0, 1 << 20, max_offset=1).first_offset == 0  # the batch before it is still served
+    lg.close()
