@@ -424,16 +424,42 @@ class LogSegment:
         marks: list[tuple[int, int]] = []
         marked = start
         found = None
-        for at, h in self.iter_headers(start, end, chunk_bytes):
+        after = -1  # the offset after the batch before: offsets only grow along a segment
+        # ... and end where the segment does: an append sets next_offset before it publishes its size, so every
+        # batch before ``end`` (the caller's snapshot of the size) ends by this (a truncation racing the walk is
+        # the read's generation check's: it reads again).
+        limit = self.next_offset
+        headers = self.iter_headers(start, end, chunk_bytes)
+        for at, h in headers:
             # A batch stepped over is not read, so its CRC is not checked: its offsets must at least agree with
-            # its record count, or a flipped last offset delta would make every read skip it in silence.
+            # its record count and follow the batch before (the base offset is outside the CRC), or a flipped
+            # offset field would make every read skip it, or misplace it, in silence.
             check_stored_header(h, at)
+            if h.base_offset < after or h.next_offset > limit:
+                raise errors.CorruptMessageError(
+                    f"batch at position {at} holds offsets {h.base_offset} to {h.next_offset - 1}, not after the "
+                    f"batch before it (which ends before {after}) and within the segment (which ends before {limit})")
+            after = h.next_offset
             if wanted(h):
                 found = at, h
                 break
             if at - marked >= MARK_BYTES:
                 marks.append((h.base_offset, at))
                 marked = at
+        if found is not None:
+            # The batch after the one found must start after it, or the offsets of the one found are suspect too
+            # (which of the two was flipped cannot be told). A header after it that is wrong in itself is for
+            # the read that reaches it: the batch found is served.
+            try:
+                following = next(headers, None)
+                if following is not None:
+                    check_stored_header(following[1], following[0])
+            except errors.CorruptMessageError:
+                following = None
+            if following is not None and following[1].base_offset < after:
+                raise errors.CorruptMessageError(
+                    f"batch at position {following[0]} starts at offset {following[1].base_offset}, within the batch "
+                    f"before it (at {found[0]}, offsets {found[1].base_offset} to {after - 1})")
         if marks:
             self._add_marks(marks, generation)
         return found

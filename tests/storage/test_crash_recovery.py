@@ -315,3 +315,24 @@ def test_a_batch_whose_offsets_disagree_with_its_count_is_not_skipped_in_silence
     assert "corrupt batch" in str(caught.value), caught.value
     assert lg.read(0, 1 << 20, max_offset=1).first_offset == 0  # the batch before it is still served
     lg.close()
+
+
+def test_a_base_offset_that_goes_back_is_a_corrupt_batch(tmp_path: Path) -> None:
+    """The base offset is outside the CRC: a batch whose base offset was flipped (to 0x10000001) was found for a
+    read at its real offset, as holding offsets up to 0x10000001, past the high watermark: the read answered
+    nothing and a consumer there never got past it. Offsets only grow along a segment, and end where it does:
+    the walk now fails there as on a corrupt batch; the batch after it is still served."""
+    lg = Log.open(tmp_path / "t-0", LogConfig())
+    for _ in range(3):
+        lg.append_as_leader(make_batch(1, value_size=20), 0)
+    lg.update_high_watermark(3)
+    path = lg.segments()[0].log_path
+    pos, _h = list(iter_batches(path.read_bytes()))[1]
+    with open(path, "r+b") as f:
+        f.seek(pos + 4)  # the low half of the base offset's int64: 1 -> 0x10000001
+        f.write((0x1000).to_bytes(2, "big"))
+    with pytest.raises(errors.KafkaStorageError) as caught:
+        lg.read(1, 1 << 20)
+    assert "corrupt batch" in str(caught.value), caught.value
+    assert lg.read(2, 1 << 20).first_offset == 2
+    lg.close()
