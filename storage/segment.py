@@ -198,10 +198,11 @@ class LogSegment:
         self.max_timestamp, self.offset_of_max_timestamp = last_time.timestamp, last_time.offset
         last_index = self.index.last_entry()
         start = min(self.index.lookup(last_time.offset).position, last_index.position)
-        self.next_offset = self.base_offset
+        next_offset = self.base_offset
         for _pos, h in self.iter_headers(start):
             self._observe(h)
-            self.next_offset = h.next_offset
+            next_offset = h.next_offset
+        self.next_offset = next_offset  # once: a read's walk (after a truncation) takes it as the segment's end
         self.bytes_since_last_index_entry = self.size - last_index.position
         first = self.read_header_at(0) if self.size >= BATCH_HEADER_SIZE else None
         if first is not None:
