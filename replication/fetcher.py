@@ -112,9 +112,9 @@ REPLICATION_MAGIC = b"BRF1"
 REPLICATION_FRAME = struct.Struct(">I")
 CONNECT_TIMEOUT_S = 10.0
 # Framed sessions with a leader's replication listener that end before their first answer (the connection
-# refused or timed out, a failed TLS handshake, closed unanswered), in a row, after which a fetcher tries the
-# leader's gRPC ReplicaFetch stream. One may be a leader restarting; a session that answered and then broke
-# (the leader stopped) is not counted: it is opened again as before.
+# refused, a failed TLS handshake, closed unanswered), in a row, after which a fetcher tries the leader's gRPC
+# ReplicaFetch stream. One may be a leader restarting; a session that answered and then broke (the leader
+# stopped) is not counted: it is opened again as before. A connection that timed out counts as all of them.
 LISTENER_FAILURES_TO_FALL_BACK = 2
 # How long a fetcher that fell back stays on the gRPC stream before it tries the listener again. A try is a
 # connection opened (and closed) beside the stream, so an unreachable port costs no fetch; the stream's
@@ -693,6 +693,10 @@ class ReplicaFetcher:
         fb = self._fallback
         if isinstance(session, _FramedFetchSession):
             fb.failures += 1
+            if isinstance(error, TimeoutError):
+                # A connection (or TLS handshake) that timed out: the port drops packets. One such wait is enough;
+                # a second would keep this follower from fetching for another CONNECT_TIMEOUT_S.
+                fb.failures = max(fb.failures, LISTENER_FAILURES_TO_FALL_BACK)
             if fb.back:  # the listener took a connection but this session got no answer from it
                 self._fall_back(_describe(error))
             elif fb.failures >= LISTENER_FAILURES_TO_FALL_BACK and not fb.over_grpc:

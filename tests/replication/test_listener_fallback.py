@@ -235,3 +235,36 @@ def test_a_listener_session_that_answered_and_broke_is_opened_again(
         listener.stop()
     assert leader.streams == 0, "a session that answered made the follower try the gRPC stream"
     assert records(fetcher_log, logging.WARNING, "") == [] and manager.stats.listener_fallbacks_total == 0
+
+
+def test_a_listener_port_that_drops_packets_costs_one_connection_timeout(
+        follower: Partition, fetcher_log: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port that drops packets (a firewall's DROP, not a refusal) times the connection out after
+    CONNECT_TIMEOUT_S (10 s). Two such waits before the gRPC stream was tried kept the follower from fetching for
+    20 s, past the local launcher's replica.lag.time.max.ms; one is now enough. (The timeout is raised at once
+    here: a port that drops packets cannot be made on loopback without root firewall rules.)"""
+    events: list[str] = []
+
+    async def timed_out(self: Any) -> None:
+        events.append("listener")
+        raise TimeoutError
+
+    monkeypatch.setattr(fetcher_module._FramedFetchSession, "_open", timed_out)
+    leader, refusing = GrpcLeader(), Refusing()
+    original = leader.ReplicaFetch
+
+    def counted(request_iterator: Iterator[broker_pb2.FetchRequest], context: Any) -> Iterator[broker_pb2.FetchResponse]:
+        events.append("grpc")
+        yield from original(request_iterator, context)
+
+    leader.ReplicaFetch = counted  # type: ignore[method-assign]
+    server, grpc_port = grpc_leader(leader)
+    manager = follow(follower, grpc_port, refusing.port)
+    try:
+        wait_for(lambda: follower.log.log_end_offset == 1, 5, "the batch replicated over the gRPC stream")
+        wait_for(lambda: records(fetcher_log, logging.WARNING, "replication listener"), 5, "the fallback's WARNING")
+    finally:
+        manager.shutdown()
+        server.stop(0)
+        refusing.release()
+    assert events[:2] == ["listener", "grpc"], f"connections tried, in order: {events}"
