@@ -58,6 +58,39 @@ async def stop_serving(server: asyncio.AbstractServer | None, tasks: set[asyncio
         await asyncio.wait(list(tasks), timeout=timeout_s)
 
 
+class ConnectionSlots:
+    """The connections an asyncio listener (the Kafka and replication listeners) holds: at most
+    ``max_connections`` in all and ``max_per_address`` from one client address, counted at accept, before
+    any TLS handshake. ``stats`` (the listener's) gets ``connections``, ``connections_total`` and
+    ``refused_connections_total``. Loop thread only."""
+
+    def __init__(self, max_connections: int, max_per_address: int, stats: Any) -> None:
+        self.max_connections = max_connections
+        self.max_per_address = max_per_address
+        self.stats = stats
+        self._by_address: dict[str, int] = {}  # client address -> its open connections
+
+    def take(self, host: str) -> bool:
+        """Count a connection from ``host``; False (counted as refused) when either bound is reached."""
+        mine = self._by_address.get(host, 0)
+        if self.stats.connections >= self.max_connections or mine >= self.max_per_address:
+            self.stats.refused_connections_total += 1
+            return False
+        self._by_address[host] = mine + 1
+        self.stats.connections += 1
+        self.stats.connections_total += 1
+        return True
+
+    def give_back(self, host: str) -> bool:
+        """A connection ``take`` counted has ended; True when ``host`` holds none any more."""
+        self.stats.connections -= 1
+        if (left := self._by_address.get(host, 1) - 1) > 0:
+            self._by_address[host] = left
+            return False
+        self._by_address.pop(host, None)
+        return True
+
+
 def connections_within_descriptors(wanted: int, share: int, what: str) -> int:
     """``wanted`` connections (a ``max.connections``), lowered to ``1/share`` of the process's
     file-descriptor limit, with a warning: the rest of the descriptors are for the logs and the other

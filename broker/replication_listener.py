@@ -39,7 +39,12 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from broker import principal
-from broker.admission import DEFAULT_CONNECTION_IDLE_MS, connections_within_descriptors, stop_serving
+from broker.admission import (
+    DEFAULT_CONNECTION_IDLE_MS,
+    ConnectionSlots,
+    connections_within_descriptors,
+    stop_serving,
+)
 from broker.kafka_wire.context import Aborted, KafkaCallContext
 from broker.receiving import DEFAULT_RECEIVE_TIMEOUT_MS, DEFAULT_REQUEST_MAX_BYTES
 from broker.tls import HANDSHAKE_TIMEOUT_MS
@@ -84,7 +89,7 @@ class ReplicationListener:
                                                   str(DEFAULT_RECEIVE_TIMEOUT_MS))) / 1000
         self.idle_s = int(defaults.get("connections.max.idle.ms", str(DEFAULT_CONNECTION_IDLE_MS))) / 1000
         self.stats = ReplicationListenerStats()
-        self._by_address: dict[str, int] = {}
+        self._slots = ConnectionSlots(self.max_connections, MAX_CONNECTIONS_PER_ADDRESS, self.stats)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.AbstractServer | None = None
         self._warned_at = float("-inf")
@@ -114,17 +119,12 @@ class ReplicationListener:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername") or ("unknown", 0)
         host, port = str(peer[0]), int(peer[1])
-        mine = self._by_address.get(host, 0)
-        if self.stats.connections >= self.max_connections or mine >= MAX_CONNECTIONS_PER_ADDRESS:
-            self.stats.refused_connections_total += 1
+        if not self._slots.take(host):
             writer.transport.abort()
             return
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
-        self._by_address[host] = mine + 1
-        self.stats.connections += 1
-        self.stats.connections_total += 1
         try:
             if self.ssl_context is not None:
                 await writer.start_tls(self.ssl_context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_MS / 1000)
@@ -147,11 +147,7 @@ class ReplicationListener:
             log.exception("broker %d: replication connection from %s:%d failed", self.node_id, host, port)
         finally:
             self._tasks.discard(task)
-            self.stats.connections -= 1
-            if (left := self._by_address.get(host, 1) - 1) > 0:
-                self._by_address[host] = left
-            else:
-                self._by_address.pop(host, None)
+            self._slots.give_back(host)
             writer.transport.abort()  # nothing of ours is worth delivering to a follower that is gone
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

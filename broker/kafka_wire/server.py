@@ -54,6 +54,7 @@ from broker import principal as principals
 from broker.admission import (
     DEFAULT_CONNECTION_IDLE_MS,
     ByteBudget,
+    ConnectionSlots,
     connections_within_descriptors,
     stop_serving,
 )
@@ -127,11 +128,11 @@ class KafkaListener:
         self.max_connections = connections_within_descriptors(int(defaults.get("max.connections", "10000")), 4,
                                                               f"Kafka listener {spec.name}")
         self.max_connections_per_ip = int(defaults.get("max.connections.per.ip", str(DEFAULT_CONNECTIONS_PER_IP)))
-        self._by_address: dict[str, int] = {}  # client address -> its open connections (loop thread only)
         self._parse_turns: dict[str, asyncio.Lock] = {}  # client address -> its turn at the parse pool
         self._io_turns: dict[str, asyncio.Lock] = {}  # client address -> its turn for large answers on io threads
         self.sasl = spec.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
         self.stats = ListenerStats()
+        self._slots = ConnectionSlots(self.max_connections, self.max_connections_per_ip, self.stats)
         self.sendfile_ok = True  # False once the platform refused sendfile on this listener's sockets
         # Request frames being read or handled, across all connections (Kafka's memory pool).
         self.frame_budget = ByteBudget(int(defaults.get("queued.max.request.bytes", str(256 * 1024 * 1024))))
@@ -191,17 +192,12 @@ class KafkaListener:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername") or ("unknown", 0)
         host = str(peer[0])
-        mine = self._by_address.get(host, 0)
-        if self.stats.connections >= self.max_connections or mine >= self.max_connections_per_ip:
-            self.stats.refused_connections_total += 1
+        if not self._slots.take(host):
             writer.close()
             return
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
-        self._by_address[host] = mine + 1
-        self.stats.connections += 1
-        self.stats.connections_total += 1
         conn: _Connection | None = None
         try:
             if self.spec.ssl_context is not None:
@@ -217,11 +213,7 @@ class KafkaListener:
         finally:
             if conn is not None:
                 conn.release_all()
-            self.stats.connections -= 1
-            if (left := self._by_address.get(host, 1) - 1) > 0:
-                self._by_address[host] = left
-            else:
-                self._by_address.pop(host, None)
+            if self._slots.give_back(host):  # its last connection: its turns go too
                 self._parse_turns.pop(host, None)
                 self._io_turns.pop(host, None)
             self._tasks.discard(task)
