@@ -88,6 +88,18 @@ def _flip_last_byte_of_batch(lg, index: int) -> int:
     return h.base_offset
 
 
+def _leading_coordinator(lm: LogManager, lg, isr: tuple[int, ...]) -> GroupCoordinator:
+    """Broker 1's coordinator, leading __consumer_offsets-0 (``lg``) with ``isr``; a corrupt batch is judged by the
+    replica manager's own rule, on a stand-in holding only what that rule reads."""
+    hosted = SimpleNamespace(topic=OFFSETS_TOPIC, partition=0, is_leader=True, log=lg, isr=isr)
+    judge = functools.partial(ReplicaManager.corrupt_batch_found,
+                              SimpleNamespace(node_id=1, _corrupt_reported=set(), log_manager=lm))
+    rm = SimpleNamespace(partition=lambda t, p: hosted if (t, p) == (OFFSETS_TOPIC, 0) else None,
+                         log_manager=lm, corrupt_batch_found=judge)
+    return GroupCoordinator(node_id=1, replica_manager=rm, metadata_cache=None,
+                            config=CoordinatorConfig(offsets_topic_num_partitions=1))
+
+
 @pytest.mark.parametrize("others_in_sync", [False, True], ids=["only-replica-in-sync", "others-in-sync"])
 def test_a_corrupt_batch_in_the_load_is_judged_as_a_fetch_judges_it(tmp_path: Path, others_in_sync: bool) -> None:
     failed: list[tuple[Path, OSError]] = []
@@ -96,15 +108,7 @@ def test_a_corrupt_batch_in_the_load_is_judged_as_a_fetch_judges_it(tmp_path: Pa
         lg = lm.get_or_create_log(OFFSETS_TOPIC, 0, topic_id="T", overrides={})
         _commit_batches(lg, [("g1", 10), ("g2", 20), ("g3", 30)])
         corrupt_at = _flip_last_byte_of_batch(lg, 1)  # g2's commit
-        hosted = SimpleNamespace(topic=OFFSETS_TOPIC, partition=0, is_leader=True, log=lg,
-                                 isr=(1, 2) if others_in_sync else (1,))
-        # The replica manager's own rule, on a stand-in holding only what it reads.
-        judge = functools.partial(ReplicaManager.corrupt_batch_found,
-                                  SimpleNamespace(node_id=1, _corrupt_reported=set(), log_manager=lm))
-        rm = SimpleNamespace(partition=lambda t, p: hosted if (t, p) == (OFFSETS_TOPIC, 0) else None,
-                             log_manager=lm, corrupt_batch_found=judge)
-        coord = GroupCoordinator(node_id=1, replica_manager=rm, metadata_cache=None,
-                                 config=CoordinatorConfig(offsets_topic_num_partitions=1))
+        coord = _leading_coordinator(lm, lg, isr=(1, 2) if others_in_sync else (1,))
         try:
             coord._partitions[0] = _PartitionLoad(leader_epoch=3)
             coord._load_partition(0, 3)
@@ -135,13 +139,7 @@ def test_a_corrupt_batch_whose_end_would_not_move_the_load_ends_it_instead_of_lo
     try:
         lg = lm.get_or_create_log(OFFSETS_TOPIC, 0, topic_id="T", overrides={})
         _commit_batches(lg, [("g1", 10), ("g2", 20), ("g3", 30)])
-        hosted = SimpleNamespace(topic=OFFSETS_TOPIC, partition=0, is_leader=True, log=lg, isr=(1,))
-        judge = functools.partial(ReplicaManager.corrupt_batch_found,
-                                  SimpleNamespace(node_id=1, _corrupt_reported=set(), log_manager=lm))
-        rm = SimpleNamespace(partition=lambda t, p: hosted if (t, p) == (OFFSETS_TOPIC, 0) else None,
-                             log_manager=lm, corrupt_batch_found=judge)
-        coord = GroupCoordinator(node_id=1, replica_manager=rm, metadata_cache=None,
-                                 config=CoordinatorConfig(offsets_topic_num_partitions=1))
+        coord = _leading_coordinator(lm, lg, isr=(1,))
         reads: list[int] = []
         real_read = lg.read
 

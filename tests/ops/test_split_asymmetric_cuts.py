@@ -70,6 +70,10 @@ FRESH_ACKS = 3  # acknowledged records sent after the cut, per partition, that c
 HOLD_S = 10.0
 
 
+def _failure(exc: BaseException) -> str:
+    """An exception a writer or reader met, as its failure message shows it: when, what."""
+    return f"{time.monotonic():.1f}: {type(exc).__name__}: {exc}"[:200]
+
 @dataclass
 class _Writer:
     """One partition's idempotent acks=all writer: one record at a time, each acknowledged or failed."""
@@ -95,7 +99,7 @@ class _Writer:
                 try:
                     producer.send(TOPIC, value, partition=self.partition).get(timeout=20)
                 except Exception as exc:  # noqa: BLE001 - a failed send may or may not be in the log: both fine
-                    self.failures.append(f"{time.monotonic():.1f}: {type(exc).__name__}: {exc}"[:200])
+                    self.failures.append(_failure(exc))
                     continue
                 self.acked.append(value)
                 self.ack_sent_at.append(sent)
@@ -126,7 +130,7 @@ class _Reader:
                     for records in consumer.poll(timeout_ms=200).values():
                         self.seen.update(r.value for r in records)
                 except Exception as exc:  # noqa: BLE001 - a retriable error while the cluster settles: shown if it lasts
-                    self.failures.append(f"{time.monotonic():.1f}: {type(exc).__name__}: {exc}"[:200])
+                    self.failures.append(_failure(exc))
 
     def read_of(self, writer: _Writer, sent_after: float) -> int:
         """How many of ``writer``'s records acknowledged and sent after ``sent_after`` it has read."""
@@ -326,7 +330,7 @@ class _GroupMember:
                         consumer.commit()
                         self.commit_sent_at.append(sent)
                 except Exception as exc:  # noqa: BLE001 - a retriable error while the cluster settles: shown if it lasts
-                    self.failures.append(f"{time.monotonic():.1f}: {type(exc).__name__}: {exc}"[:200])
+                    self.failures.append(_failure(exc))
 
 
 def test_group_coordinator_cut_from_the_active_controller(split: _Split) -> None:

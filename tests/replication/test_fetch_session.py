@@ -101,14 +101,6 @@ class Leader(broker_pb2_grpc.BrokerServiceServicer):
             yield answer(request)
 
 
-@pytest.fixture
-def follower(tmp_path: Path) -> Partition:
-    lg = Log.open(tmp_path / "t-0", LogConfig.from_overrides({}))
-    p = Partition("t", 0, "T", lg, 2, broker_usable=lambda b: True)
-    p.make_follower(1, (1, 2), (1, 2), 0, 0)
-    return p
-
-
 def follow(leader: broker_pb2_grpc.BrokerServiceServicer, p: Partition, **config: int) -> ReplicaFetcherManager:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(leader, server)

@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,8 +31,6 @@ from proto import broker_pb2, broker_pb2_grpc
 from replication import fetcher as fetcher_module
 from replication.fetcher import FetcherConfig, ReplicaFetcherManager
 from replication.partition import Partition
-from storage.log import Log
-from storage.log_config import LogConfig
 
 RETRY_S = 1.5  # LISTENER_RETRY_S for these tests
 
@@ -122,14 +119,6 @@ def grpc_leader(leader: GrpcLeader, port: int = 0) -> tuple[grpc.Server, int]:
     port = server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     return server, port
-
-
-@pytest.fixture
-def follower(tmp_path: Path) -> Partition:
-    lg = Log.open(tmp_path / "t-0", LogConfig.from_overrides({}))
-    p = Partition("t", 0, "T", lg, 2, broker_usable=lambda b: True)
-    p.make_follower(1, (1, 2), (1, 2), 0, 0)
-    return p
 
 
 @pytest.fixture

@@ -294,6 +294,23 @@ def test_a_corrupt_batch_is_never_read_and_a_marked_log_is_cut_there_at_the_next
     lg.close()
 
 
+def _three_batches(tmp_path: Path) -> Log:
+    """A log of three one-record batches, all committed."""
+    lg = Log.open(tmp_path / "t-0", LogConfig())
+    for _ in range(3):
+        lg.append_as_leader(make_batch(1, value_size=20), 0)
+    lg.update_high_watermark(3)
+    return lg
+
+
+def _overwrite_second_batch(lg: Log, at: int, data: bytes) -> None:
+    """Write ``data`` over the second batch's bytes from its ``at``-th on."""
+    path = lg.segments()[0].log_path
+    pos, _h = list(iter_batches(path.read_bytes()))[1]
+    with open(path, "r+b") as f:
+        f.seek(pos + at)
+        f.write(data)
+
 def test_a_batch_whose_offsets_disagree_with_its_count_is_not_skipped_in_silence(tmp_path: Path) -> None:
     """A read walks the headers from an index entry to the batch it wants, and does not read (so does not
     CRC-check) the batches it steps over. A last offset delta flipped to -16 made a read at that batch's offset
@@ -301,15 +318,9 @@ def test_a_batch_whose_offsets_disagree_with_its_count_is_not_skipped_in_silence
     the log without it. The walk now checks what a header alone can say (the record count against the offset
     delta): the read fails as a corrupt batch, which the broker handles as any other (never served, cut and
     fetched back where other replicas hold it)."""
-    lg = Log.open(tmp_path / "t-0", LogConfig())
-    for _ in range(3):
-        lg.append_as_leader(make_batch(1, value_size=20), 0)
-    lg.update_high_watermark(3)
-    path = lg.segments()[0].log_path
-    pos, h = list(iter_batches(path.read_bytes()))[1]
-    with open(path, "r+b") as f:
-        f.seek(pos + 23)  # last_offset_delta: base offset 8, length 4, leader epoch 4, magic 1, crc 4, attributes 2
-        f.write((-16).to_bytes(4, "big", signed=True))
+    lg = _three_batches(tmp_path)
+    # last_offset_delta: after base offset 8, length 4, leader epoch 4, magic 1, crc 4 and attributes 2
+    _overwrite_second_batch(lg, 23, (-16).to_bytes(4, "big", signed=True))
     with pytest.raises(errors.KafkaStorageError) as caught:
         lg.read(1, 1 << 20)
     assert "corrupt batch" in str(caught.value), caught.value
@@ -322,15 +333,8 @@ def test_a_base_offset_that_goes_back_is_a_corrupt_batch(tmp_path: Path) -> None
     read at its real offset, as holding offsets up to 0x10000001, past the high watermark: the read answered
     nothing and a consumer there never got past it. Offsets only grow along a segment, and end where it does:
     the walk now fails there as on a corrupt batch; the batch after it is still served."""
-    lg = Log.open(tmp_path / "t-0", LogConfig())
-    for _ in range(3):
-        lg.append_as_leader(make_batch(1, value_size=20), 0)
-    lg.update_high_watermark(3)
-    path = lg.segments()[0].log_path
-    pos, _h = list(iter_batches(path.read_bytes()))[1]
-    with open(path, "r+b") as f:
-        f.seek(pos + 4)  # the low half of the base offset's int64: 1 -> 0x10000001
-        f.write((0x1000).to_bytes(2, "big"))
+    lg = _three_batches(tmp_path)
+    _overwrite_second_batch(lg, 4, (0x1000).to_bytes(2, "big"))  # the base offset's low half: 1 -> 0x10000001
     with pytest.raises(errors.KafkaStorageError) as caught:
         lg.read(1, 1 << 20)
     assert "corrupt batch" in str(caught.value), caught.value
