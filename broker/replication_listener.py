@@ -23,7 +23,8 @@ Defences, as on the other ports: the listener speaks only to nodes. TLS (with a 
 node (its certificate's principal, or the documented loopback trust of a plaintext single-host cluster)
 is closed before a byte of it is read. A frame longer than ``socket.request.max.bytes`` or not a
 ``FetchRequest``, a wrong ``MAGIC``, a frame begun and not finished within ``request.receive.timeout.ms``,
-or a connection silent for ``connections.max.idle.ms`` is closed. Each request is then checked as a gRPC
+a connection silent for ``connections.max.idle.ms``, or one that reads nothing of an answer for that
+long, is closed. Each request is then checked as a gRPC
 follower fetch is (only broker ``replica_id`` itself may send it).
 """
 
@@ -41,6 +42,7 @@ from google.protobuf.message import DecodeError
 from broker import principal
 from broker.admission import (
     DEFAULT_CONNECTION_IDLE_MS,
+    ConnectionDeadline,
     ConnectionSlots,
     connections_within_descriptors,
     stop_serving,
@@ -152,19 +154,32 @@ class ReplicationListener:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      context: KafkaCallContext) -> None:
-        async with asyncio.timeout(self.receive_timeout_s):
-            magic = await reader.readexactly(len(MAGIC))
+        # One deadline for the connection's waits (the next frame, the rest of one, an answer's delivery),
+        # not a timeout each: the listener reads two frames per acks=all write.
+        deadline = ConnectionDeadline(asyncio.get_running_loop(), writer.transport.abort)
+        try:
+            await self._serve_frames(reader, writer, context, deadline)
+        finally:
+            deadline.cancel()
+            if deadline.fired:
+                raise TimeoutError("the follower missed a deadline")
+
+    async def _serve_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            context: KafkaCallContext, deadline: ConnectionDeadline) -> None:
+        deadline.within(self.receive_timeout_s)
+        magic = await reader.readexactly(len(MAGIC))
         if magic != MAGIC:
             raise Refused(f"not a Brook replica fetch connection (it began {magic!r})")
         session = self.service.rm.new_fetch_session()
         try:
             while True:
-                async with asyncio.timeout(self.idle_s):
-                    (size,) = FRAME.unpack(await reader.readexactly(FRAME.size))
+                deadline.within(self.idle_s)
+                (size,) = FRAME.unpack(await reader.readexactly(FRAME.size))
                 if size > self.max_request_bytes:
                     raise Refused(f"a request of {size} bytes (socket.request.max.bytes is {self.max_request_bytes})")
-                async with asyncio.timeout(self.receive_timeout_s):
-                    body = await reader.readexactly(size)
+                deadline.within(self.receive_timeout_s)
+                body = await reader.readexactly(size)
+                deadline.clear()
                 try:
                     request = broker_pb2.FetchRequest.FromString(body)
                 except DecodeError as e:
@@ -173,6 +188,7 @@ class ReplicationListener:
                 response = await self.service.replica_fetch_message(request, context, session)
                 data = response.SerializeToString()
                 writer.writelines((FRAME.pack(len(data)), data))
+                deadline.within(self.idle_s)  # a follower that reads nothing of its answer for that long is gone
                 await writer.drain()
         finally:
             session.close()

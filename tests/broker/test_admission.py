@@ -14,6 +14,7 @@ from broker.admission import (
     ByteBudget,
     ClientByteShares,
     ClientLimits,
+    ConnectionDeadline,
     Overloaded,
     peer_host,
 )
@@ -121,3 +122,56 @@ def test_client_byte_shares_hold_each_address_to_its_share_and_forget_idle_ones(
         assert shares.clients == 0
 
     asyncio.run(run())
+
+
+async def _expiry_after(deadline_set: list[float], run_s: float) -> tuple[ConnectionDeadline, list[float]]:
+    loop = asyncio.get_running_loop()
+    fired: list[float] = []
+    deadline = ConnectionDeadline(loop, lambda: fired.append(loop.time()))
+    for s in deadline_set:
+        deadline.within(s)
+    await asyncio.sleep(run_s)
+    return deadline, fired
+
+
+async def test_a_connection_deadline_fires_once_when_it_passes() -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    deadline, fired = await _expiry_after([0.05], 0.3)
+    assert len(fired) == 1 and fired[0] - start >= 0.05 - 0.001, f"fired at {[f - start for f in fired]}"
+    assert deadline.fired
+
+
+async def test_a_shorter_deadline_set_later_is_kept() -> None:
+    """The receive timeout of a frame's body, set after the idle wait's longer one, is not missed."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    _, fired = await _expiry_after([30.0, 0.05], 0.3)
+    assert len(fired) == 1 and fired[0] - start < 0.25, f"fired at {[f - start for f in fired]}"
+
+
+async def test_a_deadline_moved_on_before_it_passes_does_not_fire() -> None:
+    """A connection whose frames keep coming (each wait's deadline set anew) is not closed, however long
+    it lives, and a cleared deadline (a request being handled) never fires."""
+    loop = asyncio.get_running_loop()
+    fired: list[float] = []
+    deadline = ConnectionDeadline(loop, lambda: fired.append(loop.time()))
+    for _ in range(30):  # 0.3 s of waits, each within 0.05 s
+        deadline.within(0.05)
+        await asyncio.sleep(0.01)
+    deadline.clear()
+    await asyncio.sleep(0.15)
+    assert fired == [] and not deadline.fired
+    deadline.within(0.02)  # and still enforced afterwards
+    await asyncio.sleep(0.15)
+    assert len(fired) == 1
+
+
+async def test_a_cancelled_deadline_never_fires() -> None:
+    loop = asyncio.get_running_loop()
+    fired: list[float] = []
+    deadline = ConnectionDeadline(loop, lambda: fired.append(loop.time()))
+    deadline.within(0.02)
+    deadline.cancel()
+    await asyncio.sleep(0.1)
+    assert fired == []

@@ -33,9 +33,16 @@ TOPIC = "through-the-replication-listener"
 FRAME = struct.Struct(">I")
 
 
+# Short enough to be seen in a test, long enough for every real wait of a loaded machine.
+RECEIVE_TIMEOUT_S = 3
+IDLE_S = 6
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(Path(tmp_path_factory.mktemp("replication")) / "cluster", nodes=3, tls=True) as c:
+    with LocalCluster(Path(tmp_path_factory.mktemp("replication")) / "cluster", nodes=3, tls=True, overrides={
+            "request.receive.timeout.ms": str(RECEIVE_TIMEOUT_S * 1000),
+            "connections.max.idle.ms": str(IDLE_S * 1000)}) as c:
         with Admin(c.bootstrap_servers, security=c.security) as admin:
             admin.create_topics([NewTopic(TOPIC, 1, 3)])
         yield c
@@ -129,6 +136,27 @@ def test_a_node_may_fetch_only_as_itself(cluster: LocalCluster) -> None:
         response = broker_pb2.FetchResponse.FromString(_read_exactly(s, size))
     assert [p.error_code for p in response.partitions] == [ErrorCode.CLUSTER_AUTHORIZATION_FAILED], response
     assert not any(p.records for p in response.partitions)
+
+
+@pytest.mark.parametrize("sent, limit_s, why", [
+    (REPLICATION_MAGIC[:2], RECEIVE_TIMEOUT_S, "half the magic"),
+    (REPLICATION_MAGIC + FRAME.pack(100) + b"\x00" * 10, RECEIVE_TIMEOUT_S, "a frame begun and not finished"),
+    (REPLICATION_MAGIC, IDLE_S, "a connection silent after the magic"),
+])
+def test_a_node_connection_that_stalls_is_closed_at_its_timeout(cluster: LocalCluster, sent: bytes, limit_s: float,
+                                                               why: str) -> None:
+    """A peer holding a connection slot without sending is closed when its wait's timeout passes (the
+    frame's rest: request.receive.timeout.ms; the next frame: connections.max.idle.ms), not before, while
+    the real followers' connections, busy all along, stay open."""
+    with _connect(cluster, 1, cluster.node_cert(2)) as s:
+        s.settimeout(limit_s + 30)
+        s.sendall(sent)
+        start = time.monotonic()
+        closed = _closed_by_broker(s)
+        waited = time.monotonic() - start
+    assert closed, f"{why}: still open after {waited:.1f} s"
+    assert waited >= limit_s - 0.5, f"{why}: closed after {waited:.1f} s, before its {limit_s} s timeout"
+    produce_acked(cluster, TOPIC, [b"still-replicating"])
 
 
 def _read_exactly(s: ssl.SSLSocket, n: int) -> bytes:
