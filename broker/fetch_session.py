@@ -115,6 +115,7 @@ class FollowerFetchSession:
         self._refresh_credit = 0.0  # partitions due for their refresh read
         self._refreshed_at: float | None = None
         self._template = broker_pb2.FetchRequest()
+        self._template_fields: tuple[int, ...] = ()
         self._closed = False
         index.opened(self)
 
@@ -132,10 +133,20 @@ class FollowerFetchSession:
         """Apply the follower's next request: a full one replaces the session, an incremental one
         changes the partitions it names. Refused (InvalidRequestError) past the bound (see
         MIN_SESSION_BOUND), changing nothing."""
+        listed = [(fp.topic, fp.partition) for fp in req.partitions]
+        if req.incremental and not req.forgotten and all(k in self._fetches for k in listed):
+            # The usual request: the follower moved on partitions the session holds (at each acks=all
+            # write). Their entries change in place: the session's partitions, its bound and the index
+            # stay as they are.
+            with self._lock:
+                for key, fp in zip(listed, req.partitions, strict=True):
+                    self._fetches[key] = fp
+                self._dirty.update(listed)
+            self._set_template(req)
+            return
         fetches = dict(self._fetches) if req.incremental else {}
         for f in req.forgotten:
             fetches.pop((f.topic, f.partition), None)
-        listed = [(fp.topic, fp.partition) for fp in req.partitions]
         for key, fp in zip(listed, req.partitions, strict=True):
             fetches[key] = fp
         bound = max(MIN_SESSION_BOUND, 2 * self._hosted())
@@ -153,9 +164,16 @@ class FollowerFetchSession:
             self._dirty.update(listed)
         self._index.remove(self, gone)
         self._index.add(self, added)
-        self._template = broker_pb2.FetchRequest(
-            replica_id=req.replica_id, replica_epoch=req.replica_epoch, max_wait_ms=req.max_wait_ms,
-            min_bytes=req.min_bytes, max_bytes=req.max_bytes)
+        self._set_template(req)
+
+    def _set_template(self, req: broker_pb2.FetchRequest) -> None:
+        """The request's own fields, for the reads of the session (made again only when they change)."""
+        fields = (req.replica_id, req.replica_epoch, req.max_wait_ms, req.min_bytes, req.max_bytes)
+        if fields != self._template_fields:
+            self._template_fields = fields
+            self._template = broker_pb2.FetchRequest(
+                replica_id=req.replica_id, replica_epoch=req.replica_epoch, max_wait_ms=req.max_wait_ms,
+                min_bytes=req.min_bytes, max_bytes=req.max_bytes)
 
     def close(self) -> None:
         """The stream ended: no more marks."""
