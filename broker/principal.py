@@ -234,7 +234,12 @@ def set_session_resolver(fn: SessionResolver | None) -> None:
 
 def node_principal(node_id: int) -> Principal:
     """What broker/controller ``node_id``'s own certificate maps to (e.g. User:node-3)."""
-    return Principal.parse(_settings.node_principal_format.replace("{id}", str(int(node_id))))
+    return _node_principal(_settings.node_principal_format, int(node_id))
+
+
+@functools.lru_cache(maxsize=1024)  # asked at every follower fetch; bounded, as the ids come from requests
+def _node_principal(fmt: str, node_id: int) -> Principal:
+    return Principal.parse(fmt.replace("{id}", str(node_id)))
 
 
 def node_id_of(principal: Principal) -> int | None:
