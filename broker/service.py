@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import re
 import threading
@@ -212,7 +213,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         # after the acks=all waits of the requests before it.
         refused: asyncio.Future[BaseException] = loop.create_future()
 
-        def on_done(task: asyncio.Task[Any]) -> None:
+        def on_done(appended: asyncio.Future[None], task: asyncio.Task[Any]) -> None:
+            if not appended.done():
+                appended.set_result(None)  # ended before its batches were appended: the next may start
             if not task.cancelled() and (exc := task.exception()) is not None and not refused.done():
                 refused.set_result(exc)
 
@@ -231,9 +234,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                         raise
                     appended: asyncio.Future[None] = loop.create_future()
                     task = asyncio.ensure_future(self._produce_call(request, context, appended))
-                    task.add_done_callback(on_done)
+                    task.add_done_callback(functools.partial(on_done, appended))
                     answers.put_nowait(task)
-                    await asyncio.wait((appended, task), return_when=asyncio.FIRST_COMPLETED)
+                    await appended  # set once appended, or by on_done
                     if refused.done():
                         return  # the stream ends with the refusal: read nothing more
             finally:
@@ -245,7 +248,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             while (task := await answers.get()) is not None:
                 tasks.append(task)
                 try:
-                    await asyncio.wait((task, refused), return_when=asyncio.FIRST_COMPLETED)
+                    if not task.done():
+                        await asyncio.wait((task, refused), return_when=asyncio.FIRST_COMPLETED)
                     if refused.done():
                         raise refused.result()
                     response = task.result()
