@@ -12,8 +12,8 @@ factor 3:
    ``linger.ms`` of 5 ms (goal: p99 ≤ 5 ms, send() to acknowledgement), with what the leaders
    recorded for those requests (their local and remote produce time, as Kafka splits it), then
    ``brook perf end-to-end`` at that rate: send() until a consumer polls the record (goal: p99 ≤ 10 ms);
-   then both again with ``linger.ms`` 3 (``--tuned-linger-ms``), the setting that measured best at this
-   rate on a 2-core machine (shorter lingers send more requests than the cores serve promptly);
+   then both again with ``linger.ms`` 0 and two requests in flight per broker (``--tuned-linger-ms``,
+   ``--tuned-max-in-flight``), the setting that measured best at this rate on a 2-core machine;
 4. confluent-kafka (librdkafka) on the same cluster through the Kafka listener: an idempotent
    acks=all producer, then a consumer (fetches sent from the segment files with sendfile),
    side by side with steps 1 and 2b;
@@ -56,11 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-records", type=int, default=100_000, help="records for the 10k/s latency run")
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--no-tls", action="store_true", help="skip the TLS comparison (step 4)")
-    parser.add_argument("--tuned-linger-ms", type=int, default=3,
-                        help="linger.ms of the second latency pair of step 3 (0: skip it)")
+    parser.add_argument("--tuned-linger-ms", type=int, default=0, help="linger.ms of the second latency pair of step 3")
+    parser.add_argument("--tuned-max-in-flight", type=int, default=2,
+                        help="max_in_flight_requests_per_connection of the second latency pair of step 3")
+    parser.add_argument("--no-tuned", action="store_true", help="skip the second latency pair of step 3")
     args = parser.parse_args(argv)
     if args.records < 1 or args.latency_records < 1:
         parser.error("record counts must be positive")
+    if args.tuned_linger_ms < 0 or args.tuned_max_in_flight < 1:
+        parser.error("--tuned-linger-ms must be >= 0 and --tuned-max-in-flight >= 1")
 
     steps: list[tuple[str, int]] = []
     figures: dict[tuple[str, str], str] = {}  # (security, step) -> records/sec
@@ -113,17 +117,19 @@ def main(argv: list[str] | None = None) -> int:
             "--bootstrap-servers", bootstrap, "--topic", "bench-e2e", "--partitions", str(args.partitions),
             "--replication-factor", "3", "--record-size", "100", "--acks", "all", "--throughput", "10000",
             "--num-records", str(args.latency_records)])))
-        if args.tuned_linger_ms > 0:
-            linger = str(args.tuned_linger_ms)
-            print(f"== 3c. steps 3 and 3b again with linger.ms {linger} (the producer's default is 5)", flush=True)
-            steps.append((f"produce 10k/s linger {linger}", produce_main([
+        if not args.no_tuned:
+            linger, in_flight = str(args.tuned_linger_ms), str(args.tuned_max_in_flight)
+            tuned = ["--linger-ms", linger, "--producer-config", f"max_in_flight_requests_per_connection={in_flight}"]
+            print(f"== 3c. steps 3 and 3b again with linger.ms {linger} and {in_flight} requests in flight per broker "
+                  "(the producer's defaults: 5 and 5)", flush=True)
+            steps.append((f"produce 10k/s linger {linger} in-flight {in_flight}", produce_main([
                 *common, "--topic", "bench-latency-tuned", "--acks", "all", "--throughput", "10000",
                 "--batch-size", "16384", "--num-records", str(args.latency_records), "--warmup-records", "5000",
-                "--linger-ms", linger])))
-            steps.append((f"end-to-end 10k/s linger {linger}", e2e_main([
+                *tuned])))
+            steps.append((f"end-to-end 10k/s linger {linger} in-flight {in_flight}", e2e_main([
                 "--bootstrap-servers", bootstrap, "--topic", "bench-e2e-tuned", "--partitions", str(args.partitions),
                 "--replication-factor", "3", "--record-size", "100", "--acks", "all", "--throughput", "10000",
-                "--num-records", str(args.latency_records), "--linger-ms", linger])))
+                "--num-records", str(args.latency_records), *tuned])))
         steps += _kafka_steps(args, cluster, figures)
         _print_rss(cluster, "after the benchmark steps")
         _long_poll_flood(cluster)
