@@ -54,6 +54,7 @@ from broker import principal as principals
 from broker.admission import (
     DEFAULT_CONNECTION_IDLE_MS,
     ByteBudget,
+    ConnectionDeadline,
     ConnectionSlots,
     connections_within_descriptors,
     stop_serving,
@@ -223,11 +224,21 @@ class KafkaListener:
                 writer.close()
 
 
+class _WriterFailed(Exception):
+    """The connection's answers can no longer be written: its reads end."""
+
+
 class _Connection:
     def __init__(self, listener: KafkaListener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.listener = listener
         self.reader = reader
         self.writer = writer
+        # The deadline of the frame being read (the next one: connections.max.idle.ms, or what is left of the
+        # login; its rest: the request timeout): past it the read fails with TimeoutError.
+        self.read_deadline = ConnectionDeadline(asyncio.get_running_loop(),
+                                                lambda: reader.set_exception(TimeoutError()))
+        self._writer_failed = False
+        self._waiting: asyncio.Future[int] | None = None  # a wait for the frame budget
         peer = writer.get_extra_info("peername") or ("unknown", 0)
         host, port = str(peer[0]), int(peer[1])
         self.client_host = host
@@ -249,13 +260,14 @@ class _Connection:
         made before the body is read, so the frames held across all connections never exceed
         ``queued.max.request.bytes`` (as Kafka's memory pool): over it, a connection waits unread."""
         lst = self.listener
-        timeout = lst.idle_s
-        if not self.authenticated:
-            timeout = self._login_time_left()
+        deadline = self.read_deadline
+        deadline.within(lst.idle_s if self.authenticated else self._login_time_left())
         try:
-            head = await asyncio.wait_for(self.reader.readexactly(4), timeout)
+            head = await self.reader.readexactly(4)
         except (TimeoutError, asyncio.IncompleteReadError):
             return None
+        finally:
+            deadline.clear()
         (size,) = _SIZE.unpack(head)
         most, key = ((lst.max_request_bytes, "socket.request.max.bytes") if self.authenticated else
                      (lst.pre_auth_max_bytes, "sasl.server.max.receive.size, before authentication"))
@@ -265,7 +277,7 @@ class _Connection:
             return None
         if self.authenticated:
             budget, body_timeout = lst.frame_budget, lst.request_timeout_s
-            reservation: list[Any] = [await budget.acquire(size), budget]
+            reservation: list[Any] = [await self._acquire(budget, size), budget]
         else:  # the whole login, frames included, within kafka.authentication.timeout.ms
             budget = lst.pre_auth_budget
             try:
@@ -274,11 +286,30 @@ class _Connection:
                 return None
             body_timeout = self._login_time_left()
         self.reservations.append(reservation)
+        deadline.within(body_timeout)
         try:
-            return await asyncio.wait_for(self.reader.readexactly(size), body_timeout), reservation
+            return await self.reader.readexactly(size), reservation
         except BaseException:
             self._release(reservation)
             raise
+        finally:
+            deadline.clear()
+
+    async def _acquire(self, budget: ByteBudget, size: int) -> int:
+        """``budget.acquire(size)``; a wait for the pool ends with _WriterFailed once the connection's
+        answers can no longer be written."""
+        if budget.try_acquire(size):
+            return budget.clamp(size)
+        waiting = asyncio.ensure_future(budget.acquire(size))
+        self._waiting = waiting
+        try:
+            return await waiting
+        except asyncio.CancelledError:
+            if self._writer_failed:
+                raise _WriterFailed() from None
+            raise
+        finally:
+            self._waiting = None
 
     def _login_time_left(self) -> float:
         return max(0.0, self.listener.sasl_timeout_s - (time.monotonic() - self.started))
@@ -305,27 +336,32 @@ class _Connection:
         queue: asyncio.Queue[tuple[asyncio.Task[Any], list[KafkaCallContext]] | None] = \
             asyncio.Queue(maxsize=PIPELINE_DEPTH)
         writer = asyncio.create_task(self._write_responses(queue))
+        # A writer that fails ends the read it waits for (no read task and asyncio.wait a request).
+        writer.add_done_callback(self._writer_ended)
         try:
             while True:
-                read = asyncio.ensure_future(self._read_frame())
-                await asyncio.wait({read, writer}, return_when=asyncio.FIRST_COMPLETED)
-                if writer.done():
-                    read.cancel()
+                try:
+                    got = await self._read_frame()
+                except _WriterFailed:
                     break
-                got = read.result()
-                if got is None:
+                if got is None or writer.done():
+                    if got is not None:
+                        self._release(got[1])
                     break
                 frame, reserved = got
                 released: asyncio.Future[None] = loop.create_future()
                 contexts: list[KafkaCallContext] = []
                 task = asyncio.create_task(self._handle(frame, released, reserved, contexts))
-                put = asyncio.ensure_future(queue.put((task, contexts)))
-                await asyncio.wait({put, writer}, return_when=asyncio.FIRST_COMPLETED)
-                if writer.done():
-                    put.cancel()
-                    task.cancel()
-                    _finish(contexts)
-                    break
+                if not queue.full():
+                    queue.put_nowait((task, contexts))
+                else:
+                    put = asyncio.ensure_future(queue.put((task, contexts)))
+                    await asyncio.wait({put, writer}, return_when=asyncio.FIRST_COMPLETED)
+                    if writer.done():
+                        put.cancel()
+                        task.cancel()
+                        _finish(contexts)
+                        break
                 await asyncio.wait({released, task, writer}, return_when=asyncio.FIRST_COMPLETED)
                 if writer.done():
                     break
@@ -409,7 +445,20 @@ class _Connection:
                 if isinstance(part, FileRecords):
                     part.close()
 
+    def _writer_ended(self, writer: asyncio.Task[Any]) -> None:
+        if not writer.cancelled() and writer.exception() is not None:
+            self._writer_failed = True
+            self.reader.set_exception(_WriterFailed())
+            if self._waiting is not None:
+                self._waiting.cancel()
+
     async def _drain(self) -> None:
+        transport = self.writer.transport
+        if transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[0]:
+            # Below the low-water mark the transport is not paused: drain() returns at once (or raises for a
+            # lost connection), and needs no timeout around it.
+            await self.writer.drain()
+            return
         await asyncio.wait_for(self.writer.drain(), self.listener.idle_s)
 
     async def _handle(self, frame: bytes, released: asyncio.Future[None], reserved: list[Any],

@@ -105,6 +105,38 @@ async def test_frames_before_login_hold_a_pool_of_their_own_and_only_for_the_log
             writer.close()
 
 
+@pytest.mark.parametrize("sent, setting, why", [
+    (b"", "connections.max.idle.ms", "a connection that sends nothing"),
+    (struct.pack(">i", 1000) + b"\x00\x12", "kafka.request.timeout.ms", "a frame begun and not finished"),
+])
+async def test_a_stalled_connection_is_closed_at_its_timeout_and_gives_its_bytes_back(
+        sent: bytes, setting: str, why: str) -> None:
+    """After an answered request, a connection's wait for its next frame is bounded by
+    connections.max.idle.ms, and the rest of a frame begun by the request timeout: closed when it passes,
+    not before, and the frame's reserved bytes go back to the pool."""
+    timeouts = {"connections.max.idle.ms": "60000", "kafka.request.timeout.ms": "60000", setting: "1500"}
+    lst = await _listener("PLAINTEXT", **timeouts)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", lst.port)
+        try:
+            writer.write(_api_versions_frame())  # a request answered first: the deadlines are set anew after it
+            size = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 10))[0]
+            await asyncio.wait_for(reader.readexactly(size), 10)
+            writer.write(sent)
+            await writer.drain()
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            assert await asyncio.wait_for(_closed(reader), 30), f"{why}: not closed"
+            waited = loop.time() - start
+            assert waited >= 1.5 - 0.2, f"{why}: closed after {waited:.2f} s, before its 1.5 s"
+            await await_for(lambda: lst.frame_budget.used_bytes == 0, 10,
+                            lambda: f"{why}: {lst.frame_budget.used_bytes} bytes still reserved")
+        finally:
+            writer.close()
+    finally:
+        await lst.stop()
+
+
 async def test_the_elements_a_frame_may_hold_follow_the_cluster_size() -> None:
     from broker.kafka_wire import bounds
 
