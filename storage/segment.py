@@ -153,6 +153,7 @@ class LogSegment:
         self.created_ms = created_ms if created_ms is not None else now_ms()
         self.indexes_synced = not writable
         self.closed = False
+        self.truncations = 0  # a reader without the log's lock tells that its bytes changed under it
         # (position, header) of the last batch appended since the segment opened or was truncated:
         # a follower or tailing consumer reads from it, with no index lookup or scan.
         self._last_appended: tuple[int, BatchHeader] | None = None
@@ -688,6 +689,7 @@ class LogSegment:
         self.index.truncate_to(first_removed.base_offset)
         self.time_index.truncate_to(first_removed.base_offset)
         self._last_appended = None
+        self.truncations += 1
         os.ftruncate(self._fd, pos)
         self.size = pos
         self.bytes_since_last_index_entry = 0
