@@ -358,6 +358,14 @@ _BEHAVIOUR = [
            check=_at_least(1), roles=_B),
     KeyDef("log.cleaner.enable", "bool", "true", "Run the log cleaner (compaction).", roles=_B),
     KeyDef("log.cleaner.threads", "int", "1", "Log cleaner threads.", check=_at_least(0), roles=_B),
+    KeyDef("log.scrubber.enable", "bool", "true",
+           "Read every closed segment again now and then and check each batch's CRC (storage/scrubber.py).",
+           roles=_B),
+    KeyDef("log.scrubber.bytes.per.second", "long", "1048576", "The log scrubber's read rate.",
+           check=_at_least(1), roles=_B),
+    KeyDef("log.scrubber.interval.ms", "long", "604800000",
+           "How often a scrubber pass over every log starts (the first one 10 minutes after the start).",
+           check=_at_least(1), roles=_B),
 ]
 
 # Authentication, authorization and quotas (broker/authorizer.py, broker/sasl.py, broker/quotas.py).

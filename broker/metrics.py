@@ -538,6 +538,15 @@ class BrokerCollector(_SafeCollector):
                                     "Compacted partitions the cleaner stopped at a corrupt batch (Kafka's "
                                     "uncleanable-partitions-count): not compacted until their log is opened again.",
                                     value=float(len(rm.log_manager.cleaner.uncleanable())))
+            scrub = rm.log_manager.scrubber.stats
+            for name, doc, value in (
+                    ("passes", "Passes of the log scrubber over every log.", scrub.passes_total),
+                    ("bytes", "Bytes of closed segments the log scrubber read.", scrub.bytes_total),
+                    ("batches", "Batches the log scrubber checked.", scrub.batches_total),
+                    ("corrupt_batches", "Corrupt batches the log scrubber found (each handled as any reader's "
+                                        "find: repaired from in-sync replicas, or reported).",
+                     scrub.corrupt_batches_total)):
+                yield CounterMetricFamily(f"brook_log_scrubber_{name}", doc, value=float(value))
 
     def _stray(self, stray: list[Path]) -> Metric:
         family = GaugeMetricFamily("brook_log_dir_stray_logs", "Stray logs set aside in a log directory (a "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import heapq
 import logging
 import shutil
@@ -338,7 +339,10 @@ class ReplicaManager:
         self.log_manager = log_manager
         cleaner = getattr(log_manager, "cleaner", None)
         if cleaner is not None:
-            cleaner.on_corrupt = self._cleaner_found_corrupt
+            cleaner.on_corrupt = functools.partial(self._background_found_corrupt, "the log cleaner")
+        scrubber = getattr(log_manager, "scrubber", None)
+        if scrubber is not None:
+            scrubber.on_corrupt = functools.partial(self._background_found_corrupt, "the log scrubber")
         self.metadata_cache = metadata_cache
         self.controller_client = controller_client
         self.defaults = dict(defaults)
@@ -948,11 +952,12 @@ class ReplicaManager:
         self.log_manager.dir_failed(p.log.dir, corrupt)
         return False
 
-    def _cleaner_found_corrupt(self, lg: Any, corrupt: CorruptBatchError) -> None:
-        """The log cleaner stopped at a corrupt batch (the log stays uncleanable until it is opened again)."""
+    def _background_found_corrupt(self, reader: str, lg: Any, corrupt: CorruptBatchError) -> None:
+        """The log cleaner (the log stays uncleanable until it is opened again) or the log scrubber found a
+        corrupt batch."""
         p = self._partitions.get((lg.topic, lg.partition))
         if p is not None and p.log is lg:  # else deleted or moved meanwhile: nothing to decide
-            self.corrupt_batch_found(p, corrupt, "the log cleaner")
+            self.corrupt_batch_found(p, corrupt, reader)
 
     def _deposed_leader(self, p: Partition, now: int) -> bool:
         """Is ``p``'s leadership here likely gone without this broker knowing? No controller session (the

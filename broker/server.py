@@ -308,6 +308,9 @@ class BrokerServer:
             checkpoint_interval_ms=int(d.get("replica.high.watermark.checkpoint.interval.ms", "5000")),
             cleaner_threads=(int(d.get("log.cleaner.threads", "1"))
                              if d.get("log.cleaner.enable", "true").strip().lower() == "true" else 0),
+            scrubber_enabled=d.get("log.scrubber.enable", "true").strip().lower() == "true",
+            scrubber_bytes_per_sec=int(d.get("log.scrubber.bytes.per.second", "1048576")),
+            scrubber_interval_ms=int(d.get("log.scrubber.interval.ms", "604800000")),
             on_dir_failure=self._on_log_dir_failure)
         self.log_manager.startup()
         self.previous_incarnation_id = record_incarnation(s.log_dirs[0], self.incarnation_id)

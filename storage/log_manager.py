@@ -39,6 +39,7 @@ from storage.disk_errors import disk_failure
 from storage.fd_budget import check_startup_descriptors, descriptor_limit
 from storage.log import Log, parse_partition_dir
 from storage.log_config import LogConfig
+from storage.scrubber import DEFAULT_SCRUB_BYTES_PER_SEC, DEFAULT_SCRUB_INTERVAL_MS, LogScrubber
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ class LogManager:
                  cleaner_max_map_entries: int = DEFAULT_MAX_MAP_ENTRIES,
                  cleaner_io_bytes_per_sec: float = DEFAULT_IO_BYTES_PER_SEC,
                  cleaner_backoff_ms: int = 15_000, recovery_threads: int = 2,
+                 scrubber_enabled: bool = True, scrubber_bytes_per_sec: float = DEFAULT_SCRUB_BYTES_PER_SEC,
+                 scrubber_interval_ms: int = DEFAULT_SCRUB_INTERVAL_MS,
                  on_dir_failure: Callable[[Path, OSError], None] | None = None) -> None:
         if not log_dirs:
             raise ValueError("at least one log dir is needed")
@@ -117,6 +120,9 @@ class LogManager:
         self.cleaner = LogCleaner(self.all_logs, threads=cleaner_threads, max_map_entries=cleaner_max_map_entries,
                                   io_bytes_per_sec=cleaner_io_bytes_per_sec, backoff_ms=cleaner_backoff_ms)
         self.cleaner.on_error = self.dir_failed
+        self.scrubber = LogScrubber(self.all_logs, bytes_per_sec=scrubber_bytes_per_sec,
+                                    interval_ms=scrubber_interval_ms, enabled=scrubber_enabled)
+        self.scrubber.on_error = self.dir_failed
 
     # ------------------------------------------------------------------ startup
     def startup(self) -> None:
@@ -520,6 +526,7 @@ class LogManager:
             t.start()
             self._threads.append(t)
         self.cleaner.start()
+        self.scrubber.start()
 
     def _loop(self, name: str, interval_ms: int, job: Callable[[], object]) -> None:
         while not self._stop.wait(max(interval_ms, 1) / 1000):
@@ -538,6 +545,7 @@ class LogManager:
         self._shut_down = True
         self._stop.set()
         self.cleaner.shutdown()
+        self.scrubber.shutdown()
         for t in self._threads:
             t.join(30)
         self._threads = []

@@ -1,0 +1,146 @@
+"""The log scrubber (storage/scrubber.py) on a real 3-broker cluster, RF 3: bytes that changed on disk in a
+closed segment are found by the scrubber alone (nobody reads them: no consumer, no follower needs them, no
+restart rescans them), and handled as any reader's find is (ReplicaManager.corrupt_batch_found):
+
+- on a follower: an ERROR, the log marked to be cut there at its next start, and it keeps following; started
+  again, it cuts its log at the batch and fetches the rest back, byte-identical to the others;
+- on the leader: it fails its log directory and stops (exit code 4, CRITICAL), the others take over and every
+  acknowledged record stays readable.
+
+Without the scrubber the bad batch waits, unseen, for the day a consumer reads from there or this replica
+becomes the leader; by then the intact copies may be gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from faultkit import assert_every_acknowledged_record_once_in_order, partition_consumer, read_until
+from opskit import produce_acked, sample_values
+from waiting import wait_for
+
+from client.admin import Admin, NewTopic
+from deploy.local.cluster import LocalCluster
+from storage.record_batch import BATCH_HEADER_SIZE, iter_batches
+
+pytestmark = pytest.mark.slow
+
+BOUND_S = 60.0
+TOPIC_CONFIGS = {"min.insync.replicas": "2", "segment.bytes": "16384"}
+RECORDS = 240
+EXIT_LOG_DIR_FAILURE = 4  # broker/server.py
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("scrubber") / "c", nodes=3, overrides={
+            "log.scrubber.interval.ms": "1000", "log.scrubber.bytes.per.second": str(100 << 20)}) as c:
+        yield c
+
+
+def _create(cluster: LocalCluster, topic: str, replicas: list[int]) -> list[bytes]:
+    with Admin(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic, 1, 3, dict(TOPIC_CONFIGS), replica_assignments=[replicas])])
+    wait_for(lambda: _leader_isr(cluster, topic) == (replicas[0], 3), BOUND_S,
+             lambda: f"{topic}-0 led by {replicas[0]} with 3 in-sync replicas: {_leader_isr(cluster, topic)}")
+    values = [b"%s-%05d-" % (topic.encode(), i) + b"v" * 200 for i in range(RECORDS)]
+    produce_acked(cluster, topic, values)
+    return values
+
+
+def _leader_isr(cluster: LocalCluster, topic: str) -> tuple[int, int] | None:
+    try:
+        with Admin(cluster.bootstrap_servers, request_timeout_ms=5000) as admin:
+            p = admin.describe_topics([topic])[topic].partitions[0]
+    except Exception:  # noqa: BLE001 - a broker stopping: asked again
+        return None
+    return p.leader, len(p.isr)
+
+
+def _segments(cluster: LocalCluster, broker: int, topic: str) -> list[Path]:
+    return sorted((cluster.node_dir(broker) / "data" / f"{topic}-0").glob("*.log"))
+
+
+def _flip_in_records(path: Path, which: int) -> int:
+    """Flip a byte in the records of batch ``which`` of the segment (in place, the broker running); its base offset."""
+    data = path.read_bytes()
+    pos, h = list(iter_batches(data))[which]
+    at = pos + BATCH_HEADER_SIZE + (h.size - BATCH_HEADER_SIZE) // 2
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0x5A]))
+    return h.base_offset
+
+
+def _found(cluster: LocalCluster, broker: int) -> float:
+    try:
+        values = sample_values(cluster.read_metrics(broker), "brook_log_scrubber_corrupt_batches_total")
+    except Exception:  # noqa: BLE001 - stopped
+        return -1.0
+    return values[0] if values else 0.0
+
+
+def _batches(cluster: LocalCluster, broker: int, topic: str, below: int) -> list[bytes]:
+    out = []
+    for path in _segments(cluster, broker, topic):
+        data = path.read_bytes()
+        out += [data[pos:pos + h.size] for pos, h in iter_batches(data) if h.base_offset + h.last_offset_delta < below]
+    return out
+
+
+def _read_all(cluster: LocalCluster, topic: str, acked: list[bytes], where: str) -> None:
+    with partition_consumer(cluster, topic) as consumer:
+        read = read_until(consumer, topic, len(acked), timeout_s=BOUND_S, describe=lambda: where)
+    assert_every_acknowledged_record_once_in_order(read, acked, where)
+
+
+def test_a_followers_corrupt_batch_is_found_by_the_scrubber_and_fetched_back_at_its_restart(
+        cluster: LocalCluster) -> None:
+    topic = "scrubbed-follower"
+    follower = 2
+    acked = _create(cluster, topic, [1, follower, 3])
+    segments = _segments(cluster, follower, topic)
+    assert len(segments) >= 3, segments
+    bad = _flip_in_records(segments[0], 1)
+    wait_for(lambda: _found(cluster, follower) >= 1, BOUND_S,
+             lambda: f"broker {follower}'s scrubber to find the batch at offset {bad}: {cluster.log_tail(follower)}")
+    log_text = cluster.node_log(follower).read_text(errors="replace")
+    assert f"(base offset {bad})" in log_text and "found by the log scrubber" in log_text, cluster.log_tail(follower)
+    assert cluster.is_running(follower), "a follower that found a corrupt batch stopped"
+    acked += [b"after-the-find-%03d" % i for i in range(20)]
+    produce_acked(cluster, topic, acked[-20:])
+
+    cluster.stop_node(follower)
+    cluster.start_node(follower)
+    wait_for(lambda: _leader_isr(cluster, topic) == (1, 3), BOUND_S, f"broker {follower} back in the ISR")
+    end = len(acked)
+    sizes: dict[int, int] = {}
+
+    def identical() -> bool:
+        per = {b: _batches(cluster, b, topic, end) for b in (1, 2, 3)}
+        sizes.update({b: len(v) for b, v in per.items()})
+        return per[1] == per[2] == per[3]
+    wait_for(identical, BOUND_S, lambda: f"the replicas byte-identical below {end}: batches {sizes}", poll_s=0.5)
+    assert f"a read found a corrupt batch at offset {bad}" in cluster.node_log(follower).read_text(errors="replace")
+    _read_all(cluster, topic, acked, "after the follower was repaired")
+
+
+def test_a_leaders_corrupt_batch_found_by_the_scrubber_stops_it_and_the_others_serve_everything(
+        cluster: LocalCluster) -> None:
+    topic = "scrubbed-leader"
+    leader = 3
+    acked = _create(cluster, topic, [leader, 1, 2])
+    segments = _segments(cluster, leader, topic)
+    assert len(segments) >= 3, segments
+    bad = _flip_in_records(segments[1], 0)
+    wait_for(lambda: not cluster.is_running(leader), BOUND_S,
+             lambda: f"broker {leader} to stop once its scrubber found the batch at offset {bad}")
+    assert cluster.returncode(leader) == EXIT_LOG_DIR_FAILURE, cluster.log_tail(leader)
+    assert "found by the log scrubber" in cluster.node_log(leader).read_text(errors="replace"), \
+        cluster.log_tail(leader)
+    wait_for(lambda: (_leader_isr(cluster, topic) or (-1, 0))[0] in (1, 2), BOUND_S, f"a new leader of {topic}-0")
+    _read_all(cluster, topic, acked, f"with broker {leader} stopped")
+    cluster.start_node(leader)
+    wait_for(lambda: (_leader_isr(cluster, topic) or (-1, 0))[1] == 3, BOUND_S, f"broker {leader} back in the ISR")
