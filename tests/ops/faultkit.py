@@ -105,3 +105,20 @@ def read_until(consumer: Consumer, topic: str, end: int | None = None, timeout_s
                 on_records()
             out.extend((r.offset, r.value) for r in records)
     return out
+
+
+def replica_segments(cluster: Any, broker: int, topic: str, partition: int = 0) -> list[Path]:
+    """The segment files of ``broker``'s replica of ``topic``-``partition``, in offset order."""
+    return sorted((cluster.node_dir(broker) / "data" / f"{topic}-{partition}").glob("*.log"))
+
+
+def replica_batches(cluster: Any, broker: int, topic: str, below: int) -> list[bytes]:
+    """The bytes of each batch of ``broker``'s replica of ``topic``-0 whose last offset is below ``below``, in
+    order: equal lists on every broker mean byte-identical replicas up to there."""
+    from storage.record_batch import iter_batches
+
+    out = []
+    for path in replica_segments(cluster, broker, topic):
+        data = path.read_bytes()
+        out += [data[pos:pos + h.size] for pos, h in iter_batches(data) if h.base_offset + h.last_offset_delta < below]
+    return out

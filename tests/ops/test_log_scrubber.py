@@ -17,7 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from faultkit import assert_every_acknowledged_record_once_in_order, partition_consumer, read_until
+from faultkit import (
+    assert_every_acknowledged_record_once_in_order,
+    partition_consumer,
+    read_until,
+    replica_batches,
+    replica_segments,
+)
 from opskit import produce_acked, sample_values
 from waiting import wait_for
 
@@ -59,9 +65,6 @@ def _leader_isr(cluster: LocalCluster, topic: str) -> tuple[int, int] | None:
     return p.leader, len(p.isr)
 
 
-def _segments(cluster: LocalCluster, broker: int, topic: str) -> list[Path]:
-    return sorted((cluster.node_dir(broker) / "data" / f"{topic}-0").glob("*.log"))
-
 
 def _flip_in_records(path: Path, which: int) -> int:
     """Flip a byte in the records of batch ``which`` of the segment (in place, the broker running); its base offset."""
@@ -82,13 +85,6 @@ def _found(cluster: LocalCluster, broker: int) -> float:
     return values[0] if values else 0.0
 
 
-def _batches(cluster: LocalCluster, broker: int, topic: str, below: int) -> list[bytes]:
-    out = []
-    for path in _segments(cluster, broker, topic):
-        data = path.read_bytes()
-        out += [data[pos:pos + h.size] for pos, h in iter_batches(data) if h.base_offset + h.last_offset_delta < below]
-    return out
-
 
 def _read_all(cluster: LocalCluster, topic: str, acked: list[bytes], where: str) -> None:
     with partition_consumer(cluster, topic) as consumer:
@@ -101,7 +97,7 @@ def test_a_followers_corrupt_batch_is_found_by_the_scrubber_and_fetched_back_at_
     topic = "scrubbed-follower"
     follower = 2
     acked = _create(cluster, topic, [1, follower, 3])
-    segments = _segments(cluster, follower, topic)
+    segments = replica_segments(cluster, follower, topic)
     assert len(segments) >= 3, segments
     bad = _flip_in_records(segments[0], 1)
     wait_for(lambda: _found(cluster, follower) >= 1, BOUND_S,
@@ -119,7 +115,7 @@ def test_a_followers_corrupt_batch_is_found_by_the_scrubber_and_fetched_back_at_
     sizes: dict[int, int] = {}
 
     def identical() -> bool:
-        per = {b: _batches(cluster, b, topic, end) for b in (1, 2, 3)}
+        per = {b: replica_batches(cluster, b, topic, end) for b in (1, 2, 3)}
         sizes.update({b: len(v) for b, v in per.items()})
         return per[1] == per[2] == per[3]
     wait_for(identical, BOUND_S, lambda: f"the replicas byte-identical below {end}: batches {sizes}", poll_s=0.5)
@@ -132,7 +128,7 @@ def test_a_leaders_corrupt_batch_found_by_the_scrubber_stops_it_and_the_others_s
     topic = "scrubbed-leader"
     leader = 3
     acked = _create(cluster, topic, [leader, 1, 2])
-    segments = _segments(cluster, leader, topic)
+    segments = replica_segments(cluster, leader, topic)
     assert len(segments) >= 3, segments
     bad = _flip_in_records(segments[1], 0)
     wait_for(lambda: not cluster.is_running(leader), BOUND_S,

@@ -25,7 +25,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from faultkit import assert_every_acknowledged_record_once_in_order, partition_consumer, read_until
+from faultkit import (
+    assert_every_acknowledged_record_once_in_order,
+    partition_consumer,
+    read_until,
+    replica_batches,
+    replica_segments,
+)
 from opskit import produce_acked
 from waiting import wait_for
 
@@ -100,19 +106,6 @@ def _partition_dir(cluster: LocalCluster, broker: int, topic: str) -> Path:
     return cluster.node_dir(broker) / "data" / f"{topic}-0"
 
 
-def _segments(cluster: LocalCluster, broker: int, topic: str) -> list[Path]:
-    return sorted(_partition_dir(cluster, broker, topic).glob("*.log"))
-
-
-def _batches(cluster: LocalCluster, broker: int, topic: str, below: int) -> list[bytes]:
-    """The bytes of each batch of the broker's replica whose last offset is below ``below``, in order."""
-    out = []
-    for path in _segments(cluster, broker, topic):
-        data = path.read_bytes()
-        out += [data[pos:pos + h.size] for pos, h in iter_batches(data) if h.base_offset + h.last_offset_delta < below]
-    return out
-
-
 def _end_offset(cluster: LocalCluster, topic: str) -> int:
     tp = TopicPartition(topic, 0)
     with Admin(cluster.bootstrap_servers, request_timeout_ms=5000) as admin:
@@ -127,7 +120,7 @@ def _assert_converged(cluster: LocalCluster, topic: str, acked: list[bytes], whe
     sizes: dict[int, int] = {}
 
     def identical() -> bool:
-        per = {b: _batches(cluster, b, topic, end) for b in BROKERS}
+        per = {b: replica_batches(cluster, b, topic, end) for b in BROKERS}
         sizes.update({b: len(v) for b, v in per.items()})
         return per[1] == per[2] == per[3] and sum(len(x) for x in per[1]) > 0
     wait_for(identical, BOUND_S, lambda: f"the replicas of {topic}-0 byte-identical below {end} ({where}): "
@@ -177,7 +170,7 @@ def test_corrupt_tail_of_a_followers_active_segment_is_cut_and_fetched_again(clu
     acked = _create(cluster, topic, [1, 2, 3])
     follower = 3
     cluster.kill_node(follower)
-    active = _segments(cluster, follower, topic)[-1]
+    active = replica_segments(cluster, follower, topic)[-1]
     bad = _flip_in_records(active, -1)
     mark = _log_mark(cluster, follower)
     cluster.start_node(follower)
@@ -192,7 +185,7 @@ def test_a_corrupt_batch_below_the_recovery_point_is_never_served_by_a_new_leade
     topic = "corrupt-follower-old"
     corrupt = 2  # preferred leader: the one whose closed segment goes bad
     acked = _create(cluster, topic, [corrupt, 1, 3])
-    segments = _segments(cluster, corrupt, topic)
+    segments = replica_segments(cluster, corrupt, topic)
     assert len(segments) >= 3, segments
     # The closed segments are flushed and checkpointed below the recovery point: a crash does not rescan them.
     wait_for(lambda: _recovery_point(cluster, corrupt, topic) >= int(segments[2].stem), BOUND_S,
@@ -248,7 +241,7 @@ def test_leader_torn_mid_batch_and_killed_fails_over_and_catches_up(cluster: Loc
     topic = "torn-leader"
     acked = _create(cluster, topic, [1, 2, 3])
     leader = 1
-    active = _segments(cluster, leader, topic)[-1]
+    active = replica_segments(cluster, leader, topic)[-1]
     pos, h = list(iter_batches(active.read_bytes()))[-1]
     os.truncate(active, pos + h.size // 2)
     cluster.kill_node(leader)
@@ -308,7 +301,7 @@ def test_a_corrupt_batch_on_the_only_in_sync_replica_is_reported_and_nothing_sto
     _wait_partition(cluster, topic, lambda p: p.leader == only, f"{topic}-0 led by {only}")
     acked = [b"%s-%05d" % (topic.encode(), i) + b"v" * 200 for i in range(RECORDS)]
     produce_acked(cluster, topic, acked)
-    segments = _segments(cluster, only, topic)
+    segments = replica_segments(cluster, only, topic)
     wait_for(lambda: _recovery_point(cluster, only, topic) >= int(segments[2].stem), BOUND_S,
              f"broker {only}'s recovery point of {topic}-0 past segment {segments[2].name}", poll_s=0.2)
     cluster.kill_node(only)
