@@ -150,6 +150,11 @@ class CleanerAborted(Exception):
     """The cleaner was stopped mid-pass; nothing was swapped in for the current group."""
 
 
+class SegmentChanged(Exception):
+    """A batch the pass read failed its check, but its segment was removed or cut since: no corruption (nothing
+    swapped in; the log is cleaned again at a later pass)."""
+
+
 class LogCleaner:
     def __init__(self, logs: Callable[[], dict[TopicPartitionKey, Log]], *, threads: int = 1,
                  max_map_entries: int = DEFAULT_MAX_MAP_ENTRIES,
@@ -270,6 +275,8 @@ class LogCleaner:
         try:
             return self._clean_log(lg, now_ms)
         except CorruptBatchError as exc:
+            if not confirmed_corrupt(lg, exc):
+                raise SegmentChanged(f"{lg.dir}: a segment changed while it was read ({exc})") from exc
             with self._lock:
                 self._uncleanable[(lg.topic, lg.partition)] = (lg, exc.base_offset)
             raise
@@ -436,6 +443,9 @@ class LogCleaner:
                 self.clean_log(lg)
             except CleanerAborted:
                 return
+            except SegmentChanged as exc:  # retention or a truncation under the read: the next pass
+                log.info("cleaning %s stopped: %s", lg.dir, exc)
+                self._stop.wait(self.backoff_ms / 1000)
             except CorruptBatchError as exc:
                 log.error("cleaning %s stopped: %s; the log is not cleaned again until it is opened again",
                           lg.dir, exc)
@@ -477,7 +487,45 @@ def _iter_batches(seg: LogSegment, throttler: Throttler, stop: threading.Event
                   ) -> Iterator[tuple[BatchHeader, memoryview]]:
     """Every batch of ``seg`` as bytes, read in bounded chunks (throttled, stoppable), each checked as a
     fetch checks it (its CRC, and a header that can be walked): ``CorruptBatchError`` names the first that
-    fails, before any of its records is decoded."""
+    fails, before any of its records is decoded. The read takes no lock: the error carries the segment and its
+    truncation count at the start, for ``confirmed_corrupt``."""
+    truncations = seg.truncations
+    try:
+        yield from _walk_batches(seg, throttler, stop)
+    except CorruptBatchError as exc:
+        exc.segment, exc.truncations = seg, truncations
+        raise
+
+
+def confirmed_corrupt(lg: Log, corrupt: CorruptBatchError) -> bool:
+    """Is the batch ``corrupt`` names (found by ``_iter_batches``, without the log's lock) corrupt in its segment
+    as it is now? Read again under the log's lock, and only in a segment that is still one of the log's closed
+    ones and was not truncated since the read began: retention may have removed it (its descriptor closed, and
+    its number perhaps another file's) and a follower's truncation may have cut it, and neither is corruption."""
+    seg = corrupt.segment
+    if seg is None:
+        return True  # not from an unlocked read
+    with lg.lock:
+        if seg.closed or seg.truncations != corrupt.truncations or not any(s is seg for s in lg.segments()[:-1]):
+            return False
+        end, pos = seg.size, corrupt.position
+        if pos + BATCH_HEADER_SIZE > end:
+            return False
+        try:
+            h = read_header(os.pread(seg._fd, BATCH_HEADER_SIZE, pos), 0)  # noqa: SLF001 - a sibling reader
+        except errors.CorruptMessageError:
+            return True
+        if h.size < BATCH_HEADER_SIZE or pos + h.size > end:
+            return True  # a length field that changed: under the lock the segment ends at a batch's end
+        try:
+            validate_batch(memoryview(os.pread(seg._fd, h.size, pos)))  # noqa: SLF001
+        except errors.CorruptMessageError:
+            return True
+        return False
+
+
+def _walk_batches(seg: LogSegment, throttler: Throttler, stop: threading.Event
+                  ) -> Iterator[tuple[BatchHeader, memoryview]]:
     pos, end = 0, seg.size
     fd = seg._fd  # noqa: SLF001 - the cleaner is the segment's sibling reader
     expected = seg.base_offset  # where the next batch starts, for a header too damaged to say

@@ -21,7 +21,6 @@ or one that no longer holds that batch whole, reports nothing.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,11 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proto import errors
-from storage.cleaner import CleanerAborted, Throttler, _iter_batches
+from storage.cleaner import CleanerAborted, Throttler, _iter_batches, confirmed_corrupt
 from storage.log import Log
-from storage.record_batch import BATCH_HEADER_SIZE, read_header, validate_batch
-from storage.segment import CorruptBatchError, LogSegment
+from storage.segment import CorruptBatchError
 
 log = logging.getLogger(__name__)
 
@@ -122,14 +119,13 @@ class LogScrubber:
     def scrub_log(self, lg: Log, throttle: Throttler) -> CorruptBatchError | None:
         """Check ``lg``'s closed segments; the first corrupt batch (reported), else None."""
         for seg in lg.segments()[:-1]:
-            truncations = seg.truncations
             try:
                 for _ in _iter_batches(seg, throttle, self._stop):
                     self.stats.batches_total += 1
                     if seg.closed:
                         break  # removed: its descriptor is closed, and its number may be another file's now
             except CorruptBatchError as corrupt:
-                if not _still_corrupt(lg, seg, truncations, corrupt):
+                if not confirmed_corrupt(lg, corrupt):
                     log.info("%s changed while it was scrubbed (%s): checked again next pass", seg, corrupt)
                     continue
                 self.stats.corrupt_batches_total += 1
@@ -146,26 +142,3 @@ class LogScrubber:
                 return None
         return None
 
-
-def _still_corrupt(lg: Log, seg: LogSegment, truncations: int, corrupt: CorruptBatchError) -> bool:
-    """Is the batch ``corrupt`` names corrupt in the segment as it is now? Read again under the log's lock,
-    and only in a segment that is still one of the log's closed ones and was not truncated since the read
-    began (so the position still starts a batch of the bytes that were read)."""
-    with lg.lock:
-        segments = lg.segments()
-        if seg.closed or seg.truncations != truncations or not any(s is seg for s in segments[:-1]):
-            return False
-        end, pos = seg.size, corrupt.position
-        if pos + BATCH_HEADER_SIZE > end:
-            return False
-        try:
-            h = read_header(os.pread(seg._fd, BATCH_HEADER_SIZE, pos), 0)  # noqa: SLF001 - as the cleaner reads
-        except errors.CorruptMessageError:
-            return True
-        if h.size < BATCH_HEADER_SIZE or pos + h.size > end:
-            return True  # a length field that changed: the segment ends at a batch's end
-        try:
-            validate_batch(memoryview(os.pread(seg._fd, h.size, pos)))  # noqa: SLF001
-        except errors.CorruptMessageError:
-            return True
-        return False

@@ -116,6 +116,10 @@ class CorruptBatchError(OSError):
         self.position = position
         self.base_offset = base_offset
         self.next_offset = next_offset
+        # Set by a reader that took no lock (storage/cleaner.py ``_iter_batches``): the segment it read and its
+        # truncation count when the read began, to read the batch again under the lock (``confirmed_corrupt``).
+        self.segment: LogSegment | None = None
+        self.truncations: int | None = None
 
 
 class SegmentChangedError(OSError):

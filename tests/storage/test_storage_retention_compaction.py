@@ -10,7 +10,8 @@ from storage_testlib import flip_byte, make_batch, now_ms, read_all
 from waiting import wait_for
 
 from proto import errors
-from storage.cleaner import LogCleaner
+from storage import cleaner as cleaner_module
+from storage.cleaner import LogCleaner, SegmentChanged, Throttler
 from storage.log import Log
 from storage.log_config import LogConfig
 from storage.record_batch import decode_records, iter_batches
@@ -323,4 +324,39 @@ def test_a_batch_header_that_does_not_fit_the_segment_is_corrupt_not_read(tmp_pa
     with pytest.raises(CorruptBatchError) as caught:
         LogCleaner(lambda: {("c", 0): lg}).clean_log(lg)
     assert caught.value.base_offset == h.base_offset and caught.value.next_offset is None
+    lg.close()
+
+
+def test_a_batch_cut_away_while_the_cleaner_read_it_is_no_corruption(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cleaner reads segments without the log's lock. A follower's truncation that cuts a segment after the
+    cleaner read it is no corruption, even when what was read fails its check (here: a batch corrupt on disk,
+    cut away by the truncation): the pass stops (SegmentChanged) and the log stays cleanable, the broker is not
+    told. Before, the find was taken as it was read: the log was marked uncleanable and the broker told, which
+    for a leader with in-sync followers means stopping it."""
+    lg = _compacted_log(tmp_path, min_cleanable_dirty_ratio=0.01)
+    ts = now_ms()
+    for i in range(60):
+        _put(lg, f"key-{i % 7:02d}", f"value-{i:04d}".encode(), ts)
+    lg.update_high_watermark(lg.log_end_offset)
+    seg = lg.segments()[2]
+    pos, h = list(iter_batches(seg.log_path.read_bytes()))[-1]
+    flip_byte(seg.log_path, pos + h.size - 1)
+    cut: list[int] = []
+
+    class CutAfterReading(Throttler):
+        def account(self, n: int) -> None:
+            super().account(n)
+            if not cut and seg.size and n >= seg.size:  # the cleaner has read that segment whole
+                cut.append(h.base_offset)
+                lg.truncate_to(h.base_offset)
+    monkeypatch.setattr(cleaner_module, "Throttler", CutAfterReading)
+    cleaner = LogCleaner(lambda: {("c", 0): lg}, backoff_ms=10)
+    told: list[BaseException] = []
+    cleaner.on_corrupt = lambda _lg, exc: told.append(exc)
+    with pytest.raises(SegmentChanged):
+        cleaner.clean_log(lg)
+    assert cut == [h.base_offset], "the test's truncation did not happen during the pass"
+    assert cleaner.uncleanable() == {}, "a batch cut away under the read left the log uncleanable"
+    assert told == []
     lg.close()
