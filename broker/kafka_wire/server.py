@@ -213,6 +213,7 @@ class KafkaListener:
             log.exception("Kafka connection from %s failed", conn.peer_text if conn is not None else host)
         finally:
             if conn is not None:
+                conn.read_deadline.cancel()  # else its timer holds the connection until the deadline passes
                 conn.release_all()
             if self._slots.give_back(host):  # its last connection: its turns go too
                 self._parse_turns.pop(host, None)

@@ -137,6 +137,29 @@ async def test_a_stalled_connection_is_closed_at_its_timeout_and_gives_its_bytes
         await lst.stop()
 
 
+async def test_a_closed_connection_leaves_no_timer_behind() -> None:
+    """A connection's read deadline keeps one timer, armed up to connections.max.idle.ms ahead: once the
+    connection ends it must go, or each of a flood of short connections would be held (its reader and
+    buffers) for that long."""
+    import gc
+
+    from broker.admission import ConnectionDeadline
+
+    def deadlines() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if isinstance(o, ConnectionDeadline))
+    lst = await _listener("PLAINTEXT")
+    try:
+        before = deadlines()
+        for _ in range(20):
+            answer = await asyncio.wait_for(_answered(lst.port, _api_versions_frame()), 10)
+            assert struct.unpack(">ih", answer[:6]) == (7, 0), answer[:6]
+        await await_for(lambda: lst.stats.connections == 0, 10, lambda: f"{lst.stats.connections} connections open")
+        assert deadlines() - before == 0, "closed connections' deadlines are still referenced (their timers armed)"
+    finally:
+        await lst.stop()
+
+
 async def test_the_elements_a_frame_may_hold_follow_the_cluster_size() -> None:
     from broker.kafka_wire import bounds
 
