@@ -119,7 +119,14 @@ class ConnectionDeadline:
         self.fired = False
 
     def within(self, seconds: float) -> None:
-        """What the connection waits for now must come within ``seconds``."""
+        """What the connection waits for now must come within ``seconds``; at once when that is not positive
+        (a login's time already spent), whether or not what it waits for is already buffered."""
+        if seconds <= 0:
+            self._at = self._loop.time()
+            if not self.fired:
+                self.fired = True
+                self._expired()
+            return
         at = self._loop.time() + seconds
         self._at = at
         if at < self._timer_at:

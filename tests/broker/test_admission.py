@@ -175,3 +175,14 @@ async def test_a_cancelled_deadline_never_fires() -> None:
     deadline.cancel()
     await asyncio.sleep(0.1)
     assert fired == []
+
+
+async def test_a_deadline_already_passed_fires_at_once() -> None:
+    """A wait whose time is already spent (what is left of a login) expires before the read, even when the
+    bytes it waits for are already buffered: the read must not return them."""
+    fired: list[str] = []
+    deadline = ConnectionDeadline(asyncio.get_running_loop(), lambda: fired.append("expired"))
+    deadline.within(0.0)
+    assert fired == ["expired"] and deadline.fired
+    deadline.within(-1.0)
+    assert fired == ["expired"], "expired twice"

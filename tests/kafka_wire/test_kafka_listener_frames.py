@@ -9,6 +9,7 @@ of a frame ran on the event loop: an 8 MiB frame of empty entries stalled the br
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 import threading
 import types
@@ -158,6 +159,36 @@ async def test_a_closed_connection_leaves_no_timer_behind() -> None:
         assert deadlines() - before == 0, "closed connections' deadlines are still referenced (their timers armed)"
     finally:
         await lst.stop()
+
+
+async def test_a_login_that_keeps_sending_frames_is_closed_when_its_time_is_spent(
+        sasl_listener: KafkaListener) -> None:
+    """kafka.authentication.timeout.ms bounds the whole login however busy it is: a client that sends
+    ApiVersions (answered before login) as fast as the listener reads them, and never authenticates, is closed
+    once the login time is spent, although its next frame is always already there to be read."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", sasl_listener.port)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    burst = _api_versions_frame() * 64
+
+    async def send() -> None:
+        with contextlib.suppress(ConnectionError):
+            while loop.time() - start < 20:
+                writer.write(burst)
+                await writer.drain()
+
+    async def closed_after() -> float:
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(1 << 16):  # the answers, read as they come
+                pass
+        return loop.time() - start
+    sender = asyncio.create_task(send())
+    try:
+        waited = await asyncio.wait_for(closed_after(), 40)
+    finally:
+        sender.cancel()
+        writer.close()
+    assert waited < LOGIN_MS / 1000 + 5, f"a login sending frames all along was closed only after {waited:.1f} s"
 
 
 async def test_the_elements_a_frame_may_hold_follow_the_cluster_size() -> None:
