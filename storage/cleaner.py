@@ -511,15 +511,11 @@ def confirmed_corrupt(lg: Log, corrupt: CorruptBatchError) -> bool:
         end, pos = seg.size, corrupt.position
         if pos + BATCH_HEADER_SIZE > end:
             return False
-        try:
-            h = read_header(os.pread(seg._fd, BATCH_HEADER_SIZE, pos), 0)  # noqa: SLF001 - a sibling reader
-        except errors.CorruptMessageError:
-            return True
-        if h.size < BATCH_HEADER_SIZE or pos + h.size > end:
-            return True  # a length field that changed: under the lock the segment ends at a batch's end
-        try:
-            validate_batch(memoryview(os.pread(seg._fd, h.size, pos)))  # noqa: SLF001
-        except errors.CorruptMessageError:
+        fd = seg._fd  # noqa: SLF001 - a sibling reader
+        try:  # the walk's own checks; under the lock the segment ends at a batch's end
+            h = _header(seg, os.pread(fd, BATCH_HEADER_SIZE, pos), 0, pos, end, corrupt.base_offset)
+            _checked(seg, memoryview(os.pread(fd, h.size, pos)), pos, h)
+        except CorruptBatchError:
             return True
         return False
 
@@ -533,6 +529,8 @@ def _walk_batches(seg: LogSegment, throttler: Throttler, stop: threading.Event
         if stop.is_set():
             raise CleanerAborted()
         chunk = os.pread(fd, min(SCAN_CHUNK_BYTES, end - pos), pos)
+        if seg.closed:  # removed meanwhile: the descriptor's number may be another file's by now
+            raise SegmentChanged(f"{seg.log_path.name} was removed while it was read")
         throttler.account(len(chunk))
         view = memoryview(chunk)
         rel = 0
@@ -546,6 +544,8 @@ def _walk_batches(seg: LogSegment, throttler: Throttler, stop: threading.Event
         if rel == 0:
             h = _header(seg, chunk, 0, pos, end, expected)
             whole = os.pread(fd, h.size, pos)
+            if seg.closed:
+                raise SegmentChanged(f"{seg.log_path.name} was removed while it was read")
             throttler.account(len(whole))
             yield h, _checked(seg, memoryview(whole), pos, h)
             rel = h.size

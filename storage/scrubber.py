@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from storage.cleaner import CleanerAborted, Throttler, _iter_batches, confirmed_corrupt
+from storage.cleaner import CleanerAborted, SegmentChanged, Throttler, _iter_batches, confirmed_corrupt
 from storage.log import Log
 from storage.segment import CorruptBatchError
 
@@ -122,8 +122,8 @@ class LogScrubber:
             try:
                 for _ in _iter_batches(seg, throttle, self._stop):
                     self.stats.batches_total += 1
-                    if seg.closed:
-                        break  # removed: its descriptor is closed, and its number may be another file's now
+            except SegmentChanged:
+                continue  # removed while it was read: nothing to say of it
             except CorruptBatchError as corrupt:
                 if not confirmed_corrupt(lg, corrupt):
                     log.info("%s changed while it was scrubbed (%s): checked again next pass", seg, corrupt)
