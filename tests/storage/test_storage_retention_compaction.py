@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from storage_testlib import flip_byte, make_batch, now_ms, read_all
@@ -265,12 +266,9 @@ def test_compaction_keeps_each_producers_last_batch_so_its_sequence_survives_a_r
     lg.close()
 
 
-def test_a_corrupt_batch_stops_cleaning_and_leaves_the_log_uncleanable(tmp_path: Path) -> None:
-    """A batch whose bytes changed on disk is never compacted: the pass stops before it, nothing is swapped
-    in, and the log is not picked again (one ERROR, not one per backoff) until it is opened again. The broker
-    is told (``on_corrupt``) and decides whether the log is cut there (broker/replica_manager.py). Before, the
-    pass failed on the batch's CRC as a plain CORRUPT_MESSAGE: the broker was not told, and the log was picked,
-    failed and logged again after every backoff."""
+def _compacted_log_with_a_corrupt_batch(tmp_path: Path) -> tuple[Log, Any, Any]:
+    """A cleanable compacted log whose third segment's last batch fails its CRC (a value byte flipped); the
+    log, that segment and the batch's header."""
     lg = _compacted_log(tmp_path, min_cleanable_dirty_ratio=0.01)
     ts = now_ms()
     for i in range(60):
@@ -278,7 +276,17 @@ def test_a_corrupt_batch_stops_cleaning_and_leaves_the_log_uncleanable(tmp_path:
     lg.update_high_watermark(lg.log_end_offset)
     seg = lg.segments()[2]
     pos, h = list(iter_batches(seg.log_path.read_bytes()))[-1]
-    flip_byte(seg.log_path, pos + h.size - 1)  # a value byte: its CRC no longer matches
+    flip_byte(seg.log_path, pos + h.size - 1)
+    return lg, seg, h
+
+
+def test_a_corrupt_batch_stops_cleaning_and_leaves_the_log_uncleanable(tmp_path: Path) -> None:
+    """A batch whose bytes changed on disk is never compacted: the pass stops before it, nothing is swapped
+    in, and the log is not picked again (one ERROR, not one per backoff) until it is opened again. The broker
+    is told (``on_corrupt``) and decides whether the log is cut there (broker/replica_manager.py). Before, the
+    pass failed on the batch's CRC as a plain CORRUPT_MESSAGE: the broker was not told, and the log was picked,
+    failed and logged again after every backoff."""
+    lg, seg, h = _compacted_log_with_a_corrupt_batch(tmp_path)  # a value byte: its CRC no longer matches
     files_before = {p.name: p.read_bytes() for p in lg.dir.iterdir() if p.suffix == ".log"}
     told: list[tuple[Log, BaseException]] = []
     cleaner = LogCleaner(lambda: {("c", 0): lg}, backoff_ms=10)
@@ -334,14 +342,7 @@ def test_a_batch_cut_away_while_the_cleaner_read_it_is_no_corruption(tmp_path: P
     cut away by the truncation): the pass stops (SegmentChanged) and the log stays cleanable, the broker is not
     told. Before, the find was taken as it was read: the log was marked uncleanable and the broker told, which
     for a leader with in-sync followers means stopping it."""
-    lg = _compacted_log(tmp_path, min_cleanable_dirty_ratio=0.01)
-    ts = now_ms()
-    for i in range(60):
-        _put(lg, f"key-{i % 7:02d}", f"value-{i:04d}".encode(), ts)
-    lg.update_high_watermark(lg.log_end_offset)
-    seg = lg.segments()[2]
-    pos, h = list(iter_batches(seg.log_path.read_bytes()))[-1]
-    flip_byte(seg.log_path, pos + h.size - 1)
+    lg, seg, h = _compacted_log_with_a_corrupt_batch(tmp_path)
     cut: list[int] = []
 
     class CutAfterReading(Throttler):
