@@ -13,6 +13,15 @@ Formats follow Kafka's so an operator recognises them:
 
 * ``leader-epoch-checkpoint`` (per partition): version, count, then ``epoch start_offset``.
 
+* ``scrubber-checkpoint`` (one per data directory; Brook's own): the log scrubber's progress, so
+  that a broker restarted more often than a pass takes still scrubs every segment::
+
+      0                          <- version
+      1732890000000 1732200000000  <- when the pass in progress began, when the last one ended (ms since
+                                    the epoch; 0: none)
+      1                          <- entry count
+      orders 0 1234              <- the pass checks this log's closed segments from base offset 1234 on
+
 Every write goes to ``<name>.tmp``, is fsynced, renamed over the old file and the
 directory is fsynced, so a crash leaves either the old or the new content, never a mix.
 A file that does not parse is reported as ``CorruptCheckpointError`` and the caller
@@ -33,6 +42,7 @@ REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"  # high watermar
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+SCRUBBER_CHECKPOINT = "scrubber-checkpoint"
 
 # A checkpoint lists every partition of a data directory; bound what we are willing to parse.
 MAX_CHECKPOINT_ENTRIES = 1_000_000
@@ -67,7 +77,9 @@ def write_atomically(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def _read_lines(path: Path) -> list[str] | None:
+def _read_lines(path: Path, header_lines: int = 0) -> list[str] | None:
+    """The entry lines of a checkpoint file, after its version line, ``header_lines`` more lines (the
+    first ones returned) and its count line; None when the file does not exist."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -75,17 +87,40 @@ def _read_lines(path: Path) -> list[str] | None:
     except UnicodeDecodeError as exc:
         raise CorruptCheckpointError(f"{path}: not text ({exc})") from None
     lines = text.splitlines()
-    if len(lines) < 2:
+    entries_at = 2 + header_lines
+    if len(lines) < entries_at:
         raise CorruptCheckpointError(f"{path}: missing version/count lines")
     try:
-        version, count = int(lines[0]), int(lines[1])
+        version, count = int(lines[0]), int(lines[entries_at - 1])
     except ValueError:
         raise CorruptCheckpointError(f"{path}: bad version/count lines") from None
     if version != VERSION:
         raise CorruptCheckpointError(f"{path}: unknown version {version}")
-    if not 0 <= count <= MAX_CHECKPOINT_ENTRIES or len(lines) - 2 != count:
-        raise CorruptCheckpointError(f"{path}: count {count} does not match {len(lines) - 2} entry lines")
-    return lines[2:]
+    if not 0 <= count <= MAX_CHECKPOINT_ENTRIES or len(lines) - entries_at != count:
+        raise CorruptCheckpointError(f"{path}: count {count} does not match {len(lines) - entries_at} entry lines")
+    return lines[1:entries_at - 1] + lines[entries_at:]
+
+
+def _offset_lines(offsets: dict[tuple[str, int], int]) -> list[str]:
+    lines = [str(len(offsets))]
+    for (topic, partition), offset in sorted(offsets.items()):
+        if " " in topic or "\n" in topic:
+            raise ValueError(f"topic name {topic!r} cannot be checkpointed")
+        lines.append(f"{topic} {partition} {offset}")
+    return lines
+
+
+def _parse_offsets(path: Path, lines: list[str]) -> dict[tuple[str, int], int]:
+    out: dict[tuple[str, int], int] = {}
+    for line in lines:
+        parts = line.split(" ")
+        if len(parts) != 3:
+            raise CorruptCheckpointError(f"{path}: bad entry {line!r}")
+        try:
+            out[(parts[0], int(parts[1]))] = int(parts[2])
+        except ValueError:
+            raise CorruptCheckpointError(f"{path}: bad entry {line!r}") from None
+    return out
 
 
 class OffsetCheckpointFile:
@@ -95,28 +130,13 @@ class OffsetCheckpointFile:
         self.path = path
 
     def write(self, offsets: dict[tuple[str, int], int]) -> None:
-        lines = [str(VERSION), str(len(offsets))]
-        for (topic, partition), offset in sorted(offsets.items()):
-            if " " in topic or "\n" in topic:
-                raise ValueError(f"topic name {topic!r} cannot be checkpointed")
-            lines.append(f"{topic} {partition} {offset}")
+        lines = [str(VERSION), *_offset_lines(offsets)]
         write_atomically(self.path, ("\n".join(lines) + "\n").encode())
 
     def read(self) -> dict[tuple[str, int], int]:
         """Entries of the file; {} if it does not exist. Raises CorruptCheckpointError."""
         lines = _read_lines(self.path)
-        if lines is None:
-            return {}
-        out: dict[tuple[str, int], int] = {}
-        for line in lines:
-            parts = line.split(" ")
-            if len(parts) != 3:
-                raise CorruptCheckpointError(f"{self.path}: bad entry {line!r}")
-            try:
-                out[(parts[0], int(parts[1]))] = int(parts[2])
-            except ValueError:
-                raise CorruptCheckpointError(f"{self.path}: bad entry {line!r}") from None
-        return out
+        return {} if lines is None else _parse_offsets(self.path, lines)
 
     def read_or_empty(self) -> dict[tuple[str, int], int]:
         """Like read(), but a corrupt file is logged and treated as absent (the safe default)."""
@@ -125,6 +145,40 @@ class OffsetCheckpointFile:
         except CorruptCheckpointError as exc:
             log.warning("ignoring corrupt checkpoint: %s", exc)
             return {}
+
+
+class ScrubberCheckpointFile:
+    """``scrubber-checkpoint``: (when the pass in progress began, when the last pass ended, the pass's
+    position in each log) for one data directory; see the module doc."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, began_ms: int, ended_ms: int, positions: dict[tuple[str, int], int]) -> None:
+        lines = [str(VERSION), f"{began_ms} {ended_ms}", *_offset_lines(positions)]
+        write_atomically(self.path, ("\n".join(lines) + "\n").encode())
+
+    def read(self) -> tuple[int, int, dict[tuple[str, int], int]] | None:
+        """None when the file does not exist. Raises CorruptCheckpointError."""
+        lines = _read_lines(self.path, header_lines=1)
+        if lines is None:
+            return None
+        times = lines[0].split(" ")
+        try:
+            began_ms, ended_ms = (int(t) for t in times)
+        except ValueError:
+            raise CorruptCheckpointError(f"{self.path}: bad pass times {lines[0]!r}") from None
+        if began_ms < 0 or ended_ms < 0:
+            raise CorruptCheckpointError(f"{self.path}: bad pass times {lines[0]!r}")
+        return began_ms, ended_ms, _parse_offsets(self.path, lines[1:])
+
+    def read_or_none(self) -> tuple[int, int, dict[tuple[str, int], int]] | None:
+        """Like read(), but a corrupt file is logged and treated as absent (the next pass starts afresh)."""
+        try:
+            return self.read()
+        except CorruptCheckpointError as exc:
+            log.warning("ignoring corrupt checkpoint: %s", exc)
+            return None
 
 
 class EpochCheckpointFile:

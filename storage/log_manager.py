@@ -2,13 +2,13 @@
 
 Per data directory it keeps Kafka's checkpoint files (``recovery-point-offset-checkpoint``,
 ``replication-offset-checkpoint`` = high watermarks, ``log-start-offset-checkpoint``,
-``cleaner-offset-checkpoint``) and a clean-shutdown marker (``.brook_clean_shutdown``):
+``cleaner-offset-checkpoint``), the log scrubber's progress (``scrubber-checkpoint``) and a clean-shutdown marker (``.brook_clean_shutdown``):
 present at startup, it means every log was flushed and closed, so no segment needs a
 rescan; absent (crash), each log rescans from its checkpointed recovery point.
 
 Background threads (each bounded by its interval, each stopped by ``shutdown``):
 flusher (``flush.ms``), retention (``retention.ms``/``retention.bytes`` and delayed file
-deletion), checkpointer, and the log cleaner (compaction).
+deletion), checkpointer, the log cleaner (compaction) and the log scrubber.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from storage.checkpoints import (
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
+    SCRUBBER_CHECKPOINT,
     OffsetCheckpointFile,
+    ScrubberCheckpointFile,
     fsync_dir,
     write_atomically,
 )
@@ -39,7 +41,12 @@ from storage.disk_errors import disk_failure
 from storage.fd_budget import check_startup_descriptors, descriptor_limit
 from storage.log import Log, parse_partition_dir
 from storage.log_config import LogConfig
-from storage.scrubber import DEFAULT_SCRUB_BYTES_PER_SEC, DEFAULT_SCRUB_INTERVAL_MS, LogScrubber
+from storage.scrubber import (
+    DEFAULT_SCRUB_BYTES_PER_SEC,
+    DEFAULT_SCRUB_INTERVAL_MS,
+    LogScrubber,
+    ScrubProgress,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +130,7 @@ class LogManager:
         self.scrubber = LogScrubber(self.all_logs, bytes_per_sec=scrubber_bytes_per_sec,
                                     interval_ms=scrubber_interval_ms, enabled=scrubber_enabled)
         self.scrubber.on_error = self.dir_failed
+        self._scrubber_written: dict[Path, tuple[int, int, dict[TopicPartitionKey, int]]] = {}
 
     # ------------------------------------------------------------------ startup
     def startup(self) -> None:
@@ -133,6 +141,8 @@ class LogManager:
         partitions, segments = self.count_segments()
         check_startup_descriptors(partitions, segments, descriptor_limit())
         cleaner_checkpoints: dict[TopicPartitionKey, int] = {}
+        scrub_began = scrub_ended = 0
+        scrub_positions: dict[TopicPartitionKey, int] = {}
         for d in self.log_dirs:
             d.mkdir(parents=True, exist_ok=True)
             marker = d / CLEAN_SHUTDOWN_FILE
@@ -141,6 +151,10 @@ class LogManager:
             hws = OffsetCheckpointFile(d / REPLICATION_OFFSET_CHECKPOINT).read_or_empty()
             starts = OffsetCheckpointFile(d / LOG_START_OFFSET_CHECKPOINT).read_or_empty()
             cleaner_checkpoints.update(OffsetCheckpointFile(d / CLEANER_OFFSET_CHECKPOINT).read_or_empty())
+            scrub = ScrubberCheckpointFile(d / SCRUBBER_CHECKPOINT).read_or_none()
+            if scrub is not None:  # every directory's file is written with the same pass times
+                scrub_began, scrub_ended = max(scrub_began, scrub[0]), max(scrub_ended, scrub[1])
+                scrub_positions.update(scrub[2])
             log.info("loading logs in %s (%s shutdown)", d, "clean" if clean else "unclean")
             jobs: list[tuple] = []
             for child in sorted(d.iterdir()):
@@ -165,6 +179,9 @@ class LogManager:
                 marker.unlink()
                 fsync_dir(d)
         self.cleaner.seed_checkpoints(cleaner_checkpoints)
+        if scrub_began <= scrub_ended:  # a directory's file from before the last pass ended
+            scrub_began, scrub_positions = 0, {}
+        self.scrubber.seed(ScrubProgress(scrub_began, scrub_ended, scrub_positions))
         self._started = True
 
     def count_segments(self) -> tuple[int, int]:
@@ -457,11 +474,23 @@ class LogManager:
             OffsetCheckpointFile(d / CLEANER_OFFSET_CHECKPOINT).write(
                 {tp: dirty[tp] for tp in logs if tp in dirty})
 
+    def checkpoint_scrubber(self) -> None:
+        """Each directory's logs' positions in the scrubber's pass; a file is written again only when its
+        content changed (the scrubber moves a segment at a time: minutes at its default rate)."""
+        progress = self.scrubber.progress()
+        for d, logs in self.by_dir().items():
+            content = (progress.began_ms, progress.ended_ms,
+                       {tp: progress.positions[tp] for tp in logs if tp in progress.positions})
+            if self._scrubber_written.get(d) != content:
+                ScrubberCheckpointFile(d / SCRUBBER_CHECKPOINT).write(*content)
+                self._scrubber_written[d] = content
+
     def checkpoint_all(self) -> None:
         self.checkpoint_recovery_points()
         self.checkpoint_high_watermarks()
         self.checkpoint_log_start_offsets()
         self.checkpoint_cleaner_offsets()
+        self.checkpoint_scrubber()
 
     # ------------------------------------------------------------------ disk failures
     def dir_failed(self, path: Path | str | None, exc: BaseException) -> bool:

@@ -6,7 +6,17 @@ them. HDFS's DataNode block scanner and ZFS's scrub do the same for their blocks
 A pass reads the logs one after the other, each log's closed segments (the active one is being written, and
 its batches were checked as they were appended or fetched) within ``bytes_per_sec``; a pass starts at most
 once per ``interval_ms``, the first one ``FIRST_PASS_DELAY_MS`` after the start (or ``interval_ms``, when
-shorter). What it finds goes to
+shorter).
+
+A pass over a large disk takes long (1 TiB at 1 MiB/s: twelve days), longer than many brokers run between
+restarts. So the pass's progress outlives the process: ``progress()`` (when the pass began, when the last one
+ended, and per log the base offset of the next segment to check) goes to each data directory's
+``scrubber-checkpoint`` with the other checkpoints (storage/log_manager.py), and ``seed()`` gives it back at
+the start. A restarted broker resumes the pass where it was (``FIRST_PASS_DELAY_MS`` after the start), or
+waits for the next one to be due (``interval_ms`` after the last one ended). A position past a log's active
+segment belongs to another log of that name (deleted and made again): that log is checked from its start.
+
+What it finds goes to
 ``on_corrupt(log, CorruptBatchError)`` (the broker's ``ReplicaManager.corrupt_batch_found``: a replica whose
 in-sync peers hold the batch is repaired from them; a sole replica logs it once), and the rest of that log
 waits for the next pass. A disk read that fails (EIO) goes to ``on_error(log_dir, error)`` (the log manager
@@ -24,7 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +47,19 @@ log = logging.getLogger(__name__)
 DEFAULT_SCRUB_BYTES_PER_SEC = 1024 * 1024  # HDFS's block scanner default: a disk hardly notices
 DEFAULT_SCRUB_INTERVAL_MS = 7 * 24 * 3600 * 1000
 FIRST_PASS_DELAY_MS = 600_000
+
+
+@dataclass(frozen=True)
+class ScrubProgress:
+    """What ``scrubber-checkpoint`` keeps (times in ms since the epoch; 0: none)."""
+    began_ms: int = 0  # when the pass in progress began (0: none in progress)
+    ended_ms: int = 0  # when the last pass ended
+    # Per log of the pass in progress: its closed segments from this base offset on are still to be checked.
+    positions: Mapping[tuple[str, int], int] = field(default_factory=dict)
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
 
 
 @dataclass
@@ -61,7 +84,8 @@ class _Counted(Throttler):
 
 class LogScrubber:
     def __init__(self, logs: Callable[[], Mapping[Any, Log]], *, bytes_per_sec: float = DEFAULT_SCRUB_BYTES_PER_SEC,
-                 interval_ms: int = DEFAULT_SCRUB_INTERVAL_MS, enabled: bool = True) -> None:
+                 interval_ms: int = DEFAULT_SCRUB_INTERVAL_MS, enabled: bool = True,
+                 wall_ms: Callable[[], int] = _wall_ms) -> None:
         if bytes_per_sec <= 0 or interval_ms <= 0:
             raise ValueError("the scrubber's rate and interval must be positive")
         self._logs = logs
@@ -73,6 +97,36 @@ class LogScrubber:
         self.on_error: Callable[[Path, OSError], None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._wall_ms = wall_ms
+        self._lock = threading.Lock()  # the progress below: the log manager's checkpointer reads it
+        self._began_ms = 0
+        self._ended_ms = 0
+        self._positions: dict[tuple[str, int], int] = {}
+
+    def seed(self, progress: ScrubProgress) -> None:
+        """The progress a previous run of the broker checkpointed (before ``start``)."""
+        with self._lock:
+            self._began_ms, self._ended_ms = progress.began_ms, progress.ended_ms
+            self._positions = dict(progress.positions) if progress.began_ms else {}
+        if progress.began_ms:
+            log.info("the log scrubber resumes the pass begun at %d ms (%d log(s) under way or done)",
+                     progress.began_ms, len(self._positions))
+
+    def progress(self) -> ScrubProgress:
+        with self._lock:
+            return ScrubProgress(self._began_ms, self._ended_ms, dict(self._positions))
+
+    def first_wait_ms(self) -> int:
+        """How long after the start the first pass (or the rest of the one in progress) begins: soon, not an
+        interval later (a broker restarted more often than ``interval_ms`` would never scrub otherwise), unless
+        the last pass ended less than an interval ago."""
+        soon = min(self.interval_ms, FIRST_PASS_DELAY_MS)
+        with self._lock:
+            began, ended = self._began_ms, self._ended_ms
+        if began or not ended:
+            return soon
+        # A clock set back would put the last end in the future: never wait more than an interval.
+        return min(self.interval_ms, max(soon, ended + self.interval_ms - self._wall_ms()))
 
     def start(self) -> None:
         if not self.enabled or self._thread is not None:
@@ -88,9 +142,7 @@ class LogScrubber:
             self._thread = None
 
     def _run(self) -> None:
-        # The first pass soon after the start, not an interval later: a broker restarted more often than
-        # ``interval_ms`` would otherwise never scrub.
-        wait_ms = min(self.interval_ms, FIRST_PASS_DELAY_MS)
+        wait_ms = self.first_wait_ms()
         while not self._stop.wait(wait_ms / 1000):
             wait_ms = self.interval_ms
             started = time.monotonic()
@@ -106,30 +158,52 @@ class LogScrubber:
                      time.monotonic() - started, len(found))
 
     def scrub_once(self) -> list[CorruptBatchError]:
-        """One pass over every log; the corrupt batches found (each also given to ``on_corrupt``)."""
+        """One pass over every log (or the rest of the pass in progress); the corrupt batches found (each also
+        given to ``on_corrupt``). Raises CleanerAborted when ``shutdown`` cuts it short."""
+        with self._lock:
+            if not self._began_ms:
+                self._began_ms, self._positions = self._wall_ms(), {}
         throttle = _Counted(self.bytes_per_sec, self._stop, self.stats)
         found = []
         for lg in list(self._logs().values()):
             corrupt = self.scrub_log(lg, throttle)
             if corrupt is not None:
                 found.append(corrupt)
+        with self._lock:
+            self._began_ms, self._ended_ms, self._positions = 0, self._wall_ms(), {}
         self.stats.passes_total += 1
         return found
 
+    def _advance(self, key: tuple[str, int], base_offset: int) -> None:
+        with self._lock:
+            self._positions[key] = base_offset
+
     def scrub_log(self, lg: Log, throttle: Throttler) -> CorruptBatchError | None:
-        """Check ``lg``'s closed segments; the first corrupt batch (reported), else None."""
-        for seg in lg.segments()[:-1]:
+        """Check ``lg``'s closed segments the pass has not checked yet; the first corrupt batch (reported),
+        else None."""
+        key = (lg.topic, lg.partition)
+        segments = lg.segments()
+        with self._lock:
+            start = self._positions.get(key, 0)
+        if start > segments[-1].base_offset:
+            start = 0  # the position of another log of that name (deleted, made again): this one from its start
+        for i, seg in enumerate(segments[:-1]):
+            if seg.base_offset < start:
+                continue
             try:
                 for _ in _iter_batches(seg, throttle, self._stop):
                     self.stats.batches_total += 1
+                self._advance(key, segments[i + 1].base_offset)
             except SegmentChanged:
                 continue  # removed while it was read: nothing to say of it
             except CorruptBatchError as corrupt:
                 if not confirmed_corrupt(lg, corrupt):
                     log.info("%s changed while it was scrubbed (%s): checked again next pass", seg, corrupt)
+                    self._advance(key, segments[i + 1].base_offset)
                     continue
                 self.stats.corrupt_batches_total += 1
                 log.error("%s-%d: the log scrubber found %s", lg.topic, lg.partition, corrupt)
+                self._advance(key, segments[-1].base_offset)  # the rest of the log waits for the next pass
                 if self.on_corrupt is not None:
                     self.on_corrupt(lg, corrupt)
                 return corrupt

@@ -140,3 +140,49 @@ def test_a_leaders_corrupt_batch_found_by_the_scrubber_stops_it_and_the_others_s
     _read_all(cluster, topic, acked, f"with broker {leader} stopped")
     cluster.start_node(leader)
     wait_for(lambda: (_leader_isr(cluster, topic) or (-1, 0))[1] == 3, BOUND_S, f"broker {leader} back in the ISR")
+
+
+def test_a_broker_killed_in_the_middle_of_a_pass_resumes_it_after_its_restart(tmp_path: Path) -> None:
+    """A pass over a large disk takes days; brokers restart more often. Killed with -9 in the middle of a pass,
+    a broker resumes it where its last checkpoint says: the resumed pass reads exactly the closed segments from
+    the checkpointed position on, not the log again from its start."""
+    from storage.checkpoints import SCRUBBER_CHECKPOINT, ScrubberCheckpointFile
+
+    topic = "scrubbed-resumed"
+    with LocalCluster(tmp_path / "c", nodes=1, overrides={
+            "log.scrubber.interval.ms": "1000", "log.scrubber.bytes.per.second": "16384",
+            "replica.high.watermark.checkpoint.interval.ms": "100"}) as single:
+        with Admin(single.bootstrap_servers) as admin:
+            admin.create_topics([NewTopic(topic, 1, 1, {"segment.bytes": "16384"})])
+        produce_acked(single, topic, [b"%05d-" % i + b"v" * 200 for i in range(480)])
+        segments = replica_segments(single, 1, topic)
+        assert len(segments) >= 6, segments
+        checkpoint = ScrubberCheckpointFile(single.node_dir(1) / "data" / SCRUBBER_CHECKPOINT)
+        third = int(segments[2].stem)
+
+        def position() -> int:
+            progress = checkpoint.read_or_none()
+            return progress[2].get((topic, 0), -1) if progress is not None and progress[0] else -1
+        # At 16 KiB/s a segment takes the scrubber about a second.
+        wait_for(lambda: position() >= third, BOUND_S, lambda: f"the pass checkpointed past two segments: {position()}",
+                 poll_s=0.05)
+        single.kill_node(1)
+        resumed_at = position()  # what the killed broker last wrote
+        closed = replica_segments(single, 1, topic)[:-1]
+        assert resumed_at >= third, f"the killed broker's last checkpoint: {checkpoint.read_or_none()}"
+        expected = sum(p.stat().st_size for p in closed if int(p.stem) >= resumed_at)
+        single.start_node(1)
+
+        def metric(name: str) -> float:
+            try:
+                values = sample_values(single.read_metrics(1), name)
+            except Exception:  # noqa: BLE001 - still starting
+                return -1.0
+            return values[0] if values else 0.0
+        wait_for(lambda: metric("brook_log_scrubber_passes_total") >= 1, BOUND_S, "the resumed pass to end")
+        read = metric("brook_log_scrubber_bytes_total")
+        total = sum(p.stat().st_size for p in closed)
+        assert read == expected, (f"the resumed pass read {read:.0f} bytes: expected {expected} (the closed segments "
+                                  f"from offset {resumed_at} on), {total} for the whole log")
+        wait_for(lambda: position() == -1 and (checkpoint.read_or_none() or (0, 0))[1] > 0, BOUND_S,
+                 lambda: f"the ended pass checkpointed: {checkpoint.read_or_none()}")

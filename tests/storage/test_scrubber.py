@@ -144,3 +144,115 @@ def test_the_thread_scrubs_each_interval_and_stops(tmp_path: Path) -> None:
     assert not any(t.name == "log-scrubber" for t in threading.enumerate()), "the thread outlived shutdown"
     assert scrubber.stats.passes_total == passes
     lg.close()
+
+
+def _sizes(segments) -> int:
+    return sum(s.size for s in segments)
+
+
+def test_a_pass_cut_short_resumes_where_it_was_and_checks_nothing_twice(tmp_path: Path, monkeypatch) -> None:
+    """A broker restarted in the middle of a pass (a pass over a large disk takes days): the progress it
+    checkpointed names, per log, the next segment to check; the resumed pass reads only from there on."""
+    import storage.scrubber as scrubber_module
+    from storage.cleaner import CleanerAborted
+
+    lg = _log(tmp_path)
+    closed = lg.segments()[:-1]
+    assert len(closed) == 4
+    seg0 = closed[0]
+    pos, h = list(iter_batches(seg0.log_path.read_bytes()))[0]
+    flip_byte(seg0.log_path, pos + h.size - 1)  # only a pass that reads segment 0 can find it
+    walls = iter(range(1_000, 10_000, 1_000))
+    first = LogScrubber(lambda: {("t", 0): lg}, bytes_per_sec=1 << 30, interval_ms=3_600_000,
+                        wall_ms=lambda: next(walls))
+    assert first.scrub_once()[0].base_offset == h.base_offset
+    ended = first.progress().ended_ms
+    assert first.progress() == scrubber_module.ScrubProgress(0, ended, {})
+    flip_byte(seg0.log_path, pos + h.size - 1)  # flipped back: intact again
+
+    real_iter = scrubber_module._iter_batches
+    reads: list[int] = []
+
+    def stopping_at_the_third(seg, throttle, stop):  # the broker stops while the pass reads segment 2
+        reads.append(seg.base_offset)
+        if len(reads) == 3:
+            first._stop.set()
+        return real_iter(seg, throttle, stop)
+
+    monkeypatch.setattr(scrubber_module, "_iter_batches", stopping_at_the_third)
+    try:
+        first.scrub_once()
+        raise AssertionError("the pass ran on after shutdown")
+    except CleanerAborted:
+        pass
+    progress = first.progress()
+    assert progress.began_ms > ended and progress.ended_ms == ended
+    assert progress.positions == {("t", 0): closed[2].base_offset}, "segments 0 and 1 were checked"
+    monkeypatch.setattr(scrubber_module, "_iter_batches", real_iter)
+
+    flip_byte(seg0.log_path, pos + h.size - 1)  # corrupt again, in a segment this pass already checked
+    resumed, told = _scrubber(lg)
+    resumed.seed(progress)
+    assert resumed.first_wait_ms() == min(3_600_000, scrubber_module.FIRST_PASS_DELAY_MS), "resumed soon"
+    assert resumed.scrub_once() == [] and told == []
+    assert resumed.stats.bytes_total == _sizes(closed[2:]), "read again what the pass had checked"
+    assert resumed.stats.passes_total == 1
+    after = resumed.progress()
+    assert after.began_ms == 0 and after.ended_ms > 0 and after.positions == {}
+    # The next pass starts afresh and reads segment 0 again.
+    assert [c.base_offset for c in resumed.scrub_once()] == [h.base_offset] and len(told) == 1
+    lg.close()
+
+
+def test_a_log_done_in_the_pass_is_skipped_until_it_rolls_a_new_segment(tmp_path: Path) -> None:
+    lg = _log(tmp_path)
+    scrubber, _ = _scrubber(lg)
+    done_at = lg.segments()[-1].base_offset
+    scrubber.seed(scrubber_progress(began_ms=5, positions={("t", 0): done_at}))
+    scrubber.scrub_once()
+    assert scrubber.stats.bytes_total == 0
+    for _ in range(2):  # the active segment fills and rolls: the pass in progress would check it
+        lg.append_as_leader(make_batch(2, ts=now_ms()), 0)
+    assert lg.segments()[-2].base_offset == done_at
+    scrubber.seed(scrubber_progress(began_ms=5, positions={("t", 0): done_at}))
+    scrubber.scrub_once()
+    assert scrubber.stats.bytes_total == lg.segments()[-2].size
+    lg.close()
+
+
+def test_a_position_past_the_log_is_another_logs_and_the_log_is_checked_whole(tmp_path: Path) -> None:
+    """A topic deleted and made again under its name: the old log's position must not skip the new one."""
+    lg = _log(tmp_path)
+    scrubber, _ = _scrubber(lg)
+    scrubber.seed(scrubber_progress(began_ms=5, positions={("t", 0): 1_000_000}))
+    scrubber.scrub_once()
+    assert scrubber.stats.bytes_total == _sizes(lg.segments()[:-1])
+    lg.close()
+
+
+def scrubber_progress(began_ms: int = 0, ended_ms: int = 0, positions=None):
+    from storage.scrubber import ScrubProgress
+    return ScrubProgress(began_ms, ended_ms, positions or {})
+
+
+def test_the_first_pass_after_a_start_waits_for_its_turn() -> None:
+    """Soon after the start when a pass is under way or none ever ended or one is overdue; else when the next
+    one is due; never more than an interval (a clock set back)."""
+    from storage.scrubber import FIRST_PASS_DELAY_MS
+    day = 86_400_000
+    now = 100 * day
+    scrubber = LogScrubber(dict, interval_ms=7 * day, wall_ms=lambda: now)
+    assert scrubber.first_wait_ms() == FIRST_PASS_DELAY_MS
+    scrubber.seed(scrubber_progress(began_ms=now - day, ended_ms=now - 8 * day, positions={("t", 0): 7}))
+    assert scrubber.first_wait_ms() == FIRST_PASS_DELAY_MS
+    scrubber.seed(scrubber_progress(ended_ms=now - day))
+    assert scrubber.first_wait_ms() == 6 * day
+    scrubber.seed(scrubber_progress(ended_ms=now - 7 * day + 1_000))
+    assert scrubber.first_wait_ms() == FIRST_PASS_DELAY_MS, "due within the first-pass delay: not sooner"
+    scrubber.seed(scrubber_progress(ended_ms=now - 30 * day))
+    assert scrubber.first_wait_ms() == FIRST_PASS_DELAY_MS
+    scrubber.seed(scrubber_progress(ended_ms=now + 30 * day))
+    assert scrubber.first_wait_ms() == 7 * day
+    short = LogScrubber(dict, interval_ms=50, wall_ms=lambda: now)
+    short.seed(scrubber_progress(ended_ms=now - 10))
+    assert short.first_wait_ms() == 50

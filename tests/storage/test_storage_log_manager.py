@@ -12,8 +12,10 @@ from proto import errors
 from storage.checkpoints import (
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
+    SCRUBBER_CHECKPOINT,
     CorruptCheckpointError,
     OffsetCheckpointFile,
+    ScrubberCheckpointFile,
 )
 from storage.log_manager import CLEAN_SHUTDOWN_FILE, LogManager, read_partition_metadata
 
@@ -284,3 +286,46 @@ def test_a_read_the_disk_refuses_is_not_retried(tmp_path: Path) -> None:
         assert lg.read(0, 1 << 20).records  # the log itself is fine once the disk answers
     finally:
         lm.shutdown()
+
+
+def test_scrubber_checkpoint_round_trip_and_corrupt_files(tmp_path: Path) -> None:
+    path = tmp_path / SCRUBBER_CHECKPOINT
+    assert ScrubberCheckpointFile(path).read() is None
+    ScrubberCheckpointFile(path).write(1_700_000_000_000, 1_690_000_000_000, {("a", 1): 5, ("b", 0): 0})
+    assert path.read_text() == "0\n1700000000000 1690000000000\n2\na 1 5\nb 0 0\n"
+    assert ScrubberCheckpointFile(path).read() == (1_700_000_000_000, 1_690_000_000_000, {("a", 1): 5, ("b", 0): 0})
+    for text in ("0\n5\n0\n", "0\n5 x\n0\n", "0\n5 6 7\n0\n", "0\n-1 0\n0\n", "0\n5 6\n2\na 1 5\n", "1\n5 6\n0\n",
+                 "0\n5 6\n1\na 1\n"):
+        path.write_text(text)
+        with pytest.raises(CorruptCheckpointError):
+            ScrubberCheckpointFile(path).read()
+        assert ScrubberCheckpointFile(path).read_or_none() is None
+
+
+def test_the_scrubbers_progress_outlives_a_restart(tmp_path: Path) -> None:
+    """Written to each data directory with the other checkpoints (each directory its own logs' positions),
+    given back to the scrubber by the next startup."""
+    from storage.scrubber import ScrubProgress
+
+    dirs = [tmp_path / "d1", tmp_path / "d2"]
+    lm = LogManager(dirs, scrubber_enabled=False)
+    lm.startup()
+    for p in range(2):
+        lm.get_or_create_log("t", p, topic_id="T", overrides={}).append_as_leader(make_batch(2), 0)
+    placed = {p: lm.log_dir_of("t", p) for p in range(2)}
+    assert set(placed.values()) == set(dirs), "one log in each directory"
+    lm.scrubber.seed(ScrubProgress(2_000, 1_000, {("t", 0): 7, ("t", 1): 9}))
+    lm.shutdown()
+    for d in dirs:
+        assert ScrubberCheckpointFile(d / SCRUBBER_CHECKPOINT).read() == \
+            (2_000, 1_000, {("t", p): (7, 9)[p] for p in range(2) if placed[p] == d})
+    lm2 = LogManager(dirs, scrubber_enabled=False)
+    lm2.startup()
+    assert lm2.scrubber.progress() == ScrubProgress(2_000, 1_000, {("t", 0): 7, ("t", 1): 9})
+    lm2.shutdown()
+    # A pass that ended since leaves no positions to resume.
+    ScrubberCheckpointFile(dirs[0] / SCRUBBER_CHECKPOINT).write(2_000, 3_000, {})
+    lm3 = LogManager(dirs, scrubber_enabled=False)
+    lm3.startup()
+    assert lm3.scrubber.progress() == ScrubProgress(0, 3_000, {})
+    lm3.shutdown()
