@@ -17,13 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from opskit import describe, produce_acked, read_values, sample_values
+from opskit import client_security, describe, produce_acked, read_values, sample_values
 from waiting import wait_for
 
 from client.admin import Admin, NewTopic
+from client.producer import Producer
 from deploy.local.certs import CertFiles
 from deploy.local.cluster import LOCAL_DEFAULTS, LocalCluster, NodeSpec
-from proto import broker_pb2
+from proto import broker_pb2, controller_pb2
 from proto.errors import ErrorCode
 from replication.fetcher import REPLICATION_MAGIC
 
@@ -158,6 +159,53 @@ def test_a_node_connection_that_stalls_is_closed_at_its_timeout(cluster: LocalCl
     assert waited >= limit_s - 0.5, f"{why}: closed after {waited:.1f} s, before its {limit_s} s timeout"
     produce_acked(cluster, TOPIC, [b"still-replicating"])
 
+
+
+def test_a_node_connection_that_reads_none_of_its_answers_is_closed_after_the_idle_time(
+        cluster: LocalCluster) -> None:
+    """A peer that sends fetches and never reads what they answer fills the sockets' buffers: the answer being
+    written waits on it. It holds a connection slot and the answers' memory, so it is closed when nothing of an
+    answer was taken for connections.max.idle.ms, and the real followers keep replicating."""
+    topic = "answers-never-read"
+    with Admin(cluster.bootstrap_servers, security=cluster.security) as admin:
+        admin.create_topics([NewTopic(topic, 1, 3)])
+    with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=5,
+                  **client_security(cluster)) as producer:
+        for i in range(1100):
+            producer.send(topic, b"%05d" % i + b"v" * 995)
+        producer.flush(timeout=60)
+    with Admin(cluster.bootstrap_servers, security=cluster.security) as admin:
+        leader = admin.describe_topics([topic])[topic].partitions[0].leader
+        fetcher = next(n for n in (1, 2, 3) if n != leader)
+        # As that follower, under its registration: the leader answers its fetches with records.
+        brokers = admin._call("DescribeCluster", controller_pb2.DescribeClusterRequest()).brokers
+        epoch = next(b.broker_epoch for b in brokers if b.node_id == fetcher)
+    from_start = broker_pb2.FetchPartition(topic=topic, partition=0, fetch_offset=0, partition_max_bytes=1 << 20,
+                                           current_leader_epoch=-1, last_fetched_epoch=-1, log_start_offset=-1)
+    request = broker_pb2.FetchRequest(replica_id=fetcher, replica_epoch=epoch, max_wait_ms=0, max_bytes=1 << 20,
+                                      partitions=[from_start])
+    data = request.SerializeToString()
+    answers = 40  # about 1 MiB each: far more than the two sockets' buffers hold
+    before = _metric(cluster, leader, "brook_replication_connections")
+    with _connect(cluster, leader, cluster.node_cert(fetcher)) as s:
+        s.sendall(REPLICATION_MAGIC + (FRAME.pack(len(data)) + data) * answers)
+        start = time.monotonic()
+        wait_for(lambda: _metric(cluster, leader, "brook_replication_connections") > before, 10,
+                 "the connection to be counted")
+        wait_for(lambda: _metric(cluster, leader, "brook_replication_connections") <= before, IDLE_S + 30,
+                 lambda: f"the connection closed: {_metric(cluster, leader, 'brook_replication_connections')} open",
+                 poll_s=0.2)
+        waited = time.monotonic() - start
+        received = 0
+        s.settimeout(10)
+        try:
+            while chunk := s.recv(1 << 20):
+                received += len(chunk)
+        except (ConnectionError, ssl.SSLError):
+            pass
+    assert waited >= IDLE_S - 0.5, f"closed after {waited:.1f} s, before connections.max.idle.ms ({IDLE_S} s)"
+    assert received < answers << 20, f"all {received} bytes of the answers came: the connection was never stalled"
+    produce_acked(cluster, TOPIC, [b"still-replicating"])
 
 def _read_exactly(s: ssl.SSLSocket, n: int) -> bytes:
     out = b""
