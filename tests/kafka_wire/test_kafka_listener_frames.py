@@ -262,3 +262,48 @@ async def test_one_address_has_one_large_frame_at_the_parse_pool_at_a_time() -> 
         for writer in writers:
             writer.close()
         await lst.stop()
+
+
+async def test_a_wait_for_the_frame_pool_ends_when_the_connections_answers_can_no_longer_be_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection whose next frame waits for room in queued.max.request.bytes, and whose answer then fails
+    to be written (the client is gone), is closed at once and its slot let go: not left waiting for the pool,
+    which another connection may hold for the whole request timeout."""
+    written = asyncio.Event()
+    fail_write = asyncio.Event()
+
+    async def send_that_fails_when_told(_conn: object, _parts: object) -> None:
+        # The answer's write, failing as it does when the client reset the connection.
+        written.set()
+        await fail_write.wait()
+        raise ConnectionResetError("the client reset the connection")
+
+    monkeypatch.setattr(kafka_server._Connection, "_send", send_that_fails_when_told)
+    lst = await _listener("PLAINTEXT")
+    holders = []
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", lst.port)
+        holders.append(writer)
+        writer.write(_api_versions_frame())  # answered: its write goes on until told to fail
+        await writer.drain()
+        await asyncio.wait_for(written.wait(), 10)
+        # Another connection announces a frame as large as the pool and sends nothing more: it holds the pool
+        # for kafka.request.timeout.ms (60 s here).
+        _, hog = await asyncio.open_connection("127.0.0.1", lst.port)
+        holders.append(hog)
+        hog.write(struct.pack(">i", POOL) + b"\x00\x12")
+        await hog.drain()
+        await await_for(lambda: lst.frame_budget.used_bytes >= POOL, 10, "the pool to be taken")
+        writer.write(struct.pack(">i", 1000))  # the first connection's next frame: it waits for the pool
+        await writer.drain()
+        await await_for(lambda: len(lst.frame_budget._waiters) == 1, 10,  # noqa: SLF001 - the wait under test
+                        "the connection to wait for the pool")
+        fail_write.set()
+        assert await asyncio.wait_for(_closed(reader), 10), "still open"
+        await await_for(lambda: lst.stats.connections == 1, 10,
+                        lambda: f"{lst.stats.connections} connections open: the failed one holds its slot")
+        assert not lst.frame_budget._waiters, "its wait for the pool is still there"  # noqa: SLF001
+    finally:
+        for w in holders:
+            w.close()
+        await lst.stop()
