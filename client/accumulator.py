@@ -159,6 +159,12 @@ class RecordFuture(_COMPILED_FUTURE if _FAST_APPEND else _PyRecordFutureBase):  
         """time.monotonic() when the record's batch completed (0.0 while pending)."""
         return self._completion.completed_at
 
+    @property
+    def batch_outcome(self) -> BatchCompletion:
+        """The outcome every record of this record's batch shares (``error``, ``completed_at``): what a
+        tool measuring many records keeps, one object a batch instead of one a record."""
+        return self._completion
+
     def _metadata(self, c: BatchCompletion) -> RecordMetadata:
         offset = c.base_offset + self._delta if c.base_offset >= 0 else -1
         timestamp = c.log_append_time_ms if c.log_append_time_ms >= 0 else self._timestamp

@@ -6,7 +6,7 @@ import gc
 
 from client import errors
 from client.accumulator import BatchCompletion, RecordFuture
-from client.perf import _settle, freeze_startup_objects
+from client.perf import _settle, freeze_startup_objects, run_produce
 
 
 def test_settle_keeps_what_is_in_flight_and_counts_each_failure_once() -> None:
@@ -28,3 +28,34 @@ def test_freeze_moves_what_exists_out_of_the_collectors_sight() -> None:
         assert gc.get_freeze_count() > before
     finally:
         gc.unfreeze()  # the rest of the test run is collected as usual
+
+
+class _TwoBatches:
+    """What run_produce asks of a producer: five records in two batches, the second of which fails."""
+
+    def __init__(self) -> None:
+        self.batches = (BatchCompletion("t", 0), BatchCompletion("t", 1))
+        self.sent = 0
+
+    def send(self, topic: str, value: bytes, key: bytes | None = None) -> RecordFuture:
+        i, self.sent = self.sent, self.sent + 1
+        return RecordFuture(self.batches[0 if i < 3 else 1], i if i < 3 else i - 3, 0, -1, len(value))
+
+    def flush(self) -> None:
+        self.batches[0].complete(100, -1, None)
+        self.batches[1].complete(-1, -1, errors.RequestTimedOutError("expired"))
+
+
+def test_produce_latencies_come_from_each_records_batch_and_failures_are_counted() -> None:
+    """The tool keeps a send time per sampled record and one outcome per batch (not a future per record,
+    which its own full collections would have to scan): every record gets its batch's completion."""
+    producer = _TwoBatches()
+    try:
+        result = run_produce(producer, "t", 5, 10, -1)  # type: ignore[arg-type]
+    finally:
+        gc.unfreeze()  # run_produce freezes what exists, as a measuring process does
+    assert result.errors == 2
+    latencies = result.latencies_ms
+    assert len(latencies) == 3 and all(0 <= ms < 60_000 for ms in latencies), latencies
+    # One completion time for the batch: a record sent later waited less for it.
+    assert latencies == sorted(latencies, reverse=True), latencies
