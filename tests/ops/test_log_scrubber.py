@@ -150,7 +150,7 @@ def test_a_broker_killed_in_the_middle_of_a_pass_resumes_it_after_its_restart(tm
 
     topic = "scrubbed-resumed"
     with LocalCluster(tmp_path / "c", nodes=1, overrides={
-            "log.scrubber.interval.ms": "1000", "log.scrubber.bytes.per.second": "16384",
+            "log.scrubber.interval.ms": "3000", "log.scrubber.bytes.per.second": "16384",
             "replica.high.watermark.checkpoint.interval.ms": "100"}) as single:
         with Admin(single.bootstrap_servers) as admin:
             admin.create_topics([NewTopic(topic, 1, 1, {"segment.bytes": "16384"})])
@@ -173,16 +173,23 @@ def test_a_broker_killed_in_the_middle_of_a_pass_resumes_it_after_its_restart(tm
         expected = sum(p.stat().st_size for p in closed if int(p.stem) >= resumed_at)
         single.start_node(1)
 
-        def metric(name: str) -> float:
+        # One scrape for both figures, as soon as the resumed pass ended: the next pass starts an interval
+        # (3 s) later, and its reads would count too.
+        scraped: dict[str, float] = {}
+
+        def resumed_pass_ended() -> bool:
             try:
-                values = sample_values(single.read_metrics(1), name)
+                text = single.read_metrics(1)
             except Exception:  # noqa: BLE001 - still starting
-                return -1.0
-            return values[0] if values else 0.0
-        wait_for(lambda: metric("brook_log_scrubber_passes_total") >= 1, BOUND_S, "the resumed pass to end")
-        read = metric("brook_log_scrubber_bytes_total")
+                return False
+            figures = {name: (sample_values(text, f"brook_log_scrubber_{name}_total") or [0.0])[0]
+                       for name in ("passes", "bytes")}
+            scraped.update(figures)
+            return figures["passes"] >= 1
+        wait_for(resumed_pass_ended, BOUND_S, "the resumed pass to end", poll_s=0.05)
         total = sum(p.stat().st_size for p in closed)
-        assert read == expected, (f"the resumed pass read {read:.0f} bytes: expected {expected} (the closed segments "
-                                  f"from offset {resumed_at} on), {total} for the whole log")
+        assert scraped == {"passes": 1, "bytes": expected}, (
+            f"the resumed pass: {scraped}; expected {expected} bytes (the closed segments from offset "
+            f"{resumed_at} on), {total} for the whole log")
         wait_for(lambda: position() == -1 and (checkpoint.read_or_none() or (0, 0))[1] > 0, BOUND_S,
                  lambda: f"the ended pass checkpointed: {checkpoint.read_or_none()}")
