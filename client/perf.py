@@ -334,6 +334,7 @@ def consume_main(argv: Sequence[str] | None = None) -> int:
             parts = consumer.partitions_for_topic(args.topic)
             consumer.assign([TopicPartition(args.topic, p) for p in sorted(parts)])
             consumer.seek_to_beginning()
+        freeze_startup_objects()  # as the produce and end-to-end tools: no full collection scans start-up's objects
         result = run_consume(consumer, args.num_records, args.timeout_ms, Progress("consumed"),
                              batches=args.batches)
     print(result.summary("consumed").replace("latency", "poll latency"))
