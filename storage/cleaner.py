@@ -71,6 +71,7 @@ from storage.segment import (
     TIME_INDEX_SUFFIX,
     CorruptBatchError,
     LogSegment,
+    SegmentChangedError,
     segment_file_name,
 )
 
@@ -148,11 +149,6 @@ class CleanerStats:
 
 class CleanerAborted(Exception):
     """The cleaner was stopped mid-pass; nothing was swapped in for the current group."""
-
-
-class SegmentChanged(Exception):
-    """A batch the pass read failed its check, but its segment was removed or cut since: no corruption (nothing
-    swapped in; the log is cleaned again at a later pass)."""
 
 
 class LogCleaner:
@@ -276,7 +272,7 @@ class LogCleaner:
             return self._clean_log(lg, now_ms)
         except CorruptBatchError as exc:
             if not confirmed_corrupt(lg, exc):
-                raise SegmentChanged(f"{lg.dir}: a segment changed while it was read ({exc})") from exc
+                raise SegmentChangedError(f"{lg.dir}: a segment changed while it was read ({exc})") from exc
             with self._lock:
                 self._uncleanable[(lg.topic, lg.partition)] = (lg, exc.base_offset)
             raise
@@ -443,7 +439,7 @@ class LogCleaner:
                 self.clean_log(lg)
             except CleanerAborted:
                 return
-            except SegmentChanged as exc:  # retention or a truncation under the read: the next pass
+            except SegmentChangedError as exc:  # retention or a truncation under the read: the next pass
                 log.info("cleaning %s stopped: %s", lg.dir, exc)
                 self._stop.wait(self.backoff_ms / 1000)
             except CorruptBatchError as exc:
@@ -530,7 +526,7 @@ def _walk_batches(seg: LogSegment, throttler: Throttler, stop: threading.Event
             raise CleanerAborted()
         chunk = os.pread(fd, min(SCAN_CHUNK_BYTES, end - pos), pos)
         if seg.closed:  # removed meanwhile: the descriptor's number may be another file's by now
-            raise SegmentChanged(f"{seg.log_path.name} was removed while it was read")
+            raise SegmentChangedError(f"{seg.log_path.name} was removed while it was read")
         throttler.account(len(chunk))
         view = memoryview(chunk)
         rel = 0
@@ -545,7 +541,7 @@ def _walk_batches(seg: LogSegment, throttler: Throttler, stop: threading.Event
             h = _header(seg, chunk, 0, pos, end, expected)
             whole = os.pread(fd, h.size, pos)
             if seg.closed:
-                raise SegmentChanged(f"{seg.log_path.name} was removed while it was read")
+                raise SegmentChangedError(f"{seg.log_path.name} was removed while it was read")
             throttler.account(len(whole))
             yield h, _checked(seg, memoryview(whole), pos, h)
             rel = h.size

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from storage.cleaner import CleanerAborted, SegmentChanged, Throttler, _iter_batches, confirmed_corrupt
+from storage.cleaner import CleanerAborted, Throttler, _iter_batches, confirmed_corrupt
 from storage.log import Log
-from storage.segment import CorruptBatchError
+from storage.segment import CorruptBatchError, SegmentChangedError
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ class LogScrubber:
                 for _ in _iter_batches(seg, throttle, self._stop):
                     self.stats.batches_total += 1
                 self._advance(key, segments[i + 1].base_offset)
-            except SegmentChanged:
+            except SegmentChangedError:
                 continue  # removed while it was read: nothing to say of it
             except CorruptBatchError as corrupt:
                 if not confirmed_corrupt(lg, corrupt):

@@ -123,7 +123,9 @@ class CorruptBatchError(OSError):
 
 
 class SegmentChangedError(OSError):
-    """A read raced a truncation of its segment (what it read may be of two appends): read it again."""
+    """A read raced a change of its segment: a truncation (what it read may be of two appends), or, for a reader
+    without the log's lock (the cleaner, the scrubber), the segment's removal. Nothing it read is corrupt: read
+    it again."""
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:

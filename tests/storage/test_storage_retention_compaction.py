@@ -12,11 +12,11 @@ from waiting import wait_for
 
 from proto import errors
 from storage import cleaner as cleaner_module
-from storage.cleaner import LogCleaner, SegmentChanged, Throttler
+from storage.cleaner import LogCleaner, Throttler
 from storage.log import Log
 from storage.log_config import LogConfig
 from storage.record_batch import decode_records, iter_batches
-from storage.segment import CorruptBatchError
+from storage.segment import CorruptBatchError, SegmentChangedError
 
 
 def _fill(lg: Log, batches: int, ts: int, count: int = 2) -> None:
@@ -339,7 +339,7 @@ def test_a_batch_cut_away_while_the_cleaner_read_it_is_no_corruption(tmp_path: P
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The cleaner reads segments without the log's lock. A follower's truncation that cuts a segment after the
     cleaner read it is no corruption, even when what was read fails its check (here: a batch corrupt on disk,
-    cut away by the truncation): the pass stops (SegmentChanged) and the log stays cleanable, the broker is not
+    cut away by the truncation): the pass stops (SegmentChangedError) and the log stays cleanable, the broker is not
     told. Before, the find was taken as it was read: the log was marked uncleanable and the broker told, which
     for a leader with in-sync followers means stopping it."""
     lg, seg, h = _compacted_log_with_a_corrupt_batch(tmp_path)
@@ -355,7 +355,7 @@ def test_a_batch_cut_away_while_the_cleaner_read_it_is_no_corruption(tmp_path: P
     cleaner = LogCleaner(lambda: {("c", 0): lg}, backoff_ms=10)
     told: list[BaseException] = []
     cleaner.on_corrupt = lambda _lg, exc: told.append(exc)
-    with pytest.raises(SegmentChanged):
+    with pytest.raises(SegmentChangedError):
         cleaner.clean_log(lg)
     assert cut == [h.base_offset], "the test's truncation did not happen during the pass"
     assert cleaner.uncleanable() == {}, "a batch cut away under the read left the log uncleanable"
