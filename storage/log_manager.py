@@ -179,8 +179,6 @@ class LogManager:
                 marker.unlink()
                 fsync_dir(d)
         self.cleaner.seed_checkpoints(cleaner_checkpoints)
-        if scrub_began <= scrub_ended:  # a directory's file from before the last pass ended
-            scrub_began, scrub_positions = 0, {}
         self.scrubber.seed(ScrubProgress(scrub_began, scrub_ended, scrub_positions))
         self._started = True
 

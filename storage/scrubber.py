@@ -104,13 +104,15 @@ class LogScrubber:
         self._positions: dict[tuple[str, int], int] = {}
 
     def seed(self, progress: ScrubProgress) -> None:
-        """The progress a previous run of the broker checkpointed (before ``start``)."""
+        """The progress a previous run of the broker checkpointed (before ``start``). A pass that began no later
+        than the last one ended is not in progress (a directory's file written before that pass ended)."""
+        began = progress.began_ms if progress.began_ms > progress.ended_ms else 0
         with self._lock:
-            self._began_ms, self._ended_ms = progress.began_ms, progress.ended_ms
-            self._positions = dict(progress.positions) if progress.began_ms else {}
-        if progress.began_ms:
+            self._began_ms, self._ended_ms = began, progress.ended_ms
+            self._positions = dict(progress.positions) if began else {}
+        if began:
             log.info("the log scrubber resumes the pass begun at %d ms (%d log(s) under way or done)",
-                     progress.began_ms, len(self._positions))
+                     began, len(self._positions))
 
     def progress(self) -> ScrubProgress:
         with self._lock:
