@@ -32,9 +32,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 VERSION = 0
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
@@ -123,6 +127,15 @@ def _parse_offsets(path: Path, lines: list[str]) -> dict[tuple[str, int], int]:
     return out
 
 
+def _ignoring_corruption(read: Callable[[], T], absent: T) -> T:
+    """``read()``, or ``absent`` (logged) when the file does not parse."""
+    try:
+        return read()
+    except CorruptCheckpointError as exc:
+        log.warning("ignoring corrupt checkpoint: %s", exc)
+        return absent
+
+
 class OffsetCheckpointFile:
     """``(topic, partition) -> offset`` map for one data directory."""
 
@@ -140,11 +153,7 @@ class OffsetCheckpointFile:
 
     def read_or_empty(self) -> dict[tuple[str, int], int]:
         """Like read(), but a corrupt file is logged and treated as absent (the safe default)."""
-        try:
-            return self.read()
-        except CorruptCheckpointError as exc:
-            log.warning("ignoring corrupt checkpoint: %s", exc)
-            return {}
+        return _ignoring_corruption(self.read, {})
 
 
 class ScrubberCheckpointFile:
@@ -174,11 +183,7 @@ class ScrubberCheckpointFile:
 
     def read_or_none(self) -> tuple[int, int, dict[tuple[str, int], int]] | None:
         """Like read(), but a corrupt file is logged and treated as absent (the next pass starts afresh)."""
-        try:
-            return self.read()
-        except CorruptCheckpointError as exc:
-            log.warning("ignoring corrupt checkpoint: %s", exc)
-            return None
+        return _ignoring_corruption(self.read, None)
 
 
 class EpochCheckpointFile:
