@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from storage.record_batch import CODEC_NONE, RecordBatchBuilder, decode_records, iter_batches
+from storage.record_batch import CODEC_NONE, BatchHeader, RecordBatchBuilder, decode_records, iter_batches
 
 
 def now_ms() -> int:
@@ -60,3 +60,10 @@ def flip_byte(path: Path, position: int, mask: int = 0x5A) -> None:
         byte = f.read(1)
         f.seek(position)
         f.write(bytes([byte[0] ^ mask]))
+
+
+def flip_value_byte(path: Path, which: int) -> BatchHeader:
+    """Flip the last byte (a value's) of batch ``which`` of a segment file: its CRC no longer matches. Its header."""
+    pos, h = list(iter_batches(path.read_bytes()))[which]
+    flip_byte(path, pos + h.size - 1)
+    return h

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from storage_testlib import flip_byte, make_batch, now_ms
+from storage_testlib import flip_byte, flip_value_byte, make_batch, now_ms
 from waiting import wait_for
 
 from storage.cleaner import Throttler
@@ -55,8 +55,7 @@ def test_a_clean_log_is_read_whole_but_its_active_segment_and_nothing_is_reporte
 def test_a_batch_changed_on_disk_is_found_and_told_once_a_pass(tmp_path: Path) -> None:
     lg = _log(tmp_path)
     seg = lg.segments()[2]
-    pos, h = list(iter_batches(seg.log_path.read_bytes()))[1]
-    flip_byte(seg.log_path, pos + h.size - 1)  # a value byte: the batch's CRC no longer matches
+    h = flip_value_byte(seg.log_path, 1)  # a value byte: the batch's CRC no longer matches
     scrubber, told = _scrubber(lg)
     found = scrubber.scrub_once()
     assert [(c.base_offset, c.next_offset, c.filename) for c in found] == \
@@ -82,8 +81,7 @@ def test_a_corrupt_length_field_is_found(tmp_path: Path) -> None:
 def test_the_active_segment_is_not_scrubbed(tmp_path: Path) -> None:
     lg = _log(tmp_path, batches=9)  # the active segment holds one batch
     active = lg.segments()[-1]
-    pos, h = list(iter_batches(active.log_path.read_bytes()))[0]
-    flip_byte(active.log_path, pos + h.size - 1)
+    flip_value_byte(active.log_path, 0)
     scrubber, told = _scrubber(lg)
     assert scrubber.scrub_once() == [] and told == []
     lg.close()
@@ -94,8 +92,7 @@ def test_a_segment_removed_or_cut_while_it_is_read_reports_nothing(tmp_path: Pat
     truncation cut, is checked again under the lock against the segment as it is then, and not reported."""
     lg = _log(tmp_path)
     seg = lg.segments()[1]
-    pos, h = list(iter_batches(seg.log_path.read_bytes()))[1]
-    flip_byte(seg.log_path, pos + h.size - 1)
+    h = flip_value_byte(seg.log_path, 1)
     scrubber, told = _scrubber(lg)
     # Cut: a follower truncates into that segment after the scrubber read it (the batch goes with the cut).
     truncated = threading.Event()
@@ -113,8 +110,7 @@ def test_a_segment_removed_or_cut_while_it_is_read_reports_nothing(tmp_path: Pat
 def test_a_removed_segment_reports_nothing(tmp_path: Path) -> None:
     lg = _log(tmp_path)
     seg = lg.segments()[0]
-    pos, h = list(iter_batches(seg.log_path.read_bytes()))[1]
-    flip_byte(seg.log_path, pos + h.size - 1)
+    flip_value_byte(seg.log_path, 1)
     scrubber, told = _scrubber(lg)
 
     class RemoveAfterReading(Throttler):
@@ -129,8 +125,7 @@ def test_a_removed_segment_reports_nothing(tmp_path: Path) -> None:
 def test_the_thread_scrubs_each_interval_and_stops(tmp_path: Path) -> None:
     lg = _log(tmp_path)
     seg = lg.segments()[1]
-    pos, h = list(iter_batches(seg.log_path.read_bytes()))[0]
-    flip_byte(seg.log_path, pos + h.size - 1)
+    h = flip_value_byte(seg.log_path, 0)
     scrubber = LogScrubber(lambda: {("t", 0): lg}, bytes_per_sec=1 << 30, interval_ms=50)
     told: list[CorruptBatchError] = []
     scrubber.on_corrupt = lambda _lg, corrupt: told.append(corrupt)
@@ -160,15 +155,14 @@ def test_a_pass_cut_short_resumes_where_it_was_and_checks_nothing_twice(tmp_path
     closed = lg.segments()[:-1]
     assert len(closed) == 4
     seg0 = closed[0]
-    pos, h = list(iter_batches(seg0.log_path.read_bytes()))[0]
-    flip_byte(seg0.log_path, pos + h.size - 1)  # only a pass that reads segment 0 can find it
+    h = flip_value_byte(seg0.log_path, 0)  # only a pass that reads segment 0 can find it
     walls = iter(range(1_000, 10_000, 1_000))
     first = LogScrubber(lambda: {("t", 0): lg}, bytes_per_sec=1 << 30, interval_ms=3_600_000,
                         wall_ms=lambda: next(walls))
     assert first.scrub_once()[0].base_offset == h.base_offset
     ended = first.progress().ended_ms
     assert first.progress() == scrubber_module.ScrubProgress(0, ended, {})
-    flip_byte(seg0.log_path, pos + h.size - 1)  # flipped back: intact again
+    flip_value_byte(seg0.log_path, 0)  # flipped back: intact again
 
     real_iter = scrubber_module._iter_batches
     reads: list[int] = []
@@ -190,7 +184,7 @@ def test_a_pass_cut_short_resumes_where_it_was_and_checks_nothing_twice(tmp_path
     assert progress.positions == {("t", 0): closed[2].base_offset}, "segments 0 and 1 were checked"
     monkeypatch.setattr(scrubber_module, "_iter_batches", real_iter)
 
-    flip_byte(seg0.log_path, pos + h.size - 1)  # corrupt again, in a segment this pass already checked
+    flip_value_byte(seg0.log_path, 0)  # corrupt again, in a segment this pass already checked
     resumed, told = _scrubber(lg)
     resumed.seed(progress)
     assert resumed.first_wait_ms() == min(3_600_000, scrubber_module.FIRST_PASS_DELAY_MS), "resumed soon"

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from storage_testlib import flip_byte, make_batch, now_ms, read_all
+from storage_testlib import flip_value_byte, make_batch, now_ms, read_all
 from waiting import wait_for
 
 from proto import errors
@@ -275,8 +275,7 @@ def _compacted_log_with_a_corrupt_batch(tmp_path: Path) -> tuple[Log, Any, Any]:
         _put(lg, f"key-{i % 7:02d}", f"value-{i:04d}".encode(), ts)
     lg.update_high_watermark(lg.log_end_offset)
     seg = lg.segments()[2]
-    pos, h = list(iter_batches(seg.log_path.read_bytes()))[-1]
-    flip_byte(seg.log_path, pos + h.size - 1)
+    h = flip_value_byte(seg.log_path, -1)
     return lg, seg, h
 
 
