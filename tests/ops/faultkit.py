@@ -122,3 +122,17 @@ def replica_batches(cluster: Any, broker: int, topic: str, below: int) -> list[b
         data = path.read_bytes()
         out += [data[pos:pos + h.size] for pos, h in iter_batches(data) if h.base_offset + h.last_offset_delta < below]
     return out
+
+
+def flip_in_records(path: Path, which: int) -> int:
+    """Flip a byte in the records (not the header) of batch ``which`` of a segment file, in place (the broker may
+    be running): the batch fails its CRC. Its base offset."""
+    from storage.record_batch import BATCH_HEADER_SIZE, iter_batches
+
+    data = path.read_bytes()
+    pos, h = list(iter_batches(data))[which]
+    at = pos + BATCH_HEADER_SIZE + (h.size - BATCH_HEADER_SIZE) // 2
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0x5A]))
+    return h.base_offset

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from faultkit import (
     assert_every_acknowledged_record_once_in_order,
+    flip_in_records,
     partition_consumer,
     read_until,
     replica_batches,
@@ -29,7 +30,6 @@ from waiting import wait_for
 
 from client.admin import Admin, NewTopic
 from deploy.local.cluster import LocalCluster
-from storage.record_batch import BATCH_HEADER_SIZE, iter_batches
 
 pytestmark = pytest.mark.slow
 
@@ -66,17 +66,6 @@ def _leader_isr(cluster: LocalCluster, topic: str) -> tuple[int, int] | None:
 
 
 
-def _flip_in_records(path: Path, which: int) -> int:
-    """Flip a byte in the records of batch ``which`` of the segment (in place, the broker running); its base offset."""
-    data = path.read_bytes()
-    pos, h = list(iter_batches(data))[which]
-    at = pos + BATCH_HEADER_SIZE + (h.size - BATCH_HEADER_SIZE) // 2
-    with open(path, "r+b") as f:
-        f.seek(at)
-        f.write(bytes([data[at] ^ 0x5A]))
-    return h.base_offset
-
-
 def _found(cluster: LocalCluster, broker: int) -> float:
     try:
         values = sample_values(cluster.read_metrics(broker), "brook_log_scrubber_corrupt_batches_total")
@@ -99,7 +88,7 @@ def test_a_followers_corrupt_batch_is_found_by_the_scrubber_and_fetched_back_at_
     acked = _create(cluster, topic, [1, follower, 3])
     segments = replica_segments(cluster, follower, topic)
     assert len(segments) >= 3, segments
-    bad = _flip_in_records(segments[0], 1)
+    bad = flip_in_records(segments[0], 1)
     wait_for(lambda: _found(cluster, follower) >= 1, BOUND_S,
              lambda: f"broker {follower}'s scrubber to find the batch at offset {bad}: {cluster.log_tail(follower)}")
     log_text = cluster.node_log(follower).read_text(errors="replace")
@@ -130,7 +119,7 @@ def test_a_leaders_corrupt_batch_found_by_the_scrubber_stops_it_and_the_others_s
     acked = _create(cluster, topic, [leader, 1, 2])
     segments = replica_segments(cluster, leader, topic)
     assert len(segments) >= 3, segments
-    bad = _flip_in_records(segments[1], 0)
+    bad = flip_in_records(segments[1], 0)
     wait_for(lambda: not cluster.is_running(leader), BOUND_S,
              lambda: f"broker {leader} to stop once its scrubber found the batch at offset {bad}")
     assert cluster.returncode(leader) == EXIT_LOG_DIR_FAILURE, cluster.log_tail(leader)

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from faultkit import (
     assert_every_acknowledged_record_once_in_order,
+    flip_in_records,
     partition_consumer,
     read_until,
     replica_batches,
@@ -138,14 +139,6 @@ def _flip(path: Path, position: int) -> None:
         f.write(bytes([byte[0] ^ 0x5A]))
 
 
-def _flip_in_records(path: Path, which: int) -> int:
-    """Flip a byte in the records (not the header) of batch ``which`` of the segment; its base offset."""
-    data = path.read_bytes()
-    pos, h = list(iter_batches(data))[which]
-    _flip(path, pos + BATCH_HEADER_SIZE + (h.size - BATCH_HEADER_SIZE) // 2)
-    return h.base_offset
-
-
 def _log_since(cluster: LocalCluster, broker: int, mark: int) -> str:
     with open(cluster.node_log(broker), "rb") as f:
         f.seek(mark)
@@ -171,7 +164,7 @@ def test_corrupt_tail_of_a_followers_active_segment_is_cut_and_fetched_again(clu
     follower = 3
     cluster.kill_node(follower)
     active = replica_segments(cluster, follower, topic)[-1]
-    bad = _flip_in_records(active, -1)
+    bad = flip_in_records(active, -1)
     mark = _log_mark(cluster, follower)
     cluster.start_node(follower)
     acked += _more(cluster, topic, b"after")
@@ -191,7 +184,7 @@ def test_a_corrupt_batch_below_the_recovery_point_is_never_served_by_a_new_leade
     wait_for(lambda: _recovery_point(cluster, corrupt, topic) >= int(segments[2].stem), BOUND_S,
              f"broker {corrupt}'s recovery point of {topic}-0 past segment {segments[2].name}", poll_s=0.2)
     cluster.kill_node(corrupt)
-    bad = _flip_in_records(segments[0], 1)
+    bad = flip_in_records(segments[0], 1)
     _wait_partition(cluster, topic, lambda p: p.leader not in (corrupt, -1), f"a new leader of {topic}-0")
     acked += _more(cluster, topic, b"while-down")
     cluster.start_node(corrupt)
@@ -305,7 +298,7 @@ def test_a_corrupt_batch_on_the_only_in_sync_replica_is_reported_and_nothing_sto
     wait_for(lambda: _recovery_point(cluster, only, topic) >= int(segments[2].stem), BOUND_S,
              f"broker {only}'s recovery point of {topic}-0 past segment {segments[2].name}", poll_s=0.2)
     cluster.kill_node(only)
-    bad = _flip_in_records(segments[0], 1)
+    bad = flip_in_records(segments[0], 1)
     cluster.start_node(only)
     _wait_partition(cluster, topic, lambda p: p.leader == only and list(p.isr) == [only], f"{topic}-0 back")
     mark = _log_mark(cluster, only)
