@@ -117,6 +117,10 @@ class FollowerFetchSession:
         self._template = broker_pb2.FetchRequest()
         self._template_fields: tuple[int, ...] = ()
         self._closed = False
+        # The connection's own writer of an answer, when it has one (the replication listener): a
+        # parked fetch woken on the event loop is answered from the wake itself, as Kafka's
+        # purgatory completes a follower's fetch from the appending thread, not a loop turn later.
+        self.send_now: Callable[[broker_pb2.FetchResponse], None] | None = None
         index.opened(self)
 
     @property
@@ -178,6 +182,7 @@ class FollowerFetchSession:
     def close(self) -> None:
         """The stream ended: no more marks."""
         self._closed = True
+        self.send_now = None
         self._index.remove(self, list(self._fetches))
         self._index.closed(self)
 

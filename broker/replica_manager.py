@@ -222,6 +222,8 @@ def _sequence_ahead(p: Partition, records: bytes) -> bool:
 InlineRead = tuple[dict[Partition, int], tuple[broker_pb2.FetchResponse, int, bool]]
 # A woken session fetch's read ((response, bytes, must answer), the partitions it read)
 _WokenRead = tuple[tuple[broker_pb2.FetchResponse, int, bool], list[tuple[str, int]]]
+# A woken session fetch whose answer the wake sent itself (FollowerFetchSession.send_now).
+_SENT = object()
 
 
 def _resolve(fut: asyncio.Future[Any], result: Any) -> None:
@@ -740,18 +742,21 @@ class ReplicaManager:
                                     hosted=lambda: len(self._partitions))
 
     async def session_fetch(self, req: broker_pb2.FetchRequest, session: FollowerFetchSession,
-                            run: Callable[[Callable[[], Any]], Awaitable[Any]]) -> broker_pb2.FetchResponse:
+                            run: Callable[[Callable[[], Any]], Awaitable[Any]]) -> broker_pb2.FetchResponse | None:
         """A follower's fetch on its ReplicaFetch stream, ``session`` already updated with ``req``.
 
         Each read covers the session's partitions with something to tell or record
         (broker/fetch_session.py), all of them only once per refresh; the long poll is parked in
         the session, woken by new data on one of its partitions and, as ``fetch_async`` does for
-        followers, read by the thread that appended it.
+        followers, read by the thread that appended it. Answers say ``incremental``: this leader
+        keeps the session's partitions, so the next request may name its changes only.
+
+        None: the answer went out already, through ``session.send_now`` from a wake on the loop.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(0, req.max_wait_ms), MAX_FETCH_WAIT_MS) / 1000
         cap = self.response_max_bytes(req)
-        woken: _WokenRead | None = None
+        woken: Any = None  # a _WokenRead
         while True:
             if woken is not None:
                 (resp, total_bytes, must_answer), keys = woken
@@ -774,17 +779,24 @@ class ReplicaManager:
             remaining_s = deadline - loop.time()
             if (must_answer or total_bytes >= req.min_bytes or remaining_s <= 0 or not len(session)
                     or self._stopped.is_set()):
+                resp.incremental = True
                 session.answered(resp)
                 return resp
             session.discarded(keys)
-            woken = await self._session_park(session, remaining_s, cap)
+            woken = await self._session_park(session, remaining_s, cap, req.min_bytes)
+            if woken is _SENT:
+                return None
 
-    async def _session_park(self, session: FollowerFetchSession, timeout_s: float, cap: int) -> _WokenRead | None:
-        """Wait for new data on one of the session's partitions: the waker's read of it, or None (the
-        deadline, something already new, or the waker left the read to the loop)."""
+    async def _session_park(self, session: FollowerFetchSession, timeout_s: float, cap: int,
+                            min_bytes: int) -> _WokenRead | object | None:
+        """Wait for new data on one of the session's partitions: the waker's read of it, None (the
+        deadline, something already new, or the waker left the read to the loop), or ``_SENT``: woken
+        on the loop with an answer due, the waker sent it through ``session.send_now``. The follower
+        then has its data before the append that woke it returns, not after the rest of that
+        request's work and a loop turn."""
         loop = asyncio.get_running_loop()
         loop_thread = threading.get_ident()
-        fut: asyncio.Future[_WokenRead | None] = loop.create_future()
+        fut: asyncio.Future[_WokenRead | object | None] = loop.create_future()
 
         def hand_over(result: _WokenRead | None) -> None:  # on the loop
             if not fut.done():
@@ -799,7 +811,16 @@ class ReplicaManager:
                 if threading.get_ident() != loop_thread:
                     result = self._read_once(r, cap), keys
                 else:  # never wait on the loop: a held lock leaves the read to the loop's executor
-                    result = self._read_once(r, min(cap, LOOP_READ_MAX_BYTES), blocking=False), keys
+                    read = self._read_once(r, min(cap, LOOP_READ_MAX_BYTES), blocking=False)
+                    resp, total_bytes, must_answer = read
+                    send_now = session.send_now
+                    if send_now is not None and not fut.done() and (must_answer or total_bytes >= min_bytes):
+                        resp.incremental = True
+                        session.answered(resp)
+                        send_now(resp)
+                        fut.set_result(_SENT)  # on the loop, not done: checked above
+                        return
+                    result = read, keys
             except LockBusy:
                 session.discarded(keys)
             except Exception:

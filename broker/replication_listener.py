@@ -171,6 +171,12 @@ class ReplicationListener:
         if magic != MAGIC:
             raise Refused(f"not a Brook replica fetch connection (it began {magic!r})")
         session = self.service.rm.new_fetch_session()
+
+        def send(response: broker_pb2.FetchResponse) -> None:
+            data = response.SerializeToString()
+            writer.writelines((FRAME.pack(len(data)), data))
+
+        session.send_now = send  # a fetch woken on the loop is answered from the wake (no loop turn)
         try:
             while True:
                 deadline.within(self.idle_s)
@@ -186,8 +192,8 @@ class ReplicationListener:
                     raise Refused(f"a frame that is not a FetchRequest ({e})") from None
                 self.stats.requests_total += 1
                 response = await self.service.replica_fetch_message(request, context, session)
-                data = response.SerializeToString()
-                writer.writelines((FRAME.pack(len(data)), data))
+                if response is not None:  # else sent already, by the wake that ended its long poll
+                    send(response)
                 deadline.within(self.idle_s)  # a follower that reads nothing of its answer for that long is gone
                 await writer.drain()
         finally:

@@ -485,14 +485,17 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         session = self.rm.new_fetch_session()
         try:
             async for request in request_iterator:
-                yield await self.replica_fetch_message(request, context, session)
+                response = await self.replica_fetch_message(request, context, session)
+                assert response is not None, "a gRPC stream's session has no send_now"
+                yield response
         finally:
             session.close()
 
     async def replica_fetch_message(self, request: broker_pb2.FetchRequest, context: Any,
-                                    session: FollowerFetchSession) -> broker_pb2.FetchResponse:
+                                    session: FollowerFetchSession) -> broker_pb2.FetchResponse | None:
         """One request of a follower's fetch session: a ReplicaFetch stream's, or a replication listener
-        connection's (broker/replication_listener.py)."""
+        connection's (broker/replication_listener.py). None only for a session with a ``send_now``: the
+        answer went out through it."""
         if request.replica_id < 0:
             return _partition_errors(broker_pb2.FetchResponse(), request.partitions, errors.error_for(
                 ErrorCode.INVALID_REQUEST, "a fetch session carries follower fetches (replica_id >= 0) only"),
@@ -500,7 +503,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         return await self._replica_fetch(request, context, session)
 
     async def _replica_fetch(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext,
-                             session: FollowerFetchSession | None = None) -> broker_pb2.FetchResponse:
+                             session: FollowerFetchSession | None = None) -> broker_pb2.FetchResponse | None:
         # A follower's fetch moves the HW: only that broker may send it.
         if (refusal := self._as_replica(context, request.replica_id)) is not None:
             return _partition_errors(broker_pb2.FetchResponse(), request.partitions, refusal,
@@ -514,14 +517,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         # Replication has its own executor and no client bounds: a client flood must not
         # starve the followers (and so shrink the ISR).
         work = (lambda: self._fetch(request, None)) if session is None else \
-            (lambda: self._session_fetch(request, session))
+            (lambda: self.rm.session_fetch(request, session, run=self._replication_io))
         return await self._guard("Fetch", request, work, lambda: _fetch_error_all(request))
-
-    async def _session_fetch(self, req: broker_pb2.FetchRequest,
-                             session: FollowerFetchSession) -> broker_pb2.FetchResponse:
-        resp = await self.rm.session_fetch(req, session, run=self._replication_io)
-        resp.incremental = True  # this leader keeps the stream's partitions: the next request may say changes only
-        return resp
 
     async def _fetch(self, req: broker_pb2.FetchRequest, client: str | None,
                      slices: dict[tuple[str, int], Any] | None = None,
