@@ -6,7 +6,8 @@ real socket. A port bound and not listening refuses connections, as a closed or 
 here: with the listener's port refusing, the follower replicates over gRPC within seconds, says so in one
 WARNING, and goes back to the listener (one INFO) once it answers, not before the retry period; a leader
 down on both ports (restarting) is not taken for an unreachable listener; a listener session that answered
-and then broke is opened again, never a reason to leave the listener.
+and then broke is opened again, never a reason to leave the listener; a listener whose TLS handshake fails
+(a certificate the follower does not trust) is left for the gRPC stream as a refusing one is.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,7 +28,10 @@ import pytest
 from test_fetch_session import BATCH  # one leader batch at offset 0, epoch 0
 from waiting import wait_for
 
+from broker.kafka_wire.server import server_ssl_context
 from broker.replication_listener import Refused, ReplicationListener
+from client.security import SecurityConfig
+from deploy.local.certs import CertificateAuthority
 from proto import broker_pb2, broker_pb2_grpc
 from replication import fetcher as fetcher_module
 from replication.fetcher import FetcherConfig, ReplicaFetcherManager
@@ -257,3 +262,47 @@ def test_a_listener_port_that_drops_packets_costs_one_connection_timeout(
         server.stop(0)
         refusing.release()
     assert events[:2] == ["listener", "grpc"], f"connections tried, in order: {events}"
+
+
+def test_a_listener_whose_tls_handshake_fails_falls_back_to_grpc(
+        follower: Partition, fetcher_log: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    """The listener answers TCP but its TLS handshake fails: here it shows a certificate from a CA the follower
+    does not trust (a listener given another cluster's certificate), while the leader's gRPC port shows one the
+    follower trusts. Each handshake fails as a refused connection does, and after
+    LISTENER_FAILURES_TO_FALL_BACK of them the follower replicates over the gRPC stream, with one WARNING that
+    names the certificate failure."""
+    ours = CertificateAuthority.create(tmp_path / "ours")
+    theirs = CertificateAuthority.create(tmp_path / "theirs")
+    follower_cert = ours.issue(tmp_path / "ours", "node-2")
+    grpc_cert = ours.issue(tmp_path / "ours", "node-1")
+    listener_cert = theirs.issue(tmp_path / "theirs", "node-1")
+    leader = GrpcLeader()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    broker_pb2_grpc.add_BrokerServiceServicer_to_server(leader, server)
+    grpc_port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
+        [(grpc_cert.key.read_bytes(), grpc_cert.cert.read_bytes())]))
+    server.start()
+    loop = fetcher_module._FetchLoop("test-tls-listener")
+    listener = ReplicationListener(ListenerService(), 1, "127.0.0.1", 0, server_ssl_context(
+        str(listener_cert.cert), str(listener_cert.key), None, client_auth_required=False), {})
+    loop.submit(listener.start()).result(10)
+    security = SecurityConfig(protocol="SSL", ssl_ca_location=str(ours.path),
+                              ssl_certificate_location=str(follower_cert.cert),
+                              ssl_key_location=str(follower_cert.key))
+    manager = ReplicaFetcherManager(2, lambda: 1, FetcherConfig(max_wait_ms=100, backoff_ms=50, security=security))
+    manager.add_partition(follower, 1, f"127.0.0.1:{grpc_port}", 0,
+                          replication_address=f"127.0.0.1:{listener.port}")
+    try:
+        wait_for(lambda: follower.log.log_end_offset == 1 and follower.log.high_watermark == 1, 10,
+                 "the batch replicated over the gRPC stream though the listener's handshake fails")
+        [warning] = wait_for(lambda: records(fetcher_log, logging.WARNING, "replication listener"), 5,
+                             "the fallback's WARNING")
+        assert "CERTIFICATE_VERIFY_FAILED" in warning.getMessage() or \
+            "certificate verify failed" in warning.getMessage(), warning.getMessage()
+        assert manager.stats.listener_fallbacks_total == 1
+        assert leader.streams >= 1 and listener.stats.requests_total == 0, "no fetch went over the failed handshake"
+    finally:
+        manager.shutdown()
+        server.stop(0)
+        loop.submit(listener.stop()).result(10)
+        loop.stop()
