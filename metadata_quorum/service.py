@@ -198,7 +198,15 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
     def DeleteTopics(self, request: pb.DeleteTopicsRequest, context: Any) -> pb.DeleteTopicsResponse:
         def check(who: Any, name: str) -> None:
             authz.check_internal_topic_change(name, delete=True)  # whoever asks, super users included
-            self._check_topic(authz.DELETE)(who, name)
+            if self._authz.authorize(who, authz.DELETE, authz.TOPIC, name):
+                return
+            # As Kafka's controller answers (ControllerApis.deleteTopics): a caller that may describe the
+            # topic is told it does not exist, as Metadata would tell it; to anyone else a missing topic
+            # and a forbidden one look alike.
+            if self._authz.authorize(who, authz.DESCRIBE, authz.TOPIC, name) and \
+                    not self._raft.read(lambda s: name in s.topics):
+                raise errors.UnknownTopicOrPartitionError(f"topic '{name}' does not exist")
+            raise authz.denied_error(who, authz.DELETE, authz.TOPIC, name)
 
         return self._serve(pb.DeleteTopicsResponse, context, lambda: self._per_topic(
             context, request, "names", lambda n: n, check, lambda r: self._controller.delete_topics(

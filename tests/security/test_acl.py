@@ -149,6 +149,33 @@ def test_deny_beats_allow_on_a_live_broker(secure_cluster: LocalCluster, admin: 
     assert broker_metadata_error(address, ("dana", "dana-pw"), "acl-deny") == ErrorCode.TOPIC_AUTHORIZATION_FAILED
 
 
+def test_deleting_a_missing_topic_says_so_only_to_a_caller_that_may_describe_it(
+        secure_cluster: LocalCluster, admin: Admin, grant) -> None:  # noqa: ANN001
+    """Kafka's controller (ControllerApis.deleteTopics) answers a DeleteTopics of a topic the caller may not
+    delete with TOPIC_AUTHORIZATION_FAILED, except when the topic does not exist and the caller may describe
+    it: then UNKNOWN_TOPIC_OR_PARTITION, which Metadata would tell it anyway. To a caller that may not
+    describe it, a missing topic and a forbidden one look alike."""
+    admin.create_topic("acl-del-present", 1, 1)
+    admin.create_user("erin", "erin-pw")
+    grant("User:erin", "DESCRIBE", "TOPIC", "acl-del-", pattern="PREFIXED")
+    with Admin(secure_cluster.bootstrap_servers, request_timeout_ms=10_000,
+               controller_endpoints=secure_cluster.controller_endpoints, **sasl("erin", "erin-pw")) as erin:
+        def codes() -> dict[str, int]:
+            try:
+                result = erin.delete_topics(["acl-del-missing", "acl-del-present", "acl-other-missing"],
+                                            raise_on_error=False)
+            except errors.BrookError as exc:
+                if exc.code != ErrorCode.SASL_AUTHENTICATION_FAILED:
+                    raise
+                return {}  # erin's credentials have not reached that controller yet
+            return {name: (exc.code if exc is not None else ErrorCode.NONE) for name, exc in result.items()}
+        seen = wait_for(codes, 30, "erin's credentials to reach the controllers")
+    assert seen == {"acl-del-missing": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    "acl-del-present": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                    "acl-other-missing": ErrorCode.TOPIC_AUTHORIZATION_FAILED}, seen
+    assert "acl-del-present" in admin.list_topics()
+
+
 def test_host_specific_acls_apply_to_callers_at_that_address_only(secure_cluster: LocalCluster, admin: Admin,
                                                                   grant) -> None:  # noqa: ANN001
     """The brokers see this test's calls come from 127.0.0.1: bindings on another address do not apply to
