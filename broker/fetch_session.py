@@ -267,8 +267,10 @@ class FollowerFetchSession:
             self._stale.update(k for k in keys if k in self._fetches)
 
     def answered(self, resp: broker_pb2.FetchResponse) -> None:
-        """``resp`` goes to the follower: a partition answered with an error is read again with the
-        next answer (the follower backs off and forgets it)."""
+        """``resp`` goes to the follower, marked ``incremental`` (this leader keeps the session's
+        partitions: the next request may name its changes only). A partition answered with an error is
+        read again with the next answer (the follower backs off and forgets it)."""
+        resp.incremental = True
         failed = [(pr.topic, pr.partition) for pr in resp.partitions if pr.error_code]
         if failed:
             self.discarded(failed)

@@ -748,8 +748,7 @@ class ReplicaManager:
         Each read covers the session's partitions with something to tell or record
         (broker/fetch_session.py), all of them only once per refresh; the long poll is parked in
         the session, woken by new data on one of its partitions and, as ``fetch_async`` does for
-        followers, read by the thread that appended it. Answers say ``incremental``: this leader
-        keeps the session's partitions, so the next request may name its changes only.
+        followers, read by the thread that appended it. ``session.answered`` marks each answer.
 
         None: the answer went out already, through ``session.send_now`` from a wake on the loop.
         """
@@ -779,7 +778,6 @@ class ReplicaManager:
             remaining_s = deadline - loop.time()
             if (must_answer or total_bytes >= req.min_bytes or remaining_s <= 0 or not len(session)
                     or self._stopped.is_set()):
-                resp.incremental = True
                 session.answered(resp)
                 return resp
             session.discarded(keys)
@@ -815,7 +813,6 @@ class ReplicaManager:
                     resp, total_bytes, must_answer = read
                     send_now = session.send_now
                     if send_now is not None and not fut.done() and (must_answer or total_bytes >= min_bytes):
-                        resp.incremental = True
                         session.answered(resp)
                         send_now(resp)
                         fut.set_result(_SENT)  # on the loop, not done: checked above

@@ -63,15 +63,21 @@ async def parked(leader: InProcessBroker, session: FollowerFetchSession,
     return task
 
 
+def listener_session(leader: InProcessBroker) -> tuple[FollowerFetchSession, list[broker_pb2.FetchResponse]]:
+    """A session with a writer of its own, as the replication listener's, and the answers it wrote."""
+    session = leader.rm.new_fetch_session()
+    sent: list[broker_pb2.FetchResponse] = []
+    session.send_now = sent.append
+    return session, sent
+
+
 def append_on_loop(leader: InProcessBroker, value: bytes) -> None:
     leader.rm.append_records("t", 0, batch(value), acks=1, timeout_ms=1000, blocking=False).result(0)
 
 
 def test_an_append_on_the_loop_answers_the_parked_fetch_from_its_wake(leader: InProcessBroker) -> None:
     async def scenario() -> None:
-        session = leader.rm.new_fetch_session()
-        sent: list[broker_pb2.FetchResponse] = []
-        session.send_now = sent.append
+        session, sent = listener_session(leader)
         append_on_loop(leader, b"first")
         first = await fetch(leader, session, follower_fetch(0))
         assert first is not None and offsets(first) == [0], "data already there: answered the usual way"
@@ -104,9 +110,7 @@ def test_without_send_now_or_off_the_loop_the_woken_fetch_answers_itself(leader:
         assert resp is not None and offsets(resp) == [1] and resp.incremental
         stream.close()
 
-        listener = leader.rm.new_fetch_session()
-        sent: list[broker_pb2.FetchResponse] = []
-        listener.send_now = sent.append
+        listener, sent = listener_session(leader)
         await fetch(leader, listener, follower_fetch(0))
         task = await parked(leader, listener, follower_fetch(2))
         # An append on another thread (the executor's, for a request the loop may not wait for) reads for
@@ -122,9 +126,7 @@ def test_without_send_now_or_off_the_loop_the_woken_fetch_answers_itself(leader:
 
 def test_a_woken_read_short_of_min_bytes_is_not_sent_and_the_fetch_waits_on(leader: InProcessBroker) -> None:
     async def scenario() -> None:
-        session = leader.rm.new_fetch_session()
-        sent: list[broker_pb2.FetchResponse] = []
-        session.send_now = sent.append
+        session, sent = listener_session(leader)
         append_on_loop(leader, b"first")
         await fetch(leader, session, follower_fetch(0))
         task = await parked(leader, session, follower_fetch(1, min_bytes=10_000))
