@@ -160,7 +160,6 @@ def test_a_node_connection_that_stalls_is_closed_at_its_timeout(cluster: LocalCl
     produce_acked(cluster, TOPIC, [b"still-replicating"])
 
 
-
 def test_a_node_connection_that_reads_none_of_its_answers_is_closed_after_the_idle_time(
         cluster: LocalCluster) -> None:
     """A peer that sends fetches and never reads what they answer fills the sockets' buffers: the answer being
@@ -206,6 +205,7 @@ def test_a_node_connection_that_reads_none_of_its_answers_is_closed_after_the_id
     assert waited >= IDLE_S - 0.5, f"closed after {waited:.1f} s, before connections.max.idle.ms ({IDLE_S} s)"
     assert received < answers << 20, f"all {received} bytes of the answers came: the connection was never stalled"
     produce_acked(cluster, TOPIC, [b"still-replicating"])
+
 
 def _read_exactly(s: ssl.SSLSocket, n: int) -> bytes:
     out = b""
