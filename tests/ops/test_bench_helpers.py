@@ -50,3 +50,13 @@ def test_the_latency_step_prints_the_brokers_cpu_per_produce_request() -> None:
                    "node 1 0.20, node 2 0.10, node 3 0.10"
     assert cpu_per_request({}, {1: 1.0}, 500, 5.0) is None
     assert cpu_per_request({1: 1.0}, {1: 2.0}, 0, 5.0) is None
+
+
+def test_repeated_latency_runs_print_every_p99_their_median_and_the_runs_within_the_goal() -> None:
+    from deploy.local.bench import runs_line
+
+    assert runs_line("produce", [5.5, 4.25, 7.0], 5.0) == (
+        "produce p99 over 3 runs: 5.50, 4.25, 7.00 ms; median 5.50 ms; 1 of 3 within the goal of 5 ms")
+    assert runs_line("end-to-end", [9.0, 11.0], 10.0) == (
+        "end-to-end p99 over 2 runs: 9.00, 11.00 ms; median 10.00 ms; 1 of 2 within the goal of 10 ms")
+    assert runs_line("produce", [], 5.0) == "produce p99: no run completed"
