@@ -223,6 +223,11 @@ _BEHAVIOUR = [
            check=_at_least(1024), roles=_B),
     KeyDef("num.io.threads", "int", "8", "Threads doing the blocking work (disk, metadata) of client requests.",
            check=_at_least(1), roles=_B),
+    KeyDef("num.recompression.threads", "int", "2",
+           "Threads appending produce requests to topics whose compression.type is a codec (each batch in "
+           "another codec is decompressed and compressed again): kept apart from num.io.threads, so a flood "
+           "of small batches that inflate to many MiB cannot take the threads of other clients' requests.",
+           check=_at_least(1), roles=_B),
     KeyDef("num.replica.io.threads", "int", "4",
            "Threads serving follower fetches from other brokers (kept apart from client requests).",
            check=_at_least(1), roles=_B),

@@ -377,6 +377,9 @@ class BrokerServer:
                                                      thread_name_prefix=f"broker-{nid}-io"),
             replication=concurrent.futures.ThreadPoolExecutor(
                 max_workers=int(d.get("num.replica.io.threads", "4")), thread_name_prefix=f"broker-{nid}-replica"),
+            recompression=concurrent.futures.ThreadPoolExecutor(
+                max_workers=int(d.get("num.recompression.threads", "2")),
+                thread_name_prefix=f"broker-{nid}-recompress"),
             limits=ClientLimits(int(d.get("max.inflight.requests.per.ip", "2000")),
                                 int(d.get("max.waiting.fetches.per.ip", "1000"))),
             budget=ByteBudget(budget),
@@ -546,6 +549,8 @@ class BrokerServer:
         if self.capacity is not None:
             self.capacity.io.shutdown(wait=False, cancel_futures=True)
             self.capacity.replication.shutdown(wait=False, cancel_futures=True)
+            if self.capacity.recompression is not None:
+                self.capacity.recompression.shutdown(wait=False, cancel_futures=True)
         if self._security_pool is not None:
             self._security_pool.shutdown(wait=False, cancel_futures=True)
 

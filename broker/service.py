@@ -100,6 +100,8 @@ class Capacity:
     limits: ClientLimits
     budget: ByteBudget
     shares: ClientByteShares = field(default_factory=lambda: ClientByteShares(DEFAULT_FETCH_BYTES_PER_CLIENT))
+    # Produce requests to topics that recompress (num.recompression.threads); None: on ``io``.
+    recompression: concurrent.futures.Executor | None = None
 
 
 class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
@@ -306,7 +308,13 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         futures = self._produce_append_inline(req, denied)
         deferred = [i for i, f in enumerate(futures) if f is None]
         if deferred:
-            done = await self._io(lambda: self._produce_append(req, caller, denied, deferred))
+            # Recompression costs CPU in proportion to the decompressed bytes (a 1 KiB zstd batch may
+            # inflate to 32 MiB to be gzipped again): such requests get threads of their own, so a
+            # flood of them delays only other recompressing producers, never fetches or metadata.
+            pool = self.capacity.recompression if self.capacity.recompression is not None and \
+                self._recompresses(req, deferred) else self.capacity.io
+            done = await asyncio.get_running_loop().run_in_executor(
+                pool, lambda: self._produce_append(req, caller, denied, deferred))
             for i, f in zip(deferred, done, strict=True):
                 futures[i] = f
         if appended is not None and not appended.done():
@@ -363,6 +371,16 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             except WouldBlock:
                 futures.append(None)
         return futures
+
+    def _recompresses(self, req: broker_pb2.ProduceRequest, indexes: Sequence[int]) -> bool:
+        """Does any of these partitions' logs compress produced batches again (its topic's
+        ``compression.type`` is a codec, not ``producer``)?"""
+        for i in indexes:
+            pd = req.partitions[i]
+            p = self.rm.partition(pd.topic, pd.partition)
+            if p is not None and p.log.recompresses:
+                return True
+        return False
 
     def _produce_append(self, req: broker_pb2.ProduceRequest, caller: Any = principal.ANONYMOUS,
                         denied: set[str] | frozenset[str] = frozenset(),

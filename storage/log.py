@@ -393,6 +393,11 @@ class Log:
         return self._segments
 
     @property
+    def recompresses(self) -> bool:
+        """Are produced batches in another codec compressed again in the topic's ``compression.type``?"""
+        return CODEC_BY_NAME.get(self._config.compression_type) is not None
+
+    @property
     def active_segment(self) -> LogSegment:
         return self._segments[-1]
 

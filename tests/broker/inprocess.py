@@ -29,7 +29,7 @@ class NoController:
 class InProcessBroker:
     def __init__(self, tmp_path: Path, topics: Mapping[str, Mapping[str, str]], *, partitions: int = 1,
                  replicas: Sequence[int] = (1,), executor: concurrent.futures.Executor | None = None,
-                 **rm_options: Any) -> None:
+                 recompression: concurrent.futures.Executor | None = None, **rm_options: Any) -> None:
         """``rm_options``: more ReplicaManager keywords (``lease_valid``, ``fenced``)."""
         defaults = {"auto.create.topics.enable": "false", "log.cleaner.enable": "false"}
         self.logs = LogManager([tmp_path], defaults, cleaner_threads=0)
@@ -49,7 +49,7 @@ class InProcessBroker:
         self.rm.apply_metadata_delta(cache.apply(update))
         self.io = executor or concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="test-io")
         capacity = Capacity(io=self.io, replication=self.io, limits=ClientLimits(100, 100),
-                            budget=ByteBudget(64 << 20))
+                            budget=ByteBudget(64 << 20), recompression=recompression)
         self.service = BrokerService(1, self.rm, cache, None, None, defaults=defaults,  # type: ignore[arg-type]
                                      controller_endpoints=[], capacity=capacity)
 
