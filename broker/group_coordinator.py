@@ -760,8 +760,23 @@ class GroupCoordinator:
         try:
             pending[1].result(timeout=self.config.offsets_commit_timeout_ms / 1000 + 5)
         except Exception as exc:  # any failure of the write means: not durable
-            log.warning("group %s generation %d not persisted (%s): members must rejoin",
-                        group_id, generation_id, exc)
+            first = False  # the first member to see it says it; the others' answers say it to them
+            with self._lock:
+                g = self._group_locked(group_id, create=False)
+                if g is not None:
+                    first = g.persist_failed(generation_id, self.clock_ms(), str(exc))
+                    self._after_change_locked(g)
+            too_large = isinstance(exc, errors.BrookError) and exc.code in _TOO_LARGE
+            log.log(logging.WARNING if first else logging.DEBUG, "group %s generation %d not persisted (%s): %s",
+                    group_id, generation_id, exc, "its metadata record is too large for " + OFFSETS_TOPIC
+                    if too_large else "members must rejoin")
+            if too_large:
+                # As Kafka's storeGroup: not retriable, the consumers' poll() raises it. Rejoining would
+                # build the same record again.
+                return SyncResult(ErrorCode.UNKNOWN_SERVER_ERROR, error_message=(
+                    f"the group's metadata (every member's subscription and assignment) is too large to store "
+                    f"in {OFFSETS_TOPIC}: {exc.message}; the group needs fewer members or smaller "  # type: ignore[union-attr]
+                    "subscriptions"))
             return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS, error_message="group metadata not persisted")
         return result
 
@@ -1456,6 +1471,9 @@ class GroupCoordinator:
 
 
 # ---------------------------------------------------------------------- helpers
+_TOO_LARGE = (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE)
+
+
 def _commit_error(code: int) -> int:
     """Kafka's mapping of append errors to what a committing client should do."""
     if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,

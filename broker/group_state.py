@@ -653,6 +653,16 @@ class Group:
                 if cb is not None:
                     cb(SyncResult(ErrorCode.NONE, self.protocol_name, m.assignment))
 
+    def persist_failed(self, generation_id: int, now_ms: int, reason: str) -> bool:
+        """Writing ``generation_id``'s metadata failed, so no member was given its assignment: the
+        generation never took effect, and the group rebalances (Kafka's doSyncGroup after a failed
+        storeGroup) rather than stay Stable on an assignment nobody has. False if that was done already
+        (each member's SyncGroup reports the failure)."""
+        if self.generation_id != generation_id or self.state != GroupState.STABLE:
+            return False
+        self._prepare_rebalance(now_ms, f"generation {generation_id} not persisted: {reason}")
+        return True
+
     def heartbeat(self, *, member_id: str, generation_id: int, now_ms: int, group_instance_id: str = "") -> int:
         error = self._check_member(member_id, generation_id, group_instance_id)
         if error != ErrorCode.NONE:
