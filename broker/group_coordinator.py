@@ -818,12 +818,15 @@ class GroupCoordinator:
                       what: str) -> concurrent.futures.Future:
         """Append without waiting (the record is in the leader's log, in call order, when this
         returns); the future resolves once the ISR has it."""
+        # A failed write's future is kept until the group's next generation (its SyncGroups read it):
+        # its exception keeps no traceback, whose frames held the record and its batch (a refused
+        # 1 MiB group record kept 3 MiB, outside group.coordinator.metadata.max.bytes).
         try:
             fut = self._append(partition, kvs)
         except errors.BrookError as exc:
             log.warning("writing %s failed: %s", what, exc)
             failed: concurrent.futures.Future = concurrent.futures.Future()
-            failed.set_exception(exc)
+            failed.set_exception(exc.with_traceback(None))
             return failed
         if len(self._writes) >= self._writes_max:
             log.warning("too many group metadata writes in flight; not tracking %s", what)
@@ -832,8 +835,9 @@ class GroupCoordinator:
 
         def done(f: concurrent.futures.Future) -> None:
             self._writes.discard(f)
-            if f.exception() is not None:
-                log.warning("writing %s failed: %s", what, f.exception())
+            if (exc := f.exception()) is not None:
+                exc.__traceback__ = None
+                log.warning("writing %s failed: %s", what, exc)
 
         fut.add_done_callback(done)
         return fut
