@@ -562,7 +562,7 @@ class ReplicaManager:
         p = self._partitions.get((topic, partition))
         if p is None:
             if self.metadata_cache.partition(topic, partition) is None:
-                raise errors.UnknownTopicOrPartitionError(f"unknown partition {topic}-{partition}")
+                raise errors.UnknownTopicOrPartitionError(f"unknown partition {partition} of topic {topic!r}")
             raise errors.NotLeaderOrFollowerError(f"broker {self.node_id} does not host {topic}-{partition}")
         p.check_leader()
         return p
