@@ -140,6 +140,23 @@ def _is_sensitive(key: str) -> bool:
 
 
 
+
+# Kafka's ConfigEntry.ConfigType (KIP-569), which DescribeConfigs v3+ gives each entry, by the kind a
+# key is declared with (storage/log_config.py for topics, broker/config.py for brokers).
+CONFIG_TYPES = {"bool": 1, "string": 2, "int": 3, "long": 5, "double": 6, "list": 7, "password": 9}
+CONFIG_TYPE_UNKNOWN = 0
+
+
+def config_type(resource_type: int, name: str) -> int:
+    """The ConfigType of ``name`` in a TOPIC or BROKER resource (UNKNOWN for a name Brook does not declare)."""
+    from broker.config import KEYS
+
+    d: Any = log_config.TOPIC_CONFIGS.get(name) if resource_type == RESOURCE_TOPIC else KEYS.get(name)
+    if d is not None and d.kind == "topic":  # a cluster default of a topic config (log.retention.ms)
+        d = log_config.TOPIC_CONFIGS.get(d.topic_key)
+    return CONFIG_TYPES.get(d.kind, CONFIG_TYPE_UNKNOWN) if d is not None else CONFIG_TYPE_UNKNOWN
+
+
 class _Failed(Exception):
     """A request refused as a whole: every item of the response carries ``code``/``message``."""
 
@@ -402,6 +419,7 @@ class AdminApis:
                     continue
                 entry["configs"].append({
                     "name": name, "value": None if sensitive else value, "read_only": read_only,
+                    "config_type": config_type(res.resource_type, name),
                     "config_source": source, "is_sensitive": sensitive,
                     "documentation": (doc or None) if with_docs else None,
                     "synonyms": [{"name": n, "value": None if sensitive else v, "source": src}

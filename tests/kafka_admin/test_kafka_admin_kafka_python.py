@@ -47,6 +47,18 @@ def test_topics_configs_and_partitions(kcluster: Any, kp_admin: Any, topic_name:
     mine = a.describe_configs([ConfigResource(ConfigResourceType.BROKER, broker)], config_filter="all")
     assert mine["broker"][broker]["node.id"]["value"] == broker
     assert mine["broker"][broker]["num.partitions"]["config_source"] == "DEFAULT_CONFIG"  # no one set it
+    # KIP-569: each entry's type, as Kafka declares the key (it was UNKNOWN for every entry).
+    assert {k: mine["broker"][broker][k]["config_type"] for k in (
+        "auto.create.topics.enable", "num.partitions", "log.retention.ms", "listeners")} == {
+        "auto.create.topics.enable": "BOOLEAN", "num.partitions": "INT", "log.retention.ms": "LONG",
+        "listeners": "LIST"}
+    every = a.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic_name)], config_filter="all")
+    assert {k: every["topic"][topic_name][k]["config_type"] for k in (
+        "cleanup.policy", "compression.type", "max.message.bytes", "retention.ms", "min.cleanable.dirty.ratio",
+        "unclean.leader.election.enable")} == {
+        "cleanup.policy": "LIST", "compression.type": "STRING", "max.message.bytes": "INT", "retention.ms": "LONG",
+        "min.cleanable.dirty.ratio": "DOUBLE", "unclean.leader.election.enable": "BOOLEAN"}
+    assert "UNKNOWN" not in {e["config_type"] for e in every["topic"][topic_name].values()}
     for key in ("inter.broker.sasl.password", "scram.bootstrap.users"):  # set on this cluster: never shown
         secret = mine["broker"][broker].get(key)
         assert secret is None or (secret["value"] is None and secret["is_sensitive"]), secret
