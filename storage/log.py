@@ -246,6 +246,7 @@ class Log:
             first_recover = 0 if full_recovery else max(0, bisect.bisect_right(bases, recovery_point) - 1)
         for seg in segments[:first_recover]:
             seg.load_without_recovery()
+        self._bound_segment_ends(segments[:first_recover + 1])
         kept = self._recover_segments(segments, first_recover)
         self._rebuild_producer_state(kept)
         if not kept:
@@ -297,6 +298,19 @@ class Log:
                 (self.dir / (segment_file_name(base, suffix) + SWAP_SUFFIX)).unlink(missing_ok=True)
                 (self.dir / segment_file_name(base, suffix)).unlink(missing_ok=True)  # rebuilt on load
             log.warning("completed interrupted compaction swap of %s (offsets %d..%d)", self.dir, base, end)
+
+    def _bound_segment_ends(self, segments: list[LogSegment]) -> None:
+        """A segment ends where the next one begins, at the latest. A loaded segment whose last batch header
+        claims offsets past the next segment's base offset was damaged on disk (the base offset is outside
+        the CRC): its end becomes that base offset, so a read of the damaged batch fails as a corrupt batch
+        (and is handled as one) rather than serving the records under another segment's offsets, or leaving a
+        consumer at the true offset with nothing to read for good."""
+        for seg, after in zip(segments, segments[1:], strict=False):
+            if seg.next_offset > after.base_offset:
+                log.warning("%s: segment %s ends at offset %d by its last batch header, past the next segment's "
+                            "base offset %d: a damaged header; its end is taken as %d", self.dir, seg,
+                            seg.next_offset, after.base_offset, after.base_offset)
+                seg.next_offset = after.base_offset
 
     def _recover_segments(self, segments: list[LogSegment], first: int) -> list[LogSegment]:
         """CRC-scan segments[first:]; cut at the first bad batch and drop everything after it."""

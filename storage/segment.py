@@ -371,10 +371,13 @@ class LogSegment:
             return None
         return read_header(data, 0)
 
-    def iter_headers(self, start: int = 0, end: int | None = None,
-                     chunk_bytes: int = SCAN_CHUNK_BYTES) -> Iterator[tuple[int, BatchHeader]]:
+    def iter_headers(self, start: int = 0, end: int | None = None, chunk_bytes: int = SCAN_CHUNK_BYTES,
+                     *, strict: bool = False) -> Iterator[tuple[int, BatchHeader]]:
         """(position, header) of every complete batch in [start, end), reading ``chunk_bytes`` at a time
-        (one pread for many small batches; a batch larger than a chunk costs one pread of a chunk)."""
+        (one pread for many small batches; a batch larger than a chunk costs one pread of a chunk).
+        ``strict`` (reads): a batch whose length runs past the end of the segment is a damaged header
+        (``CorruptMessageError``), not the end of the walk: a flipped bit in a length field made every batch
+        after it in the segment be stepped over in silence."""
         end = self.size if end is None else end
         pos = start
         while end - pos >= BATCH_HEADER_SIZE:
@@ -386,6 +389,10 @@ class LogSegment:
             if advanced == 0:
                 h = read_header(chunk, 0)  # a batch bigger than a chunk: step over it
                 if pos + h.size > end:
+                    if strict and pos + h.size > self.size:
+                        raise errors.CorruptMessageError(
+                            f"batch at position {pos} is {h.size} bytes long, past the end of the segment "
+                            f"({self.size} bytes)")
                     return
                 yield pos, h
                 advanced = h.size
@@ -437,7 +444,7 @@ class LogSegment:
         # batch before ``end`` (the caller's snapshot of the size) ends by this (a truncation racing the walk is
         # the read's generation check's: it reads again).
         limit = self.next_offset
-        headers = self.iter_headers(start, end, chunk_bytes)
+        headers = self.iter_headers(start, end, chunk_bytes, strict=True)
         for at, h in headers:
             # A batch stepped over is not read, so its CRC is not checked: its offsets must at least agree with
             # its record count and follow the batch before (the base offset is outside the CRC), or a flipped
@@ -533,15 +540,25 @@ class LogSegment:
         ``bound_offset`` and before the first one that fails its CRC or cannot be walked; raises (see
         ``_corrupt``) when that is the first one. The batches before it are served, the next read starts at it."""
         cut = 0
+        after, limit = first.base_offset, self.next_offset
         with memoryview(data) as view:
             try:
                 for rel, h in iter_batches(data, 0):
                     if bound_offset is not None and h.last_offset >= bound_offset:
                         break
+                    # The base offset is outside the CRC: a batch served must follow the one before it and end
+                    # within the segment, or a flipped bit there serves its records under other offsets.
+                    if h.base_offset < after or h.next_offset > limit:
+                        if rel == 0:
+                            self._corrupt_headers(position, first.base_offset, generation, errors.CorruptMessageError(
+                                f"batch at position {position} holds offsets {h.base_offset} to "
+                                f"{h.next_offset - 1}, beyond the segment's end ({limit})"))
+                        break
                     if crc32c(view[rel + CRC_START:rel + h.size]) != h.crc:
                         if rel == 0:
                             self._corrupt(h, position, generation)
                         break
+                    after = h.next_offset
                     cut = rel + h.size
             except errors.CorruptMessageError as exc:
                 if cut == 0:

@@ -340,3 +340,71 @@ def test_a_base_offset_that_goes_back_is_a_corrupt_batch(tmp_path: Path) -> None
     assert "corrupt batch" in str(caught.value), caught.value
     assert lg.read(2, 1 << 20).first_offset == 2
     lg.close()
+
+
+SEGMENTED = LogConfig.from_overrides({"segment.bytes": "4096", "index.interval.bytes": "256"})
+
+
+def _segmented_log(tmp_path: Path) -> tuple[Path, dict[int, bytes]]:
+    """A closed log of 120 five-record batches over several 4 KiB segments: {offset: value} of each record."""
+    directory = tmp_path / "t-0"
+    lg = Log.open(directory, SEGMENTED)
+    values: dict[int, bytes] = {}
+    for b in range(120):
+        batch_values = [b"v-%06d-" % (b * 5 + i) + b"x" * 40 for i in range(5)]
+        values.update((b * 5 + i, v) for i, v in enumerate(batch_values))
+        lg.append_as_leader(make_batch(5, values=batch_values), 1)
+    lg.update_high_watermark(lg.log_end_offset)
+    lg.close()
+    return directory, values
+
+
+def _damage(directory: Path, segment: int, batch: int, at: int, mask: int) -> None:
+    """XOR byte ``at`` of the ``batch``-th batch header of the ``segment``-th segment file (oldest first)."""
+    path = sorted(directory.glob("*.log"))[segment]
+    pos, _h = list(iter_batches(path.read_bytes()))[batch]
+    flip_byte(path, pos + at, mask)
+
+
+def _read_until_refused(lg: Log) -> tuple[dict[int, bytes], BaseException | None]:
+    """Records from the log start as a consumer reads them, until the end or the first refused read."""
+    from storage.record_batch import decode_records
+
+    got: dict[int, bytes] = {}
+    offset = lg.log_start_offset
+    while offset < lg.log_end_offset:
+        try:
+            records = lg.read(offset, 1 << 20).records
+        except errors.KafkaStorageError as exc:
+            return got, exc
+        if not records:
+            break
+        for r in decode_records(records):
+            assert r.offset >= offset, f"offset {r.offset} served for a read at {offset}"
+            got[r.offset] = r.value
+            offset = r.offset + 1
+    return got, None
+
+
+# A header field of a batch in a closed segment, changed on disk, and what a read of the log after a restart saw:
+# - the batch length (byte 8, 0x04: 64 MiB longer): every batch after it in the segment was stepped over in
+#   silence, 50 of 600 records gone, the reads jumping from offset 169 to 220;
+# - the base offset of a batch a read serves after another (its low byte, 0x20): five records served under
+#   offsets 32 lower, after the ones before them;
+# - the base offset of a segment's last batch (byte 4, 0x20: 2^27 higher): the segment ended there by that
+#   header, so a read at the batch's true offset answered nothing, for good; a consumer stayed there.
+# Each is now a corrupt batch (KAFKA_STORAGE_ERROR: never served; the broker cuts the log there and fetches the
+# rest back from the other replicas), and every record served before it is the one at its offset.
+@pytest.mark.parametrize("segment, batch, at, mask", [(3, 1, 8, 0x04), (7, 8, 7, 0x20), (5, 10, 4, 0x20)],
+                         ids=["batch-length", "base-offset-of-a-served-batch", "base-offset-of-a-segments-last-batch"])
+def test_a_damaged_header_in_a_closed_segment_fails_the_read_instead_of_misplacing_records(
+        tmp_path: Path, segment: int, batch: int, at: int, mask: int) -> None:
+    directory, values = _segmented_log(tmp_path)
+    _damage(directory, segment, batch, at, mask)
+    lg = Log.open(directory, SEGMENTED, recovery_point=10**9, clean_shutdown=True)  # no recovery looks at it
+    try:
+        got, refused = _read_until_refused(lg)
+    finally:
+        lg.close()
+    assert refused is not None and "corrupt batch" in str(refused), f"{len(got)} of 600 records read, no error"
+    assert got == {o: values[o] for o in range(len(got))}, "a record was served under another offset, or skipped"
