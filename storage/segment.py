@@ -42,7 +42,7 @@ from storage.abstract_index import CorruptIndexError
 from storage.fd_budget import DescriptorBudget
 from storage.file_records import FileRecords
 from storage.log_config import INDEX_INTERVAL_BYTES_MAX
-from storage.offset_index import OffsetIndex
+from storage.offset_index import OffsetIndex, OffsetPosition
 from storage.record_batch import (
     BATCH_HEADER_SIZE,
     CRC_START,
@@ -54,7 +54,7 @@ from storage.record_batch import (
     read_header,
     validate_batch,
 )
-from storage.time_index import TimeIndex
+from storage.time_index import TimeIndex, TimestampOffset
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ MIN_TRANSLATE_CHUNK_BYTES = 16 * 1024
 SLICE_SCAN_CHUNK_BYTES = 64 * 1024
 # A walk leaves a mark every this many bytes it reads past its start (a sparse index: see the module doc).
 MARK_BYTES = INDEX_INTERVAL_BYTES_MAX
+DAMAGED_INDEX_LOG_INTERVAL_S = 60.0  # a damaged index entry: one WARNING a minute per segment, not one per read
 _INT32_MAX = 2**31 - 1
 
 
@@ -172,6 +173,7 @@ class LogSegment:
         # go away (truncation), so a walk that started before does not leave marks of what it read.
         self._marks: tuple[tuple[int, int], ...] = ()
         self._marks_lock = threading.Lock()
+        self._damaged_index_logged = -DAMAGED_INDEX_LOG_INTERVAL_S
         self._generation = 0
         _SEGMENTS.add(1)
 
@@ -421,12 +423,44 @@ class LogSegment:
         i = bisect.bisect_right(marks, offset, key=_mark_offset) - 1
         if i >= 0 and marks[i][1] > entry.position and self._starts_batch(marks[i][1], marks[i][0], end):
             return marks[i][1]
+        return self._checked_position(entry, end)
+
+    def _checked_position(self, entry: OffsetPosition, end: int) -> int:
+        """``entry``'s position if the batch there starts at its offset, else 0: a damaged index must not send
+        a walk to the wrong bytes (reads and timestamp lookups alike), so the walk scans from the start."""
         if entry.position > 0 and not self._starts_batch(entry.position, entry.offset, end):
-            # A damaged index must not send reads to the wrong bytes: scan from the start.
-            log.warning("%s: index entry %s does not point at its batch; scanning from the start",
-                        self.index.path, entry)
+            now = time.monotonic()
+            if now - self._damaged_index_logged >= DAMAGED_INDEX_LOG_INTERVAL_S:  # each read meets it again
+                self._damaged_index_logged = now
+                log.warning("%s: index entry %s does not point at its batch; scanning from the start",
+                            self.index.path, entry)
             return 0
         return entry.position
+
+    def _time_entry_holds(self, entry: TimestampOffset | None, end: int) -> bool:
+        """Does the batch ``entry`` names (each time-index entry is the largest timestamp so far and the base
+        offset of the batch holding it, ``_index_batch``) start at its offset with that largest timestamp?
+        A damaged entry used to start a timestamp lookup past the batches it should find (a later offset
+        answered)."""
+        if entry is None:
+            return True
+        indexed = self.index.lookup(entry.offset)
+        try:
+            if indexed.offset == entry.offset and indexed.position + BATCH_HEADER_SIZE <= end:
+                # The usual case (timestamps that grow): the time entry's batch is the offset entry's, one header.
+                found: tuple[int, BatchHeader] | None = (indexed.position, self.read_header_at(indexed.position))
+            else:
+                found = self._walk(self._start_for(entry.offset, end), end, lambda h: h.last_offset >= entry.offset)
+        except errors.CorruptMessageError:
+            found = None  # the lookup's own walk meets it too, and fails as a corrupt batch
+        if found is not None and found[1].base_offset == entry.offset and found[1].max_timestamp == entry.timestamp:
+            return True
+        now = time.monotonic()
+        if now - self._damaged_index_logged >= DAMAGED_INDEX_LOG_INTERVAL_S:
+            self._damaged_index_logged = now
+            log.warning("%s: time index entry %s does not name a batch with that largest timestamp; timestamp "
+                        "lookups scan this segment from the start", self.time_index.path, entry)
+        return False
 
     def _walk(self, start: int, end: int, wanted: Callable[[BatchHeader], bool]
               ) -> tuple[int, BatchHeader] | None:
@@ -649,10 +683,14 @@ class LogSegment:
         # before it, so every offset-index entry up to ``last_entry`` has its time entry in what we read next.
         last_entry = self.index.last_entry()
         below, first_at, first_is_last = self.time_index.around(timestamp_ms)
-        position = self.index.lookup(below.offset).position if below is not None else 0
-        if timestamp_ms > 0 and (not self._time_entries_may_lack or (first_at is not None and not first_is_last)):
+        # A damaged time index says nothing of where the batches wanted are: the walk starts from the start.
+        trusted = self._time_entry_holds(below, end)
+        position = self._checked_position(self.index.lookup(below.offset), end) if trusted and below else 0
+        if trusted and timestamp_ms > 0 and (
+                not self._time_entries_may_lack or (first_at is not None and not first_is_last)) and (
+                first_at is None or self._time_entry_holds(first_at, end)):
             bound = last_entry if first_at is None else self.index.lookup(min(first_at.offset - 1, last_entry.offset))
-            position = max(position, bound.position)
+            position = max(position, self._checked_position(bound, end))
         position = max(position, self._start_for(start_offset, end))
         while True:
             found = self._walk(position, end,

@@ -346,14 +346,16 @@ SEGMENTED = LogConfig.from_overrides({"segment.bytes": "4096", "index.interval.b
 
 
 def _segmented_log(tmp_path: Path) -> tuple[Path, dict[int, bytes]]:
-    """A closed log of 120 five-record batches over several 4 KiB segments: {offset: value} of each record."""
+    """A closed log of 120 five-record batches over several 4 KiB segments, each record's timestamp one
+    millisecond after the one before: {offset: value} of each record."""
     directory = tmp_path / "t-0"
     lg = Log.open(directory, SEGMENTED)
     values: dict[int, bytes] = {}
+    t0 = int(time.time() * 1000) - 100_000
     for b in range(120):
         batch_values = [b"v-%06d-" % (b * 5 + i) + b"x" * 40 for i in range(5)]
         values.update((b * 5 + i, v) for i, v in enumerate(batch_values))
-        lg.append_as_leader(make_batch(5, values=batch_values), 1)
+        lg.append_as_leader(make_batch(5, values=batch_values, ts=t0 + b * 5), 1)  # record o: t0 + o
     lg.update_high_watermark(lg.log_end_offset)
     lg.close()
     return directory, values
@@ -408,3 +410,27 @@ def test_a_damaged_header_in_a_closed_segment_fails_the_read_instead_of_misplaci
         lg.close()
     assert refused is not None and "corrupt batch" in str(refused), f"{len(got)} of 600 records read, no error"
     assert got == {o: values[o] for o in range(len(got))}, "a record was served under another offset, or skipped"
+
+
+# One byte of a closed segment's index changed on disk, then a timestamp lookup (ListOffsets by timestamp,
+# offsetsForTimes) for every record's timestamp. Reads checked the offset-index entry they start from; timestamp
+# lookups trusted both indexes: an offset-index entry's position answered later offsets or CORRUPT_MESSAGE (its
+# bytes were not a batch), a time-index entry's offset answered offset 325 for records 285-288.
+@pytest.mark.parametrize("segment, suffix, at, mask", [(1, "index", 36, 0xB7), (3, "index", 55, 0xE3),
+                                                       (5, "timeindex", 23, 0xF3)],
+                         ids=["offset-index-position", "offset-index-offset", "time-index-offset"])
+def test_a_damaged_index_entry_does_not_change_what_a_timestamp_lookup_answers(
+        tmp_path: Path, segment: int, suffix: str, at: int, mask: int) -> None:
+    directory, _values = _segmented_log(tmp_path)
+    lg = Log.open(directory, SEGMENTED, recovery_point=10**9, clean_shutdown=True)
+    t0 = lg.segments()[0].first_batch_timestamp
+    truth = {t: lg.lookup_timestamp(t0 + t) for t in range(600)}
+    lg.close()
+    flip_byte(sorted(directory.glob(f"*.{suffix}"))[segment], at, mask)
+    lg = Log.open(directory, SEGMENTED, recovery_point=10**9, clean_shutdown=True)
+    try:
+        wrong = {t: (truth[t], lg.lookup_timestamp(t0 + t)) for t in range(600)
+                 if lg.lookup_timestamp(t0 + t) != truth[t]}
+    finally:
+        lg.close()
+    assert not wrong, f"{len(wrong)} lookups answered otherwise, e.g. {list(wrong.items())[:2]}"
