@@ -50,6 +50,7 @@ from pysyncobj import pickle as pysyncobj_pickle
 
 from broker.request_times import LatencyHistogram
 from metadata_quorum import commands as c
+from metadata_quorum.journal_repair import repair_journal
 from metadata_quorum.quorum_security import bind_address, check_quorum_protection
 from metadata_quorum.raft_transport import BoundedTCPTransport
 from metadata_quorum.state import (
@@ -379,6 +380,7 @@ class MetadataRaft:
         self._consumer = _MetadataConsumer(self.state, self.lock, self._publish_version, self._fatal)
         # Made before the SyncObj: its tick thread loads an existing dump before the constructor returns.
         self.dump_writer = _DumpWriter(data_dir / DUMP_FILE, self._consumer)
+        repair_journal(data_dir / JOURNAL_FILE)  # pysyncobj would replay a damaged entry at every tick, for good
         conf = SyncObjConf(
             password=password or None,
             # Bind exactly the configured host: pysyncobj's default is 0.0.0.0.
