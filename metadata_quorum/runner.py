@@ -13,6 +13,7 @@ Prints ``READY`` once both ports are bound; SIGTERM stops it cleanly.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    faulthandler.enable(file=sys.stderr, all_threads=True)  # a fatal signal leaves the stacks in the log
     settings = ControllerSettings(
         args.node_id, parse_voters(args.voters), args.data_dir, args.cluster_id, args.password or None,
         broker_session_timeout_ms=args.session_timeout_ms, request_timeout_ms=args.request_timeout_ms,
