@@ -507,14 +507,20 @@ class Sender(threading.Thread):
             self._sequence_refused(batch)
             retriable = True  # refused, so not written: safe to send again (in order, or re-sequenced)
         now = time.monotonic()
-        if retriable and batch.attempts <= self.config.retries and now < batch.deadline and self.running_or_flushing():
-            if err.code in REFRESH_CODES:
-                self.cluster.request_update()
-            log.debug("retrying %s after %s (attempt %d)", batch.tp, err, batch.attempts)
-            with self.acc.lock:
-                self._release_locked(batch)
-                self.acc.reenqueue_locked(batch)
-            return
+        if retriable and batch.attempts <= self.config.retries and self.running_or_flushing():
+            if now < batch.deadline:
+                if err.code in REFRESH_CODES:
+                    self.cluster.request_update()
+                log.debug("retrying %s after %s (attempt %d)", batch.tp, err, batch.attempts)
+                with self.acc.lock:
+                    self._release_locked(batch)
+                    self.acc.reenqueue_locked(batch)
+                return
+            # Out of time, not out of retries: the application is told it timed out, as Kafka's producer
+            # tells it (a fault that outlasted delivery.timeout.ms showed as OutOfOrderSequenceNumber).
+            err = errors.RequestTimedOutError(
+                f"expiring {batch.record_count} record(s) for {batch.tp.topic}-{batch.tp.partition}: "
+                f"delivery.timeout.ms elapsed since batch creation (the last attempt: {err.message})")
         self._fail(batch, err)
 
     def running_or_flushing(self) -> bool:
