@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from inprocess import InProcessBroker
+from waiting import await_for
 
 from proto import broker_pb2
 from storage.record_batch import CODEC_GZIP, CODEC_ZSTD, RecordBatchBuilder, read_header
@@ -69,7 +70,9 @@ def test_recompressing_produce_waits_for_its_own_threads_while_other_requests_go
         # A compressed batch to a topic that keeps the producer's codec is appended on num.io.threads.
         other = await asyncio.wait_for(broker.service._produce(zstd_request("asis")), ANSWER_DEADLINE_S)
         assert other.partitions[0].error_code == 0, other
-        await asyncio.sleep(0.2)  # time enough for it to be appended, were it on the free threads
+        # It waits in the held pool's queue (on the free threads it would have been appended by now).
+        queue = broker.service.capacity.recompression._work_queue  # type: ignore[union-attr]
+        await await_for(lambda: queue.qsize() == 1 or recompressing.done(), 10, "the produce queued")
         assert not recompressing.done(), "a recompressing produce must wait for num.recompression.threads"
         held.release()
         resp = await asyncio.wait_for(recompressing, ANSWER_DEADLINE_S)
