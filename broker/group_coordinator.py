@@ -766,16 +766,16 @@ class GroupCoordinator:
                 if g is not None:
                     first = g.persist_failed(generation_id, self.clock_ms(), str(exc))
                     self._after_change_locked(g)
-            too_large = isinstance(exc, errors.BrookError) and exc.code in _TOO_LARGE
+            too_large = exc if isinstance(exc, errors.BrookError) and exc.code in _TOO_LARGE else None
             log.log(logging.WARNING if first else logging.DEBUG, "group %s generation %d not persisted (%s): %s",
                     group_id, generation_id, exc, "its metadata record is too large for " + OFFSETS_TOPIC
                     if too_large else "members must rejoin")
-            if too_large:
+            if too_large is not None:
                 # As Kafka's storeGroup: not retriable, the consumers' poll() raises it. Rejoining would
                 # build the same record again.
                 return SyncResult(ErrorCode.UNKNOWN_SERVER_ERROR, error_message=(
                     f"the group's metadata (every member's subscription and assignment) is too large to store "
-                    f"in {OFFSETS_TOPIC}: {exc.message}; the group needs fewer members or smaller "  # type: ignore[union-attr]
+                    f"in {OFFSETS_TOPIC}: {too_large.message}; the group needs fewer members or smaller "
                     "subscriptions"))
             return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS, error_message="group metadata not persisted")
         return result

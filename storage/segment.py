@@ -429,13 +429,17 @@ class LogSegment:
         """``entry``'s position if the batch there starts at its offset, else 0: a damaged index must not send
         a walk to the wrong bytes (reads and timestamp lookups alike), so the walk scans from the start."""
         if entry.position > 0 and not self._starts_batch(entry.position, entry.offset, end):
-            now = time.monotonic()
-            if now - self._damaged_index_logged >= DAMAGED_INDEX_LOG_INTERVAL_S:  # each read meets it again
-                self._damaged_index_logged = now
-                log.warning("%s: index entry %s does not point at its batch; scanning from the start",
-                            self.index.path, entry)
+            self._warn_damaged_index("%s: index entry %s does not point at its batch; scanning from the start",
+                                     self.index.path, entry)
             return 0
         return entry.position
+
+    def _warn_damaged_index(self, message: str, *args: object) -> None:
+        """A WARNING about a damaged index entry, at most one a minute per segment: each read meets it again."""
+        now = time.monotonic()
+        if now - self._damaged_index_logged >= DAMAGED_INDEX_LOG_INTERVAL_S:
+            self._damaged_index_logged = now
+            log.warning(message, *args)
 
     def _time_entry_holds(self, entry: TimestampOffset | None, end: int) -> bool:
         """Does the batch ``entry`` names (each time-index entry is the largest timestamp so far and the base
@@ -455,11 +459,8 @@ class LogSegment:
             found = None  # the lookup's own walk meets it too, and fails as a corrupt batch
         if found is not None and found[1].base_offset == entry.offset and found[1].max_timestamp == entry.timestamp:
             return True
-        now = time.monotonic()
-        if now - self._damaged_index_logged >= DAMAGED_INDEX_LOG_INTERVAL_S:
-            self._damaged_index_logged = now
-            log.warning("%s: time index entry %s does not name a batch with that largest timestamp; timestamp "
-                        "lookups scan this segment from the start", self.time_index.path, entry)
+        self._warn_damaged_index("%s: time index entry %s does not name a batch with that largest timestamp; "
+                                 "timestamp lookups scan this segment from the start", self.time_index.path, entry)
         return False
 
     def _walk(self, start: int, end: int, wanted: Callable[[BatchHeader], bool]

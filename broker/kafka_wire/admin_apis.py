@@ -138,9 +138,6 @@ def _is_sensitive(key: str) -> bool:
     return (d is not None and d.kind == "password") or bool(_SENSITIVE.search(key))
 
 
-
-
-
 # Kafka's ConfigEntry.ConfigType (KIP-569), which DescribeConfigs v3+ gives each entry, by the kind a
 # key is declared with (storage/log_config.py for topics, broker/config.py for brokers).
 CONFIG_TYPES = {"bool": 1, "string": 2, "int": 3, "long": 5, "double": 6, "list": 7, "password": 9}

@@ -40,6 +40,7 @@ import contextlib
 import io
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -414,9 +415,7 @@ def runs_line(what: str, p99s: list[float], goal_ms: float) -> str:
     """The p99s of a repeated latency step in the order run, their median and how many met the goal."""
     if not p99s:
         return f"{what} p99: no run completed"
-    ordered = sorted(p99s)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    median = statistics.median(p99s)
     met = sum(1 for p in p99s if p <= goal_ms)
     return (f"{what} p99 over {len(p99s)} runs: {', '.join(f'{p:.2f}' for p in p99s)} ms; median {median:.2f} ms; "
             f"{met} of {len(p99s)} within the goal of {goal_ms:g} ms")
