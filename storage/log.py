@@ -52,6 +52,7 @@ from storage.segment import (
     LOG_SUFFIX,
     SWAP_SUFFIX,
     TIME_INDEX_SUFFIX,
+    CorruptBatchError,
     LogSegment,
     open_segments,
     segment_budget,
@@ -65,13 +66,18 @@ log = logging.getLogger(__name__)
 EARLIEST_TIMESTAMP = -2  # ListOffsets sentinels, as in Kafka
 LATEST_TIMESTAMP = -1
 _READ_ATTEMPTS = 3
-_SEGMENT_POSITION_MAX = 2**31 - 1  # index positions are int32: a segment never grows past this
+_SEGMENT_POSITION_MAX = 2**31 - 1
+_OFFSET_MAX = 2**63 - 1  # index positions are int32: a segment never grows past this
 _BUDGET_WARN_EVERY_S = 60.0
 _budget_warned_at = float("-inf")
 _REFUSED_LOG_INTERVAL_S = 10.0
 # Written in a partition directory when a read found a corrupt batch (``mark_corrupt``): its base offset. The next
 # open CRC-scans from the segment holding it (whatever the recovery point and the shutdown), which truncates there.
 RESCAN_FROM_FILE = "rescan-from"
+# Offset ranges a trusted segment lost on disk (``LogSegment.lost_bytes``: cut short or emptied), one "start end"
+# line each (end exclusive): no segment holds them now, and reads of them fail as a corrupt batch would. Kept
+# because the indexes that told it are rebuilt from what is left; gone once the log is cut there or moves past.
+LOST_OFFSETS_FILE = "lost-offsets"
 MAX_ITER_READS = 10_000_000  # bound of iter_batches_from (far beyond any real log)  # a reader racing a segment deletion retries on a fresh snapshot
 
 
@@ -125,6 +131,28 @@ def _read_rescan_from(directory: Path) -> int | None:
         return 0
 
 
+def _read_lost_offsets(directory: Path) -> tuple[tuple[int, int], ...]:
+    """The ranges in ``LOST_OFFSETS_FILE`` (none when it is absent); an unreadable line is skipped, with a
+    WARNING: what it held is then not refused, as before the file existed."""
+    try:
+        text = (directory / LOST_OFFSETS_FILE).read_text(encoding="ascii")
+    except FileNotFoundError:
+        return ()
+    except (OSError, ValueError) as exc:
+        log.warning("%s: %s unreadable (%s): no lost offsets refused", directory, LOST_OFFSETS_FILE, exc)
+        return ()
+    ranges = []
+    for line in text.splitlines():
+        try:
+            start, end = (int(f) for f in line.split())
+        except ValueError:
+            log.warning("%s: %s: line %r skipped", directory, LOST_OFFSETS_FILE, line)
+            continue
+        if 0 <= start < end:
+            ranges.append((start, end))
+    return tuple(sorted(ranges))
+
+
 def _now_ms(now_ms: int | None) -> int:
     return int(time.time() * 1000) if now_ms is None else now_ms
 
@@ -161,6 +189,7 @@ class Log:
         self.epoch_cache = LeaderEpochFileCache(directory)
         self.producer_state = ProducerStateManager()
         self.closed = False
+        self._lost: tuple[tuple[int, int], ...] = ()  # see LOST_OFFSETS_FILE
         self._opened: list[LogSegment] | None = []  # segments opened by _load (closed if it fails)
 
     # ------------------------------------------------------------------ opening / recovery
@@ -186,7 +215,8 @@ class Log:
         self = cls(dir, config)
         try:
             with self._lock:
-                self._load(recovery_point, log_start_offset, _now_ms(now_ms), clean_shutdown, full_recovery)
+                self._load(recovery_point, log_start_offset, _now_ms(now_ms), clean_shutdown, full_recovery,
+                           rescan_from)
         except errors.CorruptMessageError as exc:
             # A header that cannot be walked in a segment we trusted (before the recovery
             # point): distrust everything and CRC-scan the whole log instead of failing.
@@ -196,7 +226,7 @@ class Log:
             log.warning("%s: %s while loading; falling back to a full recovery scan", dir, exc.message)
             self = cls(dir, config)
             with self._lock:
-                self._load(recovery_point, log_start_offset, _now_ms(now_ms), False, True)
+                self._load(recovery_point, log_start_offset, _now_ms(now_ms), False, True, rescan_from)
         if high_watermark is not None:
             self.update_high_watermark(high_watermark)
         if rescan_from is not None:
@@ -227,8 +257,11 @@ class Log:
         return seg
 
     def _load(self, recovery_point: int, log_start_offset: int | None, now_ms: int, clean_shutdown: bool,
-              full_recovery: bool) -> None:
+              full_recovery: bool, rescan_from: int | None = None) -> None:
         self._remove_temp_files()
+        lost = _read_lost_offsets(self.dir)
+        # A read (or the scrubber) reported lost offsets, marked to be cut: the log ends where they begin.
+        cut_at = next((a for a, b in lost if rescan_from is not None and a <= rescan_from < b), None)
         self._complete_swaps()
         # A leader-epoch-checkpoint lost or damaged: rebuilt below from every batch, after recovery. What recovery
         # alone observes starts at the recovery point: the epochs before it would be missing, and the one running
@@ -247,7 +280,12 @@ class Log:
         for seg in segments[:first_recover]:
             seg.load_without_recovery()
         self._bound_segment_ends(segments[:first_recover + 1])
-        kept = self._recover_segments(segments, first_recover)
+        if found := self._lost_bytes(segments[:first_recover + 1]):
+            # Written at once: the indexes that told it are rebuilt already, and a fallback to a full recovery
+            # (a header that cannot be walked, below) loads again without them.
+            lost = tuple(sorted(set(lost + found)))
+            write_atomically(self.dir / LOST_OFFSETS_FILE, "".join(f"{a} {b}\n" for a, b in lost).encode())
+        kept = self._recover_segments(segments, first_recover, cut_at)
         self._rebuild_producer_state(kept)
         if not kept:
             kept = [self._new_segment(log_start_offset, writable=True, now_ms=now_ms)]
@@ -268,6 +306,8 @@ class Log:
         else:
             self._recovery_point = min(max(recovery_point, self._log_start_offset), self._log_end_offset)
         self._high_watermark = self._log_start_offset
+        self._lost = lost
+        self._prune_lost(force_write=cut_at is not None)
         self._opened = None  # loaded: segments are tracked by the segment list from now on
         log.info("opened log %s: start %d, end %d, %d segments, recovery point %d", self.dir,
                  self._log_start_offset, self._log_end_offset, len(kept), self._recovery_point)
@@ -312,12 +352,66 @@ class Log:
                             seg.next_offset, after.base_offset, after.base_offset)
                 seg.next_offset = after.base_offset
 
-    def _recover_segments(self, segments: list[LogSegment], first: int) -> list[LogSegment]:
-        """CRC-scan segments[first:]; cut at the first bad batch and drop everything after it."""
+    def _lost_bytes(self, loaded: list[LogSegment]) -> tuple[tuple[int, int], ...]:
+        """The offsets the segments ``loaded`` without recovery lost from their ends (``LogSegment.lost_bytes``):
+        from where each now ends to the next segment's base offset. A segment cut short or emptied on disk left
+        a hole that reads stepped over in silence, as they step over offsets compaction removed; they now fail
+        there as at a corrupt batch. (A lost last segment only ends the log earlier: there is no hole.)"""
+        found = []
+        for seg, after in zip(loaded, loaded[1:], strict=False):
+            if seg.lost_bytes() and seg.indexed_batch is not None and seg.indexed_batch < after.base_offset:
+                log.error("%s: segment %s lost bytes on disk: its indexes name a batch at offset %d, its batches "
+                          "end at %d; offsets %d to %d are on no segment and reads of them fail as a corrupt batch "
+                          "(repaired from the in-sync replicas when there are any)", self.dir, seg,
+                          seg.indexed_batch, seg.next_offset, seg.next_offset, after.base_offset - 1)
+                found.append((seg.next_offset, after.base_offset))
+        return tuple(found)
+
+    def _prune_lost(self, force_write: bool = False) -> None:
+        """Forget lost offsets outside [log start, log end) (moved past, or cut); ``LOST_OFFSETS_FILE`` follows."""
+        if not self._lost:
+            return
+        start, end = self._log_start_offset, self._log_end_offset
+        kept = tuple(sorted({(max(a, start), min(b, end)) for a, b in self._lost if max(a, start) < min(b, end)}))
+        if kept == self._lost and not force_write:
+            return
+        self._lost = kept
+        path = self.dir / LOST_OFFSETS_FILE
+        if kept:
+            write_atomically(path, "".join(f"{a} {b}\n" for a, b in kept).encode())
+        elif path.exists():
+            path.unlink()
+            fsync_dir(self.dir)
+
+    def lost_offsets_error(self, offset: int) -> CorruptBatchError | None:
+        """The corrupt-batch error a read at ``offset`` fails with when a segment lost it on disk, else None."""
+        lost = self._lost
+        if not lost:
+            return None
+        i = bisect.bisect_right(lost, (offset, _OFFSET_MAX)) - 1
+        if i < 0 or not lost[i][0] <= offset < lost[i][1]:
+            return None
+        a, b = lost[i]
+        bases, segments = self._view
+        seg = segments[max(0, bisect.bisect_right(bases, a) - 1)]
+        return CorruptBatchError(seg.log_path, seg.size, a, f"the segment lost offsets {a} to {b - 1} on disk "
+                                 "(its indexes named batches past where it now ends)", next_offset=b)
+
+    def lost_offsets(self) -> tuple[tuple[int, int], ...]:
+        return self._lost
+
+    def _recover_segments(self, segments: list[LogSegment], first: int, cut_at: int | None = None
+                          ) -> list[LogSegment]:
+        """CRC-scan segments[first:]; cut at the first bad batch and drop everything after it. ``cut_at``: where
+        lost offsets marked to be cut begin; every segment after it goes too."""
         kept = list(segments[:first])
         expected = kept[-1].next_offset if kept else 0
         cut = False
         for seg in segments[first:]:
+            if not cut and cut_at is not None and seg.base_offset > cut_at:
+                log.warning("recovery of %s: offsets from %d were lost on disk and are marked to be cut: segment %s "
+                            "and every later one deleted (fetched again from the leader)", self.dir, cut_at, seg)
+                cut = True
             if cut or seg.base_offset < expected:
                 if not cut:
                     log.warning("recovery of %s: segment %s overlaps the previous one, deleted", self.dir, seg)
@@ -677,6 +771,8 @@ class Log:
         empty = FetchData(b"", -1, end, start)
         if start_offset >= bound:
             return empty
+        if self._lost and (lost := self.lost_offsets_error(start_offset)) is not None:
+            raise lost
         i = max(0, bisect.bisect_right(bases, start_offset) - 1)
         for seg in segments[i:]:
             reader = seg.read_slice if as_slice else seg.read
@@ -784,6 +880,7 @@ class Log:
         self.producer_state.truncate_from(new_end)
         self._high_watermark = min(self._high_watermark, new_end)
         self._recovery_point = min(self._recovery_point, new_end)
+        self._prune_lost()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete everything; the log restarts empty at ``offset``."""
@@ -799,6 +896,7 @@ class Log:
             self._log_start_offset = self._log_end_offset = offset
             self._high_watermark = self._recovery_point = offset
             self._truncations += 1
+            self._prune_lost()
             log.info("truncated %s fully, restarting at %d", self.dir, offset)
 
     # ------------------------------------------------------------------ flush
@@ -870,6 +968,7 @@ class Log:
             self._log_start_offset = new_start
             self._recovery_point = max(self._recovery_point, new_start)
             self.epoch_cache.truncate_from_start(new_start)
+            self._prune_lost()
             for seg in victims:
                 self._schedule_delete(seg, now)
             log.info("retention deleted %d segments of %s; log start now %d", doomed, self.dir, new_start)
@@ -907,6 +1006,7 @@ class Log:
             if offset > self._log_start_offset:
                 self._log_start_offset = offset
                 self.epoch_cache.truncate_from_start(offset)
+                self._prune_lost()
 
     # ------------------------------------------------------------------ compaction support
     def replace_segments(self, new: LogSegment, old: list[LogSegment]) -> bool:

@@ -22,6 +22,9 @@ in-sync peers hold the batch is repaired from them; a sole replica logs it once)
 waits for the next pass. A disk read that fails (EIO) goes to ``on_error(log_dir, error)`` (the log manager
 fails the directory, as for any read).
 
+Offsets a segment lost on disk (cut short or emptied: ``Log.lost_offsets``) are reported as a corrupt batch at
+the first of them, once that segment is checked.
+
 A segment can change under a read that takes no lock: retention or compaction removes it (closed after
 ``file.delete.delay.ms``), a follower's truncation cuts it. So a batch that fails its check is read again
 under the log's lock, from the segment as it is then, before it is reported: a segment no longer in the log,
@@ -192,14 +195,18 @@ class LogScrubber:
         for i, seg in enumerate(segments[:-1]):
             if seg.base_offset < start:
                 continue
+            lost = None
             try:
                 for _ in _iter_batches(seg, throttle, self._stop):
                     self.stats.batches_total += 1
+                lost = lg.lost_offsets_error(seg.next_offset)  # bytes the segment lost on disk (Log.lost_offsets)
+                if lost is not None:
+                    raise lost
                 self._advance(key, segments[i + 1].base_offset)
             except SegmentChangedError:
                 continue  # removed while it was read: nothing to say of it
             except CorruptBatchError as corrupt:
-                if not confirmed_corrupt(lg, corrupt):
+                if corrupt is not lost and not confirmed_corrupt(lg, corrupt):
                     log.info("%s changed while it was scrubbed (%s): checked again next pass", seg, corrupt)
                     self._advance(key, segments[i + 1].base_offset)
                     continue

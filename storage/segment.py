@@ -150,6 +150,7 @@ class LogSegment:
         self.size = os.fstat(self._fd).st_size
         self._index_bytes = index_bytes
         self.index_rebuild_needed = False
+        self.indexed_batch: int | None = None  # see load_without_recovery
         self.index = self._open_index(OffsetIndex, INDEX_SUFFIX, writable)
         self.time_index = self._open_index(TimeIndex, TIME_INDEX_SUFFIX, writable)
         self.next_offset = base_offset
@@ -185,7 +186,9 @@ class LogSegment:
 
     # -- state loading ------------------------------------------------------------------
     def load_without_recovery(self) -> None:
-        """Trust the (flushed) log; check the indexes and rebuild them if they look wrong."""
+        """Trust the (flushed) log; check the indexes and rebuild them if they look wrong. ``indexed_batch``: an
+        offset both indexes say a batch of this segment holds, read before any rebuild (see ``lost_bytes``)."""
+        self.indexed_batch = self._offset_both_indexes_name()
         try:
             if self.index_rebuild_needed:
                 raise CorruptIndexError(f"index files of {self.log_path} missing")
@@ -195,6 +198,24 @@ class LogSegment:
         except (CorruptIndexError, errors.CorruptMessageError) as exc:
             log.warning("rebuilding indexes of %s: %s", self.log_path, exc)
             self.rebuild_indexes()
+
+    def _offset_both_indexes_name(self) -> int | None:
+        """The smaller of the two indexes' last entries' offsets: a batch at or past it was in this segment when
+        they were written (each names the base offset of a batch it indexed). None when either is empty or
+        unreadable: a small segment has no entry, and one damaged file alone proves nothing."""
+        if self.index_rebuild_needed or self.index.entries == 0 or self.time_index.entries == 0:
+            return None
+        try:
+            return min(self.index.last_entry().offset, self.time_index.last_entry().offset)
+        except (ValueError, OSError):  # closed under us
+            return None
+
+    def lost_bytes(self) -> bool:
+        """Did this (trusted, flushed) segment lose bytes from its end since it was indexed? Both of its indexes
+        name a batch at or past where its batches now end: the file was cut short (or emptied) on disk. Known
+        only after ``load_without_recovery``; the indexes are rebuilt from what is left, so the caller keeps
+        the answer (storage/log.py: ``lost-offsets``)."""
+        return self.indexed_batch is not None and self.indexed_batch >= self.next_offset
 
     def _load_tail_state(self) -> None:
         """Next offset, largest timestamp and index bookkeeping from the indexes + a short tail walk.

@@ -3,7 +3,8 @@
 - A follower's active segment loses its last batch to a flipped byte and the follower is SIGKILLed: recovery
   cuts the log at that batch (a WARNING names it), the follower fetches it again and every replica holds the
   same bytes up to the high watermark.
-- A byte flips in a closed segment of a follower, below its recovery point, so no recovery looks at it; the
+- A byte flips in a closed segment of a follower, below its recovery point, so no recovery looks at it (or the
+  segment is emptied on disk, its indexes left: reads stepped over its offsets in silence); the
   follower becomes leader. Kafka's leader serves such a batch: every consumer fails on it (CRC mismatch), and a
   follower that needs it refuses it for good. Brook's used to as well: a Brook consumer reading from offset 0
   raised CORRUPT_MESSAGE at every poll while two replicas held the batch intact. A leader now checks the CRC of
@@ -174,8 +175,27 @@ def test_corrupt_tail_of_a_followers_active_segment_is_cut_and_fetched_again(clu
                      text), f"no recovery WARNING cutting {active.name} at offset {bad}"
 
 
-def test_a_corrupt_batch_below_the_recovery_point_is_never_served_by_a_new_leader(cluster: LocalCluster) -> None:
-    topic = "corrupt-follower-old"
+def _empty_segment(path: Path) -> int:
+    """Empty a closed segment's log file, its indexes left as they were: the offset its records began at."""
+    first = int(path.stem)
+    path.write_bytes(b"")
+    return first
+
+
+# What is done to a closed segment of the stopped replica, below its recovery point (no recovery looks at it), and
+# what its log then says at its start: (damage, the batch's base offset) -> the ERROR or WARNING.
+DAMAGE = {
+    "corrupt-batch": (lambda segments: flip_in_records(segments[0], 1), None),
+    # Cut short on disk (here emptied): reads stepped over the offsets it held in silence, as over offsets
+    # compaction removed; its indexes, which name batches past where it now ends, tell it.
+    "segment-emptied": (lambda segments: _empty_segment(segments[1]), "lost bytes on disk"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_corrupt_batch_below_the_recovery_point_is_never_served_by_a_new_leader(cluster: LocalCluster,
+                                                                                  damage: str) -> None:
+    topic = f"old-{damage}"
     corrupt = 2  # preferred leader: the one whose closed segment goes bad
     acked = _create(cluster, topic, [corrupt, 1, 3])
     segments = replica_segments(cluster, corrupt, topic)
@@ -184,11 +204,16 @@ def test_a_corrupt_batch_below_the_recovery_point_is_never_served_by_a_new_leade
     wait_for(lambda: _recovery_point(cluster, corrupt, topic) >= int(segments[2].stem), BOUND_S,
              f"broker {corrupt}'s recovery point of {topic}-0 past segment {segments[2].name}", poll_s=0.2)
     cluster.kill_node(corrupt)
-    bad = flip_in_records(segments[0], 1)
+    do, said = DAMAGE[damage]
+    bad = do(segments)
+    damaged = next(s for s in reversed(segments) if int(s.stem) <= bad)
     _wait_partition(cluster, topic, lambda p: p.leader not in (corrupt, -1), f"a new leader of {topic}-0")
     acked += _more(cluster, topic, b"while-down")
+    mark = _log_mark(cluster, corrupt)
     cluster.start_node(corrupt)
     _wait_partition(cluster, topic, lambda p: corrupt in p.isr, f"broker {corrupt} back in the ISR")
+    if said is not None:
+        assert re.search(rf"{damaged.name}.* {said}", _log_since(cluster, corrupt, mark)), cluster.log_tail(corrupt)
     mark = _log_mark(cluster, corrupt)
 
     def leads() -> bool:
@@ -217,7 +242,7 @@ def test_a_corrupt_batch_below_the_recovery_point_is_never_served_by_a_new_leade
     assert cluster.returncode(corrupt) == EXIT_LOG_DIR_FAILURE, cluster.log_tail(corrupt)
     text = _log_since(cluster, corrupt, mark)
     assert re.search(rf"CRITICAL .*{topic}-0: .*corrupt batch at position \d+ \(base offset {bad}\) of "
-                     rf"{segments[0].name}", text), cluster.log_tail(corrupt)
+                     rf"{damaged.name}", text), cluster.log_tail(corrupt)
 
     # Started again, it cuts its log at the corrupt batch and fetches the rest back.
     mark = _log_mark(cluster, corrupt)
@@ -226,8 +251,9 @@ def test_a_corrupt_batch_below_the_recovery_point_is_never_served_by_a_new_leade
     _assert_converged(cluster, topic, acked, "after the corrupt replica restarted")
     text = _log_since(cluster, corrupt, mark)
     assert f"a read found a corrupt batch at offset {bad}" in text, cluster.log_tail(corrupt)
-    assert re.search(rf"recovery of \S+{segments[0].name}: truncating at position \d+ \(offset {bad}, ", text), (
-        cluster.log_tail(corrupt))
+    cut = (rf"recovery of \S+{damaged.name}: truncating at position \d+ \(offset {bad}, " if said is None else
+           rf"offsets from {bad} were lost on disk and are marked to be cut: segment \S+{segments[2].name}")
+    assert re.search(cut, text), cluster.log_tail(corrupt)
 
 
 def test_leader_torn_mid_batch_and_killed_fails_over_and_catches_up(cluster: LocalCluster) -> None:

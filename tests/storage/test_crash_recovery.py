@@ -434,3 +434,81 @@ def test_a_damaged_index_entry_does_not_change_what_a_timestamp_lookup_answers(
     finally:
         lg.close()
     assert not wrong, f"{len(wrong)} lookups answered otherwise, e.g. {list(wrong.items())[:2]}"
+
+
+# A closed, flushed segment (no recovery looks at it) cut short or emptied on disk, its indexes left as they were.
+# Reads stepped over the offsets it lost in silence, as over offsets compaction removed: records 165-219 (or
+# 190-219) were gone, and a consumer went on from 220. Now the segment's indexes tell it (both name batches past
+# where its batches end): reads there fail as at a corrupt batch, that stays so after the indexes were rebuilt,
+# and marked (the broker marks it when in-sync replicas hold the records), the log is cut there at the next open.
+@pytest.mark.parametrize("keep", ["nothing", "half"])
+def test_a_segment_that_lost_bytes_on_disk_is_no_silent_hole(tmp_path: Path, keep: str) -> None:
+    directory, values = _segmented_log(tmp_path)
+    path = sorted(directory.glob("*.log"))[3]
+    positions = [pos for pos, _h in iter_batches(path.read_bytes())]
+    os.truncate(path, 0 if keep == "nothing" else positions[len(positions) // 2])
+    base = int(path.name.split(".")[0])
+    for attempt in ("found", "remembered"):  # the second open has only the rebuilt indexes
+        lg = Log.open(directory, SEGMENTED, recovery_point=10**9, clean_shutdown=True)
+        try:
+            got, refused = _read_until_refused(lg)
+            assert refused is not None, f"{attempt}: {len(got)} of 600 records read and no error: the hole is silent"
+            assert got == {o: values[o] for o in range(len(got))}, attempt
+            lost_from = len(got)
+            assert base <= lost_from < 220
+            cause = disk_failure(refused)
+            assert cause is not None and cause.errno == errno.EIO and cause.base_offset == lost_from, refused
+            assert cause.next_offset == 220, refused  # a reader that must go on (a coordinator's load) can
+            assert lg.lost_offsets() == ((lost_from, 220),)
+        finally:
+            lg.close()
+    lg = Log.open(directory, SEGMENTED, recovery_point=10**9, clean_shutdown=True)
+    lg.mark_corrupt(lost_from)
+    lg.close()
+    lg = Log.open(directory, SEGMENTED, recovery_point=10**9, clean_shutdown=True)
+    try:
+        assert lg.log_end_offset == lost_from, "not cut where the lost offsets begin"
+        assert read_all(lg) and _read_until_refused(lg) == ({o: values[o] for o in range(lost_from)}, None)
+        assert lg.lost_offsets() == ()
+        assert not (directory / "lost-offsets").exists() and not (directory / "rescan-from").exists()
+    finally:
+        lg.close()
+
+
+def test_lost_offsets_are_forgotten_when_the_log_moves_past_them(tmp_path: Path) -> None:
+    directory, _values = _segmented_log(tmp_path)
+    path = sorted(directory.glob("*.log"))[3]
+    os.truncate(path, 0)
+    lg = Log.open(directory, SEGMENTED, recovery_point=10**9, clean_shutdown=True)
+    try:
+        assert lg.lost_offsets() == ((165, 220),)
+        lg.truncate_to(400)  # a follower's truncation above them keeps them
+        assert lg.lost_offsets() == ((165, 220),)
+        lg.update_high_watermark(lg.log_end_offset)
+        lg.set_log_start_offset(200)  # DeleteRecords into them
+        assert lg.lost_offsets() == ((200, 220),)
+        assert (directory / "lost-offsets").read_text() == "200 220\n"
+        lg.set_log_start_offset(220)
+        assert lg.lost_offsets() == () and not (directory / "lost-offsets").exists()
+    finally:
+        lg.close()
+
+
+def test_a_log_without_damage_has_no_lost_offsets_after_many_opens(tmp_path: Path) -> None:
+    """Rolled, truncated, compaction-like gaps, clean and unclean opens: nothing is taken for lost bytes."""
+    directory, values = _segmented_log(tmp_path)
+    for clean in (True, False, True):
+        lg = Log.open(directory, SEGMENTED, recovery_point=0 if not clean else 10**9, clean_shutdown=clean)
+        assert lg.lost_offsets() == ()
+        lg.truncate_to(lg.log_end_offset - 7)  # mid-segment, as a follower does
+        lg.append_as_leader(make_batch(5), 2)
+        lg.roll()
+        lg.append_as_leader(make_batch(5), 2)
+        lg.close()
+    lg = Log.open(directory, SEGMENTED, recovery_point=10**9, clean_shutdown=True)
+    try:
+        assert lg.lost_offsets() == () and not (directory / "lost-offsets").exists()
+        got, refused = _read_until_refused(lg)
+        assert refused is None and all(got[o] == values[o] for o in range(590))
+    finally:
+        lg.close()

@@ -250,3 +250,22 @@ def test_the_first_pass_after_a_start_waits_for_its_turn() -> None:
     short = LogScrubber(dict, interval_ms=50, wall_ms=lambda: now)
     short.seed(scrubber_progress(ended_ms=now - 10))
     assert short.first_wait_ms() == 50
+
+
+def test_offsets_a_segment_lost_on_disk_are_found_and_told(tmp_path: Path) -> None:
+    """A closed segment emptied on disk, its indexes left: the offsets it held are reported as a corrupt batch at
+    the first of them (Log.lost_offsets), so the broker repairs it from the other replicas as for a changed batch."""
+    cfg = LogConfig(segment_bytes=BATCH * 4, index_interval_bytes=1, file_delete_delay_ms=0)
+    lg = Log.open(tmp_path / "t-0", cfg)
+    for i in range(12):
+        lg.append_as_leader(make_batch(2, ts=now_ms() + i), 0)
+    lg.close()
+    emptied = sorted((tmp_path / "t-0").glob("*.log"))[1]
+    emptied.write_bytes(b"")
+    lg = Log.open(tmp_path / "t-0", cfg, recovery_point=10**9, clean_shutdown=True)
+    scrubber, told = _scrubber(lg)
+    found = scrubber.scrub_once()
+    assert len(found) == 1 and told == [(lg, found[0])], told
+    assert (found[0].base_offset, found[0].next_offset) == (8, 16), found[0]
+    assert scrubber.stats.corrupt_batches_total == 1
+    lg.close()
