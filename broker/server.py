@@ -42,6 +42,7 @@ from broker.admission import (
     ClientLimits,
     connections_within_descriptors,
 )
+from broker.fair_pool import FairExecutor
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.receiving import (
@@ -373,13 +374,12 @@ class BrokerServer:
             log.warning("broker %d: fetch.max.bytes %d > queued.max.request.bytes %d: a fetch is cut to the budget",
                         nid, fetch_max, budget)
         return Capacity(
-            io=concurrent.futures.ThreadPoolExecutor(max_workers=int(d.get("num.io.threads", "8")),
-                                                     thread_name_prefix=f"broker-{nid}-io"),
+            # Client work takes turns between client addresses (broker/fair_pool.py); replication is the brokers'.
+            io=FairExecutor(int(d.get("num.io.threads", "8")), thread_name_prefix=f"broker-{nid}-io"),
             replication=concurrent.futures.ThreadPoolExecutor(
                 max_workers=int(d.get("num.replica.io.threads", "4")), thread_name_prefix=f"broker-{nid}-replica"),
-            recompression=concurrent.futures.ThreadPoolExecutor(
-                max_workers=int(d.get("num.recompression.threads", "2")),
-                thread_name_prefix=f"broker-{nid}-recompress"),
+            recompression=FairExecutor(int(d.get("num.recompression.threads", "2")),
+                                       thread_name_prefix=f"broker-{nid}-recompress"),
             limits=ClientLimits(int(d.get("max.inflight.requests.per.ip", "2000")),
                                 int(d.get("max.waiting.fetches.per.ip", "1000"))),
             budget=ByteBudget(budget),
@@ -456,6 +456,9 @@ class BrokerServer:
             return {}
         out = {}
         for name, pool in (("io", cap.io), ("replication", cap.replication)):
+            if isinstance(pool, FairExecutor):
+                out[name] = (pool.max_workers, pool.queued())
+                continue
             queue = getattr(pool, "_work_queue", None)  # ThreadPoolExecutor keeps no public queue size
             out[name] = (int(getattr(pool, "_max_workers", 0)), queue.qsize() if queue is not None else 0)
         return out

@@ -55,6 +55,7 @@ from broker.admission import (
     release_when_done,
 )
 from broker.authorizer import ALLOW_ALL, Authorizer
+from broker.fair_pool import CLIENT
 from broker.fetch_session import FollowerFetchSession
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
@@ -167,6 +168,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         client that does not read its answers (an HTTP/2 peer granting no window) would otherwise have
         each answer held in gRPC's buffers while its next requests are admitted, without end."""
         client = peer_host(context.peer() or "unknown")
+        CLIENT.set(client)  # this request's task: its work on the client pools takes this client's turns
         limits = self.capacity.limits
         try:
             limits.enter(client)

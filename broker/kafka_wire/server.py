@@ -59,6 +59,7 @@ from broker.admission import (
     connections_within_descriptors,
     stop_serving,
 )
+from broker.fair_pool import CLIENT
 from broker.kafka_wire import apis, bounds, codec
 from broker.kafka_wire.context import Aborted, KafkaCallContext
 from broker.principal import AUTH_SASL, Authentication
@@ -542,6 +543,7 @@ class _Connection:
 
     async def _call(self, req: codec.Request, released: asyncio.Future[None], contexts: list[KafkaCallContext]) -> Any:
         lst = self.listener
+        CLIENT.set(self.client_host)  # this request's task: its work on the client pools takes this client's turns
         handler = lst.apis.handlers[req.api_key]
         deadline = time.monotonic() + lst.request_timeout_s
         while True:
