@@ -26,6 +26,7 @@ from broker import authorizer as authz
 from broker import principal
 from broker.admission import peer_host, refuse_over, refuse_oversized, release_when_done
 from broker.authorizer import ALLOW_ALL, Authorizer
+from broker.fair_pool import FairExecutor
 from broker.group_coordinator import (
     DESCRIBE_ANSWER_MAX_BYTES,
     GroupCoordinator,
@@ -135,8 +136,9 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
                  executor: concurrent.futures.Executor | None = None, authorizer: Authorizer = ALLOW_ALL) -> None:
         self.c = coordinator
         self.authz = authorizer  # Kafka's group ACLs: READ to join/commit, DESCRIBE to find/describe, DELETE
-        self._executor = executor or concurrent.futures.ThreadPoolExecutor(
-            max_workers=GROUP_WORKERS, thread_name_prefix=f"groups-{coordinator.node_id}")
+        # Turns between client addresses (broker/fair_pool.py): one client's commits, each waiting for acks=all,
+        # cannot queue every other client's heartbeats behind them.
+        self._executor = executor or FairExecutor(GROUP_WORKERS, thread_name_prefix=f"groups-{coordinator.node_id}")
         # As BrokerService.listener_by_tls: the coordinator's address on the caller's kind of listener.
         self.listener_by_tls: dict[bool, str] = {}
 

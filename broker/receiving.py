@@ -64,6 +64,7 @@ import grpc
 
 from broker import principal
 from broker.admission import Overloaded, peer_host
+from broker.fair_pool import CLIENT
 from proto.errors import STREAM_REFUSED_METADATA_KEY
 
 log = logging.getLogger(__name__)
@@ -372,6 +373,7 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         RESOURCE_EXHAUSTED (no slot in time, too many waiting), DEADLINE_EXCEEDED (the message did not
         arrive in time) or INVALID_ARGUMENT (no message)."""
         client = _client_of(context)
+        CLIENT.set(client)  # this call's task: its work on the broker's pools takes this client's turns
         try:
             await slots.acquire(client, self.timeout_s)
         except Overloaded as e:

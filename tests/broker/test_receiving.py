@@ -20,6 +20,7 @@ import pytest
 from waiting import await_for
 
 from broker.admission import Overloaded
+from broker.fair_pool import CLIENT
 from broker.receiving import OTHER_STREAMS, ReceiveGate, ReceiveSlots, StreamCounts
 from proto.errors import STREAM_REFUSED_METADATA_KEY
 
@@ -188,6 +189,9 @@ class Served:
     async def echo(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return b"%d" % len(request)
 
+    async def client(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return CLIENT.get().encode()  # whose turns the call's work takes on the broker's pools
+
     def sync_echo(self, request: bytes, context: Any) -> bytes:  # runs on the pool, as SecurityService does
         self.sync_peers.append(context.peer())
         return b"sync %d" % len(request)
@@ -227,7 +231,8 @@ async def gated(request: pytest.FixtureRequest) -> AsyncIterator[GatedServer]:
                        params.get("timeout_s", 300.0), pool)  # by default, far above what a test takes
     served = Served()
     u, ss = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
-    handlers = {"Echo": u(served.echo, _identity, _identity), "SyncEcho": u(served.sync_echo, _identity, _identity),
+    handlers = {"Echo": u(served.echo, _identity, _identity), "Client": u(served.client, _identity, _identity),
+                "SyncEcho": u(served.sync_echo, _identity, _identity),
                 "WatchGen": ss(served.watch_gen, _identity, _identity),
                 "WatchWrites": ss(served.watch_writes, _identity, _identity),
                 "Chat": grpc.stream_stream_rpc_method_handler(served.chat, _identity, _identity),
@@ -258,6 +263,13 @@ async def test_every_kind_of_call_is_served_through_the_gate(gated: GatedServer)
         assert [r async for r in chat(two())] == [b"1", b"2"]
     assert gated.served.sync_peers and gated.served.sync_peers[0].startswith("ipv4:127.0.0.1:")
     assert gated.gate.slots.receiving == 0 and gated.gate.streams["/t.T/Chat"].open == 0
+
+
+async def test_a_calls_work_takes_its_client_addresss_turns(gated: GatedServer) -> None:
+    """Every unary call through the gate (the group coordinator's too) hands its work to the broker's fair pools
+    (broker/fair_pool.py) as its client address's, never as no one's."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gated.port}") as ch:
+        assert await ch.unary_unary("/t.T/Client")(b"") == b"127.0.0.1"
 
 
 async def test_calls_past_their_receive_slots_are_held_to_the_initial_window(gated: GatedServer,
