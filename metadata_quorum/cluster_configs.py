@@ -90,6 +90,8 @@ def validate(values: Mapping[str, str], delete: list[str] | tuple[str, ...] = ()
         text = str(raw).strip()
         if key == FOLLOWER_THROTTLE:
             try:
+                if not log_config.is_number_text("long", text):  # not "1_000" nor other scripts' digits
+                    raise ValueError
                 rate = int(text)
             except ValueError:
                 raise errors.InvalidConfigError(f"{key} must be a whole number of bytes per second, not {text!r}") \

@@ -8,6 +8,7 @@ documents it. It is pure: no I/O, no clocks.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -37,6 +38,11 @@ INDEX_INTERVAL_BYTES_MAX = 1024 * 1024
 # default). Kafka takes any int; beyond 64 MiB a leader stored batches no follower, Brook consumer or
 # librdkafka consumer could take (found by experiment).
 MAX_MESSAGE_BYTES_MAX = 64 * 1024 * 1024
+# The smallest index a segment is given: two time-index entries (12 bytes each; an offset-index entry is 8). Kafka
+# accepts segment.index.bytes from 4 and rounds it down to whole entries (none, at 4 to 11: a segment per batch).
+# Brook took 8 to 11 and then could create no index at all: the partition's log was never made, or, changed on an
+# existing topic, every produce failed at the next segment roll. Smaller values are taken as this.
+INDEX_BYTES_MIN = 24
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,8 @@ _DEFS = [
     ConfigDef("retention.ms", "long", str(7 * 24 * 3600 * 1000), "Age bound of a partition's log (-1: none).",
               _at_least_or_minus_one(0)),
     ConfigDef("segment.bytes", "int", str(1024 * 1024 * 1024), "Roll a segment at this size.", _at_least(14)),
-    ConfigDef("segment.index.bytes", "int", str(10 * 1024 * 1024), "Largest index file.", _at_least(8)),
+    ConfigDef("segment.index.bytes", "int", str(10 * 1024 * 1024),
+              f"Largest index file (below {INDEX_BYTES_MIN}, {INDEX_BYTES_MIN} is used).", _at_least(4)),
     ConfigDef("segment.ms", "long", str(7 * 24 * 3600 * 1000), "Roll a segment at this age.", _at_least(1)),
     ConfigDef("segment.jitter.ms", "long", "0",
               "Largest random time taken off segment.ms for each new segment, so partitions created together "
@@ -138,6 +145,18 @@ _DEFS = [
 TOPIC_CONFIGS: Mapping[str, ConfigDef] = {d.name: d for d in _DEFS}
 
 
+# What a client may write as a number: Java's Long.parseLong and Double.parseDouble syntax (Kafka's), ASCII digits.
+# Python's int() and float() also take "1_000" and other scripts' digits ("١٠٠"): such values were stored as
+# sent and handed to Kafka clients, whose tools cannot read them. (The state replays stored values unchecked.)
+_NUMBER_TEXT = {"int": re.compile(r"[+-]?[0-9]+"), "long": re.compile(r"[+-]?[0-9]+"),
+                "double": re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")}
+
+
+def is_number_text(kind: str, text: str) -> bool:
+    """Is ``text`` a number of ``kind`` ("int", "long", "double") as Kafka's Java parsers read one?"""
+    return _NUMBER_TEXT[kind].fullmatch(text) is not None
+
+
 def parse_value(name: str, raw: str, *, strict: bool = False) -> object:
     """Parse and validate one topic config value; raise InvalidConfigError naming the key.
 
@@ -147,6 +166,8 @@ def parse_value(name: str, raw: str, *, strict: bool = False) -> object:
         raise InvalidConfigError(f"unknown topic config '{name}'")
     text = str(raw).strip()
     try:
+        if strict and d.kind in _NUMBER_TEXT and not is_number_text(d.kind, text):
+            raise ValueError
         if d.kind in ("int", "long"):
             value: object = int(text)
             bound = _INT32_MAX if d.kind == "int" else _INT64_MAX
@@ -240,6 +261,10 @@ class LogConfig:
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
     max_compaction_lag_ms: int = int(TOPIC_CONFIGS["max.compaction.lag.ms"].default)
+
+    def __post_init__(self) -> None:
+        if self.segment_index_bytes < INDEX_BYTES_MIN:  # see INDEX_BYTES_MIN
+            object.__setattr__(self, "segment_index_bytes", INDEX_BYTES_MIN)
 
     def compression_level(self, codec: int) -> int | None:
         """The topic's compression.<codec>.level for ``codec`` (None: snappy and none have no level)."""

@@ -163,6 +163,18 @@ def test_config_values_are_short_and_stored_canonical(controller: QuorumControll
     assert stored == {"cleanup.policy": "delete,compact"}, stored
 
 
+@pytest.mark.parametrize("key, value", [("retention.ms", "1_000"), ("retention.ms", "\u0661\u0660\u0660"),
+                                        ("min.cleanable.dirty.ratio", "0.5_0"), ("segment.bytes", "1e6")])
+def test_numbers_are_written_as_kafkas_tools_read_them(controller: QuorumController, key: str, value: str) -> None:
+    """Python's int() and float() read "1_000" and other scripts' digits ("\u0661\u0660\u0660"): such values were
+    stored as sent and handed to Kafka clients (DescribeConfigs), whose Java parsers refuse them."""
+    refused_without_proposal(controller, lambda: create(controller, pb.CreatableTopic(
+        name="odd-number", num_partitions=1, replication_factor=2, configs={key: value})), ErrorCode.INVALID_CONFIG)
+    [ok] = create(controller, pb.CreatableTopic(name=f"plain-{value.encode().hex()}", num_partitions=1, replication_factor=2,
+                                                configs={key: "+1000" if key != "min.cleanable.dirty.ratio" else ".5"}))
+    assert ok.error_code == ErrorCode.NONE, ok
+
+
 def test_describe_configs_answers_each_topic_once_and_a_bounded_number(controller: QuorumController) -> None:
     """One topic named 350,000 times made the controller build a 794 MB answer (audit)."""
     [ok] = create(controller, pb.CreatableTopic(name="described", num_partitions=1, replication_factor=2))

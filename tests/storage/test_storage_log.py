@@ -558,3 +558,29 @@ def test_a_slice_read_covers_the_same_batches_as_a_read_in_few_preads(
         # one per 64 KiB of headers walked (chunks overlap by a torn batch), not one per batch
         assert len(reads) <= 4 + max_bytes // (32 * 1024), f"{len(reads)} preads for a {max_bytes}-byte slice"
     lg.close()
+
+
+@pytest.mark.parametrize("index_bytes", ["4", "8", "11", "12", "24"])
+def test_a_tiny_segment_index_bytes_still_makes_a_log_that_rolls_and_reads(tmp_path: Path, index_bytes: str) -> None:
+    """Kafka takes segment.index.bytes from 4. Brook took 8 to 11 and could then create no index: a topic created
+    with it had no log on any broker (its produces timed out), and set on an existing topic, every produce failed
+    at the next segment roll. Smaller values now act as INDEX_BYTES_MIN (two time-index entries)."""
+    from storage.log_config import INDEX_BYTES_MIN, validate
+    assert validate({"segment.index.bytes": index_bytes}, strict=True) == {"segment.index.bytes": index_bytes}
+    cfg = LogConfig.from_overrides({"segment.index.bytes": index_bytes, "index.interval.bytes": "1"})
+    assert cfg.segment_index_bytes == max(INDEX_BYTES_MIN, int(index_bytes))
+    lg = Log.open(tmp_path / "t-0", cfg)
+    try:
+        batches = [make_batch(2, ts=now_ms() + i) for i in range(20)]
+        for b in batches:
+            lg.append_as_leader(b, 0)
+        lg.update_high_watermark(lg.log_end_offset)
+        assert len(lg.segments()) > 2, "an index this small fills (and rolls the segment) every few batches"
+        assert offsets_of(read_all(lg)) == list(range(40))
+    finally:
+        lg.close()
+    lg = Log.open(tmp_path / "t-0", cfg, recovery_point=0)
+    try:
+        assert offsets_of(read_all(lg)) == list(range(40))
+    finally:
+        lg.close()
