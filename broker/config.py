@@ -443,9 +443,12 @@ def _topic_key_defs() -> list[KeyDef]:
         d = log_config.TOPIC_CONFIGS[topic_key]
         out.append(KeyDef(broker_key, "topic", None, f"Cluster default of topic config {topic_key}: {d.doc}",
                           topic_key=topic_key, roles=(ROLE_BROKER, ROLE_CONTROLLER)))
-    for coarse, (fine, _) in _COARSE_UNITS.items():
+    for coarse, (fine, factor) in _COARSE_UNITS.items():
+        # Kafka's bounds: log.roll.hours at least 1, log.roll.jitter.hours at least 0, retention -1 (forever) or
+        # more; and at most what fits the millisecond key once multiplied.
+        low = 1 if coarse == "log.roll.hours" else 0 if coarse == "log.roll.jitter.hours" else -1
         out.append(KeyDef(coarse, "long", None, f"{fine} in coarser units ({fine} wins if both are set).",
-                          check=_at_least(-1)))
+                          check=_between(low, _INT64_MAX // factor, f"{fine} is a long of milliseconds")))
     return out
 
 
@@ -955,7 +958,15 @@ def _apply_coarse_units(values: dict[str, Any]) -> None:
         if coarse in values and fine not in values:
             n = int(values[coarse])
             values[fine] = "-1" if n == -1 else str(n * factor)
-            log_config.parse_value(KEYS[fine].topic_key or fine, values[fine])
+            try:
+                log_config.parse_value(KEYS[fine].topic_key or fine, values[fine])
+            except InvalidConfigError as e:  # one line naming the key the operator wrote, not a traceback
+                raise ConfigError(coarse, f"{n} is {values[fine]} ms of {fine}: {e.message}") from None
+
+
+def _is_ascii_digits(text: str) -> bool:
+    """str.isdigit() also takes "²" and other scripts' digits, which int() then refuses (a traceback)."""
+    return text.isascii() and text.isdigit()
 
 
 def _split_host_port(text: str) -> tuple[str, int]:
@@ -963,7 +974,7 @@ def _split_host_port(text: str) -> tuple[str, int]:
     if not sep or not host:
         raise ValueError(f"'{text}' is not host:port")
     host = host.strip("[]")
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not _is_ascii_digits(port) or not 0 <= int(port) <= 65535:
         raise ValueError(f"'{text}' has no valid port (0-65535)")
     return host, int(port)
 
@@ -1031,10 +1042,10 @@ def _parse_voters(items: list[str]) -> dict[int, Voter]:
     for item in items:
         node, sep, rest = item.partition("@")
         parts = rest.rsplit(":", 2)
-        if not sep or len(parts) != 3 or not node.strip().isdigit():
+        if not sep or len(parts) != 3 or not _is_ascii_digits(node.strip()):
             raise ConfigError(key, f"'{item}' must look like id@host:grpc_port:raft_port")
         host, grpc_port, raft_port = parts
-        if not (grpc_port.isdigit() and raft_port.isdigit()) or not host:
+        if not (_is_ascii_digits(grpc_port) and _is_ascii_digits(raft_port)) or not host:
             raise ConfigError(key, f"'{item}' must look like id@host:grpc_port:raft_port")
         voter = Voter(int(node), host.strip("[]"), int(grpc_port), int(raft_port))
         if not (0 < voter.grpc_port <= 65535 and 0 < voter.raft_port <= 65535):

@@ -150,6 +150,14 @@ BAD_CASES = [
     ('"fetch.partition.max.bytes" = 67108864', "fetch.partition.max.bytes"),
     ('"replica.fetch.response.max.bytes" = 100000000', "replica.fetch.response.max.bytes"),
     ('"replica.fetch.max.bytes" = 0', "replica.fetch.max.bytes"),
+    # Coarse-unit keys: refused with a traceback (exit 1) rather than one line, and with Kafka's bounds.
+    ('"log.roll.hours" = 0', "log.roll.hours"),
+    ('"log.roll.jitter.hours" = -1', "log.roll.jitter.hours"),
+    ('"log.retention.hours" = 9999999999999999', "log.retention.hours"),
+    ('"log.retention.minutes" = 99999999999999999', "log.retention.minutes"),
+    # str.isdigit() takes "²", which int() then refuses (a traceback).
+    ('"controller.quorum.voters" = "\u00b2@127.0.0.1:19093:19094"', "controller.quorum.voters"),
+    ('"controller.quorum.voters" = "1@127.0.0.1:\u00b2:19094"', "controller.quorum.voters"),
 ]
 
 
