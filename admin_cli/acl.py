@@ -7,7 +7,17 @@ from typing import Annotated
 import typer
 
 from admin_cli.common import BootstrapOpt, CliError, OutputOpt, ok, show, state, table
-from metadata_quorum.security import CLUSTER_NAME, OPERATIONS, AclBinding, acl_host, new_acl_binding
+from broker.authorizer import SUPPORTED_OPERATIONS
+from metadata_quorum.security import (
+    CLUSTER_NAME,
+    OPERATIONS,
+    PATTERN_TYPES,
+    AclBinding,
+    acl_binding,
+    acl_host,
+    new_acl_binding,
+    validate_principal,
+)
 from proto import errors
 
 app = typer.Typer(help="Create, list and delete ACLs (TOPIC, GROUP, CLUSTER resources).", no_args_is_help=True)
@@ -16,6 +26,8 @@ TopicOpt = Annotated[str | None, typer.Option("--topic", help="Topic name, prefi
 GroupOpt = Annotated[str | None, typer.Option("--group", help="Group id, prefix, or * for every group.")]
 ClusterOpt = Annotated[bool, typer.Option("--cluster", help="The cluster resource.")]
 PatternOpt = Annotated[str, typer.Option("--resource-pattern-type", help="literal or prefixed.")]
+FilterPatternOpt = Annotated[str, typer.Option(
+    "--resource-pattern-type", help="literal, prefixed, match (every binding that applies to the name) or any.")]
 HostOpt = Annotated[str | None, typer.Option("--host", help="Only bindings on this host (* or an IP address).")]
 _COLUMNS = ["PRINCIPAL", "HOST", "PERMISSION", "OPERATION", "RESOURCE", "PATTERN", "NAME"]
 
@@ -34,6 +46,48 @@ def _host(text: str) -> str:
         return acl_host(text)
     except ValueError:
         raise CliError(f"--host {text!r} must be * or an IP address", code=2) from None
+
+
+def _check_operation(rtype: str, operation: str) -> None:
+    """A usage error for an operation the resource type cannot be granted (Kafka's kafka-acls.sh refuses those:
+    AclEntry.supportedOperations), e.g. ALTER_CONFIGS on a group or READ on the cluster."""
+    supported = (*SUPPORTED_OPERATIONS[rtype], "ALL")
+    if operation not in supported:
+        raise CliError(f"resource type {rtype} only supports operations {', '.join(supported)}, "
+                       f"not {operation}", code=2)
+
+
+def _principal(text: str) -> str:
+    try:
+        return validate_principal(text)
+    except errors.BrookError as exc:
+        raise CliError(f"--principal: {exc.message}", code=2) from None
+
+
+def _filter_pattern(text: str, rtype: str | None, name: str | None) -> str:
+    """A --resource-pattern-type filter as the server matches it ("" for ANY); a usage error for anything
+    else, and for a resource no binding can have (checked as ``acl create`` checks it)."""
+    pattern = text.upper()
+    if pattern not in (*PATTERN_TYPES, "MATCH", "ANY"):
+        raise CliError(f"--resource-pattern-type {text!r} must be literal, prefixed, match or any", code=2)
+    if rtype is not None and name is not None:
+        try:
+            acl_binding([rtype, name, pattern if pattern in PATTERN_TYPES else "LITERAL", "User:*", "*", "ALL",
+                         "ALLOW"])
+        except errors.BrookError as exc:
+            raise CliError(exc.message, code=2) from None
+    return "" if pattern == "ANY" else pattern
+
+
+def _filter_operation(text: str, rtype: str) -> str:
+    """An --operation filter ("" for ANY); a usage error for an unknown one or one ``rtype`` cannot have."""
+    operation = text.upper()
+    if operation == "ANY":
+        return ""
+    if operation not in OPERATIONS:
+        raise CliError(f"--operation {text!r} is not one of {', '.join(OPERATIONS)} (or ANY)", code=2)
+    _check_operation(rtype, operation)
+    return operation
 
 
 def _row(b: AclBinding) -> dict[str, str]:
@@ -101,20 +155,20 @@ def list_(
     cluster: ClusterOpt = False,
     principal: Annotated[str | None, typer.Option(help="Only bindings of this principal.")] = None,
     host: HostOpt = None,
-    resource_pattern_type: Annotated[str, typer.Option(
-        "--resource-pattern-type", help="literal, prefixed, or match (every binding that applies to the name).")]
-    = "match",
+    resource_pattern_type: FilterPatternOpt = "match",
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
     """List ACL bindings (all, or those of a resource and/or principal)."""
     st = state(ctx, bootstrap, output)
     fields: dict[str, str] = {}
+    rtype = name = None
     if topic is not None or group is not None or cluster:
         rtype, name = _resource(topic, group, cluster)
-        fields.update(resource_type=rtype, resource_name=name, pattern_type=resource_pattern_type.upper())
+        fields.update(resource_type=rtype, resource_name=name)
+    fields["pattern_type"] = _filter_pattern(resource_pattern_type, rtype, name)
     if principal:
-        fields["principal"] = principal
+        fields["principal"] = _principal(principal)
     if host:
         fields["host"] = _host(host)
     _show(st, st.backend.admin.describe_acls(**fields), "no ACLs")
@@ -128,20 +182,21 @@ def delete(
     group: GroupOpt = None,
     cluster: ClusterOpt = False,
     principal: Annotated[str | None, typer.Option(help="Only bindings of this principal.")] = None,
-    operation: Annotated[str | None, typer.Option(help="Only bindings of this operation.")] = None,
+    operation: Annotated[str | None, typer.Option(help="Only bindings of this operation (or ANY).")] = None,
     host: HostOpt = None,
-    resource_pattern_type: PatternOpt = "literal",
+    resource_pattern_type: FilterPatternOpt = "literal",
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
     """Delete the bindings of one resource (optionally only a principal's / an operation's)."""
     st = state(ctx, bootstrap, output)
     rtype, name = _resource(topic, group, cluster)
-    fields = {"resource_type": rtype, "resource_name": name, "pattern_type": resource_pattern_type.upper()}
+    fields = {"resource_type": rtype, "resource_name": name,
+              "pattern_type": _filter_pattern(resource_pattern_type, rtype, name)}
     if principal:
-        fields["principal"] = principal
+        fields["principal"] = _principal(principal)
     if operation:
-        fields["operation"] = operation.upper()
+        fields["operation"] = _filter_operation(operation, rtype)
     if host:
         fields["host"] = _host(host)
     deleted = st.backend.admin.delete_acls([fields])

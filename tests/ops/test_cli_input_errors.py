@@ -295,3 +295,49 @@ def test_group_list_state_in_any_case(brook) -> None:
     assert r.code == 0, r  # it committed and left: the group is Empty
     r = brook("group", "list", "--state", "empty", "--state", "STABLE", "-o", "json")
     assert r.code == 0 and "inerr-group" in [g["group"] for g in r.json()], r
+
+
+# ----------------------------------------------------------------------------- acl filters
+
+
+@pytest.mark.parametrize(("argv", "text"), [
+    # a typo used to be sent as a filter no binding has: "no ACLs" / "0 deleted", exit 0
+    (["acl", "list", "--topic", "t", "--resource-pattern-type", "litral"], "--resource-pattern-type 'litral'"),
+    (["acl", "list", "--resource-pattern-type", "bogus"], "--resource-pattern-type 'bogus'"),  # was ignored
+    (["acl", "list", "--principal", "bob"], "'User:<name>'"),
+    (["acl", "delete", "--topic", "t", "--operation", "REED"], "--operation 'REED' is not one of"),
+    (["acl", "delete", "--topic", "t", "--principal", "bob"], "'User:<name>'"),
+    (["acl", "delete", "--topic", "t", "--resource-pattern-type", "prefix"], "--resource-pattern-type 'prefix'"),
+    # what no binding can be, as `acl create` refuses it
+    (["acl", "delete", "--group", "g", "--operation", "WRITE"], "GROUP only supports operations"),
+    (["acl", "delete", "--cluster", "--resource-pattern-type", "prefixed"], "the CLUSTER resource is LITERAL"),
+    (["acl", "list", "--topic", "*", "--resource-pattern-type", "prefixed"], "cannot be the wildcard"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_acl_filters_are_checked_before_connecting(capsys: pytest.CaptureFixture[str], nowhere: None,
+                                                   argv: list[str], text: str) -> None:
+    code, line = run(capsys, *argv)
+    assert code == 2 and text in line and "cannot reach" not in line, line
+
+
+@pytest.mark.slow
+def test_acl_filters_any_and_match_find_bindings(brook) -> None:
+    """The filters kafka-acls.sh takes: a pattern type in any case, MATCH, ANY; an --operation ANY."""
+    t = "inerr-acl"
+    r = brook("acl", "create", "--allow-principal", "User:bob", "--operation", "READ", "--topic", t)
+    assert r.code == 0, r
+
+    def listed(*argv: str) -> int:
+        r = brook("-o", "json", "acl", "list", *argv)
+        assert r.code == 0, r
+        return sum(1 for b in r.json() if b["resource_name"] == t and b["principal"] == "User:bob")
+
+    assert listed("--topic", t, "--resource-pattern-type", "LITERAL") == 1
+    assert listed("--topic", t, "--resource-pattern-type", "any") == 1
+    assert listed("--topic", t) == 1  # match, the default
+    assert listed("--resource-pattern-type", "prefixed") == 0  # without a resource the filter applies too
+    assert listed("--principal", "User:bob") == 1
+    r = brook("-o", "json", "acl", "delete", "--topic", t, "--operation", "ALL")  # ALL is a binding's operation
+    assert r.code == 0 and r.json() == [], r
+    r = brook("-o", "json", "acl", "delete", "--topic", t, "--operation", "any", "--resource-pattern-type", "ANY")
+    assert r.code == 0 and [b["operation"] for b in r.json()] == ["READ"], r
+    assert listed("--topic", t) == 0
