@@ -138,6 +138,8 @@ def create(
                     for p in principals for host in hosts for op in operation]
     except errors.BrookError as exc:
         raise CliError(exc.message, code=2) from None
+    for b in bindings:
+        _check_operation(b.resource_type, b.operation)
     st.backend.admin.create_acls(bindings)
     if st.json:
         show(st, [_row(b) for b in bindings])

@@ -319,6 +319,21 @@ def test_acl_filters_are_checked_before_connecting(capsys: pytest.CaptureFixture
     assert code == 2 and text in line and "cannot reach" not in line, line
 
 
+@pytest.mark.parametrize(("argv", "text"), [
+    (["--operation", "ALTER_CONFIGS", "--group", "g"],
+     "resource type GROUP only supports operations READ, DESCRIBE, DELETE, ALL, not ALTER_CONFIGS"),
+    (["--operation", "READ", "--cluster"], "resource type CLUSTER only supports operations CREATE, CLUSTER_ACTION"),
+    (["--operation", "READ", "--operation", "IDEMPOTENT_WRITE", "--topic", "t"],
+     "resource type TOPIC only supports operations READ, WRITE"),
+], ids=["group-alter-configs", "cluster-read", "topic-idempotent-write"])
+def test_acl_create_refuses_operations_the_resource_type_cannot_have(capsys: pytest.CaptureFixture[str],
+                                                                     nowhere: None, argv: list[str],
+                                                                     text: str) -> None:
+    """As kafka-acls.sh (AclEntry.supportedOperations): such a binding could never allow anything."""
+    code, line = run(capsys, "acl", "create", "--allow-principal", "User:bob", *argv)
+    assert code == 2 and text in line and "cannot reach" not in line, line
+
+
 @pytest.mark.slow
 def test_acl_filters_any_and_match_find_bindings(brook) -> None:
     """The filters kafka-acls.sh takes: a pattern type in any case, MATCH, ANY; an --operation ANY."""
