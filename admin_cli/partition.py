@@ -40,12 +40,13 @@ THROTTLE_KEY = "follower.replication.throttled.rate"
 
 
 def parse_replicas(text: str) -> list[int]:
-    try:
-        replicas = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise CliError(f"--replicas must be broker ids separated by commas (e.g. 3,1,2), not {text!r}", code=2) \
-            from None
-    if not replicas or any(not 0 <= r <= INT32_MAX for r in replicas):
+    """``3,1,2`` -> [3, 1, 2]. Every element must be a broker id: an empty one (``1,,2``, a trailing comma)
+    is refused, not skipped (it is more likely a lost id than a stray comma); so are int()'s extras (``1_0``)."""
+    elements = [x.strip() for x in text.split(",")]
+    if not all(x.isascii() and x.isdigit() for x in elements):
+        raise CliError(f"--replicas must be broker ids separated by commas (e.g. 3,1,2), not {text!r}", code=2)
+    replicas = [int(x) for x in elements]
+    if any(not 0 <= r <= INT32_MAX for r in replicas):
         raise CliError(f"--replicas must be broker ids separated by commas (e.g. 3,1,2), not {text!r}", code=2)
     if len(set(replicas)) != len(replicas):
         raise CliError(f"--replicas {text} names a broker twice", code=2)

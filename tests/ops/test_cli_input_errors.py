@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from admin_cli.main import main as brook_main
+from admin_cli.partition import parse_replicas
 from admin_cli.timeparse import TIMESTAMP_MS_MAX, parse_timestamp_ms
 from client.security import PROPERTIES_FILE_BYTES_MAX, SecurityConfig, read_properties
 from deploy.local.cluster import free_port
@@ -187,6 +188,19 @@ def test_float_options_refuse_nan_and_inf(capsys: pytest.CaptureFixture[str], no
                                           text: str) -> None:
     code, line = run(capsys, *argv)
     assert code == 2 and text in line and "cannot reach" not in line, line
+
+
+@pytest.mark.parametrize("replicas", ["1,,2", "1,2,", ",1", "", " ", "1_0", "1,-2", "x"])
+def test_partition_move_refuses_an_empty_or_odd_replica(capsys: pytest.CaptureFixture[str], nowhere: None,
+                                                       replicas: str) -> None:
+    """`--replicas 1,,2` used to be read as [1, 2]: a lost broker id moved the partition to fewer replicas."""
+    code, line = run(capsys, "partition", "move", "t", "0", "--replicas", replicas)
+    assert code == 2 and "--replicas must be broker ids separated by commas" in line, line
+
+
+def test_parse_replicas_reads_ids_in_order() -> None:
+    assert parse_replicas("3,1,2") == [3, 1, 2]
+    assert parse_replicas(" 3 , 1 ") == [3, 1]
 
 
 def test_group_list_refuses_an_unknown_state(capsys: pytest.CaptureFixture[str], nowhere: None) -> None:
