@@ -231,6 +231,24 @@ def produce(
 # ----------------------------------------------------------------------------- consume
 
 DEFAULT_FORMAT = "%v"
+FORMAT_TOKENS = "tpoTkvh%"  # what render() replaces after a %
+
+
+def check_format(fmt: str) -> str:
+    """A usage error for a % token render() does not know (kcat: "Unsupported formatter"): it used to be
+    printed literally, so a typo showed up only in the output, once per record."""
+    i = 0
+    while i < len(fmt):
+        if fmt[i] == "%":
+            token = fmt[i + 1:i + 2]
+            if not token or token not in FORMAT_TOKENS:
+                shown = f"%{token}" if token else "a lone % at the end"
+                raise CliError(f"--format: unsupported formatter {shown} (supported: "
+                               f"{' '.join('%' + t for t in FORMAT_TOKENS)}; %% for a literal %)", code=2)
+            i += 2
+        else:
+            i += 1
+    return fmt
 
 
 def render(rec: ConsumerRecord, fmt: str, key_format: Format, value_format: Format) -> str:
@@ -306,6 +324,7 @@ def consume(
                        "(or move the group with `brook group seek`)", code=2)
     if max_messages is not None and max_messages < 1:
         raise CliError(f"--max-messages must be at least 1, got {max_messages}", code=2)
+    check_format(fmt)
     ts_ms = parse_timestamp_ms(from_timestamp, "--from-timestamp") if from_timestamp else None
     meta = st.backend.topic(topic)
     wanted = sorted(set(partition or meta.partitions))

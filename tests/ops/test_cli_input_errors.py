@@ -209,6 +209,30 @@ def test_group_list_refuses_an_unknown_state(capsys: pytest.CaptureFixture[str],
     assert "Empty, Stable, PreparingRebalance, CompletingRebalance, Dead" in line, line
 
 
+# ----------------------------------------------------------------------------- consume --format
+
+
+@pytest.mark.parametrize(("fmt", "text"), [
+    ("%z %v", "unsupported formatter %z"),  # used to print "%z" literally before every value
+    ("%p:%o %K", "unsupported formatter %K"),
+    ("%v 100%", "unsupported formatter a lone % at the end"),
+])
+def test_consume_refuses_an_unknown_format_token(capsys: pytest.CaptureFixture[str], nowhere: None, fmt: str,
+                                                 text: str) -> None:
+    code, line = run(capsys, "consume", "t", "-e", "-F", fmt)
+    assert code == 2 and text in line and "%t %p %o %T %k %v %h %%" in line and "cannot reach" not in line, line
+
+
+def test_every_format_token_check_format_takes_is_rendered() -> None:
+    from admin_cli.console import FORMAT_TOKENS, Format, check_format, render
+    from client.types import ConsumerRecord
+
+    fmt = "".join(f"[%{t}]" for t in FORMAT_TOKENS) + "\\n"
+    assert check_format(fmt) == fmt
+    rec = ConsumerRecord("tp", 1, 2, 3, 0, b"k", b"v", (("h", b"x"),))
+    assert render(rec, fmt, Format.text, Format.text) == "[tp][1][2][3][k][v][h=x][%]\n"
+
+
 # ----------------------------------------------------------------------------- produce, before sending
 
 
