@@ -30,6 +30,7 @@ from admin_cli.common import (
     state,
 )
 from admin_cli.timeparse import parse_timestamp_ms
+from client.config import COMPRESSION_CODECS
 from client.security import excerpt
 from client.types import ConsumerRecord, TopicPartition
 
@@ -172,6 +173,8 @@ def produce(
         raise CliError("give --key or --key-separator, not both", code=2)
     if acks not in ("0", "1", "all", "-1"):
         raise CliError(f"--acks must be 0, 1 or all, got {acks!r}", code=2)
+    if compression.lower() not in COMPRESSION_CODECS:  # the producer would refuse it, as a failure (exit 1)
+        raise CliError(f"--compression must be one of {', '.join(COMPRESSION_CODECS)}, got {compression!r}", code=2)
     headers = [(k, v.encode()) for k, v in parse_pairs(header or [], "--header").items()]
     fixed_key = encode(key, key_format, "--key") if key is not None else None
     given: list[tuple[bytes | None, bytes]] = []

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from admin_cli.common import BootstrapOpt, CliError, OutputOpt, number_in, ok, show, state, table
-from metadata_quorum.security import DEFAULT_ENTITY, QUOTA_KEYS
+from metadata_quorum.security import DEFAULT_ENTITY, MAX_QUOTA_VALUE, QUOTA_KEYS
 
 app = typer.Typer(help="Set, describe and delete client quotas (byte and request rates: enforced by every broker; "
                        "controller mutation rate: by the active controller).", no_args_is_help=True)
@@ -28,6 +28,18 @@ def _entity(user: str | None, default: bool, *, required: bool = True) -> str:
     return ""
 
 
+_finite = number_in()
+
+
+def _rate(value: float | None) -> float | None:
+    """Option callback: a quota is a finite number > 0 and <= MAX_QUOTA_VALUE. Checked here, as a usage error
+    (exit 2), rather than refused by the controller as a failed operation (exit 1)."""
+    value = _finite(value)
+    if value is not None and not 0 < value <= MAX_QUOTA_VALUE:
+        raise typer.BadParameter(f"must be > 0 and <= {MAX_QUOTA_VALUE:g}, got {value:g}")
+    return value
+
+
 def _number(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
@@ -39,14 +51,14 @@ def set_(
     ctx: typer.Context,
     user: UserOpt = None,
     default: DefaultOpt = False,
-    producer_byte_rate: Annotated[float | None, typer.Option(help="Produce bytes/s per broker.", callback=number_in())]
+    producer_byte_rate: Annotated[float | None, typer.Option(help="Produce bytes/s per broker.", callback=_rate)]
     = None,
-    consumer_byte_rate: Annotated[float | None, typer.Option(help="Fetch bytes/s per broker.", callback=number_in())]
+    consumer_byte_rate: Annotated[float | None, typer.Option(help="Fetch bytes/s per broker.", callback=_rate)]
     = None,
-    request_rate: Annotated[float | None, typer.Option(help="Requests/s per broker.", callback=number_in())]
+    request_rate: Annotated[float | None, typer.Option(help="Requests/s per broker.", callback=_rate)]
     = None,
     controller_mutation_rate: Annotated[float | None, typer.Option(
-        help="Partitions created, added or deleted per second, cluster-wide (KIP-599).", callback=number_in())]
+        help="Partitions created, added or deleted per second, cluster-wide (KIP-599).", callback=_rate)]
     = None,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,

@@ -203,6 +203,20 @@ def test_parse_replicas_reads_ids_in_order() -> None:
     assert parse_replicas(" 3 , 1 ") == [3, 1]
 
 
+@pytest.mark.parametrize(("argv", "text"), [
+    # the controller refused these: a failed operation (exit 1), after connecting
+    (["quota", "set", "--user", "bob", "--producer-byte-rate", "-5"], "must be > 0 and <= 1e+15, got -5"),
+    (["quota", "set", "--default", "--request-rate", "0"], "must be > 0"),
+    (["quota", "set", "--user", "bob", "--controller-mutation-rate", "2e15"], "got 2e+15"),
+    # the producer refused it: exit 1, after the topic was looked up
+    (["produce", "t", "-v", "x", "--compression", "zip"], "--compression must be one of none, gzip"),
+], ids=["negative-rate", "zero-rate", "huge-rate", "compression"])
+def test_bad_option_values_are_usage_errors(capsys: pytest.CaptureFixture[str], nowhere: None, argv: list[str],
+                                            text: str) -> None:
+    code, line = run(capsys, *argv)
+    assert code == 2 and text in line and "cannot reach" not in line, line
+
+
 def test_group_list_refuses_an_unknown_state(capsys: pytest.CaptureFixture[str], nowhere: None) -> None:
     code, line = run(capsys, "group", "list", "--state", "Bogus")
     assert code == 2 and "'Bogus' is not a group state" in line, line

@@ -107,5 +107,5 @@ def test_brook_quota_commands(secure_cluster: LocalCluster, monkeypatch: pytest.
     capsys.readouterr()
     assert brook_main(["-o", "json", "quota", "describe"]) == 0
     assert "<default>" not in capsys.readouterr().out
-    assert brook_main(["quota", "set", "--default", "--request-rate", "-1"]) == 1
-    assert "INVALID_REQUEST" in capsys.readouterr().err
+    assert brook_main(["quota", "set", "--default", "--request-rate", "-1"]) == 2  # a usage error, not sent
+    assert "must be > 0" in capsys.readouterr().err
