@@ -324,6 +324,8 @@ def log_dirs(
     unknown = sorted(set(broker or []) - set(meta.brokers))
     if unknown:
         raise CliError(f"broker {unknown[0]} is not in the cluster (brokers: {_ids(list(meta.brokers))})")
+    for name in dict.fromkeys(topic or ()):  # an unknown topic would be an empty table and exit 0
+        st.backend.topic(name)
     answers = st.backend.admin.describe_log_dirs(broker or None, topic or ())
     data = []
     dir_rows = []

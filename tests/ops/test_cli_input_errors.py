@@ -408,3 +408,15 @@ def test_acl_filters_any_and_match_find_bindings(brook) -> None:
     r = brook("-o", "json", "acl", "delete", "--topic", t, "--operation", "any", "--resource-pattern-type", "ANY")
     assert r.code == 0 and [b["operation"] for b in r.json()] == ["READ"], r
     assert listed("--topic", t) == 0
+
+
+@pytest.mark.slow
+def test_log_dirs_of_an_unknown_topic_is_an_error(brook) -> None:
+    """It used to print empty tables and exit 0, as if the topic had no partition logs."""
+    topic = _topic(brook, "inerr-logdirs")
+    r = brook("cluster", "log-dirs", "--topic", topic, "--topic", "inerr-nosuch")
+    assert r.code == 1 and r.out == "", r
+    assert r.err_lines == ["error: UNKNOWN_TOPIC_OR_PARTITION: topic 'inerr-nosuch' does not exist"], r
+    r = brook("-o", "json", "cluster", "log-dirs", "--topic", topic)
+    assert r.code == 0, r
+    assert {p["topic"] for b in r.json() for d in b["dirs"] for p in d["partitions"]} == {topic}, r
