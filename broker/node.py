@@ -555,6 +555,25 @@ def _watch_parent(signals: _Signals) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def _tls_files_problem(config: Any) -> str | None:
+    """What is wrong with the certificate, key or CA files of the node's TLS listeners (read and checked as a
+    listener loads them, naming the key and file), or None. Before, --check passed such files, and a start found
+    them only when it opened the listener: exit 1, the wrong file named, and tracebacks from the stop."""
+    from broker.tls import ReloadingCertificates
+
+    for name in config.listeners:
+        tls = config.server_tls(name)
+        if tls is None:
+            continue
+        try:
+            ReloadingCertificates(tls)
+        except InvalidConfigError as e:
+            return f"listener {name}: {e.message}"
+        except (OSError, ValueError) as e:
+            return f"listener {name}: TLS files of {tls.cert}: {e}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.describe_config:
@@ -564,6 +583,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config, args.override)
     except ConfigError as e:
         print(f"brook-server: invalid config: {e.message}", file=sys.stderr)
+        return EXIT_CONFIG
+    if (problem := _tls_files_problem(config)) is not None:
+        print(f"brook-server: invalid config: {problem}", file=sys.stderr)
         return EXIT_CONFIG
     if args.check:
         print(f"brook-server: {args.config} is valid (node {config.node_id}, roles {','.join(config.roles)})")

@@ -19,10 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
-from client.security import read_bounded
+from client.security import check_pems, read_bounded
 from proto import errors
 
 log = logging.getLogger(__name__)
@@ -58,11 +56,14 @@ def _stamp(path: Path) -> tuple[int, int]:
     return st.st_mtime_ns, st.st_size
 
 
-def _read(path: Path) -> bytes:
+def _read(path: Path, key: str) -> bytes:
     # A bounded read, not a stat: a pipe or a device (/dev/zero) reports size 0 and was read whole.
-    data = read_bounded(path, PEM_FILE_BYTES_MAX)
+    try:
+        data = read_bounded(path, PEM_FILE_BYTES_MAX)
+    except OSError as e:
+        raise errors.InvalidConfigError(f"{key} {path}: cannot read it: {e.strerror or e}") from None
     if data is None:
-        raise ValueError(f"{path} is larger than {PEM_FILE_BYTES_MAX} bytes")
+        raise errors.InvalidConfigError(f"{key} {path} is larger than {PEM_FILE_BYTES_MAX} bytes")
     return data
 
 
@@ -83,11 +84,10 @@ class ReloadingCertificates:
         return tuple(_stamp(p) for p in self._paths())
 
     def _load(self) -> Any:
-        cert, key = _read(self.tls.cert), _read(self.tls.key)
-        ca = _read(self.tls.ca) if self.tls.ca is not None else None
-        _check_pair(cert, key)
-        if ca is not None:
-            x509.load_pem_x509_certificates(ca)
+        cert, key = _read(self.tls.cert, "ssl.certificate.location"), _read(self.tls.key, "ssl.key.location")
+        ca = _read(self.tls.ca, "ssl.ca.location") if self.tls.ca is not None else None
+        check_pems(cert, key, ca, cert_name=f"ssl.certificate.location {self.tls.cert}",
+                   key_name=f"ssl.key.location {self.tls.key}", ca_name=f"ssl.ca.location {self.tls.ca}")
         self.loads += 1
         return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
 
@@ -99,31 +99,19 @@ class ReloadingCertificates:
                 if stamps == self._stamps:
                     return None
                 config = self._load()
-            except (OSError, ValueError) as e:
-                log.warning("TLS files of %s unreadable (%s); keeping the previous certificate", self.tls.cert, e)
+            except (OSError, ValueError, errors.BrookError) as e:
+                log.warning("TLS files of %s unusable (%s); keeping the previous certificate", self.tls.cert, e)
                 return None
             self._stamps = stamps
             log.info("reloaded TLS certificate %s", self.tls.cert)
             return config
 
 
-def _check_pair(cert_pem: bytes, key_pem: bytes) -> None:
-    """ValueError unless the PEMs parse and the key belongs to the (first) certificate.
-
-    Catches a rotation caught half way (new certificate, old key) before gRPC sees it.
-    """
-    leaf = x509.load_pem_x509_certificates(cert_pem)[0]
-    key = serialization.load_pem_private_key(key_pem, password=None)
-    ours = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    theirs = leaf.public_key().public_bytes(serialization.Encoding.DER,
-                                            serialization.PublicFormat.SubjectPublicKeyInfo)
-    if ours != theirs:
-        raise ValueError("the private key does not belong to the certificate")
-
-
 def server_credentials(tls: ServerTls) -> grpc.ServerCredentials:
     try:
         fetcher = ReloadingCertificates(tls)
+    except errors.BrookError:
+        raise  # names the key and the file
     except (OSError, ValueError) as e:
         raise errors.InvalidConfigError(f"cannot read TLS files for {tls.cert}: {e}") from None
     return grpc.dynamic_ssl_server_credentials(

@@ -150,12 +150,16 @@ class SecurityConfig:
         return self.protocol in (SASL_PLAINTEXT, SASL_SSL)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
-        """TLS credentials from the configured PEM files (read now: a rotated file is used by new channels)."""
+        """TLS credentials from the configured PEM files (read now: a rotated file is used by new channels).
+        Files that are not PEM certificates, a key that is not one or not the certificate's: INVALID_CONFIG naming
+        the key now, not gRPC's handshake failures (and its C-core logging) on every call until a timeout."""
         ca = _read_pem(self.ssl_ca_location, "ssl.ca.location") if self.ssl_ca_location else None
         cert = key = None
         if self.ssl_certificate_location and self.ssl_key_location:
             cert = _read_pem(self.ssl_certificate_location, "ssl.certificate.location")
             key = _read_pem(self.ssl_key_location, "ssl.key.location")
+        check_pems(cert, key, ca, cert_name=f"ssl.certificate.location {self.ssl_certificate_location}",
+                   key_name=f"ssl.key.location {self.ssl_key_location}", ca_name=f"ssl.ca.location {self.ssl_ca_location}")
         return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -220,6 +224,34 @@ def excerpt(text: str, limit: int = ECHO_CHARS_MAX) -> str:
     if len(text) <= limit:
         return repr(text)
     return repr(text[:limit])[:limit + 1] + "..."
+
+
+def check_pems(cert: bytes | None, key: bytes | None, ca: bytes | None, *, cert_name: str = "the certificate",
+               key_name: str = "the private key", ca_name: str = "the CA bundle") -> None:
+    """INVALID_CONFIG naming the first of these PEM files that does not hold what it should (certificates, an
+    unencrypted private key), or a key that does not belong to the certificate (the first one of its chain)."""
+    from cryptography import x509  # the TLS paths only: plaintext clients never load it
+    from cryptography.hazmat.primitives import serialization
+
+    def spki(public_key: Any) -> bytes:
+        return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    leaf = None
+    for data, name, what in ((cert, cert_name, "certificate"), (ca, ca_name, "CA certificate")):
+        if data is None:
+            continue
+        try:
+            found = x509.load_pem_x509_certificates(data)
+        except ValueError as e:
+            raise errors.InvalidConfigError(f"{name} holds no PEM {what}: {e}") from None
+        if what == "certificate":
+            leaf = found[0]
+    if key is not None:
+        try:
+            private = serialization.load_pem_private_key(key, password=None)
+        except (ValueError, TypeError) as e:  # TypeError: an encrypted key (no password is ever given)
+            raise errors.InvalidConfigError(f"{key_name} holds no unencrypted PEM private key: {e}") from None
+        if leaf is not None and spki(private.public_key()) != spki(leaf.public_key()):
+            raise errors.InvalidConfigError(f"{key_name} is not the private key of {cert_name}")
 
 
 def _read_pem(location: str, key: str) -> bytes:

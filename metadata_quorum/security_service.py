@@ -367,7 +367,8 @@ class BootstrapThread:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.ident is not None:  # a node whose start failed before this started stops it too
+            self._thread.join(timeout=5)
 
     def _run(self) -> None:
         while not self._stop.wait(BOOTSTRAP_CHECK_S):

@@ -138,3 +138,31 @@ def test_taken_metrics_port_fails_the_start_before_any_role(tmp_path: Path) -> N
     assert proc.returncode == 1, proc
     assert "failed to start" in proc.stderr and "Address already in use" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "data").exists(), "no role may start (log dirs untouched) when metrics cannot bind"
+
+
+def test_brook_server_checks_its_tls_files_before_it_starts(tmp_path: Path) -> None:
+    """A key file that holds no key (or another certificate's key) passed --check; a start failed only when it
+    opened the listener: exit 1, the certificate named instead of the key, and tracebacks from the stop."""
+    from deploy.local.certs import CertificateAuthority
+
+    ca = CertificateAuthority.create(tmp_path / "ca", "test CA")
+    node, other = ca.issue(tmp_path / "node", "node-4"), ca.issue(tmp_path / "other", "node-5")
+    not_a_key = tmp_path / "hostname.txt"
+    not_a_key.write_text("a-host-name\n")
+    cfg = tmp_path / "node.toml"
+
+    def check(key: Path) -> subprocess.CompletedProcess:
+        cfg.write_text('"process.roles" = "broker"\n"node.id" = 4\n"cluster.id" = "c"\n'
+                       '"listeners" = "BROKER://127.0.0.1:1234"\n"controller.quorum.voters" = "1@127.0.0.1:1235:1236"\n'
+                       '"listener.security.protocol.map" = "BROKER:SSL"\n'
+                       f'"ssl.certificate.location" = "{node.cert}"\n"ssl.key.location" = "{key}"\n'
+                       f'"ssl.ca.location" = "{ca.path}"\n"log.dirs" = "{tmp_path / "data"}"\n')
+        return subprocess.run([sys.executable, "-m", "broker.node", "--config", str(cfg), "--check"],
+                              capture_output=True, text=True, timeout=60)
+    assert check(node.key).returncode == 0
+    for key, said in ((not_a_key, "holds no unencrypted PEM private key"), (other.key, "is not the private key of")):
+        proc = check(key)
+        assert proc.returncode == 2, proc
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"ssl.key.location {key}" in lines[0] and said in lines[0], proc.stderr
+        assert "Traceback" not in proc.stderr

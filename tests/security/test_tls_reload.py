@@ -21,6 +21,7 @@ from broker import principal
 from broker.tls import ReloadingCertificates, ServerTls, bind_port
 from client.security import SecurityConfig, make_channel
 from deploy.local.certs import CertificateAuthority
+from proto.errors import InvalidConfigError
 
 # A fresh connection per call: gRPC would otherwise reuse a subchannel (and its old handshake).
 FRESH = [("grpc.use_local_subchannel_pool", 1)]
@@ -110,8 +111,27 @@ def test_a_certificate_path_that_is_a_device_is_read_bounded(tmp_path: Path) -> 
     """PEM files were checked with stat() before a whole read: /dev/zero (size 0) was read without end."""
     from broker import tls
 
-    with pytest.raises(ValueError, match="larger than"):
-        tls._read(Path("/dev/zero"))
+    with pytest.raises(InvalidConfigError, match="ssl.certificate.location /dev/zero is larger than"):
+        tls._read(Path("/dev/zero"), "ssl.certificate.location")
     small = tmp_path / "ok.pem"
     small.write_bytes(b"-----BEGIN CERTIFICATE-----\n")
-    assert tls._read(small) == b"-----BEGIN CERTIFICATE-----\n"
+    assert tls._read(small, "ssl.certificate.location") == b"-----BEGIN CERTIFICATE-----\n"
+
+
+@pytest.mark.parametrize("broken", ["key", "other-key", "ca"])
+def test_unusable_tls_files_are_named_by_their_key_on_both_sides(pki: dict, tmp_path: Path, broken: str) -> None:
+    """A key file that holds no key, another certificate's key, a CA file of garbage: the server's listener named
+    the certificate whatever was wrong; a client waited 16-18 s through gRPC's handshake failures (and its C-core
+    logging) before "cannot reach the cluster". Both now refuse at once, naming the key and the file."""
+    files, alice = pki["server"], pki["alice"]
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("a-host-name\n")
+    key = {"key": garbage, "other-key": pki["bob"].key}.get(broken)
+    ca = garbage if broken == "ca" else pki["clients_ca"]
+    named = "ssl.ca.location" if broken == "ca" else "ssl.key.location"
+    with pytest.raises(InvalidConfigError, match=named):
+        ReloadingCertificates(ServerTls(files.cert, key or files.key, ca))
+    sec = SecurityConfig(protocol="SSL", ssl_ca_location=str(ca), ssl_certificate_location=str(alice.cert),
+                         ssl_key_location=str(key or alice.key))
+    with pytest.raises(InvalidConfigError, match=named):
+        sec.channel_credentials()
