@@ -33,7 +33,7 @@ from proto import errors
 from spark_source.columns import spark_schema
 from spark_source.fetcher import RangeTask, data_loss, read_range
 from spark_source.offsets import OffsetReader
-from spark_source.options import FetchSettings, ReadOptions, parse_read_options
+from spark_source.options import EARLIEST, LATEST, FetchSettings, OffsetSpec, ReadOptions, parse_read_options
 from spark_source.planning import (
     TP,
     OffsetRange,
@@ -91,6 +91,64 @@ def _check_ranges(start: PartitionOffsets, end: PartitionOffsets, options: ReadO
     return fixed
 
 
+def _option_name(spec: OffsetSpec, *, ending: bool) -> str:
+    """The option a starting/ending spec came from, for messages."""
+    side = "ending" if ending else "starting"
+    if spec.kind == "timestamps":
+        return f"{side}OffsetsByTimestamp"
+    if spec.kind == "timestamp":
+        return f"{side}Timestamp"
+    return f"{side}Offsets"
+
+
+def _given(spec: OffsetSpec, tp: TP) -> bool:
+    """Whether the user chose ``tp``'s offset (an offset or a timestamp) rather than earliest/latest."""
+    if spec.kind == "offsets":
+        return spec.offsets.get(tp, LATEST) not in (EARLIEST, LATEST)
+    return spec.kind in ("timestamps", "timestamp")
+
+
+def _check_batch_ranges(
+    start: PartitionOffsets, end: PartitionOffsets, latest: PartitionOffsets, options: ReadOptions
+) -> PartitionOffsets:
+    """A batch read's ranges against what the user asked for and what the cluster holds.
+
+    ``latest`` holds the high watermarks of the partitions whose ending offset the user gave as a
+    number: one past it is refused at once (a task would wait kafkaConsumer.pollTimeoutMs for
+    records that are not there). A beginning offset after the ending one is a contradiction in
+    the user's own options, refused whatever failOnDataLoss says, as by Spark's Kafka source
+    ("Beginning offset ... is after the ending offset ..."); it is data loss (``_check_ranges``)
+    only when both came from the cluster (earliest and latest), which only a log truncated or
+    recreated between the two lookups can do.
+    """
+    assert options.ending is not None
+    end_option = _option_name(options.ending, ending=True)
+    start_option = _option_name(options.starting, ending=False)
+    for tp in sorted(end):
+        until = end[tp]
+        if tp in latest and until > latest[tp]:
+            raise errors.InvalidConfigError(
+                f"option '{end_option}': ending offset {until} for topic {tp[0]!r} partition {tp[1]} is past the "
+                f"partition's high watermark {latest[tp]} (the end of its committed records); ask for at most "
+                f"{latest[tp]}, or -1 (latest)")
+    from_cluster: PartitionOffsets = {}
+    for tp in sorted(end):
+        frm, until = start[tp], end[tp]
+        if until >= frm:
+            continue
+        if not _given(options.starting, tp) and not _given(options.ending, tp):
+            from_cluster[tp] = frm
+            continue
+        end_says = f"option '{end_option}'" if _given(options.ending, tp) else "latest: the high watermark"
+        raise errors.InvalidConfigError(
+            f"option '{start_option}': beginning offset {frm} is after the ending offset {until} ({end_says}) for "
+            f"topic {tp[0]!r} partition {tp[1]}. You either provided an invalid starting offset, or the topic has "
+            "been damaged (not data loss: failOnDataLoss=false does not skip it)")
+    fixed = dict(start)
+    fixed.update(_check_ranges(from_cluster, {tp: end[tp] for tp in from_cluster}, options))
+    return fixed
+
+
 def _brief(offsets: dict[int, int], limit: int = 8) -> str:
     """Per-partition offsets for a message, cut short past ``limit`` partitions."""
     items = sorted(offsets.items())
@@ -140,9 +198,12 @@ class BrookBatchReader(DataSourceReader):
             ids, version = dict(reader.topic_ids), reader.metadata_version
             start = reader.resolve(self.options.starting, tps, what="startingOffsets")
             end = reader.resolve(self.options.ending, tps, what="endingOffsets")
+            # Ending offsets the user gave as numbers, against the high watermarks now.
+            latest = reader.latest(tp for tp in tps if self.options.ending.kind == "offsets"
+                                   and _given(self.options.ending, tp))
         finally:
             reader.close()
-        start = _check_ranges(start, end, self.options)
+        start = _check_batch_ranges(start, end, latest, self.options)
         ranges = plan_ranges(
             start,
             end,

@@ -4,7 +4,10 @@ Options: every bad value is an INVALID_CONFIG naming the option and the value (c
 long), never a raw ValueError/RecursionError and never a value accepted at parse time that
 cannot be a Kafka partition (int32), offset or timestamp (int64) or port. The executor: a topic
 deleted after its range was planned is data loss (per failOnDataLoss), not a 30 s wait ending in
-REQUEST_TIMED_OUT that advises raising kafkaConsumer.pollTimeoutMs.
+REQUEST_TIMED_OUT that advises raising kafkaConsumer.pollTimeoutMs. Batch offsets (found by a probe):
+a starting offset after the ending one is the user's contradiction, refused whatever failOnDataLoss
+says (it was reported as data loss, and skipped with failOnDataLoss=false), and an ending offset past
+the high watermark is refused by the driver (a task waited kafkaConsumer.pollTimeoutMs for it).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from proto import errors
 from spark_source import fetcher
 from spark_source.fetcher import DataLossError, RangeTask, read_range
 from spark_source.options import FetchSettings, parse_read_options, parse_write_options
+from spark_source.source import _check_batch_ranges
 from storage.record_batch import CODEC_NONE, RecordBatchBuilder
 
 BASE = {"bootstrap.servers": "127.0.0.1:9092", "subscribe": "t"}
@@ -101,6 +105,63 @@ def test_good_values_at_the_limits_are_still_accepted() -> None:
                                 streaming=True)
     assert stamps.starting.timestamps == {("t", 7): 2**63 - 1}
     assert parse_write_options({"bootstrap.servers": "h:09092"}).bootstrap_servers == "h:09092"
+
+
+# ----------------------------------------------------------------------------- batch offsets the user gave
+
+# The probe's topic "sp": partition 0 holds offsets 0..9 (high watermark 10), partition 1 offsets 0..4.
+SP_HW = {("sp", 0): 10, ("sp", 1): 5}
+
+
+def _batch_options(fail: bool, **given: str):  # type: ignore[no-untyped-def]
+    return parse_read_options({"bootstrap.servers": "127.0.0.1:9092", "subscribe": "sp",
+                               "failOnDataLoss": str(fail).lower(), **given}, streaming=False)
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_beginning_after_the_ending_offset_the_user_gave_is_refused_not_data_loss(fail: bool) -> None:
+    options = _batch_options(fail, startingOffsets='{"sp":{"0":8,"1":0}}', endingOffsets='{"sp":{"0":3,"1":5}}')
+    with pytest.raises(errors.InvalidConfigError) as info:
+        _check_batch_ranges({("sp", 0): 8, ("sp", 1): 0}, {("sp", 0): 3, ("sp", 1): 5}, SP_HW, options)
+    message = str(info.value)
+    assert "option 'startingOffsets': beginning offset 8 is after the ending offset 3" in message, message
+    assert "option 'endingOffsets'" in message and "topic 'sp' partition 0" in message, message
+    assert "went backwards" not in message, message
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_starting_offset_past_the_high_watermark_is_refused(fail: bool) -> None:
+    # endingOffsets latest: the end is the high watermark, 10.
+    options = _batch_options(fail, startingOffsets='{"sp":{"0":999,"1":0}}')
+    with pytest.raises(errors.InvalidConfigError) as info:
+        _check_batch_ranges({("sp", 0): 999, ("sp", 1): 0}, dict(SP_HW), {}, options)
+    message = str(info.value)
+    assert "beginning offset 999 is after the ending offset 10 (latest: the high watermark)" in message, message
+    assert "topic 'sp' partition 0" in message, message
+    by_time = _batch_options(fail, startingOffsetsByTimestamp='{"sp":{"0":5,"1":5}}', endingOffsets='{"sp":{"0":3,"1":5}}')
+    with pytest.raises(errors.InvalidConfigError, match="option 'startingOffsetsByTimestamp': beginning offset 7"):
+        _check_batch_ranges({("sp", 0): 7, ("sp", 1): 0}, {("sp", 0): 3, ("sp", 1): 5}, SP_HW, by_time)
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_ending_offset_past_the_high_watermark_is_refused_by_the_driver(fail: bool) -> None:
+    options = _batch_options(fail, endingOffsets='{"sp":{"0":999,"1":5}}')
+    with pytest.raises(errors.InvalidConfigError) as info:
+        _check_batch_ranges({("sp", 0): 0, ("sp", 1): 0}, {("sp", 0): 999, ("sp", 1): 5}, SP_HW, options)
+    message = str(info.value)
+    assert "option 'endingOffsets': ending offset 999 for topic 'sp' partition 0" in message, message
+    assert "high watermark 10" in message and "pollTimeoutMs" not in message, message
+    # Up to the high watermark is fine, and so is -1.
+    ok = _batch_options(fail, endingOffsets='{"sp":{"0":10,"1":-1}}')
+    assert _check_batch_ranges({("sp", 0): 2, ("sp", 1): 0}, SP_HW, SP_HW, ok) == {("sp", 0): 2, ("sp", 1): 0}
+
+
+def test_offsets_from_the_cluster_that_went_backwards_are_still_data_loss() -> None:
+    """earliest and latest both looked up, the log truncated or recreated in between: data loss, as before."""
+    start, end = {("sp", 0): 8, ("sp", 1): 0}, {("sp", 0): 3, ("sp", 1): 5}
+    with pytest.raises(DataLossError, match="went backwards"):
+        _check_batch_ranges(start, end, {}, _batch_options(True))
+    assert _check_batch_ranges(start, end, {}, _batch_options(False)) == {("sp", 0): 3, ("sp", 1): 0}
 
 
 # ----------------------------------------------------------------------------- a deleted topic

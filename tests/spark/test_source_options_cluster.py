@@ -92,6 +92,40 @@ def test_ending_timestamp_options(spark, brook) -> None:  # type: ignore[no-unty
     assert offsets(endingTimestamp=str(base_ms + 5_000), **{"kafka.group.id": "reporting"}) == list(range(5))
 
 
+def test_batch_offsets_the_cluster_cannot_serve_are_refused_by_the_driver(spark, brook) -> None:  # type: ignore[no-untyped-def]
+    """The probe's reproduction: a starting offset after the ending one was reported as data loss (and
+    skipped with failOnDataLoss=false), an ending offset past the high watermark waited out
+    kafkaConsumer.pollTimeoutMs and ended in REQUEST_TIMED_OUT. Both are the query's own options."""
+    topic = "sp"
+    brook.create_topic(topic, 2)
+    brook.produce(topic, [b"%d" % i for i in range(1, 11)], partition=0)
+    brook.produce(topic, [b"%d" % i for i in range(11, 16)], partition=1)
+    assert brook.high_watermarks(topic) == {0: 10, 1: 5}
+    # A short poll timeout: the old code's task gave up on the ending offset 999 after it, not after 2 minutes.
+    quick = {"kafkaConsumer.pollTimeoutMs": "3000"}
+
+    def refused(**options: str) -> str:
+        with pytest.raises(Exception) as info:
+            batch(spark, brook, subscribe=topic, **quick, **options).select("partition", "offset").collect()
+        return str(info.value)
+
+    for fail in ("true", "false"):
+        text = refused(startingOffsets=json.dumps({topic: {"0": 8, "1": 0}}),
+                       endingOffsets=json.dumps({topic: {"0": 3, "1": 5}}), failOnDataLoss=fail)
+        assert "beginning offset 8 is after the ending offset 3" in text, text[:3000]
+        assert "topic 'sp' partition 0" in text and "went backwards" not in text, text[:3000]
+        text = refused(startingOffsets=json.dumps({topic: {"0": 999, "1": 0}}), failOnDataLoss=fail)
+        assert "beginning offset 999 is after the ending offset 10" in text, text[:3000]
+        text = refused(endingOffsets=json.dumps({topic: {"0": 999, "1": 5}}), failOnDataLoss=fail)
+        assert "option 'endingOffsets': ending offset 999 for topic 'sp' partition 0" in text, text[:3000]
+        assert "high watermark 10" in text and "REQUEST_TIMED_OUT" not in text, text[:3000]
+    # Within the committed records the same options read as asked.
+    rows = batch(spark, brook, subscribe=topic, startingOffsets=json.dumps({topic: {"0": 3, "1": 0}}),
+                 endingOffsets=json.dumps({topic: {"0": 10, "1": -1}})).select("partition", "offset").collect()
+    assert sorted((r["partition"], r["offset"]) for r in rows) == [(0, o) for o in range(3, 10)] + [
+        (1, o) for o in range(5)]
+
+
 def _row_counts(query) -> list[int]:  # type: ignore[no-untyped-def]
     return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
