@@ -77,11 +77,18 @@ class ReloadingCertificates:
         self.loads = 0
         self.initial = self._load()
 
-    def _paths(self) -> list[Path]:
-        return [p for p in (self.tls.cert, self.tls.key, self.tls.ca) if p is not None]
+    def _paths(self) -> list[tuple[Path, str]]:
+        return [(p, key) for p, key in ((self.tls.cert, "ssl.certificate.location"), (self.tls.key, "ssl.key.location"),
+                                        (self.tls.ca, "ssl.ca.location")) if p is not None]
 
     def _current_stamps(self) -> tuple[tuple[int, int], ...]:
-        return tuple(_stamp(p) for p in self._paths())
+        stamps = []
+        for path, key in self._paths():
+            try:
+                stamps.append(_stamp(path))
+            except OSError as e:
+                raise errors.InvalidConfigError(f"{key} {path}: cannot read it: {e.strerror or e}") from None
+        return tuple(stamps)
 
     def _load(self) -> Any:
         cert, key = _read(self.tls.cert, "ssl.certificate.location"), _read(self.tls.key, "ssl.key.location")

@@ -330,9 +330,20 @@ def test_the_wheel_installs_brook_and_runs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert all(line.startswith(str(site)) for line in proc.stdout.split()), proc.stdout
     config = DEPLOY / "config" / "combined" / "node-1.toml"
-    proc = subprocess.run([sys.executable, "-m", "broker.node", "--config", str(config), "--check"],
-                          capture_output=True, text=True, env={**env, **PASSWORD_ENV}, timeout=60, cwd=tmp_path)
+    # --check reads the TLS files as the start does (systemd runs it before each start): the example's
+    # /etc/brook/tls files are made here, as its header says, under tmp_path.
+    from deploy.local.certs import CertificateAuthority
+
+    ca = CertificateAuthority.create(tmp_path / "tls", "test CA")
+    node = ca.issue(tmp_path / "tls" / "node-1", "node-1", hosts=("brook-1",))
+    tls = [f"ssl.certificate.location={node.cert}", f"ssl.key.location={node.key}", f"ssl.ca.location={ca.path}"]
+    check = [sys.executable, "-m", "broker.node", "--config", str(config), "--check"]
+    proc = subprocess.run([*check, *[a for t in tls for a in ("--override", t)]], capture_output=True, text=True,
+                          env={**env, **PASSWORD_ENV}, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = subprocess.run(check, capture_output=True, text=True, env={**env, **PASSWORD_ENV}, timeout=60,
+                          cwd=tmp_path)  # where the files are not (yet): one line naming the key, exit 2
+    assert proc.returncode == 2 and "ssl.certificate.location /etc/brook/tls/node.pem" in proc.stderr, proc.stderr
 
 
 def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
