@@ -20,12 +20,11 @@ from typing import Any
 
 import grpc
 
-from client.security import check_pems, read_bounded
+from client.security import check_pems, read_pem
 from proto import errors
 
 log = logging.getLogger(__name__)
 
-PEM_FILE_BYTES_MAX = 1024 * 1024
 # How long a TLS handshake on a gRPC port (broker and controller) may take (gRPC's default is 120 s):
 # a connection that never sends its ClientHello holds one of the port's connections that long, as
 # kafka.authentication.timeout.ms bounds the Kafka listener's.
@@ -56,17 +55,6 @@ def _stamp(path: Path) -> tuple[int, int]:
     return st.st_mtime_ns, st.st_size
 
 
-def _read(path: Path, key: str) -> bytes:
-    # A bounded read, not a stat: a pipe or a device (/dev/zero) reports size 0 and was read whole.
-    try:
-        data = read_bounded(path, PEM_FILE_BYTES_MAX)
-    except OSError as e:
-        raise errors.InvalidConfigError(f"{key} {path}: cannot read it: {e.strerror or e}") from None
-    if data is None:
-        raise errors.InvalidConfigError(f"{key} {path} is larger than {PEM_FILE_BYTES_MAX} bytes")
-    return data
-
-
 class ReloadingCertificates:
     """gRPC certificate-configuration fetcher that follows the PEM files on disk."""
 
@@ -91,8 +79,9 @@ class ReloadingCertificates:
         return tuple(stamps)
 
     def _load(self) -> Any:
-        cert, key = _read(self.tls.cert, "ssl.certificate.location"), _read(self.tls.key, "ssl.key.location")
-        ca = _read(self.tls.ca, "ssl.ca.location") if self.tls.ca is not None else None
+        # Bounded reads, not a stat: a pipe or a device (/dev/zero) reports size 0 and was read whole.
+        cert, key = read_pem(self.tls.cert, "ssl.certificate.location"), read_pem(self.tls.key, "ssl.key.location")
+        ca = read_pem(self.tls.ca, "ssl.ca.location") if self.tls.ca is not None else None
         check_pems(cert, key, ca, cert_name=f"ssl.certificate.location {self.tls.cert}",
                    key_name=f"ssl.key.location {self.tls.key}", ca_name=f"ssl.ca.location {self.tls.ca}")
         self.loads += 1

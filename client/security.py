@@ -153,11 +153,11 @@ class SecurityConfig:
         """TLS credentials from the configured PEM files (read now: a rotated file is used by new channels).
         Files that are not PEM certificates, a key that is not one or not the certificate's: INVALID_CONFIG naming
         the key now, not gRPC's handshake failures (and its C-core logging) on every call until a timeout."""
-        ca = _read_pem(self.ssl_ca_location, "ssl.ca.location") if self.ssl_ca_location else None
+        ca = read_pem(self.ssl_ca_location, "ssl.ca.location") if self.ssl_ca_location else None
         cert = key = None
         if self.ssl_certificate_location and self.ssl_key_location:
-            cert = _read_pem(self.ssl_certificate_location, "ssl.certificate.location")
-            key = _read_pem(self.ssl_key_location, "ssl.key.location")
+            cert = read_pem(self.ssl_certificate_location, "ssl.certificate.location")
+            key = read_pem(self.ssl_key_location, "ssl.key.location")
         check_pems(cert, key, ca, cert_name=f"ssl.certificate.location {self.ssl_certificate_location}",
                    key_name=f"ssl.key.location {self.ssl_key_location}", ca_name=f"ssl.ca.location {self.ssl_ca_location}")
         return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
@@ -254,7 +254,8 @@ def check_pems(cert: bytes | None, key: bytes | None, ca: bytes | None, *, cert_
             raise errors.InvalidConfigError(f"{key_name} is not the private key of {cert_name}")
 
 
-def _read_pem(location: str, key: str) -> bytes:
+def read_pem(location: str | Path, key: str) -> bytes:
+    """The PEM file at ``location`` (bounded read); INVALID_CONFIG naming ``key`` when it cannot be read."""
     path = Path(location)
     try:
         data = read_bounded(path, PEM_FILE_BYTES_MAX)

@@ -66,8 +66,8 @@ log = logging.getLogger(__name__)
 EARLIEST_TIMESTAMP = -2  # ListOffsets sentinels, as in Kafka
 LATEST_TIMESTAMP = -1
 _READ_ATTEMPTS = 3
-_SEGMENT_POSITION_MAX = 2**31 - 1
-_OFFSET_MAX = 2**63 - 1  # index positions are int32: a segment never grows past this
+_SEGMENT_POSITION_MAX = 2**31 - 1  # index positions are int32: a segment never grows past this
+_OFFSET_MAX = 2**63 - 1
 _BUDGET_WARN_EVERY_S = 60.0
 _budget_warned_at = float("-inf")
 _REFUSED_LOG_INTERVAL_S = 10.0
@@ -151,6 +151,10 @@ def _read_lost_offsets(directory: Path) -> tuple[tuple[int, int], ...]:
         if 0 <= start < end:
             ranges.append((start, end))
     return tuple(sorted(ranges))
+
+
+def _write_lost_offsets(directory: Path, ranges: tuple[tuple[int, int], ...]) -> None:
+    write_atomically(directory / LOST_OFFSETS_FILE, "".join(f"{a} {b}\n" for a, b in ranges).encode())
 
 
 def _now_ms(now_ms: int | None) -> int:
@@ -284,7 +288,7 @@ class Log:
             # Written at once: the indexes that told it are rebuilt already, and a fallback to a full recovery
             # (a header that cannot be walked, below) loads again without them.
             lost = tuple(sorted(set(lost + found)))
-            write_atomically(self.dir / LOST_OFFSETS_FILE, "".join(f"{a} {b}\n" for a, b in lost).encode())
+            _write_lost_offsets(self.dir, lost)
         kept = self._recover_segments(segments, first_recover, cut_at)
         self._rebuild_producer_state(kept)
         if not kept:
@@ -307,7 +311,7 @@ class Log:
             self._recovery_point = min(max(recovery_point, self._log_start_offset), self._log_end_offset)
         self._high_watermark = self._log_start_offset
         self._lost = lost
-        self._prune_lost(force_write=cut_at is not None)
+        self._prune_lost()  # a cut ends the log where its lost offsets began: they go
         self._opened = None  # loaded: segments are tracked by the segment list from now on
         log.info("opened log %s: start %d, end %d, %d segments, recovery point %d", self.dir,
                  self._log_start_offset, self._log_end_offset, len(kept), self._recovery_point)
@@ -359,7 +363,7 @@ class Log:
         there as at a corrupt batch. (A lost last segment only ends the log earlier: there is no hole.)"""
         found = []
         for seg, after in zip(loaded, loaded[1:], strict=False):
-            if seg.lost_bytes() and seg.indexed_batch is not None and seg.indexed_batch < after.base_offset:
+            if seg.lost_bytes() and seg.indexed_batch < after.base_offset:  # type: ignore[operator]
                 log.error("%s: segment %s lost bytes on disk: its indexes name a batch at offset %d, its batches "
                           "end at %d; offsets %d to %d are on no segment and reads of them fail as a corrupt batch "
                           "(repaired from the in-sync replicas when there are any)", self.dir, seg,
@@ -367,18 +371,18 @@ class Log:
                 found.append((seg.next_offset, after.base_offset))
         return tuple(found)
 
-    def _prune_lost(self, force_write: bool = False) -> None:
+    def _prune_lost(self) -> None:
         """Forget lost offsets outside [log start, log end) (moved past, or cut); ``LOST_OFFSETS_FILE`` follows."""
         if not self._lost:
             return
         start, end = self._log_start_offset, self._log_end_offset
         kept = tuple(sorted({(max(a, start), min(b, end)) for a, b in self._lost if max(a, start) < min(b, end)}))
-        if kept == self._lost and not force_write:
+        if kept == self._lost:
             return
         self._lost = kept
         path = self.dir / LOST_OFFSETS_FILE
         if kept:
-            write_atomically(path, "".join(f"{a} {b}\n" for a, b in kept).encode())
+            _write_lost_offsets(self.dir, kept)
         elif path.exists():
             path.unlink()
             fsync_dir(self.dir)

@@ -148,7 +148,8 @@ TOPIC_CONFIGS: Mapping[str, ConfigDef] = {d.name: d for d in _DEFS}
 # What a client may write as a number: Java's Long.parseLong and Double.parseDouble syntax (Kafka's), ASCII digits.
 # Python's int() and float() also take "1_000" and other scripts' digits ("١٠٠"): such values were stored as
 # sent and handed to Kafka clients, whose tools cannot read them. (The state replays stored values unchecked.)
-_NUMBER_TEXT = {"int": re.compile(r"[+-]?[0-9]+"), "long": re.compile(r"[+-]?[0-9]+"),
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+_NUMBER_TEXT = {"int": _INTEGER_TEXT, "long": _INTEGER_TEXT,
                 "double": re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")}
 
 

@@ -19,7 +19,7 @@ from waiting import wait_for
 
 from broker import principal
 from broker.tls import ReloadingCertificates, ServerTls, bind_port
-from client.security import SecurityConfig, make_channel
+from client.security import SecurityConfig, make_channel, read_pem
 from deploy.local.certs import CertificateAuthority
 from proto.errors import InvalidConfigError
 
@@ -109,13 +109,11 @@ def test_half_rotated_pair_is_not_loaded_until_complete(pki: dict, tmp_path: Pat
 
 def test_a_certificate_path_that_is_a_device_is_read_bounded(tmp_path: Path) -> None:
     """PEM files were checked with stat() before a whole read: /dev/zero (size 0) was read without end."""
-    from broker import tls
-
     with pytest.raises(InvalidConfigError, match="ssl.certificate.location /dev/zero is larger than"):
-        tls._read(Path("/dev/zero"), "ssl.certificate.location")
+        read_pem(Path("/dev/zero"), "ssl.certificate.location")
     small = tmp_path / "ok.pem"
     small.write_bytes(b"-----BEGIN CERTIFICATE-----\n")
-    assert tls._read(small, "ssl.certificate.location") == b"-----BEGIN CERTIFICATE-----\n"
+    assert read_pem(small, "ssl.certificate.location") == b"-----BEGIN CERTIFICATE-----\n"
 
 
 @pytest.mark.parametrize("broken", ["key", "other-key", "ca"])
