@@ -125,6 +125,7 @@ class QuorumController:
         self.cluster_view = ClusterView(raft.read)  # DescribeCluster's records, kept off the state lock
         self._registering = threading.Lock()
         self._leases: dict[int, float] = {}  # broker id -> monotonic time of the last heartbeat
+        self._last_tick_at: float | None = None  # when tick() last ran, to see this controller's own stalls
         self._active_term = -1  # the term whose activation this node has completed
         self._activating: PendingProposal | None = None
         self._activating_term = -1
@@ -172,6 +173,9 @@ class QuorumController:
 
     def tick(self) -> None:
         """Called periodically by the node: activation, lease expiry, rebalancing."""
+        now = self._clock()
+        gap = None if self._last_tick_at is None else now - self._last_tick_at
+        self._last_tick_at = now
         # One consistent (leader, term) read from pysyncobj's tick thread: the term is
         # one this node really led, so an activation stamped with it can never claim a
         # term that another voter won (the cluster-wide outage of a torn read).
@@ -185,6 +189,8 @@ class QuorumController:
         if self._active_term != term:
             self._try_activate(term)
             return
+        if gap is not None:
+            self._forgive_own_stall(now, gap)
         self._expire_sessions()
         self._maybe_rebalance()
         self._complete_reassignments()
@@ -350,6 +356,27 @@ class QuorumController:
             self._propose(c.BeginControlledShutdown(req.node_id, req.broker_epoch), timeout_s).raise_for_error()
         remaining = self.raft.read(lambda s: s.leadership_count(req.node_id))
         return pb.ControlledShutdownResponse(remaining_leaderships=remaining)
+
+    def _forgive_own_stall(self, now: float, gap_s: float) -> None:
+        """Do not count against brokers the time this controller itself did not run.
+
+        While the process is stopped (SIGSTOP, a paused VM, a whole host frozen) or its tick thread is
+        held, heartbeats are neither received nor counted, and a leader that kept its leadership
+        through the stall (a single voter, or every voter paused at once) would otherwise find every
+        session run out on its first tick after it and fence the whole cluster. A gap between ticks
+        longer than a heartbeat interval moves every lease on by the excess, so each broker gets at least
+        ``broker.session.timeout.ms`` less one heartbeat interval of running controller to be heard.
+        Only the excess is forgiven: a tick thread that is merely slow (gaps just above the interval)
+        still ages leases, so a dead broker is still fenced."""
+        excess = gap_s - self.config.broker_heartbeat_interval_ms / 1000.0
+        if excess <= 0:
+            return
+        with self._lock:
+            for node_id, lease in self._leases.items():
+                self._leases[node_id] = min(now, lease + excess)
+        log.warning("controller %d did not run for %.1fs (a paused process or a held tick thread): the brokers' "
+                    "sessions are extended by %.1fs, as their heartbeats could not be counted meanwhile",
+                    self.config.node_id, gap_s, excess)
 
     def _expire_sessions(self) -> None:
         now = self._clock()
