@@ -86,7 +86,10 @@ def test_sigkill_during_appends_loses_no_flushed_batch(tmp_path: Path, mode: str
     _crash_rounds(tmp_path, mode, rounds=3, seed=f"20261122-{mode}")
 
 
+# 40 writer processes: about 90 s on an idle 2-core machine, over 300 s (the suite's per-test timeout,
+# which once failed this soak) with 36 CPU hogs running. Its own bound scales with that.
 @pytest.mark.soak
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("mode", ["log", "manager"])
 def test_sigkill_soak(tmp_path: Path, mode: str) -> None:
     _crash_rounds(tmp_path, mode, rounds=40, seed=f"soak-{mode}")
