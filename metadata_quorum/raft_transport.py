@@ -17,17 +17,32 @@ partition logs, and a connection that sends nothing was never timed out.
   are a few hundred KiB). A larger declaration closes the connection before its body is read;
 - at most ``UNKNOWN_CONNECTIONS_MAX`` unknown connections are kept: a new one closes the oldest
   (a voter identifies itself within milliseconds, so a flood of strangers evicts strangers), and
-  one still unknown after ``UNKNOWN_MAX_AGE_S`` is closed.
+  one still unknown after ``UNKNOWN_MAX_AGE_S`` is closed. The one closed is the oldest of the client
+  address holding the most: strangers flooding from one address evict their own connections, not a
+  voter's from another address;
+- pysyncobj listened with a backlog of 5 and took one connection per turn of its loop (about 10 a
+  second), so a few strangers connecting kept the accept queue full, and a voter's own connection
+  waited out SYN retransmissions (1, 3, 7 s...) behind them. ``BoundedTcpServer`` listens with a
+  backlog of ``LISTEN_BACKLOG`` and takes up to ``ACCEPTS_PER_TURN`` connections a turn. pysyncobj also
+  closed its listening socket for good on any failed accept, EMFILE included: a voter out of
+  descriptors for a moment stopped taking its peers' connections until it was restarted. Now a
+  connection that fails is skipped, and running out of descriptors or memory pauses accepting for
+  ``ACCEPT_PAUSE_S`` (polling on would spin on the queued connection) with the port left open.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import struct
 import time
+from collections import Counter
 from typing import Any
 
+from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import TcpConnection
+from pysyncobj.tcp_server import TcpServer
 from pysyncobj.transport import TCPTransport
 
 log = logging.getLogger(__name__)
@@ -36,6 +51,11 @@ UNKNOWN_FRAME_MAX_BYTES = 64 * 1024
 PEER_FRAME_MAX_BYTES = 16 * 1024 * 1024
 UNKNOWN_CONNECTIONS_MAX = 32
 UNKNOWN_MAX_AGE_S = 5.0
+LISTEN_BACKLOG = 128
+ACCEPTS_PER_TURN = 64
+ACCEPT_PAUSE_S = 0.2
+ACCEPT_PAUSE_WARN_EVERY_S = 10.0
+_OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 _LENGTH = struct.Struct("i")  # pysyncobj's frame prefix: native-endian signed int
 
@@ -50,6 +70,7 @@ class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
 
     frame_max_bytes = UNKNOWN_FRAME_MAX_BYTES
     accepted_at = 0.0
+    peer_host = ""  # the client address of an accepted connection
 
     @classmethod
     def adopt(cls, conn: TcpConnection, frame_max_bytes: int) -> BoundedTcpConnection:
@@ -72,8 +93,79 @@ class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
         return bool(TcpConnection._TcpConnection__processRead(self))
 
 
+class BoundedTcpServer(TcpServer):  # type: ignore[misc]
+    """pysyncobj's TcpServer with a real backlog, several accepts a turn, and no unbind on a failed accept."""
+
+    _paused_until: float | None = None  # accepting paused (out of descriptors or memory) until then
+    _warned_at = 0.0
+
+    def bind(self) -> None:
+        self._paused_until = None
+        super().bind()
+        self._TcpServer__socket.listen(LISTEN_BACKLOG)  # listen() again only sets the backlog
+
+    def _TcpServer__onNewConnection(self, descr: int, event: int) -> None:  # noqa: N802 - pysyncobj's mangled name
+        if event & POLL_EVENT_TYPE.ERROR:
+            self.unbind()  # the listening socket itself failed (pysyncobj's behaviour)
+            return
+        if not event & POLL_EVENT_TYPE.READ:
+            return
+        listener = self._TcpServer__socket
+        for _ in range(ACCEPTS_PER_TURN):
+            try:
+                sock, addr = listener.accept()
+            except BlockingIOError:
+                return  # the queue is empty
+            except OSError as exc:
+                if exc.errno in _OUT_OF_RESOURCES:
+                    # The queued connection stays queued: polling on would only spin on it. Stop listening
+                    # for a moment (the transport's tick resumes it); the port stays open meanwhile.
+                    self._pause(exc)
+                    return
+                continue  # that one connection failed (reset before we took it, say)
+            self._adopt_accepted(sock, addr)
+
+    def _pause(self, exc: OSError) -> None:
+        now = time.monotonic()
+        if now - self._warned_at >= ACCEPT_PAUSE_WARN_EVERY_S:
+            self._warned_at = now
+            log.warning("quorum port: accepting a connection failed (%s); accepting again in %.1f s, the port "
+                        "stays open", exc, ACCEPT_PAUSE_S)
+        self._TcpServer__poller.unsubscribe(self._TcpServer__fileno)
+        self._paused_until = now + ACCEPT_PAUSE_S
+
+    def maybe_resume(self, now: float) -> None:
+        if self._paused_until is None or now < self._paused_until or self._TcpServer__fileno is None:
+            return
+        self._paused_until = None
+        self._TcpServer__poller.subscribe(self._TcpServer__fileno, self._TcpServer__onNewConnection,
+                                          POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
+
+    def _adopt_accepted(self, sock: socket.socket, addr: Any) -> None:
+        send, recv = self._TcpServer__sendBufferSize, self._TcpServer__recvBufferSize
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, recv)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+        except OSError:  # reset before we got to it
+            sock.close()
+            return
+        conn = BoundedTcpConnection.adopt(
+            TcpConnection(poller=self._TcpServer__poller, socket=sock, timeout=self._TcpServer__connectionTimeout,
+                          sendBufferSize=send, recvBufferSize=recv, keepalive=self._TcpServer__keepalive),
+            UNKNOWN_FRAME_MAX_BYTES)
+        conn.peer_host = str(addr[0])
+        self._TcpServer__onNewConnectionCallback(conn)
+
+
 class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
-    """pysyncobj's TCPTransport whose connections are BoundedTcpConnections (see the module doc)."""
+    """pysyncobj's TCPTransport whose connections are BoundedTcpConnections and whose server is a
+    BoundedTcpServer (see the module doc)."""
+
+    def _createServer(self) -> None:  # noqa: N802 - pysyncobj's name
+        super()._createServer()
+        self._server.__class__ = BoundedTcpServer  # made, not bound yet: bind() is ours
 
     def addNode(self, node: Any) -> None:  # noqa: N802 - pysyncobj's name
         super().addNode(node)
@@ -82,13 +174,24 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
             BoundedTcpConnection.adopt(conn, PEER_FRAME_MAX_BYTES)
 
     def _onNewIncomingConnection(self, conn: TcpConnection) -> None:  # noqa: N802 - pysyncobj's name
-        BoundedTcpConnection.adopt(conn, UNKNOWN_FRAME_MAX_BYTES)
+        if not isinstance(conn, BoundedTcpConnection):
+            BoundedTcpConnection.adopt(conn, UNKNOWN_FRAME_MAX_BYTES)
         self._close_stale_unknown(time.monotonic())
         while len(self._unknownConnections) >= UNKNOWN_CONNECTIONS_MAX:
-            oldest = min(self._unknownConnections, key=lambda c: c.accepted_at)
-            self._unknownConnections.discard(oldest)
-            oldest.disconnect()
+            victim = self._eviction_victim(conn.peer_host)
+            self._unknownConnections.discard(victim)
+            victim.disconnect()
         super()._onNewIncomingConnection(conn)
+
+    def _eviction_victim(self, new_host: str) -> TcpConnection:
+        """The oldest unknown connection of the address holding the most (the new one's counted too), so
+        that a flood from one address closes its own connections first."""
+        held = Counter(c.peer_host for c in self._unknownConnections)
+        held[new_host] += 1
+        most = max(held.values())
+        crowded = {host for host, n in held.items() if n == most}
+        candidates = [c for c in self._unknownConnections if c.peer_host in crowded] or list(self._unknownConnections)
+        return min(candidates, key=lambda c: c.accepted_at)
 
     def _onIncomingMessageReceived(self, conn: TcpConnection, message: Any) -> None:  # noqa: N802
         super()._onIncomingMessageReceived(conn, message)
@@ -97,7 +200,10 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
 
     def _onTick(self) -> None:  # noqa: N802 - pysyncobj's name
         super()._onTick()
-        self._close_stale_unknown(time.monotonic())
+        now = time.monotonic()
+        if isinstance(self._server, BoundedTcpServer):
+            self._server.maybe_resume(now)
+        self._close_stale_unknown(now)
 
     def _close_stale_unknown(self, now: float) -> None:
         for conn in [c for c in self._unknownConnections if now - c.accepted_at > UNKNOWN_MAX_AGE_S]:

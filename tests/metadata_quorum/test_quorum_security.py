@@ -222,3 +222,98 @@ def test_silent_strangers_cannot_crowd_a_voter_out_of_its_quorum(tmp_path: Path,
     finally:
         for s in strangers:
             s.close()
+
+
+def _still_open(s: socket.socket) -> bool:
+    """The voter has not closed ``s`` (nothing is ever sent on it: a read only sees the close, or nothing yet)."""
+    s.setblocking(False)
+    try:
+        return s.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except OSError:  # reset
+        return False
+
+
+@pytest.mark.slow
+def test_strangers_flooding_from_one_address_evict_their_own_connections(
+        protected_quorum: list[MetadataRaft]) -> None:
+    # A connection from another address (a voter's, say, before it named itself) must survive a flood
+    # from one address: eviction takes the oldest connection of the address holding the most.
+    from metadata_quorum.raft_transport import UNKNOWN_CONNECTIONS_MAX
+
+    host, port = protected_quorum[0].self_address.rsplit(":", 1)
+    flood: list[socket.socket] = []
+    with socket.create_connection((host, int(port)), timeout=5) as other:
+        try:
+            for _ in range(3 * UNKNOWN_CONNECTIONS_MAX):
+                s = socket.socket()
+                s.bind(("127.0.0.2", 0))
+                s.settimeout(5)
+                s.connect((host, int(port)))
+                flood.append(s)
+            # Every flood connection after the first UNKNOWN_CONNECTIONS_MAX closed one of the flood's own.
+            wait_for(lambda: sum(not _still_open(s) for s in flood) >= 2 * UNKNOWN_CONNECTIONS_MAX, 10,
+                     "the voter to close the flood's oldest connections")
+            assert _still_open(other), "the flood from 127.0.0.2 evicted the connection from 127.0.0.1"
+        finally:
+            for s in flood:
+                s.close()
+    commits(protected_quorum, 3)
+
+
+_LOW_FD_VOTER = """
+import os, resource, sys
+from pathlib import Path
+from metadata_quorum.raft import MetadataRaft
+raft = MetadataRaft(sys.argv[1], [], Path(sys.argv[2]), password=sys.argv[3])
+raft.wait_bound()
+limit = len(os.listdir("/proc/self/fd")) + 6
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+print(limit, flush=True)
+sys.stdin.read()
+raft.destroy_synchronous()
+"""
+
+
+@pytest.mark.slow
+def test_a_voter_out_of_descriptors_keeps_its_quorum_port_open(tmp_path: Path, quorum_password: str) -> None:
+    # pysyncobj closed its listening socket for good on any failed accept: a voter out of descriptors for
+    # a moment (EMFILE) refused its peers' connections until it was restarted.
+    import subprocess
+    import sys
+
+    address = f"127.0.0.1:{free_port()}"
+    host, port = address.rsplit(":", 1)
+    repo = Path(__file__).resolve().parents[2]
+    voter = subprocess.Popen([sys.executable, "-c", _LOW_FD_VOTER, address, str(tmp_path / "v"), quorum_password],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             env=dict(os.environ, PYTHONPATH=str(repo)), cwd=repo)
+    held: list[socket.socket] = []
+    try:
+        assert voter.stdout is not None
+        limit = int(voter.stdout.readline())
+        for _ in range(20):  # more than its spare descriptors: the queue keeps what it cannot accept
+            held.append(socket.create_connection((host, int(port)), timeout=5))
+        wait_for(lambda: len(os.listdir(f"/proc/{voter.pid}/fd")) >= limit, 15,
+                 "the voter to use every descriptor it may have")
+        for s in held:
+            s.close()
+        held.clear()
+
+        # Descriptors free again: a new connection is taken and read (a declared 1 GiB frame gets it
+        # closed), not refused at the door.
+        def served() -> bool:
+            try:
+                with socket.create_connection((host, int(port)), timeout=5) as s:
+                    s.sendall(struct.pack("i", 1 << 30))
+                    s.settimeout(3)
+                    return s.recv(1) == b""  # closed by the voter (a reset raises: not served)
+            except OSError:  # refused (the port was closed), reset, or not read within 3 s
+                return False
+        wait_for(served, 15, "the voter to take and read a connection once its descriptors are free")
+        assert voter.poll() is None, "the voter exited"
+    finally:
+        for s in held:
+            s.close()
+        voter.communicate(b"", timeout=30)
