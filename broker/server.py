@@ -74,6 +74,7 @@ from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig
 from storage import meta_properties
 from storage.checkpoints import fsync_dir, write_atomically
+from storage.disk_errors import EXIT_DISK_FAILURE
 from storage.fd_budget import partition_capacity
 from storage.log_manager import LogManager
 from storage.producer_state import DEFAULT_PROCESS_MAX_PRODUCERS, PRODUCER_BUDGET
@@ -81,7 +82,7 @@ from storage.producer_state import DEFAULT_PROCESS_MAX_PRODUCERS, PRODUCER_BUDGE
 log = logging.getLogger(__name__)
 
 # The process's exit code when a log directory's disk failed (see BrokerServer._on_log_dir_failure).
-EXIT_LOG_DIR_FAILURE = 4
+EXIT_LOG_DIR_FAILURE = EXIT_DISK_FAILURE
 
 # The largest message the broker sends: a fetch answer holds at most fetch.max.bytes (55 MiB by default), or one
 # batch beyond it of up to max.message.bytes, at most cluster_configs.MAX_MESSAGE_BYTES_LIMIT (64 MiB).

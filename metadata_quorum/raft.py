@@ -45,12 +45,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pysyncobj.syncobj as pysyncobj_syncobj
 from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj import pickle as pysyncobj_pickle
+from pysyncobj.journal import Journal, MemoryJournal
 
 from broker.request_times import LatencyHistogram
 from metadata_quorum import commands as c
 from metadata_quorum.journal_repair import repair_journal
+from metadata_quorum.quorum_journal import FailStopJournal, FailureHandler, halt_on_journal_failure
 from metadata_quorum.quorum_security import bind_address, check_quorum_protection
 from metadata_quorum.raft_transport import BoundedTCPTransport
 from metadata_quorum.state import (
@@ -298,6 +301,23 @@ class _DumpWriter:
         return tuple(data[1:])
 
 
+# pysyncobj makes its journal itself (``createJournal`` in SyncObj's constructor), with no way to pass a
+# class: its module's name is pointed at ours. The handler a MetadataRaft gives is found by the journal's path.
+_journal_failure_handlers: dict[str, FailureHandler] = {}
+_journal_handlers_lock = threading.Lock()
+
+
+def _create_journal(journal_file: str | None = None) -> Journal:
+    if journal_file is None:
+        return MemoryJournal()
+    with _journal_handlers_lock:
+        on_failure = _journal_failure_handlers.get(journal_file, halt_on_journal_failure)
+    return FailStopJournal(journal_file, on_failure)
+
+
+pysyncobj_syncobj.createJournal = _create_journal
+
+
 def _halt_process(exc: BaseException) -> None:
     """Kafka's answer to a metadata invariant violation: the controller process exits."""
     log.critical("halting: the metadata state machine is broken (%s)", exc)
@@ -361,10 +381,13 @@ class MetadataRaft:
         on_state_changed: Callable[[], None] | None = None,
         changelog_max_keys: int = DEFAULT_CHANGELOG_MAX_KEYS,
         on_fatal: Callable[[BaseException], None] | None = None,
+        on_journal_failure: FailureHandler | None = None,
     ) -> None:
         """``on_fatal``: called (on pysyncobj's tick thread) when applying a committed command breaks
         the state machine (``MetadataInvariantError``). The voter has already stopped applying and
-        leaves the quorum; the default halts the process, as Kafka does."""
+        leaves the quorum; the default halts the process, as Kafka does. ``on_journal_failure``: called
+        (path, what, error) when the journal's disk fails (metadata_quorum/quorum_journal.py); the default
+        halts the process."""
         self.self_address = self_address
         self.partner_addresses = list(partner_addresses)
         self.lock = threading.RLock()
@@ -386,7 +409,7 @@ class MetadataRaft:
             # Bind exactly the configured host: pysyncobj's default is 0.0.0.0.
             bindAddress=bind_address(self_address),
             useFork=False,
-            journalFile=str(data_dir / JOURNAL_FILE),
+            journalFile=str(data_dir / JOURNAL_FILE),  # a FailStopJournal (see _create_journal)
             fullDumpFile=str(data_dir / DUMP_FILE),
             serializer=self.dump_writer.start,
             serializeChecker=self.dump_writer.status,
@@ -421,8 +444,15 @@ class MetadataRaft:
         self._stall_reports_skipped = 0
         # The quorum port bounds what a connection that has not proven the password can hold
         # (metadata_quorum/raft_transport.py).
-        self._syncobj = SyncObj(self_address, self.partner_addresses, conf, consumers=[self._consumer],
-                                transportClass=BoundedTCPTransport)
+        journal = str(data_dir / JOURNAL_FILE)
+        with _journal_handlers_lock:
+            _journal_failure_handlers[journal] = on_journal_failure or halt_on_journal_failure
+        try:
+            self._syncobj = SyncObj(self_address, self.partner_addresses, conf, consumers=[self._consumer],
+                                    transportClass=BoundedTCPTransport)
+        finally:
+            with _journal_handlers_lock:
+                _journal_failure_handlers.pop(journal, None)
         self._syncobj.addOnTickCallback(self._on_tick)
 
     # ---- lifecycle ----

@@ -9,6 +9,9 @@ import errno
 # log's own deletion can give (ENOENT, EBADF): those must never stop a healthy broker.
 DISK_FAILURE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
 
+# The exit code of a node halted by a failed disk: a broker's log directory, or a controller's quorum journal.
+EXIT_DISK_FAILURE = 4
+
 
 def disk_failure(exc: BaseException | None) -> OSError | None:
     """The disk error (``DISK_FAILURE_ERRNOS``) behind ``exc`` or one of its causes, else None."""

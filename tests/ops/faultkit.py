@@ -17,8 +17,9 @@ from client.types import TopicPartition
 
 
 @contextlib.contextmanager
-def ext4_mounts(images: dict[Path, Path], size_mb: int) -> Iterator[None]:
-    """Each key a mount point of a fresh loop-mounted ext4 (its image the value); thawed and unmounted on exit."""
+def ext4_mounts(images: dict[Path, Path], size_mb: int, options: str = "") -> Iterator[None]:
+    """Each key a mount point of a fresh loop-mounted ext4 (its image the value), with mount ``options`` added to
+    ``loop``; thawed and unmounted on exit."""
     mounted: list[Path] = []
     try:
         for path, image in images.items():
@@ -27,8 +28,8 @@ def ext4_mounts(images: dict[Path, Path], size_mb: int) -> Iterator[None]:
                 f.truncate(size_mb * 1024 * 1024)
             made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True, timeout=60)
             assert made.returncode == 0, f"mkfs.ext4 {image}: {made.stderr.strip()}"
-            done = subprocess.run(["mount", "-o", "loop", str(image), str(path)], capture_output=True, text=True,
-                                  timeout=60)
+            done = subprocess.run(["mount", "-o", ",".join(filter(None, ["loop", options])), str(image), str(path)],
+                                  capture_output=True, text=True, timeout=60)
             assert done.returncode == 0, f"mount -o loop {image} {path} failed as root: {done.stderr.strip()}"
             mounted.append(path)
         yield
@@ -37,6 +38,19 @@ def ext4_mounts(images: dict[Path, Path], size_mb: int) -> Iterator[None]:
             subprocess.run(["fsfreeze", "--unfreeze", str(path)], capture_output=True, timeout=30)
             if subprocess.run(["umount", str(path)], capture_output=True, timeout=60).returncode != 0:
                 subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
+def ext4_fail(path: Path) -> None:
+    """Make the ext4 mounted at ``path`` (with ``errors=remount-ro``) report an error, as a failing disk does: the
+    kernel remounts it read-only at once, and every later write to it fails with EROFS."""
+    device = subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(path)], capture_output=True, text=True,
+                            timeout=30).stdout.strip()
+    assert device.startswith("/dev/"), f"no device mounted at {path}: {device!r}"
+    Path(f"/sys/fs/ext4/{Path(device).name}/trigger_fs_error").write_text("1")
+    options = subprocess.run(["findmnt", "-n", "-o", "OPTIONS", str(path)], capture_output=True, text=True,
+                             timeout=30).stdout.strip().split(",")
+    # The kernel shows "ro", or keeps "rw" and adds "emergency_ro" (Linux 6.x): writes fail with EROFS either way.
+    assert "ro" in options or "emergency_ro" in options, f"{path} still writable after its error: {options}"
 
 
 @contextlib.contextmanager

@@ -1,0 +1,150 @@
+"""The quorum journal: pysyncobj's FileJournal, fail-stop on a failing disk, flushed once a second.
+
+pysyncobj's FileJournal keeps every entry in memory and writes it into an mmap of ``quorum.journal``.
+Three things went wrong when the disk under it failed (found by faulting the metadata directory of a
+running controller):
+
+- a full disk killed the process with SIGBUS: growing the file (``mmap.resize``) only sets its size, and
+  the first write into a page the file system could not allocate is a page fault the kernel answers with
+  SIGBUS, not an error. ``_AllocatingFile`` allocates the blocks first (``posix_fallocate``), so a full disk
+  is an ``OSError`` at the write;
+- a failed write (read-only file system, EIO) left the mmap closed (pysyncobj closes it before reopening
+  the file to grow it) and every later write raised, on every tick, forever. The voter kept its
+  leadership and heartbeats and committed nothing: no metadata change, ISR change or fencing for as long
+  as the process lived, and no failover;
+- FileJournal adds an entry to its in-memory list *before* writing it. A follower whose writes failed
+  still acknowledged appends it had not stored, so the quorum counted a voter that held nothing on disk:
+  5 acknowledged CreateTopics were lost when the leader then died.
+
+So any I/O error of the journal or its ``.meta`` file halts the process at once (``on_failure``), before
+an acknowledgement or a vote can follow, as a broker halts on a failed log directory: the other voters
+elect a leader among themselves, and the node is started again once its disk is fixed.
+
+pysyncobj also never flushed the journal (only ``_destroy`` did): what reached the disk was up to the
+kernel's writeback, about 30 s. ``onOneSecondTimer`` now flushes it (``msync``) when it changed, and the
+term and vote file is fsynced with its directory before it is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
+
+from storage.checkpoints import fsync_dir
+from storage.disk_errors import EXIT_DISK_FAILURE
+
+log = logging.getLogger(__name__)
+
+# What a failing disk raises through pysyncobj's journal: OSError (ENOSPC, EIO, EROFS...), ValueError
+# ("mmap closed or invalid" after a failed grow), SystemError (a failed mmap resize).
+_DISK_ERRORS = (OSError, ValueError, SystemError)
+
+FailureHandler = Callable[[str, str, BaseException], None]
+
+
+class _AllocatingFile(ResizableFile):  # type: ignore[misc]
+    """pysyncobj's ResizableFile whose growth allocates the file's blocks before they are written."""
+
+    def reserve(self) -> None:
+        """Allocate every block of what is mapped now (a journal made by pysyncobj is sparse)."""
+        mm = self._ResizableFile__mm
+        os.posix_fallocate(self._ResizableFile__f.fileno(), 0, len(mm))
+
+    def write(self, offset: int, values: bytes) -> None:
+        mm = self._ResizableFile__mm
+        end = offset + len(values)
+        if end > len(mm):
+            size = max(int(len(mm) * self._ResizableFile__resizeFactor), end)
+            os.posix_fallocate(self._ResizableFile__f.fileno(), 0, size)  # ENOSPC here, not SIGBUS below
+            mm.resize(size)
+        mm[offset:end] = values
+
+
+class _DurableMetaStorer(MetaStorer):  # type: ignore[misc]
+    """The term and vote file, on disk (file and directory fsynced) before pysyncobj acts on them."""
+
+    def storeMeta(self, meta: Any) -> None:  # noqa: N802 - pysyncobj's name
+        super().storeMeta(meta)
+        path = Path(self.getPath())
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(path.parent)
+
+
+class FailStopJournal(FileJournal):  # type: ignore[misc]
+    """A FileJournal that calls ``on_failure`` (which halts the process) on the first disk error."""
+
+    def __init__(self, path: str, on_failure: FailureHandler) -> None:
+        self._path = path
+        self._on_failure = on_failure
+        self._dirty = False
+        try:
+            super().__init__(path)
+            journal_file = self._FileJournal__journalFile
+            journal_file.__class__ = _AllocatingFile
+            journal_file.reserve()
+            self._FileJournal__metaStorer.__class__ = _DurableMetaStorer
+        except _DISK_ERRORS as exc:
+            on_failure(path, "open", exc)
+            raise
+
+    @contextlib.contextmanager
+    def _guard(self, what: str, *, changes: bool = True) -> Iterator[None]:
+        try:
+            yield
+        except _DISK_ERRORS as exc:
+            self._on_failure(self._path, what, exc)
+            raise
+        if changes:
+            self._dirty = True
+
+    def add(self, command: Any, idx: int, term: int) -> None:
+        with self._guard("append"):
+            super().add(command, idx, term)
+
+    def clear(self) -> None:
+        with self._guard("clear"):
+            super().clear()
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802, N803 - pysyncobj's names
+        with self._guard("truncate"):
+            super().deleteEntriesFrom(entryFrom)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802, N803 - pysyncobj's names
+        with self._guard("compact"):
+            super().deleteEntriesTo(entryTo)
+
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802, N803 - pysyncobj's names
+        with self._guard("store the term and vote", changes=False):
+            super().setCurrentTerm(term, votedForNodeId)
+
+    def onOneSecondTimer(self) -> None:  # noqa: N802 - pysyncobj's name
+        with self._guard("flush", changes=False):
+            super().onOneSecondTimer()
+            if self._dirty:
+                self._dirty = False
+                self.flush()
+
+
+def halt_on_journal_failure(path: str, what: str, exc: BaseException) -> None:
+    """The default ``on_failure``: log one line naming the file, and exit at once (code 4, as a broker
+    whose log directory failed). ``os._exit``: pysyncobj's tick thread is calling, and nothing else of
+    this voter may run (no acknowledgement, no vote)."""
+    log.critical("the controller quorum journal %s failed (%s: %s); halting (exit code %d) so that the other "
+                 "voters elect a leader among themselves. Fix the disk under metadata.log.dir (free space, "
+                 "replace it) and start the node again.", path, what, exc, EXIT_DISK_FAILURE)
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - halting anyway
+            pass
+    os._exit(EXIT_DISK_FAILURE)
