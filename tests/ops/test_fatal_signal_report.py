@@ -2,7 +2,9 @@
 
 Found by a liveness probe: with the metadata directory on a full disk, a node died about 9 s after the
 first ENOSPC and its log said nothing (pysyncobj writes its journal through mmap, and a page the file
-system cannot back ends the process with SIGBUS). A real process, a real signal."""
+system cannot back ends the process with SIGBUS). That case is now an error and a clean halt
+(metadata_quorum/quorum_journal.py); any other fatal signal is still reported so. A real process, a real
+signal."""
 
 from __future__ import annotations
 
