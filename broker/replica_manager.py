@@ -74,10 +74,13 @@ SEQUENCE_GAP_WAIT_S = 0.1
 # many bytes (a first batch larger than that whole): the rest it fetches at once, off the loop.
 LOOP_READ_MAX_BYTES = 64 * 1024
 _SEQUENCE_MODULUS = 2**31
+ISR_LOOP_SLACK_S = 1.0  # how late the ISR check may wake before the lateness is taken for a stall of this broker
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    """The clock of replication's timers (followers' fetch and catch-up times, ISR expiry): monotonic, so a wall
+    clock stepped forward (NTP after a VM resume, an operator) does not make every follower look out of sync."""
+    return int(time.monotonic() * 1000)
 
 
 @dataclass(slots=True)
@@ -1148,10 +1151,24 @@ class ReplicaManager:
     # ---- ISR maintenance ----
     def _isr_loop(self) -> None:
         interval_s = max(0.05, self.replica_lag_time_max_ms / 2000)
+        last = now_ms()
         while not self._stopped.wait(interval_s):
             now = now_ms()
+            # Time this broker itself did not run (its process stopped, its host paused) is not the followers'
+            # lag: they could not fetch from it. Without this, every leader resumed after a pause longer than
+            # replica.lag.time.max.ms proposed to shrink each ISR to itself (and, below min.insync.replicas,
+            # had its leadership moved instead). Only the excess over the loop's own interval, plus a second of
+            # scheduling slack, is forgiven: a merely slow loop still ages the followers.
+            excess_ms = now - last - int((interval_s + ISR_LOOP_SLACK_S) * 1000)
+            last = now
+            if excess_ms > 0:
+                log.warning("broker %d: the ISR check ran %.1f s late (a paused process or host?); followers' catch-up "
+                            "times move on by %.1f s, as they could not fetch from this broker meanwhile",
+                            self.node_id, (excess_ms + ISR_LOOP_SLACK_S * 1000) / 1000, excess_ms / 1000)
             for p in list(self._partitions.values()):
                 try:
+                    if excess_ms > 0:
+                        p.forgive_followers(excess_ms, now)
                     proposal = p.maybe_shrink_isr(now, self.replica_lag_time_max_ms)
                 except Exception:
                     log.exception("ISR check of %s-%d failed", p.topic, p.partition)

@@ -54,6 +54,12 @@ HUNG_PEER_OPTIONS = [
     # A frozen broker's kernel still accepts connections; gRPC gives up on one that brings no HTTP/2
     # SETTINGS after this long (this argument is gRPC's minimum connect timeout; its default is 20 s).
     ("grpc.min_reconnect_backoff_ms", 5_000),
+    # Between connection attempts to a peer that refused or dropped them: at most 1 s, Kafka's
+    # reconnect.backoff.max.ms. gRPC's own default grows by 1.6x up to 120 s: after the brokers (or the
+    # controllers) had been down for a few minutes, a client (or every broker's controller client) made its next
+    # attempt up to 2 minutes after they were back, and in the controllers' case every broker was fenced meanwhile.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -407,6 +407,16 @@ class Partition:
                  list(self.isr), list(new_isr))
         return IsrProposal(self.topic, self.partition, self.leader_epoch, self.partition_epoch, new_isr)
 
+    def forgive_followers(self, excess_ms: int, now_ms: int) -> None:
+        """This broker did not run for ``excess_ms`` (see ReplicaManager._isr_loop): move each follower's last
+        catch-up on by as much (never past now), so that the time it could not fetch is not counted as lag."""
+        with self.lock:
+            if not self.is_leader:
+                return
+            for f in self.followers.values():
+                if f.last_caught_up_time_ms:
+                    f.last_caught_up_time_ms = min(now_ms, f.last_caught_up_time_ms + excess_ms)
+
     def maybe_shrink_isr(self, now_ms: int, lag_max_ms: int) -> IsrProposal | None:
         with self.lock:
             if not self.is_leader or self.pending_isr is not None:

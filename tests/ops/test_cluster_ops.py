@@ -659,41 +659,50 @@ def test_every_metric_the_alerts_and_dashboard_use_is_exported(split_cluster, ad
     wait_for(lambda: not missing(), 30, lambda: f"these names on some node's /metrics: {missing()}")
 
 
-def test_a_paused_controller_fences_no_broker_when_it_resumes(split_cluster, admin) -> None:
-    """The only controller stops (SIGSTOP) for twice the brokers' session timeout, then resumes: it
-    kept its leadership and could count no heartbeat meanwhile, so the brokers' silence was its own.
-    It must fence none of them (a fenced broker loses every leadership: leader epochs move and writes
-    stop), and acks=all writes must be taken again within a bound."""
-    topic = "controller-pause"
+@pytest.mark.parametrize("paused", ["controller", "every node"])
+def test_a_pause_of_the_controller_or_of_every_node_moves_nothing(split_cluster, admin, paused: str) -> None:
+    """The only controller (or every node at once: a frozen host, a paused VM) stops (SIGSTOP) for twice the
+    brokers' session timeout, and three times replica.lag.time.max.ms, then resumes. The silence was the
+    paused processes' own: the controller must fence no broker (a fenced broker loses every leadership:
+    leader epochs move and writes stop), and no leader may count against its followers the time it did not
+    run itself (it proposed to shrink every ISR to itself). acks=all writes must be taken again within a
+    bound."""
+    topic = f"pause-{paused.replace(' ', '-')}"
     admin.create_topics([NewTopic(topic, 3, 3)])
     produce(split_cluster.bootstrap_servers, topic, 3, 5, "before")
 
-    def state() -> tuple[list[int], dict[int, tuple[int, int]], dict[int, int]]:
+    def state() -> tuple[list[int], dict[int, tuple[int, int, int, list[int]]], dict[int, int]]:
         desc = admin._call("DescribeCluster", controller_pb2.DescribeClusterRequest())
         fenced = sorted(b.node_id for b in desc.brokers if b.fenced)
-        leaders = {p.partition: (p.leader, p.leader_epoch) for p in desc.partitions if p.topic == topic}
+        partitions = {p.partition: (p.leader, p.leader_epoch, p.partition_epoch, sorted(p.isr))
+                      for p in desc.partitions if p.topic == topic}
         epochs = {b.node_id: b.broker_epoch for b in desc.brokers}
-        return fenced, leaders, epochs
+        return fenced, partitions, epochs
 
-    fenced, leaders, epochs = wait_for(lambda: (lambda s: s if not s[0] else None)(state()), 30,
-                                       "no broker fenced before the pause")
+    fenced, partitions, epochs = wait_for(
+        lambda: (lambda s: s if not s[0] and all(len(p[3]) == 3 for p in s[1].values()) else None)(state()), 30,
+        "no broker fenced and every ISR full before the pause")
     (controller,) = split_cluster.controller_ids
+    victims = [controller] if paused == "controller" else [controller, *split_cluster.broker_ids]
     session_s = int(OVERRIDES["broker.session.timeout.ms"]) / 1000
-    split_cluster.pause_node(controller)
+    for node in victims:
+        split_cluster.pause_node(node)
     try:
-        time.sleep(2 * session_s)  # the fault itself: the controller stays stopped this long
+        time.sleep(2 * session_s)  # the fault itself: the nodes stay stopped this long
     finally:
-        split_cluster.resume_node(controller)
-    # For a whole session after the resume, each broker has had time to be heard: none may be fenced.
+        for node in victims:
+            split_cluster.resume_node(node)
+    # For a whole session after the resume, each broker has had time to be heard and each follower to fetch:
+    # nothing may have moved.
     deadline = time.monotonic() + session_s + 1
     while time.monotonic() < deadline:
         try:
             now = state()
         except Exception:  # noqa: BLE001  # the controller's first calls after SIGCONT may time out
             continue
-        assert not now[0], f"brokers {now[0]} fenced after the controller's own pause"
-        assert now[1] == leaders, f"leaders moved after the controller's own pause: {leaders} -> {now[1]}"
-        assert now[2] == epochs, f"brokers registered again after the controller's pause: {epochs} -> {now[2]}"
+        assert not now[0], f"brokers {now[0]} fenced after a pause of the {paused}"
+        assert now[1] == partitions, f"partitions changed after a pause of the {paused}: {partitions} -> {now[1]}"
+        assert now[2] == epochs, f"brokers registered again after a pause of the {paused}: {epochs} -> {now[2]}"
         time.sleep(0.2)
     started = time.monotonic()
     produce(split_cluster.bootstrap_servers, topic, 3, 5, "after")  # each send waits at most 30 s
