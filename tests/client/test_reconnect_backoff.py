@@ -21,8 +21,8 @@ import grpc
 from client.cluster import CHANNEL_OPTIONS
 from metadata_quorum.client import _CHANNEL_OPTIONS as CONTROLLER_CHANNEL_OPTIONS
 
-FAILING_FOR_S = 10.0  # gRPC's default backoff is past 6 s per attempt by then
-WINDOW_S = 5.0  # then attempts are counted for this long: at least one a second is expected
+FAILING_FOR_S = 6.0  # gRPC's default backoff has grown past 4 s per attempt by then
+WINDOW_S = 3.0  # then attempts are counted for this long: about one a second is expected
 
 
 class DroppingPeer:
