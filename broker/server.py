@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import threading
 import time
 import uuid
@@ -74,7 +73,7 @@ from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig
 from storage import meta_properties
 from storage.checkpoints import fsync_dir, write_atomically
-from storage.disk_errors import EXIT_DISK_FAILURE
+from storage.disk_errors import EXIT_DISK_FAILURE, halt_for_disk_failure
 from storage.fd_budget import partition_capacity
 from storage.log_manager import LogManager
 from storage.producer_state import DEFAULT_PROCESS_MAX_PRODUCERS, PRODUCER_BUDGET
@@ -399,12 +398,7 @@ class BrokerServer:
         log.critical("broker %d: log directory %s failed (%s); halting the broker (exit code %d) so that the "
                      "other replicas take over its partitions. Fix the disk (free space, replace it) and start "
                      "the broker again.", self.node_id, log_dir, exc, EXIT_LOG_DIR_FAILURE)
-        for handler in logging.getLogger().handlers:
-            try:
-                handler.flush()
-            except Exception:  # halting anyway
-                pass
-        os._exit(EXIT_LOG_DIR_FAILURE)
+        halt_for_disk_failure()
 
     def _start_loop(self) -> None:
         loop = asyncio.new_event_loop()

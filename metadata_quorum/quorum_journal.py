@@ -37,7 +37,7 @@ from typing import Any
 from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
 
 from storage.checkpoints import fsync_dir
-from storage.disk_errors import EXIT_DISK_FAILURE
+from storage.disk_errors import EXIT_DISK_FAILURE, halt_for_disk_failure
 
 log = logging.getLogger(__name__)
 
@@ -137,14 +137,9 @@ class FailStopJournal(FileJournal):  # type: ignore[misc]
 
 def halt_on_journal_failure(path: str, what: str, exc: BaseException) -> None:
     """The default ``on_failure``: log one line naming the file, and exit at once (code 4, as a broker
-    whose log directory failed). ``os._exit``: pysyncobj's tick thread is calling, and nothing else of
-    this voter may run (no acknowledgement, no vote)."""
+    whose log directory failed): pysyncobj's tick thread is calling, and nothing else of this voter may
+    run (no acknowledgement, no vote)."""
     log.critical("the controller quorum journal %s failed (%s: %s); halting (exit code %d) so that the other "
                  "voters elect a leader among themselves. Fix the disk under metadata.log.dir (free space, "
                  "replace it) and start the node again.", path, what, exc, EXIT_DISK_FAILURE)
-    for handler in logging.getLogger().handlers:
-        try:
-            handler.flush()
-        except Exception:  # noqa: BLE001 - halting anyway
-            pass
-    os._exit(EXIT_DISK_FAILURE)
+    halt_for_disk_failure()

@@ -7,15 +7,14 @@ handler is called, and prints what it was told.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mounts import tmpfs
 
 from metadata_quorum.quorum_journal import FailStopJournal
 
@@ -66,23 +65,11 @@ def test_a_journal_past_the_file_size_limit_calls_the_failure_handler(tmp_path: 
     assert 0 < int(entries) < 200_000
 
 
-@contextlib.contextmanager
-def _tmpfs(path: Path, size: str) -> Iterator[None]:
-    path.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                             capture_output=True, text=True, timeout=30)
-    assert mounted.returncode == 0, f"mount -t tmpfs {path} failed as root: {mounted.stderr.strip()}"
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
-
-
 def test_a_full_disk_is_an_error_of_the_append_not_sigbus(tmp_path: Path) -> None:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("needs root: the journal is on a small tmpfs (mount -t tmpfs)")
     disk = tmp_path / "meta"
-    with _tmpfs(disk, "1m"):
+    with tmpfs(disk, "1m"):
         done = _write_until_failure(disk / "quorum.journal", filler=disk / "filler")
     assert done.returncode == 3, (
         f"the writer ended with {done.returncode} (-7 is SIGBUS: a page of the journal the full file system could "

@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from faultkit import (
     read_until,
     thawed_on_exit,
 )
+from mounts import tmpfs
 from waiting import wait_for
 
 from client.admin import Admin, NewTopic
@@ -230,19 +231,6 @@ def test_a_leader_whose_reads_fail_with_eio_halts_and_the_others_serve_every_ack
         _restart_fixed_and_read_from_it(cluster, topic, acked)
 
 
-@contextlib.contextmanager
-def _tmpfs(path: Path, size: str) -> Iterator[Path]:
-    path.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                             capture_output=True, text=True, timeout=30)
-    assert mounted.returncode == 0, f"mount -t tmpfs {path} failed as root: {mounted.stderr.strip()}"
-    try:
-        yield path
-    finally:
-        if subprocess.run(["umount", str(path)], capture_output=True, timeout=30).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)  # still busy: detach
-
-
 def test_a_leader_whose_disk_fills_up_halts_and_writes_go_on_on_the_others(tmp_path: Path) -> None:
     _need_proc()
     if os.geteuid() != 0:
@@ -253,7 +241,7 @@ def test_a_leader_whose_disk_fills_up_halts_and_writes_go_on_on_the_others(tmp_p
     cluster = LocalCluster(tmp_path / "cluster", nodes=3,
                            overrides={"replica.high.watermark.checkpoint.interval.ms": "60000"})
     data_dir = cluster.node_dir(FAULTY) / "data"  # the node's log.dirs (LocalCluster's layout)
-    with _tmpfs(data_dir, TMPFS_SIZE), cluster:  # the cluster is stopped before the tmpfs is unmounted
+    with tmpfs(data_dir, TMPFS_SIZE), cluster:  # the cluster is stopped before the tmpfs is unmounted
         _create_topic_led_by_faulty(cluster, topic)
         # About 1.4 times the tmpfs in incompressible records: the leader's disk fills part way through.
         values = [b"%04d-" % i + os.urandom(RECORD_BYTES) for i in range(8 * 1024 * 1024 * 14 // 10 // RECORD_BYTES)]
