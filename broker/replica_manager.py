@@ -35,6 +35,7 @@ from broker.request_times import ProduceTimes
 from metadata_quorum import cluster_configs
 from proto import broker_pb2, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
+from replication import isr as isr_rules
 from replication.fetcher import FetcherConfig, ReplicaFetcherManager
 from replication.partition import IsrProposal, LockBusy, Partition, Role, held
 from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
@@ -74,7 +75,7 @@ SEQUENCE_GAP_WAIT_S = 0.1
 # many bytes (a first batch larger than that whole): the rest it fetches at once, off the loop.
 LOOP_READ_MAX_BYTES = 64 * 1024
 _SEQUENCE_MODULUS = 2**31
-ISR_LOOP_SLACK_S = 1.0  # how late the ISR check may wake before the lateness is taken for a stall of this broker
+ISR_LOOP_STALL_WARN_S = 1.0  # an ISR check this late or more is logged as a stall of this broker
 
 
 def now_ms() -> int:
@@ -1157,14 +1158,14 @@ class ReplicaManager:
             # Time this broker itself did not run (its process stopped, its host paused) is not the followers'
             # lag: they could not fetch from it. Without this, every leader resumed after a pause longer than
             # replica.lag.time.max.ms proposed to shrink each ISR to itself (and, below min.insync.replicas,
-            # had its leadership moved instead). Only the excess over the loop's own interval, plus a second of
-            # scheduling slack, is forgiven: a merely slow loop still ages the followers.
-            excess_ms = now - last - int((interval_s + ISR_LOOP_SLACK_S) * 1000)
+            # had its leadership moved instead). Only the time past the loop's own interval is forgiven (see
+            # own_stall_ms): a merely slow loop still ages the followers.
+            excess_ms = isr_rules.own_stall_ms(last, now, int(interval_s * 1000))
             last = now
-            if excess_ms > 0:
+            if excess_ms >= ISR_LOOP_STALL_WARN_S * 1000:
                 log.warning("broker %d: the ISR check ran %.1f s late (a paused process or host?); followers' catch-up "
-                            "times move on by %.1f s, as they could not fetch from this broker meanwhile",
-                            self.node_id, (excess_ms + ISR_LOOP_SLACK_S * 1000) / 1000, excess_ms / 1000)
+                            "times move on by as much, as they could not fetch from this broker meanwhile",
+                            self.node_id, excess_ms / 1000)
             for p in list(self._partitions.values()):
                 try:
                     if excess_ms > 0:

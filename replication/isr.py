@@ -130,3 +130,13 @@ def diverging_epoch(last_fetched_epoch: int, fetch_offset: int,
     if epoch < last_fetched_epoch or end < fetch_offset:
         return epoch, end
     return None
+
+
+def own_stall_ms(last_ms: int, now_ms: int, interval_ms: int) -> int:
+    """How long a loop meant to run every ``interval_ms``, last run at ``last_ms``, did not run before
+    ``now_ms``: the time past its interval. A follower could not fetch from a leader that did not run, so
+    the ISR check moves the followers' catch-up times on by this much. All of it, not only what is past
+    some slack: a follower caught up shortly before a 6 s pause is otherwise short by the slack plus its
+    last fetch's age, past a replica.lag.time.max.ms of 2 s. A merely slow loop still ages a dead follower
+    by one interval a run."""
+    return max(0, now_ms - last_ms - interval_ms)

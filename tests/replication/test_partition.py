@@ -213,3 +213,48 @@ def test_a_refusal_carrying_moved_replicas_updates_the_leaders_followers(tmp_pat
     p.alter_refused(prop, ((1, 2, 3), 1, p.partition_epoch + 2, (4, 1, 2, 3)), now_ms=10**12)
     assert p.replicas == (4, 1, 2, 3) and set(p.followers) == {2, 3, 4}
     assert not p.make_leader((4, 1, 2, 3), (1, 2, 3), 1, p.partition_epoch, 10**12)  # nothing newer
+
+
+def isr_check(p: Partition, last_ms: int, now_ms: int, interval_ms: int = 1000,
+              lag_max_ms: int = 2000) -> isr_rules.IsrProposal | None:
+    """One run of ReplicaManager._isr_loop on ``p``: forgive the time the loop did not run, then check."""
+    excess = isr_rules.own_stall_ms(last_ms, now_ms, interval_ms)
+    if excess > 0:
+        p.forgive_followers(excess, now_ms)
+    return p.maybe_shrink_isr(now_ms, lag_max_ms)
+
+
+def test_a_pause_of_the_leader_alone_is_not_its_followers_lag(tmp_path: Path) -> None:
+    """replica.lag.time.max.ms 2 s, the check every 1 s. Both followers fetched 0.4 s before the check at 1.0 s,
+    then every process stopped for 6 s right after it. Forgiving only what was past a second of slack (the old
+    rule) left them 2.4 s behind at the next check and shrank the ISR to the leader (seen in CI,
+    test_a_pause_of_every_node_moves_nothing)."""
+    p = leader_of(tmp_path)
+    f2, f3 = open_log(tmp_path, "b2"), open_log(tmp_path, "b3")
+    for f, rid in ((f2, 2), (f3, 3)):
+        follow(p, rid, f, 600)
+    assert isr_check(p, 0, 1000) is None
+    assert isr_check(p, 1000, 8000) is None, "the followers could not fetch from a stopped leader"
+    for f, rid in ((f2, 2), (f3, 3)):  # they fetch again once every process runs
+        follow(p, rid, f, 8100)
+    assert isr_check(p, 8000, 9000) is None and p.isr == (1, 2, 3)
+
+
+def test_a_late_isr_check_still_drops_a_dead_follower(tmp_path: Path) -> None:
+    """A loop that runs 0.5 s late each time (a busy host, not a stopped process) forgives that 0.5 s, yet a
+    follower that never fetches again still ages one interval a run and leaves the ISR."""
+    p = leader_of(tmp_path)
+    f2, f3 = open_log(tmp_path, "b2"), open_log(tmp_path, "b3")
+    follow(p, 2, f2, 0)
+    follow(p, 3, f3, 0)
+    last, proposal = 0, None
+    for run in range(1, 10):
+        now = run * 1500
+        follow(p, 2, f2, now)  # 2 keeps fetching; 3 is gone
+        proposal = isr_check(p, last, now)
+        last = now
+        if proposal is not None:
+            break
+    assert proposal is not None and proposal.new_isr == (1, 2), "follower 3 never left the ISR"
+    assert run <= 3, f"follower 3 left the ISR only at run {run}"
+    assert isr_rules.own_stall_ms(0, 700, 1000) == 0, "an early run forgives nothing"
