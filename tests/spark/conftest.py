@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 _SESSION: object | None = None
 _STARTED = False  # a JVM was started in this process (the session fixture stops it)
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+MASTER = "local-cluster[1,2,1024]"  # one worker with one executor of 2 cores and 1 GiB
 
 
 def _start_spark() -> object:
@@ -17,9 +19,17 @@ def _start_spark() -> object:
     _STARTED = True
     import spark_source
 
-    session = spark_source.local_session("brook-spark-tests", conf={
+    # Executors in processes of their own (a master, a worker and an executor JVM beside the driver's), as on a
+    # real Spark cluster: every test of the folder shows the source needs nothing of the driver's memory.
+    session = spark_source.local_session("brook-spark-tests", master=MASTER, conf={
         "spark.default.parallelism": "2",
         "spark.driver.memory": "1g",
+        "spark.executor.extraJavaOptions": JVM_OPTIONS,
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        "spark.ui.showConsoleProgress": "false",
+        # As local[N]: a failed task fails its job at once (a cluster master's default is 4 attempts, which
+        # multiplies the time of every test that expects a job to fail).
+        "spark.task.maxFailures": "1",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         # The suite's JVM lives for minutes and runs small jobs: the client compiler alone warms up

@@ -1,30 +1,44 @@
-"""The source with executors in separate processes (Spark's local-cluster master)."""
+"""The source with executors in processes of their own: the folder's one SparkSession runs on Spark's
+local-cluster master (tests/spark/conftest.py), a master, a worker and an executor JVM beside the driver's, as
+on a real Spark cluster. Every Spark test of the suite runs so; this one checks that it does."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-def test_executors_in_separate_processes_read_from_leaders(brook) -> None:  # type: ignore[no-untyped-def]
+def test_executors_in_separate_processes_read_from_leaders(spark, brook) -> None:  # type: ignore[no-untyped-def]
     topic = "local-cluster"
     brook.create_topic(topic, 2)
     acked = brook.produce(topic, [b"lc%d" % i for i in range(300)])
-    job = Path(__file__).with_name("local_cluster_job.py")
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
-    # Its own driver process: this session's SparkContext (local[2]) cannot coexist with another.
-    proc = subprocess.run([sys.executable, str(job), brook.bootstrap, topic],
-                          capture_output=True, text=True, timeout=240, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    # local-cluster gives the driver no executor of its own: every task ran in the executor's process.
-    assert out["executors"] == 1, out["executors"]
-    assert {(p, o): v.encode() for p, o, v in out["batch"]} == acked
-    assert len(out["batch"]) == len(acked)
+    sc = spark.sparkContext
+    # local-cluster gives the driver no executor of its own: the memory status lists the driver's block
+    # manager and the one executor's.
+    assert sc._jsc.sc().getExecutorMemoryStatus().size() - 1 == 1, sc.master
+    batch = (spark.read.format("brook").option("bootstrap.servers", brook.bootstrap).option("subscribe", topic)
+             .option("minPartitions", "4").load())
+    rows = batch.select("partition", "offset", "value").collect()
+    assert {(r["partition"], r["offset"]): bytes(r["value"]) for r in rows} == acked
+    assert len(rows) == len(acked)
+
+    def _java_ancestor(pid: int) -> int | None:
+        """The nearest process above ``pid`` running java, from /proc (defined here, so that cloudpickle sends
+        it by value: the executor's workers cannot import this test module)."""
+        while pid > 1:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            if name == "java":
+                return pid
+            pid = int(rest[1])  # the parent: the field after the state
+        return None
+
+    # Python code of tasks runs in workers under the executor's JVM, not under the driver's.
+    jvms = set(sc.parallelize(range(4), 4).map(lambda _: _java_ancestor(os.getpid())).collect())
+    driver_jvm = int(sc._jvm.ProcessHandle.current().pid())
+    assert jvms and driver_jvm not in jvms and None not in jvms, f"tasks' JVMs {jvms}, the driver's {driver_jvm}"
+
