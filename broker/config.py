@@ -351,6 +351,12 @@ _BEHAVIOUR = [
            "would pass it with a new offset, longer metadata or a new group is refused with the retriable "
            "COORDINATOR_NOT_AVAILABLE (commits that add nothing are always taken).", check=_at_least(1 << 20),
            roles=_B),
+    KeyDef("group.coordinator.offsets.max.bytes.per.ip", "long", "67108864",
+           "Of group.coordinator.offsets.max.bytes, what the groups one client address made on a coordinator (by "
+           "its first commit or join there) may hold; a commit past it is refused with the retriable "
+           "COORDINATOR_NOT_AVAILABLE, so one address cannot fill the coordinator for every other's new groups. "
+           "Groups loaded from the offsets log after a restart or failover count against no address.",
+           check=_at_least(1 << 20), roles=_B),
     KeyDef("group.lag.metrics.max.series", "int", "1000",
            "Group-partition rows /metrics shows in brook_consumer_group_committed_offset and "
            "brook_consumer_group_lag, the largest lags first (the rest are counted in "

@@ -104,6 +104,7 @@ class CoordinatorConfig:
     group_member_metadata_max_bytes: int = 1 << 20
     group_coordinator_metadata_max_bytes: int = 256 << 20
     group_coordinator_offsets_max_bytes: int = 256 << 20
+    group_coordinator_offsets_max_bytes_per_ip: int = 64 << 20
     # Group-partition rows /metrics shows (committed offset and lag each), the largest lags first: group
     # ids are chosen by clients, and one with READ on a prefix of groups made 3 nodes' /metrics 230 MB.
     group_lag_metrics_max_series: int = 1000
@@ -139,6 +140,8 @@ class CoordinatorConfig:
                                                      base.group_coordinator_metadata_max_bytes),
             group_coordinator_offsets_max_bytes=get("group.coordinator.offsets.max.bytes",
                                                     base.group_coordinator_offsets_max_bytes),
+            group_coordinator_offsets_max_bytes_per_ip=get("group.coordinator.offsets.max.bytes.per.ip",
+                                                           base.group_coordinator_offsets_max_bytes_per_ip),
             group_lag_metrics_max_series=get("group.lag.metrics.max.series", base.group_lag_metrics_max_series),
         )
 
@@ -362,6 +365,7 @@ class GroupCoordinator:
         # What committed offsets and groups hold (group_coordinator_offsets_max_bytes): an upper bound, what was
         # admitted added to the last count, counted again only when it would refuse (_admit_offsets_locked).
         self._offset_bytes = 0
+        self._offset_bytes_by_owner: dict[str, int] = {}  # the same, over the groups each client address made
         self._offsets_counted_at = float("-inf")
         self._offsets_refused = 0
         self._offsets_refusal_logged_at = float("-inf")
@@ -550,11 +554,12 @@ class GroupCoordinator:
                     records.restore_group(g, parsed.value, now_ms)
         return offset
 
-    def _new_group(self, group_id: str, partition: int = -1) -> Group:
-        """A new group of ``__consumer_offsets`` partition ``partition`` (-1: hash its id now)."""
+    def _new_group(self, group_id: str, partition: int = -1, owner: str = "") -> Group:
+        """A new group of ``__consumer_offsets`` partition ``partition`` (-1: hash its id now), made by a call
+        from client address ``owner``."""
         return Group(group_id, initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms,
                      state_timestamp_ms=self.clock_ms(),
-                     offsets_partition=partition if partition >= 0 else self.partition_for(group_id))
+                     offsets_partition=partition if partition >= 0 else self.partition_for(group_id), owner=owner)
 
     # ------------------------------------------------------------------ lookup
     def partition_for(self, group_id: str) -> int:
@@ -586,11 +591,11 @@ class GroupCoordinator:
             raise CoordinatorError(f"loading {OFFSETS_TOPIC}-{p}", code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
         return p
 
-    def _group_locked(self, group_id: str, *, create: bool) -> Group | None:
+    def _group_locked(self, group_id: str, *, create: bool, owner: str = "") -> Group | None:
         p = self._check_owner_locked(group_id)
         g = self._groups.get(group_id)
         if g is None and create:
-            g = self._groups[group_id] = self._new_group(group_id, p)
+            g = self._groups[group_id] = self._new_group(group_id, p, owner)
         return g
 
     # ------------------------------------------------------------------ FindCoordinator
@@ -675,7 +680,7 @@ class GroupCoordinator:
                          if req.member_id or req.group_instance_id else NO_SUBSCRIPTIONS)
         with self._lock:
             self._admit_bytes_locked(MEMBER_OVERHEAD_BYTES + metadata + ids + subscriptions.held_bytes, "JoinGroup")
-            g = self._group_locked(req.group_id, create=True)
+            g = self._group_locked(req.group_id, create=True, owner=req.client_host)
             assert g is not None
             g.join(member_id=req.member_id, client_id=req.client_id, client_host=req.client_host,
                    session_timeout_ms=req.session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,
@@ -870,8 +875,9 @@ class GroupCoordinator:
         return len(self._groups)
 
     # ------------------------------------------------------------------ offsets
-    def commit_offsets(self, req: group_pb2.OffsetCommitRequest) -> list[tuple[str, int, int, str]]:
-        """Validate, write with acks=all, then make visible. Returns per-partition errors."""
+    def commit_offsets(self, req: group_pb2.OffsetCommitRequest, client: str = "") -> list[tuple[str, int, int, str]]:
+        """Validate, write with acks=all, then make visible. Returns per-partition errors. ``client``: the
+        caller's address (a group the commit makes is that address's, see _admit_offsets_locked)."""
         now = self.clock_ms()
         results: list[tuple[str, int, int, str]] = []
         kvs: list[tuple[bytes, bytes | None]] = []
@@ -913,20 +919,26 @@ class GroupCoordinator:
             kvs.append((records.offset_key(req.group_id, tp), records.encode_offset_value(entry)))
         if kvs:
             with self._lock:
-                self._admit_offsets_locked(req.group_id, entries)
-            self._write_offsets(req.group_id, p, epoch, entries, kvs)
+                self._admit_offsets_locked(req.group_id, entries, client)
+            self._write_offsets(req.group_id, p, epoch, entries, kvs, owner=client)
         results += [(tp.topic, tp.partition, ErrorCode.NONE, "") for tp, _ in entries]
         return results
 
-    def _admit_offsets_locked(self, group_id: str, entries: list[tuple[TopicPartition, OffsetEntry]]) -> None:
+    def _admit_offsets_locked(self, group_id: str, entries: list[tuple[TopicPartition, OffsetEntry]],
+                              client: str = "") -> None:
         """Refuse (retriable COORDINATOR_NOT_AVAILABLE) a commit that would take what committed offsets and
-        groups hold in this coordinator's memory past group.coordinator.offsets.max.bytes. Kafka has no such
+        groups hold in this coordinator's memory past group.coordinator.offsets.max.bytes, or what the groups
+        one client address made hold past group.coordinator.offsets.max.bytes.per.ip. Kafka has no such
         bound, but its heap is one: without it, a client committing to made-up group ids (each a new group,
-        each offset with up to offset.metadata.max.bytes of metadata) grew the broker without end. A commit
-        that adds nothing (the same partitions again, metadata no longer) is always taken, so the groups
-        already here go on committing. The figure is an upper bound, what was admitted since the last count
-        added to it; it is counted again (one step a group: each group keeps its offsets' sum) only when it
-        would refuse, at most once a second."""
+        each offset with up to offset.metadata.max.bytes of metadata) grew the broker without end; and with
+        the first bound alone, one address filled it (about 190 commits of 200 partitions with 4 KB of
+        metadata) and every new group of the coordinator was refused, whatever its address, until the
+        offsets expired (offsets.retention.minutes, 7 days). A group counts against the address whose commit
+        or join made it here (``client``, kept as Group.owner); a group loaded from the log counts against no
+        address. A commit that adds nothing (the same partitions again, metadata no longer) is always taken,
+        so the groups already here go on committing. The figures are upper bounds, what was admitted since
+        the last count added to them; they are counted again (one step a group: each group keeps its offsets'
+        sum) only when they would refuse, at most once a second."""
         g = self._groups.get(group_id)
         incoming = 0 if g is not None else GROUP_OVERHEAD_BYTES + len(group_id)
         for tp, entry in entries:
@@ -934,27 +946,51 @@ class GroupCoordinator:
             incoming += max(0, offset_bytes(tp, entry) - (offset_bytes(tp, old) if old is not None else 0))
         if incoming == 0:
             return
+        owner = g.owner if g is not None else client
         limit = self.config.group_coordinator_offsets_max_bytes
+        share = self.config.group_coordinator_offsets_max_bytes_per_ip if owner else limit
         now = time.monotonic()
-        if self._offset_bytes + incoming > limit and now - self._offsets_counted_at >= 1.0:
-            self._offset_bytes = sum(grp.offsets.held_bytes + GROUP_OVERHEAD_BYTES + len(gid)
-                                     for gid, grp in self._groups.items())
+
+        def over() -> bool:
+            return (self._offset_bytes + incoming > limit
+                    or self._offset_bytes_by_owner.get(owner, 0) + incoming > share)
+        if over() and now - self._offsets_counted_at >= 1.0:
+            self._count_offset_bytes_locked()
             self._offsets_counted_at = now
-        if self._offset_bytes + incoming > limit:
+        if over():
             self._offsets_refused += 1
+            mine = self._offset_bytes_by_owner.get(owner, 0)
             if now - self._offsets_refusal_logged_at >= 10.0:
-                log.warning("group coordinator %d refused %d offset commit(s) (the last to group %r, %d bytes): "
-                            "committed offsets and groups hold %d bytes (group.coordinator.offsets.max.bytes=%d)",
-                            self.node_id, self._offsets_refused, group_id[:100], incoming, self._offset_bytes, limit)
+                log.warning("group coordinator %d refused %d offset commit(s) (the last to group %r, %d bytes, from "
+                            "%s): committed offsets and groups hold %d bytes (group.coordinator.offsets.max.bytes=%d), "
+                            "%d of them in groups that address made (group.coordinator.offsets.max.bytes.per.ip=%d)",
+                            self.node_id, self._offsets_refused, group_id[:100], incoming, owner or "a loaded group",
+                            self._offset_bytes, limit, mine, share)
                 self._offsets_refusal_logged_at, self._offsets_refused = now, 0
-            raise CoordinatorError(f"the coordinator holds {self._offset_bytes} bytes of committed offsets and groups "
-                                   f"(group.coordinator.offsets.max.bytes={limit}); retry later",
-                                   code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            if self._offset_bytes + incoming > limit:
+                raise CoordinatorError(f"the coordinator holds {self._offset_bytes} bytes of committed offsets and "
+                                       f"groups (group.coordinator.offsets.max.bytes={limit}); retry later",
+                                       code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            raise CoordinatorError(f"groups made from {owner} hold {mine} bytes of committed offsets on this "
+                                   f"coordinator (group.coordinator.offsets.max.bytes.per.ip={share}); retry later "
+                                   f"or delete groups", code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
         self._offset_bytes += incoming
+        if owner:
+            self._offset_bytes_by_owner[owner] = self._offset_bytes_by_owner.get(owner, 0) + incoming
+
+    def _count_offset_bytes_locked(self) -> None:
+        """Count what committed offsets and groups hold afresh: in all, and by the address that made each group."""
+        total, by_owner = 0, {}
+        for gid, grp in self._groups.items():
+            held = grp.offsets.held_bytes + GROUP_OVERHEAD_BYTES + len(gid)
+            total += held
+            if grp.owner:
+                by_owner[grp.owner] = by_owner.get(grp.owner, 0) + held
+        self._offset_bytes, self._offset_bytes_by_owner = total, by_owner
 
     def _write_offsets(self, group_id: str, partition: int, epoch: int,
                        entries: list[tuple[TopicPartition, OffsetEntry | None]],
-                       kvs: list[tuple[bytes, bytes | None]]) -> None:
+                       kvs: list[tuple[bytes, bytes | None]], owner: str = "") -> None:
         base = self._append_and_wait(partition, kvs)
         with self._lock:
             if not self._still_leader(partition, epoch):
@@ -963,7 +999,7 @@ class GroupCoordinator:
             if g is None:
                 if all(e is None for _, e in entries):
                     return
-                g = self._groups[group_id] = self._new_group(group_id, partition)
+                g = self._groups[group_id] = self._new_group(group_id, partition, owner)
             last_chunk_start = ((len(entries) - 1) // RECORDS_PER_BATCH_MAX) * RECORDS_PER_BATCH_MAX
             for i, (tp, entry) in enumerate(entries):
                 if entry is not None and i >= last_chunk_start and base >= 0:

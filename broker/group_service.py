@@ -305,7 +305,8 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
             allowed.partitions.extend(p for p in request.partitions if p.topic not in denied)
             request = allowed
         try:
-            results = self.c.commit_offsets(request) if request.partitions or not refusals else []
+            results = (self.c.commit_offsets(request, peer_host(context.peer()))
+                       if request.partitions or not refusals else [])
         except errors.BrookError as exc:
             if not refusals:
                 return group_pb2.OffsetCommitResponse(error_code=exc.code, error_message=exc.message)

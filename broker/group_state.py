@@ -362,6 +362,9 @@ class Group:
     # (-1: not known yet). Hashing the id again (Java's String.hashCode, a Python loop) for every group
     # each ListGroups, under the lock every group shares, took 5.2 s with 20,000 groups (an audit).
     offsets_partition: int = field(default=-1, compare=False)
+    # The client address whose commit or join made the group here ("" for a group loaded from the log): what
+    # its offsets hold counts against that address's share (group.coordinator.offsets.max.bytes.per.ip).
+    owner: str = field(default="", compare=False)
     _deadline_floor_ms: int | None = field(default=None, repr=False, compare=False)  # see next_deadline_ms
     # Told (with this group) whenever the group forgets its last deadline answer, i.e. whenever a deadline
     # may have moved earlier: the coordinator's timers (broker/group_coordinator.py GroupTimers) then ask

@@ -557,3 +557,44 @@ def test_commits_past_the_offsets_budget_are_refused_and_commits_adding_nothing_
         assert [r[2] for r in _commit(c, "after", [("t", 1, 1)])] == [ErrorCode.NONE]
     finally:
         c._loader.shutdown()
+
+
+def test_one_address_cannot_fill_the_offsets_budget_for_every_other_addresss_new_groups() -> None:
+    """group.coordinator.offsets.max.bytes.per.ip: a probe from one address committed 4 KB of metadata on 200
+    partitions to made-up groups until the coordinator's whole budget was held; every other address's new
+    group was then refused, for as long as the offsets are kept (7 days). The groups an address made now hold
+    at most its share, and another address's new group is taken."""
+    budget, share = 400_000, 100_000
+    c, now = _coordinator(group_coordinator_offsets_max_bytes=budget, group_coordinator_offsets_max_bytes_per_ip=share)
+    metadata = "m" * c.config.offset_metadata_max_bytes
+
+    def commit(group: str, client: str, partitions: range = range(4)) -> list[tuple[str, int, int, str]]:
+        return c.commit_offsets(group_pb2.OffsetCommitRequest(
+            group_id=group, generation_id=-1, partitions=[group_pb2.OffsetCommitPartition(
+                topic="big", partition=p, offset=1, leader_epoch=-1, metadata=metadata) for p in partitions]),
+            client)
+    try:
+        made = 0
+        with pytest.raises(CoordinatorError) as refused:
+            for i in range(1000):
+                commit(f"flood-{i}", "10.0.0.2")
+                made += 1
+        assert refused.value.code == ErrorCode.COORDINATOR_NOT_AVAILABLE, refused.value
+        assert "group.coordinator.offsets.max.bytes.per.ip" in str(refused.value) and "10.0.0.2" in str(refused.value)
+        c._offsets_counted_at = float("-inf")
+        c._count_offset_bytes_locked()
+        assert 0 < made and c._offset_bytes_by_owner["10.0.0.2"] == c._offset_bytes <= share < budget, \
+            (made, c._offset_bytes_by_owner, c._offset_bytes)
+        # Another address's new group is taken; the flooding address's groups still take what adds nothing.
+        assert [r[2] for r in commit("victim", "10.0.0.1")] == [ErrorCode.NONE] * 4
+        assert c._groups["victim"].owner == "10.0.0.1"
+        assert [r[2] for r in commit("flood-0", "10.0.0.2")] == [ErrorCode.NONE] * 4
+        # What another address adds to a group the flood made counts against the flood's share: its groups
+        # cannot be grown from elsewhere to get round it.
+        with pytest.raises(CoordinatorError, match="groups made from 10.0.0.2"):
+            commit("flood-0", "10.0.0.3", range(4, 8))
+        # A group loaded from the log (no address made it here) counts in the whole budget only.
+        c._groups["loaded"] = c._new_group("loaded")
+        assert [r[2] for r in commit("loaded", "10.0.0.2", range(8))] == [ErrorCode.NONE] * 8
+    finally:
+        c._loader.shutdown()
