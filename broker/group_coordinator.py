@@ -43,6 +43,7 @@ from broker.group_state import (
     SyncResult,
     offset_bytes,
 )
+from broker.log_limits import ThrottledWarning
 from client.cluster import HUNG_PEER_OPTIONS
 from client.security import SecurityConfig, make_channel
 from client.types import TopicPartition
@@ -367,8 +368,10 @@ class GroupCoordinator:
         self._offset_bytes = 0
         self._offset_bytes_by_owner: dict[str, int] = {}  # the same, over the groups each client address made
         self._offsets_counted_at = float("-inf")
-        self._offsets_refused = 0
-        self._offsets_refusal_logged_at = float("-inf")
+        # Refusals a client's requests earn: a line every 10 s at most, each (broker/log_limits.py).
+        self._offset_refusals = ThrottledWarning(log)
+        self._member_refusals = ThrottledWarning(log)
+        self._describe_refusals = ThrottledWarning(log)
         # Topics the metadata deleted (name, when this broker saw it), waiting for the maintenance thread to
         # drop the groups' offsets of them (on_topics_deleted).
         self._deleted_lock = threading.Lock()
@@ -710,9 +713,10 @@ class GroupCoordinator:
             self._held_counted_at = now
         limit = self.config.group_coordinator_metadata_max_bytes
         if self._held_bytes + incoming > limit:
-            log.warning("group coordinator %d refused a %s of %d bytes: members hold %d bytes of metadata, "
-                        "assignments and parsed subscriptions (group.coordinator.metadata.max.bytes=%d)",
-                        self.node_id, what, incoming, self._held_bytes, limit)
+            self._member_refusals.warn(
+                "group coordinator %d refused a %s of %d bytes: members hold %d bytes of metadata, assignments "
+                "and parsed subscriptions (group.coordinator.metadata.max.bytes=%d)",
+                self.node_id, what, incoming, self._held_bytes, limit)
             raise CoordinatorError(f"the coordinator holds {self._held_bytes} bytes of group metadata "
                                    f"(group.coordinator.metadata.max.bytes={limit}); retry later",
                                    code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
@@ -958,15 +962,12 @@ class GroupCoordinator:
             self._count_offset_bytes_locked()
             self._offsets_counted_at = now
         if over():
-            self._offsets_refused += 1
             mine = self._offset_bytes_by_owner.get(owner, 0)
-            if now - self._offsets_refusal_logged_at >= 10.0:
-                log.warning("group coordinator %d refused %d offset commit(s) (the last to group %r, %d bytes, from "
-                            "%s): committed offsets and groups hold %d bytes (group.coordinator.offsets.max.bytes=%d), "
-                            "%d of them in groups that address made (group.coordinator.offsets.max.bytes.per.ip=%d)",
-                            self.node_id, self._offsets_refused, group_id[:100], incoming, owner or "a loaded group",
-                            self._offset_bytes, limit, mine, share)
-                self._offsets_refusal_logged_at, self._offsets_refused = now, 0
+            self._offset_refusals.warn(
+                "group coordinator %d refused an offset commit to group %r (%d bytes, the group made from %s): "
+                "committed offsets and groups hold %d bytes (group.coordinator.offsets.max.bytes=%d), %d of them in "
+                "groups that address made (group.coordinator.offsets.max.bytes.per.ip=%d)",
+                self.node_id, group_id[:100], incoming, owner or "no address", self._offset_bytes, limit, mine, share)
             if self._offset_bytes + incoming > limit:
                 raise CoordinatorError(f"the coordinator holds {self._offset_bytes} bytes of committed offsets and "
                                        f"groups (group.coordinator.offsets.max.bytes={limit}); retry later",
@@ -1131,9 +1132,10 @@ class GroupCoordinator:
         if size > max_bytes:
             return self._description_too_large(group_id, "repeated", size, max_bytes)
         if size and reserve is not None and not reserve(size):
-            log.warning("group coordinator %d: describing group %s (%d bytes) would take the descriptions being "
-                        "built past %d bytes; answered COORDINATOR_LOAD_IN_PROGRESS", self.node_id, group_id,
-                        size, DESCRIBE_INFLIGHT_MAX_BYTES)
+            self._describe_refusals.warn(
+                "group coordinator %d: describing group %s (%d bytes) would take the descriptions being built past "
+                "%d bytes; answered COORDINATOR_LOAD_IN_PROGRESS", self.node_id, group_id[:100], size,
+                DESCRIBE_INFLIGHT_MAX_BYTES)
             return group_pb2.DescribedGroup(
                 group_id=group_id, coordinator_id=self.node_id, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                 error_message=f"other descriptions of groups are being built ({DESCRIBE_INFLIGHT_MAX_BYTES} bytes "

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +47,7 @@ from broker.admission import (
     stop_serving,
 )
 from broker.kafka_wire.context import Aborted, KafkaCallContext
+from broker.log_limits import ThrottledWarning
 from broker.receiving import DEFAULT_RECEIVE_TIMEOUT_MS, DEFAULT_REQUEST_MAX_BYTES
 from broker.tls import HANDSHAKE_TIMEOUT_MS
 from proto import broker_pb2
@@ -94,17 +94,10 @@ class ReplicationListener:
         self._slots = ConnectionSlots(self.max_connections, MAX_CONNECTIONS_PER_ADDRESS, self.stats)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.AbstractServer | None = None
-        self._warned_at = float("-inf")
-        self._unwarned = 0  # refused or broken connections not logged since the last warning
+        self._warnings = ThrottledWarning(log, WARN_EVERY_S)  # refused or broken connections
 
     def _warn(self, what: str) -> None:
-        now = time.monotonic()
-        if now - self._warned_at < WARN_EVERY_S:
-            self._unwarned += 1
-            return
-        more = f" ({self._unwarned} more since the last such line)" if self._unwarned else ""
-        self._warned_at, self._unwarned = now, 0
-        log.warning("broker %d: replication listener: %s%s", self.node_id, what, more)
+        self._warnings.warn("broker %d: replication listener: %s", self.node_id, what)
 
     async def start(self) -> None:
         # TLS is started per connection once it is counted (as on the Kafka listener): a flood of
