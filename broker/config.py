@@ -345,6 +345,11 @@ _BEHAVIOUR = [
            "Bytes of protocol metadata and assignments, and 512 a member (pending ones too), a broker's group "
            "coordinator keeps for the members of all its groups; a JoinGroup or SyncGroup that would pass it "
            "is refused with the retriable COORDINATOR_NOT_AVAILABLE.", check=_at_least(1 << 20), roles=_B),
+    KeyDef("group.coordinator.metadata.max.bytes.per.ip", "long", "67108864",
+           "Of group.coordinator.metadata.max.bytes, what the members at one client address may hold (their "
+           "metadata, assignments and ids, and 512 a member); a JoinGroup or SyncGroup that would pass it is "
+           "refused with the retriable COORDINATOR_NOT_AVAILABLE, so one address cannot fill the coordinator "
+           "for every other's members.", check=_at_least(1 << 20), roles=_B),
     KeyDef("group.coordinator.offsets.max.bytes", "long", "268435456",
            "Bytes a broker's group coordinator keeps for committed offsets (256 a partition's offset, plus its "
            "topic name and metadata) and groups (1,024 each, plus the id) over all its groups; a commit that "

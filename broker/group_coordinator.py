@@ -106,6 +106,7 @@ class CoordinatorConfig:
     group_coordinator_metadata_max_bytes: int = 256 << 20
     group_coordinator_offsets_max_bytes: int = 256 << 20
     group_coordinator_offsets_max_bytes_per_ip: int = 64 << 20
+    group_coordinator_metadata_max_bytes_per_ip: int = 64 << 20
     # Group-partition rows /metrics shows (committed offset and lag each), the largest lags first: group
     # ids are chosen by clients, and one with READ on a prefix of groups made 3 nodes' /metrics 230 MB.
     group_lag_metrics_max_series: int = 1000
@@ -141,6 +142,8 @@ class CoordinatorConfig:
                                                      base.group_coordinator_metadata_max_bytes),
             group_coordinator_offsets_max_bytes=get("group.coordinator.offsets.max.bytes",
                                                     base.group_coordinator_offsets_max_bytes),
+            group_coordinator_metadata_max_bytes_per_ip=get("group.coordinator.metadata.max.bytes.per.ip",
+                                                            base.group_coordinator_metadata_max_bytes_per_ip),
             group_coordinator_offsets_max_bytes_per_ip=get("group.coordinator.offsets.max.bytes.per.ip",
                                                            base.group_coordinator_offsets_max_bytes_per_ip),
             group_lag_metrics_max_series=get("group.lag.metrics.max.series", base.group_lag_metrics_max_series),
@@ -362,6 +365,7 @@ class GroupCoordinator:
         # Members' metadata and assignments held (see _admit_bytes_locked): counted afresh at most
         # once a second, what came in since added on top.
         self._held_bytes = 0
+        self._held_by_host: dict[str, int] = {}  # the same by the members' client addresses
         self._held_counted_at = float("-inf")
         # What committed offsets and groups hold (group_coordinator_offsets_max_bytes): an upper bound, what was
         # admitted added to the last count, counted again only when it would refuse (_admit_offsets_locked).
@@ -682,7 +686,8 @@ class GroupCoordinator:
         subscriptions = (records.parse_subscriptions(req.protocol_type, protocols)
                          if req.member_id or req.group_instance_id else NO_SUBSCRIPTIONS)
         with self._lock:
-            self._admit_bytes_locked(MEMBER_OVERHEAD_BYTES + metadata + ids + subscriptions.held_bytes, "JoinGroup")
+            joining = MEMBER_OVERHEAD_BYTES + metadata + ids + subscriptions.held_bytes
+            self._admit_bytes_locked(joining, "JoinGroup", {req.client_host: joining})
             g = self._group_locked(req.group_id, create=True, owner=req.client_host)
             assert g is not None
             g.join(member_id=req.member_id, client_id=req.client_id, client_host=req.client_host,
@@ -696,20 +701,28 @@ class GroupCoordinator:
             raise CoordinatorError(f"{what} of {n} bytes is over group.member.metadata.max.bytes "
                                    f"({self.config.group_member_metadata_max_bytes})", code=ErrorCode.INVALID_REQUEST)
 
-    def _admit_bytes_locked(self, incoming: int, what: str) -> None:
+    def _admit_bytes_locked(self, incoming: int, what: str, by_host: dict[str, int] | None = None) -> None:
         """Refuse (retriable COORDINATOR_NOT_AVAILABLE) what would take the members' metadata and
         assignments (and the topics parsed from consumers' metadata, Member.subscriptions) this
-        coordinator holds past group.coordinator.metadata.max.bytes: they stay in
-        memory for as long as their members' sessions (up to group.max.session.timeout.ms), so
-        without a bound a client joining many groups with large metadata grows the broker without
-        end. Counted afresh at most once a second (members leave and expire in many places), what
-        was admitted since on top; each group keeps its members' sum, so a count is one step a group
-        (a walk over every member took 0.4 s a count with the 500,000 members the bound allows)."""
+        coordinator holds past group.coordinator.metadata.max.bytes, or what the members at one client
+        address hold past group.coordinator.metadata.max.bytes.per.ip (``by_host``: the incoming bytes by
+        the address of the members they are for). They stay in memory for as long as their members'
+        sessions (up to group.max.session.timeout.ms), so without a bound a client joining many groups
+        with large metadata grows the broker without end; and with the first bound alone, one address's
+        members filled it (295 members of 900 KB) and other addresses' joins were refused for as long as
+        those sessions lasted. Counted afresh at most once a second (members leave and expire in many
+        places), what was admitted since on top; each group keeps its members' sums, in all and by
+        address, so a count is one step a group and address (a walk over every member took 0.4 s a count
+        with the 500,000 members the bound allows)."""
         now = time.monotonic()
         if now - self._held_counted_at >= 1.0:
-            self._held_bytes = sum(
-                g.members.held_bytes + MEMBER_OVERHEAD_BYTES * len(g.members) + PENDING_MEMBER_BYTES * len(g.pending_members)
-                for g in list(self._groups.values()))
+            total, hosts = 0, {}
+            for g in list(self._groups.values()):
+                total += (g.members.held_bytes + MEMBER_OVERHEAD_BYTES * len(g.members)
+                          + PENDING_MEMBER_BYTES * len(g.pending_members))
+                for host, (held, members) in g.members.held_by_host.items():
+                    hosts[host] = hosts.get(host, 0) + held + MEMBER_OVERHEAD_BYTES * members
+            self._held_bytes, self._held_by_host = total, hosts
             self._held_counted_at = now
         limit = self.config.group_coordinator_metadata_max_bytes
         if self._held_bytes + incoming > limit:
@@ -720,7 +733,19 @@ class GroupCoordinator:
             raise CoordinatorError(f"the coordinator holds {self._held_bytes} bytes of group metadata "
                                    f"(group.coordinator.metadata.max.bytes={limit}); retry later",
                                    code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        share = self.config.group_coordinator_metadata_max_bytes_per_ip
+        for host, n in (by_host or {}).items():
+            if host and (held := self._held_by_host.get(host, 0)) + n > share:
+                self._member_refusals.warn(
+                    "group coordinator %d refused a %s of %d bytes for members at %s: they hold %d bytes "
+                    "(group.coordinator.metadata.max.bytes.per.ip=%d)", self.node_id, what, n, host, held, share)
+                raise CoordinatorError(f"members at {host} hold {held} bytes of group metadata on this coordinator "
+                                       f"(group.coordinator.metadata.max.bytes.per.ip={share}); retry later",
+                                       code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
         self._held_bytes += incoming
+        for host, n in (by_host or {}).items():
+            if host:
+                self._held_by_host[host] = self._held_by_host.get(host, 0) + n
 
     def sync_group(self, req: group_pb2.SyncGroupRequest, wait_s: float) -> SyncResult:
         waiter = _Waiter()
@@ -746,7 +771,11 @@ class GroupCoordinator:
             g = self._group_locked(req.group_id, create=False)
             if g is None:
                 return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID, error_message="no such group")
-            self._admit_bytes_locked(incoming, "SyncGroup")
+            hosts: dict[str, int] = {}
+            for member_id, assignment in assignments.items():
+                if (m := g.members.get(member_id)) is not None:
+                    hosts[m.client_host] = hosts.get(m.client_host, 0) + len(assignment)
+            self._admit_bytes_locked(incoming, "SyncGroup", hosts)
             g.sync(member_id=req.member_id, generation_id=req.generation_id, assignments=assignments,
                    callback=callback, now_ms=self.clock_ms(), group_instance_id=req.group_instance_id)
             self._after_change_locked(g)

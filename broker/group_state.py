@@ -131,7 +131,8 @@ class Member:
         if name == "assignment":  # the table holding this member keeps the sum of what its members hold
             table = self.__dict__.get("_table")
             if table is not None:
-                table.held_bytes += len(value) - len(self.__dict__.get("assignment", b""))  # type: ignore[arg-type]
+                table.count_held(self.client_host,
+                                 len(value) - len(self.__dict__.get("assignment", b"")))  # type: ignore[arg-type]
         object.__setattr__(self, name, value)
 
     @property
@@ -163,6 +164,10 @@ class Member:
                  subscriptions: Subscriptions = NO_SUBSCRIPTIONS) -> None:
         """What a JoinGroup of this member says about it now (a rejoin, or a static member's new process)."""
         id_bytes = self._ids_length(client_id, client_host)
+        if self._table is not None and client_host != self.client_host:  # what it holds moves to its new address
+            held = self.held_bytes()
+            self._table.count_held(self.client_host, -held, members=-1)
+            self._table.count_held(client_host, held, members=1)
         self.client_id, self.client_host = client_id, client_host
         self.session_timeout_ms, self.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
         self.protocols = list(protocols)
@@ -171,7 +176,7 @@ class Member:
         if self._table is not None:
             self._table.count_protocols(self.protocol_names, -1)
             self._table.count_protocols(names, 1)
-            self._table.held_bytes += protocol_bytes - self.protocol_bytes + id_bytes - self.id_bytes
+            self._table.count_held(client_host, protocol_bytes - self.protocol_bytes + id_bytes - self.id_bytes)
         self.protocol_names, self.protocol_bytes, self.id_bytes = names, protocol_bytes, id_bytes
         self.set_subscriptions(subscriptions)
         self.last_heartbeat_ms = now_ms
@@ -179,7 +184,7 @@ class Member:
     def set_subscriptions(self, subscriptions: Subscriptions) -> None:
         """What this member's protocols' metadata subscribe to, parsed (counted in what it holds)."""
         if self._table is not None:
-            self._table.held_bytes += subscriptions.held_bytes - self.subscriptions.held_bytes
+            self._table.count_held(self.client_host, subscriptions.held_bytes - self.subscriptions.held_bytes)
         self.subscriptions = subscriptions
 
     def subscribed_topics(self, protocol: str) -> frozenset[str]:
@@ -200,12 +205,14 @@ class MemberTable(dict[str, Member]):
     looked at every member (is everyone in? which protocols do all offer?): a join storm of a
     10,000-member group held the coordinator's lock, every group's, for 16 s. Kafka keeps the
     same two counts (numMembersAwaitingJoinResponse, supportedProtocols). Also the bytes the
-    members hold (Member.held_bytes), which the coordinator's memory bound adds up over groups."""
+    members hold (Member.held_bytes), which the coordinator's memory bound adds up over groups, and the
+    same by the members' client addresses, with how many members each has (its share of that bound)."""
 
     def __init__(self, members: dict[str, Member] | None = None) -> None:
         super().__init__()
         self.joining = 0
         self.held_bytes = 0
+        self.held_by_host: dict[str, tuple[int, int]] = {}  # client address -> (bytes its members hold, members)
         self.protocol_counts: dict[str, int] = {}
         for member_id, member in (members or {}).items():
             self[member_id] = member
@@ -219,18 +226,28 @@ class MemberTable(dict[str, Member]):
             else:
                 del counts[name]
 
+    def count_held(self, host: str, delta: int, members: int = 0) -> None:
+        """The members at ``host`` now hold ``delta`` bytes more (and are ``members`` more)."""
+        self.held_bytes += delta
+        held, count = self.held_by_host.get(host, (0, 0))
+        held, count = held + delta, count + members
+        if count:
+            self.held_by_host[host] = (held, count)
+        else:
+            self.held_by_host.pop(host, None)
+
     def _attach(self, member: Member) -> None:
         if member._table is not None:
             raise ValueError(f"member {member.member_id} is in a group already")
         member._table = self
         self.joining += member._join_callback is not None
-        self.held_bytes += member.held_bytes()
+        self.count_held(member.client_host, member.held_bytes(), members=1)
         self.count_protocols(member.protocol_names, 1)
 
     def _detach(self, member: Member) -> None:
         member._table = None
         self.joining -= member._join_callback is not None
-        self.held_bytes -= member.held_bytes()
+        self.count_held(member.client_host, -member.held_bytes(), members=-1)
         self.count_protocols(member.protocol_names, -1)
 
     def __setitem__(self, member_id: str, member: Member) -> None:

@@ -215,6 +215,48 @@ def test_parsed_topics_count_in_what_the_coordinator_holds() -> None:
     assert records.parse_subscriptions("consumer", [("range", b"\xff\xff")]).topics == {}  # undecodable
 
 
+def test_one_address_cannot_fill_the_members_budget_for_every_other_addresss_members() -> None:
+    """group.coordinator.metadata.max.bytes.per.ip: a probe's members from one address (900 KB of metadata each,
+    30-minute sessions, no heartbeats) filled group.coordinator.metadata.max.bytes, and another address's
+    JoinGroup was refused for as long as those sessions lasted. One address's members now hold at most its
+    share, and another address's member joins."""
+    c, _ = _coordinator(group_coordinator_metadata_max_bytes=4 << 20, group_coordinator_metadata_max_bytes_per_ip=1 << 20)
+    metadata = b"x" * 200_000
+
+    def join(group: str, instance: str, host: str) -> list[JoinResult]:
+        results: list[JoinResult] = []
+        c.start_join(group_pb2.JoinGroupRequest(
+            group_id=group, client_id="c", client_host=host, session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+            group_instance_id=instance, protocol_type="connect",
+            protocols=[group_pb2.GroupProtocol(name="range", metadata=metadata)]), results.append)
+        return results
+    try:
+        joined = 0
+        with pytest.raises(CoordinatorError) as refused:
+            for i in range(20):
+                join(f"flood-{i}", "i0", "10.0.0.2")
+                joined += 1
+        assert refused.value.code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+        assert "metadata.max.bytes.per.ip" in str(refused.value) and "10.0.0.2" in str(refused.value)
+        assert joined == 5, joined  # 5 x 200 KB fit in 1 MiB, a sixth does not
+        assert join("victim", "v0", "10.0.0.1") == []  # joined: it waits in its join round
+        # Each group keeps its members' bytes by address, and they add up to what it holds.
+        for g in c._groups.values():
+            assert sum(held for held, _ in g.members.held_by_host.values()) == g.members.held_bytes
+        assert set(c._groups["victim"].members.held_by_host) == {"10.0.0.1"}
+        # A member that rejoins from another address moves what it holds there; one that leaves takes it away.
+        join("flood-0", "i0", "10.0.0.9")
+        table = c._groups["flood-0"].members
+        assert set(table.held_by_host) == {"10.0.0.9"} and table.held_by_host["10.0.0.9"][1] == 1
+        with c._lock:
+            c._groups["flood-0"].leave("", c.clock_ms(), "i0")
+        assert table.held_by_host == {} and table.held_bytes == 0
+        c._held_counted_at = float("-inf")  # counted afresh, as the coordinator does once a second
+        join("flood-5", "i0", "10.0.0.2")  # room again at that address
+    finally:
+        c._loader.shutdown()
+
+
 def test_a_loaded_groups_members_are_parsed_once_when_loaded(tmp_path: Path) -> None:
     from storage.log_manager import LogManager
     from storage.record_batch import RecordBatchBuilder
