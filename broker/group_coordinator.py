@@ -334,16 +334,28 @@ DESCRIBE_ANSWER_MAX_BYTES = 32 << 20
 DESCRIBE_INFLIGHT_MAX_BYTES = 2 * DESCRIBE_ANSWER_MAX_BYTES
 
 
+def steady_wall_clock() -> Callable[[], int]:
+    """A clock in milliseconds since the epoch that never steps: the wall clock as read now, moved on by the
+    monotonic clock since. The group machine measures its deadlines (members' sessions, rebalances, pending
+    members) and its timestamps (commits, empty-since for offsets retention) with it. On the wall clock, a
+    step forward (NTP after a VM resume, an operator) expired every member's session at once, and every
+    group rebalanced; a step back kept a dead member's partitions assigned, unread, for as long as the step
+    (Kafka's coordinator times sessions on a monotonic clock too). Timestamps written stay within the steps
+    the wall clock took since the broker started of the wall clock's: nothing for offsets retention's days."""
+    wall_s, steady_s = time.time(), time.monotonic()
+    return lambda: int((wall_s + time.monotonic() - steady_s) * 1000)
+
+
 class GroupCoordinator:
     """Owns the groups of the ``__consumer_offsets`` partitions this broker leads."""
 
     def __init__(self, *, node_id: int, replica_manager: Any, metadata_cache: Any, config: CoordinatorConfig,
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+                 clock_ms: Callable[[], int] | None = None) -> None:
         self.node_id = node_id
         self.replica_manager = replica_manager
         self.metadata_cache = metadata_cache
         self.config = config
-        self.clock_ms = clock_ms
+        self.clock_ms = clock_ms or steady_wall_clock()
         self.security = SecurityConfig()  # how to reach other brokers; install() sets the node's own
         self._lock = threading.RLock()
         self._describe_lock = threading.Lock()

@@ -279,3 +279,33 @@ def test_the_heap_stays_within_three_times_the_scheduled_groups(coord: tuple[Gro
     now[0] += LONG_SESSION_MS
     c.tick()
     assert all(not g.pending_members for g in c._groups.values())
+
+
+@pytest.mark.parametrize("step_s", [3600, -3600])
+def test_a_wall_clock_step_moves_no_members_session(step_s: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator's own clock (steady_wall_clock): a wall clock stepped an hour forward (NTP after a VM
+    resume) expired every member's session at the next tick and every group rebalanced; stepped an hour back, a
+    member that died stayed in its group, its partitions assigned and unread, for the hour."""
+    import time as time_module
+
+    from broker.group_coordinator import steady_wall_clock
+
+    c = GroupCoordinator(node_id=1, replica_manager=FakeReplicaManager(), metadata_cache=None,
+                         config=CoordinatorConfig(group_initial_rebalance_delay_ms=0))
+    try:
+        for p in range(c.config.offsets_topic_num_partitions):
+            c._partitions[p] = _PartitionLoad(leader_epoch=0, loaded=True)
+        stable_group(c, [0], "g", SHORT_SESSION_MS)
+        wall = time_module.time
+        monkeypatch.setattr(time_module, "time", lambda: wall() + step_s)
+        c.tick()
+        g = c._groups["g"]
+        assert g.state == GroupState.STABLE and len(g.members) == 1, (g.state, list(g.members))
+        # The session still ends when it should: a member silent for its session timeout is gone.
+        steady = time_module.monotonic
+        monkeypatch.setattr(time_module, "monotonic", lambda: steady() + SHORT_SESSION_MS / 1000 + 1)
+        c.tick()
+        assert not g.members and g.state == GroupState.EMPTY, (g.state, list(g.members))
+        assert abs(steady_wall_clock()() - (wall() + step_s) * 1000) < 5_000  # a new clock reads the wall clock
+    finally:
+        c._loader.shutdown()

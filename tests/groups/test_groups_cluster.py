@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
+import wall_clock
 from waiting import wait_for
 
 from client.admin import Admin
@@ -48,7 +49,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path_factory.mktemp("groups-cluster"), nodes=3,
+    base = tmp_path_factory.mktemp("groups-cluster")
+    # Each node's wall clock can be stepped (tests/wall_clock.py): a file of its own in the cluster's folder.
+    c = LocalCluster(base, nodes=3, launch_prefixes={n: wall_clock.launch_prefix(base / f"clock-{n}") for n in (1, 2, 3)},
                      overrides={"group.min.session.timeout.ms": "1000", "offsets.topic.num.partitions": "4",
                                 "offsets.retention.minutes": str(RETENTION_MINUTES),
                                 "offsets.retention.check.interval.ms": "1000",
@@ -727,6 +730,51 @@ def _polls_keep_to_their_timeout(consumer: Consumer, for_s: float, what: str) ->
         assert got == {}, got
         assert took < 3.0, f"poll #{polls} of 300 ms took {took:.1f} s {what}"
     return polls
+
+
+def test_a_step_of_the_coordinators_wall_clock_moves_no_member(cluster: LocalCluster, client: ClusterClient) -> None:
+    """The coordinator's wall clock jumps 10 minutes ahead (NTP after a VM resume, an operator's date -s), then
+    back. Sessions are timed on the coordinator's steady clock: the member stays, with its member id and its
+    generation, and consumes on. Before, the coordinator expired every member's session at its next tick on a
+    step forward (each group rebalanced at once), and a step back kept dead members for as long as the step."""
+    topic, group = "wall-clock-step", "g-wall-clock-step"
+    create_topic(cluster, topic, 2)
+    coord = GroupCoordinatorClient(client, group)
+    coord.find_coordinator(10)
+    clock = cluster.base_dir / f"clock-{coord.node_id}"
+    here = group_stub(cluster, coord.node_id, client)
+
+    def members() -> tuple[str, list[str]]:
+        desc = here.DescribeGroups(group_pb2.DescribeGroupsRequest(group_ids=[group]), timeout=10).groups[0]
+        return desc.state, sorted(m.member_id for m in desc.members)
+
+    consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=group, auto_offset_reset="earliest",
+                        session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500)
+    seen: list[str] = []
+
+    def drain() -> None:
+        for records in consumer.poll(timeout_ms=200).values():
+            seen.extend(r.value.decode() for r in records)
+    try:
+        consumer.subscribe([topic])
+        wait_for(lambda: consumer.poll(timeout_ms=200) is not None and len(consumer.assignment()) == 2, 30,
+                 "the member to be assigned both partitions")
+        before = members()
+        assert before[0] == "Stable" and len(before[1]) == 1, before
+        for offset in (600, 0):
+            wall_clock.step(clock, offset)
+            values = [f"{offset}-{i}" for i in range(10)]
+            produce(cluster, topic, values, 2)
+            deadline = time.monotonic() + 2 * SESSION_MS / 1000  # two session timeouts of timer ticks
+            while time.monotonic() < deadline:
+                drain()
+                now = members()
+                assert now == before, f"the group changed after a {offset} s step of its coordinator's clock: {before} -> {now}"
+            wait_for(lambda: drain() or set(values) <= set(seen), 30,  # noqa: B023
+                     lambda: f"the records produced after the step (saw {sorted(seen)})")
+    finally:
+        wall_clock.step(clock, 0)
+        consumer.close(autocommit=False, timeout_ms=5000)
 
 
 def test_a_members_poll_keeps_to_its_timeout_while_every_node_is_paused(cluster: LocalCluster) -> None:
