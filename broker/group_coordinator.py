@@ -383,6 +383,7 @@ class GroupCoordinator:
         # admitted added to the last count, counted again only when it would refuse (_admit_offsets_locked).
         self._offset_bytes = 0
         self._offset_bytes_by_owner: dict[str, int] = {}  # the same, over the groups each client address made
+        self._offsets_in_flight: dict[str, int] = {}  # admitted, not applied yet: by owner, "" for all
         self._offsets_counted_at = float("-inf")
         # Refusals a client's requests earn: a line every 10 s at most, each (broker/log_limits.py).
         self._offset_refusals = ThrottledWarning(log)
@@ -964,13 +965,17 @@ class GroupCoordinator:
             kvs.append((records.offset_key(req.group_id, tp), records.encode_offset_value(entry)))
         if kvs:
             with self._lock:
-                self._admit_offsets_locked(req.group_id, entries, client)
-            self._write_offsets(req.group_id, p, epoch, entries, kvs, owner=client)
+                owner, incoming = self._admit_offsets_locked(req.group_id, entries, client)
+            try:
+                self._write_offsets(req.group_id, p, epoch, entries, kvs, owner=client)
+            finally:
+                with self._lock:
+                    self._offsets_in_flight_locked(owner, -incoming)
         results += [(tp.topic, tp.partition, ErrorCode.NONE, "") for tp, _ in entries]
         return results
 
     def _admit_offsets_locked(self, group_id: str, entries: list[tuple[TopicPartition, OffsetEntry]],
-                              client: str = "") -> None:
+                              client: str = "") -> tuple[str, int]:
         """Refuse (retriable COORDINATOR_NOT_AVAILABLE) a commit that would take what committed offsets and
         groups hold in this coordinator's memory past group.coordinator.offsets.max.bytes, or what the groups
         one client address made hold past group.coordinator.offsets.max.bytes.per.ip. Kafka has no such
@@ -983,15 +988,18 @@ class GroupCoordinator:
         address. A commit that adds nothing (the same partitions again, metadata no longer) is always taken,
         so the groups already here go on committing. The figures are upper bounds, what was admitted since
         the last count added to them; they are counted again (one step a group: each group keeps its offsets'
-        sum) only when they would refuse, at most once a second."""
+        sum) only when they would refuse, at most once a second. Returns the address the commit counts against
+        and the bytes it adds, in flight until the caller has applied them (``_offsets_in_flight_locked``):
+        a count made meanwhile adds them, as the groups do not hold them yet (without, concurrent commits
+        passed the share by 4%)."""
         g = self._groups.get(group_id)
         incoming = 0 if g is not None else GROUP_OVERHEAD_BYTES + len(group_id)
         for tp, entry in entries:
             old = g.offsets.get(tp) if g is not None else None
             incoming += max(0, offset_bytes(tp, entry) - (offset_bytes(tp, old) if old is not None else 0))
-        if incoming == 0:
-            return
         owner = g.owner if g is not None else client
+        if incoming == 0:
+            return owner, 0
         limit = self.config.group_coordinator_offsets_max_bytes
         share = self.config.group_coordinator_offsets_max_bytes_per_ip if owner else limit
         now = time.monotonic()
@@ -1019,10 +1027,24 @@ class GroupCoordinator:
         self._offset_bytes += incoming
         if owner:
             self._offset_bytes_by_owner[owner] = self._offset_bytes_by_owner.get(owner, 0) + incoming
+        self._offsets_in_flight_locked(owner, incoming)
+        return owner, incoming
+
+    def _offsets_in_flight_locked(self, owner: str, delta: int) -> None:
+        if not delta:
+            return
+        self._offsets_in_flight[""] = self._offsets_in_flight.get("", 0) + delta  # "": every address's
+        if owner:
+            left = self._offsets_in_flight.get(owner, 0) + delta
+            if left:
+                self._offsets_in_flight[owner] = left
+            else:
+                del self._offsets_in_flight[owner]
 
     def _count_offset_bytes_locked(self) -> None:
-        """Count what committed offsets and groups hold afresh: in all, and by the address that made each group."""
-        total, by_owner = 0, {}
+        """Count what committed offsets and groups hold afresh, and what commits being written will add: in all, and
+        by the address that made each group."""
+        total, by_owner = self._offsets_in_flight.get("", 0), {o: n for o, n in self._offsets_in_flight.items() if o}
         for gid, grp in self._groups.items():
             held = grp.offsets.held_bytes + GROUP_OVERHEAD_BYTES + len(gid)
             total += held
