@@ -735,6 +735,8 @@ class GroupCoordinator:
                           + PENDING_MEMBER_BYTES * len(g.pending_members))
                 for host, (held, members) in g.members.held_by_host.items():
                     hosts[host] = hosts.get(host, 0) + held + MEMBER_OVERHEAD_BYTES * members
+                for host, pending in g.pending_members.by_host.items():
+                    hosts[host] = hosts.get(host, 0) + PENDING_MEMBER_BYTES * pending
             self._held_bytes, self._held_by_host = total, hosts
             self._held_counted_at = now
         limit = self.config.group_coordinator_metadata_max_bytes

@@ -293,6 +293,56 @@ class MemberTable(dict[str, Member]):
         return {name for name in some if counts.get(name, 0) == n}
 
 
+class PendingMembers(dict[str, int]):
+    """Member ids handed out with MEMBER_ID_REQUIRED (KIP-394) -> their deadline (ms), with the client address
+    each was handed to, counted by address: what pending members hold counts against that address's share of
+    group.coordinator.metadata.max.bytes (per.ip), as its members do. An id set without ``add`` has no
+    address ("")."""
+
+    def __init__(self, pending: dict[str, int] | None = None) -> None:
+        super().__init__()
+        self.hosts: dict[str, str] = {}
+        self.by_host: dict[str, int] = {}
+        for member_id, deadline_ms in (pending or {}).items():
+            self.add(member_id, deadline_ms, "")
+
+    def add(self, member_id: str, deadline_ms: int, host: str) -> None:
+        if member_id in self:
+            del self[member_id]
+        super().__setitem__(member_id, deadline_ms)
+        self.hosts[member_id] = host
+        self.by_host[host] = self.by_host.get(host, 0) + 1
+
+    def __setitem__(self, member_id: str, deadline_ms: int) -> None:
+        self.add(member_id, deadline_ms, "")
+
+    def __delitem__(self, member_id: str) -> None:
+        super().__delitem__(member_id)
+        host = self.hosts.pop(member_id, "")
+        if (left := self.by_host.get(host, 0) - 1) > 0:
+            self.by_host[host] = left
+        else:
+            self.by_host.pop(host, None)
+
+    def pop(self, member_id: str, *default: int | None) -> int | None:  # type: ignore[override]
+        if member_id not in self:
+            if default:
+                return default[0]
+            raise KeyError(member_id)
+        deadline_ms = self[member_id]
+        del self[member_id]
+        return deadline_ms
+
+    def clear(self) -> None:
+        for member_id in list(self):
+            del self[member_id]
+
+    def update(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
+        raise TypeError("PendingMembers: add ids one by one")
+
+    setdefault = popitem = update  # type: ignore[assignment]
+
+
 @dataclass
 class OffsetEntry:
     offset: int
@@ -367,7 +417,7 @@ class Group:
     members: MemberTable = field(default_factory=MemberTable)
     static_members: dict[str, str] = field(default_factory=dict)  # group instance id -> its member id
     # Member ids handed out with MEMBER_ID_REQUIRED, valid until the deadline (ms).
-    pending_members: dict[str, int] = field(default_factory=dict)
+    pending_members: PendingMembers = field(default_factory=PendingMembers)
     offsets: OffsetMap = field(default_factory=OffsetMap)
     join_deadline_ms: int = 0
     join_deadline_max_ms: int = 0  # cap on initial-delay extensions
@@ -403,6 +453,8 @@ class Group:
     def __setattr__(self, name: str, value: object) -> None:
         if name == "members" and not isinstance(value, MemberTable):
             value = MemberTable(value)  # type: ignore[arg-type]  # a loaded group's members, a test's
+        if name == "pending_members" and not isinstance(value, PendingMembers):
+            value = PendingMembers(value)  # type: ignore[arg-type]
         if name in ("members", "pending_members", "state"):
             self.__dict__["_deadline_floor_ms"] = None
             listener = self.__dict__.get("deadline_listener")
@@ -488,7 +540,7 @@ class Group:
             # KIP-394: hand out an id and make the member come back with it, so a client
             # that loses this response does not leave a ghost member behind.
             new_id = self.new_member_id(client_id)
-            self.pending_members[new_id] = now_ms + session_timeout_ms
+            self.pending_members.add(new_id, now_ms + session_timeout_ms, client_host)
             callback(JoinResult(ErrorCode.MEMBER_ID_REQUIRED, new_id))
             return
         member = self.members.get(member_id)

@@ -257,6 +257,43 @@ def test_one_address_cannot_fill_the_members_budget_for_every_other_addresss_mem
         c._loader.shutdown()
 
 
+def test_pending_member_ids_count_against_the_address_they_were_handed_to() -> None:
+    """A JoinGroup without a member id only gets one (MEMBER_ID_REQUIRED) and a pending place until its session
+    timeout (up to 30 minutes). Those places count against the address that asked for them, also once counted
+    afresh (they used to drop out of the address's count at the next recount, a second later)."""
+    from broker.group_coordinator import PENDING_MEMBER_BYTES
+
+    c, now = _coordinator(group_coordinator_metadata_max_bytes=64 << 20,
+                          group_coordinator_metadata_max_bytes_per_ip=1 << 20)
+
+    def ask(host: str) -> list[JoinResult]:
+        results: list[JoinResult] = []
+        c.start_join(group_pb2.JoinGroupRequest(
+            group_id="pending", client_id="c", client_host=host, session_timeout_ms=10_000,
+            rebalance_timeout_ms=10_000, protocol_type="consumer",
+            protocols=[group_pb2.GroupProtocol(name="range", metadata=b"m")]), results.append)
+        return results
+    try:
+        handed = 0
+        with pytest.raises(CoordinatorError, match="per.ip"):
+            for _ in range(10_000):
+                [answer] = ask("10.0.0.2")
+                assert answer.error_code == ErrorCode.MEMBER_ID_REQUIRED
+                handed += 1
+                if handed % 100 == 0:
+                    c._held_counted_at = float("-inf")  # as if a second had passed: counted afresh
+        assert handed <= (1 << 20) // PENDING_MEMBER_BYTES + 100, handed
+        g = c._groups["pending"]
+        assert g.pending_members.by_host == {"10.0.0.2": handed} and len(g.pending_members) == handed
+        assert ask("10.0.0.1")[0].error_code == ErrorCode.MEMBER_ID_REQUIRED  # another address is served
+        # Ids not used within their session timeout are dropped, and uncounted with them.
+        now[0] += 10_001
+        c.tick()
+        assert not g.pending_members and g.pending_members.by_host == {}
+    finally:
+        c._loader.shutdown()
+
+
 def test_a_loaded_groups_members_are_parsed_once_when_loaded(tmp_path: Path) -> None:
     from storage.log_manager import LogManager
     from storage.record_batch import RecordBatchBuilder
