@@ -23,7 +23,8 @@ from metadata_quorum.security import acl_binding
 from proto import errors, group_pb2
 from proto.errors import ErrorCode
 
-DEMO = types.SimpleNamespace(brook_authentication=Authentication(Principal("User", "demo"), AUTH_CERTIFICATE))
+DEMO = types.SimpleNamespace(brook_authentication=Authentication(Principal("User", "demo"), AUTH_CERTIFICATE),
+                             peer=lambda: "ipv4:10.0.0.1:5000")
 
 
 def servicer(coordinator: Any) -> GroupCoordinatorServicer:
