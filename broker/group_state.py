@@ -34,7 +34,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from client.types import TopicPartition
 from proto.common_pb2 import ErrorCode
@@ -199,7 +199,33 @@ class Member:
         return b""
 
 
-class MemberTable(dict[str, Member]):
+_V = TypeVar("_V")
+
+
+class _TalliedDict(dict[str, _V]):
+    """A dict whose subclass keeps tallies in ``__setitem__`` / ``__delitem__``: every other way to add or remove an
+    entry goes through those two (pop, clear) or is refused (update, setdefault, popitem)."""
+
+    def pop(self, key: str, *default: _V | None) -> _V | None:  # type: ignore[override]
+        if key not in self:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        value = self[key]
+        del self[key]
+        return value
+
+    def clear(self) -> None:
+        for key in list(self):
+            del self[key]
+
+    def update(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
+        raise TypeError(f"{type(self).__name__}: add entries one by one")
+
+    setdefault = popitem = update  # type: ignore[assignment]
+
+
+class MemberTable(_TalliedDict[Member]):
     """A group's members by id, with the tallies each JoinGroup needs kept as members come and go:
     how many wait in a JoinGroup, and how many offer each protocol name. Without them every join
     looked at every member (is everyone in? which protocols do all offer?): a join storm of a
@@ -264,24 +290,6 @@ class MemberTable(dict[str, Member]):
         super().__delitem__(member_id)
         self._detach(member)
 
-    def pop(self, member_id: str, *default: Member | None) -> Member | None:  # type: ignore[override]
-        if member_id not in self:
-            if default:
-                return default[0]
-            raise KeyError(member_id)
-        member = self[member_id]
-        del self[member_id]
-        return member
-
-    def clear(self) -> None:
-        for member_id in list(self):
-            del self[member_id]
-
-    def update(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
-        raise TypeError("MemberTable: add members one by one")
-
-    setdefault = popitem = update  # type: ignore[assignment]
-
     def common_protocols(self, extra: frozenset[str] | None = None) -> set[str]:
         """The protocol names every member (and ``extra``, a joining member's, when given) offers:
         O(one member's names), from the counts."""
@@ -293,7 +301,7 @@ class MemberTable(dict[str, Member]):
         return {name for name in some if counts.get(name, 0) == n}
 
 
-class PendingMembers(dict[str, int]):
+class PendingMembers(_TalliedDict[int]):
     """Member ids handed out with MEMBER_ID_REQUIRED (KIP-394) -> their deadline (ms), with the client address
     each was handed to, counted by address: what pending members hold counts against that address's share of
     group.coordinator.metadata.max.bytes (per.ip), as its members do. An id set without ``add`` has no
@@ -323,24 +331,6 @@ class PendingMembers(dict[str, int]):
             self.by_host[host] = left
         else:
             self.by_host.pop(host, None)
-
-    def pop(self, member_id: str, *default: int | None) -> int | None:  # type: ignore[override]
-        if member_id not in self:
-            if default:
-                return default[0]
-            raise KeyError(member_id)
-        deadline_ms = self[member_id]
-        del self[member_id]
-        return deadline_ms
-
-    def clear(self) -> None:
-        for member_id in list(self):
-            del self[member_id]
-
-    def update(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
-        raise TypeError("PendingMembers: add ids one by one")
-
-    setdefault = popitem = update  # type: ignore[assignment]
 
 
 @dataclass
