@@ -547,10 +547,16 @@ class ReplicaFetcher:
                 interrupted = session is not None and session.interrupted
                 with self._lock:
                     self._in_flight = None
-                if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAUTHENTICATED and \
-                        self._scram is not None:
+                if self._scram is not None and isinstance(e, grpc.RpcError) and (
+                        e.code() == grpc.StatusCode.UNAUTHENTICATED or (
+                            e.code() == grpc.StatusCode.INTERNAL and isinstance(session, _FetchSession)
+                            and not session.answered)):
                     # The leader does not know our SASL session (it restarted, or the session expired):
-                    # the next call authenticates afresh.
+                    # the next call authenticates afresh. A stream the leader refuses that way can end
+                    # INTERNAL here instead: grpc.aio reports a write that fails as the call ends as its
+                    # own INTERNAL, over the status the leader sent (grpc/grpc#36066; seen 1 run in 25
+                    # under load). Before its first answer, that is taken for a refusal too: at worst one
+                    # more SCRAM exchange, where the same token would have been refused again a backoff later.
                     self._scram.invalidate(session.token if session is not None else self._unary_token)
                 self._close_session()
                 if self._stopped:
