@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import pytest
 from inprocess import InProcessBroker
 from waiting import await_for, wait_for
 
-from broker.fair_pool import CLIENT, FairExecutor
+from broker.cpu_shares import CpuShares
+from broker.fair_pool import CLIENT, FairExecutor, blocking
 from proto import broker_pb2
 from storage.record_batch import CODEC_ZSTD, RecordBatchBuilder
 
@@ -161,3 +163,107 @@ def test_a_clients_produce_flood_delays_another_clients_produce_by_one_request_a
         assert before <= 1, f"the other client's produce was appended after {before} of the flood's 30"
         assert all(r.partitions[0].error_code == 0 for r in await asyncio.gather(*flood))
     asyncio.run(scenario())
+
+
+# ---- running_per_client: threads share one GIL, so a client's places, not only its turns, are bounded ----
+def test_with_a_cap_a_client_runs_that_many_tasks_at_most_and_another_clients_task_runs_at_once() -> None:
+    """A ListGroups flood of one address had tasks on 31 of the group pool's 32 threads, each taking its turn
+    at the GIL: another address's commits were 12x slower. With the cap its tasks hold two places at most."""
+    pool = FairExecutor(8, thread_name_prefix="test-fair", running_per_client=2)
+    gate = threading.Event()
+    lock = threading.Lock()
+    running = {"A": 0}
+    most = 0
+
+    def held() -> None:
+        nonlocal most
+        with lock:
+            running["A"] += 1
+            most = max(most, running["A"])
+        gate.wait(DEADLINE_S)
+        with lock:
+            running["A"] -= 1
+
+    try:
+        flood = [submit_as(pool, "A", held) for _ in range(6)]
+        wait_for(lambda: running["A"] == 2 and pool.queued() == 4, DEADLINE_S, "A's two places taken, four waiting")
+        assert submit_as(pool, "B", lambda: "B ran").result(DEADLINE_S) == "B ran"
+        assert running["A"] == 2 and pool.queued() == 4, "A's waiting tasks started while its places were held"
+        gate.set()
+        concurrent.futures.wait(flood, DEADLINE_S)
+        assert all(f.done() and f.exception() is None for f in flood)
+        assert most == 2, f"{most} of A's tasks ran at once"
+    finally:
+        gate.set()
+        pool.shutdown(wait=True)
+
+
+def test_a_task_waiting_in_blocking_gives_its_place_up_and_takes_it_back_before_the_clients_queued_tasks() -> None:
+    """A commit waiting for its acks=all write holds no share of the GIL: its place is another task's meanwhile,
+    and it goes on before the tasks its client queued after it."""
+    pool = FairExecutor(4, thread_name_prefix="test-fair", running_per_client=1)
+    written, second_holds = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def commit() -> None:
+        ran.append("commit appended")
+        with blocking():
+            written.wait(DEADLINE_S)
+        ran.append("commit answered")
+
+    def heartbeat() -> None:
+        ran.append("heartbeat")
+        second_holds.wait(DEADLINE_S)  # holds the place (no blocking()): the commit must wait for it
+
+    try:
+        first = submit_as(pool, "A", commit)
+        wait_for(lambda: ran == ["commit appended"], DEADLINE_S, "the commit waiting for its write")
+        second = submit_as(pool, "A", heartbeat)
+        wait_for(lambda: ran[-1:] == ["heartbeat"], DEADLINE_S, "the heartbeat running in the commit's place")
+        third = submit_as(pool, "A", ran.append, "offset fetch")
+        written.set()
+        wait_for(lambda: pool._resuming.get("A") == 1, DEADLINE_S, "the commit waiting to take its place back")
+        assert ran == ["commit appended", "heartbeat"], "a task ran past the client's one place"
+        second_holds.set()
+        concurrent.futures.wait([first, second, third], DEADLINE_S)
+        assert ran == ["commit appended", "heartbeat", "commit answered", "offset fetch"], ran
+        assert not pool._running and not pool._resuming, "places left taken"
+    finally:
+        written.set()
+        second_holds.set()
+        pool.shutdown(wait=True)
+
+
+def test_blocking_outside_a_capped_pool_changes_nothing() -> None:
+    with blocking():
+        pass
+    pool = FairExecutor(1, thread_name_prefix="test-fair")
+    try:
+        def inside() -> str:
+            with blocking():
+                return "ok"
+        assert pool.submit(inside).result(DEADLINE_S) == "ok"
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_each_tasks_thread_cpu_time_is_charged_to_its_client() -> None:
+    class StillClock:
+        def __call__(self) -> float:
+            return 5000.0
+
+    cpu = CpuShares(50, clock=StillClock())
+    pool = FairExecutor(2, thread_name_prefix="test-fair", cpu=cpu)
+
+    def spin() -> None:
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+
+    try:
+        submit_as(pool, "10.0.0.9", spin).result(DEADLINE_S)
+        submit_as(pool, "10.0.0.9", time.sleep, 0.1).result(DEADLINE_S)  # a wait costs no CPU
+        assert 0.05 <= cpu.used_s("10.0.0.9") < 0.09, cpu.used_s("10.0.0.9")
+        assert cpu.used_s("10.0.0.8") == 0.0
+    finally:
+        pool.shutdown(wait=True)
