@@ -274,6 +274,12 @@ _BEHAVIOUR = [
            "Kafka-protocol connections one client address may have open on each Kafka listener (Kafka's "
            "max.connections.per.ip); more are closed at accept, so one address cannot take all max.connections.",
            check=_at_least(1), roles=_B),
+    KeyDef("request.cpu.max.percent.per.ip", "int", "50",
+           "Share of one core (the broker's interpreter) the requests of one client address may take while the "
+           "broker has requests from other addresses too: the work of the client threads and of the event loop "
+           "for them, summed over the last second. An address over it has its next requests wait before they "
+           "start (as Kafka's request quota throttles a client), one at a time, until it is back under. A lone "
+           "client is never held. 0: no bound.", check=_between(0, 100, "a percentage of one core"), roles=_B),
     KeyDef("max.waiting.fetches.per.ip", "int", "1000",
            "Long-poll fetches one client address may have parked; excess is refused (RESOURCE_EXHAUSTED).",
            check=_at_least(0), roles=_B),

@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 
 from broker import group_records as records
+from broker.fair_pool import blocking
 from broker.group_records import OFFSETS_TOPIC, GroupRecord, OffsetRecord, partition_for_group
 from broker.group_state import (
     GROUP_OVERHEAD_BYTES,
@@ -811,7 +812,8 @@ class GroupCoordinator:
         if pending is None or pending[0] != generation_id:
             return result
         try:
-            pending[1].result(timeout=self.config.offsets_commit_timeout_ms / 1000 + 5)
+            with blocking():  # a wait, not work: its place on the group pool is another task's meanwhile
+                pending[1].result(timeout=self.config.offsets_commit_timeout_ms / 1000 + 5)
         except Exception as exc:  # any failure of the write means: not durable
             first = False  # the first member to see it says it; the others' answers say it to them
             with self._lock:
@@ -910,7 +912,8 @@ class GroupCoordinator:
             chunk = kvs[i : i + RECORDS_PER_BATCH_MAX]
             fut = self._append(partition, chunk)
             try:
-                result = fut.result(timeout=self.config.offsets_commit_timeout_ms / 1000 + 5)
+                with blocking():  # as in _await_group_write
+                    result = fut.result(timeout=self.config.offsets_commit_timeout_ms / 1000 + 5)
             except concurrent.futures.TimeoutError as exc:
                 raise CoordinatorError("offsets append timed out", code=ErrorCode.REQUEST_TIMED_OUT) from exc
             except errors.BrookError as exc:
@@ -1644,7 +1647,9 @@ def install(broker: Any) -> GroupCoordinator:
     coordinator = GroupCoordinator(node_id=broker.settings.node_id, replica_manager=broker.replica_manager,
                                    metadata_cache=broker.metadata_cache, config=config)
     coordinator.security = getattr(broker.settings, "inter_broker_security", None) or SecurityConfig()
-    servicer = GroupCoordinatorServicer(coordinator, authorizer=getattr(broker, "authorizer", ALLOW_ALL))
+    capacity = getattr(broker, "capacity", None)
+    servicer = GroupCoordinatorServicer(coordinator, authorizer=getattr(broker, "authorizer", ALLOW_ALL),
+                                        cpu=capacity.cpu if capacity is not None else None)
     servicer.listener_by_tls = broker.listener_by_tls() if hasattr(broker, "listener_by_tls") else {}
     broker.add_servicer(lambda server: group_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(servicer, server))
     coordinator.start()

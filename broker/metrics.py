@@ -314,6 +314,29 @@ class BudgetCollector(_SafeCollector):
                                 "(each holds at most max.fetch.response.bytes.per.ip).", value=float(clients))
 
 
+class CpuShareCollector(_SafeCollector):
+    """Requests held to their address's share of the broker's interpreter (broker/cpu_shares.py)."""
+
+    name = "cpu_shares"
+
+    def __init__(self, shares: Callable[[], Any]) -> None:
+        self._shares = shares
+
+    def _collect(self) -> Iterable[Metric]:
+        cpu = self._shares()
+        if cpu is None:
+            return
+        yield CounterMetricFamily("brook_requests_throttled",
+                                  "Client requests that waited before they started: their address was over "
+                                  "request.cpu.max.percent.per.ip while other addresses had requests too.",
+                                  value=float(cpu.throttled_total))
+        yield CounterMetricFamily("brook_request_throttle_seconds",
+                                  "Time those requests waited, in all.", value=float(cpu.throttle_seconds_total))
+        yield GaugeMetricFamily("brook_request_throttled_addresses",
+                                "Client addresses whose requests now go one at a time, over their share.",
+                                value=float(cpu.held_addresses()))
+
+
 class ReceiveCollector(_SafeCollector):
     """The broker's gRPC receive gate (broker/receiving.py): request messages being received, calls
     waiting for their turn, and request streams open."""

@@ -51,6 +51,7 @@ from broker.metrics import (
     BrokerCollector,
     BudgetCollector,
     ControllerCollector,
+    CpuShareCollector,
     GroupCollector,
     KafkaListenerCollector,
     NodeMetrics,
@@ -353,6 +354,7 @@ class Node:
             self.metrics.add(PoolCollector(lambda: self.broker.pool_stats() if self.broker is not None else {}))
             self.metrics.add(BudgetCollector(lambda: self.broker.budget_stats() if self.broker is not None
                                              else (0, 0, 0)))
+            self.metrics.add(CpuShareCollector(lambda: getattr(getattr(self.broker, "capacity", None), "cpu", None)))
             self.metrics.add(ReceiveCollector(lambda: self.broker.receive_stats() if self.broker is not None
                                               else ReceiveStats()))
             self.metrics.add(KafkaListenerCollector(lambda: self.broker.kafka_listeners if self.broker is not None

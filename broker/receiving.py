@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import heapq
 import inspect
 import itertools
@@ -57,6 +58,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +66,7 @@ import grpc
 
 from broker import principal
 from broker.admission import Overloaded, peer_host
+from broker.cpu_shares import CpuShares
 from broker.fair_pool import CLIENT
 from proto.errors import STREAM_REFUSED_METADATA_KEY
 
@@ -309,7 +312,7 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
 
     def __init__(self, slots: ReceiveSlots, streams: dict[str, StreamCounts], timeout_s: float,
                  sync_pool: Executor, *, replication_slots: ReceiveSlots | None = None,
-                 replication_methods: frozenset[str] = frozenset()) -> None:
+                 replication_methods: frozenset[str] = frozenset(), cpu: CpuShares | None = None) -> None:
         self.slots = slots
         # Request-streaming method -> its counts; methods not named share those of OTHER_STREAMS.
         self.streams = streams
@@ -320,6 +323,7 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         self.replication_slots = replication_slots or slots
         self._replication_methods = replication_methods
         self._gated = _GatedHandlers()
+        self.cpu = cpu  # an address over its share of the interpreter waits before its call starts
 
     async def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         handler = await continuation(handler_call_details)
@@ -336,17 +340,21 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
             return grpc.stream_stream_rpc_method_handler(
                 self._counted(handler.stream_stream, counts), handler.request_deserializer, handler.response_serializer)
         slots = self.replication_slots if method in self._replication_methods else self.slots
+        throttle = method not in self._replication_methods  # a follower's call is the brokers', not a client's
         if handler.response_streaming:
             inner = handler.unary_stream
             if inspect.isasyncgenfunction(inner):
                 async def stream_gen(request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                     request = await self._receive(context, slots)
-                    async for response in inner(request, context):
-                        yield response
+                    async with self._turn(context, throttle):
+                        async for response in inner(request, context):
+                            yield response
                 behaviour: Any = stream_gen
             elif asyncio.iscoroutinefunction(inner):
                 async def stream_writes(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-                    return await inner(await self._receive(context, slots), context)  # answers via context.write
+                    request = await self._receive(context, slots)
+                    async with self._turn(context, throttle):
+                        return await inner(request, context)  # answers via context.write
                 behaviour = stream_writes
             else:
                 log.warning("%s: a synchronous server-streaming handler is served ungated", method)
@@ -356,7 +364,12 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         inner = handler.unary_unary
         if asyncio.iscoroutinefunction(inner):
             async def unary(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-                return await inner(await self._receive(context, slots), context)
+                request = await self._receive(context, slots)
+                if self.cpu is None or not throttle:
+                    return await inner(request, context)
+                async with self._turn(context, throttle):
+                    # Its work on the event loop counts against its address's share (broker/cpu_shares.py).
+                    return await self.cpu.metered(inner(request, context), CLIENT.get())
         else:
             pool = self._sync_pool
 
@@ -365,8 +378,17 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
                 # once its message is here; its context is read there, so its identity is taken now.
                 request = await self._receive(context, slots)
                 identity = principal.CallIdentity(context)
-                return await asyncio.get_running_loop().run_in_executor(pool, inner, request, identity)
+                async with self._turn(context, throttle):
+                    return await asyncio.get_running_loop().run_in_executor(pool, inner, request, identity)
         return grpc.stream_unary_rpc_method_handler(unary, handler.request_deserializer, handler.response_serializer)
+
+    def _turn(self, context: grpc.aio.ServicerContext, throttle: bool) -> AbstractAsyncContextManager[None]:
+        """The call's turn under its address's share of the interpreter (broker/cpu_shares.py); a follower's call
+        (not ``throttle``) is the brokers' and always goes at once."""
+        if self.cpu is None or not throttle:
+            return contextlib.nullcontext()
+        remaining = context.time_remaining()
+        return self.cpu.turn(CLIENT.get(), None if remaining is None else time.monotonic() + remaining / 2)
 
     async def _receive(self, context: grpc.aio.ServicerContext, slots: ReceiveSlots) -> Any:
         """The call's one request message, read once a receive slot is held; the call ends

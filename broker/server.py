@@ -41,6 +41,8 @@ from broker.admission import (
     ClientLimits,
     connections_within_descriptors,
 )
+from broker.cpu_shares import DEFAULT_MAX_PERCENT as DEFAULT_CPU_PERCENT_PER_IP
+from broker.cpu_shares import CpuShares
 from broker.fair_pool import FairExecutor
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
@@ -373,13 +375,16 @@ class BrokerServer:
         if fetch_max > budget:
             log.warning("broker %d: fetch.max.bytes %d > queued.max.request.bytes %d: a fetch is cut to the budget",
                         nid, fetch_max, budget)
+        cpu = CpuShares(float(d.get("request.cpu.max.percent.per.ip", str(DEFAULT_CPU_PERCENT_PER_IP))))
         return Capacity(
-            # Client work takes turns between client addresses (broker/fair_pool.py); replication is the brokers'.
-            io=FairExecutor(int(d.get("num.io.threads", "8")), thread_name_prefix=f"broker-{nid}-io"),
+            # Client work takes turns between client addresses (broker/fair_pool.py), and what it costs counts
+            # against the address's share (broker/cpu_shares.py); replication is the brokers'.
+            io=FairExecutor(int(d.get("num.io.threads", "8")), thread_name_prefix=f"broker-{nid}-io", cpu=cpu),
             replication=concurrent.futures.ThreadPoolExecutor(
                 max_workers=int(d.get("num.replica.io.threads", "4")), thread_name_prefix=f"broker-{nid}-replica"),
             recompression=FairExecutor(int(d.get("num.recompression.threads", "2")),
-                                       thread_name_prefix=f"broker-{nid}-recompress"),
+                                       thread_name_prefix=f"broker-{nid}-recompress", cpu=cpu),
+            cpu=cpu,
             limits=ClientLimits(int(d.get("max.inflight.requests.per.ip", "2000")),
                                 int(d.get("max.waiting.fetches.per.ip", "1000"))),
             budget=ByteBudget(budget),
@@ -521,7 +526,7 @@ class BrokerServer:
         return ReceiveGate(
             ReceiveSlots(total, per_client), streams,
             int(d.get("request.receive.timeout.ms", str(DEFAULT_RECEIVE_TIMEOUT_MS))) / 1000, self._security_pool,
-            replication_slots=ReceiveSlots(total, per_client),
+            replication_slots=ReceiveSlots(total, per_client), cpu=self.capacity.cpu,
             replication_methods=frozenset({"/brook.BrokerService/OffsetsForLeaderEpoch"}))
 
     def receive_stats(self) -> ReceiveStats:

@@ -55,6 +55,7 @@ from broker.admission import (
     release_when_done,
 )
 from broker.authorizer import ALLOW_ALL, Authorizer
+from broker.cpu_shares import CpuShares
 from broker.fair_pool import CLIENT
 from broker.fetch_session import FollowerFetchSession
 from broker.metadata_cache import MetadataCache
@@ -103,6 +104,8 @@ class Capacity:
     shares: ClientByteShares = field(default_factory=lambda: ClientByteShares(DEFAULT_FETCH_BYTES_PER_CLIENT))
     # Produce requests to topics that recompress (num.recompression.threads); None: on ``io``.
     recompression: concurrent.futures.Executor | None = None
+    # Each address's share of the interpreter (request.cpu.max.percent.per.ip); None: no bound.
+    cpu: CpuShares | None = None
 
 
 class BrokerService(broker_pb2_grpc.BrokerServiceServicer):

@@ -44,9 +44,10 @@ import os
 import ssl
 import struct
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -59,7 +60,8 @@ from broker.admission import (
     connections_within_descriptors,
     stop_serving,
 )
-from broker.fair_pool import CLIENT
+from broker.cpu_shares import CpuShares
+from broker.fair_pool import CLIENT, FairExecutor
 from broker.kafka_wire import apis, bounds, codec
 from broker.kafka_wire.context import Aborted, KafkaCallContext
 from broker.principal import AUTH_SASL, Authentication
@@ -91,6 +93,7 @@ PIPELINE_DEPTH = 5  # answers outstanding per connection (librdkafka's and Kafka
 SASL_PLAIN = "PLAIN"
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 _SIZE = struct.Struct(">i")
+T = TypeVar("T")
 
 
 @dataclass
@@ -145,8 +148,10 @@ class KafkaListener:
             "sasl.server.max.receive.size", str(DEFAULT_SASL_MAX_RECEIVE_BYTES))))
         self.pre_auth_budget = ByteBudget(PRE_AUTH_POOL_BYTES)
         # Large frames are parsed, and large answers encoded, here, two at a time: the loop goes on serving meanwhile.
-        self.parse_pool = concurrent.futures.ThreadPoolExecutor(max_workers=PARSE_WORKERS,
-                                                                thread_name_prefix=f"kafka-{spec.name}-parse")
+        # Each address's share of the interpreter (broker/cpu_shares.py) counts this work too.
+        capacity = getattr(broker, "capacity", None)
+        self.cpu: CpuShares | None = getattr(capacity, "cpu", None)
+        self.parse_pool = FairExecutor(PARSE_WORKERS, thread_name_prefix=f"kafka-{spec.name}-parse", cpu=self.cpu)
         self.port = spec.port
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -205,7 +210,7 @@ class KafkaListener:
             if self.spec.ssl_context is not None:
                 await writer.start_tls(self.spec.ssl_context, ssl_handshake_timeout=self.sasl_timeout_s)
             conn = _Connection(self, reader, writer)
-            await conn.run()
+            await conn.metered(conn.run())
         except asyncio.CancelledError:
             pass
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError):
@@ -329,6 +334,12 @@ class _Connection:
         for reservation in list(self.reservations):
             self._release(reservation)
 
+    async def metered(self, coro: Coroutine[Any, Any, T]) -> T:
+        """``coro``'s work on the event loop counts against this client address's share (broker/cpu_shares.py):
+        the connection's reads, each request's handling and its answers' writes."""
+        cpu = self.listener.cpu
+        return await (cpu.metered(coro, self.client_host) if cpu is not None else coro)
+
     async def run(self) -> None:
         """Read requests and answer them in order. A request is read only once the one before let it: when
         done, or, for a produce, once its batches are appended (so appends keep the connection's order and
@@ -337,7 +348,7 @@ class _Connection:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[asyncio.Task[Any], list[KafkaCallContext]] | None] = \
             asyncio.Queue(maxsize=PIPELINE_DEPTH)
-        writer = asyncio.create_task(self._write_responses(queue))
+        writer = asyncio.create_task(self.metered(self._write_responses(queue)))
         # A writer that fails ends the read it waits for (no read task and asyncio.wait a request).
         writer.add_done_callback(self._writer_ended)
         try:
@@ -353,7 +364,7 @@ class _Connection:
                 frame, reserved = got
                 released: asyncio.Future[None] = loop.create_future()
                 contexts: list[KafkaCallContext] = []
-                task = asyncio.create_task(self._handle(frame, released, reserved, contexts))
+                task = asyncio.create_task(self.metered(self._handle(frame, released, reserved, contexts)))
                 if not queue.full():
                     queue.put_nowait((task, contexts))
                 else:
@@ -468,8 +479,15 @@ class _Connection:
         """The response frame, None for no response (acks=0), False to close the connection. ``released``
         is set when the next request may start (at the end, or a produce's once appended). The calls'
         contexts go into ``contexts``, to be finished once the answer is written."""
+        CLIENT.set(self.client_host)  # this request's task: its work on the client pools takes this client's turns
+        cpu = self.listener.cpu
         try:
-            return await self._handle_frame(frame, released, contexts)
+            if cpu is None or not self.authenticated:  # a SASL login goes at once
+                return await self._handle_frame(frame, released, contexts)
+            # An address over its share of the interpreter waits before its request starts, the connection's
+            # next ones behind it as behind a muted Kafka channel (broker/cpu_shares.py).
+            async with cpu.turn(self.client_host, time.monotonic() + self.listener.request_timeout_s / 2):
+                return await self._handle_frame(frame, released, contexts)
         finally:
             self._release(reserved)
             if not released.done():
@@ -543,7 +561,6 @@ class _Connection:
 
     async def _call(self, req: codec.Request, released: asyncio.Future[None], contexts: list[KafkaCallContext]) -> Any:
         lst = self.listener
-        CLIENT.set(self.client_host)  # this request's task: its work on the client pools takes this client's turns
         handler = lst.apis.handlers[req.api_key]
         deadline = time.monotonic() + lst.request_timeout_s
         while True:
