@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
+from broker.log_limits import ThrottledWarning
+
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 __all__ = ["CpuShares", "DEFAULT_MAX_PERCENT"]
 
@@ -102,6 +106,7 @@ class CpuShares:
         # Addresses whose requests go one at a time (over their share): [their lock, requests waiting or
         # running]. Read and written on the event loop only.
         self._queues: dict[str, list[Any]] = {}
+        self._held_warning = ThrottledWarning(log)
         self.throttled_total = 0  # requests made to wait
         self.throttle_seconds_total = 0.0
 
@@ -193,6 +198,11 @@ class CpuShares:
             return
         if queue is None:
             queue = self._queues[client] = [asyncio.Lock(), 0]
+            self._held_warning.warn(
+                "client address %s took %.0f%% of a core in the last second, over its share "
+                "(request.cpu.max.percent.per.ip=%.0f) while other addresses have requests: its requests wait "
+                "before they start, one at a time, until it is back under", client,
+                100 * self.used_s(client) / WINDOW_S, 100 * self.max_share)
         queue[1] += 1
         try:
             async with queue[0]:

@@ -8,6 +8,7 @@ tests hold the rules that stop it, without timing anything: who is held, for how
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -81,8 +82,10 @@ def test_tracked_addresses_are_bounded() -> None:
     assert len(cpu._usage) == 100
 
 
-def test_an_address_over_its_share_has_its_requests_go_one_at_a_time_each_after_its_wait() -> None:
+def test_an_address_over_its_share_has_its_requests_go_one_at_a_time_each_after_its_wait(
+        caplog: pytest.LogCaptureFixture) -> None:
     """Without the one-at-a-time rule, every held request started the moment the sum came back under."""
+    caplog.set_level(logging.WARNING, logger="broker.cpu_shares")
     cpu = CpuShares(50)
     ran: list[str] = []
     running = 0
@@ -111,6 +114,8 @@ def test_an_address_over_its_share_has_its_requests_go_one_at_a_time_each_after_
     assert most == 1, f"{most} of the held address's requests ran at once"
     assert cpu.held_addresses() == 0, "an address stayed held with nothing waiting"
     assert cpu.throttled_total >= 1 and cpu.throttle_seconds_total > 0
+    held = [r.getMessage() for r in caplog.records if r.name == "broker.cpu_shares"]
+    assert len(held) == 1 and ATTACKER in held[0] and "request.cpu.max.percent.per.ip=50" in held[0], held
 
 
 def test_a_held_request_starts_anyway_at_its_deadline() -> None:
