@@ -66,20 +66,16 @@ class _Metered:
         return self.send(None)
 
     def send(self, value: Any) -> Any:
-        started = time.thread_time()
-        try:
-            out = self._coro.send(value)
-        except BaseException:  # StopIteration too: the coroutine's end
-            self._flush(time.thread_time() - started)
-            raise
-        self._add(time.thread_time() - started)
-        return out
+        return self._step(self._coro.send, value)
 
     def throw(self, *exc: Any) -> Any:
+        return self._step(self._coro.throw, *exc)
+
+    def _step(self, step: Callable[..., Any], *args: Any) -> Any:
         started = time.thread_time()
         try:
-            out = self._coro.throw(*exc)
-        except BaseException:
+            out = step(*args)
+        except BaseException:  # StopIteration too: the coroutine's end
             self._flush(time.thread_time() - started)
             raise
         self._add(time.thread_time() - started)

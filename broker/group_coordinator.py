@@ -1647,9 +1647,8 @@ def install(broker: Any) -> GroupCoordinator:
     coordinator = GroupCoordinator(node_id=broker.settings.node_id, replica_manager=broker.replica_manager,
                                    metadata_cache=broker.metadata_cache, config=config)
     coordinator.security = getattr(broker.settings, "inter_broker_security", None) or SecurityConfig()
-    capacity = getattr(broker, "capacity", None)
     servicer = GroupCoordinatorServicer(coordinator, authorizer=getattr(broker, "authorizer", ALLOW_ALL),
-                                        cpu=capacity.cpu if capacity is not None else None)
+                                        cpu=getattr(getattr(broker, "capacity", None), "cpu", None))
     servicer.listener_by_tls = broker.listener_by_tls() if hasattr(broker, "listener_by_tls") else {}
     broker.add_servicer(lambda server: group_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(servicer, server))
     coordinator.start()

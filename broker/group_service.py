@@ -186,7 +186,7 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         request.client_host = peer_host(context.peer())
         fut, callback = _loop_callback()
         try:
-            await self._in_executor(self.c.start_join, request, callback)
+            await self.run_on_pool(self.c.start_join, request, callback)
             r = await _wait_or(fut, wait_s, lambda: join_timed_out(request))
         except errors.BrookError as exc:
             return group_pb2.JoinGroupResponse(error_code=exc.code, error_message=exc.message,
@@ -199,21 +199,18 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         wait_s = self._wait_s(_CallDeadline(context), 300_000)
         fut, callback = _loop_callback()
         try:
-            r = await self._in_executor(self.c.start_sync, request, callback)
+            r = await self.run_on_pool(self.c.start_sync, request, callback)
             if r is None:
                 r = await _wait_or(fut, wait_s, sync_timed_out)
                 # Handing out the assignment waits for the generation's write (acks=all): executor.
-                r = await self._in_executor(self.c.finish_sync, request, r)
+                r = await self.run_on_pool(self.c.finish_sync, request, r)
         except errors.BrookError as exc:
             return group_pb2.SyncGroupResponse(error_code=exc.code, error_message=exc.message)
         return _sync_response(r)
 
-    async def _in_executor(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def run_on_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the group pool, in the calling client address's turn (the Kafka listener's answers too)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
-    async def run_on_pool(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` on the group pool, in the calling client address's turn (the Kafka listener's answers)."""
-        return await self._in_executor(fn)
 
     async def Heartbeat(self, request, context):  # noqa: N802
         return await self._run(self._heartbeat, request, context)

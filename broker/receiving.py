@@ -365,11 +365,10 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         if asyncio.iscoroutinefunction(inner):
             async def unary(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
                 request = await self._receive(context, slots)
-                if self.cpu is None or not throttle:
-                    return await inner(request, context)
                 async with self._turn(context, throttle):
+                    work = inner(request, context)
                     # Its work on the event loop counts against its address's share (broker/cpu_shares.py).
-                    return await self.cpu.metered(inner(request, context), CLIENT.get())
+                    return await (self.cpu.metered(work, CLIENT.get()) if self.cpu is not None and throttle else work)
         else:
             pool = self._sync_pool
 
