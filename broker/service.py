@@ -36,7 +36,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -185,6 +185,18 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         finally:
             release_when_done(context, lambda: limits.leave(client), at_once=True)
 
+    async def _in_turn(self, client: str, request: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """One request of a client's ProduceStream or FetchStream, under its address's share of the interpreter
+        (broker/cpu_shares.py) as a unary call is under the receive gate's: while the address is over its share
+        (and others have requests) it waits before it starts, and its steps on the event loop are charged to
+        the address. Before, a stream's requests never waited and the loop's work for them (an inline append,
+        a fetch answer built) was no one's, so a producer flooding a stream with small requests was never held."""
+        cpu = self.capacity.cpu
+        if cpu is None:
+            return await request()
+        async with cpu.turn(client):
+            return await cpu.metered(request(), client)
+
     async def _io(self, fn: Callable[[], T]) -> T:
         """Blocking work of a client request, on the bounded client executor."""
         return await asyncio.get_running_loop().run_in_executor(self.capacity.io, fn)
@@ -212,6 +224,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         that status; the producer fails its unanswered requests over to its retries.
         """
         context = principal.CallIdentity(context)  # type: ignore[assignment]  # read once, not per request
+        client = peer_host(context.peer() or "unknown")
         loop = asyncio.get_running_loop()
         room = asyncio.Semaphore(PRODUCE_STREAM_MAX_IN_FLIGHT)
         # The handled requests in arrival order, then None once the client is done (or the reader failed).
@@ -240,7 +253,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                             refused.set_result(exc)
                         raise
                     appended: asyncio.Future[None] = loop.create_future()
-                    task = asyncio.ensure_future(self._produce_call(request, context, appended))
+                    task = asyncio.ensure_future(self._in_turn(
+                        client, functools.partial(self._produce_call, request, context, appended)))
                     task.add_done_callback(functools.partial(on_done, appended))
                     answers.put_nowait(task)
                     await appended  # set once appended, or by on_done
@@ -451,6 +465,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         ends a unary call (UNAUTHENTICATED, RESOURCE_EXHAUSTED, an oversized request) ends the stream.
         """
         context = principal.CallIdentity(context)  # type: ignore[assignment]  # read once, not per request
+        client = peer_host(context.peer() or "unknown")
         async for request in request_iterator:
             if request.replica_id >= 0:
                 yield _partition_errors(broker_pb2.FetchResponse(), request.partitions, errors.error_for(
@@ -459,7 +474,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 continue
             held: list[Callable[[], None]] = []
             try:
-                yield await self._consumer_fetch(request, context, held.append)  # resumes once written out
+                # Resumes once written out.
+                yield await self._in_turn(client, functools.partial(self._consumer_fetch, request, context, held.append))
             finally:  # or the call ended at the yield
                 for release in held:
                     release()

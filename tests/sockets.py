@@ -3,7 +3,10 @@ see whether the server closed a connection, and whether a listening port has dra
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 ATTACKER = "127.0.0.2"  # another loopback address: the server sees a client address of its own
@@ -64,3 +67,52 @@ def accept_backlog(port: int) -> int:
             if fields[1] == local and fields[3] == "0A":  # LISTEN: rx_queue is the accept backlog
                 return int(fields[4].split(":")[1], 16)
     raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
+
+
+@contextlib.contextmanager
+def relayed_from(source: str, port: int) -> Iterator[int]:
+    """A local port whose connections are carried to 127.0.0.1:``port`` from ``source``: a real gRPC or
+    Kafka client connected to it is, to the server, a client at ``source``. Every connection is closed on
+    exit."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    lock = threading.Lock()
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def accept() -> None:
+        while True:
+            try:
+                near, _ = listener.accept()
+                far = connect_from(source, port)
+            except OSError:
+                return  # the listener was closed (or the server refused): the relay is over
+            far.settimeout(None)
+            with lock:
+                held.extend((near, far))
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        # shutdown, not close alone: it wakes the threads blocked in accept and recv.
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)
+        acceptor.join(10)
+        listener.close()
+        with lock:
+            for s in held:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
