@@ -85,9 +85,13 @@ def brute_force(records: list[tuple[int, int]], ts: int, start: int) -> tuple[in
 
 
 def check_all_timestamps(lg: Log, top: int) -> None:
+    """Every timestamp from 0 to past ``top`` that could be answered differently from its neighbours: the
+    lookup compares the timestamp with stored ones (records', indexes'), so its answer can change only
+    around a stored timestamp t; t - 1, t and t + 1 are on each side of every comparison with t."""
     batches = every_batch(lg)
     start = lg.log_start_offset
-    for ts in range(0, top + 3):
+    stored = {t for _offset, t in batches}
+    for ts in sorted({0, 1, 2, top + 1, top + 2} | {u for t in stored for u in (t - 1, t, t + 1) if u >= 0}):
         assert lg.offset_for_timestamp(ts) == brute_force(batches, ts, start), f"timestamp {ts}, start {start}, {lg}"
 
 
