@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pytest
 
@@ -11,13 +12,38 @@ from broker.log_limits import ThrottledWarning
 
 def test_a_flood_of_refusals_logs_one_line_a_period_and_counts_the_rest(caplog: pytest.LogCaptureFixture) -> None:
     now = [100.0]
-    w = ThrottledWarning(logging.getLogger("t.limits"), every_s=10.0, clock=lambda: now[0])
+    due: list[tuple[float, Callable[[], None]]] = []
+    w = ThrottledWarning(logging.getLogger("t.limits"), every_s=10.0, clock=lambda: now[0],
+                         after=lambda delay_s, fn: due.append((delay_s, fn)))
     with caplog.at_level(logging.WARNING, logger="t.limits"):
         logged = [w.warn("refused %s", i) for i in range(50_000)]
         now[0] += 10.0
         logged.append(w.warn("refused %s", "late"))
+        assert [d for d, _fn in due] == [10.0], "one end-of-period check for the whole burst"
+        due[0][1]()  # the period's end, after the late line: nothing left to tell
     assert logged.count(True) == 2 and logged[0] and logged[-1]
     assert [r.getMessage() for r in caplog.records] == ["refused 0", "refused late (49999 more since the last such line)"]
+
+
+def test_a_burst_that_ends_is_told_at_the_end_of_its_period(caplog: pytest.LogCaptureFixture) -> None:
+    """A client that stops refused requests mid-period: its count once waited for a line that never came."""
+    now = [100.0]
+    due: list[tuple[float, Callable[[], None]]] = []
+    w = ThrottledWarning(logging.getLogger("t.limits"), every_s=10.0, clock=lambda: now[0],
+                         after=lambda delay_s, fn: due.append((delay_s, fn)))
+    with caplog.at_level(logging.WARNING, logger="t.limits"):
+        assert w.warn("refused %s", 0)
+        now[0] += 4.0
+        assert not any(w.warn("refused %s", i) for i in range(1, 300))
+        assert [d for d, _fn in due] == [6.0], "the check is due when the period ends"
+        now[0] += 6.0
+        due.pop()[1]()
+        assert [r.getMessage() for r in caplog.records] == ["refused 0", "refused 299 (298 more since the last such line)"]
+        # A new period began with that line: the next call within it is held back again, and told at its end.
+        now[0] += 1.0
+        assert not w.warn("refused %s", "again")
+        due.pop()[1]()
+    assert caplog.records[-1].getMessage() == "refused again"
 
 
 def test_the_group_coordinators_describe_refusals_share_one_line(caplog: pytest.LogCaptureFixture) -> None:
