@@ -199,6 +199,12 @@ class CpuShares:
             return coro
         return _Metered(coro, client, self)
 
+    async def run(self, client: str, request: Callable[[], Coroutine[Any, Any, T]], until: float | None = None) -> T:
+        """``request()`` as one request of ``client``: it starts in the address's turn, and its steps on the event
+        loop are charged to it. A unary gRPC call's handler and each message of a produce or fetch stream."""
+        async with self.turn(client, until):
+            return await self.metered(request(), client)
+
     @contextlib.asynccontextmanager
     async def turn(self, client: str, until: float | None = None) -> AsyncIterator[None]:
         """Around a request of ``client``: it starts at once while the address is within its share; over it, it

@@ -365,10 +365,10 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         if asyncio.iscoroutinefunction(inner):
             async def unary(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
                 request = await self._receive(context, slots)
-                async with self._turn(context, throttle):
-                    work = inner(request, context)
-                    # Its work on the event loop counts against its address's share (broker/cpu_shares.py).
-                    return await (self.cpu.metered(work, CLIENT.get()) if self.cpu is not None and throttle else work)
+                if self.cpu is None or not throttle:
+                    return await inner(request, context)
+                # Its work on the event loop counts against its address's share (broker/cpu_shares.py).
+                return await self.cpu.run(CLIENT.get(), lambda: inner(request, context), self._until(context))
         else:
             pool = self._sync_pool
 
@@ -386,8 +386,13 @@ class ReceiveGate(grpc.aio.ServerInterceptor):
         (not ``throttle``) is the brokers' and always goes at once."""
         if self.cpu is None or not throttle:
             return contextlib.nullcontext()
+        return self.cpu.turn(CLIENT.get(), self._until(context))
+
+    @staticmethod
+    def _until(context: grpc.aio.ServicerContext) -> float | None:
+        """How long a call may wait for its turn: half its deadline (then it starts anyway)."""
         remaining = context.time_remaining()
-        return self.cpu.turn(CLIENT.get(), None if remaining is None else time.monotonic() + remaining / 2)
+        return None if remaining is None else time.monotonic() + remaining / 2
 
     async def _receive(self, context: grpc.aio.ServicerContext, slots: ReceiveSlots) -> Any:
         """The call's one request message, read once a receive slot is held; the call ends

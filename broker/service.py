@@ -193,10 +193,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         a fetch answer built) was no one's: four FetchStreams from one address were never held, and another
         address's produce went from 6 ms to 74 ms at the median."""
         cpu = self.capacity.cpu
-        if cpu is None:
-            return await request()
-        async with cpu.turn(client):
-            return await cpu.metered(request(), client)
+        return await (request() if cpu is None else cpu.run(client, request))
 
     async def _io(self, fn: Callable[[], T]) -> T:
         """Blocking work of a client request, on the bounded client executor."""
