@@ -10,39 +10,43 @@ import pytest
 from broker.log_limits import ThrottledWarning
 
 
+class ByHand:
+    """A ThrottledWarning whose clock and end-of-period timers the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.due: list[tuple[float, Callable[[], None]]] = []  # (delay, function) of each timer armed
+        self.warning = ThrottledWarning(logging.getLogger("t.limits"), every_s=10.0, clock=lambda: self.now,
+                                        after=lambda delay_s, fn: self.due.append((delay_s, fn)))
+
+
 def test_a_flood_of_refusals_logs_one_line_a_period_and_counts_the_rest(caplog: pytest.LogCaptureFixture) -> None:
-    now = [100.0]
-    due: list[tuple[float, Callable[[], None]]] = []
-    w = ThrottledWarning(logging.getLogger("t.limits"), every_s=10.0, clock=lambda: now[0],
-                         after=lambda delay_s, fn: due.append((delay_s, fn)))
+    h = ByHand()
     with caplog.at_level(logging.WARNING, logger="t.limits"):
-        logged = [w.warn("refused %s", i) for i in range(50_000)]
-        now[0] += 10.0
-        logged.append(w.warn("refused %s", "late"))
-        assert [d for d, _fn in due] == [10.0], "one end-of-period check for the whole burst"
-        due[0][1]()  # the period's end, after the late line: nothing left to tell
+        logged = [h.warning.warn("refused %s", i) for i in range(50_000)]
+        h.now += 10.0
+        logged.append(h.warning.warn("refused %s", "late"))
+        assert [d for d, _fn in h.due] == [10.0], "one end-of-period check for the whole burst"
+        h.due[0][1]()  # the period's end, after the late line: nothing left to tell
     assert logged.count(True) == 2 and logged[0] and logged[-1]
     assert [r.getMessage() for r in caplog.records] == ["refused 0", "refused late (49999 more since the last such line)"]
 
 
 def test_a_burst_that_ends_is_told_at_the_end_of_its_period(caplog: pytest.LogCaptureFixture) -> None:
     """A client that stops refused requests mid-period: its count once waited for a line that never came."""
-    now = [100.0]
-    due: list[tuple[float, Callable[[], None]]] = []
-    w = ThrottledWarning(logging.getLogger("t.limits"), every_s=10.0, clock=lambda: now[0],
-                         after=lambda delay_s, fn: due.append((delay_s, fn)))
+    h = ByHand()
     with caplog.at_level(logging.WARNING, logger="t.limits"):
-        assert w.warn("refused %s", 0)
-        now[0] += 4.0
-        assert not any(w.warn("refused %s", i) for i in range(1, 300))
-        assert [d for d, _fn in due] == [6.0], "the check is due when the period ends"
-        now[0] += 6.0
-        due.pop()[1]()
+        assert h.warning.warn("refused %s", 0)
+        h.now += 4.0
+        assert not any(h.warning.warn("refused %s", i) for i in range(1, 300))
+        assert [d for d, _fn in h.due] == [6.0], "the check is due when the period ends"
+        h.now += 6.0
+        h.due.pop()[1]()
         assert [r.getMessage() for r in caplog.records] == ["refused 0", "refused 299 (298 more since the last such line)"]
         # A new period began with that line: the next call within it is held back again, and told at its end.
-        now[0] += 1.0
-        assert not w.warn("refused %s", "again")
-        due.pop()[1]()
+        h.now += 1.0
+        assert not h.warning.warn("refused %s", "again")
+        h.due.pop()[1]()
     assert caplog.records[-1].getMessage() == "refused again"
 
 

@@ -68,14 +68,15 @@ def read_answer(s: socket.socket) -> int:
 
 
 class Flood:
-    """``connections`` connections from ``source``, each pipelining ApiVersions, every answer checked."""
+    """``threads`` threads flooding the broker from ``source`` (``_run``), counting the answers and what went
+    wrong; stopped on exit."""
 
-    def __init__(self, port: int, source: str, connections: int = 3) -> None:
+    def __init__(self, port: int, source: str, threads: int) -> None:
         self.port, self.source = port, source
         self.answered = 0
         self.failures: list[str] = []
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(connections)]
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
 
     def __enter__(self) -> Flood:
         for t in self._threads:
@@ -86,7 +87,17 @@ class Flood:
         self._stop.set()
         for t in self._threads:
             t.join(60)
-        assert not any(t.is_alive() for t in self._threads), "a flood connection never finished"
+        assert not any(t.is_alive() for t in self._threads), f"{type(self).__name__} never finished"
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class KafkaFlood(Flood):
+    """``connections`` connections from ``source``, each pipelining ApiVersions, every answer checked."""
+
+    def __init__(self, port: int, source: str, connections: int = 3) -> None:
+        super().__init__(port, source, connections)
 
     def _run(self) -> None:
         try:
@@ -123,7 +134,7 @@ def port(cluster: LocalCluster) -> int:
 
 def test_a_lone_client_is_never_held_however_busy(cluster: LocalCluster) -> None:
     before = metric(cluster, "brook_requests_throttled_total")
-    with Flood(port(cluster), "127.0.0.1") as flood:
+    with KafkaFlood(port(cluster), "127.0.0.1") as flood:
         wait_for(lambda: flood.answered >= 3000 or flood.failures, 120, "3,000 answers to the lone client")
     assert not flood.failures, flood.failures
     assert metric(cluster, "brook_requests_throttled_total") == before, "a client alone on the broker was held"
@@ -133,7 +144,7 @@ def test_an_address_over_its_share_waits_while_another_is_served_and_both_get_ev
         cluster: LocalCluster) -> None:
     time.sleep(1.5)  # nothing of the last test's client left in the broker's one-second window
     before = metric(cluster, "brook_requests_throttled_total")
-    with Flood(port(cluster), ATTACKER) as flood, connect_from("127.0.0.1", port(cluster), timeout_s=60) as victim:
+    with KafkaFlood(port(cluster), ATTACKER) as flood, connect_from("127.0.0.1", port(cluster), timeout_s=60) as victim:
         asked = 0
 
         def ask() -> None:
@@ -147,7 +158,7 @@ def test_an_address_over_its_share_waits_while_another_is_served_and_both_get_ev
     wait_for(lambda: metric(cluster, "brook_request_throttled_addresses") == 0, 30, "no address held")
 
 
-def held_while_another_is_served(cluster: LocalCluster, flood: Any, ask: Callable[[], None], before: float) -> None:
+def held_while_another_is_served(cluster: LocalCluster, flood: Flood, ask: Callable[[], None], before: float) -> None:
     """With ``flood`` under way, another address (127.0.0.1) asks (``ask``, checked) every 50 ms until the
     flood is held; the held flood must still be answered."""
     wait_for(lambda: flood.answered >= 200 or flood.failures, 60, "the flood under way")
@@ -166,26 +177,14 @@ def held_while_another_is_served(cluster: LocalCluster, flood: Any, ask: Callabl
     wait_for(lambda: flood.answered > held_answers + 10 or flood.failures, 60, "the held address still answered")
 
 
-class StreamFlood:
+class StreamFlood(Flood):
     """A gRPC request stream (``method`` of BrokerService) from ``source``, through a relay: PIPELINE
     requests unanswered at a time, each answer checked (``problem`` says what is wrong with one, or None)."""
 
     def __init__(self, port: int, method: str, request: Any, problem: Callable[[Any], str | None],
                  source: str = ATTACKER) -> None:
-        self.port, self.method, self.request, self.problem, self.source = port, method, request, problem, source
-        self.answered = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> StreamFlood:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
-        assert not self._thread.is_alive(), f"the {self.method} flood never finished"
+        super().__init__(port, source, 1)
+        self.method, self.request, self.problem = method, request, problem
 
     def _run(self) -> None:
         room = threading.Semaphore(PIPELINE)
@@ -204,10 +203,6 @@ class StreamFlood:
                     room.release()
         except grpc.RpcError as exc:
             self.failures.append(f"{exc.code()}: {exc.details()}")
-
-
-def grpc_port(cluster: LocalCluster) -> int:
-    return int(cluster.broker_address(1).rsplit(":", 1)[1])
 
 
 def partition_errors(answer: Any) -> str | None:
@@ -232,7 +227,7 @@ def test_a_request_stream_over_its_share_waits_while_another_address_is_served(
                 broker_pb2.FetchPartition(topic=TOPIC, partition=0, fetch_offset=0, partition_max_bytes=1 << 20,
                                           current_leader_epoch=-1, last_fetched_epoch=-1, log_start_offset=-1)])
         before = metric(cluster, "brook_requests_throttled_total")
-        with StreamFlood(grpc_port(cluster), method, request, partition_errors) as flood:
+        with StreamFlood(int(cluster.spec(1).broker_port or 0), method, request, partition_errors) as flood:
             def ask() -> None:
                 answer = victim.Metadata(broker_pb2.MetadataRequest(topics=[TOPIC]), timeout=30)
                 assert [t.name for t in answer.topics] == [TOPIC], answer
