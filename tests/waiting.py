@@ -44,3 +44,16 @@ async def await_for(cond: Callable[[], T], timeout_s: float = 10.0, what: str | 
 def _timed_out(timeout_s: float, what: str | Callable[[], str], last: object) -> AssertionError:
     described = what() if callable(what) else what
     return AssertionError(f"timed out after {timeout_s} s waiting for {described}; last saw {last!r}")
+
+
+def while_running(query, cond):  # type: ignore[no-untyped-def]
+    """``cond`` for wait_for (or wait_until) that fails at once, with Spark's reason, once the query has died.
+
+    Without it a query that Spark ended (a task failure, a Python worker that did not start)
+    is only seen at the deadline, as rows that never came.
+    """
+    def check():  # type: ignore[no-untyped-def]
+        if not query.isActive:
+            raise AssertionError(f"the streaming query ended while waited on: {query.exception()}")
+        return cond()
+    return check

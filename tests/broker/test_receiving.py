@@ -384,13 +384,16 @@ async def test_a_nodes_only_stream_from_anyone_else_is_refused_before_a_message_
         assert [r async for r in ch.stream_stream("/t.T/Replicate")(one())] == [b"fetch"]
         principal.configure(trust_loopback_plaintext=False)
         try:
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                _ = [r async for r in ch.stream_stream("/t.T/Replicate")(one())]
+            # No message is sent: the refusal must not wait for one. (A message written while the refusal
+            # is on its way makes grpc's client report its failed write, INTERNAL, instead of the status.)
+            call = ch.stream_stream("/t.T/Replicate")()
+            code = await asyncio.wait_for(call.code(), 10)
+            details = await call.details()
         finally:
             principal.configure(trust_loopback_plaintext=True)
-    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, info.value
-    assert "Replicate streams are for the cluster's nodes" in (info.value.details() or "")
-    assert gated.served.replicated == [b"fetch"], "the refused stream's message was handled"
+    assert code == grpc.StatusCode.UNAUTHENTICATED, (code, details)
+    assert "Replicate streams are for the cluster's nodes" in (details or "")
+    assert gated.served.replicated == [b"fetch"], "the refused stream reached the handler"
     assert counts.refused_total == 1 and counts.open == 0
 
 

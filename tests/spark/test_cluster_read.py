@@ -8,6 +8,7 @@ import time
 
 import pytest
 from waiting import wait_for as wait_until
+from waiting import while_running
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -22,19 +23,6 @@ def stream(spark, brook, **options: str):  # type: ignore[no-untyped-def]
 def end_offsets(progress: dict) -> dict[str, dict[str, int]]:
     end = progress["sources"][0]["endOffset"]
     return json.loads(end) if isinstance(end, str) else end
-
-
-def while_running(query, cond):  # type: ignore[no-untyped-def]
-    """``cond`` for wait_until that fails at once, with Spark's reason, once the query has died.
-
-    Without it a query that Spark ended (a task failure, a Python worker that did not start)
-    is only seen at the deadline, as rows that never came.
-    """
-    def check():  # type: ignore[no-untyped-def]
-        if not query.isActive:
-            raise AssertionError(f"the streaming query ended while waited on: {query.exception()}")
-        return cond()
-    return check
 
 
 class BackgroundProducer:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from waiting import wait_for
+from waiting import wait_for, while_running
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -146,14 +146,17 @@ def test_min_offsets_per_trigger_holds_small_batches_back(spark, brook, tmp_path
         spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
     try:
         # The first trigger runs at once (as Spark's: the delay counts from the last batch, none yet).
-        wait_for(lambda: _row_counts(query) == [60], 120, lambda: f"the first batch; saw {_row_counts(query)}")
+        wait_for(while_running(query, lambda: _row_counts(query) == [60]), 120,
+                 lambda: f"the first batch; saw {_row_counts(query)}")
         brook.produce(topic, [b"b%d" % i for i in range(50)])
         # The source saw the 50 new records (progress reports its latest offset) and admitted no batch.
-        wait_for(lambda: any(_total(p["sources"][0]["latestOffset"]) == 110 for p in query.recentProgress),
+        wait_for(while_running(query, lambda: any(_total(p["sources"][0]["latestOffset"]) == 110
+                                                 for p in query.recentProgress)),
                  120, "a progress report showing the 50 new records as latest")
         assert _row_counts(query) == [60], _row_counts(query)
         brook.produce(topic, [b"c%d" % i for i in range(50)])  # 100 new records now: enough
-        wait_for(lambda: _row_counts(query) == [60, 100], 120, lambda: f"the second batch; saw {_row_counts(query)}")
+        wait_for(while_running(query, lambda: _row_counts(query) == [60, 100]), 120,
+                 lambda: f"the second batch; saw {_row_counts(query)}")
     finally:
         query.stop()
 
@@ -167,9 +170,10 @@ def test_max_trigger_delay_releases_a_small_batch(spark, brook, tmp_path) -> Non
     query = (df.writeStream.format("memory").queryName("max_delay_rows").trigger(processingTime="500 milliseconds")
              .option("checkpointLocation", str(tmp_path / "cp")).start())
     try:
-        wait_for(lambda: _row_counts(query) == [20], 120, lambda: f"the first batch; saw {_row_counts(query)}")
+        wait_for(while_running(query, lambda: _row_counts(query) == [20]), 120,
+                 lambda: f"the first batch; saw {_row_counts(query)}")
         brook.produce(topic, [b"b%d" % i for i in range(7)])
-        wait_for(lambda: _row_counts(query) == [20, 7], 120,
+        wait_for(while_running(query, lambda: _row_counts(query) == [20, 7]), 120,
                  lambda: f"the delayed batch of 7 (far below minOffsetsPerTrigger); saw {_row_counts(query)}")
     finally:
         query.stop()
