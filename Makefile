@@ -22,7 +22,7 @@ wheel: venv
 
 ## The whole test suite (what CI runs).
 test: venv
-	$(PY) -m pytest -q tests -n 2 --dist loadscope --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -q tests -n 3 --dist loadscope --no-loadscope-reorder --durations=25
 
 ## Unit and in-process tests only (no multi-process clusters, no Spark): about 3 minutes, for the edit loop.
 test-fast: venv

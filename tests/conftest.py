@@ -10,12 +10,14 @@ import os
 import pytest
 from folder_scope import folder_of, leaving
 
-# `make test` runs the suite on two pytest-xdist workers, each folder whole on one of them (its
+# `make test` runs the suite on three pytest-xdist workers, each folder whole on one of them (its
 # session fixtures, a shared cluster or the one SparkSession, are made once), longest folders first
-# so the two finish together. Spark comes first: the first worker starts with it, so its JVM starts
+# so the workers finish together. Spark comes first: the first worker starts with it, so its JVM starts
 # before that process has used gRPC (tests/spark/conftest.py). The order holds without xdist too.
-FOLDERS_LONGEST_FIRST = ("spark", "ops", "metadata_quorum", "broker", "groups", "client", "kafka_compat",
+FOLDERS_LONGEST_FIRST = ("spark", "ops", "faults", "metadata_quorum", "broker", "groups", "client", "kafka_compat",
                          "security", "kafka_wire", "sim", "storage", "chaos", "replication", "kafka_admin", "fuzz")
+# While this folder runs, one other worker runs beside it and the rest wait (see FolderScheduling).
+RUNS_WITH_ONE_OTHER = "spark"
 
 # Each worker starts its clusters on ports of its own: two processes picking "free" ports from one
 # range could pick the same one before either binds it (deploy/local/cluster.py free_port).
@@ -28,13 +30,39 @@ if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """pytest-xdist's scheduling by scope, the scope a test's folder under tests/ (one unit of work,
-    run whole on one worker, in the collection order below)."""
+    run whole on one worker, in the collection order below).
+
+    Most of a cluster test's time is waiting for a fault to be noticed, so three workers fit on 2
+    cores, but not beside the Spark folder: its driver starts a Python process for each streaming
+    query (about 1.8 s of CPU importing pyspark), and Spark gives it 10 s, a limit no option changes,
+    to connect back. With three workers' clusters on the cores, one did not, and its query died.
+    So while the Spark folder has tests to run, only one other worker takes work; the others start
+    when it is over."""
     from xdist.scheduler import LoadScopeScheduling
 
     class FolderScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             parts = nodeid.split("::", 1)[0].split("/")
             return parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[-1]
+
+        def _unfinished(self, scope: str) -> bool:
+            if scope in self.workqueue:
+                return True
+            return any(not all(work[scope].values()) for work in self.assigned_work.values() if scope in work)
+
+        def _busy(self) -> list[object]:
+            return [node for node, work in self.assigned_work.items() if self._pending_of(work)]
+
+        def _assign_work_unit(self, node: object) -> None:
+            if self._unfinished(RUNS_WITH_ONE_OTHER) and node not in self._busy() and len(self._busy()) >= 2:
+                return  # waits: given work once that folder is over (mark_test_complete)
+            super()._assign_work_unit(node)
+
+        def mark_test_complete(self, node: object, item_index: int, duration: float = 0) -> None:
+            super().mark_test_complete(node, item_index, duration)
+            if not self._unfinished(RUNS_WITH_ONE_OTHER):
+                for waiting in [n for n in self.nodes if n not in self._busy()]:
+                    self._reschedule(waiting)
 
     return FolderScheduling(config, log)
 

@@ -1,5 +1,5 @@
 """A leader cut from the active controller is fenced and replaced without hearing of it: its consumers at the end
-of the log waited there for records that never came (tests/ops/test_split_asymmetric_cuts.py: two partitions'
+of the log waited there for records that never came (tests/faults/test_split_asymmetric_cuts.py: two partitions'
 tailing consumers read nothing in 45 s after such a cut, while their new leaders took every write). Without a
 controller session, and with no follower fetching any more, such a leader now answers a consumer at the end of
 the log NOT_LEADER_OR_FOLLOWER, which sends it to fresh metadata; what it holds is still served, and nothing

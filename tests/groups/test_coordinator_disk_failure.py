@@ -1,6 +1,6 @@
 """A group coordinator whose disk refuses to read ``__consumer_offsets`` fails its log directory.
 
-Found with real EIO faults (tests/ops/test_disk_faults.py): the load of the groups warned and gave
+Found with real EIO faults (tests/faults/test_disk_faults.py): the load of the groups warned and gave
 up, so the broker kept leading the partition while answering its groups' members NOT_COORDINATOR,
 and FindCoordinator sent them back to it until some other event moved the leadership. A read the
 disk refuses now fails the log directory (the broker's handler then stops the broker), as every

@@ -1,4 +1,4 @@
-"""Helpers shared by the ops tests (a unique module name: tests/ has no packages)."""
+"""Helpers shared by the ops and fault tests (a unique module name: tests/ has no packages)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A failing disk (not a hung one: tests/ops/test_controller_disk_hang.py) under the ACTIVE CONTROLLER's metadata
+"""A failing disk (not a hung one: tests/faults/test_controller_disk_hang.py) under the ACTIVE CONTROLLER's metadata
 directory, on a real split cluster: 3 controllers, each metadata directory a loop-mounted ext4 of its own, and
 one broker.
 

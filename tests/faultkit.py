@@ -1,4 +1,4 @@
-"""Helpers of the real-fault tests in tests/ops (disk faults, hung disks, wiped disks)."""
+"""Helpers of the real-fault tests (tests/faults: disk faults, hung disks, wiped disks, corrupt segments)."""
 
 from __future__ import annotations
 
