@@ -23,7 +23,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -969,15 +969,22 @@ class GroupCoordinator:
             entries.append((tp, entry))
             kvs.append((records.offset_key(req.group_id, tp), records.encode_offset_value(entry)))
         if kvs:
-            with self._lock:
-                owner, incoming = self._admit_offsets_locked(req.group_id, entries, client)
-            try:
-                self._write_offsets(req.group_id, p, epoch, entries, kvs, owner=client)
-            finally:
-                with self._lock:
-                    self._offsets_in_flight_locked(owner, -incoming)
+            self._admit_and_write_offsets(req.group_id, p, epoch, entries, kvs, client)
         results += [(tp.topic, tp.partition, ErrorCode.NONE, "") for tp, _ in entries]
         return results
+
+    def _admit_and_write_offsets(self, group_id: str, partition: int, epoch: int,
+                                 entries: list[tuple[TopicPartition, OffsetEntry]], kvs: list[tuple[bytes, bytes | None]],
+                                 client: str) -> None:
+        """Offsets a commit or an admin reset sets: admitted against the offsets budget (in all, and the
+        share of ``client``'s address), written with acks=all, then made visible."""
+        with self._lock:
+            owner, incoming = self._admit_offsets_locked(group_id, entries, client)
+        try:
+            self._write_offsets(group_id, partition, epoch, entries, kvs, owner=client)
+        finally:
+            with self._lock:
+                self._offsets_in_flight_locked(owner, -incoming)
 
     def _admit_offsets_locked(self, group_id: str, entries: list[tuple[TopicPartition, OffsetEntry]],
                               client: str = "") -> tuple[str, int]:
@@ -1058,7 +1065,7 @@ class GroupCoordinator:
         self._offset_bytes, self._offset_bytes_by_owner = total, by_owner
 
     def _write_offsets(self, group_id: str, partition: int, epoch: int,
-                       entries: list[tuple[TopicPartition, OffsetEntry | None]],
+                       entries: Sequence[tuple[TopicPartition, OffsetEntry | None]],
                        kvs: list[tuple[bytes, bytes | None]], owner: str = "") -> None:
         base = self._append_and_wait(partition, kvs)
         with self._lock:
@@ -1273,8 +1280,11 @@ class GroupCoordinator:
                                 [(records.offset_key(group_id, tp), None) for tp in to_delete])
         return results
 
-    def alter_offsets(self, req: group_pb2.AlterGroupOffsetsRequest) -> list[group_pb2.ResolvedOffset]:
-        """Reset committed offsets of an empty group (Kafka's kafka-consumer-groups --reset-offsets)."""
+    def alter_offsets(self, req: group_pb2.AlterGroupOffsetsRequest, client: str = "") -> list[group_pb2.ResolvedOffset]:
+        """Reset committed offsets of an empty group (Kafka's kafka-consumer-groups --reset-offsets). The
+        offsets count against the offsets budget as a commit's do (``client``: the caller's address, whose
+        share a group the reset makes counts against): resets of made-up groups, each setting an offset for
+        every partition of a topic, took the coordinator past group.coordinator.offsets.max.bytes."""
         with self._lock:
             g = self._group_locked(req.group_id, create=False)
             if g is not None and g.members:
@@ -1290,7 +1300,7 @@ class GroupCoordinator:
         by_ts = self._resolve_offsets({tp: s.value for tp, s in specs.items()
                                        if s.kind == group_pb2.RESET_TIMESTAMP})
         out: list[group_pb2.ResolvedOffset] = []
-        entries: list[tuple[TopicPartition, OffsetEntry | None]] = []
+        entries: list[tuple[TopicPartition, OffsetEntry]] = []
         kvs: list[tuple[bytes, bytes | None]] = []
         now = self.clock_ms()
         for tp in tps:
@@ -1314,7 +1324,7 @@ class GroupCoordinator:
                 g = self._groups.get(req.group_id)
                 if g is not None and g.members:
                     raise CoordinatorError("a member joined while resetting", code=ErrorCode.NON_EMPTY_GROUP)
-            self._write_offsets(req.group_id, p, epoch, entries, kvs)
+            self._admit_and_write_offsets(req.group_id, p, epoch, entries, kvs, client)
         return out
 
     def _expand_specs(self, specs: Iterable[group_pb2.OffsetResetSpec],

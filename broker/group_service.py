@@ -453,7 +453,7 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
             exc = authz.denied_error(caller, authz.READ, authz.TOPIC, sorted(denied)[0])
             return group_pb2.AlterGroupOffsetsResponse(error_code=exc.code, error_message=exc.message)
         try:
-            resolved = self.c.alter_offsets(request)
+            resolved = self.c.alter_offsets(request, peer_host(context.peer()))
         except errors.BrookError as exc:
             return group_pb2.AlterGroupOffsetsResponse(error_code=exc.code, error_message=exc.message)
         return group_pb2.AlterGroupOffsetsResponse(partitions=resolved)

@@ -689,3 +689,38 @@ def test_one_address_cannot_fill_the_offsets_budget_for_every_other_addresss_new
         assert c._offset_bytes_by_owner == settled and not c._offsets_in_flight.get("")
     finally:
         c._loader.shutdown()
+
+
+def test_admin_offset_resets_count_against_the_offsets_budget_as_commits_do() -> None:
+    """An AlterGroupOffsets reset sets an offset for every partition it names, whole topics included, and
+    makes the group when there is none: resets of made-up groups from one address, each naming a topic of
+    300 partitions, took the coordinator past both offsets bounds (they were written without being
+    counted). They are counted as a commit is: past the address's share the reset is refused and makes
+    nothing, while another address's reset is taken."""
+    budget, share = 400_000, 100_000
+    c, _ = _coordinator(group_coordinator_offsets_max_bytes=budget, group_coordinator_offsets_max_bytes_per_ip=share)
+
+    def reset(group: str, client: str) -> list[group_pb2.ResolvedOffset]:
+        with mock.patch.object(c, "_resolve_offsets", wraps=_ends):
+            return c.alter_offsets(group_pb2.AlterGroupOffsetsRequest(
+                group_id=group, specs=[_spec("big", -1, group_pb2.RESET_LATEST)]), client)
+    try:
+        made = 0
+        with pytest.raises(CoordinatorError) as refused:
+            for i in range(100):
+                reset(f"reset-{i}", "10.0.0.2")
+                made += 1
+        assert refused.value.code == ErrorCode.COORDINATOR_NOT_AVAILABLE, refused.value
+        assert "group.coordinator.offsets.max.bytes.per.ip" in str(refused.value) and "10.0.0.2" in str(refused.value)
+        assert 0 < made and f"reset-{made}" not in c._groups, "a refused reset makes no group"
+        c._offsets_counted_at = float("-inf")
+        c._count_offset_bytes_locked()
+        assert c._offset_bytes_by_owner["10.0.0.2"] <= share, (made, c._offset_bytes_by_owner)
+        assert c._groups["reset-0"].owner == "10.0.0.2" and len(c._groups["reset-0"].offsets) == 300
+        resolved = reset("elsewhere", "10.0.0.1")
+        assert len(resolved) == 300 and all(r.offset == 100 for r in resolved)
+        assert c._groups["elsewhere"].owner == "10.0.0.1"
+        # Resetting a group again to offsets of the same size adds nothing: taken, whoever made it.
+        assert len(reset("reset-0", "10.0.0.2")) == 300
+    finally:
+        c._loader.shutdown()
