@@ -42,15 +42,19 @@ def kconf(cluster: LocalCluster) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def rd_admin(kconf: dict[str, str]) -> Any:
     from confluent_kafka.admin import AdminClient
-    return AdminClient(rdkafka_config(kconf))
+    # An AdminClient is a librdkafka producer handle, and a producer's allow.auto.create.topics is true by
+    # default: the Metadata requests it makes for the topics it looked up by name (_create_topic) may create
+    # them. After a topic was deleted, its next scan of those topics created it again with
+    # auto.create.topics.enable (the default, as Kafka's): 4 of 4 times in a probe, 0 of 4 with this off; the
+    # deletion test then waited in vain for the topic to be gone.
+    return AdminClient(rdkafka_config(kconf, **{"allow.auto.create.topics": False}))
 
 
 def _create_topic(rd_admin: Any, name: str, partitions: int, *, again: bool = False) -> None:
     """confluent-kafka's CreateTopics, then until every partition has a leader in its metadata. ``again``: the
     name of a topic just deleted, which may exist again already: with auto.create.topics.enable (the default,
-    as Kafka's) a Metadata request naming it creates it, and librdkafka handles of this module had looked the
-    name up (seen in CI: a broker logged "auto-created topics" for it 0.4 s after the deletion; which handle
-    asked was not found). Either way the topic is a new, empty one."""
+    as Kafka's) a Metadata request naming it with allow_auto_topic_creation creates it, as the module's
+    AdminClient's did before it was told not to (rd_admin). Either way the topic is a new, empty one."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
