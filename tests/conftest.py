@@ -54,8 +54,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return [node for node, work in self.assigned_work.items() if self._pending_of(work)]
 
         def _assign_work_unit(self, node: object) -> None:
-            if self._unfinished(RUNS_WITH_ONE_OTHER) and node not in self._busy() and len(self._busy()) >= 2:
-                return  # waits: given work once that folder is over (mark_test_complete)
+            if self._unfinished(RUNS_WITH_ONE_OTHER):
+                busy = self._busy()
+                if node not in busy and len(busy) >= 2:
+                    return  # waits: given work once that folder is over (mark_test_complete)
             super()._assign_work_unit(node)
 
         def mark_test_complete(self, node: object, item_index: int, duration: float = 0) -> None:

@@ -71,7 +71,7 @@ class Flood:
     """``threads`` threads flooding the broker from ``source`` (``_run``), counting the answers and what went
     wrong; stopped on exit."""
 
-    def __init__(self, port: int, source: str, threads: int) -> None:
+    def __init__(self, port: int, source: str, threads: int = 3) -> None:
         self.port, self.source = port, source
         self.answered = 0
         self.failures: list[str] = []
@@ -94,10 +94,7 @@ class Flood:
 
 
 class KafkaFlood(Flood):
-    """``connections`` connections from ``source``, each pipelining ApiVersions, every answer checked."""
-
-    def __init__(self, port: int, source: str, connections: int = 3) -> None:
-        super().__init__(port, source, connections)
+    """A connection a thread from ``source``, each pipelining ApiVersions, every answer checked."""
 
     def _run(self) -> None:
         try:

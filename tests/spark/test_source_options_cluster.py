@@ -130,6 +130,12 @@ def _row_counts(query) -> list[int]:  # type: ignore[no-untyped-def]
     return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
 
+def _wait_batches(query, counts: list[int], what: str) -> None:  # type: ignore[no-untyped-def]
+    """Until the query's batches with rows had ``counts`` rows; fails at once if the query died."""
+    wait_for(while_running(query, lambda: _row_counts(query) == counts), 120,
+             lambda: f"{what}; saw {_row_counts(query)}")
+
+
 def test_min_offsets_per_trigger_holds_small_batches_back(spark, brook, tmp_path) -> None:  # type: ignore[no-untyped-def]
     topic = "min-trigger"
     brook.create_topic(topic, 2)
@@ -146,8 +152,7 @@ def test_min_offsets_per_trigger_holds_small_batches_back(spark, brook, tmp_path
         spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
     try:
         # The first trigger runs at once (as Spark's: the delay counts from the last batch, none yet).
-        wait_for(while_running(query, lambda: _row_counts(query) == [60]), 120,
-                 lambda: f"the first batch; saw {_row_counts(query)}")
+        _wait_batches(query, [60], "the first batch")
         brook.produce(topic, [b"b%d" % i for i in range(50)])
         # The source saw the 50 new records (progress reports its latest offset) and admitted no batch.
         wait_for(while_running(query, lambda: any(_total(p["sources"][0]["latestOffset"]) == 110
@@ -155,8 +160,7 @@ def test_min_offsets_per_trigger_holds_small_batches_back(spark, brook, tmp_path
                  120, "a progress report showing the 50 new records as latest")
         assert _row_counts(query) == [60], _row_counts(query)
         brook.produce(topic, [b"c%d" % i for i in range(50)])  # 100 new records now: enough
-        wait_for(while_running(query, lambda: _row_counts(query) == [60, 100]), 120,
-                 lambda: f"the second batch; saw {_row_counts(query)}")
+        _wait_batches(query, [60, 100], "the second batch")
     finally:
         query.stop()
 
@@ -170,11 +174,9 @@ def test_max_trigger_delay_releases_a_small_batch(spark, brook, tmp_path) -> Non
     query = (df.writeStream.format("memory").queryName("max_delay_rows").trigger(processingTime="500 milliseconds")
              .option("checkpointLocation", str(tmp_path / "cp")).start())
     try:
-        wait_for(while_running(query, lambda: _row_counts(query) == [20]), 120,
-                 lambda: f"the first batch; saw {_row_counts(query)}")
+        _wait_batches(query, [20], "the first batch")
         brook.produce(topic, [b"b%d" % i for i in range(7)])
-        wait_for(while_running(query, lambda: _row_counts(query) == [20, 7]), 120,
-                 lambda: f"the delayed batch of 7 (far below minOffsetsPerTrigger); saw {_row_counts(query)}")
+        _wait_batches(query, [20, 7], "the delayed batch of 7 (far below minOffsetsPerTrigger)")
     finally:
         query.stop()
 
