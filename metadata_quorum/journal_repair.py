@@ -26,6 +26,8 @@ from pathlib import Path
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.journal import FileJournal
 
+from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
+
 log = logging.getLogger(__name__)
 
 # pysyncobj's _COMMAND_TYPE: REGULAR, NO_OP, MEMBERSHIP, VERSION; all but NO_OP carry a pickled payload.

@@ -36,6 +36,7 @@ from typing import Any
 
 from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
 
+from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
 from storage.checkpoints import fsync_dir
 from storage.disk_errors import EXIT_DISK_FAILURE, halt_for_disk_failure
 

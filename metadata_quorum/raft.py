@@ -52,6 +52,7 @@ from pysyncobj.journal import Journal, MemoryJournal
 
 from broker.request_times import LatencyHistogram
 from metadata_quorum import commands as c
+from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
 from metadata_quorum.journal_repair import repair_journal
 from metadata_quorum.quorum_journal import FailStopJournal, FailureHandler, halt_on_journal_failure
 from metadata_quorum.quorum_security import bind_address, check_quorum_protection

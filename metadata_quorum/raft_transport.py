@@ -45,6 +45,8 @@ from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.tcp_server import TcpServer
 from pysyncobj.transport import TCPTransport
 
+from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
+
 log = logging.getLogger(__name__)
 
 UNKNOWN_FRAME_MAX_BYTES = 64 * 1024
