@@ -30,13 +30,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import ipaddress
 import logging
 import resource
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+
+from broker.config import per_ip_override_entries
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,57 @@ log = logging.getLogger(__name__)
 # connections.max.idle.ms (Kafka's default): a connection with no request for this long is closed, on
 # the Kafka listeners and (as gRPC's max_connection_idle: no call open) on the gRPC ports.
 DEFAULT_CONNECTION_IDLE_MS = 600_000
+
+# max.connections.per.ip: a tenth of max.connections, so one client address cannot take a port's every
+# connection (Kafka listeners, the gRPC ports: broker/grpc_connections.py).
+DEFAULT_CONNECTIONS_PER_IP = 1000
+
+
+def normal_ip(address: str) -> str:
+    """An IP as the bounds compare them: an IPv4-mapped IPv6 address as the IPv4 one; anything else as given."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
+
+
+class ConnectionsPerIp:
+    """``max.connections.per.ip`` and its ``overrides``: how many connections one client address may hold.
+    A host name among the overrides stands for every address it resolves to when the node starts (Kafka
+    resolves it when the config is read); one that does not resolve is skipped with a WARNING, so a name
+    service down at start does not keep the node down."""
+
+    def __init__(self, default: int, overrides: list[str] | None = None, what: str = "",
+                 resolve: Callable[..., list[Any]] = socket.getaddrinfo) -> None:
+        self.default = default
+        self.overrides: dict[str, int] = {}
+        for host, count in per_ip_override_entries(overrides or []):
+            try:
+                addresses = {normal_ip(str(info[4][0])) for info in resolve(host, None)}
+            except OSError as e:
+                log.warning("%s: max.connections.per.ip.overrides: %r does not resolve (%s); its override is "
+                            "skipped", what, host, e)
+                continue
+            for address in addresses:
+                self.overrides[address] = count
+
+    @classmethod
+    def of(cls, defaults: dict[str, str], what: str) -> ConnectionsPerIp:
+        """From a node's config (``max.connections.per.ip`` and ``max.connections.per.ip.overrides``)."""
+        overrides = [e.strip() for e in defaults.get("max.connections.per.ip.overrides", "").split(",") if e.strip()]
+        return cls(int(defaults.get("max.connections.per.ip", str(DEFAULT_CONNECTIONS_PER_IP))), overrides, what)
+
+    @property
+    def lowest(self) -> int:
+        """The lowest bound of any address: no address is past its bound while fewer are open in all."""
+        return min([self.default, *self.overrides.values()])
+
+    def __call__(self, address: str) -> int:
+        if not self.overrides:
+            return self.default
+        return self.overrides.get(normal_ip(address), self.default)
 
 
 async def stop_serving(server: asyncio.AbstractServer | None, tasks: set[asyncio.Task[Any]],
@@ -64,16 +119,17 @@ class ConnectionSlots:
     any TLS handshake. ``stats`` (the listener's) gets ``connections``, ``connections_total`` and
     ``refused_connections_total``. Loop thread only."""
 
-    def __init__(self, max_connections: int, max_per_address: int, stats: Any) -> None:
+    def __init__(self, max_connections: int, max_per_address: int | ConnectionsPerIp, stats: Any) -> None:
         self.max_connections = max_connections
-        self.max_per_address = max_per_address
+        self.max_per_address = (max_per_address if isinstance(max_per_address, ConnectionsPerIp)
+                                else ConnectionsPerIp(max_per_address))
         self.stats = stats
         self._by_address: dict[str, int] = {}  # client address -> its open connections
 
     def take(self, host: str) -> bool:
         """Count a connection from ``host``; False (counted as refused) when either bound is reached."""
         mine = self._by_address.get(host, 0)
-        if self.stats.connections >= self.max_connections or mine >= self.max_per_address:
+        if self.stats.connections >= self.max_connections or mine >= self.max_per_address(host):
             self.stats.refused_connections_total += 1
             return False
         self._by_address[host] = mine + 1

@@ -95,6 +95,27 @@ def _host_port_or_empty(v: str) -> str | None:
     return None
 
 
+def per_ip_override_entries(entries: list[str]) -> list[tuple[str, int]]:
+    """``max.connections.per.ip.overrides`` (Kafka's key): ``host:count`` entries, an IPv6 address in
+    brackets or not (the count is after the last colon); ValueError naming a malformed one."""
+    out = []
+    for entry in entries:
+        host, sep, count = entry.rpartition(":")
+        host = host.strip().removeprefix("[").removesuffix("]")
+        if not sep or not host or not (count.strip().isascii() and count.strip().isdigit()):
+            raise ValueError(f"{entry!r} is not host:count (a host name or IP, and a count of at least 0)")
+        out.append((host, int(count)))
+    return out
+
+
+def _per_ip_overrides(v: list[str]) -> str | None:
+    try:
+        per_ip_override_entries(v)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 _B = (ROLE_BROKER,)
 _C = (ROLE_CONTROLLER,)
 _DAY_MS = 24 * 3600 * 1000
@@ -271,9 +292,15 @@ _BEHAVIOUR = [
            "Client connections the broker's port accepts at once (at most half the file-descriptor limit), and "
            "the controller's port (at most an eighth of it); more are refused at accept.", check=_at_least(1)),
     KeyDef("max.connections.per.ip", "int", "1000",
-           "Kafka-protocol connections one client address may have open on each Kafka listener (Kafka's "
-           "max.connections.per.ip); more are closed at accept, so one address cannot take all max.connections.",
-           check=_at_least(1), roles=_B),
+           "Connections one client address may have open on each Kafka listener (Kafka's max.connections.per.ip), "
+           "and on the broker's gRPC ports together and the controller's port; more are closed (at accept on a "
+           "Kafka listener; within half a second on a gRPC port), so one address cannot take all max.connections.",
+           check=_at_least(1)),
+    KeyDef("max.connections.per.ip.overrides", "list", "",
+           "host:count,... (Kafka's key): max.connections.per.ip for these client addresses instead, e.g. "
+           "10.0.0.7:5000 for a NAT many clients share, or 0 to close every connection of an address. A host "
+           "name stands for every address it resolves to when the node starts; one that does not resolve is "
+           "skipped with a WARNING.", check=_per_ip_overrides),
     KeyDef("request.cpu.max.percent.per.ip", "int", "50",
            "Share of one core (the broker's interpreter) the requests of one client address may take while the "
            "broker has requests from other addresses too: the work of the client threads and of the event loop "

@@ -422,6 +422,26 @@ class ReplicationListenerCollector(_SafeCollector):
             yield CounterMetricFamily(name, doc, value=float(getattr(st, key)))
 
 
+class GrpcConnectionsCollector(_SafeCollector):
+    """max.connections.per.ip on a role's gRPC ports (broker/grpc_connections.py): connections closed."""
+
+    name = "grpc_connections"
+
+    def __init__(self, role: str, bound: Callable[[], Any]) -> None:
+        self._role = role
+        self._bound = bound
+
+    def _collect(self) -> Iterable[Metric]:
+        bound = self._bound()
+        if bound is None:
+            return
+        closed = CounterMetricFamily("brook_grpc_connections_closed_per_ip",
+                                     "gRPC connections closed because their client address had more than "
+                                     "max.connections.per.ip open on the role's ports.", labels=["role"])
+        closed.add_metric([self._role], float(bound.closed_total))
+        yield closed
+
+
 class KafkaListenerCollector(_SafeCollector):
     """The Kafka-protocol listeners (broker/kafka_wire): connections, requests, refusals, sendfile bytes."""
 

@@ -53,6 +53,7 @@ from broker.metrics import (
     ControllerCollector,
     CpuShareCollector,
     GroupCollector,
+    GrpcConnectionsCollector,
     KafkaListenerCollector,
     NodeMetrics,
     PauseCollector,
@@ -332,6 +333,8 @@ class Node:
                 self.controller = ControllerNode(cfg.controller_settings())
                 self.controller.start()
             self.metrics.add(ControllerCollector(lambda: self.controller))
+            self.metrics.add(GrpcConnectionsCollector(
+                "controller", lambda: getattr(self.controller, "connections_per_ip", None)))
             self.metrics.add(SecurityCollector("controller", lambda: getattr(self.controller, "_security", None)))
             self.grpc.role_up("controller")
             log.info("controller %d started (voters %s)", cfg.node_id, sorted(cfg.voters))
@@ -357,6 +360,8 @@ class Node:
             self.metrics.add(CpuShareCollector(lambda: getattr(getattr(self.broker, "capacity", None), "cpu", None)))
             self.metrics.add(ReceiveCollector(lambda: self.broker.receive_stats() if self.broker is not None
                                               else ReceiveStats()))
+            self.metrics.add(GrpcConnectionsCollector(
+                "broker", lambda: getattr(self.broker, "connections_per_ip", None)))
             self.metrics.add(KafkaListenerCollector(lambda: self.broker.kafka_listeners if self.broker is not None
                                                     else []))
             self.metrics.add(ReplicationListenerCollector(

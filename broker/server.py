@@ -39,11 +39,13 @@ from broker.admission import (
     ByteBudget,
     ClientByteShares,
     ClientLimits,
+    ConnectionsPerIp,
     connections_within_descriptors,
 )
 from broker.cpu_shares import DEFAULT_MAX_PERCENT as DEFAULT_CPU_PERCENT_PER_IP
 from broker.cpu_shares import CpuShares
 from broker.fair_pool import FairExecutor
+from broker.grpc_connections import PerAddressConnections
 from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.receiving import (
@@ -257,6 +259,7 @@ class BrokerServer:
         self._started = False
         self.port = settings.port
         self.grpc_server: grpc.aio.Server | None = None
+        self.connections_per_ip: PerAddressConnections | None = None  # max.connections.per.ip on the gRPC ports
         self.loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self.loop_monitor: LoopMonitor | None = None  # the loop's lag, stalls and liveness stamp
@@ -343,10 +346,13 @@ class BrokerServer:
         self.security.add_service(self.grpc_server)  # SaslAuthenticate (sync handlers: the migration pool)
         for fn in self._servicer_fns:
             fn(self.grpc_server)
-        self._bind_listeners(self.grpc_server)
+        self.connections_per_ip = PerAddressConnections(
+            self._bind_listeners(self.grpc_server),
+            ConnectionsPerIp.of(d, f"broker {s.node_id}"), f"broker {s.node_id}")
         for ext in self._extensions:
             self.extension_objects.append(ext(self))
         self._on_loop(self.grpc_server.start())
+        self.connections_per_ip.start()
         self._start_replication_listener(service)  # before registering: the endpoint is live when named
         self._started = True
         self.log_manager.start_background()
@@ -557,18 +563,22 @@ class BrokerServer:
         if self._security_pool is not None:
             self._security_pool.shutdown(wait=False, cancel_futures=True)
 
-    def _bind_listeners(self, server: Any) -> None:
-        """Open BROKER and every extra listener on ``server`` (plaintext, SSL or mTLS per listener)."""
+    def _bind_listeners(self, server: Any) -> list[int]:
+        """Open BROKER and every extra gRPC listener on ``server`` (plaintext, SSL or mTLS per listener);
+        the ports bound."""
         s = self.settings
         bound = bind_port(server, s.host, s.port, s.tls)
         if bound == 0:
             raise OSError(f"broker {s.node_id}: cannot listen on {s.host}:{s.port}")
         self.port = bound
+        ports = [bound]
         for lst in s.extra_listeners:
             if lst.wire != "grpc":
                 continue
-            if bind_port(server, lst.host, lst.port, lst.tls) == 0:
+            if (port := bind_port(server, lst.host, lst.port, lst.tls)) == 0:
                 raise OSError(f"broker {s.node_id}: cannot listen on {lst.name} {lst.host}:{lst.port}")
+            ports.append(port)
+        return ports
 
     def _start_replication_listener(self, service: BrokerService) -> None:
         for lst in self.settings.extra_listeners:
@@ -778,6 +788,8 @@ class BrokerServer:
                     self._on_loop(kl.stop(), timeout_s=5)
                 except Exception:
                     log.exception("broker %d: stopping Kafka listener %s failed", self.node_id, kl.spec.name)
+        if self.connections_per_ip is not None:
+            self.connections_per_ip.stop()
         if self.grpc_server is not None and self.loop is not None:
             try:
                 self._on_loop(self.grpc_server.stop(grace=SERVER_STOP_GRACE_S), timeout_s=SERVER_STOP_GRACE_S + 5)

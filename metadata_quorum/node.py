@@ -25,8 +25,9 @@ from typing import Any
 import grpc
 
 from broker import principal
-from broker.admission import DEFAULT_CONNECTION_IDLE_MS, connections_within_descriptors
+from broker.admission import DEFAULT_CONNECTION_IDLE_MS, ConnectionsPerIp, connections_within_descriptors
 from broker.authorizer import AuthorizerConfig
+from broker.grpc_connections import PerAddressConnections
 from broker.receiving import DEFAULT_REQUEST_MAX_BYTES, SyncReceiveGate
 from broker.request_times import LatencyHistogram
 from broker.tls import HANDSHAKE_TIMEOUT_MS, ServerTls, bind_port
@@ -207,6 +208,7 @@ class ControllerNode:
         self._controller: QuorumController | None = None
         self._service: ControllerService | None = None
         self._server: grpc.Server | None = None
+        self.connections_per_ip: PerAddressConnections | None = None  # max.connections.per.ip on the port
         self._receive_gate = SyncReceiveGate(RECEIVING_PER_CLIENT, RECEIVE_TIMEOUT_S, f"controller-{settings.node_id}",
                                              workers=GRPC_MAX_WORKERS, reserved_for_nodes=RESERVED_FOR_NODES,
                                              is_node=nodes_and_super_users(settings.defaults))
@@ -240,6 +242,8 @@ class ControllerNode:
             self._bootstrap.stop()
         if self._service is not None:
             self._service.shutdown()
+        if self.connections_per_ip is not None:
+            self.connections_per_ip.stop()
         if self._server is not None:
             self._server.stop(grace=1.0).wait(timeout=3.0)
         self._stop.set()
@@ -334,6 +338,10 @@ class ControllerNode:
             raise errors.KafkaStorageError(f"cannot bind the controller gRPC port {me.host}:{me.grpc_port}")
         server.start()
         self._server = server
+        self.connections_per_ip = PerAddressConnections(
+            [bound], ConnectionsPerIp.of(settings.defaults, f"controller {settings.node_id}"),
+            f"controller {settings.node_id}")
+        self.connections_per_ip.start()
         self._bootstrap.start()
 
     def _build_security(self) -> tuple[Any, Any]:

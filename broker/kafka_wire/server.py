@@ -57,6 +57,7 @@ from broker.admission import (
     ByteBudget,
     ConnectionDeadline,
     ConnectionSlots,
+    ConnectionsPerIp,
     connections_within_descriptors,
     stop_serving,
 )
@@ -73,8 +74,6 @@ from storage.file_records import FileRecords
 
 log = logging.getLogger(__name__)
 
-# A tenth of max.connections: one client address cannot take the listener's every connection.
-DEFAULT_CONNECTIONS_PER_IP = 1000
 DEFAULT_SASL_TIMEOUT_MS = 10_000
 DEFAULT_SASL_MAX_RECEIVE_BYTES = 64 * 1024
 PRE_AUTH_POOL_BYTES = 16 * 1024 * 1024
@@ -132,7 +131,7 @@ class KafkaListener:
         self.request_timeout_s = int(defaults.get("kafka.request.timeout.ms", "30000")) / 1000
         self.max_connections = connections_within_descriptors(int(defaults.get("max.connections", "10000")), 4,
                                                               f"Kafka listener {spec.name}")
-        self.max_connections_per_ip = int(defaults.get("max.connections.per.ip", str(DEFAULT_CONNECTIONS_PER_IP)))
+        self.max_connections_per_ip = ConnectionsPerIp.of(defaults, f"Kafka listener {spec.name}")
         self._parse_turns: dict[str, asyncio.Lock] = {}  # client address -> its turn at the parse pool
         self._io_turns: dict[str, asyncio.Lock] = {}  # client address -> its turn for large answers on io threads
         self.sasl = spec.protocol in ("SASL_PLAINTEXT", "SASL_SSL")

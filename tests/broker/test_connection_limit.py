@@ -1,10 +1,12 @@
 """max.connections: the broker port refuses connections past the bound, and takes new ones once
 connections close (a connection flood cannot exhaust the broker's file descriptors);
-connections.max.idle.ms: a connection with no call open that long is closed."""
+connections.max.idle.ms: a connection with no call open that long is closed; max.connections.per.ip:
+one address's connections past it are closed, on the broker's and the controller's gRPC ports."""
 
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 from pathlib import Path
 
@@ -110,3 +112,53 @@ def test_connections_without_a_call_for_connections_max_idle_ms_are_closed(tmp_p
                      if grpc.ChannelConnectivity.READY in states else False,
                      20, lambda: f"the idle connection to be closed (channel states {states})")
             assert metadata_ok(channel), "no answer on a new connection after the idle one was closed"
+
+
+PER_IP = 4
+FLOOD = 12
+
+
+def held_open(socks: list[socket.socket]) -> int:
+    """How many of ``socks`` the server has not closed (nothing is read from an open one: no byte comes)."""
+    n = 0
+    for s in socks:
+        s.setblocking(False)
+        try:
+            n += s.recv(65536) != b""
+        except BlockingIOError:
+            n += 1
+        except ConnectionResetError:
+            pass
+    return n
+
+
+def test_one_address_holds_at_most_max_connections_per_ip_on_the_broker_and_controller_ports(tmp_path: Path) -> None:
+    """Before, the gRPC ports had no per-address bound: one address's HTTP/2 connections, a preface and
+    nothing else, were each held for connections.max.idle.ms, up to max.connections of them."""
+    # The override keeps this process's and the node's own connections (127.0.0.1) out of the bound.
+    with LocalCluster(tmp_path / "c", nodes=1, overrides={"max.connections.per.ip": str(PER_IP),
+                                                          "max.connections.per.ip.overrides": "127.0.0.1:1000"}
+                      ) as cluster:
+        address = cluster.broker_address(1)
+        ports = {"broker": int(address.rsplit(":", 1)[1]), "controller": cluster.spec(1).controller_port}
+        for role, port in ports.items():
+            flood = []
+            try:
+                for _ in range(FLOOD):
+                    sock, conn = h2_connect(port, ATTACKER)
+                    sock.sendall(conn.data_to_send())
+                    flood.append(sock)
+                wait_for(lambda f=flood: held_open(f) <= PER_IP, 15,  # type: ignore[misc]
+                         lambda r=role, f=flood: f"the {r} port to close all but {PER_IP} of one address's "
+                                                 f"connections ({held_open(f)} of {FLOOD} open)")
+                assert held_open(flood) == PER_IP, f"the {role} port kept fewer than the address's {PER_IP}"
+                # 127.0.0.1 is another address.
+                with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+                    assert metadata_ok(channel)
+            finally:
+                for s in flood:
+                    s.close()
+        metrics = cluster.read_metrics(1)
+        for role in ports:
+            line = f'brook_grpc_connections_closed_per_ip_total{{role="{role}"}} {float(FLOOD - PER_IP)}'
+            assert line in metrics, f"no {line!r} in /metrics"

@@ -158,6 +158,11 @@ BAD_CASES = [
     # str.isdigit() takes "²", which int() then refuses (a traceback).
     ('"controller.quorum.voters" = "\u00b2@127.0.0.1:19093:19094"', "controller.quorum.voters"),
     ('"controller.quorum.voters" = "1@127.0.0.1:\u00b2:19094"', "controller.quorum.voters"),
+    ('"max.connections.per.ip.overrides" = "10.0.0.7"', "max.connections.per.ip.overrides"),
+    ('"max.connections.per.ip.overrides" = "10.0.0.7:many"', "max.connections.per.ip.overrides"),
+    ('"max.connections.per.ip.overrides" = "10.0.0.7:-1"', "max.connections.per.ip.overrides"),
+    ('"max.connections.per.ip.overrides" = "10.0.0.8:5,:5"', "max.connections.per.ip.overrides"),
+    ('"max.connections.per.ip.overrides" = "10.0.0.7:\u00b2"', "max.connections.per.ip.overrides"),
 ]
 
 

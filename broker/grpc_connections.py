@@ -1,0 +1,209 @@
+"""``max.connections.per.ip`` on the gRPC ports: one client address holds at most that many connections.
+
+The Kafka and replication listeners count a connection at accept (``admission.ConnectionSlots``). gRPC
+accepts its connections itself and Python's gRPC has no hook there, so its ports only had the bound on
+all connections together (``grpc.max_allowed_incoming_connections``): one address could open every one
+of them, and keep them for ``connections.max.idle.ms`` (10 minutes) with an HTTP/2 preface and nothing
+else, while every other client was refused at accept.
+
+``PerAddressConnections`` keeps the bound after the fact. A thread looks at the kernel's table of the
+network namespace's TCP sockets (``/proc/self/net/tcp`` and ``tcp6``) every ``CHECK_INTERVAL_S``,
+counts the connections each remote address holds on the server's ports, and shuts down (``shutdown(2)``
+on a duplicate of the descriptor) those of an address past the bound: gRPC reads the end of the
+connection and closes it, as if the client had. An address keeps the connections it had longest
+(first seen in an earlier look); among those seen in the same look, the lowest socket inode.
+
+Costs: while the process has no more descriptors open than the bound, no address can be past it, and
+a look is one directory listing. Past that, a look reads the table (about a microsecond a line) and,
+only when an address is past the bound, this process's descriptor links to find its connections.
+
+An address past the bound keeps its connections for up to ``CHECK_INTERVAL_S`` (plus a look's time),
+not a moment: a flood of connections can still fill ``max.connections`` for that long. Linux only (the
+tables are Linux's): elsewhere there is no per-address bound on the gRPC ports, and the start says so.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.admission import ConnectionsPerIp
+from broker.log_limits import ThrottledWarning
+
+log = logging.getLogger(__name__)
+
+CHECK_INTERVAL_S = 0.5
+# A look reads the table at least this often even while no address can be past the bound, so that the
+# connections an address had before a flood are known as its older ones when the flood comes.
+FULL_LOOK_EVERY = 20
+
+_TABLES = (Path("/proc/self/net/tcp"), Path("/proc/self/net/tcp6"))
+_FDS = Path("/proc/self/fd")
+# The states of a connection its client holds open: ESTABLISHED, and CLOSE_WAIT (the client's end came,
+# the server has yet to close it). One shut down here is in FIN_WAIT until gRPC closes it, and not counted.
+_HELD = frozenset({"01", "08"})
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """One accepted connection of a watched port, as the kernel's table shows it."""
+
+    address: str  # the client's IP (an IPv4-mapped IPv6 address as IPv4)
+    inode: int  # the socket's inode: what ties the table's line to a descriptor of this process
+
+
+def remote_address(hex_address: str) -> str:
+    """The IP a ``/proc/net/tcp{,6}`` address field names: each 32-bit word is printed in the host's byte
+    order."""
+    words = b"".join(struct.pack("=I", int(hex_address[i:i + 8], 16)) for i in range(0, len(hex_address), 8))
+    if len(words) == 4:
+        return str(ipaddress.IPv4Address(words))
+    ip = ipaddress.IPv6Address(words)
+    return str(ip.ipv4_mapped or ip)
+
+
+def connections_on(ports: Iterable[int], lines: Iterable[str]) -> list[Connection]:
+    """The connections held open on ``ports`` among the lines of ``/proc/net/tcp{,6}`` (header excluded):
+    every socket with one of those local ports in a state of ``_HELD`` (not the listener, nor a connection
+    being closed)."""
+    suffixes = tuple(f":{p:04X}" for p in ports)
+    out: list[Connection] = []
+    names: dict[str, str] = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 10 or not fields[1].endswith(suffixes) or fields[3] not in _HELD or fields[9] == "0":
+            continue
+        remote = fields[2].rpartition(":")[0]
+        name = names.get(remote)
+        if name is None:
+            name = names[remote] = remote_address(remote)
+        out.append(Connection(name, int(fields[9])))
+    return out
+
+
+def past_the_bound(connections: Iterable[Connection], bound: Callable[[str], int],
+                   seen_before: set[int]) -> dict[str, list[int]]:
+    """{address: inodes of its connections to close} for each address holding more than ``bound(address)``.
+    An address keeps those in ``seen_before`` (found open by an earlier look) first, then the lowest inodes."""
+    by_address: dict[str, list[int]] = {}
+    for c in connections:
+        by_address.setdefault(c.address, []).append(c.inode)
+    out: dict[str, list[int]] = {}
+    for address, inodes in by_address.items():
+        if len(inodes) > (mine := bound(address)):
+            inodes.sort(key=lambda i: (i not in seen_before, i))
+            out[address] = inodes[mine:]
+    return out
+
+
+def shut_down(inodes: set[int]) -> int:
+    """Shut down this process's sockets with these inodes; how many were. The descriptor is duplicated and
+    the duplicate's inode checked, so a descriptor closed and reused since it was listed is left alone."""
+    done = 0
+    try:
+        names = os.listdir(_FDS)
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            link = os.readlink(_FDS / name)
+        except OSError:
+            continue  # closed since the listing
+        if not link.startswith("socket:[") or int(link[8:-1]) not in inodes:
+            continue
+        try:
+            dup = os.dup(int(name))
+        except OSError:
+            continue
+        try:
+            if os.fstat(dup).st_ino not in inodes:
+                continue
+            sock = socket.socket(fileno=dup)
+            dup = -1  # the socket object owns it now
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                done += 1
+            except OSError:
+                pass  # already ended
+            finally:
+                sock.close()
+        finally:
+            if dup >= 0:
+                os.close(dup)
+    return done
+
+
+class PerAddressConnections:
+    """Hold each client address to ``max_per_address(address)`` connections on a gRPC server's ``ports``
+    (the module's docstring says how). ``closed_total`` counts the connections shut down. ``what`` names
+    the server in log lines."""
+
+    def __init__(self, ports: Iterable[int], max_per_address: ConnectionsPerIp, what: str,
+                 interval_s: float = CHECK_INTERVAL_S) -> None:
+        self.ports = frozenset(ports)
+        self.max_per_address = max_per_address
+        self.what = what
+        self.closed_total = 0
+        self._interval_s = interval_s
+        self._seen: set[int] = set()  # inodes open at the last look that read the table
+        self._looks = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warning = ThrottledWarning(log)
+        self._failures = ThrottledWarning(log)
+
+    def start(self) -> None:
+        if not _FDS.is_dir() or not _TABLES[0].exists():
+            log.warning("%s: no /proc/self/net/tcp here, so the gRPC ports have no per-address connection bound "
+                        "(max.connections.per.ip); max.connections still bounds them all together", self.what)
+            return
+        self._thread = threading.Thread(target=self._run, name=f"{self.what.replace(' ', '-')}-connections-per-ip",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self.check()
+            except Exception as e:  # a look that failed is retried at the next; the port is served meanwhile
+                self._failures.warn("%s: checking the connections per address failed: %r", self.what, e)
+
+    def check(self) -> int:
+        """One look: shut down the connections past the bound; how many were."""
+        self._looks += 1
+        try:
+            if len(os.listdir(_FDS)) <= self.max_per_address.lowest and self._looks % FULL_LOOK_EVERY:
+                return 0  # no address can be past the bound
+        except OSError:
+            return 0
+        connections: list[Connection] = []
+        for table in _TABLES:
+            try:
+                lines = table.read_text().splitlines()[1:]
+            except OSError:
+                continue  # no IPv6 here
+            connections += connections_on(self.ports, lines)
+        over = past_the_bound(connections, self.max_per_address, self._seen)
+        self._seen = {c.inode for c in connections}
+        if not over:
+            return 0
+        closed = shut_down({i for inodes in over.values() for i in inodes})
+        self.closed_total += closed
+        self._seen -= {i for inodes in over.values() for i in inodes}
+        bound = self.max_per_address
+        self._warning.warn("%s: closed %d connection(s) past max.connections.per.ip on its gRPC port(s): %s",
+                           self.what, closed, ", ".join(f"{a} had {len(v) + bound(a)} (its bound {bound(a)})"
+                                                        for a, v in sorted(over.items())))
+        return closed

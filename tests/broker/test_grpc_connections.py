@@ -1,0 +1,159 @@
+"""max.connections.per.ip on the gRPC ports (broker/grpc_connections.py): the kernel's table read right,
+the newest connections of an address past the bound shut down, and nothing else touched; and
+max.connections.per.ip.overrides, there and at a Kafka listener's accept. Real sockets in this process,
+from two loopback addresses."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sockets import ATTACKER, closed_by_peer, connect_from
+
+from broker.admission import ConnectionSlots, ConnectionsPerIp
+from broker.grpc_connections import (
+    Connection,
+    PerAddressConnections,
+    connections_on,
+    past_the_bound,
+    shut_down,
+)
+
+
+def table_lines() -> list[str]:
+    lines: list[str] = []
+    for name in ("tcp", "tcp6"):
+        path = Path(f"/proc/self/net/{name}")
+        if path.exists():
+            lines += path.read_text().splitlines()[1:]
+    return lines
+
+
+@contextlib.contextmanager
+def listener(host: str = "127.0.0.1", family: int = socket.AF_INET) -> Iterator[socket.socket]:
+    server = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if family == socket.AF_INET6:
+            server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # 127.0.0.x arrives IPv4-mapped
+        server.bind((host, 0))
+        server.listen(64)
+        yield server
+    finally:
+        server.close()
+
+
+@contextlib.contextmanager
+def connected(server: socket.socket, sources: list[str]) -> Iterator[tuple[list[socket.socket], list[socket.socket]]]:
+    """(client sockets, the server's accepted sockets), one pair per source address, in order."""
+    port = server.getsockname()[1]
+    clients: list[socket.socket] = []
+    accepted: list[socket.socket] = []
+    try:
+        for source in sources:
+            clients.append(connect_from(source, port))
+            accepted.append(server.accept()[0])
+        yield clients, accepted
+    finally:
+        for s in clients + accepted:
+            s.close()
+
+
+def inode(s: socket.socket) -> int:
+    return os.fstat(s.fileno()).st_ino
+
+
+@pytest.mark.parametrize("family", [socket.AF_INET, socket.AF_INET6], ids=["ipv4", "ipv6-dual-stack"])
+def test_the_kernels_table_gives_each_accepted_connection_its_client_address_and_socket(family: int) -> None:
+    host = "127.0.0.1" if family == socket.AF_INET else "::"
+    if family == socket.AF_INET6 and not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    with listener(host, family) as server, connected(server, ["127.0.0.1", ATTACKER, ATTACKER]) as (_, accepted):
+        found = connections_on([server.getsockname()[1]], table_lines())
+        want = {Connection(a, inode(s)) for a, s in zip(["127.0.0.1", ATTACKER, ATTACKER], accepted, strict=True)}
+        # The listener and the clients' own ends (local port: theirs) are not the port's connections.
+        assert set(found) == want, found
+
+
+def test_an_address_keeps_the_connections_it_had_before_and_then_its_lowest_inodes() -> None:
+    conns = [Connection("a", i) for i in (10, 11, 12, 13, 14)] + [Connection("b", i) for i in (1, 2)]
+    assert past_the_bound(conns, ConnectionsPerIp(2), seen_before=set()) == {"a": [12, 13, 14]}
+    assert past_the_bound(conns, ConnectionsPerIp(2), seen_before={13, 14}) == {"a": [10, 11, 12]}
+    assert past_the_bound(conns, ConnectionsPerIp(5), seen_before=set()) == {}
+
+
+def test_overrides_name_addresses_and_hosts_as_kafkas_key_does() -> None:
+    asked: list[str] = []
+
+    def resolve(host: str, port: None) -> list[tuple]:
+        asked.append(host)
+        if host == "nat.example":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.9", 0)),
+                    (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::ffff:10.0.0.10", 0, 0, 0))]
+        if host == "gone.example":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return socket.getaddrinfo(host, port)
+
+    limits = ConnectionsPerIp(3, ["127.0.0.2:0", "[::1]:7", "nat.example:500", "gone.example:9"], "test", resolve)
+    assert (limits("127.0.0.2"), limits("::ffff:127.0.0.2"), limits("::1"), limits("127.0.0.1")) == (0, 0, 7, 3)
+    assert (limits("10.0.0.9"), limits("10.0.0.10")) == (500, 500)  # a name: every address it resolves to
+    assert limits("10.0.0.11") == 3 and "gone.example" in asked  # one that does not resolve is skipped
+    assert limits.lowest == 0
+    with pytest.raises(ValueError, match="not host:count"):
+        ConnectionsPerIp(3, ["10.0.0.7"])
+
+
+def test_a_kafka_listeners_accept_takes_an_addresses_override() -> None:
+    class Stats:
+        connections = connections_total = refused_connections_total = 0
+
+    slots = ConnectionSlots(100, ConnectionsPerIp(2, [f"{ATTACKER}:1"]), Stats())
+    assert [slots.take(ATTACKER) for _ in range(2)] == [True, False]
+    assert [slots.take("127.0.0.1") for _ in range(3)] == [True, True, False]
+
+
+def still_open(s: socket.socket) -> bool:
+    s.settimeout(0.05)
+    try:
+        return s.recv(1) != b""
+    except TimeoutError:
+        return True
+    except ConnectionResetError:
+        return False
+
+
+def test_shut_down_ends_only_the_sockets_named_and_leaves_their_descriptors_to_their_owner() -> None:
+    with listener() as server, connected(server, [ATTACKER, ATTACKER, "127.0.0.1"]) as (clients, accepted):
+        assert shut_down({inode(accepted[1])}) == 1
+        assert closed_by_peer(clients[1], 5), "the client of the connection shut down did not see its end"
+        assert still_open(clients[0]) and still_open(clients[2])
+        # The server's own descriptor is still there, for it to close (as gRPC does on reading the end).
+        assert accepted[1].fileno() >= 0 and os.fstat(accepted[1].fileno()).st_ino == inode(accepted[1])
+        assert accepted[1].recv(1) == b""
+
+
+def test_a_look_closes_the_connections_of_an_address_past_the_bound_and_no_one_elses() -> None:
+    with listener() as server:
+        port = server.getsockname()[1]
+        bound = PerAddressConnections([port], ConnectionsPerIp(3), "test")
+        with connected(server, ["127.0.0.1"] * 3 + [ATTACKER] * 3) as (clients, _):
+            assert bound.check() == 0, "no address is past a bound of 3"
+            with connected(server, [ATTACKER] * 4) as (newer, _):
+                assert bound.check() == 4
+                assert bound.closed_total == 4
+                # The attacker's three older connections are kept, its four newer ones closed (though their
+                # inodes may be lower); 127.0.0.1's three are another address's: the bound is per address.
+                assert all(closed_by_peer(s, 5) for s in newer)
+                assert all(still_open(s) for s in clients)
+                assert bound.check() == 0, "a look after the cut found more to close"
+
+
+def test_an_override_of_0_closes_every_connection_of_its_address_on_the_grpc_ports() -> None:
+    with listener() as server:
+        bound = PerAddressConnections([server.getsockname()[1]], ConnectionsPerIp(3, [f"{ATTACKER}:0"]), "test")
+        with connected(server, [ATTACKER, "127.0.0.1"]) as (clients, _):
+            assert bound.check() == 1
+            assert closed_by_peer(clients[0], 5) and still_open(clients[1])
