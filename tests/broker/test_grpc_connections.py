@@ -157,3 +157,23 @@ def test_an_override_of_0_closes_every_connection_of_its_address_on_the_grpc_por
         with connected(server, [ATTACKER, "127.0.0.1"]) as (clients, _):
             assert bound.check() == 1
             assert closed_by_peer(clients[0], 5) and still_open(clients[1])
+
+
+def test_looks_come_sooner_while_they_find_connections_to_close() -> None:
+    class Recorded(PerAddressConnections):
+        def __init__(self) -> None:
+            super().__init__([1], ConnectionsPerIp(3), "test", interval_s=0.5)
+            self.cuts = [4, 2, 0, 0, 1, 0]
+            self.waits: list[float] = []
+            self._stop = self  # type: ignore[assignment]  # its wait() records the pause and ends the run
+
+        def wait(self, timeout: float) -> bool:
+            self.waits.append(timeout)
+            return not self.cuts
+
+        def check(self) -> int:
+            return self.cuts.pop(0)
+
+    bound = Recorded()
+    bound._run()
+    assert bound.waits == [0.5, 0.1, 0.1, 0.5, 0.5, 0.1, 0.5]
