@@ -18,7 +18,7 @@ import inspect
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -423,22 +423,24 @@ class ReplicationListenerCollector(_SafeCollector):
 
 
 class GrpcConnectionsCollector(_SafeCollector):
-    """max.connections.per.ip on a role's gRPC ports (broker/grpc_connections.py): connections closed."""
+    """max.connections.per.ip on each role's gRPC ports (broker/grpc_connections.py): connections closed.
+    ``bounds``: {role: its PerAddressConnections, None until it starts}; one family for every role (as
+    ``SecurityCollector``)."""
 
     name = "grpc_connections"
 
-    def __init__(self, role: str, bound: Callable[[], Any]) -> None:
-        self._role = role
-        self._bound = bound
+    def __init__(self, bounds: Mapping[str, Callable[[], Any]]) -> None:
+        self._bounds = bounds
 
     def _collect(self) -> Iterable[Metric]:
-        bound = self._bound()
-        if bound is None:
+        up = [(role, bound) for role, get in self._bounds.items() if (bound := get()) is not None]
+        if not up:
             return
         closed = CounterMetricFamily("brook_grpc_connections_closed_per_ip",
                                      "gRPC connections closed because their client address had more than "
                                      "max.connections.per.ip open on the role's ports.", labels=["role"])
-        closed.add_metric([self._role], float(bound.closed_total))
+        for role, bound in up:
+            closed.add_metric([role], float(bound.closed_total))
         yield closed
 
 
@@ -757,37 +759,45 @@ class GroupCollector(_SafeCollector):
 
 
 class SecurityCollector(_SafeCollector):
-    """Authorization denials, SCRAM outcomes and quota throttling of one role (broker.security.NodeSecurity)."""
+    """Authorization denials, SCRAM outcomes and quota throttling of each role (broker.security.NodeSecurity),
+    ``roles``: {role: its NodeSecurity, None until it starts}. One collector for every role of a node: a metric
+    family may appear once on a page, and a combined node's two families of one name made its OpenMetrics
+    exposition (the format Prometheus asks for) invalid ("Clashing name")."""
 
     name = "security"
 
-    def __init__(self, role: str, security: Callable[[], Any]) -> None:
-        self._role = role
-        self._security = security
+    def __init__(self, roles: Mapping[str, Callable[[], Any]]) -> None:
+        self._roles = roles
 
     def _collect(self) -> Iterable[Metric]:
-        sec = self._security()
-        if sec is None:
+        up = [(role, sec) for role, get in self._roles.items() if (sec := get()) is not None]
+        if not up:
             return
         denied = CounterMetricFamily("brook_authorization_denied", "Requests (or parts) refused by the authorizer.",
                                      labels=["role", "resource_type", "operation"])
-        for (rtype, operation), count in sorted(sec.authorizer.denied_total().items()):
-            denied.add_metric([self._role, rtype, operation], count)
-        yield denied
         auth = CounterMetricFamily("brook_sasl_authentications", "SASL/SCRAM exchanges, by result.",
                                    labels=["role", "result"])
-        auth.add_metric([self._role, "success"], sec.authenticator.succeeded_total)
-        auth.add_metric([self._role, "failure"], sec.authenticator.failed_total)
+        quotas: dict[str, list[float]] = {}  # quota kind -> [throttled responses, throttle ms]: brokers' only
+        for role, sec in up:
+            for (rtype, operation), count in sorted(sec.authorizer.denied_total().items()):
+                denied.add_metric([role, rtype, operation], count)
+            auth.add_metric([role, "success"], sec.authenticator.succeeded_total)
+            auth.add_metric([role, "failure"], sec.authenticator.failed_total)
+            for kind, stats in (sec.quotas.stats.items() if sec.quotas is not None else ()):
+                sums = quotas.setdefault(kind, [0.0, 0.0])
+                sums[0] += stats.throttled_responses
+                sums[1] += stats.throttle_ms_total
+        yield denied
         yield auth
-        if sec.quotas is None:
+        if not any(sec.quotas is not None for _, sec in up):
             return
         throttled = CounterMetricFamily("brook_quota_throttled_responses", "Responses with throttle_time_ms > 0.",
                                         labels=["quota"])
         throttle_ms = CounterMetricFamily("brook_quota_throttle_time_ms", "Throttle time handed out (ms).",
                                           labels=["quota"])
-        for kind, stats in sorted(sec.quotas.stats.items()):
-            throttled.add_metric([kind], stats.throttled_responses)
-            throttle_ms.add_metric([kind], stats.throttle_ms_total)
+        for kind, (responses, ms) in sorted(quotas.items()):
+            throttled.add_metric([kind], responses)
+            throttle_ms.add_metric([kind], ms)
         yield throttled
         yield throttle_ms
 

@@ -321,6 +321,12 @@ class Node:
         self.grpc.install()
         self.gc_pauses.install()
         self.metrics.add(PauseCollector(lambda: getattr(self.broker, "loop_monitor", None), self.gc_pauses))
+        # One collector each for every role: a family may appear once on a page (a combined node has both).
+        self.metrics.add(SecurityCollector({"controller": lambda: getattr(self.controller, "_security", None),
+                                            "broker": lambda: getattr(self.broker, "security", None)}))
+        self.metrics.add(GrpcConnectionsCollector({
+            "controller": lambda: getattr(self.controller, "connections_per_ip", None),
+            "broker": lambda: getattr(self.broker, "connections_per_ip", None)}))
         # Every directory this node writes is locked before any role opens it (storage/dir_lock.py):
         # a second node pointed at one of them stops here, having changed nothing.
         data_dirs = ([cfg.metadata_log_dir] if cfg.is_controller else []) + (cfg.log_dirs if cfg.is_broker else [])
@@ -333,9 +339,6 @@ class Node:
                 self.controller = ControllerNode(cfg.controller_settings())
                 self.controller.start()
             self.metrics.add(ControllerCollector(lambda: self.controller))
-            self.metrics.add(GrpcConnectionsCollector(
-                "controller", lambda: getattr(self.controller, "connections_per_ip", None)))
-            self.metrics.add(SecurityCollector("controller", lambda: getattr(self.controller, "_security", None)))
             self.grpc.role_up("controller")
             log.info("controller %d started (voters %s)", cfg.node_id, sorted(cfg.voters))
         if cfg.is_broker:
@@ -360,15 +363,12 @@ class Node:
             self.metrics.add(CpuShareCollector(lambda: getattr(getattr(self.broker, "capacity", None), "cpu", None)))
             self.metrics.add(ReceiveCollector(lambda: self.broker.receive_stats() if self.broker is not None
                                               else ReceiveStats()))
-            self.metrics.add(GrpcConnectionsCollector(
-                "broker", lambda: getattr(self.broker, "connections_per_ip", None)))
             self.metrics.add(KafkaListenerCollector(lambda: self.broker.kafka_listeners if self.broker is not None
                                                     else []))
             self.metrics.add(ReplicationListenerCollector(
                 lambda: self.broker.replication_listener if self.broker is not None else None))
             if cfg.console_address is not None:
                 self._start_console(cfg)
-            self.metrics.add(SecurityCollector("broker", lambda: getattr(self.broker, "security", None)))
             self.grpc.role_up("broker")
             log.info("broker %d started on %s", cfg.node_id, cfg.listeners["BROKER"])
         self._up = True

@@ -202,6 +202,25 @@ def test_rpc_and_quorum_families(ops_cluster: LocalCluster, traffic: dict[str, i
         assert len(free) == 1 and 0 < free[0] <= cap[0], f"node {node_id}: free {free} capacity {cap}"
 
 
+def test_every_page_is_valid_openmetrics_with_each_family_once(ops_cluster: LocalCluster,
+                                                                traffic: dict[str, int]) -> None:
+    """Prometheus asks for OpenMetrics, which allows a family once a page. A combined node has two roles whose
+    collectors each gave the security families (and the gRPC connection bound's): its page was refused by a
+    strict parser ("Clashing name")."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    for node_id in ops_cluster.node_ids:
+        req = urllib.request.Request(ops_cluster.metrics_url(node_id),
+                                     headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert resp.headers["Content-Type"].startswith("application/openmetrics-text"), resp.headers
+            page = resp.read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(page)}
+        roles = {s.labels["role"] for s in families["brook_sasl_authentications"].samples}
+        assert roles == {"controller", "broker"}, f"node {node_id}: roles {roles}"
+        assert {s.labels["role"] for s in families["brook_grpc_connections_closed_per_ip"].samples} == roles
+
+
 def test_group_families_and_lag(ops_cluster: LocalCluster, traffic: dict[str, int], brook_module) -> None:
     n = traffic["records"]
     pages = eventually(ops_cluster, lambda p: total(p, "brook_consumer_group_committed_offset", group=GROUP) == n,
