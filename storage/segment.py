@@ -70,6 +70,7 @@ SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 # translate_offset reads at least this much from an index entry (it covers the index interval).
 MIN_TRANSLATE_CHUNK_BYTES = 16 * 1024
 # read_slice finds where a slice ends reading the headers this many bytes at a time.
+MAX_CHECKED_RANGES = 64  # per segment: the ranges read_slice and appends marked checked
 SLICE_SCAN_CHUNK_BYTES = 64 * 1024
 # A walk leaves a mark every this many bytes it reads past its start (a sparse index: see the module doc).
 MARK_BYTES = INDEX_INTERVAL_BYTES_MAX
@@ -174,6 +175,11 @@ class LogSegment:
         # go away (truncation), so a walk that started before does not leave marks of what it read.
         self._marks: tuple[tuple[int, int], ...] = ()
         self._marks_lock = threading.Lock()
+        # [start, end) ranges of the file whose batches passed their CRC since the segment opened (appended after
+        # validation, or checked by a slice read), sorted and merged; replaced whole under _marks_lock, read
+        # without it, dropped with the marks. A slice for sendfile within them is sent as it is; the rest of a
+        # slice is read and checked first (``read_slice``).
+        self._checked: tuple[tuple[int, int], ...] = ()
         self._damaged_index_logged = -DAMAGED_INDEX_LOG_INTERVAL_S
         self._generation = 0
         _SEGMENTS.add(1)
@@ -385,6 +391,7 @@ class LogSegment:
             pos += h.size
         self.next_offset = headers[-1].next_offset
         self._last_appended = (pos - headers[-1].size, headers[-1])
+        self._mark_checked(start, pos, self._generation)  # validated batches (leader, follower, cleaner alike)
         self.size = pos  # publish last: readers never see a half-written append
         self.indexes_synced = False
 
@@ -554,6 +561,40 @@ class LogSegment:
         with self._marks_lock:
             self._generation += 1
             self._marks = tuple(m for m in self._marks if m[1] < position)
+            self._checked = tuple((a, min(b, position)) for a, b in self._checked if a < position)
+
+    def _mark_checked(self, start: int, end: int, generation: int) -> None:
+        """The batches in [start, end) passed their CRC (unless the segment was truncated since ``generation``)."""
+        if start >= end:
+            return
+        with self._marks_lock:
+            if generation != self._generation:
+                return
+            ranges = self._checked
+            if ranges and ranges[-1][1] == start:  # an append after the last checked range: the usual case
+                self._checked = (*ranges[:-1], (ranges[-1][0], end))
+                return
+            merged: list[tuple[int, int]] = []
+            for a, b in sorted((*ranges, (start, end))):
+                if merged and a <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+                else:
+                    merged.append((a, b))
+            self._checked = tuple(merged[-MAX_CHECKED_RANGES:])  # bounded: the latest positions are read most
+
+    def _unchecked_from(self, start: int, stop: int) -> int:
+        """The first position of [start, stop) outside the checked ranges (``stop``: none)."""
+        pos = start
+        for a, b in self._checked:
+            if a > pos:
+                break
+            if pos < b:
+                pos = b
+        return min(pos, stop)
+
+    def checked_ranges(self) -> tuple[tuple[int, int], ...]:
+        """[start, end) ranges whose batches passed their CRC since the segment opened (tests, tools)."""
+        return self._checked
 
     def marks(self) -> tuple[tuple[int, int], ...]:
         """(base offset, position) of the batches walks marked (tests, tools)."""
@@ -647,7 +688,8 @@ class LogSegment:
         """``read``, but the batches stay in the file: a FileRecords slice for sendfile (zero copy).
 
         Where the slice ends is found from the batch headers, read 64 KiB at a time (one pread for
-        many small batches); the response itself is sent from the file.
+        many small batches); the response itself is sent from the file, once the part of it not yet
+        checked passed its CRCs (``_checked_slice_end``).
         """
         end = self.size
         generation = self._generation
@@ -658,14 +700,17 @@ class LogSegment:
         if first.last_offset >= bound_offset or (first.size > max_bytes and not min_one_batch):
             return b"", -1
         stop = pos + first.size
+        headers = {pos: first}
         # Batches wholly within max_bytes of the start and the snapshot end, before the bound.
         with contextlib.suppress(errors.CorruptMessageError):  # a damaged header: the slice ends before it
             for at, h in self.iter_headers(stop, min(end, pos + max_bytes), SLICE_SCAN_CHUNK_BYTES):
                 if h.last_offset >= bound_offset:
                     break
+                headers[at] = h
                 stop = at + h.size
         if self.closed:  # closed under us: the descriptor may already name another file
             raise OSError(f"segment {self.log_path} closed during a read")
+        stop = self._checked_slice_end(pos, stop, headers, generation)
         records = FileRecords.within_budget(self._fd, pos, stop - pos, first.base_offset)
         if records is None:
             # Slices hold their share of the descriptor limit (answers not yet sent): this one is read into
@@ -675,6 +720,29 @@ class LogSegment:
                 raise OSError(f"segment {self.log_path} closed or truncated during a read")
             return self._verified(data, pos, first, generation), first.base_offset
         return records, first.base_offset
+
+    def _checked_slice_end(self, pos: int, stop: int, headers: dict[int, BatchHeader], generation: int) -> int:
+        """Where a slice [pos, stop) of whole batches may end for sendfile: ``stop``, once the part of it
+        not yet checked was read and passed its CRCs (then it is marked checked), or the first batch that
+        failed. A sendfile'd slice reaches the client unread, and librdkafka does not check CRCs by default:
+        before, the bytes of a batch changed on disk went to it as they were. Raises, as ``read`` does,
+        when the slice's first batch fails."""
+        unchecked = self._unchecked_from(pos, stop)
+        if unchecked >= stop:
+            return stop
+        if unchecked not in headers:  # not a batch start of this walk: the layout changed under us
+            unchecked = pos
+        data = os.pread(self._fd, stop - unchecked, unchecked)
+        if self.closed or len(data) != stop - unchecked:
+            raise OSError(f"segment {self.log_path} closed or truncated during a read")
+        try:
+            good = len(self._verified(data, unchecked, headers[unchecked], generation))
+        except CorruptBatchError:
+            if unchecked == pos:
+                raise
+            good = 0  # the batches before it are served; the next read starts at it, and fails
+        self._mark_checked(unchecked, unchecked + good, generation)
+        return unchecked + good
 
     def find_offset_by_timestamp(self, timestamp_ms: int, start_offset: int) -> tuple[int, int, int] | None:
         """(offset, timestamp, leader epoch) of the first record with timestamp >= ``timestamp_ms`` and offset >=

@@ -13,6 +13,9 @@
   started again, the broker cuts its log at the corrupt batch and fetches the rest back.
 - The leader's active segment is cut in the middle of a batch and the leader is SIGKILLed: a follower takes
   over, the old leader cuts the torn batch when it starts again and catches up; nothing acknowledged is lost.
+- A batch of the only replica goes bad on disk: a Kafka client reading through the Kafka listener (records sent
+  from the file by sendfile, and librdkafka checks no CRC by default) reads the records before it and gets
+  CORRUPT_MESSAGE for it, never its bytes.
 - A follower is stopped and its offset and time indexes and its checkpoint files (high watermarks, recovery
   points, log start offsets, leader epochs) are overwritten with garbage: it starts, says so, rebuilds them, and
   as leader serves every acknowledged record.
@@ -346,6 +349,60 @@ def test_a_corrupt_batch_on_the_only_in_sync_replica_is_reported_and_nothing_sto
     assert len(re.findall(rf"ERROR .*{topic}-0: .*corrupt batch at position \d+ \(base offset {bad}\)", text)) == 1, (
         cluster.log_tail(only))
     assert not (_partition_dir(cluster, only, topic) / "rescan-from").exists()
+
+
+def test_a_kafka_consumer_is_never_sent_a_corrupt_batch_from_the_segment_file(cluster: LocalCluster) -> None:
+    """The Kafka listener sends a fetch's records from the segment file (sendfile), and librdkafka checks no
+    CRC by default (check.crcs=false): before, it was handed the corrupt batch's records as they were on
+    disk, its flipped byte in a value. The slice is now checked before it is sent: the consumer reads the
+    records before the batch and gets CORRUPT_MESSAGE for it, as a Brook consumer does (the only replica:
+    nothing stops)."""
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import KafkaError
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    topic = "corrupt-only-replica-kafka"
+    only = 1
+    with Admin(cluster.bootstrap_servers) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1, {**TOPIC_CONFIGS, "min.insync.replicas": "1"},
+                                      replica_assignments=[[only]])])
+    _wait_partition(cluster, topic, lambda p: p.leader == only, f"{topic}-0 led by {only}")
+    acked = [b"%s-%05d" % (topic.encode(), i) + b"v" * 200 for i in range(RECORDS)]
+    produce_acked(cluster, topic, acked)
+    segments = replica_segments(cluster, only, topic)
+    wait_for(lambda: _recovery_point(cluster, only, topic) >= int(segments[2].stem), BOUND_S,
+             f"broker {only}'s recovery point of {topic}-0 past segment {segments[2].name}", poll_s=0.2)
+    cluster.kill_node(only)
+    bad = flip_in_records(segments[0], 1)
+    cluster.start_node(only)
+    _wait_partition(cluster, topic, lambda p: p.leader == only and list(p.isr) == [only], f"{topic}-0 back")
+    consumer = KafkaConsumer({**cluster.kafka_client_config(), "group.id": "corrupt-kafka", "enable.auto.commit": False,
+                              "check.crcs": False, "fetch.error.backoff.ms": 100})
+    read: list[tuple[int, bytes]] = []
+    errors_seen: list[int] = []
+    try:
+        consumer.assign([KafkaTopicPartition(topic, 0, 0)])
+
+        def corrupt_reported() -> bool:
+            msg = consumer.poll(0.2)
+            if msg is None:
+                return False
+            if msg.error() is not None:
+                errors_seen.append(msg.error().code())
+                return msg.error().code() == KafkaError.INVALID_MSG  # 2: Kafka's CORRUPT_MESSAGE
+            read.append((msg.offset(), msg.value()))
+            return False
+        wait_for(corrupt_reported, BOUND_S, lambda: f"CORRUPT_MESSAGE for offset {bad} (read offsets up to "
+                                                    f"{read[-1][0] if read else None}, errors {errors_seen})", poll_s=0)
+        for _ in range(10):  # and the batch is not sent later either
+            msg = consumer.poll(0.1)
+            if msg is not None and msg.error() is None:
+                read.append((msg.offset(), msg.value()))
+    finally:
+        consumer.close()
+    assert [o for o, _ in read] == list(range(bad)), f"read offsets {[o for o, _ in read]}, corrupt batch at {bad}"
+    assert [v for _, v in read] == acked[:bad]
+    assert cluster.is_running(only)
 
 
 def _offsets_batch(cluster: LocalCluster, broker: int, partition: int, key: bytes, offset: int) -> tuple[Path, int]:

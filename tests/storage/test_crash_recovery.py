@@ -19,6 +19,7 @@ from storage_testlib import flip_byte, make_batch, read_all
 
 from proto import errors
 from storage.disk_errors import disk_failure
+from storage.file_records import FileRecords
 from storage.log import Log
 from storage.log_config import LogConfig
 from storage.log_manager import LogManager
@@ -295,6 +296,48 @@ def test_a_corrupt_batch_is_never_read_and_a_marked_log_is_cut_there_at_the_next
     assert not (tmp_path / "t-0" / "rescan-from").exists()
     validate_batches(read_all(lg))
     lg.close()
+
+
+def test_a_slice_for_sendfile_ends_before_a_corrupt_batch_and_its_bytes_are_checked_once(tmp_path: Path) -> None:
+    """The Kafka listener sends a fetch's records from the segment file (sendfile), unread; librdkafka does not
+    check CRCs by default. Before, a batch whose bytes changed on disk went to it as they were: a slice is now
+    checked before it is sent, as a read is (it ends before the batch; a slice starting there fails), and
+    what passed is marked, so a later slice of the same bytes is sent unread again."""
+    size = len(make_batch(2))
+    cfg = LogConfig(segment_bytes=size * 4)
+    lg = Log.open(tmp_path / "t-0", cfg)
+    for _ in range(12):
+        lg.append_as_leader(make_batch(2), 1)
+    lg.update_high_watermark(lg.log_end_offset)
+    end = lg.log_end_offset
+    lg.close()
+    path = lg.segments()[0].log_path
+    bad = _corrupt_batch_in_middle(path)  # below the recovery point, after a clean shutdown: nothing rescans it
+    bad_position = next(pos for pos, h in iter_batches(path.read_bytes()) if h.base_offset == bad)
+    lg = Log.open(tmp_path / "t-0", cfg, recovery_point=end, clean_shutdown=True)
+    try:
+        segment = lg.segments()[0]
+        assert segment.checked_ranges() == ()  # nothing read yet in this process
+        got = lg.read(0, 1 << 20, as_slice=True)
+        assert isinstance(got.records, FileRecords), got.records
+        try:
+            assert [h.base_offset for _p, h in iter_batches(got.records.read())] == list(range(0, bad, 2))
+        finally:
+            got.records.close()
+        assert segment.checked_ranges() == ((0, bad_position),)
+        with pytest.raises(errors.KafkaStorageError) as caught:
+            lg.read(bad, 1 << 20, as_slice=True)
+        cause = disk_failure(caught.value)  # segment.CorruptBatchError, as for a read into memory
+        assert cause is not None and cause.errno == errno.EIO and cause.base_offset == bad, caught.value
+        # The next segment's bytes are checked at their first slice, then sent unread.
+        second = lg.segments()[1]
+        for _ in range(2):
+            got = lg.read(second.base_offset, 1 << 20, as_slice=True)
+            assert isinstance(got.records, FileRecords) and got.records.length == second.size
+            got.records.close()
+            assert second.checked_ranges() == ((0, second.size),)
+    finally:
+        lg.close()
 
 
 def _three_batches(tmp_path: Path) -> Log:

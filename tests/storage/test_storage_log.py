@@ -584,3 +584,19 @@ def test_a_tiny_segment_index_bytes_still_makes_a_log_that_rolls_and_reads(tmp_p
         assert offsets_of(read_all(lg)) == list(range(40))
     finally:
         lg.close()
+
+
+def test_appended_batches_are_marked_checked_and_a_truncation_forgets_what_it_removed(tmp_path: Path) -> None:
+    # A slice for sendfile is sent unread only within ranges that passed their CRC (storage/segment.py).
+    lg = open_log(tmp_path)
+    for _ in range(3):
+        lg.append_as_leader(make_batch(2, value_size=10), 0)
+    seg = lg.segments()[-1]
+    size = seg.size
+    assert seg.checked_ranges() == ((0, size),)  # validated before they were written
+    lg.truncate_to(2)
+    cut = seg.size
+    assert 0 < cut < size and seg.checked_ranges() == ((0, cut),)
+    lg.append_as_leader(make_batch(2, value_size=10), 0)
+    assert seg.checked_ranges() == ((0, seg.size),)
+    lg.close()
