@@ -408,7 +408,8 @@ _BEHAVIOUR = [
     KeyDef("log.cleaner.enable", "bool", "true", "Run the log cleaner (compaction).", roles=_B),
     KeyDef("log.cleaner.threads", "int", "1", "Log cleaner threads.", check=_at_least(0), roles=_B),
     KeyDef("log.scrubber.enable", "bool", "true",
-           "Read every closed segment again now and then and check each batch's CRC (storage/scrubber.py).",
+           "Read every segment again now and then (the active one up to where it ends then) and check each "
+           "batch's CRC (storage/scrubber.py).",
            roles=_B),
     KeyDef("log.scrubber.bytes.per.second", "long", "1048576", "The log scrubber's read rate.",
            check=_at_least(1), roles=_B),

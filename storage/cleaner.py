@@ -495,14 +495,15 @@ def _iter_batches(seg: LogSegment, throttler: Throttler, stop: threading.Event
 
 def confirmed_corrupt(lg: Log, corrupt: CorruptBatchError) -> bool:
     """Is the batch ``corrupt`` names (found by ``_iter_batches``, without the log's lock) corrupt in its segment
-    as it is now? Read again under the log's lock, and only in a segment that is still one of the log's closed
-    ones and was not truncated since the read began: retention may have removed it (its descriptor closed, and
-    its number perhaps another file's) and a follower's truncation may have cut it, and neither is corruption."""
+    as it is now? Read again under the log's lock, and only in a segment that is still one of the log's (the
+    cleaner reads closed ones, the scrubber the active one too) and was not truncated since the read began:
+    retention may have removed it (its descriptor closed, and its number perhaps another file's) and a
+    follower's truncation may have cut it, and neither is corruption."""
     seg = corrupt.segment
     if seg is None:
         return True  # not from an unlocked read
     with lg.lock:
-        if seg.closed or seg.truncations != corrupt.truncations or not any(s is seg for s in lg.segments()[:-1]):
+        if seg.closed or seg.truncations != corrupt.truncations or not any(s is seg for s in lg.segments()):
             return False
         end, pos = seg.size, corrupt.position
         if pos + BATCH_HEADER_SIZE > end:

@@ -3,18 +3,23 @@ as a fetch checks it (its CRC and a header that can be walked), so that bytes th
 while the other replicas still hold them intact, not when a consumer, a follower or a new leader first reads
 them. HDFS's DataNode block scanner and ZFS's scrub do the same for their blocks.
 
-A pass reads the logs one after the other, each log's closed segments (the active one is being written, and
-its batches were checked as they were appended or fetched) within ``bytes_per_sec``; a pass starts at most
-once per ``interval_ms``, the first one ``FIRST_PASS_DELAY_MS`` after the start (or ``interval_ms``, when
-shorter).
+A pass reads the logs one after the other, each log's segments within ``bytes_per_sec``: the closed ones, then
+the active one up to where it ended when its read began (appends go on meanwhile). Before, the active segment
+was left out, as "checked when appended": but that check was made once, maybe in an earlier run of the
+broker, and a quiet partition's active segment holds up to ``segment.ms`` (7 days) of records, so the most
+recent records of every partition were never scrubbed. A pass starts at most once per ``interval_ms``, the
+first one ``FIRST_PASS_DELAY_MS`` after the start (or ``interval_ms``, when shorter).
 
 A pass over a large disk takes long (1 TiB at 1 MiB/s: twelve days), longer than many brokers run between
 restarts. So the pass's progress outlives the process: ``progress()`` (when the pass began, when the last one
 ended, and per log the base offset of the next segment to check) goes to each data directory's
 ``scrubber-checkpoint`` with the other checkpoints (storage/log_manager.py), and ``seed()`` gives it back at
 the start. A restarted broker resumes the pass where it was (``FIRST_PASS_DELAY_MS`` after the start), or
-waits for the next one to be due (``interval_ms`` after the last one ended). A position past a log's active
-segment belongs to another log of that name (deleted and made again): that log is checked from its start.
+waits for the next one to be due (``interval_ms`` after the last one ended). A log's position is the offset
+from which its segments are still to be checked: a segment's base offset, or, once its active segment was
+checked, where that one ended then (the segments it rolls into later hold records appended since, and are
+checked in the pass in progress). A position past a log's end belongs to another log of that name (deleted
+and made again): that log is checked from its start.
 
 What it finds goes to
 ``on_corrupt(log, CorruptBatchError)`` (the broker's ``ReplicaManager.corrupt_batch_found``: a replica whose
@@ -57,7 +62,7 @@ class ScrubProgress:
     """What ``scrubber-checkpoint`` keeps (times in ms since the epoch; 0: none)."""
     began_ms: int = 0  # when the pass in progress began (0: none in progress)
     ended_ms: int = 0  # when the last pass ended
-    # Per log of the pass in progress: its closed segments from this base offset on are still to be checked.
+    # Per log of the pass in progress: its segments from this offset on are still to be checked (module docstring).
     positions: Mapping[tuple[str, int], int] = field(default_factory=dict)
 
 
@@ -184,17 +189,20 @@ class LogScrubber:
             self._positions[key] = base_offset
 
     def scrub_log(self, lg: Log, throttle: Throttler) -> CorruptBatchError | None:
-        """Check ``lg``'s closed segments the pass has not checked yet; the first corrupt batch (reported),
-        else None."""
+        """Check ``lg``'s segments the pass has not checked yet, the active one last, up to where it ends when its
+        read begins; the first corrupt batch (reported), else None."""
         key = (lg.topic, lg.partition)
         segments = lg.segments()
         with self._lock:
             start = self._positions.get(key, 0)
-        if start > segments[-1].base_offset:
+        if start > lg.log_end_offset:
             start = 0  # the position of another log of that name (deleted, made again): this one from its start
-        for i, seg in enumerate(segments[:-1]):
+        for i, seg in enumerate(segments):
             if seg.base_offset < start:
                 continue
+            # Where the next position is once this one is checked: the next segment, or (the active one) the offset
+            # after its last batch now; appends after that were checked as they came and go to later segments.
+            after = segments[i + 1].base_offset if i + 1 < len(segments) else seg.next_offset
             lost = None
             try:
                 for _ in _iter_batches(seg, throttle, self._stop):
@@ -202,17 +210,17 @@ class LogScrubber:
                 lost = lg.lost_offsets_error(seg.next_offset)  # bytes the segment lost on disk (Log.lost_offsets)
                 if lost is not None:
                     raise lost
-                self._advance(key, segments[i + 1].base_offset)
+                self._advance(key, after)
             except SegmentChangedError:
                 continue  # removed while it was read: nothing to say of it
             except CorruptBatchError as corrupt:
                 if corrupt is not lost and not confirmed_corrupt(lg, corrupt):
                     log.info("%s changed while it was scrubbed (%s): checked again next pass", seg, corrupt)
-                    self._advance(key, segments[i + 1].base_offset)
+                    self._advance(key, after)
                     continue
                 self.stats.corrupt_batches_total += 1
                 log.error("%s-%d: the log scrubber found %s", lg.topic, lg.partition, corrupt)
-                self._advance(key, segments[-1].base_offset)  # the rest of the log waits for the next pass
+                self._advance(key, lg.log_end_offset)  # the rest of the log waits for the next pass
                 if self.on_corrupt is not None:
                     self.on_corrupt(lg, corrupt)
                 return corrupt

@@ -133,8 +133,8 @@ def test_a_leaders_corrupt_batch_found_by_the_scrubber_stops_it_and_the_others_s
 
 def test_a_broker_killed_in_the_middle_of_a_pass_resumes_it_after_its_restart(tmp_path: Path) -> None:
     """A pass over a large disk takes days; brokers restart more often. Killed with -9 in the middle of a pass,
-    a broker resumes it where its last checkpoint says: the resumed pass reads exactly the closed segments from
-    the checkpointed position on, not the log again from its start."""
+    a broker resumes it where its last checkpoint says: the resumed pass reads exactly the segments (the active
+    one too) from the checkpointed position on, not the log again from its start."""
     from storage.checkpoints import SCRUBBER_CHECKPOINT, ScrubberCheckpointFile
 
     topic = "scrubbed-resumed"
@@ -157,9 +157,9 @@ def test_a_broker_killed_in_the_middle_of_a_pass_resumes_it_after_its_restart(tm
                  poll_s=0.05)
         single.kill_node(1)
         resumed_at = position()  # what the killed broker last wrote
-        closed = replica_segments(single, 1, topic)[:-1]
+        every = replica_segments(single, 1, topic)  # nothing is written after the kill: the sizes stay
         assert resumed_at >= third, f"the killed broker's last checkpoint: {checkpoint.read_or_none()}"
-        expected = sum(p.stat().st_size for p in closed if int(p.stem) >= resumed_at)
+        expected = sum(p.stat().st_size for p in every if int(p.stem) >= resumed_at)
         single.start_node(1)
 
         # One scrape for both figures, as soon as the resumed pass ended: the next pass starts an interval
@@ -176,9 +176,9 @@ def test_a_broker_killed_in_the_middle_of_a_pass_resumes_it_after_its_restart(tm
             scraped.update(figures)
             return figures["passes"] >= 1
         wait_for(resumed_pass_ended, BOUND_S, "the resumed pass to end", poll_s=0.05)
-        total = sum(p.stat().st_size for p in closed)
+        total = sum(p.stat().st_size for p in every)
         assert scraped == {"passes": 1, "bytes": expected}, (
-            f"the resumed pass: {scraped}; expected {expected} bytes (the closed segments from offset "
+            f"the resumed pass: {scraped}; expected {expected} bytes (the segments from offset "
             f"{resumed_at} on), {total} for the whole log")
         wait_for(lambda: position() == -1 and (checkpoint.read_or_none() or (0, 0))[1] > 0, BOUND_S,
                  lambda: f"the ended pass checkpointed: {checkpoint.read_or_none()}")
