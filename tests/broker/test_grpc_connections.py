@@ -24,13 +24,13 @@ from broker.grpc_connections import (
 )
 
 
-def table_lines() -> list[str]:
-    lines: list[str] = []
+def table_connections(ports: list[int]) -> list[Connection]:
+    out: list[Connection] = []
     for name in ("tcp", "tcp6"):
         path = Path(f"/proc/self/net/{name}")
         if path.exists():
-            lines += path.read_text().splitlines()[1:]
-    return lines
+            out += connections_on(ports, path.read_text())
+    return out
 
 
 @contextlib.contextmanager
@@ -72,7 +72,7 @@ def test_the_kernels_table_gives_each_accepted_connection_its_client_address_and
     if family == socket.AF_INET6 and not socket.has_ipv6:
         pytest.skip("no IPv6 here")
     with listener(host, family) as server, connected(server, ["127.0.0.1", ATTACKER, ATTACKER]) as (_, accepted):
-        found = connections_on([server.getsockname()[1]], table_lines())
+        found = table_connections([server.getsockname()[1]])
         want = {Connection(a, inode(s)) for a, s in zip(["127.0.0.1", ATTACKER, ATTACKER], accepted, strict=True)}
         # The listener and the clients' own ends (local port: theirs) are not the port's connections.
         assert set(found) == want, found
