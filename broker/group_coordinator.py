@@ -564,7 +564,9 @@ class GroupCoordinator:
                     if g is None:
                         if parsed.entry is None:
                             continue
-                        g = groups[parsed.group_id] = self._new_group(parsed.group_id, partition)
+                        g = groups[parsed.group_id] = self._new_group(parsed.group_id, partition, parsed.owner)
+                    elif parsed.owner and not g.owner:
+                        g.owner = parsed.owner
                     g.apply_offset(parsed.tp, parsed.entry)
                 elif isinstance(parsed, GroupRecord):
                     if parsed.value is None:
@@ -931,7 +933,6 @@ class GroupCoordinator:
         caller's address (a group the commit makes is that address's, see _admit_offsets_locked)."""
         now = self.clock_ms()
         results: list[tuple[str, int, int, str]] = []
-        kvs: list[tuple[bytes, bytes | None]] = []
         entries: list[tuple[TopicPartition, OffsetEntry]] = []
         with self._lock:
             p = self._check_owner_locked(req.group_id)
@@ -965,21 +966,22 @@ class GroupCoordinator:
                 results.append((tp.topic, tp.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                 f"unknown partition {tp.topic}-{tp.partition}"))
                 continue
-            entry = OffsetEntry(part.offset, part.leader_epoch, part.metadata, now)
-            entries.append((tp, entry))
-            kvs.append((records.offset_key(req.group_id, tp), records.encode_offset_value(entry)))
-        if kvs:
-            self._admit_and_write_offsets(req.group_id, p, epoch, entries, kvs, client)
+            entries.append((tp, OffsetEntry(part.offset, part.leader_epoch, part.metadata, now)))
+        if entries:
+            self._admit_and_write_offsets(req.group_id, p, epoch, entries, client)
         results += [(tp.topic, tp.partition, ErrorCode.NONE, "") for tp, _ in entries]
         return results
 
     def _admit_and_write_offsets(self, group_id: str, partition: int, epoch: int,
-                                 entries: list[tuple[TopicPartition, OffsetEntry]], kvs: list[tuple[bytes, bytes | None]],
-                                 client: str) -> None:
+                                 entries: list[tuple[TopicPartition, OffsetEntry]], client: str) -> None:
         """Offsets a commit or an admin reset sets: admitted against the offsets budget (in all, and the
-        share of ``client``'s address), written with acks=all, then made visible."""
+        share of ``client``'s address), written with acks=all, then made visible. Each record names the address
+        the group counts against, so that the coordinator that loads it after a failover counts it there too
+        (before, loaded groups counted against no address: each failover gave an address a new share)."""
         with self._lock:
             owner, incoming = self._admit_offsets_locked(group_id, entries, client)
+        kvs: list[tuple[bytes, bytes | None]] = [
+            (records.offset_key(group_id, tp), records.encode_offset_value(entry, owner)) for tp, entry in entries]
         try:
             self._write_offsets(group_id, partition, epoch, entries, kvs, owner=client)
         finally:
@@ -996,8 +998,9 @@ class GroupCoordinator:
         the first bound alone, one address filled it (about 190 commits of 200 partitions with 4 KB of
         metadata) and every new group of the coordinator was refused, whatever its address, until the
         offsets expired (offsets.retention.minutes, 7 days). A group counts against the address whose commit
-        or join made it here (``client``, kept as Group.owner); a group loaded from the log counts against no
-        address. A commit that adds nothing (the same partitions again, metadata no longer) is always taken,
+        or join made it (``client``, kept as Group.owner and written in its records, so a coordinator that
+        loads it from the log counts it there too; one whose records name none counts against no address).
+        A commit that adds nothing (the same partitions again, metadata no longer) is always taken,
         so the groups already here go on committing. The figures are upper bounds, what was admitted since
         the last count added to them; they are counted again (one step a group: each group keeps its offsets'
         sum) only when they would refuse, at most once a second. Returns the address the commit counts against
@@ -1301,7 +1304,6 @@ class GroupCoordinator:
                                        if s.kind == group_pb2.RESET_TIMESTAMP})
         out: list[group_pb2.ResolvedOffset] = []
         entries: list[tuple[TopicPartition, OffsetEntry]] = []
-        kvs: list[tuple[bytes, bytes | None]] = []
         now = self.clock_ms()
         for tp in tps:
             spec = specs[tp]
@@ -1316,15 +1318,13 @@ class GroupCoordinator:
             target = _reset_target(spec, low, high, previous.get(tp, -1), by_ts.get(tp, (-1, ""))[0])
             res.offset = min(max(target, low), high)
             out.append(res)
-            entry = OffsetEntry(res.offset, -1, "", now)
-            entries.append((tp, entry))
-            kvs.append((records.offset_key(req.group_id, tp), records.encode_offset_value(entry)))
-        if kvs and not req.dry_run:
+            entries.append((tp, OffsetEntry(res.offset, -1, "", now)))
+        if entries and not req.dry_run:
             with self._lock:
                 g = self._groups.get(req.group_id)
                 if g is not None and g.members:
                     raise CoordinatorError("a member joined while resetting", code=ErrorCode.NON_EMPTY_GROUP)
-            self._admit_and_write_offsets(req.group_id, p, epoch, entries, kvs, client)
+            self._admit_and_write_offsets(req.group_id, p, epoch, entries, client)
         return out
 
     def _expand_specs(self, specs: Iterable[group_pb2.OffsetResetSpec],
@@ -1494,6 +1494,7 @@ class GroupCoordinator:
                 g = self._groups.get(gid)
                 if g is None or not self._still_leader(p, epoch):
                     continue
+                owner = g.owner
                 for tp, e in gone:
                     current = g.offsets.get(tp)
                     if current is e:
@@ -1504,7 +1505,7 @@ class GroupCoordinator:
             if rewrite:
                 try:
                     self._write_offsets(gid, p, epoch, list(rewrite),
-                                        [(records.offset_key(gid, tp), records.encode_offset_value(e))
+                                        [(records.offset_key(gid, tp), records.encode_offset_value(e, owner))
                                          for tp, e in rewrite])
                 except errors.BrookError as exc:
                     log.warning("group %s: rewriting %d offsets committed during a topic deletion failed: %s",

@@ -79,9 +79,11 @@ def group_key(group_id: str) -> bytes:
     return _U16.pack(KEY_KIND_GROUP) + _name(group_id)
 
 
-def encode_offset_value(entry: OffsetEntry) -> bytes:
+def encode_offset_value(entry: OffsetEntry, owner: str = "") -> bytes:
+    """A committed offset's record value; ``owner``: the client address that made its group (OffsetCommitValue)."""
     msg = group_pb2.OffsetCommitValue(offset=entry.offset, leader_epoch=entry.leader_epoch,
-                                      metadata=entry.metadata, commit_timestamp_ms=entry.commit_timestamp_ms)
+                                      metadata=entry.metadata, commit_timestamp_ms=entry.commit_timestamp_ms,
+                                      owner=owner)
     return _U16.pack(VALUE_VERSION) + msg.SerializeToString()
 
 
@@ -89,7 +91,7 @@ def encode_group_value(group: Group) -> bytes:
     msg = group_pb2.GroupMetadataValue(
         protocol_type=group.protocol_type, generation_id=group.generation_id,
         protocol_name=group.protocol_name, leader=group.leader_id,
-        state_timestamp_ms=group.state_timestamp_ms,
+        state_timestamp_ms=group.state_timestamp_ms, owner=group.owner,
         members=[
             group_pb2.GroupMemberValue(
                 member_id=m.member_id, client_id=m.client_id, client_host=m.client_host,
@@ -107,6 +109,7 @@ class OffsetRecord:
     group_id: str
     tp: TopicPartition
     entry: OffsetEntry | None  # None = tombstone
+    owner: str = ""  # the client address that made the group ("": none recorded)
 
 
 @dataclass(frozen=True)
@@ -138,11 +141,12 @@ def _parse_record(key: bytes | None, value: bytes | None, log_offset: int) -> Of
         group_id, pos = _read_name(key, 2)
         topic, pos = _read_name(key, pos)
         (partition,) = _I32.unpack_from(key, pos)
-        entry = None
+        entry, owner = None, ""
         if value is not None:
             msg = group_pb2.OffsetCommitValue.FromString(value)
             entry = OffsetEntry(msg.offset, msg.leader_epoch, msg.metadata, msg.commit_timestamp_ms, log_offset)
-        return OffsetRecord(group_id, TopicPartition(topic, partition), entry)
+            owner = msg.owner
+        return OffsetRecord(group_id, TopicPartition(topic, partition), entry, owner)
     if kind == KEY_KIND_GROUP:
         group_id, _ = _read_name(key, 2)
         return GroupRecord(group_id, None if value is None else group_pb2.GroupMetadataValue.FromString(value))
@@ -158,6 +162,7 @@ def restore_group(group: Group, value: group_pb2.GroupMetadataValue, now_ms: int
     group.protocol_name = value.protocol_name
     group.leader_id = value.leader
     group.state_timestamp_ms = value.state_timestamp_ms
+    group.owner = value.owner or group.owner
     group.members = {
         m.member_id: Member(m.member_id, m.client_id, m.client_host, m.session_timeout_ms,
                             m.rebalance_timeout_ms, [(value.protocol_name, m.subscription)], now_ms,

@@ -520,16 +520,18 @@ class ConsumerAssignment(_message.Message):
     def __init__(self, version: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[TopicPartitionRef, _Mapping]]] = ..., user_data: _Optional[bytes] = ...) -> None: ...
 
 class OffsetCommitValue(_message.Message):
-    __slots__ = ("offset", "leader_epoch", "metadata", "commit_timestamp_ms")
+    __slots__ = ("offset", "leader_epoch", "metadata", "commit_timestamp_ms", "owner")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     COMMIT_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     offset: int
     leader_epoch: int
     metadata: str
     commit_timestamp_ms: int
-    def __init__(self, offset: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., metadata: _Optional[str] = ..., commit_timestamp_ms: _Optional[int] = ...) -> None: ...
+    owner: str
+    def __init__(self, offset: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., metadata: _Optional[str] = ..., commit_timestamp_ms: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class GroupMemberValue(_message.Message):
     __slots__ = ("member_id", "client_id", "client_host", "session_timeout_ms", "rebalance_timeout_ms", "subscription", "assignment", "group_instance_id")
@@ -552,17 +554,19 @@ class GroupMemberValue(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., rebalance_timeout_ms: _Optional[int] = ..., subscription: _Optional[bytes] = ..., assignment: _Optional[bytes] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
 
 class GroupMetadataValue(_message.Message):
-    __slots__ = ("protocol_type", "generation_id", "protocol_name", "leader", "state_timestamp_ms", "members")
+    __slots__ = ("protocol_type", "generation_id", "protocol_name", "leader", "state_timestamp_ms", "members", "owner")
     PROTOCOL_TYPE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_NAME_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     STATE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     protocol_type: str
     generation_id: int
     protocol_name: str
     leader: str
     state_timestamp_ms: int
     members: _containers.RepeatedCompositeFieldContainer[GroupMemberValue]
-    def __init__(self, protocol_type: _Optional[str] = ..., generation_id: _Optional[int] = ..., protocol_name: _Optional[str] = ..., leader: _Optional[str] = ..., state_timestamp_ms: _Optional[int] = ..., members: _Optional[_Iterable[_Union[GroupMemberValue, _Mapping]]] = ...) -> None: ...
+    owner: str
+    def __init__(self, protocol_type: _Optional[str] = ..., generation_id: _Optional[int] = ..., protocol_name: _Optional[str] = ..., leader: _Optional[str] = ..., state_timestamp_ms: _Optional[int] = ..., members: _Optional[_Iterable[_Union[GroupMemberValue, _Mapping]]] = ..., owner: _Optional[str] = ...) -> None: ...

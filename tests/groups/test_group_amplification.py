@@ -691,6 +691,70 @@ def test_one_address_cannot_fill_the_offsets_budget_for_every_other_addresss_new
         c._loader.shutdown()
 
 
+def test_a_coordinator_that_loads_an_addresss_groups_counts_them_against_that_address(tmp_path: Path) -> None:
+    """Each committed offset's record names the address its group counts against. Before, a coordinator that
+    loaded the groups (after a failover or a restart) counted them against no address, so every failover gave
+    the flooding address a whole new share of group.coordinator.offsets.max.bytes.per.ip."""
+    from storage.log_manager import LogManager
+
+    budget, share = 400_000, 100_000
+    config = {"group_coordinator_offsets_max_bytes": budget, "group_coordinator_offsets_max_bytes_per_ip": share,
+              "offsets_topic_num_partitions": 1}
+    first, _ = _coordinator(**config)
+    metadata = "m" * first.config.offset_metadata_max_bytes
+
+    def commit(c: GroupCoordinator, group: str, client: str, partitions: range = range(4)) -> list[Any]:
+        return c.commit_offsets(group_pb2.OffsetCommitRequest(
+            group_id=group, generation_id=-1, partitions=[group_pb2.OffsetCommitPartition(
+                topic="big", partition=p, offset=1, leader_epoch=-1, metadata=metadata) for p in partitions]),
+            client)
+    try:
+        for i in range(5):  # about 83 KB of the address's 100 KB share
+            commit(first, f"flood-{i}", "10.0.0.2")
+        with mock.patch.object(first, "_resolve_offsets", wraps=_ends):  # a reset makes a group too
+            first.alter_offsets(group_pb2.AlterGroupOffsetsRequest(group_id="reset-made", specs=[
+                _spec("t", 0, group_pb2.RESET_EXPLICIT, 0)]), "10.0.0.2")
+        with first._lock:
+            first._offsets_counted_at = float("-inf")
+            first._count_offset_bytes_locked()
+            held = dict(first._offset_bytes_by_owner)
+        assert held.get("10.0.0.2", 0) > 0, held
+    finally:
+        first._loader.shutdown()
+    appended = first.replica_manager.appended
+
+    lm = LogManager([tmp_path / "data"], on_dir_failure=lambda d, e: None)
+    try:
+        lg = lm.get_or_create_log(records.OFFSETS_TOPIC, 0, topic_id="T", overrides={})
+        for _partition, batch in appended:
+            lg.append_as_leader(batch, 0)
+        hosted = types.SimpleNamespace(is_leader=True, log=lg)
+        rm = types.SimpleNamespace(partition=lambda t, p: hosted if (t, p) == (records.OFFSETS_TOPIC, 0) else None,
+                                   log_manager=lm, append_records=FakeReplicaManager().append_records)
+        second = GroupCoordinator(node_id=2, replica_manager=rm, metadata_cache=FakeCache(TOPICS),
+                                  config=CoordinatorConfig(**config))
+        try:
+            second._partitions[0] = _PartitionLoad(leader_epoch=1)
+            second._load_partition(0, 1)
+            assert second._groups["flood-3"].owner == second._groups["reset-made"].owner == "10.0.0.2"
+            with second._lock:
+                second._offsets_counted_at = float("-inf")
+                second._count_offset_bytes_locked()
+                assert second._offset_bytes_by_owner == held
+            # So the address's share is as full as it was: one more group fits, not another share's worth (the
+            # old code took five more before refusing).
+            made = 0
+            with pytest.raises(CoordinatorError, match="groups made from 10.0.0.2"):
+                for i in range(5, 100):
+                    commit(second, f"flood-{i}", "10.0.0.2")
+                    made += 1
+            assert made <= 1, f"{made} more groups of that address were taken after the load"
+        finally:
+            second._loader.shutdown()
+    finally:
+        lm.shutdown()
+
+
 def test_admin_offset_resets_count_against_the_offsets_budget_as_commits_do() -> None:
     """An AlterGroupOffsets reset sets an offset for every partition it names, whole topics included, and
     makes the group when there is none: resets of made-up groups from one address, each naming a topic of
