@@ -311,12 +311,10 @@ def test_garbage_indexes_and_checkpoints_are_rebuilt(cluster: LocalCluster) -> N
     assert "leader epoch cache unreadable, rebuilding" in text, cluster.log_tail(follower)
 
 
-def test_a_corrupt_batch_on_the_only_in_sync_replica_is_reported_and_nothing_stops(cluster: LocalCluster) -> None:
-    """No other replica holds the batch (RF 1 here): the broker neither stops nor cuts its log (the records after
-    the batch are on no other replica). A fetch of it is answered CORRUPT_MESSAGE, which a Brook consumer raises,
-    as Kafka's does, the records before it are read, and the broker logs one ERROR naming the batch."""
-    topic = "corrupt-only-replica"
-    only = 3
+def _corrupt_on_the_only_replica(cluster: LocalCluster, topic: str, only: int) -> tuple[list[bytes], int]:
+    """``topic`` with one replica, on ``only``: RECORDS records acknowledged, then a byte of the second batch of
+    its first segment flipped while the broker was down (below its recovery point: nothing rescans it), and the
+    broker leading it again. (The records, the corrupt batch's base offset.)"""
     with Admin(cluster.bootstrap_servers) as admin:
         admin.create_topics([NewTopic(topic, 1, 1, {**TOPIC_CONFIGS, "min.insync.replicas": "1"},
                                       replica_assignments=[[only]])])
@@ -330,6 +328,16 @@ def test_a_corrupt_batch_on_the_only_in_sync_replica_is_reported_and_nothing_sto
     bad = flip_in_records(segments[0], 1)
     cluster.start_node(only)
     _wait_partition(cluster, topic, lambda p: p.leader == only and list(p.isr) == [only], f"{topic}-0 back")
+    return acked, bad
+
+
+def test_a_corrupt_batch_on_the_only_in_sync_replica_is_reported_and_nothing_stops(cluster: LocalCluster) -> None:
+    """No other replica holds the batch (RF 1 here): the broker neither stops nor cuts its log (the records after
+    the batch are on no other replica). A fetch of it is answered CORRUPT_MESSAGE, which a Brook consumer raises,
+    as Kafka's does, the records before it are read, and the broker logs one ERROR naming the batch."""
+    topic = "corrupt-only-replica"
+    only = 3
+    acked, bad = _corrupt_on_the_only_replica(cluster, topic, only)
     mark = _log_mark(cluster, only)
     read: list[tuple[int, bytes]] = []
     with partition_consumer(cluster, topic) as consumer:
@@ -363,19 +371,7 @@ def test_a_kafka_consumer_is_never_sent_a_corrupt_batch_from_the_segment_file(cl
 
     topic = "corrupt-only-replica-kafka"
     only = 1
-    with Admin(cluster.bootstrap_servers) as admin:
-        admin.create_topics([NewTopic(topic, 1, 1, {**TOPIC_CONFIGS, "min.insync.replicas": "1"},
-                                      replica_assignments=[[only]])])
-    _wait_partition(cluster, topic, lambda p: p.leader == only, f"{topic}-0 led by {only}")
-    acked = [b"%s-%05d" % (topic.encode(), i) + b"v" * 200 for i in range(RECORDS)]
-    produce_acked(cluster, topic, acked)
-    segments = replica_segments(cluster, only, topic)
-    wait_for(lambda: _recovery_point(cluster, only, topic) >= int(segments[2].stem), BOUND_S,
-             f"broker {only}'s recovery point of {topic}-0 past segment {segments[2].name}", poll_s=0.2)
-    cluster.kill_node(only)
-    bad = flip_in_records(segments[0], 1)
-    cluster.start_node(only)
-    _wait_partition(cluster, topic, lambda p: p.leader == only and list(p.isr) == [only], f"{topic}-0 back")
+    acked, bad = _corrupt_on_the_only_replica(cluster, topic, only)
     consumer = KafkaConsumer({**cluster.kafka_client_config(), "group.id": "corrupt-kafka", "enable.auto.commit": False,
                               "check.crcs": False, "fetch.error.backoff.ms": 100})
     read: list[tuple[int, bytes]] = []

@@ -255,6 +255,16 @@ def bisect_segment(lg: Log, offset: int) -> int:
 
 
 
+def _twelve_batches_in_small_segments(tmp_path: Path) -> tuple[Log, LogConfig]:
+    """A log of twelve two-record batches, all committed, four batches a segment; and its config."""
+    cfg = LogConfig(segment_bytes=len(make_batch(2)) * 4)
+    lg = Log.open(tmp_path / "t-0", cfg)
+    for _ in range(12):
+        lg.append_as_leader(make_batch(2), 1)
+    lg.update_high_watermark(lg.log_end_offset)
+    return lg, cfg
+
+
 @pytest.mark.parametrize("damage", ["records", "magic"])
 def test_a_corrupt_batch_is_never_read_and_a_marked_log_is_cut_there_at_the_next_open(tmp_path: Path,
                                                                                       damage: str) -> None:
@@ -262,12 +272,7 @@ def test_a_corrupt_batch_is_never_read_and_a_marked_log_is_cut_there_at_the_next
     used to return the batch as it was; it now fails as a disk read would (EIO, so the broker's read path fails
     the log directory); a read from before it ends before it. Marked (``mark_corrupt``), the log is rescanned from that segment at its next
     open, even after a clean shutdown, and cut at the batch."""
-    size = len(make_batch(2))
-    cfg = LogConfig(segment_bytes=size * 4)
-    lg = Log.open(tmp_path / "t-0", cfg)
-    for _ in range(12):
-        lg.append_as_leader(make_batch(2), 1)
-    lg.update_high_watermark(lg.log_end_offset)
+    lg, cfg = _twelve_batches_in_small_segments(tmp_path)
     lg.flush()
     first = lg.segments()[0]
     if damage == "records":
@@ -275,7 +280,7 @@ def test_a_corrupt_batch_is_never_read_and_a_marked_log_is_cut_there_at_the_next
     else:  # a header that cannot be walked: the CRC does not cover the magic byte
         bad = 4
         with open(first.log_path, "r+b") as f:
-            f.seek(size * 2 + 16)
+            f.seek(len(make_batch(2)) * 2 + 16)
             f.write(b"\x07")
     assert 0 < bad < first.next_offset
     before = lg.read(0, 1 << 20).records  # the batches before it are served, it is not
@@ -303,12 +308,7 @@ def test_a_slice_for_sendfile_ends_before_a_corrupt_batch_and_its_bytes_are_chec
     check CRCs by default. Before, a batch whose bytes changed on disk went to it as they were: a slice is now
     checked before it is sent, as a read is (it ends before the batch; a slice starting there fails), and
     what passed is marked, so a later slice of the same bytes is sent unread again."""
-    size = len(make_batch(2))
-    cfg = LogConfig(segment_bytes=size * 4)
-    lg = Log.open(tmp_path / "t-0", cfg)
-    for _ in range(12):
-        lg.append_as_leader(make_batch(2), 1)
-    lg.update_high_watermark(lg.log_end_offset)
+    lg, cfg = _twelve_batches_in_small_segments(tmp_path)
     end = lg.log_end_offset
     lg.close()
     path = lg.segments()[0].log_path
