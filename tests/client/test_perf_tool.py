@@ -6,7 +6,8 @@ import gc
 
 from client import errors
 from client.accumulator import BatchCompletion, RecordFuture
-from client.perf import _settle, freeze_startup_objects, run_produce
+from client.perf import _settle, freeze_startup_objects, run_consume, run_produce
+from client.types import ConsumerRecord, TopicPartition
 
 
 def test_settle_keeps_what_is_in_flight_and_counts_each_failure_once() -> None:
@@ -59,3 +60,19 @@ def test_produce_latencies_come_from_each_records_batch_and_failures_are_counted
     assert len(latencies) == 3 and all(0 <= ms < 60_000 for ms in latencies), latencies
     # One completion time for the batch: a record sent later waited less for it.
     assert latencies == sorted(latencies, reverse=True), latencies
+
+
+def test_consume_counts_every_record_and_the_bytes_of_its_value() -> None:
+
+    def rec(offset: int, value: bytes | None) -> ConsumerRecord:
+        return ConsumerRecord("t", 0, offset, 0, 0, None, value)
+
+    polls = [{TopicPartition("t", 0): [rec(0, b"abc"), rec(1, None), rec(2, b""), rec(3, b"defgh")]},
+             {TopicPartition("t", 1): [rec(0, b"x" * 100)]}]
+
+    class Consumer:
+        def poll(self, timeout_ms: int, max_records: int) -> dict:
+            return polls.pop(0) if polls else {}
+
+    result = run_consume(Consumer(), 5, timeout_ms=1000)  # type: ignore[arg-type]
+    assert (result.records, result.bytes) == (5, 3 + 5 + 100)
