@@ -447,8 +447,14 @@ def test_a_corrupt_offsets_batch_stops_its_coordinator_once_and_is_cut_and_fetch
     offsets_topic = _partition_of(cluster, OFFSETS_TOPIC, p)
     assert offsets_topic is not None
     corrupt = offsets_topic.replicas[0]  # the preferred leader: elected back after each restart
-    _wait_partition_of(cluster, p, lambda q: q.leader == corrupt and len(q.isr) == 3,
-                       f"{OFFSETS_TOPIC}-{p} led by broker {corrupt} with 3 in sync")
+    # Elected, not awaited: an earlier test of the module may have stopped that broker, and leadership does not
+    # come back by itself before the leader rebalance interval (this test waited 60 s for it in one CI run).
+    def preferred_leads() -> bool:
+        with Admin(cluster.bootstrap_servers, request_timeout_ms=5000) as admin:
+            admin.elect_leaders("preferred", [(OFFSETS_TOPIC, p)])
+        q = _partition_of(cluster, OFFSETS_TOPIC, p)
+        return q is not None and q.leader == corrupt and len(q.isr) == 3
+    wait_for(preferred_leads, BOUND_S, f"{OFFSETS_TOPIC}-{p} led by broker {corrupt} with 3 in sync", poll_s=0.5)
     # A clean stop: flushed, its recovery point at its log end, so no later start rescans the closed segment
     # whose batch is flipped now.
     cluster.stop_node(corrupt)
