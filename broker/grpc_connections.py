@@ -20,9 +20,11 @@ bound, this process's descriptor links to find its connections (0.4 s to close 4
 descriptors). The pause after a look is at least four times what it took.
 
 An address past the bound keeps its connections for up to ``CHECK_INTERVAL_S`` (plus a look's time),
-not a moment: a flood of connections can still fill ``max.connections`` for that long (a fifth of it
-while the flood goes on: looks come sooner after one that closed connections). Linux only (the
-tables are Linux's): elsewhere there is no per-address bound on the gRPC ports, and the start says so.
+not a moment, and a flood that reconnects as fast as it is cut fills ``max.connections`` again within
+moments of each look: the connections other clients have are kept, but most of their new ones are
+refused while such a flood goes on (README, Broker capacity, has the figures). Only a per-address limit
+in front of the port (a firewall) refuses that flood before accept. Linux only (the tables are
+Linux's): elsewhere there is no per-address bound on the gRPC ports, and the start says so.
 """
 
 from __future__ import annotations
