@@ -191,8 +191,8 @@ class PerAddressConnections:
         while not self._stop.wait(wait_s):
             started = time.monotonic()
             try:
-                # An address that was cut may be reconnecting as fast as it can: look again sooner, so that it
-                # fills max.connections for a fifth of the time. Back to the interval after a clean look.
+                # An address that was cut may be reconnecting as fast as it can: look again sooner. Back to the
+                # interval after a clean look.
                 wait_s = self._interval_s / AFTER_A_CUT if self.check() else self._interval_s
             except Exception as e:  # a look that failed is retried at the next; the port is served meanwhile
                 self._failures.warn("%s: checking the connections per address failed: %r", self.what, e)
@@ -218,9 +218,10 @@ class PerAddressConnections:
         self._seen = {c.inode for c in connections}
         if not over:
             return 0
-        closed = shut_down({i for inodes in over.values() for i in inodes})
+        cut = {i for inodes in over.values() for i in inodes}
+        closed = shut_down(cut)
         self.closed_total += closed
-        self._seen -= {i for inodes in over.values() for i in inodes}
+        self._seen -= cut
         bound = self.max_per_address
         self._warning.warn("%s: closed %d connection(s) past max.connections.per.ip on its gRPC port(s): %s",
                            self.what, closed, ", ".join(f"{a} had {len(v) + bound(a)} (its bound {bound(a)})"
