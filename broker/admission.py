@@ -119,10 +119,9 @@ class ConnectionSlots:
     any TLS handshake. ``stats`` (the listener's) gets ``connections``, ``connections_total`` and
     ``refused_connections_total``. Loop thread only."""
 
-    def __init__(self, max_connections: int, max_per_address: int | ConnectionsPerIp, stats: Any) -> None:
+    def __init__(self, max_connections: int, max_per_address: ConnectionsPerIp, stats: Any) -> None:
         self.max_connections = max_connections
-        self.max_per_address = (max_per_address if isinstance(max_per_address, ConnectionsPerIp)
-                                else ConnectionsPerIp(max_per_address))
+        self.max_per_address = max_per_address
         self.stats = stats
         self._by_address: dict[str, int] = {}  # client address -> its open connections
 

@@ -43,6 +43,7 @@ from broker.admission import (
     DEFAULT_CONNECTION_IDLE_MS,
     ConnectionDeadline,
     ConnectionSlots,
+    ConnectionsPerIp,
     connections_within_descriptors,
     stop_serving,
 )
@@ -91,7 +92,7 @@ class ReplicationListener:
                                                   str(DEFAULT_RECEIVE_TIMEOUT_MS))) / 1000
         self.idle_s = int(defaults.get("connections.max.idle.ms", str(DEFAULT_CONNECTION_IDLE_MS))) / 1000
         self.stats = ReplicationListenerStats()
-        self._slots = ConnectionSlots(self.max_connections, MAX_CONNECTIONS_PER_ADDRESS, self.stats)
+        self._slots = ConnectionSlots(self.max_connections, ConnectionsPerIp(MAX_CONNECTIONS_PER_ADDRESS), self.stats)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.AbstractServer | None = None
         self._warnings = ThrottledWarning(log, WARN_EVERY_S)  # refused or broken connections

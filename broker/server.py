@@ -260,6 +260,8 @@ class BrokerServer:
         self.port = settings.port
         self.grpc_server: grpc.aio.Server | None = None
         self.connections_per_ip: PerAddressConnections | None = None  # max.connections.per.ip on the gRPC ports
+        # max.connections.per.ip and its overrides (host names resolved once), for the gRPC and Kafka ports alike.
+        self._connections_per_ip = ConnectionsPerIp.of(settings.defaults, f"broker {settings.node_id}")
         self.loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self.loop_monitor: LoopMonitor | None = None  # the loop's lag, stalls and liveness stamp
@@ -346,9 +348,8 @@ class BrokerServer:
         self.security.add_service(self.grpc_server)  # SaslAuthenticate (sync handlers: the migration pool)
         for fn in self._servicer_fns:
             fn(self.grpc_server)
-        self.connections_per_ip = PerAddressConnections(
-            self._bind_listeners(self.grpc_server),
-            ConnectionsPerIp.of(d, f"broker {s.node_id}"), f"broker {s.node_id}")
+        self.connections_per_ip = PerAddressConnections(self._bind_listeners(self.grpc_server),
+                                                        self._connections_per_ip, f"broker {s.node_id}")
         for ext in self._extensions:
             self.extension_objects.append(ext(self))
         self._on_loop(self.grpc_server.start())
@@ -610,7 +611,8 @@ class BrokerServer:
                     continue
                 ctx = _listener_ssl_context(lst, client_auth_required=lst.tls is not None
                                             and lst.tls.client_auth == "required")
-                listener = KafkaListener(self, KafkaListenerSpec(lst.name, lst.host, lst.port, lst.protocol, ctx),
+                listener = KafkaListener(self, KafkaListenerSpec(lst.name, lst.host, lst.port, lst.protocol, ctx,
+                                                                 self._connections_per_ip),
                                          self.settings.defaults)
                 self._on_loop(listener.start())
                 self.kafka_listeners.append(listener)

@@ -102,6 +102,9 @@ class KafkaListenerSpec:
     port: int
     protocol: str  # PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL
     ssl_context: ssl.SSLContext | None = None
+    # The broker's max.connections.per.ip with its overrides, their host names resolved once for all its ports
+    # (None: read from the listener's config).
+    connections_per_ip: ConnectionsPerIp | None = None
 
 
 @dataclass(slots=True)
@@ -131,7 +134,8 @@ class KafkaListener:
         self.request_timeout_s = int(defaults.get("kafka.request.timeout.ms", "30000")) / 1000
         self.max_connections = connections_within_descriptors(int(defaults.get("max.connections", "10000")), 4,
                                                               f"Kafka listener {spec.name}")
-        self.max_connections_per_ip = ConnectionsPerIp.of(defaults, f"Kafka listener {spec.name}")
+        self.max_connections_per_ip = spec.connections_per_ip or ConnectionsPerIp.of(defaults,
+                                                                                      f"Kafka listener {spec.name}")
         self._parse_turns: dict[str, asyncio.Lock] = {}  # client address -> its turn at the parse pool
         self._io_turns: dict[str, asyncio.Lock] = {}  # client address -> its turn for large answers on io threads
         self.sasl = spec.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
