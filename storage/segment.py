@@ -70,8 +70,8 @@ SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 # translate_offset reads at least this much from an index entry (it covers the index interval).
 MIN_TRANSLATE_CHUNK_BYTES = 16 * 1024
 # read_slice finds where a slice ends reading the headers this many bytes at a time.
-MAX_CHECKED_RANGES = 64  # per segment: the ranges read_slice and appends marked checked
 SLICE_SCAN_CHUNK_BYTES = 64 * 1024
+MAX_CHECKED_RANGES = 64  # per segment: the ranges read_slice and appends marked checked
 # A walk leaves a mark every this many bytes it reads past its start (a sparse index: see the module doc).
 MARK_BYTES = INDEX_INTERVAL_BYTES_MAX
 DAMAGED_INDEX_LOG_INTERVAL_S = 60.0  # a damaged index entry: one WARNING a minute per segment, not one per read
@@ -700,17 +700,24 @@ class LogSegment:
         if first.last_offset >= bound_offset or (first.size > max_bytes and not min_one_batch):
             return b"", -1
         stop = pos + first.size
-        headers = {pos: first}
+        # The first position not yet checked, and its batch's header once the walk meets it (None: not a batch
+        # start of this walk, or past the slice).
+        unchecked = self._unchecked_from(pos, end)
+        unchecked_header = first if unchecked == pos else None
         # Batches wholly within max_bytes of the start and the snapshot end, before the bound.
         with contextlib.suppress(errors.CorruptMessageError):  # a damaged header: the slice ends before it
             for at, h in self.iter_headers(stop, min(end, pos + max_bytes), SLICE_SCAN_CHUNK_BYTES):
                 if h.last_offset >= bound_offset:
                     break
-                headers[at] = h
+                if at == unchecked:
+                    unchecked_header = h
                 stop = at + h.size
         if self.closed:  # closed under us: the descriptor may already name another file
             raise OSError(f"segment {self.log_path} closed during a read")
-        stop = self._checked_slice_end(pos, stop, headers, generation)
+        if unchecked < stop:
+            if unchecked_header is None:  # the layout changed under us: check the whole slice
+                unchecked, unchecked_header = pos, first
+            stop = self._checked_slice_end(pos, stop, unchecked, unchecked_header, generation)
         records = FileRecords.within_budget(self._fd, pos, stop - pos, first.base_offset)
         if records is None:
             # Slices hold their share of the descriptor limit (answers not yet sent): this one is read into
@@ -718,25 +725,20 @@ class LogSegment:
             data = os.pread(self._fd, stop - pos, pos)
             if self.closed or len(data) != stop - pos:
                 raise OSError(f"segment {self.log_path} closed or truncated during a read")
-            return self._verified(data, pos, first, generation), first.base_offset
+            return data, first.base_offset  # [pos, stop) passed its CRCs: checked above, or before
         return records, first.base_offset
 
-    def _checked_slice_end(self, pos: int, stop: int, headers: dict[int, BatchHeader], generation: int) -> int:
-        """Where a slice [pos, stop) of whole batches may end for sendfile: ``stop``, once the part of it
-        not yet checked was read and passed its CRCs (then it is marked checked), or the first batch that
-        failed. A sendfile'd slice reaches the client unread, and librdkafka does not check CRCs by default:
-        before, the bytes of a batch changed on disk went to it as they were. Raises, as ``read`` does,
-        when the slice's first batch fails."""
-        unchecked = self._unchecked_from(pos, stop)
-        if unchecked >= stop:
-            return stop
-        if unchecked not in headers:  # not a batch start of this walk: the layout changed under us
-            unchecked = pos
+    def _checked_slice_end(self, pos: int, stop: int, unchecked: int, header: BatchHeader, generation: int) -> int:
+        """Where a slice [pos, stop) of whole batches may end for sendfile: ``stop``, once its part from
+        ``unchecked`` (a batch start, ``header`` that batch's) was read and passed its CRCs (then it is marked
+        checked), or the first batch that failed. A sendfile'd slice reaches the client unread, and librdkafka
+        does not check CRCs by default: before, the bytes of a batch changed on disk went to it as they were.
+        Raises, as ``read`` does, when the slice's first batch fails."""
         data = os.pread(self._fd, stop - unchecked, unchecked)
         if self.closed or len(data) != stop - unchecked:
             raise OSError(f"segment {self.log_path} closed or truncated during a read")
         try:
-            good = len(self._verified(data, unchecked, headers[unchecked], generation))
+            good = len(self._verified(data, unchecked, header, generation))
         except CorruptBatchError:
             if unchecked == pos:
                 raise
