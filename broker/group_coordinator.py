@@ -983,7 +983,7 @@ class GroupCoordinator:
         kvs: list[tuple[bytes, bytes | None]] = [
             (records.offset_key(group_id, tp), records.encode_offset_value(entry, owner)) for tp, entry in entries]
         try:
-            self._write_offsets(group_id, partition, epoch, entries, kvs, owner=client)
+            self._write_offsets(group_id, partition, epoch, entries, kvs, owner=owner)
         finally:
             with self._lock:
                 self._offsets_in_flight_locked(owner, -incoming)
