@@ -17,7 +17,7 @@ import concurrent.futures
 import random
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -638,6 +638,28 @@ def test_commits_past_the_offsets_budget_are_refused_and_commits_adding_nothing_
         c._loader.shutdown()
 
 
+def _commit_with_metadata(c: GroupCoordinator, group: str, client: str, metadata: str,
+                          partitions: range = range(4)) -> list[tuple[str, int, int, str]]:
+    """A commit from outside group management, from ``client``, of offset 1 with ``metadata`` on ``partitions``
+    of "big"."""
+    return c.commit_offsets(group_pb2.OffsetCommitRequest(
+        group_id=group, generation_id=-1, partitions=[group_pb2.OffsetCommitPartition(
+            topic="big", partition=p, offset=1, leader_epoch=-1, metadata=metadata) for p in partitions]), client)
+
+
+def _made_until_refused_for_the_share(make: Callable[[int], Any], address: str, most: int) -> int:
+    """Call ``make(0)``, ``make(1)``, ... until the offsets share of ``address`` refuses one (within ``most``
+    calls); how many were taken."""
+    made = 0
+    with pytest.raises(CoordinatorError) as refused:
+        for i in range(most):
+            make(i)
+            made += 1
+    assert refused.value.code == ErrorCode.COORDINATOR_NOT_AVAILABLE, refused.value
+    assert "group.coordinator.offsets.max.bytes.per.ip" in str(refused.value) and address in str(refused.value)
+    return made
+
+
 def test_one_address_cannot_fill_the_offsets_budget_for_every_other_addresss_new_groups() -> None:
     """group.coordinator.offsets.max.bytes.per.ip: a probe from one address committed 4 KB of metadata on 200
     partitions to made-up groups until the coordinator's whole budget was held; every other address's new
@@ -648,18 +670,9 @@ def test_one_address_cannot_fill_the_offsets_budget_for_every_other_addresss_new
     metadata = "m" * c.config.offset_metadata_max_bytes
 
     def commit(group: str, client: str, partitions: range = range(4)) -> list[tuple[str, int, int, str]]:
-        return c.commit_offsets(group_pb2.OffsetCommitRequest(
-            group_id=group, generation_id=-1, partitions=[group_pb2.OffsetCommitPartition(
-                topic="big", partition=p, offset=1, leader_epoch=-1, metadata=metadata) for p in partitions]),
-            client)
+        return _commit_with_metadata(c, group, client, metadata, partitions)
     try:
-        made = 0
-        with pytest.raises(CoordinatorError) as refused:
-            for i in range(1000):
-                commit(f"flood-{i}", "10.0.0.2")
-                made += 1
-        assert refused.value.code == ErrorCode.COORDINATOR_NOT_AVAILABLE, refused.value
-        assert "group.coordinator.offsets.max.bytes.per.ip" in str(refused.value) and "10.0.0.2" in str(refused.value)
+        made = _made_until_refused_for_the_share(lambda i: commit(f"flood-{i}", "10.0.0.2"), "10.0.0.2", 1000)
         c._offsets_counted_at = float("-inf")
         c._count_offset_bytes_locked()
         assert 0 < made and c._offset_bytes_by_owner["10.0.0.2"] == c._offset_bytes <= share < budget, \
@@ -703,11 +716,8 @@ def test_a_coordinator_that_loads_an_addresss_groups_counts_them_against_that_ad
     first, _ = _coordinator(**config)
     metadata = "m" * first.config.offset_metadata_max_bytes
 
-    def commit(c: GroupCoordinator, group: str, client: str, partitions: range = range(4)) -> list[Any]:
-        return c.commit_offsets(group_pb2.OffsetCommitRequest(
-            group_id=group, generation_id=-1, partitions=[group_pb2.OffsetCommitPartition(
-                topic="big", partition=p, offset=1, leader_epoch=-1, metadata=metadata) for p in partitions]),
-            client)
+    def commit(c: GroupCoordinator, group: str, client: str) -> list[Any]:
+        return _commit_with_metadata(c, group, client, metadata)
     try:
         for i in range(5):  # about 83 KB of the address's 100 KB share
             commit(first, f"flood-{i}", "10.0.0.2")
@@ -769,13 +779,7 @@ def test_admin_offset_resets_count_against_the_offsets_budget_as_commits_do() ->
             return c.alter_offsets(group_pb2.AlterGroupOffsetsRequest(
                 group_id=group, specs=[_spec("big", -1, group_pb2.RESET_LATEST)]), client)
     try:
-        made = 0
-        with pytest.raises(CoordinatorError) as refused:
-            for i in range(100):
-                reset(f"reset-{i}", "10.0.0.2")
-                made += 1
-        assert refused.value.code == ErrorCode.COORDINATOR_NOT_AVAILABLE, refused.value
-        assert "group.coordinator.offsets.max.bytes.per.ip" in str(refused.value) and "10.0.0.2" in str(refused.value)
+        made = _made_until_refused_for_the_share(lambda i: reset(f"reset-{i}", "10.0.0.2"), "10.0.0.2", 100)
         assert 0 < made and f"reset-{made}" not in c._groups, "a refused reset makes no group"
         c._offsets_counted_at = float("-inf")
         c._count_offset_bytes_locked()
