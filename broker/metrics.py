@@ -422,6 +422,11 @@ class ReplicationListenerCollector(_SafeCollector):
             yield CounterMetricFamily(name, doc, value=float(getattr(st, key)))
 
 
+def _roles_up(getters: Mapping[str, Callable[[], Any]]) -> list[tuple[str, Any]]:
+    """(role, its object) of the roles whose object exists yet (a role's getter gives None until it starts)."""
+    return [(role, obj) for role, get in getters.items() if (obj := get()) is not None]
+
+
 class GrpcConnectionsCollector(_SafeCollector):
     """max.connections.per.ip on each role's gRPC ports (broker/grpc_connections.py): connections closed.
     ``bounds``: {role: its PerAddressConnections, None until it starts}; one family for every role (as
@@ -433,7 +438,7 @@ class GrpcConnectionsCollector(_SafeCollector):
         self._bounds = bounds
 
     def _collect(self) -> Iterable[Metric]:
-        up = [(role, bound) for role, get in self._bounds.items() if (bound := get()) is not None]
+        up = _roles_up(self._bounds)
         if not up:
             return
         closed = CounterMetricFamily("brook_grpc_connections_closed_per_ip",
@@ -770,7 +775,7 @@ class SecurityCollector(_SafeCollector):
         self._roles = roles
 
     def _collect(self) -> Iterable[Metric]:
-        up = [(role, sec) for role, get in self._roles.items() if (sec := get()) is not None]
+        up = _roles_up(self._roles)
         if not up:
             return
         denied = CounterMetricFamily("brook_authorization_denied", "Requests (or parts) refused by the authorizer.",
