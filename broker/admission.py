@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import ipaddress
 import logging
 import resource
 import socket
@@ -41,6 +40,7 @@ from typing import Any
 import grpc
 
 from broker.config import per_ip_override_entries
+from metadata_quorum.security import acl_host
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +55,12 @@ DEFAULT_CONNECTIONS_PER_IP = 1000
 
 
 def normal_ip(address: str) -> str:
-    """An IP as the bounds compare them: an IPv4-mapped IPv6 address as the IPv4 one; anything else as given."""
+    """An IP as the bounds compare them, in the canonical form ACLs use (an IPv4-mapped IPv6 address as the
+    IPv4 one); anything that is not an IP as given."""
     try:
-        ip = ipaddress.ip_address(address)
+        return acl_host(address)
     except ValueError:
         return address
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return str(mapped or ip)
 
 
 class ConnectionsPerIp:

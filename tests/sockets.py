@@ -34,6 +34,21 @@ def closed_by_peer(s: socket.socket, timeout_s: float = 10.0) -> bool:
         return True
 
 
+def still_open(s: socket.socket, wait_s: float = 0.0) -> bool:
+    """Has the server not closed ``s``? Looks at once, or waits up to ``wait_s`` for its end; what the server
+    sent meanwhile (an HTTP/2 SETTINGS frame) is read and dropped."""
+    if wait_s > 0:
+        s.settimeout(wait_s)
+    else:
+        s.setblocking(False)
+    try:
+        return s.recv(65536) != b""
+    except (BlockingIOError, TimeoutError):
+        return True
+    except ConnectionResetError:
+        return False
+
+
 def open_past_the_bound(port: int, bound: int, extra: int = 3) -> list[socket.socket]:
     """``bound + extra`` connections from ATTACKER that send nothing: the ``extra`` past the address's
     bound must be closed by the server unread, the first ``bound`` kept open. Returns them all (the

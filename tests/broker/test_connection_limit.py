@@ -14,6 +14,7 @@ import grpc
 import h2.events
 import pytest
 from h2client import ATTACKER, h2_connect
+from sockets import still_open
 from waiting import wait_for
 
 from deploy.local.cluster import LocalCluster
@@ -119,17 +120,8 @@ FLOOD = 12
 
 
 def held_open(socks: list[socket.socket]) -> int:
-    """How many of ``socks`` the server has not closed (nothing is read from an open one: no byte comes)."""
-    n = 0
-    for s in socks:
-        s.setblocking(False)
-        try:
-            n += s.recv(65536) != b""
-        except BlockingIOError:
-            n += 1
-        except ConnectionResetError:
-            pass
-    return n
+    """How many of ``socks`` the server has not closed."""
+    return sum(map(still_open, socks))
 
 
 def test_one_address_holds_at_most_max_connections_per_ip_on_the_broker_and_controller_ports(tmp_path: Path) -> None:

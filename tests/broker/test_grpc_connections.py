@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sockets import ATTACKER, closed_by_peer, connect_from
+from sockets import ATTACKER, closed_by_peer, connect_from, still_open
 
 from broker.admission import ConnectionSlots, ConnectionsPerIp
 from broker.grpc_connections import (
@@ -115,21 +115,11 @@ def test_a_kafka_listeners_accept_takes_an_addresses_override() -> None:
     assert [slots.take("127.0.0.1") for _ in range(3)] == [True, True, False]
 
 
-def still_open(s: socket.socket) -> bool:
-    s.settimeout(0.05)
-    try:
-        return s.recv(1) != b""
-    except TimeoutError:
-        return True
-    except ConnectionResetError:
-        return False
-
-
 def test_shut_down_ends_only_the_sockets_named_and_leaves_their_descriptors_to_their_owner() -> None:
     with listener() as server, connected(server, [ATTACKER, ATTACKER, "127.0.0.1"]) as (clients, accepted):
         assert shut_down({inode(accepted[1])}) == 1
         assert closed_by_peer(clients[1], 5), "the client of the connection shut down did not see its end"
-        assert still_open(clients[0]) and still_open(clients[2])
+        assert still_open(clients[0], 0.05) and still_open(clients[2], 0.05)
         # The server's own descriptor is still there, for it to close (as gRPC does on reading the end).
         assert accepted[1].fileno() >= 0 and os.fstat(accepted[1].fileno()).st_ino == inode(accepted[1])
         assert accepted[1].recv(1) == b""
@@ -147,7 +137,7 @@ def test_a_look_closes_the_connections_of_an_address_past_the_bound_and_no_one_e
                 # The attacker's three older connections are kept, its four newer ones closed (though their
                 # inodes may be lower); 127.0.0.1's three are another address's: the bound is per address.
                 assert all(closed_by_peer(s, 5) for s in newer)
-                assert all(still_open(s) for s in clients)
+                assert all(still_open(s, 0.05) for s in clients)
                 assert bound.check() == 0, "a look after the cut found more to close"
 
 
@@ -156,7 +146,7 @@ def test_an_override_of_0_closes_every_connection_of_its_address_on_the_grpc_por
         bound = PerAddressConnections([server.getsockname()[1]], ConnectionsPerIp(3, [f"{ATTACKER}:0"]), "test")
         with connected(server, [ATTACKER, "127.0.0.1"]) as (clients, _):
             assert bound.check() == 1
-            assert closed_by_peer(clients[0], 5) and still_open(clients[1])
+            assert closed_by_peer(clients[0], 5) and still_open(clients[1], 0.05)
 
 
 def test_looks_come_sooner_while_they_find_connections_to_close() -> None:
