@@ -127,6 +127,10 @@ class MetadataCache:
     def _apply(self, update: controller_pb2.MetadataUpdate) -> MetadataDelta:
         with self._lock:
             delta = MetadataDelta(update.version, update.is_snapshot)
+            # A snapshot's users go into a new dict that replaces the old one once filled: ``scram_credential``
+            # reads without the lock, and live sessions are checked against it on every call (broker/sasl.py),
+            # so a snapshot must never show a user as gone for a moment.
+            credentials: dict[tuple[str, str], sec.ScramCredential] = {} if update.is_snapshot else self._credentials
             if update.is_snapshot:
                 delta.deleted_topics = [t for t in self._topics_by_id.values()
                                         if t.topic_id not in {r.topic_id for r in update.topics}]
@@ -134,11 +138,11 @@ class MetadataCache:
                 self._topics_by_id.clear()
                 self._topic_ids.clear()
                 self._partitions.clear()
-                self._credentials.clear()
                 self._acl_index = EMPTY_INDEX
                 self._quotas.clear()
             if update.HasField("security"):
-                self._apply_security(update.security)
+                self._apply_security(update.security, credentials)
+            self._credentials = credentials
             if update.cluster_configs_changed:
                 self._cluster_configs = dict(update.cluster_configs)
                 delta.cluster_configs = dict(self._cluster_configs)
@@ -182,12 +186,13 @@ class MetadataCache:
             self._lock.notify_all()
             return delta
 
-    def _apply_security(self, delta: security_pb2.SecurityDelta) -> None:
+    def _apply_security(self, delta: security_pb2.SecurityDelta,
+                        credentials: dict[tuple[str, str], sec.ScramCredential]) -> None:
         for r in delta.credentials:
             cred = sec.ScramCredential(r.user, r.mechanism, r.salt, r.stored_key, r.server_key, r.iterations)
-            self._credentials[(r.user, r.mechanism)] = cred
+            credentials[(r.user, r.mechanism)] = cred
         for item in delta.deleted_credentials:
-            self._credentials.pop((item.user, item.mechanism), None)
+            credentials.pop((item.user, item.mechanism), None)
         if delta.acls_changed:
             self._acl_index = AclIndex(sec.AclBinding(a.resource_type, a.resource_name, a.pattern_type, a.principal,
                                                       a.host, a.operation, a.permission) for a in delta.acls)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from broker.metadata_cache import MetadataCache
 from proto import common_pb2, controller_pb2
 
@@ -79,3 +81,28 @@ def test_wait_for_wakes_on_update() -> None:
     t.start()
     assert c.wait_for(lambda cache: cache.topic("t") is not None, 5)
     t.join()
+
+
+def test_a_snapshot_never_shows_a_user_as_gone_while_it_is_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Live SASL sessions are checked against the cache on every call, without its lock (broker/sasl.py): a
+    # snapshot that emptied the users before filling them again ended every session read meanwhile.
+    from broker import metadata_cache
+    from metadata_quorum.security_service import credential_record, salted_credential
+    from proto import security_pb2
+
+    creds = [salted_credential(user, "SCRAM-SHA-256", f"{user}-pw") for user in ("ann", "ben")]
+    c = MetadataCache(1)
+    c.apply(controller_pb2.MetadataUpdate(version=5, is_snapshot=True, security=security_pb2.SecurityDelta(
+        credentials=[credential_record(cr) for cr in creds])))
+    seen: list[object] = []
+    real = metadata_cache.sec.ScramCredential
+
+    def reading_meanwhile(*args: object) -> object:  # runs while the snapshot is being applied
+        seen.extend(c.scram_credential(cr.user, cr.mechanism) for cr in creds)
+        return real(*args)
+    monkeypatch.setattr(metadata_cache.sec, "ScramCredential", reading_meanwhile)
+    c.apply(controller_pb2.MetadataUpdate(version=9, is_snapshot=True, security=security_pb2.SecurityDelta(
+        credentials=[credential_record(cr) for cr in creds])))
+    assert seen and None not in seen, f"a user was missing while the snapshot was applied: {seen}"
+    monkeypatch.undo()
+    assert c.scram_credential("ann", "SCRAM-SHA-256") == creds[0]
