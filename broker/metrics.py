@@ -782,18 +782,23 @@ class SecurityCollector(_SafeCollector):
                                      labels=["role", "resource_type", "operation"])
         auth = CounterMetricFamily("brook_sasl_authentications", "SASL/SCRAM exchanges, by result.",
                                    labels=["role", "result"])
+        revoked = CounterMetricFamily(
+            "brook_sasl_sessions_revoked", "SASL sessions and Kafka-listener connections ended because their user "
+            "was deleted or its password changed.", labels=["role"])
         quotas: dict[str, list[float]] = {}  # quota kind -> [throttled responses, throttle ms]: brokers' only
         for role, sec in up:
             for (rtype, operation), count in sorted(sec.authorizer.denied_total().items()):
                 denied.add_metric([role, rtype, operation], count)
             auth.add_metric([role, "success"], sec.authenticator.succeeded_total)
             auth.add_metric([role, "failure"], sec.authenticator.failed_total)
+            revoked.add_metric([role], sec.authenticator.revoked_total)
             for kind, stats in (sec.quotas.stats.items() if sec.quotas is not None else ()):
                 sums = quotas.setdefault(kind, [0.0, 0.0])
                 sums[0] += stats.throttled_responses
                 sums[1] += stats.throttle_ms_total
         yield denied
         yield auth
+        yield revoked
         if not any(sec.quotas is not None for _, sec in up):
             return
         throttled = CounterMetricFamily("brook_quota_throttled_responses", "Responses with throttle_time_ms > 0.",

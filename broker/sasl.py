@@ -21,7 +21,14 @@ before its bootstrap user exists cannot lock itself out, and made-up names take 
 
 A call that carries a token this node does not know (expired, or issued before a
 restart) is refused with gRPC status UNAUTHENTICATED by ``SessionInterceptor``; the
-client library re-authenticates once and retries. A call without a token is from the
+client library re-authenticates once and retries.
+
+A session ends as soon as the credential it was proved with does not hold any more: every call's
+token is checked against the user's stored credential for that mechanism, so deleting a user, or
+changing its password, refuses its live sessions within the metadata's propagation (and its next
+login fails), not only when they expire. Kafka-listener connections keep their principal themselves
+and are checked per request the same way (``holds``), and closed (Kafka leaves them open until
+``connections.max.reauth.ms``, off by default). A call without a token is from the
 ANONYMOUS principal (or from its mTLS certificate's principal, once TLS is in place).
 """
 
@@ -79,13 +86,15 @@ __all__ = ["ANONYMOUS", "Principal", "principal_of", "ScramAuthenticator", "Sess
 class _Session:
     principal: Principal
     expires_at: float
+    credential: ScramCredential  # the one proved: the session lasts while the user's stored one is still it
 
 
 class ScramAuthenticator:
     """Runs SCRAM exchanges and keeps this node's sessions. Thread-safe.
 
     ``lookup(user, mechanism)`` returns the stored credential or None; it is read at each
-    exchange, so a deleted user cannot start a new session (existing ones run out).
+    exchange, and again each time a session's token is used: a deleted user cannot start a new
+    session, and its sessions (as those proved with a password since changed) end at their next use.
     """
 
     def __init__(self, lookup: Callable[[str, str], ScramCredential | None], *,
@@ -98,8 +107,9 @@ class ScramAuthenticator:
         self.session_lifetime_ms = session_lifetime_ms
         self._clock = clock
         self._lock = threading.Lock()
-        # id -> (server, failure-limit key, deadline, user as sent, whether the user exists)
-        self._exchanges: OrderedDict[str, tuple[Any, str, float, str, bool]] = OrderedDict()
+        # id -> (server, failure-limit key, deadline, user as sent, whether the user exists, the credential
+        # the proof is checked against: None for an unknown or locked-out user, whose proof cannot match)
+        self._exchanges: OrderedDict[str, tuple[Any, str, float, str, bool, ScramCredential | None]] = OrderedDict()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         # user -> that user's session tokens, oldest first (some may have gone already: skipped)
         self._user_sessions: dict[str, collections.deque[str]] = {}
@@ -111,6 +121,7 @@ class ScramAuthenticator:
         self._costly_warned: set[tuple[str, str, int]] = set()
         self.failed_total = 0
         self.succeeded_total = 0
+        self.revoked_total = 0  # sessions (and Kafka connections) ended because their credential changed
 
     # ---- the exchange ----
     def authenticate(self, request: spb.SaslAuthenticateRequest, peer: str = "") -> spb.SaslAuthenticateResponse:
@@ -138,6 +149,7 @@ class ScramAuthenticator:
         user_holder: list[str] = []
         known: list[bool] = []
         locked: list[bool] = []
+        proved: list[ScramCredential] = []  # the stored credential the client's proof is checked against
 
         def auth_fn(user: str) -> tuple[bytes, bytes, bytes, int]:
             user_holder.append(user)
@@ -151,6 +163,7 @@ class ScramAuthenticator:
                 locked.append(True)
                 _, fake_key, _, _ = self._fake_credential(user, mechanism)
                 return cred.salt, fake_key, fake_key, cred.iterations
+            proved.append(cred)
             return cred.salt, cred.stored_key, cred.server_key, cred.iterations
 
         server = scramp.ScramMechanism(mechanism).make_server(auth_fn)
@@ -168,7 +181,8 @@ class ScramAuthenticator:
         with self._lock:
             # Only an existing user's failures are counted (and not those while it is locked out).
             counted = bool(known and known[0] and not locked)
-            self._exchanges[exchange_id] = (server, limit_key, self._clock() + EXCHANGE_TIMEOUT_S, user, counted)
+            self._exchanges[exchange_id] = (server, limit_key, self._clock() + EXCHANGE_TIMEOUT_S, user, counted,
+                                            proved[0] if proved else None)
             self._expire_locked()
             while len(self._exchanges) > MAX_EXCHANGES:
                 self._exchanges.popitem(last=False)
@@ -179,12 +193,14 @@ class ScramAuthenticator:
             entry = self._exchanges.pop(exchange_id, None)
         if entry is None or entry[2] < self._clock():
             raise errors.error_class(ErrorCode.ILLEGAL_SASL_STATE)("unknown or expired SASL exchange; start again")
-        server, limit_key, _, user, counted = entry
+        server, limit_key, _, user, counted, credential = entry
         try:
             final = client_final.decode("utf-8")
             _accept_librdkafka_nonce(server, final)
             server.set_client_final(final)
             server_final = server.get_server_final()
+            if credential is None:  # a fake credential's keys match no proof: never reached
+                raise ValueError("no stored credential")
         except (scramp.ScramException, UnicodeDecodeError, ValueError):
             self._record_failure(limit_key, user, counted)
             raise errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)(
@@ -192,7 +208,7 @@ class ScramAuthenticator:
         token = secrets.token_urlsafe(32)
         with self._lock:
             self._sessions[token] = _Session(Principal("User", user),
-                                             self._clock() + self.session_lifetime_ms / 1000)
+                                             self._clock() + self.session_lifetime_ms / 1000, credential)
             mine = self._user_sessions.setdefault(user, collections.deque())
             mine.append(token)
             while mine and (mine[0] not in self._sessions or len(mine) > MAX_SESSIONS_PER_USER):
@@ -209,6 +225,10 @@ class ScramAuthenticator:
         """SASL PLAIN (RFC 4616, ``authzid NUL user NUL password``) checked against the user's stored SCRAM
         credential: the password is salted and hashed as SCRAM would and compared with the stored key, so
         no plain password is kept anywhere. Returns the user; SASL_AUTHENTICATION_FAILED otherwise."""
+        return self.plain_credential(auth_bytes, peer).user
+
+    def plain_credential(self, auth_bytes: bytes, peer: str = "") -> ScramCredential:
+        """``authenticate_plain``, returning the stored credential the password matched (for ``holds``)."""
         self._check_ready()
         failed = errors.error_class(ErrorCode.SASL_AUTHENTICATION_FAILED)
         if len(auth_bytes) > MAX_AUTH_BYTES:
@@ -234,7 +254,7 @@ class ScramAuthenticator:
                 if _plain_matches(pw, cred.mechanism, cred.salt, cred.stored_key, cred.iterations):
                     with self._lock:
                         self.succeeded_total += 1
-                    return user
+                    return cred
         # A failure costs one PBKDF2 per mechanism whoever the user is: a mechanism the user has no
         # credential for (all of them for an unknown user; every one while it is locked out) is checked
         # against a fake one, so the time to answer does not tell whether the name exists (or is locked
@@ -321,7 +341,7 @@ class ScramAuthenticator:
     def _expire_locked(self) -> None:
         now = self._clock()
         while self._exchanges:
-            first_id, (_, _, deadline, _, _) = next(iter(self._exchanges.items()))
+            first_id, (_, _, deadline, *_) = next(iter(self._exchanges.items()))
             if deadline >= now:
                 break
             del self._exchanges[first_id]
@@ -344,8 +364,24 @@ class ScramAuthenticator:
             if s is not None:
                 self._forget_user_session_locked(s.principal.name, token)
 
+    def holds(self, credential: ScramCredential) -> bool:
+        """Is ``credential`` still its user's stored one for its mechanism (not deleted, password not changed)?"""
+        stored = self._lookup(credential.user, credential.mechanism)
+        return stored is not None and hmac.compare_digest(stored.stored_key, credential.stored_key)
+
+    def revoked(self, user: str, why: str) -> None:
+        """Count and log a session (or connection) ended because its user's credential no longer holds."""
+        with self._lock:
+            self.revoked_total += 1
+        log.info("ending a session of user %s: %s", user, why)
+
     def session(self, token: str) -> Principal | None:
-        """The principal of a live session; None when the token is unknown or expired."""
+        """The principal of a live session; None when the token is unknown or expired, or the credential it
+        was proved with is no longer the user's (deleted, or the password changed): then it ends here."""
+        s = self.session_record(token)
+        return None if s is None else s.principal
+
+    def session_record(self, token: str) -> _Session | None:
         with self._lock:
             s = self._sessions.get(token)
             if s is None:
@@ -354,7 +390,14 @@ class ScramAuthenticator:
                 del self._sessions[token]
                 self._forget_user_session_locked(s.principal.name, token)
                 return None
-            return s.principal
+        if self.holds(s.credential):
+            return s
+        with self._lock:
+            if self._sessions.get(token) is s:
+                del self._sessions[token]
+                self._forget_user_session_locked(s.principal.name, token)
+        self.revoked(s.principal.name, f"its {s.credential.mechanism} credential was deleted or changed")
+        return None
 
     def resolve(self, metadata: Sequence[tuple[str, Any]] | None) -> Principal | None:
         """The session resolver installed in broker.principal: metadata -> principal."""

@@ -32,7 +32,9 @@ buffered:
 Security: PLAINTEXT (the principal is ANONYMOUS), SSL (a verified client certificate maps
 through ``ssl.principal.mapping.rules``, as on gRPC), SASL_PLAINTEXT and SASL_SSL
 (SCRAM-SHA-256/512 through the node's ScramAuthenticator, and PLAIN checked against the
-same stored SCRAM credentials). The principal then meets the same ACLs and quotas.
+same stored SCRAM credentials). The principal then meets the same ACLs and quotas. A SASL
+connection whose user is deleted, or whose password is changed, is closed at its next request
+(the client must log in again), where Kafka keeps it open unless ``connections.max.reauth.ms`` is set.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from broker.kafka_wire import apis, bounds, codec
 from broker.kafka_wire.context import Aborted, KafkaCallContext
 from broker.principal import AUTH_SASL, Authentication
 from broker.receiving import DEFAULT_REQUEST_MAX_BYTES
+from metadata_quorum.security import ScramCredential
 from proto import errors
 from proto import security_pb2 as spb
 from proto.errors import ErrorCode
@@ -259,6 +262,7 @@ class _Connection:
         # "kafka:" never parses as a loopback gRPC peer: no Kafka connection is trusted as a broker.
         self.auth = principals.connection_authentication(sslobj, host, f"kafka:{host}")
         self.authenticated = not listener.sasl
+        self.credential: ScramCredential | None = None  # the SASL credential proved (None without SASL)
         self.close_after_answer = False
         self.reservations: list[list[Any]] = []  # [bytes, pool] of frames held in the listener's pools
         self.mechanism: str | None = None
@@ -520,6 +524,13 @@ class _Connection:
             log.warning("Kafka listener: closing %s: API %d before SASL authentication", self.peer_text, api_key)
             lst.stats.authentication_failures_total += 1
             return False
+        if self.credential is not None and not lst.broker.security.authenticator.holds(self.credential):
+            # The user was deleted or its password changed since this connection logged in: closed, as Kafka
+            # closes a connection whose session expired (KIP-368); a client that reconnects must log in again.
+            lst.broker.security.authenticator.revoked(
+                self.credential.user, f"its {self.credential.mechanism} credential was deleted or changed since "
+                f"{self.peer_text} logged in on Kafka listener {lst.spec.name}; closing the connection")
+            return False
         try:
             if len(frame) > PARSE_ON_LOOP_MAX_BYTES:
                 # One large parse per client address at a time: the pool's queue holds at most one frame an
@@ -613,10 +624,11 @@ class _Connection:
         loop = asyncio.get_running_loop()
         if self.mechanism == SASL_PLAIN:
             try:
-                user = await loop.run_in_executor(None, authenticator.authenticate_plain, auth_bytes, self.client_host)
+                credential = await loop.run_in_executor(None, authenticator.plain_credential, auth_bytes,
+                                                        self.client_host)
             except errors.BrookError as exc:
                 return self._sasl_failed(req, exc.message)
-            self._logged_in(principals.Principal(principals.USER, user))
+            self._logged_in(principals.Principal(principals.USER, credential.user), credential)
             return codec.response(req.api_key, req.api_version, {"error_code": 0, "auth_bytes": b"",
                                                                  "session_lifetime": 0})
         out = await loop.run_in_executor(None, authenticator.authenticate, spb.SaslAuthenticateRequest(
@@ -626,19 +638,20 @@ class _Connection:
         if out.exchange_id:  # the server-first message; the client's final message comes next
             self.exchange_id = out.exchange_id
             return codec.response(req.api_key, req.api_version, {"error_code": 0, "auth_bytes": out.auth_bytes})
-        who = authenticator.session(out.session_token)
+        session = authenticator.session_record(out.session_token)
         # The connection keeps its principal itself: the session (made for gRPC clients, who send its token
         # with each call) would only hold one of the node's places for sessions.
         authenticator.end_session(out.session_token)
-        if who is None:
+        if session is None:
             return self._sasl_failed(req, "session expired")
-        self._logged_in(who)
+        self._logged_in(session.principal, session.credential)
         return codec.response(req.api_key, req.api_version, {"error_code": 0, "auth_bytes": out.auth_bytes,
                                                              "session_lifetime": 0})
 
-    def _logged_in(self, who: principals.Principal) -> None:
+    def _logged_in(self, who: principals.Principal, credential: ScramCredential) -> None:
         self.auth = Authentication(principals.at_address(who, self.client_host), AUTH_SASL, self.auth.peer)
         self.authenticated = True
+        self.credential = credential
         log.info("Kafka listener %s: %s authenticated as %s (%s)", self.listener.spec.name, self.peer_text, who,
                  self.mechanism)
 

@@ -78,6 +78,45 @@ def test_wrong_password_and_no_sasl_are_refused(sasl_cluster: LocalCluster, sasl
             AdminClient(rdkafka_config(conf)).list_topics(timeout=3)
 
 
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "PLAIN"])
+def test_librdkafka_connection_is_closed_once_its_user_is_deleted(sasl_cluster: LocalCluster, sasl_topic: str,
+                                                                 mechanism: str) -> None:
+    """A logged-in Kafka connection does not outlive its user: its next request closes it, and the client's
+    login on a new connection fails, so nothing more is written."""
+    from confluent_kafka import KafkaError, Producer
+
+    user = f"erin-{mechanism[-3:].lower()}"
+    with Admin(sasl_cluster.bootstrap_servers, request_timeout_ms=20_000) as admin:
+        admin.create_user(user, "erin-pw")
+        conf = _sasl(sasl_cluster, mechanism, "erin-pw", user)
+        seen: list[Any] = []
+        producer = Producer(rdkafka_config(conf, **{"message.timeout.ms": 8_000, "error_cb": seen.append}))
+        delivered: list[Any] = []
+
+        def produce(value: bytes) -> None:
+            producer.produce(sasl_topic, value=value, on_delivery=lambda err, _m: delivered.append(err))
+            producer.flush(30)
+
+        try:
+            wait_for(lambda: produce(b"before") or delivered[-1] is None, 60, f"{user} to log in and produce")
+            revoked_before = _revoked(sasl_cluster)
+            admin.delete_user(user)
+            wait_for(lambda: user not in admin.list_users(), 30, f"{user} deleted")
+            # The broker learns of the deletion through its metadata: produce until a record is refused.
+            wait_for(lambda: produce(b"after") or delivered[-1], 60,
+                     f"a record of the deleted user {user} to be refused (None: delivered)")
+            assert any(e.code() == KafkaError._AUTHENTICATION for e in seen), f"no authentication error, saw {seen}"
+            assert _revoked(sasl_cluster) > revoked_before, "the broker counted no revoked connection"
+        finally:
+            producer.purge()
+            producer = None  # its threads stop: a failed run must not leave it reconnecting for the next tests
+
+
+def _revoked(cluster: LocalCluster) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in cluster.read_metrics(cluster.broker_ids[0]).splitlines()
+               if line.startswith("brook_sasl_sessions_revoked_total{"))
+
+
 def test_kafka_python_and_aiokafka_over_sasl(sasl_cluster: LocalCluster, sasl_topic: str) -> None:
     import asyncio
 

@@ -133,6 +133,49 @@ def test_deleted_user_cannot_start_a_new_session(server: Server) -> None:
         who(ch)
 
 
+def test_a_live_session_ends_when_its_user_is_deleted(server: Server) -> None:
+    add_user(server, "alice", "pencil")
+    add_user(server, "bob", "bob-pw")
+    with scram_channel(server.address, ScramCredentials("alice", "pencil")) as alice, \
+            scram_channel(server.address, ScramCredentials("bob", "bob-pw")) as bob:
+        assert who(alice) == "User:alice" and who(bob) == "User:bob"
+        del server.users[("alice", "SCRAM-SHA-256")]
+        # The session is refused at its next use (the client logs in again, and that fails), well before it
+        # would expire; another user's session is untouched.
+        with pytest.raises(errors.BrookError) as caught:
+            who(alice)
+        assert caught.value.code == ErrorCode.SASL_AUTHENTICATION_FAILED, caught.value
+        assert who(bob) == "User:bob"
+    assert server.auth.revoked_total == 1
+    assert server.auth.succeeded_total == 2
+
+
+def test_a_live_session_ends_when_its_password_changes_and_the_new_one_logs_in(server: Server) -> None:
+    add_user(server, "alice", "pencil")
+    with scram_channel(server.address, ScramCredentials("alice", "pencil")) as old:
+        assert who(old) == "User:alice"
+        add_user(server, "alice", "crayon")  # the password changed (a new salt and keys)
+        with pytest.raises(errors.BrookError) as caught:
+            who(old)
+        assert caught.value.code == ErrorCode.SASL_AUTHENTICATION_FAILED, caught.value
+    with scram_channel(server.address, ScramCredentials("alice", "crayon")) as new:
+        assert who(new) == "User:alice"
+        add_user(server, "alice", "pencil", "SCRAM-SHA-512")  # another mechanism's credential: not the one proved
+        assert who(new) == "User:alice"
+    assert server.auth.revoked_total == 1
+
+
+def test_plain_credential_holds_until_the_user_changes() -> None:
+    users = {("rita", "SCRAM-SHA-512"): salted_credential("rita", "SCRAM-SHA-512", "rita-pw")}
+    auth = ScramAuthenticator(lambda u, m: users.get((u, m)))
+    proved = auth.plain_credential(b"\0rita\0rita-pw")
+    assert (proved.user, proved.mechanism) == ("rita", "SCRAM-SHA-512") and auth.holds(proved)
+    users[("rita", "SCRAM-SHA-512")] = salted_credential("rita", "SCRAM-SHA-512", "new-pw")
+    assert not auth.holds(proved)
+    del users[("rita", "SCRAM-SHA-512")]
+    assert not auth.holds(proved)
+
+
 def test_bad_messages_get_clear_errors(server: Server) -> None:
     with grpc.insecure_channel(server.address) as plain:
         stub = spb_grpc.SecurityServiceStub(plain)
