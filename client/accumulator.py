@@ -480,6 +480,16 @@ class RecordAccumulator:
                 out.append(batch)
         return out
 
+    def take_queued(self) -> list[ProducerBatch]:
+        """Remove and return every queued batch (not those in flight). Caller holds ``lock``."""
+        out: list[ProducerBatch] = []
+        for dq in self.batches.values():
+            while dq:
+                batch = dq.popleft()
+                self._close(batch)
+                out.append(batch)
+        return out
+
     def complete(self, batch: ProducerBatch, base_offset: int, log_append_time_ms: int,
                  error: BaseException | None, *, wake: bool = True) -> None:
         """Finish a batch: release its memory, then resolve its futures and callbacks. ``wake=False``

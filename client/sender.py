@@ -278,6 +278,15 @@ class Sender(threading.Thread):
         try:
             meta = self.cluster.metadata(sorted({tp.topic for tp in tps}))
         except errors.BrookError as exc:
+            if exc.code == errors.ErrorCode.SASL_AUTHENTICATION_FAILED:
+                # The credentials are refused (wrong, or the user was deleted or its password changed): the
+                # waiting records fail with that now, as Kafka's producer fails them with its
+                # AuthenticationException, rather than each timing out after delivery.timeout.ms.
+                with self.acc.lock:
+                    refused = self.acc.take_queued()
+                for batch in refused:
+                    self._fail(batch, exc)
+                return {}
             log.warning("metadata refresh failed: %s", exc)
             return {}
         return {tp: meta.leader_for(tp) for tp in tps}

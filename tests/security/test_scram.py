@@ -85,6 +85,29 @@ def test_deleted_user_can_no_longer_authenticate(secure_cluster: LocalCluster, a
     wait_for(refused_everywhere, 30, "every broker to forget carol")
 
 
+@pytest.mark.parametrize("change", ["deleted", "password changed"])
+def test_a_logged_in_producer_is_refused_once_its_user_is_deleted_or_its_password_changed(
+        secure_cluster: LocalCluster, admin: Admin, grant, sync, change: str) -> None:  # noqa: ANN001
+    """A session lasts while its credential does: no hour-long grace for a deleted user or a leaked password."""
+    topic, user = f"scram-revoke-{change[0]}", f"dave{change[0]}"
+    admin.create_topic(topic, 1, 3)
+    admin.create_user(user, "dave-pw")
+    grant(f"User:{user}", "WRITE", "TOPIC", topic)
+    with Producer(bootstrap_servers=secure_cluster.bootstrap_servers, request_timeout_ms=10_000,
+                  delivery_timeout_ms=15_000, **sasl(user, "dave-pw")) as p:
+        p.send(topic, b"before").get(60)  # logged in: its session is live on the leader
+        if change == "deleted":
+            admin.delete_user(user)
+        else:
+            admin.create_user(user, "new-dave-pw")
+        sync()
+        with pytest.raises(errors.BrookError) as caught:
+            p.send(topic, b"after").get(60)
+        assert caught.value.code == ErrorCode.SASL_AUTHENTICATION_FAILED, caught.value
+    tp = TopicPartition(topic, 0)
+    assert admin.list_offsets({tp: "latest"})[tp][0] == 1, "a record was written after the credential changed"
+
+
 def test_brook_user_commands(secure_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("BROOK_BOOTSTRAP", secure_cluster.bootstrap_servers)
