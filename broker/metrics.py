@@ -678,6 +678,13 @@ class ControllerCollector(_SafeCollector):
                                       "Raft tick gaps of half the shortest election timeout or more (each logged at "
                                       "WARNING): as leader, heartbeats were late enough for an election.",
                                       value=s.raft_tick_stalls)
+            rounds = CounterMetricFamily(
+                "brook_raft_pre_vote_rounds", "Pre-vote rounds this voter ran before an election (it asks whether it "
+                "could win without taking a term). Lost rounds that keep coming mean it cannot hear the leader the "
+                "others hear: its link to the leader is cut.", labels=["result"])
+            rounds.add_metric(["won"], s.pre_vote_rounds_won)
+            rounds.add_metric(["lost"], s.pre_vote_rounds - s.pre_vote_rounds_won)
+            yield rounds
         yield CounterMetricFamily("brook_controller_receive_refused",
                                   "Calls to the controller's gRPC server refused unread: their client address had "
                                   "as many request messages being received as it may.", value=float(s.receive_refused))

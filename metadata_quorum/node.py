@@ -189,6 +189,8 @@ class ControllerStats:
     partitions: int
     raft_tick_gaps: LatencyHistogram | None = None  # the Raft tick thread's gaps (None before the start)
     raft_tick_stalls: int = 0
+    pre_vote_rounds: int = 0  # pre-vote rounds this voter ran (metadata_quorum/prevote.py) ...
+    pre_vote_rounds_won: int = 0  # ... and those a majority granted
     receive_refused: int = 0  # calls refused: their address had RECEIVING_PER_CLIENT messages coming
     receive_cancelled: int = 0  # calls cancelled: their message did not come within RECEIVE_TIMEOUT_S
     client_calls_refused: int = 0  # clients' calls refused: only the workers kept for nodes were free
@@ -381,5 +383,5 @@ class ControllerNode:
         quota = self._controller.mutation_quotas.stats
         return ControllerStats(self.is_active(), leader, raft.term, raft.commit_index, raft.last_applied, version,
                                fenced, offline, brokers, topics, partitions, raft.tick_gaps, raft.tick_stalls_total,
-                               gate.refused_total, gate.watchdog.cancelled_total, gate.workers_refused_total,
-                               gate.busy, quota.refused, quota.accepted_over_quota)
+                               *raft.pre_vote_rounds(), gate.refused_total, gate.watchdog.cancelled_total,
+                               gate.workers_refused_total, gate.busy, quota.refused, quota.accepted_over_quota)

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pysyncobj.syncobj as pysyncobj_syncobj
-from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.journal import Journal, MemoryJournal
 
@@ -54,6 +54,7 @@ from broker.request_times import LatencyHistogram
 from metadata_quorum import commands as c
 from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
 from metadata_quorum.journal_repair import repair_journal
+from metadata_quorum.prevote import PreVoteSyncObj
 from metadata_quorum.quorum_journal import FailStopJournal, FailureHandler, halt_on_journal_failure
 from metadata_quorum.quorum_security import bind_address, check_quorum_protection
 from metadata_quorum.raft_transport import BoundedTCPTransport
@@ -449,7 +450,7 @@ class MetadataRaft:
         with _journal_handlers_lock:
             _journal_failure_handlers[journal] = on_journal_failure or halt_on_journal_failure
         try:
-            self._syncobj = SyncObj(self_address, self.partner_addresses, conf, consumers=[self._consumer],
+            self._syncobj = PreVoteSyncObj(self_address, self.partner_addresses, conf, consumers=[self._consumer],
                                     transportClass=BoundedTCPTransport)
         finally:
             with _journal_handlers_lock:
@@ -537,6 +538,10 @@ class MetadataRaft:
         ``(True, T)`` means this node *was* the leader of term T (there is one per term).
         """
         return self._leadership
+
+    def pre_vote_rounds(self) -> tuple[int, int]:
+        """(pre-vote rounds run, rounds a majority granted) of this voter (metadata_quorum/prevote.py)."""
+        return self._syncobj.pre_vote_rounds_total, self._syncobj.pre_vote_rounds_won_total
 
     def request_step_down(self) -> None:
         """Give up leadership (Raft TimeoutNow to the most caught-up follower), on the next tick.

@@ -26,6 +26,8 @@ segment files equal below the high watermark.
 3. The active controller cut from every broker, still leading the quorum. It fences every broker, but brokers
    without a session keep taking acks=all writes (their followers still fetch, so nothing is lost); this guards
    that no "fix" of 2 stops them.
+4. The active controller cut from one other voter only: the quorum keeps its leader and term (pre-vote), and the
+   cut voter follows it again after the heal.
 """
 
 from __future__ import annotations
@@ -384,3 +386,52 @@ def test_group_coordinator_cut_from_the_active_controller(split: _Split) -> None
     print(f"group-coordinator-cut: coordinator {coordinator} cut from the active controller {active}; the group read "
           f"and committed again {resumed:.1f} s after the cut; {len(member.commit_sent_at)} commits, "
           f"{len(member.failures)} failures")
+
+
+CUT_S = 20.0  # how long the active controller stays cut from one other voter
+
+
+def test_active_controller_cut_from_one_voter_keeps_its_leadership(split: _Split) -> None:
+    """The active controller cut from one other voter only. That voter hears no leader, and pysyncobj's elections
+    made it a candidate at a higher term every election timeout; the third voter, which can reach both, took each
+    higher term and deposed the leader it could still hear: the quorum changed leader over and over while the cut
+    lasted, every change a stretch without metadata writes. With pre-vote (metadata_quorum/prevote.py) the cut
+    voter asks first whether it could win; the third voter, hearing from a leader, says no, and nobody's term moves.
+    When the cut heals the voter follows the leader again at the unchanged term."""
+    cluster = split.cluster
+    wait_for(split.healthy, HEAL_BOUND_S, lambda: f"full ISRs before the fault ({split.show()})", poll_s=0.3)
+    active = split.active_controller()
+    other = next(c for c in CONTROLLERS if c != active)
+
+    def quorum() -> controller_pb2.DescribeQuorumResponse | None:
+        try:
+            r = split.controller.describe_quorum(timeout_s=3.0)
+        except Exception:  # noqa: BLE001 - no voter answered for a moment: asked again
+            return None
+        return r if r.responder_is_active else None
+    start = wait_for(quorum, 30, "the active controller's view of the quorum")
+    seen: list[tuple[int, int]] = []  # (leader, term) as each poll saw it, changes only
+    split.network.cut(active, other)
+    cut_at = time.monotonic()
+    try:
+        while time.monotonic() - cut_at < CUT_S:
+            q = quorum()
+            if q is not None and (not seen or seen[-1] != (q.leader_id, q.term)):
+                seen.append((q.leader_id, q.term))
+            time.sleep(0.2)
+        with Admin(cluster.bootstrap_servers, request_timeout_ms=30_000, **cluster.client_config) as admin:
+            admin.create_topics([NewTopic(f"voter-cut-{int(cut_at)}", 1, 3)])  # metadata writes go on
+    finally:
+        split.network.heal()
+    assert seen == [(active, start.term)], (
+        f"the quorum's leader or term moved while controller {active} was cut from voter {other} only: "
+        f"(leader, term) went {[(start.leader_id, start.term), *seen]}")
+
+    def rejoined() -> bool:
+        q = quorum()
+        return q is not None and q.leader_id == active and q.term == start.term and all(
+            v.lag <= 1 and v.last_contact_ms_ago < 2000 for v in q.voters)
+    wait_for(rejoined, HEAL_BOUND_S, lambda: f"voter {other} following controller {active} again ({quorum()})",
+             poll_s=0.3)
+    exits = cluster.unexpected_exits()
+    assert not exits, f"nodes exited: {exits}"

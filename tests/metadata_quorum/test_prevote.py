@@ -1,0 +1,184 @@
+"""Pre-vote (metadata_quorum/prevote.py) against the installed pysyncobj: the voter's rules one by one, then three
+voters in this process (real sockets, pysyncobj's own tick threads) with one link cut by dropping its messages."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pysyncobj.syncobj as pysyncobj_syncobj
+import pytest
+from pysyncobj import SyncObjConf
+from quorum_helpers import free_port
+from waiting import wait_for
+
+from metadata_quorum.prevote import PRE_VOTE, PRE_VOTE_RESPONSE, PreVoteSyncObj
+
+RAFT = pysyncobj_syncobj._RAFT_STATE
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.4, 0.8
+
+
+def _conf(**extra: Any) -> SyncObjConf:
+    return SyncObjConf(raftMinTimeout=MIN_TIMEOUT_S, raftMaxTimeout=MAX_TIMEOUT_S, appendEntriesPeriod=0.05,
+                       leaderFallbackTimeout=1.5, connectionRetryTime=0.2, dynamicMembershipChange=False, **extra)
+
+
+@pytest.fixture
+def voter() -> Iterator[tuple[PreVoteSyncObj, list[tuple[Any, dict[str, Any]]]]]:
+    """A voter that never ticks by itself, whose sends are recorded instead of made."""
+    me, a, b = (f"127.0.0.1:{free_port()}" for _ in range(3))
+    node = PreVoteSyncObj(me, [a, b], _conf(autoTick=False))
+    sent: list[tuple[Any, dict[str, Any]]] = []
+    node._SyncObj__transport.send = lambda to, message: sent.append((to, message))
+    try:
+        yield node, sent
+    finally:
+        node.destroy()
+
+
+def _ask(node: PreVoteSyncObj, sent: list[tuple[Any, dict[str, Any]]], *, term: int, log_term: int,
+         log_index: int) -> bool:
+    sent.clear()
+    node._SyncObj__onMessageReceived("candidate", {"type": PRE_VOTE, "round": 7, "term": term,
+                                                    "last_log_term": log_term, "last_log_index": log_index})
+    [(to, answer)] = sent
+    assert to == "candidate" and answer["type"] == PRE_VOTE_RESPONSE and answer["round"] == 7
+    assert answer["term"] == node._SyncObj__raftCurrentTerm
+    return bool(answer["granted"])
+
+
+def test_a_voter_grants_only_without_a_leader_and_to_a_log_as_up_to_date(voter) -> None:  # noqa: ANN001
+    node, sent = voter
+    node._SyncObj__setCurrentTerm(5, None)
+    log_term, log_index = node._SyncObj__getCurrentLogTerm(), node._SyncObj__getCurrentLogIndex()
+    assert _ask(node, sent, term=6, log_term=log_term, log_index=log_index)
+    assert not _ask(node, sent, term=6, log_term=log_term, log_index=log_index - 1), "a shorter log"
+    assert not _ask(node, sent, term=6, log_term=log_term - 1, log_index=log_index + 10), "an older last term"
+    assert not _ask(node, sent, term=4, log_term=log_term, log_index=log_index), "a would-be term behind ours"
+    # Heard from a leader within the shortest election timeout: no.
+    node._SyncObj__onMessageReceived("leader", {"type": "append_entries", "term": 5, "commit_index": 0})
+    assert not _ask(node, sent, term=6, log_term=log_term, log_index=log_index)
+    node._pv_leader_heard_at -= MIN_TIMEOUT_S  # that was a timeout ago
+    assert _ask(node, sent, term=6, log_term=log_term, log_index=log_index)
+    # A leader never grants one.
+    node._SyncObj__raftState = RAFT.LEADER
+    assert not _ask(node, sent, term=9, log_term=log_term, log_index=log_index)
+    # Answering changed nothing of the voter's own: no term taken, no vote cast.
+    assert (node._SyncObj__raftCurrentTerm, node._SyncObj__votedForNodeId) == (5, None)
+
+
+def test_a_candidate_asks_first_and_starts_the_election_once_a_majority_granted(voter) -> None:  # noqa: ANN001
+    node, sent = voter
+    node._SyncObj__connectedToAnyone = lambda: True
+    node._SyncObj__transport._ready = True
+    node._SyncObj__raftElectionDeadline = 0.0  # the timer ran out
+    node._pv_before_tick()
+    assert [m["type"] for _, m in sent] == [PRE_VOTE, PRE_VOTE]
+    assert node._SyncObj__raftCurrentTerm == 0 and node._SyncObj__raftElectionDeadline > time.monotonic() - 1
+    request = sent[0][1]
+    assert request["term"] == 1
+    first, second = (to for to, _ in sent)
+    # A refusal that carries a higher term: taken, and the next round asks at it.
+    node._SyncObj__onMessageReceived(first, {"type": PRE_VOTE_RESPONSE, "round": request["round"], "term": 3,
+                                             "granted": False})
+    assert node._SyncObj__raftCurrentTerm == 3 and node._SyncObj__votedForNodeId is None
+    assert node.pre_vote_rounds_won_total == 0
+    # A grant of an older round counts for nothing; one of this round makes a majority of three (with itself).
+    node._SyncObj__onMessageReceived(second, {"type": PRE_VOTE_RESPONSE, "round": request["round"] - 1, "term": 3,
+                                              "granted": True})
+    assert node.pre_vote_rounds_won_total == 0
+    node._SyncObj__onMessageReceived(second, {"type": PRE_VOTE_RESPONSE, "round": request["round"], "term": 3,
+                                              "granted": True})
+    assert node.pre_vote_rounds_won_total == 1 and node._SyncObj__raftElectionDeadline == 0
+    sent.clear()
+    node._pv_before_tick()  # the won round lets this tick's election go ahead: no new round
+    assert sent == [] and node.pre_vote_rounds_total == 1
+
+
+def test_a_leadership_transfer_is_not_held_back(voter) -> None:  # noqa: ANN001
+    node, sent = voter
+    node._SyncObj__connectedToAnyone = lambda: True
+    node._SyncObj__transport._ready = True
+    node._SyncObj__raftElectionDeadline = 0.0
+    node._SyncObj__transferInProgress = True  # the leader's timeout_now
+    node._pv_before_tick()
+    assert sent == [] and node._SyncObj__raftElectionDeadline == 0.0
+
+
+class _Cut:
+    """Drops every message between two voters, both ways, at the receiving end."""
+
+    def __init__(self) -> None:
+        self.pairs: set[frozenset[str]] = set()
+        self.lock = threading.Lock()
+
+    def install(self, node: PreVoteSyncObj) -> None:
+        me = node.selfNode.address
+        deliver = node._SyncObj__onMessageReceived
+
+        def filtered(sender: Any, message: Any) -> None:
+            with self.lock:
+                cut = frozenset((me, sender.address)) in self.pairs
+            if not cut:
+                deliver(sender, message)
+        # The transport calls the callback it was given; SyncObj gave it the bound method.
+        node._SyncObj__transport.setOnMessageReceivedCallback(filtered)
+
+
+@pytest.fixture
+def trio() -> Iterator[tuple[list[PreVoteSyncObj], _Cut]]:
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    nodes = [PreVoteSyncObj(a, [o for o in addresses if o != a], _conf()) for a in addresses]
+    cut = _Cut()
+    for n in nodes:
+        cut.install(n)
+    try:
+        yield nodes, cut
+    finally:
+        for n in nodes:
+            n.destroy()
+
+
+def _leader(nodes: list[PreVoteSyncObj]) -> PreVoteSyncObj | None:
+    leaders = [n for n in nodes if n._isLeader()]
+    return leaders[0] if len(leaders) == 1 else None
+
+
+def test_a_voter_cut_from_the_leader_alone_moves_neither_the_leader_nor_the_term(trio) -> None:  # noqa: ANN001
+    nodes, cut = trio
+    leader = wait_for(lambda: _leader(nodes), 20, "a leader of the three")
+    term = leader.raftCurrentTerm
+    cut_off, middle = (n for n in nodes if n is not leader)
+    rounds, won = cut_off.pre_vote_rounds_total, cut_off.pre_vote_rounds_won_total  # those of the first election
+    with cut.lock:
+        cut.pairs.add(frozenset((leader.selfNode.address, cut_off.selfNode.address)))
+    deadline = time.monotonic() + 10 * MAX_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert leader._isLeader() and leader.raftCurrentTerm == term and middle.raftCurrentTerm == term, (
+            f"the cut moved the quorum: leader {leader.selfNode} now leader={leader._isLeader()} at term "
+            f"{leader.raftCurrentTerm}, the middle voter at {middle.raftCurrentTerm} (was {term})")
+        time.sleep(0.05)
+    asked, granted = cut_off.pre_vote_rounds_total - rounds, cut_off.pre_vote_rounds_won_total - won
+    assert asked >= 3 and granted == 0, f"the cut voter ran {asked} pre-vote rounds, {granted} won"
+    assert cut_off.raftCurrentTerm == term, "the cut voter took a term no election was held for"
+    with cut.lock:
+        cut.pairs.clear()
+    # Healed: it follows the same leader at the same term.
+    wait_for(lambda: cut_off._getLeader() == leader.selfNode and cut_off.raftCurrentTerm == term, 10,
+             "the cut voter following the leader again")
+    assert leader._isLeader() and leader.raftCurrentTerm == term
+
+
+def test_the_other_voters_elect_a_new_leader_once_the_leader_is_gone(trio) -> None:  # noqa: ANN001
+    nodes, _ = trio
+    leader = wait_for(lambda: _leader(nodes), 20, "a leader of the three")
+    term = leader.raftCurrentTerm
+    leader.destroy()
+    rest = [n for n in nodes if n is not leader]
+    started = time.monotonic()
+    successor = wait_for(lambda: _leader(rest), 20, "a new leader of the two left")
+    assert successor.raftCurrentTerm > term
+    assert successor.pre_vote_rounds_won_total >= 1
+    print(f"new leader {time.monotonic() - started:.2f} s after the old one stopped")
