@@ -472,19 +472,14 @@ class RecordAccumulator:
 
     def expired(self, now: float) -> list[ProducerBatch]:
         """Remove and return queued batches past delivery.timeout.ms. Caller holds ``lock``."""
-        out: list[ProducerBatch] = []
-        for dq in self.batches.values():
-            while dq and dq[0].deadline <= now:
-                batch = dq.popleft()
-                self._close(batch)
-                out.append(batch)
-        return out
+        return self.take_queued(now)
 
-    def take_queued(self) -> list[ProducerBatch]:
-        """Remove and return every queued batch (not those in flight). Caller holds ``lock``."""
+    def take_queued(self, due_by: float = float("inf")) -> list[ProducerBatch]:
+        """Remove and return the queued batches (not those in flight) whose deadline is at or before ``due_by``:
+        every one by default. Caller holds ``lock``."""
         out: list[ProducerBatch] = []
         for dq in self.batches.values():
-            while dq:
+            while dq and dq[0].deadline <= due_by:
                 batch = dq.popleft()
                 self._close(batch)
                 out.append(batch)

@@ -55,7 +55,6 @@ class PreVoteSyncObj(SyncObj):  # type: ignore[misc]
         self._pv_grants: set[Any] = set()
         self._pv_won_at = float("-inf")  # when a round last won: the election it allows may start until then + min
         self._pv_leader_heard_at = float("-inf")  # the last append_entries at (or above) this voter's term
-        self._pv_round_won = False
         self._pv_losing = False  # the rounds since the last win lost (logged once per streak)
         self.pre_vote_rounds_total = 0
         self.pre_vote_rounds_won_total = 0
@@ -77,12 +76,11 @@ class PreVoteSyncObj(SyncObj):  # type: ignore[misc]
         others = self._SyncObj__otherNodes
         if not others or not self._SyncObj__transport.ready or not self._SyncObj__connectedToAnyone():
             return  # SyncObj's own rules then (a quorum of one elects itself; no election while it reaches no one)
-        if now - self._pv_won_at < self._SyncObj__conf.raftMinTimeout:
+        if self._pv_won_recently(now):
             return  # a majority granted: the election goes ahead
         self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
-        if self._pv_round and not self._pv_round_won:
+        if self._pv_round and not self._pv_majority():
             self._pv_note_lost_round()
-        self._pv_round_won = False
         self._pv_round += 1
         self._pv_grants = set()
         self.pre_vote_rounds_total += 1
@@ -99,20 +97,25 @@ class PreVoteSyncObj(SyncObj):  # type: ignore[misc]
             self._SyncObj__setCurrentTerm(term, None)
             if self._SyncObj__raftState == _RAFT.CANDIDATE:
                 self._SyncObj__setState(_RAFT.FOLLOWER)
-        if message.get("round") != self._pv_round or not message.get("granted") or self._pv_won_at >= _now() - \
-                self._SyncObj__conf.raftMinTimeout:
+        if message.get("round") != self._pv_round or not message.get("granted") or self._pv_won_recently(_now()):
             return
         self._pv_grants.add(node)
-        voters = len(self._SyncObj__otherNodes) + 1
-        if len(self._pv_grants) + 1 > voters / 2:
+        if self._pv_majority():
             self._pv_won_at = _now()
-            self._pv_round_won = True
             self.pre_vote_rounds_won_total += 1
             self._SyncObj__raftElectionDeadline = 0  # the next tick starts the election
             if self._pv_losing:
                 log.info("pre-vote won at term %d after rounds that found a leader still heard",
                          self._SyncObj__raftCurrentTerm + 1)
             self._pv_losing = False
+
+    def _pv_won_recently(self, now: float) -> bool:
+        """Did a round win within the shortest election timeout (its election may still be starting)?"""
+        return now - self._pv_won_at < self._SyncObj__conf.raftMinTimeout
+
+    def _pv_majority(self) -> bool:
+        """Do this round's grants, with this voter's own, make a majority?"""
+        return len(self._pv_grants) + 1 > (len(self._SyncObj__otherNodes) + 1) / 2
 
     # ---- the voter side ----
     def _pv_answer(self, node: Any, message: dict[str, Any]) -> None:

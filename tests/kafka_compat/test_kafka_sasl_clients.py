@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from kafkakit import kcat, kcat_binary, rdkafka_config, rdkafka_read_all, unique
+from opskit import sample_values
 from waiting import wait_for
 
 from client.admin import Admin, NewTopic
@@ -113,8 +114,7 @@ def test_librdkafka_connection_is_closed_once_its_user_is_deleted(sasl_cluster: 
 
 
 def _revoked(cluster: LocalCluster) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in cluster.read_metrics(cluster.broker_ids[0]).splitlines()
-               if line.startswith("brook_sasl_sessions_revoked_total{"))
+    return sum(sample_values(cluster.read_metrics(cluster.broker_ids[0]), "brook_sasl_sessions_revoked_total"))
 
 
 def test_kafka_python_and_aiokafka_over_sasl(sasl_cluster: LocalCluster, sasl_topic: str) -> None:

@@ -127,15 +127,35 @@ class _Cut:
         node._SyncObj__transport.setOnMessageReceivedCallback(filtered)
 
 
+class _States:
+    """Every Raft state change of the three voters (pysyncobj's onStateChanged), as it happens."""
+
+    def __init__(self) -> None:
+        self.changes: list[tuple[str, int, int]] = []  # (voter, old state, new state)
+        self.changed = threading.Event()
+
+    def on_change(self, voter: str) -> Any:
+        def changed(old: int, new: int) -> None:
+            self.changes.append((voter, old, new))
+            self.changed.set()
+        return changed
+
+    def clear(self) -> None:
+        self.changes.clear()
+        self.changed.clear()
+
+
 @pytest.fixture
-def trio() -> Iterator[tuple[list[PreVoteSyncObj], _Cut]]:
+def trio() -> Iterator[tuple[list[PreVoteSyncObj], _Cut, _States]]:
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    nodes = [PreVoteSyncObj(a, [o for o in addresses if o != a], _conf()) for a in addresses]
+    states = _States()
+    nodes = [PreVoteSyncObj(a, [o for o in addresses if o != a], _conf(onStateChanged=states.on_change(a)))
+             for a in addresses]
     cut = _Cut()
     for n in nodes:
         cut.install(n)
     try:
-        yield nodes, cut
+        yield nodes, cut, states
     finally:
         for n in nodes:
             n.destroy()
@@ -147,19 +167,27 @@ def _leader(nodes: list[PreVoteSyncObj]) -> PreVoteSyncObj | None:
 
 
 def test_a_voter_cut_from_the_leader_alone_moves_neither_the_leader_nor_the_term(trio) -> None:  # noqa: ANN001
-    nodes, cut = trio
+    nodes, cut, states = trio
     leader = wait_for(lambda: _leader(nodes), 20, "a leader of the three")
     term = leader.raftCurrentTerm
     cut_off, middle = (n for n in nodes if n is not leader)
     rounds, won = cut_off.pre_vote_rounds_total, cut_off.pre_vote_rounds_won_total  # those of the first election
+    watched = {leader.selfNode.address, middle.selfNode.address}
+    states.clear()
     with cut.lock:
         cut.pairs.add(frozenset((leader.selfNode.address, cut_off.selfNode.address)))
+    # Ten election timeouts in which neither the leader nor the middle voter may change state (a deposed leader
+    # becomes a follower; a middle voter that took the cut one's term becomes a candidate or leader in time).
     deadline = time.monotonic() + 10 * MAX_TIMEOUT_S
-    while time.monotonic() < deadline:
-        assert leader._isLeader() and leader.raftCurrentTerm == term and middle.raftCurrentTerm == term, (
-            f"the cut moved the quorum: leader {leader.selfNode} now leader={leader._isLeader()} at term "
-            f"{leader.raftCurrentTerm}, the middle voter at {middle.raftCurrentTerm} (was {term})")
-        time.sleep(0.05)
+    while states.changed.wait(max(0.0, deadline - time.monotonic())):
+        moved = [c for c in states.changes if c[0] in watched]
+        assert not moved, f"the cut moved the quorum: state changes {moved} (leader {leader.selfNode}, term {term})"
+        states.changed.clear()  # only the cut voter's own changes: watch on
+        if time.monotonic() >= deadline:
+            break
+    assert leader._isLeader() and leader.raftCurrentTerm == term and middle.raftCurrentTerm == term, (
+        f"the cut moved the quorum: leader {leader.selfNode} now leader={leader._isLeader()} at term "
+        f"{leader.raftCurrentTerm}, the middle voter at {middle.raftCurrentTerm} (was {term})")
     asked, granted = cut_off.pre_vote_rounds_total - rounds, cut_off.pre_vote_rounds_won_total - won
     assert asked >= 3 and granted == 0, f"the cut voter ran {asked} pre-vote rounds, {granted} won"
     assert cut_off.raftCurrentTerm == term, "the cut voter took a term no election was held for"
@@ -172,7 +200,7 @@ def test_a_voter_cut_from_the_leader_alone_moves_neither_the_leader_nor_the_term
 
 
 def test_the_other_voters_elect_a_new_leader_once_the_leader_is_gone(trio) -> None:  # noqa: ANN001
-    nodes, _ = trio
+    nodes, _, _ = trio
     leader = wait_for(lambda: _leader(nodes), 20, "a leader of the three")
     term = leader.raftCurrentTerm
     leader.destroy()
