@@ -792,6 +792,9 @@ class SecurityCollector(_SafeCollector):
         revoked = CounterMetricFamily(
             "brook_sasl_sessions_revoked", "SASL sessions and Kafka-listener connections ended because their user "
             "was deleted or its password changed.", labels=["role"])
+        certificates = CounterMetricFamily(
+            "brook_tls_connections_revoked", "Connections ended because the listener's CA bundle no longer trusts "
+            "their client certificate.", labels=["role"])
         quotas: dict[str, list[float]] = {}  # quota kind -> [throttled responses, throttle ms]: brokers' only
         for role, sec in up:
             for (rtype, operation), count in sorted(sec.authorizer.denied_total().items()):
@@ -799,6 +802,7 @@ class SecurityCollector(_SafeCollector):
             auth.add_metric([role, "success"], sec.authenticator.succeeded_total)
             auth.add_metric([role, "failure"], sec.authenticator.failed_total)
             revoked.add_metric([role], sec.authenticator.revoked_total)
+            certificates.add_metric([role], sec.certificates_revoked_total)
             for kind, stats in (sec.quotas.stats.items() if sec.quotas is not None else ()):
                 sums = quotas.setdefault(kind, [0.0, 0.0])
                 sums[0] += stats.throttled_responses
@@ -806,6 +810,7 @@ class SecurityCollector(_SafeCollector):
         yield denied
         yield auth
         yield revoked
+        yield certificates
         if not any(sec.quotas is not None for _, sec in up):
             return
         throttled = CounterMetricFamily("brook_quota_throttled_responses", "Responses with throttle_time_ms > 0.",

@@ -47,6 +47,7 @@ from broker.admission import (
     connections_within_descriptors,
     stop_serving,
 )
+from broker.cert_revocation import ConnectionTrust
 from broker.kafka_wire.context import Aborted, KafkaCallContext
 from broker.log_limits import ThrottledWarning
 from broker.receiving import DEFAULT_RECEIVE_TIMEOUT_MS, DEFAULT_REQUEST_MAX_BYTES
@@ -80,8 +81,10 @@ class ReplicationListenerStats:
 
 class ReplicationListener:
     def __init__(self, service: Any, node_id: int, host: str, port: int, ssl_context: ssl.SSLContext | None,
-                 defaults: Any) -> None:
+                 defaults: Any, trust: ConnectionTrust | None = None) -> None:
         self.service = service
+        # The listener's CA bundle as it is now: a follower whose node certificate it no longer trusts is cut.
+        self.trust = trust
         self.node_id = node_id
         self.host = host
         self.port = port
@@ -122,6 +125,7 @@ class ReplicationListener:
         assert task is not None
         self._tasks.add(task)
         try:
+            generation = self.trust.generation() if self.trust is not None else 0
             if self.ssl_context is not None:
                 await writer.start_tls(self.ssl_context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_MS / 1000)
             grpc_peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
@@ -131,7 +135,7 @@ class ReplicationListener:
                 self._warn(f"refused {auth.principal} from {grpc_peer}: only the cluster's nodes fetch here")
                 return
             # The follower-fetch code reads a call's identity as the Kafka listener's calls give it.
-            await self._serve(reader, writer, KafkaCallContext(auth, grpc_peer, "REPLICATION"))
+            await self._serve(reader, writer, KafkaCallContext(auth, grpc_peer, "REPLICATION"), generation)
         except asyncio.CancelledError:
             pass
         except (Refused, Aborted) as e:
@@ -147,19 +151,19 @@ class ReplicationListener:
             writer.transport.abort()  # nothing of ours is worth delivering to a follower that is gone
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     context: KafkaCallContext) -> None:
+                     context: KafkaCallContext, generation: int) -> None:
         # One deadline for the connection's waits (the next frame, the rest of one, an answer's delivery),
         # not a timeout each: the listener reads two frames per acks=all write.
         deadline = ConnectionDeadline(asyncio.get_running_loop(), writer.transport.abort)
         try:
-            await self._serve_frames(reader, writer, context, deadline)
+            await self._serve_frames(reader, writer, context, deadline, generation)
         finally:
             deadline.cancel()
             if deadline.fired:
                 raise TimeoutError("the follower missed a deadline")
 
     async def _serve_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                            context: KafkaCallContext, deadline: ConnectionDeadline) -> None:
+                            context: KafkaCallContext, deadline: ConnectionDeadline, generation: int) -> None:
         deadline.within(self.receive_timeout_s)
         magic = await reader.readexactly(len(MAGIC))
         if magic != MAGIC:
@@ -185,6 +189,12 @@ class ReplicationListener:
                 except DecodeError as e:
                     raise Refused(f"a frame that is not a FetchRequest ({e})") from None
                 self.stats.requests_total += 1
+                if self.trust is not None and self.ssl_context is not None:
+                    held = self.trust.holds(writer.get_extra_info("ssl_object"), generation)
+                    if held is None:
+                        raise Refused(f"its node certificate ({context.brook_authentication.principal}) is no "
+                                      f"longer trusted by CA bundle {self.trust.anchors.path}")
+                    generation = held
                 response = await self.service.replica_fetch_message(request, context, session)
                 if response is not None:  # else sent already, by the wake that ended its long poll
                     send(response)

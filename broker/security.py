@@ -44,6 +44,12 @@ class NodeSecurity:
     authorizer: Authorizer
     interceptor: SessionInterceptor
     quotas: QuotaManager | None = None
+    # Connections ended because the listener's CA bundle no longer trusts their client certificate
+    # (broker/cert_revocation.py), on every listener of the node.
+    certificates_revoked_total: int = 0
+
+    def certificate_revoked(self) -> None:
+        self.certificates_revoked_total += 1
 
     def aio_interceptor(self) -> AioSessionInterceptor:
         """The same session check for a grpc.aio server (the broker's, once it runs on asyncio)."""

@@ -42,6 +42,12 @@ from broker.admission import (
     ConnectionsPerIp,
     connections_within_descriptors,
 )
+from broker.cert_revocation import (
+    AioCertificateInterceptor,
+    ConnectionTrust,
+    GrpcCertificateCheck,
+    TrustAnchors,
+)
 from broker.cpu_shares import DEFAULT_MAX_PERCENT as DEFAULT_CPU_PERCENT_PER_IP
 from broker.cpu_shares import CpuShares
 from broker.fair_pool import FairExecutor
@@ -490,8 +496,12 @@ class BrokerServer:
             max_workers=SECURITY_WORKERS, thread_name_prefix=f"broker-{self.node_id}-security")
         self.receive_gate = self._make_receive_gate(d)
         self.metadata_gate = MetadataGate(self.node_id, lambda: self.metadata_cache.version > 0)
+        # Outside the receive gate: a call whose client certificate the CA bundle no longer trusts is refused
+        # before it takes a receive slot.
+        self.certificate_check = GrpcCertificateCheck(f"broker {self.node_id}", self.security.certificate_revoked)
         return grpc.aio.server(migration_thread_pool=self._security_pool, interceptors=[
-            self.metadata_gate, self.receive_gate, self.security.aio_interceptor()], options=[
+            self.metadata_gate, AioCertificateInterceptor(self.certificate_check), self.receive_gate,
+            self.security.aio_interceptor()], options=[
             ("grpc.max_receive_message_length", int(d.get("socket.request.max.bytes", str(DEFAULT_REQUEST_MAX_BYTES)))),
             ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
             # No BDP probing: a stream is granted HTTP/2's initial 64 KiB window until its message is
@@ -573,12 +583,14 @@ class BrokerServer:
             raise OSError(f"broker {s.node_id}: cannot listen on {s.host}:{s.port}")
         self.port = bound
         ports = [bound]
+        self.certificate_check.watch(bound, s.tls)
         for lst in s.extra_listeners:
             if lst.wire != "grpc":
                 continue
             if (port := bind_port(server, lst.host, lst.port, lst.tls)) == 0:
                 raise OSError(f"broker {s.node_id}: cannot listen on {lst.name} {lst.host}:{lst.port}")
             ports.append(port)
+            self.certificate_check.watch(port, lst.tls)
         return ports
 
     def _start_replication_listener(self, service: BrokerService) -> None:
@@ -588,7 +600,7 @@ class BrokerServer:
             # Followers always show their node certificate here, whatever ssl.client.auth says.
             listener = ReplicationListener(service, self.node_id, lst.host, lst.port,
                                            _listener_ssl_context(lst, client_auth_required=True),
-                                           self.settings.defaults)
+                                           self.settings.defaults, self._connection_trust(lst, True))
             self._on_loop(listener.start())
             self.replication_listener = listener
 
@@ -609,13 +621,22 @@ class BrokerServer:
             for lst in self.settings.extra_listeners:
                 if lst.wire != "kafka":
                     continue
-                ctx = _listener_ssl_context(lst, client_auth_required=lst.tls is not None
-                                            and lst.tls.client_auth == "required")
+                required = lst.tls is not None and lst.tls.client_auth == "required"
+                ctx = _listener_ssl_context(lst, client_auth_required=required)
                 listener = KafkaListener(self, KafkaListenerSpec(lst.name, lst.host, lst.port, lst.protocol, ctx,
-                                                                 self._connections_per_ip),
+                                                                 self._connections_per_ip,
+                                                                 self._connection_trust(lst, required)),
                                          self.settings.defaults)
                 self._on_loop(listener.start())
                 self.kafka_listeners.append(listener)
+
+    def _connection_trust(self, lst: ListenerSpec, client_auth_required: bool) -> ConnectionTrust | None:
+        """The CA bundle an asyncio TLS listener checks its open connections against, if it requires client
+        certificates."""
+        if lst.tls is None or lst.tls.ca is None or not client_auth_required:
+            return None
+        return ConnectionTrust(TrustAnchors(lst.tls.ca, f"broker {self.node_id} listener {lst.name}"),
+                               self.security.certificate_revoked)
 
     def listener_by_tls(self) -> dict[bool, str]:
         """Listener whose addresses Metadata gives to a TLS / plaintext caller: BROKER first, then the rest."""

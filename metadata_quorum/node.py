@@ -27,6 +27,7 @@ import grpc
 from broker import principal
 from broker.admission import DEFAULT_CONNECTION_IDLE_MS, ConnectionsPerIp, connections_within_descriptors
 from broker.authorizer import AuthorizerConfig
+from broker.cert_revocation import CertificateInterceptor, GrpcCertificateCheck
 from broker.grpc_connections import PerAddressConnections
 from broker.receiving import DEFAULT_REQUEST_MAX_BYTES, SyncReceiveGate
 from broker.request_times import LatencyHistogram
@@ -321,6 +322,8 @@ class ControllerNode:
         me = settings.voters[settings.node_id]
         voter_ids = {v.raft_address: n for n, v in settings.voters.items()}
         self._security, admin = self._build_security()
+        self._certificate_check = GrpcCertificateCheck(f"controller {settings.node_id}",
+                                                        self._security.certificate_revoked)
         self._service = ControllerService(self.controller, self.raft, self._redirect, cluster_id=settings.cluster_id,
                                           voter_ids=voter_ids, default_timeout_s=settings.request_timeout_ms / 1000,
                                           authorizer=self._security.authorizer)
@@ -330,7 +333,8 @@ class ControllerNode:
                                                          max_request_bytes(settings.defaults)),
                                       ("grpc.max_allowed_incoming_connections",
                                        max_connections(settings.node_id, settings.defaults))],
-                             interceptors=[self._receive_gate, self._security.interceptor],
+                             interceptors=[CertificateInterceptor(self._certificate_check), self._receive_gate,
+                                           self._security.interceptor],
                              maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
         pb_grpc.add_ControllerServiceServicer_to_server(self._service, server)
         self._security.add_service(server, admin)
@@ -338,6 +342,7 @@ class ControllerNode:
         if bound == 0:
             self._stop.set()
             raise errors.KafkaStorageError(f"cannot bind the controller gRPC port {me.host}:{me.grpc_port}")
+        self._certificate_check.watch(bound, settings.tls)
         server.start()
         self._server = server
         self.connections_per_ip = PerAddressConnections(

@@ -63,6 +63,7 @@ from broker.admission import (
     connections_within_descriptors,
     stop_serving,
 )
+from broker.cert_revocation import ConnectionTrust
 from broker.cpu_shares import CpuShares
 from broker.fair_pool import CLIENT, FairExecutor
 from broker.kafka_wire import apis, bounds, codec
@@ -108,6 +109,9 @@ class KafkaListenerSpec:
     # The broker's max.connections.per.ip with its overrides, their host names resolved once for all its ports
     # (None: read from the listener's config).
     connections_per_ip: ConnectionsPerIp | None = None
+    # With ssl.client.auth=required: the listener's CA bundle as it is now (broker/cert_revocation.py); a
+    # connection whose certificate it no longer trusts is closed at its next request.
+    trust: ConnectionTrust | None = None
 
 
 @dataclass(slots=True)
@@ -213,9 +217,12 @@ class KafkaListener:
         self._tasks.add(task)
         conn: _Connection | None = None
         try:
+            # Before the handshake: a bundle changed during it is checked at the first request.
+            generation = self.spec.trust.generation() if self.spec.trust is not None else 0
             if self.spec.ssl_context is not None:
                 await writer.start_tls(self.spec.ssl_context, ssl_handshake_timeout=self.sasl_timeout_s)
             conn = _Connection(self, reader, writer)
+            conn.trust_generation = generation
             await conn.metered(conn.run())
         except asyncio.CancelledError:
             pass
@@ -258,6 +265,8 @@ class _Connection:
         self.peer_text = f"{host}:{port}"
         self.grpc_peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
         sslobj = writer.get_extra_info("ssl_object")
+        self.sslobj = sslobj
+        self.trust_generation = 0  # the listener's CA bundle generation its certificate is known trusted under
         self.tls = sslobj is not None
         # "kafka:" never parses as a loopback gRPC peer: no Kafka connection is trusted as a broker.
         self.auth = principals.connection_authentication(sslobj, host, f"kafka:{host}")
@@ -531,6 +540,13 @@ class _Connection:
                 self.credential.user, f"its {self.credential.mechanism} credential was deleted or changed since "
                 f"{self.peer_text} logged in on Kafka listener {lst.spec.name}; closing the connection")
             return False
+        if (trust := lst.spec.trust) is not None and self.tls:
+            held = trust.holds(self.sslobj, self.trust_generation)
+            if held is None:
+                log.info("Kafka listener %s: closing %s: its client certificate (%s) is no longer trusted by CA "
+                         "bundle %s", lst.spec.name, self.peer_text, self.auth.principal, trust.anchors.path)
+                return False
+            self.trust_generation = held
         try:
             if len(frame) > PARSE_ON_LOOP_MAX_BYTES:
                 # One large parse per client address at a time: the pool's queue holds at most one frame an

@@ -9,7 +9,6 @@ import contextlib
 import os
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sockets import ATTACKER, closed_by_peer, connect_from, still_open
@@ -18,19 +17,14 @@ from broker.admission import ConnectionSlots, ConnectionsPerIp
 from broker.grpc_connections import (
     Connection,
     PerAddressConnections,
-    connections_on,
     past_the_bound,
+    read_connections,
     shut_down,
 )
 
 
 def table_connections(ports: list[int]) -> list[Connection]:
-    out: list[Connection] = []
-    for name in ("tcp", "tcp6"):
-        path = Path(f"/proc/self/net/{name}")
-        if path.exists():
-            out += connections_on(ports, path.read_text())
-    return out
+    return read_connections(ports)
 
 
 @contextlib.contextmanager
@@ -73,7 +67,9 @@ def test_the_kernels_table_gives_each_accepted_connection_its_client_address_and
         pytest.skip("no IPv6 here")
     with listener(host, family) as server, connected(server, ["127.0.0.1", ATTACKER, ATTACKER]) as (_, accepted):
         found = table_connections([server.getsockname()[1]])
-        want = {Connection(a, inode(s)) for a, s in zip(["127.0.0.1", ATTACKER, ATTACKER], accepted, strict=True)}
+        port = server.getsockname()[1]
+        want = {Connection(a, inode(s), s.getpeername()[1], port)
+                for a, s in zip(["127.0.0.1", ATTACKER, ATTACKER], accepted, strict=True)}
         # The listener and the clients' own ends (local port: theirs) are not the port's connections.
         assert set(found) == want, found
 

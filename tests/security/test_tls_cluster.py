@@ -284,6 +284,91 @@ def test_replaced_certificate_is_served_without_restart(cluster: LocalCluster) -
     cluster.wait_ready(timeout_s=60)  # and the cluster is still whole over the rotated certificate
 
 
+def _replace(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(".new")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def test_removing_a_ca_from_the_bundle_closes_its_clients_open_connections(cluster: LocalCluster,
+                                                                             tmp_path: Path) -> None:
+    """Revocation by CA rotation (the README's way) reaches the connections already open, on the gRPC and Kafka
+    listeners alike, while the nodes (another CA) go on replicating. Before, a revoked client kept producing for
+    as long as it kept its connections."""
+    from confluent_kafka import Producer as RdProducer
+    from opskit import sample_values
+
+    bundle = cluster.tls_dir / "ca.pem"  # every node's ssl.ca.location
+    original = bundle.read_bytes()
+    node_ca = tmp_path / "node-ca.pem"  # what carol checks the brokers' certificates against
+    node_ca.write_bytes(original)
+    clients = CertificateAuthority.create(tmp_path / "clients", "Clients CA")
+    carol = clients.issue(tmp_path / "carol", "carol", hosts=(), server=False)
+    conf = {"security_protocol": "SSL", "ssl_ca_location": str(node_ca), "ssl_certificate_location": str(carol.cert),
+            "ssl_key_location": str(carol.key)}
+    topic = "revoked-ca"
+    with Admin(cluster.bootstrap_servers, request_timeout_ms=60_000, security=cluster.security) as admin:
+        admin.create_topics([NewTopic(topic, 1, 3, configs={"min.insync.replicas": "2"})])
+
+    def revoked_total() -> float:
+        return sum(sum(sample_values(cluster.read_metrics(n), "brook_tls_connections_revoked_total"))
+                   for n in cluster.broker_ids)
+
+    before = revoked_total()
+    _replace(bundle, original + clients.path.read_bytes())
+    rd_errors: list[object] = []
+    rd = RdProducer({"bootstrap.servers": cluster.kafka_bootstrap_servers, "security.protocol": "SSL",
+                     "ssl.ca.location": str(node_ca), "ssl.certificate.location": str(carol.cert),
+                     "ssl.key.location": str(carol.key), "acks": "all", "message.timeout.ms": 8000,
+                     "reconnect.backoff.ms": 200, "log_level": 0})
+    producer = Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", request_timeout_ms=5000,
+                        delivery_timeout_ms=8000, **conf)
+    try:
+        wait_for(lambda: _sent(producer, topic, b"before"), 30, "carol (the clients' CA) to produce over gRPC")
+        rd.produce(topic, b"kafka-before", on_delivery=lambda err, _m: rd_errors.append(err))
+        assert rd.flush(30) == 0 and rd_errors == [None], rd_errors
+
+        _replace(bundle, original)  # the clients' CA is out: carol is revoked
+
+        # Her open gRPC connection is refused at its first request after the nodes look at the bundle (once a
+        # second), and her reconnection fails its handshake.
+        sent_after: list[bytes] = []
+
+        def refused() -> bool:
+            value = f"after-{len(sent_after)}".encode()
+            if _sent(producer, topic, value):
+                sent_after.append(value)
+                return False
+            return True
+        wait_for(refused, 60, "carol's producer to be refused")
+
+        def rd_refused() -> bool:
+            rd.produce(topic, b"kafka-after", on_delivery=lambda err, _m: rd_errors.append(err))
+            rd.flush(15)
+            return rd_errors[-1] is not None
+        wait_for(rd_refused, 60, "carol's librdkafka producer to be refused")
+        wait_for(lambda: revoked_total() >= before + 2, 30,
+                 lambda: f"brook_tls_connections_revoked_total to count her two connections (was {before}, "
+                         f"now {revoked_total()})")
+
+        # The nodes' certificates (the other CA) are untouched: replication and the operator's client go on.
+        with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", **_kw(cluster)) as admin_producer:
+            admin_producer.send(topic, b"operator").get(60)
+        cluster.wait_ready(timeout_s=60)
+    finally:
+        producer.close()
+        rd.flush(0)
+        _replace(bundle, original)
+
+
+def _sent(producer: Producer, topic: str, value: bytes) -> bool:
+    try:
+        producer.send(topic, value).get(30)
+        return True
+    except errors.BrookError:
+        return False
+
+
 # ----------------------------------------------------------------------------- the controller's workers
 
 
