@@ -128,18 +128,18 @@ class TrustAnchors:
         return False
 
     def trusts_der(self, der: bytes | None) -> bool:
-        if not der:
-            return False
-        try:
-            return self.trusts(x509.load_der_x509_certificate(der))
-        except ValueError:
-            return False
+        """``trusts`` of a DER certificate (Python's ssl gives it); False for none or a broken one."""
+        return self._trusts_encoded(der, x509.load_der_x509_certificate)
 
     def trusts_pem(self, pem: bytes | None) -> bool:
-        if not pem:
+        """``trusts`` of a PEM certificate (gRPC's auth context gives it); False for none or a broken one."""
+        return self._trusts_encoded(pem, x509.load_pem_x509_certificate)
+
+    def _trusts_encoded(self, data: bytes | None, load: Callable[[bytes], x509.Certificate]) -> bool:
+        if not data:
             return False
         try:
-            return self.trusts(x509.load_pem_x509_certificate(pem))
+            return self.trusts(load(data))
         except ValueError:
             return False
 
@@ -150,7 +150,6 @@ class ConnectionTrust:
 
     def __init__(self, anchors: TrustAnchors, on_revoked: Callable[[], None] | None = None) -> None:
         self.anchors = anchors
-        self.revoked_total = 0
         self._on_revoked = on_revoked
 
     def generation(self) -> int:
@@ -166,7 +165,6 @@ class ConnectionTrust:
         der = sslobj.getpeercert(binary_form=True) if sslobj is not None else None
         if self.anchors.trusts_der(der):
             return current
-        self.revoked_total += 1
         if self._on_revoked is not None:
             self._on_revoked()
         return None
