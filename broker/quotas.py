@@ -13,6 +13,12 @@ takes the rate over the quota, the broker still answers it at once but with
 ``throttle_time_ms`` = (rate - quota) / quota x window, the time after which the
 rate is back under the quota if the client sends nothing. The client waits that long
 before its next request to this broker (Kafka >= 2.0, KIP-219).
+
+A client that does not wait is held all the same, as Kafka's broker mutes the connection for the
+throttle time: ``produce_held_s`` / ``fetch_held_s`` say how much of its principal's throttle time is
+left, and the broker's Produce and Fetch wait it out (or refuse a unary gRPC call) before they start
+(broker/service.py). Before, the throttle time was advice only: a client that ignored it produced at
+whatever rate it liked.
 """
 
 from __future__ import annotations
@@ -99,7 +105,11 @@ class QuotaManager:
         self._clock = clock
         self._lock = threading.Lock()
         self._sensors: OrderedDict[tuple[str, str], Rate] = OrderedDict()
+        # (principal, kind) -> when its last throttle time ends (monotonic); past entries are dropped when read.
+        self._holds: OrderedDict[tuple[str, str], float] = OrderedDict()
         self.stats: dict[str, QuotaStats] = {PRODUCE: QuotaStats(), FETCH: QuotaStats(), REQUEST: QuotaStats()}
+        self.held_total = 0  # requests that waited out their principal's throttle time before they started
+        self.refused_total = 0  # unary gRPC calls refused for it
 
     def record(self, principal: object, kind: str, value: float) -> int:
         """Count ``value`` (bytes or 1 request); the throttle time in ms (0 = within quota)."""
@@ -124,10 +134,36 @@ class QuotaManager:
             # Kafka's QuotaUtils.throttleTime: how long until the windowed rate is back at the quota.
             throttle_ms = int((measured - quota) / quota * rate.elapsed_s(now) * 1000)
             throttle_ms = max(1, min(MAX_THROTTLE_MS, throttle_ms))
+            until = max(self._holds.pop(key, 0.0), now + throttle_ms / 1000)
+            self._holds[key] = until
+            while len(self._holds) > MAX_SENSORS:
+                self._holds.popitem(last=False)
             stats = self.stats[kind]
             stats.throttled_responses += 1
             stats.throttle_ms_total += throttle_ms
             return throttle_ms
+
+    def held_s(self, principal: object, kinds: tuple[str, ...]) -> float:
+        """How much of ``principal``'s throttle time for any of ``kinds`` is left (0: none)."""
+        if not self._holds:
+            return 0.0
+        who, now, left = str(principal), self._clock(), 0.0
+        with self._lock:
+            for kind in kinds:
+                until = self._holds.get((who, kind))
+                if until is None:
+                    continue
+                if until <= now:
+                    del self._holds[(who, kind)]
+                else:
+                    left = max(left, until - now)
+        return left
+
+    def produce_held_s(self, principal: object) -> float:
+        return self.held_s(principal, (PRODUCE, REQUEST))
+
+    def fetch_held_s(self, principal: object) -> float:
+        return self.held_s(principal, (FETCH, REQUEST))
 
     def produce(self, principal: object, nbytes: int) -> int:
         return max(self.record(principal, PRODUCE, nbytes), self.record(principal, REQUEST, 1))

@@ -161,6 +161,25 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             return e
         return None
 
+    async def _wait_out_throttle(self, context: Any, caller: Any, left_s: float) -> None:
+        """Hold a request whose principal has ``left_s`` of a throttle time still to wait, as Kafka mutes the
+        connection of a throttled answer: a client that ignores ``throttle_time_ms`` is slowed to its quota all
+        the same. A produce or fetch stream, and a Kafka connection, read nothing more while their request
+        waits here, so what waits is one request per stream or connection. A unary gRPC call has nothing to
+        mute (a client could send any number meanwhile, each holding its bytes here): it is refused
+        RESOURCE_EXHAUSTED, and the Brook client sends it again after its backoff."""
+        if left_s <= 0:
+            return
+        quotas = self.quotas
+        assert quotas is not None
+        if isinstance(context, principal.CallIdentity) or getattr(context, "brook_authentication", None) is not None:
+            quotas.held_total += 1
+            await asyncio.sleep(left_s)
+            return
+        quotas.refused_total += 1
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"{caller} is over its quota for another {left_s * 1000:.0f} ms (throttle_time_ms)")
+
     async def _bounded(self, context: grpc.aio.ServicerContext, entries: int, kind: str) -> None:
         await refuse_oversized(context, self.cache, entries, kind)
 
@@ -299,6 +318,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         await self._bounded(context, len(request.partitions), "partitions")
         size = sum(len(pd.records) for pd in request.partitions)
         caller = await self._caller(context)
+        if self.quotas is not None:
+            await self._wait_out_throttle(context, caller, self.quotas.produce_held_s(caller))
 
         async def work(client: str) -> Any:
             budget = self.capacity.budget
@@ -489,6 +510,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         def on_error() -> broker_pb2.FetchResponse:
             return _fetch_error_all(request)
         caller = await self._caller(context)
+        if self.quotas is not None:
+            await self._wait_out_throttle(context, caller, self.quotas.fetch_held_s(caller))
         denied = self.authz.denied_topics(caller, authz.READ, {fp.topic for fp in request.partitions})
 
         # A Kafka-protocol fetch (broker/kafka_wire) takes the records as segment-file slices (sendfile).

@@ -166,3 +166,58 @@ def test_kcat_over_sasl(sasl_cluster: LocalCluster, sasl_topic: str, mechanism: 
     proc = kcat(binary, conf, ["-L", "-J", "-t", sasl_topic, "-m", "5"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [t["topic"] for t in json.loads(proc.stdout)["topics"]] == [sasl_topic]
+
+
+def test_a_kafka_client_that_ignores_throttle_time_is_held_to_its_quota(
+        sasl_cluster: LocalCluster, sasl_topic: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kafka's broker mutes the connection of a throttled answer; Brook's Kafka listener reads nothing more from it
+    until the throttle time is over. kafka-python made deaf to throttle_time_ms (its connection never pauses) is
+    held to its quota: before, it produced at whatever rate it could."""
+    from kafka.net.connection import KafkaConnection
+
+    user, password, quota = "quentin", "quentin-secret", 100_000
+    windows = 11  # quota.window.num: the rate is measured over that many seconds, so that much gets ahead at first
+    with Admin(sasl_cluster.bootstrap_servers, request_timeout_ms=20_000) as admin:
+        admin.create_user(user, password)
+        admin.alter_client_quotas(f"User:{user}", set={"producer_byte_rate": quota})
+    monkeypatch.setattr(KafkaConnection, "_maybe_throttle", lambda self, response: None)
+    boot = sasl_cluster.kafka_bootstrap_servers
+    producer = wait_for(lambda: _kafka_python_producer(boot, user, password, sasl_topic), 60,
+                        f"kafka-python logged in as {user}")
+    payload, total = b"q" * 1_000, 0
+    try:
+        start = time.monotonic()
+        for _ in range(15 * quota // len(payload)):
+            producer.send(sasl_topic, payload)
+            total += len(payload)
+        producer.flush(timeout=120)
+        elapsed = time.monotonic() - start
+    finally:
+        producer.close(timeout=10)
+        with Admin(sasl_cluster.bootstrap_servers, request_timeout_ms=20_000) as admin:
+            admin.alter_client_quotas(f"User:{user}", remove=["producer_byte_rate"])
+    print(f"kafka-python ignoring throttle_time_ms: {total} B in {elapsed:.2f} s = {total / elapsed:.0f} B/s "
+          f"against {quota} B/s")
+    allowance = windows * quota + 5 * 16_384 * 2  # the first windows, and what is in flight
+    assert total <= quota * elapsed + allowance, (
+        f"{total} B in {elapsed:.2f} s is more than the quota allows ({quota} B/s + {allowance} B)")
+    held = sum(sample_values(sasl_cluster.read_metrics(sasl_cluster.broker_ids[0]),
+                             "brook_quota_enforced_requests_total", action="held"))
+    assert held > 0
+
+
+def _kafka_python_producer(boot: str, user: str, password: str, topic: str) -> Any:
+    """A kafka-python producer that has written one record as ``user`` (the user reaches the broker through
+    the metadata log), or None."""
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    producer = KafkaProducer(bootstrap_servers=boot.split(","), acks=1, linger_ms=0,
+                             security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
+                             sasl_plain_username=user, sasl_plain_password=password)
+    try:
+        producer.send(topic, b"warm-up").get(timeout=10)
+        return producer
+    except KafkaError:
+        producer.close(timeout=5)
+        return None

@@ -47,6 +47,34 @@ def test_over_quota_throttle_brings_the_rate_back_to_the_quota() -> None:
     assert m.stats[PRODUCE].throttled_responses == 1 and m.stats[PRODUCE].throttle_ms_total == 3000
 
 
+def test_a_throttled_principal_is_held_for_the_throttle_time_it_was_given() -> None:
+    """What the broker waits out before a request of a client that ignores throttle_time_ms (Kafka mutes the
+    connection that long)."""
+    clock = Clock()
+    m = manager({"User:alice": {PRODUCE: 1000.0}}, clock)
+    assert m.produce_held_s("User:alice") == 0
+    throttle_ms = m.produce("User:alice", 5000)
+    assert throttle_ms > 0
+    assert m.produce_held_s("User:alice") == pytest.approx(throttle_ms / 1000)
+    assert m.fetch_held_s("User:alice") == 0  # a produce throttle does not hold the principal's fetches
+    assert m.produce_held_s("User:bob") == 0
+    clock.now += throttle_ms / 2000
+    assert m.produce_held_s("User:alice") == pytest.approx(throttle_ms / 2000)
+    # Another throttled answer meanwhile: the hold ends with the later of the two throttle times.
+    again = m.produce("User:alice", 5000)
+    assert m.produce_held_s("User:alice") == pytest.approx(max(again / 1000, throttle_ms / 2000))
+    clock.now += 60.0
+    assert m.produce_held_s("User:alice") == 0 and not m._holds  # over: forgotten
+
+
+def test_a_request_rate_throttle_holds_produce_and_fetch() -> None:
+    clock = Clock()
+    m = manager({"User:alice": {"request_rate": 1.0}}, clock)
+    throttled = max(m.fetch("User:alice", 0) for _ in range(10))
+    assert throttled > 0
+    assert m.produce_held_s("User:alice") > 0 and m.fetch_held_s("User:alice") > 0
+
+
 def test_principal_quota_overrides_default_and_unquoted_principals_pass() -> None:
     clock = Clock()
     m = manager({"<default>": {FETCH: 100.0}, "User:big": {FETCH: 1e9}}, clock)
