@@ -821,8 +821,9 @@ class SecurityCollector(_SafeCollector):
             throttled.add_metric([kind], responses)
             throttle_ms.add_metric([kind], ms)
         enforced = CounterMetricFamily(
-            "brook_quota_enforced_requests", "Produce and fetch requests that came before their principal's "
-            "throttle time was over: held until it was (a stream, a Kafka connection) or refused (a unary gRPC call).",
+            "brook_quota_enforced_requests", "Produce and fetch requests (and older Kafka clients' topic mutations) "
+            "that came before their principal's throttle time was over: held until it was (a stream, a Kafka "
+            "connection) or refused (a unary gRPC call).",
             labels=["action"])
         enforced.add_metric(["held"], sum(sec.quotas.held_total for _, sec in up if sec.quotas is not None))
         enforced.add_metric(["refused"], sum(sec.quotas.refused_total for _, sec in up if sec.quotas is not None))

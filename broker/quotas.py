@@ -134,14 +134,24 @@ class QuotaManager:
             # Kafka's QuotaUtils.throttleTime: how long until the windowed rate is back at the quota.
             throttle_ms = int((measured - quota) / quota * rate.elapsed_s(now) * 1000)
             throttle_ms = max(1, min(MAX_THROTTLE_MS, throttle_ms))
-            until = max(self._holds.pop(key, 0.0), now + throttle_ms / 1000)
-            self._holds[key] = until
-            while len(self._holds) > MAX_SENSORS:
-                self._holds.popitem(last=False)
+            self._hold(key, now + throttle_ms / 1000)
             stats = self.stats[kind]
             stats.throttled_responses += 1
             stats.throttle_ms_total += throttle_ms
             return throttle_ms
+
+    def _hold(self, key: tuple[str, str], until: float) -> None:
+        """Under the lock: ``key``'s throttle time ends at ``until`` at the earliest."""
+        self._holds[key] = max(self._holds.pop(key, 0.0), until)
+        while len(self._holds) > MAX_SENSORS:
+            self._holds.popitem(last=False)
+
+    def hold(self, principal: object, kind: str, throttle_ms: int) -> None:
+        """A throttle time handed out elsewhere (the controller's, for a mutation forwarded with the permissive
+        quota): ``held_s`` counts it too."""
+        if throttle_ms > 0:
+            with self._lock:
+                self._hold((str(principal), kind), self._clock() + min(MAX_THROTTLE_MS, throttle_ms) / 1000)
 
     def held_s(self, principal: object, kinds: tuple[str, ...]) -> float:
         """How much of ``principal``'s throttle time for any of ``kinds`` is left (0: none)."""

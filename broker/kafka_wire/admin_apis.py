@@ -51,6 +51,7 @@ from broker.kafka_wire import codec
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.codec import get_ms as _ms
 from broker.kafka_wire.context import Handler, KafkaCallContext
+from broker.quotas import CONTROLLER_MUTATION
 from metadata_quorum import cluster_configs
 from metadata_quorum import security as sec
 from metadata_quorum.client import SecurityControllerClient
@@ -217,15 +218,27 @@ class AdminApis:
         controller refuses the whole request (or none answers in time)."""
         caller = ctx.brook_authentication.principal
         metadata = ((principals.FORWARDED_PRINCIPAL_KEY, str(caller)), (principals.FORWARDED_HOST_KEY, caller.host))
+        quotas = getattr(getattr(self.broker, "security", None), "quotas", None) \
+            if getattr(request, "permissive_quota", False) else None
+        if quotas is not None and (left_s := quotas.held_s(caller, (CONTROLLER_MUTATION,))) > 0:
+            # An older client's mutation is accepted over the quota and only told throttle_time_ms (KIP-599's
+            # permissive quota); Kafka then mutes its connection for that long. One that asks again before the
+            # time is over waits it out here (its connection reads nothing meanwhile), so a client that ignores
+            # throttle_time_ms is held to the quota: before, it created partitions as fast as it liked.
+            quotas.held_total += 1
+            await asyncio.sleep(left_s)
         budget_s = ctx.time_remaining() or _DEFAULT_TIMEOUT_S
         if timeout_ms > 0:
             budget_s = min(budget_s, timeout_ms / 1000 + 1.0)  # the controller answers within timeout_ms
         client = self._security() if security else self.broker.controller_client
         try:
-            return await asyncio.get_running_loop().run_in_executor(
+            out = await asyncio.get_running_loop().run_in_executor(
                 self._pool, lambda: client.call(method, request, timeout_s=max(0.5, budget_s), metadata=metadata))
         except errors.BrookError as exc:
             raise _Failed(exc.code, exc.message) from None
+        if quotas is not None:
+            quotas.hold(caller, CONTROLLER_MUTATION, out.throttle_time_ms)
+        return out
 
     async def _answer(self, build: Callable[[], Any], *, heavy: bool) -> Any:
         """``build()``, a response; on the admin pool when ``heavy`` (up to 1,000 topics' configs, thousands of

@@ -67,6 +67,20 @@ def test_a_throttled_principal_is_held_for_the_throttle_time_it_was_given() -> N
     assert m.produce_held_s("User:alice") == 0 and not m._holds  # over: forgotten
 
 
+def test_a_throttle_time_handed_out_elsewhere_is_held_too() -> None:
+    """The controller's throttle time for an older Kafka client's mutation (permissive quota)."""
+    clock = Clock()
+    m = manager({}, clock)
+    m.hold("User:alice", CONTROLLER_MUTATION, 0)
+    assert m.held_s("User:alice", (CONTROLLER_MUTATION,)) == 0
+    m.hold("User:alice", CONTROLLER_MUTATION, 4000)
+    m.hold("User:alice", CONTROLLER_MUTATION, 1000)  # a shorter one later does not shorten it
+    assert m.held_s("User:alice", (CONTROLLER_MUTATION,)) == pytest.approx(4.0)
+    assert m.produce_held_s("User:alice") == 0
+    clock.now += 4.0
+    assert m.held_s("User:alice", (CONTROLLER_MUTATION,)) == 0
+
+
 def test_a_request_rate_throttle_holds_produce_and_fetch() -> None:
     clock = Clock()
     m = manager({"User:alice": {"request_rate": 1.0}}, clock)
