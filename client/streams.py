@@ -188,8 +188,11 @@ class RequestStream:
             elif exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                 # The broker does not know the stream's SASL session (it restarted, or the session
                 # expired): the channel has dropped the token, and the next stream authenticates anew.
+                # Or it no longer trusts the client's certificate (its CA left the bundle): the broker's
+                # reason says which, and the next stream's handshake fails.
                 error = errors.error_for(errors.ErrorCode.NETWORK_EXCEPTION,
-                                         f"{what}: the SASL session was refused ({exc.details()}); re-authenticating")
+                                         f"{what}: refused as unauthenticated ({exc.details()}); the next stream "
+                                         "authenticates again")
             elif self._overdue:
                 error = errors.RequestTimedOutError(f"{what}: no answer within {self.timeout_s:.1f} s")
             else:
