@@ -73,9 +73,9 @@ class TrustAnchors:
         self._clock = clock
         self._lock = threading.Lock()
         self._next = clock() + interval_s
+        self._warning = ThrottledWarning(log, every_s=60.0)  # before the first read, which may need it
         self._stamp = self._stat()
         self._certs: list[x509.Certificate] = self._read() or []
-        self._warning = ThrottledWarning(log, every_s=60.0)
 
     def _stat(self) -> tuple[int, int, int] | None:
         try:

@@ -277,6 +277,19 @@ def test_anchors_follow_the_file_at_most_once_an_interval(pki: dict, tmp_path: P
     assert not anchors.refresh() and anchors.trusts(bob)
 
 
+def test_a_bundle_unusable_when_the_listener_starts_trusts_nothing_until_it_is_fixed(pki: dict, tmp_path: Path) -> None:
+    """The bundle may be replaced between the listener's own load and this one (a Kafka listener opens once the
+    first metadata arrives): a garbage file then trusts no certificate, and the start goes on."""
+    clock = Clock()
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(b"-----BEGIN CERTIFICATE-----\nnot base64\n")
+    anchors = TrustAnchors(bundle, "test", interval_s=1.0, clock=clock)
+    assert not anchors.trusts(_cert(pki, "alice"))
+    replace(bundle, pki["ca1"].path.read_bytes())
+    clock.now += 1.0
+    assert anchors.refresh() and anchors.trusts(_cert(pki, "alice"))
+
+
 def test_a_certificate_with_the_issuers_name_but_another_key_is_not_trusted(pki: dict, tmp_path: Path) -> None:
     """Trust is the signature under the bundle certificate's key, not a matching issuer name."""
     ca1: CertificateAuthority = pki["ca1"]
