@@ -20,11 +20,10 @@ bound, this process's descriptor links to find its connections (0.4 s to close 4
 descriptors). The pause after a look is at least four times what it took.
 
 An address past the bound keeps its connections for up to ``CHECK_INTERVAL_S`` (plus a look's time),
-not a moment, and a flood that reconnects as fast as it is cut fills ``max.connections`` again within
-moments of each look: the connections other clients have are kept, but most of their new ones are
-refused while such a flood goes on (README, Broker capacity, has the figures). Only a per-address limit
-in front of the port (a firewall) refuses that flood before accept. Linux only (the tables are
-Linux's): elsewhere there is no per-address bound on the gRPC ports, and the start says so.
+not a moment. A flood that reconnects as fast as it is cut would fill ``max.connections`` again within
+moments of each look, so an address found past its bound is also barred (broker/address_bar.py): the
+kernel drops its new connection attempts to the ports for a while, before accept. Linux only (the tables
+are Linux's): elsewhere there is no per-address bound on the gRPC ports, and the start says so.
 """
 
 from __future__ import annotations
@@ -37,10 +36,12 @@ import socket
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
+from broker.address_bar import AddressBar
 from broker.admission import ConnectionsPerIp
 from broker.log_limits import ThrottledWarning
 
@@ -173,11 +174,12 @@ class PerAddressConnections:
     the server in log lines."""
 
     def __init__(self, ports: Iterable[int], max_per_address: ConnectionsPerIp, what: str,
-                 interval_s: float = CHECK_INTERVAL_S) -> None:
+                 interval_s: float = CHECK_INTERVAL_S, bar: AddressBar | None = None) -> None:
         self.ports = frozenset(ports)
         self.max_per_address = max_per_address
         self.what = what
         self.closed_total = 0
+        self.bar = bar if bar is not None else AddressBar(self.ports, what)
         self._interval_s = interval_s
         self._seen: set[int] = set()  # inodes open at the last look that read the table
         self._looks = 0
@@ -217,13 +219,16 @@ class PerAddressConnections:
         """One look: shut down the connections past the bound; how many were."""
         self._looks += 1
         try:
-            if len(os.listdir(_FDS)) <= self.max_per_address.lowest and self._looks % FULL_LOOK_EVERY:
+            if len(os.listdir(_FDS)) <= self.max_per_address.lowest and self._looks % FULL_LOOK_EVERY \
+                    and not self.bar.barred:
                 return 0  # no address can be past the bound
         except OSError:
             return 0
         connections = read_connections(self.ports)
         over = past_the_bound(connections, self.max_per_address, self._seen)
         self._seen = {c.inode for c in connections}
+        if over or self.bar.barred:
+            self.bar.update(over, Counter(c.address for c in connections), self.max_per_address)
         if not over:
             return 0
         cut = {i for inodes in over.values() for i in inodes}

@@ -428,7 +428,8 @@ def _roles_up(getters: Mapping[str, Callable[[], Any]]) -> list[tuple[str, Any]]
 
 
 class GrpcConnectionsCollector(_SafeCollector):
-    """max.connections.per.ip on each role's gRPC ports (broker/grpc_connections.py): connections closed.
+    """max.connections.per.ip on each role's gRPC ports (broker/grpc_connections.py): connections closed,
+    addresses barred (broker/address_bar.py).
     ``bounds``: {role: its PerAddressConnections, None until it starts}; one family for every role (as
     ``SecurityCollector``)."""
 
@@ -444,9 +445,19 @@ class GrpcConnectionsCollector(_SafeCollector):
         closed = CounterMetricFamily("brook_grpc_connections_closed_per_ip",
                                      "gRPC connections closed because their client address had more than "
                                      "max.connections.per.ip open on the role's ports.", labels=["role"])
+        bars = CounterMetricFamily("brook_grpc_address_bars",
+                                   "Client addresses barred from the role's gRPC ports (their new connections "
+                                   "dropped by the kernel) after opening more than max.connections.per.ip.",
+                                   labels=["role"])
+        barred = GaugeMetricFamily("brook_grpc_barred_addresses",
+                                   "Client addresses barred from the role's gRPC ports now.", labels=["role"])
         for role, bound in up:
             closed.add_metric([role], float(bound.closed_total))
+            bars.add_metric([role], float(bound.bar.bars_total))
+            barred.add_metric([role], float(len(bound.bar.barred)))
         yield closed
+        yield bars
+        yield barred
 
 
 class KafkaListenerCollector(_SafeCollector):

@@ -5,20 +5,25 @@ one address's connections past it are closed, on the broker's and the controller
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import socket
+import threading
 import time
 from pathlib import Path
 
 import grpc
+import h2.config
+import h2.connection
 import h2.events
 import pytest
 from h2client import ATTACKER, h2_connect
-from sockets import still_open
+from sockets import connect_from, relayed_from, still_open
 from waiting import wait_for
 
+from broker.grpc_connections import read_connections
 from deploy.local.cluster import LocalCluster
-from proto import broker_pb2, broker_pb2_grpc
+from proto import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +35,17 @@ def metadata_ok(channel: grpc.Channel) -> bool:
         broker_pb2_grpc.BrokerServiceStub(channel).Metadata(broker_pb2.MetadataRequest(), timeout=3)
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.UNAVAILABLE, e  # refused at accept, nothing else
+        return False
+    return True
+
+
+def describe_cluster_ok(channel: grpc.Channel) -> bool:
+    """A call to a controller's port answered (as ``metadata_ok`` on a broker's)."""
+    try:
+        controller_pb2_grpc.ControllerServiceStub(channel).DescribeCluster(controller_pb2.DescribeClusterRequest(),
+                                                                           timeout=3)
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.UNAVAILABLE, e
         return False
     return True
 
@@ -117,11 +133,93 @@ def test_connections_without_a_call_for_connections_max_idle_ms_are_closed(tmp_p
 
 PER_IP = 4
 FLOOD = 12
+# A dropped SYN is sent again after 1 s: a connect still waiting at half a second was dropped. A connect that
+# should succeed gets longer: after a flood, a SYN may meet the server's TIME_WAIT of an earlier connection with
+# the same ports and be answered only at that retransmission.
+DROPPED_WITHIN_S, CONNECTS_WITHIN_S = 0.5, 3.0
 
 
 def held_open(socks: list[socket.socket]) -> int:
     """How many of ``socks`` the server has not closed."""
     return sum(map(still_open, socks))
+
+
+def h2_preface() -> bytes:
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    return conn.data_to_send()
+
+
+def open_flood(port: int, flood: list[socket.socket], count: int = FLOOD) -> None:
+    """Up to ``count`` connections from ATTACKER, each sending the HTTP/2 preface and nothing else, added to
+    ``flood``; fewer when a look of the port finds the address past its bound meanwhile and bars it (its next
+    connection attempt is dropped)."""
+    preface = h2_preface()
+    for _ in range(count):
+        try:
+            sock = connect_from(ATTACKER, port, CONNECTS_WITHIN_S)
+        except TimeoutError:
+            return
+        flood.append(sock)
+        sock.sendall(preface)
+
+
+def barred(source: str, port: int) -> bool:
+    """Is a connection attempt from ``source`` dropped (no answer to its SYN)?"""
+    try:
+        connect_from(source, port, DROPPED_WITHIN_S).close()
+    except TimeoutError:
+        return True
+    return False
+
+
+def connects(source: str, port: int) -> bool:
+    try:
+        connect_from(source, port, CONNECTS_WITHIN_S).close()
+    except TimeoutError:
+        return False
+    return True
+
+
+class ReconnectingFlood:
+    """A thread connecting from ATTACKER to ``port`` as fast as it can, keeping its newest ``keep``
+    connections (sending nothing) and closing older ones, so that a connection the server cuts is
+    replaced at once. ``connected`` and ``dropped`` count its attempts."""
+
+    def __init__(self, port: int, keep: int = 300) -> None:
+        self.port = port
+        self.keep = keep
+        self.connected = self.dropped = self.refused = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reconnecting-flood", daemon=True)
+
+    def __enter__(self) -> ReconnectingFlood:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        held: collections.deque[socket.socket] = collections.deque()
+        try:
+            while not self._stop.is_set():
+                try:
+                    sock = connect_from(ATTACKER, self.port, 0.2)
+                except TimeoutError:
+                    self.dropped += 1
+                    continue
+                except OSError:
+                    self.refused += 1
+                    continue
+                self.connected += 1
+                held.append(sock)
+                if len(held) > self.keep:
+                    held.popleft().close()
+        finally:
+            for sock in held:
+                sock.close()
 
 
 def test_one_address_holds_at_most_max_connections_per_ip_on_the_broker_and_controller_ports(tmp_path: Path) -> None:
@@ -133,16 +231,16 @@ def test_one_address_holds_at_most_max_connections_per_ip_on_the_broker_and_cont
                       ) as cluster:
         address = cluster.broker_address(1)
         ports = {"broker": int(address.rsplit(":", 1)[1]), "controller": cluster.spec(1).controller_port}
+        opened: dict[str, int] = {}
         for role, port in ports.items():
-            flood = []
+            flood: list[socket.socket] = []
             try:
-                for _ in range(FLOOD):
-                    sock, conn = h2_connect(port, ATTACKER)
-                    sock.sendall(conn.data_to_send())
-                    flood.append(sock)
+                open_flood(port, flood)
+                assert len(flood) > PER_IP, f"the {role} port barred {ATTACKER} at {len(flood)} connections"
+                opened[role] = len(flood)
                 wait_for(lambda f=flood: held_open(f) <= PER_IP, 15,  # type: ignore[misc]
                          lambda r=role, f=flood: f"the {r} port to close all but {PER_IP} of one address's "
-                                                 f"connections ({held_open(f)} of {FLOOD} open)")
+                                                 f"connections ({held_open(f)} of {len(f)} open)")
                 assert held_open(flood) == PER_IP, f"the {role} port kept fewer than the address's {PER_IP}"
                 # 127.0.0.1 is another address.
                 with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
@@ -152,5 +250,50 @@ def test_one_address_holds_at_most_max_connections_per_ip_on_the_broker_and_cont
                     s.close()
         metrics = cluster.read_metrics(1)
         for role in ports:
-            line = f'brook_grpc_connections_closed_per_ip_total{{role="{role}"}} {float(FLOOD - PER_IP)}'
+            line = f'brook_grpc_connections_closed_per_ip_total{{role="{role}"}} {float(opened[role] - PER_IP)}'
             assert line in metrics, f"no {line!r} in /metrics"
+
+
+OTHER = "127.0.0.3"  # a client address of its own, neither the flood's nor the nodes'
+
+
+def attacker_connections(port: int) -> int:
+    """The server's connections from ATTACKER on ``port`` (this namespace's table: the node's side)."""
+    return sum(1 for c in read_connections([port]) if c.address == ATTACKER)
+
+
+def test_a_reconnecting_flood_from_one_address_leaves_room_for_other_addresses(tmp_path: Path) -> None:
+    """Before, the gRPC ports kept max.connections.per.ip after accept only: a flood reconnecting as fast as it
+    was cut filled max.connections again between two looks, and most other clients' new connections were
+    refused while it went on. Now the first look that finds the address past its bound bars it: the kernel
+    drops its connection attempts, on the broker's and the controller's port alike."""
+    with LocalCluster(tmp_path / "c", nodes=1, overrides={
+            "max.connections": "100", "max.connections.per.ip": str(PER_IP),
+            "max.connections.per.ip.overrides": "127.0.0.1:1000"}) as cluster:
+        address = cluster.broker_address(1)
+        ports = {"broker": int(address.rsplit(":", 1)[1]), "controller": cluster.spec(1).controller_port}
+        for role, port in ports.items():
+            with ReconnectingFlood(port) as flood:
+                wait_for(lambda f=flood: f.dropped > 0, 20,  # type: ignore[misc]
+                         lambda r=role, f=flood: f"{ATTACKER}'s connection attempts to the {r} port to be dropped "
+                                                 f"({f.connected} connected, {f.refused} refused)")
+                wait_for(lambda p=port: attacker_connections(p) <= PER_IP, 10,  # type: ignore[misc]
+                         lambda r=role, p=port: f"the {r} port to hold at most {PER_IP} of {ATTACKER}'s connections "
+                                                f"({attacker_connections(p)})")
+                with relayed_from(OTHER, port) as relay:
+                    served = []
+                    for _ in range(10):  # each a new connection, from the other address
+                        with grpc.insecure_channel(f"127.0.0.1:{relay}",
+                                                   options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+                            served.append(metadata_ok(channel) if role == "broker" else describe_cluster_ok(channel))
+                assert all(served), f"{OTHER}'s new connections to the {role} port during the flood: {served}"
+                assert barred(ATTACKER, port), f"{ATTACKER} connected to the {role} port during its bar"
+        metrics = cluster.read_metrics(1)
+        for role in ports:
+            assert f'brook_grpc_address_bars_total{{role="{role}"}} 1.0' in metrics, \
+                f"the {role} port's bar is not counted once in /metrics"
+        # The floods are over and their connections closed: the bars are lifted after their time.
+        wait_for(lambda: all(f'brook_grpc_barred_addresses{{role="{r}"}} 0.0' in cluster.read_metrics(1)
+                             for r in ports), 40, "both ports to lift their bar")
+        for role, port in ports.items():
+            assert connects(ATTACKER, port), f"{ATTACKER} could not connect to the {role} port after its bar"

@@ -1,0 +1,226 @@
+"""Refusing a client address's new connections in the kernel: a socket filter on a gRPC port's listeners.
+
+``max.connections.per.ip`` is kept on the gRPC ports after accept (broker/grpc_connections.py): gRPC
+accepts its connections itself, and a look twice a second closes those of an address past its bound. A
+flood that reconnects as fast as it is cut therefore fills ``max.connections`` again between looks, and
+while it goes on most other clients' new connections are refused. Kafka refuses a connection past the
+bound at accept, so such a flood costs it an accept and a close each, and no slot.
+
+``AddressBar`` gives the gRPC ports the same effect one step earlier. An address a look finds past its
+bound is *barred*: a classic BPF program attached to the port's listening sockets (``SO_ATTACH_FILTER``,
+which needs no privilege) drops the packets it sends to them. So its connection attempts (SYNs) never
+make a connection: no accept, no descriptor, no TLS handshake, no slot. The connections it has are not
+touched: each was accepted with the filter the listener had then, and keeps that filter. A connection
+attempt that is dropped is not refused: the client's connect times out, or it retries its SYN.
+
+A bar lasts ``BAR_S`` after the last look that found the address past its bound, and then as long as the
+address still holds its bound (as Kafka refuses an address at its bound). Then the filter is rebuilt
+without it. At most ``MAX_BARRED`` addresses are barred at once (a program has at most 4,096
+instructions; an IPv6 address costs 9): past that the oldest bar is lifted early. So a flood from many
+addresses still needs a per-address limit in front of the port (a firewall).
+
+Linux only (the filter and the tables are Linux's); a failure to attach is logged and the port is
+served as before, with the bound kept after accept.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import ipaddress
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from broker.log_limits import ThrottledWarning
+
+log = logging.getLogger(__name__)
+
+BAR_S = 10.0
+MAX_BARRED = 256
+
+SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)
+SO_DETACH_FILTER = getattr(socket, "SO_DETACH_FILTER", 27)
+_SKF_NET_OFF = -0x100000  # loads relative to the network (IP) header: a TCP socket's filter starts past it
+# Classic BPF opcodes (linux/filter.h).
+_LD_W_ABS = 0x20
+_LD_B_ABS = 0x30
+_RSH_K = 0x74
+_JEQ_K = 0x15
+_JA = 0x05
+_RET_K = 0x06
+_KEEP, _DROP = 0xFFFFFFFF, 0
+_V6_BLOCK = 9  # instructions per IPv6 address: four loads and compares, then the drop
+
+_TABLES = (Path("/proc/self/net/tcp"), Path("/proc/self/net/tcp6"))
+_FDS = Path("/proc/self/fd")
+_LISTEN = "0A"
+
+Instruction = tuple[int, int, int, int]  # (code, jump if true, jump if false, k)
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _net(offset: int) -> int:
+    return (_SKF_NET_OFF + offset) & 0xFFFFFFFF
+
+
+def filter_program(addresses: Iterable[str]) -> list[Instruction]:
+    """A program that drops the packets whose source is one of ``addresses`` (IPv4, or IPv6; an IPv4-mapped
+    address is its IPv4 one, as an IPv4 client of a dual-stack socket sends IPv4 packets) and keeps the rest."""
+    v4: list[int] = []
+    v6: list[bytes] = []
+    for a in addresses:
+        ip = ipaddress.ip_address(a)
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        if isinstance(ip, ipaddress.IPv4Address):
+            v4.append(int(ip))
+        else:
+            v6.append(ip.packed)
+    ipv4_part: list[Instruction] = [(_LD_W_ABS, 0, 0, _net(12))]  # the source address
+    for k in v4:
+        ipv4_part += [(_JEQ_K, 0, 1, k), (_RET_K, 0, 0, _DROP)]
+    ipv4_part.append((_RET_K, 0, 0, _KEEP))
+    program: list[Instruction] = [
+        (_LD_B_ABS, 0, 0, _net(0)),
+        (_RSH_K, 0, 0, 4),  # the IP version
+        (_JEQ_K, 0, 1, 6),
+        (_JA, 0, 0, len(ipv4_part)),  # IPv6: past the IPv4 part
+        *ipv4_part,
+    ]
+    for packed in v6:  # the source address: bytes 8-23 of the IPv6 header, four words
+        words = [int.from_bytes(packed[i:i + 4], "big") for i in range(0, 16, 4)]
+        for n, word in enumerate(words):
+            program.append((_LD_W_ABS, 0, 0, _net(8 + 4 * n)))
+            # A word that differs jumps past the block's end; the fourth that matches falls to the drop.
+            program.append((_JEQ_K, 0, _V6_BLOCK - 2 * n - 2, word))
+        program.append((_RET_K, 0, 0, _DROP))
+    program.append((_RET_K, 0, 0, _KEEP))
+    return program
+
+
+def listening_inodes(ports: Iterable[int], tables: Iterable[str]) -> set[int]:
+    """The inodes of the listening sockets on ``ports`` in the texts of ``/proc/net/tcp`` and ``tcp6``."""
+    wanted = "|".join(f"{p:04X}" for p in sorted(set(ports)))
+    if not wanted:
+        return set()
+    line = re.compile(rf": [0-9A-F]+:(?:{wanted}) [0-9A-F]+:[0-9A-F]+ {_LISTEN} \S+ \S+ \S+ +\d+ +\d+ (\d+)")
+    return {int(inode) for text in tables for inode in line.findall(text) if inode != "0"}
+
+
+def _own_sockets(inodes: set[int]) -> list[int]:
+    """This process's descriptors of the sockets with these inodes."""
+    out: list[int] = []
+    for name in os.listdir(_FDS):
+        try:
+            link = os.readlink(_FDS / name)
+        except OSError:
+            continue
+        if link.startswith("socket:[") and int(link[8:-1]) in inodes:
+            out.append(int(name))
+    return out
+
+
+def install(ports: Iterable[int], addresses: Iterable[str]) -> int:
+    """Attach the filter barring ``addresses`` (none: detach it) to this process's listening sockets on
+    ``ports``; how many sockets took it. OSError when a socket refuses it."""
+    tables = []
+    for table in _TABLES:
+        try:
+            tables.append(table.read_text())
+        except OSError:
+            continue  # no IPv6 here
+    inodes = listening_inodes(ports, tables)
+    barred = list(addresses)
+    program = filter_program(barred) if barred else []
+    array = (_SockFilter * len(program))(*(_SockFilter(*i) for i in program))
+    fprog = _SockFprog(len(program), ctypes.cast(array, ctypes.POINTER(_SockFilter)))
+    done = 0
+    for fd in _own_sockets(inodes):
+        try:
+            dup = os.dup(fd)
+        except OSError:
+            continue  # closed since the listing
+        sock = socket.socket(fileno=dup)
+        try:
+            if os.fstat(dup).st_ino not in inodes:
+                continue  # a descriptor reused since the listing
+            if program:
+                sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, bytes(fprog))  # the kernel copies `array`
+            else:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
+                except OSError as e:
+                    if e.errno != errno.ENOENT:  # it had none
+                        raise
+            done += 1
+        finally:
+            sock.close()
+    return done
+
+
+class AddressBar:
+    """The addresses barred from a gRPC server's ``ports`` (the module's docstring says how). ``update`` is
+    called by each look of the per-address bound; ``bars_total`` counts the bars begun, ``barred`` is the
+    addresses barred now."""
+
+    def __init__(self, ports: Iterable[int], what: str, bar_s: float = BAR_S, max_barred: int = MAX_BARRED,
+                 clock: Callable[[], float] = time.monotonic,
+                 installer: Callable[[Iterable[int], Iterable[str]], int] = install) -> None:
+        self.ports = frozenset(ports)
+        self.what = what
+        self.bars_total = 0
+        self._bar_s = bar_s
+        self._max = max_barred
+        self._clock = clock
+        self._install = installer
+        self._until: dict[str, float] = {}  # barred address -> until when at least; oldest bar first
+        self._failures = ThrottledWarning(log)
+
+    @property
+    def barred(self) -> list[str]:
+        return list(self._until)
+
+    def update(self, over: Iterable[str], held: Mapping[str, int], bound: Callable[[str], int]) -> None:
+        """One look's findings: ``over``, the addresses past their bound; ``held``, how many connections each
+        address holds on the ports."""
+        now = self._clock()
+        changed = False
+        for address in over:
+            if address not in self._until:
+                self.bars_total += 1
+                changed = True
+                log.warning("%s: %s opened more than its max.connections.per.ip (%d) on its gRPC port(s): its new "
+                            "connections are dropped for at least %.0f s", self.what, address, bound(address),
+                            self._bar_s)
+            self._until.pop(address, None)
+            self._until[address] = now + self._bar_s  # the newest bar last
+        for address, until in list(self._until.items()):
+            if until <= now and held.get(address, 0) < bound(address):
+                del self._until[address]
+                changed = True
+                log.info("%s: %s may connect to its gRPC port(s) again (it holds %d connections, its bound %d)",
+                         self.what, address, held.get(address, 0), bound(address))
+        while len(self._until) > self._max:
+            oldest = next(iter(self._until))
+            del self._until[oldest]
+            changed = True
+            log.warning("%s: more than %d addresses past max.connections.per.ip: the bar of %s is lifted early",
+                        self.what, self._max, oldest)
+        if changed:
+            try:
+                self._install(self.ports, self._until)
+            except OSError as e:
+                self._failures.warn("%s: cannot filter the connections of barred addresses on its gRPC port(s) "
+                                    "(%s): their connections are closed after accept only", self.what, e)
