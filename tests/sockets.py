@@ -25,6 +25,22 @@ def connect_from(source: str, port: int, timeout_s: float = 10.0) -> socket.sock
     return s
 
 
+def connects_within(source: str | None, port: int, timeout_s: float, target: str = "127.0.0.1") -> bool:
+    """Does a connection from ``source`` (None: any) to ``target``:``port`` complete within ``timeout_s``? False
+    when its SYN got no answer in time (dropped by a filter, or a full accept queue). It is closed at once."""
+    s = socket.socket(socket.AF_INET6 if ":" in target else socket.AF_INET)
+    s.settimeout(timeout_s)
+    try:
+        if source is not None:
+            s.bind((source, 0))
+        s.connect((target, port))
+    except TimeoutError:
+        return False
+    finally:
+        s.close()
+    return True
+
+
 def closed_by_peer(s: socket.socket, timeout_s: float = 10.0) -> bool:
     """Did the server close (or reset) ``s``? Waits up to ``timeout_s`` for it (socket.timeout after)."""
     s.settimeout(timeout_s)

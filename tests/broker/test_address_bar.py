@@ -9,7 +9,7 @@ import socket
 from collections.abc import Iterable
 
 import pytest
-from sockets import ATTACKER, closed_by_peer, still_open
+from sockets import ATTACKER, closed_by_peer, connects_within, still_open
 from test_grpc_connections import connected, listener
 
 from broker.address_bar import MAX_BARRED, AddressBar, filter_program, install
@@ -23,35 +23,21 @@ BPF_MAXINSNS = 4096  # the kernel's bound on a classic program (linux/bpf_common
 DROPPED_WITHIN_S, CONNECTS_WITHIN_S = 0.5, 3.0
 
 
-def _connects(family: int, source: str | None, target: str, port: int, timeout_s: float) -> bool:
-    s = socket.socket(family)
-    s.settimeout(timeout_s)
-    try:
-        if source is not None:
-            s.bind((source, 0))
-        s.connect((target, port))
-    except TimeoutError:
-        return False
-    finally:
-        s.close()
-    return True
-
-
 def dropped(source: str, port: int) -> bool:
     """Does a connection attempt from ``source`` get no answer (its SYN dropped)?"""
-    return not _connects(socket.AF_INET, source, "127.0.0.1", port, DROPPED_WITHIN_S)
+    return not connects_within(source, port, DROPPED_WITHIN_S)
 
 
 def connects(source: str, port: int) -> bool:
-    return _connects(socket.AF_INET, source, "127.0.0.1", port, CONNECTS_WITHIN_S)
+    return connects_within(source, port, CONNECTS_WITHIN_S)
 
 
 def ipv6_loopback_dropped(port: int) -> bool:
-    return not _connects(socket.AF_INET6, None, "::1", port, DROPPED_WITHIN_S)
+    return not connects_within(None, port, DROPPED_WITHIN_S, target="::1")
 
 
 def ipv6_loopback_connects(port: int) -> bool:
-    return _connects(socket.AF_INET6, None, "::1", port, CONNECTS_WITHIN_S)
+    return connects_within(None, port, CONNECTS_WITHIN_S, target="::1")
 
 
 def has_ipv6_loopback() -> bool:

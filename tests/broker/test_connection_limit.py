@@ -18,7 +18,7 @@ import h2.connection
 import h2.events
 import pytest
 from h2client import ATTACKER, h2_connect
-from sockets import connect_from, relayed_from, still_open
+from sockets import connect_from, connects_within, relayed_from, still_open
 from waiting import wait_for
 
 from broker.grpc_connections import read_connections
@@ -166,19 +166,7 @@ def open_flood(port: int, flood: list[socket.socket], count: int = FLOOD) -> Non
 
 def barred(source: str, port: int) -> bool:
     """Is a connection attempt from ``source`` dropped (no answer to its SYN)?"""
-    try:
-        connect_from(source, port, DROPPED_WITHIN_S).close()
-    except TimeoutError:
-        return True
-    return False
-
-
-def connects(source: str, port: int) -> bool:
-    try:
-        connect_from(source, port, CONNECTS_WITHIN_S).close()
-    except TimeoutError:
-        return False
-    return True
+    return not connects_within(source, port, DROPPED_WITHIN_S)
 
 
 class ReconnectingFlood:
@@ -296,4 +284,5 @@ def test_a_reconnecting_flood_from_one_address_leaves_room_for_other_addresses(t
         wait_for(lambda: all(f'brook_grpc_barred_addresses{{role="{r}"}} 0.0' in cluster.read_metrics(1)
                              for r in ports), 40, "both ports to lift their bar")
         for role, port in ports.items():
-            assert connects(ATTACKER, port), f"{ATTACKER} could not connect to the {role} port after its bar"
+            assert connects_within(ATTACKER, port, CONNECTS_WITHIN_S), \
+                f"{ATTACKER} could not connect to the {role} port after its bar"
