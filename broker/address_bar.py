@@ -194,33 +194,32 @@ class AddressBar:
 
     def update(self, over: Iterable[str], held: Mapping[str, int], bound: Callable[[str], int]) -> None:
         """One look's findings: ``over``, the addresses past their bound; ``held``, how many connections each
-        address holds on the ports."""
+        address holds on the ports. ``barred`` changes only once the filter has (a lifted bar is reported once
+        the address can connect)."""
         now = self._clock()
-        changed = False
+        until = dict(self._until)
         for address in over:
-            if address not in self._until:
+            if address not in until:
                 self.bars_total += 1
-                changed = True
                 log.warning("%s: %s opened more than its max.connections.per.ip (%d) on its gRPC port(s): its new "
                             "connections are dropped for at least %.0f s", self.what, address, bound(address),
                             self._bar_s)
-            self._until.pop(address, None)
-            self._until[address] = now + self._bar_s  # the newest bar last
-        for address, until in list(self._until.items()):
-            if until <= now and held.get(address, 0) < bound(address):
-                del self._until[address]
-                changed = True
+            until.pop(address, None)
+            until[address] = now + self._bar_s  # the newest bar last
+        for address, ends in list(until.items()):
+            if ends <= now and held.get(address, 0) < bound(address):
+                del until[address]
                 log.info("%s: %s may connect to its gRPC port(s) again (it holds %d connections, its bound %d)",
                          self.what, address, held.get(address, 0), bound(address))
-        while len(self._until) > self._max:
-            oldest = next(iter(self._until))
-            del self._until[oldest]
-            changed = True
+        while len(until) > self._max:
+            oldest = next(iter(until))
+            del until[oldest]
             log.warning("%s: more than %d addresses past max.connections.per.ip: the bar of %s is lifted early",
                         self.what, self._max, oldest)
-        if changed:
+        if until.keys() != self._until.keys():
             try:
-                self._install(self.ports, self._until)
+                self._install(self.ports, until)
             except OSError as e:
                 self._failures.warn("%s: cannot filter the connections of barred addresses on its gRPC port(s) "
                                     "(%s): their connections are closed after accept only", self.what, e)
+        self._until = until

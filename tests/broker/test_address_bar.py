@@ -18,8 +18,8 @@ from broker.grpc_connections import PerAddressConnections
 
 BPF_MAXINSNS = 4096  # the kernel's bound on a classic program (linux/bpf_common.h)
 # A dropped SYN is sent again after 1 s: a connect still waiting at half a second was dropped. A connect that
-# should succeed gets longer: a SYN that meets a TIME_WAIT of an earlier connection with the same ports may be
-# answered only at that retransmission.
+# should succeed may need that retransmission (a SYN that meets a TIME_WAIT of an earlier connection with the same
+# ports is answered only then), so it is given longer.
 DROPPED_WITHIN_S, CONNECTS_WITHIN_S = 0.5, 3.0
 
 
@@ -94,11 +94,13 @@ class Recorded(AddressBar):
     def __init__(self, max_barred: int = MAX_BARRED) -> None:
         self.now = 100.0
         self.installed: list[list[str]] = []
+        self.reported_meanwhile: list[list[str]] = []  # what ``barred`` said while a filter was being installed
         super().__init__([1], "test", bar_s=10.0, max_barred=max_barred, clock=lambda: self.now,
                          installer=self.record)
 
     def record(self, ports: Iterable[int], addresses: Iterable[str]) -> int:
         self.installed.append(sorted(addresses))
+        self.reported_meanwhile.append(self.barred)
         return 1
 
 
@@ -114,6 +116,8 @@ def test_a_bar_lasts_its_time_and_while_the_address_holds_its_bound() -> None:
     assert bar.barred == ["10.0.0.1"]
     bar.update({}, {"10.0.0.1": 2}, bound)
     assert bar.barred == [] and bar.installed[-1] == []
+    # Reported only once installed: a lifted bar is not reported while the address still cannot connect.
+    assert bar.reported_meanwhile == [[], ["10.0.0.1"]]
     bar.update({"10.0.0.1": [7]}, {"10.0.0.1": 5}, bound)  # again: a new bar
     assert bar.bars_total == 2 and bar.installed[-1] == ["10.0.0.1"]
 

@@ -134,8 +134,8 @@ def test_connections_without_a_call_for_connections_max_idle_ms_are_closed(tmp_p
 PER_IP = 4
 FLOOD = 12
 # A dropped SYN is sent again after 1 s: a connect still waiting at half a second was dropped. A connect that
-# should succeed gets longer: after a flood, a SYN may meet the server's TIME_WAIT of an earlier connection with
-# the same ports and be answered only at that retransmission.
+# should succeed may need that retransmission (a SYN that meets a TIME_WAIT of an earlier connection with the same
+# ports is answered only then), so it is given longer.
 DROPPED_WITHIN_S, CONNECTS_WITHIN_S = 0.5, 3.0
 
 
