@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -114,12 +115,23 @@ def parse_bootstrap(servers: str | Iterable[str] | Iterable[tuple[str, int]]) ->
     return items
 
 
+# A TLS handshake this client refused (the broker's certificate is not from a CA it trusts, or does not name
+# the address) or that met a port without TLS: the same handshake fails again, so it is not retried as a broker
+# that is down is. A client certificate the broker refuses is not among them: under TLS 1.3 the client sees only
+# the connection closed after its handshake, as when a broker goes down.
+TLS_REFUSED = re.compile(r"CERTIFICATE_VERIFY_FAILED|Hostname Verification Check failed|WRONG_VERSION_NUMBER")
+
+
 def rpc_error(exc: grpc.RpcError, what: str) -> errors.BrookError:
     """A transport failure as a typed, retriable-where-sensible BrookError."""
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return errors.RequestTimedOutError(f"{what}: deadline exceeded ({details})")
+    if code == grpc.StatusCode.UNAVAILABLE and TLS_REFUSED.search(str(details)):
+        return errors.SslAuthenticationError(
+            f"{what}: {details} (check ssl.ca.location, the CA of the brokers' certificates; that the address is one "
+            "the broker's certificate names; and that the port speaks TLS)")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
         return errors.error_for(errors.ErrorCode.NETWORK_EXCEPTION, f"{what}: {code} {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and str(details).startswith(BROKER_OVERLOADED_PREFIX):
@@ -321,12 +333,16 @@ class ClusterClient:
         last: Exception | None = None
         behind: broker_pb2.MetadataResponse | None = None  # the newest answer older than what we have seen
         while True:
-            for address in self._metadata_candidates():
+            candidates = self._metadata_candidates()
+            refused: list[errors.BrookError] = []  # handshakes this client refused: they fail the same way again
+            for address in candidates:
                 timeout_s = max(0.05, min(self.request_timeout_ms / 1000.0, backoff.remaining_s()))
                 try:
                     resp = self.stub_for_address(address).Metadata(req, timeout=timeout_s)
                 except grpc.RpcError as exc:
                     last = rpc_error(exc, f"Metadata from {address}")
+                    if isinstance(last, errors.SslAuthenticationError):
+                        refused.append(last)
                     log.debug("metadata from %s failed: %s", address, last)
                     continue
                 seen = self._meta
@@ -339,6 +355,8 @@ class ClusterClient:
                         behind = resp
                     continue
                 return self._apply_metadata(resp, topics)
+            if refused and len(refused) == len(candidates):
+                raise refused[-1]  # no broker it can shake hands with: at once, as Kafka's clients
             if not backoff.sleep():
                 if behind is not None:
                     # Every broker that answers lags (the one ahead is gone): an answer beats none.

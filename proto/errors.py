@@ -117,6 +117,23 @@ InvalidTimestampError: type[BrookError] = _BY_CODE[ErrorCode.INVALID_TIMESTAMP]
 DuplicateBrokerRegistrationError: type[BrookError] = _BY_CODE[ErrorCode.DUPLICATE_BROKER_REGISTRATION]
 
 
+
+class SslAuthenticationError(_BY_CODE[ErrorCode.SASL_AUTHENTICATION_FAILED]):  # type: ignore[misc,valid-type]
+    """A TLS handshake the client could not complete: it does not trust the broker's certificate
+    (``ssl.ca.location``), the certificate does not name the address, or the port does not speak TLS.
+    Kafka's clients fail the operation at once with ``SslAuthenticationException`` (KIP-152): the same
+    handshake would fail again. It shares the SASL failure's code (an authentication failure; there is no
+    wire code for TLS), so what fails fast on a refused login fails fast on this too."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        Exception.__init__(self, f"SSL handshake failed: {self.message}")
+
+    @property
+    def name(self) -> str:
+        return "SSL_AUTHENTICATION_FAILED"
+
+
 def error_class(code: int) -> type[BrookError]:
     return _BY_CODE.get(code, UnknownServerError)
 

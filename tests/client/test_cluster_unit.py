@@ -9,14 +9,18 @@ import socket
 import threading
 import time
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
 
+from broker.tls import ServerTls, bind_port
 from client import errors
 from client.admin import Admin
 from client.cluster import Backoff, ClusterClient, parse_bootstrap, rpc_error
+from client.security import SecurityConfig
 from client.types import TopicPartition
+from deploy.local.certs import CertFiles, CertificateAuthority
 from proto import broker_pb2, broker_pb2_grpc
 from proto.errors import ErrorCode
 
@@ -89,17 +93,43 @@ def test_a_message_over_the_brokers_size_limit_is_a_typed_error_not_retried() ->
     assert throttled.code == errors.ErrorCode.THROTTLING_QUOTA_EXCEEDED and throttled.retriable
 
 
+@pytest.mark.parametrize("details", [
+    "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:40199: Tls handshake failed "
+    "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: "
+    "unable to get local issuer certificate: OK",
+    "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:40175: Custom verification check "
+    "failed with error: UNAUTHENTICATED: Hostname Verification Check failed.",
+    "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:43903: Tls handshake failed "
+    "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:100000f7:SSL routines:OPENSSL_internal:WRONG_VERSION_NUMBER: "
+    "Invalid certificate verification context: OK",
+], ids=["untrusted-ca", "host-not-in-certificate", "port-without-tls"])
+def test_a_tls_handshake_the_client_refuses_is_an_authentication_failure_not_retried(details: str) -> None:
+    """As Kafka's SslAuthenticationException (KIP-152): the same handshake would fail again. gRPC's own
+    words, as it reported each case against a real server."""
+    e = rpc_error(_Status(grpc.StatusCode.UNAVAILABLE, details), "Metadata from 127.0.0.1:9092")
+    assert isinstance(e, errors.SslAuthenticationError) and not e.retriable
+    assert e.code == errors.ErrorCode.SASL_AUTHENTICATION_FAILED and "ssl.ca.location" in str(e)
+
+
+def test_a_connection_closed_is_retried_whatever_closed_it() -> None:
+    """A broker that went down and one that refused the client's certificate (TLS 1.3 tells the client only
+    after its handshake) look the same: retried."""
+    e = rpc_error(_Status(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses; last error: "
+                          "UNAVAILABLE: ipv4:127.0.0.1:40199: Socket closed"), "Metadata")
+    assert e.code == errors.ErrorCode.NETWORK_EXCEPTION and e.retriable
+
+
 class _MetadataBroker(broker_pb2_grpc.BrokerServiceServicer):
     """A broker that answers Metadata at ``version``, with topic "t" once it has applied ``topic_at``."""
 
-    def __init__(self, version: int, topic_at: int = 10) -> None:
+    def __init__(self, version: int, topic_at: int = 10, tls: ServerTls | None = None) -> None:
         self.version = version
         self.topic_at = topic_at
         self.fenced: set[int] = set()  # the brokers this one's metadata shows fenced
         self.asked = 0
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.port = bind_port(self.server, "127.0.0.1", 0, tls) if tls else self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
 
     def Metadata(self, request: broker_pb2.MetadataRequest, context: object) -> broker_pb2.MetadataResponse:
@@ -139,6 +169,35 @@ def test_metadata_never_goes_back_to_a_broker_that_has_not_applied_what_another_
         client.close()
         ahead.server.stop(0)
         behind.server.stop(0)
+
+
+def test_a_broker_whose_certificate_the_client_refuses_is_passed_over_and_only_then_fatal(tmp_path: Path) -> None:
+    """A handshake the client refuses is not retried (SslAuthenticationError), but one broker with a certificate
+    the client does not trust (say, mid-rotation) costs nothing while another broker answers."""
+    ca, rogue = CertificateAuthority.create(tmp_path / "ca", "CA"), CertificateAuthority.create(tmp_path / "rogue", "rogue")
+    good = _MetadataBroker(10, tls=ServerTls(*_pair(ca.issue(tmp_path / "good", "node-1")), ca.path))
+    bad = _MetadataBroker(10, tls=ServerTls(*_pair(rogue.issue(tmp_path / "bad", "node-2")), ca.path))
+    for b in (good, bad):
+        b.brokers = [(1, good.port), (2, bad.port)]  # type: ignore[attr-defined]
+    mine = ca.issue(tmp_path / "client", "client", hosts=(), server=False)
+    sec = SecurityConfig(protocol="SSL", ssl_ca_location=str(ca.path), ssl_certificate_location=str(mine.cert),
+                         ssl_key_location=str(mine.key))
+    both = ClusterClient(f"127.0.0.1:{bad.port},127.0.0.1:{good.port}", security=sec, request_timeout_ms=10_000)
+    only_bad = ClusterClient(f"127.0.0.1:{bad.port}", security=sec, request_timeout_ms=10_000)
+    try:
+        assert both.metadata(["t"], refresh=True).topics["t"].error_code == ErrorCode.NONE
+        with pytest.raises(errors.SslAuthenticationError, match="CERTIFICATE_VERIFY_FAILED"):
+            only_bad.metadata(["t"], refresh=True, timeout_ms=10_000)
+        assert bad.asked == 0
+    finally:
+        both.close()
+        only_bad.close()
+        good.server.stop(0)
+        bad.server.stop(0)
+
+
+def _pair(files: CertFiles) -> tuple[Path, Path]:
+    return files.cert, files.key
 
 
 def test_wait_for_brokers_waits_for_each_live_broker_and_skips_one_that_is_down(

@@ -127,6 +127,25 @@ def test_client_certificate_from_another_ca_is_refused(cluster: LocalCluster, tm
     assert code == grpc.StatusCode.UNAVAILABLE
 
 
+def test_a_client_that_does_not_trust_the_brokers_certificate_fails_at_once(cluster: LocalCluster,
+                                                                            tmp_path: Path) -> None:
+    """As Kafka's clients fail with SslAuthenticationException (KIP-152): the same handshake would fail again.
+    Before, the producer retried until max.block.ms and then named only a NETWORK_EXCEPTION, and the admin
+    client until its request timeout."""
+    other = CertificateAuthority.create(tmp_path / "other", "another CA")
+    mine = cluster.client_cert()  # a client certificate the brokers trust; its side is not the problem
+    wrong_ca = {**_kw(cluster), "ssl_ca_location": str(other.path)}
+    with Producer(bootstrap_servers=cluster.bootstrap_servers, max_block_ms=60_000, **{
+            k: v for k, v in wrong_ca.items() if k != "bootstrap_servers"}) as producer:
+        with pytest.raises(errors.SslAuthenticationError, match="ssl.ca.location"):
+            producer.send("any-topic", b"x")
+    sec = SecurityConfig(protocol="SSL", ssl_ca_location=str(other.path), ssl_certificate_location=str(mine.cert),
+                         ssl_key_location=str(mine.key))
+    with Admin(cluster.bootstrap_servers, request_timeout_ms=60_000, security=sec) as admin:
+        with pytest.raises(errors.SslAuthenticationError):
+            admin.list_topics()
+
+
 def test_expired_client_certificate_is_refused(cluster: LocalCluster, tmp_path: Path) -> None:
     ca = CertificateAuthority.load(cluster.tls_dir)
     now = datetime.datetime.now(datetime.UTC)
