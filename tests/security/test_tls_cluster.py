@@ -130,8 +130,9 @@ def test_client_certificate_from_another_ca_is_refused(cluster: LocalCluster, tm
 def test_a_client_that_does_not_trust_the_brokers_certificate_fails_at_once(cluster: LocalCluster,
                                                                             tmp_path: Path) -> None:
     """As Kafka's clients fail with SslAuthenticationException (KIP-152): the same handshake would fail again.
-    Before, the producer retried until max.block.ms and then named only a NETWORK_EXCEPTION, and the admin
-    client until its request timeout."""
+    Before, the producer retried until max.block.ms and then named only a NETWORK_EXCEPTION, the admin client
+    until its request timeout, and the consumer's poll() returned nothing, without an error, for as long as it
+    was called."""
     other = CertificateAuthority.create(tmp_path / "other", "another CA")
     mine = cluster.client_cert()  # a client certificate the brokers trust; its side is not the problem
     wrong_ca = {**_kw(cluster), "ssl_ca_location": str(other.path)}
@@ -144,6 +145,11 @@ def test_a_client_that_does_not_trust_the_brokers_certificate_fails_at_once(clus
     with Admin(cluster.bootstrap_servers, request_timeout_ms=60_000, security=sec) as admin:
         with pytest.raises(errors.SslAuthenticationError):
             admin.list_topics()
+    with Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id="wrong-ca", **{
+            k: v for k, v in wrong_ca.items() if k != "bootstrap_servers"}) as consumer:
+        consumer.subscribe(["any-topic"])
+        with pytest.raises(errors.SslAuthenticationError):
+            consumer.poll(timeout_ms=60_000)
 
 
 def test_expired_client_certificate_is_refused(cluster: LocalCluster, tmp_path: Path) -> None:
