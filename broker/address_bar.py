@@ -29,13 +29,12 @@ import ctypes
 import errno
 import ipaddress
 import logging
-import os
 import re
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 
+from broker.grpc_connections import own_sockets, read_tables
 from broker.log_limits import ThrottledWarning
 
 log = logging.getLogger(__name__)
@@ -56,8 +55,6 @@ _RET_K = 0x06
 _KEEP, _DROP = 0xFFFFFFFF, 0
 _V6_BLOCK = 9  # instructions per IPv6 address: four loads and compares, then the drop
 
-_TABLES = (Path("/proc/self/net/tcp"), Path("/proc/self/net/tcp6"))
-_FDS = Path("/proc/self/fd")
 _LISTEN = "0A"
 
 Instruction = tuple[int, int, int, int]  # (code, jump if true, jump if false, k)
@@ -119,54 +116,27 @@ def listening_inodes(ports: Iterable[int], tables: Iterable[str]) -> set[int]:
     return {int(inode) for text in tables for inode in line.findall(text) if inode != "0"}
 
 
-def _own_sockets(inodes: set[int]) -> list[int]:
-    """This process's descriptors of the sockets with these inodes."""
-    out: list[int] = []
-    for name in os.listdir(_FDS):
-        try:
-            link = os.readlink(_FDS / name)
-        except OSError:
-            continue
-        if link.startswith("socket:[") and int(link[8:-1]) in inodes:
-            out.append(int(name))
-    return out
-
-
-def install(ports: Iterable[int], addresses: Iterable[str]) -> int:
+def install(ports: Iterable[int], addresses: Iterable[str], listeners: set[int] | None = None) -> int:
     """Attach the filter barring ``addresses`` (none: detach it) to this process's listening sockets on
-    ``ports``; how many sockets took it. OSError when a socket refuses it."""
-    tables = []
-    for table in _TABLES:
-        try:
-            tables.append(table.read_text())
-        except OSError:
-            continue  # no IPv6 here
-    inodes = listening_inodes(ports, tables)
+    ``ports`` (or the sockets with the inodes ``listeners``, when known); how many sockets took it. OSError
+    when a socket refuses it."""
+    if listeners is None:
+        listeners = listening_inodes(ports, read_tables())
     barred = list(addresses)
     program = filter_program(barred) if barred else []
     array = (_SockFilter * len(program))(*(_SockFilter(*i) for i in program))
     fprog = _SockFprog(len(program), ctypes.cast(array, ctypes.POINTER(_SockFilter)))
     done = 0
-    for fd in _own_sockets(inodes):
-        try:
-            dup = os.dup(fd)
-        except OSError:
-            continue  # closed since the listing
-        sock = socket.socket(fileno=dup)
-        try:
-            if os.fstat(dup).st_ino not in inodes:
-                continue  # a descriptor reused since the listing
-            if program:
-                sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, bytes(fprog))  # the kernel copies `array`
-            else:
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
-                except OSError as e:
-                    if e.errno != errno.ENOENT:  # it had none
-                        raise
-            done += 1
-        finally:
-            sock.close()
+    for sock in own_sockets(listeners):
+        if program:
+            sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, bytes(fprog))  # the kernel copies `array`
+        else:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
+            except OSError as e:
+                if e.errno != errno.ENOENT:  # it had none
+                    raise
+        done += 1
     return done
 
 
@@ -177,16 +147,26 @@ class AddressBar:
 
     def __init__(self, ports: Iterable[int], what: str, bar_s: float = BAR_S, max_barred: int = MAX_BARRED,
                  clock: Callable[[], float] = time.monotonic,
-                 installer: Callable[[Iterable[int], Iterable[str]], int] = install) -> None:
+                 installer: Callable[[Iterable[int], Iterable[str]], int] | None = None) -> None:
         self.ports = frozenset(ports)
         self.what = what
         self.bars_total = 0
         self._bar_s = bar_s
         self._max = max_barred
         self._clock = clock
-        self._install = installer
+        self._install = installer or self._attach
+        self._listeners: set[int] = set()  # the ports' listening sockets, found at the first bar
         self._until: dict[str, float] = {}  # barred address -> until when at least; oldest bar first
         self._failures = ThrottledWarning(log)
+
+    def _attach(self, ports: Iterable[int], addresses: Iterable[str]) -> int:
+        """``install`` on the ports' listening sockets, looked up in the tables only when not known yet (after a
+        flood the tables are tens of thousands of lines long) or gone (the server listens anew)."""
+        done = install(ports, addresses, self._listeners) if self._listeners else 0
+        if done == 0:
+            self._listeners = listening_inodes(ports, read_tables())
+            done = install(ports, addresses, self._listeners)
+        return done
 
     @property
     def barred(self) -> list[str]:

@@ -37,13 +37,15 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from broker.address_bar import AddressBar
 from broker.admission import ConnectionsPerIp
 from broker.log_limits import ThrottledWarning
+
+if TYPE_CHECKING:
+    from broker.address_bar import AddressBar
 
 log = logging.getLogger(__name__)
 
@@ -104,16 +106,20 @@ def connections_on(ports: Iterable[int], table: str) -> list[Connection]:
     return out
 
 
-def read_connections(ports: Iterable[int]) -> list[Connection]:
-    """The connections held open on ``ports`` in this network namespace (IPv4 and IPv6 tables)."""
-    out: list[Connection] = []
+def read_tables() -> list[str]:
+    """The texts of this network namespace's TCP tables (IPv4, and IPv6 where there is one)."""
+    out: list[str] = []
     for table in _TABLES:
         try:
-            text = table.read_text()
+            out.append(table.read_text())
         except OSError:
             continue  # no IPv6 here
-        out += connections_on(ports, text)
     return out
+
+
+def read_connections(ports: Iterable[int]) -> list[Connection]:
+    """The connections held open on ``ports`` in this network namespace (IPv4 and IPv6 tables)."""
+    return [c for text in read_tables() for c in connections_on(ports, text)]
 
 
 def past_the_bound(connections: Iterable[Connection], bound: Callable[[str], int],
@@ -131,14 +137,14 @@ def past_the_bound(connections: Iterable[Connection], bound: Callable[[str], int
     return out
 
 
-def shut_down(inodes: set[int]) -> int:
-    """Shut down this process's sockets with these inodes; how many were. The descriptor is duplicated and
-    the duplicate's inode checked, so a descriptor closed and reused since it was listed is left alone."""
-    done = 0
+def own_sockets(inodes: set[int]) -> Iterator[socket.socket]:
+    """This process's sockets with these inodes, each as a duplicate of its descriptor, closed once the caller
+    has stepped past it. The duplicate's inode is checked, so a descriptor closed and reused since it was
+    listed is left alone."""
     try:
         names = os.listdir(_FDS)
     except OSError:
-        return 0
+        return
     for name in names:
         try:
             link = os.readlink(_FDS / name)
@@ -152,19 +158,25 @@ def shut_down(inodes: set[int]) -> int:
             continue
         try:
             if os.fstat(dup).st_ino not in inodes:
-                continue
-            sock = socket.socket(fileno=dup)
-            dup = -1  # the socket object owns it now
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-                done += 1
-            except OSError:
-                pass  # already ended
-            finally:
-                sock.close()
-        finally:
-            if dup >= 0:
                 os.close(dup)
+                continue
+            sock = socket.socket(fileno=dup)  # owns the duplicate now
+        except OSError:
+            os.close(dup)
+            continue
+        with sock:
+            yield sock
+
+
+def shut_down(inodes: set[int]) -> int:
+    """Shut down this process's sockets with these inodes; how many were (``own_sockets``)."""
+    done = 0
+    for sock in own_sockets(inodes):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+            done += 1
+        except OSError:
+            pass  # already ended
     return done
 
 
@@ -179,7 +191,11 @@ class PerAddressConnections:
         self.max_per_address = max_per_address
         self.what = what
         self.closed_total = 0
-        self.bar = bar if bar is not None else AddressBar(self.ports, what)
+        if bar is None:
+            from broker.address_bar import AddressBar  # it reads the tables and sockets through this module
+
+            bar = AddressBar(self.ports, what)
+        self.bar = bar
         self._interval_s = interval_s
         self._seen: set[int] = set()  # inodes open at the last look that read the table
         self._looks = 0

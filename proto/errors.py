@@ -117,7 +117,6 @@ InvalidTimestampError: type[BrookError] = _BY_CODE[ErrorCode.INVALID_TIMESTAMP]
 DuplicateBrokerRegistrationError: type[BrookError] = _BY_CODE[ErrorCode.DUPLICATE_BROKER_REGISTRATION]
 
 
-
 class SslAuthenticationError(_BY_CODE[ErrorCode.SASL_AUTHENTICATION_FAILED]):  # type: ignore[misc,valid-type]
     """A TLS handshake the client could not complete: it does not trust the broker's certificate
     (``ssl.ca.location``), the certificate does not name the address, or the port does not speak TLS.

@@ -12,13 +12,14 @@ from pathlib import Path
 ATTACKER = "127.0.0.2"  # another loopback address: the server sees a client address of its own
 
 
-def connect_from(source: str, port: int, timeout_s: float = 10.0) -> socket.socket:
-    """A TCP connection from ``source`` to 127.0.0.1:``port``."""
-    s = socket.socket()
+def connect_from(source: str | None, port: int, timeout_s: float = 10.0, target: str = "127.0.0.1") -> socket.socket:
+    """A TCP connection from ``source`` (None: any) to ``target``:``port``."""
+    s = socket.socket(socket.AF_INET6 if ":" in target else socket.AF_INET)
     try:
-        s.bind((source, 0))
+        if source is not None:
+            s.bind((source, 0))
         s.settimeout(timeout_s)
-        s.connect(("127.0.0.1", port))
+        s.connect((target, port))
     except BaseException:
         s.close()
         raise
@@ -28,16 +29,10 @@ def connect_from(source: str, port: int, timeout_s: float = 10.0) -> socket.sock
 def connects_within(source: str | None, port: int, timeout_s: float, target: str = "127.0.0.1") -> bool:
     """Does a connection from ``source`` (None: any) to ``target``:``port`` complete within ``timeout_s``? False
     when its SYN got no answer in time (dropped by a filter, or a full accept queue). It is closed at once."""
-    s = socket.socket(socket.AF_INET6 if ":" in target else socket.AF_INET)
-    s.settimeout(timeout_s)
     try:
-        if source is not None:
-            s.bind((source, 0))
-        s.connect((target, port))
+        connect_from(source, port, timeout_s, target).close()
     except TimeoutError:
         return False
-    finally:
-        s.close()
     return True
 
 
