@@ -1,4 +1,4 @@
-"""Refusing a client address's new connections in the kernel: a socket filter on a gRPC port's listeners.
+"""Refusing a client address's new connections in the kernel: a socket filter on a port's listening sockets.
 
 ``max.connections.per.ip`` is kept on the gRPC ports after accept (broker/grpc_connections.py): gRPC
 accepts its connections itself, and a look twice a second closes those of an address past its bound. A
@@ -13,16 +13,22 @@ make a connection: no accept, no descriptor, no TLS handshake, no slot. The conn
 touched: each was accepted with the filter the listener had then, and keeps that filter. A connection
 attempt that is dropped is not refused: the client's connect times out, or it retries its SYN.
 
-A bar lasts ``BAR_S`` after the last look that found the address past its bound, and then as long as the
+The Kafka and replication listeners refuse a connection past the bound at accept
+(``admission.ConnectionSlots``), as Kafka does. An address that keeps trying at its bound, more than
+``admission.BAR_AFTER_REFUSALS`` times within a second, is barred there too: each refusal costs the
+broker's event loop an accept and a close, and a flood of them fills the port's accept queue, whose
+overflow the kernel drops whatever its source. A client retrying at its bound with a backoff, as
+Kafka's clients do, is refused as before, not barred.
+
+A bar lasts ``BAR_S`` after the last finding that the address was past its bound, and then as long as the
 address still holds its bound (as Kafka refuses an address at its bound). Then the filter is rebuilt
 without it. At most ``MAX_BARRED`` addresses are barred at once (a program has at most 4,096
 instructions; an IPv6 address costs 9): past that the oldest bar is lifted early. So a flood from many
 addresses still needs a per-address limit in front of the port (a firewall).
 
 Linux only (the filter and the tables are Linux's); a failure to attach is logged and the port is
-served as before, with the bound kept after accept.
+served as before, with the bound kept after accept (gRPC) or at accept (the asyncio listeners).
 """
-
 from __future__ import annotations
 
 import ctypes
@@ -116,18 +122,15 @@ def listening_inodes(ports: Iterable[int], tables: Iterable[str]) -> set[int]:
     return {int(inode) for text in tables for inode in line.findall(text) if inode != "0"}
 
 
-def install(ports: Iterable[int], addresses: Iterable[str], listeners: set[int] | None = None) -> int:
-    """Attach the filter barring ``addresses`` (none: detach it) to this process's listening sockets on
-    ``ports`` (or the sockets with the inodes ``listeners``, when known); how many sockets took it. OSError
-    when a socket refuses it."""
-    if listeners is None:
-        listeners = listening_inodes(ports, read_tables())
+def attach(sockets: Iterable[socket.socket], addresses: Iterable[str]) -> int:
+    """Attach the filter barring ``addresses`` (none: detach it) to ``sockets``, listening sockets; how many took
+    it. OSError when a socket refuses it."""
     barred = list(addresses)
     program = filter_program(barred) if barred else []
     array = (_SockFilter * len(program))(*(_SockFilter(*i) for i in program))
     fprog = _SockFprog(len(program), ctypes.cast(array, ctypes.POINTER(_SockFilter)))
     done = 0
-    for sock in own_sockets(listeners):
+    for sock in sockets:
         if program:
             sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, bytes(fprog))  # the kernel copies `array`
         else:
@@ -140,16 +143,27 @@ def install(ports: Iterable[int], addresses: Iterable[str], listeners: set[int] 
     return done
 
 
+def install(ports: Iterable[int], addresses: Iterable[str], listeners: set[int] | None = None) -> int:
+    """``attach`` to this process's listening sockets on ``ports`` (or the sockets with the inodes ``listeners``,
+    when known): the gRPC server's, which it does not hand out."""
+    if listeners is None:
+        listeners = listening_inodes(ports, read_tables())
+    return attach(own_sockets(listeners), addresses)
+
+
 class AddressBar:
-    """The addresses barred from a gRPC server's ``ports`` (the module's docstring says how). ``update`` is
-    called by each look of the per-address bound; ``bars_total`` counts the bars begun, ``barred`` is the
-    addresses barred now."""
+    """The addresses barred from a server's ``ports`` (the module's docstring says how). ``update`` is called
+    with each finding of the per-address bound; ``bars_total`` counts the bars begun, ``barred`` is the
+    addresses barred now. ``what`` names the server and ``where`` its ports in log lines; ``installer`` puts
+    a set of barred addresses in force (by default ``install`` on ``ports``)."""
 
     def __init__(self, ports: Iterable[int], what: str, bar_s: float = BAR_S, max_barred: int = MAX_BARRED,
                  clock: Callable[[], float] = time.monotonic,
-                 installer: Callable[[Iterable[int], Iterable[str]], int] | None = None) -> None:
+                 installer: Callable[[Iterable[int], Iterable[str]], int] | None = None,
+                 where: str = "its gRPC port(s)") -> None:
         self.ports = frozenset(ports)
         self.what = what
+        self.where = where
         self.bars_total = 0
         self._bar_s = bar_s
         self._max = max_barred
@@ -181,16 +195,16 @@ class AddressBar:
         for address in over:
             if address not in until:
                 self.bars_total += 1
-                log.warning("%s: %s opened more than its max.connections.per.ip (%d) on its gRPC port(s): its new "
+                log.warning("%s: %s tried more connections than its max.connections.per.ip (%d) to %s: its new "
                             "connections are dropped for at least %.0f s", self.what, address, bound(address),
-                            self._bar_s)
+                            self.where, self._bar_s)
             until.pop(address, None)
             until[address] = now + self._bar_s  # the newest bar last
         for address, ends in list(until.items()):
             if ends <= now and held.get(address, 0) < bound(address):
                 del until[address]
-                log.info("%s: %s may connect to its gRPC port(s) again (it holds %d connections, its bound %d)",
-                         self.what, address, held.get(address, 0), bound(address))
+                log.info("%s: %s may connect to %s again (it holds %d connections, its bound %d)",
+                         self.what, address, self.where, held.get(address, 0), bound(address))
         while len(until) > self._max:
             oldest = next(iter(until))
             del until[oldest]
@@ -200,6 +214,6 @@ class AddressBar:
             try:
                 self._install(self.ports, until)
             except OSError as e:
-                self._failures.warn("%s: cannot filter the connections of barred addresses on its gRPC port(s) "
-                                    "(%s): their connections are closed after accept only", self.what, e)
+                self._failures.warn("%s: cannot filter the connections of barred addresses on %s (%s): they are "
+                                    "held to their bound as before, after accept", self.what, self.where, e)
         self._until = until

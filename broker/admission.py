@@ -33,14 +33,18 @@ import contextlib
 import logging
 import resource
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from broker.config import per_ip_override_entries
 from metadata_quorum.security import acl_host
+
+if TYPE_CHECKING:
+    from broker.address_bar import AddressBar
 
 log = logging.getLogger(__name__)
 
@@ -112,23 +116,47 @@ async def stop_serving(server: asyncio.AbstractServer | None, tasks: set[asyncio
         await asyncio.wait(list(tasks), timeout=timeout_s)
 
 
+# An address refused at its max.connections.per.ip more than this many times within a second is barred from the
+# port in the kernel (broker/address_bar.py): a flood, not a client retrying with a backoff (Kafka's clients
+# wait reconnect.backoff.ms, 50 ms at first, between attempts).
+BAR_AFTER_REFUSALS = 20
+REFUSALS_WINDOW_S = 1.0
+MAX_COUNTED_ADDRESSES = 4096  # addresses whose refusals are being counted (a flood from many is dropped)
+BAR_REVIEW_S = 1.0  # how often barred addresses are looked at, for the bars to lift
+
+
 class ConnectionSlots:
     """The connections an asyncio listener (the Kafka and replication listeners) holds: at most
     ``max_connections`` in all and ``max_per_address`` from one client address, counted at accept, before
     any TLS handshake. ``stats`` (the listener's) gets ``connections``, ``connections_total`` and
-    ``refused_connections_total``. Loop thread only."""
+    ``refused_connections_total``.
 
-    def __init__(self, max_connections: int, max_per_address: ConnectionsPerIp, stats: Any) -> None:
+    With a ``bar`` (an ``address_bar.AddressBar`` on the listener's sockets, set once it listens), an address
+    refused at its bound more than ``BAR_AFTER_REFUSALS`` times within ``REFUSALS_WINDOW_S`` is barred: the
+    kernel drops its new connections, which then cost the loop nothing and leave the accept queue to others.
+    Loop thread only."""
+
+    def __init__(self, max_connections: int, max_per_address: ConnectionsPerIp, stats: Any,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.max_connections = max_connections
         self.max_per_address = max_per_address
         self.stats = stats
+        self.bar: AddressBar | None = None
         self._by_address: dict[str, int] = {}  # client address -> its open connections
+        self._refusals: dict[str, tuple[float, int]] = {}  # address -> (its window's start, refusals in it)
+        self._clock = clock
+        self._review: asyncio.TimerHandle | None = None
 
     def take(self, host: str) -> bool:
         """Count a connection from ``host``; False (counted as refused) when either bound is reached."""
         mine = self._by_address.get(host, 0)
-        if self.stats.connections >= self.max_connections or mine >= self.max_per_address(host):
+        if self.stats.connections >= self.max_connections:
             self.stats.refused_connections_total += 1
+            return False
+        if mine >= self.max_per_address(host):
+            self.stats.refused_connections_total += 1
+            if self.bar is not None:
+                self._refused_at_bound(host)
             return False
         self._by_address[host] = mine + 1
         self.stats.connections += 1
@@ -144,6 +172,35 @@ class ConnectionSlots:
         self._by_address.pop(host, None)
         return True
 
+    def close(self) -> None:
+        """The listener stopped: no more reviews (its sockets, and their filter, are gone)."""
+        if self._review is not None:
+            self._review.cancel()
+            self._review = None
+
+    def _refused_at_bound(self, host: str) -> None:
+        now = self._clock()
+        start, count = self._refusals.get(host, (now, 0))
+        if now - start > REFUSALS_WINDOW_S:
+            start, count = now, 0
+        count += 1
+        if count <= BAR_AFTER_REFUSALS:
+            if host not in self._refusals and len(self._refusals) >= MAX_COUNTED_ADDRESSES:
+                self._refusals = {a: w for a, w in self._refusals.items() if now - w[0] <= REFUSALS_WINDOW_S}
+                if len(self._refusals) >= MAX_COUNTED_ADDRESSES:
+                    return  # refused, not counted: the bar is for one address's flood
+            self._refusals[host] = (start, count)
+            return
+        self._refusals.pop(host, None)
+        self._look([host])
+
+    def _look(self, over: list[str]) -> None:
+        """A finding (``over``, barred anew) or a review: the bar updated, and looked at again while any holds."""
+        assert self.bar is not None
+        self.close()
+        self.bar.update(over, self._by_address, self.max_per_address)
+        if self.bar.barred:
+            self._review = asyncio.get_running_loop().call_later(BAR_REVIEW_S, self._look, [])
 
 
 DEADLINE_SLACK_S = 0.001

@@ -420,6 +420,12 @@ class ReplicationListenerCollector(_SafeCollector):
                  "Connections closed for a frame that broke the protocol (length, magic, not a FetchRequest)."),
                 ("requests_total", "brook_replication_fetches", "Follower fetches answered.")):
             yield CounterMetricFamily(name, doc, value=float(getattr(st, key)))
+        bar = lst.bar
+        yield CounterMetricFamily("brook_replication_address_bars", "Addresses barred from the replication listener "
+                                  "(their new connections dropped by the kernel) for connecting again and again at "
+                                  "their bound.", value=float(bar.bars_total if bar is not None else 0))
+        yield GaugeMetricFamily("brook_replication_barred_addresses", "Addresses barred from the replication "
+                                "listener now.", value=float(len(bar.barred) if bar is not None else 0))
 
 
 def _roles_up(getters: Mapping[str, Callable[[], Any]]) -> list[tuple[str, Any]]:
@@ -489,10 +495,18 @@ class KafkaListenerCollector(_SafeCollector):
                                        labels=["listener", "api_key"])
         held = GaugeMetricFamily("brook_kafka_request_bytes", "Bytes of request frames being read or handled "
                                  "(bounded by queued.max.request.bytes).", labels=["listener"])
+        bars = CounterMetricFamily("brook_kafka_address_bars", "Client addresses barred from a Kafka listener (their "
+                                   "new connections dropped by the kernel) for connecting again and again at their "
+                                   "max.connections.per.ip.", labels=["listener"])
+        barred = GaugeMetricFamily("brook_kafka_barred_addresses", "Client addresses barred from a Kafka listener now.",
+                                   labels=["listener"])
         for lst in self._listeners():
             st = lst.stats
             conns.add_metric([lst.spec.name], float(st.connections))
             held.add_metric([lst.spec.name], float(lst.frame_budget.used_bytes))
+            bar = lst.bar
+            bars.add_metric([lst.spec.name], float(bar.bars_total if bar is not None else 0))
+            barred.add_metric([lst.spec.name], float(len(bar.barred) if bar is not None else 0))
             for key, fam in counters.items():
                 fam.add_metric([lst.spec.name], float(getattr(st, key)))
             for api_key, n in sorted(st.requests_by_api.items()):
@@ -501,6 +515,8 @@ class KafkaListenerCollector(_SafeCollector):
         yield held
         yield from counters.values()
         yield requests
+        yield bars
+        yield barred
 
 
 class BrokerCollector(_SafeCollector):

@@ -39,6 +39,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from broker import principal
+from broker.address_bar import AddressBar, attach
 from broker.admission import (
     DEFAULT_CONNECTION_IDLE_MS,
     ConnectionDeadline,
@@ -108,11 +109,20 @@ class ReplicationListener:
         # handshakes that never finish holds at most the bounded connections, each for the timeout.
         self._server = await asyncio.start_server(self._accept, self.host, self.port, limit=64 * 1024,
                                                   reuse_address=True)
-        self.port = self._server.sockets[0].getsockname()[1]
+        sockets = self._server.sockets
+        self.port = sockets[0].getsockname()[1]
+        self._slots.bar = AddressBar([self.port], f"broker {self.node_id}: replication listener", where="its port",
+                                     installer=lambda _ports, addresses: attach(sockets, addresses))
         log.info("broker %d: replication listener on %s:%d (%s)", self.node_id, self.host, self.port,
                  "SSL" if self.ssl_context is not None else "PLAINTEXT")
 
+    @property
+    def bar(self) -> AddressBar | None:
+        """The addresses barred from this listener for flooding it past its per-address bound."""
+        return self._slots.bar
+
     async def stop(self) -> None:
+        self._slots.close()
         await stop_serving(self._server, self._tasks)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

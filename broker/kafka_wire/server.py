@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 import grpc
 
 from broker import principal as principals
+from broker.address_bar import AddressBar, attach
 from broker.admission import (
     DEFAULT_CONNECTION_IDLE_MS,
     ByteBudget,
@@ -197,11 +198,19 @@ class KafkaListener:
         # finished it each held a descriptor for kafka.authentication.timeout.ms, however many.
         self._server = await asyncio.start_server(self._accept, self.spec.host, self.spec.port, limit=64 * 1024,
                                                   reuse_address=True)
-        sock = self._server.sockets[0]
-        self.port = sock.getsockname()[1]
+        sockets = self._server.sockets
+        self.port = sockets[0].getsockname()[1]
+        self._slots.bar = AddressBar([self.port], f"Kafka listener {self.spec.name}", where="its port",
+                                     installer=lambda _ports, addresses: attach(sockets, addresses))
         log.info("Kafka listener %s on %s:%d (%s)", self.spec.name, self.spec.host, self.port, self.spec.protocol)
 
+    @property
+    def bar(self) -> AddressBar | None:
+        """The addresses barred from this listener for flooding it past max.connections.per.ip."""
+        return self._slots.bar
+
     async def stop(self) -> None:
+        self._slots.close()
         await stop_serving(self._server, self._tasks)
         self.parse_pool.shutdown(wait=False, cancel_futures=True)
         self.apis.close()

@@ -5,15 +5,20 @@ address is back under its bound. Real sockets in this process, from two loopback
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Iterable, Iterator
 
 import pytest
-from sockets import ATTACKER, closed_by_peer, connects_within, still_open
+from sockets import ATTACKER, closed_by_peer, connect_from, connects_within, still_open
 from test_grpc_connections import connected, listener
+from waiting import wait_for
 
-from broker.address_bar import MAX_BARRED, AddressBar, filter_program, install
-from broker.admission import ConnectionsPerIp
+from broker.address_bar import MAX_BARRED, AddressBar, attach, filter_program, install
+from broker.admission import BAR_AFTER_REFUSALS, BAR_REVIEW_S, ConnectionSlots, ConnectionsPerIp
 from broker.grpc_connections import PerAddressConnections
 
 BPF_MAXINSNS = 4096  # the kernel's bound on a classic program (linux/bpf_common.h)
@@ -160,3 +165,109 @@ def test_a_look_bars_an_address_past_its_bound_and_lifts_the_bar_once_it_is_unde
             bound.check()
             assert bound.bar.barred == [], "the bar stayed once the address was under its bound"
             assert connects(ATTACKER, port), f"{ATTACKER} could not connect once its bar was lifted"
+
+
+class _Stats:
+    connections = connections_total = refused_connections_total = 0
+
+
+@contextlib.contextmanager
+def asyncio_listener(per_address: int, bar_s: float) -> Iterator[tuple[int, ConnectionSlots]]:
+    """An asyncio server on a loop thread of its own, counting its connections as the Kafka and replication
+    listeners do (``ConnectionSlots`` with a bar on its socket): a connection taken is held until its client
+    closes it, one refused is closed at accept."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    slots = ConnectionSlots(100, ConnectionsPerIp(per_address), _Stats())
+    state: dict[str, object] = {}
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host = writer.get_extra_info("peername")[0]
+        if not slots.take(host):
+            writer.close()
+            return
+        try:
+            await reader.read()
+        finally:
+            slots.give_back(host)
+            writer.close()
+
+    async def start() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        sockets = server.sockets
+        slots.bar = AddressBar([sockets[0].getsockname()[1]], "test", bar_s=bar_s,
+                               installer=lambda _ports, addresses: attach(sockets, addresses))
+        state["server"], state["port"] = server, sockets[0].getsockname()[1]
+        ready.set()
+
+    thread = threading.Thread(target=loop.run_forever, name="asyncio-listener", daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    assert ready.wait(10)
+    try:
+        yield state["port"], slots  # type: ignore[misc]
+    finally:
+        async def stop() -> None:
+            slots.close()
+            state["server"].close()  # type: ignore[attr-defined]
+            handlers = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+@contextlib.contextmanager
+def connections_from(source: str, port: int, count: int) -> Iterator[list[socket.socket]]:
+    held: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            held.append(connect_from(source, port, CONNECTS_WITHIN_S))
+        yield held
+    finally:
+        for s in held:
+            s.close()
+
+
+def refused_at_accept(source: str, port: int) -> bool:
+    """Is a connection from ``source`` accepted and closed by the server at once (refused at its bound)?"""
+    with connect_from(source, port, CONNECTS_WITHIN_S) as s:
+        return closed_by_peer(s, 5)
+
+
+def test_an_address_that_keeps_connecting_at_its_bound_is_barred_from_an_asyncio_listener() -> None:
+    """Before, the Kafka and replication listeners refused each connection past an address's bound at accept
+    and nothing more: a flood of them cost the event loop an accept and a close each, and filled the port's
+    accept queue, whose overflow the kernel dropped whatever its source. Now an address refused more than
+    BAR_AFTER_REFUSALS times in a second is barred in the kernel; a client retrying at its bound is not."""
+    with asyncio_listener(per_address=2, bar_s=0.5) as (port, slots):
+        bar = slots.bar
+        assert bar is not None
+        with connections_from(ATTACKER, port, 2) as held:
+            # A client at its bound that retries a few times (as Kafka's clients do, with a backoff) is refused,
+            # not barred.
+            assert all(refused_at_accept(ATTACKER, port) for _ in range(3))
+            assert bar.barred == [], "an address retrying a few times at its bound was barred"
+            # A flood at the bound: each connection is accepted by the kernel, then refused by the listener.
+            for _ in range(2 * BAR_AFTER_REFUSALS):
+                connect_from(ATTACKER, port, CONNECTS_WITHIN_S).close()
+            wait_for(lambda: bar.barred, 10, lambda: f"{ATTACKER} to be barred after {2 * BAR_AFTER_REFUSALS} "
+                     f"connections at its bound ({slots.stats.refused_connections_total} refused)")
+            assert dropped(ATTACKER, port), f"{ATTACKER} connected once barred"
+            assert bar.barred == [ATTACKER] and bar.bars_total == 1
+            assert connects("127.0.0.1", port), "another address was barred too"
+            for s in held:  # its connections from before the bar are kept and served
+                assert still_open(s, 0.05)
+            # The bar outlasts its time while the address holds its bound: past it, and past a review after it.
+            review_after_its_time = bar._until[ATTACKER] + BAR_REVIEW_S + 0.2
+            wait_for(lambda: time.monotonic() > review_after_its_time, 5, "the bar's time and a review to pass")
+            assert bar.barred == [ATTACKER], "the bar was lifted while the address held its bound"
+            assert dropped(ATTACKER, port), f"{ATTACKER} connected while it still held its bound"
+        # Its connections closed, the bar lifts at the next review past its time.
+        wait_for(lambda: bar.barred == [], 10, f"the bar of {ATTACKER} to be lifted once it held no connection")
+        assert connects(ATTACKER, port), f"{ATTACKER} could not connect once its bar was lifted"
+        assert slots._review is None, "reviews went on with no address barred"

@@ -286,3 +286,38 @@ def test_a_reconnecting_flood_from_one_address_leaves_room_for_other_addresses(t
         for role, port in ports.items():
             assert connects_within(ATTACKER, port, CONNECTS_WITHIN_S), \
                 f"{ATTACKER} could not connect to the {role} port after its bar"
+
+
+def accepted_and_kept(source: str, port: int) -> bool:
+    """Is a new connection from ``source`` accepted and kept (waiting for its first bytes), not closed at accept?"""
+    with connect_from(source, port, CONNECTS_WITHIN_S) as s:
+        return still_open(s, 0.3)
+
+
+def test_a_reconnecting_flood_from_one_address_is_barred_from_the_kafka_and_replication_listeners(
+        tmp_path: Path) -> None:
+    """Before, the Kafka and replication listeners refused each connection past the address's bound at accept,
+    and nothing more: a flood of them cost the broker's event loop an accept and a close each, and filled the
+    port's accept queue, whose overflow the kernel dropped whatever its source (another address's connects timed
+    out now and then). Now the address is barred in the kernel; others are accepted, and the bar lifts."""
+    with LocalCluster(tmp_path / "c", nodes=1, overrides={
+            "max.connections.per.ip": str(PER_IP), "max.connections.per.ip.overrides": "127.0.0.1:1000"}) as cluster:
+        ports = {"kafka": cluster.spec(1).kafka_port, "replication": cluster.spec(1).replication_port}
+        for role, port in ports.items():
+            assert port, f"the node has no {role} listener"
+            with ReconnectingFlood(port) as flood:
+                wait_for(lambda f=flood: f.dropped > 0, 20,  # type: ignore[misc]
+                         lambda r=role, f=flood: f"{ATTACKER}'s connection attempts to the {r} listener to be "
+                                                 f"dropped ({f.connected} connected, {f.refused} refused)")
+                served = [accepted_and_kept(OTHER, port) for _ in range(10)]
+                assert all(served), f"{OTHER}'s new connections to the {role} listener during the flood: {served}"
+                assert barred(ATTACKER, port), f"{ATTACKER} connected to the {role} listener during its bar"
+        metrics = cluster.read_metrics(1)
+        for line in ('brook_kafka_address_bars_total{listener="KAFKA"} 1.0', "brook_replication_address_bars_total 1.0"):
+            assert line in metrics, f"no {line!r} in /metrics: a bar not counted once"
+        # The floods are over and their connections closed: the bars are lifted after their time.
+        wait_for(lambda: all(line in cluster.read_metrics(1) for line in (
+            'brook_kafka_barred_addresses{listener="KAFKA"} 0.0', "brook_replication_barred_addresses 0.0")),
+            40, "both listeners to lift their bar")
+        for role, port in ports.items():
+            assert accepted_and_kept(ATTACKER, port), f"{ATTACKER} could not connect to the {role} listener after its bar"
