@@ -91,10 +91,21 @@ def is_internal_topic(name: str) -> bool:
     return name in INTERNAL_TOPICS
 
 
-def check_internal_topic_change(topic: str, *, delete: bool = False, config_keys: Iterable[str] = ()) -> None:
-    """Internal topics (``__consumer_offsets``) lose committed offsets if deleted or no longer compacted."""
+def check_internal_topic_change(topic: str, *, delete: bool = False, config_keys: Iterable[str] = (),
+                                create: bool = False, add_partitions: bool = False) -> None:
+    """Internal topics (``__consumer_offsets``) lose committed offsets if deleted or no longer compacted. Only
+    the group coordinator creates one (compacted, ``offsets.topic.num.partitions`` partitions, over which it
+    places groups): one a client made first, with other partitions or another policy, left most groups
+    without a coordinator and the rest with offsets retention deleted (audit). Partitions added to it would
+    be placed no group."""
     if not is_internal_topic(topic):
         return
+    if create:
+        raise errors.InvalidRequestError(
+            f"Creation of internal topic {topic} is prohibited: the group coordinator creates it")
+    if add_partitions:
+        raise errors.InvalidRequestError(
+            f"internal topic '{topic}' keeps its partitions: groups are placed over offsets.topic.num.partitions")
     if delete:
         raise errors.error_class(ErrorCode.TOPIC_AUTHORIZATION_FAILED)(
             f"internal topic '{topic}' cannot be deleted")

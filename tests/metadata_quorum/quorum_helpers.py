@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import secrets
+import types
 import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
-from deploy.local.cluster import free_port  # noqa: F401  (the quorum tests pick their ports here)
+from waiting import wait_for
+
+from broker.authorizer import Authorizer
+from broker.principal import Authentication, Principal
+from deploy.local.cluster import free_port
 from metadata_quorum.client import ControllerClient
+from metadata_quorum.controller import ControllerConfig, QuorumController
+from metadata_quorum.raft import MetadataRaft
+from metadata_quorum.service import ControllerService, no_redirect
 from proto import common_pb2
 from proto import controller_pb2 as pb
 
@@ -36,3 +48,37 @@ def create_topic(client: ControllerClient, name: str, partitions: int, rf: int, 
                                   configs=kw.get("configs") or {},  # type: ignore[arg-type]
                                   request_id=kw.get("request_id", uuid.uuid4().hex))]))  # type: ignore[arg-type]
     return r.results[0]
+
+
+def caller(name: str, method: str) -> types.SimpleNamespace:
+    """A call's context as the Kafka listener's connections carry it: a fixed authentication."""
+    return types.SimpleNamespace(brook_authentication=Authentication(Principal("User", name), method, "kafka:10.0.0.5"),
+                                 time_remaining=lambda: None)
+
+
+@contextlib.contextmanager
+def in_process_service(directory: Path, cluster_id: str, authorizer: Authorizer, defaults: dict[str, str],
+                       clock: Callable[[], float] | None = None) -> Iterator[ControllerService]:
+    """One real voter (pysyncobj on loopback), its active QuorumController with brokers 1 and 2 registered, and the
+    ControllerService in front of it, called in-process with a caller's identity (``caller``)."""
+    raft = MetadataRaft(f"127.0.0.1:{free_port()}", [], directory, password=secrets.token_urlsafe(24))
+    try:
+        raft.wait_bound()
+        ctl = QuorumController(ControllerConfig(1, cluster_id, defaults=defaults), raft,
+                               **({"clock": clock} if clock is not None else {}))
+
+        def active() -> bool:
+            ctl.tick()
+            return ctl.is_active()
+
+        wait_for(active, 30, "the single voter to become the active controller")
+        for b in (1, 2):
+            r = ctl.register_broker(pb.RegisterBrokerRequest(
+                node_id=b, incarnation_id=f"i{b}", cluster_id=cluster_id,
+                endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19000 + b)]), 30)
+            ctl.heartbeat(pb.BrokerHeartbeatRequest(node_id=b, broker_epoch=r.broker_epoch,
+                                                    current_metadata_version=1 << 40), 30)
+        yield ControllerService(ctl, raft, no_redirect, cluster_id=cluster_id, voter_ids={}, default_timeout_s=30,
+                                authorizer=authorizer)
+    finally:
+        raft.destroy_synchronous()

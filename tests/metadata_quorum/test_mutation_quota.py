@@ -9,21 +9,18 @@ with a quota of R partition mutations/s has a burst of 2R.
 
 from __future__ import annotations
 
-import secrets
 import types
 from collections.abc import Iterator
 
 import pytest
-from quorum_helpers import free_port
-from waiting import wait_for
+from quorum_helpers import caller as quorum_caller
+from quorum_helpers import in_process_service
 
 from broker.authorizer import EMPTY_INDEX, Authorizer, AuthorizerConfig
-from broker.principal import AUTH_CERTIFICATE, AUTH_FORWARDED, AUTH_SASL, Authentication, Principal
+from broker.principal import AUTH_CERTIFICATE, AUTH_FORWARDED, AUTH_SASL
 from metadata_quorum import commands as c
-from metadata_quorum.controller import ControllerConfig, QuorumController
-from metadata_quorum.raft import MetadataRaft
-from metadata_quorum.service import ControllerService, no_redirect
-from proto import common_pb2
+from metadata_quorum.controller import QuorumController
+from metadata_quorum.service import ControllerService
 from proto import controller_pb2 as pb
 from proto.errors import ErrorCode
 
@@ -60,9 +57,7 @@ class Quorum:
 
 
 def caller(name: str, method: str = AUTH_SASL) -> types.SimpleNamespace:
-    """A call's context as the Kafka listener's connections carry it: a fixed authentication."""
-    return types.SimpleNamespace(brook_authentication=Authentication(Principal("User", name), method, "kafka:10.0.0.5"),
-                                 time_remaining=lambda: None)
+    return quorum_caller(name, method)
 
 
 ALICE, BOB, ADMIN = caller("alice"), caller("bob"), caller("admin")
@@ -71,31 +66,11 @@ NODE = caller("node-2", AUTH_CERTIFICATE)  # a broker's own certificate (auto-cr
 
 @pytest.fixture(scope="module")
 def quorum(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quorum]:
-    raft = MetadataRaft(f"127.0.0.1:{free_port()}", [], tmp_path_factory.mktemp("mutation-quota"),
-                        password=secrets.token_urlsafe(24))
-    try:
-        raft.wait_bound()
-        clock = Clock()
-        ctl = QuorumController(ControllerConfig(1, "mq", defaults=DEFAULTS), raft, clock=clock)
-
-        def active() -> bool:
-            ctl.tick()
-            return ctl.is_active()
-
-        wait_for(active, 30, "the single voter to become the active controller")
-        for b in (1, 2):
-            r = ctl.register_broker(pb.RegisterBrokerRequest(
-                node_id=b, incarnation_id=f"i{b}", cluster_id="mq",
-                endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19000 + b)]), 30)
-            ctl.heartbeat(pb.BrokerHeartbeatRequest(node_id=b, broker_epoch=r.broker_epoch,
-                                                    current_metadata_version=1 << 40), 30)
-        # Kafka's StandardAuthorizer configuration, without ACLs: allow.everyone.if.no.acl.found.
-        authorizer = Authorizer(AuthorizerConfig(True, frozenset({"User:admin"}), True), lambda: EMPTY_INDEX)
-        service = ControllerService(ctl, raft, no_redirect, cluster_id="mq", voter_ids={}, default_timeout_s=30,
-                                    authorizer=authorizer)
-        yield Quorum(ctl, service, clock)
-    finally:
-        raft.destroy_synchronous()
+    clock = Clock()
+    # Kafka's StandardAuthorizer configuration, without ACLs: allow.everyone.if.no.acl.found.
+    authorizer = Authorizer(AuthorizerConfig(True, frozenset({"User:admin"}), True), lambda: EMPTY_INDEX)
+    with in_process_service(tmp_path_factory.mktemp("mutation-quota"), "mq", authorizer, DEFAULTS, clock) as service:
+        yield Quorum(service._controller, service, clock)
 
 
 def codes(response: pb.CreateTopicsResponse | pb.DeleteTopicsResponse | pb.CreatePartitionsResponse) -> list[int]:
