@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Annotated, Any
 
@@ -59,19 +60,45 @@ def submit(admin: Admin, moves: dict[TopicPartition, list[int] | None], timeout_
     return {tp: f"{e.name}: {e.message}" for tp, e in results.items() if e is not None}
 
 
-def set_throttle(st: Any, rate: int | None) -> None:
-    if rate is not None:
-        st.backend.admin.alter_cluster_configs(set={THROTTLE_KEY: str(rate)})
+@dataclasses.dataclass(frozen=True)
+class Throttle:
+    """The copy throttle a command sets for its moves (``rate``, None: none) and the cluster's dynamic value
+    before it (None: none), which it puts back: an operator's own throttle outlives the command."""
+
+    rate: int | None
+    before: str | None = None
 
 
-def end_throttle(st: Any, rate: int | None, waited: bool) -> str:
-    """Remove the throttle once the moves are done; else say how to."""
+def set_throttle(st: Any, rate: int | None) -> Throttle:
     if rate is None:
+        return Throttle(None)
+    entry = st.backend.admin.describe_cluster_configs().get(THROTTLE_KEY)
+    before = entry.value if entry is not None and entry.source == "dynamic" else None
+    st.backend.admin.alter_cluster_configs(set={THROTTLE_KEY: str(rate)})
+    return Throttle(rate, before)
+
+
+def restore_throttle(st: Any, throttle: Throttle) -> None:
+    """Put back the throttle there was before ``set_throttle`` (or none)."""
+    if throttle.rate is None:
+        return
+    if throttle.before is None:
+        st.backend.admin.alter_cluster_configs(delete=[THROTTLE_KEY])
+    else:
+        st.backend.admin.alter_cluster_configs(set={THROTTLE_KEY: throttle.before})
+
+
+def end_throttle(st: Any, throttle: Throttle, waited: bool) -> str:
+    """Put back the throttle there was before once the moves are done; else say how to."""
+    if throttle.rate is None:
         return ""
     if waited:
-        st.backend.admin.alter_cluster_configs(delete=[THROTTLE_KEY])
-        return "; throttle removed"
-    return f"; throttled to {rate} bytes/s until: brook cluster config delete {THROTTLE_KEY}"
+        restore_throttle(st, throttle)
+        return "; throttle removed" if throttle.before is None else f"; throttle back to {throttle.before} bytes/s"
+    if throttle.before is None:
+        return f"; throttled to {throttle.rate} bytes/s until: brook cluster config delete {THROTTLE_KEY}"
+    return (f"; throttled to {throttle.rate} bytes/s until: brook cluster config set "
+            f"{THROTTLE_KEY}={throttle.before} (the throttle before)")
 
 
 def wait_done(admin: Admin, tps: list[TopicPartition], timeout_s: float, *, quiet: bool) -> None:
@@ -122,14 +149,14 @@ def move(
     if partition not in t.partitions:
         raise CliError(f"UNKNOWN_TOPIC_OR_PARTITION: topic '{topic}' has no partition {partition}; nothing moved")
     tp = TopicPartition(topic, partition)
-    set_throttle(st, throttle)
+    throttled = set_throttle(st, throttle)
     refused = submit(st.backend.admin, {tp: target}, st.backend.timeout_s)
     if refused:
-        end_throttle(st, throttle, True)
+        restore_throttle(st, throttled)  # nothing moves: the cluster is as it was
         raise CliError(refused[tp])
     if wait and not cancel:
         wait_done(st.backend.admin, [tp], wait_timeout, quiet=st.json)
-    note = end_throttle(st, throttle, wait)
+    note = end_throttle(st, throttled, wait)
     verb = "cancelled the move of" if cancel else ("moved" if wait else "moving")
     ok(st, f"{verb} {topic}-{partition}" + ("" if cancel else f" to replicas {target}") + note,
        {"topic": topic, "partition": partition, "replicas": target, "cancelled": cancel, "complete": wait,
@@ -173,14 +200,18 @@ def current_assignment(st: Any) -> tuple[dict[tuple[str, int], list[int]], dict[
 def apply_plan(st: Any, moves: dict[tuple[str, int], list[int]], *, wait: bool, wait_timeout: float,
                throttle: int | None = None) -> str:
     """Submit the moves (and wait); returns a note about the throttle."""
-    set_throttle(st, throttle)
+    throttled = set_throttle(st, throttle)
     refused = submit(st.backend.admin, {TopicPartition(*tp): r for tp, r in moves.items()}, st.backend.timeout_s)
     if refused:
         lines = "; ".join(f"{tp.topic}-{tp.partition}: {e}" for tp, e in sorted(refused.items())[:5])
-        raise CliError(f"{len(refused)} of {len(moves)} moves refused: {lines}")
+        if len(refused) == len(moves):
+            restore_throttle(st, throttled)  # nothing moves
+            raise CliError(f"{len(refused)} of {len(moves)} moves refused, nothing moved: {lines}")
+        raise CliError(f"{len(refused)} of {len(moves)} moves refused: {lines}; the other {len(moves) - len(refused)} "
+                       f"are in progress (brook partition reassignments){end_throttle(st, throttled, False)}")
     if wait:
         wait_done(st.backend.admin, [TopicPartition(*tp) for tp in moves], wait_timeout, quiet=st.json)
-    return end_throttle(st, throttle, wait)
+    return end_throttle(st, throttled, wait)
 
 
 def plan_table(title: str, assignment: dict[tuple[str, int], list[int]],

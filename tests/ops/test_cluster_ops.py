@@ -422,6 +422,16 @@ def test_partition_move_refuses_bad_input(split_cluster, admin, brook) -> None:
     code, out, err = brook("partition", "move", topic, "5", "--replicas", "1,2")
     assert code == 1 and "no partition 5" in err, (out, err)
     assert partitions_of(admin, topic)[0].replicas == (1, 2)
+    # A refused move with --throttle leaves the operator's own throttle as it was (before, it deleted it).
+    code, out, err = brook("cluster", "config", "set", "follower.replication.throttled.rate=5000")
+    assert code == 0, (out, err)
+    try:
+        code, out, err = brook("partition", "move", topic, "0", "--replicas", "1,9", "--throttle", "100")
+        assert code == 1 and "unregistered" in err, (out, err)
+        code, out, err = brook("cluster", "config", "get", "follower.replication.throttled.rate", "-o", "json")
+        assert code == 0 and json.loads(out)[0]["value"] == "5000", out
+    finally:
+        brook("cluster", "config", "delete", "follower.replication.throttled.rate")
 
 
 def _copied_config(cluster: LocalCluster, node_id: int, base: Path) -> Path:
