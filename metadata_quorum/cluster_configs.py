@@ -96,11 +96,16 @@ def validate(values: Mapping[str, str], delete: list[str] | tuple[str, ...] = ()
             except ValueError:
                 raise errors.InvalidConfigError(f"{key} must be a whole number of bytes per second, not {text!r}") \
                     from None
-            if not 1 <= rate <= 2**63 - 1:
+            if rate < 1:
                 raise errors.InvalidConfigError(f"{key} must be at least 1 (delete the key for no limit)")
+            if rate > 2**63 - 1:
+                raise errors.InvalidConfigError(f"{key} must be at most {2**63 - 1} (delete the key for no limit)")
         else:
+            # As a topic's own value: at most log_config.VALUE_MAX_CHARS and a list without repeats. Before, a
+            # 3.5 MB cleanup.policy became every topic's (in each DescribeConfigs, and logged twice a change).
+            name = TOPIC_KEY_OF[key]
             try:
-                log_config.parse_value(TOPIC_KEY_OF[key], text, strict=strict)
+                text = log_config.validate({name: text}, strict=strict)[name]
             except errors.BrookError as exc:
                 raise errors.InvalidConfigError(f"{key}: {exc.message}") from None
         out[key] = text

@@ -163,6 +163,27 @@ def test_config_values_are_short_and_stored_canonical(controller: QuorumControll
     assert stored == {"cleanup.policy": "delete,compact"}, stored
 
 
+def test_cluster_topic_defaults_are_short_and_stored_canonical(controller: QuorumController) -> None:
+    """A dynamic cluster default is every topic's value unless it has its own: it is held to a topic value's
+    bounds. Before, log.cleanup.policy set to 3.5 MB was stored, shown in every topic's DescribeConfigs and
+    logged twice at each change (audit)."""
+    def alter(values: dict[str, str]) -> list[pb.AlterClusterConfigsResponse]:
+        return [controller.alter_cluster_configs(pb.AlterClusterConfigsRequest(set=values), 30)]
+
+    message = refused_without_proposal(controller, lambda: alter({"log.cleanup.policy": "delete," * 1000}),
+                                       ErrorCode.INVALID_CONFIG)
+    assert "longer than 256" in message, message
+    message = refused_without_proposal(controller, lambda: alter({"follower.replication.throttled.rate": "9" * 30}),
+                                       ErrorCode.INVALID_CONFIG)
+    assert "at most" in message, message
+    alter({"log.cleanup.policy": "compact,compact, delete"})
+    try:
+        stored = controller.raft.read(lambda s: dict(s.cluster_configs))
+        assert stored.get("log.cleanup.policy") == "compact,delete", stored
+    finally:
+        controller.alter_cluster_configs(pb.AlterClusterConfigsRequest(delete=["log.cleanup.policy"]), 30)
+
+
 @pytest.mark.parametrize("key, value", [("retention.ms", "1_000"), ("retention.ms", "\u0661\u0660\u0660"),
                                         ("min.cleanable.dirty.ratio", "0.5_0"), ("segment.bytes", "1e6")])
 def test_numbers_are_written_as_kafkas_tools_read_them(controller: QuorumController, key: str, value: str) -> None:
