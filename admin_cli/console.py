@@ -171,6 +171,8 @@ def produce(
     st = state(ctx, bootstrap, output)
     if key is not None and key_separator is not None:
         raise CliError("give --key or --key-separator, not both", code=2)
+    if key_separator == "":
+        raise CliError("--key-separator must not be empty", code=2)
     if acks not in ("0", "1", "all", "-1"):
         raise CliError(f"--acks must be 0, 1 or all, got {acks!r}", code=2)
     if compression.lower() not in COMPRESSION_CODECS:  # the producer would refuse it, as a failure (exit 1)

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from admin_cli.common import BootstrapOpt, OutputOpt, ok, show, state, table
+from admin_cli.common import BootstrapOpt, CliError, OutputOpt, ok, show, state, table
+from metadata_quorum.security import MECHANISMS
 
 app = typer.Typer(help="Create, delete and list SCRAM-SHA-256/512 users.", no_args_is_help=True)
 
@@ -27,8 +28,10 @@ def create(
     output: OutputOpt = None,
 ) -> None:
     """Create a user, or set a new password for an existing one. Only salt and keys leave this machine."""
+    mechanisms = list(dict.fromkeys(m.strip().upper() for m in mechanism or MECHANISMS))  # scram-sha-256 too
+    if unknown := [m for m in mechanisms if m not in MECHANISMS]:
+        raise CliError(f"unknown SCRAM mechanism {unknown[0]!r}: {' or '.join(MECHANISMS)}", code=2)
     st = state(ctx, bootstrap, output)
-    mechanisms = mechanism or ["SCRAM-SHA-256", "SCRAM-SHA-512"]
     st.backend.admin.create_user(user, password, mechanisms=mechanisms, iterations=iterations)
     ok(st, f"user {user} has credentials for {', '.join(mechanisms)}", {"user": user, "mechanisms": mechanisms})
 

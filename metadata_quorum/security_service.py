@@ -74,6 +74,9 @@ def salted_credential(user: str, mechanism: str, password: str, iterations: int 
     """Salt a password (random salt) into what the quorum stores. Used by clients and bootstrap."""
     if not password:
         raise errors.InvalidRequestError("the password is empty")
+    if mechanism not in sec.MECHANISMS:  # before scramp, whose own error for it is no BrookError
+        raise errors.error_for(ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+                               f"unknown SCRAM mechanism {mechanism!r}: {' or '.join(sorted(sec.MECHANISMS))}")
     sec.check_iterations(iterations)  # before the PBKDF2, which runs at that count
     salt, stored_key, server_key, i = scramp.ScramMechanism(mechanism).make_auth_info(
         password, iteration_count=iterations)

@@ -210,7 +210,10 @@ def test_parse_replicas_reads_ids_in_order() -> None:
     (["quota", "set", "--user", "bob", "--controller-mutation-rate", "2e15"], "got 2e+15"),
     # the producer refused it: exit 1, after the topic was looked up
     (["produce", "t", "-v", "x", "--compression", "zip"], "--compression must be one of none, gzip"),
-], ids=["negative-rate", "zero-rate", "huge-rate", "compression"])
+    # checked before salting: scramp's own error was a traceback
+    (["user", "create", "carol", "--password", "x", "-m", "bogus"], "unknown SCRAM mechanism 'BOGUS'"),
+    (["user", "create", "carol", "--password", "x", "-m", "SCRAM-SHA3-512"], "unknown SCRAM mechanism"),
+], ids=["negative-rate", "zero-rate", "huge-rate", "compression", "mechanism", "sha3-mechanism"])
 def test_bad_option_values_are_usage_errors(capsys: pytest.CaptureFixture[str], nowhere: None, argv: list[str],
                                             text: str) -> None:
     code, line = run(capsys, *argv)
@@ -254,7 +257,8 @@ def test_every_format_token_check_format_takes_is_rendered() -> None:
     (["-v", "00ff", "-v", "0a", "-v", "zz", "--value-format", "hex"], "-v: value 'zz' is not valid hex"),
     (["-v", "a:1", "-v", "b", "-K", ":"], "-v: no key separator ':' in 'b'"),
     (["-v", "x", "-k", "zz", "--key-format", "hex"], "--key 'zz' is not valid hex"),
-], ids=["hex", "key-separator", "key"])
+    (["-v", "a", "-K", ""], "--key-separator must not be empty"),  # was "ValueError: empty separator", exit 1
+], ids=["hex", "key-separator", "key", "empty-key-separator"])
 def test_produce_values_are_checked_before_connecting(capsys: pytest.CaptureFixture[str], nowhere: None,
                                                       argv: list[str], text: str) -> None:
     code, line = run(capsys, "produce", "t", *argv)

@@ -352,3 +352,12 @@ def test_failed_logins_lock_a_user_out_from_that_address_only() -> None:
     # Said as a wrong password is (a lockout message would tell that the name exists: the log says it).
     assert "invalid credentials" in caught.value.message
     assert auth.authenticate_plain(b"\0rita\0rita-pw", "198.51.100.7") == "rita"  # from elsewhere: fine
+
+
+@pytest.mark.parametrize("mechanism", ["bogus", "scram-sha-256", "SCRAM-SHA3-512", ""])
+def test_a_credential_of_an_unknown_mechanism_is_refused_before_salting(mechanism: str) -> None:
+    """scramp raised its own ScramException (the CLI printed a traceback) or a misleading iteration-count error."""
+    with pytest.raises(errors.BrookError) as refused:
+        salted_credential("carol", mechanism, "pw")
+    assert refused.value.code == ErrorCode.UNSUPPORTED_SASL_MECHANISM
+    assert "SCRAM-SHA-256 or SCRAM-SHA-512" in refused.value.message
