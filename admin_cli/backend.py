@@ -198,8 +198,9 @@ class Backend:
             raise errors.GroupIdNotFoundError(f"group '{group_id}' does not exist")
         return g
 
-    def delete_groups(self, group_ids: Sequence[str]) -> None:
-        self.admin.delete_groups(group_ids)
+    def delete_groups(self, group_ids: Sequence[str]) -> dict[str, errors.BrookError | None]:
+        """Each group's outcome: None (deleted) or its error."""
+        return self.admin.delete_groups(group_ids, raise_on_error=False)
 
     def remove_group_members(self, group_id: str, instance_ids: Sequence[str]) -> None:
         self.admin.remove_group_members(group_id, instance_ids)

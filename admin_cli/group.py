@@ -170,9 +170,22 @@ def delete(
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Delete consumer groups and their committed offsets."""
+    """Delete consumer groups and their committed offsets. Every group must exist and have no members, or none is
+    deleted."""
     st = state(ctx, bootstrap, output)
-    for g in groups:  # all must exist before any is deleted
-        st.backend.describe_group(g)
-    st.backend.delete_groups(groups)
+    groups = list(dict.fromkeys(groups))  # a group named twice is deleted once
+    active = []
+    for g in groups:  # all must exist, and be empty, before any is deleted
+        description = st.backend.describe_group(g)
+        if description.members:
+            active.append(f"{g} has {len(description.members)} members ({description.state})")
+    if active:
+        raise CliError(f"NON_EMPTY_GROUP: {'; '.join(active)}: stop its consumers first; nothing deleted")
+    # A member may still join meanwhile: each group's own outcome is reported.
+    outcome = st.backend.delete_groups(groups)
+    failed = {g: e for g, e in outcome.items() if e is not None}
+    deleted = [g for g in groups if g not in failed]
+    if failed:
+        raise CliError(("deleted " + ", ".join(deleted) + "; " if deleted else "")
+                       + "; ".join(f"not deleted {g}: {e}" for g, e in failed.items()))
     ok(st, f"deleted group{'s' if len(groups) != 1 else ''} {', '.join(groups)}", {"deleted": groups})

@@ -181,6 +181,32 @@ def test_group_commands(brook) -> None:
     assert "cli-group" not in {g["group"] for g in brook("group", "list", "-o", "json").json()}
 
 
+def test_group_delete_deletes_none_while_one_named_has_members(brook, ops_cluster: LocalCluster) -> None:
+    """Before, `brook group delete idle busy` deleted idle, then failed on busy (NON_EMPTY_GROUP), and
+    `brook group delete idle idle` deleted it and then failed saying it did not exist (audit)."""
+    from waiting import wait_for
+
+    from client.consumer import Consumer
+
+    assert brook("topic", "create", "delete-groups", "-p", "1", "-r", "2").code == 0
+    assert brook("produce", "delete-groups", "-v", "x").code == 0
+    assert brook("consume", "delete-groups", "-g", "idle-group", "--from-beginning", "-n", "1").code == 0
+    consumer = Consumer(bootstrap_servers=ops_cluster.bootstrap_servers, group_id="busy-group",
+                        auto_offset_reset="earliest")
+    try:
+        consumer.subscribe(["delete-groups"])
+        wait_for(lambda: consumer.poll(100) is not None and consumer.assignment(), 30, "busy-group's member assigned")
+        r = brook("group", "delete", "idle-group", "busy-group")
+        assert r.code == 1 and "NON_EMPTY_GROUP: busy-group has 1 members" in r.err and "nothing deleted" in r.err, r
+        listed = {g["group"] for g in brook("group", "list", "-o", "json").json()}
+        assert {"idle-group", "busy-group"} <= listed, f"a refused delete removed a group: {listed}"
+    finally:
+        consumer.close()
+    r = brook("group", "delete", "idle-group", "idle-group")
+    assert r.code == 0 and "deleted group idle-group" in r.out, r
+    assert "idle-group" not in {g["group"] for g in brook("group", "list", "-o", "json").json()}
+
+
 def test_group_remove_member_ends_a_static_members_place(brook, ops_cluster: LocalCluster) -> None:
     """A closed static member keeps its place for its session; `brook group remove-member` ends it now."""
     from waiting import wait_for
