@@ -22,6 +22,7 @@ import grpc
 import typer
 from typer import main as typer_main
 from typer._click import exceptions as click_exceptions
+from typer._click.core import ParameterSource
 
 from admin_cli import acl, cluster, group, partition, perf, quota, topic, user
 from admin_cli.backend import Unreachable
@@ -39,6 +40,7 @@ from admin_cli.common import (
     number_in,
 )
 from admin_cli.console import consume, produce
+from client.security import read_properties
 from proto import errors
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -105,6 +107,12 @@ def root(
     """Administer a Brook cluster."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.CRITICAL, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if command_config and ctx.get_parameter_source("bootstrap") == ParameterSource.DEFAULT:
+        # The file the local launcher writes (and Kafka's tools take) names the brokers too: used when neither
+        # -b nor BROOK_BOOTSTRAP does. Before, such a file's bootstrap.servers was ignored for 127.0.0.1:9092.
+        named = read_properties(command_config).get("bootstrap.servers", "").strip()
+        if named:
+            bootstrap = check_bootstrap(named) or bootstrap
     st = State(bootstrap=bootstrap, output=output, timeout_s=timeout, command_config=command_config)
     ctx.obj = st
     ctx.call_on_close(st.close)

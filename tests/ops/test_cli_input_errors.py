@@ -56,6 +56,25 @@ def test_command_config_over_the_size_limit_is_refused(capsys: pytest.CaptureFix
     assert code == 1 and f"larger than {PROPERTIES_FILE_BYTES_MAX} bytes" in line, line
 
 
+def test_command_config_names_the_brokers_when_nothing_else_does(capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """The file the local launcher writes carries bootstrap.servers; it was ignored for 127.0.0.1:9092."""
+    monkeypatch.delenv("BROOK_BOOTSTRAP", raising=False)
+    monkeypatch.delenv("BROOK_COMMAND_CONFIG", raising=False)
+    port, other = free_port(), free_port()
+    props = tmp_path / "client.properties"
+    props.write_text(f"# as deploy/local writes it\nbootstrap.servers=127.0.0.1:{port}\n")
+    code, line = run(capsys, "--timeout", "2", "--command-config", str(props), "topic", "list")
+    assert code == 1 and f"127.0.0.1:{port}" in line and "9092" not in line, line
+    code, line = run(capsys, "--timeout", "2", "--command-config", str(props), "-b", f"127.0.0.1:{other}",
+                     "topic", "list")
+    assert code == 1 and f"127.0.0.1:{other}" in line and f"127.0.0.1:{port}" not in line, line  # -b wins
+    props.write_text("bootstrap.servers=127.0.0.1:70000\n")
+    code, line = run(capsys, "--command-config", str(props), "topic", "list")
+    assert code == 2 and "port must be 1..65535" in line, line
+
+
 def test_command_config_from_a_pipe_reads_no_more_than_the_limit(tmp_path: Path) -> None:
     """A FIFO (or /dev/zero, or `<(cmd)`) has st_size 0: only a bounded read stops it."""
     fifo = tmp_path / "props.fifo"
