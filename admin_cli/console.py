@@ -324,6 +324,8 @@ def consume(
         raise CliError(f"give at most one of {', '.join(starts)}", code=2)
     if offset is not None and offset < 0:
         raise CliError(f"--offset must be >= 0, got {offset}", code=2)
+    if group is not None and not group.strip():  # it read as no group at all: unassigned, nothing committed
+        raise CliError("--group must not be empty (Kafka's INVALID_GROUP_ID)", code=2)
     if group and (offset is not None or from_timestamp or partition):
         raise CliError("--offset, --from-timestamp and --partition need manual assignment: drop --group "
                        "(or move the group with `brook group seek`)", code=2)

@@ -588,7 +588,8 @@ class QuorumController:
                 if state is None or not 0 <= index < len(state.partitions):
                     results.append(pb.ElectionResult(
                         topic=topic, partition=index, leader=-1, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                        error_message=f"{topic}-{index} does not exist"))
+                        error_message=f"topic '{topic}' does not exist" if state is None
+                        else f"topic '{topic}' has no partition {index}"))
                     continue
                 p = state.partitions[index]
                 code, message, item = self._plan_election(topic, index, p, eligible, unclean, fresh)

@@ -232,7 +232,8 @@ def test_parse_replicas_reads_ids_in_order() -> None:
     # checked before salting: scramp's own error was a traceback
     (["user", "create", "carol", "--password", "x", "-m", "bogus"], "unknown SCRAM mechanism 'BOGUS'"),
     (["user", "create", "carol", "--password", "x", "-m", "SCRAM-SHA3-512"], "unknown SCRAM mechanism"),
-], ids=["negative-rate", "zero-rate", "huge-rate", "compression", "mechanism", "sha3-mechanism"])
+    (["consume", "t", "-g", ""], "--group must not be empty"),  # consumed as no group, silently
+], ids=["negative-rate", "zero-rate", "huge-rate", "compression", "mechanism", "sha3-mechanism", "empty-group"])
 def test_bad_option_values_are_usage_errors(capsys: pytest.CaptureFixture[str], nowhere: None, argv: list[str],
                                             text: str) -> None:
     code, line = run(capsys, *argv)

@@ -173,9 +173,10 @@ def test_elect_leaders_refuses_bad_input_and_changes_nothing(split_cluster, admi
     assert code == 2, (out, err)
     code, out, err = brook("cluster", "elect-leaders", "--topic", "no-such-topic", "-o", "json")
     assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in out, (out, err)
+    assert "topic 'no-such-topic' does not exist" in out, out  # was "no-such-topic--1 does not exist"
     admin.create_topics([NewTopic("elect-bad", 1, 3)])
     code, out, err = brook("cluster", "elect-leaders", "--topic", "elect-bad", "--partition", "7")
-    assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in out, (out, err)
+    assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in out and "has no partition 7" in out, (out, err)
     # An unclean election of a partition that has a leader is not needed, and moves nothing.
     before = partitions_of(admin, "elect-bad")[0]
     code, out, err = brook("cluster", "elect-leaders", "--type", "unclean", "--topic", "elect-bad", "-o", "json")
