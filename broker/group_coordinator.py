@@ -390,6 +390,7 @@ class GroupCoordinator:
         self._offset_refusals = ThrottledWarning(log)
         self._member_refusals = ThrottledWarning(log)
         self._describe_refusals = ThrottledWarning(log)
+        self._offsets_topic_short = ThrottledWarning(log)
         # Topics the metadata deleted (name, when this broker saw it), waiting for the maintenance thread to
         # drop the groups' offsets of them (on_topics_deleted).
         self._deleted_lock = threading.Lock()
@@ -627,6 +628,15 @@ class GroupCoordinator:
         p = self.partition_for(group_id)
         info = self.metadata_cache.partition(OFFSETS_TOPIC, p)
         if info is None:
+            topic = self.metadata_cache.topic(OFFSETS_TOPIC)
+            if topic is not None and topic.partition_count <= p:
+                # Made before this version refused clients to make it (or offsets.topic.num.partitions raised since):
+                # the groups placed past its partitions have no coordinator until an operator fixes it.
+                message = (f"{OFFSETS_TOPIC} has {topic.partition_count} partitions, fewer than "
+                           f"offsets.topic.num.partitions ({self.config.offsets_topic_num_partitions}): group "
+                           f"{group_id!r} is placed on partition {p}, which it lacks")
+                self._offsets_topic_short.warn("%s", message)
+                raise errors.error_for(ErrorCode.COORDINATOR_NOT_AVAILABLE, message)
             self._ensure_offsets_topic()
             raise errors.error_for(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"creating {OFFSETS_TOPIC}")
         broker = self.metadata_cache.broker(info.leader) if info.leader >= 0 else None

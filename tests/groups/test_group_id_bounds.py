@@ -124,3 +124,29 @@ def test_a_description_counts_its_members_ids(coord: GroupCoordinator) -> None:
     assert described.error_code == ErrorCode.NONE and size >= ids, (size, ids)
     refused, _ = coord.describe_group("wide", include_offsets=False, max_bytes=ids // 2)
     assert refused.error_code == ErrorCode.INVALID_REQUEST and "bytes" in refused.error_message
+
+
+def test_a_group_placed_past_a_short_offsets_topic_is_told_why_and_nothing_is_created() -> None:
+    """__consumer_offsets made with fewer partitions than offsets.topic.num.partitions (by a client, before the
+    controller refused that, or before the setting was raised): the groups placed past its partitions were answered
+    "creating __consumer_offsets" for ever, and each FindCoordinator started another creation."""
+    from broker.metadata_cache import PartitionInfo, TopicInfo
+
+    class Cache:
+        def topic(self, name: str) -> TopicInfo | None:
+            return TopicInfo(name, "id", {}, 1) if name == gc.OFFSETS_TOPIC else None
+
+        def partition(self, topic: str, p: int) -> PartitionInfo | None:
+            return PartitionInfo(topic, "id", 0, (1,), (1,), 1, 0, 0) if topic == gc.OFFSETS_TOPIC and p == 0 else None
+
+    c = GroupCoordinator(node_id=1, replica_manager=None, metadata_cache=Cache(), config=CoordinatorConfig())
+    try:
+        group = next(f"g{i}" for i in range(100) if c.partition_for(f"g{i}") >= 1)
+        with mock.patch.object(c, "_ensure_offsets_topic") as create, pytest.raises(Exception) as refused:
+            c.find_coordinator(group)
+        assert refused.value.code == ErrorCode.COORDINATOR_NOT_AVAILABLE  # type: ignore[attr-defined]
+        assert f"has 1 partitions, fewer than offsets.topic.num.partitions ({c.config.offsets_topic_num_partitions})" \
+            in str(refused.value), refused.value
+        assert create.call_count == 0
+    finally:
+        c._loader.shutdown()
