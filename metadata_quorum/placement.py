@@ -41,9 +41,12 @@ class BrokerLoad:
 
 
 def full_brokers_text(brokers: Sequence[BrokerLoad], replica_load: Mapping[int, int] | None = None) -> str:
-    """'broker 1 holds 166 of its capacity of 166, ...' for the brokers without room."""
+    """'broker 1 holds 166 of its capacity of 166, ...' for the brokers without room; with ``replica_load`` (what
+    they would hold with the replicas of the request placed so far), 'broker 1 holds 3 of its capacity of 166,
+    and would hold 166 with this request's'."""
     load = replica_load or {b.node_id: b.replicas for b in brokers}
-    full = [f"broker {b.node_id} holds {load[b.node_id]} of its capacity of {b.capacity}"
+    full = [f"broker {b.node_id} holds {b.replicas} of its capacity of {b.capacity}"
+            + (f", and would hold {load[b.node_id]} with this request's" if load[b.node_id] != b.replicas else "")
             for b in sorted(brokers, key=lambda b: b.node_id) if 0 < b.capacity <= load[b.node_id]]
     return "; ".join(full)
 

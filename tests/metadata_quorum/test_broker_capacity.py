@@ -73,7 +73,8 @@ def test_placement_fills_a_broker_up_to_its_capacity_and_not_further() -> None:
     assert all(1 in r for r in assignments)
     with pytest.raises(errors.PolicyViolationError) as info:
         place_replicas(loads, 3, 3, start_index=0)  # the third partition would be broker 1's 11th replica
-    assert "broker 1 holds 10 of its capacity of 10" in info.value.message
+    # What it holds now, and what the request would make it hold (before, the second alone, as if it held it).
+    assert "broker 1 holds 8 of its capacity of 10, and would hold 10 with this request's" in info.value.message
     assert "replication factor 3" in info.value.message
 
 
