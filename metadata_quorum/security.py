@@ -133,8 +133,11 @@ class AclBinding:
 
 def validate_principal(principal: str) -> str:
     kind, sep, name = principal.partition(":")
-    if not sep or kind != "User" or not name or len(name) > MAX_USER_CHARS:
-        raise errors.InvalidRequestError(f"principal {principal!r} must be 'User:<name>' or 'User:*'")
+    if not sep or kind != "User" or not name:
+        raise errors.InvalidRequestError(f"principal {principal[:80]!r} must be 'User:<name>' or 'User:*'")
+    if len(name) > MAX_USER_CHARS:
+        raise errors.InvalidRequestError(f"principal User:{name[:40]!r}... has a name of {len(name)} characters, more "
+                                         f"than {MAX_USER_CHARS}")
     return principal
 
 

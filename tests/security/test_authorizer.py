@@ -168,3 +168,14 @@ def test_prefixed_lookup_matches_a_scan_of_every_binding() -> None:
     for rtype in ("TOPIC", "GROUP"):
         for name in names:
             assert sorted(index.matching(rtype, name)) == sorted(scan(rtype, name)), (rtype, name)
+
+
+def test_an_overlong_principal_is_refused_for_its_length() -> None:
+    """It was refused as if it were not 'User:<name>' at all (audit)."""
+    from metadata_quorum.security import MAX_USER_CHARS, validate_principal
+
+    assert validate_principal("User:" + "a" * MAX_USER_CHARS)
+    with pytest.raises(errors.InvalidRequestError) as refused:
+        validate_principal("User:" + "a" * (MAX_USER_CHARS + 1))
+    assert f"{MAX_USER_CHARS + 1} characters, more than {MAX_USER_CHARS}" in refused.value.message
+    assert len(refused.value.message) < 200, "the whole name was echoed"
