@@ -32,7 +32,7 @@ ConfigOpt = Annotated[list[str] | None, typer.Option(
 def _validate_topic_configs(configs: dict[str, str]) -> None:
     """Check keys and values locally first: the message names the key and nothing is sent."""
     try:
-        log_config.validate(configs)
+        log_config.validate(configs, strict=True)  # as the controller checks what a client asks
     except errors.BrookError as e:
         raise CliError(e.message, code=2) from None
 

@@ -73,6 +73,9 @@ BAD_INPUTS = [
     (["topic", "create", "bad name!"], 1, "INVALID_TOPIC_EXCEPTION"),
     (["topic", "create", "x3", "-c", "no.such.key=1"], 2, "no.such.key"),
     (["topic", "create", "x4", "-c", "retention.ms"], 2, "key=value"),
+    # the controller's own checks, made before sending (they failed as operations, exit 1)
+    (["topic", "create", "x6", "-c", "retention.ms=1_000"], 2, "retention.ms"),
+    (["topic", "create", "x7", "-c", "cleanup.policy=" + "delete," * 40], 2, "longer than 256"),
     (["topic", "create", "x5", "--partitons", "3"], 2, "--partitons"),
     (["topic", "alter-config", "stable", "--set", "retention.ms=soon"], 2, "retention.ms"),
     (["topic", "alter-config", "stable", "--set", "retention.mss=1"], 2, "retention.mss"),
