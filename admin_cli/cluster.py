@@ -183,7 +183,7 @@ def info(ctx: typer.Context, bootstrap: BootstrapOpt = None, output: OutputOpt =
 @app.command(epilog="Examples:  brook cluster health && echo ok  |  brook cluster health -o json")
 def health(
     ctx: typer.Context,
-    max_quorum_lag: Annotated[int, typer.Option(help="Raft entries a voter may trail by.")] = DEFAULT_MAX_QUORUM_LAG,
+    max_quorum_lag: Annotated[int, typer.Option(help="Raft entries a voter may trail by.", min=0)] = DEFAULT_MAX_QUORUM_LAG,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:

@@ -12,6 +12,7 @@ Producer, Consumer, Admin, the Spark source and the CLI are built on it.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import random
 import re
@@ -109,6 +110,15 @@ def parse_bootstrap(servers: str | Iterable[str] | Iterable[tuple[str, int]]) ->
         if not 0 < int(port) <= 65535:
             # gRPC would dial the port modulo 65536 (70000 -> 4464): refuse it instead.
             raise errors.InvalidConfigError(f"bootstrap server {text!r}: port must be 1..65535")
+        if host.startswith("[") or host.endswith("]") or ":" in host:
+            # An IPv6 address is written in brackets; '[::1' was dialled as the host ':' (audit).
+            try:
+                ok = host[0] == "[" and host[-1] == "]" and ipaddress.IPv6Address(host[1:-1]) is not None
+            except ValueError:
+                ok = False
+            if not ok:
+                raise errors.InvalidConfigError(
+                    f"bootstrap server {text!r} is not host:port (an IPv6 address is written [2001:db8::1]:9092)")
         items.append(f"{host}:{int(port)}")
     if not items:
         raise errors.InvalidConfigError("bootstrap_servers is empty")

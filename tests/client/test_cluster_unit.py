@@ -36,6 +36,11 @@ def test_parse_bootstrap_forms() -> None:
     for bad in ("h:²", "h:١٢", "h:" + "9" * 5000, "h:70000"):
         with pytest.raises(errors.InvalidConfigError):
             parse_bootstrap(bad)
+    # IPv6 in brackets only: '[::1' was dialled as the host ':' (audit), '::1:9092' is ambiguous.
+    assert parse_bootstrap("[::1]:9092,h:1") == ["[::1]:9092", "h:1"]
+    for bad in ("[::1", "::1:9092", "[zz]:1", "h]:1"):
+        with pytest.raises(errors.InvalidConfigError, match="IPv6 address is written"):
+            parse_bootstrap(bad)
 
 
 def _closed_port() -> int:

@@ -233,7 +233,10 @@ def test_parse_replicas_reads_ids_in_order() -> None:
     (["user", "create", "carol", "--password", "x", "-m", "bogus"], "unknown SCRAM mechanism 'BOGUS'"),
     (["user", "create", "carol", "--password", "x", "-m", "SCRAM-SHA3-512"], "unknown SCRAM mechanism"),
     (["consume", "t", "-g", ""], "--group must not be empty"),  # consumed as no group, silently
-], ids=["negative-rate", "zero-rate", "huge-rate", "compression", "mechanism", "sha3-mechanism", "empty-group"])
+    (["-b", "[::1", "topic", "list"], "IPv6 address is written"),  # 'cannot resolve host', exit 1
+    (["cluster", "health", "--max-quorum-lag", "-5"], "--max-quorum-lag"),
+], ids=["negative-rate", "zero-rate", "huge-rate", "compression", "mechanism", "sha3-mechanism", "empty-group",
+        "ipv6-bracket", "negative-lag"])
 def test_bad_option_values_are_usage_errors(capsys: pytest.CaptureFixture[str], nowhere: None, argv: list[str],
                                             text: str) -> None:
     code, line = run(capsys, *argv)
