@@ -181,7 +181,7 @@ def run_produce(producer: Producer, topic: str, num_records: int, record_size: i
                 progress: Progress | None = None, *, warmup_records: int = 0,
                 on_measuring: Callable[[], None] | None = None, keys: Sequence[bytes] = ()) -> PerfResult:
     """``on_measuring`` is called once the warm-up is acknowledged, just before the measured sends."""
-    payload = bytes(random.Random(0).randrange(65, 91) for _ in range(record_size))  # Kafka's A-Z payload
+    payload = bytes(random.Random(0).choices(range(65, 91), k=record_size))  # Kafka's A-Z payload
     if warmup_records > 0:
         # Connections, producer id, leaders and followers settle before the clock starts.
         for i in range(warmup_records):
@@ -416,7 +416,7 @@ def e2e_main(argv: Sequence[str] | None = None) -> int:
     consumer_config: dict[str, Any] = {
         "bootstrap_servers": args.bootstrap_servers, "group_id": None, "enable_auto_commit": False,
         "fetch_min_bytes": 1, **security, **_config_pairs(args.consumer_config)}
-    padding = bytes(random.Random(0).randrange(65, 91) for _ in range(args.record_size - 8))
+    padding = bytes(random.Random(0).choices(range(65, 91), k=args.record_size - 8))
     ctx = multiprocessing.get_context("spawn")
     ready, results = ctx.Event(), ctx.Queue()
     with Producer(producer_config) as producer:
