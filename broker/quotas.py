@@ -131,9 +131,9 @@ class QuotaManager:
             measured = rate.measure(now)
             if measured <= quota:
                 return 0
-            # Kafka's QuotaUtils.throttleTime: how long until the windowed rate is back at the quota.
-            throttle_ms = int((measured - quota) / quota * rate.elapsed_s(now) * 1000)
-            throttle_ms = max(1, min(MAX_THROTTLE_MS, throttle_ms))
+            # Kafka's QuotaUtils.throttleTime: how long until the windowed rate is back at the quota. Bounded as a
+            # float: a quota of 5e-324 (accepted before) made it inf, and int(inf) failed the request after its append.
+            throttle_ms = max(1, int(min(float(MAX_THROTTLE_MS), (measured - quota) / quota * rate.elapsed_s(now) * 1000)))
             self._hold(key, now + throttle_ms / 1000)
             stats = self.stats[kind]
             stats.throttled_responses += 1
@@ -208,7 +208,7 @@ class TokenBucket:
 
 def _ms_until_refilled(tokens: float, rate: float) -> int:
     """Time until a bucket at ``tokens`` < 0 is back at zero: -tokens / rate (Kafka's), at least 1 ms."""
-    return max(1, min(_MAX_INT32, round(-tokens / rate * 1000)))
+    return max(1, round(min(float(_MAX_INT32), -tokens / rate * 1000)))  # bounded as a float: a tiny rate gave inf
 
 
 @dataclass(slots=True)

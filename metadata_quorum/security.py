@@ -49,6 +49,9 @@ MAX_RESOURCE_NAME_CHARS = 255
 QUOTA_KEYS = ("producer_byte_rate", "consumer_byte_rate", "request_rate", "controller_mutation_rate")
 DEFAULT_ENTITY = "<default>"
 MAX_QUOTA_VALUE = 1e15
+# The least a client may set (a thousandth of a byte, request or partition a second): a positive 5e-324 was
+# accepted and made every throttle time overflow (audit). Applied to requests, not to the journal's replay.
+MIN_QUOTA_VALUE = 1e-3
 
 
 def validate_user(user: str) -> str:
@@ -202,7 +205,9 @@ def validate_quota_entity(entity: str) -> str:
     return entity
 
 
-def validate_quota_values(values: dict[str, float]) -> dict[str, float]:
+def validate_quota_values(values: dict[str, float], *, strict: bool = False) -> dict[str, float]:
+    """Known keys with values in (0, MAX_QUOTA_VALUE]; ``strict`` (a client's request, before it is proposed): at
+    least MIN_QUOTA_VALUE. The state machine applies without it, so a journal written before replays the same."""
     out: dict[str, float] = {}
     for key, value in values.items():
         if key not in QUOTA_KEYS:
@@ -210,5 +215,7 @@ def validate_quota_values(values: dict[str, float]) -> dict[str, float]:
         number = float(value)
         if not 0 < number <= MAX_QUOTA_VALUE:  # also refuses NaN
             raise errors.InvalidRequestError(f"quota {key} must be > 0 and <= {MAX_QUOTA_VALUE:g}, got {value!r}")
+        if strict and number < MIN_QUOTA_VALUE:
+            raise errors.InvalidRequestError(f"quota {key} must be at least {MIN_QUOTA_VALUE:g}, got {value!r}")
         out[key] = number
     return out

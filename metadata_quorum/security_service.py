@@ -285,6 +285,7 @@ class QuorumSecurityAdmin:
     # ---- quotas ----
     def alter_quota(self, req: spb.AlterClientQuotasRequest, timeout_s: float) -> spb.ClientQuotasResponse:
         entity = sec.validate_quota_entity(req.entity)
+        sec.validate_quota_values(dict(req.set), strict=True)
         self._propose(c.AlterClientQuota(entity, dict(req.set), list(req.remove)), timeout_s)
         return self.describe_quotas(entity)
 

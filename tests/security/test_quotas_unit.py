@@ -193,3 +193,30 @@ def test_mutation_quota_buckets_are_bounded(monkeypatch: pytest.MonkeyPatch) -> 
     for i in range(10):
         q.for_request(f"User:u{i}", strict=True).record(3)
     assert len(q._buckets) == 3 and list(q._buckets) == ["User:u7", "User:u8", "User:u9"]
+
+
+def test_a_tiny_quota_throttles_for_the_longest_time_and_never_fails() -> None:
+    """A quota of 5e-324 (accepted before the security service refused anything under MIN_QUOTA_VALUE, and still in
+    journals written then) made the throttle time inf: int(inf) failed the produce after its append, the fetch, and
+    the controller's CreateTopics with an internal error (audit)."""
+    from broker.quotas import MAX_THROTTLE_MS
+
+    clock = Clock()
+    m = manager({"User:alice": {PRODUCE: 5e-324, FETCH: 5e-324}}, clock)
+    m.produce("User:alice", 1)
+    clock.now += 0.5
+    assert m.produce("User:alice", 100) == MAX_THROTTLE_MS
+    q = mutation_quotas(5e-324, clock)
+    first = q.for_request("User:alice", strict=False)
+    first.record(5)
+    assert first.throttle_time_ms() == 2**31 - 1
+
+
+def test_a_client_may_not_set_a_quota_under_the_least() -> None:
+    from metadata_quorum.security import MIN_QUOTA_VALUE, validate_quota_values
+
+    for value in (5e-324, MIN_QUOTA_VALUE / 2):
+        with pytest.raises(errors.InvalidRequestError, match="must be at least"):
+            validate_quota_values({PRODUCE: value}, strict=True)
+        assert validate_quota_values({PRODUCE: value}) == {PRODUCE: value}  # replaying a journal written before
+    assert validate_quota_values({CONTROLLER_MUTATION: MIN_QUOTA_VALUE}, strict=True)
