@@ -1306,6 +1306,10 @@ class GroupCoordinator:
             previous = {tp: e.offset for tp, e in g.offsets.items()} if g is not None else {}
             p = self.partition_for(req.group_id)
             epoch = self._partitions[p].leader_epoch
+        if unknown := sorted({s.kind for s in req.specs} - _RESET_KINDS):
+            # It was taken for RESET_EXPLICIT and written (audit).
+            raise CoordinatorError(f"unknown offset reset kind {unknown[0]}: 0 (explicit) to 4 (shift by)",
+                                   code=ErrorCode.INVALID_REQUEST)
         specs = self._expand_specs(req.specs, previous)
         tps = sorted(specs)
         earliest = self._resolve_offsets({tp: LIST_OFFSETS_EARLIEST for tp in tps})
@@ -1624,6 +1628,9 @@ def _base_offset(result: Any) -> int:
         if isinstance(value, int):
             return value
     return -1
+
+
+_RESET_KINDS = frozenset(group_pb2.OffsetResetKind.values())
 
 
 def _reset_target(spec: group_pb2.OffsetResetSpec, low: int, high: int, current: int, at_ts: int) -> int:

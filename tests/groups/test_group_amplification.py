@@ -494,6 +494,18 @@ def test_alter_offsets_expands_each_topic_once(coord: GroupCoordinator) -> None:
     assert "reset" not in coord._groups  # a dry run makes no group
 
 
+@pytest.mark.parametrize("kind", [5, 99, -1])
+def test_alter_offsets_of_an_unknown_reset_kind_is_refused_and_writes_nothing(coord: GroupCoordinator,
+                                                                            kind: int) -> None:
+    """An undefined kind was taken for RESET_EXPLICIT: its value, clamped to the log, was committed (audit)."""
+    with mock.patch.object(coord, "_resolve_offsets", wraps=_ends), \
+            mock.patch.object(coord, "_admit_and_write_offsets") as written, pytest.raises(CoordinatorError) as refused:
+        coord.alter_offsets(group_pb2.AlterGroupOffsetsRequest(group_id="reset-kind", specs=[
+            _spec("t", 0, group_pb2.RESET_EARLIEST), _spec("t", 1, kind, 7)]))
+    assert refused.value.code == ErrorCode.INVALID_REQUEST and f"unknown offset reset kind {kind}" in refused.value.message
+    assert written.call_count == 0 and "reset-kind" not in coord._groups
+
+
 def test_reduced_specs_mean_what_the_specs_in_order_meant(coord: GroupCoordinator) -> None:
     rng = random.Random(7)
     for _ in range(200):
