@@ -69,12 +69,28 @@ class Proposing:
 
     def __init__(self) -> None:
         self.proposed: list[Any] = []
+        self.waits: list[tuple[int, float]] = []  # (commands submitted by then, the timeout given)
 
     def is_active(self) -> bool:
         return True
 
     def _propose(self, cmd: Any, timeout_s: float) -> ApplyResult:
         self.proposed.append(cmd)
+        return ApplyResult()
+
+    def _submit(self, cmd: Any) -> Any:
+        self.proposed.append(cmd)
+        return Applied(self)
+
+
+class Applied:
+    """A proposal the quorum applied: its wait answers at once (``waits`` records the timeouts given)."""
+
+    def __init__(self, controller: Proposing) -> None:
+        self.controller = controller
+
+    def wait(self, timeout_s: float) -> ApplyResult:
+        self.controller.waits.append((len(self.controller.proposed), timeout_s))
         return ApplyResult()
 
 
@@ -87,6 +103,39 @@ def test_the_controller_refuses_a_new_credential_above_kafkas_maximum() -> None:
     assert [(r.name, r.error_code) for r in answer.results] == [("ivy", ErrorCode.INVALID_REQUEST), ("joe", 0)]
     assert "4096..16384" in answer.results[0].error_message and "16385" in answer.results[0].error_message
     assert [cmd.user for cmd in controller.proposed] == ["joe"]
+
+
+def test_a_bulk_change_submits_every_item_before_it_waits_and_waits_within_one_deadline() -> None:
+    """Each item was proposed and waited for in turn, each with the whole timeout: 1,000 items took 52 s, and
+    went on being proposed long after the caller's deadline (audit)."""
+    controller = Proposing()
+    admin = QuorumSecurityAdmin(controller, raft=None, redirect=lambda: None)
+    records = [credential_record(salted_credential(f"u{i}", "SCRAM-SHA-256", "pw")) for i in range(50)]
+    answer = admin.upsert_credentials(records, 5)
+    assert [r.error_code for r in answer.results] == [0] * 50
+    assert controller.waits and all(submitted == 50 for submitted, _ in controller.waits), \
+        "a wait came before every item was submitted"
+    assert all(timeout <= 5 for _, timeout in controller.waits)
+    controller.waits.clear()
+    items = [spb.DeleteScramCredentialsRequest.Item(user=f"u{i}", mechanism="SCRAM-SHA-256") for i in range(50)]
+    assert [r.error_code for r in admin.delete_credentials(items, 5).results] == [0] * 50
+    assert all(submitted == 100 for submitted, _ in controller.waits)
+
+
+def test_items_not_applied_by_the_deadline_are_timed_out_not_waited_for_each() -> None:
+    class Stuck:
+        def wait(self, timeout_s: float) -> ApplyResult:
+            waited.append(timeout_s)
+            raise errors.RequestTimedOutError(f"not committed within {timeout_s:.1f} s")
+
+    waited: list[float] = []
+    controller = Proposing()
+    controller._submit = lambda cmd: Stuck()  # type: ignore[method-assign]
+    admin = QuorumSecurityAdmin(controller, raft=None, redirect=lambda: None)
+    items = [spb.DeleteScramCredentialsRequest.Item(user=f"u{i}") for i in range(20)]
+    answer = admin.delete_credentials(items, 0.0)
+    assert [r.error_code for r in answer.results] == [ErrorCode.REQUEST_TIMED_OUT] * 20
+    assert waited == [0.0] * 20, "each item waited a timeout of its own"
 
 
 def test_the_state_still_applies_and_loads_credentials_stored_before_the_cap() -> None:
