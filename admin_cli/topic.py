@@ -199,7 +199,8 @@ def trim_prefix(
     """Delete the records before an offset (Kafka's DeleteRecords): the partitions' log start moves up
     on every replica; consumers positioned before it restart at the new start.
 
-    Exit code 0 when every partition was trimmed, 1 otherwise (nothing changes on refused partitions).
+    An --offset past any named partition's high watermark trims none. Exit code 0 when every partition was
+    trimmed, 1 otherwise (nothing changes on refused partitions).
     """
     if offset.strip().lower() == "end":
         before = -1
@@ -216,6 +217,15 @@ def trim_prefix(
     unknown = [p for p in wanted if p not in t.partitions]
     if unknown:
         raise CliError(f"UNKNOWN_TOPIC_OR_PARTITION: topic '{name}' has no partition {unknown[0]}; nothing trimmed")
+    if before >= 0:
+        # Every partition is checked first: the brokers refuse an offset past a partition's high watermark one
+        # partition at a time, so the others were trimmed, for good (audit). A high watermark only grows.
+        ends = st.backend.admin.list_offsets({TopicPartition(name, p): "latest" for p in wanted})
+        short = [(p, ends[TopicPartition(name, p)][0]) for p in wanted if ends[TopicPartition(name, p)][0] < before]
+        if short:
+            raise CliError(f"OFFSET_OUT_OF_RANGE: --offset {before} is past the high watermark of "
+                           + ", ".join(f"partition {p} ({end})" for p, end in short[:5])
+                           + "; nothing trimmed (name the other partitions with --partition)")
     results = st.backend.admin.delete_records({TopicPartition(name, p): before for p in wanted},
                                               timeout_ms=int(st.backend.timeout_s * 1000))
     rows = []

@@ -300,7 +300,18 @@ def test_trim_prefix_refuses_bad_input_and_changes_nothing(split_cluster, admin,
         return admin.list_offsets({tp: "earliest"})[tp][0]
 
     code, out, err = brook("topic", "trim-prefix", topic, "--offset", "11", "-o", "json")
-    assert code == 1 and "OFFSET_OUT_OF_RANGE" in out, (out, err)
+    assert code == 1 and "OFFSET_OUT_OF_RANGE" in err and "nothing trimmed" in err, (out, err)
+    # Past one partition's high watermark: no partition is trimmed (before, the others were).
+    admin.create_topics([NewTopic("trim-some", 2, 3)])
+    produce(split_cluster.bootstrap_servers, "trim-some", 2, 20, "v")
+    produce(split_cluster.bootstrap_servers, "trim-some", 1, 5, "w")  # partition 0 is 5 longer
+    counts = {p: admin.list_offsets({TopicPartition("trim-some", p): "latest"})[TopicPartition("trim-some", p)][0]
+              for p in (0, 1)}
+    past = min(counts.values()) + 1  # within the longer partition, past the shorter one
+    code, out, err = brook("topic", "trim-prefix", "trim-some", "--offset", str(past))
+    assert code == 1 and "OFFSET_OUT_OF_RANGE" in err, (out, err)
+    assert all(admin.list_offsets({TopicPartition("trim-some", p): "earliest"})[TopicPartition("trim-some", p)][0]
+               == 0 for p in (0, 1)), "a refused trim moved a log start"
     for args, message in ((["--offset", "abc"], "--offset must be"), (["--offset", "-5"], "--offset must be"),
                           (["--offset", "1", "--partition", "3"], "no partition 3")):
         code, out, err = brook("topic", "trim-prefix", topic, *args)
