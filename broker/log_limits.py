@@ -1,9 +1,14 @@
-"""A WARNING a client can cause, logged at most once per period.
+"""What a client can put in a node's log: how often, and in what shape.
 
 Each refusal a client's request earns (a full budget, a bound reached) is worth a line to the operator, but
 not one line per request: 53,443 refused group descriptions from one client wrote 13 MB of log in 45 s
 (about 1 GB an hour, found by a probe). ``ThrottledWarning`` logs the first refusal of a period and counts
 the rest, which its next line reports.
+
+Log lines quote what clients choose (group and member ids, client ids, topic names): a group id holding a
+newline and a timestamp wrote a forged ``ERROR`` line and ``Traceback`` into the log, and a NUL made the file
+binary to grep (audit). ``OneLineFormatter`` escapes the control characters of every message, so a line of
+the log is one record; a record's own traceback is still printed below it.
 """
 
 from __future__ import annotations
@@ -69,3 +74,29 @@ class ThrottledWarning:
             fmt += " (%d more since the last such line)"
             args = (*args, more)
         self._log.warning(fmt, *args)
+
+
+# C0 controls but TAB, DEL, the C1 controls and the Unicode line and paragraph separators, as Python escapes them.
+_ESCAPES = {c: {0x0A: "\\n", 0x0D: "\\r"}.get(c, f"\\x{c:02x}")
+            for c in [*range(0x00, 0x09), *range(0x0A, 0x20), *range(0x7F, 0xA0)]}
+_ESCAPES.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped (``\\n``, ``\\x00``): one line, whatever a client put in it."""
+    return text.translate(_ESCAPES)
+
+
+class OneLineFormatter(logging.Formatter):
+    """A formatter whose messages are one line each (``one_line``); the exception text of a record is not touched."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = one_line(record.message)
+        return super().formatMessage(record)
+
+
+def log_handler(fmt: str) -> logging.Handler:
+    """The nodes' handler: standard error, ``OneLineFormatter`` on ``fmt``."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter(fmt))
+    return handler

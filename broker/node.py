@@ -47,6 +47,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from broker.config import ConfigError, NodeConfig, keys_markdown, load_config
+from broker.log_limits import log_handler
 from broker.metrics import (
     BrokerCollector,
     BudgetCollector,
@@ -507,7 +508,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def setup_logging(level: str) -> None:
-    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level), format=LOG_FORMAT, force=True)
+    logging.basicConfig(level=getattr(logging, level), handlers=[log_handler(LOG_FORMAT)], force=True)
     report_fatal_signals()
     logging.Formatter.converter = time.gmtime  # UTC timestamps: nodes on several hosts line up
     # grpc's and pysyncobj's own loggers are chatty at DEBUG; keep them at WARNING unless asked.

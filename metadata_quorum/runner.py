@@ -21,6 +21,7 @@ import sys
 import threading
 from pathlib import Path
 
+from broker.log_limits import log_handler
 from metadata_quorum.node import ControllerNode, ControllerSettings, parse_voters
 from metadata_quorum.raft import RaftTiming
 
@@ -42,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapshot-min-interval-s", type=float, default=300.0)
     parser.add_argument("--request-timeout-ms", type=int, default=30000)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, handlers=[log_handler("%(asctime)s %(levelname)s %(name)s: %(message)s")])
     faulthandler.enable(file=sys.stderr, all_threads=True)  # a fatal signal leaves the stacks in the log
     settings = ControllerSettings(
         args.node_id, parse_voters(args.voters), args.data_dir, args.cluster_id, args.password or None,

@@ -63,3 +63,35 @@ def test_the_group_coordinators_describe_refusals_share_one_line(caplog: pytest.
         assert len([r for r in caplog.records if "describing group" in r.getMessage()]) == 1
     finally:
         c._loader.shutdown()
+
+
+def test_a_client_chosen_string_cannot_forge_a_log_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group id of "inj\\n<timestamp> ERROR ...\\nTraceback" wrote a forged ERROR line and traceback into the
+    node's log, and a NUL made the file binary to grep (audit of the Kafka listener). The nodes' formatter keeps
+    each record on one line; a real traceback still follows its record."""
+    import io
+
+    from broker import node
+
+    forged = "inj\n2026-12-01 04:00:00,000 ERROR [broker-1-loop] forged\r\nTraceback (most recent call last):\x00\u2028"
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    out = io.StringIO()
+    monkeypatch.setattr(node, "report_fatal_signals", lambda: None)  # needs a real stderr descriptor
+    try:
+        node.setup_logging("INFO")  # the nodes' own logging
+        [handler] = root.handlers
+        handler.setStream(out)  # type: ignore[attr-defined]
+        logging.getLogger("broker.group_state").info("group %s: a member joined", forged)
+        try:
+            raise ValueError("real")
+        except ValueError:
+            logging.getLogger("broker.service").exception("request of %s failed", forged)
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 6, lines  # two records, and the real traceback's four lines
+    assert lines[0].endswith("group inj\\n2026-12-01 04:00:00,000 ERROR [broker-1-loop] forged\\r\\nTraceback (most "
+                             "recent call last):\\x00\\u2028: a member joined"), lines[0]
+    assert lines[2] == "Traceback (most recent call last):" and lines[5] == "ValueError: real", lines
