@@ -805,7 +805,8 @@ class GroupCoordinator:
                     hosts[m.client_host] = hosts.get(m.client_host, 0) + len(assignment)
             self._admit_bytes_locked(incoming, "SyncGroup", hosts)
             g.sync(member_id=req.member_id, generation_id=req.generation_id, assignments=assignments,
-                   callback=callback, now_ms=self.clock_ms(), group_instance_id=req.group_instance_id)
+                   callback=callback, now_ms=self.clock_ms(), group_instance_id=req.group_instance_id,
+                   protocol_type=req.protocol_type, protocol_name=req.protocol_name)
             self._after_change_locked(g)
         return None
 

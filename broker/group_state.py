@@ -690,9 +690,15 @@ class Group:
         return ErrorCode.NONE
 
     def sync(self, *, member_id: str, generation_id: int, assignments: dict[str, bytes],
-             callback: SyncCallback, now_ms: int, group_instance_id: str = "") -> None:
+             callback: SyncCallback, now_ms: int, group_instance_id: str = "", protocol_type: str = "",
+             protocol_name: str = "") -> None:
         self._forget_deadline()
         error = self._check_member(member_id, generation_id, group_instance_id)
+        if error == ErrorCode.NONE and ((protocol_type and protocol_type != self.protocol_type)
+                                        or (protocol_name and protocol_name != self.protocol_name)):
+            # SyncGroup v5+ names the group's protocol (KIP-559): another is refused, as Kafka refuses it (the
+            # leader's assignment of another protocol was taken, and the group went Stable on it: audit).
+            error = ErrorCode.INCONSISTENT_GROUP_PROTOCOL
         if error != ErrorCode.NONE:
             callback(SyncResult(error))
             return

@@ -103,6 +103,23 @@ def test_two_members_join_sync_and_get_their_assignments() -> None:
     assert h.group.heartbeat(member_id=b, generation_id=2, now_ms=h.now_ms) == ErrorCode.NONE
 
 
+def test_a_sync_naming_another_protocol_is_refused_and_changes_nothing() -> None:
+    """SyncGroup v5+ names the protocol type and name (KIP-559). A leader's sync naming others was answered NONE and
+    the group went Stable on its assignment (audit); Kafka answers INCONSISTENT_GROUP_PROTOCOL."""
+    h = Harness()
+    a = h.join("a")
+    for ptype, pname in (("connect", ""), ("", "bogus"), ("consumer", "roundrobin")):
+        out: list[SyncResult] = []
+        h.group.sync(member_id=a, generation_id=1, assignments={a: b"x"}, callback=out.append, now_ms=h.now_ms,
+                     protocol_type=ptype, protocol_name=pname)
+        assert [r.error_code for r in out] == [ErrorCode.INCONSISTENT_GROUP_PROTOCOL], (ptype, pname, out)
+        assert h.group.state == GroupState.COMPLETING_REBALANCE
+    out = []
+    h.group.sync(member_id=a, generation_id=1, assignments={a: b"x"}, callback=out.append, now_ms=h.now_ms,
+                 protocol_type="consumer", protocol_name="range")  # its own: and v0-4 send none
+    assert [(r.error_code, r.assignment) for r in out] == [(ErrorCode.NONE, b"x")]
+
+
 def test_stale_generation_is_fenced() -> None:
     h = Harness()
     a = h.join("a")
