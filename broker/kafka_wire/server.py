@@ -641,7 +641,13 @@ class _Connection:
 
     async def _sasl_authenticate(self, req: codec.Request) -> Any:
         lst = self.listener
-        if self.mechanism is None or self.authenticated:
+        if not lst.sasl or self.authenticated:
+            # As Kafka's KafkaApis answers it, on a listener without SASL or after the login: an error, and the
+            # connection goes on (it was closed, so a client saw a disconnect: audit).
+            return codec.response(req.api_key, req.api_version, {
+                "error_code": ErrorCode.ILLEGAL_SASL_STATE, "auth_bytes": b"",
+                "error_message": "SaslAuthenticate on a connection that is not logging in"})
+        if self.mechanism is None:
             lst.stats.authentication_failures_total += 1
             return None  # KIP-152: SaslAuthenticate without a handshake is an illegal state: close
         auth_bytes = bytes(req.body.auth_bytes)

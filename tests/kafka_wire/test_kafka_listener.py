@@ -305,6 +305,19 @@ def test_sasl_listener_refuses_requests_before_authentication(cluster: LocalClus
         assert time.monotonic() - started < 15
 
 
+def test_sasl_authenticate_on_a_plaintext_listener_is_an_illegal_state_answered(cluster: LocalCluster) -> None:
+    """As Kafka's KafkaApis answers it: ILLEGAL_SASL_STATE, and the connection goes on. It was closed unanswered,
+    so a client saw a disconnect (audit)."""
+    with _connect(_kafka_port(cluster)) as s:
+        s.sendall(_frame(apis.SASL_AUTHENTICATE, 2, codec.build(codec.request_schema(apis.SASL_AUTHENTICATE, 2), {
+            "auth_bytes": f"\0{USER}\0{PASSWORD}".encode()})))
+        answer = _read_response(s, apis.SASL_AUTHENTICATE, 2)
+        assert answer.error_code == ErrorCode.ILLEGAL_SASL_STATE, answer
+        s.sendall(_frame(apis.API_VERSIONS, 3, codec.build(codec.request_schema(18, 3), {
+            "client_software_name": "wire-test", "client_software_version": "1"})))
+        assert _read_response(s, apis.API_VERSIONS, 3).error_code == ErrorCode.NONE
+
+
 def test_a_failed_login_is_answered_and_the_connection_closed(cluster: LocalCluster) -> None:
     """As Kafka's broker does (KIP-152): every guess of a password costs a new connection. The connection
     used to stay open for more guesses."""
