@@ -212,9 +212,14 @@ class KafkaApis:
     async def produce(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         body = req.body
         pb = broker_pb2.ProduceRequest(acks=int(body.acks), timeout_ms=_ms(body, "timeout", 30000))
+        # A partition named again takes its last records, answered once, as Kafka's KafkaApis builds a map of
+        # them: every copy was appended (four copies, four batches: audit).
+        named: dict[tuple[str, int], bytes] = {}
         for t in body.topic_data:
             for p in t.partition_data:
-                pb.partitions.add(topic=t.name, partition=p.index, records=bytes(p.records or b""))
+                named[(t.name, p.index)] = bytes(p.records or b"")
+        for (topic, index), records in named.items():
+            pb.partitions.add(topic=topic, partition=index, records=records)
         if _get(body, "transactional_id") is not None:
             out = broker_pb2.ProduceResponse()
             for pd in pb.partitions:

@@ -292,6 +292,34 @@ def test_a_failed_acks_zero_produce_closes_the_connection(cluster: LocalCluster)
         assert closed_by_peer(s), "a failed acks=0 produce left the connection open"
 
 
+def test_a_partition_named_twice_in_a_produce_takes_its_last_records_once(cluster: LocalCluster) -> None:
+    """As Kafka's KafkaApis keeps a map of the request's partitions: every copy was appended, and answered (audit)."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    def batch(value: bytes) -> bytes:
+        b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                      producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+        b.append(0, timestamp=int(time.time() * 1000), key=None, value=value, headers=[])
+        return bytes(b.build())
+
+    def end() -> int:
+        with _connect(_kafka_port(cluster)) as s:
+            s.sendall(_frame(apis.LIST_OFFSETS, 7, codec.build(codec.request_schema(apis.LIST_OFFSETS, 7), {
+                "replica_id": -1, "topics": [{"name": "wire", "partitions": [{"partition_index": 0, "timestamp": -1}]}]})))
+            return int(_read_response(s, apis.LIST_OFFSETS, 7).topics[0].partitions[0].offset)
+
+    before = end()
+    copies = [{"index": 0, "records": batch(f"copy-{i}".encode())} for i in range(4)]
+    with _connect(_kafka_port(cluster)) as s:
+        s.sendall(_frame(apis.PRODUCE, 9, codec.build(codec.request_schema(apis.PRODUCE, 9), {
+            "acks": 1, "timeout": 10_000, "topic_data": [{"name": "wire", "partition_data": copies[:2]},
+                                                         {"name": "wire", "partition_data": copies[2:]}]})))
+        answer = _read_response(s, apis.PRODUCE, 9)
+    answered = [(r.name, p.index, p.error_code) for r in answer.responses for p in r.partition_responses]
+    assert answered == [("wire", 0, ErrorCode.NONE)], answered
+    assert end() == before + 1, "more than one copy of the partition's records was appended"
+
+
 def test_sasl_listener_refuses_requests_before_authentication(cluster: LocalCluster) -> None:
     port = cluster.sasl_port  # type: ignore[attr-defined]
     assert _api_versions(port).error_code == 0  # allowed before authenticating (KIP-511/152)
