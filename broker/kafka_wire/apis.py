@@ -254,9 +254,14 @@ class KafkaApis:
         body = req.body
         replica_id = _get(body, "replica_id", -1)
         if replica_id is not None and replica_id >= 0:
-            # Replication runs over Brook's BROKER listener with node certificates, never here.
-            return self._resp(req, {"error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "session_id": 0,
-                                    "responses": []})
+            # Replication runs over Brook's BROKER listener with node certificates, never here. Fetch v7+ has a
+            # top-level error; before it each partition carries it (an empty answer said nothing: audit).
+            code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            per = [] if req.api_version >= 7 else [{"topic": t.topic, "partitions": [{
+                "partition_index": p.partition, "error_code": code, "high_watermark": -1, "last_stable_offset": -1,
+                "log_start_offset": -1, "aborted_transactions": [], "records": None} for p in t.partitions]}
+                for t in body.topics]
+            return self._resp(req, {"error_code": code, "session_id": 0, "responses": per})
         pb = broker_pb2.FetchRequest(replica_id=-1, replica_epoch=-1, max_wait_ms=_ms(body, "max_wait", 500),
                                      min_bytes=int(body.min_bytes), max_bytes=int(_get(body, "max_bytes", 0x7FFFFFFF)))
         for t in body.topics:

@@ -320,6 +320,29 @@ def test_a_partition_named_twice_in_a_produce_takes_its_last_records_once(cluste
     assert end() == before + 1, "more than one copy of the partition's records was appended"
 
 
+@pytest.mark.parametrize("version", [4, 6, 7, 12])
+def test_a_replica_fetch_on_the_kafka_listener_is_refused_in_a_form_its_version_carries(cluster: LocalCluster,
+                                                                                       version: int) -> None:
+    """Fetch v4-v6 have no top-level error: each partition carries CLUSTER_AUTHORIZATION_FAILED (the answer was
+    empty, saying nothing: audit); v7+ carry it at the top."""
+    fields: dict[str, Any] = {"replica_id": 1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+                              "topics": [{"topic": "wire", "partitions": [{
+                                  "partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}
+    if version >= 7:
+        fields.update(session_id=0, session_epoch=-1, forgotten_topics_data=[])
+    if version >= 12:
+        fields["topics"][0]["partitions"][0].update(current_leader_epoch=-1, last_fetched_epoch=-1,
+                                                    log_start_offset=-1)
+    with _connect(_kafka_port(cluster)) as s:
+        s.sendall(_frame(apis.FETCH, version, codec.build(codec.request_schema(apis.FETCH, version), fields)))
+        answer = _read_response(s, apis.FETCH, version)
+    if version >= 7:
+        assert answer.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED, answer
+    else:
+        codes = [p.error_code for t in answer.responses for p in t.partitions]
+        assert codes == [ErrorCode.CLUSTER_AUTHORIZATION_FAILED], answer
+
+
 def test_sasl_listener_refuses_requests_before_authentication(cluster: LocalCluster) -> None:
     port = cluster.sasl_port  # type: ignore[attr-defined]
     assert _api_versions(port).error_code == 0  # allowed before authenticating (KIP-511/152)
