@@ -876,6 +876,14 @@ class Group:
             expired = sorted(tp for tp, e in self.offsets.items() if now_ms - e.commit_timestamp_ms >= retention_ms)
         return expired, len(expired) == len(self.offsets) and not self.pending_members
 
+    def vacant(self) -> bool:
+        """Nothing in it, nor ever was: no member, none to come, no committed offset, no generation (so no record
+        of it in ``__consumer_offsets``). A group a JoinGroup made, answered MEMBER_ID_REQUIRED, and whose member
+        never came back."""
+        return (self.state == GroupState.EMPTY and self.generation_id == 0 and not self.members
+                and not self.pending_members and not self.offsets and not self.static_members
+                and not self.persist_needed)
+
     def mark_dead(self, now_ms: int) -> None:
         for m in self.members.values():
             m.fail_waiters(ErrorCode.NOT_COORDINATOR)

@@ -180,6 +180,7 @@ def _walk_every_group(c: GroupCoordinator) -> None:
             if deadline is not None and deadline <= now:
                 g.tick(now)
                 c._after_change_locked(g)
+                c._drop_if_vacant_locked(g, now)  # the policy both ways: what is compared is the timers
 
 
 def _history(seed: int, tick_of: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
@@ -307,5 +308,29 @@ def test_a_wall_clock_step_moves_no_members_session(step_s: int, monkeypatch: py
         c.tick()
         assert not g.members and g.state == GroupState.EMPTY, (g.state, list(g.members))
         assert abs(steady_wall_clock()() - (wall() + step_s) * 1000) < 5_000  # a new clock reads the wall clock
+    finally:
+        c._loader.shutdown()
+
+
+def test_a_group_whose_only_member_never_came_back_is_dropped_when_its_id_expires() -> None:
+    """A JoinGroup answered MEMBER_ID_REQUIRED makes the group; when the id handed out expired, the group stayed,
+    Empty, with nothing in it: 38,000 such groups from 100 addresses in a minute, each in every ListGroups answer
+    after (audit). Groups with a generation or committed offsets stay."""
+    c, now = coordinator()
+    try:
+        for gid in ("vacant", "joined", "committed"):
+            [required] = join(c, gid, session_ms=SHORT_SESSION_MS)
+            assert required.error_code == ErrorCode.MEMBER_ID_REQUIRED
+        member = join(c, "joined", member_id="", session_ms=SHORT_SESSION_MS)[0].member_id
+        assert join(c, "joined", member_id=member, session_ms=SHORT_SESSION_MS) == []  # waits for the round
+        from broker.group_state import OffsetEntry
+        from client.types import TopicPartition
+
+        c._groups["committed"].offsets[TopicPartition("t", 0)] = OffsetEntry(5, -1, "", now[0])  # as a commit leaves it
+        now[0] += SHORT_SESSION_MS + 1
+        c.tick()
+        listed = {g.group_id for g in c.list_groups(set())}
+        assert "vacant" not in c._groups and "vacant" not in listed, "a group with nothing in it, nor ever, stayed"
+        assert {"joined", "committed"} <= listed, listed
     finally:
         c._loader.shutdown()
