@@ -376,8 +376,20 @@ class _Connection:
         writer = asyncio.create_task(self.metered(self._write_responses(queue)))
         # A writer that fails ends the read it waits for (no read task and asyncio.wait a request).
         writer.add_done_callback(self._writer_ended)
+        transport = self.writer.transport
         try:
             while True:
+                if transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]:
+                    # The client is not reading its answers: read no more requests from it until it does, as
+                    # Kafka mutes such a channel. Each request read meanwhile had an answer built and held (100
+                    # ListGroups answers of 40 MB, from 20 connections that read nothing: audit).
+                    drained = asyncio.ensure_future(self._drain())
+                    await asyncio.wait({drained, writer}, return_when=asyncio.FIRST_COMPLETED)
+                    if writer.done():
+                        drained.cancel()
+                        break
+                    if drained.exception() is not None:  # silent past connections.max.idle.ms, or gone
+                        break
                 try:
                     got = await self._read_frame()
                 except _WriterFailed:
