@@ -361,3 +361,32 @@ def test_a_credential_of_an_unknown_mechanism_is_refused_before_salting(mechanis
         salted_credential("carol", mechanism, "pw")
     assert refused.value.code == ErrorCode.UNSUPPORTED_SASL_MECHANISM
     assert "SCRAM-SHA-256 or SCRAM-SHA-512" in refused.value.message
+
+
+def test_half_finished_logins_from_many_addresses_push_out_their_own_exchanges_not_others() -> None:
+    """All exchanges shared one table of MAX_EXCHANGES and the oldest went first: a flood of client-firsts from
+    100 addresses, never finished, pushed out six of ten real logins whose client waited 2 s (audit). Now an
+    address's exchanges past its share go first, and past the table the largest holder's oldest."""
+    from broker.sasl import MAX_EXCHANGES, MAX_EXCHANGES_PER_ADDRESS
+
+    users = {("alice", "SCRAM-SHA-256"): salted_credential("alice", "SCRAM-SHA-256", "pencil")}
+    auth = ScramAuthenticator(lambda u, m: users.get((u, m)))
+    client = scramp.ScramClient(["SCRAM-SHA-256"], "alice", "pencil")
+    first = auth.authenticate(spb.SaslAuthenticateRequest(mechanism="SCRAM-SHA-256",
+                                                          auth_bytes=client.get_client_first().encode()), "198.51.100.7")
+    assert first.error_code == 0, first.error_message
+    flood = spb.SaslAuthenticateRequest(mechanism="SCRAM-SHA-256", auth_bytes=b"n,,n=alice,r=flood")
+    for i in range(2 * MAX_EXCHANGES):  # 100 addresses, 20 each, then one address far past its share
+        answer = auth.authenticate(flood, f"10.0.{i % 100}.1" if i < 2000 else "10.1.0.1")
+        assert answer.error_code == 0, answer.error_message
+    assert len(auth._exchanges) <= MAX_EXCHANGES
+    client.set_server_first(first.auth_bytes.decode())
+    final = auth.authenticate(spb.SaslAuthenticateRequest(exchange_id=first.exchange_id,
+                                                          auth_bytes=client.get_client_final().encode()), "198.51.100.7")
+    assert final.error_code == 0, final.error_message  # the real login's exchange was kept
+    assert "198.51.100.7" not in auth._exchanges_of  # finished: forgotten everywhere
+    assert len(auth._exchanges_of["10.1.0.1"]) <= MAX_EXCHANGES_PER_ADDRESS  # the largest holder gives way
+    alone = ScramAuthenticator(lambda u, m: users.get((u, m)))
+    for _ in range(100):
+        alone.authenticate(flood, "10.2.0.1")
+    assert len(alone._exchanges) == MAX_EXCHANGES_PER_ADDRESS  # one address's own oldest go past its share
