@@ -390,3 +390,30 @@ def test_half_finished_logins_from_many_addresses_push_out_their_own_exchanges_n
     for _ in range(100):
         alone.authenticate(flood, "10.2.0.1")
     assert len(alone._exchanges) == MAX_EXCHANGES_PER_ADDRESS  # one address's own oldest go past its share
+
+
+def test_an_address_that_keeps_failing_plain_logins_is_refused_without_the_pbkdf2(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each PLAIN attempt costs the server two PBKDF2s; the per-user limit never counted made-up users, so wrong
+    passwords for them from 100 addresses, 200 a second, made a real login take 0.8-2.5 s (audit). Past
+    MAX_PLAIN_FAILURES_PER_ADDRESS failures in the window an address is refused at once, whoever the user."""
+    from broker import sasl
+    from broker.sasl import FAILURE_WINDOW_S, MAX_PLAIN_FAILURES_PER_ADDRESS
+
+    hashed: list[str] = []
+    matches = sasl._plain_matches
+    monkeypatch.setattr(sasl, "_plain_matches", lambda *a: (hashed.append(a[1]), matches(*a))[1])
+    clock = Clock()
+    users = {("rita", "SCRAM-SHA-512"): salted_credential("rita", "SCRAM-SHA-512", "rita-pw")}
+    auth = ScramAuthenticator(lambda u, m: users.get((u, m)), clock=clock)
+    for i in range(MAX_PLAIN_FAILURES_PER_ADDRESS):
+        with pytest.raises(errors.BrookError):
+            auth.authenticate_plain(f"\0made-up-{i}\0guess".encode(), "203.0.113.9")
+    assert len(hashed) == 2 * MAX_PLAIN_FAILURES_PER_ADDRESS
+    hashed.clear()
+    with pytest.raises(errors.BrookError) as refused:
+        auth.authenticate_plain(b"\0rita\0rita-pw", "203.0.113.9")  # even the right password, from there
+    assert "invalid credentials" in refused.value.message and hashed == []
+    assert auth.authenticate_plain(b"\0rita\0rita-pw", "198.51.100.7") == "rita"  # from elsewhere: fine
+    clock.now += FAILURE_WINDOW_S
+    assert auth.authenticate_plain(b"\0rita\0rita-pw", "203.0.113.9") == "rita"  # once the window has passed
