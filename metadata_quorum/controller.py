@@ -355,6 +355,12 @@ class QuorumController:
         if not broker.fenced and not broker.in_controlled_shutdown:
             self._propose(c.BeginControlledShutdown(req.node_id, req.broker_epoch), timeout_s).raise_for_error()
         remaining = self.raft.read(lambda s: s.leadership_count(req.node_id))
+        if remaining == 0 and not broker.fenced:
+            # Nothing left to lead: the broker stops now, so it is fenced now, as the heartbeat path does. It was
+            # left to its session (6 s): listed unfenced meanwhile, its `brook cluster unregister` refused as
+            # running, and a session-loss WARNING at every clean stop (audit of rolling restarts).
+            self._propose(c.FenceBroker(req.node_id, req.broker_epoch), timeout_s).raise_for_error()
+            log.info("broker %d finished controlled shutdown", req.node_id)
         return pb.ControlledShutdownResponse(remaining_leaderships=remaining)
 
     def _forgive_own_stall(self, now: float, gap_s: float) -> None:

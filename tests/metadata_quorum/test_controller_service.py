@@ -277,6 +277,23 @@ def test_controlled_shutdown_then_reregistration(client: ControllerClient, epoch
                                                                endpoints=[common_pb2.Endpoint(port=1)]))
 
 
+def test_a_controlled_shutdown_with_nothing_left_to_lead_fences_the_broker_at_once(
+        client: ControllerClient, epochs: dict[int, int]) -> None:
+    """The broker stops as soon as ControlledShutdown answers no leadership left; it was fenced only when its session
+    ran out (6 s): listed unfenced meanwhile, and `brook cluster unregister` refused it as running (audit)."""
+    heartbeat_all(client, epochs)
+    r = client.call("ControlledShutdown", pb.ControlledShutdownRequest(node_id=3, broker_epoch=epochs[3]))
+    assert r.remaining_leaderships == 0, r
+    assert _registered(client, 3).fenced, "a broker that finished its controlled shutdown is still unfenced"
+    rr = client.call("RegisterBroker", pb.RegisterBrokerRequest(  # back, as after a restart
+        node_id=3, incarnation_id="incarnation-3b", cluster_id=CLUSTER,
+        endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19003)]))
+    h = client.call("BrokerHeartbeat", pb.BrokerHeartbeatRequest(node_id=3, broker_epoch=rr.broker_epoch,
+                                                                 current_metadata_version=1 << 40))
+    assert not h.is_fenced
+    epochs[3] = rr.broker_epoch
+
+
 def _registered(client: ControllerClient, node_id: int) -> pb.BrokerRecord:
     return next(b for b in client.call("DescribeCluster", pb.DescribeClusterRequest()).brokers if b.node_id == node_id)
 
