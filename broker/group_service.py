@@ -230,27 +230,24 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return await self._run(self._offset_fetch, request, context)
 
     async def ListGroups(self, request, context):  # noqa: N802
-        # Its answer's bytes are held as a description's are, until written out: 100 ListGroups of 38,000 groups
-        # from clients that did not read their answers took a node from 215 MB to 2 GB, and got it fenced (audit).
-        held = _DescribeBytes(self.c)
-        try:
-            out = await self._run(functools.partial(self._list_groups, held=held), request, context)
-        except BaseException:
-            held.release()
-            raise
-        release_when_done(context, held.release, at_once=True)
-        return out
+        # Its answer's bytes are held as a description's are: 100 ListGroups of 38,000 groups from clients that
+        # did not read their answers took a node from 215 MB to 2 GB, and got it fenced (audit).
+        return await self._run_holding_answer_bytes(self._list_groups, request, context)
 
     async def DescribeGroups(self, request, context):  # noqa: N802
         await self._refuse_too_many_groups(request, context)
+        return await self._run_holding_answer_bytes(self._describe_groups, request, context)
+
+    async def _run_holding_answer_bytes(self, body, request, context):
+        """``body(request, context, held=...)`` on the executor, the bytes it builds held against the coordinator's
+        DESCRIBE_INFLIGHT_MAX_BYTES until the answer is written out (or the call ends unwritten), so answers a
+        client does not read stay within the budget; the Kafka listener ends it once it wrote its encoding."""
         held = _DescribeBytes(self.c)
         try:
-            out = await self._run(functools.partial(self._describe_groups, held=held), request, context)
+            out = await self._run(functools.partial(body, held=held), request, context)
         except BaseException:
             held.release()
             raise
-        # Held until the answer is written out (or the call ends unwritten), so answers a client does
-        # not read stay within the budget; the Kafka listener ends it once it wrote its encoding.
         release_when_done(context, held.release, at_once=True)
         return out
 
