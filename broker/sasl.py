@@ -75,11 +75,13 @@ FAILURE_WINDOW_S = 60.0
 # (user, address) pairs whose failures are remembered (existing users only; keys are fixed-size digests,
 # whatever the name's length). Large, so that evicting a pair under attack takes thousands of failures.
 MAX_FAILURE_RECORDS = 10_000
-# Failed PLAIN logins one client address may have within FAILURE_WINDOW_S, whatever the users: past it the next
-# are refused at once, without their PBKDF2 (two a PLAIN attempt, the server's own cost). The per-user limit above
-# never counts made-up users, so wrong passwords for them from 100 addresses, 200 a second, made a real login
-# take 0.8-2.5 s (audit). Refused at once whoever the user is: the refusal tells nothing of the name.
-MAX_PLAIN_FAILURES_PER_ADDRESS = 20
+# The user names one client address may fail PLAIN logins for within FAILURE_WINDOW_S: past it, its next PLAIN
+# logins are refused at once, without their PBKDF2 (two a PLAIN attempt, the server's own cost). The per-user
+# limit above never counts made-up users, so wrong passwords for made-up names from 100 addresses, 200 a second,
+# made a real login take 0.8-2.5 s (audit). Refused at once whoever the user is: the refusal tells nothing of the
+# name. Names, not attempts: librdkafka retrying one deleted user's login fails 150 times a minute, and the other
+# clients of its address must not be refused for it (nor a node retrying before its bootstrap user exists).
+MAX_PLAIN_FAILED_NAMES_PER_ADDRESS = 20
 # PBKDF2 iterations of the fake credentials unknown users are answered with: what users get when created
 # without an explicit count (salted_credential, ``brook user create``, Admin.create_user: RFC 7677's minimum).
 DEFAULT_ITERATIONS = MIN_ITERATIONS
@@ -127,8 +129,8 @@ class ScramAuthenticator:
         self._user_sessions: dict[str, collections.deque[str]] = {}
         # digest of the limit key -> recent failure times; ordered by last failure, so the front expires first
         self._failures: OrderedDict[bytes, list[float]] = OrderedDict()
-        # client address -> its recent failed PLAIN logins (any user), ordered by last failure
-        self._plain_failures: OrderedDict[str, collections.deque[float]] = OrderedDict()
+        # client address -> the user names its PLAIN logins failed for (digests) -> last failure; ordered by last failure
+        self._plain_failures: OrderedDict[str, OrderedDict[bytes, float]] = OrderedDict()
         self._plain_refusals = ThrottledWarning(log)
         self._fake_secret = secrets.token_bytes(32)  # salts for unknown users: no user enumeration
         # Stored credentials above MAX_ITERATIONS (created before the cap) already warned about: bounded by
@@ -266,9 +268,9 @@ class ScramAuthenticator:
         if authzid and authzid != user:
             raise failed("PLAIN: acting as another user (authzid) is not allowed")
         if self._plain_failures_over(peer):
-            self._plain_refusals.warn("PLAIN authentication from %s refused without checking: %d failed logins within "
-                                      "%.0f s (the client is told invalid credentials)", peer,
-                                      MAX_PLAIN_FAILURES_PER_ADDRESS, FAILURE_WINDOW_S)
+            self._plain_refusals.warn("PLAIN authentication from %s refused without checking: failed logins of %d "
+                                      "users within %.0f s (the client is told invalid credentials)", peer,
+                                      MAX_PLAIN_FAILED_NAMES_PER_ADDRESS, FAILURE_WINDOW_S)
             with self._lock:
                 self.failed_total += 1
             raise failed(f"authentication failed for user {user!r}: invalid credentials")
@@ -298,30 +300,35 @@ class ScramAuthenticator:
             log.warning("PLAIN authentication of user %r from %s refused: %d failures within %.0f s (the client "
                         "is told invalid credentials)", user, peer, MAX_FAILURES_PER_USER, FAILURE_WINDOW_S)
         self._record_failure(limit_key, user, bool(creds) and not locked)
-        self._plain_failed(peer)
+        self._plain_failed(peer, user)
         raise failed(f"authentication failed for user {user!r}: invalid credentials")
 
     def _plain_failures_over(self, peer: str) -> bool:
-        """Has ``peer`` failed MAX_PLAIN_FAILURES_PER_ADDRESS PLAIN logins within FAILURE_WINDOW_S?"""
+        """Has ``peer`` failed PLAIN logins for MAX_PLAIN_FAILED_NAMES_PER_ADDRESS names within FAILURE_WINDOW_S?"""
         if not peer:
             return False
         now = self._clock()
         with self._lock:
-            times = self._plain_failures.get(peer)
-            return times is not None and len(times) >= MAX_PLAIN_FAILURES_PER_ADDRESS \
-                and now - times[0] < FAILURE_WINDOW_S
+            names = self._plain_failures.get(peer)
+            return names is not None and sum(1 for at in names.values() if now - at < FAILURE_WINDOW_S) \
+                >= MAX_PLAIN_FAILED_NAMES_PER_ADDRESS
 
-    def _plain_failed(self, peer: str) -> None:
+    def _plain_failed(self, peer: str, user: str) -> None:
         if not peer:
             return
         now = self._clock()
+        name = hashlib.sha256(user.encode("utf-8", "surrogatepass")).digest()[:16]  # fixed size, whatever was sent
         with self._lock:
-            times = self._plain_failures.pop(peer, None) or collections.deque(maxlen=MAX_PLAIN_FAILURES_PER_ADDRESS)
-            times.append(now)
-            self._plain_failures[peer] = times  # at the back: ordered by last failure
+            names = self._plain_failures.pop(peer, None) or OrderedDict()
+            names.pop(name, None)
+            names[name] = now
+            while len(names) > MAX_PLAIN_FAILED_NAMES_PER_ADDRESS:
+                names.popitem(last=False)
+            self._plain_failures[peer] = names  # at the back: ordered by last failure
             while self._plain_failures:  # bounded: the windows passed first, then the least recent past the bound
                 oldest_peer, oldest = next(iter(self._plain_failures.items()))
-                if now - oldest[-1] < FAILURE_WINDOW_S and len(self._plain_failures) <= MAX_FAILURE_RECORDS:
+                if now - next(reversed(oldest.values())) < FAILURE_WINDOW_S \
+                        and len(self._plain_failures) <= MAX_FAILURE_RECORDS:
                     break
                 del self._plain_failures[oldest_peer]
 

@@ -396,9 +396,10 @@ def test_an_address_that_keeps_failing_plain_logins_is_refused_without_the_pbkdf
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each PLAIN attempt costs the server two PBKDF2s; the per-user limit never counted made-up users, so wrong
     passwords for them from 100 addresses, 200 a second, made a real login take 0.8-2.5 s (audit). Past
-    MAX_PLAIN_FAILURES_PER_ADDRESS failures in the window an address is refused at once, whoever the user."""
+    MAX_PLAIN_FAILED_NAMES_PER_ADDRESS names in the window, an address is refused at once, whoever the user; a client
+    retrying one user's deleted password (librdkafka: 150 times a minute) does not get there."""
     from broker import sasl
-    from broker.sasl import FAILURE_WINDOW_S, MAX_PLAIN_FAILURES_PER_ADDRESS
+    from broker.sasl import FAILURE_WINDOW_S, MAX_PLAIN_FAILED_NAMES_PER_ADDRESS
 
     hashed: list[str] = []
     matches = sasl._plain_matches
@@ -406,10 +407,16 @@ def test_an_address_that_keeps_failing_plain_logins_is_refused_without_the_pbkdf
     clock = Clock()
     users = {("rita", "SCRAM-SHA-512"): salted_credential("rita", "SCRAM-SHA-512", "rita-pw")}
     auth = ScramAuthenticator(lambda u, m: users.get((u, m)), clock=clock)
-    for i in range(MAX_PLAIN_FAILURES_PER_ADDRESS):
+    # One user's gone password retried (a client's reconnect loop): the address's other users still log in.
+    for _ in range(200):
+        with pytest.raises(errors.BrookError):
+            auth.authenticate_plain(b"\0deleted-user\0old-pw", "192.0.2.1")
+    assert auth.authenticate_plain(b"\0rita\0rita-pw", "192.0.2.1") == "rita"
+    # Made-up names sprayed from one address.
+    for i in range(MAX_PLAIN_FAILED_NAMES_PER_ADDRESS):
         with pytest.raises(errors.BrookError):
             auth.authenticate_plain(f"\0made-up-{i}\0guess".encode(), "203.0.113.9")
-    assert len(hashed) == 2 * MAX_PLAIN_FAILURES_PER_ADDRESS
+    assert len(hashed) >= 2 * MAX_PLAIN_FAILED_NAMES_PER_ADDRESS
     hashed.clear()
     with pytest.raises(errors.BrookError) as refused:
         auth.authenticate_plain(b"\0rita\0rita-pw", "203.0.113.9")  # even the right password, from there
