@@ -325,12 +325,7 @@ class ScramAuthenticator:
             while len(names) > MAX_PLAIN_FAILED_NAMES_PER_ADDRESS:
                 names.popitem(last=False)
             self._plain_failures[peer] = names  # at the back: ordered by last failure
-            while self._plain_failures:  # bounded: the windows passed first, then the least recent past the bound
-                oldest_peer, oldest = next(iter(self._plain_failures.items()))
-                if now - next(reversed(oldest.values())) < FAILURE_WINDOW_S \
-                        and len(self._plain_failures) <= MAX_FAILURE_RECORDS:
-                    break
-                del self._plain_failures[oldest_peer]
+            _trim_failure_table(self._plain_failures, now, lambda names: next(reversed(names.values())))
 
     def _warn_costly(self, cred: ScramCredential) -> None:
         """A credential stored before new ones were capped at MAX_ITERATIONS (Kafka's maximum) still
@@ -391,13 +386,7 @@ class ScramAuthenticator:
             times.append(now)
             del times[:-MAX_FAILURES_PER_USER]
             self._failures[slot] = times  # at the back: the table is ordered by last failure
-            # Bounded: drop records whose window has passed (they are at the front), then, if many
-            # users at many addresses still overflow it, the records that failed least recently.
-            while self._failures:
-                oldest_slot, oldest = next(iter(self._failures.items()))
-                if now - oldest[-1] < FAILURE_WINDOW_S and len(self._failures) <= MAX_FAILURE_RECORDS:
-                    break
-                del self._failures[oldest_slot]
+            _trim_failure_table(self._failures, now, lambda times: times[-1])
         log.warning("SCRAM authentication failed for user %r", user)
 
     def _expire_locked(self) -> None:
@@ -509,6 +498,16 @@ def _plain_matches(password: bytes, mechanism: str, salt: bytes, stored_key: byt
     salted = hashlib.pbkdf2_hmac(digest, password, salt, iterations)
     client_key = hmac.new(salted, b"Client Key", digest).digest()
     return hmac.compare_digest(hashlib.new(digest, client_key).digest(), stored_key)
+
+
+def _trim_failure_table(table: OrderedDict[Any, Any], now: float, last_failure: Callable[[Any], float]) -> None:
+    """Bound a table of failures ordered by last failure: drop the records whose window has passed (they are at
+    the front), then, if many users or addresses still overflow it, the records that failed least recently."""
+    while table:
+        oldest_key, oldest = next(iter(table.items()))
+        if now - last_failure(oldest) < FAILURE_WINDOW_S and len(table) <= MAX_FAILURE_RECORDS:
+            return
+        del table[oldest_key]
 
 
 def _limit_key(user: str, peer: str) -> str:
