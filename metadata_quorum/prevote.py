@@ -145,7 +145,7 @@ class PreVoteSyncObj(SyncObj):  # type: ignore[misc]
         if kind == "append_entries" and isinstance(message.get("term"), int) and \
                 message["term"] >= self._SyncObj__raftCurrentTerm:
             self._pv_leader_heard_at = _now()
-        SyncObj._SyncObj__onMessageReceived(self, node, message)
+        super()._SyncObj__onMessageReceived(node, message)
 
     def _pv_note_lost_round(self) -> None:
         if not self._pv_losing:

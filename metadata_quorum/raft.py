@@ -54,6 +54,7 @@ from broker.request_times import LatencyHistogram
 from metadata_quorum import commands as c
 from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
 from metadata_quorum.journal_repair import repair_journal
+from metadata_quorum.log_matching import LogMatchingSyncObj
 from metadata_quorum.prevote import PreVoteSyncObj
 from metadata_quorum.quorum_journal import FailStopJournal, FailureHandler, halt_on_journal_failure
 from metadata_quorum.quorum_security import bind_address, check_quorum_protection
@@ -303,6 +304,11 @@ class _DumpWriter:
         return tuple(data[1:])
 
 
+class QuorumSyncObj(PreVoteSyncObj, LogMatchingSyncObj):  # type: ignore[misc]
+    """pysyncobj's SyncObj with pre-vote (metadata_quorum/prevote.py) and a follower that truncates only conflicting
+    entries (metadata_quorum/log_matching.py)."""
+
+
 # pysyncobj makes its journal itself (``createJournal`` in SyncObj's constructor), with no way to pass a
 # class: its module's name is pointed at ours. The handler a MetadataRaft gives is found by the journal's path.
 _journal_failure_handlers: dict[str, FailureHandler] = {}
@@ -450,8 +456,8 @@ class MetadataRaft:
         with _journal_handlers_lock:
             _journal_failure_handlers[journal] = on_journal_failure or halt_on_journal_failure
         try:
-            self._syncobj = PreVoteSyncObj(self_address, self.partner_addresses, conf, consumers=[self._consumer],
-                                    transportClass=BoundedTCPTransport)
+            self._syncobj = QuorumSyncObj(self_address, self.partner_addresses, conf, consumers=[self._consumer],
+                                          transportClass=BoundedTCPTransport)
         finally:
             with _journal_handlers_lock:
                 _journal_failure_handlers.pop(journal, None)

@@ -1,0 +1,107 @@
+"""A follower keeps the log entries a leader's AppendEntries repeats (Raft §5.3), instead of truncating them.
+
+pysyncobj's follower, on an ``append_entries`` whose previous entry it holds with the right term, deletes every
+entry it holds after that previous entry and then appends the ones sent, whether or not they differ. Raft deletes
+an entry only where it conflicts (same index, another term), and keeps entries past those sent, because an
+AppendEntries may arrive late: a resend, or one sent before the follower's answer to a later one came back.
+
+How a late one comes about with pysyncobj: a follower far behind answers each of the leader's pipelined batches
+with "reset, send from my end". The leader goes back for the first answer, sends the follower everything again
+(the follower appends it and acknowledges it), then goes back once more for the second answer, and the follower
+receives a batch it already holds. pysyncobj truncated the entries after that batch and answered success: the
+follower then held fewer entries than it had acknowledged, and the leader, which never lowers what it counts a
+follower as holding (its match index), counted them toward commits. A leader lost at that moment could leave a
+majority without an entry that was committed and answered.
+
+``LogMatchingSyncObj`` rewrites such a message before pysyncobj handles it:
+
+- the entries sent that the follower holds with the same term are dropped from it, so the message starts at the
+  first entry that differs or is new, and pysyncobj deletes only from a conflict on;
+- when every entry sent is already held and the follower holds more, the message becomes a heartbeat at the
+  follower's last entry (nothing deleted), its commit index is bounded by the last entry sent (Raft: commit up to
+  min(leader commit, index of the last new entry); entries past it may be an old leader's and differ from this
+  one's), and the success answer names the entry after the last one sent, never more.
+
+The leader's own view (``leader_commit_idx`` in pysyncobj's status) keeps the commit index the leader sent.
+A message in pieces (pysyncobj's ``transmission`` for one entry past the batch size) is left to pysyncobj.
+Everything here runs on pysyncobj's tick thread, as its message callbacks do.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pysyncobj import SyncObj
+
+from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
+
+log = logging.getLogger(__name__)
+
+
+class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
+    """pysyncobj's SyncObj whose follower truncates only conflicting entries (see the module doc).
+
+    It reads SyncObj's private fields (``_SyncObj__*``); pyproject.toml pins pysyncobj below 0.4 and
+    tests/metadata_quorum/test_log_matching.py runs it against the installed version."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._lm_answer_limit: int | None = None  # while handling a rewritten message: the most its answer claims
+        self.repeated_appends_total = 0  # append_entries that repeated entries this follower held past them
+        super().__init__(*args, **kwargs)
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 - overrides SyncObj's
+        rewritten, answer_limit = self._lm_rewrite(message)
+        if answer_limit is None:
+            super()._SyncObj__onMessageReceived(node, rewritten)
+            return
+        self._lm_answer_limit = answer_limit
+        try:
+            super()._SyncObj__onMessageReceived(node, rewritten)
+        finally:
+            self._lm_answer_limit = None
+        self._SyncObj__leaderCommitIndex = message["commit_index"]
+
+    def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False,  # noqa: N802 - overrides SyncObj's
+                                  nextNodeIdx: int | None = None, success: bool = False) -> None:  # noqa: N803
+        limit = self._lm_answer_limit
+        if limit is not None and success and not reset and (nextNodeIdx is None or nextNodeIdx > limit):
+            nextNodeIdx = limit
+        super()._SyncObj__sendNextNodeIdx(node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
+
+    def _lm_rewrite(self, message: Any) -> tuple[Any, int | None]:
+        """(the message pysyncobj should handle, the highest next index its success answer may name or None)."""
+        if not isinstance(message, dict) or message.get("type") != "append_entries" or \
+                "prevLogIdx" not in message or message.get("transmission") is not None:
+            return message, None
+        term, prev_index, prev_term = message.get("term"), message.get("prevLogIdx"), message.get("prevLogTerm")
+        if not isinstance(term, int) or term < self._SyncObj__raftCurrentTerm or not isinstance(prev_index, int):
+            return message, None
+        last = self._SyncObj__getCurrentLogIndex()
+        if prev_index >= last:
+            return message, None  # nothing held past the previous entry: pysyncobj deletes nothing
+        held = self._SyncObj__getEntries(prev_index)  # held[k] is entry prev_index + k
+        if not held or held[0][2] != prev_term:
+            return message, None  # pysyncobj refuses it (and asks from where)
+        entries = message.get("entries") or []
+        same = 0
+        for entry in entries:
+            position = same + 1
+            if not isinstance(entry, (tuple, list)) or len(entry) != 3 or entry[1] != prev_index + position:
+                return message, None  # not what pysyncobj sends: its own handling
+            if position >= len(held) or held[position][2] != entry[2]:
+                break
+            same += 1
+        if same < len(entries):
+            if same == 0:
+                return message, None  # the first entry sent differs or is new: pysyncobj's handling is Raft's
+            base = held[same]  # the last entry sent that is held: the rest goes after it
+            return dict(message, prevLogIdx=base[1], prevLogTerm=base[2], entries=entries[same:]), None
+        sent_up_to = prev_index + len(entries)
+        self.repeated_appends_total += 1
+        log.debug("kept entries %d..%d: an append_entries at term %d repeated entries %d..%d (a resend or a late one)",
+                  sent_up_to + 1, last, term, prev_index + 1, sent_up_to)
+        commit_index = message.get("commit_index")
+        bounded = min(commit_index, sent_up_to) if isinstance(commit_index, int) else commit_index
+        return dict(message, prevLogIdx=last, prevLogTerm=held[-1][2], entries=[], commit_index=bounded), \
+            sent_up_to + 1
