@@ -645,8 +645,15 @@ class _Connection:
         if not self.listener.sasl or self.authenticated:
             return codec.response(req.api_key, req.api_version, {"error_code": ErrorCode.ILLEGAL_SASL_STATE,
                                                                  "mechanisms": enabled if self.listener.sasl else []})
+        # As Kafka's SaslServerAuthenticator: an unsupported mechanism, or a second handshake while logging in
+        # (it would switch the mechanism mid-exchange), is answered and the connection closed.
         if mechanism not in enabled:
+            self.close_after_answer = True
             return codec.response(req.api_key, req.api_version, {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+                                                                 "mechanisms": enabled})
+        if self.mechanism is not None:
+            self.close_after_answer = True
+            return codec.response(req.api_key, req.api_version, {"error_code": ErrorCode.ILLEGAL_SASL_STATE,
                                                                  "mechanisms": enabled})
         self.mechanism = mechanism
         return codec.response(req.api_key, req.api_version, {"error_code": 0, "mechanisms": enabled})

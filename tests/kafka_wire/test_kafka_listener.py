@@ -389,6 +389,35 @@ def test_a_failed_login_is_answered_and_the_connection_closed(cluster: LocalClus
         assert closed_by_peer(s, 10), "a second login attempt was answered on the same connection"
 
 
+def _handshake(s: socket.socket, mechanism: str) -> Any:
+    s.sendall(_frame(apis.SASL_HANDSHAKE, 1, codec.build(codec.request_schema(apis.SASL_HANDSHAKE, 1),
+                                                            {"mechanism": mechanism})))
+    return _read_response(s, apis.SASL_HANDSHAKE, 1)
+
+
+def test_an_unsupported_mechanism_or_a_second_handshake_is_answered_and_the_connection_closed(
+        cluster: LocalCluster) -> None:
+    """As Kafka's SaslServerAuthenticator: an unsupported mechanism is answered with the enabled ones and the
+    connection closed; a second SaslHandshake while logging in is answered ILLEGAL_SASL_STATE and the connection
+    closed. Both connections stayed open, and the second handshake switched the mechanism mid-login (audit)."""
+    port = cluster.sasl_port  # type: ignore[attr-defined]
+    with _connect(port) as s:
+        answer = _handshake(s, "GSSAPI")
+        assert answer.error_code == ErrorCode.UNSUPPORTED_SASL_MECHANISM, answer
+        assert "PLAIN" in answer.mechanisms and "SCRAM-SHA-512" in answer.mechanisms, answer
+        # Well within the login's own deadline (kafka.authentication.timeout.ms, 3 s here), which closes it anyway.
+        assert closed_by_peer(s, 1), "the connection stayed open after an unsupported mechanism"
+    with _connect(port) as s:
+        assert _handshake(s, "SCRAM-SHA-256").error_code == ErrorCode.NONE
+        assert _handshake(s, "PLAIN").error_code == ErrorCode.ILLEGAL_SASL_STATE
+        assert closed_by_peer(s, 1), "the connection stayed open after a second handshake"
+    with _connect(port) as s:  # and a login goes on as before
+        assert _handshake(s, "PLAIN").error_code == ErrorCode.NONE
+        s.sendall(_frame(apis.SASL_AUTHENTICATE, 2, codec.build(codec.request_schema(apis.SASL_AUTHENTICATE, 2), {
+            "auth_bytes": f"\0{USER}\0{PASSWORD}".encode()})))
+        assert _read_response(s, apis.SASL_AUTHENTICATE, 2).error_code == ErrorCode.NONE
+
+
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"])
 def test_sasl_clients_authenticate_and_wrong_passwords_fail(cluster: LocalCluster, mechanism: str) -> None:
     from confluent_kafka import KafkaError, KafkaException, Producer
