@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from admin_cli.backend import Backend
-from client.security import SecurityConfig, read_properties
+from client.security import CONFIG_KEYS, SecurityConfig, read_properties
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 BOOTSTRAP_ENV = "BROOK_BOOTSTRAP"
@@ -97,12 +97,21 @@ OutputOpt = Annotated[Output | None, typer.Option("--output", "-o", help="table 
                                                   show_default=False)]
 
 
+USED_COMMAND_CONFIG_KEYS = frozenset({*CONFIG_KEYS, "bootstrap.servers"})
+
+
 def security_config(command_config: str | None, environ: Mapping[str, str] | None = None) -> SecurityConfig:
     """Client security from ``BROOK_SECURITY_PROTOCOL``/``BROOK_SSL_*``/``BROOK_SASL_*``, then the
     ``--command-config`` properties file (Kafka's ``security.protocol=SSL`` lines) on top."""
     sec = SecurityConfig.from_env(environ)
     if command_config:
-        sec = sec.merged(read_properties(command_config))
+        properties = read_properties(command_config)
+        unused = sorted(k for k in properties if str(k).replace("_", ".") not in USED_COMMAND_CONFIG_KEYS)
+        if unused:
+            # As Kafka's tools log "were supplied but are not used": a misspelt key is not silently ignored.
+            typer.echo(f"warning: --command-config {command_config}: not used by brook: {', '.join(unused)} "
+                       f"(it reads {', '.join(sorted(USED_COMMAND_CONFIG_KEYS))})", err=True)
+        sec = sec.merged(properties)
     return sec
 
 

@@ -75,6 +75,23 @@ def test_command_config_names_the_brokers_when_nothing_else_does(capsys: pytest.
     assert code == 2 and "port must be 1..65535" in line, line
 
 
+def test_command_config_keys_brook_does_not_use_are_named_in_a_warning(capsys: pytest.CaptureFixture[str],
+                                                                        nowhere: None, tmp_path: Path) -> None:
+    """As Kafka's tools warn of configs "supplied but not used": a misspelt key (or a Java-only one) was ignored
+    without a word, and the command ran without the setting meant."""
+    props = tmp_path / "client.properties"
+    props.write_text("security.protocl=SSL\nssl.truststore.location=/etc/kafka/truststore.jks\n"
+                     "ssl.ca.location=/nonexistent/ca.pem\n")
+    capsys.readouterr()
+    code = brook_main(["--timeout", "2", "--command-config", str(props), "topic", "list"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 1 and len(err) == 2, err
+    assert err[0].startswith(f"warning: --command-config {props}: not used by brook: security.protocl, "
+                             "ssl.truststore.location (it reads "), err[0]
+    assert "ssl.ca.location" not in err[0].split("(it reads")[0], err[0]  # a key it uses is not named
+    assert err[1].startswith("error: "), err[1]
+
+
 def test_command_config_from_a_pipe_reads_no_more_than_the_limit(tmp_path: Path) -> None:
     """A FIFO (or /dev/zero, or `<(cmd)`) has st_size 0: only a bounded read stops it."""
     fifo = tmp_path / "props.fifo"
