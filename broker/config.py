@@ -66,6 +66,10 @@ class KeyDef:
     roles: tuple[str, ...] = (ROLE_BROKER, ROLE_CONTROLLER)  # roles that read it (documentation)
 
 
+def _buffer_size(value: Any) -> str | None:
+    return None if value == -1 or value >= 1024 else "must be -1 (the operating system's default) or at least 1024"
+
+
 def _at_least(low: int) -> Callable[[Any], str | None]:
     return lambda v: None if v >= low else f"must be at least {low}"
 
@@ -338,6 +342,14 @@ _BEHAVIOUR = [
            "A connection with no request for this long is closed: on a Kafka listener, no request; on the "
            "broker's gRPC port, no call open (gRPC's max_connection_idle: the client is sent GOAWAY and reconnects "
            "on its next call). Controllers close theirs after the default.", check=_at_least(1), roles=_B),
+    KeyDef("socket.send.buffer.bytes", "int", "102400",
+           "The kernel's send buffer (SO_SNDBUF) of each Kafka-listener connection; -1 for the operating system's "
+           "own (on Linux it grows to net.ipv4.tcp_wmem's maximum, 4 MiB by default, for each connection whose "
+           "client reads slowly or not at all). Kafka's key and default.",
+           check=_buffer_size, roles=_B),
+    KeyDef("socket.receive.buffer.bytes", "int", "102400",
+           "The kernel's receive buffer (SO_RCVBUF) of each Kafka-listener connection; -1 for the operating "
+           "system's own. Kafka's key and default.", check=_buffer_size, roles=_B),
     KeyDef("sasl.server.max.receive.size", "int", "65536",
            "Largest frame a SASL Kafka-listener client may send before it has authenticated (ApiVersions, "
            "SaslHandshake, SaslAuthenticate); a larger size prefix closes the connection unread. Such frames are "

@@ -43,6 +43,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import socket
 import ssl
 import struct
 import time
@@ -140,6 +141,9 @@ class KafkaListener:
         self.idle_s = int(defaults.get("connections.max.idle.ms", str(DEFAULT_CONNECTION_IDLE_MS))) / 1000
         self.sasl_timeout_s = int(defaults.get("kafka.authentication.timeout.ms", str(DEFAULT_SASL_TIMEOUT_MS))) / 1000
         self.request_timeout_s = int(defaults.get("kafka.request.timeout.ms", "30000")) / 1000
+        # Kafka's socket.send/receive.buffer.bytes: the kernel's buffers of each connection (-1: the system's).
+        self.socket_buffers = {socket.SO_SNDBUF: int(defaults.get("socket.send.buffer.bytes", "102400")),
+                               socket.SO_RCVBUF: int(defaults.get("socket.receive.buffer.bytes", "102400"))}
         self.max_connections = connections_within_descriptors(int(defaults.get("max.connections", "10000")), 4,
                                                               f"Kafka listener {spec.name}")
         self.max_connections_per_ip = spec.connections_per_ip or ConnectionsPerIp.of(defaults,
@@ -199,6 +203,10 @@ class KafkaListener:
         self._server = await asyncio.start_server(self._accept, self.spec.host, self.spec.port, limit=64 * 1024,
                                                   reuse_address=True)
         sockets = self._server.sockets
+        for sock in sockets:  # accepted connections inherit them (a receive buffer, before its window is offered)
+            for option, size in self.socket_buffers.items():
+                if size != -1:
+                    sock.setsockopt(socket.SOL_SOCKET, option, size)
         self.port = sockets[0].getsockname()[1]
         self._slots.bar = AddressBar([self.port], f"Kafka listener {self.spec.name}", where="its port",
                                      installer=lambda _ports, addresses: attach(sockets, addresses))

@@ -33,6 +33,7 @@ from proto.errors import ErrorCode
 pytestmark = pytest.mark.slow
 
 USER, PASSWORD = "kafka-alice", "alice-secret-pw"
+DESCRIBE_CONFIGS = 32
 PER_IP = 12  # max.connections.per.ip: above what a test's clients open from 127.0.0.1
 
 
@@ -493,3 +494,38 @@ def test_file_records_survive_the_segment_being_deleted(tmp_path: Path) -> None:
     assert len(fr) == 20 and fr.read() == (b"0123456789" * 2)
     fr.close()
     assert fr.fd == -1
+
+
+def test_a_client_that_reads_no_answers_is_muted_until_it_reads(cluster: LocalCluster) -> None:
+    """As Kafka mutes a channel whose answer waits unsent: while a connection's write buffer is past its high-water
+    mark, no more of its requests are read, so none has an answer built and held. The listener used to read on up
+    to its five outstanding answers, each held in full (audit: 20 connections that read nothing, five 40 MB
+    ListGroups answers each)."""
+    describe = codec.build(codec.request_schema(DESCRIBE_CONFIGS, 4), {
+        "resources": [{"resource_type": 2, "resource_name": "wire", "configuration_keys": None}] * 100,
+        "include_synonyms": True, "include_documentation": True})
+    requests = 12  # each answered with 320 KB: past the kernel's buffers (socket.send.buffer.bytes) in one
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+        s.settimeout(10)
+        s.connect(("127.0.0.1", _kafka_port(cluster)))
+        before = _requests_of(cluster, DESCRIBE_CONFIGS)
+        s.sendall(b"".join(_frame(DESCRIBE_CONFIGS, 4, describe, correlation_id=7) for _ in range(requests)))
+        handled: list[float] = []
+
+        def settled() -> bool:
+            handled.append(_requests_of(cluster, DESCRIBE_CONFIGS) - before)
+            return len(handled) > 4 and handled[-1] == handled[-5] > 0
+        wait_for(settled, 30, lambda: f"the listener stops reading (requests read so far: {handled})", poll_s=0.25)
+        assert handled[-1] <= 3, f"{handled[-1]} requests read from a connection that reads no answers"
+        for _ in range(requests):  # once it reads, the rest are read and answered, in order
+            assert _read_response(s, DESCRIBE_CONFIGS, 4).results[0].error_code == ErrorCode.NONE
+    assert _requests_of(cluster, DESCRIBE_CONFIGS) - before == requests
+
+
+def _requests_of(cluster: LocalCluster, api_key: int) -> float:
+    prefix = f'brook_kafka_requests_total{{api_key="{api_key}",listener="KAFKA"}}'
+    for line in cluster.read_metrics(1).splitlines():
+        if line.startswith(prefix):
+            return float(line.split()[-1])
+    return 0.0

@@ -163,6 +163,8 @@ BAD_CASES = [
     ('"max.connections.per.ip.overrides" = "10.0.0.7:-1"', "max.connections.per.ip.overrides"),
     ('"max.connections.per.ip.overrides" = "10.0.0.8:5,:5"', "max.connections.per.ip.overrides"),
     ('"max.connections.per.ip.overrides" = "10.0.0.7:\u00b2"', "max.connections.per.ip.overrides"),
+    ('"socket.send.buffer.bytes" = 0', "socket.send.buffer.bytes"),
+    ('"socket.receive.buffer.bytes" = -2', "socket.receive.buffer.bytes"),
 ]
 
 
