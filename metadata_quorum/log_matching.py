@@ -23,7 +23,8 @@ majority without an entry that was committed and answered.
   one's), and the success answer names the entry after the last one sent, never more.
 
 The leader's own view (``leader_commit_idx`` in pysyncobj's status) keeps the commit index the leader sent.
-A message in pieces (pysyncobj's ``transmission`` for one entry past the batch size) is left to pysyncobj.
+A message in pieces (pysyncobj's ``transmission``, for one entry larger than the batch size) is gathered by
+pysyncobj; its last piece is rewritten as the whole entry would be.
 Everything here runs on pysyncobj's tick thread, as its message callbacks do.
 """
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import pysyncobj.pickle as pysyncobj_pickle
 from pysyncobj import SyncObj
 
 from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
@@ -71,9 +73,27 @@ class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
 
     def _lm_rewrite(self, message: Any) -> tuple[Any, int | None]:
         """(the message pysyncobj should handle, the highest next index its success answer may name or None)."""
-        if not isinstance(message, dict) or message.get("type") != "append_entries" or \
-                "prevLogIdx" not in message or message.get("transmission") is not None:
+        if not isinstance(message, dict) or message.get("type") != "append_entries" or "prevLogIdx" not in message:
             return message, None
+        if message.get("transmission") is None:
+            return self._lm_rewrite_entries(message)
+        if message["transmission"] != "finish":
+            return message, None  # a piece of one large entry: pysyncobj gathers them
+        # The last piece: the entry is whole, and handled as if sent in one message when it is rewritten.
+        gathered = self._SyncObj__recvTransmission
+        try:
+            entry = pysyncobj_pickle.loads(gathered + message["data"])
+        except Exception:  # noqa: BLE001 - not what pysyncobj sends: its own handling
+            return message, None
+        whole = {k: v for k, v in message.items() if k not in ("transmission", "data")}
+        whole["entries"] = [entry]
+        rewritten, answer_limit = self._lm_rewrite_entries(whole)
+        if rewritten is whole:
+            return message, None  # nothing to change: pysyncobj gathers it as it would
+        self._SyncObj__recvTransmission = ""  # as pysyncobj does once an entry is whole
+        return rewritten, answer_limit
+
+    def _lm_rewrite_entries(self, message: dict[str, Any]) -> tuple[Any, int | None]:
         term, prev_index, prev_term = message.get("term"), message.get("prevLogIdx"), message.get("prevLogTerm")
         if not isinstance(term, int) or term < self._SyncObj__raftCurrentTerm or not isinstance(prev_index, int):
             return message, None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import pysyncobj.pickle as pysyncobj_pickle
 import pytest
 from pysyncobj import SyncObjConf
 from pysyncobj.batteries import ReplList
@@ -127,6 +128,32 @@ def test_entries_past_the_followers_end_are_appended_after_the_ones_it_holds(fol
     assert follower.deletes == []
     assert answer["success"] and answer["next_node_idx"] == 10
     assert follower.commit_index == 7
+
+
+def test_a_large_entry_sent_again_in_pieces_truncates_nothing(follower) -> None:  # noqa: ANN001
+    # An entry larger than the batch size goes in pieces (pysyncobj's "transmission"), gathered by the follower;
+    # the last piece is handled as the whole entry would be.
+    follower.append(term=1, prev=(1, 0), entries=_run(2, 11, 1), commit=1)
+    held = follower.log()
+    data = pysyncobj_pickle.dumps((_command(5, 1), 5, 1))
+    pieces = [data[:10], data[10:20], data[20:]]
+    answers = []
+    for kind, piece in zip(("start", "process", "finish"), pieces, strict=True):
+        follower.sent.clear()
+        follower.node._SyncObj__onMessageReceived(LEADER, {
+            "type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": 4, "prevLogTerm": 1,
+            "transmission": kind, "data": piece})
+        answers += follower.sent
+    assert follower.log() == held and follower.deletes == []
+    assert answers[-1] == {"type": "next_node_idx", "next_node_idx": 6, "reset": False, "success": True}
+    assert follower.node._SyncObj__recvTransmission == ""
+    # A large entry that is new is appended as before.
+    data = pysyncobj_pickle.dumps((_command(12, 1), 12, 1))
+    for kind, piece in zip(("start", "finish"), (data[:10], data[10:]), strict=True):
+        follower.node._SyncObj__onMessageReceived(LEADER, {
+            "type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": 11, "prevLogTerm": 1,
+            "transmission": kind, "data": piece})
+    assert follower.log() == held + [(12, 1)]
 
 
 def test_what_the_follower_cannot_match_is_refused_as_before(follower) -> None:  # noqa: ANN001
