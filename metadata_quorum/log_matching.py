@@ -41,6 +41,10 @@ from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's 
 log = logging.getLogger(__name__)
 
 
+def _is_snapshot_append(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("type") == "append_entries" and "prevLogIdx" not in message
+
+
 class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
     """pysyncobj's SyncObj whose follower truncates only conflicting entries (see the module doc).
 
@@ -53,6 +57,12 @@ class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 - overrides SyncObj's
+        if isinstance(message, dict) and message.get("type") == "next_node_idx" and \
+                message.get("term", self._SyncObj__raftCurrentTerm) != self._SyncObj__raftCurrentTerm:
+            return  # an answer to a leader of another term (see _SyncObj__sendNextNodeIdx)
+        if _is_snapshot_append(message):
+            self._lm_snapshot_append(node, message)
+            return
         rewritten, answer_limit = self._lm_rewrite(message)
         if answer_limit is None:
             super()._SyncObj__onMessageReceived(node, rewritten)
@@ -64,12 +74,62 @@ class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
             self._lm_answer_limit = None
         self._SyncObj__leaderCommitIndex = message["commit_index"]
 
+    def _lm_snapshot_append(self, node: Any, message: dict[str, Any]) -> None:
+        """An append_entries that carries (a piece of) the leader's snapshot, or nothing while the leader writes
+        one. It has no previous entry, so nothing of this follower's log was matched against the leader's:
+        pysyncobj still raised its commit index to the leader's, bounded by its own last entry, and applied
+        entries it held that the leader may never have committed (an old leader's). Its commit index stays; a
+        snapshot loaded by it is committed up to the snapshot's last entry."""
+        commit_index = message.get("commit_index")
+        own = self._SyncObj__raftCommitIndex
+        bounded = min(commit_index, own) if isinstance(commit_index, int) else commit_index
+        super()._SyncObj__onMessageReceived(node, dict(message, commit_index=bounded))
+        applied = self._SyncObj__raftLastApplied
+        if self._SyncObj__raftCommitIndex < applied:
+            self._SyncObj__raftCommitIndex = applied
+            self._SyncObj__raftLog.setRaftCommitIndex(applied)
+        if isinstance(commit_index, int):
+            self._SyncObj__leaderCommitIndex = commit_index
+
     def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False,  # noqa: N802 - overrides SyncObj's
                                   nextNodeIdx: int | None = None, success: bool = False) -> None:  # noqa: N803
         limit = self._lm_answer_limit
-        if limit is not None and success and not reset and (nextNodeIdx is None or nextNodeIdx > limit):
+        if nextNodeIdx is None:
+            nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
+        if limit is not None and success and not reset and nextNodeIdx > limit:
             nextNodeIdx = limit
-        super()._SyncObj__sendNextNodeIdx(node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
+        # pysyncobj's answer, with this voter's term: a leader counts a success toward its match index, and one
+        # answering a leader of an earlier term (delayed on its link) could count entries since overwritten
+        # (five voters: an acknowledged write then lost; audit). A leader drops answers of another term;
+        # answers without one (a voter of an older version) count as before.
+        self._SyncObj__transport.send(node, {"type": "next_node_idx", "next_node_idx": nextNodeIdx, "reset": reset,
+                                            "success": success, "term": self._SyncObj__raftCurrentTerm})
+
+    def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802 - overrides SyncObj's
+        """pysyncobj's, except for followers that need the snapshot while this leader writes it. pysyncobj sends
+        them ``{'serialized': None}`` again and again for all of ``appendEntriesPeriod`` (11,112 messages in one
+        call: audit), each pickled and encrypted on this tick thread. They get one such heartbeat a call."""
+        serializer = self._SyncObj__serializer
+        first = self._SyncObj__raftLog[0][1]
+        connected = self._SyncObj__connectedNodes
+        waiting = set()
+        if serializer._Serializer__pid != 0:  # a snapshot is being written: none can be sent yet
+            waiting = {n for n in connected if self._SyncObj__raftNextIndex.get(n, first + 1) <= first}
+        if not waiting:
+            super()._SyncObj__sendAppendEntries()
+            return
+        others = connected - waiting
+        self._SyncObj__connectedNodes = others
+        try:
+            super()._SyncObj__sendAppendEntries()
+        finally:
+            now = self._SyncObj__connectedNodes  # pysyncobj may have seen one go meanwhile
+            connected.difference_update(others - now)
+            connected.update(now - others)
+            self._SyncObj__connectedNodes = connected
+        for n in waiting & connected:
+            self._SyncObj__transport.send(n, {"type": "append_entries", "term": self._SyncObj__raftCurrentTerm,
+                                             "commit_index": self._SyncObj__raftCommitIndex, "serialized": None})
 
     def _lm_rewrite(self, message: Any) -> tuple[Any, int | None]:
         """(the message pysyncobj should handle, the highest next index its success answer may name or None)."""
@@ -83,8 +143,11 @@ class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
         gathered = self._SyncObj__recvTransmission
         try:
             entry = pysyncobj_pickle.loads(gathered + message["data"])
-        except Exception:  # noqa: BLE001 - not what pysyncobj sends: its own handling
-            return message, None
+        except Exception:  # noqa: BLE001
+            # pysyncobj's leader labels a piece "finish" by the command's length, not the pickled entry's, so a
+            # command just under a multiple of the batch size has a "finish" before its last piece, which then
+            # failed to unpickle in the tick thread. It is gathered as the piece it is.
+            return dict(message, transmission="process"), None
         whole = {k: v for k, v in message.items() if k not in ("transmission", "data")}
         whole["entries"] = [entry]
         rewritten, answer_limit = self._lm_rewrite_entries(whole)

@@ -93,10 +93,14 @@ class PreVoteSyncObj(SyncObj):  # type: ignore[misc]
     def _pv_answered(self, node: Any, message: dict[str, Any]) -> None:
         term = message.get("term")
         if isinstance(term, int) and term > self._SyncObj__raftCurrentTerm:
-            # A higher term, as from any Raft message: taken (no vote cast), so the next round asks at it.
+            # A higher term, as from any Raft message: taken (no vote cast), so the next round asks at it, and a
+            # leader or candidate steps down. An answer arrives late if its link was slow: this voter may have
+            # been elected since, and another at that higher term, whose leader it must not also be (two leaders
+            # in one term, and different commands committed at one index: audit).
             self._SyncObj__setCurrentTerm(term, None)
-            if self._SyncObj__raftState == _RAFT.CANDIDATE:
+            if self._SyncObj__raftState != _RAFT.FOLLOWER:
                 self._SyncObj__setState(_RAFT.FOLLOWER)
+            self._SyncObj__raftLeader = None
         if message.get("round") != self._pv_round or not message.get("granted") or self._pv_won_recently(_now()):
             return
         self._pv_grants.add(node)

@@ -81,12 +81,12 @@ def test_a_late_batch_the_follower_already_holds_truncates_nothing_and_claims_on
     # again (the leader went back to it on a second "reset" answer). pysyncobj deleted 7..11 here and answered
     # success: the follower held less than the leader counted for it.
     assert follower.append(term=1, prev=(1, 0), entries=_run(2, 11, 1), commit=1) == \
-        {"type": "next_node_idx", "next_node_idx": 12, "reset": False, "success": True}
+        {"type": "next_node_idx", "next_node_idx": 12, "reset": False, "success": True, "term": 1}
     held = follower.log()
     answer = follower.append(term=1, prev=(1, 0), entries=_run(2, 6, 1), commit=1)
     assert follower.log() == held, f"the follower acknowledged entries 1..11, then held {follower.log()}"
     assert follower.deletes == []
-    assert answer == {"type": "next_node_idx", "next_node_idx": 7, "reset": False, "success": True}
+    assert answer == {"type": "next_node_idx", "next_node_idx": 7, "reset": False, "success": True, "term": 1}
     assert follower.node.repeated_appends_total == 1
 
 
@@ -106,7 +106,7 @@ def test_entries_past_those_sent_are_not_committed_on_the_leaders_word(follower)
     held = follower.log()
     answer = follower.append(term=2, prev=(3, 1), entries=_run(4, 5, 1), commit=9)
     assert follower.log() == held
-    assert answer == {"type": "next_node_idx", "next_node_idx": 6, "reset": False, "success": True}
+    assert answer == {"type": "next_node_idx", "next_node_idx": 6, "reset": False, "success": True, "term": 2}
     assert follower.commit_index == 5
     assert follower.node.getStatus()["leader_commit_idx"] == 9  # the leader's word itself is kept as sent
 
@@ -117,7 +117,7 @@ def test_a_conflicting_entry_and_all_after_it_are_replaced(follower) -> None:  #
     assert follower.log() == [(1, 0)] + _run(2, 6, 1) + [(7, 2)]
     assert follower.log_commands()[-1] == _command(7, 2)
     assert follower.deletes == [6]  # from entry 7 (position 6) on, and nothing before it
-    assert answer == {"type": "next_node_idx", "next_node_idx": 8, "reset": False, "success": True}
+    assert answer == {"type": "next_node_idx", "next_node_idx": 8, "reset": False, "success": True, "term": 2}
     assert follower.commit_index == 6
 
 
@@ -145,7 +145,7 @@ def test_a_large_entry_sent_again_in_pieces_truncates_nothing(follower) -> None:
             "transmission": kind, "data": piece})
         answers += follower.sent
     assert follower.log() == held and follower.deletes == []
-    assert answers[-1] == {"type": "next_node_idx", "next_node_idx": 6, "reset": False, "success": True}
+    assert answers[-1] == {"type": "next_node_idx", "next_node_idx": 6, "reset": False, "success": True, "term": 1}
     assert follower.node._SyncObj__recvTransmission == ""
     # A large entry that is new is appended as before.
     data = pysyncobj_pickle.dumps((_command(12, 1), 12, 1))
@@ -156,15 +156,28 @@ def test_a_large_entry_sent_again_in_pieces_truncates_nothing(follower) -> None:
     assert follower.log() == held + [(12, 1)]
 
 
+def test_a_large_entry_whose_pieces_are_mislabelled_is_still_gathered(follower) -> None:  # noqa: ANN001
+    # pysyncobj's leader labels a piece "finish" by the command's length, not the pickled entry's: a command of
+    # 131,062 bytes goes as start, finish, finish. The first "finish" raised in the follower's tick thread.
+    follower.append(term=1, prev=(1, 0), entries=_run(2, 3, 1), commit=1)
+    command = b"\x00" + b"c" * 131_061
+    data = pysyncobj_pickle.dumps((command, 4, 1))
+    for kind, piece in (("start", data[:65536]), ("finish", data[65536:131072]), ("finish", data[131072:])):
+        follower.node._SyncObj__onMessageReceived(LEADER, {
+            "type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": 3, "prevLogTerm": 1,
+            "transmission": kind, "data": piece})
+    assert follower.log()[-1] == (4, 1) and follower.log_commands()[-1] == command
+
+
 def test_what_the_follower_cannot_match_is_refused_as_before(follower) -> None:  # noqa: ANN001
     follower.append(term=1, prev=(1, 0), entries=_run(2, 6, 1), commit=1)
     held = follower.log()
     # Its entry 4 has term 1, not 2: pysyncobj's refusal, asking from there.
     assert follower.append(term=2, prev=(4, 2), entries=_run(5, 8, 2), commit=1) == \
-        {"type": "next_node_idx", "next_node_idx": 4, "reset": True, "success": False}
+        {"type": "next_node_idx", "next_node_idx": 4, "reset": True, "success": False, "term": 2}
     # Past its end: asks from its end.
     assert follower.append(term=2, prev=(9, 2), entries=[], commit=1) == \
-        {"type": "next_node_idx", "next_node_idx": 7, "reset": True, "success": False}
+        {"type": "next_node_idx", "next_node_idx": 7, "reset": True, "success": False, "term": 2}
     assert follower.log() == held and follower.deletes == []
 
 
