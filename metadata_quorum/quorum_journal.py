@@ -21,8 +21,11 @@ an acknowledgement or a vote can follow, as a broker halts on a failed log direc
 elect a leader among themselves, and the node is started again once its disk is fixed.
 
 pysyncobj also never flushed the journal (only ``_destroy`` did): what reached the disk was up to the
-kernel's writeback, about 30 s. ``onOneSecondTimer`` now flushes it (``msync``) when it changed, and the
-term and vote file is fsynced with its directory before it is used.
+kernel's writeback, about 30 s. ``onOneSecondTimer`` now flushes it (``msync``) when it changed, before the
+commit index that covers its entries is stored; the term and vote file is fsynced before it is renamed into
+place and with its directory, and one that does not read back stops the voter. A compaction writes the kept
+entries to a new file renamed over the journal, so a kill midway leaves the whole journal or the trimmed one
+(pysyncobj emptied it in place and wrote them back one by one).
 """
 
 from __future__ import annotations
@@ -30,11 +33,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
+import pysyncobj.pickle as pysyncobj_pickle
+from pysyncobj.journal import (
+    FIRST_RECORD_OFFSET,
+    LAST_RECORD_OFFSET_OFFSET,
+    FileJournal,
+    MetaStorer,
+    ResizableFile,
+)
 
 from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
 from storage.checkpoints import fsync_dir
@@ -68,17 +79,32 @@ class _AllocatingFile(ResizableFile):  # type: ignore[misc]
 
 
 class _DurableMetaStorer(MetaStorer):  # type: ignore[misc]
-    """The term and vote file, on disk (file and directory fsynced) before pysyncobj acts on them."""
+    """The term and vote file, on disk before pysyncobj acts on them: written to a temporary file that is fsynced
+    before it is renamed into place, then the directory fsynced. pysyncobj renamed first and fsynced nothing; the
+    file was fsynced after its rename, so a power loss in between could leave an empty file in its place, which
+    pysyncobj reads as no term and no vote (a second vote in a term already voted in: audit)."""
 
     def storeMeta(self, meta: Any) -> None:  # noqa: N802 - pysyncobj's name
-        super().storeMeta(meta)
         path = Path(self.getPath())
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        temporary = path.with_name(path.name + ".tmp")
+        with open(temporary, "wb") as f:
+            f.write(pysyncobj_pickle.dumps(meta))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
         fsync_dir(path.parent)
+
+
+def _read_meta(path: Path) -> None:
+    """Raise if the term and vote file exists but does not read back (pysyncobj's own reading takes any error for
+    no term and no vote)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return
+    meta = pysyncobj_pickle.loads(data)
+    if not isinstance(meta, dict):
+        raise ValueError(f"{type(meta).__name__}, not the dict pysyncobj writes")
 
 
 class FailStopJournal(FileJournal):  # type: ignore[misc]
@@ -97,6 +123,14 @@ class FailStopJournal(FileJournal):  # type: ignore[misc]
         except _DISK_ERRORS as exc:
             on_failure(path, "open", exc)
             raise
+        meta = Path(path + ".meta")
+        try:
+            _read_meta(meta)
+        except Exception as exc:  # noqa: BLE001 - whatever unpickling an unreadable file raises
+            on_failure(path, f"read its term and vote file {meta} (it does not read back; starting without the "
+                             "vote it holds could vote twice in one term: replace this voter as the README's 'Replacing a "
+                             "controller voter' says, with an empty metadata.log.dir)", exc)
+            raise OSError(f"unreadable {meta}: {exc}") from exc
 
     @contextlib.contextmanager
     def _guard(self, what: str, *, changes: bool = True) -> Iterator[None]:
@@ -121,19 +155,54 @@ class FailStopJournal(FileJournal):  # type: ignore[misc]
             super().deleteEntriesFrom(entryFrom)
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802, N803 - pysyncobj's names
+        """Drop the entries before position ``entryTo`` (a compaction, once the snapshot is on disk): the kept
+        ones are written to a new file, fsynced and renamed over the journal. pysyncobj emptied the journal in
+        place and wrote the kept entries back one by one, so a process killed meanwhile kept only those written
+        so far: entries it had acknowledged were gone when it restarted (audit)."""
         with self._guard("compact"):
-            super().deleteEntriesTo(entryTo)
+            kept = self._FileJournal__journal[entryTo:]
+            records = b"".join(_record(command, idx, term) for command, idx, term in kept)
+            end = FIRST_RECORD_OFFSET + len(records)
+            header = self._FileJournal__getDefaultHeader()[:LAST_RECORD_OFFSET_OFFSET] + struct.pack("<I", end)
+            path = Path(self._path)
+            compacted = path.with_name(path.name + ".compacting")
+            with open(compacted, "wb") as f:
+                f.write(header + records)
+                f.flush()
+                os.fsync(f.fileno())
+            self._FileJournal__journalFile._destroy()  # flushed and closed: nothing more is written to it
+            os.replace(compacted, path)
+            fsync_dir(path.parent)
+            journal_file = _AllocatingFile(str(path))
+            journal_file.reserve()
+            self._FileJournal__journalFile = journal_file
+            self._FileJournal__journal = list(kept)
+            self._FileJournal__currentOffset = end
 
     def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802, N803 - pysyncobj's names
         with self._guard("store the term and vote", changes=False):
+            self._flush_entries()  # the commit index stored with the term covers only entries on disk
             super().setCurrentTerm(term, votedForNodeId)
 
     def onOneSecondTimer(self) -> None:  # noqa: N802 - pysyncobj's name
         with self._guard("flush", changes=False):
+            # Entries first, then the commit index that covers them. In pysyncobj's order, a power loss between
+            # the two left a commit index over entries not on disk: the voter restarted and applied what its
+            # journal held there, an old leader's uncommitted entries among them (audit).
+            self._flush_entries()
             super().onOneSecondTimer()
-            if self._dirty:
-                self._dirty = False
-                self.flush()
+
+    def _flush_entries(self) -> None:
+        if self._dirty:
+            self._dirty = False
+            self.flush()
+
+
+def _record(command: bytes, idx: int, term: int) -> bytes:
+    """One journal record as pysyncobj's FileJournal writes it: size, index, term, command, size."""
+    body = struct.pack("<QQ", idx, term) + command
+    size = struct.pack("<I", len(body))
+    return size + body + size
 
 
 def halt_on_journal_failure(path: str, what: str, exc: BaseException) -> None:

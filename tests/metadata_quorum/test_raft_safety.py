@@ -3,20 +3,28 @@ shown here with the quorum's own SyncObj class on a network the test drives (raf
 
 Each of these failed on the code before its fix: two leaders in one term, an acknowledged write counted on a stale
 answer, a follower applying entries no leader committed, a leader busy for a whole period sending the same empty
-message."""
+message, a voter losing acknowledged entries to a compaction killed midway, a commit index stored over entries
+not on disk, and a vote forgotten with an unreadable term file."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pysyncobj.journal import FileJournal
 from pysyncobj.node import TCPNode
 from raft_sim import RAFT, Network, Voter, conf
 
 from metadata_quorum.prevote import PRE_VOTE_RESPONSE
+from metadata_quorum.quorum_journal import FailStopJournal
 from metadata_quorum.raft import _DumpWriter
 
 
@@ -151,3 +159,151 @@ def test_a_leader_writing_its_snapshot_sends_a_follower_that_needs_it_one_messag
         net.replicate("A", ["B"], rounds=1)  # B, which needs no snapshot, is sent its appends as before
     finally:
         net.destroy()
+
+
+def test_a_compaction_killed_before_its_journal_trim_keeps_the_entries_after_the_snapshot(tmp_path: Path) -> None:
+    # The snapshot is renamed into place (and its directory fsynced) before the journal is trimmed. A voter killed
+    # in between restarted with a journal that did not start at the snapshot, and pysyncobj emptied it: the
+    # entries after the snapshot, which the voter had acknowledged, were gone.
+    writers: dict[str, _DumpWriter] = {}
+    settings = _dump_writing_settings(tmp_path / "live", writers)
+    net = Network(["A", "B", "C"], settings)
+    at_kill = tmp_path / "A-at-kill"
+    try:
+        net.elect("A", ["B", "C"])
+        a = net["A"]
+        for i in range(20):
+            a.propose(f"v{i}")
+        a.tick()
+        net.replicate("A", ["B", "C"])
+        journal = a.obj._SyncObj__raftLog
+        trim = journal.deleteEntriesTo
+
+        def killed_before_trim(position: int) -> None:
+            if not at_kill.exists():  # the files as a kill -9 now leaves them (mmap writes are in the page cache)
+                shutil.copytree(tmp_path / "live" / "A", at_kill)
+            trim(position)
+        journal.deleteEntriesTo = killed_before_trim  # on the journal: the SyncObj's own fields go into its dump
+        write = writers["A"]._write
+        writers["A"]._write = lambda job, data: (time.sleep(0.3), write(job, data))[1]  # a large state: slow
+        a.obj.forceLogCompaction()
+        a.tick()
+        for i in range(20, 30):  # appended and acknowledged while the snapshot is written
+            a.propose(f"v{i}")
+        a.tick()
+        net.replicate("A", ["B", "C"], rounds=3)
+        deadline = time.monotonic() + 10
+        while not at_kill.exists():
+            assert time.monotonic() < deadline, "the compaction never trimmed the journal"
+            a.tick()
+            time.sleep(0.01)
+        held = a.obj._SyncObj__getCurrentLogIndex()
+        acknowledged = a.obj.raftCommitIndex
+    finally:
+        net.destroy()
+    shutil.rmtree(tmp_path / "live" / "A")
+    shutil.copytree(at_kill, tmp_path / "live" / "A")
+    restarted = Voter("A", net.addresses["A"], [net.addresses["B"], net.addresses["C"]], net.router, settings)
+    try:
+        restarted.tick()
+        assert restarted.log()[-1][0] == held, \
+            f"A held entries up to {held} ({acknowledged} committed) and restarted with {restarted.log()}"
+        assert restarted.list.rawData()[:20] == [f"v{i}" for i in range(20)]
+    finally:
+        restarted.obj.destroy()
+
+
+_KILLED_MID_COMPACTION = r"""
+import os, signal, sys
+from pysyncobj.journal import FileJournal
+from metadata_quorum.quorum_journal import FailStopJournal
+journal = FailStopJournal(sys.argv[1], lambda *failure: os._exit(9))
+for index in range(1, 1001):
+    journal.add(b"\x01entry", index, 1)
+journal.flush()
+written = [0]
+add, replace = FileJournal.add, os.replace
+def killed_after_some(self, *entry):
+    written[0] += 1
+    if written[0] == 120:
+        os.kill(os.getpid(), signal.SIGKILL)
+    add(self, *entry)
+FileJournal.add = killed_after_some
+os.replace = lambda *paths: os.kill(os.getpid(), signal.SIGKILL)
+journal.deleteEntriesTo(499)
+"""
+
+
+def test_a_compaction_killed_midway_leaves_the_whole_journal_or_the_trimmed_one(tmp_path: Path) -> None:
+    # pysyncobj trimmed the journal by emptying it in place and writing the kept entries back one by one: a kill
+    # after 120 of the 501 left those 120, and the restart kept them (they start at the snapshot).
+    path = tmp_path / "quorum.journal"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.run([sys.executable, "-c", _KILLED_MID_COMPACTION, str(path)], env=env, capture_output=True,
+                           timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
+    journal = FileJournal(str(path))
+    try:
+        indexes = [journal[i][1] for i in range(len(journal))]
+    finally:
+        journal._destroy()
+    assert indexes in (list(range(1, 1001)), list(range(500, 1001))), \
+        f"{len(indexes)} entries, {indexes[0]}..{indexes[-1]}, after a kill in the middle of a compaction"
+
+
+class _Durability:
+    """What of a FailStopJournal's files a power loss would keep: the journal as of its last flush (msync), the
+    term and vote file as stored (it is fsynced)."""
+
+    def __init__(self, journal: FailStopJournal) -> None:
+        self.stored: list[tuple[int, bool]] = []  # (commit index stored, entries not yet flushed at that moment)
+        flush = journal.flush
+        storer = journal._FileJournal__metaStorer
+        store = storer.storeMeta
+
+        def flushed() -> None:
+            flush()
+            self.unflushed = False
+
+        def stored(meta: dict[str, Any]) -> None:
+            self.stored.append((meta.get("raftCommitIndex", 1), self.unflushed))
+            store(meta)
+        journal.flush = flushed
+        storer.storeMeta = stored
+        self.unflushed = False
+
+
+def test_the_commit_index_is_stored_only_over_entries_on_disk(tmp_path: Path) -> None:
+    # The one-second timer stored the commit index (with the term and vote, fsynced) before it flushed the
+    # entries that index covers, and a vote stored it without flushing them at all. After a power loss in between,
+    # the audit's voter restarted with that commit index over its older journal and applied an old leader's
+    # uncommitted entry there.
+    journal = FailStopJournal(str(tmp_path / "quorum.journal"), lambda *failure: None)
+    durability = _Durability(journal)
+    try:
+        for index in range(1, 4):
+            journal.add(b"\x01entry", index, 1)
+            durability.unflushed = True
+        journal.setRaftCommitIndex(3)
+        journal.setCurrentTerm(2, "127.0.0.1:1")  # a vote
+        journal.add(b"\x01entry", 4, 2)
+        durability.unflushed = True
+        journal.setRaftCommitIndex(4)
+        journal.onOneSecondTimer()
+        assert durability.stored == [(3, False), (4, False)], \
+            f"(commit index stored, over entries not yet flushed): {durability.stored}"
+    finally:
+        journal._destroy()
+
+
+@pytest.mark.parametrize("content", [b"", b"\x80\x04not a pickle", b"\x80\x04K\x07."], ids=["empty", "garbage", "int"])
+def test_an_unreadable_term_and_vote_file_stops_the_voter(tmp_path: Path, content: bytes) -> None:
+    # pysyncobj read any failure as no term and no vote: a voter that had voted at term 5 voted again at term 5
+    # after its file came back empty (the audit's run: two leaders' majorities shared it).
+    path = tmp_path / "quorum.journal"
+    (tmp_path / "quorum.journal.meta").write_bytes(content)
+    failures: list[tuple[str, str]] = []
+    with pytest.raises(OSError, match="unreadable"):
+        FailStopJournal(str(path), lambda where, what, exc: failures.append((where, what)))
+    assert len(failures) == 1 and "term and vote file" in failures[0][1], failures
