@@ -41,7 +41,7 @@ from replication.partition import IsrProposal, LockBusy, Partition, Role, held
 from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
 from storage.disk_errors import disk_failure
 from storage.file_records import FileRecords
-from storage.record_batch import decode_batch, iter_batches, read_header
+from storage.record_batch import MAGIC, MAGIC_OFFSET, decode_batch, iter_batches, read_header
 from storage.segment import CorruptBatchError
 
 log = logging.getLogger(__name__)
@@ -587,7 +587,13 @@ class ReplicaManager:
             if acks not in (0, 1, -1):
                 raise errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), not {acks}")
             if not records:
-                raise errors.CorruptMessageError("empty record set")
+                raise errors.InvalidRecordError("a produce must hold at least one record batch per partition")
+            if len(records) > MAGIC_OFFSET and records[MAGIC_OFFSET] != MAGIC:
+                # Kafka's answer to a v3+ Produce of a message set (clients before 0.11): not retriable. The
+                # batch parser said CORRUPT_MESSAGE ("truncated batch header"), which clients retry.
+                raise errors.InvalidRecordError(
+                    f"a message set of magic {records[MAGIC_OFFSET]}: only record batches of magic 2 (Kafka 0.11 "
+                    f"and later clients) are accepted")
             p = self.leader_partition(topic, partition)
             if self._fenced():
                 raise errors.NotLeaderOrFollowerError(

@@ -64,6 +64,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GROUP_ID_NOT_FOUND: _ClassVar[ErrorCode]
     FENCED_LEADER_EPOCH: _ClassVar[ErrorCode]
     UNKNOWN_LEADER_EPOCH: _ClassVar[ErrorCode]
+    UNSUPPORTED_COMPRESSION_TYPE: _ClassVar[ErrorCode]
     STALE_BROKER_EPOCH: _ClassVar[ErrorCode]
     OFFSET_NOT_AVAILABLE: _ClassVar[ErrorCode]
     MEMBER_ID_REQUIRED: _ClassVar[ErrorCode]
@@ -139,6 +140,7 @@ NON_EMPTY_GROUP: ErrorCode
 GROUP_ID_NOT_FOUND: ErrorCode
 FENCED_LEADER_EPOCH: ErrorCode
 UNKNOWN_LEADER_EPOCH: ErrorCode
+UNSUPPORTED_COMPRESSION_TYPE: ErrorCode
 STALE_BROKER_EPOCH: ErrorCode
 OFFSET_NOT_AVAILABLE: ErrorCode
 MEMBER_ID_REQUIRED: ErrorCode

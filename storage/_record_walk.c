@@ -21,7 +21,7 @@ enum {
     OK = 0, COUNT_SHORT = 1, BAD_LENGTH = 2, OFFSET_DELTA = 3, KEY_LENGTH = 4, NO_KEY = 5,
     VALUE_LENGTH = 6, HEADER_COUNT = 7, HEADER_KEY_LENGTH = 8, HEADER_KEY_UTF8 = 9,
     HEADER_VALUE_LENGTH = 10, FIELDS_END = 11, TRUNCATED = 12, TRAILING = 13,
-    VARINT_OVERFLOW = 14, VARINT_TOO_LONG = 15, RECORD_ATTRIBUTES = 16, VARINT32 = 17
+    VARINT_OVERFLOW = 14, VARINT_TOO_LONG = 15, RECORD_ATTRIBUTES = 16, VARINT32 = 17, HEADER_KEY_NUL = 18
 };
 
 typedef struct {
@@ -102,6 +102,8 @@ static int walk_headers(const uint8_t *d, uint64_t n, uint64_t *pp, uint64_t rec
             r->kind = HEADER_KEY_UTF8; return 1;
         }
         Py_DECREF(key);
+        /* librdkafka's clients take a header key as a C string: a NUL cuts it there. */
+        if (kl > 0 && memchr(d + p, 0, (size_t)kl) != NULL) { r->kind = HEADER_KEY_NUL; return 1; }
         p += (uint64_t)kl;
         e = read_varint32(d, n, &p, &vl, &err_pos);
         if (e) { r->kind = e; r->a_pos = err_pos; r->a_is_pos = 1; return 1; }

@@ -2,8 +2,8 @@
 
 Codec ids are the RecordBatch attribute values: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd.
 
-- gzip: RFC 1952 members (several concatenated members are accepted, as Java's
-  GZIPInputStream does).
+- gzip: RFC 1952 members (several concatenated members are read, as Java's
+  GZIPInputStream does; a leader accepts one, as librdkafka reads only the first).
 - snappy: Kafka (Java) writes xerial's stream framing: a 16-byte header (magic
   ``\\x82SNAPPY\\x00``, version 1, compatible version 1) then blocks of int32 length +
   raw snappy. We write that framing and read both it and a bare raw snappy block.
@@ -134,16 +134,21 @@ def compress(codec: int, data: bytes | bytearray | memoryview, level: int | None
 
 
 def decompress(
-    codec: int, data: bytes | bytearray | memoryview, *, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    codec: int, data: bytes | bytearray | memoryview, *, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    one_gzip_member: bool = False,
 ) -> bytes:
-    """Decompress ``data``; CorruptMessageError when damaged, truncated or above ``max_output_bytes``."""
+    """Decompress ``data``; CorruptMessageError when damaged, truncated or above ``max_output_bytes``.
+
+    ``one_gzip_member`` (a leader validating a produce) refuses gzip data of several members: Java's reader
+    takes them all, librdkafka's only the first, so its consumers skipped the records of the others without
+    an error (audit). Readers take them all, as Java does."""
     if codec == CODEC_NONE:
         if len(data) > max_output_bytes:
             raise _too_large(codec, max_output_bytes)
         return bytes(data)
     try:
         if codec == CODEC_GZIP:
-            return _gzip_decompress(data, max_output_bytes)
+            return _gzip_decompress(data, max_output_bytes, one_member=one_gzip_member)
         if codec == CODEC_SNAPPY:
             return _snappy_decompress(data, max_output_bytes)
         if codec == CODEC_LZ4:
@@ -190,13 +195,18 @@ def _decompress_members(data: bytes | bytearray | memoryview, limit: int, codec:
         rest = obj.unused_data
         if not rest:
             return out[0] if len(out) == 1 else b"".join(out)
+        if next_magic is not None and rest[:len(next_magic)] == next_magic and single:
+            raise errors.InvalidRecordError(
+                f"{name} data of more than one member ({len(rest)} bytes after the first): a batch is one member "
+                f"(librdkafka's consumers read only the first)")
         if single or (next_magic is not None and rest[:len(next_magic)] != next_magic):
             raise errors.CorruptMessageError(f"{len(rest)} bytes of garbage after the {name} data")
     raise errors.CorruptMessageError(f"{name} data has more than {_MAX_MEMBERS} members")
 
 
-def _gzip_decompress(data: bytes | bytearray | memoryview, limit: int) -> bytes:
-    return _decompress_members(data, limit, CODEC_GZIP, lambda: zlib.decompressobj(31), b"\x1f\x8b")
+def _gzip_decompress(data: bytes | bytearray | memoryview, limit: int, *, one_member: bool = False) -> bytes:
+    return _decompress_members(data, limit, CODEC_GZIP, lambda: zlib.decompressobj(31), b"\x1f\x8b",
+                               single=one_member)
 
 
 def _snappy_xerial_compress(data: bytes | bytearray | memoryview) -> bytes:

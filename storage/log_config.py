@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from proto.errors import InvalidConfigError
 from storage.compression import CODEC_GZIP, CODEC_LZ4, CODEC_ZSTD, LEVELS, check_level
 
-COMPRESSION_TYPES = ("producer", "none", "gzip", "snappy", "lz4", "zstd")
+# Kafka's topic compression.type values; "uncompressed" (Kafka's name for a topic's) is "none".
+COMPRESSION_TYPES = ("producer", "none", "uncompressed", "gzip", "snappy", "lz4", "zstd")
 CLEANUP_POLICIES = ("delete", "compact")
 TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 
@@ -296,7 +297,8 @@ class LogConfig:
             message_timestamp_before_max_ms=v["message.timestamp.before.max.ms"],  # type: ignore[arg-type]
             message_timestamp_after_max_ms=v["message.timestamp.after.max.ms"],  # type: ignore[arg-type]
             file_delete_delay_ms=v["file.delete.delay.ms"],  # type: ignore[arg-type]
-            compression_type=v["compression.type"],  # type: ignore[arg-type]
+            compression_type="none" if v["compression.type"] == "uncompressed"  # type: ignore[arg-type]
+            else v["compression.type"],
             compression_gzip_level=v["compression.gzip.level"],  # type: ignore[arg-type]
             compression_lz4_level=v["compression.lz4.level"],  # type: ignore[arg-type]
             compression_zstd_level=v["compression.zstd.level"],  # type: ignore[arg-type]

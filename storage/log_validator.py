@@ -66,7 +66,10 @@ logger = logging.getLogger(__name__)
 # anything accepted here is readable by every Brook consumer.
 DECOMPRESSION_RATIO_MAX = 32
 DECOMPRESSED_BYTES_FLOOR = 1024 * 1024  # a tiny max.message.bytes still allows 1 MiB of records
-DECOMPRESSED_BYTES_CAP = compression.DEFAULT_MAX_OUTPUT_BYTES
+# librdkafka refuses a zstd batch that decompresses past its receive.message.max.bytes (100,000,000 by
+# default), and its consumer then stops at that batch for good (audit: a 105 MB value compressed to 3 KB).
+LIBRDKAFKA_RECEIVE_MAX_BYTES = 100_000_000
+DECOMPRESSED_BYTES_CAP = min(compression.DEFAULT_MAX_OUTPUT_BYTES, LIBRDKAFKA_RECEIVE_MAX_BYTES)
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # Bits a producer may set: the codec only. Timestamp type is the broker's (LogAppendTime
@@ -143,9 +146,11 @@ class LogValidator:
             return self._walk(buf, start, end, h, pos, now)  # in place: no copy
         section = memoryview(buf)[start:end]
         try:
-            data = compression.decompress(codec, section, max_output_bytes=self._decompressed_max)
+            data = compression.decompress(codec, section, max_output_bytes=self._decompressed_max, one_gzip_member=True)
         except errors.CorruptMessageError as exc:
             raise errors.CorruptMessageError(f"batch at position {pos}: {exc.message}") from None
+        except errors.InvalidRecordError as exc:
+            raise errors.InvalidRecordError(f"batch at position {pos}: {exc.message}") from None
         finally:
             section.release()  # the caller's bytearray must stay resizable
         return self._walk(data, 0, len(data), h, pos, now)
@@ -195,6 +200,7 @@ def _walk_error(kind: int, i: int, a: int, b: int, count: int, batch_pos: int) -
         w.HEADER_COUNT: f"{rec} has an invalid header count {a}",
         w.HEADER_KEY_LENGTH: f"{rec} has header key length {a}",
         w.HEADER_KEY_UTF8: f"{rec} has a header key that is not UTF-8",
+        w.HEADER_KEY_NUL: f"{rec} has a header key with a NUL character (librdkafka's consumers cut the key there)",
         w.HEADER_VALUE_LENGTH: f"{rec} has header value length {a}",
         w.FIELDS_END: f"{rec}: fields end at byte {a}, its length says {b}",
         w.TRUNCATED: f"{rec} is truncated",
@@ -207,6 +213,6 @@ def _walk_error(kind: int, i: int, a: int, b: int, count: int, batch_pos: int) -
                     f"range (Kafka's readVarint refuses it)",
     }
     message = messages.get(kind, f"{rec}: walk result {kind}")
-    if kind in (w.OFFSET_DELTA, w.NO_KEY, w.HEADER_KEY_UTF8):
+    if kind in (w.OFFSET_DELTA, w.NO_KEY, w.HEADER_KEY_UTF8, w.HEADER_KEY_NUL):
         return errors.InvalidRecordError(message)
     return errors.CorruptMessageError(message)

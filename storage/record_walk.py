@@ -43,6 +43,7 @@ VARINT_OVERFLOW = 14  # a varint above 64 bits [position, -]
 VARINT_TOO_LONG = 15  # a varint of more than 10 bytes [position, -]
 RECORD_ATTRIBUTES = 16  # a record's attributes byte is not 0 [attributes, -]
 VARINT32 = 17  # an int32 field's varint is longer than 5 bytes or outside int32 [position, -]
+HEADER_KEY_NUL = 18  # header key holds a NUL character (librdkafka's clients cut C strings there) [-, -]
 
 WalkResult = tuple[int, int, int, int, int, int]
 
@@ -212,10 +213,13 @@ def _walk_headers(data: bytes, p: int, rec_end: int) -> tuple[int, int, int]:
         kl, p = _read_varint32(data, p)
         if kl < 0 or p + kl > rec_end:
             return HEADER_KEY_LENGTH, kl, p
+        key = data[p:p + kl]
         try:
-            data[p:p + kl].decode("utf-8")
+            key.decode("utf-8")
         except UnicodeDecodeError:
             return HEADER_KEY_UTF8, 0, p
+        if b"\x00" in key:
+            return HEADER_KEY_NUL, 0, p
         p += kl
         vl, p = _read_varint32(data, p)
         if vl >= 0:

@@ -26,6 +26,8 @@ from broker.kafka_wire.codec import get_ms as _ms
 from broker.kafka_wire.context import Handler, KafkaCallContext
 from proto import broker_pb2, group_pb2
 from proto.errors import ErrorCode
+from storage.compression import CODEC_ZSTD
+from storage.record_batch import ATTR_CODEC_MASK
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 # Allowed before a SASL listener's client has authenticated (KIP-152: anything else closes).
 PRE_AUTH_APIS = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
+# A v2 batch's attributes are an int16 at byte 21 (after the CRC); the codec is in its low byte.
+_ATTRIBUTES_LOW_BYTE = 22
 _LEADER_ERRORS = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH)
 
 
@@ -218,6 +222,12 @@ class KafkaApis:
         for t in body.topic_data:
             for p in t.partition_data:
                 named[(t.name, p.index)] = bytes(p.records or b"")
+        # As Kafka's ProduceRequest: zstd (KIP-110) only from Produce v7 on; an older client could not read it.
+        refused = [key for key, records in named.items()
+                   if req.api_version < 7 and len(records) > _ATTRIBUTES_LOW_BYTE
+                   and records[_ATTRIBUTES_LOW_BYTE] & ATTR_CODEC_MASK == CODEC_ZSTD]
+        for key in refused:
+            del named[key]
         for (topic, index), records in named.items():
             pb.partitions.add(topic=topic, partition=index, records=records)
         if _get(body, "transactional_id") is not None:
@@ -227,7 +237,11 @@ class KafkaApis:
                                    error_message="Brook has no transactions: produce without a transactional.id",
                                    base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
         else:
-            out = await self.service.Produce(pb, ctx)
+            out = await self.service.Produce(pb, ctx) if pb.partitions else broker_pb2.ProduceResponse()
+        for topic, index in refused:
+            out.partitions.add(topic=topic, partition=index, error_code=ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
+                               error_message=f"Produce v{req.api_version} may not use zstd compression (v7 and later)",
+                               base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
         if pb.acks == 0:
             failed = [p for p in out.partitions if p.error_code]
             if not failed:

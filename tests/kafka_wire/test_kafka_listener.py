@@ -529,3 +529,36 @@ def _requests_of(cluster: LocalCluster, api_key: int) -> float:
         if line.startswith(prefix):
             return float(line.split()[-1])
     return 0.0
+
+
+def _produce_one(cluster: LocalCluster, version: int, records: bytes | None) -> Any:
+    body = codec.build(codec.request_schema(apis.PRODUCE, version), {
+        "acks": -1, "timeout": 10_000, "transactional_id": None,
+        "topic_data": [{"name": "wire", "partition_data": [{"index": 0, "records": records}]}]})
+    with _connect(_kafka_port(cluster)) as s:
+        s.sendall(_frame(apis.PRODUCE, version, body))
+        return _read_response(s, apis.PRODUCE, version).responses[0].partition_responses[0]
+
+
+def test_produce_refusals_are_kafkas_not_retriable_ones(cluster: LocalCluster) -> None:
+    """As Kafka's ProduceRequest validation: zstd before Produce v7 is UNSUPPORTED_COMPRESSION_TYPE (its client could
+    not read it), and a message set of magic 0 or 1, or no records, INVALID_RECORD. The zstd batch was stored, and
+    the others answered CORRUPT_MESSAGE ("truncated batch header"), which clients retry until their timeout
+    (audit)."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kafka.record.legacy_records import LegacyRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=4, is_transactional=False, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    builder.append(0, timestamp=None, key=b"k", value=b"zstd" * 1000, headers=[])  # compressible: compressed
+    zstd = bytes(builder.build())
+    assert zstd[22] & 7 == 4
+    refused = _produce_one(cluster, 3, zstd)
+    assert refused.error_code == ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, refused
+    assert _produce_one(cluster, 7, zstd).error_code == ErrorCode.NONE
+    legacy = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=1 << 20)
+    legacy.append(0, timestamp=None, key=b"k", value=b"old client")
+    answer = _produce_one(cluster, 8, bytes(legacy.build()))
+    assert answer.error_code == ErrorCode.INVALID_RECORD and "magic 1" in answer.error_message, answer
+    answer = _produce_one(cluster, 8, b"")
+    assert answer.error_code == ErrorCode.INVALID_RECORD, answer

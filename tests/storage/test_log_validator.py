@@ -149,11 +149,26 @@ def test_compression_bomb_is_refused_within_the_bound(tmp_path: Path, codec: int
     lg.close()
 
 
-def test_gzip_bomb_of_many_members_is_refused(log: Log) -> None:
+def _gzip_member(data: bytes) -> bytes:
     member = zlib.compressobj(9, zlib.DEFLATED, 31)
-    one = member.compress(bytes(8 << 20)) + member.flush()
-    buf = batch(one * 20, count=1, codec=rb.CODEC_GZIP, compress=False)  # 160 MiB of zeros
-    assert_refused(log, buf, CORRUPT, "decompresses to more than")
+    return member.compress(data) + member.flush()
+
+
+def test_gzip_of_more_than_one_member_is_invalid(log: Log) -> None:
+    # Java's reader takes every member, librdkafka's only the first: confluent-kafka and kcat skipped the
+    # records of the others without an error (audit).
+    section = records(3)
+    first_record_end = len(record(0, b"key-0", b"value-0"))
+    two = _gzip_member(section[:first_record_end]) + _gzip_member(section[first_record_end:])
+    assert_refused(log, batch(two, count=3, codec=rb.CODEC_GZIP, compress=False), INVALID, "more than one member")
+
+
+def test_gzip_bomb_of_many_members_is_refused(log: Log) -> None:
+    buf = batch(_gzip_member(bytes(8 << 20)) * 20, count=1, codec=rb.CODEC_GZIP, compress=False)  # 160 MiB
+    assert_refused(log, buf, INVALID, "more than one member")
+    # A reader, which takes every member as Java does, still stops at its bound.
+    with pytest.raises(errors.CorruptMessageError, match="more than"):
+        compression.decompress(rb.CODEC_GZIP, _gzip_member(bytes(8 << 20)) * 20, max_output_bytes=32 << 20)
 
 
 def test_keyless_record_on_compacted_topic_is_invalid(tmp_path: Path) -> None:
@@ -279,6 +294,13 @@ def test_header_key_that_is_not_utf8_is_invalid(log: Log) -> None:
     assert_refused(log, batch(section, count=2), INVALID, "not UTF-8")
 
 
+@pytest.mark.parametrize("key", [b"a\x00b", b"\x00", b"trace\x00"])
+def test_header_key_with_a_nul_is_invalid(log: Log, key: bytes) -> None:
+    # librdkafka's clients take a header key as a C string: confluent-kafka and kcat read b"a\x00b" as "a" (audit).
+    section = record(0) + record(1, headers=[(b"ok", b"v"), (key, b"v")])
+    assert_refused(log, batch(section, count=2), INVALID, "NUL")
+
+
 def test_headers_with_null_and_empty_values_are_accepted(log: Log) -> None:
     section = record(0, headers=[(b"a", None), (b"", b""), ("ü".encode(), b"x" * 300)])
     log.append_as_leader(batch(section, count=1), 0)
@@ -362,7 +384,8 @@ def test_follower_appends_are_not_revalidated(tmp_path: Path, log: Log) -> None:
 def test_decompressed_limit_is_bounded_both_ways() -> None:
     assert decompressed_limit(0) == 1024 * 1024
     assert decompressed_limit(1024 * 1024 + 12) == 32 * (1024 * 1024 + 12)
-    assert decompressed_limit(2**31 - 1) == compression.DEFAULT_MAX_OUTPUT_BYTES
+    # librdkafka's receive.message.max.bytes: its consumers stop for good at a zstd batch decompressing past it.
+    assert decompressed_limit(2**31 - 1) == 100_000_000
     assert LogValidator(LogConfig()).decompressed_bytes_max == decompressed_limit(LogConfig().max_message_bytes)
 
 

@@ -425,6 +425,16 @@ def test_compression_type_recompresses(tmp_path: Path, topic_codec: str, expecte
     lg.close()
 
 
+def test_kafkas_uncompressed_compression_type_stores_batches_uncompressed(tmp_path: Path) -> None:
+    # Kafka's name for a topic stored without compression; it was refused as INVALID_CONFIG (audit).
+    config = LogConfig.from_overrides({"compression.type": "uncompressed"})
+    assert config.compression_type == "none"
+    lg = Log.open(tmp_path / "t-0", config)
+    lg.append_as_leader(make_batch(5, compression=CODEC_GZIP), 2)
+    assert read_header(lg.read(0, 1 << 20).records).compression == CODEC_NONE
+    lg.close()
+
+
 @pytest.mark.parametrize("codec_name,codec,levels", [("zstd", CODEC_ZSTD, (1, 19)), ("gzip", CODEC_GZIP, (1, 9)),
                                                      ("lz4", CODEC_LZ4, (9, 16))])
 def test_recompression_uses_the_topics_compression_level(tmp_path: Path, codec_name: str, codec: int,
