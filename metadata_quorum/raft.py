@@ -200,11 +200,16 @@ class _DumpWriter:
     COMPRESS_LEVEL = 6
     _jobs = itertools.count()
 
-    def __init__(self, path: Path, consumer: _MetadataConsumer) -> None:
+    def __init__(self, path: Path, consumer: _MetadataConsumer,
+                 on_unreadable: Callable[[BaseException], None] | None = None) -> None:
         self.path = path
         self._consumer = consumer
         self._job: _DumpJob | None = None
         self._loads = 0
+        # The voter's own dump, loaded at its first tick, that does not read back stops the process. pysyncobj
+        # logged the error and went on with a journal that starts past the dump: a voter that votes and
+        # acknowledges but never applies, and whose state, were it elected, is empty.
+        self._on_unreadable = on_unreadable or _halt_process
         # For tests and the operator's log: the last dump's time on the tick thread (taking the state) and
         # in all.
         self.last_take_s = 0.0
@@ -295,8 +300,17 @@ class _DumpWriter:
             fsync_dir(Path(file_name).parent)
         except OSError as exc:  # pysyncobj would acknowledge the dump anyway, unloaded: stop instead
             _halt_process(exc)
-        with open(file_name, "rb") as f, gzip.GzipFile(fileobj=f) as g:
-            data = pysyncobj_pickle.load(g)
+        try:
+            with open(file_name, "rb") as f, gzip.GzipFile(fileobj=f) as g:
+                data = pysyncobj_pickle.load(g)
+        except Exception as exc:  # noqa: BLE001 - whatever an unreadable gzip or pickle raises
+            if self._consumer._syncObj._SyncObj__needLoadDumpFile:  # its own, at its first tick (not a leader's)
+                log.critical("the quorum snapshot %s does not read back (%s: %s): this voter cannot rebuild the "
+                             "metadata its journal does not hold. Replace it as the README's 'Replacing a "
+                             "controller voter' says (an empty metadata.log.dir)", file_name, type(exc).__name__,
+                             exc)
+                self._on_unreadable(exc)
+            raise
         if data[0] is not None:
             self_data, consumers = data[0][0], data[0][1:]
             vars(self._consumer._syncObj).update(self_data)
@@ -429,7 +443,7 @@ class MetadataRaft:
         self._on_fatal_cb = on_fatal or _halt_process
         self._consumer = _MetadataConsumer(self.state, self.lock, self._publish_version, self._fatal)
         # Made before the SyncObj: its tick thread loads an existing dump before the constructor returns.
-        self.dump_writer = _DumpWriter(data_dir / DUMP_FILE, self._consumer)
+        self.dump_writer = _DumpWriter(data_dir / DUMP_FILE, self._consumer, on_fatal)
         repair_journal(data_dir / JOURNAL_FILE)  # pysyncobj would replay a damaged entry at every tick, for good
         conf = SyncObjConf(
             password=password or None,

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,12 +106,13 @@ def test_a_snapshot_append_does_not_commit_entries_the_follower_never_matched(tr
     assert (c.obj.raftCommitIndex, c.term) == (committed, 2)
 
 
-def _dump_writing_settings(base: Path, writers: dict[str, _DumpWriter]) -> Any:
+def _dump_writing_settings(base: Path, writers: dict[str, _DumpWriter],
+                           on_unreadable: Callable[[BaseException], None] | None = None) -> Any:
     """MetadataRaft's journal and snapshot hooks, per voter under ``base``."""
     def settings(name: str, voter: Voter) -> Any:
         directory = base / name
         directory.mkdir(parents=True, exist_ok=True)
-        writer = writers[name] = _DumpWriter(directory / "quorum.snapshot", voter.list)
+        writer = writers[name] = _DumpWriter(directory / "quorum.snapshot", voter.list, on_unreadable)
         return conf(useFork=False, journalFile=str(directory / "quorum.journal"),
                     fullDumpFile=str(directory / "quorum.snapshot"), serializer=writer.start,
                     serializeChecker=writer.status, deserializer=writer.load)
@@ -209,6 +210,33 @@ def test_a_compaction_killed_before_its_journal_trim_keeps_the_entries_after_the
         assert restarted.log()[-1][0] == held, \
             f"A held entries up to {held} ({acknowledged} committed) and restarted with {restarted.log()}"
         assert restarted.list.rawData()[:20] == [f"v{i}" for i in range(20)]
+    finally:
+        restarted.obj.destroy()
+
+
+def test_a_voter_whose_snapshot_does_not_read_back_stops(tmp_path: Path) -> None:
+    # pysyncobj logged the failed load and went on with a journal that starts past the snapshot: the voter voted
+    # and acknowledged but never applied anything, and as a leader its metadata would have been empty.
+    writers: dict[str, _DumpWriter] = {}
+    net = Network(["A", "B", "C"], _dump_writing_settings(tmp_path, writers))
+    try:
+        net.elect("A", ["B", "C"])
+        a = net["A"]
+        for i in range(5):
+            a.propose(f"v{i}")
+        a.tick()
+        net.replicate("A", ["B", "C"])
+        _compact(a, writers["A"])
+    finally:
+        net.destroy()
+    snapshot = tmp_path / "A" / "quorum.snapshot"
+    snapshot.write_bytes(snapshot.read_bytes()[:20])  # a damaged block
+    stopped: list[BaseException] = []
+    restarted = Voter("A", net.addresses["A"], [net.addresses["B"], net.addresses["C"]], net.router,
+                      _dump_writing_settings(tmp_path, writers, stopped.append))
+    try:
+        restarted.tick()
+        assert len(stopped) == 1, f"the voter went on with an unreadable snapshot: {restarted.log()}"
     finally:
         restarted.obj.destroy()
 
