@@ -83,13 +83,29 @@ class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
         commit_index = message.get("commit_index")
         own = self._SyncObj__raftCommitIndex
         bounded = min(commit_index, own) if isinstance(commit_index, int) else commit_index
-        super()._SyncObj__onMessageReceived(node, dict(message, commit_index=bounded))
+        try:
+            super()._SyncObj__onMessageReceived(node, dict(message, commit_index=bounded))
+        finally:
+            self._lm_answer_limit = None  # set by _SyncObj__loadDumpFile for its answer
         applied = self._SyncObj__raftLastApplied
         if self._SyncObj__raftCommitIndex < applied:
             self._SyncObj__raftCommitIndex = applied
             self._SyncObj__raftLog.setRaftCommitIndex(applied)
         if isinstance(commit_index, int):
             self._SyncObj__leaderCommitIndex = commit_index
+
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:  # noqa: N802, N803 - overrides SyncObj's
+        """Load a dump keeping the journal entries after it when the journal holds its last entry (Raft §7).
+
+        pysyncobj emptied the journal for a leader's snapshot whatever the follower held; a late "reset" answer
+        has a leader send its snapshot to a follower that already holds more, which then held less than it had
+        acknowledged and applied its state backwards (audit). Its own condition still empties a journal that does
+        not start with the dump's last two entries (the dump loader, raft.py, trims one that holds them there).
+        The answer to a leader's snapshot names the entry after the snapshot's last, however far the journal
+        goes: the entries after it may be an old leader's."""
+        super()._SyncObj__loadDumpFile(False)
+        if clearJournal:
+            self._lm_answer_limit = self._SyncObj__raftLastApplied + 1
 
     def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False,  # noqa: N802 - overrides SyncObj's
                                   nextNodeIdx: int | None = None, success: bool = False) -> None:  # noqa: N803

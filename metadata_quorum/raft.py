@@ -315,15 +315,16 @@ class _DumpWriter:
             self_data, consumers = data[0][0], data[0][1:]
             vars(self._consumer._syncObj).update(self_data)
             self._consumer._deserialize(consumers[0])
-        self._trim_compacted(data[1], data[2])
+        self._trim_compacted(data[1], data[2], at_start=self._consumer._syncObj._SyncObj__needLoadDumpFile)
         return tuple(data[1:])
 
-    def _trim_compacted(self, last: Any, previous: Any) -> None:
+    def _trim_compacted(self, last: Any, previous: Any, *, at_start: bool) -> None:
         """Drop from the journal the entries before the dump's previous entry, when it holds the dump's last
         two entries. A compaction renames the dump into place and only then trims the journal: a process killed
         in between restarted with a journal that did not start at the dump, and pysyncobj then emptied it,
-        entries after the dump included, acknowledged ones among them (audit). pysyncobj keeps a journal that
-        starts with those two entries; one that does not hold them it empties, as before."""
+        entries after the dump included, acknowledged ones among them (audit). A leader's snapshot sent to a
+        follower that holds more is the same case. pysyncobj keeps a journal that starts with those two entries
+        (log_matching.py: for a leader's snapshot too); one that does not hold them it empties, as before."""
         journal = self._consumer._syncObj._SyncObj__raftLog
         if len(journal) < 2:
             return
@@ -331,9 +332,14 @@ class _DumpWriter:
         if position <= 0 or position + 1 >= len(journal) or journal[position] != previous or \
                 journal[position + 1] != last:
             return
-        log.warning("the quorum journal still holds entries %d..%d, which the snapshot at %d covers (a compaction "
-                    "stopped before it trimmed the journal): trimming them, and keeping the %d after it",
-                    journal[0][1], previous[1] - 1, last[1], len(journal) - position - 2)
+        if at_start:
+            log.warning("the quorum journal still holds entries %d..%d, which the snapshot at %d covers (a "
+                        "compaction stopped before it trimmed the journal): trimming them, and keeping the %d "
+                        "after it", journal[0][1], previous[1] - 1, last[1], len(journal) - position - 2)
+        else:
+            log.info("the leader's snapshot at %d covers entries %d..%d of this voter's journal: trimming them, "
+                     "and keeping the %d after it", last[1], journal[0][1], previous[1] - 1,
+                     len(journal) - position - 2)
         journal.deleteEntriesTo(position)
 
 

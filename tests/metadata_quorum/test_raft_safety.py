@@ -214,6 +214,41 @@ def test_a_compaction_killed_before_its_journal_trim_keeps_the_entries_after_the
         restarted.obj.destroy()
 
 
+def test_a_late_snapshot_keeps_the_entries_the_follower_holds_after_it(tmp_path: Path) -> None:
+    # A late "reset" answer from B makes A send its snapshot (at 22) to B, which already holds and has
+    # acknowledged up to 32. pysyncobj emptied B's journal for it: B held 22 entries and applied its state back.
+    writers: dict[str, _DumpWriter] = {}
+    net = Network(["A", "B", "C"], _dump_writing_settings(tmp_path, writers))
+    try:
+        net.elect("A", ["B", "C"])
+        a, b = net["A"], net["B"]
+        for i in range(20):
+            a.propose(f"v{i}")
+        a.tick()
+        net.replicate("A", ["B", "C"])
+        _compact(a, writers["A"])
+        for i in range(20, 30):
+            a.propose(f"v{i}")
+        a.tick()
+        net.replicate("A", ["B", "C"])
+        held, acknowledged = b.log(), a.obj._SyncObj__raftMatchIndex[net.node_of("A", "B")]
+        assert acknowledged == held[-1][0] == 32 and len(b.list.rawData()) == 30
+        a.obj._SyncObj__onMessageReceived(TCPNode(net.addresses["B"]), {
+            "type": "next_node_idx", "next_node_idx": 2, "reset": True, "success": False, "term": 1})
+        a.obj._SyncObj__newAppendEntriesTime = 0
+        a.tick()
+        snapshot = [m for m in net.pending("A", "B") if "serialized" in m]
+        assert snapshot, "A did not send its snapshot"
+        net.deliver("A", "B", len(snapshot))
+        assert b.log()[-1] == (32, 1), f"B acknowledged up to 32 and then held {b.log()}"
+        [answer] = [m for m in net.pending("B", "A") if m["type"] == "next_node_idx"][-1:]
+        assert answer["success"] and answer["next_node_idx"] == 23, answer  # what the snapshot covers, no more
+        b.tick()
+        assert b.list.rawData() == [f"v{i}" for i in range(30)]
+    finally:
+        net.destroy()
+
+
 def test_a_voter_whose_snapshot_does_not_read_back_stops(tmp_path: Path) -> None:
     # pysyncobj logged the failed load and went on with a journal that starts past the snapshot: the voter voted
     # and acknowledged but never applied anything, and as a leader its metadata would have been empty.
