@@ -47,6 +47,7 @@ from metadata_quorum.state import (
     ItemResult,
     MetadataState,
     PartitionState,
+    collision_key,
     replica_room_refusal,
     validate_topic_name,
 )
@@ -820,9 +821,14 @@ class QuorumController:
     def _plan_topic(self, topic: pb.CreatableTopic,
                     loads: list[BrokerLoad]) -> tuple[c.CreateTopic, list[BrokerLoad]]:
         validate_topic_name(topic.name)
-        exists = self.raft.read(lambda s: topic.name in s.topics)
+        exists, colliding = self.raft.read(lambda s: (
+            topic.name in s.topics, sorted(s.topics_by_collision_key.get(collision_key(topic.name), ()))))
         if exists:
             raise errors.TopicAlreadyExistsError(f"topic '{topic.name}' already exists")
+        if colliding:
+            # Kafka's controller refuses it: '.' and '_' are one character in its metric names.
+            raise errors.InvalidTopicException(f"topic '{topic.name}' collides with existing topic: {colliding[0]} "
+                                               f"('.' and '_' are the same in metric names)")
         configs = log_config.validate(dict(topic.configs), strict=True)
         if topic.assignments:
             if len(topic.assignments) > MAX_PARTITIONS_PER_TOPIC:
@@ -883,8 +889,8 @@ class QuorumController:
         rf = len(assignments[0])
         registered = self.raft.read(lambda s: set(s.brokers))
         for index, replicas in enumerate(assignments):
-            if len(replicas) != rf:
-                raise errors.InvalidReplicationFactorError(
+            if len(replicas) != rf:  # Kafka's code for it: the assignment is wrong, not a replication factor
+                raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
                     f"partition {index} has {len(replicas)} replicas, partition 0 has {rf}")
             if len(set(replicas)) != len(replicas) or not replicas:
                 raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
@@ -985,7 +991,7 @@ class QuorumController:
                     f"{len(assignments)} assignments given for {new} new partitions")
             self._check_manual_assignment(assignments)
             if len(assignments[0]) != rf:
-                raise errors.InvalidReplicationFactorError(
+                raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
                     f"new partitions have {len(assignments[0])} replicas, the topic has {rf}")
         else:
             if rf > len(loads):

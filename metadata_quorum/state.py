@@ -180,6 +180,11 @@ def validate_topic_name(name: str) -> None:
             f"topic name '{name}' is illegal: only ASCII letters, digits, '.', '_' and '-' are allowed")
 
 
+def collision_key(name: str) -> str:
+    """Kafka's Topic.unifyCollisionChars: '.' and '_' collide (metric names flatten one to the other)."""
+    return name.replace(".", "_")
+
+
 def _invariant(ok: bool, what: str) -> None:
     if not ok:
         raise MetadataInvariantError(f"metadata invariant violated: {what}")
@@ -235,6 +240,9 @@ class MetadataState:
         self.brokers: dict[int, BrokerState] = {}
         self.topics: dict[str, TopicState] = {}  # by name
         self.topics_by_id: dict[str, TopicState] = {}
+        # Topic names by their collision key ('.' read as '_'; Kafka's metric names flatten one to the other):
+        # the controller refuses a new name that collides with an existing one, as Kafka's does.
+        self.topics_by_collision_key: dict[str, set[str]] = {}
         self.scram: dict[tuple[str, str], sec.ScramCredential] = {}  # (user, mechanism)
         # Replaced, never changed in place: a reader takes the current set under the lock and may use it
         # after (the controller matches DeleteAcls filters against it outside the lock).
@@ -343,6 +351,8 @@ class MetadataState:
                 topic = self.topics_by_id.get(key[1])
                 if topic is not None:
                     _invariant(self.topics.get(topic.name) is topic, f"topic {topic.name}: name and id maps disagree")
+                    _invariant(topic.name in self.topics_by_collision_key.get(collision_key(topic.name), ()),
+                               f"topic {topic.name} is missing from the collision index")
                     _invariant(bool(topic.partitions), f"topic {topic.name} has no partitions")
                     rf = topic.partitions[0].replication_factor
                     _invariant(all(p.replication_factor == rf for p in topic.partitions),
@@ -684,6 +694,7 @@ class MetadataState:
                            [self._new_partition(r, eligible) for r in cmd.assignments], cmd.request_id)
         self.topics[cmd.name] = topic
         self.topics_by_id[cmd.topic_id] = topic
+        self.topics_by_collision_key.setdefault(collision_key(cmd.name), set()).add(cmd.name)
         self._touch(("T", topic.topic_id))
         self._count(topic.topic_id, enumerate(topic.partitions), 1)
         for index in range(len(topic.partitions)):
@@ -701,6 +712,11 @@ class MetadataState:
         topic = self._topic(cmd.name, cmd.topic_id)
         del self.topics[topic.name]
         del self.topics_by_id[topic.topic_id]
+        key = collision_key(topic.name)
+        colliding = self.topics_by_collision_key[key]
+        colliding.discard(topic.name)
+        if not colliding:
+            del self.topics_by_collision_key[key]
         self._count(topic.topic_id, enumerate(topic.partitions), -1)
         self._touch(("T", topic.topic_id))
         return ApplyResult(value=topic.topic_id)
@@ -1136,11 +1152,13 @@ class MetadataState:
                                                 bool(more[1]) if len(more) > 1 else False)
         self.topics = {}
         self.topics_by_id = {}
+        self.topics_by_collision_key = {}
         for name, topic_id, configs, partitions, *request_id in data["topics"]:  # no request id: older
             topic = TopicState(name, topic_id, dict(configs),
                                [_partition_from_snapshot(p) for p in partitions], *request_id)
             self.topics[name] = topic
             self.topics_by_id[topic_id] = topic
+            self.topics_by_collision_key.setdefault(collision_key(name), set()).add(name)
         # Snapshots written before these records existed have no "cluster_configs" / "security" section.
         self.cluster_configs = {str(k): str(v) for k, v in (data.get("cluster_configs") or {}).items()}
         security = data.get("security") or {}

@@ -158,10 +158,17 @@ def config_type(resource_type: int, name: str) -> int:
 class _Failed(Exception):
     """A request refused as a whole: every item of the response carries ``code``/``message``."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str | None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class _MatchesNothing(_Failed):
+    """An ACL filter no binding can match: answered with no error and nothing found."""
+
+    def __init__(self) -> None:
+        super().__init__(ErrorCode.NONE, None)
 
 
 ADMIN_WORKERS = 4
@@ -702,6 +709,8 @@ class AdminApis:
             f, host = _acl_filter(req.body)
             out = await self._controller(ctx, "DescribeAcls", security_pb2.DescribeAclsRequest(filter=f),
                                          security=True)
+        except _MatchesNothing:
+            return self._resp(req, {"error_code": 0, "error_message": None, "resources": [], "throttle_time": 0})
         except _Failed as exc:
             return self._resp(req, {"error_code": exc.code, "error_message": exc.message, "resources": [],
                                     "throttle_time": 0})
@@ -968,9 +977,11 @@ def _acl_binding(c: Any) -> security_pb2.AclBinding:
             raise _Failed(ErrorCode.INVALID_REQUEST, f"Brook has no ACL {kind} type {int(value)}")
         names.append(table[int(value)])
     rtype, pattern, operation, permission = names
+    if not c.host:
+        # Kafka stores an empty host, and it matches no client; it was stored as "*", every client (audit).
+        raise _Failed(ErrorCode.INVALID_REQUEST, "an ACL's host is '*' (any) or a client address, not empty")
     try:
-        b = sec.new_acl_binding([rtype, c.resource_name, pattern, c.principal, c.host or sec.WILDCARD, operation,
-                                 permission])
+        b = sec.new_acl_binding([rtype, c.resource_name, pattern, c.principal, c.host, operation, permission])
     except errors.BrookError as exc:
         raise _Failed(exc.code, exc.message) from None
     return security_pb2.AclBinding(resource_type=b.resource_type, resource_name=b.resource_name,
@@ -991,6 +1002,10 @@ def _acl_filter(f: Any) -> tuple[security_pb2.AclFilter, str | None]:
             raise _Failed(ErrorCode.INVALID_REQUEST, f"ACL filter: Brook has no {kind} type {value}")
         return table[value]
 
+    if "" in (f.resource_name_filter, f.principal_filter, f.host_filter):
+        # Kafka's filters take null for "any"; an empty name, principal or host matches only bindings that have
+        # one, and none has. It was read as "any": a DeleteAcls with host "" deleted the bindings of every host.
+        raise _MatchesNothing()
     try:  # the host as bindings store it (canonical IP), so that a filter finds them however it is written
         host = sec.acl_host(f.host_filter) if f.host_filter else None
     except ValueError:

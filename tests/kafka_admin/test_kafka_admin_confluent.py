@@ -142,6 +142,18 @@ def test_acls(confluent_admin: Any, topic_name: str) -> None:
     assert a.describe_acls(on_that_host, request_timeout=T).result(T) == [on_host]
     # A filter naming a host deletes the bindings on that host only, not their twins on "*".
     assert a.delete_acls([on_that_host], request_timeout=T)[on_that_host].result(T) == [on_host]
+    # An empty host matches no client in Kafka: it was stored as "*" (every client), and an empty host in a filter
+    # was read as "any", so a DeleteAcls with it deleted the bindings of every host (audit).
+    empty_host = AclBinding(ResourceType.TOPIC, topic_name, ResourcePatternType.LITERAL, principal, "",
+                            AclOperation.WRITE, AclPermissionType.ALLOW)
+    with pytest.raises(KafkaException) as empty:
+        a.create_acls([empty_host], request_timeout=T)[empty_host].result(T)
+    assert empty.value.args[0].name() == "INVALID_REQUEST"
+    no_host = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, principal, "",
+                               AclOperation.ANY, AclPermissionType.ANY)
+    assert a.describe_acls(no_host, request_timeout=T).result(T) == []
+    assert a.delete_acls([no_host], request_timeout=T)[no_host].result(T) == []
+    assert sorted(a.describe_acls(of_principal, request_timeout=T).result(T), key=str) == sorted([read, group], key=str)
 
     topic_only = AclBindingFilter(ResourceType.TOPIC, None, ResourcePatternType.ANY, principal, None,
                                   AclOperation.ANY, AclPermissionType.ANY)

@@ -110,3 +110,20 @@ def test_an_unknown_election_type_and_too_many_partitions_to_list_are_refused(se
         topic="t", partitions=range(MAX_PARTITION_CHANGES_PER_REQUEST + 1))])
     response = service.ListPartitionReassignments(many, ADMIN)
     assert response.error_code == ErrorCode.POLICY_VIOLATION, response
+
+
+def test_a_topic_name_that_collides_with_an_existing_one_on_dot_and_underscore_is_invalid(
+        service: ControllerService) -> None:
+    # Kafka's controller refuses it ('.' and '_' are one character in its metric names); it was created (audit).
+    assert create(service, ADMIN, "col-x_x", 1).error_code == ErrorCode.NONE
+    refused = create(service, ADMIN, "col-x.x", 1)
+    assert refused.error_code == ErrorCode.INVALID_TOPIC_EXCEPTION, refused
+    assert "collides with existing topic: col-x_x" in refused.error_message, refused
+    validated = service.CreateTopics(pb.CreateTopicsRequest(validate_only=True, topics=[pb.CreatableTopic(
+        name="col-x.x", num_partitions=1, replication_factor=1)]), ADMIN).results[0]
+    assert validated.error_code == ErrorCode.INVALID_TOPIC_EXCEPTION, validated
+    assert "col-x.x" not in topics(service)
+    deleted = service.DeleteTopics(pb.DeleteTopicsRequest(names=["col-x_x"]), ADMIN)
+    assert [r.error_code for r in deleted.results] == [ErrorCode.NONE], deleted
+    assert create(service, ADMIN, "col-x.x", 1).error_code == ErrorCode.NONE  # no longer collides
+    assert service._raft.read(lambda s: s.topics_by_collision_key["col-x_x"]) == {"col-x.x"}

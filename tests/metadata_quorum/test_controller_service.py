@@ -95,6 +95,10 @@ def test_create_topic_validation_errors(client: ControllerClient, epochs: dict[i
         (pb.CreatableTopic(name="asg", num_partitions=-1, replication_factor=-1,
                            assignments=[pb.ReplicaList(replicas=[1, 9])]),
          ErrorCode.INVALID_REPLICA_ASSIGNMENT),
+        # Partitions of different replica counts: Kafka's INVALID_REPLICA_ASSIGNMENT (it was a replication factor's).
+        (pb.CreatableTopic(name="uneven", num_partitions=-1, replication_factor=-1,
+                           assignments=[pb.ReplicaList(replicas=[1, 2]), pb.ReplicaList(replicas=[1])]),
+         ErrorCode.INVALID_REPLICA_ASSIGNMENT),
     ]
     r = client.call("CreateTopics", pb.CreateTopicsRequest(topics=[t for t, _ in cases]))
     for (topic, code), result in zip(cases, r.results, strict=True):

@@ -386,6 +386,7 @@ def test_snapshot_round_trip_equals_the_original() -> None:
     restored = MetadataState.from_snapshot(snap)
     assert restored == s
     assert restored.to_snapshot() == snap
+    assert restored.topics_by_collision_key == s.topics_by_collision_key == {"t": {"t"}}  # derived, not stored
     # And it keeps working identically afterwards.
     for state in (s, restored):
         unfence(state, 2)
