@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker import authorizer as authz
+from broker import loggers
 from broker import principal as principals
 from broker.admission import refuse_oversized
 from broker.kafka_wire import codec
@@ -95,8 +96,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 STRICT_QUOTA_SINCE = {CREATE_TOPICS: 6, DELETE_TOPICS: 5, CREATE_PARTITIONS: 3}
 
 # Kafka's ConfigResource.Type, ConfigEntry.ConfigSource and AlterConfigOp.OpType codes.
-RESOURCE_TOPIC, RESOURCE_BROKER = 2, 4
+RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER = 2, 4, 8
 SOURCE_DYNAMIC_TOPIC, SOURCE_DYNAMIC_DEFAULT_BROKER, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 3, 4, 5
+SOURCE_DYNAMIC_BROKER_LOGGER = 6
 OP_SET, OP_DELETE = 0, 1
 _OP_NAMES = {0: "SET", 1: "DELETE", 2: "APPEND", 3: "SUBTRACT"}
 
@@ -388,14 +390,35 @@ class AdminApis:
                 node = exc
         if described and view is None:
             view = self._node_view()
+        if any(refused is None and r.resource_type == RESOURCE_BROKER_LOGGER
+               for r, refused in zip(resources, screened, strict=True)):
+            try:
+                self._authorize_cluster(ctx, authz.DESCRIBE_CONFIGS)
+                node_loggers: list[tuple[str, str]] | _Failed = loggers.describe()
+            except _Failed as exc:
+                node_loggers = exc
+        else:
+            node_loggers = []
         return await self._answer(functools.partial(
-            self._describe_answer, req, resources, screened, described, failed, node, view),
+            self._describe_answer, req, resources, screened, described, failed, node, view, node_loggers),
             heavy=bool(described) or len(resources) > _ANSWER_ON_LOOP_MAX_ITEMS)
+
+    def _authorize_cluster(self, ctx: KafkaCallContext, operation: str) -> None:
+        who = ctx.brook_authentication.principal
+        if not self.broker.authorizer.authorize(who, operation, authz.CLUSTER):
+            exc = authz.denied_error(who, operation, authz.CLUSTER)
+            raise _Failed(exc.code, exc.message)
+
+    def _own_logger_resource(self, name: str) -> None:
+        if name != str(self.broker.node_id):
+            raise _Failed(ErrorCode.INVALID_REQUEST, f"broker {self.broker.node_id} has its own loggers (resource "
+                                                     f"name '{self.broker.node_id}'), not broker '{name}'s")
 
     def _describe_answer(self, req: codec.Request, resources: list[Any], screened: list[_Failed | None],
                          described: dict[str, Any], failed: _Failed | None,
                          node: tuple[list[_ConfigRow], list[_ConfigRow]] | _Failed | None,
-                         view: tuple[list[_ConfigRow], list[_ConfigRow]] | None = None) -> Any:
+                         view: tuple[list[_ConfigRow], list[_ConfigRow]] | None = None,
+                         node_loggers: list[tuple[str, str]] | _Failed = ()) -> Any:  # type: ignore[assignment]
         """The DescribeConfigs response (on the admin pool: up to 1,000 topics' entries with documentation)."""
         body = req.body
         with_docs = bool(_get(body, "include_documentation", False))
@@ -424,9 +447,15 @@ class AdminApis:
                 elif res.resource_type == RESOURCE_BROKER:
                     assert node is not None
                     configs = self._broker_configs(node, res.resource_name)
+                elif res.resource_type == RESOURCE_BROKER_LOGGER:
+                    if isinstance(node_loggers, _Failed):
+                        raise node_loggers
+                    self._own_logger_resource(res.resource_name)
+                    configs = [(name, level, SOURCE_DYNAMIC_BROKER_LOGGER, False, None, False, ())
+                               for name, level in node_loggers]
                 else:
-                    raise _Failed(ErrorCode.INVALID_REQUEST,
-                                  f"Brook describes TOPIC and BROKER configs, not resource type {res.resource_type}")
+                    raise _Failed(ErrorCode.INVALID_REQUEST, f"Brook describes TOPIC, BROKER and BROKER_LOGGER "
+                                                             f"configs, not resource type {res.resource_type}")
             except _Failed as exc:
                 entry.update(error_code=exc.code, error_message=exc.message)
                 results.append(entry)
@@ -546,6 +575,9 @@ class AdminApis:
             try:
                 if refused is not None:
                     raise refused
+                if res.resource_type == RESOURCE_BROKER_LOGGER:  # as Kafka's brokers answer it
+                    raise _Failed(ErrorCode.INVALID_REQUEST, "AlterConfigs does not support the resource type "
+                                                             "BROKER_LOGGER: use IncrementalAlterConfigs")
                 if any(v is None for v in given.values()):
                     raise _Failed(ErrorCode.INVALID_CONFIG, "a null config value (use IncrementalAlterConfigs DELETE)")
                 every = log_config.TOPIC_CONFIGS if res.resource_type == RESOURCE_TOPIC \
@@ -603,9 +635,22 @@ class AdminApis:
                 outcome[i] = (ErrorCode.INVALID_REQUEST,
                               "Brook has no per-broker dynamic configs: alter the cluster-wide default "
                               "(BROKER resource name '') or the node's config file")
+            elif res.resource_type == RESOURCE_BROKER_LOGGER:
+                try:
+                    self._authorize_cluster(ctx, authz.ALTER_CONFIGS)
+                    self._own_logger_resource(res.resource_name)
+                    try:
+                        loggers.check(to_set, to_delete)
+                    except errors.BrookError as exc:
+                        raise _Failed(exc.code, exc.message) from None
+                    if not validate_only:
+                        loggers.apply(to_set, to_delete)
+                    outcome[i] = (0, "")
+                except _Failed as exc:
+                    outcome[i] = (exc.code, exc.message)
             else:
-                outcome[i] = (ErrorCode.INVALID_REQUEST,
-                              f"Brook alters TOPIC and BROKER configs, not resource type {res.resource_type}")
+                outcome[i] = (ErrorCode.INVALID_REQUEST, f"Brook alters TOPIC, BROKER and BROKER_LOGGER configs, "
+                                                         f"not resource type {res.resource_type}")
         if cluster_plan is not None:
             i, to_set, to_delete = cluster_plan
             try:  # Kafka's dynamic default broker configs are Brook's cluster configs
