@@ -179,6 +179,13 @@ class Network:
             for follower in to:
                 self.voters[follower].tick()
 
+    def write(self, leader: str, values: list[Any], to: list[str]) -> None:
+        """The leader appends ``values`` to its replicated list and replicates them to ``to``."""
+        for value in values:
+            self.voters[leader].propose(value)
+        self.voters[leader].tick()
+        self.replicate(leader, to)
+
     def node_of(self, holder: str, name: str) -> Any:
         """The pysyncobj node object ``holder`` keeps for ``name``."""
         return next(n for n in self.voters[holder].obj._SyncObj__otherNodes if n.id == self.addresses[name])

@@ -137,10 +137,7 @@ def test_a_leader_writing_its_snapshot_sends_a_follower_that_needs_it_one_messag
     try:
         net.elect("A", ["B", "C"])
         a = net["A"]
-        for i in range(10):
-            a.propose(f"v{i}")
-        a.tick()
-        net.replicate("A", ["B", "C"])
+        net.write("A", [f"v{i}" for i in range(10)], ["B", "C"])
         _compact(a, writers["A"])
         write = writers["A"]._write
         release = time.monotonic() + 1.0
@@ -173,10 +170,7 @@ def test_a_compaction_killed_before_its_journal_trim_keeps_the_entries_after_the
     try:
         net.elect("A", ["B", "C"])
         a = net["A"]
-        for i in range(20):
-            a.propose(f"v{i}")
-        a.tick()
-        net.replicate("A", ["B", "C"])
+        net.write("A", [f"v{i}" for i in range(20)], ["B", "C"])
         journal = a.obj._SyncObj__raftLog
         trim = journal.deleteEntriesTo
 
@@ -222,15 +216,9 @@ def test_a_late_snapshot_keeps_the_entries_the_follower_holds_after_it(tmp_path:
     try:
         net.elect("A", ["B", "C"])
         a, b = net["A"], net["B"]
-        for i in range(20):
-            a.propose(f"v{i}")
-        a.tick()
-        net.replicate("A", ["B", "C"])
+        net.write("A", [f"v{i}" for i in range(20)], ["B", "C"])
         _compact(a, writers["A"])
-        for i in range(20, 30):
-            a.propose(f"v{i}")
-        a.tick()
-        net.replicate("A", ["B", "C"])
+        net.write("A", [f"v{i}" for i in range(20, 30)], ["B", "C"])
         held, acknowledged = b.log(), a.obj._SyncObj__raftMatchIndex[net.node_of("A", "B")]
         assert acknowledged == held[-1][0] == 32 and len(b.list.rawData()) == 30
         a.obj._SyncObj__onMessageReceived(TCPNode(net.addresses["B"]), {
@@ -257,10 +245,7 @@ def test_a_voter_whose_snapshot_does_not_read_back_stops(tmp_path: Path) -> None
     try:
         net.elect("A", ["B", "C"])
         a = net["A"]
-        for i in range(5):
-            a.propose(f"v{i}")
-        a.tick()
-        net.replicate("A", ["B", "C"])
+        net.write("A", [f"v{i}" for i in range(5)], ["B", "C"])
         _compact(a, writers["A"])
     finally:
         net.destroy()
