@@ -34,11 +34,13 @@ import logging
 from typing import Any
 
 import pysyncobj.pickle as pysyncobj_pickle
+import pysyncobj.syncobj as pysyncobj_syncobj
 from pysyncobj import SyncObj
 
 from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
 
 log = logging.getLogger(__name__)
+_RAFT = pysyncobj_syncobj._RAFT_STATE
 
 
 def _is_snapshot_append(message: Any) -> bool:
@@ -57,9 +59,21 @@ class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 - overrides SyncObj's
-        if isinstance(message, dict) and message.get("type") == "next_node_idx" and \
-                message.get("term", self._SyncObj__raftCurrentTerm) != self._SyncObj__raftCurrentTerm:
+        kind = message.get("type") if isinstance(message, dict) else None
+        term = message.get("term") if kind is not None else None
+        current = self._SyncObj__raftCurrentTerm
+        if kind == "next_node_idx" and term is not None and term != current:
+            if isinstance(term, int) and term > current:
+                self._lm_deposed(term)
             return  # an answer to a leader of another term (see _SyncObj__sendNextNodeIdx)
+        if kind == "append_entries" and isinstance(term, int) and term < current:
+            # Raft: answer a leader of an earlier term with this voter's term, so that it steps down at once.
+            # pysyncobj answered nothing: a deposed leader (paused, then resumed) went on as leader until its
+            # leaderFallbackTimeout, committing nothing and answering from its old state meanwhile.
+            self._SyncObj__transport.send(node, {
+                "type": "next_node_idx", "next_node_idx": self._SyncObj__getCurrentLogIndex() + 1, "reset": False,
+                "success": False, "term": current})
+            return
         if _is_snapshot_append(message):
             self._lm_snapshot_append(node, message)
             return
@@ -73,6 +87,16 @@ class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
         finally:
             self._lm_answer_limit = None
         self._SyncObj__leaderCommitIndex = message["commit_index"]
+
+    def _lm_deposed(self, term: int) -> None:
+        """A voter answered with a later term: take it and follow (Raft; as pysyncobj does for a vote request)."""
+        if self._SyncObj__raftState == _RAFT.LEADER:
+            log.info("stepping down: a voter answered with term %d, this leader's is %d", term,
+                     self._SyncObj__raftCurrentTerm)
+        self._SyncObj__setCurrentTerm(term, None)
+        if self._SyncObj__raftState != _RAFT.FOLLOWER:
+            self._SyncObj__setState(_RAFT.FOLLOWER)
+        self._SyncObj__raftLeader = None
 
     def _lm_snapshot_append(self, node: Any, message: dict[str, Any]) -> None:
         """An append_entries that carries (a piece of) the leader's snapshot, or nothing while the leader writes

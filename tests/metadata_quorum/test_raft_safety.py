@@ -50,6 +50,25 @@ def test_a_late_pre_vote_answer_with_a_higher_term_deposes_a_leader(trio: Networ
     assert a.obj._SyncObj__raftLeader is None
 
 
+def test_a_deposed_leader_learns_the_new_term_from_the_first_answer(trio: Network) -> None:
+    # A is paused; B is elected at term 2 with C's vote. A resumes and sends its term-1 heartbeats: pysyncobj's
+    # voters ignored them, so A went on as leader of term 1 until its leaderFallbackTimeout (2 s), answering
+    # from its old state. Raft's voters answer with their term, and A steps down at once.
+    trio.elect("A", ["B", "C"])
+    trio.replicate("A", ["B", "C"])
+    trio.elect("B", ["C"])
+    trio.replicate("B", ["C"])
+    trio.drop("B", "A")  # A, paused, heard none of it
+    a = trio["A"]
+    assert (a.state, a.term) == (RAFT.LEADER, 1)
+    a.obj._SyncObj__newAppendEntriesTime = 0
+    a.tick()
+    trio.deliver("A", "C")
+    trio.deliver("C", "A")
+    assert (a.state, a.term) == (RAFT.FOLLOWER, 2), f"A is {a.state} at term {a.term}"
+    assert trio["C"].obj._SyncObj__raftLeader.id == trio.addresses["B"]  # C still follows B
+
+
 def test_an_answer_to_a_leader_of_an_earlier_term_is_not_counted() -> None:
     # Five voters: A leads term 1 and sends B entries; B's answer is held on its link while C leads term 2 and A
     # leads term 3. The answer to term 1 counted toward A's term-3 commits, and the audit's run committed and
