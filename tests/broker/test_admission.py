@@ -158,15 +158,22 @@ async def test_a_deadline_moved_on_before_it_passes_does_not_fire() -> None:
     loop = asyncio.get_running_loop()
     fired: list[float] = []
     deadline = ConnectionDeadline(loop, lambda: fired.append(loop.time()))
+    window = 0.05
+    renewed: list[float] = []
     for _ in range(30):  # 0.3 s of waits, each within 0.05 s
-        deadline.within(0.05)
+        deadline.within(window)
+        renewed.append(loop.time())
         await asyncio.sleep(0.01)
     deadline.clear()
+    renewed.append(loop.time())
     await asyncio.sleep(0.15)
-    assert fired == [] and not deadline.fired
+    # It may fire only where the loop itself ran a renewal late (a loaded machine stalls it past the window; the
+    # test failed so once in a suite run beside three clusters): never otherwise.
+    late = [round(b - a, 3) for a, b in zip(renewed, renewed[1:], strict=False) if b - a >= window - 0.002]
+    assert (fired == [] and not deadline.fired) or late, f"fired at {fired} though every renewal came in time"
+    before = len(fired)
     deadline.within(0.02)  # and still enforced afterwards
-    await asyncio.sleep(0.15)
-    assert len(fired) == 1
+    await await_for(lambda: len(fired) > before, 5, "the deadline set after the clear to fire")
 
 
 async def test_a_cancelled_deadline_never_fires() -> None:
