@@ -363,6 +363,10 @@ class LogManager:
             lg = self._logs.pop(tp, None)
             self._log_dir_of.pop(tp, None)
             self._topic_ids.pop(tp, None)
+            if lg is not None and not any(t == tp[0] for t, _p in self._logs):
+                # Its last partition here: the topic's overrides go too (a log created for it again is given
+                # them). They stayed for every topic the broker ever hosted: 175 B each, for good (audit).
+                self._overrides.pop(tp[0], None)
         if lg is not None:
             self.cleaner.forget(tp)
         return lg
@@ -438,10 +442,13 @@ class LogManager:
     def update_topic_config(self, topic: str, overrides: Mapping[str, str]) -> None:
         config = LogConfig.from_overrides(overrides, self.broker_defaults)
         with self._lock:
-            self._overrides[topic] = dict(overrides)
+            hosted = False
             for (t, _p), lg in self._logs.items():
                 if t == topic:
                     lg.update_config(config)
+                    hosted = True
+            if hosted:  # a topic with no log here keeps nothing (its logs are created with their overrides)
+                self._overrides[topic] = dict(overrides)
 
     # ------------------------------------------------------------------ checkpoints
     def by_dir(self) -> dict[Path, dict[TopicPartitionKey, Log]]:

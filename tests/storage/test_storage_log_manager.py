@@ -109,6 +109,26 @@ def test_old_incarnation_replaced_and_delete_log(tmp_path: Path) -> None:
     lm.shutdown()
 
 
+def test_a_deleted_topics_overrides_go_with_its_last_partition(tmp_path: Path) -> None:
+    # Every topic name a broker ever hosted kept its overrides for the life of the process, however many were
+    # created and deleted (audit: 2,200 cycles, 2,200 entries left).
+    lm = LogManager([tmp_path / "d"])
+    lm.startup()
+    for cycle in range(50):
+        name = f"churn-{cycle}"
+        for p in range(2):
+            lm.get_or_create_log(name, p, topic_id=f"id-{cycle}", overrides={"retention.ms": "60000"})
+        lm.update_topic_config(name, {"retention.ms": "120000"})
+        lm.delete_log(name, 0)
+        assert name in lm._overrides  # partition 1 is still here
+        lm.delete_log(name, 1)
+    lm.update_topic_config("never-hosted", {"retention.ms": "1"})
+    assert lm._overrides == {}
+    again = lm.get_or_create_log("churn-0", 0, topic_id="id-again", overrides={"retention.ms": "5000"})
+    assert again.config.retention_ms == 5000
+    lm.shutdown()
+
+
 def test_update_topic_config_and_background_retention_and_flush(tmp_path: Path) -> None:
     lm = LogManager([tmp_path / "d"], flush_check_ms=20, retention_check_ms=20, checkpoint_interval_ms=20)
     lm.startup()
