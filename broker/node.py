@@ -47,7 +47,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from broker.config import ConfigError, NodeConfig, keys_markdown, load_config
-from broker.log_limits import log_handler
+from broker.log_limits import QuietAsyncioSslEof, log_handler
 from broker.metrics import (
     BrokerCollector,
     BudgetCollector,
@@ -515,6 +515,7 @@ def setup_logging(level: str) -> None:
     if level != "DEBUG":
         for noisy in ("grpc", "pysyncobj"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("asyncio").addFilter(QuietAsyncioSslEof())
 
 
 def report_fatal_signals() -> None:

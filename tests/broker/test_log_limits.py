@@ -95,3 +95,20 @@ def test_a_client_chosen_string_cannot_forge_a_log_line(monkeypatch: pytest.Monk
     assert lines[0].endswith("group inj\\n2026-12-01 04:00:00,000 ERROR [broker-1-loop] forged\\r\\nTraceback (most "
                              "recent call last):\\x00\\u2028: a member joined"), lines[0]
     assert lines[2] == "Traceback (most recent call last):" and lines[5] == "ValueError: real", lines
+
+
+def test_asyncios_ssl_eof_warning_is_dropped_and_nothing_else(caplog: pytest.LogCaptureFixture) -> None:
+    """asyncio logged it for each Kafka-listener client that ended its TLS handshake early (a churn audit: over a
+    hundred lines a node, telling nothing)."""
+    from broker.log_limits import QuietAsyncioSslEof
+
+    logger = logging.getLogger("asyncio")
+    quiet = QuietAsyncioSslEof()
+    logger.addFilter(quiet)
+    try:
+        with caplog.at_level(logging.WARNING, logger="asyncio"):
+            logger.warning("returning true from eof_received() has no effect when using ssl")
+            logger.warning("Executing %s took %.3f seconds", "<Task>", 0.5)
+    finally:
+        logger.removeFilter(quiet)
+    assert [r.getMessage() for r in caplog.records] == ["Executing <Task> took 0.500 seconds"]
