@@ -38,6 +38,7 @@ import pysyncobj.syncobj as pysyncobj_syncobj
 from pysyncobj import SyncObj
 
 from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
+from metadata_quorum.prevote import follow_term
 
 log = logging.getLogger(__name__)
 _RAFT = pysyncobj_syncobj._RAFT_STATE
@@ -70,9 +71,7 @@ class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
             # Raft: answer a leader of an earlier term with this voter's term, so that it steps down at once.
             # pysyncobj answered nothing: a deposed leader (paused, then resumed) went on as leader until its
             # leaderFallbackTimeout, committing nothing and answering from its old state meanwhile.
-            self._SyncObj__transport.send(node, {
-                "type": "next_node_idx", "next_node_idx": self._SyncObj__getCurrentLogIndex() + 1, "reset": False,
-                "success": False, "term": current})
+            self._SyncObj__sendNextNodeIdx(node)  # neither success nor reset: only its term counts
             return
         if _is_snapshot_append(message):
             self._lm_snapshot_append(node, message)
@@ -89,14 +88,11 @@ class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
         self._SyncObj__leaderCommitIndex = message["commit_index"]
 
     def _lm_deposed(self, term: int) -> None:
-        """A voter answered with a later term: take it and follow (Raft; as pysyncobj does for a vote request)."""
+        """A voter answered with a later term: take it and follow."""
         if self._SyncObj__raftState == _RAFT.LEADER:
             log.info("stepping down: a voter answered with term %d, this leader's is %d", term,
                      self._SyncObj__raftCurrentTerm)
-        self._SyncObj__setCurrentTerm(term, None)
-        if self._SyncObj__raftState != _RAFT.FOLLOWER:
-            self._SyncObj__setState(_RAFT.FOLLOWER)
-        self._SyncObj__raftLeader = None
+        follow_term(self, term)
 
     def _lm_snapshot_append(self, node: Any, message: dict[str, Any]) -> None:
         """An append_entries that carries (a piece of) the leader's snapshot, or nothing while the leader writes

@@ -43,6 +43,15 @@ _RAFT = pysyncobj_syncobj._RAFT_STATE
 _now = pysyncobj_syncobj.monotonicTime
 
 
+def follow_term(obj: SyncObj, term: int) -> None:
+    """Raft's rule for a message of a later term: take the term (no vote cast) and become a follower with no
+    leader known, whatever this voter was (as pysyncobj does for a vote request of a later term)."""
+    obj._SyncObj__setCurrentTerm(term, None)
+    if obj._SyncObj__raftState != _RAFT.FOLLOWER:
+        obj._SyncObj__setState(_RAFT.FOLLOWER)
+    obj._SyncObj__raftLeader = None
+
+
 class PreVoteSyncObj(SyncObj):  # type: ignore[misc]
     """pysyncobj's SyncObj with a pre-vote round before each election its timer starts (see the module doc).
 
@@ -97,10 +106,7 @@ class PreVoteSyncObj(SyncObj):  # type: ignore[misc]
             # leader or candidate steps down. An answer arrives late if its link was slow: this voter may have
             # been elected since, and another at that higher term, whose leader it must not also be (two leaders
             # in one term, and different commands committed at one index: audit).
-            self._SyncObj__setCurrentTerm(term, None)
-            if self._SyncObj__raftState != _RAFT.FOLLOWER:
-                self._SyncObj__setState(_RAFT.FOLLOWER)
-            self._SyncObj__raftLeader = None
+            follow_term(self, term)
         if message.get("round") != self._pv_round or not message.get("granted") or self._pv_won_recently(_now()):
             return
         self._pv_grants.add(node)
