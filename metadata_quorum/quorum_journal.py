@@ -33,22 +33,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pysyncobj.pickle as pysyncobj_pickle
-from pysyncobj.journal import (
-    FIRST_RECORD_OFFSET,
-    LAST_RECORD_OFFSET_OFFSET,
-    FileJournal,
-    MetaStorer,
-    ResizableFile,
-)
+from pysyncobj.journal import FileJournal, MetaStorer, ResizableFile
 
 from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
-from storage.checkpoints import fsync_dir
+from storage.checkpoints import fsync_dir, fsync_file, write_atomically
 from storage.disk_errors import EXIT_DISK_FAILURE, halt_for_disk_failure
 
 log = logging.getLogger(__name__)
@@ -85,14 +78,7 @@ class _DurableMetaStorer(MetaStorer):  # type: ignore[misc]
     pysyncobj reads as no term and no vote (a second vote in a term already voted in: audit)."""
 
     def storeMeta(self, meta: Any) -> None:  # noqa: N802 - pysyncobj's name
-        path = Path(self.getPath())
-        temporary = path.with_name(path.name + ".tmp")
-        with open(temporary, "wb") as f:
-            f.write(pysyncobj_pickle.dumps(meta))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-        fsync_dir(path.parent)
+        write_atomically(Path(self.getPath()), pysyncobj_pickle.dumps(meta))
 
 
 def _read_meta(path: Path) -> None:
@@ -161,15 +147,18 @@ class FailStopJournal(FileJournal):  # type: ignore[misc]
         so far: entries it had acknowledged were gone when it restarted (audit)."""
         with self._guard("compact"):
             kept = self._FileJournal__journal[entryTo:]
-            records = b"".join(_record(command, idx, term) for command, idx, term in kept)
-            end = FIRST_RECORD_OFFSET + len(records)
-            header = self._FileJournal__getDefaultHeader()[:LAST_RECORD_OFFSET_OFFSET] + struct.pack("<I", end)
             path = Path(self._path)
             compacted = path.with_name(path.name + ".compacting")
-            with open(compacted, "wb") as f:
-                f.write(header + records)
-                f.flush()
-                os.fsync(f.fileno())
+            compacted.unlink(missing_ok=True)  # left by a kill midway: written again
+            fresh = FailStopJournal(str(compacted), self._on_failure)  # pysyncobj's own format and writer
+            try:
+                for entry in kept:
+                    fresh.add(*entry)
+                fresh.flush()
+                end = fresh._FileJournal__currentOffset
+            finally:
+                fresh._destroy()
+            fsync_file(compacted)  # its size too: msync wrote the pages only
             self._FileJournal__journalFile._destroy()  # flushed and closed: nothing more is written to it
             os.replace(compacted, path)
             fsync_dir(path.parent)
@@ -196,13 +185,6 @@ class FailStopJournal(FileJournal):  # type: ignore[misc]
         if self._dirty:
             self._dirty = False
             self.flush()
-
-
-def _record(command: bytes, idx: int, term: int) -> bytes:
-    """One journal record as pysyncobj's FileJournal writes it: size, index, term, command, size."""
-    body = struct.pack("<QQ", idx, term) + command
-    size = struct.pack("<I", len(body))
-    return size + body + size
 
 
 def halt_on_journal_failure(path: str, what: str, exc: BaseException) -> None:

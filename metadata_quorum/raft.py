@@ -66,7 +66,7 @@ from metadata_quorum.state import (
     MetadataState,
 )
 from proto import errors
-from storage.checkpoints import fsync_dir
+from storage.checkpoints import fsync_dir, fsync_file
 
 log = logging.getLogger(__name__)
 
@@ -292,19 +292,16 @@ class _DumpWriter:
         # would have neither. Both are made durable first (at a start, where the dump is on disk already,
         # that costs two fsyncs).
         try:
-            fd = os.open(file_name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(file_name)
             fsync_dir(Path(file_name).parent)
         except OSError as exc:  # pysyncobj would acknowledge the dump anyway, unloaded: stop instead
             _halt_process(exc)
+        at_start = self._consumer._syncObj._SyncObj__needLoadDumpFile  # its own dump, not a leader's
         try:
             with open(file_name, "rb") as f, gzip.GzipFile(fileobj=f) as g:
                 data = pysyncobj_pickle.load(g)
         except Exception as exc:  # noqa: BLE001 - whatever an unreadable gzip or pickle raises
-            if self._consumer._syncObj._SyncObj__needLoadDumpFile:  # its own, at its first tick (not a leader's)
+            if at_start:
                 log.critical("the quorum snapshot %s does not read back (%s: %s): this voter cannot rebuild the "
                              "metadata its journal does not hold. Replace it as the README's 'Replacing a "
                              "controller voter' says (an empty metadata.log.dir)", file_name, type(exc).__name__,
@@ -315,7 +312,7 @@ class _DumpWriter:
             self_data, consumers = data[0][0], data[0][1:]
             vars(self._consumer._syncObj).update(self_data)
             self._consumer._deserialize(consumers[0])
-        self._trim_compacted(data[1], data[2], at_start=self._consumer._syncObj._SyncObj__needLoadDumpFile)
+        self._trim_compacted(data[1], data[2], at_start=at_start)
         return tuple(data[1:])
 
     def _trim_compacted(self, last: Any, previous: Any, *, at_start: bool) -> None:

@@ -56,13 +56,18 @@ class CorruptCheckpointError(ValueError):
     """A checkpoint file exists but does not parse."""
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename or unlink inside ``path`` durable."""
+def fsync_file(path: Path | str) -> None:
+    """Make ``path``'s contents and size durable (a file written through mmap or by another's descriptor)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or unlink inside ``path`` durable."""
+    fsync_file(path)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
