@@ -20,6 +20,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -116,6 +117,7 @@ class LogManager:
         self._log_dir_of: dict[TopicPartitionKey, Path] = {}
         self._topic_ids: dict[TopicPartitionKey, str] = {}
         self._overrides: dict[str, dict[str, str]] = {}
+        self._hosted: Counter[str] = Counter()  # topic -> its logs here (its overrides go with the last)
         self._stray: set[Path] = set()  # stray logs moved aside (or found so at startup); the operator removes them
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -231,9 +233,7 @@ class LogManager:
                 log.error("partition %s-%d found twice; ignoring %s", tp[0], tp[1], child)
                 lg.close_without_flush()
                 return
-            self._logs[tp] = lg
-            self._log_dir_of[tp] = d
-            self._topic_ids[tp] = read_partition_metadata(child) or ""
+            self._track(tp, lg, d, read_partition_metadata(child) or "")
 
     # ------------------------------------------------------------------ access
     def get_log(self, topic: str, partition: int) -> Log | None:
@@ -282,9 +282,7 @@ class LogManager:
                     # On disk but not loaded (created before startup ran): open it, rescanning all.
                     lg = Log.open(stray, config, full_recovery=True)
                     write_partition_metadata(stray, topic_id)
-                    self._logs[tp] = lg
-                    self._log_dir_of[tp] = stray.parent
-                    self._topic_ids[tp] = topic_id
+                    self._track(tp, lg, stray.parent, topic_id)
                     return lg
                 self._move_aside(stray, f"its topic id {on_disk} is not the topic's now ({topic_id})")
             restored = self._restore_stray(topic, partition, topic_id, config)
@@ -296,9 +294,7 @@ class LogManager:
             write_partition_metadata(path, topic_id)
             fsync_dir(d)
             lg = Log.open(path, config)
-            self._logs[tp] = lg
-            self._log_dir_of[tp] = d
-            self._topic_ids[tp] = topic_id
+            self._track(tp, lg, d, topic_id)
             log.info("created log %s-%d in %s", topic, partition, d)
             return lg
 
@@ -333,9 +329,7 @@ class LogManager:
                           clean_shutdown=True)
         else:
             lg = Log.open(path, config, full_recovery=True)
-        self._logs[(topic, partition)] = lg
-        self._log_dir_of[(topic, partition)] = path.parent
-        self._topic_ids[(topic, partition)] = topic_id
+        self._track((topic, partition), lg, path.parent, topic_id)
         log.warning("%s-%d: stray log %s has this partition's topic id %s: moved back, %d records up to offset %d "
                     "served again", topic, partition, aside.name, topic_id,
                     lg.log_end_offset - lg.log_start_offset, lg.log_end_offset)
@@ -357,16 +351,28 @@ class LogManager:
             sizes[d] = sizes.get(d, 0) + self._logs[tp].size_bytes
         return min(self.log_dirs, key=lambda d: (counts[d], sizes[d], self.log_dirs.index(d)))
 
+    def _track(self, tp: TopicPartitionKey, lg: Log, log_dir: Path, topic_id: str) -> None:
+        """Start tracking ``tp``'s log (the caller holds the lock; ``tp`` is not tracked yet)."""
+        self._logs[tp] = lg
+        self._log_dir_of[tp] = log_dir
+        self._topic_ids[tp] = topic_id
+        self._hosted[tp[0]] += 1
+
     def _release(self, tp: TopicPartitionKey) -> Log | None:
         """Stop tracking ``tp``'s log (the cleaner too); the log, for the caller to close, or None."""
         with self._lock:
             lg = self._logs.pop(tp, None)
             self._log_dir_of.pop(tp, None)
             self._topic_ids.pop(tp, None)
-            if lg is not None and not any(t == tp[0] for t, _p in self._logs):
-                # Its last partition here: the topic's overrides go too (a log created for it again is given
-                # them). They stayed for every topic the broker ever hosted: 175 B each, for good (audit).
-                self._overrides.pop(tp[0], None)
+            if lg is not None:
+                left = self._hosted[tp[0]] - 1
+                if left:
+                    self._hosted[tp[0]] = left
+                else:
+                    # Its last partition here: the topic's overrides go too (a log created for it again is given
+                    # them). They stayed for every topic the broker ever hosted: 175 B each, for good (audit).
+                    del self._hosted[tp[0]]
+                    self._overrides.pop(tp[0], None)
         if lg is not None:
             self.cleaner.forget(tp)
         return lg
@@ -442,12 +448,10 @@ class LogManager:
     def update_topic_config(self, topic: str, overrides: Mapping[str, str]) -> None:
         config = LogConfig.from_overrides(overrides, self.broker_defaults)
         with self._lock:
-            hosted = False
             for (t, _p), lg in self._logs.items():
                 if t == topic:
                     lg.update_config(config)
-                    hosted = True
-            if hosted:  # a topic with no log here keeps nothing (its logs are created with their overrides)
+            if topic in self._hosted:  # a topic with no log here keeps nothing (its logs get them when created)
                 self._overrides[topic] = dict(overrides)
 
     # ------------------------------------------------------------------ checkpoints

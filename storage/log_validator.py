@@ -147,10 +147,8 @@ class LogValidator:
         section = memoryview(buf)[start:end]
         try:
             data = compression.decompress(codec, section, max_output_bytes=self._decompressed_max, one_gzip_member=True)
-        except errors.CorruptMessageError as exc:
-            raise errors.CorruptMessageError(f"batch at position {pos}: {exc.message}") from None
-        except errors.InvalidRecordError as exc:
-            raise errors.InvalidRecordError(f"batch at position {pos}: {exc.message}") from None
+        except (errors.CorruptMessageError, errors.InvalidRecordError) as exc:  # the same error, placed
+            raise type(exc)(f"batch at position {pos}: {exc.message}") from None
         finally:
             section.release()  # the caller's bytearray must stay resizable
         return self._walk(data, 0, len(data), h, pos, now)

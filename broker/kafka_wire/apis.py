@@ -24,10 +24,9 @@ from broker.kafka_wire import admin_apis, codec
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.codec import get_ms as _ms
 from broker.kafka_wire.context import Handler, KafkaCallContext
-from proto import broker_pb2, group_pb2
+from proto import broker_pb2, errors, group_pb2
 from proto.errors import ErrorCode
-from storage.compression import CODEC_ZSTD
-from storage.record_batch import ATTR_CODEC_MASK
+from storage.record_batch import CODEC_ZSTD, read_header
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +70,6 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 # Allowed before a SASL listener's client has authenticated (KIP-152: anything else closes).
 PRE_AUTH_APIS = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
-# A v2 batch's attributes are an int16 at byte 21 (after the CRC); the codec is in its low byte.
-_ATTRIBUTES_LOW_BYTE = 22
 _LEADER_ERRORS = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH)
 
 
@@ -223,9 +220,7 @@ class KafkaApis:
             for p in t.partition_data:
                 named[(t.name, p.index)] = bytes(p.records or b"")
         # As Kafka's ProduceRequest: zstd (KIP-110) only from Produce v7 on; an older client could not read it.
-        refused = [key for key, records in named.items()
-                   if req.api_version < 7 and len(records) > _ATTRIBUTES_LOW_BYTE
-                   and records[_ATTRIBUTES_LOW_BYTE] & ATTR_CODEC_MASK == CODEC_ZSTD]
+        refused = [key for key, records in named.items() if req.api_version < 7 and _first_codec(records) == CODEC_ZSTD]
         for key in refused:
             del named[key]
         for (topic, index), records in named.items():
@@ -534,3 +529,12 @@ class KafkaApis:
 
 def api_version_entries() -> list[dict[str, int]]:
     return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(SUPPORTED.items())]
+
+
+def _first_codec(records: bytes) -> int | None:
+    """The codec of the first batch of a produce's records; None when they hold no readable batch header (the
+    append refuses them)."""
+    try:
+        return read_header(records).compression
+    except errors.CorruptMessageError:
+        return None
