@@ -22,6 +22,7 @@ import pytest
 from pysyncobj.journal import FileJournal
 from pysyncobj.node import TCPNode
 from raft_sim import RAFT, Network, Voter, conf
+from waiting import wait_for
 
 from metadata_quorum.prevote import PRE_VOTE_RESPONSE
 from metadata_quorum.quorum_journal import FailStopJournal
@@ -138,13 +139,28 @@ def _dump_writing_settings(base: Path, writers: dict[str, _DumpWriter],
     return settings
 
 
+def _ticking(voter: Voter, done: Callable[[], bool]) -> Callable[[], bool]:
+    """``done``, after a tick of ``voter`` (it has no tick thread): a condition for wait_for."""
+    def check() -> bool:
+        voter.tick()
+        return done()
+    return check
+
+
 def _compact(voter: Voter, writer: _DumpWriter) -> None:
     voter.obj.forceLogCompaction()
-    deadline = time.monotonic() + 10
-    while writer._job is not None or voter.obj._SyncObj__raftLog[0][1] <= 1:
-        assert time.monotonic() < deadline, "the compaction did not finish"
-        voter.tick()
-        time.sleep(0.01)
+    wait_for(_ticking(voter, lambda: writer._job is None and voter.obj._SyncObj__raftLog[0][1] > 1), 10,
+             "the compaction to finish", poll_s=0.01)
+
+
+def _compacted_trio(tmp_path: Path, writers: dict[str, _DumpWriter], values: int) -> Network:
+    """Three voters with MetadataRaft's journal and snapshot hooks; A leads, has written ``values`` values to the
+    others, and has compacted its log."""
+    net = Network(["A", "B", "C"], _dump_writing_settings(tmp_path, writers))
+    net.elect("A", ["B", "C"])
+    net.write("A", [f"v{i}" for i in range(values)], ["B", "C"])
+    _compact(net["A"], writers["A"])
+    return net
 
 
 def test_a_leader_writing_its_snapshot_sends_a_follower_that_needs_it_one_message_a_period(tmp_path: Path) -> None:
@@ -152,12 +168,9 @@ def test_a_leader_writing_its_snapshot_sends_a_follower_that_needs_it_one_messag
     # and again for the whole append period: 11,112 messages from one call in the audit's run, each pickled and
     # encrypted on the Raft thread.
     writers: dict[str, _DumpWriter] = {}
-    net = Network(["A", "B", "C"], _dump_writing_settings(tmp_path, writers))
+    net = _compacted_trio(tmp_path, writers, 10)
     try:
-        net.elect("A", ["B", "C"])
         a = net["A"]
-        net.write("A", [f"v{i}" for i in range(10)], ["B", "C"])
-        _compact(a, writers["A"])
         write = writers["A"]._write
         release = time.monotonic() + 1.0
         writers["A"]._write = lambda job, data: (time.sleep(max(0.0, release - time.monotonic())), write(job, data))[1]
@@ -206,11 +219,7 @@ def test_a_compaction_killed_before_its_journal_trim_keeps_the_entries_after_the
             a.propose(f"v{i}")
         a.tick()
         net.replicate("A", ["B", "C"], rounds=3)
-        deadline = time.monotonic() + 10
-        while not at_kill.exists():
-            assert time.monotonic() < deadline, "the compaction never trimmed the journal"
-            a.tick()
-            time.sleep(0.01)
+        wait_for(_ticking(a, at_kill.exists), 10, "the compaction to trim the journal", poll_s=0.01)
         held = a.obj._SyncObj__getCurrentLogIndex()
         acknowledged = a.obj.raftCommitIndex
     finally:
@@ -231,12 +240,9 @@ def test_a_late_snapshot_keeps_the_entries_the_follower_holds_after_it(tmp_path:
     # A late "reset" answer from B makes A send its snapshot (at 22) to B, which already holds and has
     # acknowledged up to 32. pysyncobj emptied B's journal for it: B held 22 entries and applied its state back.
     writers: dict[str, _DumpWriter] = {}
-    net = Network(["A", "B", "C"], _dump_writing_settings(tmp_path, writers))
+    net = _compacted_trio(tmp_path, writers, 20)
     try:
-        net.elect("A", ["B", "C"])
         a, b = net["A"], net["B"]
-        net.write("A", [f"v{i}" for i in range(20)], ["B", "C"])
-        _compact(a, writers["A"])
         net.write("A", [f"v{i}" for i in range(20, 30)], ["B", "C"])
         held, acknowledged = b.log(), a.obj._SyncObj__raftMatchIndex[net.node_of("A", "B")]
         assert acknowledged == held[-1][0] == 32 and len(b.list.rawData()) == 30
@@ -260,14 +266,8 @@ def test_a_voter_whose_snapshot_does_not_read_back_stops(tmp_path: Path) -> None
     # pysyncobj logged the failed load and went on with a journal that starts past the snapshot: the voter voted
     # and acknowledged but never applied anything, and as a leader its metadata would have been empty.
     writers: dict[str, _DumpWriter] = {}
-    net = Network(["A", "B", "C"], _dump_writing_settings(tmp_path, writers))
-    try:
-        net.elect("A", ["B", "C"])
-        a = net["A"]
-        net.write("A", [f"v{i}" for i in range(5)], ["B", "C"])
-        _compact(a, writers["A"])
-    finally:
-        net.destroy()
+    net = _compacted_trio(tmp_path, writers, 5)
+    net.destroy()
     snapshot = tmp_path / "A" / "quorum.snapshot"
     snapshot.write_bytes(snapshot.read_bytes()[:20])  # a damaged block
     stopped: list[BaseException] = []
