@@ -476,10 +476,7 @@ class AdminApis:
     def _node_configs(self, ctx: KafkaCallContext) -> tuple[list[_ConfigRow], list[_ConfigRow]]:
         """What BROKER resources describe, after DESCRIBE_CONFIGS on the cluster: the dynamic cluster-wide
         defaults (resource name ''), and this broker's own configs (``_own_configs``)."""
-        who = ctx.brook_authentication.principal
-        if not self.broker.authorizer.authorize(who, authz.DESCRIBE_CONFIGS, authz.CLUSTER):
-            exc = authz.denied_error(who, authz.DESCRIBE_CONFIGS, authz.CLUSTER)
-            raise _Failed(exc.code, exc.message)
+        self._authorize_cluster(ctx, authz.DESCRIBE_CONFIGS)
         return self._node_view()
 
     def _node_view(self) -> tuple[list[_ConfigRow], list[_ConfigRow]]:
