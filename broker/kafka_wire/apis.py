@@ -283,6 +283,17 @@ class KafkaApis:
         out = await self.service.Fetch(pb, ctx)
         by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for p in out.partitions:
+            if req.api_version < 10 and p.error_code != ErrorCode.TOPIC_AUTHORIZATION_FAILED and self._zstd_topic(p):
+                # As Kafka's fetch: a fetcher older than v10 (KIP-110) may not read zstd, so a partition whose
+                # compression.type is zstd answers it this error, with no records, whatever the fetch found.
+                slice_ = slices.pop((p.topic, p.partition), None)
+                if slice_ is not None:
+                    slice_.close()
+                by_topic[p.topic].append({
+                    "partition_index": p.partition, "error_code": ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
+                    "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
+                    "aborted_transactions": [], "preferred_read_replica": -1, "records": None})
+                continue
             entry: dict[str, Any] = {
                 "partition_index": p.partition, "error_code": p.error_code, "high_watermark": p.high_watermark,
                 # No transactions: the last stable offset is the high watermark, nothing is aborted.
@@ -297,6 +308,10 @@ class KafkaApis:
         # session_id 0: no fetch session (KIP-227); clients then send full fetches, which is correct.
         return self._resp(req, {"throttle_time": out.throttle_time_ms, "error_code": 0, "session_id": 0,
                                 "responses": [{"topic": n, "partitions": ps} for n, ps in by_topic.items()]})
+
+    def _zstd_topic(self, p: Any) -> bool:
+        lg = self.broker.log_manager.get_log(p.topic, p.partition)
+        return lg is not None and lg.config.compression_type == "zstd"
 
     # ---- ListOffsets ----
     async def list_offsets(self, req: codec.Request, ctx: KafkaCallContext) -> Any:

@@ -564,6 +564,43 @@ def test_produce_refusals_are_kafkas_not_retriable_ones(cluster: LocalCluster) -
     assert answer.error_code == ErrorCode.INVALID_RECORD, answer
 
 
+def _fetch_one(cluster: LocalCluster, topic: str, version: int) -> Any:
+    body = codec.build(codec.request_schema(apis.FETCH, version), {
+        "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
+        "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+        "topics": [{"topic": topic, "partitions": [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20,
+                                                    "current_leader_epoch": -1, "log_start_offset": -1}]}]})
+    with _connect(_kafka_port(cluster)) as s:
+        s.sendall(_frame(apis.FETCH, version, body))
+        return _read_response(s, apis.FETCH, version).responses[0].partitions[0]
+
+
+def test_a_zstd_topic_is_not_served_to_fetchers_older_than_v10(cluster: LocalCluster) -> None:
+    """As Kafka's fetch (KIP-110): a partition whose compression.type is zstd answers a Fetch before v10
+    UNSUPPORTED_COMPRESSION_TYPE, with no records, since such a client cannot read zstd. It was served the zstd
+    batches (audit)."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints) as admin:
+        admin.create_topic("wire-zstd", 1, 1, configs={"compression.type": "zstd"})
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    builder.append(0, timestamp=None, key=b"k", value=b"zstd" * 1000, headers=[])
+    body = codec.build(codec.request_schema(apis.PRODUCE, 8), {
+        "acks": -1, "timeout": 10_000, "transactional_id": None,
+        "topic_data": [{"name": "wire-zstd", "partition_data": [{"index": 0, "records": bytes(builder.build())}]}]})
+    with _connect(_kafka_port(cluster)) as s:
+        s.sendall(_frame(apis.PRODUCE, 8, body))
+        assert _read_response(s, apis.PRODUCE, 8).responses[0].partition_responses[0].error_code == ErrorCode.NONE
+    old = _fetch_one(cluster, "wire-zstd", 9)
+    assert old.error_code == ErrorCode.UNSUPPORTED_COMPRESSION_TYPE and old.records is None, old
+    assert old.high_watermark == -1, old
+    new = _fetch_one(cluster, "wire-zstd", 10)
+    assert new.error_code == ErrorCode.NONE and new.high_watermark == 1 and new.records[22] & 7 == 4, new
+    other = _fetch_one(cluster, "wire", 9)  # a topic that keeps the producer's codec is served as before
+    assert other.error_code == ErrorCode.NONE and other.high_watermark >= 0, other
+
+
 INCREMENTAL_ALTER_CONFIGS, BROKER_LOGGER = 44, 8
 
 
