@@ -296,7 +296,7 @@ class AdminApis:
                              "replication_factor": -1}
         if req.api_version >= 5:  # KIP-525: the created topic's configs, when the client may describe them
             await self._add_created_configs(ctx, pb, results)
-        ordered = [results[t.name] for t in body.topics if t.name in results]
+        ordered = [results[name] for name in dict.fromkeys(t.name for t in body.topics) if name in results]
         return self._resp(req, {"topics": ordered, "throttle_time": throttle_ms})
 
     async def _add_created_configs(self, ctx: KafkaCallContext, pb: cpb.CreateTopicsRequest,
@@ -339,7 +339,7 @@ class AdminApis:
                          for r in out.results]
         except _Failed as exc:
             responses = [{"name": n, "error_code": exc.code, "error_message": exc.message} for n in names]
-        return self._resp(req, {"responses": responses, "throttle_time": throttle_ms})
+        return self._resp(req, {"responses": _once_per_name(responses), "throttle_time": throttle_ms})
 
     # ---- CreatePartitions ----
     async def create_partitions(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -358,7 +358,7 @@ class AdminApis:
                        for r in out.results]
         except _Failed as exc:
             results = [{"name": t.name, "error_code": exc.code, "error_message": exc.message} for t in body.topics]
-        return self._resp(req, {"results": results, "throttle_time": throttle_ms})
+        return self._resp(req, {"results": _once_per_name(results), "throttle_time": throttle_ms})
 
     # ---- DescribeConfigs ----
     async def describe_configs(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -600,7 +600,10 @@ class AdminApis:
                         refused = _Failed(ErrorCode.INVALID_CONFIG, f"SET of '{c.name}' without a value")
                     to_set[c.name] = c.value
                 elif op == OP_DELETE:
-                    to_delete.append(c.name)
+                    if res.resource_type != RESOURCE_TOPIC or c.name in log_config.TOPIC_CONFIGS:
+                        to_delete.append(c.name)
+                    # else nothing: Kafka's controller deletes a topic config that no topic can hold without an
+                    # error (it was INVALID_CONFIG: audit); `brook topic alter` still names such a key a typo.
                 else:
                     refused = _Failed(ErrorCode.INVALID_REQUEST,
                                       f"Brook cannot {_OP_NAMES.get(op, op)} config values ('{c.name}'): "
@@ -945,6 +948,15 @@ def _screened(resources: list[Any], *, refuse_duplicates: bool = True) -> list[_
         seen[(r.resource_type, r.resource_name)] += 1
     duplicate = _Failed(ErrorCode.INVALID_REQUEST, DUPLICATE_RESOURCE)
     return [duplicate if seen[(r.resource_type, r.resource_name)] > 1 else None for r in resources]
+
+
+def _once_per_name(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A topic's first answer only. The controller refuses a topic named twice in one request at each mention
+    (INVALID_REQUEST, none of its copies done); Kafka's answer names such a topic once."""
+    first: dict[str, dict[str, Any]] = {}
+    for r in results:
+        first.setdefault(r["name"], r)
+    return list(first.values())
 
 
 def _permissive(req: codec.Request) -> bool:

@@ -601,6 +601,48 @@ def test_a_zstd_topic_is_not_served_to_fetchers_older_than_v10(cluster: LocalClu
     assert other.error_code == ErrorCode.NONE and other.high_watermark >= 0, other
 
 
+def _admin_call(cluster: LocalCluster, api_key: int, version: int, values: dict[str, Any]) -> Any:
+    with _connect(_kafka_port(cluster)) as s:
+        s.sendall(_frame(api_key, version, codec.build(codec.request_schema(api_key, version), values)))
+        return _read_response(s, api_key, version)
+
+
+def test_a_topic_named_twice_in_one_request_is_answered_once_and_not_changed(cluster: LocalCluster) -> None:
+    """As Kafka's controller: a topic named twice in a CreateTopics, DeleteTopics or CreatePartitions is refused
+    (INVALID_REQUEST, none of its copies done) in one answer entry; each copy had an entry (audit)."""
+    create_topics, delete_topics, create_partitions = 19, 20, 37
+    twice = {"name": "wire-twice", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []}
+    once = dict(twice, name="wire-once")
+    out = _admin_call(cluster, create_topics, 5, {"topics": [twice, once, twice], "timeout": 10_000,
+                                                   "validate_only": False})
+    assert [(t.name, t.error_code) for t in out.topics] == [
+        ("wire-twice", ErrorCode.INVALID_REQUEST), ("wire-once", ErrorCode.NONE)], out
+    grow = {"name": "wire-once", "count": 2, "assignments": None}
+    out = _admin_call(cluster, create_partitions, 2, {"topics": [grow, grow], "timeout": 10_000,
+                                                       "validate_only": False})
+    assert [(r.name, r.error_code) for r in out.results] == [("wire-once", ErrorCode.INVALID_REQUEST)], out
+    out = _admin_call(cluster, delete_topics, 4, {"topic_names": ["wire-once", "wire-once"], "timeout": 10_000})
+    assert [(r.name, r.error_code) for r in out.responses] == [("wire-once", ErrorCode.INVALID_REQUEST)], out
+    with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints) as admin:
+        assert len(admin.describe_topics(["wire-once"])["wire-once"].partitions) == 1
+        assert "wire-twice" not in admin.list_topics()
+
+
+def test_deleting_a_config_no_topic_can_hold_is_a_no_op_as_in_kafka(cluster: LocalCluster) -> None:
+    """IncrementalAlterConfigs DELETE of a name that is no topic config: Kafka's controller has nothing to remove
+    and answers success; Brook answered INVALID_CONFIG (audit). SET of such a name is still refused."""
+    def alter(op: int, name: str, value: str | None) -> Any:
+        [answer] = _admin_call(cluster, INCREMENTAL_ALTER_CONFIGS, 1, {"validate_only": False, "resources": [
+            {"resource_type": 2, "resource_name": "wire",
+             "configs": [{"name": name, "config_operation": op, "value": value}]}]}).responses
+        return answer
+    assert alter(1, "no.such.config", None).error_code == ErrorCode.NONE
+    refused = alter(0, "no.such.config", "1")
+    assert refused.error_code == ErrorCode.INVALID_CONFIG, refused
+    assert alter(0, "retention.ms", "600000").error_code == ErrorCode.NONE
+    assert alter(1, "retention.ms", None).error_code == ErrorCode.NONE
+
+
 INCREMENTAL_ALTER_CONFIGS, BROKER_LOGGER = 44, 8
 
 
