@@ -519,6 +519,8 @@ class ReplicaManager:
         elif delete:
             log.info("%s-%d: no longer hosted here; deleting the log", p.topic, p.partition)
             self.log_manager.delete_log(p.topic, p.partition)
+        if delete:  # the batches said of a log that is gone (a set rebuilt, not changed, under a reader)
+            self._corrupt_reported = {k for k in self._corrupt_reported if k[:2] != p.key}
 
     def _remove_topic(self, topic: TopicInfo, *, snapshot: bool = False) -> None:
         """A deleted topic's replicas go, and their logs: deleted, or set aside when only a snapshot (which

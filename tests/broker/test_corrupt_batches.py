@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from inprocess import InProcessBroker
 
+from broker.metadata_cache import MetadataDelta, TopicInfo
 from broker.metrics import BrokerCollector
 from storage.log import RESCAN_FROM_FILE
 from storage.record_batch import RecordBatchBuilder, iter_batches
@@ -90,3 +91,15 @@ def test_the_only_replica_in_sync_keeps_its_log_and_says_so_once(alone: InProces
     assert len(said) == 1 and "no other replica is in sync" in said[0], said
     assert b.logs.cleaner.grab_filthiest() is None, "an uncleanable log was picked again"
     assert _uncleanable_gauge(b, tmp_path) == 1.0
+
+
+def test_a_deleted_topic_takes_its_reported_batches_with_it(alone: InProcessBroker) -> None:
+    """What was said once about a corrupt batch goes with its partition's log: it stayed for every topic ever
+    deleted (churn audit), and a topic created again under the name would not have had its batch reported."""
+    b = alone
+    lg, _ = _fill_and_flip(b)
+    _clean_and_report(b, lg)
+    assert b.rm._corrupt_reported, "the report was not remembered: this test checks nothing"
+    b.rm.apply_metadata_delta(MetadataDelta(2, False, deleted_topics=[TopicInfo("c", "c" * 32, {}, 1)]))
+    assert b.rm.partition("c", 0) is None and b.logs.get_log("c", 0) is None
+    assert b.rm._corrupt_reported == set()
