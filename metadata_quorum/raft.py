@@ -169,6 +169,21 @@ class _MetadataConsumer(SyncObjConsumer):
         self.on_applied(version)
 
 
+class SnapshotRefusedError(Exception):
+    """A snapshot received from the leader that does not read back, or that this voter has applied past
+    (``_DumpWriter.load``, which logs why)."""
+
+
+class _RefusedSnapshotsSaidOnce(logging.Filter):
+    """pysyncobj logs any failed load as an ERROR with a traceback; a refusal is logged by ``_DumpWriter``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], SnapshotRefusedError))
+
+
+logging.getLogger(pysyncobj_syncobj.__name__).addFilter(_RefusedSnapshotsSaidOnce())
+
+
 class _DumpJob:
     __slots__ = ("path", "loads", "started", "done", "error")
 
@@ -192,6 +207,13 @@ class _DumpWriter:
     and sends no snapshot to a follower. A dump loaded meanwhile (one received from the leader) makes
     the one being written stale: it is dropped. The file is what pysyncobj writes: gzip of a pickle of
     (object data, last entry, previous entry, cluster) (``load_snapshot_file``).
+
+    ``<dump>.own`` is a hard link to the dump this voter last wrote or accepted. pysyncobj renames a snapshot
+    received from the leader over the dump before it loads it, so the voter's own dump was gone whether or not
+    the received one was then loaded: a snapshot cut short on a dropped connection (pysyncobj sends the rest on
+    the next) does not read back, and the voter, restarted, stopped on it; a snapshot older than what the voter
+    had applied (a late "reset") was loaded over its state, and its journal emptied. ``load`` refuses both and
+    puts the voter's own dump back; at a start, a received dump that was never accepted is replaced by it.
     """
 
     # pysyncobj's level 9 took 6-10 times as long on metadata for the same size. (Protocol 4's memo opcodes
@@ -203,6 +225,7 @@ class _DumpWriter:
     def __init__(self, path: Path, consumer: _MetadataConsumer,
                  on_unreadable: Callable[[BaseException], None] | None = None) -> None:
         self.path = path
+        self._own = path.with_name(path.name + ".own")
         self._consumer = consumer
         self._job: _DumpJob | None = None
         self._loads = 0
@@ -215,6 +238,40 @@ class _DumpWriter:
         self.last_take_s = 0.0
         self.last_write_s = 0.0
         self.written = 0
+        self._keep_own_at_start()
+
+    def _keep_own_at_start(self) -> None:
+        """Before pysyncobj looks for the dump: the voter's own is the one it starts from."""
+        own, dump = self._own, self.path
+        if not own.exists():
+            if dump.exists():  # the first start of this version, or a voter whose first dump was received
+                self._link(dump, own)
+            return
+        if dump.exists() and os.path.samefile(own, dump):
+            return
+        log.warning("the quorum snapshot %s was received from the leader and never accepted (the voter stopped "
+                    "between its last piece and its load): starting from the voter's own", dump)
+        self._link(own, dump)
+
+    def _link(self, source: Path, target: Path) -> None:
+        """``target`` is ``source``'s file, atomically and durably (a hard link: no copy)."""
+        tmp = target.with_name(target.name + ".linking")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        os.link(source, tmp)
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+
+    def _put_own_back(self, why: str) -> None:
+        """The received snapshot is refused: the dump is the voter's own again (none: no dump)."""
+        log.warning("refused the quorum snapshot received from the leader (%s); keeping this voter's own state, "
+                    "journal and snapshot", why)
+        if self._own.exists():
+            self._link(self._own, self.path)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            fsync_dir(self.path.parent)
 
     def start(self, tmp_file: str, rest: tuple[Any, ...]) -> None:
         """pysyncobj's ``serializer(fileName, data)``; ``rest`` is (last entry, previous entry, cluster).
@@ -267,6 +324,7 @@ class _DumpWriter:
             job.error = RuntimeError("a dump received from the leader was loaded meanwhile")
         if job.error is None:
             try:
+                self._link(job.path, self._own)  # this voter's own from now on, whatever it receives
                 os.replace(job.path, self.path)
                 # The rename must be on disk before pysyncobj trims the journal (on SUCCESS): after a power
                 # loss, the old dump and a trimmed journal would have lost the entries in between.
@@ -296,7 +354,8 @@ class _DumpWriter:
             fsync_dir(Path(file_name).parent)
         except OSError as exc:  # pysyncobj would acknowledge the dump anyway, unloaded: stop instead
             _halt_process(exc)
-        at_start = self._consumer._syncObj._SyncObj__needLoadDumpFile  # its own dump, not a leader's
+        syncobj = self._consumer._syncObj
+        at_start = syncobj._SyncObj__needLoadDumpFile  # its own dump, not a leader's
         try:
             with open(file_name, "rb") as f, gzip.GzipFile(fileobj=f) as g:
                 data = pysyncobj_pickle.load(g)
@@ -307,7 +366,18 @@ class _DumpWriter:
                              "controller voter' says (an empty metadata.log.dir)", file_name, type(exc).__name__,
                              exc)
                 self._on_unreadable(exc)
-            raise
+                raise
+            # pysyncobj answers it as loaded, at this voter's own index: the leader sends it again
+            self._put_own_back(f"it does not read back: {type(exc).__name__}: {exc}")
+            raise SnapshotRefusedError("the leader's snapshot does not read back") from exc
+        if not at_start:
+            applied = syncobj._SyncObj__raftLastApplied
+            if data[1][1] <= applied:
+                # Committed at the snapshot's index and applied here past it: nothing in it is new, and loading
+                # it would take the state back and empty a journal compacted past it (acknowledged entries).
+                self._put_own_back(f"it ends at {data[1][1]}, and this voter has applied up to {applied}")
+                raise SnapshotRefusedError(f"the leader's snapshot ends at {data[1][1]}, applied here: {applied}")
+            self._link(Path(file_name), self._own)  # accepted: before pysyncobj touches the journal
         if data[0] is not None:
             self_data, consumers = data[0][0], data[0][1:]
             vars(self._consumer._syncObj).update(self_data)
