@@ -138,6 +138,11 @@ class QuorumController:
         self._next_rebalance_at = 0.0
         self._rebalancing: PendingProposal | None = None
         self._completing: dict[tuple[str, int], PendingProposal] = {}  # reassignments being completed
+        # Topic names proposed and not yet answered, by collision key: a name colliding with one of them is
+        # refused as with an existing topic (Kafka's controller has applied the first to its in-memory state
+        # when it checks the next). Read and taken with the state under one lock (``_reserve_name``).
+        self._names_lock = threading.Lock()
+        self._names_in_flight: dict[str, collections.Counter[str]] = {}
         # partition -> when its leader last handed leadership to another in-sync replica instead of shrinking
         # the ISR below min.insync.replicas (see _move_instead_of_shrinking), in this controller's memory only
         self._moved_instead_of_shrinking: dict[tuple[str, int], float] = {}
@@ -742,9 +747,25 @@ class QuorumController:
         response = pb.CreateTopicsResponse()
         mentions = collections.Counter(t.name for t in req.topics)
         pending: list[tuple[pb.TopicResult, PendingProposal]] = []
-        loads: list[BrokerLoad] | None = None
         budget = _PartitionBudget(self.raft.read(lambda s: s.partition_count()), self.max_cluster_partitions)
         room = _ReplicaRoom(self.raft.read(_replica_room))
+        reserved: list[str] = []
+        try:
+            self._create_each(req, response, mentions, pending, budget, room, quota, reserved)
+            self._collect(pending, timeout_s)
+        finally:
+            self._release_names(reserved)
+        for result, topic in zip(response.results, req.topics, strict=True):
+            if result.error_code == ErrorCode.TOPIC_ALREADY_EXISTS:  # made by an attempt still in flight
+                self._created_by_retry(result, topic.request_id)
+        response.throttle_time_ms = quota.throttle_time_ms()
+        return response
+
+    def _create_each(self, req: pb.CreateTopicsRequest, response: pb.CreateTopicsResponse,
+                     mentions: collections.Counter[str], pending: list[tuple[pb.TopicResult, PendingProposal]],
+                     budget: _PartitionBudget, room: _ReplicaRoom, quota: MutationQuota,
+                     reserved: list[str]) -> None:
+        loads: list[BrokerLoad] | None = None
         for topic in req.topics:
             result = response.results.add(name=topic.name)
             try:
@@ -758,6 +779,7 @@ class QuorumController:
                 if loads is None:
                     loads = self.raft.read(self._loads)
                 cmd, new_loads = self._plan_topic(topic, loads)
+                self._reserve_name(topic.name, reserved if not req.validate_only else None)
                 budget.take(len(cmd.assignments), f"topic '{topic.name}'")
                 added = room.check(cmd.assignments, f"topic '{topic.name}'")
                 if not req.validate_only:
@@ -772,12 +794,34 @@ class QuorumController:
             except errors.BrookError as exc:
                 result.error_code, result.error_message = exc.code, exc.message
                 result.topic_id = self._existing_id(topic.name, exc.code)
-        self._collect(pending, timeout_s)
-        for result, topic in zip(response.results, req.topics, strict=True):
-            if result.error_code == ErrorCode.TOPIC_ALREADY_EXISTS:  # made by an attempt still in flight
-                self._created_by_retry(result, topic.request_id)
-        response.throttle_time_ms = quota.throttle_time_ms()
-        return response
+
+    def _reserve_name(self, name: str, reserved: list[str] | None) -> None:
+        """Refuse ``name`` if it collides with a topic (Kafka's controller refuses it: '.' and '_' are one
+        character in its metric names), or with a name a request has proposed and not had answered; else (with
+        ``reserved``) hold it until this request is answered. A check of the state alone read it before either of
+        two concurrent requests had applied: 'a.b' and 'a_b' both passed."""
+        key = collision_key(name)
+        with self._names_lock:
+            in_flight = [other for other in self._names_in_flight.get(key, ()) if other != name]
+            colliding = in_flight or sorted(
+                n for n in self.raft.read(lambda s: set(s.topics_by_collision_key.get(key, ()))) if n != name)
+            if colliding:
+                raise errors.InvalidTopicException(f"topic '{name}' collides with existing topic: {colliding[0]} "
+                                                   f"('.' and '_' are the same in metric names)")
+            if reserved is not None:
+                self._names_in_flight.setdefault(key, collections.Counter())[name] += 1
+                reserved.append(name)
+
+    def _release_names(self, names: list[str]) -> None:
+        with self._names_lock:
+            for name in names:
+                key = collision_key(name)
+                held = self._names_in_flight[key]
+                held[name] -= 1
+                if held[name] <= 0:
+                    del held[name]
+                if not held:
+                    del self._names_in_flight[key]
 
     def _created_by_retry(self, result: pb.TopicResult, request_id: str) -> bool:
         """True (and ``result`` filled in as a success) when the topic exists and was created with this
@@ -821,14 +865,8 @@ class QuorumController:
     def _plan_topic(self, topic: pb.CreatableTopic,
                     loads: list[BrokerLoad]) -> tuple[c.CreateTopic, list[BrokerLoad]]:
         validate_topic_name(topic.name)
-        exists, colliding = self.raft.read(lambda s: (
-            topic.name in s.topics, sorted(s.topics_by_collision_key.get(collision_key(topic.name), ()))))
-        if exists:
+        if self.raft.read(lambda s: topic.name in s.topics):
             raise errors.TopicAlreadyExistsError(f"topic '{topic.name}' already exists")
-        if colliding:
-            # Kafka's controller refuses it: '.' and '_' are one character in its metric names.
-            raise errors.InvalidTopicException(f"topic '{topic.name}' collides with existing topic: {colliding[0]} "
-                                               f"('.' and '_' are the same in metric names)")
         configs = log_config.validate(dict(topic.configs), strict=True)
         if topic.assignments:
             if len(topic.assignments) > MAX_PARTITIONS_PER_TOPIC:

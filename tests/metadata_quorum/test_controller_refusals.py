@@ -15,6 +15,7 @@ One real voter and the ControllerService in front of it, called in-process with 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -127,3 +128,28 @@ def test_a_topic_name_that_collides_with_an_existing_one_on_dot_and_underscore_i
     assert [r.error_code for r in deleted.results] == [ErrorCode.NONE], deleted
     assert create(service, ADMIN, "col-x.x", 1).error_code == ErrorCode.NONE  # no longer collides
     assert service._raft.read(lambda s: s.topics_by_collision_key["col-x_x"]) == {"col-x.x"}
+
+
+def test_two_colliding_names_created_at_once_are_not_both_created(service: ControllerService) -> None:
+    # The collision was checked against the applied state only, before either of two concurrent requests had
+    # applied, so both passed (session 64's note). A name proposed and not yet answered now counts as existing.
+    rounds = 20
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, int] = {}
+
+    def create_after_barrier(name: str) -> None:
+        barrier.wait(timeout=30)
+        outcomes[name] = create(service, ADMIN, name, 1).error_code
+
+    for i in range(rounds):
+        names = [f"race-{i}.x", f"race-{i}_x"]
+        threads = [threading.Thread(target=create_after_barrier, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert sorted(outcomes[n] for n in names) == [ErrorCode.NONE, ErrorCode.INVALID_TOPIC_EXCEPTION], \
+            {n: outcomes[n] for n in names}
+    both = [i for i in range(rounds) if {f"race-{i}.x", f"race-{i}_x"} <= topics(service)]
+    assert not both, f"both names of rounds {both} were created"
+    assert service._raft.read(lambda s: s.topics_by_collision_key.get("race-0_x")) is not None
