@@ -292,6 +292,14 @@ _BEHAVIOUR = [
            "logs of a broker keep together. Past it, a log taking a new producer forgets its least recently "
            "active one, whose next batch is answered UNKNOWN_PRODUCER_ID (the client restarts its sequence).",
            check=_at_least(1000), roles=_B),
+    KeyDef("producer.id.expiration.ms", "long", "86400000",
+           "An idempotent producer whose last batch's timestamp is this old is forgotten by each partition log "
+           "(Kafka's, KIP-854): its next batch is answered UNKNOWN_PRODUCER_ID and the client restarts its "
+           "sequence. Checked every producer.id.expiration.check.interval.ms.",
+           check=_at_least(1), roles=_B),
+    KeyDef("producer.id.expiration.check.interval.ms", "int", "600000",
+           "How often the partition logs forget producers past producer.id.expiration.ms.",
+           check=_at_least(1), roles=_B),
     KeyDef("max.connections", "int", "10000",
            "Client connections the broker's port accepts at once (at most half the file-descriptor limit), and "
            "the controller's port (at most an eighth of it); more are refused at accept.", check=_at_least(1)),

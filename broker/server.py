@@ -86,7 +86,11 @@ from storage.checkpoints import fsync_dir, write_atomically
 from storage.disk_errors import EXIT_DISK_FAILURE, halt_for_disk_failure
 from storage.fd_budget import partition_capacity
 from storage.log_manager import LogManager
-from storage.producer_state import DEFAULT_PROCESS_MAX_PRODUCERS, PRODUCER_BUDGET
+from storage.producer_state import (
+    DEFAULT_PROCESS_MAX_PRODUCERS,
+    DEFAULT_PRODUCER_EXPIRATION_MS,
+    PRODUCER_BUDGET,
+)
 
 log = logging.getLogger(__name__)
 
@@ -325,6 +329,8 @@ class BrokerServer:
             scrubber_enabled=d.get("log.scrubber.enable", "true").strip().lower() == "true",
             scrubber_bytes_per_sec=int(d.get("log.scrubber.bytes.per.second", "1048576")),
             scrubber_interval_ms=int(d.get("log.scrubber.interval.ms", "604800000")),
+            producer_expiration_ms=int(d.get("producer.id.expiration.ms", str(DEFAULT_PRODUCER_EXPIRATION_MS))),
+            producer_expiration_check_ms=int(d.get("producer.id.expiration.check.interval.ms", "600000")),
             on_dir_failure=self._on_log_dir_failure)
         self.log_manager.startup()
         self.previous_incarnation_id = record_incarnation(s.log_dirs[0], self.incarnation_id)

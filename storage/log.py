@@ -614,6 +614,11 @@ class Log:
         return (self._log_start_offset > 0 or self._config.compact
                 or self.producer_state.forgot_producers)
 
+    def remove_expired_producers(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget producers quiet for ``expiration_ms`` (``ProducerStateManager.remove_expired``); how many."""
+        with self._lock:
+            return self.producer_state.remove_expired(now_ms, expiration_ms)
+
     def producers_last_batches(self) -> set[int]:
         """The last offset of each tracked producer's last batch, read under the log's lock."""
         with self._lock:

@@ -42,6 +42,7 @@ from storage.disk_errors import disk_failure
 from storage.fd_budget import check_startup_descriptors, descriptor_limit
 from storage.log import Log, parse_partition_dir
 from storage.log_config import LogConfig
+from storage.producer_state import DEFAULT_PRODUCER_EXPIRATION_MS
 from storage.scrubber import (
     DEFAULT_SCRUB_BYTES_PER_SEC,
     DEFAULT_SCRUB_INTERVAL_MS,
@@ -101,6 +102,8 @@ class LogManager:
                  cleaner_backoff_ms: int = 15_000, recovery_threads: int = 2,
                  scrubber_enabled: bool = True, scrubber_bytes_per_sec: float = DEFAULT_SCRUB_BYTES_PER_SEC,
                  scrubber_interval_ms: int = DEFAULT_SCRUB_INTERVAL_MS,
+                 producer_expiration_ms: int = DEFAULT_PRODUCER_EXPIRATION_MS,
+                 producer_expiration_check_ms: int = 600_000,
                  on_dir_failure: Callable[[Path, OSError], None] | None = None) -> None:
         if not log_dirs:
             raise ValueError("at least one log dir is needed")
@@ -110,6 +113,8 @@ class LogManager:
         self.flush_check_ms = flush_check_ms
         self.retention_check_ms = retention_check_ms
         self.checkpoint_interval_ms = checkpoint_interval_ms
+        self.producer_expiration_ms = producer_expiration_ms
+        self.producer_expiration_check_ms = producer_expiration_check_ms
         self.recovery_full_scan = recovery_full_scan
         self.recovery_threads = recovery_threads
         self._lock = threading.RLock()
@@ -540,6 +545,18 @@ class LogManager:
             deleted += self._guard(lg, lambda lg=lg: lg.delete_old_segments(now_ms)) or 0
         return deleted
 
+    def expire_producers(self, now_ms: int | None = None) -> int:
+        """Forget, in every log, the idempotent producers quiet for ``producer.id.expiration.ms``."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        expired = 0
+        for lg in self.all_logs().values():
+            expired += self._guard(lg, lambda lg=lg: lg.remove_expired_producers(  # type: ignore[misc]
+                now_ms, self.producer_expiration_ms)) or 0
+        if expired:
+            log.info("forgot %d idempotent producers quiet for %d ms or more (producer.id.expiration.ms)",
+                     expired, self.producer_expiration_ms)
+        return expired
+
     def _guard(self, lg: Log, fn: Callable[[], object]) -> object:
         """Run one log's housekeeping; a failure is logged and does not stop the others (a disk
         failure fails the log's directory)."""
@@ -558,7 +575,8 @@ class LogManager:
         self._stop.clear()
         jobs = [("log-flusher", self.flush_check_ms, self.flush_due_logs),
                 ("log-retention", self.retention_check_ms, self.run_retention),
-                ("log-checkpointer", self.checkpoint_interval_ms, self.checkpoint_all)]
+                ("log-checkpointer", self.checkpoint_interval_ms, self.checkpoint_all),
+                ("producer-expiration", self.producer_expiration_check_ms, self.expire_producers)]
         for name, interval_ms, job in jobs:
             t = threading.Thread(target=self._loop, args=(name, interval_ms, job), name=name, daemon=True)
             t.start()

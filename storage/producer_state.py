@@ -51,6 +51,7 @@ SNAPSHOT_FILE = "producer-state-snapshot"
 _SNAPSHOT_VERSION = 0
 DEFAULT_MAX_PRODUCERS = 100_000  # one log
 DEFAULT_PROCESS_MAX_PRODUCERS = 200_000  # all the logs of a process (producer.id.max.tracked)
+DEFAULT_PRODUCER_EXPIRATION_MS = 86_400_000  # producer.id.expiration.ms: Kafka's default, one day
 _SEQ_MODULUS = 2**31
 
 
@@ -251,6 +252,18 @@ class ProducerStateManager:
             if forget > 0:
                 self.forgot_producers = True
                 self._budget.forgot(forget)
+
+    def remove_expired(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget the producers whose last batch's max timestamp is ``expiration_ms`` or more before ``now_ms``
+        (Kafka's ``producer.id.expiration.ms``, KIP-854): state for producers gone quiet would otherwise stay
+        until a cap pushed it out. Their next batch is answered as for any forgotten producer. How many."""
+        expired = [pid for pid, e in self._producers.items()
+                   if now_ms - (e.batches[-1].max_timestamp if e.batches else -1) >= expiration_ms]
+        for pid in expired:
+            del self._producers[pid]
+        if expired:
+            self.forgot_producers = True
+        return len(expired)
 
     def last_batch_offsets(self) -> set[int]:
         """The last offset of every tracked producer's last batch (what the cleaner keeps whole)."""

@@ -9,6 +9,7 @@ is UNKNOWN_PRODUCER_ID instead. Followers take whatever the leader wrote.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,28 @@ def test_the_process_bound_on_tracked_producers_is_kept_by_the_log_that_adds_the
     quiet.update(_header(500), 101)  # a new one while over the bound: its oldest go
     assert quiet.entry(500) is not None and quiet.entry(0) is None and quiet.forgot_producers
     assert len(quiet) + len(flooded) <= 101
+
+
+def test_a_producer_quiet_for_producer_id_expiration_ms_is_forgotten(tmp_path: Path) -> None:
+    """Kafka's producer.id.expiration.ms (KIP-854): a producer whose last batch is that old is forgotten, and its
+    next batch is answered UNKNOWN_PRODUCER_ID (the client restarts its sequence). Brook kept every producer until
+    the count bound pushed it out, so a broker's state grew with every client restart for good."""
+    from storage.log_manager import LogManager
+
+    day = 86_400_000
+    lm = LogManager([tmp_path], producer_expiration_ms=day)
+    lm.startup()
+    try:
+        lg = lm.get_or_create_log("t", 0, topic_id="T1", overrides={})
+        now = int(time.time() * 1000)
+        lg.append_as_leader(make_batch(3, producer_id=7, producer_epoch=0, base_sequence=0, ts=now - day - 10), 0)
+        lg.append_as_leader(make_batch(3, producer_id=8, producer_epoch=0, base_sequence=0, ts=now - day + 10), 0)
+        assert lm.expire_producers(now) == 1
+        assert lg.producer_state.entry(7) is None and lg.producer_state.entry(8) is not None
+        with pytest.raises(errors.UnknownProducerIdError, match="no state for producer 7"):
+            lg.append_as_leader(batch(7, 3), 0)
+        assert lg.append_as_leader(batch(7, 0, epoch=1), 0).first_offset == 6  # the client's recovery
+        assert lg.append_as_leader(batch(8, 3), 0).first_offset == 9  # the other goes on
+        assert lm.expire_producers(now) == 0
+    finally:
+        lm.shutdown()
