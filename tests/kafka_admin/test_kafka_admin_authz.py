@@ -56,3 +56,41 @@ def test_cluster_operations_need_cluster_rights(kcluster: Any) -> None:
             demo.list_partition_reassignments()
     finally:
         demo.close()
+
+
+def test_broker_loggers_need_cluster_rights(kcluster: Any) -> None:
+    """BROKER_LOGGER (kafka-configs --entity-type broker-loggers) is the cluster's: DESCRIBE_CONFIGS to list a
+    node's log levels, ALTER_CONFIGS to change them, as Kafka authorizes it. A client without rights gets
+    CLUSTER_AUTHORIZATION_FAILED and changes nothing; the operator may."""
+    from kafka.admin import AlterConfigOp, ConfigResource, ConfigResourceType, KafkaAdminClient
+    from kafka_admin_kit import kafka_python_ssl
+
+    broker = int(kcluster.broker_ids[0])
+    level = ("broker.group_coordinator", "DEBUG")
+
+    def levels(client: Any) -> Any:
+        [result] = client._manager.run(client._manager.send, client._describe_configs_request(
+            [ConfigResource(ConfigResourceType.BROKER_LOGGER, str(broker))], False), broker).results
+        return result
+
+    def alter(client: Any, op: AlterConfigOp) -> Any:
+        resource = ConfigResource(ConfigResourceType.BROKER_LOGGER, str(broker), {level[0]: (op, level[1])})
+        [result] = client._manager.run(client._manager.send, client._alter_configs_request(
+            [resource], incremental=True), broker).responses
+        return result
+
+    demo = KafkaAdminClient(request_timeout_ms=T * 1000, **kafka_python_ssl(kcluster, "demo"))
+    admin = KafkaAdminClient(request_timeout_ms=T * 1000, **kafka_python_ssl(kcluster, "admin"))
+    try:
+        cluster_authorization_failed = 31
+        assert levels(demo).error_code == cluster_authorization_failed
+        assert alter(demo, AlterConfigOp.SET).error_code == cluster_authorization_failed
+        described = levels(admin)
+        assert described.error_code == 0 and {c.name: c.value for c in described.configs}[level[0]] == "INFO"
+        assert alter(admin, AlterConfigOp.SET).error_code == 0
+        assert {c.name: c.value for c in levels(admin).configs}[level[0]] == "DEBUG"
+        assert alter(admin, AlterConfigOp.DELETE).error_code == 0  # back to the root's level
+        assert {c.name: c.value for c in levels(admin).configs}[level[0]] == "INFO"
+    finally:
+        demo.close()
+        admin.close()
