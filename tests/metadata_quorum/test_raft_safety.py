@@ -154,6 +154,12 @@ def _compact(voter: Voter, writer: _DumpWriter) -> None:
              "the compaction to finish", poll_s=0.01)
 
 
+def _restarted(net: Network, name: str, settings: Any) -> Voter:
+    """``name`` started again (on the files it left) among the network's other voters."""
+    others = [address for other, address in net.addresses.items() if other != name]
+    return Voter(name, net.addresses[name], others, net.router, settings)
+
+
 def _compacted_trio(tmp_path: Path, writers: dict[str, _DumpWriter], values: int) -> Network:
     """Three voters with MetadataRaft's journal and snapshot hooks; A leads, has written ``values`` values to the
     others, and has compacted its log."""
@@ -227,7 +233,7 @@ def test_a_compaction_killed_before_its_journal_trim_keeps_the_entries_after_the
         net.destroy()
     shutil.rmtree(tmp_path / "live" / "A")
     shutil.copytree(at_kill, tmp_path / "live" / "A")
-    restarted = Voter("A", net.addresses["A"], [net.addresses["B"], net.addresses["C"]], net.router, settings)
+    restarted = _restarted(net, "A", settings)
     try:
         restarted.tick()
         assert restarted.log()[-1][0] == held, \
@@ -304,8 +310,7 @@ def test_a_snapshot_older_than_what_a_follower_applied_is_refused(tmp_path: Path
         assert (tmp_path / "B" / "quorum.snapshot").read_bytes() == own, "B's own snapshot was replaced"
     finally:
         net.destroy()
-    restarted = Voter("B", net.addresses["B"], [net.addresses["A"], net.addresses["C"]], net.router,
-                      _dump_writing_settings(tmp_path, writers))
+    restarted = _restarted(net, "B", _dump_writing_settings(tmp_path, writers))
     try:
         restarted.tick()
         assert restarted.log()[-1] == (32, 1) and len(restarted.list.rawData()) == 30, restarted.log()
@@ -345,8 +350,7 @@ def test_a_received_snapshot_that_does_not_read_back_leaves_the_followers_own(tm
     # from its own.
     (tmp_path / "B" / "quorum.snapshot.1.tmp").write_bytes(received[: len(received) // 2])
     os.replace(tmp_path / "B" / "quorum.snapshot.1.tmp", tmp_path / "B" / "quorum.snapshot")  # as pysyncobj does
-    restarted = Voter("B", net.addresses["B"], [net.addresses["A"], net.addresses["C"]], net.router,
-                      _dump_writing_settings(tmp_path, writers, stopped.append))
+    restarted = _restarted(net, "B", _dump_writing_settings(tmp_path, writers, stopped.append))
     try:
         restarted.tick()
         assert not stopped, f"B stopped on a snapshot it never accepted: {stopped}"
@@ -364,8 +368,7 @@ def test_a_voter_whose_snapshot_does_not_read_back_stops(tmp_path: Path) -> None
     snapshot = tmp_path / "A" / "quorum.snapshot"
     snapshot.write_bytes(snapshot.read_bytes()[:20])  # a damaged block
     stopped: list[BaseException] = []
-    restarted = Voter("A", net.addresses["A"], [net.addresses["B"], net.addresses["C"]], net.router,
-                      _dump_writing_settings(tmp_path, writers, stopped.append))
+    restarted = _restarted(net, "A", _dump_writing_settings(tmp_path, writers, stopped.append))
     try:
         restarted.tick()
         assert len(stopped) == 1, f"the voter went on with an unreadable snapshot: {restarted.log()}"
