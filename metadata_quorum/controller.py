@@ -879,7 +879,7 @@ class QuorumController:
                     "num_partitions / replication_factor disagree with the explicit assignments")
             assignments = [list(a.replicas) for a in topic.assignments]
             self._check_manual_assignment(assignments)
-            self._check_min_insync(topic.name, configs, len(assignments[0]))
+            self._check_topic_configs(topic.name, configs, len(assignments[0]))
         else:
             # -1 means "the cluster default" (as in Kafka); 0 is invalid, not a default.
             num_partitions = topic.num_partitions if topic.num_partitions != -1 else \
@@ -896,7 +896,7 @@ class QuorumController:
             if rf > len(loads):
                 raise errors.InvalidReplicationFactorError(
                     f"replication factor {rf} is larger than the {len(loads)} live (unfenced) brokers")
-            self._check_min_insync(topic.name, configs, rf)
+            self._check_topic_configs(topic.name, configs, rf)
             assignments = place_replicas(loads, num_partitions, rf, start_index=self._rng.randrange(1 << 16))
         return (c.CreateTopic(topic.name, self._new_topic_id(), configs, assignments, topic.request_id),
                 _add_load(loads, assignments))
@@ -904,6 +904,18 @@ class QuorumController:
     @property
     def max_cluster_partitions(self) -> int:
         return int(self.config.default("max.cluster.partitions", str(MAX_CLUSTER_PARTITIONS)))
+
+    def _check_topic_configs(self, name: str, configs: Mapping[str, str], replication_factor: int) -> None:
+        """What no single config's check sees: the topic's configs (``configs``, its overrides, over the cluster
+        defaults) together."""
+        self._check_min_insync(name, configs, replication_factor)
+        def lag(key: str) -> int:
+            raw = configs[key] if key in configs else self.topic_default(key) or log_config.TOPIC_CONFIGS[key].default
+            return int(log_config.parse_value(key, raw))  # type: ignore[call-overload]
+        low, high = lag("min.compaction.lag.ms"), lag("max.compaction.lag.ms")
+        if low > high:  # Kafka's LogConfig refuses it: no record could be both old enough and not too old
+            raise errors.InvalidConfigError(f"topic '{name}': conflicting compaction lags, min.compaction.lag.ms "
+                                            f"{low} > max.compaction.lag.ms {high}")
 
     def _check_min_insync(self, name: str, configs: Mapping[str, str], replication_factor: int) -> None:
         """min.insync.replicas (the topic's, else the cluster default) must not exceed the replication
@@ -1071,7 +1083,7 @@ class QuorumController:
                     raise errors.InvalidConfigError(f"'{both[0]}' is both set and deleted")
                 after = {k: v for k, v in current.items() if k not in resource.delete}
                 after.update(to_set)
-                self._check_min_insync(resource.topic, after, rf)
+                self._check_topic_configs(resource.topic, after, rf)
                 result.topic_id = topic_id
                 if not req.validate_only:
                     cmd = c.AlterConfigs(resource.topic, topic_id, to_set, list(resource.delete))

@@ -153,3 +153,16 @@ def test_two_colliding_names_created_at_once_are_not_both_created(service: Contr
     both = [i for i in range(rounds) if {f"race-{i}.x", f"race-{i}_x"} <= topics(service)]
     assert not both, f"both names of rounds {both} were created"
     assert service._raft.read(lambda s: s.topics_by_collision_key.get("race-0_x")) is not None
+
+
+def test_a_min_compaction_lag_above_the_max_is_refused_at_create_and_alter(service: ControllerService) -> None:
+    # Kafka's LogConfig refuses it ("conflict topic config setting min.compaction.lag.ms ... >
+    # max.compaction.lag.ms"); Brook accepted it (audit).
+    refused = create(service, ADMIN, "lags", 1, {"min.compaction.lag.ms": "100000", "max.compaction.lag.ms": "1000"})
+    assert refused.error_code == ErrorCode.INVALID_CONFIG and "conflicting compaction lags" in refused.error_message
+    assert "lags" not in topics(service)
+    assert create(service, ADMIN, "lags", 1, {"max.compaction.lag.ms": "1000"}).error_code == ErrorCode.NONE
+    response = service.AlterConfigs(pb.AlterConfigsRequest(resources=[pb.AlterConfigsResource(
+        topic="lags", set={"min.compaction.lag.ms": "100000"})]), ADMIN)
+    assert [r.error_code for r in response.results] == [ErrorCode.INVALID_CONFIG], response
+    assert service._raft.read(lambda s: dict(s.topics["lags"].configs)) == {"max.compaction.lag.ms": "1000"}
