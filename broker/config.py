@@ -427,6 +427,11 @@ _BEHAVIOUR = [
            check=_at_least(1), roles=_B),
     KeyDef("log.cleaner.enable", "bool", "true", "Run the log cleaner (compaction).", roles=_B),
     KeyDef("log.cleaner.threads", "int", "1", "Log cleaner threads.", check=_at_least(0), roles=_B),
+    KeyDef("log.cleaner.dedupe.buffer.size", "long", "33554432",
+           "Memory for the cleaners' key maps, shared by the cleaner threads (Kafka's key; a key costs about "
+           "160 bytes here, 24 in Kafka, so 32 MiB maps about 200,000 keys a thread). A pass maps as many dirty "
+           "keys as fit and cleans up to there; the next one goes on from it.",
+           check=_at_least(1 << 20), roles=_B),
     KeyDef("log.scrubber.enable", "bool", "true",
            "Read every segment again now and then (the active one up to where it ends then) and check each "
            "batch's CRC (storage/scrubber.py).",

@@ -83,6 +83,7 @@ from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig
 from storage import meta_properties
 from storage.checkpoints import fsync_dir, write_atomically
+from storage.cleaner import MAP_ENTRY_BYTES
 from storage.disk_errors import EXIT_DISK_FAILURE, halt_for_disk_failure
 from storage.fd_budget import partition_capacity
 from storage.log_manager import LogManager
@@ -319,13 +320,16 @@ class BrokerServer:
         # Before anything reads them: refused if they belong to another node.
         self.storage_created = check_log_dirs([Path(d) for d in s.log_dirs], s.cluster_id, s.node_id)
         PRODUCER_BUDGET.max_producers = int(d.get("producer.id.max.tracked", str(DEFAULT_PROCESS_MAX_PRODUCERS)))
+        cleaner_threads = (int(d.get("log.cleaner.threads", "1"))
+                           if d.get("log.cleaner.enable", "true").strip().lower() == "true" else 0)
         self.log_manager = LogManager(
             list(s.log_dirs), d,
             flush_check_ms=int(d.get("log.flush.scheduler.interval.ms", "1000")),
             retention_check_ms=int(d.get("log.retention.check.interval.ms", "300000")),
             checkpoint_interval_ms=int(d.get("replica.high.watermark.checkpoint.interval.ms", "5000")),
-            cleaner_threads=(int(d.get("log.cleaner.threads", "1"))
-                             if d.get("log.cleaner.enable", "true").strip().lower() == "true" else 0),
+            cleaner_threads=cleaner_threads,
+            cleaner_max_map_entries=max(1, int(d.get("log.cleaner.dedupe.buffer.size", "33554432"))
+                                        // max(1, cleaner_threads) // MAP_ENTRY_BYTES),
             scrubber_enabled=d.get("log.scrubber.enable", "true").strip().lower() == "true",
             scrubber_bytes_per_sec=int(d.get("log.scrubber.bytes.per.second", "1048576")),
             scrubber_interval_ms=int(d.get("log.scrubber.interval.ms", "604800000")),

@@ -8,13 +8,16 @@ A pass over one log (Kafka's algorithm, simplified):
    segment is never touched.
    A log is picked when its dirty ratio reaches ``min.cleanable.dirty.ratio``, or
    whatever the ratio when a dirty record is older than ``max.compaction.lag.ms``.
-2. An offset map ``hash(key) -> last offset`` is built over whole dirty segments. Its
-   size is capped (``max_map_entries``): when full, the pass stops at the last segment
-   that fit, so memory is bounded whatever the log size.
+2. An offset map ``hash(key) -> last offset`` is built over the dirty records. Its
+   size is capped (``max_map_entries``, from ``log.cleaner.dedupe.buffer.size``): when
+   full, the pass ends at the first record whose key did not fit, in the middle of a
+   segment if need be, and the next pass maps on from there, so memory is bounded
+   whatever the log size and every pass makes progress.
 3. Every segment from the log start to the end of the mapped range is rewritten, in
    groups that fit one segment: a record is kept when no later record has its key; a
-   tombstone (null value) is kept until its segment is older than
-   ``delete.retention.ms``. Offsets never change: kept records stay in batches whose
+   tombstone (null value) is kept until its segment was last written more than
+   ``delete.retention.ms`` ago by the broker's clock (the file's mtime, kept through
+   rewrites); a record without a key goes (Kafka's cleaner drops it). Offsets never change: kept records stay in batches whose
    offsets are contiguous runs of the original batch (base offset = first kept offset),
    with the original codec, timestamps and producer fields. The last batch of every
    producer the log tracks is kept whole, as Kafka's cleaner keeps it: producer state
@@ -78,6 +81,7 @@ from storage.segment import (
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MAP_ENTRIES = 200_000  # ~30 MB of Python dict with 16-byte digests
+MAP_ENTRY_BYTES = 160  # what one key of the map costs (log.cleaner.dedupe.buffer.size / threads / this)
 DEFAULT_IO_BYTES_PER_SEC = 64 * 1024 * 1024
 DEFAULT_BACKOFF_MS = 15_000
 _WRITE_BUFFER_BYTES = 1024 * 1024  # cleaned batches are written in chunks of about this size
@@ -142,7 +146,9 @@ class CleanerStats:
     records_read: int = 0
     records_kept: int = 0
     tombstones_dropped: int = 0
+    keyless_dropped: int = 0
     producer_batches_kept: int = 0  # kept whole: the last batch of a producer the log tracks
+    map_full: bool = False  # the offset map filled: the pass ended within the dirty section
     first_dirty_offset: int = 0
     end_offset: int = 0
 
@@ -183,6 +189,14 @@ class LogCleaner:
         """First dirty offsets read from the cleaner-offset-checkpoint files at startup."""
         with self._lock:
             self._first_dirty.update(checkpoints)
+
+    def truncated(self, tp: TopicPartitionKey, offset: int) -> None:
+        """``tp``'s log was cut to ``offset``: its checkpoint goes no further (Kafka's maybeTruncateCheckpoint).
+        It stayed above, so records written again below it (a follower's diverged tail replaced) were never
+        mapped: a tombstone among them went unmatched, then expired, and the value it deleted came back."""
+        with self._lock:
+            if self._first_dirty.get(tp, 0) > offset:
+                self._first_dirty[tp] = offset
 
     def forget(self, tp: TopicPartitionKey) -> None:
         with self._lock:
@@ -236,8 +250,8 @@ class LogCleaner:
         segments = lg.segments()
         closed = segments[:-1]
         total = sum(s.size for s in closed)
-        dirty = sum(s.size for i, s in enumerate(closed)
-                    if s.base_offset >= first_dirty and _next_base_of(segments, i) <= bound)
+        dirty = sum(s.size for i, s in enumerate(closed)  # a segment cleaned up to its middle is dirty
+                    if first_dirty < _next_base_of(segments, i) <= bound)
         return dirty / total if total else 0.0
 
     def grab_filthiest(self, now_ms: int | None = None) -> Log | None:
@@ -280,6 +294,7 @@ class LogCleaner:
     def _clean_log(self, lg: Log, now_ms: int | None) -> CleanerStats:
         now = _now_ms(now_ms)
         stats = CleanerStats()
+        truncations = lg.truncations
         first_dirty = self.first_dirty_offset(lg)
         stats.first_dirty_offset = first_dirty
         bound = self._uncleanable_from(lg, now)
@@ -290,13 +305,14 @@ class LogCleaner:
         if end <= first_dirty:
             return stats
         segments = lg.segments()
-        to_clean = [s for i, s in enumerate(segments[:-1]) if _next_base_of(segments, i) <= end]
+        to_clean = [s for s in segments[:-1] if s.base_offset < end]  # the last one may end past ``end``
         # Read once: a producer that writes during the pass only makes a kept batch no longer its last.
         last_batches = lg.producers_last_batches()
         for group in self._group_segments(to_clean, lg.config.segment_bytes):
-            self._clean_group(lg, group, offset_map, now, throttler, stats, last_batches)
+            self._clean_group(lg, group, offset_map, now, throttler, stats, last_batches, end)
         with self._lock:
-            self._first_dirty[(lg.topic, lg.partition)] = end
+            if lg.truncations == truncations:  # else the truncation set it (``truncated``)
+                self._first_dirty[(lg.topic, lg.partition)] = end
         log.info("cleaned %s: %d segments, %d -> %d bytes, kept %d of %d records (%d producers' last batches "
                  "whole), dirty up to %d", lg.dir, stats.segments_cleaned, stats.bytes_read, stats.bytes_written,
                  stats.records_kept, stats.records_read, stats.producer_batches_kept, end)
@@ -304,7 +320,12 @@ class LogCleaner:
 
     def _build_offset_map(self, lg: Log, first_dirty: int, bound: int, offset_map: OffsetMap,
                           throttler: Throttler, stats: CleanerStats) -> int:
-        """Map keys of whole dirty segments below ``bound``; return the end of the mapped range."""
+        """Map the keys of the dirty records from ``first_dirty`` to the end of the last dirty segment below
+        ``bound``; return the end of the mapped range. When the map fills, the range ends at the first record
+        whose key did not fit, in the middle of a segment if need be (Kafka's cleaner does the same): the pass
+        cleans up to there and the next one maps on from it. A pass used to map whole segments only, so a
+        segment of more distinct keys than the map holds was never cleaned, and the cleaner picked it again at
+        once, for good, at a core's worth of CPU (audit)."""
         segments = lg.segments()
         end = first_dirty
         for i, seg in enumerate(segments[:-1]):
@@ -313,21 +334,17 @@ class LogCleaner:
                 continue
             if seg_end > bound:
                 break
-            full = False
             for h, batch in _iter_batches(seg, throttler, self._stop):
-                if h.attributes & ATTR_CONTROL:
+                if h.attributes & ATTR_CONTROL or h.last_offset < first_dirty:
                     continue
                 for rec in decode_batch(batch, verify_crc=False)[1]:  # _iter_batches checked it
-                    if rec.key is not None and not offset_map.put(rec.key, rec.offset):
-                        full = True
-                        break
-                if full:
-                    break
-            if full:
-                if end == first_dirty:
-                    log.warning("cleaner offset map (%d keys) cannot hold one segment of %s; "
-                                "raise max_map_entries", offset_map.max_entries, lg.dir)
-                break
+                    if rec.offset < first_dirty or rec.key is None:
+                        continue
+                    if not offset_map.put(rec.key, rec.offset):
+                        if rec.offset == first_dirty:  # cannot happen with room for one key: no progress
+                            raise ValueError(f"the cleaner's offset map holds no key of {lg.dir}")
+                        stats.map_full = True
+                        return rec.offset
             end = seg_end
         return end
 
@@ -345,7 +362,15 @@ class LogCleaner:
             yield group
 
     def _clean_group(self, lg: Log, group: list[LogSegment], offset_map: OffsetMap, now: int,
-                     throttler: Throttler, stats: CleanerStats, last_batches: set[int] = frozenset()) -> None:
+                     throttler: Throttler, stats: CleanerStats, last_batches: set[int] = frozenset(),
+                     mapped_end: int | None = None) -> None:
+        """Rewrite ``group`` keeping each key's latest record (``offset_map``, which covers every record below
+        ``mapped_end``). A tombstone goes once its segment was last written more than ``delete.retention.ms``
+        ago, by the broker's clock (the file's mtime, kept through each rewrite): Kafka keeps a tombstone that
+        long after the cleaner first sees it, whatever the record's own timestamp says. The record's timestamp
+        was used, so a tombstone stamped in the past (a mirrored or replayed delete) went at the first pass,
+        before a consumer behind could see the delete (audit). Only one below ``mapped_end``: past it a key's
+        older records were not matched against it."""
         c = lg.config
         base = group[0].base_offset
         for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):  # leftovers of an aborted pass
@@ -353,13 +378,16 @@ class LogCleaner:
         target = LogSegment(lg.dir, base, index_bytes=c.segment_index_bytes,
                             index_interval_bytes=c.index_interval_bytes, writable=True, suffix=CLEANED_SUFFIX,
                             created_ms=group[-1].created_ms)
+        mapped_end = group[-1].next_offset if mapped_end is None else mapped_end
         try:
             pending = bytearray()
+            written_ms = max(seg.last_written_ms() for seg in group)
             for seg in group:
-                drop_tombstones = now - seg.largest_timestamp > c.delete_retention_ms
+                drop_tombstones_below = mapped_end if now - seg.last_written_ms() > c.delete_retention_ms else -1
                 for h, batch in _iter_batches(seg, throttler, self._stop):
                     stats.bytes_read += h.size
-                    pending += self._filter_batch(h, batch, offset_map, drop_tombstones, stats, last_batches)
+                    pending += self._filter_batch(h, batch, offset_map, drop_tombstones_below, stats,
+                                                  last_batches)
                     if len(pending) >= _WRITE_BUFFER_BYTES:
                         self._write(target, pending, throttler, stats)
                         pending = bytearray()
@@ -367,6 +395,7 @@ class LogCleaner:
                 self._write(target, pending, throttler, stats)
             target.on_become_inactive()
             target.flush()
+            os.utime(target.log_path, ns=(written_ms * 1_000_000, written_ms * 1_000_000))  # when last written
             if lg.replace_segments(target, group):
                 stats.segments_cleaned += len(group)
                 return
@@ -384,9 +413,10 @@ class LogCleaner:
         throttler.account(len(data))
 
     @staticmethod
-    def _filter_batch(h: BatchHeader, batch: memoryview, offset_map: OffsetMap, drop_tombstones: bool,
+    def _filter_batch(h: BatchHeader, batch: memoryview, offset_map: OffsetMap, drop_tombstones_below: int,
                       stats: CleanerStats, last_batches: set[int] = frozenset()) -> bytes:
-        """The batch's kept records, re-batched in runs of consecutive offsets."""
+        """The batch's kept records, re-batched in runs of consecutive offsets. A record without a key goes, as
+        Kafka's cleaner drops it (it can only be there from before the topic was compacted)."""
         if h.attributes & (ATTR_CONTROL | ATTR_TRANSACTIONAL):
             return bytes(batch)  # transactions are not compacted here: keep as written
         if h.producer_id >= 0 and h.last_offset in last_batches:
@@ -398,13 +428,15 @@ class LogCleaner:
         stats.records_read += len(records)
         kept: list[Record] = []
         for rec in records:
-            if rec.key is not None:
-                latest = offset_map.get(rec.key)
-                if latest is not None and rec.offset < latest:
-                    continue  # a later record has this key
-                if rec.value is None and drop_tombstones:
-                    stats.tombstones_dropped += 1
-                    continue
+            if rec.key is None:
+                stats.keyless_dropped += 1
+                continue
+            latest = offset_map.get(rec.key)
+            if latest is not None and rec.offset < latest:
+                continue  # a later record has this key
+            if rec.value is None and rec.offset < drop_tombstones_below:
+                stats.tombstones_dropped += 1
+                continue
             kept.append(rec)
         stats.records_kept += len(kept)
         if len(kept) == len(records):
@@ -436,7 +468,9 @@ class LogCleaner:
                 continue
             tp = (lg.topic, lg.partition)
             try:
-                self.clean_log(lg)
+                stats = self.clean_log(lg)
+                if stats.end_offset <= stats.first_dirty_offset:  # nothing it could clean yet: not at once again
+                    self._stop.wait(self.backoff_ms / 1000)
             except CleanerAborted:
                 return
             except SegmentChangedError as exc:  # retention or a truncation under the read: the next pass

@@ -21,7 +21,7 @@ import random
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -188,6 +188,9 @@ class Log:
         self._recovery_point = 0
         self._unflushed_records = 0
         self._truncations = 0  # bumped by every truncation: a flush racing one keeps the recovery point
+        # Told the offset every truncation cut the log to, under the log's lock (the LogManager points it at
+        # the cleaner, whose checkpoint must not stay above data that is gone).
+        self.on_truncate: Callable[[int], None] | None = None
         self._last_flush_ms = _now_ms(None)
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         self.epoch_cache = LeaderEpochFileCache(directory)
@@ -723,9 +726,15 @@ class Log:
             return ""
         if seg.size + size > c.segment_bytes:
             return f"size {seg.size} + {size} > segment.bytes {c.segment_bytes}"
-        if now - seg.rolling_base_ms() > c.segment_ms - self._roll_jitter_ms:
-            return (f"age {now - seg.rolling_base_ms()} ms > segment.ms {c.segment_ms}"
-                    + (f" - jitter {self._roll_jitter_ms}" if self._roll_jitter_ms else ""))
+        # A compacted log rolls by max.compaction.lag.ms too (Kafka's maxSegmentMs): the cleaner never touches
+        # the active segment, so its records waited for segment.ms (7 days) whatever the lag said (audit).
+        segment_ms, name = c.segment_ms, "segment.ms"
+        if c.compact and 0 < c.max_compaction_lag_ms < segment_ms:
+            segment_ms, name = c.max_compaction_lag_ms, "max.compaction.lag.ms"
+        jitter = self._roll_jitter_ms if self._roll_jitter_ms < segment_ms else 0
+        if now - seg.rolling_base_ms() > segment_ms - jitter:
+            return (f"age {now - seg.rolling_base_ms()} ms > {name} {segment_ms}"
+                    + (f" - jitter {jitter}" if jitter else ""))
         if seg.index.is_full() or seg.time_index.is_full():
             return "index full"
         if not seg.can_hold_offset(last_offset):
@@ -882,8 +891,14 @@ class Log:
             self._after_truncation(last.next_offset)
             log.info("truncated %s to %d (log end now %d)", self.dir, offset, self._log_end_offset)
 
+    @property
+    def truncations(self) -> int:
+        return self._truncations
+
     def _after_truncation(self, new_end: int) -> None:
         self._truncations += 1
+        if self.on_truncate is not None:
+            self.on_truncate(new_end)
         self._log_end_offset = new_end
         self.epoch_cache.truncate_from_end(new_end)
         self.producer_state.truncate_from(new_end)
@@ -905,6 +920,8 @@ class Log:
             self._log_start_offset = self._log_end_offset = offset
             self._high_watermark = self._recovery_point = offset
             self._truncations += 1
+            if self.on_truncate is not None:
+                self.on_truncate(offset)
             self._prune_lost()
             log.info("truncated %s fully, restarting at %d", self.dir, offset)
 
@@ -944,7 +961,10 @@ class Log:
 
     # ------------------------------------------------------------------ retention
     def delete_old_segments(self, now_ms: int | None = None) -> int:
-        """Retention: whole closed segments fully below the high watermark, by time then size."""
+        """Retention: whole segments fully below the high watermark, by time then size. The active one too once
+        every closed one goes and it is past retention itself, as Kafka's deletableSegments does: a new empty
+        segment is rolled at the log end first. Only closed ones went, so a partition no longer written kept its
+        last segment past retention.ms for good (audit)."""
         now = _now_ms(now_ms)
         with self._lock:
             self._ensure_open()
@@ -963,12 +983,21 @@ class Log:
             if c.delete and c.retention_ms >= 0:
                 while doomed < len(candidates) and now - candidates[doomed].largest_timestamp > c.retention_ms:
                     doomed += 1
+            excess = -1
             if c.delete and c.retention_bytes >= 0:
                 excess = sum(s.size for s in segments) - c.retention_bytes
                 excess -= sum(s.size for s in candidates[:doomed])
                 while doomed < len(candidates) and excess - candidates[doomed].size >= 0:
                     excess -= candidates[doomed].size
                     doomed += 1
+            active = segments[-1]
+            if (c.delete and doomed == len(segments) - 1 and active.size > 0
+                    and self._high_watermark >= self._log_end_offset
+                    and ((c.retention_ms >= 0 and now - active.largest_timestamp > c.retention_ms)
+                         or (c.retention_bytes >= 0 and excess - active.size >= 0))):
+                self._roll(self._log_end_offset, now)
+                segments = self._segments
+                doomed += 1
             if doomed == 0:
                 return 0
             victims = list(segments[:doomed])

@@ -13,6 +13,7 @@ deletion), checkpointer, the log cleaner (compaction) and the log scrubber.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -359,6 +360,7 @@ class LogManager:
     def _track(self, tp: TopicPartitionKey, lg: Log, log_dir: Path, topic_id: str) -> None:
         """Start tracking ``tp``'s log (the caller holds the lock; ``tp`` is not tracked yet)."""
         self._logs[tp] = lg
+        lg.on_truncate = functools.partial(self.cleaner.truncated, tp)
         self._log_dir_of[tp] = log_dir
         self._topic_ids[tp] = topic_id
         self._hosted[tp[0]] += 1

@@ -812,6 +812,11 @@ class LogSegment:
             return self.max_timestamp
         return int(os.fstat(self._fd).st_mtime * 1000)
 
+    def last_written_ms(self) -> int:
+        """When the log file was last written, by this broker's clock (its mtime; the cleaner keeps it through
+        a rewrite): what a tombstone's delete.retention.ms counts from."""
+        return int(os.fstat(self._fd).st_mtime * 1000)
+
     def rolling_base_ms(self) -> int:
         return self.created_ms
 

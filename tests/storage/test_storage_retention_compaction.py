@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,28 @@ def test_retention_by_time_only_closed_segments_below_hw(tmp_path: Path) -> None
     assert lg.log_start_offset == 12 and [s.base_offset for s in lg.segments()] == [12]
     assert not any(p.name.startswith("00000000000000000000") for p in (tmp_path / "t-0").iterdir())
     assert read_all(lg)  # the fresh data is still served
+    lg.close()
+
+
+def test_retention_takes_the_active_segment_once_it_is_past_retention_and_replicated(tmp_path: Path) -> None:
+    """As Kafka's deletableSegments: with every closed segment gone, the active one goes too once it is past
+    retention and fully replicated (a new empty segment is rolled at the log end first). Only closed segments
+    went, so a partition no longer written kept its last segment past retention.ms for good (audit)."""
+    cfg = LogConfig(segment_bytes=1 << 20, retention_ms=60_000, file_delete_delay_ms=0)
+    lg = Log.open(tmp_path / "t-0", cfg)
+    _fill(lg, 5, now_ms() - 3_600_000)  # one segment, the active one, past retention
+    assert lg.delete_old_segments() == 0  # not replicated yet (HW 0)
+    lg.update_high_watermark(lg.log_end_offset - 1)
+    assert lg.delete_old_segments() == 0  # nor all of it
+    lg.update_high_watermark(lg.log_end_offset)
+    assert lg.delete_old_segments() == 1
+    assert (lg.log_start_offset, lg.log_end_offset) == (10, 10) and [s.base_offset for s in lg.segments()] == [10]
+    assert lg.append_as_leader(make_batch(2), 0).first_offset == 10  # written on as before
+    lg.update_high_watermark(lg.log_end_offset)
+    assert lg.delete_old_segments() == 0  # fresh data stays
+    lg.close()
+    lg = Log.open(tmp_path / "t-0", cfg)
+    assert (lg.log_start_offset, lg.log_end_offset) == (10, 12)
     lg.close()
 
 
@@ -120,25 +143,40 @@ def test_compaction_keeps_last_value_per_key_and_offsets(tmp_path: Path) -> None
 
 
 def test_tombstones_dropped_after_delete_retention(tmp_path: Path) -> None:
+    """A tombstone goes once its segment was last written more than delete.retention.ms ago by the broker's
+    clock. The records' own timestamps do not count: a tombstone stamped an hour ago (a mirrored or replayed
+    delete) went at the first pass, before a consumer behind could see the delete (audit)."""
     lg = _compacted_log(tmp_path, delete_retention_ms=60_000)
     old = now_ms() - 3_600_000
     for i in range(20):
         _put(lg, f"key-{i % 4:02d}", b"v", old + i)
-    _put(lg, "key-01", None, old + 100)  # tombstone, in an old segment
+    _put(lg, "key-01", None, old + 100)  # tombstone, in a segment written an hour ago
     for i in range(8):
         _put(lg, f"fill-{i:02d}", b"x", old + 200 + i)
-    fresh = now_ms()
-    _put(lg, "key-02", None, fresh)  # a recent tombstone
+    lg.roll()
+    hour_ago_s = time.time() - 3600
+    for seg in lg.segments()[:-1]:
+        os.utime(seg.log_path, (hour_ago_s, hour_ago_s))
+    _put(lg, "key-02", None, old + 300)  # a tombstone stamped an hour ago, written now
     for i in range(9):
-        _put(lg, f"late-{i:02d}", b"y", fresh + i)
+        _put(lg, f"late-{i:02d}", b"y", old + 400 + i)
     lg.update_high_watermark(lg.log_end_offset)
     cleaner = LogCleaner(lambda: {("c", 0): lg})
     cleaner.clean_log(lg)
     latest = _latest(lg)
-    assert b"key-01" not in latest  # tombstone older than delete.retention.ms: gone
-    assert latest[b"key-02"][1] is None  # recent tombstone kept
+    assert b"key-01" not in latest  # its segment was written more than delete.retention.ms ago: gone
+    assert latest[b"key-02"][1] is None, latest  # written now: kept, whatever its timestamp
     assert latest[b"key-00"][1] == b"v" and latest[b"key-03"][1] == b"v"
     assert cleaner.checkpoints()[("c", 0)] > 0
+    written = {seg.base_offset: seg.last_written_ms() for seg in lg.segments()[:-1]}
+    assert min(written.values()) < (hour_ago_s + 60) * 1000, f"a rewrite reset when it was written: {written}"
+    cleaner.clean_log(lg)  # a second pass soon after: the segments' times were kept, the tombstone too
+    assert _latest(lg)[b"key-02"][1] is None
+    _put(lg, "key-00", b"w", old + 500)  # something dirty for the next pass to clean
+    lg.roll()
+    lg.update_high_watermark(lg.log_end_offset)
+    cleaner.clean_log(lg, now_ms=now_ms() + 120_000)  # past delete.retention.ms
+    assert b"key-02" not in _latest(lg)
     lg.close()
 
 
@@ -359,4 +397,101 @@ def test_a_batch_cut_away_while_the_cleaner_read_it_is_no_corruption(tmp_path: P
     assert cut == [h.base_offset], "the test's truncation did not happen during the pass"
     assert cleaner.uncleanable() == {}, "a batch cut away under the read left the log uncleanable"
     assert told == []
+    lg.close()
+
+
+def test_a_segment_of_more_keys_than_the_map_holds_is_cleaned_over_several_passes(tmp_path: Path) -> None:
+    """The offset map filling in the middle of a segment ends the pass there and the next maps on from it, as
+    Kafka's cleaner does. A pass mapped whole segments only: a segment of more distinct keys than the map holds
+    was never cleaned, and the cleaner picked the log again at once, for good (audit: a core of CPU, other
+    partitions' produce p99 from 5.8 to 31.5 ms)."""
+    cfg = LogConfig(segment_bytes=1 << 20, cleanup_policy=("compact",), file_delete_delay_ms=0)
+    lg = Log.open(tmp_path / "c-0", cfg)
+    ts = now_ms()
+    for round_ in range(2):
+        for i in range(50):
+            _put(lg, f"k{i:02d}", f"v{round_}".encode(), ts)
+    lg.roll()
+    _put(lg, "active", b"a", ts)
+    lg.update_high_watermark(lg.log_end_offset)
+    cleaner = LogCleaner(lambda: {("c", 0): lg}, max_map_entries=30)
+    ends = []
+    for _ in range(6):
+        stats = cleaner.clean_log(lg)
+        if stats.end_offset <= stats.first_dirty_offset:
+            break
+        ends.append(stats.end_offset)
+    assert ends == [30, 60, 90, 100], ends  # each pass as far as 30 keys reach
+    latest = _latest(lg)
+    kept = [r.offset for r in decode_records(read_all(lg))]
+    assert kept == list(range(50, 101)), kept  # one record a key: the second round, and the active segment's
+    assert all(latest[f"k{i:02d}".encode()][1] == b"v1" for i in range(50))
+    assert cleaner.dirty_ratio(lg) == 0.0
+    lg.close()
+
+
+def test_records_without_a_key_go_when_a_topic_becomes_compacted(tmp_path: Path) -> None:
+    """Kafka's cleaner drops a record without a key (it counts it invalid): on a compacted topic one can only be
+    there from before the topic was compacted. Brook's kept them for good."""
+    lg = Log.open(tmp_path / "c-0", LogConfig(segment_bytes=1 << 20, file_delete_delay_ms=0))
+    ts = now_ms()
+    lg.append_as_leader(make_batch(3, ts=ts, keys=[None, b"k", None], values=[b"a", b"b", b"c"]), 0)
+    lg.close()
+    lg = Log.open(tmp_path / "c-0", LogConfig(segment_bytes=1 << 20, cleanup_policy=("compact",),
+                                              file_delete_delay_ms=0))
+    lg.roll()
+    _put(lg, "k2", b"d", ts)
+    lg.update_high_watermark(lg.log_end_offset)
+    stats = LogCleaner(lambda: {("c", 0): lg}).clean_log(lg)
+    assert stats.keyless_dropped == 2
+    assert [(r.offset, r.key) for r in decode_records(read_all(lg))] == [(1, b"k"), (3, b"k2")]
+    lg.close()
+
+
+def test_a_truncation_below_the_cleaner_checkpoint_lowers_it(tmp_path: Path) -> None:
+    """A log cut below the cleaner's checkpoint (a follower's diverged tail replaced) has its checkpoint lowered
+    to the cut, as Kafka's maybeTruncateCheckpoint does. It stayed above, so a tombstone written again below it
+    was never matched against the value it deletes: it expired and the value came back (audit)."""
+    from storage.log_manager import LogManager
+
+    lm = LogManager([tmp_path], {"segment.bytes": "400", "cleanup.policy": "compact", "delete.retention.ms": "1000",
+                                 "min.cleanable.dirty.ratio": "0.0", "file.delete.delay.ms": "0"}, cleaner_threads=0)
+    lm.startup()
+    try:
+        lg = lm.get_or_create_log("trunc", 0, topic_id="T1", overrides={})
+        ts = now_ms()
+        _put(lg, "K", b"old-value", ts)
+        for i in range(40):
+            _put(lg, f"f{i % 5}", b"x" * 20, ts)
+        lg.update_high_watermark(lg.log_end_offset)
+        cleaner = lm.cleaner
+        cleaner.clean_log(lg)
+        assert cleaner.checkpoints()[("trunc", 0)] > 1
+        lg.truncate_to(1)  # the new leader's history diverges after offset 0
+        assert cleaner.checkpoints()[("trunc", 0)] == 1
+        _put(lg, "K", None, ts)  # ... and deletes K at offset 1
+        for i in range(60):
+            _put(lg, f"g{i % 5}", b"y" * 20, ts)
+        lg.update_high_watermark(lg.log_end_offset)
+        for _ in range(3):
+            cleaner.clean_log(lg, now_ms=now_ms() + 3_600_000)  # the tombstone is past delete.retention.ms
+        assert [(r.offset, r.value) for r in decode_records(read_all(lg)) if r.key == b"K"] == []
+    finally:
+        lm.shutdown()
+
+
+def test_a_compacted_log_rolls_by_max_compaction_lag(tmp_path: Path) -> None:
+    """Kafka's maxSegmentMs: a compacted log's active segment rolls once max.compaction.lag.ms passed, so the
+    cleaner (which never touches the active segment) can keep to the lag. It waited for segment.ms (7 days)."""
+    lg = _compacted_log(tmp_path, max_compaction_lag_ms=5_000)
+    start = now_ms()
+    for i in range(5):
+        _put(lg, "k", f"v{i}".encode(), start)
+    lg.append_as_leader(make_batch(1, ts=start, keys=[b"k"], values=[b"v5"]), 0, now_ms=start + 7_000)
+    assert [s.base_offset for s in lg.segments()] == [0, 5], [s.base_offset for s in lg.segments()]
+    lg.update_high_watermark(lg.log_end_offset)
+    cleaner = LogCleaner(lambda: {("c", 0): lg})
+    assert cleaner.grab_filthiest(now_ms=start + 7_000) is lg  # overdue
+    cleaner.clean_log(lg, now_ms=start + 7_000)
+    assert [r.value for r in decode_records(read_all(lg))] == [b"v4", b"v5"]  # the active segment untouched
     lg.close()
