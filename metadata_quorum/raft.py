@@ -40,6 +40,7 @@ import os
 import pickle
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,7 +214,9 @@ class _DumpWriter:
     the received one was then loaded: a snapshot cut short on a dropped connection (pysyncobj sends the rest on
     the next) does not read back, and the voter, restarted, stopped on it; a snapshot older than what the voter
     had applied (a late "reset") was loaded over its state, and its journal emptied. ``load`` refuses both and
-    puts the voter's own dump back; at a start, a received dump that was never accepted is replaced by it.
+    puts the voter's own dump back. ``<dump>.receiving`` is there from a received snapshot's last piece (before
+    pysyncobj's rename) until ``load`` has decided: a voter stopped in between starts from its own dump. Without
+    it, a dump that is not the ``.own`` one is trusted (another version of Brook wrote it: a rolled-back node).
     """
 
     # pysyncobj's level 9 took 6-10 times as long on metadata for the same size. (Protocol 4's memo opcodes
@@ -226,6 +229,8 @@ class _DumpWriter:
                  on_unreadable: Callable[[BaseException], None] | None = None) -> None:
         self.path = path
         self._own = path.with_name(path.name + ".own")
+        self._receiving = path.with_name(path.name + ".receiving")
+        _dump_writers[str(path)] = self  # QuorumSyncObj marks a receipt through it
         self._consumer = consumer
         self._job: _DumpJob | None = None
         self._loads = 0
@@ -243,15 +248,24 @@ class _DumpWriter:
     def _keep_own_at_start(self) -> None:
         """Before pysyncobj looks for the dump: the voter's own is the one it starts from."""
         own, dump = self._own, self.path
-        if not own.exists():
-            if dump.exists():  # the first start of this version, or a voter whose first dump was received
-                self._link(dump, own)
-            return
-        if dump.exists() and os.path.samefile(own, dump):
-            return
-        log.warning("the quorum snapshot %s was received from the leader and never accepted (the voter stopped "
-                    "between its last piece and its load): starting from the voter's own", dump)
-        self._link(own, dump)
+        same = own.exists() and dump.exists() and os.path.samefile(own, dump)
+        if self._receiving.exists() and not same:
+            log.warning("the quorum snapshot %s was received from the leader and never accepted (the voter stopped "
+                        "between its last piece and its load): starting from the voter's own", dump)
+            if own.exists():
+                self._link(own, dump)
+            else:  # it had none: its journal holds everything
+                dump.unlink(missing_ok=True)
+                fsync_dir(dump.parent)
+        elif dump.exists() and not same:  # this version's first start, or another version wrote it
+            self._link(dump, own)
+        self._receiving.unlink(missing_ok=True)
+
+    def mark_receiving(self) -> None:
+        """A received snapshot's last piece: pysyncobj renames it over the dump next (see the class)."""
+        with open(self._receiving, "wb"):
+            pass
+        fsync_dir(self._receiving.parent)
 
     def _link(self, source: Path, target: Path) -> None:
         """``target`` is ``source``'s file, atomically and durably (a hard link: no copy)."""
@@ -272,6 +286,7 @@ class _DumpWriter:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
             fsync_dir(self.path.parent)
+        self._receiving.unlink(missing_ok=True)
 
     def start(self, tmp_file: str, rest: tuple[Any, ...]) -> None:
         """pysyncobj's ``serializer(fileName, data)``; ``rest`` is (last entry, previous entry, cluster).
@@ -378,6 +393,7 @@ class _DumpWriter:
                 self._put_own_back(f"it ends at {data[1][1]}, and this voter has applied up to {applied}")
                 raise SnapshotRefusedError(f"the leader's snapshot ends at {data[1][1]}, applied here: {applied}")
             self._link(Path(file_name), self._own)  # accepted: before pysyncobj touches the journal
+            self._receiving.unlink(missing_ok=True)
         if data[0] is not None:
             self_data, consumers = data[0][0], data[0][1:]
             vars(self._consumer._syncObj).update(self_data)
@@ -413,6 +429,18 @@ class _DumpWriter:
 class QuorumSyncObj(PreVoteSyncObj, LogMatchingSyncObj):  # type: ignore[misc]
     """pysyncobj's SyncObj with pre-vote (metadata_quorum/prevote.py) and a follower that truncates only conflicting
     entries (metadata_quorum/log_matching.py)."""
+
+    def _lm_snapshot_append(self, node: Any, message: dict[str, Any]) -> None:
+        piece = message.get("serialized")
+        if isinstance(piece, (tuple, list)) and len(piece) == 3 and piece[2]:  # the last: renamed over the dump
+            writer = _dump_writers.get(str(self._SyncObj__conf.fullDumpFile))
+            if writer is not None:
+                writer.mark_receiving()
+        super()._lm_snapshot_append(node, message)
+
+
+# The dump writers by their dump's path, for QuorumSyncObj (whose own fields go into every dump: it keeps none).
+_dump_writers: weakref.WeakValueDictionary[str, _DumpWriter] = weakref.WeakValueDictionary()
 
 
 # pysyncobj makes its journal itself (``createJournal`` in SyncObj's constructor), with no way to pass a

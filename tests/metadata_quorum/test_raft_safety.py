@@ -346,8 +346,10 @@ def test_a_received_snapshot_that_does_not_read_back_leaves_the_followers_own(tm
         received = (tmp_path / "A" / "quorum.snapshot").read_bytes()
     finally:
         net.destroy()
+    assert not (tmp_path / "B" / "quorum.snapshot.receiving").exists()
     # As if B were killed between pysyncobj's rename of a received snapshot (cut short) and its load: B starts
     # from its own.
+    (tmp_path / "B" / "quorum.snapshot.receiving").touch()  # as its last piece left it
     (tmp_path / "B" / "quorum.snapshot.1.tmp").write_bytes(received[: len(received) // 2])
     os.replace(tmp_path / "B" / "quorum.snapshot.1.tmp", tmp_path / "B" / "quorum.snapshot")  # as pysyncobj does
     restarted = _restarted(net, "B", _dump_writing_settings(tmp_path, writers, stopped.append))
@@ -355,6 +357,34 @@ def test_a_received_snapshot_that_does_not_read_back_leaves_the_followers_own(tm
         restarted.tick()
         assert not stopped, f"B stopped on a snapshot it never accepted: {stopped}"
         assert restarted.log()[-1] == (22, 1) and len(restarted.list.rawData()) == 20, restarted.log()
+    finally:
+        restarted.obj.destroy()
+
+
+def test_a_snapshot_another_version_wrote_is_trusted_at_a_start(tmp_path: Path) -> None:
+    # A node rolled back to a version without quorum.snapshot.own compacts (its new snapshot renamed over the old,
+    # its journal trimmed to it) and is upgraded again: the snapshot that is not the .own one is its latest, and
+    # putting the .own one back would leave a journal that starts after it (emptied: acknowledged entries lost).
+    writers: dict[str, _DumpWriter] = {}
+    net = _compacted_trio(tmp_path, writers, 20)
+    own = tmp_path / "B" / "quorum.snapshot.own"
+    try:
+        net.write("A", [f"v{i}" for i in range(20, 30)], ["B", "C"])
+        b = net["B"]
+        _compact(b, writers["B"])  # at 32: the snapshot this version last wrote
+        older = own.read_bytes()
+        net.write("A", [f"v{i}" for i in range(30, 40)], ["B", "C"])
+        _compact(b, writers["B"])  # at 42, as the rolled-back version would write it, its journal trimmed to it
+        held = b.log()
+    finally:
+        net.destroy()
+    own.unlink()
+    own.write_bytes(older)  # what .own still names: the rolled-back version did not touch it
+    restarted = _restarted(net, "B", _dump_writing_settings(tmp_path, writers))
+    try:
+        restarted.tick()
+        assert restarted.log() == held and len(restarted.list.rawData()) == 40, (held, restarted.log())
+        assert os.path.samefile(tmp_path / "B" / "quorum.snapshot", own), "the trusted snapshot is not its own"
     finally:
         restarted.obj.destroy()
 
