@@ -150,6 +150,15 @@ FREEZES = ((7.0, True), (1.0, False), (1.2, False), (1.4, False), (1.6, False), 
            (2.2, False))
 
 
+def _answer_of_the_active(client: ControllerClient, within_s: float) -> pb.DescribeQuorumResponse:
+    seen: list[pb.DescribeQuorumResponse] = []
+
+    def active_answer() -> pb.DescribeQuorumResponse | None:
+        seen.append(client.describe_quorum(timeout_s=10))
+        return seen[-1] if seen[-1].responder_is_active else None
+    return wait_for(active_answer, within_s, lambda: f"a controller to answer as the active one: {seen[-1:]}")
+
+
 def test_sigstop_of_the_active_controller_and_resume_leaves_one_active_controller(
         quorum: LocalQuorum, client: ControllerClient) -> None:
     """Each round freezes the active controller, resumes it (after a takeover, or in the middle of the
@@ -174,8 +183,12 @@ def test_sigstop_of_the_active_controller_and_resume_leaves_one_active_controlle
             assert result == {f"after-resume-{round_}": None}, result
             active = quorum.active_id(timeout_s=20)
             active_s = time.monotonic() - resumed_at
-            q = client.describe_quorum(timeout_s=10)
-            assert q.responder_is_active and q.active_controller_id == active, q
+            # The voter found active may be between two of its own terms by the next call (a heavily loaded
+            # machine: its tick thread late, an election it wins again); one controller is active within a bound.
+            # The voter just found active may be between two of its terms by the next call (seen once on a
+            # loaded machine: an election it won again); one controller answers as active within a bound.
+            q = _answer_of_the_active(client, within_s=20)
+            assert q.active_controller_id == q.responder_id, q
             print(f"\nround {round_}: controller {old} frozen {resumed_at - frozen_at:.1f}s; "
                   f"after resume controller {active} active within {active_s:.2f}s, admin write took {write_s:.2f}s")
             # No activation loop: idle, the journal barely moves (it grew by one entry per tick before).
