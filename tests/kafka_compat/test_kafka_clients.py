@@ -606,12 +606,13 @@ def test_kafka_client_records_read_by_brook_client(cluster: LocalCluster, kconf,
     reports, on_delivery = _delivery_log()
     producer = Producer(rdkafka_config(kconf, **{"enable.idempotence": True}))
     sent = []
+    base_ms = int(time.time() * 1000) - 60_000  # recent: records past retention.ms go, the active segment's too
     for i in range(20):
         key = None if i % 5 == 0 else b"key-%d" % i
         headers = [("n", b"%d" % i), ("empty", None), ("dup", b"a"), ("dup", b"b")]
         producer.produce(topic, value=b"from-kafka-%d" % i, key=key, headers=headers, partition=i % 2,
-                         timestamp=1_700_000_000_000 + i, on_delivery=on_delivery)
-        sent.append((i % 2, key, b"from-kafka-%d" % i, headers, 1_700_000_000_000 + i))
+                         timestamp=base_ms + i, on_delivery=on_delivery)
+        sent.append((i % 2, key, b"from-kafka-%d" % i, headers, base_ms + i))
     assert producer.flush(30) == 0 and all(r[0] is None for r in reports), reports[:1]
 
     got = brook_read_all(cluster, topic, 2, len(sent))

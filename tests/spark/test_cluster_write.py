@@ -88,7 +88,8 @@ def test_offsets_removed_by_retention_fail_or_are_skipped(spark, brook) -> None:
     from client.types import TopicPartition
 
     topic = "retention-loss"
-    brook.create_topic(topic, 1, configs={"segment.bytes": "2048", "retention.ms": "500"})
+    # By size: the oldest segments go and a tail stays (past retention.ms the whole log would go, as in Kafka).
+    brook.create_topic(topic, 1, configs={"segment.bytes": "2048", "retention.bytes": "8192"})
     brook.produce(topic, [b"r" * 100 + b"%d" % i for i in range(300)], batch_size=1024)
     tp = TopicPartition(topic, 0)
     deadline = time.monotonic() + 60
