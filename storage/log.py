@@ -994,7 +994,11 @@ class Log:
             if (c.delete and doomed == len(segments) - 1 and active.size > 0
                     and self._high_watermark >= self._log_end_offset
                     and ((c.retention_ms >= 0 and now - active.largest_timestamp > c.retention_ms)
-                         or (c.retention_bytes >= 0 and excess - active.size >= 0))):
+                         or (c.retention_bytes >= 0 and excess - active.size >= 0))
+                    # The roll is a new segment, and the deleted one keeps its descriptors until
+                    # file.delete.delay.ms: only within the descriptor budget, as any roll (_maybe_roll). A
+                    # retention.ms of 1 on busy partitions took two of three nodes past their limit (audit).
+                    and open_segments() < segment_budget()):
                 self._roll(self._log_end_offset, now)
                 segments = self._segments
                 doomed += 1

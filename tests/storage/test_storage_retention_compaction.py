@@ -67,6 +67,25 @@ def test_retention_takes_the_active_segment_once_it_is_past_retention_and_replic
     lg.close()
 
 
+def test_retention_rolls_the_active_segment_only_within_the_descriptor_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The roll before the active segment is deleted is a new segment, and the deleted one keeps its descriptors
+    until file.delete.delay.ms: as any roll, only while segments hold less than half the descriptor limit. It
+    skipped that check, and retention.ms=1 on 100 busy partitions took two of three nodes past their limit: their
+    quorum journals failed with EMFILE and they halted (audit)."""
+    from storage import log as log_module
+
+    cfg = LogConfig(segment_bytes=1 << 20, retention_ms=60_000, file_delete_delay_ms=3_600_000)
+    lg = Log.open(tmp_path / "t-0", cfg)
+    _fill(lg, 5, now_ms() - 3_600_000)
+    lg.update_high_watermark(lg.log_end_offset)
+    monkeypatch.setattr(log_module, "segment_budget", log_module.open_segments)  # no room for one more
+    assert lg.delete_old_segments() == 0 and [s.base_offset for s in lg.segments()] == [0]
+    monkeypatch.undo()
+    assert lg.delete_old_segments() == 1  # room again: it goes
+    lg.close()
+
+
 def test_retention_by_size_and_delayed_file_delete(tmp_path: Path) -> None:
     size = len(make_batch(2))
     cfg = LogConfig(segment_bytes=size * 2, retention_bytes=size * 5, retention_ms=-1, file_delete_delay_ms=60_000)
