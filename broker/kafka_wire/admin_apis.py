@@ -39,6 +39,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import random
 import re
 from collections import defaultdict
 from collections.abc import Callable
@@ -703,7 +704,8 @@ class AdminApis:
         ops = cluster_authorized_operations(self.service.authz, caller) \
             if _get(req.body, "include_cluster_authorized_operations", False) else codec.NO_AUTHORIZED_OPERATIONS
         return self._resp(req, {"error_code": 0, "cluster_id": resp.cluster_id, "endpoint_type": 1,
-                                "controller_id": resp.controller_id if resp.controller_id >= 0 else -1,
+                                "controller_id": client_controller_id(
+                                    resp.controller_id, [b["broker_id"] for b in brokers if not b["is_fenced"]]),
                                 "brokers": brokers, "cluster_authorized_operations": ops})
 
     # ---- DescribeLogDirs (this broker's) ----
@@ -957,6 +959,17 @@ def _once_per_name(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in results:
         first.setdefault(r["name"], r)
     return list(first.values())
+
+
+def client_controller_id(active_controller: int, live_brokers: list[int]) -> int:
+    """The "controller" a Kafka client is told of (Metadata, DescribeCluster), to send its admin requests to: the
+    active controller when it is one of the live brokers listed (combined nodes), else a live broker at random,
+    as KRaft's brokers answer (they forward those requests). A controller-only node (split layout) was named, a
+    node the client has no address for: confluent-kafka waited for it until its timeout and kafka-python failed
+    with UnknownBrokerIdError, so no Kafka client could create or delete a topic (audit)."""
+    if active_controller in live_brokers:
+        return active_controller
+    return random.choice(live_brokers) if live_brokers else -1
 
 
 def _permissive(req: codec.Request) -> bool:

@@ -129,6 +129,30 @@ def partitions_of(admin: Admin, topic: str):
     return [parts[i] for i in sorted(parts)]
 
 
+def test_kafka_admin_clients_create_and_delete_topics_on_a_split_cluster(split_cluster) -> None:
+    """In the split layout the active controller is a controller-only node, which no Kafka client can reach: the
+    Metadata and DescribeCluster answers named it as the controller, so confluent-kafka waited for it until its
+    timeout and kafka-python failed with UnknownBrokerIdError (config audit). As KRaft's brokers do, they name a
+    live broker, which forwards the request."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from kafka.admin import KafkaAdminClient
+    from kafka.admin import NewTopic as KpNewTopic
+
+    confluent = AdminClient({"bootstrap.servers": split_cluster.kafka_bootstrap_servers})
+    md = confluent.list_topics(timeout=10)
+    assert md.controller_id in md.brokers, (md.controller_id, sorted(md.brokers))
+    confluent.create_topics([NewTopic("split-kafka-admin", 1, 3)], operation_timeout=20)["split-kafka-admin"].result(30)
+    confluent.delete_topics(["split-kafka-admin"], operation_timeout=20)["split-kafka-admin"].result(30)
+    kp = KafkaAdminClient(bootstrap_servers=split_cluster.kafka_bootstrap_servers, request_timeout_ms=20_000)
+    try:
+        cluster = kp.describe_cluster()
+        assert cluster["controller_id"] in {b.get("node_id", b.get("broker_id")) for b in cluster["brokers"]}, cluster
+        kp.create_topics([KpNewTopic("split-kafka-python", 1, 3)])
+        kp.delete_topics(["split-kafka-python"])
+    finally:
+        kp.close()
+
+
 def test_elect_preferred_leaders_after_a_restart_spreads_them_back(split_cluster, admin, brook) -> None:
     topic = "elect-preferred"
     admin.create_topics([NewTopic(topic, 6, 3)])
