@@ -128,8 +128,8 @@ _DEFS = [
               lambda v: None if 0 <= v <= 1 else "must be between 0 and 1"),  # type: ignore[operator]
     ConfigDef("min.compaction.lag.ms", "long", "0", "Shortest a record stays uncompacted.", _at_least(0)),
     ConfigDef("min.insync.replicas", "int", "1", "Smallest ISR that acks=all accepts.", _at_least(1)),
-    ConfigDef("retention.bytes", "long", "-1", "Size bound of a partition's log (-1: none).",
-              _at_least_or_minus_one(0)),
+    ConfigDef("retention.bytes", "long", "-1", "Size bound of a partition's log (any negative value: none, as "
+              "Kafka takes it)."),
     ConfigDef("retention.ms", "long", str(7 * 24 * 3600 * 1000), "Age bound of a partition's log (-1: none).",
               _at_least_or_minus_one(0)),
     ConfigDef("segment.bytes", "int", str(1024 * 1024 * 1024), "Roll a segment at this size.", _at_least(14)),

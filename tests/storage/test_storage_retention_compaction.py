@@ -514,3 +514,15 @@ def test_a_compacted_log_rolls_by_max_compaction_lag(tmp_path: Path) -> None:
     cleaner.clean_log(lg, now_ms=start + 7_000)
     assert [r.value for r in decode_records(read_all(lg))] == [b"v4", b"v5"]  # the active segment untouched
     lg.close()
+
+
+def test_any_negative_retention_bytes_means_no_size_bound_as_in_kafka() -> None:
+    """Kafka's retention.bytes has no validator and takes any negative value as "no bound"; -2 was refused
+    (config audit). retention.ms keeps Kafka's rule (-1 or at least 0)."""
+    from proto import errors as proto_errors
+    from storage import log_config
+
+    assert log_config.validate({"retention.bytes": "-2"}, strict=True) == {"retention.bytes": "-2"}
+    assert LogConfig.from_overrides({"retention.bytes": "-2"}).retention_bytes == -2
+    with pytest.raises(proto_errors.BrookError):
+        log_config.validate({"retention.ms": "-2"}, strict=True)
