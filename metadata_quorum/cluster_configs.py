@@ -35,6 +35,8 @@ BROKER_DEFAULT_KEYS: Mapping[str, str] = {
     "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
     "max.message.bytes": "message.max.bytes",
     "message.timestamp.type": "log.message.timestamp.type",
+    "message.timestamp.before.max.ms": "log.message.timestamp.before.max.ms",
+    "message.timestamp.after.max.ms": "log.message.timestamp.after.max.ms",
     "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
     "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
     "min.insync.replicas": "min.insync.replicas",

@@ -441,3 +441,14 @@ def test_log_append_time_topics_take_any_client_timestamp(tmp_path: Path) -> Non
         assert info.first_offset == 0
     finally:
         lg.close()
+
+
+def test_the_timestamp_bounds_have_dynamic_cluster_defaults_as_in_kafka() -> None:
+    """log.message.timestamp.before.max.ms and .after.max.ms are dynamic cluster-wide defaults in Kafka (KIP-937);
+    Brook read them from the node file only and refused them at runtime ("cannot be changed at runtime")."""
+    from metadata_quorum import cluster_configs
+
+    set_ = {"log.message.timestamp.before.max.ms": "86400000", "log.message.timestamp.after.max.ms": "60000"}
+    assert cluster_configs.validate(set_) == set_
+    assert cluster_configs.topic_defaults(set_) == {"message.timestamp.before.max.ms": "86400000",
+                                                   "message.timestamp.after.max.ms": "60000"}
