@@ -705,7 +705,7 @@ class AdminApis:
             if _get(req.body, "include_cluster_authorized_operations", False) else codec.NO_AUTHORIZED_OPERATIONS
         return self._resp(req, {"error_code": 0, "cluster_id": resp.cluster_id, "endpoint_type": 1,
                                 "controller_id": client_controller_id(
-                                    resp.controller_id, [b["broker_id"] for b in brokers if not b["is_fenced"]]),
+                                    [b["broker_id"] for b in brokers if not b["is_fenced"]]),
                                 "brokers": brokers, "cluster_authorized_operations": ops})
 
     # ---- DescribeLogDirs (this broker's) ----
@@ -961,14 +961,13 @@ def _once_per_name(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(first.values())
 
 
-def client_controller_id(active_controller: int, live_brokers: list[int]) -> int:
-    """The "controller" a Kafka client is told of (Metadata, DescribeCluster), to send its admin requests to: the
-    active controller when it is one of the live brokers listed (combined nodes), else a live broker at random,
-    as KRaft's brokers answer (they forward those requests). A controller-only node (split layout) was named, a
-    node the client has no address for: confluent-kafka waited for it until its timeout and kafka-python failed
-    with UnknownBrokerIdError, so no Kafka client could create or delete a topic (audit)."""
-    if active_controller in live_brokers:
-        return active_controller
+def client_controller_id(live_brokers: list[int]) -> int:
+    """The "controller" a Kafka client is told of (Metadata, DescribeCluster) and sends its admin requests to: a
+    live broker at random, as KRaft's brokers answer (any broker forwards them to the active controller). The
+    active controller was named: in the split layout a controller-only node no client can reach (confluent-kafka
+    waited for it until its timeout, kafka-python failed with UnknownBrokerIdError: no Kafka client could create
+    or delete a topic), and with combined nodes every client's admin requests waited out their timeout, 20-80 s,
+    while that one node restarted (audits)."""
     return random.choice(live_brokers) if live_brokers else -1
 
 

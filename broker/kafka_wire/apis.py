@@ -192,8 +192,7 @@ class KafkaApis:
                                 "isr_nodes": list(p.isr), "offline_replicas": list(p.offline_replicas)}
                                for p in t.partitions]})
         return self._resp(req, {"brokers": brokers, "cluster_id": resp.cluster_id or None,
-                                "controller_id": admin_apis.client_controller_id(resp.controller_id,
-                                                                                 [b["node_id"] for b in brokers]),
+                                "controller_id": admin_apis.client_controller_id([b["node_id"] for b in brokers]),
                                 "topics": out_topics, "cluster_authorized_operations": cluster_ops})
 
     def _metadata_and_operations(self, pb: broker_pb2.MetadataRequest, caller: Any, with_topic_ops: bool,

@@ -284,3 +284,17 @@ def test_topic_configs_show_the_brokers_default_and_every_synonym(kcluster: Any,
                  lambda: f"the synonyms of {key} to be {expected}, last seen {seen[-1:]}", poll_s=0.2)
     finally:
         _cluster_default(kp_admin, broker_key, None)
+
+
+def test_the_controller_clients_are_told_of_is_a_live_broker_at_random(confluent_admin: Any, kp_admin: Any) -> None:
+    """As KRaft's brokers answer Metadata and DescribeCluster: a random live broker (any forwards admin requests to
+    the active controller). The active controller was named, so with combined nodes every Kafka client's admin
+    requests went to that one node and waited out their timeout (20-80 s) while it restarted (upgrade audit)."""
+    named = set()
+    for _ in range(30):
+        md = confluent_admin.list_topics(timeout=T)
+        assert md.controller_id in md.brokers, (md.controller_id, sorted(md.brokers))
+        named.add(md.controller_id)
+    assert len(named) > 1, f"every answer named broker {named}: clients are pinned to one node"
+    cluster = kp_admin.describe_cluster()
+    assert cluster["controller_id"] in {b.get("node_id", b.get("broker_id")) for b in cluster["brokers"]}, cluster
