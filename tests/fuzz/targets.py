@@ -661,7 +661,7 @@ class KafkaHarness:
 
         self.h = rpc_harness
         broker = SimpleNamespace(service=rpc_harness.service, group_servicer=rpc_harness.groups,
-                                 metadata_cache=rpc_harness.service.cache,
+                                 metadata_cache=rpc_harness.service.cache, log_manager=rpc_harness.log_manager,
                                  controller_client=_InProcessControllerClient(rpc_harness.controller),
                                  settings=SimpleNamespace(defaults={}, node_id=1), node_id=1,
                                  authorizer=rpc_harness.service.authz)  # a BrokerServer's (BROKER config resources)
