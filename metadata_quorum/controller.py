@@ -909,9 +909,10 @@ class QuorumController:
         """What no single config's check sees: the topic's configs (``configs``, its overrides, over the cluster
         defaults) together."""
         self._check_min_insync(name, configs, replication_factor)
+
         def lag(key: str) -> int:
-            raw = configs[key] if key in configs else self.topic_default(key) or log_config.TOPIC_CONFIGS[key].default
-            return int(log_config.parse_value(key, raw))  # type: ignore[call-overload]
+            raw = self._topic_value(configs, key)
+            return int(log_config.parse_value(key, raw if raw is not None else log_config.TOPIC_CONFIGS[key].default))
         low, high = lag("min.compaction.lag.ms"), lag("max.compaction.lag.ms")
         if low > high:  # Kafka's LogConfig refuses it: no record could be both old enough and not too old
             raise errors.InvalidConfigError(f"topic '{name}': conflicting compaction lags, min.compaction.lag.ms "
@@ -929,6 +930,10 @@ class QuorumController:
             raise errors.InvalidConfigError(
                 f"topic '{name}': {source}={value} is larger than the replication factor {replication_factor}; "
                 f"acks=all writes could never succeed")
+
+    def _topic_value(self, configs: Mapping[str, str], key: str) -> str | None:
+        """A topic config's value: the topic's own (``configs``), else the cluster default; None for the built-in."""
+        return configs[key] if key in configs else self.topic_default(key)
 
     def _min_insync(self, topic_value: str | None) -> int | None:
         """A topic's min.insync.replicas: its own ``topic_value``, else the cluster default; None for the built-in 1."""

@@ -252,11 +252,7 @@ class _DumpWriter:
         if self._receiving.exists() and not same:
             log.warning("the quorum snapshot %s was received from the leader and never accepted (the voter stopped "
                         "between its last piece and its load): starting from the voter's own", dump)
-            if own.exists():
-                self._link(own, dump)
-            else:  # it had none: its journal holds everything
-                dump.unlink(missing_ok=True)
-                fsync_dir(dump.parent)
+            self._restore_own()
         elif dump.exists() and not same:  # this version's first start, or another version wrote it
             self._link(dump, own)
         self._receiving.unlink(missing_ok=True)
@@ -280,13 +276,16 @@ class _DumpWriter:
         """The received snapshot is refused: the dump is the voter's own again (none: no dump)."""
         log.warning("refused the quorum snapshot received from the leader (%s); keeping this voter's own state, "
                     "journal and snapshot", why)
+        self._restore_own()
+        self._receiving.unlink(missing_ok=True)
+
+    def _restore_own(self) -> None:
+        """The dump is the voter's own again; a voter that had none has none (its journal holds everything)."""
         if self._own.exists():
             self._link(self._own, self.path)
         else:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+            self.path.unlink(missing_ok=True)
             fsync_dir(self.path.parent)
-        self._receiving.unlink(missing_ok=True)
 
     def start(self, tmp_file: str, rest: tuple[Any, ...]) -> None:
         """pysyncobj's ``serializer(fileName, data)``; ``rest`` is (last entry, previous entry, cluster).

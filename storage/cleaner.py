@@ -148,7 +148,6 @@ class CleanerStats:
     tombstones_dropped: int = 0
     keyless_dropped: int = 0
     producer_batches_kept: int = 0  # kept whole: the last batch of a producer the log tracks
-    map_full: bool = False  # the offset map filled: the pass ended within the dirty section
     first_dirty_offset: int = 0
     end_offset: int = 0
 
@@ -343,7 +342,6 @@ class LogCleaner:
                     if not offset_map.put(rec.key, rec.offset):
                         if rec.offset == first_dirty:  # cannot happen with room for one key: no progress
                             raise ValueError(f"the cleaner's offset map holds no key of {lg.dir}")
-                        stats.map_full = True
                         return rec.offset
             end = seg_end
         return end
@@ -362,8 +360,7 @@ class LogCleaner:
             yield group
 
     def _clean_group(self, lg: Log, group: list[LogSegment], offset_map: OffsetMap, now: int,
-                     throttler: Throttler, stats: CleanerStats, last_batches: set[int] = frozenset(),
-                     mapped_end: int | None = None) -> None:
+                     throttler: Throttler, stats: CleanerStats, last_batches: set[int], mapped_end: int) -> None:
         """Rewrite ``group`` keeping each key's latest record (``offset_map``, which covers every record below
         ``mapped_end``). A tombstone goes once its segment was last written more than ``delete.retention.ms``
         ago, by the broker's clock (the file's mtime, kept through each rewrite): Kafka keeps a tombstone that
@@ -378,12 +375,11 @@ class LogCleaner:
         target = LogSegment(lg.dir, base, index_bytes=c.segment_index_bytes,
                             index_interval_bytes=c.index_interval_bytes, writable=True, suffix=CLEANED_SUFFIX,
                             created_ms=group[-1].created_ms)
-        mapped_end = group[-1].next_offset if mapped_end is None else mapped_end
         try:
             pending = bytearray()
-            written_ms = max(seg.last_written_ms() for seg in group)
-            for seg in group:
-                drop_tombstones_below = mapped_end if now - seg.last_written_ms() > c.delete_retention_ms else -1
+            written = [seg.last_written_ms() for seg in group]
+            for seg, seg_written_ms in zip(group, written, strict=True):
+                drop_tombstones_below = mapped_end if now - seg_written_ms > c.delete_retention_ms else -1
                 for h, batch in _iter_batches(seg, throttler, self._stop):
                     stats.bytes_read += h.size
                     pending += self._filter_batch(h, batch, offset_map, drop_tombstones_below, stats,
@@ -395,7 +391,8 @@ class LogCleaner:
                 self._write(target, pending, throttler, stats)
             target.on_become_inactive()
             target.flush()
-            os.utime(target.log_path, ns=(written_ms * 1_000_000, written_ms * 1_000_000))  # when last written
+            newest_ns = max(written) * 1_000_000
+            os.utime(target.log_path, ns=(newest_ns, newest_ns))  # when its newest segment was last written
             if lg.replace_segments(target, group):
                 stats.segments_cleaned += len(group)
                 return
