@@ -919,17 +919,18 @@ class QuorumController:
                                             f"{low} > max.compaction.lag.ms {high}")
 
     def _check_min_insync(self, name: str, configs: Mapping[str, str], replication_factor: int) -> None:
-        """min.insync.replicas (the topic's, else the cluster default) must not exceed the replication
-        factor: otherwise every acks=all write would wait for replicas that do not exist and time out."""
+        """min.insync.replicas (the topic's, else the cluster default) larger than the replication factor is
+        allowed, as Kafka allows it: acks=0 and acks=1 writes go on, and every acks=all write is refused at once
+        with NOT_ENOUGH_REPLICAS (the ISR can never be large enough). Applications create RF 1 topics of their own
+        on clusters whose default is 2 (faust's repartition topics): refusing the create stopped them where Kafka
+        takes their acks=1 writes. Logged, so an operator can tell."""
         value = self._min_insync(configs.get("min.insync.replicas"))
-        if value is None:
-            return
-        source = "min.insync.replicas" if "min.insync.replicas" in configs else \
-            "the cluster default min.insync.replicas"
-        if value > replication_factor:
-            raise errors.InvalidConfigError(
-                f"topic '{name}': {source}={value} is larger than the replication factor {replication_factor}; "
-                f"acks=all writes could never succeed")
+        if value is not None and value > replication_factor:
+            source = "min.insync.replicas" if "min.insync.replicas" in configs else \
+                "the cluster default min.insync.replicas"
+            log.warning("topic '%s': %s=%d is larger than its replication factor %d: acks=all writes to it are "
+                        "refused with NOT_ENOUGH_REPLICAS (acks=0 and 1 are taken)", name, source, value,
+                        replication_factor)
 
     def _topic_value(self, configs: Mapping[str, str], key: str) -> str | None:
         """A topic config's value: the topic's own (``configs``), else the cluster default; None for the built-in."""
@@ -1135,21 +1136,21 @@ class QuorumController:
     def alter_cluster_configs(self, req: pb.AlterClusterConfigsRequest,
                               timeout_s: float) -> pb.AlterClusterConfigsResponse:
         to_set = cluster_configs.validate(dict(req.set), list(req.delete))
-        if "min.insync.replicas" in to_set:
-            # Like a topic's own: a default larger than a topic's replication factor would make every
-            # acks=all write to that topic time out.
-            value = int(to_set["min.insync.replicas"])
-            smallest = self.raft.read(lambda s: [(t.name, t.partitions[0].replication_factor)
-                                                 for t in s.topics.values()
-                                                 if "min.insync.replicas" not in t.configs])
-            too_small = [f"{n} (RF {rf})" for n, rf in smallest if rf < value]
-            if too_small:
-                raise errors.InvalidConfigError(
-                    f"min.insync.replicas={value} is larger than the replication factor of "
-                    f"{len(too_small)} topics without their own value: {', '.join(sorted(too_small)[:5])}")
         if req.validate_only:
             return pb.AlterClusterConfigsResponse()
         self._propose(c.AlterClusterConfigs(to_set, list(req.delete)), timeout_s).raise_for_error()
+        if "min.insync.replicas" in to_set:
+            # Allowed above some topics' replication factor, as in Kafka: acks=all writes to those are then
+            # refused with NOT_ENOUGH_REPLICAS (see _check_min_insync); the operator is told which.
+            value = int(to_set["min.insync.replicas"])
+            too_small = self.raft.read(lambda s: sorted(
+                f"{t.name} (RF {t.partitions[0].replication_factor})" for t in s.topics.values()
+                if "min.insync.replicas" not in t.configs and t.partitions[0].replication_factor < value))
+            if too_small:
+                log.warning("cluster default min.insync.replicas=%d is larger than the replication factor of %d "
+                            "topics without their own value (acks=all writes to them are refused with "
+                            "NOT_ENOUGH_REPLICAS): %s%s", value, len(too_small), ", ".join(too_small[:5]),
+                            " ..." if len(too_small) > 5 else "")
         log.info("cluster configs changed: set %s, deleted %s", to_set, list(req.delete))
         return pb.AlterClusterConfigsResponse()
 

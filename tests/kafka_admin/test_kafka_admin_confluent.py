@@ -298,3 +298,28 @@ def test_the_controller_clients_are_told_of_is_a_live_broker_at_random(confluent
     assert len(named) > 1, f"every answer named broker {named}: clients are pinned to one node"
     cluster = kp_admin.describe_cluster()
     assert cluster["controller_id"] in {b.get("node_id", b.get("broker_id")) for b in cluster["brokers"]}, cluster
+
+
+def test_a_min_insync_above_the_replication_factor_takes_acks_1_and_refuses_acks_all(
+        kcluster: Any, confluent_admin: Any, topic_name: str) -> None:
+    """As on Kafka: the create succeeds (Brook refused it), acks=1 writes are taken, and an acks=all write is
+    refused with NOT_ENOUGH_REPLICAS, not left to time out."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import NewTopic
+
+    a = confluent_admin
+    a.create_topics([NewTopic(topic_name, 1, 1, config={"min.insync.replicas": "2"})],
+                    operation_timeout=T)[topic_name].result(T)
+    outcomes: list[Any] = []
+
+    def produce(acks: str) -> Any:
+        producer = Producer({**kcluster.kafka_client_config("admin"), "acks": acks, "retries": 0,
+                             "enable.idempotence": False, "message.timeout.ms": T * 1000})
+        producer.produce(topic_name, value=b"v", partition=0, on_delivery=lambda err, msg: outcomes.append(err))
+        assert producer.flush(T) == 0
+        return outcomes.pop()
+
+    assert produce("1") is None
+    refused = produce("all")
+    assert refused is not None and refused.name() == "NOT_ENOUGH_REPLICAS", refused
+    a.delete_topics([topic_name], operation_timeout=T)[topic_name].result(T)

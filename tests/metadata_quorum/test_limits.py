@@ -120,30 +120,40 @@ def test_replication_factor_name_and_config_limits(controller: QuorumController)
         ErrorCode.INVALID_CONFIG)
 
 
-def test_min_insync_replicas_cannot_exceed_the_replication_factor(controller: QuorumController) -> None:
+def test_min_insync_replicas_above_the_replication_factor_is_taken_and_logged(
+        controller: QuorumController, caplog: pytest.LogCaptureFixture) -> None:
+    """As Kafka takes it: acks=0 and 1 writes go on, acks=all ones are refused with NOT_ENOUGH_REPLICAS
+    (tests/kafka_admin). Refusing the create stopped applications that make RF 1 topics of their own on a
+    cluster whose default is 2."""
+    caplog.set_level("WARNING", logger="metadata_quorum.controller")
     # The topic's own value, at create.
-    message = refused_without_proposal(controller, lambda: create(controller, pb.CreatableTopic(
-        name="mir", num_partitions=1, replication_factor=2, configs={"min.insync.replicas": "3"})),
-        ErrorCode.INVALID_CONFIG)
-    assert "min.insync.replicas=3" in message and "replication factor 2" in message
-    # The cluster default (min.insync.replicas = 2) applies to a topic that sets none.
-    message = refused_without_proposal(controller, lambda: create(controller, pb.CreatableTopic(
-        name="mir", num_partitions=1, replication_factor=1)), ErrorCode.INVALID_CONFIG)
-    assert "cluster default" in message
-    # Explicit assignments count too.
-    refused_without_proposal(controller, lambda: create(controller, pb.CreatableTopic(
-        name="mir", configs={"min.insync.replicas": "2"}, assignments=[pb.ReplicaList(replicas=[1])])),
-        ErrorCode.INVALID_CONFIG)
-    assert create(controller, pb.CreatableTopic(name="mir", num_partitions=1, replication_factor=2))[0] \
+    assert create(controller, pb.CreatableTopic(name="mir", num_partitions=1, replication_factor=2,
+                                                configs={"min.insync.replicas": "3"}))[0].error_code == ErrorCode.NONE
+    assert "topic 'mir': min.insync.replicas=3 is larger than its replication factor 2" in caplog.text
+    # The cluster default (min.insync.replicas = 2) applies to a topic that sets none; explicit assignments too.
+    assert create(controller, pb.CreatableTopic(name="mir-1", num_partitions=1, replication_factor=1))[0] \
+        .error_code == ErrorCode.NONE
+    assert "topic 'mir-1': the cluster default min.insync.replicas=2 is larger than its replication factor 1" \
+        in caplog.text
+    assert create(controller, pb.CreatableTopic(name="mir-a", assignments=[pb.ReplicaList(replicas=[1])]))[0] \
         .error_code == ErrorCode.NONE
 
     def alter(**kw: object) -> list[pb.TopicResult]:
         return list(controller.alter_configs(pb.AlterConfigsRequest(
-            resources=[pb.AlterConfigsResource(topic="mir", **kw)]), 30).results)  # type: ignore[arg-type]
+            resources=[pb.AlterConfigsResource(topic="mir-1", **kw)]), 30).results)  # type: ignore[arg-type]
 
-    refused_without_proposal(controller, lambda: alter(set={"min.insync.replicas": "3"}), ErrorCode.INVALID_CONFIG)
-    assert alter(set={"min.insync.replicas": "1"})[0].error_code == ErrorCode.NONE
-    assert alter(delete=["min.insync.replicas"])[0].error_code == ErrorCode.NONE  # back to the default 2 <= 2
+    assert alter(set={"min.insync.replicas": "3"})[0].error_code == ErrorCode.NONE
+    entries = controller.describe_configs(pb.DescribeConfigsRequest(topics=["mir-1"])).results[0].entries
+    assert {e.name: e.value for e in entries}["min.insync.replicas"] == "3"
+    assert alter(delete=["min.insync.replicas"])[0].error_code == ErrorCode.NONE
+
+    caplog.clear()
+    controller.alter_cluster_configs(pb.AlterClusterConfigsRequest(set={"min.insync.replicas": "3"}), 30)
+    try:
+        assert "cluster default min.insync.replicas=3 is larger than the replication factor of" in caplog.text
+        assert "mir-1 (RF 1)" in caplog.text and "mir (RF 2)" not in caplog.text  # mir has its own value
+    finally:
+        controller.alter_cluster_configs(pb.AlterClusterConfigsRequest(delete=["min.insync.replicas"]), 30)
 
 
 def test_config_values_are_short_and_stored_canonical(controller: QuorumController) -> None:
