@@ -7,7 +7,10 @@ A pass over one log (Kafka's algorithm, simplified):
    segment younger than ``min.compaction.lag.ms``, whichever is smallest. The active
    segment is never touched.
    A log is picked when its dirty ratio reaches ``min.cleanable.dirty.ratio``, or
-   whatever the ratio when a dirty record is older than ``max.compaction.lag.ms``.
+   whatever the ratio when a dirty record is older than ``max.compaction.lag.ms``; when
+   no log is, one whose cleaned section holds a tombstone past ``delete.retention.ms``
+   (known from its last pass, in memory as Kafka's ``latestDeleteHorizon``), and that
+   pass goes over the cleaned section only, dropping such tombstones.
 2. An offset map ``hash(key) -> last offset`` is built over the dirty records. Its
    size is capped (``max_map_entries``, from ``log.cleaner.dedupe.buffer.size``): when
    full, the pass ends at the first record whose key did not fit, in the middle of a
@@ -146,6 +149,10 @@ class CleanerStats:
     records_read: int = 0
     records_kept: int = 0
     tombstones_dropped: int = 0
+    tombstones_kept: int = 0  # below the pass's end, not yet past delete.retention.ms
+    # When the first tombstone this pass kept below its end may go (a segment's last write + delete.retention.ms);
+    # None: it kept none there.
+    tombstones_due_ms: int | None = None
     keyless_dropped: int = 0
     producer_batches_kept: int = 0  # kept whole: the last batch of a producer the log tracks
     first_dirty_offset: int = 0
@@ -177,6 +184,9 @@ class LogCleaner:
         # Logs a corrupt batch made uncleanable: the Log object (a log opened again is cleaned again) and
         # the batch's base offset. Under _lock.
         self._uncleanable: dict[TopicPartitionKey, tuple[Log, int]] = {}
+        # When a log's cleaned section holds a tombstone that may go (CleanerStats.tombstones_due_ms of its last
+        # pass), in memory as Kafka's latestDeleteHorizon: a log nothing dirties again is picked for it. Under _lock.
+        self._tombstones_due: dict[TopicPartitionKey, int] = {}
         self._workers: list[threading.Thread] = []
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -201,6 +211,7 @@ class LogCleaner:
         with self._lock:
             self._first_dirty.pop(tp, None)
             self._uncleanable.pop(tp, None)
+            self._tombstones_due.pop(tp, None)
 
     def uncleanable(self) -> dict[TopicPartitionKey, int]:
         """The logs a corrupt batch keeps from being cleaned, with that batch's base offset."""
@@ -253,29 +264,42 @@ class LogCleaner:
                     if first_dirty < _next_base_of(segments, i) <= bound)
         return dirty / total if total else 0.0
 
+    def tombstones_due(self, lg: Log, now_ms: int | None = None) -> bool:
+        """Does ``lg``'s cleaned section hold a tombstone whose delete.retention.ms has passed?"""
+        with self._lock:
+            due = self._tombstones_due.get((lg.topic, lg.partition))
+        return due is not None and due <= _now_ms(now_ms)
+
     def grab_filthiest(self, now_ms: int | None = None) -> Log | None:
+        """The log to clean next: the dirtiest past its min.cleanable.dirty.ratio (or past max.compaction.lag.ms);
+        when there is none, one whose cleaned section holds tombstones that may go, as Kafka's cleaner picks one
+        (without it a delete stayed in a log nothing was written to again, for good)."""
+        now = _now_ms(now_ms)
         best: tuple[float, Log] | None = None
+        tombstones: Log | None = None
         for tp, lg in self._logs().items():
             if not lg.config.compact or lg.closed or self._is_uncleanable(tp, lg):
                 continue
             with self._lock:
                 if tp in self._in_progress:
                     continue
-            ratio = self.dirty_ratio(lg, now_ms)
-            if ratio <= 0:
-                continue
-            if self._overdue(lg, _now_ms(now_ms)):
+            ratio = self.dirty_ratio(lg, now)
+            if ratio > 0 and self._overdue(lg, now):
                 ratio = float("inf")  # max.compaction.lag.ms passed: clean regardless of the ratio
-            if ratio >= lg.config.min_cleanable_dirty_ratio and (best is None or ratio > best[0]):
-                best = (ratio, lg)
-        if best is None:
+            if ratio > 0 and ratio >= lg.config.min_cleanable_dirty_ratio:
+                if best is None or ratio > best[0]:
+                    best = (ratio, lg)
+            elif best is None and tombstones is None and self.tombstones_due(lg, now):
+                tombstones = lg
+        chosen = best[1] if best is not None else tombstones
+        if chosen is None:
             return None
         with self._lock:
-            tp = (best[1].topic, best[1].partition)
+            tp = (chosen.topic, chosen.partition)
             if tp in self._in_progress:
                 return None
             self._in_progress.add(tp)
-        return best[1]
+        return chosen
 
     # -- one pass ----------------------------------------------------------------------------
     def clean_log(self, lg: Log, now_ms: int | None = None) -> CleanerStats:
@@ -301,7 +325,9 @@ class LogCleaner:
         offset_map = OffsetMap(self.max_map_entries)
         end = self._build_offset_map(lg, first_dirty, bound, offset_map, throttler, stats)
         stats.end_offset = end
-        if end <= first_dirty:
+        # Nothing dirty to map: a pass still goes over the cleaned section when tombstones there may go (every
+        # older record of their keys went when they were mapped, so they can be dropped below ``end``).
+        if end <= first_dirty and not self.tombstones_due(lg, now):
             return stats
         segments = lg.segments()
         to_clean = [s for s in segments[:-1] if s.base_offset < end]  # the last one may end past ``end``
@@ -312,6 +338,10 @@ class LogCleaner:
         with self._lock:
             if lg.truncations == truncations:  # else the truncation set it (``truncated``)
                 self._first_dirty[(lg.topic, lg.partition)] = end
+            if stats.tombstones_due_ms is None:
+                self._tombstones_due.pop((lg.topic, lg.partition), None)
+            else:
+                self._tombstones_due[(lg.topic, lg.partition)] = stats.tombstones_due_ms
         log.info("cleaned %s: %d segments, %d -> %d bytes, kept %d of %d records (%d producers' last batches "
                  "whole), dirty up to %d", lg.dir, stats.segments_cleaned, stats.bytes_read, stats.bytes_written,
                  stats.records_kept, stats.records_read, stats.producer_batches_kept, end)
@@ -379,11 +409,14 @@ class LogCleaner:
             pending = bytearray()
             written = [seg.last_written_ms() for seg in group]
             for seg, seg_written_ms in zip(group, written, strict=True):
-                drop_tombstones_below = mapped_end if now - seg_written_ms > c.delete_retention_ms else -1
+                due_ms = seg_written_ms + c.delete_retention_ms
+                kept_before = stats.tombstones_kept
                 for h, batch in _iter_batches(seg, throttler, self._stop):
                     stats.bytes_read += h.size
-                    pending += self._filter_batch(h, batch, offset_map, drop_tombstones_below, stats,
+                    pending += self._filter_batch(h, batch, offset_map, mapped_end, now > due_ms, stats,
                                                   last_batches)
+                if stats.tombstones_kept > kept_before:  # some below mapped_end, not yet due: when they are
+                    stats.tombstones_due_ms = min(due_ms, stats.tombstones_due_ms or due_ms)
                     if len(pending) >= _WRITE_BUFFER_BYTES:
                         self._write(target, pending, throttler, stats)
                         pending = bytearray()
@@ -410,10 +443,12 @@ class LogCleaner:
         throttler.account(len(data))
 
     @staticmethod
-    def _filter_batch(h: BatchHeader, batch: memoryview, offset_map: OffsetMap, drop_tombstones_below: int,
-                      stats: CleanerStats, last_batches: set[int] = frozenset()) -> bytes:
+    def _filter_batch(h: BatchHeader, batch: memoryview, offset_map: OffsetMap, mapped_end: int,
+                      drop_tombstones: bool, stats: CleanerStats, last_batches: set[int] = frozenset()) -> bytes:
         """The batch's kept records, re-batched in runs of consecutive offsets. A record without a key goes, as
-        Kafka's cleaner drops it (it can only be there from before the topic was compacted)."""
+        Kafka's cleaner drops it (it can only be there from before the topic was compacted). A tombstone below
+        ``mapped_end`` goes when ``drop_tombstones`` (its segment is past delete.retention.ms); one kept there
+        counts in ``stats.tombstones_kept``."""
         if h.attributes & (ATTR_CONTROL | ATTR_TRANSACTIONAL):
             return bytes(batch)  # transactions are not compacted here: keep as written
         if h.producer_id >= 0 and h.last_offset in last_batches:
@@ -431,9 +466,11 @@ class LogCleaner:
             latest = offset_map.get(rec.key)
             if latest is not None and rec.offset < latest:
                 continue  # a later record has this key
-            if rec.value is None and rec.offset < drop_tombstones_below:
-                stats.tombstones_dropped += 1
-                continue
+            if rec.value is None and rec.offset < mapped_end:
+                if drop_tombstones:
+                    stats.tombstones_dropped += 1
+                    continue
+                stats.tombstones_kept += 1
             kept.append(rec)
         stats.records_kept += len(kept)
         if len(kept) == len(records):

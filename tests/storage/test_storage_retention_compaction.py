@@ -199,6 +199,39 @@ def test_tombstones_dropped_after_delete_retention(tmp_path: Path) -> None:
     lg.close()
 
 
+def test_a_log_nothing_dirties_again_is_picked_for_its_due_tombstones(tmp_path: Path) -> None:
+    """A pass that keeps a tombstone (not yet past delete.retention.ms) remembers when it may go, and the log is
+    picked for it then though nothing dirtied it again (Kafka's latestDeleteHorizon): the delete stayed in such
+    a log for good. That pass goes over the cleaned section only, and the log is not picked again after it."""
+    lg = _compacted_log(tmp_path, delete_retention_ms=60_000)
+    ts = now_ms()
+    for i in range(16):
+        _put(lg, f"key-{i % 4:02d}", b"v", ts + i)
+    _put(lg, "key-01", None, ts + 20)  # a tombstone, written now
+    for i in range(7):
+        _put(lg, f"fill-{i:02d}", b"x", ts + 30 + i)
+    lg.roll()
+    lg.update_high_watermark(lg.log_end_offset)
+    cleaner = LogCleaner(lambda: {("c", 0): lg})
+    assert cleaner.grab_filthiest(now_ms=ts) is lg
+    first = cleaner.clean_log(lg, now_ms=ts)
+    cleaner._in_progress.clear()  # what the background thread does after a pass
+    assert first.tombstones_kept == 1 and first.tombstones_due_ms is not None
+    assert _latest(lg)[b"key-01"][1] is None
+    end = cleaner.checkpoints()[("c", 0)]
+    assert cleaner.grab_filthiest(now_ms=ts + 1_000) is None  # clean, and the tombstone not yet due
+    later = first.tombstones_due_ms + 1
+    assert cleaner.grab_filthiest(now_ms=later) is lg
+    second = cleaner.clean_log(lg, now_ms=later)
+    cleaner._in_progress.clear()
+    assert second.tombstones_dropped == 1 and second.tombstones_kept == 0
+    latest = _latest(lg)
+    assert b"key-01" not in latest and latest[b"key-00"][1] == b"v" and latest[b"fill-06"][1] == b"x"
+    assert cleaner.checkpoints()[("c", 0)] == end  # the cleaned section only: the checkpoint stays
+    assert cleaner.grab_filthiest(now_ms=later + 1_000) is None  # nothing due any more: not picked again
+    lg.close()
+
+
 def test_min_compaction_lag_and_hw_bound_the_dirty_section(tmp_path: Path) -> None:
     lg = _compacted_log(tmp_path)
     ts = now_ms()
