@@ -26,7 +26,7 @@ from client.consumer import Consumer
 from client.producer import Producer
 from client.types import TopicPartition
 from deploy.local.cluster import LocalCluster, free_port
-from proto import controller_pb2
+from proto import controller_pb2, errors
 
 pytestmark = pytest.mark.slow
 
@@ -598,14 +598,23 @@ def test_dynamic_cluster_configs_reach_every_broker_and_the_controller(split_clu
         produce(split_cluster.bootstrap_servers, topic, 1, 1000, "x" * 100)
         holders = log_holders(brook, topic)[0]
         assert set(holders) == {1, 2, 3} and all(log["segments"] >= 3 for log in holders.values()), holders
-        # The controller judges new and existing topics by the dynamic defaults too.
-        admin.create_topics([NewTopic("dynamic-rf2", 1, 2)])
-        code, out, err = brook("cluster", "config", "set", "min.insync.replicas=3")
-        assert code == 1 and "dynamic-rf2 (RF 2)" in err, (out, err)
+        # A default above a topic's replication factor is taken, as Kafka takes it (the controller logs it), and
+        # the brokers judge the topic by it: acks=1 writes go on, acks=all ones are refused at once.
+        admin.create_topics([NewTopic("dynamic-rf1", 1, 1)])
         code, out, err = brook("cluster", "config", "set", "min.insync.replicas=2")
         assert code == 0, (out, err)
-        code, out, err = brook("topic", "create", "dynamic-rf1", "-p", "1", "-r", "1")
-        assert code == 1 and "min.insync.replicas=2" in err, (out, err)
+        with Producer(bootstrap_servers=split_cluster.bootstrap_servers, acks=1) as producer:
+            producer.send("dynamic-rf1", b"one").get(timeout=30)
+
+        def refused_as_not_enough_replicas() -> bool:
+            with Producer(bootstrap_servers=split_cluster.bootstrap_servers, acks="all", retries=0,
+                          enable_idempotence=False) as producer:
+                try:
+                    producer.send("dynamic-rf1", b"all").get(timeout=30)
+                except errors.NotEnoughReplicasError:
+                    return True
+            return False  # acknowledged: this broker has not applied the new default yet
+        wait_for(refused_as_not_enough_replicas, 30, "acks=all to an RF 1 topic refused under the default of 2")
     finally:
         code, out, err = brook("cluster", "config", "delete", "log.segment.bytes", "min.insync.replicas")
         assert code == 0, (out, err)
