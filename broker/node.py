@@ -28,12 +28,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import faulthandler
 import gc
 import inspect
 import logging
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -305,18 +307,26 @@ class Node:
 
     def start(self) -> None:
         cfg = self.config
-        # Metrics first: a taken metrics port fails the start before any role joins the cluster.
+        # Every directory this node writes is locked first (storage/dir_lock.py): a second node pointed at one of
+        # them (a copied config, a forgotten process) stops here with one line, having bound and changed nothing.
+        # The metrics port was bound first, so a second copy of a running node failed on that port instead,
+        # with a traceback (docs audit).
+        data_dirs = ([cfg.metadata_log_dir] if cfg.is_controller else []) + (cfg.log_dirs if cfg.is_broker else [])
+        self._dir_locks = lock_directories(d for d in data_dirs if d is not None)
+        # Then metrics: a taken metrics port fails the start before any role joins the cluster.
         addr = cfg.metrics_address
         if addr is not None:
             # With an authorizer, the page (every topic, partition and group) is for callers allowed DESCRIBE on
             # the cluster, as the console; a caller is refused until this node's authorizer is up.
             may_scrape = self._may_scrape if str(cfg.values["authorizer.class.name"] or "").strip() else None
-            self.metrics_port = self.metrics.serve(*addr, tls=cfg.metrics_tls(), may_scrape=may_scrape)
+            with _listener_bind("metrics.listener", addr):
+                self.metrics_port = self.metrics.serve(*addr, tls=cfg.metrics_tls(), may_scrape=may_scrape)
         if cfg.health_address is not None:  # before the roles: a startup probe sees "starting"
             from broker.health import HealthServer
 
-            self.health = HealthServer(*cfg.health_address, live=self.liveness, ready=self.readiness)
-            self.health.start()
+            with _listener_bind("health.listener", cfg.health_address):
+                self.health = HealthServer(*cfg.health_address, live=self.liveness, ready=self.readiness)
+                self.health.start()
             self.health_port = self.health.port
         cfg.configure_principals()
         self.grpc.install()
@@ -328,10 +338,6 @@ class Node:
         self.metrics.add(GrpcConnectionsCollector({
             "controller": lambda: getattr(self.controller, "connections_per_ip", None),
             "broker": lambda: getattr(self.broker, "connections_per_ip", None)}))
-        # Every directory this node writes is locked before any role opens it (storage/dir_lock.py):
-        # a second node pointed at one of them stops here, having changed nothing.
-        data_dirs = ([cfg.metadata_log_dir] if cfg.is_controller else []) + (cfg.log_dirs if cfg.is_broker else [])
-        self._dir_locks = lock_directories(d for d in data_dirs if d is not None)
         if cfg.is_controller:
             cfg.metadata_log_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
             from metadata_quorum.node import ControllerNode
@@ -396,9 +402,10 @@ class Node:
         data = ConsoleData(broker, lambda: Admin(f"{host}:{port}", request_timeout_ms=ADMIN_TIMEOUT_MS,
                                                  security=s.inter_broker_security),
                            broker.security.authorizer)
-        self.console = ConsoleServer(*cfg.console_address, data, tls=cfg.console_tls(),  # type: ignore[misc]
-                                     extra_hosts=(str(host),))
-        self.console.start()
+        with _listener_bind("console.listener", cfg.console_address):
+            self.console = ConsoleServer(*cfg.console_address, data, tls=cfg.console_tls(),  # type: ignore[misc]
+                                         extra_hosts=(str(host),))
+            self.console.start()
         self._console_data = data
         log.info("console on %s://%s:%d", "https" if cfg.console_tls() is not None else "http",
                  cfg.console_address[0], self.console.port)  # type: ignore[index]
@@ -463,6 +470,22 @@ class Node:
         for lock in self._dir_locks:  # last: nothing of this node writes its directories any more
             lock.release()
         log.info("node %d stopped", self.config.node_id)
+
+
+@contextlib.contextmanager
+def _listener_bind(key: str, address: tuple[str, int] | None) -> Iterator[None]:
+    """A port another process holds is a misconfiguration, not a crash: one line naming the key (the node's
+    start answers InvalidConfigError so), not the socket's traceback."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in _BIND_ERRNOS or e.filename is not None or isinstance(e, ssl.SSLError):
+            raise  # a certificate file, say: not the address
+        host, port = address or ("?", 0)
+        raise InvalidConfigError(f"{key} {host}:{port} cannot be bound: {e.strerror or e}") from e
+
+
+_BIND_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 
 
 def _version() -> str:
