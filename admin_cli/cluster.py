@@ -21,6 +21,7 @@ from admin_cli.common import (
     out,
     parse_pairs,
     print_json,
+    rows_failed,
     show,
     state,
     table,
@@ -194,7 +195,14 @@ def health(
     """
     st = state(ctx, bootstrap, output)
     backend = st.backend
-    desc, desc_err = _quiet(backend.describe_cluster)
+    try:
+        desc, desc_err = backend.describe_cluster(), ""
+    except errors.BrookError as e:
+        if e.code == errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED:
+            # Not the cluster's health but the caller's rights: a monitor with the wrong certificate reported an
+            # outage (docs audit).
+            raise CliError(f"{e}; the cluster's health was not checked") from None
+        desc, desc_err = None, str(e)
     quorum, quorum_err = _quiet(backend.describe_quorum)
     report = assess_health(desc, quorum, cluster_error=desc_err, quorum_error=quorum_err,
                            max_quorum_lag=max_quorum_lag)
@@ -292,7 +300,9 @@ def elect_leaders(
                                 "yellow" if r["result"] == "ELECTION_NOT_NEEDED" else "red")] for r in rows]),
          note=note)
     if failed:
-        raise typer.Exit(1)
+        rows_failed("partitions not elected", [
+            f"{r['topic']}-{r['partition']} {r['result']}" + (f" ({r['detail']})" if r["detail"] else "")
+            for r in rows if r["result"] not in ("elected", "ELECTION_NOT_NEEDED")], len(rows))
 
 
 def _size(n: int) -> str:
@@ -357,7 +367,10 @@ def log_dirs(
     show(st, data, table("Log directories", ["BROKER", "PATH", "STATE", "USED", "FREE / TOTAL"], dir_rows),
          table("Partition logs", ["BROKER", "PARTITION", "ROLE", "SIZE", "START", "HW", "END"], replica_rows))
     if failed:
-        raise typer.Exit(1)
+        rows_failed("brokers with a failed log directory or no answer", [
+            f"broker {e['broker']} " + (f"{e['error']} ({e['detail']})" if "error" in e else
+                                        ", ".join(f"{d['path']} {d['error']}" for d in e["dirs"] if d["error"]))
+            for e in data if "error" in e or any(d["error"] for d in e["dirs"])], len(data))
 
 
 # ----------------------------------------------------------------------------- replica placement

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -214,6 +214,15 @@ def ok(st: State, message: str, data: dict[str, Any] | None = None) -> None:
 def error_line(message: str) -> None:
     one_line = " ".join(message.split())
     err.print(Text("error: ", style="bold red") + Text(one_line), highlight=False)
+
+
+def rows_failed(what: str, failed: Sequence[str], total: int) -> NoReturn:
+    """End a command whose table (or JSON) shows some rows failed: one ``error:`` line on stderr naming how
+    many and the first, exit code 1, as every other failure. The table alone left stderr empty (docs audit)."""
+    first = failed[0] if failed else ""
+    more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+    error_line(f"{len(failed)} of {total} {what}: {first}{more}")
+    raise typer.Exit(1)
 
 
 def parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:

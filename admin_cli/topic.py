@@ -15,6 +15,7 @@ from admin_cli.common import (
     State,
     ok,
     parse_pairs,
+    rows_failed,
     show,
     state,
     table,
@@ -239,7 +240,8 @@ def trim_prefix(
                [[r["partition"], _offset(r["log_start_offset"]), r["error"] or "ok"] for r in rows]),
          note="\n".join(r["detail"] for r in failed) or None)
     if failed:
-        raise typer.Exit(1)
+        rows_failed("partitions not trimmed", [f"partition {r['partition']} {r['error']} ({r['detail']})"
+                                               for r in failed], len(rows))
 
 
 @app.command("alter-config", epilog="Examples:\n\nbrook topic alter-config orders --set retention.ms=3600000 "

@@ -198,9 +198,12 @@ def test_elect_leaders_refuses_bad_input_and_changes_nothing(split_cluster, admi
     code, out, err = brook("cluster", "elect-leaders", "--topic", "no-such-topic", "-o", "json")
     assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in out, (out, err)
     assert "topic 'no-such-topic' does not exist" in out, out  # was "no-such-topic--1 does not exist"
+    # The table says which rows failed; stderr has the one error line every failure has (it was empty).
+    assert err.startswith("error: 1 of 1 partitions not elected: no-such-topic") and err.count("\n") == 1, err
     admin.create_topics([NewTopic("elect-bad", 1, 3)])
     code, out, err = brook("cluster", "elect-leaders", "--topic", "elect-bad", "--partition", "7")
     assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in out and "has no partition 7" in out, (out, err)
+    assert "error: 1 of 1 partitions not elected: elect-bad-7 UNKNOWN_TOPIC_OR_PARTITION" in err, err
     # An unclean election of a partition that has a leader is not needed, and moves nothing.
     before = partitions_of(admin, "elect-bad")[0]
     code, out, err = brook("cluster", "elect-leaders", "--type", "unclean", "--topic", "elect-bad", "-o", "json")
@@ -343,6 +346,12 @@ def test_trim_prefix_refuses_bad_input_and_changes_nothing(split_cluster, admin,
     code, out, err = brook("topic", "trim-prefix", "no-such-topic", "--offset", "1")
     assert code != 0 and "no-such-topic" in err, (out, err)
     assert start() == 0, "a refused trim moved the log start"
+    # Refused by the brokers partition by partition: the table says which, and stderr has the error line.
+    admin.create_topics([NewTopic("trim-compacted", 2, 3, configs={"cleanup.policy": "compact"})])
+    code, out, err = brook("topic", "trim-prefix", "trim-compacted", "--offset", "0")
+    assert code == 1 and "POLICY_VIOLATION" in out, (out, err)
+    assert err.startswith("error: 2 of 2 partitions not trimmed: partition 0 POLICY_VIOLATION") \
+        and "(and 1 more)" in err, err
 
     # Internal topics are refused by every broker, whether or not it leads them.
     from proto import broker_pb2

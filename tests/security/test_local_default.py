@@ -7,6 +7,8 @@ topics and groups only, and any other certificate the CA signed is a principal w
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -176,3 +178,18 @@ def test_the_shipped_split_layout_with_acls_replicates_and_refuses_strangers(tmp
                 pytest.raises(errors.BrookError) as info:
             producer.send("demo-split", b"x").get(30)
         assert info.value.code == errors.ErrorCode.TOPIC_AUTHORIZATION_FAILED, info.value
+
+
+def test_cluster_health_without_the_right_is_an_error_not_an_outage(cluster: LocalCluster, tmp_path: Path) -> None:
+    """`brook cluster health` as a principal that may not DESCRIBE the cluster: one error line naming the refusal
+    and that nothing was checked. It reported "cluster is UNHEALTHY", so a monitor with the wrong certificate
+    paged for an outage (docs audit)."""
+    props = tmp_path / "demo.properties"
+    props.write_text("".join(f"{k}={v}\n" for k, v in cluster.client_config_for("demo").items()))
+    proc = subprocess.run([sys.executable, "-m", "admin_cli.main", "-b", cluster.bootstrap_servers,
+                           "--command-config", str(props), "cluster", "health"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc
+    assert proc.stderr.startswith("error: CLUSTER_AUTHORIZATION_FAILED") and \
+        "the cluster's health was not checked" in proc.stderr, proc.stderr
+    assert "UNHEALTHY" not in proc.stdout, proc.stdout
