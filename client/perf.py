@@ -32,6 +32,7 @@ from client.consumer import Consumer
 from client.producer import Producer
 from client.security import SecurityConfig, read_properties
 from client.types import TopicPartition
+from storage.perf import PerfArgumentParser
 from storage.record_batch import iter_batches
 
 _RECORD_VALUE = attrgetter("value")
@@ -234,7 +235,10 @@ def run_produce(producer: Producer, topic: str, num_records: int, record_size: i
 
 
 def produce_main(argv: Sequence[str] | None = None, *, on_measuring: Callable[[], None] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="brook perf produce", description="Producer throughput and latency")
+    parser = PerfArgumentParser(prog="brook perf produce", description="Producer throughput and latency", examples=(
+        "brook perf produce -t perf -n 1000000 --record-size 100 -p 6 -r 3",
+        "brook perf produce -t perf -n 100000 --throughput 10000 --acks all --linger-ms 2",
+        "brook perf produce -t perf -n 100000 --compression zstd --producer-config batch_size=65536"))
     # The short and long names of the other `brook` commands (-b, -t, -n, -p, -r) work here too.
     parser.add_argument("--bootstrap", "-b", "--bootstrap-servers", dest="bootstrap_servers", default=DEFAULT_BOOTSTRAP)
     parser.add_argument("--topic", "-t", default="brook-perf")
@@ -312,7 +316,8 @@ def run_consume(consumer: Consumer, num_records: int, timeout_ms: int, progress:
 
 
 def consume_main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="brook perf consume", description="Consumer throughput")
+    parser = PerfArgumentParser(prog="brook perf consume", description="Consumer throughput", examples=(
+        "brook perf consume -t perf -n 1000000", "brook perf consume -t perf -n 1000000 -g perf --batches"))
     parser.add_argument("--bootstrap", "-b", "--bootstrap-servers", dest="bootstrap_servers", default=DEFAULT_BOOTSTRAP)
     parser.add_argument("--topic", "-t", default="brook-perf")
     parser.add_argument("--num-records", "-n", type=int, default=1_000_000)
@@ -381,9 +386,10 @@ def _e2e_consumer(config: dict[str, Any], topic: str, num_records: int, timeout_
 
 
 def e2e_main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = PerfArgumentParser(
         prog="brook perf end-to-end",
-        description="End-to-end latency: send() to a consumer's poll() returning the record, at a fixed rate")
+        description="End-to-end latency: send() to a consumer's poll() returning the record, at a fixed rate",
+        examples=("brook perf end-to-end -t e2e -n 100000 --throughput 10000",))
     parser.add_argument("--bootstrap", "-b", "--bootstrap-servers", dest="bootstrap_servers", default=DEFAULT_BOOTSTRAP)
     parser.add_argument("--topic", "-t", default="brook-perf-e2e")
     parser.add_argument("--num-records", "-n", type=int, default=100_000)

@@ -22,8 +22,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from storage.log import Log
 from storage.log_config import LogConfig
@@ -151,8 +153,22 @@ def format_results(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+class PerfArgumentParser(argparse.ArgumentParser):
+    """The parser of a ``brook perf`` benchmark (here and client/perf.py): a usage error is one ``error:`` line
+    naming ``--help``, as every other ``brook`` command's (argparse printed its whole usage block first), and
+    ``--help`` ends with examples (``examples``: one command a line)."""
+
+    def __init__(self, *, prog: str, description: str, examples: Sequence[str]) -> None:
+        super().__init__(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="Examples:\n" + "".join(f"  {e}\n" for e in examples))
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see: {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="brook perf storage", description=__doc__.split("\n\n")[0])
+    p = PerfArgumentParser(prog="brook perf storage", description=__doc__.split("\n\n")[0], examples=(
+        "brook perf storage", "brook perf storage --dir /var/lib/brook --total-mb 1024 --batch-kb 16,1024"))
     p.add_argument("--dir", type=Path, default=None, help="directory on the disk to measure (default: a temp dir)")
     p.add_argument("--total-mb", type=int, default=256, help="bytes written per batch size, MiB")
     p.add_argument("--batch-kb", default="16,256,1024", help="batch sizes in KiB, comma-separated")

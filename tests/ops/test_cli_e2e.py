@@ -277,3 +277,16 @@ def test_perf_commands_run_the_benchmarks(brook, ops_cluster, tmp_path) -> None:
     with pytest.raises(SystemExit) as refused:  # argparse's usage error, exit code 2
         brook("perf", "produce", "--topic", "perf-keyed", "--num-records", "1", "--keys", "-1")
     assert refused.value.code == 2
+    # A typo is one error line naming --help, as in every other command (argparse printed its usage block), and
+    # --help has examples.
+    for argv, line in ((["produce", "--topc", "x"], "error: unrecognized arguments: --topc x (see: brook perf "
+                                                    "produce --help)\n"),
+                       (["storage", "--repeat", "x"], "error: argument --repeat: invalid int value: 'x' (see: brook "
+                                                      "perf storage --help)\n")):
+        proc = subprocess.run([sys.executable, "-m", "admin_cli.main", "-b", ops_cluster.bootstrap_servers, "perf",
+                               *argv], capture_output=True, text=True, timeout=60)
+        assert (proc.returncode, proc.stderr) == (2, line), proc
+    for command in ("storage", "produce", "consume", "end-to-end"):
+        proc = subprocess.run([sys.executable, "-m", "admin_cli.main", "perf", command, "--help"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and f"Examples:\n  brook perf {command}" in proc.stdout, proc
