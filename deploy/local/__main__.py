@@ -57,8 +57,26 @@ def _parse_overrides(items: list[str]) -> dict[str, str]:
     return result
 
 
+def _kept_layout_notes(ctx: typer.Context, cluster: LocalCluster, given: dict[str, object]) -> list[str]:
+    """What the command line asked of the layout that an existing DIR's cluster keeps (its ids, ports and data
+    are in cluster.json): said, not dropped without a word (docs audit)."""
+    existing: dict[str, object] = {
+        "nodes": len(cluster.broker_ids), "mode": cluster.mode, "tls": cluster.tls, "authorizer": cluster.authorizer,
+        "controllers": len(cluster.controller_ids) if cluster.mode == "split" else None}
+    notes = []
+    for name, value in given.items():
+        source = ctx.get_parameter_source(name)  # typer's click: COMMANDLINE, DEFAULT, ...
+        if source is None or source.name != "COMMANDLINE" or existing[name] == value:
+            continue
+        flags = {("tls", True): "--tls", ("tls", False): "--plaintext", ("authorizer", True): "--authorizer",
+                 ("authorizer", False): "--no-authorizer"}
+        notes.append(flags[(name, value)] if isinstance(value, bool) else f"--{name} {value}")
+    return notes
+
+
 @app.command()
 def start(
+    ctx: typer.Context,
     dir: DirOpt,
     nodes: Annotated[int, typer.Option(min=1, max=9, help="Brokers (combined: nodes).")] = 3,
     mode: Annotated[Mode, typer.Option(help="combined: every node controller+broker; split: separate "
@@ -81,8 +99,15 @@ def start(
     Example: python -m deploy.local start --dir /tmp/brook --nodes 3 --mode split
     """
     try:
+        existed = (dir / "cluster.json").exists()
         cluster = LocalCluster(dir, nodes=nodes, mode=mode.value, overrides=_parse_overrides(override),
                                controllers=controllers, detach=True, tls=tls, authorizer=authorizer and tls)
+        if existed and (kept := _kept_layout_notes(ctx, cluster, {
+                "nodes": nodes, "mode": mode.value, "controllers": controllers, "tls": tls, "authorizer": authorizer})):
+            err.print(f"note: {dir} holds a cluster already ({len(cluster.broker_ids)} brokers, {cluster.mode}"
+                      f"{', mTLS' if cluster.tls else ', plaintext'}): {', '.join(kept)} ignored, its layout is kept "
+                      f"(a new layout needs a new --dir; a broker is added as README 'Cluster operations' says)",
+                      highlight=False)
         if node is not None:
             if not (dir / "cluster.json").exists():
                 raise _fail(f"no cluster in {dir}: start the whole cluster first")

@@ -87,8 +87,10 @@ def test_launcher_start_stop_one_node_and_back(tmp_path: Path, capsys: pytest.Ca
         assert proc.returncode == 1 and "stopped" in proc.stdout, proc
         wait_voter_disconnected(cluster, 3, 30)
 
-        proc = launcher("start", "--dir", str(base), "--node", "3", "--timeout", "90")
+        # A layout for an existing DIR is not taken, and the launcher says so (it was dropped without a word).
+        proc = launcher("start", "--dir", str(base), "--node", "3", "--timeout", "90", "--nodes", "5", "--plaintext")
         assert proc.returncode == 0, proc
+        assert "holds a cluster already (3 brokers, combined, mTLS): --nodes 5, --plaintext ignored" in proc.stderr, proc
         wait_health(capsys, bootstrap, 0, 60, security=sec)
 
         proc = launcher("stop", "--dir", str(base))
