@@ -13,6 +13,7 @@ its built-in gRPC probes instead; this is for Docker's HEALTHCHECK and for human
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 from client.security import SecurityConfig, read_properties
@@ -30,8 +31,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command_config:
         security = security.merged(read_properties(args.command_config))
     status = check_health(args.target, timeout_s=args.timeout, service=args.service, security=security)
-    print(f"{args.target}: {status}")
+    hint = ""
+    if status == "UNREACHABLE" and not security.uses_ssl and _accepts(args.target, args.timeout):
+        # A TLS listener asked in plaintext: reachable, and the handshake is what failed (it read as a port down).
+        hint = " (the port accepts connections but did not answer in plaintext: a TLS listener? give " \
+               "--command-config FILE with security.protocol=SSL and ssl.*)"
+    print(f"{args.target}: {status}{hint}")
     return 0 if status == "SERVING" else 1
+
+
+def _accepts(target: str, timeout_s: float) -> bool:
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from client.consumer import Consumer
 from client.producer import Producer
 from client.types import TopicPartition
 from deploy.local.certs import CertificateAuthority
-from deploy.local.cluster import ClusterError, LocalCluster
+from deploy.local.cluster import ClusterError, LocalCluster, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -193,3 +193,20 @@ def test_cluster_health_without_the_right_is_an_error_not_an_outage(cluster: Loc
     assert proc.stderr.startswith("error: CLUSTER_AUTHORIZATION_FAILED") and \
         "the cluster's health was not checked" in proc.stderr, proc.stderr
     assert "UNHEALTHY" not in proc.stdout, proc.stdout
+
+
+def test_the_healthcheck_tells_a_tls_listener_asked_in_plaintext_from_a_port_down(cluster: LocalCluster,
+                                                                                 tmp_path: Path) -> None:
+    target = cluster.bootstrap_servers.split(",")[0]
+    plain = subprocess.run([sys.executable, "-m", "deploy.healthcheck", target], capture_output=True, text=True,
+                           timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert plain.returncode == 1 and "UNREACHABLE (the port accepts connections" in plain.stdout \
+        and "--command-config" in plain.stdout, plain
+    props = tmp_path / "admin.properties"
+    props.write_text("".join(f"{k}={v}\n" for k, v in cluster.client_config.items()))
+    secured = subprocess.run([sys.executable, "-m", "deploy.healthcheck", target, "--command-config", str(props)],
+                             capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert (secured.returncode, secured.stdout) == (0, f"{target}: SERVING\n"), secured
+    down = subprocess.run([sys.executable, "-m", "deploy.healthcheck", f"127.0.0.1:{free_port()}"],
+                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert down.returncode == 1 and down.stdout.endswith(": UNREACHABLE\n"), down
