@@ -6,7 +6,18 @@ from typing import Annotated
 
 import typer
 
-from admin_cli.common import INT32_MAX, INT64_MAX, BootstrapOpt, CliError, OutputOpt, ok, show, state, table
+from admin_cli.common import (
+    INT32_MAX,
+    INT64_MAX,
+    BootstrapOpt,
+    CliError,
+    OutputOpt,
+    err,
+    ok,
+    show,
+    state,
+    table,
+)
 from admin_cli.timeparse import parse_timestamp_ms
 
 # What ListGroups filters on. The broker matches states exactly, so a misspelt one listed nothing
@@ -140,6 +151,12 @@ def seek(
     show(st, {"group": group, "dry_run": dry_run, "offsets": rows},
          table(f"Group {group}: {verb} offsets", ["TOPIC", "PARTITION", "FROM", "TO"],
                [[r["topic"], r["partition"], _unknown(r["previous_offset"]), r["offset"]] for r in rows]))
+    if rows and all(r["previous_offset"] < 0 for r in rows):
+        # As Kafka's --reset-offsets, a group with none is given these (and so made); a misspelt group id read
+        # as a success with no hint (docs audit).
+        err.print(f"note: group {group} had no committed offsets for {topic}: "
+                  f"{'these would be' if dry_run else 'these are'} its first (is the group id right?)",
+                  highlight=False, markup=False)
 
 
 @app.command("remove-member", epilog="Examples:\n\nbrook group remove-member billing --instance worker-3")
