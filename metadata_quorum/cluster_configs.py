@@ -66,6 +66,12 @@ def known_keys() -> list[str]:
     return sorted([*TOPIC_KEY_OF, *OTHER_KEYS])
 
 
+def builtin_default(key: str) -> str:
+    """What a key is when neither the cluster (dynamic) nor the node's config sets it: its topic config's default;
+    "" for one that is unset by default (the throttle: no limit)."""
+    return log_config.TOPIC_CONFIGS[TOPIC_KEY_OF[key]].default if key in TOPIC_KEY_OF else ""
+
+
 def doc(key: str) -> str:
     if key in OTHER_KEYS:
         return OTHER_KEYS[key]

@@ -1162,7 +1162,8 @@ class QuorumController:
                 value, source = dynamic[key], "dynamic"
             else:
                 static = (self.config.defaults or {}).get(key)
-                value, source = (static, "node") if static is not None else ("", "default")
+                value, source = (static, "node") if static is not None else \
+                    (cluster_configs.builtin_default(key), "default")
             response.entries.add(name=key, value=value, source=source, documentation=cluster_configs.doc(key))
         return response
 

@@ -629,6 +629,10 @@ def test_dynamic_cluster_configs_reach_every_broker_and_the_controller(split_clu
         assert code == 0, (out, err)
     code, out, err = brook("cluster", "config", "get", "-o", "json")
     assert code == 0 and not [e for e in json.loads(out) if e["source"] == "dynamic"], out
+    # A key nobody set shows its built-in value (it showed "-"); the throttle is unset by default.
+    values = {e["name"]: (e["value"], e["source"]) for e in json.loads(out)}
+    assert values["log.retention.ms"] == ("604800000", "default"), values
+    assert values["follower.replication.throttled.rate"] == ("", "default"), values
     for args, message in ((["set", "num.io.threads=4"], "cannot be changed at runtime"),
                           (["set", "log.retention.ms=soon"], "log.retention.ms"),
                           (["set", "follower.replication.throttled.rate=0"], "at least 1"),
