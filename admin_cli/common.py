@@ -30,7 +30,15 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 PORT_MAX = 65535
 
-out = Console(soft_wrap=True)
+class _Stdout(Console):
+    def on_broken_pipe(self) -> None:
+        """``brook ... | head``: the reader went away, a normal end (main() answers exit code 0). rich's own
+        answer is ``SystemExit(1)``, so a command that had done its work exited 1 with nothing said (docs audit)."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
+out = _Stdout(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 

@@ -163,6 +163,18 @@ def test_produce_consume_round_trip(brook) -> None:
     assert r.code == 0 and r.out == "", r  # nothing at or after a future time
 
 
+def test_output_cut_short_by_its_reader_is_a_normal_end(brook, ops_cluster: LocalCluster) -> None:
+    """`brook ... | head -1`: the command did its work, the reader went away; exit 0 and nothing on stderr. rich
+    exited 1 without a word, so a script saw a failure for an ACL that was created (docs audit)."""
+    assert brook("topic", "create", "piped", "-p", "1", "-r", "1").code == 0
+    proc = subprocess.Popen([sys.executable, "-m", "admin_cli.main", "-b", ops_cluster.bootstrap_servers, "topic",
+                             "describe", "piped"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert (proc.wait(60), err) == (0, ""), err
+
+
 def test_group_commands(brook) -> None:
     assert brook("topic", "create", "grouped", "-p", "2", "-r", "2").code == 0
     assert brook("produce", "grouped", stdin="".join(f"m{i}\n" for i in range(6))).code == 0
