@@ -122,8 +122,8 @@ class OffsetReader:
         if spec.kind == "offsets":
             return self._resolve_specific(spec, tps, what)
         stamps = spec.timestamps if spec.kind == "timestamps" else {tp: spec.timestamp for tp in tps}
-        if spec.kind == "timestamps":
-            self._check_named_all(set(stamps), tps, what)
+        if spec.kind == "timestamps":  # named as the user gave it (startingOffsets was named: audit)
+            self._check_named_all(set(stamps), tps, f"{what}ByTimestamp")
         # Spark: an ending timestamp with no record at or after it ends at the latest offset;
         # a starting one follows startingOffsetsByTimestampStrategy.
         return self._resolve_timestamps(stamps, missing_to_latest=what == "endingOffsets")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -86,7 +86,8 @@ def _check_ranges(start: PartitionOffsets, end: PartitionOffsets, options: ReadO
         frm = start[tp]
         if until < frm:
             data_loss(f"{tp[0]}-{tp[1]}: end offset {until} is before start offset {frm} (the offsets went "
-                      "backwards: the partition was truncated, or its topic deleted and recreated)", options.fetch)
+                      "backwards: the partition was truncated, or its topic deleted and recreated; or the query's "
+                      "startingOffsets named an offset past its end)", options.fetch)
             fixed[tp] = until
     return fixed
 
@@ -140,6 +141,13 @@ def _check_batch_ranges(
             from_cluster[tp] = frm
             continue
         end_says = f"option '{end_option}'" if _given(options.ending, tp) else "latest: the high watermark"
+        if not _given(options.starting, tp):
+            # Only the ending offset was the user's: it is below the log start (the audit's message blamed an
+            # option 'startingOffsets' that was never given).
+            raise errors.InvalidConfigError(
+                f"option '{end_option}': ending offset {until} for topic {tp[0]!r} partition {tp[1]} is before the "
+                f"partition's earliest offset {frm} (the records before it were removed): ask for at least {frm} "
+                "(not data loss: failOnDataLoss=false does not skip it)")
         raise errors.InvalidConfigError(
             f"option '{start_option}': beginning offset {frm} is after the ending offset {until} ({end_says}) for "
             f"topic {tp[0]!r} partition {tp[1]}. You either provided an invalid starting offset, or the topic has "
@@ -284,8 +292,7 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         new = sorted(tp for tp in current if tp not in begin)
         if new:
             # Partitions that appeared after the query started: read them from their start.
-            fresh = self.reader.earliest(tp for tp in new if tp not in self._new_starts)
-            self._new_starts.update(fresh)
+            self._new_starts.update(self._starts_of_new(tp for tp in new if tp not in self._new_starts))
             logger.info("picked up new partitions %s", new)
         full_start = {tp: self._start_of(tp, begin) for tp in current}
         full_start = _check_ranges(full_start, latest, self.options)
@@ -350,6 +357,18 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_trigger_s = now
         return False
 
+    def _starts_of_new(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """Where partitions added while the query runs (or topics a pattern newly matches) are read from: their
+        earliest offsets. One that is not 0 lost records before the query could read them: data loss, as Spark's
+        Kafka source reports it ("Added partition ... starts from ... instead of 0"). It was read from there
+        without a word, failOnDataLoss=true or not (Spark source audit)."""
+        starts = self.reader.earliest(tps)
+        for (topic, partition), offset in sorted(starts.items()):
+            if offset > 0:
+                data_loss(f"added partition {topic}-{partition} starts at offset {offset}, not 0: its records "
+                          f"before it were removed before the query read them", self.options.fetch)
+        return starts
+
     def reportLatestOffset(self) -> dict | None:
         # The true high watermarks (not capped by maxOffsetsPerTrigger or the AvailableNow
         # target): StreamingQueryProgress.sources[].latestOffset minus endOffset is then how
@@ -363,7 +382,7 @@ class BrookStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         until = from_json_offsets(end)
         missing = [tp for tp in until if tp not in begin and tp not in self._new_starts]
         if missing:  # a restarted query replaying a planned batch: resolve as when planned
-            self._new_starts.update(self.reader.earliest(missing))
+            self._new_starts.update(self._starts_of_new(missing))
         if any(t not in self._topic_ids and off > begin.get((t, p), -1) for (t, p), off in until.items()):
             # A restarted query replaying a planned batch: the checkpoint has no topic ids, so the tasks
             # check against the topics as they are now.

@@ -139,6 +139,30 @@ def test_driver_restarted_from_an_old_checkpoint_learns_ids() -> None:
         reader.latestOffset(end, reader.getDefaultReadLimit())
 
 
+def test_an_added_partition_that_lost_records_before_the_query_read_them_is_data_loss(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """As Spark's Kafka source ("Added partition ... starts from ... instead of 0"): a partition added while the
+    query runs whose records before some offset were removed before the query saw it. It was read from there
+    without a word, failOnDataLoss=true or not (Spark source audit)."""
+    for fail in (True, False):
+        fake = _FakeOffsets("id", {0: 0}, {0: 10})
+        reader = _stream_reader(fake, fail=fail)
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        reader.commit(end)
+        fake.earliest_offsets, fake.latest_offsets = {0: 0, 1: 60, 2: 0}, {0: 10, 1: 100, 2: 5}
+        if fail:
+            with pytest.raises(DataLossError, match="added partition t-1 starts at offset 60, not 0"):
+                reader.latestOffset(end, reader.getDefaultReadLimit())
+            continue
+        caplog.clear()
+        after = reader.latestOffset(end, reader.getDefaultReadLimit())
+        assert _ranges(reader, end, after) == [(1, 60, 100, "id"), (2, 0, 5, "id")]
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert any("added partition t-1 starts at offset 60" in m for m in warned), warned
+        assert not any("t-2" in m for m in warned), warned  # one that starts at 0 lost nothing
+
+
 # ----------------------------------------------------------------------------- a task (a fake cluster)
 
 
@@ -417,3 +441,16 @@ def test_stream_task_notices_a_deleted_topic_well_before_the_request_timeout(spa
     message = str(query.exception())
     assert f"{topic}-0: the topic no longer exists" in message and "failOnDataLoss" in message, message[:3000]
     assert took < PROMPT_S, f"data loss seen after {took:.1f} s (request.timeout.ms {REQUEST_TIMEOUT_MS})"
+
+
+def test_a_by_timestamp_option_that_misses_a_partition_is_named_as_given() -> None:
+    """The error named startingOffsets for startingOffsetsByTimestamp (Spark source audit)."""
+    from client import errors
+    from spark_source.offsets import OffsetReader
+    from spark_source.options import OffsetSpec
+
+    reader = OffsetReader.__new__(OffsetReader)  # no cluster: the partitions named are checked first
+    spec = OffsetSpec("timestamps", timestamps={("t", 0): 0})
+    for what in ("startingOffsets", "endingOffsets"):
+        with pytest.raises(errors.InvalidConfigError, match=f"option '{what}ByTimestamp': must name every partition"):
+            reader.resolve(spec, {("t", 0), ("t", 1)}, what=what)

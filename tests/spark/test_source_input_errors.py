@@ -151,6 +151,14 @@ def test_ending_offset_past_the_high_watermark_is_refused_by_the_driver(fail: bo
     message = str(info.value)
     assert "option 'endingOffsets': ending offset 999 for topic 'sp' partition 0" in message, message
     assert "high watermark 10" in message and "pollTimeoutMs" not in message, message
+    # Below the log start (records removed) with no startingOffsets given: named as the ending offset's fault (it
+    # blamed an option 'startingOffsets' that was never given).
+    only_end = _batch_options(fail, endingOffsets='{"sp":{"0":3,"1":5}}')
+    with pytest.raises(errors.InvalidConfigError) as info:
+        _check_batch_ranges({("sp", 0): 6, ("sp", 1): 0}, {("sp", 0): 3, ("sp", 1): 5}, SP_HW, only_end)
+    message = str(info.value)
+    assert "option 'endingOffsets': ending offset 3 for topic 'sp' partition 0 is before the partition's earliest " \
+        "offset 6" in message and "startingOffsets" not in message, message
     # Up to the high watermark is fine, and so is -1.
     ok = _batch_options(fail, endingOffsets='{"sp":{"0":10,"1":-1}}')
     assert _check_batch_ranges({("sp", 0): 2, ("sp", 1): 0}, SP_HW, SP_HW, ok) == {("sp", 0): 2, ("sp", 1): 0}
