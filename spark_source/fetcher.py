@@ -187,8 +187,11 @@ class _RangeReader:
             if self._lost(refresh=True):
                 return
             # Still in the metadata: a leader that has not applied the topic yet, or leadership moving.
-        elif err.code in REFRESH_CODES:
-            self.client.request_update()  # the next fetch looks the leader up afresh
+        elif err.code in REFRESH_CODES or err.code == errors.ErrorCode.REQUEST_TIMED_OUT:
+            # The next fetch looks the leader up afresh: one that does not answer (stopped, cut off) has likely been
+            # replaced, and asking it again cost request.timeout.ms a try until kafkaConsumer.pollTimeoutMs failed
+            # the task (the client's consumer refreshes on any retriable error too).
+            self.client.request_update()
         self._retry_later()
 
     def _retry_later(self) -> None:

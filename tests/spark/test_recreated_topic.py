@@ -261,6 +261,24 @@ def test_task_yields_only_what_the_leader_served_from_the_planned_topic(monkeypa
         list(read_range(_task(fail=True)))
 
 
+def test_task_looks_the_leader_up_again_after_a_fetch_timed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader that does not answer (stopped, cut off) has likely been replaced: the next fetch asks for fresh
+    metadata, as the client's consumer does. It was asked again at its request.timeout.ms a try (audit)."""
+    from client import errors
+
+    class Counting(_Client):
+        updates = 0
+
+        def request_update(self) -> None:
+            self.updates += 1
+
+    timed_out = FetchResult(b"", -1, -1, errors.RequestTimedOutError("Fetch t-0: deadline exceeded"))
+    client = Counting("planned", answers=[timed_out, _records(3, 7)])
+    _fetching(monkeypatch, client)
+    assert _offsets(read_range(_task(fail=True))) == list(range(3, 10))
+    assert client.updates == 1 and client.fetches == 2
+
+
 def test_task_judges_metadata_older_than_the_plan_as_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
     """A broker behind the driver's metadata (version 3 < 5 planned) proves nothing: no data loss, the fetch
     goes on (here to a leader with nothing, until kafkaConsumer.pollTimeoutMs)."""
