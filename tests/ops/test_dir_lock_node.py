@@ -4,7 +4,6 @@ directory refuses to start with one line naming the holder, and the running node
 from __future__ import annotations
 
 import secrets
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -71,20 +70,3 @@ def test_a_second_copy_of_a_running_node_refuses_to_start_on_its_lock(ops_cluste
     status, body = ops_cluster.probe(1)
     assert status == 200, body
 
-
-def test_a_taken_metrics_port_is_one_line_naming_the_listener(tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        metrics_port = taken.getsockname()[1]
-        cfg = tmp_path / "node.toml"
-        cfg.write_text(f'"process.roles" = "broker"\n"node.id" = 9\n"cluster.id" = "c"\n'
-                       f'"listeners" = "BROKER://127.0.0.1:{free_port()}"\n'
-                       f'"controller.quorum.voters" = "1@127.0.0.1:1:2"\n"log.dirs" = "{tmp_path / "data"}"\n'
-                       f'"metrics.listener" = "127.0.0.1:{metrics_port}"\n')
-        proc = subprocess.run([sys.executable, "-m", "broker.node", "--config", str(cfg)], capture_output=True,
-                              text=True, timeout=60)
-    assert proc.returncode == 1, proc
-    assert f"metrics.listener 127.0.0.1:{metrics_port} cannot be bound: Address already in use" in proc.stderr, \
-        proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
