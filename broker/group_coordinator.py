@@ -967,10 +967,14 @@ class GroupCoordinator:
             if len(part.metadata.encode()) > self.config.offset_metadata_max_bytes:
                 results.append((tp.topic, tp.partition, ErrorCode.OFFSET_METADATA_TOO_LARGE, "metadata too large"))
                 continue
-            if part.offset < 0 or not part.topic or part.partition < 0:
-                results.append((tp.topic, tp.partition, ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
-                                f"bad offset {part.offset} for {tp}"))
+            if not part.topic or part.partition < 0:
+                results.append((tp.topic, tp.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"unknown partition {tp.topic}-{tp.partition}"))
                 continue
+            # A negative offset is stored as given, as Kafka stores it: KafkaJS commits -1 (latest) and -2
+            # (earliest) to reset a group after OFFSET_OUT_OF_RANGE and in admin.resetOffsets, and reads them back as
+            # such; every client takes a negative committed offset for none. Refused, its consumers died
+            # (INVALID_COMMIT_OFFSET_SIZE is not retriable) and resetOffsets never returned (KafkaJS audit).
             if self.metadata_cache.partition(tp.topic, tp.partition) is None:
                 # As Kafka: offsets only for partitions that exist (a group cannot be made to hold
                 # offsets for any number of made-up ones).
@@ -1623,7 +1627,7 @@ class GroupCoordinator:
             loaded = sum(1 for s in self._partitions.values() if s.loaded)
             loading = len(self._partitions) - loaded
         known = [(max(0, end - e.offset), group, tp, e.offset, end) for group, offsets in snapshot
-                 for tp, e in offsets if (end := ends.get(tp, -1)) >= 0]
+                 for tp, e in offsets if (end := ends.get(tp, -1)) >= 0 and e.offset >= 0]  # < 0: none committed
         chosen = heapq.nsmallest(self.config.group_lag_metrics_max_series, known,
                                  key=lambda r: (-r[0], r[1], r[2].topic, r[2].partition))
         rows = [GroupOffsetStats(group, tp.topic, tp.partition, committed, end, lag)

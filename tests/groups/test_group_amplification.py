@@ -369,7 +369,7 @@ def test_list_groups_hashes_no_group_id(coord: GroupCoordinator) -> None:
 def test_a_commit_that_writes_no_offset_makes_no_group(coord: GroupCoordinator) -> None:
     unknown = _commit(coord, "ghost-1", [("t", 999, 1), ("no-such-topic", 0, 1)])
     assert [r[2] for r in unknown] == [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION] * 2
-    assert [r[2] for r in _commit(coord, "ghost-2", [("t", 0, -5)])] == [ErrorCode.INVALID_COMMIT_OFFSET_SIZE]
+    assert [r[2] for r in _commit(coord, "ghost-2", [("t", -1, 5)])] == [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
     assert _commit(coord, "ghost-3", []) == []
     assert coord._groups == {} and coord.list_groups(set()) == []
     assert coord.replica_manager.appended == []
@@ -377,6 +377,19 @@ def test_a_commit_that_writes_no_offset_makes_no_group(coord: GroupCoordinator) 
     with pytest.raises(CoordinatorError) as info:
         _commit(coord, "ghost-5", [("t", 0, 1)], member_id="m", generation_id=1)
     assert info.value.code == ErrorCode.UNKNOWN_MEMBER_ID and coord._groups == {}
+
+
+def test_a_negative_offset_is_stored_as_given_and_counts_for_no_lag(coord: GroupCoordinator) -> None:
+    """As Kafka stores it: KafkaJS commits -1 (latest) and -2 (earliest) to reset a group (after OFFSET_OUT_OF_RANGE,
+    and in admin.resetOffsets) and reads them back so. Refused with INVALID_COMMIT_OFFSET_SIZE, which is not
+    retriable, its consumers died and resetOffsets never returned (KafkaJS audit)."""
+    assert [r[2] for r in _commit(coord, "reset", [("t", 0, -2), ("t", 1, -1), ("t", 2, 7)])] == [ErrorCode.NONE] * 3
+    fetched = {tp.partition: (e.offset if e is not None else None)
+               for tp, e in coord.fetch_offsets("reset", [TP("t", p) for p in range(3)])}
+    assert fetched == {0: -2, 1: -1, 2: 7}, fetched
+    coord._end_offsets = {TP("t", p): 100 for p in range(3)}
+    rows = {(r.partition, r.committed_offset, r.lag) for r in coord.stats().offsets if r.group == "reset"}
+    assert rows == {(2, 7, 93)}, rows  # a negative committed offset is none: no lag of end + 1
 
 
 def test_a_simple_consumers_commit_makes_an_empty_group_as_in_kafka(coord: GroupCoordinator) -> None:

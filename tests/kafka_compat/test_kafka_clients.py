@@ -552,6 +552,27 @@ async def test_aiokafka_static_member_restarts_without_a_rebalance(kconf, admin:
 TXN_FAILS_WITHIN_S = 5.0
 
 
+def test_a_negative_committed_offset_is_stored_and_read_back_as_none(kconf, make_topic) -> None:
+    """Kafka stores an OffsetCommit's offset as given: KafkaJS commits -1 and -2 to reset a group (after
+    OFFSET_OUT_OF_RANGE, and in admin.resetOffsets). Brook refused them with INVALID_COMMIT_OFFSET_SIZE, which
+    is not retriable: KafkaJS consumers died and resetOffsets never returned (KafkaJS audit). Every client
+    reads a negative committed offset as none, and the group then starts by auto.offset.reset."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    topic = make_topic(partitions=1)
+    tp = TopicPartition(topic, 0)
+    consumer = KafkaConsumer(bootstrap_servers=kconf["bootstrap.servers"].split(","), group_id=unique("kp-neg"),
+                             enable_auto_commit=False)
+    try:
+        consumer.commit({tp: OffsetAndMetadata(-2, "", -1)})  # raised InvalidCommitOffsetSizeError
+        assert consumer.committed(tp) is None
+        consumer.commit({tp: OffsetAndMetadata(5, "", -1)})
+        assert consumer.committed(tp) == 5
+    finally:
+        consumer.close()
+
+
 def test_confluent_init_transactions_fails_fast_and_fatally(kconf) -> None:
     from confluent_kafka import KafkaException, Producer
 
