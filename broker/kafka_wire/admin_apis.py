@@ -751,7 +751,19 @@ class AdminApis:
             for r in out.partitions), "throttle_time": out.throttle_time_ms})
 
     # ---- ACLs ----
+    def _no_authorizer(self) -> _Failed | None:
+        """Kafka answers the ACL APIs SECURITY_DISABLED on a broker without an authorizer: ACLs it stored there
+        would enforce nothing, and a DENY a client created looked like protection (KafkaJS audit). ``brook acl``
+        (gRPC) still stores them, to be in place before the authorizer is turned on node by node."""
+        if self.broker.authorizer.enabled:
+            return None
+        return _Failed(ErrorCode.SECURITY_DISABLED, "No Authorizer is configured on this broker "
+                                                    "(authorizer.class.name): ACLs would not be enforced")
+
     async def describe_acls(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        if (off := self._no_authorizer()) is not None:
+            return self._resp(req, {"error_code": off.code, "error_message": off.message, "resources": [],
+                                    "throttle_time": 0})
         try:
             f, host = _acl_filter(req.body)
             out = await self._controller(ctx, "DescribeAcls", security_pb2.DescribeAclsRequest(filter=f),
@@ -775,6 +787,9 @@ class AdminApis:
 
     async def create_acls(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         creations = list(req.body.creations)
+        if (off := self._no_authorizer()) is not None:
+            return self._resp(req, {"results": [{"error_code": off.code, "error_message": off.message}
+                                                for _ in creations], "throttle_time": 0})
         outcome: list[tuple[int, str] | None] = []
         bindings = []
         for c in creations:
@@ -806,6 +821,9 @@ class AdminApis:
         once, and finding its filter (at most bindings x distinct filters checks, as the controller's own
         walk) runs on the admin pool."""
         kafka_filters = list(req.body.filters)
+        if (off := self._no_authorizer()) is not None:
+            return self._resp(req, {"throttle_time": 0, "filter_results": [
+                {"error_code": off.code, "error_message": off.message, "matching_acls": []} for _ in kafka_filters]})
         if len(kafka_filters) > MAX_ACL_FILTERS:
             refused = _Failed(ErrorCode.INVALID_REQUEST, f"{len(kafka_filters)} ACL filters in one request, at most "
                                                          f"{MAX_ACL_FILTERS}: split the request")

@@ -657,14 +657,20 @@ class KafkaHarness:
     def __init__(self, rpc_harness: RpcHarness) -> None:
         from types import SimpleNamespace
 
+        from broker import principal
+        from broker.authorizer import EMPTY_INDEX, Authorizer, AuthorizerConfig
         from broker.kafka_wire import apis
 
         self.h = rpc_harness
+        # An authorizer on, the fuzzing caller a super user: every check passes, and the ACL APIs are served
+        # (a broker without one answers them SECURITY_DISABLED before reading them).
+        authorizer = Authorizer(AuthorizerConfig(enabled=True, super_users=frozenset({str(principal.ANONYMOUS)})),
+                                lambda: EMPTY_INDEX)
         broker = SimpleNamespace(service=rpc_harness.service, group_servicer=rpc_harness.groups,
                                  metadata_cache=rpc_harness.service.cache, log_manager=rpc_harness.log_manager,
                                  controller_client=_InProcessControllerClient(rpc_harness.controller),
                                  settings=SimpleNamespace(defaults={}, node_id=1), node_id=1,
-                                 authorizer=rpc_harness.service.authz)  # a BrokerServer's (BROKER config resources)
+                                 authorizer=authorizer)  # a BrokerServer's (BROKER config resources, the ACL APIs)
         self.apis = apis.KafkaApis(broker, "KAFKA")
         # ACL requests go to the controller's security service (the listener opens a client of its own).
         self.apis.admin._security_client = _InProcessControllerClient(rpc_harness.controller, "security")

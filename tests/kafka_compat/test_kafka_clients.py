@@ -573,6 +573,54 @@ def test_a_negative_committed_offset_is_stored_and_read_back_as_none(kconf, make
         consumer.close()
 
 
+def test_acl_apis_on_a_broker_without_an_authorizer_answer_security_disabled(kconf) -> None:
+    """As Kafka answers them: a DENY created there would enforce nothing, and looked like protection (KafkaJS
+    audit: createAcls succeeded, describeAcls listed it)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    admin = AdminClient(kconf)
+    binding = AclBinding(ResourceType.TOPIC, "payroll", ResourcePatternType.LITERAL, "User:mallory", "*",
+                         AclOperation.READ, AclPermissionType.DENY)
+    with pytest.raises(KafkaException) as created:
+        admin.create_acls([binding])[binding].result(30)
+    assert created.value.args[0].name() == "SECURITY_DISABLED", created.value
+    everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+                                  AclPermissionType.ANY)
+    with pytest.raises(KafkaException) as deleted:
+        admin.delete_acls([everything])[everything].result(30)
+    assert deleted.value.args[0].name() == "SECURITY_DISABLED", deleted.value
+    # confluent-kafka 2.16 answers a DescribeAcls error with an empty list; kafka-python raises it.
+    from kafka.admin import (
+        ACLFilter,
+        ACLOperation,
+        ACLPermissionType,
+        ACLResourcePatternType,
+        KafkaAdminClient,
+        ResourcePatternFilter,
+    )
+    from kafka.admin import ResourceType as KpResourceType
+    from kafka.errors import SecurityDisabledError
+
+    kp = KafkaAdminClient(bootstrap_servers=kconf["bootstrap.servers"].split(","))
+    try:
+        with pytest.raises(SecurityDisabledError):
+            kp.describe_acls(ACLFilter(principal=None, host="*", operation=ACLOperation.ANY,
+                                       permission_type=ACLPermissionType.ANY,
+                                       resource_pattern=ResourcePatternFilter(KpResourceType.ANY, None,
+                                                                              ACLResourcePatternType.ANY)))
+    finally:
+        kp.close()
+
+
 def test_confluent_init_transactions_fails_fast_and_fatally(kconf) -> None:
     from confluent_kafka import KafkaException, Producer
 
