@@ -536,6 +536,14 @@ class AdminApis:
                     synonyms.append((key, text, SOURCE_STATIC_BROKER))
             default = None if d is None else \
                 log_config.TOPIC_CONFIGS[d.topic_key].default if d.topic_key is not None else d.default
+            if default is None and name in COARSE_UNITS and name.endswith(".hours"):
+                # Kafka's defaults are on the hours keys (log.retention.hours 168, log.roll.hours 168,
+                # log.roll.jitter.hours 0): the same time as the key they stand for. It was null (KafkaJS audit).
+                fine, factor = COARSE_UNITS[name]
+                fine_default = KEYS[fine].default if KEYS[fine].topic_key is None else \
+                    log_config.TOPIC_CONFIGS[KEYS[fine].topic_key].default  # type: ignore[index]
+                if fine_default is not None and int(fine_default) >= 0 and int(fine_default) % factor == 0:
+                    default = str(int(fine_default) // factor)
             if default is not None:
                 synonyms.append((name, default, SOURCE_DEFAULT))
             value, source = (synonyms[0][1], synonyms[0][2]) if synonyms else (None, SOURCE_DEFAULT)

@@ -101,7 +101,12 @@ def test_broker_configs_as_kafka_tools_filter_them(kcluster: Any, kp_admin: Any)
                                                    ("replica.lag.time.max.ms", "30000", "DEFAULT_CONFIG")]
     assert synonyms("auto.create.topics.enable") == [("auto.create.topics.enable", "true", "DEFAULT_CONFIG")]
     assert (every["log.retention.ms"]["value"], every["log.retention.ms"]["read_only"]) == ("604800000", False)
-    assert every["log.retention.hours"]["value"] is None  # not set: log.retention.ms's default applies
+    # Kafka's defaults are on the hours keys: 168 h, the same time as log.retention.ms's 604800000 (it was None,
+    # KafkaJS audit); the minutes key has none, as in Kafka.
+    assert every["log.retention.hours"]["value"] == "168" and synonyms("log.retention.hours") == [
+        ("log.retention.hours", "168", "DEFAULT_CONFIG")]
+    assert every["log.roll.hours"]["value"] == "168" and every["log.roll.jitter.hours"]["value"] == "0"
+    assert every["log.retention.minutes"]["value"] is None
 
     keys = ["num.partitions", "log.retention.ms"]
     request = DescribeConfigsRequest(resources=[(ConfigResourceType.BROKER, broker, keys)], include_synonyms=False,
