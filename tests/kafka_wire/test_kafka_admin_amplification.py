@@ -126,7 +126,7 @@ class FakeBroker(types.SimpleNamespace):
             node_id=NODE_ID, controller_client=self.controller,
             settings=types.SimpleNamespace(defaults={"log.dirs": "/data", "sasl.jaas.config": "secret"}),
             metadata_cache=types.SimpleNamespace(counts=lambda: (2, 4), cluster_configs=cluster_configs),
-            authorizer=types.SimpleNamespace(authorize=authorize),
+            authorizer=types.SimpleNamespace(authorize=authorize, enabled=True),  # ACL APIs served (SECURITY_DISABLED without)
             service=types.SimpleNamespace(DescribeLogDirs=describe_log_dirs),
             group_servicer=types.SimpleNamespace(OffsetFetch=offset_fetch, _refused=refused))
 
