@@ -641,9 +641,13 @@ class AdminApis:
             elif res.resource_type == RESOURCE_BROKER and res.resource_name == "":
                 cluster_plan = (i, to_set, to_delete)
             elif res.resource_type == RESOURCE_BROKER:
-                outcome[i] = (ErrorCode.INVALID_REQUEST,
-                              "Brook has no per-broker dynamic configs: alter the cluster-wide default "
-                              "(BROKER resource name '') or the node's config file")
+                try:  # the caller's right first, as Kafka checks it: a refusal then says what the caller may not do
+                    self._authorize_cluster(ctx, authz.ALTER_CONFIGS)
+                    outcome[i] = (ErrorCode.INVALID_REQUEST,
+                                  "Brook has no per-broker dynamic configs: alter the cluster-wide default "
+                                  "(BROKER resource name '') or the node's config file")
+                except _Failed as exc:
+                    outcome[i] = (exc.code, exc.message)
             elif res.resource_type == RESOURCE_BROKER_LOGGER:
                 try:
                     self._authorize_cluster(ctx, authz.ALTER_CONFIGS)

@@ -94,3 +94,28 @@ def test_broker_loggers_need_cluster_rights(kcluster: Any) -> None:
     finally:
         demo.close()
         admin.close()
+
+
+def test_a_broker_config_change_is_authorized_before_it_is_refused(kcluster: Any) -> None:
+    """AlterConfigs of BROKER '<id>' (Brook has no per-broker dynamic configs): a caller without ALTER_CONFIGS on
+    the cluster is told that, as Kafka checks the right first; it was told INVALID_REQUEST (KafkaJS audit)."""
+    from kafka.admin import AlterConfigOp, ConfigResource, ConfigResourceType, KafkaAdminClient
+    from kafka_admin_kit import kafka_python_ssl
+
+    broker = int(kcluster.broker_ids[0])
+
+    def alter(client: Any) -> int:
+        resource = ConfigResource(ConfigResourceType.BROKER, str(broker),
+                                  {"log.retention.ms": (AlterConfigOp.SET, "60000")})
+        [result] = client._manager.run(client._manager.send, client._alter_configs_request(
+            [resource], incremental=True), broker).responses
+        return int(result[0] if isinstance(result, tuple) else result.error_code)
+
+    demo = KafkaAdminClient(request_timeout_ms=T * 1000, **kafka_python_ssl(kcluster, "demo"))
+    admin = KafkaAdminClient(request_timeout_ms=T * 1000, **kafka_python_ssl(kcluster, "admin"))
+    try:
+        assert alter(demo) == 31  # CLUSTER_AUTHORIZATION_FAILED
+        assert alter(admin) == 42  # INVALID_REQUEST: the right is there, per-broker configs are not
+    finally:
+        demo.close()
+        admin.close()
