@@ -534,16 +534,7 @@ class AdminApis:
                 text = static(key) if key in given else None
                 if text is not None:
                     synonyms.append((key, text, SOURCE_STATIC_BROKER))
-            default = None if d is None else \
-                log_config.TOPIC_CONFIGS[d.topic_key].default if d.topic_key is not None else d.default
-            if default is None and name in COARSE_UNITS and name.endswith(".hours"):
-                # Kafka's defaults are on the hours keys (log.retention.hours 168, log.roll.hours 168,
-                # log.roll.jitter.hours 0): the same time as the key they stand for. It was null (KafkaJS audit).
-                fine, factor = COARSE_UNITS[name]
-                fine_default = KEYS[fine].default if KEYS[fine].topic_key is None else \
-                    log_config.TOPIC_CONFIGS[KEYS[fine].topic_key].default  # type: ignore[index]
-                if fine_default is not None and int(fine_default) >= 0 and int(fine_default) % factor == 0:
-                    default = str(int(fine_default) // factor)
+            default = _builtin_default(name)
             if default is not None:
                 synonyms.append((name, default, SOURCE_DEFAULT))
             value, source = (synonyms[0][1], synonyms[0][2]) if synonyms else (None, SOURCE_DEFAULT)
@@ -989,6 +980,26 @@ def _once_per_name(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in results:
         first.setdefault(r["name"], r)
     return list(first.values())
+
+
+def _builtin_default(name: str) -> str | None:
+    """A node config key's built-in value as DescribeConfigs shows it (None: none). Kafka's defaults are on the
+    hours keys (log.retention.hours 168, log.roll.hours 168, log.roll.jitter.hours 0), the same time as the key each
+    stands for; they showed null (KafkaJS audit). The minutes key has none, as in Kafka."""
+    from broker.config import COARSE_UNITS, KEYS
+
+    d = KEYS.get(name)
+    if d is None:
+        return None
+    if d.topic_key is not None:
+        return log_config.TOPIC_CONFIGS[d.topic_key].default
+    if d.default is not None or name not in COARSE_UNITS or not name.endswith(".hours"):
+        return d.default
+    fine, factor = COARSE_UNITS[name]
+    fine_default = _builtin_default(fine)
+    if fine_default is None or int(fine_default) < 0 or int(fine_default) % factor:
+        return None
+    return str(int(fine_default) // factor)
 
 
 def client_controller_id(live_brokers: list[int]) -> int:

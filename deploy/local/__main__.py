@@ -57,6 +57,11 @@ def _parse_overrides(items: list[str]) -> dict[str, str]:
     return result
 
 
+# How the command line says each value of a boolean layout option.
+_BOOL_FLAGS = {("tls", True): "--tls", ("tls", False): "--plaintext", ("authorizer", True): "--authorizer",
+               ("authorizer", False): "--no-authorizer"}
+
+
 def _kept_layout_notes(ctx: typer.Context, cluster: LocalCluster, given: dict[str, object]) -> list[str]:
     """What the command line asked of the layout that an existing DIR's cluster keeps (its ids, ports and data
     are in cluster.json): said, not dropped without a word (docs audit)."""
@@ -68,9 +73,7 @@ def _kept_layout_notes(ctx: typer.Context, cluster: LocalCluster, given: dict[st
         source = ctx.get_parameter_source(name)  # typer's click: COMMANDLINE, DEFAULT, ...
         if source is None or source.name != "COMMANDLINE" or existing[name] == value:
             continue
-        flags = {("tls", True): "--tls", ("tls", False): "--plaintext", ("authorizer", True): "--authorizer",
-                 ("authorizer", False): "--no-authorizer"}
-        notes.append(flags[(name, value)] if isinstance(value, bool) else f"--{name} {value}")
+        notes.append(_BOOL_FLAGS[(name, value)] if isinstance(value, bool) else f"--{name} {value}")
     return notes
 
 
