@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import grpc
 import typer
@@ -130,8 +130,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit code (and exits with it when run as a script)."""
     args = list(sys.argv[1:] if argv is None else argv)
     command = typer_main.get_command(app)
+    stdout_was_devnull = _is_devnull(sys.stdout)
     try:
-        code = command.main(args=args, prog_name="brook", standalone_mode=False)
+        try:
+            code = command.main(args=args, prog_name="brook", standalone_mode=False)
+        except SystemExit as e:
+            # `brook --help | head -1`: typer prints help through a rich console of its own, whose answer to a
+            # broken pipe is to point stdout at /dev/null and raise SystemExit(1). Ours hands it to the
+            # BrokenPipeError branch below; theirs is told by what it did to stdout.
+            if e.code == 1 and not stdout_was_devnull and _is_devnull(sys.stdout):
+                raise BrokenPipeError from None
+            raise
     except click_exceptions.UsageError as e:
         hint = f" (see: {e.ctx.command_path} --help)" if e.ctx is not None else ""
         error_line(f"{e.format_message()}{hint}")
@@ -173,6 +182,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         sys.exit(code)
     return code
+
+
+def _is_devnull(stream: Any) -> bool:
+    try:
+        st, null = os.fstat(stream.fileno()), os.stat(os.devnull)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (st.st_dev, st.st_ino) == (null.st_dev, null.st_ino)
 
 
 def _stdout_broken() -> None:

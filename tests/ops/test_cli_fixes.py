@@ -105,6 +105,18 @@ def test_other_commands_fail_at_once_too(argv: list[str]) -> None:
     assert elapsed_s < 60, f"took {elapsed_s:.1f} s: the command waited for its --timeout"
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["topic", "--help"], ["group", "seek", "--help"]], ids=" ".join)
+def test_help_cut_short_by_its_reader_is_a_normal_end(argv: list[str]) -> None:
+    """`brook --help | head -1`: typer prints help through a rich console of its own, which answered the reader
+    going away with exit 1 (a command's output cut short already ended with 0)."""
+    proc = subprocess.Popen([BROOK_BIN, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={"PATH": "/usr/bin:/bin", "COLUMNS": "80"})
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert (proc.wait(60), err) == (0, ""), err
+
+
 # ----------------------------------------------------------------------------- against the ops cluster
 
 
