@@ -67,6 +67,13 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     **admin_apis.SUPPORTED,  # topics, configs, ACLs, records, log dirs, elections (admin_apis.py)
 }
 
+# What ApiVersions advertises where it differs from what is served: Produce from v0, as Kafka 4 (KAFKA-18659).
+# librdkafka before 2.8 (Debian 12's 2.0.2: kcat, rsyslog's omkafka, syslog-ng) enables gzip, snappy and lz4 only
+# when the broker's Produce range includes v0-v2, and otherwise sends those batches uncompressed, with no error: a
+# topic meant to be compressed stored everything at full size. Clients pick the highest version both sides have, so
+# none sends v0-v2 to a broker advertising v9; one that does is closed as for any version not served.
+ADVERTISED: dict[int, tuple[int, int]] = {**SUPPORTED, PRODUCE: (0, SUPPORTED[PRODUCE][1])}
+
 # Allowed before a SASL listener's client has authenticated (KIP-152: anything else closes).
 PRE_AUTH_APIS = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
@@ -543,7 +550,7 @@ class KafkaApis:
 
 
 def api_version_entries() -> list[dict[str, int]]:
-    return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(SUPPORTED.items())]
+    return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(ADVERTISED.items())]
 
 
 def _first_codec(records: bytes) -> int | None:

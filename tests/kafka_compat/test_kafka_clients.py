@@ -123,6 +123,23 @@ def test_kcat_produces_keys_and_headers_and_consumes_them_back(kconf, make_topic
         assert offsets == list(range(len(offsets))), f"partition {p} offsets {offsets}"
 
 
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_kcat_compresses_what_it_is_asked_to(cluster: LocalCluster, kconf, make_topic, kcat_bin, codec) -> None:
+    """librdkafka before 2.8 (Debian 12's kcat, rsyslog's omkafka) turns gzip, snappy and lz4 on only when the
+    broker advertises Produce v0-v2, and otherwise writes those batches uncompressed without a word. Brook
+    advertised Produce from v3 (what it serves): every batch of `kcat -z gzip` was stored uncompressed (kcat
+    -d msg: "Broker does not support compression type gzip: not compressing batch"). Kafka 4 advertises Produce
+    from v0 for this (KAFKA-18659), and so does Brook now."""
+    topic = make_topic(partitions=1)
+    sent = [f"{codec} record {i} " + "payload " * 10 for i in range(200)]
+    proc = kcat(kcat_bin, kconf, ["-P", "-t", topic, "-p", "0", "-z", codec], stdin="".join(f"{v}\n" for v in sent))
+    assert proc.returncode == 0 and "ERROR" not in proc.stderr, f"kcat -P failed: {proc.stderr[-2000:]}"
+    batches = brook_batch_headers(cluster, topic, 1, len(sent))[0]
+    assert {h.compression for h in batches} == {CODEC_IDS[codec]}, batches[:3]
+    proc = kcat(kcat_bin, kconf, ["-C", "-t", topic, "-o", "beginning", "-e", "-q"])
+    assert proc.returncode == 0 and proc.stdout.splitlines() == sent, proc.stderr[-2000:]
+
+
 # ---------------------------------------------------------------------------- confluent-kafka
 
 
