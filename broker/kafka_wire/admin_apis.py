@@ -1026,6 +1026,15 @@ def _creatable_topic(t: Any) -> cpb.CreatableTopic:
     out = cpb.CreatableTopic(name=t.name, num_partitions=t.num_partitions, replication_factor=t.replication_factor,
                              configs=configs)
     if t.assignments:
+        # As Kafka's controller: an assignment stands alone (KIP-464's -1/-1 beside it), the replication factor
+        # checked first. Brook's own API takes a count that agrees with the assignment; a Kafka client gets
+        # Kafka's answer.
+        if t.replication_factor != -1:
+            raise _Failed(ErrorCode.INVALID_REQUEST, "A manual partition assignment was specified, but replication "
+                                                     "factor was not set to -1.")
+        if t.num_partitions != -1:
+            raise _Failed(ErrorCode.INVALID_REQUEST, "A manual partition assignment was specified, but "
+                                                     "numPartitions was not set to -1.")
         by_index = sorted(t.assignments, key=lambda a: a.partition_index)
         if [a.partition_index for a in by_index] != list(range(len(by_index))):
             raise _Failed(ErrorCode.INVALID_REPLICA_ASSIGNMENT,

@@ -74,6 +74,23 @@ def test_topics_configs_and_partitions(kcluster: Any, kp_admin: Any, topic_name:
     wait_for(lambda: _partitions(a, topic_name) == 0 and _partitions(a, defaults) == 0, T, "the topics gone")
 
 
+def test_an_assignment_with_a_count_beside_it_is_refused_as_kafka_does(kcluster: Any, kp_admin: Any,
+                                                                       topic_name: str) -> None:
+    """Kafka's controller takes a manual assignment only with -1/-1 beside it (KIP-464), the replication factor
+    checked first: INVALID_REQUEST. Brook created such a topic when the counts agreed with the assignment (Go
+    clients audit: Sarama)."""
+    b = sorted(kcluster.broker_ids)
+    cases = {f"{topic_name}-rf": (-1, 2, "replication factor was not set to -1"),
+             f"{topic_name}-np": (1, -1, "numPartitions was not set to -1"),
+             f"{topic_name}-both": (1, 2, "replication factor was not set to -1")}
+    out = kp_admin.create_topics({name: {"num_partitions": n, "replication_factor": rf, "assignments": {0: b[:2]}}
+                                  for name, (n, rf, _) in cases.items()}, timeout_ms=T * 1000, raise_errors=False)
+    got = {t["name"]: (t["error_code"], t["error_message"]) for t in out["topics"]}
+    for name, (_, _, said) in cases.items():
+        assert got[name][0] == 42 and said in (got[name][1] or ""), (name, got[name])  # INVALID_REQUEST
+    assert not set(cases) & set(kp_admin.list_topics()), "a refused topic was created"
+
+
 def test_broker_configs_as_kafka_tools_filter_them(kcluster: Any, kp_admin: Any) -> None:
     """kafka-python's config filters read the sources and read-only flags a broker answers: "dynamic" (what
     alter_configs accepts) is Brook's dynamic cluster configs, "static" what the node's file set, and each
