@@ -530,7 +530,7 @@ class KafkaApis:
              else codec.NO_AUTHORIZED_OPERATIONS,
              "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id or None,
                           "client_id": m.client_id,
-                          "client_host": m.client_host, "member_metadata": m.metadata,
+                          "client_host": _kafka_host(m.client_host), "member_metadata": m.metadata,
                           "member_assignment": m.assignment} for m in g.members]}
             for g in out.groups]})
 
@@ -547,6 +547,13 @@ class KafkaApis:
                                              ctx)
         return self._resp(req, {"results": [{"group_id": r.group_id, "error_code": r.error_code}
                                             for r in out.results]})
+
+
+def _kafka_host(host: str) -> str:
+    """A member's address as Kafka's coordinator shows it (Java's ``InetAddress.toString()`` of an address without a
+    host name: ``/127.0.0.1``), which kafka-consumer-groups.sh prints and tools parse; Brook keeps the bare address
+    (its CLI and gRPC API show that)."""
+    return f"/{host}" if host and not host.startswith("/") else host
 
 
 def api_version_entries() -> list[dict[str, int]]:

@@ -390,6 +390,8 @@ def test_confluent_static_member_restarts_without_a_rebalance_and_a_twin_is_fenc
         rd_admin = AdminClient(rdkafka_config(kconf))
         rd_group = rd_admin.describe_consumer_groups([group])[group].result(timeout=30)
         assert sorted(m.group_instance_id for m in rd_group.members) == ["a", "b"], rd_group.members
+        # Kafka's coordinator shows a member's address as Java prints it, what kafka-consumer-groups.sh shows.
+        assert {m.host for m in rd_group.members} == {"/127.0.0.1"}, rd_group.members
 
         b3 = member("b", "b3")  # the same instance id, while b2 runs
         open_consumers.append(b3)
