@@ -413,8 +413,13 @@ _BEHAVIOUR = [
            "Of group.coordinator.offsets.max.bytes, what the groups one client address made on a coordinator (by "
            "its first commit or join there) may hold; a commit past it is refused with the retriable "
            "COORDINATOR_NOT_AVAILABLE, so one address cannot fill the coordinator for every other's new groups. "
-           "Groups loaded from the offsets log after a restart or failover count against no address.",
+           "A coordinator that loads the groups after a restart or failover counts them there too.",
            check=_at_least(1 << 20), roles=_B),
+    KeyDef("group.coordinator.record.format", "string", "kafka",
+           "How the group coordinator writes __consumer_offsets: kafka (Kafka's record layouts, which tools such "
+           "as Burrow read) or brook (the earlier values, which releases before the Kafka layouts read: set it on "
+           "every node while upgrading a cluster from such a release, and remove it once every node runs this "
+           "one; both are always read).", check=_one_of("kafka", "brook"), roles=_B),
     KeyDef("group.lag.metrics.max.series", "int", "1000",
            "Group-partition rows /metrics shows in brook_consumer_group_committed_offset and "
            "brook_consumer_group_lag, the largest lags first (the rest are counted in "

@@ -31,7 +31,7 @@ import grpc
 
 from broker import group_records as records
 from broker.fair_pool import blocking
-from broker.group_records import OFFSETS_TOPIC, GroupRecord, OffsetRecord, partition_for_group
+from broker.group_records import OFFSETS_TOPIC, GroupRecord, OffsetRecord, OwnerRecord, partition_for_group
 from broker.group_state import (
     GROUP_OVERHEAD_BYTES,
     MEMBER_PROTOCOLS_MAX,
@@ -111,6 +111,9 @@ class CoordinatorConfig:
     # Group-partition rows /metrics shows (committed offset and lag each), the largest lags first: group
     # ids are chosen by clients, and one with READ on a prefix of groups made 3 nodes' /metrics 230 MB.
     group_lag_metrics_max_series: int = 1000
+    # How __consumer_offsets records are written: "kafka" (Kafka's layouts, what tools read) or "brook" (the
+    # earlier protobuf values, which a release before the Kafka layouts reads: set while one still runs).
+    record_format: str = "kafka"
 
     @classmethod
     def from_defaults(cls, defaults: dict[str, str]) -> CoordinatorConfig:
@@ -148,6 +151,7 @@ class CoordinatorConfig:
             group_coordinator_offsets_max_bytes_per_ip=get("group.coordinator.offsets.max.bytes.per.ip",
                                                            base.group_coordinator_offsets_max_bytes_per_ip),
             group_lag_metrics_max_series=get("group.lag.metrics.max.series", base.group_lag_metrics_max_series),
+            record_format=defaults.get("group.coordinator.record.format") or base.record_format,
         )
 
 
@@ -499,6 +503,7 @@ class GroupCoordinator:
             return None
         lg = hosted.log
         groups: dict[str, Group] = {}
+        owners: dict[str, str] = {}  # the groups' owner records, applied when the whole partition is read
         now = self.clock_ms()
         offset, target = lg.log_start_offset, lg.log_end_offset
         for _ in range(LOAD_BATCHES_MAX):
@@ -520,7 +525,11 @@ class GroupCoordinator:
                 continue
             if not data.records:
                 break
-            offset = self._apply_batches(data.records, groups, now, offset, partition)
+            offset = self._apply_batches(data.records, groups, now, offset, partition, owners)
+        for gid, owner in owners.items():  # a group's owner record may come before the records that make it
+            g = groups.get(gid)
+            if g is not None:
+                g.owner, g.owner_recorded = owner, True
         return groups
 
     def _past_corrupt_batch(self, hosted: Any, exc: errors.BrookError, partition: int, offset: int,
@@ -548,7 +557,7 @@ class GroupCoordinator:
         return corrupt.next_offset
 
     def _apply_batches(self, buf: bytes, groups: dict[str, Group], now_ms: int, offset: int,
-                       partition: int = -1) -> int:
+                       partition: int = -1, owners: dict[str, str] | None = None) -> int:
         for pos, header in iter_batches(buf):
             offset = header.next_offset
             if header.is_control:
@@ -576,6 +585,11 @@ class GroupCoordinator:
                     g = groups.get(parsed.group_id) or self._new_group(parsed.group_id, partition)
                     groups[parsed.group_id] = g
                     records.restore_group(g, parsed.value, now_ms)
+                elif isinstance(parsed, OwnerRecord) and owners is not None:
+                    if parsed.owner is None:
+                        owners.pop(parsed.group_id, None)
+                    else:
+                        owners[parsed.group_id] = parsed.owner
         return offset
 
     def _new_group(self, group_id: str, partition: int = -1, owner: str = "") -> Group:
@@ -875,9 +889,17 @@ class GroupCoordinator:
         if not g.persist_needed:
             return
         g.persist_needed = False
-        value = records.encode_group_value(g)
-        fut = self._append_async(self._partition_of(g), [(records.group_key(g.group_id), value)],
-                                 f"group {g.group_id} generation {g.generation_id}")
+        if not self._kafka_records:
+            kvs = [(records.group_key(g.group_id), records.encode_legacy_group_value(g))]
+        else:
+            kvs = [(records.group_key(g.group_id), records.encode_group_value(g))]
+        owner_record = self._kafka_records and bool(g.owner) and not g.owner_recorded
+        if owner_record:
+            kvs.append((records.owner_key(g.group_id), records.owner_value(g.owner)))
+            g.owner_recorded = True
+        fut = self._append_async(self._partition_of(g), kvs, f"group {g.group_id} generation {g.generation_id}")
+        if owner_record:  # not written after all: the group's next write or commit writes it
+            fut.add_done_callback(lambda f: f.exception() is None or setattr(g, "owner_recorded", False))
         if g.state == GroupState.STABLE:
             # SyncGroup answers of this generation wait for this write (see sync_group).
             self._group_writes[g.group_id] = (g.generation_id, fut)
@@ -909,6 +931,18 @@ class GroupCoordinator:
 
         fut.add_done_callback(done)
         return fut
+
+    @property
+    def _kafka_records(self) -> bool:
+        return self.config.record_format != "brook"
+
+    def _offset_kvs(self, group_id: str, entries: Sequence[tuple[TopicPartition, OffsetEntry]],
+                    owner: str) -> list[tuple[bytes, bytes | None]]:
+        """The records of committed offsets: Kafka's values, or (record format "brook") the earlier ones, which
+        name the group's owner in each."""
+        if self._kafka_records:
+            return [(records.offset_key(group_id, tp), records.encode_offset_value(e)) for tp, e in entries]
+        return [(records.offset_key(group_id, tp), records.encode_legacy_offset_value(e, owner)) for tp, e in entries]
 
     def _append(self, partition: int, kvs: list[tuple[bytes, bytes | None]]) -> concurrent.futures.Future:
         now = self.clock_ms()
@@ -995,10 +1029,13 @@ class GroupCoordinator:
         (before, loaded groups counted against no address: each failover gave an address a new share)."""
         with self._lock:
             owner, incoming = self._admit_offsets_locked(group_id, entries, client)
-        kvs: list[tuple[bytes, bytes | None]] = [
-            (records.offset_key(group_id, tp), records.encode_offset_value(entry, owner)) for tp, entry in entries]
+            g = self._groups.get(group_id)
+            record_owner = self._kafka_records and bool(owner) and (g is None or not g.owner_recorded)
+        kvs = self._offset_kvs(group_id, entries, owner)
+        if record_owner:  # last: the entries keep their places in the batches (_write_offsets)
+            kvs.append((records.owner_key(group_id), records.owner_value(owner)))
         try:
-            self._write_offsets(group_id, partition, epoch, entries, kvs, owner=owner)
+            self._write_offsets(group_id, partition, epoch, entries, kvs, owner=owner, owner_recorded=record_owner)
         finally:
             with self._lock:
                 self._offsets_in_flight_locked(owner, -incoming)
@@ -1013,8 +1050,9 @@ class GroupCoordinator:
         the first bound alone, one address filled it (about 190 commits of 200 partitions with 4 KB of
         metadata) and every new group of the coordinator was refused, whatever its address, until the
         offsets expired (offsets.retention.minutes, 7 days). A group counts against the address whose commit
-        or join made it (``client``, kept as Group.owner and written in its records, so a coordinator that
-        loads it from the log counts it there too; one whose records name none counts against no address).
+        or join made it (``client``, kept as Group.owner and written in an owner record next to its first
+        commit or group record, so a coordinator that loads it from the log counts it there too; one whose
+        records name none counts against no address).
         A commit that adds nothing (the same partitions again, metadata no longer) is always taken,
         so the groups already here go on committing. The figures are upper bounds, what was admitted since
         the last count added to them; they are counted again (one step a group: each group keeps its offsets'
@@ -1084,7 +1122,9 @@ class GroupCoordinator:
 
     def _write_offsets(self, group_id: str, partition: int, epoch: int,
                        entries: Sequence[tuple[TopicPartition, OffsetEntry | None]],
-                       kvs: list[tuple[bytes, bytes | None]], owner: str = "") -> None:
+                       kvs: list[tuple[bytes, bytes | None]], owner: str = "", owner_recorded: bool = False) -> None:
+        """Append ``kvs`` (the records of ``entries``, in order, perhaps an owner record after them) with acks=all,
+        then apply ``entries`` to the group (made here, as ``owner``'s, when the commit is its first)."""
         base = self._append_and_wait(partition, kvs)
         with self._lock:
             if not self._still_leader(partition, epoch):
@@ -1094,7 +1134,9 @@ class GroupCoordinator:
                 if all(e is None for _, e in entries):
                     return
                 g = self._groups[group_id] = self._new_group(group_id, partition, owner)
-            last_chunk_start = ((len(entries) - 1) // RECORDS_PER_BATCH_MAX) * RECORDS_PER_BATCH_MAX
+            if owner_recorded:
+                g.owner_recorded = True
+            last_chunk_start = ((len(kvs) - 1) // RECORDS_PER_BATCH_MAX) * RECORDS_PER_BATCH_MAX
             for i, (tp, entry) in enumerate(entries):
                 if entry is not None and i >= last_chunk_start and base >= 0:
                     entry.log_offset = base + (i - last_chunk_start)
@@ -1258,7 +1300,7 @@ class GroupCoordinator:
             epoch = self._partitions[p].leader_epoch
             tps = sorted(g.offsets)
         kvs: list[tuple[bytes, bytes | None]] = [(records.offset_key(group_id, tp), None) for tp in tps]
-        kvs.append((records.group_key(group_id), None))
+        kvs += records.group_tombstones(group_id)
         self._append_and_wait(p, kvs)
         with self._lock:
             if not self._still_leader(p, epoch):
@@ -1548,9 +1590,7 @@ class GroupCoordinator:
                         rewrite.append((tp, current))  # committed meanwhile: written again after the tombstone
             if rewrite:
                 try:
-                    self._write_offsets(gid, p, epoch, list(rewrite),
-                                        [(records.offset_key(gid, tp), records.encode_offset_value(e, owner))
-                                         for tp, e in rewrite])
+                    self._write_offsets(gid, p, epoch, list(rewrite), self._offset_kvs(gid, rewrite, owner))
                 except errors.BrookError as exc:
                     log.warning("group %s: rewriting %d offsets committed during a topic deletion failed: %s",
                                 gid, len(rewrite), exc)
@@ -1578,7 +1618,7 @@ class GroupCoordinator:
         for gid, p, expired, remove_group in plan:
             kvs: list[tuple[bytes, bytes | None]] = [(records.offset_key(gid, tp), None) for tp in expired]
             if remove_group:
-                kvs.append((records.group_key(gid), None))
+                kvs += records.group_tombstones(gid)
             try:
                 self._append_and_wait(p, kvs)
             except errors.BrookError as exc:

@@ -3,13 +3,29 @@
 The topic is compacted, so the key says *what* a record is about and the last record per
 key wins; a record with a null value (tombstone) deletes the key once the cleaner has run.
 
-Key (big-endian, versioned by its first two bytes so other record kinds can be added)::
+Keys and values are Kafka's (its coordinator's published schemas: OffsetCommitKey v1,
+GroupMetadataKey v2, OffsetCommitValue v3, GroupMetadataValue v3), so tools that read the
+topic (Burrow, kminion, kafka-console-consumer's formatter) read Brook's as Kafka's::
 
-    OFFSET key:  u16 kind=1 | u16 len | group utf-8 | u16 len | topic utf-8 | i32 partition
-    GROUP key:   u16 kind=2 | u16 len | group utf-8
+    OFFSET key:   i16 version=1 | string group | string topic | i32 partition
+    GROUP key:    i16 version=2 | string group
+    OFFSET value: i16 version=3 | i64 offset | i32 leader epoch | string metadata | i64 commit time
+    GROUP value:  i16 version=3 | string protocol type | i32 generation | nullable string protocol
+                  | nullable string leader | i64 state time | i32 n | n x (string member id
+                  | nullable string instance id | string client id | string client host
+                  | i32 rebalance timeout | i32 session timeout | bytes subscription | bytes assignment)
 
-Value: u16 value version (0) | protobuf bytes (OffsetCommitValue / GroupMetadataValue in
-proto/group.proto, so fields can be added compatibly). Unknown key kinds or value
+(string: i16 length and UTF-8; bytes: i32 length.) One record is Brook's own, under a key
+version Kafka does not use (tools skip such records, as a Kafka coordinator does)::
+
+    OWNER key:    i16 version=32000 | string group
+    OWNER value:  i16 version=0 | UTF-8 client address that made the group
+
+Value version 0 of an offset or group is Brook's earlier format (protobuf after the version:
+OffsetCommitValue / GroupMetadataValue in proto/group.proto, which carried the owner): always
+read, and written only with ``group.coordinator.record.format=brook``, what a cluster upgraded
+from a release before the Kafka layouts sets until every node runs this one (a release before
+skips the Kafka layouts, and would load its groups without their offsets). Unknown key or value
 versions are skipped with a warning when loading (a newer broker wrote them).
 """
 
@@ -33,10 +49,16 @@ log = logging.getLogger(__name__)
 OFFSETS_TOPIC = "__consumer_offsets"
 KEY_KIND_OFFSET = 1
 KEY_KIND_GROUP = 2
-VALUE_VERSION = 0
-NAME_BYTES_MAX = 0xFFFF
+KEY_KIND_OWNER = 32000  # Brook's own record; Kafka's key versions count up from 0 (its newest are below 30)
+LEGACY_VALUE_VERSION = 0  # Brook's protobuf values before the Kafka layouts (read, never written)
+OFFSET_VALUE_VERSION = 3  # Kafka's OffsetCommitValue v3: what Kafka 2.1+ writes
+GROUP_VALUE_VERSION = 3  # Kafka's GroupMetadataValue v3: what Kafka 2.3+ writes
+OWNER_VALUE_VERSION = 0
+NAME_BYTES_MAX = 0x7FFF  # a Kafka string's i16 length
 _U16 = struct.Struct(">H")
+_I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
 
 
 def java_string_hash(text: str) -> int:
@@ -63,12 +85,37 @@ def _name(text: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
+def _nullable(text: str) -> bytes:
+    """Kafka's nullable string; Brook's "" (no protocol, no leader, no instance id) is Kafka's null."""
+    return _name(text) if text else _I16.pack(-1)
+
+
+def _bytes(data: bytes) -> bytes:
+    return _I32.pack(len(data)) + data
+
+
 def _read_name(buf: bytes, pos: int) -> tuple[str, int]:
     (n,) = _U16.unpack_from(buf, pos)
     pos += 2
     if pos + n > len(buf):
-        raise errors.CorruptMessageError("name runs past the end of the key")
+        raise errors.CorruptMessageError("a string runs past the end of the record")
     return buf[pos : pos + n].decode("utf-8"), pos + n
+
+
+def _read_nullable(buf: bytes, pos: int) -> tuple[str, int]:
+    if _I16.unpack_from(buf, pos)[0] == -1:
+        return "", pos + 2
+    return _read_name(buf, pos)
+
+
+def _read_bytes(buf: bytes, pos: int) -> tuple[bytes, int]:
+    (n,) = _I32.unpack_from(buf, pos)
+    pos += 4
+    if n < 0:
+        return b"", pos
+    if pos + n > len(buf):
+        raise errors.CorruptMessageError("bytes run past the end of the record")
+    return buf[pos : pos + n], pos + n
 
 
 def offset_key(group_id: str, tp: TopicPartition) -> bytes:
@@ -79,15 +126,53 @@ def group_key(group_id: str) -> bytes:
     return _U16.pack(KEY_KIND_GROUP) + _name(group_id)
 
 
-def encode_offset_value(entry: OffsetEntry, owner: str = "") -> bytes:
-    """A committed offset's record value; ``owner``: the client address that made its group (OffsetCommitValue)."""
-    msg = group_pb2.OffsetCommitValue(offset=entry.offset, leader_epoch=entry.leader_epoch,
-                                      metadata=entry.metadata, commit_timestamp_ms=entry.commit_timestamp_ms,
-                                      owner=owner)
-    return _U16.pack(VALUE_VERSION) + msg.SerializeToString()
+def owner_key(group_id: str) -> bytes:
+    return _U16.pack(KEY_KIND_OWNER) + _name(group_id)
+
+
+def group_tombstones(group_id: str) -> list[tuple[bytes, bytes | None]]:
+    """What deleting a group writes besides its offsets' tombstones: its group record's and its owner record's."""
+    return [(group_key(group_id), None), (owner_key(group_id), None)]
+
+
+def owner_value(owner: str) -> bytes:
+    """The client address whose commit or join made the group on its coordinator: a coordinator that loads the
+    group counts its offsets against that address's share (group.coordinator.offsets.max.bytes.per.ip). Kafka's
+    value layouts have no place for it, so it is a record of its own, written when the group is made and when
+    it is not in the log yet (a group an earlier version loaded)."""
+    return _U16.pack(OWNER_VALUE_VERSION) + owner.encode("utf-8")
+
+
+def encode_offset_value(entry: OffsetEntry) -> bytes:
+    """A committed offset's record value: Kafka's OffsetCommitValue v3."""
+    return (_U16.pack(OFFSET_VALUE_VERSION) + _I64.pack(entry.offset) + _I32.pack(entry.leader_epoch)
+            + _name(entry.metadata) + _I64.pack(entry.commit_timestamp_ms))
 
 
 def encode_group_value(group: Group) -> bytes:
+    """A group's record value: Kafka's GroupMetadataValue v3."""
+    members = sorted(group.members.values(), key=lambda m: m.member_id)
+    parts = [_U16.pack(GROUP_VALUE_VERSION), _name(group.protocol_type), _I32.pack(group.generation_id),
+             _nullable(group.protocol_name), _nullable(group.leader_id), _I64.pack(group.state_timestamp_ms),
+             _I32.pack(len(members))]
+    for m in members:
+        parts += [_name(m.member_id), _nullable(m.group_instance_id), _name(m.client_id), _name(m.client_host),
+                  _I32.pack(m.rebalance_timeout_ms), _I32.pack(m.session_timeout_ms),
+                  _bytes(m.metadata_for(group.protocol_name)), _bytes(m.assignment)]
+    return b"".join(parts)
+
+
+def encode_legacy_offset_value(entry: OffsetEntry, owner: str = "") -> bytes:
+    """Brook's earlier value of a committed offset (group.coordinator.record.format=brook): version 0, protobuf,
+    the owner in it."""
+    msg = group_pb2.OffsetCommitValue(offset=entry.offset, leader_epoch=entry.leader_epoch,
+                                      metadata=entry.metadata, commit_timestamp_ms=entry.commit_timestamp_ms,
+                                      owner=owner)
+    return _U16.pack(LEGACY_VALUE_VERSION) + msg.SerializeToString()
+
+
+def encode_legacy_group_value(group: Group) -> bytes:
+    """Brook's earlier value of a group (group.coordinator.record.format=brook)."""
     msg = group_pb2.GroupMetadataValue(
         protocol_type=group.protocol_type, generation_id=group.generation_id,
         protocol_name=group.protocol_name, leader=group.leader_id,
@@ -101,7 +186,56 @@ def encode_group_value(group: Group) -> bytes:
             for m in sorted(group.members.values(), key=lambda m: m.member_id)
         ],
     )
-    return _U16.pack(VALUE_VERSION) + msg.SerializeToString()
+    return _U16.pack(LEGACY_VALUE_VERSION) + msg.SerializeToString()
+
+
+def _decode_offset_value(version: int, buf: bytes, log_offset: int) -> OffsetEntry:
+    """Kafka's OffsetCommitValue v1-v3 (v1 carries an expire time, which Brook does not keep)."""
+    (offset,) = _I64.unpack_from(buf, 2)
+    pos, epoch = 10, -1
+    if version >= 3:
+        (epoch,) = _I32.unpack_from(buf, pos)
+        pos += 4
+    metadata, pos = _read_name(buf, pos)
+    (commit_ms,) = _I64.unpack_from(buf, pos)
+    return OffsetEntry(offset, epoch, metadata, commit_ms, log_offset)
+
+
+def _decode_group_value(version: int, buf: bytes) -> group_pb2.GroupMetadataValue:
+    """Kafka's GroupMetadataValue v1-v3 (its v0 is read as Brook's earlier format), as the message ``restore_group``
+    takes."""
+    protocol_type, pos = _read_name(buf, 2)
+    (generation,) = _I32.unpack_from(buf, pos)
+    protocol, pos = _read_nullable(buf, pos + 4)
+    leader, pos = _read_nullable(buf, pos)
+    state_ms = 0
+    if version >= 2:
+        (state_ms,) = _I64.unpack_from(buf, pos)
+        pos += 8
+    (count,) = _I32.unpack_from(buf, pos)
+    pos += 4
+    if count < 0 or count > len(buf):  # each member takes bytes: a count past them is corrupt, not a loop
+        raise errors.CorruptMessageError(f"a group record of {len(buf)} bytes claims {count} members")
+    value = group_pb2.GroupMetadataValue(protocol_type=protocol_type, generation_id=generation,
+                                         protocol_name=protocol, leader=leader, state_timestamp_ms=max(state_ms, 0))
+    for _ in range(count):
+        member_id, pos = _read_name(buf, pos)
+        instance_id = ""
+        if version >= 3:
+            instance_id, pos = _read_nullable(buf, pos)
+        client_id, pos = _read_name(buf, pos)
+        client_host, pos = _read_name(buf, pos)
+        session_ms = rebalance_ms = _I32.unpack_from(buf, pos)[0]
+        if version >= 1:
+            (session_ms,) = _I32.unpack_from(buf, pos + 4)
+            pos += 4
+        pos += 4
+        subscription, pos = _read_bytes(buf, pos)
+        assignment, pos = _read_bytes(buf, pos)
+        value.members.add(member_id=member_id, client_id=client_id, client_host=client_host,
+                          session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms,
+                          subscription=subscription, assignment=assignment, group_instance_id=instance_id)
+    return value
 
 
 @dataclass(frozen=True)
@@ -118,7 +252,14 @@ class GroupRecord:
     value: group_pb2.GroupMetadataValue | None  # None = tombstone
 
 
-def parse_record(key: bytes | None, value: bytes | None, log_offset: int) -> OffsetRecord | GroupRecord | None:
+@dataclass(frozen=True)
+class OwnerRecord:
+    group_id: str
+    owner: str | None  # None = tombstone
+
+
+def parse_record(key: bytes | None, value: bytes | None, log_offset: int
+                 ) -> OffsetRecord | GroupRecord | OwnerRecord | None:
     """Decode one record read back from the log; None for kinds this version does not know.
     Malformed bytes raise CorruptMessageError (the loader skips such a record)."""
     try:
@@ -127,29 +268,53 @@ def parse_record(key: bytes | None, value: bytes | None, log_offset: int) -> Off
         raise errors.CorruptMessageError(f"malformed {OFFSETS_TOPIC} record at offset {log_offset}: {exc}") from exc
 
 
-def _parse_record(key: bytes | None, value: bytes | None, log_offset: int) -> OffsetRecord | GroupRecord | None:
+def _parse_record(key: bytes | None, value: bytes | None, log_offset: int
+                  ) -> OffsetRecord | GroupRecord | OwnerRecord | None:
     if key is None or len(key) < 2:
         log.warning("skipping a keyless record at offset %d of %s", log_offset, OFFSETS_TOPIC)
         return None
     (kind,) = _U16.unpack_from(key, 0)
+    version = None
     if value is not None:
-        if len(value) < 2 or _U16.unpack_from(value, 0)[0] != VALUE_VERSION:
-            log.warning("skipping a record with unknown value version at offset %d", log_offset)
+        if len(value) < 2:
+            log.warning("skipping a record without a value version at offset %d", log_offset)
             return None
-        value = value[2:]
+        (version,) = _U16.unpack_from(value, 0)
     if kind == KEY_KIND_OFFSET:
         group_id, pos = _read_name(key, 2)
         topic, pos = _read_name(key, pos)
         (partition,) = _I32.unpack_from(key, pos)
         entry, owner = None, ""
-        if value is not None:
-            msg = group_pb2.OffsetCommitValue.FromString(value)
+        if value is None:
+            pass
+        elif version == LEGACY_VALUE_VERSION:
+            msg = group_pb2.OffsetCommitValue.FromString(value[2:])
             entry = OffsetEntry(msg.offset, msg.leader_epoch, msg.metadata, msg.commit_timestamp_ms, log_offset)
             owner = msg.owner
+        elif version in (1, 2, 3):
+            entry = _decode_offset_value(version, value, log_offset)
+        else:
+            log.warning("skipping an offset record with unknown value version %s at offset %d", version, log_offset)
+            return None
         return OffsetRecord(group_id, TopicPartition(topic, partition), entry, owner)
     if kind == KEY_KIND_GROUP:
         group_id, _ = _read_name(key, 2)
-        return GroupRecord(group_id, None if value is None else group_pb2.GroupMetadataValue.FromString(value))
+        if value is None:
+            return GroupRecord(group_id, None)
+        if version == LEGACY_VALUE_VERSION:
+            return GroupRecord(group_id, group_pb2.GroupMetadataValue.FromString(value[2:]))
+        if version in (1, 2, 3):
+            return GroupRecord(group_id, _decode_group_value(version, value))
+        log.warning("skipping a group record with unknown value version %s at offset %d", version, log_offset)
+        return None
+    if kind == KEY_KIND_OWNER:
+        group_id, _ = _read_name(key, 2)
+        if value is None:
+            return OwnerRecord(group_id, None)
+        if version != OWNER_VALUE_VERSION:
+            log.warning("skipping an owner record with unknown value version %s at offset %d", version, log_offset)
+            return None
+        return OwnerRecord(group_id, value[2:].decode("utf-8"))
     log.warning("skipping a record with unknown key kind %d at offset %d", kind, log_offset)
     return None
 

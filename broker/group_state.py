@@ -425,6 +425,7 @@ class Group:
     # The client address whose commit or join made the group here ("" for a group loaded from the log): what
     # its offsets hold counts against that address's share (group.coordinator.offsets.max.bytes.per.ip).
     owner: str = field(default="", compare=False)
+    owner_recorded: bool = field(default=False, compare=False)  # an owner record of ``owner`` is in the log
     _deadline_floor_ms: int | None = field(default=None, repr=False, compare=False)  # see next_deadline_ms
     # Told (with this group) whenever the group forgets its last deadline answer, i.e. whenever a deadline
     # may have moved earlier: the coordinator's timers (broker/group_coordinator.py GroupTimers) then ask

@@ -729,6 +729,115 @@ def test_one_address_cannot_fill_the_offsets_budget_for_every_other_addresss_new
         c._loader.shutdown()
 
 
+def _records_of(appended: list[tuple[int, bytes]]) -> list[Any]:
+    """The parsed records of what a coordinator appended, in order."""
+    from storage.record_batch import decode_batch, iter_batches
+
+    out = []
+    for _p, batch in appended:
+        for pos, _h in iter_batches(batch):
+            out += [records.parse_record(r.key, r.value, r.offset) for r in decode_batch(batch, pos)[1]]
+    return out
+
+
+def _load_from(tmp_path: Path, kv_batches: list[list[tuple[bytes, bytes | None]]]) -> tuple[GroupCoordinator, Any]:
+    """A coordinator that loaded partition 0 of __consumer_offsets holding ``kv_batches``; (it, its log manager)."""
+    from storage.log_manager import LogManager
+    from storage.record_batch import RecordBatchBuilder
+
+    lm = LogManager([tmp_path / "data"], on_dir_failure=lambda d, e: None)
+    lg = lm.get_or_create_log(records.OFFSETS_TOPIC, 0, topic_id="T", overrides={})
+    for kvs in kv_batches:
+        builder = RecordBatchBuilder()
+        for k, v in kvs:
+            builder.append(1, k, v)
+        lg.append_as_leader(builder.build(), 0)
+    hosted = types.SimpleNamespace(is_leader=True, log=lg)
+    writes = FakeReplicaManager()
+    rm = types.SimpleNamespace(partition=lambda t, p: hosted if (t, p) == (records.OFFSETS_TOPIC, 0) else None,
+                               log_manager=lm, append_records=writes.append_records, appended=writes.appended)
+    c = GroupCoordinator(node_id=2, replica_manager=rm, metadata_cache=FakeCache(TOPICS),
+                         config=CoordinatorConfig(offsets_topic_num_partitions=1))
+    c._partitions[0] = _PartitionLoad(leader_epoch=1)
+    c._load_partition(0, 1)
+    return c, lm
+
+
+def test_a_groups_owner_is_one_record_of_its_own_written_once(tmp_path: Path) -> None:
+    """Kafka's value layouts have no place for the address a group counts against: it is a record of its own,
+    written with the group's first commit (or group record), not with every commit; a group loaded from records
+    that named it in their values (Brook's earlier format) gets one with its next commit; deleting the group
+    deletes it. A load finds it wherever compaction left it, before or after the group's other records."""
+    c, _ = _coordinator(offsets_topic_num_partitions=1)
+    try:
+        for _ in range(3):
+            _commit_with_metadata(c, "g", "10.0.0.2", "")
+        owners = [r for r in _records_of(c.replica_manager.appended) if isinstance(r, records.OwnerRecord)]
+        assert owners == [records.OwnerRecord("g", "10.0.0.2")], owners
+        with c._lock:  # as a group loaded from values that named their owner
+            c._groups["g"].owner_recorded = False
+        _commit_with_metadata(c, "g", "10.0.0.9", "")
+        owners = [r for r in _records_of(c.replica_manager.appended) if isinstance(r, records.OwnerRecord)]
+        assert owners[1:] == [records.OwnerRecord("g", "10.0.0.2")], owners  # the group's owner, not the caller
+        c.delete_group("g")
+        assert _records_of(c.replica_manager.appended)[-1] == records.OwnerRecord("g", None)
+    finally:
+        c._loader.shutdown()
+
+    offset = records.encode_offset_value(OffsetEntry(7, -1, "", 1))
+    compacted = [[(records.owner_key("g"), records.owner_value("10.0.0.2"))],  # its first commit's owner record
+                 [(records.offset_key("g", TP("big", 0)), offset)],  # a later commit
+                 [(records.owner_key("gone"), records.owner_value("10.0.0.3")),
+                  (records.offset_key("gone", TP("big", 0)), offset)],
+                 [(records.offset_key("gone", TP("big", 0)), None), *records.group_tombstones("gone")]]
+    loaded, lm = _load_from(tmp_path, compacted)
+    try:
+        assert loaded._groups["g"].owner == "10.0.0.2" and loaded._groups["g"].owner_recorded
+        assert "gone" not in loaded._groups
+        _commit_with_metadata(loaded, "g", "10.0.0.2", "")  # recorded already: no second owner record
+        assert not [r for r in _records_of(loaded.replica_manager.appended)
+                    if isinstance(r, records.OwnerRecord)]
+    finally:
+        loaded._loader.shutdown()
+        lm.shutdown()
+
+
+def test_record_format_brook_writes_what_a_release_before_the_kafka_layouts_reads() -> None:
+    """While a cluster is upgraded from a release before the Kafka layouts (which skips them, and would load the
+    groups without their offsets), group.coordinator.record.format=brook writes the earlier values: the owner in
+    each, no owner record. A wrong value is one line naming the key."""
+    from broker.config import ConfigError, load_config
+
+    node = {"process.roles": "broker", "node.id": "7", "cluster.id": "c", "listeners": "BROKER://127.0.0.1:1234",
+            "controller.quorum.voters": "1@127.0.0.1:1235:1236", "log.dirs": "/d"}
+    assert CoordinatorConfig.from_defaults(dict(load_config(None, node, env={}).defaults())).record_format == "kafka"
+    config = load_config(None, {**node, "group.coordinator.record.format": "brook"}, env={})
+    assert CoordinatorConfig.from_defaults(dict(config.defaults())).record_format == "brook"
+    with pytest.raises(ConfigError, match="group.coordinator.record.format.*must be one of kafka, brook"):
+        load_config(None, {**node, "group.coordinator.record.format": "kafak"}, env={})
+    c, _ = _coordinator(offsets_topic_num_partitions=1, record_format="brook")
+    try:
+        _commit_with_metadata(c, "g", "10.0.0.2", "", partitions=range(1))
+        with c._lock:  # a group a join made, writing its record
+            joined = c._group_locked("joined", create=True, owner="10.0.0.3")
+            joined.persist_needed = True
+            c._after_change_locked(joined)
+        values = [v for _p, batch in c.replica_manager.appended for k, v in _key_values(batch)]
+        assert values and all(v is not None and v[:2] == b"\0\0" for v in values), values
+        parsed = _records_of(c.replica_manager.appended)
+        assert not [r for r in parsed if isinstance(r, records.OwnerRecord)]
+        assert [r.owner for r in parsed if isinstance(r, records.OffsetRecord)] == ["10.0.0.2"]
+        assert [r.value.owner for r in parsed if isinstance(r, records.GroupRecord)] == ["10.0.0.3"]
+    finally:
+        c._loader.shutdown()
+
+
+def _key_values(batch: bytes) -> list[tuple[bytes | None, bytes | None]]:
+    from storage.record_batch import decode_batch, iter_batches
+
+    return [(r.key, r.value) for pos, _h in iter_batches(batch) for r in decode_batch(batch, pos)[1]]
+
+
 def test_a_coordinator_that_loads_an_addresss_groups_counts_them_against_that_address(tmp_path: Path) -> None:
     """Each committed offset's record names the address its group counts against. Before, a coordinator that
     loaded the groups (after a failover or a restart) counted them against no address, so every failover gave

@@ -10,6 +10,7 @@ partition leader and leaves the cluster whole again.
 from __future__ import annotations
 
 import json
+import struct
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -141,6 +142,71 @@ def test_kcat_compresses_what_it_is_asked_to(cluster: LocalCluster, kconf, make_
 
 
 # ---------------------------------------------------------------------------- confluent-kafka
+
+
+def _kafka_string(buf: bytes, pos: int) -> tuple[str | None, int]:
+    (n,) = struct.unpack_from(">h", buf, pos)
+    return (None, pos + 2) if n < 0 else (buf[pos + 2:pos + 2 + n].decode(), pos + 2 + n)
+
+
+def test_consumer_offsets_records_are_read_by_kafkas_schemas(kconf, make_topic) -> None:
+    """Tools read a group's commits and members from __consumer_offsets by Kafka's published schemas (Burrow,
+    kminion, the console consumer's formatter). Brook's keys were Kafka's but its values a version 0 and
+    protobuf, which such a tool read as Kafka's v0: a commit of 42 came out as offset 588301393022943231 (Go
+    clients audit). Read here with librdkafka and decoded by the schemas, field by field."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as RdTopicPartition
+
+    topic, group = make_topic(partitions=1), unique("schemas")
+    member = Consumer(rdkafka_config(kconf, **{"group.id": group, "client.id": "schema-reader",
+                                               "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+    reader = Consumer(rdkafka_config(kconf, **{"group.id": unique("reader"), "enable.auto.commit": False}))
+    try:
+        member.subscribe([topic])
+        wait_for(lambda: member.poll(0.2) is None and bool(member.assignment()), 30, "the member's assignment")
+        member.commit(offsets=[RdTopicPartition(topic, 0, 42, metadata="hello")], asynchronous=False)
+        internal = reader.list_topics("__consumer_offsets", timeout=10).topics["__consumer_offsets"]
+        reader.assign([RdTopicPartition("__consumer_offsets", p, 0) for p in internal.partitions])
+        found: dict[str, Any] = {}
+        deadline = time.monotonic() + 30
+        while len(found) < 2 and time.monotonic() < deadline:
+            for msg in reader.consume(100, 0.5):
+                if msg.error() or msg.value() is None:
+                    continue
+                key, value = msg.key(), msg.value()
+                (key_version,) = struct.unpack_from(">h", key)
+                name, pos = _kafka_string(key, 2)
+                if name != group:
+                    continue
+                (value_version,) = struct.unpack_from(">h", value)
+                if key_version == 1:  # OffsetCommitKey v1 -> OffsetCommitValue v3
+                    key_topic, pos = _kafka_string(key, pos)
+                    partition = struct.unpack_from(">i", key, pos)[0]
+                    offset, epoch = struct.unpack_from(">qi", value, 2)
+                    metadata, vpos = _kafka_string(value, 14)
+                    (committed_ms,) = struct.unpack_from(">q", value, vpos)
+                    assert vpos + 8 == len(value), "bytes left after the v3 fields"
+                    # librdkafka sends the metadata with its C string's NUL (as it does to Kafka)
+                    found["offset"] = (value_version, key_topic, partition, offset, (metadata or "").rstrip("\0"),
+                                       committed_ms > 0)
+                elif key_version == 2 and value_version == 3:  # GroupMetadataKey v2 -> GroupMetadataValue v3
+                    protocol_type, vpos = _kafka_string(value, 2)
+                    generation = struct.unpack_from(">i", value, vpos)[0]
+                    protocol, vpos = _kafka_string(value, vpos + 4)
+                    leader, vpos = _kafka_string(value, vpos)
+                    count = struct.unpack_from(">i", value, vpos + 8)[0]
+                    member_id, vpos = _kafka_string(value, vpos + 12)
+                    instance_id, vpos = _kafka_string(value, vpos)
+                    client_id, vpos = _kafka_string(value, vpos)
+                    host, vpos = _kafka_string(value, vpos)
+                    if count == 1:
+                        found["group"] = (protocol_type, generation >= 1, protocol is not None, leader == member_id,
+                                          instance_id, client_id, host)
+        assert found.get("offset") == (3, topic, 0, 42, "hello", True), found
+        assert found.get("group") == ("consumer", True, True, True, None, "schema-reader", "127.0.0.1"), found
+    finally:
+        member.close()
+        reader.close()
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
