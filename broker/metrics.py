@@ -485,7 +485,8 @@ class KafkaListenerCollector(_SafeCollector):
                                          "Requests that could not be read, or of an API or version not served; "
                                          "each closed its connection."),
             "authentication_failures_total": ("brook_kafka_authentication_failures",
-                                              "Failed SASL authentications and requests before authentication."),
+                                              "Failed SASL authentications, requests before authentication, and failed TLS handshakes "
+                                              "(a client certificate the listener does not trust, or none)."),
             "sendfile_bytes_total": ("brook_kafka_sendfile_bytes", "Record bytes sent from segment files by sendfile."),
             "sendfile_fallbacks_total": ("brook_kafka_sendfile_fallbacks",
                                          "Segment slices sent through a buffer because sendfile failed."),

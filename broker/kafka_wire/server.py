@@ -70,6 +70,7 @@ from broker.cpu_shares import CpuShares
 from broker.fair_pool import CLIENT, FairExecutor
 from broker.kafka_wire import apis, bounds, codec
 from broker.kafka_wire.context import Aborted, KafkaCallContext
+from broker.log_limits import ThrottledWarning
 from broker.principal import AUTH_SASL, Authentication
 from broker.receiving import DEFAULT_REQUEST_MAX_BYTES
 from metadata_quorum.security import ScramCredential
@@ -129,6 +130,14 @@ class ListenerStats:
     requests_by_api: dict[int, int] = field(default_factory=dict)
 
 
+def _api_name(api_key: int) -> str:
+    """``Fetch (1)``, as Kafka names an API in its logs; ``API 9999`` for a key Brook does not serve."""
+    served = apis.SUPPORTED.get(api_key)
+    if served is None:
+        return f"API {api_key}"
+    return f"{codec.request_schema(api_key, served[1]).__name__.removesuffix('Request')} ({api_key})"
+
+
 class KafkaListener:
     """Serves one Kafka-protocol listener of a broker; start()/stop() on the broker's loop."""
 
@@ -153,6 +162,8 @@ class KafkaListener:
         self.sasl = spec.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
         self.stats = ListenerStats()
         self._slots = ConnectionSlots(self.max_connections, self.max_connections_per_ip, self.stats)
+        self._refused_handshakes = ThrottledWarning(log)  # a line per 10 s at most, the rest counted
+        self.refused_versions = ThrottledWarning(log)
         self.sendfile_ok = True  # False once the platform refused sendfile on this listener's sockets
         # Request frames being read or handled, across all connections (Kafka's memory pool).
         self.frame_budget = ByteBudget(int(defaults.get("queued.max.request.bytes", str(256 * 1024 * 1024))))
@@ -237,7 +248,17 @@ class KafkaListener:
             # Before the handshake: a bundle changed during it is checked at the first request.
             generation = self.spec.trust.generation() if self.spec.trust is not None else 0
             if self.spec.ssl_context is not None:
-                await writer.start_tls(self.spec.ssl_context, ssl_handshake_timeout=self.sasl_timeout_s)
+                try:
+                    await writer.start_tls(self.spec.ssl_context, ssl_handshake_timeout=self.sasl_timeout_s)
+                except ssl.SSLError as exc:
+                    # As Kafka's "Failed authentication with /host (SSL handshake failed)": a client with a
+                    # certificate the listener does not trust, or none, left no trace before (Go clients audit).
+                    self.stats.authentication_failures_total += 1
+                    self._refused_handshakes.warn(
+                        "Kafka listener %s: TLS handshake with %s failed: %s (a client certificate its CA bundle "
+                        "does not trust, none where one is required, or no common protocol or cipher)",
+                        self.spec.name, host, exc.reason or exc)
+                    raise
             conn = _Connection(self, reader, writer)
             conn.trust_generation = generation
             await conn.metered(conn.run())
@@ -554,7 +575,14 @@ class _Connection:
                                                          "api_keys": apis.api_version_entries()})
             return codec.encode_response(apis.API_VERSIONS, 0, correlation_id, body)
         if supported is None or not supported[0] <= version <= supported[1]:
-            log.info("Kafka listener: closing %s: API %d v%d is not served", self.peer_text, api_key, version)
+            # As Kafka 4 ("Received request for api with key 1 (Fetch) and unsupported version 2"): a client that
+            # old retries in a loop, so the line is throttled; the request was well formed, but is counted with
+            # those that could not be read, as both close the connection.
+            lst.refused_versions.warn(
+                "Kafka listener %s: closing %s: %s v%d is not served (this broker serves %s; a client too old for "
+                "Kafka 4, KIP-896, or one newer than this broker)", lst.spec.name,
+                self.peer_text, _api_name(api_key), version,
+                f"v{supported[0]}-v{supported[1]}" if supported else "none of its versions")
             lst.stats.malformed_requests_total += 1
             return False
         lst.stats.requests_by_api[api_key] = lst.stats.requests_by_api.get(api_key, 0) + 1

@@ -155,6 +155,17 @@ def test_malformed_requests_close_the_connection_and_harm_nothing(cluster: Local
     assert _api_versions(_kafka_port(cluster)).error_code == 0  # the broker is unharmed
 
 
+def test_a_version_not_served_is_logged_by_the_apis_name_and_why(cluster: LocalCluster) -> None:
+    """A client too old for Kafka 4 (kafka-go 0.2.1 fetches with Fetch v2) got "API 1 v2 is not served"; Kafka says
+    which API and that the version is unsupported. The line is throttled: such clients retry in a loop."""
+    for _ in range(3):
+        with _connect(_kafka_port(cluster)) as s:
+            s.sendall(_sized(struct.pack(">hhi", apis.FETCH, 2, 7) + b"\0\0"))
+            assert closed_by_peer(s)
+    wait_for(lambda: "Fetch (1) v2 is not served (this broker serves v4-v12; a client too old for Kafka 4"
+             in cluster.node_log(1).read_text(), 20, "the refusal named in the log")
+
+
 def _metric(cluster: LocalCluster, name: str) -> float:
     for line in cluster.read_metrics(1).splitlines():
         if line.startswith(f'{name}{{listener="KAFKA"}}'):

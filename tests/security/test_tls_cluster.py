@@ -127,6 +127,42 @@ def test_client_certificate_from_another_ca_is_refused(cluster: LocalCluster, tm
     assert code == grpc.StatusCode.UNAVAILABLE
 
 
+def _kafka_authentication_failures(cluster: LocalCluster, node_id: int) -> float:
+    ctx = ssl.create_default_context(cafile=str(cluster.client_cert().ca))
+    ctx.load_cert_chain(str(cluster.client_cert().cert), str(cluster.client_cert().key))
+    body = urllib.request.urlopen(cluster.metrics_url(node_id).replace("127.0.0.1", "localhost"), timeout=10,
+                                  context=ctx).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+               if line.startswith("brook_kafka_authentication_failures_total"))
+
+
+def test_a_refused_client_certificate_on_the_kafka_listener_is_logged_and_counted(cluster: LocalCluster,
+                                                                                    tmp_path: Path) -> None:
+    """A Kafka client whose certificate the listener does not trust, or that has none, was closed without a
+    trace: no line in the node's log, brook_kafka_authentication_failures_total unchanged (Go clients audit).
+    Kafka logs "Failed authentication with /127.0.0.1 (SSL handshake failed)" and counts it."""
+    rogue = _other_ca_client(tmp_path)
+    node = cluster.broker_ids[0]
+    host, port = cluster.kafka_address(node).rsplit(":", 1)
+    before = _kafka_authentication_failures(cluster, node)
+    for cert in ((rogue.ssl_certificate_location, rogue.ssl_key_location), None):
+        ctx = ssl.create_default_context(cafile=str(cluster.client_cert().ca))
+        ctx.check_hostname = False
+        if cert is not None:
+            ctx.load_cert_chain(*cert)
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            try:  # TLS 1.3: the refusal may come with the first read after the client's side of the handshake
+                with ctx.wrap_socket(raw) as s:
+                    s.sendall(b"\0\0\0\0")
+                    s.recv(1)
+            except (ssl.SSLError, ConnectionError):
+                pass
+    wait_for(lambda: _kafka_authentication_failures(cluster, node) >= before + 2, 30,
+             lambda: f"two failures counted (before {before}, now {_kafka_authentication_failures(cluster, node)})")
+    wait_for(lambda: "TLS handshake with 127.0.0.1 failed" in cluster.node_log(node).read_text(), 30,
+             "the node's log to say why the handshake failed")
+
+
 def test_a_client_that_does_not_trust_the_brokers_certificate_fails_at_once(cluster: LocalCluster,
                                                                             tmp_path: Path) -> None:
     """As Kafka's clients fail with SslAuthenticationException (KIP-152): the same handshake would fail again.
