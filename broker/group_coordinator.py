@@ -898,8 +898,11 @@ class GroupCoordinator:
             kvs.append((records.owner_key(g.group_id), records.owner_value(g.owner)))
             g.owner_recorded = True
         fut = self._append_async(self._partition_of(g), kvs, f"group {g.group_id} generation {g.generation_id}")
-        if owner_record:  # not written after all: the group's next write or commit writes it
-            fut.add_done_callback(lambda f: f.exception() is None or setattr(g, "owner_recorded", False))
+        if owner_record:
+            def unrecorded(f: concurrent.futures.Future) -> None:
+                if f.cancelled() or f.exception() is not None:
+                    g.owner_recorded = False  # not written after all: the group's next write or commit writes it
+            fut.add_done_callback(unrecorded)
         if g.state == GroupState.STABLE:
             # SyncGroup answers of this generation wait for this write (see sync_group).
             self._group_writes[g.group_id] = (g.generation_id, fut)

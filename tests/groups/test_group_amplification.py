@@ -36,7 +36,7 @@ from broker.group_coordinator import (
 from broker.group_service import GroupCoordinatorServicer, _DescribeBytes
 from broker.group_state import Group, GroupState, JoinResult, Member, OffsetEntry
 from client.types import TopicPartition as TP
-from proto import group_pb2
+from proto import errors, group_pb2
 from proto.common_pb2 import ErrorCode
 
 TOPICS = {"big": 300, "t": 4, "other": 3}
@@ -781,6 +781,14 @@ def test_a_groups_owner_is_one_record_of_its_own_written_once(tmp_path: Path) ->
         assert owners[1:] == [records.OwnerRecord("g", "10.0.0.2")], owners  # the group's owner, not the caller
         c.delete_group("g")
         assert _records_of(c.replica_manager.appended)[-1] == records.OwnerRecord("g", None)
+        # A group record whose write failed leaves the owner unrecorded: the next write carries it.
+        failed: concurrent.futures.Future = concurrent.futures.Future()
+        failed.set_exception(errors.NotEnoughReplicasError("no ISR"))
+        with c._lock, mock.patch.object(c.replica_manager, "append_records", return_value=failed):
+            joined = c._group_locked("joined", create=True, owner="10.0.0.3")
+            joined.persist_needed = True
+            c._after_change_locked(joined)
+        assert not joined.owner_recorded
     finally:
         c._loader.shutdown()
 
