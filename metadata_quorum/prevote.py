@@ -65,12 +65,14 @@ class PreVoteSyncObj(SyncObj):  # type: ignore[misc]
         self._pv_won_at = float("-inf")  # when a round last won: the election it allows may start until then + min
         self._pv_leader_heard_at = float("-inf")  # the last append_entries at (or above) this voter's term
         self._pv_losing = False  # the rounds since the last win lost (logged once per streak)
+        self._pv_to_grant: dict[Any, dict[str, Any]] = {}  # pre-votes to grant at the next tick, by candidate
         self.pre_vote_rounds_total = 0
         self.pre_vote_rounds_won_total = 0
         super().__init__(*args, **kwargs)
 
     # ---- the candidate side ----
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802 - pysyncobj's name
+        self._pv_grant_held()
         self._pv_before_tick()
         super()._onTick(timeToWait)
 
@@ -128,20 +130,47 @@ class PreVoteSyncObj(SyncObj):  # type: ignore[misc]
         return len(self._pv_grants) + 1 > (len(self._SyncObj__otherNodes) + 1) / 2
 
     # ---- the voter side ----
-    def _pv_answer(self, node: Any, message: dict[str, Any]) -> None:
-        """Grant or refuse a pre-vote; nothing of this voter's own state changes either way."""
-        term = self._SyncObj__raftCurrentTerm
+    def _pv_grants_now(self, message: dict[str, Any]) -> bool | None:
+        """Would this voter grant the pre-vote now? None for a message that is not one this code sent."""
         try:
             candidate = (int(message["last_log_term"]), int(message["last_log_index"]))
             would_be = int(message["term"])
         except (KeyError, TypeError, ValueError):
-            return  # not a pre-vote this code sent: no answer
+            return None
         leader_heard = self._SyncObj__raftState == _RAFT.LEADER or \
             _now() - self._pv_leader_heard_at < self._SyncObj__conf.raftMinTimeout
         mine = (self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex())
-        granted = not leader_heard and candidate >= mine and would_be >= term
+        return not leader_heard and candidate >= mine and would_be >= self._SyncObj__raftCurrentTerm
+
+    def _pv_answer(self, node: Any, message: dict[str, Any]) -> None:
+        """Refuse a pre-vote now, or hold a grant for the next tick; nothing of this voter's own state changes.
+
+        A grant waits until this tick's poll has read everything that arrived: a voter whose thread stalled (CPU,
+        a pause of the process) finds the candidate's request and the leader's heartbeats waiting together, and
+        took the request first, when the last heartbeat it had read was older than an election timeout. It granted
+        a pre-vote the leader's next message would have refused, and the cut voter deposed a leader a majority
+        still heard (CI: tests/faults/test_split_asymmetric_cuts.py). Deciding after the poll costs an election at
+        most one tick."""
+        granted = self._pv_grants_now(message)
+        if granted is None:
+            return  # not a pre-vote this code sent: no answer
+        if granted:
+            self._pv_to_grant.pop(node, None)  # one held answer per candidate, its latest request's
+            self._pv_to_grant[node] = message
+            while len(self._pv_to_grant) > len(self._SyncObj__otherNodes) + 1:  # bounded: the voters, or a few more
+                self._pv_to_grant.pop(next(iter(self._pv_to_grant)))
+            return
+        self._pv_send_answer(node, message, False)
+
+    def _pv_grant_held(self) -> None:
+        """The held grants, each decided again now that the last poll's messages are read."""
+        held, self._pv_to_grant = self._pv_to_grant, {}
+        for node, message in held.items():
+            self._pv_send_answer(node, message, bool(self._pv_grants_now(message)))
+
+    def _pv_send_answer(self, node: Any, message: dict[str, Any], granted: bool) -> None:
         self._SyncObj__transport.send(node, {"type": PRE_VOTE_RESPONSE, "round": message.get("round"),
-                                             "term": term, "granted": granted})
+                                             "term": self._SyncObj__raftCurrentTerm, "granted": granted})
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 - overrides SyncObj's
         kind = message.get("type") if isinstance(message, dict) else None

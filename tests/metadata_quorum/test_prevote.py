@@ -43,6 +43,7 @@ def _ask(node: PreVoteSyncObj, sent: list[tuple[Any, dict[str, Any]]], *, term: 
     sent.clear()
     node._SyncObj__onMessageReceived("candidate", {"type": PRE_VOTE, "round": 7, "term": term,
                                                     "last_log_term": log_term, "last_log_index": log_index})
+    node._pv_grant_held()  # the next tick: a grant is held until the poll that brought the request is read
     [(to, answer)] = sent
     assert to == "candidate" and answer["type"] == PRE_VOTE_RESPONSE and answer["round"] == 7
     assert answer["term"] == node._SyncObj__raftCurrentTerm
@@ -67,6 +68,25 @@ def test_a_voter_grants_only_without_a_leader_and_to_a_log_as_up_to_date(voter) 
     assert not _ask(node, sent, term=9, log_term=log_term, log_index=log_index)
     # Answering changed nothing of the voter's own: no term taken, no vote cast.
     assert (node._SyncObj__raftCurrentTerm, node._SyncObj__votedForNodeId) == (5, None)
+
+
+def test_a_grant_waits_for_the_leaders_messages_read_with_the_request(voter) -> None:  # noqa: ANN001
+    """A voter whose thread stalled finds a candidate's pre-vote and the leader's heartbeat waiting together. Taking
+    the request first, it granted on a heartbeat older than an election timeout, and a voter cut from the leader
+    alone deposed it (CI, tests/faults/test_split_asymmetric_cuts.py). The grant now waits for the next tick, after
+    the poll that read both: refused."""
+    node, sent = voter
+    node._SyncObj__setCurrentTerm(5, None)
+    log_term, log_index = node._SyncObj__getCurrentLogTerm(), node._SyncObj__getCurrentLogIndex()
+    sent.clear()
+    node._SyncObj__onMessageReceived("candidate", {"type": PRE_VOTE, "round": 3, "term": 6,
+                                                    "last_log_term": log_term, "last_log_index": log_index})
+    assert sent == [], "a grant went out before the rest of the poll was read"
+    node._SyncObj__onMessageReceived("leader", {"type": "append_entries", "term": 5, "commit_index": 0,
+                                                 "entries": [], "prevLogIdx": log_index, "prevLogTerm": log_term})
+    node._pv_grant_held()
+    answers = [m for to, m in sent if to == "candidate"]
+    assert [(a["type"], a["round"], a["granted"]) for a in answers] == [(PRE_VOTE_RESPONSE, 3, False)], sent
 
 
 def test_a_candidate_asks_first_and_starts_the_election_once_a_majority_granted(voter) -> None:  # noqa: ANN001
