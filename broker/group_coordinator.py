@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 TICK_INTERVAL_S = 0.1
 LOAD_READ_BYTES = 4 * 1024 * 1024
 LOAD_BATCHES_MAX = 10_000_000  # bound on one partition load loop
+INT64_MAX = 2**63 - 1
 RECORDS_PER_BATCH_MAX = 1000  # commits of many partitions are split into batches of this many
 RPC_TIMEOUT_S = 10.0
 # What a member costs the coordinator besides its metadata and assignment (ids, timers, the
@@ -980,6 +981,10 @@ class GroupCoordinator:
         """Validate, write with acks=all, then make visible. Returns per-partition errors. ``client``: the
         caller's address (a group the commit makes is that address's, see _admit_offsets_locked)."""
         now = self.clock_ms()
+        # OffsetCommit v2-v4's retention time, as Kafka: the offsets expire that long after this commit once the
+        # group is empty, not offsets.retention.minutes after it became so (-1, what most clients send: the latter).
+        retention = req.retention_time_ms if req.HasField("retention_time_ms") else -1
+        expire_ms = min(now + retention, INT64_MAX) if retention >= 0 else -1
         results: list[tuple[str, int, int, str]] = []
         entries: list[tuple[TopicPartition, OffsetEntry]] = []
         with self._lock:
@@ -1018,7 +1023,8 @@ class GroupCoordinator:
                 results.append((tp.topic, tp.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                 f"unknown partition {tp.topic}-{tp.partition}"))
                 continue
-            entries.append((tp, OffsetEntry(part.offset, part.leader_epoch, part.metadata, now)))
+            entries.append((tp, OffsetEntry(part.offset, part.leader_epoch, part.metadata, now,
+                                            expire_timestamp_ms=expire_ms)))
         if entries:
             self._admit_and_write_offsets(req.group_id, p, epoch, entries, client)
         results += [(tp.topic, tp.partition, ErrorCode.NONE, "") for tp, _ in entries]

@@ -10,6 +10,8 @@ topic (Burrow, kminion, kafka-console-consumer's formatter) read Brook's as Kafk
     OFFSET key:   i16 version=1 | string group | string topic | i32 partition
     GROUP key:    i16 version=2 | string group
     OFFSET value: i16 version=3 | i64 offset | i32 leader epoch | string metadata | i64 commit time
+                  (v1, for a commit that gave its retention time, as Kafka writes it:
+                  i16 version=1 | i64 offset | string metadata | i64 commit time | i64 expire time)
     GROUP value:  i16 version=3 | string protocol type | i32 generation | nullable string protocol
                   | nullable string leader | i64 state time | i32 n | n x (string member id
                   | nullable string instance id | string client id | string client host
@@ -144,7 +146,11 @@ def owner_value(owner: str) -> bytes:
 
 
 def encode_offset_value(entry: OffsetEntry) -> bytes:
-    """A committed offset's record value: Kafka's OffsetCommitValue v3."""
+    """A committed offset's record value: Kafka's OffsetCommitValue v3; v1 for one with an expire time (a commit
+    that gave its retention), as Kafka writes it (v1 has no leader epoch)."""
+    if entry.expire_timestamp_ms >= 0:
+        return (_U16.pack(1) + _I64.pack(entry.offset) + _name(entry.metadata) + _I64.pack(entry.commit_timestamp_ms)
+                + _I64.pack(entry.expire_timestamp_ms))
     return (_U16.pack(OFFSET_VALUE_VERSION) + _I64.pack(entry.offset) + _I32.pack(entry.leader_epoch)
             + _name(entry.metadata) + _I64.pack(entry.commit_timestamp_ms))
 
@@ -168,6 +174,8 @@ def encode_legacy_offset_value(entry: OffsetEntry, owner: str = "") -> bytes:
     msg = group_pb2.OffsetCommitValue(offset=entry.offset, leader_epoch=entry.leader_epoch,
                                       metadata=entry.metadata, commit_timestamp_ms=entry.commit_timestamp_ms,
                                       owner=owner)
+    if entry.expire_timestamp_ms >= 0:
+        msg.expire_timestamp_ms = entry.expire_timestamp_ms
     return _U16.pack(LEGACY_VALUE_VERSION) + msg.SerializeToString()
 
 
@@ -190,7 +198,7 @@ def encode_legacy_group_value(group: Group) -> bytes:
 
 
 def _decode_offset_value(version: int, buf: bytes, log_offset: int) -> OffsetEntry:
-    """Kafka's OffsetCommitValue v1-v3 (v1 carries an expire time, which Brook does not keep)."""
+    """Kafka's OffsetCommitValue v1-v3 (v1 carries an expire time)."""
     (offset,) = _I64.unpack_from(buf, 2)
     pos, epoch = 10, -1
     if version >= 3:
@@ -198,7 +206,8 @@ def _decode_offset_value(version: int, buf: bytes, log_offset: int) -> OffsetEnt
         pos += 4
     metadata, pos = _read_name(buf, pos)
     (commit_ms,) = _I64.unpack_from(buf, pos)
-    return OffsetEntry(offset, epoch, metadata, commit_ms, log_offset)
+    expire_ms = _I64.unpack_from(buf, pos + 8)[0] if version == 1 else -1
+    return OffsetEntry(offset, epoch, metadata, commit_ms, log_offset, expire_timestamp_ms=max(expire_ms, -1))
 
 
 def _decode_group_value(version: int, buf: bytes) -> group_pb2.GroupMetadataValue:
@@ -289,7 +298,9 @@ def _parse_record(key: bytes | None, value: bytes | None, log_offset: int
             pass
         elif version == LEGACY_VALUE_VERSION:
             msg = group_pb2.OffsetCommitValue.FromString(value[2:])
-            entry = OffsetEntry(msg.offset, msg.leader_epoch, msg.metadata, msg.commit_timestamp_ms, log_offset)
+            entry = OffsetEntry(msg.offset, msg.leader_epoch, msg.metadata, msg.commit_timestamp_ms, log_offset,
+                                expire_timestamp_ms=msg.expire_timestamp_ms if msg.HasField("expire_timestamp_ms")
+                                else -1)
             owner = msg.owner
         elif version in (1, 2, 3):
             entry = _decode_offset_value(version, value, log_offset)

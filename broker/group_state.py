@@ -340,6 +340,8 @@ class OffsetEntry:
     metadata: str
     commit_timestamp_ms: int
     log_offset: int = -1  # where the commit record sits in __consumer_offsets (orders racing commits)
+    # When it expires, for a commit that gave its retention time (OffsetCommit v2-v4); -1: offsets.retention.minutes.
+    expire_timestamp_ms: int = -1
 
 
 # What a committed offset costs the coordinator's memory besides its topic name and metadata (measured: the
@@ -874,10 +876,13 @@ class Group:
         member handed an id by MEMBER_ID_REQUIRED may still join with it, KIP-394)."""
         if self.state != GroupState.EMPTY:
             return [], False
-        if self.protocol_type:
-            expired = sorted(self.offsets) if now_ms - self.state_timestamp_ms >= retention_ms else []
-        else:
-            expired = sorted(tp for tp, e in self.offsets.items() if now_ms - e.commit_timestamp_ms >= retention_ms)
+
+        def expired_entry(e: OffsetEntry) -> bool:
+            if e.expire_timestamp_ms >= 0:  # its commit gave a retention time: Kafka's expireTimestamp
+                return now_ms >= e.expire_timestamp_ms
+            since = self.state_timestamp_ms if self.protocol_type else e.commit_timestamp_ms
+            return now_ms - since >= retention_ms
+        expired = sorted(tp for tp, e in self.offsets.items() if expired_entry(e))
         return expired, len(expired) == len(self.offsets) and not self.pending_members
 
     def vacant(self) -> bool:

@@ -216,18 +216,20 @@ class OffsetCommitPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., metadata: _Optional[str] = ...) -> None: ...
 
 class OffsetCommitRequest(_message.Message):
-    __slots__ = ("group_id", "generation_id", "member_id", "partitions", "group_instance_id")
+    __slots__ = ("group_id", "generation_id", "member_id", "partitions", "group_instance_id", "retention_time_ms")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     GROUP_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     generation_id: int
     member_id: str
     partitions: _containers.RepeatedCompositeFieldContainer[OffsetCommitPartition]
     group_instance_id: str
-    def __init__(self, group_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., member_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[OffsetCommitPartition, _Mapping]]] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
+    retention_time_ms: int
+    def __init__(self, group_id: _Optional[str] = ..., generation_id: _Optional[int] = ..., member_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[OffsetCommitPartition, _Mapping]]] = ..., group_instance_id: _Optional[str] = ..., retention_time_ms: _Optional[int] = ...) -> None: ...
 
 class PartitionError(_message.Message):
     __slots__ = ("topic", "partition", "error_code", "error_message")
@@ -520,18 +522,20 @@ class ConsumerAssignment(_message.Message):
     def __init__(self, version: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[TopicPartitionRef, _Mapping]]] = ..., user_data: _Optional[bytes] = ...) -> None: ...
 
 class OffsetCommitValue(_message.Message):
-    __slots__ = ("offset", "leader_epoch", "metadata", "commit_timestamp_ms", "owner")
+    __slots__ = ("offset", "leader_epoch", "metadata", "commit_timestamp_ms", "owner", "expire_timestamp_ms")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     COMMIT_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     offset: int
     leader_epoch: int
     metadata: str
     commit_timestamp_ms: int
     owner: str
-    def __init__(self, offset: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., metadata: _Optional[str] = ..., commit_timestamp_ms: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+    expire_timestamp_ms: int
+    def __init__(self, offset: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., metadata: _Optional[str] = ..., commit_timestamp_ms: _Optional[int] = ..., owner: _Optional[str] = ..., expire_timestamp_ms: _Optional[int] = ...) -> None: ...
 
 class GroupMemberValue(_message.Message):
     __slots__ = ("member_id", "client_id", "client_host", "session_timeout_ms", "rebalance_timeout_ms", "subscription", "assignment", "group_instance_id")

@@ -443,6 +443,9 @@ class KafkaApis:
         pb = group_pb2.OffsetCommitRequest(group_id=body.group_id, generation_id=generation,
                                            member_id=body.member_id,
                                            group_instance_id=_get(body, "group_instance_id") or "")
+        retention_ms = _ms(body, "retention_time", -1)  # v2-v4 only; -1: the broker's retention
+        if retention_ms >= 0:
+            pb.retention_time_ms = retention_ms
         for t in body.topics:
             for p in t.partitions:
                 pb.partitions.add(topic=t.name, partition=p.partition_index, offset=p.committed_offset,

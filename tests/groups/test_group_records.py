@@ -138,7 +138,7 @@ def test_kafka_written_values_are_read() -> None:
     key = rec.offset_key("g", TP("t", 0))
     v1 = struct.pack(">hq", 1, 9) + _kstr("m") + struct.pack(">qq", 123, 456)
     v2 = struct.pack(">hq", 2, 10) + _kstr("") + struct.pack(">q", 124)
-    assert rec.parse_record(key, v1, 5).entry == OffsetEntry(9, -1, "m", 123, 5)
+    assert rec.parse_record(key, v1, 5).entry == OffsetEntry(9, -1, "m", 123, 5, expire_timestamp_ms=456)
     assert rec.parse_record(key, v2, 6).entry == OffsetEntry(10, -1, "", 124, 6)
     for version, state in ((1, b""), (2, struct.pack(">q", 99))):
         value = (struct.pack(">h", version) + _kstr("consumer") + struct.pack(">i", 3) + _kstr("range")
@@ -174,3 +174,17 @@ def test_owner_records_round_trip_under_a_key_version_kafka_does_not_use() -> No
     assert parsed == rec.OwnerRecord("grp", "10.0.0.2")
     assert rec.parse_record(key, None, 4) == rec.OwnerRecord("grp", None)
     assert rec.group_tombstones("grp") == [(rec.group_key("grp"), None), (key, None)]
+
+
+def test_an_offset_with_an_expire_time_is_kafkas_v1_in_both_formats() -> None:
+    """A commit that gave its retention time is written as Kafka writes it, OffsetCommitValue v1 (offset, metadata,
+    commit time, expire time; no leader epoch), and read back with its expire time; so in the earlier format."""
+    entry = OffsetEntry(42, 7, "m", 1000, expire_timestamp_ms=4000)
+    value = rec.encode_offset_value(entry)
+    assert value == struct.pack(">hq", 1, 42) + _kstr("m") + struct.pack(">qq", 1000, 4000)
+    key = rec.offset_key("g", TP("t", 0))
+    assert rec.parse_record(key, value, 3).entry == OffsetEntry(42, -1, "m", 1000, 3, expire_timestamp_ms=4000)
+    legacy = rec.parse_record(key, rec.encode_legacy_offset_value(entry, "10.0.0.1"), 4)
+    assert legacy.entry == OffsetEntry(42, 7, "m", 1000, 4, expire_timestamp_ms=4000)
+    assert rec.parse_record(key, rec.encode_legacy_offset_value(OffsetEntry(1, -1, "", 0)), 5).entry \
+        .expire_timestamp_ms == -1

@@ -323,6 +323,25 @@ def test_offsets_of_an_empty_group_expire_together_after_retention() -> None:
     assert h.group.expired_offsets(empty_since + 1000, 1000) == ([TP("t", 0), TP("t", 1)], True)
 
 
+def test_an_offset_committed_with_a_retention_time_expires_at_its_own_time() -> None:
+    """OffsetCommit v2-v4's retention time, as Kafka's expireTimestamp: the offset expires then, once the group is
+    empty, whatever offsets.retention.minutes says; the group's other offsets keep theirs."""
+    h = Harness()
+    a = h.join("a")
+    h.rebalance([a])
+    h.group.apply_offset(TP("t", 0), OffsetEntry(5, -1, "", h.now_ms, expire_timestamp_ms=h.now_ms + 50))
+    h.group.apply_offset(TP("t", 1), OffsetEntry(6, -1, "", h.now_ms))
+    assert h.group.expired_offsets(h.now_ms + 10**9, 1000) == ([], False), "active groups keep offsets"
+    h.group.leave(a, h.now_ms)
+    assert h.group.expired_offsets(h.now_ms + 49, 1000) == ([], False)
+    assert h.group.expired_offsets(h.now_ms + 50, 1000) == ([TP("t", 0)], False)
+    assert h.group.expired_offsets(h.now_ms + 1000, 1000) == ([TP("t", 0), TP("t", 1)], True)
+    standalone = Group("s")  # a retention longer than the broker's holds it longer too
+    standalone.apply_offset(TP("t", 0), OffsetEntry(1, -1, "", 0, expire_timestamp_ms=5000))
+    assert standalone.expired_offsets(4999, 1000) == ([], False)
+    assert standalone.expired_offsets(5000, 1000) == ([TP("t", 0)], True)
+
+
 def test_an_empty_group_with_a_member_to_come_is_not_removed() -> None:
     # KIP-394: a member handed an id by MEMBER_ID_REQUIRED joins with it next. The group is empty
     # until then; removing it (the offsets' expiry removes empty groups without offsets) made that

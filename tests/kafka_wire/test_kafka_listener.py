@@ -8,6 +8,7 @@ writers where a well-formed request is wanted, and by hand where it must not be.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import os
 import random
@@ -53,6 +54,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         "socket.request.max.bytes": str(1024 * 1024),
         "kafka.authentication.timeout.ms": "3000",
         "max.connections.per.ip": str(PER_IP),
+        "offsets.retention.check.interval.ms": "1000",  # for the retention time a commit gives
     })
     c.sasl_port = sasl_port  # type: ignore[attr-defined]
     with c:
@@ -164,6 +166,45 @@ def test_a_version_not_served_is_logged_by_the_apis_name_and_why(cluster: LocalC
             assert closed_by_peer(s)
     wait_for(lambda: "Fetch (1) v2 is not served (this broker serves v4-v12; a client too old for Kafka 4"
              in cluster.node_log(1).read_text(), 20, "the refusal named in the log")
+
+
+def _commit_and_fetch(port: int, group: str, offset: int | None, retention_ms: int) -> int:
+    """An OffsetCommit v2 (when ``offset`` is given) from outside group management with ``retention_ms``, then the
+    committed offset OffsetFetch v1 answers (-1: none); retried while the coordinator is being made."""
+    deadline = time.monotonic() + 30
+    while True:
+        with _connect(port) as s:
+            s.sendall(_frame(10, 1, codec.build(codec.request_schema(10, 1), {"key": group, "key_type": 0})))
+            _read_response(s, 10, 1)  # makes __consumer_offsets, as a client's first FindCoordinator does
+            if offset is not None:
+                s.sendall(_frame(8, 2, codec.build(codec.request_schema(8, 2), {
+                    "group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
+                    "retention_time": datetime.timedelta(milliseconds=retention_ms), "topics": [{"name": "wire", "partitions": [
+                        {"partition_index": 0, "committed_offset": offset, "committed_metadata": ""}]}]})))
+                code = _read_response(s, 8, 2).topics[0].partitions[0].error_code
+            else:
+                code = 0
+            if code == 0:
+                s.sendall(_frame(9, 1, codec.build(codec.request_schema(9, 1), {
+                    "group_id": group, "topics": [{"name": "wire", "partition_indexes": [0]}]})))
+                fetched = _read_response(s, 9, 1).topics[0].partitions[0]
+                if fetched.error_code == 0:
+                    return int(fetched.committed_offset)
+                code = fetched.error_code
+        assert time.monotonic() < deadline, f"the commit or fetch kept failing with {code}"
+        time.sleep(0.5)
+
+
+def test_a_commits_retention_time_expires_its_offsets(cluster: LocalCluster) -> None:
+    """OffsetCommit v2-v4 carry retention_time_ms (kafka-go 0.2.1 sends 24 h, Sarama its Consumer.Offsets.Retention):
+    Kafka expires such an offset that long after the commit, once the group is empty. Brook kept it for
+    offsets.retention.minutes, 7 days (Go clients audit). -1, what the other clients send, keeps the broker's."""
+    port = _kafka_port(cluster)
+    assert _commit_and_fetch(port, "retained-briefly", 42, 2000) == 42
+    assert _commit_and_fetch(port, "retained-as-the-broker-says", 43, -1) == 43
+    wait_for(lambda: _commit_and_fetch(port, "retained-briefly", None, -1) == -1, 30,
+             "the offset committed with a 2 s retention to expire")
+    assert _commit_and_fetch(port, "retained-as-the-broker-says", None, -1) == 43
 
 
 def _metric(cluster: LocalCluster, name: str) -> float:
