@@ -1040,10 +1040,10 @@ class GroupCoordinator:
             owner, incoming = self._admit_offsets_locked(group_id, entries, client)
             g = self._groups.get(group_id)
             record_owner = self._kafka_records and bool(owner) and (g is None or not g.owner_recorded)
-        kvs = self._offset_kvs(group_id, entries, owner)
-        if record_owner:  # last: the entries keep their places in the batches (_write_offsets)
-            kvs.append((records.owner_key(group_id), records.owner_value(owner)))
-        try:
+        try:  # the records are made inside: one that cannot be encoded still gives back what was admitted
+            kvs = self._offset_kvs(group_id, entries, owner)
+            if record_owner:  # last: the entries keep their places in the batches (_write_offsets)
+                kvs.append((records.owner_key(group_id), records.owner_value(owner)))
             self._write_offsets(group_id, partition, epoch, entries, kvs, owner=owner, owner_recorded=record_owner)
         finally:
             with self._lock:

@@ -132,6 +132,8 @@ BAD_CASES = [
     # (extra config line or override, key the message must name)
     ('"num.partitons" = 3', "num.partitons"),
     ('"num.partitions" = "three"', "num.partitions"),
+    # the metadata is a string of Kafka's offset record (an int16 length): past it, commits could not be written
+    ('"offset.metadata.max.bytes" = 32768', "offset.metadata.max.bytes"),
     ('"num.partitions" = 0', "num.partitions"),
     ('"auto.create.topics.enable" = "maybe"', "auto.create.topics.enable"),
     ('"log.segment.bytes" = 5', "log.segment.bytes"),
