@@ -707,6 +707,11 @@ class GroupCoordinator:
         if len(req.protocols) > MEMBER_PROTOCOLS_MAX:
             raise CoordinatorError(f"{len(req.protocols)} protocols offered, at most {MEMBER_PROTOCOLS_MAX}",
                                    code=ErrorCode.INVALID_REQUEST)
+        if any(len(p.name) > PROTOCOL_TYPE_MAX for p in req.protocols):
+            # The chosen one is a string of the group's record (Kafka's layout: an int16 length); assignor names
+            # are a few characters.
+            raise CoordinatorError(f"a protocol name longer than {PROTOCOL_TYPE_MAX} characters",
+                                   code=ErrorCode.INVALID_REQUEST)
         for what, value, most in (("client id", req.client_id, CLIENT_ID_MAX),
                                   ("client host", req.client_host, CLIENT_ID_MAX),
                                   ("protocol type", req.protocol_type, PROTOCOL_TYPE_MAX),
@@ -890,10 +895,12 @@ class GroupCoordinator:
         if not g.persist_needed:
             return
         g.persist_needed = False
-        if not self._kafka_records:
-            kvs = [(records.group_key(g.group_id), records.encode_legacy_group_value(g))]
-        else:
-            kvs = [(records.group_key(g.group_id), records.encode_group_value(g))]
+        try:
+            encode = records.encode_group_value if self._kafka_records else records.encode_legacy_group_value
+            kvs = [(records.group_key(g.group_id), encode(g))]
+        except errors.BrookError as exc:  # a string past its record's length: the joins bound every one
+            log.error("group %s generation %d: its record cannot be written: %s", g.group_id, g.generation_id, exc)
+            return
         owner_record = self._kafka_records and bool(g.owner) and not g.owner_recorded
         if owner_record:
             kvs.append((records.owner_key(g.group_id), records.owner_value(g.owner)))

@@ -840,6 +840,26 @@ def test_record_format_brook_writes_what_a_release_before_the_kafka_layouts_read
         c._loader.shutdown()
 
 
+def test_a_protocol_name_past_what_a_group_record_holds_is_refused_at_the_join() -> None:
+    """The group's chosen protocol is a string of its record (Kafka's layout: an int16 length). A join offering a
+    longer name (gRPC has no such bound) is refused; a group whose record still cannot be encoded is logged, and
+    the call that changed it is not failed by the write."""
+    c, _ = _coordinator()
+    try:
+        with pytest.raises(CoordinatorError, match="protocol name longer than 249") as refused:
+            c.start_join(group_pb2.JoinGroupRequest(
+                group_id="g", session_timeout_ms=10_000, protocol_type="consumer", client_id="c",
+                protocols=[group_pb2.GroupProtocol(name="x" * 250, metadata=b"")]), lambda result: None)
+        assert refused.value.code == ErrorCode.INVALID_REQUEST
+        with c._lock:
+            g = c._group_locked("odd", create=True, owner="10.0.0.3")
+            g.protocol_type, g.protocol_name, g.persist_needed = "consumer", "p" * 40_000, True
+            c._after_change_locked(g)  # logged, not raised
+        assert not c.replica_manager.appended
+    finally:
+        c._loader.shutdown()
+
+
 def _key_values(batch: bytes) -> list[tuple[bytes | None, bytes | None]]:
     from storage.record_batch import decode_batch, iter_batches
 
