@@ -38,7 +38,10 @@ pytestmark = pytest.mark.slow
 
 MiB = 1024 * 1024
 RECORD_BYTES = MiB
-TIMESTAMP_MS = 1_700_000_000_000
+# Now, not a fixed day: the topic keeps 7 days (retention.ms), and the local cluster checks retention every 5 s.
+# With a fixed 2023 timestamp the full segment holding the batch was deleted by the first check after it rolled,
+# and a reader that came later found the log starting after it (confluent-kafka: "0 of 64", CI).
+TIMESTAMP_MS = int(time.time() * 1000)
 
 
 @pytest.fixture(scope="module")
