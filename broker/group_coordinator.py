@@ -903,7 +903,7 @@ class GroupCoordinator:
             return
         owner_record = self._kafka_records and bool(g.owner) and not g.owner_recorded
         if owner_record:
-            kvs.append((records.owner_key(g.group_id), records.owner_value(g.owner)))
+            kvs.append(records.owner_record(g.group_id, g.owner))
             g.owner_recorded = True
         fut = self._append_async(self._partition_of(g), kvs, f"group {g.group_id} generation {g.generation_id}")
         if owner_record:
@@ -1050,7 +1050,7 @@ class GroupCoordinator:
         try:  # the records are made inside: one that cannot be encoded still gives back what was admitted
             kvs = self._offset_kvs(group_id, entries, owner)
             if record_owner:  # last: the entries keep their places in the batches (_write_offsets)
-                kvs.append((records.owner_key(group_id), records.owner_value(owner)))
+                kvs.append(records.owner_record(group_id, owner))
             self._write_offsets(group_id, partition, epoch, entries, kvs, owner=owner, owner_recorded=record_owner)
         finally:
             with self._lock:

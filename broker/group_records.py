@@ -54,6 +54,7 @@ KEY_KIND_GROUP = 2
 KEY_KIND_OWNER = 32000  # Brook's own record; Kafka's key versions count up from 0 (its newest are below 30)
 LEGACY_VALUE_VERSION = 0  # Brook's protobuf values before the Kafka layouts (read, never written)
 OFFSET_VALUE_VERSION = 3  # Kafka's OffsetCommitValue v3: what Kafka 2.1+ writes
+EXPIRING_OFFSET_VALUE_VERSION = 1  # v1, which has an expire time: Kafka writes it for a commit with a retention time
 GROUP_VALUE_VERSION = 3  # Kafka's GroupMetadataValue v3: what Kafka 2.3+ writes
 OWNER_VALUE_VERSION = 0
 NAME_BYTES_MAX = 0x7FFF  # a Kafka string's i16 length
@@ -137,6 +138,11 @@ def group_tombstones(group_id: str) -> list[tuple[bytes, bytes | None]]:
     return [(group_key(group_id), None), (owner_key(group_id), None)]
 
 
+def owner_record(group_id: str, owner: str) -> tuple[bytes, bytes]:
+    """The key and value of a group's owner record."""
+    return owner_key(group_id), owner_value(owner)
+
+
 def owner_value(owner: str) -> bytes:
     """The client address whose commit or join made the group on its coordinator: a coordinator that loads the
     group counts its offsets against that address's share (group.coordinator.offsets.max.bytes.per.ip). Kafka's
@@ -149,7 +155,7 @@ def encode_offset_value(entry: OffsetEntry) -> bytes:
     """A committed offset's record value: Kafka's OffsetCommitValue v3; v1 for one with an expire time (a commit
     that gave its retention), as Kafka writes it (v1 has no leader epoch)."""
     if entry.expire_timestamp_ms >= 0:
-        return (_U16.pack(1) + _I64.pack(entry.offset) + _name(entry.metadata) + _I64.pack(entry.commit_timestamp_ms)
+        return (_U16.pack(EXPIRING_OFFSET_VALUE_VERSION) + _I64.pack(entry.offset) + _name(entry.metadata) + _I64.pack(entry.commit_timestamp_ms)
                 + _I64.pack(entry.expire_timestamp_ms))
     return (_U16.pack(OFFSET_VALUE_VERSION) + _I64.pack(entry.offset) + _I32.pack(entry.leader_epoch)
             + _name(entry.metadata) + _I64.pack(entry.commit_timestamp_ms))
@@ -206,7 +212,7 @@ def _decode_offset_value(version: int, buf: bytes, log_offset: int) -> OffsetEnt
         pos += 4
     metadata, pos = _read_name(buf, pos)
     (commit_ms,) = _I64.unpack_from(buf, pos)
-    expire_ms = _I64.unpack_from(buf, pos + 8)[0] if version == 1 else -1
+    expire_ms = _I64.unpack_from(buf, pos + 8)[0] if version == EXPIRING_OFFSET_VALUE_VERSION else -1
     return OffsetEntry(offset, epoch, metadata, commit_ms, log_offset, expire_timestamp_ms=max(expire_ms, -1))
 
 
@@ -294,9 +300,7 @@ def _parse_record(key: bytes | None, value: bytes | None, log_offset: int
         topic, pos = _read_name(key, pos)
         (partition,) = _I32.unpack_from(key, pos)
         entry, owner = None, ""
-        if value is None:
-            pass
-        elif version == LEGACY_VALUE_VERSION:
+        if version == LEGACY_VALUE_VERSION:  # version is None for a tombstone
             msg = group_pb2.OffsetCommitValue.FromString(value[2:])
             entry = OffsetEntry(msg.offset, msg.leader_epoch, msg.metadata, msg.commit_timestamp_ms, log_offset,
                                 expire_timestamp_ms=msg.expire_timestamp_ms if msg.HasField("expire_timestamp_ms")
@@ -304,7 +308,7 @@ def _parse_record(key: bytes | None, value: bytes | None, log_offset: int
             owner = msg.owner
         elif version in (1, 2, 3):
             entry = _decode_offset_value(version, value, log_offset)
-        else:
+        elif version is not None:
             log.warning("skipping an offset record with unknown value version %s at offset %d", version, log_offset)
             return None
         return OffsetRecord(group_id, TopicPartition(topic, partition), entry, owner)

@@ -729,35 +729,41 @@ def test_one_address_cannot_fill_the_offsets_budget_for_every_other_addresss_new
         c._loader.shutdown()
 
 
-def _records_of(appended: list[tuple[int, bytes]]) -> list[Any]:
-    """The parsed records of what a coordinator appended, in order."""
+def _stored(batch: bytes) -> list[Any]:
+    """The records of one appended batch, decoded."""
     from storage.record_batch import decode_batch, iter_batches
 
-    out = []
-    for _p, batch in appended:
-        for pos, _h in iter_batches(batch):
-            out += [records.parse_record(r.key, r.value, r.offset) for r in decode_batch(batch, pos)[1]]
-    return out
+    return [r for pos, _h in iter_batches(batch) for r in decode_batch(batch, pos)[1]]
 
 
-def _load_from(tmp_path: Path, kv_batches: list[list[tuple[bytes, bytes | None]]]) -> tuple[GroupCoordinator, Any]:
-    """A coordinator that loaded partition 0 of __consumer_offsets holding ``kv_batches``; (it, its log manager)."""
-    from storage.log_manager import LogManager
+def _records_of(appended: list[tuple[int, bytes]]) -> list[Any]:
+    """The parsed records of what a coordinator appended, in order."""
+    return [records.parse_record(r.key, r.value, r.offset) for _p, batch in appended for r in _stored(batch)]
+
+
+def _batch(kvs: list[tuple[bytes, bytes | None]]) -> bytes:
     from storage.record_batch import RecordBatchBuilder
+
+    builder = RecordBatchBuilder()
+    for k, v in kvs:
+        builder.append(1, k, v)
+    return builder.build()
+
+
+def _load_from(tmp_path: Path, batches: list[bytes], **config: Any) -> tuple[GroupCoordinator, Any]:
+    """A coordinator that loaded partition 0 of __consumer_offsets holding ``batches``; (it, its log manager)."""
+    from storage.log_manager import LogManager
 
     lm = LogManager([tmp_path / "data"], on_dir_failure=lambda d, e: None)
     lg = lm.get_or_create_log(records.OFFSETS_TOPIC, 0, topic_id="T", overrides={})
-    for kvs in kv_batches:
-        builder = RecordBatchBuilder()
-        for k, v in kvs:
-            builder.append(1, k, v)
-        lg.append_as_leader(builder.build(), 0)
+    for batch in batches:
+        lg.append_as_leader(batch, 0)
     hosted = types.SimpleNamespace(is_leader=True, log=lg)
     writes = FakeReplicaManager()
     rm = types.SimpleNamespace(partition=lambda t, p: hosted if (t, p) == (records.OFFSETS_TOPIC, 0) else None,
                                log_manager=lm, append_records=writes.append_records, appended=writes.appended)
     c = GroupCoordinator(node_id=2, replica_manager=rm, metadata_cache=FakeCache(TOPICS),
-                         config=CoordinatorConfig(offsets_topic_num_partitions=1))
+                         config=CoordinatorConfig(**{"offsets_topic_num_partitions": 1, **config}))
     c._partitions[0] = _PartitionLoad(leader_epoch=1)
     c._load_partition(0, 1)
     return c, lm
@@ -798,7 +804,7 @@ def test_a_groups_owner_is_one_record_of_its_own_written_once(tmp_path: Path) ->
                  [(records.owner_key("gone"), records.owner_value("10.0.0.3")),
                   (records.offset_key("gone", TP("big", 0)), offset)],
                  [(records.offset_key("gone", TP("big", 0)), None), *records.group_tombstones("gone")]]
-    loaded, lm = _load_from(tmp_path, compacted)
+    loaded, lm = _load_from(tmp_path, [_batch(kvs) for kvs in compacted])
     try:
         assert loaded._groups["g"].owner == "10.0.0.2" and loaded._groups["g"].owner_recorded
         assert "gone" not in loaded._groups
@@ -830,7 +836,7 @@ def test_record_format_brook_writes_what_a_release_before_the_kafka_layouts_read
             joined = c._group_locked("joined", create=True, owner="10.0.0.3")
             joined.persist_needed = True
             c._after_change_locked(joined)
-        values = [v for _p, batch in c.replica_manager.appended for k, v in _key_values(batch)]
+        values = [r.value for _p, batch in c.replica_manager.appended for r in _stored(batch)]
         assert values and all(v is not None and v[:2] == b"\0\0" for v in values), values
         parsed = _records_of(c.replica_manager.appended)
         assert not [r for r in parsed if isinstance(r, records.OwnerRecord)]
@@ -860,18 +866,10 @@ def test_a_protocol_name_past_what_a_group_record_holds_is_refused_at_the_join()
         c._loader.shutdown()
 
 
-def _key_values(batch: bytes) -> list[tuple[bytes | None, bytes | None]]:
-    from storage.record_batch import decode_batch, iter_batches
-
-    return [(r.key, r.value) for pos, _h in iter_batches(batch) for r in decode_batch(batch, pos)[1]]
-
-
 def test_a_coordinator_that_loads_an_addresss_groups_counts_them_against_that_address(tmp_path: Path) -> None:
     """Each committed offset's record names the address its group counts against. Before, a coordinator that
     loaded the groups (after a failover or a restart) counted them against no address, so every failover gave
     the flooding address a whole new share of group.coordinator.offsets.max.bytes.per.ip."""
-    from storage.log_manager import LogManager
-
     budget, share = 400_000, 100_000
     config = {"group_coordinator_offsets_max_bytes": budget, "group_coordinator_offsets_max_bytes_per_ip": share,
               "offsets_topic_num_partitions": 1}
@@ -893,37 +891,23 @@ def test_a_coordinator_that_loads_an_addresss_groups_counts_them_against_that_ad
         assert held.get("10.0.0.2", 0) > 0, held
     finally:
         first._loader.shutdown()
-    appended = first.replica_manager.appended
-
-    lm = LogManager([tmp_path / "data"], on_dir_failure=lambda d, e: None)
+    second, lm = _load_from(tmp_path, [batch for _p, batch in first.replica_manager.appended], **config)
     try:
-        lg = lm.get_or_create_log(records.OFFSETS_TOPIC, 0, topic_id="T", overrides={})
-        for _partition, batch in appended:
-            lg.append_as_leader(batch, 0)
-        hosted = types.SimpleNamespace(is_leader=True, log=lg)
-        rm = types.SimpleNamespace(partition=lambda t, p: hosted if (t, p) == (records.OFFSETS_TOPIC, 0) else None,
-                                   log_manager=lm, append_records=FakeReplicaManager().append_records)
-        second = GroupCoordinator(node_id=2, replica_manager=rm, metadata_cache=FakeCache(TOPICS),
-                                  config=CoordinatorConfig(**config))
-        try:
-            second._partitions[0] = _PartitionLoad(leader_epoch=1)
-            second._load_partition(0, 1)
-            assert second._groups["flood-3"].owner == second._groups["reset-made"].owner == "10.0.0.2"
-            with second._lock:
-                second._offsets_counted_at = float("-inf")
-                second._count_offset_bytes_locked()
-                assert second._offset_bytes_by_owner == held
-            # So the address's share is as full as it was: one more group fits, not another share's worth (the
-            # old code took five more before refusing).
-            made = 0
-            with pytest.raises(CoordinatorError, match="groups made from 10.0.0.2"):
-                for i in range(5, 100):
-                    commit(second, f"flood-{i}", "10.0.0.2")
-                    made += 1
-            assert made <= 1, f"{made} more groups of that address were taken after the load"
-        finally:
-            second._loader.shutdown()
+        assert second._groups["flood-3"].owner == second._groups["reset-made"].owner == "10.0.0.2"
+        with second._lock:
+            second._offsets_counted_at = float("-inf")
+            second._count_offset_bytes_locked()
+            assert second._offset_bytes_by_owner == held
+        # So the address's share is as full as it was: one more group fits, not another share's worth (the
+        # old code took five more before refusing).
+        made = 0
+        with pytest.raises(CoordinatorError, match="groups made from 10.0.0.2"):
+            for i in range(5, 100):
+                commit(second, f"flood-{i}", "10.0.0.2")
+                made += 1
+        assert made <= 1, f"{made} more groups of that address were taken after the load"
     finally:
+        second._loader.shutdown()
         lm.shutdown()
 
 
