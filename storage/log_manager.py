@@ -119,6 +119,12 @@ class LogManager:
         self.recovery_full_scan = recovery_full_scan
         self.recovery_threads = recovery_threads
         self._lock = threading.RLock()
+        # One checkpoint file write at a time: each reads the logs' state and replaces its file through the same
+        # ``<file>.tmp``. The checkpointer thread and a DeleteRecords (which checkpoints log starts at once) wrote
+        # log-start-offset-checkpoint together: one's rename found the other's tmp file gone (FileNotFoundError,
+        # a DeleteRecords answered UNKNOWN_SERVER_ERROR: CI), and two writing one tmp file could rename a mix of
+        # both. Under the lock the later write is also of the later state.
+        self._checkpoint_lock = threading.Lock()
         self._logs: dict[TopicPartitionKey, Log] = {}
         self._log_dir_of: dict[TopicPartitionKey, Path] = {}
         self._topic_ids: dict[TopicPartitionKey, str] = {}
@@ -469,37 +475,37 @@ class LogManager:
                 out[self._log_dir_of[tp]][tp] = lg
             return out
 
+    def _write_offsets(self, name: str, offset_of: Callable[[TopicPartitionKey, Log], int | None]) -> None:
+        """Each directory's checkpoint file ``name``: ``offset_of`` each of its logs (None: left out)."""
+        with self._checkpoint_lock:
+            for d, logs in self.by_dir().items():
+                OffsetCheckpointFile(d / name).write(
+                    {tp: off for tp, lg in logs.items() if (off := offset_of(tp, lg)) is not None})
+
     def checkpoint_high_watermarks(self) -> None:
-        for d, logs in self.by_dir().items():
-            OffsetCheckpointFile(d / REPLICATION_OFFSET_CHECKPOINT).write(
-                {tp: lg.high_watermark for tp, lg in logs.items()})
+        self._write_offsets(REPLICATION_OFFSET_CHECKPOINT, lambda _tp, lg: lg.high_watermark)
 
     def checkpoint_recovery_points(self) -> None:
-        for d, logs in self.by_dir().items():
-            OffsetCheckpointFile(d / RECOVERY_POINT_CHECKPOINT).write(
-                {tp: lg.recovery_point for tp, lg in logs.items()})
+        self._write_offsets(RECOVERY_POINT_CHECKPOINT, lambda _tp, lg: lg.recovery_point)
 
     def checkpoint_log_start_offsets(self) -> None:
-        for d, logs in self.by_dir().items():
-            OffsetCheckpointFile(d / LOG_START_OFFSET_CHECKPOINT).write(
-                {tp: lg.log_start_offset for tp, lg in logs.items()})
+        self._write_offsets(LOG_START_OFFSET_CHECKPOINT, lambda _tp, lg: lg.log_start_offset)
 
     def checkpoint_cleaner_offsets(self) -> None:
         dirty = self.cleaner.checkpoints()
-        for d, logs in self.by_dir().items():
-            OffsetCheckpointFile(d / CLEANER_OFFSET_CHECKPOINT).write(
-                {tp: dirty[tp] for tp in logs if tp in dirty})
+        self._write_offsets(CLEANER_OFFSET_CHECKPOINT, lambda tp, _lg: dirty.get(tp))
 
     def checkpoint_scrubber(self) -> None:
         """Each directory's logs' positions in the scrubber's pass; a file is written again only when its
         content changed (the scrubber moves a segment at a time: minutes at its default rate)."""
         progress = self.scrubber.progress()
-        for d, logs in self.by_dir().items():
-            content = (progress.began_ms, progress.ended_ms,
-                       {tp: progress.positions[tp] for tp in logs if tp in progress.positions})
-            if self._scrubber_written.get(d) != content:
-                ScrubberCheckpointFile(d / SCRUBBER_CHECKPOINT).write(*content)
-                self._scrubber_written[d] = content
+        with self._checkpoint_lock:
+            for d, logs in self.by_dir().items():
+                content = (progress.began_ms, progress.ended_ms,
+                           {tp: progress.positions[tp] for tp in logs if tp in progress.positions})
+                if self._scrubber_written.get(d) != content:
+                    ScrubberCheckpointFile(d / SCRUBBER_CHECKPOINT).write(*content)
+                    self._scrubber_written[d] = content
 
     def checkpoint_all(self) -> None:
         self.checkpoint_recovery_points()

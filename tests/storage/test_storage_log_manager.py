@@ -10,6 +10,7 @@ from waiting import wait_for as _wait_for
 
 from proto import errors
 from storage.checkpoints import (
+    LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     SCRUBBER_CHECKPOINT,
@@ -353,3 +354,38 @@ def test_the_scrubbers_progress_outlives_a_restart(tmp_path: Path) -> None:
     lm3.startup()
     assert lm3.scrubber.progress() == ScrubProgress(0, 3_000, {})
     lm3.shutdown()
+
+
+def test_checkpoints_written_from_several_threads_at_once_all_land(tmp_path: Path) -> None:
+    """The checkpointer thread and a DeleteRecords (which checkpoints log starts at once) wrote the log start
+    checkpoint together, through one tmp file: a rename found the other's tmp gone, and the DeleteRecords was
+    answered UNKNOWN_SERVER_ERROR (fresh-clone CI). Eight threads writing it at once now all succeed, and the file
+    holds the last state."""
+    import threading
+
+    lm = LogManager([tmp_path / "d1"])
+    lm.startup()
+    logs = [lm.get_or_create_log("t", p, topic_id="T", overrides={}) for p in range(20)]
+    for lg in logs:
+        lg.append_as_leader(make_batch(5), 0)
+        lg.update_high_watermark(lg.log_end_offset)
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for _ in range(100):
+                lm.checkpoint_log_start_offsets()
+                lm.checkpoint_high_watermarks()
+        except BaseException as exc:  # noqa: BLE001 - what a writer met is the test's finding
+            failures.append(exc)
+    threads = [threading.Thread(target=write) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failures, failures[:3]
+    logs[3].set_log_start_offset(2)
+    lm.checkpoint_log_start_offsets()
+    written = OffsetCheckpointFile(tmp_path / "d1" / LOG_START_OFFSET_CHECKPOINT).read()
+    assert written[("t", 3)] == 2 and written[("t", 0)] == 0 and len(written) == 20
+    lm.shutdown()
