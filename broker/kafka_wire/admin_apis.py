@@ -27,8 +27,12 @@ Kafka's (Incremental)AlterConfigs answer); DeleteAcls holds at most ``MAX_ACL_FI
 each distinct one once and lists each deleted binding once, under the first filter matching it (Kafka
 lists it under each); large answers are built on the admin pool (``_answer``).
 
+IncrementalAlterConfigs' APPEND and SUBTRACT change a LIST-typed key (``cleanup.policy``, the cluster's
+``log.cleanup.policy``) as Kafka's controller does: from the current value read from the active controller
+(``_resolve_list_ops``), sent as the SET of the value they make.
+
 Where Brook has no equivalent the answer says so rather than approximating: per-broker
-dynamic configs, APPEND/SUBTRACT config operations, ACL hosts that are not ``*`` or an IP
+dynamic configs, ACL hosts that are not ``*`` or an IP
 address, and resource types other than TOPIC/GROUP/CLUSTER are INVALID_REQUEST; DeleteTopics stops
 before topic ids (v6).
 """
@@ -100,7 +104,7 @@ STRICT_QUOTA_SINCE = {CREATE_TOPICS: 6, DELETE_TOPICS: 5, CREATE_PARTITIONS: 3}
 RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER = 2, 4, 8
 SOURCE_DYNAMIC_TOPIC, SOURCE_DYNAMIC_DEFAULT_BROKER, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 3, 4, 5
 SOURCE_DYNAMIC_BROKER_LOGGER = 6
-OP_SET, OP_DELETE = 0, 1
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 _OP_NAMES = {0: "SET", 1: "DELETE", 2: "APPEND", 3: "SUBTRACT"}
 
 # Kafka's ACL enums (ResourceType, PatternType, AclOperation, AclPermissionType) <-> Brook's names.
@@ -586,33 +590,66 @@ class AdminApis:
 
     async def incremental_alter_configs(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         resources = list(req.body.resources)
-        plans = []
+        plans: list[tuple[Any, dict[str, str], list[str], _Failed | None]] = []
+        list_ops: list[tuple[int, dict[str, tuple[int, str]]]] = []  # (plan index, {key: (APPEND/SUBTRACT, value)})
         for res, refused in zip(resources, _screened(resources), strict=True):
             to_set: dict[str, str] = {}
             to_delete: list[str] = []
-            if refused is not None:
-                plans.append((res, to_set, to_delete, refused))
-                continue
-            for c in res.configs:
-                op = int(c.config_operation)
-                if op == OP_SET:
-                    if c.value is None:
-                        refused = _Failed(ErrorCode.INVALID_CONFIG, f"SET of '{c.name}' without a value")
-                    to_set[c.name] = c.value
-                elif op == OP_DELETE:
-                    if res.resource_type != RESOURCE_TOPIC or c.name in log_config.TOPIC_CONFIGS:
-                        to_delete.append(c.name)
-                    # else nothing: Kafka's controller deletes a topic config that no topic can hold without an
-                    # error (it was INVALID_CONFIG: audit); `brook topic alter` still names such a key a typo.
-                else:
-                    refused = _Failed(ErrorCode.INVALID_REQUEST,
-                                      f"Brook cannot {_OP_NAMES.get(op, op)} config values ('{c.name}'): "
-                                      "only SET and DELETE")
-            names = [c.name for c in res.configs]
-            if refused is None and len(set(names)) != len(names):
-                refused = _Failed(ErrorCode.INVALID_REQUEST, "a config appears more than once for one resource")
+            ops: dict[str, tuple[int, str]] = {}
+            if refused is None:
+                refused = _incremental_ops(res, to_set, to_delete, ops)
+            if refused is None and ops:
+                list_ops.append((len(plans), ops))
             plans.append((res, to_set, to_delete, refused))
+        if list_ops:
+            await self._resolve_list_ops(ctx, plans, list_ops)
         return await self._alter(req, ctx, plans)
+
+    async def _resolve_list_ops(self, ctx: KafkaCallContext,
+                                plans: list[tuple[Any, dict[str, str], list[str], _Failed | None]],
+                                list_ops: list[tuple[int, dict[str, tuple[int, str]]]]) -> None:
+        """APPEND and SUBTRACT as SETs of the values they make, as Kafka's controller computes them: from the
+        resource's own (dynamic) value, else the key's built-in default, never the cluster default a topic
+        inherits. The values are read from the active controller (a read barrier, so a change it has answered is
+        seen), not from this broker's metadata, which may not have it yet. Two admins changing one list key at
+        once can each miss the other's change, as with Kafka's ZooKeeper-era brokers, which also read, changed
+        and wrote the value (KRaft's controller does all three on its one thread)."""
+        topics = list(dict.fromkeys(plans[i][0].resource_name for i, _ in list_ops
+                                    if plans[i][0].resource_type == RESOURCE_TOPIC))
+        described: dict[str, Any] | _Failed = {}
+        if topics:
+            try:
+                out = await self._controller(ctx, "DescribeConfigs", cpb.DescribeConfigsRequest(topics=topics))
+                described = {r.topic: r for r in out.results}
+            except _Failed as exc:
+                described = exc
+        cluster: dict[str, str] | _Failed = {}
+        if any(plans[i][0].resource_type == RESOURCE_BROKER for i, _ in list_ops):
+            try:
+                out = await self._controller(ctx, "DescribeClusterConfigs", cpb.DescribeClusterConfigsRequest())
+                cluster = {e.name: e.value for e in out.entries if e.source == "dynamic"}
+            except _Failed as exc:
+                cluster = exc
+        for i, ops in list_ops:
+            res, to_set, to_delete, _ = plans[i]
+            try:
+                if res.resource_type == RESOURCE_TOPIC:
+                    if isinstance(described, _Failed):
+                        raise described
+                    r = described.get(res.resource_name)
+                    if r is None:
+                        raise _Failed(ErrorCode.UNKNOWN_SERVER_ERROR, "the controller did not describe this topic")
+                    if r.error_code:
+                        raise _Failed(r.error_code, r.error_message)
+                    own = {e.name: e.value for e in r.entries if not e.is_default}
+                else:
+                    if isinstance(cluster, _Failed):
+                        raise cluster
+                    own = cluster
+                for name, (op, value) in ops.items():
+                    to_set[name] = _list_value(own.get(name), _list_key(res.resource_type, name).default, op, value)
+            except _Failed as exc:
+                plans[i] = (res, to_set, to_delete, exc)
 
     async def _alter(self, req: codec.Request, ctx: KafkaCallContext,
                      plans: list[tuple[Any, dict[str, str], list[str], _Failed | None]]) -> Any:
@@ -954,6 +991,61 @@ class AdminApis:
 
 
 # ---- translation helpers ----
+def _incremental_ops(res: Any, to_set: dict[str, str], to_delete: list[str],
+                     list_ops: dict[str, tuple[int, str]]) -> _Failed | None:
+    """One IncrementalAlterConfigs resource's operations sorted into ``to_set``, ``to_delete`` and ``list_ops``
+    (APPEND/SUBTRACT, resolved later against the current values); why the resource is refused, or None."""
+    nulls = [c.name for c in res.configs if int(c.config_operation) != OP_DELETE and c.value is None]
+    if nulls:  # Kafka's brokers refuse these before the controller sees them, with these words
+        return _Failed(ErrorCode.INVALID_REQUEST, "Null value not supported for : " + ", ".join(nulls))
+    names = [c.name for c in res.configs]
+    if len(set(names)) != len(names):
+        return _Failed(ErrorCode.INVALID_REQUEST, "a config appears more than once for one resource")
+    for c in res.configs:
+        op = int(c.config_operation)
+        if op == OP_SET:
+            to_set[c.name] = c.value
+        elif op == OP_DELETE:
+            if res.resource_type != RESOURCE_TOPIC or c.name in log_config.TOPIC_CONFIGS:
+                to_delete.append(c.name)
+            # else nothing: Kafka's controller deletes a topic config that no topic can hold without an
+            # error (it was INVALID_CONFIG: audit); `brook topic alter` still names such a key a typo.
+        elif op in (OP_APPEND, OP_SUBTRACT):
+            if res.resource_type == RESOURCE_BROKER_LOGGER:
+                return _Failed(ErrorCode.INVALID_REQUEST,
+                               f"{_OP_NAMES[op]} operation is not allowed for the BROKER_LOGGER resource")
+            if res.resource_type == RESOURCE_TOPIC or (res.resource_type == RESOURCE_BROKER and not res.resource_name):
+                if _list_key(res.resource_type, c.name) is None:  # Kafka's controller's words
+                    return _Failed(ErrorCode.INVALID_CONFIG,
+                                   f"Can't {_OP_NAMES[op]} to key {c.name} because its type is not LIST.")
+                list_ops[c.name] = (op, c.value)
+            # any other resource is refused whole by _alter (a broker's own configs, an unknown type)
+        else:
+            return _Failed(ErrorCode.INVALID_REQUEST, f"unknown config operation {op} for '{c.name}'")
+    return None
+
+
+def _list_key(resource_type: int, name: str) -> log_config.ConfigDef | None:
+    """The definition of a LIST-typed key of a TOPIC or of the cluster's defaults (BROKER ''), else None."""
+    topic_key = name if resource_type == RESOURCE_TOPIC else cluster_configs.TOPIC_KEY_OF.get(name)
+    d = log_config.TOPIC_CONFIGS.get(topic_key) if topic_key is not None else None
+    return d if d is not None and d.kind == "list" else None
+
+
+def _list_value(current: str | None, default: str, op: int, value: str) -> str:
+    """A list key's value after APPEND (each element not yet in it, at the end) or SUBTRACT (each element's
+    first occurrence removed) of ``value``'s comma-separated elements, as Kafka's controller makes it."""
+    parts = [p.strip() for p in (default if current is None else current).split(",") if p.strip()]
+    for element in (p.strip() for p in value.split(",")):
+        if not element:
+            continue
+        if op == OP_APPEND and element not in parts:
+            parts.append(element)
+        elif op == OP_SUBTRACT and element in parts:
+            parts.remove(element)
+    return ",".join(parts)
+
+
 def _screened(resources: list[Any], *, refuse_duplicates: bool = True) -> list[_Failed | None]:
     """For each config resource of a request, why it is refused before anything is done (None: it is not).
     More than MAX_RESOURCES_PER_REQUEST: all of them (POLICY_VIOLATION, as the controller refuses more topics).

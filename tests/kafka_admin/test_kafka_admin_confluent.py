@@ -57,9 +57,13 @@ def test_topic_lifecycle(confluent_admin: Any, topic_name: str) -> None:
 
     append = ConfigResource(ResourceType.TOPIC, topic_name, incremental_configs=[
         ConfigEntry("cleanup.policy", "delete", incremental_operation=AlterConfigOpType.APPEND)])
+    a.incremental_alter_configs([append])[append].result(T)
+    assert a.describe_configs([resource])[resource].result(T)["cleanup.policy"].value == "compact,delete"
+    not_a_list = ConfigResource(ResourceType.TOPIC, topic_name, incremental_configs=[
+        ConfigEntry("retention.ms", "1", incremental_operation=AlterConfigOpType.APPEND)])
     with pytest.raises(KafkaException) as refused:
-        a.incremental_alter_configs([append])[append].result(T)
-    assert refused.value.args[0].name() == "INVALID_REQUEST"
+        a.incremental_alter_configs([not_a_list])[not_a_list].result(T)
+    assert refused.value.args[0].name() == "INVALID_CONFIG"
 
     legacy = ConfigResource(ResourceType.TOPIC, topic_name, set_config={"retention.bytes": "1048576"})
     a.alter_configs([legacy])[legacy].result(T)  # replaces the whole set: cleanup.policy goes back to default

@@ -700,6 +700,69 @@ def test_deleting_a_config_no_topic_can_hold_is_a_no_op_as_in_kafka(cluster: Loc
 INCREMENTAL_ALTER_CONFIGS, BROKER_LOGGER = 44, 8
 
 
+def _config_value(cluster: LocalCluster, resource_type: int, name: str, key: str) -> str | None:
+    out = _admin_call(cluster, DESCRIBE_CONFIGS, 4, {
+        "resources": [{"resource_type": resource_type, "resource_name": name, "configuration_keys": [key]}],
+        "include_synonyms": False, "include_documentation": False})
+    [result] = out.results
+    assert result.error_code == ErrorCode.NONE, result
+    return {c.name: c.value for c in result.configs}.get(key)
+
+
+def test_append_and_subtract_change_a_list_config_as_kafkas_controller_does(cluster: LocalCluster) -> None:
+    """IncrementalAlterConfigs' APPEND and SUBTRACT (KIP-339), which Kafka's admin tools send for list-typed
+    keys, were refused as operations Brook did not have. As Kafka's controller: the topic's own value, else the
+    key's default, with each element appended once or its first occurrence removed; a key that is not a list,
+    a null value and a broker logger are refused, and nothing changes on a refusal or with validate_only."""
+    append, subtract, topic, cluster_default = 2, 3, 2, 4
+    with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints) as admin:
+        admin.create_topic("wire-lists", 1, 1)
+
+    def alter(op: int, key: str, value: str | None, *, resource: tuple[int, str] = (topic, "wire-lists"),
+              validate_only: bool = False) -> Any:
+        [answer] = _admin_call(cluster, INCREMENTAL_ALTER_CONFIGS, 1, {"validate_only": validate_only, "resources": [
+            {"resource_type": resource[0], "resource_name": resource[1],
+             "configs": [{"name": key, "config_operation": op, "value": value}]}]}).responses
+        return answer.error_code, answer.error_message
+
+    def policy() -> str | None:
+        return _config_value(cluster, topic, "wire-lists", "cleanup.policy")
+
+    assert alter(append, "cleanup.policy", "compact", validate_only=True) == (ErrorCode.NONE, None)
+    assert policy() == "delete"
+    assert alter(append, "cleanup.policy", "compact") == (ErrorCode.NONE, None)
+    assert policy() == "delete,compact"  # the default, then the element: no cleanup.policy of its own before
+    assert alter(append, "cleanup.policy", "delete,compact") == (ErrorCode.NONE, None)
+    assert policy() == "delete,compact"  # each element once
+    assert alter(subtract, "cleanup.policy", "delete") == (ErrorCode.NONE, None)
+    assert policy() == "compact"
+    code, message = alter(subtract, "cleanup.policy", "compact")  # nothing left: not a policy Brook has
+    assert code == ErrorCode.INVALID_CONFIG and "cleanup.policy" in message, message
+    assert alter(append, "retention.ms", "1") == (
+        ErrorCode.INVALID_CONFIG, "Can't APPEND to key retention.ms because its type is not LIST.")
+    assert alter(subtract, "cleanup.policy", None) == (
+        ErrorCode.INVALID_REQUEST, "Null value not supported for : cleanup.policy")
+    assert alter(append, "cleanup.policy", "delete", resource=(topic, "wire-no-such-topic"))[0] == \
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert policy() == "compact"
+    code, message = alter(append, "root", "DEBUG", resource=(BROKER_LOGGER, "1"))
+    assert code == ErrorCode.INVALID_REQUEST and "APPEND" in message, message
+    assert _logger_levels(cluster)["root"] == "INFO"
+
+    # The cluster's default (BROKER ''): its key is log.cleanup.policy. Put back at once: every topic without its
+    # own value, this module's others too, takes it. A broker describes its BROKER resources from its own view of
+    # the metadata, which follows the controller's (as Kafka's brokers do): waited for.
+    def cluster_policy() -> str | None:
+        return _config_value(cluster, cluster_default, "", "log.cleanup.policy")
+
+    try:
+        assert alter(append, "log.cleanup.policy", "compact", resource=(cluster_default, "")) == (ErrorCode.NONE, None)
+        wait_for(lambda: cluster_policy() == "delete,compact", 10, "the cluster default 'delete,compact'")
+    finally:
+        assert alter(1, "log.cleanup.policy", None, resource=(cluster_default, ""))[0] == ErrorCode.NONE
+    wait_for(lambda: cluster_policy() is None, 10, "no dynamic cluster default again")
+
+
 def _logger_levels(cluster: LocalCluster) -> dict[str, str]:
     body = codec.build(codec.request_schema(DESCRIBE_CONFIGS, 4), {
         "resources": [{"resource_type": BROKER_LOGGER, "resource_name": "1", "configuration_keys": None}],
