@@ -62,6 +62,7 @@ from metadata_quorum import cluster_configs
 from metadata_quorum import security as sec
 from metadata_quorum.client import SecurityControllerClient
 from metadata_quorum.security_service import MAX_ITEMS_PER_REQUEST, acl_filter_key, acl_matches_filter
+from metadata_quorum.state import validate_topic_name
 from proto import broker_pb2, errors, security_pb2
 from proto import controller_pb2 as cpb
 from proto.errors import ErrorCode
@@ -445,7 +446,7 @@ class AdminApis:
                     if r is None:
                         raise _Failed(ErrorCode.UNKNOWN_SERVER_ERROR, "the controller did not describe this topic")
                     if r.error_code:
-                        raise _Failed(r.error_code, r.error_message)
+                        raise _Failed(*_topic_error(res.resource_name, r.error_code, r.error_message))
                     if topic_defaults is None:
                         topic_defaults = _topic_defaults(view[1] if view is not None else self._node_view()[1])
                     configs = [_with_broker_synonyms(_topic_row(e), topic_defaults.get(e.name)) for e in r.entries]
@@ -640,7 +641,7 @@ class AdminApis:
                     if r is None:
                         raise _Failed(ErrorCode.UNKNOWN_SERVER_ERROR, "the controller did not describe this topic")
                     if r.error_code:
-                        raise _Failed(r.error_code, r.error_message)
+                        raise _Failed(*_topic_error(res.resource_name, r.error_code, r.error_message, altering=True))
                     own = {e.name: e.value for e in r.entries if not e.is_default}
                 else:
                     if isinstance(cluster, _Failed):
@@ -706,7 +707,8 @@ class AdminApis:
                 for _, name, to_set, to_delete in topic_plans])
             try:
                 out = await self._controller(ctx, "AlterConfigs", pb)
-                by_name = {r.name: (r.error_code, r.error_message) for r in out.results}
+                by_name = {r.name: _topic_error(r.name, r.error_code, r.error_message, altering=True)
+                           for r in out.results}
                 for i, name, _, _ in topic_plans:
                     outcome[i] = by_name.get(name)
             except _Failed as exc:
@@ -991,6 +993,21 @@ class AdminApis:
 
 
 # ---- translation helpers ----
+def _topic_error(name: str, code: int, message: str, *, altering: bool = False) -> tuple[int, str]:
+    """A topic config resource's error as Kafka answers it: a name no topic can have is not an unknown topic but
+    INVALID_TOPIC_EXCEPTION (Kafka's Topic.validate, before the lookup), and the empty name of an alter is the
+    "default topic resource" Kafka's controller refuses. Authorization is decided before, as in Kafka."""
+    if code != ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+        return code, message
+    if altering and name == "":
+        return ErrorCode.INVALID_REQUEST, "Default topic resource is not allowed."
+    try:
+        validate_topic_name(name)
+    except errors.BrookError as exc:
+        return ErrorCode.INVALID_TOPIC_EXCEPTION, exc.message
+    return code, message
+
+
 def _incremental_ops(res: Any, to_set: dict[str, str], to_delete: list[str],
                      list_ops: dict[str, tuple[int, str]]) -> _Failed | None:
     """One IncrementalAlterConfigs resource's operations sorted into ``to_set``, ``to_delete`` and ``list_ops``

@@ -709,6 +709,31 @@ def _config_value(cluster: LocalCluster, resource_type: int, name: str, key: str
     return {c.name: c.value for c in result.configs}.get(key)
 
 
+def test_a_topic_name_no_topic_can_have_is_an_invalid_topic_in_config_requests(cluster: LocalCluster) -> None:
+    """DescribeConfigs and IncrementalAlterConfigs of a name no topic can have: Kafka validates the name before
+    it looks the topic up (INVALID_TOPIC_EXCEPTION) and its controller refuses the empty name of an alter as the
+    "default topic resource"; Brook answered UNKNOWN_TOPIC_OR_PARTITION for all of them. A legal unknown name
+    stays UNKNOWN_TOPIC_OR_PARTITION."""
+    def describe(name: str) -> tuple[int, str | None]:
+        [result] = _admin_call(cluster, DESCRIBE_CONFIGS, 4, {
+            "resources": [{"resource_type": 2, "resource_name": name, "configuration_keys": None}],
+            "include_synonyms": False, "include_documentation": False}).results
+        return result.error_code, result.error_message
+
+    def alter(name: str) -> tuple[int, str | None]:
+        [answer] = _admin_call(cluster, INCREMENTAL_ALTER_CONFIGS, 1, {"validate_only": False, "resources": [
+            {"resource_type": 2, "resource_name": name,
+             "configs": [{"name": "retention.ms", "config_operation": 0, "value": "60000"}]}]}).responses
+        return answer.error_code, answer.error_message
+
+    for name in ("no such topic!", "..", "x" * 250, ""):
+        for what, (code, message) in (("describe", describe(name)), ("alter", alter(name))):
+            expected = ErrorCode.INVALID_REQUEST if what == "alter" and name == "" else ErrorCode.INVALID_TOPIC_EXCEPTION
+            assert code == expected and message, (what, name[:20], code, message)
+    assert describe("wire-unknown")[0] == alter("wire-unknown")[0] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert alter("")[1] == "Default topic resource is not allowed."
+
+
 def test_append_and_subtract_change_a_list_config_as_kafkas_controller_does(cluster: LocalCluster) -> None:
     """IncrementalAlterConfigs' APPEND and SUBTRACT (KIP-339), which Kafka's admin tools send for list-typed
     keys, were refused as operations Brook did not have. As Kafka's controller: the topic's own value, else the
