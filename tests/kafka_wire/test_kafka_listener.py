@@ -682,6 +682,26 @@ def test_a_topic_named_twice_in_one_request_is_answered_once_and_not_changed(clu
         assert "wire-twice" not in admin.list_topics()
 
 
+def test_a_validate_only_create_lists_every_config_the_topic_would_have(cluster: LocalCluster) -> None:
+    """CreateTopics v5+ (KIP-525) answers the configs of the topic it creates; with validate_only Kafka's controller
+    lists the same, every config with its value and source. Brook listed only the configs the request gave."""
+    create_topics = 19
+
+    def create(name: str, validate_only: bool) -> dict[str, tuple[str, int]]:
+        out = _admin_call(cluster, create_topics, 5, {"timeout": 10_000, "validate_only": validate_only, "topics": [
+            {"name": name, "num_partitions": 1, "replication_factor": 1, "assignments": [],
+             "configs": [{"name": "retention.ms", "value": "3600000"}]}]})
+        [t] = out.topics
+        assert t.error_code == ErrorCode.NONE and t.num_partitions == 1, t
+        return {c.name: (c.value, c.config_source) for c in t.configs}
+
+    would = create("wire-effective", validate_only=True)
+    made = create("wire-effective", validate_only=False)
+    assert would == made, set(would.items()) ^ set(made.items())
+    assert would["retention.ms"] == ("3600000", 1) and would["cleanup.policy"] == ("delete", 5), would
+    assert len(would) > 20, sorted(would)
+
+
 def test_deleting_a_config_no_topic_can_hold_is_a_no_op_as_in_kafka(cluster: LocalCluster) -> None:
     """IncrementalAlterConfigs DELETE of a name that is no topic config: Kafka's controller has nothing to remove
     and answers success; Brook answered INVALID_CONFIG (audit). SET of such a name is still refused."""
