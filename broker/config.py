@@ -368,7 +368,8 @@ _BEHAVIOUR = [
            "long, or it is disconnected.", check=_at_least(1), roles=_B),
     KeyDef("kafka.request.timeout.ms", "long", "30000",
            "Longest a Kafka-listener request may take to arrive once its size is read, and longest one waits "
-           "for the broker's in-flight bounds before the connection is closed.", check=_at_least(1), roles=_B),
+           "for the broker's in-flight bounds before the connection is closed (a group's JoinGroup and SyncGroup "
+           "are held as long as the group's rebalance needs, as Kafka holds them).", check=_at_least(1), roles=_B),
     KeyDef("offsets.topic.replication.factor", "int", "3", "Replication factor of __consumer_offsets.",
            check=_at_least(1), roles=_B),
     KeyDef("offsets.topic.num.partitions", "int", "50", "Partitions of __consumer_offsets.",

@@ -381,6 +381,10 @@ class KafkaApis:
         return self._resp(req, found[0])
 
     async def join_group(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        # Held until the join phase ends, as Kafka holds it (the group's rebalance timeout bounds it): a member
+        # waiting for a dead one's session to expire (45 s by default) was answered REBALANCE_IN_PROGRESS at the
+        # listener's request timeout (30 s), which librdkafka reports to the application as an error (audit).
+        ctx.clear_deadline()
         body = req.body
         session_ms = _ms(body, "session_timeout", 10000)
         pb = group_pb2.JoinGroupRequest(
@@ -403,6 +407,7 @@ class KafkaApis:
                          "metadata": m.metadata} for m in out.members]})
 
     async def sync_group(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        ctx.clear_deadline()  # held until the leader's assignment comes, as join_group's wait
         body = req.body
         pb = group_pb2.SyncGroupRequest(
             group_id=body.group_id, generation_id=body.generation_id, member_id=body.member_id,

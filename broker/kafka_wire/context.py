@@ -84,6 +84,11 @@ class KafkaCallContext:
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
+    def clear_deadline(self) -> None:
+        """For a call Kafka holds as long as its own bound says (a group's join and sync phases, bounded by the
+        group's rebalance timeout): ``kafka.request.timeout.ms`` is not the deadline of its answer."""
+        self._deadline = None
+
     async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
         raise Aborted(code, details)
 
