@@ -387,14 +387,7 @@ class AdminApis:
         screened = _screened(resources, refuse_duplicates=False)
         topics = list(dict.fromkeys(r.resource_name for r, refused in zip(resources, screened, strict=True)
                                     if refused is None and r.resource_type == RESOURCE_TOPIC))
-        described: dict[str, Any] = {}
-        failed: _Failed | None = None
-        if topics:
-            try:
-                out = await self._controller(ctx, "DescribeConfigs", cpb.DescribeConfigsRequest(topics=topics))
-                described = {r.topic: r for r in out.results}
-            except _Failed as exc:
-                failed = exc
+        described = await self._describe_topics(ctx, topics)
         node: tuple[list[_ConfigRow], list[_ConfigRow]] | _Failed | None = None  # what BROKER resources show
         view: tuple[list[_ConfigRow], list[_ConfigRow]] | None = None  # read once: topics show it too
         if any(refused is None and r.resource_type == RESOURCE_BROKER
@@ -403,7 +396,7 @@ class AdminApis:
                 node = view = self._node_configs(ctx)
             except _Failed as exc:
                 node = exc
-        if described and view is None:
+        if isinstance(described, dict) and described and view is None:
             view = self._node_view()
         if any(refused is None and r.resource_type == RESOURCE_BROKER_LOGGER
                for r, refused in zip(resources, screened, strict=True)):
@@ -415,8 +408,18 @@ class AdminApis:
         else:
             node_loggers = []
         return await self._answer(functools.partial(
-            self._describe_answer, req, resources, screened, described, failed, node, view, node_loggers),
-            heavy=bool(described) or len(resources) > _ANSWER_ON_LOOP_MAX_ITEMS)
+            self._describe_answer, req, resources, screened, described, node, view, node_loggers),
+            heavy=isinstance(described, dict) and bool(described) or len(resources) > _ANSWER_ON_LOOP_MAX_ITEMS)
+
+    async def _describe_topics(self, ctx: KafkaCallContext, topics: list[str]) -> dict[str, Any] | _Failed:
+        """The controller's description of each of ``topics`` (each once), by name; _Failed if it refused them all."""
+        if not topics:
+            return {}
+        try:
+            out = await self._controller(ctx, "DescribeConfigs", cpb.DescribeConfigsRequest(topics=topics))
+        except _Failed as exc:
+            return exc
+        return {r.topic: r for r in out.results}
 
     def _authorize_cluster(self, ctx: KafkaCallContext, operation: str) -> None:
         who = ctx.brook_authentication.principal
@@ -430,7 +433,7 @@ class AdminApis:
                                                      f"name '{self.broker.node_id}'), not broker '{name}'s")
 
     def _describe_answer(self, req: codec.Request, resources: list[Any], screened: list[_Failed | None],
-                         described: dict[str, Any], failed: _Failed | None,
+                         described: dict[str, Any] | _Failed,
                          node: tuple[list[_ConfigRow], list[_ConfigRow]] | _Failed | None,
                          view: tuple[list[_ConfigRow], list[_ConfigRow]] | None = None,
                          node_loggers: list[tuple[str, str]] | _Failed = ()) -> Any:  # type: ignore[assignment]
@@ -449,13 +452,7 @@ class AdminApis:
                 if refused is not None:
                     raise refused
                 if res.resource_type == RESOURCE_TOPIC:
-                    if failed is not None:
-                        raise failed
-                    r = described.get(res.resource_name)
-                    if r is None:
-                        raise _Failed(ErrorCode.UNKNOWN_SERVER_ERROR, "the controller did not describe this topic")
-                    if r.error_code:
-                        raise _Failed(*_topic_error(res.resource_name, r.error_code, r.error_message))
+                    r = _described(described, res.resource_name)
                     if topic_defaults is None:
                         topic_defaults = _topic_defaults(view[1] if view is not None else self._node_view()[1])
                     configs = [_with_broker_synonyms(_topic_row(e), topic_defaults.get(e.name)) for e in r.entries]
@@ -626,13 +623,7 @@ class AdminApis:
         and wrote the value (KRaft's controller does all three on its one thread)."""
         topics = list(dict.fromkeys(plans[i][0].resource_name for i, _ in list_ops
                                     if plans[i][0].resource_type == RESOURCE_TOPIC))
-        described: dict[str, Any] | _Failed = {}
-        if topics:
-            try:
-                out = await self._controller(ctx, "DescribeConfigs", cpb.DescribeConfigsRequest(topics=topics))
-                described = {r.topic: r for r in out.results}
-            except _Failed as exc:
-                described = exc
+        described = await self._describe_topics(ctx, topics)
         cluster: dict[str, str] | _Failed = {}
         if any(plans[i][0].resource_type == RESOURCE_BROKER for i, _ in list_ops):
             try:
@@ -644,13 +635,7 @@ class AdminApis:
             res, to_set, to_delete, _ = plans[i]
             try:
                 if res.resource_type == RESOURCE_TOPIC:
-                    if isinstance(described, _Failed):
-                        raise described
-                    r = described.get(res.resource_name)
-                    if r is None:
-                        raise _Failed(ErrorCode.UNKNOWN_SERVER_ERROR, "the controller did not describe this topic")
-                    if r.error_code:
-                        raise _Failed(*_topic_error(res.resource_name, r.error_code, r.error_message, altering=True))
+                    r = _described(described, res.resource_name, altering=True)
                     own = {e.name: e.value for e in r.entries if not e.is_default}
                 else:
                     if isinstance(cluster, _Failed):
@@ -1002,6 +987,18 @@ class AdminApis:
 
 
 # ---- translation helpers ----
+def _described(described: dict[str, Any] | _Failed, name: str, *, altering: bool = False) -> Any:
+    """Topic ``name``'s entry of ``_describe_topics``; _Failed when it has none or an error."""
+    if isinstance(described, _Failed):
+        raise described
+    r = described.get(name)
+    if r is None:
+        raise _Failed(ErrorCode.UNKNOWN_SERVER_ERROR, "the controller did not describe this topic")
+    if r.error_code:
+        raise _Failed(*_topic_error(name, r.error_code, r.error_message, altering=altering))
+    return r
+
+
 def _topic_error(name: str, code: int, message: str, *, altering: bool = False) -> tuple[int, str]:
     """A topic config resource's error as Kafka answers it: a name no topic can have is not an unknown topic but
     INVALID_TOPIC_EXCEPTION (Kafka's Topic.validate, before the lookup), and the empty name of an alter is the
