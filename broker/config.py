@@ -221,6 +221,13 @@ _BEHAVIOUR = [
     KeyDef("leader.imbalance.check.interval.seconds", "long", "300",
            "How often the active controller checks for partitions not led by their preferred replica.",
            check=_at_least(1), roles=_C),
+    KeyDef("replica.selector.class", "string", "",
+           "Which replica a Kafka consumer (Fetch v11+, KIP-392) is told to read from: empty or Kafka's "
+           "org.apache.kafka.common.replica.LeaderSelector, the leader; "
+           "org.apache.kafka.common.replica.RackAwareReplicaSelector, an in-sync replica in the rack the "
+           "consumer names (client.rack), else the leader.",
+           check=_one_of("", "org.apache.kafka.common.replica.LeaderSelector",
+                         "org.apache.kafka.common.replica.RackAwareReplicaSelector"), roles=_B),
     KeyDef("replica.lag.time.max.ms", "long", "30000",
            "A follower that has not caught up for this long leaves the ISR.", check=_at_least(1), roles=_B),
     KeyDef("replica.fetch.wait.max.ms", "int", "500", "Longest a follower fetch waits for data.",

@@ -374,7 +374,8 @@ class ReplicaManager:
         # Produce requests' local (append) and remote (acks=all wait) times, recorded by the service.
         self.produce_times = ProduceTimes()
         self.fetchers = ReplicaFetcherManager(node_id, broker_epoch, fetcher_config or FetcherConfig(), loop=loop,
-                                              on_storage_error=log_manager.dir_failed)
+                                              on_storage_error=log_manager.dir_failed,
+                                              on_high_watermark=self._follower_high_watermark)
         self._alter = _AlterPartitionSender(self)
         self._stopped = threading.Event()
         self._isr_thread = threading.Thread(target=self._isr_loop, name=f"isr-expiration-{node_id}", daemon=True)
@@ -552,6 +553,12 @@ class ReplicaManager:
     def _complete_delayed(self, key: tuple[str, int]) -> None:
         self.produce_purgatory.check_and_complete(key)
         self._wake_fetches(key, self._partitions.get(key))
+
+    def _follower_high_watermark(self, p: Partition) -> None:
+        """A followed partition's high watermark moved (its fetcher, any thread): the consumers reading it from
+        this follower (KIP-392) that wait in the purgatory for what it commits look again."""
+        p.change_seq += 1  # their wait's counter (the fetcher is its only other writer on a follower)
+        self.fetch_purgatory.check_and_complete(p.key)
 
     def _wake_fetches(self, key: tuple[str, int], p: Partition | None) -> None:
         """Partition ``key`` changed: the long polls waiting on it, in the purgatory (consumers, unary
@@ -900,7 +907,8 @@ class ReplicaManager:
                         self._alter.submit(r.isr_proposal)
                 else:
                     data = p.read_for_consumer(fp.fetch_offset, limit, fp.current_leader_epoch, first,
-                                               as_slice=slices is not None) if (limit > 0 or first) else None
+                                               as_slice=slices is not None, follower_read=req.follower_read) \
+                        if (limit > 0 or first) else None
                     records = data.records if data is not None else b""
                     if not records and self._deposed_leader(p, now):
                         raise errors.NotLeaderOrFollowerError(

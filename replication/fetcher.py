@@ -418,9 +418,12 @@ class ReplicaFetcher:
     def __init__(self, local_id: int, source_id: int, address: str, broker_epoch: Callable[[], int],
                  config: FetcherConfig, fetch_loop: _FetchLoop,
                  on_storage_error: Callable[[Any, BaseException], object] | None = None, *,
-                 replication_address: str = "", stats: FetcherStats | None = None) -> None:
+                 replication_address: str = "", stats: FetcherStats | None = None,
+                 on_high_watermark: Callable[[Partition], object] | None = None) -> None:
         self.local_id = local_id
         self._on_storage_error = on_storage_error
+        # A partition's high watermark moved here: consumers reading from this follower (KIP-392) look again.
+        self._on_high_watermark = on_high_watermark
         self.source_id = source_id
         self.address = address
         self._broker_epoch = broker_epoch
@@ -848,7 +851,10 @@ class ReplicaFetcher:
                 if self.local_id not in st.partition.isr:
                     self.config.throttle.charge(len(pr.records))  # _build_request holds it back while in debt
             st.truncation_rounds = 0
-            lg.update_high_watermark(min(pr.high_watermark, lg.log_end_offset))
+            before = lg.high_watermark
+            if lg.update_high_watermark(min(pr.high_watermark, lg.log_end_offset)) > before and \
+                    self._on_high_watermark is not None:
+                self._on_high_watermark(st.partition)
             if pr.log_start_offset > lg.log_start_offset:
                 # The leader's log start moved (DeleteRecords or its retention): records before it are
                 # gone for every reader, so this replica must not serve them after a failover either.
@@ -905,12 +911,14 @@ class ReplicaFetcherManager:
 
     def __init__(self, local_id: int, broker_epoch: Callable[[], int], config: FetcherConfig | None = None,
                  *, loop: asyncio.AbstractEventLoop | None = None,
-                 on_storage_error: Callable[[Any, BaseException], object] | None = None) -> None:
+                 on_storage_error: Callable[[Any, BaseException], object] | None = None,
+                 on_high_watermark: Callable[[Partition], object] | None = None) -> None:
         self.local_id = local_id
         self._broker_epoch = broker_epoch
         self.config = config or FetcherConfig()
         # (log dir, error) of a failed append or truncation: the broker's LogManager.dir_failed.
         self.on_storage_error = on_storage_error
+        self.on_high_watermark = on_high_watermark  # see ReplicaFetcher
         self._lock = threading.Lock()
         self._fetchers: dict[tuple[int, str, str], ReplicaFetcher] = {}
         self._where: dict[tuple[str, int], tuple[int, str, str]] = {}
@@ -946,7 +954,7 @@ class ReplicaFetcherManager:
             if f is None:
                 f = ReplicaFetcher(self.local_id, leader_id, address, self._broker_epoch, self.config,
                                    self._fetch_loop, self.on_storage_error, replication_address=replication_address,
-                                   stats=self.stats)
+                                   stats=self.stats, on_high_watermark=self.on_high_watermark)
                 self._fetchers[fkey] = f
             f.add(partition, leader_epoch)
             self._where[partition.key] = fkey

@@ -272,6 +272,13 @@ class Partition:
         behind this replica's epoch is told FENCED_LEADER_EPOCH (its metadata is stale: refresh it), one
         ahead UNKNOWN_LEADER_EPOCH (this replica is behind: retry), and only a client at this replica's
         epoch NOT_LEADER_OR_FOLLOWER when it is not the leader."""
+        self.check_leader_epoch(current_leader_epoch)
+        if self.role is not Role.LEADER:
+            raise errors.NotLeaderOrFollowerError(
+                f"broker {self.local_id} is not the leader of {self.topic}-{self.partition}")
+
+    def check_leader_epoch(self, current_leader_epoch: int = -1) -> None:
+        """Raise unless a client at ``current_leader_epoch`` (-1 = any) agrees with this replica's epoch."""
         if current_leader_epoch >= 0:
             if current_leader_epoch < self.leader_epoch:
                 raise errors.FencedLeaderEpochError(
@@ -281,9 +288,6 @@ class Partition:
                 raise errors.error_class(errors.ErrorCode.UNKNOWN_LEADER_EPOCH)(
                     f"leader epoch {current_leader_epoch} is newer than {self.leader_epoch} on broker "
                     f"{self.local_id} for {self.topic}-{self.partition}")
-        if self.role is not Role.LEADER:
-            raise errors.NotLeaderOrFollowerError(
-                f"broker {self.local_id} is not the leader of {self.topic}-{self.partition}")
 
     def min_insync_replicas(self) -> int:
         return int(getattr(self.log.config, "min_insync_replicas", 1))
@@ -432,8 +436,14 @@ class Partition:
 
     # ---- reads ----
     def read_for_consumer(self, fetch_offset: int, max_bytes: int, current_leader_epoch: int,
-                          min_one_batch: bool, as_slice: bool = False) -> Any:
-        self.check_leader(current_leader_epoch)
+                          min_one_batch: bool, as_slice: bool = False, *, follower_read: bool = False) -> Any:
+        """Committed records from ``fetch_offset`` (up to this replica's high watermark). ``follower_read``: a
+        consumer that may read from a follower (Kafka's Fetch v11+, KIP-392), which a follower serves too, up to
+        the high watermark it learnt from the leader (never past what the leader has committed)."""
+        if follower_read and self.role is Role.FOLLOWER:
+            self.check_leader_epoch(current_leader_epoch)
+        else:
+            self.check_leader(current_leader_epoch)
         lg = self.log
         data = lg.read(fetch_offset, max_bytes, max_offset=lg.high_watermark, min_one_batch=min_one_batch,
                        as_slice=as_slice)

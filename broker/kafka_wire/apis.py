@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -77,6 +78,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {**SUPPORTED, PRODUCE: (0, SUPPORTED[PR
 # Allowed before a SASL listener's client has authenticated (KIP-152: anything else closes).
 PRE_AUTH_APIS = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
+RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
 _LEADER_ERRORS = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH)
 
 
@@ -119,6 +121,8 @@ class KafkaApis:
         self.handlers.update(self.admin.handlers())
         # client address -> its turn for a large answer on the io threads (KafkaListener.io_turn); None: no turns
         self.io_turn: Callable[[str], asyncio.Lock] | None = None
+        # replica.selector.class: consumers in another rack are told to read from a follower in theirs (KIP-392).
+        self._rack_aware: bool | None = None  # read from the node's config at the first consumer naming a rack
 
     def close(self) -> None:
         self.admin.close()
@@ -278,8 +282,12 @@ class KafkaApis:
                 "log_start_offset": -1, "aborted_transactions": [], "records": None} for p in t.partitions]}
                 for t in body.topics]
             return self._resp(req, {"error_code": code, "session_id": 0, "responses": per})
-        pb = broker_pb2.FetchRequest(replica_id=-1, replica_epoch=-1, max_wait_ms=_ms(body, "max_wait", 500),
-                                     min_bytes=int(body.min_bytes), max_bytes=int(_get(body, "max_bytes", 0x7FFFFFFF)))
+        preferred = self._preferred_replicas(body, req.api_version)
+        # A consumer told to read elsewhere is answered at once, as Kafka does (no long poll for the others).
+        pb = broker_pb2.FetchRequest(replica_id=-1, replica_epoch=-1,
+                                     max_wait_ms=0 if preferred else _ms(body, "max_wait", 500),
+                                     min_bytes=int(body.min_bytes), max_bytes=int(_get(body, "max_bytes", 0x7FFFFFFF)),
+                                     follower_read=req.api_version >= 11)
         for t in body.topics:
             for p in t.partitions:
                 pb.partitions.add(topic=t.topic, partition=p.partition, fetch_offset=p.fetch_offset,
@@ -301,12 +309,17 @@ class KafkaApis:
                     "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
                     "aborted_transactions": [], "preferred_read_replica": -1, "records": None})
                 continue
+            records = slices.pop((p.topic, p.partition), None) or p.records
+            read_from = preferred.get((p.topic, p.partition), -1) if p.error_code == ErrorCode.NONE else -1
+            if read_from >= 0:  # no records (empty, not null: as Kafka): the consumer reads from that replica
+                if hasattr(records, "close"):
+                    records.close()
+                records = b""
             entry: dict[str, Any] = {
                 "partition_index": p.partition, "error_code": p.error_code, "high_watermark": p.high_watermark,
                 # No transactions: the last stable offset is the high watermark, nothing is aborted.
                 "last_stable_offset": p.high_watermark, "log_start_offset": p.log_start_offset,
-                "aborted_transactions": [], "preferred_read_replica": -1,
-                "records": slices.pop((p.topic, p.partition), None) or p.records}
+                "aborted_transactions": [], "preferred_read_replica": read_from, "records": records}
             if p.error_code in _LEADER_ERRORS:
                 entry["current_leader"] = _leader(self.cache, p.topic, p.partition)
             by_topic[p.topic].append(entry)
@@ -315,6 +328,43 @@ class KafkaApis:
         # session_id 0: no fetch session (KIP-227); clients then send full fetches, which is correct.
         return self._resp(req, {"throttle_time": out.throttle_time_ms, "error_code": 0, "session_id": 0,
                                 "responses": [{"topic": n, "partitions": ps} for n, ps in by_topic.items()]})
+
+    def _preferred_replicas(self, body: Any, version: int) -> dict[tuple[str, int], int]:
+        """KIP-392 with ``replica.selector.class`` = Kafka's RackAwareReplicaSelector: for each partition this
+        broker leads, the replica a consumer in another rack (its ``client.rack``, Fetch v11+) should read from
+        instead: an in-sync follower in the consumer's rack that has the fetch offset (the most caught up one),
+        reachable on this listener. None where this broker is in the consumer's rack (the leader is preferred
+        there, as by Kafka's selector) or no such follower exists."""
+        rack = _get(body, "rack_id") or ""
+        if version < 11 or not rack:
+            return {}
+        if self._rack_aware is None:
+            self._rack_aware = self.broker.settings.defaults.get("replica.selector.class", "") == RACK_AWARE_SELECTOR
+        if not self._rack_aware or rack == self.broker.settings.rack:
+            return {}
+        rm = self.broker.replica_manager
+        now = time.time() * 1000
+        chosen: dict[tuple[str, int], int] = {}
+        for t in body.topics:
+            for fp in t.partitions:
+                part = rm.partition(t.topic, fp.partition) if rm is not None else None
+                if part is None or not part.is_leader:
+                    continue
+                best: tuple[int, float, int] | None = None
+                for replica in part.isr:
+                    info = self.cache.broker(replica)
+                    f = part.followers.get(replica)
+                    if (replica == self.broker.node_id or f is None or info is None or info.rack != rack
+                            or info.fenced or info.registered_endpoint(self.listener) is None
+                            or not f.log_start_offset <= fp.fetch_offset <= f.log_end_offset):
+                        continue
+                    # Kafka's order: the largest log end offset, then the most recently caught up.
+                    candidate = (f.log_end_offset, -(now - f.last_caught_up_time_ms), replica)
+                    if best is None or candidate > best:
+                        best = candidate
+                if best is not None:
+                    chosen[(t.topic, fp.partition)] = best[2]
+        return chosen
 
     def _zstd_topic(self, p: Any) -> bool:
         lg = self.broker.log_manager.get_log(p.topic, p.partition)

@@ -193,13 +193,16 @@ class ClusterState:
     overrides: dict[str, str] = field(default_factory=dict)
     tls: bool = False
     authorizer: bool = False
+    # node id (as text: JSON's keys) -> keys of that node's config only, over ``overrides`` (broker.rack, ...)
+    node_overrides: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> ClusterState:
         data = json.loads(path.read_text())
         return cls(mode=data["mode"], cluster_id=data["cluster_id"], overrides=data.get("overrides", {}),
                    nodes=[NodeSpec(**n) for n in data["nodes"]], tls=bool(data.get("tls", False)),
-                   authorizer=bool(data.get("authorizer", False)))
+                   authorizer=bool(data.get("authorizer", False)),
+                   node_overrides=data.get("node_overrides", {}))
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -560,6 +563,7 @@ class LocalCluster:
             keys["metadata.log.dir"] = str(d / "meta")
             keys["controller.quorum.password"] = self._quorum_password()
         keys.update(self.state.overrides)
+        keys.update(self.state.node_overrides.get(str(n.node_id), {}))
         if n.is_broker and n.kafka_port and "KAFKA:" not in str(keys["listener.security.protocol.map"]):
             # The Kafka listener is as secure as the cluster: mTLS with the same CA on a TLS cluster.
             keys["listener.security.protocol.map"] += f",KAFKA:{'SSL' if self.tls else 'PLAINTEXT'}"

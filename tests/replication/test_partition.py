@@ -180,6 +180,35 @@ def test_consumer_read_stops_at_hw(tmp_path: Path) -> None:
         p.read_for_consumer(5, 1 << 20, -1, True)
 
 
+def test_a_follower_serves_a_consumer_that_may_read_from_it_up_to_its_high_watermark(tmp_path: Path) -> None:
+    """KIP-392: a consumer fetching with Fetch v11+ may read from a follower, which serves what it knows to be
+    committed (its high watermark, learnt from the leader) and checks the consumer's epoch as a leader does; a
+    consumer that may not (older versions, Brook's own client) is told NOT_LEADER_OR_FOLLOWER as before."""
+    leader = leader_of(tmp_path)
+    leader.append_as_leader(batch(b"a", b"b"), acks=1)
+    f2 = open_log(tmp_path, "b2")
+    p2 = Partition("t", 0, "T1", f2, 2, broker_usable=lambda b: True)
+    p2.make_follower(1, (1, 2, 3), (1, 2, 3), 1, 1)
+    follow(leader, 2, f2, 1)  # the data, and the high watermark before it moved: nothing committed here yet
+    assert f2.log_end_offset == 2 and f2.high_watermark == 0
+    assert p2.read_for_consumer(0, 1 << 20, 1, True, follower_read=True).records == b""
+    f3 = open_log(tmp_path, "b3")
+    follow(leader, 3, f3, 1)
+    follow(leader, 3, f3, 2)  # at the leader's end: with broker 2's next fetch the high watermark moves
+    follow(leader, 2, f2, 2)  # and reaches this follower in that fetch's answer
+    assert f2.high_watermark == 2
+    assert p2.read_for_consumer(0, 1 << 20, 1, True, follower_read=True).records == f2.read(0, 1 << 20).records
+    with pytest.raises(errors.NotLeaderOrFollowerError):
+        p2.read_for_consumer(0, 1 << 20, 1, True)
+    with pytest.raises(errors.FencedLeaderEpochError):
+        p2.read_for_consumer(0, 1 << 20, 0, True, follower_read=True)
+    with pytest.raises(errors.BrookError) as ahead:
+        p2.read_for_consumer(0, 1 << 20, 2, True, follower_read=True)
+    assert ahead.value.name == "UNKNOWN_LEADER_EPOCH"
+    with pytest.raises(errors.OffsetOutOfRangeError):
+        p2.read_for_consumer(5, 1 << 20, 1, True, follower_read=True)
+
+
 def test_a_lower_leader_epoch_is_a_bug_not_a_new_leadership(tmp_path: Path) -> None:
     p = leader_of(tmp_path, epoch=5)
     p.append_as_leader(batch(b"a"), acks=1)
