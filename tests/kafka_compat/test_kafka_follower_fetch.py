@@ -72,12 +72,17 @@ def _consumer(cluster: LocalCluster, topic: str, **conf: Any) -> Any:
     return c
 
 
-def test_a_consumer_reads_from_the_follower_in_its_rack(cluster: LocalCluster) -> None:
-    topic = unique("ff")
+def _replicated_topic(cluster: LocalCluster, prefix: str) -> tuple[str, int]:
+    """A new one-partition topic on all 3 brokers, every replica in sync; (its name, its leader)."""
+    topic = unique(prefix)
     with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints) as admin:
         admin.create_topic(topic, 1, 3)
         wait_for(lambda: in_sync(admin, topic, 3), 30, "all 3 replicas in sync")
-        leader = partition_leader(admin, topic)
+        return topic, partition_leader(admin, topic)
+
+
+def test_a_consumer_reads_from_the_follower_in_its_rack(cluster: LocalCluster) -> None:
+    topic, leader = _replicated_topic(cluster, "ff")
     follower = next(n for n in cluster.broker_ids if n != leader)
     first = [b"a-%d" % i for i in range(500)]
     _produce(cluster, topic, first)
@@ -105,11 +110,7 @@ def test_a_consumer_reads_from_the_follower_in_its_rack(cluster: LocalCluster) -
 
 
 def test_a_consumer_in_the_leaders_rack_or_naming_none_reads_from_the_leader(cluster: LocalCluster) -> None:
-    topic = unique("ff-leader")
-    with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints) as admin:
-        admin.create_topic(topic, 1, 3)
-        wait_for(lambda: in_sync(admin, topic, 3), 30, "all 3 replicas in sync")
-        leader = partition_leader(admin, topic)
+    topic, leader = _replicated_topic(cluster, "ff-leader")
     values = [b"v-%d" % i for i in range(200)]
     _produce(cluster, topic, values)
     followers = [n for n in cluster.broker_ids if n != leader]
@@ -127,11 +128,7 @@ def test_a_consumer_reading_from_a_killed_follower_goes_back_to_the_leader(clust
     """Liveness: the follower a consumer reads from is killed (kill -9) while records keep coming; the consumer
     reads every record, in order, within a bound (librdkafka gives up on the refused connection and asks the
     leader, which names the follower only while it is in the ISR). Measured: about 7 s without records."""
-    topic = unique("ff-kill")
-    with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints) as admin:
-        admin.create_topic(topic, 1, 3)
-        wait_for(lambda: in_sync(admin, topic, 3), 30, "all 3 replicas in sync")
-        leader = partition_leader(admin, topic)
+    topic, leader = _replicated_topic(cluster, "ff-kill")
     follower = next(n for n in cluster.broker_ids if n != leader)
     first = [b"k-%d" % i for i in range(300)]
     _produce(cluster, topic, first)
