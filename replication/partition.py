@@ -439,9 +439,15 @@ class Partition:
                           min_one_batch: bool, as_slice: bool = False, *, follower_read: bool = False) -> Any:
         """Committed records from ``fetch_offset`` (up to this replica's high watermark). ``follower_read``: a
         consumer that may read from a follower (Kafka's Fetch v11+, KIP-392), which a follower serves too, up to
-        the high watermark it learnt from the leader (never past what the leader has committed)."""
+        the high watermark it learnt from the leader (never past what the leader has committed), while it is in
+        the ISR: one that fell out of it (cut from the leader, far behind) sends its consumers back to the leader
+        with NOT_LEADER_OR_FOLLOWER. Kafka's followers keep serving them what they have, and librdkafka stays up
+        to its 5-minute lease on the follower with nothing new to read."""
         if follower_read and self.role is Role.FOLLOWER:
             self.check_leader_epoch(current_leader_epoch)
+            if self.local_id not in self.isr:
+                raise errors.NotLeaderOrFollowerError(
+                    f"broker {self.local_id} is not in the ISR of {self.topic}-{self.partition}: read from the leader")
         else:
             self.check_leader(current_leader_epoch)
         lg = self.log

@@ -207,6 +207,9 @@ def test_a_follower_serves_a_consumer_that_may_read_from_it_up_to_its_high_water
     assert ahead.value.name == "UNKNOWN_LEADER_EPOCH"
     with pytest.raises(errors.OffsetOutOfRangeError):
         p2.read_for_consumer(5, 1 << 20, 1, True, follower_read=True)
+    p2.make_follower(1, (1, 2, 3), (1, 3), 1, 2)  # out of the ISR: its consumers go back to the leader
+    with pytest.raises(errors.NotLeaderOrFollowerError):
+        p2.read_for_consumer(0, 1 << 20, 1, True, follower_read=True)
 
 
 def test_a_lower_leader_epoch_is_a_bug_not_a_new_leadership(tmp_path: Path) -> None:
