@@ -26,6 +26,9 @@ def test_stream_follows_a_leader_change(spark, brook, tmp_path) -> None:  # type
     def wait_rows(n: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while len(rows()) < n:
+            # A query that ended says why at once: it was polled for the whole timeout and reported as
+            # "0 of 300 rows" when Spark had failed its start ("Python worker failed to connect back").
+            assert query.isActive, f"the query ended with {len(rows())} of {n} rows: {query.exception()}"
             assert time.monotonic() < deadline, f"{len(rows())} of {n} rows after {timeout_s} s"
             time.sleep(0.3)
 
