@@ -82,6 +82,7 @@ class SimFetcher(ReplicaFetcher):
         self.local_id = local_id
         self.source_id = -1
         self.config = FetcherConfig()
+        self._on_high_watermark = None  # no consumers read from the simulator's followers
 
 
 @dataclass
