@@ -317,13 +317,11 @@ class AdminApis:
             # Nothing exists to describe: every config the topic would have, as Kafka's controller lists them
             # (its own values, then what this broker's defaults give the others); only the overrides were listed.
             asked = {t.name: t.configs for t in pb.topics}
-            defaults = {key: row[1] if (row := topic_defaults.get(key)) is not None and row[1] is not None
-                        else d.default for key, d in log_config.TOPIC_CONFIGS.items()}
             for name in created:
-                results[name]["configs"] = [
-                    _topic_config_entry(key, asked[name][key], own=True) if key in asked[name]
-                    else _topic_config_entry(key, default, own=False, broker_row=topic_defaults.get(key))
-                    for key, default in defaults.items()]
+                results[name]["configs"] = [_topic_config_entry(
+                    (key, asked[name][key], SOURCE_DYNAMIC_TOPIC, False, "", False, ()) if key in asked[name]
+                    else (key, d.default, SOURCE_DEFAULT, False, "", False, ()), topic_defaults.get(key))
+                    for key, d in log_config.TOPIC_CONFIGS.items()]
             return
         try:
             out = await self._controller(ctx, "DescribeConfigs", cpb.DescribeConfigsRequest(topics=created))
@@ -337,9 +335,8 @@ class AdminApis:
             if r.error_code:
                 results[r.topic]["topic_config_error_code"] = r.error_code
                 continue
-            results[r.topic]["configs"] = [
-                _topic_config_entry(e.name, e.value, own=not e.is_default, broker_row=topic_defaults.get(e.name))
-                for e in r.entries]
+            results[r.topic]["configs"] = [_topic_config_entry(_topic_row(e), topic_defaults.get(e.name))
+                                           for e in r.entries]
 
     # ---- DeleteTopics ----
     async def delete_topics(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -1193,13 +1190,9 @@ def _with_broker_synonyms(row: _ConfigRow, broker_row: _ConfigRow | None) -> _Co
     return name, value, source, sensitive, doc, read_only, (*synonyms, *broker_synonyms)
 
 
-def _topic_config_entry(name: str, value: str, *, own: bool, broker_row: _ConfigRow | None = None) -> dict[str, Any]:
-    """A CreateTopics (v5+) config entry: the topic's ``own`` value, or its default, whose source is that of
-    ``broker_row`` (this broker's row for the key that gives the default: a dynamic cluster default, the node's
-    file or the built-in one) when it has that value, else DEFAULT_CONFIG."""
-    source = SOURCE_DYNAMIC_TOPIC if own else SOURCE_DEFAULT
-    if not own and broker_row is not None and broker_row[1] == value:
-        source = broker_row[2]
+def _topic_config_entry(row: _ConfigRow, broker_row: _ConfigRow | None) -> dict[str, Any]:
+    """A CreateTopics (v5+) config entry: the value and source DescribeConfigs shows (``_with_broker_synonyms``)."""
+    name, value, source, *_ = _with_broker_synonyms(row, broker_row)
     return {"name": name, "value": value, "read_only": False, "is_sensitive": False, "config_source": source}
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -343,14 +342,13 @@ class KafkaApis:
         if not self._rack_aware or rack == self.broker.settings.rack:
             return {}
         rm = self.broker.replica_manager
-        now = time.time() * 1000
         chosen: dict[tuple[str, int], int] = {}
         for t in body.topics:
             for fp in t.partitions:
                 part = rm.partition(t.topic, fp.partition) if rm is not None else None
                 if part is None or not part.is_leader:
                     continue
-                best: tuple[int, float, int] | None = None
+                best: tuple[int, int, int] | None = None
                 for replica in part.isr:
                     info = self.cache.broker(replica)
                     f = part.followers.get(replica)
@@ -359,7 +357,7 @@ class KafkaApis:
                             or not f.log_start_offset <= fp.fetch_offset <= f.log_end_offset):
                         continue
                     # Kafka's order: the largest log end offset, then the most recently caught up.
-                    candidate = (f.log_end_offset, -(now - f.last_caught_up_time_ms), replica)
+                    candidate = (f.log_end_offset, f.last_caught_up_time_ms, replica)
                     if best is None or candidate > best:
                         best = candidate
                 if best is not None:

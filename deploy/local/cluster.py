@@ -389,6 +389,17 @@ class LocalCluster:
         with urllib.request.urlopen(self.metrics_url(node_id), timeout=timeout_s, context=context) as resp:
             return resp.read().decode()
 
+    def metric(self, node_id: int, name: str, **labels: str) -> float:
+        """The value of sample ``name`` with exactly ``labels`` on a node's /metrics page; 0 when it has none (a
+        counter not yet incremented)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        for family in text_string_to_metric_families(self.read_metrics(node_id)):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return float(sample.value)
+        return 0.0
+
     # ------------------------------------------------------------------ security
 
     @property

@@ -35,11 +35,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def _fetches(cluster: LocalCluster, node: int) -> float:
-    prefix = f'brook_kafka_requests_total{{api_key="{FETCH}",listener="KAFKA"}}'
-    for line in cluster.read_metrics(node).splitlines():
-        if line.startswith(prefix):
-            return float(line.split()[-1])
-    return 0.0
+    return cluster.metric(node, "brook_kafka_requests_total", api_key=str(FETCH), listener="KAFKA")
 
 
 def _produce(cluster: LocalCluster, topic: str, values: list[bytes]) -> None:

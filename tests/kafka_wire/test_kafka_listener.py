@@ -578,11 +578,7 @@ def test_a_client_that_reads_no_answers_is_muted_until_it_reads(cluster: LocalCl
 
 
 def _requests_of(cluster: LocalCluster, api_key: int) -> float:
-    prefix = f'brook_kafka_requests_total{{api_key="{api_key}",listener="KAFKA"}}'
-    for line in cluster.read_metrics(1).splitlines():
-        if line.startswith(prefix):
-            return float(line.split()[-1])
-    return 0.0
+    return cluster.metric(1, "brook_kafka_requests_total", api_key=str(api_key), listener="KAFKA")
 
 
 def _produce_one(cluster: LocalCluster, version: int, records: bytes | None) -> Any:
