@@ -20,11 +20,18 @@ from metadata_quorum.security import (
 )
 from proto import errors
 
-app = typer.Typer(help="Create, list and delete ACLs (TOPIC, GROUP, CLUSTER resources).", no_args_is_help=True)
+app = typer.Typer(help="Create, list and delete ACLs (TOPIC, GROUP, CLUSTER resources; TRANSACTIONAL_ID, "
+                       "DELEGATION_TOKEN and USER ones are stored for Kafka tools, not enforced).",
+                  no_args_is_help=True)
 
 TopicOpt = Annotated[str | None, typer.Option("--topic", help="Topic name, prefix, or * for every topic.")]
 GroupOpt = Annotated[str | None, typer.Option("--group", help="Group id, prefix, or * for every group.")]
 ClusterOpt = Annotated[bool, typer.Option("--cluster", help="The cluster resource.")]
+_STORED = " Stored and listed as Kafka's, not enforced: Brook has no transactions or delegation tokens; needs " \
+          "brook.metadata.version 2 (brook features upgrade)."
+TxnOpt = Annotated[str | None, typer.Option("--transactional-id", help="Transactional id, prefix, or *." + _STORED)]
+TokenOpt = Annotated[str | None, typer.Option("--delegation-token", help="Delegation token id or *." + _STORED)]
+UserOpt = Annotated[str | None, typer.Option("--user-principal", help="User:<name> whose tokens." + _STORED)]
 PatternOpt = Annotated[str, typer.Option("--resource-pattern-type", help="literal or prefixed.")]
 FilterPatternOpt = Annotated[str, typer.Option(
     "--resource-pattern-type", help="literal, prefixed, match (every binding that applies to the name) or any.")]
@@ -32,12 +39,20 @@ HostOpt = Annotated[str | None, typer.Option("--host", help="Only bindings on th
 _COLUMNS = ["PRINCIPAL", "HOST", "PERMISSION", "OPERATION", "RESOURCE", "PATTERN", "NAME"]
 
 
-def _resource(topic: str | None, group: str | None, cluster: bool) -> tuple[str, str]:
-    chosen = [(t, n) for t, n in (("TOPIC", topic), ("GROUP", group), ("CLUSTER", CLUSTER_NAME if cluster else None))
+def _resource(topic: str | None, group: str | None, cluster: bool, txn: str | None = None,
+              token: str | None = None, user: str | None = None) -> tuple[str, str]:
+    chosen = [(t, n) for t, n in (("TOPIC", topic), ("GROUP", group), ("CLUSTER", CLUSTER_NAME if cluster else None),
+                                  ("TRANSACTIONAL_ID", txn), ("DELEGATION_TOKEN", token), ("USER", user))
               if n is not None]
     if len(chosen) != 1:
-        raise CliError("name exactly one resource: --topic NAME, --group NAME or --cluster", code=2)
+        raise CliError("name exactly one resource: --topic NAME, --group NAME, --cluster, --transactional-id ID, "
+                       "--delegation-token ID or --user-principal User:NAME", code=2)
     return chosen[0]
+
+
+def _any_resource(topic: str | None, group: str | None, cluster: bool, txn: str | None, token: str | None,
+                  user: str | None) -> bool:
+    return any(v is not None for v in (topic, group, txn, token, user)) or cluster
 
 
 def _host(text: str) -> str:
@@ -120,13 +135,16 @@ def create(
     topic: TopicOpt = None,
     group: GroupOpt = None,
     cluster: ClusterOpt = False,
+    transactional_id: TxnOpt = None,
+    delegation_token: TokenOpt = None,
+    user_principal: UserOpt = None,
     resource_pattern_type: PatternOpt = "literal",
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
     """Add ALLOW and/or DENY bindings; DENY always wins over ALLOW."""
     st = state(ctx, bootstrap, output)
-    rtype, name = _resource(topic, group, cluster)
+    rtype, name = _resource(topic, group, cluster, transactional_id, delegation_token, user_principal)
     if not operation or not (allow_principal or deny_principal):
         raise CliError("give at least one --operation and one --allow-principal or --deny-principal", code=2)
     if (allow_host and not allow_principal) or (deny_host and not deny_principal):
@@ -155,6 +173,9 @@ def list_(
     topic: TopicOpt = None,
     group: GroupOpt = None,
     cluster: ClusterOpt = False,
+    transactional_id: TxnOpt = None,
+    delegation_token: TokenOpt = None,
+    user_principal: UserOpt = None,
     principal: Annotated[str | None, typer.Option(help="Only bindings of this principal.")] = None,
     host: HostOpt = None,
     resource_pattern_type: FilterPatternOpt = "match",
@@ -165,8 +186,8 @@ def list_(
     st = state(ctx, bootstrap, output)
     fields: dict[str, str] = {}
     rtype = name = None
-    if topic is not None or group is not None or cluster:
-        rtype, name = _resource(topic, group, cluster)
+    if _any_resource(topic, group, cluster, transactional_id, delegation_token, user_principal):
+        rtype, name = _resource(topic, group, cluster, transactional_id, delegation_token, user_principal)
         fields.update(resource_type=rtype, resource_name=name)
     fields["pattern_type"] = _filter_pattern(resource_pattern_type, rtype, name)
     if principal:
@@ -183,6 +204,9 @@ def delete(
     topic: TopicOpt = None,
     group: GroupOpt = None,
     cluster: ClusterOpt = False,
+    transactional_id: TxnOpt = None,
+    delegation_token: TokenOpt = None,
+    user_principal: UserOpt = None,
     principal: Annotated[str | None, typer.Option(help="Only bindings of this principal.")] = None,
     operation: Annotated[str | None, typer.Option(help="Only bindings of this operation (or ANY).")] = None,
     host: HostOpt = None,
@@ -192,7 +216,7 @@ def delete(
 ) -> None:
     """Delete the bindings of one resource (optionally only a principal's / an operation's)."""
     st = state(ctx, bootstrap, output)
-    rtype, name = _resource(topic, group, cluster)
+    rtype, name = _resource(topic, group, cluster, transactional_id, delegation_token, user_principal)
     fields = {"resource_type": rtype, "resource_name": name,
               "pattern_type": _filter_pattern(resource_pattern_type, rtype, name)}
     if principal:

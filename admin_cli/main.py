@@ -24,7 +24,7 @@ from typer import main as typer_main
 from typer._click import exceptions as click_exceptions
 from typer._click.core import ParameterSource
 
-from admin_cli import acl, cluster, group, partition, perf, quota, topic, user
+from admin_cli import acl, cluster, features, group, partition, perf, quota, topic, user
 from admin_cli.backend import Unreachable
 from admin_cli.common import (
     BOOTSTRAP_ENV,
@@ -77,6 +77,7 @@ app.add_typer(perf.app, name="perf")
 app.add_typer(user.app, name="user")
 app.add_typer(acl.app, name="acl")
 app.add_typer(quota.app, name="quota")
+app.add_typer(features.app, name="features")
 app.command("produce", epilog="Examples:\n\necho hello | brook produce orders\n\n"
                               "brook produce orders -K : -H source=cli < keyed.txt\n\n"
                               "brook produce orders -v '{\"id\":1}' --value-format json")(produce)

@@ -51,11 +51,16 @@ _IMPLIED_BY = {  # operation -> operations whose ALLOW also allows it
 # Kafka's AclOperation codes, and the operations Kafka supports on each resource type (AclEntry.supportedOperations):
 # a KIP-430 authorized-operations bit set holds bit ``1 << code`` of each of those the caller is allowed.
 OPERATION_CODES = {READ: 3, WRITE: 4, CREATE: 5, DELETE: 6, ALTER: 7, DESCRIBE: 8, CLUSTER_ACTION: 9,
-                   DESCRIBE_CONFIGS: 10, ALTER_CONFIGS: 11, IDEMPOTENT_WRITE: 12}
+                   DESCRIBE_CONFIGS: 10, ALTER_CONFIGS: 11, IDEMPOTENT_WRITE: 12, "CREATE_TOKENS": 13,
+                   "DESCRIBE_TOKENS": 14}
 SUPPORTED_OPERATIONS = {
     TOPIC: (READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS),
     GROUP: (READ, DESCRIBE, DELETE),
     CLUSTER: (CREATE, CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, ALTER, DESCRIBE),
+    # Stored and listed, never consulted (metadata_quorum/security.py EXTENDED_RESOURCE_TYPES).
+    "TRANSACTIONAL_ID": (DESCRIBE, WRITE),
+    "DELEGATION_TOKEN": (DESCRIBE,),
+    "USER": ("CREATE_TOKENS", "DESCRIBE_TOKENS"),
 }
 _DENIED_CODE = {TOPIC: ErrorCode.TOPIC_AUTHORIZATION_FAILED, GROUP: ErrorCode.GROUP_AUTHORIZATION_FAILED,
                 CLUSTER: ErrorCode.CLUSTER_AUTHORIZATION_FAILED}

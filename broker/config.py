@@ -741,6 +741,7 @@ class NodeConfig:
             cluster_id=self.cluster_id,
             password=self.quorum_password,
             tls=self.server_tls(LISTENER_CONTROLLER),
+            peer_security=self.node_security(LISTENER_CONTROLLER),
             broker_session_timeout_ms=int(self.values["broker.session.timeout.ms"]),
             broker_heartbeat_interval_ms=int(self.values["broker.heartbeat.interval.ms"]),
             defaults=self.defaults(),

@@ -101,6 +101,7 @@ class MetadataCache:
         self._acl_index: AclIndex = EMPTY_INDEX
         self._quotas: dict[str, dict[str, float]] = {}
         self._cluster_configs: dict[str, str] = {}  # dynamic broker configs (metadata_quorum/cluster_configs.py)
+        self._metadata_level = 1  # the finalized brook.metadata.version (metadata_quorum/features.py)
         # Called with the topics an applied delta deleted (a same-name recreation included), after the
         # update is visible and outside the cache's lock: the group coordinator drops their committed
         # offsets, as Kafka's (GroupCoordinator.onPartitionsDeleted). Must be quick: it runs on the watch.
@@ -146,6 +147,8 @@ class MetadataCache:
             if update.cluster_configs_changed:
                 self._cluster_configs = dict(update.cluster_configs)
                 delta.cluster_configs = dict(self._cluster_configs)
+            if update.metadata_level or update.is_snapshot:
+                self._metadata_level = max(1, update.metadata_level)  # a snapshot without it: level 1
             if update.cluster_id:
                 self._cluster_id = update.cluster_id
             self._controller_id = update.active_controller_id
@@ -211,6 +214,11 @@ class MetadataCache:
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def metadata_level(self) -> int:
+        """The finalized brook.metadata.version as of this version of the cache."""
+        return self._metadata_level
 
     def cluster_configs(self) -> dict[str, str]:
         """The dynamic cluster configs (metadata_quorum/cluster_configs.py) as of this version."""

@@ -77,6 +77,7 @@ from broker.stalls import DEFAULT_STALL_S, LoopMonitor
 from broker.startup_gate import MetadataGate
 from broker.tls import HANDSHAKE_TIMEOUT_MS, ServerTls, bind_port
 from client.security import SecurityConfig
+from metadata_quorum import features
 from metadata_quorum.client import ControllerClient
 from proto import broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
@@ -686,7 +687,8 @@ class BrokerServer:
         req = controller_pb2.RegisterBrokerRequest(
             node_id=s.node_id, incarnation_id=self.incarnation_id, rack=s.rack, cluster_id=s.cluster_id,
             endpoints=self.endpoints(), previous_incarnation_id=self.previous_incarnation_id,
-            partition_capacity=self.partition_capacity(), storage_created=self.storage_created)
+            partition_capacity=self.partition_capacity(), storage_created=self.storage_created,
+            supported_metadata_level=features.SUPPORTED_MAX)
         deadline = time.monotonic() + timeout_s
         while not self._stopping.is_set():
             try:
@@ -701,7 +703,7 @@ class BrokerServer:
             except errors.BrookError as e:
                 if time.monotonic() >= deadline:
                     raise
-                if e.code == ErrorCode.DUPLICATE_BROKER_REGISTRATION:
+                if e.code in (ErrorCode.DUPLICATE_BROKER_REGISTRATION, ErrorCode.UNSUPPORTED_VERSION):
                     log.error("broker %d: the controller refuses this registration (%s): %s; retrying until %.0fs "
                               "have passed", s.node_id, e.name, e.message, timeout_s)
                     self._stopping.wait(DUPLICATE_RETRY_S)
@@ -771,7 +773,8 @@ class BrokerServer:
             log.warning("broker %d: event loop runs again; heartbeating again", self.node_id)
         req = controller_pb2.BrokerHeartbeatRequest(
             node_id=self.node_id, broker_epoch=self.broker_epoch,
-            current_metadata_version=self.metadata_cache.version, want_shutdown=self._want_shutdown)
+            current_metadata_version=self.metadata_cache.version, want_shutdown=self._want_shutdown,
+            supported_metadata_level=features.SUPPORTED_MAX)
         try:
             resp = self.controller_client.call("BrokerHeartbeat", req,
                                                timeout_s=max(0.5, self.heartbeat_interval_ms / 1000))

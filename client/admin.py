@@ -114,6 +114,26 @@ class QuorumDescription:
 
 
 @dataclass(frozen=True)
+class NodeFeatureSupport:
+    node_id: int
+    role: str  # "controller" or "broker"
+    supported_max: int  # highest brook.metadata.version its release supports; 0: unknown (see problem)
+    problem: str
+
+
+@dataclass(frozen=True)
+class FeatureDescription:
+    """The finalized brook.metadata.version and what each node supports (metadata_quorum/features.py)."""
+
+    name: str
+    finalized_level: int
+    supported_min: int  # of the active controller's release
+    supported_max: int
+    metadata_version: int
+    nodes: list[NodeFeatureSupport]
+
+
+@dataclass(frozen=True)
 class GroupListing:
     group_id: str
     protocol_type: str
@@ -626,6 +646,20 @@ class Admin:
         """Change cluster-wide broker configs at runtime (every broker applies them at once)."""
         self._call("AlterClusterConfigs", controller_pb2.AlterClusterConfigsRequest(
             set={k: str(v) for k, v in (set or {}).items()}, delete=list(delete), validate_only=validate_only))
+
+    # ---- finalized features ----
+    def describe_features(self) -> FeatureDescription:
+        """The finalized brook.metadata.version, and the highest level each voter's and broker's release supports."""
+        r = self._call("DescribeFeatures", controller_pb2.DescribeFeaturesRequest())
+        return FeatureDescription(r.name, r.finalized_level, r.supported_min, r.supported_max, r.metadata_version,
+                                  [NodeFeatureSupport(n.node_id, n.role, n.supported_max, n.problem) for n in r.nodes])
+
+    def update_features(self, level: int, *, name: str = "brook.metadata.version", validate_only: bool = False) -> int:
+        """Raise the finalized level (never lowered); FEATURE_UPDATE_FAILED names the nodes whose release does not
+        support it. Returns the finalized level (unchanged with validate_only)."""
+        r = self._call("UpdateFeatures", controller_pb2.UpdateFeaturesRequest(name=name, level=level,
+                                                                              validate_only=validate_only))
+        return int(r.finalized_level)
 
     # ---- offsets ----
     def list_offsets(self, specs: Mapping[TopicPartition, str | int]) -> dict[TopicPartition, tuple[int, int]]:

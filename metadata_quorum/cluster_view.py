@@ -287,7 +287,7 @@ class _WatchRead:
 
     __slots__ = ("snapshot", "restores", "start", "work", "next", "next_partition", "rounds", "topics",
                  "partitions", "others", "version", "active_controller_id", "brokers", "unregistered",
-                 "credentials", "deleted_credentials", "acls", "quotas", "cluster_configs")
+                 "credentials", "deleted_credentials", "acls", "quotas", "cluster_configs", "metadata_level")
 
     def __init__(self, snapshot: bool, s: MetadataState, work: list[Any]) -> None:
         self.snapshot = snapshot
@@ -311,6 +311,7 @@ class _WatchRead:
         self.acls: frozenset[Any] | None = None
         self.quotas: list[tuple[str, dict[str, float]]] = []
         self.cluster_configs: dict[str, str] | None = None
+        self.metadata_level: int | None = None  # the finalized brook.metadata.version, when it changed
 
 
 class WatchReader:
@@ -458,6 +459,7 @@ class WatchReader:
             r.acls = s.acls
             r.quotas = list(s.quotas.items())
             r.cluster_configs = s.cluster_configs
+            r.metadata_level = s.metadata_level
             return
         for key in r.others:
             kind = key[0]
@@ -479,6 +481,8 @@ class WatchReader:
                 r.quotas.append((key[1], s.quotas.get(key[1], {})))
             elif kind == "C":
                 r.cluster_configs = s.cluster_configs
+            elif kind == "F":
+                r.metadata_level = s.metadata_level
 
     # ---- after the state lock: the update ----
     def _build(self, r: _WatchRead) -> pb.MetadataUpdate:
@@ -494,7 +498,7 @@ class WatchReader:
             version=r.version, is_snapshot=r.snapshot, cluster_id=self._cluster_id,
             active_controller_id=r.active_controller_id, brokers=r.brokers, unregistered_broker_ids=r.unregistered,
             security=security_delta(delta), cluster_configs_changed=configs is not None,
-            cluster_configs=configs or {})
+            cluster_configs=configs or {}, metadata_level=r.metadata_level or 0)
         add_topic, add_partition = update.topics.add, update.partitions.add
         for topic_id, t in r.topics.items():
             if t is None:

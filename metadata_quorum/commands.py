@@ -191,11 +191,20 @@ class AlterClusterConfigs:
     delete: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class UpdateFeature:
+    """Raise a finalized feature level (metadata_quorum/features.py). Proposed only once every voter and
+    registered broker supports ``level``: a release without this command refuses it."""
+
+    name: str
+    level: int
+
+
 Command = (
     ActivateController | RegisterBroker | FenceBroker | UnfenceBroker | BeginControlledShutdown
     | UnregisterBroker | CreateTopic | DeleteTopic | CreatePartitions | AlterConfigs | ChangePartition
     | AllocateProducerIds | UpsertScramCredential | DeleteScramCredential | CreateAcls | DeleteAcls
-    | AlterClientQuota | AlterReassignment | CompleteReassignment | AlterClusterConfigs
+    | AlterClientQuota | AlterReassignment | CompleteReassignment | AlterClusterConfigs | UpdateFeature
 )
 
 COMMAND_TYPES: dict[str, type] = {
@@ -204,7 +213,7 @@ COMMAND_TYPES: dict[str, type] = {
         ActivateController, RegisterBroker, FenceBroker, UnfenceBroker, BeginControlledShutdown,
         UnregisterBroker, CreateTopic, DeleteTopic, CreatePartitions, AlterConfigs, ChangePartition,
         AllocateProducerIds, UpsertScramCredential, DeleteScramCredential, CreateAcls, DeleteAcls,
-        AlterClientQuota, AlterReassignment, CompleteReassignment, AlterClusterConfigs,
+        AlterClientQuota, AlterReassignment, CompleteReassignment, AlterClusterConfigs, UpdateFeature,
     )
 }
 

@@ -34,7 +34,7 @@ from broker.quotas import (
     ControllerMutationQuotas,
     MutationQuota,
 )
-from metadata_quorum import cluster_configs
+from metadata_quorum import cluster_configs, features
 from metadata_quorum import commands as c
 from metadata_quorum.cluster_configs import BROKER_DEFAULT_KEYS
 from metadata_quorum.cluster_view import ClusterView
@@ -115,8 +115,15 @@ class QuorumController:
     def __init__(self, config: ControllerConfig, raft: MetadataRaft,
                  clock: Callable[[], float] = time.monotonic, *,
                  rng: random.Random | None = None,
-                 new_topic_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> None:
+                 new_topic_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+                 voter_levels: Callable[[], dict[int, tuple[int, str]]] | None = None) -> None:
         self.config = config
+        # Every voter's highest supported brook.metadata.version, or (0, why unknown); asked only when the level is
+        # described or raised (the node asks each voter's DescribeQuorum). Alone, this controller knows only itself.
+        self._voter_levels = voter_levels or (lambda: {config.node_id: (features.SUPPORTED_MAX, "")})
+        # broker id -> highest level its release supports, from its registration and heartbeats (memory only: a
+        # new active controller learns them within a heartbeat interval)
+        self._broker_levels: dict[int, int] = {}
         self.raft = raft
         # Injected so the deterministic simulator (tests/sim) can replay a seed exactly.
         self._clock = clock
@@ -284,6 +291,13 @@ class QuorumController:
             raise errors.InvalidRequestError(
                 f"broker {req.node_id}: partition_capacity must be >= 0 (0: unbounded), got {req.partition_capacity}")
         endpoints = [[e.name, e.host, e.port] for e in req.endpoints]
+        supported = req.supported_metadata_level or features.SUPPORTED_MIN
+        finalized = self.raft.read(lambda s: s.metadata_level)
+        if supported < finalized:
+            # A node rolled back below the finalized level: it would refuse metadata the cluster already holds.
+            raise errors.UnsupportedVersionError(
+                f"broker {req.node_id}'s release supports {features.METADATA_VERSION} up to {supported}; the cluster "
+                f"is at {finalized} (a finalized level is never lowered): run a release that supports it")
         with self._registering:  # the check and the proposal, one registration at a time
             self._refuse_duplicate(req)
             result = self._propose(c.RegisterBroker(req.node_id, req.incarnation_id, endpoints, req.rack,
@@ -292,6 +306,7 @@ class QuorumController:
             result.raise_for_error()
             with self._lock:
                 self._leases[req.node_id] = self._clock()
+                self._broker_levels[req.node_id] = supported
         log.info("broker %d registered (epoch %d, incarnation %s, partition capacity %s%s)", req.node_id,
                  result.value, req.incarnation_id, req.partition_capacity or "unbounded",
                  "; its log directories are new: it left every ISR" if req.storage_created else "")
@@ -327,6 +342,7 @@ class QuorumController:
         broker = self.raft.read(lambda s: s.broker_with_epoch(req.node_id, req.broker_epoch))
         with self._lock:
             self._leases[req.node_id] = self._clock()
+            self._broker_levels[req.node_id] = req.supported_metadata_level or features.SUPPORTED_MIN
         response = pb.BrokerHeartbeatResponse(heartbeat_interval_ms=self.config.broker_heartbeat_interval_ms)
         if req.want_shutdown:
             if not broker.fenced:
@@ -1166,6 +1182,58 @@ class QuorumController:
                     (cluster_configs.builtin_default(key), "default")
             response.entries.add(name=key, value=value, source=source, documentation=cluster_configs.doc(key))
         return response
+
+    # ---- finalized features ----
+    def _node_levels(self) -> list[pb.NodeFeatureSupport]:
+        """Each voter's and registered broker's highest supported brook.metadata.version (0: unknown, and why)."""
+        out = [pb.NodeFeatureSupport(node_id=n, role="controller", supported_max=level, problem=problem)
+               for n, (level, problem) in sorted(self._voter_levels().items())]
+        brokers = self.raft.read(lambda s: sorted(s.brokers))
+        with self._lock:
+            known = dict(self._broker_levels)
+        for b in brokers:
+            level = known.get(b, 0)
+            out.append(pb.NodeFeatureSupport(
+                node_id=b, role="broker", supported_max=level,
+                problem="" if level else "it has not registered or sent a heartbeat to this controller since it "
+                                         "became active (stopped?)"))
+        return out
+
+    def describe_features(self) -> pb.DescribeFeaturesResponse:
+        level, version = self.raft.read(lambda s: (s.metadata_level, s.version))
+        response = pb.DescribeFeaturesResponse(name=features.METADATA_VERSION, finalized_level=level,
+                                               supported_min=features.SUPPORTED_MIN,
+                                               supported_max=features.SUPPORTED_MAX, metadata_version=version)
+        response.nodes.extend(self._node_levels())
+        return response
+
+    def update_features(self, req: pb.UpdateFeaturesRequest, timeout_s: float) -> pb.UpdateFeaturesResponse:
+        """Raise the finalized level once every voter and registered broker supports it (Kafka's UpdateFeatures:
+        FeatureControlManager refuses a level some registered node does not support)."""
+        if req.name != features.METADATA_VERSION:
+            raise errors.InvalidRequestError(features.unsupported_feature(req.name))
+        current = self.raft.read(lambda s: s.metadata_level)
+        if not features.SUPPORTED_MIN <= req.level <= features.SUPPORTED_MAX:
+            raise errors.InvalidUpdateVersionError(
+                f"{req.name} {req.level} is outside the levels this controller's release supports "
+                f"({features.SUPPORTED_MIN}..{features.SUPPORTED_MAX})")
+        if req.level < current:
+            raise errors.InvalidUpdateVersionError(
+                f"{req.name} cannot be lowered from {current} to {req.level}: what the higher level let the "
+                f"controller write stays in the metadata")
+        if req.level > current:
+            behind = [f"{n.role} {n.node_id} ({n.problem or f'supports up to {n.supported_max}'})"
+                      for n in self._node_levels() if n.supported_max < req.level]
+            if behind:
+                raise errors.FeatureUpdateFailedError(
+                    f"cannot finalize {req.name} {req.level}: not every node runs a release that supports it: "
+                    f"{'; '.join(behind)}. Upgrade them (or unregister a broker that is gone) and try again")
+        if req.validate_only or req.level == current:
+            return pb.UpdateFeaturesResponse(finalized_level=current if req.validate_only else req.level)
+        result = self._propose(c.UpdateFeature(req.name, req.level), timeout_s)
+        result.raise_for_error()
+        log.info("%s finalized at %d (was %d)", req.name, req.level, current)
+        return pb.UpdateFeaturesResponse(finalized_level=req.level)
 
     # ---- producer ids ----
     def allocate_producer_ids(self, req: pb.AllocateProducerIdsRequest,

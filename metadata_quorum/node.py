@@ -32,6 +32,7 @@ from broker.grpc_connections import PerAddressConnections
 from broker.receiving import DEFAULT_REQUEST_MAX_BYTES, SyncReceiveGate
 from broker.request_times import LatencyHistogram
 from broker.tls import HANDSHAKE_TIMEOUT_MS, ServerTls, bind_port
+from metadata_quorum import features
 from metadata_quorum.controller import ControllerConfig, QuorumController
 from metadata_quorum.raft import DUMP_FILE, MetadataRaft, RaftTiming
 from metadata_quorum.service import ControllerService
@@ -44,6 +45,7 @@ from storage import meta_properties
 log = logging.getLogger(__name__)
 
 TICK_INTERVAL_S = 0.1
+VOTER_PROBE_TIMEOUT_S = 5.0  # asking a voter which feature levels its release supports
 GRPC_MAX_WORKERS = 96  # watch streams hold a worker each; MAX_WATCHERS of them at most
 MAX_STREAMS_PER_CONNECTION = 100
 _SERVER_OPTIONS = [
@@ -173,6 +175,9 @@ class ControllerSettings:
     raft_timing: RaftTiming = field(default_factory=RaftTiming)
     # How many changed-entity keys WatchMetadata can serve as deltas; older watchers get a snapshot.
     metadata_changelog_max_keys: int = DEFAULT_CHANGELOG_MAX_KEYS
+    # client.security.SecurityConfig reaching the other voters' CONTROLLER listener (None: plaintext), to ask
+    # which brook.metadata.version their release supports before the level is raised.
+    peer_security: Any = None
 
 
 @dataclass(frozen=True)
@@ -300,7 +305,7 @@ class ControllerNode:
             config = ControllerConfig(settings.node_id, settings.cluster_id, settings.broker_session_timeout_ms,
                                       settings.broker_heartbeat_interval_ms, settings.request_timeout_ms,
                                       dict(settings.defaults))
-            self._controller = QuorumController(config, self._raft)
+            self._controller = QuorumController(config, self._raft, voter_levels=self._voter_levels)
         except Exception as exc:  # surfaced to start()'s caller
             self._start_error = exc
             if self._raft is not None:
@@ -364,6 +369,32 @@ class ControllerNode:
             self.settings.defaults.get("scram.bootstrap.users", "")))
         self._bootstrap = ss.BootstrapThread(admin, f"controller-{self.settings.node_id}-scram-bootstrap")
         return security, admin
+
+    def _voter_levels(self) -> dict[int, tuple[int, str]]:
+        """Each voter's highest supported brook.metadata.version, from its DescribeQuorum (answered by any voter,
+        from its own view); (0, why) for one that cannot be asked. An older release does not fill the field: 1."""
+        from client.security import make_channel
+
+        out: dict[int, tuple[int, str]] = {}
+        for node_id, voter in sorted(self.settings.voters.items()):
+            if node_id == self.settings.node_id:
+                out[node_id] = (features.SUPPORTED_MAX, "")
+                continue
+            try:
+                with make_channel(f"{voter.host}:{voter.grpc_port}", self.settings.peer_security) as channel:
+                    resp = pb_grpc.ControllerServiceStub(channel).DescribeQuorum(
+                        pb.DescribeQuorumRequest(any_voter=True), timeout=VOTER_PROBE_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                out[node_id] = (0, f"cannot be asked: {exc.code().name}: {exc.details()}")
+                continue
+            except errors.BrookError as exc:
+                out[node_id] = (0, f"cannot be asked: {exc}")
+                continue
+            if resp.error_code:
+                out[node_id] = (0, f"answered {errors.code_name(resp.error_code)}: {resp.error_message}")
+            else:
+                out[node_id] = (resp.responder_supported_metadata_level or features.SUPPORTED_MIN, "")
+        return out
 
     def _redirect(self) -> pb.ControllerRedirect:
         leader = self.raft.leader_address()

@@ -35,10 +35,16 @@ _USER_RE = re.compile(r"^[A-Za-z0-9._@+=-]+$")
 # Brokers' own principals (mTLS, see broker/principal.py) are super users: no SCRAM user may take such a name.
 _NODE_NAME_RE = re.compile(r"^node-[0-9]+$")
 
-RESOURCE_TYPES = ("TOPIC", "GROUP", "CLUSTER")
+# Resource types and operations Brook authorizes, then those it stores and lists as Kafka does but has nothing to
+# enforce them on (no transactions, no delegation tokens): bindings on those need brook.metadata.version 2
+# (features.EXTENDED_ACLS), since releases before it refuse them when they apply the command.
+ENFORCED_RESOURCE_TYPES = ("TOPIC", "GROUP", "CLUSTER")
+EXTENDED_RESOURCE_TYPES = ("TRANSACTIONAL_ID", "DELEGATION_TOKEN", "USER")
+RESOURCE_TYPES = ENFORCED_RESOURCE_TYPES + EXTENDED_RESOURCE_TYPES
 PATTERN_TYPES = ("LITERAL", "PREFIXED")
+EXTENDED_OPERATIONS = ("CREATE_TOKENS", "DESCRIBE_TOKENS")
 OPERATIONS = ("ALL", "READ", "WRITE", "CREATE", "DELETE", "ALTER", "DESCRIBE", "CLUSTER_ACTION",
-              "DESCRIBE_CONFIGS", "ALTER_CONFIGS", "IDEMPOTENT_WRITE")
+              "DESCRIBE_CONFIGS", "ALTER_CONFIGS", "IDEMPOTENT_WRITE") + EXTENDED_OPERATIONS
 PERMISSIONS = ("ALLOW", "DENY")
 CLUSTER_NAME = "kafka-cluster"
 WILDCARD = "*"
@@ -168,6 +174,11 @@ def new_acl_binding(values: list[str] | tuple[str, ...]) -> AclBinding:
         ) from None
     return b if host == b.host else AclBinding(b.resource_type, b.resource_name, b.pattern_type, b.principal, host,
                                                 b.operation, b.permission)
+
+
+def is_extended(binding: AclBinding) -> bool:
+    """A binding only brook.metadata.version 2 may store (see EXTENDED_RESOURCE_TYPES)."""
+    return binding.resource_type in EXTENDED_RESOURCE_TYPES or binding.operation in EXTENDED_OPERATIONS
 
 
 def acl_binding(values: list[str] | tuple[str, ...]) -> AclBinding:

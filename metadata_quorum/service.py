@@ -30,6 +30,7 @@ from broker import authorizer as authz
 from broker import principal
 from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.quotas import UNLIMITED, MutationQuota
+from metadata_quorum import features
 from metadata_quorum.cluster_view import WatchReader
 from metadata_quorum.controller import QuorumController, check_request_size
 from metadata_quorum.raft import MetadataRaft
@@ -315,6 +316,23 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
 
         return self._serve(pb.DescribeClusterConfigsResponse, context, run)
 
+    # ---- finalized features ----
+    def DescribeFeatures(self, request: pb.DescribeFeaturesRequest, context: Any) -> pb.DescribeFeaturesResponse:
+        if (denied := self._denied(context, pb.DescribeFeaturesResponse, authz.DESCRIBE)) is not None:
+            return denied
+
+        def run() -> pb.DescribeFeaturesResponse:
+            self._barrier(context)
+            return self._controller.describe_features()
+
+        return self._serve(pb.DescribeFeaturesResponse, context, run)
+
+    def UpdateFeatures(self, request: pb.UpdateFeaturesRequest, context: Any) -> pb.UpdateFeaturesResponse:
+        if (denied := self._denied(context, pb.UpdateFeaturesResponse, authz.ALTER)) is not None:
+            return denied
+        return self._serve(pb.UpdateFeaturesResponse, context, lambda: self._controller.update_features(
+            request, self._timeout_s(context)))
+
     # ---- quorum ----
     def DescribeQuorum(self, request: pb.DescribeQuorumRequest, context: Any) -> pb.DescribeQuorumResponse:
         # Answered from this voter's view without a quorum round-trip: it is the diagnostic
@@ -350,7 +368,8 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             commit_index=status.commit_index, metadata_version=self._raft.version,
             last_applied=status.last_applied, responder_id=voters_by_address.get(self._raft.self_address, -1),
             responder_is_active=is_active, active_controller_id=active_id, controller_epoch=epoch,
-            responder_lacks_quorum=not self._raft.has_quorum())
+            responder_lacks_quorum=not self._raft.has_quorum(),
+            responder_supported_metadata_level=features.SUPPORTED_MAX)
         response.redirect.CopyFrom(self._redirect())
         for voter in status.voters:
             if status.is_leader:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from itertools import chain, takewhile
 from typing import Any
 
-from metadata_quorum import cluster_configs
+from metadata_quorum import cluster_configs, features
 from metadata_quorum import commands as c
 from metadata_quorum import security as sec
 from metadata_quorum.election import NO_LEADER, elect_leader, isr_without
@@ -154,6 +154,7 @@ class MetadataDelta:
     acls: list[sec.AclBinding] | None = None
     quotas: list[tuple[str, dict[str, float]]] = field(default_factory=list)
     cluster_configs: dict[str, str] | None = None  # all dynamic cluster configs when they changed
+    metadata_level: int | None = None  # the finalized brook.metadata.version when it changed (features.py)
 
 
 class MetadataInvariantError(Exception):
@@ -249,6 +250,8 @@ class MetadataState:
         self.acls: frozenset[sec.AclBinding] = frozenset()
         self.quotas: dict[str, dict[str, float]] = {}  # entity -> quota values
         self.cluster_configs: dict[str, str] = {}  # dynamic broker configs (metadata_quorum/cluster_configs.py)
+        # The finalized brook.metadata.version (metadata_quorum/features.py): what every node may be asked to apply.
+        self.metadata_level = features.SUPPORTED_MIN
         self._changelog_max_keys = changelog_max_keys
         self._changelog: deque[tuple[int, tuple[Any, ...]]] = deque()
         self._changelog_keys = 0
@@ -295,6 +298,7 @@ class MetadataState:
             c.AlterReassignment: self._alter_reassignment,
             c.CompleteReassignment: self._complete_reassignment,
             c.AlterClusterConfigs: self._alter_cluster_configs,
+            c.UpdateFeature: self._update_feature,
         }
 
     # ---- applying commands ----
@@ -900,6 +904,24 @@ class MetadataState:
         self._elect_offline_partitions(lambda t, p: self._unclean_allowed(t))
         return ApplyResult()
 
+    # -- finalized features --
+    def _update_feature(self, cmd: c.UpdateFeature) -> ApplyResult:
+        if cmd.name != features.METADATA_VERSION:
+            raise errors.InvalidRequestError(features.unsupported_feature(cmd.name))
+        if not features.SUPPORTED_MIN <= cmd.level <= features.SUPPORTED_MAX:
+            raise errors.InvalidUpdateVersionError(
+                f"{cmd.name} {cmd.level} is outside the levels this release supports "
+                f"({features.SUPPORTED_MIN}..{features.SUPPORTED_MAX})")
+        if cmd.level < self.metadata_level:
+            raise errors.InvalidUpdateVersionError(
+                f"{cmd.name} cannot be lowered from {self.metadata_level} to {cmd.level}: what the higher level "
+                f"let the controller write stays in the metadata")
+        if cmd.level == self.metadata_level:
+            return ApplyResult(value=cmd.level)
+        self.metadata_level = cmd.level
+        self._touch(("F",))
+        return ApplyResult(value=cmd.level)
+
     def reassignments(self) -> list[tuple[str, int, PartitionState]]:
         """The partitions being reassigned, by topic name and index: O(moves), not O(partitions)."""
         out = []
@@ -941,6 +963,12 @@ class MetadataState:
 
     def _create_acls(self, cmd: c.CreateAcls) -> ApplyResult:
         bindings = [sec.acl_binding(a) for a in cmd.acls]  # all validated before any change
+        if self.metadata_level < features.EXTENDED_ACLS:
+            extended = next((b for b in bindings if sec.is_extended(b)), None)
+            if extended is not None:
+                raise errors.UnsupportedVersionError(features.needs_level(
+                    features.EXTENDED_ACLS, self.metadata_level, f"an ACL on {extended.resource_type} "
+                                                                 f"'{extended.resource_name}' ({extended.operation})"))
         new = set(bindings) - self.acls
         if len(self.acls) + len(new) > sec.MAX_ACLS:
             raise errors.InvalidRequestError(f"more than {sec.MAX_ACLS} ACL bindings")
@@ -1071,6 +1099,8 @@ class MetadataState:
                 self._security_change(delta, key)
             elif kind == "C":
                 delta.cluster_configs = dict(self.cluster_configs)
+            elif kind == "F":
+                delta.metadata_level = self.metadata_level
         return delta
 
     def _security_change(self, delta: MetadataDelta, key: tuple[Any, ...]) -> None:
@@ -1091,7 +1121,7 @@ class MetadataState:
         return MetadataDelta(self.version, True, list(self.brokers.values()), list(self.topics.values()),
                              partitions, [], [], credentials=list(self.scram.values()), acls=sorted(self.acls),
                              quotas=[(e, dict(v)) for e, v in sorted(self.quotas.items())],
-                             cluster_configs=dict(self.cluster_configs))
+                             cluster_configs=dict(self.cluster_configs), metadata_level=self.metadata_level)
 
     # ---- snapshot / restore ----
     def to_snapshot(self) -> dict[str, Any]:
@@ -1120,6 +1150,9 @@ class MetadataState:
                 for t in sorted(self.topics.values(), key=lambda t: t.name)
             ],
             "cluster_configs": dict(sorted(self.cluster_configs.items())),
+            # Absent at level 1: the snapshot stays what a release without features reads and writes.
+            **({"features": {features.METADATA_VERSION: self.metadata_level}}
+               if self.metadata_level > features.SUPPORTED_MIN else {}),
             "security": {
                 "scram": [cred.to_plain() for _, cred in sorted(self.scram.items())],
                 "acls": [a.as_list() for a in sorted(self.acls)],
@@ -1161,6 +1194,13 @@ class MetadataState:
             self.topics_by_collision_key.setdefault(collision_key(name), set()).add(name)
         # Snapshots written before these records existed have no "cluster_configs" / "security" section.
         self.cluster_configs = {str(k): str(v) for k, v in (data.get("cluster_configs") or {}).items()}
+        level = int((data.get("features") or {}).get(features.METADATA_VERSION, features.SUPPORTED_MIN))
+        if level > features.SUPPORTED_MAX:
+            # Metadata this release cannot apply (a node rolled back below the finalized level): stop, not serve it.
+            raise MetadataInvariantError(
+                f"the metadata is at {features.METADATA_VERSION} {level}; this release supports up to "
+                f"{features.SUPPORTED_MAX}: run a release that supports it (a finalized level is never lowered)")
+        self.metadata_level = level
         security = data.get("security") or {}
         self.scram = {}
         for plain in security.get("scram", []):

@@ -79,6 +79,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     THROTTLING_QUOTA_EXCEEDED: _ClassVar[ErrorCode]
     RESOURCE_NOT_FOUND: _ClassVar[ErrorCode]
     INVALID_UPDATE_VERSION: _ClassVar[ErrorCode]
+    FEATURE_UPDATE_FAILED: _ClassVar[ErrorCode]
     DUPLICATE_BROKER_REGISTRATION: _ClassVar[ErrorCode]
     BROKER_ID_NOT_REGISTERED: _ClassVar[ErrorCode]
     INELIGIBLE_REPLICA: _ClassVar[ErrorCode]
@@ -155,6 +156,7 @@ INVALID_RECORD: ErrorCode
 THROTTLING_QUOTA_EXCEEDED: ErrorCode
 RESOURCE_NOT_FOUND: ErrorCode
 INVALID_UPDATE_VERSION: ErrorCode
+FEATURE_UPDATE_FAILED: ErrorCode
 DUPLICATE_BROKER_REGISTRATION: ErrorCode
 BROKER_ID_NOT_REGISTERED: ErrorCode
 INELIGIBLE_REPLICA: ErrorCode

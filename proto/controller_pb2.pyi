@@ -96,7 +96,7 @@ class WatchMetadataRequest(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., since_version: _Optional[int] = ...) -> None: ...
 
 class MetadataUpdate(_message.Message):
-    __slots__ = ("version", "is_snapshot", "cluster_id", "active_controller_id", "brokers", "topics", "partitions", "deleted_topic_ids", "unregistered_broker_ids", "error_code", "error_message", "redirect", "security", "cluster_configs_changed", "cluster_configs")
+    __slots__ = ("version", "is_snapshot", "cluster_id", "active_controller_id", "brokers", "topics", "partitions", "deleted_topic_ids", "unregistered_broker_ids", "error_code", "error_message", "redirect", "security", "cluster_configs_changed", "cluster_configs", "metadata_level")
     class ClusterConfigsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class MetadataUpdate(_message.Message):
     SECURITY_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_CONFIGS_CHANGED_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_LEVEL_FIELD_NUMBER: _ClassVar[int]
     version: int
     is_snapshot: bool
     cluster_id: str
@@ -134,10 +135,11 @@ class MetadataUpdate(_message.Message):
     security: _security_pb2.SecurityDelta
     cluster_configs_changed: bool
     cluster_configs: _containers.ScalarMap[str, str]
-    def __init__(self, version: _Optional[int] = ..., is_snapshot: _Optional[bool] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ..., deleted_topic_ids: _Optional[_Iterable[str]] = ..., unregistered_broker_ids: _Optional[_Iterable[int]] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., security: _Optional[_Union[_security_pb2.SecurityDelta, _Mapping]] = ..., cluster_configs_changed: _Optional[bool] = ..., cluster_configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    metadata_level: int
+    def __init__(self, version: _Optional[int] = ..., is_snapshot: _Optional[bool] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ..., deleted_topic_ids: _Optional[_Iterable[str]] = ..., unregistered_broker_ids: _Optional[_Iterable[int]] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., security: _Optional[_Union[_security_pb2.SecurityDelta, _Mapping]] = ..., cluster_configs_changed: _Optional[bool] = ..., cluster_configs: _Optional[_Mapping[str, str]] = ..., metadata_level: _Optional[int] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("node_id", "incarnation_id", "endpoints", "rack", "cluster_id", "previous_incarnation_id", "partition_capacity", "storage_created")
+    __slots__ = ("node_id", "incarnation_id", "endpoints", "rack", "cluster_id", "previous_incarnation_id", "partition_capacity", "storage_created", "supported_metadata_level")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +148,7 @@ class RegisterBrokerRequest(_message.Message):
     PREVIOUS_INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     STORAGE_CREATED_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_METADATA_LEVEL_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     incarnation_id: str
     endpoints: _containers.RepeatedCompositeFieldContainer[_common_pb2.Endpoint]
@@ -154,7 +157,8 @@ class RegisterBrokerRequest(_message.Message):
     previous_incarnation_id: str
     partition_capacity: int
     storage_created: bool
-    def __init__(self, node_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[_common_pb2.Endpoint, _Mapping]]] = ..., rack: _Optional[str] = ..., cluster_id: _Optional[str] = ..., previous_incarnation_id: _Optional[str] = ..., partition_capacity: _Optional[int] = ..., storage_created: _Optional[bool] = ...) -> None: ...
+    supported_metadata_level: int
+    def __init__(self, node_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[_common_pb2.Endpoint, _Mapping]]] = ..., rack: _Optional[str] = ..., cluster_id: _Optional[str] = ..., previous_incarnation_id: _Optional[str] = ..., partition_capacity: _Optional[int] = ..., storage_created: _Optional[bool] = ..., supported_metadata_level: _Optional[int] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "redirect", "broker_epoch")
@@ -169,18 +173,20 @@ class RegisterBrokerResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., broker_epoch: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "broker_epoch", "current_metadata_version", "want_fence", "want_shutdown")
+    __slots__ = ("node_id", "broker_epoch", "current_metadata_version", "want_fence", "want_shutdown", "supported_metadata_level")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     CURRENT_METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
     WANT_FENCE_FIELD_NUMBER: _ClassVar[int]
     WANT_SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_METADATA_LEVEL_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     broker_epoch: int
     current_metadata_version: int
     want_fence: bool
     want_shutdown: bool
-    def __init__(self, node_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., current_metadata_version: _Optional[int] = ..., want_fence: _Optional[bool] = ..., want_shutdown: _Optional[bool] = ...) -> None: ...
+    supported_metadata_level: int
+    def __init__(self, node_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., current_metadata_version: _Optional[int] = ..., want_fence: _Optional[bool] = ..., want_shutdown: _Optional[bool] = ..., supported_metadata_level: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "redirect", "is_fenced", "should_shutdown", "heartbeat_interval_ms")
@@ -531,7 +537,7 @@ class QuorumVoter(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., raft_address: _Optional[str] = ..., log_end_index: _Optional[int] = ..., lag: _Optional[int] = ..., last_contact_ms_ago: _Optional[int] = ..., is_leader: _Optional[bool] = ..., connected: _Optional[bool] = ...) -> None: ...
 
 class DescribeQuorumResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "redirect", "leader_id", "term", "commit_index", "metadata_version", "voters", "last_applied", "responder_id", "responder_is_active", "active_controller_id", "controller_epoch", "responder_lacks_quorum")
+    __slots__ = ("error_code", "error_message", "redirect", "leader_id", "term", "commit_index", "metadata_version", "voters", "last_applied", "responder_id", "responder_is_active", "active_controller_id", "controller_epoch", "responder_lacks_quorum", "responder_supported_metadata_level")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
@@ -546,6 +552,7 @@ class DescribeQuorumResponse(_message.Message):
     ACTIVE_CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RESPONDER_LACKS_QUORUM_FIELD_NUMBER: _ClassVar[int]
+    RESPONDER_SUPPORTED_METADATA_LEVEL_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     redirect: ControllerRedirect
@@ -560,7 +567,8 @@ class DescribeQuorumResponse(_message.Message):
     active_controller_id: int
     controller_epoch: int
     responder_lacks_quorum: bool
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., metadata_version: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[QuorumVoter, _Mapping]]] = ..., last_applied: _Optional[int] = ..., responder_id: _Optional[int] = ..., responder_is_active: _Optional[bool] = ..., active_controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., responder_lacks_quorum: _Optional[bool] = ...) -> None: ...
+    responder_supported_metadata_level: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., metadata_version: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[QuorumVoter, _Mapping]]] = ..., last_applied: _Optional[int] = ..., responder_id: _Optional[int] = ..., responder_is_active: _Optional[bool] = ..., active_controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., responder_lacks_quorum: _Optional[bool] = ..., responder_supported_metadata_level: _Optional[int] = ...) -> None: ...
 
 class AllocateProducerIdsRequest(_message.Message):
     __slots__ = ("broker_id", "broker_epoch")
@@ -778,3 +786,63 @@ class DescribeClusterConfigsResponse(_message.Message):
     redirect: ControllerRedirect
     entries: _containers.RepeatedCompositeFieldContainer[ClusterConfigEntry]
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., entries: _Optional[_Iterable[_Union[ClusterConfigEntry, _Mapping]]] = ...) -> None: ...
+
+class DescribeFeaturesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeFeatureSupport(_message.Message):
+    __slots__ = ("node_id", "role", "supported_max", "problem")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_MAX_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    role: str
+    supported_max: int
+    problem: str
+    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., supported_max: _Optional[int] = ..., problem: _Optional[str] = ...) -> None: ...
+
+class DescribeFeaturesResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "name", "finalized_level", "supported_min", "supported_max", "metadata_version", "nodes")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FINALIZED_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_MIN_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_MAX_FIELD_NUMBER: _ClassVar[int]
+    METADATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    name: str
+    finalized_level: int
+    supported_min: int
+    supported_max: int
+    metadata_version: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeFeatureSupport]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., name: _Optional[str] = ..., finalized_level: _Optional[int] = ..., supported_min: _Optional[int] = ..., supported_max: _Optional[int] = ..., metadata_version: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeFeatureSupport, _Mapping]]] = ...) -> None: ...
+
+class UpdateFeaturesRequest(_message.Message):
+    __slots__ = ("name", "level", "validate_only")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    level: int
+    validate_only: bool
+    def __init__(self, name: _Optional[str] = ..., level: _Optional[int] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class UpdateFeaturesResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "redirect", "finalized_level")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    FINALIZED_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    redirect: ControllerRedirect
+    finalized_level: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., finalized_level: _Optional[int] = ...) -> None: ...

@@ -129,6 +129,16 @@ class ControllerServiceStub:
                 request_serializer=proto_dot_controller__pb2.DescribeClusterConfigsRequest.SerializeToString,
                 response_deserializer=proto_dot_controller__pb2.DescribeClusterConfigsResponse.FromString,
                 _registered_method=True)
+        self.DescribeFeatures = channel.unary_unary(
+                '/brook.ControllerService/DescribeFeatures',
+                request_serializer=proto_dot_controller__pb2.DescribeFeaturesRequest.SerializeToString,
+                response_deserializer=proto_dot_controller__pb2.DescribeFeaturesResponse.FromString,
+                _registered_method=True)
+        self.UpdateFeatures = channel.unary_unary(
+                '/brook.ControllerService/UpdateFeatures',
+                request_serializer=proto_dot_controller__pb2.UpdateFeaturesRequest.SerializeToString,
+                response_deserializer=proto_dot_controller__pb2.UpdateFeaturesResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -254,6 +264,20 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeFeatures(self, request, context):
+        """Finalized feature levels (metadata_quorum/features.py): read (DESCRIBE on the cluster) and raise
+        (ALTER on the cluster), Kafka's ApiVersions features and UpdateFeatures.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateFeatures(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -351,6 +375,16 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.DescribeClusterConfigs,
                     request_deserializer=proto_dot_controller__pb2.DescribeClusterConfigsRequest.FromString,
                     response_serializer=proto_dot_controller__pb2.DescribeClusterConfigsResponse.SerializeToString,
+            ),
+            'DescribeFeatures': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeFeatures,
+                    request_deserializer=proto_dot_controller__pb2.DescribeFeaturesRequest.FromString,
+                    response_serializer=proto_dot_controller__pb2.DescribeFeaturesResponse.SerializeToString,
+            ),
+            'UpdateFeatures': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateFeatures,
+                    request_deserializer=proto_dot_controller__pb2.UpdateFeaturesRequest.FromString,
+                    response_serializer=proto_dot_controller__pb2.UpdateFeaturesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -866,6 +900,60 @@ class ControllerService:
             '/brook.ControllerService/DescribeClusterConfigs',
             proto_dot_controller__pb2.DescribeClusterConfigsRequest.SerializeToString,
             proto_dot_controller__pb2.DescribeClusterConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeFeatures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.ControllerService/DescribeFeatures',
+            proto_dot_controller__pb2.DescribeFeaturesRequest.SerializeToString,
+            proto_dot_controller__pb2.DescribeFeaturesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateFeatures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.ControllerService/UpdateFeatures',
+            proto_dot_controller__pb2.UpdateFeaturesRequest.SerializeToString,
+            proto_dot_controller__pb2.UpdateFeaturesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,16 @@ def connects_within(source: str | None, port: int, timeout_s: float, target: str
     return True
 
 
+def read_exactly(s: socket.socket, n: int) -> bytes:
+    """``n`` bytes from ``s``; fails the test, saying how many came, if the peer closes first."""
+    out = b""
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        assert chunk, f"the broker closed the connection after {len(out)} of {n} bytes"
+        out += chunk
+    return out
+
+
 def closed_by_peer(s: socket.socket, timeout_s: float = 10.0) -> bool:
     """Did the server close (or reset) ``s``? Waits up to ``timeout_s`` for it (socket.timeout after)."""
     s.settimeout(timeout_s)

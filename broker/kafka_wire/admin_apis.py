@@ -58,7 +58,7 @@ from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.codec import get_ms as _ms
 from broker.kafka_wire.context import Handler, KafkaCallContext
 from broker.quotas import CONTROLLER_MUTATION
-from metadata_quorum import cluster_configs
+from metadata_quorum import cluster_configs, features
 from metadata_quorum import security as sec
 from metadata_quorum.client import SecurityControllerClient
 from metadata_quorum.security_service import MAX_ITEMS_PER_REQUEST, acl_filter_key, acl_matches_filter
@@ -75,6 +75,7 @@ DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 29, 30, 31
 DESCRIBE_CONFIGS, ALTER_CONFIGS, DESCRIBE_LOG_DIRS, CREATE_PARTITIONS = 32, 33, 35, 37
 ELECT_LEADERS, INCREMENTAL_ALTER_CONFIGS = 43, 44
 ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS, DESCRIBE_CLUSTER = 45, 46, 60
+UPDATE_FEATURES = 57
 
 # api key -> (min, max) version served. Floors: the oldest kio has a schema for. Ceilings: DeleteTopics
 # stops before v6 (topics by id, which Brook's controller does not take); the rest are Kafka 4's newest.
@@ -94,6 +95,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ALTER_PARTITION_REASSIGNMENTS: (0, 1),
     LIST_PARTITION_REASSIGNMENTS: (0, 0),
     DESCRIBE_CLUSTER: (0, 2),
+    UPDATE_FEATURES: (0, 1),  # v2 answers without per-feature results
 }
 
 # KIP-599: the first versions whose clients know THROTTLING_QUOTA_EXCEEDED. Older ones are forwarded with
@@ -110,7 +112,7 @@ _OP_NAMES = {0: "SET", 1: "DELETE", 2: "APPEND", 3: "SUBTRACT"}
 
 # Kafka's ACL enums (ResourceType, PatternType, AclOperation, AclPermissionType) <-> Brook's names.
 _ANY, _MATCH = 1, 2
-RESOURCE_TYPES = {2: "TOPIC", 3: "GROUP", 4: "CLUSTER"}
+RESOURCE_TYPES = {2: "TOPIC", 3: "GROUP", 4: "CLUSTER", 5: "TRANSACTIONAL_ID", 6: "DELEGATION_TOKEN", 7: "USER"}
 PATTERN_TYPES = {3: "LITERAL", 4: "PREFIXED"}
 OPERATIONS = {2: "ALL", **{code: name for name, code in authz.OPERATION_CODES.items()}}
 PERMISSIONS = {2: "DENY", 3: "ALLOW"}
@@ -122,6 +124,7 @@ _CODE_OF = {kind: {name: code for code, name in table.items()}
 _SENSITIVE = re.compile(r"password|secret|jaas|credential|token|bootstrap\.users|\.key$|private", re.IGNORECASE)
 UNSUPPORTED_ENDPOINT_TYPE = 115  # Kafka's; not among Brook's own codes
 _DEFAULT_TIMEOUT_S = 30.0
+MAX_FEATURE_UPDATES = 16  # UpdateFeatures items forwarded (Brook has one feature)
 # Config resources one DescribeConfigs / (Incremental)AlterConfigs may name: the controller's limit on the topics
 # of one request (metadata_quorum.controller.MAX_TOPICS_PER_REQUEST), which BROKER resources count towards too.
 MAX_RESOURCES_PER_REQUEST = 1000
@@ -211,6 +214,7 @@ class AdminApis:
             ELECT_LEADERS: self.elect_leaders,
             ALTER_PARTITION_REASSIGNMENTS: self.alter_partition_reassignments,
             LIST_PARTITION_REASSIGNMENTS: self.list_partition_reassignments,
+            UPDATE_FEATURES: self.update_features,
         }
 
     def close(self) -> None:
@@ -740,6 +744,37 @@ class AdminApis:
                                 "controller_id": client_controller_id(
                                     [b["broker_id"] for b in brokers if not b["is_fenced"]]),
                                 "brokers": brokers, "cluster_authorized_operations": ops})
+
+    # ---- UpdateFeatures (KIP-584) ----
+    async def update_features(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        """Raise brook.metadata.version (metadata_quorum/features.py) through the controller, which checks ALTER on
+        the cluster and that every node supports the level. A downgrade, or deleting the feature, is refused
+        INVALID_UPDATE_VERSION: a finalized level is never lowered (Kafka refuses most metadata.version downgrades
+        too)."""
+        updates = list(req.body.feature_updates)
+        validate_only = bool(_get(req.body, "validate_only", False))
+        results: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for u in updates[:MAX_FEATURE_UPDATES]:
+            name, level = str(u.feature), int(u.max_version_level)
+            downgrade = bool(_get(u, "allow_downgrade", False)) or int(_get(u, "upgrade_type", 1)) != 1
+            try:
+                if name in seen:
+                    raise _Failed(ErrorCode.INVALID_REQUEST, f"feature {name!r} is named more than once")
+                seen.add(name)
+                if downgrade or level < features.SUPPORTED_MIN:
+                    raise _Failed(ErrorCode.INVALID_UPDATE_VERSION,
+                                  f"{name} cannot be lowered or deleted: what a higher level let the controller "
+                                  f"write stays in the metadata")
+                await self._controller(ctx, "UpdateFeatures", cpb.UpdateFeaturesRequest(
+                    name=name, level=level, validate_only=validate_only))
+                results.append({"feature": name, "error_code": 0, "error_message": None})
+            except _Failed as exc:
+                results.append({"feature": name, "error_code": exc.code, "error_message": exc.message})
+        results += [{"feature": str(u.feature), "error_code": ErrorCode.INVALID_REQUEST,
+                     "error_message": f"at most {MAX_FEATURE_UPDATES} feature updates in one request"}
+                    for u in updates[MAX_FEATURE_UPDATES:]]
+        return self._resp(req, {"throttle_time": 0, "error_code": 0, "error_message": None, "results": results})
 
     # ---- DescribeLogDirs (this broker's) ----
     async def describe_log_dirs(self, req: codec.Request, ctx: KafkaCallContext) -> Any:

@@ -24,6 +24,7 @@ from broker.kafka_wire import admin_apis, codec
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.codec import get_ms as _ms
 from broker.kafka_wire.context import Handler, KafkaCallContext
+from metadata_quorum import features
 from proto import broker_pb2, errors, group_pb2
 from proto.errors import ErrorCode
 from storage.record_batch import CODEC_ZSTD, read_header
@@ -143,7 +144,17 @@ class KafkaApis:
 
     # ---- ApiVersions ----
     async def api_versions(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
-        return self._resp(req, {"error_code": 0, "api_keys": api_version_entries()})
+        """v3+ also lists the features (KIP-584): brook.metadata.version's levels this release supports, and the
+        cluster's finalized level as of this broker's metadata (its version is the finalized features' epoch)."""
+        cache = self.broker.metadata_cache
+        level = cache.metadata_level
+        return self._resp(req, {
+            "error_code": 0, "api_keys": api_version_entries(),
+            "supported_features": [{"name": features.METADATA_VERSION, "min_version": features.SUPPORTED_MIN,
+                                    "max_version": features.SUPPORTED_MAX}],
+            "finalized_features_epoch": cache.version,
+            "finalized_features": [{"name": features.METADATA_VERSION, "max_version_level": level,
+                                    "min_version_level": level}]})
 
     # ---- Metadata ----
     async def metadata(self, req: codec.Request, ctx: KafkaCallContext) -> Any:

@@ -28,7 +28,9 @@ LOGIN_MS = 2000
 
 
 async def _listener(protocol: str, **defaults: str) -> KafkaListener:
-    lst = KafkaListener(types.SimpleNamespace(), KafkaListenerSpec(f"KAFKA_{protocol}", "127.0.0.1", 0, protocol),
+    broker = types.SimpleNamespace(metadata_cache=types.SimpleNamespace(  # what ApiVersions and the frame pool read
+        version=0, metadata_level=1, counts=lambda: (0, 0)))
+    lst = KafkaListener(broker, KafkaListenerSpec(f"KAFKA_{protocol}", "127.0.0.1", 0, protocol),
                         {"queued.max.request.bytes": str(POOL), "kafka.authentication.timeout.ms": str(LOGIN_MS),
                          "kafka.request.timeout.ms": "60000", **defaults})
     await lst.start()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from opskit import client_security, describe, produce_acked, read_values, sample_values
+from sockets import read_exactly
 from waiting import wait_for
 
 from client.admin import Admin, NewTopic
@@ -133,8 +134,8 @@ def test_a_node_may_fetch_only_as_itself(cluster: LocalCluster) -> None:
     data = request.SerializeToString()
     with _connect(cluster, leader, cluster.node_cert(impostor)) as s:
         s.sendall(REPLICATION_MAGIC + FRAME.pack(len(data)) + data)
-        (size,) = FRAME.unpack(_read_exactly(s, FRAME.size))
-        response = broker_pb2.FetchResponse.FromString(_read_exactly(s, size))
+        (size,) = FRAME.unpack(read_exactly(s, FRAME.size))
+        response = broker_pb2.FetchResponse.FromString(read_exactly(s, size))
     assert [p.error_code for p in response.partitions] == [ErrorCode.CLUSTER_AUTHORIZATION_FAILED], response
     assert not any(p.records for p in response.partitions)
 
@@ -205,15 +206,6 @@ def test_a_node_connection_that_reads_none_of_its_answers_is_closed_after_the_id
     assert waited >= IDLE_S - 0.5, f"closed after {waited:.1f} s, before connections.max.idle.ms ({IDLE_S} s)"
     assert received < answers << 20, f"all {received} bytes of the answers came: the connection was never stalled"
     produce_acked(cluster, TOPIC, [b"still-replicating"])
-
-
-def _read_exactly(s: ssl.SSLSocket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = s.recv(n - len(out))
-        assert chunk, f"the broker closed the connection after {len(out)} of {n} bytes"
-        out += chunk
-    return out
 
 
 def test_brokers_with_and_without_it_replicate_together(tmp_path: Path) -> None:

@@ -1,0 +1,183 @@
+"""brook.metadata.version (metadata_quorum/features.py): a change an older release would refuse to apply is written
+only once the level allowing it is finalized, and the level is finalized only when every voter and registered
+broker runs a release that supports it.
+
+The state-machine rules first, then three real ControllerNodes (one process, real sockets): a broker of an older
+release (one that reports no level) and a stopped voter each block the upgrade, by name; once they are upgraded
+and back, the level is finalized on every voter, survives a voter's restart, reaches the brokers' watch stream,
+and an older broker can no longer register."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+
+import pytest
+from quorum_helpers import free_port
+from waiting import wait_for
+
+from metadata_quorum import commands as c
+from metadata_quorum import features
+from metadata_quorum import security as sec
+from metadata_quorum.client import ControllerClient, SecurityControllerClient
+from metadata_quorum.node import ControllerNode, ControllerSettings, VoterAddress
+from metadata_quorum.state import MetadataInvariantError, MetadataState
+from proto import common_pb2, errors, security_pb2
+from proto import controller_pb2 as pb
+from proto.errors import ErrorCode
+
+TXN_ACL = ["TRANSACTIONAL_ID", "orders-", "PREFIXED", "User:etl", "*", "WRITE", "ALLOW"]
+TOKEN_ACL = ["USER", "User:etl", "LITERAL", "User:ops", "*", "CREATE_TOKENS", "ALLOW"]
+
+
+# ---- the state machine ----
+def test_a_binding_older_releases_refuse_waits_for_level_2_and_the_level_is_kept_in_the_snapshot() -> None:
+    s = MetadataState()
+    assert s.metadata_level == 1
+    r = s.apply(c.CreateAcls([TXN_ACL]))
+    assert r.error_code == ErrorCode.UNSUPPORTED_VERSION and "brook features upgrade --level 2" in r.error_message
+    r = s.apply(c.CreateAcls([TOKEN_ACL, ["TOPIC", "t", "LITERAL", "User:etl", "*", "READ", "ALLOW"]]))
+    assert r.error_code == ErrorCode.UNSUPPORTED_VERSION  # the whole command, the topic binding with it
+    assert s.acls == frozenset() and s.version == 0
+    # A release without features writes and reads no "features" section: at level 1 the snapshot is the same.
+    assert "features" not in s.to_snapshot()
+
+    assert s.apply(c.UpdateFeature(features.METADATA_VERSION, 2)).ok
+    assert s.metadata_level == 2 and s.changes_since(0).metadata_level == 2
+    assert s.apply(c.CreateAcls([TXN_ACL, TOKEN_ACL])).ok
+    assert {b.resource_type for b in s.acls} == {"TRANSACTIONAL_ID", "USER"}
+
+    restored = MetadataState.from_snapshot(s.to_snapshot())
+    assert restored == s and restored.metadata_level == 2 and restored.full_delta().metadata_level == 2
+
+
+@pytest.mark.parametrize(("name", "level", "code"), [
+    (features.METADATA_VERSION, 1, ErrorCode.INVALID_UPDATE_VERSION),  # lowered
+    (features.METADATA_VERSION, features.SUPPORTED_MAX + 1, ErrorCode.INVALID_UPDATE_VERSION),
+    (features.METADATA_VERSION, 0, ErrorCode.INVALID_UPDATE_VERSION),
+    ("metadata.version", 2, ErrorCode.INVALID_REQUEST),  # Kafka's feature, not Brook's
+])
+def test_a_level_is_never_lowered_nor_set_past_what_the_release_supports(name: str, level: int, code: int) -> None:
+    s = MetadataState()
+    assert s.apply(c.UpdateFeature(features.METADATA_VERSION, 2)).ok
+    before = s.to_snapshot()
+    r = s.apply(c.UpdateFeature(name, level))
+    assert r.error_code == code, r
+    assert s.to_snapshot() == before
+
+
+def test_metadata_past_the_releases_level_stops_the_node_instead_of_being_served() -> None:
+    s = MetadataState()
+    assert s.apply(c.UpdateFeature(features.METADATA_VERSION, 2)).ok
+    snapshot = s.to_snapshot()
+    snapshot["features"] = {features.METADATA_VERSION: features.SUPPORTED_MAX + 1}
+    with pytest.raises(MetadataInvariantError, match="this release supports up to"):
+        MetadataState.from_snapshot(snapshot)
+
+
+# ---- three real voters ----
+CLUSTER = "features-test"
+
+
+def _settings(i: int, voters: dict[int, VoterAddress], base: object, password: str) -> ControllerSettings:
+    return ControllerSettings(i, voters, base / f"c{i}", CLUSTER, password,  # type: ignore[operator]
+                              broker_session_timeout_ms=60_000, broker_heartbeat_interval_ms=300)
+
+
+@pytest.fixture(scope="module")
+def quorum(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, ControllerNode]]:
+    base = tmp_path_factory.mktemp("features")
+    password = secrets.token_urlsafe(32)
+    voters = {i: VoterAddress("127.0.0.1", free_port(), free_port()) for i in (1, 2, 3)}
+    nodes = {i: ControllerNode(_settings(i, voters, base, password)) for i in (1, 2, 3)}
+    try:
+        for n in nodes.values():
+            n.start()
+        wait_for(lambda: any(n.is_active() for n in nodes.values()), 30, "an active controller")
+        yield nodes
+    finally:
+        for n in nodes.values():
+            n.stop()
+
+
+def _endpoints(nodes: dict[int, ControllerNode]) -> list[tuple[str, int]]:
+    return [(n.settings.voters[i].host, n.settings.voters[i].grpc_port) for i, n in nodes.items()]
+
+
+def _register(client: ControllerClient, broker: int, supported: int, previous: str = "") -> pb.RegisterBrokerResponse:
+    r = client.call("RegisterBroker", pb.RegisterBrokerRequest(
+        node_id=broker, incarnation_id=f"inc-{broker}-{supported}", previous_incarnation_id=previous, cluster_id=CLUSTER,
+        endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19000 + broker)],
+        supported_metadata_level=supported))
+    client.call("BrokerHeartbeat", pb.BrokerHeartbeatRequest(
+        node_id=broker, broker_epoch=r.broker_epoch, current_metadata_version=1 << 40,
+        supported_metadata_level=supported))
+    return r
+
+
+def _create_acl(nodes: dict[int, ControllerNode], binding: list[str]) -> None:
+    acl = security_pb2.AclBinding(**dict(zip(("resource_type", "resource_name", "pattern_type", "principal", "host",
+                                              "operation", "permission"), binding, strict=True)))
+    with SecurityControllerClient(_endpoints(nodes), timeout_s=15) as s:
+        s.call("CreateAcls", security_pb2.CreateAclsRequest(acls=[acl]))
+
+
+def test_the_level_is_raised_only_when_every_voter_and_broker_supports_it(
+        quorum: dict[int, ControllerNode]) -> None:
+    with ControllerClient(_endpoints(quorum), timeout_s=15) as client:
+        _register(client, 1, features.SUPPORTED_MAX)
+        _register(client, 2, 0)  # an older release: it reports no level
+        described = client.call("DescribeFeatures", pb.DescribeFeaturesRequest())
+        assert (described.name, described.finalized_level) == (features.METADATA_VERSION, 1)
+        assert {(n.role, n.node_id): n.supported_max for n in described.nodes} == {
+            ("controller", 1): 2, ("controller", 2): 2, ("controller", 3): 2, ("broker", 1): 2, ("broker", 2): 1}
+        with pytest.raises(errors.BrookError) as refused:
+            _create_acl(quorum, TXN_ACL)
+        assert refused.value.code == ErrorCode.UNSUPPORTED_VERSION, refused.value
+
+        for validate_only in (True, False):
+            with pytest.raises(errors.BrookError) as behind:
+                client.call("UpdateFeatures", pb.UpdateFeaturesRequest(
+                    name=features.METADATA_VERSION, level=2, validate_only=validate_only))
+            assert behind.value.code == ErrorCode.FEATURE_UPDATE_FAILED
+            assert "broker 2 (supports up to 1)" in behind.value.message, behind.value.message
+
+        _register(client, 2, features.SUPPORTED_MAX, previous="inc-2-0")  # broker 2 restarted, upgraded
+        stopped = next(i for i, n in quorum.items() if not n.is_active())
+        quorum[stopped].stop()
+        with pytest.raises(errors.BrookError) as down:
+            client.call("UpdateFeatures", pb.UpdateFeaturesRequest(name=features.METADATA_VERSION, level=2))
+        assert down.value.code == ErrorCode.FEATURE_UPDATE_FAILED
+        assert f"controller {stopped} (cannot be asked" in down.value.message, down.value.message
+        assert all(n.raft.read(lambda s: s.metadata_level) == 1 for i, n in quorum.items() if i != stopped)
+
+        quorum[stopped] = ControllerNode(quorum[stopped].settings)
+        quorum[stopped].start()
+        ok = client.call("UpdateFeatures", pb.UpdateFeaturesRequest(name=features.METADATA_VERSION, level=2,
+                                                                     validate_only=True))
+        assert ok.finalized_level == 1  # checked, nothing changed
+        ok = client.call("UpdateFeatures", pb.UpdateFeaturesRequest(name=features.METADATA_VERSION, level=2))
+        assert ok.finalized_level == 2
+        wait_for(lambda: all(n.raft.read(lambda s: s.metadata_level) == 2 for n in quorum.values()), 20,
+                 "every voter at level 2")
+        _create_acl(quorum, TXN_ACL)
+        wait_for(lambda: all(sec.acl_binding(TXN_ACL) in n.raft.read(lambda s: s.acls) for n in quorum.values()), 20,
+                 "the TRANSACTIONAL_ID binding on every voter")
+        update = next(iter(client.watch(0)))
+        assert update.is_snapshot and update.metadata_level == 2
+
+        # A broker of an older release can no longer join; the level cannot be lowered.
+        with pytest.raises(errors.BrookError) as old:
+            _register(client, 3, 0)
+        assert old.value.code == ErrorCode.UNSUPPORTED_VERSION and "never lowered" in old.value.message
+        with pytest.raises(errors.BrookError) as lower:
+            client.call("UpdateFeatures", pb.UpdateFeaturesRequest(name=features.METADATA_VERSION, level=1))
+        assert lower.value.code == ErrorCode.INVALID_UPDATE_VERSION
+
+        # A voter restarted reads the level back from its own journal and snapshot.
+        follower = next(i for i, n in quorum.items() if not n.is_active())
+        quorum[follower].stop()
+        quorum[follower] = ControllerNode(quorum[follower].settings)
+        quorum[follower].start()
+        wait_for(lambda: quorum[follower].raft.read(lambda s: s.metadata_level) == 2, 30,
+                 f"restarted voter {follower} at level 2")
