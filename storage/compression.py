@@ -164,7 +164,10 @@ def decompress(
 
 
 def _too_large(codec: int, limit: int) -> errors.BrookError:
-    return errors.CorruptMessageError(
+    """MESSAGE_TOO_LARGE, not CORRUPT_MESSAGE: the data is well formed, only larger decompressed than a broker takes,
+    and clients retry CORRUPT_MESSAGE (Kafka's CorruptRecordException is retriable): a producer sent the same batch
+    until its delivery timeout (platformatic/kafka audit). Kafka's Java producer splits a batch refused so."""
+    return errors.MessageTooLargeError(
         f"{CODEC_NAMES.get(codec, codec)} data decompresses to more than {limit} bytes; refused"
     )
 
@@ -377,7 +380,7 @@ def _zstd_decompress(data: bytes | bytearray | memoryview, limit: int) -> bytes:
             try:
                 chunk = dctx.decompress(frame, max_output_size=budget)
             except zstandard.ZstdError as exc:
-                raise errors.CorruptMessageError(
+                raise errors.MessageTooLargeError(
                     f"zstd data decompresses to more than {limit} bytes or is corrupt: {exc}"
                 ) from exc
         total += len(chunk)

@@ -80,7 +80,7 @@ ATTACKS = {
                             1_000_000), ErrorCode.CORRUPT_MESSAGE),
     "random-bytes-as-zstd": (lambda: _compressed(rb.CODEC_ZSTD, bytes(range(256)) * 3, 3),
                              ErrorCode.CORRUPT_MESSAGE),
-    "gzip-bomb": (_gzip_bomb, ErrorCode.CORRUPT_MESSAGE),
+    "gzip-bomb": (_gzip_bomb, ErrorCode.MESSAGE_TOO_LARGE),  # not retriable, unlike CORRUPT_MESSAGE
     "control-batch": (lambda: rb.build_control_batch(True, producer_id=1, producer_epoch=0, timestamp_ms=1),
                       ErrorCode.INVALID_RECORD),
     "transactional": (lambda: _refit(make_batch(b"t"), attributes=rb.ATTR_TRANSACTIONAL), ErrorCode.INVALID_RECORD),

@@ -112,7 +112,7 @@ def test_zstd_frame_without_content_size() -> None:
     packed = _zstd_streamed(DATA)
     assert zstandard.frame_content_size(packed) == -1
     assert c.decompress(c.CODEC_ZSTD, packed) == DATA
-    with pytest.raises(errors.CorruptMessageError):
+    with pytest.raises(errors.MessageTooLargeError):
         c.decompress(c.CODEC_ZSTD, packed, max_output_bytes=len(DATA) - 1)
 
 
@@ -120,7 +120,7 @@ def test_zstd_frame_without_content_size() -> None:
 def test_output_limit_is_exact(codec: int) -> None:
     packed = c.compress(codec, DATA)
     assert c.decompress(codec, packed, max_output_bytes=len(DATA)) == DATA
-    with pytest.raises(errors.CorruptMessageError, match="more than"):
+    with pytest.raises(errors.MessageTooLargeError, match="more than"):
         c.decompress(codec, packed, max_output_bytes=len(DATA) - 1)
 
 
@@ -139,7 +139,7 @@ def test_output_limit_is_exact(codec: int) -> None:
 def test_decompression_bomb_is_refused(bomb: object) -> None:
     codec, packed = bomb(b"\x00" * (32 << 20))  # type: ignore[operator]
     assert len(packed) < 2 << 20, f"bomb is {len(packed)} bytes"
-    with pytest.raises(errors.CorruptMessageError, match="more than"):
+    with pytest.raises(errors.MessageTooLargeError, match="more than"):
         c.decompress(codec, packed, max_output_bytes=1 << 20)
 
 
@@ -197,7 +197,7 @@ def test_zstd_streamed_frames_concatenated_and_skippable_frames() -> None:
     skippable = struct.pack("<II", 0x184D2A53, 5) + b"12345"
     packed = _zstd_streamed(a) + skippable + _zstd_streamed(b) + c.compress(c.CODEC_ZSTD, b"tail")
     assert c.decompress(c.CODEC_ZSTD, packed) == DATA + b"tail"
-    with pytest.raises(errors.CorruptMessageError, match="more than"):
+    with pytest.raises(errors.MessageTooLargeError, match="more than"):
         c.decompress(c.CODEC_ZSTD, packed, max_output_bytes=len(DATA))
 
 

@@ -488,7 +488,7 @@ def test_decompression_bomb_in_batch_is_refused(codec: int) -> None:
     after = struct.pack(">hiqqqhii", codec, 0, BASE_TS, BASE_TS, -1, -1, -1, 1) + records
     buf = struct.pack(">qiib", 0, 49 + len(records), -1, 2) + struct.pack(">I", crc32c(after)) + after
     assert len(buf) < 1 << 20
-    with pytest.raises(errors.CorruptMessageError, match="more than"):
+    with pytest.raises(errors.MessageTooLargeError, match="more than"):
         rb.decode_batch(buf, max_decompressed_bytes=1 << 20)
 
 
