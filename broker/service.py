@@ -72,6 +72,7 @@ from broker.replica_manager import (
 from proto import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 from storage.log import WouldBlock
+from storage.log_validator import MAX_RECORD_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -460,6 +461,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                     r.base_offset, r.log_append_time_ms, r.log_start_offset)
             elif isinstance(exc, errors.BrookError):
                 out.error_code, out.error_message = exc.code, exc.message
+                for index, why in exc.record_errors[:MAX_RECORD_ERRORS]:  # bounded where they are found too
+                    out.record_errors.add(batch_index=index, message=why)
                 if exc.code in _LEADER_ERRORS:
                     out.current_leader.CopyFrom(self.cache.leader_and_epoch(pd.topic, pd.partition))
             else:

@@ -36,7 +36,7 @@ class ProduceResponse(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[ProducePartitionResponse, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class ProducePartitionResponse(_message.Message):
-    __slots__ = ("topic", "partition", "error_code", "error_message", "base_offset", "log_append_time_ms", "log_start_offset", "current_leader")
+    __slots__ = ("topic", "partition", "error_code", "error_message", "base_offset", "log_append_time_ms", "log_start_offset", "current_leader", "record_errors")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class ProducePartitionResponse(_message.Message):
     LOG_APPEND_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     CURRENT_LEADER_FIELD_NUMBER: _ClassVar[int]
+    RECORD_ERRORS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     error_code: _common_pb2.ErrorCode
@@ -53,7 +54,16 @@ class ProducePartitionResponse(_message.Message):
     log_append_time_ms: int
     log_start_offset: int
     current_leader: _common_pb2.LeaderIdAndEpoch
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., base_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., current_leader: _Optional[_Union[_common_pb2.LeaderIdAndEpoch, _Mapping]] = ...) -> None: ...
+    record_errors: _containers.RepeatedCompositeFieldContainer[RecordError]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., base_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., current_leader: _Optional[_Union[_common_pb2.LeaderIdAndEpoch, _Mapping]] = ..., record_errors: _Optional[_Iterable[_Union[RecordError, _Mapping]]] = ...) -> None: ...
+
+class RecordError(_message.Message):
+    __slots__ = ("batch_index", "message")
+    BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    batch_index: int
+    message: str
+    def __init__(self, batch_index: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("replica_id", "replica_epoch", "max_wait_ms", "min_bytes", "max_bytes", "partitions", "incremental", "forgotten", "follower_read")

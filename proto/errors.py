@@ -57,6 +57,9 @@ class BrookError(Exception):
     """Base of every Brook error: an ``ErrorCode`` plus a human message."""
 
     code: int = ErrorCode.UNKNOWN_SERVER_ERROR
+    # A produce refused for some of its records (Kafka's KIP-467): (index of the record among the partition's
+    # records in the request, why), as a Produce answer's record_errors lists them.
+    record_errors: tuple[tuple[int, str], ...] = ()
 
     def __init__(self, message: str = "", *, code: int | None = None) -> None:
         if code is not None:

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 
 from proto import errors
-from storage import compression, record_walk
+from storage import compression, record_batch, record_walk
 from storage.log_config import MAX_TIMESTAMP_MS, LogConfig
 from storage.record_batch import (
     ATTR_CODEC_MASK,
@@ -94,6 +94,11 @@ class _RecordsSummary:
     max_timestamp: int
 
 
+# A Produce answer's record_errors (KIP-467): at most this many records listed, found among at most this many.
+MAX_RECORD_ERRORS = 100
+RECORD_ERRORS_SCAN = 10_000
+
+
 class LogValidator:
     """Validate produced batches for one log's config; see the module docstring for the rules."""
 
@@ -120,8 +125,15 @@ class LogValidator:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         fixes: list[tuple[int, int]] = []
         pos = 0
+        records_before = 0
         for h in headers:
-            summary = self.validate_batch(buf, pos, h, now)
+            try:
+                summary = self.validate_batch(buf, pos, h, now)
+            except errors.BrookError as exc:
+                if exc.record_errors:  # indexes within the batch -> within the partition's records
+                    exc.record_errors = tuple((records_before + i, m) for i, m in exc.record_errors)
+                raise
+            records_before += h.record_count
             if self._create_time and summary.max_timestamp != h.max_timestamp:
                 fixes.append((pos, summary.max_timestamp))
             pos += h.batch_length + LOG_OVERHEAD
@@ -157,11 +169,38 @@ class LogValidator:
               now: int) -> _RecordsSummary:
         kind, i, a, b, min_delta, max_delta = record_walk.walk(data, start, end, h.record_count, self._compact)
         if kind != record_walk.OK:
-            raise _walk_error(kind, i, a, b, h.record_count, batch_pos)
+            exc = _walk_error(kind, i, a, b, h.record_count, batch_pos)
+            if exc.code == errors.InvalidRecordError.code:
+                exc.record_errors = ((i, exc.message),)
+            raise exc
         if not self._create_time:
             return _RecordsSummary(h.max_timestamp)  # the broker stamps LogAppendTime itself
         max_ts = h.base_timestamp + max_delta
         min_ts = h.base_timestamp + min_delta
+        try:
+            self._check_timestamps(h, batch_pos, min_ts, max_ts, now)
+        except errors.InvalidTimestampError as exc:
+            exc.record_errors = self._timestamp_errors(data, start, end, h, now, exc.message)
+            raise
+        return _RecordsSummary(max_ts)
+
+    def _timestamp_errors(self, data: Buffer, start: int, end: int, h: BatchHeader, now: int,
+                          why: str) -> tuple[tuple[int, str], ...]:
+        """The records whose own timestamp breaks the rules, as Kafka's LogValidator lists them (KIP-467): at most
+        MAX_RECORD_ERRORS of them among the first RECORD_ERRORS_SCAN records (a refused batch only: its records
+        are read again, in Python). None found there: none listed, and the partition's error says why."""
+        out: list[tuple[int, str]] = []
+        for i, delta in enumerate(record_batch.timestamp_deltas(data, start, end)):
+            if i >= RECORD_ERRORS_SCAN or len(out) >= MAX_RECORD_ERRORS:
+                break
+            ts = h.base_timestamp + delta
+            try:
+                self._check_timestamps(h, -1, ts, ts, now)
+            except errors.BrookError as exc:
+                out.append((i, exc.message.split(": ", 1)[-1]))
+        return tuple(out)
+
+    def _check_timestamps(self, h: BatchHeader, batch_pos: int, min_ts: int, max_ts: int, now: int) -> None:
         if max_ts > _INT64_MAX or min_ts < _INT64_MIN:
             raise errors.InvalidRecordError(f"batch at position {batch_pos}: record timestamps overflow 64 bits")
         # Whatever message.timestamp.before/after.max.ms allow: a timestamp is -1 (none) or a time readers
@@ -181,7 +220,6 @@ class LogValidator:
             raise errors.InvalidTimestampError(f"batch at position {batch_pos}: a record's timestamp {min_ts} is "
                                     f"{now - min_ts} ms behind the broker's clock "
                                     f"(message.timestamp.before.max.ms {self._before_max_ms})")
-        return _RecordsSummary(max_ts)
 
 
 def _walk_error(kind: int, i: int, a: int, b: int, count: int, batch_pos: int) -> errors.BrookError:

@@ -355,6 +355,18 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
     raise errors.InvalidRecordError(f"varint at record position {pos} is longer than {_MAX_VARINT_BYTES} bytes")
 
 
+def timestamp_deltas(data: Buffer, start: int, end: int) -> Iterator[int]:
+    """Each record's timestamp delta, in order, from the records section ``data[start:end]`` of a batch the record
+    walk (storage/record_walk.py) has accepted: length, attributes (one byte), then the delta."""
+    view = bytes(memoryview(data)[start:end])
+    p = 0
+    while p < len(view):
+        length, body = _read_varint(view, p)
+        delta, _ = _read_varint(view, body + 1)
+        yield delta
+        p = body + length
+
+
 @dataclass(slots=True)
 class Record:
     offset: int

@@ -272,7 +272,10 @@ class KafkaApis:
         for p in out.partitions:
             entry: dict[str, Any] = {"index": p.partition, "error_code": p.error_code, "base_offset": p.base_offset,
                                      "log_append_time": p.log_append_time_ms, "log_start_offset": p.log_start_offset,
-                                     "error_message": p.error_message or None}
+                                     "error_message": p.error_message or None,
+                                     "record_errors": [{"batch_index": r.batch_index,
+                                                        "batch_index_error_message": r.message or None}
+                                                       for r in p.record_errors]}
             if p.error_code in _LEADER_ERRORS:
                 entry["current_leader"] = _leader(self.cache, p.topic, p.partition)
             by_topic[p.topic].append(entry)

@@ -5,47 +5,20 @@ the level allowing it is finalized, then stored and listed. Raw requests for wha
 
 from __future__ import annotations
 
-import io
-import socket
-import ssl
-import struct
 from typing import Any
 
 import pytest
-from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
-from kio.serial import entity_reader, entity_writer
-from sockets import read_exactly
+from kafka_raw import kafka_ask
 from waiting import wait_for
 
-from broker.kafka_wire import codec
 from deploy.local.cluster import LocalCluster
 from metadata_quorum import features
 
 T = 30
 
 
-def _ask(cluster: LocalCluster, node: int, api_key: int, version: int, values: dict[str, Any]) -> Any:
-    cls = codec.request_schema(api_key, version)
-    buf = io.BytesIO()
-    entity_writer(HeaderV2)(buf, HeaderV2(request_api_key=api_key, request_api_version=version, correlation_id=9,
-                                          client_id="features-test"))
-    entity_writer(cls)(buf, codec.build(cls, values))
-    frame = struct.pack(">i", len(buf.getvalue())) + buf.getvalue()
-    context = ssl.create_default_context(cafile=str(cluster.tls_dir / "ca.pem"))
-    context.load_cert_chain(str(cluster.tls_dir / "admin.pem"), str(cluster.tls_dir / "admin.key"))
-    host, port = cluster.kafka_address(node).rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=T) as raw, \
-            context.wrap_socket(raw, server_hostname=host) as conn:
-        conn.sendall(frame)
-        size = struct.unpack(">i", read_exactly(conn, 4))[0]
-        data = read_exactly(conn, size)
-    header = 4 if api_key == 18 else 5  # ApiVersions answers with header v0, other flexible APIs with v1
-    body, _ = entity_reader(codec.response_schema(api_key, version))(data, header)
-    return body
-
-
 def _features(cluster: LocalCluster, node: int) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
-    r = _ask(cluster, node, 18, 3, {"client_software_name": "features-test", "client_software_version": "1"})
+    r = kafka_ask(cluster, node, 18, 3, {"client_software_name": "features-test", "client_software_version": "1"})
     assert int(r.error_code) == 0
     return ({f.name: (int(f.min_version), int(f.max_version)) for f in r.supported_features},
             {f.name: int(f.max_version_level) for f in r.finalized_features})
@@ -53,7 +26,7 @@ def _features(cluster: LocalCluster, node: int) -> tuple[dict[str, tuple[int, in
 
 def _update(cluster: LocalCluster, level: int, *, version: int = 1, **more: Any) -> tuple[int, str | None]:
     update = {"feature": features.METADATA_VERSION, "max_version_level": level, **more}
-    r = _ask(cluster, 1, 57, version, {"timeout": 30_000, "feature_updates": [update], "validate_only": False})
+    r = kafka_ask(cluster, 1, 57, version, {"timeout": 30_000, "feature_updates": [update], "validate_only": False})
     assert int(r.error_code) == 0 and len(r.results) == 1
     return int(r.results[0].error_code), r.results[0].error_message
 

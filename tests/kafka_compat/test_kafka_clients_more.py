@@ -355,3 +355,41 @@ def test_each_clients_compressed_records_read_the_same_by_every_client(kconf, ma
         for reader in readers:
             got = _read_with(reader, bootstrap, kconf, topic, kcat_bin)
             assert got == expected, f"{codec} from {producer}, read by {reader}: {got[:3]} ... ({len(got)} records)"
+
+
+def test_a_refused_produce_names_its_records_in_record_errors(cluster: LocalCluster, rd_admin: Any,
+                                                              make_topic: Callable[[int], str]) -> None:
+    """KIP-467: a Produce v8+ answer lists the records that made a batch refused, by their index, as Kafka's
+    LogValidator does (Java's producer fails those records with their own message). A raw request: librdkafka
+    shows only the partition's error."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+    from kafka_raw import kafka_ask
+
+    from storage.record_batch import RecordBatchBuilder
+
+    topic = make_topic(1)
+    compact = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)])
+    rd_admin.incremental_alter_configs([compact])[compact].result(30)
+    leader = rd_admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
+    now = int(time.time() * 1000)
+
+    def produce(records: list[tuple[int, bytes | None]]) -> Any:
+        b = RecordBatchBuilder()
+        for ts, key in records:
+            b.append(ts, key, b"v")
+        r = kafka_ask(cluster, leader, 0, 9, {"transactional_id": None, "acks": -1, "timeout": 30_000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": 0, "records": b.build()}]}]})
+        return r.responses[0].partition_responses[0]
+
+    def wait_compacted() -> bool:
+        return rd_admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)])[
+            ConfigResource(ResourceType.TOPIC, topic)].result(30)["cleanup.policy"].value == "compact"
+    wait_for(wait_compacted, 30, "cleanup.policy=compact")
+    keyless = wait_for(lambda: (p := produce([(now, b"a"), (now, None), (now, b"c")])).error_code == 87 and p, 30,
+                       "the leader to refuse a keyless record on the compacted topic (INVALID_RECORD)")
+    assert [(e.batch_index, "has no key" in e.batch_index_error_message) for e in keyless.record_errors] == [(1, True)]
+    ahead = produce([(now, b"a"), (now + 3 * 3600_000, b"b"), (now, b"c"), (now + 5 * 3600_000, b"d")])
+    assert int(ahead.error_code) == 32, ahead  # INVALID_TIMESTAMP: an hour ahead at most, Kafka 4's default
+    assert [e.batch_index for e in ahead.record_errors] == [1, 3]
+    assert int(produce([(now, b"a")]).error_code) == 0

@@ -179,6 +179,18 @@ def test_keyless_record_on_compacted_topic_is_invalid(tmp_path: Path) -> None:
     lg.close()
 
 
+def test_a_refused_record_is_named_in_record_errors_by_its_index_among_the_partitions_records(
+        tmp_path: Path) -> None:
+    """KIP-467: a Produce answer lists the records that made the batch refused; their index counts the records of
+    the batches before theirs (Brook takes several batches a partition; Kafka's producers send one)."""
+    lg = Log.open(tmp_path / "c-0", LogConfig(cleanup_policy=("compact",)))
+    first = batch(record(0, b"a") + record(1, b"b"), count=2)
+    second = batch(record(0, b"c") + record(1, None) + record(2, None), count=3)
+    refused = assert_refused(lg, first + second, INVALID, "record 1 of batch at position")
+    assert refused.record_errors == ((3, refused.message),)  # the walk stops at the first: record 2 + 1
+    lg.close()
+
+
 def test_keyless_record_on_delete_topic_is_accepted(log: Log) -> None:
     log.append_as_leader(valid(3, keys=False), 0)
 
@@ -411,6 +423,11 @@ def test_a_record_stamped_beyond_the_future_bound_is_refused(log: Log) -> None:
     refused = assert_refused(log, _stamped(now, 0, 10 * 365 * 24 * hour), ErrorCode.INVALID_TIMESTAMP,
                              "ahead of the broker's clock (message.timestamp.after.max.ms 3600000)")
     assert "record" in refused.message
+    # Each record out of bounds is named (KIP-467), with its own timestamp; the others are not.
+    refused = assert_refused(log, _stamped(now, 0, 3 * hour, 0, 5 * hour), ErrorCode.INVALID_TIMESTAMP, "ahead")
+    assert [i for i, _ in refused.record_errors] == [1, 3], refused.record_errors
+    assert [(str(now + d) in why, "ahead" in why) for (_, why), d in zip(refused.record_errors, (3 * hour, 5 * hour),
+                                                                          strict=True)] == [(True, True)] * 2
 
 
 def test_timestamp_bounds_follow_the_topic_config(tmp_path: Path) -> None:
