@@ -143,6 +143,11 @@ class ControllerClient:
                     self._sleep_before_retry(attempt, deadline)
                     attempt += 1
                     continue
+                if status == grpc.StatusCode.UNIMPLEMENTED:
+                    # The active controller's release predates the call (a rolling upgrade in progress).
+                    raise errors.UnsupportedVersionError(
+                        f"{method}: the active controller ({target[0]}:{target[1]}) runs a release without this "
+                        f"call; it needs a newer release on the controllers (finish the rolling upgrade)") from None
                 if status not in _TRANSPORT_RETRY:
                     raise errors.UnknownServerError(f"{method}: {last_error}") from None
                 self._forget_leader(target)

@@ -74,6 +74,8 @@ _ACTIVATION_TERMS_KEPT = 16
 MAX_REBALANCE_MOVES_PER_ROUND = 1000
 MAX_REASSIGNMENT_COMPLETIONS_IN_FLIGHT = 100  # CompleteReassignment proposals outstanding at once
 PRODUCER_ID_BLOCK_SIZE = 1000
+# DescribeFeatures answers with voters' levels asked at most this long ago (UpdateFeatures asks again).
+DESCRIBE_FEATURES_MAX_AGE_S = 10.0
 
 
 @dataclass
@@ -116,11 +118,11 @@ class QuorumController:
                  clock: Callable[[], float] = time.monotonic, *,
                  rng: random.Random | None = None,
                  new_topic_id: Callable[[], str] = lambda: uuid.uuid4().hex,
-                 voter_levels: Callable[[], dict[int, tuple[int, str]]] | None = None) -> None:
+                 voter_levels: Callable[[float], dict[int, tuple[int, str]]] | None = None) -> None:
         self.config = config
-        # Every voter's highest supported brook.metadata.version, or (0, why unknown); asked only when the level is
-        # described or raised (the node asks each voter's DescribeQuorum). Alone, this controller knows only itself.
-        self._voter_levels = voter_levels or (lambda: {config.node_id: (features.SUPPORTED_MAX, "")})
+        # Every voter's highest supported brook.metadata.version, or (0, why unknown), as asked at most the given
+        # seconds ago (the node asks each voter's DescribeQuorum; node.VoterLevels). Alone, it knows only itself.
+        self._voter_levels = voter_levels or (lambda max_age_s: {config.node_id: (features.SUPPORTED_MAX, "")})
         # broker id -> highest level its release supports, from its registration and heartbeats (memory only: a
         # new active controller learns them within a heartbeat interval)
         self._broker_levels: dict[int, int] = {}
@@ -238,6 +240,7 @@ class QuorumController:
             with self._lock:
                 brokers = self.raft.read(lambda s: list(s.brokers))
                 self._leases = {b: now for b in brokers}
+                self._broker_levels.clear()  # what brokers report to this activation only
                 self._fencing.clear()
             self._next_rebalance_at = now + self.config.leader_imbalance_check_interval_s
             self._active_term = term
@@ -1184,19 +1187,26 @@ class QuorumController:
         return response
 
     # ---- finalized features ----
-    def _node_levels(self) -> list[pb.NodeFeatureSupport]:
-        """Each voter's and registered broker's highest supported brook.metadata.version (0: unknown, and why)."""
+    def _node_levels(self, max_age_s: float) -> list[pb.NodeFeatureSupport]:
+        """Each voter's and registered broker's highest supported brook.metadata.version (0: unknown, and why). A
+        broker counts only while its session is live: one stopped may come back on another release."""
         out = [pb.NodeFeatureSupport(node_id=n, role="controller", supported_max=level, problem=problem)
-               for n, (level, problem) in sorted(self._voter_levels().items())]
+               for n, (level, problem) in sorted(self._voter_levels(max_age_s).items())]
         brokers = self.raft.read(lambda s: sorted(s.brokers))
+        session_s = self.config.broker_session_timeout_ms / 1000.0
+        now = self._clock()
         with self._lock:
             known = dict(self._broker_levels)
+            leases = dict(self._leases)
         for b in brokers:
-            level = known.get(b, 0)
-            out.append(pb.NodeFeatureSupport(
-                node_id=b, role="broker", supported_max=level,
-                problem="" if level else "it has not registered or sent a heartbeat to this controller since it "
-                                         "became active (stopped?)"))
+            level, lease = known.get(b, 0), leases.get(b)
+            if lease is None or now - lease > session_s:
+                level, problem = 0, "its session is not live (stopped?): start it, or unregister it if it is gone"
+            elif not level:
+                problem = "it has not sent a heartbeat to this controller since it became active"
+            else:
+                problem = ""
+            out.append(pb.NodeFeatureSupport(node_id=b, role="broker", supported_max=level, problem=problem))
         return out
 
     def describe_features(self) -> pb.DescribeFeaturesResponse:
@@ -1204,7 +1214,7 @@ class QuorumController:
         response = pb.DescribeFeaturesResponse(name=features.METADATA_VERSION, finalized_level=level,
                                                supported_min=features.SUPPORTED_MIN,
                                                supported_max=features.SUPPORTED_MAX, metadata_version=version)
-        response.nodes.extend(self._node_levels())
+        response.nodes.extend(self._node_levels(DESCRIBE_FEATURES_MAX_AGE_S))
         return response
 
     def update_features(self, req: pb.UpdateFeaturesRequest, timeout_s: float) -> pb.UpdateFeaturesResponse:
@@ -1223,7 +1233,7 @@ class QuorumController:
                 f"controller write stays in the metadata")
         if req.level > current:
             behind = [f"{n.role} {n.node_id} ({n.problem or f'supports up to {n.supported_max}'})"
-                      for n in self._node_levels() if n.supported_max < req.level]
+                      for n in self._node_levels(0.0) if n.supported_max < req.level]
             if behind:
                 raise errors.FeatureUpdateFailedError(
                     f"cannot finalize {req.name} {req.level}: not every node runs a release that supports it: "

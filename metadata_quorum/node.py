@@ -45,7 +45,7 @@ from storage import meta_properties
 log = logging.getLogger(__name__)
 
 TICK_INTERVAL_S = 0.1
-VOTER_PROBE_TIMEOUT_S = 5.0  # asking a voter which feature levels its release supports
+VOTER_PROBE_TIMEOUT_S = 2.0  # asking a voter which feature levels its release supports
 GRPC_MAX_WORKERS = 96  # watch streams hold a worker each; MAX_WATCHERS of them at most
 MAX_STREAMS_PER_CONNECTION = 100
 _SERVER_OPTIONS = [
@@ -206,6 +206,47 @@ class ControllerStats:
     mutations_over_quota: int = 0
 
 
+class VoterLevels:
+    """The voters' supported feature levels, asked of all of them at once (each at most VOTER_PROBE_TIMEOUT_S), one
+    round at a time, and kept: callers at the same moment share a round, and one asking for levels at most
+    ``max_age_s`` old gets the last round's when it is that recent. Before, each DescribeFeatures asked every voter
+    in turn, 5 s for a stopped one: 200 callers held the controller's workers until brokers' heartbeats went
+    unanswered and all three were fenced (23 s without an acknowledged write; audit)."""
+
+    def __init__(self, probe: Callable[[int], tuple[int, str]], voters: list[int],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._probe = probe
+        self._voters = list(voters)
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._levels: dict[int, tuple[int, str]] | None = None
+        self._at = float("-inf")  # when the last round ended
+        self._asking = False
+
+    def get(self, max_age_s: float) -> dict[int, tuple[int, str]]:
+        asked_at = self._clock()
+        with self._cond:
+            while True:
+                if self._levels is not None and self._at >= asked_at - max_age_s:
+                    return dict(self._levels)
+                if not self._asking:
+                    self._asking = True
+                    break
+                self._cond.wait(VOTER_PROBE_TIMEOUT_S + 1.0)
+        levels: dict[int, tuple[int, str]] = {}
+        try:
+            with futures.ThreadPoolExecutor(max_workers=len(self._voters), thread_name_prefix="voter-levels") as pool:
+                for node_id, answer in zip(self._voters, pool.map(self._probe, self._voters), strict=True):
+                    levels[node_id] = answer
+        finally:
+            with self._cond:
+                if levels:
+                    self._levels, self._at = levels, self._clock()
+                self._asking = False
+                self._cond.notify_all()
+        return dict(levels)
+
+
 class ControllerNode:
     def __init__(self, settings: ControllerSettings) -> None:
         if settings.node_id not in settings.voters:
@@ -214,6 +255,7 @@ class ControllerNode:
         self.settings = settings
         self._raft: MetadataRaft | None = None
         self._controller: QuorumController | None = None
+        self._voter_levels: VoterLevels | None = None
         self._service: ControllerService | None = None
         self._server: grpc.Server | None = None
         self.connections_per_ip: PerAddressConnections | None = None  # max.connections.per.ip on the port
@@ -305,7 +347,8 @@ class ControllerNode:
             config = ControllerConfig(settings.node_id, settings.cluster_id, settings.broker_session_timeout_ms,
                                       settings.broker_heartbeat_interval_ms, settings.request_timeout_ms,
                                       dict(settings.defaults))
-            self._controller = QuorumController(config, self._raft, voter_levels=self._voter_levels)
+            self._voter_levels = VoterLevels(self._probe_voter, sorted(settings.voters))
+            self._controller = QuorumController(config, self._raft, voter_levels=self._voter_levels.get)
         except Exception as exc:  # surfaced to start()'s caller
             self._start_error = exc
             if self._raft is not None:
@@ -370,31 +413,25 @@ class ControllerNode:
         self._bootstrap = ss.BootstrapThread(admin, f"controller-{self.settings.node_id}-scram-bootstrap")
         return security, admin
 
-    def _voter_levels(self) -> dict[int, tuple[int, str]]:
-        """Each voter's highest supported brook.metadata.version, from its DescribeQuorum (answered by any voter,
-        from its own view); (0, why) for one that cannot be asked. An older release does not fill the field: 1."""
+    def _probe_voter(self, node_id: int) -> tuple[int, str]:
+        """One voter's highest supported brook.metadata.version, from its DescribeQuorum (any voter answers, from
+        its own view); (0, why) when it cannot be asked. A release before feature levels does not fill it: 1."""
         from client.security import make_channel
 
-        out: dict[int, tuple[int, str]] = {}
-        for node_id, voter in sorted(self.settings.voters.items()):
-            if node_id == self.settings.node_id:
-                out[node_id] = (features.SUPPORTED_MAX, "")
-                continue
-            try:
-                with make_channel(f"{voter.host}:{voter.grpc_port}", self.settings.peer_security) as channel:
-                    resp = pb_grpc.ControllerServiceStub(channel).DescribeQuorum(
-                        pb.DescribeQuorumRequest(any_voter=True), timeout=VOTER_PROBE_TIMEOUT_S)
-            except grpc.RpcError as exc:
-                out[node_id] = (0, f"cannot be asked: {exc.code().name}: {exc.details()}")
-                continue
-            except errors.BrookError as exc:
-                out[node_id] = (0, f"cannot be asked: {exc}")
-                continue
-            if resp.error_code:
-                out[node_id] = (0, f"answered {errors.code_name(resp.error_code)}: {resp.error_message}")
-            else:
-                out[node_id] = (resp.responder_supported_metadata_level or features.SUPPORTED_MIN, "")
-        return out
+        if node_id == self.settings.node_id:
+            return features.SUPPORTED_MAX, ""
+        voter = self.settings.voters[node_id]
+        try:
+            with make_channel(f"{voter.host}:{voter.grpc_port}", self.settings.peer_security) as channel:
+                resp = pb_grpc.ControllerServiceStub(channel).DescribeQuorum(
+                    pb.DescribeQuorumRequest(any_voter=True), timeout=VOTER_PROBE_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            return 0, f"cannot be asked: {exc.code().name}: {exc.details()}"
+        except errors.BrookError as exc:
+            return 0, f"cannot be asked: {exc}"
+        if resp.error_code:
+            return 0, f"answered {errors.code_name(resp.error_code)}: {resp.error_message}"
+        return resp.responder_supported_metadata_level or features.SUPPORTED_MIN, ""
 
     def _redirect(self) -> pb.ControllerRedirect:
         leader = self.raft.leader_address()

@@ -595,6 +595,9 @@ class MetadataRaft:
             with _journal_handlers_lock:
                 _journal_failure_handlers.pop(journal, None)
         self._syncobj.addOnTickCallback(self._on_tick)
+        state = self.state
+        # Read on pysyncobj's tick thread, which applies the commands: no lock needed for one attribute.
+        self._syncobj._SyncObj__transport.metadata_level = lambda: state.metadata_level
 
     # ---- lifecycle ----
     @property

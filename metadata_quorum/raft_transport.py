@@ -45,7 +45,10 @@ from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.tcp_server import TcpServer
 from pysyncobj.transport import TCPTransport
 
-from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
+from metadata_quorum import (
+    features,
+    pysyncobj_compat,  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,9 @@ ACCEPT_PAUSE_WARN_EVERY_S = 10.0
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 _LENGTH = struct.Struct("i")  # pysyncobj's frame prefix: native-endian signed int
+# The key of every Raft message naming the highest brook.metadata.version its sender's release supports.
+LEVEL_STAMP = "brook_level"
+FENCE_LOG_EVERY_S = 30.0
 
 
 class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
@@ -163,7 +169,59 @@ class BoundedTcpServer(TcpServer):  # type: ignore[misc]
 
 class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
     """pysyncobj's TCPTransport whose connections are BoundedTcpConnections and whose server is a
-    BoundedTcpServer (see the module doc)."""
+    BoundedTcpServer (see the module doc), and which keeps voters of a release below the finalized
+    brook.metadata.version out of the quorum.
+
+    Every Raft message this release sends carries ``LEVEL_STAMP``: the highest level it supports. Releases
+    without it ignore the key (pysyncobj and Brook's handlers read the keys they know). Once the level is above
+    1, a message from a voter whose stamp is lower, or missing (a release before feature levels), is dropped, and
+    nothing more is sent to that voter, until it speaks with a stamp high enough (restarted on a newer release).
+    Such a voter was rolled back after the level was raised: it would refuse what the level allowed when it
+    applies the log, so its metadata would silently differ, and as leader it would serve that metadata and let
+    brokers of its release in (an audit rolled a voter back and saw both). Fenced, it cannot be elected, receives
+    nothing, and the other voters carry on if they are a majority.
+    """
+
+    stamp: int | None = features.SUPPORTED_MAX  # None: send as a release before feature levels does (tests)
+
+    @staticmethod
+    def metadata_level() -> int:
+        """The finalized level as this voter has applied it (MetadataRaft sets this to read its state)."""
+        return features.SUPPORTED_MIN
+
+    def send(self, node: Any, message: Any) -> bool:
+        if node in self._fenced_voters():
+            return False
+        if self.stamp is not None and isinstance(message, dict):
+            message = {**message, LEVEL_STAMP: self.stamp}
+        return bool(super().send(node, message))
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 - pysyncobj's name
+        level = self.metadata_level()
+        fenced = self._fenced_voters()
+        if level > features.SUPPORTED_MIN and isinstance(message, dict):
+            stamp = message.get(LEVEL_STAMP)
+            supported = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) else features.SUPPORTED_MIN
+            if supported < level:
+                now = time.monotonic()
+                if now - fenced.get(node, float("-inf")) >= FENCE_LOG_EVERY_S:
+                    log.error("quorum: voter %s runs a release that supports brook.metadata.version up to %d, and "
+                              "the cluster is at %d: its Raft messages are dropped and it is sent none (it would "
+                              "not apply what the level allowed). Run a release that supports %d on it",
+                              getattr(node, "address", node), supported, level, level)
+                    fenced[node] = now
+                return
+        if fenced and fenced.pop(node, None) is not None:
+            log.warning("quorum: voter %s now runs a release that supports the cluster's brook.metadata.version "
+                        "%d: it takes part in the quorum again", getattr(node, "address", node), level)
+        super()._onMessageReceived(node, message)
+
+    def _fenced_voters(self) -> dict[Any, float]:
+        """Voters fenced for their release -> when that was last logged (on pysyncobj's tick thread only)."""
+        fenced: dict[Any, float] | None = self.__dict__.get("_brook_fenced")
+        if fenced is None:
+            fenced = self.__dict__["_brook_fenced"] = {}
+        return fenced
 
     def _createServer(self) -> None:  # noqa: N802 - pysyncobj's name
         super()._createServer()

@@ -908,7 +908,14 @@ class MetadataState:
     def _update_feature(self, cmd: c.UpdateFeature) -> ApplyResult:
         if cmd.name != features.METADATA_VERSION:
             raise errors.InvalidRequestError(features.unsupported_feature(cmd.name))
-        if not features.SUPPORTED_MIN <= cmd.level <= features.SUPPORTED_MAX:
+        if cmd.level > features.SUPPORTED_MAX:
+            # Committed by a controller that found every voter supporting it: this voter was rolled back to an older
+            # release since. It cannot apply what the level allowed, so it stops instead of serving a metadata that
+            # silently lacks it (a refusal here would let it run on, diverged).
+            raise MetadataInvariantError(
+                f"the metadata log finalizes {cmd.name} {cmd.level}; this release supports up to "
+                f"{features.SUPPORTED_MAX}: run a release that supports it (a finalized level is never lowered)")
+        if cmd.level < features.SUPPORTED_MIN:
             raise errors.InvalidUpdateVersionError(
                 f"{cmd.name} {cmd.level} is outside the levels this release supports "
                 f"({features.SUPPORTED_MIN}..{features.SUPPORTED_MAX})")

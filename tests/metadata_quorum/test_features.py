@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from quorum_helpers import free_port
+from quorum_helpers import free_port, in_process_service
 from waiting import wait_for
 
+from broker.authorizer import ALLOW_ALL
 from metadata_quorum import commands as c
 from metadata_quorum import features
 from metadata_quorum import security as sec
@@ -53,7 +55,6 @@ def test_a_binding_older_releases_refuse_waits_for_level_2_and_the_level_is_kept
 
 @pytest.mark.parametrize(("name", "level", "code"), [
     (features.METADATA_VERSION, 1, ErrorCode.INVALID_UPDATE_VERSION),  # lowered
-    (features.METADATA_VERSION, features.SUPPORTED_MAX + 1, ErrorCode.INVALID_UPDATE_VERSION),
     (features.METADATA_VERSION, 0, ErrorCode.INVALID_UPDATE_VERSION),
     ("metadata.version", 2, ErrorCode.INVALID_REQUEST),  # Kafka's feature, not Brook's
 ])
@@ -69,6 +70,9 @@ def test_a_level_is_never_lowered_nor_set_past_what_the_release_supports(name: s
 def test_metadata_past_the_releases_level_stops_the_node_instead_of_being_served() -> None:
     s = MetadataState()
     assert s.apply(c.UpdateFeature(features.METADATA_VERSION, 2)).ok
+    # In the log (a voter rolled back after a later release finalized its level) as in a snapshot.
+    with pytest.raises(MetadataInvariantError, match="this release supports up to"):
+        s.apply(c.UpdateFeature(features.METADATA_VERSION, features.SUPPORTED_MAX + 1))
     snapshot = s.to_snapshot()
     snapshot["features"] = {features.METADATA_VERSION: features.SUPPORTED_MAX + 1}
     with pytest.raises(MetadataInvariantError, match="this release supports up to"):
@@ -181,3 +185,88 @@ def test_the_level_is_raised_only_when_every_voter_and_broker_supports_it(
         quorum[follower].start()
         wait_for(lambda: quorum[follower].raft.read(lambda s: s.metadata_level) == 2, 30,
                  f"restarted voter {follower} at level 2")
+
+
+def test_a_voter_below_the_finalized_level_is_kept_out_of_the_quorum_until_it_runs_a_release_that_supports_it(
+        quorum: dict[int, ControllerNode]) -> None:
+    """A voter whose Raft messages carry no level (a release before feature levels: rolled back after the upgrade)
+    is sent nothing and heard by no one: it cannot be elected or apply what it would refuse, and the others carry
+    on. Back on a release that stamps its messages, it catches up."""
+    with ControllerClient(_endpoints(quorum), timeout_s=15) as client:
+        client.call("UpdateFeatures", pb.UpdateFeaturesRequest(name=features.METADATA_VERSION, level=2))
+        wait_for(lambda: all(n.raft.read(lambda s: s.metadata_level) == 2 for n in quorum.values()), 20,
+                 "every voter at level 2")
+        old = next(i for i, n in quorum.items() if not n.is_active())
+        transport = quorum[old].raft._syncobj._SyncObj__transport
+        transport.stamp = None  # what a release before feature levels sends
+        try:
+            before = quorum[old].raft.last_applied
+            for ms in (1001, 1002, 1003):
+                client.call("AlterClusterConfigs", pb.AlterClusterConfigsRequest(set={"log.retention.ms": str(ms)}))
+            others = [n for i, n in quorum.items() if i != old]
+            wait_for(lambda: all(n.raft.last_applied > before + 2 for n in others), 20, "the others to commit")
+            assert quorum[old].raft.last_applied <= before + 1, "the fenced voter went on applying the log"
+            assert quorum[old].raft.read(lambda s: s.cluster_configs.get("log.retention.ms")) != "1003"
+            assert not quorum[old].is_active()
+        finally:
+            transport.stamp = features.SUPPORTED_MAX  # restarted on a release that supports the level
+        wait_for(lambda: quorum[old].raft.read(lambda s: s.cluster_configs.get("log.retention.ms")) == "1003", 30,
+                 f"voter {old} to catch up once its messages carry the level again")
+
+
+def test_voters_are_asked_once_a_round_in_parallel_however_many_callers() -> None:
+    """DescribeFeatures floods share one round of questions to the voters (an audit's 200 callers, each asking a
+    stopped voter for 5 s in turn, held the controller's workers until every broker was fenced)."""
+    import threading
+    import time
+
+    from metadata_quorum.node import VoterLevels
+
+    asked: list[int] = []
+    lock = threading.Lock()
+
+    def probe(node_id: int) -> tuple[int, str]:
+        with lock:
+            asked.append(node_id)
+        if node_id == 3:
+            time.sleep(0.5)  # a stopped voter: its question times out
+            return 0, "cannot be asked: DEADLINE_EXCEEDED"
+        return 2, ""
+
+    levels = VoterLevels(probe, [1, 2, 3])
+    answers: list[dict[int, tuple[int, str]]] = []
+    callers = [threading.Thread(target=lambda: answers.append(levels.get(10.0))) for _ in range(50)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(10)
+    assert len(answers) == 50 and all(a == {1: (2, ""), 2: (2, ""), 3: (0, "cannot be asked: DEADLINE_EXCEEDED")}
+                                      for a in answers)
+    assert sorted(asked) == [1, 2, 3], f"the voters were asked {len(asked)} times"
+    levels.get(10.0)
+    assert len(asked) == 3  # recent enough: not asked again
+    levels.get(0.0)
+    assert len(asked) == 6  # UpdateFeatures asks afresh
+
+
+def test_a_broker_whose_session_ran_out_blocks_the_upgrade(tmp_path: Path) -> None:
+    """A stopped broker may come back on another release: what it reported before counts only while its session
+    is live (an audit stopped a broker, switched it to the older release and finalized level 2 past it)."""
+    now = [1000.0]
+    with in_process_service(tmp_path, CLUSTER, ALLOW_ALL, {},
+                            clock=lambda: now[0]) as service:
+        ctl = service._controller
+        for b in (1, 2):  # both now on this release
+            epoch = ctl.raft.read(lambda s, b=b: s.brokers[b].broker_epoch)
+            ctl.heartbeat(pb.BrokerHeartbeatRequest(node_id=b, broker_epoch=epoch, current_metadata_version=1 << 40,
+                                                    supported_metadata_level=features.SUPPORTED_MAX), 30)
+        check = pb.UpdateFeaturesRequest(name=features.METADATA_VERSION, level=2, validate_only=True)
+        assert ctl.update_features(check, 30).finalized_level == 1  # every node supports it
+        now[0] += ctl.config.broker_session_timeout_ms / 1000 + 1  # broker 2 stops; broker 1 goes on
+        epoch = ctl.raft.read(lambda s: s.brokers[1].broker_epoch)
+        ctl.heartbeat(pb.BrokerHeartbeatRequest(node_id=1, broker_epoch=epoch, current_metadata_version=1 << 40,
+                                                supported_metadata_level=features.SUPPORTED_MAX), 30)
+        with pytest.raises(errors.BrookError) as refused:
+            ctl.update_features(check, 30)
+        assert refused.value.code == ErrorCode.FEATURE_UPDATE_FAILED
+        assert "broker 2 (its session is not live" in refused.value.message and "broker 1" not in refused.value.message
