@@ -244,6 +244,26 @@ def to_dict(cmd: Command) -> dict[str, Any]:
     return out
 
 
+def unknown_to_this_release(data: Any) -> str | None:
+    """Why a command dict cannot be read by this release at all (a type or fields it does not know, as a newer
+    release writes them), or None. Other malformed commands are refused by ``from_dict``."""
+    if not isinstance(data, dict):
+        return None
+    cls = COMMAND_TYPES.get(data.get("type", ""))
+    if cls is None:
+        return f"command type {str(data.get('type'))[:64]!r} is unknown to this release"
+    unknown = set(data) - {"type"} - {f.name for f in fields(cls)}
+    if unknown:
+        return f"{cls.__name__} has fields unknown to this release: {sorted(str(k)[:64] for k in unknown)[:8]}"
+    if cls is ChangePartition and isinstance(data.get("items"), list):
+        known = {f.name for f in fields(PartitionChangeItem)}
+        for item in data["items"]:
+            extra = set(item) - known if isinstance(item, dict) else set()
+            if extra:
+                return f"PartitionChangeItem has fields unknown to this release: {sorted(str(k)[:64] for k in extra)[:8]}"
+    return None
+
+
 def from_dict(data: Any) -> Command:
     """Rebuild a command from its dict form; InvalidRequestError if it is not one."""
     if not isinstance(data, dict):

@@ -312,6 +312,15 @@ class MetadataState:
         tools replaying commands directly).
         """
         name = type(cmd).__name__ if not isinstance(cmd, dict) else str(cmd.get("type"))
+        unreadable = c.unknown_to_this_release(cmd)
+        if unreadable is not None:
+            # Written by a newer release, which the finalized feature level should have kept from writing it while
+            # this one runs. Refused here, it would be applied by the voters that know it and skipped by this one:
+            # metadata that silently differs (a rolling-upgrade audit saw ISRs frozen and a topic vanish that way,
+            # with a release before feature levels). Kafka's controller stops on a record it cannot read; so does
+            # this voter.
+            raise MetadataInvariantError(f"the metadata log holds a command this release cannot read ({unreadable}): "
+                                         f"it was written by a newer release; run that release on this voter")
         try:
             command = c.from_dict(cmd) if isinstance(cmd, dict) else cmd
             handler = self._handlers.get(type(command))

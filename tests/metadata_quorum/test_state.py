@@ -12,7 +12,7 @@ import random
 import pytest
 
 from metadata_quorum import commands as c
-from metadata_quorum.state import MetadataState
+from metadata_quorum.state import MetadataInvariantError, MetadataState
 from proto.errors import ErrorCode
 
 
@@ -449,11 +449,23 @@ def test_restore_midway_then_replay_the_rest_matches_a_full_replay() -> None:
 def test_malformed_wire_commands_are_refused() -> None:
     s = cluster(1)
     before = s.to_snapshot()
-    for payload in ({"type": "Nope"}, {"type": "CreateTopic", "name": "t"}, "not a dict",
+    for payload in ({"type": "CreateTopic", "name": "t"}, "not a dict",
                     {"type": "CreateTopic", "name": "t", "topic_id": "i", "configs": {}, "assignments": 5},
                     {"type": "RegisterBroker", "node_id": 1, "incarnation_id": "z", "endpoints": [["x"]]}):
         result = s.apply(payload)  # type: ignore[arg-type]
         assert result.error_code == ErrorCode.INVALID_REQUEST, (payload, result)
+    assert s.to_snapshot() == before
+
+
+@pytest.mark.parametrize("payload", [{"type": "Nope"}, {**c.to_dict(c.UnregisterBroker(1)), "since": 3}])
+def test_a_command_of_a_newer_release_stops_the_voter_instead_of_being_skipped(payload: dict) -> None:
+    """A type or field this release does not know was written by a newer one: refused here and applied by the
+    voters that know it, the metadata would silently differ. The voter stops (MetadataRaft halts it), as Kafka's
+    controller stops on a record it cannot read."""
+    s = cluster(1)
+    before = s.to_snapshot()
+    with pytest.raises(MetadataInvariantError, match="written by a newer release"):
+        s.apply(payload)
     assert s.to_snapshot() == before
 
 
