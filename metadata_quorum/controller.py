@@ -74,7 +74,8 @@ _ACTIVATION_TERMS_KEPT = 16
 MAX_REBALANCE_MOVES_PER_ROUND = 1000
 MAX_REASSIGNMENT_COMPLETIONS_IN_FLIGHT = 100  # CompleteReassignment proposals outstanding at once
 PRODUCER_ID_BLOCK_SIZE = 1000
-# DescribeFeatures answers with voters' levels asked at most this long ago (UpdateFeatures asks again).
+# DescribeFeatures answers with the voters' last answers, asked again in the background once older than this
+# (UpdateFeatures waits for fresh ones).
 DESCRIBE_FEATURES_MAX_AGE_S = 10.0
 
 
@@ -118,11 +119,12 @@ class QuorumController:
                  clock: Callable[[], float] = time.monotonic, *,
                  rng: random.Random | None = None,
                  new_topic_id: Callable[[], str] = lambda: uuid.uuid4().hex,
-                 voter_levels: Callable[[float], dict[int, tuple[int, str]]] | None = None) -> None:
+                 voter_levels: Callable[..., dict[int, tuple[int, str]]] | None = None) -> None:
         self.config = config
-        # Every voter's highest supported brook.metadata.version, or (0, why unknown), as asked at most the given
-        # seconds ago (the node asks each voter's DescribeQuorum; node.VoterLevels). Alone, it knows only itself.
-        self._voter_levels = voter_levels or (lambda max_age_s: {config.node_id: (features.SUPPORTED_MAX, "")})
+        # Every voter's highest supported brook.metadata.version, or (0, why unknown): (max_age_s, stale_ok=) as
+        # node.VoterLevels.get takes them (the node asks each voter's DescribeQuorum). Alone, it knows only itself.
+        self._voter_levels = voter_levels or (
+            lambda max_age_s, stale_ok=False: {config.node_id: (features.SUPPORTED_MAX, "")})
         # broker id -> highest level its release supports, from its registration and heartbeats (memory only: a
         # new active controller learns them within a heartbeat interval)
         self._broker_levels: dict[int, int] = {}
@@ -1187,11 +1189,11 @@ class QuorumController:
         return response
 
     # ---- finalized features ----
-    def _node_levels(self, max_age_s: float) -> list[pb.NodeFeatureSupport]:
+    def _node_levels(self, max_age_s: float, *, stale_ok: bool = False) -> list[pb.NodeFeatureSupport]:
         """Each voter's and registered broker's highest supported brook.metadata.version (0: unknown, and why). A
         broker counts only while its session is live: one stopped may come back on another release."""
         out = [pb.NodeFeatureSupport(node_id=n, role="controller", supported_max=level, problem=problem)
-               for n, (level, problem) in sorted(self._voter_levels(max_age_s).items())]
+               for n, (level, problem) in sorted(self._voter_levels(max_age_s, stale_ok=stale_ok).items())]
         brokers = self.raft.read(lambda s: sorted(s.brokers))
         session_s = self.config.broker_session_timeout_ms / 1000.0
         now = self._clock()
@@ -1214,7 +1216,7 @@ class QuorumController:
         response = pb.DescribeFeaturesResponse(name=features.METADATA_VERSION, finalized_level=level,
                                                supported_min=features.SUPPORTED_MIN,
                                                supported_max=features.SUPPORTED_MAX, metadata_version=version)
-        response.nodes.extend(self._node_levels(DESCRIBE_FEATURES_MAX_AGE_S))
+        response.nodes.extend(self._node_levels(DESCRIBE_FEATURES_MAX_AGE_S, stale_ok=True))
         return response
 
     def update_features(self, req: pb.UpdateFeaturesRequest, timeout_s: float) -> pb.UpdateFeaturesResponse:

@@ -208,10 +208,13 @@ class ControllerStats:
 
 class VoterLevels:
     """The voters' supported feature levels, asked of all of them at once (each at most VOTER_PROBE_TIMEOUT_S), one
-    round at a time, and kept: callers at the same moment share a round, and one asking for levels at most
-    ``max_age_s`` old gets the last round's when it is that recent. Before, each DescribeFeatures asked every voter
-    in turn, 5 s for a stopped one: 200 callers held the controller's workers until brokers' heartbeats went
-    unanswered and all three were fenced (23 s without an acknowledged write; audit)."""
+    round at a time, and kept. A caller that can take an old answer (DescribeFeatures) gets the last round's at
+    once, and starts a new round in the background when it is older than ``max_age_s``; only the first caller,
+    and one that needs a fresh answer (UpdateFeatures: ``max_age_s`` 0), waits for a round, shared with the callers
+    waiting at the same moment. Before, each DescribeFeatures asked every voter in turn, 5 s for a stopped one: 200
+    callers held the controller's workers until brokers' heartbeats went unanswered and all three were fenced (23 s
+    without an acknowledged write; audit); then, waiting for each new round, they delayed heartbeats for 2 s every
+    10 s."""
 
     def __init__(self, probe: Callable[[int], tuple[int, str]], voters: list[int],
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -223,16 +226,25 @@ class VoterLevels:
         self._at = float("-inf")  # when the last round ended
         self._asking = False
 
-    def get(self, max_age_s: float) -> dict[int, tuple[int, str]]:
+    def get(self, max_age_s: float, *, stale_ok: bool = False) -> dict[int, tuple[int, str]]:
         asked_at = self._clock()
         with self._cond:
             while True:
-                if self._levels is not None and self._at >= asked_at - max_age_s:
-                    return dict(self._levels)
+                fresh = self._levels is not None and self._at >= asked_at - max_age_s
+                if fresh or (stale_ok and self._levels is not None):
+                    levels = dict(self._levels or {})
+                    if not fresh and not self._asking:
+                        self._asking = True
+                        threading.Thread(target=self._round, name="voter-levels", daemon=True).start()
+                    return levels
                 if not self._asking:
                     self._asking = True
                     break
                 self._cond.wait(VOTER_PROBE_TIMEOUT_S + 1.0)
+        return self._round()
+
+    def _round(self) -> dict[int, tuple[int, str]]:
+        """Ask every voter at once; the caller has set ``_asking``."""
         levels: dict[int, tuple[int, str]] = {}
         try:
             with futures.ThreadPoolExecutor(max_workers=len(self._voters), thread_name_prefix="voter-levels") as pool:

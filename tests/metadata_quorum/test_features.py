@@ -247,6 +247,10 @@ def test_voters_are_asked_once_a_round_in_parallel_however_many_callers() -> Non
     assert len(asked) == 3  # recent enough: not asked again
     levels.get(0.0)
     assert len(asked) == 6  # UpdateFeatures asks afresh
+    # A caller that can take an old answer gets it at once, and a round starts behind it (a flood of them does not
+    # wait for each new round: they delayed the brokers' heartbeats 2 s every 10 s in an audit's flood).
+    assert levels.get(0.0, stale_ok=True)[3] == (0, "cannot be asked: DEADLINE_EXCEEDED")
+    wait_for(lambda: len(asked) == 9, 10, "the round started in the background")
 
 
 def test_a_broker_whose_session_ran_out_blocks_the_upgrade(tmp_path: Path) -> None:
