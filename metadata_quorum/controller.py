@@ -136,6 +136,7 @@ class QuorumController:
         self._lock = threading.Lock()
         self.cluster_view = ClusterView(raft.read)  # DescribeCluster's records, kept off the state lock
         self._registering = threading.Lock()
+        self._list_ops_lock = threading.Lock()  # APPEND/SUBTRACT requests, one at a time (alter_configs)
         self._leases: dict[int, float] = {}  # broker id -> monotonic time of the last heartbeat
         self._last_tick_at: float | None = None  # when tick() last ran, to see this controller's own stalls
         self._active_term = -1  # the term whose activation this node has completed
@@ -1085,6 +1086,14 @@ class QuorumController:
         Kafka's brokers and controllers do: proposed once per mention, one 30 KB request naming a topic
         1,000 times made 1,000 Raft commits (audit)."""
         check_request_size(len(req.resources))
+        if any(resource.list_ops for resource in req.resources):
+            # APPEND/SUBTRACT read the current value: one such request at a time, from its read to its commit,
+            # so that two admins' changes to one list both land (Kafka's controller does it on its one thread).
+            with self._list_ops_lock:
+                return self._alter_configs(req, timeout_s)
+        return self._alter_configs(req, timeout_s)
+
+    def _alter_configs(self, req: pb.AlterConfigsRequest, timeout_s: float) -> pb.AlterConfigsResponse:
         mentions = collections.Counter(resource.topic for resource in req.resources)
         response = pb.AlterConfigsResponse()
         pending = []
@@ -1101,7 +1110,8 @@ class QuorumController:
                 if found is None:
                     raise errors.UnknownTopicOrPartitionError(f"topic '{resource.topic}' does not exist")
                 topic_id, current, rf = found
-                to_set = log_config.validate(dict(resource.set), strict=True)
+                to_set = log_config.validate({**dict(resource.set), **_list_results(
+                    resource.list_ops, resource.set, resource.delete, lambda name: name, current)}, strict=True)
                 unknown = [k for k in resource.delete if k not in log_config.TOPIC_CONFIGS]
                 if unknown:
                     raise errors.InvalidConfigError(f"cannot delete unknown topic configs {unknown}")
@@ -1156,7 +1166,16 @@ class QuorumController:
     # ---- dynamic cluster configs ----
     def alter_cluster_configs(self, req: pb.AlterClusterConfigsRequest,
                               timeout_s: float) -> pb.AlterClusterConfigsResponse:
-        to_set = cluster_configs.validate(dict(req.set), list(req.delete))
+        if req.list_ops:
+            with self._list_ops_lock:  # see alter_configs
+                return self._alter_cluster_configs(req, timeout_s)
+        return self._alter_cluster_configs(req, timeout_s)
+
+    def _alter_cluster_configs(self, req: pb.AlterClusterConfigsRequest,
+                               timeout_s: float) -> pb.AlterClusterConfigsResponse:
+        lists = _list_results(req.list_ops, req.set, req.delete, cluster_configs.TOPIC_KEY_OF.get,
+                              self.raft.read(lambda s: dict(s.cluster_configs)))
+        to_set = cluster_configs.validate({**dict(req.set), **lists}, list(req.delete))
         if req.validate_only:
             return pb.AlterClusterConfigsResponse()
         self._propose(c.AlterClusterConfigs(to_set, list(req.delete)), timeout_s).raise_for_error()
@@ -1267,6 +1286,23 @@ class QuorumController:
         now = self._clock()
         with self._lock:
             return {b: now - t for b, t in self._leases.items()}
+
+
+def _list_results(ops: Any, to_set: Any, to_delete: Any, topic_key: Callable[[str], str | None],
+                  current: Mapping[str, str]) -> dict[str, str]:
+    """The values APPEND/SUBTRACT ``ops`` make of LIST keys, from the resource's own ``current`` values, else the
+    key's built-in default (never a cluster default a topic inherits: Kafka's controller's rule). ``topic_key``
+    names the topic config a key stands for (itself for a topic; the cluster key's for the cluster defaults)."""
+    out: dict[str, str] = {}
+    for op in ops:
+        d = log_config.TOPIC_CONFIGS.get(topic_key(op.name) or "")
+        if d is None or d.kind != "list":
+            raise errors.InvalidConfigError(
+                f"Can't {'SUBTRACT' if op.subtract else 'APPEND'} to key {op.name} because its type is not LIST.")
+        if op.name in out or op.name in to_set or op.name in to_delete:
+            raise errors.InvalidRequestError(f"'{op.name}' appears more than once in the resource's operations")
+        out[op.name] = log_config.list_value(current.get(op.name), d.default, op.subtract, op.value)
+    return out
 
 
 def _partition(s: MetadataState, topic: str, index: int) -> PartitionState:

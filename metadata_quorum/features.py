@@ -21,15 +21,20 @@ from __future__ import annotations
 METADATA_VERSION = "brook.metadata.version"
 # Level 1: everything every release of Brook applies. Level 2: ACLs on the resource types TRANSACTIONAL_ID,
 # DELEGATION_TOKEN and USER, with the operations CREATE_TOKENS and DESCRIBE_TOKENS (stored and listed as
-# Kafka's are; releases before it refuse such a binding).
+# Kafka's are; releases before it refuse such a binding). Level 3: see CONTROLLER_LIST_OPS.
 SUPPORTED_MIN = 1
-SUPPORTED_MAX = 2
+SUPPORTED_MAX = 3
 LEVEL_FEATURES = {
     1: "the baseline",
     2: "ACLs on TRANSACTIONAL_ID, DELEGATION_TOKEN and USER resources",
+    3: "APPEND/SUBTRACT of list configs made atomic by the controller",
 }
 # The level each gated change needs.
 EXTENDED_ACLS = 2
+# Level 3: brokers send IncrementalAlterConfigs' APPEND/SUBTRACT to the controller (ListOp), which reads, changes
+# and writes the value one request at a time; below it, brokers read the value and send a SET (two admins at once
+# can each miss the other's change). A controller of a release before it ignores ListOp, hence the level.
+CONTROLLER_LIST_OPS = 3
 FEATURES = (METADATA_VERSION,)
 
 

@@ -414,7 +414,7 @@ class AlterConfigsRequest(_message.Message):
     def __init__(self, resources: _Optional[_Iterable[_Union[AlterConfigsResource, _Mapping]]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
 
 class AlterConfigsResource(_message.Message):
-    __slots__ = ("topic", "set", "delete")
+    __slots__ = ("topic", "set", "delete", "list_ops")
     class SetEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -425,10 +425,22 @@ class AlterConfigsResource(_message.Message):
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SET_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
+    LIST_OPS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     set: _containers.ScalarMap[str, str]
     delete: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, topic: _Optional[str] = ..., set: _Optional[_Mapping[str, str]] = ..., delete: _Optional[_Iterable[str]] = ...) -> None: ...
+    list_ops: _containers.RepeatedCompositeFieldContainer[ListOp]
+    def __init__(self, topic: _Optional[str] = ..., set: _Optional[_Mapping[str, str]] = ..., delete: _Optional[_Iterable[str]] = ..., list_ops: _Optional[_Iterable[_Union[ListOp, _Mapping]]] = ...) -> None: ...
+
+class ListOp(_message.Message):
+    __slots__ = ("name", "subtract", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SUBTRACT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    subtract: bool
+    value: str
+    def __init__(self, name: _Optional[str] = ..., subtract: _Optional[bool] = ..., value: _Optional[str] = ...) -> None: ...
 
 class AlterConfigsResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "redirect", "results")
@@ -733,7 +745,7 @@ class UnregisterBrokerResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ...) -> None: ...
 
 class AlterClusterConfigsRequest(_message.Message):
-    __slots__ = ("set", "delete", "validate_only")
+    __slots__ = ("set", "delete", "validate_only", "list_ops")
     class SetEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -744,10 +756,12 @@ class AlterClusterConfigsRequest(_message.Message):
     SET_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    LIST_OPS_FIELD_NUMBER: _ClassVar[int]
     set: _containers.ScalarMap[str, str]
     delete: _containers.RepeatedScalarFieldContainer[str]
     validate_only: bool
-    def __init__(self, set: _Optional[_Mapping[str, str]] = ..., delete: _Optional[_Iterable[str]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+    list_ops: _containers.RepeatedCompositeFieldContainer[ListOp]
+    def __init__(self, set: _Optional[_Mapping[str, str]] = ..., delete: _Optional[_Iterable[str]] = ..., validate_only: _Optional[bool] = ..., list_ops: _Optional[_Iterable[_Union[ListOp, _Mapping]]] = ...) -> None: ...
 
 class AlterClusterConfigsResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "redirect")

@@ -154,6 +154,21 @@ _NUMBER_TEXT = {"int": _INTEGER_TEXT, "long": _INTEGER_TEXT,
                 "double": re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")}
 
 
+def list_value(current: str | None, default: str, subtract: bool, value: str) -> str:
+    """A LIST key's value after APPEND (each element of ``value`` not yet in it, at the end) or SUBTRACT (each
+    element's first occurrence removed), from ``current`` (the resource's own value; None: ``default``), as
+    Kafka's controller makes it (KIP-339)."""
+    parts = [p.strip() for p in (default if current is None else current).split(",") if p.strip()]
+    for element in (p.strip() for p in value.split(",")):
+        if not element:
+            continue
+        if not subtract and element not in parts:
+            parts.append(element)
+        elif subtract and element in parts:
+            parts.remove(element)
+    return ",".join(parts)
+
+
 def is_number_text(kind: str, text: str) -> bool:
     """Is ``text`` a number of ``kind`` ("int", "long", "double") as Kafka's Java parsers read one?"""
     return _NUMBER_TEXT[kind].fullmatch(text) is not None

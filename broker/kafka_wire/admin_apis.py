@@ -609,6 +609,9 @@ class AdminApis:
             if refused is None and ops:
                 list_ops.append((len(plans), ops))
             plans.append((res, to_set, to_delete, refused))
+        if list_ops and self.broker.metadata_cache.metadata_level >= features.CONTROLLER_LIST_OPS:
+            # Every controller makes them atomically (ListOp): sent as they came.
+            return await self._alter(req, ctx, plans, dict(list_ops))
         if list_ops:
             await self._resolve_list_ops(ctx, plans, list_ops)
         return await self._alter(req, ctx, plans)
@@ -621,7 +624,8 @@ class AdminApis:
         inherits. The values are read from the active controller (a read barrier, so a change it has answered is
         seen), not from this broker's metadata, which may not have it yet. Two admins changing one list key at
         once can each miss the other's change, as with Kafka's ZooKeeper-era brokers, which also read, changed
-        and wrote the value (KRaft's controller does all three on its one thread)."""
+        and wrote the value: below brook.metadata.version 3 only. From it the controller does all three, one
+        request at a time, as KRaft's does on its one thread."""
         topics = list(dict.fromkeys(plans[i][0].resource_name for i, _ in list_ops
                                     if plans[i][0].resource_type == RESOURCE_TOPIC))
         described = await self._describe_topics(ctx, topics)
@@ -648,7 +652,8 @@ class AdminApis:
                 plans[i] = (res, to_set, to_delete, exc)
 
     async def _alter(self, req: codec.Request, ctx: KafkaCallContext,
-                     plans: list[tuple[Any, dict[str, str], list[str], _Failed | None]]) -> Any:
+                     plans: list[tuple[Any, dict[str, str], list[str], _Failed | None]],
+                     list_ops: dict[int, dict[str, tuple[int, str]]] | None = None) -> Any:
         """Every resource in one controller call at most per kind: the TOPIC resources in one AlterConfigs, the
         BROKER resource '' (named once at most: ``_screened``) in one AlterClusterConfigs. Each copy of a BROKER
         '' resource used to be its own controller call, one after the other (an audit: a 40 KB request made
@@ -692,14 +697,16 @@ class AdminApis:
             i, to_set, to_delete = cluster_plan
             try:  # Kafka's dynamic default broker configs are Brook's cluster configs
                 await self._controller(ctx, "AlterClusterConfigs", cpb.AlterClusterConfigsRequest(
-                    set=to_set, delete=to_delete, validate_only=validate_only))
+                    set=to_set, delete=to_delete, validate_only=validate_only, list_ops=_list_op_messages(
+                        (list_ops or {}).get(i, {}))))
                 outcome[i] = (0, "")
             except _Failed as exc:
                 outcome[i] = (exc.code, exc.message)
         if topic_plans:
             pb = cpb.AlterConfigsRequest(validate_only=validate_only, resources=[
-                cpb.AlterConfigsResource(topic=name, set=to_set, delete=to_delete)
-                for _, name, to_set, to_delete in topic_plans])
+                cpb.AlterConfigsResource(topic=name, set=to_set, delete=to_delete,
+                                         list_ops=_list_op_messages((list_ops or {}).get(i, {})))
+                for i, name, to_set, to_delete in topic_plans])
             try:
                 out = await self._controller(ctx, "AlterConfigs", pb)
                 by_name = {r.name: _topic_error(r.name, r.error_code, r.error_message, altering=True)
@@ -1088,17 +1095,11 @@ def _list_key(resource_type: int, name: str) -> log_config.ConfigDef | None:
 
 
 def _list_value(current: str | None, default: str, op: int, value: str) -> str:
-    """A list key's value after APPEND (each element not yet in it, at the end) or SUBTRACT (each element's
-    first occurrence removed) of ``value``'s comma-separated elements, as Kafka's controller makes it."""
-    parts = [p.strip() for p in (default if current is None else current).split(",") if p.strip()]
-    for element in (p.strip() for p in value.split(",")):
-        if not element:
-            continue
-        if op == OP_APPEND and element not in parts:
-            parts.append(element)
-        elif op == OP_SUBTRACT and element in parts:
-            parts.remove(element)
-    return ",".join(parts)
+    return log_config.list_value(current, default, op == OP_SUBTRACT, value)
+
+
+def _list_op_messages(ops: dict[str, tuple[int, str]]) -> list[cpb.ListOp]:
+    return [cpb.ListOp(name=name, subtract=op == OP_SUBTRACT, value=value) for name, (op, value) in ops.items()]
 
 
 def _screened(resources: list[Any], *, refuse_duplicates: bool = True) -> list[_Failed | None]:

@@ -116,6 +116,13 @@ def _kafka_port(c: LocalCluster) -> int:
     return int(c.spec(1).kafka_port or 0)
 
 
+def _api_versions_level(c: LocalCluster, node: int) -> int:
+    """The finalized brook.metadata.version a broker's ApiVersions v3 lists."""
+    finalized = {f.name: int(f.max_version_level) for f in _api_versions(int(c.spec(node).kafka_port or 0))
+                 .finalized_features}
+    return finalized.get("brook.metadata.version", 0)
+
+
 # ---- tests ----
 def test_api_versions_advertises_what_is_served_and_answers_newer_versions_in_v0(cluster: LocalCluster) -> None:
     resp = _api_versions(_kafka_port(cluster))
@@ -750,16 +757,42 @@ def test_a_topic_name_no_topic_can_have_is_an_invalid_topic_in_config_requests(c
     assert alter("")[1] == "Default topic resource is not allowed."
 
 
-def test_append_and_subtract_change_a_list_config_as_kafkas_controller_does(cluster: LocalCluster) -> None:
+APPEND, SUBTRACT, TOPIC_RESOURCE, CLUSTER_DEFAULT = 2, 3, 2, 4
+
+
+def _list_op(cluster: LocalCluster, topic: str, op: int, key: str, value: str | None, *,
+             resource: tuple[int, str] | None = None, validate_only: bool = False) -> tuple[int, str | None]:
+    res_type, res_name = resource or (TOPIC_RESOURCE, topic)
+    [answer] = _admin_call(cluster, INCREMENTAL_ALTER_CONFIGS, 1, {"validate_only": validate_only, "resources": [
+        {"resource_type": res_type, "resource_name": res_name,
+         "configs": [{"name": key, "config_operation": op, "value": value}]}]}).responses
+    return answer.error_code, answer.error_message
+
+
+def _finalize(cluster: LocalCluster, level: int) -> None:
+    """brook.metadata.version ``level``, and every broker's metadata at it."""
+    with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints) as admin:
+        admin.update_features(level)
+    for node in cluster.broker_ids:
+        wait_for(lambda n=node: _api_versions_level(cluster, n) >= level, 20, f"broker {node} at level {level}")
+
+
+@pytest.mark.parametrize("level", [1, 3])
+def test_append_and_subtract_change_a_list_config_as_kafkas_controller_does(cluster: LocalCluster,
+                                                                             level: int) -> None:
     """IncrementalAlterConfigs' APPEND and SUBTRACT (KIP-339), which Kafka's admin tools send for list-typed
     keys, were refused as operations Brook did not have. As Kafka's controller: the topic's own value, else the
     key's default, with each element appended once or its first occurrence removed; a key that is not a list,
-    a null value and a broker logger are refused, and nothing changes on a refusal or with validate_only."""
-    append, subtract, topic, cluster_default = 2, 3, 2, 4
+    a null value and a broker logger are refused, and nothing changes on a refusal or with validate_only. The
+    same below brook.metadata.version 3 (the broker reads the value and sends a SET) and from it (the controller
+    makes the value)."""
+    append, subtract, topic, cluster_default = APPEND, SUBTRACT, TOPIC_RESOURCE, CLUSTER_DEFAULT
+    if level > 1:
+        _finalize(cluster, level)
     with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints) as admin:
-        admin.create_topic("wire-lists", 1, 1)
+        admin.create_topic(f"wire-lists-{level}", 1, 1)
 
-    def alter(op: int, key: str, value: str | None, *, resource: tuple[int, str] = (topic, "wire-lists"),
+    def alter(op: int, key: str, value: str | None, *, resource: tuple[int, str] = (topic, f"wire-lists-{level}"),
               validate_only: bool = False) -> Any:
         [answer] = _admin_call(cluster, INCREMENTAL_ALTER_CONFIGS, 1, {"validate_only": validate_only, "resources": [
             {"resource_type": resource[0], "resource_name": resource[1],
@@ -767,7 +800,7 @@ def test_append_and_subtract_change_a_list_config_as_kafkas_controller_does(clus
         return answer.error_code, answer.error_message
 
     def policy() -> str | None:
-        return _config_value(cluster, topic, "wire-lists", "cleanup.policy")
+        return _config_value(cluster, topic, f"wire-lists-{level}", "cleanup.policy")
 
     assert alter(append, "cleanup.policy", "compact", validate_only=True) == (ErrorCode.NONE, None)
     assert policy() == "delete"
@@ -802,6 +835,32 @@ def test_append_and_subtract_change_a_list_config_as_kafkas_controller_does(clus
     finally:
         assert alter(1, "log.cleanup.policy", None, resource=(cluster_default, ""))[0] == ErrorCode.NONE
     wait_for(lambda: cluster_policy() is None, 10, "no dynamic cluster default again")
+
+
+def test_from_level_3_two_admins_changing_one_list_at_once_both_count(cluster: LocalCluster) -> None:
+    """Two SUBTRACTs at once from 'compact,delete', one of each element: one after the other, the second would
+    empty the list and is refused. Below level 3 each broker read 'compact,delete' and sent its SET: both could
+    succeed, the last write winning and the other change lost. From level 3 the controller reads, changes and
+    writes one request at a time: exactly one succeeds, every round."""
+    import threading
+
+    _finalize(cluster, 3)
+    with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints) as admin:
+        admin.create_topic("wire-list-race", 1, 1)
+    for round_ in range(8):
+        assert _list_op(cluster, "wire-list-race", 0, "cleanup.policy", "compact,delete") == (ErrorCode.NONE, None)
+        start = threading.Barrier(2)
+        codes: list[int] = []
+
+        def subtract(element: str, start: threading.Barrier = start, codes: list[int] = codes) -> None:
+            start.wait(10)
+            codes.append(_list_op(cluster, "wire-list-race", SUBTRACT, "cleanup.policy", element)[0])
+        threads = [threading.Thread(target=subtract, args=(e,)) for e in ("compact", "delete")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(codes) == [ErrorCode.NONE, ErrorCode.INVALID_CONFIG], (round_, codes)
 
 
 def _logger_levels(cluster: LocalCluster) -> dict[str, str]:

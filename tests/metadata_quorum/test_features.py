@@ -133,8 +133,9 @@ def test_the_level_is_raised_only_when_every_voter_and_broker_supports_it(
         _register(client, 2, 0)  # an older release: it reports no level
         described = client.call("DescribeFeatures", pb.DescribeFeaturesRequest())
         assert (described.name, described.finalized_level) == (features.METADATA_VERSION, 1)
+        top = features.SUPPORTED_MAX
         assert {(n.role, n.node_id): n.supported_max for n in described.nodes} == {
-            ("controller", 1): 2, ("controller", 2): 2, ("controller", 3): 2, ("broker", 1): 2, ("broker", 2): 1}
+            ("controller", 1): top, ("controller", 2): top, ("controller", 3): top, ("broker", 1): top, ("broker", 2): 1}
         with pytest.raises(errors.BrookError) as refused:
             _create_acl(quorum, TXN_ACL)
         assert refused.value.code == ErrorCode.UNSUPPORTED_VERSION, refused.value
