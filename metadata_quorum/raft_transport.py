@@ -184,13 +184,18 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
 
     stamp: int | None = features.SUPPORTED_MAX  # None: send as a release before feature levels does (tests)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Voters fenced for their release -> when that was last logged (pysyncobj's tick thread only).
+        self._fenced: dict[Any, float] = {}
+        super().__init__(*args, **kwargs)
+
     @staticmethod
     def metadata_level() -> int:
         """The finalized level as this voter has applied it (MetadataRaft sets this to read its state)."""
         return features.SUPPORTED_MIN
 
     def send(self, node: Any, message: Any) -> bool:
-        if node in self._fenced_voters():
+        if node in self._fenced:
             return False
         if self.stamp is not None and isinstance(message, dict):
             message = {**message, LEVEL_STAMP: self.stamp}
@@ -198,7 +203,7 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 - pysyncobj's name
         level = self.metadata_level()
-        fenced = self._fenced_voters()
+        fenced = self._fenced
         if level > features.SUPPORTED_MIN and isinstance(message, dict):
             stamp = message.get(LEVEL_STAMP)
             supported = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) else features.SUPPORTED_MIN
@@ -215,13 +220,6 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
             log.warning("quorum: voter %s now runs a release that supports the cluster's brook.metadata.version "
                         "%d: it takes part in the quorum again", getattr(node, "address", node), level)
         super()._onMessageReceived(node, message)
-
-    def _fenced_voters(self) -> dict[Any, float]:
-        """Voters fenced for their release -> when that was last logged (on pysyncobj's tick thread only)."""
-        fenced: dict[Any, float] | None = self.__dict__.get("_brook_fenced")
-        if fenced is None:
-            fenced = self.__dict__["_brook_fenced"] = {}
-        return fenced
 
     def _createServer(self) -> None:  # noqa: N802 - pysyncobj's name
         super()._createServer()

@@ -647,7 +647,8 @@ class AdminApis:
                         raise cluster
                     own = cluster
                 for name, (op, value) in ops.items():
-                    to_set[name] = _list_value(own.get(name), _list_key(res.resource_type, name).default, op, value)
+                    to_set[name] = log_config.list_value(own.get(name), _list_key(res.resource_type, name).default,
+                                                         op == OP_SUBTRACT, value)
             except _Failed as exc:
                 plans[i] = (res, to_set, to_delete, exc)
 
@@ -1092,10 +1093,6 @@ def _list_key(resource_type: int, name: str) -> log_config.ConfigDef | None:
     topic_key = name if resource_type == RESOURCE_TOPIC else cluster_configs.TOPIC_KEY_OF.get(name)
     d = log_config.TOPIC_CONFIGS.get(topic_key) if topic_key is not None else None
     return d if d is not None and d.kind == "list" else None
-
-
-def _list_value(current: str | None, default: str, op: int, value: str) -> str:
-    return log_config.list_value(current, default, op == OP_SUBTRACT, value)
 
 
 def _list_op_messages(ops: dict[str, tuple[int, str]]) -> list[cpb.ListOp]:
