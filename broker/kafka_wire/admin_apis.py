@@ -31,7 +31,8 @@ IncrementalAlterConfigs' APPEND and SUBTRACT change a LIST-typed key (``cleanup.
 ``log.cleanup.policy``) as Kafka's controller does: from the current value read from the active controller
 (``_resolve_list_ops``), sent as the SET of the value they make.
 
-Where Brook has no equivalent the answer says so rather than approximating: per-broker
+Where Brook has no equivalent the answer says so rather than approximating (SCRAM credentials and client quotas:
+user_apis.py): per-broker
 dynamic configs, ACL hosts that are not ``*`` or an IP
 address, and resource types other than TOPIC/GROUP/CLUSTER are INVALID_REQUEST; DeleteTopics stops
 before topic ids (v6).

@@ -20,7 +20,7 @@ from typing import Any
 
 from broker import authorizer as authz
 from broker.admission import refuse_oversized
-from broker.kafka_wire import admin_apis, codec
+from broker.kafka_wire import admin_apis, codec, user_apis
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.codec import get_ms as _ms
 from broker.kafka_wire.context import Handler, KafkaCallContext
@@ -66,6 +66,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
     **admin_apis.SUPPORTED,  # topics, configs, ACLs, records, log dirs, elections (admin_apis.py)
+    **user_apis.SUPPORTED,  # SCRAM credentials and client quotas (user_apis.py)
 }
 
 # What ApiVersions advertises where it differs from what is served: Produce from v0, as Kafka 4 (KAFKA-18659).
@@ -119,6 +120,7 @@ class KafkaApis:
         }
         self.admin = admin_apis.AdminApis(broker, listener)
         self.handlers.update(self.admin.handlers())
+        self.handlers.update(user_apis.UserApis(self.admin).handlers())
         # client address -> its turn for a large answer on the io threads (KafkaListener.io_turn); None: no turns
         self.io_turn: Callable[[str], asyncio.Lock] | None = None
         # replica.selector.class: consumers in another rack are told to read from a follower in theirs (KIP-392).

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kafka_admin_kit import principal_of_its_own
 from waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -189,10 +190,7 @@ def test_cluster_operations_follow_cluster_acls(kcluster: Any, confluent_admin: 
         ResourceType,
     )
 
-    from deploy.local.certs import CertificateAuthority
-
-    name = f"authops-{uuid.uuid4().hex[:8]}"
-    CertificateAuthority.load_or_create(kcluster.tls_dir).issue(kcluster.tls_dir, name, hosts=(), server=False)
+    name = principal_of_its_own(kcluster, "authops")
     principal = f"User:{name}"
     a = confluent_admin
     client = AdminClient(kcluster.kafka_client_config(name))

@@ -221,3 +221,84 @@ def _kafka_python_producer(boot: str, user: str, password: str, topic: str) -> A
     except KafkaError:
         producer.close(timeout=5)
         return None
+
+
+def _logs_in(cluster: LocalCluster, mechanism: str, user: str, password: str) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        AdminClient(rdkafka_config(_sasl(cluster, mechanism, password, user))).list_topics(timeout=3)
+        return True
+    except Exception:  # noqa: BLE001 - refused (or not yet known to the broker)
+        return False
+
+
+def test_confluent_kafka_manages_scram_users(sasl_cluster: LocalCluster, sasl_topic: str) -> None:
+    """KIP-554 as librdkafka sends it: a user created with a password librdkafka salts logs in; refused items are
+    Kafka's codes; a user with one refused item has none of its items applied."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialDeletion,
+        UserScramCredentialUpsertion,
+    )
+
+    admin = AdminClient(rdkafka_config(_sasl(sasl_cluster, "SCRAM-SHA-256")))
+
+    def error_of(future: Any) -> str | None:
+        try:
+            future.result(timeout=30)
+            return None
+        except KafkaException as exc:
+            return exc.args[0].name()
+    user, other = unique("dave"), unique("frank")
+    results = admin.alter_user_scram_credentials([
+        UserScramCredentialUpsertion(user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), b"dave-pw"),
+        UserScramCredentialUpsertion(other, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"frank-pw"),
+        UserScramCredentialDeletion(other, ScramMechanism.SCRAM_SHA_512),  # it has none: frank's upsert is not done
+        UserScramCredentialUpsertion("erin", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 1000), b"erin-pw"),
+    ])
+    assert {u: error_of(f) for u, f in results.items()} == {
+        user: None, other: "RESOURCE_NOT_FOUND", "erin": "UNACCEPTABLE_CREDENTIAL"}
+    described = admin.describe_user_scram_credentials([user, other])
+    assert [(i.mechanism, i.iterations) for i in described[user].result(timeout=30).scram_credential_infos] == \
+        [(ScramMechanism.SCRAM_SHA_512, 8192)]
+    assert error_of(described[other]) == "RESOURCE_NOT_FOUND"
+    everyone = admin.describe_user_scram_credentials().result(timeout=30)
+    assert {USER, user} <= set(everyone) and other not in everyone
+    wait_for(lambda: _logs_in(sasl_cluster, "SCRAM-SHA-512", user, "dave-pw"), 60,
+             f"{user} to log in with the password librdkafka salted")
+    assert not _logs_in(sasl_cluster, "SCRAM-SHA-256", user, "dave-pw"), "a mechanism never set let the user in"
+
+
+def test_kafka_python_changes_and_deletes_a_scram_password(sasl_cluster: LocalCluster, sasl_topic: str) -> None:
+    from kafka.admin import KafkaAdminClient
+    from kafka.admin._users import UserScramCredentialDeletion, UserScramCredentialUpsertion
+
+    user = unique("gina")
+    admin = KafkaAdminClient(bootstrap_servers=sasl_cluster.kafka_bootstrap_servers.split(","),
+                             security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
+                             sasl_plain_username=USER, sasl_plain_password=PASSWORD, request_timeout_ms=30_000)
+    try:
+        assert admin.alter_user_scram_credentials([
+            UserScramCredentialUpsertion(user, "SCRAM-SHA-256", "first", iterations=4096),
+            UserScramCredentialUpsertion(user, "SCRAM-SHA-512", "first", iterations=16384)]) == {user: None}
+        wait_for(lambda: _logs_in(sasl_cluster, "SCRAM-SHA-256", user, "first"), 60, f"{user} to log in")
+        assert admin.describe_user_scram_credentials([user])[user]["credential_infos"] == [
+            {"mechanism": 1, "iterations": 4096}, {"mechanism": 2, "iterations": 16384}]
+
+        assert admin.alter_user_scram_credentials([
+            UserScramCredentialUpsertion(user, "SCRAM-SHA-256", "second")]) == {user: None}
+        wait_for(lambda: _logs_in(sasl_cluster, "SCRAM-SHA-256", user, "second"), 60, f"{user}'s new password")
+        assert not _logs_in(sasl_cluster, "SCRAM-SHA-256", user, "first"), "the old password still let the user in"
+
+        assert admin.alter_user_scram_credentials([UserScramCredentialDeletion(user, "SCRAM-SHA-256"),
+                                                   UserScramCredentialDeletion(user, "SCRAM-SHA-512")]) == {user: None}
+        assert admin.describe_user_scram_credentials([user])[user]["error"] == \
+            "Attempt to describe a user credential that does not exist"
+        wait_for(lambda: not _logs_in(sasl_cluster, "SCRAM-SHA-512", user, "first"), 60,
+                 f"the deleted {user} to be refused")
+    finally:
+        admin.close()
