@@ -46,6 +46,7 @@ import functools
 import logging
 import random
 import re
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -76,7 +77,8 @@ DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 29, 30, 31
 DESCRIBE_CONFIGS, ALTER_CONFIGS, DESCRIBE_LOG_DIRS, CREATE_PARTITIONS = 32, 33, 35, 37
 ELECT_LEADERS, INCREMENTAL_ALTER_CONFIGS = 43, 44
 ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS, DESCRIBE_CLUSTER = 45, 46, 60
-UPDATE_FEATURES = 57
+UPDATE_FEATURES, DESCRIBE_QUORUM = 57, 55
+METADATA_TOPIC = "__cluster_metadata"  # the partition Kafka's DescribeQuorum describes (partition 0)
 
 # api key -> (min, max) version served. Floors: the oldest kio has a schema for. Ceilings: DeleteTopics
 # stops before v6 (topics by id, which Brook's controller does not take); the rest are Kafka 4's newest.
@@ -97,6 +99,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     LIST_PARTITION_REASSIGNMENTS: (0, 0),
     DESCRIBE_CLUSTER: (0, 2),
     UPDATE_FEATURES: (0, 1),  # v2 answers without per-feature results
+    DESCRIBE_QUORUM: (0, 2),
 }
 
 # KIP-599: the first versions whose clients know THROTTLING_QUOTA_EXCEEDED. Older ones are forwarded with
@@ -216,6 +219,7 @@ class AdminApis:
             ALTER_PARTITION_REASSIGNMENTS: self.alter_partition_reassignments,
             LIST_PARTITION_REASSIGNMENTS: self.list_partition_reassignments,
             UPDATE_FEATURES: self.update_features,
+            DESCRIBE_QUORUM: self.describe_quorum,
         }
 
     def close(self) -> None:
@@ -753,6 +757,51 @@ class AdminApis:
                                 "controller_id": client_controller_id(
                                     [b["broker_id"] for b in brokers if not b["is_fenced"]]),
                                 "brokers": brokers, "cluster_authorized_operations": ops})
+
+    # ---- DescribeQuorum (KIP-595; v1: KIP-836's timestamps; v2: KIP-853) ----
+    async def describe_quorum(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        """The metadata quorum as ``kafka-metadata-quorum describe --status/--replication`` and kafka-python's
+        ``describe_metadata_quorum`` show it, after DESCRIBE on the cluster (Kafka's rule): the quorum as the active
+        controller sees it. Brook's metadata log is a Raft log of commands, not a Kafka partition: the offsets are its
+        entry indexes (high watermark: the commit index) and the leader epoch is the Raft term. Brokers follow the
+        metadata through a watch stream, not by fetching the log, so there are no observers; v2's ``nodes`` is empty,
+        as Brook's controllers speak gRPC only (DescribeCluster answers the same). With no active controller, the
+        partition is NOT_LEADER_OR_FOLLOWER, naming the voter whose view it is."""
+        def answer(code: int, message: str | None, topics: list[dict[str, Any]]) -> Any:
+            return self._resp(req, {"error_code": code, "error_message": message, "topics": topics, "nodes": []})
+        try:
+            self._authorize_cluster(ctx, authz.DESCRIBE)
+            budget_s = max(0.5, ctx.time_remaining() or _DEFAULT_TIMEOUT_S)
+            client = self.broker.controller_client
+            q = await asyncio.get_running_loop().run_in_executor(
+                self._pool, lambda: client.describe_quorum(timeout_s=budget_s))
+        except _Failed as exc:
+            return answer(exc.code, exc.message, [])
+        except errors.BrookError as exc:
+            return answer(exc.code, exc.message, [])
+        now_ms = int(time.time() * 1000)
+        voters = [{"replica_id": v.node_id, "replica_directory_id": None, "log_end_offset": v.log_end_index,
+                   "last_fetch_timestamp": now_ms - v.last_contact_ms_ago if v.last_contact_ms_ago >= 0 else -1,
+                   "last_caught_up_timestamp": now_ms - v.last_contact_ms_ago if v.last_contact_ms_ago >= 0 else -1}
+                  for v in q.voters]
+        topics = []
+        for t in req.body.topics:
+            partitions = []
+            for p in t.partitions:
+                if str(t.topic_name) != METADATA_TOPIC or int(p.partition_index) != 0:
+                    partitions.append({"partition_index": p.partition_index,
+                                       "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                       "error_message": f"the metadata quorum is {METADATA_TOPIC} partition 0"})
+                elif not q.responder_is_active:
+                    partitions.append({"partition_index": 0, "error_code": ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                       "error_message": f"no active controller: voter {q.responder_id} answered, "
+                                                        f"at term {q.term}", "leader_id": -1})
+                else:
+                    partitions.append({"partition_index": 0, "error_code": 0, "error_message": None,
+                                       "leader_id": q.leader_id, "leader_epoch": q.term,
+                                       "high_watermark": q.commit_index, "current_voters": voters, "observers": []})
+            topics.append({"topic_name": t.topic_name, "partitions": partitions})
+        return answer(0, None, topics)
 
     # ---- UpdateFeatures (KIP-584) ----
     async def update_features(self, req: codec.Request, ctx: KafkaCallContext) -> Any:

@@ -165,3 +165,32 @@ def test_reassignment_and_election(kcluster: Any, kp_admin: Any, topic_name: str
     assert results == [(topic_name, 0, 0)], results
     wait_for(lambda: _partition0(a, topic_name)["leader_id"] == other, T, "the elected preferred replica to lead")
     a.delete_topics([topic_name], timeout_ms=T * 1000)
+
+
+def test_describe_metadata_quorum(kcluster: Any, kp_admin: Any) -> None:
+    """kafka-python's describe_metadata_quorum (DescribeQuorum, what kafka-metadata-quorum shows): the quorum as the
+    active controller sees it; other partitions are unknown; DESCRIBE on the cluster is needed."""
+    from kafka_raw import kafka_ask
+
+    from client.admin import Admin
+
+    quorum = kp_admin.describe_metadata_quorum()
+    [topic] = quorum["topics"]
+    [p] = topic["partitions"]
+    assert topic["topic_name"] == "__cluster_metadata" and p["error"] is None, quorum
+    voters = {v["replica_id"]: v for v in p["current_voters"]}
+    assert set(voters) == set(kcluster.controller_ids) and p["leader_id"] in voters and p["observers"] == []
+    with Admin(kcluster.bootstrap_servers, controller_endpoints=kcluster.controller_endpoints,
+               security=kcluster.security) as brook:
+        described = brook.describe_quorum()
+    assert p["leader_id"] == described.leader_id and p["leader_epoch"] == described.term
+    assert 0 < voters[p["leader_id"]]["log_end_offset"] and 0 < p["high_watermark"] <= described.commit_index
+    assert all(v["last_fetch_timestamp"] > 0 for v in voters.values()), voters
+
+    node = kcluster.broker_ids[0]
+    other = kafka_ask(kcluster, node, 55, 2, {"topics": [{"topic_name": "__cluster_metadata",
+                                                          "partitions": [{"partition_index": 1}]}]})
+    assert [int(p.error_code) for t in other.topics for p in t.partitions] == [3]  # UNKNOWN_TOPIC_OR_PARTITION
+    denied = kafka_ask(kcluster, node, 55, 0, {"topics": [{"topic_name": "__cluster_metadata",
+                                                           "partitions": [{"partition_index": 0}]}]}, name="demo")
+    assert int(denied.error_code) == 31 and denied.topics == ()  # CLUSTER_AUTHORIZATION_FAILED
