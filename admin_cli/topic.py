@@ -1,4 +1,4 @@
-"""``brook topic``: create, list, describe, alter-config, add-partitions, delete."""
+"""``brook topic``: create, list, describe, producers, trim-prefix, alter-config, add-partitions, delete."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ from storage import log_config
 
 app = typer.Typer(help="Create, inspect, change and delete topics.", no_args_is_help=True)
 
+PartitionsOpt = Annotated[list[int] | None, typer.Option(
+    "--partition", "-p", help="Only this partition (repeatable; default: every partition).", min=0, max=INT32_MAX)]
 ConfigOpt = Annotated[list[str] | None, typer.Option(
     "--config", "-c", help="Topic config key=value (repeatable), e.g. retention.ms=86400000.")]
 
@@ -184,6 +186,16 @@ def partition_offsets(st: State, name: str, partitions: list[int],
     return out
 
 
+def _named_partitions(st: State, name: str, partition: list[int] | None, refused: str = "") -> list[int]:
+    """The --partition values (every partition of the topic without one), each an existing partition."""
+    t = st.backend.topic(name)
+    wanted = sorted(set(partition)) if partition else sorted(t.partitions)
+    unknown = [p for p in wanted if p not in t.partitions]
+    if unknown:
+        raise CliError(f"UNKNOWN_TOPIC_OR_PARTITION: topic '{name}' has no partition {unknown[0]}{refused}")
+    return wanted
+
+
 @app.command("trim-prefix", epilog="Examples:\n\nbrook topic trim-prefix orders --partition 0 --offset 1000\n\n"
                                    "brook topic trim-prefix orders --offset end")
 def trim_prefix(
@@ -191,9 +203,7 @@ def trim_prefix(
     name: Annotated[str, typer.Argument(help="Topic name.")],
     offset: Annotated[str, typer.Option(
         "--offset", help="Delete every record before this offset; 'end' = up to the high watermark.")],
-    partition: Annotated[list[int] | None, typer.Option(
-        "--partition", "-p", help="Only this partition (repeatable; default: every partition).",
-        min=0, max=INT32_MAX)] = None,
+    partition: PartitionsOpt = None,
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
@@ -213,11 +223,7 @@ def trim_prefix(
         if not 0 <= before <= INT64_MAX:
             raise CliError(f"--offset must be between 0 and {INT64_MAX}, not {before}", code=2)
     st = state(ctx, bootstrap, output)
-    t = st.backend.topic(name)
-    wanted = sorted(set(partition)) if partition else sorted(t.partitions)
-    unknown = [p for p in wanted if p not in t.partitions]
-    if unknown:
-        raise CliError(f"UNKNOWN_TOPIC_OR_PARTITION: topic '{name}' has no partition {unknown[0]}; nothing trimmed")
+    wanted = _named_partitions(st, name, partition, "; nothing trimmed")
     if before >= 0:
         # Every partition is checked first: the brokers refuse an offset past a partition's high watermark one
         # partition at a time, so the others were trimmed, for good (audit). A high watermark only grows.
@@ -242,6 +248,41 @@ def trim_prefix(
     if failed:
         rows_failed("partitions not trimmed", [f"partition {r['partition']} {r['error']} ({r['detail']})"
                                                for r in failed], len(rows))
+
+
+@app.command("producers", epilog="Examples:\n\nbrook topic producers orders\n\nbrook topic producers orders -p 0 -o json")
+def producers(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    partition: PartitionsOpt = None,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """The idempotent producers each partition's leader tracks (Kafka's kafka-transactions describe-producers):
+    producer id, epoch, last sequence and last timestamp. Needs READ on the topic. Exit code 1 when a partition
+    could not be described."""
+    st = state(ctx, bootstrap, output)
+    wanted = _named_partitions(st, name, partition)
+    found = st.backend.admin.describe_producers([(name, p) for p in wanted],
+                                                timeout_ms=int(st.backend.timeout_s * 1000))
+    rows, failed = [], []
+    for p in wanted:
+        got = found[TopicPartition(name, p)]
+        if isinstance(got, errors.BrookError):
+            failed.append(f"partition {p} {got.name} ({got.message})")
+            rows.append({"partition": p, "error": got.name, "detail": got.message, "producers": []})
+            continue
+        rows.append({"partition": p, "error": None, "producers": [
+            {"producer_id": s.producer_id, "producer_epoch": s.producer_epoch, "last_sequence": s.last_sequence,
+             "last_timestamp": s.last_timestamp} for s in got]})
+    show(st, {"topic": name, "partitions": rows},
+         table(f"Producers of {name}", ["PARTITION", "PRODUCER ID", "EPOCH", "LAST SEQUENCE", "LAST TIMESTAMP"],
+               [[r["partition"], s["producer_id"], s["producer_epoch"], s["last_sequence"], s["last_timestamp"]]
+                for r in rows for s in r["producers"]]
+               + [[r["partition"], r["error"], "", "", ""] for r in rows if r["error"]]),
+         note=None if any(r["producers"] for r in rows) or failed else "no idempotent producer is tracked")
+    if failed:
+        rows_failed("partitions not described", failed, len(rows))
 
 
 @app.command("alter-config", epilog="Examples:\n\nbrook topic alter-config orders --set retention.ms=3600000 "

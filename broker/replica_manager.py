@@ -1072,6 +1072,14 @@ class ReplicaManager:
             self.log_manager.checkpoint_log_start_offsets()  # a restart must not bring the records back
         return lg.log_start_offset
 
+    def active_producers(self, topic: str, partition: int) -> list[tuple[int, int, int, int]]:
+        """The idempotent producers a replica of this broker tracks (Log.active_producers): the leader's, or a
+        follower's as far as it has copied (Kafka answers DescribeProducers on any replica, for its --broker-id)."""
+        p = self._partitions.get((topic, partition))
+        if p is None:
+            return self.leader_partition(topic, partition).log.active_producers()  # raises the specific error
+        return p.log.active_producers()
+
     def low_watermark(self, topic: str, partition: int) -> int:
         return self.leader_partition(topic, partition).low_watermark()
 

@@ -893,6 +893,48 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             lambda: broker_pb2.DescribeLogDirsResponse(error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
                                                        error_message="internal error", broker_id=self.node_id)))
 
+    # ---- DescribeProducers (KIP-664) ----
+    async def DescribeProducers(self, request: broker_pb2.DescribeProducersRequest,
+                                context: grpc.aio.ServicerContext) -> Any:
+        await self._bounded(context, len(request.partitions), "partitions")
+        caller = await self._caller(context)
+        return await self._admitted(context, lambda client: self._guard(
+            "DescribeProducers", request, lambda: self._describe_producers(request, caller),
+            lambda: _partition_errors(broker_pb2.DescribeProducersResponse(), request.partitions,
+                                      errors.UnknownServerError("internal error"))))
+
+    async def _describe_producers(self, req: broker_pb2.DescribeProducersRequest,
+                                  caller: Any) -> broker_pb2.DescribeProducersResponse:
+        """Each partition's producers from this broker's replica (leader or follower), after READ on the topic
+        (Kafka's rule): the idempotent producers tracked to refuse duplicates and sequence gaps
+        (``producer.id.expiration.ms`` forgets them)."""
+        denied = self.authz.denied_topics(caller, authz.READ, {p.topic for p in req.partitions})
+        wanted = [(p.topic, p.partition) for p in req.partitions if p.topic not in denied]
+        found: dict[tuple[str, int], list[tuple[int, int, int, int]] | errors.BrookError] = {}
+
+        def read() -> None:
+            for topic, partition in wanted:
+                try:
+                    found[(topic, partition)] = self.rm.active_producers(topic, partition)
+                except errors.BrookError as e:
+                    found[(topic, partition)] = e
+        await self._io(read)
+        resp = broker_pb2.DescribeProducersResponse()
+        for p in req.partitions:
+            out = resp.partitions.add(topic=p.topic, partition=p.partition)
+            got = authz.denied_error(caller, authz.READ, authz.TOPIC, p.topic) if p.topic in denied \
+                else found[(p.topic, p.partition)]
+            if isinstance(got, errors.BrookError):
+                out.error_code, out.error_message = got.code, got.message
+                if got.code in _LEADER_ERRORS:
+                    out.current_leader.CopyFrom(self.cache.leader_and_epoch(p.topic, p.partition))
+                continue
+            for pid, epoch, last_seq, last_ts in got:
+                out.producers.add(producer_id=pid, producer_epoch=epoch, last_sequence=last_seq,
+                                  last_timestamp=last_ts)
+        return resp
+
+
 def on_loop(f: concurrent.futures.Future) -> asyncio.Future[Any]:
     """An asyncio future of the running loop that completes with ``f``: ``asyncio.wrap_future``, except
     that a completion made on the loop's own thread (an acks=all produce acknowledged by a follower

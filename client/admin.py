@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -42,6 +42,8 @@ from client.types import BrokerMetadata, OffsetAndMetadata, TopicMetadata, Topic
 from metadata_quorum.client import SecurityControllerClient
 from metadata_quorum.security import AclBinding
 from proto import broker_pb2, controller_pb2, group_pb2, security_pb2
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +188,16 @@ class ReplicaInfo:
     log_end_offset: int
     is_leader: bool
     segments: int
+
+
+@dataclass(frozen=True)
+class ProducerState:
+    """An idempotent producer a partition's leader tracks (Kafka's ProducerState of describeProducers)."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int  # -1: none yet
+    last_timestamp: int  # ms, the last batch's max timestamp; -1 unknown
 
 
 @dataclass(frozen=True)
@@ -680,38 +692,64 @@ class Admin:
         i.e. everything committed). Returns {tp: (low watermark, None or the error)}; the low watermark is
         the partition's new earliest offset once every in-sync replica has followed. Offsets past the high
         watermark are refused with OFFSET_OUT_OF_RANGE and change nothing."""
-        pending = {TopicPartition(*tp): int(offset) for tp, offset in before.items()}
-        budget_ms = timeout_ms or self.request_timeout_ms
-        deadline = time.monotonic() + budget_ms / 1000
-        result: dict[TopicPartition, tuple[int, errors.BrookError | None]] = {}
+        offsets = {TopicPartition(*tp): int(offset) for tp, offset in before.items()}
+
+        def send(leader: int, tps: list[TopicPartition], remaining_s: float) -> Iterable[Any]:
+            request = broker_pb2.DeleteRecordsRequest(timeout_ms=int(remaining_s * 1000), partitions=[
+                broker_pb2.DeleteRecordsPartition(topic=tp.topic, partition=tp.partition, offset=offsets[tp])
+                for tp in tps])
+            return self.cluster.broker_stub(leader).DeleteRecords(request, timeout=remaining_s + 1).partitions
+        return self._on_leaders("DeleteRecords", offsets, send, lambda r: r.low_watermark, -1, timeout_ms)
+
+    def describe_producers(self, partitions: Iterable[tuple[str, int]], *, timeout_ms: int | None = None
+                           ) -> dict[TopicPartition, list[ProducerState] | errors.BrookError]:
+        """Kafka's describeProducers: the idempotent producers each partition's leader tracks (READ on the topic).
+        {tp: [ProducerState] by producer id, or the error}."""
+        wanted = {TopicPartition(*tp): None for tp in partitions}
+
+        def send(leader: int, tps: list[TopicPartition], remaining_s: float) -> Iterable[Any]:
+            request = broker_pb2.DescribeProducersRequest(partitions=[
+                broker_pb2.DescribeProducersPartition(topic=tp.topic, partition=tp.partition) for tp in tps])
+            return self.cluster.broker_stub(leader).DescribeProducers(request, timeout=remaining_s).partitions
+        found = self._on_leaders("DescribeProducers", wanted, send, lambda r: [
+            ProducerState(p.producer_id, p.producer_epoch, p.last_sequence, p.last_timestamp) for p in r.producers],
+            [], timeout_ms)
+        return {tp: value if err is None else err for tp, (value, err) in found.items()}
+
+    def _on_leaders(self, method: str, pending: dict[TopicPartition, Any],
+                    send: Callable[[int, list[TopicPartition], float], Iterable[Any]], value: Callable[[Any], T],
+                    failed_value: T, timeout_ms: int | None) -> dict[TopicPartition, tuple[T, errors.BrookError | None]]:
+        """Each partition of ``pending`` asked of its leader (``send(leader, partitions, seconds left)`` returns the
+        per-partition answers), again after a metadata refresh while the error is retriable, until ``timeout_ms``
+        (the request timeout by default). {tp: (value(answer), None) or (failed_value, error)}."""
+        pending = dict(pending)
+        deadline = time.monotonic() + (timeout_ms or self.request_timeout_ms) / 1000
+        result: dict[TopicPartition, tuple[T, errors.BrookError | None]] = {}
         attempt = 0
         while pending:
             by_leader, failed = self.cluster.group_by_leader(pending)
             for tp, exc in failed.items():
                 if not exc.retriable or time.monotonic() >= deadline:
-                    result[tp] = (-1, exc)
+                    result[tp] = (failed_value, exc)
                     del pending[tp]
             for leader, tps in by_leader.items():
                 remaining_s = max(0.05, deadline - time.monotonic())
-                request = broker_pb2.DeleteRecordsRequest(timeout_ms=int(remaining_s * 1000), partitions=[
-                    broker_pb2.DeleteRecordsPartition(topic=tp.topic, partition=tp.partition, offset=pending[tp])
-                    for tp in tps])
                 try:
-                    response = self.cluster.broker_stub(leader).DeleteRecords(request, timeout=remaining_s + 1)
+                    answers = list(send(leader, tps, remaining_s))
                 except grpc.RpcError as exc:
-                    err = rpc_error(exc, f"DeleteRecords to broker {leader}")
+                    err = rpc_error(exc, f"{method} to broker {leader}")
                     if not err.retriable or time.monotonic() >= deadline:
                         for tp in tps:
-                            result[tp] = (-1, err)
+                            result[tp] = (failed_value, err)
                             del pending[tp]
                     continue
-                for r in response.partitions:
+                for r in answers:
                     tp = TopicPartition(r.topic, r.partition)
                     if tp not in pending:
                         continue
                     err = errors.error_for(r.error_code, r.error_message) if r.error_code else None
                     if err is None or not err.retriable or time.monotonic() >= deadline:
-                        result[tp] = (r.low_watermark, err)
+                        result[tp] = (value(r) if err is None else failed_value, err)
                         del pending[tp]
             if pending:
                 self.cluster.request_update()

@@ -89,6 +89,11 @@ class BrokerServiceStub:
                 request_serializer=proto_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
                 response_deserializer=proto_dot_broker__pb2.DescribeLogDirsResponse.FromString,
                 _registered_method=True)
+        self.DescribeProducers = channel.unary_unary(
+                '/brook.BrokerService/DescribeProducers',
+                request_serializer=proto_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
+                response_deserializer=proto_dot_broker__pb2.DescribeProducersResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -172,6 +177,14 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeProducers(self, request, context):
+        """The idempotent producers each partition's replica on this broker tracks (READ on the topic; Kafka's
+        DescribeProducers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -229,6 +242,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.DescribeLogDirs,
                     request_deserializer=proto_dot_broker__pb2.DescribeLogDirsRequest.FromString,
                     response_serializer=proto_dot_broker__pb2.DescribeLogDirsResponse.SerializeToString,
+            ),
+            'DescribeProducers': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeProducers,
+                    request_deserializer=proto_dot_broker__pb2.DescribeProducersRequest.FromString,
+                    response_serializer=proto_dot_broker__pb2.DescribeProducersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -528,6 +546,33 @@ class BrokerService:
             '/brook.BrokerService/DescribeLogDirs',
             proto_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
             proto_dot_broker__pb2.DescribeLogDirsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeProducers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.BrokerService/DescribeProducers',
+            proto_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
+            proto_dot_broker__pb2.DescribeProducersResponse.FromString,
             options,
             channel_credentials,
             insecure,

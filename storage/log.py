@@ -622,6 +622,11 @@ class Log:
         with self._lock:
             return self.producer_state.remove_expired(now_ms, expiration_ms)
 
+    def active_producers(self) -> list[tuple[int, int, int, int]]:
+        """``ProducerStateManager.active``, read under the log's lock."""
+        with self._lock:
+            return self.producer_state.active()
+
     def producers_last_batches(self) -> set[int]:
         """The last offset of each tracked producer's last batch, read under the log's lock."""
         with self._lock:

@@ -153,6 +153,12 @@ class ProducerStateManager:
     def entry(self, producer_id: int) -> ProducerEntry | None:
         return self._producers.get(producer_id)
 
+    def active(self) -> list[tuple[int, int, int, int]]:
+        """(producer id, epoch, last sequence, last batch's max timestamp) of each tracked producer, by id: what
+        Kafka's DescribeProducers lists."""
+        return [(pid, e.epoch, e.last_seq, e.batches[-1].max_timestamp if e.batches else -1)
+                for pid, e in sorted(self._producers.items())]
+
     def check_leader_append(
         self, h: BatchHeader, pending: dict[int, ProducerEntry] | None = None, *,
         state_may_be_lost: bool = False,

@@ -77,7 +77,7 @@ DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 29, 30, 31
 DESCRIBE_CONFIGS, ALTER_CONFIGS, DESCRIBE_LOG_DIRS, CREATE_PARTITIONS = 32, 33, 35, 37
 ELECT_LEADERS, INCREMENTAL_ALTER_CONFIGS = 43, 44
 ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS, DESCRIBE_CLUSTER = 45, 46, 60
-UPDATE_FEATURES, DESCRIBE_QUORUM = 57, 55
+UPDATE_FEATURES, DESCRIBE_QUORUM, DESCRIBE_PRODUCERS = 57, 55, 61
 METADATA_TOPIC = "__cluster_metadata"  # the partition Kafka's DescribeQuorum describes (partition 0)
 
 # api key -> (min, max) version served. Floors: the oldest kio has a schema for. Ceilings: DeleteTopics
@@ -100,6 +100,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DESCRIBE_CLUSTER: (0, 2),
     UPDATE_FEATURES: (0, 1),  # v2 answers without per-feature results
     DESCRIBE_QUORUM: (0, 2),
+    DESCRIBE_PRODUCERS: (0, 0),
 }
 
 # KIP-599: the first versions whose clients know THROTTLING_QUOTA_EXCEEDED. Older ones are forwarded with
@@ -220,6 +221,7 @@ class AdminApis:
             LIST_PARTITION_REASSIGNMENTS: self.list_partition_reassignments,
             UPDATE_FEATURES: self.update_features,
             DESCRIBE_QUORUM: self.describe_quorum,
+            DESCRIBE_PRODUCERS: self.describe_producers,
         }
 
     def close(self) -> None:
@@ -864,6 +866,23 @@ class AdminApis:
                             "topics": [{"name": n, "partitions": ps} for n, ps in sorted(by_topic.items())]})
         return self._resp(req, {"error_code": 0, "results": results, "throttle_time": out.throttle_time_ms})
 
+    # ---- DescribeProducers (KIP-664; this broker's replicas) ----
+    async def describe_producers(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        """The idempotent producers of each partition, from this broker's replica (``kafka-transactions
+        describe-producers`` and kafka-python's ``describe_producers`` ask the leader unless given a broker id);
+        READ on the topic; NOT_LEADER_OR_FOLLOWER where this broker has no replica. Brook has no transactions:
+        every producer's coordinator epoch and transaction start offset are -1."""
+        topics = list(req.body.topics)
+        await refuse_oversized(ctx, self.broker.metadata_cache, sum(len(t.partition_indexes) for t in topics),
+                               "partitions")
+        out = await self.service.DescribeProducers(broker_pb2.DescribeProducersRequest(partitions=[
+            broker_pb2.DescribeProducersPartition(topic=t.name, partition=p) for t in topics
+            for p in t.partition_indexes]), ctx)
+        answers = iter(out.partitions)
+        return self._resp(req, {"throttle_time": out.throttle_time_ms, "topics": [
+            {"name": t.name, "partitions": [_producers_answer(next(answers)) for _ in t.partition_indexes]}
+            for t in topics]})
+
     # ---- DeleteRecords (partitions this broker leads) ----
     async def delete_records(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         body = req.body
@@ -1087,6 +1106,13 @@ def _described(described: dict[str, Any] | _Failed, name: str, *, altering: bool
     if r.error_code:
         raise _Failed(*_topic_error(name, r.error_code, r.error_message, altering=altering))
     return r
+
+
+def _producers_answer(r: broker_pb2.DescribeProducersPartitionResult) -> dict[str, Any]:
+    return {"partition_index": r.partition, "error_code": r.error_code, "error_message": r.error_message or None,
+            "active_producers": [{"producer_id": p.producer_id, "producer_epoch": p.producer_epoch,
+                                  "last_sequence": p.last_sequence, "last_timestamp": p.last_timestamp,
+                                  "coordinator_epoch": -1, "current_txn_start_offset": -1} for p in r.producers]}
 
 
 def _topic_error(name: str, code: int, message: str, *, altering: bool = False) -> tuple[int, str]:

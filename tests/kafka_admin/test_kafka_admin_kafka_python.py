@@ -194,3 +194,33 @@ def test_describe_metadata_quorum(kcluster: Any, kp_admin: Any) -> None:
     denied = kafka_ask(kcluster, node, 55, 0, {"topics": [{"topic_name": "__cluster_metadata",
                                                            "partitions": [{"partition_index": 0}]}]}, name="demo")
     assert int(denied.error_code) == 31 and denied.topics == ()  # CLUSTER_AUTHORIZATION_FAILED
+
+
+def test_describe_producers(kcluster: Any, kp_admin: Any, confluent_admin: Any, topic_name: str) -> None:
+    """kafka-python's describe_producers (what kafka-transactions describe-producers sends): librdkafka's idempotent
+    producer as the leader and each follower track it; READ on the topic is needed."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import NewTopic
+    from kafka import TopicPartition as KafkaTopicPartition
+    from kafka_raw import kafka_ask
+
+    for f in confluent_admin.create_topics([NewTopic(topic_name, 1, 3)], request_timeout=T).values():
+        f.result(T)
+    producer = Producer({**kcluster.kafka_client_config("admin"), "enable.idempotence": True, "linger.ms": 0})
+    for i in range(5):
+        producer.produce(topic_name, value=f"v{i}".encode())
+        producer.flush(T)  # one batch each: sequences 0..4
+    assert len(producer) == 0
+    tp = KafkaTopicPartition(topic_name, 0)
+
+    def described(broker_id: int | None = None) -> list[tuple[int, int, int]]:
+        got = kp_admin.describe_producers([tp], broker_id=broker_id)[tp].active_producers
+        return [(p.producer_id, p.last_sequence, p.coordinator_epoch) for p in got]
+    [(pid, last_seq, coordinator_epoch)] = described()
+    assert pid >= 0 and last_seq == 4 and coordinator_epoch == -1
+    # Each follower answers from its own copy (Kafka's --broker-id), once it has fetched the last batch.
+    for broker in kcluster.broker_ids:
+        wait_for(lambda b=broker: described(b) == [(pid, 4, -1)], T, f"broker {broker}'s copy of the producer state")
+    denied = kafka_ask(kcluster, kcluster.broker_ids[0], 61, 0,
+                       {"topics": [{"name": topic_name, "partition_indexes": [0]}]}, name="demo")
+    assert [(int(p.error_code), p.active_producers) for t in denied.topics for p in t.partitions] == [(29, ())]

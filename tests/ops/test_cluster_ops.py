@@ -776,3 +776,23 @@ def test_a_pause_of_every_node_moves_nothing(split_cluster, admin) -> None:
     started = time.monotonic()
     produce(split_cluster.bootstrap_servers, topic, 3, 5, "after")  # each send waits at most 30 s
     print(f"\nacks=all writes taken {time.monotonic() - started:.2f}s after the checks")
+
+
+def test_topic_producers_lists_each_partitions_idempotent_producer(split_cluster, admin, brook) -> None:
+    """`brook topic producers` (Kafka's describe-producers): the producer id and epoch that wrote each partition and
+    the last sequence it used; a partition never written to lists none; a missing partition is refused by name."""
+    topic = "producers"
+    admin.create_topics([NewTopic(topic, 3, 3)])
+    produce(split_cluster.bootstrap_servers, topic, 2, 25, "v")  # partitions 0 and 1, sequences 0..24
+    code, out, err = brook("topic", "producers", topic, "-o", "json")
+    assert code == 0, (out, err)
+    parts = {p["partition"]: p for p in json.loads(out)["partitions"]}
+    assert parts[2]["producers"] == [] and all(p["error"] is None for p in parts.values()), parts
+    [s0], [s1] = parts[0]["producers"], parts[1]["producers"]
+    assert s0["producer_id"] == s1["producer_id"] >= 0 and s0["producer_epoch"] == s1["producer_epoch"] >= 0
+    assert (s0["last_sequence"], s1["last_sequence"]) == (24, 24), parts
+    assert s0["last_timestamp"] > time.time() * 1000 - 600_000
+    code, out, err = brook("topic", "producers", topic, "--partition", "1")
+    assert code == 0 and str(s1["producer_id"]) in out and "LAST SEQUENCE" in out, (out, err)
+    code, out, err = brook("topic", "producers", topic, "--partition", "7")
+    assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in err and "partition 7" in err, (out, err)
