@@ -43,14 +43,14 @@ SASL_AUTHENTICATE, DELETE_GROUPS, OFFSET_DELETE = 36, 42, 47
 
 # api key -> (min, max) version served. The floors are Kafka 4's (what kio has schemas for);
 # the ceilings stop before versions that need what Brook lacks (topic ids in Fetch/Produce,
-# KIP-848's consumer protocol, batched OffsetFetch of several groups).
+# KIP-848's consumer protocol: OffsetFetch v9's member epoch).
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
     FETCH: (4, 12),
     LIST_OFFSETS: (1, 7),
     METADATA: (0, 12),
     OFFSET_COMMIT: (2, 8),
-    OFFSET_FETCH: (1, 7),
+    OFFSET_FETCH: (1, 8),
     FIND_COORDINATOR: (0, 4),
     JOIN_GROUP: (0, 7),
     HEARTBEAT: (0, 4),
@@ -529,35 +529,48 @@ class KafkaApis:
             for t in body.topics]})
 
     async def offset_fetch(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        if req.api_version >= 8:
+            return await self._offset_fetch_groups(req, ctx)
         body = req.body
         topics = _get(body, "topics")
         # The partitions are bounded and the group's ACL checked before they are expanded: an 8 MB frame of
         # 2M partition indexes was made 2M protobuf entries on the event loop before either (audit).
         await refuse_oversized(ctx, self.cache, sum(len(t.partition_indexes) for t in topics or ()), "partitions")
-        refused = self.groups._refused(ctx, authz.DESCRIBE, body.group_id, group_pb2.OffsetFetchResponse)
-        pb = group_pb2.OffsetFetchRequest(group_id=body.group_id)
-        if refused is None:
-            for t in topics or ():
-                for p in t.partition_indexes:
-                    pb.partitions.add(topic=t.name, partition=p)
-        out = refused if refused is not None else await self.groups.OffsetFetch(pb, ctx)
+        out = await self._offset_fetch_one(ctx, body.group_id, topics)
         return await self._group_answer(len(out.partitions), functools.partial(self._offset_fetch_answer, req, out))
 
+    async def _offset_fetch_groups(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        """OffsetFetch v8 (KIP-709): several groups in one request, each answered as its own request would be (a
+        client sends each coordinator the groups it coordinates; any other group is NOT_COORDINATOR). kafka-python
+        resets a group's offsets through it; at v7 its request for named partitions failed in its own encoder."""
+        groups = list(req.body.groups)
+        await refuse_oversized(ctx, self.cache, len(groups) + sum(
+            len(t.partition_indexes) for g in groups for t in _get(g, "topics") or ()), "groups and partitions")
+        answers = [(g.group_id, await self._offset_fetch_one(ctx, g.group_id, _get(g, "topics"))) for g in groups]
+        return await self._group_answer(sum(len(out.partitions) for _, out in answers), lambda: self._resp(req, {
+            "groups": [{"group_id": group_id, "error_code": out.error_code, "topics": _offset_fetch_topics(out)}
+                       for group_id, out in answers]}))
+
+    async def _offset_fetch_one(self, ctx: KafkaCallContext, group_id: str, topics: Any) -> Any:
+        """The coordinator's answer for one group's committed offsets (``topics`` None: every partition), or its
+        refusal without DESCRIBE on the group."""
+        refused = self.groups._refused(ctx, authz.DESCRIBE, group_id, group_pb2.OffsetFetchResponse)
+        if refused is not None:
+            return refused
+        pb = group_pb2.OffsetFetchRequest(group_id=group_id)
+        for t in topics or ():
+            for p in t.partition_indexes:
+                pb.partitions.add(topic=t.name, partition=p)
+        return await self.groups.OffsetFetch(pb, ctx)
+
     def _offset_fetch_answer(self, req: codec.Request, out: Any) -> Any:
-        topics = _get(req.body, "topics")
-        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for c in out.partitions:
-            by_topic[c.topic].append({"partition_index": c.partition, "committed_offset": c.offset,
-                                      "committed_leader_epoch": c.leader_epoch, "metadata": c.metadata,
-                                      "error_code": c.error_code})
+        extra: dict[str, list[dict[str, Any]]] = defaultdict(list)
         if out.error_code != 0 and req.api_version < 2:
             # v0/v1 have no top-level error: each asked partition carries it.
-            for t in topics or ():
-                for p in t.partition_indexes:
-                    by_topic[t.name].append({"partition_index": p, "committed_offset": -1, "metadata": "",
-                                             "error_code": out.error_code})
-        return self._resp(req, {"error_code": out.error_code,
-                                "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]})
+            for t in _get(req.body, "topics") or ():
+                extra[t.name] += [{"partition_index": p, "committed_offset": -1, "metadata": "",
+                                   "error_code": out.error_code} for p in t.partition_indexes]
+        return self._resp(req, {"error_code": out.error_code, "topics": _offset_fetch_topics(out, extra)})
 
     async def _group_answer(self, size: int, build: Callable[[], Any]) -> Any:
         """``build()``: a group call's answer entity, made from the coordinator's answer. Of more than
@@ -639,3 +652,15 @@ def _first_codec(records: bytes) -> int | None:
         return read_header(records).compression
     except errors.CorruptMessageError:
         return None
+
+
+def _offset_fetch_topics(out: Any, extra: dict[str, list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+    """The topics of an OffsetFetch answer, from the coordinator's, followed by ``extra`` partitions per topic."""
+    by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for c in out.partitions:
+        by_topic[c.topic].append({"partition_index": c.partition, "committed_offset": c.offset,
+                                  "committed_leader_epoch": c.leader_epoch, "metadata": c.metadata,
+                                  "error_code": c.error_code})
+    for name, partitions in (extra or {}).items():
+        by_topic[name] += partitions
+    return [{"name": n, "partitions": ps} for n, ps in by_topic.items()]

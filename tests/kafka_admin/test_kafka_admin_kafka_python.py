@@ -224,3 +224,37 @@ def test_describe_producers(kcluster: Any, kp_admin: Any, confluent_admin: Any, 
     denied = kafka_ask(kcluster, kcluster.broker_ids[0], 61, 0,
                        {"topics": [{"name": topic_name, "partition_indexes": [0]}]}, name="demo")
     assert [(int(p.error_code), p.active_producers) for t in denied.topics for p in t.partitions] == [(29, ())]
+
+
+def test_offsets_of_several_groups_in_one_request(kcluster: Any, kp_admin: Any, confluent_admin: Any,
+                                                  topic_name: str) -> None:
+    """OffsetFetch v8 (KIP-709): kafka-python's list_group_offsets of several groups sends them to each coordinator
+    in one request (against a broker without v8 it refuses more than one group); a group the caller may not
+    DESCRIBE is refused on its own."""
+    from confluent_kafka.admin import NewTopic
+    from kafka import TopicPartition as KafkaTopicPartition
+    from kafka.errors import CoordinatorNotAvailableError
+    from kafka.structs import OffsetAndMetadata
+    from kafka_raw import kafka_ask
+
+    for f in confluent_admin.create_topics([NewTopic(topic_name, 2, 1)], request_timeout=T).values():
+        f.result(T)
+    tp0, tp1 = KafkaTopicPartition(topic_name, 0), KafkaTopicPartition(topic_name, 1)
+    groups = {f"{topic_name}-g{i}": {tp0: OffsetAndMetadata(i, f"m{i}", -1), tp1: OffsetAndMetadata(10 + i, "", -1)}
+              for i in range(3)}
+    def committed(group: str) -> bool:
+        try:
+            return all(e.__name__ == "NoError" for e in kp_admin.alter_group_offsets(group, groups[group]).values())
+        except CoordinatorNotAvailableError:  # __consumer_offsets being created on a fresh cluster
+            return False
+    for group in groups:
+        wait_for(lambda g=group: committed(g), T, f"{group}'s offsets committed")
+    names = sorted(groups)
+    got = kp_admin.list_group_offsets({names[0]: None, names[1]: [tp1], names[2]: None})
+    assert {g: {tp: (o.offset, o.metadata) for tp, o in offsets.items()} for g, offsets in got.items()} == {
+        names[0]: {tp0: (0, "m0"), tp1: (10, "")}, names[1]: {tp1: (11, "")}, names[2]: {tp0: (2, "m2"), tp1: (12, "")}}
+
+    coordinator = kcluster.broker_ids[0]
+    raw = kafka_ask(kcluster, coordinator, 9, 8, {"groups": [{"group_id": g, "topics": None} for g in names]},
+                    name="demo")  # demo may DESCRIBE only demo-* groups
+    assert [(g.group_id, int(g.error_code), g.topics) for g in raw.groups] == [(g, 30, ()) for g in names]
