@@ -253,7 +253,13 @@ class AdminApis:
             # throttle_time_ms is held to the quota: before, it created partitions as fast as it liked.
             quotas.held_total += 1
             await asyncio.sleep(left_s)
-        budget_s = ctx.time_remaining() or _DEFAULT_TIMEOUT_S
+        remaining_s = ctx.time_remaining()
+        if remaining_s is not None and remaining_s <= 0:
+            # The request's time is spent (earlier items of it waited on a controller that did not answer): a
+            # fresh 30 s for each later item had kept an admin worker, and the client, N x 30 s (audit).
+            raise _Failed(ErrorCode.REQUEST_TIMED_OUT, f"{method}: the request's timeout passed before this item "
+                                                       f"was sent to the active controller")
+        budget_s = _DEFAULT_TIMEOUT_S if remaining_s is None else remaining_s
         if timeout_ms > 0:
             budget_s = min(budget_s, timeout_ms / 1000 + 1.0)  # the controller answers within timeout_ms
         client = self._security() if security else self.broker.controller_client

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -61,6 +62,7 @@ _HASHES = {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}
 USER, CLIENT_ID, IP = "user", "client-id", "ip"
 ENTITY_TYPES = (USER, CLIENT_ID, IP)
 MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED = 0, 1, 2
+WHOLE_NUMBER_KEYS = ("producer_byte_rate", "consumer_byte_rate")  # Kafka's LONG quota keys
 _USER_PREFIX = "User:"
 USER_ONLY = (f"Brook keeps quotas per user and for the user default (entity type '{USER}' with a name, or with a "
              f"null name); '{CLIENT_ID}' and '{IP}' quotas are not supported")
@@ -94,11 +96,11 @@ class UserApis:
 
         def refused(code: int, message: str | None) -> Any:
             return self._resp(req, {"throttle_time": 0, "error_code": code, "error_message": message, "results": []})
-        if len(names) > MAX_ITEMS_PER_REQUEST:
-            return refused(ErrorCode.INVALID_REQUEST, f"{len(names)} users in one request, at most "
-                                                      f"{MAX_ITEMS_PER_REQUEST}: split the request")
         try:
-            self.admin._authorize_cluster(ctx, authz.DESCRIBE)
+            self.admin._authorize_cluster(ctx, authz.DESCRIBE)  # first, as Kafka: a refused caller learns nothing
+            if len(names) > MAX_ITEMS_PER_REQUEST:
+                raise _Failed(ErrorCode.INVALID_REQUEST, f"{len(names)} users in one request, at most "
+                                                         f"{MAX_ITEMS_PER_REQUEST}: split the request")
             out = await self._security(ctx, "DescribeUsers", security_pb2.DescribeUsersRequest(users=set(names)))
         except _Failed as exc:
             return refused(exc.code, exc.message)
@@ -131,10 +133,10 @@ class UserApis:
                 {"user": user, "error_code": refusal.get(user, (0, ""))[0],
                  "error_message": refusal.get(user, (0, ""))[1] or None} for user in users]})
         try:
+            self.admin._authorize_cluster(ctx, authz.ALTER)
             if len(deletions) + len(upsertions) > MAX_ITEMS_PER_REQUEST:
                 raise _Failed(ErrorCode.INVALID_REQUEST, f"{len(deletions) + len(upsertions)} credentials in one "
                                                          f"request, at most {MAX_ITEMS_PER_REQUEST}: split the request")
-            self.admin._authorize_cluster(ctx, authz.ALTER)
         except _Failed as exc:
             refusal = {user: (exc.code, exc.message or "") for user in users}
             return answer()
@@ -150,7 +152,9 @@ class UserApis:
             if times > 1:
                 refuse(user, DUPLICATE_RESOURCE, "A user credential cannot be altered twice in the same request")
         for item in [*deletions, *upsertions]:
-            if int(item.mechanism) not in MECHANISM_NAMES:
+            if not str(item.name):
+                refuse("", UNACCEPTABLE_CREDENTIAL, "Username must not be empty")
+            elif int(item.mechanism) not in MECHANISM_NAMES:
                 refuse(str(item.name), ErrorCode.UNSUPPORTED_SASL_MECHANISM,
                        f"Unknown SCRAM mechanism {int(item.mechanism)}: Brook has 1 (SCRAM-SHA-256) and 2 "
                        f"(SCRAM-SHA-512)")
@@ -206,8 +210,8 @@ class UserApis:
             return self._resp(req, {"throttle_time": 0, "error_code": code, "error_message": message,
                                     "entries": None})
         try:
-            components = _quota_filter(list(req.body.components))
             self.admin._authorize_cluster(ctx, authz.DESCRIBE_CONFIGS)
+            components = _quota_filter(list(req.body.components))
             out = await self._security(ctx, "DescribeClientQuotas", security_pb2.DescribeClientQuotasRequest())
         except _Failed as exc:
             return refused(exc.code, exc.message)
@@ -227,10 +231,10 @@ class UserApis:
         validate_only = bool(_get(req.body, "validate_only", False))
         results: list[tuple[int, str | None]] = [(0, None)] * len(entries)
         try:
+            self.admin._authorize_cluster(ctx, authz.ALTER_CONFIGS)
             if len(entries) > MAX_ITEMS_PER_REQUEST:
                 raise _Failed(ErrorCode.INVALID_REQUEST, f"{len(entries)} entries in one request, at most "
                                                          f"{MAX_ITEMS_PER_REQUEST}: split the request")
-            self.admin._authorize_cluster(ctx, authz.ALTER_CONFIGS)
         except _Failed as exc:
             results = [(exc.code, exc.message)] * len(entries)
         else:
@@ -306,7 +310,7 @@ def _quota_filter(components: list[Any]) -> dict[str, tuple[int, str | None]]:
     for c in components:
         kind, match_type, match = str(c.entity_type), int(c.match_type), _get(c, "match")
         if kind not in ENTITY_TYPES:
-            raise _Failed(ErrorCode.INVALID_REQUEST, f"Custom entity type {kind[:64]!r} not supported")
+            raise _Failed(ErrorCode.UNSUPPORTED_VERSION, f"Custom entity type {kind[:64]!r} not supported")
         if kind in out:
             raise _Failed(ErrorCode.INVALID_REQUEST, f"Duplicate {kind} component entity type")
         if match_type == MATCH_EXACT and match is None:
@@ -318,6 +322,9 @@ def _quota_filter(components: list[Any]) -> dict[str, tuple[int, str | None]]:
         if match_type not in (MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED):
             raise _Failed(ErrorCode.INVALID_REQUEST, f"Unknown match type {match_type}")
         out[kind] = (match_type, match)
+    if IP in out and len(out) > 1:
+        raise _Failed(ErrorCode.INVALID_REQUEST, "IP filter component should not be used with user or clientId "
+                                                 "filter component.")
     return out
 
 
@@ -333,7 +340,7 @@ def _matches(user: str | None, components: dict[str, tuple[int, str | None]], st
         return user == name
     if match_type == MATCH_DEFAULT:
         return user is None
-    return user is not None
+    return True  # SPECIFIED: any entity of the type, the default included (Kafka's ClientQuotasImage)
 
 
 def _quota_entity(entity: list[Any]) -> str:
@@ -341,7 +348,7 @@ def _quota_entity(entity: list[Any]) -> str:
     kinds = [str(c.entity_type) for c in entity]
     unknown = [k for k in kinds if k not in ENTITY_TYPES]
     if unknown:
-        raise _Failed(ErrorCode.INVALID_REQUEST, f"Custom entity type {unknown[0][:64]!r} not supported")
+        raise _Failed(ErrorCode.UNSUPPORTED_VERSION, f"Custom entity type {unknown[0][:64]!r} not supported")
     if len(set(kinds)) != len(kinds):
         raise _Failed(ErrorCode.INVALID_REQUEST, "Duplicate entity type in the entity")
     if kinds != [USER]:
@@ -375,8 +382,12 @@ def _quota_ops(ops: list[Any]) -> tuple[dict[str, float], list[str]]:
                                                      f"{', '.join(sec.QUOTA_KEYS)}{hint}")
         if bool(op.remove):
             to_remove.append(key)
-        else:
-            to_set[key] = float(op.value)
+            continue
+        value = float(op.value)
+        if key in WHOLE_NUMBER_KEYS and math.isfinite(value) and not value.is_integer():
+            raise _Failed(ErrorCode.INVALID_REQUEST, f"quota {key} is a whole number of bytes a second (a Kafka "
+                                                     f"Long), not {value!r}")
+        to_set[key] = value
     try:
         sec.validate_quota_values(to_set, strict=True)
     except errors.BrookError as exc:

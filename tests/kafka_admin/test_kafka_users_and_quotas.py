@@ -7,6 +7,7 @@ from Kafka's own message schemas (kio)."""
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from typing import Any
 
@@ -83,15 +84,18 @@ def test_client_quotas_set_and_read_through_the_kafka_listener(kcluster: LocalCl
                 (0, {(("user", alice),): {"producer_byte_rate": 1024.0, "request_rate": 50.0}})
             assert _describe(kcluster, [{"entity_type": "user", "match_type": 1, "match": None}], strict=True) == \
                 (0, {(("user", None),): {"controller_mutation_rate": 1e9}})
+            # SPECIFIED: every entity of the type, the default included (Kafka's; kafka-configs --entity-type users).
             code, named = _describe(kcluster, [{"entity_type": "user", "match_type": 2, "match": None}])
-            assert code == 0 and {alice, bob} <= {k[0][1] for k in named} and (("user", None),) not in named
+            assert code == 0 and {alice, bob, None} <= {k[0][1] for k in named}, named
             # Brook keeps no client-id quota, so no entity has a client-id component.
             assert _describe(kcluster, [{"entity_type": "client-id", "match_type": 2, "match": None}]) == (0, {})
             assert _describe(kcluster, [], strict=True) == (0, {})
-            assert _describe(kcluster, [{"entity_type": "group", "match_type": 2, "match": None}])[0] == INVALID_REQUEST
+            assert _describe(kcluster, [{"entity_type": "group", "match_type": 2, "match": None}])[0] == 35
+            assert _describe(kcluster, [{"entity_type": "user", "match_type": 2, "match": None},
+                                        {"entity_type": "ip", "match_type": 2, "match": None}])[0] == INVALID_REQUEST
 
             # Refused items change nothing; the request's other items are done.
-            carl, dora, emil = (f"q{c}-{uuid.uuid4().hex[:8]}" for c in "cde")
+            carl, dora, emil, fred = (f"q{c}-{uuid.uuid4().hex[:8]}" for c in "cdef")
             answers = _alter(kcluster, [
                 {"entity": [{"entity_type": "client-id", "entity_name": "app"}], "ops": [_set("producer_byte_rate", 1.0)]},
                 {"entity": [*_user(carl), {"entity_type": "client-id", "entity_name": "app"}],
@@ -100,14 +104,15 @@ def test_client_quotas_set_and_read_through_the_kafka_listener(kcluster: LocalCl
                 {"entity": _user(dora), "ops": [_set("producer_byte_rate", -1.0)]},
                 {"entity": _user(emil), "ops": [_set("producer_byte_rate", 1.0), _set("producer_byte_rate", 2.0)]},
                 {"entity": _user(emil), "ops": [_set("consumer_byte_rate", 1.0)]},
+                {"entity": _user(fred), "ops": [_set("producer_byte_rate", 1.5)]},  # Kafka's byte rates are Longs
                 {"entity": _user(bob), "ops": [_remove("consumer_byte_rate")]},
             ])
-            assert [code for code, _ in answers] == [INVALID_REQUEST] * 6 + [0], answers
+            assert [code for code, _ in answers] == [INVALID_REQUEST] * 7 + [0], answers
             assert "client-id" in answers[0][1] and "request_rate" in answers[2][1], answers
             assert _alter(kcluster, [{"entity": _user(dora), "ops": [_set("producer_byte_rate", 5.0)]}],
                           validate_only=True) == [(0, None)]
             quotas = brook.describe_client_quotas()
-            assert not {f"User:{u}" for u in (carl, dora, emil, bob)} & set(quotas), quotas
+            assert not {f"User:{u}" for u in (carl, dora, emil, fred, bob)} & set(quotas), quotas
         finally:
             brook.alter_client_quotas(f"User:{alice}", remove=["producer_byte_rate", "request_rate"])
             brook.alter_client_quotas("<default>", remove=["controller_mutation_rate"])
@@ -163,3 +168,22 @@ def test_users_and_quotas_need_kafkas_permissions_on_the_cluster(kcluster: Local
         confluent_admin.delete_acls([AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY,
                                                       f"User:{name}", None, AclOperation.ANY,
                                                       AclPermissionType.ANY)], request_timeout=30)
+
+
+def test_a_request_of_many_items_is_answered_within_its_timeout_without_a_quorum(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """With no controller to answer, AlterClientQuotas' entries (sent to the controller one by one) share the
+    request's timeout: once it is spent the rest are REQUEST_TIMED_OUT at once. Each had been given a fresh 30 s, so
+    four entries took 120 s and held one of the listener's admin workers meanwhile (audit)."""
+    timeout_ms = 2_000
+    with LocalCluster(tmp_path_factory.mktemp("quota-no-quorum"), nodes=3,
+                      overrides={"kafka.request.timeout.ms": str(timeout_ms)}) as cluster:
+        survivor, *others = cluster.broker_ids
+        for node in others:
+            cluster.kill_node(node)
+        entries = [{"entity": _user(f"nq{i}"), "ops": [_set("request_rate", 5.0)]} for i in range(4)]
+        start = time.monotonic()
+        answers = kafka_ask(cluster, survivor, ALTER_QUOTAS, 1, {"entries": entries, "validate_only": False})
+        elapsed = time.monotonic() - start
+        assert [int(e.error_code) for e in answers.entries] == [7] * 4, answers  # REQUEST_TIMED_OUT
+        assert elapsed < 5 * timeout_ms / 1000, f"answered after {elapsed:.1f} s, the request's timeout is 2 s"
