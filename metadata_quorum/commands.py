@@ -200,11 +200,22 @@ class UpdateFeature:
     level: int
 
 
+@dataclass(frozen=True, slots=True)
+class AlterScramCredentials:
+    """One user's SCRAM changes of one Kafka AlterUserScramCredentials request, applied together or not at all:
+    ``upsertions`` as UpsertScramCredential's fields in order, ``deletions`` as [user, mechanism]. Proposed only at
+    brook.metadata.version 4 (features.ATOMIC_SCRAM): a release without this command refuses it."""
+
+    upsertions: list[list[str | int]]
+    deletions: list[list[str]]
+
+
 Command = (
     ActivateController | RegisterBroker | FenceBroker | UnfenceBroker | BeginControlledShutdown
     | UnregisterBroker | CreateTopic | DeleteTopic | CreatePartitions | AlterConfigs | ChangePartition
     | AllocateProducerIds | UpsertScramCredential | DeleteScramCredential | CreateAcls | DeleteAcls
     | AlterClientQuota | AlterReassignment | CompleteReassignment | AlterClusterConfigs | UpdateFeature
+    | AlterScramCredentials
 )
 
 COMMAND_TYPES: dict[str, type] = {
@@ -214,6 +225,7 @@ COMMAND_TYPES: dict[str, type] = {
         UnregisterBroker, CreateTopic, DeleteTopic, CreatePartitions, AlterConfigs, ChangePartition,
         AllocateProducerIds, UpsertScramCredential, DeleteScramCredential, CreateAcls, DeleteAcls,
         AlterClientQuota, AlterReassignment, CompleteReassignment, AlterClusterConfigs, UpdateFeature,
+        AlterScramCredentials,
     )
 }
 
@@ -307,6 +319,11 @@ _TYPE_CHECKS: dict[str, Any] = {
     "list[list[int]]": lambda v: isinstance(v, list) and all(
         isinstance(r, list) and all(_is_int(x) for x in r) for r in v),
     "list[PartitionChangeItem]": lambda v: isinstance(v, list) and all(isinstance(x, PartitionChangeItem) for x in v),
+    # AlterScramCredentials' upsertions: UpsertScramCredential's six fields each.
+    "list[list[str | int]]": lambda v: isinstance(v, list) and all(
+        isinstance(r, list) and len(r) == 6 and all(isinstance(x, str) for x in r[:5]) and _is_int(r[5]) for r in v),
+    "list[list[str]]": lambda v: isinstance(v, list) and all(
+        isinstance(r, list) and all(isinstance(x, str) for x in r) for r in v),
 }
 
 

@@ -21,13 +21,14 @@ from __future__ import annotations
 METADATA_VERSION = "brook.metadata.version"
 # Level 1: everything every release of Brook applies. Level 2: ACLs on the resource types TRANSACTIONAL_ID,
 # DELEGATION_TOKEN and USER, with the operations CREATE_TOKENS and DESCRIBE_TOKENS (stored and listed as
-# Kafka's are; releases before it refuse such a binding). Level 3: see CONTROLLER_LIST_OPS.
+# Kafka's are; releases before it refuse such a binding). Level 3: see CONTROLLER_LIST_OPS. Level 4: ATOMIC_SCRAM.
 SUPPORTED_MIN = 1
-SUPPORTED_MAX = 3
+SUPPORTED_MAX = 4
 LEVEL_FEATURES = {
     1: "the baseline",
     2: "ACLs on TRANSACTIONAL_ID, DELEGATION_TOKEN and USER resources",
     3: "APPEND/SUBTRACT of list configs made atomic by the controller",
+    4: "a user's SCRAM credential changes (Kafka's AlterUserScramCredentials) applied together",
 }
 # The level each gated change needs.
 EXTENDED_ACLS = 2
@@ -35,6 +36,10 @@ EXTENDED_ACLS = 2
 # and writes the value one request at a time; below it, brokers read the value and send a SET (two admins at once
 # can each miss the other's change). A controller of a release before it ignores ListOp, hence the level.
 CONTROLLER_LIST_OPS = 3
+# Level 4: the controller applies one user's upsertions and deletions of an AlterUserScramCredentials request as one
+# command (AlterScramCredentials), as Kafka writes a request's records in one batch; below it they are separate
+# commands, so a failure between them (a lost quorum, a race) can leave some applied, the user without any.
+ATOMIC_SCRAM = 4
 FEATURES = (METADATA_VERSION,)
 
 

@@ -25,6 +25,7 @@ from broker.admission import peer_host
 from broker.authorizer import ALTER, ALTER_CONFIGS, CLUSTER, DESCRIBE, DESCRIBE_CONFIGS, AclIndex, Authorizer
 from broker.sasl import ScramAuthenticator, principal_of
 from metadata_quorum import commands as c
+from metadata_quorum import features
 from metadata_quorum import security as sec
 from metadata_quorum.state import MetadataDelta, MetadataState
 from proto import errors
@@ -155,6 +156,11 @@ class SecurityService(spb_grpc.SecurityServiceServicer):
         return self._serve(spb.ScramCredentialsResponse, context, ALTER,
                            lambda a: a.delete_credentials(request.items, _timeout(context)))
 
+    def AlterScramCredentials(self, request: spb.AlterScramCredentialsRequest,
+                              context: Any) -> spb.ScramCredentialsResponse:
+        return self._serve(spb.ScramCredentialsResponse, context, ALTER,
+                           lambda a: a.alter_credentials(request.users, _timeout(context)))
+
     def DescribeUsers(self, request: spb.DescribeUsersRequest, context: Any) -> spb.DescribeUsersResponse:
         return self._serve(spb.DescribeUsersResponse, context, DESCRIBE, lambda a: a.describe_users(request.users))
 
@@ -250,6 +256,33 @@ class QuorumSecurityAdmin:
         return self._propose_each(response, [(response.results.add(name=item.user),
                                               lambda item=item: c.DeleteScramCredential(item.user, item.mechanism))
                                              for item in items], timeout_s)
+
+    def alter_credentials(self, users: Iterable[spb.AlterScramCredentialsRequest.UserAlteration],
+                          timeout_s: float) -> spb.ScramCredentialsResponse:
+        """Each user's upsertions and deletions as one AlterScramCredentials command: all of them or none, as Kafka
+        writes a request's records in one batch. Below brook.metadata.version 4 the whole request is refused
+        UNSUPPORTED_VERSION (the caller falls back to one command an item)."""
+        users = list(users)
+        _bounded([item for u in users for item in (*u.upsertions, *u.deletions)])
+        level = self._raft.read(lambda s: s.metadata_level)
+        if level < features.ATOMIC_SCRAM:
+            raise errors.UnsupportedVersionError(features.needs_level(
+                features.ATOMIC_SCRAM, level, "changing a user's SCRAM credentials in one command"))
+        response = spb.ScramCredentialsResponse()
+
+        def alter(u: spb.AlterScramCredentialsRequest.UserAlteration) -> c.Command:
+            if any(r.user != u.user for r in u.upsertions) or any(d.user != u.user for d in u.deletions):
+                raise errors.InvalidRequestError(f"an alteration of user {u.user!r} names another user")
+            if any(not d.mechanism for d in u.deletions):
+                raise errors.InvalidRequestError("a deletion names its mechanism")
+            creds = [sec.validate_credential(sec.ScramCredential(r.user, r.mechanism, r.salt, r.stored_key,
+                                                                 r.server_key, r.iterations), strict=True)
+                     for r in u.upsertions]
+            return c.AlterScramCredentials([cred.to_plain() for cred in creds],  # type: ignore[misc]
+                                           [[d.user, d.mechanism] for d in u.deletions])
+
+        return self._propose_each(response, [(response.results.add(name=u.user), lambda u=u: alter(u))
+                                             for u in users], timeout_s)
 
     def describe_users(self, users: Iterable[str]) -> spb.DescribeUsersResponse:
         wanted = set(users)

@@ -299,6 +299,7 @@ class MetadataState:
             c.CompleteReassignment: self._complete_reassignment,
             c.AlterClusterConfigs: self._alter_cluster_configs,
             c.UpdateFeature: self._update_feature,
+            c.AlterScramCredentials: self._alter_scram,
         }
 
     # ---- applying commands ----
@@ -976,6 +977,38 @@ class MetadataState:
             del self.scram[key]
             self._touch(("S", key[0], key[1]))
         return ApplyResult(value=len(keys))
+
+    def _alter_scram(self, cmd: c.AlterScramCredentials) -> ApplyResult:
+        """Every upsertion and deletion, or none: each is checked (credentials valid, deleted ones present, no key
+        both upserted and deleted, the credential cap) before anything changes."""
+        if self.metadata_level < features.ATOMIC_SCRAM:
+            raise errors.UnsupportedVersionError(features.needs_level(
+                features.ATOMIC_SCRAM, self.metadata_level, "changing a user's SCRAM credentials in one command"))
+        try:
+            creds = [sec.ScramCredential.from_plain(list(u)) for u in cmd.upsertions]
+        except ValueError as exc:  # a key or salt that is not hex
+            raise errors.InvalidRequestError(f"a credential is malformed: {exc}") from None
+        if any(len(item) != 2 for item in cmd.deletions):
+            raise errors.InvalidRequestError("each deletion is [user, mechanism]")
+        doomed: list[tuple[str, str]] = []
+        for user, mechanism in cmd.deletions:
+            keys = [k for k in self.scram if k[0] == user and mechanism in ("", k[1])]
+            if not keys:
+                raise errors.error_class(ErrorCode.RESOURCE_NOT_FOUND)(
+                    f"user {user!r} has no {mechanism or 'SCRAM'} credential")
+            doomed += keys
+        upserted = {(cred.user, cred.mechanism) for cred in creds}
+        if len(upserted) != len(creds) or len(set(doomed)) != len(doomed) or upserted & set(doomed):
+            raise errors.InvalidRequestError("a user credential cannot be altered twice in the same request")
+        if len(self.scram) - len(doomed) + len(upserted - set(self.scram)) > sec.MAX_CREDENTIALS:
+            raise errors.InvalidRequestError(f"the cluster already stores {sec.MAX_CREDENTIALS} SCRAM credentials")
+        for key in doomed:
+            del self.scram[key]
+            self._touch(("S", key[0], key[1]))
+        for cred in creds:
+            self.scram[(cred.user, cred.mechanism)] = cred
+            self._touch(("S", cred.user, cred.mechanism))
+        return ApplyResult(value=len(doomed) + len(creds))
 
     def _create_acls(self, cmd: c.CreateAcls) -> ApplyResult:
         bindings = [sec.acl_binding(a) for a in cmd.acls]  # all validated before any change

@@ -76,6 +76,21 @@ class DeleteScramCredentialsRequest(_message.Message):
     items: _containers.RepeatedCompositeFieldContainer[DeleteScramCredentialsRequest.Item]
     def __init__(self, items: _Optional[_Iterable[_Union[DeleteScramCredentialsRequest.Item, _Mapping]]] = ...) -> None: ...
 
+class AlterScramCredentialsRequest(_message.Message):
+    __slots__ = ("users",)
+    class UserAlteration(_message.Message):
+        __slots__ = ("user", "upsertions", "deletions")
+        USER_FIELD_NUMBER: _ClassVar[int]
+        UPSERTIONS_FIELD_NUMBER: _ClassVar[int]
+        DELETIONS_FIELD_NUMBER: _ClassVar[int]
+        user: str
+        upsertions: _containers.RepeatedCompositeFieldContainer[ScramCredentialRecord]
+        deletions: _containers.RepeatedCompositeFieldContainer[DeleteScramCredentialsRequest.Item]
+        def __init__(self, user: _Optional[str] = ..., upsertions: _Optional[_Iterable[_Union[ScramCredentialRecord, _Mapping]]] = ..., deletions: _Optional[_Iterable[_Union[DeleteScramCredentialsRequest.Item, _Mapping]]] = ...) -> None: ...
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedCompositeFieldContainer[AlterScramCredentialsRequest.UserAlteration]
+    def __init__(self, users: _Optional[_Iterable[_Union[AlterScramCredentialsRequest.UserAlteration, _Mapping]]] = ...) -> None: ...
+
 class ScramCredentialsResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "redirect", "results")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class SecurityServiceStub:
                 request_serializer=proto_dot_security__pb2.DeleteScramCredentialsRequest.SerializeToString,
                 response_deserializer=proto_dot_security__pb2.ScramCredentialsResponse.FromString,
                 _registered_method=True)
+        self.AlterScramCredentials = channel.unary_unary(
+                '/brook.SecurityService/AlterScramCredentials',
+                request_serializer=proto_dot_security__pb2.AlterScramCredentialsRequest.SerializeToString,
+                response_deserializer=proto_dot_security__pb2.ScramCredentialsResponse.FromString,
+                _registered_method=True)
         self.DescribeUsers = channel.unary_unary(
                 '/brook.SecurityService/DescribeUsers',
                 request_serializer=proto_dot_security__pb2.DescribeUsersRequest.SerializeToString,
@@ -100,6 +105,13 @@ class SecurityServiceServicer:
 
     def DeleteScramCredentials(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterScramCredentials(self, request, context):
+        """Each user's upsertions and deletions applied together or not at all (brook.metadata.version 4).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -156,6 +168,11 @@ def add_SecurityServiceServicer_to_server(servicer, server):
             'DeleteScramCredentials': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteScramCredentials,
                     request_deserializer=proto_dot_security__pb2.DeleteScramCredentialsRequest.FromString,
+                    response_serializer=proto_dot_security__pb2.ScramCredentialsResponse.SerializeToString,
+            ),
+            'AlterScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterScramCredentials,
+                    request_deserializer=proto_dot_security__pb2.AlterScramCredentialsRequest.FromString,
                     response_serializer=proto_dot_security__pb2.ScramCredentialsResponse.SerializeToString,
             ),
             'DescribeUsers': grpc.unary_unary_rpc_method_handler(
@@ -269,6 +286,33 @@ class SecurityService:
             target,
             '/brook.SecurityService/DeleteScramCredentials',
             proto_dot_security__pb2.DeleteScramCredentialsRequest.SerializeToString,
+            proto_dot_security__pb2.ScramCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.SecurityService/AlterScramCredentials',
+            proto_dot_security__pb2.AlterScramCredentialsRequest.SerializeToString,
             proto_dot_security__pb2.ScramCredentialsResponse.FromString,
             options,
             channel_credentials,

@@ -8,7 +8,9 @@ APIs (admin_apis.py), each request becomes the Brook RPC that already serves ``b
 it again and validates every item before it is proposed; nothing is decided here that the controller would not.
 
 SCRAM credentials, as Kafka's controller answers them: one result per user named (the order of first mention); a
-user with any refused item has none of its items applied. The client salts the password (``salted_password`` is
+user with any refused item has none of its items applied. From brook.metadata.version 4 each user's items reach the
+controller as one command (AlterScramCredentials), applied all or none as Kafka's record batch is; below it they are
+one command an item (``_alter_item_by_item``), and a failure between them can leave some applied. The client salts the password (``salted_password`` is
 PBKDF2's output, Hi() of RFC 5802): the broker derives the stored and server keys from it and never sees the
 password. Refusals use Kafka's codes: UNSUPPORTED_SASL_MECHANISM (a mechanism other than SCRAM-SHA-256/512),
 UNACCEPTABLE_CREDENTIAL (iterations outside 4,096..16,384, a salt or salted password of the wrong size, a user name
@@ -28,6 +30,7 @@ import hashlib
 import hmac
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from broker import authorizer as authz
@@ -168,41 +171,77 @@ class UserApis:
             except errors.BrookError as exc:
                 code = exc.code if exc.code == ErrorCode.UNSUPPORTED_SASL_MECHANISM else UNACCEPTABLE_CREDENTIAL
                 refuse(user, code, exc.message)
-        to_delete = [d for d in deletions if str(d.name) not in refusal]
-        if to_delete:
+        # Only users none of whose items was refused go to the controller.
+        alterations: dict[str, security_pb2.AlterScramCredentialsRequest.UserAlteration] = {}
+        for user in users:
+            if user not in refusal:
+                alterations[user] = security_pb2.AlterScramCredentialsRequest.UserAlteration(user=user)
+        for r in records:
+            if r.user in alterations:
+                alterations[r.user].upsertions.append(r)
+        for d in deletions:
+            if str(d.name) in alterations:
+                alterations[str(d.name)].deletions.add(user=str(d.name), mechanism=MECHANISM_NAMES[int(d.mechanism)])
+        if not alterations:
+            return answer()
+        try:
+            out = await self._security(ctx, "AlterScramCredentials", security_pb2.AlterScramCredentialsRequest(
+                users=list(alterations.values())))
+        except _Failed as exc:
+            if exc.code != ErrorCode.UNSUPPORTED_VERSION:
+                for user in alterations:
+                    refuse(user, exc.code, exc.message or "")
+                return answer()
+            # Below brook.metadata.version 4 (or an older active controller): one command an item.
+            await self._alter_item_by_item(ctx, list(alterations.values()), refuse)
+            return answer()
+        for user, result in zip(alterations, out.results, strict=False):
+            if result.error_code:
+                refuse(user, result.error_code, result.error_message)
+        return answer()
+
+    async def _alter_item_by_item(self, ctx: KafkaCallContext,
+                                  alterations: list[security_pb2.AlterScramCredentialsRequest.UserAlteration],
+                                  refuse: Callable[[str, int, str], None]) -> None:
+        """A cluster below brook.metadata.version 4: the deletions (each checked to exist first), then the
+        upsertions of the users whose deletions all went through. A failure between the two commands (a lost
+        quorum, a concurrent change) can still leave a user's deletions done and its upsertions not, which level 4
+        rules out."""
+        failed: set[str] = set()
+
+        def fail(user: str, code: int, message: str) -> None:
+            failed.add(user)
+            refuse(user, code, message)
+        deleting = [a for a in alterations if a.deletions]
+        if deleting:
             try:
                 out = await self._security(ctx, "DescribeUsers", security_pb2.DescribeUsersRequest(
-                    users={str(d.name) for d in to_delete}))
+                    users={a.user for a in deleting}))
             except _Failed as exc:
-                refusal.update({user: (exc.code, exc.message or "") for user in users if user not in refusal})
-                return answer()
+                for a in alterations:
+                    fail(a.user, exc.code, exc.message or "")
+                return
             have = {(d.user, m.mechanism) for d in out.users for m in d.mechanisms}
-            for d in to_delete:
-                if (str(d.name), MECHANISM_NAMES[int(d.mechanism)]) not in have:
-                    refuse(str(d.name), ErrorCode.RESOURCE_NOT_FOUND,
-                           "Attempt to delete a user credential that does not exist")
-        # Only users none of whose items was refused go to the controller.
-        records = [r for r in records if r.user not in refusal]
-        items = [security_pb2.DeleteScramCredentialsRequest.Item(user=str(d.name),
-                                                                 mechanism=MECHANISM_NAMES[int(d.mechanism)])
-                 for d in to_delete if str(d.name) not in refusal]
-        for method, request in (("DeleteScramCredentials", security_pb2.DeleteScramCredentialsRequest(items=items)),
-                                ("UpsertScramCredentials",
-                                 security_pb2.UpsertScramCredentialsRequest(credentials=records))):
-            named = [i.user for i in request.items] if method == "DeleteScramCredentials" else \
-                [r.user for r in request.credentials]
-            if not named:
+            for a in deleting:
+                if any((a.user, d.mechanism) not in have for d in a.deletions):
+                    fail(a.user, ErrorCode.RESOURCE_NOT_FOUND, "Attempt to delete a user credential that does not exist")
+        for method in ("DeleteScramCredentials", "UpsertScramCredentials"):
+            items = [(a.user, item) for a in alterations if a.user not in failed
+                     for item in (a.deletions if method == "DeleteScramCredentials" else a.upsertions)]
+            if not items:
                 continue
+            request = security_pb2.DeleteScramCredentialsRequest(items=[i for _, i in items]) \
+                if method == "DeleteScramCredentials" else \
+                security_pb2.UpsertScramCredentialsRequest(credentials=[i for _, i in items])
             try:
                 out = await self._security(ctx, method, request)
             except _Failed as exc:
-                for user in named:
-                    refuse(user, exc.code, exc.message or "")
+                for user, _ in items:
+                    fail(user, exc.code, exc.message or "")
                 continue
-            for user, result in zip(named, out.results, strict=False):
+            for (user, _), result in zip(items, out.results, strict=False):
                 if result.error_code:
-                    refuse(user, _kafka_credential_code(result.error_code), result.error_message)
-        return answer()
+                    fail(user, result.error_code, result.error_message)
 
     # ---- DescribeClientQuotas ----
     async def describe_client_quotas(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -297,11 +336,6 @@ def _credential(u: Any) -> security_pb2.ScramCredentialRecord:
     return security_pb2.ScramCredentialRecord(user=cred.user, mechanism=cred.mechanism, salt=cred.salt,
                                               stored_key=cred.stored_key, server_key=cred.server_key,
                                               iterations=cred.iterations)
-
-
-def _kafka_credential_code(code: int) -> int:
-    """The controller refuses a bad credential INVALID_REQUEST; Kafka's clients are told UNACCEPTABLE_CREDENTIAL."""
-    return UNACCEPTABLE_CREDENTIAL if code == ErrorCode.INVALID_REQUEST else code
 
 
 def _quota_filter(components: list[Any]) -> dict[str, tuple[int, str | None]]:

@@ -187,3 +187,29 @@ def test_a_request_of_many_items_is_answered_within_its_timeout_without_a_quorum
         elapsed = time.monotonic() - start
         assert [int(e.error_code) for e in answers.entries] == [7] * 4, answers  # REQUEST_TIMED_OUT
         assert elapsed < 5 * timeout_ms / 1000, f"answered after {elapsed:.1f} s, the request's timeout is 2 s"
+
+
+def test_a_users_credential_change_survives_a_lost_quorum_whole(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """At brook.metadata.version 4 a user's deletion and upsertion are one command: asked while the active
+    controller has lost its followers, the request times out, and once they are back the user has the new
+    credential and not the old one. As two commands, the deletion alone was applied later and the user had none
+    (audit)."""
+    from metadata_quorum import features
+
+    with LocalCluster(tmp_path_factory.mktemp("scram-no-quorum"), nodes=3,
+                      overrides={"kafka.request.timeout.ms": "3000"}) as cluster:
+        with _brook_admin(cluster) as brook:
+            assert brook.update_features(features.ATOMIC_SCRAM) == features.ATOMIC_SCRAM
+            brook.create_user("sam", "old-pw", mechanisms=["SCRAM-SHA-256"])
+            active = brook.describe_quorum().leader_id
+        followers = [n for n in cluster.controller_ids if n != active]
+        for node in followers:
+            cluster.kill_node(node)
+        out = kafka_ask(cluster, active, ALTER_SCRAM, 0, {"deletions": [{"name": "sam", "mechanism": 1}],
+                                                          "upsertions": [_upsertion("sam", b"new-pw")]})
+        assert [(r.user, int(r.error_code)) for r in out.results] == [("sam", 7)], out  # REQUEST_TIMED_OUT
+        for node in followers:
+            cluster.start_node(node)
+        with _brook_admin(cluster) as brook:
+            wait_for(lambda: brook.list_users(["sam"]) == {"sam": [("SCRAM-SHA-512", 4096)]}, 60,
+                     "sam's change applied whole once the quorum is back")

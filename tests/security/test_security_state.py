@@ -76,3 +76,33 @@ def test_delete_acls_returns_what_it_removed_and_is_idempotent() -> None:
     version = s.version
     assert [b.as_list() for b in s.apply(c.DeleteAcls([ACL])).value] == [ACL]
     assert s.apply(c.DeleteAcls([ACL])).value == [] and s.version == version + 1
+
+
+def test_a_users_credential_changes_apply_together_or_not_at_all() -> None:
+    """AlterScramCredentials (brook.metadata.version 4): a missing deletion, a key named twice or the credential cap
+    refuses the whole command, nothing changed; below level 4 it is refused."""
+    from metadata_quorum import features
+    from metadata_quorum import security as sec
+
+    s = MetadataState()
+    old = salted_credential("ann", "SCRAM-SHA-256", "pw").to_plain()
+    new = salted_credential("ann", "SCRAM-SHA-512", "pw2").to_plain()
+    assert s.apply(c.AlterScramCredentials([old], [])).error_code == ErrorCode.UNSUPPORTED_VERSION and not s.scram
+    assert s.apply(c.UpdateFeature(features.METADATA_VERSION, features.ATOMIC_SCRAM)).ok
+    assert s.apply(c.AlterScramCredentials([old], [])).ok
+    version = s.version
+
+    refused = s.apply(c.AlterScramCredentials([new], [["ann", "SCRAM-SHA-512"]]))  # ann has no SHA-512 yet
+    assert refused.error_code == ErrorCode.RESOURCE_NOT_FOUND and set(s.scram) == {("ann", "SCRAM-SHA-256")}
+    assert s.apply(c.AlterScramCredentials([old], [["ann", "SCRAM-SHA-256"]])).error_code == ErrorCode.INVALID_REQUEST
+    assert s.version == version
+
+    assert s.apply(c.AlterScramCredentials([new], [["ann", "SCRAM-SHA-256"]])).ok  # the password and mechanism moved
+    assert set(s.scram) == {("ann", "SCRAM-SHA-512")} and s.version == version + 1
+
+    s.scram.update({(f"u{i}", "SCRAM-SHA-256"): s.scram[("ann", "SCRAM-SHA-512")]
+                    for i in range(sec.MAX_CREDENTIALS - len(s.scram))})
+    two = [salted_credential("bo", m, "pw").to_plain() for m in ("SCRAM-SHA-256", "SCRAM-SHA-512")]
+    assert s.apply(c.AlterScramCredentials(two, [])).error_code == ErrorCode.INVALID_REQUEST
+    assert not any(user == "bo" for user, _ in s.scram), "one of bo's two credentials was stored at the cap"
+    assert s.apply(c.AlterScramCredentials(two[:1], [["u0", "SCRAM-SHA-256"]])).ok  # room made in the same command
