@@ -258,3 +258,16 @@ def test_offsets_of_several_groups_in_one_request(kcluster: Any, kp_admin: Any, 
     raw = kafka_ask(kcluster, coordinator, 9, 8, {"groups": [{"group_id": g, "topics": None} for g in names]},
                     name="demo")  # demo may DESCRIBE only demo-* groups
     assert [(g.group_id, int(g.error_code), g.topics) for g in raw.groups] == [(g, 30, ()) for g in names]
+
+
+def test_list_transactions_says_there_are_none(kcluster: Any, kp_admin: Any) -> None:
+    """kafka-python's list_transactions and find_hanging_transactions (kafka-transactions list / find-hanging): every
+    broker answers that it coordinates no transaction, as Brook has none; a state filter Kafka does not know is
+    echoed back."""
+    from kafka_raw import kafka_ask
+
+    assert kp_admin.list_transactions() == {b: [] for b in kcluster.broker_ids}
+    assert kp_admin.find_hanging_transactions() == []
+    out = kafka_ask(kcluster, kcluster.broker_ids[0], 66, 1, {"state_filters": ["Ongoing", "Bogus"],
+                                                              "producer_id_filters": [], "duration_filter": -1})
+    assert (int(out.error_code), out.unknown_state_filters, out.transaction_states) == (0, ("Bogus",), ())
