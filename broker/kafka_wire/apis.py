@@ -40,6 +40,9 @@ OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP = 8, 9, 10, 11
 HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS = 12, 13, 14, 15, 16
 SASL_HANDSHAKE, API_VERSIONS, INIT_PRODUCER_ID, OFFSET_FOR_LEADER_EPOCH = 17, 18, 22, 23
 SASL_AUTHENTICATE, DELETE_GROUPS, OFFSET_DELETE = 36, 42, 47
+DESCRIBE_TOPIC_PARTITIONS = 75
+# The most partitions one DescribeTopicPartitions answer holds (Kafka's max.request.partition.size.limit default).
+DESCRIBE_TOPIC_PARTITIONS_LIMIT = 2000
 
 # api key -> (min, max) version served. The floors are Kafka 4's (what kio has schemas for);
 # the ceilings stop before versions that need what Brook lacks (topic ids in Fetch/Produce,
@@ -65,6 +68,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     SASL_AUTHENTICATE: (0, 2),
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
+    DESCRIBE_TOPIC_PARTITIONS: (0, 0),
     **admin_apis.SUPPORTED,  # topics, configs, ACLs, records, log dirs, elections (admin_apis.py)
     **user_apis.SUPPORTED,  # SCRAM credentials and client quotas (user_apis.py)
 }
@@ -101,6 +105,7 @@ class KafkaApis:
         self.handlers: dict[int, Handler] = {
             API_VERSIONS: self.api_versions,
             METADATA: self.metadata,
+            DESCRIBE_TOPIC_PARTITIONS: self.describe_topic_partitions,
             PRODUCE: self.produce,
             FETCH: self.fetch,
             LIST_OFFSETS: self.list_offsets,
@@ -217,6 +222,63 @@ class KafkaApis:
         return self._resp(req, {"brokers": brokers, "cluster_id": resp.cluster_id or None,
                                 "controller_id": admin_apis.client_controller_id([b["node_id"] for b in brokers]),
                                 "topics": out_topics, "cluster_authorized_operations": cluster_ops})
+
+    # ---- DescribeTopicPartitions (KIP-966) ----
+    async def describe_topic_partitions(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        """Topics' partitions a page at a time (kafka-topics --describe and Kafka's admin from 3.8, kafka-python's
+        ``describe_topic_partitions``): the Metadata answer's topics in name order, from the cursor, at most
+        ``response_partition_limit`` (up to DESCRIBE_TOPIC_PARTITIONS_LIMIT) partitions, and the cursor of the
+        next page. No topics named: every topic the caller may DESCRIBE. Brook has no eligible leader replicas
+        (KIP-966's ELR): those fields are null. Built on an io thread, in the client address's turn when large."""
+        names = sorted({t.name for t in req.body.topics})
+        caller = ctx.brook_authentication.principal
+        answer = functools.partial(self._describe_topic_partitions_answer, req, names, caller)
+        if self.io_turn is None or self._metadata_size(not names, names) <= codec.LARGE_ANSWER_ITEMS:
+            return await self.service._io(answer)
+        async with self.io_turn(ctx.client_host):
+            return await self.service._io(answer)
+
+    def _describe_topic_partitions_answer(self, req: codec.Request, names: list[str], caller: Any) -> Any:
+        body = req.body
+        cursor = _get(body, "cursor")
+        if cursor is not None and (cursor.partition_index < 0 or (names and cursor.topic_name not in names)):
+            # A negative partition, or a cursor topic the request does not name: Kafka's InvalidRequestException,
+            # answered on every topic (this answer has no error message).
+            return self._resp(req, {"throttle_time": 0, "topics": [
+                {"error_code": ErrorCode.INVALID_REQUEST, "name": n, "topic_id": None, "partitions": []}
+                for n in names], "next_cursor": None})
+        limit = max(1, min(int(body.response_partition_limit), DESCRIBE_TOPIC_PARTITIONS_LIMIT))
+        pb = broker_pb2.MetadataRequest(topics=names, all_topics=not names, allow_auto_topic_creation=False)
+        resp, topic_ops, _ = self._metadata_and_operations(pb, caller, True, False)
+        topics = sorted(resp.topics, key=lambda t: t.name)
+        if cursor is not None:
+            topics = [t for t in topics if t.name >= cursor.topic_name]
+        out: list[dict[str, Any]] = []
+        next_cursor = None
+        room = limit
+        for i, t in enumerate(topics):
+            if t.error_code:
+                out.append({"error_code": t.error_code, "name": t.name, "topic_id": None, "partitions": []})
+                continue
+            first = cursor.partition_index if cursor is not None and t.name == cursor.topic_name else 0
+            partitions = sorted((p for p in t.partitions if p.partition >= first), key=lambda p: p.partition)
+            shown, rest = partitions[:room], partitions[room:]
+            room -= len(shown)
+            out.append({"error_code": 0, "name": t.name, "topic_id": t.topic_id or None, "is_internal": t.is_internal,
+                        "topic_authorized_operations": topic_ops.get(t.name, codec.NO_AUTHORIZED_OPERATIONS),
+                        "partitions": [{"error_code": p.error_code, "partition_index": p.partition,
+                                        "leader_id": p.leader, "leader_epoch": p.leader_epoch,
+                                        "replica_nodes": list(p.replicas), "isr_nodes": list(p.isr),
+                                        "eligible_leader_replicas": None, "last_known_elr": None,
+                                        "offline_replicas": list(p.offline_replicas)} for p in shown]})
+            if rest:
+                next_cursor = {"topic_name": t.name, "partition_index": rest[0].partition}
+                break
+            if room == 0 and any(not u.error_code for u in topics[i + 1:]):
+                next_cursor = {"topic_name": next(u.name for u in topics[i + 1:] if not u.error_code),
+                               "partition_index": 0}
+                break
+        return self._resp(req, {"throttle_time": 0, "topics": out, "next_cursor": next_cursor})
 
     def _metadata_and_operations(self, pb: broker_pb2.MetadataRequest, caller: Any, with_topic_ops: bool,
                                  with_cluster_ops: bool) -> tuple[broker_pb2.MetadataResponse, dict[str, int], int]:

@@ -271,3 +271,34 @@ def test_list_transactions_says_there_are_none(kcluster: Any, kp_admin: Any) -> 
     out = kafka_ask(kcluster, kcluster.broker_ids[0], 66, 1, {"state_filters": ["Ongoing", "Bogus"],
                                                               "producer_id_filters": [], "duration_filter": -1})
     assert (int(out.error_code), out.unknown_state_filters, out.transaction_states) == (0, ("Bogus",), ())
+
+
+def test_describe_topic_partitions_pages(kcluster: Any, kp_admin: Any, confluent_admin: Any, topic_name: str) -> None:
+    """kafka-python's describe_topic_partitions (KIP-966; kafka-topics --describe from Kafka 3.8): topics in name
+    order, at most response_partition_limit partitions a page, the cursor where the next page starts."""
+    from confluent_kafka.admin import NewTopic
+    from kafka_raw import kafka_ask
+
+    a, b = f"{topic_name}-a", f"{topic_name}-b"
+    for f in confluent_admin.create_topics([NewTopic(a, 3, 1), NewTopic(b, 2, 1)], request_timeout=T).values():
+        f.result(T)
+    wait_for(lambda: _partitions(kp_admin, b) == 2, T, "the topics")
+
+    def page(cursor: dict[str, Any] | None) -> tuple[list[tuple[str, list[int]]], dict[str, Any] | None]:
+        got = kp_admin.describe_topic_partitions([b, a], response_partition_limit=2, cursor=cursor)
+        return [(t["name"], [p["partition_index"] for p in t["partitions"]]) for t in got["topics"]], got["next_cursor"]
+    assert page(None) == ([(a, [0, 1])], {"topic_name": a, "partition_index": 2})
+    assert page({"topic_name": a, "partition_index": 2}) == ([(a, [2]), (b, [0])], {"topic_name": b, "partition_index": 1})
+    assert page({"topic_name": b, "partition_index": 1}) == ([(b, [1])], None)
+
+    node = kcluster.broker_ids[0]
+    unknown = kafka_ask(kcluster, node, 75, 0, {"topics": [{"name": f"{topic_name}-none"}], "response_partition_limit": 10})
+    assert [(t.name, int(t.error_code)) for t in unknown.topics] == [(f"{topic_name}-none", 3)]
+    stray = kafka_ask(kcluster, node, 75, 0, {"topics": [{"name": a}], "response_partition_limit": 10,
+                                              "cursor": {"topic_name": b, "partition_index": 0}})
+    assert [(t.name, int(t.error_code)) for t in stray.topics] == [(a, 42)]  # the cursor's topic is not asked for
+    # User:demo may DESCRIBE only demo-* topics: named, the others are refused; unnamed, they are left out.
+    denied = kafka_ask(kcluster, node, 75, 0, {"topics": [{"name": a}], "response_partition_limit": 10}, name="demo")
+    assert [(t.name, int(t.error_code), t.partitions) for t in denied.topics] == [(a, 29, ())]
+    everything = kafka_ask(kcluster, node, 75, 0, {"topics": [], "response_partition_limit": 2000}, name="demo")
+    assert all(t.name.startswith("demo-") for t in everything.topics), [t.name for t in everything.topics]
