@@ -26,6 +26,7 @@ is refused INVALID_REQUEST with what Brook keeps, never stored as something else
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import math
@@ -200,6 +201,18 @@ class UserApis:
                 refuse(user, result.error_code, result.error_message)
         return answer()
 
+    async def _as_broker(self, ctx: KafkaCallContext, method: str, request: Any) -> Any:
+        """``method`` on the active controller as this broker (not the client): a read the broker needs to answer a
+        request the client is authorized for. Kafka checks only ALTER for AlterUserScramCredentials; forwarded,
+        the existence check of the deletions also needed DESCRIBE on the cluster (audit)."""
+        client = self.admin._security()
+        budget_s = max(0.5, ctx.time_remaining() or 30.0)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self.admin._pool, lambda: client.call(method, request, timeout_s=budget_s))
+        except errors.BrookError as exc:
+            raise _Failed(exc.code, exc.message) from None
+
     async def _alter_item_by_item(self, ctx: KafkaCallContext,
                                   alterations: list[security_pb2.AlterScramCredentialsRequest.UserAlteration],
                                   refuse: Callable[[str, int, str], None]) -> None:
@@ -215,7 +228,7 @@ class UserApis:
         deleting = [a for a in alterations if a.deletions]
         if deleting:
             try:
-                out = await self._security(ctx, "DescribeUsers", security_pb2.DescribeUsersRequest(
+                out = await self._as_broker(ctx, "DescribeUsers", security_pb2.DescribeUsersRequest(
                     users={a.user for a in deleting}))
             except _Failed as exc:
                 for a in alterations:

@@ -213,3 +213,42 @@ def test_a_users_credential_change_survives_a_lost_quorum_whole(tmp_path_factory
         with _brook_admin(cluster) as brook:
             wait_for(lambda: brook.list_users(["sam"]) == {"sam": [("SCRAM-SHA-512", 4096)]}, 60,
                      "sam's change applied whole once the quorum is back")
+
+
+def test_deleting_a_credential_needs_alter_only(kcluster: LocalCluster, confluent_admin: Any) -> None:
+    """Kafka checks ALTER on the cluster for AlterUserScramCredentials. Below brook.metadata.version 4 the broker
+    checks that the deleted credentials exist first: as this broker, so a caller allowed ALTER and denied DESCRIBE
+    still deletes (forwarded as the caller, it was refused, audit)."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    name = principal_of_its_own(kcluster, "alterer")
+    acls = [AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, f"User:{name}", "*", op,
+                       permission) for op, permission in ((AclOperation.ALTER, AclPermissionType.ALLOW),
+                                                          (AclOperation.DESCRIBE, AclPermissionType.DENY))]
+    target = f"qf-{uuid.uuid4().hex[:8]}"
+    try:
+        for f in confluent_admin.create_acls(acls, request_timeout=30).values():
+            f.result(30)
+        with _brook_admin(kcluster) as brook:
+            brook.create_user(target, "pw", mechanisms=["SCRAM-SHA-256"])
+
+            def deleted() -> bool:
+                out = kafka_ask(kcluster, kcluster.broker_ids[0], ALTER_SCRAM, 0, {
+                    "deletions": [{"name": target, "mechanism": 1}], "upsertions": [_upsertion(target, b"pw2")]},
+                    name=name)
+                assert [r.user for r in out.results] == [target]
+                return int(out.results[0].error_code) == 0  # 31 until the ACLs reach the broker
+            wait_for(deleted, 30, f"User:{name}'s change of {target}")
+            assert brook.list_users([target]) == {target: [("SCRAM-SHA-512", 4096)]}
+            brook.delete_user(target)
+    finally:
+        confluent_admin.delete_acls([AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY,
+                                                      f"User:{name}", None, AclOperation.ANY,
+                                                      AclPermissionType.ANY)], request_timeout=30)
