@@ -258,13 +258,7 @@ class AdminApis:
             # throttle_time_ms is held to the quota: before, it created partitions as fast as it liked.
             quotas.held_total += 1
             await asyncio.sleep(left_s)
-        remaining_s = ctx.time_remaining()
-        if remaining_s is not None and remaining_s <= 0:
-            # The request's time is spent (earlier items of it waited on a controller that did not answer): a
-            # fresh 30 s for each later item had kept an admin worker, and the client, N x 30 s (audit).
-            raise _Failed(ErrorCode.REQUEST_TIMED_OUT, f"{method}: the request's timeout passed before this item "
-                                                       f"was sent to the active controller")
-        budget_s = _DEFAULT_TIMEOUT_S if remaining_s is None else remaining_s
+        budget_s = budget_left_s(ctx, method)
         if timeout_ms > 0:
             budget_s = min(budget_s, timeout_ms / 1000 + 1.0)  # the controller answers within timeout_ms
         client = self._security() if security else self.broker.controller_client
@@ -784,7 +778,7 @@ class AdminApis:
             return self._resp(req, {"error_code": code, "error_message": message, "topics": topics, "nodes": []})
         try:
             self._authorize_cluster(ctx, authz.DESCRIBE)
-            budget_s = max(0.5, ctx.time_remaining() or _DEFAULT_TIMEOUT_S)
+            budget_s = max(0.5, budget_left_s(ctx, "DescribeQuorum"))
             client = self.broker.controller_client
             q = await asyncio.get_running_loop().run_in_executor(
                 self._pool, lambda: client.describe_quorum(timeout_s=budget_s))
@@ -1117,6 +1111,20 @@ class AdminApis:
 
 
 # ---- translation helpers ----
+def budget_left_s(ctx: KafkaCallContext, method: str) -> float:
+    """What is left of the request's timeout for one more call to the controllers (30 s without a deadline);
+    REQUEST_TIMED_OUT once it is spent. Earlier items of a request may have waited on a controller that did not
+    answer: a fresh 30 s for each later item (a remaining 0.0 read as no deadline) had kept an admin worker, and
+    the client, N x 30 s (audit)."""
+    remaining_s = ctx.time_remaining()
+    if remaining_s is None:
+        return _DEFAULT_TIMEOUT_S
+    if remaining_s <= 0:
+        raise _Failed(ErrorCode.REQUEST_TIMED_OUT, f"{method}: the request's timeout passed before it was sent to the "
+                                                   f"active controller")
+    return remaining_s
+
+
 def _described(described: dict[str, Any] | _Failed, name: str, *, altering: bool = False) -> Any:
     """Topic ``name``'s entry of ``_describe_topics``; _Failed when it has none or an error."""
     if isinstance(described, _Failed):

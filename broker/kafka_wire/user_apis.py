@@ -36,7 +36,7 @@ from typing import Any
 
 from broker import authorizer as authz
 from broker.kafka_wire import codec
-from broker.kafka_wire.admin_apis import AdminApis, _Failed
+from broker.kafka_wire.admin_apis import AdminApis, _Failed, budget_left_s
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.context import Handler, KafkaCallContext
 from metadata_quorum import security as sec
@@ -206,7 +206,7 @@ class UserApis:
         request the client is authorized for. Kafka checks only ALTER for AlterUserScramCredentials; forwarded,
         the existence check of the deletions also needed DESCRIBE on the cluster (audit)."""
         client = self.admin._security()
-        budget_s = max(0.5, ctx.time_remaining() or 30.0)
+        budget_s = max(0.5, budget_left_s(ctx, method))
         try:
             return await asyncio.get_running_loop().run_in_executor(
                 self.admin._pool, lambda: client.call(method, request, timeout_s=budget_s))
