@@ -606,8 +606,10 @@ class KafkaApis:
         client sends each coordinator the groups it coordinates; any other group is NOT_COORDINATOR). kafka-python
         resets a group's offsets through it; at v7 its request for named partitions failed in its own encoder."""
         groups = list(req.body.groups)
-        await refuse_oversized(ctx, self.cache, len(groups) + sum(
-            len(t.partition_indexes) for g in groups for t in _get(g, "topics") or ()), "groups and partitions")
+        await refuse_oversized(ctx, self.cache, sum(len(t.partition_indexes) for g in groups
+                                                    for t in _get(g, "topics") or ()), "partitions")
+        # As many groups as DeleteGroups may name: max(1000, twice the groups this coordinator holds).
+        await self.groups.refuse_too_many_groups(len(groups), ctx)
         answers = [(g.group_id, await self._offset_fetch_one(ctx, g.group_id, _get(g, "topics"))) for g in groups]
         return await self._group_answer(sum(len(out.partitions) for _, out in answers), lambda: self._resp(req, {
             "groups": [{"group_id": group_id, "error_code": out.error_code, "topics": _offset_fetch_topics(out)}
