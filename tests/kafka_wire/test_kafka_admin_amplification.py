@@ -25,6 +25,7 @@ import pytest
 from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
 from kio.serial import entity_reader, entity_writer
 
+from broker.admission import refuse_over
 from broker.kafka_wire import admin_apis, bounds, codec
 from broker.kafka_wire.server import KafkaListener, KafkaListenerSpec
 from metadata_quorum import security as sec
@@ -117,6 +118,9 @@ class FakeBroker(types.SimpleNamespace):
             return group_pb2.OffsetFetchResponse(partitions=[group_pb2.CommittedOffset(
                 topic=p.topic, partition=p.partition, offset=7, leader_epoch=-1) for p in request.partitions])
 
+        async def refuse_too_many_groups(count: int, ctx: Any) -> None:  # a coordinator holding no group
+            await refuse_over(ctx, count, "groups", 0, "this coordinator holds 0 groups")
+
         def refused(ctx: Any, operation: str, group_id: str, response_cls: type) -> Any:
             if group_id != DENIED_GROUP:
                 return None
@@ -128,7 +132,8 @@ class FakeBroker(types.SimpleNamespace):
             metadata_cache=types.SimpleNamespace(counts=lambda: (2, 4), cluster_configs=cluster_configs),
             authorizer=types.SimpleNamespace(authorize=authorize, enabled=True),  # ACL APIs served (SECURITY_DISABLED without)
             service=types.SimpleNamespace(DescribeLogDirs=describe_log_dirs),
-            group_servicer=types.SimpleNamespace(OffsetFetch=offset_fetch, _refused=refused))
+            group_servicer=types.SimpleNamespace(OffsetFetch=offset_fetch, _refused=refused,
+                                                 refuse_too_many_groups=refuse_too_many_groups))
 
 
 @pytest.fixture()
@@ -387,3 +392,19 @@ async def test_offset_fetch_bounds_its_partitions_and_checks_the_group_acl_befor
     assert int(answer.error_code) == 0
     assert [(p.partition_index, p.committed_offset) for p in answer.topics[0].partitions] == [(0, 7), (1, 7), (2, 7)]
     assert [len(r.partitions) for r in broker.offsets_asked] == [3]
+
+
+async def test_offset_fetch_of_several_groups_bounds_them_and_answers_each_as_its_own(listener: KafkaListener) -> None:
+    """v8 (KIP-709): as many groups as DeleteGroups may name (max(1000, twice the coordinator's)), each answered as
+    a v7 request of its own would be: a group the client may not DESCRIBE refused alone, nothing expanded for it."""
+    broker = _broker(listener)
+    many = {"groups": [{"group_id": f"g{i}", "topics": None} for i in range(1001)]}
+    assert await _ask(listener, OFFSET_FETCH, 8, many) is None
+    assert broker.offsets_asked == []
+    one = _offsets("g", 2)["topics"]
+    answer = await _ask(listener, OFFSET_FETCH, 8, {"groups": [
+        {"group_id": "g", "topics": one}, {"group_id": DENIED_GROUP, "topics": one}, {"group_id": "h", "topics": None}]})
+    assert [(g.group_id, int(g.error_code), [(p.partition_index, p.committed_offset) for t in g.topics
+                                              for p in t.partitions]) for g in answer.groups] == [
+        ("g", 0, [(0, 7), (1, 7)]), (DENIED_GROUP, ErrorCode.GROUP_AUTHORIZATION_FAILED, []), ("h", 0, [])]
+    assert [(r.group_id, len(r.partitions)) for r in broker.offsets_asked] == [("g", 2), ("h", 0)]
