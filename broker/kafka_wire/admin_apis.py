@@ -244,11 +244,13 @@ class AdminApis:
 
     # ---- the controller, as the Kafka client ----
     async def _controller(self, ctx: KafkaCallContext, method: str, request: Any, *, security: bool = False,
-                          timeout_ms: int = 0) -> Any:
-        """``method`` on the active controller with the client's principal forwarded; ``_Failed`` when the
-        controller refuses the whole request (or none answers in time)."""
+                          timeout_ms: int = 0, as_broker: bool = False) -> Any:
+        """``method`` on the active controller with the client's principal forwarded (``as_broker``: as this broker,
+        for a read it needs to answer a request it has authorized itself); ``_Failed`` when the controller refuses
+        the whole request (or none answers in time)."""
         caller = ctx.brook_authentication.principal
-        metadata = ((principals.FORWARDED_PRINCIPAL_KEY, str(caller)), (principals.FORWARDED_HOST_KEY, caller.host))
+        metadata = None if as_broker else (
+            (principals.FORWARDED_PRINCIPAL_KEY, str(caller)), (principals.FORWARDED_HOST_KEY, caller.host))
         quotas = getattr(getattr(self.broker, "security", None), "quotas", None) \
             if getattr(request, "permissive_quota", False) else None
         if quotas is not None and (left_s := quotas.held_s(caller, (CONTROLLER_MUTATION,))) > 0:
@@ -782,15 +784,14 @@ class AdminApis:
             client = self.broker.controller_client
             q = await asyncio.get_running_loop().run_in_executor(
                 self._pool, lambda: client.describe_quorum(timeout_s=budget_s))
-        except _Failed as exc:
-            return answer(exc.code, exc.message, [])
-        except errors.BrookError as exc:
+        except (_Failed, errors.BrookError) as exc:
             return answer(exc.code, exc.message, [])
         now_ms = int(time.time() * 1000)
-        voters = [{"replica_id": v.node_id, "replica_directory_id": None, "log_end_offset": v.log_end_index,
-                   "last_fetch_timestamp": now_ms - v.last_contact_ms_ago if v.last_contact_ms_ago >= 0 else -1,
-                   "last_caught_up_timestamp": now_ms - v.last_contact_ms_ago if v.last_contact_ms_ago >= 0 else -1}
-                  for v in q.voters]
+        voters = []
+        for v in q.voters:
+            seen_ms = now_ms - v.last_contact_ms_ago if v.last_contact_ms_ago >= 0 else -1
+            voters.append({"replica_id": v.node_id, "replica_directory_id": None, "log_end_offset": v.log_end_index,
+                           "last_fetch_timestamp": seen_ms, "last_caught_up_timestamp": seen_ms})
         topics = []
         for t in req.body.topics:
             partitions = []

@@ -26,17 +26,16 @@ is refused INVALID_REQUEST with what Brook keeps, never stored as something else
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import math
-from collections import defaultdict
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from broker import authorizer as authz
 from broker.kafka_wire import codec
-from broker.kafka_wire.admin_apis import AdminApis, _Failed, budget_left_s
+from broker.kafka_wire.admin_apis import AdminApis, _Failed
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.context import Handler, KafkaCallContext
 from metadata_quorum import security as sec
@@ -86,9 +85,6 @@ class UserApis:
             ALTER_CLIENT_QUOTAS: self.alter_client_quotas,
         }
 
-    def _resp(self, req: codec.Request, values: dict[str, Any]) -> Any:
-        return codec.response(req.api_key, req.api_version, values)
-
     async def _security(self, ctx: KafkaCallContext, method: str, request: Any) -> Any:
         """``method`` of the controllers' SecurityService, answered; its whole-request refusal raised as _Failed."""
         return await self.admin._controller(ctx, method, request, security=True)
@@ -99,7 +95,7 @@ class UserApis:
         names = [str(u.name) for u in asked] if asked else []  # null or empty: every user
 
         def refused(code: int, message: str | None) -> Any:
-            return self._resp(req, {"throttle_time": 0, "error_code": code, "error_message": message, "results": []})
+            return self.admin._resp(req, {"throttle_time": 0, "error_code": code, "error_message": message, "results": []})
         try:
             self.admin._authorize_cluster(ctx, authz.DESCRIBE)  # first, as Kafka: a refused caller learns nothing
             if len(names) > MAX_ITEMS_PER_REQUEST:
@@ -112,10 +108,8 @@ class UserApis:
         results = []
         if not names:
             results = [_user_result(d) for _, d in sorted(found.items())]
-        count: dict[str, int] = defaultdict(int)
-        for name in names:
-            count[name] += 1
-        for name in dict.fromkeys(names):  # each user once, in the order asked
+        count = Counter(names)
+        for name in count:  # each user once, in the order asked
             if count[name] > 1:
                 results.append(_user_error(name, DUPLICATE_RESOURCE, "Cannot describe SCRAM credentials for the "
                                                                      "same user twice in a single request"))
@@ -124,7 +118,7 @@ class UserApis:
                                            "Attempt to describe a user credential that does not exist"))
             else:
                 results.append(_user_result(found[name]))
-        return self._resp(req, {"throttle_time": 0, "error_code": 0, "error_message": None, "results": results})
+        return self.admin._resp(req, {"throttle_time": 0, "error_code": 0, "error_message": None, "results": results})
 
     # ---- AlterUserScramCredentials ----
     async def alter_user_scram_credentials(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -133,7 +127,7 @@ class UserApis:
         refusal: dict[str, tuple[int, str]] = {}
 
         def answer() -> Any:
-            return self._resp(req, {"throttle_time": 0, "results": [
+            return self.admin._resp(req, {"throttle_time": 0, "results": [
                 {"user": user, "error_code": refusal.get(user, (0, ""))[0],
                  "error_message": refusal.get(user, (0, ""))[1] or None} for user in users]})
         try:
@@ -149,9 +143,7 @@ class UserApis:
             refusal.setdefault(user, (code, message))  # a user's first refusal is its answer
 
         # Kafka's checks, each user's items in the request's order (deletions, then upsertions).
-        seen: dict[tuple[str, int], int] = defaultdict(int)
-        for item in [*deletions, *upsertions]:
-            seen[(str(item.name), int(item.mechanism))] += 1
+        seen = Counter((str(item.name), int(item.mechanism)) for item in [*deletions, *upsertions])
         for (user, _mechanism), times in seen.items():
             if times > 1:
                 refuse(user, DUPLICATE_RESOURCE, "A user credential cannot be altered twice in the same request")
@@ -201,18 +193,6 @@ class UserApis:
                 refuse(user, result.error_code, result.error_message)
         return answer()
 
-    async def _as_broker(self, ctx: KafkaCallContext, method: str, request: Any) -> Any:
-        """``method`` on the active controller as this broker (not the client): a read the broker needs to answer a
-        request the client is authorized for. Kafka checks only ALTER for AlterUserScramCredentials; forwarded,
-        the existence check of the deletions also needed DESCRIBE on the cluster (audit)."""
-        client = self.admin._security()
-        budget_s = max(0.5, budget_left_s(ctx, method))
-        try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self.admin._pool, lambda: client.call(method, request, timeout_s=budget_s))
-        except errors.BrookError as exc:
-            raise _Failed(exc.code, exc.message) from None
-
     async def _alter_item_by_item(self, ctx: KafkaCallContext,
                                   alterations: list[security_pb2.AlterScramCredentialsRequest.UserAlteration],
                                   refuse: Callable[[str, int, str], None]) -> None:
@@ -228,8 +208,10 @@ class UserApis:
         deleting = [a for a in alterations if a.deletions]
         if deleting:
             try:
-                out = await self._as_broker(ctx, "DescribeUsers", security_pb2.DescribeUsersRequest(
-                    users={a.user for a in deleting}))
+                # As this broker: Kafka checks only ALTER here; forwarded as the caller, the read also needed
+                # DESCRIBE on the cluster (audit).
+                out = await self.admin._controller(ctx, "DescribeUsers", security_pb2.DescribeUsersRequest(
+                    users={a.user for a in deleting}), security=True, as_broker=True)
             except _Failed as exc:
                 for a in alterations:
                     fail(a.user, exc.code, exc.message or "")
@@ -259,7 +241,7 @@ class UserApis:
     # ---- DescribeClientQuotas ----
     async def describe_client_quotas(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         def refused(code: int, message: str | None) -> Any:
-            return self._resp(req, {"throttle_time": 0, "error_code": code, "error_message": message,
+            return self.admin._resp(req, {"throttle_time": 0, "error_code": code, "error_message": message,
                                     "entries": None})
         try:
             self.admin._authorize_cluster(ctx, authz.DESCRIBE_CONFIGS)
@@ -275,7 +257,7 @@ class UserApis:
                 continue
             entries.append({"entity": [{"entity_type": USER, "entity_name": name}],
                             "values": [{"key": k, "value": v} for k, v in sorted(q.values.items())]})
-        return self._resp(req, {"throttle_time": 0, "error_code": 0, "error_message": None, "entries": entries})
+        return self.admin._resp(req, {"throttle_time": 0, "error_code": 0, "error_message": None, "entries": entries})
 
     # ---- AlterClientQuotas ----
     async def alter_client_quotas(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -296,10 +278,7 @@ class UserApis:
                     entities.append(_quota_entity(list(e.entity)))
                 except _Failed as exc:
                     entities.append(exc)
-            counts: dict[str, int] = defaultdict(int)
-            for entity in entities:
-                if isinstance(entity, str):
-                    counts[entity] += 1
+            counts = Counter(entity for entity in entities if isinstance(entity, str))
             for i, (e, entity) in enumerate(zip(entries, entities, strict=True)):
                 try:
                     if isinstance(entity, _Failed):
@@ -313,7 +292,7 @@ class UserApis:
                         entity=entity, set=to_set, remove=to_remove))
                 except _Failed as exc:
                     results[i] = (exc.code, exc.message)
-        return self._resp(req, {"throttle_time": 0, "entries": [
+        return self.admin._resp(req, {"throttle_time": 0, "entries": [
             {"error_code": code, "error_message": message,
              "entity": [{"entity_type": str(c.entity_type), "entity_name": _get(c, "entity_name")} for c in e.entity]}
             for e, (code, message) in zip(entries, results, strict=True)]})
