@@ -6,9 +6,11 @@ from Kafka's own message schemas (kio)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -124,9 +126,11 @@ def _upsertion(user: str, password: bytes) -> dict[str, Any]:
             "salted_password": hashlib.pbkdf2_hmac("sha512", password, salt, 4096)}
 
 
-def test_users_and_quotas_need_kafkas_permissions_on_the_cluster(kcluster: LocalCluster, confluent_admin: Any) -> None:
-    """DESCRIBE_CONFIGS reads quotas and ALTER_CONFIGS changes them; DESCRIBE lists SCRAM users and ALTER changes
-    them (Kafka's rules). A principal with only the two describe permissions reads both and changes neither."""
+@contextlib.contextmanager
+def _on_the_cluster(cluster: LocalCluster, confluent_admin: Any, prefix: str,
+                    operations: dict[str, bool]) -> Iterator[str]:
+    """A principal of its own (its certificate's name), allowed (True) or denied (False) each operation on the
+    cluster for the block; its ACLs are deleted after."""
     from confluent_kafka.admin import (
         AclBinding,
         AclBindingFilter,
@@ -136,13 +140,25 @@ def test_users_and_quotas_need_kafkas_permissions_on_the_cluster(kcluster: Local
         ResourceType,
     )
 
-    name = principal_of_its_own(kcluster, "viewer")
-    grants = [AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, f"User:{name}", "*", op,
-                         AclPermissionType.ALLOW) for op in (AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS)]
-    target = f"qe-{uuid.uuid4().hex[:8]}"
+    name = principal_of_its_own(cluster, prefix)
+    acls = [AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, f"User:{name}", "*",
+                       AclOperation[op], AclPermissionType.ALLOW if allow else AclPermissionType.DENY)
+            for op, allow in operations.items()]
     try:
-        for f in confluent_admin.create_acls(grants, request_timeout=30).values():
+        for f in confluent_admin.create_acls(acls, request_timeout=30).values():
             f.result(30)
+        yield name
+    finally:
+        confluent_admin.delete_acls([AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY,
+                                                      f"User:{name}", None, AclOperation.ANY,
+                                                      AclPermissionType.ANY)], request_timeout=30)
+
+
+def test_users_and_quotas_need_kafkas_permissions_on_the_cluster(kcluster: LocalCluster, confluent_admin: Any) -> None:
+    """DESCRIBE_CONFIGS reads quotas and ALTER_CONFIGS changes them; DESCRIBE lists SCRAM users and ALTER changes
+    them (Kafka's rules). A principal with only the two describe permissions reads both and changes neither."""
+    target = f"qe-{uuid.uuid4().hex[:8]}"
+    with _on_the_cluster(kcluster, confluent_admin, "viewer", {"DESCRIBE": True, "DESCRIBE_CONFIGS": True}) as name:
         wait_for(lambda: _describe(kcluster, [], name=name)[0] == 0, 30, f"User:{name}'s DESCRIBE_CONFIGS to arrive")
 
         assert _alter(kcluster, [{"entity": _user(target), "ops": [_set("producer_byte_rate", 1.0)]}], name=name) == \
@@ -164,10 +180,6 @@ def test_users_and_quotas_need_kafkas_permissions_on_the_cluster(kcluster: Local
             assert [(i.mechanism, i.iterations) for r in scram.results if r.user == target
                     for i in r.credential_infos] == [(2, 4096)]
             brook.delete_user(target)
-    finally:
-        confluent_admin.delete_acls([AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY,
-                                                      f"User:{name}", None, AclOperation.ANY,
-                                                      AclPermissionType.ANY)], request_timeout=30)
 
 
 def test_a_request_of_many_items_is_answered_within_its_timeout_without_a_quorum(
@@ -219,23 +231,8 @@ def test_deleting_a_credential_needs_alter_only(kcluster: LocalCluster, confluen
     """Kafka checks ALTER on the cluster for AlterUserScramCredentials. Below brook.metadata.version 4 the broker
     checks that the deleted credentials exist first: as this broker, so a caller allowed ALTER and denied DESCRIBE
     still deletes (forwarded as the caller, it was refused, audit)."""
-    from confluent_kafka.admin import (
-        AclBinding,
-        AclBindingFilter,
-        AclOperation,
-        AclPermissionType,
-        ResourcePatternType,
-        ResourceType,
-    )
-
-    name = principal_of_its_own(kcluster, "alterer")
-    acls = [AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, f"User:{name}", "*", op,
-                       permission) for op, permission in ((AclOperation.ALTER, AclPermissionType.ALLOW),
-                                                          (AclOperation.DESCRIBE, AclPermissionType.DENY))]
     target = f"qf-{uuid.uuid4().hex[:8]}"
-    try:
-        for f in confluent_admin.create_acls(acls, request_timeout=30).values():
-            f.result(30)
+    with _on_the_cluster(kcluster, confluent_admin, "alterer", {"ALTER": True, "DESCRIBE": False}) as name:
         with _brook_admin(kcluster) as brook:
             brook.create_user(target, "pw", mechanisms=["SCRAM-SHA-256"])
 
@@ -248,7 +245,3 @@ def test_deleting_a_credential_needs_alter_only(kcluster: LocalCluster, confluen
             wait_for(deleted, 30, f"User:{name}'s change of {target}")
             assert brook.list_users([target]) == {target: [("SCRAM-SHA-512", 4096)]}
             brook.delete_user(target)
-    finally:
-        confluent_admin.delete_acls([AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY,
-                                                      f"User:{name}", None, AclOperation.ANY,
-                                                      AclPermissionType.ANY)], request_timeout=30)
