@@ -130,7 +130,8 @@ def move(
     topic: Annotated[str, typer.Argument(help="Topic name.")],
     partition: Annotated[int, typer.Argument(help="Partition.", min=0, max=INT32_MAX)],
     replicas: Annotated[str | None, typer.Option(
-        "--replicas", help="Target broker ids, preferred leader first, e.g. 3,1,2 (same count as now).")] = None,
+        "--replicas", help="Target broker ids, preferred leader first, e.g. 3,1,2 (another count changes the "
+                           "replication factor).")] = None,
     cancel: Annotated[bool, typer.Option("--cancel", help="Cancel the move in progress instead.")] = False,
     wait: WaitOpt = False,
     wait_timeout: WaitTimeoutOpt = DEFAULT_WAIT_S,

@@ -1,9 +1,10 @@
-"""Replica placement plans for decommission and rebalance: pure functions of the current assignment.
+"""Replica placement plans for decommission, rebalance and a topic's new replication factor: pure functions
+of the current assignment.
 
 A plan is {(topic, partition): target replicas}. It only names partitions that change, keeps each
-partition's replication factor, never puts two replicas of a partition on one broker, and prefers
-brokers on racks the partition does not use yet. The controller then carries each move out
-(AlterPartitionReassignments): the new replicas catch up as followers before the old ones go.
+partition's replication factor (except ``plan_replication_factor``, whose job is to change it), never puts
+two replicas of a partition on one broker, and prefers brokers on racks the partition does not use yet. The
+controller then carries each move out (AlterPartitionReassignments): the new replicas catch up as followers before the old ones go.
 """
 
 from __future__ import annotations
@@ -108,3 +109,41 @@ def plan_rebalance(assignment: Assignment, brokers: Mapping[int, str]) -> Plan:
         leaders[most] -= 1
         leaders[least] += 1
     return Plan({tp: r for tp, r in targets.items() if r != list(assignment[tp])})
+
+
+def plan_replication_factor(assignment: Assignment, brokers: Mapping[int, str], topic: str, replication_factor: int,
+                            isr: Mapping[tuple[str, int], list[int]],
+                            leaders: Mapping[tuple[str, int], int]) -> Plan:
+    """Give every partition of ``topic`` ``replication_factor`` replicas (``brokers``: id -> rack, the live
+    brokers that may receive replicas; ``assignment``: the whole cluster's, for the load).
+
+    Growing appends the least loaded brokers the partition does not use, other racks first, so the
+    preferred leader stays. Shrinking keeps the leader, then the in-sync replicas, then the others, each in
+    the partition's order (so a kept preferred leader stays first): the moves drop only what is not needed
+    and nothing has to be copied."""
+    if replication_factor < 1:
+        raise PlanError(f"the replication factor must be at least 1, got {replication_factor}")
+    counts = replica_counts(assignment, brokers)
+    moves: dict[tuple[str, int], list[int]] = {}
+    for tp in sorted(t for t in assignment if t[0] == topic):
+        replicas = list(assignment[tp])
+        if len(replicas) < replication_factor:
+            target = list(replicas)
+            while len(target) < replication_factor:
+                candidates = [b for b in brokers if b not in target]
+                if not candidates:
+                    raise PlanError(f"{tp[0]}-{tp[1]} needs {replication_factor} replicas but only {len(brokers)} "
+                                    f"live brokers can hold one")
+                chosen = _pick(candidates, counts, brokers, {brokers.get(x, "") for x in target} - {""})
+                target.append(chosen)
+                counts[chosen] += 1
+        elif len(replicas) > replication_factor:
+            in_sync = set(isr.get(tp, ()))
+            leader = leaders.get(tp, -1)
+            ranked = sorted(replicas, key=lambda r: (r != leader, r not in in_sync, replicas.index(r)))
+            kept = set(ranked[:replication_factor])
+            target = [r for r in replicas if r in kept]
+        else:
+            continue
+        moves[tp] = target
+    return Plan(moves)

@@ -1,4 +1,5 @@
-"""``brook topic``: create, list, describe, producers, trim-prefix, alter-config, add-partitions, delete."""
+"""``brook topic``: create, list, describe, producers, trim-prefix, alter-config, add-partitions,
+set-replication-factor, delete."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from admin_cli import partition as partition_cli
+from admin_cli import planning
 from admin_cli.common import (
     INT32_MAX,
     INT64_MAX,
@@ -339,6 +342,59 @@ def add_partitions(
         return
     ok(st, f"topic '{name}' now has {count} partitions (was {current})",
        {"topic": name, "partitions": count, "previous": current})
+
+
+@app.command("set-replication-factor", epilog="Examples:\n\nbrook topic set-replication-factor orders 3 --wait\n\n"
+             "brook topic set-replication-factor orders 2 --dry-run")
+def set_replication_factor(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    replication_factor: Annotated[int, typer.Argument(help="The new replica count of every partition.",
+                                                      min=1, max=INT32_MAX)],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the moves; change nothing.")] = False,
+    wait: partition_cli.WaitOpt = False,
+    wait_timeout: partition_cli.WaitTimeoutOpt = partition_cli.DEFAULT_WAIT_S,
+    throttle: partition_cli.ThrottleOpt = None,
+    bootstrap: BootstrapOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Change a topic's replication factor by moving its partitions (as kafka-reassign-partitions does with
+    longer or shorter replica lists). New replicas go to the least loaded live brokers (other racks first) and
+    copy the log as followers; the partition counts them for acks=all once they are in sync. Shrinking keeps
+    the leader and the in-sync replicas. Needs brook.metadata.version 5."""
+    st = state(ctx, bootstrap, output)
+    assignment, live, desc = partition_cli.current_assignment(st)
+    topic = next((t for t in desc.topics if t.name == name), None)
+    if topic is None:
+        raise CliError(f"UNKNOWN_TOPIC_OR_PARTITION: topic '{name}' does not exist; nothing moved")
+    mine = [p for p in desc.partitions if p.topic == name]
+    min_insync = int(topic.configs.get("min.insync.replicas", desc.default_min_insync_replicas or 1))
+    if replication_factor < min_insync:
+        # Kafka would take it, and every acks=all write to the topic would then fail NOT_ENOUGH_REPLICAS.
+        raise CliError(f"INVALID_REPLICATION_FACTOR: {replication_factor} is below the topic's min.insync.replicas "
+                       f"({min_insync}): acks=all writes would all be refused; lower it first (brook topic "
+                       f"alter-config {name} --set min.insync.replicas=N); nothing moved")
+    try:
+        plan = planning.plan_replication_factor(
+            assignment, live, name, replication_factor, {(p.topic, p.partition): list(p.isr) for p in mine},
+            {(p.topic, p.partition): p.leader for p in mine})
+    except planning.PlanError as e:
+        raise CliError(f"INVALID_REPLICATION_FACTOR: cannot give '{name}' {replication_factor} replicas: {e}; "
+                       "nothing moved") from None
+    data = {"topic": name, "replication_factor": replication_factor, "dry_run": dry_run,
+            "moves": [{"topic": t, "partition": p, "from": assignment[(t, p)], "to": r}
+                      for (t, p), r in sorted(plan.moves.items())]}
+    if plan.empty:
+        show(st, data, table(None, ["PARTITION"], []),
+             note=f"every partition of '{name}' already has {replication_factor} replicas")
+        return
+    note = ""
+    if not dry_run:
+        note = partition_cli.apply_plan(st, plan.moves, wait=wait, wait_timeout=wait_timeout, throttle=throttle)
+    verb = "would move" if dry_run else ("moved" if wait else "moving")
+    show(st, data, partition_cli.plan_table(f"Replication factor of {name} to {replication_factor}", assignment,
+                                            plan.moves),
+         note=f"{verb} {len(plan.moves)} partitions of '{name}' to {replication_factor} replicas" + note)
 
 
 @app.command(epilog="Examples:\n\nbrook topic delete orders\n\nbrook topic delete a b c")

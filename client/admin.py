@@ -613,11 +613,16 @@ class Admin:
             for r in response.results}
 
     def alter_partition_reassignments(self, moves: Mapping[TopicPartition, list[int] | None], *,
-                                      timeout_ms: int | None = None) -> dict[TopicPartition, errors.BrookError | None]:
+                                      timeout_ms: int | None = None, allow_replication_factor_change: bool = True,
+                                      ) -> dict[TopicPartition, errors.BrookError | None]:
         """Kafka's alterPartitionReassignments: {tp: target replicas (preferred leader first), or None to cancel
         the move in progress}. The new replicas copy the log as followers; the controller drops the leaving
-        ones once every target replica is in sync. Returns {tp: None or the error}."""
-        request = controller_pb2.AlterPartitionReassignmentsRequest(timeout_ms=timeout_ms or self.request_timeout_ms)
+        ones once every target replica is in sync. A target with more or fewer replicas than the partition has
+        changes its replication factor (``brook.metadata.version`` 5), unless ``allow_replication_factor_change``
+        is False (KIP-860): then it is refused. Returns {tp: None or the error}."""
+        request = controller_pb2.AlterPartitionReassignmentsRequest(
+            timeout_ms=timeout_ms or self.request_timeout_ms,
+            keep_replication_factor=not allow_replication_factor_change)
         for tp, target in moves.items():
             tp = TopicPartition(*tp)
             request.partitions.add(topic=tp.topic, partition=tp.partition, replicas=list(target or []),

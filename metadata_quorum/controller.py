@@ -480,9 +480,15 @@ class QuorumController:
                 if (item.topic, item.partition) in seen:
                     raise errors.InvalidRequestError(f"{item.topic}-{item.partition} appears more than once")
                 seen.add((item.topic, item.partition))
-                epoch, current = self.raft.read(lambda s, i=item: (
-                    _partition_epoch(s, i.topic, i.partition), list(_partition(s, i.topic, i.partition).replicas)))
+                epoch, current, rf = self.raft.read(lambda s, i=item: (
+                    _partition_epoch(s, i.topic, i.partition), list(_partition(s, i.topic, i.partition).replicas),
+                    _partition(s, i.topic, i.partition).replication_factor))
                 added: dict[int, int] = {}
+                if not item.cancel and req.keep_replication_factor and len(item.replicas) != rf:
+                    # Kafka's words (KIP-860). The partition epoch in the command makes it hold when applied.
+                    raise errors.InvalidReplicationFactorError(
+                        f"The replication factor is changed from {rf} to {len(item.replicas)} but "
+                        "allowReplicationFactorChange is false")
                 if not item.cancel:
                     self._check_target(item)
                     if room is None:
@@ -1105,7 +1111,7 @@ class QuorumController:
                         f"Duplicate resource: topic '{resource.topic}' appears {mentions[resource.topic]} times in "
                         f"the request; each resource must appear at most once")
                 found = self.raft.read(lambda s, n=resource.topic: (
-                    s.topics[n].topic_id, dict(s.topics[n].configs), s.topics[n].partitions[0].replication_factor)
+                    s.topics[n].topic_id, dict(s.topics[n].configs), _smallest_rf(s.topics[n]))
                     if n in s.topics else None)
                 if found is None:
                     raise errors.UnknownTopicOrPartitionError(f"topic '{resource.topic}' does not exist")
@@ -1184,8 +1190,8 @@ class QuorumController:
             # refused with NOT_ENOUGH_REPLICAS (see _check_min_insync); the operator is told which.
             value = int(to_set["min.insync.replicas"])
             too_small = self.raft.read(lambda s: sorted(
-                f"{t.name} (RF {t.partitions[0].replication_factor})" for t in s.topics.values()
-                if "min.insync.replicas" not in t.configs and t.partitions[0].replication_factor < value))
+                f"{t.name} (RF {_smallest_rf(t)})" for t in s.topics.values()
+                if "min.insync.replicas" not in t.configs and _smallest_rf(t) < value))
             if too_small:
                 log.warning("cluster default min.insync.replicas=%d is larger than the replication factor of %d "
                             "topics without their own value (acks=all writes to them are refused with "
@@ -1310,6 +1316,11 @@ def _partition(s: MetadataState, topic: str, index: int) -> PartitionState:
     if state is None or not 0 <= index < len(state.partitions):
         raise errors.UnknownTopicOrPartitionError(f"{topic}-{index} does not exist")
     return state.partitions[index]
+
+
+def _smallest_rf(topic: Any) -> int:
+    """The smallest replica count among a topic's partitions (they may differ from brook.metadata.version 5)."""
+    return min(p.replication_factor for p in topic.partitions)
 
 
 def _partition_epoch(s: MetadataState, topic: str, index: int) -> int:

@@ -22,13 +22,15 @@ METADATA_VERSION = "brook.metadata.version"
 # Level 1: everything every release of Brook applies. Level 2: ACLs on the resource types TRANSACTIONAL_ID,
 # DELEGATION_TOKEN and USER, with the operations CREATE_TOKENS and DESCRIBE_TOKENS (stored and listed as
 # Kafka's are; releases before it refuse such a binding). Level 3: see CONTROLLER_LIST_OPS. Level 4: ATOMIC_SCRAM.
+# Level 5: REPLICATION_FACTOR_CHANGE.
 SUPPORTED_MIN = 1
-SUPPORTED_MAX = 4
+SUPPORTED_MAX = 5
 LEVEL_FEATURES = {
     1: "the baseline",
     2: "ACLs on TRANSACTIONAL_ID, DELEGATION_TOKEN and USER resources",
     3: "APPEND/SUBTRACT of list configs made atomic by the controller",
     4: "a user's SCRAM credential changes (Kafka's AlterUserScramCredentials) applied together",
+    5: "reassignments that change a partition's replica count (a topic's replication factor)",
 }
 # The level each gated change needs.
 EXTENDED_ACLS = 2
@@ -40,6 +42,11 @@ CONTROLLER_LIST_OPS = 3
 # command (AlterScramCredentials), as Kafka writes a request's records in one batch; below it they are separate
 # commands, so a failure between them (a lost quorum, a race) can leave some applied, the user without any.
 ATOMIC_SCRAM = 4
+# Level 5: a reassignment's target may have more or fewer replicas than the partition (Kafka changes a replication
+# factor so, kafka-reassign-partitions with longer or shorter lists), and a topic's partitions may then differ in
+# replica count. Releases before it refuse such a target when they apply it, and hold every partition of a topic to
+# one replica count.
+REPLICATION_FACTOR_CHANGE = 5
 FEATURES = (METADATA_VERSION,)
 
 

@@ -369,7 +369,9 @@ class MetadataState:
                                f"topic {topic.name} is missing from the collision index")
                     _invariant(bool(topic.partitions), f"topic {topic.name} has no partitions")
                     rf = topic.partitions[0].replication_factor
-                    _invariant(all(p.replication_factor == rf for p in topic.partitions),
+                    # From level 5 a reassignment may change one partition's replica count (as in Kafka).
+                    _invariant(self.metadata_level >= features.REPLICATION_FACTOR_CHANGE
+                               or all(p.replication_factor == rf for p in topic.partitions),
                                f"topic {topic.name}: partitions with different replication factors")
             elif key[0] == "B":
                 broker = self.brokers.get(key[1])
@@ -389,7 +391,7 @@ class MetadataState:
         _invariant(p.leader_epoch >= 0 and p.partition_epoch >= 0,
                    f"{name}: negative epochs ({p.leader_epoch}, {p.partition_epoch})")
         _invariant(set(p.adding) <= set(p.replicas) and set(p.removing) <= set(p.replicas)
-                   and not set(p.adding) & set(p.removing) and len(p.target) == len(p.original) > 0,
+                   and not set(p.adding) & set(p.removing) and len(p.target) > 0 and len(p.original) > 0,
                    f"{name}: reassignment adding {p.adding} / removing {p.removing} does not fit replicas {p.replicas}")
 
     def _touch(self, key: Any) -> None:
@@ -855,9 +857,11 @@ class MetadataState:
             if not target or len(set(target)) != len(target):
                 raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(
                     f"{name}: target replicas {target} must be distinct and non-empty")
-            if len(target) != len(original):
-                raise errors.InvalidReplicationFactorError(
-                    f"{name}: target replicas {target} must keep the replication factor {len(original)}")
+            if len(target) != len(original) and self.metadata_level < features.REPLICATION_FACTOR_CHANGE:
+                raise errors.InvalidReplicationFactorError(features.needs_level(
+                    features.REPLICATION_FACTOR_CHANGE, self.metadata_level,
+                    f"{name}: changing the replication factor from {len(original)} to {len(target)} (target replicas "
+                    f"{target})"))
             unknown = [r for r in target if r not in self.brokers]
             if unknown:
                 raise errors.error_class(ErrorCode.INVALID_REPLICA_ASSIGNMENT)(

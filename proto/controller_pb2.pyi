@@ -661,12 +661,14 @@ class ReassignablePartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., cancel: _Optional[bool] = ...) -> None: ...
 
 class AlterPartitionReassignmentsRequest(_message.Message):
-    __slots__ = ("partitions", "timeout_ms")
+    __slots__ = ("partitions", "timeout_ms", "keep_replication_factor")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[ReassignablePartition]
     timeout_ms: int
-    def __init__(self, partitions: _Optional[_Iterable[_Union[ReassignablePartition, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    keep_replication_factor: bool
+    def __init__(self, partitions: _Optional[_Iterable[_Union[ReassignablePartition, _Mapping]]] = ..., timeout_ms: _Optional[int] = ..., keep_replication_factor: _Optional[bool] = ...) -> None: ...
 
 class ReassignmentResult(_message.Message):
     __slots__ = ("topic", "partition", "error_code", "error_message")

@@ -1077,12 +1077,12 @@ class AdminApis:
     async def alter_partition_reassignments(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         body = req.body
         timeout_ms = _ms(body, "timeout", 60000)
-        pb = cpb.AlterPartitionReassignmentsRequest(timeout_ms=timeout_ms)
+        allow_rf = bool(_get(body, "allow_replication_factor_change", True))  # v1+ (KIP-860)
+        pb = cpb.AlterPartitionReassignmentsRequest(timeout_ms=timeout_ms, keep_replication_factor=not allow_rf)
         for t in body.topics:
             for p in t.partitions:
                 pb.partitions.add(topic=t.name, partition=p.partition_index, replicas=list(p.replicas or ()),
                                   cancel=p.replicas is None)
-        allow_rf = bool(_get(body, "allow_replication_factor_change", True))
         try:
             out = await self._controller(ctx, "AlterPartitionReassignments", pb, timeout_ms=timeout_ms)
         except _Failed as exc:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from metadata_quorum import commands as c
+from metadata_quorum import features
 from metadata_quorum.cluster_view import ClusterView, broker_record, partition_record, topic_record
 from metadata_quorum.election import NO_LEADER
 from metadata_quorum.state import MetadataState
@@ -117,8 +118,9 @@ class History:
         rng, s = self.rng, self.state
         action = rng.choices(
             ["register", "fence", "unfence", "shutdown", "unregister", "create", "grow", "delete", "isr", "leader",
-             "move", "cancel", "complete", "unclean", "cluster_unclean", "activate", "restore", "restore_old"],
-            [2, 3, 8, 2, 1, 8, 4, 2, 8, 4, 5, 2, 6, 2, 1, 1, 1, 1])[0]
+             "move", "cancel", "complete", "unclean", "cluster_unclean", "activate", "restore", "restore_old",
+             "level5"],
+            [2, 3, 8, 2, 1, 8, 4, 2, 8, 4, 5, 2, 6, 2, 1, 1, 1, 1, 0.3])[0]
         if action == "register":
             b = self._broker()
             self.apply(c.RegisterBroker(b, f"inc-{b}-{rng.randrange(3)}", [["BROKER", "h", 9000 + b]],
@@ -162,9 +164,12 @@ class History:
             self.apply(c.ChangePartition([item]))
         elif action == "move" and (found := self._partition()):
             name, i, p = found
+            # From level 5 a move may change the partition's replica count (refused below it).
+            size = p.replication_factor if rng.random() < 0.6 else rng.randint(1, 4)
             self.apply(c.AlterReassignment(name, i, p.partition_epoch,
-                                           rng.sample(sorted(s.brokers) or [1], min(len(s.brokers) or 1,
-                                                                                    p.replication_factor))))
+                                           rng.sample(sorted(s.brokers) or [1], min(len(s.brokers) or 1, size))))
+        elif action == "level5":
+            self.apply(c.UpdateFeature(features.METADATA_VERSION, features.REPLICATION_FACTOR_CHANGE))
         elif action == "cancel" and (found := self._partition()):
             name, i, p = found
             self.apply(c.AlterReassignment(name, i, p.partition_epoch, None))

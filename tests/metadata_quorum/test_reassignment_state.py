@@ -5,6 +5,7 @@ from __future__ import annotations
 from test_state import cluster, create, fence, part
 
 from metadata_quorum import commands as c
+from metadata_quorum import features
 from metadata_quorum.state import MetadataState
 from proto.errors import ErrorCode
 
@@ -104,3 +105,55 @@ def test_enabling_unclean_election_cluster_wide_elects_offline_partitions() -> N
     assert part(s, "t").leader == -1
     assert s.apply(c.AlterClusterConfigs({"unclean.leader.election.enable": "true"})).ok
     assert part(s, "t").leader == 2 and part(s, "t").isr == [2]
+
+
+def test_a_move_that_changes_the_replica_count_needs_level_5_then_grows_and_shrinks() -> None:
+    """Kafka changes a replication factor by reassignment (longer or shorter replica lists). Below level 5 a
+    release refuses it (a release before it would refuse it when applying it: the voters would diverge)."""
+    s = cluster(4)
+    create(s, "t", [[1]])
+    create(s, "u", [[1, 2]])
+    p = part(s, "t")
+    refused = s.apply(c.AlterReassignment("t", 0, p.partition_epoch, [1, 2, 3]))
+    assert refused.error_code == ErrorCode.INVALID_REPLICATION_FACTOR, refused
+    assert "brook.metadata.version 5" in refused.error_message and "from 1 to 3" in refused.error_message
+    assert part(s, "t") == p  # refused: nothing changed
+    assert s.apply(c.UpdateFeature(features.METADATA_VERSION, features.REPLICATION_FACTOR_CHANGE)).ok
+    # Grow 1 -> 3: the new replicas join as followers, the partition keeps RF 1 until they are in sync.
+    assert s.apply(c.AlterReassignment("t", 0, p.partition_epoch, [1, 2, 3])).ok
+    p = part(s, "t")
+    assert (p.replicas, p.adding, p.removing, p.isr, p.leader, p.replication_factor) == \
+        ([1, 2, 3], [2, 3], [], [1], 1, 1)
+    isr_add(s, "t", 2)
+    assert not s.apply(c.CompleteReassignment("t", 0, part(s, "t").partition_epoch)).ok  # 3 is not in sync
+    isr_add(s, "t", 3)
+    assert s.apply(c.CompleteReassignment("t", 0, part(s, "t").partition_epoch)).ok
+    p = part(s, "t")
+    assert (p.replicas, p.adding, p.removing, p.isr, p.leader, p.replication_factor) == \
+        ([1, 2, 3], [], [], [1, 2, 3], 1, 3)
+    # Shrink 3 -> 1 onto a follower: nothing to copy, the move completes at once and the leader moves.
+    assert s.apply(c.AlterReassignment("t", 0, p.partition_epoch, [3])).ok
+    p = part(s, "t")
+    assert (p.replicas, p.adding, p.removing, p.replication_factor) == ([3, 1, 2], [], [1, 2], 3)
+    assert s.apply(c.CompleteReassignment("t", 0, p.partition_epoch)).ok
+    p = part(s, "t")
+    assert (p.replicas, p.isr, p.leader, p.replication_factor) == ([3], [3], 3, 1)
+    # A topic's partitions may now differ in replica count, as in Kafka; new partitions take partition 0's.
+    create_more = s.apply(c.CreatePartitions("u", s.topics["u"].topic_id, 1, [[3, 4]]))
+    assert create_more.ok, create_more
+    assert s.apply(c.AlterReassignment("u", 1, part(s, "u", 1).partition_epoch, [3, 4, 1])).ok
+    isr_add_at(s, "u", 1, 1)
+    assert s.apply(c.CompleteReassignment("u", 1, part(s, "u", 1).partition_epoch)).ok
+    assert [q.replication_factor for q in s.topics["u"].partitions] == [2, 3]
+    # A target that empties the partition or repeats a broker is still refused.
+    for target, code in (([], ErrorCode.INVALID_REPLICA_ASSIGNMENT), ([2, 2], ErrorCode.INVALID_REPLICA_ASSIGNMENT)):
+        assert s.apply(c.AlterReassignment("u", 0, part(s, "u").partition_epoch, target)).error_code == code
+    assert MetadataState.from_snapshot(s.to_snapshot()) == s
+
+
+def isr_add_at(s: MetadataState, name: str, index: int, broker: int) -> None:
+    p = part(s, name, index)
+    result = s.apply(c.ChangePartition([c.PartitionChangeItem(name, index, p.partition_epoch, p.leader_epoch,
+                                                              p.isr + [broker])], p.leader,
+                                       s.brokers[p.leader].broker_epoch))
+    assert result.ok and result.value[0].error_code == ErrorCode.NONE, result

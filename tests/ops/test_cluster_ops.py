@@ -455,7 +455,6 @@ def test_partition_move_refuses_bad_input(split_cluster, admin, brook) -> None:
     topic = "move-bad"
     admin.create_topics([NewTopic(topic, replica_assignments=[[1, 2]])])
     for args, code_expected, message in (
-            (["--replicas", "1"], 1, "INVALID_REPLICATION_FACTOR"),
             (["--replicas", "1,1"], 2, "twice"),
             (["--replicas", "1,x"], 2, "--replicas must be"),
             (["--replicas", "1,9"], 1, "unregistered"),
@@ -796,3 +795,94 @@ def test_topic_producers_lists_each_partitions_idempotent_producer(split_cluster
     assert code == 0 and str(s1["producer_id"]) in out and "LAST SEQUENCE" in out, (out, err)
     code, out, err = brook("topic", "producers", topic, "--partition", "7")
     assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in err and "partition 7" in err, (out, err)
+
+
+def test_set_replication_factor_grows_then_shrinks_a_topic_under_load(split_cluster, admin, brook) -> None:
+    """Kafka changes a replication factor by reassignment to longer or shorter replica lists (Redpanda by a
+    topic property): `brook topic set-replication-factor` plans those moves. Grown from 1 to 3 under acks=all
+    writes, the new replicas hold every acknowledged record (the only original replica is then killed); shrunk
+    back, the leader stays and the dropped brokers delete their copies. Below brook.metadata.version 5 it is
+    refused and nothing changes; Kafka's allowReplicationFactorChange=false (KIP-860) is honoured."""
+    from kafka_raw import kafka_ask
+
+    topic = "rf-change"
+    admin.create_topics([NewTopic(topic, replica_assignments=[[1], [2]])])
+    sent = produce(split_cluster.bootstrap_servers, topic, 2, 200, "before")
+    code, out, err = brook("topic", "set-replication-factor", topic, "3")
+    assert code == 1 and "brook.metadata.version 5" in err and "nothing moved" in err, (code, out, err)
+    assert [p.replicas for p in partitions_of(admin, topic)] == [(1,), (2,)]
+    code, out, err = brook("features", "upgrade", "--level", "5")
+    assert code == 0, (out, err)
+
+    code, out, err = brook("topic", "set-replication-factor", topic, "3", "--dry-run", "-o", "json")
+    assert code == 0, (out, err)
+    planned = {m["partition"]: m["to"] for m in json.loads(out)["moves"]}
+    assert planned[0][0] == 1 and planned[1][0] == 2 and all(sorted(r) == [1, 2, 3] for r in planned.values()), out
+    assert [p.replicas for p in partitions_of(admin, topic)] == [(1,), (2,)]  # a dry run changes nothing
+    for args, expected in ((["4"], "only 3 live brokers"), (["0"], "greater than or equal to 1"),
+                           (["x"], "Invalid value")):
+        code, out, err = brook("topic", "set-replication-factor", topic, *args)
+        assert code in (1, 2) and expected in err, (args, code, out, err)
+    code, out, err = brook("topic", "set-replication-factor", "no-such-topic", "2")
+    assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in err, (code, out, err)
+
+    writer = Writer(split_cluster.bootstrap_servers, topic, 2)
+    try:
+        wait_for(lambda: len(writer.acked) > 200, 30, "acks from the writer")
+        code, out, err = brook("topic", "set-replication-factor", topic, "3", "--wait")
+        assert code == 0 and "to 3 replicas" in out, (out, err)
+        grown = partitions_of(admin, topic)
+        assert [(len(p.replicas), sorted(p.isr)) for p in grown] == [(3, [1, 2, 3])] * 2, grown
+        assert [p.replicas[0] for p in grown] == [1, 2], grown  # the preferred leaders stayed
+        acked = len(writer.acked)
+        wait_for(lambda: len(writer.acked) > acked + 200, 30, "acks after the growth")
+    finally:
+        sent += writer.stop()
+    # The one replica the partition had is killed: the copies made by the growth serve everything acknowledged.
+    split_cluster.kill_node(1)
+    try:
+        wait_for(lambda: partitions_of(admin, topic)[0].leader in (2, 3), 30, "partition 0 led by a new replica")
+        got = read_all(split_cluster.bootstrap_servers, topic, 2, len(sent))
+        for p in (0, 1):
+            mine = [v for q, v in sent if q == p]
+            assert got[p] == mine, f"partition {p}: {len(got[p])} read, {len(mine)} acknowledged (in order)"
+    finally:
+        split_cluster.start_node(1)
+    wait_back(admin, 1)
+
+    # Kafka's way: AlterPartitionReassignments v1. allowReplicationFactorChange=false refuses a shrink, as Kafka's.
+    target = [partitions_of(admin, topic)[0].leader, 1 if partitions_of(admin, topic)[0].leader != 1 else 2]
+
+    def reassign(allow: bool) -> tuple[int, str | None]:
+        out = kafka_ask(split_cluster, 2, 45, 1, {"timeout_ms": 30_000, "allow_replication_factor_change": allow,
+                                                  "topics": [{"name": topic, "partitions": [
+                                                      {"partition_index": 0, "replicas": target}]}]})
+        assert int(out.error_code) == 0, out
+        [t] = out.responses
+        [p] = t.partitions
+        return int(p.error_code), p.error_message
+
+    assert reassign(False) == (38, "The replication factor is changed from 3 to 2 but allowReplicationFactorChange "
+                                   "is false")
+    assert len(partitions_of(admin, topic)[0].replicas) == 3
+    assert reassign(True) == (0, None)
+    wait_for(lambda: partitions_of(admin, topic)[0].replicas == tuple(target), 30, "partition 0 shrunk to 2")
+
+    # Below min.insync.replicas acks=all writes would all fail: refused, nothing moved.
+    code, out, err = brook("topic", "alter-config", topic, "--set", "min.insync.replicas=2")
+    assert code == 0, (out, err)
+    code, out, err = brook("topic", "set-replication-factor", topic, "1")
+    assert code == 1 and "min.insync.replicas" in err, (code, out, err)
+    code, out, err = brook("topic", "alter-config", topic, "--delete", "min.insync.replicas")
+    assert code == 0, (out, err)
+    leaders = [p.leader for p in partitions_of(admin, topic)]
+    code, out, err = brook("topic", "set-replication-factor", topic, "1", "--wait")
+    assert code == 0, (out, err)
+    shrunk = partitions_of(admin, topic)
+    assert [p.replicas for p in shrunk] == [(leader,) for leader in leaders], (leaders, shrunk)  # leaders kept
+    wait_for(lambda: (h := log_holders(brook, topic)) and all(set(h[p]) == {leaders[p]} for p in (0, 1)), 30,
+             "the dropped replicas' logs deleted")
+    sent += produce(split_cluster.bootstrap_servers, topic, 2, 50, "after")
+    got = read_all(split_cluster.bootstrap_servers, topic, 2, len(sent))
+    for p in (0, 1):
+        assert got[p] == [v for q, v in sent if q == p], f"partition {p}: {len(got[p])} records read"

@@ -38,3 +38,25 @@ def test_rebalance_evens_replicas_and_leaders_onto_a_new_broker() -> None:
     assert max(leaders.values()) - min(leaders.values()) <= 1, leaders
     assert all(len(set(r)) == len(r) == 2 for r in after.values())
     assert planning.plan_rebalance(after, {1: "", 2: "", 3: "", 4: ""}).empty  # already even: no moves
+
+
+def test_replication_factor_grows_onto_the_least_loaded_other_rack_and_shrinks_to_leader_and_isr() -> None:
+    assignment = {("t", 0): [1], ("t", 1): [2, 3], ("u", 0): [3, 4], ("u", 1): [3, 1]}
+    racks = {1: "a", 2: "a", 3: "b", 4: "b"}
+    plan = planning.plan_replication_factor(assignment, racks, "t", 2, {}, {})
+    # t-0: broker 3 and 4 are on the other rack; 4 holds fewer replicas (1 against 3). t-1 already has 2.
+    assert plan.moves == {("t", 0): [1, 4]}
+    plan = planning.plan_replication_factor(assignment, racks, "t", 3, {}, {})
+    # Appended, so the preferred leader stays first; once both racks are used, the least loaded (ties by id).
+    assert plan.moves == {("t", 0): [1, 4, 2], ("t", 1): [2, 3, 1]}, plan
+    # Shrinking keeps the leader, then the in-sync replicas, in the partition's order.
+    wide = {("t", 0): [1, 2, 3, 4]}
+    plan = planning.plan_replication_factor(wide, racks, "t", 2, {("t", 0): [3, 4, 2]}, {("t", 0): 4})
+    assert plan.moves == {("t", 0): [2, 4]}
+    plan = planning.plan_replication_factor(wide, racks, "t", 1, {("t", 0): [1, 4]}, {("t", 0): 4})
+    assert plan.moves == {("t", 0): [4]}
+    assert planning.plan_replication_factor(wide, racks, "t", 4, {}, {}).empty
+    with pytest.raises(planning.PlanError, match="only 4 live brokers"):
+        planning.plan_replication_factor(wide, racks, "t", 5, {}, {})
+    with pytest.raises(planning.PlanError, match="at least 1"):
+        planning.plan_replication_factor(wide, racks, "t", 0, {}, {})
