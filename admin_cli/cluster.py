@@ -380,7 +380,7 @@ def log_dirs(
 def decommission(
     ctx: typer.Context,
     broker: Annotated[int, typer.Argument(help="The broker to empty.", min=0, max=INT32_MAX)],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the moves; change nothing.")] = False,
+    dry_run: partition_cli.DryRunOpt = False,
     wait: partition_cli.WaitOpt = False,
     wait_timeout: partition_cli.WaitTimeoutOpt = partition_cli.DEFAULT_WAIT_S,
     throttle: partition_cli.ThrottleOpt = None,
@@ -398,8 +398,7 @@ def decommission(
     except planning.PlanError as e:
         raise CliError(f"cannot decommission broker {broker}: {e}") from None
     data = {"broker": broker, "dry_run": dry_run,
-            "moves": [{"topic": t, "partition": p, "from": assignment[(t, p)], "to": r}
-                      for (t, p), r in sorted(plan.moves.items())]}
+            "moves": partition_cli.moves_json(assignment, plan.moves)}
     if plan.empty:
         show(st, data, table(None, ["PARTITION"], []), note=f"broker {broker} holds no replicas")
         return
@@ -429,7 +428,7 @@ def unregister(
 @app.command(epilog="Examples:\n\nbrook cluster rebalance --dry-run\n\nbrook cluster rebalance --wait")
 def rebalance(
     ctx: typer.Context,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the moves; change nothing.")] = False,
+    dry_run: partition_cli.DryRunOpt = False,
     wait: partition_cli.WaitOpt = False,
     wait_timeout: partition_cli.WaitTimeoutOpt = partition_cli.DEFAULT_WAIT_S,
     throttle: partition_cli.ThrottleOpt = None,
@@ -444,8 +443,7 @@ def rebalance(
         plan = planning.plan_rebalance({tp: r for tp, r in assignment.items() if all(b in live for b in r)}, live)
     except planning.PlanError as e:
         raise CliError(f"cannot rebalance: {e}") from None
-    data = {"dry_run": dry_run, "moves": [{"topic": t, "partition": p, "from": assignment[(t, p)], "to": r}
-                                          for (t, p), r in sorted(plan.moves.items())]}
+    data = {"dry_run": dry_run, "moves": partition_cli.moves_json(assignment, plan.moves)}
     if plan.empty:
         show(st, data, table(None, ["PARTITION"], []), note="replicas and leaders are already even")
         return

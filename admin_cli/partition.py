@@ -34,6 +34,7 @@ DEFAULT_WAIT_S = 600.0
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Wait until the move is complete.")]
 WaitTimeoutOpt = Annotated[float, typer.Option("--wait-timeout", help="Seconds --wait waits at most (>= 1).",
                                                callback=number_in(low=1))]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show the moves; change nothing.")]
 ThrottleOpt = Annotated[int | None, typer.Option(
     "--throttle", help="Limit the copy to this many bytes/s per broker (follower.replication.throttled.rate; "
                        "removed again when --wait sees the moves done).", min=1)]
@@ -213,6 +214,12 @@ def apply_plan(st: Any, moves: dict[tuple[str, int], list[int]], *, wait: bool, 
     if wait:
         wait_done(st.backend.admin, [TopicPartition(*tp) for tp in moves], wait_timeout, quiet=st.json)
     return end_throttle(st, throttled, wait)
+
+
+def moves_json(assignment: dict[tuple[str, int], list[int]],
+               moves: dict[tuple[str, int], list[int]]) -> list[dict[str, Any]]:
+    """A plan's moves as the commands' json output lists them."""
+    return [{"topic": t, "partition": p, "from": assignment[(t, p)], "to": r} for (t, p), r in sorted(moves.items())]
 
 
 def plan_table(title: str, assignment: dict[tuple[str, int], list[int]],

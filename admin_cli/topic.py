@@ -351,7 +351,7 @@ def set_replication_factor(
     name: Annotated[str, typer.Argument(help="Topic name.")],
     replication_factor: Annotated[int, typer.Argument(help="The new replica count of every partition.",
                                                       min=1, max=INT32_MAX)],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the moves; change nothing.")] = False,
+    dry_run: partition_cli.DryRunOpt = False,
     wait: partition_cli.WaitOpt = False,
     wait_timeout: partition_cli.WaitTimeoutOpt = partition_cli.DEFAULT_WAIT_S,
     throttle: partition_cli.ThrottleOpt = None,
@@ -382,8 +382,7 @@ def set_replication_factor(
         raise CliError(f"INVALID_REPLICATION_FACTOR: cannot give '{name}' {replication_factor} replicas: {e}; "
                        "nothing moved") from None
     data = {"topic": name, "replication_factor": replication_factor, "dry_run": dry_run,
-            "moves": [{"topic": t, "partition": p, "from": assignment[(t, p)], "to": r}
-                      for (t, p), r in sorted(plan.moves.items())]}
+            "moves": partition_cli.moves_json(assignment, plan.moves)}
     if plan.empty:
         show(st, data, table(None, ["PARTITION"], []),
              note=f"every partition of '{name}' already has {replication_factor} replicas")
