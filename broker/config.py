@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from metadata_quorum import features
 from metadata_quorum.quorum_security import check_quorum_protection
 from proto.errors import InvalidConfigError
 from storage import log_config
@@ -215,6 +216,13 @@ _BEHAVIOUR = [
     KeyDef("default.replication.factor", "int", "1", "Replication factor of a topic created without one.",
            check=_at_least(1)),
     KeyDef("auto.create.topics.enable", "bool", "true", "Create a topic on first metadata request/produce."),
+    KeyDef("initial.metadata.version", "int", str(features.SUPPORTED_MAX),
+           "The brook.metadata.version a new cluster is finalized at by its first active controller (as Kafka formats "
+           "a new cluster at its release's metadata.version), once every voter supports it. It never changes an "
+           "existing cluster: raise that with brook features upgrade. 1 keeps a new cluster at the level every "
+           "release applies.",
+           check=_between(features.SUPPORTED_MIN, features.SUPPORTED_MAX, "the levels this release supports"),
+           roles=_C),
     KeyDef("auto.leader.rebalance.enable", "bool", "true",
            "The active controller moves leadership back to preferred replicas every "
            "leader.imbalance.check.interval.seconds (brook cluster elect-leaders does it on demand).", roles=_C),

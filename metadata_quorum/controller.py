@@ -77,6 +77,11 @@ PRODUCER_ID_BLOCK_SIZE = 1000
 # DescribeFeatures answers with the voters' last answers, asked again in the background once older than this
 # (UpdateFeatures waits for fresh ones).
 DESCRIBE_FEATURES_MAX_AGE_S = 10.0
+# A new cluster's first active controller finalizes initial.metadata.version: tried again every INITIAL_LEVEL_RETRY_S
+# while a voter cannot be asked yet (still starting), for about INITIAL_LEVEL_DEADLINE_S at most.
+INITIAL_LEVEL_DEADLINE_S = 120.0
+INITIAL_LEVEL_RETRY_S = 1.0
+INITIAL_LEVEL_ATTEMPT_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -98,6 +103,12 @@ class ControllerConfig:
     @property
     def auto_leader_rebalance_enable(self) -> bool:
         return self.default("auto.leader.rebalance.enable", "true").lower() == "true"
+
+    @property
+    def initial_metadata_version(self) -> int:
+        """The brook.metadata.version a new cluster is finalized at. A node's config always has it (broker/config.py:
+        default the highest level, range checked); a config made in code without it keeps level 1."""
+        return int(self.default("initial.metadata.version", str(features.SUPPORTED_MIN)))
 
     @property
     def unclean_leader_election_default(self) -> bool:
@@ -142,6 +153,7 @@ class QuorumController:
         self._active_term = -1  # the term whose activation this node has completed
         self._activating: PendingProposal | None = None
         self._activating_term = -1
+        self._new_cluster = False  # the activation in flight is the cluster's first (see _finalize_initial_level)
         # term -> ActivateController proposals made in it (bounded: a few per term, few terms kept)
         self.activation_attempts: dict[int, int] = {}
         self._gave_up_terms: set[int] = set()  # terms whose activation was refused: never proposed again
@@ -249,6 +261,10 @@ class QuorumController:
             self._active_term = term
             log.info("controller %d is active (term %d, metadata version %d)", self.config.node_id, term,
                      self.raft.version)
+            if self._new_cluster:
+                self._new_cluster = False
+                threading.Thread(target=self._finalize_initial_level, args=(term,), daemon=True,
+                                 name="initial-metadata-version").start()
             return
         attempts = self.activation_attempts.get(term, 0)
         if attempts >= MAX_ACTIVATION_ATTEMPTS:
@@ -260,8 +276,37 @@ class QuorumController:
             self.activation_attempts.pop(next(iter(self.activation_attempts)))
         self.activation_attempts[term] = attempts + 1
         self._activating_term = term
+        self._new_cluster = self.raft.read(lambda s: s.controller_epoch == 0)  # no controller was ever active
         self._activating = self.raft.submit(c.ActivateController(
             self.config.node_id, term, self.config.unclean_leader_election_default))
+
+    def _finalize_initial_level(self, term: int) -> None:
+        """A new cluster starts at ``initial.metadata.version`` (default: the highest level of this release), as Kafka
+        formats a new cluster at its release's metadata.version: a cluster made by this release has nothing an older
+        one wrote. The first controller ever active finalizes it as ``brook features upgrade`` does, once every
+        voter (and any broker registered meanwhile) supports it; voters still starting are asked again for up to
+        INITIAL_LEVEL_DEADLINE_S. A later controller never does: an existing cluster is raised by its operator."""
+        level = self.config.initial_metadata_version
+        problem = ""
+        for _ in range(int(INITIAL_LEVEL_DEADLINE_S / INITIAL_LEVEL_RETRY_S)):
+            if self._active_term != term:
+                return  # no longer active: the level is not this controller's to set
+            if self.raft.read(lambda s: s.metadata_level) >= level:
+                return  # nothing to do (initial.metadata.version 1), or an operator was first
+            try:
+                self.update_features(pb.UpdateFeaturesRequest(name=features.METADATA_VERSION, level=level),
+                                     INITIAL_LEVEL_ATTEMPT_TIMEOUT_S)
+            except errors.BrookError as exc:
+                problem = exc.message
+            else:
+                log.info("new cluster: %s finalized at %d (initial.metadata.version)", features.METADATA_VERSION,
+                         level)
+                return
+            time.sleep(INITIAL_LEVEL_RETRY_S)
+        if self._active_term == term:
+            log.warning("new cluster: %s stays at %d, not the initial.metadata.version %d: %s; raise it with "
+                        "`brook features upgrade --level %d`", features.METADATA_VERSION,
+                        self.raft.read(lambda s: s.metadata_level), level, problem, level)
 
     def _give_up_term(self, term: int) -> None:
         if len(self._gave_up_terms) >= _ACTIVATION_TERMS_KEPT:

@@ -46,6 +46,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     n = c.spec(1)
     sasl_port = free_port()
     c.state.overrides.update({
+        "initial.metadata.version": "1",  # the list-op test checks level 1 (brokers) and 3 (the controller)
         "listeners": f"BROKER://127.0.0.1:{n.broker_port},CONTROLLER://127.0.0.1:{n.controller_port},"
                      f"KAFKA://127.0.0.1:{n.kafka_port},KAFKA_SASL://127.0.0.1:{sasl_port}",
         "kafka.listener.names": "KAFKA,KAFKA_SASL",

@@ -10,7 +10,8 @@ and an older broker can no longer register."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -275,3 +276,55 @@ def test_a_broker_whose_session_ran_out_blocks_the_upgrade(tmp_path: Path) -> No
             ctl.update_features(check, 30)
         assert refused.value.code == ErrorCode.FEATURE_UPDATE_FAILED
         assert "broker 2 (its session is not live" in refused.value.message and "broker 1" not in refused.value.message
+
+
+def test_a_new_cluster_starts_at_initial_metadata_version_and_an_existing_one_is_never_raised(tmp_path: Path) -> None:
+    """As Kafka formats a new cluster at its release's metadata.version: the first controller ever active finalizes
+    initial.metadata.version (a node's default: the release's highest level) once every voter supports it. A
+    cluster that already had a controller keeps its level whatever its nodes' initial.metadata.version says: after
+    a rolling upgrade only the operator raises it (a raised level cannot be rolled back)."""
+    import dataclasses
+
+    password = secrets.token_urlsafe(32)
+    initial = {"initial.metadata.version": str(features.SUPPORTED_MAX)}
+
+    def run(base: Path, defaults: dict[str, str], check: Callable[[dict[int, ControllerNode]], None]) -> None:
+        voters = {i: VoterAddress("127.0.0.1", free_port(), free_port()) for i in (1, 2, 3)}
+        nodes = {i: ControllerNode(dataclasses.replace(_settings(i, voters, base, password), defaults=defaults))
+                 for i in (1, 2, 3)}
+        try:
+            for n in nodes.values():
+                n.start()
+            wait_for(lambda: any(n.is_active() for n in nodes.values()), 30, "an active controller")
+            check(nodes)
+        finally:
+            for n in nodes.values():
+                n.stop()
+
+    def levels(nodes: dict[int, ControllerNode]) -> set[int]:
+        return {n.raft.read(lambda s: s.metadata_level) for n in nodes.values()}
+
+    def at_highest(nodes: dict[int, ControllerNode]) -> None:
+        wait_for(lambda: levels(nodes) == {features.SUPPORTED_MAX}, 30, "every voter at the highest level")
+
+    run(tmp_path / "new", initial, at_highest)
+
+    first_epoch: list[int] = []
+
+    def activated_at_1(nodes: dict[int, ControllerNode]) -> None:
+        wait_for(lambda: {n.raft.read(lambda s: s.controller_epoch) > 0 for n in nodes.values()} == {True}, 30,
+                 "every voter applied the activation")
+        assert levels(nodes) == {1}
+        first_epoch.append(max(n.raft.read(lambda s: s.controller_epoch) for n in nodes.values()))
+
+    run(tmp_path / "old", {}, activated_at_1)  # made by a release, or a config, that keeps level 1
+
+    def stays_at_1(nodes: dict[int, ControllerNode]) -> None:
+        wait_for(lambda: all(n.raft.read(lambda s: s.controller_epoch) > first_epoch[0] for n in nodes.values()), 30,
+                 "the restarted cluster's controller activated on every voter")
+        deadline = time.monotonic() + 3  # the new cluster above took well under a second
+        while time.monotonic() < deadline:
+            assert levels(nodes) == {1}, "an existing cluster's level was raised without its operator"
+            time.sleep(0.1)
+
+    run(tmp_path / "old", initial, stays_at_1)

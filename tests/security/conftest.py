@@ -36,7 +36,8 @@ def not_ready(cluster: LocalCluster, admin: Admin) -> str | None:
 @pytest.fixture(scope="session")
 def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     base: Path = tmp_path_factory.mktemp("secure-cluster")
-    cluster = LocalCluster(base, nodes=3, mode="combined", overrides=SECURE_OVERRIDES)
+    # At level 1 (a new cluster starts at the highest): the feature tests here raise it step by step.
+    cluster = LocalCluster(base, nodes=3, mode="combined", overrides={**SECURE_OVERRIDES, "initial.metadata.version": "1"})
     teardown = close_when_folder_done(__file__, cluster.teardown)
     try:
         cluster.start()

@@ -34,6 +34,13 @@ def test_brook_features_describe_and_upgrade(secure_cluster: LocalCluster, monke
     capsys.readouterr()
     assert brook_main(["acl", "create", *TXN]) == 1
     assert "needs brook.metadata.version 2" in capsys.readouterr().err
+    # A replication factor change needs level 5: refused whole, nothing moved.
+    assert brook_main(["topic", "create", "rf-level", "-p", "2", "-r", "1"]) == 0
+    capsys.readouterr()
+    assert brook_main(["topic", "set-replication-factor", "rf-level", "2"]) == 1
+    refused = capsys.readouterr().err
+    assert "needs brook.metadata.version 5" in refused and "nothing moved" in refused, refused
+    assert [len(p["replicas"]) for p in _json(capsys, "topic", "describe", "rf-level")["partitions"]] == [1, 1]
     assert _json(capsys, "features", "upgrade", "--level", "2", "--dry-run")["finalized_level"] == 1
     assert _json(capsys, "features", "describe")["finalized_level"] == 1
 
