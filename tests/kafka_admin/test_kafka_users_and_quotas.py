@@ -211,7 +211,9 @@ def test_a_users_credential_change_survives_a_lost_quorum_whole(tmp_path_factory
     with LocalCluster(tmp_path_factory.mktemp("scram-no-quorum"), nodes=3,
                       overrides={"kafka.request.timeout.ms": "3000"}) as cluster:
         with _brook_admin(cluster) as brook:
-            assert brook.update_features(features.ATOMIC_SCRAM) == features.ATOMIC_SCRAM
+            # A new cluster is at its release's highest level, past ATOMIC_SCRAM.
+            wait_for(lambda: brook.describe_features().finalized_level >= features.ATOMIC_SCRAM, 30,
+                     f"{features.METADATA_VERSION} {features.ATOMIC_SCRAM}")
             brook.create_user("sam", "old-pw", mechanisms=["SCRAM-SHA-256"])
             active = brook.describe_quorum().leader_id
         followers = [n for n in cluster.controller_ids if n != active]
