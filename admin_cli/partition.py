@@ -115,7 +115,7 @@ def wait_done(admin: Admin, tps: list[TopicPartition], timeout_s: float, *, quie
             return
         now = time.monotonic()
         if now >= deadline:
-            detail = ", ".join(f"{tp.topic}-{tp.partition} (adding {r.adding_replicas}, ISR {r.isr})"
+            detail = ", ".join(f"{tp.topic}-{tp.partition} (waiting for {waiting_for(r)} to be in sync, ISR {r.isr})"
                                for tp, r in sorted(left.items())[:5])
             raise CliError(f"{len(left)} moves still in progress after {timeout_s:.0f} s: {detail}")
         if not quiet and now - last_report >= 5:
@@ -172,18 +172,24 @@ def reassignments(
     bootstrap: BootstrapOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """The moves in progress: target and leaving replicas, and which new replicas are still catching up."""
+    """The moves in progress: target and leaving replicas, and which target replicas the move waits for (new ones
+    catching up, or ones out of sync: stopped, or behind)."""
     st = state(ctx, bootstrap, output)
     st.backend.metadata()
     moves = st.backend.admin.list_partition_reassignments(topic or None)
     rows = [{"topic": tp.topic, "partition": tp.partition, "replicas": r.replicas, "adding": r.adding_replicas,
-             "removing": r.removing_replicas, "isr": r.isr, "leader": r.leader,
-             "catching_up": [b for b in r.adding_replicas if b not in r.isr]}
+             "removing": r.removing_replicas, "isr": r.isr, "leader": r.leader, "catching_up": waiting_for(r)}
             for tp, r in sorted(moves.items())]
     show(st, rows, table("Reassignments in progress", ["PARTITION", "ADDING", "REMOVING", "ISR", "CATCHING UP"],
                          [[f"{r['topic']}-{r['partition']}", r["adding"] or "-", r["removing"] or "-", r["isr"],
                            Text(str(r["catching_up"]), style="yellow") if r["catching_up"] else "-"] for r in rows]),
          note=None if rows else "no reassignment in progress")
+
+
+def waiting_for(move: Any) -> list[int]:
+    """The target replicas of a move not in the ISR yet: it completes once there are none (a shrink's kept replica
+    that is stopped counts as well as a new one copying)."""
+    return [b for b in move.replicas if b not in move.removing_replicas and b not in move.isr]
 
 
 def current_assignment(st: Any) -> tuple[dict[tuple[str, int], list[int]], dict[int, str],

@@ -118,9 +118,9 @@ def plan_replication_factor(assignment: Assignment, brokers: Mapping[int, str], 
     brokers that may receive replicas; ``assignment``: the whole cluster's, for the load).
 
     Growing appends the least loaded brokers the partition does not use, other racks first, so the
-    preferred leader stays. Shrinking keeps the leader, then the in-sync replicas, then the others, each in
-    the partition's order (so a kept preferred leader stays first): the moves drop only what is not needed
-    and nothing has to be copied."""
+    preferred leader stays. Shrinking keeps the leader, then the live in-sync replicas, then the other live
+    ones, then stopped ones, each in the partition's order (so a kept preferred leader stays first): the
+    moves drop only what is not needed and copy nothing when the in-sync replicas suffice."""
     if replication_factor < 1:
         raise PlanError(f"the replication factor must be at least 1, got {replication_factor}")
     counts = replica_counts(assignment, brokers)
@@ -140,7 +140,10 @@ def plan_replication_factor(assignment: Assignment, brokers: Mapping[int, str], 
         elif len(replicas) > replication_factor:
             in_sync = set(isr.get(tp, ()))
             leader = leaders.get(tp, -1)
-            ranked = sorted(replicas, key=lambda r: (r != leader, r not in in_sync, replicas.index(r)))
+            # The leader, then live in-sync replicas, then live ones (they catch up), then stopped ones: a move
+            # keeping a stopped replica waits for it to come back (audit: it dropped a live copy for a dead one).
+            ranked = sorted(replicas, key=lambda r: (r != leader, r not in in_sync or r not in brokers,
+                                                     r not in brokers, replicas.index(r)))
             kept = set(ranked[:replication_factor])
             target = [r for r in replicas if r in kept]
         else:

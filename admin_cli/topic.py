@@ -3,6 +3,7 @@ set-replication-factor, delete."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated
 
 import typer
@@ -24,6 +25,7 @@ from admin_cli.common import (
     table,
 )
 from client.types import TopicPartition
+from metadata_quorum import features
 from proto import errors
 from storage import log_config
 
@@ -83,6 +85,15 @@ def create(
         "replication_factor": rf, "created": True})
 
 
+def replica_counts(counts: Iterable[int]) -> str:
+    """A topic's replica count for a table: "3", or "1-3" when its partitions differ (brook.metadata.version 5 lets a
+    move change one partition's; a partition being grown lists its joining replicas too)."""
+    found = sorted(set(counts))
+    if not found:
+        return "0"
+    return str(found[0]) if len(found) == 1 else f"{found[0]}-{found[-1]}"
+
+
 @app.command("list", epilog="Examples:\n\nbrook topic list\n\nbrook topic list --internal -o json")
 def list_(
     ctx: typer.Context,
@@ -99,12 +110,14 @@ def list_(
             continue
         parts = list(t.partitions.values())
         rf = max((len(p.replicas) for p in parts), default=0)
+        counts = replica_counts(len(p.replicas) for p in parts)
         offline = sum(1 for p in parts if p.leader < 0)
         under = sum(1 for p in parts if len(p.isr) < len(p.replicas))
         rows.append({"name": name, "topic_id": t.topic_id, "partitions": len(parts), "replication_factor": rf,
+                     "replica_counts": counts,
                      "internal": t.is_internal, "offline_partitions": offline, "under_replicated_partitions": under})
     show(st, rows, table(None, ["NAME", "PARTITIONS", "REPLICAS", "OFFLINE", "UNDER-REPLICATED"],
-                         [[r["name"], r["partitions"], r["replication_factor"], r["offline_partitions"],
+                         [[r["name"], r["partitions"], r["replica_counts"], r["offline_partitions"],
                            r["under_replicated_partitions"]] for r in rows]),
          note=None if rows else "no topics")
 
@@ -131,8 +144,7 @@ def describe(
     data = {"name": name, "topic_id": t.topic_id, "internal": t.is_internal, "partitions": parts,
             "configs": configs}
     summary = table(f"Topic {name}", ["ID", "PARTITIONS", "REPLICAS", "INTERNAL"],
-                    [[t.topic_id, len(parts), max((len(p["replicas"]) for p in parts), default=0),
-                      t.is_internal]])
+                    [[t.topic_id, len(parts), replica_counts(len(p["replicas"]) for p in parts), t.is_internal]])
     ptable = table("Partitions", ["PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "OFFLINE"],
                    [[p["partition"], p["leader"] if p["leader"] >= 0 else "none", p["leader_epoch"],
                      p["replicas"], p["isr"], p["offline_replicas"] or "-"] for p in parts])
@@ -381,6 +393,13 @@ def set_replication_factor(
     except planning.PlanError as e:
         raise CliError(f"INVALID_REPLICATION_FACTOR: cannot give '{name}' {replication_factor} replicas: {e}; "
                        "nothing moved") from None
+    if not plan.empty:
+        # Refused whole below level 5: a dry run says so too instead of showing moves that cannot run (audit).
+        level = st.backend.admin.describe_features().finalized_level
+        if level < features.REPLICATION_FACTOR_CHANGE:
+            raise CliError("INVALID_REPLICATION_FACTOR: " + features.needs_level(
+                features.REPLICATION_FACTOR_CHANGE, level, f"changing the replication factor of '{name}'")
+                + "; nothing moved")
     data = {"topic": name, "replication_factor": replication_factor, "dry_run": dry_run,
             "moves": partition_cli.moves_json(assignment, plan.moves)}
     if plan.empty:

@@ -527,10 +527,14 @@ class QuorumController:
                 seen.add((item.topic, item.partition))
                 epoch, current, rf = self.raft.read(lambda s, i=item: (
                     _partition_epoch(s, i.topic, i.partition), list(_partition(s, i.topic, i.partition).replicas),
-                    _partition(s, i.topic, i.partition).replication_factor))
+                    len(_partition(s, i.topic, i.partition).target)))
                 added: dict[int, int] = {}
-                if not item.cancel and req.keep_replication_factor and len(item.replicas) != rf:
-                    # Kafka's words (KIP-860). The partition epoch in the command makes it hold when applied.
+                if not item.cancel and req.keep_replication_factor and item.replicas and \
+                        len(set(item.replicas)) == len(item.replicas) and len(item.replicas) != rf:
+                    # KIP-860, in Kafka's words; the size it keeps is the target's of a move in progress, as Kafka's
+                    # controller counts it (the replicas less the leaving ones). A list no move can take (empty,
+                    # a broker twice) is refused as such when applied. The partition epoch in the command makes
+                    # the check hold when the command is applied.
                     raise errors.InvalidReplicationFactorError(
                         f"The replication factor is changed from {rf} to {len(item.replicas)} but "
                         "allowReplicationFactorChange is false")
@@ -601,9 +605,19 @@ class QuorumController:
 
         def ready(s: MetadataState) -> list[c.CompleteReassignment]:
             out = []
+            eligible: set[int] | None = None
             for name, index, p in s.reassignments():
-                if (name, index) not in self._completing and all(r in p.isr for r in p.target):
-                    out.append(c.CompleteReassignment(name, index, p.partition_epoch))
+                if (name, index) in self._completing or not all(r in p.isr for r in p.target):
+                    continue
+                if p.leader not in p.target:
+                    # The move hands leadership to a live target replica: with none (the partition offline, a
+                    # shrink onto a stopped broker) the state would refuse it, and proposing it at every tick
+                    # wrote ten refused entries a second to the log for as long as they stayed down (audit).
+                    if eligible is None:
+                        eligible = {b.node_id for b in s.brokers.values() if b.eligible}
+                    if elect_leader(p.target, p.isr, eligible, unclean_allowed=False).leader == NO_LEADER:
+                        continue
+                out.append(c.CompleteReassignment(name, index, p.partition_epoch))
             return out
 
         for cmd in self.raft.read(ready)[:MAX_REASSIGNMENT_COMPLETIONS_IN_FLIGHT - len(self._completing)]:

@@ -51,9 +51,10 @@ def voter(tmp_path) -> Iterator[tuple[QuorumController, Clock]]:  # type: ignore
         raft.destroy_synchronous()
 
 
-def _register(ctl: QuorumController, broker: int) -> int:
+def _register(ctl: QuorumController, broker: int, *, supported: int = 0, incarnation: str = "") -> int:
     r = ctl.register_broker(pb.RegisterBrokerRequest(
-        node_id=broker, incarnation_id=f"i{broker}", cluster_id="stall",
+        node_id=broker, incarnation_id=incarnation or f"i{broker}", cluster_id="stall",
+        previous_incarnation_id=f"i{broker}" if incarnation else "", supported_metadata_level=supported,
         endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19000 + broker)]), 30)
     _heartbeat(ctl, broker, r.broker_epoch)
     assert not _fenced(ctl, broker)
@@ -132,3 +133,44 @@ def test_heartbeats_counted_during_a_held_tick_thread_are_not_pushed_past_now(
     _tick_for(ctl, clock, SESSION_S + 1.0)
     _settle(ctl)
     assert _fenced(ctl, 1), "a broker silent for a session after its last heartbeat was not fenced"
+
+
+def test_a_move_no_live_target_can_lead_is_not_proposed_at_every_tick(voter: tuple[QuorumController, Clock]) -> None:
+    """A shrink onto a replica that is in the ISR but stopped (the partition offline): completing it would be refused
+    when applied (no live target replica can lead). The controller proposed it at every tick, ten refused entries a
+    second written to the log for as long as the broker stayed down (audit: 295 a second for 30 partitions). Now it
+    waits, and completes the move once the broker is back."""
+    from metadata_quorum import commands as c
+    from metadata_quorum import features
+
+    ctl, clock = voter
+    ctl.update_features(pb.UpdateFeaturesRequest(name=features.METADATA_VERSION,
+                                                 level=features.REPLICATION_FACTOR_CHANGE), 30)
+    epochs = {b: _register(ctl, b, supported=features.SUPPORTED_MAX) for b in (1, 2)}
+    ctl.create_topics(pb.CreateTopicsRequest(topics=[pb.CreatableTopic(
+        name="t", assignments=[pb.ReplicaList(replicas=[1, 2])])]), 30)
+    for silent in (2, 1):  # broker 2 leaves the ISR, then broker 1, the last one, stops: the partition is offline
+        while not _fenced(ctl, silent):
+            for b in epochs:
+                if b != silent and not _fenced(ctl, b):
+                    _heartbeat(ctl, b, epochs[b])
+            _tick_for(ctl, clock, INTERVAL_S / 2)
+            _settle(ctl)
+    part = ctl.raft.read(lambda s: s.topics["t"].partitions[0])
+    assert (part.leader, part.isr) == (-1, [1]), part
+    moved = ctl.alter_reassignments(pb.AlterPartitionReassignmentsRequest(partitions=[
+        pb.ReassignablePartition(topic="t", partition=0, replicas=[1])]), 30)
+    assert moved.results[0].error_code == 0, moved
+    proposed: list[object] = []
+    submit = ctl._submit
+    ctl._submit = lambda cmd: (proposed.append(cmd), submit(cmd))[1]  # type: ignore[method-assign]
+    try:
+        _tick_for(ctl, clock, 3.0)
+        assert not [p for p in proposed if isinstance(p, c.CompleteReassignment)], proposed
+        # Broker 1 comes back (a new incarnation, as after a restart): the move completes, led by it.
+        _register(ctl, 1, supported=features.SUPPORTED_MAX, incarnation="i1-again")
+        wait_for(lambda: (ctl.tick() or True) and ctl.raft.read(
+            lambda s: (s.topics["t"].partitions[0].replicas, s.topics["t"].partitions[0].leader)) == ([1], 1), 30,
+            "the move completed once broker 1 was back")
+    finally:
+        del ctl._submit

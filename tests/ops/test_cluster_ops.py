@@ -868,6 +868,8 @@ def test_set_replication_factor_grows_then_shrinks_a_topic_under_load(split_clus
     assert len(partitions_of(admin, topic)[0].replicas) == 3
     assert reassign(True) == (0, None)
     wait_for(lambda: partitions_of(admin, topic)[0].replicas == tuple(target), 30, "partition 0 shrunk to 2")
+    code, out, err = brook("topic", "list", "-o", "json")
+    assert code == 0 and [t["replica_counts"] for t in json.loads(out) if t["name"] == topic] == ["2-3"], out
 
     # Below min.insync.replicas acks=all writes would all fail: refused, nothing moved.
     code, out, err = brook("topic", "alter-config", topic, "--set", "min.insync.replicas=2")

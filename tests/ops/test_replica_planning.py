@@ -55,8 +55,26 @@ def test_replication_factor_grows_onto_the_least_loaded_other_rack_and_shrinks_t
     assert plan.moves == {("t", 0): [2, 4]}
     plan = planning.plan_replication_factor(wide, racks, "t", 1, {("t", 0): [1, 4]}, {("t", 0): 4})
     assert plan.moves == {("t", 0): [4]}
+    # A stopped replica (not among the live brokers) goes before a live one catching up, in sync or not (audit:
+    # [1, 2] was planned with 2 down and 3 live, and the move waited for 2).
+    live = {1: "a", 3: "b", 4: "b"}
+    plan = planning.plan_replication_factor({("t", 0): [1, 2, 3]}, live, "t", 2, {("t", 0): [1]}, {("t", 0): 1})
+    assert plan.moves == {("t", 0): [1, 3]}
+    plan = planning.plan_replication_factor({("t", 0): [1, 2, 3]}, live, "t", 2, {("t", 0): [1, 2]}, {("t", 0): 1})
+    assert plan.moves == {("t", 0): [1, 3]}
     assert planning.plan_replication_factor(wide, racks, "t", 4, {}, {}).empty
     with pytest.raises(planning.PlanError, match="only 4 live brokers"):
         planning.plan_replication_factor(wide, racks, "t", 5, {}, {})
     with pytest.raises(planning.PlanError, match="at least 1"):
         planning.plan_replication_factor(wide, racks, "t", 0, {}, {})
+
+
+def test_a_move_waits_for_its_target_replicas_out_of_sync_new_or_kept() -> None:
+    """`brook partition reassignments` and --wait's timeout name what a move waits for: a shrink's kept replica that
+    is stopped too, not only a new one copying (audit: a stuck shrink showed "-")."""
+    from admin_cli.partition import waiting_for
+    from client.admin import PartitionReassignment
+
+    growth = PartitionReassignment([1, 2, 3], [2, 3], [], [1, 2], 1)
+    shrink = PartitionReassignment([1, 2, 3], [], [3], [1], 1)
+    assert (waiting_for(growth), waiting_for(shrink)) == ([3], [2])

@@ -37,9 +37,10 @@ def test_brook_features_describe_and_upgrade(secure_cluster: LocalCluster, monke
     # A replication factor change needs level 5: refused whole, nothing moved.
     assert brook_main(["topic", "create", "rf-level", "-p", "2", "-r", "1"]) == 0
     capsys.readouterr()
-    assert brook_main(["topic", "set-replication-factor", "rf-level", "2"]) == 1
-    refused = capsys.readouterr().err
-    assert "needs brook.metadata.version 5" in refused and "nothing moved" in refused, refused
+    for dry_run in ([], ["--dry-run"]):  # a dry run says it would be refused (it showed the moves)
+        assert brook_main(["topic", "set-replication-factor", "rf-level", "2", *dry_run]) == 1
+        refused = capsys.readouterr().err
+        assert "needs brook.metadata.version 5" in refused and "nothing moved" in refused, (dry_run, refused)
     assert [len(p["replicas"]) for p in _json(capsys, "topic", "describe", "rf-level")["partitions"]] == [1, 1]
     assert _json(capsys, "features", "upgrade", "--level", "2", "--dry-run")["finalized_level"] == 1
     assert _json(capsys, "features", "describe")["finalized_level"] == 1
