@@ -265,6 +265,12 @@ class QuorumController:
                 self._new_cluster = False
                 threading.Thread(target=self._finalize_initial_level, args=(term,), daemon=True,
                                  name="initial-metadata-version").start()
+            elif (level := self.raft.read(lambda s: s.metadata_level)) < features.SUPPORTED_MAX:
+                # After a rolling upgrade (or a new cluster whose first controller stopped before it finalized its
+                # level): the operator decides, and needs to know there is something to decide.
+                log.info("%s is %d; this release supports up to %d: once every node runs a release that supports "
+                         "it (and no roll back is planned), run `brook features upgrade --level %d`",
+                         features.METADATA_VERSION, level, features.SUPPORTED_MAX, features.SUPPORTED_MAX)
             return
         attempts = self.activation_attempts.get(term, 0)
         if attempts >= MAX_ACTIVATION_ATTEMPTS:
