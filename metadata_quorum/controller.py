@@ -291,7 +291,10 @@ class QuorumController:
         formats a new cluster at its release's metadata.version: a cluster made by this release has nothing an older
         one wrote. The first controller ever active finalizes it as ``brook features upgrade`` does, once every
         voter (and any broker registered meanwhile) supports it; voters still starting are asked again for up to
-        INITIAL_LEVEL_DEADLINE_S. A later controller never does: an existing cluster is raised by its operator."""
+        INITIAL_LEVEL_DEADLINE_S. A node that answers with a lower level (an older release) ends it at once: the
+        cluster is then one an operator upgrades, and must not be raised when that node is rolled forward later
+        (audit: a mixed-release cluster rolled within the retry window was raised, and the roll back then failed).
+        A later controller never does: an existing cluster is raised by its operator."""
         level = self.config.initial_metadata_version
         problem = ""
         for _ in range(int(INITIAL_LEVEL_DEADLINE_S / INITIAL_LEVEL_RETRY_S)):
@@ -299,6 +302,14 @@ class QuorumController:
                 return  # no longer active: the level is not this controller's to set
             if self.raft.read(lambda s: s.metadata_level) >= level:
                 return  # nothing to do (initial.metadata.version 1), or an operator was first
+            older = [f"{n.role} {n.node_id} (supports up to {n.supported_max})" for n in self._node_levels(0.0)
+                     if 0 < n.supported_max < level]
+            if older:
+                log.warning("new cluster: %s stays at %d, not the initial.metadata.version %d: nodes of an older "
+                            "release: %s. Once every node runs this release, raise it with `brook features upgrade "
+                            "--level %d`", features.METADATA_VERSION, self.raft.read(lambda s: s.metadata_level),
+                            level, "; ".join(older), level)
+                return
             try:
                 self.update_features(pb.UpdateFeaturesRequest(name=features.METADATA_VERSION, level=level),
                                      INITIAL_LEVEL_ATTEMPT_TIMEOUT_S)

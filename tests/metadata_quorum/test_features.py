@@ -328,3 +328,37 @@ def test_a_new_cluster_starts_at_initial_metadata_version_and_an_existing_one_is
             time.sleep(0.1)
 
     run(tmp_path / "old", initial, stays_at_1)
+
+
+def test_a_new_cluster_with_a_node_of_an_older_release_stays_for_its_operator_to_raise(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """While a voter cannot be asked yet the first controller tries again; a node that answers with a lower level
+    (an older release) ends it. Before, it went on trying for two minutes and raised the cluster as soon as that node
+    was rolled forward: without its operator, and the node could then not be rolled back (audit)."""
+    import dataclasses
+    import logging
+
+    password = secrets.token_urlsafe(32)
+    voters = {i: VoterAddress("127.0.0.1", free_port(), free_port()) for i in (1, 2, 3)}
+    nodes = {i: ControllerNode(dataclasses.replace(_settings(i, voters, tmp_path, password), defaults={
+        "initial.metadata.version": str(features.SUPPORTED_MAX)})) for i in (1, 2, 3)}
+    caplog.set_level(logging.WARNING, logger="metadata_quorum.controller")
+    try:
+        for i in (1, 2):  # voter 3 is still starting: the first controller waits for it
+            nodes[i].start()
+        wait_for(lambda: any(nodes[i].is_active() for i in (1, 2)), 30, "an active controller")
+        with ControllerClient([(voters[i].host, voters[i].grpc_port) for i in (1, 2)], timeout_s=15) as client:
+            old = _register(client, 7, 1)  # a broker of an older release joins the new cluster
+            wait_for(lambda: "nodes of an older release: broker 7 (supports up to 1)" in caplog.text, 30,
+                     "the first controller to give up, naming the older broker")
+            nodes[3].start()
+            assert old.broker_epoch > 0
+            _register(client, 7, features.SUPPORTED_MAX, previous="inc-7-1")  # the broker is rolled forward
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                assert {n.raft.read(lambda s: s.metadata_level) for n in nodes.values()} == {1}, \
+                    "the cluster was raised without its operator once the older broker was rolled forward"
+                time.sleep(0.2)
+    finally:
+        for n in nodes.values():
+            n.stop()
