@@ -360,13 +360,16 @@ class QuorumController:
                 f"broker {req.node_id}: partition_capacity must be >= 0 (0: unbounded), got {req.partition_capacity}")
         endpoints = [[e.name, e.host, e.port] for e in req.endpoints]
         supported = req.supported_metadata_level or features.SUPPORTED_MIN
-        finalized = self.raft.read(lambda s: s.metadata_level)
-        if supported < finalized:
-            # A node rolled back below the finalized level: it would refuse metadata the cluster already holds.
-            raise errors.UnsupportedVersionError(
-                f"broker {req.node_id}'s release supports {features.METADATA_VERSION} up to {supported}; the cluster "
-                f"is at {finalized} (a finalized level is never lowered): run a release that supports it")
-        with self._registering:  # the check and the proposal, one registration at a time
+        # The checks and the proposal, one registration at a time, and never between UpdateFeatures' check of the
+        # registered brokers and its commit (it holds the lock too): a broker of an older release registering then
+        # was let into a cluster finalized past it (audit).
+        with self._registering:
+            finalized = self.raft.read(lambda s: s.metadata_level)
+            if supported < finalized:
+                # A node rolled back below the finalized level: it would refuse metadata the cluster already holds.
+                raise errors.UnsupportedVersionError(
+                    f"broker {req.node_id}'s release supports {features.METADATA_VERSION} up to {supported}; the "
+                    f"cluster is at {finalized} (a finalized level is never lowered): run a release that supports it")
             self._refuse_duplicate(req)
             result = self._propose(c.RegisterBroker(req.node_id, req.incarnation_id, endpoints, req.rack,
                                                     int(req.partition_capacity), bool(req.storage_created)),
@@ -1334,19 +1337,24 @@ class QuorumController:
             raise errors.InvalidUpdateVersionError(
                 f"{req.name} cannot be lowered from {current} to {req.level}: what the higher level let the "
                 f"controller write stays in the metadata")
-        if req.level > current:
-            behind = [f"{n.role} {n.node_id} ({n.problem or f'supports up to {n.supported_max}'})"
-                      for n in self._node_levels(0.0) if n.supported_max < req.level]
-            if behind:
-                raise errors.FeatureUpdateFailedError(
-                    f"cannot finalize {req.name} {req.level}: not every node runs a release that supports it: "
-                    f"{'; '.join(behind)}. Upgrade them (or unregister a broker that is gone) and try again")
         if req.validate_only or req.level == current:
+            if req.level > current:
+                self._check_nodes_support(req.level)
             return pb.UpdateFeaturesResponse(finalized_level=current if req.validate_only else req.level)
-        result = self._propose(c.UpdateFeature(req.name, req.level), timeout_s)
+        with self._registering:  # no broker registers between the check of the registered ones and the commit
+            self._check_nodes_support(req.level)
+            result = self._propose(c.UpdateFeature(req.name, req.level), timeout_s)
         result.raise_for_error()
         log.info("%s finalized at %d (was %d)", req.name, req.level, current)
         return pb.UpdateFeaturesResponse(finalized_level=req.level)
+
+    def _check_nodes_support(self, level: int) -> None:
+        behind = [f"{n.role} {n.node_id} ({n.problem or f'supports up to {n.supported_max}'})"
+                  for n in self._node_levels(0.0) if n.supported_max < level]
+        if behind:
+            raise errors.FeatureUpdateFailedError(
+                f"cannot finalize {features.METADATA_VERSION} {level}: not every node runs a release that supports "
+                f"it: {'; '.join(behind)}. Upgrade them (or unregister a broker that is gone) and try again")
 
     # ---- producer ids ----
     def allocate_producer_ids(self, req: pb.AllocateProducerIdsRequest,

@@ -362,3 +362,53 @@ def test_a_new_cluster_with_a_node_of_an_older_release_stays_for_its_operator_to
     finally:
         for n in nodes.values():
             n.stop()
+
+
+def test_a_broker_of_an_older_release_cannot_register_between_the_level_check_and_its_commit(tmp_path: Path) -> None:
+    """UpdateFeatures checks the registered brokers' levels, then proposes the level; a registration checks the
+    level, then proposes itself. A broker of an older release registering between the two was let into a cluster
+    finalized past it (audit; likelier since a new cluster finalizes its level as its brokers register). The two
+    are serialized now: the registration waits, then is refused."""
+    import threading
+
+    with in_process_service(tmp_path, "toctou", ALLOW_ALL, {}) as service:
+        ctl = service._controller
+        for b in (1, 2):
+            epoch = ctl.raft.read(lambda s, b=b: s.brokers[b].broker_epoch)
+            ctl.heartbeat(pb.BrokerHeartbeatRequest(node_id=b, broker_epoch=epoch, current_metadata_version=1 << 40,
+                                                    supported_metadata_level=features.SUPPORTED_MAX), 30)
+        checked, go = threading.Event(), threading.Event()
+        propose = ctl._propose
+
+        def held_propose(cmd: object, timeout_s: float) -> object:
+            if isinstance(cmd, c.UpdateFeature):
+                checked.set()  # every node checked; the proposal stands for one slow to commit
+                go.wait(10)
+            return propose(cmd, timeout_s)
+
+        ctl._propose = held_propose  # type: ignore[method-assign]
+        outcome: dict[str, object] = {}
+
+        def run(key: str, fn: Callable[[], object]) -> threading.Thread:
+            def target() -> None:
+                try:
+                    outcome[key] = fn()
+                except Exception as exc:
+                    outcome[key] = exc
+            thread = threading.Thread(target=target)
+            thread.start()
+            return thread
+
+        finalizing = run("level", lambda: ctl.update_features(pb.UpdateFeaturesRequest(
+            name=features.METADATA_VERSION, level=features.SUPPORTED_MAX), 30))
+        assert checked.wait(10)
+        registering = run("register", lambda: ctl.register_broker(pb.RegisterBrokerRequest(
+            node_id=3, incarnation_id="old-3", cluster_id="toctou", supported_metadata_level=features.SUPPORTED_MAX - 1,
+            endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19003)]), 30))
+        registering.join(1.0)
+        go.set()
+        finalizing.join(30)
+        registering.join(30)
+        assert ctl.raft.read(lambda s: s.metadata_level) == features.SUPPORTED_MAX, outcome
+        assert isinstance(outcome["register"], errors.UnsupportedVersionError), outcome
+        assert 3 not in ctl.raft.read(lambda s: set(s.brokers)), "an older broker was let into the raised cluster"
