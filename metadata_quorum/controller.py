@@ -82,6 +82,7 @@ DESCRIBE_FEATURES_MAX_AGE_S = 10.0
 INITIAL_LEVEL_DEADLINE_S = 120.0
 INITIAL_LEVEL_RETRY_S = 1.0
 INITIAL_LEVEL_ATTEMPT_TIMEOUT_S = 10.0
+LEVEL_REFUSAL_LOG_S = 60.0  # a broker of a release below the finalized level is logged once a minute
 
 
 @dataclass
@@ -147,6 +148,7 @@ class QuorumController:
         self._lock = threading.Lock()
         self.cluster_view = ClusterView(raft.read)  # DescribeCluster's records, kept off the state lock
         self._registering = threading.Lock()
+        self._level_refusals: dict[int, float] = {}  # broker id -> when its refusal for an old release was logged
         self._list_ops_lock = threading.Lock()  # APPEND/SUBTRACT requests, one at a time (alter_configs)
         self._leases: dict[int, float] = {}  # broker id -> monotonic time of the last heartbeat
         self._last_tick_at: float | None = None  # when tick() last ran, to see this controller's own stalls
@@ -296,34 +298,40 @@ class QuorumController:
         (audit: a mixed-release cluster rolled within the retry window was raised, and the roll back then failed).
         A later controller never does: an existing cluster is raised by its operator."""
         level = self.config.initial_metadata_version
-        problem = ""
+        # A wall-clock bound (each round may wait 2 s for a hung voter): audit saw 120 rounds last 360 s.
+        deadline = time.monotonic() + INITIAL_LEVEL_DEADLINE_S
         for _ in range(int(INITIAL_LEVEL_DEADLINE_S / INITIAL_LEVEL_RETRY_S)):
             if self._active_term != term:
                 return  # no longer active: the level is not this controller's to set
-            if self.raft.read(lambda s: s.metadata_level) >= level:
+            current = self.raft.read(lambda s: s.metadata_level)
+            if current >= level:
                 return  # nothing to do (initial.metadata.version 1), or an operator was first
-            older = [f"{n.role} {n.node_id} (supports up to {n.supported_max})" for n in self._node_levels(0.0)
+            nodes = self._node_levels(0.0)
+            older = [f"{n.role} {n.node_id} (supports up to {n.supported_max})" for n in nodes
                      if 0 < n.supported_max < level]
             if older:
                 log.warning("new cluster: %s stays at %d, not the initial.metadata.version %d: nodes of an older "
                             "release: %s. Once every node runs this release, raise it with `brook features upgrade "
-                            "--level %d`", features.METADATA_VERSION, self.raft.read(lambda s: s.metadata_level),
-                            level, "; ".join(older), level)
+                            "--level %d`", features.METADATA_VERSION, current, level, "; ".join(older), level)
                 return
-            try:
-                self.update_features(pb.UpdateFeaturesRequest(name=features.METADATA_VERSION, level=level),
-                                     INITIAL_LEVEL_ATTEMPT_TIMEOUT_S)
-            except errors.BrookError as exc:
-                problem = exc.message
-            else:
-                log.info("new cluster: %s finalized at %d (initial.metadata.version)", features.METADATA_VERSION,
-                         level)
+            unknown = [f"{n.role} {n.node_id} ({n.problem})" for n in nodes if n.supported_max <= 0]
+            if not unknown:
+                try:
+                    self.update_features(pb.UpdateFeaturesRequest(name=features.METADATA_VERSION, level=level),
+                                         INITIAL_LEVEL_ATTEMPT_TIMEOUT_S)
+                except errors.BrookError as exc:
+                    unknown = [exc.message]
+                else:
+                    log.info("new cluster: %s finalized at %d (initial.metadata.version)", features.METADATA_VERSION,
+                             level)
+                    return
+            if time.monotonic() >= deadline:
+                log.warning("new cluster: %s stays at %d, not the initial.metadata.version %d: in %.0f s this "
+                            "controller could not learn that every node supports it: %s. Once every node runs this "
+                            "release, raise it with `brook features upgrade --level %d`", features.METADATA_VERSION,
+                            current, level, INITIAL_LEVEL_DEADLINE_S, "; ".join(unknown), level)
                 return
             time.sleep(INITIAL_LEVEL_RETRY_S)
-        if self._active_term == term:
-            log.warning("new cluster: %s stays at %d, not the initial.metadata.version %d: %s; raise it with "
-                        "`brook features upgrade --level %d`", features.METADATA_VERSION,
-                        self.raft.read(lambda s: s.metadata_level), level, problem, level)
 
     def _give_up_term(self, term: int) -> None:
         if len(self._gave_up_terms) >= _ACTIVATION_TERMS_KEPT:
@@ -367,6 +375,15 @@ class QuorumController:
             finalized = self.raft.read(lambda s: s.metadata_level)
             if supported < finalized:
                 # A node rolled back below the finalized level: it would refuse metadata the cluster already holds.
+                # Said here too (once a minute a broker): the broker is of an older release, which may only log it.
+                now = self._clock()
+                if now - self._level_refusals.get(req.node_id, -LEVEL_REFUSAL_LOG_S) >= LEVEL_REFUSAL_LOG_S:
+                    if len(self._level_refusals) >= 1024:
+                        self._level_refusals.clear()
+                    self._level_refusals[req.node_id] = now
+                    log.warning("broker %d refused: its release supports %s up to %d, the cluster is at %d (run a "
+                                "release that supports it there; a new cluster takes initial.metadata.version)",
+                                req.node_id, features.METADATA_VERSION, supported, finalized)
                 raise errors.UnsupportedVersionError(
                     f"broker {req.node_id}'s release supports {features.METADATA_VERSION} up to {supported}; the "
                     f"cluster is at {finalized} (a finalized level is never lowered): run a release that supports it")

@@ -128,7 +128,7 @@ def _create_acl(nodes: dict[int, ControllerNode], binding: list[str]) -> None:
 
 
 def test_the_level_is_raised_only_when_every_voter_and_broker_supports_it(
-        quorum: dict[int, ControllerNode]) -> None:
+        quorum: dict[int, ControllerNode], caplog: pytest.LogCaptureFixture) -> None:
     with ControllerClient(_endpoints(quorum), timeout_s=15) as client:
         _register(client, 1, features.SUPPORTED_MAX)
         _register(client, 2, 0)  # an older release: it reports no level
@@ -176,6 +176,9 @@ def test_the_level_is_raised_only_when_every_voter_and_broker_supports_it(
         with pytest.raises(errors.BrookError) as old:
             _register(client, 3, 0)
         assert old.value.code == ErrorCode.UNSUPPORTED_VERSION and "never lowered" in old.value.message
+        # The controller says so too: the broker's older release may only log it where nobody looks (audit).
+        assert "broker 3 refused: its release supports brook.metadata.version up to 1, the cluster is at 2" in \
+            caplog.text
         with pytest.raises(errors.BrookError) as lower:
             client.call("UpdateFeatures", pb.UpdateFeaturesRequest(name=features.METADATA_VERSION, level=1))
         assert lower.value.code == ErrorCode.INVALID_UPDATE_VERSION
