@@ -57,6 +57,24 @@ def caller(name: str, method: str) -> types.SimpleNamespace:
 
 
 @contextlib.contextmanager
+def single_voter(directory: Path, config: ControllerConfig, **kwargs: object) -> Iterator[QuorumController]:
+    """One real voter (pysyncobj on loopback) and its QuorumController, active once this yields."""
+    raft = MetadataRaft(f"127.0.0.1:{free_port()}", [], directory, password=secrets.token_urlsafe(24))
+    try:
+        raft.wait_bound()
+        ctl = QuorumController(config, raft, **kwargs)  # type: ignore[arg-type]
+
+        def active() -> bool:
+            ctl.tick()
+            return ctl.is_active()
+
+        wait_for(active, 30, "the single voter to become the active controller")
+        yield ctl
+    finally:
+        raft.destroy_synchronous()
+
+
+@contextlib.contextmanager
 def in_process_service(directory: Path, cluster_id: str, authorizer: Authorizer, defaults: dict[str, str],
                        clock: Callable[[], float] | None = None) -> Iterator[ControllerService]:
     """One real voter (pysyncobj on loopback), its active QuorumController with brokers 1 and 2 registered, and the

@@ -4,16 +4,14 @@ The brokers are registered and never fetch, so a growth stays in progress for as
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 
 import pytest
-from quorum_helpers import free_port
+from quorum_helpers import single_voter
 from waiting import wait_for
 
 from metadata_quorum import features
 from metadata_quorum.controller import ControllerConfig, QuorumController
-from metadata_quorum.raft import MetadataRaft
 from proto import common_pb2
 from proto import controller_pb2 as pb
 from proto.errors import ErrorCode
@@ -23,18 +21,10 @@ KEPT = "but allowReplicationFactorChange is false"
 
 @pytest.fixture(scope="module")
 def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuorumController]:
-    raft = MetadataRaft(f"127.0.0.1:{free_port()}", [], tmp_path_factory.mktemp("reassign"),
-                        password=secrets.token_urlsafe(24))
-    try:
-        raft.wait_bound()
-        ctl = QuorumController(ControllerConfig(1, "reassign", defaults={
-            "initial.metadata.version": str(features.SUPPORTED_MAX)}), raft)
-
-        def ready() -> bool:
-            ctl.tick()
-            return ctl.is_active() and raft.read(lambda s: s.metadata_level) == features.SUPPORTED_MAX
-
-        wait_for(ready, 30, "the single voter active, at the highest level (a new cluster)")
+    config = ControllerConfig(1, "reassign", defaults={"initial.metadata.version": str(features.SUPPORTED_MAX)})
+    with single_voter(tmp_path_factory.mktemp("reassign"), config) as ctl:
+        wait_for(lambda: ctl.raft.read(lambda s: s.metadata_level) == features.SUPPORTED_MAX, 30,
+                 "the new cluster at the highest level")
         for b in (1, 2, 3, 4):
             r = ctl.register_broker(pb.RegisterBrokerRequest(
                 node_id=b, incarnation_id=f"i{b}", cluster_id="reassign", supported_metadata_level=features.SUPPORTED_MAX,
@@ -42,8 +32,6 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuorumContr
             ctl.heartbeat(pb.BrokerHeartbeatRequest(node_id=b, broker_epoch=r.broker_epoch,
                                                     current_metadata_version=1 << 40), 30)
         yield ctl
-    finally:
-        raft.destroy_synchronous()
 
 
 def _move(ctl: QuorumController, topic: str, replicas: list[int], *, keep: bool) -> tuple[int, str]:
