@@ -306,30 +306,29 @@ class QuorumController:
             current = self.raft.read(lambda s: s.metadata_level)
             if current >= level:
                 return  # nothing to do (initial.metadata.version 1), or an operator was first
-            nodes = self._node_levels(0.0)
-            older = [f"{n.role} {n.node_id} (supports up to {n.supported_max})" for n in nodes
+            try:
+                self.update_features(pb.UpdateFeaturesRequest(name=features.METADATA_VERSION, level=level),
+                                     INITIAL_LEVEL_ATTEMPT_TIMEOUT_S)
+            except errors.BrookError as exc:
+                problem = exc.message
+            else:
+                log.info("new cluster: %s finalized at %d (initial.metadata.version)", features.METADATA_VERSION,
+                         level)
+                return
+            # Why not, from the levels the attempt just learned (kept answers: no second round of questions).
+            older = [f"{n.role} {n.node_id} (supports up to {n.supported_max})"
+                     for n in self._node_levels(DESCRIBE_FEATURES_MAX_AGE_S, stale_ok=True)
                      if 0 < n.supported_max < level]
             if older:
                 log.warning("new cluster: %s stays at %d, not the initial.metadata.version %d: nodes of an older "
                             "release: %s. Once every node runs this release, raise it with `brook features upgrade "
                             "--level %d`", features.METADATA_VERSION, current, level, "; ".join(older), level)
                 return
-            unknown = [f"{n.role} {n.node_id} ({n.problem})" for n in nodes if n.supported_max <= 0]
-            if not unknown:
-                try:
-                    self.update_features(pb.UpdateFeaturesRequest(name=features.METADATA_VERSION, level=level),
-                                         INITIAL_LEVEL_ATTEMPT_TIMEOUT_S)
-                except errors.BrookError as exc:
-                    unknown = [exc.message]
-                else:
-                    log.info("new cluster: %s finalized at %d (initial.metadata.version)", features.METADATA_VERSION,
-                             level)
-                    return
             if time.monotonic() >= deadline:
                 log.warning("new cluster: %s stays at %d, not the initial.metadata.version %d: in %.0f s this "
-                            "controller could not learn that every node supports it: %s. Once every node runs this "
+                            "controller could not learn that every node supports it (%s). Once every node runs this "
                             "release, raise it with `brook features upgrade --level %d`", features.METADATA_VERSION,
-                            current, level, INITIAL_LEVEL_DEADLINE_S, "; ".join(unknown), level)
+                            current, level, INITIAL_LEVEL_DEADLINE_S, problem, level)
                 return
             time.sleep(INITIAL_LEVEL_RETRY_S)
 
@@ -563,8 +562,7 @@ class QuorumController:
                     raise errors.InvalidRequestError(f"{item.topic}-{item.partition} appears more than once")
                 seen.add((item.topic, item.partition))
                 epoch, current, rf = self.raft.read(lambda s, i=item: (
-                    _partition_epoch(s, i.topic, i.partition), list(_partition(s, i.topic, i.partition).replicas),
-                    len(_partition(s, i.topic, i.partition).target)))
+                    (p := _partition(s, i.topic, i.partition)).partition_epoch, list(p.replicas), len(p.target)))
                 added: dict[int, int] = {}
                 if not item.cancel and req.keep_replication_factor and item.replicas and \
                         len(set(item.replicas)) == len(item.replicas) and len(item.replicas) != rf:
@@ -1422,10 +1420,6 @@ def _partition(s: MetadataState, topic: str, index: int) -> PartitionState:
 def _smallest_rf(topic: Any) -> int:
     """The smallest replica count among a topic's partitions (they may differ from brook.metadata.version 5)."""
     return min(p.replication_factor for p in topic.partitions)
-
-
-def _partition_epoch(s: MetadataState, topic: str, index: int) -> int:
-    return _partition(s, topic, index).partition_epoch
 
 
 def _check_partitions_named(named: list[tuple[str, Any]], what: str) -> None:
