@@ -6,7 +6,7 @@ import contextlib
 import secrets
 import types
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from waiting import wait_for
@@ -74,29 +74,24 @@ def single_voter(directory: Path, config: ControllerConfig, **kwargs: object) ->
         raft.destroy_synchronous()
 
 
+def register_on(ctl: QuorumController, ids: Iterable[int], cluster_id: str, *, supported: int = 0) -> None:
+    """Register and heartbeat brokers on an in-process controller (``supported``: the highest feature level their
+    release reports; 0: none, as a release before feature levels)."""
+    for b in ids:
+        r = ctl.register_broker(pb.RegisterBrokerRequest(
+            node_id=b, incarnation_id=f"i{b}", cluster_id=cluster_id, supported_metadata_level=supported,
+            endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19000 + b)]), 30)
+        ctl.heartbeat(pb.BrokerHeartbeatRequest(node_id=b, broker_epoch=r.broker_epoch,
+                                                current_metadata_version=1 << 40), 30)
+
+
 @contextlib.contextmanager
 def in_process_service(directory: Path, cluster_id: str, authorizer: Authorizer, defaults: dict[str, str],
                        clock: Callable[[], float] | None = None) -> Iterator[ControllerService]:
     """One real voter (pysyncobj on loopback), its active QuorumController with brokers 1 and 2 registered, and the
     ControllerService in front of it, called in-process with a caller's identity (``caller``)."""
-    raft = MetadataRaft(f"127.0.0.1:{free_port()}", [], directory, password=secrets.token_urlsafe(24))
-    try:
-        raft.wait_bound()
-        ctl = QuorumController(ControllerConfig(1, cluster_id, defaults=defaults), raft,
-                               **({"clock": clock} if clock is not None else {}))
-
-        def active() -> bool:
-            ctl.tick()
-            return ctl.is_active()
-
-        wait_for(active, 30, "the single voter to become the active controller")
-        for b in (1, 2):
-            r = ctl.register_broker(pb.RegisterBrokerRequest(
-                node_id=b, incarnation_id=f"i{b}", cluster_id=cluster_id,
-                endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19000 + b)]), 30)
-            ctl.heartbeat(pb.BrokerHeartbeatRequest(node_id=b, broker_epoch=r.broker_epoch,
-                                                    current_metadata_version=1 << 40), 30)
-        yield ControllerService(ctl, raft, no_redirect, cluster_id=cluster_id, voter_ids={}, default_timeout_s=30,
+    with single_voter(directory, ControllerConfig(1, cluster_id, defaults=defaults),
+                      **({"clock": clock} if clock is not None else {})) as ctl:
+        register_on(ctl, (1, 2), cluster_id)
+        yield ControllerService(ctl, ctl.raft, no_redirect, cluster_id=cluster_id, voter_ids={}, default_timeout_s=30,
                                 authorizer=authorizer)
-    finally:
-        raft.destroy_synchronous()

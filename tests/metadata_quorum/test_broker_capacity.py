@@ -14,17 +14,14 @@ replays as unbounded.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 
 import pytest
-from quorum_helpers import free_port
-from waiting import wait_for
+from quorum_helpers import single_voter
 
 from metadata_quorum import commands as c
 from metadata_quorum.controller import ControllerConfig, QuorumController
 from metadata_quorum.placement import BrokerLoad, place_replicas
-from metadata_quorum.raft import MetadataRaft
 from metadata_quorum.state import MetadataState
 from proto import common_pb2, errors
 from proto import controller_pb2 as pb
@@ -187,20 +184,8 @@ def test_snapshot_written_before_capacities_restores_unbounded_and_new_ones_roun
 
 @pytest.fixture(scope="module")
 def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuorumController]:
-    raft = MetadataRaft(f"127.0.0.1:{free_port()}", [], tmp_path_factory.mktemp("capacity"),
-                        password=secrets.token_urlsafe(24))
-    try:
-        raft.wait_bound()
-        ctl = QuorumController(ControllerConfig(1, "capacity"), raft)
-
-        def active() -> bool:
-            ctl.tick()
-            return ctl.is_active()
-
-        wait_for(active, 30, "the single voter to become the active controller")
+    with single_voter(tmp_path_factory.mktemp("capacity"), ControllerConfig(1, "capacity")) as ctl:
         yield ctl
-    finally:
-        raft.destroy_synchronous()
 
 
 def _register(ctl: QuorumController, broker: int, capacity: int, incarnation: str = "") -> None:

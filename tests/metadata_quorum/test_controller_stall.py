@@ -9,15 +9,13 @@ nobody but the controller.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 
 import pytest
-from quorum_helpers import free_port
+from quorum_helpers import single_voter
 from waiting import wait_for
 
 from metadata_quorum.controller import ControllerConfig, QuorumController
-from metadata_quorum.raft import MetadataRaft
 from proto import common_pb2
 from proto import controller_pb2 as pb
 
@@ -35,20 +33,9 @@ class Clock:
 
 @pytest.fixture
 def voter(tmp_path) -> Iterator[tuple[QuorumController, Clock]]:  # type: ignore[no-untyped-def]
-    raft = MetadataRaft(f"127.0.0.1:{free_port()}", [], tmp_path / "v1", password=secrets.token_urlsafe(24))
     clock = Clock()
-    try:
-        raft.wait_bound()
-        ctl = QuorumController(ControllerConfig(1, "stall"), raft, clock=clock)
-
-        def active() -> bool:
-            ctl.tick()
-            return ctl.is_active()
-
-        wait_for(active, 30, "the single voter to become the active controller")
+    with single_voter(tmp_path / "v1", ControllerConfig(1, "stall"), clock=clock) as ctl:
         yield ctl, clock
-    finally:
-        raft.destroy_synchronous()
 
 
 def _register(ctl: QuorumController, broker: int, *, supported: int = 0, incarnation: str = "") -> int:

@@ -7,19 +7,16 @@ something is proposed, and "nothing was proposed" is checked exactly.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Iterator
 
 import pytest
-from quorum_helpers import free_port
-from waiting import wait_for
+from quorum_helpers import register_on, single_voter
 
 from metadata_quorum.controller import MAX_TOPICS_PER_REQUEST, ControllerConfig, QuorumController
-from metadata_quorum.raft import MetadataRaft
 from metadata_quorum.state import MAX_PARTITIONS_PER_TOPIC
-from proto import common_pb2, errors
 from proto import controller_pb2 as pb
+from proto import errors
 from proto.errors import ErrorCode
 
 pytestmark = pytest.mark.slow
@@ -29,26 +26,9 @@ DEFAULTS = {"min.insync.replicas": "2", "max.cluster.partitions": "60"}
 
 @pytest.fixture(scope="module")
 def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuorumController]:
-    raft = MetadataRaft(f"127.0.0.1:{free_port()}", [], tmp_path_factory.mktemp("limits"),
-                        password=secrets.token_urlsafe(24))
-    try:
-        raft.wait_bound()
-        ctl = QuorumController(ControllerConfig(1, "limits", defaults=DEFAULTS), raft)
-
-        def active() -> bool:
-            ctl.tick()
-            return ctl.is_active()
-
-        wait_for(active, 30, "the single voter to become the active controller")
-        for b in (1, 2, 3):
-            r = ctl.register_broker(pb.RegisterBrokerRequest(
-                node_id=b, incarnation_id=f"i{b}", cluster_id="limits",
-                endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19000 + b)]), 30)
-            ctl.heartbeat(pb.BrokerHeartbeatRequest(node_id=b, broker_epoch=r.broker_epoch,
-                                                    current_metadata_version=1 << 40), 30)
+    with single_voter(tmp_path_factory.mktemp("limits"), ControllerConfig(1, "limits", defaults=DEFAULTS)) as ctl:
+        register_on(ctl, (1, 2, 3), "limits")
         yield ctl
-    finally:
-        raft.destroy_synchronous()
 
 
 def create(ctl: QuorumController, *topics: pb.CreatableTopic) -> list[pb.TopicResult]:

@@ -7,12 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from quorum_helpers import single_voter
+from quorum_helpers import register_on, single_voter
 from waiting import wait_for
 
 from metadata_quorum import features
 from metadata_quorum.controller import ControllerConfig, QuorumController
-from proto import common_pb2
 from proto import controller_pb2 as pb
 from proto.errors import ErrorCode
 
@@ -25,12 +24,7 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuorumContr
     with single_voter(tmp_path_factory.mktemp("reassign"), config) as ctl:
         wait_for(lambda: ctl.raft.read(lambda s: s.metadata_level) == features.SUPPORTED_MAX, 30,
                  "the new cluster at the highest level")
-        for b in (1, 2, 3, 4):
-            r = ctl.register_broker(pb.RegisterBrokerRequest(
-                node_id=b, incarnation_id=f"i{b}", cluster_id="reassign", supported_metadata_level=features.SUPPORTED_MAX,
-                endpoints=[common_pb2.Endpoint(name="BROKER", host="127.0.0.1", port=19000 + b)]), 30)
-            ctl.heartbeat(pb.BrokerHeartbeatRequest(node_id=b, broker_epoch=r.broker_epoch,
-                                                    current_metadata_version=1 << 40), 30)
+        register_on(ctl, (1, 2, 3, 4), "reassign", supported=features.SUPPORTED_MAX)
         yield ctl
 
 
