@@ -561,18 +561,19 @@ class QuorumController:
                 if (item.topic, item.partition) in seen:
                     raise errors.InvalidRequestError(f"{item.topic}-{item.partition} appears more than once")
                 seen.add((item.topic, item.partition))
-                epoch, current, rf = self.raft.read(lambda s, i=item: (
-                    (p := _partition(s, i.topic, i.partition)).partition_epoch, list(p.replicas), len(p.target)))
+                epoch, current, rf, unregistered = self.raft.read(lambda s, i=item: (
+                    (p := _partition(s, i.topic, i.partition)).partition_epoch, list(p.replicas), len(p.target),
+                    [r for r in i.replicas if r not in s.brokers]))
                 added: dict[int, int] = {}
-                if not item.cancel and req.keep_replication_factor and item.replicas and \
+                if not item.cancel and req.keep_replication_factor and item.replicas and not unregistered and \
                         len(set(item.replicas)) == len(item.replicas) and len(item.replicas) != rf:
-                    # KIP-860, in Kafka's words; the size it keeps is the target's of a move in progress, as Kafka's
-                    # controller counts it (the replicas less the leaving ones). A list no move can take (empty,
-                    # a broker twice) is refused as such when applied. The partition epoch in the command makes
-                    # the check hold when the command is applied.
+                    # KIP-860 as Kafka's controller applies it (validatePartitionReplicationFactorUnchanged): its
+                    # words, and the count it keeps is the target's of a move in progress (the replicas and the
+                    # joining ones less the leaving ones). A list no move can take (empty, a broker twice, an
+                    # unregistered broker) is refused as such when applied, as Kafka checks the list first. The
+                    # partition epoch in the command makes the check hold when the command is applied.
                     raise errors.InvalidReplicationFactorError(
-                        f"The replication factor is changed from {rf} to {len(item.replicas)} but "
-                        "allowReplicationFactorChange is false")
+                        f"The replication factor is changed from {rf} to {len(item.replicas)}")
                 if not item.cancel:
                     self._check_target(item)
                     if room is None:

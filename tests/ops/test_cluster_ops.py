@@ -863,8 +863,7 @@ def test_set_replication_factor_grows_then_shrinks_a_topic_under_load(split_clus
         [p] = t.partitions
         return int(p.error_code), p.error_message
 
-    assert reassign(False) == (38, "The replication factor is changed from 3 to 2 but allowReplicationFactorChange "
-                                   "is false")
+    assert reassign(False) == (38, "The replication factor is changed from 3 to 2")  # Kafka's words
     assert len(partitions_of(admin, topic)[0].replicas) == 3
     assert reassign(True) == (0, None)
     wait_for(lambda: partitions_of(admin, topic)[0].replicas == tuple(target), 30, "partition 0 shrunk to 2")
