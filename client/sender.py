@@ -32,8 +32,10 @@ partitions keep their epoch and sequences.
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import logging
 import struct
+import sys
 import threading
 import time
 from collections import deque
@@ -62,6 +64,23 @@ _CRC_POS = 17
 _CRC_START = 21
 SEQUENCE_MODULUS = 2**31  # sequences wrap like Kafka's
 _OUT_OF_ORDER = (errors.ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, errors.ErrorCode.UNKNOWN_PRODUCER_ID)
+
+# The sender sleeps until a batch's linger.ms is up, a timer of a millisecond or two. Linux lets a
+# sleeping thread's timer fire up to the thread's "timer slack" late (50 us by default) so that it can
+# batch wake-ups; a batch then went out 90-130 us after its linger at the median (measured, 2-core
+# machine), on every batch. The sender's own slack is 1 us (prctl PR_SET_TIMERSLACK, this thread only).
+SENDER_TIMER_SLACK_NS = 1000
+_PR_SET_TIMERSLACK = 29
+
+
+def sharpen_timers(slack_ns: int = SENDER_TIMER_SLACK_NS) -> bool:
+    """Set the calling thread's timer slack (Linux); False where that cannot be done (nothing changes)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return int(ctypes.CDLL(None).prctl(_PR_SET_TIMERSLACK, slack_ns, 0, 0, 0)) == 0
+    except (OSError, AttributeError):  # no libc to ask, or one without prctl
+        return False
 
 
 def _precedes(a: ProducerBatch, b: ProducerBatch) -> bool:
@@ -143,6 +162,7 @@ class Sender(threading.Thread):
 
     # ---- main loop ----
     def run(self) -> None:
+        sharpen_timers()
         try:
             while self.running or self._has_work():
                 if self.force_close:
@@ -207,7 +227,12 @@ class Sender(threading.Thread):
                 if self._throttle_wait_s > 0:
                     wait_s = min(wait_s, self._throttle_wait_s) if wait_s > 0 else self._throttle_wait_s
                 if self.running or not self._has_work_locked():
-                    self.acc.wakeup.wait(min(wait_s, 1.0) if wait_s > 0 else 0.001 if unknown else 1.0)
+                    if wait_s > 0:  # until the time ready() named, not that long after this loop's work
+                        timeout = min(now + wait_s - time.monotonic(), 1.0)
+                    else:
+                        timeout = 0.001 if unknown else 1.0
+                    if timeout > 0:
+                        self.acc.wakeup.wait(timeout)
                 else:
                     self.acc.wakeup.wait(0.05)
                 return

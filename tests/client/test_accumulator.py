@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -10,6 +11,7 @@ import pytest
 from client import errors
 from client.accumulator import RecordAccumulator, estimate_record_bytes
 from client.producer import Producer
+from client.sender import SENDER_TIMER_SLACK_NS
 from client.types import TopicPartition
 from storage.record_batch import decode_batch
 
@@ -434,3 +436,24 @@ def test_a_retriable_answer_after_the_delivery_timeout_fails_the_batch_as_timed_
     with pytest.raises(errors.RequestTimedOutError):
         future.get(timeout=1)
     cluster.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is a Linux thread attribute")
+def test_the_sender_thread_sleeps_with_a_sharp_timer_and_leaves_other_threads_alone() -> None:
+    """linger.ms is a timer of a millisecond or two: the default 50 us timer slack let each batch go out
+    ~0.1 ms late. Only the sender's own thread is changed."""
+    def slack(thread: threading.Thread) -> int:
+        with open(f"/proc/{thread.native_id}/timerslack_ns") as f:  # a thread id names its /proc entry too
+            return int(f.read())
+
+    before = slack(threading.current_thread())
+    producer = Producer(bootstrap_servers="127.0.0.1:1", max_block_ms=300)
+    try:
+        sender = producer._sender
+        deadline = time.monotonic() + 10
+        while slack(sender) != SENDER_TIMER_SLACK_NS and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert slack(sender) == SENDER_TIMER_SLACK_NS, f"sender thread's timer slack is {slack(sender)} ns"
+        assert slack(threading.current_thread()) == before, "the application's thread must keep its timer slack"
+    finally:
+        producer.close(timeout=1)
