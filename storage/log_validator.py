@@ -170,7 +170,9 @@ class LogValidator:
         kind, i, a, b, min_delta, max_delta = record_walk.walk(data, start, end, h.record_count, self._compact)
         if kind != record_walk.OK:
             exc = _walk_error(kind, i, a, b, h.record_count, batch_pos)
-            if exc.code == errors.InvalidRecordError.code:
+            if kind == record_walk.NO_KEY:
+                exc.record_errors = _keyless_errors(data, start, end, h.record_count, batch_pos)
+            elif exc.code == errors.InvalidRecordError.code:
                 exc.record_errors = ((i, exc.message),)
             raise exc
         if not self._create_time:
@@ -220,6 +222,19 @@ class LogValidator:
             raise errors.InvalidTimestampError(f"batch at position {batch_pos}: a record's timestamp {min_ts} is "
                                     f"{now - min_ts} ms behind the broker's clock "
                                     f"(message.timestamp.before.max.ms {self._before_max_ms})")
+
+
+def _keyless_errors(data: Buffer, start: int, end: int, count: int, batch_pos: int) -> tuple[tuple[int, str], ...]:
+    """The keyless records of a batch refused by a compacted topic, as Kafka's LogValidator lists them (KIP-467):
+    every one, not only the first the walk stopped at, up to MAX_RECORD_ERRORS among the first RECORD_ERRORS_SCAN
+    records (a refused batch only: read again, in Python)."""
+    out: list[tuple[int, str]] = []
+    for i, key_length in enumerate(record_batch.key_lengths(data, start, end, min(count, RECORD_ERRORS_SCAN))):
+        if key_length == -1:
+            out.append((i, _walk_error(record_walk.NO_KEY, i, 0, 0, count, batch_pos).message))
+            if len(out) >= MAX_RECORD_ERRORS:
+                break
+    return tuple(out)
 
 
 def _walk_error(kind: int, i: int, a: int, b: int, count: int, batch_pos: int) -> errors.BrookError:

@@ -367,6 +367,29 @@ def timestamp_deltas(data: Buffer, start: int, end: int) -> Iterator[int]:
         p = body + length
 
 
+def key_lengths(data: Buffer, start: int, end: int, count: int) -> Iterator[int]:
+    """Each record's key length (-1: no key), in order, from the records section ``data[start:end]`` of a batch
+    the record walk refused at a record it could decode but not accept: the records after that one were never
+    walked, so this stops quietly, before yielding anything for it, at the first record whose bytes make no
+    sense. At most ``count`` records."""
+    view = bytes(memoryview(data)[start:end])
+    p = 0
+    for _ in range(count):
+        if p >= len(view):
+            return
+        try:
+            length, body = _read_varint(view, p)
+            if length < 6 or body + length > len(view):
+                return
+            _, q = _read_varint(view, body + 1)  # after the attributes byte: the timestamp delta
+            _, q = _read_varint(view, q)  # the offset delta
+            key_length, _ = _read_varint(view, q)
+        except (IndexError, errors.BrookError):
+            return
+        yield key_length
+        p = body + length
+
+
 @dataclass(slots=True)
 class Record:
     offset: int

@@ -185,9 +185,27 @@ def test_a_refused_record_is_named_in_record_errors_by_its_index_among_the_parti
     the batches before theirs (Brook takes several batches a partition; Kafka's producers send one)."""
     lg = Log.open(tmp_path / "c-0", LogConfig(cleanup_policy=("compact",)))
     first = batch(record(0, b"a") + record(1, b"b"), count=2)
-    second = batch(record(0, b"c") + record(1, None) + record(2, None), count=3)
+    second = batch(record(0, b"c") + record(1, None) + record(2, b"d") + record(3, None), count=4)
     refused = assert_refused(lg, first + second, INVALID, "record 1 of batch at position")
-    assert refused.record_errors == ((3, refused.message),)  # the walk stops at the first: record 2 + 1
+    # Every keyless record, as Kafka's LogValidator lists them, not only the one the walk stopped at.
+    pos = len(first)
+    assert refused.record_errors == ((3, refused.message),
+                                     (5, f"record 3 of batch at position {pos} has no key; a compacted topic needs one"))
+    lg.close()
+
+
+def test_keyless_records_are_listed_up_to_the_bound_and_up_to_bytes_that_make_no_sense(tmp_path: Path) -> None:
+    """The records after the first keyless one were never walked: the listing reads them again, stops at the
+    first that does not decode, and lists at most MAX_RECORD_ERRORS (a hostile batch costs a bounded scan)."""
+    from storage.log_validator import MAX_RECORD_ERRORS
+    lg = Log.open(tmp_path / "c-0", LogConfig(cleanup_policy=("compact",)))
+    many = b"".join(record(i, None) for i in range(MAX_RECORD_ERRORS + 50))
+    refused = assert_refused(lg, batch(many, count=MAX_RECORD_ERRORS + 50), INVALID, "has no key")
+    assert [i for i, _ in refused.record_errors] == list(range(MAX_RECORD_ERRORS))
+    # A third record of 20 bytes of 0xff: its timestamp delta is a varint of more than ten bytes.
+    garbage = record(0, None) + record(1, None) + varint(20) + b"\xff" * 20
+    refused = assert_refused(lg, batch(garbage, count=3), INVALID, "record 0 of batch at position 0 has no key")
+    assert [i for i, _ in refused.record_errors] == [0, 1]
     lg.close()
 
 
