@@ -43,7 +43,7 @@ class BatchCompletion:
     """The outcome of one batch, shared by the futures of all its records."""
 
     __slots__ = ("event", "error", "base_offset", "log_append_time_ms", "callbacks", "lock", "topic", "partition",
-                 "completed_at", "dispatched")
+                 "opened_at", "sent_at", "completed_at", "dispatched")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -54,7 +54,11 @@ class BatchCompletion:
         self.log_append_time_ms = -1
         self.callbacks: list[tuple[RecordFuture, Callable[[RecordFuture], Any]]] | None = None
         self.lock = threading.Lock()
-        self.completed_at = 0.0  # time.monotonic() at completion (perf tools measure latency with it)
+        # time.monotonic() when its batch was opened, last sent and completed (0.0: not yet): perf tools measure
+        # latency with them, and split it into the wait in the producer and the request's round trip.
+        self.opened_at = 0.0
+        self.sent_at = 0.0
+        self.completed_at = 0.0
         self.dispatched = False  # callbacks ran (or run at once when added)
 
     def add_callback(self, future: RecordFuture, fn: Callable[[RecordFuture], Any]) -> None:
@@ -216,7 +220,7 @@ class ProducerBatch:
         # also where the builder has the Python writer); the compiled Appender appends through it too.
         self.append_future = getattr(builder.records_writer, "append_future", None) if _FAST_APPEND else None
         self.completion = BatchCompletion(tp.topic, tp.partition)
-        self.created = now
+        self.completion.opened_at = self.created = now
         self.deadline = now + delivery_timeout_s
         self.size_bytes = 0  # header + records, reserved against buffer.memory until completion
         self._record_count = 0  # once built (the builder counts until then)

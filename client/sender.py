@@ -414,7 +414,7 @@ class Sender(threading.Thread):
                     payload = batch.payload = stamp_producer_state(payload, *state)
                     batch.stamped = state
             batch.attempts += 1
-            batch.last_attempt = now
+            batch.last_attempt = batch.completion.sent_at = now
             parts.append(broker_pb2.ProducePartitionData(topic=batch.tp.topic, partition=batch.tp.partition,
                                                          records=payload))
         request = broker_pb2.ProduceRequest(acks=self.config.acks, timeout_ms=self.config.request_timeout_ms,

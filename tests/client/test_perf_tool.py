@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gc
+import time
+
+import pytest
 
 from client import errors
 from client.accumulator import BatchCompletion, RecordFuture
@@ -76,3 +79,47 @@ def test_consume_counts_every_record_and_the_bytes_of_its_value() -> None:
 
     result = run_consume(Consumer(), 5, timeout_ms=1000)  # type: ignore[arg-type]
     assert (result.records, result.bytes) == (5, 3 + 5 + 100)
+
+
+def test_each_acknowledged_batch_is_split_into_its_wait_in_the_producer_and_its_round_trip() -> None:
+    """The latency of a produce is its batch's wait in the producer (linger.ms, a request slot, a retry) plus the
+    request's round trip: printed per batch, as Kafka's record-queue-time and request-latency split it. A failed
+    batch has no round trip to tell."""
+    producer = _TwoBatches()
+    ok, failed = producer.batches
+    now = time.monotonic()
+    ok.opened_at, ok.sent_at = now - 0.005, now - 0.003
+    failed.opened_at, failed.sent_at = now - 0.005, now - 0.001
+    try:
+        result = run_produce(producer, "t", 5, 10, -1)  # type: ignore[arg-type]
+    finally:
+        gc.unfreeze()
+    assert result.batch_wait_ms == [pytest.approx(2.0)], result.batch_wait_ms
+    [trip] = result.round_trip_ms
+    assert 3.0 <= trip < 60_000, trip
+    line = result.batch_line()
+    assert line is not None and line.startswith("1 batches: opened to sent") and "p50 2.00 ms" in line, line
+    assert "ms 99th" not in line, "the bench reads the record p99 from the summary line's last 'ms 99th'"
+
+
+def test_the_sender_stamps_each_attempt_on_the_batch_outcome() -> None:
+    from client.accumulator import RecordAccumulator
+    from client.cluster import ClusterClient
+    from client.sender import Sender, SenderConfig
+
+    acc = RecordAccumulator(batch_size=1 << 14, linger_ms=0, buffer_memory=1 << 20, compression=0, max_block_ms=200,
+                            delivery_timeout_ms=30_000, retry_backoff_ms=10)
+    future = acc.append(TopicPartition("t", 0), 1000, None, b"v", [], 64)
+    cluster = ClusterClient("127.0.0.1:1", request_timeout_ms=100)
+    sender = Sender(cluster, acc, SenderConfig(acks=-1, request_timeout_ms=100, max_request_size=1 << 20,
+                                               max_in_flight=5, retries=3, retry_backoff_ms=10, idempotent=False))
+    try:
+        with acc.lock:
+            [batch] = sender._drain_node(1, [TopicPartition("t", 0)])
+            sender.in_flight_requests[1] = 1
+        sender._send(1, [batch])  # broker 1 is unknown here: the attempt fails and the batch waits for a retry
+        outcome = future.batch_outcome
+        assert outcome.opened_at == batch.created > 0
+        assert outcome.sent_at == batch.last_attempt >= outcome.opened_at, (outcome.sent_at, batch.last_attempt)
+    finally:
+        cluster.close()
