@@ -41,6 +41,14 @@ LATENCY_SAMPLES_MAX = 50_000
 DEFAULT_BOOTSTRAP = os.environ.get("BROOK_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 
 
+def _percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank, as Kafka's perf tools take it); NaN when empty."""
+    if not values:
+        return float("nan")
+    data = sorted(values)
+    return data[min(len(data) - 1, int(q * len(data)))]
+
+
 @dataclass
 class PerfResult:
     records: int
@@ -64,20 +72,13 @@ class PerfResult:
         return self.bytes / (1024 * 1024) / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def percentile(self, q: float) -> float:
-        if not self.latencies_ms:
-            return float("nan")
-        data = sorted(self.latencies_ms)
-        return data[min(len(data) - 1, int(q * len(data)))]
+        return _percentile(self.latencies_ms, q)
 
     def batch_line(self) -> str | None:
         """Where the producer's latency went, per batch; None without batch timings (consume)."""
         if not self.round_trip_ms:
             return None
-
-        def p(values: list[float], q: float) -> float:
-            data = sorted(values)
-            return data[min(len(data) - 1, int(q * len(data)))]
-
+        p = _percentile
         wait, trip = self.batch_wait_ms, self.round_trip_ms
         return (f"{len(trip)} batches: opened to sent (linger.ms and waits in the producer) p50 {p(wait, 0.5):.2f} "
                 f"ms, p99 {p(wait, 0.99):.2f} ms; sent to acknowledged (the request's round trip) p50 "

@@ -355,23 +355,10 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
     raise errors.InvalidRecordError(f"varint at record position {pos} is longer than {_MAX_VARINT_BYTES} bytes")
 
 
-def timestamp_deltas(data: Buffer, start: int, end: int) -> Iterator[int]:
-    """Each record's timestamp delta, in order, from the records section ``data[start:end]`` of a batch the record
-    walk (storage/record_walk.py) has accepted: length, attributes (one byte), then the delta."""
-    view = bytes(memoryview(data)[start:end])
-    p = 0
-    while p < len(view):
-        length, body = _read_varint(view, p)
-        delta, _ = _read_varint(view, body + 1)
-        yield delta
-        p = body + length
-
-
-def key_lengths(data: Buffer, start: int, end: int, count: int) -> Iterator[int]:
-    """Each record's key length (-1: no key), in order, from the records section ``data[start:end]`` of a batch
-    the record walk refused at a record it could decode but not accept: the records after that one were never
-    walked, so this stops quietly, before yielding anything for it, at the first record whose bytes make no
-    sense. At most ``count`` records."""
+def _record_heads(data: Buffer, start: int, end: int, count: int) -> Iterator[tuple[int, int]]:
+    """(timestamp delta, key length) of each record of the records section ``data[start:end]``, in order, at
+    most ``count``: length, attributes (one byte), timestamp delta, offset delta, key length. It stops quietly
+    at the first record whose bytes make no sense (a section the record walk refused part way)."""
     view = bytes(memoryview(data)[start:end])
     p = 0
     for _ in range(count):
@@ -381,13 +368,29 @@ def key_lengths(data: Buffer, start: int, end: int, count: int) -> Iterator[int]
             length, body = _read_varint(view, p)
             if length < 6 or body + length > len(view):
                 return
-            _, q = _read_varint(view, body + 1)  # after the attributes byte: the timestamp delta
-            _, q = _read_varint(view, q)  # the offset delta
+            delta, q = _read_varint(view, body + 1)
+            _, q = _read_varint(view, q)
             key_length, _ = _read_varint(view, q)
         except (IndexError, errors.BrookError):
             return
-        yield key_length
+        yield delta, key_length
         p = body + length
+
+
+def timestamp_deltas(data: Buffer, start: int, end: int) -> Iterator[int]:
+    """Each record's timestamp delta, in order, from the records section ``data[start:end]`` of a batch the record
+    walk (storage/record_walk.py) has accepted."""
+    for delta, _ in _record_heads(data, start, end, (end - start) // 6 + 1):  # a record takes at least 6 bytes
+        yield delta
+
+
+def key_lengths(data: Buffer, start: int, end: int, count: int) -> Iterator[int]:
+    """Each record's key length (-1: no key), in order, from the records section ``data[start:end]`` of a batch
+    the record walk refused at a record it could decode but not accept: the records after that one were never
+    walked, so this stops quietly, before yielding anything for it, at the first record whose bytes make no
+    sense. At most ``count`` records."""
+    for _, key_length in _record_heads(data, start, end, count):
+        yield key_length
 
 
 @dataclass(slots=True)
