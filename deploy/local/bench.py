@@ -28,7 +28,8 @@ factor 3:
 Each step prints the perf tool's own summary line. Figures depend on the machine and
 on what else runs on it; nothing here asserts on them. Before and after the steps it prints
 how long a fixed pure-Python workload takes on this machine now, which tells a fast hour
-of a shared machine from a slow one.
+of a shared machine from a slow one; after each latency run, the stalls of the whole machine
+during it (``deploy.local.pause_watch``), which decide a run's p99 when there are any.
 
     python -m deploy.local.bench [--records 1000000] [--latency-records 100000]
 """
@@ -51,6 +52,7 @@ from typing import Any
 
 from client.perf import consume_main, e2e_main, produce_main
 from deploy.local.cluster import CLIENT_PROPERTIES, LocalCluster, rss_bytes
+from deploy.local.pause_watch import PauseWatch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,10 +106,12 @@ def main(argv: list[str] | None = None) -> int:
             cpu_at_start.update(node_cpu_seconds(cluster))
             started.append(time.monotonic())
 
-        steps.append(("produce 10k/s", produce_main([*common, "--topic", "bench-latency", "--acks", "all",
-                                                     "--throughput", "10000", "--batch-size", "16384",
-                                                     "--num-records", str(args.latency_records),
-                                                     "--warmup-records", "5000"], on_measuring=measuring)))
+        with PauseWatch() as pauses:
+            steps.append(("produce 10k/s", produce_main([*common, "--topic", "bench-latency", "--acks", "all",
+                                                         "--throughput", "10000", "--batch-size", "16384",
+                                                         "--num-records", str(args.latency_records),
+                                                         "--warmup-records", "5000"], on_measuring=measuring)))
+        print(f"   {pauses.line()}", flush=True)
         after = produce_times(cluster)
         _print_produce_times(before, after)
         if started and "local" in after:
@@ -118,10 +122,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   {line}", flush=True)
         print("== 3b. end to end at 10,000 records/s, acks=all: send() until a consumer (its own process) "
               "polls the record", flush=True)
-        steps.append(("end-to-end 10k/s", e2e_main([
-            "--bootstrap-servers", bootstrap, "--topic", "bench-e2e", "--partitions", str(args.partitions),
-            "--replication-factor", "3", "--record-size", "100", "--acks", "all", "--throughput", "10000",
-            "--num-records", str(args.latency_records)])))
+        with PauseWatch() as pauses:
+            steps.append(("end-to-end 10k/s", e2e_main([
+                "--bootstrap-servers", bootstrap, "--topic", "bench-e2e", "--partitions", str(args.partitions),
+                "--replication-factor", "3", "--record-size", "100", "--acks", "all", "--throughput", "10000",
+                "--num-records", str(args.latency_records)])))
+        print(f"   {pauses.line()}", flush=True)
         if not args.no_tuned:
             linger, in_flight = str(args.tuned_linger_ms), str(args.tuned_max_in_flight)
             tuned = ["--linger-ms", linger, "--producer-config", f"max_in_flight_requests_per_connection={in_flight}"]
@@ -404,7 +410,9 @@ def _latency_run(name: str, run: int, p99s: list[float], fn: Callable[[list[str]
                  argv: list[str]) -> tuple[str, int]:
     """One run of a repeated latency step: its output echoed, its p99 added to ``p99s``."""
     output: list[str] = []
-    rc, _ = run_perf(fn, argv, output)
+    with PauseWatch() as pauses:
+        rc, _ = run_perf(fn, argv, output)
+    print(f"   {pauses.line()}", flush=True)
     match = _P99.findall("".join(output))
     if rc == 0 and match:
         p99s.append(float(match[-1]))
