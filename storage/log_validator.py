@@ -171,7 +171,7 @@ class LogValidator:
         if kind != record_walk.OK:
             exc = _walk_error(kind, i, a, b, h.record_count, batch_pos)
             if kind == record_walk.NO_KEY:
-                exc.record_errors = _keyless_errors(data, start, end, h.record_count, batch_pos)
+                exc = self._compacted_refusal(exc, data, start, end, h, batch_pos, now)
             elif exc.code == errors.InvalidRecordError.code:
                 exc.record_errors = ((i, exc.message),)
             raise exc
@@ -185,6 +185,38 @@ class LogValidator:
             exc.record_errors = self._timestamp_errors(data, start, end, h, now, exc.message)
             raise
         return _RecordsSummary(max_ts)
+
+    def _compacted_refusal(self, exc: errors.BrookError, data: Buffer, start: int, end: int, h: BatchHeader,
+                           batch_pos: int, now: int) -> errors.BrookError:
+        """A compacted topic's batch with keyless records (``exc``: the walk's error at the first one), as Kafka's
+        LogValidator answers it (KIP-467): each record is checked for its key, then, if it has one, for its
+        timestamp; every record found wanting is listed, and the partition's error is INVALID_TIMESTAMP if any
+        of them has a bad timestamp, INVALID_RECORD otherwise. At most MAX_RECORD_ERRORS among the first
+        RECORD_ERRORS_SCAN records, read again in Python (a refused batch only); the records after the first
+        keyless one were never walked, so the listing stops quietly at the first whose bytes make no sense."""
+        out: list[tuple[int, str]] = []
+        late = 0
+        for i, (delta, key_length) in enumerate(record_batch.record_heads(data, start, end,
+                                                                          min(h.record_count, RECORD_ERRORS_SCAN))):
+            if key_length == -1:
+                out.append((i, _walk_error(record_walk.NO_KEY, i, 0, 0, h.record_count, batch_pos).message))
+            elif self._create_time:
+                ts = h.base_timestamp + delta
+                try:
+                    self._check_timestamps(h, -1, ts, ts, now)
+                except errors.InvalidTimestampError as bad:
+                    out.append((i, bad.message.split(": ", 1)[-1]))
+                    late += 1
+                except errors.BrookError:
+                    pass  # a timestamp past 64 bits: the record walk refuses it as it reaches it, with its own error
+            if len(out) >= MAX_RECORD_ERRORS:
+                break
+        if late:
+            exc = errors.InvalidTimestampError(
+                f"batch at position {batch_pos}: {len(out) - late} record(s) without a key (a compacted topic needs "
+                f"one) and {late} with a timestamp out of range; record_errors lists each")
+        exc.record_errors = tuple(out)
+        return exc
 
     def _timestamp_errors(self, data: Buffer, start: int, end: int, h: BatchHeader, now: int,
                           why: str) -> tuple[tuple[int, str], ...]:
@@ -222,19 +254,6 @@ class LogValidator:
             raise errors.InvalidTimestampError(f"batch at position {batch_pos}: a record's timestamp {min_ts} is "
                                     f"{now - min_ts} ms behind the broker's clock "
                                     f"(message.timestamp.before.max.ms {self._before_max_ms})")
-
-
-def _keyless_errors(data: Buffer, start: int, end: int, count: int, batch_pos: int) -> tuple[tuple[int, str], ...]:
-    """The keyless records of a batch refused by a compacted topic, as Kafka's LogValidator lists them (KIP-467):
-    every one, not only the first the walk stopped at, up to MAX_RECORD_ERRORS among the first RECORD_ERRORS_SCAN
-    records (a refused batch only: read again, in Python)."""
-    out: list[tuple[int, str]] = []
-    for i, key_length in enumerate(record_batch.key_lengths(data, start, end, min(count, RECORD_ERRORS_SCAN))):
-        if key_length == -1:
-            out.append((i, _walk_error(record_walk.NO_KEY, i, 0, 0, count, batch_pos).message))
-            if len(out) >= MAX_RECORD_ERRORS:
-                break
-    return tuple(out)
 
 
 def _walk_error(kind: int, i: int, a: int, b: int, count: int, batch_pos: int) -> errors.BrookError:

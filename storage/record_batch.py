@@ -355,10 +355,11 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
     raise errors.InvalidRecordError(f"varint at record position {pos} is longer than {_MAX_VARINT_BYTES} bytes")
 
 
-def _record_heads(data: Buffer, start: int, end: int, count: int) -> Iterator[tuple[int, int]]:
+def record_heads(data: Buffer, start: int, end: int, count: int) -> Iterator[tuple[int, int]]:
     """(timestamp delta, key length) of each record of the records section ``data[start:end]``, in order, at
-    most ``count``: length, attributes (one byte), timestamp delta, offset delta, key length. It stops quietly
-    at the first record whose bytes make no sense (a section the record walk refused part way)."""
+    most ``count``: length, attributes (one byte), timestamp delta, offset delta, key length. It stops quietly,
+    before yielding anything for it, at the first record whose bytes make no sense: a batch the record walk
+    refused at a record it could decode but not accept was never walked past that record."""
     view = bytes(memoryview(data)[start:end])
     p = 0
     for _ in range(count):
@@ -380,17 +381,8 @@ def _record_heads(data: Buffer, start: int, end: int, count: int) -> Iterator[tu
 def timestamp_deltas(data: Buffer, start: int, end: int) -> Iterator[int]:
     """Each record's timestamp delta, in order, from the records section ``data[start:end]`` of a batch the record
     walk (storage/record_walk.py) has accepted."""
-    for delta, _ in _record_heads(data, start, end, (end - start) // 6 + 1):  # a record takes at least 6 bytes
+    for delta, _ in record_heads(data, start, end, (end - start) // 6 + 1):  # a record takes at least 6 bytes
         yield delta
-
-
-def key_lengths(data: Buffer, start: int, end: int, count: int) -> Iterator[int]:
-    """Each record's key length (-1: no key), in order, from the records section ``data[start:end]`` of a batch
-    the record walk refused at a record it could decode but not accept: the records after that one were never
-    walked, so this stops quietly, before yielding anything for it, at the first record whose bytes make no
-    sense. At most ``count`` records."""
-    for _, key_length in _record_heads(data, start, end, count):
-        yield key_length
 
 
 @dataclass(slots=True)

@@ -394,4 +394,9 @@ def test_a_refused_produce_names_its_records_in_record_errors(cluster: LocalClus
     ahead = produce([(now, b"a"), (now + 3 * 3600_000, b"b"), (now, b"c"), (now + 5 * 3600_000, b"d")])
     assert int(ahead.error_code) == 32, ahead  # INVALID_TIMESTAMP: an hour ahead at most, Kafka 4's default
     assert [e.batch_index for e in ahead.record_errors] == [1, 3]
+    # Both kinds in one batch: Kafka checks the key first, and answers INVALID_TIMESTAMP if any timestamp is bad.
+    mixed = produce([(now, b"a"), (now, None), (now + 3 * 3600_000, b"c"), (now + 3 * 3600_000, None)])
+    assert int(mixed.error_code) == 32, mixed
+    assert [(e.batch_index, "has no key" in e.batch_index_error_message) for e in mixed.record_errors] == [
+        (1, True), (2, False), (3, True)]
     assert int(produce([(now, b"a")]).error_code) == 0

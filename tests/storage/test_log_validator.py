@@ -209,6 +209,31 @@ def test_keyless_records_are_listed_up_to_the_bound_and_up_to_bytes_that_make_no
     lg.close()
 
 
+def test_keyless_records_and_bad_timestamps_are_listed_together_as_kafka_does(tmp_path: Path) -> None:
+    """Kafka's LogValidator checks each record's key, then, if it has one, its timestamp, and answers
+    INVALID_TIMESTAMP when any record's timestamp is out of range (KIP-467): both kinds are listed."""
+    now = int(time.time() * 1000)
+    hour = 3600 * 1000
+    lg = Log.open(tmp_path / "c-0", LogConfig(cleanup_policy=("compact",)))
+    section = (record(0, b"a") + record(1, None) + record(2, b"c", ts_delta=3 * hour)
+               + record(3, None, ts_delta=5 * hour) + record(4, b"e"))
+    refused = assert_refused(lg, batch(section, count=5, base_ts=now), ErrorCode.INVALID_TIMESTAMP,
+                             "2 record(s) without a key (a compacted topic needs one) and 1 with a "
+                             "timestamp out of range")
+    # Record 3 has neither: its key is checked first, so it is listed for that alone, as Kafka does.
+    assert [(i, "has no key" in why, "ahead of the broker's clock" in why) for i, why in refused.record_errors] == [
+        (1, True, False), (2, False, True), (3, True, False)]
+    # Keyless records with good timestamps: INVALID_RECORD, as before.
+    refused = assert_refused(lg, batch(record(0, None) + record(1, b"b"), count=2, base_ts=now), INVALID, "has no key")
+    assert [i for i, _ in refused.record_errors] == [0]
+    lg.close()
+    # A LogAppendTime topic takes any timestamp (the broker stamps its own): only the keyless records are named.
+    lg = Log.open(tmp_path / "a-0", LogConfig(cleanup_policy=("compact",), message_timestamp_type="LogAppendTime"))
+    refused = assert_refused(lg, batch(section, count=5, base_ts=now), INVALID, "has no key")
+    assert [i for i, _ in refused.record_errors] == [1, 3]
+    lg.close()
+
+
 def test_keyless_record_on_delete_topic_is_accepted(log: Log) -> None:
     log.append_as_leader(valid(3, keys=False), 0)
 
