@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 import timeit
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,19 +134,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== 3c. steps 3 and 3b again with linger.ms {linger} and {in_flight} requests in flight per broker "
                   f"(the producer's defaults: 5 and 5), {args.tuned_runs} runs each on a topic of its own", flush=True)
             p99s: dict[str, list[float]] = {"produce": [], "end-to-end": []}
+            stalled: dict[str, list[bool]] = {"produce": [], "end-to-end": []}
             for run in range(1, args.tuned_runs + 1):
                 steps.append(_latency_run(f"produce 10k/s linger {linger} in-flight {in_flight}", run,
                                           p99s["produce"], produce_main, [
                     *common, "--topic", f"bench-latency-tuned-{run}", "--acks", "all", "--throughput", "10000",
                     "--batch-size", "16384", "--num-records", str(args.latency_records), "--warmup-records", "5000",
-                    *tuned]))
+                    *tuned], stalled["produce"]))
                 steps.append(_latency_run(f"end-to-end 10k/s linger {linger} in-flight {in_flight}", run,
                                           p99s["end-to-end"], e2e_main, [
                     "--bootstrap-servers", bootstrap, "--topic", f"bench-e2e-tuned-{run}",
                     "--partitions", str(args.partitions), "--replication-factor", "3", "--record-size", "100",
-                    "--acks", "all", "--throughput", "10000", "--num-records", str(args.latency_records), *tuned]))
+                    "--acks", "all", "--throughput", "10000", "--num-records", str(args.latency_records), *tuned],
+                    stalled["end-to-end"]))
             for what, goal in (("produce", 5.0), ("end-to-end", 10.0)):
-                print(f"   {runs_line(what, p99s[what], goal)}", flush=True)
+                print(f"   {runs_line(what, p99s[what], goal, stalled[what])}", flush=True)
         steps += _kafka_steps(args, cluster, figures)
         _print_rss(cluster, "after the benchmark steps")
         _long_poll_flood(cluster)
@@ -407,8 +409,9 @@ def _measured(figures: dict[tuple[str, str], str], key: tuple[str, str], fn: Cal
 
 
 def _latency_run(name: str, run: int, p99s: list[float], fn: Callable[[list[str]], int],
-                 argv: list[str]) -> tuple[str, int]:
-    """One run of a repeated latency step: its output echoed, its p99 added to ``p99s``."""
+                 argv: list[str], stalled: list[bool]) -> tuple[str, int]:
+    """One run of a repeated latency step: its output echoed, its p99 added to ``p99s`` and whether the
+    machine stalled during it to ``stalled``."""
     output: list[str] = []
     with PauseWatch() as pauses:
         rc, _ = run_perf(fn, argv, output)
@@ -416,17 +419,25 @@ def _latency_run(name: str, run: int, p99s: list[float], fn: Callable[[list[str]
     match = _P99.findall("".join(output))
     if rc == 0 and match:
         p99s.append(float(match[-1]))
+        stalled.append(bool(pauses.pauses_ms))
     return f"{name} (run {run})", rc
 
 
-def runs_line(what: str, p99s: list[float], goal_ms: float) -> str:
-    """The p99s of a repeated latency step in the order run, their median and how many met the goal."""
+def runs_line(what: str, p99s: list[float], goal_ms: float, stalled: Sequence[bool] = ()) -> str:
+    """The p99s of a repeated latency step in the order run, their median and how many met the goal; with
+    ``stalled`` (per run: the machine stalled during it), those runs marked and the others counted apart."""
     if not p99s:
         return f"{what} p99: no run completed"
     median = statistics.median(p99s)
     met = sum(1 for p in p99s if p <= goal_ms)
-    return (f"{what} p99 over {len(p99s)} runs: {', '.join(f'{p:.2f}' for p in p99s)} ms; median {median:.2f} ms; "
-            f"{met} of {len(p99s)} within the goal of {goal_ms:g} ms")
+    marks = ["*" if i < len(stalled) and stalled[i] else "" for i in range(len(p99s))]
+    line = (f"{what} p99 over {len(p99s)} runs: {', '.join(f'{p:.2f}{m}' for p, m in zip(p99s, marks, strict=True))} "
+            f"ms; median {median:.2f} ms; {met} of {len(p99s)} within the goal of {goal_ms:g} ms")
+    if any(marks):
+        calm = [p for p, m in zip(p99s, marks, strict=True) if not m]
+        line += (f" (* the machine stalled during the run; of the {len(calm)} other run(s), "
+                 f"{sum(1 for p in calm if p <= goal_ms)} within)")
+    return line
 
 
 _RATE = re.compile(r"records \w+, ([\d.]+) records/sec")
