@@ -1,25 +1,32 @@
-"""Stalls of the whole machine during a benchmark: a process that does nothing but sleep.
+"""Stalls of the machine during a benchmark: processes that do nothing but sleep, one per core.
 
-On the shared 2-core virtual machines Brook is measured on, every process now and then stops
-for 10-65 ms at once: the client's send loop, every broker's event loop and a process that only
-sleeps all resume late by the same amount at the same moment, on an idle machine as on a busy
-one (README, Client performance). Nothing a broker or the client does can shorten such a pause,
-but one of them in a 10-second latency run decides its p99: the records in flight wait it out,
-and the ones the paced sender owes are sent in one burst after it.
+On the shared 2-core virtual machines Brook is measured on, processes now and then stop for
+10-65 ms: the client's send loop, every broker's event loop and a process that only sleeps
+resume late by the same amount at the same moment, on an idle machine as on a busy one
+(README, Client performance). The host stops the VM's cores, both or one: a stalled core stops
+whatever runs on it, and a broker stopped in the middle of a request holds up every partition
+it leads or follows. Nothing a broker or the client does can shorten such a stall, but one of
+them in a 10-second latency run decides its p99: the records in flight wait it out, and the
+ones the paced sender owes are sent in one burst after it.
 
-``PauseWatch`` runs this module in a process of its own (``python -m deploy.local.pause_watch``):
-it sleeps ``interval_ms`` at a time and writes a line for every wake-up that came
-``threshold_ms`` or more late, until its stdin closes. The benchmark prints them next to each
-latency figure, so that a run's p99 can be read against the stalls it had: not a figure of Brook's.
+``PauseWatch`` runs this module once per core (``python -m deploy.local.pause_watch --cpu N``),
+each process pinned to its core: it sleeps ``interval_ms`` at a time and writes a line for every
+wake-up that came ``threshold_ms`` or more late, until its stdin closes. Pinned, a watcher cannot
+be moved to the other core, so a stall of its core reaches it. The benchmark prints the stalls
+next to each latency figure, so that a run's p99 can be read against them: not a figure of
+Brook's. A core that is busy but not stalled wakes a watcher within a scheduler slice (a few ms),
+well under the threshold.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import selectors
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from types import TracebackType
 
 DEFAULT_INTERVAL_MS = 2.0
@@ -27,12 +34,12 @@ DEFAULT_INTERVAL_MS = 2.0
 # (about 3 ms on the development machine); 10 ms is well beyond that, and a pause this long
 # holds up about 100 records at 10,000 a second.
 DEFAULT_THRESHOLD_MS = 10.0
-MAX_REPORTED = 1000  # lines the watcher writes at most: an overloaded machine must not flood the pipe
+MAX_REPORTED = 1000  # lines a watcher writes at most: an overloaded machine must not flood the pipe
 
 
 def watch(interval_s: float, threshold_s: float) -> None:
-    """The watcher's loop: sleep, and report each wake-up ``threshold_s`` or more late as
-    ``<late ms> <when, time.monotonic()>`` on stdout. Ends when stdin closes."""
+    """A watcher's loop: sleep, and report each wake-up ``threshold_s`` or more late as
+    ``<late ms> <when it woke, time.monotonic()>`` on stdout. Ends when stdin closes."""
     selector = selectors.DefaultSelector()
     selector.register(sys.stdin, selectors.EVENT_READ)
     reported = 0
@@ -43,66 +50,118 @@ def watch(interval_s: float, threshold_s: float) -> None:
         now = time.monotonic()
         late = now - due
         if late >= threshold_s and reported < MAX_REPORTED:
-            sys.stdout.write(f"{late * 1000:.1f} {now:.3f}\n")
+            sys.stdout.write(f"{late * 1000:.1f} {now:.6f}\n")
             sys.stdout.flush()
             reported += 1
         due = now + interval_s
 
 
-class PauseWatch:
-    """``with PauseWatch() as w: <a latency run>``; then ``w.pauses_ms`` and ``w.line()``."""
+@dataclass
+class Stall:
+    """One stall: how long (the longest any watcher saw of it), when it ended, and the cores it reached."""
 
-    def __init__(self, interval_ms: float = DEFAULT_INTERVAL_MS, threshold_ms: float = DEFAULT_THRESHOLD_MS) -> None:
+    ms: float
+    ended: float
+    cpus: set[int]
+
+
+def merge(seen: dict[int, list[tuple[float, float]]]) -> list[Stall]:
+    """The watchers' reports (per core: (late ms, woke at)) as stalls in time order: reports whose late
+    spans overlap are one stall of several cores."""
+    spans = sorted((woke - ms / 1000, woke, ms, cpu) for cpu, reports in seen.items() for ms, woke in reports)
+    stalls: list[Stall] = []
+    last_end = float("-inf")
+    for start, end, ms, cpu in spans:
+        if stalls and start <= last_end:
+            stall = stalls[-1]
+            stall.ms = max(stall.ms, ms)
+            stall.ended = max(stall.ended, end)
+            stall.cpus.add(cpu)
+        else:
+            stalls.append(Stall(ms, end, {cpu}))
+        last_end = max(last_end, end)
+    return stalls
+
+
+class PauseWatch:
+    """``with PauseWatch() as w: <a latency run>``; then ``w.stalls``, ``w.pauses_ms`` and ``w.line()``."""
+
+    def __init__(self, interval_ms: float = DEFAULT_INTERVAL_MS, threshold_ms: float = DEFAULT_THRESHOLD_MS,
+                 cpus: list[int] | None = None) -> None:
         self.interval_ms = interval_ms
         self.threshold_ms = threshold_ms
-        self.pauses_ms: list[float] = []
-        self._proc: subprocess.Popen[str] | None = None
+        self.cpus = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
+        self.stalls: list[Stall] = []
+        self._procs: dict[int, subprocess.Popen[str]] = {}
+
+    @property
+    def pauses_ms(self) -> list[float]:
+        return [s.ms for s in self.stalls]
 
     def __enter__(self) -> PauseWatch:
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "deploy.local.pause_watch", "--interval-ms", str(self.interval_ms),
-             "--threshold-ms", str(self.threshold_ms)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for cpu in self.cpus:
+            self._procs[cpu] = subprocess.Popen(
+                [sys.executable, "-m", "deploy.local.pause_watch", "--interval-ms", str(self.interval_ms),
+                 "--threshold-ms", str(self.threshold_ms), "--cpu", str(cpu)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
 
-    def stop(self) -> list[float]:
-        """End the watcher; the pauses it saw, in ms, in the order they happened."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return self.pauses_ms
-        try:
-            out, _ = proc.communicate(timeout=10)  # closes its stdin: it ends at its next wake-up
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        for line in out.splitlines():
-            fields = line.split()
-            if fields:
-                self.pauses_ms.append(float(fields[0]))
-        return self.pauses_ms
+    def stop(self) -> list[Stall]:
+        """End the watchers; the stalls they saw, in the order they happened."""
+        procs, self._procs = self._procs, {}
+        for proc in procs.values():
+            if proc.stdin is not None:
+                proc.stdin.close()  # each ends at its next wake-up: all of them at once, then read each
+                proc.stdin = None
+        seen: dict[int, list[tuple[float, float]]] = {}
+        for cpu, proc in procs.items():
+            try:
+                out, _ = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+            reports = seen.setdefault(cpu, [])
+            for line in out.splitlines():
+                fields = line.split()
+                if len(fields) == 2:
+                    reports.append((float(fields[0]), float(fields[1])))
+        if procs:
+            self.stalls = merge(seen)
+        return self.stalls
 
     def line(self) -> str:
         """One line for the benchmark's output."""
-        what = (f"a process that only sleeps ({self.interval_ms:g} ms at a time) woke {self.threshold_ms:g} ms "
-                f"or more late")
-        if not self.pauses_ms:
+        what = (f"a process per core that only sleeps ({self.interval_ms:g} ms at a time) woke "
+                f"{self.threshold_ms:g} ms or more late")
+        if not self.stalls:
             return f"the machine: {what} 0 times during the run"
-        shown = ", ".join(f"{p:.0f}" for p in self.pauses_ms[:10]) + (", ..." if len(self.pauses_ms) > 10 else "")
-        return (f"the machine: {what} {len(self.pauses_ms)} time(s) during the run ({shown} ms; "
-                f"{sum(self.pauses_ms):.0f} ms in all); on this machine the client and the brokers stall with it")
+        every = set(self.cpus)
+
+        def one(s: Stall) -> str:
+            where = "" if s.cpus >= every else f" (core {', '.join(str(c) for c in sorted(s.cpus))})"
+            return f"{s.ms:.0f}{where}"
+        shown = ", ".join(one(s) for s in self.stalls[:10]) + (", ..." if len(self.stalls) > 10 else "")
+        return (f"the machine: {what} {len(self.stalls)} time(s) during the run ({shown} ms; "
+                f"{sum(self.pauses_ms):.0f} ms in all); the client and the brokers stall with it")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.local.pause_watch", description=__doc__.split("\n\n")[0])
     parser.add_argument("--interval-ms", type=float, default=DEFAULT_INTERVAL_MS)
     parser.add_argument("--threshold-ms", type=float, default=DEFAULT_THRESHOLD_MS)
+    parser.add_argument("--cpu", type=int, default=None, help="the core to pin this watcher to")
     args = parser.parse_args(argv)
     if args.interval_ms <= 0 or args.threshold_ms <= 0:
         parser.error("--interval-ms and --threshold-ms must be positive")
+    if args.cpu is not None:
+        try:
+            os.sched_setaffinity(0, {args.cpu})
+        except (OSError, ValueError) as exc:
+            parser.error(f"--cpu {args.cpu}: {exc}")
     try:
         watch(args.interval_ms / 1000, args.threshold_ms / 1000)
     except (KeyboardInterrupt, BrokenPipeError):

@@ -1,4 +1,4 @@
-"""The benchmark's watcher of machine-wide stalls: a real process, stopped for real."""
+"""The benchmark's watchers of machine stalls: real processes, one per core, stopped for real."""
 
 from __future__ import annotations
 
@@ -9,41 +9,54 @@ import time
 import pytest
 
 from deploy.local import pause_watch
-from deploy.local.pause_watch import PauseWatch
+from deploy.local.pause_watch import PauseWatch, Stall, merge
 
 
-def test_a_watcher_stopped_for_300_ms_reports_a_pause_of_that_length():
+def test_a_watcher_stopped_for_300_ms_reports_a_stall_of_its_core():
+    cpus = sorted(os.sched_getaffinity(0))
     with PauseWatch(interval_ms=2, threshold_ms=10) as w:
-        proc = w._proc
-        assert proc is not None
-        time.sleep(0.5)  # its interpreter starts, then it sleeps
-        # Stopped as the host stops a virtual machine's CPUs: it resumes with its sleep long overdue.
-        os.kill(proc.pid, signal.SIGSTOP)
+        procs = dict(w._procs)
+        assert sorted(procs) == cpus
+        time.sleep(0.5)  # their interpreters start, then they sleep
+        # One watcher stopped, as the host stops one of a VM's cores: it resumes with its sleep long overdue.
+        stopped = cpus[-1]
+        os.kill(procs[stopped].pid, signal.SIGSTOP)
         time.sleep(0.3)
-        os.kill(proc.pid, signal.SIGCONT)
+        os.kill(procs[stopped].pid, signal.SIGCONT)
         time.sleep(0.05)
-    assert any(250 <= p <= 5000 for p in w.pauses_ms), w.pauses_ms
-    assert proc.returncode == 0
+    long = [s for s in w.stalls if s.ms >= 250]
+    assert len(long) == 1 and long[0].ms <= 5000 and stopped in long[0].cpus, w.stalls
+    assert all(p.returncode == 0 for p in procs.values())
     assert "time(s) during the run" in w.line()
+    if len(cpus) > 1:
+        assert f"(core {stopped})" in w.line()
 
 
-def test_closing_its_stdin_ends_the_watcher_within_its_sleep():
+def test_closing_their_stdin_ends_the_watchers_within_their_sleep():
     w = PauseWatch(interval_ms=60_000, threshold_ms=10)
     w.__enter__()
-    proc = w._proc
+    procs = list(w._procs.values())
     started = time.monotonic()
     assert w.stop() == []
-    assert proc is not None and proc.returncode == 0
-    assert time.monotonic() - started < 9  # well inside its 60 s sleep and stop()'s 10 s before a kill
+    assert procs and all(p.returncode == 0 for p in procs)
+    assert time.monotonic() - started < 9  # well inside their 60 s sleep and stop()'s 10 s before a kill
 
 
-def test_the_line_names_each_pause_and_their_sum():
-    w = PauseWatch()
+def test_reports_of_several_cores_that_overlap_are_one_stall():
+    # Core 0 woke 35 ms late at t=10.035 (stalled from 10.000); core 1 woke 30 ms late at 10.040 (from 10.010):
+    # one stall of both. Core 1 alone, 12 ms late at 11.0: another, of one core.
+    stalls = merge({0: [(35.0, 10.035)], 1: [(30.0, 10.040), (12.0, 11.0)]})
+    assert stalls == [Stall(35.0, 10.040, {0, 1}), Stall(12.0, 11.0, {1})]
+    assert merge({0: [], 1: []}) == []
+
+
+def test_the_line_names_each_stall_its_cores_and_their_sum():
+    w = PauseWatch(cpus=[0, 1])
     assert w.line().endswith("0 times during the run")
-    w.pauses_ms = [35.2, 64.7]
+    w.stalls = [Stall(35.2, 1.0, {0, 1}), Stall(64.7, 2.0, {1})]
     line = w.line()
-    assert "2 time(s)" in line and "(35, 65 ms; 100 ms in all)" in line
-    w.pauses_ms = [12.0] * 12
+    assert "2 time(s)" in line and "(35, 65 (core 1) ms; 100 ms in all)" in line
+    w.stalls = [Stall(12.0, float(i), {0, 1}) for i in range(12)]
     assert "12, ..." in w.line() and "144 ms in all" in w.line()
 
 
@@ -53,3 +66,10 @@ def test_a_watcher_without_a_positive_interval_or_threshold_is_refused(argv, cap
         pause_watch.main(argv)
     assert e.value.code == 2
     assert "must be positive" in capsys.readouterr().err
+
+
+def test_a_watcher_pinned_to_a_core_that_does_not_exist_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        pause_watch.main(["--cpu", "4096"])
+    assert e.value.code == 2
+    assert "--cpu 4096" in capsys.readouterr().err
