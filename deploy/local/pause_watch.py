@@ -35,6 +35,10 @@ DEFAULT_INTERVAL_MS = 2.0
 # holds up about 100 records at 10,000 a second.
 DEFAULT_THRESHOLD_MS = 10.0
 MAX_REPORTED = 1000  # lines a watcher writes at most: an overloaded machine must not flood the pipe
+# Above this many cores, one unpinned watcher (reported as core -1): a stalled core is a small share of such a
+# machine, and a process per core would cost more than the figures it explains.
+MAX_PINNED = 8
+UNPINNED = -1
 
 
 def watch(interval_s: float, threshold_s: float) -> None:
@@ -90,7 +94,11 @@ class PauseWatch:
                  cpus: list[int] | None = None) -> None:
         self.interval_ms = interval_ms
         self.threshold_ms = threshold_ms
-        self.cpus = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
+        if cpus is None:
+            cpus = sorted(os.sched_getaffinity(0))
+            if len(cpus) > MAX_PINNED:
+                cpus = [UNPINNED]
+        self.cpus = cpus
         self.stalls: list[Stall] = []
         self._procs: dict[int, subprocess.Popen[str]] = {}
 
@@ -100,9 +108,10 @@ class PauseWatch:
 
     def __enter__(self) -> PauseWatch:
         for cpu in self.cpus:
+            pin = [] if cpu == UNPINNED else ["--cpu", str(cpu)]
             self._procs[cpu] = subprocess.Popen(
                 [sys.executable, "-m", "deploy.local.pause_watch", "--interval-ms", str(self.interval_ms),
-                 "--threshold-ms", str(self.threshold_ms), "--cpu", str(cpu)],
+                 "--threshold-ms", str(self.threshold_ms), *pin],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         return self
 
@@ -135,8 +144,8 @@ class PauseWatch:
 
     def line(self) -> str:
         """One line for the benchmark's output."""
-        what = (f"a process per core that only sleeps ({self.interval_ms:g} ms at a time) woke "
-                f"{self.threshold_ms:g} ms or more late")
+        who = "a process that" if self.cpus == [UNPINNED] else "a process per core that"
+        what = f"{who} only sleeps ({self.interval_ms:g} ms at a time) woke {self.threshold_ms:g} ms or more late"
         if not self.stalls:
             return f"the machine: {what} 0 times during the run"
         every = set(self.cpus)

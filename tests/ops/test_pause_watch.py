@@ -60,6 +60,17 @@ def test_the_line_names_each_stall_its_cores_and_their_sum():
     assert "12, ..." in w.line() and "144 ms in all" in w.line()
 
 
+def test_a_machine_of_many_cores_gets_one_unpinned_watcher(monkeypatch):
+    monkeypatch.setattr(pause_watch.os, "sched_getaffinity", lambda pid: set(range(pause_watch.MAX_PINNED + 1)))
+    w = PauseWatch()
+    assert w.cpus == [pause_watch.UNPINNED]
+    with w:
+        assert len(w._procs) == 1
+    assert w.line().startswith("the machine: a process that only sleeps")
+    w.stalls = [Stall(20.0, 1.0, {pause_watch.UNPINNED})]
+    assert "(20 ms; 20 ms in all)" in w.line()
+
+
 @pytest.mark.parametrize("argv", [["--interval-ms", "0"], ["--threshold-ms", "-1"]])
 def test_a_watcher_without_a_positive_interval_or_threshold_is_refused(argv, capsys):
     with pytest.raises(SystemExit) as e:
