@@ -95,7 +95,8 @@ class PauseWatch:
         self.interval_ms = interval_ms
         self.threshold_ms = threshold_ms
         if cpus is None:
-            cpus = sorted(os.sched_getaffinity(0))
+            affinity = getattr(os, "sched_getaffinity", None)  # Linux: elsewhere one unpinned watcher
+            cpus = sorted(affinity(0)) if affinity is not None else [UNPINNED]
             if len(cpus) > MAX_PINNED:
                 cpus = [UNPINNED]
         self.cpus = cpus

@@ -71,6 +71,11 @@ def test_a_machine_of_many_cores_gets_one_unpinned_watcher(monkeypatch):
     assert "(20 ms; 20 ms in all)" in w.line()
 
 
+def test_without_core_affinity_one_unpinned_watcher_is_used(monkeypatch):
+    monkeypatch.delattr(pause_watch.os, "sched_getaffinity")  # as on macOS
+    assert PauseWatch().cpus == [pause_watch.UNPINNED]
+
+
 @pytest.mark.parametrize("argv", [["--interval-ms", "0"], ["--threshold-ms", "-1"]])
 def test_a_watcher_without_a_positive_interval_or_threshold_is_refused(argv, capsys):
     with pytest.raises(SystemExit) as e:
