@@ -182,23 +182,35 @@ class LogValidator:
         try:
             self._check_timestamps(h, batch_pos, min_ts, max_ts, now)
         except errors.InvalidTimestampError as exc:
-            exc.record_errors = self._timestamp_errors(data, start, end, h, now, exc.message)
+            exc.record_errors, _ = self._record_errors(data, start, end, h, batch_pos, now)
             raise
         return _RecordsSummary(max_ts)
 
     def _compacted_refusal(self, exc: errors.BrookError, data: Buffer, start: int, end: int, h: BatchHeader,
                            batch_pos: int, now: int) -> errors.BrookError:
-        """A compacted topic's batch with keyless records (``exc``: the walk's error at the first one), as Kafka's
-        LogValidator answers it (KIP-467): each record is checked for its key, then, if it has one, for its
-        timestamp; every record found wanting is listed, and the partition's error is INVALID_TIMESTAMP if any
-        of them has a bad timestamp, INVALID_RECORD otherwise. At most MAX_RECORD_ERRORS among the first
-        RECORD_ERRORS_SCAN records, read again in Python (a refused batch only); the records after the first
-        keyless one were never walked, so the listing stops quietly at the first whose bytes make no sense."""
+        """A compacted topic's batch with keyless records (``exc``: the walk's error at the first one), answered as
+        Kafka's LogValidator does: INVALID_TIMESTAMP if any listed record has a bad timestamp, else ``exc``."""
+        out, late = self._record_errors(data, start, end, h, batch_pos, now)
+        if late:
+            exc = errors.InvalidTimestampError(
+                f"batch at position {batch_pos}: {len(out) - late} record(s) without a key (a compacted topic needs "
+                f"one) and {late} with a timestamp out of range; record_errors lists each")
+        exc.record_errors = out
+        return exc
+
+    def _record_errors(self, data: Buffer, start: int, end: int, h: BatchHeader, batch_pos: int,
+                       now: int) -> tuple[tuple[tuple[int, str], ...], int]:
+        """The records of a refused batch that break the rules, as Kafka's LogValidator lists them (KIP-467), and
+        how many of them for their timestamp: each record is checked for its key (a keyless one on a compacted
+        topic), then, if it has one, for its timestamp (CreateTime topics). At most MAX_RECORD_ERRORS among the
+        first RECORD_ERRORS_SCAN records, read again in Python (a refused batch only); the records after a
+        keyless one were never walked, so the listing stops quietly at the first whose bytes make no sense.
+        None found: none listed, and the partition's error says why."""
         out: list[tuple[int, str]] = []
         late = 0
         for i, (delta, key_length) in enumerate(record_batch.record_heads(data, start, end,
                                                                           min(h.record_count, RECORD_ERRORS_SCAN))):
-            if key_length == -1:
+            if key_length == -1 and self._compact:
                 out.append((i, _walk_error(record_walk.NO_KEY, i, 0, 0, h.record_count, batch_pos).message))
             elif self._create_time:
                 ts = h.base_timestamp + delta
@@ -208,31 +220,10 @@ class LogValidator:
                     out.append((i, bad.message.split(": ", 1)[-1]))
                     late += 1
                 except errors.BrookError:
-                    pass  # a timestamp past 64 bits: the record walk refuses it as it reaches it, with its own error
+                    pass  # a timestamp past 64 bits: refused for the whole batch before any record is listed
             if len(out) >= MAX_RECORD_ERRORS:
                 break
-        if late:
-            exc = errors.InvalidTimestampError(
-                f"batch at position {batch_pos}: {len(out) - late} record(s) without a key (a compacted topic needs "
-                f"one) and {late} with a timestamp out of range; record_errors lists each")
-        exc.record_errors = tuple(out)
-        return exc
-
-    def _timestamp_errors(self, data: Buffer, start: int, end: int, h: BatchHeader, now: int,
-                          why: str) -> tuple[tuple[int, str], ...]:
-        """The records whose own timestamp breaks the rules, as Kafka's LogValidator lists them (KIP-467): at most
-        MAX_RECORD_ERRORS of them among the first RECORD_ERRORS_SCAN records (a refused batch only: its records
-        are read again, in Python). None found there: none listed, and the partition's error says why."""
-        out: list[tuple[int, str]] = []
-        for i, delta in enumerate(record_batch.timestamp_deltas(data, start, end)):
-            if i >= RECORD_ERRORS_SCAN or len(out) >= MAX_RECORD_ERRORS:
-                break
-            ts = h.base_timestamp + delta
-            try:
-                self._check_timestamps(h, -1, ts, ts, now)
-            except errors.BrookError as exc:
-                out.append((i, exc.message.split(": ", 1)[-1]))
-        return tuple(out)
+        return tuple(out), late
 
     def _check_timestamps(self, h: BatchHeader, batch_pos: int, min_ts: int, max_ts: int, now: int) -> None:
         if max_ts > _INT64_MAX or min_ts < _INT64_MIN:

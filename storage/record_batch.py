@@ -378,13 +378,6 @@ def record_heads(data: Buffer, start: int, end: int, count: int) -> Iterator[tup
         p = body + length
 
 
-def timestamp_deltas(data: Buffer, start: int, end: int) -> Iterator[int]:
-    """Each record's timestamp delta, in order, from the records section ``data[start:end]`` of a batch the record
-    walk (storage/record_walk.py) has accepted."""
-    for delta, _ in record_heads(data, start, end, (end - start) // 6 + 1):  # a record takes at least 6 bytes
-        yield delta
-
-
 @dataclass(slots=True)
 class Record:
     offset: int
