@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 import timeit
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,12 +106,11 @@ def main(argv: list[str] | None = None) -> int:
             cpu_at_start.update(node_cpu_seconds(cluster))
             started.append(time.monotonic())
 
-        with PauseWatch() as pauses:
+        with _stalls_printed():
             steps.append(("produce 10k/s", produce_main([*common, "--topic", "bench-latency", "--acks", "all",
                                                          "--throughput", "10000", "--batch-size", "16384",
                                                          "--num-records", str(args.latency_records),
                                                          "--warmup-records", "5000"], on_measuring=measuring)))
-        print(f"   {pauses.line()}", flush=True)
         after = produce_times(cluster)
         _print_produce_times(before, after)
         if started and "local" in after:
@@ -122,12 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   {line}", flush=True)
         print("== 3b. end to end at 10,000 records/s, acks=all: send() until a consumer (its own process) "
               "polls the record", flush=True)
-        with PauseWatch() as pauses:
+        with _stalls_printed():
             steps.append(("end-to-end 10k/s", e2e_main([
                 "--bootstrap-servers", bootstrap, "--topic", "bench-e2e", "--partitions", str(args.partitions),
                 "--replication-factor", "3", "--record-size", "100", "--acks", "all", "--throughput", "10000",
                 "--num-records", str(args.latency_records)])))
-        print(f"   {pauses.line()}", flush=True)
         if not args.no_tuned:
             linger, in_flight = str(args.tuned_linger_ms), str(args.tuned_max_in_flight)
             tuned = ["--linger-ms", linger, "--producer-config", f"max_in_flight_requests_per_connection={in_flight}"]
@@ -413,14 +411,21 @@ def _latency_run(name: str, run: int, p99s: list[float], fn: Callable[[list[str]
     """One run of a repeated latency step: its output echoed, its p99 added to ``p99s`` and whether the
     machine stalled during it to ``stalled``."""
     output: list[str] = []
-    with PauseWatch() as pauses:
+    with _stalls_printed() as pauses:
         rc, _ = run_perf(fn, argv, output)
-    print(f"   {pauses.line()}", flush=True)
     match = _P99.findall("".join(output))
     if rc == 0 and match:
         p99s.append(float(match[-1]))
-        stalled.append(bool(pauses.pauses_ms))
+        stalled.append(bool(pauses.stalls))
     return f"{name} (run {run})", rc
+
+
+@contextlib.contextmanager
+def _stalls_printed() -> Iterator[PauseWatch]:
+    """Watch the machine for stalls during a latency run, and print what was seen after it."""
+    with PauseWatch() as pauses:
+        yield pauses
+    print(f"   {pauses.line()}", flush=True)
 
 
 def runs_line(what: str, p99s: list[float], goal_ms: float, stalled: Sequence[bool] = ()) -> str:

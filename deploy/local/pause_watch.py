@@ -88,7 +88,7 @@ def merge(seen: dict[int, list[tuple[float, float]]]) -> list[Stall]:
 
 
 class PauseWatch:
-    """``with PauseWatch() as w: <a latency run>``; then ``w.stalls``, ``w.pauses_ms`` and ``w.line()``."""
+    """``with PauseWatch() as w: <a latency run>``; then ``w.stalls`` and ``w.line()``."""
 
     def __init__(self, interval_ms: float = DEFAULT_INTERVAL_MS, threshold_ms: float = DEFAULT_THRESHOLD_MS,
                  cpus: list[int] | None = None) -> None:
@@ -102,10 +102,6 @@ class PauseWatch:
         self.cpus = cpus
         self.stalls: list[Stall] = []
         self._procs: dict[int, subprocess.Popen[str]] = {}
-
-    @property
-    def pauses_ms(self) -> list[float]:
-        return [s.ms for s in self.stalls]
 
     def __enter__(self) -> PauseWatch:
         for cpu in self.cpus:
@@ -156,7 +152,7 @@ class PauseWatch:
             return f"{s.ms:.0f}{where}"
         shown = ", ".join(one(s) for s in self.stalls[:10]) + (", ..." if len(self.stalls) > 10 else "")
         return (f"the machine: {what} {len(self.stalls)} time(s) during the run ({shown} ms; "
-                f"{sum(self.pauses_ms):.0f} ms in all); the client and the brokers stall with it")
+                f"{sum(s.ms for s in self.stalls):.0f} ms in all); the client and the brokers stall with it")
 
 
 def main(argv: list[str] | None = None) -> int:
