@@ -39,24 +39,30 @@ MAX_REPORTED = 1000  # lines a watcher writes at most: an overloaded machine mus
 # machine, and a process per core would cost more than the figures it explains.
 MAX_PINNED = 8
 UNPINNED = -1
+STARTUP_S = 10.0  # the longest a watch waits for its watchers to start
+READY = "ready"  # a watcher's first line: it is sleeping, and the parent's watch has begun
 
 
 def watch(interval_s: float, threshold_s: float) -> None:
-    """A watcher's loop: sleep, and report each wake-up ``threshold_s`` or more late as
-    ``<late ms> <when it woke, time.monotonic()>`` on stdout. Ends when stdin closes."""
+    """A watcher's loop: say ``READY``, sleep, and report each wake-up ``threshold_s`` or more late as
+    ``<late ms> <when it woke, time.monotonic()>`` on stdout. Ends when stdin closes, after reporting the
+    wake-up that saw it (a stall just before the end of a run is still one of the run's)."""
     selector = selectors.DefaultSelector()
     selector.register(sys.stdin, selectors.EVENT_READ)
+    sys.stdout.write(READY + "\n")
+    sys.stdout.flush()
     reported = 0
     due = time.monotonic() + interval_s
     while True:
-        if selector.select(max(0.0, due - time.monotonic())):
-            return  # stdin readable: the parent closed it (or wrote): stop
+        closed = bool(selector.select(max(0.0, due - time.monotonic())))  # stdin readable: the parent closed it
         now = time.monotonic()
         late = now - due
         if late >= threshold_s and reported < MAX_REPORTED:
             sys.stdout.write(f"{late * 1000:.1f} {now:.6f}\n")
             sys.stdout.flush()
             reported += 1
+        if closed:
+            return
         due = now + interval_s
 
 
@@ -110,6 +116,15 @@ class PauseWatch:
                 [sys.executable, "-m", "deploy.local.pause_watch", "--interval-ms", str(self.interval_ms),
                  "--threshold-ms", str(self.threshold_ms), *pin],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # The run starts once every watcher sleeps (an interpreter takes tens of ms to start), at most STARTUP_S.
+        deadline = time.monotonic() + STARTUP_S
+        for proc in self._procs.values():
+            if proc.stdout is None:
+                continue
+            with selectors.DefaultSelector() as selector:
+                selector.register(proc.stdout, selectors.EVENT_READ)
+                if selector.select(max(0.0, deadline - time.monotonic())):
+                    proc.stdout.readline()  # READY, or "" from a watcher that failed to start
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -16,14 +16,16 @@ def test_a_watcher_stopped_for_300_ms_reports_a_stall_of_its_core():
     cpus = sorted(os.sched_getaffinity(0))
     with PauseWatch(interval_ms=2, threshold_ms=10) as w:
         procs = dict(w._procs)
-        assert sorted(procs) == cpus
-        time.sleep(0.5)  # their interpreters start, then they sleep
+        assert sorted(procs) == cpus  # each sleeping already: entering waits for them
         # One watcher stopped, as the host stops one of a VM's cores: it resumes with its sleep long overdue.
         stopped = cpus[-1]
-        os.kill(procs[stopped].pid, signal.SIGSTOP)
-        time.sleep(0.3)
-        os.kill(procs[stopped].pid, signal.SIGCONT)
-        time.sleep(0.05)
+        proc = procs[stopped]
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(0.3)  # the stall itself
+        assert proc.stdin is not None
+        proc.stdin.close()  # the run ends while it is stopped: the stall it wakes from is still reported
+        proc.stdin = None
+        os.kill(proc.pid, signal.SIGCONT)
     long = [s for s in w.stalls if s.ms >= 250]
     assert len(long) == 1 and long[0].ms <= 5000 and stopped in long[0].cpus, w.stalls
     assert all(p.returncode == 0 for p in procs.values())
