@@ -490,9 +490,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         client = peer_host(context.peer() or "unknown")
         async for request in request_iterator:
             if request.replica_id >= 0:
-                yield _partition_errors(broker_pb2.FetchResponse(), request.partitions, errors.error_for(
+                yield _fetch_refused(request, errors.error_for(
                     ErrorCode.INVALID_REQUEST, "FetchStream carries consumer fetches (replica_id -1) only; "
-                    "followers fetch over ReplicaFetch"), high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+                    "followers fetch over ReplicaFetch"))
                 continue
             held: list[Callable[[], None]] = []
             try:
@@ -560,23 +560,20 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         connection's (broker/replication_listener.py). None only for a session with a ``send_now``: the
         answer went out through it."""
         if request.replica_id < 0:
-            return _partition_errors(broker_pb2.FetchResponse(), request.partitions, errors.error_for(
-                ErrorCode.INVALID_REQUEST, "a fetch session carries follower fetches (replica_id >= 0) only"),
-                high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+            return _fetch_refused(request, errors.error_for(
+                ErrorCode.INVALID_REQUEST, "a fetch session carries follower fetches (replica_id >= 0) only"))
         return await self._replica_fetch(request, context, session)
 
     async def _replica_fetch(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext,
                              session: FollowerFetchSession | None = None) -> broker_pb2.FetchResponse | None:
         # A follower's fetch moves the HW: only that broker may send it.
         if (refusal := self._as_replica(context, request.replica_id)) is not None:
-            return _partition_errors(broker_pb2.FetchResponse(), request.partitions, refusal,
-                                     high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+            return _fetch_refused(request, refusal)
         if session is not None:
             try:
                 session.update(request)
             except errors.BrookError as e:
-                return _partition_errors(broker_pb2.FetchResponse(), request.partitions, e,
-                                         high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+                return _fetch_refused(request, e)
         # Replication has its own executor and no client bounds: a client flood must not
         # starve the followers (and so shrink the ISR).
         work = (lambda: self._fetch(request, None)) if session is None else \
@@ -973,9 +970,16 @@ def _produce_error_all(req: broker_pb2.ProduceRequest, code: int, message: str) 
     return resp
 
 
+def _fetch_refused(req: broker_pb2.FetchRequest, error: errors.BrookError) -> broker_pb2.FetchResponse:
+    """A Fetch refused whole: ``error`` for each partition it names, once (as every Fetch answer names them:
+    ``one_entry_per_partition``; a refusal echoed a partition named twice twice, found by ``make fuzz``)."""
+    return _partition_errors(broker_pb2.FetchResponse(), one_entry_per_partition(req).partitions, error,
+                             high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+
+
 def _fetch_error_all(req: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
     resp = broker_pb2.FetchResponse()
-    for fp in req.partitions:
+    for fp in one_entry_per_partition(req).partitions:
         resp.partitions.add(topic=fp.topic, partition=fp.partition, error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
                             error_message="internal error", high_watermark=-1, log_start_offset=-1,
                             log_end_offset=-1)

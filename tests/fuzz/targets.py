@@ -347,7 +347,10 @@ class RpcHarness:
                 return  # not a request gRPC would hand to the handler either
             _bound_waits(request)
             self.errors.records.clear()
-            text = str(self.loop.run_until_complete(handler(request, _Context())))
+            response = self.loop.run_until_complete(handler(request, _Context()))
+            if name == "Fetch":
+                _check_distinct_partitions([request], [response], name)
+            text = str(response)
         if "UNKNOWN_SERVER_ERROR" in text or self.errors.records:
             logged = "; ".join(r.getMessage() + (f" [{r.exc_info[1]!r}]" if r.exc_info else "")
                                for r in self.errors.records[:3])
@@ -373,6 +376,8 @@ class RpcHarness:
         for request, response in zip(requests, responses, strict=True):
             asked = {(p.topic, p.partition) for p in request.partitions}
             named = {(p.topic, p.partition) for p in response.partitions}
+            if len(named) != len(response.partitions):
+                raise AssertionError(f"{REPLICA_FETCH} answered a partition twice: {list(response.partitions)[:4]}")
             allowed = asked
             if request.replica_id >= 0:
                 forgotten = {(f.topic, f.partition) for f in request.forgotten}
@@ -437,12 +442,12 @@ def _check_same_partitions(requests: list[Any], responses: list[Any]) -> None:
                                  f"for a request of {asked[:4]}")
 
 
-def _check_distinct_partitions(requests: list[Any], responses: list[Any]) -> None:
-    """Each answer names each partition its request asked about exactly once (FetchStream)."""
+def _check_distinct_partitions(requests: list[Any], responses: list[Any], name: str = FETCH_STREAM) -> None:
+    """Each answer names each partition its request asked about exactly once (Fetch, FetchStream), refused or not."""
     for request, response in zip(requests, responses, strict=True):
         asked = sorted({(p.topic, p.partition) for p in request.partitions})
         if sorted((p.topic, p.partition) for p in response.partitions) != asked:
-            raise AssertionError(f"{FETCH_STREAM} answered partitions {list(response.partitions)[:4]} "
+            raise AssertionError(f"{name} answered partitions {list(response.partitions)[:4]} "
                                  f"for a request of {asked[:4]}")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import struct
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -299,5 +300,32 @@ def test_rpc_harness_runs_fetch_stream_sessions() -> None:
         assert "UNKNOWN_TOPIC_OR_PARTITION" in text and "OFFSET_OUT_OF_RANGE" in text, text[:800]
         assert "FetchStream carries consumer fetches" in text, text[:800]
         h.call(session)  # the whole input, as the fuzzer gives it: no failure
+    finally:
+        h.close()
+
+
+def test_refused_fetches_name_each_partition_once() -> None:
+    # Every Fetch answer names a partition once, as Kafka's fetch map does (one_entry_per_partition), and a
+    # refused one too: a follower's fetch on a consumer's FetchStream and a consumer's on a follower's fetch
+    # session answered each entry of the request, a partition named twice twice (found by `make fuzz`).
+    from proto import broker_pb2
+    from proto.errors import ErrorCode
+
+    def twice(replica_id: int) -> broker_pb2.FetchRequest:
+        return broker_pb2.FetchRequest(replica_id=replica_id, partitions=[
+            broker_pb2.FetchPartition(topic=t, partition=0, fetch_offset=0) for t in ("t", "r", "t")])
+
+    h = targets.RpcHarness()
+    try:
+        for handler, request in ((h.service.FetchStream, twice(2)), (h.service.ReplicaFetch, twice(-1))):
+            async def answers(request: broker_pb2.FetchRequest = request, handler=handler) -> list:
+                async def one() -> AsyncIterator[broker_pb2.FetchRequest]:
+                    yield request
+                return [r async for r in handler(one(), targets._Context())]
+
+            [response] = h.loop.run_until_complete(answers())
+            named = [(p.topic, p.partition) for p in response.partitions]
+            assert named == [("t", 0), ("r", 0)], response
+            assert {p.error_code for p in response.partitions} == {ErrorCode.INVALID_REQUEST}, response
     finally:
         h.close()
