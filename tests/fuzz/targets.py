@@ -222,6 +222,13 @@ class _InProcessControllerClient:
             raise errors.error_for(response.error_code, response.error_message)
         return response
 
+    def describe_quorum(self, *, timeout_s: float | None = None) -> Any:
+        """ControllerClient.describe_quorum (the Kafka listener's DescribeQuorum): any voter answers, here the
+        harness's one."""
+        from proto import controller_pb2
+
+        return self.call("DescribeQuorum", controller_pb2.DescribeQuorumRequest(any_voter=True))
+
     def close(self) -> None:
         pass
 
