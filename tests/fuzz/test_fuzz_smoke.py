@@ -12,6 +12,7 @@ import random
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import targets
@@ -315,15 +316,15 @@ def test_refused_fetches_name_each_partition_once() -> None:
         return broker_pb2.FetchRequest(replica_id=replica_id, partitions=[
             broker_pb2.FetchPartition(topic=t, partition=0, fetch_offset=0) for t in ("t", "r", "t")])
 
+    async def answers(stream_handler: Any, request: broker_pb2.FetchRequest) -> list[broker_pb2.FetchResponse]:
+        async def one() -> AsyncIterator[broker_pb2.FetchRequest]:
+            yield request
+        return [r async for r in stream_handler(one(), targets._Context())]
+
     h = targets.RpcHarness()
     try:
         for handler, request in ((h.service.FetchStream, twice(2)), (h.service.ReplicaFetch, twice(-1))):
-            async def answers(request: broker_pb2.FetchRequest = request, handler=handler) -> list:
-                async def one() -> AsyncIterator[broker_pb2.FetchRequest]:
-                    yield request
-                return [r async for r in handler(one(), targets._Context())]
-
-            [response] = h.loop.run_until_complete(answers())
+            [response] = h.loop.run_until_complete(answers(handler, request))
             named = [(p.topic, p.partition) for p in response.partitions]
             assert named == [("t", 0), ("r", 0)], response
             assert {p.error_code for p in response.partitions} == {ErrorCode.INVALID_REQUEST}, response
