@@ -80,16 +80,14 @@ def merge(seen: dict[int, list[tuple[float, float]]]) -> list[Stall]:
     spans overlap are one stall of several cores."""
     spans = sorted((woke - ms / 1000, woke, ms, cpu) for cpu, reports in seen.items() for ms, woke in reports)
     stalls: list[Stall] = []
-    last_end = float("-inf")
     for start, end, ms, cpu in spans:
-        if stalls and start <= last_end:
+        if stalls and start <= stalls[-1].ended:  # the spans are in start order: only the last stall can overlap
             stall = stalls[-1]
             stall.ms = max(stall.ms, ms)
             stall.ended = max(stall.ended, end)
             stall.cpus.add(cpu)
         else:
             stalls.append(Stall(ms, end, {cpu}))
-        last_end = max(last_end, end)
     return stalls
 
 
