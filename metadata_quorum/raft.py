@@ -33,6 +33,7 @@ thread, under the same lock.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import itertools
 import logging
@@ -50,6 +51,7 @@ import pysyncobj.syncobj as pysyncobj_syncobj
 from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj import pickle as pysyncobj_pickle
 from pysyncobj.journal import Journal, MemoryJournal
+from pysyncobj.transport import TCPTransport, Transport
 
 from broker.request_times import LatencyHistogram
 from metadata_quorum import commands as c
@@ -425,9 +427,37 @@ class _DumpWriter:
         journal.deleteEntriesTo(position)
 
 
+@functools.cache
+def journal_first(transport_class: type[Transport]) -> type[Transport]:
+    """``transport_class`` whose ``send`` first flushes its voter's journal (``FailStopJournal.sync``).
+
+    Whatever a voter sends may count entries it holds: a follower's answer to an append (the leader then counts
+    them as stored there), a leader's appends (whose answers commit them), a vote. So nothing leaves before those
+    entries are on disk. Every message pysyncobj sends passes here; a flush with nothing new written costs
+    nothing, so heartbeats pay nothing."""
+
+    class JournalFirst(transport_class):  # type: ignore[misc,valid-type]
+        def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:  # noqa: N803 - pysyncobj's names
+            # The journal is made before the transport (SyncObj's constructor), and kept for the voter's life.
+            self._journal_sync = getattr(syncObj._SyncObj__raftLog, "sync", None)
+            super().__init__(syncObj, selfNode, otherNodes)
+
+        def send(self, node: Any, message: Any) -> bool:
+            if self._journal_sync is not None:
+                self._journal_sync()
+            return bool(super().send(node, message))
+
+    JournalFirst.__name__ = JournalFirst.__qualname__ = f"JournalFirst{transport_class.__name__}"
+    return JournalFirst
+
+
 class QuorumSyncObj(PreVoteSyncObj, LogMatchingSyncObj):  # type: ignore[misc]
-    """pysyncobj's SyncObj with pre-vote (metadata_quorum/prevote.py) and a follower that truncates only conflicting
-    entries (metadata_quorum/log_matching.py)."""
+    """pysyncobj's SyncObj with pre-vote (metadata_quorum/prevote.py), a follower that truncates only conflicting
+    entries (metadata_quorum/log_matching.py), and a journal flushed before anything is sent (``journal_first``)."""
+
+    def __init__(self, *args: Any, transportClass: type[Transport] = TCPTransport,  # noqa: N803 - pysyncobj's name
+                 **kwargs: Any) -> None:
+        super().__init__(*args, transportClass=journal_first(transportClass), **kwargs)
 
     def _lm_snapshot_append(self, node: Any, message: dict[str, Any]) -> None:
         piece = message.get("serialized")
