@@ -55,7 +55,10 @@ from pysyncobj.transport import TCPTransport, Transport
 
 from broker.request_times import LatencyHistogram
 from metadata_quorum import commands as c
-from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
+from metadata_quorum import (
+    pysyncobj_compat,  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
+    quorum_pickle,
+)
 from metadata_quorum.journal_repair import repair_journal
 from metadata_quorum.log_matching import LogMatchingSyncObj
 from metadata_quorum.prevote import PreVoteSyncObj
@@ -504,7 +507,7 @@ def load_snapshot_file(path: Path) -> MetadataState:
     Only open dumps from your own controllers: unpickling trusts the file.
     """
     with gzip.open(path, "rb") as f:
-        data = pickle.load(f)  # noqa: S301 - our own quorum's file
+        data = quorum_pickle.load(f)  # a snapshot may have come from the leader: data only
     consumers = data[0][1:]
     return MetadataState.from_snapshot(consumers[0]["metadata"])
 

@@ -1,11 +1,13 @@
-"""The quorum port: bound to the configured host only, closed to unauthenticated pickles.
+"""The quorum port: bound to the configured host only, closed to unauthenticated pickles, and its pickles data only.
 
 pysyncobj unpickles what it reads from the Raft port. The attack test sends the frame an
 attacker would (length prefix + zlib(pickle) whose unpickling creates a marker file) to
 a running voter of a password-protected quorum and checks that nothing ran and the
-quorum still commits. Without a password the same frame runs (shown on a bare pysyncobj
-node on loopback, so the test proves it is a real exploit, not a malformed frame, and that
-loopback is no protection).
+quorum still commits. Without a password the same frame runs on plain pysyncobj (shown on
+a bare pysyncobj node on loopback, in a process without Brook's modules, so the test proves
+it is a real exploit, not a malformed frame, and that loopback is no protection). Brook's
+voters unpickle data only (metadata_quorum/quorum_pickle.py): a sender holding the password,
+which passes the HMAC, runs nothing either.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ import pickle
 import secrets
 import socket
 import struct
+import subprocess
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.tcp_connection import CONNECTION_STATE
 from quorum_helpers import free_port
 from waiting import wait_for
 
@@ -136,19 +141,69 @@ def test_an_unauthenticated_pickle_frame_is_dropped_unread(tmp_path: Path,
     assert not marker.exists()
 
 
+# A bare pysyncobj node in a process of its own: this process has Brook's quorum modules, which make pysyncobj
+# unpickle data only.
+_BARE_NODE = """
+import sys, time
+from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.tcp_connection import CONNECTION_STATE
+node = SyncObj(sys.argv[1], [], SyncObjConf(password=None, bindAddress=sys.argv[1], useFork=False))
+node.waitBinded()
+print("bound", flush=True)
+time.sleep(60)
+"""
+
+
 @pytest.mark.slow
 def test_without_a_password_the_same_frame_runs_code(tmp_path: Path) -> None:
     """Why the password is mandatory, on loopback too: the exploit is real. Shown on a bare pysyncobj
     node on loopback without a password (MetadataRaft refuses to be one), as any local user would."""
     address = f"127.0.0.1:{free_port()}"
-    node = SyncObj(address, [], SyncObjConf(password=None, bindAddress=address, useFork=False))
+    node = subprocess.Popen([sys.executable, "-c", _BARE_NODE, address], stdout=subprocess.PIPE, text=True)
     try:
-        node.waitBinded()
+        assert node.stdout is not None and node.stdout.readline().strip() == "bound"
         marker = tmp_path / "pwned"
         send_frame(address, exploit_frame(marker))
         wait_for(marker.exists, 20, "the unprotected node to unpickle the frame")
     finally:
-        node.destroy()
+        node.kill()
+        node.wait()
+
+
+@pytest.mark.slow
+def test_a_sender_holding_the_password_runs_no_code_on_a_voter(tmp_path: Path, quorum_password: str,
+                                                              protected_quorum: list[MetadataRaft]) -> None:
+    # The password's HMAC lets its holder's frames through to the unpickler, and pysyncobj's unpickled anything:
+    # a readonly pysyncobj node with the password ran this on every voter it reached (a marker file, where a real
+    # attacker would start a shell). The voters now unpickle data only: the frame is dropped with its connection.
+    rafts = protected_quorum
+    marker = tmp_path / "pwned"
+    rogue = SyncObj(None, [r.self_address for r in rafts], SyncObjConf(password=quorum_password, useFork=False))
+    try:
+        transport = rogue._SyncObj__transport
+        sent: set[str] = set()
+
+        def sent_to_all() -> bool:
+            for node in rogue._SyncObj__otherNodes:
+                if transport.send(node, {"type": "request_vote", "term": 1, "last_log_index": 0, "last_log_term": 0, "x": _Exploit(marker)}):
+                    sent.add(node.address)
+            return len(sent) == len(rafts)
+
+        wait_for(sent_to_all, 30, "the password holder's frame sent to every voter")
+        dropped: set[str] = set()
+
+        def answered() -> bool:  # each voter has read the frame: it ran it, or dropped its connection
+            for node in rogue._SyncObj__otherNodes:
+                connection = transport._connections.get(node)
+                if connection is None or connection.state != CONNECTION_STATE.CONNECTED:
+                    dropped.add(node.address)
+            return marker.exists() or len(dropped) == len(rafts)
+
+        wait_for(answered, 30, "every voter to drop the connection of the frame it refused")
+        assert not marker.exists(), "a voter ran code from a pickle sent by a holder of the quorum password"
+    finally:
+        rogue.destroy()
+    commits(rafts, 1)
 
 
 def rss_bytes() -> int:
