@@ -504,7 +504,7 @@ def load_snapshot_file(path: Path) -> MetadataState:
 
     The file is pysyncobj's format: gzip of a pickled (object data, last entry, previous
     entry, cluster) tuple, where our consumer's data is ``{"metadata": snapshot dict}``.
-    Only open dumps from your own controllers: unpickling trusts the file.
+    It is unpickled as data only (metadata_quorum/quorum_pickle.py): a file that names a callable does not read.
     """
     with gzip.open(path, "rb") as f:
         data = quorum_pickle.load(f)  # a snapshot may have come from the leader: data only
