@@ -702,6 +702,11 @@ class ControllerCollector(_SafeCollector):
             yield _histogram("brook_raft_tick_gap_seconds",
                              "Time between two runs of this controller's Raft tick thread (it sends heartbeats and "
                              "answers votes; at most ~50 ms apart when healthy).", s.raft_tick_gaps)
+            if s.raft_journal_flushes is not None:
+                yield _histogram("brook_raft_journal_flush_seconds",
+                                 "Time to flush this controller's Raft journal (msync) before it sends anything that "
+                                 "counts new entries (etcd's wal_fsync_duration): every message waits for it.",
+                                 s.raft_journal_flushes)
             yield CounterMetricFamily("brook_raft_tick_stalls",
                                       "Raft tick gaps of half the shortest election timeout or more (each logged at "
                                       "WARNING): as leader, heartbeats were late enough for an election.",

@@ -204,6 +204,7 @@ class ControllerStats:
     # Controller mutation quota (KIP-599), partitions: refused (strict) / accepted over it (permissive).
     mutations_throttled: int = 0
     mutations_over_quota: int = 0
+    raft_journal_flushes: LatencyHistogram | None = None  # the Raft journal's flush times (None: not on disk)
 
 
 class VoterLevels:
@@ -469,4 +470,5 @@ class ControllerNode:
         return ControllerStats(self.is_active(), leader, raft.term, raft.commit_index, raft.last_applied, version,
                                fenced, offline, brokers, topics, partitions, raft.tick_gaps, raft.tick_stalls_total,
                                *raft.pre_vote_rounds(), gate.refused_total, gate.watchdog.cancelled_total,
-                               gate.workers_refused_total, gate.busy, quota.refused, quota.accepted_over_quota)
+                               gate.workers_refused_total, gate.busy, quota.refused, quota.accepted_over_quota,
+                               raft_journal_flushes=raft.journal_flushes)

@@ -714,6 +714,12 @@ class MetadataRaft:
         """
         return self._leadership
 
+    @property
+    def journal_flushes(self) -> LatencyHistogram | None:
+        """The journal's flush times (None for a journal in memory)."""
+        journal = self._syncobj._SyncObj__raftLog
+        return journal.flush_times if isinstance(journal, FailStopJournal) else None
+
     def pre_vote_rounds(self) -> tuple[int, int]:
         """(pre-vote rounds run, rounds a majority granted) of this voter (metadata_quorum/prevote.py)."""
         return self._syncobj.pre_vote_rounds_total, self._syncobj.pre_vote_rounds_won_total

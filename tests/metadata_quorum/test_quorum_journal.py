@@ -97,6 +97,39 @@ def test_the_journal_is_flushed_once_a_second_only_when_it_changed(tmp_path: Pat
     journal._destroy()
 
 
+def test_each_flush_is_timed_and_a_slow_one_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import time
+
+    from metadata_quorum.quorum_journal import SLOW_FLUSH_S
+
+    journal = FailStopJournal(str(tmp_path / "quorum.journal"), lambda *a: pytest.fail(f"journal failure {a}"))
+    try:
+        journal.sync()  # nothing written: no flush
+        assert journal.flush_times.snapshot()[2] == 0
+        journal.add(b"entry", 1, 1)
+        journal.sync()
+        journal.sync()
+        _, _, count = journal.flush_times.snapshot()
+        assert count == 1, f"{count} flushes timed for one change"
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
+        flush = journal.flush
+
+        def slow() -> None:  # a disk that takes longer than SLOW_FLUSH_S
+            time.sleep(SLOW_FLUSH_S + 0.02)
+            flush()
+        journal.flush = slow  # type: ignore[method-assign]
+        journal.add(b"entry", 2, 1)
+        with caplog.at_level("WARNING", logger="metadata_quorum.quorum_journal"):
+            journal.sync()
+        cumulative, total, count = journal.flush_times.snapshot()
+        assert count == 2 and total >= SLOW_FLUSH_S, (cumulative, total, count)
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and "quorum.journal took" in warned[0] and "metadata.log.dir is slow" in warned[0], \
+            warned
+    finally:
+        journal._destroy()
+
+
 def test_entries_and_term_survive_a_reopen(tmp_path: Path) -> None:
     path = str(tmp_path / "quorum.journal")
     journal = FailStopJournal(path, lambda *a: pytest.fail(f"journal failure {a}"))

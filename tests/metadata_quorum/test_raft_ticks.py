@@ -18,6 +18,7 @@ from waiting import wait_for
 from broker.metrics import ControllerCollector
 from metadata_quorum import raft as raft_module
 from metadata_quorum.node import ControllerStats
+from metadata_quorum.quorum_journal import FLUSH_BUCKETS_S
 from metadata_quorum.raft import MetadataRaft, RaftTiming
 
 TIMING = RaftTiming()
@@ -95,10 +96,13 @@ def test_exported_with_the_controller_families() -> None:
     gaps = LatencyHistogram(raft_module.TICK_GAP_BUCKETS_S)
     for seconds in (0.04, 0.05, 0.6):
         gaps.observe(seconds)
+    flushes = LatencyHistogram(FLUSH_BUCKETS_S)
+    for seconds in (0.0002, 0.3):
+        flushes.observe(seconds)
 
     class Node:
         def stats(self) -> ControllerStats:
-            return ControllerStats(False, 2, 3, 10, 10, 10, 0, 0, 3, 1, 1, gaps, 1)
+            return ControllerStats(False, 2, 3, 10, 10, 10, 0, 0, 3, 1, 1, gaps, 1, raft_journal_flushes=flushes)
 
     registry = CollectorRegistry()
     registry.register(ControllerCollector(lambda: Node()))
@@ -108,6 +112,9 @@ def test_exported_with_the_controller_families() -> None:
     assert samples[("brook_raft_tick_gap_seconds_bucket", "0.05")] == 2
     assert samples[("brook_raft_tick_gap_seconds_bucket", "0.5")] == 2
     assert families["brook_raft_tick_stalls"].samples[0].value == 1
+    flushed = {(s.name, s.labels.get("le")): s.value for s in families["brook_raft_journal_flush_seconds"].samples}
+    assert flushed[("brook_raft_journal_flush_seconds_count", None)] == 2
+    assert flushed[("brook_raft_journal_flush_seconds_bucket", "0.0005")] == 1
 
     class NotStarted:
         def stats(self) -> ControllerStats:

@@ -166,6 +166,9 @@ def test_event_loop_lag_raft_ticks_and_gc_pauses(ops_cluster: LocalCluster, traf
         tick_stalls = sample_values(text, "brook_raft_tick_stalls_total")
         assert len(ticks) == 1 and ticks[0] > 0 and len(tick_stalls) == 1 and tick_stalls[0] <= ticks[0], \
             f"node {node_id}: {ticks} Raft ticks, {tick_stalls} stalls"
+        # Each voter flushed its journal before it acknowledged the entries the traffic made.
+        flushes = sample_values(text, "brook_raft_journal_flush_seconds_count")
+        assert len(flushes) == 1 and flushes[0] > 0, f"node {node_id}: {flushes} Raft journal flushes"
 
 
 def test_rpc_and_quorum_families(ops_cluster: LocalCluster, traffic: dict[str, int]) -> None:
