@@ -22,6 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 TARGET_NAMES = ("batch_header", "records", "rpc", "controller", "kafka")
+SCRATCH_ENV = "BROOK_FUZZ_SCRATCH"  # a directory for the worker's files, removed by the runner
 _DONE = re.compile(r"Done (\d+) runs in (\d+) second")
 _STAT = re.compile(r"^#(\d+)\s", re.MULTILINE)
 
@@ -44,13 +45,17 @@ def _worker(target: str, libfuzzer_args: list[str]) -> None:
 
 def _run_target(target: str, seconds: int, runs: int, crash_dir: Path) -> tuple[int, bool, str]:
     """(executions, crashed?, tail of the output) of one bounded libFuzzer run."""
-    with tempfile.TemporaryDirectory(prefix=f"brook-fuzz-{target}-") as work:
+    # The worker's files (the rpc target's logs) go under ``scratch``, removed here: libFuzzer ends the worker
+    # without running its exit handlers, which left a directory in /tmp per run.
+    with tempfile.TemporaryDirectory(prefix=f"brook-fuzz-{target}-") as work, \
+            tempfile.TemporaryDirectory(prefix=f"brook-fuzz-{target}-scratch-") as scratch:
         args = [f"-max_total_time={seconds}", f"-artifact_prefix={crash_dir}/{target}-",
                 "-rss_limit_mb=2048", "-timeout=30", "-print_final_stats=1", work, str(HERE / "corpus" / target)]
         if runs > 0:
             args.insert(0, f"-runs={runs}")
         proc = subprocess.run([sys.executable, str(Path(__file__)), "--worker", target, "--", *args],
-                              capture_output=True, text=True, errors="replace", timeout=seconds + 300)
+                              capture_output=True, text=True, errors="replace", timeout=seconds + 300,
+                              env={**os.environ, SCRATCH_ENV: scratch})
     out = proc.stdout + proc.stderr
     done = _DONE.search(out)
     if done:

@@ -24,6 +24,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import logging
+import os
 import random
 import shutil
 import struct
@@ -271,7 +272,8 @@ class RpcHarness:
 
         self.pb = broker_pb2
         self.max_log_bytes = max_log_bytes
-        self.dir = Path(tempfile.mkdtemp(prefix="brook-fuzz-rpc-"))
+        # Under run.py's SCRATCH_ENV directory when it runs us (libFuzzer's end skips our exit handlers).
+        self.dir = Path(tempfile.mkdtemp(prefix="brook-fuzz-rpc-", dir=os.environ.get("BROOK_FUZZ_SCRATCH")))
         # Topic r's follower (broker 2) is in the ISR and never shrinks out of it: the harness has no
         # controller to send the AlterPartition to.
         defaults = {"auto.create.topics.enable": "false", "log.cleaner.enable": "false",
