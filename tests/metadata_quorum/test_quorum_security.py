@@ -146,7 +146,6 @@ def test_an_unauthenticated_pickle_frame_is_dropped_unread(tmp_path: Path,
 _BARE_NODE = """
 import sys, time
 from pysyncobj import SyncObj, SyncObjConf
-from pysyncobj.tcp_connection import CONNECTION_STATE
 node = SyncObj(sys.argv[1], [], SyncObjConf(password=None, bindAddress=sys.argv[1], useFork=False))
 node.waitBinded()
 print("bound", flush=True)
@@ -185,7 +184,9 @@ def test_a_sender_holding_the_password_runs_no_code_on_a_voter(tmp_path: Path, q
 
         def sent_to_all() -> bool:
             for node in rogue._SyncObj__otherNodes:
-                if transport.send(node, {"type": "request_vote", "term": 1, "last_log_index": 0, "last_log_term": 0, "x": _Exploit(marker)}):
+                vote = {"type": "request_vote", "term": 1, "last_log_index": 0, "last_log_term": 0,
+                        "x": _Exploit(marker)}
+                if transport.send(node, vote):
                     sent.add(node.address)
             return len(sent) == len(rafts)
 
