@@ -11,12 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from mounts import tmpfs
 
-from metadata_quorum.quorum_journal import FailStopJournal
+from metadata_quorum.quorum_journal import SLOW_FLUSH_S, FailStopJournal
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,10 +99,6 @@ def test_the_journal_is_flushed_once_a_second_only_when_it_changed(tmp_path: Pat
 
 
 def test_each_flush_is_timed_and_a_slow_one_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    import time
-
-    from metadata_quorum.quorum_journal import SLOW_FLUSH_S
-
     journal = FailStopJournal(str(tmp_path / "quorum.journal"), lambda *a: pytest.fail(f"journal failure {a}"))
     try:
         journal.sync()  # nothing written: no flush
