@@ -978,12 +978,7 @@ def _fetch_refused(req: broker_pb2.FetchRequest, error: errors.BrookError) -> br
 
 
 def _fetch_error_all(req: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
-    resp = broker_pb2.FetchResponse()
-    for fp in one_entry_per_partition(req).partitions:
-        resp.partitions.add(topic=fp.topic, partition=fp.partition, error_code=ErrorCode.UNKNOWN_SERVER_ERROR,
-                            error_message="internal error", high_watermark=-1, log_start_offset=-1,
-                            log_end_offset=-1)
-    return resp
+    return _fetch_refused(req, errors.error_for(ErrorCode.UNKNOWN_SERVER_ERROR, "internal error"))
 
 
 def _without_topics(req: Any, denied: set[str]) -> Any:
