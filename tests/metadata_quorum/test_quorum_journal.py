@@ -11,12 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
+import types
 from pathlib import Path
 
 import pytest
 from mounts import tmpfs
 
+from metadata_quorum import quorum_journal
 from metadata_quorum.quorum_journal import SLOW_FLUSH_S, FailStopJournal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +99,10 @@ def test_the_journal_is_flushed_once_a_second_only_when_it_changed(tmp_path: Pat
     journal._destroy()
 
 
-def test_each_flush_is_timed_and_a_slow_one_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_each_flush_is_timed_and_a_slow_one_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]  # the journal's clock, moved by the flushes below: no real waiting
+    monkeypatch.setattr(quorum_journal, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     journal = FailStopJournal(str(tmp_path / "quorum.journal"), lambda *a: pytest.fail(f"journal failure {a}"))
     try:
         journal.sync()  # nothing written: no flush
@@ -112,7 +116,7 @@ def test_each_flush_is_timed_and_a_slow_one_is_logged(tmp_path: Path, caplog: py
         flush = journal.flush
 
         def slow() -> None:  # a disk that takes longer than SLOW_FLUSH_S
-            time.sleep(SLOW_FLUSH_S + 0.02)
+            now[0] += SLOW_FLUSH_S + 0.02
             flush()
         journal.flush = slow  # type: ignore[method-assign]
         journal.add(b"entry", 2, 1)
