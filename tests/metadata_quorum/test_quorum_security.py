@@ -144,12 +144,12 @@ def test_an_unauthenticated_pickle_frame_is_dropped_unread(tmp_path: Path,
 # A bare pysyncobj node in a process of its own: this process has Brook's quorum modules, which make pysyncobj
 # unpickle data only.
 _BARE_NODE = """
-import sys, time
+import sys
 from pysyncobj import SyncObj, SyncObjConf
 node = SyncObj(sys.argv[1], [], SyncObjConf(password=None, bindAddress=sys.argv[1], useFork=False))
 node.waitBinded()
 print("bound", flush=True)
-time.sleep(60)
+sys.stdin.read()  # serves until the test closes its stdin (or kills it)
 """
 
 
@@ -158,7 +158,8 @@ def test_without_a_password_the_same_frame_runs_code(tmp_path: Path) -> None:
     """Why the password is mandatory, on loopback too: the exploit is real. Shown on a bare pysyncobj
     node on loopback without a password (MetadataRaft refuses to be one), as any local user would."""
     address = f"127.0.0.1:{free_port()}"
-    node = subprocess.Popen([sys.executable, "-c", _BARE_NODE, address], stdout=subprocess.PIPE, text=True)
+    node = subprocess.Popen([sys.executable, "-c", _BARE_NODE, address], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
     try:
         assert node.stdout is not None and node.stdout.readline().strip() == "bound"
         marker = tmp_path / "pwned"
