@@ -13,8 +13,10 @@ There is no exemption for loopback: every local user (and anything a local proce
 made to connect for it) reaches a loopback port, and would run code as the controller and
 read the metadata log (SCRAM credentials, ACLs) as a pysyncobj "readonly" node.
 
-Whoever holds the password can still run code on every voter (the frames are pickles):
-it is as sensitive as a root credential of the controller hosts.
+Behind the password, frames are unpickled as data only (``quorum_pickle``), and pysyncobj's admin
+commands and readonly nodes are refused (``raft_transport``). Whoever holds it can still name
+itself as a voter and speak Raft to the voters that voter dials (pysyncobj's identities are what a
+caller says): it is as sensitive as a root credential of the controller hosts.
 """
 
 from __future__ import annotations

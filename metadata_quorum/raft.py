@@ -715,6 +715,12 @@ class MetadataRaft:
         return self._leadership
 
     @property
+    def connections_refused(self) -> int:
+        """Connections to the quorum port closed after the key exchange for what they said they were: pysyncobj
+        admin commands, readonly nodes, a voter this voter dials itself (raft_transport.BoundedTCPTransport)."""
+        return int(getattr(self._syncobj._SyncObj__transport, "refused_connections", 0))
+
+    @property
     def journal_flushes(self) -> LatencyHistogram | None:
         """The journal's flush times (None for a journal in memory)."""
         journal = self._syncobj._SyncObj__raftLog

@@ -27,7 +27,12 @@ partition logs, and a connection that sends nothing was never timed out.
   closed its listening socket for good on any failed accept, EMFILE included: a voter out of
   descriptors for a moment stopped taking its peers' connections until it was restarted. Now a
   connection that fails is skipped, and running out of descriptors or memory pauses accepting for
-  ``ACCEPT_PAUSE_S`` (polling on would spin on the queued connection) with the port left open.
+  ``ACCEPT_PAUSE_S`` (polling on would spin on the queued connection) with the port left open;
+- behind the key exchange, pysyncobj took three kinds of callers: its voters, its admin commands
+  (syncobj_admin: ``status``, ``transfer``, ``set_version``, ``add``, ``remove``) and "readonly" nodes. Any
+  holder of the password could thus move the leadership at will and was streamed the metadata log. Only
+  voters are taken now, and only as pysyncobj connects them (each dials the voters whose addresses sort
+  below its own); the others are closed, logged and counted (``_refusal``).
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ _LENGTH = struct.Struct("i")  # pysyncobj's frame prefix: native-endian signed i
 # The key of every Raft message naming the highest brook.metadata.version its sender's release supports.
 LEVEL_STAMP = "brook_level"
 FENCE_LOG_EVERY_S = 30.0
+REFUSAL_LOG_EVERY_S = 30.0  # one WARNING per client address and period for the connections _refusal closes
+REFUSAL_LOG_ADDRESSES = 1024  # addresses remembered for that (then forgotten at once)
 
 
 class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
@@ -187,6 +194,8 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Voters fenced for their release -> when that was last logged (pysyncobj's tick thread only).
         self._fenced: dict[Any, float] = {}
+        self.refused_connections = 0  # closed after the key exchange for what they said they were (_refusal)
+        self._refusals_logged: dict[str, float] = {}  # client address -> when its refusal was last logged
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -252,9 +261,52 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
         return min(candidates, key=lambda c: c.accepted_at)
 
     def _onIncomingMessageReceived(self, conn: TcpConnection, message: Any) -> None:  # noqa: N802
+        # Called until the connection has named itself. With a password, its first message is its key.
+        if not self._syncObj.encryptor or conn.sendRandKey:
+            refusal = self._refusal(message)
+            if refusal is not None:
+                self._refuse(conn, refusal)
+                return
         super()._onIncomingMessageReceived(conn, message)
         if conn not in self._unknownConnections and self._connToNode(conn) is not None:
             conn.frame_max_bytes = PEER_FRAME_MAX_BYTES  # passed the key exchange and named itself
+
+    def _refusal(self, message: Any) -> str | None:
+        """Why a connection that passed the key exchange may not take part, by what it says it is (None: it may).
+
+        pysyncobj takes three kinds of callers there, and a Brook voter has use for one: its configured voters,
+        each dialling only the voters whose addresses sort below its own (``_shouldConnect``). Its admin commands
+        (``status``, ``transfer``, ``set_version``, ``add``, ``remove``: syncobj_admin) would let any holder of
+        the password move the leadership at will, and a "readonly" node is sent the whole metadata log (SCRAM
+        credentials, ACLs). Brook reads the quorum through its own RPCs (``brook cluster quorum``)."""
+        if isinstance(message, list):
+            command = str(message[0])[:40] if message else ""
+            return f"a pysyncobj admin command ({command!r}); voters take none"
+        if message == "readonly":
+            return "a pysyncobj readonly node, which would be sent the metadata log"
+        node = self._nodeAddrToNode.get(message) if isinstance(message, str) else None
+        if node is not None and self._shouldConnect(node):
+            return (f"it names voter {message}, which this voter dials itself (a voter dials only those whose "
+                    f"addresses sort below its own)")
+        return None
+
+    def _refuse(self, conn: TcpConnection, why: str) -> None:
+        self._unknownConnections.discard(conn)
+        conn.disconnect()
+        self.refused_connections += 1
+        peer = getattr(conn, "peer_host", "") or "?"
+        now = time.monotonic()
+        logged = self._refusals_logged
+        if now - logged.get(peer, float("-inf")) >= REFUSAL_LOG_EVERY_S:
+            if len(logged) >= REFUSAL_LOG_ADDRESSES:
+                logged.clear()
+            logged[peer] = now
+            if self._syncObj.encryptor:
+                log.warning("quorum port: a connection from %s holds the quorum password and was closed: %s. If "
+                            "that is not a voter of this quorum, the password has leaked: change it on every voter",
+                            peer, why)
+            else:
+                log.warning("quorum port: a connection from %s was closed: %s", peer, why)
 
     def _onTick(self) -> None:  # noqa: N802 - pysyncobj's name
         super()._onTick()

@@ -25,7 +25,10 @@ from pathlib import Path
 
 import pytest
 from pysyncobj import SyncObj, SyncObjConf
-from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.node import TCPNode
+from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
+from pysyncobj.transport import TCPTransport
+from pysyncobj.utility import TcpUtility, UtilityException
 from quorum_helpers import free_port
 from waiting import wait_for
 
@@ -170,15 +173,32 @@ def test_without_a_password_the_same_frame_runs_code(tmp_path: Path) -> None:
         node.wait()
 
 
+def impostor(password: str, claims: str, voters: list[str]) -> SyncObj:
+    """A pysyncobj node holding the password that dials ``voters`` and names itself ``claims`` (a voter's address:
+    pysyncobj's identities are whatever a caller says after the key exchange)."""
+
+    class Impostor(TCPTransport):  # type: ignore[misc]
+        def _sendSelfAddress(self, conn: TcpConnection) -> None:  # noqa: N802 - pysyncobj's name
+            conn.send(claims)
+
+        def _shouldConnect(self, node: object) -> bool:  # noqa: N802 - pysyncobj's name
+            return isinstance(node, TCPNode)
+
+    return SyncObj(f"127.0.0.1:{free_port()}", voters, SyncObjConf(password=password, useFork=False),
+                   transportClass=Impostor)
+
+
 @pytest.mark.slow
 def test_a_sender_holding_the_password_runs_no_code_on_a_voter(tmp_path: Path, quorum_password: str,
                                                               protected_quorum: list[MetadataRaft]) -> None:
     # The password's HMAC lets its holder's frames through to the unpickler, and pysyncobj's unpickled anything:
-    # a readonly pysyncobj node with the password ran this on every voter it reached (a marker file, where a real
-    # attacker would start a shell). The voters now unpickle data only: the frame is dropped with its connection.
-    rafts = protected_quorum
+    # a pysyncobj node with the password ran this on every voter it reached (a marker file, where a real attacker
+    # would start a shell). The voters now unpickle data only: the frame is dropped with its connection. The sender
+    # names itself as the voter with the highest address, which dials the other two: they take it for that voter.
+    rafts = sorted(protected_quorum, key=lambda r: r.self_address)
+    targets = rafts[:-1]
     marker = tmp_path / "pwned"
-    rogue = SyncObj(None, [r.self_address for r in rafts], SyncObjConf(password=quorum_password, useFork=False))
+    rogue = impostor(quorum_password, rafts[-1].self_address, [r.self_address for r in targets])
     try:
         transport = rogue._SyncObj__transport
         sent: set[str] = set()
@@ -189,7 +209,7 @@ def test_a_sender_holding_the_password_runs_no_code_on_a_voter(tmp_path: Path, q
                         "x": _Exploit(marker)}
                 if transport.send(node, vote):
                     sent.add(node.address)
-            return len(sent) == len(rafts)
+            return len(sent) == len(targets)
 
         wait_for(sent_to_all, 30, "the password holder's frame sent to every voter")
         dropped: set[str] = set()
@@ -199,10 +219,50 @@ def test_a_sender_holding_the_password_runs_no_code_on_a_voter(tmp_path: Path, q
                 connection = transport._connections.get(node)
                 if connection is None or connection.state != CONNECTION_STATE.CONNECTED:
                     dropped.add(node.address)
-            return marker.exists() or len(dropped) == len(rafts)
+            return marker.exists() or len(dropped) == len(targets)
 
         wait_for(answered, 30, "every voter to drop the connection of the frame it refused")
         assert not marker.exists(), "a voter ran code from a pickle sent by a holder of the quorum password"
+    finally:
+        rogue.destroy()
+    commits(rafts, 1)
+
+
+@pytest.mark.slow
+def test_a_password_holder_gets_no_admin_command_and_no_log_as_a_readonly_node(
+        quorum_password: str, protected_quorum: list[MetadataRaft]) -> None:
+    # pysyncobj answered its admin commands to any holder of the password ("status" with the voter's view,
+    # "transfer" by handing the leadership over, so a loop of them kept the controller moving), and streamed the
+    # whole metadata log (SCRAM credentials, ACLs) to a "readonly" node. Brook's voters use neither.
+    rafts = protected_quorum
+    commits(rafts, 1)
+    leader = next(r for r in rafts if r.leadership()[0])
+    utility = TcpUtility(quorum_password, timeout=5)
+    for command in (["status"], ["transfer"]):
+        with pytest.raises(UtilityException):
+            answer = utility.executeCommand(leader.self_address, command)
+            pytest.fail(f"the leader answered {command}: {answer!r}")
+    reader = SyncObj(None, [r.self_address for r in rafts], SyncObjConf(password=quorum_password, useFork=False))
+    try:
+        wait_for(lambda: all(r.connections_refused >= (3 if r is leader else 1) for r in rafts), 30,
+                 "every voter to close the readonly node's connection")
+        assert reader.raftCommitIndex <= 1 and len(reader._SyncObj__raftLog) <= 1, \
+            f"the readonly node was sent the metadata log up to {reader.raftCommitIndex}"
+    finally:
+        reader.destroy()
+    commits(rafts, 2)
+
+
+@pytest.mark.slow
+def test_a_caller_naming_a_voter_this_voter_dials_itself_is_closed(quorum_password: str,
+                                                                   protected_quorum: list[MetadataRaft]) -> None:
+    # pysyncobj's voters dial only those whose addresses sort below theirs: a caller naming the lowest voter
+    # to the two others is not that voter. Before, they took it for the voter and replaced its connection.
+    rafts = sorted(protected_quorum, key=lambda r: r.self_address)
+    rogue = impostor(quorum_password, rafts[0].self_address, [r.self_address for r in rafts[1:]])
+    try:
+        wait_for(lambda: all(r.connections_refused >= 1 for r in rafts[1:]), 30,
+                 "both voters to close the caller naming the lowest voter")
     finally:
         rogue.destroy()
     commits(rafts, 1)
