@@ -707,6 +707,11 @@ class ControllerCollector(_SafeCollector):
                                  "Time to flush this controller's Raft journal (msync) before it sends anything that "
                                  "counts new entries (etcd's wal_fsync_duration): every message waits for it.",
                                  s.raft_journal_flushes)
+            yield CounterMetricFamily("brook_raft_connections_refused",
+                                      "Connections to this controller's quorum port that held the quorum password and "
+                                      "were closed for what they said they were: a pysyncobj admin command, a readonly "
+                                      "node, or a voter this one dials itself (each logged at WARNING, throttled).",
+                                      value=s.raft_connections_refused)
             yield CounterMetricFamily("brook_raft_tick_stalls",
                                       "Raft tick gaps of half the shortest election timeout or more (each logged at "
                                       "WARNING): as leader, heartbeats were late enough for an election.",

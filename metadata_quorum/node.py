@@ -205,6 +205,7 @@ class ControllerStats:
     mutations_throttled: int = 0
     mutations_over_quota: int = 0
     raft_journal_flushes: LatencyHistogram | None = None  # the Raft journal's flush times (None: not on disk)
+    raft_connections_refused: int = 0  # quorum-port callers closed for what they said they were
 
 
 class VoterLevels:
@@ -471,4 +472,5 @@ class ControllerNode:
                                fenced, offline, brokers, topics, partitions, raft.tick_gaps, raft.tick_stalls_total,
                                *raft.pre_vote_rounds(), gate.refused_total, gate.watchdog.cancelled_total,
                                gate.workers_refused_total, gate.busy, quota.refused, quota.accepted_over_quota,
-                               raft_journal_flushes=raft.journal_flushes)
+                               raft_journal_flushes=raft.journal_flushes,
+                               raft_connections_refused=raft.connections_refused)

@@ -102,7 +102,8 @@ def test_exported_with_the_controller_families() -> None:
 
     class Node:
         def stats(self) -> ControllerStats:
-            return ControllerStats(False, 2, 3, 10, 10, 10, 0, 0, 3, 1, 1, gaps, 1, raft_journal_flushes=flushes)
+            return ControllerStats(False, 2, 3, 10, 10, 10, 0, 0, 3, 1, 1, gaps, 1, raft_journal_flushes=flushes,
+                                   raft_connections_refused=2)
 
     registry = CollectorRegistry()
     registry.register(ControllerCollector(lambda: Node()))
@@ -115,6 +116,7 @@ def test_exported_with_the_controller_families() -> None:
     flushed = {(s.name, s.labels.get("le")): s.value for s in families["brook_raft_journal_flush_seconds"].samples}
     assert flushed[("brook_raft_journal_flush_seconds_count", None)] == 2
     assert flushed[("brook_raft_journal_flush_seconds_bucket", "0.0005")] == 1
+    assert families["brook_raft_connections_refused"].samples[0].value == 2
 
     class NotStarted:
         def stats(self) -> ControllerStats:
