@@ -717,7 +717,7 @@ class MetadataRaft:
     @property
     def connections_refused(self) -> int:
         """Connections to the quorum port closed after the key exchange for what they said they were: pysyncobj
-        admin commands, readonly nodes, a voter this voter dials itself (raft_transport.BoundedTCPTransport)."""
+        admin commands, readonly nodes, a voter this voter dials itself, no voter (raft_transport._refusal)."""
         return int(getattr(self._syncobj._SyncObj__transport, "refused_connections", 0))
 
     @property

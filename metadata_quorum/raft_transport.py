@@ -32,7 +32,8 @@ partition logs, and a connection that sends nothing was never timed out.
   (syncobj_admin: ``status``, ``transfer``, ``set_version``, ``add``, ``remove``) and "readonly" nodes. Any
   holder of the password could thus move the leadership at will and was streamed the metadata log. Only
   voters are taken now, and only as pysyncobj connects them (each dials the voters whose addresses sort
-  below its own); the others are closed, logged and counted (``_refusal``).
+  below its own); the others are closed, logged and counted (``_refusal``), as is a caller naming no voter
+  (pysyncobj's lookup of a name that is not a string failed its tick with a TypeError, each time).
 """
 
 from __future__ import annotations
@@ -280,12 +281,15 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
         the password move the leadership at will, and a "readonly" node is sent the whole metadata log (SCRAM
         credentials, ACLs). Brook reads the quorum through its own RPCs (``brook cluster quorum``)."""
         if isinstance(message, list):
-            command = str(message[0])[:40] if message else ""
-            return f"a pysyncobj admin command ({command!r}); voters take none"
+            command = message[0] if message and isinstance(message[0], str) else ""
+            return f"a pysyncobj admin command ({command[:40]!r}); voters take none"
         if message == "readonly":
             return "a pysyncobj readonly node, which would be sent the metadata log"
         node = self._nodeAddrToNode.get(message) if isinstance(message, str) else None
-        if node is not None and self._shouldConnect(node):
+        if node is None:  # pysyncobj looked a dict up unhashed: a TypeError failed its tick (an ERROR, a pause)
+            shown = message[:80] if isinstance(message, str) else type(message).__name__
+            return f"it names no voter of this quorum ({shown!r})"
+        if self._shouldConnect(node):
             return (f"it names voter {message}, which this voter dials itself (a voter dials only those whose "
                     f"addresses sort below its own)")
         return None

@@ -173,7 +173,7 @@ def test_without_a_password_the_same_frame_runs_code(tmp_path: Path) -> None:
         node.wait()
 
 
-def impostor(password: str, claims: str, voters: list[str]) -> SyncObj:
+def impostor(password: str, claims: object, voters: list[str]) -> SyncObj:
     """A pysyncobj node holding the password that dials ``voters`` and names itself ``claims`` (a voter's address:
     pysyncobj's identities are whatever a caller says after the key exchange)."""
 
@@ -251,6 +251,24 @@ def test_a_password_holder_gets_no_admin_command_and_no_log_as_a_readonly_node(
     finally:
         reader.destroy()
     commits(rafts, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("claim", [{"not": "an address"}, "127.0.0.1:1"], ids=["dict", "unknown-address"])
+def test_a_caller_naming_no_voter_is_closed_without_failing_a_tick(
+        claim: object, quorum_password: str, protected_quorum: list[MetadataRaft],
+        caplog: pytest.LogCaptureFixture) -> None:
+    # pysyncobj looked the name up in a dict: an unhashable one raised TypeError on the tick thread, which logged
+    # it at ERROR and paused the tick (heartbeats, votes) each time; a password holder could repeat it at will.
+    rafts = protected_quorum
+    rogue = impostor(quorum_password, claim, [r.self_address for r in rafts])  # type: ignore[arg-type]
+    try:
+        wait_for(lambda: all(r.connections_refused >= 1 for r in rafts), 30, "every voter to close the caller")
+    finally:
+        rogue.destroy()
+    failed = [r.getMessage() for r in caplog.records if r.name.startswith("pysyncobj") and r.levelno >= 40]
+    assert not failed, f"pysyncobj's tick failed: {failed[:3]}"
+    commits(rafts, 1)
 
 
 @pytest.mark.slow
