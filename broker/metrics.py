@@ -710,7 +710,8 @@ class ControllerCollector(_SafeCollector):
             yield CounterMetricFamily("brook_raft_connections_refused",
                                       "Connections to this controller's quorum port that held the quorum password and "
                                       "were closed for what they said they were: a pysyncobj admin command, a readonly "
-                                      "node, a voter this one dials itself, or no voter (each logged at WARNING, throttled).",
+                                      "node, a voter this one dials itself, no voter, or a Raft message it cannot read "
+                                      "(each logged, throttled).",
                                       value=s.raft_connections_refused)
             yield CounterMetricFamily("brook_raft_tick_stalls",
                                       "Raft tick gaps of half the shortest election timeout or more (each logged at "

@@ -717,7 +717,8 @@ class MetadataRaft:
     @property
     def connections_refused(self) -> int:
         """Connections to the quorum port closed after the key exchange for what they said they were: pysyncobj
-        admin commands, readonly nodes, a voter this voter dials itself, no voter (raft_transport._refusal)."""
+        admin commands, readonly nodes, a voter this voter dials itself, no voter (raft_transport._refusal), and
+        voters' connections whose Raft message pysyncobj could not read (raft_transport._drop_malformed)."""
         return int(getattr(self._syncobj._SyncObj__transport, "refused_connections", 0))
 
     @property

@@ -33,12 +33,16 @@ partition logs, and a connection that sends nothing was never timed out.
   holder of the password could thus move the leadership at will and was streamed the metadata log. Only
   voters are taken now, and only as pysyncobj connects them (each dials the voters whose addresses sort
   below its own); the others are closed, logged and counted (``_refusal``), as is a caller naming no voter
-  (pysyncobj's lookup of a name that is not a string failed its tick with a TypeError, each time).
+  (pysyncobj's lookup of a name that is not a string failed its tick with a TypeError, each time);
+- a Raft message pysyncobj's handler cannot read (it indexes what it unpickled: a list, a number, a dict
+  without ``type``) raised on the tick thread, which logged an ERROR and paused a tick period each time.
+  It is dropped and the connection it came on closed (``_drop_malformed``).
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import socket
 import struct
@@ -74,6 +78,9 @@ LEVEL_STAMP = "brook_level"
 FENCE_LOG_EVERY_S = 30.0
 REFUSAL_LOG_EVERY_S = 30.0  # one WARNING per client address and period for the connections _refusal closes
 REFUSAL_LOG_ADDRESSES = 1024  # addresses remembered for that (then forgotten at once)
+# What pysyncobj's message handler raises on a message of the wrong shape (it indexes what it unpickled). Not
+# ValueError or OSError: a failing journal raises those, and its own handler stops the voter.
+_MALFORMED = (KeyError, TypeError, IndexError, AttributeError)
 
 
 class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]
@@ -195,7 +202,9 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Voters fenced for their release -> when that was last logged (pysyncobj's tick thread only).
         self._fenced: dict[Any, float] = {}
-        self.refused_connections = 0  # closed after the key exchange for what they said they were (_refusal)
+        # Closed after the key exchange for what they said they were (_refusal) or sent (_drop_malformed).
+        self.refused_connections = 0
+        self._receiving: TcpConnection | None = None  # the connection whose message is being handled, if accepted
         self._refusals_logged: dict[str, float] = {}  # client address -> when its refusal was last logged
         super().__init__(*args, **kwargs)
 
@@ -229,7 +238,31 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
         if fenced and fenced.pop(node, None) is not None:
             log.warning("quorum: voter %s now runs a release that supports the cluster's brook.metadata.version "
                         "%d: it takes part in the quorum again", getattr(node, "address", node), level)
-        super()._onMessageReceived(node, message)
+        try:
+            super()._onMessageReceived(node, message)
+        except _MALFORMED as exc:
+            self._drop_malformed(node, message, exc)
+
+    def _drop_malformed(self, node: Any, message: Any, exc: BaseException) -> None:
+        """A message pysyncobj's handler could not read (not a dict, a key missing, a value of the wrong type): it
+        raised on the tick thread, which logged an ERROR and paused a tick period (heartbeats, votes) before going
+        on, for each such message. Only a holder of the password can send one; its connection is closed."""
+        self.refused_connections += 1
+        conn = self._receiving or self._connections.get(node)  # the latter: a connection this voter dialled
+        if conn is not None:
+            conn.disconnect()
+        now = time.monotonic()
+        address = str(getattr(node, "address", node))
+        if now - self._refusals_logged.get(address, float("-inf")) >= REFUSAL_LOG_EVERY_S:
+            if len(self._refusals_logged) >= REFUSAL_LOG_ADDRESSES:
+                self._refusals_logged.clear()
+            self._refusals_logged[address] = now
+            kind = message.get("type") if isinstance(message, dict) else None
+            kind = kind if isinstance(kind, str) else type(message).__name__
+            log.error("quorum: a Raft message from %s that this voter cannot read (%.40r: %s: %.100s) was dropped "
+                      "and the connection closed. A voter of this quorum does not send one: if that address "
+                      "runs one, compare their releases; if not, the quorum password has leaked",
+                      address, kind, type(exc).__name__, exc)
 
     def _createServer(self) -> None:  # noqa: N802 - pysyncobj's name
         super()._createServer()
@@ -269,8 +302,19 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
                 self._refuse(conn, refusal)
                 return
         super()._onIncomingMessageReceived(conn, message)
-        if conn not in self._unknownConnections and self._connToNode(conn) is not None:
+        node = self._connToNode(conn) if conn not in self._unknownConnections else None
+        if node is not None:
             conn.frame_max_bytes = PEER_FRAME_MAX_BYTES  # passed the key exchange and named itself
+            # Its messages name the connection they came on: a malformed one closes that connection, not the
+            # node's latest (two callers may name the same voter).
+            conn.setOnMessageReceivedCallback(functools.partial(self._received_on, conn, node))
+
+    def _received_on(self, conn: TcpConnection, node: Any, message: Any) -> None:
+        self._receiving = conn
+        try:
+            self._onMessageReceived(node, message)
+        finally:
+            self._receiving = None
 
     def _refusal(self, message: Any) -> str | None:
         """Why a connection that passed the key exchange may not take part, by what it says it is (None: it may).
