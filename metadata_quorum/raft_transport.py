@@ -36,7 +36,10 @@ partition logs, and a connection that sends nothing was never timed out.
   (pysyncobj's lookup of a name that is not a string failed its tick with a TypeError, each time);
 - a Raft message pysyncobj's handler cannot read (it indexes what it unpickled: a list, a number, a dict
   without ``type``) raised on the tick thread, which logged an ERROR and paused a tick period each time.
-  It is dropped and the connection it came on closed (``_drop_malformed``).
+  It is dropped and the connection it came on closed (``_drop_malformed``);
+- pysyncobj inflated a frame whole (``zlib.decompress``) once its HMAC passed: a voter's frame may be 16 MiB
+  compressed, and zeros inflate about a thousand times. Frames inflate up to ``INFLATED_FRAME_MAX_BYTES``,
+  a megabyte at a time, and are dropped with their connection past it (``_BoundedInflate``).
 """
 
 from __future__ import annotations
@@ -47,9 +50,11 @@ import logging
 import socket
 import struct
 import time
+import zlib
 from collections import Counter
-from typing import Any
+from typing import Any, NoReturn
 
+import pysyncobj.tcp_connection
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.tcp_server import TcpServer
@@ -78,9 +83,66 @@ LEVEL_STAMP = "brook_level"
 FENCE_LOG_EVERY_S = 30.0
 REFUSAL_LOG_EVERY_S = 30.0  # one WARNING per client address and period for the connections _refusal closes
 REFUSAL_LOG_ADDRESSES = 1024  # addresses remembered for that (then forgotten at once)
+# pysyncobj inflates a frame whole (zlib.decompress) after its HMAC passes and before anything looks at it. A voter's
+# frame may be 16 MiB compressed; zeros inflate about a thousand times, so one frame from a holder of the password
+# made a voter allocate 16 GB. Frames are inflated up to this bound (``_BoundedInflate``), and dropped past it.
+INFLATED_FRAME_MAX_BYTES = 4 * PEER_FRAME_MAX_BYTES
+INFLATE_LOG_EVERY_S = 30.0
+_INFLATE_STEP_BYTES = 1 << 20
 # What pysyncobj's message handler raises on a message of the wrong shape (it indexes what it unpickled). Not
 # ValueError or OSError: a failing journal raises those, and its own handler stops the voter.
 _MALFORMED = (KeyError, TypeError, IndexError, AttributeError)
+
+
+class _BoundedInflate:
+    """What ``pysyncobj.tcp_connection`` sees as ``zlib`` (``install``): ``decompress`` stops at
+    ``INFLATED_FRAME_MAX_BYTES`` and raises past it, which pysyncobj's frame parser answers by closing the
+    connection. ``compress`` is zlib's."""
+
+    compress = staticmethod(zlib.compress)
+    error = zlib.error
+    refused = 0  # frames dropped for inflating past the bound, in this process
+    _logged_at = float("-inf")
+
+    @classmethod
+    def decompress(cls, data: bytes) -> bytes:
+        # A megabyte at a time: one call with the bound as its limit held the bound twice (its buffer, then the
+        # bytes made of it) before it could stop.
+        inflater = zlib.decompressobj()
+        parts: list[bytes] = []
+        total = 0
+        tail = data
+        while True:
+            part = inflater.decompress(tail, _INFLATE_STEP_BYTES)
+            total += len(part)
+            if total > INFLATED_FRAME_MAX_BYTES:
+                cls._refuse(len(data))
+            parts.append(part)
+            tail = inflater.unconsumed_tail
+            if inflater.eof or not (tail or part):
+                break
+        if not inflater.eof:
+            raise zlib.error("incomplete or truncated stream")
+        return b"".join(parts)
+
+    @classmethod
+    def _refuse(cls, size: int) -> NoReturn:
+        cls.refused += 1
+        now = time.monotonic()
+        if now - cls._logged_at >= INFLATE_LOG_EVERY_S:
+            cls._logged_at = now
+            log.warning("quorum port: a frame of %d bytes that inflates past %d bytes was dropped with its "
+                        "connection. It passed the quorum password's check: only a holder of the password sends one",
+                        size, INFLATED_FRAME_MAX_BYTES)
+        raise zlib.error(f"a frame inflating past {INFLATED_FRAME_MAX_BYTES} bytes")
+
+
+def install() -> None:
+    """Make pysyncobj's connections inflate frames with ``_BoundedInflate`` (it calls ``zlib`` through its module)."""
+    pysyncobj.tcp_connection.zlib = _BoundedInflate  # type: ignore[assignment]
+
+
+install()
 
 
 class BoundedTcpConnection(TcpConnection):  # type: ignore[misc]

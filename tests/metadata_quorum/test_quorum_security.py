@@ -19,12 +19,16 @@ import socket
 import struct
 import subprocess
 import sys
+import tracemalloc
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import pysyncobj.tcp_connection
 import pytest
 from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.encryptor import getEncryptor
+from pysyncobj.monotonic import monotonic
 from pysyncobj.node import TCPNode
 from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.transport import TCPTransport
@@ -33,6 +37,7 @@ from quorum_helpers import free_port
 from waiting import wait_for
 
 from metadata_quorum import commands as c
+from metadata_quorum import raft_transport
 from metadata_quorum.quorum_security import check_quorum_protection, password_problem
 from metadata_quorum.raft import MetadataRaft
 from proto import errors
@@ -301,6 +306,85 @@ def test_a_raft_message_pysyncobj_cannot_read_is_dropped_with_its_connection(
         rogue.destroy()
     assert not voters_tick_failures(caplog, rogue)
     commits(rafts, 1)
+
+
+class RawVoterClient:
+    """pysyncobj's handshake by hand, over a plain socket: the password's key exchange, then a name. Frames are a
+    4-byte native length and Fernet(zlib(pickle)); after the exchange each carries the voter's key."""
+
+    def __init__(self, address: str, password: str, name: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.fernet = getEncryptor(password)
+        self.send_raw(zlib.compress(pickle.dumps(os.urandom(32)), 3))  # our key: the voter prefixes its frames with it
+        _ours, self.key = self.read()  # the voter's key, which our frames must carry
+        self.send_raw(zlib.compress(pickle.dumps((self.key, name)), 3))
+
+    def send_raw(self, compressed: bytes) -> None:
+        body = self.fernet.encrypt_at_time(compressed, int(monotonic()))
+        self.sock.sendall(struct.pack("i", len(body)) + body)
+
+    def read(self) -> object:
+        length = struct.unpack("i", self._exactly(4))[0]
+        return pickle.loads(zlib.decompress(self.fernet.decrypt(self._exactly(length))))
+
+    def _exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("closed by the voter")
+            data += chunk
+        return data
+
+    def closed_by_peer(self) -> bool:
+        try:
+            while True:
+                if not self.sock.recv(65536):
+                    return True
+        except (ConnectionError, TimeoutError, OSError):
+            return True
+
+
+def zlib_of_zeros(n_mib: int) -> bytes:
+    deflate = zlib.compressobj(9)
+    return b"".join(deflate.compress(bytes(1 << 20)) for _ in range(n_mib)) + deflate.flush()
+
+
+@pytest.mark.slow
+def test_a_frame_that_inflates_past_the_bound_is_dropped_before_it_is_inflated(
+        quorum_password: str, protected_quorum: list[MetadataRaft]) -> None:
+    # pysyncobj inflated a frame whole once its HMAC passed: 16 MiB of a holder of the password's zeros inflate to
+    # about 16 GB on the voter. Here 512 MiB of zeros (about 0.5 MiB compressed) from a caller the voter takes for
+    # its highest voter: the voter now stops at INFLATED_FRAME_MAX_BYTES and closes the connection.
+    rafts = sorted(protected_quorum, key=lambda r: r.self_address)
+    refused_before = raft_transport._BoundedInflate.refused
+    client = RawVoterClient(rafts[0].self_address, quorum_password, rafts[-1].self_address)
+    try:
+        bomb = zlib_of_zeros(512)
+        tracemalloc.start()
+        try:
+            client.send_raw(bomb)
+            assert client.closed_by_peer()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    finally:
+        client.sock.close()
+    assert peak < raft_transport.INFLATED_FRAME_MAX_BYTES + (32 << 20), f"{peak >> 20} MiB allocated for the frame"
+    assert raft_transport._BoundedInflate.refused > refused_before
+    commits(rafts, 1)
+
+
+def test_frames_inflate_up_to_the_bound_only() -> None:
+    inflate = pysyncobj.tcp_connection.zlib  # what pysyncobj's connections call
+    assert inflate is raft_transport._BoundedInflate
+    message = pickle.dumps({"type": "append_entries", "entries": [b"x" * 1000] * 100})
+    assert inflate.decompress(zlib.compress(message, 3)) == message
+    with pytest.raises(zlib.error):
+        inflate.decompress(zlib_of_zeros(raft_transport.INFLATED_FRAME_MAX_BYTES // (1 << 20) + 1))
+    with pytest.raises(zlib.error):
+        inflate.decompress(zlib.compress(message, 3)[:-10])
 
 
 @pytest.mark.slow
