@@ -338,11 +338,14 @@ class RawVoterClient:
         return data
 
     def closed_by_peer(self) -> bool:
+        """True once the voter closes the connection, False if it keeps it open past the socket's timeout."""
         try:
             while True:
                 if not self.sock.recv(65536):
                     return True
-        except (ConnectionError, TimeoutError, OSError):
+        except TimeoutError:
+            return False
+        except OSError:  # reset
             return True
 
 
