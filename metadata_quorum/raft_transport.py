@@ -39,7 +39,9 @@ partition logs, and a connection that sends nothing was never timed out.
   It is dropped and the connection it came on closed (``_drop_malformed``);
 - pysyncobj inflated a frame whole (``zlib.decompress``) once its HMAC passed: a voter's frame may be 16 MiB
   compressed, and zeros inflate about a thousand times. Frames inflate up to ``INFLATED_FRAME_MAX_BYTES``,
-  a megabyte at a time, and are dropped with their connection past it (``_BoundedInflate``).
+  a megabyte at a time, and are dropped with their connection past it (``_BoundedInflate``);
+- pysyncobj joins the parts of an entry sent in parts in one buffer with no bound: parts past
+  ``ENTRY_IN_PARTS_MAX_BYTES`` are dropped with their connection (``_transmission_problem``).
 """
 
 from __future__ import annotations
@@ -89,9 +91,13 @@ REFUSAL_LOG_ADDRESSES = 1024  # addresses remembered for that (then forgotten at
 INFLATED_FRAME_MAX_BYTES = 4 * PEER_FRAME_MAX_BYTES
 INFLATE_LOG_EVERY_S = 30.0
 _INFLATE_STEP_BYTES = 1 << 20
-# What pysyncobj's message handler raises on a message of the wrong shape (it indexes what it unpickled). Not
-# ValueError or OSError: a failing journal raises those, and its own handler stops the voter.
-_MALFORMED = (KeyError, TypeError, IndexError, AttributeError)
+# What pysyncobj's message handler raises on a message of the wrong shape (it indexes and unpacks what it
+# unpickled). ValueError too: a failing journal raises it (and OSError), but only after its own handler has
+# stopped the voter (quorum_journal.FailStopJournal), so one that reaches the transport is the message's.
+_MALFORMED = (KeyError, TypeError, IndexError, AttributeError, ValueError)
+# An entry sent in parts is joined in one buffer: Brook's largest commands are a few hundred KiB.
+ENTRY_IN_PARTS_MAX_BYTES = INFLATED_FRAME_MAX_BYTES
+_TRANSMISSION_KINDS = ("start", "process", "finish")
 
 
 class _BoundedInflate:
@@ -300,10 +306,32 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
         if fenced and fenced.pop(node, None) is not None:
             log.warning("quorum: voter %s now runs a release that supports the cluster's brook.metadata.version "
                         "%d: it takes part in the quorum again", getattr(node, "address", node), level)
+        if isinstance(message, dict) and message.get("transmission") is not None:
+            problem = self._transmission_problem(message)
+            if problem is not None:
+                self._drop_malformed(node, message, ValueError(problem))
+                return
         try:
             super()._onMessageReceived(node, message)
         except _MALFORMED as exc:
             self._drop_malformed(node, message, exc)
+
+    def _transmission_problem(self, message: dict[Any, Any]) -> str | None:
+        """Why a part of an entry sent in parts may not be taken (None: it may). pysyncobj sends an entry of
+        ``appendEntriesBatchSizeBytes`` or more in parts ('start', 'process'..., 'finish') and joins them in one
+        buffer of the voter's, with no bound: parts from a holder of the password grew it until memory ran out.
+        Any other kind raised a bare Exception on the tick thread."""
+        kind = message.get("transmission")
+        if kind not in _TRANSMISSION_KINDS:
+            return "an entry part of no kind pysyncobj sends"
+        data = message.get("data")
+        if not isinstance(data, bytes):
+            return "an entry part that is not bytes"
+        held = getattr(self._syncObj, "_SyncObj__recvTransmission", None) if kind != "start" else None
+        total = len(data) + (len(held) if isinstance(held, (bytes, str)) else 0)
+        if total > ENTRY_IN_PARTS_MAX_BYTES:
+            return f"an entry sent in parts past {ENTRY_IN_PARTS_MAX_BYTES} bytes"
+        return None
 
     def _drop_malformed(self, node: Any, message: Any, exc: BaseException) -> None:
         """A message pysyncobj's handler could not read (not a dict, a key missing, a value of the wrong type): it

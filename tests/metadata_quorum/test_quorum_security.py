@@ -379,6 +379,43 @@ def test_a_frame_that_inflates_past_the_bound_is_dropped_before_it_is_inflated(
     commits(rafts, 1)
 
 
+@pytest.mark.slow
+def test_an_entry_sent_in_parts_is_held_up_to_the_bound_only(quorum_password: str,
+                                                            protected_quorum: list[MetadataRaft]) -> None:
+    # pysyncobj joins the parts of a large entry in one buffer with no bound: a holder of the password naming
+    # itself as the highest voter, at a term above the voter's, grew it by 16 MiB a frame until memory ran out.
+    rafts = sorted(protected_quorum, key=lambda r: r.self_address)
+    target = rafts[0]
+    rogue = impostor(quorum_password, rafts[-1].self_address, [target.self_address])
+    part = bytes(16 << 20)  # 16 MiB of zeros: 16 KiB on the wire
+    parts = raft_transport.ENTRY_IN_PARTS_MAX_BYTES // len(part) + 2
+    try:
+        transport = rogue._SyncObj__transport
+        node = next(iter(rogue._SyncObj__otherNodes))
+        # Past the key exchange (pysyncobj calls a connection CONNECTED before it, and a message sent then is
+        # taken for the key's answer and dropped with the connection).
+        wait_for(lambda: transport._connections[node].sendRandKey, 30, "the rogue's key exchange")
+        term = 1_000_000  # above any term the quorum reaches meanwhile: the voter takes each part
+
+        def held() -> int:
+            buffer = target._syncobj._SyncObj__recvTransmission
+            return len(buffer) if isinstance(buffer, bytes) else 0
+
+        for i in range(parts):  # one part at a time: each is taken, or the one past the bound dropped
+            message = {"type": "append_entries", "transmission": "start" if i == 0 else "process", "data": part,
+                       "term": term, "commit_index": 0, "prevLogIdx": 0, "prevLogTerm": 0}
+            wait_for(lambda m=message: transport.send(node, m), 30, f"part {i} sent")  # type: ignore[misc]
+            wait_for(lambda i=i: held() == (i + 1) * len(part) or target.connections_refused, 30,  # type: ignore[misc]
+                     f"part {i} taken or dropped")
+            if target.connections_refused:
+                break
+        assert target.connections_refused >= 1, f"{held() >> 20} MiB of parts taken and none dropped"
+    finally:
+        rogue.destroy()
+    assert held() <= raft_transport.ENTRY_IN_PARTS_MAX_BYTES, f"{held() >> 20} MiB of parts held"
+    commits(rafts, 1)
+
+
 def test_frames_inflate_up_to_the_bound_only() -> None:
     inflate = pysyncobj.tcp_connection.zlib  # what pysyncobj's connections call
     assert inflate is raft_transport._BoundedInflate
