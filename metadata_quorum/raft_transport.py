@@ -273,7 +273,7 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
         # Closed after the key exchange for what they said they were (_refusal) or sent (_drop_malformed).
         self.refused_connections = 0
         self._receiving: TcpConnection | None = None  # the connection whose message is being handled, if accepted
-        self._refusals_logged: dict[str, float] = {}  # client address -> when its refusal was last logged
+        self._refusals_logged: dict[str, float] = {}  # address -> when a refusal of it was last logged
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -341,12 +341,8 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
         conn = self._receiving or self._connections.get(node)  # the latter: a connection this voter dialled
         if conn is not None:
             conn.disconnect()
-        now = time.monotonic()
         address = str(getattr(node, "address", node))
-        if now - self._refusals_logged.get(address, float("-inf")) >= REFUSAL_LOG_EVERY_S:
-            if len(self._refusals_logged) >= REFUSAL_LOG_ADDRESSES:
-                self._refusals_logged.clear()
-            self._refusals_logged[address] = now
+        if self._may_log_refusal(address):
             kind = message.get("type") if isinstance(message, dict) else None
             kind = kind if isinstance(kind, str) else type(message).__name__
             log.error("quorum: a Raft message from %s that this voter cannot read (%.40r: %s: %.100s) was dropped "
@@ -410,7 +406,8 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
         """Why a connection that passed the key exchange may not take part, by what it says it is (None: it may).
 
         pysyncobj takes three kinds of callers there, and a Brook voter has use for one: its configured voters,
-        each dialling only the voters whose addresses sort below its own (``_shouldConnect``). Its admin commands
+        each dialling only the voters whose addresses sort below its own (``_shouldConnect``). A name that is no
+        voter pysyncobj closed itself, but looked up first, which failed its tick for one that is not hashable. Its admin commands
         (``status``, ``transfer``, ``set_version``, ``add``, ``remove``: syncobj_admin) would let any holder of
         the password move the leadership at will, and a "readonly" node is sent the whole metadata log (SCRAM
         credentials, ACLs). Brook reads the quorum through its own RPCs (``brook cluster quorum``)."""
@@ -428,17 +425,23 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
                     f"addresses sort below its own)")
         return None
 
+    def _may_log_refusal(self, key: str) -> bool:
+        """True at most once per ``key`` (a client address, a voter's) and REFUSAL_LOG_EVERY_S."""
+        now = time.monotonic()
+        logged = self._refusals_logged
+        if now - logged.get(key, float("-inf")) < REFUSAL_LOG_EVERY_S:
+            return False
+        if len(logged) >= REFUSAL_LOG_ADDRESSES:
+            logged.clear()
+        logged[key] = now
+        return True
+
     def _refuse(self, conn: TcpConnection, why: str) -> None:
         self._unknownConnections.discard(conn)
         conn.disconnect()
         self.refused_connections += 1
         peer = getattr(conn, "peer_host", "") or "?"
-        now = time.monotonic()
-        logged = self._refusals_logged
-        if now - logged.get(peer, float("-inf")) >= REFUSAL_LOG_EVERY_S:
-            if len(logged) >= REFUSAL_LOG_ADDRESSES:
-                logged.clear()
-            logged[peer] = now
+        if self._may_log_refusal(peer):
             if self._syncObj.encryptor:
                 log.warning("quorum port: a connection from %s holds the quorum password and was closed: %s. If "
                             "that is not a voter of this quorum, the password has leaked: change it on every voter",
