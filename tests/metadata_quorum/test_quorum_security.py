@@ -274,7 +274,7 @@ def test_a_caller_naming_no_voter_is_closed_without_failing_a_tick(
     # pysyncobj looked the name up in a dict: an unhashable one raised TypeError on the tick thread, which logged
     # it at ERROR and paused the tick (heartbeats, votes) each time; a password holder could repeat it at will.
     rafts = protected_quorum
-    rogue = impostor(quorum_password, claim, [r.self_address for r in rafts])  # type: ignore[arg-type]
+    rogue = impostor(quorum_password, claim, [r.self_address for r in rafts])
     try:
         wait_for(lambda: all(r.connections_refused >= 1 for r in rafts), 30, "every voter to close the caller")
     finally:
