@@ -62,6 +62,7 @@ from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.tcp_server import TcpServer
 from pysyncobj.transport import TCPTransport
 
+from broker.log_limits import ThrottledWarning
 from metadata_quorum import (
     features,
     pysyncobj_compat,  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
@@ -106,9 +107,7 @@ class _BoundedInflate:
     connection. ``compress`` is zlib's."""
 
     compress = staticmethod(zlib.compress)
-    error = zlib.error
     refused = 0  # frames dropped for inflating past the bound, in this process
-    _logged_at = float("-inf")
 
     @classmethod
     def decompress(cls, data: bytes) -> bytes:
@@ -134,13 +133,13 @@ class _BoundedInflate:
     @classmethod
     def _refuse(cls, size: int) -> NoReturn:
         cls.refused += 1
-        now = time.monotonic()
-        if now - cls._logged_at >= INFLATE_LOG_EVERY_S:
-            cls._logged_at = now
-            log.warning("quorum port: a frame of %d bytes that inflates past %d bytes was dropped with its "
-                        "connection. It passed the quorum password's check: only a holder of the password sends one",
-                        size, INFLATED_FRAME_MAX_BYTES)
+        _inflate_refusals.warn("quorum port: a frame of %d bytes that inflates past %d bytes was dropped with its "
+                               "connection. It passed the quorum password's check: only a holder of the password "
+                               "sends one", size, INFLATED_FRAME_MAX_BYTES)
         raise zlib.error(f"a frame inflating past {INFLATED_FRAME_MAX_BYTES} bytes")
+
+
+_inflate_refusals = ThrottledWarning(log, every_s=INFLATE_LOG_EVERY_S)
 
 
 def install() -> None:
