@@ -495,16 +495,23 @@ def _trusted_loopback(auth: Authentication) -> bool:
 
 def require_node(context: Any, node_id: int) -> Principal:
     """Refuse (CLUSTER_AUTHORIZATION_FAILED) unless the caller is broker/controller ``node_id`` itself."""
+    if is_node(context, node_id):
+        return node_principal(node_id)
     auth = authenticate(context)
-    if auth.method == AUTH_CERTIFICATE and auth.principal == node_principal(node_id):
-        return auth.principal
-    if _trusted_loopback(auth):
-        return node_principal(node_id)  # single-host plaintext cluster: documented trust of loopback
     log.warning("refused a broker-only request for node %d from %s (%s, peer %s)", node_id, auth.principal,
                 auth.method, auth.peer)
     raise errors.error_for(errors.ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
                            f"{auth.principal} may not act as node {node_id}: broker-only requests need that "
                            f"node's certificate ({node_principal(node_id)})")
+
+
+def is_node(context: Any, node_id: int) -> bool:
+    """Is the caller node ``node_id`` itself: its certificate, or the documented loopback trust of a single-host
+    plaintext cluster? Logs nothing (``require_node`` refuses and logs)."""
+    auth = authenticate(context)
+    if auth.method == AUTH_CERTIFICATE:
+        return auth.principal == node_principal(node_id)
+    return _trusted_loopback(auth)
 
 
 def is_node_caller(context: Any) -> bool:

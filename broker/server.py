@@ -340,7 +340,7 @@ class BrokerServer:
         self.log_manager.startup()
         self.previous_incarnation_id = record_incarnation(s.log_dirs[0], self.incarnation_id)
         self.controller_client = ControllerClient(list(s.controller_endpoints), timeout_s=10,
-                                                  security=s.controller_security)
+                                                  security=s.controller_security, broker_id=s.node_id)
         fetcher_cfg = FetcherConfig(
             max_wait_ms=int(s.defaults.get("replica.fetch.wait.max.ms", "500")),
             max_bytes=int(s.defaults.get("replica.fetch.response.max.bytes", str(16 * 1024 * 1024))),

@@ -73,12 +73,16 @@ class ControllerClient:
     """Calls the active controller of a quorum; thread-safe."""
 
     def __init__(self, endpoints: list[tuple[str, int]], *, timeout_s: float = 10.0,
-                 security: SecurityConfig | None = None) -> None:
+                 security: SecurityConfig | None = None, broker_id: int | None = None) -> None:
         if not endpoints:
             raise errors.InvalidRequestError("ControllerClient needs at least one controller endpoint")
         self._endpoints: list[Endpoint] = [(str(h), int(p)) for h, p in endpoints]
         self._timeout_s = timeout_s
         self._security = security or SecurityConfig()
+        # A broker's own client names its broker when it looks for the active controller: the voters it asks
+        # learn that brokers reach them (QuorumController.hears_brokers).
+        self._probe = pb.DescribeQuorumRequest() if broker_id is None else pb.DescribeQuorumRequest(
+            caller_broker_id=broker_id)
         self._lock = threading.Lock()
         self._channels: dict[Endpoint, grpc.Channel] = {}
         self._stubs: dict[Endpoint, pb_grpc.ControllerServiceStub] = {}
@@ -354,8 +358,7 @@ class ControllerClient:
         random.shuffle(candidates)
         for endpoint in candidates:
             try:
-                response = self._stub(endpoint).DescribeQuorum(pb.DescribeQuorumRequest(),
-                                                               timeout=probe_timeout_s)
+                response = self._stub(endpoint).DescribeQuorum(self._probe, timeout=probe_timeout_s)
             except grpc.RpcError:
                 continue
             if response.error_code == ErrorCode.NONE:

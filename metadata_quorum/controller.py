@@ -131,7 +131,8 @@ class QuorumController:
                  clock: Callable[[], float] = time.monotonic, *,
                  rng: random.Random | None = None,
                  new_topic_id: Callable[[], str] = lambda: uuid.uuid4().hex,
-                 voter_levels: Callable[..., dict[int, tuple[int, str]]] | None = None) -> None:
+                 voter_levels: Callable[..., dict[int, tuple[int, str]]] | None = None,
+                 voters_hearing_brokers: Callable[[], list[str]] | None = None) -> None:
         self.config = config
         # Every voter's highest supported brook.metadata.version, or (0, why unknown): (max_age_s, stale_ok=) as
         # node.VoterLevels.get takes them (the node asks each voter's DescribeQuorum). Alone, it knows only itself.
@@ -160,6 +161,14 @@ class QuorumController:
         self.activation_attempts: dict[int, int] = {}
         self._gave_up_terms: set[int] = set()  # terms whose activation was refused: never proposed again
         self._last_step_down: float | None = None
+        # Hearing no broker while active (_cut_off_from_brokers): ``voters_hearing_brokers`` asks the other voters
+        # (the Raft addresses of those that brokers' heartbeats reach; None: never hand over, as a single voter or
+        # the simulator), in the background, and what the last asking found (when, and the voter or None).
+        self._voters_hearing_brokers = voters_hearing_brokers
+        self._cut_off_asking: threading.Thread | None = None
+        self._cut_off_answer: tuple[float, str | None] | None = None
+        self._cut_off_step_down_at = float("-inf")  # when the tick last asked for that hand-over
+        self._broker_heard_at: float | None = None  # a broker last reached this voter (note_broker_contact)
         self._fencing: dict[int, PendingProposal] = {}
         self._next_rebalance_at = 0.0
         self._rebalancing: PendingProposal | None = None
@@ -506,12 +515,83 @@ class QuorumController:
                 except errors.BrookError as exc:
                     log.warning("fencing broker %d failed: %s", node_id, exc)
                 del self._fencing[node_id]
+            expired = [node_id for node_id, _ in live
+                       if now - self._leases.setdefault(node_id, now) > timeout_s and node_id not in self._fencing]
+            if expired and self._cut_off_from_brokers(now, [node_id for node_id, _ in live], timeout_s):
+                return
             for node_id, epoch in live:
-                last = self._leases.setdefault(node_id, now)
+                last = self._leases[node_id]
                 if now - last > timeout_s and node_id not in self._fencing:
                     log.warning("broker %d missed its session (%.1fs without heartbeat): fencing", node_id,
                                 now - last)
                     self._fencing[node_id] = self._submit(c.FenceBroker(node_id, epoch))
+
+    def note_broker_contact(self) -> None:
+        """A broker's heartbeat, or its search for the active controller, reached this voter (by that broker's own
+        identity), whether this voter is active or not."""
+        self._broker_heard_at = self._clock()
+
+    def hears_brokers(self) -> bool:
+        """Has a broker reached this voter within broker.session.timeout.ms? Asked by an active
+        controller that hears none (``_cut_off_from_brokers``), through DescribeQuorum."""
+        heard = self._broker_heard_at
+        return heard is not None and self._clock() - heard <= self.config.broker_session_timeout_ms / 1000.0
+
+    def _cut_off_from_brokers(self, now: float, live: list[int], timeout_s: float) -> bool:
+        """Called with the lock held when a live broker's session has run out. True: do not fence now.
+
+        An active controller cut off from every broker by the network, while it still leads the quorum, would
+        fence them all: every partition offline in the metadata, and no ISR change, leader election or topic
+        creation until the network heals, though the brokers and the other voters reach each other (brokers that
+        cannot reach the active controller ask the other voters which one is active, naming themselves).
+        So when no live broker has been heard for half a session, this controller first asks the other voters, in
+        the background, whether brokers reach them. If one says so, it hands Raft leadership to that
+        voter (Raft's TimeoutNow) instead of fencing: the next active controller starts every lease afresh and the
+        brokers heartbeat to it. It waits half a session for the hand-over, then fences as before. If no voter
+        hears brokers (they are down, or cut off from every voter), it fences them as before."""
+        quiet_s = timeout_s / 2
+        if not live or self._voters_hearing_brokers is None:
+            return False
+        if any(now - self._leases[node_id] <= quiet_s for node_id in live):
+            return False  # some broker reaches this controller: the silent ones are what is wrong
+        if self._cut_off_asking is not None and self._cut_off_asking.is_alive():
+            return True
+        answer = self._cut_off_answer
+        if answer is not None and now - answer[0] < timeout_s:
+            if answer[1] is None or now - answer[0] >= quiet_s:
+                return False  # nobody to hand over to, or the hand-over did not happen: fence
+            if now - self._cut_off_step_down_at >= STEP_DOWN_RETRY_S:
+                # pysyncobj refuses a hand-over to a voter one entry behind: asked again, as _retry_step_down does
+                self._cut_off_step_down_at = now
+                self.raft.request_step_down(answer[1])
+            return True
+        silent = ", ".join(f"{node_id} ({now - self._leases[node_id]:.1f}s)" for node_id in sorted(live))
+        log.warning("controller %d has heard no broker for half a session (brokers %s): asking the other voters "
+                    "whether brokers reach them, before fencing", self.config.node_id, silent)
+        asked_for = self._voters_hearing_brokers
+        term = self._active_term
+
+        def ask() -> None:
+            try:
+                hearing = asked_for()
+            except Exception:  # noqa: BLE001 - the fencing goes ahead as if none heard brokers
+                log.exception("controller %d could not ask the other voters whether brokers reach them",
+                              self.config.node_id)
+                hearing = []
+            target = hearing[0] if hearing and self._active_term == term else None
+            if target is None:
+                log.warning("controller %d: no other voter hears brokers either: fencing the brokers it missed",
+                            self.config.node_id)
+            else:
+                log.warning("controller %d hears no broker, and brokers reach voter %s: handing Raft leadership "
+                            "over to it rather than fencing every broker", self.config.node_id, target)
+            with self._lock:
+                self._cut_off_answer = (self._clock(), target)
+                self._cut_off_step_down_at = float("-inf")  # the tick asks for the hand-over
+
+        self._cut_off_asking = threading.Thread(target=ask, name="cut-off-from-brokers", daemon=True)
+        self._cut_off_asking.start()
+        return True
 
     def _maybe_rebalance(self) -> None:
         if not self.config.auto_leader_rebalance_enable:

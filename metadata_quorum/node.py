@@ -362,7 +362,9 @@ class ControllerNode:
                                       settings.broker_heartbeat_interval_ms, settings.request_timeout_ms,
                                       dict(settings.defaults))
             self._voter_levels = VoterLevels(self._probe_voter, sorted(settings.voters))
-            self._controller = QuorumController(config, self._raft, voter_levels=self._voter_levels.get)
+            self._controller = QuorumController(config, self._raft, voter_levels=self._voter_levels.get,
+                                                voters_hearing_brokers=self._voters_hearing_brokers if partners
+                                                else None)
         except Exception as exc:  # surfaced to start()'s caller
             self._start_error = exc
             if self._raft is not None:
@@ -430,15 +432,10 @@ class ControllerNode:
     def _probe_voter(self, node_id: int) -> tuple[int, str]:
         """One voter's highest supported brook.metadata.version, from its DescribeQuorum (any voter answers, from
         its own view); (0, why) when it cannot be asked. A release before feature levels does not fill it: 1."""
-        from client.security import make_channel
-
         if node_id == self.settings.node_id:
             return features.SUPPORTED_MAX, ""
-        voter = self.settings.voters[node_id]
         try:
-            with make_channel(f"{voter.host}:{voter.grpc_port}", self.settings.peer_security) as channel:
-                resp = pb_grpc.ControllerServiceStub(channel).DescribeQuorum(
-                    pb.DescribeQuorumRequest(any_voter=True), timeout=VOTER_PROBE_TIMEOUT_S)
+            resp = self._describe_voter(node_id)
         except grpc.RpcError as exc:
             return 0, f"cannot be asked: {exc.code().name}: {exc.details()}"
         except errors.BrookError as exc:
@@ -446,6 +443,31 @@ class ControllerNode:
         if resp.error_code:
             return 0, f"answered {errors.code_name(resp.error_code)}: {resp.error_message}"
         return resp.responder_supported_metadata_level or features.SUPPORTED_MIN, ""
+
+    def _describe_voter(self, node_id: int) -> pb.DescribeQuorumResponse:
+        """Voter ``node_id``'s DescribeQuorum from its own view (any voter answers), within VOTER_PROBE_TIMEOUT_S."""
+        from client.security import make_channel
+
+        voter = self.settings.voters[node_id]
+        with make_channel(f"{voter.host}:{voter.grpc_port}", self.settings.peer_security) as channel:
+            return pb_grpc.ControllerServiceStub(channel).DescribeQuorum(
+                pb.DescribeQuorumRequest(any_voter=True), timeout=VOTER_PROBE_TIMEOUT_S)
+
+    def _voters_hearing_brokers(self) -> list[str]:
+        """The Raft addresses of the other voters that brokers reach (DescribeQuorum's ``responder_hears_brokers``)
+        and that reach a majority of the voters, all asked at once (VOTER_PROBE_TIMEOUT_S at most)."""
+        def hears(node_id: int) -> bool:
+            try:
+                resp = self._describe_voter(node_id)
+            except (grpc.RpcError, errors.BrookError) as exc:
+                log.info("voter %d cannot be asked whether brokers reach it: %s", node_id, exc)
+                return False
+            return not resp.error_code and resp.responder_hears_brokers and not resp.responder_lacks_quorum
+
+        others = [n for n in sorted(self.settings.voters) if n != self.settings.node_id]
+        with futures.ThreadPoolExecutor(max_workers=max(1, len(others)), thread_name_prefix="voter-probe") as pool:
+            answers = list(pool.map(hears, others))
+        return [self.settings.voters[n].raft_address for n, yes in zip(others, answers, strict=True) if yes]
 
     def _redirect(self) -> pb.ControllerRedirect:
         leader = self.raft.leader_address()

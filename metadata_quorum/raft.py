@@ -608,6 +608,7 @@ class MetadataRaft:
         # (is leader, term) as one consistent read on the tick thread; see ``leadership``.
         self._leadership: tuple[bool, int] = (False, 0)
         self._step_down_requested = False
+        self._step_down_to: str | None = None
         # The tick thread sends heartbeats and answers votes: a gap of half the shortest election
         # timeout means a leader's followers came close to (or did) start an election.
         self.tick_gaps = LatencyHistogram(TICK_GAP_BUCKETS_S)
@@ -731,12 +732,15 @@ class MetadataRaft:
         """(pre-vote rounds run, rounds a majority granted) of this voter (metadata_quorum/prevote.py)."""
         return self._syncobj.pre_vote_rounds_total, self._syncobj.pre_vote_rounds_won_total
 
-    def request_step_down(self) -> None:
-        """Give up leadership (Raft TimeoutNow to the most caught-up follower), on the next tick.
+    def request_step_down(self, to: str | None = None) -> None:
+        """Give up leadership (Raft TimeoutNow to voter ``to``, a Raft address, or by default to the most
+        caught-up follower), on the next tick. Refused by pysyncobj (and logged) while that voter lags.
 
         Used when this leader cannot become the active controller of its term; a new
-        election (higher term) lets another voter, or this one again, activate cleanly.
+        election (higher term) lets another voter, or this one again, activate cleanly. And by an active
+        controller that hears no broker, to a voter that does.
         """
+        self._step_down_to = to
         self._step_down_requested = True
 
     def is_leader(self) -> bool:
@@ -803,7 +807,7 @@ class MetadataRaft:
         if self._step_down_requested:
             self._step_down_requested = False
             if self._leadership[0]:
-                syncobj.transferLeadership(None, callback=self._on_step_down_result)
+                syncobj.transferLeadership(self._step_down_to, callback=self._on_step_down_result)
         self._sample_status()
 
     def _time_tick(self, now: float) -> None:

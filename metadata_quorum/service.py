@@ -167,6 +167,7 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             context, request.node_id, lambda: self._controller.register_broker(request, self._timeout_s(context))))
 
     def BrokerHeartbeat(self, request: pb.BrokerHeartbeatRequest, context: Any) -> pb.BrokerHeartbeatResponse:
+        self._note_broker(context, request.node_id)
         return self._serve(pb.BrokerHeartbeatResponse, context, lambda: self._as_node(
             context, request.node_id, lambda: self._controller.heartbeat(request, self._timeout_s(context))))
 
@@ -180,6 +181,12 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         return self._serve(pb.AlterPartitionResponse, context, lambda: self._as_node(
             context, request.broker_id,
             lambda: self._controller.alter_partition(request, self._timeout_s(context))))
+
+    def _note_broker(self, context: Any, node_id: int) -> None:
+        """A broker reached this voter (by its own identity), active or not: an active controller that hears no
+        broker asks the other voters whether brokers reach them (QuorumController._cut_off_from_brokers)."""
+        if context is None or principal.is_node(context, node_id):
+            self._controller.note_broker_contact()
 
     @staticmethod
     def _as_node(context: Any, node_id: int, fn: Callable[[], R]) -> R:
@@ -338,6 +345,8 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
         # Answered from this voter's view without a quorum round-trip: it is the diagnostic
         # an operator needs exactly when the quorum is unhealthy. With any_voter unset only
         # the active controller answers (clients use the call to find it).
+        if request.HasField("caller_broker_id"):
+            self._note_broker(context, request.caller_broker_id)
         if request.any_voter and not self._stopping.is_set():
             try:
                 return self._quorum_for(context, self.describe_quorum())
@@ -369,7 +378,8 @@ class ControllerService(pb_grpc.ControllerServiceServicer):
             last_applied=status.last_applied, responder_id=voters_by_address.get(self._raft.self_address, -1),
             responder_is_active=is_active, active_controller_id=active_id, controller_epoch=epoch,
             responder_lacks_quorum=not self._raft.has_quorum(),
-            responder_supported_metadata_level=features.SUPPORTED_MAX)
+            responder_supported_metadata_level=features.SUPPORTED_MAX,
+            responder_hears_brokers=self._controller.hears_brokers())
         response.redirect.CopyFrom(self._redirect())
         for voter in status.voters:
             if status.is_leader:

@@ -525,10 +525,12 @@ class DescribeClusterResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., cluster_id: _Optional[str] = ..., active_controller_id: _Optional[int] = ..., metadata_version: _Optional[int] = ..., brokers: _Optional[_Iterable[_Union[BrokerRecord, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicRecord, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionRecord, _Mapping]]] = ..., default_min_insync_replicas: _Optional[int] = ...) -> None: ...
 
 class DescribeQuorumRequest(_message.Message):
-    __slots__ = ("any_voter",)
+    __slots__ = ("any_voter", "caller_broker_id")
     ANY_VOTER_FIELD_NUMBER: _ClassVar[int]
+    CALLER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     any_voter: bool
-    def __init__(self, any_voter: _Optional[bool] = ...) -> None: ...
+    caller_broker_id: int
+    def __init__(self, any_voter: _Optional[bool] = ..., caller_broker_id: _Optional[int] = ...) -> None: ...
 
 class QuorumVoter(_message.Message):
     __slots__ = ("node_id", "raft_address", "log_end_index", "lag", "last_contact_ms_ago", "is_leader", "connected")
@@ -549,7 +551,7 @@ class QuorumVoter(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., raft_address: _Optional[str] = ..., log_end_index: _Optional[int] = ..., lag: _Optional[int] = ..., last_contact_ms_ago: _Optional[int] = ..., is_leader: _Optional[bool] = ..., connected: _Optional[bool] = ...) -> None: ...
 
 class DescribeQuorumResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "redirect", "leader_id", "term", "commit_index", "metadata_version", "voters", "last_applied", "responder_id", "responder_is_active", "active_controller_id", "controller_epoch", "responder_lacks_quorum", "responder_supported_metadata_level")
+    __slots__ = ("error_code", "error_message", "redirect", "leader_id", "term", "commit_index", "metadata_version", "voters", "last_applied", "responder_id", "responder_is_active", "active_controller_id", "controller_epoch", "responder_lacks_quorum", "responder_supported_metadata_level", "responder_hears_brokers")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
@@ -565,6 +567,7 @@ class DescribeQuorumResponse(_message.Message):
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RESPONDER_LACKS_QUORUM_FIELD_NUMBER: _ClassVar[int]
     RESPONDER_SUPPORTED_METADATA_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    RESPONDER_HEARS_BROKERS_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     redirect: ControllerRedirect
@@ -580,7 +583,8 @@ class DescribeQuorumResponse(_message.Message):
     controller_epoch: int
     responder_lacks_quorum: bool
     responder_supported_metadata_level: int
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., metadata_version: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[QuorumVoter, _Mapping]]] = ..., last_applied: _Optional[int] = ..., responder_id: _Optional[int] = ..., responder_is_active: _Optional[bool] = ..., active_controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., responder_lacks_quorum: _Optional[bool] = ..., responder_supported_metadata_level: _Optional[int] = ...) -> None: ...
+    responder_hears_brokers: bool
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[ControllerRedirect, _Mapping]] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., metadata_version: _Optional[int] = ..., voters: _Optional[_Iterable[_Union[QuorumVoter, _Mapping]]] = ..., last_applied: _Optional[int] = ..., responder_id: _Optional[int] = ..., responder_is_active: _Optional[bool] = ..., active_controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., responder_lacks_quorum: _Optional[bool] = ..., responder_supported_metadata_level: _Optional[int] = ..., responder_hears_brokers: _Optional[bool] = ...) -> None: ...
 
 class AllocateProducerIdsRequest(_message.Message):
     __slots__ = ("broker_id", "broker_epoch")

@@ -23,9 +23,12 @@ segment files equal below the high watermark.
    the group reads and commits again (guarded here, it already did). Its consumers at the end of
    the log long-polled it for good too (read nothing in 45 s): without a session and with no follower fetching,
    it now answers them NOT_LEADER_OR_FOLLOWER (ReplicaManager._deposed_leader).
-3. The active controller cut from every broker, still leading the quorum. It fences every broker, but brokers
-   without a session keep taking acks=all writes (their followers still fetch, so nothing is lost); this guards
-   that no "fix" of 2 stops them.
+3. The active controller cut from every broker, still leading the quorum. It fenced every broker (every partition
+   offline in the metadata, no ISR change, election or topic creation until the heal), while brokers without a
+   session kept taking acks=all writes (their followers still fetch, so nothing is lost); the writes guard that no
+   "fix" of 2 stops them. Now it asks the other voters whether brokers reach them, and hands leadership to one
+   that says so instead of fencing (QuorumController._cut_off_from_brokers): no broker is fenced, and metadata
+   changes go on during the cut (a topic is created and written).
 4. The active controller cut from one other voter only: the quorum keeps its leader and term (pre-vote), and the
    cut voter follows it again after the heal.
 """
@@ -303,6 +306,53 @@ def test_active_controller_cut_from_the_brokers(split: _Split) -> None:
             split.network.cut(active, b)
         return f"active controller {active} cut from every broker"
     _across_fault(split, "controller-brokers-cut", fault)
+
+
+HANDOVER_BOUND_S = 30.0  # a session (6 s), asking the other voters (at most 2 s each), the hand-over, activation
+
+
+def test_active_controller_cut_from_the_brokers_hands_over_and_metadata_goes_on(split: _Split) -> None:
+    cluster = split.cluster
+    wait_for(split.healthy, HEAL_BOUND_S, lambda: f"full ISRs before the fault ({split.show()})", poll_s=0.3)
+    active = split.active_controller()
+    seen: list[str] = []  # each different view of the cluster the controllers gave during the cut
+    fenced_seen: set[int] = set()
+
+    def handed_over() -> int | None:
+        d = split.describe()
+        if d is None:
+            return None
+        fenced_seen.update(b.node_id for b in d.brokers if b.fenced)
+        view = split.show()
+        if not seen or seen[-1] != view:
+            seen.append(view)
+        return d.active_controller_id if d.active_controller_id not in (active, -1, 0) else None
+
+    for b in BROKERS:
+        split.network.cut(active, b)
+    cut_at = time.monotonic()
+    try:
+        new_active = wait_for(handed_over, HANDOVER_BOUND_S,
+                              lambda: f"controller {active}, cut from every broker, handing over to another voter; "
+                                      f"views seen: {seen}", poll_s=0.2)
+        took = time.monotonic() - cut_at
+        topic = f"cut-off-{int(cut_at)}"
+        with Admin(cluster.bootstrap_servers, request_timeout_ms=30_000, **cluster.client_config) as admin:
+            admin.create_topics([NewTopic(topic, 1, 3)])
+        with Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", request_timeout_ms=5000,
+                      delivery_timeout_ms=30_000, **cluster.client_config) as producer:
+            offset = producer.send(topic, b"written during the cut").get(timeout=40).offset
+        created_by = time.monotonic() - cut_at
+        handed_over()
+    finally:
+        split.network.heal()
+    assert not fenced_seen, (f"brokers {sorted(fenced_seen)} were fenced although voters they reach could take over "
+                             f"from controller {active}; views seen: {seen}")
+    wait_for(split.healthy, HEAL_BOUND_S, lambda: f"full ISRs after the heal ({split.show()})", poll_s=0.3)
+    exits = cluster.unexpected_exits()
+    assert not exits, f"nodes exited: {exits}"
+    print(f"controller-cut-off: controller {active} cut from every broker handed over to {new_active} in {took:.1f} s; "
+          f"topic {topic} created and written (offset {offset}) {created_by:.1f} s after the cut; no broker fenced")
 
 
 @dataclass

@@ -16,7 +16,7 @@ from broker.principal import Authentication, Principal
 from deploy.local.cluster import free_port
 from metadata_quorum.client import ControllerClient
 from metadata_quorum.controller import ControllerConfig, QuorumController
-from metadata_quorum.raft import MetadataRaft
+from metadata_quorum.raft import MetadataRaft, RaftTiming
 from metadata_quorum.service import ControllerService, no_redirect
 from proto import common_pb2
 from proto import controller_pb2 as pb
@@ -72,6 +72,31 @@ def single_voter(directory: Path, config: ControllerConfig, **kwargs: object) ->
         yield ctl
     finally:
         raft.destroy_synchronous()
+
+
+# Generous timing for in-process voters: the machine is shared, a spurious election would only add noise.
+GENEROUS_TIMING = RaftTiming(election_timeout_min_s=1.0, election_timeout_max_s=2.0, leader_fallback_timeout_s=6.0)
+
+
+@contextlib.contextmanager
+def three_voters(directory: Path, controller: Callable[[int, MetadataRaft, list[str]], QuorumController]
+                 ) -> Iterator[list[tuple[MetadataRaft, QuorumController]]]:
+    """Three real voters (pysyncobj on loopback, one process) and their controllers, ``controller(node id, raft,
+    every voter's address)``, whose ticks the caller calls itself."""
+    password = secrets.token_urlsafe(24)
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    out: list[tuple[MetadataRaft, QuorumController]] = []
+    try:
+        for i, address in enumerate(addresses, start=1):
+            raft = MetadataRaft(address, [a for a in addresses if a != address], directory / f"v{i}",
+                                password=password, timing=GENEROUS_TIMING)
+            out.append((raft, controller(i, raft, addresses)))
+        for raft, _ in out:
+            raft.wait_bound()
+        yield out
+    finally:
+        for raft, _ in out:
+            raft.destroy_synchronous()
 
 
 def register_on(ctl: QuorumController, ids: Iterable[int], cluster_id: str, *, supported: int = 0) -> None:

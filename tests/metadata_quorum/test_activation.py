@@ -14,40 +14,23 @@ proposes once, steps down, and the next term's leader activates.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from quorum_helpers import free_port
+from quorum_helpers import three_voters
 from waiting import wait_for
 
 from metadata_quorum import commands as c
 from metadata_quorum.controller import MAX_ACTIVATION_ATTEMPTS, ControllerConfig, QuorumController
-from metadata_quorum.raft import MetadataRaft, RaftTiming
+from metadata_quorum.raft import MetadataRaft
 
 pytestmark = pytest.mark.slow
 
-# Generous timing: the machine is shared, a spurious election would only add noise.
-TIMING = RaftTiming(election_timeout_min_s=1.0, election_timeout_max_s=2.0, leader_fallback_timeout_s=6.0)
-
-
 @pytest.fixture
 def voters(tmp_path: Path) -> Iterator[list[tuple[MetadataRaft, QuorumController]]]:
-    password = secrets.token_urlsafe(24)
-    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    out = []
-    try:
-        for i, address in enumerate(addresses, start=1):
-            raft = MetadataRaft(address, [a for a in addresses if a != address], tmp_path / f"v{i}",
-                                password=password, timing=TIMING)
-            out.append((raft, QuorumController(ControllerConfig(i, "activation-test"), raft)))
-        for raft, _ in out:
-            raft.wait_bound()
-        yield out
-    finally:
-        for raft, _ in out:
-            raft.destroy_synchronous()
+    with three_voters(tmp_path, lambda i, raft, _: QuorumController(ControllerConfig(i, "activation-test"), raft)) as v:
+        yield v
 
 
 def test_a_stale_activation_committed_first_makes_the_leader_step_down_not_loop(
