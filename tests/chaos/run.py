@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--overlap", type=float, default=0.0,
                     help="chance (0-1) that a fault is injected together with the next one, up to 3 at once "
                          "(default 0: one fault at a time)")
+    ap.add_argument("--controllers", type=int, default=0,
+                    help="split mode: this many controller-only voters beside the 3 broker-only nodes "
+                         "(default 0: 3 combined nodes)")
     ap.add_argument("--loopback", action="store_true", help="no network namespaces: process faults only")
     ap.add_argument("--dir", type=Path, default=None, help="run directory (default: a new temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the run directory even when the run passes")
@@ -201,14 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     run_dir = args.dir or Path(tempfile.mkdtemp(prefix=f"brook-chaos-{args.seed}-"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    node_ids = [1, 2, 3]
-    network, fallback_reason = make_network(node_ids, want_netns=not args.loopback)
+    node_ids = [1, 2, 3]  # the brokers (combined nodes unless --controllers)
+    every_node = [*node_ids, *range(len(node_ids) + 1, len(node_ids) + 1 + args.controllers)]
+    network, fallback_reason = make_network(every_node, want_netns=not args.loopback)
     kinds: tuple[str, ...] = args.faults
     if not network.supports_partitions:
         kinds = tuple(k for k in kinds if k in PROCESS_KINDS)
     network_label = network.mode if not fallback_reason else f"loopback({fallback_reason.replace(' ', '_')})"
+    if args.controllers:
+        network_label += f",split({args.controllers}_controllers)"
     faults = schedule(args.seed, args.duration, kinds or PROCESS_KINDS, args.hold, args.gap, args.overlap)
-    cluster = ChaosCluster(run_dir, network)
+    cluster = ChaosCluster(run_dir, network, nodes=len(node_ids), controllers=args.controllers)
     history = History(run_dir / "history.jsonl")
     history.record(e="schedule", seed=args.seed, faults=[asdict(f) for f in faults])
     stop = threading.Event()
@@ -263,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         final_log, hws = read_final_log(cluster.bootstrap_servers, args.partitions, sec)
         history.flush()
         cluster.stop()
-        divergences = compare_replicas({n: cluster.data_dir(n) for n in cluster.node_ids}, hws)
+        divergences = compare_replicas({n: cluster.data_dir(n) for n in cluster.broker_ids}, hws)
         history.close()
         check(verdict, load_history(history.path), final_log, divergences, args.recovery_bound)
     except KeyboardInterrupt:
