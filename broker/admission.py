@@ -484,6 +484,16 @@ class ClientByteShares:
         self.per_client = per_client
         self._budgets: dict[str, ByteBudget] = {}
 
+    def try_acquire(self, client: str, n: int) -> int | None:
+        """``n`` bytes (clamped to the share) for ``client`` if they are free now, without waiting; else None."""
+        b = self._budgets.get(client)
+        if b is None:
+            b = self._budgets[client] = ByteBudget(self.per_client)
+        if b.try_acquire(n):
+            return b.clamp(n)
+        self._drop_if_idle(client, b)
+        return None
+
     async def acquire(self, client: str, n: int) -> int:
         """Wait until ``client`` holds few enough to take ``n`` bytes (clamped to the share); the bytes granted."""
         b = self._budgets.get(client)

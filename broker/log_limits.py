@@ -26,15 +26,16 @@ def _after(delay_s: float, fn: Callable[[], None]) -> None:
 
 
 class ThrottledWarning:
-    """``warn(fmt, *args)`` logs at WARNING on ``logger`` at most once every ``every_s`` seconds; the calls in
+    """``warn(fmt, *args)`` logs at WARNING (or ``level``) on ``logger`` at most once every ``every_s`` seconds; the calls in
     between are counted and the next line says how many there were. When no call comes after them, the last
     of them is logged at the end of its period with that count: a burst that ends is still told in full
     (before, its count was lost unless the client did it again). Thread-safe."""
 
     def __init__(self, logger: logging.Logger, every_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic,
-                 after: Callable[[float, Callable[[], None]], None] = _after) -> None:
+                 after: Callable[[float, Callable[[], None]], None] = _after, *, level: int = logging.WARNING) -> None:
         self._log = logger
+        self._level = level  # WARNING by default; INFO for what a client may cause and is told of anyway
         self._clock = clock
         self._every_s = every_s
         self._after = after  # runs a function after a delay (a timer thread; a test's hand)
@@ -73,7 +74,7 @@ class ThrottledWarning:
         if more:
             fmt += " (%d more since the last such line)"
             args = (*args, more)
-        self._log.warning(fmt, *args)
+        self._log.log(self._level, fmt, *args)
 
 
 # C0 controls but TAB, DEL, the C1 controls and the Unicode line and paragraph separators, as Python escapes them.

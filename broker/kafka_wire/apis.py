@@ -24,6 +24,7 @@ from broker.kafka_wire import admin_apis, codec, user_apis
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.codec import get_ms as _ms
 from broker.kafka_wire.context import Handler, KafkaCallContext
+from broker.log_limits import ThrottledWarning
 from metadata_quorum import features
 from proto import broker_pb2, errors, group_pb2
 from proto.errors import ErrorCode
@@ -41,6 +42,8 @@ HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS = 12, 13, 14, 1
 SASL_HANDSHAKE, API_VERSIONS, INIT_PRODUCER_ID, OFFSET_FOR_LEADER_EPOCH = 17, 18, 22, 23
 SASL_AUTHENTICATE, DELETE_GROUPS, OFFSET_DELETE = 36, 42, 47
 DESCRIBE_TOPIC_PARTITIONS = 75
+CLIENT_ID_LOGGED_MAX = 100  # a client id or topic name in a log line: the first characters only (a client
+TOPIC_LOGGED_MAX = 100  # chooses them, up to 32 KB)
 # The most partitions one DescribeTopicPartitions answer holds (Kafka's max.request.partition.size.limit default).
 DESCRIBE_TOPIC_PARTITIONS_LIMIT = 2000
 
@@ -102,6 +105,8 @@ class KafkaApis:
     def __init__(self, broker: Any, listener: str) -> None:
         self.broker = broker  # broker.server.BrokerServer
         self.listener = listener
+        # A client can fail acks=0 produces in a loop, with a client id of 32 KB: a line per 10 s at most, shortened.
+        self._acks0_failures = ThrottledWarning(log, level=logging.INFO)
         self.handlers: dict[int, Handler] = {
             API_VERSIONS: self.api_versions,
             METADATA: self.metadata,
@@ -328,9 +333,10 @@ class KafkaApis:
                 return None  # Kafka sends no response to acks=0
             # No answer can tell the producer, so, as Kafka does (KafkaApis.handleProduceRequest), the
             # connection is closed: the client then refreshes its metadata (a leader moved, for example).
-            log.info("Kafka listener: closing the connection of %s (client %s): acks=0 produce failed: %s",
-                     ctx.client_host, ctx.client_id,
-                     ", ".join(f"{p.topic}-{p.partition} error {p.error_code}" for p in failed[:10]))
+            self._acks0_failures.warn(
+                "Kafka listener: closing the connection of %s (client %s): acks=0 produce failed: %s",
+                ctx.client_host, ctx.client_id[:CLIENT_ID_LOGGED_MAX],
+                ", ".join(f"{p.topic[:TOPIC_LOGGED_MAX]}-{p.partition} error {p.error_code}" for p in failed[:3]))
             return False
         by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for p in out.partitions:

@@ -9,7 +9,9 @@ buffered:
 
 - a frame larger than ``socket.request.max.bytes`` closes the connection unread;
 - the frames being read or handled across all connections hold at most ``queued.max.request.bytes``
-  (reserved before a body is read; over it a connection waits unread, as with Kafka's memory pool);
+  (reserved before a body is read; over it a connection waits unread, as with Kafka's memory pool),
+  and those of one client address at most an eighth of it (``FRAME_POOL_SHARE``; at least one frame of
+  ``socket.request.max.bytes``): over its share, an address's connections wait behind its own frames only;
 - connections beyond ``max.connections`` (shared with nothing else: this listener has its
   own count), or beyond ``max.connections.per.ip`` from one client address, are closed at
   accept (one address cannot take every connection of the listener);
@@ -17,8 +19,8 @@ buffered:
 - on SASL listeners, a client must authenticate within ``kafka.authentication.timeout.ms`` (its
   frames too: a frame's body must arrive within what is left of it) and may send only ApiVersions,
   SaslHandshake and SaslAuthenticate before (KIP-152), in frames of at most
-  ``sasl.server.max.receive.size`` held in a small pool of their own, never the pool logged-in
-  clients' requests use; a failed authentication is answered and the connection closed, as Kafka does;
+  ``sasl.server.max.receive.size`` held in a small pool of their own (an eighth of it per address),
+  never the pool logged-in clients' requests use; a failed authentication is answered and the connection closed, as Kafka does;
 - a frame over ``PARSE_ON_LOOP_MAX_BYTES`` is checked and parsed on a worker thread, and what a
   frame may make that walk do is bounded (bounds.py), so no frame stalls the event loop;
 - an answer of more than ``ENCODE_ON_LOOP_MAX_ITEMS`` array elements (a Metadata of thousands of topics) is
@@ -59,6 +61,7 @@ from broker.address_bar import AddressBar, attach
 from broker.admission import (
     DEFAULT_CONNECTION_IDLE_MS,
     ByteBudget,
+    ClientByteShares,
     ConnectionDeadline,
     ConnectionSlots,
     ConnectionsPerIp,
@@ -84,6 +87,10 @@ log = logging.getLogger(__name__)
 DEFAULT_SASL_TIMEOUT_MS = 10_000
 DEFAULT_SASL_MAX_RECEIVE_BYTES = 64 * 1024
 PRE_AUTH_POOL_BYTES = 16 * 1024 * 1024
+# One client address's frames take at most this fraction of each frame pool (and at least one frame of the
+# largest size): connections from one address that announce frames and send nothing cannot hold every other
+# client's requests (33 connections, 4 bytes each, held a PLAINTEXT listener for 30 s; found by an audit).
+FRAME_POOL_SHARE = 8
 # A frame larger than this is parsed on a worker thread, not the event loop: checking and reading a
 # request is Python work per element, and an 8 MiB frame of empty entries took 2-10 s of the loop,
 # every other connection of the broker waiting (found by an audit).
@@ -164,15 +171,24 @@ class KafkaListener:
         self._slots = ConnectionSlots(self.max_connections, self.max_connections_per_ip, self.stats)
         self._refused_handshakes = ThrottledWarning(log)  # a line per 10 s at most, the rest counted
         self.refused_versions = ThrottledWarning(log)
+        # What any client can make happen on every connection it opens: a line per 10 s at most, the rest counted
+        # (a client reconnecting in a loop wrote hundreds of MB a minute of one line; audit).
+        self.oversized_frames = ThrottledWarning(log)
+        self.before_login = ThrottledWarning(log)
+        self.malformed = ThrottledWarning(log, level=logging.INFO)
+        self.refused_calls = ThrottledWarning(log, level=logging.INFO)
         self.sendfile_ok = True  # False once the platform refused sendfile on this listener's sockets
         # Request frames being read or handled, across all connections (Kafka's memory pool).
         self.frame_budget = ByteBudget(int(defaults.get("queued.max.request.bytes", str(256 * 1024 * 1024))))
+        self.frame_shares = ClientByteShares(max(self.max_request_bytes,
+                                                 self.frame_budget.total_bytes // FRAME_POOL_SHARE))
         # Before a SASL login a connection may send only ApiVersions, SaslHandshake and SaslAuthenticate: small
         # frames (Kafka's sasl.server.max.receive.size), from a pool of their own, so clients that never log in
         # cannot hold the pool logged-in clients' requests need (a few 8 MiB size prefixes did).
         self.pre_auth_max_bytes = min(self.max_request_bytes, int(defaults.get(
             "sasl.server.max.receive.size", str(DEFAULT_SASL_MAX_RECEIVE_BYTES))))
         self.pre_auth_budget = ByteBudget(PRE_AUTH_POOL_BYTES)
+        self.pre_auth_shares = ClientByteShares(max(self.pre_auth_max_bytes, PRE_AUTH_POOL_BYTES // FRAME_POOL_SHARE))
         # Large frames are parsed, and large answers encoded, here, two at a time: the loop goes on serving meanwhile.
         # Each address's share of the interpreter (broker/cpu_shares.py) counts this work too.
         capacity = getattr(broker, "capacity", None)
@@ -286,6 +302,42 @@ class _WriterFailed(Exception):
     """The connection's answers can no longer be written: its reads end."""
 
 
+class _Reservation:
+    """One frame's bytes: first from its client address's share of a frame pool, then from the pool itself."""
+
+    __slots__ = ("pool", "shares", "host", "pooled", "shared")
+
+    def __init__(self, pool: ByteBudget, shares: ClientByteShares, host: str) -> None:
+        self.pool, self.shares, self.host = pool, shares, host
+        self.pooled = self.shared = 0  # what is held, given back once by give_back
+
+    def try_take(self, size: int) -> bool:
+        """Both at once, without waiting (the usual case): True. False leaves nothing taken."""
+        shared = self.shares.try_acquire(self.host, size)
+        if shared is None:
+            return False
+        self.shared = shared
+        if self.pool.try_acquire(size):
+            self.pooled = self.pool.clamp(size)
+            return True
+        self.give_back()
+        return False
+
+    async def take(self, size: int) -> None:
+        """Wait for the address's share (only its own frames are ahead), then for the pool. Cancellable: what was
+        granted is recorded, for give_back."""
+        self.shared = await self.shares.acquire(self.host, size)
+        self.pooled = await self.pool.acquire(size)
+
+    def give_back(self) -> None:
+        if self.pooled:
+            self.pool.release(self.pooled)
+            self.pooled = 0
+        if self.shared:
+            self.shares.release(self.host, self.shared)
+            self.shared = 0
+
+
 class _Connection:
     def __init__(self, listener: KafkaListener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.listener = listener
@@ -296,7 +348,7 @@ class _Connection:
         self.read_deadline = ConnectionDeadline(asyncio.get_running_loop(),
                                                 lambda: reader.set_exception(TimeoutError()))
         self._writer_failed = False
-        self._waiting: asyncio.Future[int] | None = None  # a wait for the frame budget
+        self._waiting: asyncio.Future[None] | None = None  # a wait for room in a frame pool
         peer = writer.get_extra_info("peername") or ("unknown", 0)
         host, port = str(peer[0]), int(peer[1])
         self.client_host = host
@@ -311,15 +363,16 @@ class _Connection:
         self.authenticated = not listener.sasl
         self.credential: ScramCredential | None = None  # the SASL credential proved (None without SASL)
         self.close_after_answer = False
-        self.reservations: list[list[Any]] = []  # [bytes, pool] of frames held in the listener's pools
+        self.reservations: list[_Reservation] = []  # frames' bytes held in the listener's pools
         self.mechanism: str | None = None
         self.exchange_id = ""
         self.started = time.monotonic()
 
-    async def _read_frame(self) -> tuple[bytes, list[Any]] | None:
+    async def _read_frame(self) -> tuple[bytes, _Reservation] | None:
         """(frame, bytes reserved for it in the listener's memory pool) or None to close. The reservation is
         made before the body is read, so the frames held across all connections never exceed
-        ``queued.max.request.bytes`` (as Kafka's memory pool): over it, a connection waits unread."""
+        ``queued.max.request.bytes`` (as Kafka's memory pool): over it, a connection waits unread. And those
+        of one client address never exceed its share: size prefixes alone cannot take the pool from others."""
         lst = self.listener
         deadline = self.read_deadline
         deadline.within(lst.idle_s if self.authenticated else self._login_time_left())
@@ -333,20 +386,24 @@ class _Connection:
         most, key = ((lst.max_request_bytes, "socket.request.max.bytes") if self.authenticated else
                      (lst.pre_auth_max_bytes, "sasl.server.max.receive.size, before authentication"))
         if size < 8 or size > most:
-            log.warning("Kafka listener: closing %s: a request of %d bytes (%s=%d)", self.peer_text, size, key, most)
+            lst.oversized_frames.warn("Kafka listener: closing %s: a request of %d bytes (%s=%d)", self.peer_text,
+                                      size, key, most)
             lst.stats.malformed_requests_total += 1
             return None
+        reservation = (_Reservation(lst.frame_budget, lst.frame_shares, self.client_host) if self.authenticated
+                       else _Reservation(lst.pre_auth_budget, lst.pre_auth_shares, self.client_host))
+        self.reservations.append(reservation)
         if self.authenticated:
-            budget, body_timeout = lst.frame_budget, lst.request_timeout_s
-            reservation: list[Any] = [await self._acquire(budget, size), budget]
+            if not reservation.try_take(size):
+                await self._waited(reservation.take(size))
+            body_timeout = lst.request_timeout_s
         else:  # the whole login, frames included, within kafka.authentication.timeout.ms
-            budget = lst.pre_auth_budget
             try:
-                reservation = [await asyncio.wait_for(budget.acquire(size), self._login_time_left()), budget]
+                await asyncio.wait_for(reservation.take(size), self._login_time_left())
             except TimeoutError:
+                self._release(reservation)
                 return None
             body_timeout = self._login_time_left()
-        self.reservations.append(reservation)
         deadline.within(body_timeout)
         try:
             return await self.reader.readexactly(size), reservation
@@ -356,12 +413,10 @@ class _Connection:
         finally:
             deadline.clear()
 
-    async def _acquire(self, budget: ByteBudget, size: int) -> int:
-        """``budget.acquire(size)``; a wait for the pool ends with _WriterFailed once the connection's
-        answers can no longer be written."""
-        if budget.try_acquire(size):
-            return budget.clamp(size)
-        waiting = asyncio.ensure_future(budget.acquire(size))
+    async def _waited(self, wait: Coroutine[Any, Any, None]) -> None:
+        """``wait`` for room in a frame pool; it ends with _WriterFailed once the connection's answers can no
+        longer be written."""
+        waiting = asyncio.ensure_future(wait)
         self._waiting = waiting
         try:
             return await waiting
@@ -375,12 +430,10 @@ class _Connection:
     def _login_time_left(self) -> float:
         return max(0.0, self.listener.sasl_timeout_s - (time.monotonic() - self.started))
 
-    def _release(self, reservation: list[Any]) -> None:
+    def _release(self, reservation: _Reservation) -> None:
         """Give a frame's reserved bytes back to their pool, once (a task cancelled before it ran never does:
         the connection's end releases what is left)."""
-        if reservation[0]:
-            reservation[1].release(reservation[0])
-            reservation[0] = 0
+        reservation.give_back()
         if reservation in self.reservations:
             self.reservations.remove(reservation)
 
@@ -540,7 +593,7 @@ class _Connection:
             return
         await asyncio.wait_for(self.writer.drain(), self.listener.idle_s)
 
-    async def _handle(self, frame: bytes, released: asyncio.Future[None], reserved: list[Any],
+    async def _handle(self, frame: bytes, released: asyncio.Future[None], reserved: _Reservation,
                       contexts: list[KafkaCallContext]) -> list[bytes | FileRecords] | None | bool:
         """The response frame, None for no response (acks=0), False to close the connection. ``released``
         is set when the next request may start (at the end, or a produce's once appended). The calls'
@@ -587,7 +640,8 @@ class _Connection:
             return False
         lst.stats.requests_by_api[api_key] = lst.stats.requests_by_api.get(api_key, 0) + 1
         if not self.authenticated and api_key not in apis.PRE_AUTH_APIS:
-            log.warning("Kafka listener: closing %s: API %d before SASL authentication", self.peer_text, api_key)
+            lst.before_login.warn("Kafka listener: closing %s: API %d before SASL authentication", self.peer_text,
+                                  api_key)
             lst.stats.authentication_failures_total += 1
             return False
         if self.credential is not None and not lst.broker.security.authenticator.holds(self.credential):
@@ -614,8 +668,8 @@ class _Connection:
             else:
                 req = codec.parse_request(frame, api_key, version, lst.max_elements())
         except codec.MalformedRequest as exc:
-            log.info("Kafka listener: closing %s: malformed request: %s (first bytes %s)", self.peer_text, exc,
-                     frame[:48].hex())
+            lst.malformed.warn("Kafka listener: closing %s: malformed request: %s (first bytes %s)", self.peer_text,
+                               exc, frame[:48].hex())
             lst.stats.malformed_requests_total += 1
             return False
         if api_key == apis.SASL_HANDSHAKE:
@@ -665,7 +719,8 @@ class _Connection:
                     # Kafka channel does, and try again; nothing was done.
                     await asyncio.sleep(OVERLOAD_BACKOFF_S)
                     continue
-                log.info("Kafka listener: %s API %d refused: %s", self.peer_text, req.api_key, exc)
+                self.listener.refused_calls.warn("Kafka listener: %s API %d refused: %s", self.peer_text,
+                                                 req.api_key, exc)
                 raise ConnectionError(str(exc)) from None
 
     # ---- SASL (KIP-43, KIP-152) ----

@@ -112,3 +112,10 @@ def test_asyncios_ssl_eof_warning_is_dropped_and_nothing_else(caplog: pytest.Log
     finally:
         logger.removeFilter(quiet)
     assert [r.getMessage() for r in caplog.records] == ["Executing <Task> took 0.500 seconds"]
+
+
+def test_a_throttled_line_may_be_logged_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    info = ThrottledWarning(logging.getLogger("t.limits.info"), level=logging.INFO, after=lambda _d, _fn: None)
+    with caplog.at_level(logging.INFO, logger="t.limits.info"):
+        assert info.warn("closing %s", "a") and not info.warn("closing %s", "b")
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.INFO, "closing a")]

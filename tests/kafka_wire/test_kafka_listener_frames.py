@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import struct
 import threading
 import types
@@ -308,4 +309,71 @@ async def test_a_wait_for_the_frame_pool_ends_when_the_connections_answers_can_n
     finally:
         for w in holders:
             w.close()
+        await lst.stop()
+
+
+async def _announcing(port: int, host: str, size: int, n: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """``n`` connections from ``host`` (a loopback address) that each announce a frame of ``size`` bytes and send
+    nothing more."""
+    out = []
+    for _ in range(n):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(host, 0))
+        writer.write(struct.pack(">i", size) + b"\x00\x12")
+        await writer.drain()
+        out.append((reader, writer))
+    return out
+
+
+@pytest.mark.parametrize("protocol", ["PLAINTEXT", "SASL_PLAINTEXT"])
+async def test_one_address_announcing_frames_takes_only_its_share_of_the_frame_pool(
+        protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by an audit: on a PLAINTEXT listener (every client counts as logged in), 33 connections that each
+    sent a size prefix of socket.request.max.bytes and nothing more took the whole queued.max.request.bytes
+    pool for kafka.request.timeout.ms (30 s): every other client's requests waited, and each further 32
+    connections queued another 30 s. The same before a SASL login, in the pool of the frames sent before it
+    (PRE_AUTH_POOL_BYTES, here 256 KiB): one address filled it, and other clients' logins waited until their
+    time ran out. One address's frames now take at most an eighth of a pool (and at least one frame)."""
+    monkeypatch.setattr(kafka_server, "PRE_AUTH_POOL_BYTES", 256 * 1024)
+    lst = await _listener(protocol, **{"socket.request.max.bytes": str(10 * 1024),
+                                       "kafka.authentication.timeout.ms": "60000"})
+    pool, shares = ((lst.frame_budget, lst.frame_shares) if protocol == "PLAINTEXT" else
+                    (lst.pre_auth_budget, lst.pre_auth_shares))
+    frame = 10 * 1024
+    assert shares.per_client == max(frame, pool.total_bytes // kafka_server.FRAME_POOL_SHARE)
+    count = pool.total_bytes // frame + 2  # more than the pool, announced from 127.0.0.2
+    held = shares.per_client // frame
+    attackers = await _announcing(lst.port, "127.0.0.2", frame, count)
+    try:
+        def waiting() -> int:
+            budget = shares._budgets.get("127.0.0.2")  # noqa: SLF001 - the wait under test
+            return 0 if budget is None else sum(not fut.done() for _, fut in budget._waiters)  # noqa: SLF001
+        await await_for(lambda: waiting() == count - held, 10,
+                        lambda: f"{held} frame(s) held, {count - held} waiting for the address's share ({waiting()})")
+        assert pool.used_bytes <= shares.per_client, (
+            f"one address holds {pool.used_bytes} bytes of the pool, over its share of {shares.per_client}")
+        answer = await asyncio.wait_for(_answered(lst.port, _api_versions_frame()), 10)
+        assert struct.unpack(">ih", answer[:6]) == (7, 0), answer[:6]
+    finally:
+        for _, writer in attackers:
+            writer.close()
+        await lst.stop()
+
+
+async def test_what_a_client_can_make_on_every_connection_is_logged_once_a_period(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An oversized size prefix closes the connection with a WARNING: once a period, the rest counted, however
+    many connections a client opens to do it (each was a line; audit)."""
+    lst = await _listener("PLAINTEXT", **{"socket.request.max.bytes": str(10 * 1024)})
+    try:
+        with caplog.at_level(logging.INFO, logger=kafka_server.log.name):
+            for _ in range(20):
+                reader, writer = await asyncio.open_connection("127.0.0.1", lst.port)
+                writer.write(struct.pack(">i", 10 * 1024 + 1))
+                await writer.drain()
+                assert await asyncio.wait_for(_closed(reader), 10)
+                writer.close()
+        lines = [r for r in caplog.records if "a request of" in r.getMessage()]
+        assert len(lines) == 1, [r.getMessage() for r in lines]
+        assert lst.stats.malformed_requests_total == 20
+    finally:
         await lst.stop()
