@@ -309,8 +309,8 @@ class KafkaApis:
         for t in body.topic_data:
             for p in t.partition_data:
                 named[(t.name, p.index)] = bytes(p.records or b"")
-        # As Kafka's ProduceRequest: zstd (KIP-110) only from Produce v7 on; an older client could not read it.
-        refused = [key for key, records in named.items() if req.api_version < 7 and _first_codec(records) == CODEC_ZSTD]
+        refused = {key: why for key, records in named.items()
+                   if (why := _produce_refusal(req.api_version, records)) is not None}
         for key in refused:
             del named[key]
         for (topic, index), records in named.items():
@@ -323,9 +323,8 @@ class KafkaApis:
                                    base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
         else:
             out = await self.service.Produce(pb, ctx) if pb.partitions else broker_pb2.ProduceResponse()
-        for topic, index in refused:
-            out.partitions.add(topic=topic, partition=index, error_code=ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
-                               error_message=f"Produce v{req.api_version} may not use zstd compression (v7 and later)",
+        for (topic, index), (code, message) in refused.items():
+            out.partitions.add(topic=topic, partition=index, error_code=code, error_message=message,
                                base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
         if pb.acks == 0:
             failed = [p for p in out.partitions if p.error_code]
@@ -715,13 +714,21 @@ def api_version_entries() -> list[dict[str, int]]:
     return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(ADVERTISED.items())]
 
 
-def _first_codec(records: bytes) -> int | None:
-    """The codec of the first batch of a produce's records; None when they hold no readable batch header (the
-    append refuses them)."""
+def _produce_refusal(version: int, records: bytes) -> tuple[int, str] | None:
+    """As Kafka's ProduceRequest.validateRecords, a partition's records refused before the append (error code,
+    message): zstd (KIP-110) before Produce v7, which an older client could not read, and more than one record
+    batch (v3 and later hold exactly one; a zstd batch after a first one got past the codec check). None when the
+    append decides (records with no readable batch header are refused there)."""
     try:
-        return read_header(records).compression
+        header = read_header(records)
     except errors.CorruptMessageError:
         return None
+    if version < 7 and header.compression == CODEC_ZSTD:
+        return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"Produce v{version} may not use zstd compression (v7 and later)"
+    if len(records) > header.size:
+        return ErrorCode.INVALID_RECORD, (f"Produce v{version} may hold exactly one record batch per partition; "
+                                          f"these records hold {len(records) - header.size} bytes after the first")
+    return None
 
 
 def _offset_fetch_topics(out: Any, extra: dict[str, list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:

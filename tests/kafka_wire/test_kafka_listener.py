@@ -632,6 +632,14 @@ def test_produce_refusals_are_kafkas_not_retriable_ones(cluster: LocalCluster) -
     assert answer.error_code == ErrorCode.INVALID_RECORD and "magic 1" in answer.error_message, answer
     answer = _produce_one(cluster, 8, b"")
     assert answer.error_code == ErrorCode.INVALID_RECORD, answer
+    # Exactly one batch per partition from Produce v3 on: a zstd batch after a plain one got past the v7 rule (audit).
+    plain = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                      producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    plain.append(0, timestamp=None, key=b"k", value=b"first", headers=[])
+    for version, second in ((3, zstd), (9, bytes(plain.build()))):
+        answer = _produce_one(cluster, version, bytes(plain.build()) + second)
+        assert answer.error_code == ErrorCode.INVALID_RECORD, (version, answer)
+    assert "exactly one record batch" in answer.error_message, answer  # v8 and later carry a message
 
 
 def _fetch_one(cluster: LocalCluster, topic: str, version: int) -> Any:
