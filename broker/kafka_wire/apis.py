@@ -334,7 +334,7 @@ class KafkaApis:
             # connection is closed: the client then refreshes its metadata (a leader moved, for example).
             self._acks0_failures.warn(
                 "Kafka listener: closing the connection of %s (client %s): acks=0 produce failed: %s",
-                ctx.client_host, ctx.client_id[:CLIENT_ID_LOGGED_MAX],
+                ctx.client_host, (ctx.client_id or "")[:CLIENT_ID_LOGGED_MAX],
                 ", ".join(f"{p.topic[:TOPIC_LOGGED_MAX]}-{p.partition} error {p.error_code}" for p in failed[:3]))
             return False
         by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
