@@ -49,10 +49,12 @@ def watch(interval_s: float, threshold_s: float) -> None:
     wake-up that saw it (a stall just before the end of a run is still one of the run's)."""
     selector = selectors.DefaultSelector()
     selector.register(sys.stdin, selectors.EVENT_READ)
+    reported = 0
+    # Due before READY is told: a stall that begins as the parent reads it is counted from the first wake-up's
+    # due time (set after the line, a watcher stopped between the two missed the stall; a flaky test showed it).
+    due = time.monotonic() + interval_s
     sys.stdout.write(READY + "\n")
     sys.stdout.flush()
-    reported = 0
-    due = time.monotonic() + interval_s
     while True:
         closed = bool(selector.select(max(0.0, due - time.monotonic())))  # stdin readable: the parent closed it
         now = time.monotonic()
