@@ -737,6 +737,14 @@ class ControllerCollector(_SafeCollector):
         yield GaugeMetricFamily("brook_controller_calls_served",
                                 "Calls the controller's gRPC server is serving (each holds one of its workers).",
                                 value=float(s.calls_served))
+        cut_off = CounterMetricFamily(
+            "brook_controller_cut_off_from_brokers",
+            "Times this voter, as the active controller, heard no broker for half a session and asked the other "
+            "voters whether brokers reach them: it handed Raft leadership to one that did (outcome=handed_over), or "
+            "none did and it fenced the brokers it missed (outcome=fenced).", labels=["outcome"])
+        cut_off.add_metric(["handed_over"], float(s.cut_off_handed_over))
+        cut_off.add_metric(["fenced"], float(s.cut_off_fenced))
+        yield cut_off
         throttled = CounterMetricFamily(
             "brook_controller_mutations_throttled",
             "Partition mutations (created, added or deleted partitions) over a principal's controller_mutation_rate "

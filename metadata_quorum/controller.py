@@ -165,6 +165,9 @@ class QuorumController:
         # (the Raft addresses of those that brokers' heartbeats reach; None: never hand over, as a single voter or
         # the simulator), in the background, and what the last asking found (when, and the voter or None).
         self._voters_hearing_brokers = voters_hearing_brokers
+        # Times this controller, cut off from every broker, asked the other voters (_cut_off_from_brokers), by outcome:
+        # "handed_over" (a voter heard brokers: Raft leadership was handed to it) or "fenced" (none did).
+        self.cut_off_outcomes: collections.Counter[str] = collections.Counter()
         self._cut_off_asking: threading.Thread | None = None
         self._cut_off_answer: tuple[float, str | None] | None = None
         self._cut_off_step_down_at = float("-inf")  # when the tick last asked for that hand-over
@@ -586,6 +589,7 @@ class QuorumController:
                 log.warning("controller %d hears no broker, and brokers reach voter %s: handing Raft leadership "
                             "over to it rather than fencing every broker", self.config.node_id, target)
             with self._lock:
+                self.cut_off_outcomes["fenced" if target is None else "handed_over"] += 1
                 self._cut_off_answer = (self._clock(), target)
                 self._cut_off_step_down_at = float("-inf")  # the tick asks for the hand-over
 

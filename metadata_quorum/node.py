@@ -206,6 +206,9 @@ class ControllerStats:
     mutations_over_quota: int = 0
     raft_journal_flushes: LatencyHistogram | None = None  # the Raft journal's flush times (None: not on disk)
     raft_connections_refused: int = 0  # quorum-port callers closed for what they said they were
+    # Times the active controller heard no broker and asked the other voters: it handed over, or fenced them.
+    cut_off_handed_over: int = 0
+    cut_off_fenced: int = 0
 
 
 class VoterLevels:
@@ -495,4 +498,6 @@ class ControllerNode:
                                *raft.pre_vote_rounds(), gate.refused_total, gate.watchdog.cancelled_total,
                                gate.workers_refused_total, gate.busy, quota.refused, quota.accepted_over_quota,
                                raft_journal_flushes=raft.journal_flushes,
-                               raft_connections_refused=raft.connections_refused)
+                               raft_connections_refused=raft.connections_refused,
+                               cut_off_handed_over=self._controller.cut_off_outcomes["handed_over"],
+                               cut_off_fenced=self._controller.cut_off_outcomes["fenced"])

@@ -91,6 +91,7 @@ def test_an_active_controller_that_hears_no_broker_hands_over_to_a_voter_brokers
         time.sleep(0.1)
     assert _fenced(voters[now_active][0]) == []
     assert ctl.is_active()
+    assert voters[first][1].cut_off_outcomes == {"handed_over": 1}, voters[first][1].cut_off_outcomes
     print(f"handed over after {took:.1f}s of a {SESSION_MS / 1000:.0f}s session")
 
 
@@ -103,6 +104,7 @@ def test_an_active_controller_fences_brokers_no_voter_hears(
              lambda: f"both silent brokers fenced (fenced: {_fenced(voters[first][0])})", poll_s=0.05)
     assert voters[first][1].is_active() and voters[first][0].term == term, (
         "the active controller handed leadership over although no voter hears brokers")
+    assert voters[first][1].cut_off_outcomes == {"fenced": 1}, voters[first][1].cut_off_outcomes
 
 
 def test_a_voter_counts_a_broker_only_by_that_brokers_identity(tmp_path: Path) -> None:

@@ -103,7 +103,7 @@ def test_exported_with_the_controller_families() -> None:
     class Node:
         def stats(self) -> ControllerStats:
             return ControllerStats(False, 2, 3, 10, 10, 10, 0, 0, 3, 1, 1, gaps, 1, raft_journal_flushes=flushes,
-                                   raft_connections_refused=2)
+                                   raft_connections_refused=2, cut_off_handed_over=1, cut_off_fenced=3)
 
     registry = CollectorRegistry()
     registry.register(ControllerCollector(lambda: Node()))
@@ -117,6 +117,8 @@ def test_exported_with_the_controller_families() -> None:
     assert flushed[("brook_raft_journal_flush_seconds_count", None)] == 2
     assert flushed[("brook_raft_journal_flush_seconds_bucket", "0.0005")] == 1
     assert families["brook_raft_connections_refused"].samples[0].value == 2
+    cut_off = {s.labels["outcome"]: s.value for s in families["brook_controller_cut_off_from_brokers"].samples}
+    assert cut_off == {"handed_over": 1, "fenced": 3}, cut_off
 
     class NotStarted:
         def stats(self) -> ControllerStats:
