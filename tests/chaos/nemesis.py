@@ -27,16 +27,18 @@ from tests.chaos.workload import History, Probe
 log = logging.getLogger(__name__)
 
 PROCESS_KINDS = ("kill", "pause")
-NETWORK_KINDS = ("isolate", "cut")
+NETWORK_KINDS = ("isolate", "cut", "strand")
+SPLIT_ONLY_KINDS = ("strand",)  # faults that need controller-only voters (a split-mode cluster)
 TARGETS = ("random", "controller", "leader")
+STRAND_TARGETS = ("controller", "random")  # the active controller, or any controller-only voter
 SCHEDULE_MAX = 10_000
 STEP_FAULTS_MAX = 3
 
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # kill | pause | isolate | cut
-    target: str  # random | controller | leader (cut: the pair is chosen at random)
+    kind: str  # kill | pause | isolate | cut | strand (a controller cut from every broker, split mode only)
+    target: str  # random | controller | leader (cut: the pair is chosen at random; strand: controller | random)
     pick: int  # which node/partition among the candidates (modulo their number)
     hold_s: float  # how long the fault lasts before it is healed
     gap_s: float  # quiet time after recovery, before the next fault
@@ -56,7 +58,7 @@ def schedule(seed: int, duration_s: float, kinds: tuple[str, ...], hold_s: tuple
     in_step = 0
     while planned < duration_s and len(faults) < SCHEDULE_MAX:
         kind = rng.choice(kinds)
-        target = "random" if kind == "cut" else rng.choice(TARGETS)
+        target = "random" if kind == "cut" else rng.choice(STRAND_TARGETS if kind == "strand" else TARGETS)
         in_step += 1
         with_next = in_step < STEP_FAULTS_MAX and rng.random() < overlap
         fault = Fault(kind, target, rng.randrange(1 << 16), round(rng.uniform(*hold_s), 2),
@@ -122,6 +124,8 @@ class Nemesis:
             a = fallback
             others = [n for n in nodes if n != a]
             return [a, others[(fault.pick >> 8) % len(others)]]
+        if fault.kind == "strand":
+            return [self._strand_controller(fault), *self.cluster.broker_ids]
         if fault.target == "random":
             return [fallback]
         try:
@@ -136,6 +140,24 @@ class Nemesis:
             return [fallback]
         return [node] if node in nodes else [fallback]
 
+    def _strand_controller(self, fault: Fault) -> int:
+        """The controller-only voter a strand cuts off: the active controller (target "controller"), else the
+        seeded one."""
+        brokers = set(self.cluster.broker_ids)
+        voters = [n for n in self.cluster.controller_ids if n not in brokers]
+        if not voters:
+            raise ValueError("a strand needs controller-only voters (--controllers)")
+        fallback = voters[fault.pick % len(voters)]
+        if fault.target != "controller":
+            return fallback
+        try:
+            with Admin(self.cluster.bootstrap_servers, request_timeout_ms=3000, **self.cluster.client_config) as admin:
+                active = admin.describe_cluster().controller_id
+        except errors.BrookError as exc:
+            log.info("could not resolve the active controller (%r): node %d instead", exc, fallback)
+            return fallback
+        return active if active in voters else fallback
+
     def _inject(self, fault: Fault, nodes: list[int]) -> None:
         if fault.kind == "kill":
             self.cluster.kill(nodes[0])
@@ -145,6 +167,9 @@ class Nemesis:
             self.network.isolate(nodes[0])
         elif fault.kind == "cut":
             self.network.cut(nodes[0], nodes[1])
+        elif fault.kind == "strand":  # the controller still reaches the other voters; the brokers reach them too
+            for broker in nodes[1:]:
+                self.network.cut(nodes[0], broker)
         else:
             raise ValueError(f"unknown fault kind {fault.kind!r}")
 

@@ -30,7 +30,7 @@ from client.consumer import Consumer
 from client.types import TopicPartition
 from storage.record_batch import iter_batches
 from tests.chaos.checker import Verdict, check
-from tests.chaos.nemesis import NETWORK_KINDS, PROCESS_KINDS, Nemesis, schedule
+from tests.chaos.nemesis import NETWORK_KINDS, PROCESS_KINDS, SPLIT_ONLY_KINDS, Nemesis, schedule
 from tests.chaos.netns import make_network
 from tests.chaos.nodes import ChaosCluster
 from tests.chaos.workload import History, Probe, Reader, Writer, load_history
@@ -60,8 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="seconds within which every partition must take acks=all writes after a heal (default 30)")
     ap.add_argument("--health-bound", type=float, default=60.0,
                     help="seconds within which every replica must be back in sync at the end (default 60)")
-    ap.add_argument("--faults", default="kill,pause,isolate,cut",
-                    help="fault kinds to draw from (default kill,pause,isolate,cut)")
+    ap.add_argument("--faults", default=None,
+                    help="fault kinds to draw from (default kill,pause,isolate,cut; with --controllers also strand: "
+                         "the active or another controller-only voter cut off from every broker)")
     ap.add_argument("--hold", default="1,8", help="min,max seconds a fault lasts (default 1,8)")
     ap.add_argument("--gap", default="1,5", help="min,max quiet seconds between faults (default 1,5)")
     ap.add_argument("--overlap", type=float, default=0.0,
@@ -78,10 +79,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--partitions, --writers and --rate must be positive, --duration not negative")
     if not 0 <= args.overlap <= 1:
         ap.error("--overlap is a probability, 0 to 1")
+    if args.controllers < 0:
+        ap.error("--controllers must not be negative")
+    if args.faults is None:
+        args.faults = "kill,pause,isolate,cut" + (",strand" if args.controllers else "")
     args.faults = tuple(k for k in args.faults.split(",") if k)
     unknown = set(args.faults) - set(PROCESS_KINDS) - set(NETWORK_KINDS)
     if unknown or not args.faults:
         ap.error(f"--faults: unknown kinds {sorted(unknown)}; choose from {PROCESS_KINDS + NETWORK_KINDS}")
+    if not args.controllers and set(args.faults) & set(SPLIT_ONLY_KINDS):
+        ap.error(f"--faults: {', '.join(sorted(set(args.faults) & set(SPLIT_ONLY_KINDS)))} needs controller-only "
+                 "voters (--controllers N)")
     for name in ("hold", "gap"):
         try:
             lo, hi = (float(x) for x in getattr(args, name).split(","))

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from storage.record_batch import RecordBatchBuilder
 from tests.chaos.checker import Verdict, check
-from tests.chaos.nemesis import STEP_FAULTS_MAX, schedule, steps
-from tests.chaos.run import compare_replicas, replica_batches
+from tests.chaos.nemesis import STEP_FAULTS_MAX, Fault, Nemesis, schedule, steps
+from tests.chaos.run import compare_replicas, parse_args, replica_batches
 
 BOUND_S = 30.0
 
@@ -99,6 +102,28 @@ def test_overlapping_faults_share_a_step_of_at_most_three() -> None:
     assert faults == schedule(11, 600, ("kill", "pause"), overlap=0.6)
     sizes = [len(step) for step in steps(faults)]
     assert max(sizes) == STEP_FAULTS_MAX and min(sizes) == 1 and sum(sizes) == len(faults)
+
+
+def test_a_strand_cuts_a_controller_only_voter_from_every_broker_and_only_in_split_mode() -> None:
+    faults = schedule(5, 300, ("strand",))
+    assert {f.target for f in faults} == {"controller", "random"}, faults
+
+    class Cluster:  # the nodes of a split-mode run: brokers 1-3, controller-only voters 4-6
+        broker_ids, controller_ids, node_ids = [1, 2, 3], [4, 5, 6], [1, 2, 3, 4, 5, 6]
+
+    cuts: list[tuple[int, int]] = []
+    network = types.SimpleNamespace(cut=lambda a, b: cuts.append((a, b)))
+    nemesis = Nemesis(Cluster(), network, "t", 1, None, None, 30, lambda: False)  # type: ignore[arg-type]
+    fault = Fault("strand", "random", pick=4, hold_s=1, gap_s=1)
+    nodes = nemesis._resolve(fault)
+    assert nodes == [5, 1, 2, 3], nodes
+    nemesis._inject(fault, nodes)
+    assert cuts == [(5, 1), (5, 2), (5, 3)], cuts  # the voters still reach each other
+
+    assert parse_args(["--controllers", "3"]).faults == ("kill", "pause", "isolate", "cut", "strand")
+    assert parse_args([]).faults == ("kill", "pause", "isolate", "cut")
+    with pytest.raises(SystemExit):
+        parse_args(["--faults", "kill,strand"])  # combined nodes: every voter is a broker
 
 
 def _batch(base_offset: int, values: list[bytes], epoch: int = 0) -> bytes:
