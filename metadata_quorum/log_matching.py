@@ -37,7 +37,10 @@ import pysyncobj.pickle as pysyncobj_pickle
 import pysyncobj.syncobj as pysyncobj_syncobj
 from pysyncobj import SyncObj
 
-from metadata_quorum import pysyncobj_compat  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
+from metadata_quorum import (
+    pysyncobj_compat,  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
+    raft_messages,
+)
 from metadata_quorum.prevote import follow_term
 
 log = logging.getLogger(__name__)
@@ -184,6 +187,9 @@ class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
             # command just under a multiple of the batch size has a "finish" before its last piece, which then
             # failed to unpickle in the tick thread. It is gathered as the piece it is.
             return dict(message, transmission="process"), None
+        problem = raft_messages.entry_problem(entry, message["prevLogIdx"] + 1, message["term"])
+        if problem is not None:
+            raise ValueError(f"an entry sent in parts: {problem}")  # the transport drops it with its connection
         whole = {k: v for k, v in message.items() if k not in ("transmission", "data")}
         whole["entries"] = [entry]
         rewritten, answer_limit = self._lm_rewrite_entries(whole)

@@ -42,6 +42,9 @@ partition logs, and a connection that sends nothing was never timed out.
   a megabyte at a time, and are dropped with their connection past it (``_BoundedInflate``);
 - pysyncobj joins the parts of an entry sent in parts in one buffer with no bound: parts past
   ``ENTRY_IN_PARTS_MAX_BYTES`` are dropped with their connection (``_transmission_problem``).
+- pysyncobj reads a message's fields as they come (a term of 2**64 was stored, then failed every journal write):
+  a message whose fields are not of the types and ranges this release sends is dropped with its connection
+  (raft_messages.py).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from broker.log_limits import ThrottledWarning
 from metadata_quorum import (
     features,
     pysyncobj_compat,  # noqa: F401  (undoes pysyncobj's socket.inet_ntop)
+    raft_messages,
 )
 
 log = logging.getLogger(__name__)
@@ -305,7 +309,11 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
         if fenced and fenced.pop(node, None) is not None:
             log.warning("quorum: voter %s now runs a release that supports the cluster's brook.metadata.version "
                         "%d: it takes part in the quorum again", getattr(node, "address", node), level)
-        if isinstance(message, dict) and message.get("transmission") is not None:
+        problem = raft_messages.problem(message)
+        if problem is not None:
+            self._drop_malformed(node, message, ValueError(problem))
+            return
+        if message.get("transmission") is not None:
             problem = self._transmission_problem(message)
             if problem is not None:
                 self._drop_malformed(node, message, ValueError(problem))
@@ -327,7 +335,11 @@ class BoundedTCPTransport(TCPTransport):  # type: ignore[misc]
         if not isinstance(data, bytes):
             return "an entry part that is not bytes"
         held = getattr(self._syncObj, "_SyncObj__recvTransmission", None) if kind != "start" else None
-        total = len(data) + (len(held) if isinstance(held, (bytes, str)) else 0)
+        if kind != "start" and not (isinstance(held, bytes) and held):
+            # pysyncobj joins it to '' (a str) when no start came: a TypeError on the tick thread. A leader sends
+            # every part of an entry in one turn, and again from its start on a new connection.
+            return "an entry part with no start before it"
+        total = len(data) + (len(held) if isinstance(held, bytes) else 0)
         if total > ENTRY_IN_PARTS_MAX_BYTES:
             return f"an entry sent in parts past {ENTRY_IN_PARTS_MAX_BYTES} bytes"
         return None

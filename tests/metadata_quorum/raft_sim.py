@@ -21,6 +21,7 @@ from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 from quorum_helpers import free_port
 
+from metadata_quorum import raft_messages
 from metadata_quorum.raft import QuorumSyncObj
 
 RAFT = pysyncobj_syncobj._RAFT_STATE
@@ -34,6 +35,9 @@ class Router:
         self.voters: dict[str, Voter] = {}  # by address
 
     def send(self, sender: str, to: Any, message: Any) -> None:
+        # What a voter sends, a voter takes: no message of this release trips the receiving check.
+        problem = raft_messages.problem(message)
+        assert problem is None, f"{sender} sent a message voters drop ({problem}): {message!r:.300}"
         self.queues[(sender, getattr(to, "id", str(to)))].append(pickle.dumps(message))
 
     def deliver(self, sender: str, receiver: str, count: int | None = None,

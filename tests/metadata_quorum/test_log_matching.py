@@ -169,6 +169,24 @@ def test_a_large_entry_whose_pieces_are_mislabelled_is_still_gathered(follower) 
     assert follower.log()[-1] == (4, 1) and follower.log_commands()[-1] == command
 
 
+@pytest.mark.parametrize("entry", [("text", 4, 1), (b"\x00c", 5, 1), (b"\x00c", 4, 2), [b"\x00c", 4]],
+                         ids=["command-not-bytes", "wrong-index", "later-term", "two-fields"])
+def test_a_large_entry_of_the_wrong_shape_is_refused_before_anything_is_truncated(follower, entry) -> None:  # noqa: ANN001
+    # An entry sent in pieces is whole only at its last piece: raft_messages checks it there, before pysyncobj
+    # deletes the entries after prevLogIdx (it stored the entry's fields as they came).
+    follower.append(term=1, prev=(1, 0), entries=_run(2, 6, 1), commit=1)
+    held = follower.log()
+    data = pysyncobj_pickle.dumps(tuple(entry) if isinstance(entry, tuple) else entry)
+    follower.node._SyncObj__onMessageReceived(LEADER, {
+        "type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": 3, "prevLogTerm": 1,
+        "transmission": "start", "data": data[:10]})
+    with pytest.raises(ValueError, match="an entry sent in parts"):
+        follower.node._SyncObj__onMessageReceived(LEADER, {
+            "type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": 3, "prevLogTerm": 1,
+            "transmission": "finish", "data": data[10:]})
+    assert follower.log() == held and follower.deletes == []
+
+
 def test_what_the_follower_cannot_match_is_refused_as_before(follower) -> None:  # noqa: ANN001
     follower.append(term=1, prev=(1, 0), entries=_run(2, 6, 1), commit=1)
     held = follower.log()
