@@ -80,6 +80,7 @@ class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
             self._lm_snapshot_append(node, message)
             return
         rewritten, answer_limit = self._lm_rewrite(message)
+        self._lm_refuse_truncating_committed(rewritten)
         if answer_limit is None:
             super()._SyncObj__onMessageReceived(node, rewritten)
             return
@@ -89,6 +90,26 @@ class LogMatchingSyncObj(SyncObj):  # type: ignore[misc]
         finally:
             self._lm_answer_limit = None
         self._SyncObj__leaderCommitIndex = message["commit_index"]
+
+    def _lm_refuse_truncating_committed(self, message: Any) -> None:
+        """Raise ValueError (the quorum port drops the message with its connection) for an append_entries that would
+        have pysyncobj delete committed entries: it deletes every entry after ``prevLogIdx`` once the entry there
+        matches (after ``_lm_rewrite``, only when a later one conflicts). A leader holds every committed entry
+        (Raft's Leader Completeness; pysyncobj commits only entries of the leader's term by counting), so only a
+        sender lying as the leader asks that; pysyncobj logged it and went on, with the applied state no longer
+        the log's. etcd's follower panics on it; this one keeps its log and refuses the sender."""
+        if not isinstance(message, dict) or message.get("type") != "append_entries" or "prevLogIdx" not in message \
+                or message.get("transmission") not in (None, "finish"):
+            return
+        prev, commit = message["prevLogIdx"], self._SyncObj__raftCommitIndex
+        if prev >= commit or prev >= self._SyncObj__getCurrentLogIndex():
+            return
+        held = self._SyncObj__getEntries(prev, 1)
+        if not held or held[0][2] != message.get("prevLogTerm"):
+            return  # pysyncobj refuses it and asks from where
+        log.error("refused an append_entries at term %s that would delete committed entries from index %d (commit "
+                  "index %d): no leader of this quorum sends one", message.get("term"), prev + 1, commit)
+        raise ValueError(f"an append_entries that would delete committed entries from index {prev + 1}")
 
     def _lm_deposed(self, term: int) -> None:
         """A voter answered with a later term: take it and follow."""

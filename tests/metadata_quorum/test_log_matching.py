@@ -187,6 +187,21 @@ def test_a_large_entry_of_the_wrong_shape_is_refused_before_anything_is_truncate
     assert follower.log() == held and follower.deletes == []
 
 
+def test_an_append_that_would_delete_committed_entries_is_refused(follower) -> None:  # noqa: ANN001
+    # Only a sender lying as the leader conflicts with a committed entry: pysyncobj logged it (CRITICAL) and
+    # deleted the entries, leaving the applied state no longer the log's. Past the commit index, Raft's truncation
+    # goes on as before.
+    follower.append(term=1, prev=(1, 0), entries=_run(2, 8, 1), commit=5)
+    held = follower.log()
+    assert follower.commit_index == 5
+    with pytest.raises(ValueError, match="delete committed entries from index 4"):
+        follower.append(term=2, prev=(3, 1), entries=_run(4, 9, 2), commit=5)
+    assert follower.log() == held and follower.deletes == []
+    answer = follower.append(term=2, prev=(5, 1), entries=_run(6, 9, 2), commit=5)
+    assert answer["success"] and follower.log() == held[:5] + _run(6, 9, 2)
+    assert follower.deletes == [5]  # the position of entry 6
+
+
 def test_what_the_follower_cannot_match_is_refused_as_before(follower) -> None:  # noqa: ANN001
     follower.append(term=1, prev=(1, 0), entries=_run(2, 6, 1), commit=1)
     held = follower.log()
