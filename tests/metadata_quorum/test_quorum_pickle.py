@@ -98,3 +98,33 @@ def test_a_snapshot_file_is_read_as_data_only(tmp_path: Path) -> None:
     with pytest.raises(pickle.UnpicklingError, match="posix.open"):
         load_snapshot_file(path)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("put", [b"r" + (10**7).to_bytes(4, "little"), b"p10000000\n"], ids=["LONG_BINPUT", "PUT"])
+def test_a_memo_index_costs_one_entry_not_an_array_that_long(put: bytes) -> None:
+    # The C unpickler grows its memo array to twice the index a PUT names, zeroed: this 10-byte pickle made it
+    # allocate 160 MB (1.5 GiB at 10**8) before reading on. Frames and commands are read with a dict memo.
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        assert quorum_pickle.loads(b"\x80\x02K\x07" + put + b".") == 7
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"unpickling a memo index took {peak / 2**20:.0f} MiB"
+
+
+def test_a_declared_length_allocates_nothing_the_pickle_does_not_hold() -> None:
+    # BYTEARRAY8: Python's unpickler made a bytearray of the declared length before reading (2 GiB from 16 bytes).
+    import tracemalloc
+
+    assert quorum_pickle.loads(pickle.dumps(bytearray(b"abc"), 5)) == bytearray(b"abc")
+    tracemalloc.start()
+    try:
+        with pytest.raises(pickle.UnpicklingError, match="declares 1073741824 bytes, the pickle holds 1"):
+            quorum_pickle.loads(b"\x80\x05\x96" + (1 << 30).to_bytes(8, "little") + b".")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"a declared length took {peak / 2**20:.0f} MiB"
