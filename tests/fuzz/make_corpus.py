@@ -322,10 +322,62 @@ def kafka_seeds() -> dict[str, bytes]:
     return seeds
 
 
+def quorum_seeds() -> dict[str, bytes]:
+    """A byte (bit 0: to the leader A, else to follower B; bit 1: from C, else from the other of A and B), then the
+    pickled Raft message, at the terms and indexes the harness's voters hold (term 1, entries 1-5)."""
+    import pickle
+
+    from metadata_quorum.prevote import PRE_VOTE, PRE_VOTE_RESPONSE
+
+    command = b"\x00" + pickle.dumps((0, ("w",)), 2)  # a replicated list's append, as the harness's entries
+    big = pickle.dumps((command + b"p" * 200, 6, 1), 2)
+    to_b, to_b_from_c, to_a_from_b, to_a_from_c = b"\x00", b"\x02", b"\x01", b"\x03"
+
+    def append(**fields: object) -> dict[str, object]:
+        return {"type": "append_entries", "term": 1, "commit_index": 5, "prevLogIdx": 5, "prevLogTerm": 1, **fields}
+
+    messages = {
+        "heartbeat": (to_b, append()),
+        "entries": (to_b, append(entries=[(command, 6, 1), (b"\x01", 7, 1)], commit_index=6)),
+        "conflict": (to_b, append(term=2, prevLogIdx=3, entries=[(command, 4, 2)])),
+        "repeat": (to_b, append(prevLogIdx=2, entries=[(command, 3, 1)])),
+        "gap": (to_b, append(prevLogIdx=9, prevLogTerm=1)),
+        "in-parts-start": (to_b, append(transmission="start", data=big[:100])),
+        "in-parts-finish": (to_b, append(transmission="finish", data=big[100:])),
+        "snapshot-piece": (to_b, {"type": "append_entries", "term": 1, "commit_index": 5,
+                                  "serialized": (b"snapshot", True, False)}),
+        "request-vote": (to_b_from_c, {"type": "request_vote", "term": 2, "last_log_term": 1, "last_log_index": 5}),
+        "timeout-now": (to_b, {"type": "timeout_now", "term": 1}),
+        "pre-vote": (to_b_from_c, {"type": PRE_VOTE, "round": 1, "term": 2, "last_log_term": 1, "last_log_index": 5}),
+        "apply-command-response": (to_b, {"type": "apply_command_response", "request_id": 1, "log_idx": 6,
+                                          "log_term": 1}),
+        "next-node-idx": (to_a_from_b, {"type": "next_node_idx", "next_node_idx": 6, "reset": False, "success": True,
+                                        "term": 1}),
+        "next-node-idx-reset": (to_a_from_c, {"type": "next_node_idx", "next_node_idx": 2, "reset": True,
+                                              "success": False, "term": 1}),
+        "response-vote": (to_a_from_b, {"type": "response_vote", "term": 1}),
+        "pre-vote-response": (to_a_from_c, {"type": PRE_VOTE_RESPONSE, "round": 1, "term": 1, "granted": True}),
+        "apply-command": (to_a_from_b, {"type": "apply_command", "command": command, "request_id": 1}),
+        "higher-term-vote": (to_a_from_c, {"type": "request_vote", "term": 5, "last_log_term": 1,
+                                           "last_log_index": 5}),
+        # Hostile: what the quorum port must drop.
+        "term-2-64": (to_b, append(term=1 << 64)),
+        "term-float": (to_b_from_c, {"type": "request_vote", "term": 2.5, "last_log_term": 1, "last_log_index": 5}),
+        "entry-str": (to_b, append(entries=[("text", 6, 1)])),
+        "not-a-dict": (to_a_from_b, [1, 2]),
+    }
+    seeds = {}
+    for name, (head, message) in messages.items():
+        for protocol in (2, 4):
+            seeds[f"{name}-p{protocol}"] = head + pickle.dumps(message, protocol)
+    return seeds
+
+
 def main() -> None:
     sys.path.insert(0, str(HERE))
     for target, seeds in (("batch_header", batch_header_seeds()), ("records", records_seeds()),
-                          ("rpc", rpc_seeds()), ("controller", controller_seeds()), ("kafka", kafka_seeds())):
+                          ("rpc", rpc_seeds()), ("controller", controller_seeds()), ("kafka", kafka_seeds()),
+                          ("quorum", quorum_seeds())):
         out = HERE / "corpus" / target
         out.mkdir(parents=True, exist_ok=True)
         for old in out.iterdir():

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TARGET_NAMES = ("batch_header", "records", "rpc", "controller", "kafka")
+TARGET_NAMES = ("batch_header", "records", "rpc", "controller", "kafka", "quorum")
 SCRATCH_ENV = "BROOK_FUZZ_SCRATCH"  # a directory for the worker's files, removed by the runner
 _DONE = re.compile(r"Done (\d+) runs in (\d+) second")
 _STAT = re.compile(r"^#(\d+)\s", re.MULTILINE)

@@ -14,6 +14,9 @@
   LogManager in a temporary directory, this broker leading every partition); the first
   byte picks the handler, the rest is its serialized request. A crash is an exception
   out of a handler, an UNKNOWN_SERVER_ERROR answer, or an error logged by the broker.
+- ``controller``, ``kafka``: see their harnesses below.
+- ``quorum``: a pickled Raft message, as a holder of the quorum password sends it, to three in-process voters
+  of the quorum's own SyncObj class (``QuorumHarness``).
 
 Used by ``run.py`` (atheris, ``make fuzz``) and ``test_fuzz_smoke.py`` (pytest).
 """
@@ -23,13 +26,17 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
+import itertools
 import logging
 import os
+import pickle
 import random
 import shutil
 import struct
 import sys
 import tempfile
+import types
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -740,4 +747,158 @@ def kafka(data: bytes) -> None:
     _kafka_harness.call(data)
 
 
-TARGETS = {"batch_header": batch_header, "records": records, "rpc": rpc, "controller": controller, "kafka": kafka}
+# ---------------------------------------------------------------- the quorum port's Raft messages
+
+
+class QuorumHarness:
+    """Three voters of the quorum's own SyncObj class (``QuorumSyncObj``, file journals, no sockets and no tick
+    threads: tests/metadata_quorum/raft_sim.py), A elected with entries replicated to B and C. An input is what a
+    holder of the quorum password sends once past the key exchange: its first byte picks the receiver (A, the leader,
+    or B, a follower) and the voter it names itself as; the rest is the pickle, read as the voter reads it
+    (``quorum_pickle``). It is then handled as the quorum port does (raft_transport): dropped when
+    ``raft_messages.problem`` or ``_transmission_problem`` names something, else handed to pysyncobj.
+
+    A crash is an exception out of that handling or out of the receiver's next tick (on a voter, an ERROR and a
+    paused tick, each time), an ERROR logged by pysyncobj, committed entries changed, a message the receiver sends
+    that voters drop (raft_sim's router checks every one), or
+    a receiver whose state could no longer be written or read: a term, vote, commit index or log entry of the wrong
+    type or range. The voters are rebuilt every ``REBUILD_EVERY`` inputs, so hostile terms do not pile up."""
+
+    REBUILD_EVERY = 500
+
+    def __init__(self) -> None:
+        tests = Path(__file__).resolve().parent.parent
+        for helpers in (str(tests), str(tests / "metadata_quorum")):  # waiting.py; raft_sim.py, quorum_helpers.py
+            if helpers not in sys.path:
+                sys.path.insert(0, helpers)
+        from pysyncobj.node import TCPNode
+        from raft_sim import Network, conf
+
+        from metadata_quorum import quorum_pickle, raft_messages, raft_transport
+
+        self.loads, self.problem = quorum_pickle.loads, raft_messages.problem
+        self.transmission_problem = raft_transport.BoundedTCPTransport._transmission_problem
+        self.malformed = raft_transport._MALFORMED
+        self.dir = tempfile.mkdtemp(prefix="brook-fuzz-quorum-", dir=os.environ.get("BROOK_FUZZ_SCRATCH"))
+        self.net = Network(["A", "B", "C"], lambda name, _voter: conf(journalFile=f"{self.dir}/{name}.journal"))
+        self.net.elect("A", ["B", "C"])
+        self.net.write("A", ["x", "y", "z"], ["B", "C"])
+        self.node = {name: TCPNode(address) for name, address in self.net.addresses.items()}
+        self.inputs = 0
+        self.errors = _ErrorLog()  # pysyncobj's own ERROR and CRITICAL lines (a failed tick, a truncated commit)
+        logging.getLogger("pysyncobj").addHandler(self.errors)
+        # What entries may carry: the no-op, the harness's own commands, and the corpus's (make_corpus.py).
+        self.commands = {e[0] for e in self.net["A"].obj._SyncObj__raftLog[:]}
+        self.commands |= {b"\x00" + pickle.dumps((0, ("w",)), 2), b"\x01"}
+
+    def close(self) -> None:
+        logging.getLogger("pysyncobj").removeHandler(self.errors)
+        self.net.destroy()
+        for voter in self.net.voters.values():  # pysyncobj's destroy leaves its pipe notifier's two descriptors open
+            notifier = getattr(voter.obj, "_SyncObj__pipeNotifier", None)
+            for end in ("_PipeNotifier__pipeR", "_PipeNotifier__pipeW"):
+                with contextlib.suppress(OSError, TypeError):
+                    os.close(getattr(notifier, end, None))  # type: ignore[arg-type]
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def call(self, data: bytes) -> None:
+        if len(data) < 2:
+            return
+        self.inputs += 1
+        receiver = "A" if data[0] & 1 else "B"
+        sender = {("A", 0): "B", ("A", 1): "C", ("B", 0): "A", ("B", 1): "C"}[receiver, (data[0] >> 1) & 1]
+        try:
+            message = self.loads(data[1:])
+        except Exception:  # noqa: BLE001 - pysyncobj's frame parser drops what does not unpickle (bare except)
+            return
+        voter = self.net[receiver].obj
+        if self.problem(message) is not None:
+            return
+        if not self._commands_known(voter, message):
+            return
+        if message.get("transmission") is not None and \
+                self.transmission_problem(types.SimpleNamespace(_syncObj=voter), message) is not None:
+            return
+        committed = self._committed(voter)
+        try:
+            voter._SyncObj__onMessageReceived(self.node[sender], message)
+        except ValueError as exc:
+            if "committed entries" not in str(exc):  # log_matching's refusal, dropped as the transport does
+                raise AssertionError(f"a message that passed the check failed: {message!r:.300}") from exc
+        except self.malformed as exc:
+            raise AssertionError(f"a message that passed the check failed in the handler: {message!r:.300}") from exc
+        self.net[receiver].tick()
+        self._check(receiver)
+        if self.errors.records:
+            logged = "; ".join(r.getMessage()[:200] for r in self.errors.records[:3])
+            self.errors.records.clear()
+            raise AssertionError(f"pysyncobj logged an error on {receiver}: {logged}")
+        held = {e[1]: e[2] for e in voter._SyncObj__raftLog[:]}
+        changed = [(index, term, held[index]) for index, term in committed if held.get(index, term) != term]
+        assert not changed, f"{receiver} changed committed entries (index, term, now): {changed}"
+        for queue in self.net.router.queues.values():
+            queue.clear()
+
+    def _commands_known(self, voter: Any, message: dict[Any, Any]) -> bool:
+        """Do the commands the message carries come from ``self.commands``? Raft trusts its leader: a sender holding
+        the password and naming itself as the leader has its entries committed and applied, and a command that
+        does not decode stops every voter's applying (as a lying leader could anyway, README "The quorum port").
+        What a command says is the controller target's part; this target's is the messages around them."""
+        if message.get("type") == "apply_command":
+            return message.get("command") in self.commands
+        if message.get("type") != "append_entries":
+            return True
+        entries = message.get("entries") or []
+        if message.get("transmission") == "finish":
+            held = voter._SyncObj__recvTransmission
+            try:
+                entries = [self.loads(held + message.get("data", b""))]
+            except Exception:  # noqa: BLE001 - not whole yet: gathered as a part (log_matching)
+                return True
+        return all(isinstance(e, (tuple, list)) and e and isinstance(e[0], bytes) and e[0] in self.commands
+                   for e in entries)
+
+    @staticmethod
+    def _committed(voter: Any) -> list[tuple[int, int]]:
+        """(index, term) of the entries up to the voter's commit index (a snapshot may drop the first ones)."""
+        commit = voter._SyncObj__raftCommitIndex
+        return [(e[1], e[2]) for e in voter._SyncObj__raftLog[:] if e[1] <= commit]
+
+    def _check(self, name: str) -> None:
+        obj = self.net[name].obj
+        term = obj._SyncObj__raftCurrentTerm
+        commit = obj._SyncObj__raftCommitIndex
+        voted = obj._SyncObj__votedForNodeId
+        assert type(term) is int and 0 <= term < 1 << 63, f"{name} holds term {term!r}"
+        assert type(commit) is int and 0 <= commit, f"{name} holds commit index {commit!r}"
+        assert voted is None or voted in self.net.addresses.values(), f"{name} voted for {voted!r}"
+        entries = obj._SyncObj__raftLog[:]
+        for before, entry in itertools.pairwise(entries):
+            assert isinstance(entry[0], bytes) and entry[1] == before[1] + 1 and type(entry[2]) is int \
+                and before[2] <= entry[2] <= term, f"{name} holds entry {entry!r:.200} after {before!r:.200}"
+        assert commit <= entries[-1][1], f"{name} commit index {commit} past its last entry {entries[-1][1]}"
+
+
+_quorum_harness: QuorumHarness | None = None
+
+
+def _close_quorum_harness() -> None:
+    global _quorum_harness
+    if _quorum_harness is not None:
+        _quorum_harness.close()
+        _quorum_harness = None
+
+
+def quorum(data: bytes) -> None:
+    global _quorum_harness
+    if _quorum_harness is not None and _quorum_harness.inputs >= QuorumHarness.REBUILD_EVERY:
+        _close_quorum_harness()
+    if _quorum_harness is None:
+        _quorum_harness = QuorumHarness()
+        atexit.unregister(_close_quorum_harness)  # registered once, whatever the rebuilds
+        atexit.register(_close_quorum_harness)
+    _quorum_harness.call(data)
+
+
+TARGETS = {"batch_header": batch_header, "records": records, "rpc": rpc, "controller": controller, "kafka": kafka,
+           "quorum": quorum}

@@ -19,7 +19,7 @@ import targets
 from waiting import wait_for
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-MUTATIONS = {"batch_header": 3000, "records": 3000, "rpc": 2000, "controller": 1500, "kafka": 6000}
+MUTATIONS = {"batch_header": 3000, "records": 3000, "rpc": 2000, "controller": 1500, "kafka": 6000, "quorum": 3000}
 _INTERESTING = [struct.pack(">i", v) for v in (-1, 0, 1, 0x7FFFFFFF, -0x80000000, 1_000_000)] + [
     b"\x00", b"\xff", b"\x80" * 10, b"\x01"]
 
@@ -328,5 +328,28 @@ def test_refused_fetches_name_each_partition_once() -> None:
             named = [(p.topic, p.partition) for p in response.partitions]
             assert named == [("t", 0), ("r", 0)], response
             assert {p.error_code for p in response.partitions} == {ErrorCode.INVALID_REQUEST}, response
+    finally:
+        h.close()
+
+
+def test_quorum_harness_really_appends_and_drops() -> None:
+    # The quorum target must reach pysyncobj's handling, or its fuzzing proves nothing.
+    import pickle
+
+    h = targets.QuorumHarness()
+    try:
+        follower = h.net["B"].obj
+        command = b"\x00" + pickle.dumps((0, ("w",)), 2)
+        append = {"type": "append_entries", "term": 1, "commit_index": 6, "prevLogIdx": 5, "prevLogTerm": 1,
+                  "entries": [(command, 6, 1)]}
+        h.call(b"\x00" + pickle.dumps(append, 2))
+        assert [(e[1], e[2]) for e in follower._SyncObj__raftLog[:]][-1] == (6, 1)
+        assert follower._SyncObj__raftCommitIndex == 6
+        h.call(b"\x02" + pickle.dumps({"type": "request_vote", "term": 1 << 64, "last_log_term": 1,
+                                        "last_log_index": 6}, 2))
+        assert follower._SyncObj__raftCurrentTerm == 1  # dropped, as the quorum port drops it
+        h.call(b"\x02" + pickle.dumps({"type": "request_vote", "term": 7, "last_log_term": 1,
+                                        "last_log_index": 6}, 2))
+        assert follower._SyncObj__raftCurrentTerm == 7  # taken: Raft's rule for a higher term
     finally:
         h.close()

@@ -7,6 +7,7 @@ each kind, one wrong value at a time.
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -90,3 +91,20 @@ HOSTILE: list[tuple[Any, str]] = [
 def test_a_field_of_the_wrong_type_or_range_is_named(message: Any, why: str) -> None:
     problem = raft_messages.problem(message)
     assert problem is not None and why in problem, problem
+
+
+@pytest.mark.parametrize("held,kind,refused", [
+    ("", "start", None), ("", "process", "no start"), ("", "finish", "no start"), (b"pa", "process", None),
+    (b"pa", "finish", None), (b"pa", "middle", "no kind"), (b"p" * 10, "process", "past 16 bytes"),
+])
+def test_an_entry_part_needs_its_start_and_fits_the_bound(monkeypatch: pytest.MonkeyPatch, held: object, kind: str,
+                                                          refused: str | None) -> None:
+    # pysyncobj joins a part to what it holds: '' (a str) when no start came, and bytes + str failed its tick
+    # (the quorum fuzz target found it).
+    from metadata_quorum import raft_transport
+
+    monkeypatch.setattr(raft_transport, "ENTRY_IN_PARTS_MAX_BYTES", 16)
+    voter = types.SimpleNamespace(_syncObj=types.SimpleNamespace(_SyncObj__recvTransmission=held))
+    problem = raft_transport.BoundedTCPTransport._transmission_problem(
+        voter, {"type": "append_entries", "transmission": kind, "data": b"rt" * 4})
+    assert (problem is None) if refused is None else (problem is not None and refused in problem), problem
