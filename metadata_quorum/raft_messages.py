@@ -2,9 +2,9 @@
 
 pysyncobj reads a message's fields as they come: a term, an index or a count is compared, added and stored as it
 is. A message of the right keys with a value of the wrong type or range therefore did more than fail: a term of
-``2**64`` (or a negative one) was stored as the voter's term and then failed to pack into the journal on every
-message after, a float term made every election at ``term + 1`` land on the same float, and an entry of the wrong
-shape raised only after the entries before it had been truncated. Only a holder of the quorum password can send
+``2**64`` (or a negative one) was stored as the voter's term and then failed to pack into the journal with the
+first entry of the next term, a float term of ``1e300`` made every election at ``term + 1`` run at the same term,
+and an entry of the wrong shape raised only after the follower's entries past ``prevLogIdx`` had been deleted. Only a holder of the quorum password can send
 a message at all (raft_transport.py), and Raft trusts its leader; but what a voter stores, it must be able to write
 and read back, whoever sent it.
 
