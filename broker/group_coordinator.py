@@ -1223,8 +1223,17 @@ class GroupCoordinator:
                 + sum(len(m[0]) + len(m[1]) + len(m[2]) + len(m[7]) + DESCRIBED_MEMBER_OVERHEAD for m in members))
         if size > max_bytes:
             return self._description_too_large(group_id, f"{len(members)} members", size, max_bytes), 0
-        # Each consumer member's assignment, decoded once: shown, and (with offsets) who owns each partition.
-        assigned = [_decode_assignment(m[0], m[4]) if consumer else () for m in members]
+        # Each consumer member's assignment, decoded once: shown, and (with offsets) who owns each partition. Each
+        # decoded partition carries its topic's name: what they cost counts, as they are decoded (a 1 MiB assignment
+        # of four-byte partitions decodes to some 60 times its bytes; audit).
+        assigned: list[Any] = []
+        for m in members:
+            refs = _decode_assignment(m[0], m[4], max_bytes - size) if consumer else ()
+            if refs is None:
+                return self._description_too_large(group_id, f"{len(members)} members' assignments", max_bytes + 1,
+                                                   max_bytes), 0
+            size += records.consumer_protocol.decoded_bytes(refs)
+            assigned.append(refs)
         tps: list[TopicPartition] = []
         owner: dict[TopicPartition, str] = {}
         committed = dict(offsets)
@@ -1731,12 +1740,15 @@ def _reset_target(spec: group_pb2.OffsetResetSpec, low: int, high: int, current:
     return spec.value
 
 
-def _decode_assignment(member_id: str, raw: bytes) -> Any:
-    """A consumer member's assigned partitions (TopicPartitionRef), () when it has none or they do not decode."""
+def _decode_assignment(member_id: str, raw: bytes, max_decoded_bytes: int) -> Any:
+    """A consumer member's assigned partitions (TopicPartitionRef), () when it has none or they do not decode, None
+    when they would cost more than ``max_decoded_bytes`` decoded."""
     if not raw:
         return ()
     try:
-        return records.consumer_assignment(raw).partitions
+        return records.consumer_assignment(raw, max(0, max_decoded_bytes)).partitions
+    except records.consumer_protocol.DecodedTooLarge:
+        return None
     except Exception as exc:  # noqa: BLE001 - a client's bytes; describe must not fail on them
         log.debug("undecodable consumer assignment of %s: %s", member_id, exc)
         return ()
@@ -1744,7 +1756,7 @@ def _decode_assignment(member_id: str, raw: bytes) -> Any:
 
 def _decode_consumer_member(dm: group_pb2.DescribedMember, assigned: Any) -> None:
     try:
-        sub = records.consumer_subscription(dm.metadata)
+        sub = records.consumer_subscription(dm.metadata, owned=False)  # its topics are shown, not what it owned
     except Exception as exc:  # noqa: BLE001 - a client's bytes; describe must not fail on them
         log.debug("undecodable consumer metadata of %s: %s", dm.member_id, exc)
         return

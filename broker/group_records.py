@@ -382,7 +382,7 @@ def subscribed_topics(metadata: bytes) -> frozenset[str]:
     """The topics of a consumer's subscription metadata (``consumer_subscription``); undecodable
     metadata subscribes to nothing."""
     try:
-        return frozenset(consumer_subscription(metadata).topics)
+        return frozenset(consumer_subscription(metadata, owned=False).topics)
     except Exception:  # noqa: BLE001 - a client's bytes: they subscribe to nothing
         return frozenset()
 

@@ -11,7 +11,11 @@ first byte: Kafka's format starts with an int16 version (0 first), a protobuf me
 
 Kafka's types are big-endian and not flexible: a string is an int16 length and UTF-8 bytes (-1: null),
 bytes an int32 length (-1: null), an array an int32 count. Decoding checks every count against the
-bytes left before it builds anything, so a claimed count costs nothing.
+bytes left before it builds anything, so a claimed count costs nothing. Partitions are stored by topic,
+but each decoded partition carries its topic's name: a topic name is at most ``TOPIC_NAME_MAX_BYTES``
+(Kafka's limit), and a caller may bound what the partitions cost once decoded (``max_decoded_bytes``).
+Before, a 32 KiB topic name followed by 250,000 four-byte partitions, in a 1 MiB JoinGroup, decoded
+into 8 GB (found by an audit).
 """
 
 from __future__ import annotations
@@ -23,6 +27,17 @@ from proto import group_pb2
 
 SUBSCRIPTION_VERSION = 3  # topics, user data, owned partitions (v1), generation (v2), rack (v3)
 ASSIGNMENT_VERSION = 0  # assigned partitions and user data (v1-v3 have the same fields)
+TOPIC_NAME_MAX_BYTES = 249  # Kafka's (and Brook's) longest topic name: no partition of a longer one exists
+DECODED_PARTITION_BYTES = 64  # what a decoded partition (a TopicPartitionRef) costs besides its topic's name
+
+
+class DecodedTooLarge(ValueError):
+    """The partitions would cost more than the caller's ``max_decoded_bytes`` once decoded."""
+
+
+def decoded_bytes(partitions: Iterable[group_pb2.TopicPartitionRef]) -> int:
+    """What decoded partitions cost, as ``max_decoded_bytes`` counts it."""
+    return sum(len(p.topic) + DECODED_PARTITION_BYTES for p in partitions)
 
 
 # ---- writing ----
@@ -77,14 +92,16 @@ def encode_assignment(partitions: Iterable[tuple[str, int]], user_data: bytes = 
 
 # ---- reading (Kafka's format, or Brook's older protobuf) ----
 
-def subscription(metadata: bytes) -> group_pb2.ConsumerSubscription:
+def subscription(metadata: bytes, *, owned: bool = True) -> group_pb2.ConsumerSubscription:
     """A member's subscription, whichever format. Raises ValueError or protobuf's DecodeError when it
-    is neither."""
+    is neither. ``owned=False``: the topics and user data only (what a coordinator reads)."""
     if metadata[:1] != b"\x00":
         return group_pb2.ConsumerSubscription.FromString(metadata)
     r = _Reader(metadata)
     version = r.version()
     out = group_pb2.ConsumerSubscription(version=version, topics=r.strings(), user_data=r.nullable_bytes() or b"")
+    if not owned:
+        return out
     if version >= 1 and r.more():
         out.owned_partitions.extend(r.topic_partitions())
     out.generation_id = r.int32() if version >= 2 and r.more() else -1
@@ -93,21 +110,26 @@ def subscription(metadata: bytes) -> group_pb2.ConsumerSubscription:
     return out
 
 
-def assignment(data: bytes) -> group_pb2.ConsumerAssignment:
-    """A member's assignment, whichever format (an empty one: no partitions)."""
+def assignment(data: bytes, max_decoded_bytes: int | None = None) -> group_pb2.ConsumerAssignment:
+    """A member's assignment, whichever format (an empty one: no partitions). ``max_decoded_bytes``: raise
+    DecodedTooLarge rather than decode partitions costing more (``decoded_bytes``)."""
     if not data:
         return group_pb2.ConsumerAssignment()
     if data[:1] != b"\x00":
+        # Each protobuf partition carries its topic on the wire: it decodes to about what it takes there.
+        if max_decoded_bytes is not None and len(data) > max_decoded_bytes:
+            raise DecodedTooLarge(f"an assignment of {len(data)} bytes, past {max_decoded_bytes} decoded")
         return group_pb2.ConsumerAssignment.FromString(data)
-    r = _Reader(data)
+    r = _Reader(data, max_decoded_bytes)
     version = r.version()
     return group_pb2.ConsumerAssignment(version=version, partitions=r.topic_partitions(),
                                         user_data=r.nullable_bytes() or b"")
 
 
 class _Reader:
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, max_decoded_bytes: int | None = None) -> None:
         self.data, self.pos = data, 0
+        self.budget = max_decoded_bytes
 
     def more(self) -> bool:
         return self.pos < len(self.data)
@@ -166,5 +188,12 @@ class _Reader:
         out = []
         for _ in range(self._count(6)):
             topic = self.nullable_string() or ""
-            out.extend(group_pb2.TopicPartitionRef(topic=topic, partition=self.int32()) for _ in range(self._count(4)))
+            if len(topic) > TOPIC_NAME_MAX_BYTES:
+                raise ValueError(f"a topic name of {len(topic)} characters (at most {TOPIC_NAME_MAX_BYTES})")
+            n = self._count(4)
+            if self.budget is not None:
+                self.budget -= n * (len(topic) + DECODED_PARTITION_BYTES)
+                if self.budget < 0:
+                    raise DecodedTooLarge(f"{n} partitions of {topic[:60]!r} past the bytes allowed decoded")
+            out.extend(group_pb2.TopicPartitionRef(topic=topic, partition=self.int32()) for _ in range(n))
         return out

@@ -938,3 +938,72 @@ def test_admin_offset_resets_count_against_the_offsets_budget_as_commits_do() ->
         assert len(reset("reset-0", "10.0.0.2")) == 300
     finally:
         c._loader.shutdown()
+
+
+# ---------------------------------------------------------------------- decoded partitions (audit, 2026-12-03)
+def _partitions_of_one_topic(topic_bytes: int, partitions: int, version: int = 1) -> tuple[bytes, bytes]:
+    """(subscription v1 owning, assignment v0 of) ``partitions`` four-byte partitions of one topic named with
+    ``topic_bytes`` bytes, in Kafka's consumer protocol format."""
+    import struct
+
+    topic = b"a" * topic_bytes
+    tps = struct.pack(">i", 1) + struct.pack(">h", len(topic)) + topic + struct.pack(f">i{partitions}i", partitions,
+                                                                                     *range(partitions))
+    subscription = struct.pack(">hi", version, 0) + struct.pack(">i", -1) + tps
+    return subscription, struct.pack(">h", 0) + tps + struct.pack(">i", -1)
+
+
+_PARSE_PEAK = """
+import resource, sys
+from broker import group_records
+from tests.groups.test_group_amplification import _partitions_of_one_topic
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+metadata, _ = _partitions_of_one_topic(int(sys.argv[1]), 4_000)
+group_records.parse_subscriptions("consumer", [("range", metadata)])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+def _parse_peak_kib(topic_bytes: int) -> int:
+    """How much a fresh process's peak RSS grows parsing a subscription owning 4,000 partitions of one topic
+    (protobuf allocates outside Python's allocator, where tracemalloc does not see it)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _PARSE_PEAK, str(topic_bytes)], cwd=root, capture_output=True,
+                         text=True, timeout=120, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_join_does_not_decode_the_partitions_a_subscription_claims_to_own() -> None:
+    # Each decoded partition carried its topic's name: a 32 KiB name and 16,000 four-byte partitions (97 KB of
+    # JoinGroup metadata) took 1 GB on a coordinator, before it checked that it was the group's coordinator.
+    # The coordinator reads a subscription's topics only, and no partition names a topic past 249 bytes.
+    grown = _parse_peak_kib(32_767)
+    assert grown < 16 << 10, f"parsing a 48 KB subscription grew the process by {grown >> 10} MiB"
+    from client import consumer_protocol
+
+    hostile, _ = _partitions_of_one_topic(32_767, 4_000)
+    with pytest.raises(ValueError, match="a topic name of 32767 characters"):
+        consumer_protocol.subscription(hostile)
+    legit, _ = _partitions_of_one_topic(249, 10)
+    assert len(consumer_protocol.subscription(legit).owned_partitions) == 10
+
+
+def test_an_assignment_counts_its_partitions_as_decoded_in_a_description(coord: GroupCoordinator) -> None:
+    # A leader may hand a member any assignment (SyncGroup does not read it); describing the group decoded it
+    # whole, counted as twice its bytes: 60,000 partitions of a 249-byte topic name (240 KB) decoded to 19 MB.
+    _, assignment = _partitions_of_one_topic(249, 60_000)
+    g = _group_with_offsets(coord, "handed", "big", 0)
+    g.state, g.protocol_type, g.protocol_name, g.generation_id, g.leader_id = (
+        GroupState.STABLE, "consumer", "range", 1, "m")
+    g.members["m"] = Member("m", "c", "h", 10_000, 10_000, [("range", _subscription(["big"]))], 0,
+                            assignment=assignment)
+    bound = 4 << 20
+    # Refused as the partitions are counted, before they are built (the decoder's budget).
+    refused, counted = coord.describe_group("handed", include_offsets=False, max_bytes=bound)
+    assert refused.error_code == ErrorCode.INVALID_REQUEST and counted == 0, refused
+    described, size = coord.describe_group("handed", include_offsets=False)  # within the default bound: shown
+    assert described.error_code == ErrorCode.NONE and len(described.members[0].assigned_partitions) == 60_000
+    assert size >= 60_000 * 249, size
+
