@@ -1283,6 +1283,13 @@ class GroupCoordinator:
                           f"the {max_bytes} left of this answer's {DESCRIBE_ANSWER_MAX_BYTES}: describe fewer groups "
                           f"a call")
 
+    def answer_bytes_refusal(self, what: str, group_id: str, size: int) -> None:
+        """Log (throttled) that ``what`` for ``group_id`` (``size`` bytes) did not fit DESCRIBE_INFLIGHT_MAX_BYTES."""
+        self._describe_refusals.warn(
+            "group coordinator %d: %s for group %s (%d bytes) would take the answers being built past %d bytes; "
+            "answered COORDINATOR_LOAD_IN_PROGRESS", self.node_id, what, group_id[:100], size,
+            DESCRIBE_INFLIGHT_MAX_BYTES)
+
     def listing_refusal(self, count: int, size: int) -> group_pb2.ListGroupsResponse:
         """The answer to a ListGroups whose ``count`` groups (``size`` bytes) do not fit what the answers being
         built may hold now (DESCRIBE_INFLIGHT_MAX_BYTES, shared with DescribeGroups): retriable."""

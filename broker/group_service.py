@@ -37,6 +37,7 @@ from broker.group_coordinator import (
 from broker.group_state import JoinResult, SyncResult
 from client.types import TopicPartition
 from proto import errors, group_pb2, group_pb2_grpc
+from proto.common_pb2 import ErrorCode
 
 # Threads for group RPC bodies; excess requests queue (each client's in-flight requests are
 # bounded by the broker's admission control, and groups rebalance one join per member).
@@ -45,6 +46,9 @@ GROUP_WORKERS = 32
 # counted: broker/fair_pool.py). Threads share one GIL: a ListGroups flood of 500 groups from one address,
 # on up to 31 threads, made another address's commits 12x and its rebalances 5x slower.
 GROUP_RUNNING_PER_CLIENT = 2
+# A JoinGroup answer carrying more member metadata than this is built on the group pool and held against
+# DESCRIBE_INFLIGHT_MAX_BYTES until written (GroupCoordinatorServicer.JoinGroup).
+JOIN_ANSWER_ON_LOOP_MAX_BYTES = 256 * 1024
 # What a listed group costs its answer besides its id and protocol type (its state, the coordinator's id, framing,
 # and the copies the answer's encodings make), for the bytes a ListGroups holds until it is written out.
 LISTED_GROUP_BYTES = 64
@@ -194,7 +198,28 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         except errors.BrookError as exc:
             return group_pb2.JoinGroupResponse(error_code=exc.code, error_message=exc.message,
                                                member_id=request.member_id, generation_id=-1)
-        return _join_response(r)
+        size = sum(len(m) + len(md) + len(cid) + len(gi) for m, md, cid, gi in r.members)
+        if size <= JOIN_ANSWER_ON_LOOP_MAX_BYTES:
+            return _join_response(r)
+        # A leader's answer carries every member's metadata (up to group.member.metadata.max.bytes each), and a
+        # leader may rejoin while the group waits for its SyncGroup, to be answered again at once: 64 members of
+        # 1 MiB made each 10 KB JoinGroup build 64 MiB on the event loop, held until written, from as many
+        # connections as did not read them (audit). Such an answer is built on the group pool and held against
+        # the answers being built (DESCRIBE_INFLIGHT_MAX_BYTES) until written; past it, the retriable
+        # COORDINATOR_LOAD_IN_PROGRESS, and the leader joins again.
+        held = _DescribeBytes(self.c)
+        if not held.reserve(size):
+            self.c.answer_bytes_refusal("a JoinGroup answer", request.group_id, size)
+            return group_pb2.JoinGroupResponse(
+                error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, member_id=r.member_id, generation_id=-1,
+                error_message=f"the answers being built hold too many bytes for this one's {size}: join again")
+        try:
+            out = await self.run_on_pool(_join_response, r)
+        except BaseException:
+            held.release()
+            raise
+        release_when_done(context, held.release, at_once=True)
+        return out
 
     async def SyncGroup(self, request, context):  # noqa: N802
         if (refused := self._refused(context, authz.READ, request.group_id, group_pb2.SyncGroupResponse)) is not None:

@@ -1007,3 +1007,66 @@ def test_an_assignment_counts_its_partitions_as_decoded_in_a_description(coord: 
     assert described.error_code == ErrorCode.NONE and len(described.members[0].assigned_partitions) == 60_000
     assert size >= 60_000 * 249, size
 
+
+def test_a_large_leader_answer_is_built_off_the_loop_and_held_until_written() -> None:
+    # A leader may rejoin while its group waits for its SyncGroup and is answered again at once, with every
+    # member's metadata: 64 members of 1 MiB made each 10 KB JoinGroup build 64 MiB on the event loop, held until
+    # written, from as many connections as did not read them (audit). Such an answer is now built on the group
+    # pool and held against the answers being built until written; past that bound it is refused, retriably.
+    import asyncio
+
+    from broker.group_coordinator import DESCRIBE_INFLIGHT_MAX_BYTES
+    from broker.group_service import JOIN_ANSWER_ON_LOOP_MAX_BYTES
+
+    c, now = _coordinator()
+    servicer = GroupCoordinatorServicer(c)
+    metadata = group_pb2.ConsumerSubscription(topics=["t"], user_data=b"u" * 200_000).SerializeToString()
+    loop = asyncio.new_event_loop()
+    try:
+        joins = [_join_static(c, "big-join", f"i{i}", metadata) for i in range(3)]
+        now[0] += 60_000
+        c.tick()
+        assert c._groups["big-join"].state == GroupState.COMPLETING_REBALANCE, c._groups["big-join"].state
+        answers = [j[0] for j in joins]
+        [leader] = [i for i, a in enumerate(answers) if a.member_id == a.leader]
+        ended: list[Callable[..., Any]] = []
+
+        class Context:  # what the group servicer reads of a call's context, and its end
+            def peer(self) -> str:
+                return "ipv4:10.0.0.7:4000"
+
+            def time_remaining(self) -> float:
+                return 30.0
+
+            def auth_context(self) -> dict[str, Any]:
+                return {}
+
+            def invocation_metadata(self) -> tuple[Any, ...]:
+                return ()
+
+            def add_done_callback(self, cb: Callable[..., Any]) -> None:
+                ended.append(cb)
+
+        def rejoin() -> Any:
+            request = group_pb2.JoinGroupRequest(
+                group_id="big-join", client_id="c", session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+                member_id=answers[leader].member_id, group_instance_id=f"i{leader}", protocol_type="consumer",
+                protocols=[group_pb2.GroupProtocol(name="range", metadata=metadata)])
+            return loop.run_until_complete(servicer.JoinGroup(request, Context()))
+
+        out = rejoin()
+        assert out.error_code == ErrorCode.NONE and len(out.members) == 3, out.error_message
+        size = sum(len(m.member_id) + len(m.metadata) + len(m.client_id) + len(m.group_instance_id)
+                   for m in out.members)
+        assert size > JOIN_ANSWER_ON_LOOP_MAX_BYTES and c._describing_bytes == size, (size, c._describing_bytes)
+        assert c.reserve_describe(DESCRIBE_INFLIGHT_MAX_BYTES - size - 1000)  # other answers being built
+        refused = rejoin()
+        assert refused.error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS and not refused.members, refused
+        c.release_describe(DESCRIBE_INFLIGHT_MAX_BYTES - size - 1000)
+        assert len(ended) == 1 and c._describing_bytes == size
+        ended[0]()  # the first answer written out: its bytes are given back, on the loop
+        loop.run_until_complete(asyncio.sleep(0))
+        assert c._describing_bytes == 0
+    finally:
+        loop.close()
+        c._loader.shutdown()
