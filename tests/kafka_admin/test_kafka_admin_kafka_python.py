@@ -264,6 +264,11 @@ def test_offsets_of_several_groups_in_one_request(kcluster: Any, kp_admin: Any, 
     raw = kafka_ask(kcluster, coordinator, 9, 8, {"groups": [{"group_id": g, "topics": None} for g in names]},
                     name="demo")  # demo may DESCRIBE only demo-* groups
     assert [(g.group_id, int(g.error_code), g.topics) for g in raw.groups] == [(g, 30, ()) for g in names]
+    # Each group is fetched once: a copy of an id named before is INVALID_REQUEST, not another full answer (1,000
+    # copies of a large group made a 10 KB request build gigabytes; audit).
+    repeated = kafka_ask(kcluster, coordinator, 9, 8, {"groups": [{"group_id": names[0], "topics": None}] * 3})
+    codes = [int(g.error_code) for g in repeated.groups]
+    assert codes[1:] == [42, 42] and codes[0] != 42 and [g.topics for g in repeated.groups][1:] == [(), ()], codes
 
 
 def test_list_transactions_says_there_are_none(kcluster: Any, kp_admin: Any) -> None:
