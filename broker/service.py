@@ -906,30 +906,40 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         (Kafka's rule): the idempotent producers tracked to refuse duplicates and sequence gaps
         (``producer.id.expiration.ms`` forgets them)."""
         denied = self.authz.denied_topics(caller, authz.READ, {p.topic for p in req.partitions})
-        wanted = [(p.topic, p.partition) for p in req.partitions if p.topic not in denied]
-        found: dict[tuple[str, int], list[tuple[int, int, int, int]] | errors.BrookError] = {}
+        # Each partition once: a copy of one named before is INVALID_REQUEST (as ListOffsets answers). Each copy was
+        # read and answered with every producer of the partition, built on the event loop: 1,000 copies of one
+        # partition with 5,000 producers (a 4 KB request) took 21 s of the loop and 3.5 GB (audit).
+        seen: set[tuple[str, int]] = set()
+        repeated: set[int] = set()
+        for i, p in enumerate(req.partitions):
+            if (p.topic, p.partition) in seen:
+                repeated.add(i)
+            seen.add((p.topic, p.partition))
+        wanted = [key for key in seen if key[0] not in denied]
 
-        def read() -> None:
+        def read() -> broker_pb2.DescribeProducersResponse:  # the answer too, off the loop: one partition may
+            found: dict[tuple[str, int], Any] = {}  # hold 100,000 producers
             for topic, partition in wanted:
                 try:
                     found[(topic, partition)] = self.rm.active_producers(topic, partition)
                 except errors.BrookError as e:
                     found[(topic, partition)] = e
-        await self._io(read)
-        resp = broker_pb2.DescribeProducersResponse()
-        for p in req.partitions:
-            out = resp.partitions.add(topic=p.topic, partition=p.partition)
-            got = authz.denied_error(caller, authz.READ, authz.TOPIC, p.topic) if p.topic in denied \
-                else found[(p.topic, p.partition)]
-            if isinstance(got, errors.BrookError):
-                out.error_code, out.error_message = got.code, got.message
-                if got.code in _LEADER_ERRORS:
-                    out.current_leader.CopyFrom(self.cache.leader_and_epoch(p.topic, p.partition))
-                continue
-            for pid, epoch, last_seq, last_ts in got:
-                out.producers.add(producer_id=pid, producer_epoch=epoch, last_sequence=last_seq,
-                                  last_timestamp=last_ts)
-        return resp
+            resp = broker_pb2.DescribeProducersResponse()
+            for i, p in enumerate(req.partitions):
+                out = resp.partitions.add(topic=p.topic, partition=p.partition)
+                got = errors.InvalidRequestError(f"{p.topic}-{p.partition} is named more than once") \
+                    if i in repeated else authz.denied_error(caller, authz.READ, authz.TOPIC, p.topic) \
+                    if p.topic in denied else found[(p.topic, p.partition)]
+                if isinstance(got, errors.BrookError):
+                    out.error_code, out.error_message = got.code, got.message
+                    if got.code in _LEADER_ERRORS:
+                        out.current_leader.CopyFrom(self.cache.leader_and_epoch(p.topic, p.partition))
+                    continue
+                for pid, epoch, last_seq, last_ts in got:
+                    out.producers.add(producer_id=pid, producer_epoch=epoch, last_sequence=last_seq,
+                                      last_timestamp=last_ts)
+            return resp
+        return await self._io(read)
 
 
 def on_loop(f: concurrent.futures.Future) -> asyncio.Future[Any]:
