@@ -877,20 +877,24 @@ class AdminApis:
         if out.error_code:
             # v0-v2 have no top-level error: the client sees no log dir, as from Kafka.
             return self._resp(req, {"error_code": out.error_code, "results": [], "throttle_time": 0})
-        # Only now (DESCRIBE on the cluster checked, the topics bounded) the partitions asked for.
-        wanted = None if asked is None else {(t.topic, p) for t in asked for p in t.partitions}
-        results = []
-        for d in out.dirs:
-            by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
-            for p in d.partitions:
-                if wanted is not None and (p.topic, p.partition) not in wanted:
-                    continue
-                by_topic[p.topic].append({"partition_index": p.partition, "partition_size": p.size_bytes,
-                                          "offset_lag": p.offset_lag, "is_future_key": False})
-            results.append({"error_code": d.error_code, "log_dir": d.path, "total_bytes": d.total_bytes,
-                            "usable_bytes": d.usable_bytes,
-                            "topics": [{"name": n, "partitions": ps} for n, ps in sorted(by_topic.items())]})
-        return self._resp(req, {"error_code": 0, "results": results, "throttle_time": out.throttle_time_ms})
+        def build() -> Any:
+            # Only now (DESCRIBE on the cluster checked, the topics bounded) the partitions asked for.
+            wanted = None if asked is None else {(t.topic, p) for t in asked for p in t.partitions}
+            results = []
+            for d in out.dirs:
+                by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+                for p in d.partitions:
+                    if wanted is not None and (p.topic, p.partition) not in wanted:
+                        continue
+                    by_topic[p.topic].append({"partition_index": p.partition, "partition_size": p.size_bytes,
+                                              "offset_lag": p.offset_lag, "is_future_key": False})
+                results.append({"error_code": d.error_code, "log_dir": d.path, "total_bytes": d.total_bytes,
+                                "usable_bytes": d.usable_bytes,
+                                "topics": [{"name": n, "partitions": ps} for n, ps in sorted(by_topic.items())]})
+            return self._resp(req, {"error_code": 0, "results": results, "throttle_time": out.throttle_time_ms})
+
+        # Every partition of the broker (null topics) was built on the event loop: 86 ms for 20,000 (audit).
+        return await self._answer(build, heavy=sum(len(d.partitions) for d in out.dirs) > _ANSWER_ON_LOOP_MAX_ITEMS)
 
     # ---- DescribeProducers (KIP-664; this broker's replicas) ----
     async def describe_producers(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -954,17 +958,23 @@ class AdminApis:
         except _Failed as exc:
             return self._resp(req, {"error_code": exc.code, "error_message": exc.message, "resources": [],
                                     "throttle_time": 0})
-        grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
-        for a in out.acls:
-            if host is not None and a.host != host:
-                continue
-            grouped[(a.resource_type, a.resource_name, a.pattern_type)].append(
-                {"principal": a.principal, "host": a.host, "operation": _CODE_OF["operation"].get(a.operation, 0),
-                 "permission_type": _CODE_OF["permission"].get(a.permission, 0)})
-        resources = [{"resource_type": _CODE_OF["resource"].get(rt, 0), "resource_name": name,
-                      "pattern_type": _CODE_OF["pattern"].get(pt, 0), "acls": acls}
-                     for (rt, name, pt), acls in sorted(grouped.items())]
-        return self._resp(req, {"error_code": 0, "error_message": None, "resources": resources, "throttle_time": 0})
+        def build() -> Any:
+            grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+            for a in out.acls:
+                if host is not None and a.host != host:
+                    continue
+                grouped[(a.resource_type, a.resource_name, a.pattern_type)].append(
+                    {"principal": a.principal, "host": a.host,
+                     "operation": _CODE_OF["operation"].get(a.operation, 0),
+                     "permission_type": _CODE_OF["permission"].get(a.permission, 0)})
+            resources = [{"resource_type": _CODE_OF["resource"].get(rt, 0), "resource_name": name,
+                          "pattern_type": _CODE_OF["pattern"].get(pt, 0), "acls": acls}
+                         for (rt, name, pt), acls in sorted(grouped.items())]
+            return self._resp(req, {"error_code": 0, "error_message": None, "resources": resources,
+                                    "throttle_time": 0})
+
+        # An ANY filter over 10,000 ACLs was built on the event loop: 81 ms (audit).
+        return await self._answer(build, heavy=len(out.acls) > _ANSWER_ON_LOOP_MAX_ITEMS)
 
     async def create_acls(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         creations = list(req.body.creations)
