@@ -439,13 +439,18 @@ def test_an_entry_sent_in_parts_is_held_up_to_the_bound_only(quorum_password: st
         # Past the key exchange (pysyncobj calls a connection CONNECTED before it, and a message sent then is
         # taken for the key's answer and dropped with the connection).
         wait_for(lambda: transport._connections[node].sendRandKey, 30, "the rogue's key exchange")
-        term = 1_000_000  # above any term the quorum reaches meanwhile: the voter takes each part
+        # Each part at a term above the voter's: it takes the part. One term for all of them was not enough: the
+        # voter's first answers carry the sender's term to the real leader, which steps down, and a loaded machine
+        # let the quorum elect a leader at the next term before the next part came, which the voter then ignored as
+        # a deposed leader's (CI; reproduced by pausing 3 s between parts).
+        term = 1_000_000
 
         def held() -> int:
             buffer = target._syncobj._SyncObj__recvTransmission
             return len(buffer) if isinstance(buffer, bytes) else 0
 
         for i in range(parts):  # one part at a time: each is taken, or the one past the bound dropped
+            term = max(term, target.term) + 1
             message = {"type": "append_entries", "transmission": "start" if i == 0 else "process", "data": part,
                        "term": term, "commit_index": 0, "prevLogIdx": 0, "prevLogTerm": 0}
             wait_for(lambda m=message: transport.send(node, m), 30, f"part {i} sent")  # type: ignore[misc]
