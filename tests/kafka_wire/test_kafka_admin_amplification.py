@@ -191,6 +191,20 @@ def _resource(kind: int, name: str, **more: Any) -> dict[str, Any]:
     return {"resource_type": kind, "resource_name": name, **more}
 
 
+def _record_where_answers_are_built(lst: KafkaListener) -> list[bool]:
+    """Each admin answer's ``heavy`` (True: built on the admin pool, off the event loop), as it is built."""
+    admin = lst.apis.admin
+    built_off_the_loop: list[bool] = []
+    answer = admin._answer
+
+    async def recorded(build: Callable[[], Any], *, heavy: bool) -> Any:
+        built_off_the_loop.append(heavy)
+        return await answer(build, heavy=heavy)
+
+    admin._answer = recorded  # type: ignore[method-assign]
+    return built_off_the_loop
+
+
 # ---- DescribeConfigs ----
 async def test_describe_configs_answers_each_copy_but_asks_and_reads_once(
         listener: KafkaListener) -> None:
@@ -235,15 +249,7 @@ async def test_describe_configs_reads_the_node_once_for_both_broker_resources(li
 async def test_describe_configs_of_more_than_one_node_resource_is_built_off_the_loop(listener: KafkaListener) -> None:
     # Each node resource lists every node config key (about 130) with documentation and synonyms: 100 copies of one
     # were built on the event loop, 127 ms (audit). One is cheap and stays there.
-    admin = listener.apis.admin
-    built_off_the_loop: list[bool] = []
-    answer = admin._answer
-
-    async def recorded(build: Callable[[], Any], *, heavy: bool) -> Any:
-        built_off_the_loop.append(heavy)
-        return await answer(build, heavy=heavy)
-
-    admin._answer = recorded  # type: ignore[method-assign]
+    built_off_the_loop = _record_where_answers_are_built(listener)
     for resources in ([_resource(BROKER, str(NODE_ID), configuration_keys=None)],
                       [_resource(BROKER, str(NODE_ID), configuration_keys=None)] * 2):
         out = await _ask(listener, DESCRIBE_CONFIGS, 4, {"resources": resources})
@@ -439,15 +445,7 @@ async def test_long_log_dir_and_acl_listings_are_built_off_the_loop(listener: Ka
     # DescribeLogDirs of every partition (null topics) and DescribeAcls with an ANY filter were built on the event
     # loop: 86 ms for 20,000 partitions, 81 ms for 10,000 ACLs (audit). Short ones stay there.
     broker = _broker(listener)
-    admin = listener.apis.admin
-    built_off_the_loop: list[bool] = []
-    answer = admin._answer
-
-    async def recorded(build: Callable[[], Any], *, heavy: bool) -> Any:
-        built_off_the_loop.append(heavy)
-        return await answer(build, heavy=heavy)
-
-    admin._answer = recorded  # type: ignore[method-assign]
+    built_off_the_loop = _record_where_answers_are_built(listener)
     short = await _ask(listener, DESCRIBE_LOG_DIRS, 4, {"topics": None})
     assert sum(len(t.partitions) for r in short.results for t in r.topics) == 4
     many = broker_pb2.LogDirDescription(path="/data", total_bytes=10, usable_bytes=5)
