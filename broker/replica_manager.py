@@ -1050,6 +1050,31 @@ class ReplicaManager:
         """Advance the log start offset of a partition this broker leads to ``offset`` (-1: the high
         watermark); returns the new log start. Only committed records can be deleted; followers follow
         the leader's log start through their fetches."""
+        result = self.delete_records_of([(topic, partition, offset)])[0]
+        if isinstance(result, errors.BrookError):
+            raise result
+        return result
+
+    def delete_records_of(self, entries: list[tuple[str, int, int]]) -> list[int | errors.BrookError]:
+        """``delete_records`` for each (topic, partition, offset), in one go: the log start checkpoint, which
+        lists every partition of this broker, is written once for all of them (it was written for each, and one
+        request naming a partition a thousand times made 4,000 fsyncs: audit). Each entry's new log start, or
+        the error that refused it."""
+        out: list[int | errors.BrookError] = []
+        moved = False
+        for topic, partition, offset in entries:
+            try:
+                before, start = self._move_log_start(topic, partition, offset)
+            except errors.BrookError as e:
+                out.append(e)
+                continue
+            moved = moved or start != before
+            out.append(start)
+        if moved:
+            self.log_manager.checkpoint_log_start_offsets()  # a restart must not bring the records back
+        return out
+
+    def _move_log_start(self, topic: str, partition: int, offset: int) -> tuple[int, int]:
         p = self.leader_partition(topic, partition)
         lg = p.log
         if not lg.config.delete:
@@ -1069,8 +1094,7 @@ class ReplicaManager:
         if lg.log_start_offset != before:
             log.info("%s-%d: log start offset %d -> %d (DeleteRecords)", topic, partition, before,
                      lg.log_start_offset)
-            self.log_manager.checkpoint_log_start_offsets()  # a restart must not bring the records back
-        return lg.log_start_offset
+        return before, lg.log_start_offset
 
     def active_producers(self, topic: str, partition: int) -> list[tuple[int, int, int, int]]:
         """The idempotent producers a replica of this broker tracks (Log.active_producers): the leader's, or a

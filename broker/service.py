@@ -36,6 +36,7 @@ import logging
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -833,32 +834,44 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         followed it, as Kafka's DelayedDeleteRecords does; REQUEST_TIMED_OUT for those that did not in time."""
         denied = self.authz.denied_topics(caller, authz.DELETE, {p.topic for p in req.partitions})
         resp = broker_pb2.DeleteRecordsResponse()
-        waiting: list[tuple[broker_pb2.DeleteRecordsPartitionResult, int]] = []
+        # A partition named more than once moves for none of its entries: each gets INVALID_REQUEST, as
+        # ListOffsets answers. Each copy moved the log start again and rewrote the checkpoint (audit: 1,000 copies,
+        # 13 KB, made 4,000 fsyncs and 1,000 log lines); Kafka keys the partitions by a map.
+        named = Counter((dp.topic, dp.partition) for dp in req.partitions)
+        moving: list[tuple[broker_pb2.DeleteRecordsPartitionResult, broker_pb2.DeleteRecordsPartition]] = []
         for dp in req.partitions:
             out = resp.partitions.add(topic=dp.topic, partition=dp.partition, low_watermark=-1)
             try:
+                if named[(dp.topic, dp.partition)] > 1:
+                    raise errors.InvalidRequestError(
+                        f"{dp.topic}-{dp.partition} is named {named[(dp.topic, dp.partition)]} times in one "
+                        "DeleteRecords request: a partition may be named once")
                 if dp.topic in denied:
                     raise authz.denied_error(caller, authz.DELETE, authz.TOPIC, dp.topic)
                 if authz.is_internal_topic(dp.topic):  # as Kafka: the group coordinator owns its offsets
                     raise errors.error_class(ErrorCode.INVALID_TOPIC_EXCEPTION)(
                         f"cannot delete records of internal topic '{dp.topic}'")
-                start = await self._io(lambda dp=dp: self.rm.delete_records(dp.topic, dp.partition, dp.offset))
-                waiting.append((out, start))
+                moving.append((out, dp))
             except errors.BrookError as e:
-                out.error_code, out.error_message = e.code, e.message
-                if e.code in _LEADER_ERRORS:
-                    out.current_leader.CopyFrom(self.cache.leader_and_epoch(dp.topic, dp.partition))
+                self._delete_records_error(out, e)
+        # Every move in one io task, with one checkpoint for all of them
+        starts = await self._io(lambda: self.rm.delete_records_of([(dp.topic, dp.partition, dp.offset)
+                                                                  for _, dp in moving])) if moving else []
+        waiting: list[tuple[broker_pb2.DeleteRecordsPartitionResult, int]] = []
+        for (out, _), start in zip(moving, starts, strict=True):
+            if isinstance(start, errors.BrookError):
+                self._delete_records_error(out, start)
+            else:
+                waiting.append((out, start))
         timeout_ms = min(max(0, req.timeout_ms), MAX_PRODUCE_TIMEOUT_MS)  # 0: answer without waiting, as Kafka
         deadline = asyncio.get_running_loop().time() + timeout_ms / 1000
         while waiting:
+            lows = await self._io(lambda w=waiting: [self._low_watermark_or_error(o) for o, _ in w])
             still = []
-            for out, start in waiting:
-                try:
-                    low = await self._io(lambda o=out: self.rm.low_watermark(o.topic, o.partition))
-                except errors.BrookError as e:
-                    out.error_code, out.error_message = e.code, e.message
-                    continue
-                if low >= start:
+            for (out, start), low in zip(waiting, lows, strict=True):
+                if isinstance(low, errors.BrookError):
+                    out.error_code, out.error_message = low.code, low.message
+                elif low >= start:
                     out.low_watermark = low
                 else:
                     still.append((out, start))
@@ -872,6 +885,17 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             if waiting:
                 await asyncio.sleep(DELETE_RECORDS_POLL_S)
         return resp
+
+    def _delete_records_error(self, out: broker_pb2.DeleteRecordsPartitionResult, e: errors.BrookError) -> None:
+        out.error_code, out.error_message = e.code, e.message
+        if e.code in _LEADER_ERRORS:
+            out.current_leader.CopyFrom(self.cache.leader_and_epoch(out.topic, out.partition))
+
+    def _low_watermark_or_error(self, out: broker_pb2.DeleteRecordsPartitionResult) -> int | errors.BrookError:
+        try:
+            return self.rm.low_watermark(out.topic, out.partition)
+        except errors.BrookError as e:
+            return e
 
     # ---- DescribeLogDirs ----
     async def DescribeLogDirs(self, request: broker_pb2.DescribeLogDirsRequest,

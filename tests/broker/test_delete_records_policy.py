@@ -51,3 +51,24 @@ def test_a_compact_only_topic_refuses_delete_records(broker: InProcessBroker) ->
 def test_topics_with_the_delete_policy_allow_it(broker: InProcessBroker, topic: str) -> None:
     assert broker.rm.delete_records(topic, 0, 3) == 3
     assert broker.rm.low_watermark(topic, 0) == 3
+
+
+def test_a_partition_named_more_than_once_moves_for_none_of_its_copies(broker: InProcessBroker,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each copy of a partition moved its log start again and rewrote the log start checkpoint, which lists every
+    # partition of the broker: 1,000 copies (13 KB) made 4,000 fsyncs and 1,000 log lines (audit). Copies are
+    # INVALID_REQUEST, as ListOffsets answers them; the partitions named once move, with one checkpoint for all.
+    checkpoints: list[int] = []
+    write = broker.rm.log_manager.checkpoint_log_start_offsets
+    monkeypatch.setattr(broker.rm.log_manager, "checkpoint_log_start_offsets",
+                        lambda: (checkpoints.append(1), write())[1])
+    request = broker_pb2.DeleteRecordsRequest(timeout_ms=0, partitions=[
+        broker_pb2.DeleteRecordsPartition(topic="plain", partition=0, offset=offset) for offset in (1, 2, 3)] + [
+        broker_pb2.DeleteRecordsPartition(topic="both", partition=0, offset=2)])
+    resp = asyncio.run(broker.service._delete_records(request, None))
+    got = [(p.topic, p.error_code, p.low_watermark) for p in resp.partitions]
+    assert got == [("plain", ErrorCode.INVALID_REQUEST, -1)] * 3 + [("both", 0, 2)], got
+    assert "named 3 times" in resp.partitions[0].error_message
+    assert broker.rm.low_watermark("plain", 0) == 0  # no copy moved it
+    assert broker.rm.low_watermark("both", 0) == 2
+    assert len(checkpoints) == 1
