@@ -136,6 +136,34 @@ def test_min_insync_replicas_above_the_replication_factor_is_taken_and_logged(
         controller.alter_cluster_configs(pb.AlterClusterConfigsRequest(delete=["min.insync.replicas"]), 30)
 
 
+def test_a_request_that_only_validates_logs_nothing_per_topic(controller: QuorumController,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """A validate_only CreateTopics or AlterConfigs changes nothing and costs its sender no quota: 20 of them, each
+    1,000 topics with min.insync.replicas above their RF, wrote 20,000 WARNING lines (audit). A retried create
+    answered as done by an earlier attempt is logged throttled, not once per topic per retry."""
+    caplog.set_level("INFO", logger="metadata_quorum.controller")
+    topics = [pb.CreatableTopic(name=f"v-{i}", num_partitions=1, replication_factor=1,
+                                configs={"min.insync.replicas": "2"}) for i in range(10)]
+    results = controller.create_topics(pb.CreateTopicsRequest(topics=topics, validate_only=True), 30).results
+    assert [r.error_code for r in results] == [ErrorCode.NONE] * 10, results
+    assert create(controller, pb.CreatableTopic(name="v-real", num_partitions=1, replication_factor=1,
+                                                configs={"min.insync.replicas": "1"}))[0].error_code == ErrorCode.NONE
+    altered = controller.alter_configs(pb.AlterConfigsRequest(validate_only=True, resources=[
+        pb.AlterConfigsResource(topic="v-real", set={"min.insync.replicas": "3"})]), 30).results
+    assert altered[0].error_code == ErrorCode.NONE
+    assert "larger than its replication factor" not in caplog.text, caplog.text
+    retried = [pb.CreatableTopic(name=f"r-{i}", num_partitions=1, replication_factor=1, request_id="req-1")
+               for i in range(5)]
+    assert all(r.error_code == ErrorCode.NONE for r in create(controller, *retried))
+    caplog.clear()
+    for _ in range(3):
+        assert all(r.error_code == ErrorCode.NONE for r in create(controller, *retried))
+    assert caplog.text.count("created by an earlier attempt") == 1, caplog.text
+    names = ["v-real"] + [t.name for t in retried]  # the cluster's partition limit is small here
+    assert all(r.error_code == ErrorCode.NONE
+               for r in controller.delete_topics(pb.DeleteTopicsRequest(names=names), 30).results)
+
+
 def test_config_values_are_short_and_stored_canonical(controller: QuorumController) -> None:
     """"delete," repeated to 4 MB, or a float of 3 million digits, was stored as sent and replicated to every
     node, until the metadata snapshot outgrew what a broker may receive (audit)."""
