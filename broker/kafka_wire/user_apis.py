@@ -35,7 +35,7 @@ from typing import Any
 
 from broker import authorizer as authz
 from broker.kafka_wire import codec
-from broker.kafka_wire.admin_apis import AdminApis, _Failed
+from broker.kafka_wire.admin_apis import _ANSWER_ON_LOOP_MAX_ITEMS, AdminApis, _Failed
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.context import Handler, KafkaCallContext
 from metadata_quorum import security as sec
@@ -104,21 +104,27 @@ class UserApis:
             out = await self._security(ctx, "DescribeUsers", security_pb2.DescribeUsersRequest(users=set(names)))
         except _Failed as exc:
             return refused(exc.code, exc.message)
-        found = {d.user: d for d in out.users}
-        results = []
-        if not names:
-            results = [_user_result(d) for _, d in sorted(found.items())]
-        count = Counter(names)
-        for name in count:  # each user once, in the order asked
-            if count[name] > 1:
-                results.append(_user_error(name, DUPLICATE_RESOURCE, "Cannot describe SCRAM credentials for the "
-                                                                     "same user twice in a single request"))
-            elif name not in found:
-                results.append(_user_error(name, ErrorCode.RESOURCE_NOT_FOUND,
-                                           "Attempt to describe a user credential that does not exist"))
-            else:
-                results.append(_user_result(found[name]))
-        return self.admin._resp(req, {"throttle_time": 0, "error_code": 0, "error_message": None, "results": results})
+
+        def answer() -> Any:
+            found = {d.user: d for d in out.users}
+            results = []
+            if not names:
+                results = [_user_result(d) for _, d in sorted(found.items())]
+            count = Counter(names)
+            for name in count:  # each user once, in the order asked
+                if count[name] > 1:
+                    results.append(_user_error(name, DUPLICATE_RESOURCE, "Cannot describe SCRAM credentials for the "
+                                                                         "same user twice in a single request"))
+                elif name not in found:
+                    results.append(_user_error(name, ErrorCode.RESOURCE_NOT_FOUND,
+                                               "Attempt to describe a user credential that does not exist"))
+                else:
+                    results.append(_user_result(found[name]))
+            return self.admin._resp(req, {"throttle_time": 0, "error_code": 0, "error_message": None,
+                                          "results": results})
+
+        # Null users lists every user: off the loop past a few (audit: 20,000 held it 400 ms)
+        return await self.admin._answer(answer, heavy=len(out.users) + len(names) > _ANSWER_ON_LOOP_MAX_ITEMS)
 
     # ---- AlterUserScramCredentials ----
     async def alter_user_scram_credentials(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -250,14 +256,20 @@ class UserApis:
         except _Failed as exc:
             return refused(exc.code, exc.message)
         strict = bool(_get(req.body, "strict", False))
-        entries = []
-        for q in out.quotas:
-            name = None if q.entity == sec.DEFAULT_ENTITY else q.entity.removeprefix(_USER_PREFIX)
-            if not _matches(name, components, strict):
-                continue
-            entries.append({"entity": [{"entity_type": USER, "entity_name": name}],
-                            "values": [{"key": k, "value": v} for k, v in sorted(q.values.items())]})
-        return self.admin._resp(req, {"throttle_time": 0, "error_code": 0, "error_message": None, "entries": entries})
+
+        def answer() -> Any:
+            entries = []
+            for q in out.quotas:
+                name = None if q.entity == sec.DEFAULT_ENTITY else q.entity.removeprefix(_USER_PREFIX)
+                if not _matches(name, components, strict):
+                    continue
+                entries.append({"entity": [{"entity_type": USER, "entity_name": name}],
+                                "values": [{"key": k, "value": v} for k, v in sorted(q.values.items())]})
+            return self.admin._resp(req, {"throttle_time": 0, "error_code": 0, "error_message": None,
+                                          "entries": entries})
+
+        # Every quota of the cluster is read and filtered here: off the loop past a few (audit: 20,000 held it 355 ms)
+        return await self.admin._answer(answer, heavy=len(out.quotas) > _ANSWER_ON_LOOP_MAX_ITEMS)
 
     # ---- AlterClientQuotas ----
     async def alter_client_quotas(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
