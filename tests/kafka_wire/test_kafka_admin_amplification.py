@@ -36,6 +36,7 @@ from proto.errors import ErrorCode
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 DELETE_ACLS, DESCRIBE_LOG_DIRS, OFFSET_FETCH, DESCRIBE_ACLS = 31, 35, 9, 29
+CREATE_TOPICS, CREATE_ACLS = 19, 30
 LIST_PARTITION_REASSIGNMENTS, ELECT_LEADERS, DESCRIBE_USER_SCRAM_CREDENTIALS, DESCRIBE_CLIENT_QUOTAS = 46, 43, 50, 48
 TOPIC, BROKER = admin_apis.RESOURCE_TOPIC, admin_apis.RESOURCE_BROKER
 NODE_ID = 1
@@ -86,6 +87,9 @@ class FakeController:
             principal=b.principal, host=b.host, operation=b.operation, permission=b.permission)
             for b in self.acls if acl_matches_filter(b, req.filter)])
 
+    def CreateAcls(self, req: security_pb2.CreateAclsRequest) -> security_pb2.AclsResponse:  # noqa: N802
+        return security_pb2.AclsResponse()
+
     def DeleteAcls(self, req: security_pb2.DeleteAclsRequest) -> security_pb2.AclsResponse:  # noqa: N802
         doomed = [b for b in self.acls if any(acl_matches_filter(b, f) for f in req.filters)]
         self.acls = [b for b in self.acls if b not in doomed]
@@ -93,6 +97,11 @@ class FakeController:
             resource_type=b.resource_type, resource_name=b.resource_name, pattern_type=b.pattern_type,
             principal=b.principal, host=b.host, operation=b.operation, permission=b.permission) for b in doomed])
 
+
+    def CreateTopics(self, req: cpb.CreateTopicsRequest) -> cpb.CreateTopicsResponse:  # noqa: N802
+        return cpb.CreateTopicsResponse(results=[cpb.TopicResult(name=t.name, topic_id=f"{i:032x}", num_partitions=1,
+                                                                 replication_factor=1)
+                                                 for i, t in enumerate(req.topics)])
 
     listed = 5  # how many reassignments, election results, users and quotas the listings below answer
 
@@ -403,6 +412,25 @@ async def test_delete_acls_over_the_limit_is_refused_without_a_controller_call(l
     assert controller.calls == [] and len(controller.acls) == 10
 
 
+async def test_create_acls_over_the_limit_is_refused_before_any_creation_is_checked(
+        listener: KafkaListener, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each creation was checked on the event loop before the controller refused the request whole past its limit:
+    # 9,990 creations (288 KB) held the loop 100 ms to that end (audit).
+    controller = _broker(listener).controller
+    checked: list[Any] = []
+    check = admin_apis._acl_binding
+    monkeypatch.setattr(admin_apis, "_acl_binding", lambda c: (checked.append(c), check(c))[1])
+    creation = {"resource_type": 2, "resource_name": "t", "resource_pattern_type": 3, "principal": "User:x",
+                "host": "*", "operation": 3, "permission_type": 3}
+    answer = await _ask(listener, CREATE_ACLS, 3, {"creations": [creation] * (LIMIT + 1)})
+    assert {int(r.error_code) for r in answer.results} == {ErrorCode.INVALID_REQUEST}
+    assert len(answer.results) == LIMIT + 1 and "split the request" in answer.results[0].error_message
+    assert checked == [] and controller.calls == [] and controller.acls == []
+    answer = await _ask(listener, CREATE_ACLS, 3, {"creations": [creation] * 2})  # within it: checked and sent
+    assert [int(r.error_code) for r in answer.results] == [0, 0], answer
+    assert len(checked) == 2 and controller.methods() == ["CreateAcls"], controller.calls
+
+
 # ---- int32 arrays: the frame's element bound, then the handlers' bounds and ACLs before expanding ----
 def _log_dirs(partitions: int) -> dict[str, Any]:
     return {"topics": [{"topic": "t", "partitions": range(partitions)}]}
@@ -507,4 +535,17 @@ async def test_long_cluster_wide_listings_are_built_off_the_loop(listener: Kafka
             entries = getattr(out, field)
             assert (sum(len(getattr(e, inner)) for e in entries) if inner else len(entries)) == count, (api_key, out)
     assert built_off_the_loop == [False] * 4 + [True] * 4, built_off_the_loop
+
+
+async def test_the_configs_of_many_created_topics_are_made_off_the_loop(listener: KafkaListener) -> None:
+    # CreateTopics v5+ answers each created topic's configs (about 25 a topic, KIP-525). 1,000 topics with
+    # validate_only, which creates nothing and so may be sent again and again, held the loop 190 ms (audit).
+    built_off_the_loop = _record_where_answers_are_built(listener)
+    for count in (5, 300):
+        topics = [{"name": f"c-{count}-{i}", "num_partitions": 1, "replication_factor": 1, "assignments": [],
+                   "configs": []} for i in range(count)]
+        out = await _ask(listener, CREATE_TOPICS, 7, {"topics": topics, "timeout": 1000, "validate_only": True})
+        assert [t.error_code for t in out.topics] == [0] * count, out
+        assert all(len(t.configs) > 10 for t in out.topics), out.topics[0]
+    assert built_off_the_loop == [False, False, True, True], built_off_the_loop
 
