@@ -494,8 +494,15 @@ class KafkaApis:
         body = req.body
         key_type = _get(body, "key_type", 0)
         keys = list(_get(body, "coordinator_keys", None) or ()) if req.api_version >= 4 else [body.key]
+        # As many keys as DeleteGroups may name groups, each looked up once and every copy answered alike: 9,000
+        # keys made 9,000 calls on the group pool in turn, 5.7 s (audit).
+        await self.groups.refuse_too_many_groups(len(keys), ctx)
         found = []
+        answered: dict[str, dict[str, Any]] = {}
         for key in keys:
+            if key in answered:
+                found.append(answered[key])
+                continue
             if key_type != 0:
                 # Brook has no transactions. Every client retries COORDINATOR_NOT_AVAILABLE until its own
                 # timeout; TRANSACTIONAL_ID_AUTHORIZATION_FAILED is the one code librdkafka treats as fatal
@@ -507,6 +514,7 @@ class KafkaApis:
             out = await self.groups.FindCoordinator(group_pb2.FindCoordinatorRequest(group_id=key), ctx)
             found.append({"key": key, "error_code": out.error_code, "error_message": out.error_message or None,
                           "node_id": out.node_id, "host": out.host, "port": out.port if out.error_code == 0 else -1})
+            answered[key] = found[-1]
         if req.api_version >= 4:
             return self._resp(req, {"coordinators": found})
         return self._resp(req, found[0])

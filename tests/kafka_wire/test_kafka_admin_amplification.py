@@ -36,7 +36,7 @@ from proto.errors import ErrorCode
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 DELETE_ACLS, DESCRIBE_LOG_DIRS, OFFSET_FETCH, DESCRIBE_ACLS = 31, 35, 9, 29
-CREATE_TOPICS, CREATE_ACLS = 19, 30
+CREATE_TOPICS, CREATE_ACLS, FIND_COORDINATOR = 19, 30, 10
 LIST_PARTITION_REASSIGNMENTS, ELECT_LEADERS, DESCRIBE_USER_SCRAM_CREDENTIALS, DESCRIBE_CLIENT_QUOTAS = 46, 43, 50, 48
 TOPIC, BROKER = admin_apis.RESOURCE_TOPIC, admin_apis.RESOURCE_BROKER
 NODE_ID = 1
@@ -134,6 +134,7 @@ class FakeBroker(types.SimpleNamespace):
         self.authorizations = 0
         self.log_dirs_asked: list[broker_pb2.DescribeLogDirsRequest] = []
         self.offsets_asked: list[group_pb2.OffsetFetchRequest] = []
+        self.coordinators_asked: list[str] = []
         broker = self
 
         def cluster_configs() -> dict[str, str]:
@@ -156,6 +157,10 @@ class FakeBroker(types.SimpleNamespace):
             return group_pb2.OffsetFetchResponse(partitions=[group_pb2.CommittedOffset(
                 topic=p.topic, partition=p.partition, offset=7, leader_epoch=-1) for p in request.partitions])
 
+        async def find_coordinator(request: group_pb2.FindCoordinatorRequest, ctx: Any) -> Any:
+            broker.coordinators_asked.append(request.group_id)
+            return group_pb2.FindCoordinatorResponse(node_id=NODE_ID, host="h", port=9092)
+
         async def refuse_too_many_groups(count: int, ctx: Any) -> None:  # a coordinator holding no group
             await refuse_over(ctx, count, "groups", 0, "this coordinator holds 0 groups")
 
@@ -171,7 +176,8 @@ class FakeBroker(types.SimpleNamespace):
             authorizer=types.SimpleNamespace(authorize=authorize, enabled=True),  # ACL APIs served (SECURITY_DISABLED without)
             service=types.SimpleNamespace(DescribeLogDirs=describe_log_dirs),
             group_servicer=types.SimpleNamespace(OffsetFetch=offset_fetch, _refused=refused,
-                                                 refuse_too_many_groups=refuse_too_many_groups))
+                                                 refuse_too_many_groups=refuse_too_many_groups,
+                                                 FindCoordinator=find_coordinator))
 
 
 @pytest.fixture()
@@ -548,4 +554,17 @@ async def test_the_configs_of_many_created_topics_are_made_off_the_loop(listener
         assert [t.error_code for t in out.topics] == [0] * count, out
         assert all(len(t.configs) > 10 for t in out.topics), out.topics[0]
     assert built_off_the_loop == [False, False, True, True], built_off_the_loop
+
+
+async def test_find_coordinator_bounds_its_keys_and_looks_each_up_once(listener: KafkaListener) -> None:
+    # v4 (KIP-699) keys were bounded by the frame only, and each was looked up on the group pool in turn, copies
+    # too: 9,000 keys took 5.7 s (audit). As many as DeleteGroups may name; every copy answered as the first.
+    broker = _broker(listener)
+    assert await _ask(listener, FIND_COORDINATOR, 4, {"key_type": 0,
+                                                      "coordinator_keys": [f"g{i}" for i in range(1001)]}) is None
+    assert broker.coordinators_asked == []
+    answer = await _ask(listener, FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": ["a", "b", "a", "a"]})
+    assert [(c.key, int(c.error_code), c.node_id, c.port) for c in answer.coordinators] == \
+        [("a", 0, NODE_ID, 9092), ("b", 0, NODE_ID, 9092), ("a", 0, NODE_ID, 9092), ("a", 0, NODE_ID, 9092)]
+    assert broker.coordinators_asked == ["a", "b"]
 
