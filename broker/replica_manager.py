@@ -1142,10 +1142,7 @@ class ReplicaManager:
             out = resp.partitions.add(topic=lp.topic, partition=lp.partition, timestamp=-1, offset=-1,
                                       leader_epoch=-1)
             try:
-                if named[(lp.topic, lp.partition)] > 1:
-                    raise errors.InvalidRequestError(
-                        f"{lp.topic}-{lp.partition} is named {named[(lp.topic, lp.partition)]} times in one "
-                        "ListOffsets request: a partition may be named once")
+                refuse_repeated(named, lp.topic, lp.partition, "ListOffsets")
                 p = self.leader_partition(lp.topic, lp.partition)
                 p.check_leader(lp.current_leader_epoch)
                 out.offset, out.timestamp, out.leader_epoch = self._offset_for(p, lp.timestamp, req.replica_id >= 0)
@@ -1279,6 +1276,16 @@ class ReplicaManager:
                 p.isr_expands_total, p.under_replicated, p.under_min_isr,
                 invalid_appends_total=lg.invalid_appends_total))
         return out
+
+
+def refuse_repeated(named: Counter[tuple[str, int]], topic: str, partition: int, api: str) -> None:
+    """INVALID_REQUEST for an entry of a partition the request names more than once (``named``: how often it names
+    each), as Kafka answers ListOffsets' ``duplicatePartitions``: no client needs two answers at once, and each copy
+    was work (a read, a log start move) done again."""
+    times = named[(topic, partition)]
+    if times > 1:
+        raise errors.InvalidRequestError(f"{topic}-{partition} is named {times} times in one {api} request: a "
+                                         "partition may be named once")
 
 
 def one_entry_per_partition(req: broker_pb2.FetchRequest) -> broker_pb2.FetchRequest:

@@ -68,6 +68,7 @@ from broker.replica_manager import (
     ReplicaManager,
     call_on_loop,
     one_entry_per_partition,
+    refuse_repeated,
     until_resolved,
 )
 from proto import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, errors
@@ -461,11 +462,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 out.base_offset, out.log_append_time_ms, out.log_start_offset = (
                     r.base_offset, r.log_append_time_ms, r.log_start_offset)
             elif isinstance(exc, errors.BrookError):
-                out.error_code, out.error_message = exc.code, exc.message
+                self._partition_error(out, exc)
                 for index, why in exc.record_errors[:MAX_RECORD_ERRORS]:  # bounded where they are found too
                     out.record_errors.add(batch_index=index, message=why)
-                if exc.code in _LEADER_ERRORS:
-                    out.current_leader.CopyFrom(self.cache.leader_and_epoch(pd.topic, pd.partition))
             else:
                 log.error("produce to %s-%d failed unexpectedly", pd.topic, pd.partition, exc_info=exc)
                 out.error_code, out.error_message = ErrorCode.UNKNOWN_SERVER_ERROR, "internal error"
@@ -842,10 +841,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         for dp in req.partitions:
             out = resp.partitions.add(topic=dp.topic, partition=dp.partition, low_watermark=-1)
             try:
-                if named[(dp.topic, dp.partition)] > 1:
-                    raise errors.InvalidRequestError(
-                        f"{dp.topic}-{dp.partition} is named {named[(dp.topic, dp.partition)]} times in one "
-                        "DeleteRecords request: a partition may be named once")
+                refuse_repeated(named, dp.topic, dp.partition, "DeleteRecords")
                 if dp.topic in denied:
                     raise authz.denied_error(caller, authz.DELETE, authz.TOPIC, dp.topic)
                 if authz.is_internal_topic(dp.topic):  # as Kafka: the group coordinator owns its offsets
@@ -853,14 +849,14 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                         f"cannot delete records of internal topic '{dp.topic}'")
                 moving.append((out, dp))
             except errors.BrookError as e:
-                self._delete_records_error(out, e)
+                self._partition_error(out, e)
         # Every move in one io task, with one checkpoint for all of them
         starts = await self._io(lambda: self.rm.delete_records_of([(dp.topic, dp.partition, dp.offset)
                                                                   for _, dp in moving])) if moving else []
         waiting: list[tuple[broker_pb2.DeleteRecordsPartitionResult, int]] = []
         for (out, _), start in zip(moving, starts, strict=True):
             if isinstance(start, errors.BrookError):
-                self._delete_records_error(out, start)
+                self._partition_error(out, start)
             else:
                 waiting.append((out, start))
         timeout_ms = min(max(0, req.timeout_ms), MAX_PRODUCE_TIMEOUT_MS)  # 0: answer without waiting, as Kafka
@@ -886,7 +882,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 await asyncio.sleep(DELETE_RECORDS_POLL_S)
         return resp
 
-    def _delete_records_error(self, out: broker_pb2.DeleteRecordsPartitionResult, e: errors.BrookError) -> None:
+    def _partition_error(self, out: Any, e: errors.BrookError) -> None:
+        """``e`` into a partition's result, with the partition's current leader for a leader error (KIP-951)."""
         out.error_code, out.error_message = e.code, e.message
         if e.code in _LEADER_ERRORS:
             out.current_leader.CopyFrom(self.cache.leader_and_epoch(out.topic, out.partition))
@@ -955,9 +952,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                     if i in repeated else authz.denied_error(caller, authz.READ, authz.TOPIC, p.topic) \
                     if p.topic in denied else found[(p.topic, p.partition)]
                 if isinstance(got, errors.BrookError):
-                    out.error_code, out.error_message = got.code, got.message
-                    if got.code in _LEADER_ERRORS:
-                        out.current_leader.CopyFrom(self.cache.leader_and_epoch(p.topic, p.partition))
+                    self._partition_error(out, got)
                     continue
                 for pid, epoch, last_seq, last_ts in got:
                     out.producers.add(producer_id=pid, producer_epoch=epoch, last_sequence=last_seq,
