@@ -937,14 +937,16 @@ class AdminApis:
     # ---- DeleteRecords (partitions this broker leads) ----
     async def delete_records(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         body = req.body
-        pb = broker_pb2.DeleteRecordsRequest(timeout_ms=_ms(body, "timeout", 30000))
-        for t in body.topics:
-            for p in t.partitions:
-                pb.partitions.add(topic=t.name, partition=p.partition_index, offset=p.offset)
+        size = sum(len(t.partitions) for t in body.topics)
+        # Refused before any partition is converted; past _ANSWER_ON_LOOP_MAX_ITEMS the request and its answer are
+        # made on the admin pool (a request may name twice the cluster's partitions: 100,000 took 0.15-0.94 s).
+        await refuse_oversized(ctx, self.broker.metadata_cache, size, "partitions")
+        heavy = size > _ANSWER_ON_LOOP_MAX_ITEMS
+        pb = await self._answer(functools.partial(_delete_records_request, body), heavy=heavy)
         out = await self.service.DeleteRecords(pb, ctx)
-        return self._resp(req, {"topics": codec.per_topic(
+        return await self._answer(lambda: self._resp(req, {"topics": codec.per_topic(
             (r.topic, {"partition_index": r.partition, "low_watermark": r.low_watermark, "error_code": r.error_code})
-            for r in out.partitions), "throttle_time": out.throttle_time_ms})
+            for r in out.partitions), "throttle_time": out.throttle_time_ms}), heavy=heavy)
 
     # ---- ACLs ----
     def _no_authorizer(self) -> _Failed | None:
@@ -1451,3 +1453,11 @@ def cluster_authorized_operations(authorizer: authz.Authorizer, caller: Any) -> 
     caller's operations on the cluster when it may DESCRIBE the cluster, else none (0)."""
     ops = authorizer.authorized_operations(caller, authz.CLUSTER)
     return ops if ops & (1 << authz.OPERATION_CODES[authz.DESCRIBE]) else 0
+
+
+def _delete_records_request(body: Any) -> broker_pb2.DeleteRecordsRequest:
+    pb = broker_pb2.DeleteRecordsRequest(timeout_ms=_ms(body, "timeout", 30000))
+    for t in body.topics:
+        for p in t.partitions:
+            pb.partitions.add(topic=t.name, partition=p.partition_index, offset=p.offset)
+    return pb

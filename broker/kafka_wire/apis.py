@@ -453,29 +453,37 @@ class KafkaApis:
 
     # ---- ListOffsets ----
     async def list_offsets(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
-        body = req.body
-        pb = broker_pb2.ListOffsetsRequest(replica_id=-1)
-        for t in body.topics:
-            for p in t.partitions:
-                pb.partitions.add(topic=t.name, partition=p.partition_index, timestamp=p.timestamp,
-                                  current_leader_epoch=_get(p, "current_leader_epoch", -1))
+        size = await self._partitions_named(req.body.topics, ctx)
+        pb = await self._on_io(size, functools.partial(_list_offsets_request, req.body))
         out = await self.service.ListOffsets(pb, ctx)
-        return self._resp(req, {"topics": codec.per_topic(
+        return await self._on_io(len(out.partitions), lambda: self._resp(req, {"topics": codec.per_topic(
             (p.topic, {"partition_index": p.partition, "error_code": p.error_code, "timestamp": p.timestamp,
-                       "offset": p.offset, "leader_epoch": p.leader_epoch}) for p in out.partitions)})
+                       "offset": p.offset, "leader_epoch": p.leader_epoch}) for p in out.partitions)}))
 
     # ---- OffsetForLeaderEpoch ----
     async def offset_for_leader_epoch(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
-        body = req.body
-        pb = broker_pb2.OffsetsForLeaderEpochRequest(replica_id=-1)
-        for t in body.topics:
-            for p in t.partitions:
-                pb.partitions.add(topic=t.topic, partition=p.partition, leader_epoch=p.leader_epoch,
-                                  current_leader_epoch=_get(p, "current_leader_epoch", -1))
+        size = await self._partitions_named(req.body.topics, ctx)
+        pb = await self._on_io(size, functools.partial(_offsets_for_leader_epoch_request, req.body))
         out = await self.service.OffsetsForLeaderEpoch(pb, ctx)
-        return self._resp(req, {"topics": codec.per_topic(
+        return await self._on_io(len(out.partitions), lambda: self._resp(req, {"topics": codec.per_topic(
             ((p.topic, {"partition": p.partition, "error_code": p.error_code, "leader_epoch": p.leader_epoch,
-                        "end_offset": p.end_offset}) for p in out.partitions), "topic")})
+                        "end_offset": p.end_offset}) for p in out.partitions), "topic")}))
+
+    async def _partitions_named(self, topics: Any, ctx: KafkaCallContext) -> int:
+        """The partitions a per-partition request names, refused (the connection closed, as the service would)
+        when more than the cluster's bound before any is converted."""
+        size = sum(len(t.partitions) for t in topics)
+        await refuse_oversized(ctx, self.cache, size, "partitions")
+        return size
+
+    async def _on_io(self, size: int, build: Callable[[], Any]) -> Any:
+        """``build()``: a per-partition request's protobuf, or its answer entity. Of more than
+        codec.LARGE_ANSWER_ITEMS partitions, made on the io pool in its client address's turn, not on the event
+        loop: a request may name twice the cluster's partitions, and a ListOffsets answer of 10,000 took 45 ms
+        of the loop (100,000: 0.7 s, with 80 ms more to convert the request)."""
+        if size <= codec.LARGE_ANSWER_ITEMS:
+            return build()
+        return await self.service._io(build)
 
     # ---- InitProducerId ----
     async def init_producer_id(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -582,26 +590,18 @@ class KafkaApis:
                                             for (m, gi), c in zip(members, codes, strict=True)]})
 
     async def offset_commit(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
-        body = req.body
-        generation = _get(body, "generation_id_or_member_epoch", _get(body, "generation_id", -1))
-        pb = group_pb2.OffsetCommitRequest(group_id=body.group_id, generation_id=generation,
-                                           member_id=body.member_id,
-                                           group_instance_id=_get(body, "group_instance_id") or "")
-        retention_ms = _ms(body, "retention_time", -1)  # v2-v4 only; -1: the broker's retention
-        if retention_ms >= 0:
-            pb.retention_time_ms = retention_ms
-        for t in body.topics:
-            for p in t.partitions:
-                pb.partitions.add(topic=t.name, partition=p.partition_index, offset=p.committed_offset,
-                                  leader_epoch=_get(p, "committed_leader_epoch", -1),
-                                  metadata=p.committed_metadata or "")
+        size = await self._partitions_named(req.body.topics, ctx)
+        pb = await self._group_answer(size, functools.partial(_offset_commit_request, req.body))
         out = await self.groups.OffsetCommit(pb, ctx)
+        return await self._group_answer(size, functools.partial(self._offset_commit_answer, req, out))
+
+    def _offset_commit_answer(self, req: codec.Request, out: group_pb2.OffsetCommitResponse) -> Any:
         codes = {(e.topic, e.partition): e.error_code for e in out.partitions}
         return self._resp(req, {"topics": [
             {"name": t.name, "partitions": [
                 {"partition_index": p.partition_index,
                  "error_code": codes.get((t.name, p.partition_index), out.error_code)} for p in t.partitions]}
-            for t in body.topics]})
+            for t in req.body.topics]})
 
     async def offset_fetch(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         if req.api_version >= 8:
@@ -661,7 +661,8 @@ class KafkaApis:
         return self._resp(req, {"error_code": out.error_code, "topics": _offset_fetch_topics(out, extra)})
 
     async def _group_answer(self, size: int, build: Callable[[], Any]) -> Any:
-        """``build()``: a group call's answer entity, made from the coordinator's answer. Of more than
+        """``build()``: a group call's answer entity, made from the coordinator's answer (or a large OffsetCommit's
+        or OffsetDelete's request, converted for it). Of more than
         codec.LARGE_ANSWER_ITEMS elements, it is made on the group pool, in its client address's turn, not on
         the event loop: a ListGroups of 500 groups took ~3 ms of the loop, and a flood of them delayed every
         request of the broker (the profile of a flood from one address: 40% of the loop building them)."""
@@ -670,17 +671,17 @@ class KafkaApis:
         return await self.groups.run_on_pool(build)
 
     async def offset_delete(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
-        body = req.body
-        pb = group_pb2.OffsetDeleteRequest(group_id=body.group_id)
-        for t in body.topics:
-            for p in t.partitions:
-                pb.partitions.add(topic=t.name, partition=p.partition_index)
+        size = await self._partitions_named(req.body.topics, ctx)
+        pb = await self._group_answer(size, functools.partial(_offset_delete_request, req.body))
         out = await self.groups.OffsetDelete(pb, ctx)
+        return await self._group_answer(size, functools.partial(self._offset_delete_answer, req, out))
+
+    def _offset_delete_answer(self, req: codec.Request, out: group_pb2.OffsetDeleteResponse) -> Any:
         codes = {(e.topic, e.partition): e.error_code for e in out.partitions}
         return self._resp(req, {"error_code": out.error_code, "topics": [
             {"name": t.name, "partitions": [{"partition_index": p.partition_index,
                                              "error_code": codes.get((t.name, p.partition_index), 0)}
-                                            for p in t.partitions]} for t in body.topics]})
+                                            for p in t.partitions]} for t in req.body.topics]})
 
     async def describe_groups(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         out = await self.groups.DescribeGroups(group_pb2.DescribeGroupsRequest(group_ids=list(req.body.groups)), ctx)
@@ -760,3 +761,44 @@ def _offset_fetch_topics(out: Any, extra: dict[str, list[dict[str, Any]]] | None
     for name, partitions in (extra or {}).items():
         by_topic[name] += partitions
     return [{"name": n, "partitions": ps} for n, ps in by_topic.items()]
+
+
+# ---- per-partition requests as the services take them (on the io or group pool when large: Apis._on_io) ----
+def _list_offsets_request(body: Any) -> broker_pb2.ListOffsetsRequest:
+    pb = broker_pb2.ListOffsetsRequest(replica_id=-1)
+    for t in body.topics:
+        for p in t.partitions:
+            pb.partitions.add(topic=t.name, partition=p.partition_index, timestamp=p.timestamp,
+                              current_leader_epoch=_get(p, "current_leader_epoch", -1))
+    return pb
+
+
+def _offsets_for_leader_epoch_request(body: Any) -> broker_pb2.OffsetsForLeaderEpochRequest:
+    pb = broker_pb2.OffsetsForLeaderEpochRequest(replica_id=-1)
+    for t in body.topics:
+        for p in t.partitions:
+            pb.partitions.add(topic=t.topic, partition=p.partition, leader_epoch=p.leader_epoch,
+                              current_leader_epoch=_get(p, "current_leader_epoch", -1))
+    return pb
+
+
+def _offset_commit_request(body: Any) -> group_pb2.OffsetCommitRequest:
+    generation = _get(body, "generation_id_or_member_epoch", _get(body, "generation_id", -1))
+    pb = group_pb2.OffsetCommitRequest(group_id=body.group_id, generation_id=generation, member_id=body.member_id,
+                                       group_instance_id=_get(body, "group_instance_id") or "")
+    retention_ms = _ms(body, "retention_time", -1)  # v2-v4 only; -1: the broker's retention
+    if retention_ms >= 0:
+        pb.retention_time_ms = retention_ms
+    for t in body.topics:
+        for p in t.partitions:
+            pb.partitions.add(topic=t.name, partition=p.partition_index, offset=p.committed_offset,
+                              leader_epoch=_get(p, "committed_leader_epoch", -1), metadata=p.committed_metadata or "")
+    return pb
+
+
+def _offset_delete_request(body: Any) -> group_pb2.OffsetDeleteRequest:
+    pb = group_pb2.OffsetDeleteRequest(group_id=body.group_id)
+    for t in body.topics:
+        for p in t.partitions:
+            pb.partitions.add(topic=t.name, partition=p.partition_index)
+    return pb

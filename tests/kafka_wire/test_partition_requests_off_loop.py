@@ -1,0 +1,198 @@
+"""A Kafka-protocol request naming thousands of partitions is converted for its service, and answered, off the
+listener's event loop; one naming more than the cluster's bound is refused before any partition is converted.
+
+A real KafkaListener in this process (real sockets, raw frames) in front of services that answer every partition
+they are asked. Found by an audit: ListOffsets, OffsetForLeaderEpoch, OffsetCommit, OffsetDelete and DeleteRecords
+made their protobuf requests and their answers on the loop, partition by partition, and a request may name twice
+the cluster's partitions: a ListOffsets answer of 10,000 partitions held the loop 45 ms, of 100,000 0.7 s, while
+every other client of the broker waited. Nothing here is timed: the tests record which thread did the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import io
+import struct
+import threading
+import types
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
+from kio.serial import entity_reader, entity_writer
+
+from broker.kafka_wire import admin_apis, apis, codec
+from broker.kafka_wire.server import KafkaListener, KafkaListenerSpec
+from proto import broker_pb2, group_pb2
+
+DELETE_RECORDS, OFFSET_FOR_LEADER_EPOCH, OFFSET_DELETE = 21, 23, 47
+PARTITIONS = 600  # this cluster's partitions: a request may name 1,200
+LARGE, SMALL = 600, 3  # above every on-loop threshold (codec.LARGE_ANSWER_ITEMS, 500), and far below
+
+
+class FakeServices:
+    """The broker's service and group coordinator as the listener calls them: every partition answered, and the
+    thread each request's conversion ran on recorded by the test."""
+
+    def __init__(self, pool: concurrent.futures.Executor) -> None:
+        self.pool = pool
+        self.asked: list[str] = []
+
+    async def _io(self, fn: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn)
+
+    run_on_pool = _io
+
+    async def ListOffsets(self, req: broker_pb2.ListOffsetsRequest, ctx: Any) -> Any:  # noqa: N802
+        self.asked.append("ListOffsets")
+        return broker_pb2.ListOffsetsResponse(partitions=[broker_pb2.ListOffsetsPartitionResponse(
+            topic=p.topic, partition=p.partition, offset=p.partition, timestamp=-1, leader_epoch=0)
+            for p in req.partitions])
+
+    async def OffsetsForLeaderEpoch(self, req: broker_pb2.OffsetsForLeaderEpochRequest, ctx: Any) -> Any:  # noqa: N802
+        self.asked.append("OffsetsForLeaderEpoch")
+        return broker_pb2.OffsetsForLeaderEpochResponse(partitions=[broker_pb2.OffsetForLeaderPartitionResult(
+            topic=p.topic, partition=p.partition, leader_epoch=0, end_offset=p.partition) for p in req.partitions])
+
+    async def DeleteRecords(self, req: broker_pb2.DeleteRecordsRequest, ctx: Any) -> Any:  # noqa: N802
+        self.asked.append("DeleteRecords")
+        return broker_pb2.DeleteRecordsResponse(partitions=[broker_pb2.DeleteRecordsPartitionResult(
+            topic=p.topic, partition=p.partition, low_watermark=p.offset) for p in req.partitions])
+
+    async def OffsetCommit(self, req: group_pb2.OffsetCommitRequest, ctx: Any) -> Any:  # noqa: N802
+        self.asked.append("OffsetCommit")
+        return group_pb2.OffsetCommitResponse()
+
+    async def OffsetDelete(self, req: group_pb2.OffsetDeleteRequest, ctx: Any) -> Any:  # noqa: N802
+        self.asked.append("OffsetDelete")
+        return group_pb2.OffsetDeleteResponse()
+
+
+@pytest.fixture()
+async def listener() -> AsyncIterator[KafkaListener]:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="off-loop-test")
+    services = FakeServices(pool)
+    broker = types.SimpleNamespace(
+        node_id=1, service=services, group_servicer=services,
+        metadata_cache=types.SimpleNamespace(counts=lambda: (1, PARTITIONS)),
+        authorizer=types.SimpleNamespace(enabled=False),
+        settings=types.SimpleNamespace(defaults={}))
+    lst = KafkaListener(broker, KafkaListenerSpec("KAFKA", "127.0.0.1", 0, "PLAINTEXT"),
+                        {"kafka.request.timeout.ms": "30000"})
+    await lst.start()
+    try:
+        yield lst
+    finally:
+        await lst.stop()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _frame(api_key: int, version: int, values: dict[str, Any]) -> bytes:
+    cls = codec.request_schema(api_key, version)
+    header = HeaderV2 if cls.__flexible__ else HeaderV1
+    buf = io.BytesIO()
+    entity_writer(header)(buf, header(request_api_key=api_key, request_api_version=version, correlation_id=7,
+                                      client_id="off-loop-test"))
+    entity_writer(cls)(buf, codec.build(cls, values))
+    return struct.pack(">i", len(buf.getvalue())) + buf.getvalue()
+
+
+async def _ask(lst: KafkaListener, api_key: int, version: int, frame: bytes) -> Any:
+    """The decoded answer; None when the listener closed the connection instead."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", lst.port)
+    try:
+        writer.write(frame)
+        await writer.drain()
+        try:
+            size = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 30))[0]
+        except asyncio.IncompleteReadError:
+            return None
+        data = await asyncio.wait_for(reader.readexactly(size), 30)
+    finally:
+        writer.close()
+    schema = codec.response_schema(api_key, version)
+    body, _ = entity_reader(schema)(data, 5 if schema.__flexible__ else 4)
+    return body
+
+
+def _list_offsets(n: int) -> dict[str, Any]:
+    return {"replica_id": -1, "isolation_level": 0, "topics": [{"name": "t", "partitions": [
+        {"partition_index": p, "current_leader_epoch": -1, "timestamp": -1} for p in range(n)]}]}
+
+
+def _offset_for_leader_epoch(n: int) -> dict[str, Any]:
+    return {"replica_id": -1, "topics": [{"topic": "t", "partitions": [
+        {"partition": p, "current_leader_epoch": -1, "leader_epoch": 0} for p in range(n)]}]}
+
+
+def _delete_records(n: int) -> dict[str, Any]:
+    return {"timeout": 1000, "topics": [{"name": "t", "partitions": [
+        {"partition_index": p, "offset": 5} for p in range(n)]}]}
+
+
+def _offset_commit(n: int) -> dict[str, Any]:
+    return {"group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
+            "topics": [{"name": "t", "partitions": [
+                {"partition_index": p, "committed_offset": 9, "committed_leader_epoch": -1,
+                 "committed_metadata": None} for p in range(n)]}]}
+
+
+def _offset_delete(n: int) -> dict[str, Any]:
+    return {"group_id": "g", "topics": [{"name": "t", "partitions": [{"partition_index": p} for p in range(n)]}]}
+
+
+# api key, version, request values for n partitions, the module and function converting it, its answer's partitions
+CASES = [
+    (apis.LIST_OFFSETS, 7, _list_offsets, apis, "_list_offsets_request", lambda a: a.topics[0].partitions),
+    (OFFSET_FOR_LEADER_EPOCH, 4, _offset_for_leader_epoch, apis, "_offsets_for_leader_epoch_request",
+     lambda a: a.topics[0].partitions),
+    (DELETE_RECORDS, 2, _delete_records, admin_apis, "_delete_records_request", lambda a: a.topics[0].partitions),
+    (apis.OFFSET_COMMIT, 8, _offset_commit, apis, "_offset_commit_request", lambda a: a.topics[0].partitions),
+    (OFFSET_DELETE, 0, _offset_delete, apis, "_offset_delete_request", lambda a: a.topics[0].partitions),
+]
+
+
+def _recording(real: Callable[..., Any], threads: list[int]) -> Callable[..., Any]:
+    def record(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(*args, **kwargs)
+    return record
+
+
+@pytest.mark.parametrize(("api_key", "version", "values", "module", "convert", "partitions_of"), CASES,
+                         ids=[c[4].strip("_").removesuffix("_request") for c in CASES])
+async def test_a_large_request_is_converted_and_answered_off_the_loop_a_small_one_on_it(
+        listener: KafkaListener, api_key: int, version: int, values: Callable[[int], dict[str, Any]], module: Any,
+        convert: str, partitions_of: Callable[[Any], Any]) -> None:
+    loop_thread = threading.get_ident()
+    # The frames are made before recording: the test's own builds are not counted.
+    for frame, n in ((_frame(api_key, version, values(LARGE)), LARGE), (_frame(api_key, version, values(SMALL)), SMALL)):
+        conversions: list[int] = []
+        builds: list[int] = []
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(module, convert, _recording(getattr(module, convert), conversions))
+            # codec.build recurses through the module's name: every entity of the answer is counted
+            mp.setattr(codec, "build", _recording(codec.build, builds))
+            answer = await _ask(listener, api_key, version, frame)
+        assert answer is not None, "the listener closed the connection"
+        assert [p.partition_index if hasattr(p, "partition_index") else p.partition
+                for p in partitions_of(answer)] == list(range(n))
+        assert len(conversions) == 1 and builds, (conversions, len(builds))
+        on_loop = {t == loop_thread for t in conversions + builds}
+        assert on_loop == {n == SMALL}, f"{n} partitions: conversion and answer on the loop: {on_loop}"
+
+
+@pytest.mark.parametrize(("api_key", "version", "values", "module", "convert", "partitions_of"), CASES,
+                         ids=[c[4].strip("_").removesuffix("_request") for c in CASES])
+async def test_more_partitions_than_the_clusters_bound_are_refused_before_any_is_converted(
+        listener: KafkaListener, api_key: int, version: int, values: Callable[[int], dict[str, Any]], module: Any,
+        convert: str, partitions_of: Callable[[Any], Any]) -> None:
+    conversions: list[int] = []
+    oversized = _frame(api_key, version, values(2 * PARTITIONS + 1))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(module, convert, _recording(getattr(module, convert), conversions))
+        assert await _ask(listener, api_key, version, oversized) is None, "an oversized request was answered"
+    assert conversions == [] and listener.broker.service.asked == []
