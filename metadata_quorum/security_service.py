@@ -213,8 +213,7 @@ class QuorumSecurityAdmin:
         result.raise_for_error()
         return result.value
 
-    def _propose_each(self, response: spb.ScramCredentialsResponse, commands: list[tuple[Any, Callable[[], c.Command]]],
-                      timeout_s: float) -> spb.ScramCredentialsResponse:
+    def _propose_each(self, response: R, commands: list[tuple[Any, Callable[[], c.Command]]], timeout_s: float) -> R:
         """Submit each item's command (``make`` raises an item's refusal), then wait for them all within one
         ``timeout_s``: waited one by one, each its own timeout, 1,000 items took 52 s and went on being proposed
         long after the caller's deadline (audit). An item not applied by then is REQUEST_TIMED_OUT (it may still
@@ -333,10 +332,32 @@ class QuorumSecurityAdmin:
 
     # ---- quotas ----
     def alter_quota(self, req: spb.AlterClientQuotasRequest, timeout_s: float) -> spb.ClientQuotasResponse:
+        if req.alterations:
+            if req.entity or req.set or req.remove:
+                raise errors.InvalidRequestError("a request with alterations names no entity of its own")
+            return self._alter_quotas(list(req.alterations), timeout_s)
         entity = sec.validate_quota_entity(req.entity)
         sec.validate_quota_values(dict(req.set), strict=True)
         self._propose(c.AlterClientQuota(entity, dict(req.set), list(req.remove)), timeout_s)
         return self.describe_quotas(entity)
+
+    def _alter_quotas(self, alterations: list[spb.QuotaAlteration], timeout_s: float) -> spb.ClientQuotasResponse:
+        """A Kafka AlterClientQuotas request's entries: each checked, then all proposed together and waited for
+        within one ``timeout_s``, each answered in ``results``. One call and one commit each, waited in turn, took
+        30 s for 1,000 entries (audit), and the Raft thread fell 0.5 s behind its ticks meanwhile."""
+        _bounded(alterations)
+        response = spb.ClientQuotasResponse()
+
+        def alter(a: spb.QuotaAlteration) -> c.Command:
+            entity = sec.validate_quota_entity(a.entity)
+            sec.validate_quota_values(dict(a.set), strict=True)
+            unknown = [k for k in a.remove if k not in sec.QUOTA_KEYS]
+            if unknown:
+                raise errors.InvalidRequestError(f"cannot remove unknown quotas {unknown}")
+            return c.AlterClientQuota(entity, dict(a.set), list(a.remove))
+
+        return self._propose_each(response, [(response.results.add(entity=a.entity), lambda a=a: alter(a))
+                                             for a in alterations], timeout_s)
 
     def describe_quotas(self, entity: str) -> spb.ClientQuotasResponse:
         found = self._raft.read(lambda s: [(e, dict(v)) for e, v in sorted(s.quotas.items())

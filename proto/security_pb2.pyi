@@ -228,6 +228,25 @@ class QuotaRecord(_message.Message):
     def __init__(self, entity: _Optional[str] = ..., values: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class AlterClientQuotasRequest(_message.Message):
+    __slots__ = ("entity", "set", "remove", "alterations")
+    class SetEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    SET_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    ALTERATIONS_FIELD_NUMBER: _ClassVar[int]
+    entity: str
+    set: _containers.ScalarMap[str, float]
+    remove: _containers.RepeatedScalarFieldContainer[str]
+    alterations: _containers.RepeatedCompositeFieldContainer[QuotaAlteration]
+    def __init__(self, entity: _Optional[str] = ..., set: _Optional[_Mapping[str, float]] = ..., remove: _Optional[_Iterable[str]] = ..., alterations: _Optional[_Iterable[_Union[QuotaAlteration, _Mapping]]] = ...) -> None: ...
+
+class QuotaAlteration(_message.Message):
     __slots__ = ("entity", "set", "remove")
     class SetEntry(_message.Message):
         __slots__ = ("key", "value")
@@ -244,6 +263,16 @@ class AlterClientQuotasRequest(_message.Message):
     remove: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, entity: _Optional[str] = ..., set: _Optional[_Mapping[str, float]] = ..., remove: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class QuotaAlterationResult(_message.Message):
+    __slots__ = ("entity", "error_code", "error_message")
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    entity: str
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    def __init__(self, entity: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
 class DescribeClientQuotasRequest(_message.Message):
     __slots__ = ("entity",)
     ENTITY_FIELD_NUMBER: _ClassVar[int]
@@ -251,16 +280,18 @@ class DescribeClientQuotasRequest(_message.Message):
     def __init__(self, entity: _Optional[str] = ...) -> None: ...
 
 class ClientQuotasResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "redirect", "quotas")
+    __slots__ = ("error_code", "error_message", "redirect", "quotas", "results")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     redirect: Redirect
     quotas: _containers.RepeatedCompositeFieldContainer[QuotaRecord]
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., quotas: _Optional[_Iterable[_Union[QuotaRecord, _Mapping]]] = ...) -> None: ...
+    results: _containers.RepeatedCompositeFieldContainer[QuotaAlterationResult]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., quotas: _Optional[_Iterable[_Union[QuotaRecord, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[QuotaAlterationResult, _Mapping]]] = ...) -> None: ...
 
 class SecurityDelta(_message.Message):
     __slots__ = ("credentials", "deleted_credentials", "acls_changed", "acls", "quotas")

@@ -291,6 +291,7 @@ class UserApis:
                 except _Failed as exc:
                     entities.append(exc)
             counts = Counter(entity for entity in entities if isinstance(entity, str))
+            changes: list[tuple[int, security_pb2.QuotaAlteration]] = []  # (entry, its change) to forward
             for i, (e, entity) in enumerate(zip(entries, entities, strict=True)):
                 try:
                     if isinstance(entity, _Failed):
@@ -300,14 +301,44 @@ class UserApis:
                     to_set, to_remove = _quota_ops(list(e.ops))
                     if validate_only or not (to_set or to_remove):
                         continue
-                    await self._security(ctx, "AlterClientQuotas", security_pb2.AlterClientQuotasRequest(
-                        entity=entity, set=to_set, remove=to_remove))
+                    changes.append((i, security_pb2.QuotaAlteration(entity=entity, set=to_set, remove=to_remove)))
                 except _Failed as exc:
                     results[i] = (exc.code, exc.message)
+            if changes:
+                await self._alter_quotas(ctx, changes, results)
         return self.admin._resp(req, {"throttle_time": 0, "entries": [
             {"error_code": code, "error_message": message,
              "entity": [{"entity_type": str(c.entity_type), "entity_name": _get(c, "entity_name")} for c in e.entity]}
             for e, (code, message) in zip(entries, results, strict=True)]})
+
+
+    async def _alter_quotas(self, ctx: KafkaCallContext, changes: list[tuple[int, security_pb2.QuotaAlteration]],
+                            results: list[tuple[int, str | None]]) -> None:
+        """Every entry's change in one controller call, which proposes them together and answers each (as Kafka's
+        controller writes a request's records in one batch). One call an entry, each waiting for its commit, took
+        30 s for 1,000 entries (audit). An active controller of an earlier release refuses the call, having no
+        entity in it, and answers no results: then one call an entry, as before."""
+        failure: _Failed | None = None
+        try:
+            out = await self._security(ctx, "AlterClientQuotas", security_pb2.AlterClientQuotasRequest(
+                alterations=[change for _, change in changes]))
+        except _Failed as exc:
+            failure = exc
+        if failure is None and len(out.results) == len(changes):
+            for (i, _), result in zip(changes, out.results, strict=True):
+                if result.error_code:
+                    results[i] = (result.error_code, result.error_message)
+            return
+        if failure is not None and failure.code != ErrorCode.INVALID_REQUEST:
+            for i, _ in changes:
+                results[i] = (failure.code, failure.message)
+            return
+        for i, change in changes:
+            try:
+                await self._security(ctx, "AlterClientQuotas", security_pb2.AlterClientQuotasRequest(
+                    entity=change.entity, set=change.set, remove=change.remove))
+            except _Failed as exc:
+                results[i] = (exc.code, exc.message)
 
 
 def _user_result(d: security_pb2.UserDescription) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from kafka_admin_kit import principal_of_its_own
 from kafka_raw import kafka_ask
 from waiting import wait_for
 
+from client import errors
 from client.admin import Admin
 from deploy.local.cluster import LocalCluster
 
@@ -118,6 +119,38 @@ def test_client_quotas_set_and_read_through_the_kafka_listener(kcluster: LocalCl
         finally:
             brook.alter_client_quotas(f"User:{alice}", remove=["producer_byte_rate", "request_rate"])
             brook.alter_client_quotas("<default>", remove=["controller_mutation_rate"])
+
+
+def test_the_controller_applies_a_requests_quota_changes_together_and_answers_each(kcluster: LocalCluster) -> None:
+    """The controller's side of a Kafka AlterClientQuotas request (the broker forwards its entries in one call): each
+    alteration checked, the good ones proposed together and applied, each answered in order."""
+    from proto import security_pb2
+    a, b = f"qg-{uuid.uuid4().hex[:8]}", f"qh-{uuid.uuid4().hex[:8]}"
+    with _brook_admin(kcluster) as brook:
+        try:
+            out = brook._call("AlterClientQuotas", security_pb2.AlterClientQuotasRequest(alterations=[
+                security_pb2.QuotaAlteration(entity=f"User:{a}", set={"request_rate": 7.0}),
+                security_pb2.QuotaAlteration(entity="nobody", set={"request_rate": 7.0}),
+                security_pb2.QuotaAlteration(entity=f"User:{b}", set={"producer_byte_rate": 0.0}),
+                security_pb2.QuotaAlteration(entity=f"User:{b}", set={"consumer_byte_rate": 4096.0}),
+                security_pb2.QuotaAlteration(entity=f"User:{a}", remove=["no_such_quota"]),
+            ]))
+            assert [(r.entity, int(r.error_code)) for r in out.results] == [
+                (f"User:{a}", 0), ("nobody", INVALID_REQUEST), (f"User:{b}", INVALID_REQUEST), (f"User:{b}", 0),
+                (f"User:{a}", INVALID_REQUEST)], out.results
+            assert "no_such_quota" in out.results[4].error_message
+            quotas = brook.describe_client_quotas()
+            assert quotas[f"User:{a}"] == {"request_rate": 7.0} and quotas[f"User:{b}"] == {"consumer_byte_rate": 4096.0}
+            # Alterations and an entity of its own in one request: refused whole, nothing changed.
+            with pytest.raises(errors.InvalidRequestError, match="names no entity of its own"):
+                brook._call("AlterClientQuotas", security_pb2.AlterClientQuotasRequest(
+                    entity=f"User:{a}", set={"request_rate": 1.0},
+                    alterations=[security_pb2.QuotaAlteration(entity=f"User:{b}", set={"request_rate": 1.0})]))
+            quotas = brook.describe_client_quotas()
+            assert quotas[f"User:{a}"] == {"request_rate": 7.0} and quotas[f"User:{b}"] == {"consumer_byte_rate": 4096.0}
+        finally:
+            brook.alter_client_quotas(f"User:{a}", remove=["request_rate"])
+            brook.alter_client_quotas(f"User:{b}", remove=["consumer_byte_rate"])
 
 
 def _upsertion(user: str, password: bytes) -> dict[str, Any]:

@@ -30,13 +30,13 @@ from broker.kafka_wire import admin_apis, bounds, codec
 from broker.kafka_wire.server import KafkaListener, KafkaListenerSpec
 from metadata_quorum import security as sec
 from metadata_quorum.security_service import acl_matches_filter
-from proto import broker_pb2, group_pb2, security_pb2
+from proto import broker_pb2, errors, group_pb2, security_pb2
 from proto import controller_pb2 as cpb
 from proto.errors import ErrorCode
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 DELETE_ACLS, DESCRIBE_LOG_DIRS, OFFSET_FETCH, DESCRIBE_ACLS = 31, 35, 9, 29
-CREATE_TOPICS, CREATE_ACLS, FIND_COORDINATOR = 19, 30, 10
+CREATE_TOPICS, CREATE_ACLS, FIND_COORDINATOR, ALTER_CLIENT_QUOTAS = 19, 30, 10, 49
 LIST_PARTITION_REASSIGNMENTS, ELECT_LEADERS, DESCRIBE_USER_SCRAM_CREDENTIALS, DESCRIBE_CLIENT_QUOTAS = 46, 43, 50, 48
 TOPIC, BROKER = admin_apis.RESOURCE_TOPIC, admin_apis.RESOURCE_BROKER
 NODE_ID = 1
@@ -53,6 +53,7 @@ class FakeController:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.acls: list[sec.AclBinding] = []
+        self.quota_calls = []
 
     def call(self, method: str, request: Any, *, timeout_s: float = 0, metadata: Any = ()) -> Any:
         self.calls.append((method, request))
@@ -102,6 +103,22 @@ class FakeController:
         return cpb.CreateTopicsResponse(results=[cpb.TopicResult(name=t.name, topic_id=f"{i:032x}", num_partitions=1,
                                                                  replication_factor=1)
                                                  for i, t in enumerate(req.topics)])
+
+    earlier_release = False  # AlterClientQuotas as an active controller without ``alterations`` answers it
+    quota_calls: list[int] = []  # each AlterClientQuotas call's entities
+
+    def AlterClientQuotas(self, req: security_pb2.AlterClientQuotasRequest) -> security_pb2.ClientQuotasResponse:  # noqa: N802
+        self.quota_calls.append(len(req.alterations) or 1)
+        if not req.alterations or self.earlier_release:
+            if not req.entity:  # an earlier release reads only entity: empty, it refuses the request
+                raise errors.InvalidRequestError("principal '' is not TYPE:NAME")
+            return security_pb2.ClientQuotasResponse()
+        out = security_pb2.ClientQuotasResponse()
+        for a in req.alterations:  # as the controller: each checked and answered, in order
+            r = out.results.add(entity=a.entity)
+            if a.entity == "User:refused":
+                r.error_code, r.error_message = ErrorCode.INVALID_REQUEST, "more than 10000 quota entities"
+        return out
 
     listed = 5  # how many reassignments, election results, users and quotas the listings below answer
 
@@ -568,3 +585,36 @@ async def test_find_coordinator_bounds_its_keys_and_looks_each_up_once(listener:
         [("a", 0, NODE_ID, 9092), ("b", 0, NODE_ID, 9092), ("a", 0, NODE_ID, 9092), ("a", 0, NODE_ID, 9092)]
     assert broker.coordinators_asked == ["a", "b"]
 
+
+
+def _quota_entry(user: str | None) -> dict[str, Any]:
+    return {"entity": [{"entity_type": "user", "entity_name": user}],
+            "ops": [{"key": "request_rate", "value": 5.0, "remove": False}]}
+
+
+async def test_alter_client_quotas_forwards_every_entry_in_one_call(listener: KafkaListener) -> None:
+    # One controller call an entry, each waiting for its own commit: 1,000 entries took 30 s (audit). Now one call,
+    # which the controller proposes together, and each entry answered as the controller answered it.
+    controller = _broker(listener).controller
+    entries = [_quota_entry(f"u{i}") for i in range(999)] + [_quota_entry("refused")]
+    out = await _ask(listener, ALTER_CLIENT_QUOTAS, 1, {"entries": entries, "validate_only": False})
+    assert [int(e.error_code) for e in out.entries] == [0] * 999 + [ErrorCode.INVALID_REQUEST], out.entries[-1]
+    assert out.entries[-1].error_message == "more than 10000 quota entities"
+    assert controller.quota_calls == [1000]
+    # Entries refused by the broker itself, and validate_only, are not forwarded.
+    controller.quota_calls.clear()
+    out = await _ask(listener, ALTER_CLIENT_QUOTAS, 1, {"entries": [_quota_entry("a"), _quota_entry("a")],
+                                                        "validate_only": False})
+    assert [int(e.error_code) for e in out.entries] == [ErrorCode.INVALID_REQUEST] * 2
+    out = await _ask(listener, ALTER_CLIENT_QUOTAS, 1, {"entries": [_quota_entry("b")], "validate_only": True})
+    assert [int(e.error_code) for e in out.entries] == [0] and controller.quota_calls == []
+
+
+async def test_alter_client_quotas_falls_back_to_one_call_an_entry_on_an_earlier_controller(
+        listener: KafkaListener) -> None:
+    controller = _broker(listener).controller
+    controller.earlier_release = True
+    out = await _ask(listener, ALTER_CLIENT_QUOTAS, 1, {"entries": [_quota_entry(f"u{i}") for i in range(3)],
+                                                        "validate_only": False})
+    assert [int(e.error_code) for e in out.entries] == [0, 0, 0]
+    assert controller.quota_calls == [3, 1, 1, 1]  # refused whole (nothing changed), then each entry
