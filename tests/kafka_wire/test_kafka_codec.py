@@ -149,3 +149,22 @@ def test_int32_arrays_count_against_the_element_bound(api_key: int, version: int
         codec.parse_request(frame(bounds.MIN_ELEMENTS), api_key, version, bounds.MIN_ELEMENTS)
     with pytest.raises(codec.MalformedRequest, match=f"more than {bounds.MAX_ELEMENTS} array elements"):
         codec.parse_request(frame(2_000_000), api_key, version)  # the audit's 8 MB frame
+
+
+def test_long_bytes_values_are_sent_as_they_are_and_the_frame_stays_whole() -> None:
+    # A JoinGroup answer of 64 members' metadata of 1 MiB (what one address may hold) was copied three times into
+    # one buffer on the event loop: 200-300 ms. Values of OWN_PART_MIN_BYTES or more are now parts of their own.
+    join_group = 11
+    big, small = bytes(range(256)) * (codec.OWN_PART_MIN_BYTES // 256), b"short metadata"
+    members = [{"member_id": f"m{i}", "group_instance_id": None, "metadata": big if i % 2 else small} for i in range(6)]
+    body = codec.response(join_group, 7, {"throttle_time": 0, "error_code": 0, "generation_id": 3,
+                                          "protocol_type": "consumer", "protocol_name": "range", "leader": "m0",
+                                          "member_id": "m0", "members": members})
+    parts = codec.encode_response(join_group, 7, 42, body)
+    assert sum(p is big for p in parts) == 3, [len(p) for p in parts]  # the very objects, not copies
+    assert all(isinstance(p, bytes) for p in parts)
+    frame = b"".join(parts)  # type: ignore[arg-type]
+    assert struct.unpack(">i", frame[:4])[0] == len(frame) - 4
+    decoded, _ = entity_reader(codec.response_schema(join_group, 7))(frame[4:], 5)  # correlation id, no tags
+    assert [(m.member_id, m.metadata) for m in decoded.members] == [(m["member_id"], m["metadata"]) for m in members]
+
