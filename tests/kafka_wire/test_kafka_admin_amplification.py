@@ -13,17 +13,13 @@ Found by an audit, each from one small request:
 
 from __future__ import annotations
 
-import asyncio
-import io
-import struct
 import threading
 import types
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
-from kio.serial import entity_reader, entity_writer
+from raw_frames import ask, frame
 
 from broker.admission import refuse_over
 from broker.kafka_wire import admin_apis, bounds, codec
@@ -210,32 +206,10 @@ async def listener() -> AsyncIterator[KafkaListener]:
         await lst.stop()
 
 
-def _frame(api_key: int, version: int, values: dict[str, Any]) -> bytes:
-    cls = codec.request_schema(api_key, version)
-    assert cls.__flexible__
-    buf = io.BytesIO()
-    entity_writer(HeaderV2)(buf, HeaderV2(request_api_key=api_key, request_api_version=version, correlation_id=7,
-                                          client_id="amplification-test"))
-    entity_writer(cls)(buf, codec.build(cls, values))
-    data = buf.getvalue()
-    return struct.pack(">i", len(data)) + data
-
-
 async def _ask(lst: KafkaListener, api_key: int, version: int, values: dict[str, Any]) -> Any:
     """The decoded answer; None when the listener closed the connection instead."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", lst.port)
-    try:
-        writer.write(_frame(api_key, version, values))
-        await writer.drain()
-        try:
-            size = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 30))[0]
-        except asyncio.IncompleteReadError:
-            return None
-        data = await asyncio.wait_for(reader.readexactly(size), 30)
-    finally:
-        writer.close()
-    body, _ = entity_reader(codec.response_schema(api_key, version))(data, 5)
-    return body
+    assert codec.request_schema(api_key, version).__flexible__
+    return await ask(lst.port, frame(api_key, version, values, client_id="amplification-test"), api_key, version)
 
 
 def _broker(lst: KafkaListener) -> FakeBroker:

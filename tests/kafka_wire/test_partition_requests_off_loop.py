@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import io
 import struct
 import threading
 import types
@@ -22,9 +21,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from kio.schema.request_header.v1.header import RequestHeader as HeaderV1
-from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
+from raw_frames import ask, frame
 
 from broker.kafka_wire import admin_apis, apis, codec
 from broker.kafka_wire.server import KafkaListener, KafkaListenerSpec
@@ -92,34 +90,6 @@ async def listener() -> AsyncIterator[KafkaListener]:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _frame(api_key: int, version: int, values: dict[str, Any]) -> bytes:
-    cls = codec.request_schema(api_key, version)
-    header = HeaderV2 if cls.__flexible__ else HeaderV1
-    buf = io.BytesIO()
-    entity_writer(header)(buf, header(request_api_key=api_key, request_api_version=version, correlation_id=7,
-                                      client_id="off-loop-test"))
-    entity_writer(cls)(buf, codec.build(cls, values))
-    return struct.pack(">i", len(buf.getvalue())) + buf.getvalue()
-
-
-async def _ask(lst: KafkaListener, api_key: int, version: int, frame: bytes) -> Any:
-    """The decoded answer; None when the listener closed the connection instead."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", lst.port)
-    try:
-        writer.write(frame)
-        await writer.drain()
-        try:
-            size = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 30))[0]
-        except asyncio.IncompleteReadError:
-            return None
-        data = await asyncio.wait_for(reader.readexactly(size), 30)
-    finally:
-        writer.close()
-    schema = codec.response_schema(api_key, version)
-    body, _ = entity_reader(schema)(data, 5 if schema.__flexible__ else 4)
-    return body
-
-
 def _list_offsets(n: int) -> dict[str, Any]:
     return {"replica_id": -1, "isolation_level": 0, "topics": [{"name": "t", "partitions": [
         {"partition_index": p, "current_leader_epoch": -1, "timestamp": -1} for p in range(n)]}]}
@@ -171,14 +141,14 @@ async def test_a_large_request_is_converted_and_answered_off_the_loop_a_small_on
         convert: str, partitions_of: Callable[[Any], Any]) -> None:
     loop_thread = threading.get_ident()
     # The frames are made before recording: the test's own builds are not counted.
-    for frame, n in ((_frame(api_key, version, values(LARGE)), LARGE), (_frame(api_key, version, values(SMALL)), SMALL)):
+    for request, n in ((frame(api_key, version, values(LARGE)), LARGE), (frame(api_key, version, values(SMALL)), SMALL)):
         conversions: list[int] = []
         builds: list[int] = []
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(module, convert, _recording(getattr(module, convert), conversions))
             # codec.build recurses through the module's name: every entity of the answer is counted
             mp.setattr(codec, "build", _recording(codec.build, builds))
-            answer = await _ask(listener, api_key, version, frame)
+            answer = await ask(listener.port, request, api_key, version)
         assert answer is not None, "the listener closed the connection"
         assert [p.partition_index if hasattr(p, "partition_index") else p.partition
                 for p in partitions_of(answer)] == list(range(n))
@@ -193,10 +163,10 @@ async def test_more_partitions_than_the_clusters_bound_are_refused_before_any_is
         listener: KafkaListener, api_key: int, version: int, values: Callable[[int], dict[str, Any]], module: Any,
         convert: str, partitions_of: Callable[[Any], Any]) -> None:
     conversions: list[int] = []
-    oversized = _frame(api_key, version, values(2 * PARTITIONS + 1))
+    oversized = frame(api_key, version, values(2 * PARTITIONS + 1))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(module, convert, _recording(getattr(module, convert), conversions))
-        assert await _ask(listener, api_key, version, oversized) is None, "an oversized request was answered"
+        assert await ask(listener.port, oversized, api_key, version) is None, "an oversized request was answered"
     assert conversions == [] and listener.broker.service.asked == []
 
 
@@ -222,7 +192,7 @@ async def test_an_answers_long_values_go_to_the_socket_one_at_a_time(listener: K
         buffered.append(self.writer.transport.get_write_buffer_size())
         await real_drain(self)
 
-    request = _frame(apis.JOIN_GROUP, 7, {"group_id": "g", "session_timeout_ms": 10_000,
+    join = frame(apis.JOIN_GROUP, 7, {"group_id": "g", "session_timeout_ms": 10_000,
                                           "rebalance_timeout_ms": 10_000, "member_id": "", "group_instance_id": None,
                                           "protocol_type": "consumer", "protocols": [{"name": "range", "metadata": b""}]})
     with pytest.MonkeyPatch.context() as mp:
@@ -230,7 +200,7 @@ async def test_an_answers_long_values_go_to_the_socket_one_at_a_time(listener: K
         mp.setattr(server._Connection, "_drain", drain)
         reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
         try:
-            writer.write(request)
+            writer.write(join)
             await writer.drain()
             for _ in range(200):  # until the transport is full and waits for this client to read
                 if len(buffered) >= 2:
