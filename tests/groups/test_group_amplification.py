@@ -1085,3 +1085,49 @@ def test_a_large_leader_answer_is_built_off_the_loop_and_held_until_written() ->
     finally:
         loop.close()
         c._loader.shutdown()
+
+
+async def test_a_large_leader_answer_is_serialized_off_the_loop_for_the_grpc_port() -> None:
+    # gRPC serializes a handler's answer on the event loop: a leader's answer of 64 members of 1 MiB took 190-220 ms
+    # there. Served by add_to_server, such an answer reaches gRPC already serialized (on the group pool); a small
+    # one as the message. Here through a real gRPC server and client on loopback.
+    import grpc
+
+    from broker.group_service import JOIN_ANSWER_ON_LOOP_MAX_BYTES, add_to_server
+    from proto import group_pb2_grpc
+
+    c, now = _coordinator()
+    servicer = GroupCoordinatorServicer(c)
+    pooled: list[str] = []
+    run_on_pool = servicer.run_on_pool
+
+    async def recorded(fn: Callable[..., Any], *args: Any) -> Any:
+        pooled.append(getattr(fn, "__name__", repr(fn)))
+        return await run_on_pool(fn, *args)
+
+    servicer.run_on_pool = recorded  # type: ignore[method-assign]
+    server = grpc.aio.server()
+    add_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = group_pb2_grpc.GroupCoordinatorServiceStub(channel)
+            for group, user_data in (("small-join", b"u" * 10), ("big-join", b"u" * 200_000)):
+                metadata = group_pb2.ConsumerSubscription(topics=["t"], user_data=user_data).SerializeToString()
+                joins = [_join_static(c, group, f"i{i}", metadata) for i in range(3)]
+                now[0] += 60_000
+                c.tick()
+                [(i, leader)] = [(i, j[0]) for i, j in enumerate(joins) if j[0].member_id == j[0].leader]
+                pooled.clear()
+                out = await stub.JoinGroup(group_pb2.JoinGroupRequest(
+                    group_id=group, client_id="c", session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+                    member_id=leader.member_id, group_instance_id=f"i{i}",
+                    protocol_type="consumer", protocols=[group_pb2.GroupProtocol(name="range", metadata=metadata)]),
+                    timeout=30)
+                assert out.error_code == ErrorCode.NONE and [m.metadata for m in out.members] == [metadata] * 3, out
+                large = 3 * len(metadata) > JOIN_ANSWER_ON_LOOP_MAX_BYTES
+                assert ("SerializeToString" in pooled) == large, (group, pooled)
+    finally:
+        await server.stop(None)
+        c._loader.shutdown()
