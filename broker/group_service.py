@@ -221,16 +221,6 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         release_when_done(context, held.release, at_once=True)
         return out
 
-    async def join_group_over_grpc(self, request: group_pb2.JoinGroupRequest, context: Any) -> Any:
-        """JoinGroup as the gRPC port answers it (``add_to_server``): a leader's answer of more than
-        JOIN_ANSWER_ON_LOOP_MAX_BYTES of member metadata is also serialized on the group pool, and handed to gRPC as
-        bytes. gRPC serializes an answer on the event loop: 64 members of 1 MiB took 190-220 ms there (the Kafka
-        listener, which calls JoinGroup itself, sends such values without copying them)."""
-        out = await self.JoinGroup(request, context)
-        if sum(len(m.metadata) for m in out.members) <= JOIN_ANSWER_ON_LOOP_MAX_BYTES:
-            return out
-        return await self.run_on_pool(out.SerializeToString)
-
     async def SyncGroup(self, request, context):  # noqa: N802
         if (refused := self._refused(context, authz.READ, request.group_id, group_pb2.SyncGroupResponse)) is not None:
             return refused
@@ -506,23 +496,3 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         except errors.BrookError as exc:
             return group_pb2.AlterGroupOffsetsResponse(error_code=exc.code, error_message=exc.message)
         return group_pb2.AlterGroupOffsetsResponse(partitions=resolved)
-
-
-def add_to_server(servicer: GroupCoordinatorServicer, server: Any) -> None:
-    """The generated ``add_GroupCoordinatorServiceServicer_to_server``, except that JoinGroup is served by
-    ``join_group_over_grpc`` and every answer may be given already serialized (bytes), as that one may be."""
-    service = group_pb2.DESCRIPTOR.services_by_name["GroupCoordinatorService"]
-    handlers = {}
-    for method in service.methods:
-        assert not (method.client_streaming or method.server_streaming), method.full_name
-        answer = getattr(group_pb2, method.output_type.name)
-        behaviour = servicer.join_group_over_grpc if method.name == "JoinGroup" else getattr(servicer, method.name)
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            behaviour, request_deserializer=getattr(group_pb2, method.input_type.name).FromString,
-            response_serializer=functools.partial(_serialized, answer.SerializeToString))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
-    server.add_registered_method_handlers(service.full_name, handlers)
-
-
-def _serialized(serialize: Callable[[Any], bytes], answer: Any) -> bytes:
-    return answer if isinstance(answer, bytes) else serialize(answer)
