@@ -311,7 +311,6 @@ class UserApis:
              "entity": [{"entity_type": str(c.entity_type), "entity_name": _get(c, "entity_name")} for c in e.entity]}
             for e, (code, message) in zip(entries, results, strict=True)]})
 
-
     async def _alter_quotas(self, ctx: KafkaCallContext, changes: list[tuple[int, security_pb2.QuotaAlteration]],
                             results: list[tuple[int, str | None]]) -> None:
         """Every entry's change in one controller call, which proposes them together and answers each (as Kafka's
