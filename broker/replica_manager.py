@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.config import LISTENER_REPLICATION
+from broker.fetch_answer import FetchAnswer
 from broker.fetch_session import FollowerFetchSession, SessionIndex
 from broker.metadata_cache import MetadataCache, MetadataDelta, PartitionInfo, TopicInfo
 from broker.request_times import ProduceTimes
@@ -223,9 +224,9 @@ def _sequence_ahead(p: Partition, records: bytes) -> bool:
 
 # What a woken follower fetch read where it was woken: the wake counters taken just before
 # the read (the next park compares against them, so no change is lost) and _read_once's result.
-InlineRead = tuple[dict[Partition, int], tuple[broker_pb2.FetchResponse, int, bool]]
+InlineRead = tuple[dict[Partition, int], tuple[FetchAnswer, int, bool]]
 # A woken session fetch's read ((response, bytes, must answer), the partitions it read)
-_WokenRead = tuple[tuple[broker_pb2.FetchResponse, int, bool], list[tuple[str, int]]]
+_WokenRead = tuple[tuple[FetchAnswer, int, bool], list[tuple[str, int]]]
 # A woken session fetch whose answer the wake sent itself (FollowerFetchSession.send_now).
 _SENT = object()
 
@@ -659,7 +660,7 @@ class ReplicaManager:
                           reserve: Callable[[int], Awaitable[int]], release: Callable[[int], None],
                           on_park: Callable[[], None], on_unpark: Callable[[], None],
                           slices: dict[tuple[str, int], Any] | None = None,
-                          ) -> tuple[broker_pb2.FetchResponse, int]:
+                          ) -> tuple[FetchAnswer, int]:
         """``fetch`` for the broker's event loop: reads run on ``run`` (an executor), a long poll
         parks as a future in the fetch purgatory and holds no thread.
 
@@ -761,7 +762,7 @@ class ReplicaManager:
                                     hosted=lambda: len(self._partitions))
 
     async def session_fetch(self, req: broker_pb2.FetchRequest, session: FollowerFetchSession,
-                            run: Callable[[Callable[[], Any]], Awaitable[Any]]) -> broker_pb2.FetchResponse | None:
+                            run: Callable[[Callable[[], Any]], Awaitable[Any]]) -> FetchAnswer | None:
         """A follower's fetch on its ReplicaFetch stream, ``session`` already updated with ``req``.
 
         Each read covers the session's partitions with something to tell or record
@@ -797,7 +798,7 @@ class ReplicaManager:
             remaining_s = deadline - loop.time()
             if (must_answer or total_bytes >= req.min_bytes or remaining_s <= 0 or not len(session)
                     or self._stopped.is_set()):
-                session.answered(resp)
+                session.answered(resp.message)
                 return resp
             session.discarded(keys)
             woken = await self._session_park(session, remaining_s, cap, req.min_bytes)
@@ -832,7 +833,7 @@ class ReplicaManager:
                     resp, total_bytes, must_answer = read
                     send_now = session.send_now
                     if send_now is not None and not fut.done() and (must_answer or total_bytes >= min_bytes):
-                        session.answered(resp)
+                        session.answered(resp.message)
                         send_now(resp)
                         fut.set_result(_SENT)  # on the loop, not done: checked above
                         return
@@ -861,14 +862,16 @@ class ReplicaManager:
 
     def _read_once(self, req: broker_pb2.FetchRequest, max_bytes: int | None = None,
                    slices: dict[tuple[str, int], Any] | None = None, *,
-                   blocking: bool = True) -> tuple[broker_pb2.FetchResponse, int, bool]:
+                   blocking: bool = True) -> tuple[FetchAnswer, int, bool]:
         """One read of every partition. With ``slices`` (a consumer fetch to be sent with sendfile), each
         partition's records stay in the segment file: a storage.file_records.FileRecords goes into
         ``slices`` (replacing, and closing, one of an earlier read) and the response's records stay empty;
         past the slices' descriptor budget (file_records.slice_budget) the records are read into the response.
         ``blocking=False`` (follower fetches on the event loop) raises LockBusy where a partition lock is
-        held; partitions before it may have recorded the follower's progress, which a retry records again."""
-        resp = broker_pb2.FetchResponse()
+        held; partitions before it may have recorded the follower's progress, which a retry records again.
+        Records read into memory stay the bytes read, apart from the message (broker/fetch_answer.py)."""
+        answer = FetchAnswer()
+        resp = answer.message
         remaining = self.response_max_bytes(req) if max_bytes is None else max_bytes
         total = 0
         must_answer = False
@@ -928,7 +931,8 @@ class ReplicaManager:
                             remaining -= len(records)
                             continue
                         # bytes: read into memory (storage/file_records.py: the slice budget was spent)
-                out.records = records
+                if records:
+                    answer.records[len(resp.partitions) - 1] = records
                 total += len(records)
                 remaining -= len(records)
             except errors.BrookError as e:
@@ -939,7 +943,7 @@ class ReplicaManager:
                         failed := self._partitions.get((fp.topic, fp.partition))) is not None:
                     if self._read_failed(failed, e):
                         out.error_code, out.error_message = ErrorCode.CORRUPT_MESSAGE, e.message
-        return resp, total, must_answer
+        return answer, total, must_answer
 
     def _read_failed(self, p: Partition, exc: errors.BrookError) -> bool:
         """A read of ``p``'s log failed: a read the disk refused (EIO) fails its log directory, which stops the

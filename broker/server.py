@@ -72,14 +72,14 @@ from broker.receiving import (
 from broker.replica_manager import ReplicaManager
 from broker.replication_listener import ReplicationListener
 from broker.security import NodeSecurity, broker_security
-from broker.service import BrokerService, Capacity
+from broker.service import BrokerService, Capacity, add_to_server
 from broker.stalls import DEFAULT_STALL_S, LoopMonitor
 from broker.startup_gate import MetadataGate
 from broker.tls import HANDSHAKE_TIMEOUT_MS, ServerTls, bind_port
 from client.security import SecurityConfig
 from metadata_quorum import features
 from metadata_quorum.client import ControllerClient
-from proto import broker_pb2_grpc, common_pb2, controller_pb2, errors
+from proto import common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 from replication.fetcher import FetcherConfig
 from storage import meta_properties
@@ -361,7 +361,7 @@ class BrokerServer:
             metadata_lock=self._metadata_lock, authorizer=self.security.authorizer, quotas=self.security.quotas)
         service.listener_by_tls = self.listener_by_tls()
         self.service = service
-        broker_pb2_grpc.add_BrokerServiceServicer_to_server(service, self.grpc_server)
+        add_to_server(service, self.grpc_server)  # the generated one, but Fetch answers keep their records apart
         self.security.add_service(self.grpc_server)  # SaslAuthenticate (sync handlers: the migration pool)
         for fn in self._servicer_fns:
             fn(self.grpc_server)

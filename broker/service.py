@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import message_factory
 
 from broker import authorizer as authz
 from broker import principal
@@ -58,6 +59,7 @@ from broker.admission import (
 from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.cpu_shares import CpuShares
 from broker.fair_pool import CLIENT
+from broker.fetch_answer import FetchAnswer, serialized
 from broker.fetch_session import FollowerFetchSession
 from broker.log_limits import ThrottledWarning
 from broker.metadata_cache import MetadataCache
@@ -97,6 +99,10 @@ INLINE_APPEND_MAX_PARTITIONS = 32
 # Unanswered requests of one ProduceStream: Kafka's max.in.flight.requests.per.connection default
 # (the most an idempotent producer pipelines), so a stream holds at most this many requests' bytes.
 PRODUCE_STREAM_MAX_IN_FLIGHT = 5
+# A gRPC Fetch answer with more records than this is joined into its one bytes value on an executor thread, which
+# bytes.join runs without the interpreter lock: 55 MiB took ~35 ms to join here (and 120-180 ms for protobuf to
+# serialize, on the loop, before broker/fetch_answer.py).
+JOIN_ON_LOOP_MAX_BYTES = 1024 * 1024
 DELETE_RECORDS_POLL_S = 0.05  # how often a DeleteRecords looks whether the replicas followed
 T = TypeVar("T")
 
@@ -490,7 +496,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         return await self._consumer_fetch(request, context)
 
     async def FetchStream(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
-                          context: grpc.aio.ServicerContext) -> AsyncIterator[broker_pb2.FetchResponse]:
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[FetchAnswer | broker_pb2.FetchResponse]:
         """A consumer's fetches from this broker, answered one after the other, each as a unary Fetch.
 
         The consumer sends the next request once it has the last response, so one is in flight per
@@ -516,7 +522,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                     release()
 
     async def _consumer_fetch(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext,
-                              hold: Callable[[Callable[[], None]], None] | None = None) -> broker_pb2.FetchResponse:
+                              hold: Callable[[Callable[[], None]], None] | None = None,
+                              ) -> FetchAnswer | broker_pb2.FetchResponse:
         """A consumer's Fetch; ``hold`` takes the release of the answer's bytes (default: when the call ends)."""
         await self._bounded(context, len(request.partitions), "partitions")
         # One entry per partition, as Kafka's fetch map (replica_manager.one_entry_per_partition): the answer
@@ -533,23 +540,50 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         # A Kafka-protocol fetch (broker/kafka_wire) takes the records as segment-file slices (sendfile).
         slices = getattr(context, "brook_file_slices", None)
 
-        async def fetch(client: str) -> broker_pb2.FetchResponse:
+        async def fetch(client: str) -> FetchAnswer:
             allowed = _without_topics(request, denied)
-            resp = await self._fetch(allowed, client, slices, context, hold) if allowed.partitions or not denied \
-                else broker_pb2.FetchResponse()
+            answer = await self._fetch(allowed, client, slices, context, hold) if allowed.partitions or not denied \
+                else FetchAnswer()
             for fp in request.partitions:
                 if fp.topic in denied:
-                    _partition_errors(resp, [fp], authz.denied_error(caller, authz.READ, authz.TOPIC, fp.topic),
-                                      high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+                    _partition_errors(answer.message, [fp], authz.denied_error(
+                        caller, authz.READ, authz.TOPIC, fp.topic), high_watermark=-1, log_start_offset=-1,
+                        log_end_offset=-1)
             if self.quotas is not None:
-                sent = sum(len(p.records) for p in resp.partitions) + sum(len(s) for s in (slices or {}).values())
-                resp.throttle_time_ms = self.quotas.fetch(caller, sent)
-            return resp
+                sent = answer.records_bytes() + sum(len(s) for s in (slices or {}).values())
+                answer.message.throttle_time_ms = self.quotas.fetch(caller, sent)
+            return answer
         return await self._admitted(context, lambda client: self._guard("Fetch", request, lambda: fetch(client),
                                                                         on_error))
 
+    async def fetch_over_grpc(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> Any:
+        """Fetch as the gRPC port serves it (``add_to_server``): a long answer handed over as its bytes, joined
+        on an executor thread (the Kafka listener calls ``Fetch`` itself, and takes the records as they are)."""
+        answer = await self.Fetch(request, context)
+        return await self._for_grpc(answer, self._replication_io if request.replica_id >= 0 else self._io)
+
+    async def fetch_stream_over_grpc(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
+                                     context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async with contextlib.aclosing(self.FetchStream(request_iterator, context)) as answers:
+            async for answer in answers:
+                yield await self._for_grpc(answer, self._io)
+
+    async def replica_fetch_over_grpc(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
+                                      context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async with contextlib.aclosing(self.ReplicaFetch(request_iterator, context)) as answers:
+            async for answer in answers:
+                yield await self._for_grpc(answer, self._replication_io)
+
+    @staticmethod
+    async def _for_grpc(answer: Any, run: Callable[[Callable[[], bytes]], Awaitable[bytes]]) -> Any:
+        """A Fetch answer for gRPC, which serializes on the event loop: one whose records pass
+        JOIN_ON_LOOP_MAX_BYTES is joined into its bytes on ``run``'s thread first."""
+        if isinstance(answer, FetchAnswer) and answer.records_bytes() > JOIN_ON_LOOP_MAX_BYTES:
+            return await run(answer.to_bytes)
+        return answer
+
     async def ReplicaFetch(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
-                           context: grpc.aio.ServicerContext) -> AsyncIterator[broker_pb2.FetchResponse]:
+                           context: grpc.aio.ServicerContext) -> AsyncIterator[FetchAnswer | broker_pb2.FetchResponse]:
         """A follower's fetch session: its requests answered one after the other, each as a follower's Fetch.
 
         The follower sends the next request once it has the last response, so one message is in
@@ -567,8 +601,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         finally:
             session.close()
 
-    async def replica_fetch_message(self, request: broker_pb2.FetchRequest, context: Any,
-                                    session: FollowerFetchSession) -> broker_pb2.FetchResponse | None:
+    async def replica_fetch_message(self, request: broker_pb2.FetchRequest, context: Any, session: FollowerFetchSession,
+                                    ) -> FetchAnswer | broker_pb2.FetchResponse | None:
         """One request of a follower's fetch session: a ReplicaFetch stream's, or a replication listener
         connection's (broker/replication_listener.py). None only for a session with a ``send_now``: the
         answer went out through it."""
@@ -578,7 +612,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         return await self._replica_fetch(request, context, session)
 
     async def _replica_fetch(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext,
-                             session: FollowerFetchSession | None = None) -> broker_pb2.FetchResponse | None:
+                             session: FollowerFetchSession | None = None,
+                             ) -> FetchAnswer | broker_pb2.FetchResponse | None:
         # A follower's fetch moves the HW: only that broker may send it.
         if (refusal := self._as_replica(context, request.replica_id)) is not None:
             return _fetch_refused(request, refusal)
@@ -596,7 +631,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     async def _fetch(self, req: broker_pb2.FetchRequest, client: str | None,
                      slices: dict[tuple[str, int], Any] | None = None,
                      context: Any = None,
-                     hold: Callable[[Callable[[], None]], None] | None = None) -> broker_pb2.FetchResponse:
+                     hold: Callable[[Callable[[], None]], None] | None = None) -> FetchAnswer:
         """Read (and long-poll) through the ReplicaManager; ``client`` None for a follower fetch.
 
         A client's fetch takes its bytes from the client's share (ClientByteShares) and then from the
@@ -1038,6 +1073,28 @@ def _produce_error_all(req: broker_pb2.ProduceRequest, code: int, message: str) 
                             base_offset=-1, log_append_time_ms=-1, log_start_offset=-1,
                             current_leader=common_pb2.LeaderIdAndEpoch(leader_id=-1, leader_epoch=-1))
     return resp
+
+
+def add_to_server(service: BrokerService, server: grpc.aio.Server) -> None:
+    """The generated ``add_BrokerServiceServicer_to_server``, except that the methods answering a FetchResponse are
+    served by their ``*_over_grpc`` forms and serialized by ``fetch_answer.serialized``: an answer may be a
+    FetchAnswer (records kept apart), or its bytes already joined off the loop."""
+    desc = broker_pb2.DESCRIPTOR.services_by_name["BrokerService"]
+    over_grpc = {"Fetch": service.fetch_over_grpc, "FetchStream": service.fetch_stream_over_grpc,
+                 "ReplicaFetch": service.replica_fetch_over_grpc}
+    kinds = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
+             (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
+    handlers = {}
+    for method in desc.methods:
+        answer = message_factory.GetMessageClass(method.output_type)
+        if method.name in over_grpc:
+            assert answer is broker_pb2.FetchResponse, method.full_name
+        handlers[method.name] = kinds[(method.client_streaming, method.server_streaming)](
+            over_grpc.get(method.name) or getattr(service, method.name),
+            request_deserializer=message_factory.GetMessageClass(method.input_type).FromString,
+            response_serializer=serialized if method.name in over_grpc else answer.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
+    server.add_registered_method_handlers(desc.full_name, handlers)
 
 
 def _fetch_refused(req: broker_pb2.FetchRequest, error: errors.BrookError) -> broker_pb2.FetchResponse:

@@ -323,12 +323,16 @@ def _encode_varint(value: int) -> bytes:
     """Zigzag + base-128 encoding of a signed 64-bit integer."""
     if not -(2**63) <= value < 2**63:
         raise errors.InvalidRecordError(f"value {value} does not fit a varlong")
-    z = (value << 1) ^ (value >> 63)
+    return encode_uvarint((value << 1) ^ (value >> 63))
+
+
+def encode_uvarint(n: int) -> bytes:
+    """Base-128 encoding of an unsigned integer (protobuf's varint; Kafka's unsigned varint)."""
     out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
     return bytes(out)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from broker import authorizer as authz
 from broker.admission import refuse_oversized
+from broker.fetch_answer import answer_of
 from broker.kafka_wire import admin_apis, codec, user_apis
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.codec import get_ms as _ms
@@ -377,9 +378,10 @@ class KafkaApis:
                                   current_leader_epoch=_get(p, "current_leader_epoch", -1),
                                   last_fetched_epoch=-1, log_start_offset=-1)
         ctx.brook_file_slices = slices = {}  # the records stay in the segment files: sent with sendfile
-        out = await self.service.Fetch(pb, ctx)
+        answer = answer_of(await self.service.Fetch(pb, ctx))
+        out = answer.message
         by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for p in out.partitions:
+        for i, p in enumerate(out.partitions):
             if req.api_version < 10 and p.error_code != ErrorCode.TOPIC_AUTHORIZATION_FAILED and self._zstd_topic(p):
                 # As Kafka's fetch: a fetcher older than v10 (KIP-110) may not read zstd, so a partition whose
                 # compression.type is zstd answers it this error, with no records, whatever the fetch found.
@@ -391,7 +393,7 @@ class KafkaApis:
                     "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
                     "aborted_transactions": [], "preferred_read_replica": -1, "records": None})
                 continue
-            records = slices.pop((p.topic, p.partition), None) or p.records
+            records = slices.pop((p.topic, p.partition), None) or answer.records_of(i)
             read_from = preferred.get((p.topic, p.partition), -1) if p.error_code == ErrorCode.NONE else -1
             if read_from >= 0:  # no records (empty, not null: as Kafka): the consumer reads from that replica
                 if hasattr(records, "close"):

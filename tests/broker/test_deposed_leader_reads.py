@@ -39,8 +39,8 @@ def _fetch(b: InProcessBroker, offset: int, replica_id: int = -1) -> broker_pb2.
                                       topic="t", partition=0, fetch_offset=offset, partition_max_bytes=1 << 20,
                                       current_leader_epoch=0, last_fetched_epoch=0 if replica_id >= 0 else -1,
                                       log_start_offset=0)])
-    resp, _, _ = b.rm._read_once(req)
-    return resp.partitions[0]
+    answer, _, _ = b.rm._read_once(req)
+    return answer.to_message().partitions[0]
 
 
 @pytest.fixture

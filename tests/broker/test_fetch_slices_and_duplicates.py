@@ -30,6 +30,7 @@ from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
 from kio.serial import entity_reader, entity_writer
 from waiting import await_for
 
+from broker.fetch_answer import answer_of
 from broker.kafka_wire import codec
 from broker.kafka_wire.server import KafkaListener, KafkaListenerSpec
 from proto import broker_pb2
@@ -98,7 +99,7 @@ def test_a_fetch_naming_a_partition_many_times_reads_and_answers_it_once(
     monkeypatch.setattr(Log, "read", counted)
     req = broker_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, partitions=(
         [fetch_partition(0, 0)] * 500 + [fetch_partition(1, 2)] + [fetch_partition(0, 7)]))
-    resp = asyncio.run(broker.service.Fetch(req, Context()))
+    resp = answer_of(asyncio.run(broker.service.Fetch(req, Context()))).to_message()
     # Kafka's fetch map: a partition keeps its first entry's place and takes its last entry's fields.
     assert sorted(reads) == [(0, 7), (1, 2)], "one read a partition"
     assert [(p.partition, p.error_code) for p in resp.partitions] == [(0, ErrorCode.NONE), (1, ErrorCode.NONE)]

@@ -58,8 +58,11 @@ def start_fetch(rm: ReplicaManager, req: broker_pb2.FetchRequest, hops: list[str
     async def reserve(n: int) -> int:
         return 0
 
-    return rm.fetch_async(req, run=run, reserve=reserve, release=lambda n: None,
-                          on_park=lambda: None, on_unpark=lambda: None)
+    async def fetched() -> tuple[broker_pb2.FetchResponse, int]:
+        answer, held = await rm.fetch_async(req, run=run, reserve=reserve, release=lambda n: None,
+                                            on_park=lambda: None, on_unpark=lambda: None)
+        return answer.to_message(), held
+    return fetched()
 
 
 def fetch(rm: ReplicaManager, req: broker_pb2.FetchRequest) -> tuple[broker_pb2.FetchResponse, list[str]]:

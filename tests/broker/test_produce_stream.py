@@ -25,6 +25,7 @@ from waiting import await_for
 
 from broker import principal
 from broker.admission import ClientLimits
+from broker.fetch_answer import FetchAnswer, answer_of
 from broker.metrics import AioMetricsInterceptor, RpcMetrics
 from broker.sasl import AioSessionInterceptor
 from broker.service import INLINE_APPEND_MAX_BYTES, PRODUCE_STREAM_MAX_IN_FLIGHT, Capacity
@@ -110,7 +111,8 @@ def request(acks: int, value: bytes = b"v", records: int = 1) -> broker_pb2.Prod
 
 async def collect(stream: AsyncIterator[broker_pb2.ProduceResponse], into: list[Any]) -> None:
     async for response in stream:
-        into.append(response)
+        into.append(answer_of(response).to_message() if isinstance(response, (FetchAnswer, broker_pb2.FetchResponse))
+                    else response)
 
 
 def offsets(responses: list[broker_pb2.ProduceResponse]) -> list[int]:
@@ -310,7 +312,7 @@ def test_fetch_stream_answers_each_fetch_as_a_unary_fetch_would(leader: Leader) 
         requests, answers = Requests(), []
         requests.send(*sent, None)
         await asyncio.wait_for(collect(leader.service.FetchStream(requests, Context()), answers), 10)
-        unary = [await leader.service.Fetch(r, Context()) for r in (sent[0], sent[4])]
+        unary = [answer_of(await leader.service.Fetch(r, Context())).to_message() for r in (sent[0], sent[4])]
         return answers, unary
 
     answers, unary = asyncio.run(scenario())
@@ -337,14 +339,14 @@ def test_a_fetch_stream_answer_holds_its_bytes_until_it_is_written_out(leader: L
         requests.send(consumer_fetch(0))
         stream = leader.service.FetchStream(requests, Context())
         answer = await asyncio.wait_for(anext(stream), 10)
-        size = len(answer.partitions[0].records)
+        size = len(answer.records_of(0))
         assert size > 3000 and budget.used_bytes >= size, \
             f"an answer of {size} bytes handed to gRPC, {budget.used_bytes} bytes held"
         requests.send(consumer_fetch(3))
         # The handler stays at its yield until gRPC asks for the next answer (the last one written out).
         assert requests.read == 1, "no request is read while the last answer is not written out"
         empty = await asyncio.wait_for(anext(stream), 10)  # the first answer was written out
-        assert empty.partitions[0].records == b"" and budget.used_bytes == 0, \
+        assert empty.records_of(0) == b"" and budget.used_bytes == 0, \
             f"{budget.used_bytes} bytes still held once the answer was written"
         await stream.aclose()  # the call ended (cancelled at its yield)
         assert budget.used_bytes == 0

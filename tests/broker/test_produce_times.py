@@ -40,7 +40,7 @@ class Leader(InProcessBroker):
                                       partitions=[broker_pb2.FetchPartition(
                                           topic="t", partition=0, fetch_offset=offset, partition_max_bytes=1 << 20,
                                           current_leader_epoch=0, last_fetched_epoch=0, log_start_offset=0)])
-        return await self.service._fetch(req, None)
+        return (await self.service._fetch(req, None)).to_message()
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import pytest
 from inprocess import InProcessBroker
 from waiting import await_for
 
+from broker.fetch_answer import FetchAnswer, answer_of
 from broker.fetch_session import FollowerFetchSession
 from proto import broker_pb2
 from storage.record_batch import RecordBatchBuilder, iter_batches
@@ -44,8 +45,8 @@ def follower_fetch(offset: int, min_bytes: int = 1) -> broker_pb2.FetchRequest:
                                        current_leader_epoch=0, last_fetched_epoch=0, log_start_offset=0)])
 
 
-def offsets(resp: broker_pb2.FetchResponse) -> list[int]:
-    return [h.base_offset for pr in resp.partitions for _, h in iter_batches(pr.records)]
+def offsets(resp: FetchAnswer | broker_pb2.FetchResponse) -> list[int]:
+    return [h.base_offset for pr in answer_of(resp).to_message().partitions for _, h in iter_batches(pr.records)]
 
 
 def fetch(leader: InProcessBroker, session: FollowerFetchSession,
@@ -86,7 +87,7 @@ def test_an_append_on_the_loop_answers_the_parked_fetch_from_its_wake(leader: In
         task = await parked(leader, session, follower_fetch(1))
         append_on_loop(leader, b"second")
         assert [offsets(r) for r in sent] == [[1]], "answered within the append, before it returned"
-        assert sent[0].incremental, "a session's answers say the leader keeps its partitions"
+        assert sent[0].message.incremental, "a session's answers say the leader keeps its partitions"
         assert await asyncio.wait_for(task, 10) is None, "the fetch returns nothing more to send"
         assert not session.parked
 
@@ -107,7 +108,7 @@ def test_without_send_now_or_off_the_loop_the_woken_fetch_answers_itself(leader:
         task = await parked(leader, stream, follower_fetch(1))
         append_on_loop(leader, b"second")
         resp = await asyncio.wait_for(task, 10)
-        assert resp is not None and offsets(resp) == [1] and resp.incremental
+        assert resp is not None and offsets(resp) == [1] and resp.message.incremental
         stream.close()
 
         listener, sent = listener_session(leader)

@@ -322,8 +322,10 @@ class RpcHarness:
                                          broker_epoch=lambda: self.controller.broker_epochs[1])
         self.service = BrokerService(1, self.rm, cache, None, producer_ids, defaults=defaults,
                                      controller_endpoints=[], capacity=capacity)
+        # Fetch answers as the gRPC port hands them over (records kept apart, a long answer already joined).
         self.handlers: list[tuple[str, type, Any]] = [
-            (name, getattr(broker_pb2, f"{name}Request"), getattr(self.service, name)) for name in BROKER_RPCS]
+            (name, getattr(broker_pb2, f"{name}Request"),
+             self.service.fetch_over_grpc if name == "Fetch" else getattr(self.service, name)) for name in BROKER_RPCS]
         self.groups = GroupCoordinatorServicer(self.coordinator, self.executor)
         for name in GROUP_RPCS:
             self.handlers.append((name, getattr(group_pb2, f"{name}Request"), getattr(self.groups, name)))
@@ -363,7 +365,7 @@ class RpcHarness:
                 return  # not a request gRPC would hand to the handler either
             _bound_waits(request)
             self.errors.records.clear()
-            response = self.loop.run_until_complete(handler(request, _Context()))
+            response = _as_sent(self.loop.run_until_complete(handler(request, _Context())))
             if name == "Fetch":
                 _check_distinct_partitions([request], [response], name)
             text = str(response)
@@ -382,7 +384,7 @@ class RpcHarness:
         (broker/fetch_session.py): an answer names every partition its request listed and only
         partitions of the session (a refused request: only its own). Returns the responses as text.
         """
-        return self._stream_session(REPLICA_FETCH, self.pb.FetchRequest, self.service.ReplicaFetch, data,
+        return self._stream_session(REPLICA_FETCH, self.pb.FetchRequest, self.service.replica_fetch_over_grpc, data,
                                     self._check_fetch_session)
 
     def _check_fetch_session(self, requests: list[Any], responses: list[Any]) -> None:
@@ -415,7 +417,7 @@ class RpcHarness:
         """One FetchStream: its messages (framed as ReplicaFetch's) one after the other through the stream
         handler, each answered once, in order, naming each partition it asked about once (a partition asked
         twice is read and answered once, as Kafka's fetch request map collapses duplicates)."""
-        return self._stream_session(FETCH_STREAM, self.pb.FetchRequest, self.service.FetchStream, data,
+        return self._stream_session(FETCH_STREAM, self.pb.FetchRequest, self.service.fetch_stream_over_grpc, data,
                                     _check_distinct_partitions)
 
     def _stream_session(self, name: str, request_type: type, handler: Any, data: bytes,
@@ -440,13 +442,23 @@ class RpcHarness:
             async def stream() -> AsyncIterator[Any]:
                 for request in requests:
                     yield request
-            return [response async for response in handler(stream(), _Context())]
+            return [_as_sent(response) async for response in handler(stream(), _Context())]
 
         responses = self.loop.run_until_complete(session())
         if len(responses) != len(requests):
             raise AssertionError(f"{name} answered {len(responses)} of {len(requests)} requests")
         check(requests, responses)
         return "\n".join(str(r) for r in responses)
+
+
+def _as_sent(response: Any) -> Any:
+    """The answer as a client decodes it: a Fetch answer handed to gRPC (a FetchAnswer, or its bytes joined off the
+    loop) goes through the broker's serializer and is parsed back, so the fuzzer checks the wire form too."""
+    from broker.fetch_answer import FetchAnswer, serialized
+    from proto import broker_pb2
+    if isinstance(response, (FetchAnswer, bytes)):
+        return broker_pb2.FetchResponse.FromString(serialized(response))
+    return response
 
 
 def _check_same_partitions(requests: list[Any], responses: list[Any]) -> None:
