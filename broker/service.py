@@ -245,8 +245,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     # ---- Produce ----
     async def Produce(self, request: broker_pb2.ProduceRequest, context: grpc.aio.ServicerContext) -> Any:
-        # A Kafka-protocol connection starts its next request once this one's batches are appended.
-        return await self._produce_call(request, context, getattr(context, "brook_on_appended", None))
+        # A Kafka-protocol connection starts its next request once this one's batches are appended; it hands over
+        # each partition's records apart from the request (``brook_produce_records``), as it decoded them.
+        return await self._produce_call(request, context, getattr(context, "brook_on_appended", None),
+                                        getattr(context, "brook_produce_records", None))
 
     async def ProduceStream(self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest],
                             context: grpc.aio.ServicerContext) -> AsyncIterator[broker_pb2.ProduceResponse]:
@@ -334,13 +336,18 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                     task.exception()  # retrieved: a second refusal of an ending stream is not news
 
     async def _produce_call(self, request: broker_pb2.ProduceRequest, context: grpc.aio.ServicerContext,
-                            appended: asyncio.Future[None] | None) -> broker_pb2.ProduceResponse:
+                            appended: asyncio.Future[None] | None,
+                            records: list[bytes] | None = None) -> broker_pb2.ProduceResponse:
         """One Produce request, from its caller's checks to its answer; ``appended`` is set once its
-        batches are appended (before any acks=all wait)."""
+        batches are appended (before any acks=all wait). ``records``: each partition's, when the caller
+        holds them apart from ``request`` (whose partitions then carry none)."""
         await self._bounded(context, len(request.partitions), "partitions")
-        # Each read of a partition's ``records`` copies them out of the message (10 MiB: 1-8 ms of the loop here):
-        # they are read once, and that copy is what is appended.
-        records = [pd.records for pd in request.partitions]
+        if records is None:
+            # Each read of a partition's ``records`` copies them out of the message (10 MiB: 1-8 ms of the loop
+            # here): they are read once, and that copy is what is appended.
+            records = [pd.records for pd in request.partitions]
+        elif len(records) != len(request.partitions):
+            raise ValueError(f"{len(records)} records for {len(request.partitions)} partitions")
         size = sum(map(len, records))
         caller = await self._caller(context)
         if self.quotas is not None:

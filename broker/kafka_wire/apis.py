@@ -314,8 +314,10 @@ class KafkaApis:
                    if (why := _produce_refusal(req.api_version, records)) is not None}
         for key in refused:
             del named[key]
-        for (topic, index), records in named.items():
-            pb.partitions.add(topic=topic, partition=index, records=records)
+        for topic, index in named:
+            pb.partitions.add(topic=topic, partition=index)
+        # The records go to the service as they are, not copied into the message and out again.
+        ctx.brook_produce_records = list(named.values())
         if _get(body, "transactional_id") is not None:
             out = broker_pb2.ProduceResponse()
             for pd in pb.partitions:

@@ -51,6 +51,7 @@ class KafkaCallContext:
         self.client_host = ""
         self.brook_file_slices: dict[tuple[str, int], Any] | None = None  # Fetch: records left in their files
         self.brook_on_appended: Any = None  # Produce: a future set once the batches are appended
+        self.brook_produce_records: list[bytes] | None = None  # Produce: the records, apart from the request
         self._deadline = time.monotonic() + timeout_s if timeout_s is not None else None
         self._done_callbacks: list[Callable[[KafkaCallContext], None]] = []
         self._finished = False
