@@ -586,19 +586,22 @@ class ReplicaFetcher:
                 continue
             self._failures = 0
             rest: int | None = 0
-            if sum(len(pr.records) for pr in response.partitions) <= LOOP_PROCESS_MAX_BYTES:
-                rest = self._process_response(response, epochs, inline=True)
+            # Each read of a partition's ``records`` copies them out of the message: read once, here.
+            records = [pr.records for pr in response.partitions]
+            if sum(map(len, records)) <= LOOP_PROCESS_MAX_BYTES:
+                rest = self._process_response(response, records, epochs, inline=True)
             if rest is not None:  # appended where blocking is allowed: large, or a log busy, rolling, flushing
-                await loop.run_in_executor(None, self._process_response, response, epochs, rest)
+                await loop.run_in_executor(None, self._process_response, response, records, epochs, rest)
+            del records
 
     async def _pause(self, seconds: float) -> None:
         """Wait ``seconds`` or until a partition is added (or the fetcher stops)."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
 
-    def _process_response(self, response: broker_pb2.FetchResponse, epochs: dict[tuple[str, int], int],
-                          start: int = 0, *, inline: bool = False) -> int | None:
-        """Apply the answers from partition ``start`` on. ``inline`` (on the event loop): only plain
+    def _process_response(self, response: broker_pb2.FetchResponse, records: list[bytes],
+                          epochs: dict[tuple[str, int], int], start: int = 0, *, inline: bool = False) -> int | None:
+        """Apply the answers from partition ``start`` on, ``records`` each partition's (read out of the message). ``inline`` (on the event loop): only plain
         appends that need no wait, roll or flush; the index of the first other answer is returned, to be
         applied from there on an executor thread (None: all done)."""
         backoff_s = self.config.backoff_ms / 1000
@@ -615,12 +618,12 @@ class ReplicaFetcher:
                     continue  # removed or re-added at another epoch while the request was out
                 try:
                     if not inline:
-                        self._process(st, pr)
+                        self._process(st, pr, records[i])
                     elif pr.error_code != ErrorCode.NONE or pr.HasField("diverging_epoch"):
                         return i  # truncation, backoff bookkeeping: not the loop's work
                     else:
                         with st.partition.log.locked(blocking=False):
-                            self._process(st, pr, blocking=False)
+                            self._process(st, pr, records[i], blocking=False)
                 except WouldBlock:
                     return i
                 except errors.BrookError as e:
@@ -840,16 +843,18 @@ class ReplicaFetcher:
             if next_ready_s != float("inf") else self.config.max_wait_ms
         return _Wanted(parts, max_wait_ms), epochs
 
-    def _process(self, st: _FetchState, pr: broker_pb2.FetchPartitionResponse, blocking: bool = True) -> None:
+    def _process(self, st: _FetchState, pr: broker_pb2.FetchPartitionResponse, records: bytes,
+                 blocking: bool = True) -> None:
+        """Apply one partition's answer; ``records`` are its records (``pr``'s, read out once)."""
         lg = st.partition.log
         if pr.error_code == ErrorCode.NONE:
             if pr.HasField("diverging_epoch"):
                 self._truncate_diverged(st, pr.diverging_epoch.epoch, pr.diverging_epoch.end_offset)
                 return
-            if pr.records:
-                lg.append_as_follower(pr.records, blocking=blocking)  # WouldBlock first: nothing changed
+            if records:
+                lg.append_as_follower(records, blocking=blocking)  # WouldBlock first: nothing changed
                 if self.local_id not in st.partition.isr:
-                    self.config.throttle.charge(len(pr.records))  # _build_request holds it back while in debt
+                    self.config.throttle.charge(len(records))  # _build_request holds it back while in debt
             st.truncation_rounds = 0
             before = lg.high_watermark
             if lg.update_high_watermark(min(pr.high_watermark, lg.log_end_offset)) > before and \

@@ -432,3 +432,53 @@ def test_cancelling_the_fetchers_task_is_not_taken_for_the_streams_end() -> None
             pending.result(timeout=5)
     finally:
         fetch_loop.stop()
+
+
+class _CountedResponse:
+    """A fetch answer as the follower's fetch loop reads it, counting the reads of each partition's ``records``:
+    each read of a protobuf bytes field copies it out of the message."""
+
+    def __init__(self, response: broker_pb2.FetchResponse, reads: list[int]) -> None:
+        self._response = response
+        self.partitions = [_CountedPartition(pr, reads) for pr in response.partitions]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._response, name)
+
+
+class _CountedPartition:
+    def __init__(self, pr: broker_pb2.FetchPartitionResponse, reads: list[int]) -> None:
+        self._pr, self._reads = pr, reads
+
+    @property
+    def records(self) -> bytes:
+        if self._pr.records:
+            self._reads.append(1)
+        return self._pr.records
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pr, name)
+
+
+@pytest.mark.parametrize("where", ["on the fetch loop", "off it"])
+def test_a_partitions_records_are_read_out_of_the_answer_once(follower: Partition, appended_on: list[str],
+                                                               monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    # Before, the follower read them four times: for the loop's byte bound, whether there were any, the append, and
+    # the catch-up throttle's charge.
+    if where == "off it":
+        monkeypatch.setattr(fetcher_module, "LOOP_PROCESS_MAX_BYTES", len(BATCH) - 1)
+    reads: list[int] = []
+    send = fetcher_module.ReplicaFetcher._send
+
+    async def counted(self: Any, wanted: Any) -> Any:
+        return _CountedResponse(await send(self, wanted), reads)
+
+    monkeypatch.setattr(fetcher_module.ReplicaFetcher, "_send", counted)
+    manager = follow(Leader(stream=True), follower)
+    try:
+        wait_for(lambda: follower.log.log_end_offset == 1, 10, "the batch replicated")
+    finally:
+        stop(manager)
+    assert len(appended_on) == 1 and appended_on[0].startswith("replica-fetch-loop") == (where != "off it"), \
+        appended_on
+    assert reads == [1], f"the batch's records were read {len(reads)} times"

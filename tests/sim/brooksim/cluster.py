@@ -514,7 +514,7 @@ class SimCluster:
         before = (lg.log_end_offset, lg.high_watermark)
         try:
             b.fetcher.source_id = current[0]
-            b.fetcher._process(st, pr)
+            b.fetcher._process(st, pr, pr.records)
         except errors.BrookError as exc:
             return f"{errors.code_name(exc.code)} ({exc.message})"
         err = f"{errors.code_name(pr.error_code)} " if pr.error_code else ""
