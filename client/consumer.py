@@ -423,8 +423,9 @@ class Consumer:
         if code == errors.ErrorCode.NONE:
             state.high_watermark = p.high_watermark
             state.log_start_offset = p.log_start_offset
-            if p.records:
-                self._buffered[tp] = PartitionRecords(tp, p.records)
+            records = p.records  # each read of a protobuf bytes field is a copy
+            if records:
+                self._buffered[tp] = PartitionRecords(tp, records)
             return
         if code == errors.ErrorCode.OFFSET_OUT_OF_RANGE:
             if self._reset is None:
