@@ -48,7 +48,7 @@ from broker.log_limits import ThrottledWarning
 from client.cluster import HUNG_PEER_OPTIONS
 from client.security import SecurityConfig, make_channel
 from client.types import TopicPartition
-from proto import broker_pb2, broker_pb2_grpc, errors, group_pb2, group_pb2_grpc
+from proto import broker_pb2, broker_pb2_grpc, errors, group_pb2
 from proto.common_pb2 import ErrorCode
 from storage.disk_errors import disk_failure
 from storage.record_batch import RecordBatchBuilder, decode_batch, iter_batches
@@ -1774,7 +1774,7 @@ def _decode_consumer_member(dm: group_pb2.DescribedMember, assigned: Any) -> Non
 def install(broker: Any) -> GroupCoordinator:
     """BrokerServer extension: create the coordinator, serve it on the broker's gRPC server."""
     from broker.authorizer import ALLOW_ALL
-    from broker.group_service import GroupCoordinatorServicer
+    from broker.group_service import GroupCoordinatorServicer, add_to_server
 
     config = CoordinatorConfig.from_defaults(dict(getattr(broker.settings, "defaults", {}) or {}))
     coordinator = GroupCoordinator(node_id=broker.settings.node_id, replica_manager=broker.replica_manager,
@@ -1783,7 +1783,7 @@ def install(broker: Any) -> GroupCoordinator:
     servicer = GroupCoordinatorServicer(coordinator, authorizer=getattr(broker, "authorizer", ALLOW_ALL),
                                         cpu=getattr(getattr(broker, "capacity", None), "cpu", None))
     servicer.listener_by_tls = broker.listener_by_tls() if hasattr(broker, "listener_by_tls") else {}
-    broker.add_servicer(lambda server: group_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(servicer, server))
+    broker.add_servicer(lambda server: add_to_server(servicer, server))  # JoinGroup answers keep metadata apart
     coordinator.start()
     broker.group_coordinator = coordinator
     broker.group_servicer = servicer  # the Kafka-protocol listener calls it too

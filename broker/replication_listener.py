@@ -48,8 +48,9 @@ from broker.admission import (
     connections_within_descriptors,
     stop_serving,
 )
+from broker.bytes_apart import OWN_PART_MIN_BYTES
 from broker.cert_revocation import ConnectionTrust
-from broker.fetch_answer import OWN_PART_MIN_BYTES, FetchAnswer, answer_of
+from broker.fetch_answer import FetchAnswer, answer_of
 from broker.kafka_wire.context import Aborted, KafkaCallContext
 from broker.log_limits import ThrottledWarning
 from broker.receiving import DEFAULT_RECEIVE_TIMEOUT_MS, DEFAULT_REQUEST_MAX_BYTES

@@ -42,10 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf import message_factory
 
 from broker import authorizer as authz
-from broker import principal
+from broker import bytes_apart, principal
 from broker.admission import (
     DEFAULT_FETCH_BYTES_PER_CLIENT,
     ByteBudget,
@@ -59,7 +58,7 @@ from broker.admission import (
 from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.cpu_shares import CpuShares
 from broker.fair_pool import CLIENT
-from broker.fetch_answer import FetchAnswer, serialized
+from broker.fetch_answer import FetchAnswer
 from broker.fetch_session import FollowerFetchSession
 from broker.log_limits import ThrottledWarning
 from broker.metadata_cache import MetadataCache
@@ -99,10 +98,6 @@ INLINE_APPEND_MAX_PARTITIONS = 32
 # Unanswered requests of one ProduceStream: Kafka's max.in.flight.requests.per.connection default
 # (the most an idempotent producer pipelines), so a stream holds at most this many requests' bytes.
 PRODUCE_STREAM_MAX_IN_FLIGHT = 5
-# A gRPC Fetch answer with more records than this is joined into its one bytes value on an executor thread, which
-# bytes.join runs without the interpreter lock: 55 MiB took ~35 ms to join here (and 120-180 ms for protobuf to
-# serialize, on the loop, before broker/fetch_answer.py).
-JOIN_ON_LOOP_MAX_BYTES = 1024 * 1024
 DELETE_RECORDS_POLL_S = 0.05  # how often a DeleteRecords looks whether the replicas followed
 T = TypeVar("T")
 
@@ -575,27 +570,19 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         """Fetch as the gRPC port serves it (``add_to_server``): a long answer handed over as its bytes, joined
         on an executor thread (the Kafka listener calls ``Fetch`` itself, and takes the records as they are)."""
         answer = await self.Fetch(request, context)
-        return await self._for_grpc(answer, self._replication_io if request.replica_id >= 0 else self._io)
+        return await bytes_apart.for_grpc(answer, self._replication_io if request.replica_id >= 0 else self._io)
 
     async def fetch_stream_over_grpc(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
                                      context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with contextlib.aclosing(self.FetchStream(request_iterator, context)) as answers:
             async for answer in answers:
-                yield await self._for_grpc(answer, self._io)
+                yield await bytes_apart.for_grpc(answer, self._io)
 
     async def replica_fetch_over_grpc(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
                                       context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with contextlib.aclosing(self.ReplicaFetch(request_iterator, context)) as answers:
             async for answer in answers:
-                yield await self._for_grpc(answer, self._replication_io)
-
-    @staticmethod
-    async def _for_grpc(answer: Any, run: Callable[[Callable[[], bytes]], Awaitable[bytes]]) -> Any:
-        """A Fetch answer for gRPC, which serializes on the event loop: one whose records pass
-        JOIN_ON_LOOP_MAX_BYTES is joined into its bytes on ``run``'s thread first."""
-        if isinstance(answer, FetchAnswer) and answer.records_bytes() > JOIN_ON_LOOP_MAX_BYTES:
-            return await run(answer.to_bytes)
-        return answer
+                yield await bytes_apart.for_grpc(answer, self._replication_io)
 
     async def ReplicaFetch(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
                            context: grpc.aio.ServicerContext) -> AsyncIterator[FetchAnswer | broker_pb2.FetchResponse]:
@@ -1092,24 +1079,10 @@ def _produce_error_all(req: broker_pb2.ProduceRequest, code: int, message: str) 
 
 def add_to_server(service: BrokerService, server: grpc.aio.Server) -> None:
     """The generated ``add_BrokerServiceServicer_to_server``, except that the methods answering a FetchResponse are
-    served by their ``*_over_grpc`` forms and serialized by ``fetch_answer.serialized``: an answer may be a
-    FetchAnswer (records kept apart), or its bytes already joined off the loop."""
-    desc = broker_pb2.DESCRIPTOR.services_by_name["BrokerService"]
-    over_grpc = {"Fetch": service.fetch_over_grpc, "FetchStream": service.fetch_stream_over_grpc,
-                 "ReplicaFetch": service.replica_fetch_over_grpc}
-    kinds = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
-             (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
-    handlers = {}
-    for method in desc.methods:
-        answer = message_factory.GetMessageClass(method.output_type)
-        if method.name in over_grpc:
-            assert answer is broker_pb2.FetchResponse, method.full_name
-        handlers[method.name] = kinds[(method.client_streaming, method.server_streaming)](
-            over_grpc.get(method.name) or getattr(service, method.name),
-            request_deserializer=message_factory.GetMessageClass(method.input_type).FromString,
-            response_serializer=serialized if method.name in over_grpc else answer.SerializeToString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
-    server.add_registered_method_handlers(desc.full_name, handlers)
+    served by their ``*_over_grpc`` forms: an answer may be a FetchAnswer, or its bytes joined off the loop."""
+    bytes_apart.add_service(server, broker_pb2.DESCRIPTOR.services_by_name["BrokerService"], service, {
+        "Fetch": service.fetch_over_grpc, "FetchStream": service.fetch_stream_over_grpc,
+        "ReplicaFetch": service.replica_fetch_over_grpc})
 
 
 def _fetch_refused(req: broker_pb2.FetchRequest, error: errors.BrookError) -> broker_pb2.FetchResponse:

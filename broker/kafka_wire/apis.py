@@ -21,6 +21,7 @@ from typing import Any
 from broker import authorizer as authz
 from broker.admission import refuse_oversized
 from broker.fetch_answer import answer_of
+from broker.group_service import join_answer_of
 from broker.kafka_wire import admin_apis, codec, user_apis
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.codec import get_ms as _ms
@@ -544,18 +545,20 @@ class KafkaApis:
             protocol_type=body.protocol_type, client_id=ctx.client_id or "", client_host=ctx.client_host,
             reason=_get(body, "reason") or "", group_instance_id=_get(body, "group_instance_id") or "",
             protocols=[group_pb2.GroupProtocol(name=p.name, metadata=bytes(p.metadata)) for p in body.protocols])
-        out = await self.groups.JoinGroup(pb, ctx)
-        if out.error_code == ErrorCode.MEMBER_ID_REQUIRED and req.api_version < 4:
+        # A leader's long answer keeps the members' metadata apart, as the coordinator holds it: sent as it is.
+        answer = join_answer_of(await self.groups.JoinGroup(pb, ctx))
+        if answer.message.error_code == ErrorCode.MEMBER_ID_REQUIRED and req.api_version < 4:
             # Before KIP-394 (v4) a client cannot join twice: the coordinator's id is used at once.
-            pb.member_id = out.member_id
-            out = await self.groups.JoinGroup(pb, ctx)
+            pb.member_id = answer.message.member_id
+            answer = join_answer_of(await self.groups.JoinGroup(pb, ctx))
+        out = answer.message
         return self._resp(req, {
             "error_code": out.error_code, "generation_id": out.generation_id,
             "protocol_type": body.protocol_type if out.error_code == 0 else None,
             "protocol_name": out.protocol_name or (None if req.api_version >= 7 else ""),
             "leader": out.leader, "member_id": out.member_id,
             "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id or None,
-                         "metadata": m.metadata} for m in out.members]})
+                         "metadata": answer.value_of(i)} for i, m in enumerate(out.members)]})
 
     async def sync_group(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         ctx.clear_deadline()  # held until the leader's assignment comes, as join_group's wait

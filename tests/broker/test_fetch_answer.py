@@ -1,4 +1,5 @@
-"""A Fetch answer keeps its records apart from the message until it is written out (broker/fetch_answer.py).
+"""A Fetch answer keeps its records apart from the message until it is written out (broker/bytes_apart.py,
+broker/fetch_answer.py; JoinGroup's JoinAnswer is tested in tests/groups/test_group_amplification.py).
 
 Before, each partition's records were copied into the FetchResponse and serialized by protobuf on the event loop,
 with the interpreter lock held throughout (55 MiB: ~30 ms to build, 120-180 ms to serialize). Here:
@@ -23,10 +24,12 @@ import grpc
 import pytest
 from inprocess import InProcessBroker
 
-from broker import fetch_answer
-from broker.fetch_answer import OWN_PART_MIN_BYTES, FetchAnswer
+from broker import bytes_apart
+from broker.bytes_apart import JOIN_ON_LOOP_MAX_BYTES, OWN_PART_MIN_BYTES, BytesApart
+from broker.fetch_answer import FetchAnswer
+from broker.group_service import JoinAnswer
 from broker.replication_listener import ReplicationListener
-from broker.service import JOIN_ON_LOOP_MAX_BYTES, add_to_server
+from broker.service import add_to_server
 from proto import broker_pb2, broker_pb2_grpc, common_pb2
 from proto.errors import ErrorCode
 from replication import fetcher as fetcher_module
@@ -79,22 +82,25 @@ def test_an_answer_without_records_apart_is_the_message_serialized() -> None:
     m = broker_pb2.FetchResponse(throttle_time_ms=3)
     m.partitions.add(topic="t", partition=0, records=b"in the message")
     assert FetchAnswer(m).parts() == [m.SerializeToString()]
-    assert fetch_answer.serialized(m) == fetch_answer.serialized(FetchAnswer(m)) == m.SerializeToString()
-    assert fetch_answer.serialized(b"joined") == b"joined"
+    serialize = broker_pb2.FetchResponse.SerializeToString
+    assert bytes_apart.serialized(serialize, m) == bytes_apart.serialized(serialize, FetchAnswer(m)) == \
+        m.SerializeToString()
+    assert bytes_apart.serialized(serialize, b"joined") == b"joined"
 
 
 def test_records_both_in_the_message_and_apart_are_refused() -> None:
     answer = FetchAnswer()
     answer.message.partitions.add(topic="t", partition=0, records=b"x")
     answer.records[0] = b"y"
-    with pytest.raises(ValueError, match="partition 0"):
+    with pytest.raises(ValueError, match="element 0"):
         answer.parts()
 
 
-def test_the_answers_own_fields_are_scalars() -> None:
-    # parts() copies every FetchResponse field but partitions by setattr, which holds for scalars only: a message or
-    # repeated field added to FetchResponse must be written there (this test then says so).
-    others = [f for f in broker_pb2.FetchResponse.DESCRIPTOR.fields if f.name != "partitions"]
+@pytest.mark.parametrize("kind", [FetchAnswer, JoinAnswer], ids=lambda k: k.__name__)
+def test_the_answers_own_fields_are_scalars(kind: type[BytesApart]) -> None:
+    # parts() copies every field of the message but the repeated one by setattr, which holds for scalars only: a
+    # message or repeated field added to the answer must be written there (this test then says so).
+    others = [f for f in kind.MESSAGE.DESCRIPTOR.fields if f.name != kind.REPEATED]
     assert others and all(f.message_type is None and not f.is_repeated for f in others), [f.name for f in others]
 
 

@@ -454,10 +454,12 @@ class RpcHarness:
 def _as_sent(response: Any) -> Any:
     """The answer as a client decodes it: a Fetch answer handed to gRPC (a FetchAnswer, or its bytes joined off the
     loop) goes through the broker's serializer and is parsed back, so the fuzzer checks the wire form too."""
-    from broker.fetch_answer import FetchAnswer, serialized
+    from broker.bytes_apart import BytesApart
     from proto import broker_pb2
-    if isinstance(response, (FetchAnswer, bytes)):
-        return broker_pb2.FetchResponse.FromString(serialized(response))
+    if isinstance(response, BytesApart):
+        return broker_pb2.FetchResponse.FromString(response.to_bytes())
+    if isinstance(response, bytes):
+        return broker_pb2.FetchResponse.FromString(response)
     return response
 
 

@@ -1023,15 +1023,16 @@ def test_an_assignment_counts_its_partitions_as_decoded_in_a_description(coord: 
     assert size >= 60_000 * 249, size
 
 
-def test_a_large_leader_answer_is_built_off_the_loop_and_held_until_written() -> None:
+def test_a_large_leader_answer_keeps_the_metadata_apart_and_is_held_until_written() -> None:
     # A leader may rejoin while its group waits for its SyncGroup and is answered again at once, with every
     # member's metadata: 64 members of 1 MiB made each 10 KB JoinGroup build 64 MiB on the event loop, held until
-    # written, from as many connections as did not read them (audit). Such an answer is now built on the group
-    # pool and held against the answers being built until written; past that bound it is refused, retriably.
+    # written, from as many connections as did not read them (audit). Such an answer now keeps the metadata apart
+    # from the message (the bytes the coordinator holds) and is held against the answers being built until
+    # written; past that bound it is refused, retriably.
     import asyncio
 
     from broker.group_coordinator import DESCRIBE_INFLIGHT_MAX_BYTES
-    from broker.group_service import JOIN_ANSWER_ON_LOOP_MAX_BYTES
+    from broker.group_service import JOIN_ANSWER_ON_LOOP_MAX_BYTES, JoinAnswer
 
     c, now = _coordinator()
     servicer = GroupCoordinatorServicer(c)
@@ -1069,7 +1070,10 @@ def test_a_large_leader_answer_is_built_off_the_loop_and_held_until_written() ->
                 protocols=[group_pb2.GroupProtocol(name="range", metadata=metadata)])
             return loop.run_until_complete(servicer.JoinGroup(request, Context()))
 
-        out = rejoin()
+        answer = rejoin()
+        assert isinstance(answer, JoinAnswer) and [answer.values.get(i) for i in range(3)] == [metadata] * 3 and \
+            not any(m.metadata for m in answer.message.members), "the members' metadata copied into the message"
+        out = answer.to_message()
         assert out.error_code == ErrorCode.NONE and len(out.members) == 3, out.error_message
         size = sum(len(m.member_id) + len(m.metadata) + len(m.client_id) + len(m.group_instance_id)
                    for m in out.members)
@@ -1084,4 +1088,63 @@ def test_a_large_leader_answer_is_built_off_the_loop_and_held_until_written() ->
         assert c._describing_bytes == 0
     finally:
         loop.close()
+        c._loader.shutdown()
+
+
+async def test_a_long_leader_answer_reaches_grpc_joined_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # gRPC serializes a handler's answer on the event loop, and protobuf took 190-220 ms there for a leader's answer
+    # of 64 members of 1 MiB, with the interpreter lock held (a worker thread did not help). Served by add_to_server,
+    # a long answer's metadata stays apart from the message and its bytes are joined on the group pool (bytes.join
+    # lets go of the lock), a short one is serialized on the loop. Through a real gRPC server and client.
+    import threading
+
+    import grpc
+
+    from broker.bytes_apart import JOIN_ON_LOOP_MAX_BYTES
+    from broker.group_service import JoinAnswer, add_to_server
+    from proto import group_pb2_grpc
+
+    joined: list[tuple[str, int]] = []
+    to_bytes = JoinAnswer.to_bytes
+
+    def recorded(self: JoinAnswer) -> bytes:
+        joined.append((threading.current_thread().name, self.values_bytes()))
+        return to_bytes(self)
+
+    monkeypatch.setattr(JoinAnswer, "to_bytes", recorded)
+    c, now = _coordinator()
+    servicer = GroupCoordinatorServicer(c)
+    server = grpc.aio.server()
+    add_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    loop_thread = threading.current_thread().name
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                ("grpc.max_receive_message_length", 64 << 20)]) as channel:
+            stub = group_pb2_grpc.GroupCoordinatorServiceStub(channel)
+            for group, user_data in (("small-join", b"u" * 10), ("mid-join", b"u" * 200_000),
+                                     ("big-join", b"u" * 400_000)):
+                metadata = group_pb2.ConsumerSubscription(topics=["t"], user_data=user_data).SerializeToString()
+                joins = [_join_static(c, group, f"i{i}", metadata) for i in range(3)]
+                now[0] += 60_000
+                c.tick()
+                [(i, leader)] = [(i, j[0]) for i, j in enumerate(joins) if j[0].member_id == j[0].leader]
+                joined.clear()
+                out = await stub.JoinGroup(group_pb2.JoinGroupRequest(
+                    group_id=group, client_id="c", session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+                    member_id=leader.member_id, group_instance_id=f"i{i}", protocol_type="consumer",
+                    protocols=[group_pb2.GroupProtocol(name="range", metadata=metadata)]))
+                assert out.error_code == ErrorCode.NONE and [m.metadata for m in out.members] == [metadata] * 3, \
+                    (group, out.error_message)
+                assert sorted(m.group_instance_id for m in out.members) == ["i0", "i1", "i2"]
+                size = 3 * len(metadata)
+                if group == "small-join":  # the message, serialized by protobuf
+                    assert joined == [], joined
+                elif size <= JOIN_ON_LOOP_MAX_BYTES:  # metadata apart, joined by the serializer on the loop
+                    assert joined == [(loop_thread, size)], joined
+                else:  # joined on the group pool
+                    assert len(joined) == 1 and joined[0][0] != loop_thread and joined[0][1] == size, joined
+    finally:
+        await server.stop(None)
         c._loader.shutdown()
