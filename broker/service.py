@@ -576,13 +576,17 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                                      context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with contextlib.aclosing(self.FetchStream(request_iterator, context)) as answers:
             async for answer in answers:
-                yield await bytes_apart.for_grpc(answer, self._io)
+                wire = await bytes_apart.for_grpc(answer, self._io)
+                del answer  # joined: its records go now, not once gRPC has written the bytes out
+                yield wire
 
     async def replica_fetch_over_grpc(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
                                       context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with contextlib.aclosing(self.ReplicaFetch(request_iterator, context)) as answers:
             async for answer in answers:
-                yield await bytes_apart.for_grpc(answer, self._replication_io)
+                wire = await bytes_apart.for_grpc(answer, self._replication_io)
+                del answer  # as in fetch_stream_over_grpc
+                yield wire
 
     async def ReplicaFetch(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
                            context: grpc.aio.ServicerContext) -> AsyncIterator[FetchAnswer | broker_pb2.FetchResponse]:
@@ -597,9 +601,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         session = self.rm.new_fetch_session()
         try:
             async for request in request_iterator:
-                response = await self.replica_fetch_message(request, context, session)
-                assert response is not None, "a gRPC stream's session has no send_now"
-                yield response
+                # Yielded, not held in a local while the caller writes it out (fetch_stream_over_grpc).
+                yield _sent(await self.replica_fetch_message(request, context, session))
         finally:
             session.close()
 
@@ -1083,6 +1086,11 @@ def add_to_server(service: BrokerService, server: grpc.aio.Server) -> None:
     bytes_apart.add_service(server, broker_pb2.DESCRIPTOR.services_by_name["BrokerService"], service, {
         "Fetch": service.fetch_over_grpc, "FetchStream": service.fetch_stream_over_grpc,
         "ReplicaFetch": service.replica_fetch_over_grpc})
+
+
+def _sent(response: FetchAnswer | broker_pb2.FetchResponse | None) -> FetchAnswer | broker_pb2.FetchResponse:
+    assert response is not None, "a gRPC stream's session has no send_now"
+    return response
 
 
 def _fetch_refused(req: broker_pb2.FetchRequest, error: errors.BrookError) -> broker_pb2.FetchResponse:

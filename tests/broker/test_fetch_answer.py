@@ -233,3 +233,54 @@ def _read(sock: socket.socket, n: int) -> bytes:
         assert chunk, f"the listener closed the connection after {len(out)} of {n} bytes"
         out += chunk
     return bytes(out)
+
+
+class _Caller:
+    """The ServicerContext calls a consumer's fetch makes (a plaintext loopback caller)."""
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5000"
+
+    def auth_context(self) -> dict:
+        return {}
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+
+def test_a_streamed_answer_lets_its_records_go_once_joined(broker: InProcessBroker,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # While gRPC writes a streamed answer out, the stream is suspended at its yield: what it holds then stays held.
+    # Once joined into its bytes, the answer (and its records, as long again) must not be among it.
+    import gc
+    import weakref
+
+    from broker import replica_manager
+
+    _append(broker, 3, 900_000)
+    made: list[weakref.ref[FetchAnswer]] = []
+
+    class Tracked(FetchAnswer):
+        __slots__ = ("__weakref__",)
+
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            made.append(weakref.ref(self))
+
+    monkeypatch.setattr(replica_manager, "FetchAnswer", Tracked)
+
+    async def requests() -> Any:
+        yield _fetch_request(8 << 20)
+        await asyncio.Event().wait()  # the consumer's next fetch never comes
+
+    async def scenario() -> tuple[Any, list[Any]]:
+        stream = broker.service.fetch_stream_over_grpc(requests(), _Caller())  # type: ignore[arg-type]
+        wire = await asyncio.wait_for(anext(stream), 10)
+        gc.collect()
+        alive = [r() for r in made if r() is not None]
+        await stream.aclose()
+        return wire, alive
+
+    wire, alive = asyncio.run(scenario())
+    assert isinstance(wire, bytes) and len(wire) > JOIN_ON_LOOP_MAX_BYTES, type(wire)
+    assert made and not alive, f"{len(alive)} answers held while their bytes are written out"
