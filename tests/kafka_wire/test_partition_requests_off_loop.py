@@ -214,3 +214,39 @@ async def test_an_answers_long_values_go_to_the_socket_one_at_a_time(listener: K
     assert len(decoded.members) == 64 and all(m.metadata == metadata for m in decoded.members)
     # The transport never held much more than one value (plus what it held when the socket stopped taking them).
     assert buffered and max(buffered) <= 3 * len(metadata), [b >> 20 for b in buffered]
+
+
+async def test_a_leaders_long_join_answer_is_sent_with_the_metadata_the_coordinator_holds(
+        listener: KafkaListener) -> None:
+    """The group servicer answers a leader's long JoinGroup with the members' metadata apart from the message
+    (JoinAnswer, broker/bytes_apart.py): the listener sends those very bytes, never a copy out of a message."""
+    from broker.group_service import JoinAnswer
+    from broker.kafka_wire import server
+
+    metadata = [bytes([i]) * (200_000 + i) for i in range(4)]
+    answer = JoinAnswer(group_pb2.JoinGroupResponse(
+        generation_id=3, protocol_name="range", leader="m0", member_id="m0",
+        members=[group_pb2.JoinGroupMember(member_id=f"m{i}", group_instance_id=f"i{i}") for i in range(4)]))
+    answer.values.update(enumerate(metadata))
+
+    async def join_group(req: group_pb2.JoinGroupRequest, ctx: Any) -> JoinAnswer:
+        return answer
+
+    sent: list[Any] = []
+    real_send = server._Connection._send
+
+    async def send(self: Any, parts: list[Any]) -> None:
+        sent.extend(parts)
+        await real_send(self, parts)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(listener.broker.group_servicer, "JoinGroup", join_group, raising=False)
+        mp.setattr(server._Connection, "_send", send)
+        decoded = await ask(listener.port, frame(apis.JOIN_GROUP, 7, {
+            "group_id": "g", "session_timeout_ms": 10_000, "rebalance_timeout_ms": 10_000, "member_id": "m0",
+            "group_instance_id": None, "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b""}]}), apis.JOIN_GROUP, 7)
+    assert (decoded.error_code, decoded.generation_id, decoded.leader) == (0, 3, "m0"), decoded
+    assert [(m.member_id, m.group_instance_id, m.metadata) for m in decoded.members] == [
+        (f"m{i}", f"i{i}", metadata[i]) for i in range(4)]
+    assert all(any(part is md for part in sent) for md in metadata), "the metadata was copied on its way out"
