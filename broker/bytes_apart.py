@@ -33,6 +33,9 @@ OWN_PART_MIN_BYTES = 64 * 1024
 # A gRPC answer with more than this in values is joined into its one bytes value on an executor thread (55 MiB:
 # ~35 ms here); a shorter one by gRPC's serializer, on the loop.
 JOIN_ON_LOOP_MAX_BYTES = 1024 * 1024
+# ``parts`` serializes an answer element by element (a few microseconds each, in Python): one of more elements
+# than this is written on an executor thread too (a fetch may name thousands of partitions with records).
+PARTS_ON_LOOP_MAX_ELEMENTS = 500
 
 
 def _tag(field: Any) -> bytes:
@@ -66,7 +69,14 @@ class BytesApart:
         return self.values.get(index) or getattr(self.elements()[index], self.VALUE)
 
     def values_bytes(self) -> int:
-        return sum(len(v) for v in self.values.values()) + sum(len(getattr(e, self.VALUE)) for e in self.elements())
+        """The bytes of the values held apart (those in the message, if any, are not counted)."""
+        return sum(len(v) for v in self.values.values())
+
+    def on_loop(self) -> bool:
+        """Is writing this answer out short work for the event loop? Else ``parts`` (or ``to_bytes``) belongs on
+        an executor thread."""
+        return self.values_bytes() <= JOIN_ON_LOOP_MAX_BYTES and (
+            not self.values or len(self.elements()) <= PARTS_ON_LOOP_MAX_ELEMENTS)
 
     def parts(self) -> list[bytes]:
         """The serialized message, in order: long values as they are, the rest in few buffers."""
@@ -128,9 +138,10 @@ def serialized(serialize: Callable[[Any], bytes], answer: Any) -> bytes:
 
 
 async def for_grpc(answer: Any, run: Callable[[Callable[[], bytes]], Awaitable[bytes]]) -> Any:
-    """An answer for gRPC, which serializes on the event loop: a BytesApart with more than
-    JOIN_ON_LOOP_MAX_BYTES of values is joined into its bytes on ``run``'s thread first."""
-    if isinstance(answer, BytesApart) and answer.values_bytes() > JOIN_ON_LOOP_MAX_BYTES:
+    """An answer for gRPC, which serializes on the event loop: a BytesApart that is not short work there
+    (``on_loop``: more than JOIN_ON_LOOP_MAX_BYTES of values, or PARTS_ON_LOOP_MAX_ELEMENTS elements) is joined
+    into its bytes on ``run``'s thread first."""
+    if isinstance(answer, BytesApart) and not answer.on_loop():
         return await run(answer.to_bytes)
     return answer
 

@@ -215,8 +215,13 @@ class ReplicationListener:
                 if response is not None:  # else sent already, by the wake that ended its long poll
                     # The records as the log read them (not copied into a message and serialized: 10 MiB took
                     # ~20 ms of the loop), a partition's at a time, with a turn for the rest of the loop in
-                    # between once the transport's buffer is past its high-water mark.
-                    parts = answer_of(response).parts()
+                    # between once the transport's buffer is past its high-water mark. An answer of many
+                    # partitions is put in parts on a replication thread.
+                    answer = answer_of(response)
+                    parts = answer.parts() if answer.on_loop() else \
+                        await asyncio.get_running_loop().run_in_executor(self.service.capacity.replication,
+                                                                         answer.parts)
+                    del answer, response
                     writer.write(FRAME.pack(sum(len(p) for p in parts)))
                     for part in parts:
                         writer.write(part)

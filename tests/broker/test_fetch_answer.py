@@ -25,7 +25,12 @@ import pytest
 from inprocess import InProcessBroker
 
 from broker import bytes_apart
-from broker.bytes_apart import JOIN_ON_LOOP_MAX_BYTES, OWN_PART_MIN_BYTES, BytesApart
+from broker.bytes_apart import (
+    JOIN_ON_LOOP_MAX_BYTES,
+    OWN_PART_MIN_BYTES,
+    PARTS_ON_LOOP_MAX_ELEMENTS,
+    BytesApart,
+)
 from broker.fetch_answer import FetchAnswer
 from broker.group_service import JoinAnswer
 from broker.replication_listener import ReplicationListener
@@ -284,3 +289,59 @@ def test_a_streamed_answer_lets_its_records_go_once_joined(broker: InProcessBrok
     wire, alive = asyncio.run(scenario())
     assert isinstance(wire, bytes) and len(wire) > JOIN_ON_LOOP_MAX_BYTES, type(wire)
     assert made and not alive, f"{len(alive)} answers held while their bytes are written out"
+
+
+def _many(n: int) -> FetchAnswer:
+    answer = FetchAnswer()
+    for i in range(n):
+        answer.message.partitions.add(topic="t", partition=i, high_watermark=1, log_end_offset=1)
+        answer.records[i] = b"r" * 70  # short records: the answer is small, but put in parts element by element
+    return answer
+
+
+def test_an_answer_of_many_partitions_is_put_in_parts_off_the_loop() -> None:
+    ran: list[str] = []
+
+    async def run(fn: Any) -> Any:
+        ran.append(threading.current_thread().name)
+        return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+    few, many = _many(PARTS_ON_LOOP_MAX_ELEMENTS), _many(PARTS_ON_LOOP_MAX_ELEMENTS + 1)
+    assert few.on_loop() and not many.on_loop()
+    assert asyncio.run(bytes_apart.for_grpc(few, run)) is few and ran == []
+    wire = asyncio.run(bytes_apart.for_grpc(many, run))
+    assert len(ran) == 1 and broker_pb2.FetchResponse.FromString(wire) == many.to_message()
+    # An answer without records apart is one protobuf call, however many partitions it names.
+    assert FetchAnswer(many.to_message()).on_loop()
+
+
+def test_the_replication_listener_puts_an_answer_of_many_partitions_in_parts_off_the_loop() -> None:
+    import concurrent.futures
+
+    answer = _many(PARTS_ON_LOOP_MAX_ELEMENTS + 1)
+    service = _AnswerService(answer)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-replication")
+    submitted: list[Any] = []
+    submit = pool.submit
+
+    def recorded(fn: Any, *args: Any) -> Any:
+        submitted.append(getattr(fn, "__name__", fn))
+        return submit(fn, *args)
+
+    pool.submit = recorded  # type: ignore[method-assign]
+    service.capacity = type("Capacity", (), {"replication": pool})()  # type: ignore[attr-defined]
+    loop = fetcher_module._FetchLoop("test-fetch-answer-listener-many")
+    listener = ReplicationListener(service, 1, "127.0.0.1", 0, None, {})
+    loop.submit(listener.start()).result(10)
+    try:
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=10) as sock:
+            body = broker_pb2.FetchRequest(replica_id=2).SerializeToString()
+            sock.sendall(MAGIC + FRAME.pack(len(body)) + body)
+            (size,) = FRAME.unpack(_read(sock, FRAME.size))
+            got = broker_pb2.FetchResponse.FromString(_read(sock, size))
+    finally:
+        loop.submit(listener.stop()).result(10)
+        loop.stop()
+        pool.shutdown()
+    assert got == answer.to_message()
+    assert submitted == ["parts"], submitted
