@@ -65,6 +65,7 @@ from broker.metadata_cache import MetadataCache
 from broker.producer_ids import ProducerIdManager
 from broker.quotas import QuotaManager
 from broker.replica_manager import (
+    DEFAULT_FETCH_MAX_BYTES,
     MAX_PRODUCE_TIMEOUT_MS,
     AppendResult,
     ReplicaManager,
@@ -98,6 +99,12 @@ INLINE_APPEND_MAX_PARTITIONS = 32
 # Unanswered requests of one ProduceStream: Kafka's max.in.flight.requests.per.connection default
 # (the most an idempotent producer pipelines), so a stream holds at most this many requests' bytes.
 PRODUCE_STREAM_MAX_IN_FLIGHT = 5
+# The most records a consumer's Fetch answer carries on the gRPC port (its first batch is whole, however long):
+# gRPC copies an answer into its own buffers with the interpreter lock held, about 1 ms a MiB on the development
+# machine (50-66 ms for 53 MiB, every other call of the broker waiting). The consumer fetches the rest at once;
+# its throughput did not change (README, Broker capacity). The Kafka listener sends records from the segment
+# files and keeps Kafka's fetch.max.bytes.
+GRPC_FETCH_ANSWER_MAX_BYTES = 8 * 1024 * 1024
 DELETE_RECORDS_POLL_S = 0.05  # how often a DeleteRecords looks whether the replicas followed
 T = TypeVar("T")
 
@@ -569,12 +576,15 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     async def fetch_over_grpc(self, request: broker_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> Any:
         """Fetch as the gRPC port serves it (``add_to_server``): a long answer handed over as its bytes, joined
         on an executor thread (the Kafka listener calls ``Fetch`` itself, and takes the records as they are)."""
-        answer = await self.Fetch(request, context)
+        answer = await self.Fetch(_grpc_sized(request), context)
         return await bytes_apart.for_grpc(answer, self._replication_io if request.replica_id >= 0 else self._io)
 
     async def fetch_stream_over_grpc(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
                                      context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        async with contextlib.aclosing(self.FetchStream(request_iterator, context)) as answers:
+        async def sized() -> AsyncIterator[broker_pb2.FetchRequest]:
+            async for request in request_iterator:
+                yield _grpc_sized(request)
+        async with contextlib.aclosing(self.FetchStream(sized(), context)) as answers:
             async for answer in answers:
                 wire = await bytes_apart.for_grpc(answer, self._io)
                 del answer  # joined: its records go now, not once gRPC has written the bytes out
@@ -1086,6 +1096,15 @@ def add_to_server(service: BrokerService, server: grpc.aio.Server) -> None:
     bytes_apart.add_service(server, broker_pb2.DESCRIPTOR.services_by_name["BrokerService"], service, {
         "Fetch": service.fetch_over_grpc, "FetchStream": service.fetch_stream_over_grpc,
         "ReplicaFetch": service.replica_fetch_over_grpc})
+
+
+def _grpc_sized(request: broker_pb2.FetchRequest) -> broker_pb2.FetchRequest:
+    """A consumer's fetch on the gRPC port asks for at most GRPC_FETCH_ANSWER_MAX_BYTES (a follower's is bounded by
+    replica.fetch.response.max.bytes)."""
+    if request.replica_id < 0:
+        request.max_bytes = min(request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES,
+                                GRPC_FETCH_ANSWER_MAX_BYTES)
+    return request
 
 
 def _sent(response: FetchAnswer | broker_pb2.FetchResponse | None) -> FetchAnswer | broker_pb2.FetchResponse:

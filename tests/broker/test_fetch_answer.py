@@ -345,3 +345,37 @@ def test_the_replication_listener_puts_an_answer_of_many_partitions_in_parts_off
         pool.shutdown()
     assert got == answer.to_message()
     assert submitted == ["parts"], submitted
+
+
+def test_a_consumers_grpc_fetch_answer_carries_at_most_the_grpc_bound(broker: InProcessBroker) -> None:
+    # gRPC copies an answer into its buffers with the interpreter lock held (~1 ms a MiB here): a consumer's answer
+    # on the gRPC port carries at most GRPC_FETCH_ANSWER_MAX_BYTES, whatever it asks; the consumer fetches the rest
+    # next. The service itself (the Kafka listener calls it, and sends records from the files) keeps the bound the
+    # request and fetch.partition.max.bytes (10 MiB) give.
+    from broker.service import GRPC_FETCH_ANSWER_MAX_BYTES
+
+    batches = _append(broker, 12, 1_000_000)
+    size = len(batches[0])
+
+    async def scenario() -> tuple[Any, Any, Any]:
+        server = grpc.aio.server()
+        add_to_server(broker.service, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                    ("grpc.max_receive_message_length", 64 << 20)]) as channel:
+                stub = broker_pb2_grpc.BrokerServiceStub(channel)
+                unary = await stub.Fetch(_fetch_request(64 << 20))
+                streamed = [r async for r in stub.FetchStream(iter([_fetch_request(64 << 20)]))]
+        finally:
+            await server.stop(None)
+        direct = await broker.service.Fetch(_fetch_request(64 << 20), _Caller())  # type: ignore[arg-type]
+        return unary, streamed[0], direct
+
+    unary, streamed, direct = asyncio.run(scenario())
+    for answer in (unary, streamed):
+        records = answer.partitions[0].records
+        assert GRPC_FETCH_ANSWER_MAX_BYTES - size < len(records) <= GRPC_FETCH_ANSWER_MAX_BYTES, len(records)
+        assert _offsets(records) == list(range(len(records) // size)), _offsets(records)
+    assert len(direct.records_of(0)) == 10 * size, len(direct.records_of(0))  # fetch.partition.max.bytes: 10 MiB
