@@ -1100,10 +1100,12 @@ def add_to_server(service: BrokerService, server: grpc.aio.Server) -> None:
 
 def _grpc_sized(request: broker_pb2.FetchRequest) -> broker_pb2.FetchRequest:
     """A consumer's fetch on the gRPC port asks for at most GRPC_FETCH_ANSWER_MAX_BYTES (a follower's is bounded by
-    replica.fetch.response.max.bytes)."""
+    replica.fetch.response.max.bytes), and waits for at most half of it: whole batches rarely fill the bound, and a
+    min_bytes the answer cannot reach would wait out max_wait_ms however much there is to read."""
     if request.replica_id < 0:
         request.max_bytes = min(request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES,
                                 GRPC_FETCH_ANSWER_MAX_BYTES)
+        request.min_bytes = min(request.min_bytes, GRPC_FETCH_ANSWER_MAX_BYTES // 2)
     return request
 
 

@@ -366,8 +366,11 @@ def test_a_consumers_grpc_fetch_answer_carries_at_most_the_grpc_bound(broker: In
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
                     ("grpc.max_receive_message_length", 64 << 20)]) as channel:
                 stub = broker_pb2_grpc.BrokerServiceStub(channel)
-                unary = await stub.Fetch(_fetch_request(64 << 20))
-                streamed = [r async for r in stub.FetchStream(iter([_fetch_request(64 << 20)]))]
+                # Asking at least 16 MiB within a minute: answered at once with what the bound lets through.
+                patient = _fetch_request(64 << 20)
+                patient.min_bytes, patient.max_wait_ms = 16 << 20, 60_000
+                unary = await asyncio.wait_for(stub.Fetch(patient), 30)
+                streamed = [r async for r in stub.FetchStream(iter([patient]))]
         finally:
             await server.stop(None)
         direct = await broker.service.Fetch(_fetch_request(64 << 20), _Caller())  # type: ignore[arg-type]
