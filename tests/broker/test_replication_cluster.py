@@ -25,6 +25,7 @@ from brokerkit import (
     wait_until,
 )
 
+from deploy.local.cluster import ClusterError
 from proto.errors import ErrorCode
 from storage.record_batch import decode_records
 
@@ -235,7 +236,10 @@ def test_unclean_election_off_stays_offline_on_brings_back(healed: Kit) -> None:
     for f in others:
         kit.cluster.start_node(f)
     def others_up_leader_fenced() -> bool:
-        brokers = {b.node_id: b for b in kit.cluster.describe_cluster().brokers}
+        try:
+            brokers = {b.node_id: b for b in kit.cluster.describe_cluster().brokers}
+        except ClusterError:
+            return False  # a moment without an active controller (every one answered NOT_CONTROLLER): again
         return (all(f in brokers and not brokers[f].fenced for f in others)
                 and (leader not in brokers or brokers[leader].fenced) and kit.state(topic).leader < 0)
     wait_until(others_up_leader_fenced, 60, "old leader fenced, out-of-sync replicas registered and unfenced")
