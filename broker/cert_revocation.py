@@ -11,11 +11,12 @@ looked at (a stat) at most once a ``CHECK_INTERVAL_S``, by the requests themselv
 own. When the bundle's certificates change:
 
 - on a gRPC port (``GrpcCertificateCheck``, a server interceptor), the connections open on that port at
-  that moment (the kernel's table, as broker/grpc_connections.py reads it) become suspects. The next call
-  or stream message on a suspect connection has its client certificate (gRPC's auth context carries it)
-  checked against the new bundle. Still trusted, the connection is no longer a suspect; not, the call ends
-  UNAUTHENTICATED and the connection is shut down. A connection opened after the change had its handshake
-  checked against the new bundle already and is not looked at;
+  that moment (the kernel's table, as broker/grpc_connections.py reads it; read twice, since a read may skip
+  a connection) become suspects. The next call or stream message on a suspect connection has its client
+  certificate (gRPC's auth context carries it) checked against the new bundle. Still trusted, the
+  connection is no longer a suspect; not, the call ends UNAUTHENTICATED and the connection is shut down. A
+  connection opened after the change had its handshake checked against the new bundle already and is not
+  looked at;
 - on the Kafka and replication listeners (``ConnectionTrust``), each connection remembers the bundle's
   generation at its handshake and is checked at its next request once the generation moved. One no longer
   trusted is closed, as Kafka closes a connection whose re-authentication fails (KIP-368).
@@ -235,7 +236,7 @@ class GrpcCertificateCheck:
             self._next_look = now + CHECK_INTERVAL_S
         changed = {port: anchors for port, anchors in self._listeners if anchors.refresh(now)}
         if changed:
-            found = read_connections(changed)
+            found = read_connections(changed, reads=2)  # a connection left out is never checked
             with self._lock:
                 for c in found:
                     self._suspects[(c.address, c.port)] = _Suspect(changed[c.local_port], c.inode)
@@ -245,7 +246,7 @@ class GrpcCertificateCheck:
                      ", ".join(map(str, sorted(changed))))
         elif self._suspects and now >= self._next_prune:
             self._next_prune = now + PRUNE_INTERVAL_S
-            still_open = {c.inode for c in read_connections(self._ports)}
+            still_open = {c.inode for c in read_connections(self._ports, reads=2)}  # one left out: unchecked
             with self._lock:
                 for key in [k for k, s in self._suspects.items() if s.inode not in still_open]:
                     del self._suspects[key]

@@ -96,9 +96,11 @@ def connections_on(ports: Iterable[int], table: str) -> list[Connection]:
                       r"\S+ \S+ \S+ +\d+ +\d+ (\d+)")
     out: list[Connection] = []
     names: dict[str, str] = {}
+    inodes: set[str] = set()
     for local_port, remote, port, inode in line.findall(table):
-        if inode == "0":
-            continue
+        if inode == "0" or inode in inodes:
+            continue  # a socket being freed, or a line the read gave twice (``read_tables``)
+        inodes.add(inode)
         name = names.get(remote)
         if name is None:
             name = names[remote] = remote_address(remote)
@@ -107,7 +109,13 @@ def connections_on(ports: Iterable[int], table: str) -> list[Connection]:
 
 
 def read_tables() -> list[str]:
-    """The texts of this network namespace's TCP tables (IPv4, and IPv6 where there is one)."""
+    """The texts of this network namespace's TCP tables (IPv4, and IPv6 where there is one).
+
+    A text is not a snapshot. The kernel hands a table out at most a page (about 27 lines) per ``read()``,
+    and resumes each read by its place in a hash bucket of sockets: a connection opened meanwhile in that
+    bucket repeats a line already read, one closed skips a line not read yet. On a host whose connections
+    come and go by the thousand, 138 of 291 reads of a 28,000-line table gave some line twice. So a socket
+    may be listed twice (``connections_on`` keeps its first line) or, rarely, not at all."""
     out: list[str] = []
     for table in _TABLES:
         try:
@@ -117,9 +125,17 @@ def read_tables() -> list[str]:
     return out
 
 
-def read_connections(ports: Iterable[int]) -> list[Connection]:
-    """The connections held open on ``ports`` in this network namespace (IPv4 and IPv6 tables)."""
-    return [c for text in read_tables() for c in connections_on(ports, text)]
+def read_connections(ports: Iterable[int], reads: int = 1) -> list[Connection]:
+    """The connections held open on ``ports`` in this network namespace (IPv4 and IPv6 tables), each once.
+    With ``reads`` > 1, those of that many reads of the tables: a connection one read skipped
+    (``read_tables``) is found unless every read skipped it."""
+    ports = frozenset(ports)
+    found: dict[int, Connection] = {}
+    for _ in range(reads):
+        for text in read_tables():
+            for c in connections_on(ports, text):
+                found.setdefault(c.inode, c)
+    return list(found.values())
 
 
 def past_the_bound(connections: Iterable[Connection], bound: Callable[[str], int],
@@ -197,7 +213,8 @@ class PerAddressConnections:
             bar = AddressBar(self.ports, what)
         self.bar = bar
         self._interval_s = interval_s
-        self._seen: set[int] = set()  # inodes open at the last look that read the table
+        self._seen: set[int] = set()  # inodes open at either of the last two looks that read the table
+        self._last: set[int] = set()  # inodes open at the last one
         self._looks = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -242,7 +259,10 @@ class PerAddressConnections:
             return 0
         connections = read_connections(self.ports)
         over = past_the_bound(connections, self.max_per_address, self._seen)
-        self._seen = {c.inode for c in connections}
+        # An address's older connections are those of either of the last two looks: a read may skip a line
+        # (``read_tables``), and the connection it skipped is not new at the next look.
+        now = {c.inode for c in connections}
+        self._seen, self._last = now | self._last, now
         if over or self.bar.barred:
             self.bar.update(over, Counter(c.address for c in connections), self.max_per_address)
         if not over:
@@ -251,6 +271,7 @@ class PerAddressConnections:
         closed = shut_down(cut)
         self.closed_total += closed
         self._seen -= cut
+        self._last -= cut
         bound = self.max_per_address
         self._warning.warn("%s: closed %d connection(s) past max.connections.per.ip on its gRPC port(s): %s",
                            self.what, closed, ", ".join(f"{a} had {len(v) + bound(a)} (its bound {bound(a)})"

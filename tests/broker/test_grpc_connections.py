@@ -13,6 +13,8 @@ from collections.abc import Iterator
 import pytest
 from sockets import ATTACKER, closed_by_peer, connect_from, still_open
 
+from broker import grpc_connections as gc
+from broker.address_bar import AddressBar
 from broker.admission import ConnectionSlots, ConnectionsPerIp
 from broker.grpc_connections import (
     Connection,
@@ -163,3 +165,44 @@ def test_looks_come_sooner_while_they_find_connections_to_close() -> None:
     bound = Recorded()
     bound._run()
     assert bound.waits == [0.5, 0.1, 0.1, 0.5, 0.5, 0.1, 0.5]
+
+
+# Two lines of the kernel's TCP table for connections to port 0x1F90 (8080) from 127.0.0.2, sockets 5001
+# and 5002, in the table's own format.
+_LINE = ("   {sl}: 0100007F:1F90 0200007F:{port} 01 00000000:00000000 00:00000000 00000000  1000        0 {inode} 1 "
+         "0000000000000000 20 4 30 10 -1\n")
+_HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+
+
+def _table(*entries: tuple[str, int]) -> str:
+    return _HEADER + "".join(_LINE.format(sl=i, port=port, inode=inode) for i, (port, inode) in enumerate(entries))
+
+
+def test_a_line_the_read_gave_twice_is_one_connection_and_no_address_at_its_bound_is_cut() -> None:
+    # The kernel hands the table out a page per read() and resumes by a place in a hash bucket: a connection
+    # opened meanwhile in that bucket repeats a line (138 of 291 reads under a connection churn gave one).
+    torn = _table(("C001", 5001), ("C002", 5002), ("C002", 5002))
+    found = gc.connections_on([8080], torn)
+    assert sorted(c.inode for c in found) == [5001, 5002], found
+    assert past_the_bound(found, ConnectionsPerIp(2), seen_before=set()) == {}, "an address at its bound was cut"
+
+
+def test_a_connection_one_read_skipped_is_still_an_older_one_at_the_next_look(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A connection closed meanwhile in the bucket the read resumes in skips a line instead. The address's
+    # connection 11 is left out of the second look; at the third the address has a new one (inode 5, lower)
+    # and is past its bound of 2: the new one is cut, not 11.
+    looks = [_table(("C001", 10), ("C002", 11)), _table(("C001", 10)), _table(("C001", 10), ("C002", 11), ("C003", 5))]
+    monkeypatch.setattr(gc, "read_tables", lambda: [looks.pop(0)])
+    cut: list[set[int]] = []
+    monkeypatch.setattr(gc, "shut_down", lambda inodes: cut.append(set(inodes)) or len(inodes))
+    bar = AddressBar([8080], "test", installer=lambda ports, addresses: 0)
+    bound = PerAddressConnections([8080], ConnectionsPerIp(2), "test", bar=bar)
+    monkeypatch.setattr(gc, "FULL_LOOK_EVERY", 1)  # every look reads the table, however few the descriptors
+    assert [bound.check(), bound.check(), bound.check()] == [0, 0, 1]
+    assert cut == [{5}], f"cut {cut}: the connection the second look skipped was taken for a new one"
+
+
+def test_more_reads_find_what_one_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = [_table(("C001", 10)), _table(("C002", 11), ("C001", 10))]
+    monkeypatch.setattr(gc, "read_tables", lambda: [reads.pop(0)])
+    assert sorted(c.inode for c in read_connections([8080], reads=2)) == [10, 11]
