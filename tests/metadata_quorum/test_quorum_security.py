@@ -19,9 +19,10 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import tracemalloc
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pysyncobj.tcp_connection
@@ -30,14 +31,14 @@ from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.encryptor import getEncryptor
 from pysyncobj.monotonic import monotonic
 from pysyncobj.node import TCPNode
-from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
+from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.transport import TCPTransport
 from pysyncobj.utility import TcpUtility, UtilityException
 from quorum_helpers import free_port
 from waiting import wait_for
 
 from metadata_quorum import commands as c
-from metadata_quorum import raft_transport
+from metadata_quorum import quorum_pickle, raft_transport
 from metadata_quorum.quorum_security import check_quorum_protection, password_problem
 from metadata_quorum.raft import MetadataRaft
 from proto import errors
@@ -178,13 +179,27 @@ def test_without_a_password_the_same_frame_runs_code(tmp_path: Path) -> None:
         node.wait()
 
 
-def impostor(password: str, claims: object, voters: list[str]) -> SyncObj:
+def impostor(password: str, claims: object, voters: list[str], after_name: Sequence[object] = ()) -> SyncObj:
     """A pysyncobj node holding the password that dials ``voters`` and names itself ``claims`` (a voter's address:
-    pysyncobj's identities are whatever a caller says after the key exchange)."""
+    pysyncobj's identities are whatever a caller says after the key exchange), then sends ``after_name`` on each
+    connection it makes.
+
+    Those are sent by the impostor's own tick thread, right after the name. Sent from the test's thread instead,
+    a message could go out before the key exchange was done (pysyncobj calls a connection CONNECTED once it is
+    dialled): the voter failed to read it and closed the connection, counting no refusal, and the impostor dialled
+    again only 5 s later. Under load that repeated for more than 30 s (a CI failure). It could also go out before the
+    name, and be refused as a name. And pysyncobj's connections are not safe to send on from two threads."""
 
     class Impostor(TCPTransport):  # type: ignore[misc]
         def _sendSelfAddress(self, conn: TcpConnection) -> None:  # noqa: N802 - pysyncobj's name
             conn.send(claims)
+            for message in after_name:
+                conn.send(message)
+            conn.named = True  # past the key exchange and the name: a message sent now is read as a Raft message
+
+        def _onDisconnected(self, conn: TcpConnection) -> None:  # noqa: N802 - pysyncobj's name
+            conn.named = False  # pysyncobj dials again on the same connection object
+            super()._onDisconnected(conn)
 
         def _shouldConnect(self, node: object) -> bool:  # noqa: N802 - pysyncobj's name
             return isinstance(node, TCPNode)
@@ -203,7 +218,8 @@ def voters_tick_failures(caplog: pytest.LogCaptureFixture, rogue: SyncObj) -> li
 
 @pytest.mark.slow
 def test_a_sender_holding_the_password_runs_no_code_on_a_voter(tmp_path: Path, quorum_password: str,
-                                                              protected_quorum: list[MetadataRaft]) -> None:
+                                                              protected_quorum: list[MetadataRaft],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # The password's HMAC lets its holder's frames through to the unpickler, and pysyncobj's unpickled anything:
     # a pysyncobj node with the password ran this on every voter it reached (a marker file, where a real attacker
     # would start a shell). The voters now unpickle data only: the frame is dropped with its connection. The sender
@@ -211,30 +227,23 @@ def test_a_sender_holding_the_password_runs_no_code_on_a_voter(tmp_path: Path, q
     rafts = sorted(protected_quorum, key=lambda r: r.self_address)
     targets = rafts[:-1]
     marker = tmp_path / "pwned"
-    rogue = impostor(quorum_password, rafts[-1].self_address, [r.self_address for r in targets])
+    refused_by: set[int | None] = set()  # the threads whose unpickler refused os.open
+    data_class = quorum_pickle._find_data_class
+
+    def find_class(module: str, name: str) -> object:
+        if (module, name) == (os.open.__module__, "open"):
+            refused_by.add(threading.get_ident())
+        return data_class(module, name)
+
+    monkeypatch.setattr(quorum_pickle, "_find_data_class", find_class)
+    vote = {"type": "request_vote", "term": 1, "last_log_index": 0, "last_log_term": 0, "x": _Exploit(marker)}
+    rogue = impostor(quorum_password, rafts[-1].self_address, [r.self_address for r in targets], after_name=[vote])
     try:
-        transport = rogue._SyncObj__transport
-        sent: set[str] = set()
-
-        def sent_to_all() -> bool:
-            for node in rogue._SyncObj__otherNodes:
-                vote = {"type": "request_vote", "term": 1, "last_log_index": 0, "last_log_term": 0,
-                        "x": _Exploit(marker)}
-                if transport.send(node, vote):
-                    sent.add(node.address)
-            return len(sent) == len(targets)
-
-        wait_for(sent_to_all, 30, "the password holder's frame sent to every voter")
-        dropped: set[str] = set()
-
-        def answered() -> bool:  # each voter has read the frame: it ran it, or dropped its connection
-            for node in rogue._SyncObj__otherNodes:
-                connection = transport._connections.get(node)
-                if connection is None or connection.state != CONNECTION_STATE.CONNECTED:
-                    dropped.add(node.address)
-            return marker.exists() or len(dropped) == len(targets)
-
-        wait_for(answered, 30, "every voter to drop the connection of the frame it refused")
+        # Each voter has read the frame: it ran it, or its unpickler refused it (on the voter's tick thread; the
+        # voters run in this process). A connection dropped is not enough: the voters also close the impostor's
+        # connections for naming a voter that is up, whether they read the frame or not.
+        voters = {r._syncobj._SyncObj__thread.ident for r in targets}
+        wait_for(lambda: marker.exists() or voters <= refused_by, 30, "every voter to refuse the frame")
         assert not marker.exists(), "a voter ran code from a pickle sent by a holder of the quorum password"
     finally:
         rogue.destroy()
@@ -291,20 +300,17 @@ def test_a_raft_message_pysyncobj_cannot_read_is_dropped_with_its_connection(
     # voter, which the two others take.
     rafts = sorted(protected_quorum, key=lambda r: r.self_address)
     targets = rafts[:-1]
-    rogue = impostor(quorum_password, rafts[-1].self_address, [r.self_address for r in targets])
-    try:
-        transport = rogue._SyncObj__transport
-
-        def dropped() -> bool:
-            for node in rogue._SyncObj__otherNodes:
-                for message in ([1, 2], 7, {"no": "type"}):
-                    transport.send(node, message)
-            return all(r.connections_refused >= 1 for r in targets)
-
-        wait_for(dropped, 30, "both voters to drop the messages they cannot read")
-    finally:
-        rogue.destroy()
-    assert not voters_tick_failures(caplog, rogue)
+    for message in ([1, 2], 7, {"no": "type"}):  # one sender each: a dropped message closes its connection
+        refused = [r.connections_refused for r in targets]
+        rogue = impostor(quorum_password, rafts[-1].self_address, [r.self_address for r in targets],
+                         after_name=[message])
+        try:
+            wait_for(lambda refused=refused: all(r.connections_refused > n  # type: ignore[misc]
+                                                 for r, n in zip(targets, refused, strict=True)),
+                     30, lambda message=message: f"both voters to drop {message!r}")  # type: ignore[misc]
+        finally:
+            rogue.destroy()
+        assert not voters_tick_failures(caplog, rogue)
     commits(rafts, 1)
 
 
@@ -330,17 +336,12 @@ def test_a_raft_message_of_the_wrong_types_is_dropped_before_it_changes_anything
     ]
     def send_until_dropped(message: dict[str, object]) -> list[str]:
         """One sender per message: a dropped message closes the connection it came on."""
-        rogue = impostor(quorum_password, rafts[-1].self_address, [r.self_address for r in targets])
         refused = [r.connections_refused for r in targets]
+        rogue = impostor(quorum_password, rafts[-1].self_address, [r.self_address for r in targets],
+                         after_name=[message])
         try:
-            transport = rogue._SyncObj__transport
-
-            def dropped() -> bool:
-                for node in rogue._SyncObj__otherNodes:
-                    transport.send(node, message)
-                return all(r.connections_refused > n for r, n in zip(targets, refused, strict=True))
-
-            wait_for(dropped, 30, lambda: f"both voters to drop {message!r:.120}")
+            wait_for(lambda: all(r.connections_refused > n for r, n in zip(targets, refused, strict=True)),
+                     30, lambda: f"both voters to drop {message!r:.120}")
         finally:
             rogue.destroy()
         return voters_tick_failures(caplog, rogue)
@@ -438,9 +439,8 @@ def test_an_entry_sent_in_parts_is_held_up_to_the_bound_only(quorum_password: st
     try:
         transport = rogue._SyncObj__transport
         node = next(iter(rogue._SyncObj__otherNodes))
-        # Past the key exchange (pysyncobj calls a connection CONNECTED before it, and a message sent then is
-        # taken for the key's answer and dropped with the connection).
-        wait_for(lambda: transport._connections[node].sendRandKey, 30, "the rogue's key exchange")
+        # Past the key exchange and the name (``impostor``).
+        wait_for(lambda: getattr(transport._connections[node], "named", False), 30, "the rogue's key exchange")
         # Each part at a term above the voter's: it takes the part. One term for all of them was not enough: the
         # voter's first answers carry the sender's term to the real leader, which steps down, and a loaded machine
         # let the quorum elect a leader at the next term before the next part came, which the voter then ignored as
