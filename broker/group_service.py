@@ -122,20 +122,18 @@ def join_answer_of(answer: group_pb2.JoinGroupResponse | JoinAnswer) -> JoinAnsw
 
 def _join_answer(r: JoinResult) -> JoinAnswer:
     """The answer, its members' metadata the bytes the coordinator holds (not copied)."""
-    answer = JoinAnswer(group_pb2.JoinGroupResponse(
-        error_code=r.error_code, error_message=r.error_message, generation_id=r.generation_id,
-        protocol_name=r.protocol_name, leader=r.leader, member_id=r.member_id,
-        members=[group_pb2.JoinGroupMember(member_id=m, client_id=cid, group_instance_id=gi)
-                 for m, _md, cid, gi in r.members]))
+    answer = JoinAnswer(_join_response(r, metadata=False))
     answer.values.update((i, md) for i, (_m, md, _cid, _gi) in enumerate(r.members) if md)
     return answer
 
 
-def _join_response(r: JoinResult) -> group_pb2.JoinGroupResponse:
+def _join_response(r: JoinResult, metadata: bool = True) -> group_pb2.JoinGroupResponse:
+    """The answer; without its members' metadata when not ``metadata`` (``_join_answer`` holds it apart)."""
     return group_pb2.JoinGroupResponse(
         error_code=r.error_code, error_message=r.error_message, generation_id=r.generation_id,
         protocol_name=r.protocol_name, leader=r.leader, member_id=r.member_id,
-        members=[group_pb2.JoinGroupMember(member_id=m, metadata=md, client_id=cid, group_instance_id=gi)
+        members=[group_pb2.JoinGroupMember(member_id=m, metadata=md if metadata else b"", client_id=cid,
+                                           group_instance_id=gi)
                  for m, md, cid, gi in r.members])
 
 

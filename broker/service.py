@@ -584,19 +584,13 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         async def sized() -> AsyncIterator[broker_pb2.FetchRequest]:
             async for request in request_iterator:
                 yield _grpc_sized(request)
-        async with contextlib.aclosing(self.FetchStream(sized(), context)) as answers:
-            async for answer in answers:
-                wire = await bytes_apart.for_grpc(answer, self._io)
-                del answer  # joined: its records go now, not once gRPC has written the bytes out
-                yield wire
+        async for wire in _for_grpc(self.FetchStream(sized(), context), self._io):
+            yield wire
 
     async def replica_fetch_over_grpc(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
                                       context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        async with contextlib.aclosing(self.ReplicaFetch(request_iterator, context)) as answers:
-            async for answer in answers:
-                wire = await bytes_apart.for_grpc(answer, self._replication_io)
-                del answer  # as in fetch_stream_over_grpc
-                yield wire
+        async for wire in _for_grpc(self.ReplicaFetch(request_iterator, context), self._replication_io):
+            yield wire
 
     async def ReplicaFetch(self, request_iterator: AsyncIterator[broker_pb2.FetchRequest],
                            context: grpc.aio.ServicerContext) -> AsyncIterator[FetchAnswer | broker_pb2.FetchResponse]:
@@ -611,7 +605,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         session = self.rm.new_fetch_session()
         try:
             async for request in request_iterator:
-                # Yielded, not held in a local while the caller writes it out (fetch_stream_over_grpc).
+                # Yielded, not held in a local while the caller writes it out (_for_grpc).
                 yield _sent(await self.replica_fetch_message(request, context, session))
         finally:
             session.close()
@@ -1096,6 +1090,16 @@ def add_to_server(service: BrokerService, server: grpc.aio.Server) -> None:
     bytes_apart.add_service(server, broker_pb2.DESCRIPTOR.services_by_name["BrokerService"], service, {
         "Fetch": service.fetch_over_grpc, "FetchStream": service.fetch_stream_over_grpc,
         "ReplicaFetch": service.replica_fetch_over_grpc})
+
+
+async def _for_grpc(answers: AsyncIterator[Any], run: Callable[[Callable[[], bytes]], Awaitable[bytes]]
+                    ) -> AsyncIterator[Any]:
+    """A stream's answers as gRPC takes them (``bytes_apart.for_grpc``, a long one joined on ``run``'s thread)."""
+    async with contextlib.aclosing(answers):  # type: ignore[type-var]  # an async generator
+        async for answer in answers:
+            wire = await bytes_apart.for_grpc(answer, run)
+            del answer  # joined: its records go now, not once gRPC has written the bytes out
+            yield wire
 
 
 def _grpc_sized(request: broker_pb2.FetchRequest) -> broker_pb2.FetchRequest:

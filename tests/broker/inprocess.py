@@ -21,6 +21,23 @@ from proto import common_pb2, controller_pb2
 from storage.log_manager import LogManager
 
 
+class LoopbackCaller:
+    """The ServicerContext calls a handler makes, for a plaintext caller on loopback (127.0.0.1). A handler that
+    aborts the call fails the test."""
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5000"
+
+    def auth_context(self) -> dict:
+        return {}
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+    async def abort(self, code: Any, details: str) -> None:
+        raise AssertionError(f"aborted {code}: {details}")
+
+
 class NoController:
     def call(self, method: str, request: Any, timeout_s: float) -> Any:
         raise AssertionError(f"no controller call expected here, got {method}")

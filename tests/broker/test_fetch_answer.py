@@ -13,16 +13,17 @@ with the interpreter lock held throughout (55 MiB: ~30 ms to build, 120-180 ms t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from inprocess import InProcessBroker
+from inprocess import InProcessBroker, LoopbackCaller
 
 from broker import bytes_apart
 from broker.bytes_apart import (
@@ -140,6 +141,21 @@ def _offsets(records: bytes) -> list[int]:
     return [h.base_offset for _, h in iter_batches(records)]
 
 
+@contextlib.asynccontextmanager
+async def _served(broker: InProcessBroker) -> AsyncIterator[broker_pb2_grpc.BrokerServiceStub]:
+    """A stub of the broker's service on a gRPC server of its own (``add_to_server``), on loopback."""
+    server = grpc.aio.server()
+    add_to_server(broker.service, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                ("grpc.max_receive_message_length", 64 << 20)]) as channel:
+            yield broker_pb2_grpc.BrokerServiceStub(channel)
+    finally:
+        await server.stop(None)
+
+
 def test_a_long_grpc_answer_is_joined_off_the_loop_and_a_short_one_on_it(
         broker: InProcessBroker, monkeypatch: pytest.MonkeyPatch) -> None:
     batches = _append(broker, 3, 900_000)  # ~2.7 MiB: past JOIN_ON_LOOP_MAX_BYTES
@@ -154,20 +170,11 @@ def test_a_long_grpc_answer_is_joined_off_the_loop_and_a_short_one_on_it(
     monkeypatch.setattr(FetchAnswer, "to_bytes", recorded)
 
     async def scenario() -> tuple[list[Any], str]:
-        server = grpc.aio.server()
-        add_to_server(broker.service, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
-                    ("grpc.max_receive_message_length", 64 << 20)]) as channel:
-                stub = broker_pb2_grpc.BrokerServiceStub(channel)
-                long = await stub.Fetch(_fetch_request(8 << 20))
-                short = await stub.Fetch(_fetch_request(1))  # one batch (the first is always whole)
-                streamed = [r async for r in stub.FetchStream(iter([_fetch_request(8 << 20)]))]
-            return [long, short, *streamed], threading.current_thread().name
-        finally:
-            await server.stop(None)
+        async with _served(broker) as stub:
+            long = await stub.Fetch(_fetch_request(8 << 20))
+            short = await stub.Fetch(_fetch_request(1))  # one batch (the first is always whole)
+            streamed = [r async for r in stub.FetchStream(iter([_fetch_request(8 << 20)]))]
+        return [long, short, *streamed], threading.current_thread().name
 
     (long, short, streamed), loop_thread = asyncio.run(scenario())
     records = long.partitions[0].records  # the batches as the leader stamped them (its epoch)
@@ -183,6 +190,22 @@ def test_a_long_grpc_answer_is_joined_off_the_loop_and_a_short_one_on_it(
 
 
 # ---- over the replication listener ----
+
+def _fetched_over_listener(service: Any, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
+    """``request``'s answer from a real replication listener over ``service``, plaintext on loopback (trusted as a
+    node), on a loop of its own."""
+    loop = fetcher_module._FetchLoop("test-fetch-answer-listener")
+    listener = ReplicationListener(service, 1, "127.0.0.1", 0, None, {})
+    loop.submit(listener.start()).result(10)
+    try:
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=10) as sock:
+            body = request.SerializeToString()
+            sock.sendall(MAGIC + FRAME.pack(len(body)) + body)
+            (size,) = FRAME.unpack(_read(sock, FRAME.size))
+            return broker_pb2.FetchResponse.FromString(_read(sock, size))
+    finally:
+        loop.submit(listener.stop()).result(10)
+        loop.stop()
 
 class _AnswerService:
     """A stand-in broker for the replication listener: each fetch is answered with ``answer``."""
@@ -212,20 +235,8 @@ def test_the_replication_listener_writes_the_records_as_they_are(monkeypatch: py
         write(self, data)
 
     monkeypatch.setattr(asyncio.StreamWriter, "write", recorded)
-    # The real listener, plaintext on loopback (trusted as a node), on a loop of its own.
-    loop = fetcher_module._FetchLoop("test-fetch-answer-listener")
-    listener = ReplicationListener(_AnswerService(answer), 1, "127.0.0.1", 0, None, {})
-    loop.submit(listener.start()).result(10)
-    try:
-        with socket.create_connection(("127.0.0.1", listener.port), timeout=10) as sock:
-            body = broker_pb2.FetchRequest(replica_id=2, partitions=[
-                broker_pb2.FetchPartition(topic="a", partition=0)]).SerializeToString()
-            sock.sendall(MAGIC + FRAME.pack(len(body)) + body)
-            (size,) = FRAME.unpack(_read(sock, FRAME.size))
-            got = broker_pb2.FetchResponse.FromString(_read(sock, size))
-    finally:
-        loop.submit(listener.stop()).result(10)
-        loop.stop()
+    got = _fetched_over_listener(_AnswerService(answer), broker_pb2.FetchRequest(replica_id=2, partitions=[
+        broker_pb2.FetchPartition(topic="a", partition=0)]))
     assert got == answer.to_message()
     assert any(d is answer.records[0] for d in written) and any(d is answer.records[4] for d in written), \
         f"the records were copied before they were written: {[len(d) for d in written]}"
@@ -238,19 +249,6 @@ def _read(sock: socket.socket, n: int) -> bytes:
         assert chunk, f"the listener closed the connection after {len(out)} of {n} bytes"
         out += chunk
     return bytes(out)
-
-
-class _Caller:
-    """The ServicerContext calls a consumer's fetch makes (a plaintext loopback caller)."""
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:5000"
-
-    def auth_context(self) -> dict:
-        return {}
-
-    def invocation_metadata(self) -> tuple:
-        return ()
 
 
 def test_a_streamed_answer_lets_its_records_go_once_joined(broker: InProcessBroker,
@@ -279,7 +277,7 @@ def test_a_streamed_answer_lets_its_records_go_once_joined(broker: InProcessBrok
         await asyncio.Event().wait()  # the consumer's next fetch never comes
 
     async def scenario() -> tuple[Any, list[Any]]:
-        stream = broker.service.fetch_stream_over_grpc(requests(), _Caller())  # type: ignore[arg-type]
+        stream = broker.service.fetch_stream_over_grpc(requests(), LoopbackCaller())  # type: ignore[arg-type]
         wire = await asyncio.wait_for(anext(stream), 10)
         gc.collect()
         alive = [r() for r in made if r() is not None]
@@ -330,18 +328,9 @@ def test_the_replication_listener_puts_an_answer_of_many_partitions_in_parts_off
 
     pool.submit = recorded  # type: ignore[method-assign]
     service.capacity = type("Capacity", (), {"replication": pool})()  # type: ignore[attr-defined]
-    loop = fetcher_module._FetchLoop("test-fetch-answer-listener-many")
-    listener = ReplicationListener(service, 1, "127.0.0.1", 0, None, {})
-    loop.submit(listener.start()).result(10)
     try:
-        with socket.create_connection(("127.0.0.1", listener.port), timeout=10) as sock:
-            body = broker_pb2.FetchRequest(replica_id=2).SerializeToString()
-            sock.sendall(MAGIC + FRAME.pack(len(body)) + body)
-            (size,) = FRAME.unpack(_read(sock, FRAME.size))
-            got = broker_pb2.FetchResponse.FromString(_read(sock, size))
+        got = _fetched_over_listener(service, broker_pb2.FetchRequest(replica_id=2))
     finally:
-        loop.submit(listener.stop()).result(10)
-        loop.stop()
         pool.shutdown()
     assert got == answer.to_message()
     assert submitted == ["parts"], submitted
@@ -358,22 +347,13 @@ def test_a_consumers_grpc_fetch_answer_carries_at_most_the_grpc_bound(broker: In
     size = len(batches[0])
 
     async def scenario() -> tuple[Any, Any, Any]:
-        server = grpc.aio.server()
-        add_to_server(broker.service, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
-                    ("grpc.max_receive_message_length", 64 << 20)]) as channel:
-                stub = broker_pb2_grpc.BrokerServiceStub(channel)
-                # Asking at least 16 MiB within a minute: answered at once with what the bound lets through.
-                patient = _fetch_request(64 << 20)
-                patient.min_bytes, patient.max_wait_ms = 16 << 20, 60_000
-                unary = await asyncio.wait_for(stub.Fetch(patient), 30)
-                streamed = [r async for r in stub.FetchStream(iter([patient]))]
-        finally:
-            await server.stop(None)
-        direct = await broker.service.Fetch(_fetch_request(64 << 20), _Caller())  # type: ignore[arg-type]
+        async with _served(broker) as stub:
+            # Asking at least 16 MiB within a minute: answered at once with what the bound lets through.
+            patient = _fetch_request(64 << 20)
+            patient.min_bytes, patient.max_wait_ms = 16 << 20, 60_000
+            unary = await asyncio.wait_for(stub.Fetch(patient), 30)
+            streamed = [r async for r in stub.FetchStream(iter([patient]))]
+        direct = await broker.service.Fetch(_fetch_request(64 << 20), LoopbackCaller())  # type: ignore[arg-type]
         return unary, streamed[0], direct
 
     unary, streamed, direct = asyncio.run(scenario())

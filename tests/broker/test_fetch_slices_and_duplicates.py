@@ -23,9 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
-from inprocess import InProcessBroker
+from inprocess import InProcessBroker, LoopbackCaller
 from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
 from kio.serial import entity_reader, entity_writer
 from waiting import await_for
@@ -61,18 +60,6 @@ def fill(b: InProcessBroker, partitions: int, batches: int, value_size: int) -> 
 
 
 # ---------------------------------------------------------------------------------------- gRPC path
-class Context:
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:5000"
-
-    def auth_context(self) -> dict:
-        return {}
-
-    def invocation_metadata(self) -> tuple:
-        return ()
-
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise AssertionError(f"aborted {code}: {details}")
 
 
 def fetch_partition(partition: int, offset: int, max_bytes: int = 1 << 20) -> broker_pb2.FetchPartition:
@@ -99,7 +86,7 @@ def test_a_fetch_naming_a_partition_many_times_reads_and_answers_it_once(
     monkeypatch.setattr(Log, "read", counted)
     req = broker_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, partitions=(
         [fetch_partition(0, 0)] * 500 + [fetch_partition(1, 2)] + [fetch_partition(0, 7)]))
-    resp = answer_of(asyncio.run(broker.service.Fetch(req, Context()))).to_message()
+    resp = answer_of(asyncio.run(broker.service.Fetch(req, LoopbackCaller()))).to_message()
     # Kafka's fetch map: a partition keeps its first entry's place and takes its last entry's fields.
     assert sorted(reads) == [(0, 7), (1, 2)], "one read a partition"
     assert [(p.partition, p.error_code) for p in resp.partitions] == [(0, ErrorCode.NONE), (1, ErrorCode.NONE)]
@@ -115,7 +102,7 @@ def test_a_list_offsets_naming_a_partition_twice_answers_invalid_request_for_eac
         broker_pb2.ListOffsetsPartition(topic="t", partition=0, timestamp=ts, current_leader_epoch=-1)
         for ts in (0, 1_700_000_000_001, -1)] + [
         broker_pb2.ListOffsetsPartition(topic="t", partition=1, timestamp=1_700_000_000_001, current_leader_epoch=-1)])
-    resp = asyncio.run(broker.service.ListOffsets(req, Context()))
+    resp = asyncio.run(broker.service.ListOffsets(req, LoopbackCaller()))
     assert [(p.partition, p.error_code, p.offset, p.timestamp) for p in resp.partitions] == [
         (0, ErrorCode.INVALID_REQUEST, -1, -1)] * 3 + [(1, ErrorCode.NONE, 1, 1_700_000_000_001)]
 

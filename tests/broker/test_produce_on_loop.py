@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inprocess import InProcessBroker
+from inprocess import InProcessBroker, LoopbackCaller
 from lockwatch import WaitWatchingLock, held_by_another_thread
 from waiting import await_for
 
@@ -283,19 +283,6 @@ class _CountedPartition:
         return self._records
 
 
-class _Caller:
-    """The ServicerContext calls a Produce makes (a plaintext loopback caller)."""
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:5000"
-
-    def auth_context(self) -> dict:
-        return {}
-
-    def invocation_metadata(self) -> tuple:
-        return ()
-
-
 def test_a_requests_records_are_read_out_of_it_once(broker: Broker) -> None:
     # Before, a Produce read each partition's records up to four times on its way: its size for the byte budget,
     # the inline bound, the append, and the quota. Both paths here: inline (small) and the executor (large).
@@ -303,7 +290,7 @@ def test_a_requests_records_are_read_out_of_it_once(broker: Broker) -> None:
     large = _CountedPartition("t", 1, batch(1, INLINE_APPEND_MAX_BYTES + 1000))
     for part in (small, large):
         counted = type("CountedRequest", (), {"acks": 1, "timeout_ms": 5000, "partitions": [part]})()
-        resp = asyncio.run(broker.service._produce_call(counted, _Caller(), None))  # type: ignore[arg-type]
+        resp = asyncio.run(broker.service._produce_call(counted, LoopbackCaller(), None))  # type: ignore[arg-type]
         assert [(p.error_code, p.base_offset) for p in resp.partitions] == [(ErrorCode.NONE, 0)], resp
         assert part.reads == 1, f"the records of {part.topic}-{part.partition} were read {part.reads} times"
     assert log_end(broker, "t", 0) == 1 and log_end(broker, "t", 1) == 1

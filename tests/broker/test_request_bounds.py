@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from inprocess import InProcessBroker
+from inprocess import InProcessBroker, LoopbackCaller
 
 from broker.admission import MIN_REQUEST_ENTRIES_BOUND
 from proto import broker_pb2
@@ -27,18 +27,9 @@ class Aborted(Exception):
     pass
 
 
-class Context:
+class Context(LoopbackCaller):
     def __init__(self) -> None:
         self.status: tuple[grpc.StatusCode, str] | None = None
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:5000"
-
-    def auth_context(self) -> dict:
-        return {}
-
-    def invocation_metadata(self) -> tuple:
-        return ()
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         self.status = (code, details)
