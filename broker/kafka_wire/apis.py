@@ -22,6 +22,7 @@ from broker import authorizer as authz
 from broker.admission import refuse_oversized
 from broker.fetch_answer import answer_of
 from broker.group_service import join_answer_of
+from broker.group_state import GroupState
 from broker.kafka_wire import admin_apis, codec, user_apis
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.codec import get_ms as _ms
@@ -64,8 +65,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     HEARTBEAT: (0, 4),
     LEAVE_GROUP: (0, 4),
     SYNC_GROUP: (0, 5),
-    DESCRIBE_GROUPS: (0, 5),
-    LIST_GROUPS: (0, 4),
+    DESCRIBE_GROUPS: (0, 6),  # v6 (KIP-1043): a group that does not exist is GROUP_ID_NOT_FOUND
+    LIST_GROUPS: (0, 5),  # v5 (KIP-848): the types filter, and each group's type (all are classic)
     SASL_HANDSHAKE: (0, 1),  # as Kafka 4; librdkafka 2.0 (Debian's kcat) uses SASL only if v0 is in the range
     API_VERSIONS: (0, 3),
     INIT_PRODUCER_ID: (0, 4),
@@ -89,6 +90,8 @@ ADVERTISED: dict[int, tuple[int, int]] = {**SUPPORTED, PRODUCE: (0, SUPPORTED[PR
 PRE_AUTH_APIS = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
 RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+CLASSIC_GROUP_TYPE = "classic"  # ListGroups v5's type of a group, as Kafka names it (Group.GroupType.CLASSIC)
+DESCRIBE_GROUPS_NOT_FOUND_VERSION = 6
 _LEADER_ERRORS = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH)
 
 
@@ -704,8 +707,11 @@ class KafkaApis:
         return await self._group_answer(size, functools.partial(self._describe_groups_answer, req, out, ops))
 
     def _describe_groups_answer(self, req: codec.Request, out: Any, ops: dict[str, int]) -> Any:
+        if req.api_version >= DESCRIBE_GROUPS_NOT_FOUND_VERSION:
+            _not_found_groups(out)
         return self._resp(req, {"groups": [
-            {"error_code": g.error_code, "group_id": g.group_id, "group_state": g.state,
+            {"error_code": g.error_code, "error_message": g.error_message or None, "group_id": g.group_id,
+             "group_state": g.state,
              "protocol_type": g.protocol_type, "protocol_data": g.protocol_name,
              "authorized_operations": ops.get(g.group_id, codec.NO_AUTHORIZED_OPERATIONS) if g.error_code == 0
              else codec.NO_AUTHORIZED_OPERATIONS,
@@ -717,17 +723,32 @@ class KafkaApis:
 
     async def list_groups(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         states = list(_get(req.body, "states_filter", ()) or ())
+        types = {t.lower() for t in _get(req.body, "types_filter", ()) or ()}
+        if types and CLASSIC_GROUP_TYPE not in types:
+            # Every group here is a classic one (no KIP-848 groups), as on Kafka's coordinator before 4.0:
+            # a filter that does not name that type lists none.
+            return self._resp(req, {"error_code": 0, "groups": []})
         out = await self.groups.ListGroups(group_pb2.ListGroupsRequest(states=states), ctx)
         return await self._group_answer(len(out.groups), lambda: self._resp(req, {
             "error_code": out.error_code,
-            "groups": [{"group_id": g.group_id, "protocol_type": g.protocol_type, "group_state": g.state}
-                       for g in out.groups]}))
+            "groups": [{"group_id": g.group_id, "protocol_type": g.protocol_type, "group_state": g.state,
+                        "group_type": CLASSIC_GROUP_TYPE} for g in out.groups]}))
 
     async def delete_groups(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         out = await self.groups.DeleteGroups(group_pb2.DeleteGroupsRequest(group_ids=list(req.body.groups_names)),
                                              ctx)
         return self._resp(req, {"results": [{"group_id": r.group_id, "error_code": r.error_code}
                                             for r in out.results]})
+
+
+def _not_found_groups(out: group_pb2.DescribeGroupsResponse) -> None:
+    """DescribeGroups v6 (KIP-1043), as Kafka answers it: a group the coordinator does not hold (described as
+    Dead, with nothing in it) is GROUP_ID_NOT_FOUND, "Group <id> not found."; before v6 it stays a Dead group
+    without an error, which clients read as not found."""
+    for g in out.groups:
+        if g.error_code == 0 and g.state == GroupState.DEAD.value:
+            g.error_code = ErrorCode.GROUP_ID_NOT_FOUND
+            g.error_message = f"Group {g.group_id} not found."
 
 
 def _kafka_host(host: str) -> str:

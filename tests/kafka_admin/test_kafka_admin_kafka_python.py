@@ -325,3 +325,60 @@ def test_describe_topic_partitions_pages(kcluster: Any, kp_admin: Any, confluent
     assert [(t.name, int(t.error_code), t.partitions) for t in denied.topics] == [(a, 29, ())]
     everything = kafka_ask(kcluster, node, 75, 0, {"topics": [], "response_partition_limit": 2000}, name="demo")
     assert all(t.name.startswith("demo-") for t in everything.topics), [t.name for t in everything.topics]
+
+
+def test_groups_listed_by_type_and_state_and_a_missing_group_not_found(kcluster: Any, kp_admin: Any,
+                                                                       confluent_admin: Any, topic_name: str) -> None:
+    """ListGroups v5 (KIP-848) and DescribeGroups v6 (KIP-1043), as Kafka 4 answers them: every group here is a
+    classic group, so a types filter naming ``classic`` (any case) lists it, with that type, and one naming only
+    other types lists none; a states filter is compared without case; a group that does not exist is
+    GROUP_ID_NOT_FOUND from v6 on, a Dead group without an error before. kafka-python refuses a types filter
+    against a broker without v5, and librdkafka shows such a broker's groups as of an unknown type."""
+    from confluent_kafka import ConsumerGroupState, ConsumerGroupType
+    from confluent_kafka.admin import NewTopic
+    from kafka import TopicPartition as KafkaTopicPartition
+    from kafka.errors import CoordinatorNotAvailableError
+    from kafka.structs import OffsetAndMetadata
+    from kafka_raw import kafka_ask
+
+    for f in confluent_admin.create_topics([NewTopic(topic_name, 1, 1)], request_timeout=T).values():
+        f.result(T)
+    group = f"{topic_name}-g"
+
+    def committed() -> bool:
+        try:
+            return all(e.__name__ == "NoError" for e in kp_admin.alter_group_offsets(
+                group, {KafkaTopicPartition(topic_name, 0): OffsetAndMetadata(1, "", -1)}).values())
+        except CoordinatorNotAvailableError:  # __consumer_offsets being created on a fresh cluster
+            return False
+    wait_for(committed, T, f"{group}'s offset committed")  # an Empty group with an offset
+
+    listed = {g["group_id"]: g for g in kp_admin.list_groups(types_filter=["classic"])}
+    assert listed[group]["group_type"] == "classic" and listed[group]["group_state"] == "Empty", listed.get(group)
+    assert group not in {g["group_id"] for g in kp_admin.list_groups(types_filter=["consumer"])}
+    classic = confluent_admin.list_consumer_groups(types={ConsumerGroupType.CLASSIC}, request_timeout=T).result(T)
+    assert [(g.type, g.state) for g in classic.valid if g.group_id == group] == [
+        (ConsumerGroupType.CLASSIC, ConsumerGroupState.EMPTY)], (classic.valid, classic.errors)
+
+    def raw_listing(version: int, values: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for node in kcluster.broker_ids:  # each coordinator lists its own groups
+            answer = kafka_ask(kcluster, node, 16, version, values)
+            assert int(answer.error_code) == 0, answer
+            out.update({g.group_id: g for g in answer.groups})
+        return out
+    assert group in raw_listing(4, {"states_filter": ["eMPTY"]})
+    assert group not in raw_listing(4, {"states_filter": ["stable"]})
+    assert raw_listing(5, {"types_filter": ["Classic"]})[group].group_type == "classic"
+    assert group not in raw_listing(5, {"types_filter": ["share", "consumer"]})
+
+    missing = f"{topic_name}-nosuch"
+    described = kp_admin.describe_groups([missing, group])
+    assert "GroupIdNotFound" in (described[missing]["error"] or ""), described[missing]
+    assert described[group]["error"] is None and described[group]["group_state"] == "Empty", described[group]
+    coordinator = kafka_ask(kcluster, kcluster.broker_ids[0], 10, 4, {"key_type": 0, "coordinator_keys": [missing]})
+    node = coordinator.coordinators[0].node_id
+    v6 = kafka_ask(kcluster, node, 15, 6, {"groups": [missing]}).groups[0]
+    assert (int(v6.error_code), v6.error_message, v6.group_state) == (69, f"Group {missing} not found.", "Dead"), v6
+    v5 = kafka_ask(kcluster, node, 15, 5, {"groups": [missing]}).groups[0]
+    assert (int(v5.error_code), v5.group_state) == (0, "Dead"), v5
