@@ -739,7 +739,7 @@ class GroupCoordinator:
             g.join(member_id=req.member_id, client_id=req.client_id, client_host=req.client_host,
                    session_timeout_ms=req.session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,
                    protocol_type=req.protocol_type, protocols=protocols, callback=callback, now_ms=self.clock_ms(),
-                   group_instance_id=req.group_instance_id, subscriptions=subscriptions)
+                   group_instance_id=req.group_instance_id, subscriptions=subscriptions, reason=req.reason)
             self._after_change_locked(g)
 
     def _check_member_bytes(self, n: int, what: str) -> None:
@@ -876,8 +876,9 @@ class GroupCoordinator:
             return g.heartbeat(member_id=member_id, generation_id=generation_id, now_ms=self.clock_ms(),
                                group_instance_id=group_instance_id)
 
-    def leave_group(self, group_id: str, members: Iterable[tuple[str, str]]) -> list[int]:
-        """Each (member id, group instance id) leaves; an error code for each, in order."""
+    def leave_group(self, group_id: str, members: Iterable[tuple[str, str]], reason: str = "") -> list[int]:
+        """Each (member id, group instance id) leaves; an error code for each, in order. ``reason``: the client's,
+        for the log."""
         members = list(members)
         if len(members) > MEMBERS_MAX:  # 1,000,000 made-up ids held the lock, every group's, for 3.4 s
             raise CoordinatorError(f"{len(members)} members named, a group has at most {MEMBERS_MAX}",
@@ -886,7 +887,7 @@ class GroupCoordinator:
             g = self._group_locked(group_id, create=False)
             if g is None:
                 return [ErrorCode.UNKNOWN_MEMBER_ID for _ in members]
-            out = [g.leave(m, self.clock_ms(), gi) for m, gi in members]
+            out = [g.leave(m, self.clock_ms(), gi, reason) for m, gi in members]
             self._after_change_locked(g)
             return out
 

@@ -350,7 +350,7 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         try:
             leaving = [(m, "") for m in request.member_ids] + [(m.member_id, m.group_instance_id)
                                                                for m in request.members]
-            results = self.c.leave_group(request.group_id, leaving)
+            results = self.c.leave_group(request.group_id, leaving, request.reason)
         except errors.BrookError as exc:
             return group_pb2.LeaveGroupResponse(error_code=exc.code, error_message=exc.message)
         return group_pb2.LeaveGroupResponse(members=[

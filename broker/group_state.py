@@ -56,6 +56,17 @@ class GroupState(enum.StrEnum):
     DEAD = "Dead"
 
 
+CLIENT_REASON_LOGGED_MAX = 200  # characters of a client's JoinGroup or LeaveGroup reason in a log line
+
+
+def client_reason(reason: str) -> str:
+    """The log line's tail for a client's reason: ``; client reason: ...`` (its first characters only), or ""."""
+    if not reason:
+        return ""
+    cut = reason[:CLIENT_REASON_LOGGED_MAX]
+    return f"; client reason: {cut}" + ("..." if len(reason) > len(cut) else "")
+
+
 @dataclass(frozen=True)
 class JoinResult:
     error_code: int
@@ -433,6 +444,9 @@ class Group:
     # may have moved earlier: the coordinator's timers (broker/group_coordinator.py GroupTimers) then ask
     # this group again on their next tick. None: nobody is told.
     deadline_listener: Callable[[Group], None] | None = field(default=None, repr=False, compare=False)
+    # While a JoinGroup is handled: the reason its client gave (JoinGroup v8+, KIP-800), for the log line of a
+    # rebalance it starts, as Kafka logs it ("client reason: ...").
+    _client_reason: str = field(default="", repr=False, compare=False)
 
     # ---- queries ----
     def is_empty(self) -> bool:
@@ -493,9 +507,21 @@ class Group:
         now_ms: int,
         group_instance_id: str = "",
         subscriptions: Subscriptions = NO_SUBSCRIPTIONS,
+        reason: str = "",
     ) -> None:
         """``subscriptions``: the topics ``protocols``' metadata subscribe to, parsed by the caller (a
-        consumer's; NO_SUBSCRIPTIONS otherwise), kept with the member."""
+        consumer's; NO_SUBSCRIPTIONS otherwise), kept with the member. ``reason``: why the client (re)joins,
+        for the log (KIP-800)."""
+        self._client_reason = reason
+        try:
+            self._join(member_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms, protocol_type,
+                       protocols, callback, now_ms, group_instance_id, subscriptions)
+        finally:
+            self._client_reason = ""
+
+    def _join(self, member_id: str, client_id: str, client_host: str, session_timeout_ms: int,
+              rebalance_timeout_ms: int, protocol_type: str, protocols: list[tuple[str, bytes]],
+              callback: JoinCallback, now_ms: int, group_instance_id: str, subscriptions: Subscriptions) -> None:
         self._forget_deadline()
         if self.state == GroupState.DEAD:
             callback(JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id, error_message="group is dead"))
@@ -633,7 +659,8 @@ class Group:
                     m.sync_callback(SyncResult(ErrorCode.REBALANCE_IN_PROGRESS))
                     m.sync_callback = None
                     m.last_heartbeat_ms = now_ms  # it was waiting on us: alive until now
-        log.info("group %s: preparing rebalance (generation %d): %s", self.group_id, self.generation_id, reason)
+        log.info("group %s: preparing rebalance (generation %d): %s%s", self.group_id, self.generation_id, reason,
+                 client_reason(self._client_reason))
         rebalance_timeout_ms = max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
         self.initial_join = self.state == GroupState.EMPTY and self.initial_rebalance_delay_ms > 0
         if self.initial_join:
@@ -746,9 +773,17 @@ class Group:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
 
-    def leave(self, member_id: str, now_ms: int, group_instance_id: str = "") -> int:
+    def leave(self, member_id: str, now_ms: int, group_instance_id: str = "", reason: str = "") -> int:
         """A member leaves: by member id, or a static member by its instance id (``member_id`` "" removes
-        whichever member holds it, as an admin's removal does; another member id is fenced)."""
+        whichever member holds it, as an admin's removal does; another member id is fenced). ``reason``: why,
+        as its client says (LeaveGroup v5+, KIP-800), for the log."""
+        self._client_reason = reason
+        try:
+            return self._leave(member_id, now_ms, group_instance_id)
+        finally:
+            self._client_reason = ""
+
+    def _leave(self, member_id: str, now_ms: int, group_instance_id: str) -> int:
         self._forget_deadline()
         if self.state == GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -780,7 +815,7 @@ class Group:
         member.fail_waiters(ErrorCode.UNKNOWN_MEMBER_ID)
         if self.leader_id == member_id:
             self.leader_id = next(iter(self.members), "")  # the longest-standing member, as Kafka
-        log.info("group %s: member %s %s", self.group_id, member_id, reason)
+        log.info("group %s: member %s %s%s", self.group_id, member_id, reason, client_reason(self._client_reason))
         if self.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             if self.members:
                 self._prepare_rebalance(now_ms, f"member {member_id} {reason}")

@@ -61,9 +61,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     OFFSET_COMMIT: (2, 8),
     OFFSET_FETCH: (1, 8),
     FIND_COORDINATOR: (0, 4),
-    JOIN_GROUP: (0, 7),
+    JOIN_GROUP: (0, 8),  # v8 (KIP-800): the client's reason, logged with the rebalance it starts
     HEARTBEAT: (0, 4),
-    LEAVE_GROUP: (0, 4),
+    LEAVE_GROUP: (0, 5),  # v5 (KIP-800): each member's reason, logged
     SYNC_GROUP: (0, 5),
     DESCRIBE_GROUPS: (0, 6),  # v6 (KIP-1043): a group that does not exist is GROUP_ID_NOT_FOUND
     LIST_GROUPS: (0, 5),  # v5 (KIP-848): the types filter, and each group's type (all are classic)

@@ -90,3 +90,38 @@ def test_a_join_waiting_for_a_dead_members_session_outlives_the_request_timeout(
     # It waited for the dead member's session (heartbeats every second: at least SESSION_MS - 1 s after the kill),
     # well past the listener's request timeout.
     assert assigned[0] > REQUEST_TIMEOUT_MS / 1000 + 2, f"assigned after {assigned[0]:.1f} s"
+
+
+def test_the_reasons_clients_give_for_joining_and_leaving_are_in_the_coordinators_log(cluster: LocalCluster) -> None:
+    """JoinGroup v8 and LeaveGroup v5 (KIP-800) carry why the client joins or leaves; Kafka's Java consumer sends
+    them ("rebalance failed due to ...") and the coordinator logs them with the rebalance, which is how an operator
+    finds what keeps a group rebalancing. Each is logged cut to 200 characters, on one line."""
+    import uuid
+
+    from kafka_raw import kafka_ask
+    from waiting import wait_for
+
+    tag = uuid.uuid4().hex[:8]
+    group, node = unique("reasons"), cluster.node_ids[0]
+    join = {"group_id": group, "session_timeout": 30000, "rebalance_timeout": 30000, "member_id": "",
+            "group_instance_id": None, "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b""}], "reason": f"joining {tag}\nFAKE LINE"}
+    # As a client does first: the coordinator is found (on a fresh cluster that makes __consumer_offsets).
+    wait_for(lambda: int(kafka_ask(cluster, node, 10, 4, {"key_type": 0, "coordinator_keys": [group]})
+                         .coordinators[0].error_code) == 0, 60, "the group's coordinator")
+    first = kafka_ask(cluster, node, 11, 8, join)
+    assert int(first.error_code) == 79 and first.member_id, first  # MEMBER_ID_REQUIRED, with its id
+    joined = kafka_ask(cluster, node, 11, 8, {**join, "member_id": first.member_id})
+    assert (int(joined.error_code), joined.member_id, joined.leader) == (0, first.member_id, first.member_id), joined
+    left = kafka_ask(cluster, node, 13, 5, {"group_id": group, "members": [
+        {"member_id": first.member_id, "group_instance_id": None, "reason": f"leaving {tag} " + "x" * 500}]})
+    assert (int(left.error_code), [int(m.error_code) for m in left.members]) == (0, [0]), left
+    log = cluster.node_log(node)
+
+    def logged() -> bool:
+        text = log.read_text(errors="replace")
+        return f"client reason: joining {tag}\\nFAKE LINE" in text and \
+            f"client reason: leaving {tag} {'x' * 183}..." in text
+    wait_for(logged, 30, lambda: "the join and leave reasons in the coordinator's log; its lines of the group: "
+             + repr([line for line in log.read_text(errors="replace").splitlines() if group in line]))
+    assert not any(line.startswith("FAKE LINE") for line in log.read_text(errors="replace").splitlines())
