@@ -53,6 +53,10 @@ LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 DELETE_TO_HIGH_WATERMARK = -1  # DeleteRecords' offset for "everything committed" (Kafka's)
 MAX_TIMESTAMP = -3
+# KIP-405's earliest offset on the leader's own disk (ListOffsets v8+) and KIP-1005's latest offset in remote
+# storage (v9+). Brook keeps no tiered storage: the first is the log start, as -2; the second is not there (-1).
+EARLIEST_LOCAL_TIMESTAMP = -4
+LATEST_TIERED_TIMESTAMP = -5
 DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 # Broker-side caps on what any Fetch may make the broker read, whatever the request asks
@@ -1163,11 +1167,14 @@ class ReplicaManager:
         KIP-320 check of it (OffsetsForLeaderEpoch), not the partition's current one. Earliest: the epoch of
         the log start (the leader epoch cache's first entry); latest: the current leader epoch; a timestamp
         and MAX_TIMESTAMP: the partition leader epoch of the batch holding the record found; nothing found:
-        (-1, -1, -1)."""
+        (-1, -1, -1). EARLIEST_LOCAL is the earliest (no tiered storage); LATEST_TIERED finds nothing."""
         lg = p.log
         bound = lg.log_end_offset if from_replica else lg.high_watermark
-        if ts == EARLIEST_TIMESTAMP:
-            return lg.lookup_timestamp(ts) or (lg.log_start_offset, -1, -1)  # the sentinel always answers
+        if ts in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
+            # the sentinel always answers
+            return lg.lookup_timestamp(EARLIEST_TIMESTAMP) or (lg.log_start_offset, -1, -1)
+        if ts == LATEST_TIERED_TIMESTAMP:
+            return -1, -1, -1  # nothing is in remote storage (Kafka's answer when it is not enabled)
         if not from_replica and lg.high_watermark < p.leader_epoch_start_offset:
             # A new leader whose HW has not yet caught up with what the previous leader had
             # committed (KIP-207): answering now could move "latest" backwards. Retriable.

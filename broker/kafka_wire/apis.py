@@ -56,7 +56,7 @@ DESCRIBE_TOPIC_PARTITIONS_LIMIT = 2000
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
     FETCH: (4, 12),
-    LIST_OFFSETS: (1, 7),
+    LIST_OFFSETS: (1, 10),  # v8: earliest local (-4), v9: latest tiered (-5), v10: a timeout for remote reads
     METADATA: (0, 12),
     OFFSET_COMMIT: (2, 8),
     OFFSET_FETCH: (1, 8),

@@ -382,3 +382,40 @@ def test_groups_listed_by_type_and_state_and_a_missing_group_not_found(kcluster:
     assert (int(v6.error_code), v6.error_message, v6.group_state) == (69, f"Group {missing} not found.", "Dead"), v6
     v5 = kafka_ask(kcluster, node, 15, 5, {"groups": [missing]}).groups[0]
     assert (int(v5.error_code), v5.group_state) == (0, "Dead"), v5
+
+
+def test_earliest_local_and_latest_tiered_offsets(kcluster: Any, kp_admin: Any, confluent_admin: Any,
+                                                  topic_name: str) -> None:
+    """ListOffsets v8 (KIP-405's earliest local offset, -4) and v9 (KIP-1005's latest tiered offset, -5), which
+    kafka-python's OffsetSpec and Kafka 4's ``kafka-get-offsets.sh --time earliest-local|latest-tiered`` send.
+    Brook has no tiered storage, so as Kafka without it: the earliest local offset is the log start, with its
+    leader epoch, and the latest tiered one is -1. Against a broker without v8, kafka-python refused both."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import NewTopic
+    from kafka import OffsetSpec
+    from kafka import TopicPartition as KafkaTopicPartition
+    from kafka_raw import kafka_ask
+
+    for f in confluent_admin.create_topics([NewTopic(topic_name, 1, 3)], request_timeout=T).values():
+        f.result(T)
+    producer = Producer(kcluster.kafka_client_config("admin"))
+    for i in range(10):
+        producer.produce(topic_name, b"r%d" % i)
+    assert producer.flush(T) == 0
+    del producer  # its threads would go on dialling the cluster once it stops
+    tp = KafkaTopicPartition(topic_name, 0)
+    wait_for(lambda: kp_admin.list_partition_offsets({tp: OffsetSpec.LATEST})[tp].offset == 10, T, "10 records")
+    kp_admin.delete_records({tp: 4})  # the log start moves to 4
+
+    def offsets(spec: Any) -> tuple[int, int, int | None]:
+        found = kp_admin.list_partition_offsets({tp: spec})[tp]
+        return found.offset, found.timestamp, found.leader_epoch
+    earliest = offsets(OffsetSpec.EARLIEST)
+    assert earliest[0] == 4 and offsets(OffsetSpec.EARLIEST_LOCAL) == earliest, earliest
+    assert offsets(OffsetSpec.LATEST_TIERED)[:2] == (-1, -1)
+    leader = kp_admin.describe_topics([topic_name])[0]["partitions"][0]["leader_id"]
+    for version, ts, want in ((8, -4, 4), (9, -5, -1), (10, -4, 4)):
+        values = {"replica_id": -1, "isolation_level": 0, "timeout": 1000,
+                  "topics": [{"name": topic_name, "partitions": [{"partition_index": 0, "timestamp": ts}]}]}
+        answer = kafka_ask(kcluster, leader, 2, version, values).topics[0].partitions[0]
+        assert (int(answer.error_code), answer.offset) == (0, want), (version, answer)
