@@ -91,8 +91,11 @@ def test_a_followers_corrupt_batch_is_found_by_the_scrubber_and_fetched_back_at_
     bad = flip_in_records(segments[0], 1)
     wait_for(lambda: _found(cluster, follower) >= 1, BOUND_S,
              lambda: f"broker {follower}'s scrubber to find the batch at offset {bad}: {cluster.log_tail(follower)}")
-    log_text = cluster.node_log(follower).read_text(errors="replace")
-    assert f"(base offset {bad})" in log_text and "found by the log scrubber" in log_text, cluster.log_tail(follower)
+    # The counter moves before the scrubber hands the batch to the replica manager, which marks it for a rescan (a
+    # checkpoint written and synced) and only then logs what it decided: wait for that line, do not race it.
+    wait_for(lambda: all(s in cluster.node_log(follower).read_text(errors="replace")
+                         for s in (f"(base offset {bad})", "found by the log scrubber")), BOUND_S,
+             lambda: f"broker {follower}'s log to say what it does with the batch: {cluster.log_tail(follower)}")
     assert cluster.is_running(follower), "a follower that found a corrupt batch stopped"
     acked += [b"after-the-find-%03d" % i for i in range(20)]
     produce_acked(cluster, topic, acked[-20:])
