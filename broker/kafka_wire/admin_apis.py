@@ -104,7 +104,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     UPDATE_FEATURES: (0, 1),  # v2 answers without per-feature results
     DESCRIBE_QUORUM: (0, 2),
     DESCRIBE_PRODUCERS: (0, 0),
-    LIST_TRANSACTIONS: (0, 1),
+    LIST_TRANSACTIONS: (0, 2),  # v2 (KIP-1152): a transactional id pattern, which matches none here either
 }
 
 # KIP-599: the first versions whose clients know THROTTLING_QUOTA_EXCEEDED. Older ones are forwarded with
@@ -929,7 +929,8 @@ class AdminApis:
         """The transactions this broker's transaction coordinator holds: none, as Brook has no transactions (a
         transactional producer is refused at FindCoordinator/InitProducerId). ``kafka-transactions list`` and
         ``find-hanging`` (kafka-python's too) then say so instead of failing on an API the broker lacks. State filters
-        Kafka does not know are echoed back, as Kafka does."""
+        Kafka does not know are echoed back, as Kafka does. A v2 transactional id pattern is not compiled: it is
+        Java's regular expression syntax, not Python's, and there is nothing for it to match."""
         unknown = sorted({str(f) for f in _get(req.body, "state_filters", ()) or ()} - TRANSACTION_STATES)
         return self._resp(req, {"throttle_time": 0, "error_code": 0, "unknown_state_filters": unknown,
                                 "transaction_states": []})

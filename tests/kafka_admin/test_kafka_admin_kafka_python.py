@@ -24,6 +24,23 @@ def _partition0(admin: Any, name: str) -> dict[str, Any]:
     return [p for p in topic["partitions"] if p["partition_index"] == 0][0]
 
 
+def _wait_known_everywhere(cluster: Any, topics: dict[str, int]) -> None:
+    """Until every broker's metadata has ``topics`` with their partition counts: each broker hears of a new topic
+    from the controller on its own, and a client sends a request to whichever broker it picks."""
+    from kafka_raw import kafka_ask
+
+    asked = {"topics": [{"name": name} for name in sorted(topics)], "response_partition_limit": 2000}
+    want = [(name, 0, topics[name]) for name in sorted(topics)]
+    seen: dict[int, Any] = {}
+
+    def known() -> bool:
+        for node in cluster.broker_ids:
+            seen[node] = [(t.name, int(t.error_code), len(t.partitions)) for t in kafka_ask(cluster, node, 75, 0,
+                                                                                             asked).topics]
+        return all(got == want for got in seen.values())
+    wait_for(known, T, lambda: f"{sorted(topics)} on every broker; each broker's answer: {seen}")
+
+
 def test_topics_configs_and_partitions(kcluster: Any, kp_admin: Any, topic_name: str) -> None:
     from kafka.admin import ConfigResource, ConfigResourceType
 
@@ -286,10 +303,12 @@ def test_offsets_of_several_groups_in_one_request(kcluster: Any, kp_admin: Any, 
 def test_list_transactions_says_there_are_none(kcluster: Any, kp_admin: Any) -> None:
     """kafka-python's list_transactions and find_hanging_transactions (kafka-transactions list / find-hanging): every
     broker answers that it coordinates no transaction, as Brook has none; a state filter Kafka does not know is
-    echoed back."""
+    echoed back. A transactional id pattern (v2, KIP-1152: Kafka 4.1's ``--transactional-id-pattern``) matches
+    none either; kafka-python refuses it against a broker without v2."""
     from kafka_raw import kafka_ask
 
     assert kp_admin.list_transactions() == {b: [] for b in kcluster.broker_ids}
+    assert kp_admin.list_transactions(transactional_id_pattern="orders-.*") == {b: [] for b in kcluster.broker_ids}
     assert kp_admin.find_hanging_transactions() == []
     out = kafka_ask(kcluster, kcluster.broker_ids[0], 66, 1, {"state_filters": ["Ongoing", "Bogus"],
                                                               "producer_id_filters": [], "duration_filter": -1})
@@ -305,7 +324,9 @@ def test_describe_topic_partitions_pages(kcluster: Any, kp_admin: Any, confluent
     a, b = f"{topic_name}-a", f"{topic_name}-b"
     for f in confluent_admin.create_topics([NewTopic(a, 3, 1), NewTopic(b, 2, 1)], request_timeout=T).values():
         f.result(T)
-    wait_for(lambda: _partitions(kp_admin, b) == 2, T, "the topics")
+    # Every broker must know both: kafka-python sends each page to whichever broker it picks, and a broker that had
+    # not yet heard of b from the controller answered it UNKNOWN_TOPIC_OR_PARTITION, without partitions (seen in CI).
+    _wait_known_everywhere(kcluster, {a: 3, b: 2})
 
     def page(cursor: dict[str, Any] | None) -> tuple[list[tuple[str, list[int]]], dict[str, Any] | None]:
         got = kp_admin.describe_topic_partitions([b, a], response_partition_limit=2, cursor=cursor)
@@ -398,6 +419,7 @@ def test_earliest_local_and_latest_tiered_offsets(kcluster: Any, kp_admin: Any, 
 
     for f in confluent_admin.create_topics([NewTopic(topic_name, 1, 3)], request_timeout=T).values():
         f.result(T)
+    _wait_known_everywhere(kcluster, {topic_name: 1})
     producer = Producer(kcluster.kafka_client_config("admin"))
     for i in range(10):
         producer.produce(topic_name, b"r%d" % i)
