@@ -68,7 +68,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DESCRIBE_GROUPS: (0, 6),  # v6 (KIP-1043): a group that does not exist is GROUP_ID_NOT_FOUND
     LIST_GROUPS: (0, 5),  # v5 (KIP-848): the types filter, and each group's type (all are classic)
     SASL_HANDSHAKE: (0, 1),  # as Kafka 4; librdkafka 2.0 (Debian's kcat) uses SASL only if v0 is in the range
-    API_VERSIONS: (0, 3),
+    API_VERSIONS: (0, 4),  # v4 (KAFKA-17011) lets a feature's lowest level be 0: Brook's is 1, the answer is v3's
     INIT_PRODUCER_ID: (0, 4),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
     SASL_AUTHENTICATE: (0, 2),

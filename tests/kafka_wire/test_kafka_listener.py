@@ -106,11 +106,11 @@ def _recv_exactly(s: socket.socket, n: int) -> bytes:
     return bytes(out)
 
 
-def _api_versions(port: int) -> Any:
+def _api_versions(port: int, version: int = 3) -> Any:
     with _connect(port) as s:
-        s.sendall(_frame(apis.API_VERSIONS, 3, codec.build(codec.request_schema(18, 3), {
+        s.sendall(_frame(apis.API_VERSIONS, version, codec.build(codec.request_schema(18, version), {
             "client_software_name": "wire-test", "client_software_version": "1"})))
-        return _read_response(s, apis.API_VERSIONS, 3)
+        return _read_response(s, apis.API_VERSIONS, version)
 
 
 def _kafka_port(c: LocalCluster) -> int:
@@ -141,6 +141,19 @@ def test_api_versions_advertises_what_is_served_and_answers_newer_versions_in_v0
         body, _ = entity_reader(codec.response_schema(18, 0))(data, 4)
         assert body.error_code == ErrorCode.UNSUPPORTED_VERSION
         assert {k.api_key for k in body.api_keys} == set(apis.SUPPORTED)
+
+
+def test_api_versions_v4_is_answered_in_v4(cluster: LocalCluster) -> None:
+    """Kafka 4's clients (kafka-python 3 too) open each connection with ApiVersions v4, the newest they know: a
+    broker serving v3 answers it UNSUPPORTED_VERSION, and every new connection cost a second request. v4 only
+    lets a supported feature's lowest level be 0 (KAFKA-17011); Brook's is 1, so the answer is v3's."""
+    v4, v3 = _api_versions(_kafka_port(cluster), 4), _api_versions(_kafka_port(cluster), 3)
+    assert v4.error_code == 0, v4
+    assert {k.api_key: (k.min_version, k.max_version) for k in v4.api_keys}[apis.API_VERSIONS] == (0, 4)
+    def plain(r: Any) -> tuple[list[tuple[int, int, int]], list[tuple[str, int, int]]]:  # each version's own classes
+        return ([(k.api_key, k.min_version, k.max_version) for k in r.api_keys],
+                [(f.name, f.min_version, f.max_version) for f in r.supported_features])
+    assert plain(v4) == plain(v3), (plain(v4), plain(v3))
 
 
 def _sized(payload: bytes) -> bytes:
