@@ -17,6 +17,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -279,8 +280,17 @@ def test_a_streamed_answer_lets_its_records_go_once_joined(broker: InProcessBrok
     async def scenario() -> tuple[Any, list[Any]]:
         stream = broker.service.fetch_stream_over_grpc(requests(), LoopbackCaller())  # type: ignore[arg-type]
         wire = await asyncio.wait_for(anext(stream), 10)
-        gc.collect()
-        alive = [r() for r in made if r() is not None]
+        # The worker threads that read and joined the answer wake this loop as they hand their results over, and
+        # drop their own references a moment later (seen in CI: the read's result tuple still on its worker when
+        # the stream had yielded). What the stream holds is what stays once they have: looked at until a deadline.
+        deadline = time.monotonic() + 10
+        while True:
+            gc.collect()
+            alive = [r() for r in made if r() is not None]
+            if not alive or time.monotonic() > deadline:
+                break
+            del alive
+            await asyncio.sleep(0.01)
         await stream.aclose()
         return wire, alive
 
