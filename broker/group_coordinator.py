@@ -1178,8 +1178,9 @@ class GroupCoordinator:
         with self._lock:
             groups = list(self._groups.values())
             loaded = {p for p, load in self._partitions.items() if load.loaded}
-        wanted = {s.lower() for s in states}
-        return [g for g in groups if self._partition_of(g) in loaded and (not wanted or g.state.value.lower() in wanted)]
+        named = {s.lower() for s in states}
+        wanted = {state for state in GroupState if state.value.lower() in named}
+        return [g for g in groups if self._partition_of(g) in loaded and (not states or g.state in wanted)]
 
     def reserve_describe(self, size: int) -> bool:
         """Take ``size`` bytes of DESCRIBE_INFLIGHT_MAX_BYTES for a description being built (False:

@@ -444,9 +444,6 @@ class Group:
     # may have moved earlier: the coordinator's timers (broker/group_coordinator.py GroupTimers) then ask
     # this group again on their next tick. None: nobody is told.
     deadline_listener: Callable[[Group], None] | None = field(default=None, repr=False, compare=False)
-    # While a JoinGroup is handled: the reason its client gave (JoinGroup v8+, KIP-800), for the log line of a
-    # rebalance it starts, as Kafka logs it ("client reason: ...").
-    _client_reason: str = field(default="", repr=False, compare=False)
 
     # ---- queries ----
     def is_empty(self) -> bool:
@@ -511,17 +508,8 @@ class Group:
     ) -> None:
         """``subscriptions``: the topics ``protocols``' metadata subscribe to, parsed by the caller (a
         consumer's; NO_SUBSCRIPTIONS otherwise), kept with the member. ``reason``: why the client (re)joins,
-        for the log (KIP-800)."""
-        self._client_reason = reason
-        try:
-            self._join(member_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms, protocol_type,
-                       protocols, callback, now_ms, group_instance_id, subscriptions)
-        finally:
-            self._client_reason = ""
-
-    def _join(self, member_id: str, client_id: str, client_host: str, session_timeout_ms: int,
-              rebalance_timeout_ms: int, protocol_type: str, protocols: list[tuple[str, bytes]],
-              callback: JoinCallback, now_ms: int, group_instance_id: str, subscriptions: Subscriptions) -> None:
+        for the log line of a rebalance the join starts (KIP-800)."""
+        why = client_reason(reason)
         self._forget_deadline()
         if self.state == GroupState.DEAD:
             callback(JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id, error_message="group is dead"))
@@ -542,7 +530,7 @@ class Group:
             holder = self.static_members.get(group_instance_id)
             if not member_id and holder is not None:
                 self._replace_static(holder, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
-                                     protocols, callback, now_ms, subscriptions)
+                                     protocols, callback, now_ms, subscriptions, why)
                 return
             if member_id and self._fenced(member_id, group_instance_id):
                 callback(JoinResult(ErrorCode.FENCED_INSTANCE_ID, member_id,
@@ -557,7 +545,7 @@ class Group:
                 # a lost answer from leaving a ghost behind, the reason for MEMBER_ID_REQUIRED).
                 self._add_member(self.new_member_id(group_instance_id), client_id, client_host, session_timeout_ms,
                                  rebalance_timeout_ms, protocol_type, protocols, callback, now_ms, group_instance_id,
-                                 subscriptions)
+                                 subscriptions, why)
                 return
             # KIP-394: hand out an id and make the member come back with it, so a client
             # that loses this response does not leave a ghost member behind.
@@ -572,15 +560,15 @@ class Group:
                 return
             del self.pending_members[member_id]
             self._add_member(member_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
-                             protocol_type, protocols, callback, now_ms, group_instance_id, subscriptions)
+                             protocol_type, protocols, callback, now_ms, group_instance_id, subscriptions, why)
             return
         self._rejoin(member, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
-                     protocols, callback, now_ms, subscriptions)
+                     protocols, callback, now_ms, subscriptions, why)
 
     def _add_member(self, member_id: str, client_id: str, client_host: str, session_timeout_ms: int,
                     rebalance_timeout_ms: int, protocol_type: str, protocols: list[tuple[str, bytes]],
                     callback: JoinCallback, now_ms: int, group_instance_id: str,
-                    subscriptions: Subscriptions = NO_SUBSCRIPTIONS) -> None:
+                    subscriptions: Subscriptions = NO_SUBSCRIPTIONS, why: str = "") -> None:
         if not self.members:
             self.protocol_type = protocol_type  # an empty group takes the first member's type
         member = Member(member_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms,
@@ -589,12 +577,12 @@ class Group:
         if group_instance_id:
             self.static_members[group_instance_id] = member_id
         member.join_callback = callback
-        self._prepare_rebalance(now_ms, f"member {member_id} joined", new_member=True)
+        self._prepare_rebalance(now_ms, f"member {member_id} joined{why}", new_member=True)
         self._maybe_complete_join(now_ms)
 
     def _replace_static(self, old_id: str, client_id: str, client_host: str, session_timeout_ms: int,
                         rebalance_timeout_ms: int, protocols: list[tuple[str, bytes]], callback: JoinCallback,
-                        now_ms: int, subscriptions: Subscriptions = NO_SUBSCRIPTIONS) -> None:
+                        now_ms: int, subscriptions: Subscriptions = NO_SUBSCRIPTIONS, why: str = "") -> None:
         """A static member joined again without a member id: a new process under its instance id takes the
         member's place (and assignment) with a new member id; the old id is fenced. As Kafka's coordinator
         does: no rebalance in Stable while the chosen protocol stays (the answer names the current leader,
@@ -618,15 +606,17 @@ class Group:
                 self.persist_needed = True  # the new member id, for a coordinator that loads the group
                 callback(JoinResult(ErrorCode.NONE, new_id, self.generation_id, self.protocol_name, current_leader))
                 return
-            self._prepare_rebalance(now_ms, f"static member {member.group_instance_id} rejoined with other protocols")
+            self._prepare_rebalance(now_ms,
+                                    f"static member {member.group_instance_id} rejoined with other protocols{why}")
         elif self.state == GroupState.COMPLETING_REBALANCE:
-            self._prepare_rebalance(now_ms, f"static member {member.group_instance_id} rejoined during the assignment")
+            self._prepare_rebalance(now_ms,
+                                    f"static member {member.group_instance_id} rejoined during the assignment{why}")
         member.join_callback = callback
         self._maybe_complete_join(now_ms)
 
     def _rejoin(self, member: Member, client_id: str, client_host: str, session_timeout_ms: int,
                 rebalance_timeout_ms: int, protocols: list[tuple[str, bytes]], callback: JoinCallback,
-                now_ms: int, subscriptions: Subscriptions = NO_SUBSCRIPTIONS) -> None:
+                now_ms: int, subscriptions: Subscriptions = NO_SUBSCRIPTIONS, why: str = "") -> None:
         changed = list(protocols) != member.protocols
         if member.join_callback is not None:
             # A second join while the first still waits: the first is superseded.
@@ -641,7 +631,7 @@ class Group:
             callback(self._join_result_for(member))
             return
         if self.state != GroupState.PREPARING_REBALANCE:
-            self._prepare_rebalance(now_ms, f"member {member.member_id} rejoined")
+            self._prepare_rebalance(now_ms, f"member {member.member_id} rejoined{why}")
         self._maybe_complete_join(now_ms)
 
     def _prepare_rebalance(self, now_ms: int, reason: str, *, new_member: bool = False) -> None:
@@ -659,8 +649,7 @@ class Group:
                     m.sync_callback(SyncResult(ErrorCode.REBALANCE_IN_PROGRESS))
                     m.sync_callback = None
                     m.last_heartbeat_ms = now_ms  # it was waiting on us: alive until now
-        log.info("group %s: preparing rebalance (generation %d): %s%s", self.group_id, self.generation_id, reason,
-                 client_reason(self._client_reason))
+        log.info("group %s: preparing rebalance (generation %d): %s", self.group_id, self.generation_id, reason)
         rebalance_timeout_ms = max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
         self.initial_join = self.state == GroupState.EMPTY and self.initial_rebalance_delay_ms > 0
         if self.initial_join:
@@ -777,13 +766,7 @@ class Group:
         """A member leaves: by member id, or a static member by its instance id (``member_id`` "" removes
         whichever member holds it, as an admin's removal does; another member id is fenced). ``reason``: why,
         as its client says (LeaveGroup v5+, KIP-800), for the log."""
-        self._client_reason = reason
-        try:
-            return self._leave(member_id, now_ms, group_instance_id)
-        finally:
-            self._client_reason = ""
-
-    def _leave(self, member_id: str, now_ms: int, group_instance_id: str) -> int:
+        why = client_reason(reason)
         self._forget_deadline()
         if self.state == GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -793,7 +776,7 @@ class Group:
                 return ErrorCode.UNKNOWN_MEMBER_ID
             if member_id and member_id != holder:
                 return ErrorCode.FENCED_INSTANCE_ID
-            self._remove_member(holder, now_ms, f"(static member {group_instance_id}) left the group")
+            self._remove_member(holder, now_ms, f"(static member {group_instance_id}) left the group{why}")
             return ErrorCode.NONE
         if member_id in self.pending_members:
             del self.pending_members[member_id]
@@ -801,7 +784,7 @@ class Group:
             return ErrorCode.NONE
         if member_id not in self.members:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        self._remove_member(member_id, now_ms, "left the group")
+        self._remove_member(member_id, now_ms, f"left the group{why}")
         return ErrorCode.NONE
 
     def _forget(self, member: Member) -> None:
@@ -815,7 +798,7 @@ class Group:
         member.fail_waiters(ErrorCode.UNKNOWN_MEMBER_ID)
         if self.leader_id == member_id:
             self.leader_id = next(iter(self.members), "")  # the longest-standing member, as Kafka
-        log.info("group %s: member %s %s%s", self.group_id, member_id, reason, client_reason(self._client_reason))
+        log.info("group %s: member %s %s", self.group_id, member_id, reason)
         if self.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             if self.members:
                 self._prepare_rebalance(now_ms, f"member {member_id} {reason}")
