@@ -41,6 +41,16 @@ def _wait_known_everywhere(cluster: Any, topics: dict[str, int]) -> None:
     wait_for(known, T, lambda: f"{sorted(topics)} on every broker; each broker's answer: {seen}")
 
 
+def _committed(admin: Any, group: str, offsets: dict[Any, Any]) -> bool:
+    """kafka-python's alter_group_offsets of ``offsets`` for ``group``: did every partition take it?"""
+    from kafka.errors import CoordinatorNotAvailableError
+
+    try:
+        return all(e.__name__ == "NoError" for e in admin.alter_group_offsets(group, offsets).values())
+    except CoordinatorNotAvailableError:  # __consumer_offsets being created on a fresh cluster
+        return False
+
+
 def test_topics_configs_and_partitions(kcluster: Any, kp_admin: Any, topic_name: str) -> None:
     from kafka.admin import ConfigResource, ConfigResourceType
 
@@ -268,7 +278,6 @@ def test_offsets_of_several_groups_in_one_request(kcluster: Any, kp_admin: Any, 
     DESCRIBE is refused on its own."""
     from confluent_kafka.admin import NewTopic
     from kafka import TopicPartition as KafkaTopicPartition
-    from kafka.errors import CoordinatorNotAvailableError
     from kafka.structs import OffsetAndMetadata
     from kafka_raw import kafka_ask
 
@@ -277,13 +286,8 @@ def test_offsets_of_several_groups_in_one_request(kcluster: Any, kp_admin: Any, 
     tp0, tp1 = KafkaTopicPartition(topic_name, 0), KafkaTopicPartition(topic_name, 1)
     groups = {f"{topic_name}-g{i}": {tp0: OffsetAndMetadata(i, f"m{i}", -1), tp1: OffsetAndMetadata(10 + i, "", -1)}
               for i in range(3)}
-    def committed(group: str) -> bool:
-        try:
-            return all(e.__name__ == "NoError" for e in kp_admin.alter_group_offsets(group, groups[group]).values())
-        except CoordinatorNotAvailableError:  # __consumer_offsets being created on a fresh cluster
-            return False
     for group in groups:
-        wait_for(lambda g=group: committed(g), T, f"{group}'s offsets committed")
+        wait_for(lambda g=group: _committed(kp_admin, g, groups[g]), T, f"{group}'s offsets committed")
     names = sorted(groups)
     got = kp_admin.list_group_offsets({names[0]: None, names[1]: [tp1], names[2]: None})
     assert {g: {tp: (o.offset, o.metadata) for tp, o in offsets.items()} for g, offsets in got.items()} == {
@@ -358,7 +362,6 @@ def test_groups_listed_by_type_and_state_and_a_missing_group_not_found(kcluster:
     from confluent_kafka import ConsumerGroupState, ConsumerGroupType
     from confluent_kafka.admin import NewTopic
     from kafka import TopicPartition as KafkaTopicPartition
-    from kafka.errors import CoordinatorNotAvailableError
     from kafka.structs import OffsetAndMetadata
     from kafka_raw import kafka_ask
 
@@ -366,13 +369,8 @@ def test_groups_listed_by_type_and_state_and_a_missing_group_not_found(kcluster:
         f.result(T)
     group = f"{topic_name}-g"
 
-    def committed() -> bool:
-        try:
-            return all(e.__name__ == "NoError" for e in kp_admin.alter_group_offsets(
-                group, {KafkaTopicPartition(topic_name, 0): OffsetAndMetadata(1, "", -1)}).values())
-        except CoordinatorNotAvailableError:  # __consumer_offsets being created on a fresh cluster
-            return False
-    wait_for(committed, T, f"{group}'s offset committed")  # an Empty group with an offset
+    wait_for(lambda: _committed(kp_admin, group, {KafkaTopicPartition(topic_name, 0): OffsetAndMetadata(1, "", -1)}),
+             T, f"{group}'s offset committed")  # an Empty group with an offset
 
     listed = {g["group_id"]: g for g in kp_admin.list_groups(types_filter=["classic"])}
     assert listed[group]["group_type"] == "classic" and listed[group]["group_state"] == "Empty", listed.get(group)
