@@ -78,6 +78,7 @@ DESCRIBE_CONFIGS, ALTER_CONFIGS, DESCRIBE_LOG_DIRS, CREATE_PARTITIONS = 32, 33, 
 ELECT_LEADERS, INCREMENTAL_ALTER_CONFIGS = 43, 44
 ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS, DESCRIBE_CLUSTER = 45, 46, 60
 UPDATE_FEATURES, DESCRIBE_QUORUM, DESCRIBE_PRODUCERS, LIST_TRANSACTIONS = 57, 55, 61, 66
+LIST_CONFIG_RESOURCES = 74
 # Kafka's TransactionState names, which ListTransactions' state filters may name.
 TRANSACTION_STATES = frozenset({"Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit",
                                 "CompleteAbort", "Dead", "PrepareEpochFence"})
@@ -105,6 +106,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DESCRIBE_QUORUM: (0, 2),
     DESCRIBE_PRODUCERS: (0, 0),
     LIST_TRANSACTIONS: (0, 2),  # v2 (KIP-1152): a transactional id pattern, which matches none here either
+    LIST_CONFIG_RESOURCES: (0, 1),  # v0 was KIP-714's ListClientMetricsResources; v1 (KIP-1142) every type
 }
 
 # KIP-599: the first versions whose clients know THROTTLING_QUOTA_EXCEEDED. Older ones are forwarded with
@@ -114,6 +116,7 @@ STRICT_QUOTA_SINCE = {CREATE_TOPICS: 6, DELETE_TOPICS: 5, CREATE_PARTITIONS: 3}
 
 # Kafka's ConfigResource.Type, ConfigEntry.ConfigSource and AlterConfigOp.OpType codes.
 RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER = 2, 4, 8
+RESOURCE_CLIENT_METRICS, RESOURCE_GROUP = 16, 32
 SOURCE_DYNAMIC_TOPIC, SOURCE_DYNAMIC_DEFAULT_BROKER, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 3, 4, 5
 SOURCE_DYNAMIC_BROKER_LOGGER = 6
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
@@ -144,6 +147,9 @@ DUPLICATE_RESOURCE = "Each resource must appear at most once."
 
 # Answers of more items than this are built on the admin pool, not the event loop (AdminApis._answer).
 _ANSWER_ON_LOOP_MAX_ITEMS = 100
+# The config resource types ListConfigResources v1 lists (Kafka's ListConfigResourcesRequest.supportedResourceTypes).
+LISTED_CONFIG_TYPES = frozenset({RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_CLIENT_METRICS,
+                                 RESOURCE_GROUP})
 # A config entry as described: (name, value, source, is_sensitive, documentation, read_only, synonyms), a synonym
 # being (name, value, source): each source that has a value for the entry, the one in effect first.
 _Synonym = tuple[str, str | None, int]
@@ -227,6 +233,7 @@ class AdminApis:
             DESCRIBE_QUORUM: self.describe_quorum,
             DESCRIBE_PRODUCERS: self.describe_producers,
             LIST_TRANSACTIONS: self.list_transactions,
+            LIST_CONFIG_RESOURCES: self.list_config_resources,
         }
 
     def close(self) -> None:
@@ -934,6 +941,40 @@ class AdminApis:
         unknown = sorted({str(f) for f in _get(req.body, "state_filters", ()) or ()} - TRANSACTION_STATES)
         return self._resp(req, {"throttle_time": 0, "error_code": 0, "unknown_state_filters": unknown,
                                 "transaction_states": []})
+
+    # ---- ListConfigResources (KIP-1142; v0: KIP-714's ListClientMetricsResources) ----
+    async def list_config_resources(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        """The resources whose configs a client may describe, as Kafka 4.1's ``kafka-configs --describe`` without an
+        entity name and kafka-python's ``list_config_resources`` list them, after DESCRIBE_CONFIGS on the cluster
+        (Kafka's rule). v0 lists client-metrics subscriptions only; v1 the types named, or with none named every
+        type Kafka lists (a type outside them fails the whole request UNSUPPORTED_VERSION, as Kafka's does). The
+        types come in Kafka's order: groups, client metrics, broker loggers, brokers, topics. Brook has neither
+        group configs nor client-metrics subscriptions (KIP-714), so those two list nothing; each broker with an
+        endpoint on this listener is listed as a broker and as a broker logger (its loggers are named by its id),
+        and every topic by name."""
+        def answer(code: int, resources: list[dict[str, Any]]) -> Any:
+            return self._resp(req, {"throttle_time": 0, "error_code": code, "config_resources": resources})
+        try:
+            self._authorize_cluster(ctx, authz.DESCRIBE_CONFIGS)
+        except _Failed as exc:
+            return answer(exc.code, [])
+        if req.api_version == 0:
+            return answer(0, [])  # client-metrics subscriptions: Brook has none
+        named = {int(t) for t in _get(req.body, "resource_types", ()) or ()}
+        if named - LISTED_CONFIG_TYPES:
+            return answer(ErrorCode.UNSUPPORTED_VERSION, [])
+        wanted = named or LISTED_CONFIG_TYPES
+        cache = self.broker.metadata_cache
+        nodes = [str(b.node_id) for b in cache.brokers() if b.registered_endpoint(self.listener) is not None]
+
+        def build() -> Any:
+            resources = [{"resource_type": kind, "resource_name": node}
+                         for kind in (RESOURCE_BROKER_LOGGER, RESOURCE_BROKER) if kind in wanted for node in nodes]
+            if RESOURCE_TOPIC in wanted:
+                resources += ({"resource_type": RESOURCE_TOPIC, "resource_name": t.name} for t in cache.topics())
+            return answer(0, resources)
+        # Every topic of a large cluster is named: its list is sorted and the answer built on the admin pool.
+        return await self._answer(build, heavy=RESOURCE_TOPIC in wanted and cache.counts()[0] > _ANSWER_ON_LOOP_MAX_ITEMS)
 
     # ---- DeleteRecords (partitions this broker leads) ----
     async def delete_records(self, req: codec.Request, ctx: KafkaCallContext) -> Any:

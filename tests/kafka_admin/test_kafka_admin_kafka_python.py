@@ -319,6 +319,44 @@ def test_list_transactions_says_there_are_none(kcluster: Any, kp_admin: Any) -> 
     assert (int(out.error_code), out.unknown_state_filters, out.transaction_states) == (0, ("Bogus",), ())
 
 
+def test_config_resources_listed_as_kafka_4_1_lists_them(kcluster: Any, kp_admin: Any, confluent_admin: Any,
+                                                         topic_name: str) -> None:
+    """ListConfigResources v1 (KIP-1142), which kafka-python's list_config_resources and Kafka 4.1's ``kafka-configs
+    --describe`` without an entity name send: every topic, and each broker as a broker and as a broker logger, after
+    DESCRIBE_CONFIGS on the cluster. Brook has no group configs or client-metrics subscriptions, so those list none; a
+    type Kafka does not list fails the whole request UNSUPPORTED_VERSION; v0 (KIP-714's ListClientMetricsResources)
+    lists client metrics only. Against a broker without the API, kafka-python raised IncompatibleBrokerVersion."""
+    from confluent_kafka.admin import NewTopic
+    from kafka.admin import ConfigResourceType
+    from kafka_raw import kafka_ask
+
+    for f in confluent_admin.create_topics([NewTopic(topic_name, 1, 1)], request_timeout=T).values():
+        f.result(T)
+    _wait_known_everywhere(kcluster, {topic_name: 1})
+    nodes = sorted(str(b) for b in kcluster.broker_ids)
+
+    listed = kp_admin.list_config_resources()
+    assert sorted(listed) == ["broker", "broker_logger", "topic"], listed
+    assert sorted(listed["broker"]) == nodes and sorted(listed["broker_logger"]) == nodes, listed
+    assert topic_name in listed["topic"] and listed["topic"] == sorted(listed["topic"]), listed["topic"]
+    assert kp_admin.list_config_resources([ConfigResourceType.BROKER]) == {"broker": nodes}
+    assert kp_admin.list_config_resources(["GROUP", "CLIENT_METRICS"]) == {}
+
+    node = kcluster.broker_ids[0]
+
+    def raw(version: int, types: list[int], name: str = "admin") -> tuple[int, list[tuple[int, str]]]:
+        out = kafka_ask(kcluster, node, 74, version, {"resource_types": types}, name=name)
+        return int(out.error_code), [(int(r.resource_type), r.resource_name) for r in out.config_resources]
+    code, rows = raw(1, [])
+    # Kafka's order of types (groups, client metrics, broker loggers, brokers, topics), whatever the filter's order.
+    assert code == 0 and [t for t, _ in rows] == sorted((t for t, _ in rows), key=[8, 4, 2].index), rows
+    assert raw(1, [2, 4, 2]) == (0, [(4, n) for n in nodes] + [r for r in rows if r[0] == 2])
+    assert raw(1, [2, 64]) == (35, [])  # UNSUPPORTED_VERSION: a type Kafka does not list, beside one it does
+    assert raw(1, [3]) == (35, [])  # GROUP is 32 here, as in Kafka's ConfigResource.Type, not the ACL code 3
+    assert raw(0, []) == (0, [])
+    assert raw(1, [], name="demo") == (31, [])  # CLUSTER_AUTHORIZATION_FAILED: no DESCRIBE_CONFIGS on the cluster
+
+
 def test_describe_topic_partitions_pages(kcluster: Any, kp_admin: Any, confluent_admin: Any, topic_name: str) -> None:
     """kafka-python's describe_topic_partitions (KIP-966; kafka-topics --describe from Kafka 3.8): topics in name
     order, at most response_partition_limit partitions a page, the cursor where the next page starts."""
