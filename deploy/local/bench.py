@@ -29,7 +29,8 @@ Each step prints the perf tool's own summary line. Figures depend on the machine
 on what else runs on it; nothing here asserts on them. Before and after the steps it prints
 how long a fixed pure-Python workload takes on this machine now, which tells a fast hour
 of a shared machine from a slow one; after each latency run, the stalls of the whole machine
-during it (``deploy.local.pause_watch``), which decide a run's p99 when there are any.
+during it and the hypervisor's steal time (``deploy.local.pause_watch``), which decide a run's p99 when there
+are any.
 
     python -m deploy.local.bench [--records 1000000] [--latency-records 100000]
 """
@@ -52,7 +53,7 @@ from typing import Any
 
 from client.perf import consume_main, e2e_main, produce_main
 from deploy.local.cluster import CLIENT_PROPERTIES, LocalCluster, rss_bytes
-from deploy.local.pause_watch import PauseWatch
+from deploy.local.pause_watch import STEAL_MARK_SHARE, PauseWatch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,14 +410,14 @@ def _measured(figures: dict[tuple[str, str], str], key: tuple[str, str], fn: Cal
 def _latency_run(name: str, run: int, p99s: list[float], fn: Callable[[list[str]], int],
                  argv: list[str], stalled: list[bool]) -> tuple[str, int]:
     """One run of a repeated latency step: its output echoed, its p99 added to ``p99s`` and whether the
-    machine stalled during it to ``stalled``."""
+    machine stalled or the hypervisor took its cores during it to ``stalled`` (``PauseWatch.disturbed``)."""
     output: list[str] = []
     with _stalls_printed() as pauses:
         rc, _ = run_perf(fn, argv, output)
     match = _P99.findall("".join(output))
     if rc == 0 and match:
         p99s.append(float(match[-1]))
-        stalled.append(bool(pauses.stalls))
+        stalled.append(pauses.disturbed)
     return f"{name} (run {run})", rc
 
 
@@ -430,7 +431,8 @@ def _stalls_printed() -> Iterator[PauseWatch]:
 
 def runs_line(what: str, p99s: list[float], goal_ms: float, stalled: Sequence[bool] = ()) -> str:
     """The p99s of a repeated latency step in the order run, their median and how many met the goal; with
-    ``stalled`` (per run: the machine stalled during it), those runs marked and the others counted apart."""
+    ``stalled`` (per run: the machine stalled, or its cores were taken, during it), those runs marked and the others
+    counted apart."""
     if not p99s:
         return f"{what} p99: no run completed"
     median = statistics.median(p99s)
@@ -440,7 +442,8 @@ def runs_line(what: str, p99s: list[float], goal_ms: float, stalled: Sequence[bo
             f"ms; median {median:.2f} ms; {met} of {len(p99s)} within the goal of {goal_ms:g} ms")
     if any(marks):
         calm = [p for p, m in zip(p99s, marks, strict=True) if not m]
-        line += (f" (* the machine stalled during the run; of the {len(calm)} other run(s), "
+        line += (f" (* the machine stalled, or the hypervisor took {STEAL_MARK_SHARE:.1%} of its cores' time or more, "
+                 f"during the run; of the {len(calm)} other run(s), "
                  f"{sum(1 for p in calm if p <= goal_ms)} within)")
     return line
 

@@ -63,6 +63,7 @@ def test_repeated_latency_runs_print_every_p99_their_median_and_the_runs_within_
     # Runs the machine stalled in are marked, and the others counted apart.
     assert runs_line("produce", [21.1, 4.75, 5.25], 5.0, [True, False, False]) == (
         "produce p99 over 3 runs: 21.10*, 4.75, 5.25 ms; median 5.25 ms; 1 of 3 within the goal of 5 ms "
-        "(* the machine stalled during the run; of the 2 other run(s), 1 within)")
+        "(* the machine stalled, or the hypervisor took 0.5% of its cores' time or more, during the run; "
+        "of the 2 other run(s), 1 within)")
     assert runs_line("produce", [4.5], 5.0, [False]) == (
         "produce p99 over 1 runs: 4.50 ms; median 4.50 ms; 1 of 1 within the goal of 5 ms")

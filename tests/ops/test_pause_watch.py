@@ -91,3 +91,34 @@ def test_a_watcher_pinned_to_a_core_that_does_not_exist_is_refused(capsys):
         pause_watch.main(["--cpu", "4096"])
     assert e.value.code == 2
     assert "--cpu 4096" in capsys.readouterr().err
+
+
+def test_steal_time_is_read_from_the_cpu_line_of_proc_stat(tmp_path):
+    ticks = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice: steal is the 8th value.
+    stat.write_text(f"cpu  19363 0 7179 74386 339 0 872 {3 * ticks} 0 0\ncpu0 9000 0 3000 37000 100 0 400 7 0 0\n")
+    assert pause_watch.steal_seconds(str(stat)) == 3.0
+    stat.write_text("cpu  1 2 3 4\n")  # a kernel without the column
+    assert pause_watch.steal_seconds(str(stat)) is None
+    assert pause_watch.steal_seconds(str(tmp_path / "missing")) is None
+    real = pause_watch.steal_seconds()
+    assert real is None or real >= 0
+
+
+def test_a_run_the_hypervisor_took_half_a_percent_of_the_cores_from_is_marked(monkeypatch):
+    cores = os.cpu_count() or 1
+    readings = iter([10.0, 10.0 + 0.006 * 10 * cores])  # 0.6% of 10 s of every core's time
+    now = [100.0]
+    monkeypatch.setattr(pause_watch, "steal_seconds", lambda: next(readings))
+    monkeypatch.setattr(pause_watch.time, "monotonic", lambda: now[0])
+    w = PauseWatch(cpus=[])  # no watcher processes: the steal time alone
+    with w:
+        now[0] += 10.0  # the run
+    assert w.stalls == [] and w.steal_ms is not None and abs(w.steal_ms - 60.0 * cores) < 1e-6
+    assert w.disturbed, (w.steal_ms, w.watched_s)
+    assert "steal time, 0.60% of their time, marked" in w.line(), w.line()
+    w.steal_ms = 0.004 * 10_000 * cores  # 0.4%: shown, not marked
+    assert not w.disturbed and w.line().endswith("(steal time, 0.40% of their time)"), w.line()
+    w.steal_ms = None  # no /proc/stat: nothing said about it
+    assert not w.disturbed and w.line().endswith("0 times during the run")
