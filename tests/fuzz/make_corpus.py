@@ -273,7 +273,7 @@ def kafka_seeds() -> dict[str, bytes]:
     from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
     from kio.serial import entity_writer
 
-    from broker.kafka_wire import apis, codec
+    from broker.kafka_wire import admin_apis, apis, codec
 
     batch_bytes = valid(3)
     group = {"group_id": "g", "member_id": "", "generation_id": -1, "generation_id_or_member_epoch": -1,
@@ -306,6 +306,7 @@ def kafka_seeds() -> dict[str, bytes]:
             {"partition": 0, "current_leader_epoch": -1, "leader_epoch": 0}]}]},
         apis.DELETE_GROUPS: {"groups_names": ["g"]},
         apis.OFFSET_DELETE: {"group_id": "g", "topics": [{"name": "t", "partitions": [{"partition_index": 0}]}]},
+        admin_apis.LIST_CONFIG_RESOURCES: {"resource_types": [2, 4, 8, 64]},
     }
     seeds: dict[str, bytes] = {}
     for api_key, (lo, hi) in sorted(apis.SUPPORTED.items()):
