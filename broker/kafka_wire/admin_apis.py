@@ -974,7 +974,8 @@ class AdminApis:
                 resources += ({"resource_type": RESOURCE_TOPIC, "resource_name": t.name} for t in cache.topics())
             return answer(0, resources)
         # Every topic of a large cluster is named: its list is sorted and the answer built on the admin pool.
-        return await self._answer(build, heavy=RESOURCE_TOPIC in wanted and cache.counts()[0] > _ANSWER_ON_LOOP_MAX_ITEMS)
+        heavy = RESOURCE_TOPIC in wanted and cache.counts()[0] > _ANSWER_ON_LOOP_MAX_ITEMS
+        return await self._answer(build, heavy=heavy)
 
     # ---- DeleteRecords (partitions this broker leads) ----
     async def delete_records(self, req: codec.Request, ctx: KafkaCallContext) -> Any:

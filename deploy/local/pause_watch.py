@@ -198,7 +198,8 @@ class PauseWatch:
 
     @property
     def disturbed(self) -> bool:
-        """The machine stalled during the watch, or the hypervisor took ``STEAL_MARK_SHARE`` of its core time or more."""
+        """The machine stalled during the watch, or the hypervisor took ``STEAL_MARK_SHARE`` of its core time or
+        more."""
         share = self.steal_share
         return bool(self.stalls) or (share is not None and share >= STEAL_MARK_SHARE)
 
