@@ -3,8 +3,10 @@
     python tests/fuzz/make_corpus.py
 
 Seeds are valid inputs of every shape the targets take (so mutations start from deep
-in the parsers) plus the attacks of issue 11. Deterministic: re-running rewrites the
-same files.
+in the parsers) plus the attacks of issue 11. Deterministic: re-running writes the same
+files. Nothing already in a corpus is removed: the inputs a fuzz run found and a commit added
+by hand (``DescribeQuorumRequest-fuzzed``, ``ProduceRequest-acks0-refused``: the smoke test
+replays them) stay, and so do seeds of versions the generator has since moved past.
 """
 
 from __future__ import annotations
@@ -381,12 +383,12 @@ def main() -> None:
                           ("quorum", quorum_seeds())):
         out = HERE / "corpus" / target
         out.mkdir(parents=True, exist_ok=True)
-        for old in out.iterdir():
-            old.unlink()
+        added = 0
         for name, data in seeds.items():
-            digest = hashlib.sha1(data).hexdigest()[:8]
-            (out / f"{name}-{digest}").write_bytes(data)
-        print(f"{target}: {len(seeds)} seeds in {out}")
+            path = out / f"{name}-{hashlib.sha1(data).hexdigest()[:8]}"
+            added += not path.exists()
+            path.write_bytes(data)
+        print(f"{target}: {len(seeds)} seeds ({added} new) in {out}")
 
 
 if __name__ == "__main__":
