@@ -501,8 +501,20 @@ class KafkaListenerCollector(_SafeCollector):
                                    "max.connections.per.ip.", labels=["listener"])
         barred = GaugeMetricFamily("brook_kafka_barred_addresses", "Client addresses barred from a Kafka listener now.",
                                    labels=["listener"])
+        sessions = GaugeMetricFamily("brook_kafka_fetch_sessions", "Incremental fetch sessions (KIP-227) cached "
+                                     "(at most 1,000 a listener, as Kafka's max.incremental.fetch.session.cache.slots).",
+                                     labels=["listener"])
+        session_parts = GaugeMetricFamily("brook_kafka_fetch_session_partitions", "Partitions the incremental fetch "
+                                          "sessions hold between them.", labels=["listener"])
+        evictions = CounterMetricFamily("brook_kafka_fetch_session_evictions", "Fetch sessions evicted to make room "
+                                        "for another (Kafka's IncrementalFetchSessionEvictionsPerSec).",
+                                        labels=["listener"])
         for lst in self._listeners():
             st = lst.stats
+            cache = lst.apis.fetch_sessions
+            sessions.add_metric([lst.spec.name], float(len(cache)))
+            session_parts.add_metric([lst.spec.name], float(cache.partitions))
+            evictions.add_metric([lst.spec.name], float(cache.evictions_total))
             conns.add_metric([lst.spec.name], float(st.connections))
             held.add_metric([lst.spec.name], float(lst.frame_budget.used_bytes))
             bar = lst.bar
@@ -518,6 +530,9 @@ class KafkaListenerCollector(_SafeCollector):
         yield requests
         yield bars
         yield barred
+        yield sessions
+        yield session_parts
+        yield evictions
 
 
 class BrokerCollector(_SafeCollector):

@@ -27,6 +27,7 @@ from broker.kafka_wire import admin_apis, codec, user_apis
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.codec import get_ms as _ms
 from broker.kafka_wire.context import Handler, KafkaCallContext
+from broker.kafka_wire.fetch_sessions import CachedPartition, FetchSessions, Outcome, Plan
 from broker.log_limits import ThrottledWarning
 from metadata_quorum import features
 from proto import broker_pb2, errors, group_pb2
@@ -140,6 +141,7 @@ class KafkaApis:
         self.io_turn: Callable[[str], asyncio.Lock] | None = None
         # replica.selector.class: consumers in another rack are told to read from a follower in theirs (KIP-392).
         self._rack_aware: bool | None = None  # read from the node's config at the first consumer naming a rack
+        self.fetch_sessions = FetchSessions()  # consumers' incremental fetch sessions (KIP-227), on the loop only
 
     def close(self) -> None:
         self.admin.close()
@@ -371,22 +373,35 @@ class KafkaApis:
                 "log_start_offset": -1, "aborted_transactions": [], "records": None} for p in t.partitions]}
                 for t in body.topics]
             return self._resp(req, {"error_code": code, "session_id": 0, "responses": per})
-        preferred = self._preferred_replicas(body, req.api_version)
+        requested = [((t.topic, p.partition), CachedPartition(p.fetch_offset, p.partition_max_bytes,
+                                                              _get(p, "current_leader_epoch", -1)))
+                     for t in body.topics for p in t.partitions]
+        owner = (str(ctx.brook_authentication.principal), ctx.client_host)
+        if req.api_version >= 7:  # KIP-227's session fields
+            forgotten = [(f.topic, i) for f in _get(body, "forgotten_topics_data", ()) or () for i in f.partitions]
+            plan = self.fetch_sessions.plan(int(_get(body, "session_id", 0)), int(_get(body, "session_epoch", -1)),
+                                            requested, forgotten, owner)
+            if plan.kind == "error":
+                return self._resp(req, {"throttle_time": 0, "error_code": plan.error_code, "session_id": 0,
+                                        "responses": []})
+        else:
+            plan = Plan("sessionless", requested)
+        preferred = self._preferred_replicas([(key, part.fetch_offset) for key, part in plan.fetch],
+                                             _get(body, "rack_id") or "", req.api_version)
         # A consumer told to read elsewhere is answered at once, as Kafka does (no long poll for the others).
         pb = broker_pb2.FetchRequest(replica_id=-1, replica_epoch=-1,
                                      max_wait_ms=0 if preferred else _ms(body, "max_wait", 500),
                                      min_bytes=int(body.min_bytes), max_bytes=int(_get(body, "max_bytes", 0x7FFFFFFF)),
                                      follower_read=req.api_version >= 11)
-        for t in body.topics:
-            for p in t.partitions:
-                pb.partitions.add(topic=t.topic, partition=p.partition, fetch_offset=p.fetch_offset,
-                                  partition_max_bytes=p.partition_max_bytes,
-                                  current_leader_epoch=_get(p, "current_leader_epoch", -1),
-                                  last_fetched_epoch=-1, log_start_offset=-1)
+        for (topic, partition), part in plan.fetch:
+            pb.partitions.add(topic=topic, partition=partition, fetch_offset=part.fetch_offset,
+                              partition_max_bytes=part.max_bytes, current_leader_epoch=part.leader_epoch,
+                              last_fetched_epoch=-1, log_start_offset=-1)
         ctx.brook_file_slices = slices = {}  # the records stay in the segment files: sent with sendfile
         answer = answer_of(await self.service.Fetch(pb, ctx))
         out = answer.message
-        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        entries: list[tuple[str, dict[str, Any]]] = []
+        outcomes: dict[tuple[str, int], Outcome] = {}
         for i, p in enumerate(out.partitions):
             if req.api_version < 10 and p.error_code != ErrorCode.TOPIC_AUTHORIZATION_FAILED and self._zstd_topic(p):
                 # As Kafka's fetch: a fetcher older than v10 (KIP-110) may not read zstd, so a partition whose
@@ -394,10 +409,12 @@ class KafkaApis:
                 slice_ = slices.pop((p.topic, p.partition), None)
                 if slice_ is not None:
                     slice_.close()
-                by_topic[p.topic].append({
+                entries.append((p.topic, {
                     "partition_index": p.partition, "error_code": ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
                     "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
-                    "aborted_transactions": [], "preferred_read_replica": -1, "records": None})
+                    "aborted_transactions": [], "preferred_read_replica": -1, "records": None}))
+                outcomes[(p.topic, p.partition)] = Outcome(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, -1, -1, False,
+                                                           False)
                 continue
             records = slices.pop((p.topic, p.partition), None) or answer.records_of(i)
             read_from = preferred.get((p.topic, p.partition), -1) if p.error_code == ErrorCode.NONE else -1
@@ -412,20 +429,28 @@ class KafkaApis:
                 "aborted_transactions": [], "preferred_read_replica": read_from, "records": records}
             if p.error_code in _LEADER_ERRORS:
                 entry["current_leader"] = _leader(self.cache, p.topic, p.partition)
-            by_topic[p.topic].append(entry)
+            entries.append((p.topic, entry))
+            outcomes[(p.topic, p.partition)] = Outcome(p.error_code, p.high_watermark, p.log_start_offset,
+                                                       bool(records), read_from >= 0)
         for leftover in slices.values():
             leftover.close()
-        # session_id 0: no fetch session (KIP-227); clients then send full fetches, which is correct.
-        return self._resp(req, {"throttle_time": out.throttle_time_ms, "error_code": 0, "session_id": 0,
+        code, session_id, carried = self.fetch_sessions.respond(plan, outcomes, owner)
+        by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for topic, entry in entries:
+            if (topic, entry["partition_index"]) in carried:
+                by_topic[topic].append(entry)
+            elif hasattr(entry["records"], "close"):
+                entry["records"].close()  # nothing new for an incremental session: left out of the answer
+        return self._resp(req, {"throttle_time": out.throttle_time_ms, "error_code": code, "session_id": session_id,
                                 "responses": [{"topic": n, "partitions": ps} for n, ps in by_topic.items()]})
 
-    def _preferred_replicas(self, body: Any, version: int) -> dict[tuple[str, int], int]:
+    def _preferred_replicas(self, fetched: list[tuple[tuple[str, int], int]], rack: str,
+                            version: int) -> dict[tuple[str, int], int]:
         """KIP-392 with ``replica.selector.class`` = Kafka's RackAwareReplicaSelector: for each partition this
         broker leads, the replica a consumer in another rack (its ``client.rack``, Fetch v11+) should read from
         instead: an in-sync follower in the consumer's rack that has the fetch offset (the most caught up one),
         reachable on this listener. None where this broker is in the consumer's rack (the leader is preferred
         there, as by Kafka's selector) or no such follower exists."""
-        rack = _get(body, "rack_id") or ""
         if version < 11 or not rack:
             return {}
         if self._rack_aware is None:
@@ -434,25 +459,24 @@ class KafkaApis:
             return {}
         rm = self.broker.replica_manager
         chosen: dict[tuple[str, int], int] = {}
-        for t in body.topics:
-            for fp in t.partitions:
-                part = rm.partition(t.topic, fp.partition) if rm is not None else None
-                if part is None or not part.is_leader:
+        for (topic, index), fetch_offset in fetched:
+            part = rm.partition(topic, index) if rm is not None else None
+            if part is None or not part.is_leader:
+                continue
+            best: tuple[int, int, int] | None = None
+            for replica in part.isr:
+                info = self.cache.broker(replica)
+                f = part.followers.get(replica)
+                if (replica == self.broker.node_id or f is None or info is None or info.rack != rack
+                        or info.fenced or info.registered_endpoint(self.listener) is None
+                        or not f.log_start_offset <= fetch_offset <= f.log_end_offset):
                     continue
-                best: tuple[int, int, int] | None = None
-                for replica in part.isr:
-                    info = self.cache.broker(replica)
-                    f = part.followers.get(replica)
-                    if (replica == self.broker.node_id or f is None or info is None or info.rack != rack
-                            or info.fenced or info.registered_endpoint(self.listener) is None
-                            or not f.log_start_offset <= fp.fetch_offset <= f.log_end_offset):
-                        continue
-                    # Kafka's order: the largest log end offset, then the most recently caught up.
-                    candidate = (f.log_end_offset, f.last_caught_up_time_ms, replica)
-                    if best is None or candidate > best:
-                        best = candidate
-                if best is not None:
-                    chosen[(t.topic, fp.partition)] = best[2]
+                # Kafka's order: the largest log end offset, then the most recently caught up.
+                candidate = (f.log_end_offset, f.last_caught_up_time_ms, replica)
+                if best is None or candidate > best:
+                    best = candidate
+            if best is not None:
+                chosen[(topic, index)] = best[2]
         return chosen
 
     def _zstd_topic(self, p: Any) -> bool:
