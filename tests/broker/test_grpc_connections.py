@@ -206,3 +206,47 @@ def test_more_reads_find_what_one_skipped(monkeypatch: pytest.MonkeyPatch) -> No
     reads = [_table(("C001", 10)), _table(("C002", 11), ("C001", 10))]
     monkeypatch.setattr(gc, "read_tables", lambda: [reads.pop(0)])
     assert sorted(c.inode for c in read_connections([8080], reads=2)) == [10, 11]
+
+
+def test_the_namespaces_tcp_sockets_are_counted_from_sockstat(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with listener() as server, connected(server, ["127.0.0.1"] * 5):
+        # The real files: every socket this test holds (a listener, five connections at both ends) is among them.
+        in_use = gc.tcp_sockets_in_use()
+        assert in_use is not None and in_use >= 11, in_use
+    v4, v6 = tmp_path / "sockstat", tmp_path / "sockstat6"
+    v4.write_text("sockets: used 106\nTCP: inuse 37 orphan 0 tw 29 alloc 69 mem 0\nUDP: inuse 0 mem 0\n")
+    v6.write_text("TCP6: inuse 32\nUDP6: inuse 0\n")
+    monkeypatch.setattr(gc, "_SOCKSTATS", (v4, v6))
+    assert gc.tcp_sockets_in_use() == 69
+    monkeypatch.setattr(gc, "_SOCKSTATS", (v4, tmp_path / "no-ipv6"))
+    assert gc.tcp_sockets_in_use() == 37
+    monkeypatch.setattr(gc, "_SOCKSTATS", (tmp_path / "none", tmp_path / "no-ipv6"))
+    assert gc.tcp_sockets_in_use() is None
+
+
+def test_a_look_reads_no_table_while_the_namespace_has_fewer_tcp_sockets_than_the_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker's descriptors are mostly its segment and index files: a few hundred partition replicas took it past
+    the default bound of 1,000, and every look then read the kernel's tables (about 8 ms each, two servers, twice a
+    second), idle or not. Fewer TCP sockets in the namespace than the bound say no address can be past it."""
+    reads: list[int] = []
+
+    def read(ports, reads_per_look: int = 1):
+        reads.append(1)
+        return []
+    monkeypatch.setattr(gc, "read_connections", read)
+    r, w = os.pipe()
+    files = [os.dup(r) for _ in range(40)]  # more descriptors than the bound of 30
+    try:
+        bound = PerAddressConnections([1], ConnectionsPerIp(30), "test")
+        monkeypatch.setattr(gc, "tcp_sockets_in_use", lambda: 12)
+        assert [bound.check() for _ in range(gc.FULL_LOOK_EVERY - 1)] == [0] * (gc.FULL_LOOK_EVERY - 1)
+        assert reads == []
+        assert bound.check() == 0 and reads == [1]  # every FULL_LOOK_EVERY-th look reads them all the same
+        monkeypatch.setattr(gc, "tcp_sockets_in_use", lambda: 31)  # past the bound in the namespace: read
+        assert bound.check() == 0 and reads == [1, 1]
+        monkeypatch.setattr(gc, "tcp_sockets_in_use", lambda: None)  # no sockstat: the descriptors decide
+        assert bound.check() == 0 and reads == [1, 1, 1]
+    finally:
+        for fd in (*files, r, w):
+            os.close(fd)
