@@ -17,8 +17,9 @@ rules are Kafka's (``FetchSession.scala``):
   forgotten is closed, and that fetch answered without one.
 
 Defence, beyond Kafka's rules: a session answers only the principal and address that opened it (another
-client naming its id is told it does not exist), an address holds at most an eighth of the slots, and
-the partitions all sessions hold together are bounded. Eviction is Kafka's: a new session may take the
+client naming its id is told it does not exist), an address holds at most an eighth of the slots (at its
+share, a session of its own unused for ``EVICTION_S`` makes room for its new one), and the partitions all
+sessions hold together are bounded. Eviction is Kafka's: a new session may take the
 slot of one unused for ``EVICTION_S``, or of the smallest session older than that if the new one is
 larger. Everything here runs on the listener's event loop: no locks.
 """
@@ -177,9 +178,17 @@ class FetchSessions:
     def _maybe_create(self, plan: Plan, outcomes: dict[Key, Outcome], owner: tuple[str, str]) -> int:
         size = len(plan.fetch)
         address = owner[1]
-        if size == 0 or self._by_address.get(address, 0) >= self.per_address:
+        if size == 0:
             return NO_SESSION
         now = self._clock()
+        if self._by_address.get(address, 0) >= self.per_address:
+            # At its share: only a session of its own that has gone unused (a consumer that left without
+            # closing it, as they do) makes room, so that an address's restarted consumers get sessions again.
+            own = min((s for s in self._sessions.values() if s.owner[1] == address), key=lambda s: s.last_used_s)
+            if now - own.last_used_s <= self.eviction_s:
+                return NO_SESSION
+            self._remove(own)
+            self.evictions_total += 1
         while len(self._sessions) >= self.max_sessions or self.partitions + size > self.max_partitions:
             if not self._evict_for(size, now):
                 return NO_SESSION

@@ -136,6 +136,17 @@ def test_the_cache_is_bounded_and_evicts_as_kafka_does() -> None:
     stale = min(cache._sessions.values(), key=lambda s: s.last_used_s).id
     assert _open(cache, ("c", 0), owner=("User:carol", "10.0.3.1")) != 0 and stale not in cache._sessions
 
+    # At its share, an address's own session unused for the eviction time makes room for its new one (consumers
+    # leave without closing theirs); one in use does not.
+    mine = FetchSessions(max_sessions=16, eviction_s=120, clock=clock, rng=random.Random(5))
+    old_ones = [_open(mine, ("t", i)) for i in range(2)]
+    assert _open(mine, ("t", 2)) == 0
+    clock.now += 121
+    mine._sessions[old_ones[1]].last_used_s = clock.now  # still fetching
+    renewed = _open(mine, ("t", 2))
+    assert renewed != 0 and old_ones[0] not in mine._sessions and old_ones[1] in mine._sessions
+    assert _open(mine, ("t", 3)) == 0 and len(mine) == 2
+
     # The partitions of all sessions are bounded: a session that grows past it is closed.
     small = FetchSessions(max_partitions=3, rng=random.Random(4))
     sid = _open(small, ("t", 0), ("t", 1))
