@@ -386,8 +386,7 @@ class KafkaApis:
                                         "responses": []})
         else:
             plan = Plan("sessionless", requested)
-        preferred = self._preferred_replicas([(key, part.fetch_offset) for key, part in plan.fetch],
-                                             _get(body, "rack_id") or "", req.api_version)
+        preferred = self._preferred_replicas(plan.fetch, _get(body, "rack_id") or "", req.api_version)
         # A consumer told to read elsewhere is answered at once, as Kafka does (no long poll for the others).
         pb = broker_pb2.FetchRequest(replica_id=-1, replica_epoch=-1,
                                      max_wait_ms=0 if preferred else _ms(body, "max_wait", 500),
@@ -401,7 +400,8 @@ class KafkaApis:
         answer = answer_of(await self.service.Fetch(pb, ctx))
         out = answer.message
         entries: list[tuple[str, dict[str, Any]]] = []
-        outcomes: dict[tuple[str, int], Outcome] = {}
+        # What each partition returned, for a fetch with a session only: a fetch without one answers them all.
+        outcomes: dict[tuple[str, int], Outcome] | None = None if plan.kind == "sessionless" else {}
         for i, p in enumerate(out.partitions):
             if req.api_version < 10 and p.error_code != ErrorCode.TOPIC_AUTHORIZATION_FAILED and self._zstd_topic(p):
                 # As Kafka's fetch: a fetcher older than v10 (KIP-110) may not read zstd, so a partition whose
@@ -413,8 +413,9 @@ class KafkaApis:
                     "partition_index": p.partition, "error_code": ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
                     "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
                     "aborted_transactions": [], "preferred_read_replica": -1, "records": None}))
-                outcomes[(p.topic, p.partition)] = Outcome(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, -1, -1, False,
-                                                           False)
+                if outcomes is not None:
+                    outcomes[(p.topic, p.partition)] = Outcome(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, -1, -1, False,
+                                                               False)
                 continue
             records = slices.pop((p.topic, p.partition), None) or answer.records_of(i)
             read_from = preferred.get((p.topic, p.partition), -1) if p.error_code == ErrorCode.NONE else -1
@@ -430,21 +431,23 @@ class KafkaApis:
             if p.error_code in _LEADER_ERRORS:
                 entry["current_leader"] = _leader(self.cache, p.topic, p.partition)
             entries.append((p.topic, entry))
-            outcomes[(p.topic, p.partition)] = Outcome(p.error_code, p.high_watermark, p.log_start_offset,
-                                                       bool(records), read_from >= 0)
+            if outcomes is not None:
+                outcomes[(p.topic, p.partition)] = Outcome(p.error_code, p.high_watermark, p.log_start_offset,
+                                                           bool(records), read_from >= 0)
         for leftover in slices.values():
             leftover.close()
-        code, session_id, carried = self.fetch_sessions.respond(plan, outcomes, owner)
+        code, session_id, carried = (0, 0, None) if outcomes is None else \
+            self.fetch_sessions.respond(plan, outcomes, owner)
         by_topic: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for topic, entry in entries:
-            if (topic, entry["partition_index"]) in carried:
+            if carried is None or (topic, entry["partition_index"]) in carried:
                 by_topic[topic].append(entry)
             elif hasattr(entry["records"], "close"):
                 entry["records"].close()  # nothing new for an incremental session: left out of the answer
         return self._resp(req, {"throttle_time": out.throttle_time_ms, "error_code": code, "session_id": session_id,
                                 "responses": [{"topic": n, "partitions": ps} for n, ps in by_topic.items()]})
 
-    def _preferred_replicas(self, fetched: list[tuple[tuple[str, int], int]], rack: str,
+    def _preferred_replicas(self, fetched: list[tuple[tuple[str, int], CachedPartition]], rack: str,
                             version: int) -> dict[tuple[str, int], int]:
         """KIP-392 with ``replica.selector.class`` = Kafka's RackAwareReplicaSelector: for each partition this
         broker leads, the replica a consumer in another rack (its ``client.rack``, Fetch v11+) should read from
@@ -459,7 +462,7 @@ class KafkaApis:
             return {}
         rm = self.broker.replica_manager
         chosen: dict[tuple[str, int], int] = {}
-        for (topic, index), fetch_offset in fetched:
+        for (topic, index), asked in fetched:
             part = rm.partition(topic, index) if rm is not None else None
             if part is None or not part.is_leader:
                 continue
@@ -469,7 +472,7 @@ class KafkaApis:
                 f = part.followers.get(replica)
                 if (replica == self.broker.node_id or f is None or info is None or info.rack != rack
                         or info.fenced or info.registered_endpoint(self.listener) is None
-                        or not f.log_start_offset <= fetch_offset <= f.log_end_offset):
+                        or not f.log_start_offset <= asked.fetch_offset <= f.log_end_offset):
                     continue
                 # Kafka's order: the largest log end offset, then the most recently caught up.
                 candidate = (f.log_end_offset, f.last_caught_up_time_ms, replica)

@@ -142,7 +142,8 @@ class FetchSessions:
 
     def respond(self, plan: Plan, outcomes: dict[Key, Outcome], owner: tuple[str, str]) -> tuple[int, int, set[Key]]:
         """After the fetch: (error code, session id, the partitions the answer carries) for the partitions
-        fetched and what each returned (``outcomes``)."""
+        fetched and what each returned (``outcomes``). A ``sessionless`` plan carries every partition (the
+        listener does not ask, and builds no outcomes for it)."""
         if plan.kind == "full":
             return 0, self._maybe_create(plan, outcomes, owner), set(outcomes)
         if plan.kind != "incremental":
@@ -187,8 +188,7 @@ class FetchSessions:
             own = min((s for s in self._sessions.values() if s.owner[1] == address), key=lambda s: s.last_used_s)
             if now - own.last_used_s <= self.eviction_s:
                 return NO_SESSION
-            self._remove(own)
-            self.evictions_total += 1
+            self._remove(own, evicted=True)
         while len(self._sessions) >= self.max_sessions or self.partitions + size > self.max_partitions:
             if not self._evict_for(size, now):
                 return NO_SESSION
@@ -214,8 +214,7 @@ class FetchSessions:
             return False
         oldest = min(self._sessions.values(), key=lambda s: s.last_used_s)
         if now - oldest.last_used_s > self.eviction_s:
-            self._remove(oldest)
-            self.evictions_total += 1
+            self._remove(oldest, evicted=True)
             return True
         settled = [s for s in self._sessions.values() if now - s.created_s > self.eviction_s]
         if not settled:
@@ -223,13 +222,14 @@ class FetchSessions:
         smallest = min(settled, key=lambda s: (len(s.parts), s.id))
         if len(smallest.parts) >= size:
             return False
-        self._remove(smallest)
-        self.evictions_total += 1
+        self._remove(smallest, evicted=True)
         return True
 
-    def _remove(self, session: Session) -> None:
+    def _remove(self, session: Session, *, evicted: bool = False) -> None:
+        """Drop ``session`` from the cache (``evicted``: to make room for another, which the metric counts)."""
         if self._sessions.pop(session.id, None) is None:
             return
+        self.evictions_total += evicted
         self.partitions -= len(session.parts)
         left = self._by_address.get(session.owner[1], 1) - 1
         if left > 0:
