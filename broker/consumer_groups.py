@@ -1,0 +1,552 @@
+"""Kafka's consumer group protocol (KIP-848) on the coordinator: ConsumerGroupHeartbeat's state machine.
+
+A consumer of this protocol (librdkafka's ``group.protocol=consumer``, Kafka 4's Java consumer) does not
+join, sync and assign as a classic member does: it heartbeats its subscription and the partitions it owns,
+and the coordinator assigns. The rules are Kafka's (``GroupMetadataManager.consumerGroupHeartbeat``,
+``CurrentAssignmentBuilder``), read in the apache/kafka source:
+
+- A member's change of subscription (or of the subscribed topics' partitions) bumps the *group epoch*; the
+  next heartbeat computes the *target assignment* of every member for that epoch with a server-side
+  assignor (``consumer_group_assignors``: ``uniform``, the default, or ``range``).
+- Each member is brought to its target on its own heartbeats: first it is told to give up the partitions it
+  keeps no longer (it stays at its epoch, *unrevoked*), and once its heartbeat no longer names them, it moves
+  to the target epoch and is given the partitions no other member still holds (*unreleased* ones come on a
+  later heartbeat). So no partition is ever assigned to two members at once.
+- A heartbeat's epoch must be the member's (or its previous one, when the answer that moved it was lost
+  and it owns no more than it was given): otherwise FENCED_MEMBER_EPOCH, and the member rejoins at epoch 0
+  after giving everything up. A member silent for the session timeout is removed; one that has not given up
+  its revoked partitions within its rebalance timeout is removed too.
+- Static members (``group.instance.id``): epoch -2 leaves for a while, keeping the partitions until the
+  session runs out; a new process with the same instance id then takes them over.
+
+What Brook does not do (README, Consumer groups): the state is the coordinator's memory only, not written to
+``__consumer_offsets`` as Kafka's is, so after a coordinator change every member is told UNKNOWN_MEMBER_ID,
+gives up its partitions and rejoins (committed offsets are kept: they are written as for classic groups);
+regular-expression subscriptions (``SubscribedTopicRegex``) are refused; assignors do not use racks.
+
+Everything here runs under the coordinator's lock, deterministic given the clock passed in.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from broker.consumer_group_assignors import ASSIGNORS, DEFAULT_ASSIGNOR, assign
+from proto.common_pb2 import ErrorCode
+
+log = logging.getLogger(__name__)
+
+# Kafka's error codes of this protocol (proto/common.proto's enum predates them).
+FENCED_MEMBER_EPOCH = 110
+UNRELEASED_INSTANCE_ID = 111
+UNSUPPORTED_ASSIGNOR = 112
+STALE_MEMBER_EPOCH = 113
+
+JOIN_EPOCH = 0
+LEAVE_EPOCH = -1
+STATIC_LEAVE_EPOCH = -2
+
+# Kafka's group.consumer.session.timeout.ms and group.consumer.heartbeat.interval.ms defaults.
+SESSION_TIMEOUT_MS = 45_000
+HEARTBEAT_INTERVAL_MS = 5_000
+# How often a heartbeat looks the subscribed topics up again (a topic made, deleted or given partitions
+# bumps the group epoch): Kafka refreshes on metadata changes; a second here bounds the lookups.
+METADATA_REFRESH_MS = 1_000
+
+STABLE, UNREVOKED, UNRELEASED = "stable", "unrevoked_partitions", "unreleased_partitions"
+
+Assignment = dict[uuid.UUID, frozenset[int]]
+TopicLookup = Callable[[str], "tuple[uuid.UUID, int] | None"]  # name -> (topic id, partitions), None if unknown
+
+
+class HeartbeatError(Exception):
+    """Answers a heartbeat with ``code`` (Kafka's) and ``message``; nothing of the group changed."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A ConsumerGroupHeartbeat's fields; None is Kafka's "unchanged since the last heartbeat"."""
+
+    group_id: str
+    member_id: str
+    member_epoch: int
+    instance_id: str | None = None
+    rack_id: str | None = None
+    rebalance_timeout_ms: int = -1
+    subscribed_topic_names: Sequence[str] | None = None
+    subscribed_topic_regex: str | None = None
+    server_assignor: str | None = None
+    owned: Sequence[tuple[uuid.UUID, Sequence[int]]] | None = None
+    client_id: str = ""
+    client_host: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatAnswer:
+    member_id: str
+    member_epoch: int
+    heartbeat_interval_ms: int
+    assignment: Assignment | None  # None: unchanged, not sent
+
+
+@dataclass(slots=True)
+class Member:
+    member_id: str
+    instance_id: str | None = None
+    rack_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    rebalance_timeout_ms: int = 0
+    subscribed: frozenset[str] = frozenset()
+    assignor: str | None = None
+    epoch: int = 0
+    previous_epoch: int = 0
+    state: str = STABLE
+    assigned: Assignment = field(default_factory=dict)
+    revoking: Assignment = field(default_factory=dict)
+    session_deadline_ms: int = 0
+    revoke_deadline_ms: int | None = None  # set while it holds partitions it was told to give up
+
+    def held_bytes(self) -> int:
+        """What it holds in memory beyond a fixed overhead: its subscription and ids (for the coordinator's
+        metadata budget)."""
+        return (sum(len(t) for t in self.subscribed) + len(self.member_id) + len(self.instance_id or "")
+                + len(self.client_id) + len(self.rack_id or "")
+                + 8 * sum(len(p) for p in self.assigned.values()))
+
+
+@dataclass(slots=True)
+class ConsumerGroup:
+    group_id: str
+    partition: int  # of __consumer_offsets: the group is dropped when this coordinator stops leading it
+    epoch: int = 0
+    assignment_epoch: int = 0
+    members: dict[str, Member] = field(default_factory=dict)
+    static: dict[str, str] = field(default_factory=dict)  # instance id -> member id
+    target: dict[str, Assignment] = field(default_factory=dict)
+    topics: dict[str, tuple[uuid.UUID, int]] = field(default_factory=dict)  # subscribed topics as last looked up
+    topics_checked_ms: int = -1
+    owners: dict[tuple[uuid.UUID, int], int] = field(default_factory=dict)  # partition -> its holder's epoch
+
+    def state(self) -> str:
+        """Kafka's consumer group states, as ListGroups and describe name them."""
+        if not self.members:
+            return "Empty"
+        if self.assignment_epoch < self.epoch:
+            return "Assigning"
+        if any(m.epoch != self.assignment_epoch or m.state != STABLE for m in self.members.values()):
+            return "Reconciling"
+        return "Stable"
+
+    def subscribed_names(self) -> set[str]:
+        return {t for m in self.members.values() for t in m.subscribed}
+
+    def _hold(self, member: Member) -> None:
+        for tid, parts in (*member.assigned.items(), *member.revoking.items()):
+            for p in parts:
+                self.owners[(tid, p)] = member.epoch
+
+    def _release(self, member: Member) -> None:
+        for tid, parts in (*member.assigned.items(), *member.revoking.items()):
+            for p in parts:
+                self.owners.pop((tid, p), None)
+
+    def holder_epoch(self, tid: uuid.UUID, partition: int) -> int:
+        return self.owners.get((tid, partition), -1)
+
+
+def _due(member: Member) -> int:
+    """When the member is removed unless it heartbeats (or gives up its revoked partitions) first."""
+    if member.revoke_deadline_ms is None:
+        return member.session_deadline_ms
+    return min(member.session_deadline_ms, member.revoke_deadline_ms)
+
+
+def _subset(owned: Sequence[tuple[uuid.UUID, Sequence[int]]] | None, assigned: Assignment) -> bool:
+    if owned is None:
+        return False
+    return all(p in assigned.get(tid, ()) for tid, parts in owned for p in parts)
+
+
+def _owns_any(owned: Sequence[tuple[uuid.UUID, Sequence[int]]] | None, revoking: Assignment) -> bool:
+    if owned is None:
+        return True  # not told: assume it still owns them
+    return any(p in revoking.get(tid, ()) for tid, parts in owned for p in parts)
+
+
+class ConsumerGroups:
+    """The consumer groups (KIP-848) of one coordinator."""
+
+    def __init__(self, topic_lookup: TopicLookup, *, members_max: int,
+                 session_timeout_ms: int = SESSION_TIMEOUT_MS,
+                 heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS) -> None:
+        self._lookup = topic_lookup
+        self.members_max = members_max
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.groups: dict[str, ConsumerGroup] = {}  # each with a member: a group left empty is dropped
+        # No member's session or revocation ends before this: expire() walks the members only from then.
+        self.next_due_ms = 0
+
+    # ------------------------------------------------------------------ requests
+    @staticmethod
+    def validate(hb: Heartbeat) -> None:
+        """Kafka's checks of a heartbeat's fields (INVALID_REQUEST, UNSUPPORTED_ASSIGNOR)."""
+        def invalid(message: str) -> HeartbeatError:
+            return HeartbeatError(ErrorCode.INVALID_REQUEST, message)
+        if not hb.group_id:
+            raise invalid("GroupId can't be empty.")
+        if hb.instance_id == "":
+            raise invalid("InstanceId can't be empty.")
+        if hb.rack_id == "":
+            raise invalid("RackId can't be empty.")
+        if hb.subscribed_topic_regex:  # "" is no regex: librdkafka sends it with topic names
+            raise invalid("SubscribedTopicRegex is not supported by Brook: subscribe to topic names")
+        if hb.member_epoch > 0 or hb.member_epoch == LEAVE_EPOCH:
+            if not hb.member_id:
+                raise invalid("MemberId can't be empty.")
+        elif hb.member_epoch == JOIN_EPOCH:
+            if hb.rebalance_timeout_ms == -1:
+                raise invalid("RebalanceTimeoutMs must be provided in first request.")
+            if hb.owned is None or any(parts for _, parts in hb.owned):
+                raise invalid("TopicPartitions must be empty when (re-)joining.")
+            if not hb.subscribed_topic_names:
+                raise invalid("SubscribedTopicNames must be set in first request.")
+        elif hb.member_epoch == STATIC_LEAVE_EPOCH:
+            if not hb.member_id:
+                raise invalid("MemberId can't be empty.")
+            if hb.instance_id is None:
+                raise invalid("InstanceId can't be null.")
+        else:
+            raise invalid("MemberEpoch is invalid.")
+        if hb.rebalance_timeout_ms < -1:
+            raise invalid("RebalanceTimeoutMs is invalid.")
+        if hb.server_assignor is not None and hb.server_assignor not in ASSIGNORS:
+            raise HeartbeatError(UNSUPPORTED_ASSIGNOR, f"ServerAssignor {hb.server_assignor} is not supported. "
+                                                       f"Supported assignors: {', '.join(ASSIGNORS)}.")
+
+    def heartbeat(self, hb: Heartbeat, partition: int, now_ms: int) -> HeartbeatAnswer:
+        """One heartbeat, validated first (HeartbeatError: nothing changed)."""
+        self.validate(hb)
+        if hb.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
+            return self._leave(hb, now_ms)
+        joining = hb.member_epoch == JOIN_EPOCH
+        group = self.groups.get(hb.group_id)
+        if group is None:
+            if not joining:
+                # Kafka answers GROUP_ID_NOT_FOUND; here a group is unknown after a coordinator change (its
+                # state is not written down), and UNKNOWN_MEMBER_ID makes the member rejoin at once.
+                raise HeartbeatError(ErrorCode.UNKNOWN_MEMBER_ID,
+                                     f"Member {hb.member_id} is not a member of group {hb.group_id}: rejoin")
+            group = ConsumerGroup(hb.group_id, partition)
+        member_id = hb.member_id or str(uuid.uuid4())
+        if len(group.members) >= self.members_max and member_id not in group.members and not (
+                hb.instance_id is not None and hb.instance_id in group.static):
+            raise HeartbeatError(ErrorCode.GROUP_MAX_SIZE_REACHED,
+                                 f"The consumer group has reached its maximum capacity of {self.members_max} members.")
+        old, member = self._member(group, hb, member_id, now_ms)
+        if group.group_id not in self.groups:
+            self.groups[group.group_id] = group
+            log.info("consumer group %s created (KIP-848 protocol) by member %s", group.group_id, member_id)
+
+        # 1. The member's subscription and settings; a change of subscription bumps the group epoch.
+        if hb.instance_id is not None:
+            member.instance_id = hb.instance_id
+        if hb.rack_id is not None:
+            member.rack_id = hb.rack_id
+        if hb.rebalance_timeout_ms != -1:
+            member.rebalance_timeout_ms = hb.rebalance_timeout_ms
+        if hb.server_assignor is not None:
+            member.assignor = hb.server_assignor
+        member.client_id, member.client_host = hb.client_id, hb.client_host
+        bump = old is None
+        if hb.subscribed_topic_names is not None:
+            subscribed = frozenset(hb.subscribed_topic_names)
+            bump = bump or subscribed != member.subscribed
+            member.subscribed = subscribed
+        group.members[member.member_id] = member
+        if member.instance_id is not None:
+            group.static[member.instance_id] = member.member_id
+        if bump or now_ms - group.topics_checked_ms >= METADATA_REFRESH_MS:
+            topics = self._look_up(group.subscribed_names())
+            group.topics_checked_ms = now_ms
+            if topics != group.topics:
+                group.topics = topics
+                bump = True
+        if bump:
+            group.epoch += 1
+            log.info("consumer group %s: epoch %d (member %s %s)", group.group_id, group.epoch, member.member_id,
+                     "joined" if old is None else "changed its subscription or the topics changed")
+
+        # 2. The target assignment of the new epoch.
+        if group.epoch > group.assignment_epoch:
+            self._assign(group)
+
+        # 3. The member toward its target.
+        before = dict(member.assigned)
+        self._reconcile(group, member, hb.owned, now_ms)
+        member.session_deadline_ms = now_ms + self.session_timeout_ms
+        self.next_due_ms = min(self.next_due_ms, _due(member))
+        full = joining or (hb.rebalance_timeout_ms != -1 and hb.subscribed_topic_names is not None
+                           and hb.owned is not None)
+        return HeartbeatAnswer(member.member_id, member.epoch, self.heartbeat_interval_ms,
+                               dict(member.assigned) if full or member.assigned != before else None)
+
+    def _member(self, group: ConsumerGroup, hb: Heartbeat, member_id: str,
+                now_ms: int) -> tuple[Member | None, Member]:
+        """(the member before this heartbeat or None, the member to update)."""
+        if hb.member_epoch == JOIN_EPOCH:
+            if hb.instance_id is not None and (existing_id := group.static.get(hb.instance_id)) is not None:
+                existing = group.members[existing_id]
+                if existing.epoch != STATIC_LEAVE_EPOCH and existing_id != member_id:
+                    raise HeartbeatError(UNRELEASED_INSTANCE_ID,
+                                         f"Static member {existing_id} with instance id {hb.instance_id} "
+                                         "is still in the group (it has not left)")
+                # A new process of the static member takes over its partitions and target under its new id.
+                group._release(existing)
+                del group.members[existing_id]
+                taken = Member(member_id, instance_id=hb.instance_id, subscribed=existing.subscribed,
+                               assignor=existing.assignor, assigned=dict(existing.assigned))
+                if (target := group.target.pop(existing_id, None)) is not None:
+                    group.target[member_id] = target
+                group._hold(taken)
+                log.info("consumer group %s: static member %s (instance %s) replaced by %s", group.group_id,
+                         existing_id, hb.instance_id, member_id)
+                return taken, taken
+            if (existing := group.members.get(member_id)) is not None:
+                # Rejoining (after FENCED_MEMBER_EPOCH, or a restart with the same id): it owns nothing now.
+                self._remove(group, existing, bump=True)
+            return None, Member(member_id)
+        if hb.instance_id is not None:
+            existing_id = group.static.get(hb.instance_id)
+            if existing_id is None:
+                raise HeartbeatError(ErrorCode.UNKNOWN_MEMBER_ID,
+                                     f"Instance id {hb.instance_id} is unknown in group {group.group_id}")
+            if existing_id != member_id:
+                raise HeartbeatError(ErrorCode.FENCED_INSTANCE_ID,
+                                     f"Static member {member_id} with instance id {hb.instance_id} was replaced "
+                                     f"by member {existing_id}")
+        member = group.members.get(member_id)
+        if member is None:
+            raise HeartbeatError(ErrorCode.UNKNOWN_MEMBER_ID,
+                                 f"Member {member_id} is not a member of group {group.group_id}")
+        if hb.member_epoch > member.epoch:
+            raise HeartbeatError(FENCED_MEMBER_EPOCH,
+                                 f"The consumer group member has a greater member epoch ({hb.member_epoch}) than "
+                                 f"the one known by the group coordinator ({member.epoch}). The member must "
+                                 "abandon all its partitions and rejoin.")
+        if hb.member_epoch < member.epoch and (hb.member_epoch != member.previous_epoch
+                                               or not _subset(hb.owned, member.assigned)):
+            raise HeartbeatError(FENCED_MEMBER_EPOCH,
+                                 f"The consumer group member has a smaller member epoch ({hb.member_epoch}) than "
+                                 f"the one known by the group coordinator ({member.epoch}). The member must "
+                                 "abandon all its partitions and rejoin.")
+        return member, member
+
+    def _leave(self, hb: Heartbeat, now_ms: int) -> HeartbeatAnswer:
+        group = self.groups.get(hb.group_id)
+        if hb.instance_id is not None:
+            member_id = group.static.get(hb.instance_id) if group is not None else None
+            if member_id is None:
+                raise HeartbeatError(ErrorCode.UNKNOWN_MEMBER_ID,
+                                     f"Instance id {hb.instance_id} is unknown in group {hb.group_id}")
+            if member_id != hb.member_id:
+                raise HeartbeatError(ErrorCode.FENCED_INSTANCE_ID,
+                                     f"Static member {hb.member_id} with instance id {hb.instance_id} was replaced "
+                                     f"by member {member_id}")
+        member = group.members.get(hb.member_id) if group is not None else None
+        if group is None or member is None:
+            raise HeartbeatError(ErrorCode.UNKNOWN_MEMBER_ID,
+                                 f"Member {hb.member_id} is not a member of group {hb.group_id}")
+        if hb.member_epoch == STATIC_LEAVE_EPOCH:
+            # Gone for a while: its partitions stay its own (no one else is given them) until its session ends.
+            group._release(member)
+            member.epoch, member.state, member.revoking, member.revoke_deadline_ms = STATIC_LEAVE_EPOCH, STABLE, {}, None
+            group._hold(member)
+            log.info("consumer group %s: static member %s (instance %s) left for now", group.group_id,
+                     member.member_id, member.instance_id)
+        else:
+            self._remove(group, member, bump=True)
+            log.info("consumer group %s: member %s left", group.group_id, member.member_id)
+            self._drop_if_empty(group)
+        return HeartbeatAnswer(hb.member_id, hb.member_epoch, self.heartbeat_interval_ms, None)
+
+    # ------------------------------------------------------------------ assignment
+    def _look_up(self, names: Iterable[str]) -> dict[str, tuple[uuid.UUID, int]]:
+        found = {}
+        for name in names:
+            if (topic := self._lookup(name)) is not None:
+                found[name] = topic
+        return found
+
+    def _assign(self, group: ConsumerGroup) -> None:
+        name = group_assignor(group)
+        subscriptions = {mid: frozenset(group.topics[t][0] for t in m.subscribed if t in group.topics)
+                         for mid, m in group.members.items()}
+        counts = {tid: n for tid, n in group.topics.values()}
+        group.target = assign(name, subscriptions, counts, group.target)
+        group.assignment_epoch = group.epoch
+
+    def _reconcile(self, group: ConsumerGroup, member: Member,
+                   owned: Sequence[tuple[uuid.UUID, Sequence[int]]] | None, now_ms: int) -> None:
+        """Kafka's CurrentAssignmentBuilder: the member's next assignment toward its target."""
+        target_epoch = group.assignment_epoch
+        if member.state == STABLE and member.epoch == target_epoch:
+            return
+        if member.state == UNREVOKED:
+            if _owns_any(owned, member.revoking):
+                return
+            epoch = member.epoch + 1
+        else:
+            epoch = member.epoch
+        target = group.target.get(member.member_id, {})
+        kept: Assignment = {}
+        revoking: Assignment = {}
+        adding: Assignment = {}
+        unreleased = False
+        group._release(member)
+        for tid in set(target) | set(member.assigned):
+            want = target.get(tid, frozenset())
+            have = member.assigned.get(tid, frozenset())
+            if keep := have & want:
+                kept[tid] = keep
+            if give_up := have - want:
+                revoking[tid] = give_up
+            free = set()
+            for p in want - have:
+                if group.holder_epoch(tid, p) == -1:
+                    free.add(p)
+                else:
+                    unreleased = True
+            if free:
+                adding[tid] = frozenset(free)
+        previous = member.epoch
+        if revoking and _owns_any(owned, revoking):
+            member.state, member.assigned, member.revoking = UNREVOKED, kept, revoking
+            if epoch != member.epoch or member.revoke_deadline_ms is None:
+                # Each revocation gets the member's rebalance timeout to be done in.
+                member.revoke_deadline_ms = now_ms + max(0, member.rebalance_timeout_ms)
+            if epoch != member.epoch:
+                member.previous_epoch = member.epoch
+                member.epoch = epoch
+        else:
+            for tid, parts in adding.items():
+                kept[tid] = kept.get(tid, frozenset()) | parts
+            member.state = UNRELEASED if unreleased else STABLE
+            member.assigned, member.revoking, member.revoke_deadline_ms = kept, {}, None
+            if target_epoch != member.epoch:
+                member.previous_epoch = member.epoch
+                member.epoch = target_epoch
+        group._hold(member)
+        if member.epoch != previous or member.state != STABLE:
+            log.debug("consumer group %s: member %s at epoch %d (%s)", group.group_id, member.member_id,
+                      member.epoch, member.state)
+
+    # ------------------------------------------------------------------ time and removal
+    def _remove(self, group: ConsumerGroup, member: Member, *, bump: bool) -> None:
+        group._release(member)
+        group.members.pop(member.member_id, None)
+        group.target.pop(member.member_id, None)
+        if member.instance_id is not None and group.static.get(member.instance_id) == member.member_id:
+            del group.static[member.instance_id]
+        if bump:
+            group.epoch += 1
+
+    def expire(self, now_ms: int) -> list[tuple[str, str, str]]:
+        """Remove the members whose session ran out, or whose rebalance timeout passed with revoked partitions
+        still held; (group, member, why) of each. Walks the members only once the earliest deadline has come
+        (heartbeats move deadlines later), so a coordinator of many members walks them about once a session."""
+        if now_ms < self.next_due_ms:
+            return []
+        removed = []
+        due = now_ms + self.session_timeout_ms
+        for group in list(self.groups.values()):
+            for member in list(group.members.values()):
+                if member.session_deadline_ms <= now_ms:
+                    why = "its session timed out"
+                elif member.revoke_deadline_ms is not None and member.revoke_deadline_ms <= now_ms:
+                    why = "it did not give up its revoked partitions within its rebalance timeout"
+                else:
+                    due = min(due, _due(member))
+                    continue
+                self._remove(group, member, bump=True)
+                removed.append((group.group_id, member.member_id, why))
+            self._drop_if_empty(group)
+        self.next_due_ms = due
+        for group_id, member_id, why in removed:
+            log.info("consumer group %s: member %s removed: %s", group_id, member_id, why)
+        return removed
+
+    def drop_partition(self, partition: int) -> int:
+        """Forget the groups of a __consumer_offsets partition this coordinator no longer leads."""
+        gone = [gid for gid, g in self.groups.items() if g.partition == partition]
+        for gid in gone:
+            del self.groups[gid]
+        return len(gone)
+
+    def _drop_if_empty(self, group: ConsumerGroup) -> None:
+        """A group without members is forgotten (its offsets stay with the coordinator's Group): nothing of it
+        is kept beyond its members, so made-up groups cost only while their members are in."""
+        if not group.members and self.groups.get(group.group_id) is group:
+            del self.groups[group.group_id]
+
+    # ------------------------------------------------------------------ offsets
+    def active(self, group_id: str) -> ConsumerGroup | None:
+        """The group if it has members (an empty one is a plain group of offsets, as Kafka treats it)."""
+        group = self.groups.get(group_id)
+        return group if group is not None and group.members else None
+
+    def validate_commit(self, group_id: str, member_id: str, member_epoch: int) -> None:
+        """Kafka's ConsumerGroup.validateOffsetCommit (HeartbeatError: the commit is refused)."""
+        group = self.active(group_id)
+        if group is None:
+            if member_epoch >= 0 and member_id and group_id in self.groups:
+                raise HeartbeatError(ErrorCode.UNKNOWN_MEMBER_ID,
+                                     f"Member {member_id} is not a member of group {group_id}")
+            return
+        if member_epoch < 0 and not member_id:
+            raise HeartbeatError(ErrorCode.UNKNOWN_MEMBER_ID,
+                                 f"group {group_id} has members: only they commit its offsets")
+        member = group.members.get(member_id)
+        if member is None:
+            raise HeartbeatError(ErrorCode.UNKNOWN_MEMBER_ID, f"Member {member_id} is not a member of group {group_id}")
+        if member_epoch != member.epoch:
+            raise HeartbeatError(STALE_MEMBER_EPOCH, f"The member epoch {member_epoch} is stale: member {member_id} "
+                                                     f"is at epoch {member.epoch}")
+
+    def held(self) -> tuple[int, dict[str, tuple[int, int]]]:
+        """(bytes held by all members, {client host: (bytes, members)}) for the coordinator's metadata budget."""
+        total, hosts = 0, {}
+        for group in self.groups.values():
+            for m in group.members.values():
+                n = m.held_bytes()
+                total += n
+                held, count = hosts.get(m.client_host, (0, 0))
+                hosts[m.client_host] = (held + n, count + 1)
+        return total, hosts
+
+    def member_count(self) -> int:
+        return sum(len(g.members) for g in self.groups.values())
+
+
+def group_assignor(group: ConsumerGroup) -> str:
+    """The assignor the members ask for most (ties: by name), or the default: Kafka's choice."""
+    votes: dict[str, int] = {}
+    for m in group.members.values():
+        if m.assignor is not None:
+            votes[m.assignor] = votes.get(m.assignor, 0) + 1
+    return min(votes, key=lambda a: (-votes[a], a)) if votes else DEFAULT_ASSIGNOR
+
+
+def describe_assignment(assignment: Mapping[uuid.UUID, frozenset[int]]) -> list[dict]:
+    """An assignment as the wire's TopicPartitions list, in a stable order."""
+    return [{"topic_id": tid, "partitions": sorted(parts)}
+            for tid, parts in sorted(assignment.items(), key=lambda kv: kv[0].bytes)]

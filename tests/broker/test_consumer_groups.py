@@ -1,0 +1,327 @@
+"""The consumer protocol's state machine (KIP-848, broker/consumer_groups.py), with simulated clients."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import uuid
+
+import pytest
+
+from broker import consumer_groups as cg
+from proto.common_pb2 import ErrorCode
+
+T1 = uuid.UUID(int=1)
+T2 = uuid.UUID(int=2)
+
+
+class Topics:
+    def __init__(self, **counts: int) -> None:
+        self.known = {name: (uuid.UUID(int=i + 1), n) for i, (name, n) in enumerate(counts.items())}
+
+    def __call__(self, name: str) -> tuple[uuid.UUID, int] | None:
+        return self.known.get(name)
+
+
+class Client:
+    """A consumer as librdkafka behaves: it owns what it was last given, and gives up revoked partitions at once."""
+
+    def __init__(self, groups: cg.ConsumerGroups, member_id: str, topics: list[str], *, instance: str | None = None,
+                 rebalance_timeout_ms: int = 30_000, assignor: str | None = None) -> None:
+        self.groups = groups
+        self.member_id = member_id
+        self.topics = topics
+        self.instance = instance
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self.assignor = assignor
+        self.epoch = 0
+        self.owned: dict[uuid.UUID, frozenset[int]] = {}
+        self.resend_full = False
+
+    def beat(self, now: int = 0, full: bool = False, lost: bool = False) -> cg.HeartbeatAnswer:
+        """One heartbeat; ``lost``: its answer never arrives (the client carries on as before it, and sends its
+        next heartbeat in full, as Kafka's clients do after a failed one)."""
+        joining = self.epoch == 0
+        full = full or self.resend_full
+        self.resend_full = lost
+        hb = cg.Heartbeat("g", self.member_id, self.epoch, instance_id=self.instance,
+                          rebalance_timeout_ms=self.rebalance_timeout_ms if joining or full else -1,
+                          subscribed_topic_names=self.topics if joining or full else None,
+                          server_assignor=self.assignor if joining else None,
+                          owned=[(t, sorted(p)) for t, p in self.owned.items()])
+        try:
+            answer = self.groups.heartbeat(hb, 0, now)
+        except cg.HeartbeatError as exc:
+            if exc.code in (cg.FENCED_MEMBER_EPOCH, ErrorCode.UNKNOWN_MEMBER_ID):
+                self.owned, self.epoch = {}, 0  # as librdkafka: give everything up, rejoin
+            raise
+        if lost:
+            return answer
+        self.epoch = answer.member_epoch
+        if answer.assignment is not None:
+            self.owned = {t: p for t, p in answer.assignment.items() if p}
+        return answer
+
+    def leave(self, now: int = 0, static: bool = False) -> None:
+        epoch = cg.STATIC_LEAVE_EPOCH if static else cg.LEAVE_EPOCH
+        self.groups.heartbeat(cg.Heartbeat("g", self.member_id, epoch, instance_id=self.instance), 0, now)
+        self.owned, self.epoch = {}, 0
+
+    def count(self) -> int:
+        return sum(len(p) for p in self.owned.values())
+
+
+def owned_disjoint(clients: list[Client]) -> None:
+    seen: dict[tuple[uuid.UUID, int], str] = {}
+    for c in clients:
+        for t, parts in c.owned.items():
+            for p in parts:
+                assert (t, p) not in seen, f"{t}-{p} owned by {seen[(t, p)]} and {c.member_id}"
+                seen[(t, p)] = c.member_id
+
+
+def groups(**counts: int) -> cg.ConsumerGroups:
+    return cg.ConsumerGroups(Topics(**counts), members_max=100)
+
+
+def test_a_partition_moves_only_once_its_owner_gave_it_up() -> None:
+    g = groups(t=6)
+    a, b = Client(g, "a", ["t"]), Client(g, "b", ["t"])
+    first = a.beat()
+    assert (first.member_epoch, a.count()) == (1, 6)
+    assert first.heartbeat_interval_ms == cg.HEARTBEAT_INTERVAL_MS
+    b.beat()
+    # b is at the new epoch with nothing yet: its target's partitions are still a's.
+    assert (b.epoch, b.count()) == (2, 0)
+    assert g.groups["g"].members["b"].state == cg.UNRELEASED
+    owned_disjoint([a, b])
+    answer = a.beat()  # told to give up three; stays at its epoch until it has
+    assert (answer.member_epoch, a.count()) == (1, 3)
+    assert g.groups["g"].members["a"].state == cg.UNREVOKED
+    assert g.groups["g"].state() == "Reconciling"
+    b.beat()
+    assert b.count() == 0  # a has not said yet that it gave them up
+    a.beat()  # its heartbeat names only the three it kept
+    assert (a.epoch, a.count()) == (2, 3)
+    b.beat()
+    assert (b.epoch, b.count()) == (2, 3)
+    owned_disjoint([a, b])
+    assert g.groups["g"].state() == "Stable"
+    quiet = b.beat()
+    assert quiet.assignment is None  # nothing changed: not sent again
+
+
+def test_epochs_are_fenced_as_kafka_fences_them() -> None:
+    g = groups(t=2)
+    a = Client(g, "a", ["t"])
+    a.beat()
+    with pytest.raises(cg.HeartbeatError) as ahead:
+        g.heartbeat(cg.Heartbeat("g", "a", 5, owned=[]), 0, 0)
+    assert ahead.value.code == cg.FENCED_MEMBER_EPOCH
+    Client(g, "b", ["t"]).beat()
+    a.beat()
+    a.beat()
+    assert a.epoch == 2
+    # The answer that moved it to 2 was lost: its previous epoch with no more than it has is accepted...
+    assert g.heartbeat(cg.Heartbeat("g", "a", 1, owned=[(T1, [0])]), 0, 0).member_epoch == 2
+    # ...but not while it claims a partition it does not have, nor an older epoch.
+    for epoch, owned in ((1, [(T1, [0, 1])]), (0 + 1, None)):
+        with pytest.raises(cg.HeartbeatError) as stale:
+            g.heartbeat(cg.Heartbeat("g", "a", epoch, owned=owned), 0, 0)
+        assert stale.value.code == cg.FENCED_MEMBER_EPOCH
+    with pytest.raises(cg.HeartbeatError) as unknown:
+        g.heartbeat(cg.Heartbeat("g", "nobody", 2, owned=[]), 0, 0)
+    assert unknown.value.code == ErrorCode.UNKNOWN_MEMBER_ID
+    # A fenced client rejoins at epoch 0 with its member id: it starts over, owning nothing.
+    again = Client(g, "a", ["t"])
+    again.beat()
+    assert again.epoch > 2
+
+
+def test_requests_kafka_refuses_are_refused_and_change_nothing() -> None:
+    g = groups(t=2)
+    cases = [
+        (cg.Heartbeat("", "a", 0, rebalance_timeout_ms=1, subscribed_topic_names=["t"], owned=[]),
+         ErrorCode.INVALID_REQUEST),
+        (cg.Heartbeat("g", "a", 0, subscribed_topic_names=["t"], owned=[]), ErrorCode.INVALID_REQUEST),
+        (cg.Heartbeat("g", "a", 0, rebalance_timeout_ms=1, subscribed_topic_names=["t"], owned=[(T1, [0])]),
+         ErrorCode.INVALID_REQUEST),
+        (cg.Heartbeat("g", "a", 0, rebalance_timeout_ms=1, subscribed_topic_names=[], owned=[]),
+         ErrorCode.INVALID_REQUEST),
+        (cg.Heartbeat("g", "a", 0, rebalance_timeout_ms=1, subscribed_topic_names=["t"],
+                      subscribed_topic_regex="t.*", owned=[]), ErrorCode.INVALID_REQUEST),
+        (cg.Heartbeat("g", "a", 0, rebalance_timeout_ms=1, subscribed_topic_names=["t"], owned=[],
+                      server_assignor="sticky"), cg.UNSUPPORTED_ASSIGNOR),
+        (cg.Heartbeat("g", "a", -3), ErrorCode.INVALID_REQUEST),
+        (cg.Heartbeat("g", "", 3), ErrorCode.INVALID_REQUEST),
+        (cg.Heartbeat("g", "a", -2), ErrorCode.INVALID_REQUEST),  # a static leave needs its instance id
+        (cg.Heartbeat("g", "a", 3, owned=[]), ErrorCode.UNKNOWN_MEMBER_ID),  # no such group (a coordinator change)
+    ]
+    # librdkafka sends an empty regex beside its topic names: no regex.
+    g.heartbeat(cg.Heartbeat("h", "a", 0, rebalance_timeout_ms=1, subscribed_topic_names=["t"],
+                             subscribed_topic_regex="", owned=[]), 0, 0)
+    g.groups.clear()
+    for hb, code in cases:
+        with pytest.raises(cg.HeartbeatError) as refused:
+            g.heartbeat(hb, 0, 0)
+        assert refused.value.code == code, hb
+    assert g.groups == {}
+
+
+def test_leaving_and_timing_out_free_the_partitions() -> None:
+    g = groups(t=4)
+    a, b = Client(g, "a", ["t"]), Client(g, "b", ["t"])
+    for _ in range(3):
+        a.beat()
+        b.beat()
+    assert (a.count(), b.count()) == (2, 2)
+    b.leave()
+    a.beat()
+    assert a.count() == 4
+    c = Client(g, "c", ["t"])
+    c.beat(now=1000)
+    a.beat(now=1000)
+    a.beat(now=1000)
+    c.beat(now=1000)
+    assert (a.count(), c.count()) == (2, 2)
+    # c keeps heartbeating; a goes silent and its session runs out.
+    c.beat(now=40_000)
+    assert g.expire(1000 + cg.SESSION_TIMEOUT_MS - 1) == []
+    assert [m for _, m, _ in g.expire(1000 + cg.SESSION_TIMEOUT_MS)] == ["a"]
+    c.beat(now=46_000)
+    assert c.count() == 4
+
+
+def test_a_member_that_keeps_revoked_partitions_past_its_rebalance_timeout_is_removed() -> None:
+    g = groups(t=2)
+    a = Client(g, "a", ["t"], rebalance_timeout_ms=5000)
+    a.beat(now=0)
+    Client(g, "b", ["t"]).beat(now=0)
+    # a is told to give one up, and goes on naming it as owned.
+    g.heartbeat(cg.Heartbeat("g", "a", 1, owned=[(T1, [0, 1])]), 0, 100)
+    assert g.groups["g"].members["a"].state == cg.UNREVOKED
+    g.heartbeat(cg.Heartbeat("g", "a", 1, owned=[(T1, [0, 1])]), 0, 4000)
+    assert g.expire(5099) == []
+    assert [(m, why) for _, m, why in g.expire(5100)] == [
+        ("a", "it did not give up its revoked partitions within its rebalance timeout")]
+
+
+def test_a_static_member_keeps_its_partitions_while_it_restarts() -> None:
+    g = groups(t=4)
+    a, b = Client(g, "a1", ["t"], instance="i-a"), Client(g, "b", ["t"])
+    for _ in range(3):
+        a.beat()
+        b.beat()
+    # Another process with its instance id while it is still in: refused.
+    with pytest.raises(cg.HeartbeatError) as in_use:
+        g.heartbeat(cg.Heartbeat("g", "a2", 0, instance_id="i-a", rebalance_timeout_ms=1,
+                                 subscribed_topic_names=["t"], owned=[]), 0, 0)
+    assert in_use.value.code == cg.UNRELEASED_INSTANCE_ID
+    kept = dict(a.owned)
+    a.leave(static=True)
+    b.beat()
+    b.beat()
+    assert b.count() == 2  # a's partitions are not handed out while it is away
+    restarted = Client(g, "a2", ["t"], instance="i-a")
+    restarted.beat()
+    assert restarted.owned == kept  # the new process takes them over
+    owned_disjoint([restarted, b])
+    with pytest.raises(cg.HeartbeatError) as replaced:
+        g.heartbeat(cg.Heartbeat("g", "a1", 3, instance_id="i-a", owned=[]), 0, 0)
+    assert replaced.value.code == ErrorCode.FENCED_INSTANCE_ID
+    # Away too long: its session ends and the partitions go to the others.
+    restarted.leave(static=True)
+    b.beat(now=1000)
+    g.expire(cg.SESSION_TIMEOUT_MS)
+    b.beat(now=cg.SESSION_TIMEOUT_MS)
+    assert b.count() == 4
+
+
+def test_topics_made_later_and_subscription_changes_are_assigned() -> None:
+    topics = Topics(t=2)
+    g = cg.ConsumerGroups(topics, members_max=100)
+    a = Client(g, "a", ["t", "later"])
+    a.beat(now=0)
+    assert a.owned == {T1: frozenset({0, 1})}
+    topics.known["later"] = (T2, 3)
+    a.beat(now=cg.METADATA_REFRESH_MS - 1)
+    assert T2 not in a.owned  # looked up again only after the refresh interval
+    a.beat(now=cg.METADATA_REFRESH_MS)
+    assert a.owned == {T1: frozenset({0, 1}), T2: frozenset({0, 1, 2})}
+    a.topics = ["later"]
+    a.beat(now=2 * cg.METADATA_REFRESH_MS, full=True)  # gives up t's partitions first
+    assert a.owned == {T2: frozenset({0, 1, 2})}
+    a.beat(now=2 * cg.METADATA_REFRESH_MS)
+    assert g.groups["g"].state() == "Stable"
+
+
+def test_offset_commits_follow_the_member_epoch() -> None:
+    g = groups(t=2)
+    a = Client(g, "a", ["t"])
+    a.beat()
+    g.validate_commit("g", "a", 1)
+    g.validate_commit("other", "", -1)  # not a consumer group: the classic rules apply
+    for member, epoch, code in (("a", 0, cg.STALE_MEMBER_EPOCH), ("nobody", 1, ErrorCode.UNKNOWN_MEMBER_ID),
+                                ("", -1, ErrorCode.UNKNOWN_MEMBER_ID)):
+        with pytest.raises(cg.HeartbeatError) as refused:
+            g.validate_commit("g", member, epoch)
+        assert refused.value.code == code
+    a.leave()
+    g.validate_commit("g", "", -1)  # empty: an admin may reset its offsets
+
+
+def test_group_size_is_bounded() -> None:
+    g = cg.ConsumerGroups(Topics(t=1), members_max=2)
+    Client(g, "a", ["t"]).beat()
+    Client(g, "b", ["t"]).beat()
+    with pytest.raises(cg.HeartbeatError) as full:
+        Client(g, "c", ["t"]).beat()
+    assert full.value.code == ErrorCode.GROUP_MAX_SIZE_REACHED
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_runs_never_give_a_partition_to_two_clients_and_settle(seed: int) -> None:
+    rng = random.Random(seed)
+    g = groups(t=rng.randint(1, 12), u=rng.randint(1, 5))
+    assignor = rng.choice([None, "uniform", "range"])
+    clients: list[Client] = []
+    now = 0
+    for step in range(300):
+        now += 10
+        roll = rng.random()
+        if roll < 0.08 and len(clients) < 6:
+            clients.append(Client(g, f"m{seed}-{step}", rng.choice([["t"], ["t", "u"], ["u"]]), assignor=assignor))
+            clients[-1].beat(now)
+        elif roll < 0.12 and clients:
+            clients.pop(rng.randrange(len(clients))).leave(now)
+        elif clients:
+            with contextlib.suppress(cg.HeartbeatError):  # fenced after a lost answer: it rejoins next time
+                rng.choice(clients).beat(now, lost=rng.random() < 0.1)
+        owned_disjoint(clients)
+    for _ in range(10):  # everyone heartbeats a few rounds: the group settles with every partition owned once
+        for c in clients:
+            with contextlib.suppress(cg.HeartbeatError):
+                c.beat(now)
+    owned_disjoint(clients)
+    if clients:
+        group = g.groups["g"]
+        assert group.state() == "Stable"
+        subscribed = {t for c in clients for t in c.topics}
+        owned = sum(c.count() for c in clients)
+        assert owned == sum(group.topics[t][1] for t in subscribed)
+
+
+def test_groups_left_empty_are_forgotten_and_expiry_waits_for_the_first_deadline() -> None:
+    g = groups(t=1)
+    a = Client(g, "a", ["t"])
+    a.beat()
+    a.leave()
+    assert g.groups == {}  # made-up groups cost only while their members are in
+    b = Client(g, "b", ["t"])
+    b.beat(now=1000)
+    assert g.expire(2000) == []
+    assert g.next_due_ms == 1000 + cg.SESSION_TIMEOUT_MS  # no walk over the members before then
+    b.beat(now=3000)
+    assert g.expire(1000 + cg.SESSION_TIMEOUT_MS) == []  # its heartbeat moved its deadline on
+    assert [m for _, m, _ in g.expire(3000 + cg.SESSION_TIMEOUT_MS)] == ["b"]
+    assert g.groups == {}
