@@ -23,12 +23,14 @@ import heapq
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
+from broker import consumer_groups as cg
 from broker import group_records as records
 from broker.fair_pool import blocking
 from broker.group_records import OFFSETS_TOPIC, GroupRecord, OffsetRecord, OwnerRecord, partition_for_group
@@ -66,6 +68,9 @@ RPC_TIMEOUT_S = 10.0
 # Member itself), counted against group.coordinator.metadata.max.bytes: so members, and pending
 # members (MEMBER_ID_REQUIRED) that never come back, are bounded over all groups too.
 MEMBER_OVERHEAD_BYTES = 512
+# How often the timers look for consumer-protocol members whose session or rebalance timeout ran out (a walk
+# over those members).
+CONSUMER_EXPIRY_INTERVAL_MS = 250
 GROUP_INSTANCE_ID_MAX = 249  # as a group or topic name: the longest a static member's instance id may be
 # The longest group id. Kafka sets none, but a group id is hashed (Java's String.hashCode, a Python
 # loop over its characters) under the coordinator's lock, every group's: a Heartbeat naming a 7 MB
@@ -168,11 +173,13 @@ class GroupOffsetStats:
 
 @dataclass(frozen=True)
 class GroupCoordinatorStats:
-    groups_by_state: dict[str, int]
+    groups_by_state: dict[str, int]  # classic groups
     offsets: list[GroupOffsetStats]  # at most group.lag.metrics.max.series, the largest lags first
     loaded_partitions: int
     loading_partitions: int
     offsets_left_out: int = 0  # group-partition rows with a known lag not in ``offsets``
+    consumer_groups_by_state: dict[str, int] = field(default_factory=dict)  # KIP-848's
+    consumer_group_members: int = 0
 
 
 @dataclass
@@ -401,6 +408,10 @@ class GroupCoordinator:
         self._deleted_lock = threading.Lock()
         self._deleted_topics: list[tuple[str, int]] = []
         self._unknown_at_last_sweep: set[str] = set()  # topics with offsets the metadata did not know then
+        # Groups of Kafka's consumer protocol (KIP-848), beside the classic ones: a group id is one or the other
+        # while it has members. Their offsets are kept as the classic groups' are (a Group of no members).
+        self.consumer_groups = cg.ConsumerGroups(self._consumer_topic, members_max=MEMBERS_MAX)
+        self._consumer_expired_at = 0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -457,6 +468,7 @@ class GroupCoordinator:
         for gid in [gid for gid, g in self._groups.items() if self._partition_of(g) == partition]:
             self._groups.pop(gid).mark_dead(now)
             self._group_writes.pop(gid, None)
+        self.consumer_groups.drop_partition(partition)
         log.info("unloaded groups of %s-%d", OFFSETS_TOPIC, partition)
 
     def _still_leader(self, partition: int, leader_epoch: int) -> bool:
@@ -734,6 +746,11 @@ class GroupCoordinator:
         with self._lock:
             joining = MEMBER_OVERHEAD_BYTES + metadata + ids + subscriptions.held_bytes
             self._admit_bytes_locked(joining, "JoinGroup", {req.client_host: joining})
+            self._check_owner_locked(req.group_id)
+            if (active := self.consumer_groups.active(req.group_id)) is not None:
+                raise CoordinatorError(f"group {req.group_id} has {len(active.members)} members of the consumer "
+                                       "protocol (KIP-848): a classic member cannot join it",
+                                       code=ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
             g = self._group_locked(req.group_id, create=True, owner=req.client_host)
             assert g is not None
             g.join(member_id=req.member_id, client_id=req.client_id, client_host=req.client_host,
@@ -770,6 +787,10 @@ class GroupCoordinator:
                     hosts[host] = hosts.get(host, 0) + held + MEMBER_OVERHEAD_BYTES * members
                 for host, pending in g.pending_members.by_host.items():
                     hosts[host] = hosts.get(host, 0) + PENDING_MEMBER_BYTES * pending
+            consumer_total, consumer_hosts = self.consumer_groups.held()
+            total += consumer_total
+            for host, (held, members) in consumer_hosts.items():
+                hosts[host] = hosts.get(host, 0) + held + MEMBER_OVERHEAD_BYTES * members
             self._held_bytes, self._held_by_host = total, hosts
             self._held_counted_at = now
         limit = self.config.group_coordinator_metadata_max_bytes
@@ -875,6 +896,92 @@ class GroupCoordinator:
                 return ErrorCode.UNKNOWN_MEMBER_ID
             return g.heartbeat(member_id=member_id, generation_id=generation_id, now_ms=self.clock_ms(),
                                group_instance_id=group_instance_id)
+
+    # ------------------------------------------------------------------ consumer protocol (KIP-848)
+    def _consumer_topic(self, name: str) -> tuple[uuid.UUID, int] | None:
+        topic = self.metadata_cache.topic(name)
+        if topic is None or not topic.topic_id or topic.partition_count <= 0 or name.startswith("__"):
+            return None
+        try:
+            return uuid.UUID(hex=topic.topic_id), topic.partition_count
+        except ValueError:  # not an id a client can be told (the controller's are uuid4 hex): not assignable
+            return None
+
+    def consumer_group_heartbeat(self, hb: cg.Heartbeat) -> cg.HeartbeatAnswer:
+        """A ConsumerGroupHeartbeat (consumer_groups.py). Raises CoordinatorError (NOT_COORDINATOR, ...) or
+        consumer_groups.HeartbeatError; either way nothing changed."""
+        for what, value, most in (("member id", hb.member_id, CLIENT_ID_MAX + _UUID_SUFFIX),
+                                  ("instance id", hb.instance_id or "", GROUP_INSTANCE_ID_MAX),
+                                  ("rack id", hb.rack_id or "", GROUP_INSTANCE_ID_MAX),
+                                  ("client id", hb.client_id, CLIENT_ID_MAX),
+                                  ("server assignor", hb.server_assignor or "", PROTOCOL_TYPE_MAX)):
+            if len(value) > most:
+                raise CoordinatorError(f"{what} of {len(value)} characters, longer than {most}",
+                                       code=ErrorCode.INVALID_REQUEST)
+        names = hb.subscribed_topic_names or ()
+        if any(len(n) > GROUP_INSTANCE_ID_MAX for n in names):
+            raise CoordinatorError(f"a subscribed topic name longer than {GROUP_INSTANCE_ID_MAX} characters",
+                                   code=ErrorCode.INVALID_REQUEST)
+        subscription = sum(map(len, names))
+        self._check_member_bytes(subscription, "subscription")
+        with self._lock:
+            p = self._check_owner_locked(hb.group_id)
+            classic = self._groups.get(hb.group_id)
+            if classic is not None and (classic.members or classic.pending_members):
+                raise CoordinatorError(f"Group {hb.group_id} is not a consumer group: its "
+                                       f"{len(classic.members)} members use the classic protocol",
+                                       code=ErrorCode.GROUP_ID_NOT_FOUND)
+            if hb.member_epoch == cg.JOIN_EPOCH or hb.subscribed_topic_names is not None:
+                # A subscription is held for the member's session: admitted as a JoinGroup's metadata is.
+                incoming = subscription + (MEMBER_OVERHEAD_BYTES if hb.member_epoch == cg.JOIN_EPOCH else 0)
+                self._admit_bytes_locked(incoming, "ConsumerGroupHeartbeat", {hb.client_host: incoming})
+            return self.consumer_groups.heartbeat(hb, p, self.clock_ms())
+
+    def describe_consumer_group(self, group_id: str) -> dict[str, Any]:
+        """ConsumerGroupDescribe's entry for one group (Kafka's field names; an error code and message
+        instead of the group when it is not one of this coordinator's consumer-protocol groups)."""
+        with self._lock:
+            try:
+                self._check_owner_locked(group_id)
+            except CoordinatorError as exc:
+                return {"group_id": group_id, "error_code": exc.code, "error_message": exc.message}
+            group = self.consumer_groups.active(group_id)
+            if group is None:
+                classic = self._groups.get(group_id)
+                message = (f"Group {group_id} is not a consumer group."
+                           if classic is not None and (classic.members or classic.pending_members)
+                           else f"Group {group_id} not found.")
+                return {"group_id": group_id, "error_code": ErrorCode.GROUP_ID_NOT_FOUND, "error_message": message}
+            names = {tid: name for name, (tid, _) in group.topics.items()}
+
+            def partitions(assignment: cg.Assignment) -> dict[str, Any]:
+                return {"topic_partitions": [
+                    {"topic_id": t["topic_id"], "topic_name": names.get(t["topic_id"], ""),
+                     "partitions": t["partitions"]} for t in cg.describe_assignment(assignment)]}
+            return {
+                "group_id": group_id, "error_code": 0, "group_state": group.state(),
+                "group_epoch": group.epoch, "assignment_epoch": group.assignment_epoch,
+                "assignor_name": cg.group_assignor(group),
+                "members": [{
+                    "member_id": m.member_id, "instance_id": m.instance_id, "rack_id": m.rack_id,
+                    "member_epoch": m.epoch, "client_id": m.client_id, "client_host": m.client_host,
+                    "subscribed_topic_names": sorted(m.subscribed), "subscribed_topic_regex": None,
+                    "assignment": partitions(m.assigned), "target_assignment": partitions(group.target.get(mid, {})),
+                    "member_type": 1,  # the consumer protocol (v1)
+                } for mid, m in sorted(group.members.items())]}
+
+    def consumer_group_listing(self, states: set[str]) -> list[tuple[str, str]]:
+        """(group id, state) of the consumer-protocol groups with members on the loaded partitions."""
+        named = {s.lower() for s in states}
+        listed = []
+        with self._lock:
+            loaded = {p for p, load in self._partitions.items() if load.loaded}
+            for gid, g in self.consumer_groups.groups.items():
+                if g.members and g.partition in loaded:
+                    state = g.state()
+                    if not named or state.lower() in named:
+                        listed.append((gid, state))
+        return listed
 
     def leave_group(self, group_id: str, members: Iterable[tuple[str, str]], reason: str = "") -> list[int]:
         """Each (member id, group instance id) leaves; an error code for each, in order. ``reason``: the client's,
@@ -998,7 +1105,14 @@ class GroupCoordinator:
         with self._lock:
             p = self._check_owner_locked(req.group_id)
             g = self._groups.get(req.group_id)
-            if g is None and not (req.generation_id < 0 and not req.member_id):
+            if req.group_id in self.consumer_groups.groups:
+                # The consumer protocol's rule: a member commits at its current epoch (generation_id carries it).
+                try:
+                    self.consumer_groups.validate_commit(req.group_id, req.member_id, req.generation_id)
+                except cg.HeartbeatError as exc:
+                    raise CoordinatorError(exc.message, code=exc.code) from None
+                g = None  # its Group, if any, holds only offsets
+            elif g is None and not (req.generation_id < 0 and not req.member_id):
                 raise CoordinatorError("unknown group", code=ErrorCode.UNKNOWN_MEMBER_ID)
             # A commit from outside group management (no member, no generation) to a group not made yet
             # makes it only once an offset is written (_write_offsets), as Kafka, whose request handler
@@ -1178,9 +1292,12 @@ class GroupCoordinator:
         with self._lock:
             groups = list(self._groups.values())
             loaded = {p for p, load in self._partitions.items() if load.loaded}
+            consumer = {gid for gid, g in self.consumer_groups.groups.items() if g.members}
         named = {s.lower() for s in states}
         wanted = {state for state in GroupState if state.value.lower() in named}
-        return [g for g in groups if self._partition_of(g) in loaded and (not states or g.state in wanted)]
+        # A consumer-protocol group's Group holds only its offsets: consumer_group_listing lists it.
+        return [g for g in groups if self._partition_of(g) in loaded and (not states or g.state in wanted)
+                and g.group_id not in consumer]
 
     def reserve_describe(self, size: int) -> bool:
         """Take ``size`` bytes of DESCRIBE_INFLIGHT_MAX_BYTES for a description being built (False:
@@ -1209,7 +1326,9 @@ class GroupCoordinator:
                 g = self._group_locked(group_id, create=False)
             except CoordinatorError as exc:
                 return group_pb2.DescribedGroup(error_code=exc.code, error_message=exc.message, group_id=group_id), 0
-            if g is None:
+            if g is None or self.consumer_groups.active(group_id) is not None:
+                # A group of the consumer protocol is not a classic group: Kafka's DescribeGroups answers it as
+                # one that does not exist (GROUP_ID_NOT_FOUND at v6, Dead before).
                 return group_pb2.DescribedGroup(group_id=group_id, state=GroupState.DEAD.value,
                                                 coordinator_id=self.node_id), 0
             out = group_pb2.DescribedGroup(
@@ -1326,6 +1445,10 @@ class GroupCoordinator:
 
     def delete_group(self, group_id: str) -> None:
         with self._lock:
+            self._check_owner_locked(group_id)
+            if (active := self.consumer_groups.active(group_id)) is not None:
+                raise CoordinatorError(f"group {group_id} has {len(active.members)} members ({active.state()})",
+                                       code=ErrorCode.NON_EMPTY_GROUP)
             g = self._group_locked(group_id, create=False)
             if g is None or g.state == GroupState.DEAD:
                 raise CoordinatorError(f"group {group_id} does not exist", code=ErrorCode.GROUP_ID_NOT_FOUND)
@@ -1357,6 +1480,8 @@ class GroupCoordinator:
             protocol = g.protocol_name
             member_topics = ([m.subscribed_topics(protocol) for m in g.members.values()]
                              if g.protocol_type == records.CONSUMER_PROTOCOL_TYPE else [])
+            if (consumers := self.consumer_groups.active(group_id)) is not None:
+                member_topics = [m.subscribed for m in consumers.members.values()]
             p = self._partition_of(g)
             epoch = self._partitions[p].leader_epoch
         named = {tp.topic for tp in tps}
@@ -1535,6 +1660,9 @@ class GroupCoordinator:
         A group is ticked at most once a tick, when its next deadline has come, as when every group was asked."""
         with self._lock:
             now = self.clock_ms()
+            if now - self._consumer_expired_at >= CONSUMER_EXPIRY_INTERVAL_MS:
+                self._consumer_expired_at = now
+                self.consumer_groups.expire(now)
             for g in self.timers.due(now, self._groups):
                 deadline = g.next_deadline_ms(now)
                 if deadline is not None and deadline <= now:
@@ -1694,12 +1822,19 @@ class GroupCoordinator:
         Under the lock only the groups' offsets are copied (C-speed copies); the choice is made after."""
         by_state = {s.value: 0 for s in GroupState if s != GroupState.DEAD}
         ends = self._end_offsets
+        consumer_states = {"Assigning": 0, "Reconciling": 0, "Stable": 0}
         with self._lock:
             snapshot = []
+            consumer = self.consumer_groups.groups
             for g in self._groups.values():
-                by_state[g.state.value] = by_state.get(g.state.value, 0) + 1
+                if g.group_id not in consumer:  # a consumer-protocol group's Group holds only its offsets
+                    by_state[g.state.value] = by_state.get(g.state.value, 0) + 1
                 if g.offsets:
                     snapshot.append((g.group_id, list(g.offsets.items())))
+            for cgroup in consumer.values():
+                state = cgroup.state()
+                consumer_states[state] = consumer_states.get(state, 0) + 1
+            members = self.consumer_groups.member_count()
             loaded = sum(1 for s in self._partitions.values() if s.loaded)
             loading = len(self._partitions) - loaded
         known = [(max(0, end - e.offset), group, tp, e.offset, end) for group, offsets in snapshot
@@ -1708,7 +1843,7 @@ class GroupCoordinator:
                                  key=lambda r: (-r[0], r[1], r[2].topic, r[2].partition))
         rows = [GroupOffsetStats(group, tp.topic, tp.partition, committed, end, lag)
                 for lag, group, tp, committed, end in chosen]
-        return GroupCoordinatorStats(by_state, rows, loaded, loading, len(known) - len(rows))
+        return GroupCoordinatorStats(by_state, rows, loaded, loading, len(known) - len(rows), consumer_states, members)
 
 
 # ---------------------------------------------------------------------- helpers

@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 
 from broker import authorizer as authz
-from broker import bytes_apart, principal
+from broker import bytes_apart, consumer_groups, principal
 from broker.admission import peer_host, refuse_over, refuse_oversized, release_when_done
 from broker.authorizer import ALLOW_ALL, Authorizer
 from broker.bytes_apart import BytesApart
@@ -167,6 +167,9 @@ class _DescribeBytes:
         self._c.release_describe(held)
 
 
+CLASSIC, CONSUMER = "classic", "consumer"  # group types (KIP-848), as ListGroups v5 names them
+
+
 class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
     def __init__(self, coordinator: GroupCoordinator,
                  executor: concurrent.futures.Executor | None = None, authorizer: Authorizer = ALLOW_ALL,
@@ -267,6 +270,47 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
 
     async def Heartbeat(self, request, context):  # noqa: N802
         return await self._run(self._heartbeat, request, context)
+
+    async def consumer_group_heartbeat(self, hb: consumer_groups.Heartbeat, context: Any) -> Any:
+        """KIP-848's ConsumerGroupHeartbeat (the Kafka listener's; gRPC has no such call): the answer, or the
+        error (BrookError or HeartbeatError) it is refused with."""
+        return await self._run(self._consumer_group_heartbeat, hb, context)
+
+    def _consumer_group_heartbeat(self, hb: consumer_groups.Heartbeat, context: Any) -> Any:
+        caller = principal.principal_of(context)
+        if not self.authz.authorize(caller, authz.READ, authz.GROUP, hb.group_id):
+            return authz.denied_error(caller, authz.READ, authz.GROUP, hb.group_id)
+        if hb.subscribed_topic_names:
+            # A member is given the partitions of the topics it subscribes to, and told their ids: only of
+            # topics it may describe (as Kafka 4's coordinator checks).
+            denied = self.authz.denied_topics(caller, authz.DESCRIBE, set(hb.subscribed_topic_names))
+            if denied:
+                return authz.denied_error(caller, authz.DESCRIBE, authz.TOPIC, min(denied))
+        try:
+            return self.c.consumer_group_heartbeat(hb)
+        except (errors.BrookError, consumer_groups.HeartbeatError) as exc:
+            return exc
+
+    async def consumer_group_describe(self, group_ids: list[str], include_operations: bool, context: Any) -> list[dict]:
+        """KIP-848's ConsumerGroupDescribe (the Kafka listener's): each group id's entry, in order, a repeated one
+        described again; DESCRIBE on each group."""
+        await self.refuse_too_many_groups(len(group_ids), context)
+        return await self._run(functools.partial(self._consumer_group_describe, include_operations), group_ids,
+                               context)
+
+    def _consumer_group_describe(self, include_operations: bool, group_ids: list[str], context: Any) -> list[dict]:
+        caller = principal.principal_of(context)
+        described: dict[str, dict] = {}
+        for gid in dict.fromkeys(group_ids):
+            if not self.authz.authorize(caller, authz.DESCRIBE, authz.GROUP, gid):
+                exc = authz.denied_error(caller, authz.DESCRIBE, authz.GROUP, gid)
+                described[gid] = {"group_id": gid, "error_code": exc.code, "error_message": exc.message}
+                continue
+            entry = self.c.describe_consumer_group(gid)
+            if include_operations and entry["error_code"] == 0:
+                entry["authorized_operations"] = self.authz.authorized_operations(caller, authz.GROUP, gid)
+            described[gid] = entry
+        return [described[gid] for gid in group_ids]
 
     async def LeaveGroup(self, request, context):  # noqa: N802
         return await self._run(self._leave_group, request, context)
@@ -419,16 +463,19 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
         return resp
 
     def _list_groups(self, request, context, held: _DescribeBytes):
-        groups = self.c.list_groups(set(request.states))
+        # (group id, protocol type, state, group type): the classic groups and those of the consumer protocol
+        groups = [(g.group_id, g.protocol_type, g.state.value, CLASSIC) for g in self.c.list_groups(set(request.states))]
+        groups += [(gid, CONSUMER, state, CONSUMER) for gid, state in self.c.consumer_group_listing(set(request.states))]
         caller = principal.principal_of(context)
         if not self.authz.authorize(caller, authz.DESCRIBE, authz.CLUSTER):  # else: only describable groups
-            groups = [g for g in groups if self.authz.authorize(caller, authz.DESCRIBE, authz.GROUP, g.group_id)]
-        size = sum(len(g.group_id) + len(g.protocol_type) + LISTED_GROUP_BYTES for g in groups)
+            groups = [g for g in groups if self.authz.authorize(caller, authz.DESCRIBE, authz.GROUP, g[0])]
+        size = sum(len(g[0]) + len(g[1]) + LISTED_GROUP_BYTES for g in groups)
         if not held.reserve(size):
             return self.c.listing_refusal(len(groups), size)
         return group_pb2.ListGroupsResponse(groups=[
-            group_pb2.ListedGroup(group_id=g.group_id, protocol_type=g.protocol_type, state=g.state.value,
-                                  coordinator_id=self.c.node_id) for g in sorted(groups, key=lambda g: g.group_id)])
+            group_pb2.ListedGroup(group_id=gid, protocol_type=protocol_type, state=state, group_type=kind,
+                                  coordinator_id=self.c.node_id)
+            for gid, protocol_type, state, kind in sorted(groups)])
 
     def _describe_groups(self, request, context, held: _DescribeBytes):
         """Each group id the request lists is answered, in order, a repeated one again (as Kafka does); but

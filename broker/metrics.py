@@ -814,6 +814,15 @@ class GroupCollector(_SafeCollector):
         for state, count in sorted(s.groups_by_state.items()):
             states.add_metric([state], count)
         yield states
+        consumer = GaugeMetricFamily("brook_consumer_protocol_groups",
+                                     "Groups of Kafka's consumer protocol (KIP-848) this broker coordinates, by state "
+                                     "(not in brook_consumer_groups).", labels=["state"])
+        for state, count in sorted(s.consumer_groups_by_state.items()):
+            consumer.add_metric([state], count)
+        yield consumer
+        yield GaugeMetricFamily("brook_consumer_protocol_members",
+                                "Members of those groups (each heartbeats ConsumerGroupHeartbeat).",
+                                value=s.consumer_group_members)
         committed = GaugeMetricFamily("brook_consumer_group_committed_offset",
                                       "Committed offset of a group on a partition.",
                                       labels=["group", "topic", "partition"])

@@ -304,16 +304,18 @@ class ListGroupsRequest(_message.Message):
     def __init__(self, states: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListedGroup(_message.Message):
-    __slots__ = ("group_id", "protocol_type", "state", "coordinator_id")
+    __slots__ = ("group_id", "protocol_type", "state", "coordinator_id", "group_type")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_TYPE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_TYPE_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     protocol_type: str
     state: str
     coordinator_id: int
-    def __init__(self, group_id: _Optional[str] = ..., protocol_type: _Optional[str] = ..., state: _Optional[str] = ..., coordinator_id: _Optional[int] = ...) -> None: ...
+    group_type: str
+    def __init__(self, group_id: _Optional[str] = ..., protocol_type: _Optional[str] = ..., state: _Optional[str] = ..., coordinator_id: _Optional[int] = ..., group_type: _Optional[str] = ...) -> None: ...
 
 class ListGroupsResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "groups")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker import authorizer as authz
+from broker import consumer_groups
 from broker.admission import refuse_oversized
 from broker.fetch_answer import answer_of
 from broker.group_service import join_answer_of
@@ -46,6 +47,7 @@ HEARTBEAT, LEAVE_GROUP, SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS = 12, 13, 14, 1
 SASL_HANDSHAKE, API_VERSIONS, INIT_PRODUCER_ID, OFFSET_FOR_LEADER_EPOCH = 17, 18, 22, 23
 SASL_AUTHENTICATE, DELETE_GROUPS, OFFSET_DELETE = 36, 42, 47
 DESCRIBE_TOPIC_PARTITIONS = 75
+CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE = 68, 69
 CLIENT_ID_LOGGED_MAX = 100  # a client id or topic name in a log line: the first characters only (a client
 TOPIC_LOGGED_MAX = 100  # chooses them, up to 32 KB)
 # The most partitions one DescribeTopicPartitions answer holds (Kafka's max.request.partition.size.limit default).
@@ -59,7 +61,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     FETCH: (4, 12),
     LIST_OFFSETS: (1, 10),  # v8: earliest local (-4), v9: latest tiered (-5), v10: a timeout for remote reads
     METADATA: (0, 12),
-    OFFSET_COMMIT: (2, 8),
+    OFFSET_COMMIT: (2, 9),  # v9 (KIP-848): a consumer-protocol member commits at its member epoch
     OFFSET_FETCH: (1, 8),
     FIND_COORDINATOR: (0, 4),
     JOIN_GROUP: (0, 8),  # v8 (KIP-800): the client's reason, logged with the rebalance it starts
@@ -76,6 +78,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
     DESCRIBE_TOPIC_PARTITIONS: (0, 0),
+    CONSUMER_GROUP_HEARTBEAT: (0, 1),  # KIP-848's consumer protocol (broker/consumer_groups.py); no regex
+    CONSUMER_GROUP_DESCRIBE: (0, 1),
     **admin_apis.SUPPORTED,  # topics, configs, ACLs, records, log dirs, elections (admin_apis.py)
     **user_apis.SUPPORTED,  # SCRAM credentials and client quotas (user_apis.py)
 }
@@ -91,6 +95,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {**SUPPORTED, PRODUCE: (0, SUPPORTED[PR
 PRE_AUTH_APIS = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
 RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+CONSUMER_GROUP_TYPE = "consumer"  # a group of KIP-848's consumer protocol
 CLASSIC_GROUP_TYPE = "classic"  # ListGroups v5's type of a group, as Kafka names it (Group.GroupType.CLASSIC)
 DESCRIBE_GROUPS_NOT_FOUND_VERSION = 6
 _LEADER_ERRORS = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH)
@@ -133,6 +138,8 @@ class KafkaApis:
             DESCRIBE_GROUPS: self.describe_groups,
             LIST_GROUPS: self.list_groups,
             DELETE_GROUPS: self.delete_groups,
+            CONSUMER_GROUP_HEARTBEAT: self.consumer_group_heartbeat,
+            CONSUMER_GROUP_DESCRIBE: self.consumer_group_describe,
         }
         self.admin = admin_apis.AdminApis(broker, listener)
         self.handlers.update(self.admin.handlers())
@@ -751,15 +758,50 @@ class KafkaApis:
     async def list_groups(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         states = list(_get(req.body, "states_filter", ()) or ())
         types = {t.lower() for t in _get(req.body, "types_filter", ()) or ()}
-        if types and CLASSIC_GROUP_TYPE not in types:
-            # Every group here is a classic one (no KIP-848 groups), as on Kafka's coordinator before 4.0:
-            # a filter that does not name that type lists none.
-            return self._resp(req, {"error_code": 0, "groups": []})
+        if types and not types & {CLASSIC_GROUP_TYPE, CONSUMER_GROUP_TYPE}:
+            return self._resp(req, {"error_code": 0, "groups": []})  # no share or streams groups here
         out = await self.groups.ListGroups(group_pb2.ListGroupsRequest(states=states), ctx)
-        return await self._group_answer(len(out.groups), lambda: self._resp(req, {
+        listed = [g for g in out.groups if not types or (g.group_type or CLASSIC_GROUP_TYPE) in types]
+        return await self._group_answer(len(listed), lambda: self._resp(req, {
             "error_code": out.error_code,
             "groups": [{"group_id": g.group_id, "protocol_type": g.protocol_type, "group_state": g.state,
-                        "group_type": CLASSIC_GROUP_TYPE} for g in out.groups]}))
+                        "group_type": g.group_type or CLASSIC_GROUP_TYPE} for g in listed]}))
+
+    async def consumer_group_describe(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        """ConsumerGroupDescribe (KIP-848): the consumer-protocol groups as Kafka 4's tools describe them."""
+        groups = await self.groups.consumer_group_describe(
+            list(req.body.group_ids), bool(_get(req.body, "include_authorized_operations", False)), ctx)
+        size = len(groups) + sum(len(m["assignment"]["topic_partitions"]) + len(m["target_assignment"]["topic_partitions"])
+                                 for g in groups for m in g.get("members", ()))
+        return await self._group_answer(size, lambda: self._resp(req, {"throttle_time": 0, "groups": [
+            {"group_state": "", "group_epoch": -1, "assignment_epoch": -1, "assignor_name": "",
+             "authorized_operations": codec.NO_AUTHORIZED_OPERATIONS, **g,
+             "members": [{**m, "client_host": _kafka_host(m["client_host"])} for m in g.get("members", ())]}
+            for g in groups]}))
+
+    async def consumer_group_heartbeat(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        """ConsumerGroupHeartbeat (KIP-848): the consumer protocol's only request (broker/consumer_groups.py)."""
+        body = req.body
+        owned = _get(body, "topic_partitions")
+        if owned is not None:
+            await refuse_oversized(ctx, self.cache, sum(len(t.partitions) for t in owned), "partitions")
+        hb = consumer_groups.Heartbeat(
+            group_id=body.group_id, member_id=body.member_id, member_epoch=body.member_epoch,
+            instance_id=body.instance_id, rack_id=body.rack_id,
+            rebalance_timeout_ms=_ms(body, "rebalance_timeout", -1),
+            subscribed_topic_names=None if body.subscribed_topic_names is None else list(body.subscribed_topic_names),
+            subscribed_topic_regex=_get(body, "subscribed_topic_regex"), server_assignor=body.server_assignor,
+            owned=None if owned is None else [(t.topic_id, tuple(t.partitions)) for t in owned],
+            client_id=ctx.client_id or "", client_host=ctx.client_host)
+        out = await self.groups.consumer_group_heartbeat(hb, ctx)
+        if isinstance(out, errors.BrookError | consumer_groups.HeartbeatError):
+            return self._resp(req, {"throttle_time": 0, "error_code": out.code, "error_message": out.message,
+                                    "member_epoch": 0, "heartbeat_interval": 0})
+        assignment = None if out.assignment is None else {
+            "topic_partitions": consumer_groups.describe_assignment(out.assignment)}
+        return self._resp(req, {"throttle_time": 0, "error_code": 0, "member_id": out.member_id,
+                                "member_epoch": out.member_epoch, "heartbeat_interval": out.heartbeat_interval_ms,
+                                "assignment": assignment})
 
     async def delete_groups(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         out = await self.groups.DeleteGroups(group_pb2.DeleteGroupsRequest(group_ids=list(req.body.groups_names)),

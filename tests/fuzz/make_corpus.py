@@ -309,6 +309,12 @@ def kafka_seeds() -> dict[str, bytes]:
         apis.DELETE_GROUPS: {"groups_names": ["g"]},
         apis.OFFSET_DELETE: {"group_id": "g", "topics": [{"name": "t", "partitions": [{"partition_index": 0}]}]},
         admin_apis.LIST_CONFIG_RESOURCES: {"resource_types": [2, 4, 8, 64]},
+        # KIP-848: a join naming a topic, and a heartbeat owning partitions of a made-up topic id
+        apis.CONSUMER_GROUP_HEARTBEAT: {"group_id": "g", "member_id": "m", "member_epoch": 0,
+                                        "rebalance_timeout": 30000, "subscribed_topic_names": ["t"],
+                                        "subscribed_topic_regex": "", "topic_partitions": [
+                                            {"topic_id": "00000000000000000000000000000001", "partitions": [0]}]},
+        apis.CONSUMER_GROUP_DESCRIBE: {"group_ids": ["g", "h"], "include_authorized_operations": True},
     }
     seeds: dict[str, bytes] = {}
     for api_key, (lo, hi) in sorted(apis.SUPPORTED.items()):

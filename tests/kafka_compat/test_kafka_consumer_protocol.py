@@ -1,0 +1,180 @@
+"""librdkafka's consumers of Kafka's consumer group protocol (KIP-848, ``group.protocol=consumer``) against a
+3-node mTLS cluster: the broker assigns, partitions move between members only once given up, commits are
+taken at the member epoch, and a coordinator killed with kill -9 costs a rejoin, not the group.
+
+Before Brook served ConsumerGroupHeartbeat, such a consumer found the coordinator, logged (at debug level only)
+"ConsumerGroupHeartbeatRequest not supported by broker" and never consumed, raising nothing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kafkakit import rdkafka_config, unique
+
+from client.admin import Admin
+from deploy.local.cluster import LocalCluster
+
+pytestmark = pytest.mark.slow
+
+PARTITIONS = 6
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("consumer-protocol"), nodes=3, tls=True) as c:
+        c.wait_ready(90)
+        yield c
+
+
+def _topic(cluster: LocalCluster, records: int) -> str:
+    from confluent_kafka import Producer
+
+    topic = unique("kip848")
+    with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints,
+               **{k.replace(".", "_"): v for k, v in cluster.client_config.items()}) as admin:
+        admin.create_topic(topic, PARTITIONS, 3)
+        admin.wait_for_topics([topic])
+    _produce(cluster, topic, 0, records, Producer)
+    return topic
+
+
+def _produce(cluster: LocalCluster, topic: str, start: int, count: int, producer_cls: Any = None) -> None:
+    if producer_cls is None:
+        from confluent_kafka import Producer as producer_cls
+    producer = producer_cls(rdkafka_config(cluster.kafka_client_config(), acks="all"))
+    for i in range(start, start + count):
+        producer.produce(topic, value=b"v%d" % i, key=b"k%d" % i)
+    assert producer.flush(30) == 0, "records left undelivered"
+
+
+def _consumer(cluster: LocalCluster, group: str) -> Any:
+    from confluent_kafka import Consumer
+
+    return Consumer(rdkafka_config(cluster.kafka_client_config(), **{
+        "group.id": group, "group.protocol": "consumer", "auto.offset.reset": "earliest",
+        "enable.auto.commit": False}))
+
+
+def _poll_until(consumers: list[Any], seen: dict[tuple[int, int], bytes], done: Callable[[], bool],
+                timeout_s: float, what: str) -> None:
+    """Poll every consumer in turn, recording each record by (partition, offset), until ``done()``."""
+    errors: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for c in consumers:
+            for m in c.consume(100, 0.1):
+                if m.error():
+                    errors.append(str(m.error()))
+                    continue
+                seen[(m.partition(), m.offset())] = m.value()
+        if done():
+            return
+    assignments = [sorted(tp.partition for tp in c.assignment()) for c in consumers]
+    pytest.fail(f"{what}: not within {timeout_s} s; read {len(seen)} records, assignments {assignments}, "
+                f"errors {errors[-5:]}")
+
+
+def _partitions(consumer: Any) -> set[int]:
+    return {tp.partition for tp in consumer.assignment()}
+
+
+def test_members_share_the_partitions_and_resume_from_their_commits(cluster: LocalCluster) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    topic, group = _topic(cluster, 600), unique("kip848-group")
+    a, b = _consumer(cluster, group), _consumer(cluster, group)
+    seen: dict[tuple[int, int], bytes] = {}
+    try:
+        a.subscribe([topic])
+        _poll_until([a], seen, lambda: len(_partitions(a)) == PARTITIONS, 30, "the first member assigned all")
+        b.subscribe([topic])
+        # The broker moves half of the partitions to b, and no partition is ever assigned to both.
+        overlaps: list[set[int]] = []
+
+        def split() -> bool:
+            mine, theirs = _partitions(a), _partitions(b)
+            if mine & theirs:
+                overlaps.append(mine & theirs)
+            return len(mine) == len(theirs) == PARTITIONS // 2 and mine | theirs == set(range(PARTITIONS))
+        _poll_until([a, b], seen, split, 60, "the two members split the partitions")
+        _poll_until([a, b], seen, lambda: len(seen) >= 600, 60, "the two members read every record")
+        assert not overlaps, f"partitions assigned to both members at once: {overlaps}"
+        assert sorted(int(v[1:]) for v in seen.values()) == list(range(600))
+        for c in (a, b):
+            c.commit(asynchronous=False)
+
+        kafka_admin = AdminClient(cluster.kafka_client_config())  # held: the result needs its handle
+        listed = kafka_admin.list_consumer_groups(request_timeout=15).result()
+        ours = [g for g in listed.valid if g.group_id == group]
+        assert ours and ours[0].type.name == "CONSUMER", \
+            f"listed: {[(g.group_id, g.type) for g in listed.valid]}, errors {listed.errors}"
+
+        described = kafka_admin.describe_consumer_groups([group], request_timeout=15)[group].result()
+        assert described.type.name == "CONSUMER" and described.state.name == "STABLE", described
+        members = {m.member_id: sorted(tp.partition for tp in m.assignment.topic_partitions)
+                   for m in described.members}
+        assert len(members) == 2 and sorted(p for ps in members.values() for p in ps) == list(range(PARTITIONS)), \
+            f"described members: {members}"
+
+        members = sum(float(line.split()[1]) for n in cluster.broker_ids
+                      for line in cluster.read_metrics(n).splitlines()
+                      if line.startswith("brook_consumer_protocol_members "))
+        assert members == 2, f"the coordinators' metrics count {members} consumer-protocol members"
+
+        # A member that leaves gives its partitions to the one that stays.
+        a.close()
+        a = None
+        _poll_until([b], seen, lambda: len(_partitions(b)) == PARTITIONS, 60, "the member left got every partition")
+        _produce(cluster, topic, 600, 60)
+        _poll_until([b], seen, lambda: len(seen) >= 660, 60, "the remaining member read the new records")
+        b.commit(asynchronous=False)
+        b.close()
+        b = None
+
+        # A new member of the group starts where the group's commits left off.
+        c = _consumer(cluster, group)
+        try:
+            c.subscribe([topic])
+            fresh: dict[tuple[int, int], bytes] = {}
+            _poll_until([c], fresh, lambda: len(_partitions(c)) == PARTITIONS, 30, "the new member assigned all")
+            _produce(cluster, topic, 660, 12)
+            _poll_until([c], fresh, lambda: len(fresh) >= 12, 30, "the new member read the newest records")
+            assert sorted(int(v[1:]) for v in fresh.values()) == list(range(660, 672)), \
+                "the new member read records the group had committed past"
+        finally:
+            c.close()
+    finally:
+        for c in (a, b):
+            if c is not None:
+                c.close()
+
+
+def test_a_coordinator_killed_costs_its_members_a_rejoin_not_the_group(cluster: LocalCluster) -> None:
+    """Brook keeps a consumer group's membership in the coordinator's memory (README, Consumer groups): the new
+    coordinator answers the members UNKNOWN_MEMBER_ID, and they rejoin and go on reading."""
+    from broker.group_records import OFFSETS_TOPIC, partition_for_group
+
+    topic, group = _topic(cluster, 60), unique("kip848-failover")
+    with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints,
+               **{k.replace(".", "_"): v for k, v in cluster.client_config.items()}) as admin:
+        offsets = admin.describe_topics([OFFSETS_TOPIC])[OFFSETS_TOPIC].partitions
+        wanted = partition_for_group(group, len(offsets))
+        coordinator = offsets[wanted].leader
+    assert coordinator > 0, f"{OFFSETS_TOPIC}-{wanted} has no leader"
+    consumer = _consumer(cluster, group)
+    seen: dict[tuple[int, int], bytes] = {}
+    try:
+        consumer.subscribe([topic])
+        _poll_until([consumer], seen, lambda: len(seen) >= 60, 60, "the member read the first records")
+        cluster.kill_node(coordinator)
+        _produce(cluster, topic, 60, 60)
+        _poll_until([consumer], seen, lambda: len({v for v in seen.values()}) >= 120, 90,
+                    f"the member read on after its coordinator (node {coordinator}) was killed")
+        assert len(_partitions(consumer)) == PARTITIONS
+    finally:
+        consumer.close()
+        cluster.start_node(coordinator)
+        cluster.wait_ready(90)
