@@ -22,7 +22,8 @@ from admin_cli.timeparse import parse_timestamp_ms
 
 # What ListGroups filters on. The broker matches states exactly, so a misspelt one listed nothing
 # (as if no group were in it): it is refused here, and the spelling's case does not matter.
-GROUP_STATES = ("Empty", "Stable", "PreparingRebalance", "CompletingRebalance", "Dead")
+# Classic groups' states, then those only groups of Kafka's consumer protocol (KIP-848) pass through.
+GROUP_STATES = ("Empty", "Stable", "PreparingRebalance", "CompletingRebalance", "Dead", "Assigning", "Reconciling")
 
 
 def _group_states(values: list[str] | None) -> list[str] | None:
@@ -53,10 +54,10 @@ def list_(
     """List consumer groups with their state and coordinator."""
     st = state(ctx, bootstrap, output)
     groups = st.backend.list_groups(state_ or [])
-    rows = [{"group": g.group_id, "state": g.state, "protocol_type": g.protocol_type,
+    rows = [{"group": g.group_id, "type": g.group_type, "state": g.state, "protocol_type": g.protocol_type,
              "coordinator": g.coordinator_id} for g in groups]
-    show(st, rows, table(None, ["GROUP", "STATE", "PROTOCOL", "COORDINATOR"],
-                         [[r["group"], r["state"], r["protocol_type"], r["coordinator"]] for r in rows]),
+    show(st, rows, table(None, ["GROUP", "TYPE", "STATE", "PROTOCOL", "COORDINATOR"],
+                         [[r["group"], r["type"], r["state"], r["protocol_type"], r["coordinator"]] for r in rows]),
          note=None if rows else "no groups")
 
 
@@ -78,11 +79,15 @@ def describe(
                 "log_end_offset": o.log_end_offset, "lag": o.lag, "member_id": o.member_id}
                for tp, o in sorted(g.offsets.items())]
     total_lag = sum(o["lag"] for o in offsets if o["lag"] >= 0)
-    data = {"group": g.group_id, "state": g.state, "protocol_type": g.protocol_type, "protocol": g.protocol_name,
+    data = {"group": g.group_id, "type": g.group_type, "state": g.state, "protocol_type": g.protocol_type,
+            "protocol": g.protocol_name,
             "generation": g.generation_id, "leader": g.leader, "coordinator": g.coordinator_id,
             "members": members, "offsets": offsets, "total_lag": total_lag}
-    summary = table(f"Group {g.group_id}", ["STATE", "PROTOCOL", "GENERATION", "MEMBERS", "COORDINATOR", "TOTAL LAG"],
-                    [[g.state, g.protocol_name or "-", g.generation_id, len(members), g.coordinator_id, total_lag]])
+    # A consumer-protocol group (KIP-848): its protocol is the coordinator's assignor, its generation the group epoch.
+    summary = table(f"Group {g.group_id}", ["TYPE", "STATE", "PROTOCOL", "GENERATION", "MEMBERS", "COORDINATOR",
+                                            "TOTAL LAG"],
+                    [[g.group_type, g.state, g.protocol_name or "-", g.generation_id, len(members), g.coordinator_id,
+                      total_lag]])
     mtable = table("Members", ["MEMBER", "INSTANCE", "CLIENT", "HOST", "PARTITIONS"],
                    [[m["member_id"], m["instance_id"] or "-", m["client_id"], m["host"], m["assigned"] or "-"]
                     for m in members])

@@ -1326,19 +1326,36 @@ class GroupCoordinator:
                 g = self._group_locked(group_id, create=False)
             except CoordinatorError as exc:
                 return group_pb2.DescribedGroup(error_code=exc.code, error_message=exc.message, group_id=group_id), 0
-            if g is None or self.consumer_groups.active(group_id) is not None:
-                # A group of the consumer protocol is not a classic group: Kafka's DescribeGroups answers it as
-                # one that does not exist (GROUP_ID_NOT_FOUND at v6, Dead before).
+            kip848 = self.consumer_groups.active(group_id)
+            if kip848 is not None:
+                # Shown with the same fields (the Kafka listener answers Kafka's DescribeGroups for it as for no
+                # classic group, by group_type): its members' subscriptions and assignments are not bytes to decode.
+                names = {tid: name for name, (tid, _) in kip848.topics.items()}
+                out = group_pb2.DescribedGroup(
+                    group_id=group_id, state=kip848.state(), protocol_type=records.CONSUMER_PROTOCOL_TYPE,
+                    protocol_name=cg.group_assignor(kip848), generation_id=kip848.epoch,
+                    coordinator_id=self.node_id, group_type=cg.CONSUMER_GROUP_TYPE)
+                members = [(m.member_id, m.client_id, m.client_host, b"", b"", self.consumer_groups.session_timeout_ms,
+                            m.rebalance_timeout_ms, m.instance_id or "")
+                           for m in sorted(kip848.members.values(), key=lambda m: m.member_id)]
+                kip848_members = {m.member_id: (sorted(m.subscribed), [
+                    group_pb2.TopicPartitionRef(topic=names.get(tid, str(tid)), partition=p)
+                    for tid, parts in sorted(m.assigned.items(), key=lambda kv: names.get(kv[0], "")) for p in sorted(parts)])
+                    for m in kip848.members.values()}
+                offsets = sorted(g.offsets.items()) if g is not None else []
+            elif g is None:
                 return group_pb2.DescribedGroup(group_id=group_id, state=GroupState.DEAD.value,
                                                 coordinator_id=self.node_id), 0
-            out = group_pb2.DescribedGroup(
-                group_id=group_id, state=g.state.value, protocol_type=g.protocol_type,
-                protocol_name=g.protocol_name, generation_id=g.generation_id, leader=g.leader_id,
-                coordinator_id=self.node_id)
-            members = [(m.member_id, m.client_id, m.client_host, m.metadata_for(g.protocol_name), m.assignment,
-                        m.session_timeout_ms, m.rebalance_timeout_ms, m.group_instance_id)
-                       for m in sorted(g.members.values(), key=lambda m: m.member_id)]
-            offsets = sorted(g.offsets.items())
+            else:
+                kip848_members = None
+                out = group_pb2.DescribedGroup(
+                    group_id=group_id, state=g.state.value, protocol_type=g.protocol_type,
+                    protocol_name=g.protocol_name, generation_id=g.generation_id, leader=g.leader_id,
+                    coordinator_id=self.node_id, group_type=cg.CLASSIC_GROUP_TYPE)
+                members = [(m.member_id, m.client_id, m.client_host, m.metadata_for(g.protocol_name), m.assignment,
+                            m.session_timeout_ms, m.rebalance_timeout_ms, m.group_instance_id)
+                           for m in sorted(g.members.values(), key=lambda m: m.member_id)]
+                offsets = sorted(g.offsets.items())
         consumer = out.protocol_type == records.CONSUMER_PROTOCOL_TYPE
         # A consumer member's metadata is shown decoded as well: about twice its bytes. Its ids are shown
         # as they are (a client id may be kilobytes: they count).
@@ -1351,6 +1368,14 @@ class GroupCoordinator:
         # of four-byte partitions decodes to some 60 times its bytes; audit).
         assigned: list[Any] = []
         for m in members:
+            if kip848_members is not None:
+                refs = kip848_members[m[0]][1]
+                size += records.consumer_protocol.decoded_bytes(refs) + sum(map(len, kip848_members[m[0]][0]))
+                if size > max_bytes:
+                    return self._description_too_large(group_id, f"{len(members)} members' assignments", size,
+                                                       max_bytes), 0
+                assigned.append(refs)
+                continue
             refs = _decode_assignment(m[0], m[4], max_bytes - size) if consumer else ()
             if refs is None:
                 return self._description_too_large(group_id, f"{len(members)} members' assignments", max_bytes + 1,
@@ -1380,7 +1405,10 @@ class GroupCoordinator:
             dm = out.members.add(member_id=member_id, client_id=client_id, client_host=client_host,
                                  metadata=metadata, assignment=assignment, session_timeout_ms=session_ms,
                                  rebalance_timeout_ms=rebalance_ms, group_instance_id=instance)
-            if consumer:
+            if kip848_members is not None:
+                dm.subscribed_topics.extend(kip848_members[member_id][0])
+                dm.assigned_partitions.extend(refs)
+            elif consumer:
                 _decode_consumer_member(dm, refs)
         if include_offsets:
             ends = end_offsets if end_offsets is not None else {}

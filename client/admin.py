@@ -141,6 +141,7 @@ class GroupListing:
     protocol_type: str
     state: str
     coordinator_id: int
+    group_type: str = "classic"  # or "consumer": Kafka's consumer protocol (KIP-848)
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ class GroupDescription:
     coordinator_id: int
     members: list[MemberDescription]
     offsets: dict[TopicPartition, GroupOffset]
+    group_type: str = "classic"  # or "consumer" (KIP-848: protocol_name is its assignor, generation its epoch)
 
 
 @dataclass(frozen=True)
@@ -799,7 +801,8 @@ class Admin:
                 raise rpc_error(exc, f"ListGroups on broker {broker.node_id}") from exc
             errors.raise_for(r.error_code, r.error_message)
             for g in r.groups:
-                found[g.group_id] = GroupListing(g.group_id, g.protocol_type, g.state, g.coordinator_id)
+                found[g.group_id] = GroupListing(g.group_id, g.protocol_type, g.state, g.coordinator_id,
+                                                 g.group_type or "classic")
         return sorted(found.values(), key=lambda g: g.group_id)
 
     def _group(self, group_id: str) -> GroupCoordinatorClient:
@@ -928,7 +931,7 @@ def _group_description(g: group_pb2.DescribedGroup) -> GroupDescription:
     offsets = {TopicPartition(o.topic, o.partition): GroupOffset(o.committed_offset, o.log_end_offset, o.lag,
                                                                  o.member_id, o.metadata) for o in g.offsets}
     return GroupDescription(g.group_id, g.state, g.protocol_type, g.protocol_name, g.generation_id, g.leader,
-                            g.coordinator_id, members, offsets)
+                            g.coordinator_id, members, offsets, g.group_type or "classic")
 
 
 def _acl_proto(b: AclBinding) -> security_pb2.AclBinding:

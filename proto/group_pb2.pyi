@@ -378,7 +378,7 @@ class GroupPartitionOffset(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., committed_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., member_id: _Optional[str] = ..., metadata: _Optional[str] = ...) -> None: ...
 
 class DescribedGroup(_message.Message):
-    __slots__ = ("error_code", "error_message", "group_id", "state", "protocol_type", "protocol_name", "generation_id", "leader", "members", "offsets", "coordinator_id")
+    __slots__ = ("error_code", "error_message", "group_id", "state", "protocol_type", "protocol_name", "generation_id", "leader", "members", "offsets", "coordinator_id", "group_type")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -390,6 +390,7 @@ class DescribedGroup(_message.Message):
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_TYPE_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     group_id: str
@@ -401,7 +402,8 @@ class DescribedGroup(_message.Message):
     members: _containers.RepeatedCompositeFieldContainer[DescribedMember]
     offsets: _containers.RepeatedCompositeFieldContainer[GroupPartitionOffset]
     coordinator_id: int
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., group_id: _Optional[str] = ..., state: _Optional[str] = ..., protocol_type: _Optional[str] = ..., protocol_name: _Optional[str] = ..., generation_id: _Optional[int] = ..., leader: _Optional[str] = ..., members: _Optional[_Iterable[_Union[DescribedMember, _Mapping]]] = ..., offsets: _Optional[_Iterable[_Union[GroupPartitionOffset, _Mapping]]] = ..., coordinator_id: _Optional[int] = ...) -> None: ...
+    group_type: str
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., group_id: _Optional[str] = ..., state: _Optional[str] = ..., protocol_type: _Optional[str] = ..., protocol_name: _Optional[str] = ..., generation_id: _Optional[int] = ..., leader: _Optional[str] = ..., members: _Optional[_Iterable[_Union[DescribedMember, _Mapping]]] = ..., offsets: _Optional[_Iterable[_Union[GroupPartitionOffset, _Mapping]]] = ..., coordinator_id: _Optional[int] = ..., group_type: _Optional[str] = ...) -> None: ...
 
 class DescribeGroupsResponse(_message.Message):
     __slots__ = ("groups",)

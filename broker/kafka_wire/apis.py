@@ -741,6 +741,15 @@ class KafkaApis:
         return await self._group_answer(size, functools.partial(self._describe_groups_answer, req, out, ops))
 
     def _describe_groups_answer(self, req: codec.Request, out: Any, ops: dict[str, int]) -> Any:
+        for g in out.groups:
+            if g.group_type == CONSUMER_GROUP_TYPE:
+                # Not a classic group: Kafka's DescribeGroups answers it as Dead (GROUP_ID_NOT_FOUND at v6); its
+                # tools describe it with ConsumerGroupDescribe.
+                group_id = g.group_id
+                g.Clear()
+                g.group_id, g.state = group_id, GroupState.DEAD.value
+                if req.api_version >= DESCRIBE_GROUPS_NOT_FOUND_VERSION:
+                    g.error_code, g.error_message = ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a classic group."
         if req.api_version >= DESCRIBE_GROUPS_NOT_FOUND_VERSION:
             _not_found_groups(out)
         return self._resp(req, {"groups": [

@@ -98,6 +98,13 @@ def test_the_consumer_protocol_on_the_wire(kcluster: Any, kp_admin: Any, topic_n
     assert described[0].authorized_operations > 0
     assert int(described[1].error_code) == 69, described[1]  # GROUP_ID_NOT_FOUND
 
+    # Kafka's DescribeGroups describes classic groups only.
+    v6 = kafka_ask(kcluster, node, 15, 6, {"groups": [group]}).groups[0]
+    assert (int(v6.error_code), v6.error_message, v6.group_state, len(v6.members)) == (
+        69, f"Group {group} is not a classic group.", "Dead", 0), v6
+    v5 = kafka_ask(kcluster, node, 15, 5, {"groups": [group]}).groups[0]
+    assert (int(v5.error_code), v5.group_state, len(v5.members)) == (0, "Dead", 0), v5
+
     # A classic member cannot join the group while it has consumer-protocol members.
     classic = kafka_ask(kcluster, node, JOIN_GROUP, 8, {
         "group_id": group, "session_timeout": 10_000, "rebalance_timeout": 10_000, "member_id": "",

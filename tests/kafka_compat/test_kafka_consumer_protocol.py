@@ -119,6 +119,17 @@ def test_members_share_the_partitions_and_resume_from_their_commits(cluster: Loc
         assert len(members) == 2 and sorted(p for ps in members.values() for p in ps) == list(range(PARTITIONS)), \
             f"described members: {members}"
 
+        # Brook's own admin client (gRPC; what `brook group describe` shows) sees the same group.
+        with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints,
+                   **{k.replace(".", "_"): v for k, v in cluster.client_config.items()}) as admin:
+            mine = admin.describe_groups([group])[group]
+            listing = {g.group_id: g for g in admin.list_groups()}
+        assert (mine.group_type, mine.state, mine.protocol_name, len(mine.members)) == (
+            "consumer", "Stable", "uniform", 2), mine
+        assert sorted(tp.partition for m in mine.members for tp in m.assignment) == list(range(PARTITIONS)), mine
+        assert all(m.subscribed_topics == [topic] for m in mine.members), mine
+        assert listing[group].group_type == "consumer" and listing[group].state == "Stable", listing.get(group)
+
         members = sum(float(line.split()[1]) for n in cluster.broker_ids
                       for line in cluster.read_metrics(n).splitlines()
                       if line.startswith("brook_consumer_protocol_members "))
