@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.consumer_group_assignors import ASSIGNORS, DEFAULT_ASSIGNOR, assign
@@ -54,14 +54,15 @@ STATIC_LEAVE_EPOCH = -2
 # Kafka's group.consumer.session.timeout.ms and group.consumer.heartbeat.interval.ms defaults.
 SESSION_TIMEOUT_MS = 45_000
 HEARTBEAT_INTERVAL_MS = 5_000
-# How often a heartbeat looks the subscribed topics up again (a topic made, deleted or given partitions
-# bumps the group epoch): Kafka refreshes on metadata changes; a second here bounds the lookups.
-METADATA_REFRESH_MS = 1_000
+# A group's subscriptions name at most max(this, twice the cluster's topics) distinct topics: each is looked up
+# again, under the coordinator's lock, whenever the cluster's metadata changes.
+SUBSCRIBED_NAMES_MIN_BOUND = 1000
 
 STABLE, UNREVOKED, UNRELEASED = "stable", "unrevoked_partitions", "unreleased_partitions"
 
 Assignment = dict[uuid.UUID, frozenset[int]]
 TopicLookup = Callable[[str], "tuple[uuid.UUID, int] | None"]  # name -> (topic id, partitions), None if unknown
+Topic = tuple[uuid.UUID, int]
 
 
 class HeartbeatError(Exception):
@@ -134,8 +135,11 @@ class ConsumerGroup:
     members: dict[str, Member] = field(default_factory=dict)
     static: dict[str, str] = field(default_factory=dict)  # instance id -> member id
     target: dict[str, Assignment] = field(default_factory=dict)
-    topics: dict[str, tuple[uuid.UUID, int]] = field(default_factory=dict)  # subscribed topics as last looked up
-    topics_checked_ms: int = -1
+    topics: dict[str, Topic] = field(default_factory=dict)  # the subscribed topics that exist, as last looked up
+    # Every name some member subscribes to: how many do, and what it was at ``topics_version`` of the metadata.
+    subscribers: dict[str, int] = field(default_factory=dict)
+    looked_up: dict[str, Topic | None] = field(default_factory=dict)
+    topics_version: int = -1
     owners: dict[tuple[uuid.UUID, int], int] = field(default_factory=dict)  # partition -> its holder's epoch
 
     def state(self) -> str:
@@ -148,8 +152,20 @@ class ConsumerGroup:
             return "Reconciling"
         return "Stable"
 
-    def subscribed_names(self) -> set[str]:
-        return {t for m in self.members.values() for t in m.subscribed}
+    def subscribe(self, member: Member, names: frozenset[str], lookup: TopicLookup) -> None:
+        """Set the member's subscription, looking up only the names new to the group."""
+        for name in member.subscribed - names:
+            if (left := self.subscribers[name] - 1) == 0:
+                del self.subscribers[name]
+                self.looked_up.pop(name, None)
+            else:
+                self.subscribers[name] = left
+        for name in names - member.subscribed:
+            if name not in self.subscribers:
+                self.subscribers[name] = 0
+                self.looked_up[name] = lookup(name)
+            self.subscribers[name] += 1
+        member.subscribed = names
 
     def _hold(self, member: Member) -> None:
         for tid, parts in (*member.assigned.items(), *member.revoking.items()):
@@ -188,9 +204,14 @@ class ConsumerGroups:
     """The consumer groups (KIP-848) of one coordinator."""
 
     def __init__(self, topic_lookup: TopicLookup, *, members_max: int,
+                 metadata_version: Callable[[], int] = lambda: 0, topic_count: Callable[[], int] = lambda: 0,
                  session_timeout_ms: int = SESSION_TIMEOUT_MS,
                  heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS) -> None:
+        """``metadata_version``: moves whenever the cluster's topics may have changed; ``topic_count``: the
+        cluster's topics (the bound on a group's subscribed names)."""
         self._lookup = topic_lookup
+        self._version = metadata_version
+        self._topic_count = topic_count
         self.members_max = members_max
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
@@ -254,6 +275,14 @@ class ConsumerGroups:
                 hb.instance_id is not None and hb.instance_id in group.static):
             raise HeartbeatError(ErrorCode.GROUP_MAX_SIZE_REACHED,
                                  f"The consumer group has reached its maximum capacity of {self.members_max} members.")
+        if hb.subscribed_topic_names is not None:
+            bound = max(SUBSCRIBED_NAMES_MIN_BOUND, 2 * self._topic_count())
+            new = sum(1 for name in set(hb.subscribed_topic_names) if name not in group.subscribers)
+            if len(group.subscribers) + new > bound:
+                raise HeartbeatError(ErrorCode.INVALID_REQUEST,
+                                     f"group {group.group_id} would subscribe to {len(group.subscribers) + new} topic "
+                                     f"names; the cluster has {self._topic_count()} topics, so a group may name at "
+                                     f"most {bound}")
         old, member = self._member(group, hb, member_id, now_ms)
         if group.group_id not in self.groups:
             self.groups[group.group_id] = group
@@ -273,16 +302,18 @@ class ConsumerGroups:
         if hb.subscribed_topic_names is not None:
             subscribed = frozenset(hb.subscribed_topic_names)
             bump = bump or subscribed != member.subscribed
-            member.subscribed = subscribed
+            group.subscribe(member, subscribed, self._lookup)
         group.members[member.member_id] = member
         if member.instance_id is not None:
             group.static[member.instance_id] = member.member_id
-        if bump or now_ms - group.topics_checked_ms >= METADATA_REFRESH_MS:
-            topics = self._look_up(group.subscribed_names())
-            group.topics_checked_ms = now_ms
-            if topics != group.topics:
-                group.topics = topics
-                bump = True
+        if (version := self._version()) != group.topics_version:
+            # The metadata changed since the group's names were looked up (a topic made, deleted or grown).
+            group.looked_up = {name: self._lookup(name) for name in group.subscribers}
+            group.topics_version = version
+        topics = {name: topic for name, topic in group.looked_up.items() if topic is not None}
+        if topics != group.topics:
+            group.topics = topics
+            bump = True
         if bump:
             group.epoch += 1
             log.info("consumer group %s: epoch %d (member %s %s)", group.group_id, group.epoch, member.member_id,
@@ -382,13 +413,6 @@ class ConsumerGroups:
         return HeartbeatAnswer(hb.member_id, hb.member_epoch, self.heartbeat_interval_ms, None)
 
     # ------------------------------------------------------------------ assignment
-    def _look_up(self, names: Iterable[str]) -> dict[str, tuple[uuid.UUID, int]]:
-        found = {}
-        for name in names:
-            if (topic := self._lookup(name)) is not None:
-                found[name] = topic
-        return found
-
     def _assign(self, group: ConsumerGroup) -> None:
         name = group_assignor(group)
         subscriptions = {mid: frozenset(group.topics[t][0] for t in m.subscribed if t in group.topics)
@@ -455,6 +479,7 @@ class ConsumerGroups:
     # ------------------------------------------------------------------ time and removal
     def _remove(self, group: ConsumerGroup, member: Member, *, bump: bool) -> None:
         group._release(member)
+        group.subscribe(member, frozenset(), self._lookup)
         group.members.pop(member.member_id, None)
         group.target.pop(member.member_id, None)
         if member.instance_id is not None and group.static.get(member.instance_id) == member.member_id:

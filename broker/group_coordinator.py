@@ -410,7 +410,10 @@ class GroupCoordinator:
         self._unknown_at_last_sweep: set[str] = set()  # topics with offsets the metadata did not know then
         # Groups of Kafka's consumer protocol (KIP-848), beside the classic ones: a group id is one or the other
         # while it has members. Their offsets are kept as the classic groups' are (a Group of no members).
-        self.consumer_groups = cg.ConsumerGroups(self._consumer_topic, members_max=MEMBERS_MAX)
+        self.consumer_groups = cg.ConsumerGroups(
+            self._consumer_topic, members_max=MEMBERS_MAX,
+            metadata_version=lambda: getattr(self.metadata_cache, "version", 0),
+            topic_count=lambda: self.metadata_cache.counts()[0] if hasattr(self.metadata_cache, "counts") else 0)
         self._consumer_expired_at = 0
 
     # ------------------------------------------------------------------ lifecycle

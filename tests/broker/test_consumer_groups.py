@@ -16,11 +16,26 @@ T2 = uuid.UUID(int=2)
 
 
 class Topics:
+    """The cluster's topics as the coordinator looks them up; ``version`` moves with every change, as the
+    metadata's does. ``lookups`` counts the lookups."""
+
     def __init__(self, **counts: int) -> None:
         self.known = {name: (uuid.UUID(int=i + 1), n) for i, (name, n) in enumerate(counts.items())}
+        self.version = 1
+        self.lookups = 0
 
     def __call__(self, name: str) -> tuple[uuid.UUID, int] | None:
+        self.lookups += 1
         return self.known.get(name)
+
+    def add(self, name: str, topic: tuple[uuid.UUID, int]) -> None:
+        self.known[name] = topic
+        self.version += 1
+
+
+def consumer_groups(topics: Topics, members_max: int = 100) -> cg.ConsumerGroups:
+    return cg.ConsumerGroups(topics, members_max=members_max, metadata_version=lambda: topics.version,
+                             topic_count=lambda: len(topics.known))
 
 
 class Client:
@@ -81,7 +96,7 @@ def owned_disjoint(clients: list[Client]) -> None:
 
 
 def groups(**counts: int) -> cg.ConsumerGroups:
-    return cg.ConsumerGroups(Topics(**counts), members_max=100)
+    return consumer_groups(Topics(**counts))
 
 
 def test_a_partition_moves_only_once_its_owner_gave_it_up() -> None:
@@ -239,20 +254,33 @@ def test_a_static_member_keeps_its_partitions_while_it_restarts() -> None:
 
 def test_topics_made_later_and_subscription_changes_are_assigned() -> None:
     topics = Topics(t=2)
-    g = cg.ConsumerGroups(topics, members_max=100)
+    g = consumer_groups(topics)
     a = Client(g, "a", ["t", "later"])
-    a.beat(now=0)
+    a.beat()
     assert a.owned == {T1: frozenset({0, 1})}
-    topics.known["later"] = (T2, 3)
-    a.beat(now=cg.METADATA_REFRESH_MS - 1)
-    assert T2 not in a.owned  # looked up again only after the refresh interval
-    a.beat(now=cg.METADATA_REFRESH_MS)
+    looked = topics.lookups
+    a.beat()
+    assert topics.lookups == looked  # nothing changed: nothing looked up again
+    topics.add("later", (T2, 3))
+    a.beat()  # the metadata moved: the group's names are looked up again
     assert a.owned == {T1: frozenset({0, 1}), T2: frozenset({0, 1, 2})}
     a.topics = ["later"]
-    a.beat(now=2 * cg.METADATA_REFRESH_MS, full=True)  # gives up t's partitions first
+    a.beat(full=True)  # gives up t's partitions first
     assert a.owned == {T2: frozenset({0, 1, 2})}
-    a.beat(now=2 * cg.METADATA_REFRESH_MS)
+    a.beat()
     assert g.groups["g"].state() == "Stable"
+    assert set(g.groups["g"].subscribers) == {"later"}
+
+
+def test_a_group_names_a_bounded_number_of_topics() -> None:
+    g = groups(t=1)
+    names = [f"n{i}" for i in range(cg.SUBSCRIBED_NAMES_MIN_BOUND)]
+    Client(g, "a", names[:600]).beat()
+    with pytest.raises(cg.HeartbeatError) as refused:
+        Client(g, "b", names[300:] + ["one-more"]).beat()
+    assert refused.value.code == ErrorCode.INVALID_REQUEST and "at most 1000" in refused.value.message
+    assert set(g.groups["g"].members) == {"a"}
+    Client(g, "c", names[300:]).beat()  # exactly the bound
 
 
 def test_offset_commits_follow_the_member_epoch() -> None:
@@ -271,7 +299,7 @@ def test_offset_commits_follow_the_member_epoch() -> None:
 
 
 def test_group_size_is_bounded() -> None:
-    g = cg.ConsumerGroups(Topics(t=1), members_max=2)
+    g = consumer_groups(Topics(t=1), members_max=2)
     Client(g, "a", ["t"]).beat()
     Client(g, "b", ["t"]).beat()
     with pytest.raises(cg.HeartbeatError) as full:
