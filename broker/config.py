@@ -408,6 +408,14 @@ _BEHAVIOUR = [
            check=_at_least(1), roles=_B),
     KeyDef("group.max.session.timeout.ms", "int", "1800000", "Largest consumer session timeout accepted.",
            check=_at_least(1), roles=_B),
+    KeyDef("group.consumer.heartbeat.interval.ms", "int", "5000",
+           "How often members of Kafka's consumer protocol (KIP-848: librdkafka's group.protocol=consumer) "
+           "heartbeat; the coordinator tells them in each answer, and a reassignment reaches a member at its next "
+           "heartbeat.", check=_at_least(100), roles=_B),
+    KeyDef("group.consumer.session.timeout.ms", "int", "45000",
+           "A member of Kafka's consumer protocol silent this long is removed from its group and its partitions "
+           "are assigned to the others; a static member that left for a restart keeps them this long.",
+           check=_at_least(1000), roles=_B),
     KeyDef("group.member.metadata.max.bytes", "int", "1048576",
            "Largest protocol metadata (summed over a JoinGroup's protocols) or assignment one group member "
            "may hand the coordinator; larger is refused with INVALID_REQUEST.", check=_at_least(1024), roles=_B),
@@ -1273,6 +1281,10 @@ def _validate_relations(values: dict[str, Any]) -> None:
                           f"({values['broker.session.timeout.ms']})")
     if values["group.min.session.timeout.ms"] > values["group.max.session.timeout.ms"]:
         raise ConfigError("group.min.session.timeout.ms", "must not exceed group.max.session.timeout.ms")
+    if values["group.consumer.heartbeat.interval.ms"] >= values["group.consumer.session.timeout.ms"]:
+        raise ConfigError("group.consumer.heartbeat.interval.ms",
+                          f"{values['group.consumer.heartbeat.interval.ms']} must be below "
+                          f"group.consumer.session.timeout.ms ({values['group.consumer.session.timeout.ms']})")
     rf = values["default.replication.factor"]
     mir = values.get("min.insync.replicas")
     if mir is not None and int(mir) > rf:

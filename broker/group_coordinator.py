@@ -117,6 +117,9 @@ class CoordinatorConfig:
     # Group-partition rows /metrics shows (committed offset and lag each), the largest lags first: group
     # ids are chosen by clients, and one with READ on a prefix of groups made 3 nodes' /metrics 230 MB.
     group_lag_metrics_max_series: int = 1000
+    # Kafka's consumer protocol (KIP-848): how often members heartbeat, and how long one may be silent.
+    group_consumer_heartbeat_interval_ms: int = cg.HEARTBEAT_INTERVAL_MS
+    group_consumer_session_timeout_ms: int = cg.SESSION_TIMEOUT_MS
     # How __consumer_offsets records are written: "kafka" (Kafka's layouts, what tools read) or "brook" (the
     # earlier protobuf values, which a release before the Kafka layouts reads: set while one still runs).
     record_format: str = "kafka"
@@ -157,6 +160,10 @@ class CoordinatorConfig:
             group_coordinator_offsets_max_bytes_per_ip=get("group.coordinator.offsets.max.bytes.per.ip",
                                                            base.group_coordinator_offsets_max_bytes_per_ip),
             group_lag_metrics_max_series=get("group.lag.metrics.max.series", base.group_lag_metrics_max_series),
+            group_consumer_heartbeat_interval_ms=get("group.consumer.heartbeat.interval.ms",
+                                                     base.group_consumer_heartbeat_interval_ms),
+            group_consumer_session_timeout_ms=get("group.consumer.session.timeout.ms",
+                                                  base.group_consumer_session_timeout_ms),
             record_format=defaults.get("group.coordinator.record.format") or base.record_format,
         )
 
@@ -412,6 +419,8 @@ class GroupCoordinator:
         # while it has members. Their offsets are kept as the classic groups' are (a Group of no members).
         self.consumer_groups = cg.ConsumerGroups(
             self._consumer_topic, members_max=MEMBERS_MAX,
+            session_timeout_ms=config.group_consumer_session_timeout_ms,
+            heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
             metadata_version=lambda: getattr(self.metadata_cache, "version", 0),
             topic_count=lambda: self.metadata_cache.counts()[0] if hasattr(self.metadata_cache, "counts") else 0)
         self._consumer_expired_at = 0

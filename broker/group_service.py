@@ -167,9 +167,6 @@ class _DescribeBytes:
         self._c.release_describe(held)
 
 
-CLASSIC, CONSUMER = "classic", "consumer"  # group types (KIP-848), as ListGroups v5 names them
-
-
 class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
     def __init__(self, coordinator: GroupCoordinator,
                  executor: concurrent.futures.Executor | None = None, authorizer: Authorizer = ALLOW_ALL,
@@ -464,8 +461,9 @@ class GroupCoordinatorServicer(group_pb2_grpc.GroupCoordinatorServiceServicer):
 
     def _list_groups(self, request, context, held: _DescribeBytes):
         # (group id, protocol type, state, group type): the classic groups and those of the consumer protocol
-        groups = [(g.group_id, g.protocol_type, g.state.value, CLASSIC) for g in self.c.list_groups(set(request.states))]
-        groups += [(gid, CONSUMER, state, CONSUMER) for gid, state in self.c.consumer_group_listing(set(request.states))]
+        classic, consumer = consumer_groups.CLASSIC_GROUP_TYPE, consumer_groups.CONSUMER_GROUP_TYPE
+        groups = [(g.group_id, g.protocol_type, g.state.value, classic) for g in self.c.list_groups(set(request.states))]
+        groups += [(gid, consumer, state, consumer) for gid, state in self.c.consumer_group_listing(set(request.states))]
         caller = principal.principal_of(context)
         if not self.authz.authorize(caller, authz.DESCRIBE, authz.CLUSTER):  # else: only describable groups
             groups = [g for g in groups if self.authz.authorize(caller, authz.DESCRIBE, authz.GROUP, g[0])]

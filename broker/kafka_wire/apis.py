@@ -95,8 +95,8 @@ ADVERTISED: dict[int, tuple[int, int]] = {**SUPPORTED, PRODUCE: (0, SUPPORTED[PR
 PRE_AUTH_APIS = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
 RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
-CONSUMER_GROUP_TYPE = "consumer"  # a group of KIP-848's consumer protocol
-CLASSIC_GROUP_TYPE = "classic"  # ListGroups v5's type of a group, as Kafka names it (Group.GroupType.CLASSIC)
+# ListGroups v5's types of a group, as Kafka names them (Group.GroupType)
+CONSUMER_GROUP_TYPE, CLASSIC_GROUP_TYPE = consumer_groups.CONSUMER_GROUP_TYPE, consumer_groups.CLASSIC_GROUP_TYPE
 DESCRIBE_GROUPS_NOT_FOUND_VERSION = 6
 _LEADER_ERRORS = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH)
 

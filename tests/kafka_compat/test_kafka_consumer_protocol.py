@@ -20,11 +20,13 @@ from deploy.local.cluster import LocalCluster
 pytestmark = pytest.mark.slow
 
 PARTITIONS = 6
+HEARTBEAT_MS = 500  # group.consumer.heartbeat.interval.ms: a reassignment reaches a member at its next heartbeat
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp("consumer-protocol"), nodes=3, tls=True) as c:
+    with LocalCluster(tmp_path_factory.mktemp("consumer-protocol"), nodes=3, tls=True,
+                      overrides={"group.consumer.heartbeat.interval.ms": str(HEARTBEAT_MS)}) as c:
         c.wait_ready(90)
         yield c
 
@@ -50,12 +52,12 @@ def _produce(cluster: LocalCluster, topic: str, start: int, count: int, producer
     assert producer.flush(30) == 0, "records left undelivered"
 
 
-def _consumer(cluster: LocalCluster, group: str) -> Any:
+def _consumer(cluster: LocalCluster, group: str, **extra: Any) -> Any:
     from confluent_kafka import Consumer
 
     return Consumer(rdkafka_config(cluster.kafka_client_config(), **{
         "group.id": group, "group.protocol": "consumer", "auto.offset.reset": "earliest",
-        "enable.auto.commit": False}))
+        "enable.auto.commit": False, **extra}))
 
 
 def _poll_until(consumers: list[Any], seen: dict[tuple[int, int], bytes], done: Callable[[], bool],
@@ -159,6 +161,37 @@ def test_members_share_the_partitions_and_resume_from_their_commits(cluster: Loc
             c.close()
     finally:
         for c in (a, b):
+            if c is not None:
+                c.close()
+
+
+def test_a_static_member_gets_its_partitions_back_after_a_restart(cluster: LocalCluster) -> None:
+    """group.instance.id: a static member that closes (librdkafka leaves with epoch -2) keeps its partitions,
+    unassigned, until its session ends; its next process takes them over without moving the others'."""
+    topic, group = _topic(cluster, 0), unique("kip848-static")
+    first, other = (_consumer(cluster, group, **{"group.instance.id": i}) for i in ("one", "two"))
+    seen: dict[tuple[int, int], bytes] = {}
+    again = None
+    try:
+        first.subscribe([topic])
+        other.subscribe([topic])
+        _poll_until([first, other], seen, lambda: len(_partitions(first)) == len(_partitions(other)) == 3, 60,
+                    "the two static members split the partitions")
+        theirs, kept = _partitions(first), _partitions(other)
+        first.close()
+        first = None
+        # While the member is away, its partitions stay its own: the other member, heartbeating, is not given them.
+        ends = time.monotonic() + 5 * HEARTBEAT_MS / 1000
+        while time.monotonic() < ends:
+            other.consume(100, 0.1)
+            assert _partitions(other) == kept, f"the other member took {_partitions(other) - kept}"
+        again = _consumer(cluster, group, **{"group.instance.id": "one"})
+        again.subscribe([topic])
+        _poll_until([again, other], seen, lambda: _partitions(again) == theirs, 30,
+                    "the restarted static member got its partitions back")
+        assert _partitions(other) == kept
+    finally:
+        for c in (first, other, again):
             if c is not None:
                 c.close()
 

@@ -142,6 +142,9 @@ BAD_CASES = [
     ('"metrics.listener" = "nowhere"', "metrics.listener"),
     ('"metrics.listener" = "127.0.0.1:19092"', "metrics.listener"),
     ('"broker.heartbeat.interval.ms" = 10000', "broker.heartbeat.interval.ms"),
+    ('"group.consumer.heartbeat.interval.ms" = 45000', "group.consumer.heartbeat.interval.ms"),  # >= the timeout
+    ('"group.consumer.heartbeat.interval.ms" = 10', "group.consumer.heartbeat.interval.ms"),
+    ('"group.consumer.session.timeout.ms" = 0', "group.consumer.session.timeout.ms"),
     ('"min.insync.replicas" = 2', "min.insync.replicas"),
     ('"logging.level" = "LOUD"', "logging.level"),
     ('"event.loop.stall.warn.ms" = 5', "event.loop.stall.warn.ms"),
