@@ -206,12 +206,15 @@ class ConsumerGroups:
     def __init__(self, topic_lookup: TopicLookup, *, members_max: int,
                  metadata_version: Callable[[], int] = lambda: 0, topic_count: Callable[[], int] = lambda: 0,
                  session_timeout_ms: int = SESSION_TIMEOUT_MS,
-                 heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS) -> None:
+                 heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS,
+                 on_emptied: Callable[[str, int], None] = lambda group_id, now_ms: None) -> None:
         """``metadata_version``: moves whenever the cluster's topics may have changed; ``topic_count``: the
-        cluster's topics (the bound on a group's subscribed names)."""
+        cluster's topics (the bound on a group's subscribed names); ``on_emptied(group id, now)``: its last
+        member left (its committed offsets' retention starts)."""
         self._lookup = topic_lookup
         self._version = metadata_version
         self._topic_count = topic_count
+        self._on_emptied = on_emptied
         self.members_max = members_max
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
@@ -409,7 +412,7 @@ class ConsumerGroups:
         else:
             self._remove(group, member, bump=True)
             log.info("consumer group %s: member %s left", group.group_id, member.member_id)
-            self._drop_if_empty(group)
+            self._drop_if_empty(group, now_ms)
         return HeartbeatAnswer(hb.member_id, hb.member_epoch, self.heartbeat_interval_ms, None)
 
     # ------------------------------------------------------------------ assignment
@@ -506,7 +509,7 @@ class ConsumerGroups:
                     continue
                 self._remove(group, member, bump=True)
                 removed.append((group.group_id, member.member_id, why))
-            self._drop_if_empty(group)
+            self._drop_if_empty(group, now_ms)
         self.next_due_ms = due
         for group_id, member_id, why in removed:
             log.info("consumer group %s: member %s removed: %s", group_id, member_id, why)
@@ -519,11 +522,12 @@ class ConsumerGroups:
             del self.groups[gid]
         return len(gone)
 
-    def _drop_if_empty(self, group: ConsumerGroup) -> None:
+    def _drop_if_empty(self, group: ConsumerGroup, now_ms: int) -> None:
         """A group without members is forgotten (its offsets stay with the coordinator's Group): nothing of it
         is kept beyond its members, so made-up groups cost only while their members are in."""
         if not group.members and self.groups.get(group.group_id) is group:
             del self.groups[group.group_id]
+            self._on_emptied(group.group_id, now_ms)
 
     # ------------------------------------------------------------------ offsets
     def active(self, group_id: str) -> ConsumerGroup | None:

@@ -420,10 +420,13 @@ class GroupCoordinator:
         self.consumer_groups = cg.ConsumerGroups(
             self._consumer_topic, members_max=MEMBERS_MAX,
             session_timeout_ms=config.group_consumer_session_timeout_ms,
-            heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
+            heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms, on_emptied=self._consumer_emptied_at,
             metadata_version=lambda: getattr(self.metadata_cache, "version", 0),
             topic_count=lambda: self.metadata_cache.counts()[0] if hasattr(self.metadata_cache, "counts") else 0)
         self._consumer_expired_at = 0
+        # group id -> when its last consumer-protocol member left, for the groups holding offsets (so bounded by
+        # them): their offsets' retention counts from then, as Kafka's does for a group that became empty.
+        self._consumer_emptied: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -918,6 +921,10 @@ class GroupCoordinator:
             return uuid.UUID(hex=topic.topic_id), topic.partition_count
         except ValueError:  # not an id a client can be told (the controller's are uuid4 hex): not assignable
             return None
+
+    def _consumer_emptied_at(self, group_id: str, now_ms: int) -> None:
+        if group_id in self._groups:  # under the lock (called from consumer_groups' heartbeat and expiry)
+            self._consumer_emptied[group_id] = now_ms
 
     def consumer_group_heartbeat(self, hb: cg.Heartbeat) -> cg.HeartbeatAnswer:
         """A ConsumerGroupHeartbeat (consumer_groups.py). Raises CoordinatorError (NOT_COORDINATOR, ...) or
@@ -1811,12 +1818,15 @@ class GroupCoordinator:
         expired_total = 0
         plan: list[tuple[str, int, list[TopicPartition], bool]] = []
         with self._lock:
+            for gid in [gid for gid, at in self._consumer_emptied.items()
+                        if gid not in self._groups or now - at >= retention_ms]:
+                del self._consumer_emptied[gid]  # its Group is gone, or the wait is over for its offsets
             for gid, g in self._groups.items():
                 p = self._partition_of(g)
                 load = self._partitions.get(p)
-                if load is None or not load.loaded:
-                    continue
-                expired, remove_group = g.expired_offsets(now, retention_ms)
+                if load is None or not load.loaded or gid in self.consumer_groups.groups:
+                    continue  # a group of consumer-protocol members keeps its offsets while they are in
+                expired, remove_group = g.expired_offsets(now, retention_ms, self._consumer_emptied.get(gid))
                 if expired or remove_group:
                     plan.append((gid, p, expired, remove_group))
         for gid, p, expired, remove_group in plan:
@@ -1831,7 +1841,7 @@ class GroupCoordinator:
             removed = False
             with self._lock:
                 g = self._groups.get(gid)
-                if g is None or g.state != GroupState.EMPTY:
+                if g is None or g.state != GroupState.EMPTY or gid in self.consumer_groups.groups:
                     continue
                 for tp in expired:
                     g.offsets.pop(tp, None)

@@ -886,19 +886,23 @@ class Group:
             return
         self.offsets[tp] = entry
 
-    def expired_offsets(self, now_ms: int, retention_ms: int) -> tuple[list[TopicPartition], bool]:
+    def expired_offsets(self, now_ms: int, retention_ms: int,
+                        empty_since_ms: int | None = None) -> tuple[list[TopicPartition], bool]:
         """offsets.retention.minutes (KIP-211): the offsets of a group that uses the protocol
         expire together, ``retention_ms`` after the group became empty; offsets committed
         outside group management (no protocol type) expire one by one, ``retention_ms``
-        after their commit. Returns (expired partitions, whether the group can go too: not while a
-        member handed an id by MEMBER_ID_REQUIRED may still join with it, KIP-394)."""
+        after their commit, or after ``empty_since_ms`` if later (when the group's members of Kafka's
+        consumer protocol, which this Group does not hold, last left). Returns (expired partitions, whether
+        the group can go too: not while a member handed an id by MEMBER_ID_REQUIRED may still join with it,
+        KIP-394)."""
         if self.state != GroupState.EMPTY:
             return [], False
 
         def expired_entry(e: OffsetEntry) -> bool:
             if e.expire_timestamp_ms >= 0:  # its commit gave a retention time: Kafka's expireTimestamp
                 return now_ms >= e.expire_timestamp_ms
-            since = self.state_timestamp_ms if self.protocol_type else e.commit_timestamp_ms
+            since = self.state_timestamp_ms if self.protocol_type else max(e.commit_timestamp_ms,
+                                                                           empty_since_ms or 0)
             return now_ms - since >= retention_ms
         expired = sorted(tp for tp, e in self.offsets.items() if expired_entry(e))
         return expired, len(expired) == len(self.offsets) and not self.pending_members
