@@ -140,6 +140,7 @@ class ConsumerGroup:
     subscribers: dict[str, int] = field(default_factory=dict)
     looked_up: dict[str, Topic | None] = field(default_factory=dict)
     topics_version: int = -1
+    removed_names: bool = False  # a member left with names only it had: ``topics`` to be computed again
     owners: dict[tuple[uuid.UUID, int], int] = field(default_factory=dict)  # partition -> its holder's epoch
 
     def state(self) -> str:
@@ -152,20 +153,25 @@ class ConsumerGroup:
             return "Reconciling"
         return "Stable"
 
-    def subscribe(self, member: Member, names: frozenset[str], lookup: TopicLookup) -> None:
-        """Set the member's subscription, looking up only the names new to the group."""
+    def subscribe(self, member: Member, names: frozenset[str], lookup: TopicLookup) -> bool:
+        """Set the member's subscription, looking up only the names new to the group; did the group's names
+        change?"""
+        changed = False
         for name in member.subscribed - names:
             if (left := self.subscribers[name] - 1) == 0:
                 del self.subscribers[name]
                 self.looked_up.pop(name, None)
+                changed = True
             else:
                 self.subscribers[name] = left
         for name in names - member.subscribed:
             if name not in self.subscribers:
                 self.subscribers[name] = 0
                 self.looked_up[name] = lookup(name)
+                changed = True
             self.subscribers[name] += 1
         member.subscribed = names
+        return changed
 
     def _hold(self, member: Member) -> None:
         for tid, parts in (*member.assigned.items(), *member.revoking.items()):
@@ -302,10 +308,11 @@ class ConsumerGroups:
             member.assignor = hb.server_assignor
         member.client_id, member.client_host = hb.client_id, hb.client_host
         bump = old is None
+        names_changed = False
         if hb.subscribed_topic_names is not None:
             subscribed = frozenset(hb.subscribed_topic_names)
             bump = bump or subscribed != member.subscribed
-            group.subscribe(member, subscribed, self._lookup)
+            names_changed = group.subscribe(member, subscribed, self._lookup)
         group.members[member.member_id] = member
         if member.instance_id is not None:
             group.static[member.instance_id] = member.member_id
@@ -313,10 +320,13 @@ class ConsumerGroups:
             # The metadata changed since the group's names were looked up (a topic made, deleted or grown).
             group.looked_up = {name: self._lookup(name) for name in group.subscribers}
             group.topics_version = version
-        topics = {name: topic for name, topic in group.looked_up.items() if topic is not None}
-        if topics != group.topics:
-            group.topics = topics
-            bump = True
+            names_changed = True
+        if names_changed or group.removed_names:
+            group.removed_names = False
+            topics = {name: topic for name, topic in group.looked_up.items() if topic is not None}
+            if topics != group.topics:
+                group.topics = topics
+                bump = True
         if bump:
             group.epoch += 1
             log.info("consumer group %s: epoch %d (member %s %s)", group.group_id, group.epoch, member.member_id,
@@ -482,7 +492,8 @@ class ConsumerGroups:
     # ------------------------------------------------------------------ time and removal
     def _remove(self, group: ConsumerGroup, member: Member, *, bump: bool) -> None:
         group._release(member)
-        group.subscribe(member, frozenset(), self._lookup)
+        if group.subscribe(member, frozenset(), self._lookup):
+            group.removed_names = True
         group.members.pop(member.member_id, None)
         group.target.pop(member.member_id, None)
         if member.instance_id is not None and group.static.get(member.instance_id) == member.member_id:
