@@ -254,6 +254,11 @@ class MetadataCache:
             tid = self._topic_ids.get(name)
             return self._topics_by_id.get(tid) if tid is not None else None
 
+    def topic_by_id(self, topic_id: str) -> TopicInfo | None:
+        """The topic of that id (the controller's uuid hex), None if none has it."""
+        with self._lock:
+            return self._topics_by_id.get(topic_id)
+
     def topics(self) -> list[TopicInfo]:
         with self._lock:
             return sorted(self._topics_by_id.values(), key=lambda t: t.name)

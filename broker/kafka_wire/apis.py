@@ -38,6 +38,7 @@ from storage.record_batch import CODEC_ZSTD, read_header
 log = logging.getLogger(__name__)
 
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53  # Kafka's code; not in Brook's ErrorCode enum (no transactions)
+UNKNOWN_TOPIC_ID = 100  # Kafka's code (KIP-516): a Metadata v12 topic id no topic has
 NO_TRANSACTIONS = ("Brook does not support transactions: no transactional.id can be used (answered as "
                    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED, the code clients treat as fatal; it is not an ACL denial)")
 
@@ -213,12 +214,29 @@ class KafkaApis:
         return count
 
     def _metadata_answer(self, req: codec.Request, all_topics: bool, caller: Any) -> Any:
-        """The Metadata response entity (on an io thread)."""
+        """The Metadata response entity (on an io thread). v12 may name topics by id (KIP-516), as librdkafka's
+        consumer of the KIP-848 protocol does for the topic ids its assignment names: then, as Kafka, only the
+        ids count, an unknown one is UNKNOWN_TOPIC_ID and one the caller may not describe keeps its id, without
+        a name, TOPIC_AUTHORIZATION_FAILED."""
         body = req.body
-        names = [] if all_topics else [t if isinstance(t, str) else t.name for t in _get(body, "topics")]
+        requested = [] if all_topics else list(_get(body, "topics"))
+        names = [t if isinstance(t, str) else t.name for t in requested]
         names = [n for n in names if n is not None]
+        ids = [] if req.api_version < 12 else list(dict.fromkeys(
+            t.topic_id for t in requested if not isinstance(t, str) and t.topic_id is not None and t.topic_id.int))
+        by_id: dict[str, Any] = {}  # name -> the id it was asked by
+        unknown_ids: list[Any] = []
+        if ids:
+            for tid in ids:
+                info = self.cache.topic_by_id(tid.hex)
+                if info is None:
+                    unknown_ids.append(tid)
+                else:
+                    by_id[info.name] = tid
+            names = sorted(by_id)
         pb = broker_pb2.MetadataRequest(topics=names, all_topics=all_topics,
-                                        allow_auto_topic_creation=bool(_get(body, "allow_auto_topic_creation", True)))
+                                        allow_auto_topic_creation=not ids and bool(
+                                            _get(body, "allow_auto_topic_creation", True)))
         with_topic_ops = bool(_get(body, "include_topic_authorized_operations", False))  # v8+
         with_cluster_ops = bool(_get(body, "include_cluster_authorized_operations", False))  # v8-v10
         resp, topic_ops, cluster_ops = self._metadata_and_operations(pb, caller, with_topic_ops, with_cluster_ops)
@@ -228,8 +246,16 @@ class KafkaApis:
             if b.fenced or info is None or not any(name == self.listener for name, _, _ in info.endpoints):
                 continue  # Kafka lists only live brokers that have the listener the client came in on
             brokers.append({"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack or None})
-        out_topics = []
+        out_topics = [{"error_code": UNKNOWN_TOPIC_ID, "name": None, "topic_id": tid, "is_internal": False,
+                       "topic_authorized_operations": codec.NO_AUTHORIZED_OPERATIONS, "partitions": []}
+                      for tid in unknown_ids]
         for t in resp.topics:
+            if t.name in by_id and t.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED:
+                # Asked by id: Kafka answers the id (not sensitive, as it says), never the name.
+                out_topics.append({"error_code": t.error_code, "name": None, "topic_id": by_id[t.name],
+                                   "is_internal": False, "partitions": [],
+                                   "topic_authorized_operations": codec.NO_AUTHORIZED_OPERATIONS})
+                continue
             out_topics.append({
                 "error_code": t.error_code, "name": t.name, "topic_id": t.topic_id or None,
                 "is_internal": t.is_internal,

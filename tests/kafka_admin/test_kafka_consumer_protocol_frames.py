@@ -130,3 +130,28 @@ def test_the_consumer_protocol_on_the_wire(kcluster: Any, kp_admin: Any, topic_n
     assert group not in _listed(kcluster, node, ["consumer"])
     offsets = kp_admin.list_group_offsets(group)[group]  # kafka-python 3: {group: {partition: offset}}
     assert [(tp.partition, o.offset) for tp, o in offsets.items()] == [(kept[0], 0)], offsets
+
+
+def test_metadata_v12_by_topic_id(kcluster: Any, kp_admin: Any, topic_name: str) -> None:
+    """KIP-516's lookup by id, which librdkafka's consumer of the protocol sends for the topic ids of its assignment
+    (before, Brook answered it with no topic, and such a consumer waited minutes for its next metadata refresh)."""
+    import uuid
+
+    from kafka.admin import NewTopic
+    from kafka_raw import kafka_ask
+
+    kp_admin.create_topics([NewTopic(topic_name, 2, 1)], timeout_ms=T * 1000)
+    node = kcluster.broker_ids[0]
+
+    def ask(topics: list[dict[str, Any]], name: str = "admin") -> Any:
+        return kafka_ask(kcluster, node, 3, 12, {"topics": topics, "allow_auto_topic_creation": True,
+                                                  "include_topic_authorized_operations": False}, name=name)
+    by_name = wait_for(lambda: next((t for t in ask([{"topic_id": None, "name": topic_name}]).topics
+                                     if t.error_code == 0), None), T, "the topic's metadata")
+    topic_id, missing = by_name.topic_id, uuid.uuid4()
+    answer = ask([{"topic_id": topic_id, "name": None}, {"topic_id": missing, "name": None}])
+    found = {t.topic_id: (int(t.error_code), t.name, len(t.partitions)) for t in answer.topics}
+    assert found == {topic_id: (0, topic_name, 2), missing: (100, None, 0)}, found  # UNKNOWN_TOPIC_ID
+    # User:demo may not describe it: told so by id, never by name.
+    refused = ask([{"topic_id": topic_id, "name": None}], name="demo").topics
+    assert [(int(t.error_code), t.name, t.topic_id) for t in refused] == [(29, None, topic_id)], refused
