@@ -140,7 +140,7 @@ class ConsumerGroup:
     subscribers: dict[str, int] = field(default_factory=dict)
     looked_up: dict[str, Topic | None] = field(default_factory=dict)
     topics_version: int = -1
-    removed_names: bool = False  # a member left with names only it had: ``topics`` to be computed again
+    topics_stale: bool = False  # the names changed since ``topics`` was computed
     owners: dict[tuple[uuid.UUID, int], int] = field(default_factory=dict)  # partition -> its holder's epoch
 
     def state(self) -> str:
@@ -153,32 +153,45 @@ class ConsumerGroup:
             return "Reconciling"
         return "Stable"
 
-    def subscribe(self, member: Member, names: frozenset[str], lookup: TopicLookup) -> bool:
-        """Set the member's subscription, looking up only the names new to the group; did the group's names
-        change?"""
-        changed = False
+    def subscribe(self, member: Member, names: frozenset[str], lookup: TopicLookup) -> None:
+        """Set the member's subscription, looking up only the names new to the group."""
         for name in member.subscribed - names:
             if (left := self.subscribers[name] - 1) == 0:
                 del self.subscribers[name]
                 self.looked_up.pop(name, None)
-                changed = True
+                self.topics_stale = True
             else:
                 self.subscribers[name] = left
         for name in names - member.subscribed:
             if name not in self.subscribers:
                 self.subscribers[name] = 0
                 self.looked_up[name] = lookup(name)
-                changed = True
+                self.topics_stale = True
             self.subscribers[name] += 1
         member.subscribed = names
-        return changed
 
-    def _hold(self, member: Member) -> None:
+    def refresh_topics(self, version: int, lookup: TopicLookup) -> bool:
+        """Bring ``topics`` up to date (every name looked up again if the metadata moved to ``version`` since);
+        did it change?"""
+        if version != self.topics_version:
+            self.looked_up = {name: lookup(name) for name in self.subscribers}
+            self.topics_version = version
+            self.topics_stale = True
+        if not self.topics_stale:
+            return False
+        self.topics_stale = False
+        topics = {name: topic for name, topic in self.looked_up.items() if topic is not None}
+        if topics == self.topics:
+            return False
+        self.topics = topics
+        return True
+
+    def hold(self, member: Member) -> None:
         for tid, parts in (*member.assigned.items(), *member.revoking.items()):
             for p in parts:
                 self.owners[(tid, p)] = member.epoch
 
-    def _release(self, member: Member) -> None:
+    def release(self, member: Member) -> None:
         for tid, parts in (*member.assigned.items(), *member.revoking.items()):
             for p in parts:
                 self.owners.pop((tid, p), None)
@@ -308,25 +321,15 @@ class ConsumerGroups:
             member.assignor = hb.server_assignor
         member.client_id, member.client_host = hb.client_id, hb.client_host
         bump = old is None
-        names_changed = False
         if hb.subscribed_topic_names is not None:
             subscribed = frozenset(hb.subscribed_topic_names)
             bump = bump or subscribed != member.subscribed
-            names_changed = group.subscribe(member, subscribed, self._lookup)
+            group.subscribe(member, subscribed, self._lookup)
         group.members[member.member_id] = member
         if member.instance_id is not None:
             group.static[member.instance_id] = member.member_id
-        if (version := self._version()) != group.topics_version:
-            # The metadata changed since the group's names were looked up (a topic made, deleted or grown).
-            group.looked_up = {name: self._lookup(name) for name in group.subscribers}
-            group.topics_version = version
-            names_changed = True
-        if names_changed or group.removed_names:
-            group.removed_names = False
-            topics = {name: topic for name, topic in group.looked_up.items() if topic is not None}
-            if topics != group.topics:
-                group.topics = topics
-                bump = True
+        # A topic made, deleted or grown (the metadata moved), or names gone or new, may change the topics.
+        bump = group.refresh_topics(self._version(), self._lookup) or bump
         if bump:
             group.epoch += 1
             log.info("consumer group %s: epoch %d (member %s %s)", group.group_id, group.epoch, member.member_id,
@@ -357,13 +360,13 @@ class ConsumerGroups:
                                          f"Static member {existing_id} with instance id {hb.instance_id} "
                                          "is still in the group (it has not left)")
                 # A new process of the static member takes over its partitions and target under its new id.
-                group._release(existing)
+                group.release(existing)
                 del group.members[existing_id]
                 taken = Member(member_id, instance_id=hb.instance_id, subscribed=existing.subscribed,
                                assignor=existing.assignor, assigned=dict(existing.assigned))
                 if (target := group.target.pop(existing_id, None)) is not None:
                     group.target[member_id] = target
-                group._hold(taken)
+                group.hold(taken)
                 log.info("consumer group %s: static member %s (instance %s) replaced by %s", group.group_id,
                          existing_id, hb.instance_id, member_id)
                 return taken, taken
@@ -414,9 +417,9 @@ class ConsumerGroups:
                                  f"Member {hb.member_id} is not a member of group {hb.group_id}")
         if hb.member_epoch == STATIC_LEAVE_EPOCH:
             # Gone for a while: its partitions stay its own (no one else is given them) until its session ends.
-            group._release(member)
+            group.release(member)
             member.epoch, member.state, member.revoking, member.revoke_deadline_ms = STATIC_LEAVE_EPOCH, STABLE, {}, None
-            group._hold(member)
+            group.hold(member)
             log.info("consumer group %s: static member %s (instance %s) left for now", group.group_id,
                      member.member_id, member.instance_id)
         else:
@@ -451,7 +454,7 @@ class ConsumerGroups:
         revoking: Assignment = {}
         adding: Assignment = {}
         unreleased = False
-        group._release(member)
+        group.release(member)
         for tid in set(target) | set(member.assigned):
             want = target.get(tid, frozenset())
             have = member.assigned.get(tid, frozenset())
@@ -484,16 +487,15 @@ class ConsumerGroups:
             if target_epoch != member.epoch:
                 member.previous_epoch = member.epoch
                 member.epoch = target_epoch
-        group._hold(member)
+        group.hold(member)
         if member.epoch != previous or member.state != STABLE:
             log.debug("consumer group %s: member %s at epoch %d (%s)", group.group_id, member.member_id,
                       member.epoch, member.state)
 
     # ------------------------------------------------------------------ time and removal
     def _remove(self, group: ConsumerGroup, member: Member, *, bump: bool) -> None:
-        group._release(member)
-        if group.subscribe(member, frozenset(), self._lookup):
-            group.removed_names = True
+        group.release(member)
+        group.subscribe(member, frozenset(), self._lookup)
         group.members.pop(member.member_id, None)
         group.target.pop(member.member_id, None)
         if member.instance_id is not None and group.static.get(member.instance_id) == member.member_id:

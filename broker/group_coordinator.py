@@ -739,13 +739,9 @@ class GroupCoordinator:
             # are a few characters.
             raise CoordinatorError(f"a protocol name longer than {PROTOCOL_TYPE_MAX} characters",
                                    code=ErrorCode.INVALID_REQUEST)
-        for what, value, most in (("client id", req.client_id, CLIENT_ID_MAX),
-                                  ("client host", req.client_host, CLIENT_ID_MAX),
-                                  ("protocol type", req.protocol_type, PROTOCOL_TYPE_MAX),
-                                  ("member id", req.member_id, CLIENT_ID_MAX + _UUID_SUFFIX)):
-            if len(value) > most:
-                raise CoordinatorError(f"{what} of {len(value)} characters, longer than {most}",
-                                       code=ErrorCode.INVALID_REQUEST)
+        _check_lengths(("client id", req.client_id, CLIENT_ID_MAX), ("client host", req.client_host, CLIENT_ID_MAX),
+                       ("protocol type", req.protocol_type, PROTOCOL_TYPE_MAX),
+                       ("member id", req.member_id, CLIENT_ID_MAX + _UUID_SUFFIX))
         rebalance_timeout_ms = req.rebalance_timeout_ms if req.rebalance_timeout_ms > 0 else req.session_timeout_ms
         metadata = sum(len(p.name) + len(p.metadata) for p in req.protocols)
         self._check_member_bytes(metadata, "protocol metadata")
@@ -926,17 +922,18 @@ class GroupCoordinator:
         if group_id in self._groups:  # under the lock (called from consumer_groups' heartbeat and expiry)
             self._consumer_emptied[group_id] = now_ms
 
+    def _classic_with_members_locked(self, group_id: str) -> Group | None:
+        """The classic group of that id if it has members (or members to come): then it is no consumer group."""
+        classic = self._groups.get(group_id)
+        return classic if classic is not None and (classic.members or classic.pending_members) else None
+
     def consumer_group_heartbeat(self, hb: cg.Heartbeat) -> cg.HeartbeatAnswer:
         """A ConsumerGroupHeartbeat (consumer_groups.py). Raises CoordinatorError (NOT_COORDINATOR, ...) or
         consumer_groups.HeartbeatError; either way nothing changed."""
-        for what, value, most in (("member id", hb.member_id, CLIENT_ID_MAX + _UUID_SUFFIX),
-                                  ("instance id", hb.instance_id or "", GROUP_INSTANCE_ID_MAX),
-                                  ("rack id", hb.rack_id or "", GROUP_INSTANCE_ID_MAX),
-                                  ("client id", hb.client_id, CLIENT_ID_MAX),
-                                  ("server assignor", hb.server_assignor or "", PROTOCOL_TYPE_MAX)):
-            if len(value) > most:
-                raise CoordinatorError(f"{what} of {len(value)} characters, longer than {most}",
-                                       code=ErrorCode.INVALID_REQUEST)
+        _check_lengths(("member id", hb.member_id, CLIENT_ID_MAX + _UUID_SUFFIX),
+                       ("instance id", hb.instance_id or "", GROUP_INSTANCE_ID_MAX),
+                       ("rack id", hb.rack_id or "", GROUP_INSTANCE_ID_MAX), ("client id", hb.client_id, CLIENT_ID_MAX),
+                       ("server assignor", hb.server_assignor or "", PROTOCOL_TYPE_MAX))
         names = hb.subscribed_topic_names or ()
         if any(len(n) > GROUP_INSTANCE_ID_MAX for n in names):
             raise CoordinatorError(f"a subscribed topic name longer than {GROUP_INSTANCE_ID_MAX} characters",
@@ -945,8 +942,7 @@ class GroupCoordinator:
         self._check_member_bytes(subscription, "subscription")
         with self._lock:
             p = self._check_owner_locked(hb.group_id)
-            classic = self._groups.get(hb.group_id)
-            if classic is not None and (classic.members or classic.pending_members):
+            if (classic := self._classic_with_members_locked(hb.group_id)) is not None:
                 raise CoordinatorError(f"Group {hb.group_id} is not a consumer group: its "
                                        f"{len(classic.members)} members use the classic protocol",
                                        code=ErrorCode.GROUP_ID_NOT_FOUND)
@@ -966,10 +962,8 @@ class GroupCoordinator:
                 return {"group_id": group_id, "error_code": exc.code, "error_message": exc.message}
             group = self.consumer_groups.active(group_id)
             if group is None:
-                classic = self._groups.get(group_id)
                 message = (f"Group {group_id} is not a consumer group."
-                           if classic is not None and (classic.members or classic.pending_members)
-                           else f"Group {group_id} not found.")
+                           if self._classic_with_members_locked(group_id) is not None else f"Group {group_id} not found.")
                 return {"group_id": group_id, "error_code": ErrorCode.GROUP_ID_NOT_FOUND, "error_message": message}
             names = {tid: name for name, (tid, _) in group.topics.items()}
 
@@ -1934,6 +1928,14 @@ def _reset_target(spec: group_pb2.OffsetResetSpec, low: int, high: int, current:
     if spec.kind == group_pb2.RESET_SHIFT_BY:
         return (current if current >= 0 else low) + spec.value
     return spec.value
+
+
+def _check_lengths(*fields: tuple[str, str, int]) -> None:
+    """INVALID_REQUEST for the first (what, value, most) whose value is longer than its most."""
+    for what, value, most in fields:
+        if len(value) > most:
+            raise CoordinatorError(f"{what} of {len(value)} characters, longer than {most}",
+                                   code=ErrorCode.INVALID_REQUEST)
 
 
 def _decode_assignment(member_id: str, raw: bytes, max_decoded_bytes: int) -> Any:
