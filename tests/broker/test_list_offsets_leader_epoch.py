@@ -188,7 +188,7 @@ def kafka_answers(kit: Kit, topic: str, timestamps: list[int], specs: dict[str, 
     from confluent_kafka import TopicPartition as RdTopicPartition
     from confluent_kafka.admin import AdminClient
 
-    config = {"bootstrap.servers": kit.cluster.kafka_bootstrap_servers, "topic.metadata.refresh.interval.ms": 1000}
+    config = {"bootstrap.servers": kit.cluster.kafka_bootstrap_servers}
     consumer = Consumer({**config, "group.id": "epochs-reader", "enable.auto.commit": False})
     try:
         found = {}

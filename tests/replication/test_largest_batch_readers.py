@@ -132,7 +132,7 @@ def rdkafka_read(cluster: LocalCluster, topic: str, expected: int, timeout_s: fl
     from confluent_kafka import TopicPartition as RdTopicPartition
 
     consumer = RdConsumer({"bootstrap.servers": cluster.kafka_bootstrap_servers, "group.id": f"read-{topic}",
-                           "enable.auto.commit": False, "topic.metadata.refresh.interval.ms": 1000})
+                           "enable.auto.commit": False})
     sizes: list[int] = []
     problems: list[str] = []
     try:
