@@ -3,10 +3,13 @@ against a LocalCluster's KAFKA listener (a unique module name: tests/ has no pac
 
 from __future__ import annotations
 
+import fcntl
+import json
 import subprocess
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from client.admin import Admin
@@ -126,3 +129,65 @@ def brook_batch_headers(cluster: LocalCluster, topic: str, partitions: int, expe
     assert total >= expected_records, f"read {total} of {expected_records} records of {topic} as batches"
     return headers
 
+
+# ---------------------------------------------------------------------------- KafkaJS (Node.js)
+
+KAFKAJS_DIR = Path(__file__).resolve().parent / "kafkajs"
+NPM_TIMEOUT_S = 300
+
+
+def kafkajs_node() -> tuple[str | None, str]:
+    """(node binary, "") once KafkaJS (pinned in kafkajs/package-lock.json) is installed next to the driver, or
+    (None, why not). Node.js and npm come from the machine, or from Debian's packages when root (as kcat does);
+    ``npm ci`` runs once per checkout, under a lock so that parallel test workers do not install twice."""
+    node, why = debian_tool("node", "nodejs")
+    if node is None:
+        return None, why
+    npm, why = debian_tool("npm", "npm")
+    if npm is None:
+        return None, why
+    marker = KAFKAJS_DIR / "node_modules" / "kafkajs" / "package.json"
+    with open(KAFKAJS_DIR / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.exists():
+            proc = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=KAFKAJS_DIR,
+                                  capture_output=True, text=True, timeout=NPM_TIMEOUT_S)
+            if proc.returncode != 0 or not marker.exists():
+                raise RuntimeError(f"npm ci of KafkaJS failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return node, ""
+
+
+def kafkajs_connection(cluster: LocalCluster, name: str = "admin", **extra: Any) -> dict[str, Any]:
+    """The driver's connection arguments for ``cluster``'s KAFKA listeners: mTLS as User:<name> on TLS clusters."""
+    conn: dict[str, Any] = {"brokers": cluster.kafka_bootstrap_servers.split(",")}
+    tls = cluster.client_config_for(name)
+    if tls:
+        conn["ssl"] = {"ca": tls["ssl.ca.location"], "cert": tls["ssl.certificate.location"],
+                       "key": tls["ssl.key.location"]}
+    return {**conn, **extra}
+
+
+def kafkajs_start(node: str, args: Mapping[str, Any]) -> subprocess.Popen[str]:
+    """Start ``driver.js`` with ``args`` (its header says what each op takes and prints)."""
+    return subprocess.Popen([node, str(KAFKAJS_DIR / "driver.js"), json.dumps(args)], cwd=KAFKAJS_DIR,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def kafkajs_run(node: str, args: Mapping[str, Any], timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    """Run ``driver.js`` to its end; its JSON lines. Fails saying what KafkaJS logged when the driver fails."""
+    proc = kafkajs_start(node, args)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"KafkaJS {args['op']} still running after {timeout_s} s; it logged: {stderr[-2000:]}"
+                             ) from None
+    lines = [json.loads(line) for line in stdout.splitlines() if line.strip()]
+    assert proc.returncode == 0, f"KafkaJS {args['op']} exited {proc.returncode}: {lines[-3:]}; it logged: {stderr[-2000:]}"
+    return lines
+
+
+def kafkajs_admin(node: str, conn: Mapping[str, Any], *calls: list[Any]) -> list[dict[str, Any]]:
+    """Each ``[method, *args]`` called on one KafkaJS admin client in order: [{call, ok | error}, ...]."""
+    return kafkajs_run(node, {**conn, "op": "admin", "calls": list(calls)})

@@ -9,11 +9,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kafkakit import kcat, kcat_binary, rdkafka_config, rdkafka_read_all, unique
+from kafkakit import (
+    brook_read_all,
+    kafkajs_admin,
+    kafkajs_node,
+    kafkajs_run,
+    kcat,
+    kcat_binary,
+    rdkafka_config,
+    rdkafka_read_all,
+    unique,
+)
 from opskit import sample_values
 from waiting import wait_for
 
 from client.admin import Admin, NewTopic
+from client.types import TopicPartition
 from deploy.local.cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
@@ -302,3 +313,43 @@ def test_kafka_python_changes_and_deletes_a_scram_password(sasl_cluster: LocalCl
                  f"the deleted {user} to be refused")
     finally:
         admin.close()
+
+
+def test_kafkajs_logs_in_with_each_mechanism_and_a_wrong_password_is_refused(sasl_cluster: LocalCluster,
+                                                                             sasl_topic: str) -> None:
+    """KafkaJS (Node.js) over SASL_PLAINTEXT: PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 log in and write; a
+    wrong password is a SASL authentication error, and nothing is written."""
+    node, why = kafkajs_node()
+    if node is None:
+        pytest.skip(why)
+    user, password = "dave", "dave-secret"
+    with Admin(sasl_cluster.bootstrap_servers, request_timeout_ms=20_000) as admin:
+        admin.create_user(user, password)
+        admin.create_user("frank", "frank-secret")  # refusals spend their rate-limited failures on frank
+    brokers = sasl_cluster.kafka_bootstrap_servers.split(",")
+    for mechanism in ("plain", "scram-sha-256", "scram-sha-512"):
+        conn = {"brokers": brokers, "sasl": {"mechanism": mechanism, "username": user, "password": password}}
+        # the new user reaches the broker through the metadata log: the first login may come before it
+        lines = wait_for(lambda c=conn, m=mechanism: _kafkajs_write(node, c, sasl_topic, f"kafkajs-{m}"), 60,
+                         f"KafkaJS to log in with {mechanism} and write")
+        assert lines[-1] == {"done": True}, lines
+    [refused] = kafkajs_admin(node, {"brokers": brokers, "retries": 0, "sasl": {
+        "mechanism": "scram-sha-512", "username": "frank", "password": "wrong"}}, ["fetchTopicMetadata"])
+    assert refused["call"] == "connect" and refused["error"]["name"] == "KafkaJSSASLAuthenticationError", refused
+    tp = TopicPartition(sasl_topic, 0)
+    with Admin(sasl_cluster.bootstrap_servers, request_timeout_ms=20_000) as admin:
+        end = admin.list_offsets({tp: "latest"})[tp][0]
+    [records] = brook_read_all(sasl_cluster, sasl_topic, 1, end).values()
+    written = sorted(r.value for r in records if r.value.startswith(b"kafkajs-"))
+    assert written == [b"kafkajs-plain-000000", b"kafkajs-scram-sha-256-000000", b"kafkajs-scram-sha-512-000000"], \
+        written
+
+
+def _kafkajs_write(node: str, conn: dict[str, Any], topic: str, prefix: str) -> list[dict[str, Any]] | None:
+    """One record written by KafkaJS (value ``<prefix>-000000``); None when it could not log in or write."""
+    try:
+        lines = kafkajs_run(node, {**conn, "op": "produce", "topic": topic, "count": 1, "partitions": 1,
+                                   "prefix": f"{prefix}-", "retries": 0})
+    except AssertionError:  # the driver could not connect: not yet
+        return None
+    return lines if all("acked" in x or "done" in x for x in lines) else None
