@@ -18,11 +18,17 @@ and the coordinator assigns. The rules are Kafka's (``GroupMetadataManager.consu
   its revoked partitions within its rebalance timeout is removed too.
 - Static members (``group.instance.id``): epoch -2 leaves for a while, keeping the partitions until the
   session runs out; a new process with the same instance id then takes them over.
+- A member may subscribe to a regular expression (``SubscribedTopicRegex``) beside or instead of names: the
+  coordinator matches it, in RE2 (``topic_regex``), against the cluster's topics the member may describe, and
+  the member's subscription is the union. A pattern new to the group is checked (INVALID_REGULAR_EXPRESSION)
+  and resolved on the heartbeat that brings it; all of a group's patterns are matched again when the
+  metadata moved, at most every 10 s (Kafka's pace), and every ``regex_refresh_interval_ms`` whatever (ACLs
+  may have changed). As in Kafka, a refresh is resolved under the ACLs of the member whose heartbeat made it.
 
 What Brook does not do (README, Consumer groups): the state is the coordinator's memory only, not written to
 ``__consumer_offsets`` as Kafka's is, so after a coordinator change every member is told UNKNOWN_MEMBER_ID,
 gives up its partitions and rejoins (committed offsets are kept: they are written as for classic groups);
-regular-expression subscriptions (``SubscribedTopicRegex``) are refused; assignors do not use racks.
+assignors do not use racks.
 
 Everything here runs under the coordinator's lock, deterministic given the clock passed in.
 """
@@ -31,9 +37,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from broker import topic_regex
 from broker.consumer_group_assignors import ASSIGNORS, DEFAULT_ASSIGNOR, assign
 from proto.common_pb2 import ErrorCode
 
@@ -57,12 +64,20 @@ HEARTBEAT_INTERVAL_MS = 5_000
 # A group's subscriptions name at most max(this, twice the cluster's topics) distinct topics: each is looked up
 # again, under the coordinator's lock, whenever the cluster's metadata changes.
 SUBSCRIBED_NAMES_MIN_BOUND = 1000
+# Distinct regular expressions a group's members may subscribe to (Kafka has no bound; members of one group
+# normally share one): each refresh matches them all against every topic name.
+GROUP_REGEXES_MAX = 32
+# Kafka's pace: a group's patterns are matched again at most every 10 s when the metadata moved, and every
+# group.consumer.regex.refresh.interval.ms (10 minutes) whatever, for topics an ACL change let it describe.
+REGEX_REFRESH_MIN_MS = 10_000
+REGEX_REFRESH_INTERVAL_MS = 600_000
 
 STABLE, UNREVOKED, UNRELEASED = "stable", "unrevoked_partitions", "unreleased_partitions"
 
 Assignment = dict[uuid.UUID, frozenset[int]]
 TopicLookup = Callable[[str], "tuple[uuid.UUID, int] | None"]  # name -> (topic id, partitions), None if unknown
 Topic = tuple[uuid.UUID, int]
+Describable = Callable[[set[str]], set[str]]  # of these topic names, those the heartbeat's caller may describe
 
 
 class HeartbeatError(Exception):
@@ -108,7 +123,9 @@ class Member:
     client_id: str = ""
     client_host: str = ""
     rebalance_timeout_ms: int = 0
-    subscribed: frozenset[str] = frozenset()
+    topic_names: frozenset[str] = frozenset()  # as the member named them
+    regex: str = ""  # its SubscribedTopicRegex, "" for none
+    subscribed: frozenset[str] = frozenset()  # what it is assigned from: its names and what its regex matched
     assignor: str | None = None
     epoch: int = 0
     previous_epoch: int = 0
@@ -121,7 +138,7 @@ class Member:
     def held_bytes(self) -> int:
         """What it holds in memory beyond a fixed overhead: its subscription and ids (for the coordinator's
         metadata budget)."""
-        return (sum(len(t) for t in self.subscribed) + len(self.member_id) + len(self.instance_id or "")
+        return (sum(len(t) for t in self.subscribed) + len(self.regex) + len(self.member_id) + len(self.instance_id or "")
                 + len(self.client_id) + len(self.rack_id or "")
                 + 8 * sum(len(p) for p in self.assigned.values()))
 
@@ -142,6 +159,10 @@ class ConsumerGroup:
     topics_version: int = -1
     topics_stale: bool = False  # the names changed since ``topics`` was computed
     owners: dict[tuple[uuid.UUID, int], int] = field(default_factory=dict)  # partition -> its holder's epoch
+    regexes: dict[str, int] = field(default_factory=dict)  # each member's regex: how many members have it
+    resolved: dict[str, frozenset[str]] = field(default_factory=dict)  # regex -> the topic names it matched
+    regex_version: int = -1  # the metadata version all of ``resolved`` was last matched at
+    regex_refreshed_ms: int | None = None  # and when
 
     def state(self) -> str:
         """Kafka's consumer group states, as ListGroups and describe name them."""
@@ -186,6 +207,24 @@ class ConsumerGroup:
         self.topics = topics
         return True
 
+    def set_regex(self, member: Member, regex: str) -> None:
+        """Count the member's regex ("" for none); a pattern no member has any more is forgotten."""
+        if member.regex:
+            if (left := self.regexes[member.regex] - 1) == 0:
+                del self.regexes[member.regex]
+                self.resolved.pop(member.regex, None)
+            else:
+                self.regexes[member.regex] = left
+        if regex:
+            self.regexes[regex] = self.regexes.get(regex, 0) + 1
+        member.regex = regex
+
+    def effective(self, member: Member) -> frozenset[str]:
+        """What the member is assigned from: its topic names and its regex's matches."""
+        if not member.regex:
+            return member.topic_names
+        return member.topic_names | self.resolved.get(member.regex, frozenset())
+
     def hold(self, member: Member) -> None:
         for tid, parts in (*member.assigned.items(), *member.revoking.items()):
             for p in parts:
@@ -224,15 +263,20 @@ class ConsumerGroups:
 
     def __init__(self, topic_lookup: TopicLookup, *, members_max: int,
                  metadata_version: Callable[[], int] = lambda: 0, topic_count: Callable[[], int] = lambda: 0,
+                 topic_names: Callable[[], Iterable[str]] = lambda: (),
                  session_timeout_ms: int = SESSION_TIMEOUT_MS,
                  heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS,
+                 regex_refresh_interval_ms: int = REGEX_REFRESH_INTERVAL_MS,
                  on_emptied: Callable[[str, int], None] = lambda group_id, now_ms: None) -> None:
         """``metadata_version``: moves whenever the cluster's topics may have changed; ``topic_count``: the
-        cluster's topics (the bound on a group's subscribed names); ``on_emptied(group id, now)``: its last
-        member left (its committed offsets' retention starts)."""
+        cluster's topics (the bound on a group's subscribed names); ``topic_names``: the names a regex may
+        match (not the internal topics); ``on_emptied(group id, now)``: its last member left (its committed
+        offsets' retention starts)."""
         self._lookup = topic_lookup
         self._version = metadata_version
         self._topic_count = topic_count
+        self._topic_names = topic_names
+        self.regex_refresh_interval_ms = regex_refresh_interval_ms
         self._on_emptied = on_emptied
         self.members_max = members_max
         self.session_timeout_ms = session_timeout_ms
@@ -253,8 +297,6 @@ class ConsumerGroups:
             raise invalid("InstanceId can't be empty.")
         if hb.rack_id == "":
             raise invalid("RackId can't be empty.")
-        if hb.subscribed_topic_regex:  # "" is no regex: librdkafka sends it with topic names
-            raise invalid("SubscribedTopicRegex is not supported by Brook: subscribe to topic names")
         if hb.member_epoch > 0 or hb.member_epoch == LEAVE_EPOCH:
             if not hb.member_id:
                 raise invalid("MemberId can't be empty.")
@@ -263,8 +305,9 @@ class ConsumerGroups:
                 raise invalid("RebalanceTimeoutMs must be provided in first request.")
             if hb.owned is None or any(parts for _, parts in hb.owned):
                 raise invalid("TopicPartitions must be empty when (re-)joining.")
-            if not hb.subscribed_topic_names:
-                raise invalid("SubscribedTopicNames must be set in first request.")
+            # "" is no regex: librdkafka sends it beside topic names
+            if not hb.subscribed_topic_names and not hb.subscribed_topic_regex:
+                raise invalid("SubscribedTopicNames or SubscribedTopicRegex must be set in first request.")
         elif hb.member_epoch == STATIC_LEAVE_EPOCH:
             if not hb.member_id:
                 raise invalid("MemberId can't be empty.")
@@ -278,8 +321,10 @@ class ConsumerGroups:
             raise HeartbeatError(UNSUPPORTED_ASSIGNOR, f"ServerAssignor {hb.server_assignor} is not supported. "
                                                        f"Supported assignors: {', '.join(ASSIGNORS)}.")
 
-    def heartbeat(self, hb: Heartbeat, partition: int, now_ms: int) -> HeartbeatAnswer:
-        """One heartbeat, validated first (HeartbeatError: nothing changed)."""
+    def heartbeat(self, hb: Heartbeat, partition: int, now_ms: int,
+                  describable: Describable | None = None) -> HeartbeatAnswer:
+        """One heartbeat, validated first (HeartbeatError: nothing changed). ``describable``: which topic names
+        the caller may describe (a regex matches only those); None: all."""
         self.validate(hb)
         if hb.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
             return self._leave(hb, now_ms)
@@ -305,6 +350,16 @@ class ConsumerGroups:
                                      f"group {group.group_id} would subscribe to {len(group.subscribers) + new} topic "
                                      f"names; the cluster has {self._topic_count()} topics, so a group may name at "
                                      f"most {bound}")
+        regex = hb.subscribed_topic_regex
+        if regex and regex not in group.regexes:
+            try:
+                topic_regex.check(regex)
+            except topic_regex.RegexError as exc:
+                raise HeartbeatError(topic_regex.INVALID_REGULAR_EXPRESSION, str(exc)) from None
+            if len(group.regexes) >= GROUP_REGEXES_MAX:
+                raise HeartbeatError(ErrorCode.INVALID_REQUEST,
+                                     f"group {group.group_id} already has {len(group.regexes)} distinct regular "
+                                     f"expressions, the most a group may have")
         old, member = self._member(group, hb, member_id, now_ms)
         if group.group_id not in self.groups:
             self.groups[group.group_id] = group
@@ -321,8 +376,20 @@ class ConsumerGroups:
             member.assignor = hb.server_assignor
         member.client_id, member.client_host = hb.client_id, hb.client_host
         bump = old is None
+        changed = bump
         if hb.subscribed_topic_names is not None:
-            subscribed = frozenset(hb.subscribed_topic_names)
+            member.topic_names = frozenset(hb.subscribed_topic_names)
+            changed = True
+        if regex is not None and regex != member.regex:
+            group.set_regex(member, regex)
+            changed = True
+        # The group's patterns matched again if due (the other members' subscriptions with them), and the
+        # member's own if the group has not matched it yet.
+        bump = self._refresh_regexes(group, now_ms, describable) or bump
+        if member.regex and member.regex not in group.resolved:
+            group.resolved.update(self._resolve([member.regex], describable))
+        if changed:
+            subscribed = group.effective(member)
             bump = bump or subscribed != member.subscribed
             group.subscribe(member, subscribed, self._lookup)
         group.members[member.member_id] = member
@@ -362,8 +429,9 @@ class ConsumerGroups:
                 # A new process of the static member takes over its partitions and target under its new id.
                 group.release(existing)
                 del group.members[existing_id]
-                taken = Member(member_id, instance_id=hb.instance_id, subscribed=existing.subscribed,
-                               assignor=existing.assignor, assigned=dict(existing.assigned))
+                taken = Member(member_id, instance_id=hb.instance_id, topic_names=existing.topic_names,
+                               regex=existing.regex, subscribed=existing.subscribed, assignor=existing.assignor,
+                               assigned=dict(existing.assigned))
                 if (target := group.target.pop(existing_id, None)) is not None:
                     group.target[member_id] = target
                 group.hold(taken)
@@ -399,6 +467,39 @@ class ConsumerGroups:
                                  f"the one known by the group coordinator ({member.epoch}). The member must "
                                  "abandon all its partitions and rejoin.")
         return member, member
+
+    def _resolve(self, patterns: Sequence[str], describable: Describable | None) -> dict[str, frozenset[str]]:
+        resolved = topic_regex.resolve(patterns, self._topic_names())
+        if describable is None:
+            return resolved
+        allowed = describable(set().union(*resolved.values()))  # only what matched is checked against the ACLs
+        return {r: names & allowed for r, names in resolved.items()}
+
+    def _refresh_regexes(self, group: ConsumerGroup, now_ms: int, describable: Describable | None) -> bool:
+        """Match all of the group's patterns again if due; did a member's subscription change?"""
+        if not group.regexes:
+            return False
+        last = group.regex_refreshed_ms
+        version = self._version()
+        if last is not None and not (
+                (version != group.regex_version and now_ms - last >= REGEX_REFRESH_MIN_MS)
+                or now_ms - last >= self.regex_refresh_interval_ms):
+            return False
+        resolved = self._resolve(list(group.regexes), describable)
+        group.regex_version, group.regex_refreshed_ms = version, now_ms
+        moved = {r for r, names in resolved.items() if group.resolved.get(r) != names}
+        group.resolved = resolved
+        changed = False
+        for m in group.members.values():
+            if m.regex in moved:
+                subscribed = group.effective(m)
+                if subscribed != m.subscribed:
+                    group.subscribe(m, subscribed, self._lookup)
+                    changed = True
+        if moved:
+            log.info("consumer group %s: regular expressions matched again: %s", group.group_id,
+                     ", ".join(f"{r!r} -> {len(resolved[r])} topics" for r in sorted(moved)))
+        return changed
 
     def _leave(self, hb: Heartbeat, now_ms: int) -> HeartbeatAnswer:
         group = self.groups.get(hb.group_id)
@@ -496,6 +597,7 @@ class ConsumerGroups:
     def _remove(self, group: ConsumerGroup, member: Member, *, bump: bool) -> None:
         group.release(member)
         group.subscribe(member, frozenset(), self._lookup)
+        group.set_regex(member, "")
         group.members.pop(member.member_id, None)
         group.target.pop(member.member_id, None)
         if member.instance_id is not None and group.static.get(member.instance_id) == member.member_id:

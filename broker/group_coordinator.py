@@ -422,7 +422,8 @@ class GroupCoordinator:
             session_timeout_ms=config.group_consumer_session_timeout_ms,
             heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms, on_emptied=self._consumer_emptied_at,
             metadata_version=lambda: getattr(self.metadata_cache, "version", 0),
-            topic_count=lambda: self.metadata_cache.counts()[0] if hasattr(self.metadata_cache, "counts") else 0)
+            topic_count=lambda: self.metadata_cache.counts()[0] if hasattr(self.metadata_cache, "counts") else 0,
+            topic_names=self._consumer_topic_names)
         self._consumer_expired_at = 0
         # group id -> when its last consumer-protocol member left, for the groups holding offsets (so bounded by
         # them): their offsets' retention counts from then, as Kafka's does for a group that became empty.
@@ -918,6 +919,10 @@ class GroupCoordinator:
         except ValueError:  # not an id a client can be told (the controller's are uuid4 hex): not assignable
             return None
 
+    def _consumer_topic_names(self) -> list[str]:
+        """The names a member's regular expression may match: every topic but the internal ones."""
+        return [name for name in self.metadata_cache.topic_names() if not name.startswith("__")]
+
     def _consumer_emptied_at(self, group_id: str, now_ms: int) -> None:
         if group_id in self._groups:  # under the lock (called from consumer_groups' heartbeat and expiry)
             self._consumer_emptied[group_id] = now_ms
@@ -927,9 +932,11 @@ class GroupCoordinator:
         classic = self._groups.get(group_id)
         return classic if classic is not None and (classic.members or classic.pending_members) else None
 
-    def consumer_group_heartbeat(self, hb: cg.Heartbeat) -> cg.HeartbeatAnswer:
+    def consumer_group_heartbeat(self, hb: cg.Heartbeat,
+                                 describable: cg.Describable | None = None) -> cg.HeartbeatAnswer:
         """A ConsumerGroupHeartbeat (consumer_groups.py). Raises CoordinatorError (NOT_COORDINATOR, ...) or
-        consumer_groups.HeartbeatError; either way nothing changed."""
+        consumer_groups.HeartbeatError; either way nothing changed. ``describable``: the topic names of those
+        given that the caller may describe (what its regular expression may match); None: all."""
         _check_lengths(("member id", hb.member_id, CLIENT_ID_MAX + _UUID_SUFFIX),
                        ("instance id", hb.instance_id or "", GROUP_INSTANCE_ID_MAX),
                        ("rack id", hb.rack_id or "", GROUP_INSTANCE_ID_MAX), ("client id", hb.client_id, CLIENT_ID_MAX),
@@ -938,7 +945,7 @@ class GroupCoordinator:
         if any(len(n) > GROUP_INSTANCE_ID_MAX for n in names):
             raise CoordinatorError(f"a subscribed topic name longer than {GROUP_INSTANCE_ID_MAX} characters",
                                    code=ErrorCode.INVALID_REQUEST)
-        subscription = sum(map(len, names))
+        subscription = sum(map(len, names)) + len(hb.subscribed_topic_regex or "")
         self._check_member_bytes(subscription, "subscription")
         with self._lock:
             p = self._check_owner_locked(hb.group_id)
@@ -946,11 +953,11 @@ class GroupCoordinator:
                 raise CoordinatorError(f"Group {hb.group_id} is not a consumer group: its "
                                        f"{len(classic.members)} members use the classic protocol",
                                        code=ErrorCode.GROUP_ID_NOT_FOUND)
-            if hb.member_epoch == cg.JOIN_EPOCH or hb.subscribed_topic_names is not None:
+            if hb.member_epoch == cg.JOIN_EPOCH or hb.subscribed_topic_names is not None or hb.subscribed_topic_regex:
                 # A subscription is held for the member's session: admitted as a JoinGroup's metadata is.
                 incoming = subscription + (MEMBER_OVERHEAD_BYTES if hb.member_epoch == cg.JOIN_EPOCH else 0)
                 self._admit_bytes_locked(incoming, "ConsumerGroupHeartbeat", {hb.client_host: incoming})
-            return self.consumer_groups.heartbeat(hb, p, self.clock_ms())
+            return self.consumer_groups.heartbeat(hb, p, self.clock_ms(), describable)
 
     def describe_consumer_group(self, group_id: str) -> dict[str, Any]:
         """ConsumerGroupDescribe's entry for one group (Kafka's field names; an error code and message
@@ -978,7 +985,7 @@ class GroupCoordinator:
                 "members": [{
                     "member_id": m.member_id, "instance_id": m.instance_id, "rack_id": m.rack_id,
                     "member_epoch": m.epoch, "client_id": m.client_id, "client_host": m.client_host,
-                    "subscribed_topic_names": sorted(m.subscribed), "subscribed_topic_regex": None,
+                    "subscribed_topic_names": sorted(m.topic_names), "subscribed_topic_regex": m.regex or None,
                     "assignment": partitions(m.assigned), "target_assignment": partitions(group.target.get(mid, {})),
                     "member_type": 1,  # the consumer protocol (v1)
                 } for mid, m in sorted(group.members.items())]}

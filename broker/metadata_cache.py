@@ -254,6 +254,11 @@ class MetadataCache:
             tid = self._topic_ids.get(name)
             return self._topics_by_id.get(tid) if tid is not None else None
 
+    def topic_names(self) -> list[str]:
+        """Every topic's name, unsorted (cheaper than topics() when only the names are wanted)."""
+        with self._lock:
+            return list(self._topic_ids)
+
     def topic_by_id(self, topic_id: str) -> TopicInfo | None:
         """The topic of that id (the controller's uuid hex), None if none has it."""
         with self._lock:

@@ -79,7 +79,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
     DESCRIBE_TOPIC_PARTITIONS: (0, 0),
-    CONSUMER_GROUP_HEARTBEAT: (0, 1),  # KIP-848's consumer protocol (broker/consumer_groups.py); no regex
+    CONSUMER_GROUP_HEARTBEAT: (0, 1),  # KIP-848's consumer protocol (broker/consumer_groups.py)
     CONSUMER_GROUP_DESCRIBE: (0, 1),
     **admin_apis.SUPPORTED,  # topics, configs, ACLs, records, log dirs, elections (admin_apis.py)
     **user_apis.SUPPORTED,  # SCRAM credentials and client quotas (user_apis.py)

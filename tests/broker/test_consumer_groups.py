@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import uuid
 
 import pytest
 
 from broker import consumer_groups as cg
+from broker import topic_regex
 from proto.common_pb2 import ErrorCode
 
 T1 = uuid.UUID(int=1)
@@ -35,15 +37,18 @@ class Topics:
 
 def consumer_groups(topics: Topics, members_max: int = 100) -> cg.ConsumerGroups:
     return cg.ConsumerGroups(topics, members_max=members_max, metadata_version=lambda: topics.version,
-                             topic_count=lambda: len(topics.known))
+                             topic_count=lambda: len(topics.known), topic_names=lambda: list(topics.known))
 
 
 class Client:
     """A consumer as librdkafka behaves: it owns what it was last given, and gives up revoked partitions at once."""
 
     def __init__(self, groups: cg.ConsumerGroups, member_id: str, topics: list[str], *, instance: str | None = None,
-                 rebalance_timeout_ms: int = 30_000, assignor: str | None = None) -> None:
+                 rebalance_timeout_ms: int = 30_000, assignor: str | None = None, regex: str | None = None,
+                 describable: cg.Describable | None = None) -> None:
         self.groups = groups
+        self.regex = regex
+        self.describable = describable
         self.member_id = member_id
         self.topics = topics
         self.instance = instance
@@ -62,10 +67,11 @@ class Client:
         hb = cg.Heartbeat("g", self.member_id, self.epoch, instance_id=self.instance,
                           rebalance_timeout_ms=self.rebalance_timeout_ms if joining or full else -1,
                           subscribed_topic_names=self.topics if joining or full else None,
+                          subscribed_topic_regex=self.regex if joining or full else None,
                           server_assignor=self.assignor if joining else None,
                           owned=[(t, sorted(p)) for t, p in self.owned.items()])
         try:
-            answer = self.groups.heartbeat(hb, 0, now)
+            answer = self.groups.heartbeat(hb, 0, now, self.describable)
         except cg.HeartbeatError as exc:
             if exc.code in (cg.FENCED_MEMBER_EPOCH, ErrorCode.UNKNOWN_MEMBER_ID):
                 self.owned, self.epoch = {}, 0  # as librdkafka: give everything up, rejoin
@@ -163,8 +169,12 @@ def test_requests_kafka_refuses_are_refused_and_change_nothing() -> None:
          ErrorCode.INVALID_REQUEST),
         (cg.Heartbeat("g", "a", 0, rebalance_timeout_ms=1, subscribed_topic_names=[], owned=[]),
          ErrorCode.INVALID_REQUEST),
-        (cg.Heartbeat("g", "a", 0, rebalance_timeout_ms=1, subscribed_topic_names=["t"],
-                      subscribed_topic_regex="t.*", owned=[]), ErrorCode.INVALID_REQUEST),
+        (cg.Heartbeat("g", "a", 0, rebalance_timeout_ms=1, subscribed_topic_names=[], subscribed_topic_regex="",
+                      owned=[]), ErrorCode.INVALID_REQUEST),
+        # RE2 syntax (as Kafka's RE2/J): no backreferences or lookaround; unbalanced is invalid everywhere
+        *[(cg.Heartbeat("g", "a", 0, rebalance_timeout_ms=1, subscribed_topic_regex=bad, owned=[]),
+           topic_regex.INVALID_REGULAR_EXPRESSION)
+          for bad in ("(t", "(t)\\1", "t(?=x)", "t" * (topic_regex.PATTERN_MAX_CHARS + 1))],
         (cg.Heartbeat("g", "a", 0, rebalance_timeout_ms=1, subscribed_topic_names=["t"], owned=[],
                       server_assignor="sticky"), cg.UNSUPPORTED_ASSIGNOR),
         (cg.Heartbeat("g", "a", -3), ErrorCode.INVALID_REQUEST),
@@ -353,3 +363,126 @@ def test_groups_left_empty_are_forgotten_and_expiry_waits_for_the_first_deadline
     assert g.expire(1000 + cg.SESSION_TIMEOUT_MS) == []  # its heartbeat moved its deadline on
     assert [m for _, m, _ in g.expire(3000 + cg.SESSION_TIMEOUT_MS)] == ["b"]
     assert g.groups == {}
+
+
+# ---------------------------------------------------------------------------- regular expressions
+
+
+def partitions_of(client: Client, topics: Topics, *names: str) -> int:
+    ids = {topics.known[n][0] for n in names}
+    return sum(len(p) for t, p in client.owned.items() if t in ids)
+
+
+def test_a_regex_subscription_is_assigned_the_topics_it_fully_matches() -> None:
+    topics = Topics(**{"logs-a": 2, "logs-b": 1, "other": 3, "xlogs-c": 1})
+    g = consumer_groups(topics)
+    a = Client(g, "a", [], regex="logs-.*")
+    a.beat()
+    a.beat()
+    assert a.count() == 3 and partitions_of(a, topics, "logs-a", "logs-b") == 3  # not other, not xlogs-c (full match)
+    # names and a regex: the union
+    b = Client(g, "b", ["other"], regex="logs-a")
+    for _ in range(3):
+        a.beat()
+        b.beat()
+    owned_disjoint([a, b])
+    assert a.count() + b.count() == 6 and partitions_of(b, topics, "other") == 3
+    [member] = [m for m in g.groups["g"].members.values() if m.member_id == "b"]
+    assert (member.topic_names, member.regex, member.subscribed) == (
+        frozenset({"other"}), "logs-a", frozenset({"other", "logs-a"}))
+
+
+def test_a_topic_made_later_is_matched_at_kafkas_pace() -> None:
+    """A new matching topic joins the subscription once the metadata moved and 10 s passed since the group's
+    last match; with no metadata change (an ACL), every regex_refresh_interval_ms."""
+    topics = Topics(**{"logs-a": 2})
+    g = consumer_groups(topics)
+    a = Client(g, "a", [], regex="logs-.*")
+    a.beat(now=0)
+    a.beat(now=0)
+    assert a.count() == 2
+    topics.add("logs-b", (uuid.UUID(int=50), 2))
+    a.beat(now=cg.REGEX_REFRESH_MIN_MS - 1)
+    assert a.count() == 2, "matched again sooner than Kafka does"
+    a.beat(now=cg.REGEX_REFRESH_MIN_MS)
+    a.beat(now=cg.REGEX_REFRESH_MIN_MS)
+    assert a.count() == 4
+
+    allowed = {"logs-a", "logs-b"}
+    a.describable = lambda names: names & allowed
+    topics.known["logs-c"] = (uuid.UUID(int=51), 1)  # appears with no version move (as an ACL change would)
+    a.beat(now=cg.REGEX_REFRESH_MIN_MS * 2)
+    assert a.count() == 4
+    allowed.add("logs-c")
+    a.beat(now=cg.REGEX_REFRESH_MIN_MS + g.regex_refresh_interval_ms)
+    a.beat(now=cg.REGEX_REFRESH_MIN_MS + g.regex_refresh_interval_ms)
+    assert a.count() == 5
+
+
+def test_a_regex_matches_only_what_the_member_may_describe() -> None:
+    topics = Topics(**{"logs-a": 2, "logs-secret": 4})
+    g = consumer_groups(topics)
+    a = Client(g, "a", [], regex="logs-.*", describable=lambda names: names - {"logs-secret"})
+    a.beat()
+    a.beat()
+    assert a.count() == 2 and partitions_of(a, topics, "logs-secret") == 0
+
+
+def test_a_regex_change_and_the_last_member_leaving_forget_the_pattern() -> None:
+    topics = Topics(**{"logs-a": 2, "metrics-a": 3})
+    g = consumer_groups(topics)
+    a = Client(g, "a", [], regex="logs-.*")
+    b = Client(g, "b", [], regex="logs-.*")
+    for _ in range(3):
+        a.beat()
+        b.beat()
+    assert a.count() + b.count() == 2
+    b.regex = "metrics-.*"
+    for _ in range(3):
+        b.beat(full=True)
+        a.beat()
+    assert (a.count(), b.count()) == (2, 3)
+    group = g.groups["g"]
+    assert group.regexes == {"logs-.*": 1, "metrics-.*": 1}
+    b.leave()
+    assert group.regexes == {"logs-.*": 1} and set(group.resolved) == {"logs-.*"}
+
+
+def test_regex_refusals_change_nothing_and_a_group_has_at_most_its_bound_of_patterns() -> None:
+    topics = Topics(t=1)
+    g = consumer_groups(topics)
+    clients = [Client(g, f"m{i}", [], regex=f"t{i}.*") for i in range(cg.GROUP_REGEXES_MAX)]
+    for c in clients:
+        c.beat()
+    before = dict(g.groups["g"].regexes)
+    with pytest.raises(cg.HeartbeatError) as refused:
+        Client(g, "one-too-many", [], regex="u.*").beat()
+    assert refused.value.code == ErrorCode.INVALID_REQUEST
+    with pytest.raises(cg.HeartbeatError) as refused:
+        Client(g, "bad", [], regex="(u").beat()
+    assert refused.value.code == topic_regex.INVALID_REGULAR_EXPRESSION and "missing )" in refused.value.message
+    # a pattern the group already has is taken whatever the bound
+    Client(g, "same", [], regex="t0.*").beat()
+    assert set(g.groups["g"].regexes) == set(before) and "bad" not in g.groups["g"].members
+
+
+def test_a_static_member_restart_keeps_its_regex() -> None:
+    topics = Topics(**{"logs-a": 2, "other": 2})
+    g = consumer_groups(topics)
+    a = Client(g, "a", [], regex="logs-.*", instance="i1")
+    a.beat()
+    a.beat()
+    a.leave(static=True)
+    a2 = Client(g, "a2", [], regex="logs-.*", instance="i1")
+    a2.beat()
+    a2.beat()
+    assert a2.count() == 2 and g.groups["g"].regexes == {"logs-.*": 1}
+
+
+def test_resolution_of_many_patterns_against_many_names_matches_each_in_full() -> None:
+    names = [f"topic-{i}" for i in range(5000)] + ["__consumer_offsets"]
+    patterns = [f"topic-{i}.*" for i in range(10)] + ["topic-1", "nothing", ".*offsets"]
+    got = topic_regex.resolve(patterns, names)
+    for pattern in patterns:
+        expected = frozenset(n for n in names if re.fullmatch(pattern, n))
+        assert got[pattern] == expected, pattern

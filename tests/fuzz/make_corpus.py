@@ -312,7 +312,7 @@ def kafka_seeds() -> dict[str, bytes]:
         # KIP-848: a join naming a topic, and a heartbeat owning partitions of a made-up topic id
         apis.CONSUMER_GROUP_HEARTBEAT: {"group_id": "g", "member_id": "m", "member_epoch": 0,
                                         "rebalance_timeout": 30000, "subscribed_topic_names": ["t"],
-                                        "subscribed_topic_regex": "", "topic_partitions": [
+                                        "subscribed_topic_regex": "t.*", "topic_partitions": [
                                             {"topic_id": "00000000000000000000000000000001", "partitions": [0]}]},
         apis.CONSUMER_GROUP_DESCRIBE: {"group_ids": ["g", "h"], "include_authorized_operations": True},
     }

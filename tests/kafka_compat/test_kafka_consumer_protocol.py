@@ -225,3 +225,48 @@ def test_a_coordinator_killed_costs_its_members_a_rejoin_not_the_group(cluster: 
         consumer.close()
         cluster.start_node(coordinator)
         cluster.wait_ready(90)
+
+
+def test_a_regex_subscription_reads_the_matching_topics_and_one_made_later(cluster: LocalCluster) -> None:
+    """librdkafka's regex subscription (``^``-prefixed) under this protocol: the coordinator matches it in RE2
+    against the cluster's topics. Two matching topics are read and a non-matching one is not; a matching topic
+    made while the member consumes joins its assignment at Kafka's pace (the metadata moved, 10 s since the
+    group's last match), and its records are read. Before, the heartbeat was refused INVALID_REQUEST: a fatal
+    error for the consumer, which read nothing."""
+    from confluent_kafka import KafkaError
+
+    prefix = unique("rx")
+    with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints,
+               **{k.replace(".", "_"): v for k, v in cluster.client_config.items()}) as admin:
+        for name in (f"{prefix}-a", f"{prefix}-b", f"x{prefix}-c"):
+            admin.create_topic(name, 2, 3)
+        admin.wait_for_topics([f"{prefix}-a", f"{prefix}-b", f"x{prefix}-c"])
+        for name in (f"{prefix}-a", f"{prefix}-b", f"x{prefix}-c"):
+            _produce(cluster, name, 0, 10)
+        errors: list[Any] = []
+        consumer = _consumer(cluster, unique("rx-group"), error_cb=errors.append)
+        seen: dict[tuple[str, int, int], bytes] = {}
+
+        def poll_until(done: Callable[[], bool], timeout_s: float, what: str) -> None:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and not done():
+                for m in consumer.consume(100, 0.2):
+                    if m.error():
+                        errors.append(m.error())
+                    else:
+                        seen[(m.topic(), m.partition(), m.offset())] = m.value()
+            if not done():
+                pytest.fail(f"{what}: not within {timeout_s} s; read {len(seen)} records of "
+                            f"{sorted({t for t, _, _ in seen})}, assignment {consumer.assignment()}, errors {errors[-5:]}")
+        try:
+            consumer.subscribe([f"^{prefix}-.*"])
+            poll_until(lambda: len(seen) >= 20, 60, "the two matching topics read")
+            assert {t for t, _, _ in seen} == {f"{prefix}-a", f"{prefix}-b"}, "a topic the pattern does not match"
+            admin.create_topic(f"{prefix}-later", 2, 3)
+            admin.wait_for_topics([f"{prefix}-later"])
+            _produce(cluster, f"{prefix}-later", 0, 10)
+            poll_until(lambda: len(seen) >= 30, 90, "the topic made later read")
+        finally:
+            consumer.close()
+    assert {t for t, _, _ in seen} == {f"{prefix}-a", f"{prefix}-b", f"{prefix}-later"}
+    assert not [e for e in errors if e.fatal() or e.code() == KafkaError.INVALID_ARG], errors
