@@ -192,6 +192,12 @@ class KafkaApis:
         topics = _get(req.body, "topics")
         # v0: an empty list means all topics; v1+: null means all, empty means none.
         all_topics = topics is None or (req.api_version == 0 and not topics)
+        if not all_topics and 10 <= req.api_version < 12 and any(
+                t.name is None or (t.topic_id is not None and t.topic_id.int) for t in topics):
+            # As Kafka: v10-11 carry a topic id field but take names only; each topic answers INVALID_REQUEST.
+            return self._resp(req, {"brokers": [], "cluster_id": None, "controller_id": -1, "topics": [
+                {"error_code": ErrorCode.INVALID_REQUEST, "name": t.name, "topic_id": t.topic_id, "is_internal": False,
+                 "partitions": [], "topic_authorized_operations": codec.NO_AUTHORIZED_OPERATIONS} for t in topics]})
         caller = ctx.brook_authentication.principal
         answer = functools.partial(self._metadata_answer, req, all_topics, caller)
         if self.io_turn is None or self._metadata_size(all_topics, topics) <= codec.LARGE_ANSWER_ITEMS:

@@ -163,6 +163,18 @@ def test_metadata_v12_by_topic_id(kcluster: Any, kp_admin: Any, topic_name: str)
     # User:demo may not describe it: told so by id, never by name.
     refused = ask([{"topic_id": topic_id, "name": None}], name="demo").topics
     assert [(int(t.error_code), t.name, t.topic_id) for t in refused] == [(29, None, topic_id)], refused
+    # v10 and v11 have the field but take names only: an id, or a null name, is INVALID_REQUEST (as Kafka).
+    zero = uuid.UUID(int=0)
+    for version in (10, 11):
+        def v(topics: list[dict[str, Any]], version: int = version) -> list[tuple[int, Any]]:
+            answer = kafka_ask(kcluster, node, 3, version, {
+                "topics": topics, "allow_auto_topic_creation": False, "include_cluster_authorized_operations": False,
+                "include_topic_authorized_operations": False})
+            return [(int(t.error_code), t.name) for t in answer.topics]
+        assert v([{"topic_id": zero, "name": topic_name}]) == [(0, topic_name)]
+        assert v([{"topic_id": topic_id, "name": None}]) == [(42, "")]  # names are not nullable before v12
+        assert v([{"topic_id": topic_id, "name": topic_name}, {"topic_id": zero, "name": topic_name}]) == [
+            (42, topic_name), (42, topic_name)]
 
 
 def test_a_regex_member_is_given_only_the_topics_it_may_describe(kcluster: Any, kp_admin: Any, confluent_admin: Any,
