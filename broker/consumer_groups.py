@@ -25,9 +25,10 @@ and the coordinator assigns. The rules are Kafka's (``GroupMetadataManager.consu
   metadata moved, at most every 10 s (Kafka's pace), and every ``regex_refresh_interval_ms`` whatever (ACLs
   may have changed). As in Kafka, a refresh is resolved under the ACLs of the member whose heartbeat made it.
 
-What Brook does not do (README, Consumer groups): the state is the coordinator's memory only, not written to
-``__consumer_offsets`` as Kafka's is, so after a coordinator change every member is told UNKNOWN_MEMBER_ID,
-gives up its partitions and rejoins (committed offsets are kept: they are written as for classic groups);
+The state is written to ``__consumer_offsets`` as it changes (``take_changes``: each changed member's record with
+its target, the group's epochs, tombstones for members gone), and the heartbeat is answered once that is
+durable, as Kafka does: the coordinator that takes the partition over loads the group (``restore``) and its
+members go on at their epochs with their partitions. What Brook does not do (README, Consumer groups):
 assignors do not use racks.
 
 Everything here runs under the coordinator's lock, deterministic given the clock passed in.
@@ -163,6 +164,12 @@ class ConsumerGroup:
     resolved: dict[str, frozenset[str]] = field(default_factory=dict)  # regex -> the topic names it matched
     regex_version: int = -1  # the metadata version all of ``resolved`` was last matched at
     regex_refreshed_ms: int | None = None  # and when
+    # What changed since the coordinator last wrote the group down (ConsumerGroups.take_changes): members to write,
+    # members to delete, the epochs as last written, and whether the group was dropped (left empty).
+    changed: set[str] = field(default_factory=set)
+    removed: set[str] = field(default_factory=set)
+    written_epochs: tuple[int, int] = (0, 0)
+    dropped: bool = False
 
     def state(self) -> str:
         """Kafka's consumer group states, as ListGroups and describe name them."""
@@ -206,6 +213,18 @@ class ConsumerGroup:
             return False
         self.topics = topics
         return True
+
+    def touch(self, member_id: str) -> None:
+        """The member's record must be written again."""
+        self.changed.add(member_id)
+        self.removed.discard(member_id)
+
+    def persisted(self, member: Member) -> tuple:
+        """What of the member its record holds (a change of it is written)."""
+        return (member.epoch, member.previous_epoch, member.state, member.assigned, member.revoking,
+                member.topic_names, member.regex, member.subscribed, member.assignor, member.instance_id,
+                member.rack_id, member.client_id, member.client_host, member.rebalance_timeout_ms,
+                self.target.get(member.member_id))
 
     def set_regex(self, member: Member, regex: str) -> None:
         """Count the member's regex ("" for none); a pattern no member has any more is forgotten."""
@@ -282,6 +301,9 @@ class ConsumerGroups:
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.groups: dict[str, ConsumerGroup] = {}  # each with a member: a group left empty is dropped
+        # Groups with changes not yet taken (take_changes), in the order they changed; keyed by object, as a
+        # group dropped and one made again under its id are written in turn.
+        self.pending: dict[int, ConsumerGroup] = {}
         # No member's session or revocation ends before this: expire() walks the members only from then.
         self.next_due_ms = 0
 
@@ -361,9 +383,11 @@ class ConsumerGroups:
                                      f"group {group.group_id} already has {len(group.regexes)} distinct regular "
                                      f"expressions, the most a group may have")
         old, member = self._member(group, hb, member_id, now_ms)
+        before = group.persisted(member) if old is not None else None
         if group.group_id not in self.groups:
             self.groups[group.group_id] = group
             log.info("consumer group %s created (KIP-848 protocol) by member %s", group.group_id, member_id)
+        self.pending[id(group)] = group
 
         # 1. The member's subscription and settings; a change of subscription bumps the group epoch.
         if hb.instance_id is not None:
@@ -407,14 +431,16 @@ class ConsumerGroups:
             self._assign(group)
 
         # 3. The member toward its target.
-        before = dict(member.assigned)
+        given = dict(member.assigned)
         self._reconcile(group, member, hb.owned, now_ms)
+        if before is None or group.persisted(member) != before:
+            group.touch(member.member_id)
         member.session_deadline_ms = now_ms + self.session_timeout_ms
         self.next_due_ms = min(self.next_due_ms, _due(member))
         full = joining or (hb.rebalance_timeout_ms != -1 and hb.subscribed_topic_names is not None
                            and hb.owned is not None)
         return HeartbeatAnswer(member.member_id, member.epoch, self.heartbeat_interval_ms,
-                               dict(member.assigned) if full or member.assigned != before else None)
+                               dict(member.assigned) if full or member.assigned != given else None)
 
     def _member(self, group: ConsumerGroup, hb: Heartbeat, member_id: str,
                 now_ms: int) -> tuple[Member | None, Member]:
@@ -429,6 +455,9 @@ class ConsumerGroups:
                 # A new process of the static member takes over its partitions and target under its new id.
                 group.release(existing)
                 del group.members[existing_id]
+                group.changed.discard(existing_id)
+                group.removed.add(existing_id)
+                group.touch(member_id)
                 taken = Member(member_id, instance_id=hb.instance_id, topic_names=existing.topic_names,
                                regex=existing.regex, subscribed=existing.subscribed, assignor=existing.assignor,
                                assigned=dict(existing.assigned))
@@ -495,6 +524,7 @@ class ConsumerGroups:
                 subscribed = group.effective(m)
                 if subscribed != m.subscribed:
                     group.subscribe(m, subscribed, self._lookup)
+                    group.touch(m.member_id)
                     changed = True
         if moved:
             log.info("consumer group %s: regular expressions matched again: %s", group.group_id,
@@ -521,6 +551,8 @@ class ConsumerGroups:
             group.release(member)
             member.epoch, member.state, member.revoking, member.revoke_deadline_ms = STATIC_LEAVE_EPOCH, STABLE, {}, None
             group.hold(member)
+            group.touch(member.member_id)
+            self.pending[id(group)] = group
             log.info("consumer group %s: static member %s (instance %s) left for now", group.group_id,
                      member.member_id, member.instance_id)
         else:
@@ -535,8 +567,12 @@ class ConsumerGroups:
         subscriptions = {mid: frozenset(group.topics[t][0] for t in m.subscribed if t in group.topics)
                          for mid, m in group.members.items()}
         counts = {tid: n for tid, n in group.topics.values()}
-        group.target = assign(name, subscriptions, counts, group.target)
+        previous = group.target
+        group.target = assign(name, subscriptions, counts, previous)
         group.assignment_epoch = group.epoch
+        for mid in group.members:
+            if group.target.get(mid) != previous.get(mid):
+                group.touch(mid)
 
     def _reconcile(self, group: ConsumerGroup, member: Member,
                    owned: Sequence[tuple[uuid.UUID, Sequence[int]]] | None, now_ms: int) -> None:
@@ -600,6 +636,9 @@ class ConsumerGroups:
         group.set_regex(member, "")
         group.members.pop(member.member_id, None)
         group.target.pop(member.member_id, None)
+        group.changed.discard(member.member_id)
+        group.removed.add(member.member_id)
+        self.pending[id(group)] = group
         if member.instance_id is not None and group.static.get(member.instance_id) == member.member_id:
             del group.static[member.instance_id]
         if bump:
@@ -635,13 +674,51 @@ class ConsumerGroups:
         gone = [gid for gid, g in self.groups.items() if g.partition == partition]
         for gid in gone:
             del self.groups[gid]
+        self.pending = {k: g for k, g in self.pending.items() if g.partition != partition}
         return len(gone)
+
+    # ------------------------------------------------------------------ written down
+    def take_changes(self) -> list[tuple[ConsumerGroup, list[Member], list[str], bool]]:
+        """What to write since the last call, per group: (group, members to write, member ids to delete, write the
+        group's epochs). A dropped group deletes its members and its group record (its epochs ``True`` then
+        means: write the group's tombstone)."""
+        out = []
+        for group in self.pending.values():
+            members = [group.members[mid] for mid in sorted(group.changed) if mid in group.members]
+            epochs = (group.epoch, group.assignment_epoch)  # the topics change only with the epoch
+            out.append((group, members, sorted(group.removed), group.dropped or epochs != group.written_epochs))
+            group.changed, group.removed, group.written_epochs = set(), set(), epochs
+        self.pending = {}
+        return out
+
+    def restore(self, group: ConsumerGroup, now_ms: int) -> None:
+        """Take over a group loaded from its records (members with ``target`` set, epochs as written): sessions
+        start now, partitions are held by their members, subscriptions are looked up at the first heartbeat."""
+        for member in group.members.values():
+            member.session_deadline_ms = now_ms + self.session_timeout_ms
+            if member.revoking:
+                member.revoke_deadline_ms = now_ms + max(0, member.rebalance_timeout_ms)
+            group.hold(member)
+            subscribed, member.subscribed = member.subscribed, frozenset()
+            group.subscribe(member, subscribed, self._lookup)
+            if member.regex:
+                group.regexes[member.regex] = group.regexes.get(member.regex, 0) + 1
+            if member.instance_id is not None:
+                group.static[member.instance_id] = member.member_id
+        # ``topics`` is as written: the first heartbeat looks the names up again, and bumps the epoch only if a
+        # topic changed meanwhile (made, deleted, grown).
+        group.topics_version, group.topics_stale = -1, False
+        group.written_epochs = (group.epoch, group.assignment_epoch)
+        self.groups[group.group_id] = group
+        self.next_due_ms = min(self.next_due_ms, now_ms + self.session_timeout_ms)
 
     def _drop_if_empty(self, group: ConsumerGroup, now_ms: int) -> None:
         """A group without members is forgotten (its offsets stay with the coordinator's Group): nothing of it
         is kept beyond its members, so made-up groups cost only while their members are in."""
         if not group.members and self.groups.get(group.group_id) is group:
             del self.groups[group.group_id]
+            group.dropped = True
+            self.pending[id(group)] = group
             self._on_emptied(group.group_id, now_ms)
 
     # ------------------------------------------------------------------ offsets

@@ -494,7 +494,8 @@ class GroupCoordinator:
     def _load_partition(self, partition: int, leader_epoch: int) -> None:
         """Replay the partition into fresh groups, then publish them (all at once)."""
         try:
-            loaded = self._read_partition(partition, leader_epoch)
+            consumer: dict[str, cg.ConsumerGroup] = {}
+            loaded = self._read_partition(partition, leader_epoch, consumer)
         except errors.BrookError as exc:
             log.warning("loading %s-%d failed: %s; will retry on the next leadership change",
                         OFFSETS_TOPIC, partition, exc)
@@ -518,11 +519,20 @@ class GroupCoordinator:
                 return
             for gid, g in loaded.items():
                 self._groups[gid] = g
+            now = self.clock_ms()
+            taken = 0
+            for cgroup in consumer.values():
+                if cgroup.members and self._classic_with_members_locked(cgroup.group_id) is None:
+                    self.consumer_groups.restore(cgroup, now)
+                    taken += 1
             self._partitions[partition].loaded = True
-        log.info("loaded %d groups from %s-%d", len(loaded), OFFSETS_TOPIC, partition)
+        log.info("loaded %d groups from %s-%d (%d of Kafka's consumer protocol with members)", len(loaded),
+                 OFFSETS_TOPIC, partition, taken)
 
-    def _read_partition(self, partition: int, leader_epoch: int) -> dict[str, Group] | None:
-        """Read the partition from its log start to the log end offset it had at election.
+    def _read_partition(self, partition: int, leader_epoch: int,
+                        consumer: dict[str, cg.ConsumerGroup] | None = None) -> dict[str, Group] | None:
+        """Read the partition from its log start to the log end offset it had at election; its groups of Kafka's
+        consumer protocol into ``consumer``.
 
         The leader's log is authoritative (a leader never truncates), so the load reads up
         to the log end, not the HW: a commit acked by the old ISR may sit above this
@@ -554,7 +564,7 @@ class GroupCoordinator:
                 continue
             if not data.records:
                 break
-            offset = self._apply_batches(data.records, groups, now, offset, partition, owners)
+            offset = self._apply_batches(data.records, groups, now, offset, partition, owners, consumer)
         for gid, owner in owners.items():  # a group's owner record may come before the records that make it
             g = groups.get(gid)
             if g is not None:
@@ -586,7 +596,8 @@ class GroupCoordinator:
         return corrupt.next_offset
 
     def _apply_batches(self, buf: bytes, groups: dict[str, Group], now_ms: int, offset: int,
-                       partition: int = -1, owners: dict[str, str] | None = None) -> int:
+                       partition: int = -1, owners: dict[str, str] | None = None,
+                       consumer: dict[str, cg.ConsumerGroup] | None = None) -> int:
         for pos, header in iter_batches(buf):
             offset = header.next_offset
             if header.is_control:
@@ -619,6 +630,22 @@ class GroupCoordinator:
                         owners.pop(parsed.group_id, None)
                     else:
                         owners[parsed.group_id] = parsed.owner
+                elif isinstance(parsed, records.ConsumerGroupRecord) and consumer is not None:
+                    if parsed.value is None:
+                        consumer.pop(parsed.group_id, None)
+                        continue
+                    cgroup = consumer.setdefault(parsed.group_id, cg.ConsumerGroup(parsed.group_id, partition))
+                    cgroup.epoch, cgroup.assignment_epoch = parsed.value.epoch, parsed.value.assignment_epoch
+                    cgroup.topics = records.consumer_group_topics(parsed.value)
+                elif isinstance(parsed, records.ConsumerMemberRecord) and consumer is not None:
+                    cgroup = consumer.setdefault(parsed.group_id, cg.ConsumerGroup(parsed.group_id, partition))
+                    if parsed.value is None:
+                        cgroup.members.pop(parsed.member_id, None)
+                        cgroup.target.pop(parsed.member_id, None)
+                    else:
+                        member, target = records.restore_consumer_member(parsed.member_id, parsed.value)
+                        cgroup.members[member.member_id] = member
+                        cgroup.target[member.member_id] = target
         return offset
 
     def _new_group(self, group_id: str, partition: int = -1, owner: str = "") -> Group:
@@ -957,7 +984,48 @@ class GroupCoordinator:
                 # A subscription is held for the member's session: admitted as a JoinGroup's metadata is.
                 incoming = subscription + (MEMBER_OVERHEAD_BYTES if hb.member_epoch == cg.JOIN_EPOCH else 0)
                 self._admit_bytes_locked(incoming, "ConsumerGroupHeartbeat", {hb.client_host: incoming})
-            return self.consumer_groups.heartbeat(hb, p, self.clock_ms(), describable)
+            try:
+                answer = self.consumer_groups.heartbeat(hb, p, self.clock_ms(), describable)
+            finally:
+                writes = self._write_consumer_changes_locked()
+        # As Kafka's coordinator: the answer goes out once what it changed is durable, so that a coordinator
+        # taking over never has a member older than the member itself (which it would fence: a rebalance).
+        self._await_consumer_writes(writes, hb.group_id)
+        return answer
+
+    def _write_consumer_changes_locked(self) -> list[concurrent.futures.Future]:
+        """Append what the consumer-protocol groups changed (consumer_groups.take_changes), in order: deleted
+        members, changed members with their targets, the group's epochs (or its tombstone when dropped)."""
+        futures = []
+        for group, members, removed, epochs in self.consumer_groups.take_changes():
+            gid = group.group_id
+            try:
+                kvs: list[tuple[bytes, bytes | None]] = [(records.consumer_member_key(gid, mid), None) for mid in removed]
+                kvs += [(records.consumer_member_key(gid, m.member_id),
+                         records.encode_consumer_member(m, group.target.get(m.member_id, {}))) for m in members]
+                if epochs:
+                    kvs.append((records.consumer_group_key(gid),
+                                None if group.dropped else records.encode_consumer_group(group)))
+            except errors.BrookError as exc:  # a name past a record's length: the heartbeats bound every one
+                log.error("consumer group %s: its records cannot be written: %s", gid, exc)
+                continue
+            for i in range(0, len(kvs), RECORDS_PER_BATCH_MAX):
+                futures.append(self._append_async(group.partition, kvs[i : i + RECORDS_PER_BATCH_MAX],
+                                                  f"consumer group {gid} epoch {group.epoch}"))
+        return futures
+
+    def _await_consumer_writes(self, writes: list[concurrent.futures.Future], group_id: str) -> None:
+        """Wait for a heartbeat's writes; CoordinatorError if one failed (the member retries its heartbeat)."""
+        for fut in writes:
+            try:
+                with blocking():  # a wait, not work (as _await_group_write)
+                    fut.result(timeout=self.config.offsets_commit_timeout_ms / 1000 + 5)
+            except Exception as exc:  # any failure of the write: not durable
+                code = ErrorCode.NOT_COORDINATOR if isinstance(exc, errors.BrookError) and exc.code in (
+                    ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.KAFKA_STORAGE_ERROR) else ErrorCode.COORDINATOR_NOT_AVAILABLE
+                log.warning("consumer group %s: its state was not written to %s (%s): answering %s", group_id,
+                            OFFSETS_TOPIC, exc, ErrorCode.Name(code))
+                raise CoordinatorError(f"the group's state was not written: {exc}", code=code) from None
 
     def describe_consumer_group(self, group_id: str) -> dict[str, Any]:
         """ConsumerGroupDescribe's entry for one group (Kafka's field names; an error code and message
@@ -1711,6 +1779,7 @@ class GroupCoordinator:
             if now - self._consumer_expired_at >= CONSUMER_EXPIRY_INTERVAL_MS:
                 self._consumer_expired_at = now
                 self.consumer_groups.expire(now)
+                self._write_consumer_changes_locked()
             for g in self.timers.due(now, self._groups):
                 deadline = g.next_deadline_ms(now)
                 if deadline is not None and deadline <= now:

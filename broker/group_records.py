@@ -17,11 +17,19 @@ topic (Burrow, kminion, kafka-console-consumer's formatter) read Brook's as Kafk
                   | nullable string instance id | string client id | string client host
                   | i32 rebalance timeout | i32 session timeout | bytes subscription | bytes assignment)
 
-(string: i16 length and UTF-8; bytes: i32 length.) One record is Brook's own, under a key
-version Kafka does not use (tools skip such records, as a Kafka coordinator does)::
+(string: i16 length and UTF-8; bytes: i32 length.) Some records are Brook's own, under key
+versions Kafka does not use (tools skip such records, as a Kafka coordinator does)::
 
     OWNER key:    i16 version=32000 | string group
     OWNER value:  i16 version=0 | UTF-8 client address that made the group
+    CONSUMER GROUP key:   i16 version=32001 | string group
+    CONSUMER GROUP value: i16 version=0 | ConsumerGroupValue (proto/group.proto)
+    CONSUMER MEMBER key:  i16 version=32002 | string group | string member id
+    CONSUMER MEMBER value: i16 version=0 | ConsumerMemberValue (proto/group.proto)
+
+The last two are a group of Kafka's consumer protocol (KIP-848, broker/consumer_groups.py): its epochs, and
+each member's subscription, epochs, partitions and target, so that a new coordinator takes the group over
+as it was. Kafka writes the same state under its own record kinds; these are Brook's layout of it.
 
 Value version 0 of an offset or group is Brook's earlier format (protobuf after the version:
 OffsetCommitValue / GroupMetadataValue in proto/group.proto, which carried the owner): always
@@ -36,11 +44,13 @@ from __future__ import annotations
 import logging
 import struct
 import sys
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
+from broker import consumer_groups as cg
 from broker.group_state import NO_SUBSCRIPTIONS, Group, GroupState, Member, OffsetEntry, Subscriptions
 from client import consumer_protocol
 from client.types import TopicPartition
@@ -52,6 +62,9 @@ OFFSETS_TOPIC = "__consumer_offsets"
 KEY_KIND_OFFSET = 1
 KEY_KIND_GROUP = 2
 KEY_KIND_OWNER = 32000  # Brook's own record; Kafka's key versions count up from 0 (its newest are below 30)
+KEY_KIND_CONSUMER_GROUP = 32001  # Brook's own: a KIP-848 group's epochs
+KEY_KIND_CONSUMER_MEMBER = 32002  # Brook's own: one member of a KIP-848 group
+CONSUMER_VALUE_VERSION = 0
 LEGACY_VALUE_VERSION = 0  # Brook's protobuf values before the Kafka layouts (read, never written)
 OFFSET_VALUE_VERSION = 3  # Kafka's OffsetCommitValue v3: what Kafka 2.1+ writes
 EXPIRING_OFFSET_VALUE_VERSION = 1  # v1, which has an expire time: Kafka writes it for a commit with a retention time
@@ -131,6 +144,62 @@ def group_key(group_id: str) -> bytes:
 
 def owner_key(group_id: str) -> bytes:
     return _U16.pack(KEY_KIND_OWNER) + _name(group_id)
+
+
+def consumer_group_key(group_id: str) -> bytes:
+    return _U16.pack(KEY_KIND_CONSUMER_GROUP) + _name(group_id)
+
+
+def consumer_member_key(group_id: str, member_id: str) -> bytes:
+    return _U16.pack(KEY_KIND_CONSUMER_MEMBER) + _name(group_id) + _name(member_id)
+
+
+def encode_consumer_group(group: cg.ConsumerGroup) -> bytes:
+    value = group_pb2.ConsumerGroupValue(epoch=group.epoch, assignment_epoch=group.assignment_epoch, topics=[
+        group_pb2.ConsumerSubscribedTopic(name=name, topic_id=tid.bytes, partitions=n)
+        for name, (tid, n) in sorted(group.topics.items())])
+    return _U16.pack(CONSUMER_VALUE_VERSION) + value.SerializeToString()
+
+
+def consumer_group_topics(value: group_pb2.ConsumerGroupValue) -> dict[str, cg.Topic]:
+    return {t.name: (uuid.UUID(bytes=t.topic_id), t.partitions) for t in value.topics if len(t.topic_id) == 16}
+
+
+def _topic_partitions(assignment: cg.Assignment) -> list[group_pb2.ConsumerTopicPartitions]:
+    return [group_pb2.ConsumerTopicPartitions(topic_id=tid.bytes, partitions=sorted(parts))
+            for tid, parts in sorted(assignment.items(), key=lambda kv: kv[0].bytes) if parts]
+
+
+def _assignment(entries: Iterable[group_pb2.ConsumerTopicPartitions]) -> cg.Assignment:
+    return {uuid.UUID(bytes=e.topic_id): frozenset(e.partitions) for e in entries if len(e.topic_id) == 16}
+
+
+def encode_consumer_member(member: cg.Member, target: cg.Assignment) -> bytes:
+    value = group_pb2.ConsumerMemberValue(
+        client_id=member.client_id, client_host=member.client_host, rebalance_timeout_ms=member.rebalance_timeout_ms,
+        topic_names=sorted(member.topic_names), regex=member.regex, subscribed=sorted(member.subscribed),
+        epoch=member.epoch, previous_epoch=member.previous_epoch, state=member.state,
+        assigned=_topic_partitions(member.assigned), revoking=_topic_partitions(member.revoking),
+        target=_topic_partitions(target))
+    for name in ("instance_id", "rack_id", "assignor"):
+        if (text := getattr(member, name)) is not None:
+            setattr(value, name, text)
+    return _U16.pack(CONSUMER_VALUE_VERSION) + value.SerializeToString()
+
+
+def restore_consumer_member(member_id: str, value: group_pb2.ConsumerMemberValue
+                            ) -> tuple[cg.Member, cg.Assignment]:
+    """A member as its last record describes it, and its target assignment."""
+    member = cg.Member(
+        member_id, instance_id=value.instance_id if value.HasField("instance_id") else None,
+        rack_id=value.rack_id if value.HasField("rack_id") else None, client_id=value.client_id,
+        client_host=value.client_host, rebalance_timeout_ms=value.rebalance_timeout_ms,
+        topic_names=frozenset(value.topic_names), regex=value.regex, subscribed=frozenset(value.subscribed),
+        assignor=value.assignor if value.HasField("assignor") else None, epoch=value.epoch,
+        previous_epoch=value.previous_epoch,
+        state=value.state if value.state in (cg.STABLE, cg.UNREVOKED, cg.UNRELEASED) else cg.STABLE,
+        assigned=_assignment(value.assigned), revoking=_assignment(value.revoking))
+    return member, _assignment(value.target)
 
 
 def group_tombstones(group_id: str) -> list[tuple[bytes, bytes | None]]:
@@ -273,8 +342,23 @@ class OwnerRecord:
     owner: str | None  # None = tombstone
 
 
-def parse_record(key: bytes | None, value: bytes | None, log_offset: int
-                 ) -> OffsetRecord | GroupRecord | OwnerRecord | None:
+@dataclass(frozen=True)
+class ConsumerGroupRecord:
+    group_id: str
+    value: group_pb2.ConsumerGroupValue | None  # None = tombstone
+
+
+@dataclass(frozen=True)
+class ConsumerMemberRecord:
+    group_id: str
+    member_id: str
+    value: group_pb2.ConsumerMemberValue | None  # None = tombstone
+
+
+Parsed = OffsetRecord | GroupRecord | OwnerRecord | ConsumerGroupRecord | ConsumerMemberRecord
+
+
+def parse_record(key: bytes | None, value: bytes | None, log_offset: int) -> Parsed | None:
     """Decode one record read back from the log; None for kinds this version does not know.
     Malformed bytes raise CorruptMessageError (the loader skips such a record)."""
     try:
@@ -283,8 +367,7 @@ def parse_record(key: bytes | None, value: bytes | None, log_offset: int
         raise errors.CorruptMessageError(f"malformed {OFFSETS_TOPIC} record at offset {log_offset}: {exc}") from exc
 
 
-def _parse_record(key: bytes | None, value: bytes | None, log_offset: int
-                  ) -> OffsetRecord | GroupRecord | OwnerRecord | None:
+def _parse_record(key: bytes | None, value: bytes | None, log_offset: int) -> Parsed | None:
     if key is None or len(key) < 2:
         log.warning("skipping a keyless record at offset %d of %s", log_offset, OFFSETS_TOPIC)
         return None
@@ -330,6 +413,18 @@ def _parse_record(key: bytes | None, value: bytes | None, log_offset: int
             log.warning("skipping an owner record with unknown value version %s at offset %d", version, log_offset)
             return None
         return OwnerRecord(group_id, value[2:].decode("utf-8"))
+    if kind in (KEY_KIND_CONSUMER_GROUP, KEY_KIND_CONSUMER_MEMBER):
+        group_id, pos = _read_name(key, 2)
+        member_id = _read_name(key, pos)[0] if kind == KEY_KIND_CONSUMER_MEMBER else ""
+        if value is not None and version != CONSUMER_VALUE_VERSION:
+            log.warning("skipping a consumer group record with unknown value version %s at offset %d", version,
+                        log_offset)
+            return None
+        if kind == KEY_KIND_CONSUMER_GROUP:
+            return ConsumerGroupRecord(group_id, None if value is None
+                                       else group_pb2.ConsumerGroupValue.FromString(value[2:]))
+        return ConsumerMemberRecord(group_id, member_id, None if value is None
+                                    else group_pb2.ConsumerMemberValue.FromString(value[2:]))
     log.warning("skipping a record with unknown key kind %d at offset %d", kind, log_offset)
     return None
 

@@ -578,3 +578,65 @@ class GroupMetadataValue(_message.Message):
     members: _containers.RepeatedCompositeFieldContainer[GroupMemberValue]
     owner: str
     def __init__(self, protocol_type: _Optional[str] = ..., generation_id: _Optional[int] = ..., protocol_name: _Optional[str] = ..., leader: _Optional[str] = ..., state_timestamp_ms: _Optional[int] = ..., members: _Optional[_Iterable[_Union[GroupMemberValue, _Mapping]]] = ..., owner: _Optional[str] = ...) -> None: ...
+
+class ConsumerTopicPartitions(_message.Message):
+    __slots__ = ("topic_id", "partitions")
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    topic_id: bytes
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic_id: _Optional[bytes] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ConsumerSubscribedTopic(_message.Message):
+    __slots__ = ("name", "topic_id", "partitions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    topic_id: bytes
+    partitions: int
+    def __init__(self, name: _Optional[str] = ..., topic_id: _Optional[bytes] = ..., partitions: _Optional[int] = ...) -> None: ...
+
+class ConsumerGroupValue(_message.Message):
+    __slots__ = ("epoch", "assignment_epoch", "topics")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    assignment_epoch: int
+    topics: _containers.RepeatedCompositeFieldContainer[ConsumerSubscribedTopic]
+    def __init__(self, epoch: _Optional[int] = ..., assignment_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[ConsumerSubscribedTopic, _Mapping]]] = ...) -> None: ...
+
+class ConsumerMemberValue(_message.Message):
+    __slots__ = ("instance_id", "rack_id", "client_id", "client_host", "rebalance_timeout_ms", "topic_names", "regex", "subscribed", "assignor", "epoch", "previous_epoch", "state", "assigned", "revoking", "target")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    RACK_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_HOST_FIELD_NUMBER: _ClassVar[int]
+    REBALANCE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_NAMES_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNOR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNED_FIELD_NUMBER: _ClassVar[int]
+    REVOKING_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    rack_id: str
+    client_id: str
+    client_host: str
+    rebalance_timeout_ms: int
+    topic_names: _containers.RepeatedScalarFieldContainer[str]
+    regex: str
+    subscribed: _containers.RepeatedScalarFieldContainer[str]
+    assignor: str
+    epoch: int
+    previous_epoch: int
+    state: str
+    assigned: _containers.RepeatedCompositeFieldContainer[ConsumerTopicPartitions]
+    revoking: _containers.RepeatedCompositeFieldContainer[ConsumerTopicPartitions]
+    target: _containers.RepeatedCompositeFieldContainer[ConsumerTopicPartitions]
+    def __init__(self, instance_id: _Optional[str] = ..., rack_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., rebalance_timeout_ms: _Optional[int] = ..., topic_names: _Optional[_Iterable[str]] = ..., regex: _Optional[str] = ..., subscribed: _Optional[_Iterable[str]] = ..., assignor: _Optional[str] = ..., epoch: _Optional[int] = ..., previous_epoch: _Optional[int] = ..., state: _Optional[str] = ..., assigned: _Optional[_Iterable[_Union[ConsumerTopicPartitions, _Mapping]]] = ..., revoking: _Optional[_Iterable[_Union[ConsumerTopicPartitions, _Mapping]]] = ..., target: _Optional[_Iterable[_Union[ConsumerTopicPartitions, _Mapping]]] = ...) -> None: ...

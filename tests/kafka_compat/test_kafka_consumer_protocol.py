@@ -199,32 +199,47 @@ def test_a_static_member_gets_its_partitions_back_after_a_restart(cluster: Local
                 c.close()
 
 
-def test_a_coordinator_killed_costs_its_members_a_rejoin_not_the_group(cluster: LocalCluster) -> None:
-    """Brook keeps a consumer group's membership in the coordinator's memory (README, Consumer groups): the new
-    coordinator answers the members UNKNOWN_MEMBER_ID, and they rejoin and go on reading."""
+def test_a_coordinator_killed_costs_its_members_nothing(cluster: LocalCluster) -> None:
+    """The group's state is written to __consumer_offsets as it changes (README, Consumer groups): when its
+    coordinator is killed with kill -9, the replica that takes the partition over loads the group as it was.
+    The member goes on at its epoch with its partitions: nothing is revoked or lost, the group epoch does not
+    move, and it reads what is written after the kill. Before, the new coordinator answered UNKNOWN_MEMBER_ID:
+    the member gave everything up and rejoined (a rebalance of the whole group)."""
     from broker.group_records import OFFSETS_TOPIC, partition_for_group
 
     topic, group = _topic(cluster, 60), unique("kip848-failover")
-    with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints,
-               **{k.replace(".", "_"): v for k, v in cluster.client_config.items()}) as admin:
-        offsets = admin.describe_topics([OFFSETS_TOPIC])[OFFSETS_TOPIC].partitions
-        wanted = partition_for_group(group, len(offsets))
-        coordinator = offsets[wanted].leader
-    assert coordinator > 0, f"{OFFSETS_TOPIC}-{wanted} has no leader"
+    security = {k.replace(".", "_"): v for k, v in cluster.client_config.items()}
     consumer = _consumer(cluster, group)
+    given_up: list[tuple[str, list[int]]] = []
     seen: dict[tuple[int, int], bytes] = {}
+    coordinator = 0
     try:
-        consumer.subscribe([topic])
-        _poll_until([consumer], seen, lambda: len(seen) >= 60, 60, "the member read the first records")
+        consumer.subscribe([topic], on_revoke=lambda _c, ps: given_up.append(("revoked", [p.partition for p in ps])),
+                           on_lost=lambda _c, ps: given_up.append(("lost", [p.partition for p in ps])))
+        _poll_until([consumer], seen, lambda: len(seen) >= 60 and len(_partitions(consumer)) == PARTITIONS, 60,
+                    "the member read the first records")
+        with Admin(cluster.bootstrap_servers, controller_endpoints=cluster.controller_endpoints, **security) as admin:
+            epoch = admin.describe_groups([group])[group].generation_id
+            offsets = admin.describe_topics([OFFSETS_TOPIC])[OFFSETS_TOPIC].partitions
+            wanted = partition_for_group(group, len(offsets))
+            coordinator = offsets[wanted].leader
+        assert coordinator > 0, f"{OFFSETS_TOPIC}-{wanted} has no leader"
+        given_up.clear()
         cluster.kill_node(coordinator)
         _produce(cluster, topic, 60, 60)
         _poll_until([consumer], seen, lambda: len({v for v in seen.values()}) >= 120, 90,
                     f"the member read on after its coordinator (node {coordinator}) was killed")
         assert len(_partitions(consumer)) == PARTITIONS
+        survivors = [n for n in cluster.broker_ids if n != coordinator]
+        with Admin(",".join(cluster.broker_address(n) for n in survivors), **security) as admin:
+            described = admin.describe_groups([group])[group]
+        assert (described.generation_id, described.state, len(described.members)) == (epoch, "Stable", 1), described
+        assert not given_up, f"the member gave partitions up when its coordinator moved: {given_up}"
     finally:
         consumer.close()
-        cluster.start_node(coordinator)
-        cluster.wait_ready(90)
+        if coordinator > 0:
+            cluster.start_node(coordinator)
+            cluster.wait_ready(90)
 
 
 def test_a_regex_subscription_reads_the_matching_topics_and_one_made_later(cluster: LocalCluster) -> None:
