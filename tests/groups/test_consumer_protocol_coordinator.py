@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import types
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from topics_cache import TopicsCache
 
 from broker import consumer_groups as cg
 from broker.group_coordinator import CoordinatorConfig, CoordinatorError, GroupCoordinator, _PartitionLoad
@@ -19,29 +19,6 @@ from proto import group_pb2
 from proto.common_pb2 import ErrorCode
 
 RETENTION_MS = 60_000
-
-
-class Cache:
-    version = 1
-
-    def __init__(self, topics: dict[str, int]) -> None:
-        self.topics = topics
-
-    def topic(self, name: str) -> Any:
-        if name not in self.topics:
-            return None
-        return types.SimpleNamespace(name=name, topic_id=uuid.uuid5(uuid.NAMESPACE_DNS, name).hex,
-                                     partition_count=self.topics[name])
-
-    def partition(self, topic: str, partition: int) -> Any:
-        return types.SimpleNamespace(topic=topic, partition=partition, leader=1) \
-            if 0 <= partition < self.topics.get(topic, 0) else None
-
-    def counts(self) -> tuple[int, int]:
-        return len(self.topics), sum(self.topics.values())
-
-    def broker(self, node_id: int) -> Any:
-        return None
 
 
 class Appends:
@@ -58,7 +35,7 @@ class Appends:
 @pytest.fixture()
 def world() -> Iterator[tuple[GroupCoordinator, list[int]]]:
     now = [1_000_000]
-    c = GroupCoordinator(node_id=1, replica_manager=Appends(), metadata_cache=Cache({"t": 2}),
+    c = GroupCoordinator(node_id=1, replica_manager=Appends(), metadata_cache=TopicsCache({"t": 2}),
                          config=CoordinatorConfig(offsets_retention_minutes=RETENTION_MS // 60_000),
                          clock_ms=lambda: now[0])
     for p in range(c.config.offsets_topic_num_partitions):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from topics_cache import TopicsCache
 
 from broker import consumer_groups as cg
 from broker import group_records as records
@@ -20,31 +21,6 @@ from broker.group_coordinator import CoordinatorConfig, GroupCoordinator, _Parti
 from proto import errors
 from proto.common_pb2 import ErrorCode
 from storage.log_manager import LogManager
-
-
-class Cache:
-    version = 1
-
-    def __init__(self, topics: dict[str, int]) -> None:
-        self.topics = topics
-
-    def topic(self, name: str) -> Any:
-        if name not in self.topics:
-            return None
-        return types.SimpleNamespace(name=name, topic_id=uuid.uuid5(uuid.NAMESPACE_DNS, name).hex,
-                                     partition_count=self.topics[name])
-
-    def topic_names(self) -> list[str]:
-        return list(self.topics)
-
-    def partition(self, topic: str, partition: int) -> Any:
-        return None
-
-    def counts(self) -> tuple[int, int]:
-        return len(self.topics), sum(self.topics.values())
-
-    def broker(self, node_id: int) -> Any:
-        return None
 
 
 class Disk:
@@ -87,7 +63,7 @@ NOW = [1_000_000]
 
 def coordinator(disk: Disk, epoch: int, topics: dict[str, int] | None = None) -> GroupCoordinator:
     """A coordinator that has loaded __consumer_offsets-0 at leader epoch ``epoch``."""
-    c = GroupCoordinator(node_id=epoch, replica_manager=disk, metadata_cache=Cache(topics or {"t": 4, "u": 2}),
+    c = GroupCoordinator(node_id=epoch, replica_manager=disk, metadata_cache=TopicsCache(topics or {"t": 4, "u": 2}),
                          config=CoordinatorConfig(offsets_topic_num_partitions=1), clock_ms=lambda: NOW[0])
     c._partitions[0] = _PartitionLoad(leader_epoch=epoch)
     c._load_partition(0, epoch)
