@@ -343,10 +343,11 @@ class ConsumerGroups:
             raise HeartbeatError(UNSUPPORTED_ASSIGNOR, f"ServerAssignor {hb.server_assignor} is not supported. "
                                                        f"Supported assignors: {', '.join(ASSIGNORS)}.")
 
-    def heartbeat(self, hb: Heartbeat, partition: int, now_ms: int,
-                  describable: Describable | None = None) -> HeartbeatAnswer:
+    def heartbeat(self, hb: Heartbeat, partition: int, now_ms: int, describable: Describable | None = None,
+                  matched: Mapping[str, frozenset[str]] | None = None) -> HeartbeatAnswer:
         """One heartbeat, validated first (HeartbeatError: nothing changed). ``describable``: which topic names
-        the caller may describe (a regex matches only those); None: all."""
+        the caller may describe (a regex matches only those); None: all. ``matched``: the heartbeat's regex
+        already matched (``match``, outside the coordinator's lock), used if the group has not matched it."""
         self.validate(hb)
         if hb.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
             return self._leave(hb, now_ms)
@@ -411,7 +412,9 @@ class ConsumerGroups:
         # member's own if the group has not matched it yet.
         bump = self._refresh_regexes(group, now_ms, describable) or bump
         if member.regex and member.regex not in group.resolved:
-            group.resolved.update(self._resolve([member.regex], describable))
+            if matched is None or member.regex not in matched:  # the hint was wrong: the lock is held meanwhile
+                matched = self._resolve([member.regex], describable)
+            bump = self._set_resolved(group, member.regex, matched[member.regex]) or bump
         if changed:
             subscribed = group.effective(member)
             bump = bump or subscribed != member.subscribed
@@ -497,6 +500,20 @@ class ConsumerGroups:
                                  "abandon all its partitions and rejoin.")
         return member, member
 
+    def match(self, hb: Heartbeat, describable: Describable | None) -> dict[str, frozenset[str]] | None:
+        """The heartbeat's regex matched against the topics, for ``heartbeat``'s ``matched``, when the group has
+        not matched it yet: called outside the coordinator's lock, as it walks every topic name (a reading of
+        the groups without the lock is only a hint: ``heartbeat`` matches again if it was wrong). None: nothing
+        to match. RegexError: the pattern is invalid."""
+        regex = hb.subscribed_topic_regex
+        if not regex:
+            return None
+        group = self.groups.get(hb.group_id)
+        if group is not None and regex in group.resolved:
+            return None
+        topic_regex.check(regex)
+        return self._resolve([regex], describable)
+
     def _resolve(self, patterns: Sequence[str], describable: Describable | None) -> dict[str, frozenset[str]]:
         resolved = topic_regex.resolve(patterns, self._topic_names())
         if describable is None:
@@ -510,25 +527,36 @@ class ConsumerGroups:
             return False
         last = group.regex_refreshed_ms
         version = self._version()
-        if last is not None and not (
-                (version != group.regex_version and now_ms - last >= REGEX_REFRESH_MIN_MS)
+        if last is None:
+            # A group's first pattern (or a group just loaded): each pattern is matched when a member of it
+            # first heartbeats, its new ones outside the lock (match); the batch refreshes count from now.
+            group.regex_version, group.regex_refreshed_ms = version, now_ms
+            return False
+        if not ((version != group.regex_version and now_ms - last >= REGEX_REFRESH_MIN_MS)
                 or now_ms - last >= self.regex_refresh_interval_ms):
             return False
         resolved = self._resolve(list(group.regexes), describable)
         group.regex_version, group.regex_refreshed_ms = version, now_ms
-        moved = {r for r, names in resolved.items() if group.resolved.get(r) != names}
-        group.resolved = resolved
+        moved = sorted(r for r, names in resolved.items() if group.resolved.get(r) != names)
+        if moved:
+            log.info("consumer group %s: regular expressions matched again: %s", group.group_id,
+                     ", ".join(f"{r!r} -> {len(resolved[r])} topics" for r in moved))
+        changed = False
+        for regex in moved:
+            changed = self._set_resolved(group, regex, resolved[regex]) or changed
+        return changed
+
+    def _set_resolved(self, group: ConsumerGroup, regex: str, names: frozenset[str]) -> bool:
+        """The topics ``regex`` matches are ``names``: did a member's subscription change?"""
+        group.resolved[regex] = names
         changed = False
         for m in group.members.values():
-            if m.regex in moved:
+            if m.regex == regex:
                 subscribed = group.effective(m)
                 if subscribed != m.subscribed:
                     group.subscribe(m, subscribed, self._lookup)
                     group.touch(m.member_id)
                     changed = True
-        if moved:
-            log.info("consumer group %s: regular expressions matched again: %s", group.group_id,
-                     ", ".join(f"{r!r} -> {len(resolved[r])} topics" for r in sorted(moved)))
         return changed
 
     def _leave(self, hb: Heartbeat, now_ms: int) -> HeartbeatAnswer:

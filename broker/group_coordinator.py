@@ -32,6 +32,7 @@ import grpc
 
 from broker import consumer_groups as cg
 from broker import group_records as records
+from broker import topic_regex
 from broker.fair_pool import blocking
 from broker.group_records import OFFSETS_TOPIC, GroupRecord, OffsetRecord, OwnerRecord, partition_for_group
 from broker.group_state import (
@@ -974,6 +975,10 @@ class GroupCoordinator:
                                    code=ErrorCode.INVALID_REQUEST)
         subscription = sum(map(len, names)) + len(hb.subscribed_topic_regex or "")
         self._check_member_bytes(subscription, "subscription")
+        try:  # a pattern new to the group walks every topic name: not under the lock, which every group waits on
+            matched = self.consumer_groups.match(hb, describable)
+        except topic_regex.RegexError as exc:
+            raise cg.HeartbeatError(topic_regex.INVALID_REGULAR_EXPRESSION, str(exc)) from None
         with self._lock:
             p = self._check_owner_locked(hb.group_id)
             if (classic := self._classic_with_members_locked(hb.group_id)) is not None:
@@ -985,7 +990,7 @@ class GroupCoordinator:
                 incoming = subscription + (MEMBER_OVERHEAD_BYTES if hb.member_epoch == cg.JOIN_EPOCH else 0)
                 self._admit_bytes_locked(incoming, "ConsumerGroupHeartbeat", {hb.client_host: incoming})
             try:
-                answer = self.consumer_groups.heartbeat(hb, p, self.clock_ms(), describable)
+                answer = self.consumer_groups.heartbeat(hb, p, self.clock_ms(), describable, matched)
             finally:
                 writes = self._write_consumer_changes_locked()
         # As Kafka's coordinator: the answer goes out once what it changed is durable, so that a coordinator

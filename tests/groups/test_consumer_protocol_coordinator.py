@@ -126,3 +126,31 @@ def test_offsets_of_a_consumer_protocol_group_are_kept_while_members_are_in(
     now[0] = left + RETENTION_MS
     assert c.expire_offsets() == 1
     assert "g" not in c._groups and c._consumer_emptied == {}
+
+
+def test_a_pattern_new_to_the_group_is_matched_outside_the_coordinators_lock(world, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Matching walks every topic name: done under the lock every group's requests wait on, a client sending new
+    patterns could hold them all up. Only the first member's pattern is matched (the second finds it matched)."""
+    import threading
+
+    from broker import topic_regex
+
+    c, _now = world
+    free: list[bool] = []
+    real = topic_regex.resolve
+
+    def spy(patterns, names):  # type: ignore[no-untyped-def]
+        t = threading.Thread(target=lambda: free.append(c._lock.acquire(timeout=0) and (c._lock.release() or True)))
+        t.start()
+        t.join()
+        return real(patterns, names)
+    monkeypatch.setattr(topic_regex, "resolve", spy)
+    for member in ("a", "b"):
+        answer = c.consumer_group_heartbeat(cg.Heartbeat("g", member, 0, rebalance_timeout_ms=30_000,
+                                                         subscribed_topic_regex="t|x.*", owned=[]))
+        assert answer.member_epoch > 0
+    assert free == [True], free  # the first member's: the second finds the pattern matched
+    with pytest.raises(cg.HeartbeatError) as refused:
+        c.consumer_group_heartbeat(cg.Heartbeat("g", "c", 0, rebalance_timeout_ms=30_000,
+                                                subscribed_topic_regex="t(", owned=[]))
+    assert refused.value.code == topic_regex.INVALID_REGULAR_EXPRESSION
