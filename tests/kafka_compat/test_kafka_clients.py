@@ -938,6 +938,62 @@ def test_idempotent_acks_all_survives_leader_sigkill(cluster: LocalCluster, admi
     wait_for(lambda: in_sync(admin, topic, 3), 60, f"node {victim} back in the ISR of {topic}")
 
 
+def test_acks_all_writes_resume_within_a_bound_when_the_leader_freezes(cluster: LocalCluster, admin: Admin, kconf,
+                                                                      make_topic) -> None:
+    """Liveness with a client nobody here wrote: an idempotent librdkafka producer at acks=all writes to one RF-3
+    partition, and its leader is SIGSTOPped (alive, silent: a hung host, a long pause). The controller fences
+    it, another replica leads, and librdkafka, whose requests to the frozen leader time out
+    (``socket.timeout.ms`` 10 s here), finds the new leader: records sent after the freeze are acknowledged
+    within a bound. When the frozen node wakes it holds a stale epoch and takes no write. Every acknowledged
+    record is in the log once, in order, at its offset."""
+    from confluent_kafka import Producer
+
+    topic = make_topic(partitions=1, configs={"min.insync.replicas": "2"})
+    reports, on_delivery = _delivery_log()
+    producer = Producer(rdkafka_config(kconf, **{"enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                                                  "message.timeout.ms": 120_000}))
+    victim = partition_leader(admin, topic)
+    sent_at: dict[int, float] = {}
+    frozen_at = resumed = None
+    i = seen = acks = 0
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and resumed is None:
+            sent_at[i] = time.monotonic()
+            producer.produce(topic, value=b"%06d" % i, on_delivery=on_delivery)
+            producer.poll(0.01)
+            i += 1
+            for err, _p, _o, _k, v, _h in reports[seen:]:
+                acks += err is None
+                if err is None and frozen_at is not None and sent_at[int(v)] > frozen_at:
+                    resumed = time.monotonic() - frozen_at
+            seen = len(reports)
+            if frozen_at is None and acks >= 100:
+                cluster.pause_node(victim)
+                frozen_at = time.monotonic()
+        assert resumed is not None, f"no record sent after the freeze of node {victim} was acknowledged in 180 s"
+        print(f"leader node {victim} frozen: writes acknowledged again after {resumed:.1f} s")
+        assert resumed < 90, f"writes resumed only {resumed:.1f} s after the leader froze"
+        for _ in range(100):  # more after it, then wake the frozen node: it must not take them
+            producer.produce(topic, value=b"%06d" % i, on_delivery=on_delivery)
+            producer.poll(0.005)
+            i += 1
+        cluster.resume_node(victim)
+        assert producer.flush(120) == 0, "records still queued 120 s after the last send"
+    finally:
+        cluster.resume_node(victim)
+    failed = [r for r in reports if r[0] is not None]
+    assert not failed, f"{len(failed)} deliveries failed, first: {failed[0][0]}"
+    acked = {int(v): off for err, _p, off, _k, v, _h in reports if err is None}
+    assert len(acked) == i
+    [msgs] = rdkafka_read_all(kconf, topic, 1, i, timeout_s=60).values()
+    numbers = [int(m.value()) for m in msgs]
+    assert numbers == list(range(i)), "a record was lost, written twice or reordered"
+    assert all(acked[int(m.value())] == m.offset() for m in msgs), "a record is not at its acknowledged offset"
+    cluster.wait_ready(timeout_s=120)
+    wait_for(lambda: in_sync(admin, topic, 3), 60, f"node {victim} back in the ISR of {topic}")
+
+
 @pytest.mark.parametrize("first", ["brook", "librdkafka"])
 def test_a_group_mixes_brook_and_librdkafka_consumers(cluster: LocalCluster, kconf, make_topic, first: str) -> None:
     """One group, a Brook consumer (gRPC) and a librdkafka one (Kafka listener), either of them the leader
