@@ -81,6 +81,15 @@ Topic = tuple[uuid.UUID, int]
 Describable = Callable[[set[str]], set[str]]  # of these topic names, those the heartbeat's caller may describe
 
 
+@dataclass(frozen=True, slots=True)
+class Matched:
+    """Patterns matched ahead of the coordinator's lock (ConsumerGroups.match), at metadata ``version`` (read
+    before the topic names were)."""
+
+    version: int
+    topics: dict[str, frozenset[str]]
+
+
 class HeartbeatError(Exception):
     """Answers a heartbeat with ``code`` (Kafka's) and ``message``; nothing of the group changed."""
 
@@ -344,7 +353,7 @@ class ConsumerGroups:
                                                        f"Supported assignors: {', '.join(ASSIGNORS)}.")
 
     def heartbeat(self, hb: Heartbeat, partition: int, now_ms: int, describable: Describable | None = None,
-                  matched: Mapping[str, frozenset[str]] | None = None) -> HeartbeatAnswer:
+                  matched: Matched | None = None) -> HeartbeatAnswer:
         """One heartbeat, validated first (HeartbeatError: nothing changed). ``describable``: which topic names
         the caller may describe (a regex matches only those); None: all. ``matched``: the heartbeat's regex
         already matched (``match``, outside the coordinator's lock), used if the group has not matched it."""
@@ -410,11 +419,13 @@ class ConsumerGroups:
             changed = True
         # The group's patterns matched again if due (the other members' subscriptions with them), and the
         # member's own if the group has not matched it yet.
-        bump = self._refresh_regexes(group, now_ms, describable) or bump
+        bump = self._refresh_regexes(group, now_ms, describable, matched) or bump
         if member.regex and member.regex not in group.resolved:
-            if matched is None or member.regex not in matched:  # the hint was wrong: the lock is held meanwhile
-                matched = self._resolve([member.regex], describable)
-            bump = self._set_resolved(group, member.regex, matched[member.regex]) or bump
+            if matched is not None and member.regex in matched.topics:
+                names = matched.topics[member.regex]
+            else:  # the hint was wrong: matched with the lock held
+                names = self._resolve([member.regex], describable)[member.regex]
+            bump = self._set_resolved(group, member.regex, names) or bump
         if changed:
             subscribed = group.effective(member)
             bump = bump or subscribed != member.subscribed
@@ -500,19 +511,35 @@ class ConsumerGroups:
                                  "abandon all its partitions and rejoin.")
         return member, member
 
-    def match(self, hb: Heartbeat, describable: Describable | None) -> dict[str, frozenset[str]] | None:
-        """The heartbeat's regex matched against the topics, for ``heartbeat``'s ``matched``, when the group has
-        not matched it yet: called outside the coordinator's lock, as it walks every topic name (a reading of
-        the groups without the lock is only a hint: ``heartbeat`` matches again if it was wrong). None: nothing
-        to match. RegexError: the pattern is invalid."""
-        regex = hb.subscribed_topic_regex
-        if not regex:
-            return None
+    def match(self, hb: Heartbeat, describable: Describable | None, now_ms: int) -> Matched | None:
+        """What ``heartbeat`` will match, matched ahead for its ``matched``: the heartbeat's regex if the group has
+        not matched it yet, and all of the group's if their refresh is due. Called outside the coordinator's lock,
+        as matching walks every topic name; what it reads of the groups without the lock is only a hint
+        (``heartbeat`` matches, under the lock, what this missed). None: nothing to match. RegexError: the
+        heartbeat's pattern is invalid."""
+        regex = hb.subscribed_topic_regex or ""
         group = self.groups.get(hb.group_id)
-        if group is not None and regex in group.resolved:
+        patterns = []
+        if regex and (group is None or regex not in group.resolved):
+            topic_regex.check(regex)
+            patterns.append(regex)
+        if group is not None and self._refresh_due(group, now_ms):
+            try:
+                patterns += [r for r in list(group.regexes) if r != regex]
+            except RuntimeError:  # changed while read: the refresh matches under the lock
+                pass
+        if not patterns:
             return None
-        topic_regex.check(regex)
-        return self._resolve([regex], describable)
+        version = self._version()
+        return Matched(version, self._resolve(patterns, describable))
+
+    def _refresh_due(self, group: ConsumerGroup, now_ms: int) -> bool:
+        """Kafka's pace: the metadata moved and 10 s passed since the group's last batch, or the refresh interval."""
+        last = group.regex_refreshed_ms
+        if last is None or not group.regexes:
+            return False
+        return ((self._version() != group.regex_version and now_ms - last >= REGEX_REFRESH_MIN_MS)
+                or now_ms - last >= self.regex_refresh_interval_ms)
 
     def _resolve(self, patterns: Sequence[str], describable: Describable | None) -> dict[str, frozenset[str]]:
         resolved = topic_regex.resolve(patterns, self._topic_names())
@@ -521,21 +548,25 @@ class ConsumerGroups:
         allowed = describable(set().union(*resolved.values()))  # only what matched is checked against the ACLs
         return {r: names & allowed for r, names in resolved.items()}
 
-    def _refresh_regexes(self, group: ConsumerGroup, now_ms: int, describable: Describable | None) -> bool:
-        """Match all of the group's patterns again if due; did a member's subscription change?"""
+    def _refresh_regexes(self, group: ConsumerGroup, now_ms: int, describable: Describable | None,
+                         matched: Matched | None) -> bool:
+        """Match all of the group's patterns again if due (taking what ``matched`` has, matched ahead outside the
+        lock); did a member's subscription change?"""
         if not group.regexes:
             return False
-        last = group.regex_refreshed_ms
-        version = self._version()
-        if last is None:
+        if group.regex_refreshed_ms is None:
             # A group's first pattern (or a group just loaded): each pattern is matched when a member of it
-            # first heartbeats, its new ones outside the lock (match); the batch refreshes count from now.
-            group.regex_version, group.regex_refreshed_ms = version, now_ms
+            # first heartbeats, ahead of the lock (match); the batch refreshes count from now.
+            group.regex_version, group.regex_refreshed_ms = self._version(), now_ms
             return False
-        if not ((version != group.regex_version and now_ms - last >= REGEX_REFRESH_MIN_MS)
-                or now_ms - last >= self.regex_refresh_interval_ms):
+        if not self._refresh_due(group, now_ms):
             return False
-        resolved = self._resolve(list(group.regexes), describable)
+        version = self._version()
+        resolved = {r: matched.topics[r] for r in group.regexes if matched is not None and r in matched.topics}
+        if resolved:
+            version = matched.version  # as of when those were matched: a topic made since is matched next time
+        if missing := [r for r in group.regexes if r not in resolved]:
+            resolved.update(self._resolve(missing, describable))
         group.regex_version, group.regex_refreshed_ms = version, now_ms
         moved = sorted(r for r, names in resolved.items() if group.resolved.get(r) != names)
         if moved:

@@ -976,7 +976,7 @@ class GroupCoordinator:
         subscription = sum(map(len, names)) + len(hb.subscribed_topic_regex or "")
         self._check_member_bytes(subscription, "subscription")
         try:  # a pattern new to the group walks every topic name: not under the lock, which every group waits on
-            matched = self.consumer_groups.match(hb, describable)
+            matched = self.consumer_groups.match(hb, describable, self.clock_ms())
         except topic_regex.RegexError as exc:
             raise cg.HeartbeatError(topic_regex.INVALID_REGULAR_EXPRESSION, str(exc)) from None
         with self._lock:

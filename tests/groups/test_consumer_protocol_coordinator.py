@@ -135,7 +135,7 @@ def test_a_pattern_new_to_the_group_is_matched_outside_the_coordinators_lock(wor
 
     from broker import topic_regex
 
-    c, _now = world
+    c, now = world
     free: list[bool] = []
     real = topic_regex.resolve
 
@@ -150,6 +150,13 @@ def test_a_pattern_new_to_the_group_is_matched_outside_the_coordinators_lock(wor
                                                          subscribed_topic_regex="t|x.*", owned=[]))
         assert answer.member_epoch > 0
     assert free == [True], free  # the first member's: the second finds the pattern matched
+    # A topic made later: the group's batch refresh (the metadata moved, 10 s on) is matched ahead of the lock too.
+    c.metadata_cache.topics["x1"] = 3
+    c.metadata_cache.version += 1
+    now[0] += cg.REGEX_REFRESH_MIN_MS
+    c.consumer_group_heartbeat(cg.Heartbeat("g", "a", 1, owned=[]))
+    assert free == [True, True], free
+    assert "x1" in c.consumer_groups.groups["g"].members["a"].subscribed
     with pytest.raises(cg.HeartbeatError) as refused:
         c.consumer_group_heartbeat(cg.Heartbeat("g", "c", 0, rebalance_timeout_ms=30_000,
                                                 subscribed_topic_regex="t(", owned=[]))
