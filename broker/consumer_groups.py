@@ -797,12 +797,17 @@ class ConsumerGroups:
         if member_epoch < 0 and not member_id:
             raise HeartbeatError(ErrorCode.UNKNOWN_MEMBER_ID,
                                  f"group {group_id} has members: only they commit its offsets")
-        member = group.members.get(member_id)
-        if member is None:
-            raise HeartbeatError(ErrorCode.UNKNOWN_MEMBER_ID, f"Member {member_id} is not a member of group {group_id}")
-        if member_epoch != member.epoch:
-            raise HeartbeatError(STALE_MEMBER_EPOCH, f"The member epoch {member_epoch} is stale: member {member_id} "
-                                                     f"is at epoch {member.epoch}")
+        _check_member_epoch(group, member_id, member_epoch)
+
+    def validate_fetch(self, group_id: str, member_id: str | None, member_epoch: int) -> None:
+        """Kafka's ConsumerGroup.validateOffsetFetch, for OffsetFetch v9's member id and epoch (HeartbeatError: the
+        group's fetch is refused). Without them (an admin client, or a client of another protocol) it is accepted,
+        and so is any fetch from a group that is not of this protocol."""
+        if member_id is None and member_epoch < 0:
+            return
+        group = self.active(group_id)
+        if group is not None:
+            _check_member_epoch(group, member_id or "", member_epoch)
 
     def held(self) -> tuple[int, dict[str, tuple[int, int]]]:
         """(bytes held by all members, {client host: (bytes, members)}) for the coordinator's metadata budget."""
@@ -817,6 +822,19 @@ class ConsumerGroups:
 
     def member_count(self) -> int:
         return sum(len(g.members) for g in self.groups.values())
+
+
+def _check_member_epoch(group: ConsumerGroup, member_id: str, member_epoch: int) -> None:
+    """Kafka's validateMemberEpoch: the member must be one, at this epoch (ahead: fenced; behind: stale)."""
+    member = group.members.get(member_id)
+    if member is None:
+        raise HeartbeatError(ErrorCode.UNKNOWN_MEMBER_ID, f"Member {member_id} is not a member of group {group.group_id}")
+    if member_epoch > member.epoch:
+        raise HeartbeatError(FENCED_MEMBER_EPOCH, f"The member epoch {member_epoch} is ahead of member {member_id}'s "
+                                                  f"epoch {member.epoch}: the member must rejoin")
+    if member_epoch < member.epoch:
+        raise HeartbeatError(STALE_MEMBER_EPOCH, f"The member epoch {member_epoch} is stale: member {member_id} "
+                                                 f"is at epoch {member.epoch}")
 
 
 def group_assignor(group: ConsumerGroup) -> str:

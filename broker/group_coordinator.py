@@ -1032,6 +1032,16 @@ class GroupCoordinator:
                             OFFSETS_TOPIC, exc, ErrorCode.Name(code))
                 raise CoordinatorError(f"the group's state was not written: {exc}", code=code) from None
 
+    def validate_offset_fetch(self, group_id: str, member_id: str | None, member_epoch: int) -> None:
+        """OffsetFetch v9's member check (consumer_groups.validate_fetch): HeartbeatError when refused. A group this
+        coordinator does not lead is left to the fetch, which answers it NOT_COORDINATOR."""
+        with self._lock:
+            try:
+                self._check_owner_locked(group_id)
+            except CoordinatorError:
+                return
+            self.consumer_groups.validate_fetch(group_id, member_id, member_epoch)
+
     def describe_consumer_group(self, group_id: str) -> dict[str, Any]:
         """ConsumerGroupDescribe's entry for one group (Kafka's field names; an error code and message
         instead of the group when it is not one of this coordinator's consumer-protocol groups)."""

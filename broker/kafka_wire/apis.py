@@ -63,7 +63,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     LIST_OFFSETS: (1, 10),  # v8: earliest local (-4), v9: latest tiered (-5), v10: a timeout for remote reads
     METADATA: (0, 12),
     OFFSET_COMMIT: (2, 9),  # v9 (KIP-848): a consumer-protocol member commits at its member epoch
-    OFFSET_FETCH: (1, 8),
+    OFFSET_FETCH: (1, 9),  # v9: a KIP-848 member's id and epoch, checked as Kafka does
     FIND_COORDINATOR: (0, 4),
     JOIN_GROUP: (0, 8),  # v8 (KIP-800): the client's reason, logged with the rebalance it starts
     HEARTBEAT: (0, 4),
@@ -708,19 +708,27 @@ class KafkaApis:
             repeated = g.group_id in seen
             seen.add(g.group_id)
             answers.append((g.group_id, None if repeated else
-                            await self._offset_fetch_one(ctx, g.group_id, _get(g, "topics"))))
+                            await self._offset_fetch_one(ctx, g.group_id, _get(g, "topics"), _get(g, "member_id"),
+                                                         _get(g, "member_epoch", -1))))
         return await self._group_answer(sum(len(out.partitions) for _, out in answers if out is not None),
                                         lambda: self._resp(req, {"groups": [
             {"group_id": group_id, "error_code": ErrorCode.INVALID_REQUEST, "topics": []} if out is None else
             {"group_id": group_id, "error_code": out.error_code, "topics": _offset_fetch_topics(out)}
             for group_id, out in answers]}))
 
-    async def _offset_fetch_one(self, ctx: KafkaCallContext, group_id: str, topics: Any) -> Any:
+    async def _offset_fetch_one(self, ctx: KafkaCallContext, group_id: str, topics: Any, member_id: str | None = None,
+                                member_epoch: int = -1) -> Any:
         """The coordinator's answer for one group's committed offsets (``topics`` None: every partition), or its
-        refusal without DESCRIBE on the group."""
+        refusal without DESCRIBE on the group, or (v9) for a member of Kafka's consumer protocol not at its epoch."""
         refused = self.groups._refused(ctx, authz.DESCRIBE, group_id, group_pb2.OffsetFetchResponse)
         if refused is not None:
             return refused
+        if member_id is not None or member_epoch >= 0:
+            try:
+                await self.groups.run_on_pool(functools.partial(self.groups.c.validate_offset_fetch, group_id,
+                                                                member_id, member_epoch))
+            except consumer_groups.HeartbeatError as exc:
+                return group_pb2.OffsetFetchResponse(error_code=exc.code)
         pb = group_pb2.OffsetFetchRequest(group_id=group_id)
         for t in topics or ():
             for p in t.partition_indexes:

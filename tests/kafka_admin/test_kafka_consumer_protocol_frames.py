@@ -12,7 +12,7 @@ from waiting import wait_for
 pytestmark = pytest.mark.slow
 
 T = 30
-HEARTBEAT, DESCRIBE, OFFSET_COMMIT, JOIN_GROUP, LIST_GROUPS, FIND_COORDINATOR = 68, 69, 8, 11, 16, 10
+HEARTBEAT, DESCRIBE, OFFSET_COMMIT, OFFSET_FETCH, JOIN_GROUP, LIST_GROUPS, FIND_COORDINATOR = 68, 69, 8, 9, 11, 16, 10
 
 
 def _beat(cluster: Any, node: int, group: str, member: str, epoch: int, *, name: str = "admin", **fields: Any) -> Any:
@@ -129,7 +129,18 @@ def test_the_consumer_protocol_on_the_wire(kcluster: Any, kp_admin: Any, topic_n
                  "committed_metadata": ""}]}]})
         return int(answer.topics[0].partitions[0].error_code)
     assert commit(1) == 113  # STALE_MEMBER_EPOCH
+    assert commit(3) == 110  # FENCED_MEMBER_EPOCH: ahead of the member
     assert commit(2) == 0
+
+    # OffsetFetch v9 names the member: checked as the commit is; without one (an admin client) it is answered.
+    def fetch(member: str | None, epoch: int) -> tuple[int, list[int]]:
+        answer = kafka_ask(kcluster, node, OFFSET_FETCH, 9, {"require_stable": False, "groups": [
+            {"group_id": group, "member_id": member, "member_epoch": epoch, "topics": [
+                {"name": topic_name, "partition_indexes": [kept[0]]}]}]}).groups[0]
+        return int(answer.error_code), [p.committed_offset for t in answer.topics for p in t.partitions]
+    assert fetch("m1", 2) == (0, [0])
+    assert fetch(None, -1) == (0, [0])
+    assert fetch("m1", 1)[0] == 113 and fetch("m1", 3)[0] == 110 and fetch("nobody", 2)[0] == 25
 
     # Both leave: the group is gone from the listing, its committed offset stays.
     for member in ("m1", "m2"):
