@@ -73,7 +73,8 @@ def describe(
     g = st.backend.describe_group(group)
     members = [{"member_id": m.member_id, "instance_id": m.group_instance_id or None, "client_id": m.client_id,
                 "host": m.client_host,
-                "topics": m.subscribed_topics, "assigned": [f"{tp.topic}-{tp.partition}" for tp in m.assignment]}
+                "topics": m.subscribed_topics, "topic_regex": m.subscribed_topic_regex or None,
+                "assigned": [f"{tp.topic}-{tp.partition}" for tp in m.assignment]}
                for m in g.members]
     offsets = [{"topic": tp.topic, "partition": tp.partition, "committed_offset": o.committed_offset,
                 "log_end_offset": o.log_end_offset, "lag": o.lag, "member_id": o.member_id}

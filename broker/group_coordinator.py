@@ -1443,8 +1443,8 @@ class GroupCoordinator:
                            for m in sorted(kip848.members.values(), key=lambda m: m.member_id)]
                 kip848_members = {m.member_id: (sorted(m.subscribed), [
                     group_pb2.TopicPartitionRef(topic=names.get(tid, str(tid)), partition=p)
-                    for tid, parts in sorted(m.assigned.items(), key=lambda kv: names.get(kv[0], "")) for p in sorted(parts)])
-                    for m in kip848.members.values()}
+                    for tid, parts in sorted(m.assigned.items(), key=lambda kv: names.get(kv[0], "")) for p in sorted(parts)],
+                    m.regex) for m in kip848.members.values()}
                 offsets = sorted(g.offsets.items()) if g is not None else []
             elif g is None:
                 return group_pb2.DescribedGroup(group_id=group_id, state=GroupState.DEAD.value,
@@ -1473,7 +1473,8 @@ class GroupCoordinator:
         for m in members:
             if kip848_members is not None:
                 refs = kip848_members[m[0]][1]
-                size += records.consumer_protocol.decoded_bytes(refs) + sum(map(len, kip848_members[m[0]][0]))
+                size += (records.consumer_protocol.decoded_bytes(refs) + sum(map(len, kip848_members[m[0]][0]))
+                         + len(kip848_members[m[0]][2]))
                 if size > max_bytes:
                     return self._description_too_large(group_id, f"{len(members)} members' assignments", size,
                                                        max_bytes), 0
@@ -1510,6 +1511,7 @@ class GroupCoordinator:
                                  rebalance_timeout_ms=rebalance_ms, group_instance_id=instance)
             if kip848_members is not None:
                 dm.subscribed_topics.extend(kip848_members[member_id][0])
+                dm.subscribed_topic_regex = kip848_members[member_id][2]
                 dm.assigned_partitions.extend(refs)
             elif consumer:
                 _decode_consumer_member(dm, refs)

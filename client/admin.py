@@ -152,6 +152,8 @@ class MemberDescription:
     subscribed_topics: list[str]
     assignment: list[TopicPartition]
     group_instance_id: str = ""  # a static member's (group.instance.id); "" for a dynamic one
+    # A member of Kafka's consumer protocol subscribed to a pattern: the pattern (subscribed_topics: its matches)
+    subscribed_topic_regex: str = ""
 
 
 @dataclass(frozen=True)
@@ -926,7 +928,7 @@ class Admin:
 def _group_description(g: group_pb2.DescribedGroup) -> GroupDescription:
     members = [MemberDescription(m.member_id, m.client_id, m.client_host, list(m.subscribed_topics),
                                  [TopicPartition(r.topic, r.partition) for r in m.assigned_partitions],
-                                 m.group_instance_id)
+                                 m.group_instance_id, m.subscribed_topic_regex)
                for m in g.members]
     offsets = {TopicPartition(o.topic, o.partition): GroupOffset(o.committed_offset, o.log_end_offset, o.lag,
                                                                  o.member_id, o.metadata) for o in g.offsets}

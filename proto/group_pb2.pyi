@@ -336,7 +336,7 @@ class DescribeGroupsRequest(_message.Message):
     def __init__(self, group_ids: _Optional[_Iterable[str]] = ..., include_offsets: _Optional[bool] = ...) -> None: ...
 
 class DescribedMember(_message.Message):
-    __slots__ = ("member_id", "client_id", "client_host", "metadata", "assignment", "subscribed_topics", "assigned_partitions", "session_timeout_ms", "rebalance_timeout_ms", "group_instance_id")
+    __slots__ = ("member_id", "client_id", "client_host", "metadata", "assignment", "subscribed_topics", "assigned_partitions", "session_timeout_ms", "rebalance_timeout_ms", "group_instance_id", "subscribed_topic_regex")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_HOST_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +347,7 @@ class DescribedMember(_message.Message):
     SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     REBALANCE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     GROUP_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBED_TOPIC_REGEX_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     client_id: str
     client_host: str
@@ -357,7 +358,8 @@ class DescribedMember(_message.Message):
     session_timeout_ms: int
     rebalance_timeout_ms: int
     group_instance_id: str
-    def __init__(self, member_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., metadata: _Optional[bytes] = ..., assignment: _Optional[bytes] = ..., subscribed_topics: _Optional[_Iterable[str]] = ..., assigned_partitions: _Optional[_Iterable[_Union[TopicPartitionRef, _Mapping]]] = ..., session_timeout_ms: _Optional[int] = ..., rebalance_timeout_ms: _Optional[int] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
+    subscribed_topic_regex: str
+    def __init__(self, member_id: _Optional[str] = ..., client_id: _Optional[str] = ..., client_host: _Optional[str] = ..., metadata: _Optional[bytes] = ..., assignment: _Optional[bytes] = ..., subscribed_topics: _Optional[_Iterable[str]] = ..., assigned_partitions: _Optional[_Iterable[_Union[TopicPartitionRef, _Mapping]]] = ..., session_timeout_ms: _Optional[int] = ..., rebalance_timeout_ms: _Optional[int] = ..., group_instance_id: _Optional[str] = ..., subscribed_topic_regex: _Optional[str] = ...) -> None: ...
 
 class GroupPartitionOffset(_message.Message):
     __slots__ = ("topic", "partition", "committed_offset", "log_end_offset", "lag", "member_id", "metadata")

@@ -267,7 +267,8 @@ def test_a_regex_subscription_reads_the_matching_topics_and_one_made_later(clust
         for name in (f"{prefix}-a", f"{prefix}-b", f"x{prefix}-c"):
             _produce(cluster, name, 0, 10)
         errors: list[Any] = []
-        consumer = _consumer(cluster, unique("rx-group"), error_cb=errors.append)
+        group = unique("rx-group")
+        consumer = _consumer(cluster, group, error_cb=errors.append)
         seen: dict[tuple[str, int, int], bytes] = {}
 
         def poll_until(done: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -285,6 +286,10 @@ def test_a_regex_subscription_reads_the_matching_topics_and_one_made_later(clust
             consumer.subscribe([f"^{prefix}-.*"])
             poll_until(lambda: len(seen) >= 20, 60, "the two matching topics read")
             assert {t for t, _, _ in seen} == {f"{prefix}-a", f"{prefix}-b"}, "a topic the pattern does not match"
+            # As `brook group describe -o json` shows it (librdkafka sends its patterns joined, each in parentheses).
+            [member] = admin.describe_groups([group])[group].members
+            assert (member.subscribed_topic_regex, sorted(member.subscribed_topics)) == (
+                f"(^{prefix}-.*)", [f"{prefix}-a", f"{prefix}-b"]), member
             admin.create_topic(f"{prefix}-later", 2, 3)
             admin.wait_for_topics([f"{prefix}-later"])
             _produce(cluster, f"{prefix}-later", 0, 10)
