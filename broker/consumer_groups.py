@@ -228,6 +228,11 @@ class ConsumerGroup:
         self.changed.add(member_id)
         self.removed.discard(member_id)
 
+    def forget(self, member_id: str) -> None:
+        """The member's record must be deleted."""
+        self.changed.discard(member_id)
+        self.removed.add(member_id)
+
     def persisted(self, member: Member) -> tuple:
         """What of the member its record holds (a change of it is written)."""
         return (member.epoch, member.previous_epoch, member.state, member.assigned, member.revoking,
@@ -384,10 +389,7 @@ class ConsumerGroups:
                                      f"most {bound}")
         regex = hb.subscribed_topic_regex
         if regex and regex not in group.regexes:
-            try:
-                topic_regex.check(regex)
-            except topic_regex.RegexError as exc:
-                raise HeartbeatError(topic_regex.INVALID_REGULAR_EXPRESSION, str(exc)) from None
+            _check_regex(regex)
             if len(group.regexes) >= GROUP_REGEXES_MAX:
                 raise HeartbeatError(ErrorCode.INVALID_REQUEST,
                                      f"group {group.group_id} already has {len(group.regexes)} distinct regular "
@@ -469,8 +471,7 @@ class ConsumerGroups:
                 # A new process of the static member takes over its partitions and target under its new id.
                 group.release(existing)
                 del group.members[existing_id]
-                group.changed.discard(existing_id)
-                group.removed.add(existing_id)
+                group.forget(existing_id)
                 group.touch(member_id)
                 taken = Member(member_id, instance_id=hb.instance_id, topic_names=existing.topic_names,
                                regex=existing.regex, subscribed=existing.subscribed, assignor=existing.assignor,
@@ -515,13 +516,13 @@ class ConsumerGroups:
         """What ``heartbeat`` will match, matched ahead for its ``matched``: the heartbeat's regex if the group has
         not matched it yet, and all of the group's if their refresh is due. Called outside the coordinator's lock,
         as matching walks every topic name; what it reads of the groups without the lock is only a hint
-        (``heartbeat`` matches, under the lock, what this missed). None: nothing to match. RegexError: the
+        (``heartbeat`` matches, under the lock, what this missed). None: nothing to match. HeartbeatError: the
         heartbeat's pattern is invalid."""
         regex = hb.subscribed_topic_regex or ""
         group = self.groups.get(hb.group_id)
         patterns = []
         if regex and (group is None or regex not in group.resolved):
-            topic_regex.check(regex)
+            _check_regex(regex)
             patterns.append(regex)
         if group is not None and self._refresh_due(group, now_ms):
             try:
@@ -695,8 +696,7 @@ class ConsumerGroups:
         group.set_regex(member, "")
         group.members.pop(member.member_id, None)
         group.target.pop(member.member_id, None)
-        group.changed.discard(member.member_id)
-        group.removed.add(member.member_id)
+        group.forget(member.member_id)
         self.pending[id(group)] = group
         if member.instance_id is not None and group.static.get(member.instance_id) == member.member_id:
             del group.static[member.instance_id]
@@ -760,8 +760,8 @@ class ConsumerGroups:
             group.hold(member)
             subscribed, member.subscribed = member.subscribed, frozenset()
             group.subscribe(member, subscribed, self._lookup)
-            if member.regex:
-                group.regexes[member.regex] = group.regexes.get(member.regex, 0) + 1
+            regex, member.regex = member.regex, ""
+            group.set_regex(member, regex)
             if member.instance_id is not None:
                 group.static[member.instance_id] = member.member_id
         # ``topics`` is as written: the first heartbeat looks the names up again, and bumps the epoch only if a
@@ -822,6 +822,14 @@ class ConsumerGroups:
 
     def member_count(self) -> int:
         return sum(len(g.members) for g in self.groups.values())
+
+
+def _check_regex(regex: str) -> None:
+    """INVALID_REGULAR_EXPRESSION unless RE2 takes the pattern."""
+    try:
+        topic_regex.check(regex)
+    except topic_regex.RegexError as exc:
+        raise HeartbeatError(topic_regex.INVALID_REGULAR_EXPRESSION, str(exc)) from None
 
 
 def _check_member_epoch(group: ConsumerGroup, member_id: str, member_epoch: int) -> None:

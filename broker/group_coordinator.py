@@ -32,7 +32,6 @@ import grpc
 
 from broker import consumer_groups as cg
 from broker import group_records as records
-from broker import topic_regex
 from broker.fair_pool import blocking
 from broker.group_records import OFFSETS_TOPIC, GroupRecord, OffsetRecord, OwnerRecord, partition_for_group
 from broker.group_state import (
@@ -907,7 +906,7 @@ class GroupCoordinator:
             return result
         try:
             with blocking():  # a wait, not work: its place on the group pool is another task's meanwhile
-                pending[1].result(timeout=self.config.offsets_commit_timeout_ms / 1000 + 5)
+                pending[1].result(timeout=self._write_wait_s)
         except Exception as exc:  # any failure of the write means: not durable
             first = False  # the first member to see it says it; the others' answers say it to them
             with self._lock:
@@ -975,10 +974,8 @@ class GroupCoordinator:
                                    code=ErrorCode.INVALID_REQUEST)
         subscription = sum(map(len, names)) + len(hb.subscribed_topic_regex or "")
         self._check_member_bytes(subscription, "subscription")
-        try:  # a pattern new to the group walks every topic name: not under the lock, which every group waits on
-            matched = self.consumer_groups.match(hb, describable, self.clock_ms())
-        except topic_regex.RegexError as exc:
-            raise cg.HeartbeatError(topic_regex.INVALID_REGULAR_EXPRESSION, str(exc)) from None
+        # A pattern new to the group walks every topic name: not under the lock, which every group waits on.
+        matched = self.consumer_groups.match(hb, describable, self.clock_ms())
         with self._lock:
             p = self._check_owner_locked(hb.group_id)
             if (classic := self._classic_with_members_locked(hb.group_id)) is not None:
@@ -1024,10 +1021,10 @@ class GroupCoordinator:
         for fut in writes:
             try:
                 with blocking():  # a wait, not work (as _await_group_write)
-                    fut.result(timeout=self.config.offsets_commit_timeout_ms / 1000 + 5)
+                    fut.result(timeout=self._write_wait_s)
             except Exception as exc:  # any failure of the write: not durable
-                code = ErrorCode.NOT_COORDINATOR if isinstance(exc, errors.BrookError) and exc.code in (
-                    ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.KAFKA_STORAGE_ERROR) else ErrorCode.COORDINATOR_NOT_AVAILABLE
+                code = (_commit_error(exc.code, too_large=ErrorCode.UNKNOWN_SERVER_ERROR)
+                        if isinstance(exc, errors.BrookError) else ErrorCode.COORDINATOR_NOT_AVAILABLE)
                 log.warning("consumer group %s: its state was not written to %s (%s): answering %s", group_id,
                             OFFSETS_TOPIC, exc, ErrorCode.Name(code))
                 raise CoordinatorError(f"the group's state was not written: {exc}", code=code) from None
@@ -1155,6 +1152,11 @@ class GroupCoordinator:
         return fut
 
     @property
+    def _write_wait_s(self) -> float:
+        """How long a caller waits for a write of ``__consumer_offsets`` (its append's own timeout, and a margin)."""
+        return self.config.offsets_commit_timeout_ms / 1000 + 5
+
+    @property
     def _kafka_records(self) -> bool:
         return self.config.record_format != "brook"
 
@@ -1182,7 +1184,7 @@ class GroupCoordinator:
             fut = self._append(partition, chunk)
             try:
                 with blocking():  # as in _await_group_write
-                    result = fut.result(timeout=self.config.offsets_commit_timeout_ms / 1000 + 5)
+                    result = fut.result(timeout=self._write_wait_s)
             except concurrent.futures.TimeoutError as exc:
                 raise CoordinatorError("offsets append timed out", code=ErrorCode.REQUEST_TIMED_OUT) from exc
             except errors.BrookError as exc:
@@ -1987,8 +1989,9 @@ class GroupCoordinator:
 _TOO_LARGE = (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE)
 
 
-def _commit_error(code: int) -> int:
-    """Kafka's mapping of append errors to what a committing client should do."""
+def _commit_error(code: int, too_large: int = ErrorCode.INVALID_COMMIT_OFFSET_SIZE) -> int:
+    """Kafka's mapping of append errors to what a committing client (or a heartbeating one, whose write is too
+    large as ``too_large`` says) should do."""
     if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                 ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.KAFKA_STORAGE_ERROR):
         return ErrorCode.NOT_COORDINATOR
@@ -1996,7 +1999,7 @@ def _commit_error(code: int) -> int:
                 ErrorCode.REQUEST_TIMED_OUT):
         return ErrorCode.COORDINATOR_NOT_AVAILABLE
     if code in (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE, ErrorCode.INVALID_FETCH_SIZE):
-        return ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+        return too_large
     return ErrorCode.UNKNOWN_SERVER_ERROR
 
 
