@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -171,6 +172,31 @@ def kafkajs_start(node: str, args: Mapping[str, Any]) -> subprocess.Popen[str]:
     """Start ``driver.js`` with ``args`` (its header says what each op takes and prints)."""
     return subprocess.Popen([node, str(KAFKAJS_DIR / "driver.js"), json.dumps(args)], cwd=KAFKAJS_DIR,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+class KafkaJSProcess:
+    """``driver.js`` running in the background: its JSON lines in ``lines`` as they come."""
+
+    def __init__(self, node: str, args: Mapping[str, Any]) -> None:
+        self.proc = kafkajs_start(node, args)
+        self.lines: list[dict[str, Any]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(json.loads(line))
+
+    def wait(self, timeout_s: float) -> None:
+        """Until the driver exits and its last line is read."""
+        self.proc.wait(timeout_s)
+        self._reader.join(10)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
 
 
 def kafkajs_run(node: str, args: Mapping[str, Any], timeout_s: float = 120.0) -> list[dict[str, Any]]:

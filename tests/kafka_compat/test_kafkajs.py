@@ -8,22 +8,20 @@ skipped, saying why, on a machine that has neither and cannot install them."""
 
 from __future__ import annotations
 
-import json
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kafkakit import (
+    KafkaJSProcess,
     brook_read_all,
     in_sync,
     kafkajs_admin,
     kafkajs_connection,
     kafkajs_node,
     kafkajs_run,
-    kafkajs_start,
     partition_leader,
     unique,
 )
@@ -120,20 +118,12 @@ def test_records_cross_between_kafkajs_and_brook(node: str, cluster: LocalCluste
     assert {tp.partition: om.offset for tp, om in committed.items() if tp.topic == back} == ends, committed
 
 
-class Member:
+class Member(KafkaJSProcess):
     """A KafkaJS group member in its own Node.js process: what it was assigned at each join, what it read."""
 
     def __init__(self, node: str, conn: dict[str, Any], topic: str, group: str) -> None:
-        self.proc = kafkajs_start(node, {**conn, "op": "member", "topic": topic, "group": group,
-                                         "heartbeatMs": 300, "sessionMs": 10_000})
-        self.lines: list[dict[str, Any]] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(json.loads(line))
+        super().__init__(node, {**conn, "op": "member", "topic": topic, "group": group, "heartbeatMs": 300,
+                                "sessionMs": 10_000})
 
     @property
     def assignment(self) -> set[int]:
@@ -147,18 +137,8 @@ class Member:
 
     def leave(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(30)
-        self._reader.join(5)
+        self.wait(30)
         assert {"left": True} in self.lines, f"the member did not leave the group cleanly: {self.lines[-3:]}"
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def log(self) -> str:
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read()[-2000:] if self.proc.poll() is not None else "(still running)"
 
 
 def test_a_kafkajs_group_splits_hands_over_and_resumes_from_its_commits(node: str, cluster: LocalCluster,
@@ -321,16 +301,9 @@ def test_kafkajs_idempotent_acks_all_survives_leader_sigkill(node: str, cluster:
     the log once, in order, at the offset KafkaJS was given. Last: it kills a node."""
     topic = _topic(admin, partitions=1, configs={"min.insync.replicas": "2"})
     n = 600
-    proc = kafkajs_start(node, {**conn, "op": "produce", "topic": topic, "count": n, "partitions": 1,
-                                "idempotent": True, "paceMs": 5, "retries": 20})
-    lines: list[dict[str, Any]] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(json.loads(line))
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    producer = KafkaJSProcess(node, {**conn, "op": "produce", "topic": topic, "count": n, "partitions": 1,
+                                     "idempotent": True, "paceMs": 5, "retries": 20})
+    lines = producer.lines
     victim = partition_leader(admin, topic)
     try:
         wait_for(lambda: len(_acked(lines)) >= 150, 60, lambda: f"150 acknowledgements: {lines[-3:]}")
@@ -340,11 +313,9 @@ def test_kafkajs_idempotent_acks_all_survives_leader_sigkill(node: str, cluster:
         wait_for(lambda: len(_acked(lines)) > acked_at_kill + 50, 60,
                  lambda: f"writes to resume after the kill: {lines[-3:]}")
         cluster.start_node(victim)
-        proc.wait(180)
+        producer.wait(180)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    reader.join(10)
+        producer.kill()
     assert lines and lines[-1] == {"done": True}, f"the producer did not finish: {lines[-3:]}"
     acked = _acked(lines)
     failed = [x for x in lines if "failed" in x]
