@@ -29,6 +29,9 @@ A pass over one log (Kafka's algorithm, simplified):
    later pass compacts it once that producer has written again.
 4. The rewritten group is written as ``*.cleaned``, fsynced, and swapped in by
    ``Log.replace_segments`` (``.swap`` rename protocol, finished on open after a crash).
+   Transactional and control batches are kept whole (transactions are not compacted), so
+   every marker stays where it was: the cleaned segment's ``.txnindex`` is the entries of
+   the segments it replaces, in order (they cannot be rebuilt from one segment alone).
 
 Reads and writes are throttled to ``io_bytes_per_sec``. Background threads pick the log
 with the highest dirty ratio above ``min.cleanable.dirty.ratio``.
@@ -80,6 +83,7 @@ from storage.segment import (
     SegmentChangedError,
     segment_file_name,
 )
+from storage.txn_index import TXN_INDEX_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -400,7 +404,7 @@ class LogCleaner:
         older records were not matched against it."""
         c = lg.config
         base = group[0].base_offset
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):  # leftovers of an aborted pass
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):  # leftovers of an aborted pass
             (lg.dir / (segment_file_name(base, suffix) + CLEANED_SUFFIX)).unlink(missing_ok=True)
         target = LogSegment(lg.dir, base, index_bytes=c.segment_index_bytes,
                             index_interval_bytes=c.index_interval_bytes, writable=True, suffix=CLEANED_SUFFIX,
@@ -422,6 +426,8 @@ class LogCleaner:
                         pending = bytearray()
             if pending:
                 self._write(target, pending, throttler, stats)
+            for seg in group:  # the group's aborts: their markers are all kept, where they were
+                target.txn_index.copy_from(seg.txn_index)
             target.on_become_inactive()
             target.flush()
             newest_ns = max(written) * 1_000_000

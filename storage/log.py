@@ -9,6 +9,15 @@ it is renamed ``.deleted`` and closed only after ``file.delete.delay.ms``.
 Append path (leader): validate headers + CRC of every batch, then every record of every
 batch (LogValidator: client bytes must be decodable by every consumer), producer-state
 checks, rewrite base offsets and the leader epoch in place, one pwrite.
+
+Transactions (Kafka's): producer state (storage/producer_state.py) follows each producer's
+ongoing transaction; a COMMIT/ABORT marker (``append_marker_as_leader``, or a follower's or
+recovery's control batch) ends it, and an abort goes to the ``.txnindex`` of the segment
+holding its marker. The last stable offset is the high watermark, held back at the first
+offset of the lowest transaction still undecided (or decided by a marker not yet below the
+high watermark): read_committed fetches stop there and get the aborted transactions of what
+they read (``aborted_transactions``). A non-transactional append pays two attribute checks
+per batch for all of this.
 """
 
 from __future__ import annotations
@@ -35,11 +44,15 @@ from storage.log_config import LogConfig
 from storage.log_validator import LogValidator
 from storage.producer_state import SNAPSHOT_FILE, ProducerEntry, ProducerStateManager
 from storage.record_batch import (
+    ATTR_CONTROL,
     CODEC_NONE,
     BatchHeader,
+    Buffer,
     RecordBatchBuilder,
     assign_offsets,
+    build_control_batch,
     decode_batch,
+    end_txn_marker,
     iter_batches,
     read_header,
     set_log_append_time,
@@ -54,10 +67,12 @@ from storage.segment import (
     TIME_INDEX_SUFFIX,
     CorruptBatchError,
     LogSegment,
+    SegmentChangedError,
     open_segments,
     segment_budget,
     segment_file_name,
 )
+from storage.txn_index import TXN_INDEX_SUFFIX, AbortedTxn
 
 __all__ = ["AppendInfo", "FetchData", "Log", "LogConfig", "TimestampAndOffset", "UnexpectedAppendOffsetError"]
 
@@ -68,6 +83,8 @@ LATEST_TIMESTAMP = -1
 _READ_ATTEMPTS = 3
 _SEGMENT_POSITION_MAX = 2**31 - 1  # index positions are int32: a segment never grows past this
 _OFFSET_MAX = 2**63 - 1
+_LOG_OVERHEAD = 12  # a batch's size is its batch length plus this
+_INT16_MAX = 2**15 - 1
 _BUDGET_WARN_EVERY_S = 60.0
 _budget_warned_at = float("-inf")
 _REFUSED_LOG_INTERVAL_S = 10.0
@@ -195,6 +212,9 @@ class Log:
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         self.epoch_cache = LeaderEpochFileCache(directory)
         self.producer_state = ProducerStateManager()
+        # The first unstable offset (producer state's, at least the log start), None without any: recomputed under
+        # the lock whenever it may change, read without it (``last_stable_offset``).
+        self._first_unstable: int | None = None
         self.closed = False
         self._lost: tuple[tuple[int, int], ...] = ()  # see LOST_OFFSETS_FILE
         self._opened: list[LogSegment] | None = []  # segments opened by _load (closed if it fails)
@@ -223,7 +243,7 @@ class Log:
         try:
             with self._lock:
                 self._load(recovery_point, log_start_offset, _now_ms(now_ms), clean_shutdown, full_recovery,
-                           rescan_from)
+                           rescan_from, high_watermark)
         except errors.CorruptMessageError as exc:
             # A header that cannot be walked in a segment we trusted (before the recovery
             # point): distrust everything and CRC-scan the whole log instead of failing.
@@ -233,7 +253,8 @@ class Log:
             log.warning("%s: %s while loading; falling back to a full recovery scan", dir, exc.message)
             self = cls(dir, config)
             with self._lock:
-                self._load(recovery_point, log_start_offset, _now_ms(now_ms), False, True, rescan_from)
+                self._load(recovery_point, log_start_offset, _now_ms(now_ms), False, True, rescan_from,
+                           high_watermark)
         if high_watermark is not None:
             self.update_high_watermark(high_watermark)
         if rescan_from is not None:
@@ -264,7 +285,7 @@ class Log:
         return seg
 
     def _load(self, recovery_point: int, log_start_offset: int | None, now_ms: int, clean_shutdown: bool,
-              full_recovery: bool, rescan_from: int | None = None) -> None:
+              full_recovery: bool, rescan_from: int | None = None, high_watermark: int | None = None) -> None:
         self._remove_temp_files()
         lost = _read_lost_offsets(self.dir)
         # A read (or the scrubber) reported lost offsets, marked to be cut: the log ends where they begin.
@@ -293,7 +314,7 @@ class Log:
             lost = tuple(sorted(set(lost + found)))
             _write_lost_offsets(self.dir, lost)
         kept = self._recover_segments(segments, first_recover, cut_at)
-        self._rebuild_producer_state(kept)
+        self._rebuild_producer_state(kept, high_watermark)
         if not kept:
             kept = [self._new_segment(log_start_offset, writable=True, now_ms=now_ms)]
         last = kept[-1]
@@ -313,6 +334,8 @@ class Log:
         else:
             self._recovery_point = min(max(recovery_point, self._log_start_offset), self._log_end_offset)
         self._high_watermark = self._log_start_offset
+        self.producer_state.on_high_watermark(self._high_watermark)
+        self._refresh_first_unstable()
         self._lost = lost
         self._prune_lost()  # a cut ends the log where its lost offsets began: they go
         self._opened = None  # loaded: segments are tracked by the segment list from now on
@@ -325,21 +348,37 @@ class Log:
                 log.info("removing leftover file %s", p)
                 p.unlink(missing_ok=True)
             elif p.name.endswith(SWAP_SUFFIX) and not p.name.endswith(LOG_SUFFIX + SWAP_SUFFIX):
-                p.unlink(missing_ok=True)  # index swaps: indexes of swapped segments are rebuilt
+                base = p.name[: -len(TXN_INDEX_SUFFIX + SWAP_SUFFIX)]
+                if p.name.endswith(TXN_INDEX_SUFFIX + SWAP_SUFFIX) and \
+                        (self.dir / (base + LOG_SUFFIX + SWAP_SUFFIX)).exists():
+                    continue  # a swap's transaction index: _complete_swaps moves it in with its log
+                p.unlink(missing_ok=True)  # index swaps: indexes of swapped segments are rebuilt; orphans go
 
     def _complete_swaps(self) -> None:
-        """Finish a compaction swap interrupted by a crash (the .swap log is complete and fsynced)."""
+        """Finish a compaction swap interrupted by a crash (the .swap log is complete and fsynced).
+
+        The transaction index cannot be rebuilt from its segment alone, so it is moved in, never dropped. It is
+        renamed before the log in every suffix change (LogSegment.change_suffix): with a ``.log.swap`` present,
+        the swap's index is ``.txnindex.swap``, or already has its final name when the crash came while the swap
+        took its final names (the old segments were all renamed ``.deleted`` by then, so that name is the new
+        index's, kept)."""
         for swap in sorted(self.dir.glob("*" + LOG_SUFFIX + SWAP_SUFFIX)):
             base = int(swap.name[: -len(LOG_SUFFIX + SWAP_SUFFIX)])
             seg = self._new_segment(base, writable=True, suffix=SWAP_SUFFIX)
             seg.recover(None, lambda h: None, base)
             end = seg.next_offset
             seg.close()
+            txn_swap = self.dir / (segment_file_name(base, TXN_INDEX_SUFFIX) + SWAP_SUFFIX)
+            txn_swapped = txn_swap.exists()
             for p in list(self.dir.glob("*" + LOG_SUFFIX)):
                 other = int(p.name[: -len(LOG_SUFFIX)])
                 if base <= other < max(end, base + 1):
                     for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
                         (self.dir / segment_file_name(other, suffix)).unlink(missing_ok=True)
+                    if other != base or txn_swapped:
+                        (self.dir / segment_file_name(other, TXN_INDEX_SUFFIX)).unlink(missing_ok=True)
+            if txn_swapped:
+                os.replace(txn_swap, self.dir / segment_file_name(base, TXN_INDEX_SUFFIX))
             os.replace(swap, self.dir / segment_file_name(base, LOG_SUFFIX))
             for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
                 (self.dir / (segment_file_name(base, suffix) + SWAP_SUFFIX)).unlink(missing_ok=True)
@@ -425,6 +464,7 @@ class Log:
                 seg.delete_files()
                 continue
             cut = seg.recover(None, self._recovery_epoch_observer, expected)
+            seg.txn_rebuild_needed = True  # its aborts are found again by the producer state scan
             if seg.size == 0 and kept:
                 seg.delete_files()  # empty non-first segment: nothing to keep
                 continue
@@ -448,23 +488,87 @@ class Log:
                 if h.partition_leader_epoch > self.epoch_cache.latest_epoch and h.next_offset > self._log_start_offset:
                     self.epoch_cache.assign(h.partition_leader_epoch, max(h.base_offset, self._log_start_offset))
 
-    def _rebuild_producer_state(self, segments: list[LogSegment]) -> None:
-        """Idempotent-producer state from the snapshot (if still valid) plus batch headers after it."""
-        self.producer_state.clear()
+    def _rebuild_producer_state(self, segments: list[LogSegment], high_watermark: int | None = None) -> None:
+        """Producer state from the snapshot (if still valid) plus batch headers after it; and the transaction index
+        of every segment that needs one rebuilt (recovered, missing, or failing its sanity check).
+
+        A rebuilt index needs the producer state as of its segment's start (a transaction may begin segments
+        earlier), so a segment needing one before the snapshot's offset makes the scan start from the log's
+        first segment, unless the snapshot is of version 0: written before Brook had transactions, so the
+        segments it covers hold no marker (logs from then have no ``.txnindex`` files: they are created empty).
+        ``high_watermark``: the checkpointed one; transactions completed below it are not tracked as unreplicated
+        (none when it is unknown: the high watermark is the log start until the leader moves it)."""
+        ps = self.producer_state
+        ps.clear()
+        ps.on_high_watermark(_OFFSET_MAX if high_watermark is None else high_watermark)
         end = segments[-1].next_offset if segments else 0
         snapshot = self.dir / SNAPSHOT_FILE
-        since = self.producer_state.load_snapshot(snapshot)
+        since = ps.load_snapshot(snapshot)
         if since is None or since > end:
-            self.producer_state.clear()  # the log lost data the snapshot knows: rebuild from scratch
+            ps.clear()  # the log lost data the snapshot knows: rebuild from scratch
             since = 0
+        if since > 0:
+            # A valid snapshot was written by a clean close, which flushed every index: a segment it covers that
+            # recovery rescanned anyway (a forced rescan, not a crash) still has all its aborts if its index is
+            # there and sane (a cut past an entry fails the check).
+            for seg in segments:
+                if seg.txn_rebuild_needed and seg.next_offset <= since and seg.txn_index.existed:
+                    with contextlib.suppress(ValueError, OSError):
+                        seg.txn_index.sanity_check(seg.next_offset)
+                        seg.txn_rebuild_needed = False
+        needs = [seg for seg in segments if seg.txn_rebuild_needed]
+        if needs and since > 0 and ps.snapshot_version != 0 and needs[0].base_offset < since:
+            log.warning("%s: the transaction index of %s must be rebuilt: scanning the producer state of the whole "
+                        "log", self.dir, needs[0])
+            ps.clear()
+            since = 0
+        self._scan_producer_state(segments, since)
+        for seg in needs:
+            if seg.txn_rebuild_needed:  # wholly before a version 0 snapshot: no transaction there
+                seg.txn_index.replace([])
+                seg.txn_rebuild_needed = False
+        # A later crash must not trust a snapshot the log may be truncated below: remove it now.
+        snapshot.unlink(missing_ok=True)
+
+    def _scan_producer_state(self, segments: list[LogSegment] | tuple[LogSegment, ...], since: int) -> None:
+        """Apply every batch from ``since`` to the producer state (control batches read for their marker), writing
+        the aborts of each segment whose ``txn_rebuild_needed`` is set to its transaction index, which then
+        replaces the old one whole."""
+        ps = self.producer_state
         for seg in segments:
             if seg.next_offset <= since:
                 continue
-            for _pos, h in seg.iter_headers(0):
-                if h.producer_id >= 0 and h.base_offset >= since:
-                    self.producer_state.update(h, h.base_offset)
-        # A later crash must not trust a snapshot the log may be truncated below: remove it now.
-        snapshot.unlink(missing_ok=True)
+            aborted: list[AbortedTxn] | None = [] if seg.txn_rebuild_needed else None
+            for pos, h in seg.iter_headers(0):
+                if h.producer_id < 0 or h.base_offset < since:
+                    continue
+                if h.attributes & ATTR_CONTROL:
+                    done = ps.update(h, h.base_offset, self._marker_of(seg.read_bytes(pos, h.size), 0, h))
+                    if done is not None and done.aborted and aborted is not None:
+                        aborted.append(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,
+                                                  done.last_stable_offset))
+                else:
+                    ps.update(h, h.base_offset)
+            if aborted is not None:
+                seg.txn_index.replace(aborted)
+                seg.txn_rebuild_needed = False
+
+    def _marker_of(self, data: Buffer, pos: int, h: BatchHeader) -> tuple[int, int] | None:
+        """(control type, coordinator epoch) of the control batch at ``pos`` of ``data``; None if it holds no
+        transaction marker, or one that cannot be read (WARNING: it then ends no transaction)."""
+        try:
+            return end_txn_marker(data, pos)
+        except errors.BrookError as exc:
+            log.warning("%s: control batch at offset %d unreadable (%s): it ends no transaction", self.dir,
+                        h.base_offset, exc.message)
+            return None
+
+    def _refresh_first_unstable(self) -> None:
+        """Recompute the cached first unstable offset (caller holds the lock)."""
+        ps = self.producer_state
+        ps.txn_changed = False
+        first = ps.first_unstable_offset()
+        self._first_unstable = None if first is None else max(first, self._log_start_offset)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -523,13 +627,17 @@ class Log:
 
     # ------------------------------------------------------------------ append
     def append_as_leader(self, records: bytes, leader_epoch: int, *, now_ms: int | None = None,
-                         blocking: bool = True) -> AppendInfo:
+                         blocking: bool = True, transactional: bool = False) -> AppendInfo:
         """Validate (headers, CRCs, every record), assign offsets, stamp the epoch, write. All-or-nothing.
 
         ``blocking=False`` is for the broker's event loop: it raises ``WouldBlock``, having changed
         nothing, where the append would wait for the log's lock or do more than validate
         uncompressed records and write them to the page cache (decompress, recompress, roll a
         segment, fsync).
+
+        ``transactional``: the produce request names a transactional id; then, and only then, every
+        batch must be transactional, with a producer id and a base sequence (LogValidator). Control
+        batches are refused either way: markers are the coordinator's (``append_marker_as_leader``).
         """
         buf = bytearray(records)
         now = _now_ms(now_ms)
@@ -537,7 +645,7 @@ class Log:
             headers = validate_batches(buf, max_batch_bytes=self._config.max_message_bytes, allow_empty=False)
             if not blocking and any(h.compression != CODEC_NONE for h in headers):
                 raise WouldBlock("compressed records")  # decompression is the executor's CPU, not the loop's
-            self._validator.validate(buf, headers, now)
+            self._validator.validate(buf, headers, now, transactional=transactional)
         except (errors.CorruptMessageError, errors.InvalidRecordError, errors.MessageTooLargeError,
                 errors.InvalidTimestampError) as exc:
             self._note_refused(exc)
@@ -632,6 +740,72 @@ class Log:
         with self._lock:
             return self.producer_state.last_batch_offsets()
 
+    def ongoing_transactions(self) -> dict[int, int]:
+        """Producer id -> first offset of its ongoing transaction (DescribeProducers' current transaction start
+        offset), read under the log's lock."""
+        with self._lock:
+            return self.producer_state.ongoing()
+
+    def producer_epoch(self, producer_id: int) -> int | None:
+        """The epoch this log knows for ``producer_id`` (None: not tracked), read under the log's lock."""
+        with self._lock:
+            entry = self.producer_state.entry(producer_id)
+            return None if entry is None else entry.epoch
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the lowest transaction undecided, or decided by a marker not yet below the high
+        watermark (Kafka's), at least the log start; None when there is none. Read without the lock."""
+        return self._first_unstable
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Where read_committed reads stop (Kafka's LSO): the high watermark, or the first unstable offset when
+        below it. Read without the lock."""
+        high_watermark = self._high_watermark
+        first = self._first_unstable
+        return high_watermark if first is None or first >= high_watermark else first
+
+    def has_aborted_transactions(self, start_offset: int) -> bool:
+        """Does any segment from the one holding ``start_offset`` on index an aborted transaction? Counts kept in
+        memory: no file is read (a read_committed fetch of a log without aborts skips the search)."""
+        bases, segments = self._view
+        return any(seg.txn_index.entries for seg in segments[max(0, bisect.bisect_right(bases, start_offset) - 1):])
+
+    def aborted_transactions(self, start_offset: int, upper_offset: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of every aborted transaction whose offsets [first, marker] overlap
+        [start_offset, upper_offset), for a read_committed fetch of that range (Kafka's
+        collectAbortedTransactions): the ``.txnindex`` of the segment holding ``start_offset`` and of the later
+        ones, until an entry whose last stable offset reaches ``upper_offset`` (no later abort can begin below
+        it). Segments without aborts cost no read; one with many is searched, not read whole (storage/txn_index.py).
+        Any thread, no lock: a read racing retention or a truncation reads again on a fresh segment list."""
+        if upper_offset <= start_offset:
+            return []
+        for attempt in range(_READ_ATTEMPTS):
+            try:
+                return self._aborted_once(start_offset, upper_offset)
+            except (OSError, ValueError) as exc:
+                if attempt == _READ_ATTEMPTS - 1 or disk_failure(exc) is not None:
+                    raise errors.KafkaStorageError(
+                        f"read of the aborted transactions of {self.dir} from {start_offset} failed: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _aborted_once(self, start_offset: int, upper_offset: int) -> list[tuple[int, int]]:
+        bases, segments = self._view
+        found: list[tuple[int, int]] = []
+        for seg in segments[max(0, bisect.bisect_right(bases, start_offset) - 1):]:
+            index = seg.txn_index
+            if index.entries == 0:
+                continue
+            truncations = seg.truncations
+            txns, complete = index.collect(start_offset, upper_offset)
+            if seg.truncations != truncations:
+                raise SegmentChangedError(f"{seg} was truncated while its aborted transactions were read")
+            found.extend((t.producer_id, t.first_offset) for t in txns)
+            if complete:
+                break
+        return found
+
     @contextlib.contextmanager
     def locked(self, *, blocking: bool = True) -> Iterator[None]:
         """Hold the log's (re-entrant) lock across several calls, e.g. a follower's append and high
@@ -675,6 +849,38 @@ class Log:
             self._write(records, headers, now)
             return self._append_info(headers, len(records), -1)
 
+    def append_marker_as_leader(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
+                                leader_epoch: int, *, now_ms: int | None = None) -> AppendInfo:
+        """Write one transaction marker (WriteTxnMarkers, from the transaction coordinator): a control batch of one
+        COMMIT or ABORT record (key: version 0, type; value: version 0, coordinator epoch, as Kafka's
+        EndTransactionMarker), transactional, uncompressed whatever compression.type says, base sequence -1, the
+        producer's id and epoch in its header; stamped LogAppendTime on such topics, as any batch.
+
+        Refused, nothing written, when its producer epoch is older than the producer's (InvalidProducerEpochError)
+        or its coordinator epoch older than the last marker's (TransactionCoordinatorFencedError). A marker for a
+        producer with no ongoing transaction is written and completes nothing: the coordinator retries markers.
+        Followers and recovery apply markers without these checks."""
+        if producer_id < 0 or not 0 <= producer_epoch <= _INT16_MAX or not 0 <= coordinator_epoch < 2**31:
+            raise errors.InvalidRequestError(
+                f"marker for producer {producer_id} epoch {producer_epoch}, coordinator epoch {coordinator_epoch}: "
+                "out of range")
+        now = _now_ms(now_ms)
+        with self._lock:
+            self._ensure_open()
+            self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            offset = self._log_end_offset
+            buf = bytearray(build_control_batch(
+                commit, producer_id=producer_id, producer_epoch=producer_epoch, timestamp_ms=now,
+                coordinator_epoch=coordinator_epoch, partition_leader_epoch=leader_epoch, base_offset=offset))
+            log_append = self._config.message_timestamp_type == "LogAppendTime"
+            if log_append:
+                set_log_append_time(buf, 0, now)
+            header = read_header(buf, 0)
+            if leader_epoch > self.epoch_cache.latest_epoch:
+                self.epoch_cache.assign(leader_epoch, offset)
+            self._write(buf, [header], now)
+            return self._append_info([header], len(buf), now if log_append else -1)
+
     def _refuse_roll_or_flush(self, size: int, headers: list[BatchHeader], last_offset: int, now: int) -> None:
         """For a non-blocking append: ``WouldBlock`` if writing these batches would roll a segment or flush."""
         if self._roll_reason(size, last_offset, now) or self._flush_due(sum(h.record_count for h in headers), now):
@@ -683,8 +889,19 @@ class Log:
     def _write(self, data: bytes | bytearray, headers: list[BatchHeader], now: int) -> None:
         seg = self._maybe_roll(len(data), headers, now)
         seg.append(data, headers)
+        ps = self.producer_state
+        pos = 0
         for h in headers:
-            self.producer_state.update(h, h.base_offset)
+            if h.attributes & ATTR_CONTROL:
+                done = ps.update(h, h.base_offset, self._marker_of(data, pos, h))
+                if done is not None and done.aborted:  # in the index of the segment holding its marker
+                    seg.txn_index.append(AbortedTxn(done.producer_id, done.first_offset, done.last_offset,
+                                                    done.last_stable_offset))
+            else:
+                ps.update(h, h.base_offset)
+            pos += h.batch_length + _LOG_OVERHEAD
+        if ps.txn_changed:
+            self._refresh_first_unstable()
         self._log_end_offset = headers[-1].next_offset
         records = sum(h.record_count for h in headers)
         due = self._flush_due(records, now)
@@ -829,6 +1046,8 @@ class Log:
     def update_high_watermark(self, hw: int) -> int:
         with self._lock:
             self._high_watermark = min(max(hw, self._log_start_offset), self._log_end_offset)
+            if self.producer_state.on_high_watermark(self._high_watermark):
+                self._refresh_first_unstable()
             return self._high_watermark
 
     def assign_epoch_start_offset(self, epoch: int, start_offset: int) -> None:
@@ -904,10 +1123,25 @@ class Log:
         self._truncations += 1
         if self.on_truncate is not None:
             self.on_truncate(new_end)
+        # Readers (no lock) see the last stable offset at the log start until the transactions are known again: a
+        # cut may re-open one below the high watermark.
+        self._first_unstable = self._log_start_offset
         self._log_end_offset = new_end
         self.epoch_cache.truncate_from_end(new_end)
-        self.producer_state.truncate_from(new_end)
         self._high_watermark = min(self._high_watermark, new_end)
+        ps = self.producer_state
+        if not ps.truncate_from(new_end):
+            # Its history does not tell which transactions the cut re-opened: the state is read again from the log
+            # (every batch header, under the lock; only past TXN_HISTORY transactions of a producer or a forgotten
+            # producer's marker, see ProducerStateManager.truncate_from).
+            log.info("%s: truncated to %d below what producer state remembers of its transactions: rebuilding it "
+                     "from the log", self.dir, new_end)
+            ps.clear()
+            ps.on_high_watermark(self._high_watermark)
+            self._scan_producer_state(self._segments, 0)
+            ps.forgot_producers = True  # a truncation: what was cut may have been a producer's history
+        ps.on_high_watermark(self._high_watermark)
+        self._refresh_first_unstable()
         self._recovery_point = min(self._recovery_point, new_end)
         self._prune_lost()
 
@@ -920,10 +1154,13 @@ class Log:
             self._set_segments([self._new_segment(offset, writable=True, now_ms=_now_ms(None))])
             self.epoch_cache.clear()
             dropped = len(self.producer_state) > 0
+            self._first_unstable = self._log_start_offset  # as in _after_truncation, until it is recomputed
             self.producer_state.clear()
             self.producer_state.forgot_producers = dropped
             self._log_start_offset = self._log_end_offset = offset
             self._high_watermark = self._recovery_point = offset
+            self.producer_state.on_high_watermark(offset)
+            self._refresh_first_unstable()
             self._truncations += 1
             if self.on_truncate is not None:
                 self.on_truncate(offset)
@@ -1015,6 +1252,7 @@ class Log:
             self._log_start_offset = new_start
             self._recovery_point = max(self._recovery_point, new_start)
             self.epoch_cache.truncate_from_start(new_start)
+            self._refresh_first_unstable()  # never below the log start
             self._prune_lost()
             for seg in victims:
                 self._schedule_delete(seg, now)
@@ -1053,6 +1291,7 @@ class Log:
             if offset > self._log_start_offset:
                 self._log_start_offset = offset
                 self.epoch_cache.truncate_from_start(offset)
+                self._refresh_first_unstable()  # never below the log start
                 self._prune_lost()
 
     # ------------------------------------------------------------------ compaction support

@@ -7,9 +7,12 @@ its header would otherwise make the partition unreadable at that offset for ever
 consumer, forever. So the leader decompresses (with a bound) and walks every record
 before anything is written, as Kafka's broker does on produce:
 
-- attributes: no control or transactional batch (Brook has no transactions: only the
-  broker could write markers), no delete-horizon flag (the cleaner's), no LogAppendTime
-  flag (the broker's), no undefined bits;
+- attributes: never a control batch (markers are the transaction coordinator's, written by
+  ``Log.append_marker_as_leader``; Kafka: "clients are not allowed to write control
+  records"), no delete-horizon flag (the cleaner's), no LogAppendTime flag (the broker's),
+  no undefined bits; the transactional flag only in a transactional produce (``validate``
+  with ``transactional=True``: a transactional id named), and then on every batch, each
+  with a producer id and a base sequence (Kafka's LogValidator and ProduceRequest);
 - compressed records section decompresses within ``decompressed_bytes_max`` and
   cleanly (no truncation, no trailing bytes after the frames);
 - exactly ``record_count`` records that consume the records section exactly: each
@@ -72,10 +75,11 @@ LIBRDKAFKA_RECEIVE_MAX_BYTES = 100_000_000
 DECOMPRESSED_BYTES_CAP = min(compression.DEFAULT_MAX_OUTPUT_BYTES, LIBRDKAFKA_RECEIVE_MAX_BYTES)
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-# Bits a producer may set: the codec only. Timestamp type is the broker's (LogAppendTime
-# topics stamp it), transactional/control are transaction markers' (none in Brook), the
-# delete horizon is the cleaner's; bits 7.. are undefined.
+# Bits a producer may set: the codec, and the transactional flag in a transactional produce. Timestamp
+# type is the broker's (LogAppendTime topics stamp it), control is the transaction markers' (the
+# coordinator's), the delete horizon is the cleaner's; bits 7.. are undefined.
 _CLIENT_ATTRIBUTES = ATTR_CODEC_MASK
+_TXN_CLIENT_ATTRIBUTES = ATTR_CODEC_MASK | ATTR_TRANSACTIONAL
 _ATTRIBUTE_NAMES = (
     (ATTR_CONTROL, "control"),
     (ATTR_TRANSACTIONAL, "transactional"),
@@ -115,9 +119,11 @@ class LogValidator:
     def decompressed_bytes_max(self) -> int:
         return self._decompressed_max
 
-    def validate(self, buf: bytearray, headers: list[BatchHeader], now_ms: int | None = None) -> None:
+    def validate(self, buf: bytearray, headers: list[BatchHeader], now_ms: int | None = None, *,
+                 transactional: bool = False) -> None:
         """Check every batch of ``buf`` (headers from ``validate_batches``, CRCs already checked) at the
-        broker's time ``now_ms`` (default: the wall clock).
+        broker's time ``now_ms`` (default: the wall clock). ``transactional``: a transactional produce,
+        whose batches must all be transactional (and no other may be).
 
         Raises before changing anything; once every batch passed, corrects lying max
         timestamps in place (CreateTime topics), re-computing those batches' CRCs.
@@ -128,7 +134,7 @@ class LogValidator:
         records_before = 0
         for h in headers:
             try:
-                summary = self.validate_batch(buf, pos, h, now)
+                summary = self.validate_batch(buf, pos, h, now, transactional=transactional)
             except errors.BrookError as exc:
                 if exc.record_errors:  # indexes within the batch -> within the partition's records
                     exc.record_errors = tuple((records_before + i, m) for i, m in exc.record_errors)
@@ -143,14 +149,17 @@ class LogValidator:
             logger.debug("batch at position %d: max timestamp corrected to %d", fix_pos, max_ts)
             set_max_timestamp(buf, fix_pos, max_ts)
 
-    def validate_batch(self, buf: Buffer, pos: int, h: BatchHeader, now_ms: int | None = None) -> _RecordsSummary:
+    def validate_batch(self, buf: Buffer, pos: int, h: BatchHeader, now_ms: int | None = None, *,
+                       transactional: bool = False) -> _RecordsSummary:
         """One batch: attributes, bounded decompression, then the record walk."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        disallowed = h.attributes & ~_CLIENT_ATTRIBUTES
+        disallowed = h.attributes & ~(_TXN_CLIENT_ATTRIBUTES if transactional else _CLIENT_ATTRIBUTES)
         if disallowed:
             names = [name for bit, name in _ATTRIBUTE_NAMES if disallowed & bit] or [f"{disallowed:#06x}"]
             raise errors.InvalidRecordError(
                 f"batch at position {pos}: attribute bits a producer may not set: {', '.join(names)}")
+        if transactional:
+            self._check_transactional(pos, h)
         start = pos + BATCH_HEADER_SIZE
         end = pos + h.batch_length + LOG_OVERHEAD
         codec = h.attributes & ATTR_CODEC_MASK
@@ -164,6 +173,18 @@ class LogValidator:
         finally:
             section.release()  # the caller's bytearray must stay resizable
         return self._walk(data, 0, len(data), h, pos, now)
+
+    @staticmethod
+    def _check_transactional(pos: int, h: BatchHeader) -> None:
+        if not h.attributes & ATTR_TRANSACTIONAL:
+            raise errors.InvalidRecordError(
+                f"batch at position {pos} is not transactional, in a transactional produce")
+        if h.producer_id < 0:
+            raise errors.InvalidRecordError(f"transactional batch at position {pos} without a producer id")
+        if h.base_sequence < 0:
+            raise errors.InvalidRecordError(
+                f"transactional batch at position {pos} of producer {h.producer_id} without a base sequence "
+                f"({h.base_sequence})")
 
     def _walk(self, data: Buffer, start: int, end: int, h: BatchHeader, batch_pos: int,
               now: int) -> _RecordsSummary:

@@ -643,6 +643,23 @@ def parse_control_record(record: Record) -> tuple[int, int]:
     return control_type, coordinator_epoch
 
 
+def end_txn_marker(buf: Buffer, pos: int = 0) -> tuple[int, int] | None:
+    """(control type, coordinator epoch) of the COMMIT or ABORT marker in the control batch at ``pos``, or None
+    when it holds none: an empty batch (Kafka's cleaner leaves one once its transaction is cleaned away), or
+    another control type (Kafka's KRaft records use them; they end no transaction). The type is in the record,
+    not the header, so producer state reads it here: markers are rare and one record long."""
+    h, records = decode_batch(buf, pos, verify_crc=False)
+    if not h.is_control or not records:
+        return None
+    try:
+        control_type, coordinator_epoch = parse_control_record(records[0])
+    except errors.InvalidRecordError:
+        return None
+    if control_type not in (CONTROL_TYPE_ABORT, CONTROL_TYPE_COMMIT):
+        return None
+    return control_type, coordinator_epoch
+
+
 def decode_batch(
     buf: Buffer,
     pos: int = 0,

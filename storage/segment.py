@@ -1,4 +1,4 @@
-"""LogSegment: one ``.log`` file of record batches plus its ``.index`` and ``.timeindex``.
+"""LogSegment: one ``.log`` file of record batches plus its ``.index``, ``.timeindex`` and ``.txnindex``.
 
 A segment holds the batches whose offsets start at its base offset (the file names,
 ``%020d``) up to the next segment's base. Appends are one ``pwrite`` of the bytes as they
@@ -20,6 +20,12 @@ the index interval:
   to an index entry whose running largest timestamp is below ``t`` are exactly those before the first
   time-index entry at or above ``t``; a timestamp lookup is a binary search of the time index and a
   scan of about one index interval (``find_offset_by_timestamp``), not a walk from the segment start.
+
+The ``.txnindex`` (storage/txn_index.py) lists the aborted transactions whose marker the segment holds. Unlike
+the other two it cannot be rebuilt from the segment alone (a transaction's first offset may be in an earlier
+segment): the Log rebuilds it from the producer state it scans (``txn_rebuild_needed``), renames it first in
+every suffix change (the ``.log``'s rename is a swap's commit point, see Log._complete_swaps), and a cleaned
+segment carries the entries of the segments it replaces.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from storage.record_batch import (
     validate_batch,
 )
 from storage.time_index import TimeIndex, TimestampOffset
+from storage.txn_index import TXN_INDEX_SUFFIX, CorruptTxnIndexError, TransactionIndex
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +161,11 @@ class LogSegment:
         self.indexed_batch: int | None = None  # see load_without_recovery
         self.index = self._open_index(OffsetIndex, INDEX_SUFFIX, writable)
         self.time_index = self._open_index(TimeIndex, TIME_INDEX_SUFFIX, writable)
+        # Created empty with a new segment; missing beside batches it was lost: the Log rebuilds it (set also for
+        # the segments recovery rescans, and when the sanity check fails), and clears this once it did.
+        self.txn_index = TransactionIndex(self.dir / (segment_file_name(base_offset, TXN_INDEX_SUFFIX) + suffix),
+                                          base_offset, create=self.size == 0)
+        self.txn_rebuild_needed = not self.txn_index.existed
         self.next_offset = base_offset
         self.max_timestamp = -1
         self.offset_of_max_timestamp = base_offset
@@ -204,6 +216,12 @@ class LogSegment:
         except (CorruptIndexError, errors.CorruptMessageError) as exc:
             log.warning("rebuilding indexes of %s: %s", self.log_path, exc)
             self.rebuild_indexes()
+        if not self.txn_rebuild_needed:
+            try:
+                self.txn_index.sanity_check(self.next_offset)
+            except CorruptTxnIndexError as exc:
+                log.warning("rebuilding the transaction index of %s: %s", self.log_path, exc)
+                self.txn_rebuild_needed = True
 
     def _offset_both_indexes_name(self) -> int | None:
         """The smaller of the two indexes' last entries' offsets: a batch at or past it was in this segment when
@@ -394,6 +412,10 @@ class LogSegment:
         self._mark_checked(start, pos, self._generation)  # validated batches (leader, follower, cleaner alike)
         self.size = pos  # publish last: readers never see a half-written append
         self.indexes_synced = False
+
+    def read_bytes(self, position: int, size: int) -> bytes:
+        """``size`` bytes of the log file from ``position`` (a control batch's record, for producer state)."""
+        return os.pread(self._fd, size, position)
 
     def read_header_at(self, position: int) -> BatchHeader | None:
         data = os.pread(self._fd, BATCH_HEADER_SIZE, position)
@@ -846,6 +868,7 @@ class LogSegment:
         # Index entries name batch base offsets: drop those of every removed batch.
         self.index.truncate_to(first_removed.base_offset)
         self.time_index.truncate_to(first_removed.base_offset)
+        self.txn_index.truncate_to(first_removed.base_offset)  # aborts whose marker was cut away
         self._last_appended = None
         self.truncations += 1
         os.ftruncate(self._fd, pos)
@@ -860,16 +883,19 @@ class LogSegment:
 
     def flush(self) -> None:
         os.fsync(self._fd)
+        self.txn_index.flush()  # segments before the recovery point are not rescanned: their aborts must last
         if not self.indexes_synced and not self.index.writable:
             self.index.flush()
             self.time_index.flush()
             self.indexes_synced = True
 
     def change_suffix(self, new_suffix: str) -> None:
-        """Rename all three files (open descriptors stay valid)."""
+        """Rename all four files (open descriptors stay valid). The transaction index goes first: a ``.log``
+        with the new suffix then always has its entries beside it (Log._complete_swaps relies on it)."""
         def renamed(path: Path) -> Path:
             name = path.name[: len(path.name) - len(self.suffix)] if self.suffix else path.name
             return path.with_name(name + new_suffix)
+        self.txn_index.rename_to(renamed(self.txn_index.path))
         new_log = renamed(self.log_path)
         os.replace(self.log_path, new_log)
         self.log_path = new_log
@@ -888,7 +914,7 @@ class LogSegment:
 
     def delete_files(self) -> None:
         self.close()
-        for path in (self.log_path, self.index.path, self.time_index.path):
+        for path in (self.log_path, self.index.path, self.time_index.path, self.txn_index.path):
             try:
                 os.unlink(path)
             except FileNotFoundError:

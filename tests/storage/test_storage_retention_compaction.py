@@ -96,7 +96,7 @@ def test_retention_by_size_and_delayed_file_delete(tmp_path: Path) -> None:
     assert lg.delete_old_segments(now_ms=t) == 2
     assert lg.size_bytes <= size * 5 and lg.log_start_offset == 8
     deleted = [p for p in (tmp_path / "t-0").iterdir() if p.name.endswith(".deleted")]
-    assert len(deleted) == 6  # renamed now, removed after file.delete.delay.ms
+    assert len(deleted) == 8  # 2 segments x (log, 3 indexes): renamed now, removed after file.delete.delay.ms
     lg.delete_pending_segments(now_ms=t + 60_001)
     assert not [p for p in (tmp_path / "t-0").iterdir() if p.name.endswith(".deleted")]
     lg.close()
