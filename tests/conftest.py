@@ -15,7 +15,7 @@ from folder_scope import folder_of, leaving
 # so the workers finish together. Spark comes first: the first worker starts with it, so its JVM starts
 # before that process has used gRPC (tests/spark/conftest.py). The order holds without xdist too.
 FOLDERS_LONGEST_FIRST = ("spark", "ops", "faults", "metadata_quorum", "broker", "groups", "client", "kafka_compat",
-                         "security", "kafka_wire", "sim", "storage", "chaos", "replication", "kafka_admin", "fuzz")
+                         "security", "kafka_wire", "sim", "storage", "chaos", "replication", "kafka_admin", "fuzz", "txn")
 # While this folder runs, one other worker runs beside it and the rest wait (see FolderScheduling).
 RUNS_WITH_ONE_OTHER = "spark"
 
