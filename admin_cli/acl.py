@@ -27,9 +27,11 @@ app = typer.Typer(help="Create, list and delete ACLs (TOPIC, GROUP, CLUSTER reso
 TopicOpt = Annotated[str | None, typer.Option("--topic", help="Topic name, prefix, or * for every topic.")]
 GroupOpt = Annotated[str | None, typer.Option("--group", help="Group id, prefix, or * for every group.")]
 ClusterOpt = Annotated[bool, typer.Option("--cluster", help="The cluster resource.")]
-_STORED = " Stored and listed as Kafka's, not enforced: Brook has no transactions or delegation tokens; needs " \
+_STORED = " Stored and listed as Kafka's, not enforced: Brook has no delegation tokens; needs " \
           "brook.metadata.version 2 (brook features upgrade)."
-TxnOpt = Annotated[str | None, typer.Option("--transactional-id", help="Transactional id, prefix, or *." + _STORED)]
+TxnOpt = Annotated[str | None, typer.Option("--transactional-id", help="Transactional id, prefix, or * (DESCRIBE, "
+                                                                       "WRITE: what a transactional producer needs); "
+                                                                       "needs brook.metadata.version 2.")]
 TokenOpt = Annotated[str | None, typer.Option("--delegation-token", help="Delegation token id or *." + _STORED)]
 UserOpt = Annotated[str | None, typer.Option("--user-principal", help="User:<name> whose tokens." + _STORED)]
 PatternOpt = Annotated[str, typer.Option("--resource-pattern-type", help="literal or prefixed.")]

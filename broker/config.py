@@ -399,6 +399,27 @@ _BEHAVIOUR = [
     KeyDef("offsets.commit.timeout.ms", "int", "5000",
            "Longest an offset commit waits for the offsets topic replicas (acks=all).",
            check=_at_least(1), roles=_B),
+    KeyDef("transaction.state.log.num.partitions", "int", "50", "Partitions of __transaction_state (made at the "
+           "first transactional producer's FindCoordinator).", check=_at_least(1), roles=_B),
+    KeyDef("transaction.state.log.replication.factor", "int", "3", "Replication factor of __transaction_state "
+           "(at most the live brokers when it is made).", check=_at_least(1), roles=_B),
+    KeyDef("transaction.state.log.min.isr", "int", "2", "min.insync.replicas of __transaction_state.",
+           check=_at_least(1), roles=_B),
+    KeyDef("transaction.state.log.segment.bytes", "int", str(100 * 1024 * 1024),
+           "segment.bytes of __transaction_state.", check=_at_least(14), roles=_B),
+    KeyDef("transaction.max.timeout.ms", "int", "900000",
+           "Largest transaction.timeout.ms a transactional producer may ask for (InitProducerId answers "
+           "INVALID_TRANSACTION_TIMEOUT above it). A transaction left open holds back read_committed consumers "
+           "of its partitions until it ends or times out.", check=_at_least(1), roles=_B),
+    KeyDef("transactional.id.expiration.ms", "int", "604800000",
+           "A transactional id with no transaction for this long is forgotten by its coordinator.",
+           check=_at_least(1), roles=_B),
+    KeyDef("transaction.abort.timed.out.transaction.cleanup.interval.ms", "int", "10000",
+           "How often the transaction coordinator aborts transactions open longer than their timeout (their "
+           "producer is fenced).", check=_at_least(1), roles=_B),
+    KeyDef("transaction.remove.expired.transaction.cleanup.interval.ms", "int", "3600000",
+           "How often the transaction coordinator forgets transactional ids past transactional.id.expiration.ms.",
+           check=_at_least(1), roles=_B),
     KeyDef("offset.metadata.max.bytes", "int", "4096", "Largest metadata string of a committed offset.",
            check=_between(0, 32767, "the metadata is a string of Kafka's offset record, whose length is an int16"),
            roles=_B),

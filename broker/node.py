@@ -351,12 +351,12 @@ class Node:
         if cfg.is_broker:
             for d in cfg.log_dirs:
                 d.mkdir(parents=True, exist_ok=True)
-            from broker import group_coordinator
+            from broker import group_coordinator, txn_coordinator
             from broker.server import BrokerServer
 
             # GROUPS' coordinator is a broker extension: it registers its gRPC service on the
             # broker's server at start; the last extension picks up the object for metrics.
-            extensions = [group_coordinator.install, self._remember_coordinator]
+            extensions = [group_coordinator.install, txn_coordinator.install, self._remember_coordinator]
             with self.grpc.role("broker"):
                 self.broker = BrokerServer(cfg.broker_settings(), extensions=extensions)
                 if self.controller is not None:  # combined: a lost quorum ends a controlled shutdown early

@@ -6,7 +6,9 @@ high watermark passes the batch), the fetch path (consumers below the HW, follow
 the log end, long polling woken by appends), ISR maintenance (shrink on lag, expand on
 catch-up, both through the controller's AlterPartition) and the internal API other
 broker components use (group coordinator: append_records, read_committed, leadership
-listeners, ensure_internal_topic).
+listeners, ensure_internal_topic; transaction coordinator: markers_written). Consumers fetch
+read_uncommitted (below the HW) or read_committed (below the last stable offset, with the
+aborted transactions among what they read: replication/partition.py).
 
 No per-record work here: batches are checked and stamped by the storage layer from
 their headers, and fetch responses are the log's bytes as they are.
@@ -24,7 +26,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +40,19 @@ from proto import broker_pb2, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 from replication import isr as isr_rules
 from replication.fetcher import FetcherConfig, ReplicaFetcherManager
-from replication.partition import IsrProposal, LockBusy, Partition, Role, held
+from replication.partition import (
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+    IsrProposal,
+    LockBusy,
+    Partition,
+    Role,
+    held,
+)
 from replication.purgatory import DelayedOperation, DelayedOperationPurgatory
 from storage.disk_errors import disk_failure
 from storage.file_records import FileRecords
+from storage.log import WouldBlock
 from storage.record_batch import MAGIC, MAGIC_OFFSET, decode_batch, iter_batches, read_header
 from storage.segment import CorruptBatchError
 
@@ -177,7 +188,7 @@ def _wake_seq(p: Partition, for_follower: bool) -> int:
     return p.data_seq if for_follower else p.change_seq
 
 
-def _append_in_sequence(p: Partition, records: bytes, acks: int, max_wait_s: float) -> Any:
+def _append_in_sequence(p: Partition, records: bytes, acks: int, max_wait_s: float, transactional: bool = False) -> Any:
     """``p.append_as_leader``, letting a batch that arrived ahead of its producer's next sequence wait.
 
     Kafka reads a connection's requests in order; gRPC does not, so two pipelined Produce
@@ -189,7 +200,7 @@ def _append_in_sequence(p: Partition, records: bytes, acks: int, max_wait_s: flo
     deadline = time.monotonic() + max_wait_s
     while True:
         try:
-            return p.append_as_leader(records, acks)
+            return p.append_as_leader(records, acks, transactional=transactional)
         except errors.OutOfOrderSequenceNumberError:
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0 or not _sequence_ahead(p, records):
@@ -373,6 +384,8 @@ class ReplicaManager:
         # partition -> (leader, its gRPC address, leader epoch, its replication listener's address or "")
         self._fetch_targets: dict[tuple[str, int], tuple[int, str, int, str]] = {}
         self._listeners: list[LeadershipListener] = []
+        # Told of each transaction marker written here as leader: (topic, partition, producer id, commit, offset).
+        self.marker_listeners: list[Callable[[str, int, int, bool, int], None]] = []
         self.produce_purgatory = DelayedOperationPurgatory("produce")
         self.fetch_purgatory = DelayedOperationPurgatory("fetch")
         self.fetch_sessions = SessionIndex()  # followers' ReplicaFetch streams, by the partitions they hold
@@ -571,6 +584,68 @@ class ReplicaManager:
         self.fetch_purgatory.check_and_complete(key)
         self.fetch_sessions.changed(key, p)
 
+    def markers_written(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Transaction markers (COMMIT/ABORT) were appended as leader to partitions ``keys``
+        (``Partition.append_marker_as_leader``, or ``Log.append_marker_as_leader`` itself); the transaction
+        coordinator calls this once it wrote them. A marker moves the last stable offset, the bound of
+        read_committed fetches, once the HW passes it: the followers' fetches are woken to replicate it (their
+        progress then moves the HW, which wakes the consumers), a leader alone in its ISR moves its HW over it
+        here (acks=all produces waiting on that complete), and the read_committed fetches parked on the
+        partition look again at once (Kafka tries its delayed fetches after every leader append)."""
+        for key in dict.fromkeys(keys):
+            p = self._partitions.get(key)
+            if p is None:
+                continue
+            p.markers_appended()
+            self._complete_delayed(key)
+
+    def write_markers(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
+                      partitions: Iterable[tuple[str, int]], timeout_ms: int) -> dict[tuple[str, int], int]:
+        """Kafka's WriteTxnMarkers on this broker: a COMMIT or ABORT marker of the producer's transaction appended
+        as leader to each partition, each answered once the in-sync replicas have it (acks=all, as Kafka writes
+        markers) or with its error. Blocking (the marker sender's thread, or a worker of the RPC).
+
+        ``on_marker`` listeners (the group coordinator, for ``__consumer_offsets``: a transaction's offsets become
+        visible or go) are told of each marker written. The coordinator epoch is the transaction coordinator's
+        partition leader epoch: the log refuses markers of a coordinator older than the last one it saw."""
+        codes: dict[tuple[str, int], int] = {}
+        waits: dict[tuple[str, int], concurrent.futures.Future] = {}
+        deadline = time.monotonic() + min(max(0, timeout_ms), MAX_PRODUCE_TIMEOUT_MS) / 1000
+        for key in dict.fromkeys(partitions):
+            topic, index = key
+            try:
+                p = self.leader_partition(topic, index)
+                if self._fenced():
+                    raise errors.NotLeaderOrFollowerError(
+                        f"broker {self.node_id} is fenced by the controller; not accepting writes")
+                try:
+                    with p.lock:
+                        epoch = p.leader_epoch
+                        info = p.append_marker_as_leader(producer_id, producer_epoch, commit, coordinator_epoch)
+                except OSError as e:
+                    log.error("marker append to %s-%d failed on disk: %s", topic, index, e)
+                    self.log_manager.dir_failed(p.log.dir, e)
+                    raise errors.KafkaStorageError(f"{topic}-{index}: {e}") from e
+            except errors.BrookError as e:
+                codes[key] = e.code
+                continue
+            for listener in self.marker_listeners:
+                listener(topic, index, producer_id, commit, info.first_offset)
+            self.markers_written([key])
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            result = AppendResult(topic, index, info.first_offset, info.last_offset, -1, p.log.log_start_offset)
+            self.produce_purgatory.watch(DelayedProduce(p, epoch, result, fut, deadline, self._lease_valid), [p.key])
+            waits[key] = fut
+        for key, fut in waits.items():
+            try:
+                fut.result(timeout=max(0.0, deadline - time.monotonic()) + 1)
+                codes[key] = ErrorCode.NONE
+            except errors.BrookError as e:
+                codes[key] = e.code
+            except concurrent.futures.TimeoutError:
+                codes[key] = ErrorCode.REQUEST_TIMED_OUT
+        return codes
+
     # ---- lookup helpers ----
     def _current_leader(self, topic: str, partition: int) -> common_pb2.LeaderIdAndEpoch:
         return self.metadata_cache.leader_and_epoch(topic, partition)
@@ -587,17 +662,20 @@ class ReplicaManager:
 
     # ---- produce ----
     def append_records(self, topic: str, partition: int, records: bytes, *, acks: int,
-                       timeout_ms: int, blocking: bool = True) -> concurrent.futures.Future:
+                       timeout_ms: int, blocking: bool = True, transactional: bool = False) -> concurrent.futures.Future:
         """Append as leader. The future resolves to an AppendResult, or raises the BrookError.
 
         acks=0/1 resolve once the leader appended; acks=-1 once the HW passes the batch,
         with REQUEST_TIMED_OUT after ``timeout_ms`` (the data stays appended, as in Kafka).
         ``blocking=False`` is for the broker's event loop: it raises ``WouldBlock`` (``LockBusy`` for a
         held lock or a sequence gap), having changed nothing, where the append would wait or do
-        blocking work.
+        blocking work. ``transactional``: a transactional producer's batches, verified by the caller (only the
+        blocking path takes them).
         """
         fut: concurrent.futures.Future = concurrent.futures.Future()
         try:
+            if transactional and not blocking:
+                raise WouldBlock("transactional batches are appended off the loop")
             if acks not in (0, 1, -1):
                 raise errors.InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), not {acks}")
             if not records:
@@ -627,7 +705,7 @@ class ReplicaManager:
                 try:
                     if blocking:
                         info = _append_in_sequence(p, records, acks,
-                                                   min(SEQUENCE_GAP_WAIT_S, max(0, timeout_ms) / 1000))
+                                                   min(SEQUENCE_GAP_WAIT_S, max(0, timeout_ms) / 1000), transactional)
                     else:
                         info = _append_now(p, records, acks)
                 except OSError as e:
@@ -703,12 +781,14 @@ class ReplicaManager:
         # and back between the commit and the answer. Not for reads sent from the files (slices),
         # nor for a min_bytes above that bound (the bounded read could never satisfy it).
         tail_on_loop = not for_follower and slices is None and req.min_bytes <= LOOP_READ_MAX_BYTES
+        # A woken read_committed read also looks up the aborted transactions of what it read: on the executor.
+        woken_on_loop = tail_on_loop and req.isolation_level != READ_COMMITTED
         parked = False
         while True:
             if inline is None:
                 seqs = wake_seqs()  # before the read: a change racing with it wakes the park below
                 # A consumer's read takes no lock (the log's view); one at the tail touches no file.
-                here = tail_on_loop and (parked or self._at_tail(req))
+                here = (woken_on_loop and parked) or (tail_on_loop and self._at_tail(req))
                 read_cap = min(cap, LOOP_READ_MAX_BYTES) if here else cap
                 granted = await reserve(read_cap)
                 try:
@@ -733,12 +813,14 @@ class ReplicaManager:
                 return resp, 0
 
     def _at_tail(self, req: broker_pb2.FetchRequest) -> bool:
-        """Does a consumer's fetch ask only for what is not committed yet? Its read then finds nothing
-        without touching a file (``Log.read`` stops at the HW first), the usual case of a consumer
-        that has read everything and asks again; partitions not hosted here read no file either."""
+        """Does a consumer's fetch ask only for what is not committed yet (read_committed: not yet stable)? Its
+        read then finds nothing without touching a file (``Log.read`` stops at the HW, or the LSO, first), the
+        usual case of a consumer that has read everything and asks again; partitions not hosted here read no
+        file either."""
+        committed = req.isolation_level == READ_COMMITTED
         for fp in req.partitions:
             p = self._partitions.get((fp.topic, fp.partition))
-            if p is not None and fp.fetch_offset < p.log.high_watermark:
+            if p is not None and fp.fetch_offset < (p.log.last_stable_offset if committed else p.log.high_watermark):
                 return False
         return True
 
@@ -880,11 +962,14 @@ class ReplicaManager:
         total = 0
         must_answer = False
         is_follower = req.replica_id >= 0
-        stale = self._stale_replica_epoch(req) if is_follower else None
+        stale = self._stale_replica_epoch(req) if is_follower else _isolation_refusal(req.isolation_level)
+        read_committed = not is_follower and req.isolation_level == READ_COMMITTED
         now = now_ms()
         for fp in req.partitions:
             out = resp.partitions.add(topic=fp.topic, partition=fp.partition, high_watermark=-1,
                                       log_start_offset=-1, log_end_offset=-1)
+            if not is_follower:
+                out.last_stable_offset = -1
             try:
                 if stale is not None:
                     raise stale
@@ -914,7 +999,8 @@ class ReplicaManager:
                         self._alter.submit(r.isr_proposal)
                 else:
                     data = p.read_for_consumer(fp.fetch_offset, limit, fp.current_leader_epoch, first,
-                                               as_slice=slices is not None, follower_read=req.follower_read) \
+                                               as_slice=slices is not None, follower_read=req.follower_read,
+                                               read_committed=read_committed) \
                         if (limit > 0 or first) else None
                     records = data.records if data is not None else b""
                     if not records and self._deposed_leader(p, now):
@@ -925,6 +1011,14 @@ class ReplicaManager:
                     lg = p.log
                     out.high_watermark, out.log_start_offset, out.log_end_offset = (
                         lg.high_watermark, lg.log_start_offset, lg.log_end_offset)
+                    if data is None or not read_committed:
+                        # Kafka answers the LSO at either isolation level (a read_uncommitted consumer's lag
+                        # metrics ignore it); nothing is aborted for a consumer that reads everything.
+                        out.last_stable_offset = lg.last_stable_offset
+                    else:
+                        out.last_stable_offset = data.last_stable_offset
+                        for producer_id, first_offset in data.aborted_transactions:
+                            out.aborted_transactions.add(producer_id=producer_id, first_offset=first_offset)
                     if slices is not None:
                         old = slices.pop((fp.topic, fp.partition), None)
                         if old is not None:
@@ -1146,14 +1240,20 @@ class ReplicaManager:
         # its log (a timestamp, MAX_TIMESTAMP), and one request naming a partition with a thousand
         # timestamps read it a thousand times (found by an audit); no client needs two answers at once.
         named = Counter((lp.topic, lp.partition) for lp in req.partitions)
+        from_replica = req.replica_id >= 0
+        refusal = None if from_replica else _isolation_refusal(req.isolation_level)
+        read_committed = not from_replica and req.isolation_level == READ_COMMITTED
         for lp in req.partitions:
             out = resp.partitions.add(topic=lp.topic, partition=lp.partition, timestamp=-1, offset=-1,
                                       leader_epoch=-1)
             try:
+                if refusal is not None:
+                    raise refusal
                 refuse_repeated(named, lp.topic, lp.partition, "ListOffsets")
                 p = self.leader_partition(lp.topic, lp.partition)
                 p.check_leader(lp.current_leader_epoch)
-                out.offset, out.timestamp, out.leader_epoch = self._offset_for(p, lp.timestamp, req.replica_id >= 0)
+                out.offset, out.timestamp, out.leader_epoch = self._offset_for(p, lp.timestamp, from_replica,
+                                                                               read_committed)
             except errors.BrookError as e:
                 out.error_code, out.error_message = e.code, e.message
                 if e.code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
@@ -1161,15 +1261,18 @@ class ReplicaManager:
                     out.current_leader.CopyFrom(self._current_leader(lp.topic, lp.partition))
         return resp
 
-    def _offset_for(self, p: Partition, ts: int, from_replica: bool) -> tuple[int, int, int]:
+    def _offset_for(self, p: Partition, ts: int, from_replica: bool,
+                    read_committed: bool = False) -> tuple[int, int, int]:
         """(offset, timestamp, leader epoch) that ListOffsets answers for ``ts``, as Kafka's
         ``Partition.fetchOffsetForTimestamp``: the epoch is the one of the answer's offset, for a client's
         KIP-320 check of it (OffsetsForLeaderEpoch), not the partition's current one. Earliest: the epoch of
         the log start (the leader epoch cache's first entry); latest: the current leader epoch; a timestamp
         and MAX_TIMESTAMP: the partition leader epoch of the batch holding the record found; nothing found:
-        (-1, -1, -1). EARLIEST_LOCAL is the earliest (no tiered storage); LATEST_TIERED finds nothing."""
+        (-1, -1, -1). EARLIEST_LOCAL is the earliest (no tiered storage); LATEST_TIERED finds nothing.
+        Kafka's last fetchable offset bounds latest, MAX_TIMESTAMP and timestamps: the log end for a replica,
+        the last stable offset for a read_committed consumer, else the high watermark."""
         lg = p.log
-        bound = lg.log_end_offset if from_replica else lg.high_watermark
+        bound = lg.log_end_offset if from_replica else lg.last_stable_offset if read_committed else lg.high_watermark
         if ts in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
             # the sentinel always answers
             return lg.lookup_timestamp(EARLIEST_TIMESTAMP) or (lg.log_start_offset, -1, -1)
@@ -1297,6 +1400,15 @@ def refuse_repeated(named: Counter[tuple[str, int]], topic: str, partition: int,
     if times > 1:
         raise errors.InvalidRequestError(f"{topic}-{partition} is named {times} times in one {api} request: a "
                                          "partition may be named once")
+
+
+def _isolation_refusal(isolation_level: int) -> errors.BrookError | None:
+    """INVALID_REQUEST for an isolation level that is neither read_uncommitted (0) nor read_committed (1): Kafka's
+    parser refuses it (``IsolationLevel.forId``)."""
+    if isolation_level in (READ_UNCOMMITTED, READ_COMMITTED):
+        return None
+    return errors.InvalidRequestError(f"unknown isolation level {isolation_level} (0 read_uncommitted, 1 "
+                                      "read_committed)")
 
 
 def one_entry_per_partition(req: broker_pb2.FetchRequest) -> broker_pb2.FetchRequest:

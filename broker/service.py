@@ -74,10 +74,12 @@ from broker.replica_manager import (
     refuse_repeated,
     until_resolved,
 )
+from client.types import TopicPartition
 from proto import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, errors
 from proto.errors import ErrorCode
 from storage.log import WouldBlock
 from storage.log_validator import MAX_RECORD_ERRORS
+from storage.record_batch import read_header
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +157,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         # Which listener's addresses a Metadata answer gives, by whether the request came over
         # TLS (gRPC does not say which port it arrived on). Set by BrokerServer; BROKER otherwise.
         self.listener_by_tls: dict[bool, str] = {}
+        # The transaction coordinator and the calls to other brokers it makes (broker/txn_coordinator.py's
+        # install sets them); None: no transactional producer is served.
+        self.txn: Any = None
+        self.txn_calls: Any = None
 
     # ---- boundary ----
     async def _guard(self, name: str, request: Any, work: Callable[[], Awaitable[Any]],
@@ -383,7 +389,17 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             records = [pd.records for pd in req.partitions]
         denied = self.authz.denied_topics(caller, authz.WRITE, {pd.topic for pd in req.partitions})
         written = sum(len(r) for r, pd in zip(records, req.partitions, strict=True) if pd.topic not in denied)
-        futures = self._produce_append_inline(req, denied, records)
+        if req.transactional_id:
+            refused = await self._transactional_refusal(req, caller, denied, records)
+            if isinstance(refused, broker_pb2.ProduceResponse):
+                return refused
+            futures: list[concurrent.futures.Future | None] = [None] * len(req.partitions)
+            for i, error in refused.items():
+                failed: concurrent.futures.Future = concurrent.futures.Future()
+                failed.set_exception(error)
+                futures[i] = failed
+        else:
+            futures = self._produce_append_inline(req, denied, records)
         deferred = [i for i, f in enumerate(futures) if f is None]
         if deferred:
             # Recompression costs CPU in proportion to the decompressed bytes (a 1 KiB zstd batch may
@@ -480,8 +496,55 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 futures.append(fut)
                 continue
             futures.append(self.rm.append_records(pd.topic, pd.partition, records[i], acks=req.acks,
-                                                  timeout_ms=req.timeout_ms))
+                                                  timeout_ms=req.timeout_ms, transactional=bool(req.transactional_id)))
         return futures
+
+    async def _transactional_refusal(self, req: broker_pb2.ProduceRequest, caller: Any, denied: set[str] | frozenset[str],
+                                     records: list[bytes]) -> broker_pb2.ProduceResponse | dict[int, errors.BrookError]:
+        """A transactional producer's request, before anything is appended: the answer refusing it all, or the
+        partitions (by index) refused, with why.
+
+        As Kafka's: WRITE on the transactional id (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every
+        partition), acks=all, and every batch transactional of one producer id and epoch (else INVALID_RECORD;
+        the log refuses a mixed request too). Then KIP-890's verification: a partition whose log has no ongoing
+        transaction of this producer takes its first batch only once the transaction's coordinator says the
+        partition was added to the producer's ongoing transaction. Without it a client could write transactional
+        batches no coordinator knows of: nobody would ever end them, and the partition's last stable offset, the
+        bound of every read_committed consumer, would stay below them for good."""
+        tid = req.transactional_id
+        if not self.authz.authorize(caller, authz.WRITE, "TRANSACTIONAL_ID", tid):
+            return _produce_error_all(req, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                                      f"{caller} may not WRITE transactional id {tid[:100]!r}")
+        if req.acks != -1:
+            return _produce_error_all(req, ErrorCode.INVALID_REQUIRED_ACKS, "a transactional producer writes with acks=all")
+        if self.txn_calls is None:
+            return _produce_error_all(req, ErrorCode.INVALID_REQUEST, "this broker serves no transactions")
+        checks: list[tuple[int, TopicPartition, int, int]] = []
+        for i, (pd, data) in enumerate(zip(req.partitions, records, strict=True)):
+            if pd.topic in denied or pd.topic.startswith("__"):
+                continue  # refused by _produce_append
+            try:
+                h = read_header(data)
+            except errors.BrookError:
+                continue  # the log's validation refuses it with its reason
+            if not h.is_transactional or h.producer_id < 0:
+                return _produce_error_all(req, ErrorCode.INVALID_RECORD,
+                                          "a produce with a transactional id holds transactional batches only")
+            checks.append((i, TopicPartition(pd.topic, pd.partition), h.producer_id, h.producer_epoch))
+        if not checks:
+            return {}
+        verify = self.txn_calls.verify
+
+        def verified(tp: TopicPartition, pid: int, epoch: int) -> int:  # off the loop: log locks, a call to a broker
+            p = self.rm.partition(tp.topic, tp.partition)
+            if p is not None and pid in p.log.ongoing_transactions() and p.log.producer_epoch(pid) == epoch:
+                return ErrorCode.NONE  # this producer's transaction is open here already: verified by its first batch
+            return verify(tid, pid, epoch, tp)
+        codes = await self._io(lambda: [verified(tp, pid, epoch) for _, tp, pid, epoch in checks])
+        return {i: errors.error_for(_VERIFY_ANSWERS.get(code, code),
+                                    f"the ongoing transaction of {tid[:100]!r} does not hold {tp.topic}-{tp.partition} "
+                                    f"(the coordinator answered error {code})")
+                for (i, tp, _, _), code in zip(checks, codes, strict=True) if code != ErrorCode.NONE}
 
     def _produce_response(self, req: broker_pb2.ProduceRequest,
                           futures: list[concurrent.futures.Future]) -> broker_pb2.ProduceResponse:
@@ -565,7 +628,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 if fp.topic in denied:
                     _partition_errors(answer.message, [fp], authz.denied_error(
                         caller, authz.READ, authz.TOPIC, fp.topic), high_watermark=-1, log_start_offset=-1,
-                        log_end_offset=-1)
+                        log_end_offset=-1, last_stable_offset=-1)
             if self.quotas is not None:
                 sent = answer.records_bytes() + sum(len(s) for s in (slices or {}).values())
                 answer.message.throttle_time_ms = self.quotas.fetch(caller, sent)
@@ -1046,6 +1109,46 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         return await self._io(read)
 
 
+    # ---- transactions, broker to broker ----
+    async def WriteTxnMarkers(self, request: broker_pb2.WriteTxnMarkersRequest,
+                              context: grpc.aio.ServicerContext) -> Any:
+        """A transaction coordinator's markers for partitions this broker leads (node certificates only)."""
+        await self._bounded(context, len(request.partitions), "partitions")
+        if not principal.is_node_caller(context):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "WriteTxnMarkers is for brokers only")
+        keys = [(p.topic, p.partition) for p in request.partitions]
+        codes = await self._replication_io(lambda: self.rm.write_markers(
+            request.producer_id, request.producer_epoch, request.commit, request.coordinator_epoch, keys,
+            request.timeout_ms))
+        resp = broker_pb2.WriteTxnMarkersResponse()
+        for topic, index in keys:
+            resp.partitions.add(topic=topic, partition=index, error_code=codes.get((topic, index), 0))
+        return resp
+
+    async def VerifyTransaction(self, request: broker_pb2.VerifyTransactionRequest,
+                                context: grpc.aio.ServicerContext) -> Any:
+        """A partition leader's question to this coordinator (node certificates only): is the partition in
+        the producer's ongoing transaction?"""
+        if not principal.is_node_caller(context):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "VerifyTransaction is for brokers only")
+        if self.txn is None:
+            return broker_pb2.VerifyTransactionResponse(error_code=ErrorCode.NOT_COORDINATOR)
+        code = self.txn.verify(request.transactional_id, request.producer_id, request.producer_epoch,
+                               TopicPartition(request.topic, request.partition))
+        return broker_pb2.VerifyTransactionResponse(error_code=code)
+
+
+# A coordinator's verification answer as the producer is told it, as Kafka's AddPartitionsToTxnManager maps it: a
+# coordinator that cannot answer now is NOT_ENOUGH_REPLICAS, which every producer retries; a partition not in the
+# transaction is INVALID_TXN_STATE (the transaction must be aborted); a fenced producer is INVALID_PRODUCER_EPOCH.
+_VERIFY_ANSWERS = {ErrorCode.NOT_COORDINATOR: ErrorCode.NOT_ENOUGH_REPLICAS,
+                   ErrorCode.COORDINATOR_NOT_AVAILABLE: ErrorCode.NOT_ENOUGH_REPLICAS,
+                   ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: ErrorCode.NOT_ENOUGH_REPLICAS,
+                   ErrorCode.REQUEST_TIMED_OUT: ErrorCode.NOT_ENOUGH_REPLICAS,
+                   ErrorCode.INVALID_PRODUCER_ID_MAPPING: ErrorCode.INVALID_TXN_STATE,
+                   ErrorCode.PRODUCER_FENCED: ErrorCode.INVALID_PRODUCER_EPOCH}
+
+
 def on_loop(f: concurrent.futures.Future) -> asyncio.Future[Any]:
     """An asyncio future of the running loop that completes with ``f``: ``asyncio.wrap_future``, except
     that a completion made on the loop's own thread (an acks=all produce acknowledged by a follower
@@ -1122,7 +1225,7 @@ def _fetch_refused(req: broker_pb2.FetchRequest, error: errors.BrookError) -> br
     """A Fetch refused whole: ``error`` for each partition it names, once (as every Fetch answer names them:
     ``one_entry_per_partition``; a refusal echoed a partition named twice twice, found by ``make fuzz``)."""
     return _partition_errors(broker_pb2.FetchResponse(), one_entry_per_partition(req).partitions, error,
-                             high_watermark=-1, log_start_offset=-1, log_end_offset=-1)
+                             high_watermark=-1, log_start_offset=-1, log_end_offset=-1, last_stable_offset=-1)
 
 
 def _fetch_error_all(req: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:

@@ -502,27 +502,28 @@ class ClusterClient:
 
     # ---- ListOffsets ----
     def list_offsets(
-        self, timestamps: Mapping[TopicPartition, int], *, timeout_ms: int | None = None
+        self, timestamps: Mapping[TopicPartition, int], *, timeout_ms: int | None = None, isolation_level: int = 0
     ) -> dict[TopicPartition, tuple[int, int]]:
         """{tp: timestamp} (-1 latest/HW, -2 earliest, -3 max timestamp, else ms) -> {tp: (offset, timestamp)}.
 
-        Offset is -1 when no record has a timestamp >= the one asked for.
+        Offset is -1 when no record has a timestamp >= the one asked for. ``isolation_level`` 1 (read_committed):
+        offsets below the last stable offset instead of the high watermark (latest is the LSO).
         """
-        found = self._list_offsets(timestamps, timeout_ms, fenced=False)
+        found = self._list_offsets(timestamps, timeout_ms, fenced=False, isolation_level=isolation_level)
         return {tp: (offset, ts) for tp, (offset, ts, _epoch, _current) in found.items()}
 
     def list_offsets_with_epochs(
-        self, timestamps: Mapping[TopicPartition, int], *, timeout_ms: int | None = None
+        self, timestamps: Mapping[TopicPartition, int], *, timeout_ms: int | None = None, isolation_level: int = 0
     ) -> dict[TopicPartition, tuple[int, int, int, int]]:
         """``list_offsets`` for a consumer's positions (KIP-320): {tp: (offset, timestamp, leader epoch of the
         offset, the leader epoch the answer was given at)}. Each request carries the partition's leader
         epoch from the metadata as ``current_leader_epoch``, so only the leader at that epoch answers (a
         broker at another epoch is retried after a metadata refresh); the offset is then one of that
         leader's log, and the epoch of the offset (-1 when the leader has none) is the position's."""
-        return self._list_offsets(timestamps, timeout_ms, fenced=True)
+        return self._list_offsets(timestamps, timeout_ms, fenced=True, isolation_level=isolation_level)
 
     def _list_offsets(self, timestamps: Mapping[TopicPartition, int], timeout_ms: int | None, *,
-                      fenced: bool) -> dict[TopicPartition, tuple[int, int, int, int]]:
+                      fenced: bool, isolation_level: int = 0) -> dict[TopicPartition, tuple[int, int, int, int]]:
         pending = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
         result: dict[TopicPartition, tuple[int, int, int, int]] = {}
         backoff = self._backoff(timeout_ms)
@@ -534,7 +535,7 @@ class ClusterClient:
                     raise exc
                 last = exc
             for leader, tps in by_leader.items():
-                last = self._list_offsets_on(leader, tps, pending, result, backoff, fenced) or last
+                last = self._list_offsets_on(leader, tps, pending, result, backoff, fenced, isolation_level) or last
             if not pending:
                 break
             self.request_update()
@@ -542,10 +543,11 @@ class ClusterClient:
                 raise last or errors.RequestTimedOutError("list_offsets timed out")
         return result
 
-    def _list_offsets_on(self, leader, tps, pending, result, backoff, fenced: bool) -> errors.BrookError | None:
+    def _list_offsets_on(self, leader, tps, pending, result, backoff, fenced: bool,
+                         isolation_level: int = 0) -> errors.BrookError | None:
         epochs = {tp: self.leader_epoch(tp) if fenced else -1 for tp in tps}
         req = broker_pb2.ListOffsetsRequest(
-            replica_id=-1,
+            replica_id=-1, isolation_level=isolation_level,
             partitions=[
                 broker_pb2.ListOffsetsPartition(
                     topic=tp.topic, partition=tp.partition, timestamp=pending[tp], current_leader_epoch=epochs[tp]
@@ -574,7 +576,8 @@ class ClusterClient:
 
     # ---- Fetch (single partition convenience; the Consumer pipelines its own) ----
     def fetch(
-        self, tp: TopicPartition, offset: int, max_bytes: int, *, max_wait_ms: int = 0, min_bytes: int = 1
+        self, tp: TopicPartition, offset: int, max_bytes: int, *, max_wait_ms: int = 0, min_bytes: int = 1,
+        isolation_level: int = 0,
     ) -> FetchResult:
         """Fetch committed batches of one partition from its leader.
 
@@ -588,7 +591,7 @@ class ClusterClient:
             try:
                 timeout_s = max(0.05, min(backoff.remaining_s(), self.request_timeout_ms / 1000 + max_wait_ms / 1000))
                 result = self.fetch_from(self.leader_for(tp), tp, offset, max_bytes, max_wait_ms=max_wait_ms,
-                                         min_bytes=min_bytes, timeout_s=timeout_s)
+                                         min_bytes=min_bytes, timeout_s=timeout_s, isolation_level=isolation_level)
                 if result.error is None or not result.error.retriable:
                     return result
                 last = result.error
@@ -603,12 +606,15 @@ class ClusterClient:
                 return FetchResult(b"", -1, -1, last)
 
     def fetch_from(self, leader: int, tp: TopicPartition, offset: int, max_bytes: int, *, max_wait_ms: int = 0,
-                   min_bytes: int = 1, timeout_s: float) -> FetchResult:
+                   min_bytes: int = 1, timeout_s: float, isolation_level: int = 0) -> FetchResult:
         """One Fetch of ``tp`` from broker ``leader``, no retry: the partition's error comes back in the
         result (no records with it); a transport failure raises grpc.RpcError, an answer without the
-        partition UnknownServerError."""
+        partition UnknownServerError. ``isolation_level`` 1 (read_committed): records below the last stable
+        offset, and the aborted transactions among them in the result (``client.fetcher.AbortedFilter``
+        drops their records)."""
         req = broker_pb2.FetchRequest(
             replica_id=-1, replica_epoch=-1, max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=max_bytes,
+            isolation_level=isolation_level,
             partitions=[broker_pb2.FetchPartition(
                 topic=tp.topic, partition=tp.partition, fetch_offset=offset, partition_max_bytes=max_bytes,
                 current_leader_epoch=-1, last_fetched_epoch=-1, log_start_offset=-1)])
@@ -617,7 +623,9 @@ class ClusterClient:
         if part is None:
             raise errors.UnknownServerError(f"Fetch response from broker {leader} lacks {tp}")
         if part.error_code == errors.ErrorCode.NONE:
-            return FetchResult(part.records, part.high_watermark, part.log_start_offset, None, part.log_end_offset)
+            aborted = tuple((a.producer_id, a.first_offset) for a in part.aborted_transactions)
+            return FetchResult(part.records, part.high_watermark, part.log_start_offset, None, part.log_end_offset,
+                               part.last_stable_offset, aborted)
         err = errors.error_for(part.error_code, part.error_message)
         return FetchResult(b"", part.high_watermark, part.log_start_offset, err, part.log_end_offset)
 

@@ -93,6 +93,19 @@ def parse_compression_level(cfg: Mapping[str, Any], codec: int) -> int | None:
     return level
 
 
+# isolation.level (Kafka's IsolationLevel ids, as Fetch and ListOffsets carry them)
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+ISOLATION_LEVELS = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED}
+
+
+def parse_isolation_level(value: Any) -> int:
+    """A consumer's isolation.level: read_uncommitted (0, Kafka's default) or read_committed (1)."""
+    name = str(value).lower()
+    if name not in ISOLATION_LEVELS:
+        raise errors.InvalidConfigError(f"isolation.level must be read_uncommitted or read_committed, got {value!r}")
+    return ISOLATION_LEVELS[name]
+
+
 def parse_bool(cfg: Mapping[str, Any], name: str) -> bool:
     value = cfg[name]
     if isinstance(value, bool):

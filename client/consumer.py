@@ -8,8 +8,13 @@
         c.commit()
 
 Only committed data (below the high watermark) is ever returned: the broker serves
-nothing else to consumers. Positions are "the next offset to read"; committed
-offsets have the same meaning. Group membership (``subscribe``) comes from
+nothing else to consumers. With ``isolation.level=read_committed`` only what is below the
+last stable offset, without the records of aborted transactions (Kafka's read_committed:
+the broker names the aborted transactions among the records it returns, and the consumer
+drops their batches, ``client.fetcher.AbortedFilter``); resets to latest, ``seek_to_end``,
+``end_offsets`` and ``offsets_for_times`` then answer below the last stable offset too.
+Transaction markers (control records) are never returned. Positions are "the next offset
+to read"; committed offsets have the same meaning. Group membership (``subscribe``) comes from
 ``client.group_membership``; manual ``assign`` needs no coordinator except for
 commits and committed().
 
@@ -51,7 +56,15 @@ import grpc
 
 from client import errors
 from client.cluster import REFRESH_CODES, ClusterClient, as_timeout_ms, rpc_error
-from client.config import SECURITY_DEFAULTS, normalize, parse_bool, require_int, security_config
+from client.config import (
+    READ_COMMITTED,
+    SECURITY_DEFAULTS,
+    normalize,
+    parse_bool,
+    parse_isolation_level,
+    require_int,
+    security_config,
+)
 from client.coordinator import GroupCoordinatorClient
 from client.fetcher import (
     POSITION_TRUNCATED,
@@ -75,6 +88,7 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     # session.timeout.ms gets the same partitions back without a rebalance; close() does not leave.
     "group_instance_id": None,
     "auto_offset_reset": "latest",
+    "isolation_level": "read_uncommitted",  # or read_committed (Kafka's isolation.level)
     "enable_auto_commit": True,
     "auto_commit_interval_ms": 5000,
     "max_poll_records": 500,
@@ -135,6 +149,7 @@ class Consumer:
             raise errors.InvalidConfigError(
                 f"heartbeat.interval.ms ({heartbeat_ms}) must be lower than session.timeout.ms ({session_timeout_ms})")
         require_int(cfg, "max_poll_interval_ms", minimum=1)
+        self._isolation = parse_isolation_level(cfg["isolation_level"])
         self._key_des = cfg["key_deserializer"]
         self._value_des = cfg["value_deserializer"]
         self.cluster = ClusterClient(cfg["bootstrap_servers"], request_timeout_ms=request_timeout_ms,
@@ -149,6 +164,7 @@ class Consumer:
             max_partition_fetch_bytes=require_int(cfg, "max_partition_fetch_bytes", minimum=1),
             request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=self._retry_backoff_ms,
+            isolation_level=self._isolation,
         )
         self._coordinator = GroupCoordinatorClient(self.cluster, self.group_id) if self.group_id else None
         self._assignment: dict[TopicPartition, PartitionState] = {}
@@ -296,6 +312,8 @@ class Consumer:
         Positions move past the last batch returned. The first batch of a partition may
         start before the position it was fetched from (a batch is indivisible): skip
         records with lower offsets when decoding (``storage.record_batch.decode_batch``).
+        read_committed: the batches of aborted transactions and the control batches are left
+        out (read_uncommitted returns control batches as fetched: skip them when decoding).
         """
         return self._poll(timeout_ms, self._drain_batches)
 
@@ -425,7 +443,8 @@ class Consumer:
             state.log_start_offset = p.log_start_offset
             records = p.records  # each read of a protobuf bytes field is a copy
             if records:
-                self._buffered[tp] = PartitionRecords(tp, records)
+                aborted = p.aborted_transactions if self._isolation == READ_COMMITTED else None
+                self._buffered[tp] = PartitionRecords(tp, records, aborted)
             return
         if code == errors.ErrorCode.OFFSET_OUT_OF_RANGE:
             if self._reset is None:
@@ -512,7 +531,8 @@ class Consumer:
                         f"no committed offset for {tp.topic}-{tp.partition} in group {self.group_id!r} "
                         f"and auto.offset.reset=none")
         if to_reset:
-            found = self.cluster.list_offsets_with_epochs(to_reset, timeout_ms=timeout_ms)
+            found = self.cluster.list_offsets_with_epochs(to_reset, timeout_ms=timeout_ms,
+                                                          isolation_level=self._isolation)
             for tp, (offset, _ts, offset_epoch, leader_epoch) in found.items():
                 st = self._assignment.get(tp)
                 if st is not None and st.position is None:
@@ -768,7 +788,8 @@ class Consumer:
         self._seek_reset(partitions, EARLIEST)
 
     def seek_to_end(self, *partitions: TopicPartition) -> None:
-        """Move to the high watermark (evaluated at the next poll() or position())."""
+        """Move to the high watermark, read_committed: the last stable offset (evaluated at the next poll() or
+        position())."""
         self._seek_reset(partitions, LATEST)
 
     def pause(self, *partitions: TopicPartition) -> None:
@@ -791,11 +812,13 @@ class Consumer:
         return {tp: o for tp, (o, _) in self.cluster.list_offsets(dict.fromkeys(partitions, EARLIEST)).items()}
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: o for tp, (o, _) in self.cluster.list_offsets(dict.fromkeys(partitions, LATEST)).items()}
+        """The latest offsets: high watermarks (read_committed: last stable offsets)."""
+        found = self.cluster.list_offsets(dict.fromkeys(partitions, LATEST), isolation_level=self._isolation)
+        return {tp: o for tp, (o, _) in found.items()}
 
     def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int] | None]:
         """{tp: ms} -> {tp: (offset, timestamp)} of the first record at or after it (None if none)."""
-        found = self.cluster.list_offsets(timestamps)
+        found = self.cluster.list_offsets(timestamps, isolation_level=self._isolation)
         return {tp: (o, ts) if o >= 0 else None for tp, (o, ts) in found.items()}
 
     def partitions_for_topic(self, topic: str) -> set[int]:

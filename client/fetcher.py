@@ -16,6 +16,12 @@ consumer then refreshes its metadata. When the metadata shows a new leader epoch
 whose position has an epoch, the partition is not fetched until the consumer has checked the
 position against the new leader (OffsetsForLeaderEpoch, ``check_position``): a log truncated below
 it (an unclean leader election) is detected instead of read past.
+
+Transactions (``isolation.level``): a read_committed fetch reads up to the partition's last stable offset
+and its answer names the aborted transactions among the records (producer id, first offset);
+``AbortedFilter`` drops their batches as Kafka's consumer does (``CompletedFetch``). Control batches
+(transaction markers) are never handed out, at either level; the position moves past them and past
+dropped batches.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +42,15 @@ from client.cluster import ClusterClient, rpc_error
 from client.streams import RequestStream, UnaryFallback
 from client.types import ConsumerRecord, TopicPartition
 from proto import broker_pb2
-from storage.record_batch import ATTR_CONTROL, iter_batches
+from storage.record_batch import (
+    ATTR_CONTROL,
+    CONTROL_TYPE_ABORT,
+    BatchHeader,
+    Buffer,
+    decode_batch,
+    iter_batches,
+    parse_control_record,
+)
 from storage.record_decode import decode_batch_tuples
 
 log = logging.getLogger(__name__)
@@ -122,16 +136,66 @@ def check_position(position: int, end_offset: int, end_epoch: int) -> str:
     return POSITION_VALID
 
 
+class AbortedFilter:
+    """read_committed: which batches of one fetch answer of a partition to hand out, as Kafka's consumer decides
+    (``CompletedFetch.nextFetchedRecord``). Built from the answer's aborted transactions, then asked about every
+    batch of the answer in order (``keep``).
+
+    The aborted transactions are taken in first-offset order: once a batch with a producer id reaches one's
+    first offset (its last offset at or past it), that producer is aborted, and its transactional batches are
+    dropped until its ABORT marker. A producer's batches before its aborted transaction's first offset (an
+    earlier, committed transaction) are kept; so are non-transactional batches. Control batches are never
+    handed out.
+    """
+
+    __slots__ = ("_pending", "_aborted")
+
+    def __init__(self, aborted: Iterable[tuple[int, int]]) -> None:
+        # Smallest first offset last (popped first); a stable sort keeps the answer's order on a tie.
+        self._pending = sorted(aborted, key=lambda a: a[1], reverse=True)
+        self._aborted: set[int] = set()
+
+    def keep(self, buf: Buffer, pos: int, header: BatchHeader) -> bool:
+        """Is the batch at ``pos`` of ``buf`` (its header ``header``) one whose records are handed out?"""
+        producer_id = header.producer_id
+        if producer_id < 0:
+            return not header.attributes & ATTR_CONTROL
+        pending = self._pending
+        while pending and pending[-1][1] <= header.last_offset:
+            self._aborted.add(pending.pop()[0])
+        if header.attributes & ATTR_CONTROL:
+            if producer_id in self._aborted and _is_abort_marker(buf, pos):
+                self._aborted.discard(producer_id)
+            return False
+        return not (header.is_transactional and producer_id in self._aborted)
+
+
+def _is_abort_marker(buf: Buffer, pos: int) -> bool:
+    """Is the control batch at ``pos`` an ABORT marker (its first record's control type)?"""
+    records = decode_batch(buf, pos)[1]
+    return bool(records) and parse_control_record(records[0])[0] == CONTROL_TYPE_ABORT
+
+
+def aborted_filter(aborted: Iterable[Any] | None) -> AbortedFilter | None:
+    """The filter of a read_committed answer's ``aborted_transactions`` (protobuf AbortedTransaction messages or
+    (producer id, first offset) pairs); None (nothing filtered, read_uncommitted) for None."""
+    if aborted is None:
+        return None
+    return AbortedFilter((a.producer_id, a.first_offset) if hasattr(a, "producer_id") else (a[0], a[1])
+                         for a in aborted)
+
+
 class PartitionRecords:
     """Whole batches fetched for one partition, decoded one batch at a time as the app consumes.
 
     A batch is decoded straight into ConsumerRecord tuples (storage/record_decode.py: in C
-    when the extension is built); ``take`` hands them out from the position on.
+    when the extension is built); ``take`` hands them out from the position on. ``aborted``: a
+    read_committed answer's aborted transactions (see ``AbortedFilter``); None for read_uncommitted.
     """
 
-    __slots__ = ("tp", "data", "batches", "current", "index", "increasing", "epoch")
+    __slots__ = ("tp", "data", "batches", "current", "index", "increasing", "epoch", "filter")
 
-    def __init__(self, tp: TopicPartition, data: bytes) -> None:
+    def __init__(self, tp: TopicPartition, data: bytes, aborted: Iterable[Any] | None = None) -> None:
         self.tp = tp
         self.data = data
         self.batches = iter_batches(data)
@@ -139,6 +203,7 @@ class PartitionRecords:
         self.index = 0
         self.increasing = True  # offsets of `current` strictly increase
         self.epoch: int | None = None  # partition leader epoch of the batch `current` came from
+        self.filter = aborted_filter(aborted)
 
     def take(self, state: PartitionState, limit: int, key_des: Deserializer | None,
              value_des: Deserializer | None) -> list[ConsumerRecord]:
@@ -182,11 +247,15 @@ class PartitionRecords:
                 state.offset_epoch = self.epoch
         self.current, self.index = [], 0
         topic, partition = self.tp
+        filt = self.filter
         for pos, header in self.batches:
+            # read_committed: every batch goes through the filter, those before the position too (its markers).
+            keep = filt is None or filt.keep(self.data, pos, header)
             if state.position is not None and header.next_offset <= state.position:
                 continue  # wholly before the position (e.g. fetched from inside a batch)
             epoch = header.partition_leader_epoch if header.partition_leader_epoch >= 0 else None
-            if header.attributes & ATTR_CONTROL:
+            if header.attributes & ATTR_CONTROL or not keep:
+                # A transaction marker, or (read_committed) a batch of an aborted transaction: skipped.
                 state.position = max(state.position or 0, header.next_offset)
                 state.offset_epoch = epoch
                 continue
@@ -202,18 +271,27 @@ class PartitionRecords:
         return False
 
     def take_raw(self, state: PartitionState) -> bytes:
-        """All complete batches not wholly before the position; moves the position past them."""
-        start = end = -1
+        """All complete batches not wholly before the position; moves the position past them. read_committed:
+        without the batches of aborted transactions and the control batches (the position moves past them too)."""
+        filt = self.filter
+        runs: list[tuple[int, int]] = []  # [start, end) of the batches handed out, adjacent ones merged
         for pos, header in self.batches:
+            keep = filt is None or filt.keep(self.data, pos, header)
             if state.position is not None and header.next_offset <= state.position:
                 continue
-            if start < 0:
-                start = pos
-            end = pos + header.size
             state.position = header.next_offset
             state.offset_epoch = header.partition_leader_epoch if header.partition_leader_epoch >= 0 else None
+            if not keep:
+                continue
+            if runs and runs[-1][1] == pos:
+                runs[-1] = (runs[-1][0], pos + header.size)
+            else:
+                runs.append((pos, pos + header.size))
         data, self.data = self.data, b""
-        return data[start:end] if start >= 0 else b""
+        if len(runs) == 1:
+            return data[runs[0][0]:runs[0][1]]
+        with memoryview(data) as view:
+            return b"".join(view[start:end] for start, end in runs)
 
     def exhausted(self) -> bool:
         return not self.data and self.index >= len(self.current)
@@ -230,8 +308,9 @@ class CompletedFetch:
 class Fetcher:
     def __init__(self, cluster: ClusterClient, *, fetch_min_bytes: int, fetch_max_wait_ms: int,
                  fetch_max_bytes: int, max_partition_fetch_bytes: int, request_timeout_ms: int,
-                 retry_backoff_ms: int) -> None:
+                 retry_backoff_ms: int, isolation_level: int = 0) -> None:
         self.cluster = cluster
+        self.isolation_level = isolation_level  # 0 read_uncommitted, 1 read_committed
         self.fetch_min_bytes = fetch_min_bytes
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.fetch_max_bytes = fetch_max_bytes
@@ -298,7 +377,7 @@ class Fetcher:
         # than serve a log we have not checked our position against.
         request = broker_pb2.FetchRequest(
             replica_id=-1, replica_epoch=-1, max_wait_ms=self.fetch_max_wait_ms, min_bytes=self.fetch_min_bytes,
-            max_bytes=self.fetch_max_bytes,
+            max_bytes=self.fetch_max_bytes, isolation_level=self.isolation_level,
             partitions=[broker_pb2.FetchPartition(
                 topic=tp.topic, partition=tp.partition, fetch_offset=offset,
                 partition_max_bytes=self.max_partition_fetch_bytes, current_leader_epoch=assignment[tp].leader_epoch,

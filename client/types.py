@@ -156,3 +156,6 @@ class FetchResult:
     log_start_offset: int
     error: Exception | None = None  # a BrookError subclass when the broker refused
     log_end_offset: int = -1
+    last_stable_offset: int = -1
+    # read_committed fetches: (producer id, first offset) of the aborted transactions among the records
+    aborted_transactions: tuple[tuple[int, int], ...] = ()

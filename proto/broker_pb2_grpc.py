@@ -94,6 +94,16 @@ class BrokerServiceStub:
                 request_serializer=proto_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
                 response_deserializer=proto_dot_broker__pb2.DescribeProducersResponse.FromString,
                 _registered_method=True)
+        self.WriteTxnMarkers = channel.unary_unary(
+                '/brook.BrokerService/WriteTxnMarkers',
+                request_serializer=proto_dot_broker__pb2.WriteTxnMarkersRequest.SerializeToString,
+                response_deserializer=proto_dot_broker__pb2.WriteTxnMarkersResponse.FromString,
+                _registered_method=True)
+        self.VerifyTransaction = channel.unary_unary(
+                '/brook.BrokerService/VerifyTransaction',
+                request_serializer=proto_dot_broker__pb2.VerifyTransactionRequest.SerializeToString,
+                response_deserializer=proto_dot_broker__pb2.VerifyTransactionResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -185,6 +195,22 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteTxnMarkers(self, request, context):
+        """Broker to broker only (node certificates): a transaction coordinator's COMMIT or ABORT markers for the
+        partitions this broker leads (Kafka's WriteTxnMarkers), answered once the in-sync replicas have them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def VerifyTransaction(self, request, context):
+        """Broker to broker only: a partition leader asks the coordinator of a transactional id whether the
+        partition is in the producer's ongoing transaction, before the transaction's first batch there (KIP-890).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -247,6 +273,16 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.DescribeProducers,
                     request_deserializer=proto_dot_broker__pb2.DescribeProducersRequest.FromString,
                     response_serializer=proto_dot_broker__pb2.DescribeProducersResponse.SerializeToString,
+            ),
+            'WriteTxnMarkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteTxnMarkers,
+                    request_deserializer=proto_dot_broker__pb2.WriteTxnMarkersRequest.FromString,
+                    response_serializer=proto_dot_broker__pb2.WriteTxnMarkersResponse.SerializeToString,
+            ),
+            'VerifyTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.VerifyTransaction,
+                    request_deserializer=proto_dot_broker__pb2.VerifyTransactionRequest.FromString,
+                    response_serializer=proto_dot_broker__pb2.VerifyTransactionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -573,6 +609,60 @@ class BrokerService:
             '/brook.BrokerService/DescribeProducers',
             proto_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
             proto_dot_broker__pb2.DescribeProducersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteTxnMarkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.BrokerService/WriteTxnMarkers',
+            proto_dot_broker__pb2.WriteTxnMarkersRequest.SerializeToString,
+            proto_dot_broker__pb2.WriteTxnMarkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/brook.BrokerService/VerifyTransaction',
+            proto_dot_broker__pb2.VerifyTransactionRequest.SerializeToString,
+            proto_dot_broker__pb2.VerifyTransactionResponse.FromString,
             options,
             channel_credentials,
             insecure,

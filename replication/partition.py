@@ -15,15 +15,22 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import os
+import struct
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from proto import errors
 from replication import isr as isr_rules
 from replication.isr import UNKNOWN_OFFSET, FollowerProgress
-from storage.log import WouldBlock
+from storage.file_records import FileRecords
+from storage.log import FetchData, WouldBlock
+from storage.record_batch import BATCH_HEADER_SIZE, LOG_OVERHEAD, MIN_BATCH_LENGTH
+
+# A consumer's isolation level (Kafka's IsolationLevel): what Fetch and ListOffsets carry.
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +85,59 @@ class FollowerFetchResult:
     isr_proposal: IsrProposal | None
 
 
+@dataclass
+class CommittedFetchData(FetchData):
+    """A read_committed consumer's read: records below the last stable offset, that LSO (the bound the read used),
+    and the aborted transactions overlapping the records returned, each (producer id, first offset)."""
+
+    last_stable_offset: int = -1
+    aborted_transactions: list[tuple[int, int]] = field(default_factory=list)
+
+
+_OFFSET_AND_LENGTH = struct.Struct(">qi")  # a batch's base offset and length
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+_LAST_OFFSET_DELTA_AT = 23  # base offset, length, leader epoch, magic, crc, attributes
+_HEAD_BYTES = _LAST_OFFSET_DELTA_AT + _LAST_OFFSET_DELTA.size
+_SLICE_SCAN_BYTES = 64 * 1024
+_SMALL_BATCH_BYTES = 4 * 1024  # batches up to this size: a window holds the next headers too
+
+
+def records_end_offset(records: bytes) -> int:
+    """One past the last offset of the whole batches in ``records`` (bytes, or a FileRecords slice of a segment,
+    whose batch headers are read from the file a window at a time); -1 when it holds none. Only the headers'
+    base offset, length and last offset delta are read (the log checked the batches when it read them)."""
+    if isinstance(records, FileRecords):
+        return _slice_end_offset(records)
+    end, pos, size = -1, 0, len(records)
+    while size - pos >= BATCH_HEADER_SIZE:
+        base, length = _OFFSET_AND_LENGTH.unpack_from(records, pos)
+        if length < MIN_BATCH_LENGTH or pos + LOG_OVERHEAD + length > size:
+            break
+        end = base + _LAST_OFFSET_DELTA.unpack_from(records, pos + _LAST_OFFSET_DELTA_AT)[0] + 1
+        pos += LOG_OVERHEAD + length
+    return end
+
+
+def _slice_end_offset(records: FileRecords) -> int:
+    """``records_end_offset`` of a slice: small batches' headers a 64 KiB window at a time, a large batch's
+    alone (a read per batch of the few bytes needed, not of the batch)."""
+    end, pos, size = -1, 0, records.length
+    window, at = b"", 0  # bytes of the slice from ``at``
+    length = 0
+    while size - pos >= BATCH_HEADER_SIZE:
+        if pos + _HEAD_BYTES > at + len(window):
+            want = _HEAD_BYTES if length > _SMALL_BATCH_BYTES else _SLICE_SCAN_BYTES
+            window, at = os.pread(records.fd, min(want, size - pos), records.position + pos), pos
+            if len(window) < _HEAD_BYTES:
+                break
+        base, length = _OFFSET_AND_LENGTH.unpack_from(window, pos - at)
+        if length < MIN_BATCH_LENGTH or pos + LOG_OVERHEAD + length > size:
+            break
+        end = base + _LAST_OFFSET_DELTA.unpack_from(window, pos - at + _LAST_OFFSET_DELTA_AT)[0] + 1
+        pos += LOG_OVERHEAD + length
+    return end
+
+
 class Partition:
     def __init__(self, topic: str, partition: int, topic_id: str, log_: Any, local_id: int, *,
                  broker_usable: Callable[[int], bool]) -> None:
@@ -104,6 +164,8 @@ class Partition:
         # know whether anything happened while they were registering. Not on appends: a
         # consumer reads below the HW, so an append gives it nothing until the HW moves (its
         # own bump), and waking every parked consumer at each append cost each a re-read.
+        # Also on a transaction marker's append (``markers_appended``): it decides a transaction, so the
+        # last stable offset (a read_committed consumer's bound) moves, once the HW passes the marker.
         self.change_seq = 0
         # Bumped on appends and role changes only. A follower's long poll waits on this one:
         # a HW move alone gives it nothing to replicate (it learns the HW with its next data),
@@ -292,20 +354,22 @@ class Partition:
     def min_insync_replicas(self) -> int:
         return int(getattr(self.log.config, "min_insync_replicas", 1))
 
-    def append_as_leader(self, records: bytes, acks: int, *, blocking: bool = True) -> Any:
+    def append_as_leader(self, records: bytes, acks: int, *, blocking: bool = True,
+                         transactional: bool = False) -> Any:
         """Append as leader; all-or-nothing. Raises before appending if acks=all and the ISR is too small.
 
         ``blocking=False`` is for the broker's event loop: ``LockBusy`` when the partition lock or the
         log's lock is held, and the log's ``WouldBlock`` where its append would do blocking work;
-        either way nothing was changed.
+        either way nothing was changed. ``transactional``: a transactional producer's batches
+        (``Log.append_as_leader``).
         """
         with held(self.lock, blocking):
             if blocking:
-                return self._append_as_leader(records, acks, True)
+                return self._append_as_leader(records, acks, True, transactional)
             with held(self.log.lock, False):  # the log calls below re-enter it: none waits (Log.lock)
-                return self._append_as_leader(records, acks, False)
+                return self._append_as_leader(records, acks, False, transactional)
 
-    def _append_as_leader(self, records: bytes, acks: int, blocking: bool) -> Any:
+    def _append_as_leader(self, records: bytes, acks: int, blocking: bool, transactional: bool = False) -> Any:
         self.check_leader()
         self._check_hw()
         min_isr = self.min_insync_replicas()
@@ -313,7 +377,8 @@ class Partition:
             raise errors.NotEnoughReplicasError(
                 f"{self.topic}-{self.partition}: ISR {list(self.isr)} is smaller than "
                 f"min.insync.replicas={min_isr}")
-        info = self.log.append_as_leader(records, self.leader_epoch, blocking=blocking)
+        info = self.log.append_as_leader(records, self.leader_epoch, blocking=blocking, transactional=True) \
+            if transactional else self.log.append_as_leader(records, self.leader_epoch, blocking=blocking)
         if not getattr(info, "duplicate", False):
             self.messages_in_total += info.num_records
             self.bytes_in_total += len(records)
@@ -321,6 +386,30 @@ class Partition:
         self.appended.notify_all()
         self._maybe_increment_hw()
         return info
+
+    def append_marker_as_leader(self, producer_id: int, producer_epoch: int, commit: bool,
+                                coordinator_epoch: int) -> Any:
+        """Write a transaction's COMMIT or ABORT marker as leader (``Log.append_marker_as_leader``, at this
+        leadership's epoch), then ``markers_appended``. The caller then wakes the partition's fetches
+        (``ReplicaManager.markers_written``)."""
+        with self.lock:
+            self.check_leader()
+            self._check_hw()
+            info = self.log.append_marker_as_leader(producer_id, producer_epoch, commit, coordinator_epoch,
+                                                    self.leader_epoch)
+            self.markers_appended()
+            return info
+
+    def markers_appended(self) -> bool:
+        """Transaction markers were appended to this leader's log (through ``append_marker_as_leader`` or
+        the log's own): as an append, for the followers and the HW (a leader alone in its ISR moves it over
+        them here, and with it the last stable offset); and for read_committed consumers, whose bound the
+        markers move (storage/log.py: once the HW passes them, as in Kafka). True if the HW moved."""
+        with self.lock:
+            self.data_seq += 1
+            self.change_seq += 1
+            self.appended.notify_all()
+            return self._maybe_increment_hw()
 
     # ---- leader: follower progress ----
     def fetch_for_follower(self, replica_id: int, fetch_offset: int, follower_log_start: int,
@@ -436,13 +525,19 @@ class Partition:
 
     # ---- reads ----
     def read_for_consumer(self, fetch_offset: int, max_bytes: int, current_leader_epoch: int,
-                          min_one_batch: bool, as_slice: bool = False, *, follower_read: bool = False) -> Any:
+                          min_one_batch: bool, as_slice: bool = False, *, follower_read: bool = False,
+                          read_committed: bool = False) -> Any:
         """Committed records from ``fetch_offset`` (up to this replica's high watermark). ``follower_read``: a
         consumer that may read from a follower (Kafka's Fetch v11+, KIP-392), which a follower serves too, up to
         the high watermark it learnt from the leader (never past what the leader has committed), while it is in
         the ISR: one that fell out of it (cut from the leader, far behind) sends its consumers back to the leader
         with NOT_LEADER_OR_FOLLOWER. Kafka's followers keep serving them what they have, and librdkafka stays up
-        to its 5-minute lease on the follower with nothing new to read."""
+        to its 5-minute lease on the follower with nothing new to read.
+
+        ``read_committed`` (Kafka's FetchIsolation TXN_COMMITTED): up to this replica's last stable offset
+        instead (a follower's own), as a ``CommittedFetchData`` holding that LSO and the aborted transactions
+        overlapping what was read, [fetch_offset, end of the last batch returned) (none when nothing was:
+        Kafka's answer). The read_uncommitted path reads no transaction state."""
         if follower_read and self.role is Role.FOLLOWER:
             self.check_leader_epoch(current_leader_epoch)
             if self.local_id not in self.isr:
@@ -451,10 +546,31 @@ class Partition:
         else:
             self.check_leader(current_leader_epoch)
         lg = self.log
-        data = lg.read(fetch_offset, max_bytes, max_offset=lg.high_watermark, min_one_batch=min_one_batch,
-                       as_slice=as_slice)
+        if not read_committed:
+            data = lg.read(fetch_offset, max_bytes, max_offset=lg.high_watermark, min_one_batch=min_one_batch,
+                           as_slice=as_slice)
+            self.bytes_out_total += len(data.records)
+            return data
+        lso = lg.last_stable_offset
+        data = lg.read(fetch_offset, max_bytes, max_offset=lso, min_one_batch=min_one_batch, as_slice=as_slice)
         self.bytes_out_total += len(data.records)
-        return data
+        aborted: list[tuple[int, int]] = []
+        if data.records and lg.has_aborted_transactions(fetch_offset):
+            # Kafka collects them for the range the read returned, [fetch_offset, end of its last batch): the
+            # aborted-transaction index search then stops within a segment or two, however far behind the
+            # consumer is (bounded by the LSO it would read every index from there to the log end). A marker is
+            # written before the LSO passes its transaction, so every aborted one among the records is known.
+            # A log with no abort from the fetch offset on (most: librdkafka reads read_committed by default)
+            # pays neither the walk of the returned batches' headers nor an index search.
+            try:
+                end = records_end_offset(data.records)
+            except (OSError, struct.error):  # a slice whose file went meanwhile: the LSO bounds what was read
+                end = -1
+            if end <= fetch_offset:
+                end = lso
+            aborted = [(int(pid), int(first)) for pid, first, *_ in lg.aborted_transactions(fetch_offset, end)]
+        return CommittedFetchData(data.records, data.first_offset, data.log_end_offset, data.log_start_offset,
+                                  lso, aborted)
 
     @property
     def under_replicated(self) -> bool:

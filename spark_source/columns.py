@@ -11,6 +11,7 @@ and value bytes are gathered into Arrow binary arrays by Arrow itself (``take``)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +27,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from client.fetcher import AbortedFilter
 from proto import errors
 from storage import compression
 from storage.record_batch import BATCH_HEADER_SIZE, CODEC_NONE, iter_batches, validate_batch
@@ -139,7 +141,8 @@ def _walk_records(body: bytes, count: int, base: int, out: _Bodies) -> None:
         raise errors.CorruptMessageError(f"{end - p} bytes after the last of {count} records of a batch")
 
 
-def _collect(buf: bytes, from_offset: int, until_offset: int, verify_crc: bool) -> tuple[_Bodies, int, int]:
+def _collect(buf: bytes, from_offset: int, until_offset: int, verify_crc: bool,
+             aborted: AbortedFilter | None = None) -> tuple[_Bodies, int, int]:
     out = _Bodies()
     next_offset = from_offset
     walked = 0
@@ -148,6 +151,8 @@ def _collect(buf: bytes, from_offset: int, until_offset: int, verify_crc: bool) 
         if verify_crc:
             validate_batch(buf, pos)
         next_offset = max(next_offset, h.next_offset)
+        if aborted is not None and not aborted.keep(buf, pos, h):
+            continue  # a batch of an aborted transaction (or a marker)
         if h.is_control or h.last_offset < from_offset or h.base_offset >= until_offset or h.record_count == 0:
             continue
         body: bytes = buf[pos + BATCH_HEADER_SIZE : pos + h.size]
@@ -227,15 +232,18 @@ def decode_to_arrow(
     schema: pa.Schema,
     *,
     verify_crc: bool = True,
+    aborted: Iterable[tuple[int, int]] | None = None,
 ) -> tuple[pa.RecordBatch | None, DecodeResult]:
     """The records of ``buf``'s complete batches with from <= offset < until, as one Arrow batch.
 
     Control batches are skipped; a torn tail (a fetch cut at its byte bound) is left for the
-    next fetch. Raises CorruptMessageError on a bad CRC or a malformed record. Fields are
-    decoded column-wise with numpy across all records at once; only the walk over record
-    length prefixes is a Python loop.
+    next fetch. ``aborted``: a read_committed fetch's aborted transactions, (producer id, first
+    offset) each, whose batches are skipped too (``client.fetcher.AbortedFilter``, Kafka's rule).
+    Raises CorruptMessageError on a bad CRC or a malformed record. Fields are decoded column-wise
+    with numpy across all records at once; only the walk over record length prefixes is a Python loop.
     """
-    bodies, next_offset, walked = _collect(buf, from_offset, until_offset, verify_crc)
+    filt = None if aborted is None else AbortedFilter(aborted)
+    bodies, next_offset, walked = _collect(buf, from_offset, until_offset, verify_crc, filt)
     if not bodies.starts:
         return None, DecodeResult(next_offset, 0, walked)
     joined = b"".join(bodies.parts)

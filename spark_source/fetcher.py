@@ -15,6 +15,10 @@ kafkaConsumer.pollTimeoutMs passes without progress. Brook's Fetch names a topic
 so records are yielded only once the leader that served them still shows the planned topic
 id (one small Metadata call to that broker per fetch that returned records): a topic
 recreated on the same leader is never read at the deleted topic's offsets.
+
+Fetches are read_committed (Kafka's isolation level): the leader serves nothing past the last
+stable offset, and the records of aborted transactions are dropped (``client.fetcher.AbortedFilter``),
+so a query sees only committed data, as the driver plans it (spark_source/offsets.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import grpc
 import pyarrow as pa
 
 from client.cluster import REFRESH_CODES, ClusterClient, rpc_error
+from client.config import READ_COMMITTED
 from client.types import FetchResult, TopicPartition
 from proto import broker_pb2, errors
 from spark_source.columns import arrow_schema, decode_to_arrow
@@ -138,7 +143,8 @@ class _RangeReader:
                 self.offset = res.log_start_offset
                 continue
             batch, result = decode_to_arrow(
-                res.records, task.topic, task.partition, self.offset, task.until_offset, schema
+                res.records, task.topic, task.partition, self.offset, task.until_offset, schema,
+                aborted=res.aborted_transactions,
             )
             if result.batches == 0:
                 # Nothing at an offset the plan has records at: a new leader whose high watermark is still
@@ -275,7 +281,8 @@ def _fetch_once(
         leader = client.leader_for(tp)
         timeout_s = (settings.request_timeout_ms + settings.fetch_max_wait_ms) / 1000
         return client.fetch_from(leader, tp, offset, settings.max_partition_fetch_bytes,
-                                 max_wait_ms=settings.fetch_max_wait_ms, timeout_s=timeout_s), leader
+                                 max_wait_ms=settings.fetch_max_wait_ms, timeout_s=timeout_s,
+                                 isolation_level=READ_COMMITTED), leader
     except grpc.RpcError as exc:
         return FetchResult(b"", -1, -1, rpc_error(exc, f"Fetch {tp}")), leader
     except errors.BrookError as exc:

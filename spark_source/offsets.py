@@ -1,9 +1,9 @@
 """Driver side: which partitions a query reads and where their offsets stand right now.
 
 Everything is asked of the cluster through ``client.cluster.ClusterClient``: metadata for
-partition discovery, ListOffsets -2 (log start), -1 (high watermark: the end of committed
-data) and timestamps. The high watermark is the only "latest" ever used, so a plan never
-reaches past committed data.
+partition discovery, ListOffsets -2 (log start), -1 and timestamps, read_committed: "latest" is
+the last stable offset (the high watermark while no transaction is open), the end of committed
+data, so a plan never reaches past it (nor into a transaction not yet decided).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from client.cluster import ClusterClient
+from client.config import READ_COMMITTED
 from client.types import TopicPartition
 from proto import errors
 from spark_source.columns import arrow_schema, decode_to_arrow
@@ -101,14 +102,16 @@ class OffsetReader:
         return self._list({tp: EARLIEST for tp in tps})
 
     def latest(self, tps: Iterable[TP]) -> PartitionOffsets:
-        """High watermarks: the end (exclusive) of committed data."""
+        """Last stable offsets (high watermarks while no transaction is open): the end (exclusive) of committed
+        data."""
         return self._list({tp: LATEST for tp in tps})
 
     def _list(self, asks: dict[TP, int]) -> PartitionOffsets:
         if not asks:
             return {}
         res = self._with_retries(
-            lambda: self.client.list_offsets({TopicPartition(*tp): ts for tp, ts in asks.items()}),
+            lambda: self.client.list_offsets({TopicPartition(*tp): ts for tp, ts in asks.items()},
+                                             isolation_level=READ_COMMITTED),
             "list offsets",
         )
         return {(tp.topic, tp.partition): off for tp, (off, _) in res.items()}
@@ -167,10 +170,12 @@ class OffsetReader:
         A broker may answer with the start of the first batch whose max timestamp is late
         enough (the batch holds the record); Kafka's meaning is the record's own offset.
         """
-        res = self.client.fetch(TopicPartition(*tp), offset, self.options.fetch.max_partition_fetch_bytes)
+        res = self.client.fetch(TopicPartition(*tp), offset, self.options.fetch.max_partition_fetch_bytes,
+                                isolation_level=READ_COMMITTED)
         if res.error is not None or not res.records:
             return offset
-        batch, _ = decode_to_arrow(res.records, tp[0], tp[1], offset, 2**62, arrow_schema(False))
+        batch, _ = decode_to_arrow(res.records, tp[0], tp[1], offset, 2**62, arrow_schema(False),
+                                   aborted=res.aborted_transactions)
         if batch is None:
             return offset
         stamps_us = batch.column("timestamp").cast("int64").to_numpy()

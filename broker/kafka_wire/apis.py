@@ -24,7 +24,7 @@ from broker.admission import refuse_oversized
 from broker.fetch_answer import answer_of
 from broker.group_service import join_answer_of
 from broker.group_state import GroupState
-from broker.kafka_wire import admin_apis, codec, user_apis
+from broker.kafka_wire import admin_apis, codec, txn_apis, user_apis
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.codec import get_ms as _ms
 from broker.kafka_wire.context import Handler, KafkaCallContext
@@ -33,14 +33,13 @@ from broker.log_limits import ThrottledWarning
 from metadata_quorum import features
 from proto import broker_pb2, errors, group_pb2
 from proto.errors import ErrorCode
+from replication.partition import READ_COMMITTED
 from storage.record_batch import CODEC_ZSTD, read_header
 
 log = logging.getLogger(__name__)
 
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53  # Kafka's code; not in Brook's ErrorCode enum (no transactions)
+
 UNKNOWN_TOPIC_ID = 100  # Kafka's code (KIP-516): a Metadata v12 topic id no topic has
-NO_TRANSACTIONS = ("Brook does not support transactions: no transactional.id can be used (answered as "
-                   "TRANSACTIONAL_ID_AUTHORIZATION_FAILED, the code clients treat as fatal; it is not an ACL denial)")
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP = 8, 9, 10, 11
@@ -83,6 +82,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     CONSUMER_GROUP_DESCRIBE: (0, 1),
     **admin_apis.SUPPORTED,  # topics, configs, ACLs, records, log dirs, elections (admin_apis.py)
     **user_apis.SUPPORTED,  # SCRAM credentials and client quotas (user_apis.py)
+    **txn_apis.SUPPORTED,  # the transactional producer's AddPartitionsToTxn and EndTxn (txn_apis.py)
 }
 
 # What ApiVersions advertises where it differs from what is served: Produce from v0, as Kafka 4 (KAFKA-18659).
@@ -145,6 +145,8 @@ class KafkaApis:
         self.admin = admin_apis.AdminApis(broker, listener)
         self.handlers.update(self.admin.handlers())
         self.handlers.update(user_apis.UserApis(self.admin).handlers())
+        self.txn = txn_apis.TxnApis(broker, listener)
+        self.handlers.update(self.txn.handlers())
         # client address -> its turn for a large answer on the io threads (KafkaListener.io_turn); None: no turns
         self.io_turn: Callable[[str], asyncio.Lock] | None = None
         # replica.selector.class: consumers in another rack are told to read from a follower in theirs (KIP-392).
@@ -363,14 +365,8 @@ class KafkaApis:
             pb.partitions.add(topic=topic, partition=index)
         # The records go to the service as they are, not copied into the message and out again.
         ctx.brook_produce_records = list(named.values())
-        if _get(body, "transactional_id") is not None:
-            out = broker_pb2.ProduceResponse()
-            for pd in pb.partitions:
-                out.partitions.add(topic=pd.topic, partition=pd.partition, error_code=ErrorCode.INVALID_REQUEST,
-                                   error_message="Brook has no transactions: produce without a transactional.id",
-                                   base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
-        else:
-            out = await self.service.Produce(pb, ctx) if pb.partitions else broker_pb2.ProduceResponse()
+        pb.transactional_id = _get(body, "transactional_id") or ""
+        out = await self.service.Produce(pb, ctx) if pb.partitions else broker_pb2.ProduceResponse()
         for (topic, index), (code, message) in refused.items():
             out.partitions.add(topic=topic, partition=index, error_code=code, error_message=message,
                                base_offset=-1, log_append_time_ms=-1, log_start_offset=-1)
@@ -426,11 +422,12 @@ class KafkaApis:
         else:
             plan = Plan("sessionless", requested)
         preferred = self._preferred_replicas(plan.fetch, _get(body, "rack_id") or "", req.api_version)
+        isolation = int(_get(body, "isolation_level", 0))  # Fetch v4+
         # A consumer told to read elsewhere is answered at once, as Kafka does (no long poll for the others).
         pb = broker_pb2.FetchRequest(replica_id=-1, replica_epoch=-1,
                                      max_wait_ms=0 if preferred else _ms(body, "max_wait", 500),
                                      min_bytes=int(body.min_bytes), max_bytes=int(_get(body, "max_bytes", 0x7FFFFFFF)),
-                                     follower_read=req.api_version >= 11)
+                                     follower_read=req.api_version >= 11, isolation_level=isolation)
         for (topic, partition), part in plan.fetch:
             pb.partitions.add(topic=topic, partition=partition, fetch_offset=part.fetch_offset,
                               partition_max_bytes=part.max_bytes, current_leader_epoch=part.leader_epoch,
@@ -464,9 +461,12 @@ class KafkaApis:
                 records = b""
             entry: dict[str, Any] = {
                 "partition_index": p.partition, "error_code": p.error_code, "high_watermark": p.high_watermark,
-                # No transactions: the last stable offset is the high watermark, nothing is aborted.
-                "last_stable_offset": p.high_watermark, "log_start_offset": p.log_start_offset,
-                "aborted_transactions": [], "preferred_read_replica": read_from, "records": records}
+                "last_stable_offset": p.last_stable_offset, "log_start_offset": p.log_start_offset,
+                # Kafka: the list (maybe empty) for read_committed; null for read_uncommitted, errors, and a consumer
+                # sent to another replica.
+                "aborted_transactions": _aborted(p) if isolation == READ_COMMITTED and p.error_code == 0
+                and read_from < 0 else None,
+                "preferred_read_replica": read_from, "records": records}
             if p.error_code in _LEADER_ERRORS:
                 entry["current_leader"] = _leader(self.cache, p.topic, p.partition)
             entries.append((p.topic, entry))
@@ -563,9 +563,7 @@ class KafkaApis:
     async def init_producer_id(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         body = req.body
         if _get(body, "transactional_id") is not None:
-            # Fatal in every client, as FindCoordinator(TRANSACTION) answers (this response has no message).
-            return self._resp(req, {"error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "producer_id": -1,
-                                    "producer_epoch": -1})
+            return self._resp(req, await self.txn.init_producer_id(req, ctx))
         out = await self.service.InitProducerId(broker_pb2.InitProducerIdRequest(
             producer_id=_get(body, "producer_id", -1), producer_epoch=_get(body, "producer_epoch", -1)), ctx)
         return self._resp(req, {"error_code": out.error_code, "producer_id": out.producer_id,
@@ -585,13 +583,13 @@ class KafkaApis:
             if key in answered:
                 found.append(answered[key])
                 continue
-            if key_type != 0:
-                # Brook has no transactions. Every client retries COORDINATOR_NOT_AVAILABLE until its own
-                # timeout; TRANSACTIONAL_ID_AUTHORIZATION_FAILED is the one code librdkafka treats as fatal
-                # here (rd_kafka_txn_handle_FindCoordinator), and kafka-python and aiokafka too, so
-                # init_transactions fails at once. The message says what it really is.
-                found.append({"key": key, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                              "node_id": -1, "host": "", "port": -1, "error_message": NO_TRANSACTIONS})
+            if key_type == 1:  # a transaction coordinator (txn_apis.py)
+                found.append(await self.txn.find_coordinator(key, ctx))
+                answered[key] = found[-1]
+                continue
+            if key_type != 0:  # Kafka's share groups (key type 2, KIP-932): none here
+                found.append({"key": key, "error_code": ErrorCode.INVALID_REQUEST, "node_id": -1, "host": "",
+                              "port": -1, "error_message": f"unknown coordinator key type {key_type}"})
                 continue
             out = await self.groups.FindCoordinator(group_pb2.FindCoordinatorRequest(group_id=key), ctx)
             found.append({"key": key, "error_code": out.error_code, "error_message": out.error_message or None,
@@ -909,9 +907,14 @@ def _offset_fetch_topics(out: Any, extra: dict[str, list[dict[str, Any]]] | None
     return [{"name": n, "partitions": ps} for n, ps in by_topic.items()]
 
 
+def _aborted(p: broker_pb2.FetchPartitionResponse) -> list[dict[str, int]]:
+    """A read_committed answer's aborted transactions, as Fetch v4+ carries them."""
+    return [{"producer_id": a.producer_id, "first_offset": a.first_offset} for a in p.aborted_transactions]
+
+
 # ---- per-partition requests as the services take them (on the io or group pool when large: Apis._on_io) ----
 def _list_offsets_request(body: Any) -> broker_pb2.ListOffsetsRequest:
-    pb = broker_pb2.ListOffsetsRequest(replica_id=-1)
+    pb = broker_pb2.ListOffsetsRequest(replica_id=-1, isolation_level=int(_get(body, "isolation_level", 0)))  # v2+
     for t in body.topics:
         for p in t.partitions:
             pb.partitions.add(topic=t.name, partition=p.partition_index, timestamp=p.timestamp,

@@ -90,6 +90,7 @@ RPC_TIMEOUT_S = 2.0
 LOCAL_DEFAULTS = {
     "group.initial.rebalance.delay.ms": "0",
     "offsets.topic.num.partitions": "4",
+    "transaction.state.log.num.partitions": "4",
     "broker.session.timeout.ms": "6000",
     "broker.heartbeat.interval.ms": "500",
     "replica.lag.time.max.ms": "10000",

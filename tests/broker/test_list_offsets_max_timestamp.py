@@ -424,9 +424,9 @@ def test_a_partition_named_twice_is_refused_for_each_entry_and_looked_up_for_non
     lookups: list[tuple[int, int, int]] = []  # (partition, timestamp, bound)
     offset_for = broker.rm._offset_for
 
-    def counted(p: Any, ts: int, from_replica: bool) -> tuple[int, int]:
+    def counted(p: Any, ts: int, from_replica: bool, read_committed: bool = False) -> tuple[int, int]:
         lookups.append((p.partition, ts, p.log.log_end_offset if from_replica else p.log.high_watermark))
-        return offset_for(p, ts, from_replica)
+        return offset_for(p, ts, from_replica, read_committed)
 
     monkeypatch.setattr(broker.rm, "_offset_for", counted)
     req = broker_pb2.ListOffsetsRequest(replica_id=-1, partitions=(

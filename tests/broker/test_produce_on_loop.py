@@ -289,7 +289,7 @@ def test_a_requests_records_are_read_out_of_it_once(broker: Broker) -> None:
     small = _CountedPartition("t", 0, batch())
     large = _CountedPartition("t", 1, batch(1, INLINE_APPEND_MAX_BYTES + 1000))
     for part in (small, large):
-        counted = type("CountedRequest", (), {"acks": 1, "timeout_ms": 5000, "partitions": [part]})()
+        counted = type("CountedRequest", (), {"acks": 1, "timeout_ms": 5000, "partitions": [part], "transactional_id": ""})()
         resp = asyncio.run(broker.service._produce_call(counted, LoopbackCaller(), None))  # type: ignore[arg-type]
         assert [(p.error_code, p.base_offset) for p in resp.partitions] == [(ErrorCode.NONE, 0)], resp
         assert part.reads == 1, f"the records of {part.topic}-{part.partition} were read {part.reads} times"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -628,13 +629,7 @@ async def test_aiokafka_static_member_restarts_without_a_rebalance(kconf, admin:
             await c.stop()
 
 
-# ---------------------------------------------------------------------------- cross-reads
-
-
-# ---------------------------------------------------------------------------- transactions (not supported)
-# Brook has no transactions: a transactional producer must fail at once with a fatal error, not retry the
-# coordinator lookup until its own timeout (COORDINATOR_NOT_AVAILABLE is retriable in every client).
-TXN_FAILS_WITHIN_S = 5.0
+# ---------------------------------------------------------------------------- committed offsets and ACLs
 
 
 def test_a_negative_committed_offset_is_stored_and_read_back_as_none(kconf, make_topic) -> None:
@@ -706,51 +701,221 @@ def test_acl_apis_on_a_broker_without_an_authorizer_answer_security_disabled(kco
         kp.close()
 
 
-def test_confluent_init_transactions_fails_fast_and_fatally(kconf) -> None:
-    from confluent_kafka import KafkaException, Producer
+# ---------------------------------------------------------------------------- transactions
+# Each client's own transactional API, as an application uses it: init, a transaction committed over both
+# partitions, one flushed then aborted, a third committed. A read_committed consumer of the same client reads
+# exactly the committed records, at the offsets the producer was given; a read_uncommitted one the aborted too.
+TXN_PARTITIONS = 2
+TXN_RECORDS = 6  # per transaction; record i goes to partition i % TXN_PARTITIONS
+TXN_PLAN = (("first", "commit"), ("second", "abort"), ("third", "commit"))
+TXN_WITHIN_S = 30.0  # each init, commit, abort, flush and read
 
-    p = Producer({**kconf, "transactional.id": unique("txn")})
-    started = time.monotonic()
-    with pytest.raises(KafkaException) as exc:
-        p.init_transactions(10)
-    took = time.monotonic() - started
-    err = exc.value.args[0]
-    assert took < TXN_FAILS_WITHIN_S, f"init_transactions took {took:.1f}s: {err}"
-    assert err.fatal() and not err.retriable(), err
-    assert "transactions" in err.str(), err  # Brook's own message, not only the code's name
+Row = tuple[int, int, bytes]  # (partition, offset, value)
 
 
-def test_kafka_python_init_transactions_fails_fast(kconf) -> None:
-    from kafka import KafkaProducer
-    from kafka.errors import KafkaError, KafkaTimeoutError
+def _txn_records(name: str) -> list[tuple[int, bytes]]:
+    """(partition, value) of each record of transaction ``name``, in send order."""
+    return [(i % TXN_PARTITIONS, f"{name}-{i}".encode()) for i in range(TXN_RECORDS)]
 
-    p = KafkaProducer(bootstrap_servers=kconf["bootstrap.servers"].split(","), transactional_id=unique("txn"),
-                      max_block_ms=10_000)
+
+def _per_partition(rows: list[Row]) -> dict[int, list[tuple[int, bytes]]]:
+    """{partition: [(offset, value), ...]} in the order of ``rows``."""
+    out: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(TXN_PARTITIONS)}
+    for partition, offset, value in rows:
+        out[partition].append((offset, value))
+    return out
+
+
+def _expected_reads(produced: dict[str, list[Row]]) -> dict[str, list[Row]]:
+    """What each isolation level must read, from what the producer was told of each transaction."""
+    assert [name for name, _ in TXN_PLAN] == list(produced), produced
+    return {"read_committed": [r for name, outcome in TXN_PLAN if outcome == "commit" for r in produced[name]],
+            "read_uncommitted": [r for name, _ in TXN_PLAN for r in produced[name]]}
+
+
+def _assert_read(isolation: str, got: list[Row], expected: list[Row]) -> None:
+    assert _per_partition(got) == _per_partition(expected), (
+        f"a {isolation} consumer read {_per_partition(got)}; the producer was given {_per_partition(expected)}")
+
+
+def _within(call: Callable[[], Any], what: str, timeout_s: float = TXN_WITHIN_S) -> None:
+    """``call()`` with a deadline, for a client call that waits without one (kafka-python's commit_transaction
+    and abort_transaction): fails saying what did not return, or raises what the call raised."""
+    done, raised = threading.Event(), []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            raised.append(e)
+        finally:
+            done.set()
+    threading.Thread(target=run, daemon=True, name=what).start()
+    assert done.wait(timeout_s), f"{what} did not return within {timeout_s} s"
+    if raised:
+        raise raised[0]
+
+
+def _confluent_read(kconf, topic: str, isolation: str, expected: int) -> list[Row]:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer
+    from confluent_kafka import TopicPartition as RdTopicPartition
+
+    consumer = Consumer(rdkafka_config(kconf, **{"group.id": unique("txn-reader"), "enable.auto.commit": False,
+                                                 "isolation.level": isolation}))
+    rows: list[Row] = []
+    errors: list[str] = []
+
+    def read_more() -> bool:
+        for m in consumer.consume(100, 0.2):
+            if m.error():
+                errors.append(str(m.error()))
+            else:
+                rows.append((m.partition(), m.offset(), m.value()))
+        return len(rows) >= expected
     try:
-        started = time.monotonic()
-        with pytest.raises(KafkaError) as exc:
-            p.init_transactions()
-        took = time.monotonic() - started
-        assert not isinstance(exc.value, KafkaTimeoutError), exc.value
-        assert took < TXN_FAILS_WITHIN_S, f"init_transactions took {took:.1f}s: {exc.value!r}"
+        consumer.assign([RdTopicPartition(topic, p, OFFSET_BEGINNING) for p in range(TXN_PARTITIONS)])
+        wait_for(read_more, TXN_WITHIN_S,
+                 lambda: f"{expected} records of {topic} read {isolation}: read {rows}, errors {errors[-3:]}")
     finally:
-        p.close(timeout=5)
+        consumer.close()
+    return rows
 
 
-async def test_aiokafka_transactional_producer_fails_to_start_fast(kconf) -> None:
+def test_confluent_transactions_commit_and_abort(kconf, make_topic) -> None:
+    """librdkafka's init_transactions, begin_transaction, commit_transaction, abort_transaction (after flush):
+    read_committed consumers read the committed records only, read_uncommitted ones all."""
+    from confluent_kafka import Producer
+
+    topic = make_topic(partitions=TXN_PARTITIONS)
+    reports, on_delivery = _delivery_log()
+    producer = Producer(rdkafka_config(kconf, **{"transactional.id": unique("rd-txn")}))
+    producer.init_transactions(TXN_WITHIN_S)
+    produced: dict[str, list[Row]] = {}
+    for name, outcome in TXN_PLAN:
+        producer.begin_transaction()
+        for partition, value in _txn_records(name):
+            producer.produce(topic, value=value, partition=partition, on_delivery=on_delivery)
+        if outcome == "commit":
+            producer.commit_transaction(TXN_WITHIN_S)
+        else:
+            assert producer.flush(TXN_WITHIN_S) == 0, f"transaction {name}: records left unsent"
+            producer.abort_transaction(TXN_WITHIN_S)
+        assert producer.flush(TXN_WITHIN_S) == 0  # serves the delivery reports left
+        delivered = {r[4]: r for r in reports if r[4].startswith(f"{name}-".encode())}
+        ok = [(None, p) for p, v in _txn_records(name)]
+        assert [delivered[v][:2] if v in delivered else None for _p, v in _txn_records(name)] == ok, (
+            f"transaction {name}: delivery reports {delivered}")
+        produced[name] = [(p, delivered[v][2], v) for p, v in _txn_records(name)]
+
+    for isolation, expected in _expected_reads(produced).items():
+        _assert_read(isolation, _confluent_read(kconf, topic, isolation, len(expected)), expected)
+
+
+def _kafka_python_read(boot: list[str], topic: str, isolation: str, expected: int) -> list[Row]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=boot, isolation_level=isolation, enable_auto_commit=False,
+                             auto_offset_reset="earliest")
+    rows: list[Row] = []
+
+    def read_more() -> bool:
+        for records in consumer.poll(timeout_ms=200).values():
+            rows.extend((r.partition, r.offset, r.value) for r in records)
+        return len(rows) >= expected
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(TXN_PARTITIONS)])
+        consumer.seek_to_beginning()
+        wait_for(read_more, TXN_WITHIN_S, lambda: f"{expected} records of {topic} read {isolation}: read {rows}")
+    finally:
+        consumer.close()
+    return rows
+
+
+def test_kafka_python_transactions_commit_and_abort(kconf, make_topic) -> None:
+    """kafka-python's KafkaProducer(transactional_id=...): init_transactions, begin_transaction,
+    commit_transaction, abort_transaction (after flush); KafkaConsumer(isolation_level=...) reads them back."""
+    from kafka import KafkaProducer
+
+    topic = make_topic(partitions=TXN_PARTITIONS)
+    boot = kconf["bootstrap.servers"].split(",")
+    producer = KafkaProducer(bootstrap_servers=boot, transactional_id=unique("kp-txn"),
+                             max_block_ms=int(TXN_WITHIN_S * 1000))
+    produced: dict[str, list[Row]] = {}
+    try:
+        producer.init_transactions()
+        for name, outcome in TXN_PLAN:
+            producer.begin_transaction()
+            sent = [(p, v, producer.send(topic, value=v, partition=p)) for p, v in _txn_records(name)]
+            if outcome == "commit":
+                _within(producer.commit_transaction, f"kafka-python's commit_transaction of {name}")
+            else:
+                producer.flush(timeout=TXN_WITHIN_S)
+                _within(producer.abort_transaction, f"kafka-python's abort_transaction of {name}")
+            metas = [(p, v, f.get(timeout=TXN_WITHIN_S)) for p, v, f in sent]
+            assert [m.partition for _p, _v, m in metas] == [p for p, _v, _m in metas], metas
+            produced[name] = [(p, m.offset, v) for p, v, m in metas]
+    finally:
+        producer.close(timeout=10)
+
+    for isolation, expected in _expected_reads(produced).items():
+        _assert_read(isolation, _kafka_python_read(boot, topic, isolation, len(expected)), expected)
+
+
+async def test_aiokafka_transactions_commit_and_abort(kconf, make_topic) -> None:
+    """aiokafka's AIOKafkaProducer(transactional_id=...): ``async with producer.transaction()`` commits,
+    begin_transaction/flush/abort_transaction aborts; AIOKafkaConsumer(isolation_level=...) reads them back."""
     import asyncio
 
-    from aiokafka import AIOKafkaProducer
-    from aiokafka.errors import KafkaError
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-    p = AIOKafkaProducer(bootstrap_servers=kconf["bootstrap.servers"], transactional_id=unique("txn"))
-    started = time.monotonic()
+    topic = make_topic(partitions=TXN_PARTITIONS)
+    boot = kconf["bootstrap.servers"]
+    producer = AIOKafkaProducer(bootstrap_servers=boot, transactional_id=unique("aio-txn"))
+    produced: dict[str, list[Row]] = {}
+
+    async def transaction(name: str, outcome: str) -> list[Row]:
+        if outcome == "commit":
+            async with producer.transaction():
+                sent = [(p, v, await producer.send(topic, v, partition=p)) for p, v in _txn_records(name)]
+        else:
+            await producer.begin_transaction()
+            sent = [(p, v, await producer.send(topic, v, partition=p)) for p, v in _txn_records(name)]
+            await producer.flush()
+            await producer.abort_transaction()
+        metas = [(p, v, await f) for p, v, f in sent]
+        assert [m.partition for _p, _v, m in metas] == [p for p, _v, _m in metas], metas
+        return [(p, m.offset, v) for p, v, m in metas]
     try:
-        with pytest.raises(KafkaError):
-            await asyncio.wait_for(p.start(), 10)  # TimeoutError (not a KafkaError) if it hangs
-        assert time.monotonic() - started < TXN_FAILS_WITHIN_S
+        await asyncio.wait_for(producer.start(), TXN_WITHIN_S)  # InitProducerId for the transactional id
+        for name, outcome in TXN_PLAN:
+            try:
+                produced[name] = await asyncio.wait_for(transaction(name, outcome), TXN_WITHIN_S)
+            except TimeoutError:
+                raise AssertionError(f"aiokafka's transaction {name} ({outcome}) took over {TXN_WITHIN_S} s") from None
     finally:
-        await p.stop()
+        await producer.stop()
+
+    for isolation, expected in _expected_reads(produced).items():
+        consumer = AIOKafkaConsumer(bootstrap_servers=boot, isolation_level=isolation, enable_auto_commit=False,
+                                    auto_offset_reset="earliest")
+        rows: list[Row] = []
+        await consumer.start()
+        try:
+            consumer.assign([TopicPartition(topic, p) for p in range(TXN_PARTITIONS)])
+            await consumer.seek_to_beginning()
+            deadline = time.monotonic() + TXN_WITHIN_S
+            while len(rows) < len(expected):
+                assert time.monotonic() < deadline, (
+                    f"timed out after {TXN_WITHIN_S} s waiting for {len(expected)} records of {topic} read "
+                    f"{isolation}; read {rows}")
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    rows.extend((r.partition, r.offset, r.value) for r in records)
+        finally:
+            await consumer.stop()
+        _assert_read(isolation, rows, expected)
+
+
+# ---------------------------------------------------------------------------- cross-reads
 
 
 def test_kafka_client_records_read_by_brook_client(cluster: LocalCluster, kconf, make_topic) -> None:

@@ -286,12 +286,32 @@ def _tp(topic: str) -> Any:
     return TopicPartition(topic, 0)
 
 
-def test_a_kafkajs_transaction_fails_at_once(node: str, admin: Admin, conn) -> None:
-    """Brook has no transactions: KafkaJS's transaction() fails within seconds, and nothing is written."""
-    topic = _topic(admin, partitions=1)
-    [answer] = kafkajs_run(node, {**conn, "op": "transaction", "transactionalId": unique("tx"), "topic": topic})
-    assert "error" in answer and answer["ms"] < 30_000, answer
-    assert admin.list_offsets({_tp(topic): "latest"})[_tp(topic)][0] == 0
+def test_kafkajs_transactions_commit_and_abort(node: str, admin: Admin, conn) -> None:
+    """One KafkaJS transactional producer (idempotent, one request in flight) commits a transaction over both
+    partitions, aborts a second after its records are written, commits a third. A KafkaJS group consumer reads
+    back: read_committed (KafkaJS's default) exactly the committed records, each at the offset KafkaJS was given
+    in its partition's order; read_uncommitted the aborted ones too."""
+    topic, partitions, count = _topic(admin, partitions=2), 2, 6
+    plan = [["first", "commit"], ["second", "abort"], ["third", "commit"]]
+    lines = kafkajs_run(node, {**conn, "op": "transaction", "transactionalId": unique("kjs-tx"), "topic": topic,
+                               "partitions": partitions, "count": count, "transactions": plan})
+    assert lines[-1:] == [{"done": True}] and [[x.get("transaction"), x.get("outcome")] for x in lines[:-1]] == plan, (
+        f"KafkaJS's transactions: {lines}")
+    acked = {x["transaction"]: [(p, o, v) for _i, p, o, v in x["acked"]] for x in lines[:-1]}
+    assert all(o is not None for rows in acked.values() for _p, o, _v in rows), f"an offset KafkaJS was not given: {acked}"
+
+    def per_partition(rows: list[Any]) -> dict[int, list[tuple[int, str]]]:
+        return {p: [(o, v) for q, o, v in rows if q == p] for p in range(partitions)}
+    for read_uncommitted, names in ((False, ["first", "third"]), (True, ["first", "second", "third"])):
+        expected = [r for name in names for r in acked[name]]
+        [answer] = kafkajs_run(node, {**conn, "op": "consume", "topic": topic, "group": unique("kjs-tx-reader"),
+                                      "expected": len(expected), "timeoutMs": 30_000,
+                                      "readUncommitted": read_uncommitted})
+        got = [(p, o, v) for p, o, _k, v, _h, _ts in answer["records"]]
+        isolation = "read_uncommitted" if read_uncommitted else "read_committed"
+        assert per_partition(got) == per_partition(expected), (
+            f"a {isolation} KafkaJS consumer read {per_partition(got)}; KafkaJS's producer was given "
+            f"{per_partition(expected)}")
 
 
 def test_kafkajs_idempotent_acks_all_survives_leader_sigkill(node: str, cluster: LocalCluster, admin: Admin,

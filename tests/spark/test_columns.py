@@ -146,3 +146,28 @@ def test_log_append_time_ignores_an_overflowing_delta() -> None:
     assert rb is not None and [int(t.timestamp() * 1000) for t in rb.column("timestamp").to_pylist()] == [
         1_700_000_000_000
     ]
+
+
+def _txn(base: int, n: int, pid: int) -> bytes:
+    b = RecordBatchBuilder(CODEC_NONE, base_offset=base, producer_id=pid, producer_epoch=0, base_sequence=base,
+                           is_transactional=True)
+    for i in range(n):
+        b.append(1_700_000_000_000 + i, None, f"v{base + i}".encode())
+    return b.build()
+
+
+def test_a_read_committed_answer_drops_aborted_transactions_and_markers() -> None:
+    """The source fetches read_committed: the batches of the aborted transactions the broker names are dropped
+    (Kafka's consumer rule, client.fetcher.AbortedFilter), markers never become rows, the next offset passes both."""
+    marker = build_control_batch
+    buf = (_txn(0, 2, 7) + _txn(2, 1, 8) + marker(False, producer_id=7, producer_epoch=0, timestamp_ms=1, base_offset=3)
+           + marker(True, producer_id=8, producer_epoch=0, timestamp_ms=1, base_offset=4) + _txn(5, 2, 7)
+           + marker(False, producer_id=7, producer_epoch=0, timestamp_ms=1, base_offset=7))
+    rb, res = decode_to_arrow(buf, "t", 0, 0, 100, arrow_schema(False), aborted=[(7, 5), (7, 0)])
+    assert rb is not None and rb.column("offset").to_pylist() == [2]
+    assert rb.column("value").to_pylist() == [b"v2"]
+    assert (res.records, res.next_offset, res.batches) == (1, 8, 6)
+    rb, res = decode_to_arrow(buf, "t", 0, 0, 100, arrow_schema(False), aborted=[])
+    assert rb is not None and rb.column("offset").to_pylist() == [0, 1, 2, 5, 6] and res.next_offset == 8
+    rb, res = decode_to_arrow(buf, "t", 0, 0, 100, arrow_schema(False), aborted=[(7, 0), (8, 2), (7, 5)])
+    assert rb is None and (res.records, res.next_offset, res.batches) == (0, 8, 6)

@@ -9,9 +9,14 @@
 //                  key, headers, timestamp, partitions (record i goes to i % partitions)
 //                  -> {acked: [[i, partition, offset], ...]} per send (with partitions, else {answers, numbers}),
 //                  {failed: [i, ...], error} per failed send, then {done: true}
-//   op "consume":  topic, group, expected, timeoutMs -> {records: [[p, offset, key, value, headers, ts], ...]}
+//   op "consume":  topic, group, expected, timeoutMs, readUncommitted (KafkaJS's default: false, read_committed)
+//                  -> {records: [[p, offset, key, value, headers, ts], ...]}
 //                  once `expected` records arrived (or at the deadline), after committing them
-//   op "transaction": transactionalId, topic -> {committed: true} or {error, ms}
+//   op "transaction": transactionalId, topic, partitions, count, transactions: [[name, "commit"|"abort"], ...]
+//                  -> per transaction, in order, one producer: {transaction: name, outcome,
+//                  acked: [[i, partition, offset, value], ...]} once it committed or aborted (record i, value
+//                  `${name}-${i}`, goes to partition i % partitions), or {transaction: name, error, ms} and no
+//                  more; then {done: true}
 //   op "member":   topic, group, heartbeatMs, sessionMs -> {assigned: {topic: [p, ...]}} at each join,
 //                  {record: [p, offset, value]} per record; on SIGTERM it leaves the group: {left: true}
 'use strict';
@@ -124,7 +129,9 @@ async function produce() {
 }
 
 async function consume() {
-  const consumer = kafka().consumer({ groupId: args.group, allowAutoTopicCreation: false });
+  const consumer = kafka().consumer({
+    groupId: args.group, allowAutoTopicCreation: false, readUncommitted: Boolean(args.readUncommitted),
+  });
   await consumer.connect();
   await consumer.subscribe({ topic: args.topic, fromBeginning: true });
   const records = [];
@@ -171,17 +178,33 @@ async function member() {
 async function transaction() {
   const producer = kafka().producer({ transactionalId: args.transactionalId, idempotent: true, maxInFlightRequests: 1 });
   await producer.connect();
-  const started = Date.now();
   try {
-    const txn = await producer.transaction();
-    await txn.send({ topic: args.topic, messages: [{ value: 'in-a-transaction' }] });
-    await txn.commit();
-    out({ committed: true });
-  } catch (e) {
-    out({ error: describe(e), ms: Date.now() - started });
+    for (const [name, outcome] of args.transactions) {
+      const started = Date.now();
+      const messages = [];
+      for (let i = 0; i < args.count; i++) messages.push({ value: `${name}-${i}`, partition: i % args.partitions });
+      try {
+        const txn = await producer.transaction();
+        // send() resolves once the records are written: an abort after it aborts records in the log.
+        const answers = await txn.send({ topic: args.topic, messages });
+        if (outcome === 'commit') await txn.commit(); else await txn.abort();
+        // Each partition's records follow its base offset in send order.
+        const next = {};
+        for (const a of answers) if (a.errorCode === 0) next[a.partition] = Number(a.baseOffset);
+        out({
+          transaction: name,
+          outcome,
+          acked: messages.map((m, i) => [i, m.partition, next[m.partition] === undefined ? null : next[m.partition]++, m.value]),
+        });
+      } catch (e) {
+        out({ transaction: name, error: describe(e), ms: Date.now() - started });
+        return;
+      }
+    }
   } finally {
     await producer.disconnect();
   }
+  out({ done: true });
 }
 
 const ops = { admin, produce, consume, member, transaction };

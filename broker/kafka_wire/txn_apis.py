@@ -1,0 +1,148 @@
+"""Kafka's transactional producer APIs on the Kafka listener (KIP-98), served by broker/txn_coordinator.py.
+
+What a client's ``init_transactions()``, ``begin_transaction()``, ``send()`` and ``commit_transaction()`` /
+``abort_transaction()`` send: FindCoordinator for a transaction coordinator (key type 1), InitProducerId with a
+transactional id, AddPartitionsToTxn (v0-3, the clients' versions; v4+ is Kafka's broker-to-broker batch form,
+whose role Brook's VerifyTransaction RPC plays), Produce with the transactional id (broker/service.py), EndTxn.
+
+Authorization is Kafka's: the transactional id needs DESCRIBE for FindCoordinator and WRITE for the others
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED); each partition added needs WRITE on its topic (TOPIC_AUTHORIZATION_FAILED,
+and the others of the request OPERATION_NOT_ATTEMPTED, as Kafka answers).
+
+Not served yet: AddOffsetsToTxn and TxnOffsetCommit (``send_offsets_to_transaction``: consumed offsets committed
+with the transaction), so they are not advertised; KIP-890 part 2 (EndTxn v5's epoch bump at every commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections import defaultdict
+from typing import Any
+
+from broker import authorizer as authz
+from broker.kafka_wire import codec
+from broker.kafka_wire.codec import get as _get
+from broker.kafka_wire.codec import get_ms as _ms
+from broker.kafka_wire.context import Handler, KafkaCallContext
+from broker.txn_state import (
+    API_ADD_PARTITIONS_TO_TXN,
+    API_END_TXN,
+    API_INIT_PRODUCER_ID,
+    TxnError,
+    error_for_version,
+)
+from client.types import TopicPartition
+
+ADD_PARTITIONS_TO_TXN, END_TXN = API_ADD_PARTITIONS_TO_TXN, API_END_TXN
+SUPPORTED: dict[int, tuple[int, int]] = {
+    ADD_PARTITIONS_TO_TXN: (0, 3),  # v4+: Kafka's broker-to-broker verification, not for clients
+    END_TXN: (0, 3),  # v4: TRANSACTION_ABORTABLE, v5: KIP-890's epoch bump: not served
+}
+TRANSACTIONAL_ID = "TRANSACTIONAL_ID"
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION, OPERATION_NOT_ATTEMPTED = 29, 3, 55
+# Requests wait for a write of __transaction_state to reach its in-sync replicas: on threads of their own, so a
+# slow ISR holds no other request's thread. Bounded: the listener bounds each connection's requests in flight.
+REQUEST_THREADS = 8
+
+
+class TxnApis:
+    """The transaction handlers of one Kafka listener."""
+
+    _pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def __init__(self, broker: Any, listener: str) -> None:
+        self.broker = broker
+        self.listener = listener
+
+    def handlers(self) -> dict[int, Handler]:
+        return {ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn, END_TXN: self.end_txn}
+
+    @property
+    def txn(self) -> Any:
+        return self.broker.service.txn
+
+    def _allowed(self, ctx: KafkaCallContext, operation: str, transactional_id: str) -> bool:
+        return self.broker.service.authz.authorize(ctx.brook_authentication.principal, operation, TRANSACTIONAL_ID,
+                                                   transactional_id)
+
+    @classmethod
+    async def run(cls, fn: Any) -> Any:
+        if cls._pool is None:
+            cls._pool = concurrent.futures.ThreadPoolExecutor(REQUEST_THREADS, thread_name_prefix="kafka-txn")
+        return await asyncio.get_running_loop().run_in_executor(cls._pool, fn)
+
+    # ---- FindCoordinator (key type 1) ----
+    async def find_coordinator(self, key: str, ctx: KafkaCallContext) -> dict[str, Any]:
+        if not self._allowed(ctx, authz.DESCRIBE, key):
+            return {"key": key, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "node_id": -1, "host": "",
+                    "port": -1, "error_message": f"no DESCRIBE on transactional id {key[:100]!r}"}
+        if self.txn is None:
+            return {"key": key, "error_code": TxnError.COORDINATOR_NOT_AVAILABLE, "node_id": -1, "host": "",
+                    "port": -1, "error_message": "this broker runs no transaction coordinator"}
+        try:
+            node, host, port = self.txn.find_coordinator(key, self.listener)
+        except Exception as exc:  # noqa: BLE001 - a BrookError with its code, answered
+            return {"key": key, "error_code": getattr(exc, "code", TxnError.COORDINATOR_NOT_AVAILABLE), "node_id": -1,
+                    "host": "", "port": -1, "error_message": str(exc)[:1000]}
+        return {"key": key, "error_code": 0, "error_message": None, "node_id": node, "host": host, "port": port}
+
+    # ---- InitProducerId with a transactional id ----
+    async def init_producer_id(self, req: codec.Request, ctx: KafkaCallContext) -> dict[str, Any]:
+        body = req.body
+        tid = body.transactional_id
+        if not self._allowed(ctx, authz.WRITE, tid):
+            return {"error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
+        if self.txn is None:
+            return {"error_code": TxnError.COORDINATOR_NOT_AVAILABLE, "producer_id": -1, "producer_epoch": -1}
+        expected = (int(_get(body, "producer_id", -1)), int(_get(body, "producer_epoch", -1)))
+        code, pid, epoch = await self.run(lambda: self.txn.init_producer_id(tid, _ms(body, "transaction_timeout", -1),
+                                                                             expected))
+        return {"error_code": error_for_version(code, API_INIT_PRODUCER_ID, req.api_version),
+                "producer_id": pid, "producer_epoch": epoch}
+
+    # ---- AddPartitionsToTxn v0-3 ----
+    async def add_partitions_to_txn(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        tid = body.v3_and_below_transactional_id
+        pid, epoch = int(body.v3_and_below_producer_id), int(body.v3_and_below_producer_epoch)
+        named = [TopicPartition(t.name, int(i)) for t in body.v3_and_below_topics for i in t.partitions]
+        codes: dict[TopicPartition, int] = {}
+        if not self._allowed(ctx, authz.WRITE, tid):
+            codes = dict.fromkeys(named, TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        else:
+            service = self.broker.service
+            denied = service.authz.denied_topics(ctx.brook_authentication.principal, authz.WRITE,
+                                                 {tp.topic for tp in named})
+            for tp in named:
+                if tp.topic in denied:
+                    codes[tp] = TOPIC_AUTHORIZATION_FAILED
+                elif tp.topic.startswith("__") or service.cache.partition(tp.topic, tp.partition) is None:
+                    codes[tp] = UNKNOWN_TOPIC_OR_PARTITION  # internal topics join only through AddOffsetsToTxn
+            if codes:  # as Kafka: none is added when one is refused
+                codes = {tp: codes.get(tp, OPERATION_NOT_ATTEMPTED) for tp in named}
+            elif self.txn is None:
+                codes = dict.fromkeys(named, TxnError.COORDINATOR_NOT_AVAILABLE)
+            else:
+                code = await self.run(lambda: self.txn.add_partitions(tid, pid, epoch, named))
+                codes = dict.fromkeys(named, error_for_version(code, API_ADD_PARTITIONS_TO_TXN, req.api_version))
+        by_topic: dict[str, list[dict[str, int]]] = defaultdict(list)
+        for tp, code in codes.items():
+            by_topic[tp.topic].append({"partition_index": tp.partition, "partition_error_code": code})
+        return codec.response(req.api_key, req.api_version, {"throttle_time": 0, "results_by_topic_v3_and_below": [
+            {"name": name, "results_by_partition": results} for name, results in by_topic.items()]})
+
+    # ---- EndTxn v0-3 ----
+    async def end_txn(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        tid = body.transactional_id
+        if not self._allowed(ctx, authz.WRITE, tid):
+            code = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        elif self.txn is None:
+            code = TxnError.COORDINATOR_NOT_AVAILABLE
+        else:
+            code = await self.run(lambda: self.txn.end_txn(tid, int(body.producer_id), int(body.producer_epoch),
+                                                           bool(body.committed)))
+            code = error_for_version(code, API_END_TXN, req.api_version)
+        return codec.response(req.api_key, req.api_version, {"throttle_time": 0, "error_code": code})

@@ -1,0 +1,160 @@
+"""The transaction coordinator over real logs: what one coordinator writes to ``__transaction_state``, the next one
+loads; a transaction whose markers were not all written when its coordinator went is finished by the next one; a
+transaction left open past its timeout is aborted and its producer fenced. The data partition is a real log too, so
+the markers' effect is the last stable offset read_committed consumers stop at."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from waiting import wait_for
+
+from broker import txn_records as rec
+from broker.txn_coordinator import MarkerRequest, TransactionCoordinator, TxnConfig
+from broker.txn_state import TransactionState, TxnError
+from client.types import TopicPartition
+from storage.log_manager import LogManager
+from storage.record_batch import RecordBatchBuilder
+
+DATA = TopicPartition("t", 0)
+
+
+class Disk:
+    """``__transaction_state-0`` and ``t-0`` on real logs, led by whichever coordinator is asked."""
+
+    def __init__(self, path: Path) -> None:
+        self.lm = LogManager([path], on_dir_failure=lambda d, e: None)
+        self.state = self.lm.get_or_create_log(rec.TRANSACTION_STATE_TOPIC, 0, topic_id="S", overrides={})
+        self.data = self.lm.get_or_create_log("t", 0, topic_id="T", overrides={})
+        self.markers_down = False
+
+    def append_records(self, topic: str, partition: int, batch: bytes, acks: int, timeout_ms: int) -> Any:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.state.append_as_leader(batch, 0)
+        self.state.update_high_watermark(self.state.log_end_offset)
+        fut.set_result(types.SimpleNamespace(base_offset=self.state.log_end_offset - 1))
+        return fut
+
+    def partition(self, topic: str, partition: int) -> Any:
+        if (topic, partition) == (rec.TRANSACTION_STATE_TOPIC, 0):
+            return types.SimpleNamespace(is_leader=True, log=self.state)
+        return None
+
+    @property
+    def log_manager(self) -> LogManager:
+        return self.lm
+
+    def add_leadership_listener(self, cb: Any) -> None:
+        pass
+
+    def write_markers(self, leader: int, req: MarkerRequest) -> dict[TopicPartition, int]:
+        if self.markers_down:
+            raise ConnectionError("the partition leader is unreachable")
+        for tp in req.partitions:
+            assert tp == DATA, tp
+            self.data.append_marker_as_leader(req.producer_id, req.producer_epoch, req.commit, req.coordinator_epoch, 0)
+            self.data.update_high_watermark(self.data.log_end_offset)
+        return dict.fromkeys(req.partitions, 0)
+
+    def produce(self, producer_id: int, epoch: int, sequence: int, value: bytes) -> None:
+        b = RecordBatchBuilder(producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence,
+                               is_transactional=True)
+        b.append(1_000, None, value)
+        self.data.append_as_leader(b.build(), 0, transactional=True)
+        self.data.update_high_watermark(self.data.log_end_offset)
+
+
+class Cache:
+    def partition(self, topic: str, partition: int) -> Any:
+        return types.SimpleNamespace(leader=1) if (topic, partition) == (DATA.topic, DATA.partition) else None
+
+
+@pytest.fixture()
+def disk(tmp_path: Path) -> Iterator[Disk]:
+    d = Disk(tmp_path / "data")
+    try:
+        yield d
+    finally:
+        d.lm.shutdown()
+
+
+NOW = [1_000_000]
+IDS = iter(range(1000, 2000))
+
+
+def coordinator(disk: Disk, epoch: int) -> TransactionCoordinator:
+    """A coordinator that has taken __transaction_state-0 over at leader epoch ``epoch`` (and loaded it)."""
+    c = TransactionCoordinator(node_id=epoch, replica_manager=disk, metadata_cache=Cache(),
+                               config=TxnConfig(num_partitions=1), new_producer_id=lambda: next(IDS),
+                               write_markers=disk.write_markers, clock_ms=lambda: NOW[0])
+    c.start()
+    c.on_leadership_change(rec.TRANSACTION_STATE_TOPIC, 0, True, epoch)
+    wait_for(lambda: not c.state.is_loading(0), what="the load of __transaction_state-0")
+    return c
+
+
+def test_the_next_coordinator_finishes_a_commit_whose_markers_were_not_written(disk: Disk) -> None:
+    old = coordinator(disk, 1)
+    try:
+        code, pid, epoch = old.init_producer_id("app", 60_000)
+        assert code == TxnError.NONE
+        assert old.add_partitions("app", pid, epoch, [DATA]) == TxnError.NONE
+        disk.produce(pid, epoch, 0, b"committed")
+        assert disk.data.last_stable_offset == 0  # held at the open transaction's first offset
+        disk.markers_down = True
+        assert old.end_txn("app", pid, epoch, commit=True) == TxnError.NONE  # answered once PrepareCommit is written
+    finally:
+        old.stop()  # gone before any marker reached t-0
+    assert disk.data.last_stable_offset == 0
+    disk.markers_down = False
+    new = coordinator(disk, 2)
+    try:
+        wait_for(lambda: (d := new.describe("app")) != TxnError.COORDINATOR_LOAD_IN_PROGRESS
+                 and d.state == TransactionState.COMPLETE_COMMIT, what="the commit completed by the new coordinator")
+        assert disk.data.last_stable_offset == disk.data.log_end_offset == 2  # the record and its COMMIT marker
+        assert disk.data.aborted_transactions(0, 2) == []
+    finally:
+        new.stop()
+    again = coordinator(disk, 3)  # and a third one loads the completed state, with nothing left to do
+    try:
+        d = again.describe("app")
+        assert d.state == TransactionState.COMPLETE_COMMIT and d.producer_id == pid and d.producer_epoch == epoch
+        assert again.state.pending_markers() == []
+    finally:
+        again.stop()
+
+
+def test_a_transaction_open_past_its_timeout_is_aborted_and_its_producer_fenced(disk: Disk) -> None:
+    c = coordinator(disk, 1)
+    try:
+        code, pid, epoch = c.init_producer_id("slow", 10_000)
+        assert code == TxnError.NONE and c.add_partitions("slow", pid, epoch, [DATA]) == TxnError.NONE
+        disk.produce(pid, epoch, 0, b"never committed")
+        NOW[0] += 5_000
+        assert c.abort_timed_out() == 0
+        NOW[0] += 6_000
+        assert c.abort_timed_out() == 1
+        wait_for(lambda: c.describe("slow").state == TransactionState.COMPLETE_ABORT, what="the abort completed")
+        assert disk.data.last_stable_offset == disk.data.log_end_offset == 2
+        assert disk.data.aborted_transactions(0, 2) == [(pid, 0)]
+        assert c.end_txn("slow", pid, epoch, commit=True) == TxnError.PRODUCER_FENCED
+        assert c.describe("slow").producer_epoch == epoch + 1
+    finally:
+        c.stop()
+
+
+def test_a_coordinator_that_lost_the_partition_answers_not_coordinator(disk: Disk) -> None:
+    c = coordinator(disk, 1)
+    try:
+        code, pid, epoch = c.init_producer_id("moved", 60_000)
+        assert code == TxnError.NONE
+        c.on_leadership_change(rec.TRANSACTION_STATE_TOPIC, 0, False, 1)
+        assert c.add_partitions("moved", pid, epoch, [DATA]) == TxnError.NOT_COORDINATOR
+        assert c.init_producer_id("other", 60_000)[0] == TxnError.NOT_COORDINATOR
+    finally:
+        c.stop()
