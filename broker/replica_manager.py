@@ -188,7 +188,8 @@ def _wake_seq(p: Partition, for_follower: bool) -> int:
     return p.data_seq if for_follower else p.change_seq
 
 
-def _append_in_sequence(p: Partition, records: bytes, acks: int, max_wait_s: float, transactional: bool = False) -> Any:
+def _append_in_sequence(p: Partition, records: bytes, acks: int, max_wait_s: float, transactional: bool = False,
+                        verified: dict[int, int] | None = None) -> Any:
     """``p.append_as_leader``, letting a batch that arrived ahead of its producer's next sequence wait.
 
     Kafka reads a connection's requests in order; gRPC does not, so two pipelined Produce
@@ -200,7 +201,7 @@ def _append_in_sequence(p: Partition, records: bytes, acks: int, max_wait_s: flo
     deadline = time.monotonic() + max_wait_s
     while True:
         try:
-            return p.append_as_leader(records, acks, transactional=transactional)
+            return p.append_as_leader(records, acks, transactional=transactional, verified=verified)
         except errors.OutOfOrderSequenceNumberError:
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0 or not _sequence_ahead(p, records):
@@ -662,15 +663,16 @@ class ReplicaManager:
 
     # ---- produce ----
     def append_records(self, topic: str, partition: int, records: bytes, *, acks: int,
-                       timeout_ms: int, blocking: bool = True, transactional: bool = False) -> concurrent.futures.Future:
+                       timeout_ms: int, blocking: bool = True, transactional: bool = False,
+                       verified: dict[int, int] | None = None) -> concurrent.futures.Future:
         """Append as leader. The future resolves to an AppendResult, or raises the BrookError.
 
         acks=0/1 resolve once the leader appended; acks=-1 once the HW passes the batch,
         with REQUEST_TIMED_OUT after ``timeout_ms`` (the data stays appended, as in Kafka).
         ``blocking=False`` is for the broker's event loop: it raises ``WouldBlock`` (``LockBusy`` for a
         held lock or a sequence gap), having changed nothing, where the append would wait or do
-        blocking work. ``transactional``: a transactional producer's batches, verified by the caller (only the
-        blocking path takes them).
+        blocking work. ``transactional``: a transactional producer's batches, verified by the caller with the
+        marker marks in ``verified`` (``Log.append_as_leader``); only the blocking path takes them.
         """
         fut: concurrent.futures.Future = concurrent.futures.Future()
         try:
@@ -705,7 +707,8 @@ class ReplicaManager:
                 try:
                     if blocking:
                         info = _append_in_sequence(p, records, acks,
-                                                   min(SEQUENCE_GAP_WAIT_S, max(0, timeout_ms) / 1000), transactional)
+                                                   min(SEQUENCE_GAP_WAIT_S, max(0, timeout_ms) / 1000), transactional,
+                                                   verified)
                     else:
                         info = _append_now(p, records, acks)
                 except OSError as e:

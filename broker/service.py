@@ -389,8 +389,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             records = [pd.records for pd in req.partitions]
         denied = self.authz.denied_topics(caller, authz.WRITE, {pd.topic for pd in req.partitions})
         written = sum(len(r) for r, pd in zip(records, req.partitions, strict=True) if pd.topic not in denied)
+        verified: dict[int, dict[int, int]] = {}  # a transactional request's partitions: their verification
         if req.transactional_id:
-            refused = await self._transactional_refusal(req, caller, denied, records)
+            refused = await self._transactional_refusal(req, caller, denied, records, verified)
             if isinstance(refused, broker_pb2.ProduceResponse):
                 return refused
             futures: list[concurrent.futures.Future | None] = [None] * len(req.partitions)
@@ -408,7 +409,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             pool = self.capacity.recompression if self.capacity.recompression is not None and \
                 self._recompresses(req, deferred) else self.capacity.io
             done = await asyncio.get_running_loop().run_in_executor(
-                pool, lambda: self._produce_append(req, caller, denied, deferred, records))
+                pool, lambda: self._produce_append(req, caller, denied, deferred, records, verified))
             for i, f in zip(deferred, done, strict=True):
                 futures[i] = f
         records.clear()  # appended: the copies are not held through an acks=all wait (the caller's list is this one)
@@ -477,7 +478,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         return False
 
     def _produce_append(self, req: broker_pb2.ProduceRequest, caller: Any, denied: set[str] | frozenset[str],
-                        indexes: Sequence[int], records: list[bytes]) -> list[concurrent.futures.Future]:
+                        indexes: Sequence[int], records: list[bytes],
+                        verified: dict[int, dict[int, int]] | None = None) -> list[concurrent.futures.Future]:
         """Append the partitions at ``indexes`` of the request, in that order, with their ``records``
         (blocking: disk, lock and sequence waits, and the auto-create wait)."""
         chosen = [req.partitions[i] for i in indexes]
@@ -496,13 +498,17 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 futures.append(fut)
                 continue
             futures.append(self.rm.append_records(pd.topic, pd.partition, records[i], acks=req.acks,
-                                                  timeout_ms=req.timeout_ms, transactional=bool(req.transactional_id)))
+                                                  timeout_ms=req.timeout_ms, transactional=bool(req.transactional_id),
+                                                  verified=(verified or {}).get(i)))
         return futures
 
     async def _transactional_refusal(self, req: broker_pb2.ProduceRequest, caller: Any, denied: set[str] | frozenset[str],
-                                     records: list[bytes]) -> broker_pb2.ProduceResponse | dict[int, errors.BrookError]:
+                                     records: list[bytes], verified: dict[int, dict[int, int]]
+                                     ) -> broker_pb2.ProduceResponse | dict[int, errors.BrookError]:
         """A transactional producer's request, before anything is appended: the answer refusing it all, or the
-        partitions (by index) refused, with why.
+        partitions (by index) refused, with why; ``verified`` gets each partition's producer id and the marker
+        mark its verification holds at (the append refuses a batch opening a transaction if a marker of that
+        producer was written since: the transaction it was verified for has ended).
 
         As Kafka's: WRITE on the transactional id (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every
         partition), acks=all, and every batch transactional of one producer id and epoch (else INVALID_RECORD;
@@ -535,12 +541,16 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             return {}
         verify = self.txn_calls.verify
 
-        def verified(tp: TopicPartition, pid: int, epoch: int) -> int:  # off the loop: log locks, a call to a broker
+        def check(i: int, tp: TopicPartition, pid: int, epoch: int) -> int:  # off the loop: log locks, an RPC
             p = self.rm.partition(tp.topic, tp.partition)
-            if p is not None and pid in p.log.ongoing_transactions() and p.log.producer_epoch(pid) == epoch:
+            if p is None:
+                return ErrorCode.NONE  # not led here: the append answers why
+            mark = p.log.marker_mark(pid)  # first: a marker written after it voids this verification
+            verified[i] = {pid: mark}
+            if pid in p.log.ongoing_transactions() and p.log.producer_epoch(pid) == epoch:
                 return ErrorCode.NONE  # this producer's transaction is open here already: verified by its first batch
             return verify(tid, pid, epoch, tp)
-        codes = await self._io(lambda: [verified(tp, pid, epoch) for _, tp, pid, epoch in checks])
+        codes = await self._io(lambda: [check(i, tp, pid, epoch) for i, tp, pid, epoch in checks])
         return {i: errors.error_for(_VERIFY_ANSWERS.get(code, code),
                                     f"the ongoing transaction of {tid[:100]!r} does not hold {tp.topic}-{tp.partition} "
                                     f"(the coordinator answered error {code})")

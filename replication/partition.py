@@ -355,21 +355,22 @@ class Partition:
         return int(getattr(self.log.config, "min_insync_replicas", 1))
 
     def append_as_leader(self, records: bytes, acks: int, *, blocking: bool = True,
-                         transactional: bool = False) -> Any:
+                         transactional: bool = False, verified: dict[int, int] | None = None) -> Any:
         """Append as leader; all-or-nothing. Raises before appending if acks=all and the ISR is too small.
 
         ``blocking=False`` is for the broker's event loop: ``LockBusy`` when the partition lock or the
         log's lock is held, and the log's ``WouldBlock`` where its append would do blocking work;
-        either way nothing was changed. ``transactional``: a transactional producer's batches
-        (``Log.append_as_leader``).
+        either way nothing was changed. ``transactional``, ``verified``: a transactional producer's batches and
+        their verification (``Log.append_as_leader``).
         """
         with held(self.lock, blocking):
             if blocking:
-                return self._append_as_leader(records, acks, True, transactional)
+                return self._append_as_leader(records, acks, True, transactional, verified)
             with held(self.log.lock, False):  # the log calls below re-enter it: none waits (Log.lock)
-                return self._append_as_leader(records, acks, False, transactional)
+                return self._append_as_leader(records, acks, False, transactional, verified)
 
-    def _append_as_leader(self, records: bytes, acks: int, blocking: bool, transactional: bool = False) -> Any:
+    def _append_as_leader(self, records: bytes, acks: int, blocking: bool, transactional: bool = False,
+                          verified: dict[int, int] | None = None) -> Any:
         self.check_leader()
         self._check_hw()
         min_isr = self.min_insync_replicas()
@@ -377,7 +378,8 @@ class Partition:
             raise errors.NotEnoughReplicasError(
                 f"{self.topic}-{self.partition}: ISR {list(self.isr)} is smaller than "
                 f"min.insync.replicas={min_isr}")
-        info = self.log.append_as_leader(records, self.leader_epoch, blocking=blocking, transactional=True) \
+        info = self.log.append_as_leader(records, self.leader_epoch, blocking=blocking, transactional=True,
+                                         verified=verified) \
             if transactional else self.log.append_as_leader(records, self.leader_epoch, blocking=blocking)
         if not getattr(info, "duplicate", False):
             self.messages_in_total += info.num_records

@@ -627,7 +627,8 @@ class Log:
 
     # ------------------------------------------------------------------ append
     def append_as_leader(self, records: bytes, leader_epoch: int, *, now_ms: int | None = None,
-                         blocking: bool = True, transactional: bool = False) -> AppendInfo:
+                         blocking: bool = True, transactional: bool = False,
+                         verified: dict[int, int] | None = None) -> AppendInfo:
         """Validate (headers, CRCs, every record), assign offsets, stamp the epoch, write. All-or-nothing.
 
         ``blocking=False`` is for the broker's event loop: it raises ``WouldBlock``, having changed
@@ -638,6 +639,9 @@ class Log:
         ``transactional``: the produce request names a transactional id; then, and only then, every
         batch must be transactional, with a producer id and a base sequence (LogValidator). Control
         batches are refused either way: markers are the coordinator's (``append_marker_as_leader``).
+        ``verified`` (with ``transactional``): producer id -> the ``marker_mark`` its coordinator's
+        verification was made at; a batch opening a transaction is refused INVALID_TXN_STATE unless it is
+        there and no marker of its producer was written since (``ProducerStateManager.check_verified``).
         """
         buf = bytearray(records)
         now = _now_ms(now_ms)
@@ -661,7 +665,7 @@ class Log:
                 f"append of {len(buf)} bytes exceeds segment.bytes {self._config.segment_bytes}")
         with self.locked(blocking=blocking):
             self._ensure_open()
-            dup = self._check_producers(headers)
+            dup = self._check_producers(headers, verified if transactional else None)
             if dup is not None:
                 return dup
             if not blocking:
@@ -693,7 +697,7 @@ class Log:
         log.log(level, "%s-%d: produced batch refused (%d so far): %s", self.topic, self.partition,
                 self.invalid_appends_total, exc)
 
-    def _check_producers(self, headers: list[BatchHeader]) -> AppendInfo | None:
+    def _check_producers(self, headers: list[BatchHeader], verified: dict[int, int] | None = None) -> AppendInfo | None:
         """Producer-state checks for every batch; a sole duplicate batch returns its original info."""
         pending: dict[int, ProducerEntry] = {}
         offset = self._log_end_offset
@@ -702,6 +706,8 @@ class Log:
             if h.producer_id < 0:
                 offset += h.last_offset_delta + 1
                 continue
+            if h.producer_id not in pending:
+                self.producer_state.check_verified(h, verified)
             dup = self.producer_state.check_leader_append(h, pending, state_may_be_lost=lost)
             if dup is not None:
                 if len(headers) != 1:
@@ -745,6 +751,12 @@ class Log:
         offset), read under the log's lock."""
         with self._lock:
             return self.producer_state.ongoing()
+
+    def marker_mark(self, producer_id: int) -> int:
+        """``ProducerStateManager.marker_mark`` under the log's lock: taken before a transactional producer's
+        batch is verified with its coordinator, and given back to ``append_as_leader`` as ``verified``."""
+        with self._lock:
+            return self.producer_state.marker_mark(producer_id)
 
     def producer_epoch(self, producer_id: int) -> int | None:
         """The epoch this log knows for ``producer_id`` (None: not tracked), read under the log's lock."""

@@ -143,6 +143,10 @@ class ProducerEntry:
     # completed with a marker at or after ``history_from`` is among them (older ones were dropped).
     completed: tuple[tuple[int, int], ...] = ()
     history_from: int = 0
+    # Offset of the last marker written for it (any, completing a transaction or not), -1 none since this process
+    # tracks it: a leader's verification of a transaction's first batch holds only while it has not moved
+    # (``marker_mark``, Log.append_as_leader's ``verified``).
+    last_marker_offset: int = -1
 
     @property
     def last_seq(self) -> int:
@@ -347,6 +351,30 @@ class ProducerStateManager:
             f"producer {h.producer_id} epoch {h.producer_epoch}: expected sequence 0 {whose}, "
             f"got {h.base_sequence}")
 
+    def marker_mark(self, producer_id: int) -> int:
+        """Where the producer's last marker is (-1: none known): taken before a transaction's first batch here is
+        verified with its coordinator, and compared again when the batch is appended."""
+        entry = self._producers.get(producer_id)
+        return -1 if entry is None else entry.last_marker_offset
+
+    def check_verified(self, h: BatchHeader, verified: dict[int, int] | None) -> None:
+        """A transactional batch that would open a transaction here (its producer has none ongoing) must come with
+        the marker mark its verification was made at, unchanged since (KIP-890's verification guard). Between the
+        coordinator's answer and this append, the transaction may have ended and its marker been written here:
+        this batch would then open a transaction no coordinator knows of, which nobody would ever end, holding
+        every read_committed consumer of the partition for good."""
+        if verified is None or not h.attributes & ATTR_TRANSACTIONAL or h.attributes & ATTR_CONTROL:
+            return
+        pid = h.producer_id
+        entry = self._producers.get(pid)
+        if entry is not None and entry.txn_first_offset >= 0:
+            return
+        mark = verified.get(pid)
+        if mark is None or mark != self.marker_mark(pid):
+            raise InvalidTxnStateError(
+                f"producer {pid}: its transaction here was not verified with its coordinator, or ended since "
+                f"(a marker was written after the verification): the batch would open a transaction nobody ends")
+
     def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
         """A marker the leader is asked to write (Kafka's appendEndTxnMarker checks): not from an older producer
         epoch (InvalidProducerEpochError) nor an older coordinator (TransactionCoordinatorFencedError)."""
@@ -419,6 +447,7 @@ class ProducerStateManager:
             entry.batches.clear()
         entry.coordinator_epoch = coordinator_epoch
         entry.last_timestamp = h.max_timestamp
+        entry.last_marker_offset = offset
         done = None
         first = entry.txn_first_offset
         if first >= 0:

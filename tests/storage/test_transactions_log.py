@@ -681,3 +681,29 @@ def test_aborted_transactions_read_safely_while_appends_truncations_and_retentio
     assert not failures, failures[0]
     assert lg.aborted_transactions(lg.log_start_offset, lg.log_end_offset)
     lg.close()
+
+
+def test_a_verification_is_void_once_a_marker_of_its_producer_was_written(tmp_path: Path) -> None:
+    """KIP-890's guard: the leader takes the producer's marker mark, asks the coordinator, then appends. A marker
+    written in between (the transaction ended meanwhile) must make the batch that would open a transaction be
+    refused: it would open one no coordinator knows of, and hold the last stable offset below it for good."""
+    lg = open_log(tmp_path / "t-0")
+    mark = lg.marker_mark(7)
+    assert mark == -1
+    lg.append_as_leader(txn_batch(7, 0), 0, transactional=True, verified={7: mark})  # opens the transaction
+    before_end = lg.marker_mark(7)
+    lg.append_marker_as_leader(7, 0, True, 0, 0)  # the transaction ended while a late batch was being verified
+    lg.update_high_watermark(lg.log_end_offset)
+    end = lg.log_end_offset
+    with pytest.raises(InvalidTxnStateError, match="ended since"):
+        lg.append_as_leader(txn_batch(7, 2), 0, transactional=True, verified={7: before_end})
+    with pytest.raises(InvalidTxnStateError, match="not verified"):
+        lg.append_as_leader(txn_batch(7, 2), 0, transactional=True, verified={})
+    assert lg.log_end_offset == end and lg.ongoing_transactions() == {}
+    assert lg.last_stable_offset == end
+    # verified after the marker: the next transaction opens
+    lg.append_as_leader(txn_batch(7, 2), 0, transactional=True, verified={7: lg.marker_mark(7)})
+    assert lg.ongoing_transactions() == {7: end}
+    # and its later batches need no new verification (the transaction is open here)
+    lg.append_as_leader(txn_batch(7, 4), 0, transactional=True, verified={})
+    lg.close()
