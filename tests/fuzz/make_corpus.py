@@ -275,9 +275,13 @@ def kafka_seeds() -> dict[str, bytes]:
     from kio.schema.request_header.v2.header import RequestHeader as HeaderV2
     from kio.serial import entity_writer
 
-    from broker.kafka_wire import admin_apis, apis, codec
+    from broker.kafka_wire import admin_apis, apis, codec, txn_apis
+    from storage.record_batch import RecordBatchBuilder
 
     batch_bytes = valid(3)
+    txn_builder = RecordBatchBuilder(producer_id=0, producer_epoch=0, base_sequence=0, is_transactional=True)
+    txn_builder.append(0, b"k", b"v")
+    transactional_batch = txn_builder.build()
     group = {"group_id": "g", "member_id": "", "generation_id": -1, "generation_id_or_member_epoch": -1,
              "protocol_type": "consumer", "session_timeout": 6000, "rebalance_timeout": 6000}
     values: dict[int, dict[str, object]] = {
@@ -304,6 +308,11 @@ def kafka_seeds() -> dict[str, bytes]:
         apis.LIST_GROUPS: {"states_filter": ["Stable"]},
         apis.API_VERSIONS: {"client_software_name": "fuzz", "client_software_version": "1"},
         apis.INIT_PRODUCER_ID: {"transaction_timeout": 60000, "producer_id": -1, "producer_epoch": -1},
+        # Transactions: ids, a partition added, an end; a transactional Produce (verified before it is appended)
+        txn_apis.ADD_PARTITIONS_TO_TXN: {"v3_and_below_transactional_id": "tx", "v3_and_below_producer_id": 0,
+                                         "v3_and_below_producer_epoch": 0, "v3_and_below_topics": [
+                                             {"name": "t", "partitions": [0, 1]}, {"name": "nope", "partitions": [0]}]},
+        txn_apis.END_TXN: {"transactional_id": "tx", "producer_id": 0, "producer_epoch": 0, "committed": True},
         apis.OFFSET_FOR_LEADER_EPOCH: {"replica_id": -1, "topics": [{"topic": "t", "partitions": [
             {"partition": 0, "current_leader_epoch": -1, "leader_epoch": 0}]}]},
         apis.DELETE_GROUPS: {"groups_names": ["g"]},
@@ -316,7 +325,24 @@ def kafka_seeds() -> dict[str, bytes]:
                                             {"topic_id": "00000000000000000000000000000001", "partitions": [0]}]},
         apis.CONSUMER_GROUP_DESCRIBE: {"group_ids": ["g", "h"], "include_authorized_operations": True},
     }
+    extra = {  # a second seed of an API, named apart
+        "InitProducerIdTxn": (apis.INIT_PRODUCER_ID, {"transactional_id": "tx", "transaction_timeout": 60000,
+                                                       "producer_id": -1, "producer_epoch": -1}),
+        "FindCoordinatorTxn": (apis.FIND_COORDINATOR, {"key": "tx", "key_type": 1, "coordinator_keys": ["tx"]}),
+        "ProduceTxn": (apis.PRODUCE, {"transactional_id": "tx", "acks": -1, "timeout": 0, "topic_data": [
+            {"name": "t", "partition_data": [{"index": 0, "records": transactional_batch}]}]}),
+    }
     seeds: dict[str, bytes] = {}
+    for name, (api_key, fields) in extra.items():
+        lo, hi = apis.SUPPORTED[api_key]
+        for version in sorted({max(lo, 3), hi}):
+            cls = codec.request_schema(api_key, version)
+            header_cls = HeaderV2 if cls.__flexible__ else HeaderV1
+            buf = io.BytesIO()
+            entity_writer(header_cls)(buf, header_cls(request_api_key=api_key, request_api_version=version,
+                                                      correlation_id=1, client_id="fuzz"))
+            entity_writer(cls)(buf, codec.build(cls, fields))
+            seeds[f"{name}-v{version}"] = buf.getvalue()
     for api_key, (lo, hi) in sorted(apis.SUPPORTED.items()):
         if api_key not in values:
             continue

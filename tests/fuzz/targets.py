@@ -260,7 +260,8 @@ class RpcHarness:
 
     Topics: ``t`` (3 partitions, delete) and ``c`` (1 partition, compacted), RF 1, led
     here; ``r`` (1 partition, RF 2, led here, follower broker 2 in the ISR); and one ``__consumer_offsets`` partition for the group coordinator, whose gRPC
-    servicer's RPCs are fuzzed too (waits bounded by a near-zero call deadline).
+    servicer's RPCs are fuzzed too (waits bounded by a near-zero call deadline); one ``__transaction_state``
+    partition for the transaction coordinator the Kafka APIs reach (its markers written here).
     InitProducerId allocates from an in-process controller (ControllerHarness); auto-create
     is off. Rebuilt when its logs grow past ``max_log_bytes``.
     """
@@ -274,6 +275,8 @@ class RpcHarness:
         from broker.producer_ids import ProducerIdManager
         from broker.replica_manager import ReplicaManager
         from broker.service import BrokerService, Capacity
+        from broker.txn_coordinator import BrokerCalls, TransactionCoordinator, TxnConfig
+        from broker.txn_records import TRANSACTION_STATE_TOPIC
         from proto import broker_pb2, common_pb2, controller_pb2, group_pb2
         from storage.log_manager import LogManager
 
@@ -310,6 +313,18 @@ class RpcHarness:
             CoordinatorConfig(offsets_topic_num_partitions=1, offsets_topic_replication_factor=1,
                               group_initial_rebalance_delay_ms=0, group_min_session_timeout_ms=1)))
         self.coordinator.start()  # listens for the __consumer_offsets leadership the update below gives
+        update.topics.add(name=TRANSACTION_STATE_TOPIC, topic_id="x" * 32, partition_count=1,
+                          configs={"cleanup.policy": "compact"})
+        update.partitions.add(topic=TRANSACTION_STATE_TOPIC, topic_id="x" * 32, partition=0, replicas=[1], isr=[1],
+                              leader=1, leader_epoch=0, partition_epoch=0)
+        calls = BrokerCalls(1, cache, self.rm, None, lambda: self.txn)
+        self.txn = TransactionCoordinator(
+            node_id=1, replica_manager=self.rm, metadata_cache=cache,
+            config=TxnConfig(num_partitions=1, replication_factor=1, min_isr=1, write_timeout_ms=1000),
+            new_producer_id=lambda: self.service.producer_ids.next_id(),
+            write_markers=lambda leader, req: calls.write_markers(leader, req, 1000), offsets_partitions=1)
+        self.txn.calls = calls
+        self.txn.start()  # the transaction coordinator of the fuzzed Kafka APIs, over __transaction_state-0
         self.rm.apply_metadata_delta(cache.apply(update))
         # The handlers are coroutines (grpc.aio): one private event loop runs each call to completion.
         self.loop = asyncio.new_event_loop()
@@ -322,6 +337,7 @@ class RpcHarness:
                                          broker_epoch=lambda: self.controller.broker_epochs[1])
         self.service = BrokerService(1, self.rm, cache, None, producer_ids, defaults=defaults,
                                      controller_endpoints=[], capacity=capacity)
+        self.service.txn, self.service.txn_calls = self.txn, calls
         # Fetch answers as the gRPC port hands them over (records kept apart, a long answer already joined).
         self.handlers: list[tuple[str, type, Any]] = [
             (name, getattr(broker_pb2, f"{name}Request"),
@@ -340,6 +356,7 @@ class RpcHarness:
         for name in ("broker", "replication", "storage"):
             logging.getLogger(name).removeHandler(self.errors)
         self.coordinator.stop()
+        self.txn.stop()
         self.controller.close()
         self.rm.shutdown()
         self.log_manager.shutdown()
