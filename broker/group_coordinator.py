@@ -46,6 +46,7 @@ from broker.group_state import (
     SyncResult,
     offset_bytes,
 )
+from broker.internal_topics import InternalTopic
 from broker.log_limits import ThrottledWarning
 from client.cluster import HUNG_PEER_OPTIONS
 from client.security import SecurityConfig, make_channel
@@ -53,7 +54,13 @@ from client.types import TopicPartition
 from proto import broker_pb2, broker_pb2_grpc, errors, group_pb2
 from proto.common_pb2 import ErrorCode
 from storage.disk_errors import disk_failure
-from storage.record_batch import RecordBatchBuilder, decode_batch, iter_batches
+from storage.record_batch import (
+    CONTROL_TYPE_COMMIT,
+    RecordBatchBuilder,
+    decode_batch,
+    end_txn_marker,
+    iter_batches,
+)
 from storage.segment import CorruptBatchError
 
 log = logging.getLogger(__name__)
@@ -64,6 +71,7 @@ LOAD_BATCHES_MAX = 10_000_000  # bound on one partition load loop
 INT64_MAX = 2**63 - 1
 RECORDS_PER_BATCH_MAX = 1000  # commits of many partitions are split into batches of this many
 RPC_TIMEOUT_S = 10.0
+TXN_PENDING_OFFSETS_MAX = 200_000  # offsets of transactions not ended yet, over all of a coordinator's groups
 # What a member costs the coordinator besides its metadata and assignment (ids, timers, the
 # Member itself), counted against group.coordinator.metadata.max.bytes: so members, and pending
 # members (MEMBER_ID_REQUIRED) that never come back, are bounded over all groups too.
@@ -193,6 +201,9 @@ class GroupCoordinatorStats:
 class _PartitionLoad:
     leader_epoch: int
     loaded: bool = False
+    # Transaction markers written while the partition loads, past what the load reads: (producer id, commit),
+    # applied to the loaded transactions' offsets when it is published.
+    markers: list[tuple[int, bool]] = field(default_factory=list)
 
 
 @dataclass
@@ -387,8 +398,13 @@ class GroupCoordinator:
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self._maintenance: threading.Thread | None = None
-        self._ensure_lock = threading.Lock()
-        self._ensure_inflight = False
+        self._offsets_topic_short = ThrottledWarning(log)
+        self.offsets_topic = InternalTopic(
+            OFFSETS_TOPIC, metadata_cache, replica_manager, partitions=config.offsets_topic_num_partitions,
+            replication_factor=config.offsets_topic_replication_factor, partitions_key="offsets.topic.num.partitions",
+            configs=lambda rf: {"cleanup.policy": "compact", "segment.bytes": str(config.offsets_topic_segment_bytes),
+                                "compression.type": "producer"},
+            on_short=lambda message: self._offsets_topic_short.warn("%s", message))
         self._channels: dict[str, grpc.Channel] = {}
         self._end_offsets: dict[TopicPartition, int] = {}
         self._writes: set[concurrent.futures.Future] = set()
@@ -409,7 +425,6 @@ class GroupCoordinator:
         self._offset_refusals = ThrottledWarning(log)
         self._member_refusals = ThrottledWarning(log)
         self._describe_refusals = ThrottledWarning(log)
-        self._offsets_topic_short = ThrottledWarning(log)
         # Topics the metadata deleted (name, when this broker saw it), waiting for the maintenance thread to
         # drop the groups' offsets of them (on_topics_deleted).
         self._deleted_lock = threading.Lock()
@@ -428,10 +443,19 @@ class GroupCoordinator:
         # group id -> when its last consumer-protocol member left, for the groups holding offsets (so bounded by
         # them): their offsets' retention counts from then, as Kafka's does for a group that became empty.
         self._consumer_emptied: dict[str, int] = {}
+        # Offsets committed within a transaction (TxnOffsetCommit), written but not visible until its COMMIT marker
+        # (then applied) or ABORT marker (then dropped) lands on the partition: (partition, producer id) -> group ->
+        # its partitions' offsets. Bounded by TXN_PENDING_OFFSETS_MAX entries in all.
+        self._txn_pending: dict[tuple[int, int], dict[str, dict[TopicPartition, OffsetEntry]]] = {}
+        self._txn_pending_count = 0
+        self._txn_write_lock = threading.Lock()  # one transactional offsets append at a time (their sequences)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self.replica_manager.add_leadership_listener(self.on_leadership_change)
+        listeners = getattr(self.replica_manager, "marker_listeners", None)
+        if listeners is not None:
+            listeners.append(self.on_marker)
         add_deleted_listener = getattr(self.metadata_cache, "add_deleted_topics_listener", None)
         if add_deleted_listener is not None:
             add_deleted_listener(self.on_topics_deleted)
@@ -485,6 +509,8 @@ class GroupCoordinator:
             self._groups.pop(gid).mark_dead(now)
             self._group_writes.pop(gid, None)
         self.consumer_groups.drop_partition(partition)
+        for key in [k for k in self._txn_pending if k[0] == partition]:
+            self._txn_pending_count -= sum(map(len, self._txn_pending.pop(key).values()))
         log.info("unloaded groups of %s-%d", OFFSETS_TOPIC, partition)
 
     def _still_leader(self, partition: int, leader_epoch: int) -> bool:
@@ -495,7 +521,8 @@ class GroupCoordinator:
         """Replay the partition into fresh groups, then publish them (all at once)."""
         try:
             consumer: dict[str, cg.ConsumerGroup] = {}
-            loaded = self._read_partition(partition, leader_epoch, consumer)
+            pending: dict[int, dict[str, dict[TopicPartition, OffsetEntry]]] = {}
+            loaded = self._read_partition(partition, leader_epoch, consumer, pending)
         except errors.BrookError as exc:
             log.warning("loading %s-%d failed: %s; will retry on the next leadership change",
                         OFFSETS_TOPIC, partition, exc)
@@ -519,6 +546,13 @@ class GroupCoordinator:
                 return
             for gid, g in loaded.items():
                 self._groups[gid] = g
+            for pid, by_group in pending.items():
+                self._txn_pending[(partition, pid)] = by_group
+                self._txn_pending_count += sum(map(len, by_group.values()))
+            self._partitions[partition].loaded = True
+            for pid, commit in self._partitions[partition].markers:
+                self._end_txn_offsets_locked(partition, pid, commit)
+            self._partitions[partition].markers.clear()
             now = self.clock_ms()
             taken = 0
             for cgroup in consumer.values():
@@ -530,7 +564,9 @@ class GroupCoordinator:
                  OFFSETS_TOPIC, partition, taken)
 
     def _read_partition(self, partition: int, leader_epoch: int,
-                        consumer: dict[str, cg.ConsumerGroup] | None = None) -> dict[str, Group] | None:
+                        consumer: dict[str, cg.ConsumerGroup] | None = None,
+                        pending: dict[int, dict[str, dict[TopicPartition, OffsetEntry]]] | None = None
+                        ) -> dict[str, Group] | None:
         """Read the partition from its log start to the log end offset it had at election; its groups of Kafka's
         consumer protocol into ``consumer``.
 
@@ -564,7 +600,7 @@ class GroupCoordinator:
                 continue
             if not data.records:
                 break
-            offset = self._apply_batches(data.records, groups, now, offset, partition, owners, consumer)
+            offset = self._apply_batches(data.records, groups, now, offset, partition, owners, consumer, pending)
         for gid, owner in owners.items():  # a group's owner record may come before the records that make it
             g = groups.get(gid)
             if g is not None:
@@ -597,10 +633,30 @@ class GroupCoordinator:
 
     def _apply_batches(self, buf: bytes, groups: dict[str, Group], now_ms: int, offset: int,
                        partition: int = -1, owners: dict[str, str] | None = None,
-                       consumer: dict[str, cg.ConsumerGroup] | None = None) -> int:
+                       consumer: dict[str, cg.ConsumerGroup] | None = None,
+                       pending: dict[int, dict[str, dict[TopicPartition, OffsetEntry]]] | None = None) -> int:
+        """Replay batches into ``groups`` (and the others). Offsets in a transactional batch go to ``pending`` under
+        its producer id until that producer's COMMIT marker (applied then) or ABORT marker (dropped)."""
+        if pending is None:
+            pending = {}
         for pos, header in iter_batches(buf):
             offset = header.next_offset
             if header.is_control:
+                if header.producer_id >= 0:
+                    try:
+                        marker = end_txn_marker(buf, pos)
+                    except errors.BrookError as exc:
+                        log.warning("%s-%d: unreadable control batch at offset %d: %s", OFFSETS_TOPIC, partition,
+                                    header.base_offset, exc)
+                        marker = None
+                    by_group = pending.pop(header.producer_id, None)
+                    if marker is not None and marker[0] == CONTROL_TYPE_COMMIT and by_group:
+                        for gid, entries in by_group.items():
+                            g = groups.get(gid)
+                            if g is None:
+                                g = groups[gid] = self._new_group(gid, partition)
+                            for tp, entry in entries.items():
+                                g.apply_offset(tp, entry)
                 continue
             _, recs = decode_batch(buf, pos)
             for rec in recs:
@@ -608,6 +664,12 @@ class GroupCoordinator:
                     parsed = records.parse_record(rec.key, rec.value, rec.offset)
                 except errors.CorruptMessageError as exc:
                     log.warning("skipping: %s", exc)
+                    continue
+                if header.is_transactional:
+                    if isinstance(parsed, OffsetRecord) and parsed.entry is not None:
+                        parsed.entry.log_offset = rec.offset
+                        pending.setdefault(header.producer_id, {}).setdefault(parsed.group_id, {})[parsed.tp] = \
+                            parsed.entry
                     continue
                 if isinstance(parsed, OffsetRecord):
                     g = groups.get(parsed.group_id)
@@ -695,48 +757,7 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ FindCoordinator
     def find_coordinator(self, group_id: str, listener: str = "BROKER") -> tuple[int, str, int]:
         self._check_group_id(group_id)
-        p = self.partition_for(group_id)
-        info = self.metadata_cache.partition(OFFSETS_TOPIC, p)
-        if info is None:
-            topic = self.metadata_cache.topic(OFFSETS_TOPIC)
-            if topic is not None and topic.partition_count <= p:
-                # Made before this version refused clients to make it (or offsets.topic.num.partitions raised since):
-                # the groups placed past its partitions have no coordinator until an operator fixes it.
-                message = (f"{OFFSETS_TOPIC} has {topic.partition_count} partitions, fewer than "
-                           f"offsets.topic.num.partitions ({self.config.offsets_topic_num_partitions}): group "
-                           f"{group_id!r} is placed on partition {p}, which it lacks")
-                self._offsets_topic_short.warn("%s", message)
-                raise errors.error_for(ErrorCode.COORDINATOR_NOT_AVAILABLE, message)
-            self._ensure_offsets_topic()
-            raise errors.error_for(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"creating {OFFSETS_TOPIC}")
-        broker = self.metadata_cache.broker(info.leader) if info.leader >= 0 else None
-        if broker is None:
-            raise errors.error_for(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{OFFSETS_TOPIC}-{p} has no leader")
-        return (broker.node_id, *broker.endpoint(listener))
-
-    def _ensure_offsets_topic(self) -> None:
-        """Create ``__consumer_offsets`` in the background (one attempt in flight)."""
-        with self._ensure_lock:
-            if self._ensure_inflight:
-                return
-            self._ensure_inflight = True
-        threading.Thread(target=self._ensure_offsets_topic_now, name="offsets-topic-create", daemon=True).start()
-
-    def _ensure_offsets_topic_now(self) -> None:
-        try:
-            live = [b for b in self.metadata_cache.brokers() if not b.fenced]
-            rf = max(1, min(self.config.offsets_topic_replication_factor, len(live)))
-            self.replica_manager.ensure_internal_topic(
-                OFFSETS_TOPIC, self.config.offsets_topic_num_partitions, rf,
-                {"cleanup.policy": "compact", "segment.bytes": str(self.config.offsets_topic_segment_bytes),
-                 "compression.type": "producer"})
-            log.info("ensured %s (%d partitions, replication factor %d)", OFFSETS_TOPIC,
-                     self.config.offsets_topic_num_partitions, rf)
-        except errors.BrookError as exc:
-            log.warning("could not create %s: %s", OFFSETS_TOPIC, exc)
-        finally:
-            with self._ensure_lock:
-                self._ensure_inflight = False
+        return self.offsets_topic.coordinator(self.partition_for(group_id), f"group {group_id}", listener)
 
     # ------------------------------------------------------------------ membership
     def _validate_session(self, session_timeout_ms: int) -> None:
@@ -1377,6 +1398,121 @@ class GroupCoordinator:
                 if entry is not None and i >= last_chunk_start and base >= 0:
                     entry.log_offset = base + (i - last_chunk_start)
                 g.apply_offset(tp, entry)
+
+    # ------------------------------------------------------------------ transactional offsets (KIP-98)
+    def txn_commit_offsets(self, group_id: str, producer_id: int, producer_epoch: int, member_id: str,
+                           generation_id: int, instance_id: str, offsets: Sequence[tuple[TopicPartition, int, int, str]],
+                           verify: Callable[[int], tuple[int, dict[int, int] | None]]) -> list[tuple[str, int, int]]:
+        """TxnOffsetCommit: ``offsets`` ((topic, partition), offset, leader epoch, metadata) committed within the
+        producer's transaction. They are written to the group's ``__consumer_offsets`` partition as a
+        transactional batch of the producer (acks=all) and stay invisible until the transaction's COMMIT marker
+        lands there (``on_marker``), or go with its ABORT. ``verify(partition)``: the transaction coordinator's
+        answer that this partition is in the producer's ongoing transaction (AddOffsetsToTxn), and the marker
+        marks the append is held to (broker/service.py: KIP-890's verification). A member id or generation given
+        (KIP-447) is checked as an OffsetCommit's. Returns (topic, partition, error) per partition."""
+        now = self.clock_ms()
+        with self._lock:
+            p = self._check_owner_locked(group_id)
+            if member_id or generation_id >= 0:
+                if group_id in self.consumer_groups.groups:
+                    try:
+                        self.consumer_groups.validate_commit(group_id, member_id, generation_id)
+                    except cg.HeartbeatError as exc:
+                        raise CoordinatorError(exc.message, code=exc.code) from None
+                else:
+                    g = self._groups.get(group_id)
+                    if g is None:
+                        raise CoordinatorError("unknown group", code=ErrorCode.UNKNOWN_MEMBER_ID)
+                    code = g.validate_commit(member_id, generation_id, now, instance_id)
+                    if code != ErrorCode.NONE:
+                        raise CoordinatorError(f"transactional commit refused for member {member_id!r} generation "
+                                               f"{generation_id}", code=code)
+            epoch = self._partitions[p].leader_epoch
+            room = TXN_PENDING_OFFSETS_MAX - self._txn_pending_count
+        results: list[tuple[str, int, int]] = []
+        entries: list[tuple[TopicPartition, OffsetEntry]] = []
+        for tp, offset, leader_epoch, metadata in offsets:
+            if len(metadata.encode()) > self.config.offset_metadata_max_bytes:
+                results.append((tp.topic, tp.partition, ErrorCode.OFFSET_METADATA_TOO_LARGE))
+            elif tp.partition < 0 or self.metadata_cache.partition(tp.topic, tp.partition) is None:
+                results.append((tp.topic, tp.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+            else:
+                entries.append((tp, OffsetEntry(offset, leader_epoch, metadata, now)))
+        if not entries:
+            return results
+        if len(entries) > room:
+            raise CoordinatorError(f"the coordinator holds {self._txn_pending_count} offsets of transactions not "
+                                   f"ended yet ({TXN_PENDING_OFFSETS_MAX} at most); retry later",
+                                   code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        code, marks = verify(p)
+        if code != ErrorCode.NONE:
+            return results + [(tp.topic, tp.partition, code) for tp, _ in entries]
+        kvs = self._offset_kvs(group_id, entries, "")
+        with self._txn_write_lock:
+            hosted = self.replica_manager.partition(OFFSETS_TOPIC, p)
+            known = hosted.log.producer_state.entry(producer_id) if hosted is not None else None
+            # Its sequence on this partition: the coordinator is the producer's only writer here.
+            sequence = known.last_seq + 1 if known is not None and known.epoch == producer_epoch and known.batches \
+                else 0
+            builder = RecordBatchBuilder(producer_id=producer_id, producer_epoch=producer_epoch,
+                                         base_sequence=sequence % 2**31, is_transactional=True)
+            for key, value in kvs:
+                builder.append(now, key, value)
+            fut = self.replica_manager.append_records(OFFSETS_TOPIC, p, builder.build(), acks=-1,
+                                                      timeout_ms=self.config.offsets_commit_timeout_ms,
+                                                      transactional=True, verified=marks)
+        try:
+            with blocking():
+                result = fut.result(timeout=self._write_wait_s)
+        except concurrent.futures.TimeoutError:
+            return results + [(tp.topic, tp.partition, ErrorCode.REQUEST_TIMED_OUT) for tp, _ in entries]
+        except errors.BrookError as exc:
+            code = _commit_error(exc.code)
+            return results + [(tp.topic, tp.partition, code) for tp, _ in entries]
+        base = _base_offset(result)
+        with self._lock:
+            if not self._still_leader(p, epoch):
+                return results + [(tp.topic, tp.partition, ErrorCode.NOT_COORDINATOR) for tp, _ in entries]
+            by_group = self._txn_pending.setdefault((p, producer_id), {}).setdefault(group_id, {})
+            for i, (tp, entry) in enumerate(entries):
+                entry.log_offset = base + i if base >= 0 else -1
+                if tp not in by_group:
+                    self._txn_pending_count += 1
+                by_group[tp] = entry
+        return results + [(tp.topic, tp.partition, ErrorCode.NONE) for tp, _ in entries]
+
+    def on_marker(self, topic: str, partition: int, producer_id: int, commit: bool, offset: int) -> None:
+        """ReplicaManager marker listener: a transaction's marker was written on ``__consumer_offsets`` partition
+        ``partition`` this broker leads: its offsets become the groups' committed offsets (COMMIT) or go (ABORT)."""
+        if topic != OFFSETS_TOPIC:
+            return
+        with self._lock:
+            state = self._partitions.get(partition)
+            if state is not None and not state.loaded:
+                state.markers.append((producer_id, commit))  # the load may end before it: applied after it
+                return
+            self._end_txn_offsets_locked(partition, producer_id, commit)
+
+    def _end_txn_offsets_locked(self, partition: int, producer_id: int, commit: bool) -> None:
+        by_group = self._txn_pending.pop((partition, producer_id), None)
+        if not by_group:
+            return
+        self._txn_pending_count -= sum(map(len, by_group.values()))
+        if commit and partition in self._partitions:
+            for gid, entries in by_group.items():
+                g = self._groups.get(gid)
+                if g is None:
+                    g = self._groups[gid] = self._new_group(gid, partition)
+                for tp, entry in entries.items():
+                    g.apply_offset(tp, entry)
+
+    def unstable_offsets(self, group_id: str) -> set[TopicPartition]:
+        """The group's partitions with offsets of a transaction not ended yet: an OffsetFetch asking for stable
+        offsets (v7+, librdkafka's read_committed consumers) is answered UNSTABLE_OFFSET_COMMIT for them."""
+        with self._lock:
+            partition = self.partition_for(group_id)
+            return {tp for (p, _), by_group in self._txn_pending.items() if p == partition
+                    for tp in by_group.get(group_id, ())}
 
     def fetch_offsets(self, group_id: str, tps: list[TopicPartition]) -> list[tuple[TopicPartition, OffsetEntry | None]]:
         with self._lock:

@@ -39,6 +39,7 @@ from typing import Any
 from broker import txn_records as rec
 from broker import txn_state as ts
 from broker.group_records import partition_for_group
+from broker.internal_topics import InternalTopic
 from broker.txn_state import TxnError
 from client.types import TopicPartition
 from proto import errors
@@ -144,8 +145,12 @@ class TransactionCoordinator:
         self._deliveries: list[tuple[float, int, _Delivery]] = []
         self._seq = 0
         self._threads: list[threading.Thread] = []
-        self._ensure_lock = threading.Lock()
-        self._ensure_inflight = False
+        self.topic = InternalTopic(
+            TOPIC, metadata_cache, replica_manager, partitions=config.num_partitions,
+            replication_factor=config.replication_factor, partitions_key="transaction.state.log.num.partitions",
+            configs=lambda rf: {"cleanup.policy": "compact", "segment.bytes": str(config.segment_bytes),
+                                "min.insync.replicas": str(max(1, min(config.min_isr, rf))),
+                                "compression.type": "producer"})
         self.calls: BrokerCalls | None = None  # install() sets the broker's (closed at stop)
 
     # ------------------------------------------------------------------ lifecycle
@@ -255,41 +260,7 @@ class TransactionCoordinator:
         if not transactional_id:
             raise errors.error_for(TxnError.INVALID_REQUEST, "a transactional id must not be empty")
         p = self.partition_for(transactional_id)
-        info = self.metadata_cache.partition(TOPIC, p)
-        if info is None:
-            topic = self.metadata_cache.topic(TOPIC)
-            if topic is not None and topic.partition_count <= p:
-                raise errors.error_for(TxnError.COORDINATOR_NOT_AVAILABLE,
-                                       f"{TOPIC} has {topic.partition_count} partitions, fewer than "
-                                       f"transaction.state.log.num.partitions ({self.config.num_partitions})")
-            self._ensure_topic()
-            raise errors.error_for(TxnError.COORDINATOR_NOT_AVAILABLE, f"creating {TOPIC}")
-        broker = self.metadata_cache.broker(info.leader) if info.leader >= 0 else None
-        if broker is None:
-            raise errors.error_for(TxnError.COORDINATOR_NOT_AVAILABLE, f"{TOPIC}-{p} has no leader")
-        return (broker.node_id, *broker.endpoint(listener))
-
-    def _ensure_topic(self) -> None:
-        with self._ensure_lock:
-            if self._ensure_inflight:
-                return
-            self._ensure_inflight = True
-        threading.Thread(target=self._ensure_topic_now, name="txn-topic-create", daemon=True).start()
-
-    def _ensure_topic_now(self) -> None:
-        try:
-            live = [b for b in self.metadata_cache.brokers() if not b.fenced]
-            rf = max(1, min(self.config.replication_factor, len(live)))
-            self.replica_manager.ensure_internal_topic(
-                TOPIC, self.config.num_partitions, rf,
-                {"cleanup.policy": "compact", "segment.bytes": str(self.config.segment_bytes),
-                 "min.insync.replicas": str(max(1, min(self.config.min_isr, rf))), "compression.type": "producer"})
-            log.info("ensured %s (%d partitions, replication factor %d)", TOPIC, self.config.num_partitions, rf)
-        except errors.BrookError as exc:
-            log.warning("could not create %s: %s", TOPIC, exc)
-        finally:
-            with self._ensure_lock:
-                self._ensure_inflight = False
+        return self.topic.coordinator(p, f"transactional id {transactional_id}", listener)
 
     # ------------------------------------------------------------------ requests (blocking)
     def init_producer_id(self, transactional_id: str, timeout_ms: int,

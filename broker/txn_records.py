@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from broker.group_records import java_string_hash
+from storage.record_batch import encode_uvarint
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
 KEY_VERSION = 0
@@ -113,20 +114,13 @@ def _string(text: str) -> bytes:
     return _I16.pack(len(raw)) + raw
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _compact_string(text: str) -> bytes:
     raw = text.encode("utf-8")
     if len(raw) > STRING_BYTES_MAX:
         raise ValueError(f"string of {len(raw)} bytes is longer than {STRING_BYTES_MAX}")
-    return _uvarint(len(raw) + 1) + raw
+    return encode_uvarint(len(raw) + 1) + raw
 
 
 def encode_key(transactional_id: str) -> bytes:
@@ -154,12 +148,12 @@ def encode_value(value: TxnLogValue) -> bytes:
     if value.version == FLEXIBLE_VALUE_VERSION:
         parts = [_I16.pack(FLEXIBLE_VALUE_VERSION), head]
         if value.partitions is None:
-            parts.append(_uvarint(0))
+            parts.append(encode_uvarint(0))
         else:
-            parts.append(_uvarint(len(value.partitions) + 1))
+            parts.append(encode_uvarint(len(value.partitions) + 1))
             for topic, ids in value.partitions:
-                parts += [_compact_string(topic), _uvarint(len(ids) + 1), b"".join(_I32.pack(p) for p in ids),
-                          _uvarint(0)]
+                parts += [_compact_string(topic), encode_uvarint(len(ids) + 1), b"".join(_I32.pack(p) for p in ids),
+                          encode_uvarint(0)]
         parts.append(times)
         tags: list[tuple[int, bytes]] = list(value.unknown_tags)
         if value.previous_producer_id != NO_PRODUCER_ID:
@@ -169,9 +163,9 @@ def encode_value(value: TxnLogValue) -> bytes:
         if value.client_transaction_version != 0:
             tags.append((TAG_CLIENT_TRANSACTION_VERSION, _I16.pack(value.client_transaction_version)))
         tags.sort()
-        parts.append(_uvarint(len(tags)))
+        parts.append(encode_uvarint(len(tags)))
         for tag, data in tags:
-            parts += [_uvarint(tag), _uvarint(len(data)), data]
+            parts += [encode_uvarint(tag), encode_uvarint(len(data)), data]
         return b"".join(parts)
     raise ValueError(f"cannot write {TRANSACTION_STATE_TOPIC} value version {value.version}")
 

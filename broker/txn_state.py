@@ -297,6 +297,16 @@ def _log_value(s: TxnSnapshot) -> bytes:
                                             s.last_update_ms, s.txn_start_ms))
 
 
+def _producer_mismatch(meta: TransactionMetadata | None, producer_id: int, producer_epoch: int) -> TxnError | None:
+    """Kafka's first checks of a request naming a producer: the id's producer (INVALID_PRODUCER_ID_MAPPING), then
+    its epoch, older or newer (PRODUCER_FENCED)."""
+    if meta is None or meta.producer_id != producer_id:
+        return TxnError.INVALID_PRODUCER_ID_MAPPING
+    if meta.producer_epoch != producer_epoch:
+        return TxnError.PRODUCER_FENCED
+    return None
+
+
 def _check_id(transactional_id: str) -> TxnError | None:
     """Kafka answers INVALID_REQUEST for an empty id; one that is no Kafka string cannot be a key."""
     if not transactional_id:
@@ -561,10 +571,8 @@ class TransactionCoordinatorState:
         if err:
             return err
         meta = self._txns[p].get(transactional_id)
-        if meta is None or meta.producer_id != producer_id:
-            return TxnError.INVALID_PRODUCER_ID_MAPPING
-        if meta.producer_epoch != producer_epoch:
-            return TxnError.PRODUCER_FENCED
+        if err := _producer_mismatch(meta, producer_id, producer_epoch):
+            return err
         if meta.pending_state is not None or meta.state in PREPARE_STATES:
             return TxnError.CONCURRENT_TRANSACTIONS
         if meta.state == S.ONGOING and added <= meta.partitions:
@@ -598,10 +606,8 @@ class TransactionCoordinatorState:
         if err:
             return err
         meta = self._txns[p].get(transactional_id)
-        if meta is None or meta.producer_id != producer_id:
-            return TxnError.INVALID_PRODUCER_ID_MAPPING
-        if meta.producer_epoch != producer_epoch:
-            return TxnError.PRODUCER_FENCED
+        if err := _producer_mismatch(meta, producer_id, producer_epoch):
+            return err
         if meta.pending_state is not None:  # also while the markers are written (pending Complete*)
             return TxnError.CONCURRENT_TRANSACTIONS
         state = meta.state
@@ -626,10 +632,8 @@ class TransactionCoordinatorState:
         if err:
             return err
         meta = self._txns[p].get(transactional_id)
-        if meta is None or meta.producer_id != producer_id:
-            return TxnError.INVALID_PRODUCER_ID_MAPPING
-        if meta.producer_epoch != producer_epoch:
-            return TxnError.PRODUCER_FENCED
+        if err := _producer_mismatch(meta, producer_id, producer_epoch):
+            return err
         if meta.state not in PREPARE_STATES:
             return TxnError.INVALID_TXN_STATE
         if transactional_id in self._inflight:

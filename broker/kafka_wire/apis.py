@@ -30,6 +30,7 @@ from broker.kafka_wire.codec import get_ms as _ms
 from broker.kafka_wire.context import Handler, KafkaCallContext
 from broker.kafka_wire.fetch_sessions import CachedPartition, FetchSessions, Outcome, Plan
 from broker.log_limits import ThrottledWarning
+from client.types import TopicPartition
 from metadata_quorum import features
 from proto import broker_pb2, errors, group_pb2
 from proto.errors import ErrorCode
@@ -685,7 +686,8 @@ class KafkaApis:
         # The partitions are bounded and the group's ACL checked before they are expanded: an 8 MB frame of
         # 2M partition indexes was made 2M protobuf entries on the event loop before either (audit).
         await refuse_oversized(ctx, self.cache, sum(len(t.partition_indexes) for t in topics or ()), "partitions")
-        out = await self._offset_fetch_one(ctx, body.group_id, topics)
+        out = await self._offset_fetch_one(ctx, body.group_id, topics,
+                                           require_stable=bool(_get(body, "require_stable", False)))
         return await self._group_answer(len(out.partitions), functools.partial(self._offset_fetch_answer, req, out))
 
     async def _offset_fetch_groups(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
@@ -707,7 +709,8 @@ class KafkaApis:
             seen.add(g.group_id)
             answers.append((g.group_id, None if repeated else
                             await self._offset_fetch_one(ctx, g.group_id, _get(g, "topics"), _get(g, "member_id"),
-                                                         _get(g, "member_epoch", -1))))
+                                                         _get(g, "member_epoch", -1),
+                                                         bool(_get(req.body, "require_stable", False)))))
         return await self._group_answer(sum(len(out.partitions) for _, out in answers if out is not None),
                                         lambda: self._resp(req, {"groups": [
             {"group_id": group_id, "error_code": ErrorCode.INVALID_REQUEST, "topics": []} if out is None else
@@ -715,9 +718,11 @@ class KafkaApis:
             for group_id, out in answers]}))
 
     async def _offset_fetch_one(self, ctx: KafkaCallContext, group_id: str, topics: Any, member_id: str | None = None,
-                                member_epoch: int = -1) -> Any:
+                                member_epoch: int = -1, require_stable: bool = False) -> Any:
         """The coordinator's answer for one group's committed offsets (``topics`` None: every partition), or its
-        refusal without DESCRIBE on the group, or (v9) for a member of Kafka's consumer protocol not at its epoch."""
+        refusal without DESCRIBE on the group, or (v9) for a member of Kafka's consumer protocol not at its epoch.
+        ``require_stable`` (v7+, what read_committed consumers ask): a partition with offsets of a transaction not
+        ended yet is UNSTABLE_OFFSET_COMMIT, which the client retries, as Kafka answers."""
         refused = self.groups._refused(ctx, authz.DESCRIBE, group_id, group_pb2.OffsetFetchResponse)
         if refused is not None:
             return refused
@@ -731,7 +736,13 @@ class KafkaApis:
         for t in topics or ():
             for p in t.partition_indexes:
                 pb.partitions.add(topic=t.name, partition=p)
-        return await self.groups.OffsetFetch(pb, ctx)
+        out = await self.groups.OffsetFetch(pb, ctx)
+        if require_stable and out.error_code == ErrorCode.NONE and out.partitions:
+            unstable = self.groups.c.unstable_offsets(group_id)
+            for p in out.partitions:
+                if TopicPartition(p.topic, p.partition) in unstable:
+                    p.error_code, p.offset, p.metadata = ErrorCode.UNSTABLE_OFFSET_COMMIT, -1, ""
+        return out
 
     def _offset_fetch_answer(self, req: codec.Request, out: Any) -> Any:
         extra: dict[str, list[dict[str, Any]]] = defaultdict(list)

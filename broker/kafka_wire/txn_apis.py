@@ -9,8 +9,12 @@ Authorization is Kafka's: the transactional id needs DESCRIBE for FindCoordinato
 (TRANSACTIONAL_ID_AUTHORIZATION_FAILED); each partition added needs WRITE on its topic (TOPIC_AUTHORIZATION_FAILED,
 and the others of the request OPERATION_NOT_ATTEMPTED, as Kafka answers).
 
-Not served yet: AddOffsetsToTxn and TxnOffsetCommit (``send_offsets_to_transaction``: consumed offsets committed
-with the transaction), so they are not advertised; KIP-890 part 2 (EndTxn v5's epoch bump at every commit).
+``send_offsets_to_transaction`` (consume-transform-produce): AddOffsetsToTxn adds the group's ``__consumer_offsets``
+partition to the transaction (WRITE on the transactional id, READ on the group), and TxnOffsetCommit writes the
+offsets there within it (also READ on each topic), visible once the transaction commits
+(broker/group_coordinator.py ``txn_commit_offsets``).
+
+Not served: KIP-890 part 2 (EndTxn v5's epoch bump at every commit).
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from collections import defaultdict
 from typing import Any
 
 from broker import authorizer as authz
+from broker.group_records import OFFSETS_TOPIC
 from broker.kafka_wire import codec
 from broker.kafka_wire.codec import get as _get
 from broker.kafka_wire.codec import get_ms as _ms
 from broker.kafka_wire.context import Handler, KafkaCallContext
 from broker.txn_state import (
+    API_ADD_OFFSETS_TO_TXN,
     API_ADD_PARTITIONS_TO_TXN,
     API_END_TXN,
     API_INIT_PRODUCER_ID,
@@ -35,10 +41,19 @@ from broker.txn_state import (
 from client.types import TopicPartition
 
 ADD_PARTITIONS_TO_TXN, END_TXN = API_ADD_PARTITIONS_TO_TXN, API_END_TXN
+ADD_OFFSETS_TO_TXN, TXN_OFFSET_COMMIT = API_ADD_OFFSETS_TO_TXN, 28
 SUPPORTED: dict[int, tuple[int, int]] = {
     ADD_PARTITIONS_TO_TXN: (0, 3),  # v4+: Kafka's broker-to-broker verification, not for clients
+    ADD_OFFSETS_TO_TXN: (0, 3),  # v4: TRANSACTION_ABORTABLE (KIP-890): not served
     END_TXN: (0, 3),  # v4: TRANSACTION_ABORTABLE, v5: KIP-890's epoch bump: not served
+    TXN_OFFSET_COMMIT: (0, 3),  # v3: the member's id and generation (KIP-447)
 }
+GROUP_AUTHORIZATION_FAILED = 30
+# The transaction coordinator's verification of a TxnOffsetCommit's partition, as the client is told it: a
+# coordinator that cannot answer now is retried.
+_VERIFY_ANSWERS = {TxnError.NOT_COORDINATOR: TxnError.COORDINATOR_NOT_AVAILABLE,
+                   TxnError.COORDINATOR_LOAD_IN_PROGRESS: TxnError.COORDINATOR_NOT_AVAILABLE,
+                   TxnError.INVALID_PRODUCER_ID_MAPPING: TxnError.INVALID_TXN_STATE}
 TRANSACTIONAL_ID = "TRANSACTIONAL_ID"
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION, OPERATION_NOT_ATTEMPTED = 29, 3, 55
@@ -57,7 +72,8 @@ class TxnApis:
         self.listener = listener
 
     def handlers(self) -> dict[int, Handler]:
-        return {ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn, END_TXN: self.end_txn}
+        return {ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn, END_TXN: self.end_txn,
+                ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn, TXN_OFFSET_COMMIT: self.txn_offset_commit}
 
     @property
     def txn(self) -> Any:
@@ -146,3 +162,71 @@ class TxnApis:
                                                            bool(body.committed)))
             code = error_for_version(code, API_END_TXN, req.api_version)
         return codec.response(req.api_key, req.api_version, {"throttle_time": 0, "error_code": code})
+
+    # ---- AddOffsetsToTxn v0-3 ----
+    async def add_offsets_to_txn(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        tid, group_id = body.transactional_id, body.group_id
+        who = ctx.brook_authentication.principal
+        if not self._allowed(ctx, authz.WRITE, tid):
+            code = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        elif not self.broker.service.authz.authorize(who, authz.READ, authz.GROUP, group_id):
+            code = GROUP_AUTHORIZATION_FAILED
+        elif self.txn is None:
+            code = TxnError.COORDINATOR_NOT_AVAILABLE
+        else:
+            code = await self.run(lambda: self.txn.add_offsets(tid, int(body.producer_id), int(body.producer_epoch),
+                                                               group_id))
+            code = error_for_version(code, API_ADD_OFFSETS_TO_TXN, req.api_version)
+        return codec.response(req.api_key, req.api_version, {"throttle_time": 0, "error_code": code})
+
+    # ---- TxnOffsetCommit v0-3 ----
+    async def txn_offset_commit(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        body = req.body
+        tid, group_id = body.transactional_id, body.group_id
+        pid, epoch = int(body.producer_id), int(body.producer_epoch)
+        named = [(TopicPartition(t.name, int(p.partition_index)), int(p.committed_offset),
+                  int(_get(p, "committed_leader_epoch", -1)), p.committed_metadata or "")
+                 for t in body.topics for p in t.partitions]
+        who = ctx.brook_authentication.principal
+        service = self.broker.service
+        coordinator = getattr(self.broker, "group_coordinator", None)
+        codes: dict[TopicPartition, int] = {}
+        if not self._allowed(ctx, authz.WRITE, tid):
+            codes = {tp: TRANSACTIONAL_ID_AUTHORIZATION_FAILED for tp, *_ in named}
+        elif not service.authz.authorize(who, authz.READ, authz.GROUP, group_id):
+            codes = {tp: GROUP_AUTHORIZATION_FAILED for tp, *_ in named}
+        elif coordinator is None or service.txn_calls is None:
+            codes = {tp: TxnError.COORDINATOR_NOT_AVAILABLE for tp, *_ in named}
+        else:
+            denied = service.authz.denied_topics(who, authz.READ, {tp.topic for tp, *_ in named})
+            codes = {tp: TOPIC_AUTHORIZATION_FAILED for tp, *_ in named if tp.topic in denied}
+            wanted = [n for n in named if n[0].topic not in denied]
+
+            def verify(partition: int) -> tuple[int, dict[int, int] | None]:
+                hosted = service.rm.partition(OFFSETS_TOPIC, partition)
+                if hosted is None:
+                    return TxnError.NOT_COORDINATOR, None
+                mark = hosted.log.marker_mark(pid)  # first: a marker written after it voids the verification
+                if pid in hosted.log.ongoing_transactions() and hosted.log.producer_epoch(pid) == epoch:
+                    return TxnError.NONE, {pid: mark}
+                code = service.txn_calls.verify(tid, pid, epoch, TopicPartition(OFFSETS_TOPIC, partition))
+                return _VERIFY_ANSWERS.get(code, code), {pid: mark}
+
+            def commit() -> list[tuple[str, int, int]]:
+                try:
+                    return coordinator.txn_commit_offsets(group_id, pid, epoch, _get(body, "member_id", "") or "",
+                                                          int(_get(body, "generation_id", -1)),
+                                                          _get(body, "group_instance_id", None) or "", wanted, verify)
+                except Exception as exc:  # noqa: BLE001 - a CoordinatorError with its code, for every partition
+                    code = getattr(exc, "code", TxnError.UNKNOWN_SERVER_ERROR)
+                    return [(tp.topic, tp.partition, code) for tp, *_ in wanted]
+            if wanted:
+                for topic, partition, code in await self.run(commit):
+                    codes[TopicPartition(topic, partition)] = error_for_version(code, API_ADD_OFFSETS_TO_TXN,
+                                                                               req.api_version)
+        by_topic: dict[str, list[dict[str, int]]] = defaultdict(list)
+        for tp, code in codes.items():
+            by_topic[tp.topic].append({"partition_index": tp.partition, "error_code": code})
+        return codec.response(req.api_key, req.api_version, {"throttle_time": 0, "topics": [
+            {"name": name, "partitions": results} for name, results in by_topic.items()]})

@@ -142,7 +142,7 @@ def test_a_group_placed_past_a_short_offsets_topic_is_told_why_and_nothing_is_cr
     c = GroupCoordinator(node_id=1, replica_manager=None, metadata_cache=Cache(), config=CoordinatorConfig())
     try:
         group = next(f"g{i}" for i in range(100) if c.partition_for(f"g{i}") >= 1)
-        with mock.patch.object(c, "_ensure_offsets_topic") as create, pytest.raises(Exception) as refused:
+        with mock.patch.object(c.offsets_topic, "ensure") as create, pytest.raises(Exception) as refused:
             c.find_coordinator(group)
         assert refused.value.code == ErrorCode.COORDINATOR_NOT_AVAILABLE  # type: ignore[attr-defined]
         assert f"has 1 partitions, fewer than offsets.topic.num.partitions ({c.config.offsets_topic_num_partitions})" \

@@ -184,3 +184,76 @@ def test_the_coordinator_killed_mid_transaction_costs_a_bounded_wait(cluster: Lo
         cluster.start_node(victim)
         wait_for(lambda: len(admin.describe_topics([topic])[topic].partitions[0].isr) == 3, timeout_s=60,
                  what="the restarted node back in the ISR")
+
+
+def test_consumed_offsets_commit_with_the_transaction_and_survive_a_group_coordinator_kill(
+        cluster: LocalCluster, admin: Admin, kconf, make_topic) -> None:
+    """Consume-transform-produce (``send_offsets_to_transaction``): the consumed offsets become the group's only
+    when the transaction commits, never when it aborts; and a transaction whose offsets were written when the
+    group's coordinator was killed (kill -9) commits them through the next coordinator, which loads them."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import TopicPartition as Tp
+
+    source, sink, group = make_topic(partitions=1), make_topic(partitions=1), unique("eos")
+    feeder = Producer(kconf)
+    for i in range(30):
+        feeder.produce(source, value=f"in-{i}".encode())
+    feeder.flush(30)
+    consumer = Consumer({**kconf, "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    consumer.assign([Tp(source, 0, 0)])
+    p = producer(kconf, unique("eos-app"))
+
+    def committed() -> int:
+        return consumer.committed([Tp(source, 0)], 10)[0].offset
+
+    def step(count: int, commit: bool, before_end: Callable[[], None] = lambda: None) -> None:
+        taken: list[object] = []
+        deadline = time.monotonic() + 30
+        while len(taken) < count:
+            assert time.monotonic() < deadline, f"read {len(taken)} of {count} source records"
+            m = consumer.poll(0.2)
+            if m is not None and not m.error():
+                taken.append(m)
+        p.begin_transaction()
+        for m in taken:
+            p.produce(sink, value=m.value() + b"-out")
+        p.send_offsets_to_transaction(consumer.position([Tp(source, 0)]), consumer.consumer_group_metadata(), 30)
+        p.flush(30)
+        before_end()
+        if commit:
+            p.commit_transaction(60)
+        else:
+            p.abort_transaction(30)
+            consumer.seek(Tp(source, 0, committed()))  # the application rewinds to what was committed
+
+    try:
+        step(10, commit=True)
+        assert committed() == 10
+        def unstable() -> None:  # while the offsets wait for their transaction's end
+            node = partition_leader(admin, "__consumer_offsets", _offsets_partition(group))
+            for require_stable, code in ((True, 88), (False, 0)):  # UNSTABLE_OFFSET_COMMIT: the client retries
+                a = kafka_ask(cluster, node, 9, 7, {"group_id": group, "require_stable": require_stable,
+                                                    "topics": [{"name": source, "partition_indexes": [0]}]})
+                got = a.topics[0].partitions[0]
+                assert (got.error_code, got.committed_offset if code == 0 else -1) == (code, 10 if code == 0 else -1), a
+        step(10, commit=False, before_end=unstable)
+        assert committed() == 10, "an aborted transaction's offsets were committed"
+        victim = partition_leader(admin, "__consumer_offsets", _offsets_partition(group))
+        step(10, commit=True, before_end=lambda: cluster.kill_node(victim))
+        try:
+            wait_for(lambda: committed() == 20, timeout_s=60, what="the offsets committed through the next coordinator")
+            out = read(kconf, sink, 1, "read_committed", lambda v: len(v) >= 20)
+            assert out == [f"in-{i}-out" for i in range(20)], out
+        finally:
+            cluster.start_node(victim)
+            wait_for(lambda: len(admin.describe_topics([source])[source].partitions[0].isr) == 3, timeout_s=60,
+                     what="the restarted node back in the ISR")
+    finally:
+        consumer.close()
+
+
+def _offsets_partition(group: str) -> int:
+    from broker.group_records import partition_for_group
+
+    return partition_for_group(group, 4)  # the local cluster's offsets.topic.num.partitions

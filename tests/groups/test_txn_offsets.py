@@ -1,0 +1,117 @@
+"""Offsets committed within a transaction (TxnOffsetCommit) as the group coordinator keeps them: written to
+``__consumer_offsets`` as the producer's transactional batch, invisible until the transaction's COMMIT marker,
+dropped with its ABORT marker, and so again when the next coordinator loads the partition from the log (real logs).
+A marker written while the partition loads is applied once the load is published."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from topics_cache import TopicsCache
+
+from broker import group_records as records
+from broker.group_coordinator import CoordinatorConfig, GroupCoordinator, _PartitionLoad
+from client.types import TopicPartition
+from proto.common_pb2 import ErrorCode
+from storage.log_manager import LogManager
+
+TP = TopicPartition("t", 0)
+PID, EPOCH = 42, 0
+
+
+class Disk:
+    """__consumer_offsets-0 on a real log, led here."""
+
+    def __init__(self, path: Path) -> None:
+        self.lm = LogManager([path], on_dir_failure=lambda d, e: None)
+        self.log = self.lm.get_or_create_log(records.OFFSETS_TOPIC, 0, topic_id="T", overrides={})
+
+    def append_records(self, topic: str, partition: int, batch: bytes, acks: int, timeout_ms: int,
+                       transactional: bool = False, verified: dict[int, int] | None = None) -> Any:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        info = self.log.append_as_leader(batch, 0, transactional=transactional, verified=verified)
+        self.log.update_high_watermark(self.log.log_end_offset)
+        fut.set_result(types.SimpleNamespace(base_offset=info.first_offset))
+        return fut
+
+    def partition(self, topic: str, partition: int) -> Any:
+        return types.SimpleNamespace(is_leader=True, log=self.log) if (topic, partition) == (records.OFFSETS_TOPIC, 0) \
+            else None
+
+    def marker(self, commit: bool) -> None:
+        self.log.append_marker_as_leader(PID, EPOCH, commit, 0, 0)
+        self.log.update_high_watermark(self.log.log_end_offset)
+
+    @property
+    def log_manager(self) -> LogManager:
+        return self.lm
+
+
+@pytest.fixture()
+def disk(tmp_path: Path) -> Iterator[Disk]:
+    d = Disk(tmp_path / "data")
+    try:
+        yield d
+    finally:
+        d.lm.shutdown()
+
+
+def coordinator(disk: Disk, epoch: int, *, load: bool = True) -> GroupCoordinator:
+    c = GroupCoordinator(node_id=epoch, replica_manager=disk, metadata_cache=TopicsCache({"t": 2}),
+                         config=CoordinatorConfig(offsets_topic_num_partitions=1), clock_ms=lambda: 1_000_000)
+    c._partitions[0] = _PartitionLoad(leader_epoch=epoch)
+    if load:
+        c._load_partition(0, epoch)
+    return c
+
+
+def committed(c: GroupCoordinator) -> int | None:
+    [(_, entry)] = c.fetch_offsets("g", [TP])
+    return None if entry is None else entry.offset
+
+
+def commit_in_txn(c: GroupCoordinator, disk: Disk, offset: int) -> None:
+    marks = {PID: disk.log.marker_mark(PID)}
+    got = c.txn_commit_offsets("g", PID, EPOCH, "", -1, "", [(TP, offset, -1, "")], lambda p: (ErrorCode.NONE, marks))
+    assert got == [("t", 0, ErrorCode.NONE)]
+
+
+def test_offsets_of_a_transaction_show_at_its_commit_and_go_with_its_abort(disk: Disk) -> None:
+    c = coordinator(disk, 1)
+    commit_in_txn(c, disk, 5)
+    assert committed(c) is None and c.unstable_offsets("g") == {TP}
+    disk.marker(commit=True)
+    c.on_marker(records.OFFSETS_TOPIC, 0, PID, True, disk.log.log_end_offset - 1)
+    assert committed(c) == 5 and c.unstable_offsets("g") == set()
+    commit_in_txn(c, disk, 9)
+    disk.marker(commit=False)
+    c.on_marker(records.OFFSETS_TOPIC, 0, PID, False, disk.log.log_end_offset - 1)
+    assert committed(c) == 5 and c.unstable_offsets("g") == set()
+    # the next coordinator reads the same from the log: committed 5, aborted 9 gone, nothing pending
+    nxt = coordinator(disk, 2)
+    assert committed(nxt) == 5 and nxt.unstable_offsets("g") == set()
+
+
+def test_the_next_coordinator_keeps_offsets_pending_until_their_marker(disk: Disk) -> None:
+    c = coordinator(disk, 1)
+    commit_in_txn(c, disk, 7)
+    nxt = coordinator(disk, 2)  # the partition moved before the transaction ended
+    assert committed(nxt) is None and nxt.unstable_offsets("g") == {TP}
+    disk.marker(commit=True)
+    nxt.on_marker(records.OFFSETS_TOPIC, 0, PID, True, disk.log.log_end_offset - 1)
+    assert committed(nxt) == 7
+
+
+def test_a_marker_written_while_the_partition_loads_is_applied_after_the_load(disk: Disk) -> None:
+    c = coordinator(disk, 1)
+    commit_in_txn(c, disk, 3)
+    nxt = coordinator(disk, 2, load=False)  # leading, not loaded yet
+    # A marker appended past the log end the load reads up to: told here while the load runs, not in what it reads.
+    nxt.on_marker(records.OFFSETS_TOPIC, 0, PID, True, disk.log.log_end_offset)
+    nxt._load_partition(0, 2)
+    assert committed(nxt) == 3 and nxt.unstable_offsets("g") == set()
