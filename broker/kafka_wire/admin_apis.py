@@ -77,11 +77,8 @@ DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 29, 30, 31
 DESCRIBE_CONFIGS, ALTER_CONFIGS, DESCRIBE_LOG_DIRS, CREATE_PARTITIONS = 32, 33, 35, 37
 ELECT_LEADERS, INCREMENTAL_ALTER_CONFIGS = 43, 44
 ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS, DESCRIBE_CLUSTER = 45, 46, 60
-UPDATE_FEATURES, DESCRIBE_QUORUM, DESCRIBE_PRODUCERS, LIST_TRANSACTIONS = 57, 55, 61, 66
+UPDATE_FEATURES, DESCRIBE_QUORUM, DESCRIBE_PRODUCERS = 57, 55, 61
 LIST_CONFIG_RESOURCES = 74
-# Kafka's TransactionState names, which ListTransactions' state filters may name.
-TRANSACTION_STATES = frozenset({"Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit",
-                                "CompleteAbort", "Dead", "PrepareEpochFence"})
 METADATA_TOPIC = "__cluster_metadata"  # the partition Kafka's DescribeQuorum describes (partition 0)
 
 # api key -> (min, max) version served. Floors: the oldest kio has a schema for. Ceilings: DeleteTopics
@@ -105,7 +102,6 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     UPDATE_FEATURES: (0, 1),  # v2 answers without per-feature results
     DESCRIBE_QUORUM: (0, 2),
     DESCRIBE_PRODUCERS: (0, 0),
-    LIST_TRANSACTIONS: (0, 2),  # v2 (KIP-1152): a transactional id pattern, which matches none here either
     LIST_CONFIG_RESOURCES: (0, 1),  # v0 was KIP-714's ListClientMetricsResources; v1 (KIP-1142) every type
 }
 
@@ -232,7 +228,6 @@ class AdminApis:
             UPDATE_FEATURES: self.update_features,
             DESCRIBE_QUORUM: self.describe_quorum,
             DESCRIBE_PRODUCERS: self.describe_producers,
-            LIST_TRANSACTIONS: self.list_transactions,
             LIST_CONFIG_RESOURCES: self.list_config_resources,
         }
 
@@ -930,17 +925,6 @@ class AdminApis:
         return await self._answer(lambda: self._resp(req, {"throttle_time": out.throttle_time_ms, "topics": [
             {"name": t.name, "partitions": [_producers_answer(next(answers)) for _ in t.partition_indexes]}
             for t in topics]}), heavy=sum(len(r.producers) + 1 for r in out.partitions) > _ANSWER_ON_LOOP_MAX_ITEMS)
-
-    # ---- ListTransactions (KIP-664) ----
-    async def list_transactions(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
-        """The transactions this broker's transaction coordinator holds: none, as Brook has no transactions (a
-        transactional producer is refused at FindCoordinator/InitProducerId). ``kafka-transactions list`` and
-        ``find-hanging`` (kafka-python's too) then say so instead of failing on an API the broker lacks. State filters
-        Kafka does not know are echoed back, as Kafka does. A v2 transactional id pattern is not compiled: it is
-        Java's regular expression syntax, not Python's, and there is nothing for it to match."""
-        unknown = sorted({str(f) for f in _get(req.body, "state_filters", ()) or ()} - TRANSACTION_STATES)
-        return self._resp(req, {"throttle_time": 0, "error_code": 0, "unknown_state_filters": unknown,
-                                "transaction_states": []})
 
     # ---- ListConfigResources (KIP-1142; v0: KIP-714's ListClientMetricsResources) ----
     async def list_config_resources(self, req: codec.Request, ctx: KafkaCallContext) -> Any:

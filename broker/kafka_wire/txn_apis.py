@@ -25,6 +25,7 @@ from collections import defaultdict
 from typing import Any
 
 from broker import authorizer as authz
+from broker import topic_regex
 from broker.group_records import OFFSETS_TOPIC
 from broker.kafka_wire import codec
 from broker.kafka_wire.codec import get as _get
@@ -42,11 +43,14 @@ from client.types import TopicPartition
 
 ADD_PARTITIONS_TO_TXN, END_TXN = API_ADD_PARTITIONS_TO_TXN, API_END_TXN
 ADD_OFFSETS_TO_TXN, TXN_OFFSET_COMMIT = API_ADD_OFFSETS_TO_TXN, 28
+DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
 SUPPORTED: dict[int, tuple[int, int]] = {
     ADD_PARTITIONS_TO_TXN: (0, 3),  # v4+: Kafka's broker-to-broker verification, not for clients
     ADD_OFFSETS_TO_TXN: (0, 3),  # v4: TRANSACTION_ABORTABLE (KIP-890): not served
     END_TXN: (0, 3),  # v4: TRANSACTION_ABORTABLE, v5: KIP-890's epoch bump: not served
     TXN_OFFSET_COMMIT: (0, 3),  # v3: the member's id and generation (KIP-447)
+    DESCRIBE_TRANSACTIONS: (0, 0),
+    LIST_TRANSACTIONS: (0, 2),  # v1: a duration filter (KIP-994), v2: a transactional id pattern (KIP-1152)
 }
 GROUP_AUTHORIZATION_FAILED = 30
 # The transaction coordinator's verification of a TxnOffsetCommit's partition, as the client is told it: a
@@ -60,6 +64,9 @@ TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION, OPERATION_NOT_ATTEMPTED 
 # Requests wait for a write of __transaction_state to reach its in-sync replicas: on threads of their own, so a
 # slow ISR holds no other request's thread. Bounded: the listener bounds each connection's requests in flight.
 REQUEST_THREADS = 8
+LIST_MAX = 10_000  # transactions one Describe/ListTransactions answer holds
+TRANSACTION_STATE_NAMES = frozenset({"Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit",
+                                     "CompleteAbort", "Dead", "PrepareEpochFence"})
 
 
 class TxnApis:
@@ -73,7 +80,8 @@ class TxnApis:
 
     def handlers(self) -> dict[int, Handler]:
         return {ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn, END_TXN: self.end_txn,
-                ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn, TXN_OFFSET_COMMIT: self.txn_offset_commit}
+                ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn, TXN_OFFSET_COMMIT: self.txn_offset_commit,
+                DESCRIBE_TRANSACTIONS: self.describe_transactions, LIST_TRANSACTIONS: self.list_transactions}
 
     @property
     def txn(self) -> Any:
@@ -230,3 +238,62 @@ class TxnApis:
             by_topic[tp.topic].append({"partition_index": tp.partition, "error_code": code})
         return codec.response(req.api_key, req.api_version, {"throttle_time": 0, "topics": [
             {"name": name, "partitions": results} for name, results in by_topic.items()]})
+
+    # ---- DescribeTransactions v0 (KIP-664: kafka-transactions describe) ----
+    async def describe_transactions(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        """Each transactional id's state at this broker, its coordinator (NOT_COORDINATOR elsewhere); DESCRIBE on the
+        id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED), and only the topics the caller may DESCRIBE, as Kafka answers."""
+        who = ctx.brook_authentication.principal
+        ids = list(dict.fromkeys(req.body.transactional_ids))
+        if len(ids) > LIST_MAX:
+            ids = ids[:LIST_MAX]
+        found = []
+        for tid in ids:
+            entry: dict[str, Any] = {"transactional_id": tid, "transaction_state": "", "transaction_timeout": 0,
+                                     "transaction_start_time": -1, "producer_id": -1, "producer_epoch": -1,
+                                     "topics": []}
+            if not self._allowed(ctx, authz.DESCRIBE, tid):
+                found.append({**entry, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED})
+                continue
+            d = self.txn.describe(tid) if self.txn is not None else TxnError.COORDINATOR_NOT_AVAILABLE
+            if isinstance(d, int):
+                found.append({**entry, "error_code": int(d)})
+                continue
+            denied = self.broker.service.authz.denied_topics(who, authz.DESCRIBE, {t for t, _ in d.topics})
+            found.append({**entry, "error_code": 0, "transaction_state": d.state.kafka_name,
+                          "transaction_timeout": d.timeout_ms, "transaction_start_time": d.txn_start_ms,
+                          "producer_id": d.producer_id, "producer_epoch": d.producer_epoch,
+                          "topics": [{"topic": t, "partitions": list(ps)} for t, ps in d.topics if t not in denied]})
+        return codec.response(req.api_key, req.api_version, {"throttle_time": 0, "transaction_states": found})
+
+    # ---- ListTransactions v0-2 (KIP-664: kafka-transactions list, find-hanging) ----
+    async def list_transactions(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        """The transactions this broker coordinates that the caller may DESCRIBE, filtered by state (Kafka's names;
+        unknown ones are echoed back), producer id, (v1) running longer than a duration, (v2) a transactional id
+        pattern, matched whole as Kafka's Java pattern is, with RE2 (a bad pattern: INVALID_REGULAR_EXPRESSION).
+        At most LIST_MAX are listed."""
+        body = req.body
+        states = [str(f) for f in _get(body, "state_filters", ()) or ()]
+        pids = [int(p) for p in _get(body, "producer_id_filters", ()) or ()]
+        duration = int(_get(body, "duration_filter", -1) or -1)
+        pattern = _get(body, "transactional_id_pattern", None)
+
+        def answer(code: int, listed: list[dict[str, Any]], unknown: list[str]) -> Any:
+            return codec.response(req.api_key, req.api_version, {"throttle_time": 0, "error_code": code,
+                                                                 "unknown_state_filters": unknown,
+                                                                 "transaction_states": listed})
+        if pattern:
+            try:
+                topic_regex.check(pattern)
+            except topic_regex.RegexError:
+                return answer(topic_regex.INVALID_REGULAR_EXPRESSION, [], [])
+        if self.txn is None:
+            return answer(0, [], sorted(set(states) - TRANSACTION_STATE_NAMES))
+        listing = self.txn.list_transactions(states, pids, duration)
+        rows = listing.transactions
+        if pattern:
+            matched = topic_regex.resolve([pattern], [tid for tid, _, _ in rows]).get(pattern, frozenset())
+            rows = tuple(r for r in rows if r[0] in matched)
+        listed = [{"transactional_id": tid, "producer_id": pid, "transaction_state": state}
+                  for tid, pid, state in rows if self._allowed(ctx, authz.DESCRIBE, tid)][:LIST_MAX]
+        return answer(int(listing.error), listed, list(listing.unknown_state_filters))

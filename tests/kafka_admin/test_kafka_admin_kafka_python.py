@@ -304,19 +304,52 @@ def test_offsets_of_several_groups_in_one_request(kcluster: Any, kp_admin: Any, 
     assert codes[1:] == [42, 42] and codes[0] != 42 and [g.topics for g in repeated.groups][1:] == [(), ()], codes
 
 
-def test_list_transactions_says_there_are_none(kcluster: Any, kp_admin: Any) -> None:
-    """kafka-python's list_transactions and find_hanging_transactions (kafka-transactions list / find-hanging): every
-    broker answers that it coordinates no transaction, as Brook has none; a state filter Kafka does not know is
-    echoed back. A transactional id pattern (v2, KIP-1152: Kafka 4.1's ``--transactional-id-pattern``) matches
-    none either; kafka-python refuses it against a broker without v2."""
+def test_transactions_listed_and_described(kcluster: Any, kp_admin: Any, confluent_admin: Any,
+                                           topic_name: str) -> None:
+    """kafka-python's list_transactions, find_hanging_transactions and describe_transactions (``kafka-transactions
+    list / find-hanging / describe``) over a transaction left open by confluent-kafka: listed by its coordinator
+    only, with its state; filtered by state (an unknown state echoed back), by producer id and by a transactional id
+    pattern (v2, KIP-1152); described with its partitions. Once it is aborted it is listed CompleteAbort."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import NewTopic
     from kafka_raw import kafka_ask
 
-    assert kp_admin.list_transactions() == {b: [] for b in kcluster.broker_ids}
-    assert kp_admin.list_transactions(transactional_id_pattern="orders-.*") == {b: [] for b in kcluster.broker_ids}
-    assert kp_admin.find_hanging_transactions() == []
-    out = kafka_ask(kcluster, kcluster.broker_ids[0], 66, 1, {"state_filters": ["Ongoing", "Bogus"],
-                                                              "producer_id_filters": [], "duration_filter": -1})
-    assert (int(out.error_code), out.unknown_state_filters, out.transaction_states) == (0, ("Bogus",), ())
+    for f in confluent_admin.create_topics([NewTopic(topic_name, 2, 1)], request_timeout=T).values():
+        f.result(T)
+    _wait_known_everywhere(kcluster, {topic_name: 2})
+    tid = "lt-" + topic_name
+    p = Producer({**kcluster.kafka_client_config("admin"), "transactional.id": tid})
+    p.init_transactions(T)
+    p.begin_transaction()
+    p.produce(topic_name, b"open", partition=1)
+    p.flush(T)
+    try:
+        listed = kp_admin.list_transactions()
+        mine = {b: [t for t in ts if t.transactional_id == tid] for b, ts in listed.items()}
+        [coordinator] = [b for b, ts in mine.items() if ts]
+        [entry] = mine[coordinator]
+        assert str(getattr(entry.state, "value", entry.state)) == "Ongoing", entry
+        assert [t.transactional_id for t in kp_admin.list_transactions(
+            broker_ids=[coordinator], transactional_id_pattern="lt-" + topic_name[:6] + ".*")[coordinator]] == [tid]
+        assert kp_admin.list_transactions(broker_ids=[coordinator], transactional_id_pattern="nomatch-.*") == \
+            {coordinator: []}
+        assert kp_admin.list_transactions(broker_ids=[coordinator], producer_id_filters=[entry.producer_id + 1]) == \
+            {coordinator: []}
+        out = kafka_ask(kcluster, coordinator, 66, 1, {"state_filters": ["Ongoing", "Bogus"],
+                                                       "producer_id_filters": [], "duration_filter": -1})
+        assert int(out.error_code) == 0 and out.unknown_state_filters == ("Bogus",), out
+        assert tid in [t.transactional_id for t in out.transaction_states], out
+        described = kp_admin.describe_transactions([tid])[tid]
+        assert {(tp.topic, tp.partition) for tp in described.topic_partitions} == {(topic_name, 1)}, described
+        assert described.producer_id == entry.producer_id
+        bad = kafka_ask(kcluster, coordinator, 66, 2, {"state_filters": [], "producer_id_filters": [],
+                                                       "duration_filter": -1, "transactional_id_pattern": "(a"})
+        assert int(bad.error_code) == 128, bad  # INVALID_REGULAR_EXPRESSION
+    finally:
+        p.abort_transaction(T)
+    wait_for(lambda: [str(getattr(t.state, "value", t.state)) for t in kp_admin.list_transactions(
+        broker_ids=[coordinator])[coordinator] if t.transactional_id == tid] == ["CompleteAbort"], T, "the abort")
+    assert tid not in {t.transactional_id for t in kp_admin.find_hanging_transactions()}
 
 
 def test_config_resources_listed_as_kafka_4_1_lists_them(kcluster: Any, kp_admin: Any, confluent_admin: Any,
