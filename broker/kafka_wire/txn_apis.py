@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import datetime
 from collections import defaultdict
 from typing import Any
 
@@ -249,8 +250,9 @@ class TxnApis:
             ids = ids[:LIST_MAX]
         found = []
         for tid in ids:
+            # an error's entry: Kafka's zero values (its schema has no defaults for these)
             entry: dict[str, Any] = {"transactional_id": tid, "transaction_state": "", "transaction_timeout": 0,
-                                     "transaction_start_time": -1, "producer_id": -1, "producer_epoch": -1,
+                                     "transaction_start_time": _instant(0), "producer_id": 0, "producer_epoch": 0,
                                      "topics": []}
             if not self._allowed(ctx, authz.DESCRIBE, tid):
                 found.append({**entry, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED})
@@ -261,7 +263,7 @@ class TxnApis:
                 continue
             denied = self.broker.service.authz.denied_topics(who, authz.DESCRIBE, {t for t, _ in d.topics})
             found.append({**entry, "error_code": 0, "transaction_state": d.state.kafka_name,
-                          "transaction_timeout": d.timeout_ms, "transaction_start_time": d.txn_start_ms,
+                          "transaction_timeout": d.timeout_ms, "transaction_start_time": _instant(d.txn_start_ms),
                           "producer_id": d.producer_id, "producer_epoch": d.producer_epoch,
                           "topics": [{"topic": t, "partitions": list(ps)} for t, ps in d.topics if t not in denied]})
         return codec.response(req.api_key, req.api_version, {"throttle_time": 0, "transaction_states": found})
@@ -297,3 +299,8 @@ class TxnApis:
         listed = [{"transactional_id": tid, "producer_id": pid, "transaction_state": state}
                   for tid, pid, state in rows if self._allowed(ctx, authz.DESCRIBE, tid)][:LIST_MAX]
         return answer(int(listing.error), listed, list(listing.unknown_state_filters))
+
+
+def _instant(ms: int) -> datetime.datetime:
+    """A Kafka timestamp field that is never null (DescribeTransactions' start time): -1, no transaction, too."""
+    return datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(milliseconds=ms)

@@ -313,6 +313,14 @@ def kafka_seeds() -> dict[str, bytes]:
                                          "v3_and_below_producer_epoch": 0, "v3_and_below_topics": [
                                              {"name": "t", "partitions": [0, 1]}, {"name": "nope", "partitions": [0]}]},
         txn_apis.END_TXN: {"transactional_id": "tx", "producer_id": 0, "producer_epoch": 0, "committed": True},
+        txn_apis.ADD_OFFSETS_TO_TXN: {"transactional_id": "tx", "producer_id": 0, "producer_epoch": 1, "group_id": "g"},
+        txn_apis.TXN_OFFSET_COMMIT: {"transactional_id": "tx", "group_id": "g", "producer_id": 0, "producer_epoch": 1,
+                                     "generation_id": -1, "member_id": "", "topics": [{"name": "t", "partitions": [
+                                         {"partition_index": 0, "committed_offset": 1, "committed_leader_epoch": -1,
+                                          "committed_metadata": "m"}]}]},
+        txn_apis.DESCRIBE_TRANSACTIONS: {"transactional_ids": ["tx", "nope"]},
+        txn_apis.LIST_TRANSACTIONS: {"state_filters": ["Ongoing", "Bogus"], "producer_id_filters": [0],
+                                     "duration_filter": -1, "transactional_id_pattern": "t.*"},
         apis.OFFSET_FOR_LEADER_EPOCH: {"replica_id": -1, "topics": [{"topic": "t", "partitions": [
             {"partition": 0, "current_leader_epoch": -1, "leader_epoch": 0}]}]},
         apis.DELETE_GROUPS: {"groups_names": ["g"]},

@@ -342,6 +342,10 @@ def test_transactions_listed_and_described(kcluster: Any, kp_admin: Any, conflue
         described = kp_admin.describe_transactions([tid])[tid]
         assert {(tp.topic, tp.partition) for tp in described.topic_partitions} == {(topic_name, 1)}, described
         assert described.producer_id == entry.producer_id
+        unknown = kafka_ask(kcluster, coordinator, 65, 0, {"transactional_ids": ["never-" + topic_name]})
+        # an id this broker does not coordinate, or that it never saw: answered (the fuzzer found this answer's
+        # start time of -1 made the encoder fail, and the connection close)
+        assert int(unknown.transaction_states[0].error_code) in (16, 105), unknown
         bad = kafka_ask(kcluster, coordinator, 66, 2, {"state_filters": [], "producer_id_filters": [],
                                                        "duration_filter": -1, "transactional_id_pattern": "(a"})
         assert int(bad.error_code) == 128, bad  # INVALID_REGULAR_EXPRESSION
