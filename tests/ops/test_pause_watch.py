@@ -30,8 +30,11 @@ def test_a_watcher_stopped_for_300_ms_reports_a_stall_of_its_core():
     assert len(long) == 1 and long[0].ms <= 5000 and stopped in long[0].cpus, w.stalls
     assert all(p.returncode == 0 for p in procs.values())
     assert "time(s) during the run" in w.line()
+    # The stall names its cores: the stopped one, and any other that was late at the same time (a loaded machine,
+    # such as the suite's other worker, delays them too: CI saw it); a stall of every core names none.
     if len(cpus) > 1:
-        assert f"(core {stopped})" in w.line()
+        named = "" if long[0].cpus >= set(cpus) else f" (core {', '.join(str(c) for c in sorted(long[0].cpus))})"
+        assert f"{long[0].ms:.0f}{named}" in w.line(), (w.stalls, w.line())
 
 
 def test_closing_their_stdin_ends_the_watchers_within_their_sleep():
