@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv wheel test test-fast demo proto lint soak fuzz sim chaos bench bench-storage bench-codec bench-metadata bench-client bench-spark bench-peer clean
+.PHONY: venv wheel test test-fast demo proto lint soak fuzz sim chaos chaos-txn bench bench-storage bench-codec bench-metadata bench-client bench-spark bench-peer clean
 
 venv: $(STAMP)
 
@@ -65,6 +65,11 @@ CHAOS_ARGS ?=
 chaos: venv
 	$(PY) -m tests.chaos.run --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) $(CHAOS_ARGS)
 	$(MAKE) sim
+
+## Transactions under faults (tests/chaos/transactions.py): a librdkafka transactional producer commits and aborts
+## while brokers are killed and frozen; then every committed transaction must be read whole and once, no aborted one.
+chaos-txn: venv
+	$(PY) -m tests.chaos.transactions --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED)
 
 bench-storage: venv
 	$(PY) -m storage.perf

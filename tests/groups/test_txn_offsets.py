@@ -5,51 +5,32 @@ A marker written while the partition loads is applied once the load is published
 
 from __future__ import annotations
 
-import concurrent.futures
-import types
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from leader_logs import LeaderLogs
 from topics_cache import TopicsCache
 
 from broker import group_records as records
 from broker.group_coordinator import CoordinatorConfig, GroupCoordinator, _PartitionLoad
 from client.types import TopicPartition
 from proto.common_pb2 import ErrorCode
-from storage.log_manager import LogManager
 
 TP = TopicPartition("t", 0)
 PID, EPOCH = 42, 0
 
 
-class Disk:
-    """__consumer_offsets-0 on a real log, led here."""
+class Disk(LeaderLogs):
+    """__consumer_offsets-0, led here; the markers a transaction coordinator would write there."""
 
     def __init__(self, path: Path) -> None:
-        self.lm = LogManager([path], on_dir_failure=lambda d, e: None)
-        self.log = self.lm.get_or_create_log(records.OFFSETS_TOPIC, 0, topic_id="T", overrides={})
-
-    def append_records(self, topic: str, partition: int, batch: bytes, acks: int, timeout_ms: int,
-                       transactional: bool = False, verified: dict[int, int] | None = None) -> Any:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        info = self.log.append_as_leader(batch, 0, transactional=transactional, verified=verified)
-        self.log.update_high_watermark(self.log.log_end_offset)
-        fut.set_result(types.SimpleNamespace(base_offset=info.first_offset))
-        return fut
-
-    def partition(self, topic: str, partition: int) -> Any:
-        return types.SimpleNamespace(is_leader=True, log=self.log) if (topic, partition) == (records.OFFSETS_TOPIC, 0) \
-            else None
+        super().__init__(path, (records.OFFSETS_TOPIC, 0))
+        self.log = self.logs[(records.OFFSETS_TOPIC, 0)]
 
     def marker(self, commit: bool) -> None:
         self.log.append_marker_as_leader(PID, EPOCH, commit, 0, 0)
         self.log.update_high_watermark(self.log.log_end_offset)
-
-    @property
-    def log_manager(self) -> LogManager:
-        return self.lm
 
 
 @pytest.fixture()
@@ -58,7 +39,7 @@ def disk(tmp_path: Path) -> Iterator[Disk]:
     try:
         yield d
     finally:
-        d.lm.shutdown()
+        d.close()
 
 
 def coordinator(disk: Disk, epoch: int, *, load: bool = True) -> GroupCoordinator:

@@ -5,52 +5,35 @@ the markers' effect is the last stable offset read_committed consumers stop at."
 
 from __future__ import annotations
 
-import concurrent.futures
 import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from leader_logs import LeaderLogs
 from waiting import wait_for
 
 from broker import txn_records as rec
 from broker.txn_coordinator import MarkerRequest, TransactionCoordinator, TxnConfig
 from broker.txn_state import TransactionState, TxnError
 from client.types import TopicPartition
-from storage.log_manager import LogManager
 from storage.record_batch import RecordBatchBuilder
 
 DATA = TopicPartition("t", 0)
 
 
-class Disk:
-    """``__transaction_state-0`` and ``t-0`` on real logs, led by whichever coordinator is asked."""
+class Disk(LeaderLogs):
+    """``__transaction_state-0`` and ``t-0``, led here; markers written straight to ``t-0`` (or refused while its
+    leader is "unreachable")."""
 
     def __init__(self, path: Path) -> None:
-        self.lm = LogManager([path], on_dir_failure=lambda d, e: None)
-        self.state = self.lm.get_or_create_log(rec.TRANSACTION_STATE_TOPIC, 0, topic_id="S", overrides={})
-        self.data = self.lm.get_or_create_log("t", 0, topic_id="T", overrides={})
+        super().__init__(path, (rec.TRANSACTION_STATE_TOPIC, 0), (DATA.topic, DATA.partition))
+        self.data = self.log(DATA.topic, DATA.partition)
         self.markers_down = False
 
-    def append_records(self, topic: str, partition: int, batch: bytes, acks: int, timeout_ms: int) -> Any:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self.state.append_as_leader(batch, 0)
-        self.state.update_high_watermark(self.state.log_end_offset)
-        fut.set_result(types.SimpleNamespace(base_offset=self.state.log_end_offset - 1))
-        return fut
-
-    def partition(self, topic: str, partition: int) -> Any:
-        if (topic, partition) == (rec.TRANSACTION_STATE_TOPIC, 0):
-            return types.SimpleNamespace(is_leader=True, log=self.state)
-        return None
-
-    @property
-    def log_manager(self) -> LogManager:
-        return self.lm
-
-    def add_leadership_listener(self, cb: Any) -> None:
-        pass
+    def partition(self, topic: str, partition: int) -> Any:  # the coordinator leads only its own partition
+        return super().partition(topic, partition) if topic == rec.TRANSACTION_STATE_TOPIC else None
 
     def write_markers(self, leader: int, req: MarkerRequest) -> dict[TopicPartition, int]:
         if self.markers_down:
@@ -80,7 +63,7 @@ def disk(tmp_path: Path) -> Iterator[Disk]:
     try:
         yield d
     finally:
-        d.lm.shutdown()
+        d.close()
 
 
 NOW = [1_000_000]
