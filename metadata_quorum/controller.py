@@ -158,7 +158,6 @@ class QuorumController:
         self._active_term = -1  # the term whose activation this node has completed
         self._activating: PendingProposal | None = None
         self._activating_term = -1
-        self._new_cluster = False  # the activation in flight is the cluster's first (see _finalize_initial_level)
         # term -> ActivateController proposals made in it (bounded: a few per term, few terms kept)
         self.activation_attempts: dict[int, int] = {}
         self._gave_up_terms: set[int] = set()  # terms whose activation was refused: never proposed again
@@ -277,8 +276,10 @@ class QuorumController:
             self._active_term = term
             log.info("controller %d is active (term %d, metadata version %d)", self.config.node_id, term,
                      self.raft.version)
-            if self._new_cluster:
-                self._new_cluster = False
+            # The first activation the cluster ever had: known from the epoch its own apply replaced, once every
+            # entry before it was applied. Read when it was proposed, a leader just restarted could see epoch 0
+            # before replaying the log it had, and raise an existing cluster's level (CI caught it).
+            if outcome.value == 0:
                 threading.Thread(target=self._finalize_initial_level, args=(term,), daemon=True,
                                  name="initial-metadata-version").start()
             elif (level := self.raft.read(lambda s: s.metadata_level)) < features.SUPPORTED_MAX:
@@ -298,7 +299,6 @@ class QuorumController:
             self.activation_attempts.pop(next(iter(self.activation_attempts)))
         self.activation_attempts[term] = attempts + 1
         self._activating_term = term
-        self._new_cluster = self.raft.read(lambda s: s.controller_epoch == 0)  # no controller was ever active
         self._activating = self.raft.submit(c.ActivateController(
             self.config.node_id, term, self.config.unclean_leader_election_default))
 

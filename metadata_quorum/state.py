@@ -402,11 +402,14 @@ class MetadataState:
             # A stale activation (e.g. forwarded by a deposed leader) must not roll the epoch back.
             raise errors.NotControllerError(
                 f"activation for term {cmd.term} is stale: the controller epoch is already {self.controller_epoch}")
+        previous = self.controller_epoch
         self.active_controller_id = cmd.node_id
         self.controller_epoch = cmd.term
         self.unclean_leader_election_default = bool(cmd.unclean_leader_election_default)
         self._touch(("C",))
-        return ApplyResult(value=cmd.term)
+        # The epoch before this activation, as of its place in the log (every earlier entry applied): 0 when it is
+        # the first activation the cluster ever had (the controller then finalizes initial.metadata.version).
+        return ApplyResult(value=previous)
 
     # -- brokers --
     def _register_broker(self, cmd: c.RegisterBroker) -> ApplyResult:
