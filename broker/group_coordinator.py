@@ -46,7 +46,7 @@ from broker.group_state import (
     SyncResult,
     offset_bytes,
 )
-from broker.internal_topics import InternalTopic
+from broker.internal_topics import InternalTopic, int_setting
 from broker.log_limits import ThrottledWarning
 from client.cluster import HUNG_PEER_OPTIONS
 from client.security import SecurityConfig, make_channel
@@ -136,11 +136,7 @@ class CoordinatorConfig:
     def from_defaults(cls, defaults: dict[str, str]) -> CoordinatorConfig:
         """From the broker's defaults (Kafka key names)."""
         def get(key: str, fallback: int) -> int:
-            raw = defaults.get(key)
-            try:
-                return int(raw) if raw not in (None, "") else fallback
-            except ValueError as exc:
-                raise errors.InvalidConfigError(f"{key}={raw!r} is not an integer") from exc
+            return int_setting(defaults, key, fallback)
 
         base = cls()
         return cls(

@@ -16,6 +16,16 @@ from proto.errors import ErrorCode
 log = logging.getLogger(__name__)
 
 
+def int_setting(defaults: Mapping[str, str], key: str, fallback: int) -> int:
+    """An integer broker key of a coordinator's config (Kafka's name), ``fallback`` when unset; not an integer:
+    InvalidConfigError naming it."""
+    raw = defaults.get(key)
+    try:
+        return int(raw) if raw not in (None, "") else fallback
+    except ValueError as exc:
+        raise errors.InvalidConfigError(f"{key}={raw!r} is not an integer") from exc
+
+
 class InternalTopic:
     def __init__(self, name: str, metadata_cache: Any, replica_manager: Any, *, partitions: int,
                  replication_factor: int, configs: Callable[[int], Mapping[str, str]], partitions_key: str,

@@ -39,7 +39,7 @@ from typing import Any
 from broker import txn_records as rec
 from broker import txn_state as ts
 from broker.group_records import partition_for_group
-from broker.internal_topics import InternalTopic
+from broker.internal_topics import InternalTopic, int_setting
 from broker.txn_state import TxnError
 from client.types import TopicPartition
 from proto import errors
@@ -72,11 +72,7 @@ class TxnConfig:
     @classmethod
     def from_defaults(cls, defaults: dict[str, str]) -> TxnConfig:
         def get(key: str, fallback: int) -> int:
-            raw = defaults.get(key)
-            try:
-                return int(raw) if raw not in (None, "") else fallback
-            except ValueError as exc:
-                raise errors.InvalidConfigError(f"{key}={raw!r} is not an integer") from exc
+            return int_setting(defaults, key, fallback)
 
         b = cls()
         return cls(
