@@ -3,9 +3,10 @@
 A pass over one log (Kafka's algorithm, simplified):
 
 1. The *dirty* section runs from the cleaner checkpoint (first dirty offset) to the first
-   uncleanable offset: the active segment's base, the high watermark, or the first
+   uncleanable offset: the active segment's base, the last stable offset, or the first
    segment younger than ``min.compaction.lag.ms``, whichever is smallest. The active
-   segment is never touched.
+   segment is never touched. The last stable offset stands for the high watermark: it is at
+   most that, and held at the first undecided transaction.
    A log is picked when its dirty ratio reaches ``min.cleanable.dirty.ratio``, or
    whatever the ratio when a dirty record is older than ``max.compaction.lag.ms``; when
    no log is, one whose cleaned section holds a tombstone past ``delete.retention.ms``
@@ -23,15 +24,28 @@ A pass over one log (Kafka's algorithm, simplified):
    rewrites); a record without a key goes (Kafka's cleaner drops it). Offsets never change: kept records stay in batches whose
    offsets are contiguous runs of the original batch (base offset = first kept offset),
    with the original codec, timestamps and producer fields. The last batch of every
-   producer the log tracks is kept whole, as Kafka's cleaner keeps it: producer state
-   rebuilt from the log (after a crash, or on a new replica) must find where each
-   producer's sequence stands, or its next batch would be refused as out of order. A
-   later pass compacts it once that producer has written again.
+   producer the log tracks always leaves a batch ending at its last offset, as Kafka's
+   cleaner leaves one: the run of its last record, or a batch of no records over the
+   offsets of its last records that went (Kafka's RETAIN_EMPTY). Producer state rebuilt
+   from the log (after a crash, or on a new replica) must find where each producer's
+   sequence stands, or its next batch would be refused as out of order; a retry of the
+   whole batch is still recognised (``ProducerEntry.find_duplicate``). A producer whose
+   epoch has no data batch (it wrote only markers since) keeps its markers of that epoch.
 4. The rewritten group is written as ``*.cleaned``, fsynced, and swapped in by
    ``Log.replace_segments`` (``.swap`` rename protocol, finished on open after a crash).
-   Transactional and control batches are kept whole (transactions are not compacted), so
-   every marker stays where it was: the cleaned segment's ``.txnindex`` is the entries of
-   the segments it replaces, in order (they cannot be rebuilt from one segment alone).
+
+Transactions (Kafka's CleanedTransactionMetadata). Nothing at or past the last stable offset is
+cleaned: an undecided transaction's records cannot be judged. A record of an aborted
+transaction (the ``.txnindex`` entries say which) is never mapped, so it never hides an older
+committed record of its key, and it is removed: a read_committed reader never saw it and a
+read_uncommitted one has no claim on it. A committed transaction's records are compacted as any
+other, in batches that stay transactional. A COMMIT or ABORT marker stays as long as a batch of
+its transaction does (a replica rebuilding producer state from the log would otherwise find a
+transaction that never ends, and hold its last stable offset there for good), and then for
+``delete.retention.ms``, as a tombstone, so a reader behind still sees the transaction end; then
+it goes. The cleaned segment's ``.txnindex`` holds the entries of the aborts whose records are
+still there, in marker order. A pass goes over the log from its start, so it meets a
+transaction's batches before its marker whatever the segment groups.
 
 Reads and writes are throttled to ``io_bytes_per_sec``. Background threads pick the log
 with the highest dirty ratio above ``min.cleanable.dirty.ratio``.
@@ -47,6 +61,7 @@ no reader could tell it from the record that was written.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import os
 import threading
@@ -67,6 +82,7 @@ from storage.record_batch import (
     BatchHeader,
     Record,
     RecordBatchBuilder,
+    build_empty_batch,
     decode_batch,
     read_header,
     validate_batch,
@@ -83,7 +99,7 @@ from storage.segment import (
     SegmentChangedError,
     segment_file_name,
 )
-from storage.txn_index import TXN_INDEX_SUFFIX
+from storage.txn_index import TXN_INDEX_SUFFIX, AbortedTxn
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +174,10 @@ class CleanerStats:
     # None: it kept none there.
     tombstones_due_ms: int | None = None
     keyless_dropped: int = 0
-    producer_batches_kept: int = 0  # kept whole: the last batch of a producer the log tracks
+    producer_batches_kept: int = 0  # the last batch of a producer the log tracks (its tail at least: _filter_batch)
+    aborted_dropped: int = 0  # records of aborted transactions removed
+    markers_dropped: int = 0
+    markers_kept: int = 0  # with nothing of their transaction left, not yet past delete.retention.ms
     first_dirty_offset: int = 0
     end_offset: int = 0
 
@@ -238,7 +257,7 @@ class LogCleaner:
     # -- choosing work ---------------------------------------------------------------------
     def _uncleanable_from(self, lg: Log, now_ms: int) -> int:
         segments = lg.segments()
-        bound = min(segments[-1].base_offset, lg.high_watermark)
+        bound = min(segments[-1].base_offset, lg.last_stable_offset)  # at most the high watermark
         lag = lg.config.min_compaction_lag_ms
         if lag > 0:
             for seg in segments[:-1]:
@@ -327,7 +346,7 @@ class LogCleaner:
         bound = self._uncleanable_from(lg, now)
         throttler = Throttler(self.io_bytes_per_sec, self._stop)
         offset_map = OffsetMap(self.max_map_entries)
-        end = self._build_offset_map(lg, first_dirty, bound, offset_map, throttler, stats)
+        end = self._build_offset_map(lg, first_dirty, bound, offset_map, throttler)
         stats.end_offset = end
         # Nothing dirty to map: a pass still goes over the cleaned section when tombstones there may go (every
         # older record of their keys went when they were mapped, so they can be dropped below ``end``).
@@ -336,9 +355,10 @@ class LogCleaner:
         segments = lg.segments()
         to_clean = [s for s in segments[:-1] if s.base_offset < end]  # the last one may end past ``end``
         # Read once: a producer that writes during the pass only makes a kept batch no longer its last.
-        last_batches = lg.producers_last_batches()
+        last_batches, marker_only = lg.producers_cleaner_keeps()
+        txns = _Transactions(lg, marker_only)  # across groups: a marker may be in a later group than its records
         for group in self._group_segments(to_clean, lg.config.segment_bytes):
-            self._clean_group(lg, group, offset_map, now, throttler, stats, last_batches, end)
+            self._clean_group(lg, group, offset_map, now, throttler, stats, last_batches, end, txns)
         with self._lock:
             if lg.truncations == truncations:  # else the truncation set it (``truncated``)
                 self._first_dirty[(lg.topic, lg.partition)] = end
@@ -347,12 +367,13 @@ class LogCleaner:
             else:
                 self._tombstones_due[(lg.topic, lg.partition)] = stats.tombstones_due_ms
         log.info("cleaned %s: %d segments, %d -> %d bytes, kept %d of %d records (%d producers' last batches "
-                 "whole), dirty up to %d", lg.dir, stats.segments_cleaned, stats.bytes_read, stats.bytes_written,
-                 stats.records_kept, stats.records_read, stats.producer_batches_kept, end)
+                 "whole, %d aborted records removed, %d transaction markers removed), dirty up to %d", lg.dir,
+                 stats.segments_cleaned, stats.bytes_read, stats.bytes_written, stats.records_kept,
+                 stats.records_read, stats.producer_batches_kept, stats.aborted_dropped, stats.markers_dropped, end)
         return stats
 
     def _build_offset_map(self, lg: Log, first_dirty: int, bound: int, offset_map: OffsetMap,
-                          throttler: Throttler, stats: CleanerStats) -> int:
+                          throttler: Throttler) -> int:
         """Map the keys of the dirty records from ``first_dirty`` to the end of the last dirty segment below
         ``bound``; return the end of the mapped range. When the map fills, the range ends at the first record
         whose key did not fit, in the middle of a segment if need be (Kafka's cleaner does the same): the pass
@@ -361,15 +382,19 @@ class LogCleaner:
         once, for good, at a core's worth of CPU (audit)."""
         segments = lg.segments()
         end = first_dirty
+        aborts = _Transactions(lg, {})
         for i, seg in enumerate(segments[:-1]):
             seg_end = _next_base_of(segments, i)
             if seg_end <= first_dirty:
                 continue
             if seg_end > bound:
                 break
+            aborts.enter(max(seg.base_offset, first_dirty), seg_end)
             for h, batch in _iter_batches(seg, throttler, self._stop):
                 if h.attributes & ATTR_CONTROL or h.last_offset < first_dirty:
                     continue
+                if h.attributes & ATTR_TRANSACTIONAL and aborts.aborted(h):
+                    continue  # never maps: it must not hide the committed record before it
                 for rec in decode_batch(batch, verify_crc=False)[1]:  # _iter_batches checked it
                     if rec.offset < first_dirty or rec.key is None:
                         continue
@@ -394,7 +419,8 @@ class LogCleaner:
             yield group
 
     def _clean_group(self, lg: Log, group: list[LogSegment], offset_map: OffsetMap, now: int,
-                     throttler: Throttler, stats: CleanerStats, last_batches: set[int], mapped_end: int) -> None:
+                     throttler: Throttler, stats: CleanerStats, last_batches: set[int], mapped_end: int,
+                     txns: _Transactions) -> None:
         """Rewrite ``group`` keeping each key's latest record (``offset_map``, which covers every record below
         ``mapped_end``). A tombstone goes once its segment was last written more than ``delete.retention.ms``
         ago, by the broker's clock (the file's mtime, kept through each rewrite): Kafka keeps a tombstone that
@@ -414,20 +440,22 @@ class LogCleaner:
             written = [seg.last_written_ms() for seg in group]
             for seg, seg_written_ms in zip(group, written, strict=True):
                 due_ms = seg_written_ms + c.delete_retention_ms
-                kept_before = stats.tombstones_kept
+                kept_before = stats.tombstones_kept + stats.markers_kept
+                txns.enter(seg.base_offset, seg.next_offset)
                 for h, batch in _iter_batches(seg, throttler, self._stop):
                     stats.bytes_read += h.size
+                    if h.attributes & ATTR_CONTROL:
+                        pending += self._filter_marker(h, batch, txns, target, now > due_ms, stats)
+                        continue
                     pending += self._filter_batch(h, batch, offset_map, mapped_end, now > due_ms, stats,
-                                                  last_batches)
-                if stats.tombstones_kept > kept_before:  # some below mapped_end, not yet due: when they are
+                                                  last_batches, txns)
+                if stats.tombstones_kept + stats.markers_kept > kept_before:  # not yet due: when they are
                     stats.tombstones_due_ms = min(due_ms, stats.tombstones_due_ms or due_ms)
                     if len(pending) >= _WRITE_BUFFER_BYTES:
                         self._write(target, pending, throttler, stats)
                         pending = bytearray()
             if pending:
                 self._write(target, pending, throttler, stats)
-            for seg in group:  # the group's aborts: their markers are all kept, where they were
-                target.txn_index.copy_from(seg.txn_index)
             target.on_become_inactive()
             target.flush()
             newest_ns = max(written) * 1_000_000
@@ -449,38 +477,74 @@ class LogCleaner:
         throttler.account(len(data))
 
     @staticmethod
+    def _filter_marker(h: BatchHeader, batch: memoryview, txns: _Transactions, target: LogSegment,
+                       past_retention: bool, stats: CleanerStats) -> bytes:
+        """A control batch: kept while its transaction has a batch left (an abort's index entry with it), or while
+        its producer's state needs it; else kept until ``past_retention`` (its segment is past
+        delete.retention.ms, counted in ``stats.markers_kept`` until then)."""
+        needed, entry = txns.marker(h)
+        if entry is not None:
+            target.txn_index.append(entry)
+        if needed:
+            return bytes(batch)
+        if past_retention:
+            stats.markers_dropped += 1
+            return b""
+        stats.markers_kept += 1
+        return bytes(batch)
+
+    @staticmethod
     def _filter_batch(h: BatchHeader, batch: memoryview, offset_map: OffsetMap, mapped_end: int,
-                      drop_tombstones: bool, stats: CleanerStats, last_batches: set[int] = frozenset()) -> bytes:
-        """The batch's kept records, re-batched in runs of consecutive offsets. A record without a key goes, as
-        Kafka's cleaner drops it (it can only be there from before the topic was compacted). A tombstone below
+                      drop_tombstones: bool, stats: CleanerStats, last_batches: set[int] = frozenset(),
+                      txns: _Transactions | None = None) -> bytes:
+        """The data batch's kept records, re-batched in runs of consecutive offsets. A record without a key goes,
+        as Kafka's cleaner drops it (it can only be there from before the topic was compacted). A tombstone below
         ``mapped_end`` goes when ``drop_tombstones`` (its segment is past delete.retention.ms); one kept there
-        counts in ``stats.tombstones_kept``."""
-        if h.attributes & (ATTR_CONTROL | ATTR_TRANSACTIONAL):
-            return bytes(batch)  # transactions are not compacted here: keep as written
-        if h.producer_id >= 0 and h.last_offset in last_batches:
-            stats.records_read += h.record_count
-            stats.records_kept += h.record_count
+        counts in ``stats.tombstones_kept``. A transactional batch is judged by ``txns``: an aborted one's
+        records all go, a committed one is compacted, and ``txns`` is told when something of it stays.
+
+        A producer's last batch (``last_batches``) always leaves something ending at its last offset: the run of
+        its last record, or a batch of no records over the offsets its last records had (Kafka's RETAIN_EMPTY),
+        whose header carries the producer's epoch and last sequence. Such batches were kept whole, records a
+        later one of their key replaced included: once that later one was a tombstone past delete.retention.ms,
+        the value it deleted was back for every reader."""
+        transactional = bool(h.attributes & ATTR_TRANSACTIONAL)
+        if transactional and txns is None:
+            raise ValueError("a transactional batch needs the pass's transactions to be judged")
+        aborted = transactional and txns.aborted(h)
+        producers_last = h.producer_id >= 0 and h.last_offset in last_batches
+        if producers_last:
             stats.producer_batches_kept += 1
-            return bytes(batch)  # its producer's sequence lives in this header
+            if transactional:
+                txns.kept(h)  # even empty, it begins its transaction for a replay: its marker (and entry) stay
+        if aborted and not producers_last:
+            stats.records_read += h.record_count
+            stats.aborted_dropped += h.record_count
+            return b""
         _h, records = decode_batch(batch, verify_crc=False)  # _iter_batches checked it
         stats.records_read += len(records)
         kept: list[Record] = []
-        for rec in records:
-            if rec.key is None:
-                stats.keyless_dropped += 1
-                continue
-            latest = offset_map.get(rec.key)
-            if latest is not None and rec.offset < latest:
-                continue  # a later record has this key
-            if rec.value is None and rec.offset < mapped_end:
-                if drop_tombstones:
-                    stats.tombstones_dropped += 1
+        if aborted:
+            stats.aborted_dropped += len(records)
+        else:
+            for rec in records:
+                if rec.key is None:
+                    stats.keyless_dropped += 1
                     continue
-                stats.tombstones_kept += 1
-            kept.append(rec)
+                latest = offset_map.get(rec.key)
+                if latest is not None and rec.offset < latest:
+                    continue  # a later record has this key
+                if rec.value is None and rec.offset < mapped_end:
+                    if drop_tombstones:
+                        stats.tombstones_dropped += 1
+                        continue
+                    stats.tombstones_kept += 1
+                kept.append(rec)
         stats.records_kept += len(kept)
-        if len(kept) == len(records):
-            return bytes(batch)  # nothing removed: keep the original bytes
+        if kept and transactional:
+            txns.kept(h)
+        if len(kept) == len(records) and (kept or producers_last):
+            return bytes(batch)  # nothing removed: keep the original bytes (an empty batch still its producer's last)
         out = bytearray()
         run: list[Record] = []
         for rec in kept:
@@ -490,6 +554,8 @@ class LogCleaner:
             run.append(rec)
         if run:
             out += _build_run(h, run)
+        if producers_last and (not kept or kept[-1].offset != h.last_offset):
+            out += build_empty_batch(h, kept[-1].offset + 1 if kept else h.base_offset)
         return bytes(out)
 
     # -- background threads ----------------------------------------------------------------
@@ -540,6 +606,65 @@ class LogCleaner:
         self._workers = []
 
 
+class _Transactions:
+    """What a pass knows of transactions as it walks the log in offset order (Kafka's
+    CleanedTransactionMetadata): which producers' batches are in an aborted transaction here, and whose current
+    transaction still has a batch kept. Fed one segment at a time (``enter``), the aborts overlapping it from
+    the ``.txnindex`` files, so its memory is one segment's aborts plus one transaction per producer."""
+
+    def __init__(self, lg: Log, marker_only: dict[int, int]) -> None:
+        self._lg = lg
+        self._marker_only = marker_only  # producers whose markers of this epoch are kept (cleaner_keeps)
+        self._upcoming: list[tuple[int, int, AbortedTxn]] = []  # heap by first offset
+        self._current: dict[int, AbortedTxn] = {}  # producer -> the abort its batches are in now
+        self._kept: set[int] = set()  # producers whose current transaction has a batch kept by this pass
+        self._taken: set[int] = set()  # marker offsets of the aborts taken that may overlap what comes next
+        # Read once: an abort written during the pass is past what it cleans (below the last stable offset every
+        # transaction is decided, its marker written). A log without one reads no index.
+        self._any = lg.has_aborted_transactions(lg.log_start_offset)
+
+    def enter(self, start: int, end: int) -> None:
+        """The walk reaches [start, end): take the aborts overlapping it not taken before. One is known by its
+        marker's offset: what it began with may have gone in an earlier pass, so its first offset can lie in a
+        gap between segments, or below the log start."""
+        if not self._any:
+            return
+        self._taken = {marker for marker in self._taken if marker >= start}
+        for e in self._lg.aborted_txn_entries(start, end):
+            if e.last_offset not in self._taken:
+                self._taken.add(e.last_offset)
+                heapq.heappush(self._upcoming, (e.first_offset, e.last_offset, e))
+
+    def _advance(self, offset: int) -> None:
+        while self._upcoming and self._upcoming[0][0] <= offset:
+            e = heapq.heappop(self._upcoming)[2]
+            self._current[e.producer_id] = e
+
+    def aborted(self, h: BatchHeader) -> bool:
+        """Is transactional batch ``h`` in an aborted transaction?"""
+        self._advance(h.base_offset)
+        e = self._current.get(h.producer_id)
+        return e is not None and e.first_offset <= h.base_offset <= e.last_offset
+
+    def kept(self, h: BatchHeader) -> None:
+        self._kept.add(h.producer_id)
+
+    def marker(self, h: BatchHeader) -> tuple[bool, AbortedTxn | None]:
+        """Control batch ``h`` ends its producer's transaction: is it needed (a batch of the transaction stays,
+        or its producer's state lives in it), and the index entry to keep with it (an abort with records left)."""
+        self._advance(h.base_offset)
+        pid = h.producer_id
+        e = self._current.get(pid)
+        if e is not None and e.last_offset == h.base_offset:
+            del self._current[pid]
+        else:
+            e = None
+        had_records = pid in self._kept
+        self._kept.discard(pid)
+        needed = had_records or self._marker_only.get(pid) == h.producer_epoch
+        return needed, e if had_records else None
+
+
 def _build_run(h: BatchHeader, run: list[Record]) -> bytes:
     """One batch of consecutive kept records with the original batch's codec and producer fields."""
     first_delta = run[0].offset - h.base_offset
@@ -547,6 +672,7 @@ def _build_run(h: BatchHeader, run: list[Record]) -> bytes:
     ts_type = TIMESTAMP_LOG_APPEND_TIME if h.attributes & ATTR_TIMESTAMP_TYPE else TIMESTAMP_CREATE_TIME
     b = RecordBatchBuilder(h.compression, producer_id=h.producer_id, producer_epoch=h.producer_epoch,
                            base_sequence=base_seq, timestamp_type=ts_type,
+                           is_transactional=bool(h.attributes & ATTR_TRANSACTIONAL),
                            partition_leader_epoch=h.partition_leader_epoch, base_offset=run[0].offset)
     for rec in run:
         b.append(rec.timestamp, rec.key, rec.value, rec.headers)

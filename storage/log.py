@@ -741,10 +741,10 @@ class Log:
         with self._lock:
             return self.producer_state.active()
 
-    def producers_last_batches(self) -> set[int]:
-        """The last offset of each tracked producer's last batch, read under the log's lock."""
+    def producers_cleaner_keeps(self) -> tuple[set[int], dict[int, int]]:
+        """``ProducerStateManager.cleaner_keeps``, read under the log's lock."""
         with self._lock:
-            return self.producer_state.last_batch_offsets()
+            return self.producer_state.cleaner_keeps()
 
     def ongoing_transactions(self) -> dict[int, int]:
         """Producer id -> first offset of its ongoing transaction (DescribeProducers' current transaction start
@@ -791,6 +791,11 @@ class Log:
         ones, until an entry whose last stable offset reaches ``upper_offset`` (no later abort can begin below
         it). Segments without aborts cost no read; one with many is searched, not read whole (storage/txn_index.py).
         Any thread, no lock: a read racing retention or a truncation reads again on a fresh segment list."""
+        return [(t.producer_id, t.first_offset) for t in self.aborted_txn_entries(start_offset, upper_offset)]
+
+    def aborted_txn_entries(self, start_offset: int, upper_offset: int) -> list[AbortedTxn]:
+        """``aborted_transactions`` as the ``.txnindex`` entries themselves, in the order of their markers (the
+        cleaner needs each one's marker offset)."""
         if upper_offset <= start_offset:
             return []
         for attempt in range(_READ_ATTEMPTS):
@@ -802,9 +807,9 @@ class Log:
                         f"read of the aborted transactions of {self.dir} from {start_offset} failed: {exc}") from exc
         raise AssertionError("unreachable")
 
-    def _aborted_once(self, start_offset: int, upper_offset: int) -> list[tuple[int, int]]:
+    def _aborted_once(self, start_offset: int, upper_offset: int) -> list[AbortedTxn]:
         bases, segments = self._view
-        found: list[tuple[int, int]] = []
+        found: list[AbortedTxn] = []
         for seg in segments[max(0, bisect.bisect_right(bases, start_offset) - 1):]:
             index = seg.txn_index
             if index.entries == 0:
@@ -813,7 +818,7 @@ class Log:
             txns, complete = index.collect(start_offset, upper_offset)
             if seg.truncations != truncations:
                 raise SegmentChangedError(f"{seg} was truncated while its aborted transactions were read")
-            found.extend((t.producer_id, t.first_offset) for t in txns)
+            found.extend(txns)
             if complete:
                 break
         return found

@@ -153,9 +153,17 @@ class ProducerEntry:
         return self.batches[-1].last_seq if self.batches else NO_SEQUENCE
 
     def find_duplicate(self, base_seq: int, last_seq: int) -> BatchMetadata | None:
+        """The batch a retry of [base_seq, last_seq] repeats. Also one ending at ``last_seq`` and beginning later
+        within it: all the cleaner left of the original (its first records went to later ones of their keys, and
+        state was then rebuilt from the log), answered with the original's first offset."""
         for b in self.batches:
-            if b.base_seq == base_seq and b.last_seq == last_seq:
+            if b.last_seq != last_seq:
+                continue
+            if b.base_seq == base_seq:
                 return b
+            cut = (b.base_seq - base_seq) % _SEQ_MODULUS
+            if cut <= (last_seq - base_seq) % _SEQ_MODULUS and b.first_offset - cut >= 0:
+                return BatchMetadata(base_seq, last_seq, b.first_offset - cut, b.last_offset, b.max_timestamp)
         return None
 
 
@@ -522,9 +530,19 @@ class ProducerStateManager:
             self._forgot(self._producers.pop(pid))
         return len(expired)
 
-    def last_batch_offsets(self) -> set[int]:
-        """The last offset of every tracked producer's last batch (what the cleaner keeps whole)."""
-        return {e.batches[-1].last_offset for e in self._producers.values() if e.batches}
+    def cleaner_keeps(self) -> tuple[set[int], dict[int, int]]:
+        """What the cleaner keeps so that producer state rebuilt from the log finds every tracked producer where it
+        stands (Kafka's isBatchLastRecordOfProducer): the last offset of each one's last data batch, and the epoch
+        of each one without a data batch in its epoch (it wrote only markers since, say a coordinator's abort that
+        bumped it): its markers of that epoch are kept."""
+        last: set[int] = set()
+        marker_only: dict[int, int] = {}
+        for pid, e in self._producers.items():
+            if e.batches:
+                last.add(e.batches[-1].last_offset)
+            else:
+                marker_only[pid] = e.epoch
+        return last, marker_only
 
     def truncate_from(self, offset: int) -> bool:
         """Forget batches at or after ``offset`` (log truncated). Producers left empty are dropped. Transactions

@@ -598,6 +598,20 @@ class RecordBatchBuilder:
         return b"".join((before_crc, _UINT32.pack(crc), after_crc, records))
 
 
+def build_empty_batch(h: BatchHeader, base_offset: int) -> bytes:
+    """A batch of no records spanning [``base_offset``, ``h.last_offset``] of batch ``h`` (Kafka's
+    writeEmptyHeader): what the cleaner leaves of a producer's last batch whose last records went, so that producer
+    state rebuilt from the log still finds the producer's epoch, last sequence and last offset. Uncompressed; its
+    base sequence is the one of ``base_offset`` in ``h``, both timestamps ``h``'s largest."""
+    delta = base_offset - h.base_offset
+    base_sequence = NO_SEQUENCE if h.base_sequence == NO_SEQUENCE else (h.base_sequence + delta) % 2**31
+    attributes = h.attributes & (ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL | ATTR_CONTROL)
+    after_crc = _HEADER_AFTER_CRC.pack(attributes, h.last_offset - base_offset, h.max_timestamp, h.max_timestamp,
+                                       h.producer_id, h.producer_epoch, base_sequence, 0)
+    before_crc = _HEADER_BEFORE_CRC.pack(base_offset, MIN_BATCH_LENGTH, h.partition_leader_epoch, MAGIC)
+    return b"".join((before_crc, _UINT32.pack(crc32c(after_crc)), after_crc))
+
+
 # Control records (transaction markers): key = int16 version 0 + int16 type; value =
 # int16 version 0 + int32 coordinator epoch (Kafka's EndTransactionMarker).
 CONTROL_TYPE_ABORT, CONTROL_TYPE_COMMIT = 0, 1

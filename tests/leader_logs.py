@@ -13,9 +13,10 @@ from storage.log_manager import LogManager
 
 
 class LeaderLogs:
-    def __init__(self, path: Path, *partitions: tuple[str, int]) -> None:
+    def __init__(self, path: Path, *partitions: tuple[str, int], overrides: dict[str, str] | None = None) -> None:
         self.lm = LogManager([path], on_dir_failure=lambda d, e: None)
-        self.logs = {(t, p): self.lm.get_or_create_log(t, p, topic_id=f"{t}-id", overrides={}) for t, p in partitions}
+        self.logs = {(t, p): self.lm.get_or_create_log(t, p, topic_id=f"{t}-id", overrides=dict(overrides or {}))
+                     for t, p in partitions}
 
     def log(self, topic: str, partition: int = 0) -> Any:
         return self.logs[(topic, partition)]

@@ -16,6 +16,8 @@ from broker import group_records as records
 from broker.group_coordinator import CoordinatorConfig, GroupCoordinator, _PartitionLoad
 from client.types import TopicPartition
 from proto.common_pb2 import ErrorCode
+from storage.cleaner import LogCleaner
+from storage.record_batch import ATTR_CONTROL, iter_batches
 
 TP = TopicPartition("t", 0)
 PID, EPOCH = 42, 0
@@ -25,7 +27,7 @@ class Disk(LeaderLogs):
     """__consumer_offsets-0, led here; the markers a transaction coordinator would write there."""
 
     def __init__(self, path: Path) -> None:
-        super().__init__(path, (records.OFFSETS_TOPIC, 0))
+        super().__init__(path, (records.OFFSETS_TOPIC, 0), overrides={"cleanup.policy": "compact"})
         self.log = self.logs[(records.OFFSETS_TOPIC, 0)]
 
     def marker(self, commit: bool) -> None:
@@ -96,3 +98,29 @@ def test_a_marker_written_while_the_partition_loads_is_applied_after_the_load(di
     nxt.on_marker(records.OFFSETS_TOPIC, 0, PID, True, disk.log.log_end_offset)
     nxt._load_partition(0, 2)
     assert committed(nxt) == 3 and nxt.unstable_offsets("g") == set()
+
+
+def test_transactional_commits_are_compacted_away_and_the_next_coordinator_reads_the_last(disk: Disk) -> None:
+    """Every TxnOffsetCommit is a transactional batch and a marker in ``__consumer_offsets``: the cleaner must take
+    the superseded ones, aborted ones and, after delete.retention.ms, their markers, or the partition grows with
+    every transaction a consume-transform-produce application commits."""
+    c = coordinator(disk, 1)
+    for i in range(201):  # the last one aborted
+        commit_in_txn(c, disk, i)
+        commit = i % 3 != 2
+        disk.marker(commit=commit)
+        c.on_marker(records.OFFSETS_TOPIC, 0, PID, commit, disk.log.log_end_offset - 1)
+    assert committed(c) == 199
+    lg = disk.log
+    lg.roll()
+    lg.update_high_watermark(lg.log_end_offset)
+    before = sum(seg.size for seg in lg.segments())
+    later = 1_000_000_000_000_000
+    LogCleaner(lambda: {(records.OFFSETS_TOPIC, 0): lg}).clean_log(lg, later)
+    batches = [h for seg in lg.segments() for _pos, h in iter_batches(seg.log_path.read_bytes())]
+    # the last transaction (aborted, the producer's last batch: kept whole with its marker) and the last
+    # committed one's offset with its marker
+    assert len(batches) <= 5, [(h.base_offset, bool(h.attributes & ATTR_CONTROL)) for h in batches]
+    assert sum(seg.size for seg in lg.segments()) < before / 20
+    nxt = coordinator(disk, 2)
+    assert committed(nxt) == 199 and nxt.unstable_offsets("g") == set()

@@ -356,6 +356,36 @@ def test_compaction_keeps_each_producers_last_batch_so_its_sequence_survives_a_r
     lg.close()
 
 
+def test_a_deleted_key_never_comes_back_from_a_producers_last_batch(tmp_path: Path) -> None:
+    """An idempotent producer's last batch was kept whole, records later ones of their key replaced included: once
+    a later tombstone of such a key was past delete.retention.ms and went, the value it deleted was read again.
+    What is kept now is a batch of no records over the replaced ones, whose header still carries the producer's
+    sequence (Kafka's empty batch)."""
+    lg = _compacted_log(tmp_path, delete_retention_ms=0)
+    ts = now_ms()
+    first = lg.append_as_leader(make_batch(2, ts=ts, keys=[b"gone", b"also-gone"], producer_id=7, producer_epoch=0,
+                                           base_sequence=0), 0).first_offset
+    _put(lg, "gone", None, ts)  # deletes, by another writer
+    _put(lg, "also-gone", None, ts)
+    for i in range(12):
+        _put(lg, f"key-{i:02d}", b"v", ts)
+    lg.update_high_watermark(lg.log_end_offset)
+    LogCleaner(lambda: {("c", 0): lg}).clean_log(lg, now_ms() + 60_000)
+    latest = _latest(lg)
+    assert b"gone" not in latest and b"also-gone" not in latest, latest
+    [kept] = [h for _pos, h in iter_batches(read_all(lg)) if h.producer_id == 7]
+    assert (kept.base_offset, kept.last_offset, kept.record_count, kept.base_sequence) == (first, first + 1, 0, 0)
+    cfg = lg.config
+    lg.close()
+    (tmp_path / "c-0" / "producer-state-snapshot").unlink(missing_ok=True)  # as after kill -9
+    lg = Log.open(tmp_path / "c-0", cfg)
+    retry = lg.append_as_leader(make_batch(2, ts=ts, keys=[b"gone", b"also-gone"], producer_id=7, producer_epoch=0,
+                                           base_sequence=0), 0)
+    assert retry.first_offset == first, "a retry of the last batch was not recognised as a duplicate"
+    assert b"gone" not in _latest(lg)
+    lg.close()
+
+
 def _compacted_log_with_a_corrupt_batch(tmp_path: Path) -> tuple[Log, Any, Any]:
     """A cleanable compacted log whose third segment's last batch fails its CRC (a value byte flipped); the
     log, that segment and the batch's header."""
