@@ -478,6 +478,9 @@ _BEHAVIOUR = [
            check=_at_least(1), roles=_B),
     KeyDef("log.cleaner.enable", "bool", "true", "Run the log cleaner (compaction).", roles=_B),
     KeyDef("log.cleaner.threads", "int", "1", "Log cleaner threads.", check=_at_least(0), roles=_B),
+    KeyDef("log.cleaner.backoff.ms", "long", "15000",
+           "How long a cleaner thread sleeps when no log needs cleaning (Kafka's key).", check=_at_least(1),
+           roles=_B),
     KeyDef("log.cleaner.dedupe.buffer.size", "long", "33554432",
            "Memory for the cleaners' key maps, shared by the cleaner threads (Kafka's key; a key costs about "
            "160 bytes here, 24 in Kafka, so 32 MiB maps about 200,000 keys a thread). A pass maps as many dirty "

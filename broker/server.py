@@ -329,6 +329,7 @@ class BrokerServer:
             retention_check_ms=int(d.get("log.retention.check.interval.ms", "300000")),
             checkpoint_interval_ms=int(d.get("replica.high.watermark.checkpoint.interval.ms", "5000")),
             cleaner_threads=cleaner_threads,
+            cleaner_backoff_ms=int(d.get("log.cleaner.backoff.ms", "15000")),
             cleaner_max_map_entries=max(1, int(d.get("log.cleaner.dedupe.buffer.size", "33554432"))
                                         // max(1, cleaner_threads) // MAP_ENTRY_BYTES),
             scrubber_enabled=d.get("log.scrubber.enable", "true").strip().lower() == "true",
