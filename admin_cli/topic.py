@@ -274,8 +274,9 @@ def producers(
     output: OutputOpt = None,
 ) -> None:
     """The idempotent producers each partition's leader tracks (Kafka's kafka-transactions describe-producers):
-    producer id, epoch, last sequence and last timestamp. Needs READ on the topic. Exit code 1 when a partition
-    could not be described."""
+    producer id, epoch, last sequence, last timestamp, the coordinator epoch of its last transaction marker and
+    where its ongoing transaction began (-1: none). Needs READ on the topic. Exit code 1 when a partition could not
+    be described."""
     st = state(ctx, bootstrap, output)
     wanted = _named_partitions(st, name, partition)
     found = st.backend.admin.describe_producers([(name, p) for p in wanted],
@@ -289,12 +290,14 @@ def producers(
             continue
         rows.append({"partition": p, "error": None, "producers": [
             {"producer_id": s.producer_id, "producer_epoch": s.producer_epoch, "last_sequence": s.last_sequence,
-             "last_timestamp": s.last_timestamp} for s in got]})
+             "last_timestamp": s.last_timestamp, "coordinator_epoch": s.coordinator_epoch,
+             "current_txn_start_offset": s.current_txn_start_offset} for s in got]})
     show(st, {"topic": name, "partitions": rows},
-         table(f"Producers of {name}", ["PARTITION", "PRODUCER ID", "EPOCH", "LAST SEQUENCE", "LAST TIMESTAMP"],
-               [[r["partition"], s["producer_id"], s["producer_epoch"], s["last_sequence"], s["last_timestamp"]]
-                for r in rows for s in r["producers"]]
-               + [[r["partition"], r["error"], "", "", ""] for r in rows if r["error"]]),
+         table(f"Producers of {name}", ["PARTITION", "PRODUCER ID", "EPOCH", "LAST SEQUENCE", "LAST TIMESTAMP",
+                                        "COORDINATOR EPOCH", "TXN START OFFSET"],
+               [[r["partition"], s["producer_id"], s["producer_epoch"], s["last_sequence"], s["last_timestamp"],
+                 s["coordinator_epoch"], s["current_txn_start_offset"]] for r in rows for s in r["producers"]]
+               + [[r["partition"], r["error"], "", "", "", "", ""] for r in rows if r["error"]]),
          note=None if any(r["producers"] for r in rows) or failed else "no idempotent producer is tracked")
     if failed:
         rows_failed("partitions not described", failed, len(rows))

@@ -1201,7 +1201,7 @@ class ReplicaManager:
                      lg.log_start_offset)
         return before, lg.log_start_offset
 
-    def active_producers(self, topic: str, partition: int) -> list[tuple[int, int, int, int]]:
+    def active_producers(self, topic: str, partition: int) -> list[tuple[int, int, int, int, int, int]]:
         """The idempotent producers a replica of this broker tracks (Log.active_producers): the leader's, or a
         follower's as far as it has copied (Kafka answers DescribeProducers on any replica, for its --broker-id)."""
         p = self._partitions.get((topic, partition))

@@ -1112,9 +1112,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 if isinstance(got, errors.BrookError):
                     self._partition_error(out, got)
                     continue
-                for pid, epoch, last_seq, last_ts in got:
+                for pid, epoch, last_seq, last_ts, coordinator_epoch, txn_start in got:
                     out.producers.add(producer_id=pid, producer_epoch=epoch, last_sequence=last_seq,
-                                      last_timestamp=last_ts)
+                                      last_timestamp=last_ts, coordinator_epoch=coordinator_epoch,
+                                      current_txn_start_offset=txn_start)
             return resp
         return await self._io(read)
 

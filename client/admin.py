@@ -202,6 +202,8 @@ class ProducerState:
     producer_epoch: int
     last_sequence: int  # -1: none yet
     last_timestamp: int  # ms, the last batch's max timestamp; -1 unknown
+    coordinator_epoch: int = -1  # of the last transaction marker it had; -1 none
+    current_txn_start_offset: int = -1  # first offset of its ongoing transaction; -1 none
 
 
 @dataclass(frozen=True)
@@ -721,7 +723,8 @@ class Admin:
                 broker_pb2.DescribeProducersPartition(topic=tp.topic, partition=tp.partition) for tp in tps])
             return self.cluster.broker_stub(leader).DescribeProducers(request, timeout=remaining_s).partitions
         found = self._on_leaders("DescribeProducers", wanted, send, lambda r: [
-            ProducerState(p.producer_id, p.producer_epoch, p.last_sequence, p.last_timestamp) for p in r.producers],
+            ProducerState(p.producer_id, p.producer_epoch, p.last_sequence, p.last_timestamp, p.coordinator_epoch,
+                          p.current_txn_start_offset) for p in r.producers],
             [], timeout_ms)
         return {tp: value if err is None else err for tp, (value, err) in found.items()}
 

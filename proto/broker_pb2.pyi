@@ -470,16 +470,20 @@ class DescribeProducersRequest(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[DescribeProducersPartition, _Mapping]]] = ...) -> None: ...
 
 class ActiveProducer(_message.Message):
-    __slots__ = ("producer_id", "producer_epoch", "last_sequence", "last_timestamp")
+    __slots__ = ("producer_id", "producer_epoch", "last_sequence", "last_timestamp", "coordinator_epoch", "current_txn_start_offset")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     LAST_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_TXN_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     producer_epoch: int
     last_sequence: int
     last_timestamp: int
-    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., last_sequence: _Optional[int] = ..., last_timestamp: _Optional[int] = ...) -> None: ...
+    coordinator_epoch: int
+    current_txn_start_offset: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., last_sequence: _Optional[int] = ..., last_timestamp: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ..., current_txn_start_offset: _Optional[int] = ...) -> None: ...
 
 class DescribeProducersPartitionResult(_message.Message):
     __slots__ = ("topic", "partition", "error_code", "error_message", "producers", "current_leader")

@@ -736,7 +736,7 @@ class Log:
         with self._lock:
             return self.producer_state.remove_expired(now_ms, expiration_ms)
 
-    def active_producers(self) -> list[tuple[int, int, int, int]]:
+    def active_producers(self) -> list[tuple[int, int, int, int, int, int]]:
         """``ProducerStateManager.active``, read under the log's lock."""
         with self._lock:
             return self.producer_state.active()

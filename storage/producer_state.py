@@ -256,10 +256,12 @@ class ProducerStateManager:
     def entry(self, producer_id: int) -> ProducerEntry | None:
         return self._producers.get(producer_id)
 
-    def active(self) -> list[tuple[int, int, int, int]]:
-        """(producer id, epoch, last sequence, last timestamp) of each tracked producer, by id: what
-        Kafka's DescribeProducers lists (the ongoing transactions' first offsets: ``ongoing``)."""
-        return [(pid, e.epoch, e.last_seq, e.last_timestamp) for pid, e in sorted(self._producers.items())]
+    def active(self) -> list[tuple[int, int, int, int, int, int]]:
+        """(producer id, epoch, last sequence, last timestamp, coordinator epoch of its last marker or -1, first
+        offset of its ongoing transaction or -1) of each tracked producer, by id: what Kafka's DescribeProducers
+        lists."""
+        return [(pid, e.epoch, e.last_seq, e.last_timestamp, e.coordinator_epoch, max(e.txn_first_offset, -1))
+                for pid, e in sorted(self._producers.items())]
 
     # -- transactions: reads ------------------------------------------------------------
     def ongoing(self) -> dict[int, int]:

@@ -1226,7 +1226,8 @@ def _producers_answer(r: broker_pb2.DescribeProducersPartitionResult) -> dict[st
     return {"partition_index": r.partition, "error_code": r.error_code, "error_message": r.error_message or None,
             "active_producers": [{"producer_id": p.producer_id, "producer_epoch": p.producer_epoch,
                                   "last_sequence": p.last_sequence, "last_timestamp": p.last_timestamp,
-                                  "coordinator_epoch": -1, "current_txn_start_offset": -1} for p in r.producers]}
+                                  "coordinator_epoch": p.coordinator_epoch,
+                                  "current_txn_start_offset": p.current_txn_start_offset} for p in r.producers]}
 
 
 def _topic_error(name: str, code: int, message: str, *, altering: bool = False) -> tuple[int, str]:

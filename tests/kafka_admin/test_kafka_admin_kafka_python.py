@@ -312,6 +312,7 @@ def test_transactions_listed_and_described(kcluster: Any, kp_admin: Any, conflue
     pattern (v2, KIP-1152); described with its partitions. Once it is aborted it is listed CompleteAbort."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import NewTopic
+    from kafka import TopicPartition as KafkaTopicPartition
     from kafka_raw import kafka_ask
 
     for f in confluent_admin.create_topics([NewTopic(topic_name, 2, 1)], request_timeout=T).values():
@@ -342,6 +343,11 @@ def test_transactions_listed_and_described(kcluster: Any, kp_admin: Any, conflue
         described = kp_admin.describe_transactions([tid])[tid]
         assert {(tp.topic, tp.partition) for tp in described.topic_partitions} == {(topic_name, 1)}, described
         assert described.producer_id == entry.producer_id
+        # the partition's leader: the producer, where its open transaction began, and no marker yet
+        [state] = kp_admin.describe_producers([KafkaTopicPartition(topic_name, 1)])[
+            KafkaTopicPartition(topic_name, 1)].active_producers
+        assert (state.producer_id, state.current_transaction_start_offset, state.coordinator_epoch) == \
+            (entry.producer_id, 0, -1), state
         unknown = kafka_ask(kcluster, coordinator, 65, 0, {"transactional_ids": ["never-" + topic_name]})
         # an id this broker does not coordinate, or that it never saw: answered (the fuzzer found this answer's
         # start time of -1 made the encoder fail, and the connection close)
@@ -354,6 +360,12 @@ def test_transactions_listed_and_described(kcluster: Any, kp_admin: Any, conflue
     wait_for(lambda: [str(getattr(t.state, "value", t.state)) for t in kp_admin.list_transactions(
         broker_ids=[coordinator])[coordinator] if t.transactional_id == tid] == ["CompleteAbort"], T, "the abort")
     assert tid not in {t.transactional_id for t in kp_admin.find_hanging_transactions()}
+
+    def after_abort() -> tuple[int, bool]:
+        [state] = kp_admin.describe_producers([KafkaTopicPartition(topic_name, 1)])[
+            KafkaTopicPartition(topic_name, 1)].active_producers
+        return state.current_transaction_start_offset, state.coordinator_epoch >= 0
+    wait_for(lambda: after_abort() == (-1, True), T, lambda: f"the ABORT marker in the producer state: {after_abort()}")
 
 
 def test_config_resources_listed_as_kafka_4_1_lists_them(kcluster: Any, kp_admin: Any, confluent_admin: Any,

@@ -791,6 +791,7 @@ def test_topic_producers_lists_each_partitions_idempotent_producer(split_cluster
     assert s0["producer_id"] == s1["producer_id"] >= 0 and s0["producer_epoch"] == s1["producer_epoch"] >= 0
     assert (s0["last_sequence"], s1["last_sequence"]) == (24, 24), parts
     assert s0["last_timestamp"] > time.time() * 1000 - 600_000
+    assert (s0["coordinator_epoch"], s0["current_txn_start_offset"]) == (-1, -1), s0  # not transactional
     code, out, err = brook("topic", "producers", topic, "--partition", "1")
     assert code == 0 and str(s1["producer_id"]) in out and "LAST SEQUENCE" in out, (out, err)
     code, out, err = brook("topic", "producers", topic, "--partition", "7")
