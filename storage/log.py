@@ -876,8 +876,9 @@ class Log:
         Refused, nothing written, when its producer epoch is older than the producer's (InvalidProducerEpochError)
         or its coordinator epoch older than the last marker's (TransactionCoordinatorFencedError). A marker for a
         producer with no ongoing transaction is written and completes nothing: the coordinator retries markers.
-        Followers and recovery apply markers without these checks."""
-        if producer_id < 0 or not 0 <= producer_epoch <= _INT16_MAX or not 0 <= coordinator_epoch < 2**31:
+        A coordinator epoch of -1 is an operator's (kafka-transactions abort, for a producer whose last marker, if
+        any, said -1 too), as Kafka takes it. Followers and recovery apply markers without these checks."""
+        if producer_id < 0 or not 0 <= producer_epoch <= _INT16_MAX or not -1 <= coordinator_epoch < 2**31:
             raise errors.InvalidRequestError(
                 f"marker for producer {producer_id} epoch {producer_epoch}, coordinator epoch {coordinator_epoch}: "
                 "out of range")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import datetime
+import logging
 from collections import defaultdict
 from typing import Any
 
@@ -41,10 +42,13 @@ from broker.txn_state import (
     error_for_version,
 )
 from client.types import TopicPartition
+from proto.common_pb2 import ErrorCode
 
 ADD_PARTITIONS_TO_TXN, END_TXN = API_ADD_PARTITIONS_TO_TXN, API_END_TXN
 ADD_OFFSETS_TO_TXN, TXN_OFFSET_COMMIT = API_ADD_OFFSETS_TO_TXN, 28
 DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
+WRITE_TXN_MARKERS = 27
+log = logging.getLogger(__name__)
 SUPPORTED: dict[int, tuple[int, int]] = {
     ADD_PARTITIONS_TO_TXN: (0, 3),  # v4+: Kafka's broker-to-broker verification, not for clients
     ADD_OFFSETS_TO_TXN: (0, 3),  # v4: TRANSACTION_ABORTABLE (KIP-890): not served
@@ -52,7 +56,13 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     TXN_OFFSET_COMMIT: (0, 3),  # v3: the member's id and generation (KIP-447)
     DESCRIBE_TRANSACTIONS: (0, 0),
     LIST_TRANSACTIONS: (0, 2),  # v1: a duration filter (KIP-994), v2: a transactional id pattern (KIP-1152)
+    # From an operator's Admin.abortTransaction (kafka-transactions abort); brokers use gRPC. Kafka 4 serves 1-2 (v0
+    # went with KIP-896); a v2 marker of transaction version 2 (KIP-890 part 2) is refused.
+    WRITE_TXN_MARKERS: (1, 2),
 }
+CLUSTER_AUTHORIZATION_FAILED = 31
+MARKER_PARTITIONS_MAX = 1_000  # partitions one WriteTxnMarkers request may name, all markers together
+MARKER_TIMEOUT_MS = 30_000  # how long each marker waits for the in-sync replicas
 GROUP_AUTHORIZATION_FAILED = 30
 # The transaction coordinator's verification of a TxnOffsetCommit's partition, as the client is told it: a
 # coordinator that cannot answer now is retried.
@@ -82,7 +92,8 @@ class TxnApis:
     def handlers(self) -> dict[int, Handler]:
         return {ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn, END_TXN: self.end_txn,
                 ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn, TXN_OFFSET_COMMIT: self.txn_offset_commit,
-                DESCRIBE_TRANSACTIONS: self.describe_transactions, LIST_TRANSACTIONS: self.list_transactions}
+                DESCRIBE_TRANSACTIONS: self.describe_transactions, LIST_TRANSACTIONS: self.list_transactions,
+                WRITE_TXN_MARKERS: self.write_txn_markers}
 
     @property
     def txn(self) -> Any:
@@ -171,6 +182,47 @@ class TxnApis:
                                                            bool(body.committed)))
             code = error_for_version(code, API_END_TXN, req.api_version)
         return codec.response(req.api_key, req.api_version, {"throttle_time": 0, "error_code": code})
+
+    # ---- WriteTxnMarkers v0-1 (an operator's abort of a hanging transaction) ----
+    async def write_txn_markers(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
+        """Kafka's WriteTxnMarkers, for CLUSTER_ACTION on the cluster (Kafka's rule): each marker appended to each
+        partition this broker leads, as the transaction coordinator's are (acks=all, the producer and coordinator
+        epochs checked, ``__consumer_offsets`` told). What ``kafka-transactions abort`` sends to end a transaction
+        no coordinator will: its partition's last stable offset, and every read_committed reader, stay there
+        otherwise. A transaction its coordinator still runs is aborted on that partition all the same (the
+        coordinator's marker later completes nothing), as in Kafka: the tool is for hanging ones.
+
+        A request naming more than ``MARKER_PARTITIONS_MAX`` partitions is answered INVALID_REQUEST whole, nothing
+        written, and so is a marker of transaction version 2 (KIP-890 part 2, not served); the markers go one at a
+        time, each on a thread of the transaction pool."""
+        body = req.body
+        who = ctx.brook_authentication.principal
+        wanted = [(m, [(t.name, int(p)) for t in m.topics for p in t.partition_indexes]) for m in body.markers]
+        allowed = self.broker.service.authz.authorize(who, authz.CLUSTER_ACTION, authz.CLUSTER)
+        total = sum(len(keys) for _m, keys in wanted)
+        refused = None if allowed else CLUSTER_AUTHORIZATION_FAILED
+        if refused is None and total > MARKER_PARTITIONS_MAX:
+            refused = ErrorCode.INVALID_REQUEST
+        rm = self.broker.service.rm
+        answers = []
+        for marker, keys in wanted:
+            pid, epoch = int(marker.producer_id), int(marker.producer_epoch)
+            commit, coordinator_epoch = bool(marker.transaction_result), int(marker.coordinator_epoch)
+            if refused is None and int(_get(marker, "transaction_version", 0)) >= 2:
+                codes = dict.fromkeys(keys, ErrorCode.INVALID_REQUEST)  # Brook's transactions are version 1
+            elif refused is None:
+                codes = await self.run(lambda pid=pid, epoch=epoch, commit=commit, ce=coordinator_epoch, keys=keys:
+                                       rm.write_markers(pid, epoch, commit, ce, keys, MARKER_TIMEOUT_MS))
+                log.warning("%s wrote %s markers of producer %d epoch %d (coordinator epoch %d) to %s: %s",
+                            who, "COMMIT" if commit else "ABORT", pid, epoch, coordinator_epoch,
+                            ", ".join(f"{t}-{p}" for t, p in keys[:20]), dict(list(codes.items())[:20]) or "written")
+            else:
+                codes = dict.fromkeys(keys, refused)
+            by_topic: dict[str, list[dict[str, int]]] = defaultdict(list)
+            for key in dict.fromkeys(keys):
+                by_topic[key[0]].append({"partition_index": key[1], "error_code": int(codes.get(key, 0))})
+            answers.append({"producer_id": pid, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]})
+        return codec.response(req.api_key, req.api_version, {"markers": answers})
 
     # ---- AddOffsetsToTxn v0-3 ----
     async def add_offsets_to_txn(self, req: codec.Request, ctx: KafkaCallContext) -> Any:

@@ -319,6 +319,10 @@ def kafka_seeds() -> dict[str, bytes]:
                                          {"partition_index": 0, "committed_offset": 1, "committed_leader_epoch": -1,
                                           "committed_metadata": "m"}]}]},
         txn_apis.DESCRIBE_TRANSACTIONS: {"transactional_ids": ["tx", "nope"]},
+        txn_apis.WRITE_TXN_MARKERS: {"markers": [{"producer_id": 0, "producer_epoch": 0, "transaction_result": False,
+                                                  "coordinator_epoch": -1, "topics": [
+                                                      {"name": "t", "partition_indexes": [0, 1]},
+                                                      {"name": "nope", "partition_indexes": [0]}]}]},
         txn_apis.LIST_TRANSACTIONS: {"state_filters": ["Ongoing", "Bogus"], "producer_id_filters": [0],
                                      "duration_filter": -1, "transactional_id_pattern": "t.*"},
         apis.OFFSET_FOR_LEADER_EPOCH: {"replica_id": -1, "topics": [{"topic": "t", "partitions": [

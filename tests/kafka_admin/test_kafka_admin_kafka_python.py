@@ -368,6 +368,82 @@ def test_transactions_listed_and_described(kcluster: Any, kp_admin: Any, conflue
     wait_for(lambda: after_abort() == (-1, True), T, lambda: f"the ABORT marker in the producer state: {after_abort()}")
 
 
+def test_an_operator_aborts_an_open_transaction_and_read_committed_readers_go_on(
+        kcluster: Any, kp_admin: Any, confluent_admin: Any, topic_name: str) -> None:
+    """kafka-python's abort_transaction (what ``kafka-transactions abort`` sends: WriteTxnMarkers to the partition's
+    leader, which needs CLUSTER_ACTION on the cluster). The remedy for a transaction no coordinator will end: its
+    partition's last stable offset, and every read_committed reader, would stay at its first offset. Without
+    CLUSTER_ACTION nothing is written; with it the ABORT marker frees the partition, and the transaction's records
+    are never read committed, even once its producer commits (the coordinator's marker completes nothing)."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import NewTopic
+    from kafka import TopicPartition as KafkaTopicPartition
+    from kafka.admin import AbortTransactionSpec
+    from kafka_raw import kafka_ask
+
+    for f in confluent_admin.create_topics([NewTopic(topic_name, 1, 3)], request_timeout=T).values():
+        f.result(T)
+    _wait_known_everywhere(kcluster, {topic_name: 1})
+    tp = KafkaTopicPartition(topic_name, 0)
+    p = Producer({**kcluster.kafka_client_config("admin"), "transactional.id": "ab-" + topic_name})
+    p.init_transactions(T)
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(topic_name, b"in-txn-%d" % i, partition=0)
+    p.flush(T)
+    plain = Producer({**kcluster.kafka_client_config("admin"), "enable.idempotence": True})
+    plain.produce(topic_name, b"after", partition=0)
+    assert plain.flush(T) == 0
+    def txn_producer() -> Any:  # the transactional producer's state (the other is the idempotent one)
+        states = kp_admin.describe_producers([tp])[tp].active_producers
+        return next(s for s in states if s.producer_id != plain_pid)
+    plain_pid = next(s.producer_id for s in kp_admin.describe_producers([tp])[tp].active_producers
+                     if s.current_transaction_start_offset == -1)
+    state = txn_producer()
+    assert state.current_transaction_start_offset == 0, state
+    leader = confluent_admin.list_topics(topic_name, timeout=T).topics[topic_name].partitions[0].leader
+
+    def stable() -> int:
+        got = kafka_ask(kcluster, leader, 2, 2, {"replica_id": -1, "isolation_level": 1, "topics": [
+            {"name": topic_name, "partitions": [{"partition_index": 0, "timestamp": -1}]}]})
+        return int(got.topics[0].partitions[0].offset)
+    assert stable() == 0  # held at the open transaction
+    marker = {"producer_id": state.producer_id, "producer_epoch": state.producer_epoch, "transaction_result": False,
+              "coordinator_epoch": state.coordinator_epoch, "topics": [{"name": topic_name, "partition_indexes": [0]}]}
+    denied = kafka_ask(kcluster, leader, 27, 1, {"markers": [marker]}, name="demo")
+    assert [int(q.error_code) for m in denied.markers for t in m.topics for q in t.partitions] == [31], denied
+    too_many = kafka_ask(kcluster, leader, 27, 1, {"markers": [
+        {**marker, "topics": [{"name": topic_name, "partition_indexes": list(range(1001))}]}]})
+    assert {int(q.error_code) for m in too_many.markers for t in m.topics for q in t.partitions} == {42}
+    version2 = kafka_ask(kcluster, leader, 27, 2, {"markers": [{**marker, "transaction_version": 2}]})
+    assert [int(q.error_code) for m in version2.markers for t in m.topics for q in t.partitions] == [42], version2
+    assert stable() == 0 and txn_producer() == state
+
+    kp_admin.abort_transaction(AbortTransactionSpec(tp, state.producer_id, state.producer_epoch,
+                                                    state.coordinator_epoch))
+    wait_for(lambda: stable() == 5, T, lambda: f"the last stable offset past the abort: {stable()}")  # 3, marker, 1
+    after = txn_producer()
+    assert after.current_transaction_start_offset == -1, after
+    p.commit_transaction(T)  # its coordinator's COMMIT marker completes nothing on this partition
+    end = wait_for(lambda: stable() == 6 and 6, T, lambda: f"the coordinator's marker: {stable()}")
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as RdTopicPartition
+
+    c = Consumer({**kcluster.kafka_client_config("admin"), "group.id": "ab-" + topic_name,
+                  "isolation.level": "read_committed", "enable.auto.commit": False})
+    try:
+        c.assign([RdTopicPartition(topic_name, 0, 0)])
+        values: list[bytes] = []
+
+        def read_to_end() -> bool:
+            values.extend(m.value() for m in c.consume(10, 0.2) if not m.error())
+            return c.position([RdTopicPartition(topic_name, 0)])[0].offset >= end
+        wait_for(read_to_end, T, lambda: f"read_committed to offset {end}: {values}")
+        assert values == [b"after"], values
+    finally:
+        c.close()
+
+
 def test_config_resources_listed_as_kafka_4_1_lists_them(kcluster: Any, kp_admin: Any, confluent_admin: Any,
                                                          topic_name: str) -> None:
     """ListConfigResources v1 (KIP-1142), which kafka-python's list_config_resources and Kafka 4.1's ``kafka-configs
