@@ -604,11 +604,32 @@ class ReplicaManager:
                       partitions: Iterable[tuple[str, int]], timeout_ms: int) -> dict[tuple[str, int], int]:
         """Kafka's WriteTxnMarkers on this broker: a COMMIT or ABORT marker of the producer's transaction appended
         as leader to each partition, each answered once the in-sync replicas have it (acks=all, as Kafka writes
-        markers) or with its error. Blocking (the marker sender's thread, or a worker of the RPC).
+        markers) or with its error. Blocking (the marker senders of a coordinator on this broker); the RPC appends
+        with ``append_markers`` and waits on its event loop.
 
         ``on_marker`` listeners (the group coordinator, for ``__consumer_offsets``: a transaction's offsets become
         visible or go) are told of each marker written. The coordinator epoch is the transaction coordinator's
         partition leader epoch: the log refuses markers of a coordinator older than the last one it saw."""
+        codes, waits, deadline = self.append_markers(producer_id, producer_epoch, commit, coordinator_epoch,
+                                                     partitions, timeout_ms)
+        for key, fut in waits.items():
+            try:
+                fut.result(timeout=max(0.0, deadline - time.monotonic()) + 1)
+                codes[key] = ErrorCode.NONE
+            except errors.BrookError as e:
+                codes[key] = e.code
+            except concurrent.futures.TimeoutError:
+                codes[key] = ErrorCode.REQUEST_TIMED_OUT
+        return codes
+
+    def append_markers(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
+                       partitions: Iterable[tuple[str, int]], timeout_ms: int
+                       ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], concurrent.futures.Future], float]:
+        """The appends of ``write_markers``, without its wait: (error code of each partition refused, the future of
+        each marker written, completed once the in-sync replicas have it or failed with its error, and the
+        monotonic deadline it is watched until). A waiting WriteTxnMarkers held a replication thread: with the
+        four of them waiting, no follower's fetch answer that needed one was put together, so no high watermark
+        moved and every wait ran to its timeout (seen with 32 transactional producers)."""
         codes: dict[tuple[str, int], int] = {}
         waits: dict[tuple[str, int], concurrent.futures.Future] = {}
         deadline = time.monotonic() + min(max(0, timeout_ms), MAX_PRODUCE_TIMEOUT_MS) / 1000
@@ -637,15 +658,7 @@ class ReplicaManager:
             result = AppendResult(topic, index, info.first_offset, info.last_offset, -1, p.log.log_start_offset)
             self.produce_purgatory.watch(DelayedProduce(p, epoch, result, fut, deadline, self._lease_valid), [p.key])
             waits[key] = fut
-        for key, fut in waits.items():
-            try:
-                fut.result(timeout=max(0.0, deadline - time.monotonic()) + 1)
-                codes[key] = ErrorCode.NONE
-            except errors.BrookError as e:
-                codes[key] = e.code
-            except concurrent.futures.TimeoutError:
-                codes[key] = ErrorCode.REQUEST_TIMED_OUT
-        return codes
+        return codes, waits, deadline
 
     # ---- lookup helpers ----
     def _current_leader(self, topic: str, partition: int) -> common_pb2.LeaderIdAndEpoch:

@@ -1128,9 +1128,24 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         if not principal.is_node_caller(context):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "WriteTxnMarkers is for brokers only")
         keys = [(p.topic, p.partition) for p in request.partitions]
-        codes = await self._replication_io(lambda: self.rm.write_markers(
+        # Appended on a replication thread (log locks), waited for here: a thread held through the acks=all wait
+        # was one no follower's fetch answer could use (ReplicaManager.append_markers).
+        codes, waits, deadline = await self._replication_io(lambda: self.rm.append_markers(
             request.producer_id, request.producer_epoch, request.commit, request.coordinator_epoch, keys,
             request.timeout_ms))
+        if waits:
+            pending = {key: on_loop(fut) for key, fut in waits.items()}
+            await asyncio.wait(pending.values(), timeout=max(0.0, deadline - time.monotonic()) + 1)
+            for key, fut in pending.items():
+                if not fut.done():
+                    fut.cancel()
+                    codes[key] = ErrorCode.REQUEST_TIMED_OUT
+                elif isinstance(fut.exception(), errors.BrookError):
+                    codes[key] = fut.exception().code
+                elif fut.exception() is not None:
+                    codes[key] = ErrorCode.UNKNOWN_SERVER_ERROR
+                else:
+                    codes[key] = ErrorCode.NONE
         resp = broker_pb2.WriteTxnMarkersResponse()
         for topic, index in keys:
             resp.partitions.add(topic=topic, partition=index, error_code=codes.get((topic, index), 0))
