@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv wheel test test-fast demo proto lint soak fuzz sim chaos chaos-txn bench bench-storage bench-codec bench-metadata bench-client bench-spark bench-peer clean
+.PHONY: venv wheel test test-fast demo proto lint soak fuzz sim chaos chaos-txn bench bench-storage bench-codec bench-metadata bench-client bench-txn bench-spark bench-peer clean
 
 venv: $(STAMP)
 
@@ -89,12 +89,16 @@ bench-client: venv
 bench-spark: venv
 	$(PY) -m spark_source.bench
 
+## Transactions a second a local 3-node cluster commits (librdkafka transactional producers), commit latency.
+bench-txn: venv
+	$(PY) -m deploy.local.txn_bench
+
 ## Brook next to NATS JetStream (3 servers, R3 file stream; nats-server from apt), same records, one run.
 bench-peer: venv
 	$(PY) -m deploy.local.peer_bench
 
 ## Every benchmark, one after the other.
-bench: bench-codec bench-storage bench-metadata bench-client bench-spark bench-peer
+bench: bench-codec bench-storage bench-metadata bench-client bench-txn bench-spark bench-peer
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -17,7 +17,10 @@ do:
   written to every partition it touched, on each partition's leader (``write_markers``: this broker's
   replica manager, or another broker's WriteTxnMarkers), retried until every one is written or the
   coordinator moved; then CompleteCommit/CompleteAbort is written. The markers carry the partition's
-  leader epoch as the coordinator epoch, so a deposed coordinator's late markers are refused by the logs;
+  leader epoch as the coordinator epoch, so a deposed coordinator's late markers are refused by the logs.
+  Each partition leader has its own senders (``MARKER_LANE_THREADS``), as Kafka's
+  TransactionMarkerChannelManager has a queue per broker: a leader that does not answer (frozen, or cut
+  off) holds only the transactions that touched it, and transactions complete concurrently;
 - **timers**: an Ongoing transaction older than its timeout is aborted with the producer's epoch bumped
   (the producer is fenced), every ``transaction.abort.timed.out.transaction.cleanup.interval.ms``; idle
   transactional ids go after ``transactional.id.expiration.ms``.
@@ -28,6 +31,7 @@ The request methods block (a log write and its replication): callers run them on
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import heapq
 import logging
 import threading
@@ -52,6 +56,12 @@ LOAD_READ_BYTES = 4 * 1024 * 1024
 LOAD_BATCHES_MAX = 10_000_000
 MARKER_RETRY_S = 0.2  # a marker that could not be written is tried again after this, doubling to the cap
 MARKER_RETRY_MAX_S = 5.0
+# Marker requests in flight to one partition leader at once. They were all written by one thread, one
+# transaction after another: a frozen leader held every transaction of the coordinator, a request timeout (5 s)
+# per transaction and attempt, and a coordinator completed about as many transactions a second as one thread
+# could wait out acks=all round trips for.
+MARKER_LANE_THREADS = 4
+COMPLETE_THREADS = 4  # CompleteCommit/CompleteAbort records being written at once (acks=all each)
 TICK_S = 0.5
 
 
@@ -141,6 +151,8 @@ class TransactionCoordinator:
         self._deliveries: list[tuple[float, int, _Delivery]] = []
         self._seq = 0
         self._threads: list[threading.Thread] = []
+        self._lanes: dict[int, concurrent.futures.ThreadPoolExecutor] = {}  # partition leader -> its senders
+        self._completer = concurrent.futures.ThreadPoolExecutor(COMPLETE_THREADS, thread_name_prefix="txn-complete")
         self.topic = InternalTopic(
             TOPIC, metadata_cache, replica_manager, partitions=config.num_partitions,
             replication_factor=config.replication_factor, partitions_key="transaction.state.log.num.partitions",
@@ -164,6 +176,10 @@ class TransactionCoordinator:
         for t in self._threads:
             t.join(timeout=5)
         self._loader.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            pools = [*self._lanes.values(), self._completer]
+        for pool in pools:  # a sender waiting on a leader ends with its request's timeout
+            pool.shutdown(wait=False, cancel_futures=True)
         if self.calls is not None:
             self.calls.close()
 
@@ -365,6 +381,7 @@ class TransactionCoordinator:
         self._wake.notify_all()
 
     def _run_markers(self) -> None:
+        """Hands each due delivery to the senders of the partition leaders it needs, and never waits on one."""
         while True:
             with self._lock:
                 while not self._stop.is_set():
@@ -378,19 +395,26 @@ class TransactionCoordinator:
                 if not self._owned_at(d.txn_partition, d.coordinator_epoch):
                     continue
             try:
-                self._send(d)
+                self._attempt(d)
             except Exception:  # noqa: BLE001 - the delivery is retried; the thread must go on
                 log.exception("writing the markers of transactional id %r failed", d.markers.transactional_id[:100])
-            if d.left:
-                d.attempts += 1
-                with self._lock:
-                    if self._owned_at(d.txn_partition, d.coordinator_epoch):
-                        self._schedule_locked(d, min(MARKER_RETRY_MAX_S, MARKER_RETRY_S * 2 ** min(d.attempts, 8)))
-                continue
-            self._complete_delivery(d)
+                self._attempted(d)
 
-    def _send(self, d: _Delivery) -> None:
-        """One attempt at every partition still to mark, grouped by leader; ``d.left`` keeps the ones not done."""
+    def _lane(self, leader: int) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            lane = self._lanes.get(leader)
+            if lane is None:
+                if self._stop.is_set():
+                    raise RuntimeError("the coordinator is stopped")
+                lane = concurrent.futures.ThreadPoolExecutor(MARKER_LANE_THREADS,
+                                                             thread_name_prefix=f"txn-markers-{leader}")
+                self._lanes[leader] = lane  # one per broker that leads a partition of a transaction
+            return lane
+
+    def _attempt(self, d: _Delivery) -> None:
+        """One attempt at every partition still to mark: a request to each leader on that leader's senders.
+        When every answer is in, ``d.left`` holds the partitions not done, and ``_attempted`` goes on. At most
+        one attempt of a delivery is under way: the next one is scheduled by this one's end."""
         m = d.markers
         by_leader: dict[int, list[TopicPartition]] = {}
         for tp in sorted(d.left):
@@ -400,21 +424,63 @@ class TransactionCoordinator:
                 continue
             if info.leader >= 0:
                 by_leader.setdefault(info.leader, []).append(tp)
+        if not by_leader:  # every partition done or gone, or none has a leader now
+            self._attempted(d)
+            return
+        answered = threading.Lock()
+        waiting = [len(by_leader)]
+
+        def on_answer(leader: int, tps: list[TopicPartition], fut: concurrent.futures.Future) -> None:
+            try:
+                answers = fut.result()
+            except concurrent.futures.CancelledError:
+                return  # stopped
+            except Exception as exc:  # noqa: BLE001 - an unreachable leader: retried
+                log.info("markers for transactional id %r to broker %d: %s", m.transactional_id[:100], leader, exc)
+                answers = {}
+            with answered:
+                for tp in tps:
+                    code = answers.get(tp, TxnError.UNKNOWN_SERVER_ERROR)
+                    if code in _MARKER_DONE:
+                        d.left.discard(tp)
+                    elif d.attempts in (3, 30):
+                        log.warning("writing the %s marker of transactional id %r to %s-%d: error %d; retrying",
+                                    "COMMIT" if m.commit else "ABORT", m.transactional_id[:100], tp.topic,
+                                    tp.partition, code)
+                waiting[0] -= 1
+                last = waiting[0] == 0
+            if last:
+                self._attempted(d)
+
         for leader, tps in by_leader.items():
             req = MarkerRequest(m.producer_id, m.producer_epoch, m.commit, d.coordinator_epoch, tuple(tps))
             try:
-                answers = self._write_markers(leader, req)
-            except Exception as exc:  # noqa: BLE001 - an unreachable leader: retried
-                log.info("markers for transactional id %r to broker %d: %s", m.transactional_id[:100], leader, exc)
-                continue
-            for tp in tps:
-                code = answers.get(tp, TxnError.UNKNOWN_SERVER_ERROR)
-                if code in _MARKER_DONE:
-                    d.left.discard(tp)
-                elif d.attempts in (3, 30):
-                    log.warning("writing the %s marker of transactional id %r to %s-%d: error %d; retrying",
-                                "COMMIT" if m.commit else "ABORT", m.transactional_id[:100], tp.topic, tp.partition,
-                                code)
+                fut = self._lane(leader).submit(self._write_markers, leader, req)
+            except RuntimeError:
+                return  # stopped
+            fut.add_done_callback(functools.partial(on_answer, leader, tps))
+
+    def _attempted(self, d: _Delivery) -> None:
+        """An attempt ended: try again later what is left, or write the transaction's Complete* record."""
+        if d.left:
+            d.attempts += 1
+            with self._lock:
+                if self._owned_at(d.txn_partition, d.coordinator_epoch):
+                    self._schedule_locked(d, min(MARKER_RETRY_MAX_S, MARKER_RETRY_S * 2 ** min(d.attempts, 8)))
+            return
+        try:
+            self._completer.submit(self._complete_logged, d)
+        except RuntimeError:
+            pass  # stopped: the next coordinator finds the transaction in Prepare* and writes it
+
+    def _complete_logged(self, d: _Delivery) -> None:
+        try:
+            self._complete_delivery(d)
+        except Exception:  # noqa: BLE001 - retried after a while, as a failed write is
+            log.exception("completing transactional id %r failed", d.markers.transactional_id[:100])
+            with self._lock:
+                if self._owned_at(d.txn_partition, d.coordinator_epoch):
+                    self._schedule_locked(d, MARKER_RETRY_MAX_S)
 
     def _complete_delivery(self, d: _Delivery) -> None:
         m = d.markers

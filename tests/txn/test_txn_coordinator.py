@@ -5,6 +5,7 @@ the markers' effect is the last stable offset read_committed consumers stop at."
 
 from __future__ import annotations
 
+import threading
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,3 +142,64 @@ def test_a_coordinator_that_lost_the_partition_answers_not_coordinator(disk: Dis
         assert c.init_producer_id("other", 60_000)[0] == TxnError.NOT_COORDINATOR
     finally:
         c.stop()
+
+
+OTHER = TopicPartition("u", 0)
+
+
+class TwoLeaders(Disk):
+    """``t-0`` led by broker 1, which can be frozen (a marker request to it waits until thawed), and ``u-0`` by
+    broker 2."""
+
+    def __init__(self, path: Path) -> None:
+        LeaderLogs.__init__(self, path, (rec.TRANSACTION_STATE_TOPIC, 0), (DATA.topic, 0), (OTHER.topic, 0))
+        self.data, self.other = self.log(DATA.topic, 0), self.log(OTHER.topic, 0)
+        self.markers_down = False
+        self.thawed = threading.Event()
+        self.frozen_requests = 0
+
+    def write_markers(self, leader: int, req: MarkerRequest) -> dict[TopicPartition, int]:
+        if leader == 1 and not self.thawed.is_set():
+            self.frozen_requests += 1
+            self.thawed.wait(30)
+        for tp in req.partitions:
+            lg = self.data if tp == DATA else self.other
+            lg.append_marker_as_leader(req.producer_id, req.producer_epoch, req.commit, req.coordinator_epoch, 0)
+            lg.update_high_watermark(lg.log_end_offset)
+        return dict.fromkeys(req.partitions, 0)
+
+
+class TwoLeadersCache:
+    def partition(self, topic: str, partition: int) -> Any:
+        return types.SimpleNamespace(leader={DATA: 1, OTHER: 2}[TopicPartition(topic, partition)])
+
+
+def test_a_frozen_partition_leader_holds_only_the_transactions_that_touched_it(tmp_path: Path) -> None:
+    """Markers went out from one thread, a transaction at a time: a leader that did not answer (frozen: each
+    request waited out its 5 s timeout) held every transaction of the coordinator, those of partitions led
+    elsewhere too. Each leader has its own senders now."""
+    disk = TwoLeaders(tmp_path / "data")
+    c = TransactionCoordinator(node_id=1, replica_manager=disk, metadata_cache=TwoLeadersCache(),
+                               config=TxnConfig(num_partitions=1), new_producer_id=lambda: next(IDS),
+                               write_markers=disk.write_markers, clock_ms=lambda: NOW[0])
+    c.start()
+    try:
+        c.on_leadership_change(rec.TRANSACTION_STATE_TOPIC, 0, True, 1)
+        wait_for(lambda: not c.state.is_loading(0), what="the load of __transaction_state-0")
+        producers = {}
+        for tid, tp in (("stuck", DATA), *((f"free-{i}", OTHER) for i in range(5))):
+            code, pid, epoch = c.init_producer_id(tid, 60_000)
+            assert code == TxnError.NONE and c.add_partitions(tid, pid, epoch, [tp]) == TxnError.NONE
+            producers[tid] = (pid, epoch)
+        for tid, (pid, epoch) in producers.items():  # the stuck one first
+            assert c.end_txn(tid, pid, epoch, commit=True) == TxnError.NONE
+        wait_for(lambda: all(c.describe(f"free-{i}").state == TransactionState.COMPLETE_COMMIT for i in range(5)),
+                 10, lambda: f"the transactions of u-0 to complete: {[c.describe(f'free-{i}') for i in range(5)]}")
+        assert c.describe("stuck").state == TransactionState.PREPARE_COMMIT and disk.frozen_requests == 1
+        assert disk.other.last_stable_offset == disk.other.log_end_offset == 5  # five COMMIT markers
+        disk.thawed.set()
+        wait_for(lambda: c.describe("stuck").state == TransactionState.COMPLETE_COMMIT, 10, "the stuck commit")
+    finally:
+        disk.thawed.set()
+        c.stop()
+        disk.close()
