@@ -65,10 +65,10 @@ class Writer(threading.Thread):
         self.conf, self.per_txn = conf, per_txn
         self.status: dict[int, str] = {}
         self.commits: list[float] = []
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
         self.join(300)
 
     def _producer(self) -> Any:
@@ -81,7 +81,7 @@ class Writer(threading.Thread):
                 return p
             except KafkaException as exc:
                 print(f"init_transactions failed, again: {exc}", flush=True)
-                if self._stop.wait(1):
+                if self._stopping.wait(1):
                     raise
 
     def run(self) -> None:
@@ -89,7 +89,7 @@ class Writer(threading.Thread):
 
         p = self._producer()
         i = 0
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             i += 1
             try:
                 p.begin_transaction()
