@@ -62,6 +62,7 @@ MARKER_RETRY_MAX_S = 5.0
 # could wait out acks=all round trips for.
 MARKER_LANE_THREADS = 4
 COMPLETE_THREADS = 4  # CompleteCommit/CompleteAbort records being written at once (acks=all each)
+COMPLETION_WAITERS_MAX = 10_000  # requests waiting for a transaction's end (when_completed), all ids together
 TICK_S = 0.5
 
 
@@ -152,6 +153,9 @@ class TransactionCoordinator:
         self._seq = 0
         self._threads: list[threading.Thread] = []
         self._lanes: dict[int, concurrent.futures.ThreadPoolExecutor] = {}  # partition leader -> its senders
+        # transactional id -> callbacks of requests waiting for its transaction in Prepare* to end (when_completed)
+        self._completion_waiters: dict[str, list[Callable[[], None]]] = {}
+        self._waiting = 0
         self._completer = concurrent.futures.ThreadPoolExecutor(COMPLETE_THREADS, thread_name_prefix="txn-complete")
         self.topic = InternalTopic(
             TOPIC, metadata_cache, replica_manager, partitions=config.num_partitions,
@@ -176,6 +180,7 @@ class TransactionCoordinator:
         for t in self._threads:
             t.join(timeout=5)
         self._loader.shutdown(wait=False, cancel_futures=True)
+        self._release_waiters(None)
         with self._lock:
             pools = [*self._lanes.values(), self._completer]
         for pool in pools:  # a sender waiting on a leader ends with its request's timeout
@@ -200,7 +205,9 @@ class TransactionCoordinator:
                 self.state.unload(partition)
                 self._drop_deliveries_locked(partition)
                 log.info("unloaded transactions of %s-%d", TOPIC, partition)
-                return
+        self._release_waiters(partition)  # they ask again: NOT_COORDINATOR, or COORDINATOR_LOAD_IN_PROGRESS
+        if not is_leader:
+            return
         if self._stop.is_set():
             return
         log.info("loading transactions of %s-%d (leader epoch %d)", TOPIC, partition, leader_epoch)
@@ -498,6 +505,52 @@ class TransactionCoordinator:
             with self._lock:
                 if self._owned_at(d.txn_partition, d.coordinator_epoch):
                     self._schedule_locked(d, MARKER_RETRY_MAX_S)
+            return
+        self._release_waiters(d.txn_partition, m.transactional_id)
+
+    # ------------------------------------------------------------------ waiting for a transaction's end
+    def when_completed(self, transactional_id: str, callback: Callable[[], None]) -> bool:
+        """Have ``callback`` called (once, on any thread) when ``transactional_id``'s transaction, in PrepareCommit
+        or PrepareAbort now, is complete, or this coordinator stops owning it or stops. False, and no call, when
+        it is not in Prepare* now or ``COMPLETION_WAITERS_MAX`` requests wait already.
+
+        For the Kafka listener's AddPartitionsToTxn: a producer's next transaction asks while its last one is
+        being completed (EndTxn is answered once PrepareCommit is written, as Kafka answers it); answered
+        CONCURRENT_TRANSACTIONS at once, librdkafka tried again only after its backoff, which bounded each
+        producer to about one transaction per 40 ms. Waiting here costs no thread."""
+        with self._lock:
+            d = self.state.describe(transactional_id)
+            if isinstance(d, TxnError) or d.state not in ts.PREPARE_STATES or self._waiting >= COMPLETION_WAITERS_MAX:
+                return False
+            self._completion_waiters.setdefault(transactional_id, []).append(callback)
+            self._waiting += 1
+            return True
+
+    def forget_waiter(self, transactional_id: str, callback: Callable[[], None]) -> None:
+        """A waiter gave up (its own timeout): it is not called."""
+        with self._lock:
+            waiters = self._completion_waiters.get(transactional_id)
+            if waiters is not None and callback in waiters:
+                waiters.remove(callback)
+                self._waiting -= 1
+                if not waiters:
+                    del self._completion_waiters[transactional_id]
+
+    def _release_waiters(self, partition: int | None, transactional_id: str | None = None) -> None:
+        """Call the waiters of ``transactional_id``, or of every id of ``partition`` (None: of every id)."""
+        with self._lock:
+            if transactional_id is not None:
+                ids = [transactional_id] if transactional_id in self._completion_waiters else []
+            else:
+                ids = [tid for tid in self._completion_waiters
+                       if partition is None or self.partition_for(tid) == partition]
+            called = [cb for tid in ids for cb in self._completion_waiters.pop(tid)]
+            self._waiting -= len(called)
+        for cb in called:
+            try:
+                cb()
+            except Exception:  # noqa: BLE001 - one waiter's failure must not keep the others waiting
+                log.exception("a waiter of a transaction's completion failed")
 
     # ------------------------------------------------------------------ timers
     def _run_timers(self) -> None:

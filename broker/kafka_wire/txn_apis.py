@@ -63,6 +63,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 CLUSTER_AUTHORIZATION_FAILED = 31
 MARKER_PARTITIONS_MAX = 1_000  # partitions one WriteTxnMarkers request may name, all markers together
 MARKER_TIMEOUT_MS = 30_000  # how long each marker waits for the in-sync replicas
+# How long an AddPartitionsToTxn that finds the producer's last transaction still being completed waits for its
+# end before it is answered CONCURRENT_TRANSACTIONS (TransactionCoordinator.when_completed).
+CONCURRENT_WAIT_S = 0.5
 GROUP_AUTHORIZATION_FAILED = 30
 # The transaction coordinator's verification of a TxnOffsetCommit's partition, as the client is told it: a
 # coordinator that cannot answer now is retried.
@@ -162,12 +165,35 @@ class TxnApis:
                 codes = dict.fromkeys(named, TxnError.COORDINATOR_NOT_AVAILABLE)
             else:
                 code = await self.run(lambda: self.txn.add_partitions(tid, pid, epoch, named))
+                if code == TxnError.CONCURRENT_TRANSACTIONS and await self._completed(tid):
+                    code = await self.run(lambda: self.txn.add_partitions(tid, pid, epoch, named))
                 codes = dict.fromkeys(named, error_for_version(code, API_ADD_PARTITIONS_TO_TXN, req.api_version))
         by_topic: dict[str, list[dict[str, int]]] = defaultdict(list)
         for tp, code in codes.items():
             by_topic[tp.topic].append({"partition_index": tp.partition, "partition_error_code": code})
         return codec.response(req.api_key, req.api_version, {"throttle_time": 0, "results_by_topic_v3_and_below": [
             {"name": name, "results_by_partition": results} for name, results in by_topic.items()]})
+
+    async def _completed(self, transactional_id: str) -> bool:
+        """Wait (no thread held) up to ``CONCURRENT_WAIT_S`` for the id's transaction in Prepare* to be complete:
+        True when it was (or ended otherwise: the coordinator moved or stopped), so the request may be tried once
+        more; False when there was nothing to wait for, or the wait ran out."""
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+
+        def on_end() -> None:
+            try:
+                loop.call_soon_threadsafe(lambda: ended.done() or ended.set_result(None))
+            except RuntimeError:
+                pass  # the listener's loop is closed: nobody waits any more
+        if not self.txn.when_completed(transactional_id, on_end):
+            return False
+        try:
+            await asyncio.wait_for(ended, CONCURRENT_WAIT_S)
+            return True
+        except TimeoutError:
+            self.txn.forget_waiter(transactional_id, on_end)
+            return False
 
     # ---- EndTxn v0-3 ----
     async def end_txn(self, req: codec.Request, ctx: KafkaCallContext) -> Any:

@@ -203,3 +203,42 @@ def test_a_frozen_partition_leader_holds_only_the_transactions_that_touched_it(t
         disk.thawed.set()
         c.stop()
         disk.close()
+
+
+def test_a_request_can_wait_for_the_end_of_a_transaction_being_completed(tmp_path: Path) -> None:
+    """``when_completed``: what the Kafka listener's AddPartitionsToTxn waits on when a producer's next transaction
+    asks while its last one is being completed (answered CONCURRENT_TRANSACTIONS at once, librdkafka tried again only
+    after its backoff). A waiter is called once the Complete* record is written, or when the coordinator lets the
+    partition go; one that gave up is not called; nothing waits for a transaction that is not in Prepare*."""
+    disk = TwoLeaders(tmp_path / "data")
+    c = TransactionCoordinator(node_id=1, replica_manager=disk, metadata_cache=TwoLeadersCache(),
+                               config=TxnConfig(num_partitions=1), new_producer_id=lambda: next(IDS),
+                               write_markers=disk.write_markers, clock_ms=lambda: NOW[0])
+    c.start()
+    try:
+        c.on_leadership_change(rec.TRANSACTION_STATE_TOPIC, 0, True, 1)
+        wait_for(lambda: not c.state.is_loading(0), what="the load of __transaction_state-0")
+        code, pid, epoch = c.init_producer_id("next", 60_000)
+        assert code == TxnError.NONE and c.add_partitions("next", pid, epoch, [DATA]) == TxnError.NONE
+        assert not c.when_completed("next", lambda: None)  # Ongoing: nothing to wait for
+        assert c.end_txn("next", pid, epoch, commit=True) == TxnError.NONE  # its markers wait for frozen broker 1
+        assert c.add_partitions("next", pid, epoch, [DATA]) == TxnError.CONCURRENT_TRANSACTIONS
+        called: list[str] = []
+        assert c.when_completed("next", lambda: called.append("waiter"))
+        gave_up = lambda: called.append("gave up")  # noqa: E731
+        assert c.when_completed("next", gave_up)
+        c.forget_waiter("next", gave_up)
+        assert called == []
+        disk.thawed.set()
+        wait_for(lambda: called == ["waiter"], 10, lambda: f"the waiter called: {called}")
+        assert c.describe("next").state == TransactionState.COMPLETE_COMMIT
+        assert c.add_partitions("next", pid, epoch, [DATA]) == TxnError.NONE  # the next transaction, at once
+        disk.thawed.clear()
+        assert c.end_txn("next", pid, epoch, commit=False) == TxnError.NONE
+        assert c.when_completed("next", lambda: called.append("released"))
+        c.on_leadership_change(rec.TRANSACTION_STATE_TOPIC, 0, False, 1)  # the partition moved away
+        assert called == ["waiter", "released"]
+    finally:
+        disk.thawed.set()
+        c.stop()
+        disk.close()
