@@ -52,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
             admin.create_topics([NewTopic(TOPIC, PARTITIONS, 3, {"min.insync.replicas": "2"})])
         writer = Writer(conf, args.per_txn)
         writer.start()
+        started = time.monotonic()  # the fault times printed count from here
         faults = nemesis(cluster, rng, args.duration)
         writer.stop()
-        return check(conf, writer, faults, args)
+        return check(conf, writer, faults, args, started)
 
 
 class Writer(threading.Thread):
@@ -139,7 +140,7 @@ def nemesis(cluster: LocalCluster, rng: random.Random, duration: float) -> int:
     return faults
 
 
-def check(conf: dict[str, str], writer: Writer, faults: int, args: argparse.Namespace) -> int:
+def check(conf: dict[str, str], writer: Writer, faults: int, args: argparse.Namespace, started: float) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({**conf, "group.id": "txn-chaos-check", "isolation.level": "read_committed",
@@ -171,14 +172,15 @@ def check(conf: dict[str, str], writer: Writer, faults: int, args: argparse.Name
     violations += [f"{value} read {count} times" for value, count in seen.items() if count > 1]
     if len(at_end) < PARTITIONS:
         violations.append(f"the read-back did not reach the end of partitions {set(range(PARTITIONS)) - at_end}")
-    gaps = [b - a for a, b in zip(writer.commits, writer.commits[1:], strict=False)]
-    gap = max(gaps, default=float("inf"))
+    gaps = [(b - a, a - started) for a, b in zip(writer.commits, writer.commits[1:], strict=False)]
+    gap, gap_from = max(gaps, default=(float("inf"), 0.0))
     if gap > args.commit_gap_bound:
         violations.append(f"{gap:.1f} s without a commit (bound {args.commit_gap_bound:g} s)")
     outcomes = collections.Counter(writer.status.values())
     print(f"txn-chaos: seed={args.seed} duration={args.duration:g}s faults={faults} transactions={len(writer.status)} "
           f"committed={outcomes['committed']} aborted={outcomes['aborted']} unknown={outcomes['unknown']} "
-          f"records_read={sum(seen.values())} max_commit_gap={gap:.1f}s violations={len(violations)} "
+          f"records_read={sum(seen.values())} max_commit_gap={gap:.1f}s (from {gap_from:.1f}s) "
+          f"violations={len(violations)} "
           f"VERDICT={'PASS' if not violations else 'FAIL'}", flush=True)
     for v in violations[:20]:
         print(f"  {v}", flush=True)

@@ -6,6 +6,7 @@ the markers' effect is the last stable offset read_committed consumers stop at."
 from __future__ import annotations
 
 import threading
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,15 +158,17 @@ class TwoLeaders(Disk):
         self.markers_down = False
         self.thawed = threading.Event()
         self.frozen_requests = 0
+        self._appending = threading.Lock()  # a leader's senders run at once: each append and its HW move together
 
     def write_markers(self, leader: int, req: MarkerRequest) -> dict[TopicPartition, int]:
         if leader == 1 and not self.thawed.is_set():
             self.frozen_requests += 1
             self.thawed.wait(30)
-        for tp in req.partitions:
-            lg = self.data if tp == DATA else self.other
-            lg.append_marker_as_leader(req.producer_id, req.producer_epoch, req.commit, req.coordinator_epoch, 0)
-            lg.update_high_watermark(lg.log_end_offset)
+        with self._appending:
+            for tp in req.partitions:
+                lg = self.data if tp == DATA else self.other
+                lg.append_marker_as_leader(req.producer_id, req.producer_epoch, req.commit, req.coordinator_epoch, 0)
+                lg.update_high_watermark(lg.log_end_offset)
         return dict.fromkeys(req.partitions, 0)
 
 
@@ -240,5 +243,50 @@ def test_a_request_can_wait_for_the_end_of_a_transaction_being_completed(tmp_pat
         assert called == ["waiter", "released"]
     finally:
         disk.thawed.set()
+        c.stop()
+        disk.close()
+
+
+def test_markers_waiting_out_a_backoff_go_at_once_to_a_new_leader(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transaction whose partition leader died waited out its retry backoff after a new leader was named: a 10 s
+    stretch without a commit in make chaos-txn (seed 1). Deliveries waiting out a backoff go at once when one of
+    their partitions has another leader (here a backoff of 30 s)."""
+    from broker import txn_coordinator
+
+    monkeypatch.setattr(txn_coordinator, "MARKER_RETRY_S", 30.0)  # every retry 30 s after the last attempt
+    monkeypatch.setattr(txn_coordinator, "MARKER_RETRY_MAX_S", 30.0)
+    leaders = {DATA: 1}
+    tried: list[int] = []
+
+    class MovingCache:
+        def partition(self, topic: str, partition: int) -> Any:
+            return types.SimpleNamespace(leader=leaders[TopicPartition(topic, partition)])
+
+    disk = Disk(tmp_path / "data")
+
+    def write_markers(leader: int, req: MarkerRequest) -> dict[TopicPartition, int]:
+        tried.append(leader)
+        if leader == 1:
+            raise ConnectionError("broker 1 is dead")
+        return disk.write_markers(leader, req)
+
+    c = TransactionCoordinator(node_id=1, replica_manager=disk, metadata_cache=MovingCache(),
+                               config=TxnConfig(num_partitions=1), new_producer_id=lambda: next(IDS),
+                               write_markers=write_markers, clock_ms=lambda: NOW[0])
+    c.start()
+    try:
+        c.on_leadership_change(rec.TRANSACTION_STATE_TOPIC, 0, True, 1)
+        wait_for(lambda: not c.state.is_loading(0), what="the load of __transaction_state-0")
+        code, pid, epoch = c.init_producer_id("moved", 60_000)
+        assert code == TxnError.NONE and c.add_partitions("moved", pid, epoch, [DATA]) == TxnError.NONE
+        assert c.end_txn("moved", pid, epoch, commit=True) == TxnError.NONE
+        wait_for(lambda: tried == [1], 10, lambda: f"the attempt at the dead leader: {tried}")  # the next in 30 s
+        time.sleep(0.5)  # well into the backoff
+        leaders[DATA] = 2
+        wait_for(lambda: c.describe("moved").state == TransactionState.COMPLETE_COMMIT, 5,
+                 lambda: f"the commit completed through the new leader: attempts {tried}")
+        assert tried[-1] == 2 and disk.data.last_stable_offset == disk.data.log_end_offset == 1
+    finally:
         c.stop()
         disk.close()
