@@ -72,11 +72,11 @@ NOW = [1_000_000]
 IDS = iter(range(1000, 2000))
 
 
-def coordinator(disk: Disk, epoch: int) -> TransactionCoordinator:
+def coordinator(disk: Disk, epoch: int, cache: Any = None, write_markers: Any = None) -> TransactionCoordinator:
     """A coordinator that has taken __transaction_state-0 over at leader epoch ``epoch`` (and loaded it)."""
-    c = TransactionCoordinator(node_id=epoch, replica_manager=disk, metadata_cache=Cache(),
+    c = TransactionCoordinator(node_id=epoch, replica_manager=disk, metadata_cache=cache or Cache(),
                                config=TxnConfig(num_partitions=1), new_producer_id=lambda: next(IDS),
-                               write_markers=disk.write_markers, clock_ms=lambda: NOW[0])
+                               write_markers=write_markers or disk.write_markers, clock_ms=lambda: NOW[0])
     c.start()
     c.on_leadership_change(rec.TRANSACTION_STATE_TOPIC, 0, True, epoch)
     wait_for(lambda: not c.state.is_loading(0), what="the load of __transaction_state-0")
@@ -182,13 +182,8 @@ def test_a_frozen_partition_leader_holds_only_the_transactions_that_touched_it(t
     request waited out its 5 s timeout) held every transaction of the coordinator, those of partitions led
     elsewhere too. Each leader has its own senders now."""
     disk = TwoLeaders(tmp_path / "data")
-    c = TransactionCoordinator(node_id=1, replica_manager=disk, metadata_cache=TwoLeadersCache(),
-                               config=TxnConfig(num_partitions=1), new_producer_id=lambda: next(IDS),
-                               write_markers=disk.write_markers, clock_ms=lambda: NOW[0])
-    c.start()
+    c = coordinator(disk, 1, TwoLeadersCache(), disk.write_markers)
     try:
-        c.on_leadership_change(rec.TRANSACTION_STATE_TOPIC, 0, True, 1)
-        wait_for(lambda: not c.state.is_loading(0), what="the load of __transaction_state-0")
         producers = {}
         for tid, tp in (("stuck", DATA), *((f"free-{i}", OTHER) for i in range(5))):
             code, pid, epoch = c.init_producer_id(tid, 60_000)
@@ -214,13 +209,8 @@ def test_a_request_can_wait_for_the_end_of_a_transaction_being_completed(tmp_pat
     after its backoff). A waiter is called once the Complete* record is written, or when the coordinator lets the
     partition go; one that gave up is not called; nothing waits for a transaction that is not in Prepare*."""
     disk = TwoLeaders(tmp_path / "data")
-    c = TransactionCoordinator(node_id=1, replica_manager=disk, metadata_cache=TwoLeadersCache(),
-                               config=TxnConfig(num_partitions=1), new_producer_id=lambda: next(IDS),
-                               write_markers=disk.write_markers, clock_ms=lambda: NOW[0])
-    c.start()
+    c = coordinator(disk, 1, TwoLeadersCache(), disk.write_markers)
     try:
-        c.on_leadership_change(rec.TRANSACTION_STATE_TOPIC, 0, True, 1)
-        wait_for(lambda: not c.state.is_loading(0), what="the load of __transaction_state-0")
         code, pid, epoch = c.init_producer_id("next", 60_000)
         assert code == TxnError.NONE and c.add_partitions("next", pid, epoch, [DATA]) == TxnError.NONE
         assert not c.when_completed("next", lambda: None)  # Ongoing: nothing to wait for
@@ -271,13 +261,8 @@ def test_markers_waiting_out_a_backoff_go_at_once_to_a_new_leader(tmp_path: Path
             raise ConnectionError("broker 1 is dead")
         return disk.write_markers(leader, req)
 
-    c = TransactionCoordinator(node_id=1, replica_manager=disk, metadata_cache=MovingCache(),
-                               config=TxnConfig(num_partitions=1), new_producer_id=lambda: next(IDS),
-                               write_markers=write_markers, clock_ms=lambda: NOW[0])
-    c.start()
+    c = coordinator(disk, 1, MovingCache(), write_markers)
     try:
-        c.on_leadership_change(rec.TRANSACTION_STATE_TOPIC, 0, True, 1)
-        wait_for(lambda: not c.state.is_loading(0), what="the load of __transaction_state-0")
         code, pid, epoch = c.init_producer_id("moved", 60_000)
         assert code == TxnError.NONE and c.add_partitions("moved", pid, epoch, [DATA]) == TxnError.NONE
         assert c.end_txn("moved", pid, epoch, commit=True) == TxnError.NONE
