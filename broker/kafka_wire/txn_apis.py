@@ -23,6 +23,7 @@ import asyncio
 import concurrent.futures
 import datetime
 import logging
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -62,7 +63,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 }
 CLUSTER_AUTHORIZATION_FAILED = 31
 MARKER_PARTITIONS_MAX = 1_000  # partitions one WriteTxnMarkers request may name, all markers together
-MARKER_TIMEOUT_MS = 30_000  # how long each marker waits for the in-sync replicas
+MARKER_TIMEOUT_MS = 30_000  # how long one request's markers wait for the in-sync replicas, all of them together
 # How long an AddPartitionsToTxn that finds the producer's last transaction still being completed waits for its
 # end before it is answered CONCURRENT_TRANSACTIONS (TransactionCoordinator.when_completed).
 CONCURRENT_WAIT_S = 0.5
@@ -220,7 +221,9 @@ class TxnApis:
 
         A request naming more than ``MARKER_PARTITIONS_MAX`` partitions is answered INVALID_REQUEST whole, nothing
         written, and so is a marker of transaction version 2 (KIP-890 part 2, not served); the markers go one at a
-        time, each on a thread of the transaction pool."""
+        time, each on a thread of the transaction pool, within ``MARKER_TIMEOUT_MS`` for the whole request (those
+        left when it is up are REQUEST_TIMED_OUT, not written): one marker per partition, each waiting out its own
+        timeout for replicas that are down, could hold a thread for hours."""
         body = req.body
         who = ctx.brook_authentication.principal
         wanted = [(m, [(t.name, int(p)) for t in m.topics for p in t.partition_indexes]) for m in body.markers]
@@ -231,14 +234,18 @@ class TxnApis:
             refused = ErrorCode.INVALID_REQUEST
         rm = self.broker.service.rm
         answers = []
+        deadline = time.monotonic() + MARKER_TIMEOUT_MS / 1000  # one for the request: each marker waited its own
         for marker, keys in wanted:
             pid, epoch = int(marker.producer_id), int(marker.producer_epoch)
             commit, coordinator_epoch = bool(marker.transaction_result), int(marker.coordinator_epoch)
+            left_ms = int((deadline - time.monotonic()) * 1000)
             if refused is None and int(_get(marker, "transaction_version", 0)) >= 2:
                 codes = dict.fromkeys(keys, ErrorCode.INVALID_REQUEST)  # Brook's transactions are version 1
+            elif refused is None and left_ms <= 0:
+                codes = dict.fromkeys(keys, ErrorCode.REQUEST_TIMED_OUT)  # not written: the request's time is up
             elif refused is None:
-                codes = await self.run(lambda pid=pid, epoch=epoch, commit=commit, ce=coordinator_epoch, keys=keys:
-                                       rm.write_markers(pid, epoch, commit, ce, keys, MARKER_TIMEOUT_MS))
+                codes = await self.run(lambda pid=pid, epoch=epoch, commit=commit, ce=coordinator_epoch, keys=keys,
+                                       ms=left_ms: rm.write_markers(pid, epoch, commit, ce, keys, ms))
                 log.warning("%s wrote %s markers of producer %d epoch %d (coordinator epoch %d) to %s: %s",
                             who, "COMMIT" if commit else "ABORT", pid, epoch, coordinator_epoch,
                             ", ".join(f"{t}-{p}" for t, p in keys[:20]), dict(list(codes.items())[:20]) or "written")
