@@ -293,8 +293,10 @@ def producers(
              "last_timestamp": s.last_timestamp, "coordinator_epoch": s.coordinator_epoch,
              "current_txn_start_offset": s.current_txn_start_offset} for s in got]})
     show(st, {"topic": name, "partitions": rows},
-         table(f"Producers of {name}", ["PARTITION", "PRODUCER ID", "EPOCH", "LAST SEQUENCE", "LAST TIMESTAMP",
-                                        "COORDINATOR EPOCH", "TXN START OFFSET"],
+         # Headers short enough for 80 columns (a wider table folded the producer ids): COORD EP is the coordinator
+         # epoch of the producer's last marker, TXN START where its ongoing transaction began.
+         table(f"Producers of {name}", ["PART", "PRODUCER", "EPOCH", "LAST SEQ", "LAST TIMESTAMP", "COORD EP",
+                                        "TXN START"],
                [[r["partition"], s["producer_id"], s["producer_epoch"], s["last_sequence"], s["last_timestamp"],
                  s["coordinator_epoch"], s["current_txn_start_offset"]] for r in rows for s in r["producers"]]
                + [[r["partition"], r["error"], "", "", "", "", ""] for r in rows if r["error"]]),
