@@ -348,6 +348,17 @@ class _AsyncDataWaiter(DelayedOperation):
         call_on_loop(self._loop, self._loop_thread, _resolve, self._future, result)
 
 
+
+def marker_answer(fut: concurrent.futures.Future | asyncio.Future) -> int:
+    """The answer for one marker of ``append_markers`` once its wait is over: NONE when the in-sync replicas have
+    it, its error's code, or REQUEST_TIMED_OUT while it is still waiting."""
+    if not fut.done() or fut.cancelled():
+        return ErrorCode.REQUEST_TIMED_OUT
+    exc = fut.exception()
+    if exc is None:
+        return ErrorCode.NONE
+    return exc.code if isinstance(exc, errors.BrookError) else ErrorCode.UNKNOWN_SERVER_ERROR
+
 class ReplicaManager:
     def __init__(self, node_id: int, log_manager: Any, metadata_cache: MetadataCache, controller_client: Any,
                  *, defaults: Mapping[str, str], broker_epoch: Callable[[], int],
@@ -612,14 +623,9 @@ class ReplicaManager:
         partition leader epoch: the log refuses markers of a coordinator older than the last one it saw."""
         codes, waits, deadline = self.append_markers(producer_id, producer_epoch, commit, coordinator_epoch,
                                                      partitions, timeout_ms)
+        concurrent.futures.wait(waits.values(), timeout=max(0.0, deadline - time.monotonic()) + 1)
         for key, fut in waits.items():
-            try:
-                fut.result(timeout=max(0.0, deadline - time.monotonic()) + 1)
-                codes[key] = ErrorCode.NONE
-            except errors.BrookError as e:
-                codes[key] = e.code
-            except concurrent.futures.TimeoutError:
-                codes[key] = ErrorCode.REQUEST_TIMED_OUT
+            codes[key] = marker_answer(fut)
         return codes
 
     def append_markers(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,

@@ -70,6 +70,7 @@ from broker.replica_manager import (
     AppendResult,
     ReplicaManager,
     call_on_loop,
+    marker_answer,
     one_entry_per_partition,
     refuse_repeated,
     until_resolved,
@@ -1137,15 +1138,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             pending = {key: on_loop(fut) for key, fut in waits.items()}
             await asyncio.wait(pending.values(), timeout=max(0.0, deadline - time.monotonic()) + 1)
             for key, fut in pending.items():
-                if not fut.done():
-                    fut.cancel()
-                    codes[key] = ErrorCode.REQUEST_TIMED_OUT
-                elif isinstance(fut.exception(), errors.BrookError):
-                    codes[key] = fut.exception().code
-                elif fut.exception() is not None:
-                    codes[key] = ErrorCode.UNKNOWN_SERVER_ERROR
-                else:
-                    codes[key] = ErrorCode.NONE
+                codes[key] = marker_answer(fut)
+                fut.cancel()  # one still waiting: its purgatory entry times out on its own
         resp = broker_pb2.WriteTxnMarkersResponse()
         for topic, index in keys:
             resp.partitions.add(topic=topic, partition=index, error_code=codes.get((topic, index), 0))

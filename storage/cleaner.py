@@ -495,8 +495,8 @@ class LogCleaner:
 
     @staticmethod
     def _filter_batch(h: BatchHeader, batch: memoryview, offset_map: OffsetMap, mapped_end: int,
-                      drop_tombstones: bool, stats: CleanerStats, last_batches: set[int] = frozenset(),
-                      txns: _Transactions | None = None) -> bytes:
+                      drop_tombstones: bool, stats: CleanerStats, last_batches: set[int],
+                      txns: _Transactions) -> bytes:
         """The data batch's kept records, re-batched in runs of consecutive offsets. A record without a key goes,
         as Kafka's cleaner drops it (it can only be there from before the topic was compacted). A tombstone below
         ``mapped_end`` goes when ``drop_tombstones`` (its segment is past delete.retention.ms); one kept there
@@ -509,8 +509,6 @@ class LogCleaner:
         later one of their key replaced included: once that later one was a tombstone past delete.retention.ms,
         the value it deleted was back for every reader."""
         transactional = bool(h.attributes & ATTR_TRANSACTIONAL)
-        if transactional and txns is None:
-            raise ValueError("a transactional batch needs the pass's transactions to be judged")
         aborted = transactional and txns.aborted(h)
         producers_last = h.producer_id >= 0 and h.last_offset in last_batches
         if producers_last:

@@ -210,7 +210,7 @@ class TxnApis:
             code = error_for_version(code, API_END_TXN, req.api_version)
         return codec.response(req.api_key, req.api_version, {"throttle_time": 0, "error_code": code})
 
-    # ---- WriteTxnMarkers v0-1 (an operator's abort of a hanging transaction) ----
+    # ---- WriteTxnMarkers v1-2 (an operator's abort of a hanging transaction) ----
     async def write_txn_markers(self, req: codec.Request, ctx: KafkaCallContext) -> Any:
         """Kafka's WriteTxnMarkers, for CLUSTER_ACTION on the cluster (Kafka's rule): each marker appended to each
         partition this broker leads, as the transaction coordinator's are (acks=all, the producer and coordinator
