@@ -29,7 +29,11 @@ def test_a_marker_waiting_for_its_followers_holds_no_replication_thread(tmp_path
             call = asyncio.ensure_future(b.service.WriteTxnMarkers(broker_pb2.WriteTxnMarkersRequest(
                 producer_id=7, producer_epoch=0, commit=True, coordinator_epoch=0, timeout_ms=2_000,
                 partitions=[broker_pb2.MarkerPartition(topic="t", partition=0)]), LoopbackCaller()))
-            await asyncio.sleep(0.3)  # appended, and waiting for broker 2
+            log = b.rm.partition("t", 0).log
+            deadline = time.monotonic() + 5
+            while log.log_end_offset == 0:  # until the marker is appended; then it waits for broker 2
+                assert time.monotonic() < deadline, "the marker was not appended within 5 s"
+                await asyncio.sleep(0.01)
             assert not call.done()
             probe_started = time.monotonic()
             await asyncio.get_running_loop().run_in_executor(one_thread, lambda: None)
